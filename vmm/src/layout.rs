@@ -1,0 +1,82 @@
+//! The guest's physical memory map and I/O ports, in one place.
+//!
+//! Everything the VMM writes into guest memory before the first instruction
+//! runs, and every port it answers, is named here.
+
+/// Global descriptor table: null, null, 64-bit code (0x10), data (0x18).
+/// The selectors are the ones Linux's 64-bit boot protocol names
+/// (`__BOOT_CS` = 0x10, `__BOOT_DS` = 0x18).
+pub const GDT_START: u64 = 0x500;
+/// Code segment selector used at entry (Linux `__BOOT_CS`).
+pub const BOOT_CS: u16 = 0x10;
+/// Data segment selector used at entry (Linux `__BOOT_DS`).
+pub const BOOT_DS: u16 = 0x18;
+/// An empty IDT: the guest installs its own before it enables interrupts.
+pub const IDT_START: u64 = 0x520;
+
+/// Linux `boot_params` ("zero page"), handed to the kernel in RSI.
+pub const ZERO_PAGE_START: u64 = 0x7000;
+
+/// Boot page tables. PML4, then the identity PDPT, then the PDPT for the
+/// kernel's high mapping, then four page directories of 2 MiB pages that
+/// together cover the first 4 GiB.
+pub const PML4_START: u64 = 0x9000;
+pub const PDPT_IDENT_START: u64 = 0xa000;
+pub const PDPT_HIGH_START: u64 = 0xb000;
+pub const PD_START: u64 = 0xc000;
+/// Number of page directories (each maps 1 GiB with 2 MiB pages).
+pub const PD_COUNT: u64 = 4;
+
+/// Kernel command line (NUL-terminated).
+pub const CMDLINE_START: u64 = 0x20000;
+/// Largest command line accepted, including the NUL (Linux x86 COMMAND_LINE_SIZE).
+pub const CMDLINE_MAX_SIZE: usize = 2048;
+
+/// Extended BIOS data area; the MP floating pointer and table live here,
+/// where Linux's `find_smp_config` scans for them.
+pub const EBDA_START: u64 = 0x9fc00;
+/// End of conventional memory (the legacy VGA hole starts here).
+pub const LOW_MEM_END: u64 = 0xa0000;
+/// Start of RAM above the legacy BIOS area, where kernels load.
+pub const HIGH_MEM_START: u64 = 0x10_0000;
+
+/// Linux's `__START_KERNEL_map`: virtual 0xffffffff80000000 maps physical 0.
+pub const KERNEL_MAP_BASE: u64 = 0xffff_ffff_8000_0000;
+
+/// Three pages KVM needs for the real-mode TSS on Intel (`KVM_SET_TSS_ADDR`),
+/// just below the 4 GiB boundary, outside RAM.
+pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
+/// Local APIC MMIO base (architectural default).
+pub const APIC_BASE: u64 = 0xfee0_0000;
+/// IO-APIC MMIO base (architectural default).
+pub const IOAPIC_BASE: u64 = 0xfec0_0000;
+
+/// Guest RAM ends below the 32-bit MMIO hole; we never go above 3 GiB.
+pub const MAX_MEM_MIB: u64 = 3072;
+/// Smallest guest we accept: room for page tables, boot data and a kernel.
+pub const MIN_MEM_MIB: u64 = 32;
+
+/// COM1 16550 UART.
+pub const SERIAL_PORT_BASE: u16 = 0x3f8;
+/// Eight registers of the 16550.
+pub const SERIAL_PORT_LEN: u16 = 8;
+/// COM1's ISA interrupt line.
+pub const SERIAL_IRQ: u32 = 4;
+/// i8042 keyboard controller command port: writing 0xfe resets the machine
+/// (what Linux's `reboot=k` does).
+pub const I8042_COMMAND_PORT: u16 = 0x64;
+pub const I8042_DATA_PORT: u16 = 0x60;
+pub const I8042_RESET_CMD: u8 = 0xfe;
+
+/// vmtrace's power-off port (like QEMU's isa-debug-exit): any byte written
+/// here powers the guest off; the byte is the guest's exit status.
+pub const POWEROFF_PORT: u16 = 0xf4;
+
+/// The port patched call sites write to (`out TRACE_PORT, al`). Each write is
+/// one traced function entry. Nothing on a PC decodes port 0xe5.
+pub const TRACE_PORT: u16 = 0xe5;
+
+/// Guest-physical address of a virtual address in the kernel's high mapping.
+pub fn kernel_virt_to_phys(va: u64) -> Option<u64> {
+    va.checked_sub(KERNEL_MAP_BASE)
+}
