@@ -1,0 +1,214 @@
+//! ftrace call sites: the `__mcount_loc` entries that sit at a function's
+//! entry, and what the 5 bytes at a site currently hold.
+
+use iced_x86::{Code, Decoder, DecoderOptions};
+
+use crate::symbols::KernelImage;
+
+/// Length of an ftrace call site: a `call rel32` or the NOP replacing it.
+pub const SITE_LEN: usize = 5;
+/// The kernel's ideal x86 5-byte NOP (`nopl 0x0(%rax,%rax,1)`, x86_nops[5]),
+/// also what `gcc -mnop-mcount` and objtool put at a site in the file.
+pub const NOP5: [u8; SITE_LEN] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+/// `endbr64`: with IBT (-fcf-protection) it precedes the site at a function's
+/// entry, so the site is at function start + 4.
+pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+/// The symbol a site calls when enabled (gcc -mfentry).
+pub const FENTRY: &str = "__fentry__";
+
+/// Why the site table could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SiteError {
+    #[error("{}: none of its {entries} __mcount_loc entries is at a function entry; the symbol table does not match the table (pass the vmlinux the guest was built from)", path.display())]
+    NoSites {
+        path: std::path::PathBuf,
+        entries: usize,
+    },
+    #[error("{}: {count} functions is more than the tracer can index", path.display())]
+    TooManyFunctions {
+        path: std::path::PathBuf,
+        count: usize,
+    },
+}
+
+/// What the bytes at a site hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteKind {
+    /// Exactly `NOP5`: the site is disabled.
+    Nop,
+    /// `call rel32` to `__fentry__`: an unpatched `-mfentry` build.
+    CallFentry,
+    /// Anything else: not a site we recognise, never patch it.
+    Other,
+}
+
+/// Classifies the bytes at `site_addr` (at least `SITE_LEN` of them).
+/// `fentry_addr` is `__fentry__`'s address, if the image has one.
+pub fn classify(bytes: &[u8], site_addr: u64, fentry_addr: Option<u64>) -> SiteKind {
+    let Some(bytes) = bytes.get(..SITE_LEN) else {
+        return SiteKind::Other;
+    };
+    let mut decoder = Decoder::with_ip(64, bytes, site_addr, DecoderOptions::NONE);
+    let insn = decoder.decode();
+    if insn.is_invalid() || insn.len() != SITE_LEN {
+        return SiteKind::Other;
+    }
+    match insn.code() {
+        // Other 5-byte NOP encodings exist; the kernel only ever writes NOP5.
+        Code::Nop_rm32 if bytes == NOP5 => SiteKind::Nop,
+        Code::Call_rel32_64 if Some(insn.near_branch64()) == fentry_addr => SiteKind::CallFentry,
+        _ => SiteKind::Other,
+    }
+}
+
+/// One ftrace call site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Site {
+    pub addr: u64,
+    /// Index into `KernelImage::functions`.
+    pub func: u32,
+    /// Inside the init text, which the kernel frees after boot.
+    pub init: bool,
+}
+
+/// The image's usable ftrace call sites, sorted by address.
+#[derive(Debug, Clone)]
+pub struct SiteTable {
+    pub sites: Vec<Site>,
+    unmatched: usize,
+}
+
+impl SiteTable {
+    /// Maps each `__mcount_loc` entry to its function. A site is at the
+    /// function's start, or at start + 4 behind `endbr64`, and its file bytes
+    /// must be `NOP5` or a call to `__fentry__`. Other entries are stale (an
+    /// overridden weak function, or zeroed by the build) and are counted in
+    /// `unmatched`, never patched.
+    pub fn build(image: &KernelImage) -> Result<SiteTable, SiteError> {
+        if u32::try_from(image.functions.len()).is_err() {
+            return Err(SiteError::TooManyFunctions {
+                path: image.path.clone(),
+                count: image.functions.len(),
+            });
+        }
+        let fentry = image.symbol(FENTRY).map(|s| s.addr);
+        let mut entries = image.mcount_loc.clone();
+        entries.sort_unstable();
+        entries.dedup();
+
+        let mut sites = Vec::with_capacity(entries.len());
+        for &addr in &entries {
+            let Some(func) = site_function(image, addr) else {
+                continue;
+            };
+            let is_site = image
+                .file_bytes(addr, SITE_LEN)
+                .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other);
+            if !is_site {
+                continue;
+            }
+            let init = image
+                .init_text
+                .is_some_and(|(start, end)| (start..end).contains(&addr));
+            // Fits: checked against functions.len() above.
+            let func = func as u32;
+            sites.push(Site { addr, func, init });
+        }
+        if sites.is_empty() {
+            return Err(SiteError::NoSites {
+                path: image.path.clone(),
+                entries: entries.len(),
+            });
+        }
+        let unmatched = entries.len() - sites.len();
+        Ok(SiteTable { sites, unmatched })
+    }
+
+    /// Index of the site starting exactly at `addr`.
+    pub fn lookup(&self, addr: u64) -> Option<usize> {
+        self.sites.binary_search_by_key(&addr, |s| s.addr).ok()
+    }
+
+    /// How many distinct `__mcount_loc` entries were left out as stale.
+    pub fn unmatched(&self) -> usize {
+        self.unmatched
+    }
+
+    pub fn len(&self) -> usize {
+        self.sites.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sites.is_empty()
+    }
+}
+
+/// The function whose entry site is at `addr`, if any.
+fn site_function(image: &KernelImage, addr: u64) -> Option<usize> {
+    let idx = image.function_index_at(addr)?;
+    let start = image.functions[idx].addr;
+    let at_entry = addr == start
+        || (addr == start + ENDBR64.len() as u64
+            && image.file_bytes(start, ENDBR64.len()) == Some(&ENDBR64[..]));
+    at_entry.then_some(idx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: u64 = 0xffff_ffff_8100_0010;
+    const FENTRY_ADDR: u64 = 0xffff_ffff_8100_0000;
+
+    /// `call rel32` at SITE to `target`.
+    fn call_to(target: u64) -> [u8; 5] {
+        let rel = target.wrapping_sub(SITE + 5) as i64 as i32;
+        let r = rel.to_le_bytes();
+        [0xe8, r[0], r[1], r[2], r[3]]
+    }
+
+    #[test]
+    fn nop5_is_nop() {
+        assert_eq!(classify(&NOP5, SITE, None), SiteKind::Nop);
+        assert_eq!(classify(&NOP5, SITE, Some(FENTRY_ADDR)), SiteKind::Nop);
+    }
+
+    #[test]
+    fn call_to_fentry_is_call() {
+        let call = call_to(FENTRY_ADDR);
+        assert_eq!(
+            classify(&call, SITE, Some(FENTRY_ADDR)),
+            SiteKind::CallFentry
+        );
+        // Longer buffers are fine: only the first 5 bytes count.
+        let mut long = call.to_vec();
+        long.extend_from_slice(&[0x90, 0xc3]);
+        assert_eq!(
+            classify(&long, SITE, Some(FENTRY_ADDR)),
+            SiteKind::CallFentry
+        );
+    }
+
+    #[test]
+    fn call_elsewhere_or_without_fentry_is_other() {
+        let call = call_to(FENTRY_ADDR + 0x40);
+        assert_eq!(classify(&call, SITE, Some(FENTRY_ADDR)), SiteKind::Other);
+        assert_eq!(classify(&call_to(FENTRY_ADDR), SITE, None), SiteKind::Other);
+    }
+
+    #[test]
+    fn breakpoint_and_other_nops_are_other() {
+        let int3 = [0xcc, 0x90, 0x90, 0x90, 0x90];
+        assert_eq!(classify(&int3, SITE, Some(FENTRY_ADDR)), SiteKind::Other);
+        // nopw 0x0(%rax): a 5-byte NOP, but not the kernel's.
+        let nopw = [0x66, 0x0f, 0x1f, 0x40, 0x00];
+        assert_eq!(classify(&nopw, SITE, None), SiteKind::Other);
+        // nopl 0x0(%rax) is 4 bytes: too short.
+        assert_eq!(
+            classify(&[0x0f, 0x1f, 0x40, 0x00, 0x90], SITE, None),
+            SiteKind::Other
+        );
+        assert_eq!(classify(&NOP5[..4], SITE, None), SiteKind::Other);
+        assert_eq!(classify(&[0xff; 5], SITE, None), SiteKind::Other);
+    }
+}

@@ -1,0 +1,370 @@
+//! The guest kernel's symbols, read once from its ELF file (vmlinux or the
+//! mini guest): functions, the `__mcount_loc` table of ftrace call sites, the
+//! text ranges, and the file's bytes by virtual address.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use object::elf::{SHF_ALLOC, SHF_EXECINSTR};
+use object::{
+    Architecture, BinaryFormat, Object, ObjectSection, ObjectSymbol, SectionFlags, SymbolKind,
+    SymbolSection,
+};
+
+/// Start of the table of ftrace call-site addresses. The kernel's linker script
+/// (include/asm-generic/vmlinux.lds.h, MCOUNT_REC) brackets `__mcount_loc`
+/// input sections with these two symbols, inside `.init.data`.
+pub const MCOUNT_LOC_START: &str = "__start_mcount_loc";
+/// End (exclusive) of the `__mcount_loc` table.
+pub const MCOUNT_LOC_STOP: &str = "__stop_mcount_loc";
+/// Size of one `__mcount_loc` entry: a 64-bit virtual address.
+pub const MCOUNT_ENTRY_SIZE: u64 = 8;
+/// Bounds of the init text, freed by the kernel after boot.
+const INIT_TEXT_BOUNDS: (&str, &str) = ("_sinittext", "_einittext");
+/// Bounds of the core kernel text.
+const TEXT_BOUNDS: (&str, &str) = ("_stext", "_etext");
+
+/// Hint appended to every "no usable __mcount_loc" error.
+const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_TRACER=y and \
+                                  CONFIG_DYNAMIC_FTRACE=y; rebuild with them";
+
+/// Why a kernel image could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolError {
+    #[error("cannot read kernel image {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not an ELF file ({source}); pass the uncompressed vmlinux, not a bzImage", path.display())]
+    NotElf {
+        path: PathBuf,
+        source: object::Error,
+    },
+    #[error("{} is a {format} file, not ELF; pass the uncompressed vmlinux, not a bzImage", path.display())]
+    NotElfFormat { path: PathBuf, format: String },
+    #[error("{} is built for {arch}, not x86-64; pass an x86-64 vmlinux", path.display())]
+    WrongArch { path: PathBuf, arch: String },
+    #[error("{}: malformed ELF ({source}); is the file truncated?", path.display())]
+    Malformed {
+        path: PathBuf,
+        source: object::Error,
+    },
+    #[error("{}: section {section} lies beyond the end of the file; is the file truncated?", path.display())]
+    Truncated { path: PathBuf, section: String },
+    #[error("{} has no symbol table (stripped?); pass the unstripped vmlinux with --vmlinux", path.display())]
+    Stripped { path: PathBuf },
+    #[error("{} has no __mcount_loc table: {FTRACE_CONFIG_HINT}", path.display())]
+    NoMcountLoc { path: PathBuf },
+    #[error("{} has an empty __mcount_loc table: {FTRACE_CONFIG_HINT}", path.display())]
+    EmptyMcountLoc { path: PathBuf },
+    #[error("{}: __mcount_loc table {start:#x}..{stop:#x} is not a whole number of 8-byte entries; the image is corrupt", path.display())]
+    BadMcountLoc {
+        path: PathBuf,
+        start: u64,
+        stop: u64,
+    },
+    #[error("{}: __mcount_loc table {start:#x}..{stop:#x} is not inside any section with file data; the image is corrupt", path.display())]
+    McountLocNotInFile {
+        path: PathBuf,
+        start: u64,
+        stop: u64,
+    },
+}
+
+/// A named symbol with its link-time virtual address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// Where one allocated section's bytes sit in the file.
+#[derive(Debug, Clone, Copy)]
+struct FileSection {
+    vaddr: u64,
+    size: u64,
+    offset: usize,
+}
+
+/// Everything the tracer needs from the kernel's ELF file, loaded once.
+#[derive(Debug)]
+pub struct KernelImage {
+    pub path: PathBuf,
+    /// The GNU build-id note, to check the guest runs this very build.
+    pub build_id: Option<Vec<u8>>,
+    /// Code symbols sorted by address, one per address (see `load`).
+    pub functions: Vec<Symbol>,
+    /// The `__mcount_loc` table as stored in the file, in file order. Linux
+    /// keeps it in init data and frees it at boot, so the guest cannot be asked.
+    pub mcount_loc: Vec<u64>,
+    /// `_sinittext.._einittext` (else the `.init.text` section).
+    pub init_text: Option<(u64, u64)>,
+    /// `_stext.._etext` (else the `.text` section).
+    pub text: Option<(u64, u64)>,
+    /// Every named defined symbol; on name clashes, a global beats a local.
+    symbols: HashMap<String, Symbol>,
+    /// Allocated sections with file data, sorted by `vaddr`.
+    sections: Vec<FileSection>,
+    bytes: Vec<u8>,
+}
+
+/// A candidate for `functions`, with what decides between aliases.
+struct FuncCandidate {
+    sym: Symbol,
+    /// STT_FUNC rather than an untyped asm label.
+    typed: bool,
+    global: bool,
+}
+
+impl KernelImage {
+    /// Reads and indexes the ELF file at `path`.
+    pub fn load(path: &Path) -> Result<Self, SymbolError> {
+        let path = path.to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| SymbolError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file = object::File::parse(&*bytes).map_err(|source| SymbolError::NotElf {
+            path: path.clone(),
+            source,
+        })?;
+        if file.format() != BinaryFormat::Elf {
+            // A bzImage parses as PE (EFI stub): name the mistake.
+            let format = format!("{:?}", file.format());
+            return Err(SymbolError::NotElfFormat { path, format });
+        }
+        if file.architecture() != Architecture::X86_64 {
+            let arch = format!("{:?}", file.architecture());
+            return Err(SymbolError::WrongArch { path, arch });
+        }
+        let build_id = file
+            .build_id()
+            .map_err(|source| SymbolError::Malformed {
+                path: path.clone(),
+                source,
+            })?
+            .map(<[u8]>::to_vec);
+
+        let (sections, executable) = index_sections(&file, &path, bytes.len())?;
+        let (symbols, functions) = index_symbols(&file, &executable);
+        if symbols.is_empty() {
+            return Err(SymbolError::Stripped { path });
+        }
+
+        let bounds = |(start, stop): (&str, &str), section: &str| match (
+            symbols.get(start),
+            symbols.get(stop),
+        ) {
+            (Some(s), Some(e)) => Some((s.addr, e.addr)),
+            _ => file
+                .section_by_name(section)
+                .map(|s| (s.address(), s.address() + s.size())),
+        };
+        let init_text = bounds(INIT_TEXT_BOUNDS, ".init.text");
+        let text = bounds(TEXT_BOUNDS, ".text");
+        drop(file);
+
+        let mut image = KernelImage {
+            path,
+            build_id,
+            functions,
+            mcount_loc: Vec::new(),
+            init_text,
+            text,
+            symbols,
+            sections,
+            bytes,
+        };
+        image.mcount_loc = image.read_mcount_loc()?;
+        Ok(image)
+    }
+
+    /// The function containing `addr`: the nearest function at or below it,
+    /// provided `addr` is inside its size (size-0 symbols cover up to the next).
+    pub fn function_at(&self, addr: u64) -> Option<&Symbol> {
+        self.function_index_at(addr).map(|i| &self.functions[i])
+    }
+
+    /// Like `function_at`, but the index into `functions`.
+    pub fn function_index_at(&self, addr: u64) -> Option<usize> {
+        let i = self
+            .functions
+            .partition_point(|f| f.addr <= addr)
+            .checked_sub(1)?;
+        let f = &self.functions[i];
+        (f.size == 0 || addr - f.addr < f.size).then_some(i)
+    }
+
+    /// `len` bytes of the file at virtual address `vaddr`, if one allocated
+    /// section with file data holds all of them.
+    pub fn file_bytes(&self, vaddr: u64, len: usize) -> Option<&[u8]> {
+        let i = self
+            .sections
+            .partition_point(|s| s.vaddr <= vaddr)
+            .checked_sub(1)?;
+        let s = self.sections[i];
+        let rel = vaddr - s.vaddr;
+        if rel.checked_add(len as u64)? > s.size {
+            return None;
+        }
+        let start = s.offset + usize::try_from(rel).ok()?;
+        self.bytes.get(start..start + len)
+    }
+
+    /// Any defined symbol by name, data included (e.g. `mini_stop`).
+    pub fn symbol(&self, name: &str) -> Option<&Symbol> {
+        self.symbols.get(name)
+    }
+
+    /// Reads `__start_mcount_loc..__stop_mcount_loc` from the section holding it
+    /// (a dedicated `__mcount_loc` output section, or `.init.data` as in Linux).
+    fn read_mcount_loc(&self) -> Result<Vec<u64>, SymbolError> {
+        let path = || self.path.clone();
+        let (Some(start), Some(stop)) =
+            (self.symbol(MCOUNT_LOC_START), self.symbol(MCOUNT_LOC_STOP))
+        else {
+            return Err(SymbolError::NoMcountLoc { path: path() });
+        };
+        let (start, stop) = (start.addr, stop.addr);
+        if start == stop {
+            return Err(SymbolError::EmptyMcountLoc { path: path() });
+        }
+        if stop < start || (stop - start) % MCOUNT_ENTRY_SIZE != 0 {
+            return Err(SymbolError::BadMcountLoc {
+                path: path(),
+                start,
+                stop,
+            });
+        }
+        let data = usize::try_from(stop - start)
+            .ok()
+            .and_then(|len| self.file_bytes(start, len))
+            .ok_or_else(|| SymbolError::McountLocNotInFile {
+                path: path(),
+                start,
+                stop,
+            })?;
+        // x86-64 is little-endian; entries are absolute link-time addresses.
+        Ok(data
+            .chunks_exact(MCOUNT_ENTRY_SIZE as usize)
+            .map(|c| {
+                let mut entry = [0u8; MCOUNT_ENTRY_SIZE as usize];
+                entry.copy_from_slice(c);
+                u64::from_le_bytes(entry)
+            })
+            .collect())
+    }
+}
+
+/// Allocated sections with file data (sorted by address), and whether each
+/// section (by index) is executable.
+fn index_sections(
+    file: &object::File,
+    path: &Path,
+    file_len: usize,
+) -> Result<(Vec<FileSection>, Vec<bool>), SymbolError> {
+    let mut sections = Vec::new();
+    let mut executable = vec![false; file.sections().count() + 1];
+    for section in file.sections() {
+        let SectionFlags::Elf { sh_flags } = section.flags() else {
+            continue;
+        };
+        // Non-allocated sections (symtab, debug info) all sit at address 0.
+        if sh_flags & u64::from(SHF_ALLOC) == 0 {
+            continue;
+        }
+        if sh_flags & u64::from(SHF_EXECINSTR) != 0 {
+            if let Some(x) = executable.get_mut(section.index().0) {
+                *x = true;
+            }
+        }
+        // NOBITS (.bss) has no file range.
+        let Some((offset, size)) = section.file_range() else {
+            continue;
+        };
+        let in_file = offset
+            .checked_add(size)
+            .is_some_and(|end| end <= file_len as u64);
+        if !in_file {
+            let section = section.name().unwrap_or("?").to_string();
+            return Err(SymbolError::Truncated {
+                path: path.to_path_buf(),
+                section,
+            });
+        }
+        if size > 0 {
+            // In range of the file length, so it fits a usize.
+            let offset = offset as usize;
+            sections.push(FileSection {
+                vaddr: section.address(),
+                size,
+                offset,
+            });
+        }
+    }
+    sections.sort_by_key(|s| s.vaddr);
+    Ok((sections, executable))
+}
+
+/// All named defined symbols by name, and the functions sorted by address.
+///
+/// Functions are STT_FUNC symbols, plus untyped symbols with a size in an
+/// executable section (Linux's SYM_CODE asm entry points). Where several share
+/// an address (aliases), one is kept: typed over untyped, global over local,
+/// then the one with the larger size, then the first in the symbol table.
+fn index_symbols(
+    file: &object::File,
+    executable: &[bool],
+) -> (HashMap<String, Symbol>, Vec<Symbol>) {
+    let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
+    let mut candidates = Vec::new();
+    for sym in file.symbols() {
+        let Ok(name) = sym.name() else { continue };
+        if name.is_empty() || sym.is_undefined() {
+            continue;
+        }
+        if matches!(sym.kind(), SymbolKind::Section | SymbolKind::File) {
+            continue;
+        }
+        let global = !sym.is_local();
+        let symbol = Symbol {
+            name: name.to_string(),
+            addr: sym.address(),
+            size: sym.size(),
+        };
+        let in_text = match sym.section() {
+            SymbolSection::Section(idx) => executable.get(idx.0).copied().unwrap_or(false),
+            _ => false,
+        };
+        let typed = sym.kind() == SymbolKind::Text;
+        if (typed && in_text) || (sym.kind() == SymbolKind::Unknown && in_text && sym.size() > 0) {
+            candidates.push(FuncCandidate {
+                sym: symbol.clone(),
+                typed,
+                global,
+            });
+        }
+        match symbols.get(name) {
+            Some((_, true)) => {}
+            Some((_, false)) if !global => {}
+            _ => {
+                symbols.insert(name.to_string(), (symbol, global));
+            }
+        }
+    }
+    // Stable sort: the first in the symbol table wins remaining ties.
+    candidates.sort_by(|a, b| {
+        a.sym
+            .addr
+            .cmp(&b.sym.addr)
+            .then(b.typed.cmp(&a.typed))
+            .then(b.global.cmp(&a.global))
+            .then(b.sym.size.cmp(&a.sym.size))
+    });
+    candidates.dedup_by_key(|c| c.sym.addr);
+    let functions = candidates.into_iter().map(|c| c.sym).collect();
+    let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
+    (symbols, functions)
+}

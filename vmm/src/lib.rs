@@ -2,6 +2,17 @@
 //! instrumented guest kernel, runs its vCPUs, stops them all on request, and
 //! gives the tracer access to guest memory by guest-virtual address.
 
+pub mod assist;
 pub mod boot;
+pub mod devices;
 pub mod gva;
 pub mod layout;
+pub mod pause;
+pub mod run;
+pub mod trap;
+pub mod vcpu;
+pub mod vm;
+
+pub use run::{Paused, RunReport, Running, StopReason};
+pub use trap::{NoTracer, Trap, TrapHandler};
+pub use vm::{Vm, VmConfig, VmError};

@@ -1,4 +1,182 @@
 //! Putting a guest kernel into memory and the vCPUs into their entry state.
+//!
+//! Two boot protocols:
+//! - Linux's 64-bit boot protocol, for a bzImage or a Linux vmlinux ELF: the
+//!   boot vCPU starts at the 64-bit entry with RSI = the zero page; the others
+//!   wait for INIT/SIPI from the kernel (the in-kernel LAPIC handles them) and
+//!   find each other through the MP table.
+//! - vmtrace's direct boot, for any other ELF (the mini guest): every vCPU
+//!   starts at the ELF entry in long mode with RDI = vCPU index, RSI = command
+//!   line, RDX = vCPU count.
 
+pub mod cpuid;
 pub mod linux;
+// TEMP until linux.rs lands
+use linux_pending as linuxp;
+mod linux_pending {
+    use super::*;
+    #[derive(Debug, thiserror::Error)]
+    #[error("pending")]
+    pub struct LinuxBootError;
+    pub struct LinuxBoot { pub entry: u64, pub zero_page: u64 }
+    pub fn is_bzimage(_f: &mut File) -> std::io::Result<bool> { Ok(false) }
+    pub fn load_bzimage(_m: &GuestMemoryMmap, _f: &mut File, _p: &Path, _i: Option<(&mut File, &Path)>, _c: &str, _s: u64) -> Result<LinuxBoot, LinuxBootError> { Err(LinuxBootError) }
+    pub fn write_zero_page(_m: &GuestMemoryMmap, _h: Option<()>, _c: &str, _i: Option<(u64,u64)>, _s: u64) -> Result<u64, LinuxBootError> { Err(LinuxBootError) }
+}
 pub mod mptable;
+pub mod regs;
+
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::path::{Path, PathBuf};
+
+use linux_loader::loader::{elf::Elf, KernelLoader};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::layout;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("cannot open kernel {path}: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("{path} is neither an ELF kernel nor a bzImage; pass a vmlinux or bzImage")]
+    UnknownFormat { path: PathBuf },
+    #[error("cannot load ELF kernel {path}: {source}")]
+    Elf { path: PathBuf, source: linux_loader::loader::Error },
+    #[error("cannot open initrd {path}: {source}")]
+    OpenInitrd { path: PathBuf, source: std::io::Error },
+    #[error("--initrd is only supported with a bzImage kernel, and {path} is an ELF")]
+    InitrdWithElf { path: PathBuf },
+    #[error("command line is {len} bytes; the limit is {max}")]
+    CmdlineTooLong { len: usize, max: usize },
+    #[error("cannot write the command line: {0}")]
+    Cmdline(vm_memory::GuestMemoryError),
+    #[error(transparent)]
+    Linux(#[from] linuxp::LinuxBootError),
+    #[error(transparent)]
+    MpTable(#[from] mptable::MpTableError),
+    #[error(transparent)]
+    Regs(#[from] regs::RegsError),
+}
+
+/// How the vCPUs enter the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Linux 64-bit boot protocol: boot vCPU only, RSI = zero page.
+    Linux { zero_page: u64 },
+    /// vmtrace direct boot: all vCPUs at the entry.
+    Direct,
+}
+
+/// Where and how the loaded kernel starts.
+#[derive(Clone, Copy, Debug)]
+pub struct BootPlan {
+    pub entry: u64,
+    pub protocol: Protocol,
+}
+
+/// What the kernel file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFormat {
+    Elf,
+    BzImage,
+}
+
+const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
+
+/// Identify the kernel file by its magic.
+pub fn kernel_format(file: &mut File, path: &Path) -> Result<KernelFormat, BootError> {
+    let mut magic = [0u8; 4];
+    let io = |source| BootError::Open { path: path.to_owned(), source };
+    file.rewind().map_err(io)?;
+    if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
+        return Ok(KernelFormat::Elf);
+    }
+    if linuxp::is_bzimage(file).map_err(io)? {
+        return Ok(KernelFormat::BzImage);
+    }
+    Err(BootError::UnknownFormat { path: path.to_owned() })
+}
+
+/// Load the kernel (and initrd), write the command line and the tables the
+/// protocol needs. The page tables and GDT are common to both protocols.
+pub fn load_kernel(
+    mem: &GuestMemoryMmap,
+    kernel_path: &Path,
+    initrd_path: Option<&Path>,
+    cmdline: &str,
+    mem_size: u64,
+    ncpus: u8,
+) -> Result<BootPlan, BootError> {
+    if cmdline.len() + 1 > layout::CMDLINE_MAX_SIZE {
+        return Err(BootError::CmdlineTooLong { len: cmdline.len(), max: layout::CMDLINE_MAX_SIZE - 1 });
+    }
+    let mut file = File::open(kernel_path)
+        .map_err(|source| BootError::Open { path: kernel_path.to_owned(), source })?;
+    regs::setup_page_tables(mem)?;
+    regs::setup_gdt(mem)?;
+    let plan = match kernel_format(&mut file, kernel_path)? {
+        KernelFormat::BzImage => {
+            let mut initrd = match initrd_path {
+                Some(p) => Some((
+                    File::open(p).map_err(|source| BootError::OpenInitrd { path: p.to_owned(), source })?,
+                    p,
+                )),
+                None => None,
+            };
+            let boot = linuxp::load_bzimage(
+                mem,
+                &mut file,
+                kernel_path,
+                initrd.as_mut().map(|(f, p)| (f, *p)),
+                cmdline,
+                mem_size,
+            )?;
+            mptable::setup_mptable(mem, ncpus)?;
+            BootPlan { entry: boot.entry, protocol: Protocol::Linux { zero_page: boot.zero_page } }
+        }
+        KernelFormat::Elf => {
+            let loaded = Elf::load(mem, None, &mut file, Some(GuestAddress(layout::HIGH_MEM_START)))
+                .map_err(|source| BootError::Elf { path: kernel_path.to_owned(), source })?;
+            if initrd_path.is_some() {
+                return Err(BootError::InitrdWithElf { path: kernel_path.to_owned() });
+            }
+            let entry = loaded.kernel_load.0;
+            if is_linux_elf(kernel_path) {
+                let zero_page = linuxp::write_zero_page(mem, None, cmdline, None, mem_size)?;
+                mptable::setup_mptable(mem, ncpus)?;
+                BootPlan { entry, protocol: Protocol::Linux { zero_page } }
+            } else {
+                write_cmdline(mem, cmdline)?;
+                BootPlan { entry, protocol: Protocol::Direct }
+            }
+        }
+    };
+    Ok(plan)
+}
+
+/// A Linux vmlinux carries `linux_banner` ("Linux version ..."); anything else
+/// is booted with vmtrace's direct protocol.
+fn is_linux_elf(path: &Path) -> bool {
+    use object::{Object, ObjectSymbol};
+    let Ok(data) = std::fs::read(path) else { return false };
+    let Ok(obj) = object::File::parse(&*data) else { return false };
+    let found = obj.symbols().any(|s| s.name() == Ok("linux_banner"));
+    found
+}
+
+/// The NUL-terminated command line at its fixed address (direct boot).
+fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), BootError> {
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START)).map_err(BootError::Cmdline)
+}
+
+/// Does this kernel boot with Linux's protocol (a bzImage, or an ELF vmlinux)?
+pub fn is_linux_kernel(path: &Path) -> Result<bool, BootError> {
+    let mut file = File::open(path).map_err(|source| BootError::Open { path: path.to_owned(), source })?;
+    Ok(match kernel_format(&mut file, path)? {
+        KernelFormat::BzImage => true,
+        KernelFormat::Elf => is_linux_elf(path),
+    })
+}

@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# Build vmtrace's default guest: an ftrace-instrumented Linux 6.1 kernel and a
+# tiny initramfs, cached outside the work tree.
+#
+#   guest/linux/build.sh [--force]
+#
+# Outputs (copied into guest/out/, or $VMTRACE_GUEST_OUT):
+#   bzImage             the bootable kernel (LZ4-compressed, loads at 16 MiB)
+#   vmlinux             the unstripped ELF with symbols and __mcount_loc
+#   initramfs.cpio.gz   /init (from init.c) + /dev/console
+#
+# Cache: ${VMTRACE_CACHE_DIR:-~/.cache/vmtrace}/linux-<key>/ where <key> is the
+# first 16 hex digits of sha256(linux-source-6.1 package version, this script,
+# config.fragment, init.c). A hit is just a copy. A miss unpacks the Debian
+# source once per package version (linux-source-<version>/), builds in one
+# object directory per package version (linux-obj-<version>/, so a config
+# change rebuilds incrementally), then publishes the outputs with a rename.
+# Everything is serialised by a lock; an interrupted run is simply rerun.
+#
+# --force rebuilds even if the cache has the outputs.
+set -euo pipefail
+
+log() { printf '[guest/linux] %s\n' "$*" >&2; }
+die() { printf '[guest/linux] ERROR: %s\n' "$*" >&2; exit 1; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+GUEST_DIR=$(dirname "$HERE")
+OUT_DIR=${VMTRACE_GUEST_OUT:-$GUEST_DIR/out}
+CACHE_ROOT=${VMTRACE_CACHE_DIR:-$HOME/.cache/vmtrace}
+FRAGMENT=$HERE/config.fragment
+INIT_SRC=$HERE/init.c
+SELF=$HERE/build.sh
+SRC_PKG=linux-source-6.1
+SRC_TARBALL=/usr/src/$SRC_PKG.tar.xz
+OUTPUTS=(bzImage vmlinux initramfs.cpio.gz)
+
+FORCE=0
+for arg in "$@"; do
+	case $arg in
+	--force) FORCE=1 ;;
+	-h | --help) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) die "unknown argument: $arg (usage: $0 [--force])" ;;
+	esac
+done
+
+# ---------------------------------------------------------------------------
+# Tools and source package. On a fresh (CI) machine, install them when we can.
+# ---------------------------------------------------------------------------
+TOOLS=(gcc make bc flex bison cpio xz lz4 gzip perl sha256sum flock nm readelf objdump strings)
+missing_tools() {
+	local t
+	for t in "${TOOLS[@]}"; do command -v "$t" >/dev/null 2>&1 || printf '%s ' "$t"; done
+	[[ -e /usr/include/libelf.h || -e /usr/include/elfutils/libelf.h ]] || printf 'libelf-dev '
+	[[ -e /usr/include/openssl/ssl.h ]] || printf 'libssl-dev '
+	[[ -e $SRC_TARBALL ]] || printf '%s ' "$SRC_PKG"
+}
+
+need=$(missing_tools)
+if [[ -n $need ]]; then
+	if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		log "missing: $need-> installing with apt-get"
+		pkgs=(build-essential bc flex bison cpio xz-utils lz4 gzip perl coreutils util-linux
+			binutils libelf-dev libssl-dev "$SRC_PKG")
+		export DEBIAN_FRONTEND=noninteractive
+		if ! apt-get install -y --no-install-recommends "${pkgs[@]}" >&2; then
+			apt-get update >&2
+			apt-get install -y --no-install-recommends "${pkgs[@]}" >&2
+		fi
+		need=$(missing_tools)
+		[[ -z $need ]] || die "still missing after apt-get install: $need"
+	else
+		die "missing: $need(run as root on Debian, or: apt-get install -y $SRC_PKG bc flex bison libelf-dev libssl-dev cpio lz4 build-essential)"
+	fi
+fi
+
+SRC_VERSION=$(dpkg-query -W -f='${Version}' "$SRC_PKG" 2>/dev/null) ||
+	die "dpkg-query cannot tell the version of $SRC_PKG"
+[[ -n $SRC_VERSION ]] || die "$SRC_PKG has an empty version (not installed?)"
+SAFE_VERSION=$(printf '%s' "$SRC_VERSION" | tr -c 'A-Za-z0-9._-' '_')
+
+# ---------------------------------------------------------------------------
+# Cache key and lookup.
+# ---------------------------------------------------------------------------
+KEY=$( {
+	printf 'linux-source-6.1 %s\n' "$SRC_VERSION"
+	printf -- '--- config.fragment\n'; cat "$FRAGMENT"
+	printf -- '--- init.c\n'; cat "$INIT_SRC"
+	printf -- '--- build.sh\n'; cat "$SELF"
+} | sha256sum | cut -c1-16)
+CACHE_DIR=$CACHE_ROOT/linux-$KEY
+
+have_cache() {
+	local f
+	for f in "${OUTPUTS[@]}"; do [[ -s $CACHE_DIR/$f ]] || return 1; done
+}
+
+install_outputs() {
+	mkdir -p "$OUT_DIR"
+	local f
+	for f in "${OUTPUTS[@]}"; do
+		cp -f "$CACHE_DIR/$f" "$OUT_DIR/.$f.tmp.$$"
+		mv -f "$OUT_DIR/.$f.tmp.$$" "$OUT_DIR/$f"
+	done
+	log "outputs in $OUT_DIR: ${OUTPUTS[*]} (from $CACHE_DIR)"
+	[[ -f $CACHE_DIR/build-info.txt ]] && sed 's/^/[guest\/linux]   /' "$CACHE_DIR/build-info.txt" >&2
+	return 0
+}
+
+mkdir -p "$CACHE_ROOT"
+if [[ $FORCE -eq 0 ]] && have_cache; then
+	log "cache hit: linux-$KEY"
+	install_outputs
+	exit 0
+fi
+
+# One build at a time per cache root (they share the source and object dirs).
+exec 9>"$CACHE_ROOT/linux.lock"
+if ! flock -n 9; then
+	log "waiting for another guest/linux build (lock $CACHE_ROOT/linux.lock)"
+	flock 9
+fi
+if [[ $FORCE -eq 0 ]] && have_cache; then # built by whoever held the lock
+	log "cache hit: linux-$KEY"
+	install_outputs
+	exit 0
+fi
+log "cache miss: building linux-$KEY ($SRC_PKG $SRC_VERSION)"
+T0=$SECONDS
+
+# Leftovers of interrupted runs (we hold the lock, so nobody is using them).
+rm -rf "$CACHE_ROOT"/.linux-*.tmp.* 2>/dev/null || true
+
+# ---------------------------------------------------------------------------
+# Source tree: unpacked once per package version, published by rename.
+# ---------------------------------------------------------------------------
+SRC_DIR=$CACHE_ROOT/linux-source-$SAFE_VERSION
+if [[ ! -f $SRC_DIR/.vmtrace-unpacked ]]; then
+	rm -rf "$SRC_DIR"
+	tmp=$CACHE_ROOT/.linux-src.tmp.$$
+	rm -rf "$tmp"; mkdir -p "$tmp"
+	log "unpacking $SRC_TARBALL"
+	tar -xJf "$SRC_TARBALL" -C "$tmp"
+	top=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d | head -n1)
+	[[ -n $top && -f $top/Makefile ]] || die "unexpected layout of $SRC_TARBALL"
+	printf '%s\n' "$SRC_VERSION" >"$top/.vmtrace-unpacked"
+	mv "$top" "$SRC_DIR"
+	rm -rf "$tmp"
+fi
+
+# ---------------------------------------------------------------------------
+# Configure: tinyconfig + fragment, then check the fragment survived.
+# ---------------------------------------------------------------------------
+OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION
+mkdir -p "$OBJ_DIR"
+KMAKE=(make -C "$SRC_DIR" O="$OBJ_DIR" ARCH=x86_64)
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+log "configuring: tinyconfig + config.fragment"
+"${KMAKE[@]}" -s tinyconfig >"$OBJ_DIR/config.log" 2>&1 ||
+	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "make tinyconfig failed"; }
+(cd "$OBJ_DIR" && "$SRC_DIR/scripts/kconfig/merge_config.sh" -m -O "$OBJ_DIR" \
+	"$OBJ_DIR/.config" "$FRAGMENT") >>"$OBJ_DIR/config.log" 2>&1 ||
+	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "merge_config.sh failed"; }
+"${KMAKE[@]}" -s olddefconfig >>"$OBJ_DIR/config.log" 2>&1 ||
+	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "make olddefconfig failed"; }
+
+bad=()
+while IFS= read -r line; do
+	if [[ $line =~ ^(CONFIG_[A-Za-z0-9_]+)=(.*)$ ]]; then
+		sym=${BASH_REMATCH[1]}
+		grep -qxF -- "$line" "$OBJ_DIR/.config" ||
+			bad+=("$sym: wanted '${BASH_REMATCH[2]}', got '$(grep -E "^(# )?$sym[= ]" "$OBJ_DIR/.config" || echo absent)'")
+	elif [[ $line =~ ^#\ (CONFIG_[A-Za-z0-9_]+)\ is\ not\ set$ ]]; then
+		sym=${BASH_REMATCH[1]}
+		if grep -qE "^$sym=" "$OBJ_DIR/.config"; then
+			bad+=("$sym: wanted off, got '$(grep -E "^$sym=" "$OBJ_DIR/.config")'")
+		fi
+	fi
+done <"$FRAGMENT"
+if ((${#bad[@]})); then
+	for b in "${bad[@]}"; do log "config mismatch: $b"; done
+	die "${#bad[@]} option(s) of config.fragment did not survive olddefconfig (dependencies?); see $OBJ_DIR/.config"
+fi
+log "config OK ($(grep -c '=y$' "$OBJ_DIR/.config") options =y)"
+
+# ---------------------------------------------------------------------------
+# Build bzImage. The full log goes to build.log; the console gets errors and
+# one progress line every 30 s.
+# ---------------------------------------------------------------------------
+BUILD_LOG=$OBJ_DIR/build.log
+log "make -j$JOBS bzImage (log: $BUILD_LOG)"
+T1=$SECONDS
+set +e
+"${KMAKE[@]}" -j"$JOBS" bzImage 2>&1 | tee "$BUILD_LOG" | {
+	n=0; cc=0; last=$SECONDS
+	while IFS= read -r l; do
+		n=$((n + 1))
+		case $l in
+		"  CC "*) cc=$((cc + 1)) ;;
+		*error:* | *Error\ [0-9]* | *"*** "*) printf '[guest/linux] %s\n' "$l" >&2 ;;
+		esac
+		if ((SECONDS - last >= 30)); then
+			last=$SECONDS
+			printf '[guest/linux] %4ds: %d objects compiled, at: %s\n' \
+				$((SECONDS - T1)) "$cc" "${l:0:100}" >&2
+		fi
+	done
+	printf '[guest/linux] %4ds: make finished, %d objects compiled\n' $((SECONDS - T1)) "$cc" >&2
+}
+rc=${PIPESTATUS[0]}
+set -e
+if ((rc != 0)); then
+	tail -n 40 "$BUILD_LOG" >&2
+	die "kernel build failed (exit $rc); full log: $BUILD_LOG"
+fi
+BUILD_SECS=$((SECONDS - T1))
+
+VMLINUX=$OBJ_DIR/vmlinux
+BZIMAGE=$OBJ_DIR/arch/x86/boot/bzImage
+[[ -s $VMLINUX && -s $BZIMAGE ]] || die "make succeeded but vmlinux or bzImage is missing"
+
+# ftrace patch-site table: __start_mcount_loc..__stop_mcount_loc, 8 bytes each.
+sym_addr() { nm "$VMLINUX" | awk -v s="$1" '$3 == s { print $1; exit }'; }
+start=$(sym_addr __start_mcount_loc)
+stop=$(sym_addr __stop_mcount_loc)
+[[ -n $start && -n $stop ]] || die "vmlinux has no __start_mcount_loc/__stop_mcount_loc (FUNCTION_TRACER/DYNAMIC_FTRACE off?)"
+SITES=$(((16#$stop - 16#$start) / 8))
+((SITES >= 1000)) || die "only $SITES ftrace sites in vmlinux (expected thousands)"
+KVER=$(strings -n 20 "$VMLINUX" | grep -m1 '^Linux version ' || true)
+
+# ---------------------------------------------------------------------------
+# initramfs: /init (static, no libc) + /dev/console via the kernel's
+# gen_init_cpio, so no device node has to exist on the host.
+# ---------------------------------------------------------------------------
+STAGE=$CACHE_ROOT/.linux-$KEY.tmp.$$
+rm -rf "$STAGE"; mkdir -p "$STAGE"
+gcc -Os -static -nostdlib -ffreestanding -fno-pie -no-pie -fno-stack-protector \
+	-fno-asynchronous-unwind-tables -fcf-protection=none -Wall -Wextra \
+	-Wl,--build-id=none -o "$STAGE/init" "$INIT_SRC" ||
+	die "cannot build /init from $INIT_SRC"
+gcc -O2 -o "$STAGE/gen_init_cpio" "$SRC_DIR/usr/gen_init_cpio.c" ||
+	die "cannot build gen_init_cpio"
+cat >"$STAGE/initramfs.list" <<EOF
+dir /dev 0755 0 0
+nod /dev/console 0600 0 0 c 5 1
+dir /proc 0755 0 0
+dir /sys 0755 0 0
+dir /root 0700 0 0
+file /init $STAGE/init 0755 0 0
+EOF
+"$STAGE/gen_init_cpio" -t 0 "$STAGE/initramfs.list" | gzip -9 -n >"$STAGE/initramfs.cpio.gz"
+rm -f "$STAGE/gen_init_cpio"
+
+# ---------------------------------------------------------------------------
+# Publish: stage everything, then one rename into the cache.
+# ---------------------------------------------------------------------------
+cp "$BZIMAGE" "$STAGE/bzImage"
+cp "$VMLINUX" "$STAGE/vmlinux"
+cp "$OBJ_DIR/System.map" "$STAGE/System.map"
+cp "$OBJ_DIR/.config" "$STAGE/config"
+cat >"$STAGE/build-info.txt" <<EOF
+key:            $KEY
+source:         $SRC_PKG $SRC_VERSION
+kernel:         $KVER
+compiler:       $(gcc --version | head -n1)
+bzImage bytes:  $(stat -c %s "$STAGE/bzImage")
+vmlinux bytes:  $(stat -c %s "$STAGE/vmlinux")
+ftrace sites:   $SITES (__start_mcount_loc=0x$start __stop_mcount_loc=0x$stop)
+make seconds:   $BUILD_SECS (-j$JOBS)
+built:          $(date -u +%Y-%m-%dT%H:%M:%SZ)
+EOF
+rm -rf "$CACHE_DIR"
+mv "$STAGE" "$CACHE_DIR"
+log "built linux-$KEY in $((SECONDS - T0)) s"
+install_outputs

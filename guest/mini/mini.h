@@ -1,0 +1,44 @@
+/* mini: a tiny freestanding x86-64 guest whose call graph imitates a slice of
+ * the Linux idle/hrtimer path, compiled with the kernel's ftrace flags. */
+#ifndef MINI_H
+#define MINI_H
+
+typedef unsigned long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+/* Linux's notrace: gcc emits no __fentry__ NOP, hence no __mcount_loc site. */
+#define notrace __attribute__((no_instrument_function))
+/* Keep a function exactly as written: no inlining, cloning or IPA changes,
+ * so its call site and caller stay what the source says. */
+#define noipa __attribute__((noipa))
+#define __init __attribute__((section(".init.text")))
+#define __noreturn __attribute__((noreturn))
+
+#define MINI_MAX_CPUS 64 /* entry.S has this many stacks */
+
+#define POWEROFF_PORT 0xf4
+#define COM1_PORT 0x3f8
+
+struct mini_cfg {
+	u64 iters;   /* iters=N */
+	int loop;    /* mode=loop */
+	int int3;    /* int3=1 */
+};
+
+/* support.c (all notrace) */
+void serial_puts(const char *s);
+void serial_putu(u64 v);
+void print_lock(void);
+void print_unlock(void);
+void parse_cmdline(const char *s, struct mini_cfg *cfg);
+void idt_load(void);
+void int3_selftest(void);
+void poweroff(u8 status) __noreturn;
+void halt_forever(void) __noreturn;
+
+/* workload.c */
+void mini_main(u64 cpu, const char *cmdline, u64 ncpus) __noreturn;
+
+#endif

@@ -1,0 +1,192 @@
+/* Support code: serial output, number formatting, command line, spinlock,
+ * IDT, power off. Everything here is notrace, so it has no ftrace site. */
+#include "mini.h"
+
+static notrace inline void outb(u16 port, u8 val)
+{
+	asm volatile("outb %0, %1" : : "a"(val), "Nd"(port) : "memory");
+}
+
+notrace void halt_forever(void)
+{
+	for (;;)
+		asm volatile("cli; hlt" : : : "memory");
+}
+
+notrace void poweroff(u8 status)
+{
+	outb(POWEROFF_PORT, status);
+	halt_forever(); /* in case the VMM lets us run on */
+}
+
+/* ---- serial ------------------------------------------------------------- */
+
+/* The VMM's UART takes a byte at any time, so we skip polling LSR (each poll
+ * would be one more VM exit). */
+notrace void serial_puts(const char *s)
+{
+	while (*s)
+		outb(COM1_PORT, (u8)*s++);
+}
+
+notrace void serial_putu(u64 v)
+{
+	char buf[21];
+	int i = sizeof(buf) - 1;
+
+	buf[i] = 0;
+	do {
+		buf[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	serial_puts(&buf[i]);
+}
+
+/* ---- spinlock: keeps each vCPU's lines together ------------------------- */
+
+static unsigned int print_lock_word;
+
+notrace void print_lock(void)
+{
+	while (__atomic_exchange_n(&print_lock_word, 1, __ATOMIC_ACQUIRE))
+		while (__atomic_load_n(&print_lock_word, __ATOMIC_RELAXED))
+			asm volatile("pause");
+}
+
+notrace void print_unlock(void)
+{
+	__atomic_store_n(&print_lock_word, 0, __ATOMIC_RELEASE);
+}
+
+/* ---- command line ------------------------------------------------------- */
+
+/* Does token [s, end) start with key? Returns the rest, or 0. */
+static notrace const char *after(const char *s, const char *end, const char *key)
+{
+	while (*key) {
+		if (s == end || *s != *key)
+			return 0;
+		s++, key++;
+	}
+	return s;
+}
+
+static notrace int equals(const char *s, const char *end, const char *word)
+{
+	const char *rest = after(s, end, word);
+
+	return rest && rest == end;
+}
+
+/* Decimal [s, end) into *out; nonzero on success. Overflow wraps. */
+static notrace int parse_u64(const char *s, const char *end, u64 *out)
+{
+	u64 v = 0;
+
+	if (s == end)
+		return 0;
+	for (; s < end; s++) {
+		if (*s < '0' || *s > '9')
+			return 0;
+		v = v * 10 + (u64)(*s - '0');
+	}
+	*out = v;
+	return 1;
+}
+
+/* Space-separated tokens; unknown tokens and bad values are ignored. */
+notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
+{
+	cfg->iters = 1000;
+	cfg->loop = 0;
+	cfg->int3 = 0;
+	if (!s)
+		return;
+	while (*s) {
+		const char *end, *v;
+
+		while (*s == ' ' || *s == '\t' || *s == '\n')
+			s++;
+		for (end = s; *end && *end != ' ' && *end != '\t' && *end != '\n'; end++)
+			;
+		if ((v = after(s, end, "iters=")))
+			parse_u64(v, end, &cfg->iters);
+		else if ((v = after(s, end, "mode="))) {
+			if (equals(v, end, "loop"))
+				cfg->loop = 1;
+			else if (equals(v, end, "count"))
+				cfg->loop = 0;
+		} else if ((v = after(s, end, "int3=")))
+			cfg->int3 = equals(v, end, "1");
+		s = end;
+	}
+}
+
+/* ---- IDT and the int3 self-test ----------------------------------------- */
+
+struct idt_entry {
+	u16 off0;
+	u16 sel;
+	u8 ist;
+	u8 attr;
+	u16 off1;
+	u32 off2;
+	u32 zero;
+} __attribute__((packed));
+
+#define KERNEL_CS 0x10
+#define GATE_INTR 0x8e /* present, DPL 0, 64-bit interrupt gate */
+
+static struct idt_entry idt[256] __attribute__((aligned(4096)));
+
+/* entry.S */
+extern char mini_int3_entry[];
+extern char mini_exc_stubs[]; /* 256 stubs, 16 bytes apart */
+
+/* Counted by mini_int3_entry (entry.S). */
+volatile u64 mini_int3_hits;
+
+/* Every vCPU fills the table with the same values, then loads it: no vCPU
+ * waits for another, and rewriting identical bytes is harmless. */
+notrace void idt_load(void)
+{
+	struct {
+		u16 limit;
+		u64 base;
+	} __attribute__((packed)) desc = { sizeof(idt) - 1, (u64)idt };
+
+	for (int v = 0; v < 256; v++) {
+		u64 h = v == 3 ? (u64)mini_int3_entry : (u64)mini_exc_stubs + 16 * (u64)v;
+
+		idt[v].off0 = (u16)h;
+		idt[v].sel = KERNEL_CS;
+		idt[v].ist = 0;
+		idt[v].attr = GATE_INTR;
+		idt[v].off1 = (u16)(h >> 16);
+		idt[v].off2 = (u32)(h >> 32);
+		idt[v].zero = 0;
+	}
+	asm volatile("lidt %0" : : "m"(desc) : "memory");
+}
+
+/* From entry.S for any vector but 3. */
+notrace void mini_exception(u64 vector)
+{
+	serial_puts("mini: exception ");
+	serial_putu(vector);
+	serial_puts("\n");
+	poweroff(1);
+}
+
+notrace void int3_selftest(void)
+{
+	asm volatile("int3" : : : "memory");
+	asm volatile("int3" : : : "memory");
+	print_lock();
+	serial_puts(mini_int3_hits == 2 ? "mini: int3 ok " : "mini: int3 bad ");
+	serial_putu(mini_int3_hits);
+	serial_puts("\n");
+	print_unlock();
+	if (mini_int3_hits != 2)
+		poweroff(1);
+}

@@ -1,0 +1,140 @@
+//! Command-line interface: what the user can ask for.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vmtrace",
+    version,
+    about = "Trace a Linux guest kernel's function calls from the KVM hypervisor",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the report of a trace saved with `-o FILE`.
+    Report(ReportArgs),
+    /// Measure the cost of tracing on the mini guest.
+    Bench(BenchArgs),
+}
+
+/// Boot a guest and (optionally) trace it.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Guest kernel: a bzImage, a Linux vmlinux, or any ELF booted with vmtrace's direct protocol.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Unstripped vmlinux with symbols (default: the kernel if it is an ELF, else `vmlinux` beside it).
+    #[arg(long, value_name = "PATH")]
+    pub vmlinux: Option<PathBuf>,
+    /// Initial ramdisk (bzImage only).
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// Number of vCPUs (1..=64).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub cpus: u64,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 128, value_name = "MiB")]
+    pub mem: u64,
+    /// Appended to the default kernel command line.
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
+    /// Replaces the default kernel command line.
+    #[arg(long, value_name = "STR", conflicts_with = "cmdline")]
+    pub cmdline_replace: Option<String>,
+    /// Stop the guest after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Write the guest console to FILE instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub console: Option<PathBuf>,
+    /// Print exit counts per vCPU, emulation assists and pause figures.
+    #[arg(long)]
+    pub stats: bool,
+
+    /// Trace functions matching GLOB (ftrace glob: * ? [...]); repeatable, comma lists.
+    #[arg(long, value_name = "GLOB")]
+    pub trace: Vec<String>,
+    /// Do not trace functions matching GLOB; repeatable, comma lists.
+    #[arg(long, value_name = "GLOB")]
+    pub notrace: Vec<String>,
+    /// Trace for this many seconds after attaching, then stop the guest.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Patch before the first guest instruction (only for kernels that do not patch their own sites).
+    #[arg(long)]
+    pub from_boot: bool,
+    /// Keep at most this many events in memory (counts stay exact beyond it).
+    #[arg(long, default_value_t = 50_000_000, value_name = "N")]
+    pub max_events: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// How the trace is shown or saved.
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the output (or, with the text format, the binary trace) to FILE.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Sort the report.
+    #[arg(long, value_enum, default_value_t = SortKey::Count)]
+    pub sort: SortKey,
+    /// Only these vCPUs (e.g. 0,2-3).
+    #[arg(long, value_name = "LIST")]
+    pub cpu: Option<String>,
+    /// Show each function's callers.
+    #[arg(short = 'g', long = "callers")]
+    pub callers: bool,
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A trace saved with `vmtrace ... -o FILE`.
+    #[arg(short = 'i', long = "input", value_name = "FILE")]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The mini guest (default: guest/out/mini.elf, built if missing).
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Workload iterations per vCPU.
+    #[arg(long, default_value_t = 2000)]
+    pub iters: u64,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+    Csv,
+    Chrome,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    Count,
+    Name,
+    Cpu,
+}

@@ -1,0 +1,184 @@
+//! Creating the VM: KVM, guest memory, the in-kernel interrupt controllers,
+//! devices, the kernel, and every vCPU in its entry state.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::boot::{self, BootPlan, Protocol};
+use crate::devices::{Console, Devices};
+use crate::layout;
+use crate::pause::PauseControl;
+use crate::run::{Running, Shared};
+use crate::trap::TrapHandler;
+use crate::vcpu::{VcpuStats, VcpuThread};
+
+/// Largest `--cpus`.
+pub const MAX_CPUS: u8 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("--cpus {0} is out of range; use 1 to {MAX_CPUS}")]
+    Cpus(u64),
+    #[error("--mem {0} MiB is out of range; use {min} to {max} MiB", min = layout::MIN_MEM_MIB, max = layout::MAX_MEM_MIB)]
+    Mem(u64),
+    #[error("kernel {0} does not exist; build one with `guest/build.sh mini` or pass --kernel PATH")]
+    NoKernel(PathBuf),
+    #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
+    Kvm(kvm_ioctls::Error),
+    #[error("KVM_{what} failed: {source}")]
+    Ioctl { what: &'static str, source: kvm_ioctls::Error },
+    #[error("cannot allocate {mib} MiB of guest memory: {source}")]
+    Memory { mib: u64, source: vm_memory::mmap::FromRangesError },
+    #[error("cannot create an eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    #[error(transparent)]
+    Regs(#[from] boot::regs::RegsError),
+    #[error(transparent)]
+    Cpuid(#[from] boot::cpuid::CpuidError),
+    #[error("cannot start the thread of vCPU {cpu}: {source}")]
+    Thread { cpu: usize, source: std::io::Error },
+}
+
+/// What to boot and how.
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub cpus: u64,
+    pub mem_mib: u64,
+    pub cmdline: String,
+    pub console: Box<dyn Write + Send>,
+    pub timeout: Option<Duration>,
+}
+
+/// A VM ready to run.
+pub struct Vm {
+    // Kept open for the VM's lifetime.
+    _kvm: Kvm,
+    _fd: VmFd,
+    mem: GuestMemoryMmap,
+    vcpus: Vec<VcpuFd>,
+    devices: Devices,
+    plan: BootPlan,
+    timeout: Option<Duration>,
+}
+
+fn ioctl(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Ioctl { what, source }
+}
+
+impl Vm {
+    /// Validate the configuration, then build the whole machine.
+    pub fn create(cfg: VmConfig) -> Result<Vm, VmError> {
+        if cfg.cpus == 0 || cfg.cpus > u64::from(MAX_CPUS) {
+            return Err(VmError::Cpus(cfg.cpus));
+        }
+        if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&cfg.mem_mib) {
+            return Err(VmError::Mem(cfg.mem_mib));
+        }
+        if !cfg.kernel.exists() {
+            return Err(VmError::NoKernel(cfg.kernel));
+        }
+        let ncpus = cfg.cpus as usize;
+        let kvm = Kvm::new().map_err(VmError::Kvm)?;
+        let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
+        let mem_size = cfg.mem_mib << 20;
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
+            .map_err(|source| VmError::Memory { mib: cfg.mem_mib, source })?;
+        for (slot, region) in mem.iter().enumerate() {
+            let r = kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: region.as_ptr() as u64,
+                flags: 0,
+            };
+            // SAFETY: the region is a live mmap owned by `mem`, which outlives
+            // the VM fd (both live in `Vm`, and then in `Shared`, until the end).
+            unsafe { fd.set_user_memory_region(r) }.map_err(ioctl("SET_USER_MEMORY_REGION"))?;
+        }
+        fd.set_tss_address(layout::KVM_TSS_ADDR as usize).map_err(ioctl("SET_TSS_ADDR"))?;
+        fd.create_irq_chip().map_err(ioctl("CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        fd.create_pit2(pit).map_err(ioctl("CREATE_PIT2"))?;
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmError::EventFd)?;
+        fd.register_irqfd(&serial_irq, layout::SERIAL_IRQ).map_err(ioctl("IRQFD"))?;
+        let devices = Devices::new(serial_irq, Console::new(cfg.console));
+
+        let plan = boot::load_kernel(&mem, &cfg.kernel, cfg.initrd.as_deref(), &cfg.cmdline, mem_size, cfg.cpus as u8)?;
+        let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("GET_SUPPORTED_CPUID"))?;
+        let mut vcpus = Vec::with_capacity(ncpus);
+        for cpu in 0..ncpus {
+            let vcpu = fd.create_vcpu(cpu as u64).map_err(ioctl("CREATE_VCPU"))?;
+            boot::cpuid::setup_cpuid(&vcpu, cpu, ncpus, &supported)?;
+            boot::regs::setup_msrs(&vcpu, cpu)?;
+            boot::regs::setup_fpu(&vcpu, cpu)?;
+            boot::regs::setup_lint(&vcpu, cpu)?;
+            match plan.protocol {
+                Protocol::Linux { zero_page } => {
+                    // Only the boot CPU starts here; the kernel wakes the others.
+                    if cpu == 0 {
+                        boot::regs::setup_sregs(&vcpu, cpu)?;
+                        boot::regs::setup_regs(&vcpu, cpu, plan.entry, [0, zero_page, 0])?;
+                    }
+                }
+                Protocol::Direct => {
+                    boot::regs::setup_sregs(&vcpu, cpu)?;
+                    boot::regs::setup_regs(&vcpu, cpu, plan.entry, [cpu as u64, layout::CMDLINE_START, ncpus as u64])?;
+                    let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
+                    vcpu.set_mp_state(runnable).map_err(ioctl("SET_MP_STATE"))?;
+                }
+            }
+            vcpus.push(vcpu);
+        }
+        Ok(Vm { _kvm: kvm, _fd: fd, mem, vcpus, devices, plan, timeout: cfg.timeout })
+    }
+
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    pub fn boot_plan(&self) -> BootPlan {
+        self.plan
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.vcpus.len()
+    }
+
+    /// Start one thread per vCPU, each with its trap handler. With
+    /// `start_paused` they park before the first guest instruction, so the
+    /// caller's first `pause_all` sees the guest untouched.
+    pub fn start(self, handlers: Vec<Box<dyn TrapHandler>>, start_paused: bool) -> Result<Running, VmError> {
+        assert_eq!(handlers.len(), self.vcpus.len(), "one trap handler per vCPU");
+        let ncpus = self.vcpus.len();
+        let shared = Arc::new(Shared::new(self.mem, self.devices, PauseControl::new(ncpus, start_paused)));
+        let mut threads = Vec::with_capacity(ncpus);
+        for (cpu, (fd, handler)) in self.vcpus.into_iter().zip(handlers).enumerate() {
+            let t = VcpuThread { cpu, fd, shared: Arc::clone(&shared), handler, stats: VcpuStats::default() };
+            let handle = std::thread::Builder::new()
+                .name(format!("vcpu{cpu}"))
+                .spawn(move || t.run())
+                .map_err(|source| VmError::Thread { cpu, source })?;
+            threads.push(handle);
+        }
+        crate::run::install_terminate_handlers();
+        let started = Instant::now();
+        Ok(Running {
+            shared,
+            threads,
+            started,
+            deadline: self.timeout.map(|t| started + t),
+            timeout: self.timeout,
+            _vm: (self._kvm, self._fd),
+        })
+    }
+}
