@@ -50,7 +50,7 @@ build_mini() {
 	mkdir -p "$out"
 	# Up to date when no source (nor this script) is newer than the output.
 	if [[ "${FORCE:-0}" != 1 && -f "$dst" ]] &&
-		[[ -z "$(find "$src" "${BASH_SOURCE[0]}" -newer "$dst" -type f -print -quit)" ]]; then
+		[[ -z "$(find "$src" "${BASH_SOURCE[0]}" -newer "$dst" -type f ! -name "*.md" -print -quit)" ]]; then
 		return 0
 	fi
 

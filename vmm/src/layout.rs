@@ -11,8 +11,9 @@ pub const GDT_START: u64 = 0x500;
 pub const BOOT_CS: u16 = 0x10;
 /// Data segment selector used at entry (Linux `__BOOT_DS`).
 pub const BOOT_DS: u16 = 0x18;
-/// An empty IDT: the guest installs its own before it enables interrupts.
-pub const IDT_START: u64 = 0x520;
+/// An empty IDT (after the GDT's five entries): the guest installs its own
+/// before it enables interrupts.
+pub const IDT_START: u64 = 0x540;
 
 /// Linux `boot_params` ("zero page"), handed to the kernel in RSI.
 pub const ZERO_PAGE_START: u64 = 0x7000;

@@ -103,7 +103,7 @@ impl PauseControl {
     // ---- vCPU side ----
 
     /// Called by vCPU thread `cpu` before its first KVM_RUN.
-    pub fn register(&self, cpu: usize, run: *mut kvm_run) {
+    pub(crate) fn register(&self, cpu: usize, run: *mut kvm_run) {
         let k = &self.kickers[cpu];
         k.run.store(run, Ordering::SeqCst);
         // SAFETY: pthread_self has no preconditions.
@@ -122,7 +122,7 @@ impl PauseControl {
 
     /// Park vCPU `cpu` until the pause ends; `snapshot` is taken only if a pause
     /// is really wanted. Clears the vCPU's `immediate_exit` before returning.
-    pub fn park(&self, cpu: usize, run: *mut kvm_run, snapshot: impl FnOnce() -> VcpuSnapshot) {
+    pub(crate) fn park(&self, cpu: usize, run: *mut kvm_run, snapshot: impl FnOnce() -> VcpuSnapshot) {
         let mut st = lock(&self.state);
         if self.requested.load(Ordering::SeqCst) && !self.is_stopping() {
             st.snapshots[cpu] = Some(snapshot());

@@ -444,7 +444,10 @@ mod tests {
         let hdr: MpcTable = mem.read_obj(GuestAddress(table_addr)).unwrap();
         assert_eq!(hdr.signature, *b"PCMP");
         let len = usize::from(hdr.length);
-        assert!(table_addr + len as u64 <= EBDA_START, "table overlaps pointer");
+        assert!(
+            table_addr + len as u64 <= EBDA_START,
+            "table overlaps pointer"
+        );
         assert!(table_addr >= MPTABLE_START);
         let table = read_bytes(mem, table_addr, len);
         assert_eq!(sum(&table), 0, "configuration table checksum");
@@ -500,7 +503,11 @@ mod tests {
         for (i, &(apic_id, flags)) in cpus.iter().enumerate() {
             assert_eq!(usize::from(apic_id), i);
             assert_eq!(flags & CPU_ENABLED, CPU_ENABLED);
-            assert_eq!(flags & CPU_BOOTPROCESSOR != 0, i == 0, "BSP flag of CPU {i}");
+            assert_eq!(
+                flags & CPU_BOOTPROCESSOR != 0,
+                i == 0,
+                "BSP flag of CPU {i}"
+            );
         }
         assert_eq!((buses, ioapics), (1, 1));
         let identity: Vec<(u8, u8)> = (0..16).map(|i| (i, i)).collect();
