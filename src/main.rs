@@ -15,14 +15,23 @@ const EXIT_GUEST_FAILED: u8 = 1;
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
-        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
         Err(e) => {
             // clap's first line names the problem; the usage block that follows is noise here.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
             eprintln!("vmtrace: {first} (see vmtrace --help)");
             return ExitCode::from(EXIT_BAD_INPUT);
         }

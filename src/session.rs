@@ -37,9 +37,9 @@ const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
 
 pub fn main(cli: Cli) -> Result<Outcome, Error> {
     match cli.command {
-        Some(Command::Report(_)) | Some(Command::Bench(_)) => {
-            Err(Error::Input("this subcommand is not implemented yet".into()))
-        }
+        Some(Command::Report(_)) | Some(Command::Bench(_)) => Err(Error::Input(
+            "this subcommand is not implemented yet".into(),
+        )),
         None => run(&cli.run),
     }
 }
@@ -67,15 +67,16 @@ fn secs(v: Option<f64>, flag: &str) -> Result<Option<Duration>, Error> {
     match v {
         None => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(Error::Input(format!("{flag} {s} is not a positive number of seconds"))),
+        Some(s) => Err(Error::Input(format!(
+            "{flag} {s} is not a positive number of seconds"
+        ))),
     }
 }
 
 pub fn vm_config(args: &RunArgs) -> Result<VmConfig, Error> {
-    let kernel = args
-        .kernel
-        .clone()
-        .ok_or_else(|| Error::Input("--kernel PATH is required (a bzImage, vmlinux or ELF guest)".into()))?;
+    let kernel = args.kernel.clone().ok_or_else(|| {
+        Error::Input("--kernel PATH is required (a bzImage, vmlinux or ELF guest)".into())
+    })?;
     if !kernel.is_file() {
         return Err(Error::Input(format!(
             "kernel {} does not exist or is not a file; pass --kernel PATH",
@@ -102,11 +103,19 @@ pub fn vm_config(args: &RunArgs) -> Result<VmConfig, Error> {
 fn run(args: &RunArgs) -> Result<Outcome, Error> {
     let cfg = vm_config(args)?;
     let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
-    let handlers = (0..vm.cpus()).map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>).collect();
-    let running = vm.start(handlers, false).map_err(|e| Error::Runtime(e.to_string()))?;
+    let handlers = (0..vm.cpus())
+        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
+        .collect();
+    let running = vm
+        .start(handlers, false)
+        .map_err(|e| Error::Runtime(e.to_string()))?;
     running.wait();
     let report = running.finish();
-    eprintln!("vmtrace: {} after {:.2} s", report.reason, report.elapsed.as_secs_f64());
+    eprintln!(
+        "vmtrace: {} after {:.2} s",
+        report.reason,
+        report.elapsed.as_secs_f64()
+    );
     if args.stats {
         print_stats(&report);
     }

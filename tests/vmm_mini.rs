@@ -9,7 +9,11 @@ use vm_memory::{Bytes, GuestAddress};
 
 fn check_counts(console: &str, cpus: u32, iters: u64) {
     let (counts, done) = parse_mini_console(console);
-    assert_eq!(done, (0..cpus).collect::<Vec<_>>(), "every CPU says done:\n{console}");
+    assert_eq!(
+        done,
+        (0..cpus).collect::<Vec<_>>(),
+        "every CPU says done:\n{console}"
+    );
     for cpu in 0..cpus {
         for f in MINI_FUNCS {
             assert_eq!(
@@ -35,8 +39,17 @@ fn mini_guest_one_and_four_cpus_power_off_with_exact_counts() {
             "--timeout",
             "120",
         ]);
-        assert!(out.status.success(), "exit {:?}: {}", out.status, stderr(&out));
-        assert!(stderr(&out).contains("guest powered off (status 0)"), "{}", stderr(&out));
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status,
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains("guest powered off (status 0)"),
+            "{}",
+            stderr(&out)
+        );
         let console = stdout(&out);
         assert!(console.contains("mini: all done"));
         check_counts(&console, cpus, iters);
@@ -81,7 +94,9 @@ fn two_hundred_pause_cycles_while_four_vcpus_loop() {
         timeout: Some(Duration::from_secs(300)),
     };
     let vm = vmm::Vm::create(cfg).unwrap();
-    let handlers = (0..4).map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>).collect();
+    let handlers = (0..4)
+        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
+        .collect();
     let running = vm.start(handlers, false).unwrap();
     let stop_gpa = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
     let mut latencies = Vec::new();
@@ -96,8 +111,15 @@ fn two_hundred_pause_cycles_while_four_vcpus_loop() {
         latencies.push(p.latency().as_nanos() as u64);
         drop(p);
     }
-    assert!(rips.len() > 4, "vCPUs ran between pauses (distinct RIPs: {})", rips.len());
-    running.memory().write_obj(1u32, GuestAddress(stop_gpa)).unwrap();
+    assert!(
+        rips.len() > 4,
+        "vCPUs ran between pauses (distinct RIPs: {})",
+        rips.len()
+    );
+    running
+        .memory()
+        .write_obj(1u32, GuestAddress(stop_gpa))
+        .unwrap();
     let reason = running.wait();
     let report = running.finish();
     assert_eq!(reason, vmm::StopReason::PowerOff(0), "{}", capture.text());
@@ -109,7 +131,11 @@ fn two_hundred_pause_cycles_while_four_vcpus_loop() {
         let n = counts[&(cpu, "do_idle".to_string())];
         assert!(n > 0);
         for f in MINI_FUNCS {
-            assert_eq!(counts[&(cpu, f.to_string())], mini_expected(f, n), "cpu {cpu} {f}");
+            assert_eq!(
+                counts[&(cpu, f.to_string())],
+                mini_expected(f, n),
+                "cpu {cpu} {f}"
+            );
         }
     }
     latencies.sort_unstable();
@@ -136,7 +162,9 @@ fn start_paused_runs_no_guest_instruction_before_resume() {
     };
     let vm = vmm::Vm::create(cfg).unwrap();
     let entry = vm.boot_plan().entry;
-    let handlers = (0..2).map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>).collect();
+    let handlers = (0..2)
+        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
+        .collect();
     let running = vm.start(handlers, true).unwrap();
     {
         let p = running.pause_all();

@@ -26,7 +26,10 @@ pub fn mini_elf() -> PathBuf {
 
 /// Run the vmtrace binary.
 pub fn vmtrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vmtrace")).args(args).output().expect("run vmtrace")
+    Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(args)
+        .output()
+        .expect("run vmtrace")
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -100,5 +103,8 @@ pub fn elf_symbol(path: &Path, name: &str) -> u64 {
     let data = std::fs::read(path).unwrap();
     let obj = object::File::parse(&*data).unwrap();
     use object::{Object, ObjectSymbol};
-    obj.symbols().find(|s| s.name() == Ok(name)).map(|s| s.address()).unwrap_or_else(|| panic!("no symbol {name}"))
+    obj.symbols()
+        .find(|s| s.name() == Ok(name))
+        .map(|s| s.address())
+        .unwrap_or_else(|| panic!("no symbol {name}"))
 }

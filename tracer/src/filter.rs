@@ -190,7 +190,8 @@ fn glob_set(flag: &'static str, globs: &[String]) -> Result<GlobSet, FilterError
 
 /// Up to `MAX_SUGGESTIONS` names closest to `glob`: smallest edit distance
 /// between the glob's literal text and the name (a leading / trailing `*` lets
-/// the name have any prefix / suffix), then the longest common prefix.
+/// the name have any prefix / suffix; containing the text anywhere costs 1),
+/// then the longest common prefix.
 fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
     let free_start = glob.starts_with('*');
     let free_end = glob.ends_with('*');
@@ -199,7 +200,9 @@ fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
         .iter()
         .map(|name| {
             let name_chars: Vec<char> = name.chars().collect();
-            let d = edit_distance(&literal, &name_chars, free_start, free_end);
+            let shaped = edit_distance(&literal, &name_chars, free_start, free_end);
+            let anywhere = edit_distance(&literal, &name_chars, true, true) + 1;
+            let d = shaped.min(anywhere);
             let prefix = literal
                 .iter()
                 .zip(&name_chars)
@@ -297,5 +300,11 @@ mod tests {
         let names = ["schedule", "schedule_idle", "do_idle", "hrtimer_wakeup"];
         assert_eq!(closest_names("schedul", &names)[0], "schedule");
         assert_eq!(closest_names("hrtimr_*", &names)[0], "hrtimer_wakeup");
+        // A bare word also finds names containing it.
+        let names = ["schedule", "do_idle", "tick_sched_timer", "mini_main"];
+        assert_eq!(
+            closest_names("sched", &names)[..2],
+            ["schedule", "tick_sched_timer"]
+        );
     }
 }

@@ -148,7 +148,7 @@ fn site_function(image: &KernelImage, addr: u64) -> Option<usize> {
     let idx = image.function_index_at(addr)?;
     let start = image.functions[idx].addr;
     let at_entry = addr == start
-        || (addr == start + ENDBR64.len() as u64
+        || (start.checked_add(ENDBR64.len() as u64) == Some(addr)
             && image.file_bytes(start, ENDBR64.len()) == Some(&ENDBR64[..]));
     at_entry.then_some(idx)
 }

@@ -160,7 +160,7 @@ impl KernelImage {
             (Some(s), Some(e)) => Some((s.addr, e.addr)),
             _ => file
                 .section_by_name(section)
-                .map(|s| (s.address(), s.address() + s.size())),
+                .map(|s| (s.address(), s.address().saturating_add(s.size()))),
         };
         let init_text = bounds(INIT_TEXT_BOUNDS, ".init.text");
         let text = bounds(TEXT_BOUNDS, ".text");

@@ -41,7 +41,11 @@ fn mini_elf() -> &'static Path {
             String::from_utf8_lossy(&out.stderr)
         );
         let elf = root.join("guest/out/mini.elf");
-        assert!(elf.exists(), "guest/build.sh mini did not produce {}", elf.display());
+        assert!(
+            elf.exists(),
+            "guest/build.sh mini did not produce {}",
+            elf.display()
+        );
         elf
     })
 }
@@ -63,14 +67,21 @@ fn names(list: &[&str]) -> BTreeSet<String> {
 #[test]
 fn mini_sites_are_the_documented_functions() {
     let (image, sites) = load();
-    let got: BTreeSet<String> = (0..sites.len()).map(|i| site_name(&image, &sites, i)).collect();
+    let got: BTreeSet<String> = (0..sites.len())
+        .map(|i| site_name(&image, &sites, i))
+        .collect();
     assert_eq!(got, names(MINI_SITES));
     assert_eq!(sites.unmatched(), 0);
     for site in &sites.sites {
         let f = &image.functions[site.func as usize];
         assert_eq!(site.addr, f.addr, "{}: mini is built without IBT", f.name);
         let bytes = image.file_bytes(site.addr, SITE_LEN).expect("site bytes");
-        assert_eq!(classify(bytes, site.addr, None), SiteKind::Nop, "{}", f.name);
+        assert_eq!(
+            classify(bytes, site.addr, None),
+            SiteKind::Nop,
+            "{}",
+            f.name
+        );
     }
 }
 
@@ -103,7 +114,12 @@ fn mini_symbols_and_build_id() {
     assert!(image.function_at(stop.addr).is_none());
     assert!(image.build_id.as_ref().is_some_and(|id| !id.is_empty()));
     let schedule = image.symbol("schedule").expect("schedule");
-    assert_eq!(image.function_at(schedule.addr + 1).map(|f| f.name.as_str()), Some("schedule"));
+    assert_eq!(
+        image
+            .function_at(schedule.addr + 1)
+            .map(|f| f.name.as_str()),
+        Some("schedule")
+    );
 }
 
 #[test]
@@ -126,7 +142,10 @@ fn mini_hrtimer_filter() {
     assert_eq!(got, names(&want));
 
     let trace = vec!["mini_acount".to_string()];
-    let e = Filter::new(&trace, &[]).expect("filter").select(&image, &sites).expect_err("typo");
+    let e = Filter::new(&trace, &[])
+        .expect("filter")
+        .select(&image, &sites)
+        .expect_err("typo");
     let msg = e.to_string();
     assert!(msg.contains("closest: mini_main"), "{msg}");
 }

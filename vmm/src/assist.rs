@@ -10,7 +10,9 @@
 //! bare-metal KVM none of this triggers.
 
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
-use kvm_bindings::{kvm_run, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES};
+use kvm_bindings::{
+    kvm_run, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES,
+};
 
 /// #BP, the breakpoint exception `int3` raises.
 pub const BP_VECTOR: u8 = 3;
@@ -61,7 +63,11 @@ pub fn choose(cpu: usize, rip: u64, bytes: &[u8]) -> Result<Assist, AssistError>
     if !insn.is_invalid() && insn.mnemonic() == Mnemonic::Int3 {
         return Ok(Assist::Int3);
     }
-    Err(AssistError::Unsupported { cpu, insn: describe(rip, bytes), rip })
+    Err(AssistError::Unsupported {
+        cpu,
+        insn: describe(rip, bytes),
+        rip,
+    })
 }
 
 /// An instruction in Intel syntax, or its bytes when it does not decode.

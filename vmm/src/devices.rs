@@ -59,7 +59,12 @@ pub struct Console {
 
 impl Console {
     pub fn new(out: Box<dyn Write + Send>) -> Self {
-        Console { out, line: Vec::new(), tail: VecDeque::new(), panic: None }
+        Console {
+            out,
+            line: Vec::new(),
+            tail: VecDeque::new(),
+            panic: None,
+        }
     }
     pub fn panic_message(&self) -> Option<&str> {
         self.panic.as_deref()
@@ -115,7 +120,9 @@ impl Devices {
     pub fn pio_in(&self, port: u16, data: &mut [u8]) {
         data.fill(0xff);
         match port {
-            p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN).contains(&p) => {
+            p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN)
+                .contains(&p) =>
+            {
                 let off = (p - layout::SERIAL_PORT_BASE) as u8;
                 data[0] = lock(&self.serial).read(off);
             }
@@ -131,7 +138,9 @@ impl Devices {
     pub fn pio_out(&self, port: u16, data: &[u8]) -> Option<MachineRequest> {
         let value = *data.first()?;
         match port {
-            p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN).contains(&p) => {
+            p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN)
+                .contains(&p) =>
+            {
                 let off = (p - layout::SERIAL_PORT_BASE) as u8;
                 // A failed console write or IRQ signal is not the guest's fault
                 // and must not stop it; the bytes are lost.
@@ -183,21 +192,31 @@ mod tests {
     #[test]
     fn serial_bytes_reach_console_and_panic_is_seen() {
         let sink = Sink::default();
-        let dev = Devices::new(EventFd::new(0).unwrap(), Console::new(Box::new(sink.clone())));
+        let dev = Devices::new(
+            EventFd::new(0).unwrap(),
+            Console::new(Box::new(sink.clone())),
+        );
         for b in b"hello\nKernel panic - not syncing: VFS\n" {
             assert_eq!(dev.pio_out(layout::SERIAL_PORT_BASE, &[*b]), None);
         }
         assert!(sink.0.lock().unwrap().starts_with(b"hello\n"));
         assert_eq!(
-            dev.with_console(|c| c.panic_message().map(str::to_owned)).as_deref(),
+            dev.with_console(|c| c.panic_message().map(str::to_owned))
+                .as_deref(),
             Some("Kernel panic - not syncing: VFS")
         );
     }
 
     #[test]
     fn poweroff_and_reset_ports() {
-        let dev = Devices::new(EventFd::new(0).unwrap(), Console::new(Box::new(std::io::sink())));
-        assert_eq!(dev.pio_out(layout::POWEROFF_PORT, &[3]), Some(MachineRequest::PowerOff(3)));
+        let dev = Devices::new(
+            EventFd::new(0).unwrap(),
+            Console::new(Box::new(std::io::sink())),
+        );
+        assert_eq!(
+            dev.pio_out(layout::POWEROFF_PORT, &[3]),
+            Some(MachineRequest::PowerOff(3))
+        );
         assert_eq!(
             dev.pio_out(layout::I8042_COMMAND_PORT, &[layout::I8042_RESET_CMD]),
             Some(MachineRequest::Reset)

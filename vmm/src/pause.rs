@@ -92,7 +92,11 @@ impl PauseControl {
         PauseControl {
             requested: AtomicBool::new(start_paused),
             stopping: AtomicBool::new(false),
-            state: Mutex::new(State { live: ncpus, parked: 0, snapshots: vec![None; ncpus] }),
+            state: Mutex::new(State {
+                live: ncpus,
+                parked: 0,
+                snapshots: vec![None; ncpus],
+            }),
             parked_cv: Condvar::new(),
             resume_cv: Condvar::new(),
             kickers: (0..ncpus).map(|_| Kicker::default()).collect(),
@@ -107,7 +111,8 @@ impl PauseControl {
         let k = &self.kickers[cpu];
         k.run.store(run, Ordering::SeqCst);
         // SAFETY: pthread_self has no preconditions.
-        k.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
+        k.thread
+            .store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
     }
 
     /// Should the vCPU leave the guest (a pause or a stop is wanted)?
@@ -122,7 +127,12 @@ impl PauseControl {
 
     /// Park vCPU `cpu` until the pause ends; `snapshot` is taken only if a pause
     /// is really wanted. Clears the vCPU's `immediate_exit` before returning.
-    pub(crate) fn park(&self, cpu: usize, run: *mut kvm_run, snapshot: impl FnOnce() -> VcpuSnapshot) {
+    pub(crate) fn park(
+        &self,
+        cpu: usize,
+        run: *mut kvm_run,
+        snapshot: impl FnOnce() -> VcpuSnapshot,
+    ) {
         let mut st = lock(&self.state);
         if self.requested.load(Ordering::SeqCst) && !self.is_stopping() {
             st.snapshots[cpu] = Some(snapshot());

@@ -55,7 +55,11 @@ impl fmt::Display for StopReason {
             StopReason::Signal(s) => write!(
                 f,
                 "stopped by {}",
-                if *s == libc::SIGINT { "Ctrl-C (SIGINT)" } else { "SIGTERM" }
+                if *s == libc::SIGINT {
+                    "Ctrl-C (SIGINT)"
+                } else {
+                    "SIGTERM"
+                }
             ),
             StopReason::Requested => write!(f, "stopped on request"),
             StopReason::Error(m) => write!(f, "{m}"),
@@ -74,7 +78,13 @@ pub struct Shared {
 
 impl Shared {
     pub(crate) fn new(mem: GuestMemoryMmap, devices: Devices, pause: PauseControl) -> Self {
-        Shared { mem, devices, pause, stop: Mutex::new(None), stop_cv: Condvar::new() }
+        Shared {
+            mem,
+            devices,
+            pause,
+            stop: Mutex::new(None),
+            stop_cv: Condvar::new(),
+        }
     }
 
     /// Record why the run ends (the first reason wins) and stop every vCPU.
@@ -184,7 +194,11 @@ impl Running {
     /// Stop the world (see pause.rs).
     pub fn pause_all(&self) -> Paused<'_> {
         let latency = self.shared.pause.pause_all();
-        Paused { run: self, since: Instant::now(), latency }
+        Paused {
+            run: self,
+            since: Instant::now(),
+            latency,
+        }
     }
 
     /// Ask the guest to stop (its vCPUs leave their loops).
@@ -235,7 +249,10 @@ impl Running {
         let mut reason = self.shared.stop_reason().unwrap_or(StopReason::Requested);
         let (panic, tail) = self.shared.devices.with_console(|c| {
             let _ = std::io::Write::flush(c);
-            (c.panic_message().map(str::to_owned), c.tail().map(str::to_owned).collect())
+            (
+                c.panic_message().map(str::to_owned),
+                c.tail().map(str::to_owned).collect(),
+            )
         });
         if let Some(msg) = panic {
             if matches!(reason, StopReason::Reset | StopReason::TripleFault { .. }) {

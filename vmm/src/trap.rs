@@ -25,7 +25,12 @@ pub struct Trap<'a> {
 }
 
 impl<'a> Trap<'a> {
-    pub(crate) fn new(cpu: usize, regs: &kvm_regs, sregs: &kvm_sregs, mem: &'a GuestMemoryMmap) -> Self {
+    pub(crate) fn new(
+        cpu: usize,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        mem: &'a GuestMemoryMmap,
+    ) -> Self {
         Trap {
             cpu,
             rip: regs.rip,
@@ -48,7 +53,10 @@ impl<'a> Trap<'a> {
 
     /// Host monotonic time in nanoseconds, the clock events are stamped with.
     pub fn now_ns() -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: clock_gettime writes only into `ts`, a valid timespec.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -130,7 +130,11 @@ impl VcpuThread {
                 self.stats.count(ExitKind::Kick);
                 return Ok(());
             }
-            Err(e) => return Err(StopReason::Error(format!("KVM_RUN failed on vCPU {cpu}: {e}"))),
+            Err(e) => {
+                return Err(StopReason::Error(format!(
+                    "KVM_RUN failed on vCPU {cpu}: {e}"
+                )))
+            }
         };
         // Copy what the exit says, so the run page can be borrowed again.
         let (port, data, len) = match exit {
@@ -163,7 +167,9 @@ impl VcpuThread {
                 // With the in-kernel irqchip HLT stays in KVM; an exit means the
                 // guest halted for good.
                 self.stats.count(ExitKind::Hlt);
-                return Err(StopReason::Error(format!("vCPU {cpu} halted with no way to wake")));
+                return Err(StopReason::Error(format!(
+                    "vCPU {cpu} halted with no way to wake"
+                )));
             }
             VcpuExit::InternalError => return self.emulation_assist(),
             VcpuExit::SystemEvent(kind, _) => {
@@ -179,7 +185,9 @@ impl VcpuThread {
             }
             other => {
                 self.stats.count(ExitKind::Other);
-                return Err(StopReason::Error(format!("vCPU {cpu}: unexpected exit {other:?}")));
+                return Err(StopReason::Error(format!(
+                    "vCPU {cpu}: unexpected exit {other:?}"
+                )));
             }
         };
         if port == crate::layout::TRACE_PORT {
@@ -222,13 +230,16 @@ impl VcpuThread {
                 ))
             }
         };
-        let what = assist::choose(cpu, rip, &bytes).map_err(|e| StopReason::Error(e.to_string()))?;
+        let what =
+            assist::choose(cpu, rip, &bytes).map_err(|e| StopReason::Error(e.to_string()))?;
         match what {
             Assist::Int3 => {
                 let sync = self.fd.sync_regs_mut();
                 sync.regs.rip = rip + 1;
                 self.fd.set_sync_dirty_reg(SyncReg::Register);
-                let err = |e: kvm_ioctls::Error| StopReason::Error(format!("int3 assist on vCPU {cpu}: {e}"));
+                let err = |e: kvm_ioctls::Error| {
+                    StopReason::Error(format!("int3 assist on vCPU {cpu}: {e}"))
+                };
                 let mut events = self.fd.get_vcpu_events().map_err(err)?;
                 events.exception.injected = 1;
                 events.exception.nr = assist::BP_VECTOR;

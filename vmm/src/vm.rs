@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -28,14 +30,22 @@ pub enum VmError {
     Cpus(u64),
     #[error("--mem {0} MiB is out of range; use {min} to {max} MiB", min = layout::MIN_MEM_MIB, max = layout::MAX_MEM_MIB)]
     Mem(u64),
-    #[error("kernel {0} does not exist; build one with `guest/build.sh mini` or pass --kernel PATH")]
+    #[error(
+        "kernel {0} does not exist; build one with `guest/build.sh mini` or pass --kernel PATH"
+    )]
     NoKernel(PathBuf),
     #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
     Kvm(kvm_ioctls::Error),
     #[error("KVM_{what} failed: {source}")]
-    Ioctl { what: &'static str, source: kvm_ioctls::Error },
+    Ioctl {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
     #[error("cannot allocate {mib} MiB of guest memory: {source}")]
-    Memory { mib: u64, source: vm_memory::mmap::FromRangesError },
+    Memory {
+        mib: u64,
+        source: vm_memory::mmap::FromRangesError,
+    },
     #[error("cannot create an eventfd: {0}")]
     EventFd(std::io::Error),
     #[error(transparent)]
@@ -91,8 +101,12 @@ impl Vm {
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
         let mem_size = cfg.mem_mib << 20;
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
-            .map_err(|source| VmError::Memory { mib: cfg.mem_mib, source })?;
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)]).map_err(
+            |source| VmError::Memory {
+                mib: cfg.mem_mib,
+                source,
+            },
+        )?;
         for (slot, region) in mem.iter().enumerate() {
             let r = kvm_userspace_memory_region {
                 slot: slot as u32,
@@ -105,16 +119,30 @@ impl Vm {
             // the VM fd (both live in `Vm`, and then in `Shared`, until the end).
             unsafe { fd.set_user_memory_region(r) }.map_err(ioctl("SET_USER_MEMORY_REGION"))?;
         }
-        fd.set_tss_address(layout::KVM_TSS_ADDR as usize).map_err(ioctl("SET_TSS_ADDR"))?;
+        fd.set_tss_address(layout::KVM_TSS_ADDR as usize)
+            .map_err(ioctl("SET_TSS_ADDR"))?;
         fd.create_irq_chip().map_err(ioctl("CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
         fd.create_pit2(pit).map_err(ioctl("CREATE_PIT2"))?;
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmError::EventFd)?;
-        fd.register_irqfd(&serial_irq, layout::SERIAL_IRQ).map_err(ioctl("IRQFD"))?;
+        fd.register_irqfd(&serial_irq, layout::SERIAL_IRQ)
+            .map_err(ioctl("IRQFD"))?;
         let devices = Devices::new(serial_irq, Console::new(cfg.console));
 
-        let plan = boot::load_kernel(&mem, &cfg.kernel, cfg.initrd.as_deref(), &cfg.cmdline, mem_size, cfg.cpus as u8)?;
-        let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("GET_SUPPORTED_CPUID"))?;
+        let plan = boot::load_kernel(
+            &mem,
+            &cfg.kernel,
+            cfg.initrd.as_deref(),
+            &cfg.cmdline,
+            mem_size,
+            cfg.cpus as u8,
+        )?;
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(ioctl("GET_SUPPORTED_CPUID"))?;
         let mut vcpus = Vec::with_capacity(ncpus);
         for cpu in 0..ncpus {
             let vcpu = fd.create_vcpu(cpu as u64).map_err(ioctl("CREATE_VCPU"))?;
@@ -132,14 +160,29 @@ impl Vm {
                 }
                 Protocol::Direct => {
                     boot::regs::setup_sregs(&vcpu, cpu)?;
-                    boot::regs::setup_regs(&vcpu, cpu, plan.entry, [cpu as u64, layout::CMDLINE_START, ncpus as u64])?;
-                    let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
+                    boot::regs::setup_regs(
+                        &vcpu,
+                        cpu,
+                        plan.entry,
+                        [cpu as u64, layout::CMDLINE_START, ncpus as u64],
+                    )?;
+                    let runnable = kvm_bindings::kvm_mp_state {
+                        mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+                    };
                     vcpu.set_mp_state(runnable).map_err(ioctl("SET_MP_STATE"))?;
                 }
             }
             vcpus.push(vcpu);
         }
-        Ok(Vm { _kvm: kvm, _fd: fd, mem, vcpus, devices, plan, timeout: cfg.timeout })
+        Ok(Vm {
+            _kvm: kvm,
+            _fd: fd,
+            mem,
+            vcpus,
+            devices,
+            plan,
+            timeout: cfg.timeout,
+        })
     }
 
     pub fn memory(&self) -> &GuestMemoryMmap {
@@ -157,13 +200,31 @@ impl Vm {
     /// Start one thread per vCPU, each with its trap handler. With
     /// `start_paused` they park before the first guest instruction, so the
     /// caller's first `pause_all` sees the guest untouched.
-    pub fn start(self, handlers: Vec<Box<dyn TrapHandler>>, start_paused: bool) -> Result<Running, VmError> {
-        assert_eq!(handlers.len(), self.vcpus.len(), "one trap handler per vCPU");
+    pub fn start(
+        self,
+        handlers: Vec<Box<dyn TrapHandler>>,
+        start_paused: bool,
+    ) -> Result<Running, VmError> {
+        assert_eq!(
+            handlers.len(),
+            self.vcpus.len(),
+            "one trap handler per vCPU"
+        );
         let ncpus = self.vcpus.len();
-        let shared = Arc::new(Shared::new(self.mem, self.devices, PauseControl::new(ncpus, start_paused)));
+        let shared = Arc::new(Shared::new(
+            self.mem,
+            self.devices,
+            PauseControl::new(ncpus, start_paused),
+        ));
         let mut threads = Vec::with_capacity(ncpus);
         for (cpu, (fd, handler)) in self.vcpus.into_iter().zip(handlers).enumerate() {
-            let t = VcpuThread { cpu, fd, shared: Arc::clone(&shared), handler, stats: VcpuStats::default() };
+            let t = VcpuThread {
+                cpu,
+                fd,
+                shared: Arc::clone(&shared),
+                handler,
+                stats: VcpuStats::default(),
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("vcpu{cpu}"))
                 .spawn(move || t.run())

@@ -21,7 +21,12 @@ const LEAF_TOPOLOGY_V2: u32 = 0x1f;
 
 /// Install `supported` (from KVM_GET_SUPPORTED_CPUID) on `vcpu`, patched with
 /// its APIC id (= its index) and the vCPU count.
-pub fn setup_cpuid(vcpu: &VcpuFd, cpu: usize, ncpus: usize, supported: &CpuId) -> Result<(), CpuidError> {
+pub fn setup_cpuid(
+    vcpu: &VcpuFd,
+    cpu: usize,
+    ncpus: usize,
+    supported: &CpuId,
+) -> Result<(), CpuidError> {
     let mut cpuid = supported.clone();
     let apic_id = cpu as u32;
     for e in cpuid.as_mut_slice() {
@@ -35,5 +40,6 @@ pub fn setup_cpuid(vcpu: &VcpuFd, cpu: usize, ncpus: usize, supported: &CpuId) -
             _ => {}
         }
     }
-    vcpu.set_cpuid2(&cpuid).map_err(|source| CpuidError { cpu, source })
+    vcpu.set_cpuid2(&cpuid)
+        .map_err(|source| CpuidError { cpu, source })
 }

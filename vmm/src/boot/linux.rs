@@ -399,8 +399,13 @@ fn load_kernel(mem: &GuestMemoryMmap, file: &mut File, path: &Path) -> Result<(u
 
 /// The setup header ends at 0x202 + the byte at 0x201 (the operand of the
 /// jump at 0x200); bytes read past that are code, not header fields, on
-/// kernels older than our `setup_header` struct. Zero them.
+/// kernels older than our `setup_header` struct. Zero them. (Left alone if
+/// 0x200 is not a short jump, which no real bzImage has.)
 fn trim_setup_header(hdr: &mut setup_header) {
+    const JMP_SHORT: u16 = 0xeb;
+    if hdr.jump & 0xff != JMP_SHORT {
+        return;
+    }
     let end = HDRS_OFFSET + u64::from(hdr.jump >> 8);
     let len = (end - SETUP_HEADER_OFFSET) as usize;
     if let Some(tail) = hdr.as_mut_slice().get_mut(len..) {

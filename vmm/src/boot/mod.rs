@@ -11,18 +11,6 @@
 
 pub mod cpuid;
 pub mod linux;
-// TEMP until linux.rs lands
-use linux_pending as linuxp;
-mod linux_pending {
-    use super::*;
-    #[derive(Debug, thiserror::Error)]
-    #[error("pending")]
-    pub struct LinuxBootError;
-    pub struct LinuxBoot { pub entry: u64, pub zero_page: u64 }
-    pub fn is_bzimage(_f: &mut File) -> std::io::Result<bool> { Ok(false) }
-    pub fn load_bzimage(_m: &GuestMemoryMmap, _f: &mut File, _p: &Path, _i: Option<(&mut File, &Path)>, _c: &str, _s: u64) -> Result<LinuxBoot, LinuxBootError> { Err(LinuxBootError) }
-    pub fn write_zero_page(_m: &GuestMemoryMmap, _h: Option<()>, _c: &str, _i: Option<(u64,u64)>, _s: u64) -> Result<u64, LinuxBootError> { Err(LinuxBootError) }
-}
 pub mod mptable;
 pub mod regs;
 
@@ -38,21 +26,30 @@ use crate::layout;
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
     #[error("cannot open kernel {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is neither an ELF kernel nor a bzImage; pass a vmlinux or bzImage")]
     UnknownFormat { path: PathBuf },
     #[error("cannot load ELF kernel {path}: {source}")]
-    Elf { path: PathBuf, source: linux_loader::loader::Error },
+    Elf {
+        path: PathBuf,
+        source: linux_loader::loader::Error,
+    },
     #[error("cannot open initrd {path}: {source}")]
-    OpenInitrd { path: PathBuf, source: std::io::Error },
-    #[error("--initrd is only supported with a bzImage kernel, and {path} is an ELF")]
+    OpenInitrd {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--initrd needs a Linux kernel, and {path} is not one")]
     InitrdWithElf { path: PathBuf },
     #[error("command line is {len} bytes; the limit is {max}")]
     CmdlineTooLong { len: usize, max: usize },
     #[error("cannot write the command line: {0}")]
     Cmdline(vm_memory::GuestMemoryError),
     #[error(transparent)]
-    Linux(#[from] linuxp::LinuxBootError),
+    Linux(#[from] linux::LinuxBootError),
     #[error(transparent)]
     MpTable(#[from] mptable::MpTableError),
     #[error(transparent)]
@@ -87,15 +84,20 @@ const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
 /// Identify the kernel file by its magic.
 pub fn kernel_format(file: &mut File, path: &Path) -> Result<KernelFormat, BootError> {
     let mut magic = [0u8; 4];
-    let io = |source| BootError::Open { path: path.to_owned(), source };
+    let io = |source| BootError::Open {
+        path: path.to_owned(),
+        source,
+    };
     file.rewind().map_err(io)?;
     if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
         return Ok(KernelFormat::Elf);
     }
-    if linuxp::is_bzimage(file).map_err(io)? {
+    if linux::is_bzimage(file).map_err(io)? {
         return Ok(KernelFormat::BzImage);
     }
-    Err(BootError::UnknownFormat { path: path.to_owned() })
+    Err(BootError::UnknownFormat {
+        path: path.to_owned(),
+    })
 }
 
 /// Load the kernel (and initrd), write the command line and the tables the
@@ -109,22 +111,30 @@ pub fn load_kernel(
     ncpus: u8,
 ) -> Result<BootPlan, BootError> {
     if cmdline.len() + 1 > layout::CMDLINE_MAX_SIZE {
-        return Err(BootError::CmdlineTooLong { len: cmdline.len(), max: layout::CMDLINE_MAX_SIZE - 1 });
+        return Err(BootError::CmdlineTooLong {
+            len: cmdline.len(),
+            max: layout::CMDLINE_MAX_SIZE - 1,
+        });
     }
-    let mut file = File::open(kernel_path)
-        .map_err(|source| BootError::Open { path: kernel_path.to_owned(), source })?;
+    let mut file = File::open(kernel_path).map_err(|source| BootError::Open {
+        path: kernel_path.to_owned(),
+        source,
+    })?;
     regs::setup_page_tables(mem)?;
     regs::setup_gdt(mem)?;
     let plan = match kernel_format(&mut file, kernel_path)? {
         KernelFormat::BzImage => {
             let mut initrd = match initrd_path {
                 Some(p) => Some((
-                    File::open(p).map_err(|source| BootError::OpenInitrd { path: p.to_owned(), source })?,
+                    File::open(p).map_err(|source| BootError::OpenInitrd {
+                        path: p.to_owned(),
+                        source,
+                    })?,
                     p,
                 )),
                 None => None,
             };
-            let boot = linuxp::load_bzimage(
+            let boot = linux::load_bzimage(
                 mem,
                 &mut file,
                 kernel_path,
@@ -133,22 +143,60 @@ pub fn load_kernel(
                 mem_size,
             )?;
             mptable::setup_mptable(mem, ncpus)?;
-            BootPlan { entry: boot.entry, protocol: Protocol::Linux { zero_page: boot.zero_page } }
+            BootPlan {
+                entry: boot.entry,
+                protocol: Protocol::Linux {
+                    zero_page: boot.zero_page,
+                },
+            }
         }
         KernelFormat::Elf => {
-            let loaded = Elf::load(mem, None, &mut file, Some(GuestAddress(layout::HIGH_MEM_START)))
-                .map_err(|source| BootError::Elf { path: kernel_path.to_owned(), source })?;
-            if initrd_path.is_some() {
-                return Err(BootError::InitrdWithElf { path: kernel_path.to_owned() });
-            }
+            let loaded = Elf::load(
+                mem,
+                None,
+                &mut file,
+                Some(GuestAddress(layout::HIGH_MEM_START)),
+            )
+            .map_err(|source| BootError::Elf {
+                path: kernel_path.to_owned(),
+                source,
+            })?;
             let entry = loaded.kernel_load.0;
             if is_linux_elf(kernel_path) {
-                let zero_page = linuxp::write_zero_page(mem, None, cmdline, None, mem_size)?;
+                let initrd = match initrd_path {
+                    Some(p) => {
+                        let mut f = File::open(p).map_err(|source| BootError::OpenInitrd {
+                            path: p.to_owned(),
+                            source,
+                        })?;
+                        Some(linux::load_initrd(
+                            mem,
+                            &mut f,
+                            p,
+                            None,
+                            loaded.kernel_end,
+                            mem_size,
+                        )?)
+                    }
+                    None => None,
+                };
+                let zero_page = linux::write_zero_page(mem, None, cmdline, initrd, mem_size)?;
                 mptable::setup_mptable(mem, ncpus)?;
-                BootPlan { entry, protocol: Protocol::Linux { zero_page } }
+                BootPlan {
+                    entry,
+                    protocol: Protocol::Linux { zero_page },
+                }
             } else {
+                if initrd_path.is_some() {
+                    return Err(BootError::InitrdWithElf {
+                        path: kernel_path.to_owned(),
+                    });
+                }
                 write_cmdline(mem, cmdline)?;
-                BootPlan { entry, protocol: Protocol::Direct }
+                BootPlan {
+                    entry,
+                    protocol: Protocol::Direct,
+                }
             }
         }
     };
@@ -159,8 +207,12 @@ pub fn load_kernel(
 /// is booted with vmtrace's direct protocol.
 fn is_linux_elf(path: &Path) -> bool {
     use object::{Object, ObjectSymbol};
-    let Ok(data) = std::fs::read(path) else { return false };
-    let Ok(obj) = object::File::parse(&*data) else { return false };
+    let Ok(data) = std::fs::read(path) else {
+        return false;
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return false;
+    };
     let found = obj.symbols().any(|s| s.name() == Ok("linux_banner"));
     found
 }
@@ -169,12 +221,16 @@ fn is_linux_elf(path: &Path) -> bool {
 fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), BootError> {
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
-    mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START)).map_err(BootError::Cmdline)
+    mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START))
+        .map_err(BootError::Cmdline)
 }
 
 /// Does this kernel boot with Linux's protocol (a bzImage, or an ELF vmlinux)?
 pub fn is_linux_kernel(path: &Path) -> Result<bool, BootError> {
-    let mut file = File::open(path).map_err(|source| BootError::Open { path: path.to_owned(), source })?;
+    let mut file = File::open(path).map_err(|source| BootError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
     Ok(match kernel_format(&mut file, path)? {
         KernelFormat::BzImage => true,
         KernelFormat::Elf => is_linux_elf(path),

@@ -4,7 +4,7 @@
 //! One small function per step, each with its own error, so a failure names
 //! the step.
 
-use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, Msrs, kvm_msr_entry};
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -13,13 +13,27 @@ use crate::layout;
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
     #[error("cannot write the boot page tables at {addr:#x}: {source}")]
-    PageTables { addr: u64, source: vm_memory::GuestMemoryError },
+    PageTables {
+        addr: u64,
+        source: vm_memory::GuestMemoryError,
+    },
     #[error("cannot write the GDT at {addr:#x}: {source}")]
-    Gdt { addr: u64, source: vm_memory::GuestMemoryError },
+    Gdt {
+        addr: u64,
+        source: vm_memory::GuestMemoryError,
+    },
     #[error("KVM_{ioctl} failed on vCPU {cpu}: {source}")]
-    Ioctl { ioctl: &'static str, cpu: usize, source: kvm_ioctls::Error },
+    Ioctl {
+        ioctl: &'static str,
+        cpu: usize,
+        source: kvm_ioctls::Error,
+    },
     #[error("KVM_SET_MSRS set only {set} of {wanted} boot MSRs on vCPU {cpu}")]
-    Msrs { cpu: usize, set: usize, wanted: usize },
+    Msrs {
+        cpu: usize,
+        set: usize,
+        wanted: usize,
+    },
 }
 
 // Page-table entry bits (Intel SDM vol. 3, 4.5).
@@ -52,7 +66,10 @@ pub fn setup_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
     };
     let table = PTE_PRESENT | PTE_WRITABLE;
     put(layout::PML4_START, layout::PDPT_IDENT_START | table)?;
-    put(layout::PML4_START + PML4_KERNEL_INDEX * 8, layout::PDPT_HIGH_START | table)?;
+    put(
+        layout::PML4_START + PML4_KERNEL_INDEX * 8,
+        layout::PDPT_HIGH_START | table,
+    )?;
     for pd in 0..layout::PD_COUNT {
         let pd_addr = layout::PD_START + pd * 0x1000;
         put(layout::PDPT_IDENT_START + pd * 8, pd_addr | table)?;
@@ -64,7 +81,10 @@ pub fn setup_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
     // The kernel map's 2 GiB are the first two identity page directories.
     for i in 0..2 {
         let pd_addr = layout::PD_START + i * 0x1000;
-        put(layout::PDPT_HIGH_START + (PDPT_KERNEL_INDEX + i) * 8, pd_addr | table)?;
+        put(
+            layout::PDPT_HIGH_START + (PDPT_KERNEL_INDEX + i) * 8,
+            pd_addr | table,
+        )?;
     }
     Ok(())
 }
@@ -87,7 +107,10 @@ pub fn setup_gdt(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
             .map_err(|source| RegsError::Gdt { addr, source })?;
     }
     mem.write_obj(0u64, GuestAddress(layout::IDT_START))
-        .map_err(|source| RegsError::Gdt { addr: layout::IDT_START, source })
+        .map_err(|source| RegsError::Gdt {
+            addr: layout::IDT_START,
+            source,
+        })
 }
 
 /// A segment register as KVM wants it, from its GDT entry.
@@ -147,15 +170,25 @@ pub fn setup_regs(vcpu: &VcpuFd, cpu: usize, rip: u64, args: [u64; 3]) -> Result
         rsp: layout::ZERO_PAGE_START - 0x10,
         ..Default::default()
     };
-    vcpu.set_regs(&regs)
-        .map_err(|source| RegsError::Ioctl { ioctl: "SET_REGS", cpu, source })
+    vcpu.set_regs(&regs).map_err(|source| RegsError::Ioctl {
+        ioctl: "SET_REGS",
+        cpu,
+        source,
+    })
 }
 
 /// x87 control word and MXCSR at their power-on defaults.
 pub fn setup_fpu(vcpu: &VcpuFd, cpu: usize) -> Result<(), RegsError> {
-    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
-    vcpu.set_fpu(&fpu)
-        .map_err(|source| RegsError::Ioctl { ioctl: "SET_FPU", cpu, source })
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu).map_err(|source| RegsError::Ioctl {
+        ioctl: "SET_FPU",
+        cpu,
+        source,
+    })
 }
 
 // MSR indices (Intel SDM vol. 4).
@@ -191,13 +224,19 @@ pub fn setup_msrs(vcpu: &VcpuFd, cpu: usize) -> Result<(), RegsError> {
         (MSR_MTRR_DEF_TYPE, MTRR_ENABLE_WB),
     ]
     .iter()
-    .map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() })
+    .map(|&(index, data)| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    })
     .collect();
     let wanted = entries.len();
     let msrs = Msrs::from_entries(&entries).expect("boot MSR list fits a Msrs FamStruct");
-    let set = vcpu
-        .set_msrs(&msrs)
-        .map_err(|source| RegsError::Ioctl { ioctl: "SET_MSRS", cpu, source })?;
+    let set = vcpu.set_msrs(&msrs).map_err(|source| RegsError::Ioctl {
+        ioctl: "SET_MSRS",
+        cpu,
+        source,
+    })?;
     if set != wanted {
         return Err(RegsError::Msrs { cpu, set, wanted });
     }
@@ -244,7 +283,9 @@ mod tests {
         setup_page_tables(&m).unwrap();
         let pml4_0: u64 = m.read_obj(GuestAddress(layout::PML4_START)).unwrap();
         assert_eq!(pml4_0, layout::PDPT_IDENT_START | 3);
-        let pml4_511: u64 = m.read_obj(GuestAddress(layout::PML4_START + 511 * 8)).unwrap();
+        let pml4_511: u64 = m
+            .read_obj(GuestAddress(layout::PML4_START + 511 * 8))
+            .unwrap();
         assert_eq!(pml4_511, layout::PDPT_HIGH_START | 3);
         // Walk 0xffffffff81000000 by hand through the GVA walker.
         let t = crate::gva::translate(
@@ -255,8 +296,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.gpa, 0x100_0123);
-        let t = crate::gva::translate(&m, layout::PML4_START, crate::gva::PagingMode::Level4, 0xdead_beef)
-            .unwrap();
+        let t = crate::gva::translate(
+            &m,
+            layout::PML4_START,
+            crate::gva::PagingMode::Level4,
+            0xdead_beef,
+        )
+        .unwrap();
         assert_eq!(t.gpa, 0xdead_beef);
     }
 
@@ -264,9 +310,13 @@ mod tests {
     fn gdt_entries_read_back() {
         let m = mem();
         setup_gdt(&m).unwrap();
-        let code: u64 = m.read_obj(GuestAddress(layout::GDT_START + u64::from(layout::BOOT_CS))).unwrap();
+        let code: u64 = m
+            .read_obj(GuestAddress(layout::GDT_START + u64::from(layout::BOOT_CS)))
+            .unwrap();
         assert_eq!(code, GDT[2]);
-        let data: u64 = m.read_obj(GuestAddress(layout::GDT_START + u64::from(layout::BOOT_DS))).unwrap();
+        let data: u64 = m
+            .read_obj(GuestAddress(layout::GDT_START + u64::from(layout::BOOT_DS)))
+            .unwrap();
         assert_eq!(data, GDT[3]);
         let s = segment(layout::BOOT_CS, code);
         assert_eq!((s.l, s.present, s.type_, s.s), (1, 1, 0xb, 1));
