@@ -2,6 +2,8 @@
 
 mod cli;
 mod session;
+mod output;
+mod trace;
 
 use std::process::ExitCode;
 

@@ -63,7 +63,7 @@ fn cmdline(args: &RunArgs, kernel: &Path) -> Result<String, Error> {
     Ok(parts.join(" "))
 }
 
-fn secs(v: Option<f64>, flag: &str) -> Result<Option<Duration>, Error> {
+pub fn secs(v: Option<f64>, flag: &str) -> Result<Option<Duration>, Error> {
     match v {
         None => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
@@ -102,27 +102,29 @@ pub fn vm_config(args: &RunArgs) -> Result<VmConfig, Error> {
 
 fn run(args: &RunArgs) -> Result<Outcome, Error> {
     let cfg = vm_config(args)?;
+    if args.trace.is_empty() && args.notrace.is_empty() {
+        if args.duration.is_some() || args.from_boot {
+            return Err(Error::Input("--duration and --from-boot need --trace GLOB".into()));
+        }
+        return run_untraced(args, cfg);
+    }
+    crate::trace::run_traced(args, cfg)
+}
+
+fn run_untraced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
-    let handlers = (0..vm.cpus())
-        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
-        .collect();
-    let running = vm
-        .start(handlers, false)
-        .map_err(|e| Error::Runtime(e.to_string()))?;
+    let handlers = (0..vm.cpus()).map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>).collect();
+    let running = vm.start(handlers, false).map_err(|e| Error::Runtime(e.to_string()))?;
     running.wait();
     let report = running.finish();
-    eprintln!(
-        "vmtrace: {} after {:.2} s",
-        report.reason,
-        report.elapsed.as_secs_f64()
-    );
+    eprintln!("vmtrace: {} after {:.2} s", report.reason, report.elapsed.as_secs_f64());
     if args.stats {
         print_stats(&report);
     }
     Ok(outcome(&report.reason))
 }
 
-fn outcome(reason: &StopReason) -> Outcome {
+pub fn outcome(reason: &StopReason) -> Outcome {
     match reason {
         StopReason::PowerOff(0) | StopReason::Requested | StopReason::Signal(_) => Outcome::Clean,
         _ => Outcome::GuestFailed,
@@ -130,7 +132,7 @@ fn outcome(reason: &StopReason) -> Outcome {
 }
 
 /// `--stats`: exits per vCPU and kind, assists, pauses.
-fn print_stats(report: &vmm::RunReport) {
+pub fn print_stats(report: &vmm::RunReport) {
     use vmm::vcpu::ExitKind;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "exits per vCPU:");

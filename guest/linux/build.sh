@@ -220,13 +220,13 @@ BZIMAGE=$OBJ_DIR/arch/x86/boot/bzImage
 [[ -s $VMLINUX && -s $BZIMAGE ]] || die "make succeeded but vmlinux or bzImage is missing"
 
 # ftrace patch-site table: __start_mcount_loc..__stop_mcount_loc, 8 bytes each.
-sym_addr() { nm "$VMLINUX" | awk -v s="$1" '$3 == s { print $1; exit }'; }
+sym_addr() { nm "$VMLINUX" | awk -v s="$1" '$3 == s && !found { print $1; found = 1 }'; }
 start=$(sym_addr __start_mcount_loc)
 stop=$(sym_addr __stop_mcount_loc)
 [[ -n $start && -n $stop ]] || die "vmlinux has no __start_mcount_loc/__stop_mcount_loc (FUNCTION_TRACER/DYNAMIC_FTRACE off?)"
 SITES=$(((16#$stop - 16#$start) / 8))
 ((SITES >= 1000)) || die "only $SITES ftrace sites in vmlinux (expected thousands)"
-KVER=$(strings -n 20 "$VMLINUX" | grep -m1 '^Linux version ' || true)
+KVER=$(strings -n 20 "$VMLINUX" | grep '^Linux version ' | head -n1 || true)
 
 # ---------------------------------------------------------------------------
 # initramfs: /init (static, no libc) + /dev/console via the kernel's

@@ -4,3 +4,7 @@
 pub mod filter;
 pub mod sites;
 pub mod symbols;
+pub mod patch;
+pub mod record;
+pub mod trace;
+pub mod tracing;

@@ -1,0 +1,305 @@
+//! Rewriting ftrace call sites in guest text, and putting them back.
+//!
+//! Every write happens while all vCPUs are parked (vmtrace's `stop_machine`),
+//! so no vCPU can be executing, or half-way through, a site being changed; the
+//! next VM entry is serializing, so each vCPU fetches the new bytes.
+//!
+//! The trap written over a site is `out TRACE_PORT, al` (2 bytes) followed by a
+//! 3-byte NOP, five bytes like the NOP it replaces:
+//! - not `int3`: KVM's instruction emulator (which runs guest ring 0 on hosts
+//!   like our CI's) cannot execute it, so each hit would need a VMM assist
+//!   costing several exits; and on bare metal it needs the guest's #BP path;
+//! - not `vmcall`: KVM handles it in the kernel (no exit to vmtrace) and
+//!   clobbers RAX with its return value;
+//! - `out imm8, al` exits to userspace on every KVM, reads AL but writes no
+//!   register, and costs one exit.
+//!
+//! The trap handler resumes the guest at site + 5, so the 3-byte NOP never runs
+//! and no vCPU is ever left between the two instructions.
+
+use std::collections::HashMap;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::gva::{self, PagingMode};
+
+use crate::sites::{classify, SiteKind, NOP5, SITE_LEN};
+use crate::symbols::KernelImage;
+
+/// `out imm8, al` (Intel SDM: E6 ib).
+const OUT_IMM8_AL: u8 = 0xe6;
+/// The 3-byte NOP `nop dword [rax]`.
+const NOP3: [u8; 3] = [0x0f, 0x1f, 0x00];
+/// What a patched site holds.
+pub const TRAP: [u8; SITE_LEN] = [OUT_IMM8_AL, vmm::layout::TRACE_PORT as u8, NOP3[0], NOP3[1], NOP3[2]];
+
+/// Sites sampled to check that the vmlinux is the running kernel.
+const VERIFY_SAMPLES: usize = 32;
+/// Bytes after each sampled site compared with the file.
+const VERIFY_BODY_LEN: usize = 11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    #[error("no vCPU has paging enabled yet; cannot reach guest text by virtual address")]
+    NoPaging,
+    #[error(
+        "{path} does not match the running kernel: {bad} of {sampled} sampled sites differ \
+         (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux, \
+         and boot with nokaslr"
+    )]
+    Mismatch { path: String, bad: usize, sampled: usize, func: String, addr: u64, why: String },
+    #[error("guest memory at {addr:#x} (guest physical {gpa:#x}) cannot be accessed: {why}")]
+    Memory { addr: u64, gpa: u64, why: String },
+}
+
+/// One site as written: where its bytes are in guest physical memory and
+/// what they were.
+#[derive(Clone, Debug)]
+pub struct PatchedSite {
+    pub addr: u64,
+    /// Guest physical address of each of the 5 bytes (a site may straddle pages).
+    gpas: [u64; SITE_LEN],
+    pub original: [u8; SITE_LEN],
+}
+
+/// Outcome of one attach.
+#[derive(Clone, Debug, Default)]
+pub struct AttachCounts {
+    pub patched: usize,
+    pub skipped_init: usize,
+    pub skipped_other: usize,
+}
+
+/// Outcome of one detach.
+#[derive(Clone, Debug, Default)]
+pub struct DetachCounts {
+    pub restored: usize,
+    /// Sites whose trap had been overwritten by someone else: left alone.
+    pub changed: usize,
+}
+
+/// Translates site addresses through one CR3, caching 4 KiB pages.
+pub struct TextMap<'a> {
+    mem: &'a GuestMemoryMmap,
+    cr3: u64,
+    mode: PagingMode,
+    pages: HashMap<u64, u64>,
+}
+
+const PAGE: u64 = 4096;
+
+impl<'a> TextMap<'a> {
+    pub fn new(mem: &'a GuestMemoryMmap, cr3: u64, mode: PagingMode) -> Self {
+        TextMap { mem, cr3, mode, pages: HashMap::new() }
+    }
+
+    fn gpa(&mut self, va: u64) -> Result<u64, gva::GvaError> {
+        let page = va & !(PAGE - 1);
+        if let Some(p) = self.pages.get(&page) {
+            return Ok(p + (va & (PAGE - 1)));
+        }
+        let t = gva::translate(self.mem, self.cr3, self.mode, page)?;
+        self.pages.insert(page, t.gpa);
+        Ok(t.gpa + (va & (PAGE - 1)))
+    }
+
+    /// Guest physical addresses of `N` bytes at `va`.
+    fn gpas<const N: usize>(&mut self, va: u64) -> Result<[u64; N], gva::GvaError> {
+        let mut out = [0u64; N];
+        for (i, g) in out.iter_mut().enumerate() {
+            *g = self.gpa(va + i as u64)?;
+        }
+        Ok(out)
+    }
+
+    /// Read `N` bytes at `va`.
+    pub fn read<const N: usize>(&mut self, va: u64) -> Result<[u8; N], String> {
+        let gpas = self.gpas::<N>(va).map_err(|e| e.to_string())?;
+        read_phys(self.mem, &gpas)
+    }
+}
+
+fn read_phys<const N: usize>(mem: &GuestMemoryMmap, gpas: &[u64; N]) -> Result<[u8; N], String> {
+    let mut b = [0u8; N];
+    if gpas[N - 1] == gpas[0] + N as u64 - 1 {
+        mem.read_slice(&mut b, GuestAddress(gpas[0])).map_err(|e| e.to_string())?;
+    } else {
+        for (byte, g) in b.iter_mut().zip(gpas) {
+            *byte = mem.read_obj(GuestAddress(*g)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(b)
+}
+
+fn write_phys(mem: &GuestMemoryMmap, gpas: &[u64; SITE_LEN], bytes: &[u8; SITE_LEN]) -> Result<(), String> {
+    if gpas[SITE_LEN - 1] == gpas[0] + SITE_LEN as u64 - 1 {
+        mem.write_slice(bytes, GuestAddress(gpas[0])).map_err(|e| e.to_string())
+    } else {
+        for (b, g) in bytes.iter().zip(gpas) {
+            mem.write_obj(*b, GuestAddress(*g)).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Check that guest text matches the file at a sample of sites: each site
+/// holds a NOP or `call __fentry__`, and the bytes after it are the file's.
+/// Refuses when more than half the sample differs (a few may differ where the
+/// kernel patched its own text, e.g. alternatives or static keys).
+pub fn verify_image(map: &mut TextMap<'_>, image: &KernelImage, sites: &[u64]) -> Result<(), PatchError> {
+    let fentry = image.symbol(crate::sites::FENTRY).map(|s| s.addr);
+    let step = (sites.len() / VERIFY_SAMPLES).max(1);
+    let sample: Vec<u64> = sites.iter().step_by(step).take(VERIFY_SAMPLES).copied().collect();
+    let mut bad = Vec::new();
+    for &addr in &sample {
+        let why = match map.read::<{ SITE_LEN + VERIFY_BODY_LEN }>(addr) {
+            Err(e) => Some(format!("unreadable ({e})")),
+            Ok(bytes) => {
+                let body = image.file_bytes(addr + SITE_LEN as u64, VERIFY_BODY_LEN);
+                if classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other && bytes[..SITE_LEN] != TRAP {
+                    Some(format!("site holds {}", hex(&bytes[..SITE_LEN])))
+                } else if body.is_some_and(|b| b != &bytes[SITE_LEN..]) {
+                    Some("function body differs from the file".to_string())
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some(why) = why {
+            bad.push((addr, why));
+        }
+    }
+    if !sample.is_empty() && bad.len() * 2 > sample.len() {
+        let (addr, why) = bad.swap_remove(0);
+        let func = image.function_at(addr).map(|s| s.name.clone()).unwrap_or_else(|| "?".into());
+        return Err(PatchError::Mismatch {
+            path: image.path.display().to_string(),
+            bad: bad.len() + 1,
+            sampled: sample.len(),
+            func,
+            addr,
+            why,
+        });
+    }
+    Ok(())
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
+}
+
+/// Write the trap over every site in `sites` that holds a NOP or a call to
+/// `__fentry__` (decoded first); skip and count anything else. The caller
+/// holds every vCPU parked.
+pub fn attach(
+    map: &mut TextMap<'_>,
+    fentry: Option<u64>,
+    sites: &[u64],
+) -> Result<(Vec<PatchedSite>, usize), PatchError> {
+    let mut patched = Vec::with_capacity(sites.len());
+    let mut skipped = 0;
+    for &addr in sites {
+        let gpas = match map.gpas::<SITE_LEN>(addr) {
+            Ok(g) => g,
+            Err(_) => {
+                skipped += 1;
+                continue;
+            }
+        };
+        let written = read_phys(map.mem, &gpas).and_then(|original| match classify(&original, addr, fentry) {
+            SiteKind::Nop | SiteKind::CallFentry => {
+                write_phys(map.mem, &gpas, &TRAP).map(|()| Some(PatchedSite { addr, gpas, original }))
+            }
+            SiteKind::Other => Ok(None),
+        });
+        match written {
+            Ok(Some(site)) => patched.push(site),
+            Ok(None) => skipped += 1,
+            Err(why) => {
+                // Leave no site patched behind an error.
+                detach(map.mem, &patched)?;
+                return Err(PatchError::Memory { addr, gpa: gpas[0], why });
+            }
+        }
+    }
+    Ok((patched, skipped))
+}
+
+/// Put back the original bytes of every patched site that still holds the
+/// trap (read, compare, write, read back). Works on guest physical addresses
+/// recorded at attach, so it needs no vCPU: it also runs after the guest has
+/// stopped. The caller holds every vCPU parked or stopped.
+pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
+    let mut counts = DetachCounts::default();
+    for site in patched {
+        let mem_err = |why| PatchError::Memory { addr: site.addr, gpa: site.gpas[0], why };
+        let now = read_phys(mem, &site.gpas).map_err(mem_err)?;
+        if now != TRAP {
+            counts.changed += 1;
+            continue;
+        }
+        write_phys(mem, &site.gpas, &site.original).map_err(mem_err)?;
+        let back = read_phys(mem, &site.gpas).map_err(mem_err)?;
+        if back != site.original {
+            return Err(mem_err(format!("read back {} after restoring {}", hex(&back), hex(&site.original))));
+        }
+        counts.restored += 1;
+    }
+    Ok(counts)
+}
+
+/// Is the site at `addr` (read through guest physical memory at `gpa`) a
+/// plain NOP yet? Used to wait for the guest's own ftrace_init.
+pub fn is_nop(mem: &GuestMemoryMmap, gpa: u64) -> bool {
+    let mut b = [0u8; SITE_LEN];
+    mem.read_slice(&mut b, GuestAddress(gpa)).is_ok() && b == NOP5
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+
+    #[test]
+    fn trap_is_out_then_three_byte_nop() {
+        let mut d = Decoder::with_ip(64, &TRAP, 0, DecoderOptions::NONE);
+        let out = d.decode();
+        assert_eq!(out.mnemonic(), Mnemonic::Out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out.immediate8(), vmm::layout::TRACE_PORT as u8);
+        let nop = d.decode();
+        assert_eq!(nop.mnemonic(), Mnemonic::Nop);
+        assert_eq!(nop.len(), 3);
+    }
+
+    fn mem_with_identity_tables() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem
+    }
+
+    #[test]
+    fn attach_writes_only_nops_and_detach_restores_bytes() {
+        let mem = mem_with_identity_tables();
+        let base = 0xffff_ffff_8100_0000u64;
+        let phys = 0x100_0000u64;
+        // Site 0: NOP5; site 1: something else; site 2: NOP5 straddling a page.
+        mem.write_slice(&NOP5, GuestAddress(phys)).unwrap();
+        mem.write_slice(&[0xcc, 0x90, 0x90, 0x90, 0x90], GuestAddress(phys + 0x100)).unwrap();
+        mem.write_slice(&NOP5, GuestAddress(phys + 0xffe)).unwrap();
+        let sites = [base, base + 0x100, base + 0xffe];
+        let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let (patched, skipped) = attach(&mut map, None, &sites).unwrap();
+        assert_eq!((patched.len(), skipped), (2, 1));
+        let mut b = [0u8; 5];
+        mem.read_slice(&mut b, GuestAddress(phys + 0xffe)).unwrap();
+        assert_eq!(b, TRAP);
+        mem.read_slice(&mut b, GuestAddress(phys + 0x100)).unwrap();
+        assert_eq!(b, [0xcc, 0x90, 0x90, 0x90, 0x90]);
+        // Someone rewrites site 0 behind our back: detach leaves it.
+        mem.write_slice(&[0xe8, 1, 2, 3, 4], GuestAddress(phys)).unwrap();
+        let c = detach(&mem, &patched).unwrap();
+        assert_eq!((c.restored, c.changed), (1, 1));
+        mem.read_slice(&mut b, GuestAddress(phys + 0xffe)).unwrap();
+        assert_eq!(b, NOP5);
+    }
+}
