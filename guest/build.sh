@@ -2,6 +2,7 @@
 # Build a test guest into guest/out/.
 #
 #   bash guest/build.sh mini           -> guest/out/mini.elf
+#   bash guest/build.sh mini-noftrace  -> guest/out/mini-noftrace.elf (no ftrace sites)
 #   bash guest/build.sh linux [ARGS]   -> runs guest/linux/build.sh ARGS
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
@@ -17,7 +18,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | linux [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | linux [ARGS...]" >&2
 	exit 1
 }
 
@@ -35,8 +36,20 @@ MINI_CFLAGS=(
 )
 MINI_LDFLAGS=(-static -nostdlib -z max-page-size=4096 --build-id)
 
+# build_mini NAME [EXTRA_CFLAGS...]: guest/out/NAME.elf
 build_mini() {
-	local src="$here/mini" dst="$out/mini.elf"
+	local name="$1"
+	shift
+	local src="$here/mini" dst="$out/$name.elf"
+	local cflags=("${MINI_CFLAGS[@]}")
+	if [[ "$name" == mini-noftrace ]]; then
+		# The same guest built without ftrace instrumentation: no NOPs, an
+		# empty __mcount_loc table (for vmtrace's error-path tests).
+		cflags=()
+		for f in "${MINI_CFLAGS[@]}"; do
+			case "$f" in -pg | -mfentry | -mrecord-mcount | -mnop-mcount) ;; *) cflags+=("$f") ;; esac
+		done
+	fi
 
 	if ! command -v "$CC" >/dev/null 2>&1; then
 		echo "guest/build.sh: $CC not found; install it with: apt-get install gcc" >&2
@@ -55,24 +68,24 @@ build_mini() {
 	fi
 
 	# Global, not local: the EXIT trap runs after this function returns.
-	mini_tmp="$(mktemp -d "$out/.mini.XXXXXX")" # same filesystem: mv is atomic
+	mini_tmp="$(mktemp -d "$out/.$name.XXXXXX")" # same filesystem: mv is atomic
 	trap 'rm -rf "$mini_tmp"' EXIT
 	local tmp="$mini_tmp"
-	"$CC" "${MINI_CFLAGS[@]}" -c "$src/entry.S" -o "$tmp/entry.o"
-	"$CC" "${MINI_CFLAGS[@]}" -c "$src/workload.c" -o "$tmp/workload.o"
-	"$CC" "${MINI_CFLAGS[@]}" -c "$src/support.c" -o "$tmp/support.o"
+	"$CC" "${cflags[@]}" -c "$src/entry.S" -o "$tmp/entry.o"
+	"$CC" "${cflags[@]}" -c "$src/workload.c" -o "$tmp/workload.o"
+	"$CC" "${cflags[@]}" -c "$src/support.c" -o "$tmp/support.o"
 	"$LD" "${MINI_LDFLAGS[@]}" -T "$src/mini.ld" -o "$tmp/mini.elf" \
 		"$tmp/entry.o" "$tmp/workload.o" "$tmp/support.o"
 	mv -f "$tmp/mini.elf" "$dst"
-	echo "guest/build.sh: built guest/out/mini.elf" >&2
+	echo "guest/build.sh: built guest/out/$name.elf" >&2
 }
 
 [[ $# -ge 1 ]] || usage
 target="$1"
 shift
 case "$target" in
-mini)
-	build_mini
+mini | mini-noftrace)
+	build_mini "$target"
 	;;
 linux)
 	if [[ -f "$here/linux/build.sh" ]]; then

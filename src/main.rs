@@ -1,8 +1,8 @@
 //! vmtrace: trace a Linux guest kernel's function calls from the hypervisor.
 
 mod cli;
-mod session;
 mod output;
+mod session;
 mod trace;
 
 use std::process::ExitCode;

@@ -104,7 +104,9 @@ fn run(args: &RunArgs) -> Result<Outcome, Error> {
     let cfg = vm_config(args)?;
     if args.trace.is_empty() && args.notrace.is_empty() {
         if args.duration.is_some() || args.from_boot {
-            return Err(Error::Input("--duration and --from-boot need --trace GLOB".into()));
+            return Err(Error::Input(
+                "--duration and --from-boot need --trace GLOB".into(),
+            ));
         }
         return run_untraced(args, cfg);
     }
@@ -113,11 +115,19 @@ fn run(args: &RunArgs) -> Result<Outcome, Error> {
 
 fn run_untraced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
-    let handlers = (0..vm.cpus()).map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>).collect();
-    let running = vm.start(handlers, false).map_err(|e| Error::Runtime(e.to_string()))?;
+    let handlers = (0..vm.cpus())
+        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
+        .collect();
+    let running = vm
+        .start(handlers, false)
+        .map_err(|e| Error::Runtime(e.to_string()))?;
     running.wait();
     let report = running.finish();
-    eprintln!("vmtrace: {} after {:.2} s", report.reason, report.elapsed.as_secs_f64());
+    eprintln!(
+        "vmtrace: {} after {:.2} s",
+        report.reason,
+        report.elapsed.as_secs_f64()
+    );
     if args.stats {
         print_stats(&report);
     }

@@ -43,7 +43,8 @@ fn vmlinux_path(args: &RunArgs, kernel: &Path) -> Result<PathBuf, Error> {
 pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let kernel = cfg.kernel.clone();
     let vmlinux = vmlinux_path(args, &kernel)?;
-    let plan = Plan::new(&vmlinux, &args.trace, &args.notrace).map_err(|e| Error::Input(e.to_string()))?;
+    let plan =
+        Plan::new(&vmlinux, &args.trace, &args.notrace).map_err(|e| Error::Input(e.to_string()))?;
     let duration = secs(args.duration, "--duration")?;
     let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
     let direct = vm.boot_plan().protocol == Protocol::Direct;
@@ -58,7 +59,9 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, args.max_events);
     // A kernel that does not patch its own sites (the mini guest) is traced
     // from its first instruction; Linux once its ftrace_init made the sites NOPs.
-    let running = vm.start(handlers, direct).map_err(|e| Error::Runtime(e.to_string()))?;
+    let running = vm
+        .start(handlers, direct)
+        .map_err(|e| Error::Runtime(e.to_string()))?;
     let mem = running.memory().clone();
 
     let result = trace_loop(args, &running, &mut tracer, ncpus, direct, duration);
@@ -73,12 +76,20 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
         Ok(d) if attached > 0 => eprintln!(
             "vmtrace: detached: {} sites restored{}",
             d.restored,
-            if d.changed > 0 { format!(", {} changed by the guest and left alone", d.changed) } else { String::new() }
+            if d.changed > 0 {
+                format!(", {} changed by the guest and left alone", d.changed)
+            } else {
+                String::new()
+            }
         ),
         Ok(_) => {}
         Err(e) => return Err(Error::Runtime(format!("restoring guest text failed: {e}"))),
     }
-    eprintln!("vmtrace: {} after {:.2} s", run_report.reason, run_report.elapsed.as_secs_f64());
+    eprintln!(
+        "vmtrace: {} after {:.2} s",
+        run_report.reason,
+        run_report.elapsed.as_secs_f64()
+    );
     if args.stats {
         print_stats(&run_report);
     }
@@ -140,7 +151,9 @@ fn trace_loop(
             // Restore under a pause before stopping, so the guest never runs
             // half-restored text.
             let paused = running.pause_all();
-            tracer.detach(paused.memory()).map_err(|e| Error::Runtime(e.to_string()))?;
+            tracer
+                .detach(paused.memory())
+                .map_err(|e| Error::Runtime(e.to_string()))?;
             drop(paused);
             running.request_stop(StopReason::Requested);
             break;
@@ -149,7 +162,10 @@ fn trace_loop(
             last_status = Instant::now();
             let events: u64 = tracer.counts().iter().flatten().sum();
             let secs = start.elapsed().as_secs_f64();
-            eprint!("\r\x1b[Kvmtrace: {secs:7.1} s  {events:>14} events  {:>12.0} events/s", events as f64 / secs);
+            eprint!(
+                "\r\x1b[Kvmtrace: {secs:7.1} s  {events:>14} events  {:>12.0} events/s",
+                events as f64 / secs
+            );
             let _ = std::io::stderr().flush();
         }
     }

@@ -30,7 +30,13 @@ const OUT_IMM8_AL: u8 = 0xe6;
 /// The 3-byte NOP `nop dword [rax]`.
 const NOP3: [u8; 3] = [0x0f, 0x1f, 0x00];
 /// What a patched site holds.
-pub const TRAP: [u8; SITE_LEN] = [OUT_IMM8_AL, vmm::layout::TRACE_PORT as u8, NOP3[0], NOP3[1], NOP3[2]];
+pub const TRAP: [u8; SITE_LEN] = [
+    OUT_IMM8_AL,
+    vmm::layout::TRACE_PORT as u8,
+    NOP3[0],
+    NOP3[1],
+    NOP3[2],
+];
 
 /// Sites sampled to check that the vmlinux is the running kernel.
 const VERIFY_SAMPLES: usize = 32;
@@ -46,7 +52,14 @@ pub enum PatchError {
          (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux, \
          and boot with nokaslr"
     )]
-    Mismatch { path: String, bad: usize, sampled: usize, func: String, addr: u64, why: String },
+    Mismatch {
+        path: String,
+        bad: usize,
+        sampled: usize,
+        func: String,
+        addr: u64,
+        why: String,
+    },
     #[error("guest memory at {addr:#x} (guest physical {gpa:#x}) cannot be accessed: {why}")]
     Memory { addr: u64, gpa: u64, why: String },
 }
@@ -89,7 +102,12 @@ const PAGE: u64 = 4096;
 
 impl<'a> TextMap<'a> {
     pub fn new(mem: &'a GuestMemoryMmap, cr3: u64, mode: PagingMode) -> Self {
-        TextMap { mem, cr3, mode, pages: HashMap::new() }
+        TextMap {
+            mem,
+            cr3,
+            mode,
+            pages: HashMap::new(),
+        }
     }
 
     fn gpa(&mut self, va: u64) -> Result<u64, gva::GvaError> {
@@ -121,7 +139,8 @@ impl<'a> TextMap<'a> {
 fn read_phys<const N: usize>(mem: &GuestMemoryMmap, gpas: &[u64; N]) -> Result<[u8; N], String> {
     let mut b = [0u8; N];
     if gpas[N - 1] == gpas[0] + N as u64 - 1 {
-        mem.read_slice(&mut b, GuestAddress(gpas[0])).map_err(|e| e.to_string())?;
+        mem.read_slice(&mut b, GuestAddress(gpas[0]))
+            .map_err(|e| e.to_string())?;
     } else {
         for (byte, g) in b.iter_mut().zip(gpas) {
             *byte = mem.read_obj(GuestAddress(*g)).map_err(|e| e.to_string())?;
@@ -130,12 +149,18 @@ fn read_phys<const N: usize>(mem: &GuestMemoryMmap, gpas: &[u64; N]) -> Result<[
     Ok(b)
 }
 
-fn write_phys(mem: &GuestMemoryMmap, gpas: &[u64; SITE_LEN], bytes: &[u8; SITE_LEN]) -> Result<(), String> {
+fn write_phys(
+    mem: &GuestMemoryMmap,
+    gpas: &[u64; SITE_LEN],
+    bytes: &[u8; SITE_LEN],
+) -> Result<(), String> {
     if gpas[SITE_LEN - 1] == gpas[0] + SITE_LEN as u64 - 1 {
-        mem.write_slice(bytes, GuestAddress(gpas[0])).map_err(|e| e.to_string())
+        mem.write_slice(bytes, GuestAddress(gpas[0]))
+            .map_err(|e| e.to_string())
     } else {
         for (b, g) in bytes.iter().zip(gpas) {
-            mem.write_obj(*b, GuestAddress(*g)).map_err(|e| e.to_string())?;
+            mem.write_obj(*b, GuestAddress(*g))
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -145,17 +170,28 @@ fn write_phys(mem: &GuestMemoryMmap, gpas: &[u64; SITE_LEN], bytes: &[u8; SITE_L
 /// holds a NOP or `call __fentry__`, and the bytes after it are the file's.
 /// Refuses when more than half the sample differs (a few may differ where the
 /// kernel patched its own text, e.g. alternatives or static keys).
-pub fn verify_image(map: &mut TextMap<'_>, image: &KernelImage, sites: &[u64]) -> Result<(), PatchError> {
+pub fn verify_image(
+    map: &mut TextMap<'_>,
+    image: &KernelImage,
+    sites: &[u64],
+) -> Result<(), PatchError> {
     let fentry = image.symbol(crate::sites::FENTRY).map(|s| s.addr);
     let step = (sites.len() / VERIFY_SAMPLES).max(1);
-    let sample: Vec<u64> = sites.iter().step_by(step).take(VERIFY_SAMPLES).copied().collect();
+    let sample: Vec<u64> = sites
+        .iter()
+        .step_by(step)
+        .take(VERIFY_SAMPLES)
+        .copied()
+        .collect();
     let mut bad = Vec::new();
     for &addr in &sample {
         let why = match map.read::<{ SITE_LEN + VERIFY_BODY_LEN }>(addr) {
             Err(e) => Some(format!("unreadable ({e})")),
             Ok(bytes) => {
                 let body = image.file_bytes(addr + SITE_LEN as u64, VERIFY_BODY_LEN);
-                if classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other && bytes[..SITE_LEN] != TRAP {
+                if classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other
+                    && bytes[..SITE_LEN] != TRAP
+                {
                     Some(format!("site holds {}", hex(&bytes[..SITE_LEN])))
                 } else if body.is_some_and(|b| b != &bytes[SITE_LEN..]) {
                     Some("function body differs from the file".to_string())
@@ -170,7 +206,10 @@ pub fn verify_image(map: &mut TextMap<'_>, image: &KernelImage, sites: &[u64]) -
     }
     if !sample.is_empty() && bad.len() * 2 > sample.len() {
         let (addr, why) = bad.swap_remove(0);
-        let func = image.function_at(addr).map(|s| s.name.clone()).unwrap_or_else(|| "?".into());
+        let func = image
+            .function_at(addr)
+            .map(|s| s.name.clone())
+            .unwrap_or_else(|| "?".into());
         return Err(PatchError::Mismatch {
             path: image.path.display().to_string(),
             bad: bad.len() + 1,
@@ -184,7 +223,10 @@ pub fn verify_image(map: &mut TextMap<'_>, image: &KernelImage, sites: &[u64]) -
 }
 
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Write the trap over every site in `sites` that holds a NOP or a call to
@@ -205,11 +247,19 @@ pub fn attach(
                 continue;
             }
         };
-        let written = read_phys(map.mem, &gpas).and_then(|original| match classify(&original, addr, fentry) {
-            SiteKind::Nop | SiteKind::CallFentry => {
-                write_phys(map.mem, &gpas, &TRAP).map(|()| Some(PatchedSite { addr, gpas, original }))
+        let written = read_phys(map.mem, &gpas).and_then(|original| {
+            match classify(&original, addr, fentry) {
+                SiteKind::Nop | SiteKind::CallFentry => {
+                    write_phys(map.mem, &gpas, &TRAP).map(|()| {
+                        Some(PatchedSite {
+                            addr,
+                            gpas,
+                            original,
+                        })
+                    })
+                }
+                SiteKind::Other => Ok(None),
             }
-            SiteKind::Other => Ok(None),
         });
         match written {
             Ok(Some(site)) => patched.push(site),
@@ -217,7 +267,11 @@ pub fn attach(
             Err(why) => {
                 // Leave no site patched behind an error.
                 detach(map.mem, &patched)?;
-                return Err(PatchError::Memory { addr, gpa: gpas[0], why });
+                return Err(PatchError::Memory {
+                    addr,
+                    gpa: gpas[0],
+                    why,
+                });
             }
         }
     }
@@ -231,7 +285,11 @@ pub fn attach(
 pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
     let mut counts = DetachCounts::default();
     for site in patched {
-        let mem_err = |why| PatchError::Memory { addr: site.addr, gpa: site.gpas[0], why };
+        let mem_err = |why| PatchError::Memory {
+            addr: site.addr,
+            gpa: site.gpas[0],
+            why,
+        };
         let now = read_phys(mem, &site.gpas).map_err(mem_err)?;
         if now != TRAP {
             counts.changed += 1;
@@ -240,7 +298,11 @@ pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCo
         write_phys(mem, &site.gpas, &site.original).map_err(mem_err)?;
         let back = read_phys(mem, &site.gpas).map_err(mem_err)?;
         if back != site.original {
-            return Err(mem_err(format!("read back {} after restoring {}", hex(&back), hex(&site.original))));
+            return Err(mem_err(format!(
+                "read back {} after restoring {}",
+                hex(&back),
+                hex(&site.original)
+            )));
         }
         counts.restored += 1;
     }
@@ -284,7 +346,8 @@ mod tests {
         let phys = 0x100_0000u64;
         // Site 0: NOP5; site 1: something else; site 2: NOP5 straddling a page.
         mem.write_slice(&NOP5, GuestAddress(phys)).unwrap();
-        mem.write_slice(&[0xcc, 0x90, 0x90, 0x90, 0x90], GuestAddress(phys + 0x100)).unwrap();
+        mem.write_slice(&[0xcc, 0x90, 0x90, 0x90, 0x90], GuestAddress(phys + 0x100))
+            .unwrap();
         mem.write_slice(&NOP5, GuestAddress(phys + 0xffe)).unwrap();
         let sites = [base, base + 0x100, base + 0xffe];
         let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
@@ -296,7 +359,8 @@ mod tests {
         mem.read_slice(&mut b, GuestAddress(phys + 0x100)).unwrap();
         assert_eq!(b, [0xcc, 0x90, 0x90, 0x90, 0x90]);
         // Someone rewrites site 0 behind our back: detach leaves it.
-        mem.write_slice(&[0xe8, 1, 2, 3, 4], GuestAddress(phys)).unwrap();
+        mem.write_slice(&[0xe8, 1, 2, 3, 4], GuestAddress(phys))
+            .unwrap();
         let c = detach(&mem, &patched).unwrap();
         assert_eq!((c.restored, c.changed), (1, 1));
         mem.read_slice(&mut b, GuestAddress(phys + 0xffe)).unwrap();

@@ -37,7 +37,10 @@ impl SiteIndex {
     pub fn new(mut sites: Vec<(u64, u32)>) -> Self {
         sites.sort_unstable();
         sites.dedup_by_key(|s| s.0);
-        SiteIndex { addrs: sites.iter().map(|s| s.0).collect(), funcs: sites.iter().map(|s| s.1).collect() }
+        SiteIndex {
+            addrs: sites.iter().map(|s| s.0).collect(),
+            funcs: sites.iter().map(|s| s.1).collect(),
+        }
     }
 
     fn exact(&self, addr: u64) -> Option<usize> {
@@ -48,7 +51,8 @@ impl SiteIndex {
     /// fast PIO path) or just past it (KVM's emulator). Sites are five bytes
     /// apart at least, so the two cannot both match.
     pub fn find(&self, rip: u64) -> Option<usize> {
-        self.exact(rip).or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
+        self.exact(rip)
+            .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
     }
 }
 
@@ -76,7 +80,10 @@ pub struct Recorder {
 
 impl Recorder {
     fn reserve(&mut self) {
-        let before = self.shared.budget.fetch_sub(BATCH as i64, Ordering::Relaxed);
+        let before = self
+            .shared
+            .budget
+            .fetch_sub(BATCH as i64, Ordering::Relaxed);
         self.reserved = before.clamp(0, BATCH as i64) as usize;
     }
 }
@@ -105,11 +112,18 @@ impl TrapHandler for Recorder {
         let parent = match self.tlb.read_u64(trap.mem, trap.cr3, trap.paging, trap.rsp) {
             Ok(p) => p,
             Err(_) => {
-                self.shared.parent_unreadable.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .parent_unreadable
+                    .fetch_add(1, Ordering::Relaxed);
                 0
             }
         };
-        self.buf.push(Event { ts_ns, parent, func: self.index.funcs[i], cpu: self.cpu });
+        self.buf.push(Event {
+            ts_ns,
+            parent,
+            func: self.index.funcs[i],
+            cpu: self.cpu,
+        });
         if self.buf.len() >= BATCH {
             self.flush();
         }
@@ -135,7 +149,9 @@ pub fn recorders(
 ) -> (Arc<Shared>, Vec<Recorder>, JoinHandle<Vec<Event>>) {
     let nsites = index.addrs.len();
     let shared = Arc::new(Shared {
-        counts: (0..ncpus).map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect()).collect(),
+        counts: (0..ncpus)
+            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
         budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
         dropped: AtomicU64::new(0),
         parent_unreadable: AtomicU64::new(0),

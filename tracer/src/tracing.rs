@@ -68,7 +68,13 @@ impl Plan {
             });
             targets.push((site.addr, slot));
         }
-        Ok(Plan { image, sites, funcs, targets, skipped_init })
+        Ok(Plan {
+            image,
+            sites,
+            funcs,
+            targets,
+            skipped_init,
+        })
     }
 }
 
@@ -92,7 +98,10 @@ impl Tracer {
     pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
         let index = Arc::new(SiteIndex::new(plan.targets.clone()));
         let (shared, recs, collector) = record::recorders(Arc::clone(&index), ncpus, max_events);
-        let handlers = recs.into_iter().map(|r| Box::new(r) as Box<dyn TrapHandler>).collect();
+        let handlers = recs
+            .into_iter()
+            .map(|r| Box::new(r) as Box<dyn TrapHandler>)
+            .collect();
         let t = Tracer {
             plan,
             index,
@@ -122,19 +131,32 @@ impl Tracer {
     /// hint: `attach` checks every site again under the pause.
     pub fn guest_ready(&self, mem: &GuestMemoryMmap) -> bool {
         let step = (self.index.addrs.len() / READY_SAMPLES).max(1);
-        self.index.addrs.iter().step_by(step).take(READY_SAMPLES).all(|&a| {
-            vmm::layout::kernel_virt_to_phys(a).is_some_and(|gpa| patch::is_nop(mem, gpa))
-        })
+        self.index
+            .addrs
+            .iter()
+            .step_by(step)
+            .take(READY_SAMPLES)
+            .all(|&a| {
+                vmm::layout::kernel_virt_to_phys(a).is_some_and(|gpa| patch::is_nop(mem, gpa))
+            })
     }
 
     /// Patch every target site. The guest is paused by the caller; all writes
     /// happen in this one window.
-    pub fn attach(&mut self, paused: &Paused<'_>, ncpus: usize) -> Result<&AttachCounts, TracerError> {
+    pub fn attach(
+        &mut self,
+        paused: &Paused<'_>,
+        ncpus: usize,
+    ) -> Result<&AttachCounts, TracerError> {
         let snap = (0..ncpus)
             .filter_map(|c| paused.snapshot(c))
             .find(|s| s.sregs.cr0 & CR0_PG != 0)
             .ok_or(PatchError::NoPaging)?;
-        let mut map = TextMap::new(paused.memory(), snap.sregs.cr3, PagingMode::from_cr4(snap.sregs.cr4));
+        let mut map = TextMap::new(
+            paused.memory(),
+            snap.sregs.cr3,
+            PagingMode::from_cr4(snap.sregs.cr4),
+        );
         let addrs = &self.index.addrs;
         patch::verify_image(&mut map, &self.plan.image, addrs)?;
         let fentry = self.plan.image.symbol(crate::sites::FENTRY).map(|s| s.addr);
@@ -173,7 +195,11 @@ impl Tracer {
     /// Everything recorded, once the vCPU threads (and so the recorders) are
     /// gone.
     pub fn finish(mut self, kernel: &Path, stop_reason: String) -> Trace {
-        let events = self.collector.take().map(|c| c.join().unwrap_or_default()).unwrap_or_default();
+        let events = self
+            .collector
+            .take()
+            .map(|c| c.join().unwrap_or_default())
+            .unwrap_or_default();
         let image = &self.plan.image;
         let functions: Vec<FuncSym> = self
             .plan
@@ -181,7 +207,11 @@ impl Tracer {
             .iter()
             .map(|&f| {
                 let s = &image.functions[f];
-                FuncSym { name: s.name.clone(), addr: s.addr, size: s.size }
+                FuncSym {
+                    name: s.name.clone(),
+                    addr: s.addr,
+                    size: s.size,
+                }
             })
             .collect();
         let mut callers: Vec<FuncSym> = Vec::new();
@@ -190,17 +220,28 @@ impl Tracer {
             if let Some(i) = image.function_index_at(e.parent) {
                 if seen.insert(i) {
                     let s = &image.functions[i];
-                    callers.push(FuncSym { name: s.name.clone(), addr: s.addr, size: s.size });
+                    callers.push(FuncSym {
+                        name: s.name.clone(),
+                        addr: s.addr,
+                        size: s.size,
+                    });
                 }
             }
         }
         callers.sort_by_key(|s| s.addr);
         let counts = self.counts();
         let total: u64 = counts.iter().flatten().sum();
-        let detach_ns = if self.detach_ns == 0 { vmm::Trap::now_ns() } else { self.detach_ns };
+        let detach_ns = if self.detach_ns == 0 {
+            vmm::Trap::now_ns()
+        } else {
+            self.detach_ns
+        };
         let meta = TraceMeta {
             kernel: kernel.display().to_string(),
-            build_id: image.build_id.as_ref().map(|b| patch::hex(b).replace(' ', "")),
+            build_id: image
+                .build_id
+                .as_ref()
+                .map(|b| patch::hex(b).replace(' ', "")),
             cpus: self.ncpus as u32,
             attach_ns: self.attach_ns,
             detach_ns,
@@ -214,6 +255,12 @@ impl Tracer {
             parent_unreadable: self.shared.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
         };
-        Trace { meta, functions, counts, callers, events }
+        Trace {
+            meta,
+            functions,
+            counts,
+            callers,
+            events,
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! snapshot of its registers; when all live vCPUs are parked the controller has
 //! guest memory and vCPU state to itself until it resumes them.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -48,12 +48,16 @@ pub struct VcpuSnapshot {
     pub sregs: kvm_sregs,
 }
 
-/// How to reach one vCPU thread.
-#[derive(Default)]
+/// How to reach one vCPU thread while it is in its loop.
+#[derive(Clone, Copy)]
 struct Kicker {
-    run: AtomicPtr<kvm_run>,
-    thread: AtomicU64,
+    run: *mut kvm_run,
+    thread: libc::pthread_t,
 }
+
+// SAFETY: the pointer is only dereferenced under the `kickers` lock while the
+// vCPU thread is registered, which is while its fd (and so the mapping) lives.
+unsafe impl Send for Kicker {}
 
 struct State {
     /// vCPU threads still running their loop.
@@ -77,7 +81,9 @@ pub struct PauseControl {
     state: Mutex<State>,
     parked_cv: Condvar,
     resume_cv: Condvar,
-    kickers: Vec<Kicker>,
+    /// Registered vCPU threads; a thread deregisters before it gives up its
+    /// fd, so a kick never touches an unmapped run page or a dead thread.
+    kickers: Mutex<Vec<Option<Kicker>>>,
     stats: Mutex<PauseStats>,
 }
 
@@ -99,7 +105,7 @@ impl PauseControl {
             }),
             parked_cv: Condvar::new(),
             resume_cv: Condvar::new(),
-            kickers: (0..ncpus).map(|_| Kicker::default()).collect(),
+            kickers: Mutex::new(vec![None; ncpus]),
             stats: Mutex::new(PauseStats::default()),
         }
     }
@@ -108,11 +114,9 @@ impl PauseControl {
 
     /// Called by vCPU thread `cpu` before its first KVM_RUN.
     pub(crate) fn register(&self, cpu: usize, run: *mut kvm_run) {
-        let k = &self.kickers[cpu];
-        k.run.store(run, Ordering::SeqCst);
         // SAFETY: pthread_self has no preconditions.
-        k.thread
-            .store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
+        let thread = unsafe { libc::pthread_self() };
+        lock(&self.kickers)[cpu] = Some(Kicker { run, thread });
     }
 
     /// Should the vCPU leave the guest (a pause or a stop is wanted)?
@@ -150,8 +154,10 @@ impl PauseControl {
         unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 0) };
     }
 
-    /// Called by a vCPU thread as it leaves its loop for good.
-    pub fn exited(&self) {
+    /// Called by vCPU thread `cpu` as it leaves its loop for good, before it
+    /// gives up its fd.
+    pub fn exited(&self, cpu: usize) {
+        lock(&self.kickers)[cpu] = None;
         let mut st = lock(&self.state);
         st.live -= 1;
         self.parked_cv.notify_all();
@@ -159,25 +165,20 @@ impl PauseControl {
 
     // ---- controller side ----
 
-    fn kick(&self, cpu: usize) {
-        let k = &self.kickers[cpu];
-        let run = k.run.load(Ordering::SeqCst);
-        let thread = k.thread.load(Ordering::SeqCst);
-        if run.is_null() || thread == 0 {
-            return; // not in its loop yet: it reads the flag before KVM_RUN
-        }
-        // SAFETY: the run page stays mapped while the vCPU fd lives, which is
-        // until its thread has exited; a volatile byte store is what KVM
-        // expects of `immediate_exit` from another thread. pthread_kill on a
-        // thread that has already exited but not been joined is allowed.
-        unsafe {
-            std::ptr::write_volatile(&mut (*run).immediate_exit, 1);
-            libc::pthread_kill(thread as libc::pthread_t, kick_signal());
-        }
-    }
-
+    /// Kick every registered vCPU out of KVM_RUN. One that is not registered
+    /// yet reads the flags before its first KVM_RUN; one that has exited needs
+    /// no kick.
     fn kick_all(&self) {
-        (0..self.kickers.len()).for_each(|c| self.kick(c));
+        for k in lock(&self.kickers).iter().flatten() {
+            // SAFETY: registered means the thread is alive and its run page
+            // mapped (it deregisters under this lock before either ends); a
+            // volatile byte store is how KVM expects `immediate_exit` to be set
+            // from another thread.
+            unsafe {
+                std::ptr::write_volatile(&mut (*k.run).immediate_exit, 1);
+                libc::pthread_kill(k.thread, kick_signal());
+            }
+        }
     }
 
     /// Stop every vCPU; returns the pause latency. Waits until every live

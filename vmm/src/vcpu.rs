@@ -116,7 +116,7 @@ impl VcpuThread {
             }
         }
         self.handler.flush();
-        pause.exited();
+        pause.exited(self.cpu);
         (self.fd, self.stats)
     }
 
