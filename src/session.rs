@@ -35,6 +35,11 @@ const EMULATOR_HOST_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,smap";
 /// Present when the host's KVM is the pagetable-based nested one (kvm_pvm).
 const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
 
+/// Does this host's KVM run guest ring 0 in its instruction emulator?
+pub fn emulator_host() -> bool {
+    Path::new(EMULATOR_HOST_MARKER).exists()
+}
+
 pub fn main(cli: Cli) -> Result<Outcome, Error> {
     match cli.command {
         Some(Command::Report(_)) | Some(Command::Bench(_)) => Err(Error::Input(
@@ -53,7 +58,7 @@ fn cmdline(args: &RunArgs, kernel: &Path) -> Result<String, Error> {
     let mut parts: Vec<&str> = Vec::new();
     if linux {
         parts.push(LINUX_CMDLINE);
-        if Path::new(EMULATOR_HOST_MARKER).exists() {
+        if emulator_host() {
             parts.push(EMULATOR_HOST_CMDLINE);
         }
     }
@@ -97,6 +102,7 @@ pub fn vm_config(args: &RunArgs) -> Result<VmConfig, Error> {
         mem_mib: args.mem,
         console,
         timeout: secs(args.timeout, "--timeout")?,
+        hide_hypercalls: emulator_host(),
     })
 }
 
@@ -164,6 +170,20 @@ pub fn print_stats(report: &vmm::RunReport) {
     for (cpu, v) in report.vcpus.iter().enumerate() {
         for (insn, n) in &v.assists {
             let _ = writeln!(err, "  cpu{cpu}: emulation assist `{insn}` x{n}");
+        }
+    }
+    for (cpu, r) in report.last_regs.iter().enumerate() {
+        match r {
+            Some(s) => {
+                let _ = writeln!(
+                    err,
+                    "  cpu{cpu} stopped at rip {:#x} (cs {:#x} base {:#x}), rsp {:#x}, cr0 {:#x}, cr3 {:#x}",
+                    s.regs.rip, s.sregs.cs.selector, s.sregs.cs.base, s.regs.rsp, s.sregs.cr0, s.sregs.cr3
+                );
+            }
+            None => {
+                let _ = writeln!(err, "  cpu{cpu} had already stopped");
+            }
         }
     }
     let p = &report.pause;

@@ -38,6 +38,7 @@ fn boot(
         cmdline: cmdline.into(),
         console: Box::new(capture.clone()),
         timeout: Some(Duration::from_secs(300)),
+        hide_hypercalls: false,
     };
     let globs: Vec<String> = globs.iter().map(|s| s.to_string()).collect();
     let plan = Plan::new(vmlinux, &globs, &[]).unwrap();

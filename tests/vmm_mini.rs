@@ -92,6 +92,7 @@ fn two_hundred_pause_cycles_while_four_vcpus_loop() {
         cmdline: "mode=loop".into(),
         console: Box::new(capture.clone()),
         timeout: Some(Duration::from_secs(300)),
+        hide_hypercalls: false,
     };
     let vm = vmm::Vm::create(cfg).unwrap();
     let handlers = (0..4)
@@ -159,6 +160,7 @@ fn start_paused_runs_no_guest_instruction_before_resume() {
         cmdline: "iters=5".into(),
         console: Box::new(capture.clone()),
         timeout: Some(Duration::from_secs(60)),
+        hide_hypercalls: false,
     };
     let vm = vmm::Vm::create(cfg).unwrap();
     let entry = vm.boot_plan().entry;

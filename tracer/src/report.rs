@@ -4,14 +4,28 @@
 //! function:
 //!
 //! ```text
-//! #   Share%  Count  vCPU0 / vCPU1 / vCPU2 / vCPU3  Symbol
-//! # ........  .....  .............................  ......
+//! # vmtrace report
 //! #
-//!     62.50%  1,024    256 /   256 /   256 /   256  schedule
-//!                |
-//!                |--75.00%--worker_thread (768)
-//!                 --25.00%--[unknown] 0xffffffff81000123 (256)
+//! # kernel:   /boot/vmlinuz-6.8
+//! # ...
+//! #
+//! #  Share%  Count  vCPU0 / vCPU1 / vCPU2 / vCPU3  Symbol
+//! # .......  .....  .............................  ......
+//! #
+//!    79.99%  4,012  1,000 /   998 / 1,003 / 1,011  schedule
+//!                |  8 of 4,012 calls stored
+//!                |--62.50%--worker_thread (5)
+//!                |--25.00%--kthread (2)
+//!                 --12.50%--[unknown] 0xffffffff8300dead (1)
+//!
+//!    19.94%  1,000    500 /     0 /   500 /     0  do_idle
+//! ...
+//! #
+//! # 2 traced functions were not called
 //! ```
+//!
+//! Shares are of the shown rows (after `--cpu`). With more than four vCPUs
+//! the spread column shows min / avg / max and the busiest vCPU instead.
 //!
 //! The report is deterministic: the same trace and options give the same
 //! bytes (every ordering ends with the name, then the address).
@@ -30,7 +44,7 @@ pub const MAX_CPU: u32 = 4095;
 const MAX_CPU_COLUMNS: usize = 4;
 /// Symbol names are never squeezed below this many characters, whatever the width.
 const MIN_SYMBOL_WIDTH: usize = 20;
-/// Where the call-graph lines start (under the Count column).
+/// Indentation of the call-graph (`-g`) lines.
 const CALLER_INDENT: usize = 15;
 
 /// Order of the report's rows. Ties are always broken by name, then address.
@@ -115,7 +129,7 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
     Ok(cpus)
 }
 
-/// Formats a compact list of vCPU numbers: `[0, 2, 3]` → `0,2-3`.
+/// Formats sorted vCPU numbers compactly: `[0, 2, 3]` → `0,2-3`.
 pub fn format_cpu_list(cpus: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
@@ -127,12 +141,11 @@ pub fn format_cpu_list(cpus: &[u32]) -> String {
         if !out.is_empty() {
             out.push(',');
         }
-        match j - i {
-            0 => write!(out, "{}", cpus[i]),
-            1 => write!(out, "{},{}", cpus[i], cpus[j]),
-            _ => write!(out, "{}-{}", cpus[i], cpus[j]),
+        if i == j {
+            write!(out, "{}", cpus[i]).unwrap();
+        } else {
+            write!(out, "{}-{}", cpus[i], cpus[j]).unwrap();
         }
-        .unwrap();
         i = j + 1;
     }
     out
@@ -143,7 +156,7 @@ pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -454,10 +467,14 @@ fn header(out: &mut String, trace: &Trace, sel: &[u32], missing: &[u32], filtere
         ),
     ];
     if m.parent_unreadable > 0 {
+        let (n, were) = match m.parent_unreadable {
+            1 => ("call's return address", "was"),
+            _ => ("calls' return addresses", "were"),
+        };
         lines.push((
             "callers",
             format!(
-                "{} calls' return addresses were unreadable (shown as [unknown] 0x0)",
+                "{} {n} {were} unreadable (shown as [unknown] 0x0)",
                 thousands(m.parent_unreadable)
             ),
         ));
@@ -586,9 +603,9 @@ fn call_graph(out: &mut String, row: &Row, list: &[CallerCount], width: usize) {
     if stored < row.total {
         writeln!(
             out,
-            "{pad}|  callers of the {} stored calls ({} not stored)",
+            "{pad}|  {} of {} calls stored",
             thousands(stored),
-            thousands(row.total - stored)
+            thousands(row.total)
         )
         .unwrap();
     } else {

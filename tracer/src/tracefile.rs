@@ -253,7 +253,8 @@ pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     Ok(())
 }
 
-/// Writes the whole file to `file`, then syncs it.
+/// Writes the whole file to `file`. Like perf and trace-cmd, it does not
+/// fsync: the rename protects against interrupted saves, not power loss.
 fn write_to(trace: &Trace, file: File) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUFFER, file);
     let m = &trace.meta;
@@ -297,23 +298,22 @@ fn write_to(trace: &Trace, file: File) -> io::Result<()> {
     put_syms(&mut w, &trace.callers)?;
 
     w.write_all(&(trace.events.len() as u64).to_le_bytes())?;
-    let mut buf = Vec::with_capacity(EVENT_CHUNK * EVENT_SIZE);
+    let mut buf = vec![0u8; EVENT_CHUNK.min(trace.events.len()) * EVENT_SIZE];
     for chunk in trace.events.chunks(EVENT_CHUNK) {
-        buf.clear();
-        for e in chunk {
-            buf.extend_from_slice(&e.ts_ns.to_le_bytes());
-            buf.extend_from_slice(&e.parent.to_le_bytes());
-            buf.extend_from_slice(&e.func.to_le_bytes());
-            buf.extend_from_slice(&e.cpu.to_le_bytes());
+        let bytes = &mut buf[..chunk.len() * EVENT_SIZE];
+        for (b, e) in bytes.chunks_exact_mut(EVENT_SIZE).zip(chunk) {
+            b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
+            b[8..16].copy_from_slice(&e.parent.to_le_bytes());
+            b[16..20].copy_from_slice(&e.func.to_le_bytes());
+            b[20..24].copy_from_slice(&e.cpu.to_le_bytes());
         }
-        w.write_all(&buf)?;
+        w.write_all(bytes)?;
     }
 
     let mut file = w.into_inner().map_err(|e| e.into_error())?;
     let len = file.stream_position()?;
     file.seek(SeekFrom::Start(12))?;
-    file.write_all(&len.to_le_bytes())?;
-    file.sync_all()
+    file.write_all(&len.to_le_bytes())
 }
 
 fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {

@@ -74,6 +74,8 @@ pub struct Shared {
     pub pause: PauseControl,
     stop: Mutex<Option<StopReason>>,
     stop_cv: Condvar,
+    /// Registers of each vCPU when a timeout stopped the guest.
+    last_regs: Mutex<Vec<Option<VcpuSnapshot>>>,
 }
 
 impl Shared {
@@ -84,6 +86,7 @@ impl Shared {
             pause,
             stop: Mutex::new(None),
             stop_cv: Condvar::new(),
+            last_regs: Mutex::new(Vec::new()),
         }
     }
 
@@ -137,6 +140,8 @@ pub struct RunReport {
     pub pause: PauseStats,
     /// The last console lines, for error messages.
     pub console_tail: Vec<String>,
+    /// Where each vCPU was when a timeout stopped it (empty otherwise).
+    pub last_regs: Vec<Option<VcpuSnapshot>>,
 }
 
 /// A running guest.
@@ -214,7 +219,17 @@ impl Running {
             self.shared.stop(StopReason::Signal(sig));
         }
         if let (Some(d), Some(t)) = (self.deadline, self.timeout) {
-            if Instant::now() >= d {
+            if Instant::now() >= d && self.shared.stop_reason().is_none() {
+                // Where was each vCPU? Worth saying when a guest hangs.
+                let regs = {
+                    let p = self.pause_all();
+                    (0..self.cpus()).map(|c| p.snapshot(c)).collect()
+                };
+                *self
+                    .shared
+                    .last_regs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = regs;
                 self.shared.stop(StopReason::Timeout(t));
             }
         }
@@ -265,6 +280,12 @@ impl Running {
             vcpus,
             pause: self.shared.pause.stats(),
             console_tail: tail,
+            last_regs: self
+                .shared
+                .last_regs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 }

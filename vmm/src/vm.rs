@@ -67,6 +67,8 @@ pub struct VmConfig {
     pub cmdline: String,
     pub console: Box<dyn Write + Send>,
     pub timeout: Option<Duration>,
+    /// Offer the guest no KVM feature that needs `vmcall` (see boot::cpuid).
+    pub hide_hypercalls: bool,
 }
 
 /// A VM ready to run.
@@ -146,7 +148,7 @@ impl Vm {
         let mut vcpus = Vec::with_capacity(ncpus);
         for cpu in 0..ncpus {
             let vcpu = fd.create_vcpu(cpu as u64).map_err(ioctl("CREATE_VCPU"))?;
-            boot::cpuid::setup_cpuid(&vcpu, cpu, ncpus, &supported)?;
+            boot::cpuid::setup_cpuid(&vcpu, cpu, ncpus, &supported, cfg.hide_hypercalls)?;
             boot::regs::setup_msrs(&vcpu, cpu)?;
             boot::regs::setup_fpu(&vcpu, cpu)?;
             boot::regs::setup_lint(&vcpu, cpu)?;

@@ -19,13 +19,24 @@ const LEAF1_EDX_HTT: u32 = 1 << 28;
 const LEAF_TOPOLOGY: u32 = 0xb;
 const LEAF_TOPOLOGY_V2: u32 = 0x1f;
 
+/// KVM's paravirtual feature leaf (EAX = feature bits).
+const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
+/// KVM features the guest uses through the `vmcall` hypercall: PV unhalt
+/// (KVM_HC_KICK_CPU), PV IPIs (KVM_HC_SEND_IPI), PV sched yield
+/// (KVM_HC_SCHED_YIELD). Bits from Linux's `kvm_para.h`.
+const KVM_HYPERCALL_FEATURES: u32 = (1 << 7) | (1 << 11) | (1 << 13);
+
 /// Install `supported` (from KVM_GET_SUPPORTED_CPUID) on `vcpu`, patched with
-/// its APIC id (= its index) and the vCPU count.
+/// its APIC id (= its index) and the vCPU count. With `hide_hypercalls`, the
+/// guest is not offered the KVM features that need `vmcall`: on hosts whose KVM
+/// emulates guest ring 0 (the CI host), a `vmcall` never returns, so a Linux
+/// guest hangs at its first PV IPI.
 pub fn setup_cpuid(
     vcpu: &VcpuFd,
     cpu: usize,
     ncpus: usize,
     supported: &CpuId,
+    hide_hypercalls: bool,
 ) -> Result<(), CpuidError> {
     let mut cpuid = supported.clone();
     let apic_id = cpu as u32;
@@ -37,6 +48,7 @@ pub fn setup_cpuid(
                 e.edx |= LEAF1_EDX_HTT;
             }
             LEAF_TOPOLOGY | LEAF_TOPOLOGY_V2 => e.edx = apic_id,
+            LEAF_KVM_FEATURES if hide_hypercalls => e.eax &= !KVM_HYPERCALL_FEATURES,
             _ => {}
         }
     }
