@@ -1,5 +1,6 @@
 //! vmtrace: trace a Linux guest kernel's function calls from the hypervisor.
 
+mod bench;
 mod cli;
 mod output;
 mod session;

@@ -42,9 +42,8 @@ pub fn emulator_host() -> bool {
 
 pub fn main(cli: Cli) -> Result<Outcome, Error> {
     match cli.command {
-        Some(Command::Report(_)) | Some(Command::Bench(_)) => Err(Error::Input(
-            "this subcommand is not implemented yet".into(),
-        )),
+        Some(Command::Report(r)) => crate::output::report_command(&r),
+        Some(Command::Bench(b)) => crate::bench::run(&b),
         None => run(&cli.run),
     }
 }

@@ -46,6 +46,7 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let plan =
         Plan::new(&vmlinux, &args.trace, &args.notrace).map_err(|e| Error::Input(e.to_string()))?;
     let duration = secs(args.duration, "--duration")?;
+    crate::output::validate(&args.output)?;
     let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
     let direct = vm.boot_plan().protocol == Protocol::Direct;
     if args.from_boot && !direct {
