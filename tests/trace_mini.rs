@@ -93,9 +93,7 @@ fn callers_are_the_known_parents() {
 /// Per function: the instruction range in which a vCPU has passed the site but
 /// not yet bumped the guest's own counter (the first `add` after the site).
 fn in_flight_ranges(kernel: &Path, funcs: &[&str]) -> Vec<(u64, u64)> {
-    let data = std::fs::read(kernel).unwrap();
     let image = tracer::symbols::KernelImage::load(kernel).unwrap();
-    drop(data);
     funcs
         .iter()
         .map(|f| {
@@ -148,18 +146,18 @@ fn attach_detach_100_times_accounts_every_call_and_restores_text() {
     for cycle in 0..100 {
         {
             let p = running.pause_all();
-            for f in 0..funcs.len() {
+            for (f, e) in expected.iter_mut().enumerate() {
                 let g: u64 = (0..CPUS).map(|c| guest_count(c, f)).sum();
-                expected[f] -= (g + in_flight(&p, f)) as i64;
+                *e -= (g + in_flight(&p, f)) as i64;
             }
             tracer.attach(&p, CPUS).unwrap();
         }
         std::thread::sleep(Duration::from_millis(1 + cycle % 4));
         {
             let p = running.pause_all();
-            for f in 0..funcs.len() {
+            for (f, e) in expected.iter_mut().enumerate() {
                 let g: u64 = (0..CPUS).map(|c| guest_count(c, f)).sum();
-                expected[f] += (g + in_flight(&p, f)) as i64;
+                *e += (g + in_flight(&p, f)) as i64;
             }
             let d = tracer.detach(p.memory()).unwrap();
             assert_eq!(d.changed, 0);
