@@ -69,11 +69,12 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     // Whatever happened: stop the guest, then put every byte back.
     let run_report = running.finish();
     let detach = tracer.detach(&mem);
+    let tracer_detached = tracer.detached.clone();
     let attached = tracer.attach_counts.patched;
     let reason = run_report.reason.clone();
     let trace = tracer.finish(&kernel, reason.to_string());
     result?;
-    match detach {
+    match detach.map(|_| tracer_detached) {
         Ok(d) if attached > 0 => eprintln!(
             "vmtrace: detached: {} sites restored{}",
             d.restored,

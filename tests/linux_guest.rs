@@ -84,8 +84,8 @@ fn check_boot_console(text: &str, cpus: u32) {
 }
 
 #[test]
-fn linux_boots_with_one_and_two_vcpus() {
-    for cpus in [1, 2] {
+fn linux_boots_with_one_two_and_four_vcpus() {
+    for cpus in [1, 2, 4] {
         let (out, text) = boot(cpus, &["--stats"]);
         let err = stderr(&out);
         check_boot_console(&text, cpus);

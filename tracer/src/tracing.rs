@@ -86,6 +86,8 @@ pub struct Tracer {
     collector: Option<JoinHandle<Vec<Event>>>,
     patched: Vec<PatchedSite>,
     pub attach_counts: AttachCounts,
+    /// All detaches of this session, added up.
+    pub detached: DetachCounts,
     attach_ns: u64,
     detach_ns: u64,
     attach_window: Duration,
@@ -109,6 +111,7 @@ impl Tracer {
             collector: Some(collector),
             patched: Vec::new(),
             attach_counts: AttachCounts::default(),
+            detached: DetachCounts::default(),
             attach_ns: 0,
             detach_ns: 0,
             attach_window: Duration::ZERO,
@@ -174,9 +177,12 @@ impl Tracer {
     }
 
     /// Restore every patched site. The guest is paused or stopped.
+    /// Returns what this detach did; `detached` adds up all of them.
     pub fn detach(&mut self, mem: &GuestMemoryMmap) -> Result<DetachCounts, TracerError> {
         let c = patch::detach(mem, &self.patched)?;
         self.patched.clear();
+        self.detached.restored += c.restored;
+        self.detached.changed += c.changed;
         self.detach_ns = vmm::Trap::now_ns();
         Ok(c)
     }
