@@ -122,6 +122,22 @@ pub struct BenchArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// vCPUs for the per-call figures (a) and (b); keep at most the host's cores.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub cpus: u64,
+    /// Runs of each configuration for (a) and (b); the median is reported.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub reps: usize,
+    /// Pause/resume cycles per vCPU count for (d).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub cycles: usize,
+    /// Linux vmlinux for the attach-scaling (e) and loading figures
+    /// (default: guest/out/vmlinux; skipped with a message if absent).
+    #[arg(long, value_name = "PATH")]
+    pub vmlinux: Option<PathBuf>,
+    /// Events in the synthetic trace whose report is timed.
+    #[arg(long, default_value_t = 10_000_000, value_name = "N")]
+    pub report_events: u64,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -152,6 +152,9 @@ fi
 # ---------------------------------------------------------------------------
 OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION
 mkdir -p "$OBJ_DIR"
+# Fixed build stamps: the same inputs give the same vmlinux (and build id).
+export KBUILD_BUILD_USER=vmtrace KBUILD_BUILD_HOST=vmtrace KBUILD_BUILD_VERSION=1
+export KBUILD_BUILD_TIMESTAMP="debian-$SRC_VERSION-$KEY"
 KMAKE=(make -C "$SRC_DIR" O="$OBJ_DIR" ARCH=x86_64)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
@@ -238,6 +241,7 @@ gcc -Os -static -nostdlib -ffreestanding -fno-pie -no-pie -fno-stack-protector \
 	-fno-asynchronous-unwind-tables -fcf-protection=none -Wall -Wextra \
 	-Wl,--build-id=none -o "$STAGE/init" "$INIT_SRC" ||
 	die "cannot build /init from $INIT_SRC"
+touch -d @0 "$STAGE/init"
 gcc -O2 -o "$STAGE/gen_init_cpio" "$SRC_DIR/usr/gen_init_cpio.c" ||
 	die "cannot build gen_init_cpio"
 cat >"$STAGE/initramfs.list" <<EOF

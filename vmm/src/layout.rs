@@ -36,6 +36,10 @@ pub const CMDLINE_MAX_SIZE: usize = 2048;
 /// Extended BIOS data area; the MP floating pointer and table live here,
 /// where Linux's `find_smp_config` scans for them.
 pub const EBDA_START: u64 = 0x9fc00;
+/// MP configuration table ("PCMP"), below the EBDA because it outgrows the
+/// EBDA's 1 KiB for many CPUs. The MP area is `[MPTABLE_START, LOW_MEM_END)`;
+/// the floating pointer is at `EBDA_START`.
+pub const MPTABLE_START: u64 = 0x9f000;
 /// End of conventional memory (the legacy VGA hole starts here).
 pub const LOW_MEM_END: u64 = 0xa0000;
 /// Start of RAM above the legacy BIOS area, where kernels load.
@@ -51,6 +55,10 @@ pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 pub const APIC_BASE: u64 = 0xfee0_0000;
 /// IO-APIC MMIO base (architectural default).
 pub const IOAPIC_BASE: u64 = 0xfec0_0000;
+
+/// Most vCPUs vmtrace boots (`--cpus 1..=64`). APIC ids are `0..n` and the
+/// IO-APIC takes id `n`, all within the 8-bit xAPIC id space.
+pub const MAX_CPUS: u8 = 64;
 
 /// Guest RAM ends below the 32-bit MMIO hole; we never go above 3 GiB.
 pub const MAX_MEM_MIB: u64 = 3072;

@@ -42,6 +42,28 @@ impl<'a> Trap<'a> {
         }
     }
 
+    /// A trap built from plain register values, for benchmarks of trap
+    /// handlers outside a vCPU thread (`benches/trap_path.rs`).
+    #[doc(hidden)]
+    pub fn for_bench(
+        cpu: usize,
+        rip: u64,
+        rsp: u64,
+        cr3: u64,
+        paging: PagingMode,
+        mem: &'a GuestMemoryMmap,
+    ) -> Self {
+        Trap {
+            cpu,
+            rip,
+            rsp,
+            cr3,
+            paging,
+            mem,
+            new_rip: None,
+        }
+    }
+
     /// Resume the guest at `rip` instead of where KVM would.
     pub fn set_rip(&mut self, rip: u64) {
         self.new_rip = Some(rip);

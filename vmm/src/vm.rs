@@ -21,8 +21,7 @@ use crate::run::{Running, Shared};
 use crate::trap::TrapHandler;
 use crate::vcpu::{VcpuStats, VcpuThread};
 
-/// Largest `--cpus`.
-pub const MAX_CPUS: u8 = 64;
+pub use crate::layout::MAX_CPUS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {

@@ -27,16 +27,7 @@ use vm_memory::{
 
 use crate::layout::{APIC_BASE, EBDA_START, IOAPIC_BASE, LOW_MEM_END};
 
-// TODO(layout): the two constants below belong in layout.rs.
-
-/// Most vCPUs vmtrace boots (`--cpus 1..=64`). APIC ids are `0..n` and the
-/// IO-APIC takes id `n`, all within the 8-bit xAPIC id space.
-pub const MAX_CPUS: u8 = 64;
-
-/// MP configuration table ("PCMP"), below the EBDA because it outgrows the
-/// EBDA's 1 KiB for many CPUs. The MP area is `[MPTABLE_START, LOW_MEM_END)`;
-/// the floating pointer is at [`EBDA_START`].
-pub const MPTABLE_START: u64 = 0x9f000;
+pub use crate::layout::{MAX_CPUS, MPTABLE_START};
 
 /// Errors from [`setup_mptable`].
 #[derive(Debug, thiserror::Error)]
