@@ -116,7 +116,7 @@ pub struct BenchArgs {
     /// The mini guest (default: guest/out/mini.elf, built if missing).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
-    /// Workload iterations per vCPU.
+    /// Workload iterations per vCPU in each measured phase of (a) and (b).
     #[arg(long, default_value_t = 2000)]
     pub iters: u64,
     /// Write the results as JSON to FILE.
@@ -125,9 +125,10 @@ pub struct BenchArgs {
     /// vCPUs for the per-call figures (a) and (b); keep at most the host's cores.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub cpus: u64,
-    /// Runs of each configuration for (a) and (b); the median is reported.
-    #[arg(long, default_value_t = 5, value_name = "N")]
-    pub reps: usize,
+    /// Rounds of the untraced / resume-only / recorder phases for (a) and (b);
+    /// medians over the rounds are reported.
+    #[arg(long, default_value_t = 15, value_name = "N")]
+    pub rounds: usize,
     /// Pause/resume cycles per vCPU count for (d).
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub cycles: usize,

@@ -6,6 +6,9 @@
 //! emulation suberror and the instruction bytes. `int3` is one of them and
 //! Linux executes it at boot (its alternatives self-test), so the VMM carries
 //! it out: RIP past the 0xcc, #BP injected, the guest's own handler runs.
+//! `fwait` is another (stock kernels run it in `fpu__drop` when a task
+//! exits): with no unmasked x87 exception pending it does nothing, so the VMM
+//! steps over it, else it raises #MF like the CPU would.
 //! Anything else stops the run with the instruction decoded and a hint. On
 //! bare-metal KVM none of this triggers.
 
@@ -16,6 +19,10 @@ use kvm_bindings::{
 
 /// #BP, the breakpoint exception `int3` raises.
 pub const BP_VECTOR: u8 = 3;
+/// #MF, the x87 floating-point error `fwait` raises when one is pending.
+pub const MF_VECTOR: u8 = 16;
+/// x87 status word: ES, an unmasked exception is pending.
+pub const FSW_ES: u16 = 1 << 7;
 /// Longest x86 instruction.
 const MAX_INSN_LEN: usize = 15;
 
@@ -36,6 +43,9 @@ pub enum AssistError {
 pub enum Assist {
     /// Skip the one-byte `int3` and inject #BP.
     Int3,
+    /// `fwait` of this length: skip it, or inject #MF if the x87 status
+    /// word has an unmasked exception pending.
+    Fwait(u8),
 }
 
 /// The instruction bytes KVM reports with an emulation failure, if any.
@@ -63,6 +73,9 @@ pub fn choose(cpu: usize, rip: u64, bytes: &[u8]) -> Result<Assist, AssistError>
     if !insn.is_invalid() && insn.mnemonic() == Mnemonic::Int3 {
         return Ok(Assist::Int3);
     }
+    if !insn.is_invalid() && insn.mnemonic() == Mnemonic::Wait {
+        return Ok(Assist::Fwait(insn.len() as u8));
+    }
     Err(AssistError::Unsupported {
         cpu,
         insn: describe(rip, bytes),
@@ -87,6 +100,7 @@ pub fn describe(rip: u64, bytes: &[u8]) -> String {
 pub fn name(a: Assist) -> &'static str {
     match a {
         Assist::Int3 => "int3",
+        Assist::Fwait(_) => "fwait",
     }
 }
 
@@ -97,6 +111,7 @@ mod tests {
     #[test]
     fn int3_is_assisted_and_xrstor_is_named() {
         assert_eq!(choose(0, 0x1000, &[0xcc, 0x90]).unwrap(), Assist::Int3);
+        assert_eq!(choose(0, 0x1000, &[0x9b, 0x65]).unwrap(), Assist::Fwait(1));
         let err = choose(1, 0xffff_ffff_8100_0000, &[0x0f, 0xae, 0x28]).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("xrstor"), "{msg}");

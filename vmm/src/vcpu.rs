@@ -217,7 +217,8 @@ impl VcpuThread {
         Ok(())
     }
 
-    /// KVM's emulator gave up: carry out `int3`, or stop with the instruction.
+    /// KVM's emulator gave up: carry out `int3` or `fwait`, or stop with the
+    /// instruction.
     fn emulation_assist(&mut self) -> Result<(), StopReason> {
         let cpu = self.cpu;
         let rip = self.fd.sync_regs().regs.rip;
@@ -246,6 +247,24 @@ impl VcpuThread {
                 events.exception.has_error_code = 0;
                 events.flags = 0;
                 self.fd.set_vcpu_events(&events).map_err(err)?;
+            }
+            Assist::Fwait(len) => {
+                let err = |e: kvm_ioctls::Error| {
+                    StopReason::Error(format!("fwait assist on vCPU {cpu}: {e}"))
+                };
+                if self.fd.get_fpu().map_err(err)?.fsw & assist::FSW_ES == 0 {
+                    let sync = self.fd.sync_regs_mut();
+                    sync.regs.rip = rip + u64::from(len);
+                    self.fd.set_sync_dirty_reg(SyncReg::Register);
+                } else {
+                    // #MF is a fault: reported at the fwait, RIP unchanged.
+                    let mut events = self.fd.get_vcpu_events().map_err(err)?;
+                    events.exception.injected = 1;
+                    events.exception.nr = assist::MF_VECTOR;
+                    events.exception.has_error_code = 0;
+                    events.flags = 0;
+                    self.fd.set_vcpu_events(&events).map_err(err)?;
+                }
             }
         }
         self.stats.count(ExitKind::Assist);
