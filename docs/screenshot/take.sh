@@ -24,6 +24,7 @@ OUT="${OUT:-$ROOT/docs/chrome-export.png}"
 # tick to one-shot/high-res mode while vCPU 1 already runs hrtimer_interrupt.
 WINDOW="${WINDOW:-12009.2 12011.0}"
 WORK="$(mktemp -d /tmp/vmtrace-shot.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
 
 if ! command -v chromium >/dev/null; then
   apt-get update -qq
@@ -48,5 +49,4 @@ python3 "$HERE/make_html.py" "$VIEWER" \
   "$WORK/trace.json" "$WORK/trace.html"
 # shellcheck disable=SC2086
 NODE_PATH="$WORK/node_modules" node "$HERE/shot.js" "$WORK/trace.html" "$OUT" $WINDOW
-rm -rf "$WORK"
 echo "screenshot: $OUT"
