@@ -54,17 +54,47 @@ fn cmdline(args: &RunArgs, kernel: &Path) -> Result<String, Error> {
         return Ok(s.clone());
     }
     let linux = vmm::boot::is_linux_kernel(kernel).map_err(|e| Error::Input(e.to_string()))?;
-    let mut parts: Vec<&str> = Vec::new();
+    let mut words: Vec<String> = Vec::new();
     if linux {
-        parts.push(LINUX_CMDLINE);
+        words.extend(LINUX_CMDLINE.split(' ').map(str::to_owned));
         if emulator_host() {
-            parts.push(EMULATOR_HOST_CMDLINE);
+            words.extend(EMULATOR_HOST_CMDLINE.split(' ').map(str::to_owned));
         }
     }
-    if let Some(extra) = &args.cmdline {
-        parts.push(extra);
+    for w in args.cmdline.iter().flat_map(|c| c.split_whitespace()) {
+        merge_word(&mut words, w);
     }
-    Ok(parts.join(" "))
+    Ok(words.join(" "))
+}
+
+/// Append a command-line word. Linux honours only the last `clearcpuid=`, so
+/// a user's list is merged into ours instead of silently replacing it.
+fn merge_word(words: &mut Vec<String>, word: &str) {
+    const CLEARCPUID: &str = "clearcpuid=";
+    if let Some(list) = word.strip_prefix(CLEARCPUID) {
+        if let Some(ours) = words.iter_mut().find(|w| w.starts_with(CLEARCPUID)) {
+            ours.push(',');
+            ours.push_str(list);
+            return;
+        }
+    }
+    words.push(word.to_owned());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_word;
+
+    #[test]
+    fn clearcpuid_lists_are_merged() {
+        let mut w = vec!["console=ttyS0".to_string(), "clearcpuid=cx16,smap".to_string()];
+        merge_word(&mut w, "clearcpuid=erms");
+        merge_word(&mut w, "quiet");
+        assert_eq!(w, ["console=ttyS0", "clearcpuid=cx16,smap,erms", "quiet"]);
+        let mut w = Vec::new();
+        merge_word(&mut w, "clearcpuid=erms");
+        assert_eq!(w, ["clearcpuid=erms"]);
+    }
 }
 
 pub fn secs(v: Option<f64>, flag: &str) -> Result<Option<Duration>, Error> {
