@@ -97,7 +97,7 @@ const TRACE_GLOB: &str = "hrtimer_*";
 const MINI_MEM_MIB: u64 = 64;
 /// Guest memory for the Linux image of (e), MiB (its segments end below 27 MiB).
 const LINUX_MEM_MIB: u64 = 96;
-/// No single guest run of the bench may take longer.
+/// No measured phase of (a)/(b) may take longer.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// vCPU counts for (d).
 const PAUSE_VCPUS: [u64; 3] = [1, 2, 4];
@@ -226,15 +226,16 @@ fn linux_vmlinux(args: &BenchArgs) -> Result<Option<PathBuf>, Error> {
     }
 }
 
-fn mini_config(kernel: &Path, cpus: u64, cmdline: String) -> VmConfig {
+/// The mini guest in `mode=loop` (stopped by the bench, so no timeout).
+fn mini_config(kernel: &Path, cpus: u64) -> VmConfig {
     VmConfig {
         kernel: kernel.to_owned(),
         initrd: None,
         cpus,
         mem_mib: MINI_MEM_MIB,
-        cmdline,
+        cmdline: "mode=loop".into(),
         console: Box::new(std::io::sink()),
-        timeout: Some(RUN_TIMEOUT),
+        timeout: None,
         hide_hypercalls: emulator_host(),
     }
 }
@@ -318,7 +319,10 @@ impl<'a> IterCounters<'a> {
     /// `map`: a TextMap over the mini guest's memory and boot page tables.
     fn new(map: TextMap<'a>, image: &KernelImage, ncpus: usize) -> Result<Self, Error> {
         let sym = image.symbol(MINI_CPUS).ok_or_else(|| {
-            Error::Input(format!("{} has no {MINI_CPUS} symbol", image.path.display()))
+            Error::Input(format!(
+                "{} has no {MINI_CPUS} symbol",
+                image.path.display()
+            ))
         })?;
         let stride = sym.size / MINI_MAX_CPUS;
         if sym.size % MINI_MAX_CPUS != 0 || stride < 8 {
@@ -366,7 +370,7 @@ struct CallCosts {
 fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallCosts, Error> {
     let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[]).map_err(input)?;
     let index = Arc::new(SiteIndex::new(plan.targets.clone()));
-    let vm = Vm::create(mini_config(kernel, cpus, "mode=loop".into())).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, cpus)).map_err(input)?;
     let ncpus = vm.cpus();
     let (mut tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
     let record = Arc::new(AtomicBool::new(false));
@@ -438,6 +442,9 @@ fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallC
                 let t0 = Instant::now();
                 loop {
                     std::thread::sleep(PHASE_POLL);
+                    if let Some(r) = running.wait_stop(Duration::ZERO) {
+                        return Err(Error::Runtime(format!("the mini guest stopped: {r}")));
+                    }
                     let now = counters.read()?;
                     let elapsed = t0.elapsed();
                     let done: Vec<u64> = now.iter().zip(&start).map(|(n, s)| n - s).collect();
@@ -453,9 +460,6 @@ fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallC
                             MODES[m].name()
                         )));
                     }
-                }
-                if let Some(r) = running.wait_stop(Duration::ZERO) {
-                    return Err(Error::Runtime(format!("the mini guest stopped: {r}")));
                 }
             }
             eprintln!(
@@ -519,7 +523,7 @@ fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallC
 /// The handlers alone, in process: ns per `on_trap` for resume-only and the
 /// recorder, on a Trap over the mini guest's memory (loaded, page tables set).
 fn handler_alone(kernel: &Path) -> Result<(f64, f64), Error> {
-    let vm = Vm::create(mini_config(kernel, 1, String::new())).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, 1)).map_err(input)?;
     let mem = vm.memory();
     let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[]).map_err(input)?;
     let index = Arc::new(SiteIndex::new(plan.targets.clone()));
@@ -576,7 +580,7 @@ struct PauseFigures {
 fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigures, Error> {
     let plan = Plan::new(kernel, &["*".to_string()], &[]).map_err(input)?;
     let sites = plan.targets.len();
-    let vm = Vm::create(mini_config(kernel, vcpus, "mode=loop".into())).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, vcpus)).map_err(input)?;
     let ncpus = vm.cpus();
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
     let running = vm.start(handlers, false).map_err(runtime)?;
@@ -592,7 +596,12 @@ fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigure
     };
     let result = (|| -> Result<(), Error> {
         std::thread::sleep(SETTLE);
+        let stopped = || match running.wait_stop(Duration::ZERO) {
+            Some(r) => Err(Error::Runtime(format!("the mini guest stopped: {r}"))),
+            None => Ok(()),
+        };
         for i in 0..cycles {
+            stopped()?;
             let p = running.pause_all();
             f.latency.push(us(p.latency()));
             f.window.push(us(p.window()));
@@ -600,6 +609,7 @@ fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigure
             std::thread::sleep(gap(i));
         }
         for i in 0..cycles {
+            stopped()?;
             {
                 let p = running.pause_all();
                 tracer.attach(&p, ncpus).map_err(input)?;
@@ -738,7 +748,7 @@ fn attach_scaling(vmlinux: &Path) -> Result<(Vec<AttachFigures>, Vec<f64>, usize
 /// A deterministic synthetic trace: `events` calls of 500 functions from 200
 /// callers on 4 vCPUs, skewed like a real trace (a few hot functions), with
 /// 1 in 1,000 return addresses in no known function.
-pub fn synthetic_trace(events: u64) -> Trace {
+fn synthetic_trace(events: u64) -> Trace {
     const TEXT: u64 = 0xffff_ffff_8100_0000;
     const CALLER_TEXT: u64 = 0xffff_ffff_8200_0000;
     let functions: Vec<FuncSym> = (0..REPORT_FUNCS)
@@ -770,7 +780,7 @@ pub fn synthetic_trace(events: u64) -> Trace {
         // Skewed: the product of two uniforms favours small indices.
         let func = ((r % 1000) * ((r >> 10) % 1000) / 2000) as usize % REPORT_FUNCS;
         let cpu = (i % u64::from(REPORT_CPUS)) as u32;
-        let parent = if (r >> 20) % 1000 == 0 {
+        let parent = if (r >> 20).is_multiple_of(1000) {
             0xffff_ffff_8300_0000 + (r >> 32) % 0x1000
         } else {
             let c = (func * 7 + ((r >> 30) % 3) as usize) % REPORT_CALLERS;
@@ -1152,7 +1162,13 @@ fn table(
         format!("{:.2} µs", r.b),
         range(&r.costs.b)
     );
-    let ratios: Vec<f64> = r.costs.a.iter().zip(&r.costs.b).map(|(a, b)| b / a).collect();
+    let ratios: Vec<f64> = r
+        .costs
+        .a
+        .iter()
+        .zip(&r.costs.b)
+        .map(|(a, b)| b / a)
+        .collect();
     let _ = writeln!(
         o,
         "  {:<44} {:>10}   {}",
@@ -1252,13 +1268,13 @@ fn table(
             let _ = writeln!(
                 o,
                 "loading: KernelImage::load + SiteTable::build of {} ({} sites): median {:.1} ms \
-                 of {} ({} .. {} ms)",
+                 of {} ({:.1} .. {:.1} ms)",
                 v.display(),
                 report::thousands(*total as u64),
                 median(loads),
                 loads.len(),
-                format!("{:.1}", min(loads)),
-                format!("{:.1}", max(loads))
+                min(loads),
+                max(loads)
             );
         }
         _ => {
@@ -1283,13 +1299,7 @@ fn table(
             Err(w) => format!(" (not judged: {w})"),
             Ok(_) => String::new(),
         };
-        let _ = writeln!(
-            o,
-            "  {}  {:<48} {}{why}",
-            g.status(),
-            g.name,
-            g.measured
-        );
+        let _ = writeln!(o, "  {}  {:<48} {}{why}", g.status(), g.name, g.measured);
     }
     let _ = writeln!(o);
     let _ = writeln!(o, "methods:");

@@ -127,7 +127,7 @@ pub struct BenchArgs {
     pub cpus: u64,
     /// Rounds of the untraced / resume-only / recorder phases for (a) and (b);
     /// medians over the rounds are reported.
-    #[arg(long, default_value_t = 15, value_name = "N")]
+    #[arg(long, default_value_t = 25, value_name = "N")]
     pub rounds: usize,
     /// Pause/resume cycles per vCPU count for (d).
     #[arg(long, default_value_t = 50, value_name = "N")]

@@ -81,22 +81,6 @@ fn merge_word(words: &mut Vec<String>, word: &str) {
     words.push(word.to_owned());
 }
 
-#[cfg(test)]
-mod tests {
-    use super::merge_word;
-
-    #[test]
-    fn clearcpuid_lists_are_merged() {
-        let mut w = vec!["console=ttyS0".to_string(), "clearcpuid=cx16,smap".to_string()];
-        merge_word(&mut w, "clearcpuid=erms");
-        merge_word(&mut w, "quiet");
-        assert_eq!(w, ["console=ttyS0", "clearcpuid=cx16,smap,erms", "quiet"]);
-        let mut w = Vec::new();
-        merge_word(&mut w, "clearcpuid=erms");
-        assert_eq!(w, ["clearcpuid=erms"]);
-    }
-}
-
 pub fn secs(v: Option<f64>, flag: &str) -> Result<Option<Duration>, Error> {
     match v {
         None => Ok(None),
@@ -236,4 +220,23 @@ pub fn percentile(v: &[u64], p: f64) -> u64 {
     s.sort_unstable();
     let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
     s[rank.clamp(1, s.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_word;
+
+    #[test]
+    fn clearcpuid_lists_are_merged() {
+        let mut w = vec![
+            "console=ttyS0".to_string(),
+            "clearcpuid=cx16,smap".to_string(),
+        ];
+        merge_word(&mut w, "clearcpuid=erms");
+        merge_word(&mut w, "quiet");
+        assert_eq!(w, ["console=ttyS0", "clearcpuid=cx16,smap,erms", "quiet"]);
+        let mut w = Vec::new();
+        merge_word(&mut w, "clearcpuid=erms");
+        assert_eq!(w, ["clearcpuid=erms"]);
+    }
 }

@@ -29,11 +29,14 @@ const MAX_INSN_LEN: usize = 15;
 #[derive(Debug, thiserror::Error)]
 pub enum AssistError {
     #[error(
-        "vCPU {cpu} executed `{insn}` at {rip:#x}, which this host's KVM cannot emulate; \
-         boot Linux with `noxsave clearcpuid=cx16,popcnt,smap` (the default command line does), \
-         or run on a bare-metal KVM host"
+        "vCPU {cpu} executed `{insn}` at {rip:#x}, which this host's KVM cannot emulate; {hint}"
     )]
-    Unsupported { cpu: usize, insn: String, rip: u64 },
+    Unsupported {
+        cpu: usize,
+        insn: String,
+        rip: u64,
+        hint: &'static str,
+    },
     #[error("vCPU {cpu} stopped with KVM internal error (suberror {suberror}) at {rip:#x}")]
     Internal { cpu: usize, suberror: u32, rip: u64 },
 }
@@ -80,7 +83,27 @@ pub fn choose(cpu: usize, rip: u64, bytes: &[u8]) -> Result<Assist, AssistError>
         cpu,
         insn: describe(rip, bytes),
         rip,
+        hint: hint(&insn),
     })
+}
+
+/// How to keep a Linux guest away from an instruction the emulator cannot run.
+fn hint(insn: &iced_x86::Instruction) -> &'static str {
+    use Mnemonic::*;
+    match insn.mnemonic() {
+        Xsave | Xsave64 | Xsaveopt | Xsaveopt64 | Xsavec | Xsavec64 | Xsaves | Xsaves64
+        | Xrstor | Xrstor64 | Xrstors | Xrstors64 | Xgetbv | Xsetbv | Cmpxchg16b | Popcnt
+        | Clac | Stac => {
+            "boot Linux with `noxsave clearcpuid=cx16,popcnt,smap` (the default command line \
+             does, unless --cmdline-replace drops it), or run on a bare-metal KVM host"
+        }
+        _ if insn.is_invalid() => "run on a bare-metal KVM host",
+        _ => {
+            "no kernel command-line option avoids it (kernel-mode x87/SSE code, for one, \
+             runs between kernel_fpu_begin/end); run this kernel on a bare-metal KVM host \
+             (see docs/linux-guest-notes.md)"
+        }
+    }
 }
 
 /// An instruction in Intel syntax, or its bytes when it does not decode.
@@ -116,6 +139,11 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("xrstor"), "{msg}");
         assert!(msg.contains("0xffffffff81000000"), "{msg}");
+        assert!(msg.contains("noxsave"), "{msg}");
+        let msg = choose(0, 0, &[0x0f, 0xae, 0x54, 0x24, 0x04])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("ldmxcsr") && !msg.contains("noxsave"), "{msg}");
         assert!(describe(0, &[0x0f, 0xff]).starts_with("undecodable"));
     }
 }

@@ -1,0 +1,125 @@
+//! `vmtrace bench`: a small run produces every figure, (a) to (e), as a
+//! finite positive number in its JSON. No timing goal is asserted here: the
+//! figures depend on the host, and the bench itself reports PASS / MISS.
+
+mod common;
+
+use common::*;
+
+/// guest/out/vmlinux, for figure (e) (built, or copied from the cache, once).
+fn linux_vmlinux() -> std::path::PathBuf {
+    let st = std::process::Command::new("bash")
+        .arg(root().join("guest/build.sh"))
+        .arg("linux")
+        .status()
+        .expect("run guest/build.sh linux");
+    assert!(st.success(), "guest/build.sh linux failed");
+    root().join("guest/out/vmlinux")
+}
+
+#[test]
+fn bench_json_has_every_figure() {
+    let kernel = mini_elf();
+    let vmlinux = linux_vmlinux();
+    let json = std::env::temp_dir().join(format!("vmtrace-bench-{}.json", std::process::id()));
+    let out = vmtrace(&[
+        "bench",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--vmlinux",
+        vmlinux.to_str().unwrap(),
+        "--iters",
+        "200",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = std::fs::read_to_string(&json).expect("the JSON file");
+    let _ = std::fs::remove_file(&json);
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let figures = doc["figures"].as_object().expect("a figures object");
+
+    // Every figure is a number and finite (JSON has no NaN: null would fail).
+    for (k, v) in figures {
+        let x = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} = {v} is not a number"));
+        assert!(x.is_finite(), "{k} = {x}");
+    }
+    let positive = |k: &str| {
+        let x = figures
+            .get(k)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("figure {k} missing in {text}"));
+        assert!(x.is_finite() && x > 0.0, "{k} = {x}");
+    };
+    // (a), (b), (c).
+    positive("a_exit_round_trip_us");
+    positive("b_traced_call_us");
+    positive("c_ratio");
+    // (d): 1, 2, 4 vCPUs.
+    for n in [1, 2, 4] {
+        for what in ["latency", "window", "attach_window", "detach_window"] {
+            for p in ["p50", "p99"] {
+                positive(&format!("d_{n}cpu_{what}_{p}_us"));
+            }
+        }
+        positive(&format!("d_{n}cpu_sites"));
+    }
+    // (e): 10, 100, 1,000 and all sites.
+    for n in ["10", "100", "1000", "all"] {
+        for what in ["attach_first", "attach_p50", "attach_max", "detach_p50"] {
+            positive(&format!("e_{n}_sites_{what}_us"));
+        }
+        positive(&format!("e_{n}_sites"));
+    }
+    assert!(
+        figures["e_all_sites"].as_f64().unwrap() > 1000.0,
+        "all the Linux sites"
+    );
+    // And every figure named for (a) to (e) is positive.
+    for (k, v) in figures {
+        if ["a_", "b_", "c_", "d_", "e_"]
+            .iter()
+            .any(|p| k.starts_with(p))
+        {
+            assert!(v.as_f64().unwrap() > 0.0, "{k} = {v}");
+        }
+    }
+    positive("load_ms");
+    positive("report_render_s");
+
+    // One verdict per goal, each PASS, MISS or (not judged) SKIP.
+    let goals = doc["goals"].as_array().expect("a goals array");
+    assert_eq!(goals.len(), 5, "{text}");
+    for g in goals {
+        let s = g["status"].as_str().unwrap();
+        assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
+    }
+    // The printed table gives the same verdicts.
+    let table = stdout(&out);
+    let verdicts = table
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            l.starts_with("PASS ") || l.starts_with("MISS ") || l.starts_with("SKIP ")
+        })
+        .count();
+    assert_eq!(verdicts, 5, "{table}");
+}
+
+#[test]
+fn bench_rejects_bad_arguments() {
+    let out = vmtrace(&["bench", "--iters", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--iters"), "{}", stderr(&out));
+    let out = vmtrace(&["bench", "--kernel", "/nonexistent/mini.elf"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+}
