@@ -83,7 +83,7 @@ use tracer::record::{self, SiteIndex};
 use tracer::report::{self, ReportOptions};
 use tracer::sites::{SiteTable, SITE_LEN};
 use tracer::symbols::KernelImage;
-use tracer::trace::{Event, FuncSym, Trace, TraceMeta};
+use tracer::trace::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 use tracer::tracing::{Plan, Tracer};
 use vmm::gva::PagingMode;
 use vmm::{NoTracer, Running, StopReason, Trap, TrapHandler, Vm, VmConfig};
@@ -109,10 +109,6 @@ const E_SITES: [usize; 3] = [10, 100, 1000];
 const E_REPS: usize = 5;
 /// Traps per handler in the in-process cross-check.
 const HANDLER_TRAPS: usize = 1_000_000;
-/// The synthetic trace of the report figure.
-const REPORT_FUNCS: usize = 500;
-const REPORT_CALLERS: usize = 200;
-const REPORT_CPUS: u32 = 4;
 /// The mini guest's per-vCPU counters, and how many vCPU blocks it has.
 const MINI_CPUS: &str = "mini_cpus";
 const MINI_MAX_CPUS: u64 = 64;
@@ -745,77 +741,9 @@ fn attach_scaling(vmlinux: &Path) -> Result<(Vec<AttachFigures>, Vec<f64>, usize
     Ok((figures, loads, total_sites))
 }
 
-/// A deterministic synthetic trace: `events` calls of 500 functions from 200
-/// callers on 4 vCPUs, skewed like a real trace (a few hot functions), with
-/// 1 in 1,000 return addresses in no known function.
-fn synthetic_trace(events: u64) -> Trace {
-    const TEXT: u64 = 0xffff_ffff_8100_0000;
-    const CALLER_TEXT: u64 = 0xffff_ffff_8200_0000;
-    let functions: Vec<FuncSym> = (0..REPORT_FUNCS)
-        .map(|i| FuncSym {
-            name: format!("subsys{}_function_{i}", i % 17),
-            addr: TEXT + i as u64 * 0x400,
-            size: 0x300,
-        })
-        .collect();
-    let callers: Vec<FuncSym> = (0..REPORT_CALLERS)
-        .map(|i| FuncSym {
-            name: format!("caller_{i}"),
-            addr: CALLER_TEXT + i as u64 * 0x200,
-            size: 0x200,
-        })
-        .collect();
-    let mut counts = vec![vec![0u64; REPORT_CPUS as usize]; REPORT_FUNCS];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        // xorshift64*
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
-    let mut ev = Vec::with_capacity(events as usize);
-    for i in 0..events {
-        let r = next();
-        // Skewed: the product of two uniforms favours small indices.
-        let func = ((r % 1000) * ((r >> 10) % 1000) / 2000) as usize % REPORT_FUNCS;
-        let cpu = (i % u64::from(REPORT_CPUS)) as u32;
-        let parent = if (r >> 20).is_multiple_of(1000) {
-            0xffff_ffff_8300_0000 + (r >> 32) % 0x1000
-        } else {
-            let c = (func * 7 + ((r >> 30) % 3) as usize) % REPORT_CALLERS;
-            CALLER_TEXT + c as u64 * 0x200 + 0x10 + (r >> 40) % 0x100
-        };
-        counts[func][cpu as usize] += 1;
-        ev.push(Event {
-            ts_ns: 1_000_000 + i * 100,
-            parent,
-            func: func as u32,
-            cpu,
-        });
-    }
-    Trace {
-        meta: TraceMeta {
-            kernel: "synthetic".into(),
-            build_id: None,
-            cpus: REPORT_CPUS,
-            attach_ns: 1_000_000,
-            detach_ns: 1_000_000 + events * 100,
-            sites_patched: REPORT_FUNCS as u64,
-            events_total: events,
-            stop_reason: "synthetic".into(),
-            ..TraceMeta::default()
-        },
-        functions,
-        counts,
-        callers,
-        events: ev,
-    }
-}
-
 /// Seconds to render the text report with callers, and to export JSON.
 fn report_figures(events: u64) -> Result<(f64, f64), Error> {
-    let trace = synthetic_trace(events);
+    let trace = tracer::trace::Trace::synthetic(events);
     let opts = ReportOptions {
         callers: true,
         ..ReportOptions::default()
@@ -1424,7 +1352,7 @@ fn methods() -> Vec<(&'static str, String)> {
             "report",
             format!(
                 "report::render with callers, and export::write_json to a sink, of a synthetic \
-                 trace: {REPORT_FUNCS} functions, {REPORT_CALLERS} callers, {REPORT_CPUS} vCPUs"
+                 trace: {SYNTH_FUNCS} functions, {SYNTH_CALLERS} callers, {SYNTH_CPUS} vCPUs"
             ),
         ),
     ]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use object::read::elf::{ElfFile64, ProgramHeader};
-use tracer::trace::{Event, FuncSym, Trace, TraceMeta};
+use tracer::trace::Trace;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Where the kernel's text is linked (Linux `__START_KERNEL_map` + 16 MiB).
@@ -50,66 +50,7 @@ pub fn load_elf(path: &std::path::Path, mib: usize) -> GuestMemoryMmap {
     mem
 }
 
-/// A deterministic synthetic trace: `events` calls of 500 functions from 200
-/// callers on 4 vCPUs, skewed (a few hot functions), 1 in 1,000 return
-/// addresses in no known function. (`vmtrace bench` times the same shape.)
+/// The synthetic trace the report figures use.
 pub fn synthetic_trace(events: u64) -> Trace {
-    const FUNCS: usize = 500;
-    const CALLERS: usize = 200;
-    const CPUS: u32 = 4;
-    const CALLER_TEXT: u64 = 0xffff_ffff_8200_0000;
-    let functions: Vec<FuncSym> = (0..FUNCS)
-        .map(|i| FuncSym {
-            name: format!("subsys{}_function_{i}", i % 17),
-            addr: TEXT + i as u64 * 0x400,
-            size: 0x300,
-        })
-        .collect();
-    let callers: Vec<FuncSym> = (0..CALLERS)
-        .map(|i| FuncSym {
-            name: format!("caller_{i}"),
-            addr: CALLER_TEXT + i as u64 * 0x200,
-            size: 0x200,
-        })
-        .collect();
-    let mut counts = vec![vec![0u64; CPUS as usize]; FUNCS];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut ev = Vec::with_capacity(events as usize);
-    for i in 0..events {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        let func = ((r % 1000) * ((r >> 10) % 1000) / 2000) as usize % FUNCS;
-        let cpu = (i % u64::from(CPUS)) as u32;
-        let parent = if (r >> 20).is_multiple_of(1000) {
-            0xffff_ffff_8300_0000 + (r >> 32) % 0x1000
-        } else {
-            let c = (func * 7 + ((r >> 30) % 3) as usize) % CALLERS;
-            CALLER_TEXT + c as u64 * 0x200 + 0x10 + (r >> 40) % 0x100
-        };
-        counts[func][cpu as usize] += 1;
-        ev.push(Event {
-            ts_ns: 1_000_000 + i * 100,
-            parent,
-            func: func as u32,
-            cpu,
-        });
-    }
-    Trace {
-        meta: TraceMeta {
-            kernel: "synthetic".into(),
-            cpus: CPUS,
-            attach_ns: 1_000_000,
-            detach_ns: 1_000_000 + events * 100,
-            sites_patched: FUNCS as u64,
-            events_total: events,
-            stop_reason: "synthetic".into(),
-            ..TraceMeta::default()
-        },
-        functions,
-        counts,
-        callers,
-        events: ev,
-    }
+    Trace::synthetic(events)
 }
