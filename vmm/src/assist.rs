@@ -99,9 +99,10 @@ fn hint(insn: &iced_x86::Instruction) -> &'static str {
         }
         _ if insn.is_invalid() => "run on a bare-metal KVM host",
         _ => {
-            "no kernel command-line option avoids it (kernel-mode x87/SSE code, for one, \
-             runs between kernel_fpu_begin/end); run this kernel on a bare-metal KVM host \
-             (see docs/linux-guest-notes.md)"
+            "the guest kernel runs it in ring 0, which this host emulates; if it is kernel-mode \
+             SIMD (between kernel_fpu_begin/end, e.g. crypto or BLAKE2s), clearing the CPU \
+             features that code checks may avoid it (see docs/linux-guest-notes.md), \
+             else run on a bare-metal KVM host"
         }
     }
 }
