@@ -178,3 +178,44 @@ fn start_paused_runs_no_guest_instruction_before_resume() {
     assert_eq!(running.wait(), vmm::StopReason::PowerOff(0));
     running.finish();
 }
+
+#[test]
+fn triple_fault_and_reset_end_the_run_and_say_why() {
+    let kernel = mini_elf();
+    for (end, says) in [
+        ("triple-fault", "vCPU 0 triple-faulted"),
+        ("reset", "guest requested a reset"),
+    ] {
+        let out = vmtrace(&[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--cpus",
+            "2",
+            "--cmdline",
+            &format!("end={end} iters=100"),
+            "--timeout",
+            "60",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{end}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn timeout_stops_a_looping_guest_and_says_where_it_was() {
+    let out = vmtrace(&[
+        "--kernel",
+        mini_elf().to_str().unwrap(),
+        "--cpus",
+        "2",
+        "--cmdline",
+        "mode=loop",
+        "--timeout",
+        "0.5",
+        "--stats",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("timeout after 0.5 s"), "{err}");
+    assert!(err.contains("cpu1 stopped at rip 0xffffffff81"), "{err}");
+}

@@ -20,11 +20,16 @@ typedef unsigned char u8;
 
 #define POWEROFF_PORT 0xf4
 #define COM1_PORT 0x3f8
+#define I8042_COMMAND_PORT 0x64
+#define I8042_RESET 0xfe
+#define END_TRIPLE_FAULT 1
+#define END_RESET 2
 
 struct mini_cfg {
 	u64 iters;   /* iters=N */
 	int loop;    /* mode=loop */
 	int int3;    /* int3=1 */
+	int end;     /* end=triple-fault|reset: vCPU 0 ends the run badly (for the VMM's tests) */
 };
 
 /* support.c (all notrace) */
@@ -37,6 +42,7 @@ void idt_load(void);
 void int3_selftest(void);
 void poweroff(u8 status) __noreturn;
 void halt_forever(void) __noreturn;
+void bad_end(int how) __noreturn;
 
 /* workload.c */
 void mini_main(u64 cpu, const char *cmdline, u64 ncpus) __noreturn;

@@ -100,6 +100,7 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 	cfg->iters = 1000;
 	cfg->loop = 0;
 	cfg->int3 = 0;
+	cfg->end = 0;
 	if (!s)
 		return;
 	while (*s) {
@@ -118,6 +119,12 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 				cfg->loop = 0;
 		} else if ((v = after(s, end, "int3=")))
 			cfg->int3 = equals(v, end, "1");
+		else if ((v = after(s, end, "end="))) {
+			if (equals(v, end, "triple-fault"))
+				cfg->end = END_TRIPLE_FAULT;
+			else if (equals(v, end, "reset"))
+				cfg->end = END_RESET;
+		}
 		s = end;
 	}
 }
@@ -189,4 +196,17 @@ notrace void int3_selftest(void)
 	print_unlock();
 	if (mini_int3_hits != 2)
 		poweroff(1);
+}
+
+/* End the run the way a broken or rebooting kernel would. */
+notrace void bad_end(int how)
+{
+	if (how == END_RESET) {
+		/* What Linux's reboot=k does: pulse the reset line through the i8042. */
+		asm volatile("outb %0, %1" : : "a"((u8)I8042_RESET), "Nd"((u16)I8042_COMMAND_PORT));
+	} else {
+		/* No IDT: #UD cannot be delivered, nor the #DF after it: triple fault. */
+		asm volatile("lidt %0; ud2" : : "m"((struct { u16 l; u64 b; } __attribute__((packed))){ 0, 0 }));
+	}
+	halt_forever();
 }

@@ -147,6 +147,8 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 	parse_cmdline(cmdline, &cfg);
 	if (cpu == 0)
 		mini_init_setup(&cfg, ncpus);
+	if (cfg.end && cpu == 0)
+		bad_end(cfg.end);
 	if (cfg.int3) {
 		idt_load();
 		if (cpu == 0)
