@@ -277,6 +277,35 @@ fn stop(running: Running) -> vmm::RunReport {
     running.finish()
 }
 
+/// End a measured run: stop the guest, restore every site whatever happened,
+/// then fail if the measurement failed, the guest stopped on its own, or
+/// nothing was traced.
+fn wind_down(
+    running: Running,
+    mut tracer: Tracer,
+    kernel: &Path,
+    result: Result<(), Error>,
+    what: &str,
+) -> Result<(), Error> {
+    let mem = running.memory().clone();
+    let report = stop(running);
+    let detached = tracer.detach(&mem);
+    let trace = tracer.finish(kernel, report.reason.to_string());
+    result?;
+    detached.map_err(runtime)?;
+    if report.reason != StopReason::Requested {
+        return Err(Error::Runtime(format!(
+            "{what} stopped on its own: {}; console: {}",
+            report.reason,
+            report.console_tail.join(" | ")
+        )));
+    }
+    if trace.meta.events_total == 0 {
+        return Err(Error::Runtime(format!("{what}: no call was traced")));
+    }
+    Ok(())
+}
+
 /// One vCPU's handler for (a) and (b): resume-only or the real recorder,
 /// chosen by a flag the controller flips while the guest is paused, and a
 /// count of traps (one writer: a plain load and store).
@@ -498,21 +527,7 @@ fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallC
         out.iter_us = [median(&taus[0]), median(&taus[1]), median(&taus[2])];
         Ok(())
     })();
-    let report = stop(running);
-    let detached = tracer.detach(&mem);
-    let trace = tracer.finish(kernel, report.reason.to_string());
-    result?;
-    detached.map_err(runtime)?;
-    if report.reason != StopReason::Requested {
-        return Err(Error::Runtime(format!(
-            "the mini guest stopped on its own: {}; console: {}",
-            report.reason,
-            report.console_tail.join(" | ")
-        )));
-    }
-    if trace.meta.events_total == 0 {
-        return Err(Error::Runtime("the recorder recorded no call".into()));
-    }
+    wind_down(running, tracer, kernel, result, "the mini guest")?;
     Ok(out)
 }
 
@@ -580,7 +595,6 @@ fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigure
     let ncpus = vm.cpus();
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
     let running = vm.start(handlers, false).map_err(runtime)?;
-    let mem = running.memory().clone();
     let gap = |i: usize| Duration::from_micros(1500 + 500 * (i % 3) as u64);
     let mut f = PauseFigures {
         vcpus,
@@ -621,24 +635,13 @@ fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigure
         }
         Ok(())
     })();
-    let report = stop(running);
-    // Whatever happened, no site stays patched.
-    let detached = tracer.detach(&mem);
-    let trace = tracer.finish(kernel, report.reason.to_string());
-    result?;
-    detached.map_err(runtime)?;
-    if report.reason != StopReason::Requested {
-        return Err(Error::Runtime(format!(
-            "the mini guest ({vcpus} vCPUs, mode=loop) stopped on its own: {}; console: {}",
-            report.reason,
-            report.console_tail.join(" | ")
-        )));
-    }
-    if trace.meta.events_total == 0 {
-        return Err(Error::Runtime(format!(
-            "no call traced in {cycles} attach cycles with {vcpus} vCPUs"
-        )));
-    }
+    wind_down(
+        running,
+        tracer,
+        kernel,
+        result,
+        &format!("the mini guest ({vcpus} vCPUs, mode=loop)"),
+    )?;
     Ok(f)
 }
 

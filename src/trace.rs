@@ -68,13 +68,13 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
     let result = trace_loop(args, &running, &mut tracer, ncpus, direct, duration);
     // Whatever happened: stop the guest, then put every byte back.
     let run_report = running.finish();
-    let detach = tracer.detach(&mem);
-    let tracer_detached = tracer.detached.clone();
+    // What every detach of the run restored, including one at --duration.
+    let detach = tracer.detach(&mem).map(|_| tracer.detached.clone());
     let attached = tracer.attach_counts.patched;
     let reason = run_report.reason.clone();
     let trace = tracer.finish(&kernel, reason.to_string());
     result?;
-    match detach.map(|_| tracer_detached) {
+    match detach {
         Ok(d) if attached > 0 => eprintln!(
             "vmtrace: detached: {} sites restored{}",
             d.restored,

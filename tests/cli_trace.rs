@@ -131,33 +131,27 @@ fn saved_trace_report_equals_live_report_and_exports_parse() {
         .and_then(|l| l.split_whitespace().nth(2))
         .map(|n| n.replace(',', "").parse().unwrap())
         .unwrap();
+    // Convert the saved trace to `format`; the file's text.
+    let convert = |format: &str, path: &std::path::Path| {
+        let o = vmtrace(&[
+            "report",
+            "-i",
+            saved.to_str().unwrap(),
+            "--format",
+            format,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read_to_string(path).unwrap()
+    };
     let csv = tmp("t.csv");
-    let o = vmtrace(&[
-        "report",
-        "-i",
-        saved.to_str().unwrap(),
-        "--format",
-        "csv",
-        "-o",
-        csv.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&csv).unwrap();
+    let text = convert("csv", &csv);
     assert_eq!(text.lines().count() as u64, events + 1);
     assert!(text.starts_with("ts_ns,cpu,function,addr,parent,caller\n"));
     let chrome = tmp("t.json");
-    let o = vmtrace(&[
-        "report",
-        "-i",
-        saved.to_str().unwrap(),
-        "--format",
-        "chrome",
-        "-o",
-        chrome.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    let text = convert("chrome", &chrome);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let instants = v["traceEvents"]
         .as_array()
         .unwrap()
