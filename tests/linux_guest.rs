@@ -38,7 +38,16 @@ static ONE_GUEST: Mutex<()> = Mutex::new(());
 /// Boot and stop at the init failure (guest user space cannot run on
 /// emulating hosts; on others the tiny init powers off).
 fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
-    let (kernel, initrd) = linux();
+    let (kernel, _) = linux();
+    boot_kernel(&kernel, cpus, extra)
+}
+
+fn boot_kernel(
+    kernel: &std::path::Path,
+    cpus: u32,
+    extra: &[&str],
+) -> (std::process::Output, String) {
+    let (_, initrd) = linux();
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let console = console_path(&format!("linux{cpus}"));
     let cpus_s = cpus.to_string();
@@ -176,4 +185,12 @@ fn linux_hrtimers_traced_during_boot() {
     );
     assert!(v["sites_patched"].as_u64().unwrap() > 10);
     assert_eq!(v["dropped"].as_u64(), Some(0));
+}
+
+#[test]
+fn linux_vmlinux_elf_boots_with_the_64_bit_protocol() {
+    linux();
+    let vmlinux = root().join("guest/out/vmlinux");
+    let (out, text) = boot_kernel(&vmlinux, 2, &[]);
+    check_boot_console(&text, &stderr(&out), 2);
 }
