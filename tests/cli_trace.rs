@@ -229,3 +229,35 @@ fn duration_detaches_under_a_pause_and_stops() {
     assert!(err.contains("stopped on request"), "{err}");
     assert!(err.contains("4 sites restored"), "{err}");
 }
+
+/// Run vmtrace with stdout and stderr on a pseudo-terminal (util-linux `script`).
+fn on_a_terminal(args: &str) -> String {
+    let cmd = format!("{} {args}", env!("CARGO_BIN_EXE_vmtrace"));
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .expect("script runs");
+    String::from_utf8_lossy(&out.stdout).replace('\r', "\n")
+}
+
+#[test]
+fn status_line_on_a_terminal_unless_quiet() {
+    let k = mini_elf();
+    let args = format!(
+        "--kernel {} --cmdline mode=loop --trace 'hrtimer_*' --duration 2.5 --console /dev/null",
+        k.display()
+    );
+    let shown = on_a_terminal(&args);
+    let status: Vec<&str> = shown
+        .lines()
+        .filter(|l| l.contains("vmtrace:") && l.contains("events/s"))
+        .collect();
+    assert!(!status.is_empty(), "a live status line:\n{shown}");
+    let quiet = on_a_terminal(&format!("{args} -q"));
+    assert!(
+        !quiet
+            .lines()
+            .any(|l| l.contains("vmtrace:") && l.contains("events/s")),
+        "-q hides it:\n{quiet}"
+    );
+}
