@@ -30,16 +30,7 @@ fn boot(
     globs: &[&str],
 ) -> (vmm::Running, Tracer, Capture) {
     let capture = Capture::default();
-    let cfg = vmm::VmConfig {
-        kernel: kernel.to_owned(),
-        initrd: None,
-        cpus: cpus as u64,
-        mem_mib: 64,
-        cmdline: cmdline.into(),
-        console: Box::new(capture.clone()),
-        timeout: Some(Duration::from_secs(300)),
-        hide_hypercalls: false,
-    };
+    let cfg = mini_config(kernel, cpus as u64, cmdline, &capture);
     let globs: Vec<String> = globs.iter().map(|s| s.to_string()).collect();
     let plan = Plan::new(vmlinux, &globs, &[]).unwrap();
     let vm = vmm::Vm::create(cfg).unwrap();

@@ -84,20 +84,9 @@ fn int3_reaches_the_guest_handler_through_the_assist() {
 fn two_hundred_pause_cycles_while_four_vcpus_loop() {
     let kernel = mini_elf();
     let capture = Capture::default();
-    let cfg = vmm::VmConfig {
-        kernel: kernel.clone(),
-        initrd: None,
-        cpus: 4,
-        mem_mib: 64,
-        cmdline: "mode=loop".into(),
-        console: Box::new(capture.clone()),
-        timeout: Some(Duration::from_secs(300)),
-        hide_hypercalls: false,
-    };
+    let cfg = mini_config(&kernel, 4, "mode=loop", &capture);
     let vm = vmm::Vm::create(cfg).unwrap();
-    let handlers = (0..4)
-        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
-        .collect();
+    let handlers = no_tracers(4);
     let running = vm.start(handlers, false).unwrap();
     let stop_gpa = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
     let mut latencies = Vec::new();
@@ -152,21 +141,10 @@ fn two_hundred_pause_cycles_while_four_vcpus_loop() {
 fn start_paused_runs_no_guest_instruction_before_resume() {
     let kernel = mini_elf();
     let capture = Capture::default();
-    let cfg = vmm::VmConfig {
-        kernel,
-        initrd: None,
-        cpus: 2,
-        mem_mib: 64,
-        cmdline: "iters=5".into(),
-        console: Box::new(capture.clone()),
-        timeout: Some(Duration::from_secs(60)),
-        hide_hypercalls: false,
-    };
+    let cfg = mini_config(&kernel, 2, "iters=5", &capture);
     let vm = vmm::Vm::create(cfg).unwrap();
     let entry = vm.boot_plan().entry;
-    let handlers = (0..2)
-        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
-        .collect();
+    let handlers = no_tracers(2);
     let running = vm.start(handlers, true).unwrap();
     {
         let p = running.pause_all();

@@ -108,3 +108,24 @@ pub fn elf_symbol(path: &Path, name: &str) -> u64 {
         .map(|s| s.address())
         .unwrap_or_else(|| panic!("no symbol {name}"))
 }
+
+/// A VM configuration for the mini guest with its console captured.
+pub fn mini_config(kernel: &Path, cpus: u64, cmdline: &str, console: &Capture) -> vmm::VmConfig {
+    vmm::VmConfig {
+        kernel: kernel.to_owned(),
+        initrd: None,
+        cpus,
+        mem_mib: 64,
+        cmdline: cmdline.into(),
+        console: Box::new(console.clone()),
+        timeout: Some(std::time::Duration::from_secs(300)),
+        hide_hypercalls: false,
+    }
+}
+
+/// One do-nothing trap handler per vCPU, for runs without a tracer.
+pub fn no_tracers(cpus: usize) -> Vec<Box<dyn vmm::TrapHandler>> {
+    (0..cpus)
+        .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
+        .collect()
+}
