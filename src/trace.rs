@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tracer::tracing::{Plan, Tracer};
+use tracer::tracing::{Attach, Plan, Tracer};
 use vmm::boot::Protocol;
 use vmm::{Running, StopReason, Vm, VmConfig};
 
@@ -65,7 +65,7 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
         .map_err(|e| Error::Runtime(e.to_string()))?;
     let mem = running.memory().clone();
 
-    let result = trace_loop(args, &running, &mut tracer, ncpus, direct, duration);
+    let result = trace_loop(args, &running, &mut tracer, direct, duration);
     // Whatever happened: stop the guest, then put every byte back.
     let run_report = running.finish();
     // What every detach of the run restored, including one at --duration.
@@ -111,29 +111,46 @@ fn trace_loop(
     args: &RunArgs,
     running: &Running,
     tracer: &mut Tracer,
-    ncpus: usize,
     attach_now: bool,
     duration: Option<Duration>,
 ) -> Result<(), Error> {
-    // Attach.
+    // Attach: once the guest's ftrace_init is done (polled), then under a
+    // pause only if every selected site agrees; otherwise resume and retry.
+    let mut retries = 0u32;
     loop {
         if attach_now || tracer.guest_ready(running.memory()) {
             let paused = running.pause_all();
-            let c = tracer.attach(&paused, ncpus).map_err(|e| {
+            let attempt = tracer.attach(&paused).map_err(|e| {
                 running.request_stop(StopReason::Requested);
                 Error::Input(e.to_string())
             })?;
+            let c = match attempt {
+                Attach::Attached(c) => c.clone(),
+                Attach::NotReady(_) => {
+                    drop(paused);
+                    retries += 1;
+                    if running.wait_stop(POLL).is_some() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
             let window = paused.window();
             let latency = paused.latency();
             drop(paused);
             eprintln!(
-                "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs)",
+                "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs){}",
                 c.patched,
                 c.skipped_init + c.skipped_other,
                 c.skipped_init,
                 c.skipped_other,
                 window.as_micros(),
-                latency.as_micros()
+                latency.as_micros(),
+                if retries > 0 {
+                    format!(", after {retries} attempts found the guest's ftrace_init still converting sites")
+                } else {
+                    String::new()
+                }
             );
             break;
         }

@@ -72,7 +72,27 @@ fn boot_kernel(
     (out, text)
 }
 
+/// What vmtrace must never make the guest say: `ftrace bug` (an attach that
+/// raced the guest's own ftrace_init, which then kills its ftrace), or a
+/// kernel `WARNING:` / `BUG:` line.
+const GUEST_COMPLAINTS: [&str; 3] = ["ftrace bug", "WARNING:", "BUG:"];
+
+fn check_no_complaints(text: &str, err: &str) {
+    for line in text.lines() {
+        assert!(
+            !GUEST_COMPLAINTS.iter().any(|c| line.contains(c)),
+            "the guest complained: {line}\n{text}\nvmtrace said: {err}"
+        );
+    }
+    // The guest's ftrace came up (and vmtrace then attached after it).
+    assert!(
+        text.contains("ftrace: allocated"),
+        "ftrace_init ran:\n{text}"
+    );
+}
+
 fn check_boot_console(text: &str, err: &str, cpus: u32) {
+    check_no_complaints(text, err);
     assert!(
         text.contains("Linux version 6.1"),
         "kernel version line:\n{text}\nvmtrace said: {err}"
@@ -119,27 +139,27 @@ fn linux_boots_with_one_two_and_four_vcpus() {
     }
 }
 
+/// The README's main job (`--cpus 2 --mem 96 --console FILE --trace
+/// 'hrtimer_*' -g`, plus `-o` to keep the trace): the report on stdout, the
+/// guest's console clean, and the saved trace read back as JSON.
 #[test]
-fn linux_hrtimers_traced_during_boot() {
-    let json = std::env::temp_dir().join(format!("vmtrace-linux-{}.json", std::process::id()));
+fn linux_readme_main_job_traces_hrtimers_during_boot() {
+    let saved = std::env::temp_dir().join(format!("vmtrace-linux-{}.vmtrace", std::process::id()));
     let (out, text) = boot(
         2,
-        &[
-            "--trace",
-            "hrtimer_*",
-            "--format",
-            "json",
-            "-o",
-            json.to_str().unwrap(),
-        ],
+        &["--trace", "hrtimer_*", "-g", "-o", saved.to_str().unwrap()],
     );
     let err = stderr(&out);
     assert!(err.contains("vmtrace: attached:"), "{err}");
     assert!(err.contains("sites restored"), "{err}");
     check_boot_console(&text, &err, 2);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
+    let report = stdout(&out);
+    assert!(report.contains("# vmtrace report"), "{report}");
+    assert!(report.contains("hrtimer_interrupt"), "{report}");
+    let json = vmtrace(&["report", "-i", saved.to_str().unwrap(), "--format", "json"]);
+    let _ = std::fs::remove_file(&saved);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
     let funcs = v["functions"].as_array().unwrap();
     let get = |name: &str| {
         funcs
@@ -161,29 +181,52 @@ fn linux_hrtimers_traced_during_boot() {
     assert!(count("hrtimer_start_range_ns") > 0);
     // hrtimer_interrupt only runs in high-resolution (one-shot) mode: proof
     // that high-res timers are active. Its caller is the APIC timer vector.
-    let callers: Vec<&str> = get("hrtimer_interrupt")["callers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
-    assert!(
-        callers.iter().any(|c| c.contains("apic_timer_interrupt")),
-        "{callers:?}"
-    );
-    let callers: Vec<&str> = get("hrtimer_start_range_ns")["callers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
-    assert!(
-        callers
+    let callers = |name: &str| -> Vec<String> {
+        get(name)["callers"]
+            .as_array()
+            .unwrap()
             .iter()
-            .any(|c| c.starts_with("tick_") || c.starts_with("hrtimer_")),
-        "{callers:?}"
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let c = callers("hrtimer_interrupt");
+    assert!(c.iter().any(|c| c.contains("apic_timer_interrupt")), "{c:?}");
+    // -g: the callers are in the text report too.
+    assert!(report.contains("apic_timer_interrupt"), "{report}");
+    let c = callers("hrtimer_start_range_ns");
+    assert!(
+        c.iter().any(|c| c.starts_with("tick_") || c.starts_with("hrtimer_")),
+        "{c:?}"
     );
     assert!(v["sites_patched"].as_u64().unwrap() > 10);
+    assert_eq!(v["dropped"].as_u64(), Some(0));
+}
+
+/// Every traceable function (`--trace '*'`), 4 vCPUs: thousands of sites
+/// patched right after the guest's ftrace_init without disturbing it.
+#[test]
+fn linux_every_function_traced_with_four_vcpus() {
+    let json = std::env::temp_dir().join(format!("vmtrace-linux-all-{}.json", std::process::id()));
+    let (out, text) = boot(
+        4,
+        &["--trace", "*", "--format", "json", "-o", json.to_str().unwrap()],
+    );
+    let err = stderr(&out);
+    check_boot_console(&text, &err, 4);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let patched = v["sites_patched"].as_u64().unwrap();
+    assert!(patched > 5000, "{patched} sites patched; {err}");
+    assert_eq!(v["sites_skipped_other"].as_u64(), Some(0), "{err}");
+    assert!(err.contains(&format!("detached: {patched} sites restored")), "{err}");
+    let called = v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["count"].as_u64() > Some(0))
+        .count();
+    assert!(called > 200, "{called} functions called while Linux booted");
     assert_eq!(v["dropped"].as_u64(), Some(0));
 }
 

@@ -51,7 +51,7 @@ fn callers_are_the_known_parents() {
     );
     {
         let p = running.pause_all();
-        tracer.attach(&p, 2).unwrap();
+        tracer.attach(&p).unwrap().attached().unwrap();
     }
     assert_eq!(
         running.wait(),
@@ -141,7 +141,7 @@ fn attach_detach_100_times_accounts_every_call_and_restores_text() {
                 let g: u64 = (0..CPUS).map(|c| guest_count(c, f)).sum();
                 *e -= (g + in_flight(&p, f)) as i64;
             }
-            tracer.attach(&p, CPUS).unwrap();
+            tracer.attach(&p).unwrap().attached().unwrap();
         }
         std::thread::sleep(Duration::from_millis(1 + cycle % 4));
         {
@@ -220,7 +220,7 @@ fn mismatched_vmlinux_is_refused_and_text_untouched() {
     let before = text_bytes(&mem, &kernel);
     {
         let p = running.pause_all();
-        let err = tracer.attach(&p, 1).unwrap_err().to_string();
+        let err = tracer.attach(&p).unwrap_err().to_string();
         assert!(err.contains("does not match the running kernel"), "{err}");
         assert_eq!(text_bytes(p.memory(), &kernel), before);
     }

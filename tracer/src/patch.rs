@@ -229,53 +229,108 @@ pub fn hex(b: &[u8]) -> String {
         .join(" ")
 }
 
-/// Write the trap over every site in `sites` that holds a NOP or a call to
-/// `__fentry__` (decoded first); skip and count anything else. The caller
-/// holds every vCPU parked.
+/// Whose job it is to turn `call __fentry__` into a NOP at boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallSites {
+    /// Nobody's (a guest built without ftrace, like the mini guest): a site
+    /// that still calls `__fentry__` is patched like a NOP and restored as a call.
+    Patch,
+    /// The guest's own ftrace_init converts every site: one that still holds
+    /// the call means it has not finished (it converts in address order and
+    /// checks each site's old bytes first; finding vmtrace's trap there is its
+    /// `ftrace_bug`). Write nothing; the caller resumes the guest and retries.
+    Wait,
+}
+
+/// The outcome of one attach attempt.
+#[derive(Debug)]
+pub enum Attached {
+    /// Every site that held a NOP (or a call, with `CallSites::Patch`) now
+    /// holds the trap; `skipped` held something else or was unmapped.
+    Patched {
+        sites: Vec<PatchedSite>,
+        skipped: usize,
+    },
+    /// Nothing was written: `calls` sites still hold `call __fentry__`, the
+    /// first at `first`.
+    GuestNotReady { calls: usize, first: u64 },
+}
+
+/// A selected site as found under the pause.
+struct Found {
+    addr: u64,
+    gpas: [u64; SITE_LEN],
+    original: [u8; SITE_LEN],
+    kind: SiteKind,
+}
+
+/// Write the trap over every site in `sites` that holds a NOP (or a call to
+/// `__fentry__`, per `calls`), decoded first; skip and count anything else.
+/// Every site is read and classified before the first byte is written, so an
+/// attempt that finds the guest not ready leaves its text untouched. The
+/// caller holds every vCPU parked.
 pub fn attach(
     map: &mut TextMap<'_>,
     fentry: Option<u64>,
     sites: &[u64],
-) -> Result<(Vec<PatchedSite>, usize), PatchError> {
-    let mut patched = Vec::with_capacity(sites.len());
+    calls: CallSites,
+) -> Result<Attached, PatchError> {
+    let mut found = Vec::with_capacity(sites.len());
     let mut skipped = 0;
+    let (mut ncalls, mut first_call) = (0, None);
     for &addr in sites {
-        let gpas = match map.gpas::<SITE_LEN>(addr) {
-            Ok(g) => g,
-            Err(_) => {
-                skipped += 1;
-                continue;
-            }
+        let Ok(gpas) = map.gpas::<SITE_LEN>(addr) else {
+            skipped += 1;
+            continue;
         };
-        let written = read_phys(map.mem, &gpas).and_then(|original| {
-            match classify(&original, addr, fentry) {
-                SiteKind::Nop | SiteKind::CallFentry => {
-                    write_phys(map.mem, &gpas, &TRAP).map(|()| {
-                        Some(PatchedSite {
-                            addr,
-                            gpas,
-                            original,
-                        })
-                    })
-                }
-                SiteKind::Other => Ok(None),
-            }
-        });
-        match written {
-            Ok(Some(site)) => patched.push(site),
-            Ok(None) => skipped += 1,
-            Err(why) => {
-                // Leave no site patched behind an error.
-                detach(map.mem, &patched)?;
-                return Err(PatchError::Memory {
-                    addr,
-                    gpa: gpas[0],
-                    why,
-                });
-            }
+        let original = read_phys(map.mem, &gpas).map_err(|why| PatchError::Memory {
+            addr,
+            gpa: gpas[0],
+            why,
+        })?;
+        let kind = classify(&original, addr, fentry);
+        if kind == SiteKind::CallFentry {
+            ncalls += 1;
+            first_call.get_or_insert(addr);
         }
+        found.push(Found {
+            addr,
+            gpas,
+            original,
+            kind,
+        });
     }
-    Ok((patched, skipped))
+    if let (CallSites::Wait, Some(first)) = (calls, first_call) {
+        return Ok(Attached::GuestNotReady {
+            calls: ncalls,
+            first,
+        });
+    }
+    let mut patched = Vec::with_capacity(found.len());
+    for f in found {
+        if f.kind == SiteKind::Other {
+            skipped += 1;
+            continue;
+        }
+        if let Err(why) = write_phys(map.mem, &f.gpas, &TRAP) {
+            // Leave no site patched behind an error.
+            detach(map.mem, &patched)?;
+            return Err(PatchError::Memory {
+                addr: f.addr,
+                gpa: f.gpas[0],
+                why,
+            });
+        }
+        patched.push(PatchedSite {
+            addr: f.addr,
+            gpas: f.gpas,
+            original: f.original,
+        });
+    }
+    Ok(Attached::Patched {
+        sites: patched,
+        skipped,
+    })
 }
 
 /// Put back the original bytes of every patched site that still holds the
@@ -351,7 +406,13 @@ mod tests {
         mem.write_slice(&NOP5, GuestAddress(phys + 0xffe)).unwrap();
         let sites = [base, base + 0x100, base + 0xffe];
         let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
-        let (patched, skipped) = attach(&mut map, None, &sites).unwrap();
+        let Attached::Patched {
+            sites: patched,
+            skipped,
+        } = attach(&mut map, None, &sites, CallSites::Wait).unwrap()
+        else {
+            panic!("no call sites, yet not ready");
+        };
         assert_eq!((patched.len(), skipped), (2, 1));
         let mut b = [0u8; 5];
         mem.read_slice(&mut b, GuestAddress(phys + 0xffe)).unwrap();
@@ -365,5 +426,49 @@ mod tests {
         assert_eq!((c.restored, c.changed), (1, 1));
         mem.read_slice(&mut b, GuestAddress(phys + 0xffe)).unwrap();
         assert_eq!(b, NOP5);
+    }
+
+    /// `call rel32` at `site` to `target`.
+    fn call_to(site: u64, target: u64) -> [u8; SITE_LEN] {
+        let rel = (target.wrapping_sub(site + SITE_LEN as u64) as i64) as i32;
+        let r = rel.to_le_bytes();
+        [0xe8, r[0], r[1], r[2], r[3]]
+    }
+
+    #[test]
+    fn a_site_still_calling_fentry_makes_a_linux_attach_write_nothing() {
+        // The guest's ftrace_init has converted the first site, not the last.
+        let mem = mem_with_identity_tables();
+        let base = 0xffff_ffff_8100_0000u64;
+        let phys = 0x100_0000u64;
+        let fentry = base + 0x8000;
+        let call = call_to(base + 0x200, fentry);
+        mem.write_slice(&NOP5, GuestAddress(phys)).unwrap();
+        mem.write_slice(&call, GuestAddress(phys + 0x200)).unwrap();
+        let sites = [base, base + 0x200];
+        let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        match attach(&mut map, Some(fentry), &sites, CallSites::Wait).unwrap() {
+            Attached::GuestNotReady { calls, first } => assert_eq!((calls, first), (1, base + 0x200)),
+            other => panic!("attached while ftrace_init was converting: {other:?}"),
+        }
+        let mut b = [0u8; 5];
+        mem.read_slice(&mut b, GuestAddress(phys)).unwrap();
+        assert_eq!(b, NOP5, "the NOP site was written although the attach was refused");
+        mem.read_slice(&mut b, GuestAddress(phys + 0x200)).unwrap();
+        assert_eq!(b, call);
+
+        // A guest without ftrace_init (CallSites::Patch): both patched, and
+        // the call comes back on detach.
+        let Attached::Patched { sites: p, skipped } =
+            attach(&mut map, Some(fentry), &sites, CallSites::Patch).unwrap()
+        else {
+            panic!("CallSites::Patch never waits");
+        };
+        assert_eq!((p.len(), skipped), (2, 0));
+        mem.read_slice(&mut b, GuestAddress(phys + 0x200)).unwrap();
+        assert_eq!(b, TRAP);
+        detach(&mem, &p).unwrap();
+        mem.read_slice(&mut b, GuestAddress(phys + 0x200)).unwrap();
+        assert_eq!(b, call);
     }
 }

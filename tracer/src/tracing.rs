@@ -7,12 +7,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::PagingMode;
+use vmm::pause::VcpuSnapshot;
 use vmm::{Paused, TrapHandler};
 
 use crate::filter::{Filter, FilterError};
-use crate::patch::{self, AttachCounts, DetachCounts, PatchError, PatchedSite, TextMap};
+use crate::patch::{
+    self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite, TextMap,
+};
 use crate::record::{self, SiteIndex};
 use crate::sites::{SiteError, SiteTable};
 use crate::symbols::{KernelImage, SymbolError};
@@ -30,10 +33,47 @@ pub enum TracerError {
     Patch(#[from] PatchError),
 }
 
-/// Sites polled to see whether the guest has run its own ftrace_init yet.
-const READY_SAMPLES: usize = 16;
 /// CR0.PG: paging enabled.
 const CR0_PG: u64 = 1 << 31;
+/// With page-table isolation, Linux gives each process a pair of top-level
+/// tables 8 KiB aligned, the user one 4 KiB above the kernel one, and flips
+/// this CR3 bit on every kernel entry and exit (PTI_PGTABLE_SWITCH_BIT in
+/// arch/x86/entry/calling.h). The user table maps no kernel text.
+const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
+/// Selector bits 1:0 of CS: the privilege level a vCPU runs at.
+const CS_RPL_MASK: u16 = 3;
+/// The kernel's flag that its ftrace_init has converted every site
+/// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).
+pub const FTRACE_ENABLED: &str = "ftrace_enabled";
+
+/// Why an attach attempt wrote nothing; the guest is resumed and the attach
+/// retried.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The guest's `ftrace_enabled` is still 0: its ftrace_init is running.
+    #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
+    FtraceInitRunning,
+    /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
+    #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
+    CallSites { calls: usize, first: u64 },
+}
+
+/// One attach attempt.
+#[derive(Debug)]
+pub enum Attach<'a> {
+    Attached(&'a AttachCounts),
+    NotReady(NotReady),
+}
+
+impl<'a> Attach<'a> {
+    /// The counts of an attach that happened; for callers that cannot wait.
+    pub fn attached(self) -> Result<&'a AttachCounts, NotReady> {
+        match self {
+            Attach::Attached(c) => Ok(c),
+            Attach::NotReady(why) => Err(why),
+        }
+    }
+}
 
 /// What to trace, resolved against the vmlinux before the guest boots.
 pub struct Plan {
@@ -45,6 +85,9 @@ pub struct Plan {
     /// never patched (the guest frees and reuses that memory).
     pub targets: Vec<(u64, u32)>,
     pub skipped_init: usize,
+    /// Address of the guest's `ftrace_enabled`: the guest converts its own
+    /// sites at boot, and vmtrace must not write one before it has finished.
+    pub ftrace_enabled: Option<u64>,
 }
 
 impl Plan {
@@ -68,12 +111,14 @@ impl Plan {
             });
             targets.push((site.addr, slot));
         }
+        let ftrace_enabled = image.symbol(FTRACE_ENABLED).map(|s| s.addr);
         Ok(Plan {
             image,
             sites,
             funcs,
             targets,
             skipped_init,
+            ftrace_enabled,
         })
     }
 }
@@ -129,41 +174,53 @@ impl Tracer {
         !self.patched.is_empty()
     }
 
-    /// Has the guest turned its sites into NOPs (its own ftrace_init)? Polled
-    /// without a pause through the kernel's fixed physical mapping; only a
-    /// hint: `attach` checks every site again under the pause.
+    /// Has the guest finished its own ftrace_init? Polled without a pause
+    /// through the kernel's fixed physical mapping; only a hint: `attach`
+    /// checks again, and every selected site, under the pause. With the
+    /// kernel's `ftrace_enabled` known, that flag (set once every site is a
+    /// NOP); without it, every selected site must hold a NOP.
     pub fn guest_ready(&self, mem: &GuestMemoryMmap) -> bool {
-        let step = (self.index.addrs.len() / READY_SAMPLES).max(1);
-        self.index
-            .addrs
-            .iter()
-            .step_by(step)
-            .take(READY_SAMPLES)
-            .all(|&a| {
-                vmm::layout::kernel_virt_to_phys(a).is_some_and(|gpa| patch::is_nop(mem, gpa))
-            })
+        let phys = vmm::layout::kernel_virt_to_phys;
+        match self.plan.ftrace_enabled {
+            Some(va) => phys(va)
+                .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
+                .is_some_and(|v| v != 0),
+            None => self
+                .index
+                .addrs
+                .iter()
+                .all(|&a| phys(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
+        }
     }
 
-    /// Patch every target site. The guest is paused by the caller; all writes
-    /// happen in this one window.
-    pub fn attach(
-        &mut self,
-        paused: &Paused<'_>,
-        ncpus: usize,
-    ) -> Result<&AttachCounts, TracerError> {
-        let snap = (0..ncpus)
-            .filter_map(|c| paused.snapshot(c))
-            .find(|s| s.sregs.cr0 & CR0_PG != 0)
-            .ok_or(PatchError::NoPaging)?;
-        let mut map = TextMap::new(
-            paused.memory(),
-            snap.sregs.cr3,
-            PagingMode::from_cr4(snap.sregs.cr4),
-        );
+    /// Patch every target site, if the guest is ready. The guest is paused
+    /// by the caller; all writes happen in this one window. When the guest's
+    /// own ftrace_init has not finished (its `ftrace_enabled` is 0, or any
+    /// selected site still calls `__fentry__`), nothing is written and the
+    /// caller should resume the guest and try again.
+    pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
+        let snaps: Vec<VcpuSnapshot> = (0..self.ncpus).filter_map(|c| paused.snapshot(c)).collect();
+        let probe = self.index.addrs.first().copied();
+        let (cr3, mode) = text_root(paused.memory(), &snaps, probe).ok_or(PatchError::NoPaging)?;
+        let mut map = TextMap::new(paused.memory(), cr3, mode);
+        if let Some(va) = self.plan.ftrace_enabled {
+            if map.read::<4>(va).map(u32::from_le_bytes) == Ok(0) {
+                return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
+            }
+        }
         let addrs = &self.index.addrs;
         patch::verify_image(&mut map, &self.plan.image, addrs)?;
         let fentry = self.plan.image.symbol(crate::sites::FENTRY).map(|s| s.addr);
-        let (patched, skipped) = patch::attach(&mut map, fentry, addrs)?;
+        let calls = match self.plan.ftrace_enabled {
+            Some(_) => CallSites::Wait,
+            None => CallSites::Patch,
+        };
+        let (patched, skipped) = match patch::attach(&mut map, fentry, addrs, calls)? {
+            Attached::Patched { sites, skipped } => (sites, skipped),
+            Attached::GuestNotReady { calls, first } => {
+                return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
+            }
+        };
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_init: self.plan.skipped_init,
@@ -173,7 +230,7 @@ impl Tracer {
         self.attach_ns = vmm::Trap::now_ns();
         self.attach_window = paused.window();
         self.attach_latency = paused.latency();
-        Ok(&self.attach_counts)
+        Ok(Attach::Attached(&self.attach_counts))
     }
 
     /// Restore every patched site. The guest is paused or stopped.
@@ -268,5 +325,73 @@ impl Tracer {
             callers,
             events,
         }
+    }
+}
+
+/// The page tables to reach kernel text through: those of a vCPU with paging
+/// on, kernel-mode vCPUs first; with page-table isolation a vCPU in user mode
+/// (or on the entry path) has the user table loaded, so its kernel partner
+/// (`PTI_USER_PGTABLE_BIT` clear) is tried as well. The first root under
+/// which `probe` (a kernel text address) is mapped wins; without a probe,
+/// the first paged vCPU's.
+fn text_root(
+    mem: &GuestMemoryMmap,
+    snaps: &[VcpuSnapshot],
+    probe: Option<u64>,
+) -> Option<(u64, PagingMode)> {
+    let mut paged: Vec<&VcpuSnapshot> = snaps.iter().filter(|s| s.sregs.cr0 & CR0_PG != 0).collect();
+    // Stable: kernel mode (CPL 0) first, otherwise in vCPU order.
+    paged.sort_by_key(|s| s.sregs.cs.selector & CS_RPL_MASK != 0);
+    let candidates = paged.iter().flat_map(|s| {
+        let mode = PagingMode::from_cr4(s.sregs.cr4);
+        [s.sregs.cr3, s.sregs.cr3 & !PTI_USER_PGTABLE_BIT].map(|cr3| (cr3, mode))
+    });
+    let Some(probe) = probe else {
+        return paged.first().map(|s| (s.sregs.cr3, PagingMode::from_cr4(s.sregs.cr4)));
+    };
+    candidates
+        .into_iter()
+        .find(|&(cr3, mode)| vmm::gva::translate(mem, cr3, mode, probe).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    /// A paused vCPU at privilege level `cpl` with `cr3` loaded.
+    fn snap(cr3: u64, cpl: u16) -> VcpuSnapshot {
+        let mut s = VcpuSnapshot::default();
+        s.sregs.cr0 = CR0_PG | 1;
+        s.sregs.cr3 = cr3;
+        s.sregs.cs.selector = 0x10 | cpl;
+        s
+    }
+
+    #[test]
+    fn attach_reaches_kernel_text_past_a_user_mode_vcpu_under_pti() {
+        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        // A PTI pair: the kernel table (a copy of the boot PML4) 8 KiB
+        // aligned, the user table above it, empty, so no kernel text in it.
+        let kernel = 0x20_0000u64;
+        let user = kernel | PTI_USER_PGTABLE_BIT;
+        let mut pml4 = [0u8; 4096];
+        mem.read_slice(&mut pml4, GuestAddress(vmm::layout::PML4_START)).unwrap();
+        mem.write_slice(&pml4, GuestAddress(kernel)).unwrap();
+        mem.write_slice(&[0u8; 4096], GuestAddress(user)).unwrap();
+        let text = 0xffff_ffff_8100_0000u64;
+        let pcid = 0x5;
+        // vCPU 0 in user mode with the user table; vCPU 1 not paged yet.
+        let mut unpaged = snap(0, 0);
+        unpaged.sregs.cr0 = 0;
+        let snaps = [snap(user | pcid, 3), unpaged];
+        let (cr3, _) = text_root(&mem, &snaps, Some(text)).expect("a root mapping text");
+        assert_eq!(cr3, kernel | pcid);
+        // A kernel-mode vCPU is preferred whatever its position.
+        let snaps = [snap(user, 3), snap(kernel, 0)];
+        assert_eq!(text_root(&mem, &snaps, Some(text)).unwrap().0, kernel);
+        // No paged vCPU: no root.
+        assert!(text_root(&mem, &[unpaged], Some(text)).is_none());
     }
 }
