@@ -1,6 +1,6 @@
 //! Patch and restore every non-init ftrace site of guest/out/vmlinux in a
 //! guest memory image: the vmlinux's PT_LOAD segments at their physical
-//! addresses, vmtrace's boot page tables, sites reached through `TextMap`
+//! addresses, vmtrace's boot page tables, sites reached through an `AddressSpace`
 //! (goal for the pause window: <= 10 ms for all sites). Skipped, with a
 //! message, when the vmlinux has not been built.
 
@@ -9,10 +9,10 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::patch::{self, TextMap};
+use tracer::patch::{self, Attached, CallSites};
 use tracer::sites::{SiteTable, FENTRY};
 use tracer::symbols::KernelImage;
-use vmm::gva::PagingMode;
+use vmm::gva::{AddressSpace, PagingMode};
 
 /// Guest RAM for the image (its segments end below 27 MiB).
 const MEM_MIB: usize = 96;
@@ -38,10 +38,14 @@ fn patch_all(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2));
     g.bench_function(format!("attach_detach_{}_sites", addrs.len()), |b| {
         b.iter(|| {
-            let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
-            let (patched, skipped) = patch::attach(&mut map, fentry, &addrs).unwrap();
-            assert_eq!((patched.len(), skipped), (addrs.len(), 0));
-            let d = patch::detach(&mem, &patched).unwrap();
+            let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+            // The image never ran: its sites still call __fentry__.
+            let attached = patch::attach(&mut map, fentry, &addrs, CallSites::Patch).unwrap();
+            let Attached::Patched { sites, skipped } = attached else {
+                panic!("not patched: {attached:?}");
+            };
+            assert_eq!((sites.len(), skipped), (addrs.len(), 0));
+            let d = patch::detach(&mem, &sites).unwrap();
             assert_eq!(d.restored, addrs.len());
         })
     });

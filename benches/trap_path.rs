@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::record::{self, SiteIndex};
+use tracer::record::{self, SiteIndex, OUT_LEN};
+use tracer::sites::SITE_LEN;
 use vm_memory::{Bytes, GuestAddress};
 use vmm::gva::PagingMode;
 use vmm::{Trap, TrapHandler};
@@ -20,8 +21,6 @@ use vmm::{Trap, TrapHandler};
 const SITES: u64 = 1000;
 /// Guest physical address of the top of the stack the traps see.
 const STACK_TOP: u64 = 0x20_0000;
-/// `out imm8, al`: RIP is past it on emulating hosts.
-const OUT_LEN: u64 = 2;
 
 fn trap_path(c: &mut Criterion) {
     let mem = common::memory(64);
@@ -34,6 +33,7 @@ fn trap_path(c: &mut Criterion) {
         .map(|i| (common::TEXT + i * 0x240, i as u32))
         .collect();
     let index = Arc::new(SiteIndex::new(sites));
+    // RIP past the `out`, as emulating hosts report it.
     let rips: Vec<u64> = index.addrs.iter().map(|a| a + OUT_LEN).collect();
     let cr3 = vmm::layout::PML4_START;
 
@@ -74,7 +74,7 @@ fn trap_path(c: &mut Criterion) {
                 Trap::for_bench(0, rips[i % rips.len()], rsp, cr3, PagingMode::Level4, &mem);
             i += 1;
             let s = index.find(trap.rip).unwrap();
-            trap.set_rip(index.addrs[s] + 5);
+            trap.set_rip(index.addrs[s] + SITE_LEN as u64);
             trap
         })
     });

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod output;
 mod session;
+mod stats;
 mod trace;
 
 use std::process::ExitCode;

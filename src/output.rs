@@ -3,8 +3,8 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 
+use tracer::model::Trace;
 use tracer::report::{self, ReportOptions, Sort};
-use tracer::trace::Trace;
 use tracer::{export, tracefile};
 
 use crate::cli::{Format, OutputArgs, ReportArgs, SortKey};

@@ -162,7 +162,7 @@ pub fn outcome(reason: &StopReason) -> Outcome {
 
 /// `--stats`: exits per vCPU and kind, assists, pauses.
 pub fn print_stats(report: &vmm::RunReport) {
-    use vmm::vcpu::ExitKind;
+    use vmm::exit::ExitKind;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "exits per vCPU:");
     let _ = write!(err, "  {:<18}", "kind");
@@ -205,21 +205,10 @@ pub fn print_stats(report: &vmm::RunReport) {
             err,
             "pauses: {}, latency p50 {} us, window p50 {} us",
             p.latency_ns.len(),
-            percentile(&p.latency_ns, 50.0) / 1000,
-            percentile(&p.window_ns, 50.0) / 1000
+            crate::stats::percentile(&p.latency_ns, 50.0).unwrap_or(0) / 1000,
+            crate::stats::percentile(&p.window_ns, 50.0).unwrap_or(0) / 1000
         );
     }
-}
-
-/// The p-th percentile (nearest rank) of `v`.
-pub fn percentile(v: &[u64], p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
-    s[rank.clamp(1, s.len()) - 1]
 }
 
 #[cfg(test)]
@@ -238,5 +227,15 @@ mod tests {
         let mut w = Vec::new();
         merge_word(&mut w, "clearcpuid=erms");
         assert_eq!(w, ["clearcpuid=erms"]);
+    }
+
+    #[test]
+    fn a_guest_crash_is_a_guest_failure() {
+        use super::{outcome, Outcome};
+        use vmm::StopReason;
+        let failed = |r| matches!(outcome(&r), Outcome::GuestFailed);
+        assert!(failed(StopReason::Crash { cpu: 0 }));
+        assert!(failed(StopReason::Reset));
+        assert!(!failed(StopReason::PowerOff(0)));
     }
 }

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tracer::tracing::{Attach, Plan, Tracer};
+use tracer::session::{Attach, Plan, Tracer};
 use vmm::boot::Protocol;
 use vmm::{Running, StopReason, Vm, VmConfig};
 
@@ -141,8 +141,8 @@ fn trace_loop(
             eprintln!(
                 "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs){}",
                 c.patched,
-                c.skipped_init + c.skipped_other,
-                c.skipped_init,
+                tracer.plan().skipped_init + c.skipped_other,
+                tracer.plan().skipped_init,
                 c.skipped_other,
                 window.as_micros(),
                 latency.as_micros(),

@@ -95,12 +95,23 @@ fn bench_json_has_every_figure() {
     positive("load_ms");
     positive("report_render_s");
 
-    // One verdict per goal, each PASS, MISS or (not judged) SKIP.
+    // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
     assert_eq!(goals.len(), 5, "{text}");
     for g in goals {
         let s = g["status"].as_str().unwrap();
         assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
+        assert!(g["goal"].is_string() && g["measured"].is_string(), "{g}");
+        assert_eq!(g["not_judged"].is_string(), s == "SKIP", "{g}");
+    }
+    // The run's settings and how each figure is measured.
+    assert_eq!(doc["schema"], "vmtrace-bench/1");
+    assert_eq!(doc["kernel"], kernel.to_str().unwrap());
+    assert_eq!(doc["vmlinux"], vmlinux.to_str().unwrap());
+    assert_eq!(doc["iters"], 200);
+    let methods = doc["methods"].as_object().expect("a methods object");
+    for k in ["(a)", "(b)", "(c)", "(d)", "(e)", "loading", "report"] {
+        assert!(methods[k].is_string(), "method {k} in {text}");
     }
     // The printed table gives the same verdicts.
     let table = stdout(&out);

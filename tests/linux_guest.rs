@@ -190,12 +190,16 @@ fn linux_readme_main_job_traces_hrtimers_during_boot() {
             .collect()
     };
     let c = callers("hrtimer_interrupt");
-    assert!(c.iter().any(|c| c.contains("apic_timer_interrupt")), "{c:?}");
+    assert!(
+        c.iter().any(|c| c.contains("apic_timer_interrupt")),
+        "{c:?}"
+    );
     // -g: the callers are in the text report too.
     assert!(report.contains("apic_timer_interrupt"), "{report}");
     let c = callers("hrtimer_start_range_ns");
     assert!(
-        c.iter().any(|c| c.starts_with("tick_") || c.starts_with("hrtimer_")),
+        c.iter()
+            .any(|c| c.starts_with("tick_") || c.starts_with("hrtimer_")),
         "{c:?}"
     );
     assert!(v["sites_patched"].as_u64().unwrap() > 10);
@@ -209,7 +213,14 @@ fn linux_every_function_traced_with_four_vcpus() {
     let json = std::env::temp_dir().join(format!("vmtrace-linux-all-{}.json", std::process::id()));
     let (out, text) = boot(
         4,
-        &["--trace", "*", "--format", "json", "-o", json.to_str().unwrap()],
+        &[
+            "--trace",
+            "*",
+            "--format",
+            "json",
+            "-o",
+            json.to_str().unwrap(),
+        ],
     );
     let err = stderr(&out);
     check_boot_console(&text, &err, 4);
@@ -219,7 +230,10 @@ fn linux_every_function_traced_with_four_vcpus() {
     let patched = v["sites_patched"].as_u64().unwrap();
     assert!(patched > 5000, "{patched} sites patched; {err}");
     assert_eq!(v["sites_skipped_other"].as_u64(), Some(0), "{err}");
-    assert!(err.contains(&format!("detached: {patched} sites restored")), "{err}");
+    assert!(
+        err.contains(&format!("detached: {patched} sites restored")),
+        "{err}"
+    );
     let called = v["functions"]
         .as_array()
         .unwrap()

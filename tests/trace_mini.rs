@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use tracer::tracing::{Plan, Tracer};
+use tracer::session::{Plan, Tracer};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 fn phys(va: u64) -> u64 {

@@ -25,32 +25,33 @@ fn check_counts(console: &str, cpus: u32, iters: u64) {
     }
 }
 
+/// Run the mini guest through the CLI and demand a clean power-off; returns
+/// (console, stderr).
+fn run_mini_clean(cpus: u32, cmdline: &str, extra: &[&str]) -> (String, String) {
+    let kernel = mini_elf();
+    let cpus = cpus.to_string();
+    let mut args = vec![
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        &cpus,
+        "--cmdline",
+        cmdline,
+        "--timeout",
+        "120",
+    ];
+    args.extend_from_slice(extra);
+    let out = vmtrace(&args);
+    let err = stderr(&out);
+    assert!(out.status.success(), "exit {:?}: {err}", out.status);
+    assert!(err.contains("guest powered off (status 0)"), "{err}");
+    (stdout(&out), err)
+}
+
 #[test]
 fn mini_guest_one_and_four_cpus_power_off_with_exact_counts() {
-    let kernel = mini_elf();
     for (cpus, iters) in [(1u32, 500u64), (4, 2001)] {
-        let out = vmtrace(&[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--cpus",
-            &cpus.to_string(),
-            "--cmdline",
-            &format!("iters={iters}"),
-            "--timeout",
-            "120",
-        ]);
-        assert!(
-            out.status.success(),
-            "exit {:?}: {}",
-            out.status,
-            stderr(&out)
-        );
-        assert!(
-            stderr(&out).contains("guest powered off (status 0)"),
-            "{}",
-            stderr(&out)
-        );
-        let console = stdout(&out);
+        let (console, _) = run_mini_clean(cpus, &format!("iters={iters}"), &[]);
         assert!(console.contains("mini: all done"));
         check_counts(&console, cpus, iters);
     }
@@ -58,22 +59,9 @@ fn mini_guest_one_and_four_cpus_power_off_with_exact_counts() {
 
 #[test]
 fn int3_reaches_the_guest_handler_through_the_assist() {
-    let out = vmtrace(&[
-        "--kernel",
-        mini_elf().to_str().unwrap(),
-        "--cpus",
-        "2",
-        "--cmdline",
-        "iters=10 int3=1",
-        "--stats",
-        "--timeout",
-        "60",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let console = stdout(&out);
+    let (console, err) = run_mini_clean(2, "iters=10 int3=1", &["--stats"]);
     assert!(console.contains("mini: int3 ok 2"), "{console}");
     check_counts(&console, 2, 10);
-    let err = stderr(&out);
     // On an emulating host the assist ran; on bare metal int3 runs natively.
     if std::path::Path::new("/sys/module/kvm_pvm").exists() {
         assert!(err.contains("emulation assist `int3` x2"), "{err}");
@@ -196,4 +184,61 @@ fn timeout_stops_a_looping_guest_and_says_where_it_was() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("timeout after 0.5 s"), "{err}");
     assert!(err.contains("cpu1 stopped at rip 0xffffffff81"), "{err}");
+}
+
+#[test]
+fn string_port_io_delivers_every_element() {
+    let (console, _) = run_mini_clean(1, "iters=10 strio=1", &[]);
+    assert!(
+        console.contains("mini: rep outsb ok, every byte of one string write\n"),
+        "{console}"
+    );
+    // Before every element was delivered: `mini: rep insb bad 96 255 255 ...`.
+    assert!(console.contains("mini: rep insb ok\n"), "{console}");
+    check_counts(&console, 1, 10);
+}
+
+/// Panics the first time its vCPU parks.
+struct PanicOnFlush;
+
+impl vmm::TrapHandler for PanicOnFlush {
+    fn on_trap(&mut self, trap: &mut vmm::Trap<'_>) -> Result<(), vmm::TrapError> {
+        vmm::NoTracer.on_trap(trap)
+    }
+    fn flush(&mut self) {
+        panic!("handler exploded");
+    }
+}
+
+#[test]
+fn a_panicking_vcpu_thread_ends_the_run_and_says_so() {
+    let kernel = mini_elf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On a thread, so that a hang (a pause waiting for the dead vCPU) fails
+    // the test instead of blocking it.
+    std::thread::spawn(move || {
+        let capture = Capture::default();
+        let vm = vmm::Vm::create(mini_config(&kernel, 2, "mode=loop", &capture)).unwrap();
+        let mut handlers = no_tracers(2);
+        handlers[1] = Box::new(PanicOnFlush);
+        // Started paused: vCPU 1 flushes, and panics, before its first run.
+        let running = vm.start(handlers, true).unwrap();
+        drop(running.pause_all());
+        let reason = running.wait();
+        let report = running.finish();
+        let _ = tx.send((reason, report.reason));
+    });
+    let (reason, final_reason) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run hung after a vCPU thread panicked");
+    let expected = vmm::StopReason::Error(vmm::VcpuError::Panicked {
+        cpu: 1,
+        message: "handler exploded".into(),
+    });
+    assert_eq!(reason, expected);
+    assert_eq!(final_reason, expected);
+    assert_eq!(
+        reason.to_string(),
+        "the thread of vCPU 1 panicked: handler exploded"
+    );
 }

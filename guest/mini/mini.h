@@ -30,6 +30,7 @@ struct mini_cfg {
 	int loop;    /* mode=loop */
 	int int3;    /* int3=1 */
 	int end;     /* end=triple-fault|reset: vCPU 0 ends the run badly (for the VMM's tests) */
+	int strio;   /* strio=1: vCPU 0 tests string port I/O (rep outsb / rep insb) */
 };
 
 /* support.c (all notrace) */
@@ -40,6 +41,7 @@ void print_unlock(void);
 void parse_cmdline(const char *s, struct mini_cfg *cfg);
 void idt_load(void);
 void int3_selftest(void);
+void string_io_selftest(void);
 void poweroff(u8 status) __noreturn;
 void halt_forever(void) __noreturn;
 void bad_end(int how) __noreturn;

@@ -154,6 +154,8 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 		if (cpu == 0)
 			int3_selftest();
 	}
+	if (cfg.strio && cpu == 0)
+		string_io_selftest();
 
 	if (cfg.loop) {
 		for (i = 0; !mini_stop; i++)

@@ -9,8 +9,9 @@
 //!   and `chrome://tracing`: one track per vCPU, one instant event per stored
 //!   function entry (see [`write_chrome`]).
 //!
-//! The csv and chrome writers stream: memory does not grow with the number of
-//! events.
+//! All three render a `report::Report` of the whole trace (every vCPU;
+//! `--sort`, `--cpu` and `-g` shape the text report only). The csv and
+//! chrome writers stream: memory does not grow with the number of events.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -18,8 +19,9 @@ use std::io::{self, BufWriter, Write};
 
 use serde_json::{json, Map, Value};
 
-use crate::report::{callers, Caller};
-use crate::trace::{FuncSym, Trace};
+use crate::model::Trace;
+use crate::report::{Caller, EventRow, Report, ReportOptions};
+use crate::symbols::Symbol;
 
 /// The `schema` field of the JSON report.
 pub const SCHEMA_ID: &str = "vmtrace-report/1";
@@ -101,33 +103,19 @@ pub const JSON_SCHEMA: &str = r##"{
 /// The JSON report (schema [`SCHEMA_ID`], described by [`JSON_SCHEMA`]).
 pub fn to_json(trace: &Trace) -> Value {
     let m = &trace.meta;
-    let callers = callers(trace, None);
-    let mut order: Vec<usize> = (0..trace.functions.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (fa, fb) = (&trace.functions[a], &trace.functions[b]);
-        trace
-            .total(b)
-            .cmp(&trace.total(a))
-            .then_with(|| fa.name.cmp(&fb.name))
-            .then(fa.addr.cmp(&fb.addr))
-            .then(a.cmp(&b))
-    });
-    let functions: Vec<Value> = order
-        .into_iter()
-        .map(|i| {
-            let f = &trace.functions[i];
-            let per_cpu: Map<String, Value> = (0..m.cpus)
-                .map(|c| {
-                    let n = trace
-                        .counts
-                        .get(i)
-                        .and_then(|r| r.get(c as usize))
-                        .copied()
-                        .unwrap_or(0);
-                    (c.to_string(), Value::from(n))
-                })
+    let report = Report::new(trace, &ReportOptions::whole_trace());
+    let functions: Vec<Value> = report
+        .functions()
+        .map(|row| {
+            let f = row.func;
+            let per_cpu: Map<String, Value> = report
+                .cpus
+                .iter()
+                .zip(&row.per_cpu)
+                .map(|(c, &n)| (c.to_string(), Value::from(n)))
                 .collect();
-            let callers: Vec<Value> = callers[i]
+            let callers: Vec<Value> = row
+                .callers
                 .iter()
                 .map(|c| match c.caller {
                     Caller::Known(s) => json!({ "name": s.name, "count": c.count }),
@@ -140,7 +128,7 @@ pub fn to_json(trace: &Trace) -> Value {
                 "name": f.name,
                 "addr": format!("{:#x}", f.addr),
                 "size": f.size,
-                "count": trace.total(i),
+                "count": row.total,
                 "per_cpu": per_cpu,
                 "callers": callers,
             })
@@ -203,18 +191,21 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     w.write_all(b"ts_ns,cpu,function,addr,parent,caller\n")?;
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
-    for e in &trace.events {
-        let Some(f) = trace.functions.get(e.func as usize) else {
-            continue;
+    let report = Report::new(trace, &ReportOptions::default());
+    for EventRow {
+        event: e,
+        func,
+        caller,
+    } in report.events()
+    {
+        let caller = match caller {
+            Caller::Known(s) => csv_field(&s.name),
+            Caller::Unknown(_) => Cow::Borrowed(""),
         };
-        let caller = trace
-            .caller_of(e.parent)
-            .map(|s| csv_field(&s.name))
-            .unwrap_or_default();
         writeln!(
             w,
             "{},{},{},{:#x},{:#x},{}",
-            e.ts_ns, e.cpu, names[e.func as usize], f.addr, e.parent, caller
+            e.ts_ns, e.cpu, names[e.func as usize], func.addr, e.parent, caller
         )?;
     }
     w.flush()
@@ -258,11 +249,13 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
         )?;
     }
     let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
-    let mut caller_names: HashMap<*const FuncSym, String> = HashMap::new();
-    for e in &trace.events {
-        let Some(name) = names.get(e.func as usize) else {
-            continue;
-        };
+    let mut caller_names: HashMap<*const Symbol, String> = HashMap::new();
+    let report = Report::new(trace, &ReportOptions::default());
+    for EventRow {
+        event: e, caller, ..
+    } in report.events()
+    {
+        let name = &names[e.func as usize];
         let rel = e.ts_ns as i128 - m.attach_ns as i128;
         let sign = if rel < 0 { "-" } else { "" };
         let rel = rel.unsigned_abs();
@@ -273,14 +266,14 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
             rel % 1000,
             e.cpu
         )?;
-        match trace.caller_of(e.parent) {
-            Some(s) => {
+        match caller {
+            Caller::Known(s) => {
                 let c = caller_names
-                    .entry(s as *const FuncSym)
+                    .entry(s as *const Symbol)
                     .or_insert_with(|| json_str(&s.name));
                 w.write_all(c.as_bytes())?;
             }
-            None => write!(w, "\"[unknown] {:#x}\"", e.parent)?,
+            Caller::Unknown(ip) => write!(w, "\"[unknown] {ip:#x}\"")?,
         }
         w.write_all(b"}}")?;
     }

@@ -71,12 +71,6 @@ impl Filter {
         })
     }
 
-    /// Whether `name` is traced: it matches a `--trace` glob (or none was
-    /// given) and no `--notrace` glob.
-    pub fn matches(&self, name: &str) -> bool {
-        (self.trace_globs.is_empty() || self.trace.is_match(name)) && !self.notrace.is_match(name)
-    }
-
     /// Indices into `sites.sites` of the sites whose function matches. Every
     /// `--trace` glob must match some function with a site.
     pub fn select(
@@ -264,6 +258,26 @@ mod tests {
 
     fn chars(s: &str) -> Vec<char> {
         s.chars().collect()
+    }
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// What `select` decides for one name: it matches a `--trace` glob (or
+    /// none was given) and no `--notrace` glob.
+    fn matches(f: &Filter, name: &str) -> bool {
+        (f.trace_globs.is_empty() || f.trace.is_match(name)) && !f.notrace.is_match(name)
+    }
+
+    #[test]
+    fn matches_follows_trace_and_notrace() {
+        let f = Filter::new(&strings(&["hrtimer_*"]), &strings(&["*wakeup"])).expect("filter");
+        assert!(matches(&f, "hrtimer_interrupt"));
+        assert!(!matches(&f, "hrtimer_wakeup"));
+        assert!(!matches(&f, "schedule"));
+        let all = Filter::new(&[], &[]).expect("filter");
+        assert!(matches(&all, "anything.isra.0"));
     }
 
     #[test]

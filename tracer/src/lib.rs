@@ -3,11 +3,11 @@
 
 pub mod export;
 pub mod filter;
+pub mod model;
 pub mod patch;
 pub mod record;
 pub mod report;
+pub mod session;
 pub mod sites;
 pub mod symbols;
-pub mod trace;
 pub mod tracefile;
-pub mod tracing;

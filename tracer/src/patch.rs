@@ -17,10 +17,8 @@
 //! The trap handler resumes the guest at site + 5, so the 3-byte NOP never runs
 //! and no vCPU is ever left between the two instructions.
 
-use std::collections::HashMap;
-
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::gva::{self, PagingMode};
+use vmm::gva::{AddressSpace, PhysSpan};
 
 use crate::sites::{classify, SiteKind, NOP5, SITE_LEN};
 use crate::symbols::KernelImage;
@@ -62,6 +60,15 @@ pub enum PatchError {
     },
     #[error("guest memory at {addr:#x} (guest physical {gpa:#x}) cannot be accessed: {why}")]
     Memory { addr: u64, gpa: u64, why: String },
+    #[error(
+        "site {addr:#x} (guest physical {gpa:#x}) read back {found} after restoring {original}"
+    )]
+    RestoreFailed {
+        addr: u64,
+        gpa: u64,
+        found: String,
+        original: String,
+    },
 }
 
 /// One site as written: where its bytes are in guest physical memory and
@@ -69,16 +76,18 @@ pub enum PatchError {
 #[derive(Clone, Debug)]
 pub struct PatchedSite {
     pub addr: u64,
-    /// Guest physical address of each of the 5 bytes (a site may straddle pages).
-    gpas: [u64; SITE_LEN],
+    /// Where its 5 bytes are in guest physical memory (a site may straddle
+    /// pages); detach needs no vCPU and no walk.
+    span: PhysSpan,
     pub original: [u8; SITE_LEN],
 }
 
-/// Outcome of one attach.
+/// Outcome of one attach. Sites in init text are never tried: the plan
+/// counts them (`Plan::skipped_init`).
 #[derive(Clone, Debug, Default)]
 pub struct AttachCounts {
     pub patched: usize,
-    pub skipped_init: usize,
+    /// Held neither a NOP nor `call __fentry__`, or were unmapped.
     pub skipped_other: usize,
 }
 
@@ -90,88 +99,12 @@ pub struct DetachCounts {
     pub changed: usize,
 }
 
-/// Translates site addresses through one CR3, caching 4 KiB pages.
-pub struct TextMap<'a> {
-    mem: &'a GuestMemoryMmap,
-    cr3: u64,
-    mode: PagingMode,
-    pages: HashMap<u64, u64>,
-}
-
-const PAGE: u64 = 4096;
-
-impl<'a> TextMap<'a> {
-    pub fn new(mem: &'a GuestMemoryMmap, cr3: u64, mode: PagingMode) -> Self {
-        TextMap {
-            mem,
-            cr3,
-            mode,
-            pages: HashMap::new(),
-        }
-    }
-
-    fn gpa(&mut self, va: u64) -> Result<u64, gva::GvaError> {
-        let page = va & !(PAGE - 1);
-        if let Some(p) = self.pages.get(&page) {
-            return Ok(p + (va & (PAGE - 1)));
-        }
-        let t = gva::translate(self.mem, self.cr3, self.mode, page)?;
-        self.pages.insert(page, t.gpa);
-        Ok(t.gpa + (va & (PAGE - 1)))
-    }
-
-    /// Guest physical addresses of `N` bytes at `va`.
-    fn gpas<const N: usize>(&mut self, va: u64) -> Result<[u64; N], gva::GvaError> {
-        let mut out = [0u64; N];
-        for (i, g) in out.iter_mut().enumerate() {
-            *g = self.gpa(va + i as u64)?;
-        }
-        Ok(out)
-    }
-
-    /// Read `N` bytes at `va`.
-    pub fn read<const N: usize>(&mut self, va: u64) -> Result<[u8; N], String> {
-        let gpas = self.gpas::<N>(va).map_err(|e| e.to_string())?;
-        read_phys(self.mem, &gpas)
-    }
-}
-
-fn read_phys<const N: usize>(mem: &GuestMemoryMmap, gpas: &[u64; N]) -> Result<[u8; N], String> {
-    let mut b = [0u8; N];
-    if gpas[N - 1] == gpas[0] + N as u64 - 1 {
-        mem.read_slice(&mut b, GuestAddress(gpas[0]))
-            .map_err(|e| e.to_string())?;
-    } else {
-        for (byte, g) in b.iter_mut().zip(gpas) {
-            *byte = mem.read_obj(GuestAddress(*g)).map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(b)
-}
-
-fn write_phys(
-    mem: &GuestMemoryMmap,
-    gpas: &[u64; SITE_LEN],
-    bytes: &[u8; SITE_LEN],
-) -> Result<(), String> {
-    if gpas[SITE_LEN - 1] == gpas[0] + SITE_LEN as u64 - 1 {
-        mem.write_slice(bytes, GuestAddress(gpas[0]))
-            .map_err(|e| e.to_string())
-    } else {
-        for (b, g) in bytes.iter().zip(gpas) {
-            mem.write_obj(*b, GuestAddress(*g))
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-}
-
 /// Check that guest text matches the file at a sample of sites: each site
 /// holds a NOP or `call __fentry__`, and the bytes after it are the file's.
 /// Refuses when more than half the sample differs (a few may differ where the
 /// kernel patched its own text, e.g. alternatives or static keys).
 pub fn verify_image(
-    map: &mut TextMap<'_>,
+    space: &mut AddressSpace<'_>,
     image: &KernelImage,
     sites: &[u64],
 ) -> Result<(), PatchError> {
@@ -185,7 +118,7 @@ pub fn verify_image(
         .collect();
     let mut bad = Vec::new();
     for &addr in &sample {
-        let why = match map.read::<{ SITE_LEN + VERIFY_BODY_LEN }>(addr) {
+        let why = match space.read_array::<{ SITE_LEN + VERIFY_BODY_LEN }>(addr) {
             Err(e) => Some(format!("unreadable ({e})")),
             Ok(bytes) => {
                 let body = image.file_bytes(addr + SITE_LEN as u64, VERIFY_BODY_LEN);
@@ -259,7 +192,7 @@ pub enum Attached {
 /// A selected site as found under the pause.
 struct Found {
     addr: u64,
-    gpas: [u64; SITE_LEN],
+    span: PhysSpan,
     original: [u8; SITE_LEN],
     kind: SiteKind,
 }
@@ -270,7 +203,7 @@ struct Found {
 /// attempt that finds the guest not ready leaves its text untouched. The
 /// caller holds every vCPU parked.
 pub fn attach(
-    map: &mut TextMap<'_>,
+    space: &mut AddressSpace<'_>,
     fentry: Option<u64>,
     sites: &[u64],
     calls: CallSites,
@@ -279,15 +212,12 @@ pub fn attach(
     let mut skipped = 0;
     let (mut ncalls, mut first_call) = (0, None);
     for &addr in sites {
-        let Ok(gpas) = map.gpas::<SITE_LEN>(addr) else {
+        let Ok(span) = space.span(addr, SITE_LEN) else {
             skipped += 1;
             continue;
         };
-        let original = read_phys(map.mem, &gpas).map_err(|why| PatchError::Memory {
-            addr,
-            gpa: gpas[0],
-            why,
-        })?;
+        let mem = space.memory();
+        let original = read_span(mem, addr, &span)?;
         let kind = classify(&original, addr, fentry);
         if kind == SiteKind::CallFentry {
             ncalls += 1;
@@ -295,7 +225,7 @@ pub fn attach(
         }
         found.push(Found {
             addr,
-            gpas,
+            span,
             original,
             kind,
         });
@@ -312,18 +242,14 @@ pub fn attach(
             skipped += 1;
             continue;
         }
-        if let Err(why) = write_phys(map.mem, &f.gpas, &TRAP) {
+        if let Err(e) = write_span(space.memory(), f.addr, &f.span, &TRAP) {
             // Leave no site patched behind an error.
-            detach(map.mem, &patched)?;
-            return Err(PatchError::Memory {
-                addr: f.addr,
-                gpa: f.gpas[0],
-                why,
-            });
+            detach(space.memory(), &patched)?;
+            return Err(e);
         }
         patched.push(PatchedSite {
             addr: f.addr,
-            gpas: f.gpas,
+            span: f.span,
             original: f.original,
         });
     }
@@ -340,28 +266,52 @@ pub fn attach(
 pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
     let mut counts = DetachCounts::default();
     for site in patched {
-        let mem_err = |why| PatchError::Memory {
-            addr: site.addr,
-            gpa: site.gpas[0],
-            why,
-        };
-        let now = read_phys(mem, &site.gpas).map_err(mem_err)?;
+        let now = read_span(mem, site.addr, &site.span)?;
         if now != TRAP {
             counts.changed += 1;
             continue;
         }
-        write_phys(mem, &site.gpas, &site.original).map_err(mem_err)?;
-        let back = read_phys(mem, &site.gpas).map_err(mem_err)?;
+        write_span(mem, site.addr, &site.span, &site.original)?;
+        let back = read_span(mem, site.addr, &site.span)?;
         if back != site.original {
-            return Err(mem_err(format!(
-                "read back {} after restoring {}",
-                hex(&back),
-                hex(&site.original)
-            )));
+            return Err(PatchError::RestoreFailed {
+                addr: site.addr,
+                gpa: site.span.start(),
+                found: hex(&back),
+                original: hex(&site.original),
+            });
         }
         counts.restored += 1;
     }
     Ok(counts)
+}
+
+/// The 5 bytes of the site at `addr`, pinned at `span`.
+fn read_span(
+    mem: &GuestMemoryMmap,
+    addr: u64,
+    span: &PhysSpan,
+) -> Result<[u8; SITE_LEN], PatchError> {
+    let mut b = [0u8; SITE_LEN];
+    span.read(mem, &mut b).map_err(|e| PatchError::Memory {
+        addr,
+        gpa: span.start(),
+        why: e.to_string(),
+    })?;
+    Ok(b)
+}
+
+fn write_span(
+    mem: &GuestMemoryMmap,
+    addr: u64,
+    span: &PhysSpan,
+    bytes: &[u8; SITE_LEN],
+) -> Result<(), PatchError> {
+    span.write(mem, bytes).map_err(|e| PatchError::Memory {
+        addr,
+        gpa: span.start(),
+        why: e.to_string(),
+    })
 }
 
 /// Is the site at `addr` (read through guest physical memory at `gpa`) a
@@ -375,6 +325,7 @@ pub fn is_nop(mem: &GuestMemoryMmap, gpa: u64) -> bool {
 mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use vmm::gva::PagingMode;
 
     #[test]
     fn trap_is_out_then_three_byte_nop() {
@@ -405,7 +356,7 @@ mod tests {
             .unwrap();
         mem.write_slice(&NOP5, GuestAddress(phys + 0xffe)).unwrap();
         let sites = [base, base + 0x100, base + 0xffe];
-        let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
         let Attached::Patched {
             sites: patched,
             skipped,
@@ -446,14 +397,19 @@ mod tests {
         mem.write_slice(&NOP5, GuestAddress(phys)).unwrap();
         mem.write_slice(&call, GuestAddress(phys + 0x200)).unwrap();
         let sites = [base, base + 0x200];
-        let mut map = TextMap::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
         match attach(&mut map, Some(fentry), &sites, CallSites::Wait).unwrap() {
-            Attached::GuestNotReady { calls, first } => assert_eq!((calls, first), (1, base + 0x200)),
+            Attached::GuestNotReady { calls, first } => {
+                assert_eq!((calls, first), (1, base + 0x200))
+            }
             other => panic!("attached while ftrace_init was converting: {other:?}"),
         }
         let mut b = [0u8; 5];
         mem.read_slice(&mut b, GuestAddress(phys)).unwrap();
-        assert_eq!(b, NOP5, "the NOP site was written although the attach was refused");
+        assert_eq!(
+            b, NOP5,
+            "the NOP site was written although the attach was refused"
+        );
         mem.read_slice(&mut b, GuestAddress(phys + 0x200)).unwrap();
         assert_eq!(b, call);
 

@@ -1,8 +1,8 @@
 //! Recording function entries on the trap path.
 //!
 //! Each vCPU thread owns a `Recorder`: it finds the site from RIP, counts the
-//! call in its own counters, reads the caller from [RSP] through a cached
-//! translation, and appends an event to its own buffer; full buffers go to the
+//! call in its own counters, reads the caller from [RSP] through the trap's
+//! own address space, and appends an event to its own buffer; full buffers go to the
 //! collector thread over a channel. Nothing on this path takes a lock.
 //! Counts are always exact; events beyond `--max-events` are counted as
 //! dropped, never lost silently.
@@ -12,18 +12,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use vmm::gva::TlbCache;
-use vmm::{Trap, TrapHandler};
+use vmm::{Trap, TrapError, TrapHandler};
 
+use crate::model::Event;
 use crate::sites::SITE_LEN;
-use crate::trace::Event;
 
 /// Events a vCPU buffers before handing them to the collector.
 pub const BATCH: usize = 4096;
 
 /// Length of `out imm8, al`: on hosts whose KVM completes the `out` before
 /// exiting (this CI host), RIP is already this far past the site.
-const OUT_LEN: u64 = 2;
+pub const OUT_LEN: u64 = 2;
 
 /// The patchable sites, sorted by address, each with its traced function.
 #[derive(Debug, Default)]
@@ -43,6 +42,11 @@ impl SiteIndex {
         }
     }
 
+    /// (address, function) of every site, in address order.
+    pub fn sites(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.addrs.iter().copied().zip(self.funcs.iter().copied())
+    }
+
     fn exact(&self, addr: u64) -> Option<usize> {
         self.addrs.binary_search(&addr).ok()
     }
@@ -56,8 +60,8 @@ impl SiteIndex {
     }
 }
 
-/// Counters and budget shared between the recorders and the controller.
-pub struct Shared {
+/// The recorders' counters and event budget, shared with the tracing session.
+pub struct Counters {
     /// Calls per site, one array per vCPU (written only by that vCPU).
     pub counts: Vec<Box<[AtomicU64]>>,
     /// Events that may still be stored.
@@ -70,18 +74,17 @@ pub struct Shared {
 pub struct Recorder {
     cpu: u32,
     index: Arc<SiteIndex>,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
     buf: Vec<Event>,
     /// Events this recorder may still store without touching `budget`.
     reserved: usize,
     tx: Sender<Vec<Event>>,
-    tlb: TlbCache,
 }
 
 impl Recorder {
     fn reserve(&mut self) {
         let before = self
-            .shared
+            .counters
             .budget
             .fetch_sub(BATCH as i64, Ordering::Relaxed);
         self.reserved = before.clamp(0, BATCH as i64) as usize;
@@ -89,30 +92,33 @@ impl Recorder {
 }
 
 impl TrapHandler for Recorder {
-    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), String> {
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
         let ts_ns = Trap::now_ns();
         let Some(i) = self.index.find(trap.rip) else {
-            return Err(format!(
-                "vCPU {} trapped at {:#x}, which is not a patched site (guest text changed under vmtrace?)",
-                trap.cpu, trap.rip
-            ));
+            return Err(TrapError::UnknownSite {
+                cpu: trap.cpu,
+                rip: trap.rip,
+            });
         };
         trap.set_rip(self.index.addrs[i] + SITE_LEN as u64);
-        let c = &self.shared.counts[self.cpu as usize][i];
+        let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if self.reserved == 0 {
             self.reserve();
             if self.reserved == 0 {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
         }
         self.reserved -= 1;
-        let parent = match self.tlb.read_u64(trap.mem, trap.cr3, trap.paging, trap.rsp) {
+        // Through the trap's own view: the guest may have remapped the stack
+        // page since the last trap (a freed and reused vmalloc stack).
+        let rsp = trap.rsp;
+        let parent = match trap.space().read_u64(rsp) {
             Ok(p) => p,
             Err(_) => {
-                self.shared
+                self.counters
                     .parent_unreadable
                     .fetch_add(1, Ordering::Relaxed);
                 0
@@ -131,8 +137,6 @@ impl TrapHandler for Recorder {
     }
 
     fn flush(&mut self) {
-        // The guest may change its page tables while we are parked.
-        self.tlb.flush();
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
             // The collector only goes away after every recorder is dropped.
@@ -146,9 +150,9 @@ pub fn recorders(
     index: Arc<SiteIndex>,
     ncpus: usize,
     max_events: u64,
-) -> (Arc<Shared>, Vec<Recorder>, JoinHandle<Vec<Event>>) {
+) -> (Arc<Counters>, Vec<Recorder>, JoinHandle<Vec<Event>>) {
     let nsites = index.addrs.len();
-    let shared = Arc::new(Shared {
+    let counters = Arc::new(Counters {
         counts: (0..ncpus)
             .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
             .collect(),
@@ -161,18 +165,17 @@ pub fn recorders(
         .map(|cpu| Recorder {
             cpu: cpu as u32,
             index: Arc::clone(&index),
-            shared: Arc::clone(&shared),
+            counters: Arc::clone(&counters),
             buf: Vec::with_capacity(BATCH),
             reserved: 0,
             tx: tx.clone(),
-            tlb: TlbCache::new(),
         })
         .collect();
     let collector = std::thread::Builder::new()
         .name("collector".into())
         .spawn(move || collect(rx))
         .expect("spawn the collector thread");
-    (shared, recs, collector)
+    (counters, recs, collector)
 }
 
 /// The collector: append batches until every recorder is gone, then sort by time.
@@ -198,5 +201,37 @@ mod tests {
         assert_eq!(idx.find(0x2002), Some(1));
         assert_eq!(idx.find(0x1001), None);
         assert_eq!(idx.find(0x1005), None);
+    }
+
+    #[test]
+    fn a_stack_page_remapped_between_two_traps_gives_the_new_caller() {
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let site = 0xffff_ffff_8100_0000u64;
+        // The stack slot, in the 2 MiB kernel-map page at physical 20 MiB.
+        let rsp = 0xffff_ffff_8140_0ff8u64;
+        let (old_page, new_page) = (0x140_0000u64, 0x200_0000u64);
+        mem.write_obj(0xaaaa_u64, GuestAddress(old_page + 0xff8))
+            .unwrap();
+        mem.write_obj(0xbbbb_u64, GuestAddress(new_page + 0xff8))
+            .unwrap();
+        let index = Arc::new(SiteIndex::new(vec![(site, 0)]));
+        let (_counters, mut recs, collector) = recorders(index, 1, 100);
+        let cr3 = vmm::layout::PML4_START;
+        let mode = vmm::gva::PagingMode::Level4;
+        let mut trap = Trap::for_bench(0, site, rsp, cr3, mode, &mem);
+        recs[0].on_trap(&mut trap).unwrap();
+        // The guest runs and maps that virtual page elsewhere (no pause, no
+        // flush in between: exactly what happens between two traps).
+        let pde = vmm::layout::PD_START + (old_page >> 21) * 8;
+        let flags = mem.read_obj::<u64>(GuestAddress(pde)).unwrap() & 0xfff;
+        mem.write_obj(new_page | flags, GuestAddress(pde)).unwrap();
+        let mut trap = Trap::for_bench(0, site, rsp, cr3, mode, &mem);
+        recs[0].on_trap(&mut trap).unwrap();
+        recs[0].flush();
+        drop(recs);
+        let parents: Vec<u64> = collector.join().unwrap().iter().map(|e| e.parent).collect();
+        assert_eq!(parents, [0xaaaa, 0xbbbb]);
     }
 }

@@ -75,15 +75,14 @@ pub struct Site {
 #[derive(Debug, Clone)]
 pub struct SiteTable {
     pub sites: Vec<Site>,
-    unmatched: usize,
 }
 
 impl SiteTable {
     /// Maps each `__mcount_loc` entry to its function. A site is at the
     /// function's start, or at start + 4 behind `endbr64`, and its file bytes
     /// must be `NOP5` or a call to `__fentry__`. Other entries are stale (an
-    /// overridden weak function, or zeroed by the build) and are counted in
-    /// `unmatched`, never patched.
+    /// overridden weak function, or zeroed by the build) and are left out,
+    /// never patched.
     pub fn build(image: &KernelImage) -> Result<SiteTable, SiteError> {
         if u32::try_from(image.functions.len()).is_err() {
             return Err(SiteError::TooManyFunctions {
@@ -120,18 +119,7 @@ impl SiteTable {
                 entries: entries.len(),
             });
         }
-        let unmatched = entries.len() - sites.len();
-        Ok(SiteTable { sites, unmatched })
-    }
-
-    /// Index of the site starting exactly at `addr`.
-    pub fn lookup(&self, addr: u64) -> Option<usize> {
-        self.sites.binary_search_by_key(&addr, |s| s.addr).ok()
-    }
-
-    /// How many distinct `__mcount_loc` entries were left out as stale.
-    pub fn unmatched(&self) -> usize {
-        self.unmatched
+        Ok(SiteTable { sites })
     }
 
     pub fn len(&self) -> usize {

@@ -72,7 +72,8 @@ pub enum SymbolError {
     },
 }
 
-/// A named symbol with its link-time virtual address.
+/// A named symbol with its link-time virtual address: as read from the ELF
+/// file, and as a trace keeps its functions and callers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Symbol {
     pub name: String,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use tracer::export::{to_json, write_chrome, write_csv, write_json, JSON_SCHEMA, SCHEMA_ID};
-use tracer::trace::Trace;
+use tracer::model::Trace;
 
 /// Checks `v` against the parts of JSON Schema that `JSON_SCHEMA` uses:
 /// `type`, `const`, `minimum`, `required`, `properties`,
@@ -222,7 +222,7 @@ fn report_json_matches_schema_and_counts() {
                 .position(|s| s.name == f["name"].as_str().unwrap())
                 .unwrap();
             assert_eq!(f["addr"], format!("{:#x}", t.functions[i].addr));
-            assert_eq!(f["count"], t.total(i));
+            assert_eq!(f["count"], t.counts[i].iter().sum::<u64>());
             let per_cpu = f["per_cpu"].as_object().unwrap();
             assert_eq!(per_cpu.len(), m.cpus as usize);
             for c in 0..m.cpus as usize {

@@ -2,7 +2,8 @@
 //! (included with `#[path]`; on its own it is an empty test crate).
 #![allow(dead_code)]
 
-use tracer::trace::{Event, FuncSym, Trace, TraceMeta};
+use tracer::model::{Event, Trace, TraceMeta};
+use tracer::symbols::Symbol;
 
 pub const LONG_NAME_LEN: usize = 200;
 pub const ATTACH_NS: u64 = 1_000_000_000_000;
@@ -20,8 +21,8 @@ pub fn long_name() -> String {
     s
 }
 
-fn sym(name: &str, addr: u64, size: u64) -> FuncSym {
-    FuncSym {
+fn sym(name: &str, addr: u64, size: u64) -> Symbol {
+    Symbol {
         name: name.to_string(),
         addr,
         size,

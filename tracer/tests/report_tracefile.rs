@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use tracer::model::Trace;
 use tracer::report::{render, ReportOptions, Sort};
-use tracer::trace::Trace;
 use tracer::tracefile::{load, save, Section, TraceFileError, EVENT_SIZE, MAGIC};
 
 /// A fresh, empty directory for one test.
@@ -52,7 +52,7 @@ fn load_bytes(name: &str, bytes: &[u8]) -> Result<Trace, TraceFileError> {
     r
 }
 
-/// Section start offsets, computed from the format documented in tracefile.rs.
+/// Section start offsets, computed from the format documented in tracefile/mod.rs.
 struct Layout {
     header: usize,
     functions: usize,
@@ -67,7 +67,7 @@ struct Layout {
 fn layout(t: &Trace) -> Layout {
     let str_len = |s: &str| 4 + s.len();
     let syms =
-        |v: &[tracer::trace::FuncSym]| 4 + v.iter().map(|s| str_len(&s.name) + 16).sum::<usize>();
+        |v: &[tracer::symbols::Symbol]| 4 + v.iter().map(|s| str_len(&s.name) + 16).sum::<usize>();
     let m = &t.meta;
     let header = 20;
     let functions = header

@@ -16,6 +16,9 @@ use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
 use kvm_bindings::{
     kvm_run, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES,
 };
+use vm_memory::GuestMemory;
+
+use crate::gva::{AddressSpace, PAGE_SIZE_4K};
 
 /// #BP, the breakpoint exception `int3` raises.
 pub const BP_VECTOR: u8 = 3;
@@ -26,7 +29,7 @@ pub const FSW_ES: u16 = 1 << 7;
 /// Longest x86 instruction.
 const MAX_INSN_LEN: usize = 15;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AssistError {
     #[error(
         "vCPU {cpu} executed `{insn}` at {rip:#x}, which this host's KVM cannot emulate; {hint}"
@@ -39,6 +42,12 @@ pub enum AssistError {
     },
     #[error("vCPU {cpu} stopped with KVM internal error (suberror {suberror}) at {rip:#x}")]
     Internal { cpu: usize, suberror: u32, rip: u64 },
+    #[error("{assist} assist on vCPU {cpu}: {source}")]
+    Ioctl {
+        cpu: usize,
+        assist: &'static str,
+        source: kvm_ioctls::Error,
+    },
 }
 
 /// What the VMM does for a failed emulation.
@@ -49,6 +58,57 @@ pub enum Assist {
     /// `fwait` of this length: skip it, or inject #MF if the x87 status
     /// word has an unmasked exception pending.
     Fwait(u8),
+}
+
+/// What carrying out an assist does to the vCPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Effect {
+    /// Resume here (None: RIP unchanged).
+    pub rip: Option<u64>,
+    /// Inject this exception (no error code).
+    pub inject: Option<u8>,
+}
+
+/// The effect of `what` at `rip`; `fsw` is the x87 status word (read only
+/// for `fwait`). RIP wraps like the CPU's in 64-bit mode, so a guest at the
+/// top of the address space cannot overflow the VMM's arithmetic.
+pub fn effect(what: Assist, rip: u64, fsw: u16) -> Effect {
+    match what {
+        // #BP is a trap: reported after the int3, RIP past it.
+        Assist::Int3 => Effect {
+            rip: Some(rip.wrapping_add(1)),
+            inject: Some(BP_VECTOR),
+        },
+        Assist::Fwait(len) if fsw & FSW_ES == 0 => Effect {
+            rip: Some(rip.wrapping_add(u64::from(len))),
+            inject: None,
+        },
+        // #MF is a fault: reported at the fwait, RIP unchanged.
+        Assist::Fwait(_) => Effect {
+            rip: None,
+            inject: Some(MF_VECTOR),
+        },
+    }
+}
+
+/// The instruction at `rip` read through the guest's page tables, for when
+/// KVM did not include its bytes: up to 15 bytes, stopping at the first
+/// unmapped page, so an instruction near the end of the last mapped page
+/// still decodes.
+pub fn fetch_insn<M: GuestMemory>(space: &mut AddressSpace<'_, M>, rip: u64) -> Vec<u8> {
+    let mut buf = [0u8; MAX_INSN_LEN];
+    let mut got = 0;
+    while got < MAX_INSN_LEN {
+        let at = rip.wrapping_add(got as u64);
+        // One 4 KiB piece at a time: no mapping is finer than that.
+        let to_page_end = PAGE_SIZE_4K - (at & (PAGE_SIZE_4K - 1));
+        let n = (MAX_INSN_LEN - got).min(to_page_end as usize);
+        if space.read(at, &mut buf[got..got + n]).is_err() {
+            break;
+        }
+        got += n;
+    }
+    buf[..got].to_vec()
 }
 
 /// The instruction bytes KVM reports with an emulation failure, if any.
@@ -131,6 +191,8 @@ pub fn name(a: Assist) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gva::PagingMode;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     #[test]
     fn int3_is_assisted_and_xrstor_is_named() {
@@ -146,5 +208,68 @@ mod tests {
             .to_string();
         assert!(msg.contains("ldmxcsr") && !msg.contains("noxsave"), "{msg}");
         assert!(describe(0, &[0x0f, 0xff]).starts_with("undecodable"));
+    }
+
+    #[test]
+    fn effects_wrap_rip_at_the_top_of_the_address_space() {
+        let top = u64::MAX;
+        assert_eq!(
+            effect(Assist::Int3, top, 0),
+            Effect {
+                rip: Some(0),
+                inject: Some(BP_VECTOR)
+            }
+        );
+        assert_eq!(effect(Assist::Fwait(1), top, 0).rip, Some(0));
+        assert_eq!(effect(Assist::Fwait(2), top, 0).rip, Some(1));
+        assert_eq!(effect(Assist::Fwait(1), 0x1000, 0).rip, Some(0x1001));
+        assert_eq!(
+            effect(Assist::Fwait(1), top, FSW_ES),
+            Effect {
+                rip: None,
+                inject: Some(MF_VECTOR)
+            }
+        );
+    }
+
+    /// The boot page tables (first 4 GiB identity-mapped with 2 MiB pages)
+    /// with 2 MiB..4 MiB unmapped.
+    fn memory_with_a_hole() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap();
+        crate::boot::regs::setup_page_tables(&mem).unwrap();
+        mem.write_obj(0u64, GuestAddress(crate::layout::PD_START + 8))
+            .unwrap();
+        mem
+    }
+
+    #[test]
+    fn fetch_stops_at_the_first_unmapped_page() {
+        let mem = memory_with_a_hole();
+        let cr3 = crate::layout::PML4_START;
+        let hole = 2 << 20;
+        // int3 three bytes before the unmapped page.
+        mem.write_slice(&[0xcc, 0x90, 0x90], GuestAddress(hole - 3))
+            .unwrap();
+        let bytes = fetch_insn(
+            &mut AddressSpace::new(&mem, cr3, PagingMode::Level4),
+            hole - 3,
+        );
+        assert_eq!(bytes, [0xcc, 0x90, 0x90]);
+        assert_eq!(choose(0, hole - 3, &bytes).unwrap(), Assist::Int3);
+        // Fully mapped: all 15 bytes, across a page boundary.
+        mem.write_slice(&[0x9b], GuestAddress(0x1ff8)).unwrap();
+        let bytes = fetch_insn(
+            &mut AddressSpace::new(&mem, cr3, PagingMode::Level4),
+            0x1ff8,
+        );
+        assert_eq!(bytes.len(), MAX_INSN_LEN);
+        assert_eq!(choose(0, 0x1ff8, &bytes).unwrap(), Assist::Fwait(1));
+        // Nothing mapped at RIP: nothing fetched, and the error says so.
+        let bytes = fetch_insn(&mut AddressSpace::new(&mem, cr3, PagingMode::Level4), hole);
+        assert!(bytes.is_empty());
+        assert!(choose(0, hole, &bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("undecodable bytes []"));
     }
 }

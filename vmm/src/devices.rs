@@ -45,14 +45,37 @@ impl Trigger for ResetLine {
 
 /// Lines kept from the console for error messages.
 const CONSOLE_TAIL_LINES: usize = 20;
+/// Longest line kept: a guest that never prints a newline must not grow host
+/// memory, so a longer line is cut here and kept as lines of this length (its
+/// bytes still all reach the sink).
+const CONSOLE_LINE_MAX: usize = 4096;
 /// What Linux prints when it panics (kernel/panic.c).
 const PANIC_MARKER: &str = "Kernel panic - not syncing";
 
-/// The console: bytes from the UART go to the user's sink; whole lines are
-/// kept for the end-of-run message and scanned for a kernel panic.
+/// The marker is matched a byte at a time with no backtracking, which is
+/// exact only if its first byte occurs nowhere else in it: after a mismatch
+/// no match can then have started inside the bytes matched so far.
+const _: () = {
+    let m = PANIC_MARKER.as_bytes();
+    let mut i = 1;
+    while i < m.len() {
+        assert!(m[i] != m[0], "PANIC_MARKER needs a unique first byte");
+        i += 1;
+    }
+};
+
+/// The console: bytes from the UART go to the user's sink; lines (cut at
+/// [`CONSOLE_LINE_MAX`]) are kept for the end-of-run message, and the bytes
+/// are scanned for a kernel panic as they arrive, each byte once.
 pub struct Console {
     out: Box<dyn Write + Send>,
+    /// The current line, at most `CONSOLE_LINE_MAX` bytes.
     line: Vec<u8>,
+    /// Bytes of `PANIC_MARKER` that end the bytes seen so far on this line
+    /// (across cuts of a long line, not across newlines).
+    marker_matched: usize,
+    /// Where in `line` the text after a just-seen panic marker starts.
+    panic_at: Option<usize>,
     tail: VecDeque<String>,
     panic: Option<String>,
 }
@@ -62,6 +85,8 @@ impl Console {
         Console {
             out,
             line: Vec::new(),
+            marker_matched: 0,
+            panic_at: None,
             tail: VecDeque::new(),
             panic: None,
         }
@@ -72,25 +97,52 @@ impl Console {
     pub fn tail(&self) -> impl Iterator<Item = &str> {
         self.tail.iter().map(String::as_str)
     }
+
+    fn push(&mut self, b: u8) {
+        self.line.push(b);
+        if self.panic.is_none() && self.panic_at.is_none() {
+            let marker = PANIC_MARKER.as_bytes();
+            self.marker_matched = if b == marker[self.marker_matched] {
+                self.marker_matched + 1
+            } else {
+                usize::from(b == marker[0])
+            };
+            if self.marker_matched == marker.len() {
+                self.panic_at = Some(self.line.len());
+                self.marker_matched = 0;
+            }
+        }
+        if self.line.len() == CONSOLE_LINE_MAX {
+            self.end_line();
+        }
+    }
+
+    /// Keep the current line (whole, or the piece of a long one) in the tail.
+    fn end_line(&mut self) {
+        if let Some(at) = self.panic_at.take() {
+            // The marker may have started in the previous piece of a cut line.
+            let rest = String::from_utf8_lossy(&self.line[at..]);
+            self.panic = Some(format!("{PANIC_MARKER}{}", rest.trim_end()));
+        }
+        let line = String::from_utf8_lossy(&self.line).trim_end().to_string();
+        if self.tail.len() == CONSOLE_TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line);
+        self.line.clear();
+    }
 }
 
 impl Write for Console {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         for &b in buf {
-            if b == b'\n' {
-                let line = String::from_utf8_lossy(&self.line).trim_end().to_string();
-                if self.panic.is_none() {
-                    if let Some(pos) = line.find(PANIC_MARKER) {
-                        self.panic = Some(line[pos..].to_string());
-                    }
+            match b {
+                b'\n' => {
+                    self.end_line();
+                    self.marker_matched = 0;
                 }
-                if self.tail.len() == CONSOLE_TAIL_LINES {
-                    self.tail.pop_front();
-                }
-                self.tail.push_back(line);
-                self.line.clear();
-            } else if b != b'\r' {
-                self.line.push(b);
+                b'\r' => {}
+                _ => self.push(b),
             }
         }
         self.out.write_all(buf)?;
@@ -205,6 +257,82 @@ mod tests {
                 .as_deref(),
             Some("Kernel panic - not syncing: VFS")
         );
+    }
+
+    /// Counts the bytes written, keeps none.
+    #[derive(Clone, Default)]
+    struct Counter(Arc<std::sync::atomic::AtomicUsize>);
+    impl Write for Counter {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.fetch_add(b.len(), Ordering::Relaxed);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn endless_line_keeps_memory_bounded() {
+        const TOTAL: usize = 10 << 20;
+        let sink = Counter::default();
+        let mut c = Console::new(Box::new(sink.clone()));
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..TOTAL / chunk.len() {
+            c.write_all(&chunk).unwrap();
+            assert!(c.line.len() < CONSOLE_LINE_MAX, "{}", c.line.len());
+        }
+        assert!(
+            c.line.capacity() <= CONSOLE_LINE_MAX,
+            "{}",
+            c.line.capacity()
+        );
+        assert_eq!(c.tail.len(), CONSOLE_TAIL_LINES);
+        assert!(c.tail().all(|l| l.len() == CONSOLE_LINE_MAX));
+        // Every byte still reached the sink.
+        assert_eq!(sink.0.load(Ordering::Relaxed), TOTAL);
+
+        // The long line ends; a panic on the next line is still seen.
+        c.write_all(b"yy\r\n[    1.5] Kernel panic - not syncing: VFS: no root\r\n")
+            .unwrap();
+        assert_eq!(
+            c.panic_message(),
+            Some("Kernel panic - not syncing: VFS: no root")
+        );
+        let tail: Vec<&str> = c.tail().collect();
+        assert_eq!(tail.len(), CONSOLE_TAIL_LINES);
+        assert_eq!(
+            tail[CONSOLE_TAIL_LINES - 2..],
+            [
+                "x".repeat(TOTAL % CONSOLE_LINE_MAX) + "yy",
+                "[    1.5] Kernel panic - not syncing: VFS: no root".to_string()
+            ]
+        );
+        assert!(c.line.is_empty());
+    }
+
+    #[test]
+    fn panic_marker_across_a_cut_is_seen() {
+        let mut c = Console::new(Box::new(std::io::sink()));
+        let mut bytes = vec![b'.'; CONSOLE_LINE_MAX - 10];
+        bytes.extend_from_slice(b"Kernel panic - not syncing: late\nnext\n");
+        c.write_all(&bytes).unwrap();
+        assert_eq!(c.panic_message(), Some("Kernel panic - not syncing: late"));
+        // The first panic is kept.
+        c.write_all(b"Kernel panic - not syncing: second\n")
+            .unwrap();
+        assert_eq!(c.panic_message(), Some("Kernel panic - not syncing: late"));
+    }
+
+    #[test]
+    fn panic_marker_does_not_span_lines_or_restart_wrongly() {
+        let mut c = Console::new(Box::new(std::io::sink()));
+        // A partial marker, a newline, the rest: no panic.
+        c.write_all(b"Kernel panic\n - not syncing\n").unwrap();
+        assert_eq!(c.panic_message(), None);
+        // A false start right before the real marker.
+        c.write_all(b"KerKernel panic - not syncing: x\n").unwrap();
+        assert_eq!(c.panic_message(), Some("Kernel panic - not syncing: x"));
     }
 
     #[test]

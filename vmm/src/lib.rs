@@ -5,14 +5,18 @@
 pub mod assist;
 pub mod boot;
 pub mod devices;
+pub mod exit;
 pub mod gva;
 pub mod layout;
 pub mod pause;
 pub mod run;
+pub mod stop;
+mod sys;
 pub mod trap;
 pub mod vcpu;
 pub mod vm;
 
-pub use run::{Paused, RunReport, Running, StopReason};
-pub use trap::{NoTracer, Trap, TrapHandler};
+pub use run::{Paused, RunReport, Running, VcpuSpace};
+pub use stop::{StopReason, VcpuError};
+pub use trap::{NoTracer, Trap, TrapError, TrapHandler};
 pub use vm::{Vm, VmConfig, VmError};

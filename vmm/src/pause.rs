@@ -1,45 +1,54 @@
 //! Stop-the-world: vmtrace's host-side `stop_machine`.
 //!
-//! The controller sets `requested`, then kicks every vCPU out of KVM_RUN:
-//! `immediate_exit = 1` in its run page (so a KVM_RUN that has not started yet
-//! returns at once) and then a signal (so one already inside the guest exits).
-//! The flag is set before either, and each vCPU thread publishes its run page
-//! and thread id before it first reads the flag, so no kick can be lost: either
-//! the controller sees the thread registered and kicks it, or the thread reads
-//! the flag after it was set. Each vCPU parks on a condition variable with a
-//! snapshot of its registers; when all live vCPUs are parked the controller has
+//! Each vCPU is Running, Parked (with a snapshot of its registers) or Exited
+//! ([`VcpuState`]). The controller sets `requested` (a pause) or `stopping`,
+//! then kicks every registered vCPU thread out of KVM_RUN: it stores 1 in the
+//! run page's `immediate_exit` (a KVM_RUN that has not started returns at
+//! once) and sends a signal (one inside the guest exits with EINTR). Each vCPU
+//! parks on a condition variable; when none is Running the controller has
 //! guest memory and vCPU state to itself until it resumes them.
+//!
+//! No kick is lost:
+//! - A vCPU thread registers (publishes its `immediate_exit` and thread id)
+//!   before it first reads the flags, so either the controller sees it
+//!   registered and kicks it, or the thread reads the flag after it was set.
+//! - `immediate_exit` is written by the controller and the vCPU thread and
+//!   read by KVM: vmtrace touches it only through an atomic made from a raw
+//!   pointer to the byte, never through a `&mut kvm_run` (kvm-ioctls forms
+//!   one inside `VcpuFd::run` to decode an exit, but never touches the byte).
+//! - The vCPU thread clears it at the top of every loop iteration, *before*
+//!   it reads the flags, and both are SeqCst (so the flag load cannot be done
+//!   ahead of the clear, which x86 allows for a plain store and a later
+//!   load). A kick stores its flag before its 1; so if the clear erased the
+//!   1, it came after that store, and the flag read after the clear sees the
+//!   flag; and if the 1 came after the clear, the next KVM_RUN returns at
+//!   once. The periodic re-kick (every 5 ms while a pause waits) is then
+//!   only a safety net.
+//!
+//! Registration is a guard ([`Registration`]): dropping it, on return or while
+//! a panicking vCPU thread unwinds, removes the kick target under the lock
+//! `kick_all` holds and marks the vCPU Exited, so a kick never writes to an
+//! unmapped run page or signals a dead thread, and no pause waits for a vCPU
+//! that is gone.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, Once};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_regs, kvm_run, kvm_sregs};
 
-/// The signal that kicks a vCPU thread out of KVM_RUN. Its handler does
-/// nothing: the interrupted ioctl returning EINTR is the whole point.
+use crate::sys::{install_signal_handler, lock, unpoison};
+
+/// How often a pause re-kicks the vCPUs that have not parked yet.
+const REKICK: Duration = Duration::from_millis(5);
+
+/// The signal that kicks a vCPU thread out of KVM_RUN.
 pub fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN() + 1
 }
 
+/// Does nothing: the interrupted KVM_RUN returning EINTR is the whole point.
 extern "C" fn noop_handler(_: libc::c_int) {}
-
-/// Install the kick signal's handler once per process (without SA_RESTART, so
-/// KVM_RUN returns EINTR instead of being restarted).
-pub fn install_kick_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value;
-        // the handler is an `extern "C"` function that touches nothing, which
-        // is async-signal-safe.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = noop_handler as *const () as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(kick_signal(), &sa, std::ptr::null_mut());
-        }
-    });
-}
 
 /// Registers of a parked vCPU.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,23 +57,37 @@ pub struct VcpuSnapshot {
     pub sregs: kvm_sregs,
 }
 
+/// Where a vCPU thread is, as the pause protocol sees it.
+// The states live in one Vec allocated once; boxing the snapshot would
+// allocate on every park instead.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+pub enum VcpuState {
+    /// In or around KVM_RUN (or not started yet).
+    Running,
+    /// Stopped by a pause, with its registers.
+    Parked(VcpuSnapshot),
+    /// Left its loop for good.
+    Exited,
+}
+
+/// What the flags ask of a vCPU thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wanted {
+    Run,
+    Pause,
+    Stop,
+}
+
 /// How to reach one vCPU thread while it is in its loop.
-#[derive(Clone, Copy)]
 struct Kicker {
-    run: *mut kvm_run,
+    immediate_exit: *const AtomicU8,
     thread: libc::pthread_t,
 }
 
 // SAFETY: the pointer is only dereferenced under the `kickers` lock while the
-// vCPU thread is registered, which is while its fd (and so the mapping) lives.
+// vCPU thread is registered, which is while its run page is mapped.
 unsafe impl Send for Kicker {}
-
-struct State {
-    /// vCPU threads still running their loop.
-    live: usize,
-    parked: usize,
-    snapshots: Vec<Option<VcpuSnapshot>>,
-}
 
 /// Latency and window of every pause, in nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -78,89 +101,71 @@ pub struct PauseStats {
 pub struct PauseControl {
     requested: AtomicBool,
     stopping: AtomicBool,
-    state: Mutex<State>,
+    vcpus: Mutex<Vec<VcpuState>>,
     parked_cv: Condvar,
     resume_cv: Condvar,
-    /// Registered vCPU threads; a thread deregisters before it gives up its
-    /// fd, so a kick never touches an unmapped run page or a dead thread.
+    /// Registered vCPU threads (see [`Registration`]).
     kickers: Mutex<Vec<Option<Kicker>>>,
     stats: Mutex<PauseStats>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    rekick: Duration,
 }
 
 impl PauseControl {
-    /// `start_paused`: the vCPUs park before their first instruction.
-    pub fn new(ncpus: usize, start_paused: bool) -> Self {
-        install_kick_handler();
-        PauseControl {
+    /// `start_paused`: the vCPUs park before their first instruction. Fails
+    /// only if the kick signal's handler cannot be installed (without it a
+    /// kick would kill the process).
+    pub fn new(ncpus: usize, start_paused: bool) -> std::io::Result<Self> {
+        install_signal_handler(kick_signal(), noop_handler)?;
+        Ok(PauseControl {
             requested: AtomicBool::new(start_paused),
             stopping: AtomicBool::new(false),
-            state: Mutex::new(State {
-                live: ncpus,
-                parked: 0,
-                snapshots: vec![None; ncpus],
-            }),
+            vcpus: Mutex::new(vec![VcpuState::Running; ncpus]),
             parked_cv: Condvar::new(),
             resume_cv: Condvar::new(),
-            kickers: Mutex::new(vec![None; ncpus]),
+            kickers: Mutex::new((0..ncpus).map(|_| None).collect()),
             stats: Mutex::new(PauseStats::default()),
-        }
+            rekick: REKICK,
+        })
     }
 
     // ---- vCPU side ----
 
-    /// Called by vCPU thread `cpu` before its first KVM_RUN.
-    pub(crate) fn register(&self, cpu: usize, run: *mut kvm_run) {
+    /// Register the calling thread as vCPU `cpu`, before its first look at
+    /// the flags; the guard deregisters it.
+    ///
+    /// # Safety
+    /// `run` must point to the vCPU's `kvm_run` page and the page must stay
+    /// mapped until the returned guard is dropped.
+    pub(crate) unsafe fn register(&self, cpu: usize, run: *mut kvm_run) -> Registration<'_> {
+        // SAFETY: the caller keeps the page mapped while the guard lives; a
+        // u8 needs no alignment; every access vmtrace makes to this byte goes
+        // through an atomic (module comment), and KVM reads it only inside
+        // KVM_RUN, which is how the kernel ABI has it shared.
+        let immediate_exit =
+            unsafe { AtomicU8::from_ptr(std::ptr::addr_of_mut!((*run).immediate_exit)) };
         // SAFETY: pthread_self has no preconditions.
         let thread = unsafe { libc::pthread_self() };
-        lock(&self.kickers)[cpu] = Some(Kicker { run, thread });
-    }
-
-    /// Should the vCPU leave the guest (a pause or a stop is wanted)?
-    #[inline]
-    pub fn should_exit(&self) -> bool {
-        self.requested.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst)
-    }
-
-    pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
-    /// Park vCPU `cpu` until the pause ends; `snapshot` is taken only if a pause
-    /// is really wanted. Clears the vCPU's `immediate_exit` before returning.
-    pub(crate) fn park(
-        &self,
-        cpu: usize,
-        run: *mut kvm_run,
-        snapshot: impl FnOnce() -> VcpuSnapshot,
-    ) {
-        let mut st = lock(&self.state);
-        if self.requested.load(Ordering::SeqCst) && !self.is_stopping() {
-            st.snapshots[cpu] = Some(snapshot());
-            st.parked += 1;
-            self.parked_cv.notify_all();
-            while self.requested.load(Ordering::SeqCst) && !self.is_stopping() {
-                st = self.resume_cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            st.parked -= 1;
-            st.snapshots[cpu] = None;
+        lock(&self.kickers)[cpu] = Some(Kicker {
+            immediate_exit,
+            thread,
+        });
+        Registration {
+            pause: self,
+            cpu,
+            immediate_exit,
         }
-        // SAFETY: `run` is this thread's own mapped kvm_run page; the only other
-        // writer is `kick`, which only ever stores 1 while a pause or stop is
-        // requested, and we clear it after that request has been served.
-        unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 0) };
     }
 
-    /// Called by vCPU thread `cpu` as it leaves its loop for good, before it
-    /// gives up its fd.
-    pub fn exited(&self, cpu: usize) {
-        lock(&self.kickers)[cpu] = None;
-        let mut st = lock(&self.state);
-        st.live -= 1;
-        self.parked_cv.notify_all();
+    /// What the flags ask of the vCPUs now.
+    #[inline]
+    pub(crate) fn wanted(&self) -> Wanted {
+        if self.stopping.load(Ordering::SeqCst) {
+            Wanted::Stop
+        } else if self.requested.load(Ordering::SeqCst) {
+            Wanted::Pause
+        } else {
+            Wanted::Run
+        }
     }
 
     // ---- controller side ----
@@ -171,33 +176,26 @@ impl PauseControl {
     fn kick_all(&self) {
         for k in lock(&self.kickers).iter().flatten() {
             // SAFETY: registered means the thread is alive and its run page
-            // mapped (it deregisters under this lock before either ends); a
-            // volatile byte store is how KVM expects `immediate_exit` to be set
-            // from another thread.
+            // mapped: its guard deregisters under this lock before either ends.
             unsafe {
-                std::ptr::write_volatile(&mut (*k.run).immediate_exit, 1);
+                (*k.immediate_exit).store(1, Ordering::SeqCst);
                 libc::pthread_kill(k.thread, kick_signal());
             }
         }
     }
 
-    /// Stop every vCPU; returns the pause latency. Waits until every live
-    /// vCPU is parked.
+    /// Stop every vCPU; returns the pause latency. Waits until no vCPU is
+    /// Running.
     pub fn pause_all(&self) -> Duration {
         let start = Instant::now();
         self.requested.store(true, Ordering::SeqCst);
         self.kick_all();
-        let mut st = lock(&self.state);
-        while st.parked < st.live {
-            // Re-kick periodically: a vCPU blocked in a host syscall that was
-            // not KVM_RUN when the signal came would otherwise wait for its
-            // next exit.
-            let (s, timeout) = self
-                .parked_cv
-                .wait_timeout(st, Duration::from_millis(5))
-                .unwrap_or_else(|e| e.into_inner());
+        let running = |v: &Vec<VcpuState>| v.iter().any(|s| matches!(s, VcpuState::Running));
+        let mut st = lock(&self.vcpus);
+        while running(&st) {
+            let (s, timeout) = unpoison(self.parked_cv.wait_timeout(st, self.rekick));
             st = s;
-            if timeout.timed_out() && st.parked < st.live {
+            if timeout.timed_out() && running(&st) {
                 self.kick_all();
             }
         }
@@ -208,21 +206,24 @@ impl PauseControl {
 
     /// Let the vCPUs go; `window` is how long they were all parked.
     pub fn resume_all(&self, window: Duration) {
-        let _st = lock(&self.state);
+        let _st = lock(&self.vcpus);
         self.requested.store(false, Ordering::SeqCst);
         self.resume_cv.notify_all();
         lock(&self.stats).window_ns.push(window.as_nanos() as u64);
     }
 
-    /// Registers of parked vCPU `cpu` (None if it has exited).
+    /// Registers of parked vCPU `cpu` (None if it is not parked).
     pub fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
-        lock(&self.state).snapshots.get(cpu).copied().flatten()
+        match lock(&self.vcpus).get(cpu) {
+            Some(VcpuState::Parked(s)) => Some(*s),
+            _ => None,
+        }
     }
 
     /// Ask every vCPU to leave its loop.
     pub fn stop_all(&self) {
         {
-            let _st = lock(&self.state);
+            let _st = lock(&self.vcpus);
             self.stopping.store(true, Ordering::SeqCst);
             self.resume_cv.notify_all();
         }
@@ -231,5 +232,147 @@ impl PauseControl {
 
     pub fn stats(&self) -> PauseStats {
         lock(&self.stats).clone()
+    }
+}
+
+/// A vCPU thread's registration: while it lives the controller may kick the
+/// thread; dropping it deregisters the thread and marks the vCPU Exited.
+pub(crate) struct Registration<'a> {
+    pause: &'a PauseControl,
+    cpu: usize,
+    immediate_exit: &'a AtomicU8,
+}
+
+impl Registration<'_> {
+    /// Clear this vCPU's `immediate_exit`; call it before reading the flags
+    /// (module comment).
+    #[inline]
+    pub fn clear_kick(&self) {
+        self.immediate_exit.store(0, Ordering::SeqCst);
+    }
+
+    /// Park until the pause ends; `snapshot` is taken only if a pause is
+    /// really wanted.
+    pub fn park(&self, snapshot: impl FnOnce() -> VcpuSnapshot) {
+        let pause = self.pause;
+        let mut st = lock(&pause.vcpus);
+        // The flags change under this lock, so this check holds until the wait.
+        if pause.wanted() != Wanted::Pause {
+            return;
+        }
+        st[self.cpu] = VcpuState::Parked(snapshot());
+        pause.parked_cv.notify_all();
+        while pause.wanted() == Wanted::Pause {
+            st = unpoison(pause.resume_cv.wait(st));
+        }
+        st[self.cpu] = VcpuState::Running;
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        lock(&self.pause.kickers)[self.cpu] = None;
+        lock(&self.pause.vcpus)[self.cpu] = VcpuState::Exited;
+        self.pause.parked_cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    /// Run `f` on a thread; fail if it takes longer than `limit` (a hang).
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .expect("hung (a lost kick or a vCPU that never counted as gone)")
+    }
+
+    /// A vCPU thread's loop with KVM_RUN replaced by a wait for
+    /// `immediate_exit`, so only that byte (not the signal) ends a "run".
+    fn fake_vcpu(pause: Arc<PauseControl>, cpu: usize) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut page = Box::new(kvm_run::default());
+            // SAFETY: `page` outlives `reg` (declared first, dropped last).
+            let reg = unsafe { pause.register(cpu, &mut *page) };
+            loop {
+                reg.clear_kick();
+                match pause.wanted() {
+                    Wanted::Run => {
+                        while reg.immediate_exit.load(Ordering::SeqCst) == 0 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    Wanted::Pause => reg.park(VcpuSnapshot::default),
+                    Wanted::Stop => break,
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn a_panicking_vcpu_thread_deregisters_and_counts_as_gone() {
+        let pause = Arc::new(PauseControl::new(2, false).unwrap());
+        let p = Arc::clone(&pause);
+        let dead = std::thread::spawn(move || {
+            let mut page = Box::new(kvm_run::default());
+            // SAFETY: `page` outlives `_reg`.
+            let _reg = unsafe { p.register(0, &mut *page) };
+            panic!("vCPU thread dies");
+        });
+        assert!(dead.join().is_err());
+        assert!(lock(&pause.kickers)[0].is_none(), "still kickable");
+        assert!(matches!(lock(&pause.vcpus)[0], VcpuState::Exited));
+        let live = fake_vcpu(Arc::clone(&pause), 1);
+        // Before the guard, the dead vCPU stayed live and this never returned.
+        let p = Arc::clone(&pause);
+        within(Duration::from_secs(20), move || {
+            p.pause_all();
+            assert!(p.snapshot(1).is_some());
+            assert!(p.snapshot(0).is_none());
+            p.resume_all(Duration::ZERO);
+            p.stop_all();
+        });
+        live.join().unwrap();
+    }
+
+    #[test]
+    fn back_to_back_pauses_never_need_a_rekick() {
+        let mut pause = PauseControl::new(2, false).unwrap();
+        // A lost kick would hang a pause for a minute instead of 5 ms.
+        pause.rekick = Duration::from_secs(60);
+        let pause = Arc::new(pause);
+        let vcpus: Vec<_> = (0..2).map(|c| fake_vcpu(Arc::clone(&pause), c)).collect();
+        let p = Arc::clone(&pause);
+        within(Duration::from_secs(50), move || {
+            for _ in 0..5000 {
+                p.pause_all();
+                p.resume_all(Duration::ZERO);
+            }
+            p.stop_all();
+        });
+        for v in vcpus {
+            v.join().unwrap();
+        }
+        assert_eq!(pause.stats().latency_ns.len(), 5000);
+    }
+
+    #[test]
+    fn start_paused_parks_before_running() {
+        let pause = Arc::new(PauseControl::new(1, true).unwrap());
+        let v = fake_vcpu(Arc::clone(&pause), 0);
+        let p = Arc::clone(&pause);
+        within(Duration::from_secs(20), move || {
+            p.pause_all();
+            assert!(p.snapshot(0).is_some());
+            p.stop_all();
+        });
+        v.join().unwrap();
+        assert!(matches!(lock(&pause.vcpus)[0], VcpuState::Exited));
     }
 }

@@ -1,71 +1,19 @@
 //! The controller's view of a running guest: wait for it to stop, stop it,
 //! pause it, and collect what the vCPUs did.
 
-use std::fmt;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Once};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_ioctls::VcpuFd;
 use vm_memory::GuestMemoryMmap;
 
 use crate::devices::Devices;
+use crate::exit::VcpuStats;
+use crate::gva::AddressSpace;
 use crate::pause::{PauseControl, PauseStats, VcpuSnapshot};
-use crate::vcpu::VcpuStats;
-
-/// Why a run ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// The guest powered itself off with this status.
-    PowerOff(u8),
-    /// The guest asked for a reset (Linux `reboot=k`, or after a panic).
-    Reset,
-    /// The guest kernel panicked (the console line).
-    Panic(String),
-    /// A vCPU triple-faulted.
-    TripleFault { cpu: usize, rip: u64 },
-    /// `--timeout` elapsed.
-    Timeout(Duration),
-    /// SIGINT or SIGTERM.
-    Signal(i32),
-    /// The host side asked the guest to stop (e.g. `--duration`).
-    Requested,
-    /// Something went wrong; the message says what.
-    Error(String),
-}
-
-impl StopReason {
-    /// Did the guest end on its own terms?
-    pub fn is_clean(&self) -> bool {
-        matches!(self, StopReason::PowerOff(0))
-    }
-}
-
-impl fmt::Display for StopReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StopReason::PowerOff(s) => write!(f, "guest powered off (status {s})"),
-            StopReason::Reset => write!(f, "guest requested a reset"),
-            StopReason::Panic(m) => write!(f, "guest panicked: {m}"),
-            StopReason::TripleFault { cpu, rip } => {
-                write!(f, "vCPU {cpu} triple-faulted (shutdown) at {rip:#x}")
-            }
-            StopReason::Timeout(d) => write!(f, "timeout after {} s", d.as_secs_f64()),
-            StopReason::Signal(s) => write!(
-                f,
-                "stopped by {}",
-                if *s == libc::SIGINT {
-                    "Ctrl-C (SIGINT)"
-                } else {
-                    "SIGTERM"
-                }
-            ),
-            StopReason::Requested => write!(f, "stopped on request"),
-            StopReason::Error(m) => write!(f, "{m}"),
-        }
-    }
-}
+use crate::stop::{panic_message, StopReason, VcpuError};
+use crate::sys::{install_signal_handler, lock, unpoison};
 
 /// State every vCPU thread and the controller share.
 pub struct Shared {
@@ -93,7 +41,7 @@ impl Shared {
     /// Record why the run ends (the first reason wins) and stop every vCPU.
     pub fn stop(&self, reason: StopReason) {
         {
-            let mut s = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = lock(&self.stop);
             if s.is_none() {
                 *s = Some(reason);
             }
@@ -103,7 +51,7 @@ impl Shared {
     }
 
     fn stop_reason(&self) -> Option<StopReason> {
-        self.stop.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.stop).clone()
     }
 }
 
@@ -114,21 +62,13 @@ extern "C" fn on_terminate(sig: libc::c_int) {
 }
 
 /// Turn SIGINT and SIGTERM into a clean stop: the handler only records the
-/// signal; the controller notices within one wait step.
-pub fn install_terminate_handlers() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: zeroed sigaction = no flags, empty mask; the handler only
-            // stores to an atomic, which is async-signal-safe.
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_terminate as *const () as usize;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(sig, &sa, std::ptr::null_mut());
-            }
-        }
-    });
+/// signal (an atomic store, async-signal-safe); the controller notices within
+/// one wait step.
+pub fn install_terminate_handlers() -> std::io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        install_signal_handler(sig, on_terminate)?;
+    }
+    Ok(())
 }
 
 /// Everything measured in one run.
@@ -147,7 +87,7 @@ pub struct RunReport {
 /// A running guest.
 pub struct Running {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) threads: Vec<JoinHandle<(VcpuFd, VcpuStats)>>,
+    pub(crate) threads: Vec<JoinHandle<VcpuStats>>,
     pub(crate) started: Instant,
     pub(crate) deadline: Option<Instant>,
     pub(crate) timeout: Option<Duration>,
@@ -163,9 +103,36 @@ pub struct Paused<'a> {
     latency: Duration,
 }
 
+/// The address space of one parked vCPU.
+pub struct VcpuSpace<'m> {
+    pub cpu: usize,
+    /// It was running at CPL 3 (user code, or the kernel's entry path still
+    /// on the user's page tables).
+    pub user_mode: bool,
+    pub space: AddressSpace<'m>,
+}
+
+/// Selector bits 1:0 of CS: the privilege level the vCPU runs at.
+const CS_RPL_MASK: u16 = 3;
+
 impl Paused<'_> {
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.run.shared.mem
+    }
+    /// The address spaces of the parked vCPUs that run with paging on, in
+    /// vCPU order.
+    pub fn vcpu_spaces(&self) -> Vec<VcpuSpace<'_>> {
+        (0..self.run.cpus())
+            .filter_map(|cpu| {
+                let s = self.snapshot(cpu)?;
+                let space = AddressSpace::of_vcpu(self.memory(), &s.sregs)?;
+                Some(VcpuSpace {
+                    cpu,
+                    user_mode: s.sregs.cs.selector & CS_RPL_MASK != 0,
+                    space,
+                })
+            })
+            .collect()
     }
     /// Registers of a parked vCPU; None if it has already exited.
     pub fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
@@ -225,20 +192,16 @@ impl Running {
                     let p = self.pause_all();
                     (0..self.cpus()).map(|c| p.snapshot(c)).collect()
                 };
-                *self
-                    .shared
-                    .last_regs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = regs;
+                *lock(&self.shared.last_regs) = regs;
                 self.shared.stop(StopReason::Timeout(t));
             }
         }
-        let s = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
-        let (s, _) = self
-            .shared
-            .stop_cv
-            .wait_timeout_while(s, step, |r| r.is_none())
-            .unwrap_or_else(|e| e.into_inner());
+        let s = lock(&self.shared.stop);
+        let (s, _) = unpoison(
+            self.shared
+                .stop_cv
+                .wait_timeout_while(s, step, |r| r.is_none()),
+        );
         s.clone()
     }
 
@@ -255,13 +218,23 @@ impl Running {
     pub fn finish(self) -> RunReport {
         self.shared.stop(StopReason::Requested);
         let mut vcpus = Vec::new();
-        for t in self.threads {
+        let mut died = None;
+        for (cpu, t) in self.threads.into_iter().enumerate() {
             match t.join() {
-                Ok((_fd, stats)) => vcpus.push(stats),
-                Err(_) => vcpus.push(VcpuStats::default()),
+                Ok(stats) => vcpus.push(stats),
+                Err(payload) => {
+                    // A panic the thread did not catch itself (vcpu.rs catches
+                    // its loop's): its counts are lost, the run is broken.
+                    let message = panic_message(&*payload);
+                    died.get_or_insert(VcpuError::Panicked { cpu, message });
+                    vcpus.push(VcpuStats::default());
+                }
             }
         }
-        let mut reason = self.shared.stop_reason().unwrap_or(StopReason::Requested);
+        let mut reason = match died {
+            Some(e) => StopReason::Error(e),
+            None => self.shared.stop_reason().unwrap_or(StopReason::Requested),
+        };
         let (panic, tail) = self.shared.devices.with_console(|c| {
             let _ = std::io::Write::flush(c);
             (
@@ -270,7 +243,10 @@ impl Running {
             )
         });
         if let Some(msg) = panic {
-            if matches!(reason, StopReason::Reset | StopReason::TripleFault { .. }) {
+            if matches!(
+                reason,
+                StopReason::Reset | StopReason::TripleFault { .. } | StopReason::Crash { .. }
+            ) {
                 reason = StopReason::Panic(msg);
             }
         }
@@ -280,12 +256,7 @@ impl Running {
             vcpus,
             pause: self.shared.pause.stats(),
             console_tail: tail,
-            last_regs: self
-                .shared
-                .last_regs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            last_regs: lock(&self.shared.last_regs).clone(),
         }
     }
 }

@@ -8,7 +8,7 @@
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::GuestMemoryMmap;
 
-use crate::gva::PagingMode;
+use crate::gva::{AddressSpace, PagingMode};
 
 /// One exit on the trace port.
 pub struct Trap<'a> {
@@ -18,9 +18,10 @@ pub struct Trap<'a> {
     /// accept both.
     pub rip: u64,
     pub rsp: u64,
-    pub cr3: u64,
-    pub paging: PagingMode,
-    pub mem: &'a GuestMemoryMmap,
+    /// Guest memory as this vCPU sees it now. Built afresh for each trap:
+    /// the guest runs between traps and may remap any page, so no
+    /// translation outlives the exit it was made for.
+    space: AddressSpace<'a>,
     new_rip: Option<u64>,
 }
 
@@ -35,9 +36,7 @@ impl<'a> Trap<'a> {
             cpu,
             rip: regs.rip,
             rsp: regs.rsp,
-            cr3: sregs.cr3,
-            paging: PagingMode::from_cr4(sregs.cr4),
-            mem,
+            space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
         }
     }
@@ -57,11 +56,14 @@ impl<'a> Trap<'a> {
             cpu,
             rip,
             rsp,
-            cr3,
-            paging,
-            mem,
+            space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
         }
+    }
+
+    /// Guest memory by virtual address, through this vCPU's page tables.
+    pub fn space(&mut self) -> &mut AddressSpace<'a> {
+        &mut self.space
     }
 
     /// Resume the guest at `rip` instead of where KVM would.
@@ -85,10 +87,23 @@ impl<'a> Trap<'a> {
     }
 }
 
+/// Why a trap handler stopped the run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TrapError {
+    /// The trace port was written with no tracer attached.
+    #[error("vCPU {cpu} wrote the trace port at {rip:#x} with no tracer attached")]
+    NoTracer { cpu: usize, rip: u64 },
+    /// RIP is at no patched site (nor just past one).
+    #[error(
+        "vCPU {cpu} trapped at {rip:#x}, which is not a patched site (guest text changed under vmtrace?)"
+    )]
+    UnknownSite { cpu: usize, rip: u64 },
+}
+
 /// What the vCPU thread calls on each trap.
 pub trait TrapHandler: Send {
-    /// Handle one trap; an error stops the run with that message.
-    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), String>;
+    /// Handle one trap; an error stops the run with it as the reason.
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError>;
     /// Hand buffered work to whoever collects it; called before the vCPU parks
     /// and when it leaves its loop.
     fn flush(&mut self) {}
@@ -98,10 +113,10 @@ pub trait TrapHandler: Send {
 pub struct NoTracer;
 
 impl TrapHandler for NoTracer {
-    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), String> {
-        Err(format!(
-            "vCPU {} wrote the trace port at {:#x} with no tracer attached",
-            trap.cpu, trap.rip
-        ))
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        Err(TrapError::NoTracer {
+            cpu: trap.cpu,
+            rip: trap.rip,
+        })
     }
 }

@@ -15,11 +15,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, BootPlan, Protocol};
 use crate::devices::{Console, Devices};
+use crate::exit::VcpuStats;
 use crate::layout;
 use crate::pause::PauseControl;
 use crate::run::{Running, Shared};
+use crate::stop::StopReason;
 use crate::trap::TrapHandler;
-use crate::vcpu::{VcpuStats, VcpuThread};
+use crate::vcpu::VcpuThread;
 
 pub use crate::layout::MAX_CPUS;
 
@@ -55,6 +57,11 @@ pub enum VmError {
     Cpuid(#[from] boot::cpuid::CpuidError),
     #[error("cannot start the thread of vCPU {cpu}: {source}")]
     Thread { cpu: usize, source: std::io::Error },
+    #[error("cannot install the {what} signal handler: {source}")]
+    Signal {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// What to boot and how.
@@ -212,11 +219,10 @@ impl Vm {
             "one trap handler per vCPU"
         );
         let ncpus = self.vcpus.len();
-        let shared = Arc::new(Shared::new(
-            self.mem,
-            self.devices,
-            PauseControl::new(ncpus, start_paused),
-        ));
+        let signal = |what| move |source| VmError::Signal { what, source };
+        crate::run::install_terminate_handlers().map_err(signal("SIGINT/SIGTERM"))?;
+        let pause = PauseControl::new(ncpus, start_paused).map_err(signal("vCPU kick"))?;
+        let shared = Arc::new(Shared::new(self.mem, self.devices, pause));
         let mut threads = Vec::with_capacity(ncpus);
         for (cpu, (fd, handler)) in self.vcpus.into_iter().zip(handlers).enumerate() {
             let t = VcpuThread {
@@ -226,13 +232,21 @@ impl Vm {
                 handler,
                 stats: VcpuStats::default(),
             };
-            let handle = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("vcpu{cpu}"))
-                .spawn(move || t.run())
-                .map_err(|source| VmError::Thread { cpu, source })?;
-            threads.push(handle);
+                .spawn(move || t.run());
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(source) => {
+                    // Do not leave the vCPUs already started running.
+                    shared.stop(StopReason::Requested);
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(VmError::Thread { cpu, source });
+                }
+            }
         }
-        crate::run::install_terminate_handlers();
         let started = Instant::now();
         Ok(Running {
             shared,

@@ -82,6 +82,17 @@ pub enum LinuxBootError {
         why: &'static str,
     },
     #[error(
+        "{path}: setup header field `{field}` is {value:#x}: adding {addend_what} \
+         ({addend:#x}) overflows a 64-bit address"
+    )]
+    HeaderOverflow {
+        path: PathBuf,
+        field: &'static str,
+        value: u64,
+        addend_what: &'static str,
+        addend: u64,
+    },
+    #[error(
         "{path} needs guest memory up to {needed:#x} (load address + init_size), \
          but the guest has {mem_size:#x} bytes"
     )]
@@ -181,6 +192,8 @@ pub fn load_bzimage(
     };
     let zero_page = write_boot_params(mem, Some(hdr), &cmdline, initrd, mem_size)?;
     Ok(LinuxBoot {
+        // `load_addr` is the u32 `code32_start`, and check_kernel_fits put it
+        // below `mem_size`: no overflow.
         entry: load_addr + ENTRY_64_OFFSET,
         zero_page,
     })
@@ -253,7 +266,8 @@ fn initrd_top(hdr: Option<&setup_header>, mem_size: u64) -> u64 {
         Some(0) | None => DEFAULT_INITRD_ADDR_MAX,
         Some(max) => u64::from(max),
     };
-    // `initrd_addr_max` is the last byte the initrd may occupy.
+    // `initrd_addr_max` is the last byte the initrd may occupy (a u32 widened
+    // to u64, so + 1 cannot overflow).
     mem_size.min(1 << 32).min(addr_max + 1)
 }
 
@@ -363,14 +377,40 @@ fn check_kernel_fits(
             source,
         })?
         .len();
+    // A u8 widened to u64: (255 + 1) * 512 cannot overflow.
     let setup_sects = match hdr.setup_sects {
         0 => 4,
         n => u64::from(n),
     };
     let payload = file_len.saturating_sub((setup_sects + 1) * 512);
     let load = u64::from(hdr.code32_start);
-    let run = load.max(hdr.pref_address);
-    let needed = (load + payload).max(run + u64::from(hdr.init_size));
+    // `pref_address` is a whole u64 from the file: a hostile or corrupt
+    // header must get an error, not a wrapped end that passes the check below.
+    let (run, run_field) = if hdr.pref_address > load {
+        (hdr.pref_address, "pref_address")
+    } else {
+        (load, "code32_start")
+    };
+    let overflow = |field, value, addend_what, addend| LinuxBootError::HeaderOverflow {
+        path: path.to_owned(),
+        field,
+        value,
+        addend_what,
+        addend,
+    };
+    let load_end = load.checked_add(payload).ok_or_else(|| {
+        overflow(
+            "code32_start",
+            load,
+            "the protected-mode kernel's size",
+            payload,
+        )
+    })?;
+    let init_size = u64::from(hdr.init_size);
+    let run_end = run
+        .checked_add(init_size)
+        .ok_or_else(|| overflow(run_field, run, "init_size", init_size))?;
+    let needed = load_end.max(run_end);
     if needed > mem_size {
         return Err(LinuxBootError::KernelTooBig {
             path: path.to_owned(),
@@ -406,8 +446,8 @@ fn trim_setup_header(hdr: &mut setup_header) {
     if hdr.jump & 0xff != JMP_SHORT {
         return;
     }
-    let end = HDRS_OFFSET + u64::from(hdr.jump >> 8);
-    let len = (end - SETUP_HEADER_OFFSET) as usize;
+    // The header's length: a constant plus a byte from the file, no overflow.
+    let len = (HDRS_OFFSET - SETUP_HEADER_OFFSET) as usize + usize::from(hdr.jump >> 8);
     if let Some(tail) = hdr.as_mut_slice().get_mut(len..) {
         tail.fill(0);
     }
@@ -629,6 +669,13 @@ mod tests {
         )
     }
 
+    /// What loading a fake bzImage with `hdr` (no initrd, empty command
+    /// line) fails with.
+    fn load_err(mem: &GuestMemoryMmap, hdr: setup_header) -> LinuxBootError {
+        let mut kernel = TempFile::new(&fake_bzimage(hdr));
+        load(mem, &mut kernel, None, "").unwrap_err()
+    }
+
     fn e820(params: &boot_params) -> Vec<(u64, u64, u32)> {
         let table = params.e820_table;
         table[..usize::from(params.e820_entries)]
@@ -803,8 +850,7 @@ mod tests {
         let mem = guest_mem();
         let mut hdr = test_header();
         hdr.version = 0x020b;
-        let mut kernel = TempFile::new(&fake_bzimage(hdr));
-        let err = load(&mem, &mut kernel, None, "").unwrap_err();
+        let err = load_err(&mem, hdr);
         assert!(
             matches!(
                 err,
@@ -839,9 +885,51 @@ mod tests {
         let mem = guest_mem();
         let mut hdr = test_header();
         hdr.init_size = 60 << 20;
-        let mut kernel = TempFile::new(&fake_bzimage(hdr));
-        let err = load(&mem, &mut kernel, None, "").unwrap_err();
+        let err = load_err(&mem, hdr);
         assert!(matches!(err, LinuxBootError::KernelTooBig { .. }), "{err}");
+    }
+
+    /// `pref_address` + `init_size` past 2^64: before these were checked, a
+    /// debug build panicked ("attempt to add with overflow") and a release
+    /// build wrapped, e.g. to 0x1ff000 below, which passed the fit check.
+    #[test]
+    fn header_addresses_that_overflow_are_an_error() {
+        let mem = guest_mem();
+        let pref = u64::MAX - 0xfff;
+        for init_size in [u32::MAX, 0x20_0000] {
+            let mut hdr = test_header();
+            hdr.pref_address = pref;
+            hdr.init_size = init_size;
+            let err = load_err(&mem, hdr);
+            assert!(
+                matches!(
+                    err,
+                    LinuxBootError::HeaderOverflow {
+                        field: "pref_address",
+                        value,
+                        addend_what: "init_size",
+                        addend,
+                        ..
+                    } if value == pref && addend == u64::from(init_size)
+                ),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains("`pref_address` is 0xfffffffffffff000")
+                    && msg.contains(&format!("init_size ({init_size:#x})")),
+                "{msg}"
+            );
+        }
+        // Far above RAM but no overflow: too big, with the true end.
+        let mut hdr = test_header();
+        hdr.pref_address = 1 << 40;
+        let err = load_err(&mem, hdr);
+        assert!(
+            matches!(err, LinuxBootError::KernelTooBig { needed, .. }
+                if needed == (1 << 40) + u64::from(INIT_SIZE)),
+            "{err}"
+        );
     }
 
     #[test]

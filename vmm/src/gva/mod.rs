@@ -12,8 +12,16 @@
 //!
 //! A walk visits at most 5 tables by construction, so self-referencing
 //! (recursive) tables cannot make it loop.
+//!
+//! Everything else reaches guest memory by virtual address through one
+//! type, [`AddressSpace`] (space.rs): reads, all-or-nothing writes, bytes
+//! pinned to physical addresses for later ([`PhysSpan`]), and page-table
+//! entries ([`Entry`]).
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Bytes, GuestAddress, GuestMemory};
+
+mod space;
+pub use space::{AddressSpace, Entry, PhysSpan};
 
 /// CR4.LA57 (bit 12): 57-bit linear addresses, i.e. 5-level paging.
 const CR4_LA57: u64 = 1 << 12;
@@ -185,6 +193,20 @@ pub enum GvaError {
     /// outside guest RAM (e.g. a huge page extending past its end).
     #[error("gva {gva:#x}: access at gpa {gpa:#x} runs outside guest RAM")]
     PageOutsideRam { gva: u64, gpa: u64 },
+    /// A page-table entry was asked for below a huge page's leaf.
+    #[error("gva {gva:#x}: the {level} entry maps a huge page; there is no table below it")]
+    HugePageAbove { gva: u64, level: Level },
+    /// This paging mode has no such level (PML5 with 4-level paging).
+    #[error("{mode:?} paging has no {level} level")]
+    LevelNotUsed { level: Level, mode: PagingMode },
+    /// A page-table entry changed between its read and vmtrace's write.
+    #[error("{level} entry at gpa {gpa:#x} changed from {expected:#x} to {found:#x}; not written")]
+    EntryChanged {
+        level: Level,
+        gpa: u64,
+        expected: u64,
+        found: u64,
+    },
 }
 
 /// Reads the `level` entry for `gva` from the table at `table` and checks
@@ -264,174 +286,6 @@ pub fn translate<M: GuestMemory>(
         gpa: (entry & PHYS_ADDR_MASK) | (gva & PAGE_OFFSET_MASK),
         page_size: PAGE_SIZE_4K,
     })
-}
-
-/// A physically contiguous piece of a virtual range: `len` bytes at `gva`
-/// (offset `offset` into the caller's buffer) live at `gpa`.
-struct Segment {
-    gva: u64,
-    gpa: u64,
-    offset: usize,
-    len: usize,
-}
-
-/// Translates `[gva, gva + len)` page by page, calling `f` per segment.
-/// Addresses wrap at 2^64 like the CPU's effective-address arithmetic; the
-/// canonical check catches a range running into the non-canonical hole.
-fn for_each_segment<M: GuestMemory>(
-    mem: &M,
-    cr3: u64,
-    mode: PagingMode,
-    gva: u64,
-    len: usize,
-    mut f: impl FnMut(Segment) -> Result<(), GvaError>,
-) -> Result<(), GvaError> {
-    let mut offset = 0;
-    while offset < len {
-        let cur = gva.wrapping_add(offset as u64);
-        let t = translate(mem, cr3, mode, cur)?;
-        let left_in_page = t.page_size - (cur & (t.page_size - 1));
-        let chunk = (len - offset).min(usize::try_from(left_in_page).unwrap_or(usize::MAX));
-        f(Segment {
-            gva: cur,
-            gpa: t.gpa,
-            offset,
-            len: chunk,
-        })?;
-        offset += chunk;
-    }
-    Ok(())
-}
-
-/// Reads `buf.len()` bytes at `gva`, across page boundaries. On error `buf`
-/// may be partly filled.
-pub fn read<M: GuestMemory>(
-    mem: &M,
-    cr3: u64,
-    mode: PagingMode,
-    gva: u64,
-    buf: &mut [u8],
-) -> Result<(), GvaError> {
-    for_each_segment(mem, cr3, mode, gva, buf.len(), |s| {
-        mem.read_slice(&mut buf[s.offset..s.offset + s.len], GuestAddress(s.gpa))
-            .map_err(|_| GvaError::PageOutsideRam {
-                gva: s.gva,
-                gpa: s.gpa,
-            })
-    })
-}
-
-/// Writes `data` at `gva`, across page boundaries. All pages are translated
-/// and checked against RAM first, so an error never leaves a partial write.
-pub fn write<M: GuestMemory>(
-    mem: &M,
-    cr3: u64,
-    mode: PagingMode,
-    gva: u64,
-    data: &[u8],
-) -> Result<(), GvaError> {
-    let mut segments = Vec::new();
-    for_each_segment(mem, cr3, mode, gva, data.len(), |s| {
-        if !mem.check_range(GuestAddress(s.gpa), s.len, Permissions::Write) {
-            return Err(GvaError::PageOutsideRam {
-                gva: s.gva,
-                gpa: s.gpa,
-            });
-        }
-        segments.push(s);
-        Ok(())
-    })?;
-    for s in segments {
-        mem.write_slice(&data[s.offset..s.offset + s.len], GuestAddress(s.gpa))
-            .map_err(|_| GvaError::PageOutsideRam {
-                gva: s.gva,
-                gpa: s.gpa,
-            })?;
-    }
-    Ok(())
-}
-
-/// Reads a little-endian `u64` at `gva` (which may straddle two pages).
-pub fn read_u64<M: GuestMemory>(
-    mem: &M,
-    cr3: u64,
-    mode: PagingMode,
-    gva: u64,
-) -> Result<u64, GvaError> {
-    let mut raw = [0u8; 8];
-    read(mem, cr3, mode, gva, &mut raw)?;
-    Ok(u64::from_le_bytes(raw))
-}
-
-/// Number of direct-mapped TLB slots; a power of two so the slot is a mask.
-const TLB_ENTRIES: usize = 16;
-
-/// One cached 4 KiB translation, keyed by address space and virtual page.
-#[derive(Clone, Copy, Debug)]
-struct TlbEntry {
-    cr3: u64,
-    mode: PagingMode,
-    /// Virtual page number (gva >> 12).
-    vpn: u64,
-    /// Guest-physical base of the 4 KiB page (of a huge page: of the 4 KiB
-    /// piece containing the address).
-    page_gpa: u64,
-}
-
-/// A tiny translation cache for hot paths (the trap handler reads [RSP] on
-/// every event).
-///
-/// Like a hardware TLB it is not coherent with the guest's page tables: call
-/// [`TlbCache::flush`] whenever the guest may have changed them (e.g. every
-/// time the vCPUs resume).
-#[derive(Debug, Default)]
-pub struct TlbCache {
-    entries: [Option<TlbEntry>; TLB_ENTRIES],
-}
-
-impl TlbCache {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// [`read_u64`], served from the cache when the page was seen before.
-    /// A read straddling two pages takes the uncached slow path.
-    pub fn read_u64<M: GuestMemory>(
-        &mut self,
-        mem: &M,
-        cr3: u64,
-        mode: PagingMode,
-        gva: u64,
-    ) -> Result<u64, GvaError> {
-        let offset = gva & PAGE_OFFSET_MASK;
-        if offset > PAGE_SIZE_4K - 8 {
-            return read_u64(mem, cr3, mode, gva);
-        }
-        let vpn = gva >> PAGE_SHIFT;
-        let slot = &mut self.entries[vpn as usize % TLB_ENTRIES];
-        let page_gpa = match slot {
-            Some(e) if e.cr3 == cr3 && e.mode == mode && e.vpn == vpn => e.page_gpa,
-            _ => translate(mem, cr3, mode, gva)?.gpa & !PAGE_OFFSET_MASK,
-        };
-        let gpa = page_gpa | offset;
-        let mut raw = [0u8; 8];
-        mem.read_slice(&mut raw, GuestAddress(gpa))
-            .map_err(|_| GvaError::PageOutsideRam { gva, gpa })?;
-        // Cache only after the walk and the read both succeeded, so a cached
-        // page is always backed by RAM.
-        *slot = Some(TlbEntry {
-            cr3,
-            mode,
-            vpn,
-            page_gpa,
-        });
-        Ok(u64::from_le_bytes(raw))
-    }
-
-    /// Forgets every cached translation.
-    pub fn flush(&mut self) {
-        self.entries = [None; TLB_ENTRIES];
-    }
 }
 
 #[cfg(test)]
@@ -570,7 +424,9 @@ mod tests {
 
         let data: Vec<u8> = (1..=16).collect();
         let start = gva + PAGE_SIZE_4K - 8;
-        write(&mem, pt.root, pt.mode, start, &data).unwrap();
+        AddressSpace::new(&mem, pt.root, pt.mode)
+            .write(start, &data)
+            .unwrap();
 
         // Bytes landed at the right GPAs on both sides of the boundary.
         let mut first = [0u8; 8];
@@ -582,11 +438,15 @@ mod tests {
         assert_eq!(second, data[8..]);
 
         let mut back = [0u8; 16];
-        read(&mem, pt.root, pt.mode, start, &mut back).unwrap();
+        AddressSpace::new(&mem, pt.root, pt.mode)
+            .read(start, &mut back)
+            .unwrap();
         assert_eq!(back[..], data[..]);
 
         // A u64 straddling the boundary.
-        let v = read_u64(&mem, pt.root, pt.mode, gva + PAGE_SIZE_4K - 3).unwrap();
+        let v = AddressSpace::new(&mem, pt.root, pt.mode)
+            .read_u64(gva + PAGE_SIZE_4K - 3)
+            .unwrap();
         assert_eq!(v.to_le_bytes(), data[5..13]);
     }
 
@@ -611,7 +471,9 @@ mod tests {
         assert_eq!(pt.translate(gva + 0x1_2345).unwrap().gpa, 0x41_2345);
 
         put(&mem, 0x41_2345, 0xdead_beef_cafe_f00d);
-        let v = read_u64(&mem, pt.root, pt.mode, gva + 0x1_2345).unwrap();
+        let v = AddressSpace::new(&mem, pt.root, pt.mode)
+            .read_u64(gva + 0x1_2345)
+            .unwrap();
         assert_eq!(v, 0xdead_beef_cafe_f00d);
     }
 
@@ -666,7 +528,9 @@ mod tests {
         );
         put(&mem, 0xa1_2340, 42);
         assert_eq!(
-            read_u64(&mem, pt.root, pt.mode, gva + 0xa1_2340).unwrap(),
+            AddressSpace::new(&mem, pt.root, pt.mode)
+                .read_u64(gva + 0xa1_2340)
+                .unwrap(),
             42
         );
 
@@ -674,7 +538,7 @@ mod tests {
         let far = gva + 0x2000_0000;
         assert_eq!(pt.translate(far).unwrap().gpa, 0x2000_0000);
         assert_eq!(
-            read_u64(&mem, pt.root, pt.mode, far),
+            AddressSpace::new(&mem, pt.root, pt.mode).read_u64(far),
             Err(GvaError::PageOutsideRam {
                 gva: far,
                 gpa: 0x2000_0000
@@ -697,13 +561,17 @@ mod tests {
 
         let data = *b"five level paging";
         let start = gva + PAGE_SIZE_4K - 5;
-        write(&mem, pt.root, pt.mode, start, &data).unwrap();
+        AddressSpace::new(&mem, pt.root, pt.mode)
+            .write(start, &data)
+            .unwrap();
         let mut second = [0u8; 12];
         mem.read_slice(&mut second, GuestAddress(0x20_3000))
             .unwrap();
         assert_eq!(second, data[5..]);
         let mut back = [0u8; 17];
-        read(&mem, pt.root, pt.mode, start, &mut back).unwrap();
+        AddressSpace::new(&mem, pt.root, pt.mode)
+            .read(start, &mut back)
+            .unwrap();
         assert_eq!(back, data);
 
         // Same root, 4-level interpretation: the address is not canonical.
@@ -748,7 +616,9 @@ mod tests {
         mem.write_slice(b"\x0f\x1f\x44\x00\x00", GuestAddress(0x100_1234))
             .unwrap();
         let mut insn = [0u8; 5];
-        read(&mem, pt.root, pt.mode, text + 0x1234, &mut insn).unwrap();
+        AddressSpace::new(&mem, pt.root, pt.mode)
+            .read(text + 0x1234, &mut insn)
+            .unwrap();
         assert_eq!(&insn, b"\x0f\x1f\x44\x00\x00");
     }
 
@@ -794,7 +664,7 @@ mod tests {
         // A read running off the top of the lower half into the hole.
         let mut buf = [0u8; 16];
         assert_eq!(
-            read(&mem, pt.root, pt.mode, 0x7fff_ffff_fff8, &mut buf),
+            AddressSpace::new(&mem, pt.root, pt.mode).read(0x7fff_ffff_fff8, &mut buf),
             Err(GvaError::NonCanonical {
                 gva: bad,
                 mode: PagingMode::Level4
@@ -822,7 +692,7 @@ mod tests {
             })
         );
         // Reading the recursive slot through itself yields the entry.
-        let v = read_u64(&mem, root, PagingMode::Level4, gva + idx * ENTRY_SIZE);
+        let v = AddressSpace::new(&mem, root, PagingMode::Level4).read_u64(gva + idx * ENTRY_SIZE);
         assert_eq!(v, Ok(self_entry));
 
         // Same with five levels: five reads, then done.
@@ -942,7 +812,7 @@ mod tests {
         pt.map(gva, 0x50_0000, PAGE_SIZE_4K);
         // Next page not mapped at all.
         let data = [0xaa; 16];
-        let r = write(&mem, pt.root, pt.mode, gva + 0xff8, &data);
+        let r = AddressSpace::new(&mem, pt.root, pt.mode).write(gva + 0xff8, &data);
         assert!(matches!(
             r,
             Err(GvaError::NotPresent {
@@ -954,7 +824,7 @@ mod tests {
 
         // Next page mapped beyond RAM.
         pt.map(gva + PAGE_SIZE_4K, 0x4000_0000, PAGE_SIZE_4K);
-        let r = write(&mem, pt.root, pt.mode, gva + 0xff8, &data);
+        let r = AddressSpace::new(&mem, pt.root, pt.mode).write(gva + 0xff8, &data);
         assert_eq!(
             r,
             Err(GvaError::PageOutsideRam {
@@ -966,75 +836,96 @@ mod tests {
     }
 
     #[test]
-    fn gva_tlb_hits_match_slow_path() {
+    fn space_reads_writes_across_pages_and_spans_pin_physical_bytes() {
         let mem = ram(RAM_SIZE);
         let mut pt = Tables::new(&mem, PagingMode::Level4);
-        let stack = 0xffff_c900_0000_0000;
-        let text = 0xffff_ffff_8100_0000;
-        pt.map(stack, 0x50_0000, PAGE_SIZE_4K);
-        pt.map(stack + PAGE_SIZE_4K, 0x30_0000, PAGE_SIZE_4K);
-        pt.map(text, 0x40_0000, PAGE_SIZE_2M);
-        for i in 0..(PAGE_SIZE_4K / 8) {
-            put(&mem, 0x50_0000 + i * 8, i * 0x0101_0101);
-        }
-        for (i, gpa) in [(1u64, 0x30_0000u64), (2, 0x30_0ff8), (3, 0x41_0000)] {
-            put(&mem, gpa, i * 0x1111_1111);
-        }
-
-        let mut tlb = TlbCache::new();
-        let addrs = [
-            stack,
-            stack + 0x10,
-            stack + 0xff8,
-            stack + 0xffc, // straddles: slow path
-            stack + PAGE_SIZE_4K,
-            stack + PAGE_SIZE_4K + 0xff8,
-            text + 0x1_0000,
-        ];
-        for _ in 0..3 {
-            for &a in &addrs {
-                let slow = read_u64(&mem, pt.root, pt.mode, a).unwrap();
-                assert_eq!(
-                    tlb.read_u64(&mem, pt.root, pt.mode, a),
-                    Ok(slow),
-                    "gva {a:#x}"
-                );
-            }
-        }
-        // Errors are not cached, and not masked by neighbouring entries.
+        let gva = 0xffff_ffff_8100_0ffe;
+        pt.map(gva & !0xfff, 0x50_0000, PAGE_SIZE_4K);
+        pt.map((gva & !0xfff) + PAGE_SIZE_4K, 0x30_0000, PAGE_SIZE_4K);
+        let mut space = AddressSpace::new(&mem, pt.root, PagingMode::Level4);
+        space.write(gva, &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(space.read_array::<5>(gva).unwrap(), [1, 2, 3, 4, 5]);
+        assert_eq!(get(&mem, 0x50_0ff8) >> 48, 0x0201);
+        let span = space.span(gva, 5).unwrap();
+        assert_eq!((span.start(), span.len()), (0x50_0ffe, 5));
+        span.write(&mem, &[9, 9, 9, 9, 9]).unwrap();
+        let mut b = [0u8; 3];
+        mem.read_slice(&mut b, GuestAddress(0x30_0000)).unwrap();
+        assert_eq!(b, [9, 9, 9]);
+        // An unmapped second page: nothing written.
+        let lone = 0xffff_ffff_8200_0ffe;
+        pt.map(lone & !0xfff, 0x60_0000, PAGE_SIZE_4K);
+        let mut space = AddressSpace::new(&mem, pt.root, PagingMode::Level4);
         assert!(matches!(
-            tlb.read_u64(&mem, pt.root, pt.mode, stack + 2 * PAGE_SIZE_4K),
+            space.write(lone, &[7; 4]),
             Err(GvaError::NotPresent { .. })
         ));
-        assert!(matches!(
-            tlb.read_u64(&mem, pt.root, pt.mode, 0x8000_0000_0000),
-            Err(GvaError::NonCanonical { .. })
-        ));
+        assert_eq!(get(&mem, 0x60_0ff8), 0);
     }
 
     #[test]
-    fn gva_tlb_flush_makes_remap_visible() {
+    fn space_cache_lives_for_one_view_and_a_new_view_sees_a_remapped_page() {
+        // The trap path builds a view per trap: a stack page the guest
+        // remapped between two traps must be read at its new place.
         let mem = ram(RAM_SIZE);
-        let mut a = Tables::at(&mem, PagingMode::Level4, 0x1000);
-        let mut b = Tables::at(&mem, PagingMode::Level4, 0x10_0000);
-        let gva = 0x7fff_0000_0100;
-        a.map(gva, 0x50_0000, PAGE_SIZE_4K);
-        b.map(gva, 0x60_0000, PAGE_SIZE_4K);
-        put(&mem, 0x50_0100, 0xaaaa);
-        put(&mem, 0x60_0100, 0xbbbb);
-        put(&mem, 0x70_0100, 0xcccc);
+        let mut pt = Tables::new(&mem, PagingMode::Level4);
+        let stack = 0xffff_c900_0000_3ff8;
+        pt.map(stack & !0xfff, 0x40_0000, PAGE_SIZE_4K);
+        put(&mem, 0x40_0ff8, 0x1111);
+        put(&mem, 0x41_0ff8, 0x2222);
+        let mut view = AddressSpace::new(&mem, pt.root, PagingMode::Level4);
+        assert_eq!(view.read_u64(stack).unwrap(), 0x1111);
+        // The guest reuses the virtual stack page for another physical page.
+        put(
+            &mem,
+            pt.slot(stack, Level::Pt),
+            0x41_0000 | PTE_PRESENT | PTE_RW,
+        );
+        assert_eq!(
+            view.read_u64(stack).unwrap(),
+            0x1111,
+            "cached within the view"
+        );
+        view.flush();
+        assert_eq!(view.read_u64(stack).unwrap(), 0x2222);
+        let mut fresh = AddressSpace::new(&mem, pt.root, PagingMode::Level4);
+        assert_eq!(fresh.read_u64(stack).unwrap(), 0x2222);
+    }
 
-        let mut tlb = TlbCache::new();
-        // Keyed by CR3: two address spaces, same virtual page.
-        assert_eq!(tlb.read_u64(&mem, a.root, a.mode, gva), Ok(0xaaaa));
-        assert_eq!(tlb.read_u64(&mem, b.root, b.mode, gva), Ok(0xbbbb));
-        assert_eq!(tlb.read_u64(&mem, a.root, a.mode, gva), Ok(0xaaaa));
-
-        // The guest remaps the page: the cache is stale until flushed.
-        a.map(gva, 0x70_0000, PAGE_SIZE_4K);
-        assert_eq!(tlb.read_u64(&mem, a.root, a.mode, gva), Ok(0xaaaa));
-        tlb.flush();
-        assert_eq!(tlb.read_u64(&mem, a.root, a.mode, gva), Ok(0xcccc));
-        assert_eq!(read_u64(&mem, a.root, a.mode, gva), Ok(0xcccc));
+    #[test]
+    fn space_entries_are_read_and_written_only_if_unchanged() {
+        let mem = ram(RAM_SIZE);
+        let mut pt = Tables::new(&mem, PagingMode::Level4);
+        // A 2 MiB page at the start of the fixmap PD, as Linux has.
+        let pd_base = 0xffff_ffff_ff80_0000u64 - 508 * PAGE_SIZE_2M;
+        pt.map(pd_base, 0x20_0000, PAGE_SIZE_2M);
+        let mut space = AddressSpace::new(&mem, pt.root, PagingMode::Level4);
+        let free = 0xffff_ffff_ff80_0000u64;
+        let e = space.entry(free, Level::Pd).unwrap();
+        assert!(e.is_empty());
+        assert!(space.translate(free).is_err());
+        space
+            .set_entry(&e, 0x60_0000 | PTE_PRESENT | PTE_PS)
+            .unwrap();
+        assert_eq!(space.translate(free + 5).unwrap().gpa, 0x60_0005);
+        // The same stale read again: refused, nothing written.
+        assert!(matches!(
+            space.set_entry(&e, 0x80_0000 | PTE_PRESENT | PTE_PS),
+            Err(GvaError::EntryChanged { .. })
+        ));
+        assert_eq!(space.translate(free).unwrap().gpa, 0x60_0000);
+        assert!(!space.entry(free, Level::Pd).unwrap().is_empty());
+        // Below a 2 MiB leaf there is no page table.
+        assert!(matches!(
+            space.entry(pd_base, Level::Pt),
+            Err(GvaError::HugePageAbove {
+                level: Level::Pd,
+                ..
+            })
+        ));
+        assert!(matches!(
+            space.entry(free, Level::Pml5),
+            Err(GvaError::LevelNotUsed { .. })
+        ));
     }
 }

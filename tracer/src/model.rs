@@ -1,5 +1,7 @@
-//! A recorded trace: everything a report, a saved file or an export needs,
-//! self-contained (no vmlinux needed to read it back).
+//! The trace model: a recorded trace, everything a report, a saved file or
+//! an export needs, self-contained (no vmlinux needed to read it back).
+
+use crate::symbols::Symbol;
 
 /// One traced function entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -13,14 +15,6 @@ pub struct Event {
     pub func: u32,
     /// vCPU that made the call.
     pub cpu: u32,
-}
-
-/// A function symbol.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FuncSym {
-    pub name: String,
-    pub addr: u64,
-    pub size: u64,
 }
 
 /// Facts about the run, for the report header.
@@ -58,18 +52,18 @@ pub struct TraceMeta {
 pub struct Trace {
     pub meta: TraceMeta,
     /// The traced functions (those with a patched site).
-    pub functions: Vec<FuncSym>,
+    pub functions: Vec<Symbol>,
     /// Exact call counts, `counts[func][cpu]`.
     pub counts: Vec<Vec<u64>>,
     /// The functions that callers' return addresses fall in, sorted by address.
-    pub callers: Vec<FuncSym>,
+    pub callers: Vec<Symbol>,
     /// Stored events, sorted by time.
     pub events: Vec<Event>,
 }
 
 impl Trace {
     /// The caller function containing return address `ip`.
-    pub fn caller_of(&self, ip: u64) -> Option<&FuncSym> {
+    pub fn caller_of(&self, ip: u64) -> Option<&Symbol> {
         let i = self.callers.partition_point(|s| s.addr <= ip);
         let s = self.callers.get(i.checked_sub(1)?)?;
         (ip < s.addr + s.size.max(1)).then_some(s)
@@ -80,26 +74,21 @@ impl Trace {
         self.meta.detach_ns.saturating_sub(self.meta.attach_ns) as f64 / 1e9
     }
 
-    /// Total of the exact counts of one function.
-    pub fn total(&self, func: usize) -> u64 {
-        self.counts.get(func).map(|c| c.iter().sum()).unwrap_or(0)
-    }
-
     /// A deterministic synthetic trace: `events` calls of 500 functions from 200
     /// callers on 4 vCPUs, skewed like a real trace (a few hot functions), with
     /// 1 in 1,000 return addresses in no known function. For benchmarks.
     pub fn synthetic(events: u64) -> Trace {
         const TEXT: u64 = 0xffff_ffff_8100_0000;
         const CALLER_TEXT: u64 = 0xffff_ffff_8200_0000;
-        let functions: Vec<FuncSym> = (0..SYNTH_FUNCS)
-            .map(|i| FuncSym {
+        let functions: Vec<Symbol> = (0..SYNTH_FUNCS)
+            .map(|i| Symbol {
                 name: format!("subsys{}_function_{i}", i % 17),
                 addr: TEXT + i as u64 * 0x400,
                 size: 0x300,
             })
             .collect();
-        let callers: Vec<FuncSym> = (0..SYNTH_CALLERS)
-            .map(|i| FuncSym {
+        let callers: Vec<Symbol> = (0..SYNTH_CALLERS)
+            .map(|i| Symbol {
                 name: format!("caller_{i}"),
                 addr: CALLER_TEXT + i as u64 * 0x200,
                 size: 0x200,

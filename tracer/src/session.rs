@@ -1,4 +1,4 @@
-//! One tracing session over a running guest: choose the sites, attach (patch
+//! One tracing session over a running guest: plan the sites, attach (patch
 //! under a pause), detach (restore), and turn what was recorded into a Trace.
 
 use std::path::Path;
@@ -8,18 +8,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::gva::PagingMode;
-use vmm::pause::VcpuSnapshot;
-use vmm::{Paused, TrapHandler};
+use vmm::gva::AddressSpace;
+use vmm::{Paused, TrapHandler, VcpuSpace};
 
 use crate::filter::{Filter, FilterError};
+use crate::model::{Event, Trace, TraceMeta};
 use crate::patch::{
-    self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite, TextMap,
+    self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite,
 };
-use crate::record::{self, SiteIndex};
+use crate::record::{self, Counters, SiteIndex};
 use crate::sites::{SiteError, SiteTable};
-use crate::symbols::{KernelImage, SymbolError};
-use crate::trace::{Event, FuncSym, Trace, TraceMeta};
+use crate::symbols::{KernelImage, Symbol, SymbolError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracerError {
@@ -33,15 +32,11 @@ pub enum TracerError {
     Patch(#[from] PatchError),
 }
 
-/// CR0.PG: paging enabled.
-const CR0_PG: u64 = 1 << 31;
 /// With page-table isolation, Linux gives each process a pair of top-level
 /// tables 8 KiB aligned, the user one 4 KiB above the kernel one, and flips
-/// this CR3 bit on every kernel entry and exit (PTI_PGTABLE_SWITCH_BIT in
+/// this CR3 bit on every kernel entry and exit (PTI_USER_PGTABLE_BIT in
 /// arch/x86/entry/calling.h). The user table maps no kernel text.
 const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
-/// Selector bits 1:0 of CS: the privilege level a vCPU runs at.
-const CS_RPL_MASK: u16 = 3;
 /// The kernel's flag that its ftrace_init has converted every site
 /// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).
 pub const FTRACE_ENABLED: &str = "ftrace_enabled";
@@ -81,9 +76,11 @@ pub struct Plan {
     pub sites: SiteTable,
     /// Traced functions (indices into `image.functions`), in trace order.
     pub funcs: Vec<usize>,
-    /// Patchable sites: (address, index into `funcs`); init-text sites are
-    /// never patched (the guest frees and reuses that memory).
-    pub targets: Vec<(u64, u32)>,
+    /// The sites to patch, each with its index into `funcs`: built once
+    /// here, shared by the session and every vCPU's recorder.
+    pub index: Arc<SiteIndex>,
+    /// Selected sites in init text: never patched (the guest frees and
+    /// reuses that memory), reported as skipped.
     pub skipped_init: usize,
     /// Address of the guest's `ftrace_enabled`: the guest converts its own
     /// sites at boot, and vmtrace must not write one before it has finished.
@@ -116,7 +113,7 @@ impl Plan {
             image,
             sites,
             funcs,
-            targets,
+            index: Arc::new(SiteIndex::new(targets)),
             skipped_init,
             ftrace_enabled,
         })
@@ -126,8 +123,7 @@ impl Plan {
 /// A tracing session.
 pub struct Tracer {
     plan: Plan,
-    index: Arc<SiteIndex>,
-    shared: Arc<record::Shared>,
+    counters: Arc<Counters>,
     collector: Option<JoinHandle<Vec<Event>>>,
     patched: Vec<PatchedSite>,
     pub attach_counts: AttachCounts,
@@ -137,22 +133,20 @@ pub struct Tracer {
     detach_ns: u64,
     attach_window: Duration,
     attach_latency: Duration,
-    ncpus: usize,
 }
 
 impl Tracer {
     /// The tracer and one trap handler per vCPU.
     pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
-        let index = Arc::new(SiteIndex::new(plan.targets.clone()));
-        let (shared, recs, collector) = record::recorders(Arc::clone(&index), ncpus, max_events);
+        let (counters, recs, collector) =
+            record::recorders(Arc::clone(&plan.index), ncpus, max_events);
         let handlers = recs
             .into_iter()
             .map(|r| Box::new(r) as Box<dyn TrapHandler>)
             .collect();
         let t = Tracer {
             plan,
-            index,
-            shared,
+            counters,
             collector: Some(collector),
             patched: Vec::new(),
             attach_counts: AttachCounts::default(),
@@ -161,13 +155,17 @@ impl Tracer {
             detach_ns: 0,
             attach_window: Duration::ZERO,
             attach_latency: Duration::ZERO,
-            ncpus,
         };
         (t, handlers)
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// vCPUs traced: one recorder, and one row of counters, each.
+    fn ncpus(&self) -> usize {
+        self.counters.counts.len()
     }
 
     pub fn is_attached(&self) -> bool {
@@ -186,6 +184,7 @@ impl Tracer {
                 .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
                 .is_some_and(|v| v != 0),
             None => self
+                .plan
                 .index
                 .addrs
                 .iter()
@@ -199,23 +198,21 @@ impl Tracer {
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
     pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
-        let snaps: Vec<VcpuSnapshot> = (0..self.ncpus).filter_map(|c| paused.snapshot(c)).collect();
-        let probe = self.index.addrs.first().copied();
-        let (cr3, mode) = text_root(paused.memory(), &snaps, probe).ok_or(PatchError::NoPaging)?;
-        let mut map = TextMap::new(paused.memory(), cr3, mode);
+        let addrs = &self.plan.index.addrs;
+        let probe = addrs.first().copied();
+        let mut space = text_space(paused.vcpu_spaces(), probe).ok_or(PatchError::NoPaging)?;
         if let Some(va) = self.plan.ftrace_enabled {
-            if map.read::<4>(va).map(u32::from_le_bytes) == Ok(0) {
+            if space.read_array::<4>(va).map(u32::from_le_bytes) == Ok(0) {
                 return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
             }
         }
-        let addrs = &self.index.addrs;
-        patch::verify_image(&mut map, &self.plan.image, addrs)?;
+        patch::verify_image(&mut space, &self.plan.image, addrs)?;
         let fentry = self.plan.image.symbol(crate::sites::FENTRY).map(|s| s.addr);
         let calls = match self.plan.ftrace_enabled {
             Some(_) => CallSites::Wait,
             None => CallSites::Patch,
         };
-        let (patched, skipped) = match patch::attach(&mut map, fentry, addrs, calls)? {
+        let (patched, skipped) = match patch::attach(&mut space, fentry, addrs, calls)? {
             Attached::Patched { sites, skipped } => (sites, skipped),
             Attached::GuestNotReady { calls, first } => {
                 return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
@@ -223,7 +220,6 @@ impl Tracer {
         };
         self.attach_counts = AttachCounts {
             patched: patched.len(),
-            skipped_init: self.plan.skipped_init,
             skipped_other: skipped,
         };
         self.patched = patched;
@@ -246,10 +242,10 @@ impl Tracer {
 
     /// Exact calls so far, per traced function and vCPU.
     pub fn counts(&self) -> Vec<Vec<u64>> {
-        let mut counts = vec![vec![0u64; self.ncpus]; self.plan.funcs.len()];
-        for (cpu, per_site) in self.shared.counts.iter().enumerate() {
+        let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        for (cpu, per_site) in self.counters.counts.iter().enumerate() {
             for (i, c) in per_site.iter().enumerate() {
-                counts[self.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+                counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
         counts
@@ -264,30 +260,18 @@ impl Tracer {
             .map(|c| c.join().unwrap_or_default())
             .unwrap_or_default();
         let image = &self.plan.image;
-        let functions: Vec<FuncSym> = self
+        let functions: Vec<Symbol> = self
             .plan
             .funcs
             .iter()
-            .map(|&f| {
-                let s = &image.functions[f];
-                FuncSym {
-                    name: s.name.clone(),
-                    addr: s.addr,
-                    size: s.size,
-                }
-            })
+            .map(|&f| image.functions[f].clone())
             .collect();
-        let mut callers: Vec<FuncSym> = Vec::new();
+        let mut callers: Vec<Symbol> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for e in &events {
             if let Some(i) = image.function_index_at(e.parent) {
                 if seen.insert(i) {
-                    let s = &image.functions[i];
-                    callers.push(FuncSym {
-                        name: s.name.clone(),
-                        addr: s.addr,
-                        size: s.size,
-                    });
+                    callers.push(image.functions[i].clone());
                 }
             }
         }
@@ -305,17 +289,17 @@ impl Tracer {
                 .build_id
                 .as_ref()
                 .map(|b| patch::hex(b).replace(' ', "")),
-            cpus: self.ncpus as u32,
+            cpus: self.ncpus() as u32,
             attach_ns: self.attach_ns,
             detach_ns,
             sites_patched: self.attach_counts.patched as u64,
-            sites_skipped_init: self.attach_counts.skipped_init as u64,
+            sites_skipped_init: self.plan.skipped_init as u64,
             sites_skipped_other: self.attach_counts.skipped_other as u64,
             attach_window_ns: self.attach_window.as_nanos() as u64,
             attach_latency_ns: self.attach_latency.as_nanos() as u64,
             events_total: total,
-            events_dropped: self.shared.dropped.load(Ordering::Relaxed),
-            parent_unreadable: self.shared.parent_unreadable.load(Ordering::Relaxed),
+            events_dropped: self.counters.dropped.load(Ordering::Relaxed),
+            parent_unreadable: self.counters.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
         };
         Trace {
@@ -328,30 +312,25 @@ impl Tracer {
     }
 }
 
-/// The page tables to reach kernel text through: those of a vCPU with paging
-/// on, kernel-mode vCPUs first; with page-table isolation a vCPU in user mode
-/// (or on the entry path) has the user table loaded, so its kernel partner
-/// (`PTI_USER_PGTABLE_BIT` clear) is tried as well. The first root under
+/// The address space to reach kernel text through: that of a vCPU with
+/// paging on, kernel-mode vCPUs first; with page-table isolation a vCPU in
+/// user mode (or on the entry path) has the user table loaded, so its kernel
+/// partner (`PTI_USER_PGTABLE_BIT` clear) is tried as well. The first under
 /// which `probe` (a kernel text address) is mapped wins; without a probe,
 /// the first paged vCPU's.
-fn text_root(
-    mem: &GuestMemoryMmap,
-    snaps: &[VcpuSnapshot],
-    probe: Option<u64>,
-) -> Option<(u64, PagingMode)> {
-    let mut paged: Vec<&VcpuSnapshot> = snaps.iter().filter(|s| s.sregs.cr0 & CR0_PG != 0).collect();
+fn text_space(mut vcpus: Vec<VcpuSpace<'_>>, probe: Option<u64>) -> Option<AddressSpace<'_>> {
     // Stable: kernel mode (CPL 0) first, otherwise in vCPU order.
-    paged.sort_by_key(|s| s.sregs.cs.selector & CS_RPL_MASK != 0);
-    let candidates = paged.iter().flat_map(|s| {
-        let mode = PagingMode::from_cr4(s.sregs.cr4);
-        [s.sregs.cr3, s.sregs.cr3 & !PTI_USER_PGTABLE_BIT].map(|cr3| (cr3, mode))
-    });
+    vcpus.sort_by_key(|v| v.user_mode);
     let Some(probe) = probe else {
-        return paged.first().map(|s| (s.sregs.cr3, PagingMode::from_cr4(s.sregs.cr4)));
+        return vcpus.into_iter().next().map(|v| v.space);
     };
-    candidates
-        .into_iter()
-        .find(|&(cr3, mode)| vmm::gva::translate(mem, cr3, mode, probe).is_ok())
+    vcpus
+        .iter()
+        .flat_map(|v| {
+            let root = v.space.root();
+            [root, root & !PTI_USER_PGTABLE_BIT].map(|r| v.space.with_root(r))
+        })
+        .find(|a| a.translate(probe).is_ok())
 }
 
 #[cfg(test)]
@@ -359,13 +338,14 @@ mod tests {
     use super::*;
     use vm_memory::Bytes;
 
-    /// A paused vCPU at privilege level `cpl` with `cr3` loaded.
-    fn snap(cr3: u64, cpl: u16) -> VcpuSnapshot {
-        let mut s = VcpuSnapshot::default();
-        s.sregs.cr0 = CR0_PG | 1;
-        s.sregs.cr3 = cr3;
-        s.sregs.cs.selector = 0x10 | cpl;
-        s
+    /// A parked vCPU, in user mode or not, with `cr3` loaded.
+    fn vcpu(mem: &GuestMemoryMmap, cpu: usize, cr3: u64, user_mode: bool) -> VcpuSpace<'_> {
+        let space = AddressSpace::new(mem, cr3, vmm::gva::PagingMode::Level4);
+        VcpuSpace {
+            cpu,
+            user_mode,
+            space,
+        }
     }
 
     #[test]
@@ -377,21 +357,22 @@ mod tests {
         let kernel = 0x20_0000u64;
         let user = kernel | PTI_USER_PGTABLE_BIT;
         let mut pml4 = [0u8; 4096];
-        mem.read_slice(&mut pml4, GuestAddress(vmm::layout::PML4_START)).unwrap();
+        mem.read_slice(&mut pml4, GuestAddress(vmm::layout::PML4_START))
+            .unwrap();
         mem.write_slice(&pml4, GuestAddress(kernel)).unwrap();
         mem.write_slice(&[0u8; 4096], GuestAddress(user)).unwrap();
         let text = 0xffff_ffff_8100_0000u64;
         let pcid = 0x5;
-        // vCPU 0 in user mode with the user table; vCPU 1 not paged yet.
-        let mut unpaged = snap(0, 0);
-        unpaged.sregs.cr0 = 0;
-        let snaps = [snap(user | pcid, 3), unpaged];
-        let (cr3, _) = text_root(&mem, &snaps, Some(text)).expect("a root mapping text");
-        assert_eq!(cr3, kernel | pcid);
+        // vCPU 0 in user mode with the user table (vCPU 1 not paged yet,
+        // so not listed).
+        let vcpus = vec![vcpu(&mem, 0, user | pcid, true)];
+        let space = text_space(vcpus, Some(text)).expect("a root mapping text");
+        assert_eq!(space.root(), kernel | pcid);
         // A kernel-mode vCPU is preferred whatever its position.
-        let snaps = [snap(user, 3), snap(kernel, 0)];
-        assert_eq!(text_root(&mem, &snaps, Some(text)).unwrap().0, kernel);
-        // No paged vCPU: no root.
-        assert!(text_root(&mem, &[unpaged], Some(text)).is_none());
+        let vcpus = vec![vcpu(&mem, 0, user, true), vcpu(&mem, 1, kernel, false)];
+        let space = text_space(vcpus, Some(text)).unwrap();
+        assert_eq!(space.root(), kernel);
+        // No paged vCPU: no address space.
+        assert!(text_space(Vec::new(), Some(text)).is_none());
     }
 }

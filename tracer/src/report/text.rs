@@ -27,107 +27,21 @@
 //! Shares are of the shown rows (after `--cpu`). With more than four vCPUs
 //! the spread column shows min / avg / max and the busiest vCPU instead.
 //!
-//! The report is deterministic: the same trace and options give the same
-//! bytes (every ordering ends with the name, then the address).
+//! Only rendering lives here: rows, order, callers and the vCPU filter come
+//! from the `Report` model.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::trace::{FuncSym, Trace};
+use super::{Report, ReportOptions, Row};
+use crate::model::Trace;
 
-/// Terminal width assumed when none is known.
-pub const DEFAULT_WIDTH: usize = 100;
-/// Highest vCPU number `parse_cpu_list` accepts (KVM's own limit is lower).
-pub const MAX_CPU: u32 = 4095;
-/// Up to this many selected vCPUs, the table shows every vCPU's count;
+/// Up to this many counted vCPUs, the table shows every vCPU's count;
 /// beyond it, min / avg / max and the busiest vCPU.
 const MAX_CPU_COLUMNS: usize = 4;
 /// Symbol names are never squeezed below this many characters, whatever the width.
 const MIN_SYMBOL_WIDTH: usize = 20;
 /// Indentation of the call-graph (`-g`) lines.
 const CALLER_INDENT: usize = 15;
-
-/// Order of the report's rows. Ties are always broken by name, then address.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Sort {
-    /// Most calls first (perf's default).
-    #[default]
-    Count,
-    /// By symbol name, ascending (byte order).
-    Name,
-    /// By how concentrated a function's calls are on one vCPU: the busiest
-    /// (selected) vCPU's share of the function's calls, highest first, then
-    /// most calls first. Functions pinned to a vCPU (per-CPU kthreads,
-    /// interrupts routed to one vCPU) come first, evenly spread ones last.
-    Cpu,
-}
-
-/// What the report shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReportOptions {
-    pub sort: Sort,
-    /// `--cpu`: only these vCPUs (counts are summed over them). `None`: all.
-    pub cpus: Option<Vec<u32>>,
-    /// `-g`: each function's callers, from the stored events.
-    pub callers: bool,
-    /// Terminal width: long symbol names are cut (with `…`) to fit it.
-    pub width: usize,
-}
-
-impl Default for ReportOptions {
-    fn default() -> Self {
-        ReportOptions {
-            sort: Sort::Count,
-            cpus: None,
-            callers: false,
-            width: DEFAULT_WIDTH,
-        }
-    }
-}
-
-/// Parses a `--cpu` list such as `0,2-3` into sorted, distinct vCPU numbers.
-/// The error names the offending part.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
-    if s.trim().is_empty() {
-        return Err("empty CPU list; expected e.g. 0,2-3".to_string());
-    }
-    let number = |part: &str| -> Result<u32, String> {
-        let n: u32 = part
-            .trim()
-            .parse()
-            .map_err(|_| format!("bad CPU number '{}' in CPU list '{s}'", part.trim()))?;
-        if n > MAX_CPU {
-            return Err(format!(
-                "CPU {n} in CPU list '{s}' is too large (max {MAX_CPU})"
-            ));
-        }
-        Ok(n)
-    };
-    let mut cpus = Vec::new();
-    for part in s.split(',') {
-        if part.trim().is_empty() {
-            return Err(format!(
-                "empty entry in CPU list '{s}'; remove the stray comma"
-            ));
-        }
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (number(a)?, number(b)?);
-                if a > b {
-                    return Err(format!(
-                        "bad CPU range '{}' in CPU list '{s}': {a} is after {b}",
-                        part.trim()
-                    ));
-                }
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(number(part)?),
-        }
-    }
-    cpus.sort_unstable();
-    cpus.dedup();
-    Ok(cpus)
-}
 
 /// Formats sorted vCPU numbers compactly: `[0, 2, 3]` → `0,2-3`.
 pub fn format_cpu_list(cpus: &[u32]) -> String {
@@ -164,169 +78,18 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
-/// Who made a call: a caller function, or a return address in none of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Caller<'a> {
-    Known(&'a FuncSym),
-    /// The return address (0 if it could not be read from the guest stack).
-    Unknown(u64),
-}
-
-impl Caller<'_> {
-    /// `schedule`, or `[unknown] 0xffffffff81000123`.
-    pub fn label(&self) -> String {
-        match self {
-            Caller::Known(s) => s.name.clone(),
-            Caller::Unknown(ip) => format!("[unknown] {ip:#x}"),
-        }
-    }
-
-    fn sort_key(&self) -> (&str, u64) {
-        match self {
-            Caller::Known(s) => (&s.name, s.addr),
-            Caller::Unknown(ip) => ("[unknown]", *ip),
-        }
-    }
-}
-
-/// One caller of a function and how many of its stored calls it made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallerCount<'a> {
-    pub caller: Caller<'a>,
-    pub count: u64,
-}
-
-/// For each traced function (indexed like `trace.functions`), its callers
-/// among the stored events made on `cpus` (`None`: all vCPUs), resolved with
-/// `Trace::caller_of`, most calls first, ties by name then address. The
-/// counts of one function add up to its stored events on those vCPUs.
-pub fn callers<'a>(trace: &'a Trace, cpus: Option<&[u32]>) -> Vec<Vec<CallerCount<'a>>> {
-    let selected = cpu_mask(cpus);
-    // Key: (resolved, caller function address or raw return address).
-    let mut maps: Vec<HashMap<(bool, u64), u64>> = vec![HashMap::new(); trace.functions.len()];
-    for e in &trace.events {
-        if !selected(e.cpu) {
-            continue;
-        }
-        let Some(map) = maps.get_mut(e.func as usize) else {
-            continue;
-        };
-        let key = match trace.caller_of(e.parent) {
-            Some(s) => (true, s.addr),
-            None => (false, e.parent),
-        };
-        *map.entry(key).or_default() += 1;
-    }
-    maps.into_iter()
-        .map(|map| {
-            let mut v: Vec<CallerCount> = map
-                .into_iter()
-                .map(|((known, addr), count)| CallerCount {
-                    caller: match trace.caller_of(addr).filter(|_| known) {
-                        Some(s) => Caller::Known(s),
-                        None => Caller::Unknown(addr),
-                    },
-                    count,
-                })
-                .collect();
-            v.sort_by(|a, b| {
-                b.count
-                    .cmp(&a.count)
-                    .then_with(|| a.caller.sort_key().cmp(&b.caller.sort_key()))
-            });
-            v
-        })
-        .collect()
-}
-
-/// A membership test for a vCPU selection.
-fn cpu_mask(cpus: Option<&[u32]>) -> impl Fn(u32) -> bool + '_ {
-    move |cpu| cpus.is_none_or(|c| c.binary_search(&cpu).is_ok())
-}
-
-/// One row of the table.
-struct Row<'a> {
-    func: &'a FuncSym,
-    /// Calls per selected vCPU, in `sel` order.
-    per_cpu: Vec<u64>,
-    total: u64,
-    /// Index of the busiest selected vCPU in `per_cpu` (lowest on ties).
-    busiest: usize,
-    index: usize,
-}
-
-impl Row<'_> {
-    /// The busiest vCPU's share of the calls, as an exact fraction for sorting.
-    fn concentration_cmp(&self, other: &Row) -> std::cmp::Ordering {
-        // a/b vs c/d  <=>  a*d vs c*b (u128: no overflow).
-        let lhs = self.per_cpu[self.busiest] as u128 * other.total as u128;
-        let rhs = other.per_cpu[other.busiest] as u128 * self.total as u128;
-        lhs.cmp(&rhs)
-    }
-}
-
 /// The report, as printed (ends with a newline).
 pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
-    let m = &trace.meta;
-    let all: Vec<u32> = (0..m.cpus).collect();
-    let (sel, missing): (Vec<u32>, Vec<u32>) = match &opts.cpus {
-        None => (all.clone(), Vec::new()),
-        Some(c) => {
-            let mut c = c.clone();
-            c.sort_unstable();
-            c.dedup();
-            c.into_iter().partition(|&cpu| cpu < m.cpus)
-        }
-    };
-    let filtered = opts.cpus.is_some();
+    write_report(&Report::new(trace, opts), opts.width)
+}
 
-    let mut rows: Vec<Row> = trace
-        .functions
-        .iter()
-        .enumerate()
-        .map(|(index, func)| {
-            let counts = trace.counts.get(index);
-            let per_cpu: Vec<u64> = sel
-                .iter()
-                .map(|&c| counts.and_then(|r| r.get(c as usize)).copied().unwrap_or(0))
-                .collect();
-            let mut busiest = 0;
-            for (i, &n) in per_cpu.iter().enumerate() {
-                if n > per_cpu[busiest] {
-                    busiest = i;
-                }
-            }
-            Row {
-                func,
-                total: per_cpu.iter().sum(),
-                per_cpu,
-                busiest,
-                index,
-            }
-        })
-        .collect();
-    let uncalled = rows.iter().filter(|r| r.total == 0).count();
-    rows.retain(|r| r.total > 0);
-    let by_name = |a: &Row, b: &Row| {
-        a.func
-            .name
-            .cmp(&b.func.name)
-            .then(a.func.addr.cmp(&b.func.addr))
-            .then(a.index.cmp(&b.index))
-    };
-    match opts.sort {
-        Sort::Count => rows.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| by_name(a, b))),
-        Sort::Name => rows.sort_by(by_name),
-        Sort::Cpu => rows.sort_by(|a, b| {
-            b.concentration_cmp(a)
-                .then(b.total.cmp(&a.total))
-                .then_with(|| by_name(a, b))
-        }),
-    }
-    let shown_total: u64 = rows.iter().map(|r| r.total).sum();
+/// Renders `report` for a terminal `width` characters wide.
+fn write_report(report: &Report, width: usize) -> String {
+    let rows = &report.rows;
+    let shown_total = report.total();
 
     let mut out = String::new();
-    header(&mut out, trace, &sel, &missing, filtered);
+    header(&mut out, report);
 
     // Columns.
     let share_w = "100.00%".len();
@@ -337,10 +100,10 @@ pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
         .max()
         .unwrap_or(0)
         .max("Count".len());
-    let spread = Spread::new(&rows, &sel);
+    let spread = Spread::new(rows, &report.cpus);
     let prefix_w =
         2 + share_w + 2 + count_w + 2 + spread.width + if spread.width > 0 { 2 } else { 0 };
-    let sym_w = opts.width.saturating_sub(prefix_w).max(MIN_SYMBOL_WIDTH);
+    let sym_w = width.saturating_sub(prefix_w).max(MIN_SYMBOL_WIDTH);
     let gap = if spread.width > 0 { "  " } else { "" };
     let dots = |w: usize| ".".repeat(w);
 
@@ -361,9 +124,6 @@ pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
     .unwrap();
     writeln!(out, "#").unwrap();
 
-    let caller_lists = opts
-        .callers
-        .then(|| callers(trace, filtered.then_some(&sel[..])));
     for (row, count) in rows.iter().zip(&counts) {
         let share = 100.0 * row.total as f64 / shown_total as f64;
         writeln!(
@@ -374,24 +134,20 @@ pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
             truncate(&row.func.name, sym_w)
         )
         .unwrap();
-        if let Some(lists) = &caller_lists {
-            call_graph(&mut out, row, &lists[row.index], opts.width);
+        if report.with_callers {
+            call_graph(&mut out, row, width);
         }
     }
+    let on = if report.filtered {
+        " on the selected vCPUs"
+    } else {
+        ""
+    };
     if rows.is_empty() {
-        let on = if filtered {
-            " on the selected vCPUs"
-        } else {
-            ""
-        };
         writeln!(out, "# no traced function was called{on}").unwrap();
     }
+    let uncalled = report.uncalled.len();
     if uncalled > 0 {
-        let on = if filtered {
-            " on the selected vCPUs"
-        } else {
-            ""
-        };
         let n = if uncalled == 1 {
             "function was"
         } else {
@@ -403,7 +159,8 @@ pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
 }
 
 /// The `#` header: the facts of the run.
-fn header(out: &mut String, trace: &Trace, sel: &[u32], missing: &[u32], filtered: bool) {
+fn header(out: &mut String, report: &Report) {
+    let (trace, sel, missing) = (report.trace, &report.cpus, &report.missing);
     let m = &trace.meta;
     let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
     let duration = trace.duration_s();
@@ -479,7 +236,7 @@ fn header(out: &mut String, trace: &Trace, sel: &[u32], missing: &[u32], filtere
             ),
         ));
     }
-    if filtered {
+    if report.filtered {
         let mut s = if sel.is_empty() {
             "none of the requested vCPUs exist".to_string()
         } else {
@@ -593,7 +350,8 @@ impl Spread {
 }
 
 /// perf-style call graph of one function's callers.
-fn call_graph(out: &mut String, row: &Row, list: &[CallerCount], width: usize) {
+fn call_graph(out: &mut String, row: &Row, width: usize) {
+    let list = &row.callers;
     let pad = " ".repeat(CALLER_INDENT);
     let stored: u64 = list.iter().map(|c| c.count).sum();
     if stored == 0 {

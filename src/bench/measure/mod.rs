@@ -1,0 +1,293 @@
+//! Taking the figures (`results` judges and renders them): the shared run
+//! plumbing, (d) pause, (e) attach window vs. sites, loading and report
+//! times; (a)-(c) are in `calls`.
+
+mod calls;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracer::record::SiteIndex;
+use tracer::report::{self, ReportOptions};
+use tracer::session::{Plan, Tracer};
+use tracer::sites::SiteTable;
+use tracer::symbols::KernelImage;
+use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
+
+pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
+
+use crate::bench::{input, runtime, us};
+use crate::session::{emulator_host, Error};
+
+/// The functions traced for (a) and (b).
+pub const TRACE_GLOB: &str = "hrtimer_*";
+/// Guest memory of the mini guest, MiB.
+const MINI_MEM_MIB: u64 = 64;
+/// Guest memory for the Linux image of (e), MiB (its segments end below 27 MiB).
+const LINUX_MEM_MIB: u64 = 96;
+/// vCPU counts for (d).
+pub const PAUSE_VCPUS: [u64; 3] = [1, 2, 4];
+/// How long a `mode=loop` guest runs before the first pause.
+const SETTLE: Duration = Duration::from_millis(100);
+/// Site counts for (e); "all" is added.
+const E_SITES: [usize; 3] = [10, 100, 1000];
+/// Attach/detach repetitions per site count in (e).
+pub const E_REPS: usize = 5;
+
+/// A guest the bench stops itself (so no timeout), its console discarded.
+fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> VmConfig {
+    VmConfig {
+        kernel: kernel.to_owned(),
+        initrd: None,
+        cpus,
+        mem_mib,
+        cmdline: cmdline.into(),
+        console: Box::new(std::io::sink()),
+        timeout: None,
+        hide_hypercalls: emulator_host(),
+    }
+}
+
+/// The mini guest in `mode=loop`.
+fn mini_config(kernel: &Path, cpus: u64) -> VmConfig {
+    guest_config(kernel, cpus, MINI_MEM_MIB, "mode=loop")
+}
+
+/// Stop a guest that is still running, wait for its threads.
+fn stop(running: Running) -> vmm::RunReport {
+    running.request_stop(StopReason::Requested);
+    running.finish()
+}
+
+/// End a measured run: stop the guest, restore every site whatever happened,
+/// then fail if the measurement failed, the guest stopped on its own, or
+/// nothing was traced; else return what was measured.
+fn wind_down<T>(
+    running: Running,
+    mut tracer: Tracer,
+    kernel: &Path,
+    result: Result<T, Error>,
+    what: &str,
+) -> Result<T, Error> {
+    let mem = running.memory().clone();
+    let report = stop(running);
+    let detached = tracer.detach(&mem);
+    let trace = tracer.finish(kernel, report.reason.to_string());
+    let measured = result?;
+    detached.map_err(runtime)?;
+    if report.reason != StopReason::Requested {
+        return Err(Error::Runtime(format!(
+            "{what} stopped on its own: {}; console: {}",
+            report.reason,
+            report.console_tail.join(" | ")
+        )));
+    }
+    if trace.meta.events_total == 0 {
+        return Err(Error::Runtime(format!("{what}: no call was traced")));
+    }
+    Ok(measured)
+}
+
+/// (d) for one vCPU count, µs.
+pub struct PauseFigures {
+    pub vcpus: u64,
+    pub sites: usize,
+    pub latency: Vec<f64>,
+    pub window: Vec<f64>,
+    pub attach: Vec<f64>,
+    pub detach: Vec<f64>,
+}
+
+/// (d) with `vcpus` vCPUs: `cycles` empty pauses, then `cycles` attach and
+/// detach cycles of all the mini guest's patchable sites.
+pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigures, Error> {
+    let plan = Plan::new(kernel, &["*".to_string()], &[]).map_err(input)?;
+    let sites = plan.index.addrs.len();
+    let vm = Vm::create(mini_config(kernel, vcpus)).map_err(input)?;
+    let ncpus = vm.cpus();
+    let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
+    let running = vm.start(handlers, false).map_err(runtime)?;
+    let gap = |i: usize| Duration::from_micros(1500 + 500 * (i % 3) as u64);
+    let result = (|| -> Result<PauseFigures, Error> {
+        let mut f = PauseFigures {
+            vcpus,
+            sites,
+            latency: Vec::new(),
+            window: Vec::new(),
+            attach: Vec::new(),
+            detach: Vec::new(),
+        };
+        std::thread::sleep(SETTLE);
+        let stopped = || match running.wait_stop(Duration::ZERO) {
+            Some(r) => Err(Error::Runtime(format!("the mini guest stopped: {r}"))),
+            None => Ok(()),
+        };
+        for i in 0..cycles {
+            stopped()?;
+            let p = running.pause_all();
+            f.latency.push(us(p.latency()));
+            f.window.push(us(p.window()));
+            drop(p);
+            std::thread::sleep(gap(i));
+        }
+        for i in 0..cycles {
+            stopped()?;
+            {
+                let p = running.pause_all();
+                tracer
+                    .attach(&p)
+                    .map_err(input)?
+                    .attached()
+                    .map_err(input)?;
+                f.attach.push(us(p.window()));
+            }
+            std::thread::sleep(gap(i));
+            {
+                let p = running.pause_all();
+                tracer.detach(p.memory()).map_err(runtime)?;
+                f.detach.push(us(p.window()));
+            }
+            std::thread::sleep(gap(i));
+        }
+        Ok(f)
+    })();
+    wind_down(
+        running,
+        tracer,
+        kernel,
+        result,
+        &format!("the mini guest ({vcpus} vCPUs, mode=loop)"),
+    )
+}
+
+/// (e) for one site count, µs.
+pub struct AttachFigures {
+    /// "10", "100", "1000" or "all".
+    pub label: String,
+    pub sites: usize,
+    pub attach: Vec<f64>,
+    pub detach: Vec<f64>,
+}
+
+/// (e) and loading.
+pub struct Scaling {
+    /// By site count, ascending.
+    pub attach: Vec<AttachFigures>,
+    /// ms per load of the vmlinux's symbols and sites.
+    pub loads_ms: Vec<f64>,
+    /// Sites in the vmlinux's table.
+    pub total_sites: usize,
+}
+
+/// (e) and the loading figure, on `vmlinux` loaded into a VM that never runs.
+pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
+    // The sites `--trace '*'` patches, and their functions.
+    let all = Plan::new(vmlinux, &["*".to_string()], &[]).map_err(input)?;
+    let (all_targets, all_funcs, total_sites) = (
+        all.index.sites().collect::<Vec<_>>(),
+        all.funcs.clone(),
+        all.sites.len(),
+    );
+    drop(all);
+    let vm = Vm::create(guest_config(vmlinux, 1, LINUX_MEM_MIB, "")).map_err(input)?;
+    let running = vm
+        .start(vec![Box::new(NoTracer) as Box<dyn TrapHandler>], true)
+        .map_err(runtime)?;
+    // Held for the whole measurement: this guest never runs.
+    let paused = running.pause_all();
+    let mut loads = Vec::new();
+    let mut figures = Vec::new();
+    let result = (|| -> Result<(), Error> {
+        let mut counts: Vec<(String, usize)> = E_SITES
+            .iter()
+            .filter(|&&n| n < all_targets.len())
+            .map(|&n| (n.to_string(), n))
+            .collect();
+        counts.push(("all".into(), all_targets.len()));
+        for (label, n) in counts {
+            let t = Instant::now();
+            let image = KernelImage::load(vmlinux).map_err(input)?;
+            let sites = SiteTable::build(&image).map_err(input)?;
+            loads.push(t.elapsed().as_secs_f64() * 1e3);
+            let step = (all_targets.len() / n).max(1);
+            let targets: Vec<(u64, u32)> =
+                all_targets.iter().step_by(step).take(n).copied().collect();
+            let plan = Plan {
+                image,
+                sites,
+                funcs: all_funcs.clone(),
+                index: Arc::new(SiteIndex::new(targets)),
+                skipped_init: 0,
+                ftrace_enabled: None,
+            };
+            let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
+            drop(handlers);
+            let mut f = AttachFigures {
+                label,
+                sites: n,
+                attach: Vec::new(),
+                detach: Vec::new(),
+            };
+            for _ in 0..E_REPS {
+                let t = Instant::now();
+                let patched = tracer
+                    .attach(&paused)
+                    .map_err(input)?
+                    .attached()
+                    .map_err(input)?
+                    .patched;
+                f.attach.push(us(t.elapsed()));
+                if patched != n {
+                    tracer.detach(paused.memory()).map_err(runtime)?;
+                    return Err(Error::Runtime(format!(
+                        "patched {patched} of {n} sites of {}",
+                        vmlinux.display()
+                    )));
+                }
+                let t = Instant::now();
+                let d = tracer.detach(paused.memory()).map_err(runtime)?;
+                f.detach.push(us(t.elapsed()));
+                if d.restored != n {
+                    return Err(Error::Runtime(format!(
+                        "restored {} of {n} sites of {}",
+                        d.restored,
+                        vmlinux.display()
+                    )));
+                }
+            }
+            tracer.finish(vmlinux, String::new());
+            figures.push(f);
+        }
+        Ok(())
+    })();
+    // Stop before releasing the pause, so the kernel never starts.
+    running.request_stop(StopReason::Requested);
+    drop(paused);
+    running.finish();
+    result?;
+    Ok(Scaling {
+        attach: figures,
+        loads_ms: loads,
+        total_sites,
+    })
+}
+
+/// Seconds to render the text report with callers, and to export JSON.
+pub fn report_figures(events: u64) -> Result<(f64, f64), Error> {
+    let trace = tracer::model::Trace::synthetic(events);
+    let opts = ReportOptions {
+        callers: true,
+        ..ReportOptions::default()
+    };
+    let t = Instant::now();
+    let text = report::render(&trace, &opts);
+    let render = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    tracer::export::write_json(&trace, std::io::sink()).map_err(runtime)?;
+    let json = t.elapsed().as_secs_f64();
+    if !text.contains("caller_") {
+        return Err(Error::Runtime("synthetic report has no callers".into()));
+    }
+    Ok((render, json))
+}

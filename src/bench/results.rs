@@ -1,0 +1,718 @@
+//! Judging and presenting the figures: the goals, the printed table, and
+//! the `--json FILE` document.
+
+use std::fmt::{self, Write as _};
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Serialize, Serializer};
+use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
+use tracer::report;
+
+use super::measure::{CallCosts, HandlerAlone, PauseFigures, Scaling, E_REPS, TRACE_GLOB};
+use super::{median, pct};
+use crate::cli::BenchArgs;
+use crate::session::emulator_host;
+
+/// Goals.
+const GOAL_RATIO: f64 = 1.2;
+const GOAL_WINDOW_100_US: f64 = 1_000.0;
+const GOAL_WINDOW_ALL_US: f64 = 10_000.0;
+const GOAL_LOAD_MS: f64 = 100.0;
+const GOAL_REPORT_S: f64 = 1.0;
+const GOAL_REPORT_EVENTS: u64 = 10_000_000;
+/// `schema` of the JSON document.
+const JSON_SCHEMA: &str = "vmtrace-bench/1";
+
+/// Everything measured.
+pub struct Results {
+    pub costs: CallCosts,
+    /// Medians over the rounds of (a) and (b), µs, and of (c).
+    pub a: f64,
+    pub b: f64,
+    pub c: f64,
+    pub handlers: HandlerAlone,
+    pub pauses: Vec<PauseFigures>,
+    /// (e) and loading, if there was a vmlinux.
+    pub scaling: Option<Scaling>,
+    pub render_s: f64,
+    pub json_s: f64,
+}
+
+/// One goal's verdict.
+pub struct Goal {
+    name: String,
+    measured: String,
+    /// Met or not; Err: not judged, and why.
+    pass: Result<bool, String>,
+}
+
+impl Goal {
+    fn status(&self) -> &'static str {
+        match self.pass {
+            Ok(true) => "PASS",
+            Ok(false) => "MISS",
+            Err(_) => "SKIP",
+        }
+    }
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// The figures by name, as saved in the JSON. Those named `a_`..`e_` are
+/// the figures (a) to (e).
+pub fn figures(r: &Results) -> Vec<(String, f64)> {
+    let mut f: Vec<(String, f64)> = vec![
+        ("a_exit_round_trip_us".into(), r.a),
+        ("b_traced_call_us".into(), r.b),
+        ("c_ratio".into(), r.c),
+        (
+            "recorder_extra_per_call_us".into(),
+            median(&r.costs.b_minus_a),
+        ),
+        ("iter_untraced_us".into(), r.costs.iter_us[0]),
+        ("iter_resume_only_us".into(), r.costs.iter_us[1]),
+        ("iter_recorder_us".into(), r.costs.iter_us[2]),
+        ("exits_per_iter".into(), r.costs.exits_per_iter),
+        ("handler_resume_only_ns".into(), r.handlers.resume_only_ns),
+        ("handler_recorder_ns".into(), r.handlers.recorder_ns),
+    ];
+    for p in &r.pauses {
+        let n = p.vcpus;
+        for (what, v) in [
+            ("latency", &p.latency),
+            ("window", &p.window),
+            ("attach_window", &p.attach),
+            ("detach_window", &p.detach),
+        ] {
+            f.push((format!("d_{n}cpu_{what}_p50_us"), pct(v, 50.0)));
+            f.push((format!("d_{n}cpu_{what}_p99_us"), pct(v, 99.0)));
+        }
+        f.push((format!("d_{n}cpu_sites"), p.sites as f64));
+    }
+    if let Some(Scaling {
+        attach,
+        loads_ms,
+        total_sites,
+    }) = &r.scaling
+    {
+        for s in attach {
+            let l = &s.label;
+            f.push((format!("e_{l}_sites_attach_first_us"), s.attach[0]));
+            f.push((format!("e_{l}_sites_attach_p50_us"), median(&s.attach)));
+            f.push((format!("e_{l}_sites_attach_max_us"), max(&s.attach)));
+            f.push((format!("e_{l}_sites_detach_p50_us"), median(&s.detach)));
+            f.push((format!("e_{l}_sites"), s.sites as f64));
+        }
+        f.push(("load_ms".into(), median(loads_ms)));
+        f.push(("load_sites".into(), *total_sites as f64));
+    }
+    f.push(("report_render_s".into(), r.render_s));
+    f.push(("report_json_s".into(), r.json_s));
+    f
+}
+
+pub fn goals(r: &Results, args: &BenchArgs) -> Vec<Goal> {
+    let mut goals = vec![Goal {
+        name: format!("cost per traced call <= {GOAL_RATIO} x exit round trip"),
+        measured: format!("b/a = {:.3} (b {:.2} µs, a {:.2} µs)", r.c, r.b, r.a),
+        pass: Ok(r.c <= GOAL_RATIO),
+    }];
+    for (label, limit) in [("100", GOAL_WINDOW_100_US), ("all", GOAL_WINDOW_ALL_US)] {
+        let name = format!("pause window for {label} sites <= {} ms", limit / 1e3);
+        let found = r
+            .scaling
+            .as_ref()
+            .and_then(|s| s.attach.iter().find(|f| f.label == label));
+        goals.push(match (found, &r.scaling) {
+            (Some(f), _) => Goal {
+                name,
+                measured: format!(
+                    "worst {:.1} µs of {E_REPS} attaches of {} sites (first {:.1}, p50 {:.1})",
+                    max(&f.attach),
+                    report::thousands(f.sites as u64),
+                    f.attach[0],
+                    median(&f.attach)
+                ),
+                pass: Ok(max(&f.attach) <= limit),
+            },
+            (None, Some(_)) => Goal {
+                name,
+                measured: "-".into(),
+                pass: Err("the vmlinux has fewer sites".into()),
+            },
+            (None, None) => Goal {
+                name,
+                measured: "-".into(),
+                pass: Err("no vmlinux".into()),
+            },
+        });
+    }
+    let name = format!("symbol + site loading <= {GOAL_LOAD_MS} ms");
+    goals.push(match &r.scaling {
+        Some(s) => Goal {
+            name,
+            measured: format!(
+                "median {:.1} ms of {} loads ({} sites; max {:.1} ms)",
+                median(&s.loads_ms),
+                s.loads_ms.len(),
+                report::thousands(s.total_sites as u64),
+                max(&s.loads_ms)
+            ),
+            pass: Ok(median(&s.loads_ms) <= GOAL_LOAD_MS),
+        },
+        None => Goal {
+            name,
+            measured: "-".into(),
+            pass: Err("no vmlinux".into()),
+        },
+    });
+    goals.push(Goal {
+        name: format!(
+            "report for {} events <= {GOAL_REPORT_S} s",
+            report::thousands(GOAL_REPORT_EVENTS)
+        ),
+        measured: format!(
+            "{:.3} s for {} events",
+            r.render_s,
+            report::thousands(args.report_events)
+        ),
+        pass: if args.report_events == GOAL_REPORT_EVENTS {
+            Ok(r.render_s <= GOAL_REPORT_S)
+        } else {
+            Err(format!(
+                "measured with {} events",
+                report::thousands(args.report_events)
+            ))
+        },
+    });
+    goals
+}
+
+/// What the bench was run on and with, for the table and the JSON.
+pub struct Run<'a> {
+    pub args: &'a BenchArgs,
+    /// The mini guest.
+    pub kernel: &'a Path,
+    /// The Linux vmlinux of (e), if any.
+    pub vmlinux: Option<&'a Path>,
+    pub started: Instant,
+}
+
+/// The printed report.
+pub fn table(r: &Results, goals: &[Goal], run: &Run<'_>) -> String {
+    let mut o = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_table(&mut o, r, goals, run);
+    o
+}
+
+fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fmt::Result {
+    let args = run.args;
+    writeln!(o, "vmtrace bench: mini guest {}", run.kernel.display())?;
+    if emulator_host() {
+        writeln!(
+            o,
+            "host: KVM emulates guest ring 0 here (kvm_pvm): absolute times are several times \
+             bare metal; compare ratios"
+        )?;
+    }
+    writeln!(o)?;
+    write_calls(o, r, args)?;
+    writeln!(o)?;
+    write_pauses(o, &r.pauses, args)?;
+    writeln!(o)?;
+    match (&r.scaling, run.vmlinux) {
+        (Some(s), Some(v)) => write_scaling(o, s, v)?,
+        _ => writeln!(
+            o,
+            "(e) and loading: NOT MEASURED, no vmlinux (build it with `bash guest/build.sh \
+             linux`, or pass --vmlinux PATH)"
+        )?,
+    }
+    writeln!(
+        o,
+        "report: {} events, text with callers {:.3} s; JSON export {:.3} s",
+        report::thousands(args.report_events),
+        r.render_s,
+        r.json_s
+    )?;
+    writeln!(o)?;
+    writeln!(o, "goals:")?;
+    for g in goals {
+        let why = match &g.pass {
+            Err(w) => format!(" (not judged: {w})"),
+            Ok(_) => String::new(),
+        };
+        writeln!(o, "  {}  {:<48} {}{why}", g.status(), g.name, g.measured)?;
+    }
+    writeln!(o)?;
+    writeln!(o, "methods:")?;
+    for (k, m) in methods() {
+        writeln!(o, "  {k:<7} {m}")?;
+    }
+    writeln!(o)?;
+    writeln!(
+        o,
+        "vmtrace bench took {:.1} s",
+        run.started.elapsed().as_secs_f64()
+    )
+}
+
+/// (a)-(c): one row per figure, its median and, given the per-round
+/// values, their range.
+fn write_calls(o: &mut String, r: &Results, args: &BenchArgs) -> fmt::Result {
+    let c = &r.costs;
+    writeln!(
+        o,
+        "(a)-(c) per traced call: {} vCPU, mode=loop, {} rounds of untraced / resume-only / recorder \
+         phases of {} iterations; {:.2} exits per iteration",
+        args.cpus, args.rounds, args.iters, c.exits_per_iter
+    )?;
+    writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
+    let ratios = c.ratios();
+    let rows: [(&str, String, Option<&[f64]>); 6] = [
+        (
+            "(a) exit round trip (resume-only handler)",
+            format!("{:.2} µs", r.a),
+            Some(&c.a),
+        ),
+        (
+            "(b) cost per traced call (recorder)",
+            format!("{:.2} µs", r.b),
+            Some(&c.b),
+        ),
+        ("(c) b / a", format!("{:.3}", r.c), Some(&ratios)),
+        (
+            "    recorder - resume-only, per call",
+            format!("{:.2} µs", median(&c.b_minus_a)),
+            Some(&c.b_minus_a),
+        ),
+        (
+            "    handler alone in process: recorder",
+            format!("{:.0} ns", r.handlers.recorder_ns),
+            None,
+        ),
+        (
+            "    handler alone in process: resume-only",
+            format!("{:.0} ns", r.handlers.resume_only_ns),
+            None,
+        ),
+    ];
+    for (label, median, rounds) in rows {
+        write!(o, "  {label:<44} {median:>10}")?;
+        if let Some(v) = rounds {
+            write!(o, "   {:.2} .. {:.2}", min(v), max(v))?;
+        }
+        writeln!(o)?;
+    }
+    writeln!(
+        o,
+        "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
+        c.iter_us[0], c.iter_us[1], c.iter_us[2]
+    )
+}
+
+/// `v` µs with one decimal, as (d) and (e) print their times.
+fn us1(v: f64) -> String {
+    format!("{v:.1} µs")
+}
+
+/// (d): p50, p99 and max of each kind of pause, by vCPU count.
+fn write_pauses(o: &mut String, pauses: &[PauseFigures], args: &BenchArgs) -> fmt::Result {
+    writeln!(
+        o,
+        "(d) pause, mini guest mode=loop, {} pauses + {} attach/detach cycles per vCPU count",
+        args.cycles, args.cycles
+    )?;
+    writeln!(
+        o,
+        "  {:<8} {:<26} {:>11} {:>11} {:>11}",
+        "vCPUs", "", "p50", "p99", "max"
+    )?;
+    for p in pauses {
+        let rows = [
+            ("pause latency".to_string(), &p.latency),
+            ("window, empty pause".to_string(), &p.window),
+            (format!("attach window ({} sites)", p.sites), &p.attach),
+            (format!("detach window ({} sites)", p.sites), &p.detach),
+        ];
+        for (i, (what, v)) in rows.iter().enumerate() {
+            // The vCPU count heads its group of rows.
+            let n = if i == 0 {
+                p.vcpus.to_string()
+            } else {
+                String::new()
+            };
+            writeln!(
+                o,
+                "  {n:<8} {what:<26} {:>11} {:>11} {:>11}",
+                us1(pct(v, 50.0)),
+                us1(pct(v, 99.0)),
+                us1(max(v))
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// (e) and loading, measured on `vmlinux`.
+fn write_scaling(o: &mut String, s: &Scaling, vmlinux: &Path) -> fmt::Result {
+    writeln!(
+        o,
+        "(e) attach window vs. sites: {} loaded into a paused VM, never booted; {E_REPS} \
+         attaches each",
+        vmlinux.display()
+    )?;
+    writeln!(
+        o,
+        "  {:<14} {:>11} {:>11} {:>11} {:>12}",
+        "sites", "first", "p50", "max", "detach p50"
+    )?;
+    for f in &s.attach {
+        let label = if f.label == "all" {
+            format!("all ({})", report::thousands(f.sites as u64))
+        } else {
+            report::thousands(f.sites as u64)
+        };
+        writeln!(
+            o,
+            "  {label:<14} {:>11} {:>11} {:>11} {:>12}",
+            us1(f.attach[0]),
+            us1(median(&f.attach)),
+            us1(max(&f.attach)),
+            us1(median(&f.detach))
+        )?;
+    }
+    writeln!(o)?;
+    writeln!(
+        o,
+        "loading: KernelImage::load + SiteTable::build of {} ({} sites): median {:.1} ms \
+         of {} ({:.1} .. {:.1} ms)",
+        vmlinux.display(),
+        report::thousands(s.total_sites as u64),
+        median(&s.loads_ms),
+        s.loads_ms.len(),
+        min(&s.loads_ms),
+        max(&s.loads_ms)
+    )
+}
+
+/// The `--json FILE` document. Figures and methods are objects whose keys
+/// keep the order they are printed in.
+#[derive(Serialize)]
+struct BenchJson<'a> {
+    schema: &'static str,
+    kernel: String,
+    vmlinux: Option<String>,
+    emulator_host: bool,
+    iters: u64,
+    cpus: u64,
+    rounds: usize,
+    cycles: usize,
+    report_events: u64,
+    /// A non-finite figure (which none should be) is written as null.
+    #[serde(serialize_with = "ordered_map")]
+    figures: &'a [(String, f64)],
+    goals: Vec<GoalJson<'a>>,
+    #[serde(serialize_with = "ordered_map")]
+    methods: &'a [(&'static str, String)],
+}
+
+#[derive(Serialize)]
+struct GoalJson<'a> {
+    goal: &'a str,
+    status: &'static str,
+    measured: &'a str,
+    /// Why the goal was not judged (status SKIP).
+    not_judged: Option<&'a str>,
+}
+
+/// `(key, value)` pairs as a JSON object, in their order.
+fn ordered_map<K: Serialize, V: Serialize, S: Serializer>(
+    pairs: &&[(K, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+/// The JSON document of `--json FILE`.
+pub fn json(
+    figures: &[(String, f64)],
+    goals: &[Goal],
+    run: &Run<'_>,
+) -> serde_json::Result<String> {
+    let args = run.args;
+    let doc = BenchJson {
+        schema: JSON_SCHEMA,
+        kernel: run.kernel.display().to_string(),
+        vmlinux: run.vmlinux.map(|v| v.display().to_string()),
+        emulator_host: emulator_host(),
+        iters: args.iters,
+        cpus: args.cpus,
+        rounds: args.rounds,
+        cycles: args.cycles,
+        report_events: args.report_events,
+        figures,
+        goals: goals
+            .iter()
+            .map(|g| GoalJson {
+                goal: &g.name,
+                status: g.status(),
+                measured: &g.measured,
+                not_judged: g.pass.as_ref().err().map(String::as_str),
+            })
+            .collect(),
+        methods: &methods(),
+    };
+    let mut j = serde_json::to_string_pretty(&doc)?;
+    j.push('\n');
+    Ok(j)
+}
+
+/// How each figure is measured (printed, and saved in the JSON).
+fn methods() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "(a)",
+            format!(
+                "one `out` exit through KVM and vmtrace's vCPU loop and back, with the cheapest \
+                 correct handler (find the site, resume after it): (t_resume-only - t_untraced) / \
+                 exits per iteration, t = µs per guest iteration per vCPU in phases of --iters \
+                 iterations of the mini guest (mode=loop) with the {TRACE_GLOB} sites patched \
+                 (or not)"
+            ),
+        ),
+        (
+            "(b)",
+            "(t_recorder - t_untraced) / exits per iteration, the same with vmtrace's real \
+             per-vCPU Recorder; the three phases run in rotating order in one guest, --rounds \
+             times, and a and b are medians over the rounds"
+                .into(),
+        ),
+        (
+            "(c)",
+            "b / a per round, median over the rounds; the handlers timed alone in process \
+             (no exit) cross-check b - a"
+                .into(),
+        ),
+        (
+            "(d)",
+            "the mini guest in mode=loop with 1, 2 and 4 vCPUs running: latency = pause \
+             request to all vCPUs parked; window = all parked to release, for empty pauses and \
+             for pauses that attach (or detach) all its patchable sites"
+                .into(),
+        ),
+        (
+            "(e)",
+            "the Linux vmlinux loaded into a VM at its physical addresses with the boot page \
+             tables, started paused and never booted (booting takes minutes here): \
+             Tracer::attach, i.e. the vmlinux check and the patching a live attach does while \
+             the vCPUs are parked, timed for 10, 100, 1,000 and all the sites --trace '*' \
+             selects, spread evenly over the text; goals judged on the worst attach"
+                .into(),
+        ),
+        (
+            "loading",
+            "KernelImage::load + SiteTable::build of that vmlinux, median of the loads made for (e)"
+                .into(),
+        ),
+        (
+            "report",
+            format!(
+                "report::render with callers, and export::write_json to a sink, of a synthetic \
+                 trace: {SYNTH_FUNCS} functions, {SYNTH_CALLERS} callers, {SYNTH_CPUS} vCPUs"
+            ),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::measure::AttachFigures;
+    use super::*;
+
+    fn args(report_events: u64) -> BenchArgs {
+        BenchArgs {
+            kernel: None,
+            iters: 200,
+            json: None,
+            cpus: 1,
+            rounds: 3,
+            cycles: 2,
+            vmlinux: None,
+            report_events,
+        }
+    }
+
+    fn results(scaling: bool) -> Results {
+        let attach = |label: &str, sites| AttachFigures {
+            label: label.into(),
+            sites,
+            attach: vec![900.0, 40.0, 50.0],
+            detach: vec![30.0, 20.0, 25.0],
+        };
+        Results {
+            costs: CallCosts {
+                a: vec![10.0, 9.0, 11.0],
+                b: vec![11.0, 10.0, 12.0],
+                b_minus_a: vec![1.0, 1.0, 1.0],
+                iter_us: [20.0, 55.0, 58.5],
+                exits_per_iter: 3.5,
+            },
+            a: 10.0,
+            b: 11.0,
+            c: 1.1,
+            handlers: HandlerAlone {
+                resume_only_ns: 20.0,
+                recorder_ns: 60.0,
+            },
+            pauses: vec![PauseFigures {
+                vcpus: 1,
+                sites: 9,
+                latency: vec![30.0, 40.0],
+                window: vec![5.0, 6.0],
+                attach: vec![50.0, 70.0],
+                detach: vec![45.0, 65.0],
+            }],
+            scaling: scaling.then(|| Scaling {
+                attach: vec![attach("100", 100), attach("all", 8830)],
+                loads_ms: vec![40.0, 38.0],
+                total_sites: 9585,
+            }),
+            render_s: 0.44,
+            // Not finite: must come out as null.
+            json_s: f64::NAN,
+        }
+    }
+
+    /// The printed table and the JSON document of `r`, measured with
+    /// `report_events`, for the mini guest "mini.elf" and, if `r` has (e),
+    /// the Linux "vmlinux".
+    fn render(r: &Results, report_events: u64) -> (String, String) {
+        let args = args(report_events);
+        let goals = goals(r, &args);
+        let run = Run {
+            args: &args,
+            kernel: Path::new("mini.elf"),
+            vmlinux: r.scaling.as_ref().map(|_| Path::new("vmlinux")),
+            started: Instant::now(),
+        };
+        let table = table(r, &goals, &run);
+        let json = json(&figures(r), &goals, &run).unwrap();
+        (table, json)
+    }
+
+    #[test]
+    fn json_keeps_figure_order_and_goal_verdicts() {
+        let r = results(true);
+        let (_, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["schema"], JSON_SCHEMA);
+        assert_eq!(doc["kernel"], "mini.elf");
+        assert_eq!(doc["vmlinux"], "vmlinux");
+        assert_eq!(doc["iters"], 200);
+        assert_eq!(doc["figures"]["a_exit_round_trip_us"], 10.0);
+        assert_eq!(doc["figures"]["c_ratio"], 1.1);
+        assert_eq!(doc["figures"]["e_all_sites"], 8830.0);
+        // Nearest rank: the lower of two.
+        assert_eq!(doc["figures"]["load_ms"], 38.0);
+        assert!(doc["figures"]["report_json_s"].is_null());
+        assert_eq!(doc["figures"].as_object().unwrap().len(), figures(&r).len());
+        // In the order they are measured and printed, not sorted.
+        let at = |k: &str| text.find(&format!("\"{k}\"")).unwrap();
+        assert!(at("a_exit_round_trip_us") < at("c_ratio"));
+        assert!(at("b_traced_call_us") < at("c_ratio"));
+        assert!(at("report_render_s") < at("report_json_s"));
+        assert!(at("(e)") < at("loading"));
+
+        let goals = doc["goals"].as_array().unwrap();
+        assert_eq!(goals.len(), 5);
+        let status: Vec<&str> = goals
+            .iter()
+            .map(|g| g["status"].as_str().unwrap())
+            .collect();
+        // b/a 1.1; worst 100-site attach 900 µs; worst of all 900 µs;
+        // loading 38 ms; report 0.44 s.
+        assert_eq!(status, ["PASS"; 5]);
+        assert!(goals.iter().all(|g| g["not_judged"].is_null()));
+        assert_eq!(doc["methods"].as_object().unwrap().len(), methods().len());
+    }
+
+    #[test]
+    fn goals_not_judged_say_why() {
+        let (table, text) = render(&results(false), 1000);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(doc["vmlinux"].is_null());
+        assert!(doc["figures"].get("load_ms").is_none());
+        let not_judged: Vec<&str> = doc["goals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["status"] == "SKIP")
+            .map(|g| g["not_judged"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            not_judged,
+            [
+                "no vmlinux",
+                "no vmlinux",
+                "no vmlinux",
+                "measured with 1,000 events"
+            ]
+        );
+
+        assert!(table.contains("(e) and loading: NOT MEASURED"), "{table}");
+        assert_eq!(
+            table.lines().filter(|l| l.starts_with("  SKIP  ")).count(),
+            4,
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn table_rows() {
+        let (t, _) = render(&results(true), GOAL_REPORT_EVENTS);
+        let line = |start: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
+                .to_string()
+        };
+        assert_eq!(
+            line("(a) exit"),
+            format!(
+                "  {:<44} {:>10}   9.00 .. 11.00",
+                "(a) exit round trip (resume-only handler)", "10.00 µs"
+            )
+        );
+        assert_eq!(
+            line("handler alone in process: recorder"),
+            format!(
+                "  {:<44} {:>10}",
+                "    handler alone in process: recorder", "60 ns"
+            )
+        );
+        assert_eq!(
+            line("1 "),
+            format!(
+                "  {:<8} {:<26} {:>11} {:>11} {:>11}",
+                "1", "pause latency", "30.0 µs", "40.0 µs", "40.0 µs"
+            )
+        );
+        assert_eq!(
+            line("all ("),
+            format!(
+                "  {:<14} {:>11} {:>11} {:>11} {:>12}",
+                "all (8,830)", "900.0 µs", "50.0 µs", "900.0 µs", "25.0 µs"
+            )
+        );
+        assert!(line("loading:").ends_with("(9,585 sites): median 38.0 ms of 2 (38.0 .. 40.0 ms)"));
+    }
+}

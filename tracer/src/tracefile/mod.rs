@@ -1,0 +1,232 @@
+//! Saved traces: `vmtrace ... -o FILE` writes one, `vmtrace report -i FILE`
+//! reads it back. The file is self-contained (no vmlinux needed to read it).
+//!
+//! # Format, version 1
+//!
+//! All integers are unsigned, little-endian, with no padding or alignment
+//! anywhere. Two composite types are used:
+//!
+//! - `str`: `u32` byte length `n`, then `n` bytes of UTF-8 (no terminator).
+//! - `sym`: `str` name, `u64` address, `u64` size in bytes.
+//!
+//! The file is, in this order:
+//!
+//! | Section   | Field                | Type        | Notes                                                   |
+//! |-----------|----------------------|-------------|---------------------------------------------------------|
+//! | preamble  | magic                | 8 bytes     | `VMTRACE\0` (`56 4d 54 52 41 43 45 00`)                 |
+//! |           | version              | `u32`       | `1`                                                     |
+//! |           | file_len             | `u64`       | size of the whole file in bytes, these 20 included      |
+//! | header    | kernel               | `str`       | the kernel file the guest booted                        |
+//! |           | has_build_id         | `u8`        | `0` or `1`                                              |
+//! |           | build_id             | `str`       | only if `has_build_id == 1`; lower-case hex             |
+//! |           | cpus                 | `u32`       | number of vCPUs                                         |
+//! |           | attach_ns            | `u64`       | host `CLOCK_MONOTONIC` at attach, ns                    |
+//! |           | detach_ns            | `u64`       | host `CLOCK_MONOTONIC` at detach, ns                    |
+//! |           | sites_patched        | `u64`       |                                                         |
+//! |           | sites_skipped_init   | `u64`       |                                                         |
+//! |           | sites_skipped_other  | `u64`       |                                                         |
+//! |           | attach_window_ns     | `u64`       | the attach's stop-the-world window                      |
+//! |           | attach_latency_ns    | `u64`       |                                                         |
+//! |           | events_total         | `u64`       | all calls counted, stored or not                        |
+//! |           | events_dropped       | `u64`       | calls counted but not stored (over `--max-events`)      |
+//! |           | parent_unreadable    | `u64`       | calls whose return address could not be read           |
+//! |           | stop_reason          | `str`       |                                                         |
+//! | functions | nfunc                | `u32`       | the traced functions                                    |
+//! |           | functions            | `sym` × nfunc | an event's `func` indexes this list                   |
+//! | counts    | rows                 | `u32`       | must equal `nfunc`                                      |
+//! |           | cols                 | `u32`       | must equal `cpus`                                       |
+//! |           | counts               | `u64` × rows × cols | row-major: calls of function `f` on vCPU `c` at index `f * cols + c` |
+//! | callers   | ncallers             | `u32`       | functions the events' return addresses fall in          |
+//! |           | callers              | `sym` × ncallers | sorted by address, ascending                       |
+//! | events    | nevents              | `u64`       | stored events                                           |
+//! |           | events               | 24 bytes × nevents | records, sorted by time (see below)              |
+//!
+//! An event record is 24 bytes: `u64 ts_ns` (host `CLOCK_MONOTONIC`, ns),
+//! `u64 parent` (the return address at `[RSP]` on entry, `0` if unreadable),
+//! `u32 func` (index into the functions), `u32 cpu` (vCPU number).
+//!
+//! The file ends right after the last event: its size is `file_len`.
+//!
+//! A reader must reject a file whose magic differs, whose version it does not
+//! know, that is shorter than `file_len` (truncated), or that breaks any rule
+//! above (corrupt): a length running past `file_len`, trailing bytes,
+//! `has_build_id` not 0 or 1, invalid UTF-8, counts dimensions other than
+//! `nfunc` × `cpus`, callers out of address order, an event whose `func` is not
+//! below `nfunc` or whose `cpu` is not below `cpus`. Because `file_len` is in
+//! the preamble, a length claiming more bytes than `file_len` leaves is
+//! corruption, while one that fits `file_len` but not the actual file is
+//! truncation.
+//!
+//! Writers write a temporary file in the destination's directory and rename it
+//! over the destination, so an interrupted save never leaves a partial trace
+//! under the final name.
+
+mod read;
+mod write;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::model::{Event, Trace};
+use crate::symbols::Symbol;
+
+pub use read::load;
+pub use write::save;
+
+/// The first 8 bytes of every trace file.
+pub const MAGIC: &[u8; 8] = b"VMTRACE\0";
+/// The format version this module writes and reads.
+pub const VERSION: u32 = 1;
+/// Size of one event record in the file.
+pub const EVENT_SIZE: usize = 24;
+/// Size of the preamble: magic, version, file length.
+const PREAMBLE_SIZE: u64 = 8 + 4 + 8;
+/// Smallest encoded `sym`: an empty name, address and size.
+const MIN_SYM_SIZE: u64 = 4 + 8 + 8;
+/// Events converted per bulk read or write.
+const EVENT_CHUNK: usize = 1 << 16;
+/// Buffer size of the file reader and writer.
+const IO_BUFFER: usize = 1 << 20;
+
+/// A part of the file, named in errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Preamble,
+    Header,
+    Functions,
+    Counts,
+    Callers,
+    Events,
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Section::Preamble => "preamble",
+            Section::Header => "header",
+            Section::Functions => "functions",
+            Section::Counts => "counts",
+            Section::Callers => "callers",
+            Section::Events => "events",
+        })
+    }
+}
+
+/// Why a trace could not be saved or loaded. Every message is one line and
+/// names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceFileError {
+    #[error("cannot open trace file {}: {source}", path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error("cannot read trace file {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write trace file {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
+    BadMagic { path: PathBuf },
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads version {VERSION})", path.display())]
+    UnsupportedVersion { path: PathBuf, version: u32 },
+    #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
+    Truncated { path: PathBuf, section: Section },
+    #[error("{}: corrupt trace file ({section} section): {detail}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        section: Section,
+        detail: String,
+    },
+    #[error("cannot save trace to {}: {detail}", path.display())]
+    Invalid { path: PathBuf, detail: String },
+}
+
+impl TraceFileError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TraceFileError::Open { path, .. }
+            | TraceFileError::Read { path, .. }
+            | TraceFileError::Write { path, .. }
+            | TraceFileError::BadMagic { path }
+            | TraceFileError::UnsupportedVersion { path, .. }
+            | TraceFileError::Truncated { path, .. }
+            | TraceFileError::Corrupt { path, .. }
+            | TraceFileError::Invalid { path, .. } => path,
+        }
+    }
+}
+
+/// Checks the rules of the format that a `Trace` could break; `Err` names the
+/// section and what is wrong.
+fn check(trace: &Trace) -> Result<(), (Section, String)> {
+    let nfunc = trace.functions.len();
+    let cpus = trace.meta.cpus as usize;
+    if u32::try_from(nfunc).is_err() {
+        return Err((
+            Section::Functions,
+            format!("{nfunc} functions (max {})", u32::MAX),
+        ));
+    }
+    if u32::try_from(trace.callers.len()).is_err() {
+        return Err((
+            Section::Callers,
+            format!("{} callers (max {})", trace.callers.len(), u32::MAX),
+        ));
+    }
+    if trace.counts.len() != nfunc {
+        return Err((
+            Section::Counts,
+            format!(
+                "{} rows of counts for {nfunc} functions",
+                trace.counts.len()
+            ),
+        ));
+    }
+    if let Some((f, row)) = trace
+        .counts
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.len() != cpus)
+    {
+        return Err((
+            Section::Counts,
+            format!(
+                "function {f} has counts for {} vCPUs, not {cpus}",
+                row.len()
+            ),
+        ));
+    }
+    check_callers(&trace.callers).map_err(|d| (Section::Callers, d))?;
+    check_events(&trace.events, 0, nfunc, cpus).map_err(|d| (Section::Events, d))
+}
+
+/// Checks that callers are in address order (lookups bisect them).
+fn check_callers(callers: &[Symbol]) -> Result<(), String> {
+    match callers.windows(2).position(|w| w[0].addr > w[1].addr) {
+        Some(i) => Err(format!(
+            "callers {i} and {} are out of address order",
+            i + 1
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks that events (the first being number `first`) index existing functions and vCPUs.
+fn check_events(events: &[Event], first: usize, nfunc: usize, cpus: usize) -> Result<(), String> {
+    for (i, e) in events.iter().enumerate() {
+        if e.func as usize >= nfunc {
+            return Err(format!(
+                "event {} has function index {} but there are {nfunc} functions",
+                first + i,
+                e.func
+            ));
+        }
+        if e.cpu as usize >= cpus {
+            return Err(format!(
+                "event {} is on vCPU {} but the trace has {cpus} vCPUs",
+                first + i,
+                e.cpu
+            ));
+        }
+    }
+    Ok(())
+}

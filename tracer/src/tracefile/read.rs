@@ -1,0 +1,272 @@
+//! Reading a trace file back, checking every rule of the format (see the
+//! parent module).
+
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::Path;
+
+use super::{
+    check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER,
+    MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION,
+};
+use crate::model::{Event, Trace, TraceMeta};
+use crate::symbols::Symbol;
+
+/// Reads a trace saved by `save`.
+pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
+    let file = File::open(path).map_err(|source| TraceFileError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let actual = file
+        .metadata()
+        .map_err(|source| TraceFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    let mut r = Reader {
+        r: BufReader::with_capacity(IO_BUFFER, file),
+        path,
+        pos: 0,
+        actual,
+        declared: u64::MAX,
+        section: Section::Preamble,
+    };
+
+    // Preamble.
+    let mut magic = [0u8; 8];
+    let have = actual.min(8) as usize;
+    r.bytes(&mut magic[..have])?;
+    if magic[..have] != MAGIC[..have] {
+        return Err(TraceFileError::BadMagic {
+            path: path.to_path_buf(),
+        });
+    }
+    if have < 8 {
+        return Err(r.truncated());
+    }
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(TraceFileError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            version,
+        });
+    }
+    let declared = r.u64()?;
+    if declared < PREAMBLE_SIZE {
+        return Err(r.corrupt(format!(
+            "file length {declared} is shorter than the preamble"
+        )));
+    }
+    if declared < actual {
+        return Err(r.corrupt(format!(
+            "the file is {actual} bytes but its preamble says {declared}: {} trailing bytes",
+            actual - declared
+        )));
+    }
+    r.declared = declared;
+
+    r.section = Section::Header;
+    let kernel = r.string("kernel")?;
+    let build_id = match r.u8()? {
+        0 => None,
+        1 => Some(r.string("build id")?),
+        b => return Err(r.corrupt(format!("has_build_id is {b}, not 0 or 1"))),
+    };
+    let cpus = r.u32()?;
+    let mut v = [0u64; 10];
+    for x in &mut v {
+        *x = r.u64()?;
+    }
+    let stop_reason = r.string("stop reason")?;
+    let meta = TraceMeta {
+        kernel,
+        build_id,
+        cpus,
+        attach_ns: v[0],
+        detach_ns: v[1],
+        sites_patched: v[2],
+        sites_skipped_init: v[3],
+        sites_skipped_other: v[4],
+        attach_window_ns: v[5],
+        attach_latency_ns: v[6],
+        events_total: v[7],
+        events_dropped: v[8],
+        parent_unreadable: v[9],
+        stop_reason,
+    };
+
+    r.section = Section::Functions;
+    let functions = r.syms("functions")?;
+
+    r.section = Section::Counts;
+    let rows = r.u32()?;
+    let cols = r.u32()?;
+    if rows as usize != functions.len() || cols != cpus {
+        return Err(r.corrupt(format!(
+            "counts are {rows} x {cols} but the trace has {} functions x {cpus} vCPUs",
+            functions.len()
+        )));
+    }
+    let size = (rows as u64).saturating_mul(cols as u64).saturating_mul(8);
+    r.need(size, "the counts")?;
+    let mut counts = Vec::with_capacity(rows as usize);
+    // Sized only once a row is known to fit in the file.
+    let mut row_bytes = if rows > 0 {
+        vec![0u8; cols as usize * 8]
+    } else {
+        Vec::new()
+    };
+    for _ in 0..rows {
+        r.bytes(&mut row_bytes)?;
+        counts.push(
+            row_bytes
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+        );
+    }
+
+    r.section = Section::Callers;
+    let callers = r.syms("callers")?;
+    check_callers(&callers).map_err(|d| r.corrupt(d))?;
+
+    r.section = Section::Events;
+    let n = r.u64()?;
+    let bytes = n
+        .checked_mul(EVENT_SIZE as u64)
+        .ok_or_else(|| r.corrupt(format!("absurd event count {n}")))?;
+    r.need(bytes, &format!("{n} events"))?;
+    let n = n as usize; // fits: n * 24 bytes fit in the file
+    let mut events = Vec::with_capacity(n);
+    let mut buf = vec![0u8; EVENT_CHUNK.min(n) * EVENT_SIZE];
+    while events.len() < n {
+        let k = EVENT_CHUNK.min(n - events.len());
+        let chunk = &mut buf[..k * EVENT_SIZE];
+        r.bytes(chunk)?;
+        let first = events.len();
+        events.extend(chunk.chunks_exact(EVENT_SIZE).map(|b| Event {
+            ts_ns: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            parent: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            func: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            cpu: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+        }));
+        check_events(&events[first..], first, functions.len(), cpus as usize)
+            .map_err(|d| r.corrupt(d))?;
+    }
+    if r.pos != declared {
+        return Err(r.corrupt(format!(
+            "{} bytes after the last event (file length {declared})",
+            declared - r.pos
+        )));
+    }
+
+    Ok(Trace {
+        meta,
+        functions,
+        counts,
+        callers,
+        events,
+    })
+}
+
+/// Reads the file, tracking the position and the current section for errors.
+struct Reader<'p, R> {
+    r: R,
+    path: &'p Path,
+    pos: u64,
+    /// The file's size on disk.
+    actual: u64,
+    /// The size the preamble claims (unbounded until it is read).
+    declared: u64,
+    section: Section,
+}
+
+impl<R: Read> Reader<'_, R> {
+    fn truncated(&self) -> TraceFileError {
+        TraceFileError::Truncated {
+            path: self.path.to_path_buf(),
+            section: self.section,
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> TraceFileError {
+        TraceFileError::Corrupt {
+            path: self.path.to_path_buf(),
+            section: self.section,
+            detail,
+        }
+    }
+
+    /// Checks that `n` more bytes, claimed by a length field for `what`,
+    /// exist: past the declared length it is corruption, past the actual end
+    /// of the file truncation. Called before allocating for them.
+    fn need(&self, n: u64, what: &str) -> Result<(), TraceFileError> {
+        let left = self.declared - self.pos;
+        if n > left {
+            return Err(self.corrupt(format!(
+                "{what} would take {n} bytes but only {left} remain"
+            )));
+        }
+        if self.pos + n > self.actual {
+            return Err(self.truncated());
+        }
+        Ok(())
+    }
+
+    fn bytes(&mut self, buf: &mut [u8]) -> Result<(), TraceFileError> {
+        self.need(buf.len() as u64, "a field")?;
+        self.r.read_exact(buf).map_err(|source| {
+            if source.kind() == io::ErrorKind::UnexpectedEof {
+                self.truncated()
+            } else {
+                TraceFileError::Read {
+                    path: self.path.to_path_buf(),
+                    source,
+                }
+            }
+        })?;
+        self.pos += buf.len() as u64;
+        Ok(())
+    }
+
+    fn u8(&mut self) -> Result<u8, TraceFileError> {
+        let mut b = [0u8; 1];
+        self.bytes(&mut b)?;
+        Ok(b[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, TraceFileError> {
+        let mut b = [0u8; 4];
+        self.bytes(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn u64(&mut self) -> Result<u64, TraceFileError> {
+        let mut b = [0u8; 8];
+        self.bytes(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, TraceFileError> {
+        let len = self.u32()?;
+        self.need(len as u64, what)?;
+        let mut b = vec![0u8; len as usize];
+        self.bytes(&mut b)?;
+        String::from_utf8(b).map_err(|_| self.corrupt(format!("{what} is not valid UTF-8")))
+    }
+
+    fn syms(&mut self, what: &str) -> Result<Vec<Symbol>, TraceFileError> {
+        let n = self.u32()?;
+        self.need(n as u64 * MIN_SYM_SIZE, &format!("{n} {what}"))?;
+        let mut syms = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let name = self.string("a symbol name")?;
+            let addr = self.u64()?;
+            let size = self.u64()?;
+            syms.push(Symbol { name, addr, size });
+        }
+        Ok(syms)
+    }
+}

@@ -1,0 +1,283 @@
+//! One guest address space: a root table and a paging mode over guest
+//! memory, with a small translation cache. The one way vmtrace reaches guest
+//! memory by virtual address (trap path, patcher, readiness check, benches).
+//!
+//! Like a hardware TLB the cache is not coherent with the guest's page
+//! tables, so an `AddressSpace` lives only as long as they cannot change:
+//! for one trap (built from that exit's registers), or for one pause.
+
+use kvm_bindings::kvm_sregs;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
+
+use super::{
+    read_entry, translate, GvaError, Level, PagingMode, Translation, ENTRY_SIZE, PAGE_OFFSET_MASK,
+    PAGE_SHIFT, PAGE_SIZE_4K, PHYS_ADDR_MASK, PTE_PS,
+};
+
+/// CR0.PG: paging enabled.
+const CR0_PG: u64 = 1 << 31;
+/// Direct-mapped cache slots; a power of two so the slot is a mask.
+const CACHE_SLOTS: usize = 16;
+
+/// One cached 4 KiB translation: virtual page number to the guest-physical
+/// base of that 4 KiB piece (of a huge page: the piece holding it).
+#[derive(Clone, Copy, Debug)]
+struct Cached {
+    vpn: u64,
+    page_gpa: u64,
+}
+
+/// Guest memory as one address space sees it.
+#[derive(Debug)]
+pub struct AddressSpace<'m, M: GuestMemory = GuestMemoryMmap> {
+    mem: &'m M,
+    /// CR3 as loaded (bits 11:0 PCID or PWT/PCD, bit 63 no-flush: masked off
+    /// by the walk).
+    root: u64,
+    mode: PagingMode,
+    cache: [Option<Cached>; CACHE_SLOTS],
+}
+
+impl<'m, M: GuestMemory> AddressSpace<'m, M> {
+    pub fn new(mem: &'m M, root: u64, mode: PagingMode) -> Self {
+        AddressSpace {
+            mem,
+            root,
+            mode,
+            cache: [None; CACHE_SLOTS],
+        }
+    }
+
+    /// The address space a vCPU with these system registers uses; None
+    /// while it runs with paging off.
+    pub fn of_vcpu(mem: &'m M, sregs: &kvm_sregs) -> Option<Self> {
+        (sregs.cr0 & CR0_PG != 0)
+            .then(|| Self::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)))
+    }
+
+    /// The same tables rooted elsewhere (e.g. the kernel half of a
+    /// page-table-isolation pair), with an empty cache.
+    pub fn with_root(&self, root: u64) -> Self {
+        Self::new(self.mem, root, self.mode)
+    }
+
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    pub fn mode(&self) -> PagingMode {
+        self.mode
+    }
+
+    pub fn memory(&self) -> &'m M {
+        self.mem
+    }
+
+    /// Forget every cached translation (after the guest's tables may have
+    /// changed).
+    pub fn flush(&mut self) {
+        self.cache = [None; CACHE_SLOTS];
+    }
+
+    /// Walks the tables for `gva` (uncached; see `gpa` for the cached form).
+    pub fn translate(&self, gva: u64) -> Result<Translation, GvaError> {
+        translate(self.mem, self.root, self.mode, gva)
+    }
+
+    /// Guest-physical address of the byte at `gva`, through the cache.
+    pub fn gpa(&mut self, gva: u64) -> Result<u64, GvaError> {
+        let vpn = gva >> PAGE_SHIFT;
+        let slot = vpn as usize % CACHE_SLOTS;
+        if let Some(c) = self.cache[slot].filter(|c| c.vpn == vpn) {
+            return Ok(c.page_gpa | (gva & PAGE_OFFSET_MASK));
+        }
+        let t = self.translate(gva)?;
+        self.cache[slot] = Some(Cached {
+            vpn,
+            page_gpa: t.gpa & !PAGE_OFFSET_MASK,
+        });
+        Ok(t.gpa)
+    }
+
+    /// Where the `len` bytes at `gva` live, page by page.
+    pub fn span(&mut self, gva: u64, len: usize) -> Result<PhysSpan, GvaError> {
+        let mut span = PhysSpan::default();
+        let mut done = 0;
+        while done < len {
+            let at = gva.wrapping_add(done as u64);
+            let gpa = self.gpa(at)?;
+            let left_in_page = (PAGE_SIZE_4K - (at & PAGE_OFFSET_MASK)) as usize;
+            let n = (len - done).min(left_in_page);
+            if !self
+                .mem
+                .check_range(GuestAddress(gpa), n, Permissions::Write)
+            {
+                return Err(GvaError::PageOutsideRam { gva: at, gpa });
+            }
+            span.segments.push((gpa, n));
+            done += n;
+        }
+        Ok(span)
+    }
+
+    /// Reads `buf.len()` bytes at `gva`, across pages.
+    pub fn read(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), GvaError> {
+        self.span(gva, buf.len())?.read(self.mem, buf)
+    }
+
+    /// Reads `N` bytes at `gva`.
+    pub fn read_array<const N: usize>(&mut self, gva: u64) -> Result<[u8; N], GvaError> {
+        let mut b = [0u8; N];
+        self.read(gva, &mut b)?;
+        Ok(b)
+    }
+
+    /// Reads a little-endian u64 at `gva` (e.g. a return address at RSP).
+    pub fn read_u64(&mut self, gva: u64) -> Result<u64, GvaError> {
+        self.read_array::<8>(gva).map(u64::from_le_bytes)
+    }
+
+    /// Writes `data` at `gva`: every page is translated and checked against
+    /// RAM first, so an error never leaves a partial write.
+    pub fn write(&mut self, gva: u64, data: &[u8]) -> Result<(), GvaError> {
+        self.span(gva, data.len())?.write(self.mem, data)
+    }
+
+    /// The `level` entry on the walk for `gva`, present or not: the tables
+    /// above it must be present and not huge pages. For mapping memory of
+    /// vmtrace's own into the guest.
+    pub fn entry(&self, gva: u64, level: Level) -> Result<Entry, GvaError> {
+        if !self.mode.is_canonical(gva) {
+            return Err(GvaError::NonCanonical {
+                gva,
+                mode: self.mode,
+            });
+        }
+        let levels = || self.mode.upper_levels().iter().chain(&[Level::Pt]);
+        if !levels().any(|&l| l == level) {
+            return Err(GvaError::LevelNotUsed {
+                level,
+                mode: self.mode,
+            });
+        }
+        let mut table = self.root & PHYS_ADDR_MASK;
+        for &l in levels() {
+            let gpa = l.entry_gpa(table, gva);
+            if l == level {
+                let value = self.read_phys_u64(gpa, gva, l)?;
+                return Ok(Entry { gpa, value, level });
+            }
+            let e = read_entry(self.mem, table, l, gva)?;
+            if e & PTE_PS != 0 {
+                return Err(GvaError::HugePageAbove { gva, level: l });
+            }
+            table = e & PHYS_ADDR_MASK;
+        }
+        unreachable!("{level} is one of the levels walked")
+    }
+
+    /// Replace a page-table entry read with `entry`, if it still holds what
+    /// was read (else `EntryChanged`, nothing written). Drops the cache.
+    /// The caller holds every vCPU parked.
+    pub fn set_entry(&mut self, entry: &Entry, value: u64) -> Result<(), GvaError> {
+        let now = self.read_phys_u64(entry.gpa, 0, entry.level)?;
+        if now != entry.value {
+            return Err(GvaError::EntryChanged {
+                level: entry.level,
+                gpa: entry.gpa,
+                expected: entry.value,
+                found: now,
+            });
+        }
+        self.mem
+            .write_obj(value.to_le(), GuestAddress(entry.gpa))
+            .map_err(|_| GvaError::TableOutsideRam {
+                gva: 0,
+                level: entry.level,
+                table_gpa: entry.gpa,
+            })?;
+        self.flush();
+        Ok(())
+    }
+
+    fn read_phys_u64(&self, gpa: u64, gva: u64, level: Level) -> Result<u64, GvaError> {
+        let mut raw = [0u8; ENTRY_SIZE as usize];
+        self.mem
+            .read_slice(&mut raw, GuestAddress(gpa))
+            .map_err(|_| GvaError::TableOutsideRam {
+                gva,
+                level,
+                table_gpa: gpa & !PAGE_OFFSET_MASK,
+            })?;
+        Ok(u64::from_le_bytes(raw))
+    }
+}
+
+/// One page-table entry as read: where it is and what it held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub gpa: u64,
+    pub value: u64,
+    pub level: Level,
+}
+
+impl Entry {
+    /// Nothing mapped here, nor anything the guest keeps in a non-present
+    /// entry (swap or migration entries use the other bits).
+    pub fn is_empty(&self) -> bool {
+        self.value == 0
+    }
+}
+
+/// Bytes pinned to guest-physical addresses (at most one segment per page):
+/// read and written with no walk, so they stay reachable after the vCPUs
+/// that translated them have stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhysSpan {
+    /// (guest-physical address, length), in virtual order.
+    segments: Vec<(u64, usize)>,
+}
+
+impl PhysSpan {
+    /// Guest-physical address of the first byte.
+    pub fn start(&self) -> u64 {
+        self.segments.first().map_or(0, |s| s.0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.segments.iter().map(|s| s.1).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `buf` (exactly `len()` bytes) from guest memory.
+    pub fn read<M: GuestMemory>(&self, mem: &M, buf: &mut [u8]) -> Result<(), GvaError> {
+        self.each(buf.len(), |gpa, at, n| {
+            mem.read_slice(&mut buf[at..at + n], GuestAddress(gpa))
+        })
+    }
+
+    /// Writes `data` (exactly `len()` bytes); every segment was checked
+    /// against RAM when the span was made.
+    pub fn write<M: GuestMemory>(&self, mem: &M, data: &[u8]) -> Result<(), GvaError> {
+        self.each(data.len(), |gpa, at, n| {
+            mem.write_slice(&data[at..at + n], GuestAddress(gpa))
+        })
+    }
+
+    fn each<E>(
+        &self,
+        len: usize,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), E>,
+    ) -> Result<(), GvaError> {
+        assert_eq!(len, self.len(), "buffer and span differ in length");
+        let mut at = 0;
+        for &(gpa, n) in &self.segments {
+            f(gpa, at, n).map_err(|_| GvaError::PageOutsideRam { gva: 0, gpa })?;
+            at += n;
+        }
+        Ok(())
+    }
+}
