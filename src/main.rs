@@ -2,19 +2,15 @@
 
 mod bench;
 mod cli;
-mod output;
-mod session;
+mod cmd;
+mod config;
+mod emit;
+mod error;
 mod stats;
-mod trace;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-/// Exit status for bad input (usage, files, configuration).
-const EXIT_BAD_INPUT: u8 = 2;
-/// Exit status when the guest did not end cleanly.
-const EXIT_GUEST_FAILED: u8 = 1;
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
@@ -37,18 +33,14 @@ fn main() -> ExitCode {
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
             eprintln!("vmtrace: {first} (see vmtrace --help)");
-            return ExitCode::from(EXIT_BAD_INPUT);
+            return ExitCode::from(error::EXIT_BAD_INPUT);
         }
     };
-    match session::main(cli) {
-        Ok(session::Outcome::Clean) => ExitCode::SUCCESS,
-        Ok(session::Outcome::GuestFailed) => ExitCode::from(EXIT_GUEST_FAILED),
+    match cmd::dispatch(cli) {
+        Ok(outcome) => ExitCode::from(outcome.exit_status()),
         Err(e) => {
             eprintln!("vmtrace: {e}");
-            ExitCode::from(match e {
-                session::Error::Input(_) => EXIT_BAD_INPUT,
-                session::Error::Runtime(_) => EXIT_GUEST_FAILED,
-            })
+            ExitCode::from(e.exit_status())
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `vmtrace bench`: what tracing costs, measured side by side in one run.
+//! What tracing costs, measured side by side in one run: the
+//! implementation of `vmtrace bench` (the command is `cmd::bench`).
 //!
 //! Everything is measured in one process, one run, so the figures can be
 //! compared with each other even on a host whose KVM distorts absolute times
@@ -74,31 +75,12 @@
 //! `measure` takes the figures; `results` judges them against the goals and
 //! prints them (and writes `--json FILE`).
 
-mod measure;
-mod results;
+pub mod measure;
+pub mod results;
 
-use std::io::Write as _;
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tracer::report;
-
-use crate::cli::BenchArgs;
-use crate::session::{Error, Outcome};
 use crate::stats;
-use measure::{HANDLER_TRAPS, PAUSE_VCPUS};
-use results::Results;
-
-/// A failure the user can fix (exit status 2): a missing or wrong kernel.
-fn input(e: impl std::fmt::Display) -> Error {
-    Error::Input(e.to_string())
-}
-
-/// A failure while measuring (exit status 1).
-fn runtime(e: impl std::fmt::Display) -> Error {
-    Error::Runtime(e.to_string())
-}
 
 /// Microseconds, the unit of most figures.
 fn us(d: Duration) -> f64 {
@@ -111,175 +93,6 @@ fn pct(v: &[f64], p: f64) -> f64 {
     stats::percentile(v, p).unwrap_or(f64::NAN)
 }
 
-fn median(v: &[f64]) -> f64 {
+pub fn median(v: &[f64]) -> f64 {
     pct(v, 50.0)
-}
-
-/// The directory holding `guest/`: the working directory if it has
-/// guest/build.sh, else the source tree this binary was built from.
-fn project_root() -> PathBuf {
-    let cwd = PathBuf::from(".");
-    if cwd.join("guest/build.sh").is_file() {
-        return cwd;
-    }
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    if src.join("guest/build.sh").is_file() {
-        return src;
-    }
-    cwd
-}
-
-/// `--kernel`, else guest/out/mini.elf (built with guest/build.sh if missing).
-fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, Error> {
-    if let Some(k) = &args.kernel {
-        if !k.is_file() {
-            return Err(Error::Input(format!(
-                "kernel {} does not exist; build the mini guest with `bash guest/build.sh mini` or pass --kernel PATH",
-                k.display()
-            )));
-        }
-        return Ok(k.clone());
-    }
-    let root = project_root();
-    let kernel = root.join("guest/out/mini.elf");
-    if !kernel.is_file() {
-        eprintln!(
-            "vmtrace bench: {} is missing; building it",
-            kernel.display()
-        );
-        let st = Command::new("bash")
-            .arg(root.join("guest/build.sh"))
-            .arg("mini")
-            .status()
-            .map_err(|e| Error::Input(format!("cannot run guest/build.sh mini: {e}")))?;
-        if !st.success() || !kernel.is_file() {
-            return Err(Error::Input(
-                "`bash guest/build.sh mini` failed; build the mini guest or pass --kernel PATH"
-                    .into(),
-            ));
-        }
-    }
-    Ok(kernel)
-}
-
-/// `--vmlinux`, else guest/out/vmlinux if present.
-fn linux_vmlinux(args: &BenchArgs) -> Result<Option<PathBuf>, Error> {
-    match &args.vmlinux {
-        Some(p) if p.is_file() => Ok(Some(p.clone())),
-        Some(p) => Err(Error::Input(format!(
-            "vmlinux {} does not exist; build it with `bash guest/build.sh linux`",
-            p.display()
-        ))),
-        None => {
-            let p = project_root().join("guest/out/vmlinux");
-            Ok(p.is_file().then_some(p))
-        }
-    }
-}
-
-/// `vmtrace bench`: measure, print the table, write `--json FILE`.
-pub fn run(args: &BenchArgs) -> Result<Outcome, Error> {
-    if args.iters == 0 {
-        return Err(Error::Input("--iters must be at least 1".into()));
-    }
-    if args.cpus == 0 || args.cpus > u64::from(vmm::vm::MAX_CPUS) {
-        return Err(Error::Input(format!(
-            "--cpus {} is out of range; use 1 to {}",
-            args.cpus,
-            vmm::vm::MAX_CPUS
-        )));
-    }
-    if args.rounds == 0 || args.cycles == 0 || args.report_events == 0 {
-        return Err(Error::Input(
-            "--rounds, --cycles and --report-events must be at least 1".into(),
-        ));
-    }
-    let kernel = mini_kernel(args)?;
-    let vmlinux = linux_vmlinux(args)?;
-    if let Some(p) = &args.json {
-        // Fail on an unwritable path now, not after a minute of measuring.
-        std::fs::File::create(p)
-            .map_err(|e| Error::Input(format!("cannot create {}: {e}", p.display())))?;
-    }
-    let started = Instant::now();
-
-    eprintln!(
-        "vmtrace bench: (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, mode=loop)",
-        args.rounds,
-        args.iters,
-        kernel.display(),
-        args.cpus
-    );
-    let costs = measure::call_costs(&kernel, args.cpus, args.iters, args.rounds)?;
-    let a = median(&costs.a);
-    let b = median(&costs.b);
-    let c = median(&costs.ratios());
-    if !(a > 0.0 && b > 0.0 && c > 0.0) {
-        return Err(Error::Runtime(format!(
-            "traced phases were not slower than untraced ones (a = {a:.2} µs, b = {b:.2} µs): \
-             the phases are too short for this host's noise; raise --iters or --rounds"
-        )));
-    }
-    eprintln!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
-    let handlers = measure::handler_alone(&kernel)?;
-
-    let mut pauses = Vec::new();
-    for n in PAUSE_VCPUS {
-        eprintln!(
-            "vmtrace bench: (d) {n} vCPU(s), mode=loop: {} pauses, {} attach/detach cycles",
-            args.cycles, args.cycles
-        );
-        pauses.push(measure::pause_figures(&kernel, n, args.cycles)?);
-    }
-
-    let scaling = match &vmlinux {
-        Some(v) => {
-            eprintln!(
-                "vmtrace bench: (e) attach windows on {} (loaded, not booted)",
-                v.display()
-            );
-            Some(measure::attach_scaling(v)?)
-        }
-        None => {
-            eprintln!(
-                "vmtrace bench: (e) and loading skipped: no guest/out/vmlinux \
-                 (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
-            );
-            None
-        }
-    };
-
-    eprintln!(
-        "vmtrace bench: report of {} synthetic events",
-        report::thousands(args.report_events)
-    );
-    let (render_s, json_s) = measure::report_figures(args.report_events)?;
-
-    let r = Results {
-        costs,
-        a,
-        b,
-        c,
-        handlers,
-        pauses,
-        scaling,
-        render_s,
-        json_s,
-    };
-    let goals = results::goals(&r, args);
-    let run = results::Run {
-        args,
-        kernel: &kernel,
-        vmlinux: vmlinux.as_deref(),
-        started,
-    };
-    print!("{}", results::table(&r, &goals, &run));
-    let _ = std::io::stdout().flush();
-    if let Some(path) = &args.json {
-        let j = results::json(&results::figures(&r), &goals, &run)
-            .map_err(|e| Error::Runtime(format!("cannot write the bench's JSON: {e}")))?;
-        std::fs::write(path, j)
-            .map_err(|e| Error::Runtime(format!("cannot write {}: {e}", path.display())))?;
-    }
-    Ok(Outcome::Clean)
 }

@@ -11,8 +11,7 @@ use tracer::report;
 
 use super::measure::{CallCosts, HandlerAlone, PauseFigures, Scaling, E_REPS, TRACE_GLOB};
 use super::{median, pct};
-use crate::cli::BenchArgs;
-use crate::session::emulator_host;
+use crate::config::{emulator_host, BenchConfig};
 
 /// Goals.
 const GOAL_RATIO: f64 = 1.2;
@@ -118,7 +117,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
     f
 }
 
-pub fn goals(r: &Results, args: &BenchArgs) -> Vec<Goal> {
+pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
     let mut goals = vec![Goal {
         name: format!("cost per traced call <= {GOAL_RATIO} x exit round trip"),
         measured: format!("b/a = {:.3} (b {:.2} µs, a {:.2} µs)", r.c, r.b, r.a),
@@ -181,14 +180,14 @@ pub fn goals(r: &Results, args: &BenchArgs) -> Vec<Goal> {
         measured: format!(
             "{:.3} s for {} events",
             r.render_s,
-            report::thousands(args.report_events)
+            report::thousands(cfg.report_events)
         ),
-        pass: if args.report_events == GOAL_REPORT_EVENTS {
+        pass: if cfg.report_events == GOAL_REPORT_EVENTS {
             Ok(r.render_s <= GOAL_REPORT_S)
         } else {
             Err(format!(
                 "measured with {} events",
-                report::thousands(args.report_events)
+                report::thousands(cfg.report_events)
             ))
         },
     });
@@ -197,11 +196,8 @@ pub fn goals(r: &Results, args: &BenchArgs) -> Vec<Goal> {
 
 /// What the bench was run on and with, for the table and the JSON.
 pub struct Run<'a> {
-    pub args: &'a BenchArgs,
-    /// The mini guest.
-    pub kernel: &'a Path,
-    /// The Linux vmlinux of (e), if any.
-    pub vmlinux: Option<&'a Path>,
+    /// The mini guest, the Linux vmlinux of (e) if any, the counts.
+    pub cfg: &'a BenchConfig,
     pub started: Instant,
 }
 
@@ -214,8 +210,8 @@ pub fn table(r: &Results, goals: &[Goal], run: &Run<'_>) -> String {
 }
 
 fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fmt::Result {
-    let args = run.args;
-    writeln!(o, "vmtrace bench: mini guest {}", run.kernel.display())?;
+    let cfg = run.cfg;
+    writeln!(o, "vmtrace bench: mini guest {}", cfg.kernel.display())?;
     if emulator_host() {
         writeln!(
             o,
@@ -224,11 +220,11 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
         )?;
     }
     writeln!(o)?;
-    write_calls(o, r, args)?;
+    write_calls(o, r, cfg)?;
     writeln!(o)?;
-    write_pauses(o, &r.pauses, args)?;
+    write_pauses(o, &r.pauses, cfg)?;
     writeln!(o)?;
-    match (&r.scaling, run.vmlinux) {
+    match (&r.scaling, &cfg.vmlinux) {
         (Some(s), Some(v)) => write_scaling(o, s, v)?,
         _ => writeln!(
             o,
@@ -239,7 +235,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     writeln!(
         o,
         "report: {} events, text with callers {:.3} s; JSON export {:.3} s",
-        report::thousands(args.report_events),
+        report::thousands(cfg.report_events),
         r.render_s,
         r.json_s
     )?;
@@ -267,13 +263,13 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 
 /// (a)-(c): one row per figure, its median and, given the per-round
 /// values, their range.
-fn write_calls(o: &mut String, r: &Results, args: &BenchArgs) -> fmt::Result {
+fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
     let c = &r.costs;
     writeln!(
         o,
         "(a)-(c) per traced call: {} vCPU, mode=loop, {} rounds of untraced / resume-only / recorder \
          phases of {} iterations; {:.2} exits per iteration",
-        args.cpus, args.rounds, args.iters, c.exits_per_iter
+        cfg.cpus, cfg.rounds, cfg.iters, c.exits_per_iter
     )?;
     writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
     let ratios = c.ratios();
@@ -325,11 +321,11 @@ fn us1(v: f64) -> String {
 }
 
 /// (d): p50, p99 and max of each kind of pause, by vCPU count.
-fn write_pauses(o: &mut String, pauses: &[PauseFigures], args: &BenchArgs) -> fmt::Result {
+fn write_pauses(o: &mut String, pauses: &[PauseFigures], cfg: &BenchConfig) -> fmt::Result {
     writeln!(
         o,
         "(d) pause, mini guest mode=loop, {} pauses + {} attach/detach cycles per vCPU count",
-        args.cycles, args.cycles
+        cfg.cycles, cfg.cycles
     )?;
     writeln!(
         o,
@@ -448,17 +444,17 @@ pub fn json(
     goals: &[Goal],
     run: &Run<'_>,
 ) -> serde_json::Result<String> {
-    let args = run.args;
+    let cfg = run.cfg;
     let doc = BenchJson {
         schema: JSON_SCHEMA,
-        kernel: run.kernel.display().to_string(),
-        vmlinux: run.vmlinux.map(|v| v.display().to_string()),
+        kernel: cfg.kernel.display().to_string(),
+        vmlinux: cfg.vmlinux.as_ref().map(|v| v.display().to_string()),
         emulator_host: emulator_host(),
-        iters: args.iters,
-        cpus: args.cpus,
-        rounds: args.rounds,
-        cycles: args.cycles,
-        report_events: args.report_events,
+        iters: cfg.iters,
+        cpus: cfg.cpus,
+        rounds: cfg.rounds,
+        cycles: cfg.cycles,
+        report_events: cfg.report_events,
         figures,
         goals: goals
             .iter()
@@ -538,15 +534,16 @@ mod tests {
     use super::super::measure::AttachFigures;
     use super::*;
 
-    fn args(report_events: u64) -> BenchArgs {
-        BenchArgs {
-            kernel: None,
-            iters: 200,
+    /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".
+    fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
+        BenchConfig {
+            kernel: "mini.elf".into(),
+            vmlinux: scaling.then(|| "vmlinux".into()),
             json: None,
+            iters: 200,
             cpus: 1,
             rounds: 3,
             cycles: 2,
-            vmlinux: None,
             report_events,
         }
     }
@@ -596,12 +593,10 @@ mod tests {
     /// `report_events`, for the mini guest "mini.elf" and, if `r` has (e),
     /// the Linux "vmlinux".
     fn render(r: &Results, report_events: u64) -> (String, String) {
-        let args = args(report_events);
-        let goals = goals(r, &args);
+        let cfg = cfg(report_events, r.scaling.is_some());
+        let goals = goals(r, &cfg);
         let run = Run {
-            args: &args,
-            kernel: Path::new("mini.elf"),
-            vmlinux: r.scaling.as_ref().map(|_| Path::new("vmlinux")),
+            cfg: &cfg,
             started: Instant::now(),
         };
         let table = table(r, &goals, &run);

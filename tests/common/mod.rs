@@ -113,6 +113,7 @@ pub fn elf_symbol(path: &Path, name: &str) -> u64 {
 pub fn mini_config(kernel: &Path, cpus: u64, cmdline: &str, console: &Capture) -> vmm::VmConfig {
     vmm::VmConfig {
         kernel: kernel.to_owned(),
+        kind: vmm::boot::KernelKind::Elf,
         initrd: None,
         cpus,
         mem_mib: 64,

@@ -67,6 +67,8 @@ pub enum VmError {
 /// What to boot and how.
 pub struct VmConfig {
     pub kernel: PathBuf,
+    /// What `kernel` is (`KernelKind::detect`, done once by the caller).
+    pub kind: boot::KernelKind,
     pub initrd: Option<PathBuf>,
     pub cpus: u64,
     pub mem_mib: u64,
@@ -142,6 +144,7 @@ impl Vm {
 
         let plan = boot::load_kernel(
             &mem,
+            cfg.kind,
             &cfg.kernel,
             cfg.initrd.as_deref(),
             &cfg.cmdline,

@@ -15,8 +15,8 @@ use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Trap, TrapError, TrapHandler, Vm};
 
 use super::{mini_config, wind_down, SETTLE, TRACE_GLOB};
-use crate::bench::{input, median, runtime, us};
-use crate::session::Error;
+use crate::bench::{median, us};
+use crate::error::{Error, InputError, RuntimeError};
 
 /// No measured phase may take longer.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -100,19 +100,20 @@ struct IterCounters<'a> {
 impl<'a> IterCounters<'a> {
     /// `map`: an AddressSpace over the mini guest's memory and boot page tables.
     fn new(map: AddressSpace<'a>, image: &KernelImage, ncpus: usize) -> Result<Self, Error> {
-        let sym = image.symbol(MINI_CPUS).ok_or_else(|| {
-            Error::Input(format!(
-                "{} has no {MINI_CPUS} symbol",
-                image.path.display()
-            ))
-        })?;
+        let not_mini = |why: String| InputError::NotMini {
+            path: image.path.clone(),
+            why,
+        };
+        let sym = image
+            .symbol(MINI_CPUS)
+            .ok_or_else(|| not_mini(format!("it has no {MINI_CPUS} symbol")))?;
         let stride = sym.size / MINI_MAX_CPUS;
         if sym.size % MINI_MAX_CPUS != 0 || stride < 8 {
-            return Err(Error::Input(format!(
-                "{MINI_CPUS} in {} is {} bytes, not {MINI_MAX_CPUS} per-vCPU blocks",
-                image.path.display(),
+            return Err(not_mini(format!(
+                "its {MINI_CPUS} is {} bytes, not {MINI_MAX_CPUS} per-vCPU blocks",
                 sym.size
-            )));
+            ))
+            .into());
         }
         Ok(IterCounters {
             map,
@@ -127,7 +128,9 @@ impl<'a> IterCounters<'a> {
                 self.map
                     .read_array::<8>(va)
                     .map(u64::from_le_bytes)
-                    .map_err(|e| Error::Runtime(format!("reading the guest's counters: {e}")))
+                    .map_err(|e| {
+                        RuntimeError::Measure(format!("reading the guest's counters: {e}")).into()
+                    })
             })
             .collect()
     }
@@ -197,9 +200,9 @@ impl TracedTotals {
 /// iterations per vCPU, untraced / resume-only / recorder in rotating order,
 /// `reps` rounds. See the `bench` module documentation.
 pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallCosts, Error> {
-    let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[]).map_err(input)?;
+    let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[])?;
     let index = Arc::clone(&plan.index);
-    let vm = Vm::create(mini_config(kernel, cpus)).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, cpus))?;
     let ncpus = vm.cpus();
     let (mut tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
     let record = Arc::new(AtomicBool::new(false));
@@ -218,7 +221,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             }) as Box<dyn TrapHandler>
         })
         .collect();
-    let running = vm.start(handlers, false).map_err(runtime)?;
+    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
     let mem = running.memory().clone();
     let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let result = (|| -> Result<CallCosts, Error> {
@@ -241,17 +244,13 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     match MODES[m] {
                         Mode::Untraced => {
                             if tracer.is_attached() {
-                                tracer.detach(p.memory()).map_err(runtime)?;
+                                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
                             }
                         }
                         mode => {
                             record.store(mode == Mode::Recorder, Ordering::Relaxed);
                             if !tracer.is_attached() {
-                                tracer
-                                    .attach(&p)
-                                    .map_err(input)?
-                                    .attached()
-                                    .map_err(input)?;
+                                tracer.attach(&p)?.attached()?;
                             }
                         }
                     }
@@ -266,7 +265,11 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                 loop {
                     std::thread::sleep(PHASE_POLL);
                     if let Some(r) = running.wait_stop(Duration::ZERO) {
-                        return Err(Error::Runtime(format!("the mini guest stopped: {r}")));
+                        return Err(RuntimeError::GuestStopped {
+                            what: "mini guest",
+                            reason: r,
+                        }
+                        .into());
                     }
                     let now = counters.read()?;
                     let elapsed = t0.elapsed();
@@ -277,11 +280,12 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                         break;
                     }
                     if elapsed > RUN_TIMEOUT {
-                        return Err(Error::Runtime(format!(
+                        return Err(RuntimeError::Measure(format!(
                             "the mini guest did only {done:?} iterations in {} s ({} phase)",
                             elapsed.as_secs(),
                             MODES[m].name()
-                        )));
+                        ))
+                        .into());
                     }
                 }
             }
@@ -299,13 +303,14 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             let now = counters.read()?.iter().sum::<u64>();
             traced.close(pending.take(), now, total_traps());
             if tracer.is_attached() {
-                tracer.detach(p.memory()).map_err(runtime)?;
+                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
             }
         }
         if traced.iters == 0 || traced.traps == 0 {
-            return Err(Error::Runtime(format!(
+            return Err(RuntimeError::Measure(format!(
                 "no {TRACE_GLOB} call trapped in the traced phases"
-            )));
+            ))
+            .into());
         }
         let e = traced.traps as f64 / traced.iters as f64;
         Ok(CallCosts::from_rounds(&rounds, e))
@@ -322,9 +327,9 @@ pub struct HandlerAlone {
 /// The handlers alone, in process: ns per `on_trap` for resume-only and the
 /// recorder, on a Trap over the mini guest's memory (loaded, page tables set).
 pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
-    let vm = Vm::create(mini_config(kernel, 1)).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, 1))?;
     let mem = vm.memory();
-    let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[]).map_err(input)?;
+    let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[])?;
     let index = Arc::clone(&plan.index);
     // RIP past the `out` (this host's convention), cycling over the sites;
     // RSP on the mini guest's first stack page.
@@ -333,14 +338,17 @@ pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
         .image
         .symbol("__bss_start")
         .map(|s| s.addr + 0x800)
-        .ok_or_else(|| Error::Runtime(format!("{} has no __bss_start", kernel.display())))?;
+        .ok_or_else(|| InputError::NotMini {
+            path: kernel.to_owned(),
+            why: "it has no __bss_start".into(),
+        })?;
     let cr3 = vmm::layout::PML4_START;
     let time = |h: &mut dyn TrapHandler| -> Result<f64, Error> {
         let t = Instant::now();
         for i in 0..HANDLER_TRAPS {
             let mut trap =
                 Trap::for_bench(0, rips[i % rips.len()], rsp, cr3, PagingMode::Level4, mem);
-            h.on_trap(&mut trap).map_err(runtime)?;
+            h.on_trap(&mut trap).map_err(RuntimeError::Trap)?;
         }
         h.flush();
         Ok(t.elapsed().as_secs_f64() * 1e9 / HANDLER_TRAPS as f64)
@@ -354,9 +362,10 @@ pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
     drop(rec);
     let events = collector.join().map(|e| e.len()).unwrap_or(0);
     if events != HANDLER_TRAPS || shared.parent_unreadable.load(Ordering::Relaxed) != 0 {
-        return Err(Error::Runtime(format!(
+        return Err(RuntimeError::Measure(format!(
             "in-process recorder stored {events} of {HANDLER_TRAPS} events"
-        )));
+        ))
+        .into());
     }
     Ok(HandlerAlone {
         resume_only_ns,

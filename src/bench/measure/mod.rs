@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 
 use tracer::record::SiteIndex;
 use tracer::report::{self, ReportOptions};
-use tracer::session::{Plan, Tracer};
+use tracer::session::{Plan, Tracer, TracerError};
 use tracer::sites::SiteTable;
 use tracer::symbols::KernelImage;
+use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 
-use crate::bench::{input, runtime, us};
-use crate::session::{emulator_host, Error};
+use crate::bench::us;
+use crate::config::emulator_host;
+use crate::error::{Error, RuntimeError};
 
 /// The functions traced for (a) and (b).
 pub const TRACE_GLOB: &str = "hrtimer_*";
@@ -36,9 +38,16 @@ const E_SITES: [usize; 3] = [10, 100, 1000];
 pub const E_REPS: usize = 5;
 
 /// A guest the bench stops itself (so no timeout), its console discarded.
-fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> VmConfig {
+fn guest_config(
+    kernel: &Path,
+    kind: KernelKind,
+    cpus: u64,
+    mem_mib: u64,
+    cmdline: &str,
+) -> VmConfig {
     VmConfig {
         kernel: kernel.to_owned(),
+        kind,
         initrd: None,
         cpus,
         mem_mib,
@@ -51,7 +60,7 @@ fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> VmConf
 
 /// The mini guest in `mode=loop`.
 fn mini_config(kernel: &Path, cpus: u64) -> VmConfig {
-    guest_config(kernel, cpus, MINI_MEM_MIB, "mode=loop")
+    guest_config(kernel, KernelKind::Elf, cpus, MINI_MEM_MIB, "mode=loop")
 }
 
 /// Stop a guest that is still running, wait for its threads.
@@ -75,16 +84,17 @@ fn wind_down<T>(
     let detached = tracer.detach(&mem);
     let trace = tracer.finish(kernel, report.reason.to_string());
     let measured = result?;
-    detached.map_err(runtime)?;
+    detached.map_err(RuntimeError::Restore)?;
     if report.reason != StopReason::Requested {
-        return Err(Error::Runtime(format!(
+        return Err(RuntimeError::Measure(format!(
             "{what} stopped on its own: {}; console: {}",
             report.reason,
             report.console_tail.join(" | ")
-        )));
+        ))
+        .into());
     }
     if trace.meta.events_total == 0 {
-        return Err(Error::Runtime(format!("{what}: no call was traced")));
+        return Err(RuntimeError::Measure(format!("{what}: no call was traced")).into());
     }
     Ok(measured)
 }
@@ -102,12 +112,12 @@ pub struct PauseFigures {
 /// (d) with `vcpus` vCPUs: `cycles` empty pauses, then `cycles` attach and
 /// detach cycles of all the mini guest's patchable sites.
 pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigures, Error> {
-    let plan = Plan::new(kernel, &["*".to_string()], &[]).map_err(input)?;
+    let plan = Plan::new(kernel, &["*".to_string()], &[])?;
     let sites = plan.index.addrs.len();
-    let vm = Vm::create(mini_config(kernel, vcpus)).map_err(input)?;
+    let vm = Vm::create(mini_config(kernel, vcpus))?;
     let ncpus = vm.cpus();
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
-    let running = vm.start(handlers, false).map_err(runtime)?;
+    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
     let gap = |i: usize| Duration::from_micros(1500 + 500 * (i % 3) as u64);
     let result = (|| -> Result<PauseFigures, Error> {
         let mut f = PauseFigures {
@@ -120,7 +130,10 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
         };
         std::thread::sleep(SETTLE);
         let stopped = || match running.wait_stop(Duration::ZERO) {
-            Some(r) => Err(Error::Runtime(format!("the mini guest stopped: {r}"))),
+            Some(r) => Err(RuntimeError::GuestStopped {
+                what: "mini guest",
+                reason: r,
+            }),
             None => Ok(()),
         };
         for i in 0..cycles {
@@ -135,17 +148,13 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
             stopped()?;
             {
                 let p = running.pause_all();
-                tracer
-                    .attach(&p)
-                    .map_err(input)?
-                    .attached()
-                    .map_err(input)?;
+                tracer.attach(&p)?.attached()?;
                 f.attach.push(us(p.window()));
             }
             std::thread::sleep(gap(i));
             {
                 let p = running.pause_all();
-                tracer.detach(p.memory()).map_err(runtime)?;
+                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
                 f.detach.push(us(p.window()));
             }
             std::thread::sleep(gap(i));
@@ -183,17 +192,23 @@ pub struct Scaling {
 /// (e) and the loading figure, on `vmlinux` loaded into a VM that never runs.
 pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
     // The sites `--trace '*'` patches, and their functions.
-    let all = Plan::new(vmlinux, &["*".to_string()], &[]).map_err(input)?;
+    let all = Plan::new(vmlinux, &["*".to_string()], &[])?;
     let (all_targets, all_funcs, total_sites) = (
         all.index.sites().collect::<Vec<_>>(),
         all.funcs.clone(),
         all.sites.len(),
     );
     drop(all);
-    let vm = Vm::create(guest_config(vmlinux, 1, LINUX_MEM_MIB, "")).map_err(input)?;
+    let vm = Vm::create(guest_config(
+        vmlinux,
+        KernelKind::LinuxElf,
+        1,
+        LINUX_MEM_MIB,
+        "",
+    ))?;
     let running = vm
         .start(vec![Box::new(NoTracer) as Box<dyn TrapHandler>], true)
-        .map_err(runtime)?;
+        .map_err(RuntimeError::Start)?;
     // Held for the whole measurement: this guest never runs.
     let paused = running.pause_all();
     let mut loads = Vec::new();
@@ -207,8 +222,8 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
         counts.push(("all".into(), all_targets.len()));
         for (label, n) in counts {
             let t = Instant::now();
-            let image = KernelImage::load(vmlinux).map_err(input)?;
-            let sites = SiteTable::build(&image).map_err(input)?;
+            let image = KernelImage::load(vmlinux).map_err(TracerError::from)?;
+            let sites = SiteTable::build(&image).map_err(TracerError::from)?;
             loads.push(t.elapsed().as_secs_f64() * 1e3);
             let step = (all_targets.len() / n).max(1);
             let targets: Vec<(u64, u32)> =
@@ -231,29 +246,30 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
             };
             for _ in 0..E_REPS {
                 let t = Instant::now();
-                let patched = tracer
-                    .attach(&paused)
-                    .map_err(input)?
-                    .attached()
-                    .map_err(input)?
-                    .patched;
+                let patched = tracer.attach(&paused)?.attached()?.patched;
                 f.attach.push(us(t.elapsed()));
                 if patched != n {
-                    tracer.detach(paused.memory()).map_err(runtime)?;
-                    return Err(Error::Runtime(format!(
+                    tracer
+                        .detach(paused.memory())
+                        .map_err(RuntimeError::Restore)?;
+                    return Err(RuntimeError::Measure(format!(
                         "patched {patched} of {n} sites of {}",
                         vmlinux.display()
-                    )));
+                    ))
+                    .into());
                 }
                 let t = Instant::now();
-                let d = tracer.detach(paused.memory()).map_err(runtime)?;
+                let d = tracer
+                    .detach(paused.memory())
+                    .map_err(RuntimeError::Restore)?;
                 f.detach.push(us(t.elapsed()));
                 if d.restored != n {
-                    return Err(Error::Runtime(format!(
+                    return Err(RuntimeError::Measure(format!(
                         "restored {} of {n} sites of {}",
                         d.restored,
                         vmlinux.display()
-                    )));
+                    ))
+                    .into());
                 }
             }
             tracer.finish(vmlinux, String::new());
@@ -284,10 +300,13 @@ pub fn report_figures(events: u64) -> Result<(f64, f64), Error> {
     let text = report::render(&trace, &opts);
     let render = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    tracer::export::write_json(&trace, std::io::sink()).map_err(runtime)?;
+    tracer::export::write_json(&trace, std::io::sink()).map_err(|source| RuntimeError::Export {
+        format: "JSON".into(),
+        source,
+    })?;
     let json = t.elapsed().as_secs_f64();
     if !text.contains("caller_") {
-        return Err(Error::Runtime("synthetic report has no callers".into()));
+        return Err(RuntimeError::Measure("synthetic report has no callers".into()).into());
     }
     Ok((render, json))
 }

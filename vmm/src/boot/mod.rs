@@ -72,38 +72,67 @@ pub struct BootPlan {
     pub protocol: Protocol,
 }
 
-/// What the kernel file is.
+/// What the kernel file is, which decides its boot protocol. Detected once
+/// (by whoever builds the `VmConfig`), then carried along.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelFormat {
-    Elf,
+pub enum KernelKind {
+    /// A bzImage: Linux 64-bit boot protocol; its symbols are elsewhere.
     BzImage,
+    /// A Linux vmlinux (it carries `linux_banner`): Linux's protocol.
+    LinuxElf,
+    /// Any other ELF: vmtrace's direct protocol.
+    Elf,
 }
 
 const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
+/// The symbol only a Linux vmlinux has ("Linux version ...").
+const LINUX_BANNER: &str = "linux_banner";
 
-/// Identify the kernel file by its magic.
-pub fn kernel_format(file: &mut File, path: &Path) -> Result<KernelFormat, BootError> {
-    let mut magic = [0u8; 4];
-    let io = |source| BootError::Open {
-        path: path.to_owned(),
-        source,
-    };
-    file.rewind().map_err(io)?;
-    if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
-        return Ok(KernelFormat::Elf);
+impl KernelKind {
+    /// Classify the kernel file at `path` by its magic (and, for an ELF,
+    /// its symbols), reading it once.
+    pub fn detect(path: &Path) -> Result<KernelKind, BootError> {
+        let io = |source| BootError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let mut magic = [0u8; 4];
+        if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
+            let mut data = magic.to_vec();
+            file.read_to_end(&mut data).map_err(io)?;
+            return Ok(if has_symbol(&data, LINUX_BANNER) {
+                KernelKind::LinuxElf
+            } else {
+                KernelKind::Elf
+            });
+        }
+        file.rewind().map_err(io)?;
+        if linux::is_bzimage(&mut file).map_err(io)? {
+            return Ok(KernelKind::BzImage);
+        }
+        Err(BootError::UnknownFormat {
+            path: path.to_owned(),
+        })
     }
-    if linux::is_bzimage(file).map_err(io)? {
-        return Ok(KernelFormat::BzImage);
+
+    /// Does it boot with Linux's protocol (and rewrite its own ftrace sites
+    /// at boot)?
+    pub fn is_linux(self) -> bool {
+        self != KernelKind::Elf
     }
-    Err(BootError::UnknownFormat {
-        path: path.to_owned(),
-    })
+}
+
+fn has_symbol(elf: &[u8], name: &str) -> bool {
+    use object::{Object, ObjectSymbol};
+    object::File::parse(elf).is_ok_and(|obj| obj.symbols().any(|s| s.name() == Ok(name)))
 }
 
 /// Load the kernel (and initrd), write the command line and the tables the
 /// protocol needs. The page tables and GDT are common to both protocols.
 pub fn load_kernel(
     mem: &GuestMemoryMmap,
+    kind: KernelKind,
     kernel_path: &Path,
     initrd_path: Option<&Path>,
     cmdline: &str,
@@ -122,8 +151,8 @@ pub fn load_kernel(
     })?;
     regs::setup_page_tables(mem)?;
     regs::setup_gdt(mem)?;
-    let plan = match kernel_format(&mut file, kernel_path)? {
-        KernelFormat::BzImage => {
+    let plan = match kind {
+        KernelKind::BzImage => {
             let mut initrd = match initrd_path {
                 Some(p) => Some((
                     File::open(p).map_err(|source| BootError::OpenInitrd {
@@ -150,7 +179,7 @@ pub fn load_kernel(
                 },
             }
         }
-        KernelFormat::Elf => {
+        KernelKind::LinuxElf | KernelKind::Elf => {
             let loaded = Elf::load(
                 mem,
                 None,
@@ -162,7 +191,7 @@ pub fn load_kernel(
                 source,
             })?;
             let entry = loaded.kernel_load.0;
-            if is_linux_elf(kernel_path) {
+            if kind == KernelKind::LinuxElf {
                 let initrd = match initrd_path {
                     Some(p) => {
                         let mut f = File::open(p).map_err(|source| BootError::OpenInitrd {
@@ -203,36 +232,10 @@ pub fn load_kernel(
     Ok(plan)
 }
 
-/// A Linux vmlinux carries `linux_banner` ("Linux version ..."); anything else
-/// is booted with vmtrace's direct protocol.
-fn is_linux_elf(path: &Path) -> bool {
-    use object::{Object, ObjectSymbol};
-    let Ok(data) = std::fs::read(path) else {
-        return false;
-    };
-    let Ok(obj) = object::File::parse(&*data) else {
-        return false;
-    };
-    let found = obj.symbols().any(|s| s.name() == Ok("linux_banner"));
-    found
-}
-
 /// The NUL-terminated command line at its fixed address (direct boot).
 fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), BootError> {
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
     mem.write_slice(&bytes, GuestAddress(layout::CMDLINE_START))
         .map_err(BootError::Cmdline)
-}
-
-/// Does this kernel boot with Linux's protocol (a bzImage, or an ELF vmlinux)?
-pub fn is_linux_kernel(path: &Path) -> Result<bool, BootError> {
-    let mut file = File::open(path).map_err(|source| BootError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(match kernel_format(&mut file, path)? {
-        KernelFormat::BzImage => true,
-        KernelFormat::Elf => is_linux_elf(path),
-    })
 }

@@ -1,78 +1,96 @@
-//! `vmtrace --trace ...`: boot, attach, record, detach, report.
+//! `vmtrace --kernel ...`: boot the guest and, with `--trace`, attach,
+//! record, detach and report.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tracer::session::{Attach, Plan, Tracer};
+use tracer::session::{Attach, Tracer};
 use vmm::boot::Protocol;
-use vmm::{Running, StopReason, Vm, VmConfig};
+use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
 use crate::cli::RunArgs;
-use crate::session::{outcome, print_stats, secs, Error, Outcome};
+use crate::config::{KernelKind, RunConfig, TraceConfig};
+use crate::emit::emit;
+use crate::error::{Error, InputError, Outcome, RuntimeError};
+use crate::stats::percentile;
 
 /// How often the controller looks at the guest while it runs.
 const POLL: Duration = Duration::from_millis(20);
 /// How often the live status line is redrawn.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 
-/// The vmlinux with symbols: `--vmlinux`, else the kernel itself when it is an
-/// ELF, else `vmlinux` beside the bzImage.
-fn vmlinux_path(args: &RunArgs, kernel: &Path) -> Result<PathBuf, Error> {
-    if let Some(p) = &args.vmlinux {
-        return Ok(p.clone());
+pub fn main(args: &RunArgs) -> Result<Outcome, Error> {
+    let RunConfig {
+        vm,
+        kind,
+        stats,
+        trace,
+    } = RunConfig::check(args)?;
+    let kernel = vm.kernel.clone();
+    let vm = Vm::create(vm)?;
+    match trace {
+        None => untraced(vm, stats),
+        Some(t) => traced(vm, kind, &kernel, stats, t),
     }
-    let is_bz = std::fs::File::open(kernel)
-        .ok()
-        .and_then(|mut f| vmm::boot::linux::is_bzimage(&mut f).ok())
-        .unwrap_or(false);
-    if !is_bz {
-        return Ok(kernel.to_owned());
-    }
-    let beside = kernel.with_file_name("vmlinux");
-    if beside.is_file() {
-        return Ok(beside);
-    }
-    Err(Error::Input(format!(
-        "{} is a bzImage without symbols and there is no {}; pass the kernel's unstripped vmlinux with --vmlinux PATH",
-        kernel.display(),
-        beside.display()
-    )))
 }
 
-pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
-    let kernel = cfg.kernel.clone();
-    let vmlinux = vmlinux_path(args, &kernel)?;
-    let plan =
-        Plan::new(&vmlinux, &args.trace, &args.notrace).map_err(|e| Error::Input(e.to_string()))?;
-    let duration = secs(args.duration, "--duration")?;
-    crate::output::validate(&args.output)?;
-    let vm = Vm::create(cfg).map_err(|e| Error::Input(e.to_string()))?;
-    let direct = vm.boot_plan().protocol == Protocol::Direct;
-    if args.from_boot && !direct {
-        return Err(Error::Input(
-            "--from-boot is not possible with Linux: the kernel rewrites its own call sites in ftrace_init \
-             and would find vmtrace's trap instead of `call __fentry__`; vmtrace attaches right after ftrace_init"
-                .into(),
-        ));
+fn untraced(vm: Vm, stats: bool) -> Result<Outcome, Error> {
+    let handlers = (0..vm.cpus())
+        .map(|_| Box::new(NoTracer) as Box<dyn TrapHandler>)
+        .collect();
+    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
+    running.wait();
+    Ok(stopped(&running.finish(), stats))
+}
+
+/// Say why and when the guest stopped (and, with `--stats`, how it ran).
+fn stopped(report: &RunReport, stats: bool) -> Outcome {
+    eprintln!(
+        "vmtrace: {} after {:.2} s",
+        report.reason,
+        report.elapsed.as_secs_f64()
+    );
+    if stats {
+        print_stats(report);
     }
-    let ncpus = vm.cpus();
-    let (mut tracer, handlers) = Tracer::new(plan, ncpus, args.max_events);
+    Outcome::of(&report.reason)
+}
+
+fn traced(
+    vm: Vm,
+    kind: KernelKind,
+    kernel: &Path,
+    stats: bool,
+    cfg: TraceConfig,
+) -> Result<Outcome, Error> {
+    let TraceConfig {
+        plan,
+        duration,
+        max_events,
+        output,
+    } = cfg;
     // A kernel that does not patch its own sites (the mini guest) is traced
     // from its first instruction; Linux once its ftrace_init made the sites NOPs.
+    let attach_now = !kind.is_linux();
+    debug_assert_eq!(
+        attach_now,
+        vm.boot_plan().protocol == Protocol::Direct,
+        "the config and the loader disagree on the boot protocol"
+    );
+    let (mut tracer, handlers) = Tracer::new(plan, vm.cpus(), max_events);
     let running = vm
-        .start(handlers, direct)
-        .map_err(|e| Error::Runtime(e.to_string()))?;
+        .start(handlers, attach_now)
+        .map_err(RuntimeError::Start)?;
     let mem = running.memory().clone();
 
-    let result = trace_loop(args, &running, &mut tracer, direct, duration);
+    let result = trace_loop(&running, &mut tracer, attach_now, duration, output.quiet);
     // Whatever happened: stop the guest, then put every byte back.
     let run_report = running.finish();
     // What every detach of the run restored, including one at --duration.
     let detach = tracer.detach(&mem).map(|_| tracer.detached.clone());
     let attached = tracer.attach_counts.patched;
-    let reason = run_report.reason.clone();
-    let trace = tracer.finish(&kernel, reason.to_string());
+    let trace = tracer.finish(kernel, run_report.reason.to_string());
     result?;
     match detach {
         Ok(d) if attached > 0 => eprintln!(
@@ -85,34 +103,24 @@ pub fn run_traced(args: &RunArgs, cfg: VmConfig) -> Result<Outcome, Error> {
             }
         ),
         Ok(_) => {}
-        Err(e) => return Err(Error::Runtime(format!("restoring guest text failed: {e}"))),
+        Err(e) => return Err(RuntimeError::Restore(e).into()),
     }
-    eprintln!(
-        "vmtrace: {} after {:.2} s",
-        run_report.reason,
-        run_report.elapsed.as_secs_f64()
-    );
-    if args.stats {
-        print_stats(&run_report);
-    }
+    let outcome = stopped(&run_report, stats);
     if attached == 0 {
-        return Err(Error::Runtime(format!(
-            "the guest stopped ({}) before vmtrace could attach; nothing was traced",
-            run_report.reason
-        )));
+        return Err(RuntimeError::NothingTraced(run_report.reason.clone()).into());
     }
-    crate::output::emit(&trace, &args.output)?;
-    Ok(outcome(&run_report.reason))
+    emit(&trace, &output)?;
+    Ok(outcome)
 }
 
 /// Attach when the guest is ready, trace until it stops or `--duration`
 /// ends, detach under a pause when vmtrace is the one stopping it.
 fn trace_loop(
-    args: &RunArgs,
     running: &Running,
     tracer: &mut Tracer,
     attach_now: bool,
     duration: Option<Duration>,
+    quiet: bool,
 ) -> Result<(), Error> {
     // Attach: once the guest's ftrace_init is done (polled), then under a
     // pause only if every selected site agrees; otherwise resume and retry.
@@ -122,7 +130,7 @@ fn trace_loop(
             let paused = running.pause_all();
             let attempt = tracer.attach(&paused).map_err(|e| {
                 running.request_stop(StopReason::Requested);
-                Error::Input(e.to_string())
+                InputError::Tracer(e)
             })?;
             let c = match attempt {
                 Attach::Attached(c) => c.clone(),
@@ -160,7 +168,7 @@ fn trace_loop(
     }
     // Trace.
     let start = Instant::now();
-    let status = !args.output.quiet && std::io::stderr().is_terminal();
+    let status = !quiet && std::io::stderr().is_terminal();
     let mut last_status = Instant::now();
     loop {
         if running.wait_stop(POLL).is_some() {
@@ -172,7 +180,7 @@ fn trace_loop(
             let paused = running.pause_all();
             tracer
                 .detach(paused.memory())
-                .map_err(|e| Error::Runtime(e.to_string()))?;
+                .map_err(RuntimeError::Restore)?;
             drop(paused);
             running.request_stop(StopReason::Requested);
             break;
@@ -192,4 +200,55 @@ fn trace_loop(
         eprint!("\r\x1b[K");
     }
     Ok(())
+}
+
+/// `--stats`: exits per vCPU and kind, assists, pauses.
+fn print_stats(report: &RunReport) {
+    use vmm::exit::ExitKind;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "exits per vCPU:");
+    let _ = write!(err, "  {:<18}", "kind");
+    for cpu in 0..report.vcpus.len() {
+        let _ = write!(err, " {:>12}", format!("cpu{cpu}"));
+    }
+    let _ = writeln!(err);
+    for kind in ExitKind::ALL {
+        if report.vcpus.iter().all(|v| v.get(kind) == 0) {
+            continue;
+        }
+        let _ = write!(err, "  {:<18}", kind.name());
+        for v in &report.vcpus {
+            let _ = write!(err, " {:>12}", v.get(kind));
+        }
+        let _ = writeln!(err);
+    }
+    for (cpu, v) in report.vcpus.iter().enumerate() {
+        for (insn, n) in &v.assists {
+            let _ = writeln!(err, "  cpu{cpu}: emulation assist `{insn}` x{n}");
+        }
+    }
+    for (cpu, r) in report.last_regs.iter().enumerate() {
+        match r {
+            Some(s) => {
+                let _ = writeln!(
+                    err,
+                    "  cpu{cpu} stopped at rip {:#x} (cs {:#x} base {:#x}), rsp {:#x}, cr0 {:#x}, cr3 {:#x}",
+                    s.regs.rip, s.sregs.cs.selector, s.sregs.cs.base, s.regs.rsp, s.sregs.cr0, s.sregs.cr3
+                );
+            }
+            None => {
+                let _ = writeln!(err, "  cpu{cpu} had already stopped");
+            }
+        }
+    }
+    let p = &report.pause;
+    if !p.latency_ns.is_empty() {
+        let _ = writeln!(
+            err,
+            "pauses: {}, latency p50 {} us, window p50 {} us",
+            p.latency_ns.len(),
+            percentile(&p.latency_ns, 50.0).unwrap_or(0) / 1000,
+            percentile(&p.window_ns, 50.0).unwrap_or(0) / 1000
+        );
+    }
 }

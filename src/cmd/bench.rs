@@ -1,0 +1,97 @@
+//! `vmtrace bench`: measure what tracing costs (see the `bench` module for
+//! the methods), print the table, write `--json FILE`.
+
+use std::io::Write as _;
+use std::time::Instant;
+
+use tracer::report;
+
+use crate::bench::measure::{self, HANDLER_TRAPS, PAUSE_VCPUS};
+use crate::bench::median;
+use crate::bench::results::{self, Results};
+use crate::cli::BenchArgs;
+use crate::config::BenchConfig;
+use crate::error::{Error, Outcome, RuntimeError};
+
+pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
+    let cfg = BenchConfig::check(args)?;
+    let started = Instant::now();
+
+    eprintln!(
+        "vmtrace bench: (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, mode=loop)",
+        cfg.rounds,
+        cfg.iters,
+        cfg.kernel.display(),
+        cfg.cpus
+    );
+    let costs = measure::call_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    let a = median(&costs.a);
+    let b = median(&costs.b);
+    let c = median(&costs.ratios());
+    if !(a > 0.0 && b > 0.0 && c > 0.0) {
+        return Err(RuntimeError::Measure(format!(
+            "traced phases were not slower than untraced ones (a = {a:.2} µs, b = {b:.2} µs): \
+             the phases are too short for this host's noise; raise --iters or --rounds"
+        ))
+        .into());
+    }
+    eprintln!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
+    let handlers = measure::handler_alone(&cfg.kernel)?;
+
+    let mut pauses = Vec::new();
+    for n in PAUSE_VCPUS {
+        eprintln!(
+            "vmtrace bench: (d) {n} vCPU(s), mode=loop: {} pauses, {} attach/detach cycles",
+            cfg.cycles, cfg.cycles
+        );
+        pauses.push(measure::pause_figures(&cfg.kernel, n, cfg.cycles)?);
+    }
+
+    let scaling = match &cfg.vmlinux {
+        Some(v) => {
+            eprintln!(
+                "vmtrace bench: (e) attach windows on {} (loaded, not booted)",
+                v.display()
+            );
+            Some(measure::attach_scaling(v)?)
+        }
+        None => {
+            eprintln!(
+                "vmtrace bench: (e) and loading skipped: no guest/out/vmlinux \
+                 (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
+            );
+            None
+        }
+    };
+
+    eprintln!(
+        "vmtrace bench: report of {} synthetic events",
+        report::thousands(cfg.report_events)
+    );
+    let (render_s, json_s) = measure::report_figures(cfg.report_events)?;
+
+    let r = Results {
+        costs,
+        a,
+        b,
+        c,
+        handlers,
+        pauses,
+        scaling,
+        render_s,
+        json_s,
+    };
+    let goals = results::goals(&r, &cfg);
+    let run = results::Run { cfg: &cfg, started };
+    print!("{}", results::table(&r, &goals, &run));
+    let _ = std::io::stdout().flush();
+    if let Some(path) = &cfg.json {
+        let j =
+            results::json(&results::figures(&r), &goals, &run).map_err(RuntimeError::BenchJson)?;
+        std::fs::write(path, j).map_err(|source| RuntimeError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(Outcome::Clean)
+}

@@ -1,0 +1,18 @@
+//! The commands, one file each: every one checks its arguments into a
+//! config (see `config`) before it does anything, then carries it out.
+
+mod bench;
+mod report;
+mod run;
+
+use crate::cli::{Cli, Command};
+use crate::error::{Error, Outcome};
+
+/// Run the command the user asked for.
+pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
+    match cli.command {
+        Some(Command::Report(args)) => report::main(&args),
+        Some(Command::Bench(args)) => bench::main(&args),
+        None => run::main(&cli.run),
+    }
+}

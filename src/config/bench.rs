@@ -1,0 +1,106 @@
+//! `vmtrace bench`, checked: the mini guest (built if missing), the optional
+//! Linux vmlinux of figure (e), the counts, and a writable `--json FILE`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::{at_least_one, check_cpus};
+use crate::cli::BenchArgs;
+use crate::error::InputError;
+
+/// A bench run, checked.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// The mini guest.
+    pub kernel: PathBuf,
+    /// The Linux vmlinux of (e) and the loading figure; None: skipped.
+    pub vmlinux: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+    pub iters: u64,
+    pub cpus: u64,
+    pub rounds: usize,
+    pub cycles: usize,
+    pub report_events: u64,
+}
+
+impl BenchConfig {
+    pub fn check(args: &BenchArgs) -> Result<BenchConfig, InputError> {
+        let iters = at_least_one(args.iters, "--iters")?;
+        let cpus = check_cpus(args.cpus)?;
+        let rounds = at_least_one(args.rounds, "--rounds")?;
+        let cycles = at_least_one(args.cycles, "--cycles")?;
+        let report_events = at_least_one(args.report_events, "--report-events")?;
+        let kernel = mini_kernel(args)?;
+        let vmlinux = linux_vmlinux(args)?;
+        if let Some(path) = &args.json {
+            // Fail on an unwritable path now, not after a minute of measuring.
+            std::fs::File::create(path).map_err(|source| InputError::Create {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(BenchConfig {
+            kernel,
+            vmlinux,
+            json: args.json.clone(),
+            iters,
+            cpus,
+            rounds,
+            cycles,
+            report_events,
+        })
+    }
+}
+
+/// The directory holding `guest/`: the working directory if it has
+/// guest/build.sh, else the source tree this binary was built from.
+fn project_root() -> PathBuf {
+    let cwd = PathBuf::from(".");
+    if cwd.join("guest/build.sh").is_file() {
+        return cwd;
+    }
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if src.join("guest/build.sh").is_file() {
+        return src;
+    }
+    cwd
+}
+
+/// `--kernel`, else guest/out/mini.elf (built with guest/build.sh if missing).
+fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
+    if let Some(k) = &args.kernel {
+        if !k.is_file() {
+            return Err(InputError::MiniMissing(k.clone()));
+        }
+        return Ok(k.clone());
+    }
+    let root = project_root();
+    let kernel = root.join("guest/out/mini.elf");
+    if !kernel.is_file() {
+        eprintln!(
+            "vmtrace bench: {} is missing; building it",
+            kernel.display()
+        );
+        let st = Command::new("bash")
+            .arg(root.join("guest/build.sh"))
+            .arg("mini")
+            .status()
+            .map_err(InputError::BuildRun)?;
+        if !st.success() || !kernel.is_file() {
+            return Err(InputError::BuildFailed);
+        }
+    }
+    Ok(kernel)
+}
+
+/// `--vmlinux`, else guest/out/vmlinux if present.
+fn linux_vmlinux(args: &BenchArgs) -> Result<Option<PathBuf>, InputError> {
+    match &args.vmlinux {
+        Some(p) if p.is_file() => Ok(Some(p.clone())),
+        Some(p) => Err(InputError::VmlinuxMissing(p.clone())),
+        None => {
+            let p = project_root().join("guest/out/vmlinux");
+            Ok(p.is_file().then_some(p))
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Every option checked once, before any VM exists: each command's arguments
+//! become one checked configuration (`RunConfig`, `ReportConfig`,
+//! `BenchConfig`), or a one-line error. The commands only carry them out.
+
+mod bench;
+mod output;
+mod run;
+
+use std::path::Path;
+use std::time::Duration;
+
+pub use vmm::boot::KernelKind;
+use vmm::VmError;
+
+use crate::error::InputError;
+
+pub use bench::BenchConfig;
+pub use output::{Output, ReportConfig};
+pub use run::{RunConfig, TraceConfig};
+
+/// Present when the host's KVM is the pagetable-based nested one (kvm_pvm).
+const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
+
+/// Does this host's KVM run guest ring 0 in its instruction emulator?
+/// (see shared/KVM-HOST.md; the command line and CPUID avoid what it cannot run)
+pub fn emulator_host() -> bool {
+    Path::new(EMULATOR_HOST_MARKER).exists()
+}
+
+/// `--cpus`, for the run and the bench alike.
+pub fn check_cpus(n: u64) -> Result<u64, InputError> {
+    if n == 0 || n > u64::from(vmm::vm::MAX_CPUS) {
+        return Err(VmError::Cpus(n).into());
+    }
+    Ok(n)
+}
+
+/// `--mem` in MiB.
+pub fn check_mem(mib: u64) -> Result<u64, InputError> {
+    if !(vmm::layout::MIN_MEM_MIB..=vmm::layout::MAX_MEM_MIB).contains(&mib) {
+        return Err(VmError::Mem(mib).into());
+    }
+    Ok(mib)
+}
+
+/// A positive, finite number of seconds given with `flag`.
+pub fn secs(v: Option<f64>, flag: &'static str) -> Result<Option<Duration>, InputError> {
+    match v {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(value) => Err(InputError::Seconds { flag, value }),
+    }
+}
+
+/// A count that must be at least 1.
+pub fn at_least_one<T: Copy + Default + PartialEq>(
+    v: T,
+    flag: &'static str,
+) -> Result<T, InputError> {
+    if v == T::default() {
+        return Err(InputError::Zero { flag });
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_must_be_positive_and_finite() {
+        assert_eq!(
+            secs(Some(1.5), "--timeout").unwrap(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(secs(None, "--timeout").unwrap(), None);
+        for bad in [0.0, -3.0, f64::NAN, f64::INFINITY] {
+            let e = secs(Some(bad), "--duration").unwrap_err().to_string();
+            assert!(e.starts_with("--duration "), "{e}");
+        }
+    }
+
+    #[test]
+    fn cpu_and_memory_ranges() {
+        assert!(check_cpus(1).is_ok() && check_cpus(64).is_ok());
+        assert_eq!(
+            check_cpus(65).unwrap_err().to_string(),
+            "--cpus 65 is out of range; use 1 to 64"
+        );
+        assert!(check_cpus(0).is_err());
+        assert!(check_mem(32).is_ok() && check_mem(31).is_err() && check_mem(99_999).is_err());
+        assert_eq!(at_least_one(3u64, "--iters").unwrap(), 3);
+        assert_eq!(
+            at_least_one(0usize, "--rounds").unwrap_err().to_string(),
+            "--rounds must be at least 1"
+        );
+    }
+}

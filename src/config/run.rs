@@ -1,0 +1,257 @@
+//! `vmtrace --kernel ...`, checked: the VM to create and, with `--trace`, what
+//! to trace and how to report it.
+
+use std::fs::File;
+use std::io::{LineWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tracer::session::Plan;
+use vmm::boot::BootError;
+use vmm::VmConfig;
+
+use super::{check_cpus, check_mem, emulator_host, secs, KernelKind, Output};
+use crate::cli::RunArgs;
+use crate::error::InputError;
+
+/// Linux command line: serial console, reboot through the keyboard controller
+/// (the run then ends), reboot at once on panic, no KASLR (sites are patched at
+/// the addresses the vmlinux gives).
+const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 nokaslr";
+/// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
+/// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac.
+const EMULATOR_HOST_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,smap";
+
+/// A run, checked.
+pub struct RunConfig {
+    /// What `Vm::create` gets: every field already checked.
+    pub vm: VmConfig,
+    pub kind: KernelKind,
+    /// `--stats`.
+    pub stats: bool,
+    /// With `--trace`/`--notrace`.
+    pub trace: Option<TraceConfig>,
+}
+
+/// What to trace, resolved against the vmlinux, and what to do with it.
+pub struct TraceConfig {
+    pub plan: Plan,
+    pub duration: Option<Duration>,
+    pub max_events: u64,
+    pub output: Output,
+}
+
+impl RunConfig {
+    /// Check every option, cheapest first; load the vmlinux and resolve the
+    /// filters last but one, and create the console file last, so a bad
+    /// option costs nothing and leaves nothing behind.
+    pub fn check(args: &RunArgs) -> Result<RunConfig, InputError> {
+        let kernel = args.kernel.clone().ok_or(InputError::NoKernel)?;
+        if !kernel.is_file() {
+            return Err(InputError::KernelMissing(kernel));
+        }
+        let traced = !args.trace.is_empty() || !args.notrace.is_empty();
+        if !traced {
+            if args.duration.is_some() {
+                return Err(InputError::NeedsTrace { flag: "--duration" });
+            }
+            if args.from_boot {
+                return Err(InputError::NeedsTrace {
+                    flag: "--from-boot",
+                });
+            }
+        }
+        let cpus = check_cpus(args.cpus)?;
+        let mem_mib = check_mem(args.mem)?;
+        let timeout = secs(args.timeout, "--timeout")?;
+        let duration = secs(args.duration, "--duration")?;
+        let output = Output::check(&args.output)?;
+
+        let kind = KernelKind::detect(&kernel)?;
+        if args.from_boot && kind.is_linux() {
+            return Err(InputError::FromBootLinux(kernel));
+        }
+        if let Some(initrd) = &args.initrd {
+            if !initrd.is_file() {
+                return Err(InputError::InitrdMissing(initrd.clone()));
+            }
+            if !kind.is_linux() {
+                return Err(BootError::InitrdWithElf { path: kernel }.into());
+            }
+        }
+        let emulator_host = emulator_host();
+        let cmdline = cmdline(args, kind, emulator_host)?;
+
+        let trace = if traced {
+            let vmlinux = vmlinux_path(args, &kernel, kind)?;
+            Some(TraceConfig {
+                plan: Plan::new(&vmlinux, &args.trace, &args.notrace)?,
+                duration,
+                max_events: args.max_events,
+                output,
+            })
+        } else {
+            None
+        };
+
+        let console: Box<dyn Write + Send> = match &args.console {
+            Some(path) => Box::new(LineWriter::new(File::create(path).map_err(|source| {
+                InputError::Console {
+                    path: path.clone(),
+                    source,
+                }
+            })?)),
+            None => Box::new(LineWriter::new(std::io::stdout())),
+        };
+        Ok(RunConfig {
+            vm: VmConfig {
+                kernel,
+                kind,
+                initrd: args.initrd.clone(),
+                cpus,
+                mem_mib,
+                cmdline,
+                console,
+                timeout,
+                hide_hypercalls: emulator_host,
+            },
+            kind,
+            stats: args.stats,
+            trace,
+        })
+    }
+}
+
+/// The kernel command line for this kernel and these flags, checked against
+/// the space the boot protocols give it.
+fn cmdline(args: &RunArgs, kind: KernelKind, emulator_host: bool) -> Result<String, BootError> {
+    let line = match &args.cmdline_replace {
+        Some(s) => s.clone(),
+        None => {
+            let mut words: Vec<String> = Vec::new();
+            if kind.is_linux() {
+                words.extend(LINUX_CMDLINE.split(' ').map(str::to_owned));
+                if emulator_host {
+                    words.extend(EMULATOR_HOST_CMDLINE.split(' ').map(str::to_owned));
+                }
+            }
+            for w in args.cmdline.iter().flat_map(|c| c.split_whitespace()) {
+                merge_word(&mut words, w);
+            }
+            words.join(" ")
+        }
+    };
+    // The loader stores it NUL-terminated.
+    let max = vmm::layout::CMDLINE_MAX_SIZE - 1;
+    if line.len() > max {
+        return Err(BootError::CmdlineTooLong {
+            len: line.len(),
+            max,
+        });
+    }
+    Ok(line)
+}
+
+/// Append a command-line word. Linux honours only the last `clearcpuid=`, so
+/// a user's list is merged into ours instead of silently replacing it.
+fn merge_word(words: &mut Vec<String>, word: &str) {
+    const CLEARCPUID: &str = "clearcpuid=";
+    if let Some(list) = word.strip_prefix(CLEARCPUID) {
+        if let Some(ours) = words.iter_mut().find(|w| w.starts_with(CLEARCPUID)) {
+            ours.push(',');
+            ours.push_str(list);
+            return;
+        }
+    }
+    words.push(word.to_owned());
+}
+
+/// The vmlinux with symbols: `--vmlinux`, else the kernel itself when it is an
+/// ELF, else `vmlinux` beside the bzImage.
+fn vmlinux_path(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<PathBuf, InputError> {
+    if let Some(p) = &args.vmlinux {
+        return Ok(p.clone());
+    }
+    if kind != KernelKind::BzImage {
+        return Ok(kernel.to_owned());
+    }
+    let beside = kernel.with_file_name("vmlinux");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    Err(InputError::NoVmlinux {
+        kernel: kernel.to_owned(),
+        beside,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn clearcpuid_lists_are_merged() {
+        let mut w = vec![
+            "console=ttyS0".to_string(),
+            "clearcpuid=cx16,smap".to_string(),
+        ];
+        merge_word(&mut w, "clearcpuid=erms");
+        merge_word(&mut w, "quiet");
+        assert_eq!(w, ["console=ttyS0", "clearcpuid=cx16,smap,erms", "quiet"]);
+        let mut w = Vec::new();
+        merge_word(&mut w, "clearcpuid=erms");
+        assert_eq!(w, ["clearcpuid=erms"]);
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let mut argv = vec!["vmtrace"];
+        argv.extend_from_slice(args);
+        crate::cli::Cli::parse_from(argv).run
+    }
+
+    #[test]
+    fn command_line_by_kind() {
+        let a = run_args(&["--cmdline", "quiet clearcpuid=erms"]);
+        assert_eq!(
+            cmdline(&a, KernelKind::LinuxElf, true).unwrap(),
+            format!("{LINUX_CMDLINE} noxsave clearcpuid=cx16,popcnt,smap,erms quiet")
+        );
+        assert_eq!(
+            cmdline(&a, KernelKind::BzImage, false).unwrap(),
+            format!("{LINUX_CMDLINE} quiet clearcpuid=erms")
+        );
+        assert_eq!(
+            cmdline(&a, KernelKind::Elf, true).unwrap(),
+            "quiet clearcpuid=erms"
+        );
+        let a = run_args(&["--cmdline-replace", "root=/dev/vda"]);
+        assert_eq!(
+            cmdline(&a, KernelKind::BzImage, true).unwrap(),
+            "root=/dev/vda"
+        );
+        let long = "x".repeat(vmm::layout::CMDLINE_MAX_SIZE);
+        let a = run_args(&["--cmdline", &long]);
+        assert!(matches!(
+            cmdline(&a, KernelKind::Elf, false),
+            Err(BootError::CmdlineTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn vmlinux_beside_a_bzimage_or_the_elf_itself() {
+        let a = run_args(&[]);
+        let k = Path::new("/nonexistent/dir/bzImage");
+        assert_eq!(
+            vmlinux_path(&a, k, KernelKind::Elf).unwrap(),
+            PathBuf::from(k)
+        );
+        let e = vmlinux_path(&a, k, KernelKind::BzImage).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/dir/vmlinux"), "{e}");
+        let a = run_args(&["--vmlinux", "/v"]);
+        assert_eq!(
+            vmlinux_path(&a, k, KernelKind::BzImage).unwrap(),
+            PathBuf::from("/v")
+        );
+    }
+}

@@ -1,0 +1,202 @@
+//! What can go wrong, whose fault it is, and the exit status that says so.
+//! A leaf: every other module reports through these types.
+
+use std::path::PathBuf;
+
+use tracer::session::{NotReady, TracerError};
+use tracer::tracefile::TraceFileError;
+use vmm::boot::BootError;
+use vmm::{StopReason, VmError};
+
+/// Exit status when the guest did not end cleanly, or vmtrace failed while running.
+pub const EXIT_GUEST_FAILED: u8 = 1;
+/// Exit status for bad input (usage, files, configuration).
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// How a command ended when vmtrace itself did not fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Clean,
+    GuestFailed,
+}
+
+impl Outcome {
+    /// Powering off cleanly and being stopped on request are clean ends;
+    /// anything else (panic, triple fault, timeout) is the guest's failure.
+    pub fn of(reason: &StopReason) -> Outcome {
+        match reason {
+            StopReason::PowerOff(0) | StopReason::Requested | StopReason::Signal(_) => {
+                Outcome::Clean
+            }
+            _ => Outcome::GuestFailed,
+        }
+    }
+
+    pub fn exit_status(self) -> u8 {
+        match self {
+            Outcome::Clean => 0,
+            Outcome::GuestFailed => EXIT_GUEST_FAILED,
+        }
+    }
+}
+
+/// A failure, sorted by whose it is.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The user's input is wrong (exit status 2).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// Something failed while running (exit status 1).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+impl Error {
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Error::Input(_) => EXIT_BAD_INPUT,
+            Error::Runtime(_) => EXIT_GUEST_FAILED,
+        }
+    }
+}
+
+/// Input errors convert straight into `Error`, so `?` works on the types
+/// the commands meet most.
+macro_rules! input_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Input(e.into())
+            }
+        }
+    )*};
+}
+input_from!(VmError, BootError, TracerError, TraceFileError, NotReady);
+
+/// Bad input: every message is one line naming the problem and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("--kernel PATH is required (a bzImage, vmlinux or ELF guest)")]
+    NoKernel,
+    #[error("kernel {} does not exist or is not a file; pass --kernel PATH", .0.display())]
+    KernelMissing(PathBuf),
+    #[error("initrd {} does not exist or is not a file; pass --initrd PATH", .0.display())]
+    InitrdMissing(PathBuf),
+    #[error("{flag} needs --trace GLOB (it only applies to a traced run)")]
+    NeedsTrace { flag: &'static str },
+    #[error("{flag} {value} is not a positive number of seconds")]
+    Seconds { flag: &'static str, value: f64 },
+    #[error(
+        "--from-boot is not possible with Linux ({}): the kernel rewrites its own call sites in \
+         ftrace_init and would find vmtrace's trap instead of `call __fentry__`; drop --from-boot, \
+         vmtrace attaches right after ftrace_init",
+        .0.display()
+    )]
+    FromBootLinux(PathBuf),
+    #[error(
+        "{} is a bzImage without symbols and there is no {}; pass the kernel's unstripped vmlinux with --vmlinux PATH",
+        kernel.display(),
+        beside.display()
+    )]
+    NoVmlinux { kernel: PathBuf, beside: PathBuf },
+    #[error("cannot create console file {}: {source}", path.display())]
+    Console {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--cpu: {0}")]
+    CpuList(String),
+    #[error(
+        "vmtrace report -o needs --format json, csv or chrome (the text report goes to stdout)"
+    )]
+    ReportTextOutput,
+    /// `--iters`, `--rounds`, ... of `vmtrace bench`.
+    #[error("{flag} must be at least 1")]
+    Zero { flag: &'static str },
+    #[error("kernel {} does not exist; build the mini guest with `bash guest/build.sh mini` or pass --kernel PATH", .0.display())]
+    MiniMissing(PathBuf),
+    #[error("cannot run guest/build.sh mini: {0}; build the mini guest or pass --kernel PATH")]
+    BuildRun(std::io::Error),
+    #[error("`bash guest/build.sh mini` failed; build the mini guest or pass --kernel PATH")]
+    BuildFailed,
+    #[error("vmlinux {} does not exist; build it with `bash guest/build.sh linux`", .0.display())]
+    VmlinuxMissing(PathBuf),
+    #[error("cannot create {}: {source}; pass a writable path", path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The bench's kernel is not the mini guest it measures.
+    #[error("{} is not the mini guest: {why}; pass guest/out/mini.elf with --kernel", path.display())]
+    NotMini { path: PathBuf, why: String },
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Tracer(#[from] TracerError),
+    #[error(transparent)]
+    TraceFile(#[from] TraceFileError),
+    #[error("cannot attach: {0}")]
+    NotReady(#[from] NotReady),
+}
+
+/// A failure while running: the guest, guest memory, or writing results.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The VM was created but its vCPU threads could not start.
+    #[error(transparent)]
+    Start(VmError),
+    #[error("restoring guest text failed: {0}")]
+    Restore(TracerError),
+    #[error("the guest stopped ({0}) before vmtrace could attach; nothing was traced")]
+    NothingTraced(StopReason),
+    #[error("cannot save the trace: {0}")]
+    Save(TraceFileError),
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write the {format} output: {source}")]
+    Export {
+        format: String,
+        source: std::io::Error,
+    },
+    #[error("a trap handler failed: {0}")]
+    Trap(vmm::TrapError),
+    #[error("cannot write the bench's JSON: {0}")]
+    BenchJson(serde_json::Error),
+    #[error("the {what} stopped: {reason}")]
+    GuestStopped {
+        what: &'static str,
+        reason: StopReason,
+    },
+    /// A bench measurement came out unusable; the message says which and why.
+    #[error("{0}")]
+    Measure(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_crash_is_a_guest_failure() {
+        let failed = |r| Outcome::of(&r) == Outcome::GuestFailed;
+        assert!(failed(StopReason::Crash { cpu: 0 }));
+        assert!(failed(StopReason::Reset));
+        assert!(!failed(StopReason::PowerOff(0)));
+        assert!(!failed(StopReason::Requested));
+    }
+
+    #[test]
+    fn input_is_status_2_and_runtime_status_1() {
+        let e: Error = InputError::NoKernel.into();
+        assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+        let e: Error = RuntimeError::Measure("x".into()).into();
+        assert_eq!(e.exit_status(), EXIT_GUEST_FAILED);
+        let e: Error = VmError::Cpus(0).into();
+        assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+    }
+}
