@@ -75,6 +75,15 @@ pub struct RunArgs {
     /// Keep at most this many events in memory (counts stay exact beyond it).
     #[arg(long, default_value_t = 50_000_000, value_name = "N")]
     pub max_events: u64,
+    /// How a traced call reaches vmtrace: an exit per call (trap), vmtrace's
+    /// trampoline in the guest appending to rings (exitless), or the cheaper
+    /// on this host (auto: trap where KVM emulates guest ring 0, else exitless).
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    pub mode: ModeArg,
+    /// Records per vCPU ring in exitless mode (a power of two; default: as
+    /// many as fit). Calls beyond a full ring are counted, not recorded.
+    #[arg(long, value_name = "N")]
+    pub ring_events: Option<u64>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -147,6 +156,13 @@ pub enum Format {
     Json,
     Csv,
     Chrome,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeArg {
+    Trap,
+    Exitless,
+    Auto,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

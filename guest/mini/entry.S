@@ -19,6 +19,20 @@ _start:
 	shlq	$14, %rax
 	leaq	mini_stacks(%rip), %rsp
 	addq	%rax, %rsp
+	/* Per-CPU data reached the way Linux reaches it: GS base = this CPU's
+	 * area, its number at gs:[cpu_number] (vmtrace's exitless trampoline
+	 * reads it there). wrmsr takes EDX:EAX, so RDX (vCPU count) is kept. */
+	movq	%rdi, %rax
+	shlq	$6, %rax		/* sizeof(struct mini_percpu) */
+	leaq	mini_percpu(%rip), %rcx
+	addq	%rcx, %rax		/* rax = &mini_percpu[cpu] */
+	movl	%edi, (%rax)		/* ->cpu_number = cpu */
+	movq	%rdx, %r8
+	movq	%rax, %rdx
+	shrq	$32, %rdx		/* edx = high half of the GS base */
+	movl	$0xc0000101, %ecx	/* IA32_GS_BASE */
+	wrmsr
+	movq	%r8, %rdx
 	xorl	%ebp, %ebp
 	call	mini_main		/* does not return */
 .Lpark:

@@ -250,3 +250,12 @@ notrace void bad_end(int how)
 	}
 	halt_forever();
 }
+
+/* Per-CPU data, one cache line a CPU; entry.S points each vCPU's GS base at
+ * its own. Like Linux's `cpu_number`, the symbol's value is the offset of the
+ * CPU number in the per-CPU area (0 here), read as gs:[cpu_number]. */
+struct mini_percpu {
+	unsigned int cpu_number;
+} __attribute__((aligned(64)));
+struct mini_percpu mini_percpu[MINI_MAX_CPUS];
+__asm__(".globl cpu_number\n.set cpu_number, 0\n");

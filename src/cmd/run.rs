@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tracer::session::{Attach, Tracer};
+use tracer::session::{Attach, Mode, Tracer};
 use vmm::boot::Protocol;
 use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
@@ -66,6 +66,8 @@ fn traced(
 ) -> Result<Outcome, Error> {
     let TraceConfig {
         plan,
+        mode,
+        ring_events,
         duration,
         max_events,
         output,
@@ -78,7 +80,11 @@ fn traced(
         vm.boot_plan().protocol == Protocol::Direct,
         "the config and the loader disagree on the boot protocol"
     );
-    let (mut tracer, handlers) = Tracer::new(plan, vm.cpus(), max_events);
+    let (mut tracer, handlers) = match mode {
+        Mode::Trap => Tracer::new(plan, vm.cpus(), max_events),
+        Mode::Exitless => Tracer::exitless(plan, vm.cpus(), max_events, ring_events)
+            .map_err(|e| Error::Input(InputError::from(e)))?,
+    };
     let running = vm
         .start(handlers, attach_now)
         .map_err(RuntimeError::Start)?;

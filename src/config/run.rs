@@ -6,12 +6,13 @@ use std::io::{LineWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tracer::session::Plan;
+use tracer::exitless::state::Exitless;
+use tracer::session::{Mode, Plan, TracerError};
 use vmm::boot::BootError;
 use vmm::VmConfig;
 
 use super::{check_cpus, check_mem, emulator_host, secs, KernelKind, Output};
-use crate::cli::RunArgs;
+use crate::cli::{ModeArg, RunArgs};
 use crate::error::InputError;
 
 /// Linux command line: serial console, reboot through the keyboard controller
@@ -36,6 +37,9 @@ pub struct RunConfig {
 /// What to trace, resolved against the vmlinux, and what to do with it.
 pub struct TraceConfig {
     pub plan: Plan,
+    pub mode: Mode,
+    /// Records per exitless ring (None: as many as fit).
+    pub ring_events: Option<u64>,
     pub duration: Option<Duration>,
     pub max_events: u64,
     pub output: Output,
@@ -84,8 +88,12 @@ impl RunConfig {
 
         let trace = if traced {
             let vmlinux = vmlinux_path(args, &kernel, kind)?;
+            let plan = Plan::new(&vmlinux, &args.trace, &args.notrace)?;
+            let mode = choose_mode(args, &plan, cpus as usize, emulator_host)?;
             Some(TraceConfig {
-                plan: Plan::new(&vmlinux, &args.trace, &args.notrace)?,
+                plan,
+                mode,
+                ring_events: args.ring_events,
                 duration,
                 max_events: args.max_events,
                 output,
@@ -119,6 +127,35 @@ impl RunConfig {
             stats: args.stats,
             trace,
         })
+    }
+}
+
+/// `--mode`: the one asked for, checked now (rings that fit, a kernel whose
+/// per-CPU `cpu_number` the trampoline can read); or, for `auto`, trap on a
+/// host whose KVM emulates guest ring 0 (there a guest instruction costs
+/// ~1 µs, so the trampoline's ~30 cost more than one exit, ~8 µs: see
+/// `vmtrace bench`), else exitless where it can be planned, else trap.
+fn choose_mode(
+    args: &RunArgs,
+    plan: &Plan,
+    cpus: usize,
+    emulator_host: bool,
+) -> Result<Mode, InputError> {
+    let check = || Exitless::check(&plan.image, cpus, plan.index.addrs.len(), args.ring_events);
+    match args.mode {
+        ModeArg::Trap => Ok(Mode::Trap),
+        ModeArg::Exitless => {
+            check().map_err(TracerError::from)?;
+            Ok(Mode::Exitless)
+        }
+        ModeArg::Auto if emulator_host => Ok(Mode::Trap),
+        ModeArg::Auto => match check() {
+            Ok(()) => Ok(Mode::Exitless),
+            Err(e) => {
+                eprintln!("vmtrace: --mode auto: tracing with traps: {e}");
+                Ok(Mode::Trap)
+            }
+        },
     }
 }
 

@@ -1,6 +1,7 @@
 //! vmtrace's tracer: the guest kernel's symbols and ftrace call sites, filters,
 //! patching, trap handling, recording and reports.
 
+pub mod exitless;
 pub mod export;
 pub mod filter;
 pub mod model;

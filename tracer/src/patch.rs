@@ -80,6 +80,8 @@ pub struct PatchedSite {
     /// pages); detach needs no vCPU and no walk.
     span: PhysSpan,
     pub original: [u8; SITE_LEN],
+    /// What vmtrace wrote: the trap, or a call to the site's trampoline stub.
+    pub written: [u8; SITE_LEN],
 }
 
 /// Outcome of one attach. Sites in init text are never tried: the plan
@@ -191,6 +193,7 @@ pub enum Attached {
 
 /// A selected site as found under the pause.
 struct Found {
+    k: usize,
     addr: u64,
     span: PhysSpan,
     original: [u8; SITE_LEN],
@@ -208,10 +211,22 @@ pub fn attach(
     sites: &[u64],
     calls: CallSites,
 ) -> Result<Attached, PatchError> {
+    attach_with(space, fentry, sites, calls, |_, _| Ok(TRAP))
+}
+
+/// `attach`, writing `with(k, addr)` over site k (at `addr`) instead of the
+/// trap: e.g. a call to vmtrace's trampoline stub for that site.
+pub fn attach_with(
+    space: &mut AddressSpace<'_>,
+    fentry: Option<u64>,
+    sites: &[u64],
+    calls: CallSites,
+    with: impl Fn(usize, u64) -> Result<[u8; SITE_LEN], PatchError>,
+) -> Result<Attached, PatchError> {
     let mut found = Vec::with_capacity(sites.len());
     let mut skipped = 0;
     let (mut ncalls, mut first_call) = (0, None);
-    for &addr in sites {
+    for (k, &addr) in sites.iter().enumerate() {
         let Ok(span) = space.span(addr, SITE_LEN) else {
             skipped += 1;
             continue;
@@ -224,6 +239,7 @@ pub fn attach(
             first_call.get_or_insert(addr);
         }
         found.push(Found {
+            k,
             addr,
             span,
             original,
@@ -242,15 +258,21 @@ pub fn attach(
             skipped += 1;
             continue;
         }
-        if let Err(e) = write_span(space.memory(), f.addr, &f.span, &TRAP) {
-            // Leave no site patched behind an error.
-            detach(space.memory(), &patched)?;
-            return Err(e);
-        }
+        let written = match with(f.k, f.addr)
+            .and_then(|bytes| write_span(space.memory(), f.addr, &f.span, &bytes).map(|()| bytes))
+        {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // Leave no site patched behind an error.
+                detach(space.memory(), &patched)?;
+                return Err(e);
+            }
+        };
         patched.push(PatchedSite {
             addr: f.addr,
             span: f.span,
             original: f.original,
+            written,
         });
     }
     Ok(Attached::Patched {
@@ -259,15 +281,15 @@ pub fn attach(
     })
 }
 
-/// Put back the original bytes of every patched site that still holds the
-/// trap (read, compare, write, read back). Works on guest physical addresses
+/// Put back the original bytes of every patched site that still holds what
+/// vmtrace wrote (read, compare, write, read back). Works on guest physical addresses
 /// recorded at attach, so it needs no vCPU: it also runs after the guest has
 /// stopped. The caller holds every vCPU parked or stopped.
 pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
     let mut counts = DetachCounts::default();
     for site in patched {
         let now = read_span(mem, site.addr, &site.span)?;
-        if now != TRAP {
+        if now != site.written {
             counts.changed += 1;
             continue;
         }

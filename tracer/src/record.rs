@@ -81,13 +81,25 @@ pub struct Recorder {
     tx: Sender<Vec<Event>>,
 }
 
+impl Counters {
+    /// Take up to `want` events from the `--max-events` budget; returns how
+    /// many may be stored.
+    pub fn reserve(&self, want: usize) -> usize {
+        let want = want.min(i64::MAX as usize) as i64;
+        let before = self.budget.fetch_sub(want, Ordering::Relaxed);
+        before.clamp(0, want) as usize
+    }
+}
+
 impl Recorder {
     fn reserve(&mut self) {
-        let before = self
-            .counters
-            .budget
-            .fetch_sub(BATCH as i64, Ordering::Relaxed);
-        self.reserved = before.clamp(0, BATCH as i64) as usize;
+        self.reserved = self.counters.reserve(BATCH);
+    }
+
+    /// Where batches of events go: the collector, which ends once every
+    /// sender (each recorder's, and any other producer's) is gone.
+    pub fn sink(&self) -> Sender<Vec<Event>> {
+        self.tx.clone()
     }
 }
 

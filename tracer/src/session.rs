@@ -11,6 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
+use crate::exitless::state::{Exitless, ExitlessError};
 use crate::filter::{Filter, FilterError};
 use crate::model::{Event, Trace, TraceMeta};
 use crate::patch::{
@@ -30,6 +31,27 @@ pub enum TracerError {
     Filter(#[from] FilterError),
     #[error(transparent)]
     Patch(#[from] PatchError),
+    #[error(transparent)]
+    Exitless(#[from] ExitlessError),
+}
+
+/// How a traced call reaches vmtrace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each call exits to vmtrace (`out` to the trace port).
+    Trap,
+    /// Each call runs vmtrace's trampoline in the guest and appends to a
+    /// ring vmtrace drains: no exit.
+    Exitless,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Trap => "trap",
+            Mode::Exitless => "exitless",
+        }
+    }
 }
 
 /// With page-table isolation, Linux gives each process a pair of top-level
@@ -133,18 +155,44 @@ pub struct Tracer {
     detach_ns: u64,
     attach_window: Duration,
     attach_latency: Duration,
+    /// Exitless mode's trampoline, rings and drainer; None in trap mode.
+    exitless: Option<Exitless>,
 }
 
 impl Tracer {
+    /// An exitless tracer (`ring_records` per CPU ring, or as many as fit),
+    /// and its trap handlers (which then see no trap: any is an error).
+    /// The rings and the code are planned here, before the guest runs.
+    pub fn exitless(
+        plan: Plan,
+        ncpus: usize,
+        max_events: u64,
+        ring_records: Option<u64>,
+    ) -> Result<(Tracer, Vec<Box<dyn TrapHandler>>), TracerError> {
+        let (counters, recs, collector) =
+            record::recorders(Arc::clone(&plan.index), ncpus, max_events);
+        let sink = recs[0].sink();
+        let ex = Exitless::prepare(
+            &plan.image,
+            ncpus,
+            plan.index.addrs.len(),
+            ring_records,
+            sink,
+        )?;
+        let mut t = Tracer::assemble(plan, counters, collector);
+        t.exitless = Some(ex);
+        Ok((t, boxed(recs)))
+    }
+
     /// The tracer and one trap handler per vCPU.
     pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
         let (counters, recs, collector) =
             record::recorders(Arc::clone(&plan.index), ncpus, max_events);
-        let handlers = recs
-            .into_iter()
-            .map(|r| Box::new(r) as Box<dyn TrapHandler>)
-            .collect();
-        let t = Tracer {
+        (Tracer::assemble(plan, counters, collector), boxed(recs))
+    }
+
+    fn assemble(plan: Plan, counters: Arc<Counters>, collector: JoinHandle<Vec<Event>>) -> Tracer {
+        Tracer {
             plan,
             counters,
             collector: Some(collector),
@@ -155,8 +203,15 @@ impl Tracer {
             detach_ns: 0,
             attach_window: Duration::ZERO,
             attach_latency: Duration::ZERO,
-        };
-        (t, handlers)
+            exitless: None,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match self.exitless {
+            Some(_) => Mode::Exitless,
+            None => Mode::Trap,
+        }
     }
 
     pub fn plan(&self) -> &Plan {
@@ -212,7 +267,21 @@ impl Tracer {
             Some(_) => CallSites::Wait,
             None => CallSites::Patch,
         };
-        let (patched, skipped) = match patch::attach(&mut space, fentry, addrs, calls)? {
+        let attached = match self.exitless.as_mut() {
+            Some(ex) => {
+                ex.install(&mut space)?;
+                let ex: &Exitless = ex;
+                patch::attach_with(&mut space, fentry, addrs, calls, |k, addr| {
+                    ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
+                        addr,
+                        gpa: 0,
+                        why: e.to_string(),
+                    })
+                })?
+            }
+            None => patch::attach(&mut space, fentry, addrs, calls)?,
+        };
+        let (patched, skipped) = match attached {
             Attached::Patched { sites, skipped } => (sites, skipped),
             Attached::GuestNotReady { calls, first } => {
                 return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
@@ -223,6 +292,14 @@ impl Tracer {
             skipped_other: skipped,
         };
         self.patched = patched;
+        if let Some(ex) = self.exitless.as_mut() {
+            let clock = paused.guest_clock().ok_or(ExitlessError::NoClock)?;
+            ex.start_drainer(
+                clock,
+                Arc::clone(&self.counters),
+                Arc::clone(&self.plan.index),
+            );
+        }
         self.attach_ns = vmm::Trap::now_ns();
         self.attach_window = paused.window();
         self.attach_latency = paused.latency();
@@ -240,7 +317,8 @@ impl Tracer {
         Ok(c)
     }
 
-    /// Exact calls so far, per traced function and vCPU.
+    /// Exact calls so far, per traced function and vCPU: recorded, plus (in
+    /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
         let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
         for (cpu, per_site) in self.counters.counts.iter().enumerate() {
@@ -248,12 +326,37 @@ impl Tracer {
                 counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
+        for (cpu, per_site) in self.ring_drops().iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate() {
+                counts[self.plan.index.funcs[i] as usize][cpu] += d;
+            }
+        }
         counts
+    }
+
+    /// Calls counted, not recorded, because their CPU's ring was full.
+    fn ring_drops(&self) -> Vec<Vec<u64>> {
+        self.exitless
+            .as_ref()
+            .and_then(|ex| ex.drops().ok())
+            .unwrap_or_default()
+    }
+
+    /// Stop the drainer after draining what the stopped guest left (exitless
+    /// mode); a no-op in trap mode. Called by `finish`; call it yourself to
+    /// see its error.
+    pub fn stop_draining(&mut self) -> Result<(), TracerError> {
+        match self.exitless.as_mut() {
+            Some(ex) => Ok(ex.finish()?),
+            None => Ok(()),
+        }
     }
 
     /// Everything recorded, once the vCPU threads (and so the recorders) are
     /// gone.
     pub fn finish(mut self, kernel: &Path, stop_reason: String) -> Trace {
+        // The drainer's sender must be gone before the collector can end.
+        let _ = self.stop_draining();
         let events = self
             .collector
             .take()
@@ -298,7 +401,8 @@ impl Tracer {
             attach_window_ns: self.attach_window.as_nanos() as u64,
             attach_latency_ns: self.attach_latency.as_nanos() as u64,
             events_total: total,
-            events_dropped: self.counters.dropped.load(Ordering::Relaxed),
+            events_dropped: self.counters.dropped.load(Ordering::Relaxed)
+                + self.ring_drops().iter().flatten().sum::<u64>(),
             parent_unreadable: self.counters.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
         };
@@ -310,6 +414,13 @@ impl Tracer {
             events,
         }
     }
+}
+
+/// The recorders as the vCPU threads take them.
+fn boxed(recs: Vec<record::Recorder>) -> Vec<Box<dyn TrapHandler>> {
+    recs.into_iter()
+        .map(|r| Box::new(r) as Box<dyn TrapHandler>)
+        .collect()
 }
 
 /// The address space to reach kernel text through: that of a vCPU with

@@ -65,6 +65,14 @@ pub const MAX_MEM_MIB: u64 = 3072;
 /// Smallest guest we accept: room for page tables, boot data and a kernel.
 pub const MIN_MEM_MIB: u64 = 32;
 
+/// vmtrace's own memory in the guest (its exitless trampoline and rings): a
+/// memory slot at 4 GiB, above all RAM (`MAX_MEM_MIB`) and the 32-bit MMIO
+/// hole, and never in the guest's e820 map, so the guest neither uses it
+/// nor knows of it until vmtrace maps it into its page tables.
+pub const PRIVATE_START: u64 = 0x1_0000_0000;
+/// 8 MiB: four 2 MiB pages (see tracer::exitless::layout).
+pub const PRIVATE_SIZE: u64 = 8 << 20;
+
 /// COM1 16550 UART.
 pub const SERIAL_PORT_BASE: u16 = 0x3f8;
 /// Eight registers of the 16550.

@@ -55,6 +55,31 @@ extern "C" fn noop_handler(_: libc::c_int) {}
 pub struct VcpuSnapshot {
     pub regs: kvm_regs,
     pub sregs: kvm_sregs,
+    /// The guest's TSC against the host clock, when KVM could tell.
+    pub clock: Option<GuestClock>,
+}
+
+/// One reading of a vCPU's time-stamp counter (what `rdtsc` returns in the
+/// guest) and the host's monotonic clock at that moment: enough to put guest
+/// TSC stamps on the host clock trap-mode events use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestClock {
+    pub tsc: u64,
+    /// `Trap::now_ns()` right after the TSC was read.
+    pub host_ns: u64,
+    /// The vCPU's TSC frequency (KVM_GET_TSC_KHZ).
+    pub tsc_khz: u32,
+}
+
+impl GuestClock {
+    /// The host time of guest TSC value `tsc` (earlier or later).
+    pub fn host_ns(&self, tsc: u64) -> u64 {
+        let khz = i128::from(self.tsc_khz.max(1));
+        let delta = i128::from(tsc) - i128::from(self.tsc);
+        // ticks * 1e6 / kHz = nanoseconds.
+        let ns = i128::from(self.host_ns) + delta * 1_000_000 / khz;
+        ns.clamp(0, i128::from(u64::MAX)) as u64
+    }
 }
 
 /// Where a vCPU thread is, as the pause protocol sees it.

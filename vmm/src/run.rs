@@ -11,7 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::devices::Devices;
 use crate::exit::VcpuStats;
 use crate::gva::AddressSpace;
-use crate::pause::{PauseControl, PauseStats, VcpuSnapshot};
+use crate::pause::{GuestClock, PauseControl, PauseStats, VcpuSnapshot};
 use crate::stop::{panic_message, StopReason, VcpuError};
 use crate::sys::{install_signal_handler, lock, unpoison};
 
@@ -118,6 +118,11 @@ const CS_RPL_MASK: u16 = 3;
 impl Paused<'_> {
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.run.shared.mem
+    }
+    /// The guest's TSC against the host clock, read at this pause (from the
+    /// first vCPU KVM could read it from).
+    pub fn guest_clock(&self) -> Option<GuestClock> {
+        (0..self.run.cpus()).find_map(|cpu| self.snapshot(cpu)?.clock)
     }
     /// The address spaces of the parked vCPUs that run with paging on, in
     /// vCPU order.

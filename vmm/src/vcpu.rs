@@ -10,13 +10,13 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_run, KVM_SYNC_X86_REGS};
+use kvm_bindings::{kvm_msr_entry, kvm_run, Msrs, KVM_SYNC_X86_REGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::assist::{self, Assist, AssistError};
 use crate::exit::{self, Action, VcpuStats};
 use crate::gva::{AddressSpace, PagingMode};
-use crate::pause::{Registration, VcpuSnapshot, Wanted};
+use crate::pause::{GuestClock, Registration, VcpuSnapshot, Wanted};
 use crate::run::Shared;
 use crate::stop::{panic_message, StopReason, VcpuError};
 use crate::trap::{Trap, TrapHandler};
@@ -184,5 +184,28 @@ fn snapshot(fd: &mut VcpuFd) -> VcpuSnapshot {
     VcpuSnapshot {
         regs: fd.get_regs().unwrap_or_default(),
         sregs: fd.get_sregs().unwrap_or_default(),
+        clock: guest_clock(fd),
     }
+}
+
+/// IA32_TIME_STAMP_COUNTER: the TSC as the guest reads it.
+const MSR_IA32_TSC: u32 = 0x10;
+
+/// The vCPU's TSC now, with the host clock, for converting guest stamps.
+fn guest_clock(fd: &VcpuFd) -> Option<GuestClock> {
+    let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
+        index: MSR_IA32_TSC,
+        ..Default::default()
+    }])
+    .ok()?;
+    if fd.get_msrs(&mut msrs).ok()? != 1 {
+        return None;
+    }
+    let host_ns = Trap::now_ns();
+    let tsc_khz = fd.get_tsc_khz().ok()?;
+    Some(GuestClock {
+        tsc: msrs.as_slice()[0].data,
+        host_ns,
+        tsc_khz,
+    })
 }

@@ -111,12 +111,17 @@ impl Vm {
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
         let mem_size = cfg.mem_mib << 20;
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)]).map_err(
-            |source| VmError::Memory {
-                mib: cfg.mem_mib,
-                source,
-            },
-        )?;
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), mem_size as usize),
+            (
+                GuestAddress(layout::PRIVATE_START),
+                layout::PRIVATE_SIZE as usize,
+            ),
+        ])
+        .map_err(|source| VmError::Memory {
+            mib: cfg.mem_mib,
+            source,
+        })?;
         for (slot, region) in mem.iter().enumerate() {
             let r = kvm_userspace_memory_region {
                 slot: slot as u32,

@@ -58,7 +58,10 @@ const PML4_KERNEL_INDEX: u64 = 511;
 const PDPT_KERNEL_INDEX: u64 = 510;
 
 /// Write the boot page tables: the first 4 GiB identity-mapped, and
-/// 0xffffffff80000000 (2 GiB) mapped to physical 0, with 2 MiB pages.
+/// 0xffffffff80000000 (1 GiB, as Linux's own `level2_kernel_pgt` covers at
+/// most) mapped to physical 0, with 2 MiB pages. The top 1 GiB
+/// (0xffffffffc0000000-) stays unmapped, as the fixmap range Linux keeps
+/// free there for others is: vmtrace maps its own code there (exitless).
 pub fn setup_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
     let put = |addr: u64, val: u64| {
         mem.write_obj(val, GuestAddress(addr))
@@ -78,14 +81,11 @@ pub fn setup_page_tables(mem: &GuestMemoryMmap) -> Result<(), RegsError> {
             put(pd_addr + i * 8, phys | table | PTE_HUGE)?;
         }
     }
-    // The kernel map's 2 GiB are the first two identity page directories.
-    for i in 0..2 {
-        let pd_addr = layout::PD_START + i * 0x1000;
-        put(
-            layout::PDPT_HIGH_START + (PDPT_KERNEL_INDEX + i) * 8,
-            pd_addr | table,
-        )?;
-    }
+    // The kernel map's 1 GiB is the first identity page directory.
+    put(
+        layout::PDPT_HIGH_START + PDPT_KERNEL_INDEX * 8,
+        layout::PD_START | table,
+    )?;
     Ok(())
 }
 
@@ -304,6 +304,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.gpa, 0xdead_beef);
+        // The top 1 GiB is left free.
+        assert!(crate::gva::translate(
+            &m,
+            layout::PML4_START,
+            crate::gva::PagingMode::Level4,
+            0xffff_ffff_ff80_0000,
+        )
+        .is_err());
     }
 
     #[test]

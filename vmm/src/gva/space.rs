@@ -16,6 +16,9 @@ use super::{
 
 /// CR0.PG: paging enabled.
 const CR0_PG: u64 = 1 << 31;
+/// EFER.NXE: the XD bit (63) of page-table entries is honoured; without it
+/// that bit is reserved.
+const EFER_NXE: u64 = 1 << 11;
 /// Direct-mapped cache slots; a power of two so the slot is a mask.
 const CACHE_SLOTS: usize = 16;
 
@@ -35,6 +38,8 @@ pub struct AddressSpace<'m, M: GuestMemory = GuestMemoryMmap> {
     /// by the walk).
     root: u64,
     mode: PagingMode,
+    /// EFER.NXE was set in the vCPU this space came from.
+    nx: bool,
     cache: [Option<Cached>; CACHE_SLOTS],
 }
 
@@ -44,21 +49,35 @@ impl<'m, M: GuestMemory> AddressSpace<'m, M> {
             mem,
             root,
             mode,
+            nx: false,
             cache: [None; CACHE_SLOTS],
         }
+    }
+
+    /// The same space, with EFER.NXE as given (the guest honours XD).
+    pub fn with_nx(mut self, nx: bool) -> Self {
+        self.nx = nx;
+        self
+    }
+
+    /// May entries carry XD (bit 63)? Only when the guest set EFER.NXE.
+    pub fn nx_enabled(&self) -> bool {
+        self.nx
     }
 
     /// The address space a vCPU with these system registers uses; None
     /// while it runs with paging off.
     pub fn of_vcpu(mem: &'m M, sregs: &kvm_sregs) -> Option<Self> {
-        (sregs.cr0 & CR0_PG != 0)
-            .then(|| Self::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)))
+        (sregs.cr0 & CR0_PG != 0).then(|| {
+            Self::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4))
+                .with_nx(sregs.efer & EFER_NXE != 0)
+        })
     }
 
     /// The same tables rooted elsewhere (e.g. the kernel half of a
     /// page-table-isolation pair), with an empty cache.
     pub fn with_root(&self, root: u64) -> Self {
-        Self::new(self.mem, root, self.mode)
+        Self::new(self.mem, root, self.mode).with_nx(self.nx)
     }
 
     pub fn root(&self) -> u64 {

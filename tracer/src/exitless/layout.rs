@@ -1,0 +1,168 @@
+//! The exitless region's layout, shared by the trampoline generator, the
+//! mapping code and the host collector. See the module comment of
+//! `exitless` for the protocol.
+
+/// Guest-physical base of vmtrace's own memory slot (the VMM's memory map
+/// places it: above all RAM, never in the guest's e820 map).
+pub const REGION_GPA: u64 = vmm::layout::PRIVATE_START;
+/// Size of the slot: code (2 MiB), data (4 MiB), and a spare 2 MiB holding a
+/// page directory for guests that have none for the fixmap range.
+pub const REGION_LEN: u64 = vmm::layout::PRIVATE_SIZE;
+/// 2 MiB: one page-directory entry with PS=1.
+pub const LARGE_PAGE: u64 = 2 << 20;
+
+/// Where the code is mapped: page-directory entry 508 of the top 1 GiB.
+pub const CODE_VA: u64 = 0xffff_ffff_ff80_0000;
+/// Code: the first 2 MiB of the region.
+pub const CODE_GPA: u64 = REGION_GPA;
+pub const CODE_LEN: u64 = LARGE_PAGE;
+/// Data (the rings): entries 509 and 510, the next 4 MiB of the region.
+pub const DATA_VA: u64 = CODE_VA + CODE_LEN;
+pub const DATA_GPA: u64 = REGION_GPA + CODE_LEN;
+pub const DATA_LEN: u64 = 2 * LARGE_PAGE;
+/// A page directory of vmtrace's own, for a guest without one above
+/// 0xffffffffc0000000 (the mini guest): the first page of the spare 2 MiB.
+pub const SPARE_PD_GPA: u64 = DATA_GPA + DATA_LEN;
+/// First page-directory index used (CODE_VA), and how many.
+pub const PD_FIRST: usize = 508;
+pub const PD_COUNT: usize = 3;
+
+/// Ring header fields: `head` and `limit` on cache lines of their own (the
+/// guest writes one, the host the other).
+pub const HEAD_OFF: u64 = 0;
+pub const LIMIT_OFF: u64 = 64;
+/// Per-site drop counters start here.
+pub const DROPS_OFF: u64 = 128;
+/// One record.
+pub const RECORD_LEN: u64 = 32;
+pub const REC_SEQ: u64 = 0;
+pub const REC_TSC: u64 = 8;
+pub const REC_PARENT: u64 = 16;
+pub const REC_SITE: u64 = 24;
+
+/// Why a ring layout cannot be made.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    #[error(
+        "{cpus} CPUs x {sites} sites do not fit vmtrace's {} MiB of ring memory with at least {min} records per CPU; trace fewer functions, or use --mode trap",
+        DATA_LEN >> 20
+    )]
+    TooBig { cpus: usize, sites: usize, min: u64 },
+    #[error("a ring of {0} records is not a power of two between 2 and 2^24")]
+    BadCapacity(u64),
+}
+
+/// Fewest records a ring may have.
+pub const MIN_RECORDS: u64 = 2;
+/// Most records a ring may have (keeps `cap - 1` an imm32 and rings small).
+pub const MAX_RECORDS: u64 = 1 << 24;
+
+/// The rings of one attach: `cpus` rings of `ring_bytes` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    pub cpus: usize,
+    pub sites: usize,
+    /// Records per ring (a power of two).
+    pub cap: u64,
+    /// Offset of the first record in a ring.
+    pub records_off: u64,
+    /// Bytes per ring (a multiple of 4 KiB).
+    pub ring_bytes: u64,
+}
+
+const PAGE: u64 = 4096;
+const CACHE_LINE: u64 = 64;
+
+fn align_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+impl RingLayout {
+    /// Rings for `cpus` CPUs and `sites` sites: `records` per ring if given
+    /// (a power of two), else as many as fit in the data region.
+    pub fn new(cpus: usize, sites: usize, records: Option<u64>) -> Result<RingLayout, LayoutError> {
+        let records_off = align_up(DROPS_OFF + sites as u64 * 8, CACHE_LINE);
+        let per_ring = DATA_LEN / cpus.max(1) as u64;
+        let cap = match records {
+            Some(n) if !n.is_power_of_two() || !(MIN_RECORDS..=MAX_RECORDS).contains(&n) => {
+                return Err(LayoutError::BadCapacity(n))
+            }
+            Some(n) => n,
+            None => {
+                let room = per_ring.saturating_sub(records_off) / RECORD_LEN;
+                let mut cap = 1u64 << (63 - room.max(1).leading_zeros());
+                cap = cap.min(MAX_RECORDS);
+                // Round the ring to pages without outgrowing its share.
+                while cap >= MIN_RECORDS
+                    && align_up(records_off + cap * RECORD_LEN, PAGE) > per_ring
+                {
+                    cap /= 2;
+                }
+                cap
+            }
+        };
+        let ring_bytes = align_up(records_off + cap * RECORD_LEN, PAGE);
+        if cap < MIN_RECORDS || ring_bytes * cpus as u64 > DATA_LEN {
+            return Err(LayoutError::TooBig {
+                cpus,
+                sites,
+                min: MIN_RECORDS.max(records.unwrap_or(0)),
+            });
+        }
+        Ok(RingLayout {
+            cpus,
+            sites,
+            cap,
+            records_off,
+            ring_bytes,
+        })
+    }
+
+    /// Guest-virtual and guest-physical address of CPU `cpu`'s ring.
+    pub fn ring_va(&self, cpu: usize) -> u64 {
+        DATA_VA + cpu as u64 * self.ring_bytes
+    }
+    pub fn ring_gpa(&self, cpu: usize) -> u64 {
+        DATA_GPA + cpu as u64 * self.ring_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_addresses_are_the_fixmap_entries_and_reachable_as_imm32() {
+        assert_eq!((CODE_VA >> 21) & 511, PD_FIRST as u64);
+        assert_eq!(
+            ((DATA_VA + DATA_LEN - 1) >> 21) & 511,
+            (PD_FIRST + PD_COUNT - 1) as u64
+        );
+        // Sign-extended 32-bit displacements reach both.
+        assert_eq!(CODE_VA as i64 as i32 as i64 as u64, CODE_VA);
+        assert_eq!(
+            (DATA_VA + DATA_LEN - 1) as i64 as i32 as i64 as u64,
+            DATA_VA + DATA_LEN - 1
+        );
+        const { assert!(SPARE_PD_GPA + PAGE <= REGION_GPA + REGION_LEN) };
+    }
+
+    #[test]
+    fn rings_fill_the_data_region_and_refuse_what_does_not_fit() {
+        let l = RingLayout::new(4, 10, None).unwrap();
+        assert!(l.cap.is_power_of_two() && l.cap >= 16 * 1024);
+        assert!(l.ring_bytes * 4 <= DATA_LEN && l.ring_bytes.is_multiple_of(PAGE));
+        assert_eq!(l.records_off, 256); // 128 + 10 * 8, to a cache line
+        let small = RingLayout::new(1, 10, Some(4)).unwrap();
+        assert_eq!((small.cap, small.ring_bytes), (4, PAGE));
+        assert_eq!(
+            RingLayout::new(1, 1, Some(3)),
+            Err(LayoutError::BadCapacity(3))
+        );
+        assert!(matches!(
+            RingLayout::new(64, 10_000, None),
+            Err(LayoutError::TooBig { .. })
+        ));
+        assert_eq!(l.ring_va(1) - l.ring_va(0), l.ring_bytes);
+    }
+}

@@ -1,0 +1,539 @@
+//! The host side of the rings: setting them up and draining them (the
+//! reader of the protocol in the module comment of `exitless`). Pure over
+//! guest memory: the collector thread calls `RingReader::drain` while the
+//! guest runs, so every access to a word the guest may be writing is a
+//! single aligned atomic access through vm-memory, never a plain read.
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+
+use super::layout::{
+    RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT, REC_SEQ,
+    REC_SITE, REC_TSC,
+};
+
+/// One traced call, as the trampoline recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The guest's TSC at the call.
+    pub tsc: u64,
+    /// The traced function's return address (its caller).
+    pub parent: u64,
+    /// The site's index in the `SiteIndex`.
+    pub site: u32,
+}
+
+/// Why a ring cannot be set up or read.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error("CPU {cpu} has no ring: the rings are for {cpus} CPUs")]
+    NoRing { cpu: usize, cpus: usize },
+    #[error(
+        "{cpus} rings of {ring_bytes:#x} bytes do not fit vmtrace's {} MiB of ring memory",
+        DATA_LEN >> 20
+    )]
+    TooBig { cpus: usize, ring_bytes: u64 },
+    #[error("{what} of CPU {cpu}'s ring at guest-physical {gpa:#x}")]
+    Memory {
+        what: &'static str,
+        cpu: usize,
+        gpa: u64,
+        #[source]
+        source: GuestMemoryError,
+    },
+}
+
+/// Guest-physical address of a field at `off` in `cpu`'s ring.
+fn field(layout: &RingLayout, cpu: usize, off: u64) -> u64 {
+    layout.ring_gpa(cpu) + off
+}
+
+fn memory_error(
+    what: &'static str,
+    cpu: usize,
+    gpa: u64,
+) -> impl FnOnce(GuestMemoryError) -> RingError {
+    move |source| RingError::Memory {
+        what,
+        cpu,
+        gpa,
+        source,
+    }
+}
+
+fn check_cpu(layout: &RingLayout, cpu: usize) -> Result<(), RingError> {
+    if cpu < layout.cpus {
+        Ok(())
+    } else {
+        Err(RingError::NoRing {
+            cpu,
+            cpus: layout.cpus,
+        })
+    }
+}
+
+/// Sets up every ring of `layout` before any site calls the trampoline:
+/// header, drop counters and records zeroed (head 0, every `seq` 0, which no
+/// index reads as committed), and `limit = cap` (the whole ring free).
+pub fn init_rings(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<(), RingError> {
+    let total = (layout.cpus as u64).checked_mul(layout.ring_bytes);
+    if total.is_none_or(|t| t > DATA_LEN) {
+        return Err(RingError::TooBig {
+            cpus: layout.cpus,
+            ring_bytes: layout.ring_bytes,
+        });
+    }
+    // Zero in chunks: a ring can be megabytes.
+    const CHUNK: u64 = 64 << 10;
+    let zeros = vec![0u8; CHUNK.min(layout.ring_bytes) as usize];
+    for cpu in 0..layout.cpus {
+        let base = layout.ring_gpa(cpu);
+        let mut off = 0;
+        while off < layout.ring_bytes {
+            let len = (layout.ring_bytes - off).min(CHUNK) as usize;
+            mem.write_slice(&zeros[..len], GuestAddress(base + off))
+                .map_err(memory_error("zeroing", cpu, base + off))?;
+            off += len as u64;
+        }
+        let limit = field(layout, cpu, LIMIT_OFF);
+        mem.store(layout.cap, GuestAddress(limit), Ordering::Release)
+            .map_err(memory_error("setting the limit", cpu, limit))?;
+    }
+    Ok(())
+}
+
+/// The per-site drop counters of `cpu`'s ring: calls not recorded because
+/// the ring was full, by site index.
+pub fn drops(
+    mem: &GuestMemoryMmap,
+    layout: &RingLayout,
+    cpu: usize,
+) -> Result<Vec<u64>, RingError> {
+    check_cpu(layout, cpu)?;
+    (0..layout.sites as u64)
+        .map(|k| {
+            // One atomic load per counter: the guest may be incrementing it.
+            let gpa = field(layout, cpu, DROPS_OFF + k * 8);
+            mem.load(GuestAddress(gpa), Ordering::Relaxed)
+                .map_err(memory_error("reading a drop counter", cpu, gpa))
+        })
+        .collect()
+}
+
+/// The `head` of `cpu`'s ring: how many records its calls have reserved.
+pub fn head(mem: &GuestMemoryMmap, layout: &RingLayout, cpu: usize) -> Result<u64, RingError> {
+    check_cpu(layout, cpu)?;
+    let gpa = field(layout, cpu, HEAD_OFF);
+    mem.load(GuestAddress(gpa), Ordering::Acquire)
+        .map_err(memory_error("reading the head", cpu, gpa))
+}
+
+/// Drains the rings of one attach, in order, each record exactly once.
+/// Made for rings that `init_rings` set up (every tail at 0).
+#[derive(Clone, Debug)]
+pub struct RingReader {
+    layout: RingLayout,
+    /// Per CPU, the next index to read: also the records consumed so far,
+    /// since the rings start at 0.
+    tails: Vec<u64>,
+}
+
+impl RingReader {
+    pub fn new(layout: RingLayout) -> RingReader {
+        RingReader {
+            tails: vec![0; layout.cpus],
+            layout,
+        }
+    }
+
+    pub fn layout(&self) -> &RingLayout {
+        &self.layout
+    }
+
+    /// Records consumed from `cpu`'s ring so far (0 for a CPU without one).
+    pub fn consumed(&self, cpu: usize) -> u64 {
+        self.tails.get(cpu).copied().unwrap_or(0)
+    }
+
+    /// Records consumed from every ring so far.
+    pub fn consumed_total(&self) -> u64 {
+        self.tails.iter().sum()
+    }
+
+    /// Passes every committed record not read yet to `f(cpu, record)`,
+    /// ring by ring in index order, and frees the slots read; returns how
+    /// many. A record reserved but not committed yet (its writer was
+    /// interrupted) stops its ring's drain: it and the records after it come
+    /// in a later call.
+    pub fn drain(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        mut f: impl FnMut(usize, Record),
+    ) -> Result<usize, RingError> {
+        let mut total = 0;
+        for cpu in 0..self.layout.cpus {
+            total += self.drain_cpu(mem, cpu, &mut f)?;
+        }
+        Ok(total)
+    }
+
+    /// `drain` for the ring of one CPU.
+    pub fn drain_cpu(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        cpu: usize,
+        mut f: impl FnMut(usize, Record),
+    ) -> Result<usize, RingError> {
+        check_cpu(&self.layout, cpu)?;
+        let layout = self.layout;
+        let records = field(&layout, cpu, layout.records_off);
+        let start = self.tails[cpu];
+        // At most one ring's worth: the guest cannot write past `limit`,
+        // which is `start + cap`; this also bounds the loop against a guest
+        // that scribbles on its rings.
+        for index in start..start + layout.cap {
+            let slot = records + (index & (layout.cap - 1)) * RECORD_LEN;
+            let load = |off: u64, what| {
+                let gpa = slot + off;
+                move |order| {
+                    mem.load::<u64>(GuestAddress(gpa), order)
+                        .map_err(memory_error(what, cpu, gpa))
+                }
+            };
+            // The commit first, with Acquire: the fields read after it are
+            // the ones the writer stored before it (x86 keeps stores in
+            // order; Acquire keeps the compiler from hoisting the reads).
+            let seq = load(REC_SEQ, "reading a record's seq")(Ordering::Acquire)?;
+            if seq != index + 1 {
+                // Reserved and not committed yet, or not reserved at all
+                // (the slot still holds the previous lap's record, or zero).
+                break;
+            }
+            let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
+            let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
+            let site_gpa = slot + REC_SITE;
+            let site: u32 = mem
+                .load(GuestAddress(site_gpa), Ordering::Relaxed)
+                .map_err(memory_error("reading a record's site", cpu, site_gpa))?;
+            f(cpu, Record { tsc, parent, site });
+            // Kept per record: if a later read fails, what `f` saw is not
+            // passed again.
+            self.tails[cpu] = index + 1;
+        }
+        let tail = self.tails[cpu];
+        if tail != start {
+            // Free the slots read. Release: every read above happens before
+            // the guest can see the slots free and overwrite them. Written
+            // only when it moves, to leave the cache line alone otherwise.
+            let gpa = field(&layout, cpu, LIMIT_OFF);
+            mem.store(tail + layout.cap, GuestAddress(gpa), Ordering::Release)
+                .map_err(memory_error("moving the limit", cpu, gpa))?;
+        }
+        Ok((tail - start) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{DATA_GPA, REGION_GPA, REGION_LEN};
+    use super::*;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 1 << 20),
+            (GuestAddress(REGION_GPA), REGION_LEN as usize),
+        ])
+        .unwrap()
+    }
+
+    fn load(mem: &GuestMemoryMmap, gpa: u64) -> u64 {
+        mem.load(GuestAddress(gpa), Ordering::SeqCst).unwrap()
+    }
+
+    /// The trampoline's protocol in Rust, one step at a time: reserve (or
+    /// count a drop), then commit.
+    struct Writer<'a> {
+        mem: &'a GuestMemoryMmap,
+        layout: RingLayout,
+    }
+
+    impl Writer<'_> {
+        fn at(&self, cpu: usize, off: u64) -> GuestAddress {
+            GuestAddress(field(&self.layout, cpu, off))
+        }
+        fn get(&self, cpu: usize, off: u64) -> u64 {
+            self.mem.load(self.at(cpu, off), Ordering::Acquire).unwrap()
+        }
+        fn put(&self, cpu: usize, off: u64, v: u64) {
+            self.mem
+                .store(v, self.at(cpu, off), Ordering::Release)
+                .unwrap();
+        }
+        /// The index reserved, or `None` when the ring was full (a drop).
+        fn reserve(&self, cpu: usize, site: u32) -> Option<u64> {
+            let head = self.get(cpu, HEAD_OFF);
+            if head >= self.get(cpu, LIMIT_OFF) {
+                let drop = DROPS_OFF + u64::from(site) * 8;
+                self.put(cpu, drop, self.get(cpu, drop) + 1);
+                return None;
+            }
+            self.put(cpu, HEAD_OFF, head + 1);
+            Some(head)
+        }
+        fn commit(&self, cpu: usize, index: u64, rec: Record) {
+            let slot = self.layout.records_off + (index & (self.layout.cap - 1)) * RECORD_LEN;
+            self.put(cpu, slot + REC_TSC, rec.tsc);
+            self.put(cpu, slot + REC_PARENT, rec.parent);
+            self.mem
+                .store(rec.site, self.at(cpu, slot + REC_SITE), Ordering::Relaxed)
+                .unwrap();
+            self.put(cpu, slot + REC_SEQ, index + 1);
+        }
+        /// One traced call: whether it was recorded.
+        fn call(&self, cpu: usize, rec: Record) -> bool {
+            match self.reserve(cpu, rec.site) {
+                Some(index) => {
+                    self.commit(cpu, index, rec);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    fn rec(n: u64, site: u32) -> Record {
+        Record {
+            tsc: 1000 + n,
+            parent: 0xffff_ffff_8100_0000 + n,
+            site,
+        }
+    }
+
+    fn drain(reader: &mut RingReader, mem: &GuestMemoryMmap) -> Vec<(usize, Record)> {
+        let mut out = Vec::new();
+        let n = reader.drain(mem, |cpu, r| out.push((cpu, r))).unwrap();
+        assert_eq!(n, out.len());
+        out
+    }
+
+    #[test]
+    fn init_sets_up_empty_rings_over_old_contents() {
+        let mem = memory();
+        let layout = RingLayout::new(3, 5, Some(8)).unwrap();
+        // Leftovers of an earlier attach.
+        mem.write_slice(
+            &vec![0xa5; (3 * layout.ring_bytes) as usize],
+            GuestAddress(DATA_GPA),
+        )
+        .unwrap();
+        init_rings(&mem, &layout).unwrap();
+        for cpu in 0..3 {
+            assert_eq!(head(&mem, &layout, cpu).unwrap(), 0);
+            assert_eq!(load(&mem, field(&layout, cpu, LIMIT_OFF)), 8);
+            assert_eq!(drops(&mem, &layout, cpu).unwrap(), [0; 5]);
+            let mut ring = vec![1u8; layout.ring_bytes as usize];
+            mem.read_slice(&mut ring, GuestAddress(layout.ring_gpa(cpu)))
+                .unwrap();
+            ring[LIMIT_OFF as usize] = 0; // the limit's only non-zero byte (8)
+            assert!(
+                ring.iter().all(|&b| b == 0),
+                "CPU {cpu}'s ring is not zeroed"
+            );
+        }
+        let mut reader = RingReader::new(layout);
+        assert!(drain(&mut reader, &mem).is_empty());
+    }
+
+    #[test]
+    fn committed_records_drain_in_order_per_cpu() {
+        let mem = memory();
+        let layout = RingLayout::new(2, 4, Some(16)).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        for n in 0..5 {
+            assert!(w.call(1, rec(n, n as u32 % 4)));
+        }
+        assert!(w.call(0, rec(99, 3)));
+        let mut reader = RingReader::new(layout);
+        let got = drain(&mut reader, &mem);
+        let mut want = vec![(0, rec(99, 3))];
+        want.extend((0..5).map(|n| (1, rec(n, n as u32 % 4))));
+        assert_eq!(got, want);
+        assert_eq!(
+            (
+                reader.consumed(0),
+                reader.consumed(1),
+                reader.consumed_total()
+            ),
+            (1, 5, 6)
+        );
+        // The slots read are free again.
+        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 1 + 16);
+        assert_eq!(load(&mem, field(&layout, 1, LIMIT_OFF)), 5 + 16);
+        assert!(drain(&mut reader, &mem).is_empty());
+    }
+
+    #[test]
+    fn an_uncommitted_record_stops_the_drain_until_it_commits() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 2, Some(8)).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        // Index 1's writer is interrupted after reserving; 2 and 3 (the
+        // interrupt's own calls) commit before it.
+        assert!(w.call(0, rec(0, 0)));
+        let held = w.reserve(0, 1).unwrap();
+        assert!(w.call(0, rec(2, 0)));
+        assert!(w.call(0, rec(3, 1)));
+        let mut reader = RingReader::new(layout);
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(0, 0))]);
+        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 1 + 8);
+        assert!(
+            drain(&mut reader, &mem).is_empty(),
+            "read past an uncommitted record"
+        );
+        w.commit(0, held, rec(1, 1));
+        assert_eq!(
+            drain(&mut reader, &mem),
+            [(0, rec(1, 1)), (0, rec(2, 0)), (0, rec(3, 1))]
+        );
+        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 4 + 8);
+    }
+
+    #[test]
+    fn wraps_around_over_several_laps() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 1, Some(4)).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        let mut reader = RingReader::new(layout);
+        let mut n = 0;
+        // Batches of 3 then 4 records: the slots are reused at offsets that
+        // move every lap, and a full batch fills the ring exactly.
+        for lap in 0..6 {
+            let batch = 3 + lap % 2;
+            let first = n;
+            for _ in 0..batch {
+                assert!(w.call(0, rec(n, 0)), "call {n} dropped");
+                n += 1;
+            }
+            if batch == 4 {
+                // Full now: the next call is a drop, not an overwrite.
+                assert!(!w.call(0, rec(1000, 0)));
+            }
+            let got = drain(&mut reader, &mem);
+            let want: Vec<_> = (first..n).map(|i| (0, rec(i, 0))).collect();
+            assert_eq!(got, want, "lap {lap}");
+            assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), n + 4);
+        }
+        assert_eq!(head(&mem, &layout, 0).unwrap(), n);
+        assert_eq!(drops(&mem, &layout, 0).unwrap(), [3]);
+    }
+
+    #[test]
+    fn drops_read_back_per_cpu_and_site() {
+        let mem = memory();
+        let layout = RingLayout::new(2, 3, Some(2)).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        for (cpu, site, times) in [(0, 2, 5u64), (1, 0, 3), (1, 1, 1)] {
+            for i in 0..times + 2 {
+                w.call(cpu, rec(i, site));
+            }
+        }
+        // Each CPU's first two calls were recorded.
+        assert_eq!(drops(&mem, &layout, 0).unwrap(), [0, 0, 5]);
+        assert_eq!(drops(&mem, &layout, 1).unwrap(), [3, 3, 0]);
+        assert!(matches!(
+            drops(&mem, &layout, 2),
+            Err(RingError::NoRing { cpu: 2, cpus: 2 })
+        ));
+    }
+
+    /// A host that falls behind: calls keep coming on both CPUs while the
+    /// host drains only now and then; the guest counts what it cannot
+    /// record, and records + drops = calls exactly, per CPU and site.
+    #[test]
+    fn a_host_that_falls_behind_loses_no_count() {
+        let mem = memory();
+        let layout = RingLayout::new(2, 5, Some(16)).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        let mut reader = RingReader::new(layout);
+        let mut calls = [[0u64; 5]; 2];
+        let mut records = [[0u64; 5]; 2];
+        let mut last_tsc = [0u64; 2];
+        let mut seen = |cpu: usize, r: Record| {
+            records[cpu][r.site as usize] += 1;
+            // In order: the writer's TSCs grow with each recorded call.
+            assert!(r.tsc > last_tsc[cpu]);
+            last_tsc[cpu] = r.tsc;
+        };
+        // A fixed pseudo-random schedule (xorshift), bursts longer than a
+        // ring between drains.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut dropped_some = false;
+        for n in 1..=5000u64 {
+            let r = rand();
+            let cpu = (r & 1) as usize;
+            let site = ((r >> 8) % 5) as u32;
+            calls[cpu][site as usize] += 1;
+            dropped_some |= !w.call(cpu, rec(n, site));
+            if r >> 60 == 0 {
+                reader.drain(&mem, &mut seen).unwrap();
+            }
+        }
+        reader.drain(&mem, &mut seen).unwrap();
+        assert!(dropped_some, "the schedule never filled a ring");
+        for cpu in 0..2 {
+            let d = drops(&mem, &layout, cpu).unwrap();
+            for site in 0..5 {
+                assert_eq!(
+                    records[cpu][site] + d[site],
+                    calls[cpu][site],
+                    "CPU {cpu} site {site}"
+                );
+            }
+        }
+        assert_eq!(
+            reader.consumed_total(),
+            records.iter().flatten().sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn memory_errors_say_what_and_where() {
+        // Guest RAM only: no vmtrace region.
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let layout = RingLayout::new(2, 1, Some(2)).unwrap();
+        let err = init_rings(&mem, &layout).unwrap_err();
+        assert!(matches!(err, RingError::Memory { cpu: 0, .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("zeroing of CPU 0's ring at guest-physical {DATA_GPA:#x}")
+        );
+        let mut reader = RingReader::new(layout);
+        let err = reader.drain(&mem, |_, _| {}).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("reading a record's seq of CPU 0's ring"),
+            "{err}"
+        );
+        let too_big = RingLayout {
+            cpus: 2,
+            ring_bytes: DATA_LEN,
+            ..layout
+        };
+        assert!(matches!(
+            init_rings(&memory(), &too_big),
+            Err(RingError::TooBig { .. })
+        ));
+    }
+}

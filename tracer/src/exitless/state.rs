@@ -1,0 +1,195 @@
+//! One session's exitless machinery: the generated trampoline, the ring
+//! layout, whether they are in the guest yet, and the drainer.
+
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::gva::AddressSpace;
+use vmm::pause::GuestClock;
+
+use super::collect::{self, DrainError, Drainer};
+use super::layout::{LayoutError, RingLayout, CODE_GPA, CODE_LEN};
+use super::map::{self, MapError, Mapped};
+use super::ring::{self, RingError};
+use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
+use crate::model::Event;
+use crate::record::{Counters, SiteIndex};
+use crate::sites::SITE_LEN;
+use crate::symbols::KernelImage;
+
+/// The kernel's per-CPU CPU number (`smp_processor_id()`); its symbol's value
+/// is its offset in each CPU's per-CPU area, which GS points at in the kernel.
+pub const CPU_NUMBER: &str = "cpu_number";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExitlessError {
+    #[error(
+        "{path}: no `{CPU_NUMBER}` symbol, so vmtrace's trampoline cannot tell which CPU it runs on; use --mode trap",
+        path = .0.display()
+    )]
+    NoCpuNumber(std::path::PathBuf),
+    #[error("{path}: `{CPU_NUMBER}` is at {off:#x}, not a per-CPU offset; use --mode trap", path = .path.display())]
+    BadCpuNumber { path: std::path::PathBuf, off: u64 },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Trampoline(#[from] TrampolineError),
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(transparent)]
+    Drain(#[from] DrainError),
+    #[error("the trampoline ({len} bytes) does not fit its {CODE_LEN}-byte page")]
+    CodeTooBig { len: usize },
+    #[error("writing vmtrace's trampoline into guest memory: {0}")]
+    Memory(String),
+    #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
+    NoClock,
+}
+
+/// Exitless state of one tracing session.
+pub struct Exitless {
+    pub layout: RingLayout,
+    pub trampoline: Trampoline,
+    /// Code written and rings initialised: later attaches reuse them (a task
+    /// may still be inside the trampoline from an earlier attach).
+    installed: bool,
+    /// The events' way to the collector, until the drainer takes it.
+    sink: Option<Sender<Vec<Event>>>,
+    drainer: Option<Drainer>,
+    mem: Option<GuestMemoryMmap>,
+}
+
+/// The rings and the code for this image, CPU count and site count.
+fn plan(
+    image: &KernelImage,
+    cpus: usize,
+    sites: usize,
+    ring_records: Option<u64>,
+) -> Result<(RingLayout, Trampoline), ExitlessError> {
+    let sym = image
+        .symbol(CPU_NUMBER)
+        .ok_or_else(|| ExitlessError::NoCpuNumber(image.path.clone()))?;
+    // A per-CPU offset is small: gs:[disp32] with a positive displacement.
+    let cpu_number_off = u32::try_from(sym.addr)
+        .ok()
+        .filter(|&o| o < i32::MAX as u32)
+        .ok_or_else(|| ExitlessError::BadCpuNumber {
+            path: image.path.clone(),
+            off: sym.addr,
+        })?;
+    let layout = RingLayout::new(cpus, sites, ring_records)?;
+    let trampoline = trampoline::generate(&TrampolineSpec {
+        layout,
+        cpu_number_off,
+    })?;
+    if trampoline.code.len() as u64 > CODE_LEN {
+        return Err(ExitlessError::CodeTooBig {
+            len: trampoline.code.len(),
+        });
+    }
+    Ok((layout, trampoline))
+}
+
+impl Exitless {
+    /// Can exitless tracing be planned for this image, CPU and site count
+    /// (checked before the guest exists)?
+    pub fn check(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        ring_records: Option<u64>,
+    ) -> Result<(), ExitlessError> {
+        plan(image, cpus, sites, ring_records).map(|_| ())
+    }
+
+    /// Plan the rings and generate the code, before the guest runs.
+    pub fn prepare(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        ring_records: Option<u64>,
+        sink: Sender<Vec<Event>>,
+    ) -> Result<Exitless, ExitlessError> {
+        let (layout, trampoline) = plan(image, cpus, sites, ring_records)?;
+        Ok(Exitless {
+            layout,
+            trampoline,
+            installed: false,
+            sink: Some(sink),
+            drainer: None,
+            mem: None,
+        })
+    }
+
+    /// Map the region and, the first time, write the code and reset the
+    /// rings. The guest is paused. Nothing is written when the mapping is
+    /// refused.
+    pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
+        let mapped = map::map(space)?;
+        if !self.installed {
+            let mem = space.memory();
+            mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+            ring::init_rings(mem, &self.layout)?;
+            self.installed = true;
+            self.mem = Some(mem.clone());
+        }
+        Ok(mapped)
+    }
+
+    /// The bytes site `k` at `addr` becomes: a call to its stub.
+    pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
+        trampoline::call_bytes(addr, self.trampoline.stub_va(k as u32))
+    }
+
+    /// Start draining (once): events dated by `clock`, counted in `counters`.
+    pub fn start_drainer(
+        &mut self,
+        clock: GuestClock,
+        counters: Arc<Counters>,
+        index: Arc<SiteIndex>,
+    ) {
+        let (Some(mem), Some(sink)) = (self.mem.clone(), self.sink.take()) else {
+            return;
+        };
+        self.drainer = Some(Drainer::start(
+            mem,
+            self.layout,
+            clock,
+            counters,
+            index,
+            sink,
+        ));
+    }
+
+    /// Calls counted in the guest but not recorded (full rings), per CPU and
+    /// site; empty before the first install.
+    pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        match &self.mem {
+            Some(mem) => Ok(collect::drops(mem, &self.layout)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Records skipped as out of range so far.
+    pub fn bad_records(&self) -> u64 {
+        self.drainer.as_ref().map_or(0, |d| {
+            d.stats
+                .bad_records
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    /// Drain the rest and stop the drainer (the guest has stopped); drops
+    /// the event sender either way, so the collector can finish.
+    pub fn finish(&mut self) -> Result<(), ExitlessError> {
+        self.sink = None;
+        match self.drainer.take() {
+            Some(d) => Ok(d.finish()?),
+            None => Ok(()),
+        }
+    }
+}

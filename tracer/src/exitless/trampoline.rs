@@ -1,0 +1,1241 @@
+//! The guest code of exitless tracing: one stub per site and the common
+//! trampoline that appends a record to the calling CPU's ring (the writer of
+//! the protocol in the module comment of `exitless`).
+//!
+//! The code is assembled with iced-x86's `CodeAssembler` at `CODE_VA`, never
+//! written as bytes by hand. Per site k a stub:
+//!
+//! ```text
+//! stub_k: mov r11d, k          ; the site index, for the record and its drop counter
+//!         jmp common
+//! ```
+//!
+//! A site's 5-byte NOP becomes `call stub_k` (`call_bytes`), so at `common`
+//! `[rsp]` is the site + 5 and `[rsp + 8]` the traced function's own return
+//! address (the parent). The common part (`R` = `DATA_VA`, the rings'
+//! sign-extended imm32 displacement; `rec` = `R + records_off`):
+//!
+//! ```text
+//! common: push rax
+//!         push rdx
+//!         mov r10d, gs:[cpu_number_off]
+//!         cmp r10d, cpus
+//!         jae out
+//!         imul r10, r10, ring_bytes
+//!         mov rax, [r10 + R + HEAD_OFF]
+//! retry:  cmp rax, [r10 + R + LIMIT_OFF]
+//!         jae full
+//!         lea rdx, [rax + 1]
+//!         lock cmpxchg [r10 + R + HEAD_OFF], rdx
+//!         jne retry
+//!         and eax, cap - 1
+//!         shl eax, log2(RECORD_LEN)
+//!         add r10, rax
+//!         mov [r10 + rec + REC_SITE], r11d
+//!         mov rax, [rsp + 24]
+//!         mov [r10 + rec + REC_PARENT], rax
+//!         mov r11, rdx
+//!         rdtsc
+//!         mov [r10 + rec + REC_TSC], eax
+//!         mov [r10 + rec + REC_TSC + 4], edx
+//!         mov [r10 + rec + REC_SEQ], r11
+//! out:    pop rdx
+//!         pop rax
+//!         ret
+//! full:   lock inc qword [r10 + R + DROPS_OFF + r11 * 8]
+//!         jmp out
+//! ```
+//!
+//! A recorded call (ring not full, no retry) executes
+//! `COMMON_PATH_INSTRUCTIONS` = 28 instructions, stub and `ret` included;
+//! a dropped call 16 (`DROP_PATH_INSTRUCTIONS`).
+//!
+//! Registers: at a function's entry r10 and r11 are free (Linux's own
+//! `ftrace_caller` saves only rax, rcx, rdx, rsi, rdi, r8 and r9, the
+//! argument and return registers: arch/x86/kernel/ftrace_64.S
+//! `save_mcount_regs`); the trampoline saves the two of those it uses (rax
+//! for `cmpxchg` and `rdtsc`, rdx for `rdtsc`) and touches no other. The ring
+//! base lives in r10 rather than rcx (the register `smp_processor_id()`
+//! happens to use): with rcx it would need a third push and pop, 29
+//! instructions with the guard instead of 28. Flags are clobbered, as by any
+//! call; DF is never touched. The kernel is built with `-mno-red-zone`, so
+//! the pushes overwrite nothing live below rsp.
+//!
+//! Two decisions that differ from the first draft of the protocol:
+//!
+//! - The reservation is `lock cmpxchg`, not a plain one, and the drop counter
+//!   `lock inc`. The protocol's "only this CPU writes its ring" holds for
+//!   interrupts and NMIs but not on a preemptible kernel (`CONFIG_PREEMPT`, or
+//!   `preempt=full` with `PREEMPT_DYNAMIC`): the task can be preempted after
+//!   reading its CPU number and migrated, and then finishes its reservation on
+//!   another CPU while the ring's own CPU writes it too. A plain `cmpxchg` is
+//!   not atomic against another CPU, so two calls could reserve the same slot
+//!   and records + drops would no longer equal calls. The lock prefix costs no
+//!   instruction (the count is unchanged) and little on an uncontended,
+//!   locally owned cache line; the emulating host runs both (KVM-HOST.md).
+//! - The CPU number is checked against the layout's CPU count (2
+//!   instructions): the host sizes rings for every vCPU and Linux's
+//!   `cpu_number` is below `nr_cpu_ids` <= vCPUs, but a wrong per-CPU offset
+//!   (another kernel's `System.map`, a `cpu_number` moved into `pcpu_hot` in
+//!   later kernels) would otherwise make the trampoline write anywhere in the
+//!   data region or fault outside it. A call on such a CPU is neither
+//!   recorded nor counted; the goal of <= 30 instructions is still met.
+
+use iced_x86::code_asm::{
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rdx, rsp, CodeAssembler,
+    CodeLabel,
+};
+use iced_x86::{
+    BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
+    Instruction, IntelFormatter,
+};
+
+use super::layout::{
+    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT,
+    REC_SEQ, REC_SITE, REC_TSC,
+};
+
+/// Instructions a recorded call executes, from the stub's first to the
+/// common part's `ret` (ring not full, no reservation retry).
+pub const COMMON_PATH_INSTRUCTIONS: usize = 28;
+/// Instructions a call executes when its ring is full (counted as dropped).
+pub const DROP_PATH_INSTRUCTIONS: usize = 16;
+/// Instructions of one stub: `mov r11d, k` and `jmp common`.
+pub const STUB_INSTRUCTIONS: usize = 2;
+
+/// Most instructions the common path may take before the walk that lists it
+/// gives up (it is straight-line code; this only bounds a broken one).
+const WALK_LIMIT: usize = 64;
+
+/// What the trampoline is generated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrampolineSpec {
+    pub layout: RingLayout,
+    /// The guest kernel's per-CPU offset of `cpu_number` (its address in
+    /// the per-CPU section, which on x86-64 starts at 0): the trampoline
+    /// reads `gs:[cpu_number_off]`, as `smp_processor_id()` does.
+    pub cpu_number_off: u32,
+}
+
+/// Why the trampoline cannot be made or a site cannot call it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrampolineError {
+    #[error(
+        "the guest's per-CPU offset of cpu_number, {0:#x}, is not a signed 32-bit displacement"
+    )]
+    CpuNumberOffset(u32),
+    #[error(
+        "the ring layout ({cpus} CPUs, {cap} records, {ring_bytes:#x} bytes per ring, records at {records_off:#x}) cannot be addressed by the trampoline: {why}"
+    )]
+    Layout {
+        cpus: usize,
+        cap: u64,
+        ring_bytes: u64,
+        records_off: u64,
+        why: &'static str,
+    },
+    #[error("assembling the trampoline for {sites} sites")]
+    Assemble {
+        sites: usize,
+        #[source]
+        source: IcedError,
+    },
+    #[error(
+        "the trampoline for {sites} sites is {len} bytes, more than its {} KiB of code memory; trace fewer functions",
+        CODE_LEN >> 10
+    )]
+    TooLong { sites: usize, len: usize },
+    #[error("the trampoline's common path at {va:#x} is broken: {why}")]
+    BrokenPath { va: u64, why: String },
+    #[error("a call from the site at {site:#x} cannot reach {target:#x}: more than 2 GiB away")]
+    OutOfReach { site: u64, target: u64 },
+    #[error("encoding the call from the site at {site:#x} to {target:#x}")]
+    EncodeCall {
+        site: u64,
+        target: u64,
+        #[source]
+        source: IcedError,
+    },
+}
+
+/// The generated code, to be copied to `CODE_GPA` and run at `CODE_VA`.
+#[derive(Clone, Debug)]
+pub struct Trampoline {
+    /// The machine code, placed at `CODE_VA` (at most `CODE_LEN` bytes).
+    pub code: Vec<u8>,
+    /// Offset of the common part in `code`.
+    common: u32,
+    /// Offset of each site's stub in `code`, by site index.
+    stubs: Vec<u32>,
+    /// The common part's instructions on a recorded call (ring not full, no
+    /// retry), decoded from `code` at their addresses, `ret` included.
+    pub common_path: Vec<Instruction>,
+}
+
+impl Trampoline {
+    /// Guest-virtual address of site `site_index`'s stub: what its site
+    /// calls.
+    ///
+    /// # Panics
+    /// If `site_index` is not below the layout's site count (the caller's
+    /// site indices come from the same layout).
+    pub fn stub_va(&self, site_index: u32) -> u64 {
+        CODE_VA + u64::from(self.stubs[site_index as usize])
+    }
+
+    /// Guest-virtual address of the common part.
+    pub fn common_va(&self) -> u64 {
+        CODE_VA + u64::from(self.common)
+    }
+
+    /// Number of stubs (the layout's sites).
+    pub fn sites(&self) -> usize {
+        self.stubs.len()
+    }
+
+    /// Instructions a recorded call executes: its stub's and the common
+    /// path's, `ret` included.
+    pub fn common_path_instructions(&self) -> usize {
+        STUB_INSTRUCTIONS + self.common_path.len()
+    }
+
+    /// The common path in Intel syntax, one instruction a line with its
+    /// address, after the stub of site 0 (if any): for reports and reviews.
+    pub fn listing(&self) -> String {
+        let mut lines = Vec::new();
+        if !self.stubs.is_empty() {
+            let stub = &self.code[self.stubs[0] as usize..];
+            let mut decoder = Decoder::with_ip(64, stub, self.stub_va(0), DecoderOptions::NONE);
+            for _ in 0..STUB_INSTRUCTIONS {
+                lines.push(format_instruction(&decoder.decode()));
+            }
+        }
+        lines.extend(self.common_path.iter().map(format_instruction));
+        lines.join("\n")
+    }
+}
+
+/// One instruction as `address  mnemonic operands`, Intel syntax, 0x hex.
+pub fn format_instruction(instruction: &Instruction) -> String {
+    let mut formatter = IntelFormatter::new();
+    let options = formatter.options_mut();
+    options.set_hex_prefix("0x");
+    options.set_hex_suffix("");
+    options.set_uppercase_hex(false);
+    options.set_space_after_operand_separator(true);
+    // Show ring displacements as the addresses they are (0xffff...), not as
+    // negative offsets from r10.
+    options.set_signed_memory_displacements(false);
+    let mut text = String::new();
+    formatter.format(instruction, &mut text);
+    format!("{:016x}  {text}", instruction.ip())
+}
+
+/// A displacement from r10 (the ring base, then the slot base) to a field at
+/// `off` in the ring: `DATA_VA + off` as the sign-extended imm32 the
+/// instruction carries.
+fn ring_disp(layout: &RingLayout, off: u64) -> Result<i64, TrampolineError> {
+    let disp = DATA_VA.wrapping_add(off) as i64;
+    if i32::try_from(disp).is_err() {
+        return Err(layout_error(
+            layout,
+            "a field is not a sign-extended imm32 away from DATA_VA",
+        ));
+    }
+    Ok(disp)
+}
+
+fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
+    TrampolineError::Layout {
+        cpus: layout.cpus,
+        cap: layout.cap,
+        ring_bytes: layout.ring_bytes,
+        records_off: layout.records_off,
+        why,
+    }
+}
+
+/// Generates the trampoline for `spec`: the common part at `CODE_VA`, then
+/// one stub per site of the layout.
+pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
+    let layout = &spec.layout;
+    let sites = layout.sites;
+    let cpu_number_off = i32::try_from(spec.cpu_number_off)
+        .map_err(|_| TrampolineError::CpuNumberOffset(spec.cpu_number_off))?;
+    // `cmp r10d, imm32` compares unsigned 32-bit CPU numbers.
+    let cpus = u32::try_from(layout.cpus)
+        .ok()
+        .filter(|&c| i32::try_from(c).is_ok())
+        .ok_or_else(|| layout_error(layout, "more CPUs than an imm32"))?;
+    // `imul r10, r10, imm32`: the ring size must be a positive imm32.
+    let ring_bytes = i32::try_from(layout.ring_bytes)
+        .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
+    // `and eax, cap - 1` wraps the index: a power of two below 2^31.
+    if !layout.cap.is_power_of_two() {
+        return Err(layout_error(
+            layout,
+            "a capacity that is not a power of two",
+        ));
+    }
+    let index_mask = u32::try_from(layout.cap - 1)
+        .ok()
+        .filter(|&m| i32::try_from(m).is_ok())
+        .ok_or_else(|| layout_error(layout, "a capacity larger than an imm32"))?;
+    // `shl eax, log2(RECORD_LEN)` turns the wrapped index into a slot
+    // offset, which must stay in 32 bits (eax).
+    const _: () = assert!(RECORD_LEN.is_power_of_two());
+    let record_shift = RECORD_LEN.trailing_zeros();
+    if layout
+        .cap
+        .checked_mul(RECORD_LEN)
+        .is_none_or(|b| b > u64::from(u32::MAX))
+    {
+        return Err(layout_error(layout, "records spanning more than 4 GiB"));
+    }
+    let head = ring_disp(layout, HEAD_OFF)?;
+    let limit = ring_disp(layout, LIMIT_OFF)?;
+    let drops = ring_disp(layout, DROPS_OFF)?;
+    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
+    let (rec_seq, rec_tsc, rec_parent, rec_site) = (
+        rec(REC_SEQ)?,
+        rec(REC_TSC)?,
+        rec(REC_PARENT)?,
+        rec(REC_SITE)?,
+    );
+
+    let assemble = |source| TrampolineError::Assemble { sites, source };
+    let mut a = CodeAssembler::new(64).map_err(assemble)?;
+    let mut common = a.create_label();
+    let mut retry = a.create_label();
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
+
+    (|| -> Result<(), IcedError> {
+        a.set_label(&mut common)?;
+        // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11 = site index.
+        // Save the two argument/return registers the trampoline needs: rax
+        // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
+        a.push(rax)?;
+        a.push(rdx)?;
+        // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`
+        // (zero-extended by the 32-bit load).
+        a.mov(r10d, dword_ptr(cpu_number_off).gs())?;
+        // A CPU without a ring (a wrong per-CPU offset): leave, record nothing.
+        a.cmp(r10d, cpus)?;
+        a.jae(out)?;
+        // r10 = offset of this CPU's ring from DATA_VA; every ring field is
+        // then [r10 + DATA_VA + field].
+        a.imul_3(r10, r10, ring_bytes)?;
+        // rax = head, the next index to reserve.
+        a.mov(rax, qword_ptr(r10 + head))?;
+        a.set_label(&mut retry)?;
+        // Full: head has reached the first index the host has not freed.
+        a.cmp(rax, qword_ptr(r10 + limit))?;
+        a.jae(full)?;
+        // rdx = head + 1, the new head and this record's seq (index + 1).
+        a.lea(rdx, ptr(rax + 1))?;
+        // Reserve index rax: head = rdx if head is still rax. An interrupt,
+        // NMI or (on a preemptible kernel) another CPU that reserved first
+        // makes it fail and loads the current head into rax. Locked: a task
+        // migrated after reading its CPU number writes this ring from
+        // another CPU.
+        a.lock().cmpxchg(qword_ptr(r10 + head), rdx)?;
+        // Lost the race: check the new head against limit and try again.
+        a.jne(retry)?;
+        // eax = slot of index rax (cap is a power of two; the 32-bit
+        // operation also clears rax's upper half).
+        a.and(eax, index_mask)?;
+        // eax = the slot's byte offset among the records.
+        a.shl(eax, record_shift)?;
+        // r10 = ring offset + slot offset: the record's fields are now
+        // [r10 + DATA_VA + records_off + field].
+        a.add(r10, rax)?;
+        // record.site = k (the stub's r11d); r11 is free from here on.
+        a.mov(dword_ptr(r10 + rec_site), r11d)?;
+        // rax = the parent: [rsp + 24] past the two pushes and the site's
+        // return address.
+        a.mov(rax, qword_ptr(rsp + 24))?;
+        // record.parent = rax.
+        a.mov(qword_ptr(r10 + rec_parent), rax)?;
+        // r11 = seq, kept across rdtsc, which overwrites rax and rdx.
+        a.mov(r11, rdx)?;
+        // edx:eax = the guest's TSC (rdtsc runs on the emulating host;
+        // rdtscp does not).
+        a.rdtsc()?;
+        // record.tsc = edx:eax, as two dword stores: one instruction fewer
+        // than combining the halves (shl rdx, 32; or rax, rdx) and storing.
+        // The reader sees both halves, since it reads only after the commit.
+        a.mov(dword_ptr(r10 + rec_tsc), eax)?;
+        a.mov(dword_ptr(r10 + (rec_tsc + 4)), edx)?;
+        // record.seq = index + 1, last: the commit. x86 keeps stores in
+        // program order, so a reader that sees it sees the fields above.
+        a.mov(qword_ptr(r10 + rec_seq), r11)?;
+        a.set_label(&mut out)?;
+        // Restore the saved registers and return to the traced function.
+        a.pop(rdx)?;
+        a.pop(rax)?;
+        a.ret()?;
+        a.set_label(&mut full)?;
+        // Ring full: drops[k] += 1 (r11 = k), locked for the same reason
+        // as the reservation; then leave without a record.
+        a.lock().inc(qword_ptr(r10 + r11 * 8 + drops))?;
+        a.jmp(out)?;
+
+        for k in 0..sites {
+            let mut stub = a.create_label();
+            a.set_label(&mut stub)?;
+            // r11d = this site's index (r11 is scratch at a function entry).
+            a.mov(r11d, k as u32)?;
+            // Into the common part.
+            a.jmp(common)?;
+            stubs.push(stub);
+        }
+        Ok(())
+    })()
+    .map_err(assemble)?;
+
+    let result = a
+        .assemble_options(CODE_VA, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(assemble)?;
+    let offset_of = |label: &CodeLabel| -> Result<u32, TrampolineError> {
+        let ip = result.label_ip(label).map_err(assemble)?;
+        // The code is at most CODE_LEN (checked below) bytes from CODE_VA.
+        Ok((ip - CODE_VA) as u32)
+    };
+    let common = offset_of(&common)?;
+    let stubs = stubs.iter().map(offset_of).collect::<Result<Vec<_>, _>>()?;
+    let code = result.inner.code_buffer;
+    if code.len() as u64 > CODE_LEN {
+        return Err(TrampolineError::TooLong {
+            sites,
+            len: code.len(),
+        });
+    }
+    let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
+    Ok(Trampoline {
+        code,
+        common,
+        stubs,
+        common_path,
+    })
+}
+
+/// The instructions a recorded call executes from `start` in `code` (placed
+/// at `CODE_VA`), decoded in execution order: every conditional branch falls
+/// through (no retry, ring not full, CPU in range), unconditional jumps are
+/// followed, and the walk ends with the `ret`.
+pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, TrampolineError> {
+    let broken = |va: u64, why: String| TrampolineError::BrokenPath { va, why };
+    let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
+    let mut path = Vec::new();
+    let mut ip = start;
+    while path.len() < WALK_LIMIT {
+        let position = ip
+            .checked_sub(CODE_VA)
+            .map(|p| p as usize)
+            .filter(|&p| p < code.len())
+            .ok_or_else(|| broken(ip, "the path leaves the code".into()))?;
+        decoder
+            .set_position(position)
+            .map_err(|e| broken(ip, e.to_string()))?;
+        decoder.set_ip(ip);
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return Err(broken(ip, "an invalid instruction".into()));
+        }
+        path.push(instruction);
+        ip = match instruction.flow_control() {
+            FlowControl::Return => return Ok(path),
+            FlowControl::UnconditionalBranch => instruction.near_branch_target(),
+            FlowControl::Next | FlowControl::ConditionalBranch => instruction.next_ip(),
+            other => return Err(broken(ip, format!("unexpected control flow {other:?}"))),
+        };
+    }
+    Err(broken(
+        start,
+        format!("no ret within {WALK_LIMIT} instructions"),
+    ))
+}
+
+/// The 5 bytes that replace the NOP of the site at `site_va`: `call rel32`
+/// to `target_va` (a stub), encoded by iced-x86.
+pub fn call_bytes(site_va: u64, target_va: u64) -> Result<[u8; 5], TrampolineError> {
+    let out_of_reach = TrampolineError::OutOfReach {
+        site: site_va,
+        target: target_va,
+    };
+    // rel32 is relative to the end of the 5-byte call.
+    let rel = i128::from(target_va) - (i128::from(site_va) + 5);
+    if i32::try_from(rel).is_err() {
+        return Err(out_of_reach);
+    }
+    let encode_error = |source| TrampolineError::EncodeCall {
+        site: site_va,
+        target: target_va,
+        source,
+    };
+    let call = Instruction::with_branch(Code::Call_rel32_64, target_va).map_err(encode_error)?;
+    let mut encoder = Encoder::new(64);
+    let len = encoder.encode(&call, site_va).map_err(encode_error)?;
+    <[u8; 5]>::try_from(encoder.take_buffer().as_slice())
+        .ok()
+        .filter(|_| len == 5)
+        .ok_or(out_of_reach)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{DATA_GPA, DATA_LEN, REGION_GPA, REGION_LEN};
+    use super::super::ring::{self, Record, RingReader};
+    use super::*;
+    use iced_x86::{Mnemonic, OpKind, Register};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// A per-CPU offset like Linux's (`cpu_number` is in the first pages of
+    /// the per-CPU section).
+    const CPU_NUMBER_OFF: u32 = 0x1c11c;
+
+    fn spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
+        TrampolineSpec {
+            layout: RingLayout::new(cpus, sites, Some(cap)).unwrap(),
+            cpu_number_off: CPU_NUMBER_OFF,
+        }
+    }
+
+    fn decode_all(code: &[u8]) -> Vec<Instruction> {
+        let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
+        decoder.iter().collect()
+    }
+
+    fn mnemonics(path: &[Instruction]) -> Vec<Mnemonic> {
+        path.iter().map(|i| i.mnemonic()).collect()
+    }
+
+    #[test]
+    fn every_byte_decodes_and_stubs_jump_to_common() {
+        let t = generate(&spec(4, 100, 64)).unwrap();
+        assert!(t.code.len() as u64 <= CODE_LEN);
+        let all = decode_all(&t.code);
+        assert!(
+            all.iter().all(|i| !i.is_invalid()),
+            "invalid instruction in the code"
+        );
+        // The decoder consumed every byte, and instruction boundaries tile
+        // the code exactly.
+        let mut expect = CODE_VA;
+        for i in &all {
+            assert_eq!(i.ip(), expect);
+            expect = i.next_ip();
+        }
+        assert_eq!(expect, CODE_VA + t.code.len() as u64);
+        let boundaries: std::collections::HashSet<u64> = all.iter().map(|i| i.ip()).collect();
+        assert!(boundaries.contains(&t.common_va()));
+
+        assert_eq!(t.sites(), 100);
+        for k in 0..100u32 {
+            let va = t.stub_va(k);
+            assert!(
+                boundaries.contains(&va),
+                "stub {k} is not on an instruction boundary"
+            );
+            let start = (va - CODE_VA) as usize;
+            let mut d = Decoder::with_ip(64, &t.code[start..], va, DecoderOptions::NONE);
+            let mov = d.decode();
+            assert_eq!(
+                mov.code(),
+                Code::Mov_r32_imm32,
+                "stub {k}: {}",
+                format_instruction(&mov)
+            );
+            assert_eq!((mov.op0_register(), mov.immediate32()), (Register::R11D, k));
+            let jmp = d.decode();
+            assert_eq!(jmp.mnemonic(), Mnemonic::Jmp, "stub {k}");
+            assert_eq!(jmp.near_branch_target(), t.common_va(), "stub {k}");
+        }
+    }
+
+    #[test]
+    fn common_path_is_28_instructions_in_the_documented_order() {
+        let t = generate(&spec(2, 3, 16)).unwrap();
+        use Mnemonic::*;
+        let expected = [
+            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Shl, Add, Mov,
+            Mov, Mov, Mov, Rdtsc, Mov, Mov, Mov, Pop, Pop, Ret,
+        ];
+        assert_eq!(mnemonics(&t.common_path), expected);
+        assert_eq!(t.common_path_instructions(), COMMON_PATH_INSTRUCTIONS);
+        const {
+            assert!(
+                COMMON_PATH_INSTRUCTIONS <= 30,
+                "the issue's goal: <= 30 guest instructions"
+            )
+        };
+        // The same walk from a stub: its two instructions, then the same path.
+        let from_stub = walk_common_path(&t.code, t.stub_va(2)).unwrap();
+        assert_eq!(from_stub.len(), COMMON_PATH_INSTRUCTIONS);
+        assert_eq!(mnemonics(&from_stub[..2]), [Mov, Jmp]);
+        assert_eq!(mnemonics(&from_stub[2..]), expected);
+        // Registers: saved and restored in mirror order, and the only others
+        // written are the scratch r10 and r11.
+        let regs = |m: Mnemonic| -> Vec<Register> {
+            t.common_path
+                .iter()
+                .filter(|i| i.mnemonic() == m)
+                .map(|i| i.op0_register())
+                .collect()
+        };
+        assert_eq!(regs(Push), [Register::RAX, Register::RDX]);
+        assert_eq!(regs(Pop), [Register::RDX, Register::RAX]);
+        println!("{}", t.listing());
+    }
+
+    #[test]
+    fn the_drop_path_is_16_instructions() {
+        let t = generate(&spec(1, 1, 2)).unwrap();
+        // Take the `jae full` after the limit check instead of falling through.
+        let path = &t.common_path;
+        let jae_full = path
+            .iter()
+            .filter(|i| i.mnemonic() == Mnemonic::Jae)
+            .nth(1)
+            .unwrap();
+        let rest = walk_common_path(&t.code, jae_full.near_branch_target()).unwrap();
+        let upto = path.iter().position(|i| i.ip() == jae_full.ip()).unwrap() + 1;
+        assert_eq!(
+            STUB_INSTRUCTIONS + upto + rest.len(),
+            DROP_PATH_INSTRUCTIONS
+        );
+        use Mnemonic::*;
+        assert_eq!(mnemonics(&rest), [Inc, Jmp, Pop, Pop, Ret]);
+        assert!(rest[0].has_lock_prefix());
+    }
+
+    /// Every memory operand based on r10 addresses one ring field at the
+    /// displacement and width the layout gives it.
+    #[test]
+    fn ring_fields_use_the_layout_displacements() {
+        let s = spec(3, 50, 1024);
+        let l = s.layout;
+        let t = generate(&s).unwrap();
+        let d = |off: u64| DATA_VA.wrapping_add(off);
+        let rec = |f: u64| d(l.records_off + f);
+        let mut seen = Vec::new();
+        // Every instruction of the common part (it ends at the first stub).
+        let end = if l.sites > 0 { t.stub_va(0) } else { u64::MAX };
+        for i in decode_all(&t.code)
+            .iter()
+            .filter(|i| i.ip() >= t.common_va() && i.ip() < end)
+        {
+            for op in 0..i.op_count() {
+                if i.op_kind(op) != OpKind::Memory {
+                    continue;
+                }
+                match i.memory_base() {
+                    Register::R10 => seen.push((
+                        i.mnemonic(),
+                        i.memory_displacement64(),
+                        i.memory_size().size(),
+                        i.memory_index(),
+                        i.memory_index_scale(),
+                    )),
+                    Register::RSP => {
+                        // The parent, past the two pushes and the return address.
+                        assert_eq!((i.memory_displacement64(), i.memory_size().size()), (24, 8));
+                    }
+                    Register::None => {
+                        assert_eq!(i.segment_prefix(), Register::GS);
+                        assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
+                        assert_eq!(i.memory_size().size(), 4);
+                    }
+                    // Not a data access: lea rdx, [rax + 1].
+                    Register::RAX => assert_eq!(i.mnemonic(), Mnemonic::Lea),
+                    other => panic!("unexpected base {other:?} in {}", format_instruction(i)),
+                }
+            }
+        }
+        use Mnemonic::*;
+        let n = Register::None;
+        assert_eq!(
+            seen,
+            [
+                (Mov, d(HEAD_OFF), 8, n, 1),
+                (Cmp, d(LIMIT_OFF), 8, n, 1),
+                (Cmpxchg, d(HEAD_OFF), 8, n, 1),
+                (Mov, rec(REC_SITE), 4, n, 1),
+                (Mov, rec(REC_PARENT), 8, n, 1),
+                (Mov, rec(REC_TSC), 4, n, 1),
+                (Mov, rec(REC_TSC + 4), 4, n, 1),
+                (Mov, rec(REC_SEQ), 8, n, 1),
+                (Inc, d(DROPS_OFF), 8, Register::R11, 8),
+            ]
+        );
+        // Each of those displacements fits the sign-extended imm32 encoding.
+        for (_, disp, ..) in &seen {
+            assert_eq!(*disp as i64 as i32 as i64 as u64, *disp);
+        }
+    }
+
+    #[test]
+    fn only_instructions_the_emulating_host_runs() {
+        let t = generate(&spec(2, 10, 8)).unwrap();
+        use Mnemonic::*;
+        let allowed = [
+            Push, Pop, Mov, Cmp, Jae, Jne, Jmp, Imul, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret, Inc,
+        ];
+        let forbidden = [
+            Rdtscp, Rdpid, Xgetbv, Int3, Int, Int1, Into, Cmpxchg16b, Cmpxchg8b, Vmcall, Cpuid,
+            Hlt, Std, Cld, Ud2, Syscall, Sysret, Iretq,
+        ];
+        for i in decode_all(&t.code) {
+            assert!(
+                !forbidden.contains(&i.mnemonic()),
+                "forbidden: {}",
+                format_instruction(&i)
+            );
+            assert!(
+                allowed.contains(&i.mnemonic()),
+                "not known to run: {}",
+                format_instruction(&i)
+            );
+            // Only the reservation and the drop counter are locked.
+            if i.has_lock_prefix() {
+                assert!(
+                    matches!(i.mnemonic(), Cmpxchg | Inc),
+                    "{}",
+                    format_instruction(&i)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn call_bytes_round_trip_and_refuse_far_targets() {
+        let t = generate(&spec(1, 4, 2)).unwrap();
+        // The kernel image's first and last text addresses reach the stubs.
+        for site in [0xffff_ffff_8100_0000u64, 0xffff_ffff_bfff_fff0] {
+            for k in 0..4 {
+                let target = t.stub_va(k);
+                let bytes = call_bytes(site, target).unwrap();
+                assert_eq!(bytes[0], 0xe8);
+                let call = Decoder::with_ip(64, &bytes, site, DecoderOptions::NONE).decode();
+                assert_eq!(call.code(), Code::Call_rel32_64);
+                assert_eq!((call.len(), call.near_branch64()), (5, target));
+            }
+        }
+        // Backwards, and the edges of rel32 reach both ways.
+        let site = 0xffff_ffff_0000_0000u64;
+        assert!(call_bytes(site, site - 0x1000).is_ok());
+        assert!(call_bytes(site, site + 5 + i32::MAX as u64).is_ok());
+        assert!(matches!(
+            call_bytes(site, site + 5 + i32::MAX as u64 + 1),
+            Err(TrampolineError::OutOfReach { .. })
+        ));
+        assert!(call_bytes(site, (site + 5).wrapping_sub(1 << 31)).is_ok());
+        assert!(matches!(
+            call_bytes(site, (site + 5).wrapping_sub((1 << 31) + 1)),
+            Err(TrampolineError::OutOfReach { .. })
+        ));
+        // A module far below the image cannot reach it.
+        assert!(matches!(
+            call_bytes(0xffff_c900_0000_0000, CODE_VA),
+            Err(TrampolineError::OutOfReach { .. })
+        ));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_address_or_fit() {
+        let mut s = spec(1, 1, 2);
+        s.cpu_number_off = 0x8000_0000;
+        assert!(matches!(
+            generate(&s),
+            Err(TrampolineError::CpuNumberOffset(0x8000_0000))
+        ));
+        let mut s = spec(1, 1, 2);
+        s.layout.cap = 3;
+        assert!(matches!(generate(&s), Err(TrampolineError::Layout { .. })));
+        // Each stub takes at least 7 bytes: 2 MiB of code holds < 300,000.
+        let s = TrampolineSpec {
+            layout: RingLayout {
+                cpus: 1,
+                sites: 300_000,
+                cap: 2,
+                records_off: 0x1000,
+                ring_bytes: 0x2000,
+            },
+            cpu_number_off: 0,
+        };
+        let err = generate(&s).unwrap_err();
+        assert!(
+            matches!(err, TrampolineError::TooLong { sites: 300_000, .. }),
+            "{err}"
+        );
+    }
+
+    // ---- running the generated code --------------------------------------
+
+    /// Guest RAM (identity-mapped in the emulator): per-CPU areas and stacks.
+    const RAM_LEN: u64 = 1 << 20;
+    fn gs_base(cpu: u32) -> u64 {
+        0x1_0000 + u64::from(cpu) * 0x2_0000
+    }
+    fn stack_top(cpu: u32) -> u64 {
+        0xc_0000 + u64::from(cpu) * 0x1_0000
+    }
+    const SITE: u64 = 0xffff_ffff_8100_1230;
+    const PARENT: u64 = 0xffff_ffff_8100_4560;
+
+    fn memory(cpu_numbers: &[u32]) -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), RAM_LEN as usize),
+            (GuestAddress(REGION_GPA), REGION_LEN as usize),
+        ])
+        .unwrap();
+        for (i, &n) in cpu_numbers.iter().enumerate() {
+            mem.write_obj(
+                n,
+                GuestAddress(gs_base(i as u32) + u64::from(CPU_NUMBER_OFF)),
+            )
+            .unwrap();
+        }
+        mem
+    }
+
+    /// A vCPU's registers in the emulator.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct Regs {
+        gpr: [u64; 16],
+        rip: u64,
+        gs_base: u64,
+        /// CF and ZF as the last `cmp` or `cmpxchg` left them; `None` after
+        /// an instruction whose flags the trampoline must not rely on.
+        flags: Option<(bool, bool)>,
+    }
+
+    fn gpr_index(reg: Register) -> usize {
+        reg.full_register() as usize - Register::RAX as usize
+    }
+    const RSP: usize = 4;
+    const R10: usize = 10;
+    const R11: usize = 11;
+
+    /// A minimal x86-64 interpreter for exactly the instructions the
+    /// trampoline uses, over guest memory with the trampoline's mapping
+    /// (code at CODE_VA, rings at DATA_VA, RAM identity-mapped below 1 MiB).
+    struct Emu<'a> {
+        mem: &'a GuestMemoryMmap,
+        code: &'a [u8],
+        tsc: u64,
+    }
+
+    impl Emu<'_> {
+        fn gpa(va: u64, len: usize) -> GuestAddress {
+            let len = len as u64;
+            if (DATA_VA..DATA_VA + DATA_LEN - len + 1).contains(&va) {
+                GuestAddress(DATA_GPA + (va - DATA_VA))
+            } else if va + len <= RAM_LEN {
+                GuestAddress(va)
+            } else {
+                panic!("page fault at {va:#x}");
+            }
+        }
+        fn read(&self, va: u64, len: usize) -> u64 {
+            let mut b = [0u8; 8];
+            self.mem
+                .read_slice(&mut b[..len], Self::gpa(va, len))
+                .unwrap();
+            u64::from_le_bytes(b)
+        }
+        fn write(&self, va: u64, len: usize, v: u64) {
+            self.mem
+                .write_slice(&v.to_le_bytes()[..len], Self::gpa(va, len))
+                .unwrap();
+        }
+        fn mask(len: usize) -> u64 {
+            if len == 8 {
+                u64::MAX
+            } else {
+                (1 << (len * 8)) - 1
+            }
+        }
+        fn ea(r: &Regs, i: &Instruction) -> u64 {
+            let mut ea = i.memory_displacement64();
+            if i.memory_base() != Register::None {
+                ea = ea.wrapping_add(r.gpr[gpr_index(i.memory_base())]);
+            }
+            if i.memory_index() != Register::None {
+                let index = r.gpr[gpr_index(i.memory_index())];
+                ea = ea.wrapping_add(index.wrapping_mul(u64::from(i.memory_index_scale())));
+            }
+            if i.segment_prefix() == Register::GS {
+                ea = ea.wrapping_add(r.gs_base);
+            }
+            ea
+        }
+        fn size(i: &Instruction, op: u32) -> usize {
+            match i.op_kind(op) {
+                OpKind::Register => i.op_register(op).size(),
+                OpKind::Memory => i.memory_size().size(),
+                _ => panic!("no size for operand {op} of {}", format_instruction(i)),
+            }
+        }
+        fn get(&self, r: &Regs, i: &Instruction, op: u32, len: usize) -> u64 {
+            let v = match i.op_kind(op) {
+                OpKind::Register => r.gpr[gpr_index(i.op_register(op))],
+                OpKind::Memory => self.read(Self::ea(r, i), len),
+                _ => i.immediate(op),
+            };
+            v & Self::mask(len)
+        }
+        fn set(&self, r: &mut Regs, i: &Instruction, op: u32, v: u64) {
+            match i.op_kind(op) {
+                // A 32-bit register write zero-extends, as on hardware.
+                OpKind::Register => {
+                    let reg = i.op_register(op);
+                    assert!(reg.size() >= 4, "{}", format_instruction(i));
+                    r.gpr[gpr_index(reg)] = v & Self::mask(reg.size());
+                }
+                OpKind::Memory => self.write(Self::ea(r, i), i.memory_size().size(), v),
+                _ => panic!("write to an immediate in {}", format_instruction(i)),
+            }
+        }
+        fn push(&self, r: &mut Regs, v: u64) {
+            r.gpr[RSP] -= 8;
+            self.write(r.gpr[RSP], 8, v);
+        }
+        fn pop(&self, r: &mut Regs) -> u64 {
+            let v = self.read(r.gpr[RSP], 8);
+            r.gpr[RSP] += 8;
+            v
+        }
+
+        /// Executes one instruction.
+        fn step(&mut self, r: &mut Regs) {
+            let off = (r.rip - CODE_VA) as usize;
+            let i = Decoder::with_ip(64, &self.code[off..], r.rip, DecoderOptions::NONE).decode();
+            assert!(!i.is_invalid(), "invalid instruction at {:#x}", r.rip);
+            r.rip = i.next_ip();
+            let flags = |r: &Regs| r.flags.expect("a branch on undefined flags");
+            use Mnemonic::*;
+            match i.mnemonic() {
+                Push => {
+                    let v = self.get(r, &i, 0, 8);
+                    self.push(r, v);
+                }
+                Pop => {
+                    let v = self.pop(r);
+                    self.set(r, &i, 0, v);
+                }
+                Mov => {
+                    let v = self.get(r, &i, 1, Self::size(&i, 0));
+                    self.set(r, &i, 0, v);
+                }
+                Lea => {
+                    let v = Self::ea(r, &i) & Self::mask(Self::size(&i, 0));
+                    self.set(r, &i, 0, v);
+                }
+                Cmp => {
+                    let len = Self::size(&i, 0);
+                    let (a, b) = (self.get(r, &i, 0, len), self.get(r, &i, 1, len));
+                    r.flags = Some((a < b, a == b));
+                }
+                Cmpxchg => {
+                    let len = Self::size(&i, 0);
+                    let dest = self.get(r, &i, 0, len);
+                    let acc = r.gpr[0] & Self::mask(len);
+                    if acc == dest {
+                        let src = self.get(r, &i, 1, len);
+                        self.set(r, &i, 0, src);
+                    } else {
+                        r.gpr[0] = dest;
+                    }
+                    r.flags = Some((acc < dest, acc == dest));
+                }
+                Imul | And | Shl | Add | Inc => {
+                    let len = Self::size(&i, 0);
+                    let a = self.get(r, &i, 0, len);
+                    let b = if i.op_count() > 1 {
+                        self.get(r, &i, 1, len)
+                    } else {
+                        0
+                    };
+                    let v = match i.mnemonic() {
+                        // imul r, r/m, imm: op1 times the sign-extended imm.
+                        Imul => b.wrapping_mul(i.immediate(2)),
+                        And => a & b,
+                        Shl => a << (b & 63),
+                        Add => a.wrapping_add(b),
+                        _ => a.wrapping_add(1),
+                    };
+                    self.set(r, &i, 0, v & Self::mask(len));
+                    r.flags = None;
+                }
+                Jae => {
+                    if !flags(r).0 {
+                        r.rip = i.near_branch_target();
+                    }
+                }
+                Jne => {
+                    if !flags(r).1 {
+                        r.rip = i.near_branch_target();
+                    }
+                }
+                Jmp => r.rip = i.near_branch_target(),
+                Rdtsc => {
+                    r.gpr[0] = self.tsc & 0xffff_ffff;
+                    r.gpr[2] = self.tsc >> 32;
+                    self.tsc += 0x1_0000_0001;
+                }
+                Ret => r.rip = self.pop(r),
+                other => panic!("the emulator does not run {other:?}"),
+            }
+        }
+
+        /// The traced function at `SITE` is called from `parent` and its
+        /// site calls stub `k`; runs until the trampoline returns to the
+        /// site + 5. Before instruction n (0 = the stub's first), calls
+        /// `interrupt(n, self, regs)`, which may run other calls (an
+        /// interrupt: it cannot change this call's registers). Returns the
+        /// number of instructions executed.
+        fn call(
+            &mut self,
+            r: &mut Regs,
+            k: u32,
+            parent: u64,
+            t: &Trampoline,
+            interrupt: &mut dyn FnMut(usize, &mut Self, &Regs),
+        ) -> usize {
+            let entry_rsp = r.gpr[RSP];
+            self.push(r, parent);
+            self.push(r, SITE + 5);
+            r.rip = t.stub_va(k);
+            let mut steps = 0;
+            while r.rip != SITE + 5 {
+                interrupt(steps, self, r);
+                self.step(r);
+                steps += 1;
+                assert!(steps < 1000, "runaway trampoline");
+            }
+            assert_eq!(r.gpr[RSP], entry_rsp - 8, "unbalanced stack");
+            r.gpr[RSP] = entry_rsp;
+            steps
+        }
+    }
+
+    fn regs(cpu: u32) -> Regs {
+        let mut gpr = [0u64; 16];
+        for (i, g) in gpr.iter_mut().enumerate() {
+            *g = 0x1111_1111_1111_1111u64.wrapping_mul(i as u64 + 1) ^ 0x8000_0000_0000_0000;
+        }
+        gpr[RSP] = stack_top(cpu);
+        Regs {
+            gpr,
+            rip: 0,
+            gs_base: gs_base(cpu),
+            flags: None,
+        }
+    }
+
+    fn no_interrupt(_: usize, _: &mut Emu, _: &Regs) {}
+
+    fn drain(reader: &mut RingReader, mem: &GuestMemoryMmap) -> Vec<(usize, Record)> {
+        let mut out = Vec::new();
+        reader.drain(mem, |cpu, rec| out.push((cpu, rec))).unwrap();
+        out
+    }
+
+    #[test]
+    fn emulated_call_records_and_preserves_registers() {
+        let s = spec(2, 3, 4);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0, 1]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 0x1234_5678_9abc_def0,
+        };
+        let mut reader = RingReader::new(s.layout);
+        for (cpu, k) in [(1u32, 2u32), (0, 0), (1, 1)] {
+            let mut r = regs(cpu);
+            let before = r.clone();
+            let tsc = emu.tsc;
+            let steps = emu.call(&mut r, k, PARENT + u64::from(k), &t, &mut no_interrupt);
+            assert_eq!(steps, COMMON_PATH_INSTRUCTIONS);
+            // Everything but the scratch r10 and r11 (and rip, flags) as it was.
+            for reg in 0..16 {
+                if reg != R10 && reg != R11 {
+                    assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+                }
+            }
+            let got = drain(&mut reader, &mem);
+            let want = Record {
+                tsc,
+                parent: PARENT + u64::from(k),
+                site: k,
+            };
+            assert_eq!(got, [(cpu as usize, want)]);
+        }
+        assert_eq!(ring::drops(&mem, &s.layout, 1).unwrap(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn emulated_full_ring_counts_drops_exactly() {
+        let s = spec(1, 2, 4);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 1,
+        };
+        let mut reader = RingReader::new(s.layout);
+        let mut r = regs(0);
+        let mut records = 0;
+        let mut calls = [0u64; 2];
+        // Three laps of the 4-record ring, the host draining every 10 calls.
+        for n in 0..30u32 {
+            let k = n % 2;
+            let steps = emu.call(&mut r, k, PARENT, &t, &mut no_interrupt);
+            calls[k as usize] += 1;
+            assert!(
+                steps == COMMON_PATH_INSTRUCTIONS || steps == DROP_PATH_INSTRUCTIONS,
+                "{steps} instructions"
+            );
+            if n % 10 == 9 {
+                let got = drain(&mut reader, &mem);
+                assert_eq!(got.len(), 4, "the ring filled up between drains");
+                records += got.len();
+            }
+        }
+        let drops = ring::drops(&mem, &s.layout, 0).unwrap();
+        assert_eq!(drops.iter().sum::<u64>(), 30 - 12);
+        assert_eq!(records, 12);
+        // Per site: records + drops = calls (each drain saw sites 0,1,0,1).
+        assert_eq!(drops[0] + 6, calls[0]);
+        assert_eq!(drops[1] + 6, calls[1]);
+    }
+
+    /// An interrupt before every instruction of a call runs a nested traced
+    /// call on the same CPU (and a host drain): both calls are recorded
+    /// exactly once, and the host never reads a record before its commit.
+    #[test]
+    fn emulated_nested_call_at_every_instruction() {
+        let s = spec(1, 2, 8);
+        let t = generate(&s).unwrap();
+        for at in 0..COMMON_PATH_INSTRUCTIONS {
+            let mem = memory(&[0]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 100,
+            };
+            let mut reader = RingReader::new(s.layout);
+            let mut early = Vec::new();
+            let mut r = regs(0);
+            let before = r.clone();
+            let steps = emu.call(&mut r, 0, PARENT, &t, &mut |n, emu, outer| {
+                if n != at {
+                    return;
+                }
+                // The interrupt's own traced call, on the same stack below.
+                let mut nested = regs(0);
+                nested.gpr[RSP] = outer.gpr[RSP] - 256;
+                let steps = emu.call(&mut nested, 1, PARENT + 1, &t, &mut no_interrupt);
+                assert_eq!(steps, COMMON_PATH_INSTRUCTIONS, "nested call at {at}");
+                reader
+                    .drain(emu.mem, |cpu, rec| early.push((cpu, rec)))
+                    .unwrap();
+            });
+            // The outer call retries its reservation exactly when the
+            // interrupt came after its read of head (instruction 8, counting
+            // the stub's from 0) and before its cmpxchg (12): one more round
+            // of cmp, jae, lea, cmpxchg, jne.
+            let head_read = STUB_INSTRUCTIONS
+                + t.common_path
+                    .iter()
+                    .position(|i| i.mnemonic() == Mnemonic::Mov && i.memory_base() == Register::R10)
+                    .unwrap()
+                + 1;
+            let cmpxchg = STUB_INSTRUCTIONS
+                + t.common_path
+                    .iter()
+                    .position(|i| i.mnemonic() == Mnemonic::Cmpxchg)
+                    .unwrap();
+            let retried = (head_read..=cmpxchg).contains(&at);
+            assert_eq!(
+                steps,
+                COMMON_PATH_INSTRUCTIONS + if retried { 5 } else { 0 },
+                "interrupt at {at}"
+            );
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(
+                    r.gpr[reg], before.gpr[reg],
+                    "register {reg}, interrupt at {at}"
+                );
+            }
+            let late = drain(&mut reader, &mem);
+            let all: Vec<(u32, u64)> = early
+                .iter()
+                .chain(&late)
+                .map(|(_, rec)| (rec.site, rec.parent))
+                .collect();
+            assert_eq!(all.len(), 2, "interrupt at {at}: {all:?}");
+            assert!(
+                all.contains(&(0, PARENT)) && all.contains(&(1, PARENT + 1)),
+                "at {at}"
+            );
+            // The early drain saw only committed records: the nested one
+            // alone if it reserved first, nothing if the outer call held the
+            // first slot uncommitted, both if the outer call had committed.
+            let early_sites: Vec<u32> = early.iter().map(|(_, rec)| rec.site).collect();
+            assert!(
+                [vec![], vec![1], vec![0, 1]].contains(&early_sites),
+                "interrupt at {at}: early drain saw {early_sites:?}"
+            );
+            assert_eq!(ring::drops(&mem, &s.layout, 0).unwrap(), [0, 0]);
+        }
+    }
+
+    #[test]
+    fn emulated_cpu_without_a_ring_records_nothing() {
+        let s = spec(2, 1, 2);
+        let t = generate(&s).unwrap();
+        // The per-CPU variable says 2 (or garbage): no ring for it.
+        let mem = memory(&[2, 0xdead_beef]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 1,
+        };
+        for cpu in 0..2 {
+            let mut r = regs(cpu);
+            let before = r.clone();
+            let steps = emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+            assert_eq!(steps, STUB_INSTRUCTIONS + 8);
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg]);
+            }
+        }
+        let mut reader = RingReader::new(s.layout);
+        assert!(drain(&mut reader, &mem).is_empty());
+        for cpu in 0..2 {
+            assert_eq!(ring::drops(&mem, &s.layout, cpu).unwrap(), [0]);
+        }
+        // Nothing in the data region was written but the limits init set.
+        let mut data = vec![0u8; DATA_LEN as usize];
+        mem.read_slice(&mut data, GuestAddress(DATA_GPA)).unwrap();
+        for cpu in 0..2 {
+            let limit = (s.layout.ring_gpa(cpu) - DATA_GPA + LIMIT_OFF) as usize;
+            assert_eq!(data[limit], 2);
+            data[limit] = 0;
+        }
+        assert!(
+            data.iter().all(|&b| b == 0),
+            "the trampoline wrote to the data region"
+        );
+    }
+}
