@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use tracer::session::{Plan, Tracer};
+use tracer::session::{Mode, Plan, Tracer};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 fn phys(va: u64) -> u64 {
@@ -29,12 +29,26 @@ fn boot(
     cmdline: &str,
     globs: &[&str],
 ) -> (vmm::Running, Tracer, Capture) {
+    boot_in(Mode::Trap, kernel, vmlinux, cpus, cmdline, globs)
+}
+
+fn boot_in(
+    mode: Mode,
+    kernel: &Path,
+    vmlinux: &Path,
+    cpus: usize,
+    cmdline: &str,
+    globs: &[&str],
+) -> (vmm::Running, Tracer, Capture) {
     let capture = Capture::default();
     let cfg = mini_config(kernel, cpus as u64, cmdline, &capture);
     let globs: Vec<String> = globs.iter().map(|s| s.to_string()).collect();
     let plan = Plan::new(vmlinux, &globs, &[]).unwrap();
     let vm = vmm::Vm::create(cfg).unwrap();
-    let (tracer, handlers) = Tracer::new(plan, cpus, 10_000_000);
+    let (tracer, handlers) = match mode {
+        Mode::Trap => Tracer::new(plan, cpus, 10_000_000),
+        Mode::Exitless => Tracer::exitless(plan, cpus, 10_000_000, None).unwrap(),
+    };
     let running = vm.start(handlers, true).unwrap();
     (running, tracer, capture)
 }
@@ -103,10 +117,20 @@ fn in_flight_ranges(kernel: &Path, funcs: &[&str]) -> Vec<(u64, u64)> {
 
 #[test]
 fn attach_detach_100_times_accounts_every_call_and_restores_text() {
+    attach_detach_100_times(Mode::Trap);
+}
+
+#[test]
+fn exitless_attach_detach_100_times_accounts_every_call_and_restores_text() {
+    attach_detach_100_times(Mode::Exitless);
+}
+
+fn attach_detach_100_times(mode: Mode) {
     const CPUS: usize = 4;
     let kernel = mini_elf();
     let funcs = MINI_FUNCS;
-    let (running, mut tracer, capture) = boot(
+    let (running, mut tracer, capture) = boot_in(
+        mode,
         &kernel,
         &kernel,
         CPUS,
@@ -124,11 +148,27 @@ fn attach_detach_100_times_accounts_every_call_and_restores_text() {
         .unwrap()
     };
     let ranges = in_flight_ranges(&kernel, &funcs);
+    // Exitless: a vCPU inside vmtrace's trampoline has made its call but not
+    // bumped the guest's counter; its function is the one whose site + 5 is
+    // the return address the trampoline will return to (where on the stack
+    // depends on where in the trampoline the vCPU stopped).
+    let trampoline = tracer.trampoline().cloned();
+    let in_trampoline = |p: &vmm::Paused, c: usize, f: usize| -> bool {
+        let regs = p.snapshot(c).unwrap().regs;
+        let Some(slot) = trampoline
+            .as_ref()
+            .and_then(|t| t.site_return_slot(regs.rip))
+        else {
+            return false;
+        };
+        let mut space = p.vcpu_spaces().remove(c).space;
+        space.read_u64(regs.rsp + slot).ok() == Some(ranges[f].0)
+    };
     let in_flight = |p: &vmm::Paused, f: usize| -> u64 {
         (0..CPUS)
             .filter(|&c| {
                 let rip = p.snapshot(c).unwrap().regs.rip;
-                rip >= ranges[f].0 && rip <= ranges[f].1
+                (rip >= ranges[f].0 && rip <= ranges[f].1) || in_trampoline(p, c, f)
             })
             .count() as u64
     };
@@ -160,6 +200,19 @@ fn attach_detach_100_times_accounts_every_call_and_restores_text() {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    running
+        .memory()
+        .write_obj(1u32, GuestAddress(phys(elf_symbol(&kernel, "mini_stop"))))
+        .unwrap();
+    assert_eq!(
+        running.wait(),
+        vmm::StopReason::PowerOff(0),
+        "no guest fault: {}",
+        capture.text()
+    );
+    running.finish();
+    // Exitless: what the guest left in its rings, drained.
+    tracer.stop_draining().unwrap();
     let counts = tracer.counts();
     let trace_funcs: Vec<String> = tracer
         .plan()
@@ -176,17 +229,6 @@ fn attach_detach_100_times_accounts_every_call_and_restores_text() {
         );
         assert!(traced > 0, "{name} was called while attached");
     }
-    running
-        .memory()
-        .write_obj(1u32, GuestAddress(phys(elf_symbol(&kernel, "mini_stop"))))
-        .unwrap();
-    assert_eq!(
-        running.wait(),
-        vmm::StopReason::PowerOff(0),
-        "no guest fault: {}",
-        capture.text()
-    );
-    running.finish();
     assert_eq!(text_bytes(&mem, &kernel), original_text);
     let (_, done) = parse_mini_console(&capture.text());
     assert_eq!(done, vec![0, 1, 2, 3]);

@@ -96,7 +96,14 @@ fn traced(
     // What every detach of the run restored, including one at --duration.
     let detach = tracer.detach(&mem).map(|_| tracer.detached.clone());
     let attached = tracer.attach_counts.patched;
-    let trace = tracer.finish(kernel, run_report.reason.to_string());
+    let mut trace = tracer.finish(kernel, run_report.reason.to_string());
+    // Exits at the trace port: one per traced call in trap mode, none in
+    // exitless mode (traps happen only while sites hold them).
+    trace.meta.trap_exits = run_report
+        .vcpus
+        .iter()
+        .map(|v| v.get(vmm::exit::ExitKind::Trap))
+        .sum();
     result?;
     match detach {
         Ok(d) if attached > 0 => eprintln!(

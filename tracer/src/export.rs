@@ -48,7 +48,7 @@ pub const JSON_SCHEMA: &str = r##"{
     "detach_ns": { "type": "integer", "minimum": 0, "description": "Host CLOCK_MONOTONIC at detach, ns." },
     "events": { "type": "integer", "minimum": 0, "description": "Function entries counted (exact), stored or not." },
     "events_stored": { "type": "integer", "minimum": 0, "description": "Function entries stored with time, vCPU and caller." },
-    "dropped": { "type": "integer", "minimum": 0, "description": "Function entries counted but not stored (over --max-events)." },
+    "dropped": { "type": "integer", "minimum": 0, "description": "Function entries counted but not stored (over --max-events, or their exitless ring was full)." },
     "parent_unreadable": { "type": "integer", "minimum": 0, "description": "Stored entries whose return address could not be read (caller [unknown], addr 0x0)." },
     "sites_patched": { "type": "integer", "minimum": 0, "description": "ftrace call sites patched." },
     "sites_skipped": { "type": "integer", "minimum": 0, "description": "Selected sites left alone: sites_skipped_init + sites_skipped_other." },
@@ -63,6 +63,8 @@ pub const JSON_SCHEMA: &str = r##"{
       }
     },
     "stop_reason": { "type": "string", "description": "Why the guest stopped." },
+    "mode": { "enum": ["trap", "exitless", null], "description": "How traced calls reached vmtrace: an exit each (trap), or vmtrace's trampoline and rings in the guest (exitless); null if unknown." },
+    "trap_exits": { "type": "integer", "minimum": 0, "description": "Exits at vmtrace's trace port while attached (0 in exitless mode)." },
     "functions": {
       "type": "array",
       "description": "Every traced function, most calls first, ties by name.",
@@ -156,6 +158,9 @@ pub fn to_json(trace: &Trace) -> Value {
             "attach_latency_us": m.attach_latency_ns as f64 / 1e3,
         },
         "stop_reason": m.stop_reason,
+        // Unknown (a trace built without a run): null, like build_id.
+        "mode": (!m.mode.is_empty()).then_some(&m.mode),
+        "trap_exits": m.trap_exits,
     })
 }
 

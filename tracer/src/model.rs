@@ -45,6 +45,11 @@ pub struct TraceMeta {
     pub parent_unreadable: u64,
     /// Why the guest stopped.
     pub stop_reason: String,
+    /// How calls reached vmtrace: "trap" or "exitless".
+    pub mode: String,
+    /// Exits at the trace port while attached (every call in trap mode,
+    /// none in exitless mode).
+    pub trap_exits: u64,
 }
 
 /// The whole trace.
@@ -133,6 +138,8 @@ impl Trace {
                 sites_patched: SYNTH_FUNCS as u64,
                 events_total: events,
                 stop_reason: "synthetic".into(),
+                mode: "trap".into(),
+                trap_exits: 0,
                 ..TraceMeta::default()
             },
             functions,

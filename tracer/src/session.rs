@@ -207,6 +207,11 @@ impl Tracer {
         }
     }
 
+    /// The exitless trampoline (exitless mode).
+    pub fn trampoline(&self) -> Option<&crate::exitless::trampoline::Trampoline> {
+        self.exitless.as_ref().map(|ex| &ex.trampoline)
+    }
+
     pub fn mode(&self) -> Mode {
         match self.exitless {
             Some(_) => Mode::Exitless,
@@ -405,6 +410,9 @@ impl Tracer {
                 + self.ring_drops().iter().flatten().sum::<u64>(),
             parent_unreadable: self.counters.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
+            mode: self.mode().name().into(),
+            // The caller knows the exits (the run report); see `Trace`.
+            trap_exits: 0,
         };
         Trace {
             meta,

@@ -108,6 +108,8 @@ pub fn trace() -> Trace {
         events_dropped: total - events.len() as u64,
         parent_unreadable: 1,
         stop_reason: "duration elapsed".to_string(),
+        mode: "trap".to_string(),
+        trap_exits: total,
     };
     Trace {
         meta,

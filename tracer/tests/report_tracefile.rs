@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tracer::model::Trace;
 use tracer::report::{render, ReportOptions, Sort};
-use tracer::tracefile::{load, save, Section, TraceFileError, EVENT_SIZE, MAGIC};
+use tracer::tracefile::{load, save, Section, TraceFileError, EVENT_SIZE, MAGIC, VERSION};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -55,6 +55,12 @@ fn load_bytes(name: &str, bytes: &[u8]) -> Result<Trace, TraceFileError> {
 /// Section start offsets, computed from the format documented in tracefile/mod.rs.
 struct Layout {
     header: usize,
+    /// Offset of the `stop_reason` length.
+    stop_reason: usize,
+    /// Offsets of the `mode` length and of `trap_exits` (version 2; in
+    /// version 1, where the functions start).
+    mode: usize,
+    trap_exits: usize,
     functions: usize,
     counts: usize,
     callers: usize,
@@ -64,25 +70,32 @@ struct Layout {
     end: usize,
 }
 
-fn layout(t: &Trace) -> Layout {
-    let str_len = |s: &str| 4 + s.len();
+fn str_len(s: &str) -> usize {
+    4 + s.len()
+}
+
+fn layout_v(t: &Trace, version: u32) -> Layout {
     let syms =
         |v: &[tracer::symbols::Symbol]| 4 + v.iter().map(|s| str_len(&s.name) + 16).sum::<usize>();
     let m = &t.meta;
     let header = 20;
-    let functions = header
-        + str_len(&m.kernel)
-        + 1
-        + m.build_id.as_deref().map_or(0, str_len)
-        + 4
-        + 10 * 8
-        + str_len(&m.stop_reason);
+    let stop_reason =
+        header + str_len(&m.kernel) + 1 + m.build_id.as_deref().map_or(0, str_len) + 4 + 10 * 8;
+    let mode = stop_reason + str_len(&m.stop_reason);
+    let (trap_exits, functions) = match version {
+        1 => (mode, mode),
+        2 => (mode + str_len(&m.mode), mode + str_len(&m.mode) + 8),
+        v => panic!("no layout for version {v}"),
+    };
     let counts = functions + syms(&t.functions);
     let callers = counts + 8 + t.functions.len() * m.cpus as usize * 8;
     let events = callers + syms(&t.callers);
     let records = events + 8;
     Layout {
         header,
+        stop_reason,
+        mode,
+        trap_exits,
         functions,
         counts,
         callers,
@@ -90,6 +103,103 @@ fn layout(t: &Trace) -> Layout {
         records,
         end: records + t.events.len() * EVENT_SIZE,
     }
+}
+
+/// The layout of the current format, version 2.
+fn layout(t: &Trace) -> Layout {
+    layout_v(t, 2)
+}
+
+/// `t` encoded byte by byte as documented in tracefile/mod.rs, independently
+/// of `save`: version 2, or version 1 (no `mode` and `trap_exits`).
+fn encode(t: &Trace, version: u32) -> Vec<u8> {
+    fn put_str(b: &mut Vec<u8>, s: &str) {
+        b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    }
+    fn put_syms(b: &mut Vec<u8>, v: &[tracer::symbols::Symbol]) {
+        b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        for s in v {
+            put_str(b, &s.name);
+            b.extend_from_slice(&s.addr.to_le_bytes());
+            b.extend_from_slice(&s.size.to_le_bytes());
+        }
+    }
+    let m = &t.meta;
+    let mut b = Vec::new();
+    b.extend_from_slice(b"VMTRACE\0");
+    b.extend_from_slice(&version.to_le_bytes());
+    b.extend_from_slice(&[0; 8]); // file_len, set below
+    put_str(&mut b, &m.kernel);
+    match &m.build_id {
+        Some(id) => {
+            b.push(1);
+            put_str(&mut b, id);
+        }
+        None => b.push(0),
+    }
+    b.extend_from_slice(&m.cpus.to_le_bytes());
+    for v in [
+        m.attach_ns,
+        m.detach_ns,
+        m.sites_patched,
+        m.sites_skipped_init,
+        m.sites_skipped_other,
+        m.attach_window_ns,
+        m.attach_latency_ns,
+        m.events_total,
+        m.events_dropped,
+        m.parent_unreadable,
+    ] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    put_str(&mut b, &m.stop_reason);
+    if version >= 2 {
+        put_str(&mut b, &m.mode);
+        b.extend_from_slice(&m.trap_exits.to_le_bytes());
+    }
+    put_syms(&mut b, &t.functions);
+    b.extend_from_slice(&(t.counts.len() as u32).to_le_bytes());
+    b.extend_from_slice(&m.cpus.to_le_bytes());
+    for c in t.counts.iter().flatten() {
+        b.extend_from_slice(&c.to_le_bytes());
+    }
+    put_syms(&mut b, &t.callers);
+    b.extend_from_slice(&(t.events.len() as u64).to_le_bytes());
+    for e in &t.events {
+        b.extend_from_slice(&e.ts_ns.to_le_bytes());
+        b.extend_from_slice(&e.parent.to_le_bytes());
+        b.extend_from_slice(&e.func.to_le_bytes());
+        b.extend_from_slice(&e.cpu.to_le_bytes());
+    }
+    let len = b.len() as u64;
+    put_u64(&mut b, 12, len);
+    assert_eq!(b.len(), layout_v(t, version).end);
+    b
+}
+
+/// What a version-1 file of `t` loads as: trap mode, every call an exit.
+fn as_version_1(t: &Trace) -> Trace {
+    let mut want = t.clone();
+    want.meta.mode = "trap".into();
+    want.meta.trap_exits = t.meta.events_total;
+    want
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// The fixture in exitless mode: no exits at the trace port.
+fn exitless() -> Trace {
+    let mut t = fixture::trace();
+    t.meta.mode = "exitless".into();
+    t.meta.trap_exits = 0;
+    t
 }
 
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
@@ -112,6 +222,21 @@ fn corrupt_in(r: Result<Trace, TraceFileError>, want: Section, detail: &str) {
     }
 }
 
+/// Every render of `back` matches that of `want`.
+fn assert_same_reports(back: &Trace, want: &Trace, name: &str) {
+    for sort in [Sort::Count, Sort::Name, Sort::Cpu] {
+        for callers in [false, true] {
+            let o = ReportOptions {
+                sort,
+                callers,
+                cpus: callers.then(|| vec![0, 2]),
+                ..Default::default()
+            };
+            assert_eq!(render(back, &o), render(want, &o), "{name}");
+        }
+    }
+}
+
 #[test]
 fn report_tracefile_round_trip() {
     let dir = scratch("round-trip");
@@ -125,28 +250,34 @@ fn report_tracefile_round_trip() {
             t.meta.kernel = "/tmp/ünïcode kernel".into();
             t
         }),
+        ("exitless", exitless()),
+        ("big-exitless", {
+            let mut t = fixture::big_trace(100_000);
+            t.meta.mode = "exitless".into();
+            t.meta.trap_exits = 0;
+            t
+        }),
     ] {
         let p = dir.join(format!("{name}.vmtrace"));
         save(&t, &p).unwrap();
         let back = load(&p).unwrap();
         assert!(back == t, "{name}: round trip differs");
-        for sort in [Sort::Count, Sort::Name, Sort::Cpu] {
-            for callers in [false, true] {
-                let o = ReportOptions {
-                    sort,
-                    callers,
-                    cpus: callers.then(|| vec![0, 2]),
-                    ..Default::default()
-                };
-                assert_eq!(render(&back, &o), render(&t, &o), "{name}");
-            }
-        }
+        assert_eq!(back.meta.mode, t.meta.mode, "{name}");
+        assert_eq!(back.meta.trap_exits, t.meta.trap_exits, "{name}");
+        assert_same_reports(&back, &t, name);
         assert_eq!(
             fs::metadata(&p).unwrap().len() as usize,
             layout(&t).end,
             "{name}"
         );
     }
+    // The mode round-trips as saved, whichever it is.
+    let trap = load(&dir.join("fixture.vmtrace")).unwrap();
+    assert_eq!(trap.meta.mode, "trap");
+    assert_eq!(trap.meta.trap_exits, trap.meta.events_total);
+    let exitless = load(&dir.join("exitless.vmtrace")).unwrap();
+    assert_eq!(exitless.meta.mode, "exitless");
+    assert_eq!(exitless.meta.trap_exits, 0);
     // Saving over an existing file replaces it; no temporary file is left.
     let p = dir.join("fixture.vmtrace");
     save(&Trace::default(), &p).unwrap();
@@ -159,8 +290,10 @@ fn report_tracefile_round_trip() {
     assert_eq!(
         left,
         [
+            "big-exitless.vmtrace",
             "big.vmtrace",
             "empty.vmtrace",
+            "exitless.vmtrace",
             "fixture.vmtrace",
             "no-build-id.vmtrace"
         ]
@@ -170,56 +303,65 @@ fn report_tracefile_round_trip() {
 
 #[test]
 fn report_tracefile_layout_matches_the_documented_format() {
+    for t in [fixture::trace(), exitless()] {
+        let b = saved_bytes(&t);
+        let l = layout(&t);
+        let m = &t.meta;
+        assert_eq!(b.len(), l.end);
+        // Byte for byte what the documented format says.
+        assert!(b == encode(&t, 2), "{}: differs from the format", m.mode);
+        assert_eq!(&b[..8], MAGIC);
+        assert_eq!(&b[..8], b"VMTRACE\0");
+        assert_eq!(u32_at(&b, 8), 2);
+        assert_eq!(u32_at(&b, 8), VERSION);
+        assert_eq!(u64_at(&b, 12), b.len() as u64);
+        let kernel_len = u32_at(&b, 20) as usize;
+        assert_eq!(&b[24..24 + kernel_len], m.kernel.as_bytes());
+        // The ten u64 fields, right before the stop reason.
+        assert_eq!(u64_at(&b, l.stop_reason - 80), m.attach_ns);
+        assert_eq!(u64_at(&b, l.stop_reason - 24), m.events_total);
+        assert_eq!(u64_at(&b, l.stop_reason - 8), m.parent_unreadable);
+        // stop_reason, then mode and trap_exits, then the functions.
+        let n = u32_at(&b, l.stop_reason) as usize;
+        assert_eq!(
+            &b[l.stop_reason + 4..l.stop_reason + 4 + n],
+            m.stop_reason.as_bytes()
+        );
+        assert_eq!(l.mode, l.stop_reason + 4 + n);
+        let n = u32_at(&b, l.mode) as usize;
+        assert_eq!(n, m.mode.len());
+        assert_eq!(&b[l.mode + 4..l.mode + 4 + n], m.mode.as_bytes());
+        assert_eq!(l.trap_exits, l.mode + 4 + n);
+        assert_eq!(u64_at(&b, l.trap_exits), m.trap_exits);
+        assert_eq!(l.functions, l.trap_exits + 8);
+        assert_eq!(u32_at(&b, l.functions), 7);
+        assert_eq!(u32_at(&b, l.counts), 7);
+        assert_eq!(u32_at(&b, l.counts + 4), 4);
+        // counts[0][1] (row-major, after rows and cols).
+        assert_eq!(u64_at(&b, l.counts + 16), 998);
+        assert_eq!(u32_at(&b, l.callers), 2);
+        assert_eq!(u64_at(&b, l.events), t.events.len() as u64);
+        let e = &b[l.records..l.records + EVENT_SIZE];
+        assert_eq!(u64_at(e, 0), t.events[0].ts_ns);
+        assert_eq!(u64_at(e, 8), t.events[0].parent);
+        assert_eq!(u32_at(e, 16), t.events[0].func);
+        assert_eq!(u32_at(e, 20), t.events[0].cpu);
+    }
+    // The exact bytes of the fixture's mode fields.
     let t = fixture::trace();
     let b = saved_bytes(&t);
     let l = layout(&t);
-    assert_eq!(b.len(), l.end);
-    assert_eq!(&b[..8], MAGIC);
-    assert_eq!(&b[..8], b"VMTRACE\0");
-    assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 1);
+    assert_eq!(&b[l.mode..l.trap_exits], b"\x04\0\0\0trap");
     assert_eq!(
-        u64::from_le_bytes(b[12..20].try_into().unwrap()),
-        b.len() as u64
+        &b[l.trap_exits..l.functions],
+        &t.meta.events_total.to_le_bytes()
     );
-    let kernel_len = u32::from_le_bytes(b[20..24].try_into().unwrap()) as usize;
-    assert_eq!(&b[24..24 + kernel_len], t.meta.kernel.as_bytes());
+    let t = exitless();
+    let b = saved_bytes(&t);
+    let l = layout(&t);
     assert_eq!(
-        u32::from_le_bytes(b[l.functions..l.functions + 4].try_into().unwrap()),
-        7
-    );
-    assert_eq!(
-        u32::from_le_bytes(b[l.counts..l.counts + 4].try_into().unwrap()),
-        7
-    );
-    assert_eq!(
-        u32::from_le_bytes(b[l.counts + 4..l.counts + 8].try_into().unwrap()),
-        4
-    );
-    // counts[0][1] (row-major, after rows and cols).
-    assert_eq!(
-        u64::from_le_bytes(b[l.counts + 16..l.counts + 24].try_into().unwrap()),
-        998
-    );
-    assert_eq!(
-        u64::from_le_bytes(b[l.events..l.events + 8].try_into().unwrap()),
-        t.events.len() as u64
-    );
-    let e = &b[l.records..l.records + EVENT_SIZE];
-    assert_eq!(
-        u64::from_le_bytes(e[0..8].try_into().unwrap()),
-        t.events[0].ts_ns
-    );
-    assert_eq!(
-        u64::from_le_bytes(e[8..16].try_into().unwrap()),
-        t.events[0].parent
-    );
-    assert_eq!(
-        u32::from_le_bytes(e[16..20].try_into().unwrap()),
-        t.events[0].func
-    );
-    assert_eq!(
-        u32::from_le_bytes(e[20..24].try_into().unwrap()),
-        t.events[0].cpu
+        &b[l.mode..l.functions],
+        b"\x08\0\0\0exitless\0\0\0\0\0\0\0\0"
     );
 }
 
@@ -243,8 +385,9 @@ fn report_tracefile_bad_magic() {
 
 #[test]
 fn report_tracefile_unsupported_version() {
-    let mut b = saved_bytes(&fixture::trace());
-    for v in [2, 0, u32::MAX] {
+    let t = fixture::trace();
+    let mut b = saved_bytes(&t);
+    for v in [3, 0, 4, u32::MAX] {
         put_u32(&mut b, 8, v);
         let e = load_bytes("version", &b).unwrap_err();
         assert!(
@@ -256,15 +399,24 @@ fn report_tracefile_unsupported_version() {
             msg.contains(&format!("unsupported trace format version {v}")),
             "{msg}"
         );
-        assert!(msg.contains("reads version 1"), "{msg}");
+        assert!(msg.contains("reads versions 1 and 2"), "{msg}");
     }
+    // Versions 2 and 1 are read.
+    put_u32(&mut b, 8, 2);
+    assert_eq!(load_bytes("version-2", &b).unwrap(), t);
+    let b1 = encode(&t, 1);
+    assert_eq!(u32_at(&b1, 8), 1);
+    assert_eq!(load_bytes("version-1", &b1).unwrap(), as_version_1(&t));
+    // A version-2 file claiming version 1 is read as version 1: its mode
+    // field is taken for the functions, and the file is corrupt.
+    put_u32(&mut b, 8, 1);
+    let e = load_bytes("version-2-as-1", &b).unwrap_err();
+    assert!(matches!(e, TraceFileError::Corrupt { .. }), "{e:?}");
 }
 
-#[test]
-fn report_tracefile_truncated_in_every_section() {
-    let t = fixture::trace();
-    let b = saved_bytes(&t);
-    let l = layout(&t);
+/// Every cut of `b` (the bytes of a file laid out as `l`), from the empty file
+/// to one byte short, is truncation in the section the cut falls in.
+fn check_every_cut(name: &str, b: &[u8], l: &Layout) {
     let section_at = |len: usize| {
         if len < l.header {
             Section::Preamble
@@ -281,16 +433,15 @@ fn report_tracefile_truncated_in_every_section() {
         }
     };
     let mut seen = Vec::new();
-    // Every possible cut, from the empty file to one byte short.
     for len in 0..b.len() {
-        match load_bytes("truncated", &b[..len]) {
+        match load_bytes(name, &b[..len]) {
             Err(TraceFileError::Truncated { section, .. }) => {
-                assert_eq!(section, section_at(len), "cut at {len}");
+                assert_eq!(section, section_at(len), "{name}: cut at {len}");
                 if !seen.contains(&section) {
                     seen.push(section);
                 }
             }
-            other => panic!("cut at {len} of {}: {other:?}", b.len()),
+            other => panic!("{name}: cut at {len} of {}: {other:?}", b.len()),
         }
     }
     assert_eq!(
@@ -302,14 +453,63 @@ fn report_tracefile_truncated_in_every_section() {
             Section::Counts,
             Section::Callers,
             Section::Events
-        ]
+        ],
+        "{name}"
     );
-    let e = load_bytes("truncated-msg", &b[..l.records + 5]).unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("truncated trace file (ends inside the events section)"),
-        "{e}"
-    );
+}
+
+#[test]
+fn report_tracefile_truncated_in_every_section() {
+    for t in [fixture::trace(), exitless()] {
+        let b = saved_bytes(&t);
+        let l = layout(&t);
+        check_every_cut(&format!("truncated-{}", t.meta.mode), &b, &l);
+        // Cuts inside the new header fields: the mode's length, its bytes,
+        // trap_exits, and right before the functions.
+        for len in [
+            l.mode,
+            l.mode + 2,
+            l.mode + 4,
+            l.mode + 5,
+            l.trap_exits,
+            l.trap_exits + 7,
+        ] {
+            let e = load_bytes("truncated-mode", &b[..len]).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TraceFileError::Truncated {
+                        section: Section::Header,
+                        ..
+                    }
+                ),
+                "cut at {len}: {e:?}"
+            );
+        }
+        let e = load_bytes("truncated-functions", &b[..l.functions]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TraceFileError::Truncated {
+                    section: Section::Functions,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = load_bytes("truncated-msg", &b[..l.records + 5]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("truncated trace file (ends inside the events section)"),
+            "{e}"
+        );
+        let e = load_bytes("truncated-msg-header", &b[..l.trap_exits + 3]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("truncated trace file (ends inside the header section)"),
+            "{e}"
+        );
+    }
 }
 
 #[test]
@@ -350,10 +550,24 @@ fn report_tracefile_corrupt_contents() {
         Section::Header,
         "has_build_id is 7",
     );
-    // Invalid UTF-8 in the kernel name.
+    // Invalid UTF-8 in the kernel name, the stop reason and the mode.
     let mut c = b.clone();
     c[l.header + 4] = 0xff;
     corrupt_in(load_bytes("utf8", &c), Section::Header, "not valid UTF-8");
+    let mut c = b.clone();
+    c[l.stop_reason + 4] = 0xff;
+    corrupt_in(
+        load_bytes("utf8-stop", &c),
+        Section::Header,
+        "stop reason is not valid UTF-8",
+    );
+    let mut c = b.clone();
+    c[l.mode + 4 + 3] = 0xc3; // "tra\xc3": a truncated two-byte sequence
+    corrupt_in(
+        load_bytes("utf8-mode", &c),
+        Section::Header,
+        "mode is not valid UTF-8",
+    );
     // Callers out of address order: the first one moved past the second.
     let mut c = b.clone();
     let first_addr = l.callers + 4 + 4 + "worker_thread".len();
@@ -431,6 +645,29 @@ fn report_tracefile_absurd_lengths_do_not_allocate() {
         Section::Header,
         "kernel would take 4294967295 bytes",
     );
+    let mut c = b.clone();
+    put_u32(&mut c, l.stop_reason, u32::MAX);
+    corrupt_in(
+        load_bytes("stop-len", &c),
+        Section::Header,
+        "stop reason would take 4294967295 bytes",
+    );
+    let mut c = b.clone();
+    put_u32(&mut c, l.mode, u32::MAX);
+    corrupt_in(
+        load_bytes("mode-len", &c),
+        Section::Header,
+        "mode would take 4294967295 bytes",
+    );
+    // The mode's length one byte more than what file_len leaves after it.
+    let mut c = b.clone();
+    let left = (l.end - l.mode - 4) as u32;
+    put_u32(&mut c, l.mode, left + 1);
+    corrupt_in(
+        load_bytes("mode-len-2", &c),
+        Section::Header,
+        &format!("mode would take {} bytes but only {left} remain", left + 1),
+    );
     // A claimed file length of 2^63: every length "fits", the file runs out.
     let mut c = b.clone();
     put_u64(&mut c, 12, 1 << 63);
@@ -446,11 +683,121 @@ fn report_tracefile_absurd_lengths_do_not_allocate() {
         ),
         "{e:?}"
     );
+    // Likewise for the mode's length: truncation in the header.
+    let mut c = b.clone();
+    put_u64(&mut c, 12, 1 << 63);
+    put_u32(&mut c, l.mode, u32::MAX);
+    let e = load_bytes("file-len-huge-mode", &c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TraceFileError::Truncated {
+                section: Section::Header,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // Zero functions but u32::MAX vCPUs: no counts rows to allocate.
     let mut t0 = Trace::default();
     t0.meta.cpus = u32::MAX;
     let b0 = saved_bytes(&t0);
     assert_eq!(load_bytes("cpus-max", &b0).unwrap(), t0);
+}
+
+#[test]
+fn report_tracefile_reads_version_1() {
+    for (name, t) in [
+        ("fixture", fixture::trace()),
+        ("empty", Trace::default()),
+        ("big", fixture::big_trace(100_000)),
+        // Whatever the trace says, a version-1 file has no mode: it is trap.
+        ("was-exitless", exitless()),
+        ("no-build-id", {
+            let mut t = fixture::trace();
+            t.meta.build_id = None;
+            t.meta.trap_exits = 5;
+            t
+        }),
+    ] {
+        let b = encode(&t, 1);
+        let l = layout_v(&t, 1);
+        assert_eq!(b.len(), l.end, "{name}");
+        assert_eq!(b.len() + 4 + t.meta.mode.len() + 8, layout(&t).end);
+        assert_eq!(u32_at(&b, 8), 1);
+        assert_eq!(u64_at(&b, 12), b.len() as u64);
+        // The functions follow the stop reason directly.
+        assert_eq!(l.functions, l.stop_reason + str_len(&t.meta.stop_reason));
+        assert_eq!(u32_at(&b, l.functions), t.functions.len() as u32);
+        let back = load_bytes(&format!("v1-{name}"), &b).unwrap();
+        assert_eq!(back.meta.mode, "trap", "{name}");
+        assert_eq!(back.meta.trap_exits, back.meta.events_total, "{name}");
+        assert_eq!(back.meta.events_total, t.meta.events_total, "{name}");
+        let want = as_version_1(&t);
+        assert!(back == want, "{name}: version 1 read differs");
+        assert_same_reports(&back, &want, name);
+        // Saved again, it is a version-2 file that round-trips.
+        let b2 = saved_bytes(&back);
+        assert_eq!(u32_at(&b2, 8), 2);
+        assert!(b2 == encode(&want, 2), "{name}: resaved differs");
+        assert_eq!(
+            load_bytes(&format!("v1-resaved-{name}"), &b2).unwrap(),
+            want
+        );
+    }
+    // trap_exits comes from events_total, not from the stored events.
+    let t = fixture::trace();
+    let back = load_bytes("v1-total", &encode(&t, 1)).unwrap();
+    assert_ne!(t.meta.events_total, t.events.len() as u64);
+    assert_eq!(back.meta.trap_exits, t.meta.events_total);
+
+    // Version 1 files are checked as strictly: truncation in every section,
+    // corrupt contents at their version-1 offsets.
+    let b = encode(&t, 1);
+    let l = layout_v(&t, 1);
+    check_every_cut("v1-truncated", &b, &l);
+    let mut c = b.clone();
+    put_u32(&mut c, l.records + 3 * EVENT_SIZE + 16, 99);
+    corrupt_in(
+        load_bytes("v1-func", &c),
+        Section::Events,
+        "event 3 has function index 99",
+    );
+    let mut c = b.clone();
+    put_u32(&mut c, l.counts + 4, 3);
+    corrupt_in(
+        load_bytes("v1-cols", &c),
+        Section::Counts,
+        "counts are 7 x 3",
+    );
+    let mut c = b.clone();
+    put_u32(&mut c, l.functions, u32::MAX);
+    corrupt_in(
+        load_bytes("v1-functions", &c),
+        Section::Functions,
+        "4294967295 functions",
+    );
+    let mut c = b.clone();
+    put_u64(&mut c, l.events, 1 << 59);
+    corrupt_in(
+        load_bytes("v1-events", &c),
+        Section::Events,
+        "but only 360 remain",
+    );
+    let mut c = b.clone();
+    c.extend_from_slice(&[0; 24]);
+    corrupt_in(
+        load_bytes("v1-trailing", &c),
+        Section::Preamble,
+        "24 trailing bytes",
+    );
+    let len = c.len() as u64;
+    put_u64(&mut c, 12, len);
+    corrupt_in(
+        load_bytes("v1-trailing-2", &c),
+        Section::Events,
+        "24 bytes after the last event",
+    );
 }
 
 #[test]

@@ -15,6 +15,14 @@ const PTE_PS: u64 = 1 << 7;
 const PTE_XD: u64 = 1 << 63;
 /// A table entry's bits: present and writable (the leaves below decide).
 const TABLE: u64 = PTE_PRESENT | PTE_WRITABLE;
+/// Accessed and dirty: the CPU sets them in entries it uses, vmtrace's own
+/// included, so they do not make an entry someone else's.
+const PTE_ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
+
+/// Does `entry` hold what vmtrace wrote (`want`), whatever the CPU marked?
+fn ours(entry: u64, want: u64) -> bool {
+    entry & !PTE_ACCESSED_DIRTY == want
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
@@ -94,7 +102,7 @@ pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
     for (i, &w) in want.iter().enumerate() {
         let va = CODE_VA + i as u64 * LARGE_PAGE;
         let e = space.entry(va, Level::Pd).map_err(walk(va))?;
-        if !e.is_empty() && e.value != w {
+        if !e.is_empty() && !ours(e.value, w) {
             return Err(MapError::SlotInUse {
                 index: ((va >> 21) & 511) as usize,
                 va,
@@ -104,9 +112,9 @@ pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
         }
         entries.push(e);
     }
-    let reused = entries.iter().zip(&want).all(|(e, &w)| e.value == w);
+    let reused = entries.iter().zip(&want).all(|(e, &w)| ours(e.value, w));
     for (e, &w) in entries.iter().zip(&want) {
-        if e.value != w {
+        if !ours(e.value, w) {
             space.set_entry(e, w).map_err(walk(CODE_VA))?;
         }
     }

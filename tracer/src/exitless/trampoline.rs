@@ -87,7 +87,7 @@ use iced_x86::code_asm::{
 };
 use iced_x86::{
     BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
-    Instruction, IntelFormatter,
+    Instruction, IntelFormatter, Mnemonic,
 };
 
 use super::layout::{
@@ -197,6 +197,51 @@ impl Trampoline {
     /// path's, `ret` included.
     pub fn common_path_instructions(&self) -> usize {
         STUB_INSTRUCTIONS + self.common_path.len()
+    }
+
+    /// Where the traced site's return address (site + 5) is, as an offset
+    /// from RSP, for a vCPU stopped at `rip` inside this code (before the
+    /// instruction at `rip` runs); None outside it. What a stack walker (or
+    /// a test accounting for calls in flight) needs: the stubs push nothing,
+    /// the common part pushes and pops along its paths, found by following
+    /// every branch of the decoded code.
+    pub fn site_return_slot(&self, rip: u64) -> Option<u64> {
+        let first_stub = u64::from(*self.stubs.iter().min()?);
+        let off = rip.checked_sub(CODE_VA)?;
+        if off >= self.code.len() as u64 {
+            return None;
+        }
+        if off >= first_stub {
+            return Some(0);
+        }
+        let common = u64::from(self.common);
+        let region = &self.code[common as usize..first_stub as usize];
+        let start = CODE_VA + common;
+        let mut depth: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        let mut work = vec![(start, 0u64)];
+        while let Some((ip, d)) = work.pop() {
+            if ip < start || ip >= start + region.len() as u64 || depth.insert(ip, d).is_some() {
+                continue;
+            }
+            let at = (ip - start) as usize;
+            let mut dec = Decoder::with_ip(64, &region[at..], ip, DecoderOptions::NONE);
+            let insn = dec.decode();
+            let after = match insn.mnemonic() {
+                Mnemonic::Push => d + 8,
+                Mnemonic::Pop => d.saturating_sub(8),
+                _ => d,
+            };
+            match insn.flow_control() {
+                FlowControl::Return => {}
+                FlowControl::UnconditionalBranch => work.push((insn.near_branch_target(), after)),
+                FlowControl::ConditionalBranch => {
+                    work.push((insn.near_branch_target(), after));
+                    work.push((insn.next_ip(), after));
+                }
+                _ => work.push((insn.next_ip(), after)),
+            }
+        }
+        depth.get(&rip).copied()
     }
 
     /// The common path in Intel syntax, one instruction a line with its
@@ -489,7 +534,7 @@ mod tests {
     use super::super::layout::{DATA_GPA, DATA_LEN, REGION_GPA, REGION_LEN};
     use super::super::ring::{self, Record, RingReader};
     use super::*;
-    use iced_x86::{Mnemonic, OpKind, Register};
+    use iced_x86::{OpKind, Register};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     /// A per-CPU offset like Linux's (`cpu_number` is in the first pages of
@@ -501,6 +546,34 @@ mod tests {
             layout: RingLayout::new(cpus, sites, Some(cap)).unwrap(),
             cpu_number_off: CPU_NUMBER_OFF,
         }
+    }
+
+    #[test]
+    fn the_sites_return_address_is_found_anywhere_in_the_trampoline() {
+        let t = generate(&spec(2, 3, 16)).unwrap();
+        let path = &t.common_path;
+        let depth = |i: usize| t.site_return_slot(path[i].ip());
+        // push rax, push rdx, then the body at 16 ...
+        assert_eq!((depth(0), depth(1), depth(2)), (Some(0), Some(8), Some(16)));
+        // ... pop rdx, pop rax, ret.
+        let n = path.len();
+        assert_eq!(
+            (depth(n - 3), depth(n - 2), depth(n - 1)),
+            (Some(16), Some(8), Some(0))
+        );
+        assert!(path[2..n - 2]
+            .iter()
+            .all(|i| t.site_return_slot(i.ip()) == Some(16)));
+        // The drop path (after ret): 16 as well.
+        let full = path[n - 1].next_ip();
+        assert_eq!(t.site_return_slot(full), Some(16));
+        // Stubs push nothing; outside the code there is no answer.
+        for k in 0..3 {
+            assert_eq!(t.site_return_slot(t.stub_va(k)), Some(0));
+            assert_eq!(t.site_return_slot(t.stub_va(k) + 6), Some(0));
+        }
+        assert_eq!(t.site_return_slot(CODE_VA + t.code.len() as u64), None);
+        assert_eq!(t.site_return_slot(CODE_VA - 1), None);
     }
 
     fn decode_all(code: &[u8]) -> Vec<Instruction> {

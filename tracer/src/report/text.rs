@@ -199,13 +199,25 @@ fn header(out: &mut String, report: &Report) {
                 thousands(stored),
                 thousands(m.events_dropped),
                 if m.events_dropped > 0 {
-                    " (over --max-events; counts stay exact)"
+                    " (over --max-events or a full ring; counts stay exact)"
                 } else {
                     ""
                 }
             ),
         ),
         ("rate", rate),
+        (
+            "mode",
+            format!(
+                "{} ({} trap exits)",
+                if m.mode.is_empty() {
+                    "unknown"
+                } else {
+                    &m.mode
+                },
+                thousands(m.trap_exits)
+            ),
+        ),
         (
             "attach",
             format!(

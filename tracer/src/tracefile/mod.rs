@@ -1,7 +1,7 @@
 //! Saved traces: `vmtrace ... -o FILE` writes one, `vmtrace report -i FILE`
 //! reads it back. The file is self-contained (no vmlinux needed to read it).
 //!
-//! # Format, version 1
+//! # Format, version 2
 //!
 //! All integers are unsigned, little-endian, with no padding or alignment
 //! anywhere. Two composite types are used:
@@ -14,7 +14,7 @@
 //! | Section   | Field                | Type        | Notes                                                   |
 //! |-----------|----------------------|-------------|---------------------------------------------------------|
 //! | preamble  | magic                | 8 bytes     | `VMTRACE\0` (`56 4d 54 52 41 43 45 00`)                 |
-//! |           | version              | `u32`       | `1`                                                     |
+//! |           | version              | `u32`       | `2` (`1`: as below without `mode` and `trap_exits`)     |
 //! |           | file_len             | `u64`       | size of the whole file in bytes, these 20 included      |
 //! | header    | kernel               | `str`       | the kernel file the guest booted                        |
 //! |           | has_build_id         | `u8`        | `0` or `1`                                              |
@@ -31,6 +31,8 @@
 //! |           | events_dropped       | `u64`       | calls counted but not stored (over `--max-events`)      |
 //! |           | parent_unreadable    | `u64`       | calls whose return address could not be read           |
 //! |           | stop_reason          | `str`       |                                                         |
+//! |           | mode                 | `str`       | `trap` or `exitless` (version 1: `trap`)                |
+//! |           | trap_exits           | `u64`       | exits at the trace port (version 1: `events_total`)     |
 //! | functions | nfunc                | `u32`       | the traced functions                                    |
 //! |           | functions            | `sym` × nfunc | an event's `func` indexes this list                   |
 //! | counts    | rows                 | `u32`       | must equal `nfunc`                                      |
@@ -77,7 +79,9 @@ pub use write::save;
 /// The first 8 bytes of every trace file.
 pub const MAGIC: &[u8; 8] = b"VMTRACE\0";
 /// The format version this module writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The first format (trap mode only), still read.
+pub const VERSION_1: u32 = 1;
 /// Size of one event record in the file.
 pub const EVENT_SIZE: usize = 24;
 /// Size of the preamble: magic, version, file length.
@@ -125,7 +129,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads version {VERSION})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} and {VERSION})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::{
     check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER,
-    MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION,
+    MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1,
 };
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
@@ -47,7 +47,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         return Err(r.truncated());
     }
     let version = r.u32()?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_1 {
         return Err(TraceFileError::UnsupportedVersion {
             path: path.to_path_buf(),
             version,
@@ -80,6 +80,12 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         *x = r.u64()?;
     }
     let stop_reason = r.string("stop reason")?;
+    // Version 1 traces came from trap mode only: every call was an exit.
+    let (mode, trap_exits) = if version == VERSION_1 {
+        ("trap".to_string(), v[7])
+    } else {
+        (r.string("mode")?, r.u64()?)
+    };
     let meta = TraceMeta {
         kernel,
         build_id,
@@ -95,6 +101,8 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         events_dropped: v[8],
         parent_unreadable: v[9],
         stop_reason,
+        mode,
+        trap_exits,
     };
 
     r.section = Section::Functions;

@@ -74,6 +74,8 @@ fn write_to(trace: &Trace, file: File) -> io::Result<()> {
         w.write_all(&v.to_le_bytes())?;
     }
     put_str(&mut w, &m.stop_reason)?;
+    put_str(&mut w, &m.mode)?;
+    w.write_all(&m.trap_exits.to_le_bytes())?;
 
     put_syms(&mut w, &trace.functions)?;
 

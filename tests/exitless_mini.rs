@@ -1,0 +1,204 @@
+//! Exitless mode end to end with the mini guest: vmtrace's trampoline in the
+//! guest, events through its rings, no exit per call; counts equal the
+//! guest's own, callers exact, and a full ring loses no count.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("vmtrace-exitless-{}-{name}", std::process::id()))
+}
+
+/// Run the mini guest traced in exitless mode; the JSON report and what the
+/// guest printed (per (cpu, function) counts).
+fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
+    let kernel = mini_elf();
+    let json = tmp(&format!("{cpus}-{iters}.json"));
+    let cpus_s = cpus.to_string();
+    let cmdline = format!("iters={iters}");
+    let mut args = vec![
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        &cpus_s,
+        "--cmdline",
+        &cmdline,
+        "--trace",
+        "hrtimer_*",
+        "-g",
+        "--mode",
+        "exitless",
+        "--format",
+        "json",
+        "-o",
+        json.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = vmtrace(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (printed, done) = parse_mini_console(&stdout(&out));
+    assert_eq!(done, (0..cpus).collect::<Vec<_>>());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (v, printed)
+}
+
+/// Every traced function's count on every vCPU equals the guest's own.
+fn assert_counts_exact(v: &serde_json::Value, printed: &BTreeMap<(u32, String), u64>, cpus: u32) {
+    let mut total = 0;
+    for f in v["functions"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        let per_cpu: BTreeMap<String, u64> = serde_json::from_value(f["per_cpu"].clone()).unwrap();
+        for cpu in 0..cpus {
+            let guest = printed[&(cpu, name.to_string())];
+            assert_eq!(per_cpu[&cpu.to_string()], guest, "{name} on vCPU {cpu}");
+            total += guest;
+        }
+    }
+    assert_eq!(v["events"].as_u64(), Some(total));
+}
+
+#[test]
+fn exitless_counts_and_callers_are_exact_with_no_trap_exit() {
+    for cpus in [1, 4] {
+        let (v, printed) = run(cpus, 1500, &[]);
+        assert_eq!(v["mode"], "exitless");
+        assert_eq!(v["trap_exits"].as_u64(), Some(0), "no exit per call");
+        assert_counts_exact(&v, &printed, cpus);
+        assert_eq!(v["dropped"].as_u64(), Some(0));
+        assert_eq!(v["events_stored"], v["events"]);
+        let known = [
+            ("hrtimer_wakeup", "__hrtimer_run_queues"),
+            ("hrtimer_start_range_ns", "schedule"),
+            ("hrtimer_try_to_cancel", "do_idle"),
+            ("hrtimer_interrupt", "do_idle"),
+        ];
+        for f in v["functions"].as_array().unwrap() {
+            let name = f["name"].as_str().unwrap();
+            let want = known.iter().find(|(n, _)| *n == name).unwrap().1;
+            let callers = f["callers"].as_array().unwrap();
+            assert_eq!(callers.len(), 1, "{name}: {callers:?}");
+            assert_eq!(callers[0]["name"], want, "{name}");
+            assert_eq!(callers[0]["count"], f["count"], "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_ring_too_small_records_some_and_counts_every_call() {
+    // Four records per vCPU ring: most calls find it full and are counted
+    // in the guest instead (per site), so recorded + counted = calls.
+    let saved = tmp("small.vmtrace");
+    let (v, printed) = run(2, 3000, &["--ring-events", "4"]);
+    assert_counts_exact(&v, &printed, 2);
+    let (events, stored, dropped) = (
+        v["events"].as_u64().unwrap(),
+        v["events_stored"].as_u64().unwrap(),
+        v["dropped"].as_u64().unwrap(),
+    );
+    assert!(dropped > 0, "the ring overflowed: {v}");
+    assert!(stored > 0, "and some calls were recorded: {v}");
+    assert_eq!(stored + dropped, events);
+
+    // The same through a saved trace: each stored event is one CSV row.
+    let kernel = mini_elf();
+    let out = vmtrace(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        "2",
+        "--cmdline",
+        "iters=3000",
+        "--trace",
+        "hrtimer_*",
+        "--mode",
+        "exitless",
+        "--ring-events",
+        "4",
+        "-o",
+        saved.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("mode:     exitless (0 trap exits)"),
+        "{}",
+        stdout(&out)
+    );
+    let csv = vmtrace(&["report", "-i", saved.to_str().unwrap(), "--format", "csv"]);
+    let json = vmtrace(&["report", "-i", saved.to_str().unwrap(), "--format", "json"]);
+    let _ = std::fs::remove_file(&saved);
+    assert!(
+        csv.status.success() && json.status.success(),
+        "{}",
+        stderr(&csv)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let rows = stdout(&csv).lines().count() as u64 - 1; // header
+    assert_eq!(rows, v["events_stored"].as_u64().unwrap());
+    assert_eq!(
+        v["events_stored"].as_u64().unwrap() + v["dropped"].as_u64().unwrap(),
+        v["events"].as_u64().unwrap()
+    );
+    assert_eq!(v["mode"], "exitless");
+}
+
+#[test]
+fn bad_exitless_options_are_refused_before_the_guest_runs() {
+    let kernel = mini_elf();
+    for (ring, needle) in [("3", "not a power of two"), ("1", "not a power of two")] {
+        let start = std::time::Instant::now();
+        let out = vmtrace(&[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--cmdline",
+            "mode=loop",
+            "--timeout",
+            "30",
+            "--trace",
+            "hrtimer_*",
+            "--mode",
+            "exitless",
+            "--ring-events",
+            ring,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(needle), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(start.elapsed().as_secs() < 5, "refused before booting");
+    }
+}
+
+#[test]
+fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
+    let (v, _) = {
+        let kernel = mini_elf();
+        let json = tmp("auto.json");
+        let out = vmtrace(&[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--cmdline",
+            "iters=10",
+            "--trace",
+            "hrtimer_*",
+            "--format",
+            "json",
+            "-o",
+            json.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        (v, ())
+    };
+    let emulating = std::path::Path::new("/sys/module/kvm_pvm").exists();
+    assert_eq!(v["mode"], if emulating { "trap" } else { "exitless" });
+    if emulating {
+        assert_eq!(v["trap_exits"], v["events"], "one exit per call");
+    }
+}
