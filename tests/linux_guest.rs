@@ -160,6 +160,18 @@ fn linux_readme_main_job_traces_hrtimers_during_boot() {
     let _ = std::fs::remove_file(&saved);
     assert!(json.status.success(), "{}", stderr(&json));
     let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    check_hrtimer_callers(&v);
+    // -g: the callers are in the text report too.
+    assert!(report.contains("apic_timer_interrupt"), "{report}");
+    // --mode auto: traps where KVM emulates guest ring 0, else exitless.
+    let emulating = std::path::Path::new("/sys/module/kvm_pvm").exists();
+    assert_eq!(v["mode"], if emulating { "trap" } else { "exitless" });
+}
+
+/// What a traced boot must show of the hrtimers, in either mode: timer
+/// interrupts traced, from the APIC timer vector; timers started by the tick
+/// code; enough sites; nothing dropped.
+fn check_hrtimer_callers(v: &serde_json::Value) {
     let funcs = v["functions"].as_array().unwrap();
     let get = |name: &str| {
         funcs
@@ -194,8 +206,6 @@ fn linux_readme_main_job_traces_hrtimers_during_boot() {
         c.iter().any(|c| c.contains("apic_timer_interrupt")),
         "{c:?}"
     );
-    // -g: the callers are in the text report too.
-    assert!(report.contains("apic_timer_interrupt"), "{report}");
     let c = callers("hrtimer_start_range_ns");
     assert!(
         c.iter()
@@ -204,6 +214,40 @@ fn linux_readme_main_job_traces_hrtimers_during_boot() {
     );
     assert!(v["sites_patched"].as_u64().unwrap() > 10);
     assert_eq!(v["dropped"].as_u64(), Some(0));
+}
+
+/// Exitless mode: vmtrace's trampoline in the guest's fixmap entries (found
+/// empty), the hrtimers traced during boot with the same callers as in trap
+/// mode, and not one exit at the trace port.
+#[test]
+fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
+    let json = std::env::temp_dir().join(format!("vmtrace-linux-ex-{}.json", std::process::id()));
+    let (out, text) = boot(
+        2,
+        &[
+            "--trace",
+            "hrtimer_*",
+            "--mode",
+            "exitless",
+            "--format",
+            "json",
+            "-o",
+            json.to_str().unwrap(),
+        ],
+    );
+    let err = stderr(&out);
+    check_boot_console(&text, &err, 2);
+    assert!(
+        err.contains("page-directory entries 508-510, found empty"),
+        "the slot was checked empty: {err}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    check_hrtimer_callers(&v);
+    assert_eq!(v["mode"], "exitless");
+    assert_eq!(v["trap_exits"].as_u64(), Some(0));
+    assert_eq!(v["events_stored"], v["events"]);
 }
 
 /// Every traceable function (`--trace '*'`): thousands of sites patched

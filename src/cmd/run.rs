@@ -173,6 +173,9 @@ fn trace_loop(
                     String::new()
                 }
             );
+            if let Some(m) = c.exitless {
+                eprintln!("vmtrace: exitless: {}", exitless_line(m));
+            }
             break;
         }
         if running.wait_stop(POLL).is_some() {
@@ -264,4 +267,21 @@ fn print_stats(report: &RunReport) {
             percentile(&p.window_ns, 50.0).unwrap_or(0) / 1000
         );
     }
+}
+
+/// Where exitless mode put vmtrace's code and rings in the guest.
+fn exitless_line(m: tracer::exitless::map::Mapped) -> String {
+    use tracer::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST};
+    let entries = format!(
+        "page-directory entries {PD_FIRST}-{}",
+        PD_FIRST + PD_COUNT - 1
+    );
+    let how = match (m.reused, m.own_pd) {
+        (true, _) => format!("{entries} already vmtrace's (an earlier attach)"),
+        (false, true) => {
+            format!("{entries} of a page directory of vmtrace's own (the guest had none there)")
+        }
+        (false, false) => format!("{entries}, found empty"),
+    };
+    format!("trampoline and rings mapped at {CODE_VA:#x}, {how}")
 }

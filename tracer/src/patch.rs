@@ -91,6 +91,8 @@ pub struct AttachCounts {
     pub patched: usize,
     /// Held neither a NOP nor `call __fentry__`, or were unmapped.
     pub skipped_other: usize,
+    /// Exitless mode: how vmtrace's region went into the guest's tables.
+    pub exitless: Option<crate::exitless::map::Mapped>,
 }
 
 /// Outcome of one detach.

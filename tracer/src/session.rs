@@ -272,9 +272,10 @@ impl Tracer {
             Some(_) => CallSites::Wait,
             None => CallSites::Patch,
         };
+        let mut mapped = None;
         let attached = match self.exitless.as_mut() {
             Some(ex) => {
-                ex.install(&mut space)?;
+                mapped = Some(ex.install(&mut space)?);
                 let ex: &Exitless = ex;
                 patch::attach_with(&mut space, fentry, addrs, calls, |k, addr| {
                     ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
@@ -295,6 +296,7 @@ impl Tracer {
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
+            exitless: mapped,
         };
         self.patched = patched;
         if let Some(ex) = self.exitless.as_mut() {
