@@ -11,6 +11,9 @@ use vm_superio::{I8042Device, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::layout;
+// A poisoned device lock only means another vCPU thread panicked mid-access;
+// the device state is still usable for the rest of the shutdown.
+use crate::sys::lock;
 
 /// An eventfd as a vm-superio interrupt trigger (the UART's IRQ line, wired to
 /// the in-kernel irqchip with an irqfd).
@@ -217,12 +220,6 @@ impl Devices {
     pub fn with_console<R>(&self, f: impl FnOnce(&mut Console) -> R) -> R {
         f(lock(&self.serial).writer_mut())
     }
-}
-
-/// A poisoned device lock only means another vCPU thread panicked mid-access;
-/// the device state is still usable for the rest of the shutdown.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
