@@ -87,6 +87,23 @@ pub enum InputError {
     #[error("{flag} {value} is not a positive number of seconds")]
     Seconds { flag: &'static str, value: f64 },
     #[error(
+        "{flag} {} is too long; use at most {max} seconds (365 days)",
+        crate::config::show_secs(*.value)
+    )]
+    SecondsTooLong {
+        flag: &'static str,
+        value: f64,
+        max: u64,
+    },
+    /// An output path that vmtrace will not or cannot write (checked before
+    /// any guest boots).
+    #[error("cannot write {flag} {}: {source}", path.display())]
+    Output {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
         "--from-boot is not possible with Linux ({}): the kernel rewrites its own call sites in \
          ftrace_init and would find vmtrace's trap instead of `call __fentry__`; drop --from-boot, \
          vmtrace attaches right after ftrace_init",
@@ -129,6 +146,16 @@ pub enum InputError {
     /// The bench's kernel is not the mini guest it measures.
     #[error("{} is not the mini guest: {why}; pass guest/out/mini.elf with --kernel", path.display())]
     NotMini { path: PathBuf, why: String },
+    /// The vmlinux is not the kernel's (found before boot).
+    #[error("{} does not match kernel {}: {why}; pass the vmlinux this kernel was built with (--vmlinux PATH)", vmlinux.display(), kernel.display())]
+    VmlinuxMismatch {
+        vmlinux: PathBuf,
+        kernel: PathBuf,
+        why: String,
+    },
+    /// Every selected site is in init text, which is never patched.
+    #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
+    NoPatchableSite { skipped: usize, examples: String },
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error(transparent)]
@@ -153,6 +180,21 @@ pub enum RuntimeError {
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]
     Save(TraceFileError),
+    /// An output could not be written after a run; `note` says what was
+    /// left at `path` and where the report went instead.
+    #[error("cannot write the {what} to {}: {source}; {note}", path.display())]
+    Lost {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+        note: String,
+    },
+    /// Standard output failed (other than a closed pipe, which ends quietly).
+    #[error("cannot write the {what} to standard output: {source}")]
+    Stdout {
+        what: &'static str,
+        source: std::io::Error,
+    },
     #[error("cannot write {}: {source}", path.display())]
     Write {
         path: PathBuf,

@@ -8,6 +8,7 @@ mod emit;
 mod error;
 mod stats;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -32,14 +33,15 @@ fn main() -> ExitCode {
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
-            eprintln!("vmtrace: {first} (see vmtrace --help)");
+            let _ = writeln!(std::io::stderr(), "vmtrace: {first} (see vmtrace --help)");
             return ExitCode::from(error::EXIT_BAD_INPUT);
         }
     };
     match cmd::dispatch(cli) {
         Ok(outcome) => ExitCode::from(outcome.exit_status()),
         Err(e) => {
-            eprintln!("vmtrace: {e}");
+            // Never a panic, even with stderr gone.
+            let _ = writeln!(std::io::stderr(), "vmtrace: {e}");
             ExitCode::from(e.exit_status())
         }
     }

@@ -1,6 +1,8 @@
-//! `vmtrace bench`: a small run produces every figure, (a) to (e), as a
-//! finite positive number in its JSON. No timing goal is asserted here: the
-//! figures depend on the host, and the bench itself reports PASS / MISS.
+//! `vmtrace bench`: a small run produces every figure, (a) to (f), as a
+//! finite number in its JSON (positive where it is a time or a count of
+//! something that happens). No timing goal is asserted here: the figures
+//! depend on the host, and the bench itself reports PASS / MISS. Exits per
+//! exitless call are: none can happen, so they are exactly 0.
 
 mod common;
 
@@ -95,9 +97,36 @@ fn bench_json_has_every_figure() {
     positive("load_ms");
     positive("report_render_s");
 
+    // (f): exitless against trap, in its own object.
+    let ex = doc["exitless"].as_object().expect("an exitless object");
+    let num = |k: &str| {
+        ex.get(k)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("exitless.{k} missing or not a number in {text}"))
+    };
+    for (k, v) in ex {
+        assert!(v.as_f64().is_some_and(f64::is_finite), "exitless.{k} = {v}");
+    }
+    // No site holds a trap in the exitless phases: not one exit.
+    assert_eq!(num("exits_per_call"), 0.0, "{text}");
+    assert_eq!(num("exitless_trace_port_traps"), 0.0, "{text}");
+    assert_eq!(ex["guest_instructions_per_call_static"], 28, "{text}");
+    for k in [
+        "guest_instructions_per_call",
+        "trap_us_per_call",
+        "exitless_us_per_call",
+        "exitless_vs_trap",
+        "us_per_guest_instruction",
+        "exitless_calls",
+    ] {
+        assert!(num(k) > 0.0, "exitless.{k} = {} in {text}", num(k));
+    }
+    // 3.5 hrtimer_* calls per mini iteration (phase edges fall inside one).
+    assert!((num("calls_per_iter") - 3.5).abs() < 0.1, "{text}");
+
     // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
-    assert_eq!(goals.len(), 5, "{text}");
+    assert_eq!(goals.len(), 7, "{text}");
     for g in goals {
         let s = g["status"].as_str().unwrap();
         assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
@@ -110,7 +139,9 @@ fn bench_json_has_every_figure() {
     assert_eq!(doc["vmlinux"], vmlinux.to_str().unwrap());
     assert_eq!(doc["iters"], 200);
     let methods = doc["methods"].as_object().expect("a methods object");
-    for k in ["(a)", "(b)", "(c)", "(d)", "(e)", "loading", "report"] {
+    for k in [
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "loading", "report",
+    ] {
         assert!(methods[k].is_string(), "method {k} in {text}");
     }
     // The printed table gives the same verdicts.
@@ -122,7 +153,8 @@ fn bench_json_has_every_figure() {
             l.starts_with("PASS ") || l.starts_with("MISS ") || l.starts_with("SKIP ")
         })
         .count();
-    assert_eq!(verdicts, 5, "{table}");
+    assert_eq!(verdicts, 7, "{table}");
+    assert!(table.contains("(f) exitless vs. trap"), "{table}");
 }
 
 #[test]

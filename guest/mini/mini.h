@@ -18,6 +18,11 @@ typedef unsigned char u8;
 
 #define MINI_MAX_CPUS 64 /* entry.S has this many stacks */
 
+/* Instructions workload.c's calibration_spin() executes per mode=loop
+ * iteration with mini_spin = n (vmtrace bench relies on it: 2n more than
+ * with n = 0). */
+#define MINI_SPIN_INSNS(n) (3 + 2 * (u64)(n))
+
 #define POWEROFF_PORT 0xf4
 #define COM1_PORT 0x3f8
 #define I8042_COMMAND_PORT 0x64

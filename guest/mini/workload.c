@@ -38,6 +38,12 @@ static struct cpu mini_cpus[MINI_MAX_CPUS];
 /* Set by the VMM from outside to end mode=loop. */
 volatile unsigned int mini_stop __attribute__((aligned(4)));
 
+/* Set by the VMM from outside (under a pause) to make each mode=loop
+ * iteration also run MINI_SPIN_INSNS(mini_spin) instructions of
+ * calibration_spin(): `vmtrace bench` times them to find what one guest
+ * instruction costs. 0 (the default) adds only 3 instructions, no call. */
+volatile unsigned int mini_spin __attribute__((aligned(4)));
+
 /* vCPUs that have printed "done"; the last one powers off. */
 static unsigned int mini_done;
 
@@ -99,6 +105,26 @@ noipa void do_idle(struct cpu *c, u64 i)
 		mini_account(c);
 }
 
+/* ---- calibration --------------------------------------------------------- */
+
+/* Exactly MINI_SPIN_INSNS(n) instructions for n = mini_spin read once:
+ * mov, test, jz (taken when n is 0, so the loop never runs 2^32 times), then
+ * n times dec + jnz. No call and no memory access in the loop, so nothing
+ * here is a site or can trap; spin n costs 2n instructions more than spin 0. */
+static notrace inline __attribute__((always_inline)) void calibration_spin(void)
+{
+	asm volatile("movl %0, %%ecx\n\t"
+		     "testl %%ecx, %%ecx\n\t"
+		     "jz 2f\n"
+		     "1:\n\t"
+		     "decl %%ecx\n\t"
+		     "jnz 1b\n"
+		     "2:"
+		     :
+		     : "m"(mini_spin)
+		     : "ecx", "cc");
+}
+
 /* ---- boot --------------------------------------------------------------- */
 
 /* Like Linux's __init code: one traced site outside _stext.._etext. */
@@ -158,8 +184,10 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 		string_io_selftest();
 
 	if (cfg.loop) {
-		for (i = 0; !mini_stop; i++)
+		for (i = 0; !mini_stop; i++) {
 			do_idle(c, i);
+			calibration_spin();
+		}
 	} else {
 		for (i = 0; i < cfg.iters; i++)
 			do_idle(c, i);

@@ -66,6 +66,48 @@
 //! text), `E_REPS` times each with a `detach` between; the first is reported
 //! apart (cold caches), the goals are judged on the worst.
 //!
+//! **(f) exitless vs. trap, per traced call.** A second mini guest in
+//! `mode=loop`, the same phase technique as (a)-(c) (phases of `--iters`
+//! iterations per vCPU, switched under pauses, in rotating order, `--rounds`
+//! rounds, exact counts read under the pauses), with four kinds of phase:
+//!
+//! - **untraced**: no site patched, `mini_spin` = 0;
+//! - **spin**: no site patched, `mini_spin` = `SPIN` (200): each iteration
+//!   also runs the guest's calibration spin, `2 * SPIN` = 400 guest
+//!   instructions more than with 0 (guest/mini/mini.h `MINI_SPIN_INSNS`:
+//!   `mov`, `test`, `jz`, then `mini_spin` times `dec` + `jnz`), enough to
+//!   dominate a phase's noise;
+//! - **trap**: the `hrtimer_*` sites trap to vmtrace's real recorder
+//!   (`Tracer::new`);
+//! - **exitless**: the same sites call vmtrace's trampoline in the guest
+//!   (`Tracer::exitless`, rings of the default size).
+//!
+//! Two tracers over one VM, at most one attached at a time: the trap
+//! tracer's recorders are the vCPUs' handlers, each wrapped to count the
+//! trace-port traps it sees; the exitless tracer's handlers are dropped (no
+//! site of its traps). Calls per iteration `X` = traps / iterations over the
+//! trap phases (3.5 on the mini workload). With `t` = µs per iteration per
+//! vCPU, per round:
+//!
+//! - t_insn = (t_spin − t_untraced) / (2 · SPIN): µs per guest instruction
+//!   of the calibration loop;
+//! - trap µs per call = (t_trap − t_untraced) / X, exitless µs per call =
+//!   (t_exitless − t_untraced) / X, and their ratio;
+//! - guest instructions per traced call, measured = exitless µs per call /
+//!   t_insn (goal ≤ 30); static = the trampoline's
+//!   `common_path_instructions()` (stub + common path of a recorded call,
+//!   counted in its code: 28);
+//!
+//! all reported as medians over the rounds; and exits per traced call in
+//! exitless mode = trace-port traps in the exitless phases / calls in them
+//! (calls = those the exitless tracer counted, recorded or dropped, plus any
+//! that trapped), goal ≤ 0.01. No site holds a trap in an exitless phase, so
+//! this is 0 unless something is wrong: a phase that trapped on more than
+//! 1 % of its calls fails the run, as does an exitless tracer that counted
+//! not about X calls per iteration of its phases. On a host whose KVM
+//! emulates guest ring 0 (~1 µs per instruction) an exitless call costs
+//! more than an exit; `--mode auto` picks traps there.
+//!
 //! **Loading**: `KernelImage::load` + `SiteTable::build` of that vmlinux.
 //!
 //! **Report**: `report::render` with callers, and the JSON export, of a

@@ -1,5 +1,7 @@
 //! Judging and presenting the figures: the goals, the printed table, and
-//! the `--json FILE` document.
+//! the `--json FILE` document; (f)'s part of each is in `exitless`.
+
+mod exitless;
 
 use std::fmt::{self, Write as _};
 use std::path::Path;
@@ -9,9 +11,12 @@ use serde::{Serialize, Serializer};
 use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 use tracer::report;
 
-use super::measure::{CallCosts, HandlerAlone, PauseFigures, Scaling, E_REPS, TRACE_GLOB};
+use super::measure::{
+    CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, Scaling, E_REPS, TRACE_GLOB,
+};
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
+use exitless::ExitlessFigures;
 
 /// Goals.
 const GOAL_RATIO: f64 = 1.2;
@@ -31,6 +36,8 @@ pub struct Results {
     pub b: f64,
     pub c: f64,
     pub handlers: HandlerAlone,
+    /// (f): exitless against trap, per traced call.
+    pub exitless: ExitlessCosts,
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
@@ -65,7 +72,7 @@ fn max(v: &[f64]) -> f64 {
 }
 
 /// The figures by name, as saved in the JSON. Those named `a_`..`e_` are
-/// the figures (a) to (e).
+/// the figures (a) to (e); (f) has its own object (`ExitlessFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
     let mut f: Vec<(String, f64)> = vec![
         ("a_exit_round_trip_us".into(), r.a),
@@ -191,6 +198,7 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
             ))
         },
     });
+    goals.extend(exitless::goals(&r.exitless));
     goals
 }
 
@@ -232,6 +240,9 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
              linux`, or pass --vmlinux PATH)"
         )?,
     }
+    writeln!(o)?;
+    exitless::write(o, &r.exitless, cfg)?;
+    writeln!(o)?;
     writeln!(
         o,
         "report: {} events, text with callers {:.3} s; JSON export {:.3} s",
@@ -273,7 +284,7 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
     )?;
     writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
     let ratios = c.ratios();
-    let rows: [(&str, String, Option<&[f64]>); 6] = [
+    let rows: [Row<'_>; 6] = [
         (
             "(a) exit round trip (resume-only handler)",
             format!("{:.2} µs", r.a),
@@ -301,6 +312,19 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
             None,
         ),
     ];
+    write_rows(o, &rows)?;
+    writeln!(
+        o,
+        "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
+        c.iter_us[0], c.iter_us[1], c.iter_us[2]
+    )
+}
+
+/// Rows of (a)-(c) and (f): label, median and, given the per-round values,
+/// their range.
+type Row<'a> = (&'a str, String, Option<&'a [f64]>);
+
+fn write_rows(o: &mut String, rows: &[Row<'_>]) -> fmt::Result {
     for (label, median, rounds) in rows {
         write!(o, "  {label:<44} {median:>10}")?;
         if let Some(v) = rounds {
@@ -308,11 +332,7 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
         }
         writeln!(o)?;
     }
-    writeln!(
-        o,
-        "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
-        c.iter_us[0], c.iter_us[1], c.iter_us[2]
-    )
+    Ok(())
 }
 
 /// `v` µs with one decimal, as (d) and (e) print their times.
@@ -416,6 +436,8 @@ struct BenchJson<'a> {
     /// A non-finite figure (which none should be) is written as null.
     #[serde(serialize_with = "ordered_map")]
     figures: &'a [(String, f64)],
+    /// (f).
+    exitless: ExitlessFigures,
     goals: Vec<GoalJson<'a>>,
     #[serde(serialize_with = "ordered_map")]
     methods: &'a [(&'static str, String)],
@@ -439,11 +461,7 @@ fn ordered_map<K: Serialize, V: Serialize, S: Serializer>(
 }
 
 /// The JSON document of `--json FILE`.
-pub fn json(
-    figures: &[(String, f64)],
-    goals: &[Goal],
-    run: &Run<'_>,
-) -> serde_json::Result<String> {
+pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<String> {
     let cfg = run.cfg;
     let doc = BenchJson {
         schema: JSON_SCHEMA,
@@ -455,7 +473,8 @@ pub fn json(
         rounds: cfg.rounds,
         cycles: cfg.cycles,
         report_events: cfg.report_events,
-        figures,
+        figures: &figures(r),
+        exitless: ExitlessFigures::new(&r.exitless),
         goals: goals
             .iter()
             .map(|g| GoalJson {
@@ -514,6 +533,7 @@ fn methods() -> Vec<(&'static str, String)> {
              selects, spread evenly over the text; goals judged on the worst attach"
                 .into(),
         ),
+        ("(f)", exitless::method()),
         (
             "loading",
             "KernelImage::load + SiteTable::build of that vmlinux, median of the loads made for (e)"
@@ -531,7 +551,7 @@ fn methods() -> Vec<(&'static str, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::measure::AttachFigures;
+    use super::super::measure::{AttachFigures, ExitlessCosts};
     use super::*;
 
     /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".
@@ -570,6 +590,14 @@ mod tests {
                 resume_only_ns: 20.0,
                 recorder_ns: 60.0,
             },
+            // 1 µs per instruction; per call: trap 10 µs, exitless 28 µs.
+            exitless: ExitlessCosts {
+                rounds: vec![[10.0, 410.0, 45.0, 108.0], [11.0, 411.0, 46.0, 109.0]],
+                calls_per_iter: 3.5,
+                exitless_calls: 7000,
+                exitless_traps: 0,
+                static_instructions: 28,
+            },
             pauses: vec![PauseFigures {
                 vcpus: 1,
                 sites: 9,
@@ -600,7 +628,7 @@ mod tests {
             started: Instant::now(),
         };
         let table = table(r, &goals, &run);
-        let json = json(&figures(r), &goals, &run).unwrap();
+        let json = json(r, &goals, &run).unwrap();
         (table, json)
     }
 
@@ -628,16 +656,79 @@ mod tests {
         assert!(at("(e)") < at("loading"));
 
         let goals = doc["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 5);
+        assert_eq!(goals.len(), 7);
         let status: Vec<&str> = goals
             .iter()
             .map(|g| g["status"].as_str().unwrap())
             .collect();
         // b/a 1.1; worst 100-site attach 900 µs; worst of all 900 µs;
-        // loading 38 ms; report 0.44 s.
-        assert_eq!(status, ["PASS"; 5]);
+        // loading 38 ms; report 0.44 s; 0 exits and 28 instructions per
+        // exitless call.
+        assert_eq!(status, ["PASS"; 7]);
         assert!(goals.iter().all(|g| g["not_judged"].is_null()));
         assert_eq!(doc["methods"].as_object().unwrap().len(), methods().len());
+        assert!(at("(e)") < at("(f)"));
+    }
+
+    #[test]
+    fn exitless_figures_in_json_and_table() {
+        let mut r = results(false);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ex = &doc["exitless"];
+        assert_eq!(ex["exits_per_call"], 0.0);
+        assert_eq!(ex["guest_instructions_per_call"], 28.0);
+        assert_eq!(ex["guest_instructions_per_call_static"], 28);
+        assert_eq!(ex["trap_us_per_call"], 10.0);
+        assert_eq!(ex["exitless_us_per_call"], 28.0);
+        assert_eq!(ex["exitless_vs_trap"], 2.8);
+        assert_eq!(ex["us_per_guest_instruction"], 1.0);
+        assert_eq!(ex["exitless_calls"], 7000);
+        assert_eq!(ex["iter_spin_us"], 410.0);
+        let row = |start: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
+                .to_string()
+        };
+        assert_eq!(
+            row("exitless: cost"),
+            format!(
+                "  {:<44} {:>10}   28.00 .. 28.00",
+                "exitless: cost per traced call", "28.00 µs"
+            )
+        );
+        assert_eq!(
+            row("guest instructions per call, static"),
+            format!(
+                "  {:<44} {:>10}",
+                "guest instructions per call, static", "28"
+            )
+        );
+        assert!(row("exits per traced call, exitless:")
+            .ends_with("0.0000 (0 trace-port traps in 7,000 calls)"));
+        assert!(
+            row("PASS  guest instructions").contains("28.0 measured"),
+            "{t}"
+        );
+
+        // 71 traps in 7,000 calls, 4 µs per instruction: both goals missed.
+        r.exitless.exitless_traps = 71;
+        r.exitless.rounds = vec![[10.0, 1610.0, 45.0, 500.0]];
+        let goals = goals(&r, &cfg(GOAL_REPORT_EVENTS, false));
+        let status: Vec<&str> = goals.iter().map(Goal::status).collect();
+        assert_eq!(status[5..], ["MISS", "MISS"]);
+        assert!(
+            goals[5].measured.starts_with("0.0101 (71 "),
+            "{}",
+            goals[5].measured
+        );
+        // (500 - 10) / 3.5 = 140 µs per call, at 4 µs per instruction.
+        assert!(
+            goals[6].measured.starts_with("35.0 measured"),
+            "{}",
+            goals[6].measured
+        );
     }
 
     #[test]

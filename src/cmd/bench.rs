@@ -38,6 +38,28 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     eprintln!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
     let handlers = measure::handler_alone(&cfg.kernel)?;
 
+    eprintln!(
+        "vmtrace bench: (f) {} rounds of 4 phases (untraced, spin {}, trap, exitless) x {} \
+         iterations ({} vCPU, mode=loop)",
+        cfg.rounds,
+        measure::SPIN,
+        cfg.iters,
+        cfg.cpus
+    );
+    let exitless = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    let (t_insn, ex) = (
+        median(&exitless.us_per_insn()),
+        median(&exitless.exitless_us()),
+    );
+    if !(t_insn > 0.0 && ex > 0.0) {
+        return Err(RuntimeError::Measure(format!(
+            "(f): the spin or exitless phases were not slower than untraced ones ({t_insn:.3} µs \
+             per instruction, {ex:.2} µs per exitless call): the phases are too short for this \
+             host's noise; raise --iters or --rounds"
+        ))
+        .into());
+    }
+
     let mut pauses = Vec::new();
     for n in PAUSE_VCPUS {
         eprintln!(
@@ -76,6 +98,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         b,
         c,
         handlers,
+        exitless,
         pauses,
         scaling,
         render_s,
@@ -86,8 +109,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     print!("{}", results::table(&r, &goals, &run));
     let _ = std::io::stdout().flush();
     if let Some(path) = &cfg.json {
-        let j =
-            results::json(&results::figures(&r), &goals, &run).map_err(RuntimeError::BenchJson)?;
+        let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;
         std::fs::write(path, j).map_err(|source| RuntimeError::Write {
             path: path.clone(),
             source,

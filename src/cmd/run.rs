@@ -80,6 +80,13 @@ fn traced(
         vm.boot_plan().protocol == Protocol::Direct,
         "the config and the loader disagree on the boot protocol"
     );
+    if let Some(rejected) = plan.sites.rejected_summary() {
+        // Left out of tracing, never silently: say which.
+        eprintln!(
+            "vmtrace: {}: {rejected} (left out)",
+            plan.image.path.display()
+        );
+    }
     let (mut tracer, handlers) = match mode {
         Mode::Trap => Tracer::new(plan, vm.cpus(), max_events),
         Mode::Exitless => Tracer::exitless(plan, vm.cpus(), max_events, ring_events)

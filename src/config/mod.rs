@@ -43,12 +43,32 @@ pub fn check_mem(mib: u64) -> Result<u64, InputError> {
     Ok(mib)
 }
 
-/// A positive, finite number of seconds given with `flag`.
+/// The longest `--timeout` or `--duration`: 365 days. Far beyond any
+/// trace, far below what `Duration` and `Instant` arithmetic can hold.
+pub const MAX_SECS: u64 = 365 * 24 * 3600;
+
+/// A positive, finite number of seconds given with `flag`, at most [`MAX_SECS`].
 pub fn secs(v: Option<f64>, flag: &'static str) -> Result<Option<Duration>, InputError> {
     match v {
         None => Ok(None),
+        Some(value) if value.is_finite() && value > MAX_SECS as f64 => {
+            Err(InputError::SecondsTooLong {
+                flag,
+                value,
+                max: MAX_SECS,
+            })
+        }
         Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
         Some(value) => Err(InputError::Seconds { flag, value }),
+    }
+}
+
+/// A number of seconds as the user would write it: `1e300`, not 301 digits.
+pub fn show_secs(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        v.to_string()
     }
 }
 
@@ -78,6 +98,20 @@ mod tests {
             let e = secs(Some(bad), "--duration").unwrap_err().to_string();
             assert!(e.starts_with("--duration "), "{e}");
         }
+        // Too long for Duration (1e20, 1e300) or for Instant arithmetic (1e19).
+        for big in [1e300, 1e20, 1e19, MAX_SECS as f64 + 1.0] {
+            let e = secs(Some(big), "--timeout").unwrap_err().to_string();
+            assert!(e.starts_with("--timeout "), "{e}");
+            assert!(e.contains("at most 31536000 seconds"), "{e}");
+        }
+        assert_eq!(
+            secs(Some(1e300), "--timeout").unwrap_err().to_string(),
+            "--timeout 1e300 is too long; use at most 31536000 seconds (365 days)"
+        );
+        assert_eq!(
+            secs(Some(MAX_SECS as f64), "--duration").unwrap(),
+            Some(Duration::from_secs(MAX_SECS))
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The output options, checked: how the trace is shown or saved, for a traced
 //! run and for `vmtrace report`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use tracer::export::file;
 use tracer::report::{self, ReportOptions, Sort};
 
 use crate::cli::{Format, OutputArgs, ReportArgs, SortKey};
@@ -25,6 +26,9 @@ impl Output {
             Some(list) => Some(report::parse_cpu_list(list).map_err(InputError::CpuList)?),
             None => None,
         };
+        if let Some(path) = &args.output {
+            check_path(path)?;
+        }
         Ok(Output {
             format: args.format,
             path: args.output.clone(),
@@ -43,6 +47,20 @@ impl Output {
     }
 }
 
+/// `-o FILE`, before anything runs: a path `tracer::export::file` will
+/// write (a new or regular file, replaced atomically, or a character device
+/// written into; a symlink followed; never a directory, FIFO, socket or
+/// block device), in a writable directory with room for a start.
+fn check_path(path: &Path) -> Result<(), InputError> {
+    file::check(path)
+        .map(|_| ())
+        .map_err(|source| InputError::Output {
+            flag: "-o",
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 /// `vmtrace report -i FILE`, checked.
 pub struct ReportConfig {
     pub input: PathBuf,
@@ -51,11 +69,11 @@ pub struct ReportConfig {
 
 impl ReportConfig {
     pub fn check(args: &ReportArgs) -> Result<ReportConfig, InputError> {
-        let output = Output::check(&args.output)?;
         // The text format's -o writes the binary trace, which `report` was given.
-        if output.format == Format::Text && output.path.is_some() {
+        if args.output.format == Format::Text && args.output.output.is_some() {
             return Err(InputError::ReportTextOutput);
         }
+        let output = Output::check(&args.output)?;
         Ok(ReportConfig {
             input: args.input.clone(),
             output,

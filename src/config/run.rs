@@ -75,13 +75,31 @@ impl RunConfig {
         if args.from_boot && kind.is_linux() {
             return Err(InputError::FromBootLinux(kernel));
         }
+        let mem_size = mem_mib << 20;
+        if kind == KernelKind::BzImage {
+            // Its setup header against the file: truncated or corrupt images
+            // are refused now, not after a boot that triple-faults.
+            let (mut file, _) = vmm::boot::open_input(
+                &kernel,
+                "kernel",
+                vmm::boot::KERNEL_MAX_SIZE,
+                "the largest guest memory",
+            )
+            .map_err(BootError::from)?;
+            vmm::boot::linux::check_bzimage(&mut file, &kernel).map_err(BootError::from)?;
+        }
         if let Some(initrd) = &args.initrd {
-            if !initrd.is_file() {
+            if !initrd.exists() {
                 return Err(InputError::InitrdMissing(initrd.clone()));
             }
             if !kind.is_linux() {
                 return Err(BootError::InitrdWithElf { path: kernel }.into());
             }
+            // A regular file, no larger than the guest's RAM.
+            vmm::boot::open_initrd(initrd, mem_size).map_err(BootError::from)?;
+        }
+        if kind != KernelKind::BzImage {
+            check_elf_kernel(&kernel, mem_size)?;
         }
         let emulator_host = emulator_host();
         let cmdline = cmdline(args, kind, emulator_host)?;
@@ -89,6 +107,9 @@ impl RunConfig {
         let trace = if traced {
             let vmlinux = vmlinux_path(args, &kernel, kind)?;
             let plan = Plan::new(&vmlinux, &args.trace, &args.notrace)?;
+
+            check_vmlinux(&kernel, kind, &vmlinux, &plan)?;
+            check_patchable(&plan, args)?;
             let mode = choose_mode(args, &plan, cpus as usize, emulator_host)?;
             Some(TraceConfig {
                 plan,
@@ -128,6 +149,137 @@ impl RunConfig {
             trace,
         })
     }
+}
+
+/// An ELF kernel's loadable segments must lie in guest RAM (bss included).
+fn check_elf_kernel(kernel: &Path, mem_size: u64) -> Result<(), InputError> {
+    let (file, size) = vmm::boot::open_input(
+        kernel,
+        "kernel",
+        vmm::boot::KERNEL_MAX_SIZE,
+        "the largest guest memory",
+    )
+    .map_err(BootError::from)?;
+    let elf = vmm::boot::read_input(&file, size).map_err(|source| BootError::Open {
+        path: kernel.to_owned(),
+        source,
+    })?;
+    vmm::boot::check_elf_segments(&elf, kernel, mem_size).map_err(BootError::from)?;
+    Ok(())
+}
+
+/// The symbol holding "Linux version ..." in a vmlinux.
+const LINUX_BANNER: &str = "linux_banner";
+
+/// The vmlinux must be the kernel's, found now rather than after a boot that
+/// waits for sites that never come: a bzImage's version string (its setup
+/// header's `kernel_version`, "6.1.192 (user@host) #1 SMP ...") against the
+/// vmlinux's `linux_banner` ("Linux version 6.1.192 (user@host) (gcc ...) #1
+/// SMP ..."); two ELF files by their build ids.
+fn check_vmlinux(
+    kernel: &Path,
+    kind: KernelKind,
+    vmlinux: &Path,
+    plan: &Plan,
+) -> Result<(), InputError> {
+    let mismatch = |why: String| InputError::VmlinuxMismatch {
+        vmlinux: vmlinux.to_owned(),
+        kernel: kernel.to_owned(),
+        why,
+    };
+    let banner = plan.image.symbol(LINUX_BANNER).and_then(|s| {
+        let len = usize::try_from(s.size)
+            .ok()
+            .filter(|&n| n > 0 && n <= 4096)?;
+        let bytes = plan.image.file_bytes(s.addr, len)?;
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        Some(String::from_utf8_lossy(&bytes[..end]).trim_end().to_owned())
+    });
+    match kind {
+        KernelKind::BzImage => {
+            let Some(banner) = banner else {
+                return Err(mismatch(format!(
+                    "it is not a Linux vmlinux (no {LINUX_BANNER}) but the kernel is a bzImage"
+                )));
+            };
+            let (mut file, _) = vmm::boot::open_input(
+                kernel,
+                "kernel",
+                vmm::boot::KERNEL_MAX_SIZE,
+                "the largest guest memory",
+            )
+            .map_err(BootError::from)?;
+            let version =
+                vmm::boot::linux::bzimage_version(&mut file, kernel).map_err(BootError::from)?;
+            if let Some(version) = version {
+                if !banner_matches(&banner, &version) {
+                    return Err(mismatch(format!(
+                        "the kernel is {version:?}, the vmlinux {banner:?}"
+                    )));
+                }
+            }
+        }
+        KernelKind::LinuxElf | KernelKind::Elf => {
+            if vmlinux == kernel {
+                return Ok(());
+            }
+            let kernel_image =
+                tracer::symbols::KernelImage::load(kernel).map_err(TracerError::from)?;
+            let hex = |b: &Option<Vec<u8>>| {
+                b.as_ref()
+                    .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+            };
+            match (hex(&kernel_image.build_id), hex(&plan.image.build_id)) {
+                (Some(k), Some(v)) if k != v => {
+                    return Err(mismatch(format!("build id {v} is not the kernel's {k}")));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Does a vmlinux's banner ("Linux version R (B@H) (compiler) V") describe the
+/// bzImage version `version` ("R (B@H) V")?
+fn banner_matches(banner: &str, version: &str) -> bool {
+    let Some(banner) = banner.strip_prefix("Linux version ") else {
+        return false;
+    };
+    // "R (B@H)" starts both; UTS_VERSION ("#1 SMP ...", with the build
+    // time) ends both.
+    let (head, uts) = match version.split_once(") ") {
+        Some((h, u)) => (format!("{h})"), u),
+        None => (version.to_owned(), ""),
+    };
+    banner.starts_with(&head) && banner.ends_with(uts)
+}
+
+/// A selection whose every site is in init text would boot and trace nothing.
+fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
+    if !plan.index.addrs.is_empty() || plan.skipped_init == 0 {
+        return Ok(());
+    }
+    // Name a few: the selection again (cheap, and it succeeded once).
+    let selected = tracer::filter::Filter::new(&args.trace, &args.notrace)
+        .and_then(|f| f.select(&plan.image, &plan.sites))
+        .unwrap_or_default();
+    let mut names: Vec<&str> = selected
+        .iter()
+        .map(|&i| {
+            plan.image.functions[plan.sites.sites[i].func as usize]
+                .name
+                .as_str()
+        })
+        .take(3)
+        .collect();
+    if selected.len() > names.len() {
+        names.push("...");
+    }
+    Err(InputError::NoPatchableSite {
+        skipped: plan.skipped_init,
+        examples: names.join(", "),
+    })
 }
 
 /// `--mode`: the one asked for, checked now (rings that fit, a kernel whose

@@ -24,6 +24,18 @@ pub enum SiteError {
         path: std::path::PathBuf,
         entries: usize,
     },
+    #[error(
+        "{}: {rejected} of its {entries} __mcount_loc entries are not at a function entry \
+         (e.g. {examples}); the symbol table does not match the site table, the vmlinux is \
+         corrupt or not the one the kernel was built with",
+        path.display()
+    )]
+    Mismatch {
+        path: std::path::PathBuf,
+        rejected: usize,
+        entries: usize,
+        examples: String,
+    },
     #[error("{}: {count} functions is more than the tracer can index", path.display())]
     TooManyFunctions {
         path: std::path::PathBuf,
@@ -71,10 +83,47 @@ pub struct Site {
     pub init: bool,
 }
 
+/// How many rejected entries `SiteTable` names.
+pub const REJECTED_EXAMPLES: usize = 5;
+/// A table with more than this share of rejected entries (in percent of its
+/// non-zero entries) does not belong to this symbol table: refused (a real
+/// vmlinux has a few stale ones, e.g. 72 of 9,657 in 6.1's: under 1%) ...
+pub const MAX_REJECTED_PERCENT: usize = 10;
+/// ... provided at least this many are rejected: in a tiny table one or two
+/// stale entries (overridden weak functions) are no mismatch.
+pub const MIN_MISMATCH_REJECTED: usize = 4;
+
+/// An `__mcount_loc` entry that is not a usable site: not at a function's
+/// entry, or its bytes in the file are neither `NOP5` nor `call __fentry__`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedSite {
+    pub addr: u64,
+    /// The function containing `addr` and the offset into it, if any.
+    pub function: Option<(String, u64)>,
+}
+
+impl std::fmt::Display for RejectedSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.function {
+            Some((name, 0)) => write!(f, "{name} ({:#x})", self.addr),
+            Some((name, off)) => write!(f, "{name}+{off:#x} ({:#x})", self.addr),
+            None => write!(f, "{:#x} (in no function)", self.addr),
+        }
+    }
+}
+
 /// The image's usable ftrace call sites, sorted by address.
 #[derive(Debug, Clone)]
 pub struct SiteTable {
     pub sites: Vec<Site>,
+    /// Distinct non-zero `__mcount_loc` entries (zero entries are those the
+    /// build blanked, e.g. of discarded weak functions: not counted).
+    pub entries: usize,
+    /// How many of them were left out: not at a function entry, or not
+    /// holding a site's bytes (never patched, so never traced).
+    pub rejected: usize,
+    /// The first `REJECTED_EXAMPLES` of them, by address.
+    pub rejected_examples: Vec<RejectedSite>,
 }
 
 impl SiteTable {
@@ -94,18 +143,29 @@ impl SiteTable {
         let mut entries = image.mcount_loc.clone();
         entries.sort_unstable();
         entries.dedup();
+        entries.retain(|&a| a != 0);
 
         let mut sites = Vec::with_capacity(entries.len());
+        let mut rejected = 0;
+        let mut rejected_examples = Vec::new();
         for &addr in &entries {
-            let Some(func) = site_function(image, addr) else {
+            let func = site_function(image, addr).filter(|_| {
+                image
+                    .file_bytes(addr, SITE_LEN)
+                    .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other)
+            });
+            let Some(func) = func else {
+                rejected += 1;
+                if rejected_examples.len() < REJECTED_EXAMPLES {
+                    rejected_examples.push(RejectedSite {
+                        addr,
+                        function: image
+                            .function_at(addr)
+                            .map(|f| (f.name.clone(), addr - f.addr)),
+                    });
+                }
                 continue;
             };
-            let is_site = image
-                .file_bytes(addr, SITE_LEN)
-                .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other);
-            if !is_site {
-                continue;
-            }
             let init = image
                 .init_text
                 .is_some_and(|(start, end)| (start..end).contains(&addr));
@@ -119,7 +179,49 @@ impl SiteTable {
                 entries: entries.len(),
             });
         }
-        Ok(SiteTable { sites })
+        let table = SiteTable {
+            sites,
+            entries: entries.len(),
+            rejected,
+            rejected_examples,
+        };
+        if rejected >= MIN_MISMATCH_REJECTED
+            && rejected.saturating_mul(100) > entries.len().saturating_mul(MAX_REJECTED_PERCENT)
+        {
+            return Err(SiteError::Mismatch {
+                path: image.path.clone(),
+                rejected,
+                entries: entries.len(),
+                examples: table.rejected_names(),
+            });
+        }
+        Ok(table)
+    }
+
+    /// The rejected entries for a report, e.g. "3 sites not at a function
+    /// entry: foo+0x1 (0xffffffff81000001), ..."; None when there are none.
+    pub fn rejected_summary(&self) -> Option<String> {
+        (self.rejected > 0).then(|| {
+            let s = if self.rejected == 1 { "" } else { "s" };
+            format!(
+                "{} site{s} not at a function entry: {}",
+                self.rejected,
+                self.rejected_names()
+            )
+        })
+    }
+
+    /// The named examples, comma-separated, with "..." when there are more.
+    fn rejected_names(&self) -> String {
+        let mut names: Vec<String> = self
+            .rejected_examples
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        if self.rejected > self.rejected_examples.len() {
+            names.push("...".into());
+        }
+        names.join(", ")
     }
 
     pub fn len(&self) -> usize {

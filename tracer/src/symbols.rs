@@ -31,6 +31,8 @@ const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_
 /// Why a kernel image could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
+    #[error(transparent)]
+    File(#[from] vmm::boot::FileError),
     #[error("cannot read kernel image {}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -123,10 +125,19 @@ impl KernelImage {
     /// Reads and indexes the ELF file at `path`.
     pub fn load(path: &Path) -> Result<Self, SymbolError> {
         let path = path.to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| SymbolError::Read {
+        // Bounded, and never a FIFO or a device (`/dev/zero` would grow
+        // without end).
+        let (file, size) = vmm::boot::open_input(
+            &path,
+            "vmlinux",
+            vmm::boot::VMLINUX_MAX_SIZE,
+            "the largest vmlinux vmtrace reads",
+        )?;
+        let bytes = vmm::boot::read_input(&file, size).map_err(|source| SymbolError::Read {
             path: path.clone(),
             source,
         })?;
+        drop(file);
         let file = object::File::parse(&*bytes).map_err(|source| SymbolError::NotElf {
             path: path.clone(),
             source,

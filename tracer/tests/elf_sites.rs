@@ -410,7 +410,10 @@ fn mcount_loc_without_file_data_is_rejected() {
 fn missing_and_non_elf_files_are_rejected() {
     let missing = Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-such-vmlinux");
     let e = KernelImage::load(&missing).expect_err("missing file");
-    assert!(matches!(e, SymbolError::Read { .. }), "{e:?}");
+    assert!(
+        matches!(e, SymbolError::File(vmm::boot::FileError::Open { .. })),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("no-such-vmlinux"), "{e}");
 
     let not_elf = fixtures_dir().join("kern.c");
@@ -469,6 +472,21 @@ fn stale_entries_are_left_out_and_counted() {
         .filter(|&a| a != 0 && a != inside && lookup(&table, a).is_none())
         .collect();
     assert_eq!(weak.len(), 1, "{weak:x?}");
+    // Both counted and named, for the report (the zero entry is no site).
+    assert_eq!(table.rejected, 2);
+    assert_eq!(table.entries, TRACEABLE.len() + 2);
+    let named: Vec<u64> = table.rejected_examples.iter().map(|r| r.addr).collect();
+    assert_eq!(named, {
+        let mut v = vec![inside, weak[0]];
+        v.sort_unstable();
+        v
+    });
+    let summary = table.rejected_summary().unwrap();
+    assert!(
+        summary.starts_with("2 sites not at a function entry: ")
+            && summary.contains("hrtimer_try_to_cancel+0x7"),
+        "{summary}"
+    );
     assert!(image.function_at(weak[0]).is_none());
     assert_eq!(image.file_bytes(weak[0], SITE_LEN), Some(&NOP5[..]));
 }

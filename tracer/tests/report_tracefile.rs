@@ -194,6 +194,22 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// `fixture::big_trace(n)` made consistent, as a loaded trace must be: the
+/// counts are those of the events, plus the dropped ones (on function 0, vCPU 0).
+fn big(n: usize) -> Trace {
+    let mut t = fixture::big_trace(n);
+    for row in &mut t.counts {
+        row.iter_mut().for_each(|c| *c = 0);
+    }
+    for e in &t.events {
+        t.counts[e.func as usize][e.cpu as usize] += 1;
+    }
+    t.counts[0][0] += t.meta.events_dropped;
+    t.meta.events_total = n as u64 + t.meta.events_dropped;
+    t.meta.parent_unreadable = t.meta.parent_unreadable.min(t.meta.events_total);
+    t
+}
+
 /// The fixture in exitless mode: no exits at the trace port.
 fn exitless() -> Trace {
     let mut t = fixture::trace();
@@ -243,7 +259,7 @@ fn report_tracefile_round_trip() {
     for (name, t) in [
         ("fixture", fixture::trace()),
         ("empty", Trace::default()),
-        ("big", fixture::big_trace(200_000)),
+        ("big", big(200_000)),
         ("no-build-id", {
             let mut t = fixture::trace();
             t.meta.build_id = None;
@@ -252,7 +268,7 @@ fn report_tracefile_round_trip() {
         }),
         ("exitless", exitless()),
         ("big-exitless", {
-            let mut t = fixture::big_trace(100_000);
+            let mut t = big(100_000);
             t.meta.mode = "exitless".into();
             t.meta.trap_exits = 0;
             t
@@ -590,7 +606,7 @@ fn report_tracefile_corrupt_contents() {
     corrupt_in(
         load_bytes("trailing-2", &c),
         Section::Events,
-        "24 bytes after the last event",
+        "bytes are left in the file",
     );
     // A file length shorter than the preamble.
     let mut c = b.clone();
@@ -710,7 +726,7 @@ fn report_tracefile_reads_version_1() {
     for (name, t) in [
         ("fixture", fixture::trace()),
         ("empty", Trace::default()),
-        ("big", fixture::big_trace(100_000)),
+        ("big", big(100_000)),
         // Whatever the trace says, a version-1 file has no mode: it is trap.
         ("was-exitless", exitless()),
         ("no-build-id", {
@@ -796,7 +812,7 @@ fn report_tracefile_reads_version_1() {
     corrupt_in(
         load_bytes("v1-trailing-2", &c),
         Section::Events,
-        "24 bytes after the last event",
+        "bytes are left in the file",
     );
 }
 
@@ -838,7 +854,7 @@ fn report_tracefile_io_errors() {
 #[test]
 #[ignore = "timing; run in release"]
 fn report_tracefile_10m_events_speed() {
-    let t = fixture::big_trace(10_000_000);
+    let t = big(10_000_000);
     let dir = scratch("speed");
     let p = dir.join("big.vmtrace");
     let start = Instant::now();
@@ -854,4 +870,158 @@ fn report_tracefile_10m_events_speed() {
     assert!(back == t);
     fs::remove_dir_all(&dir).unwrap();
     assert!(total.as_secs_f64() < 2.0, "{total:?}");
+}
+
+/// Numbers that cannot be true are refused on load (before, each was
+/// reported as if true: a 409654543053731968.00% share, stored > total, ...).
+#[test]
+fn report_tracefile_impossible_numbers_are_refused() {
+    let t = fixture::trace();
+    let b = encode(&t, VERSION);
+    let l = layout(&t);
+    let at = |i: usize| l.stop_reason - 10 * 8 + i * 8;
+    let m = &t.meta;
+    assert!(m.events_dropped < m.events_total && !t.events.is_empty());
+
+    // detach before attach.
+    let mut x = b.clone();
+    put_u64(&mut x, at(1), m.attach_ns - 1);
+    corrupt_in(load_bytes("detach", &x), Section::Header, "before attach");
+    // more dropped than in all.
+    let mut x = b.clone();
+    put_u64(&mut x, at(8), m.events_total + 1);
+    corrupt_in(load_bytes("dropped", &x), Section::Header, "dropped of");
+    // unreadable callers beyond the total.
+    let mut x = b.clone();
+    put_u64(&mut x, at(9), m.events_total + 1);
+    corrupt_in(load_bytes("unreadable", &x), Section::Header, "unreadable");
+    // a total that the counts do not add up to (stored > total as well).
+    let mut x = b.clone();
+    put_u64(&mut x, at(7), m.events_dropped);
+    corrupt_in(load_bytes("total", &x), Section::Counts, "add up to");
+    // counts that overflow when added up.
+    let mut x = b.clone();
+    put_u64(&mut x, l.counts + 8, u64::MAX);
+    corrupt_in(load_bytes("overflow", &x), Section::Counts, "past 2^64");
+    // counts moved between vCPUs: totals still agree, per-vCPU sums do not.
+    let mut t2 = t.clone();
+    let row = t2
+        .counts
+        .iter()
+        .position(|r| r.iter().filter(|&&c| c > 0).count() >= 1)
+        .unwrap();
+    t2.meta.events_dropped = 0;
+    t2.meta.events_total = t2.events.len() as u64;
+    // A consistent trace with nothing dropped: counts from the events.
+    for r in &mut t2.counts {
+        r.iter_mut().for_each(|c| *c = 0);
+    }
+    for e in &t2.events {
+        t2.counts[e.func as usize][e.cpu as usize] += 1;
+    }
+    let ok = encode(&t2, VERSION);
+    load_bytes("consistent", &ok).unwrap();
+    let l2 = layout(&t2);
+    let mut x = ok.clone();
+    let (f, c) = t2
+        .counts
+        .iter()
+        .enumerate()
+        .find_map(|(f, r)| r.iter().position(|&c| c > 0).map(|c| (f, c)))
+        .unwrap();
+    let cols = t2.meta.cpus as usize;
+    let other = (c + 1) % cols;
+    let off = |f: usize, c: usize| l2.counts + 8 + (f * cols + c) * 8;
+    put_u64(&mut x, off(f, c), t2.counts[f][c] - 1);
+    put_u64(&mut x, off(f, other), t2.counts[f][other] + 1);
+    corrupt_in(load_bytes("per-cpu", &x), Section::Events, "stored on vCPU");
+    let _ = row;
+    // stored + dropped != total.
+    let mut x = b.clone();
+    put_u64(&mut x, at(8), m.events_dropped - 1);
+    put_u64(&mut x, at(7), m.events_total - 1);
+    put_u64(&mut x, l.counts + 8, u64_at(&b, l.counts + 8));
+    let r = load_bytes("stored", &x);
+    assert!(r.is_err(), "{r:?}");
+}
+
+/// The event count must say exactly the bytes left: a file claiming more
+/// events than it holds, or one padded far beyond its events (a sparse
+/// 10 GiB file claiming 7,000 events), is refused at once, allocating nothing.
+#[test]
+fn report_tracefile_event_count_against_the_file_size() {
+    let t = fixture::trace();
+    let b = encode(&t, VERSION);
+    let l = layout(&t);
+    let n = t.events.len() as u64;
+    let mut x = b.clone();
+    put_u64(&mut x, l.events, n + 1);
+    corrupt_in(
+        load_bytes("more", &x),
+        Section::Events,
+        "but only 360 remain",
+    );
+    let mut x = b.clone();
+    put_u64(&mut x, l.events, u64::MAX / 24);
+    corrupt_in(
+        load_bytes("huge", &x),
+        Section::Events,
+        "but only 360 remain",
+    );
+    let mut x = b.clone();
+    put_u64(&mut x, l.events, n - 1);
+    corrupt_in(load_bytes("fewer", &x), Section::Events, "bytes are left");
+
+    // Sparse: the preamble's length and the file's both 10 GiB.
+    let dir = scratch("sparse");
+    let p = dir.join("t.vmtrace");
+    let big: u64 = 10 << 30;
+    let mut x = b.clone();
+    put_u64(&mut x, 12, big);
+    put_u64(&mut x, l.events, 7000);
+    fs::write(&p, &x).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(big)
+        .unwrap();
+    let started = Instant::now();
+    let r = load(&p);
+    assert!(started.elapsed().as_secs_f64() < 1.0, "{r:?}");
+    match r {
+        Err(TraceFileError::Corrupt {
+            section, detail, ..
+        }) => {
+            assert_eq!(section, Section::Events);
+            assert!(detail.contains("7000 events"), "{detail}");
+        }
+        other => panic!("{other:?}"),
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A FIFO, a directory or a device is refused at once (a FIFO blocked forever).
+#[test]
+fn report_tracefile_non_regular_files_are_refused() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (p, kind) in [
+        (fifo.as_path(), "FIFO"),
+        (dir.as_path(), "directory"),
+        (Path::new("/dev/zero"), "character device"),
+    ] {
+        let started = Instant::now();
+        let e = load(p).unwrap_err();
+        assert!(started.elapsed().as_secs() < 2);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(kind) && msg.contains("not a regular file"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+    }
+    fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,28 +5,21 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracer::record::{self, SiteIndex, OUT_LEN};
 use tracer::session::{Plan, Tracer};
 use tracer::sites::SITE_LEN;
-use tracer::symbols::KernelImage;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Trap, TrapError, TrapHandler, Vm};
 
+use super::phases::{timed_phase, IterCounters};
 use super::{mini_config, wind_down, SETTLE, TRACE_GLOB};
-use crate::bench::{median, us};
+use crate::bench::median;
 use crate::error::{Error, InputError, RuntimeError};
 
-/// No measured phase may take longer.
-const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Traps per handler in the in-process cross-check.
 pub const HANDLER_TRAPS: usize = 1_000_000;
-/// The mini guest's per-vCPU counters, and how many vCPU blocks it has.
-const MINI_CPUS: &str = "mini_cpus";
-const MINI_MAX_CPUS: u64 = 64;
-/// How often a phase looks at the guest's iteration counters.
-const PHASE_POLL: Duration = Duration::from_micros(500);
 
 /// The cheapest correct trap handler: find the site, resume after it.
 struct ResumeOnly {
@@ -86,53 +79,6 @@ impl TrapHandler for Switch {
 
     fn flush(&mut self) {
         self.recorder.flush();
-    }
-}
-
-/// The mini guest's own iteration counters (`mini_cpus[cpu].count[do_idle]`),
-/// read through its page tables while it runs (an aligned u64 the guest
-/// stores with one instruction) or while it is paused.
-struct IterCounters<'a> {
-    map: AddressSpace<'a>,
-    vas: Vec<u64>,
-}
-
-impl<'a> IterCounters<'a> {
-    /// `map`: an AddressSpace over the mini guest's memory and boot page tables.
-    fn new(map: AddressSpace<'a>, image: &KernelImage, ncpus: usize) -> Result<Self, Error> {
-        let not_mini = |why: String| InputError::NotMini {
-            path: image.path.clone(),
-            why,
-        };
-        let sym = image
-            .symbol(MINI_CPUS)
-            .ok_or_else(|| not_mini(format!("it has no {MINI_CPUS} symbol")))?;
-        let stride = sym.size / MINI_MAX_CPUS;
-        if sym.size % MINI_MAX_CPUS != 0 || stride < 8 {
-            return Err(not_mini(format!(
-                "its {MINI_CPUS} is {} bytes, not {MINI_MAX_CPUS} per-vCPU blocks",
-                sym.size
-            ))
-            .into());
-        }
-        Ok(IterCounters {
-            map,
-            vas: (0..ncpus as u64).map(|c| sym.addr + c * stride).collect(),
-        })
-    }
-
-    fn read(&mut self) -> Result<Vec<u64>, Error> {
-        self.vas
-            .iter()
-            .map(|&va| {
-                self.map
-                    .read_array::<8>(va)
-                    .map(u64::from_le_bytes)
-                    .map_err(|e| {
-                        RuntimeError::Measure(format!("reading the guest's counters: {e}")).into()
-                    })
-            })
-            .collect()
     }
 }
 
@@ -238,7 +184,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                 // Between phases: read the exact counts, switch, resume.
                 let start = {
                     let p = running.pause_all();
-                    let now = counters.read()?.iter().sum::<u64>();
+                    let now = counters.total()?;
                     let tr = total_traps();
                     traced.close(pending.take(), now, tr);
                     match MODES[m] {
@@ -261,33 +207,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     });
                     counters.read()?
                 };
-                let t0 = Instant::now();
-                loop {
-                    std::thread::sleep(PHASE_POLL);
-                    if let Some(r) = running.wait_stop(Duration::ZERO) {
-                        return Err(RuntimeError::GuestStopped {
-                            what: "mini guest",
-                            reason: r,
-                        }
-                        .into());
-                    }
-                    let now = counters.read()?;
-                    let elapsed = t0.elapsed();
-                    let done: Vec<u64> = now.iter().zip(&start).map(|(n, s)| n - s).collect();
-                    if done.iter().all(|&d| d >= iters) {
-                        let per_cpu = done.iter().sum::<u64>() as f64 / ncpus as f64;
-                        tau[m] = us(elapsed) / per_cpu;
-                        break;
-                    }
-                    if elapsed > RUN_TIMEOUT {
-                        return Err(RuntimeError::Measure(format!(
-                            "the mini guest did only {done:?} iterations in {} s ({} phase)",
-                            elapsed.as_secs(),
-                            MODES[m].name()
-                        ))
-                        .into());
-                    }
-                }
+                tau[m] = timed_phase(&running, &mut counters, &start, iters, MODES[m].name())?;
             }
             eprintln!(
                 "vmtrace bench: round {}/{reps}: µs per iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
@@ -300,7 +220,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
         }
         {
             let p = running.pause_all();
-            let now = counters.read()?.iter().sum::<u64>();
+            let now = counters.total()?;
             traced.close(pending.take(), now, total_traps());
             if tracer.is_attached() {
                 tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;

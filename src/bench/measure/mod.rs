@@ -1,8 +1,11 @@
 //! Taking the figures (`results` judges and renders them): the shared run
 //! plumbing, (d) pause, (e) attach window vs. sites, loading and report
-//! times; (a)-(c) are in `calls`.
+//! times; (a)-(c) are in `calls`, (f) in `exitless`, the phases both run in
+//! `phases`.
 
 mod calls;
+mod exitless;
+mod phases;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,12 +20,13 @@ use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
+pub use exitless::{exitless_costs, ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN};
 
 use crate::bench::us;
 use crate::config::emulator_host;
 use crate::error::{Error, RuntimeError};
 
-/// The functions traced for (a) and (b).
+/// The functions traced for (a), (b) and (f).
 pub const TRACE_GLOB: &str = "hrtimer_*";
 /// Guest memory of the mini guest, MiB.
 const MINI_MEM_MIB: u64 = 64;

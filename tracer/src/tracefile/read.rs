@@ -12,19 +12,34 @@ use super::{
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
 
-/// Reads a trace saved by `save`.
-pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
-    let file = File::open(path).map_err(|source| TraceFileError::Open {
+/// The longest string field read (a path, a stop reason, a symbol name):
+/// bounds what a corrupt length field makes the reader allocate.
+pub const MAX_STRING: u32 = 1 << 20;
+
+/// Opens a trace file without blocking (a FIFO would wait for a writer) and
+/// refuses anything but a regular file; returns it and its size.
+fn open(path: &Path) -> Result<(File, u64), TraceFileError> {
+    let open_err = |source| TraceFileError::Open {
         path: path.to_path_buf(),
         source,
-    })?;
-    let actual = file
-        .metadata()
-        .map_err(|source| TraceFileError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?
-        .len();
+    };
+    let (file, size) =
+        vmm::boot::open_input(path, "trace file", u64::MAX, "").map_err(|e| match e {
+            vmm::boot::FileError::Open { source, .. } => open_err(source),
+            vmm::boot::FileError::NotRegular { kind, .. } => open_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("it is {kind}, not a regular file"),
+            )),
+            e @ vmm::boot::FileError::TooLarge { .. } => {
+                open_err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+            }
+        })?;
+    Ok((file, size))
+}
+
+/// Reads a trace saved by `save`.
+pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
+    let (file, actual) = open(path)?;
     let mut r = Reader {
         r: BufReader::with_capacity(IO_BUFFER, file),
         path,
@@ -86,6 +101,21 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
     } else {
         (r.string("mode")?, r.u64()?)
     };
+    if v[0] > v[1] {
+        return Err(r.corrupt(format!(
+            "detach ({} ns) is before attach ({} ns)",
+            v[1], v[0]
+        )));
+    }
+    if v[8] > v[7] {
+        return Err(r.corrupt(format!("{} events dropped of {} in all", v[8], v[7])));
+    }
+    if v[9] > v[7] {
+        return Err(r.corrupt(format!(
+            "{} events with an unreadable caller of {} in all",
+            v[9], v[7]
+        )));
+    }
     let meta = TraceMeta {
         kernel,
         build_id,
@@ -136,6 +166,21 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         );
     }
 
+    let mut total = 0u64;
+    for row in &counts {
+        for &c in row {
+            total = total
+                .checked_add(c)
+                .ok_or_else(|| r.corrupt("the counts add up past 2^64".into()))?;
+        }
+    }
+    if total != meta.events_total {
+        return Err(r.corrupt(format!(
+            "the counts add up to {total} but the header says {} events in all",
+            meta.events_total
+        )));
+    }
+
     r.section = Section::Callers;
     let callers = r.syms("callers")?;
     check_callers(&callers).map_err(|d| r.corrupt(d))?;
@@ -146,8 +191,24 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         .checked_mul(EVENT_SIZE as u64)
         .ok_or_else(|| r.corrupt(format!("absurd event count {n}")))?;
     r.need(bytes, &format!("{n} events"))?;
+    // The events run to the end of the file: their count must say exactly
+    // the bytes left, checked before anything is allocated for them.
+    let left = declared - r.pos;
+    if bytes != left {
+        return Err(r.corrupt(format!(
+            "{n} events take {bytes} bytes but {left} bytes are left in the file"
+        )));
+    }
+    if n.checked_add(meta.events_dropped) != Some(meta.events_total) {
+        return Err(r.corrupt(format!(
+            "{n} events stored and {} dropped, but {} in all",
+            meta.events_dropped, meta.events_total
+        )));
+    }
     let n = n as usize; // fits: n * 24 bytes fit in the file
-    let mut events = Vec::with_capacity(n);
+                        // Grown as the events are read: a file that claims more than it has
+                        // (a sparse one) costs only what is actually read.
+    let mut events = Vec::with_capacity(n.min(EVENT_CHUNK));
     let mut buf = vec![0u8; EVENT_CHUNK.min(n) * EVENT_SIZE];
     while events.len() < n {
         let k = EVENT_CHUNK.min(n - events.len());
@@ -170,6 +231,8 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         )));
     }
 
+    check_against_counts(&events, &counts, meta.events_dropped == 0).map_err(|d| r.corrupt(d))?;
+
     Ok(Trace {
         meta,
         functions,
@@ -177,6 +240,37 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         callers,
         events,
     })
+}
+
+/// Stored events per vCPU and per function cannot exceed the counts; with
+/// nothing dropped (`exact`) they equal them.
+fn check_against_counts(events: &[Event], counts: &[Vec<u64>], exact: bool) -> Result<(), String> {
+    let cpus = counts.first().map_or(0, Vec::len);
+    let mut per_cpu = vec![0u64; cpus];
+    let mut per_func = vec![0u64; counts.len()];
+    for e in events {
+        // Indices were checked as the events were read.
+        per_cpu[e.cpu as usize] += 1;
+        per_func[e.func as usize] += 1;
+    }
+    for (c, &stored) in per_cpu.iter().enumerate() {
+        // No overflow: the total of all counts fits a u64.
+        let counted: u64 = counts.iter().map(|row| row[c]).sum();
+        if stored > counted || (exact && stored != counted) {
+            return Err(format!(
+                "{stored} events stored on vCPU {c} but the counts say {counted}"
+            ));
+        }
+    }
+    for (f, &stored) in per_func.iter().enumerate() {
+        let counted: u64 = counts[f].iter().sum();
+        if stored > counted || (exact && stored != counted) {
+            return Err(format!(
+                "{stored} events stored for function {f} but the counts say {counted}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the file, tracking the position and the current section for errors.
@@ -260,6 +354,10 @@ impl<R: Read> Reader<'_, R> {
     fn string(&mut self, what: &str) -> Result<String, TraceFileError> {
         let len = self.u32()?;
         self.need(len as u64, what)?;
+        // Within the file, but a sparse file's zeros must not cost GiBs.
+        if len > MAX_STRING {
+            return Err(self.corrupt(format!("{what} is {len} bytes long (at most {MAX_STRING})")));
+        }
         let mut b = vec![0u8; len as usize];
         self.bytes(&mut b)?;
         String::from_utf8(b).map_err(|_| self.corrupt(format!("{what} is not valid UTF-8")))
@@ -268,9 +366,13 @@ impl<R: Read> Reader<'_, R> {
     fn syms(&mut self, what: &str) -> Result<Vec<Symbol>, TraceFileError> {
         let n = self.u32()?;
         self.need(n as u64 * MIN_SYM_SIZE, &format!("{n} {what}"))?;
-        let mut syms = Vec::with_capacity(n as usize);
-        for _ in 0..n {
+        // Grown as read, like the events.
+        let mut syms = Vec::with_capacity((n as usize).min(EVENT_CHUNK));
+        for i in 0..n {
             let name = self.string("a symbol name")?;
+            if name.is_empty() {
+                return Err(self.corrupt(format!("{what} {i} has an empty name")));
+            }
             let addr = self.u64()?;
             let size = self.u64()?;
             syms.push(Symbol { name, addr, size });

@@ -1,60 +1,46 @@
 //! Writing a trace file (see the format in the parent module).
 
-use std::fs::{self, File};
-use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
-use super::{check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, VERSION};
+use super::{
+    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
+};
+use crate::export::file;
 use crate::model::Trace;
 use crate::symbols::Symbol;
 
-/// Writes `trace` to `path` (atomically: a temporary file in the same
-/// directory, renamed over `path`).
+/// Writes `trace` to `path` by the rules of [`crate::export::file`]:
+/// atomically over a regular file or a new path (a temporary file in the
+/// same directory, renamed over it), into a character device, never over
+/// anything else.
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     check(trace).map_err(|(section, detail)| TraceFileError::Invalid {
         path: path.to_path_buf(),
         detail: format!("{section}: {detail}"),
     })?;
-    let write_err = |source| TraceFileError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        write_err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a file name",
-        ))
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let file = File::create(&tmp).map_err(write_err)?;
-    let result = write_to(trace, file).and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(write_err(e));
-    }
-    Ok(())
+    file::write(path, |w| write_to(trace, w))
+        .map(|_| ())
+        .map_err(|source| TraceFileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-/// Writes the whole file to `file`. Like perf and trace-cmd, it does not
-/// fsync: the rename protects against interrupted saves, not power loss.
-fn write_to(trace: &Trace, file: File) -> io::Result<()> {
-    let mut w = BufWriter::with_capacity(IO_BUFFER, file);
+/// Writes the whole file to `out`, front to back (no seeking, so a device
+/// can take it too). Like perf and trace-cmd, it does not fsync: the rename
+/// protects against interrupted saves, not power loss.
+fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
+    // Everything between the preamble and the events, so that the preamble's
+    // file_len is known before anything is written.
+    let mut body = Vec::new();
+    let w = &mut body;
     let m = &trace.meta;
-    w.write_all(MAGIC)?;
-    w.write_all(&VERSION.to_le_bytes())?;
-    w.write_all(&0u64.to_le_bytes())?; // file_len, patched below
-    put_str(&mut w, &m.kernel)?;
+    put_str(w, &m.kernel)?;
     match &m.build_id {
         Some(b) => {
             w.write_all(&[1])?;
-            put_str(&mut w, b)?;
+            put_str(w, b)?;
         }
         None => w.write_all(&[0])?,
     }
@@ -73,22 +59,30 @@ fn write_to(trace: &Trace, file: File) -> io::Result<()> {
     ] {
         w.write_all(&v.to_le_bytes())?;
     }
-    put_str(&mut w, &m.stop_reason)?;
-    put_str(&mut w, &m.mode)?;
+    put_str(w, &m.stop_reason)?;
+    put_str(w, &m.mode)?;
     w.write_all(&m.trap_exits.to_le_bytes())?;
 
-    put_syms(&mut w, &trace.functions)?;
+    put_syms(w, &trace.functions)?;
 
     w.write_all(&(trace.counts.len() as u32).to_le_bytes())?;
     w.write_all(&m.cpus.to_le_bytes())?;
     for row in &trace.counts {
-        let bytes: Vec<u8> = row.iter().flat_map(|c| c.to_le_bytes()).collect();
-        w.write_all(&bytes)?;
+        for c in row {
+            w.write_all(&c.to_le_bytes())?;
+        }
     }
 
-    put_syms(&mut w, &trace.callers)?;
+    put_syms(w, &trace.callers)?;
 
     w.write_all(&(trace.events.len() as u64).to_le_bytes())?;
+
+    let file_len = PREAMBLE_SIZE + body.len() as u64 + (trace.events.len() * EVENT_SIZE) as u64;
+    let mut w = BufWriter::with_capacity(IO_BUFFER, out);
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&file_len.to_le_bytes())?;
+    w.write_all(&body)?;
     let mut buf = vec![0u8; EVENT_CHUNK.min(trace.events.len()) * EVENT_SIZE];
     for chunk in trace.events.chunks(EVENT_CHUNK) {
         let bytes = &mut buf[..chunk.len() * EVENT_SIZE];
@@ -100,11 +94,7 @@ fn write_to(trace: &Trace, file: File) -> io::Result<()> {
         }
         w.write_all(bytes)?;
     }
-
-    let mut file = w.into_inner().map_err(|e| e.into_error())?;
-    let len = file.stream_position()?;
-    file.seek(SeekFrom::Start(12))?;
-    file.write_all(&len.to_le_bytes())
+    w.flush()
 }
 
 fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {

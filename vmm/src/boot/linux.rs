@@ -106,6 +106,25 @@ pub enum LinuxBootError {
         path: PathBuf,
         source: linux_loader::loader::Error,
     },
+    #[error(
+        "{path} is truncated: its setup header says {expected} bytes ({what}) but the file \
+         has {actual}; copy the bzImage again"
+    )]
+    Truncated {
+        path: PathBuf,
+        what: &'static str,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "{path}: corrupt setup header: `{field}` is {value:#x}, {why}; the bzImage is damaged"
+    )]
+    CorruptHeader {
+        path: PathBuf,
+        field: &'static str,
+        value: u64,
+        why: &'static str,
+    },
     #[error("initrd {path} is empty")]
     InitrdEmpty { path: PathBuf },
     #[error(
@@ -173,8 +192,7 @@ pub fn load_bzimage(
     mem_size: u64,
 ) -> Result<LinuxBoot> {
     check_mem_size(mem, mem_size)?;
-    let hdr = read_setup_header(kernel, kernel_path)?;
-    check_boot_protocol(&hdr, kernel_path)?;
+    let hdr = check_bzimage(kernel, kernel_path)?;
     // Fail on a bad command line before copying anything.
     let cmdline = build_cmdline(cmdline, Some(&hdr))?;
     let kernel_end = check_kernel_fits(kernel, kernel_path, &hdr, mem_size)?;
@@ -322,6 +340,99 @@ fn read_setup_header(file: &mut File, path: &Path) -> Result<setup_header> {
     Ok(hdr)
 }
 
+/// Read a bzImage's setup header and check it against the file: the magic,
+/// `boot_flag`, the setup sectors and `syssize` (the protected-mode kernel's
+/// size) inside the file, a 64-bit boot protocol. Returns the header.
+pub fn check_bzimage(file: &mut File, path: &Path) -> Result<setup_header> {
+    let hdr = read_setup_header(file, path)?;
+    let file_len = file
+        .metadata()
+        .map_err(|source| LinuxBootError::Read {
+            path: path.to_owned(),
+            what: "the size",
+            source,
+        })?
+        .len();
+    let corrupt = |field, value: u64, why| LinuxBootError::CorruptHeader {
+        path: path.to_owned(),
+        field,
+        value,
+        why,
+    };
+    if hdr.boot_flag != BOOT_FLAG {
+        return Err(corrupt("boot_flag", hdr.boot_flag.into(), "not 0xaa55"));
+    }
+    let setup_len = setup_len(&hdr);
+    if setup_len > file_len {
+        return Err(LinuxBootError::Truncated {
+            path: path.to_owned(),
+            what: "setup_sects",
+            expected: setup_len,
+            actual: file_len,
+        });
+    }
+    let syssize = u64::from(hdr.syssize);
+    if syssize == 0 {
+        return Err(corrupt("syssize", 0, "an empty protected-mode kernel"));
+    }
+    // `syssize` counts 16-byte paragraphs; a u32 times 16 cannot overflow.
+    if setup_len + syssize * 16 > file_len {
+        return Err(LinuxBootError::Truncated {
+            path: path.to_owned(),
+            what: "setup sectors + syssize",
+            expected: setup_len + syssize * 16,
+            actual: file_len,
+        });
+    }
+    check_boot_protocol(&hdr, path)?;
+    if hdr.kernel_version != 0 && u64::from(hdr.kernel_version) + 0x200 >= setup_len {
+        return Err(corrupt(
+            "kernel_version",
+            hdr.kernel_version.into(),
+            "points past the setup code",
+        ));
+    }
+    Ok(hdr)
+}
+
+/// The setup code's length in the file, boot sector included.
+fn setup_len(hdr: &setup_header) -> u64 {
+    // A u8 widened to u64: (255 + 1) * 512 cannot overflow.
+    let sects = match hdr.setup_sects {
+        0 => 4,
+        n => u64::from(n),
+    };
+    (sects + 1) * 512
+}
+
+/// Longest kernel version string read (the kernel's is well under 200 bytes).
+const VERSION_MAX: usize = 512;
+
+/// The bzImage's kernel version string (the setup header's `kernel_version`
+/// points to it, e.g. "6.1.192 (user@host) #1 SMP ..."), if it has one. The
+/// header is checked first (`check_bzimage`).
+pub fn bzimage_version(file: &mut File, path: &Path) -> Result<Option<String>> {
+    let hdr = check_bzimage(file, path)?;
+    if hdr.kernel_version == 0 {
+        return Ok(None);
+    }
+    let read_err = |source| LinuxBootError::Read {
+        path: path.to_owned(),
+        what: "the kernel version",
+        source,
+    };
+    file.seek(SeekFrom::Start(u64::from(hdr.kernel_version) + 0x200))
+        .map_err(read_err)?;
+    let mut buf = Vec::with_capacity(VERSION_MAX);
+    file.take(VERSION_MAX as u64)
+        .read_to_end(&mut buf)
+        .map_err(read_err)?;
+    let Some(end) = buf.iter().position(|&b| b == 0) else {
+        return Ok(None);
+    };
+    Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()))
+}
+
 /// The kernel must speak boot protocol 2.12+ with a 64-bit entry point and be
 /// a bzImage (loaded high).
 fn check_boot_protocol(hdr: &setup_header, path: &Path) -> Result<()> {
@@ -377,12 +488,7 @@ fn check_kernel_fits(
             source,
         })?
         .len();
-    // A u8 widened to u64: (255 + 1) * 512 cannot overflow.
-    let setup_sects = match hdr.setup_sects {
-        0 => 4,
-        n => u64::from(n),
-    };
-    let payload = file_len.saturating_sub((setup_sects + 1) * 512);
+    let payload = file_len.saturating_sub(setup_len(hdr));
     let load = u64::from(hdr.code32_start);
     // `pref_address` is a whole u64 from the file: a hostile or corrupt
     // header must get an error, not a wrapped end that passes the check below.
@@ -621,6 +727,7 @@ mod tests {
             cmdline_size: 2047,
             pref_address: PREF_ADDRESS,
             init_size: INIT_SIZE,
+            syssize: 3000 / 16,
             ..Default::default()
         }
     }
@@ -1004,5 +1111,105 @@ mod tests {
         assert_eq!({ h.version }, 0x020f);
         assert_eq!({ h.pref_address }, PREF_ADDRESS);
         assert_eq!(h.loadflags & CAN_USE_HEAP, CAN_USE_HEAP);
+    }
+
+    /// A bzImage cut short (its `syssize` says more than the file has) was
+    /// loaded and booted into a triple fault; now it is refused.
+    #[test]
+    fn truncated_bzimage_is_refused() {
+        let mem = guest_mem();
+        let mut image = fake_bzimage(test_header());
+        image.truncate(image.len() - 100);
+        let mut kernel = TempFile::new(&image);
+        let err = load(&mem, &mut kernel, None, "").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LinuxBootError::Truncated {
+                    what: "setup sectors + syssize",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("truncated"), "{err}");
+        // Cut inside the setup sectors.
+        let mut kernel = TempFile::new(&fake_bzimage(test_header())[..700]);
+        let err = load(&mem, &mut kernel, None, "").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LinuxBootError::Truncated {
+                    what: "setup_sects",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn corrupt_setup_header_is_refused() {
+        let mem = guest_mem();
+        let mut hdr = test_header();
+        hdr.boot_flag = 0x1234;
+        let err = load_err(&mem, hdr);
+        assert!(
+            matches!(
+                err,
+                LinuxBootError::CorruptHeader {
+                    field: "boot_flag",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut hdr = test_header();
+        hdr.syssize = 0;
+        let err = load_err(&mem, hdr);
+        assert!(
+            matches!(
+                err,
+                LinuxBootError::CorruptHeader {
+                    field: "syssize",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut hdr = test_header();
+        hdr.kernel_version = 0x7000;
+        let err = load_err(&mem, hdr);
+        assert!(
+            matches!(
+                err,
+                LinuxBootError::CorruptHeader {
+                    field: "kernel_version",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn version_string_from_the_header() {
+        let mut hdr = test_header();
+        hdr.kernel_version = 0x300;
+        let mut image = fake_bzimage(hdr);
+        let v = b"6.1.0 (a@b) #1 SMP\0";
+        image[0x500..0x500 + v.len()].copy_from_slice(v);
+        let mut kernel = TempFile::new(&image);
+        assert_eq!(
+            bzimage_version(&mut kernel.file, &kernel.path)
+                .unwrap()
+                .as_deref(),
+            Some("6.1.0 (a@b) #1 SMP")
+        );
+        let mut kernel = TempFile::new(&fake_bzimage(test_header()));
+        assert_eq!(
+            bzimage_version(&mut kernel.file, &kernel.path).unwrap(),
+            None
+        );
     }
 }

@@ -14,8 +14,9 @@ pub mod linux;
 pub mod mptable;
 pub mod regs;
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use linux_loader::loader::{elf::Elf, KernelLoader};
@@ -23,9 +24,211 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::layout;
 
+/// The largest vmlinux vmtrace reads (a debug-info Linux vmlinux is a few
+/// hundred MiB).
+pub const VMLINUX_MAX_SIZE: u64 = 2 << 30;
+/// The largest kernel file: no kernel can be larger than the largest guest.
+pub const KERNEL_MAX_SIZE: u64 = layout::MAX_MEM_MIB << 20;
+
+/// Why an input file cannot be read: every file vmtrace reads is a regular
+/// file of bounded size, checked before any byte is read.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot open {what} {}: {source}", path.display())]
+    Open {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {} is {kind}, not a regular file; pass a file", path.display())]
+    NotRegular {
+        what: &'static str,
+        path: PathBuf,
+        kind: &'static str,
+    },
+    #[error("{what} {} is {size} bytes, more than {limit} ({why})", path.display())]
+    TooLarge {
+        what: &'static str,
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+        why: &'static str,
+    },
+}
+
+/// Open `path` (a `what`, named in errors) for reading: refuse anything but a
+/// regular file (a FIFO is opened without blocking, then refused) and a file
+/// larger than `limit` bytes (`why` says where the limit comes from).
+/// Returns the file and its size.
+pub fn open_input(
+    path: &Path,
+    what: &'static str,
+    limit: u64,
+    why: &'static str,
+) -> Result<(File, u64), FileError> {
+    let open = |source| FileError::Open {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO for reading would wait for a writer. It
+    // changes nothing for the regular files that pass the check below.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open)?;
+    let meta = file.metadata().map_err(open)?;
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    };
+    if let Some(kind) = kind {
+        return Err(FileError::NotRegular {
+            what,
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    let size = meta.len();
+    if size > limit {
+        return Err(FileError::TooLarge {
+            what,
+            path: path.to_owned(),
+            size,
+            limit,
+            why,
+        });
+    }
+    Ok((file, size))
+}
+
+/// Read all of a file opened by `open_input` (`size` bytes as it said),
+/// never more than `size + 1` bytes even if the file grows meanwhile.
+pub fn read_input(mut file: &File, size: u64) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(size as usize);
+    (&mut file).take(size + 1).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// A PT_LOAD segment of an ELF kernel that does not fit in guest RAM.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    #[error("{}: malformed ELF program headers ({why}); is the file truncated?", path.display())]
+    Malformed { path: PathBuf, why: String },
+    #[error(
+        "{}: segment {index} occupies guest-physical {start:#x}..{end:#x}, outside guest RAM \
+         {low:#x}..{mem_size:#x}; the kernel does not fit this guest (try a larger --mem) or is corrupt",
+        path.display()
+    )]
+    OutsideRam {
+        path: PathBuf,
+        index: usize,
+        start: u64,
+        end: u64,
+        low: u64,
+        mem_size: u64,
+    },
+    #[error("{}: segment {index}'s {filesz} bytes at file offset {offset:#x} run past the end of the file ({file_len} bytes); is the file truncated?", path.display())]
+    PastFile {
+        path: PathBuf,
+        index: usize,
+        offset: u64,
+        filesz: u64,
+        file_len: u64,
+    },
+    #[error("{}: segment {index} has {filesz} bytes in the file but {memsz} in memory; the file is corrupt", path.display())]
+    FileLargerThanMemory {
+        path: PathBuf,
+        index: usize,
+        filesz: u64,
+        memsz: u64,
+    },
+    #[error("{}: no loadable segment; not a kernel", path.display())]
+    NoSegment { path: PathBuf },
+}
+
+/// Check an ELF kernel's loadable segments (as the loader places them: at
+/// their physical addresses) against the file and guest RAM
+/// `[1 MiB, mem_size)`, bss included.
+pub fn check_elf_segments(elf: &[u8], path: &Path, mem_size: u64) -> Result<(), SegmentError> {
+    use object::elf::{FileHeader64, PT_LOAD};
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian;
+    let malformed = |why: String| SegmentError::Malformed {
+        path: path.to_owned(),
+        why,
+    };
+    let hdr = FileHeader64::<LittleEndian>::parse(elf).map_err(|e| malformed(e.to_string()))?;
+    let endian = hdr.endian().map_err(|e| malformed(e.to_string()))?;
+    let phdrs = hdr
+        .program_headers(endian, elf)
+        .map_err(|e| malformed(e.to_string()))?;
+    let file_len = elf.len() as u64;
+    let mut loads = 0;
+    for (index, ph) in phdrs.iter().enumerate() {
+        if ph.p_type(endian) != PT_LOAD {
+            continue;
+        }
+        loads += 1;
+        let (offset, filesz) = (ph.p_offset(endian), ph.p_filesz(endian));
+        let (start, memsz) = (ph.p_paddr(endian), ph.p_memsz(endian));
+        if offset.checked_add(filesz).is_none_or(|end| end > file_len) {
+            return Err(SegmentError::PastFile {
+                path: path.to_owned(),
+                index,
+                offset,
+                filesz,
+                file_len,
+            });
+        }
+        if filesz > memsz {
+            return Err(SegmentError::FileLargerThanMemory {
+                path: path.to_owned(),
+                index,
+                filesz,
+                memsz,
+            });
+        }
+        let end = start.saturating_add(memsz);
+        if start < layout::HIGH_MEM_START || end > mem_size || start.checked_add(memsz).is_none() {
+            return Err(SegmentError::OutsideRam {
+                path: path.to_owned(),
+                index,
+                start,
+                end,
+                low: layout::HIGH_MEM_START,
+                mem_size,
+            });
+        }
+    }
+    if loads == 0 {
+        return Err(SegmentError::NoSegment {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
-    #[error("cannot open kernel {path}: {source}")]
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    Segments(#[from] SegmentError),
+    #[error("cannot read kernel {path}: {source}")]
     Open {
         path: PathBuf,
         source: std::io::Error,
@@ -96,11 +299,12 @@ impl KernelKind {
             path: path.to_owned(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
+        let (mut file, size) =
+            open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
         let mut magic = [0u8; 4];
         if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
-            let mut data = magic.to_vec();
-            file.read_to_end(&mut data).map_err(io)?;
+            file.rewind().map_err(io)?;
+            let data = read_input(&file, size).map_err(io)?;
             return Ok(if has_symbol(&data, LINUX_BANNER) {
                 KernelKind::LinuxElf
             } else {
@@ -145,22 +349,18 @@ pub fn load_kernel(
             max: layout::CMDLINE_MAX_SIZE - 1,
         });
     }
-    let mut file = File::open(kernel_path).map_err(|source| BootError::Open {
-        path: kernel_path.to_owned(),
-        source,
-    })?;
+    let (mut file, kernel_size) = open_input(
+        kernel_path,
+        "kernel",
+        KERNEL_MAX_SIZE,
+        "the largest guest memory",
+    )?;
     regs::setup_page_tables(mem)?;
     regs::setup_gdt(mem)?;
     let plan = match kind {
         KernelKind::BzImage => {
             let mut initrd = match initrd_path {
-                Some(p) => Some((
-                    File::open(p).map_err(|source| BootError::OpenInitrd {
-                        path: p.to_owned(),
-                        source,
-                    })?,
-                    p,
-                )),
+                Some(p) => Some((open_initrd(p, mem_size)?, p)),
                 None => None,
             };
             let boot = linux::load_bzimage(
@@ -180,6 +380,16 @@ pub fn load_kernel(
             }
         }
         KernelKind::LinuxElf | KernelKind::Elf => {
+            let elf = read_input(&file, kernel_size).map_err(|source| BootError::Open {
+                path: kernel_path.to_owned(),
+                source,
+            })?;
+            check_elf_segments(&elf, kernel_path, mem_size)?;
+            drop(elf);
+            file.rewind().map_err(|source| BootError::Open {
+                path: kernel_path.to_owned(),
+                source,
+            })?;
             let loaded = Elf::load(
                 mem,
                 None,
@@ -194,10 +404,7 @@ pub fn load_kernel(
             if kind == KernelKind::LinuxElf {
                 let initrd = match initrd_path {
                     Some(p) => {
-                        let mut f = File::open(p).map_err(|source| BootError::OpenInitrd {
-                            path: p.to_owned(),
-                            source,
-                        })?;
+                        let mut f = open_initrd(p, mem_size)?;
                         Some(linux::load_initrd(
                             mem,
                             &mut f,
@@ -230,6 +437,11 @@ pub fn load_kernel(
         }
     };
     Ok(plan)
+}
+
+/// The initrd, a regular file no larger than guest RAM.
+pub fn open_initrd(path: &Path, mem_size: u64) -> Result<File, FileError> {
+    open_input(path, "initrd", mem_size, "the guest's memory, --mem").map(|(f, _)| f)
 }
 
 /// The NUL-terminated command line at its fixed address (direct boot).

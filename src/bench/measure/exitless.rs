@@ -1,0 +1,440 @@
+//! Figure set (f): a traced call in exitless mode (vmtrace's trampoline in
+//! the guest, no exit) against trap mode, in phases of one running mini
+//! guest, with a calibration spin that prices one guest instruction (see the
+//! `bench` module documentation).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tracer::session::{Plan, Tracer};
+use vmm::exit::ExitKind;
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};
+
+use super::phases::{timed_phase, GuestU32, IterCounters};
+use super::{mini_config, stop, SETTLE, TRACE_GLOB};
+use crate::bench::median;
+use crate::error::{Error, RuntimeError};
+
+/// `mini_spin` in the spin phases: each iteration then runs `2 * SPIN`
+/// instructions more than with 0 (guest/mini/mini.h, `MINI_SPIN_INSNS`).
+/// Large enough that the spin dominates the noise of a phase.
+pub const SPIN: u32 = 200;
+/// The mini guest's calibration knob.
+const MINI_SPIN: &str = "mini_spin";
+/// An exitless phase may trap on at most this fraction of its calls (it
+/// should trap on none: no site holds a trap then).
+pub const MAX_EXITLESS_TRAP_SHARE: f64 = 0.01;
+/// The calls the exitless tracer counted may differ from the exitless
+/// phases' iterations times the calls per iteration by no more than this
+/// (phase boundaries fall inside iterations).
+const CALLS_TOLERANCE: f64 = 0.05;
+
+/// The phases of (f), in the order of `ExitlessCosts::rounds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// No site patched, `mini_spin` 0.
+    Untraced,
+    /// No site patched, `mini_spin` = `SPIN`.
+    Spin,
+    /// The `hrtimer_*` sites trap to vmtrace's recorder.
+    Trap,
+    /// The same sites call vmtrace's trampoline in the guest.
+    Exitless,
+}
+
+pub const PHASES: [Phase; 4] = [Phase::Untraced, Phase::Spin, Phase::Trap, Phase::Exitless];
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Untraced => "untraced",
+            Phase::Spin => "spin",
+            Phase::Trap => "trap",
+            Phase::Exitless => "exitless",
+        }
+    }
+}
+
+/// A vCPU's handler: counts every trace-port trap, then hands it on.
+struct TrapCount {
+    traps: Arc<AtomicU64>,
+    inner: Box<dyn TrapHandler>,
+}
+
+impl TrapHandler for TrapCount {
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        // One writer (this vCPU's thread): a plain load and store.
+        self.traps
+            .store(self.traps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.inner.on_trap(trap)
+    }
+
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+}
+
+/// Iterations and trace-port traps of one finished phase (exact: read
+/// under the pauses that began and ended it).
+#[derive(Clone, Copy, Debug)]
+pub struct PhaseCount {
+    pub phase: Phase,
+    pub iters: u64,
+    pub traps: u64,
+}
+
+/// (f) as measured.
+#[derive(Clone, Debug)]
+pub struct ExitlessCosts {
+    /// Per round, µs per guest iteration per vCPU, in `PHASES` order.
+    pub rounds: Vec<[f64; 4]>,
+    /// Traced calls per iteration: traps / iterations over the trap phases.
+    pub calls_per_iter: f64,
+    /// Calls made in the exitless phases: those the exitless tracer
+    /// counted (recorded or counted in the guest), plus any that trapped.
+    pub exitless_calls: u64,
+    /// Trace-port traps during the exitless phases.
+    pub exitless_traps: u64,
+    /// The trampoline's instructions per recorded call, counted in its code.
+    pub static_instructions: usize,
+}
+
+impl ExitlessCosts {
+    /// Per round: `f(t)` for each round's µs per iteration by phase.
+    fn per_round(&self, f: impl Fn(&[f64; 4]) -> f64) -> Vec<f64> {
+        self.rounds.iter().map(f).collect()
+    }
+
+    /// µs per guest instruction, per round: (t_spin - t_untraced) / 2·SPIN.
+    pub fn us_per_insn(&self) -> Vec<f64> {
+        self.per_round(|t| (t[1] - t[0]) / (2.0 * f64::from(SPIN)))
+    }
+
+    /// µs per traced call in trap mode, per round.
+    pub fn trap_us(&self) -> Vec<f64> {
+        let e = self.calls_per_iter;
+        self.per_round(|t| (t[2] - t[0]) / e)
+    }
+
+    /// µs per traced call in exitless mode, per round.
+    pub fn exitless_us(&self) -> Vec<f64> {
+        let e = self.calls_per_iter;
+        self.per_round(|t| (t[3] - t[0]) / e)
+    }
+
+    /// Exitless / trap per call, per round.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.per_round(|t| (t[3] - t[0]) / (t[2] - t[0]))
+    }
+
+    /// Guest instructions per exitless call, per round: its µs over the µs
+    /// of one calibration instruction.
+    pub fn instructions(&self) -> Vec<f64> {
+        let e = self.calls_per_iter;
+        let s = 2.0 * f64::from(SPIN);
+        self.per_round(|t| ((t[3] - t[0]) / e) / ((t[1] - t[0]) / s))
+    }
+
+    /// Trace-port exits per traced call in the exitless phases.
+    pub fn exits_per_call(&self) -> f64 {
+        self.exitless_traps as f64 / self.exitless_calls as f64
+    }
+
+    /// Median µs per iteration, by phase.
+    pub fn iter_us(&self) -> [f64; 4] {
+        let m = |i: usize| median(&self.per_round(|t| t[i]));
+        [m(0), m(1), m(2), m(3)]
+    }
+
+    /// From the rounds, the finished phases' counts and the calls the
+    /// exitless tracer counted; an error if the trap phases trapped nothing,
+    /// the exitless phases were not traced, or one of them trapped.
+    fn judge(
+        rounds: Vec<[f64; 4]>,
+        phases: &[PhaseCount],
+        exitless_counted: u64,
+        static_instructions: usize,
+    ) -> Result<ExitlessCosts, String> {
+        let sum = |p: Phase| {
+            phases
+                .iter()
+                .filter(|c| c.phase == p)
+                .fold((0, 0), |(i, t), c| (i + c.iters, t + c.traps))
+        };
+        let (trap_iters, trap_traps) = sum(Phase::Trap);
+        if trap_iters == 0 || trap_traps == 0 {
+            return Err(format!("no {TRACE_GLOB} call trapped in the trap phases"));
+        }
+        let calls_per_iter = trap_traps as f64 / trap_iters as f64;
+        for c in phases.iter().filter(|c| c.phase == Phase::Exitless) {
+            let calls = c.iters as f64 * calls_per_iter;
+            if c.traps as f64 > MAX_EXITLESS_TRAP_SHARE * calls {
+                return Err(format!(
+                    "an exitless phase took {} trace-port traps in about {calls:.0} calls: the \
+                     sites trapped instead of calling the trampoline",
+                    c.traps
+                ));
+            }
+        }
+        let (ex_iters, ex_traps) = sum(Phase::Exitless);
+        let expected = ex_iters as f64 * calls_per_iter;
+        let exitless_calls = exitless_counted + ex_traps;
+        if exitless_counted == 0
+            || (exitless_calls as f64 - expected).abs() > CALLS_TOLERANCE * expected
+        {
+            return Err(format!(
+                "the exitless tracer counted {exitless_counted} calls in {ex_iters} iterations of \
+                 the exitless phases, where {expected:.0} were made"
+            ));
+        }
+        Ok(ExitlessCosts {
+            rounds,
+            calls_per_iter,
+            exitless_calls,
+            exitless_traps: ex_traps,
+            static_instructions,
+        })
+    }
+}
+
+/// The two tracers over one guest; at most one attached at a time.
+struct Tracers {
+    trap: Tracer,
+    exitless: Tracer,
+}
+
+impl Tracers {
+    /// Under the pause `p`: detach the tracer `phase` does not use, attach
+    /// the one it does (if any).
+    fn switch(&mut self, p: &vmm::Paused<'_>, phase: Phase) -> Result<(), Error> {
+        for (t, wanted) in [
+            (&mut self.trap, phase == Phase::Trap),
+            (&mut self.exitless, phase == Phase::Exitless),
+        ] {
+            if !wanted && t.is_attached() {
+                t.detach(p.memory()).map_err(RuntimeError::Restore)?;
+            }
+        }
+        for (t, wanted) in [
+            (&mut self.trap, phase == Phase::Trap),
+            (&mut self.exitless, phase == Phase::Exitless),
+        ] {
+            if wanted && !t.is_attached() {
+                t.attach(p)?.attached()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Figure set (f): the mini guest in `mode=loop`, phases of `iters`
+/// iterations per vCPU, untraced / spin / trap / exitless in rotating order,
+/// `reps` rounds. See the `bench` module documentation.
+pub fn exitless_costs(
+    kernel: &Path,
+    cpus: u64,
+    iters: u64,
+    reps: usize,
+) -> Result<ExitlessCosts, Error> {
+    let glob = [TRACE_GLOB.to_string()];
+    let trap_plan = Plan::new(kernel, &glob, &[])?;
+    let spin = GuestU32::new(&trap_plan.image, MINI_SPIN)?;
+    let exitless_plan = Plan::new(kernel, &glob, &[])?;
+    let vm = Vm::create(mini_config(kernel, cpus))?;
+    let ncpus = vm.cpus();
+    let (trap, recorders) = Tracer::new(trap_plan, ncpus, u64::MAX);
+    // The exitless tracer's handlers would only see traps at its own sites,
+    // and there are none: the trap tracer's recorders are the vCPUs' handlers.
+    // Dropped now: its collector ends only once they are gone.
+    let (exitless, unused) = Tracer::exitless(exitless_plan, ncpus, u64::MAX, None)?;
+    drop(unused);
+    let static_instructions = exitless
+        .trampoline()
+        .map(|t| t.common_path_instructions())
+        .ok_or_else(|| RuntimeError::Measure("the exitless tracer has no trampoline".into()))?;
+    let mut tracers = Tracers { trap, exitless };
+    let traps: Vec<Arc<AtomicU64>> = (0..ncpus).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let handlers: Vec<Box<dyn TrapHandler>> = recorders
+        .into_iter()
+        .zip(&traps)
+        .map(|(inner, t)| {
+            Box::new(TrapCount {
+                traps: Arc::clone(t),
+                inner,
+            }) as Box<dyn TrapHandler>
+        })
+        .collect();
+    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
+    let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
+    let result = run_phases(
+        &running,
+        &mut tracers,
+        &spin,
+        ncpus,
+        iters,
+        reps,
+        &total_traps,
+    );
+
+    // Stop, restore every site whatever happened, then judge.
+    let mem = running.memory().clone();
+    let report = stop(running);
+    let restored = [tracers.trap.detach(&mem), tracers.exitless.detach(&mem)];
+    let reason = report.reason.to_string();
+    let trap_trace = tracers.trap.finish(kernel, reason.clone());
+    let exitless_trace = tracers.exitless.finish(kernel, reason);
+    let (rounds, phases) = result?;
+    for r in restored {
+        r.map_err(RuntimeError::Restore)?;
+    }
+    let measure = |m: String| -> Error { RuntimeError::Measure(m).into() };
+    if report.reason != StopReason::Requested {
+        return Err(measure(format!(
+            "the mini guest stopped on its own: {}; console: {}",
+            report.reason,
+            report.console_tail.join(" | ")
+        )));
+    }
+    // Every trace-port exit went through the counting handlers.
+    let port_exits: u64 = report.vcpus.iter().map(|v| v.get(ExitKind::Trap)).sum();
+    if port_exits != total_traps() || trap_trace.meta.events_total != total_traps() {
+        return Err(measure(format!(
+            "{port_exits} trace-port exits, {} counted by the handlers, {} recorded",
+            total_traps(),
+            trap_trace.meta.events_total
+        )));
+    }
+    ExitlessCosts::judge(
+        rounds,
+        &phases,
+        exitless_trace.meta.events_total,
+        static_instructions,
+    )
+    .map_err(measure)
+}
+
+/// The rounds of phases, µs per iteration by phase, and every finished
+/// phase's exact counts. Both tracers are detached at the end.
+fn run_phases(
+    running: &Running,
+    tracers: &mut Tracers,
+    spin: &GuestU32,
+    ncpus: usize,
+    iters: u64,
+    reps: usize,
+    total_traps: &dyn Fn() -> u64,
+) -> Result<(Vec<[f64; 4]>, Vec<PhaseCount>), Error> {
+    let mem = running.memory();
+    let map = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
+    let mut counters = IterCounters::new(map, &tracers.trap.plan().image, ncpus)?;
+    std::thread::sleep(SETTLE);
+    let mut finished: Vec<PhaseCount> = Vec::new();
+    // The phase running now, with the counts at its start.
+    let mut current: Option<PhaseCount> = None;
+    let mut close = |current: Option<PhaseCount>, iters: u64, traps: u64| {
+        if let Some(c) = current {
+            finished.push(PhaseCount {
+                phase: c.phase,
+                iters: iters - c.iters,
+                traps: traps - c.traps,
+            });
+        }
+    };
+    let mut rounds = Vec::new();
+    for round in 0..reps {
+        let mut tau = [0.0f64; 4];
+        for k in 0..PHASES.len() {
+            let m = (k + round) % PHASES.len();
+            let phase = PHASES[m];
+            // Between phases: read the exact counts, switch, resume.
+            let start = {
+                let p = running.pause_all();
+                let (now, tr) = (counters.total()?, total_traps());
+                close(current.take(), now, tr);
+                spin.set(&p, if phase == Phase::Spin { SPIN } else { 0 })?;
+                tracers.switch(&p, phase)?;
+                current = Some(PhaseCount {
+                    phase,
+                    iters: now,
+                    traps: tr,
+                });
+                counters.read()?
+            };
+            tau[m] = timed_phase(running, &mut counters, &start, iters, phase.name())?;
+        }
+        eprintln!(
+            "vmtrace bench: (f) round {}/{reps}: µs per iteration: untraced {:.1}, spin {SPIN} {:.1}, \
+             trap {:.1}, exitless {:.1}",
+            round + 1,
+            tau[0],
+            tau[1],
+            tau[2],
+            tau[3]
+        );
+        rounds.push(tau);
+    }
+    let p = running.pause_all();
+    close(current.take(), counters.total()?, total_traps());
+    spin.set(&p, 0)?;
+    tracers.switch(&p, Phase::Untraced)?;
+    Ok((rounds, finished))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(phase: Phase, iters: u64, traps: u64) -> PhaseCount {
+        PhaseCount {
+            phase,
+            iters,
+            traps,
+        }
+    }
+
+    #[test]
+    fn figures_from_rounds() {
+        // µs per iteration: untraced, spin (2 * 200 instructions), trap, exitless.
+        let rounds = vec![[10.0, 410.0, 45.0, 108.0], [12.0, 412.0, 47.0, 110.0]];
+        let phases = [
+            count(Phase::Trap, 100, 350),
+            count(Phase::Exitless, 100, 0),
+            count(Phase::Trap, 100, 350),
+            count(Phase::Exitless, 200, 0),
+        ];
+        let c = ExitlessCosts::judge(rounds, &phases, 1050, 28).unwrap();
+        assert_eq!(c.calls_per_iter, 3.5);
+        assert_eq!(c.us_per_insn(), [1.0, 1.0]);
+        assert_eq!(c.trap_us(), [10.0, 10.0]);
+        assert_eq!(c.exitless_us(), [28.0, 28.0]);
+        assert_eq!(c.ratios(), [2.8, 2.8]);
+        assert_eq!(c.instructions(), [28.0, 28.0]);
+        assert_eq!(c.exits_per_call(), 0.0);
+        assert_eq!(c.iter_us(), [10.0, 410.0, 45.0, 108.0]);
+        assert_eq!(c.exitless_calls, 1050);
+        assert_eq!(c.static_instructions, 28);
+    }
+
+    #[test]
+    fn an_exitless_phase_that_traps_fails() {
+        let rounds = vec![[10.0, 410.0, 45.0, 108.0]];
+        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 4)];
+        // 4 traps in 350 calls: more than 1 %.
+        let e = ExitlessCosts::judge(rounds.clone(), &phases, 346, 28).unwrap_err();
+        assert!(e.contains("4 trace-port traps"), "{e}");
+        // 3 are within 1 %, and counted.
+        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 3)];
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 347, 28).unwrap();
+        assert_eq!(c.exitless_calls, 350);
+        assert_eq!(c.exits_per_call(), 3.0 / 350.0);
+        // Untraced exitless phases, or no trap at all in trap phases.
+        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 0)];
+        let e = ExitlessCosts::judge(rounds.clone(), &phases, 0, 28).unwrap_err();
+        assert!(e.contains("counted 0 calls"), "{e}");
+        let phases = [count(Phase::Trap, 100, 0), count(Phase::Exitless, 100, 0)];
+        let e = ExitlessCosts::judge(rounds, &phases, 350, 28).unwrap_err();
+        assert!(e.contains("no hrtimer_* call trapped"), "{e}");
+    }
+}

@@ -1,0 +1,190 @@
+//! Fuzz-style property tests (proptest, stable Rust): thousands of mutated
+//! inputs per run for the trace-file loader and the ELF/vmlinux loader with
+//! the site-table builder. Each must end in `Ok` or an error, never a panic
+//! or a hang, and never grow the process beyond `RSS_LIMIT`.
+
+#[path = "report_fixture.rs"]
+mod fixture;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+use tracer::sites::SiteTable;
+use tracer::symbols::KernelImage;
+use tracer::tracefile::{load, save};
+
+/// Far above what loading these small files needs; far below what a length
+/// field trusted blindly would allocate (GiBs).
+const RSS_LIMIT: u64 = 512 << 20;
+/// Cases per property (CI runs them all in well under a minute).
+const CASES: u32 = 3000;
+
+fn config() -> Config {
+    Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// The process's resident set size, bytes.
+fn rss() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .map_or(0, |kb| kb.trim().parse::<u64>().unwrap() * 1024)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fuzz-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A mutation of a valid file.
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// Flip bit `bit` of byte `at` (modulo the length).
+    Flip { at: usize, bit: u8 },
+    /// Keep only the first `len` bytes (modulo the length + 1).
+    Truncate { len: usize },
+    /// Write a little-endian length-like value at `at`.
+    Word { at: usize, value: u64, wide: bool },
+    /// Append `n` bytes of `byte`.
+    Append { n: usize, byte: u8 },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let values = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(u64::from(u32::MAX)),
+        Just(u64::MAX),
+        Just(1 << 31),
+        Just(1 << 40),
+        0u64..4096,
+        any::<u64>(),
+    ];
+    prop_oneof![
+        4 => (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        1 => any::<usize>().prop_map(|len| Mutation::Truncate { len }),
+        3 => (any::<usize>(), values, any::<bool>())
+            .prop_map(|(at, value, wide)| Mutation::Word { at, value, wide }),
+        1 => (0usize..64, any::<u8>()).prop_map(|(n, byte)| Mutation::Append { n, byte }),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    if bytes.is_empty() {
+        return;
+    }
+    match *m {
+        Mutation::Flip { at, bit } => {
+            let i = at % bytes.len();
+            bytes[i] ^= 1 << bit;
+        }
+        Mutation::Truncate { len } => bytes.truncate(len % (bytes.len() + 1)),
+        Mutation::Word { at, value, wide } => {
+            let w = if wide { 8 } else { 4 };
+            if bytes.len() >= w {
+                let i = at % (bytes.len() - w + 1);
+                bytes[i..i + w].copy_from_slice(&value.to_le_bytes()[..w]);
+            }
+        }
+        Mutation::Append { n, byte } => bytes.extend(std::iter::repeat_n(byte, n)),
+    }
+}
+
+/// The fixture trace as saved.
+fn saved_trace() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| {
+        let dir = scratch("seed");
+        let p = dir.join("t.vmtrace");
+        save(&fixture::trace(), &p).unwrap();
+        let b = fs::read(&p).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        b
+    })
+}
+
+/// guest/out/mini.elf, (re)built once per test process.
+fn mini_elf() -> &'static [u8] {
+    static ELF: OnceLock<Vec<u8>> = OnceLock::new();
+    ELF.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let st = Command::new("bash")
+            .args(["guest/build.sh", "mini"])
+            .current_dir(&root)
+            .status()
+            .expect("run bash guest/build.sh mini");
+        assert!(st.success(), "`bash guest/build.sh mini` failed");
+        fs::read(root.join("guest/out/mini.elf")).unwrap()
+    })
+}
+
+#[test]
+fn fuzz_trace_file_loader() {
+    let seed = saved_trace();
+    let dir = scratch("trace");
+    let p = dir.join("t.vmtrace");
+    let ok = std::cell::Cell::new(0u32);
+    proptest!(config(), |(muts in prop::collection::vec(mutation(), 1..4))| {
+        let mut b = seed.to_vec();
+        for m in &muts {
+            apply(&mut b, m);
+        }
+        fs::write(&p, &b).unwrap();
+        match load(&p) {
+            Ok(t) => {
+                ok.set(ok.get() + 1);
+                // What loads is consistent.
+                prop_assert!(t.events.len() as u64 + t.meta.events_dropped == t.meta.events_total);
+                prop_assert!(t.meta.attach_ns <= t.meta.detach_ns);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(!msg.contains('\n'), "{}", msg);
+            }
+        }
+        prop_assert!(rss() < RSS_LIMIT, "RSS {} after {:?}", rss(), muts);
+    });
+    // Some mutations (e.g. of a timestamp or an address) leave a valid file.
+    assert!(ok.get() > 0);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fuzz_elf_loader_and_site_table() {
+    let seed = mini_elf();
+    let dir = scratch("elf");
+    let p = dir.join("kernel.elf");
+    proptest!(config(), |(muts in prop::collection::vec(mutation(), 1..4))| {
+        let mut b = seed.to_vec();
+        for m in &muts {
+            apply(&mut b, m);
+        }
+        fs::write(&p, &b).unwrap();
+        if let Ok(image) = KernelImage::load(&p) {
+            if let Ok(table) = SiteTable::build(&image) {
+                prop_assert!(table.rejected <= table.entries);
+                prop_assert!(table.rejected_examples.len() <= table.rejected);
+                for s in &table.sites {
+                    prop_assert!((s.func as usize) < image.functions.len());
+                }
+                let _ = table.rejected_summary();
+            }
+        }
+        prop_assert!(rss() < RSS_LIMIT, "RSS {} after {:?}", rss(), muts);
+    });
+    fs::remove_dir_all(&dir).unwrap();
+}
