@@ -116,7 +116,7 @@ pub enum InputError {
         beside.display()
     )]
     NoVmlinux { kernel: PathBuf, beside: PathBuf },
-    #[error("cannot create console file {}: {source}", path.display())]
+    #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {
         path: PathBuf,
         source: std::io::Error,

@@ -1,5 +1,20 @@
 //! vmtrace: trace a Linux guest kernel's function calls from the hypervisor.
 
+/// `eprintln!` and `eprint!` without their panic: a closed or full stderr
+/// (`vmtrace ... 2>&1 | head`) loses the message, not the run.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+macro_rules! note_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod cli;
 mod cmd;

@@ -191,6 +191,11 @@ fn bad_output_paths_are_refused_before_the_guest_boots() {
             refused(&args, needle);
         }
     }
+    // The guest console's file follows the same rules (a FIFO would block
+    // the run until someone read it).
+    for (path, needle) in [(&fifo, "it is a FIFO"), (&dir, "it is a directory")] {
+        refused(&["--kernel", k, "--console", s(path)], needle);
+    }
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     assert!(fs::metadata(&dir).unwrap().is_dir());
     assert_eq!(fs::read(&plain).unwrap(), b"keep");
@@ -709,4 +714,27 @@ fn dropped_events_are_reported_in_csv_and_chrome() {
     assert_eq!(c["otherData"]["dropped"], 0);
     assert!(!stdout(&o).contains("process_labels"));
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// A stderr pipe whose reader has gone loses vmtrace's messages, not the
+/// run: no panic (exit 101 before), the guest runs, the report is printed.
+#[test]
+fn a_closed_stderr_pipe_never_panics() {
+    let k = mini_elf();
+    let cmd = format!(
+        "{} --kernel {} --cmdline iters=3 --trace 'hrtimer_*' --console /dev/null 2> >(head -c0)",
+        env!("CARGO_BIN_EXE_vmtrace"),
+        k.display()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &cmd])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hrtimer_interrupt"));
 }

@@ -17,7 +17,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     let cfg = BenchConfig::check(args)?;
     let started = Instant::now();
 
-    eprintln!(
+    note!(
         "vmtrace bench: (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, mode=loop)",
         cfg.rounds,
         cfg.iters,
@@ -35,10 +35,10 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         ))
         .into());
     }
-    eprintln!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
+    note!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
     let handlers = measure::handler_alone(&cfg.kernel)?;
 
-    eprintln!(
+    note!(
         "vmtrace bench: (f) {} rounds of 4 phases (untraced, spin {}, trap, exitless) x {} \
          iterations ({} vCPU, mode=loop)",
         cfg.rounds,
@@ -62,23 +62,24 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
 
     let mut pauses = Vec::new();
     for n in PAUSE_VCPUS {
-        eprintln!(
+        note!(
             "vmtrace bench: (d) {n} vCPU(s), mode=loop: {} pauses, {} attach/detach cycles",
-            cfg.cycles, cfg.cycles
+            cfg.cycles,
+            cfg.cycles
         );
         pauses.push(measure::pause_figures(&cfg.kernel, n, cfg.cycles)?);
     }
 
     let scaling = match &cfg.vmlinux {
         Some(v) => {
-            eprintln!(
+            note!(
                 "vmtrace bench: (e) attach windows on {} (loaded, not booted)",
                 v.display()
             );
             Some(measure::attach_scaling(v)?)
         }
         None => {
-            eprintln!(
+            note!(
                 "vmtrace bench: (e) and loading skipped: no guest/out/vmlinux \
                  (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
             );
@@ -86,7 +87,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         }
     };
 
-    eprintln!(
+    note!(
         "vmtrace bench: report of {} synthetic events",
         report::thousands(cfg.report_events)
     );
@@ -106,7 +107,8 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     };
     let goals = results::goals(&r, &cfg);
     let run = results::Run { cfg: &cfg, started };
-    print!("{}", results::table(&r, &goals, &run));
+    // A closed stdout loses the table, not the run (the JSON is written).
+    let _ = write!(std::io::stdout(), "{}", results::table(&r, &goals, &run));
     let _ = std::io::stdout().flush();
     if let Some(path) = &cfg.json {
         let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;

@@ -46,7 +46,7 @@ fn untraced(vm: Vm, stats: bool) -> Result<Outcome, Error> {
 
 /// Say why and when the guest stopped (and, with `--stats`, how it ran).
 fn stopped(report: &RunReport, stats: bool) -> Outcome {
-    eprintln!(
+    note!(
         "vmtrace: {} after {:.2} s",
         report.reason,
         report.elapsed.as_secs_f64()
@@ -82,7 +82,7 @@ fn traced(
     );
     if let Some(rejected) = plan.sites.rejected_summary() {
         // Left out of tracing, never silently: say which.
-        eprintln!(
+        note!(
             "vmtrace: {}: {rejected} (left out)",
             plan.image.path.display()
         );
@@ -113,7 +113,7 @@ fn traced(
         .sum();
     result?;
     match detach {
-        Ok(d) if attached > 0 => eprintln!(
+        Ok(d) if attached > 0 => note!(
             "vmtrace: detached: {} sites restored{}",
             d.restored,
             if d.changed > 0 {
@@ -166,7 +166,7 @@ fn trace_loop(
             let window = paused.window();
             let latency = paused.latency();
             drop(paused);
-            eprintln!(
+            note!(
                 "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs){}",
                 c.patched,
                 tracer.plan().skipped_init + c.skipped_other,
@@ -181,7 +181,7 @@ fn trace_loop(
                 }
             );
             if let Some(m) = c.exitless {
-                eprintln!("vmtrace: exitless: {}", exitless_line(m));
+                note!("vmtrace: exitless: {}", exitless_line(m));
             }
             break;
         }
@@ -212,7 +212,7 @@ fn trace_loop(
             last_status = Instant::now();
             let events: u64 = tracer.counts().iter().flatten().sum();
             let secs = start.elapsed().as_secs_f64();
-            eprint!(
+            note_part!(
                 "\r\x1b[Kvmtrace: {secs:7.1} s  {events:>14} events  {:>12.0} events/s",
                 events as f64 / secs
             );
@@ -220,7 +220,7 @@ fn trace_loop(
         }
     }
     if status {
-        eprint!("\r\x1b[K");
+        note_part!("\r\x1b[K");
     }
     Ok(())
 }

@@ -77,7 +77,7 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
     let root = project_root();
     let kernel = root.join("guest/out/mini.elf");
     if !kernel.is_file() {
-        eprintln!(
+        note!(
             "vmtrace bench: {} is missing; building it",
             kernel.display()
         );

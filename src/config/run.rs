@@ -124,12 +124,7 @@ impl RunConfig {
         };
 
         let console: Box<dyn Write + Send> = match &args.console {
-            Some(path) => Box::new(LineWriter::new(File::create(path).map_err(|source| {
-                InputError::Console {
-                    path: path.clone(),
-                    source,
-                }
-            })?)),
+            Some(path) => Box::new(LineWriter::new(open_console(path)?)),
             None => Box::new(LineWriter::new(std::io::stdout())),
         };
         Ok(RunConfig {
@@ -282,6 +277,26 @@ fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
     })
 }
 
+/// `--console FILE`: the guest's console streams there as it runs, so it
+/// is written in place, not replaced atomically. The output rules still
+/// hold: a regular file (created or truncated; a symlink to one followed) or
+/// a character device (written into); a directory, FIFO (it would block the
+/// run until someone reads it), socket or block device is refused.
+fn open_console(path: &Path) -> Result<File, InputError> {
+    use tracer::export::file::{target, Target};
+    let err = |source| InputError::Console {
+        path: path.to_path_buf(),
+        source,
+    };
+    match target(path).map_err(err)? {
+        Target::File { path: file, .. } => File::create(file).map_err(err),
+        Target::Device(dev) => std::fs::OpenOptions::new()
+            .write(true)
+            .open(dev)
+            .map_err(err),
+    }
+}
+
 /// `--mode`: the one asked for, checked now (rings that fit, a kernel whose
 /// per-CPU `cpu_number` the trampoline can read); or, for `auto`, trap on a
 /// host whose KVM emulates guest ring 0 (there a guest instruction costs
@@ -304,7 +319,7 @@ fn choose_mode(
         ModeArg::Auto => match check() {
             Ok(()) => Ok(Mode::Exitless),
             Err(e) => {
-                eprintln!("vmtrace: --mode auto: tracing with traps: {e}");
+                note!("vmtrace: --mode auto: tracing with traps: {e}");
                 Ok(Mode::Trap)
             }
         },

@@ -209,7 +209,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                 };
                 tau[m] = timed_phase(&running, &mut counters, &start, iters, MODES[m].name())?;
             }
-            eprintln!(
+            note!(
                 "vmtrace bench: round {}/{reps}: µs per iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
                 round + 1,
                 tau[0],

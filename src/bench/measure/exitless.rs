@@ -364,7 +364,7 @@ fn run_phases(
             };
             tau[m] = timed_phase(running, &mut counters, &start, iters, phase.name())?;
         }
-        eprintln!(
+        note!(
             "vmtrace bench: (f) round {}/{reps}: µs per iteration: untraced {:.1}, spin {SPIN} {:.1}, \
              trap {:.1}, exitless {:.1}",
             round + 1,
