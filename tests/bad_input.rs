@@ -251,7 +251,7 @@ fn initrd_and_command_line_are_checked_before_the_vm_exists() {
     let console = "/nonexistent/dir/console.log";
     assert_bad_input(
         &["--kernel", k, "--console", console],
-        "cannot create console file /nonexistent/dir/console.log",
+        "cannot write the console to /nonexistent/dir/console.log: directory /nonexistent/dir does not exist",
     );
 }
 
