@@ -176,6 +176,8 @@ pub enum RuntimeError {
     Start(VmError),
     #[error("restoring guest text failed: {0}")]
     Restore(TracerError),
+    #[error("exitless events were lost: {0}")]
+    Drain(TracerError),
     #[error("the guest stopped ({0}) before vmtrace could attach; nothing was traced")]
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]

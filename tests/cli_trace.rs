@@ -16,9 +16,8 @@ fn tmp(name: &str) -> std::path::PathBuf {
 #[test]
 fn json_counts_equal_what_the_guest_counted() {
     let kernel = mini_elf();
-    let json = tmp("counts.json");
     let iters = 777u64;
-    let out = vmtrace(&[
+    let (out, v) = run_json(&[
         "--kernel",
         kernel.to_str().unwrap(),
         "--cpus",
@@ -27,17 +26,9 @@ fn json_counts_equal_what_the_guest_counted() {
         &format!("iters={iters}"),
         "--trace",
         "hrtimer_*",
-        "--format",
-        "json",
-        "-o",
-        json.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let (printed, done) = parse_mini_console(&stdout(&out));
     assert_eq!(done, vec![0, 1, 2, 3]);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     let funcs = v["functions"].as_array().unwrap();
     let names: Vec<&str> = funcs.iter().map(|f| f["name"].as_str().unwrap()).collect();
     // Exactly the matched functions, nothing else.

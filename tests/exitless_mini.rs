@@ -16,7 +16,6 @@ fn tmp(name: &str) -> std::path::PathBuf {
 /// guest printed (per (cpu, function) counts).
 fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
     let kernel = mini_elf();
-    let json = tmp(&format!("{cpus}-{iters}.json"));
     let cpus_s = cpus.to_string();
     let cmdline = format!("iters={iters}");
     let mut args = vec![
@@ -31,19 +30,11 @@ fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u
         "-g",
         "--mode",
         "exitless",
-        "--format",
-        "json",
-        "-o",
-        json.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let out = vmtrace(&args);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (out, v) = run_json(&args);
     let (printed, done) = parse_mini_console(&stdout(&out));
     assert_eq!(done, (0..cpus).collect::<Vec<_>>());
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
     (v, printed)
 }
 
@@ -149,53 +140,40 @@ fn a_ring_too_small_records_some_and_counts_every_call() {
 #[test]
 fn bad_exitless_options_are_refused_before_the_guest_runs() {
     let kernel = mini_elf();
-    for (ring, needle) in [("3", "not a power of two"), ("1", "not a power of two")] {
-        let start = std::time::Instant::now();
-        let out = vmtrace(&[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--cmdline",
-            "mode=loop",
-            "--timeout",
-            "30",
-            "--trace",
-            "hrtimer_*",
-            "--mode",
-            "exitless",
-            "--ring-events",
-            ring,
-        ]);
-        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        let err = stderr(&out);
-        assert!(err.contains(needle), "{err}");
-        assert_eq!(err.lines().count(), 1, "one line: {err}");
-        assert!(start.elapsed().as_secs() < 5, "refused before booting");
+    let k = kernel.to_str().unwrap();
+    for ring in ["3", "1"] {
+        assert_bad_input(
+            &[
+                "--kernel",
+                k,
+                "--cmdline",
+                "mode=loop",
+                "--timeout",
+                "30",
+                "--trace",
+                "hrtimer_*",
+                "--mode",
+                "exitless",
+                "--ring-events",
+                ring,
+            ],
+            "not a power of two",
+        );
     }
 }
 
 #[test]
 fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
-    let (v, _) = {
-        let kernel = mini_elf();
-        let json = tmp("auto.json");
-        let out = vmtrace(&[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--cmdline",
-            "iters=10",
-            "--trace",
-            "hrtimer_*",
-            "--format",
-            "json",
-            "-o",
-            json.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        let _ = std::fs::remove_file(&json);
-        (v, ())
-    };
+    let kernel = mini_elf();
+    let args = [
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cmdline",
+        "iters=10",
+        "--trace",
+        "hrtimer_*",
+    ];
+    let (_, v) = run_json(&args);
     let emulating = std::path::Path::new("/sys/module/kvm_pvm").exists();
     assert_eq!(v["mode"], if emulating { "trap" } else { "exitless" });
     if emulating {

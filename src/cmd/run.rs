@@ -103,6 +103,9 @@ fn traced(
     // What every detach of the run restored, including one at --duration.
     let detach = tracer.detach(&mem).map(|_| tracer.detached.clone());
     let attached = tracer.attach_counts.patched;
+    // Exitless: what the stopped guest left in its rings; a loss is said
+    // after the report (the counts that remain are still exact).
+    let drained = tracer.stop_draining();
     let mut trace = tracer.finish(kernel, run_report.reason.to_string());
     // Exits at the trace port: one per traced call in trap mode, none in
     // exitless mode (traps happen only while sites hold them).
@@ -130,6 +133,7 @@ fn traced(
         return Err(RuntimeError::NothingTraced(run_report.reason.clone()).into());
     }
     emit(&trace, &output)?;
+    drained.map_err(RuntimeError::Drain)?;
     Ok(outcome)
 }
 

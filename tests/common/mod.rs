@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -129,4 +130,46 @@ pub fn no_tracers(cpus: usize) -> Vec<Box<dyn vmm::TrapHandler>> {
     (0..cpus)
         .map(|_| Box::new(vmm::NoTracer) as Box<dyn vmm::TrapHandler>)
         .collect()
+}
+
+/// Far less than any boot takes, far more than checking options and loading
+/// the mini guest's symbols.
+pub const REFUSED_WITHIN: Duration = Duration::from_secs(5);
+
+pub fn assert_bad_input(args: &[&str], needle: &str) {
+    let started = std::time::Instant::now();
+    let out = vmtrace(args);
+    let took = started.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "args {args:?}: stderr {err}");
+    assert!(
+        took < REFUSED_WITHIN,
+        "{args:?} took {took:?}: refused only after a guest ran? {err}"
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line for {args:?}: {err}"
+    );
+    assert!(err.starts_with("vmtrace: "), "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+}
+
+/// Run vmtrace with `--format json -o FILE` added; its output and the JSON
+/// report (the file is removed).
+pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let json = std::env::temp_dir().join(format!("vmtrace-json-{}-{n}.json", std::process::id()));
+    let mut all = args.to_vec();
+    all.extend(["--format", "json", "-o", json.to_str().unwrap()]);
+    let out = vmtrace(&all);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (out, v)
 }

@@ -327,13 +327,18 @@ impl Tracer {
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
     /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
+        self.counts_with(&self.ring_drops())
+    }
+
+    /// `counts`, with the full-ring drops (per CPU and site) already read.
+    fn counts_with(&self, ring_drops: &[Vec<u64>]) -> Vec<Vec<u64>> {
         let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
         for (cpu, per_site) in self.counters.counts.iter().enumerate() {
             for (i, c) in per_site.iter().enumerate() {
                 counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
-        for (cpu, per_site) in self.ring_drops().iter().enumerate() {
+        for (cpu, per_site) in ring_drops.iter().enumerate() {
             for (i, d) in per_site.iter().enumerate() {
                 counts[self.plan.index.funcs[i] as usize][cpu] += d;
             }
@@ -350,8 +355,9 @@ impl Tracer {
     }
 
     /// Stop the drainer after draining what the stopped guest left (exitless
-    /// mode); a no-op in trap mode. Called by `finish`; call it yourself to
-    /// see its error.
+    /// mode); a no-op in trap mode. Call it before `finish` to see its error
+    /// (events that could not be drained); `finish` calls it again, which
+    /// then does nothing.
     pub fn stop_draining(&mut self) -> Result<(), TracerError> {
         match self.exitless.as_mut() {
             Some(ex) => Ok(ex.finish()?),
@@ -386,7 +392,9 @@ impl Tracer {
             }
         }
         callers.sort_by_key(|s| s.addr);
-        let counts = self.counts();
+        // Read from guest memory once: counts and the dropped total agree.
+        let ring_drops = self.ring_drops();
+        let counts = self.counts_with(&ring_drops);
         let total: u64 = counts.iter().flatten().sum();
         let detach_ns = if self.detach_ns == 0 {
             vmm::Trap::now_ns()
@@ -409,7 +417,7 @@ impl Tracer {
             attach_latency_ns: self.attach_latency.as_nanos() as u64,
             events_total: total,
             events_dropped: self.counters.dropped.load(Ordering::Relaxed)
-                + self.ring_drops().iter().flatten().sum::<u64>(),
+                + ring_drops.iter().flatten().sum::<u64>(),
             parent_unreadable: self.counters.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
             mode: self.mode().name().into(),

@@ -119,8 +119,8 @@ impl Paused<'_> {
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.run.shared.mem
     }
-    /// The guest's TSC against the host clock, read at this pause (from the
-    /// first vCPU KVM could read it from).
+    /// The guest's TSC against the host clock, read at this pause by vCPU 0
+    /// (None if it has exited, or KVM could not tell).
     pub fn guest_clock(&self) -> Option<GuestClock> {
         (0..self.run.cpus()).find_map(|cpu| self.snapshot(cpu)?.clock)
     }

@@ -59,6 +59,14 @@ impl VcpuThread {
 
     fn run_loop(&mut self, kick: &Registration<'_>, run_page: *const kvm_run) {
         let shared = Arc::clone(&self.shared);
+        // The guest's clock (for exitless stamps) is read by vCPU 0 alone:
+        // one TSC is enough, and the other vCPUs' pauses stay as short as
+        // before. Its rate does not change: read once.
+        let tsc_khz = if self.cpu == 0 {
+            self.fd.get_tsc_khz().ok()
+        } else {
+            None
+        };
         loop {
             // Clear, then read the flags: the order no kick is lost by (pause.rs).
             kick.clear_kick();
@@ -71,7 +79,7 @@ impl VcpuThread {
                 }
                 Wanted::Pause => {
                     self.handler.flush();
-                    kick.park(|| snapshot(&mut self.fd));
+                    kick.park(|| snapshot(&mut self.fd, tsc_khz));
                 }
                 Wanted::Stop => break,
             }
@@ -172,9 +180,10 @@ fn inject_exception(fd: &VcpuFd, vector: u8) -> Result<(), kvm_ioctls::Error> {
     fd.set_vcpu_events(&events)
 }
 
-/// Registers for a parked vCPU. Pending run-page changes are pushed into KVM
-/// first so the ioctls read what the guest will resume with.
-fn snapshot(fd: &mut VcpuFd) -> VcpuSnapshot {
+/// Registers for a parked vCPU (and its clock, when `tsc_khz` is given).
+/// Pending run-page changes are pushed into KVM first so the ioctls read
+/// what the guest will resume with.
+fn snapshot(fd: &mut VcpuFd, tsc_khz: Option<u32>) -> VcpuSnapshot {
     if fd.get_kvm_run().kvm_dirty_regs & u64::from(KVM_SYNC_X86_REGS) != 0 {
         let regs = fd.sync_regs().regs;
         if fd.set_regs(&regs).is_ok() {
@@ -184,7 +193,7 @@ fn snapshot(fd: &mut VcpuFd) -> VcpuSnapshot {
     VcpuSnapshot {
         regs: fd.get_regs().unwrap_or_default(),
         sregs: fd.get_sregs().unwrap_or_default(),
-        clock: guest_clock(fd),
+        clock: tsc_khz.and_then(|khz| guest_clock(fd, khz)),
     }
 }
 
@@ -192,7 +201,7 @@ fn snapshot(fd: &mut VcpuFd) -> VcpuSnapshot {
 const MSR_IA32_TSC: u32 = 0x10;
 
 /// The vCPU's TSC now, with the host clock, for converting guest stamps.
-fn guest_clock(fd: &VcpuFd) -> Option<GuestClock> {
+fn guest_clock(fd: &VcpuFd, tsc_khz: u32) -> Option<GuestClock> {
     let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
         index: MSR_IA32_TSC,
         ..Default::default()
@@ -202,7 +211,6 @@ fn guest_clock(fd: &VcpuFd) -> Option<GuestClock> {
         return None;
     }
     let host_ns = Trap::now_ns();
-    let tsc_khz = fd.get_tsc_khz().ok()?;
     Some(GuestClock {
         tsc: msrs.as_slice()[0].data,
         host_ns,

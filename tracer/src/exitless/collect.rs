@@ -42,11 +42,15 @@ pub struct Drainer {
     pub stats: Arc<DrainStats>,
 }
 
-/// Everything one drain pass needs.
+/// Everything one drain pass needs: the rings, and where records go.
 struct Pass {
     mem: GuestMemoryMmap,
-    layout: RingLayout,
     reader: RingReader,
+    out: Out,
+}
+
+/// Where drained records go: counts, events on the host clock, the budget.
+struct Out {
     clock: GuestClock,
     counters: Arc<Counters>,
     index: Arc<SiteIndex>,
@@ -60,16 +64,21 @@ struct Pass {
 impl Pass {
     /// Drain every ring once; returns the records consumed.
     fn run(&mut self) -> Result<usize, RingError> {
-        let mut reader = std::mem::replace(&mut self.reader, RingReader::new(self.layout));
-        let mem = self.mem.clone();
-        let n = reader.drain(&mem, |cpu, r| self.record(cpu, r));
-        self.reader = reader;
+        let out = &mut self.out;
+        let n = self.reader.drain(&self.mem, |cpu, r| out.record(cpu, r));
+        out.flush();
+        n
+    }
+}
+
+impl Out {
+    /// Hand the buffered events to the collector.
+    fn flush(&mut self) {
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
             // The collector only goes away after every sender is dropped.
             let _ = self.sink.send(batch);
         }
-        n
     }
 
     fn record(&mut self, cpu: usize, r: Record) {
@@ -111,15 +120,16 @@ impl Drainer {
         let stats = Arc::new(DrainStats::default());
         let mut pass = Pass {
             mem,
-            layout,
             reader: RingReader::new(layout),
-            clock,
-            counters,
-            index,
-            sink,
-            stats: Arc::clone(&stats),
-            buf: Vec::with_capacity(BATCH),
-            reserved: 0,
+            out: Out {
+                clock,
+                counters,
+                index,
+                sink,
+                stats: Arc::clone(&stats),
+                buf: Vec::with_capacity(BATCH),
+                reserved: 0,
+            },
         };
         let flag = Arc::clone(&stop);
         let handle = std::thread::Builder::new()

@@ -47,6 +47,11 @@ pub enum ExitlessError {
     Memory(String),
     #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
     NoClock,
+    #[error(
+        "{0} records in vmtrace's rings named no traced site or vCPU (the guest wrote over them); \
+         their calls are not in the counts"
+    )]
+    BadRecords(u64),
 }
 
 /// Exitless state of one tracing session.
@@ -174,22 +179,19 @@ impl Exitless {
         }
     }
 
-    /// Records skipped as out of range so far.
-    pub fn bad_records(&self) -> u64 {
-        self.drainer.as_ref().map_or(0, |d| {
-            d.stats
-                .bad_records
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-    }
-
     /// Drain the rest and stop the drainer (the guest has stopped); drops
     /// the event sender either way, so the collector can finish.
+    /// Records skipped as out of range are an error too: never silent.
     pub fn finish(&mut self) -> Result<(), ExitlessError> {
         self.sink = None;
-        match self.drainer.take() {
-            Some(d) => Ok(d.finish()?),
-            None => Ok(()),
+        let Some(d) = self.drainer.take() else {
+            return Ok(());
+        };
+        let stats = std::sync::Arc::clone(&d.stats);
+        d.finish()?;
+        match stats.bad_records.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Ok(()),
+            n => Err(ExitlessError::BadRecords(n)),
         }
     }
 }

@@ -3,37 +3,36 @@
 //! (`struct boot_params`) that the boot vCPU is handed in RSI.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{Seek, SeekFrom};
 use std::mem::size_of;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::bootparam::{
     boot_e820_entry, boot_params, setup_header, CAN_USE_HEAP, E820_MAX_ENTRIES_ZEROPAGE,
-    LOADED_HIGH, XLF_KERNEL_64,
+    LOADED_HIGH,
 };
 use linux_loader::loader::{bzimage::BzImage, load_cmdline, KernelLoader};
-use vm_memory::{
-    Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap,
-};
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::boot::mptable::MPTABLE_START;
 use crate::layout::{
     CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_MEM_START, MAX_MEM_MIB, ZERO_PAGE_START,
 };
 
+mod error;
+mod header;
+
+pub use error::LinuxBootError;
+use error::Result;
+pub use header::{bzimage_version, check_bzimage, is_bzimage};
+use header::{file_len, setup_len};
+use header::{BOOT_FLAG, HDRS_MAGIC, HDRS_OFFSET, SETUP_HEADER_OFFSET};
+
 // TODO(layout): the constants below could move to layout.rs.
 
-/// Offset of the setup header in a bzImage (and in `boot_params`).
-const SETUP_HEADER_OFFSET: u64 = 0x1f1;
-/// Offset of the "HdrS" magic in a bzImage.
-const HDRS_OFFSET: u64 = 0x202;
-/// "HdrS", little-endian.
-const HDRS_MAGIC: u32 = 0x5372_6448;
 /// The 64-bit entry point is this far into the protected-mode kernel.
 const ENTRY_64_OFFSET: u64 = 0x200;
-/// First boot protocol with the 64-bit entry point described by `xloadflags`.
-const MIN_BOOT_PROTOCOL: u16 = 0x020c;
 /// First boot protocol whose header has `cmdline_size`.
 const CMDLINE_SIZE_PROTOCOL: u16 = 0x0206;
 /// `type_of_loader` for a boot loader without an assigned id.
@@ -47,8 +46,6 @@ const HEAP_END_PTR: u16 = 0xe000 - 0x200;
 const DEFAULT_INITRD_ADDR_MAX: u64 = 0x37ff_ffff;
 /// Initrd placement granularity.
 const PAGE_SIZE: u64 = 0x1000;
-/// `boot_flag` of a valid header.
-const BOOT_FLAG: u16 = 0xaa55;
 /// `kernel_alignment` given to a vmlinux ELF without a setup header (16 MiB,
 /// Firecracker's value and Linux's default CONFIG_PHYSICAL_ALIGN upper bound).
 const ELF_KERNEL_ALIGNMENT: u32 = 0x100_0000;
@@ -62,118 +59,6 @@ pub struct LinuxBoot {
     pub entry: u64,
     /// Guest-physical address of the zero page (`boot_params`), for RSI.
     pub zero_page: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LinuxBootError {
-    #[error("cannot read {what} of {path}: {source}")]
-    Read {
-        path: PathBuf,
-        what: &'static str,
-        source: io::Error,
-    },
-    #[error("{path} is not a bzImage (no \"HdrS\" magic at offset 0x202){hint}")]
-    NotBzImage { path: PathBuf, hint: &'static str },
-    #[error("{path}: setup header field `{field}` is {value:#x}: {why}")]
-    UnsupportedKernel {
-        path: PathBuf,
-        field: &'static str,
-        value: u64,
-        why: &'static str,
-    },
-    #[error(
-        "{path}: setup header field `{field}` is {value:#x}: adding {addend_what} \
-         ({addend:#x}) overflows a 64-bit address"
-    )]
-    HeaderOverflow {
-        path: PathBuf,
-        field: &'static str,
-        value: u64,
-        addend_what: &'static str,
-        addend: u64,
-    },
-    #[error(
-        "{path} needs guest memory up to {needed:#x} (load address + init_size), \
-         but the guest has {mem_size:#x} bytes"
-    )]
-    KernelTooBig {
-        path: PathBuf,
-        needed: u64,
-        mem_size: u64,
-    },
-    #[error("cannot load bzImage {path}: {source}")]
-    Load {
-        path: PathBuf,
-        source: linux_loader::loader::Error,
-    },
-    #[error(
-        "{path} is truncated: its setup header says {expected} bytes ({what}) but the file \
-         has {actual}; copy the bzImage again"
-    )]
-    Truncated {
-        path: PathBuf,
-        what: &'static str,
-        expected: u64,
-        actual: u64,
-    },
-    #[error(
-        "{path}: corrupt setup header: `{field}` is {value:#x}, {why}; the bzImage is damaged"
-    )]
-    CorruptHeader {
-        path: PathBuf,
-        field: &'static str,
-        value: u64,
-        why: &'static str,
-    },
-    #[error("initrd {path} is empty")]
-    InitrdEmpty { path: PathBuf },
-    #[error(
-        "initrd {path} ({size} bytes) does not fit in guest memory between the kernel \
-         (ends at {kernel_end:#x}) and {top:#x} (top of RAM below 4 GiB and the kernel's \
-         initrd_addr_max)"
-    )]
-    InitrdTooLarge {
-        path: PathBuf,
-        size: u64,
-        kernel_end: u64,
-        top: u64,
-    },
-    #[error("cannot copy initrd {path} into guest memory at {addr:#x}: {source}")]
-    InitrdCopy {
-        path: PathBuf,
-        addr: u64,
-        source: GuestMemoryError,
-    },
-    #[error("kernel command line is {len} bytes; the limit is {max}")]
-    CmdlineTooLong { len: usize, max: usize },
-    #[error("invalid kernel command line: {0}")]
-    Cmdline(linux_loader::cmdline::Error),
-    #[error("cannot write the kernel command line at {addr:#x}: {source}")]
-    WriteCmdline {
-        addr: u64,
-        source: linux_loader::loader::Error,
-    },
-    #[error("guest memory size {mem_size:#x}: {why}")]
-    BadMemSize { mem_size: u64, why: &'static str },
-    #[error("cannot write the zero page at {addr:#x}: {source}")]
-    WriteZeroPage { addr: u64, source: GuestMemoryError },
-}
-
-type Result<T> = std::result::Result<T, LinuxBootError>;
-
-/// Is this file a bzImage? (the "HdrS" magic at 0x202). The file position is
-/// restored. A file too short to hold the magic is not a bzImage.
-pub fn is_bzimage(file: &mut File) -> io::Result<bool> {
-    let pos = file.stream_position()?;
-    file.seek(SeekFrom::Start(HDRS_OFFSET))?;
-    let mut magic = [0u8; 4];
-    let found = match file.read_exact(&mut magic) {
-        Ok(()) => u32::from_le_bytes(magic) == HDRS_MAGIC,
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
-        Err(e) => return Err(e),
-    };
-    file.seek(SeekFrom::Start(pos))?;
-    Ok(found)
 }
 
 /// Load `kernel` (a bzImage file) and the optional initrd into `mem`, write
@@ -305,169 +190,6 @@ fn check_mem_size(mem: &GuestMemoryMmap, mem_size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Read the setup header at 0x1f1 of a bzImage, checking the "HdrS" magic.
-fn read_setup_header(file: &mut File, path: &Path) -> Result<setup_header> {
-    let read_err = |source| LinuxBootError::Read {
-        path: path.to_owned(),
-        what: "the setup header",
-        source,
-    };
-    let not_bzimage = |file: &mut File| {
-        let mut magic = [0u8; 4];
-        let is_elf = file.seek(SeekFrom::Start(0)).is_ok()
-            && file.read_exact(&mut magic).is_ok()
-            && magic == *b"\x7fELF";
-        LinuxBootError::NotBzImage {
-            path: path.to_owned(),
-            hint: if is_elf {
-                "; it is an ELF file (a vmlinux?)"
-            } else {
-                ""
-            },
-        }
-    };
-    let mut hdr = setup_header::default();
-    file.seek(SeekFrom::Start(SETUP_HEADER_OFFSET))
-        .map_err(read_err)?;
-    match file.read_exact(hdr.as_mut_slice()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(not_bzimage(file)),
-        Err(e) => return Err(read_err(e)),
-    }
-    if hdr.header != HDRS_MAGIC {
-        return Err(not_bzimage(file));
-    }
-    Ok(hdr)
-}
-
-/// Read a bzImage's setup header and check it against the file: the magic,
-/// `boot_flag`, the setup sectors and `syssize` (the protected-mode kernel's
-/// size) inside the file, a 64-bit boot protocol. Returns the header.
-pub fn check_bzimage(file: &mut File, path: &Path) -> Result<setup_header> {
-    let hdr = read_setup_header(file, path)?;
-    let file_len = file
-        .metadata()
-        .map_err(|source| LinuxBootError::Read {
-            path: path.to_owned(),
-            what: "the size",
-            source,
-        })?
-        .len();
-    let corrupt = |field, value: u64, why| LinuxBootError::CorruptHeader {
-        path: path.to_owned(),
-        field,
-        value,
-        why,
-    };
-    if hdr.boot_flag != BOOT_FLAG {
-        return Err(corrupt("boot_flag", hdr.boot_flag.into(), "not 0xaa55"));
-    }
-    let setup_len = setup_len(&hdr);
-    if setup_len > file_len {
-        return Err(LinuxBootError::Truncated {
-            path: path.to_owned(),
-            what: "setup_sects",
-            expected: setup_len,
-            actual: file_len,
-        });
-    }
-    let syssize = u64::from(hdr.syssize);
-    if syssize == 0 {
-        return Err(corrupt("syssize", 0, "an empty protected-mode kernel"));
-    }
-    // `syssize` counts 16-byte paragraphs; a u32 times 16 cannot overflow.
-    if setup_len + syssize * 16 > file_len {
-        return Err(LinuxBootError::Truncated {
-            path: path.to_owned(),
-            what: "setup sectors + syssize",
-            expected: setup_len + syssize * 16,
-            actual: file_len,
-        });
-    }
-    check_boot_protocol(&hdr, path)?;
-    if hdr.kernel_version != 0 && u64::from(hdr.kernel_version) + 0x200 >= setup_len {
-        return Err(corrupt(
-            "kernel_version",
-            hdr.kernel_version.into(),
-            "points past the setup code",
-        ));
-    }
-    Ok(hdr)
-}
-
-/// The setup code's length in the file, boot sector included.
-fn setup_len(hdr: &setup_header) -> u64 {
-    // A u8 widened to u64: (255 + 1) * 512 cannot overflow.
-    let sects = match hdr.setup_sects {
-        0 => 4,
-        n => u64::from(n),
-    };
-    (sects + 1) * 512
-}
-
-/// Longest kernel version string read (the kernel's is well under 200 bytes).
-const VERSION_MAX: usize = 512;
-
-/// The bzImage's kernel version string (the setup header's `kernel_version`
-/// points to it, e.g. "6.1.192 (user@host) #1 SMP ..."), if it has one. The
-/// header is checked first (`check_bzimage`).
-pub fn bzimage_version(file: &mut File, path: &Path) -> Result<Option<String>> {
-    let hdr = check_bzimage(file, path)?;
-    if hdr.kernel_version == 0 {
-        return Ok(None);
-    }
-    let read_err = |source| LinuxBootError::Read {
-        path: path.to_owned(),
-        what: "the kernel version",
-        source,
-    };
-    file.seek(SeekFrom::Start(u64::from(hdr.kernel_version) + 0x200))
-        .map_err(read_err)?;
-    let mut buf = Vec::with_capacity(VERSION_MAX);
-    file.take(VERSION_MAX as u64)
-        .read_to_end(&mut buf)
-        .map_err(read_err)?;
-    let Some(end) = buf.iter().position(|&b| b == 0) else {
-        return Ok(None);
-    };
-    Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()))
-}
-
-/// The kernel must speak boot protocol 2.12+ with a 64-bit entry point and be
-/// a bzImage (loaded high).
-fn check_boot_protocol(hdr: &setup_header, path: &Path) -> Result<()> {
-    let unsupported = |field, value: u64, why| {
-        Err(LinuxBootError::UnsupportedKernel {
-            path: path.to_owned(),
-            field,
-            value,
-            why,
-        })
-    };
-    if hdr.version < MIN_BOOT_PROTOCOL {
-        return unsupported(
-            "version",
-            hdr.version.into(),
-            "boot protocol older than 2.12, no 64-bit entry point",
-        );
-    }
-    if hdr.xloadflags & XLF_KERNEL_64 == 0 {
-        return unsupported(
-            "xloadflags",
-            hdr.xloadflags.into(),
-            "XLF_KERNEL_64 not set: no 64-bit entry point",
-        );
-    }
-    if hdr.loadflags & LOADED_HIGH == 0 {
-        return unsupported(
-            "loadflags",
-            hdr.loadflags.into(),
-            "LOADED_HIGH not set: a zImage, not a bzImage",
-        );
-    }
-    Ok(())
-}
-
 /// Check the kernel fits in RAM, including the memory its decompressor uses;
 /// return the end of that memory.
 ///
@@ -480,14 +202,7 @@ fn check_kernel_fits(
     hdr: &setup_header,
     mem_size: u64,
 ) -> Result<u64> {
-    let file_len = file
-        .metadata()
-        .map_err(|source| LinuxBootError::Read {
-            path: path.to_owned(),
-            what: "the size",
-            source,
-        })?
-        .len();
+    let file_len = file_len(file, path)?;
     let payload = file_len.saturating_sub(setup_len(hdr));
     let load = u64::from(hdr.code32_start);
     // `pref_address` is a whole u64 from the file: a hostile or corrupt
@@ -671,6 +386,8 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use linux_loader::loader::bootparam::XLF_KERNEL_64;
+    use std::path::PathBuf;
 
     const MEM_SIZE: u64 = 64 << 20;
     const SETUP_SECTS: u8 = 2;
