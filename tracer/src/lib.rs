@@ -4,6 +4,7 @@
 pub mod exitless;
 pub mod export;
 pub mod filter;
+pub mod graph;
 pub mod model;
 pub mod patch;
 pub mod record;

@@ -3,18 +3,41 @@
 
 use crate::symbols::Symbol;
 
-/// One traced function entry.
+/// One traced function entry, or (function-graph traces) one return.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Event {
     /// Host CLOCK_MONOTONIC, nanoseconds.
     pub ts_ns: u64,
-    /// Return address at [RSP] on entry: where in the caller the call came from.
+    /// Entry: the return address at [RSP], where in the caller the call came
+    /// from (the real one, also when a hooked frame had replaced it: a tail
+    /// call). Return: the address execution went back to (the same).
     pub parent: u64,
+    /// Function-graph traces: the guest-virtual address of the stack slot
+    /// holding the function's return address (which guest stack, and how
+    /// deep), with bit 0 set for a return (`RETURN_BIT`; slots are 8-byte
+    /// aligned). 0: an entry whose return is not hooked (entry-only tracing,
+    /// or no frame was free).
+    pub slot: u64,
     /// Index into `Trace::functions`.
     pub func: u32,
-    /// vCPU that made the call.
+    /// vCPU that made the call (or the return).
     pub cpu: u32,
+}
+
+/// Bit 0 of `Event::slot`: the event is a return.
+pub const RETURN_BIT: u64 = 1;
+
+impl Event {
+    /// A function's return, not its entry.
+    pub fn is_return(&self) -> bool {
+        self.slot & RETURN_BIT != 0
+    }
+
+    /// The return-address slot (without the return bit); 0 if not hooked.
+    pub fn stack_slot(&self) -> u64 {
+        self.slot & !RETURN_BIT
+    }
 }
 
 /// Facts about the run, for the report header.
@@ -50,6 +73,15 @@ pub struct TraceMeta {
     /// Exits at the trace port while attached (every call in trap mode,
     /// none in exitless mode).
     pub trap_exits: u64,
+    /// Function-graph tracing: returns hooked and recorded too.
+    pub graph: bool,
+    /// Returns counted (exact, in `Trace::returns`) but not stored.
+    pub returns_dropped: u64,
+    /// Entries whose return could not be hooked (vmtrace's frame pool in the
+    /// guest was full): their duration is unknown.
+    pub unhooked: u64,
+    /// The guest TSC's rate in kHz, when vmtrace read it (0: unknown).
+    pub tsc_khz: u64,
 }
 
 /// The whole trace.
@@ -60,6 +92,9 @@ pub struct Trace {
     pub functions: Vec<Symbol>,
     /// Exact call counts, `counts[func][cpu]`.
     pub counts: Vec<Vec<u64>>,
+    /// Function-graph traces: exact return counts, `returns[func][cpu]` (the
+    /// vCPU the return ran on); empty otherwise.
+    pub returns: Vec<Vec<u64>>,
     /// The functions that callers' return addresses fall in, sorted by address.
     pub callers: Vec<Symbol>,
     /// Stored events, sorted by time.
@@ -124,6 +159,7 @@ impl Trace {
             ev.push(Event {
                 ts_ns: 1_000_000 + i * 100,
                 parent,
+                slot: 0,
                 func: func as u32,
                 cpu,
             });
@@ -144,6 +180,7 @@ impl Trace {
             },
             functions,
             counts,
+            returns: Vec::new(),
             callers,
             events: ev,
         }

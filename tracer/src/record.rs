@@ -137,6 +137,7 @@ impl TrapHandler for Recorder {
             }
         };
         self.buf.push(Event {
+            slot: 0,
             ts_ns,
             parent,
             func: self.index.funcs[i],

@@ -423,11 +423,16 @@ impl Tracer {
             mode: self.mode().name().into(),
             // The caller knows the exits (the run report); see `Trace`.
             trap_exits: 0,
+            graph: false,
+            returns_dropped: 0,
+            unhooked: 0,
+            tsc_khz: 0,
         };
         Trace {
             meta,
             functions,
             counts,
+            returns: Vec::new(),
             callers,
             events,
         }

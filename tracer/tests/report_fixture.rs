@@ -88,6 +88,7 @@ pub fn trace() -> Trace {
         .map(|(i, &(func, cpu, parent))| Event {
             ts_ns: ATTACH_NS + 1_000 + i as u64 * 1_234_567,
             parent,
+            slot: 0,
             func,
             cpu,
         })
@@ -110,11 +111,13 @@ pub fn trace() -> Trace {
         stop_reason: "duration elapsed".to_string(),
         mode: "trap".to_string(),
         trap_exits: total,
+        ..TraceMeta::default()
     };
     Trace {
         meta,
         functions,
         counts,
+        returns: Vec::new(),
         callers,
         events,
     }
@@ -131,6 +134,7 @@ pub fn big_trace(n: usize) -> Trace {
             } else {
                 KTHREAD + 4
             },
+            slot: 0,
             func: (i % 3) as u32,
             cpu: (i % 4) as u32,
         })

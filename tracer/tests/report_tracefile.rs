@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use tracer::model::Trace;
 use tracer::report::{render, ReportOptions, Sort};
-use tracer::tracefile::{load, save, Section, TraceFileError, EVENT_SIZE, MAGIC, VERSION};
+use tracer::tracefile::{
+    load, save, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V2, MAGIC, VERSION,
+};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -63,10 +65,15 @@ struct Layout {
     trap_exits: usize,
     functions: usize,
     counts: usize,
+    /// The returns section (version 3; where the callers start before).
+    returns: usize,
     callers: usize,
     events: usize,
     /// Offset of the first event record.
     records: usize,
+    /// Size of one event record, and the offset of `func` in it.
+    event: usize,
+    func: usize,
     end: usize,
 }
 
@@ -85,12 +92,24 @@ fn layout_v(t: &Trace, version: u32) -> Layout {
     let (trap_exits, functions) = match version {
         1 => (mode, mode),
         2 => (mode + str_len(&m.mode), mode + str_len(&m.mode) + 8),
+        // graph (1 byte), returns_dropped, unhooked, tsc_khz.
+        3 => (mode + str_len(&m.mode), mode + str_len(&m.mode) + 8 + 1 + 24),
         v => panic!("no layout for version {v}"),
     };
     let counts = functions + syms(&t.functions);
-    let callers = counts + 8 + t.functions.len() * m.cpus as usize * 8;
+    let returns = counts + 8 + t.functions.len() * m.cpus as usize * 8;
+    let callers = if version == 3 {
+        returns + 8 + t.returns.iter().map(Vec::len).sum::<usize>() * 8
+    } else {
+        returns
+    };
     let events = callers + syms(&t.callers);
     let records = events + 8;
+    let (event, func) = if version == 3 {
+        (EVENT_SIZE, 24)
+    } else {
+        (EVENT_SIZE_V2, 16)
+    };
     Layout {
         header,
         stop_reason,
@@ -98,20 +117,24 @@ fn layout_v(t: &Trace, version: u32) -> Layout {
         trap_exits,
         functions,
         counts,
+        returns,
         callers,
         events,
         records,
-        end: records + t.events.len() * EVENT_SIZE,
+        event,
+        func,
+        end: records + t.events.len() * event,
     }
 }
 
-/// The layout of the current format, version 2.
+/// The layout of the current format, version 3.
 fn layout(t: &Trace) -> Layout {
-    layout_v(t, 2)
+    layout_v(t, 3)
 }
 
 /// `t` encoded byte by byte as documented in tracefile/mod.rs, independently
-/// of `save`: version 2, or version 1 (no `mode` and `trap_exits`).
+/// of `save`: version 3, 2 (no graph fields, returns or event slots), or 1
+/// (nor `mode` and `trap_exits`).
 fn encode(t: &Trace, version: u32) -> Vec<u8> {
     fn put_str(b: &mut Vec<u8>, s: &str) {
         b.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -158,17 +181,34 @@ fn encode(t: &Trace, version: u32) -> Vec<u8> {
         put_str(&mut b, &m.mode);
         b.extend_from_slice(&m.trap_exits.to_le_bytes());
     }
+    if version >= 3 {
+        b.push(u8::from(m.graph));
+        for v in [m.returns_dropped, m.unhooked, m.tsc_khz] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+    }
     put_syms(&mut b, &t.functions);
     b.extend_from_slice(&(t.counts.len() as u32).to_le_bytes());
     b.extend_from_slice(&m.cpus.to_le_bytes());
     for c in t.counts.iter().flatten() {
         b.extend_from_slice(&c.to_le_bytes());
     }
+    if version >= 3 {
+        let cols = if m.graph { m.cpus } else { 0 };
+        b.extend_from_slice(&(t.returns.len() as u32).to_le_bytes());
+        b.extend_from_slice(&cols.to_le_bytes());
+        for c in t.returns.iter().flatten() {
+            b.extend_from_slice(&c.to_le_bytes());
+        }
+    }
     put_syms(&mut b, &t.callers);
     b.extend_from_slice(&(t.events.len() as u64).to_le_bytes());
     for e in &t.events {
         b.extend_from_slice(&e.ts_ns.to_le_bytes());
         b.extend_from_slice(&e.parent.to_le_bytes());
+        if version >= 3 {
+            b.extend_from_slice(&e.slot.to_le_bytes());
+        }
         b.extend_from_slice(&e.func.to_le_bytes());
         b.extend_from_slice(&e.cpu.to_le_bytes());
     }
@@ -325,10 +365,10 @@ fn report_tracefile_layout_matches_the_documented_format() {
         let m = &t.meta;
         assert_eq!(b.len(), l.end);
         // Byte for byte what the documented format says.
-        assert!(b == encode(&t, 2), "{}: differs from the format", m.mode);
+        assert!(b == encode(&t, 3), "{}: differs from the format", m.mode);
         assert_eq!(&b[..8], MAGIC);
         assert_eq!(&b[..8], b"VMTRACE\0");
-        assert_eq!(u32_at(&b, 8), 2);
+        assert_eq!(u32_at(&b, 8), 3);
         assert_eq!(u32_at(&b, 8), VERSION);
         assert_eq!(u64_at(&b, 12), b.len() as u64);
         let kernel_len = u32_at(&b, 20) as usize;
@@ -349,19 +389,25 @@ fn report_tracefile_layout_matches_the_documented_format() {
         assert_eq!(&b[l.mode + 4..l.mode + 4 + n], m.mode.as_bytes());
         assert_eq!(l.trap_exits, l.mode + 4 + n);
         assert_eq!(u64_at(&b, l.trap_exits), m.trap_exits);
-        assert_eq!(l.functions, l.trap_exits + 8);
+        // graph, returns_dropped, unhooked and tsc_khz, then the functions.
+        assert_eq!(b[l.trap_exits + 8], u8::from(m.graph));
+        assert_eq!(l.functions, l.trap_exits + 8 + 1 + 24);
         assert_eq!(u32_at(&b, l.functions), 7);
         assert_eq!(u32_at(&b, l.counts), 7);
         assert_eq!(u32_at(&b, l.counts + 4), 4);
         // counts[0][1] (row-major, after rows and cols).
         assert_eq!(u64_at(&b, l.counts + 16), 998);
+        // No function graph: an empty returns section.
+        assert_eq!(u64_at(&b, l.returns), 0);
+        assert_eq!(l.callers, l.returns + 8);
         assert_eq!(u32_at(&b, l.callers), 2);
         assert_eq!(u64_at(&b, l.events), t.events.len() as u64);
         let e = &b[l.records..l.records + EVENT_SIZE];
         assert_eq!(u64_at(e, 0), t.events[0].ts_ns);
         assert_eq!(u64_at(e, 8), t.events[0].parent);
-        assert_eq!(u32_at(e, 16), t.events[0].func);
-        assert_eq!(u32_at(e, 20), t.events[0].cpu);
+        assert_eq!(u64_at(e, 16), t.events[0].slot);
+        assert_eq!(u32_at(e, 24), t.events[0].func);
+        assert_eq!(u32_at(e, 28), t.events[0].cpu);
     }
     // The exact bytes of the fixture's mode fields.
     let t = fixture::trace();
@@ -369,14 +415,14 @@ fn report_tracefile_layout_matches_the_documented_format() {
     let l = layout(&t);
     assert_eq!(&b[l.mode..l.trap_exits], b"\x04\0\0\0trap");
     assert_eq!(
-        &b[l.trap_exits..l.functions],
+        &b[l.trap_exits..l.trap_exits + 8],
         &t.meta.events_total.to_le_bytes()
     );
     let t = exitless();
     let b = saved_bytes(&t);
     let l = layout(&t);
     assert_eq!(
-        &b[l.mode..l.functions],
+        &b[l.mode..l.trap_exits + 8],
         b"\x08\0\0\0exitless\0\0\0\0\0\0\0\0"
     );
 }
@@ -403,7 +449,7 @@ fn report_tracefile_bad_magic() {
 fn report_tracefile_unsupported_version() {
     let t = fixture::trace();
     let mut b = saved_bytes(&t);
-    for v in [3, 0, 4, u32::MAX] {
+    for v in [0, 4, u32::MAX] {
         put_u32(&mut b, 8, v);
         let e = load_bytes("version", &b).unwrap_err();
         assert!(
@@ -415,10 +461,12 @@ fn report_tracefile_unsupported_version() {
             msg.contains(&format!("unsupported trace format version {v}")),
             "{msg}"
         );
-        assert!(msg.contains("reads versions 1 and 2"), "{msg}");
+        assert!(msg.contains("reads versions 1 to 3"), "{msg}");
     }
-    // Versions 2 and 1 are read.
-    put_u32(&mut b, 8, 2);
+    // Versions 3, 2 and 1 are read.
+    put_u32(&mut b, 8, 3);
+    assert_eq!(load_bytes("version-3", &b).unwrap(), t);
+    let mut b = encode(&t, 2);
     assert_eq!(load_bytes("version-2", &b).unwrap(), t);
     let b1 = encode(&t, 1);
     assert_eq!(u32_at(&b1, 8), 1);
@@ -440,8 +488,10 @@ fn check_every_cut(name: &str, b: &[u8], l: &Layout) {
             Section::Header
         } else if len < l.counts {
             Section::Functions
-        } else if len < l.callers {
+        } else if len < l.returns {
             Section::Counts
+        } else if len < l.callers {
+            Section::Returns
         } else if len < l.events {
             Section::Callers
         } else {
@@ -460,18 +510,20 @@ fn check_every_cut(name: &str, b: &[u8], l: &Layout) {
             other => panic!("{name}: cut at {len} of {}: {other:?}", b.len()),
         }
     }
-    assert_eq!(
-        seen,
-        [
-            Section::Preamble,
-            Section::Header,
-            Section::Functions,
-            Section::Counts,
-            Section::Callers,
-            Section::Events
-        ],
-        "{name}"
-    );
+    let mut want = vec![
+        Section::Preamble,
+        Section::Header,
+        Section::Functions,
+        Section::Counts,
+        Section::Returns,
+        Section::Callers,
+        Section::Events,
+    ];
+    // Before version 3 there is no returns section.
+    if l.returns == l.callers {
+        want.retain(|&s| s != Section::Returns);
+    }
+    assert_eq!(seen, want, "{name}");
 }
 
 #[test]
@@ -536,7 +588,7 @@ fn report_tracefile_corrupt_contents() {
 
     // An event's function index out of range.
     let mut c = b.clone();
-    put_u32(&mut c, l.records + 3 * EVENT_SIZE + 16, 99);
+    put_u32(&mut c, l.records + 3 * l.event + l.func, 99);
     corrupt_in(
         load_bytes("func", &c),
         Section::Events,
@@ -544,7 +596,7 @@ fn report_tracefile_corrupt_contents() {
     );
     // An event's vCPU out of range.
     let mut c = b.clone();
-    put_u32(&mut c, l.records + 20, 4);
+    put_u32(&mut c, l.records + l.func + 4, 4);
     corrupt_in(
         load_bytes("cpu", &c),
         Section::Events,
@@ -623,7 +675,7 @@ fn report_tracefile_absurd_lengths_do_not_allocate() {
     let t = fixture::trace();
     let b = saved_bytes(&t);
     let l = layout(&t);
-    // 2^60 events: 2^60 * 24 bytes overflows u64.
+    // 2^60 events: 2^60 * 32 bytes overflows u64.
     let mut c = b.clone();
     put_u64(&mut c, l.events, 1 << 60);
     corrupt_in(
@@ -631,13 +683,13 @@ fn report_tracefile_absurd_lengths_do_not_allocate() {
         Section::Events,
         "absurd event count",
     );
-    // 2^59 events: fits u64 but not the file.
+    // 2^58 events: fits u64 but not the file.
     let mut c = b.clone();
-    put_u64(&mut c, l.events, 1 << 59);
+    put_u64(&mut c, l.events, 1 << 58);
     corrupt_in(
-        load_bytes("events-2^59", &c),
+        load_bytes("events-2^58", &c),
         Section::Events,
-        "but only 360 remain",
+        "but only 480 remain",
     );
     // u32::MAX functions, callers, string bytes, counts columns.
     let mut c = b.clone();
@@ -739,7 +791,7 @@ fn report_tracefile_reads_version_1() {
         let b = encode(&t, 1);
         let l = layout_v(&t, 1);
         assert_eq!(b.len(), l.end, "{name}");
-        assert_eq!(b.len() + 4 + t.meta.mode.len() + 8, layout(&t).end);
+        assert_eq!(b.len() + 4 + t.meta.mode.len() + 8, layout_v(&t, 2).end);
         assert_eq!(u32_at(&b, 8), 1);
         assert_eq!(u64_at(&b, 12), b.len() as u64);
         // The functions follow the stop reason directly.
@@ -752,10 +804,10 @@ fn report_tracefile_reads_version_1() {
         let want = as_version_1(&t);
         assert!(back == want, "{name}: version 1 read differs");
         assert_same_reports(&back, &want, name);
-        // Saved again, it is a version-2 file that round-trips.
+        // Saved again, it is a version-3 file that round-trips.
         let b2 = saved_bytes(&back);
-        assert_eq!(u32_at(&b2, 8), 2);
-        assert!(b2 == encode(&want, 2), "{name}: resaved differs");
+        assert_eq!(u32_at(&b2, 8), 3);
+        assert!(b2 == encode(&want, 3), "{name}: resaved differs");
         assert_eq!(
             load_bytes(&format!("v1-resaved-{name}"), &b2).unwrap(),
             want
@@ -773,7 +825,7 @@ fn report_tracefile_reads_version_1() {
     let l = layout_v(&t, 1);
     check_every_cut("v1-truncated", &b, &l);
     let mut c = b.clone();
-    put_u32(&mut c, l.records + 3 * EVENT_SIZE + 16, 99);
+    put_u32(&mut c, l.records + 3 * l.event + l.func, 99);
     corrupt_in(
         load_bytes("v1-func", &c),
         Section::Events,
@@ -959,14 +1011,14 @@ fn report_tracefile_event_count_against_the_file_size() {
     corrupt_in(
         load_bytes("more", &x),
         Section::Events,
-        "but only 360 remain",
+        "but only 480 remain",
     );
     let mut x = b.clone();
-    put_u64(&mut x, l.events, u64::MAX / 24);
+    put_u64(&mut x, l.events, u64::MAX / 32);
     corrupt_in(
         load_bytes("huge", &x),
         Section::Events,
-        "but only 360 remain",
+        "but only 480 remain",
     );
     let mut x = b.clone();
     put_u64(&mut x, l.events, n - 1);

@@ -98,6 +98,7 @@ impl Out {
         }
         self.reserved -= 1;
         self.buf.push(Event {
+            slot: 0,
             ts_ns: self.clock.host_ns(r.tsc),
             parent: r.parent,
             func: self.index.funcs[site],

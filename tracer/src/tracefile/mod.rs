@@ -1,7 +1,7 @@
 //! Saved traces: `vmtrace ... -o FILE` writes one, `vmtrace report -i FILE`
 //! reads it back. The file is self-contained (no vmlinux needed to read it).
 //!
-//! # Format, version 2
+//! # Format, version 3
 //!
 //! All integers are unsigned, little-endian, with no padding or alignment
 //! anywhere. Two composite types are used:
@@ -14,7 +14,7 @@
 //! | Section   | Field                | Type        | Notes                                                   |
 //! |-----------|----------------------|-------------|---------------------------------------------------------|
 //! | preamble  | magic                | 8 bytes     | `VMTRACE\0` (`56 4d 54 52 41 43 45 00`)                 |
-//! |           | version              | `u32`       | `2` (`1`: as below without `mode` and `trap_exits`)     |
+//! |           | version              | `u32`       | `3` (older versions: see below)                         |
 //! |           | file_len             | `u64`       | size of the whole file in bytes, these 20 included      |
 //! | header    | kernel               | `str`       | the kernel file the guest booted                        |
 //! |           | has_build_id         | `u8`        | `0` or `1`                                              |
@@ -33,19 +33,34 @@
 //! |           | stop_reason          | `str`       |                                                         |
 //! |           | mode                 | `str`       | `trap` or `exitless` (version 1: `trap`)                |
 //! |           | trap_exits           | `u64`       | exits at the trace port (version 1: `events_total`)     |
+//! |           | graph                | `u8`        | `1`: returns hooked and recorded (function graph), else `0` |
+//! |           | returns_dropped      | `u64`       | returns counted but not stored                          |
+//! |           | unhooked             | `u64`       | entries whose return could not be hooked                |
+//! |           | tsc_khz              | `u64`       | the guest TSC's rate, kHz (`0`: unknown)                |
 //! | functions | nfunc                | `u32`       | the traced functions                                    |
 //! |           | functions            | `sym` × nfunc | an event's `func` indexes this list                   |
 //! | counts    | rows                 | `u32`       | must equal `nfunc`                                      |
 //! |           | cols                 | `u32`       | must equal `cpus`                                       |
 //! |           | counts               | `u64` × rows × cols | row-major: calls of function `f` on vCPU `c` at index `f * cols + c` |
+//! | returns   | rows                 | `u32`       | `nfunc` if `graph == 1`, else `0`                       |
+//! |           | cols                 | `u32`       | `cpus` if `graph == 1`, else `0`                        |
+//! |           | returns              | `u64` × rows × cols | exact returns of function `f` on vCPU `c`       |
 //! | callers   | ncallers             | `u32`       | functions the events' return addresses fall in          |
 //! |           | callers              | `sym` × ncallers | sorted by address, ascending                       |
 //! | events    | nevents              | `u64`       | stored events                                           |
-//! |           | events               | 24 bytes × nevents | records, sorted by time (see below)              |
+//! |           | events               | 32 bytes × nevents | records, sorted by time (see below)              |
 //!
-//! An event record is 24 bytes: `u64 ts_ns` (host `CLOCK_MONOTONIC`, ns),
-//! `u64 parent` (the return address at `[RSP]` on entry, `0` if unreadable),
+//! An event record is 32 bytes: `u64 ts_ns` (host `CLOCK_MONOTONIC`, ns),
+//! `u64 parent` (the return address at `[RSP]` on entry, `0` if unreadable;
+//! for a return, the address returned to), `u64 slot` (function graph: the
+//! guest address of the return-address slot, bit 0 set for a return; `0`
+//! for an entry whose return is not hooked and in traces without `graph`),
 //! `u32 func` (index into the functions), `u32 cpu` (vCPU number).
+//!
+//! Versions 1 and 2 are still read: they have no `graph`, `returns_dropped`,
+//! `unhooked`, `tsc_khz` or returns section, and 24-byte event records
+//! without `slot`. Version 1 also lacks `mode` and `trap_exits` (trap mode,
+//! every call an exit).
 //!
 //! The file ends right after the last event: its size is `file_len`.
 //!
@@ -79,11 +94,15 @@ pub use write::save;
 /// The first 8 bytes of every trace file.
 pub const MAGIC: &[u8; 8] = b"VMTRACE\0";
 /// The format version this module writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The first format (trap mode only), still read.
 pub const VERSION_1: u32 = 1;
+/// The second format (no function graph), still read.
+pub const VERSION_2: u32 = 2;
 /// Size of one event record in the file.
-pub const EVENT_SIZE: usize = 24;
+pub const EVENT_SIZE: usize = 32;
+/// Size of one event record in versions 1 and 2.
+pub const EVENT_SIZE_V2: usize = 24;
 /// Size of the preamble: magic, version, file length.
 const PREAMBLE_SIZE: u64 = 8 + 4 + 8;
 /// Smallest encoded `sym`: an empty name, address and size.
@@ -100,6 +119,7 @@ pub enum Section {
     Header,
     Functions,
     Counts,
+    Returns,
     Callers,
     Events,
 }
@@ -111,6 +131,7 @@ impl fmt::Display for Section {
             Section::Header => "header",
             Section::Functions => "functions",
             Section::Counts => "counts",
+            Section::Returns => "returns",
             Section::Callers => "callers",
             Section::Events => "events",
         })
@@ -129,7 +150,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} and {VERSION})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },
@@ -196,6 +217,16 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
             format!(
                 "function {f} has counts for {} vCPUs, not {cpus}",
                 row.len()
+            ),
+        ));
+    }
+    let want = if trace.meta.graph { nfunc } else { 0 };
+    if trace.returns.len() != want || trace.returns.iter().any(|r| r.len() != cpus) {
+        return Err((
+            Section::Returns,
+            format!(
+                "{} rows of returns for {want} graph-traced functions x {cpus} vCPUs",
+                trace.returns.len()
             ),
         ));
     }

@@ -6,8 +6,8 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use super::{
-    check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER,
-    MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1,
+    check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2,
+    IO_BUFFER, MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2,
 };
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
@@ -62,7 +62,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         return Err(r.truncated());
     }
     let version = r.u32()?;
-    if version != VERSION && version != VERSION_1 {
+    if ![VERSION_1, VERSION_2, VERSION].contains(&version) {
         return Err(TraceFileError::UnsupportedVersion {
             path: path.to_path_buf(),
             version,
@@ -101,6 +101,17 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
     } else {
         (r.string("mode")?, r.u64()?)
     };
+    // Versions 1 and 2 had no function graph.
+    let (graph, returns_dropped, unhooked, tsc_khz) = if version == VERSION {
+        let graph = match r.u8()? {
+            0 => false,
+            1 => true,
+            b => return Err(r.corrupt(format!("graph is {b}, not 0 or 1"))),
+        };
+        (graph, r.u64()?, r.u64()?, r.u64()?)
+    } else {
+        (false, 0, 0, 0)
+    };
     if v[0] > v[1] {
         return Err(r.corrupt(format!(
             "detach ({} ns) is before attach ({} ns)",
@@ -133,39 +144,17 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         stop_reason,
         mode,
         trap_exits,
+        graph,
+        returns_dropped,
+        unhooked,
+        tsc_khz,
     };
 
     r.section = Section::Functions;
     let functions = r.syms("functions")?;
 
     r.section = Section::Counts;
-    let rows = r.u32()?;
-    let cols = r.u32()?;
-    if rows as usize != functions.len() || cols != cpus {
-        return Err(r.corrupt(format!(
-            "counts are {rows} x {cols} but the trace has {} functions x {cpus} vCPUs",
-            functions.len()
-        )));
-    }
-    let size = (rows as u64).saturating_mul(cols as u64).saturating_mul(8);
-    r.need(size, "the counts")?;
-    let mut counts = Vec::with_capacity(rows as usize);
-    // Sized only once a row is known to fit in the file.
-    let mut row_bytes = if rows > 0 {
-        vec![0u8; cols as usize * 8]
-    } else {
-        Vec::new()
-    };
-    for _ in 0..rows {
-        r.bytes(&mut row_bytes)?;
-        counts.push(
-            row_bytes
-                .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-                .collect(),
-        );
-    }
-
+    let counts = r.matrix(functions.len(), cpus as usize, "counts")?;
     let mut total = 0u64;
     for row in &counts {
         for &c in row {
@@ -180,6 +169,30 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
             meta.events_total
         )));
     }
+    let returns = if version == VERSION {
+        r.section = Section::Returns;
+        let (rows, cols) = if meta.graph {
+            (functions.len(), cpus as usize)
+        } else {
+            (0, 0)
+        };
+        r.matrix(rows, cols, "returns")?
+    } else {
+        Vec::new()
+    };
+
+    let mut returns_total = 0u64;
+    for &c in returns.iter().flatten() {
+        returns_total = returns_total
+            .checked_add(c)
+            .ok_or_else(|| r.corrupt("the returns add up past 2^64".into()))?;
+    }
+    if meta.returns_dropped > returns_total {
+        return Err(r.corrupt(format!(
+            "{} returns dropped of {returns_total} in all",
+            meta.returns_dropped
+        )));
+    }
 
     r.section = Section::Callers;
     let callers = r.syms("callers")?;
@@ -187,8 +200,13 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
 
     r.section = Section::Events;
     let n = r.u64()?;
+    let event_size = if version == VERSION {
+        EVENT_SIZE
+    } else {
+        EVENT_SIZE_V2
+    };
     let bytes = n
-        .checked_mul(EVENT_SIZE as u64)
+        .checked_mul(event_size as u64)
         .ok_or_else(|| r.corrupt(format!("absurd event count {n}")))?;
     r.need(bytes, &format!("{n} events"))?;
     // The events run to the end of the file: their count must say exactly
@@ -199,30 +217,57 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
             "{n} events take {bytes} bytes but {left} bytes are left in the file"
         )));
     }
-    if n.checked_add(meta.events_dropped) != Some(meta.events_total) {
+    // Entries plus returns: checked against the counts once read.
+    if n.checked_add(meta.events_dropped)
+        .and_then(|v| v.checked_add(meta.returns_dropped))
+        .is_none_or(|v| v > meta.events_total.saturating_add(returns_total))
+    {
         return Err(r.corrupt(format!(
             "{n} events stored and {} dropped, but {} in all",
             meta.events_dropped, meta.events_total
         )));
     }
-    let n = n as usize; // fits: n * 24 bytes fit in the file
-                        // Grown as the events are read: a file that claims more than it has
-                        // (a sparse one) costs only what is actually read.
+    let n = n as usize; // fits: n records fit in the file
+    // Grown as the events are read: a file that claims more than it has
+    // (a sparse one) costs only what is actually read.
     let mut events = Vec::with_capacity(n.min(EVENT_CHUNK));
-    let mut buf = vec![0u8; EVENT_CHUNK.min(n) * EVENT_SIZE];
+    let mut buf = vec![0u8; EVENT_CHUNK.min(n) * event_size];
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
     while events.len() < n {
         let k = EVENT_CHUNK.min(n - events.len());
-        let chunk = &mut buf[..k * EVENT_SIZE];
+        let chunk = &mut buf[..k * event_size];
         r.bytes(chunk)?;
         let first = events.len();
-        events.extend(chunk.chunks_exact(EVENT_SIZE).map(|b| Event {
-            ts_ns: u64::from_le_bytes(b[0..8].try_into().unwrap()),
-            parent: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-            func: u32::from_le_bytes(b[16..20].try_into().unwrap()),
-            cpu: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+        events.extend(chunk.chunks_exact(event_size).map(|b| {
+            if event_size == EVENT_SIZE {
+                Event {
+                    ts_ns: u64_at(b, 0),
+                    parent: u64_at(b, 8),
+                    slot: u64_at(b, 16),
+                    func: u32_at(b, 24),
+                    cpu: u32_at(b, 28),
+                }
+            } else {
+                Event {
+                    ts_ns: u64_at(b, 0),
+                    parent: u64_at(b, 8),
+                    slot: 0,
+                    func: u32_at(b, 16),
+                    cpu: u32_at(b, 20),
+                }
+            }
         }));
         check_events(&events[first..], first, functions.len(), cpus as usize)
             .map_err(|d| r.corrupt(d))?;
+        if !meta.graph {
+            if let Some(i) = events[first..].iter().position(|e| e.slot != 0) {
+                return Err(r.corrupt(format!(
+                    "event {} has a stack slot but the trace has no function graph",
+                    first + i
+                )));
+            }
+        }
     }
     if r.pos != declared {
         return Err(r.corrupt(format!(
@@ -231,12 +276,35 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         )));
     }
 
-    check_against_counts(&events, &counts, meta.events_dropped == 0).map_err(|d| r.corrupt(d))?;
+    let entries: Vec<Event> = events.iter().filter(|e| !e.is_return()).copied().collect();
+    if entries.len() as u64 + meta.events_dropped != meta.events_total {
+        return Err(r.corrupt(format!(
+            "{} entries stored and {} dropped, but {} in all",
+            entries.len(),
+            meta.events_dropped,
+            meta.events_total
+        )));
+    }
+    check_against_counts(&entries, &counts, meta.events_dropped == 0)
+        .map_err(|d| r.corrupt(d))?;
+    if meta.graph {
+        let rets: Vec<Event> = events.iter().filter(|e| e.is_return()).copied().collect();
+        if rets.len() as u64 + meta.returns_dropped != returns_total {
+            return Err(r.corrupt(format!(
+                "{} returns stored and {} dropped, but {returns_total} in all",
+                rets.len(),
+                meta.returns_dropped
+            )));
+        }
+        check_against_counts(&rets, &returns, meta.returns_dropped == 0)
+            .map_err(|d| r.corrupt(format!("returns: {d}")))?;
+    }
 
     Ok(Trace {
         meta,
         functions,
         counts,
+        returns,
         callers,
         events,
     })
@@ -361,6 +429,42 @@ impl<R: Read> Reader<'_, R> {
         let mut b = vec![0u8; len as usize];
         self.bytes(&mut b)?;
         String::from_utf8(b).map_err(|_| self.corrupt(format!("{what} is not valid UTF-8")))
+    }
+
+    /// A `rows` x `cols` matrix of u64 (row and column counts read first
+    /// and checked against the expected ones).
+    fn matrix(
+        &mut self,
+        want_rows: usize,
+        want_cols: usize,
+        what: &str,
+    ) -> Result<Vec<Vec<u64>>, TraceFileError> {
+        let rows = self.u32()?;
+        let cols = self.u32()?;
+        if rows as usize != want_rows || cols as usize != want_cols {
+            return Err(self.corrupt(format!(
+                "{what} are {rows} x {cols} but the trace has {want_rows} functions x {want_cols} vCPUs"
+            )));
+        }
+        let size = (rows as u64).saturating_mul(cols as u64).saturating_mul(8);
+        self.need(size, &format!("the {what}"))?;
+        // Sized only once a row is known to fit in the file.
+        let mut row_bytes = if rows > 0 {
+            vec![0u8; cols as usize * 8]
+        } else {
+            Vec::new()
+        };
+        let mut m = Vec::with_capacity(rows as usize);
+        for _ in 0..rows {
+            self.bytes(&mut row_bytes)?;
+            m.push(
+                row_bytes
+                    .chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+            );
+        }
+        Ok(m)
     }
 
     fn syms(&mut self, what: &str) -> Result<Vec<Symbol>, TraceFileError> {

@@ -62,12 +62,25 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     put_str(w, &m.stop_reason)?;
     put_str(w, &m.mode)?;
     w.write_all(&m.trap_exits.to_le_bytes())?;
+    w.write_all(&[u8::from(m.graph)])?;
+    for v in [m.returns_dropped, m.unhooked, m.tsc_khz] {
+        w.write_all(&v.to_le_bytes())?;
+    }
 
     put_syms(w, &trace.functions)?;
 
     w.write_all(&(trace.counts.len() as u32).to_le_bytes())?;
     w.write_all(&m.cpus.to_le_bytes())?;
     for row in &trace.counts {
+        for c in row {
+            w.write_all(&c.to_le_bytes())?;
+        }
+    }
+
+    let cols = if m.graph { m.cpus } else { 0 };
+    w.write_all(&(trace.returns.len() as u32).to_le_bytes())?;
+    w.write_all(&cols.to_le_bytes())?;
+    for row in &trace.returns {
         for c in row {
             w.write_all(&c.to_le_bytes())?;
         }
@@ -89,8 +102,9 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
         for (b, e) in bytes.chunks_exact_mut(EVENT_SIZE).zip(chunk) {
             b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
             b[8..16].copy_from_slice(&e.parent.to_le_bytes());
-            b[16..20].copy_from_slice(&e.func.to_le_bytes());
-            b[20..24].copy_from_slice(&e.cpu.to_le_bytes());
+            b[16..24].copy_from_slice(&e.slot.to_le_bytes());
+            b[24..28].copy_from_slice(&e.func.to_le_bytes());
+            b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
         }
         w.write_all(bytes)?;
     }
