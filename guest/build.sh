@@ -4,6 +4,10 @@
 #   bash guest/build.sh mini           -> guest/out/mini.elf
 #   bash guest/build.sh mini-noftrace  -> guest/out/mini-noftrace.elf (no ftrace sites)
 #   bash guest/build.sh linux [ARGS]   -> runs guest/linux/build.sh ARGS
+#   bash guest/build.sh linux-acpi [ARGS] -> linux/build.sh --variant acpi ARGS,
+#                                      guest/out/linux-acpi/{bzImage,vmlinux,...}
+#   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
+#                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its
@@ -18,7 +22,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | linux [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
 	exit 1
 }
 
@@ -27,6 +31,7 @@ usage() {
 MINI_CFLAGS=(
 	-std=gnu11 -O2 -Wall -Wextra
 	-pg -mfentry -mrecord-mcount -mnop-mcount
+	-DMINI_FTRACE # entry.S's hand-written site (graph_tail_caller) follows -pg
 	-mcmodel=kernel -ffreestanding -fno-pic -fno-pie -nostdlib
 	-fno-stack-protector -mno-red-zone
 	-mno-sse -mno-mmx -mno-sse2 -mgeneral-regs-only
@@ -47,7 +52,7 @@ build_mini() {
 		# empty __mcount_loc table (for vmtrace's error-path tests).
 		cflags=()
 		for f in "${MINI_CFLAGS[@]}"; do
-			case "$f" in -pg | -mfentry | -mrecord-mcount | -mnop-mcount) ;; *) cflags+=("$f") ;; esac
+			case "$f" in -pg | -mfentry | -mrecord-mcount | -mnop-mcount | -DMINI_FTRACE) ;; *) cflags+=("$f") ;; esac
 		done
 	fi
 
@@ -90,6 +95,17 @@ mini | mini-noftrace)
 linux)
 	if [[ -f "$here/linux/build.sh" ]]; then
 		exec bash "$here/linux/build.sh" "$@"
+	fi
+	echo "guest/build.sh: guest/linux/build.sh does not exist (the linux guest is not set up yet)" >&2
+	exit 1
+	;;
+linux-acpi)
+	# The default guest with ACPI instead of the MP table: guest/out/linux-acpi/.
+	exec bash "$here/linux/build.sh" --variant acpi "$@"
+	;;
+linux-6.12)
+	if [[ -f "$here/linux/build.sh" ]]; then
+		exec bash "$here/linux/build.sh" --series 6.12 "$@"
 	fi
 	echo "guest/build.sh: guest/linux/build.sh does not exist (the linux guest is not set up yet)" >&2
 	exit 1

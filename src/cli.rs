@@ -84,6 +84,10 @@ pub struct RunArgs {
     /// many as fit). Calls beyond a full ring are counted, not recorded.
     #[arg(long, value_name = "N")]
     pub ring_events: Option<u64>,
+    /// Function graph (ftrace's function_graph): hook every traced call's
+    /// return too, for durations, call trees and flame graphs.
+    #[arg(long)]
+    pub graph: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -106,6 +110,16 @@ pub struct OutputArgs {
     /// Show each function's callers.
     #[arg(short = 'g', long = "callers")]
     pub callers: bool,
+    /// Print the call tree instead of the report, as ftrace's function_graph
+    /// does (function-graph traces).
+    #[arg(long)]
+    pub tree: bool,
+    /// With --tree: show calls less than N levels deep (1: the outermost only).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub depth: Option<u32>,
+    /// With --tree: hide calls shorter than DUR (e.g. 10us; units ns, us, ms, s).
+    #[arg(long, value_name = "DUR")]
+    pub threshold: Option<String>,
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
@@ -156,6 +170,8 @@ pub enum Format {
     Json,
     Csv,
     Chrome,
+    /// Folded stacks of a function-graph trace (flamegraph.pl, inferno, speedscope).
+    Folded,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,4 +186,13 @@ pub enum SortKey {
     Count,
     Name,
     Cpu,
+    /// Function-graph traces: most inclusive time first.
+    Total,
+    /// Function-graph traces: most self time first.
+    #[value(name = "self")]
+    SelfTime,
+    /// Function-graph traces: longest average call first.
+    Avg,
+    /// Function-graph traces: longest call first.
+    Max,
 }

@@ -8,9 +8,15 @@
 //! its file, the text report goes to stdout instead; either way a one-line
 //! error names the file and what was left there (exit status 1). A closed
 //! stdout (`vmtrace ... | head -1`) ends the output quietly. Events counted
-//! but not stored are said on stderr for CSV (which has no place for them)
-//! and Chrome (whose `otherData` holds them too); JSON has `dropped`, the
-//! text report its `events:` line.
+//! but not stored are said on stderr for CSV (which has no place for them),
+//! Chrome (whose `otherData` holds them too) and folded stacks; JSON has
+//! `dropped`, the text report its `events:` line.
+//!
+//! `--tree` prints the call tree where the text report would go. The
+//! function-graph views (`--tree`, `--format folded`) of a trace without
+//! returns are refused before a run (`config`) or a load (`cmd::report`);
+//! should one get here anyway, the tree falls back to the report and folded
+//! stacks come out empty, each with a line on stderr.
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -68,13 +74,24 @@ pub fn emit(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
     }
 }
 
-/// The text report on stdout; a closed pipe ends it quietly.
+/// The text report (or with `--tree` the call tree) on stdout; a closed
+/// pipe ends it quietly.
 fn print_report(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
-    let text = report::render(trace, &out.report);
     let mut stdout = io::stdout().lock();
-    let r = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush());
+    let r = match &out.tree {
+        Some(tree) if trace.meta.graph => report::write_tree(trace, tree, &mut stdout),
+        _ => {
+            if out.tree.is_some() {
+                let _ = writeln!(
+                    io::stderr(),
+                    "vmtrace: --tree needs a function-graph trace (--graph); the report follows"
+                );
+            }
+            let text = report::render(trace, &out.report);
+            stdout.write_all(text.as_bytes())
+        }
+    }
+    .and_then(|()| stdout.flush());
     closed_pipe_is_fine(r).map_err(|source| RuntimeError::Stdout {
         what: "report",
         source,
@@ -121,6 +138,7 @@ fn write_export(fmt: Format, trace: &Trace, w: &mut dyn Write) -> io::Result<()>
         Format::Json => export::write_json(trace, w),
         Format::Csv => export::write_csv(trace, w),
         Format::Chrome => export::write_chrome(trace, w),
+        Format::Folded => export::write_folded(trace, w),
         Format::Text => unreachable!("the text format is not an export"),
     }
 }
@@ -131,27 +149,44 @@ fn name(fmt: Format) -> &'static str {
         Format::Json => "JSON output",
         Format::Csv => "CSV output",
         Format::Chrome => "Chrome trace",
+        Format::Folded => "folded stacks",
     }
 }
 
-/// CSV rows are stored events only, and a trace viewer shows what it has:
-/// say on stderr how many events neither holds. (JSON has `dropped`.)
+/// CSV rows are stored events only, a trace viewer shows what it has, and
+/// folded stacks only the calls whose entry and return were stored: say on
+/// stderr how many events they miss. (JSON has `dropped`.)
 fn note_dropped(fmt: Format, trace: &Trace) {
     let m = &trace.meta;
-    if m.events_dropped == 0 || !matches!(fmt, Format::Csv | Format::Chrome) {
+    if fmt == Format::Folded && !m.graph {
+        let _ = writeln!(
+            io::stderr(),
+            "vmtrace: the folded stacks are empty: this trace has no returns (trace with --graph)"
+        );
         return;
     }
+    if m.events_dropped + m.returns_dropped == 0
+        || !matches!(fmt, Format::Csv | Format::Chrome | Format::Folded)
+    {
+        return;
+    }
+    let entries = trace.events.iter().filter(|e| !e.is_return()).count();
+    // (Entries only: the wording predates returns, and scripts read it.)
+    let returns = if m.returns_dropped > 0 {
+        format!(", and {} returns", m.returns_dropped)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         io::stderr(),
-        "vmtrace: the {} holds {} of {} events: {} were counted but not stored (over --max-events, or a full exitless ring){}",
+        "vmtrace: the {} holds {entries} of {} events: {}{returns} were counted but not stored (over --max-events, or a full exitless ring){}",
         name(fmt),
-        trace.events.len(),
         m.events_total,
         m.events_dropped,
-        if fmt == Format::Chrome {
-            " (its otherData says so too)"
-        } else {
-            "; the counts in --format json are exact"
+        match fmt {
+            Format::Chrome => " (its otherData says so too)",
+            Format::Folded => "; calls without a stored entry and return are not in it",
+            _ => "; the counts in --format json are exact",
         }
     );
 }

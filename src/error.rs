@@ -25,9 +25,10 @@ impl Outcome {
     /// anything else (panic, triple fault, timeout) is the guest's failure.
     pub fn of(reason: &StopReason) -> Outcome {
         match reason {
-            StopReason::PowerOff(0) | StopReason::Requested | StopReason::Signal(_) => {
-                Outcome::Clean
-            }
+            StopReason::PowerOff(0)
+            | StopReason::AcpiPowerOff
+            | StopReason::Requested
+            | StopReason::Signal(_) => Outcome::Clean,
             _ => Outcome::GuestFailed,
         }
     }
@@ -110,12 +111,14 @@ pub enum InputError {
         .0.display()
     )]
     FromBootLinux(PathBuf),
-    #[error(
-        "{} is a bzImage without symbols and there is no {}; pass the kernel's unstripped vmlinux with --vmlinux PATH",
-        kernel.display(),
-        beside.display()
-    )]
-    NoVmlinux { kernel: PathBuf, beside: PathBuf },
+    /// No vmlinux anywhere vmtrace looked, and the bzImage alone gave no
+    /// symbols (`source` ends by saying to pass --vmlinux).
+    #[error("no symbols for {}: no vmlinux at {tried}, and {source}", kernel.display())]
+    NoSymbols {
+        kernel: PathBuf,
+        tried: String,
+        source: tracer::payload::PayloadSymbolError,
+    },
     #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {
         path: PathBuf,
@@ -124,9 +127,19 @@ pub enum InputError {
     #[error("--cpu: {0}")]
     CpuList(String),
     #[error(
-        "vmtrace report -o needs --format json, csv or chrome (the text report goes to stdout)"
+        "vmtrace report -o needs --format json, csv, chrome or folded (the text report goes to stdout)"
     )]
     ReportTextOutput,
+    #[error("--threshold: {0}")]
+    Threshold(String),
+    /// `--depth` or `--threshold` without `--tree`.
+    #[error("{flag} needs --tree (it limits the call tree)")]
+    NeedsTree { flag: &'static str },
+    #[error("--tree prints the call tree as text; drop --format {format} or --tree")]
+    TreeFormat { format: &'static str },
+    /// A view of durations asked of a trace without returns.
+    #[error("{what} needs a function-graph trace (traced with --graph); {} has entries only", .path.display())]
+    NoGraph { what: &'static str, path: PathBuf },
     /// `--iters`, `--rounds`, ... of `vmtrace bench`.
     #[error("{flag} must be at least 1")]
     Zero { flag: &'static str },
@@ -231,6 +244,7 @@ mod tests {
         assert!(failed(StopReason::Crash { cpu: 0 }));
         assert!(failed(StopReason::Reset));
         assert!(!failed(StopReason::PowerOff(0)));
+        assert!(!failed(StopReason::AcpiPowerOff));
         assert!(!failed(StopReason::Requested));
     }
 

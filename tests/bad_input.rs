@@ -232,7 +232,7 @@ fn report_options_are_checked_before_the_trace_is_read() {
     // The input does not exist: the option error comes first.
     assert_bad_input(
         &["report", "-i", "/nonexistent.vmt", "-o", "/tmp/out.txt"],
-        "vmtrace report -o needs --format json, csv or chrome",
+        "vmtrace report -o needs --format json, csv, chrome or folded",
     );
     assert_bad_input(
         &["report", "-i", "/nonexistent.vmt", "--cpu", "1,,2"],
@@ -246,4 +246,171 @@ fn bench_counts_must_be_positive() {
         assert_bad_input(&["bench", flag, "0"], &format!("{flag} must be at least 1"));
     }
     assert_bad_input(&["bench", "--cpus", "65"], "--cpus 65 is out of range");
+}
+
+/// The 6.1 guest's bzImage alone in a fresh directory (no vmlinux anywhere
+/// vmtrace looks), after `edit` changed its bytes (given the payload's offset).
+fn lone_bzimage(name: &str, edit: impl FnOnce(&mut Vec<u8>, usize)) -> PathBuf {
+    let (bz, _) = linux_61();
+    let mut bytes = std::fs::read(bz).unwrap();
+    let payload = payload_offset(&bytes);
+    edit(&mut bytes, payload);
+    let dir = scratch().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bzImage");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// A bzImage alone whose payload cannot give symbols: one line that names
+/// the problem and the vmlinux places tried, and says to pass --vmlinux.
+fn assert_no_symbols(bz: &std::path::Path, needle: &str) {
+    let args = ["--kernel", bz.to_str().unwrap(), "--trace", "hrtimer_*"];
+    assert_bad_input(&args, needle);
+    let err = stderr(&vmtrace(&args));
+    let beside = bz.with_file_name("vmlinux");
+    assert!(err.contains(&format!("no vmlinux at {}", beside.display())), "{err}");
+    assert!(err.contains("--vmlinux"), "{err}");
+}
+
+#[test]
+fn bzimage_alone_with_a_corrupt_payload() {
+    // The first LZ4 block claims more bytes than the payload has.
+    let bz = lone_bzimage("corrupt-payload", |b, p| {
+        b[p + 4..p + 8].copy_from_slice(&0x7fff_fff0u32.to_le_bytes());
+    });
+    assert_no_symbols(&bz, "corrupt lz4 payload");
+}
+
+#[test]
+fn bzimage_alone_with_an_unknown_compression() {
+    let bz = lone_bzimage("unknown-compression", |b, p| {
+        b[p..p + 4].copy_from_slice(b"JUNK");
+    });
+    assert_no_symbols(&bz, "unknown payload compression (first bytes 4a 55 4e 4b");
+}
+
+/// A kernel without kallsyms: the 6.1 payload with its token table's "0".."9"
+/// run broken, recompressed with gzip as the kernel's Makefile does
+/// (CONFIG_KERNEL_GZIP), in a bzImage whose header says so.
+#[test]
+fn bzimage_alone_without_kallsyms() {
+    let (bz, _) = linux_61();
+    let mut elf = vmm::payload::extract(&bz).unwrap().elf;
+    let digits = b"0\x001\x002\x003\x004\x005\x006\x007\x008\x009\x00";
+    let mut broken = 0;
+    while let Some(at) = elf.windows(digits.len()).position(|w| w == digits) {
+        elf[at + 10] = b'x';
+        broken += 1;
+    }
+    assert!(broken >= 1, "no token table in the 6.1 payload?");
+    let mut gzip = std::process::Command::new("gzip")
+        .args(["-n", "-9"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run gzip");
+    let mut stdin = gzip.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        stdin.write_all(&elf)
+    });
+    let gz = gzip.wait_with_output().unwrap().stdout;
+    writer.join().unwrap().unwrap();
+    let path = lone_bzimage("no-kallsyms", |b, p| {
+        let old_len = u32::from_le_bytes(b[0x24c..0x250].try_into().unwrap()) as usize;
+        let rest = b.split_off(p + old_len);
+        b.truncate(p);
+        b.extend_from_slice(&gz);
+        b.extend_from_slice(&rest);
+        b[0x24c..0x250].copy_from_slice(&(gz.len() as u32).to_le_bytes());
+        // syssize: the protected-mode part, in 16-byte units.
+        let setup = (usize::from(b[0x1f1]) + 1) * 512;
+        let sys = (b.len() - setup).div_ceil(16) as u32;
+        b[0x1f4..0x1f8].copy_from_slice(&sys.to_le_bytes());
+    });
+    assert_no_symbols(&path, "no kallsyms in its gzip payload");
+}
+
+/// A vmlinux found automatically (here at the build tree's root) that is
+/// another kernel's is refused, as one given with --vmlinux is.
+#[test]
+fn mismatched_vmlinux_at_the_build_tree_root_is_refused() {
+    let (bz, _) = linux_61();
+    let tree = scratch().join("tree");
+    let boot = tree.join("arch/x86/boot");
+    std::fs::create_dir_all(&boot).unwrap();
+    std::fs::copy(&bz, boot.join("bzImage")).unwrap();
+    // The 6.12 guest's vmlinux when built, else the mini guest (no banner).
+    let (other, why) = match linux_612() {
+        Some((_, v)) => (v, "the vmlinux \"Linux version 6.12"),
+        None => (mini_elf(), "no linux_banner"),
+    };
+    std::fs::copy(other, tree.join("vmlinux")).unwrap();
+    let bz = boot.join("bzImage");
+    let args = ["--kernel", bz.to_str().unwrap(), "--trace", "hrtimer_*"];
+    assert_bad_input(&args, "does not match kernel");
+    let err = stderr(&vmtrace(&args));
+    assert!(err.contains(&tree.join("vmlinux").display().to_string()), "{err}");
+    assert!(err.contains(why), "{err}");
+}
+
+#[test]
+fn tree_options_are_checked() {
+    let golden = root().join("tracer/tests/golden");
+    let graph = golden.join("graph.vmtrace");
+    let graph = graph.to_str().unwrap();
+    let plain = golden.join("fixture.vmtrace");
+    let plain = plain.to_str().unwrap();
+    let report = |more: &[&'static str]| {
+        let mut a = vec!["report", "-i", graph];
+        a.extend_from_slice(more);
+        a
+    };
+    assert_bad_input(
+        &report(&["--tree", "--threshold", "10xs"]),
+        "--threshold: unknown unit 'xs' in '10xs'; use ns, us, ms or s",
+    );
+    assert_bad_input(
+        &report(&["--tree", "--threshold", "fast"]),
+        "--threshold: 'fast' is not a duration",
+    );
+    assert_bad_input(
+        &report(&["--tree", "--threshold=-1us"]),
+        "--threshold: '-1us' is not a duration",
+    );
+    assert_bad_input(
+        &report(&["--tree", "--depth", "0"]),
+        "invalid value '0' for '--depth <N>'",
+    );
+    assert_bad_input(
+        &report(&["--tree", "--depth", "deep"]),
+        "invalid value 'deep' for '--depth <N>'",
+    );
+    assert_bad_input(&report(&["--depth", "2"]), "--depth needs --tree");
+    assert_bad_input(&report(&["--threshold", "1us"]), "--threshold needs --tree");
+    assert_bad_input(
+        &report(&["--tree", "--format", "json"]),
+        "--tree prints the call tree as text; drop --format json or --tree",
+    );
+    // Checked before the trace is read.
+    assert_bad_input(
+        &["report", "-i", "/nonexistent.vmt", "--tree", "--threshold", "1 parsec"],
+        "--threshold: unknown unit 'parsec'",
+    );
+    // A trace without returns has no tree or flame graph.
+    assert_bad_input(
+        &["report", "-i", plain, "--tree"],
+        "--tree needs a function-graph trace (traced with --graph)",
+    );
+    assert_bad_input(
+        &["report", "-i", plain, "--format", "folded"],
+        "--format folded needs a function-graph trace",
+    );
+    // The run takes the same output options, checked before any guest boots.
+    let k = mini_elf();
+    assert_bad_input(
+        &["--kernel", k.to_str().unwrap(), "--tree", "--threshold", "3 fortnights"],
+        "--threshold: unknown unit 'fortnights'",
+    );
 }

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Build vmtrace's default guest: an ftrace-instrumented Linux 6.1 kernel and a
-# tiny initramfs, cached outside the work tree.
+# tiny initramfs, cached outside the work tree; with --series 6.12 the same
+# guest from Debian's linux-source-6.12.
 #
-#   guest/linux/build.sh [--force]
+#   guest/linux/build.sh [--series 6.1|6.12] [--variant acpi] [--force]
 #
-# Outputs (copied into guest/out/, or $VMTRACE_GUEST_OUT):
+# Outputs (copied into guest/out/ for 6.1, guest/out/linux-<series>/ for any
+# other series, or $VMTRACE_GUEST_OUT):
 #   bzImage             the bootable kernel (LZ4-compressed, loads at 16 MiB)
 #   vmlinux             the unstripped ELF with symbols and __mcount_loc
 #   initramfs.cpio.gz   /init (from init.c) + /dev/console
 #
 # Cache: ${VMTRACE_CACHE_DIR:-~/.cache/vmtrace}/linux-<key>/ where <key> is the
-# first 16 hex digits of sha256(linux-source-6.1 package version, this script,
-# config.fragment, init.c). A hit is just a copy. A miss unpacks the Debian
+# first 16 hex digits of sha256(linux-source-<series> package version, this
+# script, config.fragment (+ config-<series>.fragment if present), init.c). A hit is just a copy. A miss unpacks the Debian
 # source once per package version (linux-source-<version>/), builds in one
 # object directory per package version (linux-obj-<version>/, so a config
 # change rebuilds incrementally), then publishes the outputs with a rename.
@@ -25,23 +27,59 @@ die() { printf '[guest/linux] ERROR: %s\n' "$*" >&2; exit 1; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GUEST_DIR=$(dirname "$HERE")
-OUT_DIR=${VMTRACE_GUEST_OUT:-$GUEST_DIR/out}
 CACHE_ROOT=${VMTRACE_CACHE_DIR:-$HOME/.cache/vmtrace}
-FRAGMENT=$HERE/config.fragment
 INIT_SRC=$HERE/init.c
 SELF=$HERE/build.sh
-SRC_PKG=linux-source-6.1
-SRC_TARBALL=/usr/src/$SRC_PKG.tar.xz
 OUTPUTS=(bzImage vmlinux initramfs.cpio.gz)
 
 FORCE=0
-for arg in "$@"; do
-	case $arg in
+SERIES=6.1
+VARIANT=
+while (($#)); do
+	case $1 in
 	--force) FORCE=1 ;;
-	-h | --help) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
-	*) die "unknown argument: $arg (usage: $0 [--force])" ;;
+	--series)
+		(($# >= 2)) || die "--series needs a value (6.1 or 6.12)"
+		SERIES=$2
+		shift
+		;;
+	--variant)
+		(($# >= 2)) || die "--variant needs a value (acpi)"
+		VARIANT=$2
+		shift
+		;;
+	-h | --help) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) die "unknown argument: $1 (usage: $0 [--series 6.1|6.12] [--variant acpi] [--force])" ;;
 	esac
+	shift
 done
+case $SERIES in
+6.1 | 6.12) ;;
+*) die "unsupported --series $SERIES (supported: 6.1, 6.12)" ;;
+esac
+SRC_PKG=linux-source-$SERIES
+SRC_TARBALL=/usr/src/$SRC_PKG.tar.xz
+# 6.1 is the default guest and keeps its historical place, guest/out/.
+if [[ $SERIES == 6.1 ]]; then
+	OUT_DIR=${VMTRACE_GUEST_OUT:-$GUEST_DIR/out}
+else
+	OUT_DIR=${VMTRACE_GUEST_OUT:-$GUEST_DIR/out/linux-$SERIES}
+fi
+# The shared fragment applies to every series; config-<series>.fragment holds
+# only what a series needs on top of it (merged last, so it wins).
+FRAGMENTS=("$HERE/config.fragment")
+[[ -f $HERE/config-$SERIES.fragment ]] && FRAGMENTS+=("$HERE/config-$SERIES.fragment")
+# --variant NAME: config-NAME.fragment merged last, outputs in
+# guest/out/linux[-<series>]-NAME/, its own object directory (so building it
+# does not make the default guest's next build start over).
+if [[ -n $VARIANT ]]; then
+	[[ $VARIANT =~ ^[a-z0-9]+$ && -f $HERE/config-$VARIANT.fragment ]] ||
+		die "unknown --variant $VARIANT (supported: acpi)"
+	FRAGMENTS+=("$HERE/config-$VARIANT.fragment")
+	name=linux-$SERIES-$VARIANT
+	[[ $SERIES == 6.1 ]] && name=linux-$VARIANT
+	OUT_DIR=${VMTRACE_GUEST_OUT:-$GUEST_DIR/out/$name}
+fi
 
 # ---------------------------------------------------------------------------
 # Tools and source package. On a fresh (CI) machine, install them when we can.
@@ -82,8 +120,8 @@ SAFE_VERSION=$(printf '%s' "$SRC_VERSION" | tr -c 'A-Za-z0-9._-' '_')
 # Cache key and lookup.
 # ---------------------------------------------------------------------------
 KEY=$( {
-	printf 'linux-source-6.1 %s\n' "$SRC_VERSION"
-	printf -- '--- config.fragment\n'; cat "$FRAGMENT"
+	printf '%s %s\n' "$SRC_PKG" "$SRC_VERSION"
+	for f in "${FRAGMENTS[@]}"; do printf -- '--- %s\n' "${f##*/}"; cat "$f"; done
 	printf -- '--- init.c\n'; cat "$INIT_SRC"
 	printf -- '--- build.sh\n'; cat "$SELF"
 } | sha256sum | cut -c1-16)
@@ -150,7 +188,7 @@ fi
 # ---------------------------------------------------------------------------
 # Configure: tinyconfig + fragment, then check the fragment survived.
 # ---------------------------------------------------------------------------
-OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION
+OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION${VARIANT:+-$VARIANT}
 mkdir -p "$OBJ_DIR"
 # Fixed build stamps: the same inputs give the same vmlinux (and build id).
 export KBUILD_BUILD_USER=vmtrace KBUILD_BUILD_HOST=vmtrace KBUILD_BUILD_VERSION=1
@@ -158,11 +196,11 @@ export KBUILD_BUILD_TIMESTAMP="debian-$SRC_VERSION-$KEY"
 KMAKE=(make -C "$SRC_DIR" O="$OBJ_DIR" ARCH=x86_64)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
-log "configuring: tinyconfig + config.fragment"
+log "configuring: tinyconfig + ${FRAGMENTS[*]##*/}"
 "${KMAKE[@]}" -s tinyconfig >"$OBJ_DIR/config.log" 2>&1 ||
 	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "make tinyconfig failed"; }
 (cd "$OBJ_DIR" && "$SRC_DIR/scripts/kconfig/merge_config.sh" -m -O "$OBJ_DIR" \
-	"$OBJ_DIR/.config" "$FRAGMENT") >>"$OBJ_DIR/config.log" 2>&1 ||
+	"$OBJ_DIR/.config" "${FRAGMENTS[@]}") >>"$OBJ_DIR/config.log" 2>&1 ||
 	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "merge_config.sh failed"; }
 "${KMAKE[@]}" -s olddefconfig >>"$OBJ_DIR/config.log" 2>&1 ||
 	{ tail -n 40 "$OBJ_DIR/config.log" >&2; die "make olddefconfig failed"; }
@@ -179,10 +217,15 @@ while IFS= read -r line; do
 			bad+=("$sym: wanted off, got '$(grep -E "^$sym=" "$OBJ_DIR/.config")'")
 		fi
 	fi
-done <"$FRAGMENT"
+done < <(
+	# The last fragment that mentions an option decides it (merge_config.sh's rule).
+	awk '($0 ~ /^CONFIG_/ || $0 ~ /^# CONFIG_[A-Za-z0-9_]+ is not set$/) && match($0, /CONFIG_[A-Za-z0-9_]+/) {
+		s = substr($0, RSTART, RLENGTH); if (!(s in v)) o[++n] = s; v[s] = $0
+	} END { for (i = 1; i <= n; i++) print v[o[i]] }' "${FRAGMENTS[@]}"
+)
 if ((${#bad[@]})); then
 	for b in "${bad[@]}"; do log "config mismatch: $b"; done
-	die "${#bad[@]} option(s) of config.fragment did not survive olddefconfig (dependencies?); see $OBJ_DIR/.config"
+	die "${#bad[@]} option(s) of ${FRAGMENTS[*]##*/} did not survive olddefconfig (dependencies?); see $OBJ_DIR/.config"
 fi
 log "config OK ($(grep -c '=y$' "$OBJ_DIR/.config") options =y)"
 

@@ -3,6 +3,56 @@
 #ifndef MINI_H
 #define MINI_H
 
+/* ---- shared with entry.S ------------------------------------------------ */
+
+/* Every stack (the 64 per-vCPU stacks and graph_migrate's task stack) is one
+ * 16 KiB region aligned to 16 KiB, like Linux's task stacks (THREAD_SIZE =
+ * THREAD_ALIGN = 16 KiB on x86-64): a stack slot's address rounded down to
+ * 16 KiB names the stack it is on. */
+#define MINI_STACK_SIZE 16384
+#define MINI_MAX_CPUS 64 /* entry.S has this many stacks */
+
+/* graph=1 workload (README "graph=1"). Indexes into struct graph_cpu's
+ * count[] (at offset 0), in the order the counts are printed; entry.S's
+ * graph_tail_caller increments count[G_graph_tail_caller] itself. */
+#define G_graph_depth 0
+#define G_graph_depth2 1
+#define G_graph_depth3 2
+#define G_graph_leaf 3
+#define G_graph_tail_caller 4
+#define G_graph_tail_callee 5
+#define G_graph_recurse 6
+#define G_graph_abandon_outer 7
+#define G_graph_abandoned 8
+#define G_graph_long 9
+#define G_graph_migrate 10
+#define G_NR 11
+
+/* graph_recurse(c, n) is started with n = GRAPH_RECURSE_DEPTH and recurses
+ * down to n = 0: GRAPH_RECURSE_DEPTH + 1 calls (6), nested 6 deep. */
+#define GRAPH_RECURSE_DEPTH 5
+/* Iteration i runs graph_abandon_outer (whose callee graph_abandoned is
+ * abandoned by a longjmp) when i % GRAPH_ABANDON_EVERY == 0. */
+#define GRAPH_ABANDON_EVERY 10
+/* Iteration i runs graph_long when i % GRAPH_LONG_EVERY == 0; graph_long
+ * spins until the TSC has advanced by at least GRAPH_LONG_TICKS (about
+ * 0.75 ms at 2.7 GHz). */
+#define GRAPH_LONG_EVERY 50
+#define GRAPH_LONG_TICKS 2000000
+
+/* struct graph_jmp_buf (entry.S's graph_setjmp/graph_longjmp): byte offsets. */
+#define GJB_RBX 0
+#define GJB_RBP 8
+#define GJB_R12 16
+#define GJB_R13 24
+#define GJB_R14 32
+#define GJB_R15 40
+#define GJB_RSP 48 /* the caller's RSP after graph_setjmp returns */
+#define GJB_RIP 56 /* graph_setjmp's return address */
+#define GJB_SIZE 64
+
+#ifndef __ASSEMBLER__
+
 typedef unsigned long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -15,8 +65,6 @@ typedef unsigned char u8;
 #define noipa __attribute__((noipa))
 #define __init __attribute__((section(".init.text")))
 #define __noreturn __attribute__((noreturn))
-
-#define MINI_MAX_CPUS 64 /* entry.S has this many stacks */
 
 /* Instructions workload.c's calibration_spin() executes per mode=loop
  * iteration with mini_spin = n (vmtrace bench relies on it: 2n more than
@@ -36,6 +84,7 @@ struct mini_cfg {
 	int int3;    /* int3=1 */
 	int end;     /* end=triple-fault|reset: vCPU 0 ends the run badly (for the VMM's tests) */
 	int strio;   /* strio=1: vCPU 0 tests string port I/O (rep outsb / rep insb) */
+	int graph;   /* graph=1: also run the function-graph workload (README) */
 };
 
 /* support.c (all notrace) */
@@ -53,5 +102,30 @@ void bad_end(int how) __noreturn;
 
 /* workload.c */
 void mini_main(u64 cpu, const char *cmdline, u64 ncpus) __noreturn;
+
+/* ---- graph=1 workload ---------------------------------------------------- */
+
+/* Per-CPU state of the graph workload, one per vCPU in mini_graph[] (apart
+ * from workload.c's struct cpu, whose layout vmtrace's tests and bench read). */
+struct graph_cpu {
+	u64 count[G_NR];     /* calls of each graph function (entry.S writes one) */
+	u64 long_ticks_sum;  /* graph_long's own TSC-measured durations */
+	u64 long_ticks_max;
+	u64 jb[GJB_SIZE / 8]; /* graph_abandon_run's graph_setjmp buffer */
+} __attribute__((aligned(64)));
+
+/* entry.S (all notrace: no NOP, no __mcount_loc entry, except
+ * graph_tail_caller, which is traced) */
+void graph_tail_caller(struct graph_cpu *c);	/* traced; ends in `jmp graph_tail_callee` */
+/* Saves RBX, RBP, R12-R15, the caller's RSP and the return address in jb;
+ * returns 0, and again 1 (or val) when graph_longjmp(jb, val) jumps back. */
+int graph_setjmp(u64 *jb) __attribute__((returns_twice));
+void graph_longjmp(u64 *jb, int val) __noreturn;
+/* Pushes RBP, RBX, R12-R15, stores RSP in *save, loads RSP from *load, pops
+ * them and returns: a context switch between two stacks. */
+void graph_switch(u64 *save, const u64 *load);
+extern u64 mini_task_stack[MINI_STACK_SIZE / 8]; /* 16 KiB, 16 KiB-aligned */
+
+#endif /* !__ASSEMBLER__ */
 
 #endif

@@ -102,6 +102,7 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 	cfg->int3 = 0;
 	cfg->end = 0;
 	cfg->strio = 0;
+	cfg->graph = 0;
 	if (!s)
 		return;
 	while (*s) {
@@ -122,6 +123,8 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 			cfg->int3 = equals(v, end, "1");
 		else if ((v = after(s, end, "strio=")))
 			cfg->strio = equals(v, end, "1");
+		else if ((v = after(s, end, "graph=")))
+			cfg->graph = equals(v, end, "1");
 		else if ((v = after(s, end, "end="))) {
 			if (equals(v, end, "triple-fault"))
 				cfg->end = END_TRIPLE_FAULT;

@@ -5,11 +5,18 @@ use tracer::tracefile;
 use crate::cli::ReportArgs;
 use crate::config::ReportConfig;
 use crate::emit::emit;
-use crate::error::{Error, Outcome};
+use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
     let cfg = ReportConfig::check(args)?;
     let trace = tracefile::load(&cfg.input)?;
+    if let Some(what) = cfg.output.graph_view().filter(|_| !trace.meta.graph) {
+        return Err(InputError::NoGraph {
+            what,
+            path: cfg.input.clone(),
+        }
+        .into());
+    }
     emit(&trace, &cfg.output)?;
     Ok(Outcome::Clean)
 }

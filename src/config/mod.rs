@@ -5,6 +5,7 @@
 mod bench;
 mod output;
 mod run;
+mod symbols;
 
 use std::path::Path;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use tracer::export::file;
-use tracer::report::{self, ReportOptions, Sort};
+use tracer::report::{self, ReportOptions, Sort, TreeOptions};
 
 use crate::cli::{Format, OutputArgs, ReportArgs, SortKey};
 use crate::error::InputError;
@@ -16,6 +16,8 @@ pub struct Output {
     /// `-o FILE`: the export, or with the text format the binary trace.
     pub path: Option<PathBuf>,
     pub report: ReportOptions,
+    /// `--tree`: the call tree instead of the text report.
+    pub tree: Option<TreeOptions>,
     /// No live status line.
     pub quiet: bool,
 }
@@ -26,6 +28,29 @@ impl Output {
             Some(list) => Some(report::parse_cpu_list(list).map_err(InputError::CpuList)?),
             None => None,
         };
+        let threshold_ns = match &args.threshold {
+            Some(t) => Some(report::duration::parse(t).map_err(InputError::Threshold)?),
+            None => None,
+        };
+        if !args.tree {
+            if args.depth.is_some() {
+                return Err(InputError::NeedsTree { flag: "--depth" });
+            }
+            if threshold_ns.is_some() {
+                return Err(InputError::NeedsTree {
+                    flag: "--threshold",
+                });
+            }
+        } else if args.format != Format::Text {
+            return Err(InputError::TreeFormat {
+                format: format_name(args.format),
+            });
+        }
+        let tree = args.tree.then(|| TreeOptions {
+            cpus: cpus.clone(),
+            depth: args.depth,
+            threshold_ns: threshold_ns.unwrap_or(0),
+        });
         if let Some(path) = &args.output {
             check_path(path)?;
         }
@@ -37,13 +62,42 @@ impl Output {
                     SortKey::Count => Sort::Count,
                     SortKey::Name => Sort::Name,
                     SortKey::Cpu => Sort::Cpu,
+                    SortKey::Total => Sort::Total,
+                    SortKey::SelfTime => Sort::SelfTime,
+                    SortKey::Avg => Sort::Avg,
+                    SortKey::Max => Sort::Max,
                 },
                 cpus,
                 callers: args.callers,
                 ..ReportOptions::default()
             },
+            tree,
             quiet: args.quiet,
         })
+    }
+
+    /// The view asked for that only a function-graph trace has (`--tree`,
+    /// `--format folded`), if any: a run without `--graph`, or a saved
+    /// trace without returns, cannot show it.
+    pub fn graph_view(&self) -> Option<&'static str> {
+        if self.tree.is_some() {
+            Some("--tree")
+        } else if self.format == Format::Folded {
+            Some("--format folded")
+        } else {
+            None
+        }
+    }
+}
+
+/// The `--format` value as typed.
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Text => "text",
+        Format::Json => "json",
+        Format::Csv => "csv",
+        Format::Chrome => "chrome",
+        Format::Folded => "folded",
     }
 }
 

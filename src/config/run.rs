@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{LineWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use tracer::exitless::state::Exitless;
@@ -56,6 +56,9 @@ impl RunConfig {
         }
         let traced = !args.trace.is_empty() || !args.notrace.is_empty();
         if !traced {
+            if args.graph {
+                return Err(InputError::NeedsTrace { flag: "--graph" });
+            }
             if args.duration.is_some() {
                 return Err(InputError::NeedsTrace { flag: "--duration" });
             }
@@ -105,10 +108,8 @@ impl RunConfig {
         let cmdline = cmdline(args, kind, emulator_host)?;
 
         let trace = if traced {
-            let vmlinux = vmlinux_path(args, &kernel, kind)?;
-            let plan = Plan::new(&vmlinux, &args.trace, &args.notrace)?;
-
-            check_vmlinux(&kernel, kind, &vmlinux, &plan)?;
+            let mut plan = super::symbols::plan(args, &kernel, kind)?;
+            plan.graph = args.graph;
             check_patchable(&plan, args)?;
             let mode = choose_mode(args, &plan, cpus as usize, emulator_host)?;
             Some(TraceConfig {
@@ -171,7 +172,7 @@ const LINUX_BANNER: &str = "linux_banner";
 /// header's `kernel_version`, "6.1.192 (user@host) #1 SMP ...") against the
 /// vmlinux's `linux_banner` ("Linux version 6.1.192 (user@host) (gcc ...) #1
 /// SMP ..."); two ELF files by their build ids.
-fn check_vmlinux(
+pub(super) fn check_vmlinux(
     kernel: &Path,
     kind: KernelKind,
     vmlinux: &Path,
@@ -308,7 +309,15 @@ fn choose_mode(
     cpus: usize,
     emulator_host: bool,
 ) -> Result<Mode, InputError> {
-    let check = || Exitless::check(&plan.image, cpus, plan.index.addrs.len(), args.ring_events);
+    let check = || {
+        Exitless::check(
+            &plan.image,
+            cpus,
+            plan.index.addrs.len(),
+            args.ring_events,
+            plan.graph,
+        )
+    };
     match args.mode {
         ModeArg::Trap => Ok(Mode::Trap),
         ModeArg::Exitless => {
@@ -370,25 +379,6 @@ fn merge_word(words: &mut Vec<String>, word: &str) {
     words.push(word.to_owned());
 }
 
-/// The vmlinux with symbols: `--vmlinux`, else the kernel itself when it is an
-/// ELF, else `vmlinux` beside the bzImage.
-fn vmlinux_path(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<PathBuf, InputError> {
-    if let Some(p) = &args.vmlinux {
-        return Ok(p.clone());
-    }
-    if kind != KernelKind::BzImage {
-        return Ok(kernel.to_owned());
-    }
-    let beside = kernel.with_file_name("vmlinux");
-    if beside.is_file() {
-        return Ok(beside);
-    }
-    Err(InputError::NoVmlinux {
-        kernel: kernel.to_owned(),
-        beside,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,22 +430,5 @@ mod tests {
             cmdline(&a, KernelKind::Elf, false),
             Err(BootError::CmdlineTooLong { .. })
         ));
-    }
-
-    #[test]
-    fn vmlinux_beside_a_bzimage_or_the_elf_itself() {
-        let a = run_args(&[]);
-        let k = Path::new("/nonexistent/dir/bzImage");
-        assert_eq!(
-            vmlinux_path(&a, k, KernelKind::Elf).unwrap(),
-            PathBuf::from(k)
-        );
-        let e = vmlinux_path(&a, k, KernelKind::BzImage).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/dir/vmlinux"), "{e}");
-        let a = run_args(&["--vmlinux", "/v"]);
-        assert_eq!(
-            vmlinux_path(&a, k, KernelKind::BzImage).unwrap(),
-            PathBuf::from("/v")
-        );
     }
 }

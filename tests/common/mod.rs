@@ -79,6 +79,20 @@ pub fn parse_mini_console(text: &str) -> (BTreeMap<(u32, String), u64>, Vec<u32>
     (counts, done)
 }
 
+/// (cpu, name) -> value, from the mini guest's `mini: stat cpu C NAME N` lines
+/// (measurements such as `graph_long_ticks_sum`, not call counts, so
+/// [`parse_mini_console`] leaves them out).
+pub fn parse_mini_stats(text: &str) -> BTreeMap<(u32, String), u64> {
+    let mut stats = BTreeMap::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let ["mini:", "stat", "cpu", c, name, n] = w.as_slice() {
+            stats.insert((c.parse().unwrap(), name.to_string()), n.parse().unwrap());
+        }
+    }
+    stats
+}
+
 /// A console sink the tests can read.
 #[derive(Clone, Default)]
 pub struct Capture(pub Arc<Mutex<Vec<u8>>>);
@@ -172,4 +186,53 @@ pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
     let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     (out, v)
+}
+
+/// The default 6.1 guest's guest/out/{bzImage,vmlinux}, built (copied from
+/// the cache when warm) if absent; for tests that read it without booting.
+pub fn linux_61() -> (PathBuf, PathBuf) {
+    static BUILD: Once = Once::new();
+    let (bz, vmlinux) = (
+        root().join("guest/out/bzImage"),
+        root().join("guest/out/vmlinux"),
+    );
+    BUILD.call_once(|| {
+        if !bz.is_file() || !vmlinux.is_file() {
+            let st = Command::new("bash")
+                .arg(root().join("guest/build.sh"))
+                .arg("linux")
+                .status()
+                .expect("run guest/build.sh linux");
+            assert!(st.success(), "guest/build.sh linux failed");
+        }
+    });
+    (bz, vmlinux)
+}
+
+/// The Linux 6.12 guest's guest/out/linux-6.12/{bzImage,vmlinux}, or None
+/// (saying so) when it is not built: `bash guest/build.sh linux-6.12`
+/// (.ci/run does) takes minutes, more than a test should start on its own.
+pub fn linux_612() -> Option<(PathBuf, PathBuf)> {
+    let dir = root().join("guest/out/linux-6.12");
+    let (bz, vmlinux) = (dir.join("bzImage"), dir.join("vmlinux"));
+    if bz.is_file() && vmlinux.is_file() {
+        Some((bz, vmlinux))
+    } else {
+        eprintln!(
+            "SKIPPED: {} is not built; run `bash guest/build.sh linux-6.12`",
+            bz.display()
+        );
+        None
+    }
+}
+
+/// Offset of a bzImage's payload in the file: after the setup sectors, at
+/// the setup header's `payload_offset`.
+pub fn payload_offset(bzimage: &[u8]) -> usize {
+    let sects = match bzimage[0x1f1] {
+        0 => 4,
+        n => usize::from(n),
+    };
+    let off = u32::from_le_bytes(bzimage[0x248..0x24c].try_into().unwrap());
+    (sects + 1) * 512 + off as usize
 }

@@ -1,17 +1,21 @@
-//! Machine-readable outputs: `--format json`, `--format csv` and
-//! `--format chrome`.
+//! Machine-readable outputs: `--format json`, `--format csv`,
+//! `--format chrome` and `--format folded`.
 //!
 //! - **json**: the report as one JSON document, schema `vmtrace-report/1`
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
-//!   stored events.
+//!   stored events; function-graph traces add durations.
 //! - **csv**: one row per stored event (see [`write_csv`]).
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
 //!   and `chrome://tracing`: one track per vCPU, one instant event per stored
-//!   function entry (see [`write_chrome`]).
+//!   function entry, or in function-graph traces one complete event per
+//!   call (see [`write_chrome`]).
+//! - **folded**: folded stacks of a function-graph trace, for
+//!   flamegraph.pl, inferno and speedscope (see [`write_folded`]).
 //!
-//! All three render a `report::Report` of the whole trace (every vCPU;
-//! `--sort`, `--cpu` and `-g` shape the text report only). The csv and
-//! chrome writers stream: memory does not grow with the number of events.
+//! All of them render a `report::Report` of the whole trace (every vCPU;
+//! `--sort`, `--cpu` and `-g` shape the text report only). The csv writer,
+//! and the chrome writer of entry-only traces, stream: memory does not grow
+//! with the number of events (a function graph is built in memory).
 //!
 //! Events counted but not stored (`dropped`) are in the JSON report and in
 //! the Chrome trace's `otherData` (plus a `process_labels` metadata event
@@ -27,8 +31,9 @@ use std::io::{self, BufWriter, Write};
 
 use serde_json::{json, Map, Value};
 
+use crate::graph::{End, Graph};
 use crate::model::Trace;
-use crate::report::{Caller, EventRow, Report, ReportOptions};
+use crate::report::{Caller, Report, ReportOptions};
 use crate::symbols::Symbol;
 
 /// The `schema` field of the JSON report.
@@ -39,7 +44,7 @@ pub const SCHEMA_ID: &str = "vmtrace-report/1";
 pub const JSON_SCHEMA: &str = r##"{
   "$schema": "https://json-schema.org/draft/2020-12/schema",
   "title": "vmtrace report",
-  "description": "Function-entry counts of a Linux guest kernel traced by vmtrace (vmtrace --format json).",
+  "description": "Function-entry counts (and, with --graph, durations) of a Linux guest kernel traced by vmtrace (vmtrace --format json).",
   "type": "object",
   "required": [
     "schema", "kernel", "build_id", "cpus", "duration_s", "functions",
@@ -73,6 +78,28 @@ pub const JSON_SCHEMA: &str = r##"{
     "stop_reason": { "type": "string", "description": "Why the guest stopped." },
     "mode": { "enum": ["trap", "exitless", null], "description": "How traced calls reached vmtrace: an exit each (trap), or vmtrace's trampoline and rings in the guest (exitless); null if unknown." },
     "trap_exits": { "type": "integer", "minimum": 0, "description": "Exits at vmtrace's trace port while attached (0 in exitless mode)." },
+    "graph": {
+      "type": "object",
+      "description": "Only in function-graph traces (vmtrace --graph): returns and how the stored calls ended (returned + abandoned + running + unhooked_stored = frames = events_stored).",
+      "required": [
+        "returns", "returns_stored", "returns_dropped", "frames", "returned", "abandoned",
+        "running", "unhooked_stored", "unhooked", "unmatched_returns", "mismatched_returns", "tsc_khz"
+      ],
+      "properties": {
+        "returns": { "type": "integer", "minimum": 0, "description": "Returns counted (exact), stored or not." },
+        "returns_stored": { "type": "integer", "minimum": 0, "description": "Returns stored with time and vCPU." },
+        "returns_dropped": { "type": "integer", "minimum": 0, "description": "Returns counted but not stored." },
+        "frames": { "type": "integer", "minimum": 0, "description": "Stored calls (entries)." },
+        "returned": { "type": "integer", "minimum": 0, "description": "Stored calls whose return was stored: those with a duration." },
+        "abandoned": { "type": "integer", "minimum": 0, "description": "Stored calls unwound without a return (their stack was reused below them)." },
+        "running": { "type": "integer", "minimum": 0, "description": "Stored calls that had not returned when tracing stopped, or whose return was not stored." },
+        "unhooked_stored": { "type": "integer", "minimum": 0, "description": "Stored calls whose return could not be hooked." },
+        "unhooked": { "type": "integer", "minimum": 0, "description": "Calls whose return could not be hooked (exact), stored or not." },
+        "unmatched_returns": { "type": "integer", "minimum": 0, "description": "Stored returns with no stored call to match." },
+        "mismatched_returns": { "type": "integer", "minimum": 0, "description": "Returns of another function than the call they matched (inconsistent records)." },
+        "tsc_khz": { "type": "integer", "minimum": 0, "description": "The guest TSC's rate, kHz (0: unknown)." }
+      }
+    },
     "functions": {
       "type": "array",
       "description": "Every traced function, most calls first, ties by name.",
@@ -90,6 +117,14 @@ pub const JSON_SCHEMA: &str = r##"{
             "propertyNames": { "pattern": "^(0|[1-9][0-9]*)$" },
             "additionalProperties": { "type": "integer", "minimum": 0 }
           },
+          "returns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: returns on all vCPUs (exact)." },
+          "returned": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: stored calls that returned (the durations are over these)." },
+          "not_returned": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: stored calls that did not return." },
+          "total_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: inclusive time of the returned calls, ns." },
+          "self_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: total_ns minus the inclusive time of their returned traced callees, ns." },
+          "min_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: shortest returned call, ns (0 if none returned)." },
+          "max_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: longest returned call, ns (0 if none returned)." },
+          "avg_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: total_ns / returned, rounded down (0 if none returned)." },
           "callers": {
             "type": "array",
             "description": "Callers among the stored calls, most first; the counts add up to the function's stored calls.",
@@ -134,17 +169,32 @@ pub fn to_json(trace: &Trace) -> Value {
                     }
                 })
                 .collect();
-            json!({
+            let mut v = json!({
                 "name": f.name,
                 "addr": format!("{:#x}", f.addr),
                 "size": f.size,
                 "count": row.total,
                 "per_cpu": per_cpu,
                 "callers": callers,
-            })
+            });
+            if let Some(d) = row.durations {
+                for (k, n) in [
+                    ("returns", row.returns),
+                    ("returned", d.returned),
+                    ("not_returned", row.not_returned),
+                    ("total_ns", d.total_ns),
+                    ("self_ns", d.self_ns),
+                    ("min_ns", d.min_ns),
+                    ("max_ns", d.max_ns),
+                    ("avg_ns", d.avg_ns()),
+                ] {
+                    v[k] = n.into();
+                }
+            }
+            v
         })
         .collect();
-    json!({
+    let mut doc = json!({
         "schema": SCHEMA_ID,
         "kernel": m.kernel,
         "build_id": m.build_id,
@@ -154,7 +204,7 @@ pub fn to_json(trace: &Trace) -> Value {
         "detach_ns": m.detach_ns,
         "functions": functions,
         "events": m.events_total,
-        "events_stored": trace.events.len() as u64,
+        "events_stored": report.entries_stored,
         "dropped": m.events_dropped,
         "parent_unreadable": m.parent_unreadable,
         "sites_patched": m.sites_patched,
@@ -169,7 +219,24 @@ pub fn to_json(trace: &Trace) -> Value {
         // Unknown (a trace built without a run): null, like build_id.
         "mode": (!m.mode.is_empty()).then_some(&m.mode),
         "trap_exits": m.trap_exits,
-    })
+    });
+    if let Some(g) = &report.graph_summary {
+        doc["graph"] = json!({
+            "returns": g.returns,
+            "returns_stored": g.returns_stored,
+            "returns_dropped": g.returns_dropped,
+            "frames": g.frames,
+            "returned": g.returned,
+            "abandoned": g.abandoned,
+            "running": g.running,
+            "unhooked_stored": g.unhooked_stored,
+            "unhooked": g.unhooked,
+            "unmatched_returns": g.unmatched_returns,
+            "mismatched_returns": g.mismatched_returns,
+            "tsc_khz": m.tsc_khz,
+        });
+    }
+    doc
 }
 
 /// Writes [`to_json`], pretty-printed, with a final newline.
@@ -199,27 +266,42 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// - `parent`: the return address in the caller (hex; `0x0` if unreadable);
 /// - `caller`: the function `parent` falls in, empty if unknown.
 ///
+/// Function-graph traces hold returns too, and two more columns, last so
+/// that readers of the first six keep working: `kind` (`entry` or
+/// `return`; a return's `parent` is where it returned to) and `slot` (the
+/// guest address of the return-address slot, hex, which matches a return
+/// with its entry on the same guest stack; `0x0`: the return was not
+/// hooked). Entry-only traces keep the six columns.
+///
 /// Lines end with `\n`; fields are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
-    w.write_all(b"ts_ns,cpu,function,addr,parent,caller\n")?;
+    let graph = trace.meta.graph;
+    w.write_all(if graph {
+        b"ts_ns,cpu,function,addr,parent,caller,kind,slot\n".as_slice()
+    } else {
+        b"ts_ns,cpu,function,addr,parent,caller\n".as_slice()
+    })?;
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
-    let report = Report::new(trace, &ReportOptions::default());
-    for EventRow {
-        event: e,
-        func,
-        caller,
-    } in report.events()
-    {
-        let caller = match caller {
+    // Not through `Report`: it would build the function graph, and this streams.
+    for e in &trace.events {
+        let Some(func) = trace.functions.get(e.func as usize) else {
+            continue;
+        };
+        let caller = match Caller::of(trace, e.parent) {
             Caller::Known(s) => csv_field(&s.name),
             Caller::Unknown(_) => Cow::Borrowed(""),
         };
-        writeln!(
+        write!(
             w,
             "{},{},{},{:#x},{:#x},{}",
             e.ts_ns, e.cpu, names[e.func as usize], func.addr, e.parent, caller
         )?;
+        if graph {
+            let kind = if e.is_return() { "return" } else { "entry" };
+            write!(w, ",{kind},{:#x}", e.stack_slot())?;
+        }
+        w.write_all(b"\n")?;
     }
     w.flush()
 }
@@ -234,19 +316,35 @@ fn json_str(s: &str) -> String {
 /// ```json
 /// {"traceEvents":[
 /// {"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"vmtrace: KERNEL"}},
-/// {"name":"thread_name","ph":"M","pid":1,"tid":0,"args":{"name":"vCPU 0"}},
-/// {"name":"thread_sort_index","ph":"M","pid":1,"tid":0,"args":{"sort_index":0}},
-/// {"name":"schedule","ph":"i","s":"t","ts":12.345,"pid":1,"tid":0,"args":{"caller":"worker_thread"}},
+/// {"name":"thread_name","ph":"M","pid":1,"tid":1,"args":{"name":"vCPU 0"}},
+/// {"name":"thread_sort_index","ph":"M","pid":1,"tid":1,"args":{"sort_index":0}},
+/// {"name":"schedule","ph":"i","s":"t","ts":12.345,"pid":1,"tid":1,"args":{"caller":"worker_thread"}},
 /// ...
 /// ],"displayTimeUnit":"ns","otherData":{"events":N,"events_stored":N,"dropped":N}}
 /// ```
 ///
-/// One thread (track) per vCPU (`tid` = vCPU number), one thread-scoped
-/// instant event per stored function entry; `ts` is in microseconds since
+/// One thread (track) per vCPU, `tid` = vCPU number + 1 (Perfetto takes
+/// tid 0 for the idle task), named `vCPU N`; `ts` is in microseconds since
 /// the attach, with nanosecond precision. The caller is `[unknown] 0x…`
-/// when the return address is in no known function. `otherData` holds the
-/// exact number of entries counted, stored and dropped (not stored: over
-/// `--max-events` or a full exitless ring); when some were dropped, a
+/// when the return address is in no known function.
+///
+/// Entry-only traces: one thread-scoped instant event (`"ph":"i"`) per
+/// stored function entry.
+///
+/// Function-graph traces: one complete event (`"ph":"X"`, `dur` in µs
+/// with ns precision) per stored call that returned, in entry order, on the
+/// track of the vCPU it was entered on; a call that returned on another
+/// vCPU stays there (Perfetto draws a slice on one track) and has
+/// `"return_cpu"` in its args. A call that did not return is an instant
+/// event at its entry with `"end"`: `abandoned`, `running` (at detach, or
+/// its return was not stored) or `unhooked` (rather than a `B` without an
+/// `E`, which would swallow every later slice on its track).
+///
+/// `otherData` holds the exact number of entries counted, stored and
+/// dropped (not stored: over `--max-events` or a full exitless ring), and
+/// in function-graph traces `returns`, `returns_stored`, `returns_dropped`,
+/// `abandoned`, `running`, `unhooked` and `unmatched_returns` (as in the
+/// JSON report's `graph`); when some entries were dropped, a
 /// `process_labels` metadata event says so on the process's track too.
 pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
@@ -266,48 +364,176 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
         )?;
     }
     for cpu in 0..m.cpus {
+        let tid = u64::from(cpu) + 1;
         write!(
             w,
-            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{cpu},\"args\":{{\"name\":\"vCPU {cpu}\"}}}}\
-             ,\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{cpu},\"args\":{{\"sort_index\":{cpu}}}}}"
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"name\":\"vCPU {cpu}\"}}}}\
+             ,\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"sort_index\":{cpu}}}}}"
         )?;
     }
     let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
-    let mut caller_names: HashMap<*const Symbol, String> = HashMap::new();
-    let report = Report::new(trace, &ReportOptions::default());
-    for EventRow {
-        event: e, caller, ..
-    } in report.events()
-    {
-        let name = &names[e.func as usize];
-        let rel = e.ts_ns as i128 - m.attach_ns as i128;
+    let mut callers = CallerNames::default();
+    // µs since the attach, with ns precision.
+    let since_attach = |ts: u64| {
+        let rel = ts as i128 - m.attach_ns as i128;
         let sign = if rel < 0 { "-" } else { "" };
         let rel = rel.unsigned_abs();
-        write!(
-            w,
-            ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{sign}{}.{:03},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
-            rel / 1000,
-            rel % 1000,
-            e.cpu
-        )?;
-        match caller {
-            Caller::Known(s) => {
-                let c = caller_names
-                    .entry(s as *const Symbol)
-                    .or_insert_with(|| json_str(&s.name));
-                w.write_all(c.as_bytes())?;
+        format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
+    };
+    let mut entries_stored = 0u64;
+    let mut graph_data = String::new();
+    if m.graph {
+        let report = Report::new(trace, &ReportOptions::default());
+        let g = report.graph.as_ref().expect("a graph trace has a graph");
+        for f in &g.frames {
+            let name = names.get(f.func as usize).map_or("\"?\"", String::as_str);
+            let ts = since_attach(f.entry_ns);
+            let tid = u64::from(f.cpu) + 1;
+            match f.end {
+                End::Returned { ts_ns, cpu } => {
+                    let dur = ts_ns.saturating_sub(f.entry_ns);
+                    write!(
+                        w,
+                        ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":",
+                        dur / 1000,
+                        dur % 1000
+                    )?;
+                    callers.write(&mut w, trace, f.caller)?;
+                    if cpu != f.cpu {
+                        write!(w, ",\"return_cpu\":{cpu}")?;
+                    }
+                }
+                end => {
+                    write!(
+                        w,
+                        ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":"
+                    )?;
+                    callers.write(&mut w, trace, f.caller)?;
+                    let end = match end {
+                        End::Abandoned => "abandoned",
+                        End::Unhooked => "unhooked",
+                        _ => "running",
+                    };
+                    write!(w, ",\"end\":\"{end}\"")?;
+                }
             }
-            Caller::Unknown(ip) => write!(w, "\"[unknown] {ip:#x}\"")?,
+            w.write_all(b"}}")?;
         }
-        w.write_all(b"}}")?;
+        entries_stored = report.entries_stored;
+        if let Some(s) = &report.graph_summary {
+            graph_data = format!(
+                ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
+                s.returns,
+                s.returns_stored,
+                s.returns_dropped,
+                s.abandoned,
+                s.running,
+                s.unhooked,
+                s.unmatched_returns
+            );
+        }
+    } else {
+        for e in trace.events.iter().filter(|e| !e.is_return()) {
+            let Some(name) = names.get(e.func as usize) else {
+                continue;
+            };
+            entries_stored += 1;
+            write!(
+                w,
+                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
+                since_attach(e.ts_ns),
+                u64::from(e.cpu) + 1
+            )?;
+            callers.write(&mut w, trace, e.parent)?;
+            w.write_all(b"}}")?;
+        }
     }
     write!(
         w,
-        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"events\":{},\"events_stored\":{},\"dropped\":{}}}}}\n",
-        m.events_total,
-        trace.events.len(),
-        m.events_dropped
+        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"events\":{},\"events_stored\":{entries_stored},\"dropped\":{}{graph_data}}}}}\n",
+        m.events_total, m.events_dropped
     )?;
+    w.flush()
+}
+
+/// Callers' names as JSON strings, each quoted once.
+#[derive(Default)]
+struct CallerNames(HashMap<*const Symbol, String>);
+
+impl CallerNames {
+    /// Writes the caller of return address `ip` as a JSON string.
+    fn write(&mut self, w: &mut impl Write, trace: &Trace, ip: u64) -> io::Result<()> {
+        match Caller::of(trace, ip) {
+            Caller::Known(s) => {
+                let c = self
+                    .0
+                    .entry(s as *const Symbol)
+                    .or_insert_with(|| json_str(&s.name));
+                w.write_all(c.as_bytes())
+            }
+            Caller::Unknown(ip) => write!(w, "\"[unknown] {ip:#x}\""),
+        }
+    }
+}
+
+/// Writes folded stacks (Brendan Gregg's format, read by flamegraph.pl,
+/// inferno and speedscope): one line per distinct call path,
+/// `outer;inner;leaf VALUE`, the value being the self time in ns summed
+/// over the calls with that path, on every vCPU.
+///
+/// Only calls that returned count (a call that did not return has no
+/// duration); a returned call under one that did not return keeps it in
+/// its path. The values add up to the self time of every returned call.
+/// Paths whose self time is 0 are left out. Lines are sorted by path
+/// (byte order). A `;` in a function name would split the frame, and a
+/// newline the line: they become `_` (kernel symbols have neither). An
+/// entry-only trace has no returned calls: the output is empty.
+pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
+    let mut w = BufWriter::new(w);
+    let g = Graph::build(trace);
+    // Each frame's path, as an index into `paths`: (parent path, function).
+    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut paths: Vec<(u32, u32)> = Vec::new();
+    let mut self_ns: Vec<u64> = Vec::new();
+    let mut frame_path: Vec<u32> = Vec::with_capacity(g.frames.len());
+    const ROOT: u32 = u32::MAX;
+    for f in &g.frames {
+        // Parents come before their callees (frames are in entry order).
+        let parent = f.parent.map_or(ROOT, |p| frame_path[p as usize]);
+        let id = *ids.entry((parent, f.func)).or_insert_with(|| {
+            paths.push((parent, f.func));
+            self_ns.push(0);
+            (paths.len() - 1) as u32
+        });
+        frame_path.push(id);
+        if let Some(s) = f.self_ns() {
+            self_ns[id as usize] = self_ns[id as usize].saturating_add(s);
+        }
+    }
+    let names: Vec<String> = trace
+        .functions
+        .iter()
+        .map(|f| f.name.replace([';', '\n', '\r'], "_"))
+        .collect();
+    let mut lines: Vec<(String, u64)> = Vec::new();
+    for (id, &ns) in self_ns.iter().enumerate() {
+        if ns == 0 {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut at = id as u32;
+        while at != ROOT {
+            let (parent, func) = paths[at as usize];
+            chain.push(names.get(func as usize).map_or("?", String::as_str));
+            at = parent;
+        }
+        chain.reverse();
+        lines.push((chain.join(";"), ns));
+    }
+    lines.sort();
+    for (path, ns) in lines {
+        writeln!(w, "{path} {ns}")?;
+    }
     w.flush()
 }
 

@@ -82,6 +82,10 @@ pub struct TraceMeta {
     pub unhooked: u64,
     /// The guest TSC's rate in kHz, when vmtrace read it (0: unknown).
     pub tsc_khz: u64,
+    /// Where the symbols came from (a vmlinux and how it was found, or
+    /// kallsyms in the bzImage); empty when unknown (saved traces do not
+    /// keep it).
+    pub symbols: String,
 }
 
 /// The whole trace.

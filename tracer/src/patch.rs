@@ -36,6 +36,14 @@ pub const TRAP: [u8; SITE_LEN] = [
     NOP3[2],
 ];
 
+/// `ud2` (Intel SDM: 0F 0B): never runs, see `RETURN_TRAP`.
+const UD2: [u8; 2] = [0x0f, 0x0b];
+/// The function graph's return trap in trap mode, at the start of vmtrace's
+/// code page: a hooked function returns here, exits at the `out`, and the
+/// handler resumes it at its real return address; the `ud2` after it would
+/// stop a guest that ran on (none does: the handler always moves RIP).
+pub const RETURN_TRAP: [u8; 4] = [OUT_IMM8_AL, vmm::layout::TRACE_PORT as u8, UD2[0], UD2[1]];
+
 /// Sites sampled to check that the vmlinux is the running kernel.
 const VERIFY_SAMPLES: usize = 32;
 /// Bytes after each sampled site compared with the file.
@@ -47,8 +55,7 @@ pub enum PatchError {
     NoPaging,
     #[error(
         "{path} does not match the running kernel: {bad} of {sampled} sampled sites differ \
-         (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux, \
-         and boot with nokaslr"
+         (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux"
     )]
     Mismatch {
         path: String,
@@ -106,13 +113,19 @@ pub struct DetachCounts {
 /// Check that guest text matches the file at a sample of sites: each site
 /// holds a NOP or `call __fentry__`, and the bytes after it are the file's.
 /// Refuses when more than half the sample differs (a few may differ where the
-/// kernel patched its own text, e.g. alternatives or static keys).
+/// kernel patched its own text, e.g. alternatives or static keys, or KASLR
+/// relocated an absolute address). `sites` are running addresses, `slide`
+/// bytes from the file's (KASLR's virtual offset).
 pub fn verify_image(
     space: &mut AddressSpace<'_>,
     image: &KernelImage,
     sites: &[u64],
+    slide: i64,
 ) -> Result<(), PatchError> {
-    let fentry = image.symbol(crate::sites::FENTRY).map(|s| s.addr);
+    let link = |addr: u64| addr.wrapping_sub(slide as u64);
+    let fentry = image
+        .symbol(crate::sites::FENTRY)
+        .map(|s| s.addr.wrapping_add_signed(slide));
     let step = (sites.len() / VERIFY_SAMPLES).max(1);
     let sample: Vec<u64> = sites
         .iter()
@@ -125,7 +138,7 @@ pub fn verify_image(
         let why = match space.read_array::<{ SITE_LEN + VERIFY_BODY_LEN }>(addr) {
             Err(e) => Some(format!("unreadable ({e})")),
             Ok(bytes) => {
-                let body = image.file_bytes(addr + SITE_LEN as u64, VERIFY_BODY_LEN);
+                let body = image.file_bytes(link(addr) + SITE_LEN as u64, VERIFY_BODY_LEN);
                 if classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other
                     && bytes[..SITE_LEN] != TRAP
                 {
@@ -144,7 +157,7 @@ pub fn verify_image(
     if !sample.is_empty() && bad.len() * 2 > sample.len() {
         let (addr, why) = bad.swap_remove(0);
         let func = image
-            .function_at(addr)
+            .function_at(link(addr))
             .map(|s| s.name.clone())
             .unwrap_or_else(|| "?".into());
         return Err(PatchError::Mismatch {

@@ -6,6 +6,11 @@
 //! collector thread over a channel. Nothing on this path takes a lock.
 //! Counts are always exact; events beyond `--max-events` are counted as
 //! dropped, never lost silently.
+//!
+//! With the function graph (`GraphHook`), an entry also hooks the return:
+//! the return address at [RSP] becomes vmtrace's return trap (kept in the
+//! shared `ShadowStacks`), and the return trap records the return and
+//! resumes the guest at the real return address.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,7 +19,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 use vmm::{Trap, TrapError, TrapHandler};
 
-use crate::model::Event;
+use crate::model::{Event, RETURN_BIT};
+use crate::shadow::ShadowStacks;
 use crate::sites::SITE_LEN;
 
 /// Events a vCPU buffers before handing them to the collector.
@@ -27,8 +33,12 @@ pub const OUT_LEN: u64 = 2;
 /// The patchable sites, sorted by address, each with its traced function.
 #[derive(Debug, Default)]
 pub struct SiteIndex {
+    /// Link addresses (the vmlinux's).
     pub addrs: Vec<u64>,
     pub funcs: Vec<u32>,
+    /// How far the running kernel is from them (KASLR's virtual offset),
+    /// set once at the first attach, before any site traps.
+    slide: AtomicU64,
 }
 
 impl SiteIndex {
@@ -39,7 +49,13 @@ impl SiteIndex {
         SiteIndex {
             addrs: sites.iter().map(|s| s.0).collect(),
             funcs: sites.iter().map(|s| s.1).collect(),
+            slide: AtomicU64::new(0),
         }
+    }
+
+    /// The kernel runs `virt` bytes from its link addresses (`kaslr`).
+    pub fn set_slide(&self, virt: i64) {
+        self.slide.store(virt as u64, Ordering::Relaxed);
     }
 
     /// (address, function) of every site, in address order.
@@ -55,15 +71,35 @@ impl SiteIndex {
     /// fast PIO path) or just past it (KVM's emulator). Sites are five bytes
     /// apart at least, so the two cannot both match.
     pub fn find(&self, rip: u64) -> Option<usize> {
+        // Set before the sites were patched, under the pause that every
+        // vCPU's next entry synchronizes with: Relaxed is enough.
+        let rip = rip.wrapping_sub(self.slide.load(Ordering::Relaxed));
         self.exact(rip)
             .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
     }
+}
+
+/// Trap mode's return hooks: the guest address of the return trap (an
+/// `out` to the trace port in vmtrace's code page) and the frames hooked.
+#[derive(Debug)]
+pub struct GraphHook {
+    pub trap_va: u64,
+    pub shadow: ShadowStacks,
 }
 
 /// The recorders' counters and event budget, shared with the tracing session.
 pub struct Counters {
     /// Calls per site, one array per vCPU (written only by that vCPU).
     pub counts: Vec<Box<[AtomicU64]>>,
+    /// Returns per site (function graph), one array per vCPU: the vCPU the
+    /// return ran on. Written only by that vCPU in trap mode; by the
+    /// drainer in exitless mode.
+    pub returns: Vec<Box<[AtomicU64]>>,
+    /// Returns counted but not stored (over `--max-events`).
+    pub returns_dropped: AtomicU64,
+    /// Entries whose return could not be hooked (the slot was unreadable
+    /// or unwritable).
+    pub unhooked: AtomicU64,
     /// Events that may still be stored.
     budget: AtomicI64,
     pub dropped: AtomicU64,
@@ -79,6 +115,7 @@ pub struct Recorder {
     /// Events this recorder may still store without touching `budget`.
     reserved: usize,
     tx: Sender<Vec<Event>>,
+    graph: Option<Arc<GraphHook>>,
 }
 
 impl Counters {
@@ -101,10 +138,88 @@ impl Recorder {
     pub fn sink(&self) -> Sender<Vec<Event>> {
         self.tx.clone()
     }
+
+    /// Hook returns too (trap-mode function graph).
+    pub fn hook_returns(&mut self, graph: Arc<GraphHook>) {
+        self.graph = Some(graph);
+    }
+
+    /// Takes one event from the budget; false if none is left.
+    fn take_budget(&mut self) -> bool {
+        if self.reserved == 0 {
+            self.reserve();
+            if self.reserved == 0 {
+                return false;
+            }
+        }
+        self.reserved -= 1;
+        true
+    }
+
+    fn push(&mut self, e: Event) {
+        self.buf.push(e);
+        if self.buf.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// A return trap: the hooked function at the slot below RSP returned.
+    /// Resume at its real return address and record the return.
+    fn on_return(&mut self, graph: &GraphHook, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        let ts_ns = Trap::now_ns();
+        // `ret` popped the hooked return address: the slot is just below RSP.
+        let slot = trap.rsp.wrapping_sub(8);
+        let Some(f) = graph.shadow.pop(slot) else {
+            return Err(TrapError::UnknownReturn {
+                cpu: trap.cpu,
+                slot,
+            });
+        };
+        // A tail callee returns into its caller's hook: the return trap
+        // runs again at once, for the caller's frame at the same slot.
+        trap.set_rip(f.ret);
+        let site = f.site as usize;
+        let c = &self.counters.returns[self.cpu as usize][site];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if !self.take_budget() {
+            self.counters
+                .returns_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let parent = if f.ret == graph.trap_va {
+            graph.shadow.real_below(slot, graph.trap_va).unwrap_or(f.ret)
+        } else {
+            f.ret
+        };
+        self.push(Event {
+            ts_ns,
+            parent,
+            slot: slot | RETURN_BIT,
+            func: self.index.funcs[site],
+            cpu: self.cpu,
+        });
+        Ok(())
+    }
+
+    /// Replace the return address at `slot` (read as `ret`) with the return
+    /// trap; returns the real return address, or None if not hooked.
+    fn hook(&self, graph: &GraphHook, trap: &mut Trap<'_>, slot: u64, ret: u64, site: usize) -> Option<u64> {
+        if ret != graph.trap_va && trap.space().write(slot, &graph.trap_va.to_le_bytes()).is_err() {
+            self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(graph.shadow.push(slot, ret, site as u32, graph.trap_va))
+    }
 }
 
 impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        if let Some(graph) = self.graph.clone() {
+            if self.index.find(trap.rip).is_none() && trap_at(graph.trap_va, trap.rip) {
+                return self.on_return(&graph, trap);
+            }
+        }
         let ts_ns = Trap::now_ns();
         let Some(i) = self.index.find(trap.rip) else {
             return Err(TrapError::UnknownSite {
@@ -116,36 +231,40 @@ impl TrapHandler for Recorder {
         let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        if self.reserved == 0 {
-            self.reserve();
-            if self.reserved == 0 {
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-        }
-        self.reserved -= 1;
         // Through the trap's own view: the guest may have remapped the stack
         // page since the last trap (a freed and reused vmalloc stack).
         let rsp = trap.rsp;
-        let parent = match trap.space().read_u64(rsp) {
-            Ok(p) => p,
-            Err(_) => {
-                self.counters
-                    .parent_unreadable
-                    .fetch_add(1, Ordering::Relaxed);
-                0
+        let read = trap.space().read_u64(rsp).ok();
+        // Hooked whether or not the entry is stored: returns count exactly.
+        let (parent, slot) = match (read, self.graph.clone()) {
+            (Some(ret), Some(graph)) => match self.hook(&graph, trap, rsp, ret, i) {
+                Some(real) => (real, rsp),
+                None => (ret, 0),
+            },
+            (Some(ret), None) => (ret, 0),
+            (None, graph) => {
+                if graph.is_some() {
+                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+                }
+                (0, 0)
             }
         };
-        self.buf.push(Event {
-            slot: 0,
+        if !self.take_budget() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        if read.is_none() {
+            self.counters
+                .parent_unreadable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.push(Event {
             ts_ns,
             parent,
+            slot,
             func: self.index.funcs[i],
             cpu: self.cpu,
         });
-        if self.buf.len() >= BATCH {
-            self.flush();
-        }
         Ok(())
     }
 
@@ -156,6 +275,12 @@ impl TrapHandler for Recorder {
             let _ = self.tx.send(batch);
         }
     }
+}
+
+/// Is RIP at the return trap: at its `out` or just past it (see
+/// `SiteIndex::find`)?
+fn trap_at(trap_va: u64, rip: u64) -> bool {
+    rip == trap_va || rip == trap_va + OUT_LEN
 }
 
 /// Build the recorders (one per vCPU) and the collector thread.
@@ -169,6 +294,11 @@ pub fn recorders(
         counts: (0..ncpus)
             .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
             .collect(),
+        returns: (0..ncpus)
+            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
+        returns_dropped: AtomicU64::new(0),
+        unhooked: AtomicU64::new(0),
         budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
         dropped: AtomicU64::new(0),
         parent_unreadable: AtomicU64::new(0),
@@ -182,6 +312,7 @@ pub fn recorders(
             buf: Vec::with_capacity(BATCH),
             reserved: 0,
             tx: tx.clone(),
+            graph: None,
         })
         .collect();
     let collector = std::thread::Builder::new()

@@ -13,11 +13,14 @@ use vmm::{Paused, TrapHandler, VcpuSpace};
 
 use crate::exitless::state::{Exitless, ExitlessError};
 use crate::filter::{Filter, FilterError};
+use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
 use crate::model::{Event, Trace, TraceMeta};
 use crate::patch::{
     self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite,
 };
-use crate::record::{self, Counters, SiteIndex};
+use crate::exitless::layout::{CODE_GPA, CODE_LEN, CODE_VA};
+use crate::record::{self, Counters, GraphHook, SiteIndex};
+use crate::shadow::ShadowStacks;
 use crate::sites::{SiteError, SiteTable};
 use crate::symbols::{KernelImage, Symbol, SymbolError};
 
@@ -33,6 +36,8 @@ pub enum TracerError {
     Patch(#[from] PatchError),
     #[error(transparent)]
     Exitless(#[from] ExitlessError),
+    #[error(transparent)]
+    Kaslr(#[from] KaslrError),
 }
 
 /// How a traced call reaches vmtrace.
@@ -70,6 +75,10 @@ pub enum NotReady {
     /// The guest's `ftrace_enabled` is still 0: its ftrace_init is running.
     #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
     FtraceInitRunning,
+    /// The guest kernel has not set its syscall entry yet (IA32_LSTAR is
+    /// 0), so where KASLR put it is unknown (`kaslr`).
+    #[error("the guest kernel has not set its syscall entry yet: its KASLR offset is unknown")]
+    KernelOffsetUnknown,
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
     CallSites { calls: usize, first: u64 },
@@ -107,11 +116,22 @@ pub struct Plan {
     /// Address of the guest's `ftrace_enabled`: the guest converts its own
     /// sites at boot, and vmtrace must not write one before it has finished.
     pub ftrace_enabled: Option<u64>,
+    /// Function graph: hook every traced call's return too.
+    pub graph: bool,
 }
 
 impl Plan {
     pub fn new(vmlinux: &Path, trace: &[String], notrace: &[String]) -> Result<Plan, TracerError> {
-        let image = KernelImage::load(vmlinux)?;
+        Plan::from_image(KernelImage::load(vmlinux)?, trace, notrace)
+    }
+
+    /// The plan for an image loaded some other way (e.g. from a bzImage's
+    /// payload, `crate::payload`).
+    pub fn from_image(
+        image: KernelImage,
+        trace: &[String],
+        notrace: &[String],
+    ) -> Result<Plan, TracerError> {
         let sites = SiteTable::build(&image)?;
         let selected = Filter::new(trace, notrace)?.select(&image, &sites)?;
         let mut funcs: Vec<usize> = Vec::new();
@@ -138,6 +158,7 @@ impl Plan {
             index: Arc::new(SiteIndex::new(targets)),
             skipped_init,
             ftrace_enabled,
+            graph: false,
         })
     }
 }
@@ -157,6 +178,15 @@ pub struct Tracer {
     attach_latency: Duration,
     /// Exitless mode's trampoline, rings and drainer; None in trap mode.
     exitless: Option<Exitless>,
+    /// Trap mode's return hooks (function graph).
+    graph_hook: Option<Arc<GraphHook>>,
+    /// The return trap is in guest memory (trap-mode function graph).
+    return_trap_installed: bool,
+    /// The guest TSC's rate, read at attach (0 until then).
+    tsc_khz: u64,
+    /// Where the kernel runs relative to its vmlinux (KASLR), found at the
+    /// first attach attempt that could tell.
+    offset: Option<KernelOffset>,
 }
 
 impl Tracer {
@@ -177,6 +207,7 @@ impl Tracer {
             ncpus,
             plan.index.addrs.len(),
             ring_records,
+            plan.graph,
             sink,
         )?;
         let mut t = Tracer::assemble(plan, counters, collector);
@@ -184,11 +215,25 @@ impl Tracer {
         Ok((t, boxed(recs)))
     }
 
-    /// The tracer and one trap handler per vCPU.
+    /// The tracer and one trap handler per vCPU; with `plan.graph`, the
+    /// handlers hook returns too (vmtrace's return trap at `CODE_VA`).
     pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
-        let (counters, recs, collector) =
+        let (counters, mut recs, collector) =
             record::recorders(Arc::clone(&plan.index), ncpus, max_events);
-        (Tracer::assemble(plan, counters, collector), boxed(recs))
+        let hook = plan.graph.then(|| {
+            Arc::new(GraphHook {
+                trap_va: CODE_VA,
+                shadow: ShadowStacks::default(),
+            })
+        });
+        if let Some(hook) = &hook {
+            for r in &mut recs {
+                r.hook_returns(Arc::clone(hook));
+            }
+        }
+        let mut t = Tracer::assemble(plan, counters, collector);
+        t.graph_hook = hook;
+        (t, boxed(recs))
     }
 
     fn assemble(plan: Plan, counters: Arc<Counters>, collector: JoinHandle<Vec<Event>>) -> Tracer {
@@ -204,7 +249,18 @@ impl Tracer {
             attach_window: Duration::ZERO,
             attach_latency: Duration::ZERO,
             exitless: None,
+            graph_hook: None,
+            return_trap_installed: false,
+            tsc_khz: 0,
+            offset: None,
         }
+    }
+
+    /// The Linux kernel's KASLR offsets, once an attach attempt found them;
+    /// None before, and for kernels that are not Linux.
+    pub fn kernel_offset(&self) -> Option<KernelOffset> {
+        self.offset
+            .filter(|_| self.plan.image.symbol(kaslr::SYSCALL_ENTRY).is_some())
     }
 
     /// The exitless trampoline (exitless mode).
@@ -238,18 +294,27 @@ impl Tracer {
     /// kernel's `ftrace_enabled` known, that flag (set once every site is a
     /// NOP); without it, every selected site must hold a NOP.
     pub fn guest_ready(&self, mem: &GuestMemoryMmap) -> bool {
-        let phys = vmm::layout::kernel_virt_to_phys;
-        match self.plan.ftrace_enabled {
-            Some(va) => phys(va)
-                .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
-                .is_some_and(|v| v != 0),
-            None => self
-                .plan
-                .index
-                .addrs
-                .iter()
-                .all(|&a| phys(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
-        }
+        // Where the kernel image is in guest RAM: known after the first
+        // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
+        let deltas = match self.offset {
+            Some(o) => vec![o.phys],
+            None => kaslr::phys_candidates(mem, &self.plan.image),
+        };
+        deltas.into_iter().any(|phys| {
+            let o = KernelOffset { virt: 0, phys };
+            match self.plan.ftrace_enabled {
+                Some(va) => o
+                    .phys_of(va)
+                    .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
+                    .is_some_and(|v| v != 0),
+                None => self
+                    .plan
+                    .index
+                    .addrs
+                    .iter()
+                    .all(|&a| o.phys_of(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
+            }
+        })
     }
 
     /// Patch every target site, if the guest is ready. The guest is paused
@@ -258,16 +323,35 @@ impl Tracer {
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
     pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
-        let addrs = &self.plan.index.addrs;
+        let off = match self.offset {
+            Some(o) => o,
+            None => match kaslr::detect(paused, &self.plan.image)? {
+                Detected::Offset(o) => {
+                    // Before any site is patched: traps find their site by
+                    // RIP - o.virt from the first one on.
+                    self.plan.index.set_slide(o.virt);
+                    self.offset = Some(o);
+                    o
+                }
+                Detected::NotYet => return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown)),
+            },
+        };
+        // The vmlinux's addresses, slid to where the kernel runs.
+        let addrs: Vec<u64> = self.plan.index.addrs.iter().map(|&a| off.runtime(a)).collect();
+        let addrs = &addrs;
         let probe = addrs.first().copied();
         let mut space = text_space(paused.vcpu_spaces(), probe).ok_or(PatchError::NoPaging)?;
         if let Some(va) = self.plan.ftrace_enabled {
-            if space.read_array::<4>(va).map(u32::from_le_bytes) == Ok(0) {
+            if space.read_array::<4>(off.runtime(va)).map(u32::from_le_bytes) == Ok(0) {
                 return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
             }
         }
-        patch::verify_image(&mut space, &self.plan.image, addrs)?;
-        let fentry = self.plan.image.symbol(crate::sites::FENTRY).map(|s| s.addr);
+        patch::verify_image(&mut space, &self.plan.image, addrs, off.virt)?;
+        let fentry = self
+            .plan
+            .image
+            .symbol(crate::sites::FENTRY)
+            .map(|s| off.runtime(s.addr));
         let calls = match self.plan.ftrace_enabled {
             Some(_) => CallSites::Wait,
             None => CallSites::Patch,
@@ -285,7 +369,15 @@ impl Tracer {
                     })
                 })?
             }
-            None => patch::attach(&mut space, fentry, addrs, calls)?,
+            None => {
+                if self.graph_hook.is_some() {
+                    mapped = Some(install_return_trap(
+                        &mut space,
+                        &mut self.return_trap_installed,
+                    )?);
+                }
+                patch::attach(&mut space, fentry, addrs, calls)?
+            }
         };
         let (patched, skipped) = match attached {
             Attached::Patched { sites, skipped } => (sites, skipped),
@@ -307,10 +399,16 @@ impl Tracer {
                 Arc::clone(&self.plan.index),
             );
         }
+        self.tsc_khz = paused.guest_clock().map_or(0, |c| u64::from(c.tsc_khz));
         self.attach_ns = vmm::Trap::now_ns();
         self.attach_window = paused.window();
         self.attach_latency = paused.latency();
         Ok(Attach::Attached(&self.attach_counts))
+    }
+
+    /// Hooked frames still waiting for their return (trap-mode graph).
+    pub fn frames_live(&self) -> usize {
+        self.graph_hook.as_ref().map_or(0, |h| h.shadow.live())
     }
 
     /// Restore every patched site. The guest is paused or stopped.
@@ -346,6 +444,35 @@ impl Tracer {
         counts
     }
 
+    /// Exact returns per traced function and vCPU (function graph; empty
+    /// otherwise).
+    pub fn returns(&self) -> Vec<Vec<u64>> {
+        if !self.plan.graph {
+            return Vec::new();
+        }
+        let mut returns = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        for (cpu, per_site) in self.counters.returns.iter().enumerate() {
+            for (i, c) in per_site.iter().enumerate() {
+                returns[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+            }
+        }
+        for (cpu, per_site) in self.ring_ret_drops().iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate() {
+                returns[self.plan.index.funcs[i] as usize][cpu] += d;
+            }
+        }
+        returns
+    }
+
+    /// Returns counted, not recorded, because their CPU's ring was full.
+    fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
+        self.exitless
+            .as_ref()
+            .filter(|_| self.plan.graph)
+            .and_then(|ex| ex.ret_drops().ok())
+            .unwrap_or_default()
+    }
+
     /// Calls counted, not recorded, because their CPU's ring was full.
     fn ring_drops(&self) -> Vec<Vec<u64>> {
         self.exitless
@@ -370,12 +497,26 @@ impl Tracer {
     pub fn finish(mut self, kernel: &Path, stop_reason: String) -> Trace {
         // The drainer's sender must be gone before the collector can end.
         let _ = self.stop_draining();
-        let events = self
+        let mut events = self
             .collector
             .take()
             .map(|c| c.join().unwrap_or_default())
             .unwrap_or_default();
+        if self.plan.graph {
+            // Tail callees found vmtrace's hook as their return address.
+            crate::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+        }
         let image = &self.plan.image;
+        if let Some(off) = self.offset.filter(|o| !o.is_none()) {
+            // Callers were read at their running addresses: back to the
+            // vmlinux's, where the symbols are (anything else stays as read).
+            for e in &mut events {
+                let link = off.link(e.parent);
+                if image.function_index_at(link).is_some() {
+                    e.parent = link;
+                }
+            }
+        }
         let functions: Vec<Symbol> = self
             .plan
             .funcs
@@ -423,20 +564,41 @@ impl Tracer {
             mode: self.mode().name().into(),
             // The caller knows the exits (the run report); see `Trace`.
             trap_exits: 0,
-            graph: false,
-            returns_dropped: 0,
-            unhooked: 0,
-            tsc_khz: 0,
+            graph: self.plan.graph,
+            returns_dropped: self.counters.returns_dropped.load(Ordering::Relaxed)
+                + self.ring_ret_drops().iter().flatten().sum::<u64>(),
+            unhooked: self.counters.unhooked.load(Ordering::Relaxed),
+            tsc_khz: self.tsc_khz,
+            symbols: self.plan.image.source.clone(),
         };
         Trace {
             meta,
             functions,
             counts,
-            returns: Vec::new(),
+            returns: self.returns(),
             callers,
             events,
         }
     }
+}
+
+/// Trap-mode function graph: map vmtrace's code page and put the return
+/// trap at its start (once: `installed`; it stays until the guest ends, so
+/// hooked returns work after a detach). Mapping first: nothing is written
+/// when the guest's tables refuse it.
+fn install_return_trap(
+    space: &mut AddressSpace<'_>,
+    installed: &mut bool,
+) -> Result<crate::exitless::map::Mapped, TracerError> {
+    let mapped = crate::exitless::map::map(space).map_err(ExitlessError::from)?;
+    if !*installed {
+        space
+            .memory()
+            .write_slice(&patch::RETURN_TRAP, GuestAddress(CODE_GPA))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        *installed = true;
+    }
+    Ok(mapped)
 }
 
 /// The recorders as the vCPU threads take them.

@@ -234,7 +234,7 @@ impl SiteTable {
 }
 
 /// The function whose entry site is at `addr`, if any.
-fn site_function(image: &KernelImage, addr: u64) -> Option<usize> {
+pub(crate) fn site_function(image: &KernelImage, addr: u64) -> Option<usize> {
     let idx = image.function_index_at(addr)?;
     let start = image.functions[idx].addr;
     let at_entry = addr == start

@@ -85,10 +85,10 @@ pub struct Symbol {
 
 /// Where one allocated section's bytes sit in the file.
 #[derive(Debug, Clone, Copy)]
-struct FileSection {
-    vaddr: u64,
-    size: u64,
-    offset: usize,
+pub(crate) struct FileSection {
+    pub(crate) vaddr: u64,
+    pub(crate) size: u64,
+    pub(crate) offset: usize,
 }
 
 /// Everything the tracer needs from the kernel's ELF file, loaded once.
@@ -106,11 +106,14 @@ pub struct KernelImage {
     pub init_text: Option<(u64, u64)>,
     /// `_stext.._etext` (else the `.text` section).
     pub text: Option<(u64, u64)>,
+    /// Where the symbols came from, for reports: "the symbol table of
+    /// PATH", or kallsyms in a bzImage's payload (see `crate::payload`).
+    pub source: String,
     /// Every named defined symbol; on name clashes, a global beats a local.
-    symbols: HashMap<String, Symbol>,
+    pub(crate) symbols: HashMap<String, Symbol>,
     /// Allocated sections with file data, sorted by `vaddr`.
-    sections: Vec<FileSection>,
-    bytes: Vec<u8>,
+    pub(crate) sections: Vec<FileSection>,
+    pub(crate) bytes: Vec<u8>,
 }
 
 /// A candidate for `functions`, with what decides between aliases.
@@ -178,6 +181,7 @@ impl KernelImage {
         let text = bounds(TEXT_BOUNDS, ".text");
         drop(file);
 
+        let source = format!("the symbol table of {}", path.display());
         let mut image = KernelImage {
             path,
             build_id,
@@ -185,6 +189,7 @@ impl KernelImage {
             mcount_loc: Vec::new(),
             init_text,
             text,
+            source,
             symbols,
             sections,
             bytes,
@@ -272,7 +277,7 @@ impl KernelImage {
 
 /// Allocated sections with file data (sorted by address), and whether each
 /// section (by index) is executable.
-fn index_sections(
+pub(crate) fn index_sections(
     file: &object::File,
     path: &Path,
     file_len: usize,

@@ -22,6 +22,29 @@ const MINI_SITES: &[&str] = &[
     "tick_sched_timer",
     "mini_main",
     "mini_init_setup",
+    // The graph=1 workload (run only with graph=1, but always sites).
+    "graph_depth",
+    "graph_depth2",
+    "graph_depth3",
+    "graph_leaf",
+    "graph_tail_caller",
+    "graph_tail_callee",
+    "graph_recurse",
+    "graph_abandon_outer",
+    "graph_abandoned",
+    "graph_long",
+    "graph_migrate",
+];
+
+/// Functions of the graph=1 workload that are called but have no site.
+const MINI_GRAPH_NOTRACE: &[&str] = &[
+    "graph_abandon_run",
+    "graph_setjmp",
+    "graph_longjmp",
+    "graph_switch",
+    "graph_task_main",
+    "graph_migrate_start",
+    "graph_migrate_finish",
 ];
 
 /// guest/out/mini.elf, (re)built once per test process.
@@ -93,6 +116,56 @@ fn mini_account_is_a_function_without_a_site() {
     let account = image.symbol("mini_account").expect("mini_account");
     assert!(image.functions.iter().any(|f| f.name == "mini_account"));
     assert!(sites.sites.iter().all(|s| s.addr != account.addr));
+}
+
+#[test]
+fn mini_graph_helpers_are_functions_without_a_site() {
+    let (image, sites) = load();
+    for name in MINI_GRAPH_NOTRACE {
+        let sym = image
+            .symbol(name)
+            .unwrap_or_else(|| panic!("no symbol {name}"));
+        assert!(
+            image.functions.iter().any(|f| f.name == *name),
+            "{name} is a function"
+        );
+        assert!(
+            sites.sites.iter().all(|s| s.addr != sym.addr),
+            "{name} has no site"
+        );
+        let bytes = image.file_bytes(sym.addr, SITE_LEN).expect("bytes");
+        assert_ne!(classify(bytes, sym.addr, None), SiteKind::Nop, "{name}");
+    }
+}
+
+/// entry.S's graph_tail_caller: the ftrace NOP, then `incq` of its counter,
+/// then a 5-byte `jmp rel32` to graph_tail_callee as its last instruction (a
+/// sibling call: no `call`, no `ret`).
+#[test]
+fn mini_graph_tail_caller_ends_in_a_jmp_to_its_callee() {
+    let (image, _) = load();
+    let caller = image
+        .symbol("graph_tail_caller")
+        .expect("graph_tail_caller");
+    let callee = image
+        .symbol("graph_tail_callee")
+        .expect("graph_tail_callee");
+    let bytes = image
+        .file_bytes(caller.addr, caller.size as usize)
+        .expect("graph_tail_caller bytes");
+    assert_eq!(
+        bytes,
+        {
+            let mut want = vec![0x0f, 0x1f, 0x44, 0x00, 0x00]; // the site
+            want.extend([0x48, 0xff, 0x47, 8 * 4]); // incq 8*G_graph_tail_caller(%rdi)
+            want.push(0xe9); // jmp rel32
+            let next = caller.addr + caller.size;
+            want.extend(((callee.addr.wrapping_sub(next)) as u32).to_le_bytes());
+            want
+        }
+        .as_slice(),
+        "graph_tail_caller's code"
+    );
 }
 
 #[test]

@@ -121,6 +121,7 @@ fn traces() -> Vec<(&'static str, Trace)> {
         ("empty", Trace::default()),
         ("weird", weird),
         ("big", fixture::big_trace(10_000)),
+        ("graph", fixture::graph_trace()),
     ]
 }
 
@@ -175,7 +176,9 @@ fn report_json_matches_schema_and_counts() {
         assert_eq!(v["cpus"], m.cpus);
         assert!((v["duration_s"].as_f64().unwrap() - t.duration_s()).abs() < 1e-9);
         assert_eq!(v["events"], m.events_total);
-        assert_eq!(v["events_stored"], t.events.len() as u64);
+        // Entries: a function-graph trace's returns are not calls.
+        let entries = t.events.iter().filter(|e| !e.is_return()).count() as u64;
+        assert_eq!(v["events_stored"], entries);
         assert_eq!(v["dropped"], m.events_dropped);
         assert_eq!(v["sites_patched"], m.sites_patched);
         assert_eq!(
@@ -231,7 +234,11 @@ fn report_json_matches_schema_and_counts() {
             // Callers add up to the stored events of the function.
             let callers = f["callers"].as_array().unwrap();
             let sum: u64 = callers.iter().map(|c| c["count"].as_u64().unwrap()).sum();
-            let stored = t.events.iter().filter(|e| e.func as usize == i).count() as u64;
+            let stored = t
+                .events
+                .iter()
+                .filter(|e| e.func as usize == i && !e.is_return())
+                .count() as u64;
             assert_eq!(sum, stored, "{name}: {}", f["name"]);
             for c in callers {
                 assert_eq!(c["name"] == "[unknown]", c.get("addr").is_some(), "{c}");
@@ -301,7 +308,8 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn report_csv_one_row_per_event_and_parses_back() {
-    for (name, t) in traces() {
+    // Entry-only traces (function-graph CSV and Chrome: report_graph.rs).
+    for (name, t) in traces().into_iter().filter(|(_, t)| !t.meta.graph) {
         let mut out = Vec::new();
         write_csv(&t, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -343,7 +351,8 @@ fn report_csv_one_row_per_event_and_parses_back() {
 
 #[test]
 fn report_chrome_trace_events() {
-    for (name, t) in traces() {
+    // Entry-only traces (function-graph CSV and Chrome: report_graph.rs).
+    for (name, t) in traces().into_iter().filter(|(_, t)| !t.meta.graph) {
         let mut out = Vec::new();
         write_chrome(&t, &mut out).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -370,8 +379,9 @@ fn report_chrome_trace_events() {
                 )
             })
             .collect();
+        // tid = vCPU + 1: Perfetto takes tid 0 for the idle task.
         let want: BTreeMap<u64, String> = (0..t.meta.cpus as u64)
-            .map(|c| (c, format!("vCPU {c}")))
+            .map(|c| (c + 1, format!("vCPU {c}")))
             .collect();
         assert_eq!(
             threads.len(),
@@ -393,7 +403,7 @@ fn report_chrome_trace_events() {
             assert_eq!(i["name"], t.functions[e.func as usize].name.as_str());
             assert_eq!(i["s"], "t");
             assert_eq!(i["pid"], 1);
-            assert_eq!(i["tid"], e.cpu);
+            assert_eq!(i["tid"], e.cpu + 1);
             let us = (e.ts_ns - t.meta.attach_ns) as f64 / 1e3;
             assert!(
                 (i["ts"].as_f64().unwrap() - us).abs() < 1e-6,

@@ -142,3 +142,146 @@ pub fn big_trace(n: usize) -> Trace {
     t.meta.events_dropped = t.meta.events_total.saturating_sub(n as u64);
     t
 }
+
+/// Function indices in `graph_trace().functions`.
+pub const G_IRQ: u32 = 0; // hrtimer_interrupt
+pub const G_RUN: u32 = 1; // __hrtimer_run_queues
+pub const G_TICK: u32 = 2; // tick_sched_timer
+pub const G_JIFFIES: u32 = 3; // tick_do_update_jiffies64, tail-called
+pub const G_SCHEDULE: u32 = 4; // migrates: enters on vCPU 1, returns on vCPU 0
+pub const G_EXIT: u32 = 5; // abandoned
+pub const G_IDLE: u32 = 6; // still running at detach
+pub const G_UNCALLED: u32 = 7;
+
+/// Guest stacks of `graph_trace()` (16 KiB regions).
+pub const STACK_A: u64 = 0xffff_c900_0001_0000;
+pub const STACK_B: u64 = 0xffff_c900_0002_0000;
+pub const STACK_C: u64 = 0xffff_c900_0003_0000;
+pub const STACK_D: u64 = 0xffff_c900_0004_0000;
+pub const SYSVEC: u64 = 0xffff_ffff_8200_2000;
+
+/// The return-address slot `depth` levels into `stack` (0: unhooked).
+pub fn slot(stack: u64, depth: u64) -> u64 {
+    if stack == 0 {
+        0
+    } else {
+        stack + 0x4000 - 8 - depth * 64
+    }
+}
+
+/// A function-graph trace on 2 vCPUs, by hand, times in ns after the attach:
+///
+/// ```text
+/// vCPU 0, stack A (an interrupt):
+///   1000 hrtimer_interrupt {                      149 us
+///   1200   __hrtimer_run_queues {                 15.8 us
+///   1300     tick_sched_timer {                   15.101 us
+///   1400       tick_do_update_jiffies64 (tail call, same slot)   15 us
+///  16500     tick_sched_timer                     300 ns
+///  200000 tick_sched_timer, unhooked
+///  250000 a return of hrtimer_interrupt on stack D: unmatched
+/// vCPU 1, stack B:
+///   2000 cpu_idle_loop {                          (running at detach)
+///   3000   hrtimer_interrupt                      2.5 us
+///   6000   do_exit_thing (slot two levels in: abandoned by the next entry)
+///   7000   __hrtimer_run_queues                   500 ns
+/// vCPU 1, stack C (a task that moves to vCPU 0):
+///   8000 schedule {                               32 us, returns on vCPU 0
+///   9000   tick_sched_timer                       400 ns
+/// ```
+///
+/// Counts and returns are exact (nothing dropped); one entry is unhooked.
+pub fn graph_trace() -> Trace {
+    let functions = vec![
+        sym("hrtimer_interrupt", 0xffff_ffff_8100_1000, 0x200),
+        sym("__hrtimer_run_queues", 0xffff_ffff_8100_1200, 0x200),
+        sym("tick_sched_timer", 0xffff_ffff_8100_1400, 0x100),
+        sym("tick_do_update_jiffies64", 0xffff_ffff_8100_1500, 0x100),
+        sym("schedule", 0xffff_ffff_8100_1600, 0x100),
+        sym("do_exit_thing", 0xffff_ffff_8100_1700, 0x100),
+        sym("cpu_idle_loop", 0xffff_ffff_8100_1800, 0x100),
+        sym("uncalled_graph", 0xffff_ffff_8100_1900, 0x100),
+    ];
+    let callers = vec![
+        sym("hrtimer_interrupt", 0xffff_ffff_8100_1000, 0x200),
+        sym("__hrtimer_run_queues", 0xffff_ffff_8100_1200, 0x200),
+        sym("cpu_idle_loop", 0xffff_ffff_8100_1800, 0x100),
+        sym("schedule", 0xffff_ffff_8100_1600, 0x100),
+        sym("worker_thread", WORKER_THREAD, 0x200),
+        sym("sysvec_apic_timer_interrupt", SYSVEC, 0x100),
+    ];
+    let mut callers = callers;
+    callers.sort_by_key(|s| s.addr);
+    let irq_ret = 0xffff_ffff_8100_1020;
+    let run_ret = 0xffff_ffff_8100_1230;
+    let idle_ret = 0xffff_ffff_8100_1840;
+    let sched_ret = 0xffff_ffff_8100_1650;
+    // (ts after attach, func, cpu, stack, slot depth, return?, parent)
+    let list: &[(u64, u32, u32, u64, u64, bool, u64)] = &[
+        (1_000, G_IRQ, 0, STACK_A, 0, false, SYSVEC + 0x10),
+        (1_200, G_RUN, 0, STACK_A, 1, false, irq_ret),
+        (1_300, G_TICK, 0, STACK_A, 2, false, run_ret),
+        (1_400, G_JIFFIES, 0, STACK_A, 2, false, run_ret),
+        (2_000, G_IDLE, 1, STACK_B, 0, false, WORKER_THREAD + 0x10),
+        (3_000, G_IRQ, 1, STACK_B, 1, false, idle_ret),
+        (5_500, G_IRQ, 1, STACK_B, 1, true, idle_ret),
+        (6_000, G_EXIT, 1, STACK_B, 2, false, idle_ret + 8),
+        (7_000, G_RUN, 1, STACK_B, 1, false, idle_ret + 16),
+        (7_500, G_RUN, 1, STACK_B, 1, true, idle_ret + 16),
+        (8_000, G_SCHEDULE, 1, STACK_C, 0, false, WORKER_THREAD + 0x20),
+        (9_000, G_TICK, 1, STACK_C, 1, false, sched_ret),
+        (9_400, G_TICK, 1, STACK_C, 1, true, sched_ret),
+        (16_400, G_JIFFIES, 0, STACK_A, 2, true, run_ret),
+        (16_401, G_TICK, 0, STACK_A, 2, true, run_ret),
+        (16_500, G_TICK, 0, STACK_A, 2, false, run_ret + 8),
+        (16_800, G_TICK, 0, STACK_A, 2, true, run_ret + 8),
+        (17_000, G_RUN, 0, STACK_A, 1, true, irq_ret),
+        (40_000, G_SCHEDULE, 0, STACK_C, 0, true, WORKER_THREAD + 0x20),
+        (150_000, G_IRQ, 0, STACK_A, 0, true, SYSVEC + 0x10),
+        (200_000, G_TICK, 0, 0, 0, false, run_ret + 8),
+        (250_000, G_IRQ, 0, STACK_D, 0, true, SYSVEC + 0x10),
+    ];
+    let nfunc = functions.len();
+    let mut counts = vec![vec![0u64; 2]; nfunc];
+    let mut returns = vec![vec![0u64; 2]; nfunc];
+    let events: Vec<Event> = list
+        .iter()
+        .map(|&(ts, func, cpu, stack, depth, ret, parent)| {
+            let m = if ret { &mut returns } else { &mut counts };
+            m[func as usize][cpu as usize] += 1;
+            Event {
+                ts_ns: ATTACH_NS + ts,
+                parent,
+                slot: slot(stack, depth) | u64::from(ret),
+                func,
+                cpu,
+            }
+        })
+        .collect();
+    let total: u64 = counts.iter().flatten().sum();
+    let meta = TraceMeta {
+        kernel: "guest/out/bzImage".to_string(),
+        build_id: Some("fedcba9876543210fedcba9876543210fedcba98".to_string()),
+        cpus: 2,
+        attach_ns: ATTACH_NS,
+        detach_ns: ATTACH_NS + 300_000,
+        sites_patched: 8,
+        attach_window_ns: 50_000,
+        attach_latency_ns: 120_000,
+        events_total: total,
+        stop_reason: "duration elapsed".to_string(),
+        mode: "exitless".to_string(),
+        graph: true,
+        unhooked: 1,
+        tsc_khz: 2_000_000,
+        ..TraceMeta::default()
+    };
+    Trace {
+        meta,
+        functions,
+        counts,
+        returns,
+        callers,
+        events,
+    }
+}

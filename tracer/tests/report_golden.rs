@@ -1,6 +1,8 @@
 //! Every output of a trace, byte for byte, against files saved from a known
 //! good build: the text report (each sort, `--cpu`, `-g`, width), JSON, CSV,
-//! Chrome and the saved trace file. Refactorings must not change a byte;
+//! Chrome and the saved trace file; for a function-graph trace also the
+//! call tree (`--tree`, with `--depth`, `--threshold`, `--cpu`) and folded
+//! stacks. Refactorings must not change a byte;
 //! an intended format change regenerates them with `VMTRACE_BLESS=1`.
 
 #[path = "report_fixture.rs"]
@@ -10,9 +12,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use tracer::export::{write_chrome, write_csv, write_json};
+use tracer::export::{write_chrome, write_csv, write_folded, write_json};
 use tracer::model::Trace;
-use tracer::report::{render, ReportOptions, Sort};
+use tracer::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
 use tracer::tracefile::save;
 
 fn golden_dir() -> PathBuf {
@@ -160,4 +162,69 @@ fn report_golden_synthetic_trace_digests_are_unchanged() {
         writeln!(digests, "{ext}: {:016x}", fnv1a(&bytes)).unwrap();
     }
     check("synthetic.digests", digests.as_bytes());
+}
+
+#[test]
+fn report_golden_graph_views_are_byte_identical() {
+    let t = fixture::graph_trace();
+    let mut text = String::new();
+    for sort in [
+        Sort::Count,
+        Sort::Total,
+        Sort::SelfTime,
+        Sort::Avg,
+        Sort::Max,
+    ] {
+        for callers in [false, true] {
+            for cpus in [None, Some(vec![1])] {
+                for width in [100, 160] {
+                    writeln!(
+                        text,
+                        "==== sort={sort:?} callers={callers} cpus={cpus:?} width={width}"
+                    )
+                    .unwrap();
+                    text.push_str(&render(
+                        &t,
+                        &ReportOptions {
+                            sort,
+                            cpus: cpus.clone(),
+                            callers,
+                            width,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    check("graph.txt", text.as_bytes());
+    let mut trees = String::new();
+    for (depth, threshold_ns, cpus) in [
+        (None, 0, None),
+        (Some(1), 0, None),
+        (Some(2), 0, None),
+        (None, 10_000, None),
+        (None, 1_000, Some(vec![1])),
+        (Some(3), 500, Some(vec![0, 7])),
+    ] {
+        writeln!(
+            trees,
+            "==== depth={depth:?} threshold_ns={threshold_ns} cpus={cpus:?}"
+        )
+        .unwrap();
+        trees.push_str(&render_tree(
+            &t,
+            &TreeOptions {
+                cpus,
+                depth,
+                threshold_ns,
+            },
+        ));
+    }
+    check("graph.tree.txt", trees.as_bytes());
+    let mut folded = Vec::new();
+    write_folded(&t, &mut folded).unwrap();
+    check("graph.folded", &folded);
+    for (ext, bytes) in exports(&t) {
+        check(&format!("graph.{ext}"), &bytes);
+    }
 }

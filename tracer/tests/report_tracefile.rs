@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tracer::model::Trace;
-use tracer::report::{render, ReportOptions, Sort};
+use tracer::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
 use tracer::tracefile::{
     load, save, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V2, MAGIC, VERSION,
 };
@@ -279,6 +279,12 @@ fn corrupt_in(r: Result<Trace, TraceFileError>, want: Section, detail: &str) {
 }
 
 /// Every render of `back` matches that of `want`.
+fn folded(t: &Trace) -> Vec<u8> {
+    let mut v = Vec::new();
+    tracer::export::write_folded(t, &mut v).unwrap();
+    v
+}
+
 fn assert_same_reports(back: &Trace, want: &Trace, name: &str) {
     for sort in [Sort::Count, Sort::Name, Sort::Cpu] {
         for callers in [false, true] {
@@ -313,6 +319,8 @@ fn report_tracefile_round_trip() {
             t.meta.trap_exits = 0;
             t
         }),
+        // Returns, slots, unhooked and unmatched ones, a migrated return.
+        ("graph", fixture::graph_trace()),
     ] {
         let p = dir.join(format!("{name}.vmtrace"));
         save(&t, &p).unwrap();
@@ -327,6 +335,15 @@ fn report_tracefile_round_trip() {
             "{name}"
         );
     }
+    // The function graph and its views survive the round trip.
+    let graph = load(&dir.join("graph.vmtrace")).unwrap();
+    let want = fixture::graph_trace();
+    assert!(graph.meta.graph && graph.meta.unhooked == 1 && graph.meta.tsc_khz == 2_000_000);
+    assert_eq!(graph.returns, want.returns);
+    let tree = TreeOptions::default();
+    assert_eq!(render_tree(&graph, &tree), render_tree(&want, &tree));
+    assert_eq!(folded(&graph), folded(&want));
+    assert!(!folded(&graph).is_empty());
     // The mode round-trips as saved, whichever it is.
     let trap = load(&dir.join("fixture.vmtrace")).unwrap();
     assert_eq!(trap.meta.mode, "trap");
@@ -351,6 +368,7 @@ fn report_tracefile_round_trip() {
             "empty.vmtrace",
             "exitless.vmtrace",
             "fixture.vmtrace",
+            "graph.vmtrace",
             "no-build-id.vmtrace"
         ]
     );

@@ -1,6 +1,7 @@
 //! The few devices a guest kernel needs: the COM1 UART, the i8042 reset line,
-//! and vmtrace's power-off port. Everything else on the port bus reads as
-//! all-ones and ignores writes, like an empty ISA bus.
+//! vmtrace's power-off port and the ACPI PM1a registers (`acpi_pm`).
+//! Everything else on the port bus reads as all-ones and ignores writes, like
+//! an empty ISA bus.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use vm_superio::{I8042Device, Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::acpi_pm::{Pm1, PmRequest};
 use crate::layout;
 // A poisoned device lock only means another vCPU thread panicked mid-access;
 // the device state is still usable for the rest of the shutdown.
@@ -30,6 +32,8 @@ impl Trigger for EventFdTrigger {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MachineRequest {
     PowerOff(u8),
+    /// ACPI S5 through PM1a_CNT (an ACPI guest's `poweroff`).
+    AcpiPowerOff,
     Reset,
 }
 
@@ -160,6 +164,7 @@ impl Write for Console {
 pub struct Devices {
     serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, Console>>,
     i8042: Mutex<I8042Device<ResetLine>>,
+    pm1: Pm1,
 }
 
 impl Devices {
@@ -168,11 +173,16 @@ impl Devices {
         Devices {
             serial: Mutex::new(Serial::new(EventFdTrigger(serial_irq), console)),
             i8042: Mutex::new(I8042Device::new(ResetLine::default())),
+            pm1: Pm1::default(),
         }
     }
 
     /// A guest `in` from `port`; fills `data`.
     pub fn pio_in(&self, port: u16, data: &mut [u8]) {
+        if Pm1::claims(port) {
+            // 16-bit registers, read with 16-bit accesses.
+            return self.pm1.read(port, data);
+        }
         data.fill(0xff);
         match port {
             p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN)
@@ -191,6 +201,12 @@ impl Devices {
     /// A guest `out` to `port`. Returns a machine-level request if the write
     /// powers off or resets the guest.
     pub fn pio_out(&self, port: u16, data: &[u8]) -> Option<MachineRequest> {
+        if Pm1::claims(port) {
+            return self
+                .pm1
+                .write(port, data)
+                .map(|PmRequest::PowerOff| MachineRequest::AcpiPowerOff);
+        }
         let value = *data.first()?;
         match port {
             p if (layout::SERIAL_PORT_BASE..layout::SERIAL_PORT_BASE + layout::SERIAL_PORT_LEN)
@@ -349,5 +365,12 @@ mod tests {
         let mut d = [0u8; 1];
         dev.pio_in(0x1234, &mut d);
         assert_eq!(d, [0xff]);
+        // ACPI S5: SLP_TYP = 5 with SLP_EN, one 16-bit write to PM1a_CNT.
+        let s5 = (u16::from(crate::acpi_pm::S5_SLP_TYP) << crate::acpi_pm::SLP_TYP_SHIFT)
+            | crate::acpi_pm::SLP_EN;
+        assert_eq!(
+            dev.pio_out(layout::PM1A_CNT_PORT, &s5.to_le_bytes()),
+            Some(MachineRequest::AcpiPowerOff)
+        );
     }
 }

@@ -135,6 +135,7 @@ pub fn handle_exit<B: PortBus + ?Sized>(
                     // The machine goes away: the rest of the string is moot.
                     let reason = match req {
                         MachineRequest::PowerOff(status) => StopReason::PowerOff(status),
+                        MachineRequest::AcpiPowerOff => StopReason::AcpiPowerOff,
                         MachineRequest::Reset => StopReason::Reset,
                     };
                     return (ExitKind::PioOut, Action::Stop(reason));

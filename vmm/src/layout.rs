@@ -42,6 +42,14 @@ pub const EBDA_START: u64 = 0x9fc00;
 pub const MPTABLE_START: u64 = 0x9f000;
 /// End of conventional memory (the legacy VGA hole starts here).
 pub const LOW_MEM_END: u64 = 0xa0000;
+/// ACPI tables, in the BIOS read-only area `0xe0000..0x100000` where Linux
+/// (ACPICA `acpi_find_root_pointer`) scans for the RSDP on 16-byte
+/// boundaries when the zero page's `acpi_rsdp_addr` is not used. The RSDP
+/// comes first, then the other tables; the e820 map reports this range as
+/// ACPI (see `boot::acpi`).
+pub const ACPI_START: u64 = 0xe_0000;
+/// Room for the tables: 64 KiB, far more than 64 CPUs' MADT needs.
+pub const ACPI_SIZE: u64 = 0x1_0000;
 /// Start of RAM above the legacy BIOS area, where kernels load.
 pub const HIGH_MEM_START: u64 = 0x10_0000;
 
@@ -88,6 +96,19 @@ pub const I8042_RESET_CMD: u8 = 0xfe;
 /// vmtrace's power-off port (like QEMU's isa-debug-exit): any byte written
 /// here powers the guest off; the byte is the guest's exit status.
 pub const POWEROFF_PORT: u16 = 0xf4;
+
+/// ACPI PM1a event block: PM1 status (2 bytes) then PM1 enable (2 bytes).
+/// Any free port range works; QEMU's q35 uses the same base. See `acpi_pm`.
+pub const PM1A_EVT_PORT: u16 = 0x600;
+/// PM1_EVT_LEN: status and enable registers, 16 bits each.
+pub const PM1A_EVT_LEN: u8 = 4;
+/// ACPI PM1a control register (16 bits): SCI_EN, SLP_TYP, SLP_EN.
+pub const PM1A_CNT_PORT: u16 = 0x604;
+/// PM1_CNT_LEN.
+pub const PM1A_CNT_LEN: u8 = 2;
+/// The ACPI system control interrupt: ISA IRQ 9, as on PCs (the FADT's
+/// SCI_INT; the MADT makes it level-triggered, active high).
+pub const SCI_IRQ: u8 = 9;
 
 /// The port patched call sites write to (`out TRACE_PORT, al`). Each write is
 /// one traced function entry. Nothing on a PC decodes port 0xe5.

@@ -2,6 +2,7 @@
 //! instrumented guest kernel, runs its vCPUs, stops them all on request, and
 //! gives the tracer access to guest memory by guest-virtual address.
 
+pub mod acpi_pm;
 pub mod assist;
 pub mod boot;
 pub mod devices;
@@ -9,12 +10,14 @@ pub mod exit;
 pub mod gva;
 pub mod layout;
 pub mod pause;
+pub mod payload;
 pub mod run;
 pub mod stop;
 mod sys;
 pub mod trap;
 pub mod vcpu;
 pub mod vm;
+pub mod vmlinux;
 
 pub use run::{Paused, RunReport, Running, VcpuSpace};
 pub use stop::{StopReason, VcpuError};

@@ -57,6 +57,9 @@ pub struct VcpuSnapshot {
     pub sregs: kvm_sregs,
     /// The guest's TSC against the host clock, when KVM could tell.
     pub clock: Option<GuestClock>,
+    /// IA32_LSTAR, the kernel's 64-bit `syscall` entry, once the guest has
+    /// set it (read by vCPU 0 only, with the TSC; see `tracer::kaslr`).
+    pub syscall_entry: Option<u64>,
 }
 
 /// One reading of a vCPU's time-stamp counter (what `rdtsc` returns in the

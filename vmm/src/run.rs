@@ -139,6 +139,11 @@ impl Paused<'_> {
             })
             .collect()
     }
+    /// The guest kernel's `syscall` entry point (IA32_LSTAR of vCPU 0), once
+    /// it has set one: where its `entry_SYSCALL_64` runs, KASLR included.
+    pub fn syscall_entry(&self) -> Option<u64> {
+        self.snapshot(0)?.syscall_entry
+    }
     /// Registers of a parked vCPU; None if it has already exited.
     pub fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
         self.run.shared.pause.snapshot(cpu)

@@ -16,6 +16,8 @@ use crate::trap::TrapError;
 pub enum StopReason {
     /// The guest powered itself off with this status.
     PowerOff(u8),
+    /// The guest powered itself off through ACPI S5 (PM1a_CNT.SLP_EN).
+    AcpiPowerOff,
     /// The guest asked for a reset (Linux `reboot=k`, or after a panic).
     Reset,
     /// The guest kernel panicked (the console line).
@@ -38,6 +40,7 @@ impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StopReason::PowerOff(s) => write!(f, "guest powered off (status {s})"),
+            StopReason::AcpiPowerOff => write!(f, "guest powered off (ACPI S5)"),
             StopReason::Reset => write!(f, "guest requested a reset"),
             StopReason::Panic(m) => write!(f, "guest panicked: {m}"),
             StopReason::TripleFault { cpu, rip } => {

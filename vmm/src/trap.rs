@@ -98,6 +98,12 @@ pub enum TrapError {
         "vCPU {cpu} trapped at {rip:#x}, which is not a patched site (guest text changed under vmtrace?)"
     )]
     UnknownSite { cpu: usize, rip: u64 },
+    /// A hooked return came back with no frame at its slot: vmtrace does not
+    /// know where the function was to return to.
+    #[error(
+        "vCPU {cpu} returned through vmtrace's return hook with no hooked frame at stack slot {slot:#x} (guest stack changed under vmtrace?)"
+    )]
+    UnknownReturn { cpu: usize, slot: u64 },
 }
 
 /// What the vCPU thread calls on each trap.

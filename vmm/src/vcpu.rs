@@ -59,10 +59,12 @@ impl VcpuThread {
 
     fn run_loop(&mut self, kick: &Registration<'_>, run_page: *const kvm_run) {
         let shared = Arc::clone(&self.shared);
-        // The guest's clock (for exitless stamps) is read by vCPU 0 alone:
-        // one TSC is enough, and the other vCPUs' pauses stay as short as
-        // before. Its rate does not change: read once.
-        let tsc_khz = if self.cpu == 0 {
+        // The guest's clock (for exitless stamps) and its syscall entry (for
+        // KASLR) are read by vCPU 0 alone: one TSC is enough, every CPU has
+        // the same entry, and the other vCPUs' pauses stay as short as
+        // before. The TSC rate does not change: read once.
+        let first = self.cpu == 0;
+        let tsc_khz = if first {
             self.fd.get_tsc_khz().ok()
         } else {
             None
@@ -79,7 +81,7 @@ impl VcpuThread {
                 }
                 Wanted::Pause => {
                     self.handler.flush();
-                    kick.park(|| snapshot(&mut self.fd, tsc_khz));
+                    kick.park(|| snapshot(&mut self.fd, first, tsc_khz));
                 }
                 Wanted::Stop => break,
             }
@@ -180,40 +182,58 @@ fn inject_exception(fd: &VcpuFd, vector: u8) -> Result<(), kvm_ioctls::Error> {
     fd.set_vcpu_events(&events)
 }
 
-/// Registers for a parked vCPU (and its clock, when `tsc_khz` is given).
-/// Pending run-page changes are pushed into KVM first so the ioctls read
-/// what the guest will resume with.
-fn snapshot(fd: &mut VcpuFd, tsc_khz: Option<u32>) -> VcpuSnapshot {
+/// Registers for a parked vCPU (and, for the `first` vCPU, its clock when
+/// `tsc_khz` is given, and its syscall entry). Pending run-page changes are
+/// pushed into KVM first so the ioctls read what the guest will resume with.
+fn snapshot(fd: &mut VcpuFd, first: bool, tsc_khz: Option<u32>) -> VcpuSnapshot {
     if fd.get_kvm_run().kvm_dirty_regs & u64::from(KVM_SYNC_X86_REGS) != 0 {
         let regs = fd.sync_regs().regs;
         if fd.set_regs(&regs).is_ok() {
             fd.clear_sync_dirty_reg(SyncReg::Register);
         }
     }
+    let (clock, syscall_entry) = if first {
+        first_vcpu_msrs(fd, tsc_khz)
+    } else {
+        (None, None)
+    };
     VcpuSnapshot {
         regs: fd.get_regs().unwrap_or_default(),
         sregs: fd.get_sregs().unwrap_or_default(),
-        clock: tsc_khz.and_then(|khz| guest_clock(fd, khz)),
+        clock,
+        syscall_entry,
     }
 }
 
 /// IA32_TIME_STAMP_COUNTER: the TSC as the guest reads it.
 const MSR_IA32_TSC: u32 = 0x10;
+/// IA32_LSTAR: RIP of the 64-bit `syscall` entry (Intel SDM vol. 4; Linux's
+/// `syscall_init` writes `entry_SYSCALL_64` there on every CPU).
+const MSR_IA32_LSTAR: u32 = 0xc000_0082;
 
-/// The vCPU's TSC now, with the host clock, for converting guest stamps.
-fn guest_clock(fd: &VcpuFd, tsc_khz: u32) -> Option<GuestClock> {
-    let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
-        index: MSR_IA32_TSC,
+/// One KVM_GET_MSRS for both (KVM reads entries in order and stops at the
+/// first it cannot read): the vCPU's TSC now with the host clock, for
+/// converting guest stamps (when `tsc_khz` is known), and its syscall entry
+/// (None while the guest has not set it).
+fn first_vcpu_msrs(fd: &VcpuFd, tsc_khz: Option<u32>) -> (Option<GuestClock>, Option<u64>) {
+    let entry = |index| kvm_msr_entry {
+        index,
         ..Default::default()
-    }])
-    .ok()?;
-    if fd.get_msrs(&mut msrs).ok()? != 1 {
-        return None;
-    }
+    };
+    let Ok(mut msrs) = Msrs::from_entries(&[entry(MSR_IA32_TSC), entry(MSR_IA32_LSTAR)]) else {
+        return (None, None);
+    };
+    let read = fd.get_msrs(&mut msrs).unwrap_or(0);
     let host_ns = Trap::now_ns();
-    Some(GuestClock {
-        tsc: msrs.as_slice()[0].data,
-        host_ns,
-        tsc_khz,
-    })
+    let got = msrs.as_slice();
+    let clock = match tsc_khz {
+        Some(tsc_khz) if read >= 1 => Some(GuestClock {
+            tsc: got[0].data,
+            host_ns,
+            tsc_khz,
+        }),
+        _ => None,
+    };
+    let lstar = (read >= 2 && got[1].data != 0).then(|| got[1].data);
+    (clock, lstar)
 }

@@ -239,6 +239,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 index: Arc::new(SiteIndex::new(targets)),
                 skipped_init: 0,
                 ftrace_enabled: None,
+                graph: false,
             };
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
             drop(handlers);

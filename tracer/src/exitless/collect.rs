@@ -50,6 +50,8 @@ struct Pass {
 }
 
 /// Where drained records go: counts, events on the host clock, the budget.
+/// Returns (function graph) count in `Counters::returns`, entries recorded
+/// without a hook in `Counters::unhooked`.
 struct Out {
     clock: GuestClock,
     counters: Arc<Counters>,
@@ -59,6 +61,8 @@ struct Out {
     buf: Vec<Event>,
     /// Events this drainer may still store without touching the budget.
     reserved: usize,
+    /// Function graph: the records carry slots.
+    graph: bool,
 }
 
 impl Pass {
@@ -83,22 +87,36 @@ impl Out {
 
     fn record(&mut self, cpu: usize, r: Record) {
         let site = r.site as usize;
-        let Some(count) = self.counters.counts.get(cpu).and_then(|row| row.get(site)) else {
+        let is_return = r.slot & crate::model::RETURN_BIT != 0;
+        let counts = if is_return {
+            &self.counters.returns
+        } else {
+            &self.counters.counts
+        };
+        let Some(count) = counts.get(cpu).and_then(|row| row.get(site)) else {
             self.stats.bad_records.fetch_add(1, Ordering::Relaxed);
             return;
         };
         // Single writer (this thread) in exitless mode.
         count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if self.graph && r.slot == 0 {
+            self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+        }
         if self.reserved == 0 {
             self.reserved = self.counters.reserve(BATCH);
             if self.reserved == 0 {
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                let dropped = if is_return {
+                    &self.counters.returns_dropped
+                } else {
+                    &self.counters.dropped
+                };
+                dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         }
         self.reserved -= 1;
         self.buf.push(Event {
-            slot: 0,
+            slot: r.slot,
             ts_ns: self.clock.host_ns(r.tsc),
             parent: r.parent,
             func: self.index.funcs[site],
@@ -130,6 +148,7 @@ impl Drainer {
                 stats: Arc::clone(&stats),
                 buf: Vec::with_capacity(BATCH),
                 reserved: 0,
+                graph: layout.graph,
             },
         };
         let flag = Arc::clone(&stop);
@@ -170,5 +189,12 @@ impl Drainer {
 pub fn drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
     (0..layout.cpus)
         .map(|cpu| ring::drops(mem, layout, cpu))
+        .collect()
+}
+
+/// Every ring's return drop counters, `[cpu][site]` (function graph).
+pub fn ret_drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
+    (0..layout.cpus)
+        .map(|cpu| ring::ret_drops(mem, layout, cpu))
         .collect()
 }

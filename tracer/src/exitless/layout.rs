@@ -31,14 +31,42 @@ pub const PD_COUNT: usize = 3;
 /// guest writes one, the host the other).
 pub const HEAD_OFF: u64 = 0;
 pub const LIMIT_OFF: u64 = 64;
-/// Per-site drop counters start here.
+/// Per-site drop counters start here (then, with the function graph, the
+/// per-site counters of returns not recorded: `RingLayout::ret_drops_off`).
 pub const DROPS_OFF: u64 = 128;
-/// One record.
+/// One record: `seq` (u32: index + 1, truncated; the commit), the site index
+/// (u32), the guest TSC, the parent, and (function graph) the stack slot of
+/// the return address, bit 0 set for a return, 0 for an unhooked entry.
+/// A 32-bit `seq` suffices: a slot only ever holds the record of its index
+/// or of the index one ring (`cap` <= 2^24) before it, which differ in their
+/// low 32 bits.
 pub const RECORD_LEN: u64 = 32;
 pub const REC_SEQ: u64 = 0;
+pub const REC_SITE: u64 = 4;
 pub const REC_TSC: u64 = 8;
 pub const REC_PARENT: u64 = 16;
-pub const REC_SITE: u64 = 24;
+pub const REC_SLOT: u64 = 24;
+
+/// Function graph: vmtrace's pool of hooked frames, at the end of the data
+/// region. A frame: `busy` u32 (claimed with `xchg`), the site index u32,
+/// the real return address u64.
+pub const FRAME_LEN: u64 = 16;
+pub const FRAME_BUSY: u64 = 0;
+pub const FRAME_SITE: u64 = 4;
+pub const FRAME_RET: u64 = 8;
+/// Frames in the pool: live hooked calls at once, all guest stacks
+/// together (a frame abandoned by its stack is never freed). A power of two.
+pub const FRAMES: u64 = 1 << 14;
+/// The pool's allocation counter (u32, on its own cache line), then the
+/// frames.
+pub const FRAME_NEXT_OFF: u64 = DATA_LEN - FRAMES * FRAME_LEN - 64;
+pub const FRAMES_OFF: u64 = DATA_LEN - FRAMES * FRAME_LEN;
+/// Each frame's return stub (`mov r11d, j; jmp`), `FRAME_LEN` bytes apart
+/// like the frames, at the end of the code page: frame j's stub is at
+/// `RET_STUBS_VA + j * FRAME_LEN`, so one `lea` turns a frame's offset into
+/// its stub's address.
+pub const RET_STUBS_OFF: u64 = CODE_LEN - FRAMES * FRAME_LEN;
+pub const RET_STUBS_VA: u64 = CODE_VA + RET_STUBS_OFF;
 
 /// Why a ring layout cannot be made.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,6 +90,9 @@ pub const MAX_RECORDS: u64 = 1 << 24;
 pub struct RingLayout {
     pub cpus: usize,
     pub sites: usize,
+    /// Function graph: return drop counters in each ring, and the frame
+    /// pool after the rings.
+    pub graph: bool,
     /// Records per ring (a power of two).
     pub cap: u64,
     /// Offset of the first record in a ring.
@@ -79,10 +110,18 @@ fn align_up(v: u64, to: u64) -> u64 {
 
 impl RingLayout {
     /// Rings for `cpus` CPUs and `sites` sites: `records` per ring if given
-    /// (a power of two), else as many as fit in the data region.
-    pub fn new(cpus: usize, sites: usize, records: Option<u64>) -> Result<RingLayout, LayoutError> {
-        let records_off = align_up(DROPS_OFF + sites as u64 * 8, CACHE_LINE);
-        let per_ring = DATA_LEN / cpus.max(1) as u64;
+    /// (a power of two), else as many as fit in the data region (less the
+    /// frame pool with the function graph).
+    pub fn new(
+        cpus: usize,
+        sites: usize,
+        records: Option<u64>,
+        graph: bool,
+    ) -> Result<RingLayout, LayoutError> {
+        let counters = if graph { 2 } else { 1 };
+        let records_off = align_up(DROPS_OFF + counters * sites as u64 * 8, CACHE_LINE);
+        let rings_len = if graph { FRAME_NEXT_OFF } else { DATA_LEN };
+        let per_ring = rings_len / cpus.max(1) as u64;
         let cap = match records {
             Some(n) if !n.is_power_of_two() || !(MIN_RECORDS..=MAX_RECORDS).contains(&n) => {
                 return Err(LayoutError::BadCapacity(n))
@@ -102,7 +141,7 @@ impl RingLayout {
             }
         };
         let ring_bytes = align_up(records_off + cap * RECORD_LEN, PAGE);
-        if cap < MIN_RECORDS || ring_bytes * cpus as u64 > DATA_LEN {
+        if cap < MIN_RECORDS || ring_bytes * cpus as u64 > rings_len {
             return Err(LayoutError::TooBig {
                 cpus,
                 sites,
@@ -112,6 +151,7 @@ impl RingLayout {
         Ok(RingLayout {
             cpus,
             sites,
+            graph,
             cap,
             records_off,
             ring_bytes,
@@ -124,6 +164,12 @@ impl RingLayout {
     }
     pub fn ring_gpa(&self, cpu: usize) -> u64 {
         DATA_GPA + cpu as u64 * self.ring_bytes
+    }
+
+    /// Offset in a ring of the per-site counters of returns not recorded
+    /// (function graph).
+    pub fn ret_drops_off(&self) -> u64 {
+        DROPS_OFF + self.sites as u64 * 8
     }
 }
 
@@ -149,20 +195,40 @@ mod tests {
 
     #[test]
     fn rings_fill_the_data_region_and_refuse_what_does_not_fit() {
-        let l = RingLayout::new(4, 10, None).unwrap();
+        let l = RingLayout::new(4, 10, None, false).unwrap();
         assert!(l.cap.is_power_of_two() && l.cap >= 16 * 1024);
         assert!(l.ring_bytes * 4 <= DATA_LEN && l.ring_bytes.is_multiple_of(PAGE));
         assert_eq!(l.records_off, 256); // 128 + 10 * 8, to a cache line
-        let small = RingLayout::new(1, 10, Some(4)).unwrap();
+        let small = RingLayout::new(1, 10, Some(4), false).unwrap();
         assert_eq!((small.cap, small.ring_bytes), (4, PAGE));
         assert_eq!(
-            RingLayout::new(1, 1, Some(3)),
+            RingLayout::new(1, 1, Some(3), false),
             Err(LayoutError::BadCapacity(3))
         );
         assert!(matches!(
-            RingLayout::new(64, 10_000, None),
+            RingLayout::new(64, 10_000, None, false),
             Err(LayoutError::TooBig { .. })
         ));
         assert_eq!(l.ring_va(1) - l.ring_va(0), l.ring_bytes);
+        // With the graph: return counters, and the rings end before the pool.
+        let g = RingLayout::new(4, 10, None, true).unwrap();
+        assert_eq!(g.records_off, 320); // 128 + 2 * 10 * 8, to a cache line
+        assert_eq!(g.ret_drops_off(), 128 + 80);
+        assert!(g.ring_bytes * 4 <= FRAME_NEXT_OFF);
+        assert!(g.cap.is_power_of_two() && g.cap >= 8 * 1024);
+    }
+
+    #[test]
+    fn frames_and_their_stubs_line_up() {
+        assert_eq!(FRAMES_OFF + FRAMES * FRAME_LEN, DATA_LEN);
+        assert_eq!(RET_STUBS_VA + FRAMES * FRAME_LEN, CODE_VA + CODE_LEN);
+        // lea reg, [frame_offset + RET_STUBS_VA]: a sign-extended disp32;
+        // frame fields are reached the same way from DATA_VA.
+        assert_eq!(RET_STUBS_VA as i64 as i32 as i64 as u64, RET_STUBS_VA);
+        assert_eq!(
+            (DATA_VA + FRAME_NEXT_OFF) as i64 as i32 as i64 as u64,
+            DATA_VA + FRAME_NEXT_OFF
+        );
+        assert!(FRAMES.is_power_of_two() && FRAME_LEN.is_power_of_two());
     }
 }

@@ -55,6 +55,7 @@
 //! is read. Calls per site and CPU = records + drops, exactly.
 
 pub mod collect;
+pub mod graph_code;
 pub mod layout;
 pub mod map;
 pub mod ring;

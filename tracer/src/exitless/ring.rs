@@ -10,7 +10,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 use super::layout::{
     RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT, REC_SEQ,
-    REC_SITE, REC_TSC,
+    REC_SITE, REC_SLOT, REC_TSC,
 };
 
 /// One traced call, as the trampoline recorded it.
@@ -22,6 +22,9 @@ pub struct Record {
     pub parent: u64,
     /// The site's index in the `SiteIndex`.
     pub site: u32,
+    /// Function graph: the return address's stack slot, bit 0 set for a
+    /// return; 0 for an unhooked entry (and always without the graph).
+    pub slot: u64,
 }
 
 /// Why a ring cannot be set up or read.
@@ -110,11 +113,34 @@ pub fn drops(
     layout: &RingLayout,
     cpu: usize,
 ) -> Result<Vec<u64>, RingError> {
+    counters(mem, layout, cpu, DROPS_OFF)
+}
+
+/// The per-site counters of returns not recorded because `cpu`'s ring was
+/// full (function graph; all 0 without it).
+pub fn ret_drops(
+    mem: &GuestMemoryMmap,
+    layout: &RingLayout,
+    cpu: usize,
+) -> Result<Vec<u64>, RingError> {
+    if !layout.graph {
+        check_cpu(layout, cpu)?;
+        return Ok(vec![0; layout.sites]);
+    }
+    counters(mem, layout, cpu, layout.ret_drops_off())
+}
+
+fn counters(
+    mem: &GuestMemoryMmap,
+    layout: &RingLayout,
+    cpu: usize,
+    off: u64,
+) -> Result<Vec<u64>, RingError> {
     check_cpu(layout, cpu)?;
     (0..layout.sites as u64)
         .map(|k| {
             // One atomic load per counter: the guest may be incrementing it.
-            let gpa = field(layout, cpu, DROPS_OFF + k * 8);
+            let gpa = field(layout, cpu, off + k * 8);
             mem.load(GuestAddress(gpa), Ordering::Relaxed)
                 .map_err(memory_error("reading a drop counter", cpu, gpa))
         })
@@ -204,19 +230,31 @@ impl RingReader {
             // The commit first, with Acquire: the fields read after it are
             // the ones the writer stored before it (x86 keeps stores in
             // order; Acquire keeps the compiler from hoisting the reads).
-            let seq = load(REC_SEQ, "reading a record's seq")(Ordering::Acquire)?;
-            if seq != index + 1 {
+            let seq_gpa = slot + REC_SEQ;
+            let seq: u32 = mem
+                .load(GuestAddress(seq_gpa), Ordering::Acquire)
+                .map_err(memory_error("reading a record's seq", cpu, seq_gpa))?;
+            if seq != (index + 1) as u32 {
                 // Reserved and not committed yet, or not reserved at all
                 // (the slot still holds the previous lap's record, or zero).
                 break;
             }
             let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
             let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
+            let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
             let site_gpa = slot + REC_SITE;
             let site: u32 = mem
                 .load(GuestAddress(site_gpa), Ordering::Relaxed)
                 .map_err(memory_error("reading a record's site", cpu, site_gpa))?;
-            f(cpu, Record { tsc, parent, site });
+            f(
+                cpu,
+                Record {
+                    tsc,
+                    parent,
+                    site,
+                    slot: stack_slot,
+                },
+            );
             // Kept per record: if a later read fails, what `f` saw is not
             // passed again.
             self.tails[cpu] = index + 1;
@@ -285,10 +323,13 @@ mod tests {
             let slot = self.layout.records_off + (index & (self.layout.cap - 1)) * RECORD_LEN;
             self.put(cpu, slot + REC_TSC, rec.tsc);
             self.put(cpu, slot + REC_PARENT, rec.parent);
+            self.put(cpu, slot + REC_SLOT, rec.slot);
             self.mem
                 .store(rec.site, self.at(cpu, slot + REC_SITE), Ordering::Relaxed)
                 .unwrap();
-            self.put(cpu, slot + REC_SEQ, index + 1);
+            self.mem
+                .store((index + 1) as u32, self.at(cpu, slot + REC_SEQ), Ordering::Release)
+                .unwrap();
         }
         /// One traced call: whether it was recorded.
         fn call(&self, cpu: usize, rec: Record) -> bool {
@@ -307,6 +348,7 @@ mod tests {
             tsc: 1000 + n,
             parent: 0xffff_ffff_8100_0000 + n,
             site,
+            slot: 0,
         }
     }
 
@@ -320,7 +362,7 @@ mod tests {
     #[test]
     fn init_sets_up_empty_rings_over_old_contents() {
         let mem = memory();
-        let layout = RingLayout::new(3, 5, Some(8)).unwrap();
+        let layout = RingLayout::new(3, 5, Some(8), false).unwrap();
         // Leftovers of an earlier attach.
         mem.write_slice(
             &vec![0xa5; (3 * layout.ring_bytes) as usize],
@@ -348,7 +390,7 @@ mod tests {
     #[test]
     fn committed_records_drain_in_order_per_cpu() {
         let mem = memory();
-        let layout = RingLayout::new(2, 4, Some(16)).unwrap();
+        let layout = RingLayout::new(2, 4, Some(16), false).unwrap();
         init_rings(&mem, &layout).unwrap();
         let w = Writer { mem: &mem, layout };
         for n in 0..5 {
@@ -377,7 +419,7 @@ mod tests {
     #[test]
     fn an_uncommitted_record_stops_the_drain_until_it_commits() {
         let mem = memory();
-        let layout = RingLayout::new(1, 2, Some(8)).unwrap();
+        let layout = RingLayout::new(1, 2, Some(8), false).unwrap();
         init_rings(&mem, &layout).unwrap();
         let w = Writer { mem: &mem, layout };
         // Index 1's writer is interrupted after reserving; 2 and 3 (the
@@ -404,7 +446,7 @@ mod tests {
     #[test]
     fn wraps_around_over_several_laps() {
         let mem = memory();
-        let layout = RingLayout::new(1, 1, Some(4)).unwrap();
+        let layout = RingLayout::new(1, 1, Some(4), false).unwrap();
         init_rings(&mem, &layout).unwrap();
         let w = Writer { mem: &mem, layout };
         let mut reader = RingReader::new(layout);
@@ -434,7 +476,7 @@ mod tests {
     #[test]
     fn drops_read_back_per_cpu_and_site() {
         let mem = memory();
-        let layout = RingLayout::new(2, 3, Some(2)).unwrap();
+        let layout = RingLayout::new(2, 3, Some(2), false).unwrap();
         init_rings(&mem, &layout).unwrap();
         let w = Writer { mem: &mem, layout };
         for (cpu, site, times) in [(0, 2, 5u64), (1, 0, 3), (1, 1, 1)] {
@@ -457,7 +499,7 @@ mod tests {
     #[test]
     fn a_host_that_falls_behind_loses_no_count() {
         let mem = memory();
-        let layout = RingLayout::new(2, 5, Some(16)).unwrap();
+        let layout = RingLayout::new(2, 5, Some(16), false).unwrap();
         init_rings(&mem, &layout).unwrap();
         let w = Writer { mem: &mem, layout };
         let mut reader = RingReader::new(layout);
@@ -512,7 +554,7 @@ mod tests {
     fn memory_errors_say_what_and_where() {
         // Guest RAM only: no vmtrace region.
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let layout = RingLayout::new(2, 1, Some(2)).unwrap();
+        let layout = RingLayout::new(2, 1, Some(2), false).unwrap();
         let err = init_rings(&mem, &layout).unwrap_err();
         assert!(matches!(err, RingError::Memory { cpu: 0, .. }), "{err}");
         assert_eq!(

@@ -9,7 +9,9 @@ use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
 use super::collect::{self, DrainError, Drainer};
-use super::layout::{LayoutError, RingLayout, CODE_GPA, CODE_LEN};
+use super::layout::{
+    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
+};
 use super::map::{self, MapError, Mapped};
 use super::ring::{self, RingError};
 use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
@@ -73,6 +75,7 @@ fn plan(
     cpus: usize,
     sites: usize,
     ring_records: Option<u64>,
+    graph: bool,
 ) -> Result<(RingLayout, Trampoline), ExitlessError> {
     let sym = image
         .symbol(CPU_NUMBER)
@@ -85,7 +88,7 @@ fn plan(
             path: image.path.clone(),
             off: sym.addr,
         })?;
-    let layout = RingLayout::new(cpus, sites, ring_records)?;
+    let layout = RingLayout::new(cpus, sites, ring_records, graph)?;
     let trampoline = trampoline::generate(&TrampolineSpec {
         layout,
         cpu_number_off,
@@ -106,8 +109,9 @@ impl Exitless {
         cpus: usize,
         sites: usize,
         ring_records: Option<u64>,
+        graph: bool,
     ) -> Result<(), ExitlessError> {
-        plan(image, cpus, sites, ring_records).map(|_| ())
+        plan(image, cpus, sites, ring_records, graph).map(|_| ())
     }
 
     /// Plan the rings and generate the code, before the guest runs.
@@ -116,9 +120,10 @@ impl Exitless {
         cpus: usize,
         sites: usize,
         ring_records: Option<u64>,
+        graph: bool,
         sink: Sender<Vec<Event>>,
     ) -> Result<Exitless, ExitlessError> {
-        let (layout, trampoline) = plan(image, cpus, sites, ring_records)?;
+        let (layout, trampoline) = plan(image, cpus, sites, ring_records, graph)?;
         Ok(Exitless {
             layout,
             trampoline,
@@ -139,6 +144,12 @@ impl Exitless {
             mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
                 .map_err(|e| ExitlessError::Memory(e.to_string()))?;
             ring::init_rings(mem, &self.layout)?;
+            if self.layout.graph {
+                // Every frame free, the ticket counter at 0.
+                let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
+                mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
+                    .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+            }
             self.installed = true;
             self.mem = Some(mem.clone());
         }
@@ -175,6 +186,15 @@ impl Exitless {
     pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
         match &self.mem {
             Some(mem) => Ok(collect::drops(mem, &self.layout)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Returns counted in the guest but not recorded (full rings), per CPU
+    /// and site; empty before the first install.
+    pub fn ret_drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        match &self.mem {
+            Some(mem) => Ok(collect::ret_drops(mem, &self.layout)?),
             None => Ok(Vec::new()),
         }
     }

@@ -82,7 +82,7 @@
 //!   recorded nor counted; the goal of <= 30 instructions is still met.
 
 use iced_x86::code_asm::{
-    dword_ptr, eax, edx, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rdx, rsp, CodeAssembler,
+    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler,
     CodeLabel,
 };
 use iced_x86::{
@@ -90,9 +90,10 @@ use iced_x86::{
     Instruction, IntelFormatter, Mnemonic,
 };
 
+use super::graph_code::{self, Fields};
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT,
-    REC_SEQ, REC_SITE, REC_TSC,
+    REC_SEQ, REC_SITE, REC_SLOT, REC_TSC, RET_STUBS_OFF, RET_STUBS_VA,
 };
 
 /// Instructions a recorded call executes, from the stub's first to the
@@ -102,6 +103,12 @@ pub const COMMON_PATH_INSTRUCTIONS: usize = 28;
 pub const DROP_PATH_INSTRUCTIONS: usize = 16;
 /// Instructions of one stub: `mov r11d, k` and `jmp common`.
 pub const STUB_INSTRUCTIONS: usize = 2;
+/// Function graph: instructions of a recorded and hooked entry, stub and
+/// `ret` included (`graph_code`'s entry path).
+pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 46;
+/// Function graph: instructions of a recorded return, from the frame's
+/// return stub to the `ret` into the caller.
+pub const GRAPH_RETURN_INSTRUCTIONS: usize = 34;
 
 /// Most instructions the common path may take before the walk that lists it
 /// gives up (it is straight-line code; this only bounds a broken one).
@@ -170,6 +177,9 @@ pub struct Trampoline {
     /// The common part's instructions on a recorded call (ring not full, no
     /// retry), decoded from `code` at their addresses, `ret` included.
     pub common_path: Vec<Instruction>,
+    /// Function graph: a recorded return's instructions, from frame 0's
+    /// return stub to the `ret` (empty without the graph).
+    pub return_path: Vec<Instruction>,
 }
 
 impl Trampoline {
@@ -300,8 +310,47 @@ fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
     }
 }
 
+/// The entry-only path at `entry` (the sites' stubs jump there): see the
+/// module comment.
+fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Result<(), IcedError> {
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    a.set_label(entry)?;
+    // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11 = site index.
+    // Save the two argument/return registers the trampoline needs: rax
+    // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
+    a.push(rax)?;
+    a.push(rdx)?;
+    // r10 = the record, rdx = its seq (or out / full).
+    graph_code::emit_reserve(a, f, &graph_code::Exits { out, full })?;
+    // record.site = k (the stub's r11d); r11 is free from here on.
+    a.mov(dword_ptr(r10 + f.rec_site), r11d)?;
+    // rax = the parent: [rsp + 24] past the two pushes and the site's
+    // return address.
+    a.mov(rax, qword_ptr(rsp + 24))?;
+    // record.parent = rax.
+    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
+    // The TSC, then the commit (seq in r11d across rdtsc).
+    graph_code::emit_commit(a, f, r11d)?;
+    a.set_label(&mut out)?;
+    // Restore the saved registers and return to the traced function.
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: drops[k] += 1 (r11 = k), locked for the same reason
+    // as the reservation; then leave without a record.
+    a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
+    a.jmp(out)?;
+    Ok(())
+}
+
+/// Padding between the code and the return stubs: int3, never run.
+const INT3: u8 = 0xcc;
+
 /// Generates the trampoline for `spec`: the common part at `CODE_VA`, then
-/// one stub per site of the layout.
+/// one stub per site of the layout; with the graph, the return path too,
+/// and the frames' return stubs at `RET_STUBS_VA`.
 pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     let layout = &spec.layout;
     let sites = layout.sites;
@@ -337,96 +386,37 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     {
         return Err(layout_error(layout, "records spanning more than 4 GiB"));
     }
-    let head = ring_disp(layout, HEAD_OFF)?;
-    let limit = ring_disp(layout, LIMIT_OFF)?;
-    let drops = ring_disp(layout, DROPS_OFF)?;
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    let (rec_seq, rec_tsc, rec_parent, rec_site) = (
-        rec(REC_SEQ)?,
-        rec(REC_TSC)?,
-        rec(REC_PARENT)?,
-        rec(REC_SITE)?,
-    );
+    let fields = Fields {
+        cpu_number_off,
+        cpus,
+        ring_bytes,
+        index_mask,
+        record_shift,
+        head: ring_disp(layout, HEAD_OFF)?,
+        limit: ring_disp(layout, LIMIT_OFF)?,
+        drops: ring_disp(layout, DROPS_OFF)?,
+        ret_drops: ring_disp(layout, layout.ret_drops_off())?,
+        rec_seq: rec(REC_SEQ)?,
+        rec_site: rec(REC_SITE)?,
+        rec_tsc: rec(REC_TSC)?,
+        rec_parent: rec(REC_PARENT)?,
+        rec_slot: rec(REC_SLOT)?,
+    };
 
     let assemble = |source| TrampolineError::Assemble { sites, source };
     let mut a = CodeAssembler::new(64).map_err(assemble)?;
     let mut common = a.create_label();
-    let mut retry = a.create_label();
-    let mut out = a.create_label();
-    let mut full = a.create_label();
+    let mut ret_common = a.create_label();
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
 
     (|| -> Result<(), IcedError> {
-        a.set_label(&mut common)?;
-        // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11 = site index.
-        // Save the two argument/return registers the trampoline needs: rax
-        // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
-        a.push(rax)?;
-        a.push(rdx)?;
-        // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`
-        // (zero-extended by the 32-bit load).
-        a.mov(r10d, dword_ptr(cpu_number_off).gs())?;
-        // A CPU without a ring (a wrong per-CPU offset): leave, record nothing.
-        a.cmp(r10d, cpus)?;
-        a.jae(out)?;
-        // r10 = offset of this CPU's ring from DATA_VA; every ring field is
-        // then [r10 + DATA_VA + field].
-        a.imul_3(r10, r10, ring_bytes)?;
-        // rax = head, the next index to reserve.
-        a.mov(rax, qword_ptr(r10 + head))?;
-        a.set_label(&mut retry)?;
-        // Full: head has reached the first index the host has not freed.
-        a.cmp(rax, qword_ptr(r10 + limit))?;
-        a.jae(full)?;
-        // rdx = head + 1, the new head and this record's seq (index + 1).
-        a.lea(rdx, ptr(rax + 1))?;
-        // Reserve index rax: head = rdx if head is still rax. An interrupt,
-        // NMI or (on a preemptible kernel) another CPU that reserved first
-        // makes it fail and loads the current head into rax. Locked: a task
-        // migrated after reading its CPU number writes this ring from
-        // another CPU.
-        a.lock().cmpxchg(qword_ptr(r10 + head), rdx)?;
-        // Lost the race: check the new head against limit and try again.
-        a.jne(retry)?;
-        // eax = slot of index rax (cap is a power of two; the 32-bit
-        // operation also clears rax's upper half).
-        a.and(eax, index_mask)?;
-        // eax = the slot's byte offset among the records.
-        a.shl(eax, record_shift)?;
-        // r10 = ring offset + slot offset: the record's fields are now
-        // [r10 + DATA_VA + records_off + field].
-        a.add(r10, rax)?;
-        // record.site = k (the stub's r11d); r11 is free from here on.
-        a.mov(dword_ptr(r10 + rec_site), r11d)?;
-        // rax = the parent: [rsp + 24] past the two pushes and the site's
-        // return address.
-        a.mov(rax, qword_ptr(rsp + 24))?;
-        // record.parent = rax.
-        a.mov(qword_ptr(r10 + rec_parent), rax)?;
-        // r11 = seq, kept across rdtsc, which overwrites rax and rdx.
-        a.mov(r11, rdx)?;
-        // edx:eax = the guest's TSC (rdtsc runs on the emulating host;
-        // rdtscp does not).
-        a.rdtsc()?;
-        // record.tsc = edx:eax, as two dword stores: one instruction fewer
-        // than combining the halves (shl rdx, 32; or rax, rdx) and storing.
-        // The reader sees both halves, since it reads only after the commit.
-        a.mov(dword_ptr(r10 + rec_tsc), eax)?;
-        a.mov(dword_ptr(r10 + (rec_tsc + 4)), edx)?;
-        // record.seq = index + 1, last: the commit. x86 keeps stores in
-        // program order, so a reader that sees it sees the fields above.
-        a.mov(qword_ptr(r10 + rec_seq), r11)?;
-        a.set_label(&mut out)?;
-        // Restore the saved registers and return to the traced function.
-        a.pop(rdx)?;
-        a.pop(rax)?;
-        a.ret()?;
-        a.set_label(&mut full)?;
-        // Ring full: drops[k] += 1 (r11 = k), locked for the same reason
-        // as the reservation; then leave without a record.
-        a.lock().inc(qword_ptr(r10 + r11 * 8 + drops))?;
-        a.jmp(out)?;
-
+        if layout.graph {
+            graph_code::emit_entry(&mut a, &fields, &mut common)?;
+            graph_code::emit_return(&mut a, &fields, &mut ret_common)?;
+        } else {
+            emit_entry(&mut a, &fields, &mut common)?;
+        }
         for k in 0..sites {
             let mut stub = a.create_label();
             a.set_label(&mut stub)?;
@@ -450,19 +440,38 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     };
     let common = offset_of(&common)?;
     let stubs = stubs.iter().map(offset_of).collect::<Result<Vec<_>, _>>()?;
-    let code = result.inner.code_buffer;
-    if code.len() as u64 > CODE_LEN {
+    let ret_common = match layout.graph {
+        true => Some(offset_of(&ret_common)?),
+        false => None,
+    };
+    let mut code = result.inner.code_buffer;
+    // With the graph, the frames' return stubs fill the end of the page.
+    let room = if layout.graph {
+        RET_STUBS_OFF
+    } else {
+        CODE_LEN
+    };
+    if code.len() as u64 > room {
         return Err(TrampolineError::TooLong {
             sites,
             len: code.len(),
         });
     }
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
+    let mut return_path = Vec::new();
+    if let Some(ret_common) = ret_common {
+        let ret_va = CODE_VA + u64::from(ret_common);
+        let ret_stubs = graph_code::return_stubs(ret_va).map_err(assemble)?;
+        code.resize(RET_STUBS_OFF as usize, INT3);
+        code.extend_from_slice(&ret_stubs);
+        return_path = walk_common_path(&code, RET_STUBS_VA)?;
+    }
     Ok(Trampoline {
         code,
         common,
         stubs,
         common_path,
+        return_path,
     })
 }
 
@@ -531,7 +540,9 @@ pub fn call_bytes(site_va: u64, target_va: u64) -> Result<[u8; 5], TrampolineErr
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{DATA_GPA, DATA_LEN, REGION_GPA, REGION_LEN};
+    use super::super::layout::{
+        DATA_GPA, DATA_LEN, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA, REGION_LEN,
+    };
     use super::super::ring::{self, Record, RingReader};
     use super::*;
     use iced_x86::{OpKind, Register};
@@ -543,7 +554,14 @@ mod tests {
 
     fn spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
         TrampolineSpec {
-            layout: RingLayout::new(cpus, sites, Some(cap)).unwrap(),
+            layout: RingLayout::new(cpus, sites, Some(cap), false).unwrap(),
+            cpu_number_off: CPU_NUMBER_OFF,
+        }
+    }
+
+    fn graph_spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
+        TrampolineSpec {
+            layout: RingLayout::new(cpus, sites, Some(cap), true).unwrap(),
             cpu_number_off: CPU_NUMBER_OFF,
         }
     }
@@ -739,7 +757,7 @@ mod tests {
                 (Mov, rec(REC_PARENT), 8, n, 1),
                 (Mov, rec(REC_TSC), 4, n, 1),
                 (Mov, rec(REC_TSC + 4), 4, n, 1),
-                (Mov, rec(REC_SEQ), 8, n, 1),
+                (Mov, rec(REC_SEQ), 4, n, 1),
                 (Inc, d(DROPS_OFF), 8, Register::R11, 8),
             ]
         );
@@ -832,6 +850,7 @@ mod tests {
             layout: RingLayout {
                 cpus: 1,
                 sites: 300_000,
+                graph: false,
                 cap: 2,
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
@@ -1043,6 +1062,25 @@ mod tests {
                     self.set(r, &i, 0, v & Self::mask(len));
                     r.flags = None;
                 }
+                // The graph paths' frame claim.
+                Xadd => {
+                    let len = Self::size(&i, 0);
+                    let (dest, src) = (self.get(r, &i, 0, len), self.get(r, &i, 1, len));
+                    self.set(r, &i, 1, dest);
+                    self.set(r, &i, 0, dest.wrapping_add(src) & Self::mask(len));
+                    r.flags = None;
+                }
+                Xchg => {
+                    let len = Self::size(&i, 0);
+                    let (a, b) = (self.get(r, &i, 0, len), self.get(r, &i, 1, len));
+                    self.set(r, &i, 0, b);
+                    self.set(r, &i, 1, a);
+                }
+                Test => {
+                    let len = Self::size(&i, 0);
+                    let v = self.get(r, &i, 0, len) & self.get(r, &i, 1, len);
+                    r.flags = Some((false, v == 0));
+                }
                 Jae => {
                     if !flags(r).0 {
                         r.rip = i.near_branch_target();
@@ -1146,6 +1184,7 @@ mod tests {
                 tsc,
                 parent: PARENT + u64::from(k),
                 site: k,
+                slot: 0,
             };
             assert_eq!(got, [(cpu as usize, want)]);
         }
@@ -1310,5 +1349,196 @@ mod tests {
             data.iter().all(|&b| b == 0),
             "the trampoline wrote to the data region"
         );
+    }
+
+    // ---- the function graph's paths ----------------------------------------
+
+    /// Runs a hooked function's return: RIP at the address its `ret` pops
+    /// (the slot's content), until execution reaches `caller`. Returns the
+    /// instructions executed.
+    fn emulated_return(emu: &mut Emu, r: &mut Regs, caller: u64) -> usize {
+        r.rip = emu.pop(r);
+        let mut steps = 0;
+        while r.rip != caller {
+            emu.step(r);
+            steps += 1;
+            assert!(steps < 1000, "runaway return path");
+        }
+        steps
+    }
+
+    #[test]
+    fn graph_paths_have_the_documented_length_and_touch_only_what_they_may() {
+        let t = generate(&graph_spec(2, 3, 16)).unwrap();
+        assert_eq!(t.code.len() as u64, CODE_LEN);
+        assert_eq!(t.common_path_instructions(), GRAPH_ENTRY_INSTRUCTIONS);
+        assert_eq!(t.return_path.len(), GRAPH_RETURN_INSTRUCTIONS);
+        use Mnemonic::*;
+        // The return path leaves through push + ret (no indirect jump).
+        let tail: Vec<Mnemonic> = mnemonics(&t.return_path[t.return_path.len() - 4..]);
+        assert_eq!(tail, [Pop, Pop, Push, Ret]);
+        // Every return stub: mov r11d, j; jmp to the return path's start.
+        let ret_common = t.return_path[2].ip();
+        for j in [0u64, 1, FRAMES / 2, FRAMES - 1] {
+            let va = RET_STUBS_VA + j * FRAME_LEN;
+            let off = (va - CODE_VA) as usize;
+            let mut d = Decoder::with_ip(64, &t.code[off..], va, DecoderOptions::NONE);
+            let mov = d.decode();
+            assert_eq!((mov.op0_register(), u64::from(mov.immediate32())), (Register::R11D, j));
+            assert_eq!(d.decode().near_branch_target(), ret_common);
+        }
+        // Entry saves rax, rdx, rcx, rsi; the return only rax and rdx.
+        let pushes = |p: &[Instruction]| -> Vec<Register> {
+            p.iter()
+                .filter(|i| i.mnemonic() == Push)
+                .map(|i| i.op0_register())
+                .collect()
+        };
+        assert_eq!(
+            pushes(&t.common_path),
+            [Register::RAX, Register::RDX, Register::RCX, Register::RSI]
+        );
+        assert_eq!(
+            pushes(&t.return_path),
+            [Register::RAX, Register::RDX, Register::RCX]
+        );
+    }
+
+    #[test]
+    fn emulated_graph_call_hooks_the_return_and_returns_to_the_caller() {
+        let s = graph_spec(2, 3, 16);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0, 1]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 0x10_0000,
+        };
+        let mut reader = RingReader::new(s.layout);
+        for (round, (cpu, k)) in [(1u32, 2u32), (0, 0), (1, 1)].into_iter().enumerate() {
+            let mut r = regs(cpu);
+            let before = r.clone();
+            let entry_rsp = r.gpr[RSP];
+            let slot = entry_rsp - 8;
+            let caller = PARENT + u64::from(k);
+            let steps = emu.call(&mut r, k, caller, &t, &mut no_interrupt);
+            assert_eq!(steps, GRAPH_ENTRY_INSTRUCTIONS);
+            for reg in 0..16 {
+                if reg != R10 && reg != R11 {
+                    assert_eq!(r.gpr[reg], before.gpr[reg], "entry changed register {reg}");
+                }
+            }
+            // The function's return address is now its frame's stub.
+            let stub = emu.read(slot, 8);
+            assert_eq!(stub, RET_STUBS_VA + round as u64 * FRAME_LEN);
+            // The function returns a value in rax:rdx; its `ret` pops the stub.
+            r.gpr[RSP] = slot;
+            r.gpr[0] = 0xaaaa_0000 + round as u64;
+            r.gpr[2] = 0xdddd_0000 + round as u64;
+            let at_return = r.clone();
+            let steps = emulated_return(&mut emu, &mut r, caller);
+            assert_eq!(steps, GRAPH_RETURN_INSTRUCTIONS);
+            assert_eq!(r.gpr[RSP], entry_rsp, "the caller's stack");
+            // rax, rdx and the callee-saved registers survive the return.
+            for reg in [0usize, 2, 3, 5, 12, 13, 14, 15] {
+                assert_eq!(r.gpr[reg], at_return.gpr[reg], "return changed register {reg}");
+            }
+            // The frame is free again.
+            let frame = DATA_VA + FRAMES_OFF + round as u64 * FRAME_LEN;
+            assert_eq!(emu.read(frame + FRAME_BUSY, 4), 0);
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 2);
+            let (entry, ret) = (got[0].1, got[1].1);
+            assert_eq!((got[0].0, got[1].0), (cpu as usize, cpu as usize));
+            assert_eq!((entry.site, entry.slot, entry.parent), (k, slot, caller));
+            assert_eq!((ret.site, ret.slot, ret.parent), (k, slot | 1, caller));
+            assert!(ret.tsc > entry.tsc);
+        }
+        assert_eq!(ring::ret_drops(&mem, &s.layout, 1).unwrap(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn emulated_graph_tail_call_returns_through_both_frames() {
+        let s = graph_spec(1, 2, 16);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 1,
+        };
+        let mut r = regs(0);
+        let entry_rsp = r.gpr[RSP];
+        let slot = entry_rsp - 8;
+        // f0 is called from PARENT and hooked (frame 0) ...
+        emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+        let hook0 = emu.read(slot, 8);
+        // ... and jumps to f1, whose entry finds frame 0's stub as its
+        // return address: f1 is hooked on top (frame 1).
+        r.gpr[RSP] = entry_rsp;
+        emu.call(&mut r, 1, hook0, &t, &mut no_interrupt);
+        assert_eq!(emu.read(slot, 8), RET_STUBS_VA + FRAME_LEN);
+        // f1's ret goes through frame 1, then frame 0, then to PARENT.
+        r.gpr[RSP] = slot;
+        let steps = emulated_return(&mut emu, &mut r, PARENT);
+        assert_eq!(steps, 2 * GRAPH_RETURN_INSTRUCTIONS);
+        assert_eq!(r.gpr[RSP], entry_rsp);
+        let mut reader = RingReader::new(s.layout);
+        let got: Vec<(u32, u64, u64)> = drain(&mut reader, &mem)
+            .iter()
+            .map(|(_, rec)| (rec.site, rec.slot, rec.parent))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, slot, PARENT),
+                (1, slot, hook0),
+                (1, slot | 1, hook0),
+                (0, slot | 1, PARENT)
+            ]
+        );
+    }
+
+    #[test]
+    fn emulated_graph_busy_frame_and_full_ring() {
+        let s = graph_spec(1, 2, 2);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 1,
+        };
+        // Frame 0 is busy (a call that never returned): the next ticket,
+        // 0, finds it so and the call is recorded unhooked.
+        emu.write(DATA_VA + FRAMES_OFF + FRAME_BUSY, 4, 1);
+        let mut r = regs(0);
+        let slot = r.gpr[RSP] - 8;
+        emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+        assert_eq!(emu.read(slot, 8), PARENT, "not hooked");
+        // Ring of 2: the second call is recorded and hooked (frame 1); a
+        // third finds the ring full: counted, not hooked.
+        let mut r = regs(0);
+        emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+        assert_eq!(emu.read(slot, 8), RET_STUBS_VA + FRAME_LEN);
+        let mut r2 = regs(0);
+        r2.gpr[RSP] -= 256;
+        let slot2 = r2.gpr[RSP] - 8;
+        emu.call(&mut r2, 0, PARENT, &t, &mut no_interrupt);
+        assert_eq!(emu.read(slot2, 8), PARENT, "ring full: not hooked");
+        assert_eq!(ring::drops(&mem, &s.layout, 0).unwrap(), [1, 0]);
+        // The hooked call's return finds the ring still full: counted.
+        r.gpr[RSP] = slot;
+        emulated_return(&mut emu, &mut r, PARENT);
+        assert_eq!(ring::ret_drops(&mem, &s.layout, 0).unwrap(), [1, 0]);
+        let mut reader = RingReader::new(s.layout);
+        let got: Vec<(u32, u64)> = drain(&mut reader, &mem)
+            .iter()
+            .map(|(_, rec)| (rec.site, rec.slot))
+            .collect();
+        assert_eq!(got, [(1, 0), (0, slot)]);
     }
 }

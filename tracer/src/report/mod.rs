@@ -4,20 +4,29 @@
 //! `Report::new` applies the options once: which vCPUs count (`--cpu`), the
 //! rows and their order (`--sort`), each function's callers (`-g`). The text
 //! report (`text`, `render`) and the exports (`crate::export`: JSON, CSV,
-//! Chrome) only render a `Report`.
+//! Chrome, folded stacks) only render a `Report`. The call tree (`tree`)
+//! renders the `crate::graph::Graph` of a function-graph trace.
+//!
+//! Function-graph traces hold returns among their events: only entries are
+//! calls (counts, callers, shares); returns give the durations, which come
+//! from the trace's `Graph`.
 //!
 //! The model is deterministic: every ordering ends with the name, then the
 //! address, then the function's index in the trace.
 
+pub mod duration;
 mod text;
+pub mod tree;
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use crate::graph::{Durations, End, Graph};
 use crate::model::{Event, Trace};
 use crate::symbols::Symbol;
 
 pub use text::{format_cpu_list, render, thousands};
+pub use tree::{render_tree, write_tree, TreeOptions};
 
 /// Terminal width assumed when none is known.
 pub const DEFAULT_WIDTH: usize = 100;
@@ -37,6 +46,15 @@ pub enum Sort {
     /// most calls first. Functions pinned to a vCPU (per-CPU kthreads,
     /// interrupts routed to one vCPU) come first, evenly spread ones last.
     Cpu,
+    /// Function-graph traces: most inclusive time (over the returned
+    /// calls) first, then most calls. Other traces: as `Count`.
+    Total,
+    /// Most self time (inclusive minus the traced callees') first.
+    SelfTime,
+    /// Longest average inclusive time first.
+    Avg,
+    /// Longest single call first.
+    Max,
 }
 
 /// What the report shows.
@@ -173,6 +191,16 @@ pub struct Row<'t> {
     /// the counted vCPUs, most calls first, ties by name then address; the
     /// counts add up to those stored events. Empty otherwise.
     pub callers: Vec<CallerCount<'t>>,
+    /// Function-graph traces: returns on the counted vCPUs (exact, by the
+    /// vCPU the return ran on). 0 otherwise.
+    pub returns: u64,
+    /// Function-graph traces: durations of the stored calls made on the
+    /// counted vCPUs (by the vCPU of the entry) that returned. None
+    /// otherwise.
+    pub durations: Option<Durations>,
+    /// Function-graph traces: stored calls made on the counted vCPUs that
+    /// did not return (abandoned, running at detach, unhooked).
+    pub not_returned: u64,
 }
 
 impl Row<'_> {
@@ -203,6 +231,59 @@ pub struct EventRow<'t> {
     pub caller: Caller<'t>,
 }
 
+/// What the function graph of a whole trace adds to its report header, JSON
+/// and Chrome export (every vCPU, whatever `--cpu` says).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphSummary {
+    /// Returns counted (exact), stored and dropped.
+    pub returns: u64,
+    pub returns_stored: u64,
+    pub returns_dropped: u64,
+    /// Stored calls: returned, abandoned (unwound without a return), still
+    /// running at detach (or their return not stored), unhooked (stored
+    /// entries whose return could not be hooked).
+    pub frames: u64,
+    pub returned: u64,
+    pub abandoned: u64,
+    pub running: u64,
+    pub unhooked_stored: u64,
+    /// Entries whose return could not be hooked, stored or not (exact).
+    pub unhooked: u64,
+    /// Returns without a live frame at their slot, and returns whose
+    /// function differs from their frame's.
+    pub unmatched_returns: u64,
+    pub mismatched_returns: u64,
+}
+
+impl GraphSummary {
+    fn new(trace: &Trace, g: &Graph, returns_stored: u64) -> Self {
+        let mut s = GraphSummary {
+            returns: trace.returns.iter().flatten().sum(),
+            returns_stored,
+            returns_dropped: trace.meta.returns_dropped,
+            frames: g.frames.len() as u64,
+            unhooked: trace.meta.unhooked,
+            unmatched_returns: g.unmatched_returns,
+            mismatched_returns: g.mismatched_returns,
+            ..GraphSummary::default()
+        };
+        for f in &g.frames {
+            match f.end {
+                End::Returned { .. } => s.returned += 1,
+                End::Abandoned => s.abandoned += 1,
+                End::Running => s.running += 1,
+                End::Unhooked => s.unhooked_stored += 1,
+            }
+        }
+        s
+    }
+
+    /// Stored calls that did not return.
+    pub fn not_returned(&self) -> u64 {
+        self.abandoned + self.running + self.unhooked_stored
+    }
+}
+
 /// A trace with the report options applied.
 #[derive(Clone, Debug)]
 pub struct Report<'t> {
@@ -220,6 +301,12 @@ pub struct Report<'t> {
     pub rows: Vec<Row<'t>>,
     /// The traced functions not called on the counted vCPUs, by name.
     pub uncalled: Vec<Row<'t>>,
+    /// Stored entries (calls) in the whole trace; `trace.events` holds
+    /// returns too in function-graph traces.
+    pub entries_stored: u64,
+    /// Function-graph traces: the replayed graph and its summary.
+    pub graph: Option<Graph>,
+    pub graph_summary: Option<GraphSummary>,
 }
 
 impl<'t> Report<'t> {
@@ -235,6 +322,16 @@ impl<'t> Report<'t> {
             }
         };
         let filtered = opts.cpus.is_some();
+        let returns_stored = trace.events.iter().filter(|e| e.is_return()).count() as u64;
+        let entries_stored = trace.events.len() as u64 - returns_stored;
+        let graph = trace.meta.graph.then(|| Graph::build(trace));
+        let graph_summary = graph
+            .as_ref()
+            .map(|g| GraphSummary::new(trace, g, returns_stored));
+        let (durations, not_returned) = match &graph {
+            Some(g) => graph_columns(g, trace.functions.len(), &cpus),
+            None => (Vec::new(), Vec::new()),
+        };
         let mut callers = if opts.callers {
             callers(trace, filtered.then_some(&cpus[..]))
         } else {
@@ -256,6 +353,13 @@ impl<'t> Report<'t> {
                         busiest = i;
                     }
                 }
+                let returns = match trace.returns.get(index) {
+                    Some(r) => cpus
+                        .iter()
+                        .map(|&c| r.get(c as usize).copied().unwrap_or(0))
+                        .sum(),
+                    None => 0,
+                };
                 Row {
                     func,
                     index,
@@ -266,9 +370,21 @@ impl<'t> Report<'t> {
                         .get_mut(index)
                         .map(std::mem::take)
                         .unwrap_or_default(),
+                    returns,
+                    durations: durations.get(index).copied(),
+                    not_returned: not_returned.get(index).copied().unwrap_or(0),
                 }
             })
             .partition(|r| r.total > 0);
+        // Duration orders: longest first, then most calls, then by name.
+        let by_duration = |key: fn(&Durations) -> u64| {
+            move |a: &Row, b: &Row| {
+                let k = |r: &Row| r.durations.as_ref().map_or(0, key);
+                k(b).cmp(&k(a))
+                    .then(b.total.cmp(&a.total))
+                    .then_with(|| a.name_cmp(b))
+            }
+        };
         match opts.sort {
             Sort::Count => rows.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name_cmp(b))),
             Sort::Name => rows.sort_by(Row::name_cmp),
@@ -277,6 +393,10 @@ impl<'t> Report<'t> {
                     .then(b.total.cmp(&a.total))
                     .then_with(|| a.name_cmp(b))
             }),
+            Sort::Total => rows.sort_by(by_duration(|d| d.total_ns)),
+            Sort::SelfTime => rows.sort_by(by_duration(|d| d.self_ns)),
+            Sort::Avg => rows.sort_by(by_duration(Durations::avg_ns)),
+            Sort::Max => rows.sort_by(by_duration(|d| d.max_ns)),
         }
         uncalled.sort_by(Row::name_cmp);
         Report {
@@ -287,6 +407,9 @@ impl<'t> Report<'t> {
             with_callers: opts.callers,
             rows,
             uncalled,
+            entries_stored,
+            graph,
+            graph_summary,
         }
     }
 
@@ -302,7 +425,8 @@ impl<'t> Report<'t> {
     }
 
     /// The stored events on the counted vCPUs, in time order, each with its
-    /// function and caller.
+    /// function and caller: entries, and in function-graph traces returns
+    /// (`Event::is_return`; a return's caller is where it returned to).
     pub fn events(&self) -> impl Iterator<Item = EventRow<'t>> + '_ {
         let trace = self.trace;
         let counted = cpu_mask(self.filtered.then_some(&self.cpus[..]));
@@ -325,7 +449,8 @@ fn callers<'t>(trace: &'t Trace, cpus: Option<&[u32]>) -> Vec<Vec<CallerCount<'t
     // Key: (resolved, caller function address or raw return address).
     let mut maps: Vec<HashMap<(bool, u64), u64>> = vec![HashMap::new(); trace.functions.len()];
     for e in &trace.events {
-        if !counted(e.cpu) {
+        // A return's address is its caller's too: counting it would count the call twice.
+        if e.is_return() || !counted(e.cpu) {
             continue;
         }
         let Some(map) = maps.get_mut(e.func as usize) else {
@@ -357,6 +482,45 @@ fn callers<'t>(trace: &'t Trace, cpus: Option<&[u32]>) -> Vec<Vec<CallerCount<'t
             v
         })
         .collect()
+}
+
+/// Per function (`nfunc`): the durations of its returned calls entered on
+/// `cpus`, and how many of its calls entered there did not return.
+fn graph_columns(g: &Graph, nfunc: usize, cpus: &[u32]) -> (Vec<Durations>, Vec<u64>) {
+    let (_, per_cpu) = g.durations(nfunc, cpus.iter().max().map_or(0, |&c| c as usize + 1));
+    let durations = per_cpu
+        .iter()
+        .map(|row| {
+            let mut d = Durations::default();
+            for &c in cpus {
+                merge(&mut d, &row[c as usize]);
+            }
+            d
+        })
+        .collect();
+    let mut not_returned = vec![0; nfunc];
+    for f in &g.frames {
+        if f.total_ns().is_none() && cpus.binary_search(&f.cpu).is_ok() {
+            if let Some(n) = not_returned.get_mut(f.func as usize) {
+                *n += 1;
+            }
+        }
+    }
+    (durations, not_returned)
+}
+
+/// Adds the calls of `b` to `a`.
+fn merge(a: &mut Durations, b: &Durations) {
+    if b.returned == 0 {
+        return;
+    }
+    if a.returned == 0 || b.min_ns < a.min_ns {
+        a.min_ns = b.min_ns;
+    }
+    a.max_ns = a.max_ns.max(b.max_ns);
+    a.returned += b.returned;
+    a.total_ns = a.total_ns.saturating_add(b.total_ns);
+    a.self_ns = a.self_ns.saturating_add(b.self_ns);
 }
 
 /// A membership test for a vCPU selection (`None`: every vCPU).

@@ -27,12 +27,19 @@
 //! Shares are of the shown rows (after `--cpu`). With more than four vCPUs
 //! the spread column shows min / avg / max and the busiest vCPU instead.
 //!
+//! Function-graph traces add, before the symbol, the exact returns and the
+//! durations of the stored calls that returned (`uftrace report`'s
+//! columns): total (inclusive) time, self time, average and longest call,
+//! in ns, us, ms or s; `-` when none of the function's calls returned.
+//! The header says how many calls did not return and why.
+//!
 //! Only rendering lives here: rows, order, callers and the vCPU filter come
 //! from the `Report` model.
 
 use std::fmt::Write as _;
 
-use super::{Report, ReportOptions, Row};
+use super::duration::human;
+use super::{GraphSummary, Report, ReportOptions, Row};
 use crate::model::Trace;
 
 /// Up to this many counted vCPUs, the table shows every vCPU's count;
@@ -101,36 +108,49 @@ fn write_report(report: &Report, width: usize) -> String {
         .unwrap_or(0)
         .max("Count".len());
     let spread = Spread::new(rows, &report.cpus);
-    let prefix_w =
-        2 + share_w + 2 + count_w + 2 + spread.width + if spread.width > 0 { 2 } else { 0 };
+    let times = report.graph.is_some().then(|| Times::new(rows));
+    let times_w = times.as_ref().map_or(0, Times::width);
+    let prefix_w = 2
+        + share_w
+        + 2
+        + count_w
+        + 2
+        + spread.width
+        + if spread.width > 0 { 2 } else { 0 }
+        + times_w;
     let sym_w = width.saturating_sub(prefix_w).max(MIN_SYMBOL_WIDTH);
     let gap = if spread.width > 0 { "  " } else { "" };
     let dots = |w: usize| ".".repeat(w);
 
     writeln!(
         out,
-        "# {:>share_w$}  {:>count_w$}  {}{gap}Symbol",
-        "Share%", "Count", spread.title
+        "# {:>share_w$}  {:>count_w$}  {}{gap}{}Symbol",
+        "Share%",
+        "Count",
+        spread.title,
+        times.as_ref().map_or(String::new(), Times::title)
     )
     .unwrap();
     writeln!(
         out,
-        "# {}  {}  {}{gap}{}",
+        "# {}  {}  {}{gap}{}{}",
         dots(share_w),
         dots(count_w),
         dots(spread.width),
+        times.as_ref().map_or(String::new(), Times::dots),
         dots(sym_w.min(30))
     )
     .unwrap();
     writeln!(out, "#").unwrap();
 
-    for (row, count) in rows.iter().zip(&counts) {
+    for (i, (row, count)) in rows.iter().zip(&counts).enumerate() {
         let share = 100.0 * row.total as f64 / shown_total as f64;
         writeln!(
             out,
-            "  {:>share_w$}  {count:>count_w$}  {}{gap}{}",
+            "  {:>share_w$}  {count:>count_w$}  {}{gap}{}{}",
             format!("{share:.2}%"),
             spread.cell(row),
+            times.as_ref().map_or(String::new(), |t| t.cells(i)),
             truncate(&row.func.name, sym_w)
         )
         .unwrap();
@@ -172,7 +192,7 @@ fn header(out: &mut String, report: &Report) {
     } else {
         "n/a (zero duration)".to_string()
     };
-    let stored = trace.events.len() as u64;
+    let stored = report.entries_stored;
     let mut lines: Vec<(&str, String)> = vec![
         ("kernel", m.kernel.clone()),
         (
@@ -235,6 +255,13 @@ fn header(out: &mut String, report: &Report) {
             },
         ),
     ];
+    if !m.symbols.is_empty() {
+        // After the build id: what the names below were read from.
+        lines.insert(2, ("symbols", m.symbols.clone()));
+    }
+    if let Some(g) = &report.graph_summary {
+        graph_lines(&mut lines, g);
+    }
     if m.parent_unreadable > 0 {
         let (n, were) = match m.parent_unreadable {
             1 => ("call's return address", "was"),
@@ -274,6 +301,139 @@ fn header(out: &mut String, report: &Report) {
         writeln!(out, "# {:<key_w$} {v}", format!("{k}:")).unwrap();
     }
     out.push_str("#\n");
+}
+
+/// The function graph's header lines: returns always, the rest when nonzero.
+fn graph_lines(lines: &mut Vec<(&str, String)>, g: &GraphSummary) {
+    lines.push((
+        "returns",
+        format!(
+            "{} total, {} stored, {} dropped{}",
+            thousands(g.returns),
+            thousands(g.returns_stored),
+            thousands(g.returns_dropped),
+            if g.returns_dropped > 0 {
+                " (their calls' durations are unknown)"
+            } else {
+                ""
+            }
+        ),
+    ));
+    let not_returned = g.not_returned();
+    if not_returned > 0 {
+        let mut why = Vec::new();
+        for (n, what) in [
+            (g.abandoned, "abandoned (unwound without a return)"),
+            (g.running, "running at detach"),
+            (g.unhooked_stored, "unhooked"),
+        ] {
+            if n > 0 {
+                why.push(format!("{} {what}", thousands(n)));
+            }
+        }
+        lines.push((
+            "not returned",
+            format!(
+                "{} of {} stored calls: {}",
+                thousands(not_returned),
+                thousands(g.frames),
+                why.join(", ")
+            ),
+        ));
+    }
+    if g.unhooked > 0 {
+        lines.push((
+            "unhooked",
+            format!(
+                "{} without a return hook (no free frame in the guest): durations unknown",
+                counted(g.unhooked, "call", "calls")
+            ),
+        ));
+    }
+    if g.unmatched_returns > 0 || g.mismatched_returns > 0 {
+        let mut s = format!(
+            "{} without a stored entry",
+            counted(g.unmatched_returns, "return", "returns")
+        );
+        if g.mismatched_returns > 0 {
+            write!(
+                s,
+                ", {} of another function than its call's",
+                counted(g.mismatched_returns, "return", "returns")
+            )
+            .unwrap();
+        }
+        lines.push(("unmatched", s));
+    }
+}
+
+/// `1 call`, `2,000 calls`.
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
+/// The duration columns of a function-graph trace: returns, total, self,
+/// avg, max, each right-aligned and followed by two spaces.
+struct Times {
+    /// Per row, the cells.
+    cells: Vec<[String; 5]>,
+    widths: [usize; 5],
+}
+
+impl Times {
+    const TITLES: [&'static str; 5] = ["Returns", "Total", "Self", "Avg", "Max"];
+
+    fn new(rows: &[Row]) -> Times {
+        let cells: Vec<[String; 5]> = rows
+            .iter()
+            .map(|r| {
+                let returns = thousands(r.returns);
+                match r.durations.filter(|d| d.returned > 0) {
+                    Some(d) => [
+                        returns,
+                        human(d.total_ns),
+                        human(d.self_ns),
+                        human(d.avg_ns()),
+                        human(d.max_ns),
+                    ],
+                    None => [returns, "-".into(), "-".into(), "-".into(), "-".into()],
+                }
+            })
+            .collect();
+        let mut widths = Self::TITLES.map(str::len);
+        for row in &cells {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        Times { cells, widths }
+    }
+
+    fn width(&self) -> usize {
+        self.widths.iter().map(|w| w + 2).sum()
+    }
+
+    fn join(&self, cells: [&str; 5]) -> String {
+        let mut s = String::new();
+        for (c, &w) in cells.iter().zip(&self.widths) {
+            write!(s, "{c:>w$}  ").unwrap();
+        }
+        s
+    }
+
+    fn title(&self) -> String {
+        self.join(Self::TITLES)
+    }
+
+    fn dots(&self) -> String {
+        let d = self.widths.map(|w| ".".repeat(w));
+        self.join([&d[0], &d[1], &d[2], &d[3], &d[4]].map(String::as_str))
+    }
+
+    fn cells(&self, row: usize) -> String {
+        let c = &self.cells[row];
+        self.join([&c[0], &c[1], &c[2], &c[3], &c[4]].map(String::as_str))
+    }
 }
 
 /// The per-CPU spread column.

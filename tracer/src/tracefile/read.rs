@@ -148,6 +148,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         returns_dropped,
         unhooked,
         tsc_khz,
+        symbols: String::new(),
     };
 
     r.section = Section::Functions;

@@ -4,11 +4,12 @@
 //! - Linux's 64-bit boot protocol, for a bzImage or a Linux vmlinux ELF: the
 //!   boot vCPU starts at the 64-bit entry with RSI = the zero page; the others
 //!   wait for INIT/SIPI from the kernel (the in-kernel LAPIC handles them) and
-//!   find each other through the MP table.
+//!   find each other through the MP table or the ACPI MADT (both are given).
 //! - vmtrace's direct boot, for any other ELF (the mini guest): every vCPU
 //!   starts at the ELF entry in long mode with RDI = vCPU index, RSI = command
 //!   line, RDX = vCPU count.
 
+pub mod acpi;
 pub mod cpuid;
 pub mod linux;
 pub mod mptable;
@@ -256,6 +257,8 @@ pub enum BootError {
     #[error(transparent)]
     MpTable(#[from] mptable::MpTableError),
     #[error(transparent)]
+    Acpi(#[from] acpi::AcpiError),
+    #[error(transparent)]
     Regs(#[from] regs::RegsError),
 }
 
@@ -372,6 +375,7 @@ pub fn load_kernel(
                 mem_size,
             )?;
             mptable::setup_mptable(mem, ncpus)?;
+            acpi::setup_acpi(mem, ncpus)?;
             BootPlan {
                 entry: boot.entry,
                 protocol: Protocol::Linux {
@@ -418,6 +422,7 @@ pub fn load_kernel(
                 };
                 let zero_page = linux::write_zero_page(mem, None, cmdline, initrd, mem_size)?;
                 mptable::setup_mptable(mem, ncpus)?;
+                acpi::setup_acpi(mem, ncpus)?;
                 BootPlan {
                     entry,
                     protocol: Protocol::Linux { zero_page },

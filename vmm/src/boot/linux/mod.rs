@@ -17,7 +17,8 @@ use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Gu
 
 use crate::boot::mptable::MPTABLE_START;
 use crate::layout::{
-    CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_MEM_START, MAX_MEM_MIB, ZERO_PAGE_START,
+    ACPI_SIZE, ACPI_START, CMDLINE_MAX_SIZE, CMDLINE_START, HIGH_MEM_START, MAX_MEM_MIB,
+    ZERO_PAGE_START,
 };
 
 mod error;
@@ -51,6 +52,8 @@ const PAGE_SIZE: u64 = 0x1000;
 const ELF_KERNEL_ALIGNMENT: u32 = 0x100_0000;
 
 const E820_RAM: u32 = 1;
+/// e820 type 3, "ACPI reclaimable": the ACPI tables (`boot::acpi`).
+const E820_ACPI: u32 = 3;
 
 /// A loaded Linux kernel, ready for the 64-bit entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,16 +294,21 @@ fn build_cmdline(cmdline: &str, hdr: Option<&setup_header>) -> Result<Cmdline> {
     Cmdline::try_from(cmdline, CMDLINE_MAX_SIZE).map_err(LinuxBootError::Cmdline)
 }
 
-/// The e820 map: low RAM up to the MP table, then RAM from 1 MiB to
-/// `mem_size`. The MP table, the EBDA and the legacy VGA/BIOS area
-/// `[MPTABLE_START, 1 MiB)` are left out (Linux treats holes as reserved).
+/// The e820 map: low RAM up to the MP table, the ACPI tables, then RAM from
+/// 1 MiB to `mem_size`. The rest of `[MPTABLE_START, 1 MiB)` (the MP table,
+/// the EBDA and the legacy VGA/BIOS area) is left out (Linux treats holes
+/// as reserved).
 fn e820_map(mem_size: u64) -> Vec<boot_e820_entry> {
-    let ram = |addr: u64, end: u64| boot_e820_entry {
+    let entry = |addr: u64, end: u64, r#type| boot_e820_entry {
         addr,
         size: end - addr,
-        r#type: E820_RAM,
+        r#type,
     };
-    vec![ram(0, MPTABLE_START), ram(HIGH_MEM_START, mem_size)]
+    vec![
+        entry(0, MPTABLE_START, E820_RAM),
+        entry(ACPI_START, ACPI_START + ACPI_SIZE, E820_ACPI),
+        entry(HIGH_MEM_START, mem_size, E820_RAM),
+    ]
 }
 
 /// The setup header for a kernel without one (vmlinux ELF): only what the
@@ -343,6 +351,8 @@ fn boot_params_for(
     params.ext_ramdisk_image = (addr >> 32) as u32;
     params.ext_ramdisk_size = (size >> 32) as u32;
     params.ext_cmd_line_ptr = (CMDLINE_START >> 32) as u32;
+    // Where boot::acpi puts the RSDP (Linux also finds it by scanning).
+    params.acpi_rsdp_addr = ACPI_START;
 
     let e820 = e820_map(mem_size);
     debug_assert!(e820.len() <= E820_MAX_ENTRIES_ZEROPAGE);
@@ -548,9 +558,11 @@ mod tests {
             e820(&p),
             vec![
                 (0, MPTABLE_START, E820_RAM),
+                (ACPI_START, ACPI_SIZE, E820_ACPI),
                 (HIGH_MEM_START, MEM_SIZE - HIGH_MEM_START, E820_RAM),
             ]
         );
+        assert_eq!({ p.acpi_rsdp_addr }, ACPI_START);
     }
 
     #[test]
@@ -809,7 +821,7 @@ mod tests {
         assert_eq!({ h.cmdline_size }, 13);
         assert_eq!({ h.ramdisk_image }, 0x200_0000);
         assert_eq!({ h.ramdisk_size }, 1234);
-        assert_eq!(e820(&p).len(), 2);
+        assert_eq!(e820(&p).len(), 3);
         assert_eq!(read_bytes(&mem, CMDLINE_START, 14), b"console=ttyS0\0");
 
         let err = write_zero_page(&mem, None, &"x".repeat(4096), None, MEM_SIZE).unwrap_err();

@@ -1,0 +1,332 @@
+//! Function-graph tracing (`--graph`) of the mini guest's `graph=1` workload
+//! (guest/mini/README.md), in trap and exitless mode: returns, nesting,
+//! tail calls, recursion, abandoned frames, a call that returns on another
+//! vCPU, a long function's duration, and a detach while frames are hooked.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use vm_memory::{Bytes, GuestAddress};
+use tracer::graph::{End, Frame, Graph};
+use tracer::model::Trace;
+use tracer::session::{Plan, Tracer};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("vmtrace-graph-mini-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The parent function each traced function of the mini guest is called
+/// from (the workload's call graph; `None`: called from untraced code, or
+/// from `mini_main` when vmtrace hooked it). graph_tail_callee is reached
+/// by a jmp from graph_tail_caller, so its frame nests in the caller's, as
+/// ftrace's function_graph shows a tail call; graph_abandoned is called
+/// through the notrace graph_abandon_run.
+fn parent_of(f: &str) -> &'static [&'static str] {
+    match f {
+        "schedule" | "hrtimer_try_to_cancel" | "hrtimer_interrupt" => &["do_idle"],
+        "hrtimer_start_range_ns" => &["schedule"],
+        "__hrtimer_run_queues" => &["hrtimer_interrupt"],
+        "hrtimer_wakeup" | "tick_sched_timer" => &["__hrtimer_run_queues"],
+        "graph_depth2" => &["graph_depth"],
+        "graph_depth3" => &["graph_depth2"],
+        "graph_leaf" => &["graph_depth3"],
+        "graph_tail_callee" => &["graph_tail_caller"],
+        "graph_recurse" => &["graph_recurse", "mini_main", ""],
+        "graph_abandoned" => &["graph_abandon_outer"],
+        _ => &["mini_main", ""],
+    }
+}
+
+/// One traced run through the CLI: the console and the saved trace.
+fn run(mode: &str, cpus: u32, iters: u64) -> (String, Trace) {
+    let out = tmp(&format!("{mode}-{cpus}.vmtrace"));
+    let kernel = mini_elf();
+    let cpus_s = cpus.to_string();
+    let cmdline = format!("iters={iters} graph=1");
+    let o = vmtrace(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        &cpus_s,
+        "--cmdline",
+        &cmdline,
+        "--trace",
+        "*",
+        "--graph",
+        "--mode",
+        mode,
+        "--timeout",
+        "240",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "exit {:?}: {err}", o.status);
+    assert!(err.contains("guest powered off (status 0)"), "{err}");
+    let trace = tracer::tracefile::load(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    (stdout(&o), trace)
+}
+
+fn func_index(t: &Trace, name: &str) -> usize {
+    t.functions
+        .iter()
+        .position(|f| f.name == name)
+        .unwrap_or_else(|| panic!("{name} not traced"))
+}
+
+fn name<'t>(t: &'t Trace, f: &Frame) -> &'t str {
+    &t.functions[f.func as usize].name
+}
+
+fn check_graph_run(mode: &str, cpus: u32, iters: u64) {
+    let (console, t) = run(mode, cpus, iters);
+    assert!(t.meta.graph);
+    assert_eq!(t.meta.mode, mode);
+    assert_eq!((t.meta.events_dropped, t.meta.returns_dropped), (0, 0));
+    assert_eq!(t.meta.unhooked, 0);
+    let (printed, done) = parse_mini_console(&console);
+    assert_eq!(done, (0..cpus).collect::<Vec<_>>(), "{console}");
+    let g = Graph::build(&t);
+    assert_eq!((g.unmatched_returns, g.mismatched_returns), (0, 0));
+
+    // Calls: exactly what the guest counted. Returns: as many on each vCPU,
+    // except the functions that do not return (graph_abandoned, mini_main)
+    // and graph_migrate, which returns on vCPU 1.
+    for ((cpu, f), &n) in &printed {
+        let i = func_index(&t, f);
+        let c = *cpu as usize;
+        assert_eq!(t.counts[i][c], n, "{mode}: calls of {f} on vCPU {cpu}");
+        let want_returns = match f.as_str() {
+            "graph_abandoned" => 0,
+            "graph_migrate" => {
+                let entered: u64 = t.counts[i].iter().sum();
+                if c == 1 {
+                    entered
+                } else {
+                    0
+                }
+            }
+            _ => n,
+        };
+        assert_eq!(
+            t.returns[i][c], want_returns,
+            "{mode}: returns of {f} on vCPU {cpu}"
+        );
+    }
+
+    // Nesting: every frame's parent is its caller in the workload's graph.
+    for f in &g.frames {
+        let parent = f.parent.map_or("", |p| name(&t, &g.frames[p as usize]));
+        assert!(
+            parent_of(name(&t, f)).contains(&parent),
+            "{mode}: {} nested in {parent:?}",
+            name(&t, f)
+        );
+        if let (Some(total), Some(own)) = (f.total_ns(), f.self_ns()) {
+            assert!(total >= f.child_ns && own <= total, "{mode}: {f:?}");
+        }
+    }
+    // Depths: graph_leaf is 3 below graph_depth; the recursion 6 deep.
+    let per_cpu = |fname: &str, pred: &dyn Fn(&Frame) -> bool| -> BTreeMap<u32, u64> {
+        let mut m = BTreeMap::new();
+        for f in g.frames.iter().filter(|f| name(&t, f) == fname && pred(f)) {
+            *m.entry(f.cpu).or_insert(0) += 1;
+        }
+        m
+    };
+    let depth_of = |f: &Frame, ancestor: &str| -> u32 {
+        let mut d = 0;
+        let mut at = f.parent;
+        while let Some(p) = at {
+            d += 1;
+            let pf = &g.frames[p as usize];
+            if name(&t, pf) == ancestor {
+                return d;
+            }
+            at = pf.parent;
+        }
+        panic!("{mode}: {} has no {ancestor} above it", name(&t, f));
+    };
+    for f in g.frames.iter().filter(|f| name(&t, f) == "graph_leaf") {
+        assert_eq!(depth_of(f, "graph_depth"), 3);
+    }
+    let outer = per_cpu("graph_recurse", &|f: &Frame| {
+        f.parent
+            .is_none_or(|p| name(&t, &g.frames[p as usize]) != "graph_recurse")
+    });
+    let inner = per_cpu("graph_recurse", &|f: &Frame| {
+        f.parent
+            .is_some_and(|p| name(&t, &g.frames[p as usize]) == "graph_recurse")
+    });
+    for cpu in 0..cpus {
+        assert_eq!(outer.get(&cpu), Some(&iters), "{mode}: recursions on {cpu}");
+        assert_eq!(inner.get(&cpu), Some(&(5 * iters)), "{mode}: nested on {cpu}");
+    }
+    // The tail callee returns where its caller would have: the caller of
+    // graph_tail_caller (vmtrace's hook mapped back, as -g shows it).
+    for f in g.frames.iter().filter(|f| name(&t, f) == "graph_tail_callee") {
+        let p = &g.frames[f.parent.unwrap() as usize];
+        assert_eq!(f.caller, p.caller, "{mode}: tail callee's caller");
+        assert!(matches!(f.end, End::Returned { .. }));
+    }
+    // Abandoned: every graph_abandoned frame, and nothing else.
+    let abandoned: u64 = printed
+        .iter()
+        .filter(|((_, f), _)| f == "graph_abandoned")
+        .map(|(_, &n)| n)
+        .sum();
+    assert!(abandoned > 0);
+    assert_eq!(g.abandoned, abandoned, "{mode}: abandoned frames");
+    for f in &g.frames {
+        let is_abandoned = f.end == End::Abandoned;
+        assert_eq!(
+            is_abandoned,
+            name(&t, f) == "graph_abandoned",
+            "{mode}: {f:?} of {}",
+            name(&t, f)
+        );
+    }
+    // graph_migrate: entered on vCPU 0, returned on vCPU 1.
+    if cpus >= 2 {
+        assert!(console.contains("mini: migrate entered_cpu 0 returned_cpu 1"));
+        let m: Vec<&Frame> = g
+            .frames
+            .iter()
+            .filter(|f| name(&t, f) == "graph_migrate")
+            .collect();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].cpu, 0);
+        assert!(matches!(m[0].end, End::Returned { cpu: 1, .. }), "{:?}", m[0]);
+    }
+    // graph_long: vmtrace's duration against the guest's own TSC reading
+    // of the same call, per vCPU. vmtrace's span is the guest's plus the
+    // entry and return paths around it (two exits in trap mode, ~80 guest
+    // instructions in exitless mode): at least the guest's, and at most
+    // TOLERANCE more per call (a vCPU thread descheduled on this 2-core
+    // host between the hook and the function's first rdtsc costs
+    // milliseconds).
+    const TOLERANCE_NS: u64 = 50_000_000;
+    let stats = parse_mini_stats(&console);
+    let khz = t.meta.tsc_khz;
+    assert!(khz > 0, "the guest TSC rate is in the trace");
+    let long = func_index(&t, "graph_long");
+    let (_, per) = g.durations(t.functions.len(), cpus as usize);
+    for cpu in 0..cpus {
+        let ticks = stats[&(cpu, "graph_long_ticks_sum".to_string())];
+        let guest_ns = ticks * 1_000_000 / khz;
+        let d = per[long][cpu as usize];
+        let calls = printed[&(cpu, "graph_long".to_string())];
+        assert_eq!(d.returned, calls);
+        assert!(
+            d.total_ns + 1_000 >= guest_ns && d.total_ns <= guest_ns + calls * TOLERANCE_NS,
+            "{mode}: graph_long on vCPU {cpu}: vmtrace {} ns, guest {guest_ns} ns ({ticks} ticks at {khz} kHz)",
+            d.total_ns
+        );
+    }
+}
+
+#[test]
+fn graph_trap_mode_four_vcpus_exact() {
+    check_graph_run("trap", 4, 60);
+}
+
+#[test]
+fn graph_exitless_mode_four_vcpus_exact() {
+    check_graph_run("exitless", 4, 60);
+}
+
+/// Detach while frames are hooked: the returns of calls in flight at the
+/// detach still come back through vmtrace (its code and, in trap mode, its
+/// shadow stacks stay until the guest ends), are recorded, and the guest
+/// runs on to its own clean end.
+fn detach_with_frames_hooked(exitless: bool) {
+    let kernel = mini_elf();
+    let console = Capture::default();
+    let cpus = 2;
+    let vm = vmm::Vm::create(mini_config(
+        &kernel,
+        cpus,
+        "mode=loop graph=1",
+        &console,
+    ))
+    .unwrap();
+    let mut plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+    plan.graph = true;
+    let (mut tracer, handlers) = if exitless {
+        Tracer::exitless(plan, vm.cpus(), u64::MAX, None).unwrap()
+    } else {
+        Tracer::new(plan, vm.cpus(), u64::MAX)
+    };
+    let running = vm.start(handlers, false).unwrap();
+    {
+        let p = running.pause_all();
+        tracer.attach(&p).unwrap().attached().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Detach and end the loop in one pause: every vCPU is then somewhere
+    // in an iteration, almost always inside hooked calls, which return
+    // after the detach as the iteration finishes.
+    let stop = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
+    {
+        let p = running.pause_all();
+        tracer.detach(p.memory()).unwrap();
+        p.memory().write_obj(1u32, GuestAddress(stop)).unwrap();
+    }
+    let reason = running.wait();
+    let report = running.finish();
+    tracer.stop_draining().unwrap();
+    let t = tracer.finish(Path::new("mini"), reason.to_string());
+    assert!(
+        report.reason.to_string().contains("powered off"),
+        "{}",
+        report.reason
+    );
+    let text = console.text();
+    assert!(text.contains("mini: all done"), "{text}");
+    let g = Graph::build(&t);
+    assert_eq!((g.unmatched_returns, g.mismatched_returns), (0, 0));
+    // Returns after the detach: the calls in flight at it.
+    let after = t
+        .events
+        .iter()
+        .filter(|e| e.is_return() && e.ts_ns > t.meta.detach_ns)
+        .count();
+    assert!(after > 0, "no return recorded after the detach");
+    // Every hooked call returned, but the abandoned ones and mini_main.
+    for f in &g.frames {
+        let n = name(&t, f);
+        match f.end {
+            End::Returned { .. } => {}
+            End::Abandoned => assert_eq!(n, "graph_abandoned"),
+            End::Running => assert_eq!(n, "mini_main", "{f:?}"),
+            End::Unhooked => panic!("{n} not hooked"),
+        }
+    }
+    // And the counts agree: returns per function = calls, but for those.
+    for (i, f) in t.functions.iter().enumerate() {
+        let calls: u64 = t.counts[i].iter().sum();
+        let rets: u64 = t.returns[i].iter().sum();
+        match f.name.as_str() {
+            "graph_abandoned" => assert_eq!(rets, 0),
+            "mini_main" => assert_eq!(rets, 0),
+            n => assert_eq!(rets, calls, "{n}"),
+        }
+    }
+}
+
+#[test]
+fn graph_detach_with_frames_hooked_trap() {
+    detach_with_frames_hooked(false);
+}
+
+#[test]
+fn graph_detach_with_frames_hooked_exitless() {
+    detach_with_frames_hooked(true);
+}

@@ -1,0 +1,89 @@
+//! A bzImage alone, booted: the Linux 6.12 guest's bzImage copied into an
+//! empty directory (no vmlinux anywhere vmtrace looks) is traced with the
+//! names and sites vmtrace reads from the kernel itself (kallsyms and
+//! `__mcount_loc` in its payload), and they are its vmlinux's.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+
+#[test]
+fn linux_6_12_bzimage_alone_traces_hrtimers_with_its_own_symbols() {
+    let Some((bz, vmlinux)) = linux_612() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("vmtrace-alone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let alone = dir.join("bzImage");
+    std::fs::copy(&bz, &alone).unwrap();
+    let console = dir.join("console.log");
+    let out = vmtrace(&[
+        "--kernel",
+        alone.to_str().unwrap(),
+        "--trace",
+        "hrtimer_*",
+        "--cpus",
+        "2",
+        "--mem",
+        "96",
+        "--timeout",
+        "900",
+        "--console",
+        console.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let err = stderr(&out);
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        err.contains("symbols from kallsyms in the bzImage (lz4 payload"),
+        "{err}"
+    );
+    assert!(err.contains("vmtrace: attached:"), "{err}\n{text}");
+    assert!(text.contains("Linux version 6.12"), "{text}");
+    for bad in ["ftrace bug", "WARNING:", "BUG:"] {
+        assert!(!text.contains(bad), "the guest said {bad}:\n{text}\n{err}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| {
+        panic!("{e}: {}\n{err}", stdout(&out))
+    });
+
+    // What the vmlinux says `hrtimer_*` selects: the same functions, by
+    // name and address.
+    let plan =
+        tracer::session::Plan::new(&vmlinux, &["hrtimer_*".to_string()], &[]).unwrap();
+    let expected: BTreeSet<(String, String)> = plan
+        .funcs
+        .iter()
+        .map(|&f| {
+            let s = &plan.image.functions[f];
+            (s.name.clone(), format!("{:#x}", s.addr))
+        })
+        .collect();
+    let traced: BTreeSet<(String, String)> = v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["addr"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(traced, expected);
+    assert!(traced.len() >= 10, "{traced:?}");
+    // The boot ran timers, and their callers resolve to names too.
+    let called: u64 = v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["count"].as_u64().unwrap())
+        .sum();
+    assert!(called > 0, "{v}");
+    assert_eq!(v["sites_skipped_other"].as_u64(), Some(0), "{err}");
+}

@@ -1,0 +1,284 @@
+//! The guest code of exitless function-graph tracing: the entry path that
+//! records a call and hooks its return, the return path, and one return stub
+//! per frame of vmtrace's frame pool (see `layout`: `FRAMES`, `RET_STUBS_VA`).
+//!
+//! Entry (a site's stub jumps here with r11d = k; `[rsp]` = site + 5,
+//! `[rsp + 8]` = the function's return address O, at slot S = rsp + 8):
+//!
+//! ```text
+//! gentry: push rax; push rdx; push rcx; push rsi   ; S = rsp + 40
+//!         <reserve a record, as the entry-only path; r10 = record, rdx = seq>
+//!         mov [r10 + rec.site], r11d
+//!         mov rax, [rsp + 40]               ; O
+//!         mov [r10 + rec.parent], rax
+//!         mov ecx, 1
+//!         lock xadd [FRAME_NEXT], ecx       ; a ticket: frame j = ticket mod FRAMES
+//!         and ecx, FRAMES - 1
+//!         shl ecx, 4                        ; rcx = j * FRAME_LEN
+//!         mov esi, 1
+//!         xchg [rcx + frames.busy], esi     ; claim j (xchg with memory is locked)
+//!         test esi, esi
+//!         jnz nohook                        ; j still in use: leave the return alone
+//!         mov [rcx + frames.site], r11d
+//!         mov [rcx + frames.ret], rax       ; O, for the return
+//!         lea rax, [rsp + 40]
+//!         mov [r10 + rec.slot], rax         ; S: the entry is hooked
+//!         lea rax, [rcx + RET_STUBS_VA]     ; stub j (stubs are FRAME_LEN apart, like frames)
+//!         mov [rsp + 40], rax               ; the function now returns to stub j
+//! commit: mov ecx, edx; rdtsc; <store tsc>; mov [r10 + rec.seq], ecx
+//! out:    pop rsi; pop rcx; pop rdx; pop rax; ret
+//! full:   lock inc qword [r10 + r11 * 8 + drops]; jmp out
+//! nohook: mov qword [r10 + rec.slot], 0; jmp commit
+//! ```
+//!
+//! Return (the function's `ret` popped stub j's address, so rsp = S + 8):
+//!
+//! ```text
+//! stub_j: mov r11d, j; jmp greturn
+//! greturn: push rax; push rdx                ; the return value; S = rsp + 8
+//!         shl r11d, 4                        ; r11 = j * FRAME_LEN
+//!         mov rcx, [r11 + frames.ret]        ; O
+//!         mov esi, [r11 + frames.site]       ; k
+//!         mov dword [r11 + frames.busy], 0   ; free j: O and k are in registers
+//!         <reserve a record; r10 = record, rdx = seq>
+//!         mov [r10 + rec.site], esi
+//!         mov [r10 + rec.parent], rcx
+//!         lea rax, [rsp + 9]                 ; S | 1: a return
+//!         mov [r10 + rec.slot], rax
+//!         mov r11d, edx; rdtsc; <store tsc>; mov [r10 + rec.seq], r11d
+//! rout:   pop rdx; pop rax
+//!         push rcx                           ; O where the function's return address was
+//!         ret                                ; back to the caller, as if never hooked
+//! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops]; jmp rout
+//! ```
+//!
+//! Registers: at a function's entry only r10 and r11 are free, so the entry
+//! saves the four others it uses. At a return every caller-saved register
+//! but rax and rdx (the return value) is dead: ftrace's own
+//! `return_to_handler` calls a C function there, which clobbers them all
+//! (arch/x86/kernel/ftrace_64.S); the return path saves rax and rdx only.
+//! The return goes back with `push; ret`, not an indirect `jmp`, so no
+//! indirect-branch target check (IBT) applies to the caller's return
+//! address.
+//!
+//! Frames are claimed by ticket, not from a free list (no ABA problem, no
+//! 16-byte compare-and-swap, which this CI host's emulator cannot run): a
+//! ticket whose frame is still busy (a long-sleeping call, or one abandoned
+//! by its stack) leaves that call unhooked, recorded with slot 0.
+
+use iced_x86::code_asm::{
+    dword_ptr, eax, ecx, edx, esi, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rcx, rdx, rsi, rsp,
+    AsmRegister32, CodeAssembler, CodeLabel,
+};
+use iced_x86::IcedError;
+
+use super::layout::{
+    FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE, FRAMES, FRAMES_OFF, DATA_VA,
+    RET_STUBS_VA,
+};
+
+/// Displacements and immediates the paths use (computed and checked by
+/// `trampoline::generate`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fields {
+    pub cpu_number_off: i32,
+    pub cpus: u32,
+    pub ring_bytes: i32,
+    pub index_mask: u32,
+    pub record_shift: u32,
+    pub head: i64,
+    pub limit: i64,
+    pub drops: i64,
+    pub ret_drops: i64,
+    pub rec_seq: i64,
+    pub rec_site: i64,
+    pub rec_tsc: i64,
+    pub rec_parent: i64,
+    pub rec_slot: i64,
+}
+
+/// Where the reservation goes when it cannot record.
+pub(super) struct Exits {
+    /// The CPU has no ring: record nothing.
+    pub out: CodeLabel,
+    /// The ring is full: count a drop.
+    pub full: CodeLabel,
+}
+
+/// Reserve a record in this CPU's ring: on success r10 = the record's offset
+/// from `DATA_VA` and rdx = its seq (index + 1); rax is clobbered. Uses r10,
+/// rax and rdx.
+pub(super) fn emit_reserve(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    exits: &Exits,
+) -> Result<(), IcedError> {
+    let mut retry = a.create_label();
+    // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
+    a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
+    // A CPU without a ring (a wrong per-CPU offset): record nothing.
+    a.cmp(r10d, f.cpus)?;
+    a.jae(exits.out)?;
+    // r10 = offset of this CPU's ring from DATA_VA.
+    a.imul_3(r10, r10, f.ring_bytes)?;
+    // rax = head, the next index to reserve.
+    a.mov(rax, qword_ptr(r10 + f.head))?;
+    a.set_label(&mut retry)?;
+    // Full: head has reached the first index the host has not freed.
+    a.cmp(rax, qword_ptr(r10 + f.limit))?;
+    a.jae(exits.full)?;
+    // rdx = head + 1: the new head and this record's seq.
+    a.lea(rdx, ptr(rax + 1))?;
+    // Reserve index rax (locked: a preempted task may finish on another CPU).
+    a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    // Lost the race: rax holds the current head; check it again.
+    a.jne(retry)?;
+    // eax = the slot of index rax, then its byte offset.
+    a.and(eax, f.index_mask)?;
+    a.shl(eax, f.record_shift)?;
+    // r10 = ring offset + slot offset.
+    a.add(r10, rax)?;
+    Ok(())
+}
+
+/// Store the guest TSC in the record at r10 and commit it with `seq32`,
+/// which must not be eax or edx (rdtsc overwrites them).
+pub(super) fn emit_commit(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    seq32: AsmRegister32,
+) -> Result<(), IcedError> {
+    // seq = edx (the reservation's index + 1, truncated as the record
+    // keeps it), kept across rdtsc.
+    a.mov(seq32, edx)?;
+    // edx:eax = the guest's TSC.
+    a.rdtsc()?;
+    a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
+    a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
+    // The commit, last: x86 keeps stores in program order.
+    a.mov(dword_ptr(r10 + f.rec_seq), seq32)?;
+    Ok(())
+}
+
+/// The graph entry path, at `entry` (the sites' stubs jump there).
+pub(super) fn emit_entry(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    entry: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    let frames = (DATA_VA + FRAMES_OFF) as i64;
+    let frame_next = (DATA_VA + FRAME_NEXT_OFF) as i64;
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    let mut commit = a.create_label();
+    let mut nohook = a.create_label();
+    a.set_label(entry)?;
+    // Save the argument registers used below; the slot S is then rsp + 40.
+    a.push(rax)?;
+    a.push(rdx)?;
+    a.push(rcx)?;
+    a.push(rsi)?;
+    emit_reserve(a, f, &Exits { out, full })?;
+    // record.site = k.
+    a.mov(dword_ptr(r10 + f.rec_site), r11d)?;
+    // rax = O, the function's return address, and record.parent = O.
+    a.mov(rax, qword_ptr(rsp + 40))?;
+    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
+    // ecx = a ticket; frame j = ticket mod FRAMES.
+    a.mov(ecx, 1u32)?;
+    a.lock().xadd(dword_ptr(frame_next), ecx)?;
+    a.and(ecx, (FRAMES - 1) as u32)?;
+    // rcx = j * FRAME_LEN, the frame's offset (the 32-bit ops zero-extend).
+    a.shl(ecx, FRAME_LEN.trailing_zeros())?;
+    // Claim frame j: busy = 1, the old value in esi.
+    a.mov(esi, 1u32)?;
+    a.xchg(dword_ptr(rcx + (frames + FRAME_BUSY as i64)), esi)?;
+    a.test(esi, esi)?;
+    // Still busy: record the call, do not hook its return.
+    a.jnz(nohook)?;
+    // frame.site = k, frame.ret = O.
+    a.mov(dword_ptr(rcx + (frames + FRAME_SITE as i64)), r11d)?;
+    a.mov(qword_ptr(rcx + (frames + FRAME_RET as i64)), rax)?;
+    // record.slot = S.
+    a.lea(rax, ptr(rsp + 40))?;
+    a.mov(qword_ptr(r10 + f.rec_slot), rax)?;
+    // [S] = stub j: the function returns through vmtrace.
+    a.lea(rax, ptr(rcx + RET_STUBS_VA as i64))?;
+    a.mov(qword_ptr(rsp + 40), rax)?;
+    a.set_label(&mut commit)?;
+    emit_commit(a, f, ecx)?;
+    a.set_label(&mut out)?;
+    a.pop(rsi)?;
+    a.pop(rcx)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: drops[k] += 1; no record, no hook.
+    a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
+    a.jmp(out)?;
+    a.set_label(&mut nohook)?;
+    // No frame: an unhooked entry has slot 0.
+    a.mov(qword_ptr(r10 + f.rec_slot), 0)?;
+    a.jmp(commit)?;
+    Ok(())
+}
+
+/// The graph return path, at `ret_entry` (the frames' stubs jump there).
+pub(super) fn emit_return(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    ret_entry: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    let frames = (DATA_VA + FRAMES_OFF) as i64;
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    a.set_label(ret_entry)?;
+    // Save the return value; the slot S is then rsp + 8.
+    a.push(rax)?;
+    a.push(rdx)?;
+    // r11 = j * FRAME_LEN (the stub left j in r11d).
+    a.shl(r11d, FRAME_LEN.trailing_zeros())?;
+    // rcx = O, esi = k, then free the frame.
+    a.mov(rcx, qword_ptr(r11 + (frames + FRAME_RET as i64)))?;
+    a.mov(esi, dword_ptr(r11 + (frames + FRAME_SITE as i64)))?;
+    a.mov(dword_ptr(r11 + (frames + FRAME_BUSY as i64)), 0u32)?;
+    emit_reserve(a, f, &Exits { out, full })?;
+    a.mov(dword_ptr(r10 + f.rec_site), esi)?;
+    a.mov(qword_ptr(r10 + f.rec_parent), rcx)?;
+    // record.slot = S | 1: a return.
+    a.lea(rax, ptr(rsp + 9))?;
+    a.mov(qword_ptr(r10 + f.rec_slot), rax)?;
+    emit_commit(a, f, r11d)?;
+    a.set_label(&mut out)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    // O back in the slot the function's `ret` took it from, and return there.
+    a.push(rcx)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: ret_drops[k] += 1.
+    a.lock().inc(qword_ptr(r10 + rsi * 8 + f.ret_drops))?;
+    a.jmp(out)?;
+    Ok(())
+}
+
+/// The frames' return stubs, assembled at `RET_STUBS_VA`, each `FRAME_LEN`
+/// bytes (padded with int3, never run), jumping to `ret_entry_va`.
+pub(super) fn return_stubs(ret_entry_va: u64) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut stubs = Vec::with_capacity((FRAMES * FRAME_LEN) as usize);
+    for j in 0..FRAMES {
+        // Each stub on its own: fixed length, so stub j is at j * FRAME_LEN.
+        a.reset();
+        let va = RET_STUBS_VA + j * FRAME_LEN;
+        // r11d = j (r11 is dead at a function's return).
+        a.mov(r11d, j as u32)?;
+        a.jmp(ret_entry_va)?;
+        let mut code = a.assemble(va)?;
+        debug_assert!(code.len() as u64 <= FRAME_LEN);
+        code.resize(FRAME_LEN as usize, 0xcc);
+        stubs.extend_from_slice(&code);
+    }
+    Ok(stubs)
+}

@@ -1,0 +1,234 @@
+//! A `KernelImage` from a bzImage alone: its payload (the vmlinux, stripped
+//! of its symbol table, see `vmm::payload`) gives the sections and bytes,
+//! kallsyms the names (`crate::kallsyms`), and a scan of `.init.data` the
+//! `__mcount_loc` table, whose bounds are data symbols that kallsyms does not
+//! hold (without `CONFIG_KALLSYMS_ALL`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use object::{Object, ObjectSection};
+
+use crate::kallsyms::{self, KallsymsEntry, KallsymsError};
+use crate::sites::{classify, site_function, SiteKind, FENTRY, SITE_LEN};
+use crate::symbols::{index_sections, KernelImage, Symbol, SymbolError, MCOUNT_ENTRY_SIZE};
+
+/// The section kallsyms is emitted into (scripts/kallsyms.c).
+const KALLSYMS_SECTION: &str = ".rodata";
+/// The section the `__mcount_loc` table is linked into (MCOUNT_REC in
+/// include/asm-generic/vmlinux.lds.h, inside INIT_DATA).
+const MCOUNT_SECTION: &str = ".init.data";
+/// What every error of this module ends with.
+const PASS_VMLINUX: &str = "pass the kernel's unstripped vmlinux with --vmlinux PATH";
+
+/// Why a bzImage alone gave no symbols.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadSymbolError {
+    #[error(transparent)]
+    Payload(#[from] vmm::payload::PayloadError),
+    #[error(transparent)]
+    Elf(SymbolError),
+    #[error("{}: no kallsyms in its {compression} payload ({source}); {PASS_VMLINUX}", path.display())]
+    NoKallsyms {
+        path: PathBuf,
+        compression: vmm::payload::Compression,
+        source: KallsymsError,
+    },
+    #[error("{}: kallsyms in its payload name no function in the kernel text; {PASS_VMLINUX}", path.display())]
+    NoFunctions { path: PathBuf },
+    #[error("{}: no __mcount_loc table found in the payload's {MCOUNT_SECTION} (no run of ftrace call-site addresses; was it built with CONFIG_DYNAMIC_FTRACE?); {PASS_VMLINUX}", path.display())]
+    NoMcountLoc { path: PathBuf },
+}
+
+/// What `load` found, besides the image.
+#[derive(Debug, Clone)]
+pub struct PayloadInfo {
+    pub compression: vmm::payload::Compression,
+    pub decompress_time: Duration,
+    pub layout: kallsyms::Layout,
+    /// kallsyms entries, and how many are functions.
+    pub kallsyms: usize,
+    /// Where the `__mcount_loc` table was found (virtual addresses).
+    pub mcount_loc: (u64, u64),
+}
+
+/// The symbols and ftrace sites of the bzImage at `path`, from its payload.
+pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolError> {
+    let payload = vmm::payload::extract(path)?;
+    let compression = payload.compression;
+    let bytes = payload.elf;
+    let elf_err = |source| {
+        PayloadSymbolError::Elf(SymbolError::Malformed {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let file = object::File::parse(&*bytes).map_err(elf_err)?;
+    let build_id = file.build_id().map_err(elf_err)?.map(<[u8]>::to_vec);
+    let (sections, _) =
+        index_sections(&file, path, bytes.len()).map_err(PayloadSymbolError::Elf)?;
+    let section = |name: &str| {
+        let s = file.section_by_name(name)?;
+        let (offset, size) = s.file_range()?;
+        let data = bytes.get(offset as usize..offset.checked_add(size)? as usize)?;
+        Some((data, s.address()))
+    };
+    let no_kallsyms = |source| PayloadSymbolError::NoKallsyms {
+        path: path.to_owned(),
+        compression,
+        source,
+    };
+    let (rodata, rodata_va) =
+        section(KALLSYMS_SECTION).ok_or_else(|| no_kallsyms(KallsymsError::NoTokenTable))?;
+    let table = kallsyms::find(rodata, rodata_va).map_err(no_kallsyms)?;
+    let mcount_section = section(MCOUNT_SECTION).map(|(d, va)| (d.as_ptr() as usize - bytes.as_ptr() as usize, d.len(), va));
+    let section_text = file
+        .section_by_name(".text")
+        .map(|s| (s.address(), s.address().saturating_add(s.size())));
+    drop(file);
+
+    let (symbols, functions) = index_kallsyms(&table.entries);
+    if functions.is_empty() {
+        return Err(PayloadSymbolError::NoFunctions {
+            path: path.to_owned(),
+        });
+    }
+    let bounds = |start: &str, stop: &str| match (symbols.get(start), symbols.get(stop)) {
+        (Some(s), Some(e)) => Some((s.addr, e.addr)),
+        _ => None,
+    };
+    let init_text = bounds("_sinittext", "_einittext");
+    let text = bounds("_stext", "_etext").or(section_text);
+    let source = format!(
+        "kallsyms in the {} payload of {} ({} symbols, layout: {})",
+        compression,
+        path.display(),
+        table.entries.len(),
+        table.layout
+    );
+    let mut image = KernelImage {
+        path: path.to_owned(),
+        build_id,
+        functions,
+        mcount_loc: Vec::new(),
+        init_text,
+        text,
+        source,
+        symbols,
+        sections,
+        bytes,
+    };
+    let no_mcount = || PayloadSymbolError::NoMcountLoc {
+        path: path.to_owned(),
+    };
+    let (offset, len, va) = mcount_section.ok_or_else(no_mcount)?;
+    let (start, entries) = find_mcount_loc(&image, offset, len, va).ok_or_else(no_mcount)?;
+    let stop = start + entries.len() as u64 * MCOUNT_ENTRY_SIZE;
+    image.mcount_loc = entries;
+    let info = PayloadInfo {
+        compression,
+        decompress_time: payload.elapsed,
+        layout: table.layout,
+        kallsyms: table.entries.len(),
+        mcount_loc: (start, stop),
+    };
+    Ok((image, info))
+}
+
+/// kallsyms by name (a global beats a local, then the first), and the
+/// functions by address: text symbols, one per address (kallsyms' own order
+/// puts the name the kernel prints first among aliases), each as large as
+/// the distance to the next symbol.
+fn index_kallsyms(entries: &[KallsymsEntry]) -> (HashMap<String, Symbol>, Vec<Symbol>) {
+    let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
+    let mut functions: Vec<Symbol> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        // kallsyms has no sizes: up to the next higher address.
+        let next = entries[i + 1..]
+            .iter()
+            .map(|n| n.addr)
+            .find(|&a| a > e.addr);
+        let size = next.map_or(0, |n| n - e.addr);
+        let sym = Symbol {
+            name: e.name.clone(),
+            addr: e.addr,
+            size,
+        };
+        if e.is_text() && functions.last().is_none_or(|f| f.addr != e.addr) {
+            functions.push(sym.clone());
+        }
+        let global = e.is_global();
+        match symbols.get(&e.name) {
+            Some((_, true)) => {}
+            Some((_, false)) if !global => {}
+            _ => {
+                symbols.insert(e.name.clone(), (sym, global));
+            }
+        }
+    }
+    let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
+    (symbols, functions)
+}
+
+/// The `__mcount_loc` table in the section at file offset `offset` (`len`
+/// bytes, virtual address `va`): the run of 8-byte-aligned words, strictly
+/// ascending (scripts/sorttable sorts the table at build time,
+/// BUILDTIME_MCOUNT_SORT) and each inside the kernel text, that holds the
+/// most ftrace call sites (a function's entry, or entry + 4 behind
+/// `endbr64`, holding a 5-byte NOP or `call __fentry__`); most of its
+/// entries must be sites (a few are stale: overridden weak functions).
+/// Nothing else in init data is a long sorted list of such addresses.
+/// Entries the build zeroed (sorted first) are left out, as `SiteTable`
+/// ignores them anyway: the table found ends at `__stop_mcount_loc` and
+/// starts at its first non-zero entry, which tests/linux_symbols.rs checks
+/// against the real 6.1 and 6.12 vmlinux.
+fn find_mcount_loc(
+    image: &KernelImage,
+    offset: usize,
+    len: usize,
+    va: u64,
+) -> Option<(u64, Vec<u64>)> {
+    let fentry = image.symbol(FENTRY).map(|s| s.addr);
+    let ranges: Vec<(u64, u64)> = [image.text, image.init_text].into_iter().flatten().collect();
+    let in_text = |a: u64| ranges.iter().any(|&(s, e)| (s..e).contains(&a));
+    let is_site = |addr: u64| {
+        site_function(image, addr).is_some()
+            && image
+                .file_bytes(addr, SITE_LEN)
+                .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other)
+    };
+    let data = image.bytes.get(offset..offset.checked_add(len)?)?;
+    let skip = (va.wrapping_neg() % MCOUNT_ENTRY_SIZE) as usize;
+    let words: Vec<u64> = data
+        .get(skip..)?
+        .chunks_exact(MCOUNT_ENTRY_SIZE as usize)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect();
+    // (start, end, sites) of the best run so far, and of the current one.
+    let mut best: Option<(usize, usize, usize)> = None;
+    let mut run: Option<(usize, usize)> = None;
+    for (i, &w) in words.iter().enumerate().chain([(words.len(), &0)]) {
+        let inside = i < words.len() && in_text(w);
+        if let Some((start, sites)) = run {
+            if inside && words[i - 1] < w {
+                run = Some((start, sites + usize::from(is_site(w))));
+                continue;
+            }
+            if best.is_none_or(|(_, _, b)| sites > b) {
+                best = Some((start, i, sites));
+            }
+        }
+        run = inside.then(|| (i, usize::from(is_site(w))));
+    }
+    let (s, e, sites) = best?;
+    if sites == 0 || sites * 2 < e - s {
+        return None;
+    }
+    let start = va + skip as u64 + s as u64 * MCOUNT_ENTRY_SIZE;
+    Some((start, words[s..e].to_vec()))
+}

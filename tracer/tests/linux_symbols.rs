@@ -1,0 +1,139 @@
+//! Symbols from a bzImage alone, on the real guest kernels (Linux 6.1 and
+//! 6.12, LZ4 payloads): the payload decompresses to the vmlinux's own
+//! sections, kallsyms decodes to the vmlinux's symbols, and the
+//! `__mcount_loc` table found by the scan is exactly the vmlinux's.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use object::{Object, ObjectSection, ObjectSymbol};
+use tracer::kallsyms::Layout;
+use tracer::sites::SiteTable;
+use tracer::symbols::KernelImage;
+use vmm::payload::Compression;
+
+fn guest_out() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest/out")
+}
+
+/// A built guest's bzImage and vmlinux, or None (with a message saying how to
+/// build it) when it is not built.
+fn guest(dir: &str, build: &str) -> Option<(PathBuf, PathBuf)> {
+    let d = guest_out().join(dir);
+    let (bz, vmlinux) = (d.join("bzImage"), d.join("vmlinux"));
+    if bz.is_file() && vmlinux.is_file() {
+        Some((bz, vmlinux))
+    } else {
+        eprintln!("SKIPPED: {} is not built; run `bash guest/build.sh {build}`", bz.display());
+        None
+    }
+}
+
+/// Every (name, address) of the vmlinux's symbol table.
+fn elf_symbols(vmlinux: &PathBuf) -> HashSet<(String, u64)> {
+    let data = std::fs::read(vmlinux).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    obj.symbols()
+        .filter_map(|s| Some((s.name().ok()?.to_string(), s.address())))
+        .collect()
+}
+
+fn check_kernel(bz: &PathBuf, vmlinux: &PathBuf, layout: Layout) {
+    // The payload is the vmlinux, stripped: the same sections, byte for byte.
+    let t = Instant::now();
+    let payload = vmm::payload::extract(bz).unwrap();
+    eprintln!(
+        "{}: {} payload, {} bytes, decompressed in {:?} (extract {:?})",
+        bz.display(),
+        payload.compression,
+        payload.elf.len(),
+        payload.elapsed,
+        t.elapsed()
+    );
+    assert_eq!(payload.compression, Compression::Lz4);
+    let reference = KernelImage::load(vmlinux).unwrap();
+    let stripped = object::File::parse(&*payload.elf).unwrap();
+    for name in [".text", ".rodata", ".init.data", ".data"] {
+        let s = stripped.section_by_name(name).unwrap();
+        let bytes = s.data().unwrap();
+        assert_eq!(
+            Some(bytes),
+            reference.file_bytes(s.address(), bytes.len()),
+            "{name} differs from the vmlinux's"
+        );
+    }
+
+    let t = Instant::now();
+    let (image, info) = tracer::payload::load(bz).unwrap();
+    eprintln!(
+        "{}: {} kallsyms ({}), {} functions, __mcount_loc {:#x}..{:#x}, loaded in {:?}",
+        bz.display(),
+        info.kallsyms,
+        info.layout,
+        image.functions.len(),
+        info.mcount_loc.0,
+        info.mcount_loc.1,
+        t.elapsed()
+    );
+    assert_eq!(info.layout, layout);
+    assert_eq!(image.build_id, reference.build_id);
+    // The scanned table is __start_mcount_loc..__stop_mcount_loc but for
+    // the entries the build zeroed (sorted first; 6.12 has some).
+    let start = reference.symbol("__start_mcount_loc").unwrap().addr;
+    let stop = reference.symbol("__stop_mcount_loc").unwrap().addr;
+    let zeroed = reference.mcount_loc.iter().take_while(|&&a| a == 0).count();
+    assert_eq!(info.mcount_loc, (start + 8 * zeroed as u64, stop));
+    assert_eq!(image.mcount_loc, reference.mcount_loc[zeroed..]);
+
+    // Every kallsyms function is a symbol of the vmlinux, at its address.
+    let elf = elf_symbols(vmlinux);
+    for f in &image.functions {
+        assert!(
+            elf.contains(&(f.name.clone(), f.addr)),
+            "{} at {:#x} is not in the vmlinux",
+            f.name,
+            f.addr
+        );
+    }
+    for name in ["_stext", "_etext", "_sinittext", "_einittext", "__fentry__"] {
+        assert_eq!(
+            image.symbol(name).map(|s| s.addr),
+            reference.symbol(name).map(|s| s.addr),
+            "{name}"
+        );
+    }
+    assert_eq!(image.init_text, reference.init_text);
+    assert_eq!(image.text, reference.text);
+
+    // The same sites, each in a function at the same address.
+    let ours = SiteTable::build(&image).unwrap();
+    let theirs = SiteTable::build(&reference).unwrap();
+    let addrs = |t: &SiteTable, img: &KernelImage| -> Vec<(u64, u64, bool)> {
+        t.sites
+            .iter()
+            .map(|s| (s.addr, img.functions[s.func as usize].addr, s.init))
+            .collect()
+    };
+    assert_eq!(addrs(&ours, &image), addrs(&theirs, &reference));
+    assert!(ours.len() > 5000, "{} sites", ours.len());
+    let hr = image.symbol("hrtimer_interrupt").unwrap();
+    assert_eq!(Some(hr.addr), reference.symbol("hrtimer_interrupt").map(|s| s.addr));
+}
+
+#[test]
+fn linux_6_1_bzimage_alone_gives_the_vmlinux_symbols_and_sites() {
+    let Some((bz, vmlinux)) = guest("", "linux") else {
+        return;
+    };
+    // Debian's 6.1 has seqs_of_names backported.
+    check_kernel(&bz, &vmlinux, Layout::OffsetsFirst { seqs: true });
+}
+
+#[test]
+fn linux_6_12_bzimage_alone_gives_the_vmlinux_symbols_and_sites() {
+    let Some((bz, vmlinux)) = guest("linux-6.12", "linux-6.12") else {
+        return;
+    };
+    check_kernel(&bz, &vmlinux, Layout::OffsetsAfterTokens);
+}
