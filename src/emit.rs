@@ -13,10 +13,11 @@
 //! `dropped`, the text report its `events:` line.
 //!
 //! `--tree` prints the call tree where the text report would go. The
-//! function-graph views (`--tree`, `--format folded`) of a trace without
-//! returns are refused before a run (`config`) or a load (`cmd::report`);
-//! should one get here anyway, the tree falls back to the report and folded
-//! stacks come out empty, each with a line on stderr.
+//! function-graph views (`--tree`, `--format folded`,
+//! `config::Output::graph_view`) of a trace without returns are refused
+//! before it is loaded (`cmd::report`) and should be before a run without
+//! `--graph`; should one get here anyway, the tree falls back to the report
+//! and folded stacks come out empty, each with a line on stderr.
 
 use std::io::{self, Write};
 use std::path::Path;

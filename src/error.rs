@@ -85,6 +85,8 @@ pub enum InputError {
     InitrdMissing(PathBuf),
     #[error("{flag} needs --trace GLOB (it only applies to a traced run)")]
     NeedsTrace { flag: &'static str },
+    #[error("{view} shows returns and durations: add --graph to record them")]
+    NeedsGraph { view: &'static str },
     #[error("{flag} {value} is not a positive number of seconds")]
     Seconds { flag: &'static str, value: f64 },
     #[error(
@@ -117,7 +119,7 @@ pub enum InputError {
     NoSymbols {
         kernel: PathBuf,
         tried: String,
-        source: tracer::payload::PayloadSymbolError,
+        source: Box<tracer::payload::PayloadSymbolError>,
     },
     #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {

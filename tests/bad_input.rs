@@ -269,7 +269,10 @@ fn assert_no_symbols(bz: &std::path::Path, needle: &str) {
     assert_bad_input(&args, needle);
     let err = stderr(&vmtrace(&args));
     let beside = bz.with_file_name("vmlinux");
-    assert!(err.contains(&format!("no vmlinux at {}", beside.display())), "{err}");
+    assert!(
+        err.contains(&format!("no vmlinux at {}", beside.display())),
+        "{err}"
+    );
     assert!(err.contains("--vmlinux"), "{err}");
 }
 
@@ -326,7 +329,7 @@ fn bzimage_alone_without_kallsyms() {
         b[0x24c..0x250].copy_from_slice(&(gz.len() as u32).to_le_bytes());
         // syssize: the protected-mode part, in 16-byte units.
         let setup = (usize::from(b[0x1f1]) + 1) * 512;
-        let sys = (b.len() - setup).div_ceil(16) as u32;
+        let sys = ((b.len() - setup) / 16) as u32;
         b[0x1f4..0x1f8].copy_from_slice(&sys.to_le_bytes());
     });
     assert_no_symbols(&path, "no kallsyms in its gzip payload");
@@ -351,7 +354,10 @@ fn mismatched_vmlinux_at_the_build_tree_root_is_refused() {
     let args = ["--kernel", bz.to_str().unwrap(), "--trace", "hrtimer_*"];
     assert_bad_input(&args, "does not match kernel");
     let err = stderr(&vmtrace(&args));
-    assert!(err.contains(&tree.join("vmlinux").display().to_string()), "{err}");
+    assert!(
+        err.contains(&tree.join("vmlinux").display().to_string()),
+        "{err}"
+    );
     assert!(err.contains(why), "{err}");
 }
 
@@ -395,7 +401,14 @@ fn tree_options_are_checked() {
     );
     // Checked before the trace is read.
     assert_bad_input(
-        &["report", "-i", "/nonexistent.vmt", "--tree", "--threshold", "1 parsec"],
+        &[
+            "report",
+            "-i",
+            "/nonexistent.vmt",
+            "--tree",
+            "--threshold",
+            "1 parsec",
+        ],
         "--threshold: unknown unit 'parsec'",
     );
     // A trace without returns has no tree or flame graph.
@@ -410,7 +423,26 @@ fn tree_options_are_checked() {
     // The run takes the same output options, checked before any guest boots.
     let k = mini_elf();
     assert_bad_input(
-        &["--kernel", k.to_str().unwrap(), "--tree", "--threshold", "3 fortnights"],
+        &[
+            "--kernel",
+            k.to_str().unwrap(),
+            "--tree",
+            "--threshold",
+            "3 fortnights",
+        ],
         "--threshold: unknown unit 'fortnights'",
+    );
+    // A run's graph views need the returns: --graph, checked before boot.
+    for view in [&["--tree"][..], &["--format", "folded"][..]] {
+        let mut a = vec!["--kernel", k.to_str().unwrap(), "--trace", "do_idle"];
+        a.extend_from_slice(view);
+        assert_bad_input(
+            &a,
+            "shows returns and durations: add --graph to record them",
+        );
+    }
+    assert_bad_input(
+        &["--kernel", k.to_str().unwrap(), "--graph"],
+        "--graph needs --trace GLOB",
     );
 }

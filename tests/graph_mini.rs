@@ -10,10 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use vm_memory::{Bytes, GuestAddress};
 use tracer::graph::{End, Frame, Graph};
 use tracer::model::Trace;
 use tracer::session::{Plan, Tracer};
+use vm_memory::{Bytes, GuestAddress};
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("vmtrace-graph-mini-{}", std::process::id()));
@@ -167,11 +167,19 @@ fn check_graph_run(mode: &str, cpus: u32, iters: u64) {
     });
     for cpu in 0..cpus {
         assert_eq!(outer.get(&cpu), Some(&iters), "{mode}: recursions on {cpu}");
-        assert_eq!(inner.get(&cpu), Some(&(5 * iters)), "{mode}: nested on {cpu}");
+        assert_eq!(
+            inner.get(&cpu),
+            Some(&(5 * iters)),
+            "{mode}: nested on {cpu}"
+        );
     }
     // The tail callee returns where its caller would have: the caller of
     // graph_tail_caller (vmtrace's hook mapped back, as -g shows it).
-    for f in g.frames.iter().filter(|f| name(&t, f) == "graph_tail_callee") {
+    for f in g
+        .frames
+        .iter()
+        .filter(|f| name(&t, f) == "graph_tail_callee")
+    {
         let p = &g.frames[f.parent.unwrap() as usize];
         assert_eq!(f.caller, p.caller, "{mode}: tail callee's caller");
         assert!(matches!(f.end, End::Returned { .. }));
@@ -203,7 +211,11 @@ fn check_graph_run(mode: &str, cpus: u32, iters: u64) {
             .collect();
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].cpu, 0);
-        assert!(matches!(m[0].end, End::Returned { cpu: 1, .. }), "{:?}", m[0]);
+        assert!(
+            matches!(m[0].end, End::Returned { cpu: 1, .. }),
+            "{:?}",
+            m[0]
+        );
     }
     // graph_long: vmtrace's duration against the guest's own TSC reading
     // of the same call, per vCPU. vmtrace's span is the guest's plus the
@@ -250,13 +262,7 @@ fn detach_with_frames_hooked(exitless: bool) {
     let kernel = mini_elf();
     let console = Capture::default();
     let cpus = 2;
-    let vm = vmm::Vm::create(mini_config(
-        &kernel,
-        cpus,
-        "mode=loop graph=1",
-        &console,
-    ))
-    .unwrap();
+    let vm = vmm::Vm::create(mini_config(&kernel, cpus, "mode=loop graph=1", &console)).unwrap();
     let mut plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
     plan.graph = true;
     let (mut tracer, handlers) = if exitless {

@@ -299,3 +299,67 @@ fn linux_vmlinux_elf_boots_with_the_64_bit_protocol() {
     let (out, text) = boot_kernel(&vmlinux, 2, &[]);
     check_boot_console(&text, &stderr(&out), 2);
 }
+
+/// The function graph on Linux (`--graph`, trap mode on this host): the
+/// timer path's returns hooked during boot. Each returned call nests where
+/// the kernel calls it, returns match calls but for the few in flight when
+/// the guest stopped, and the guest boots on untroubled.
+#[test]
+fn linux_graph_times_the_timer_path_during_boot() {
+    use tracer::graph::{End, Graph};
+    let path = std::env::temp_dir().join(format!(
+        "vmtrace-linux-graph-{}.vmtrace",
+        std::process::id()
+    ));
+    let (out, text) = boot(
+        2,
+        &[
+            "--trace",
+            "hrtimer_interrupt,__hrtimer_run_queues,tick_sched_timer",
+            "--graph",
+            "-o",
+            path.to_str().unwrap(),
+        ],
+    );
+    let err = stderr(&out);
+    check_boot_console(&text, &err, 2);
+    let t = tracer::tracefile::load(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(t.meta.graph);
+    assert_eq!((t.meta.events_dropped, t.meta.returns_dropped), (0, 0));
+    let g = Graph::build(&t);
+    assert_eq!((g.unmatched_returns, g.mismatched_returns), (0, 0), "{err}");
+    assert_eq!(g.abandoned, 0, "{err}");
+    let name = |i: u32| t.functions[i as usize].name.as_str();
+    let mut returned = 0;
+    for f in &g.frames {
+        match f.end {
+            End::Returned { .. } => returned += 1,
+            // Still running when the guest stopped: at most one timer
+            // path per vCPU.
+            End::Running => {}
+            e => panic!("{} ended {e:?}", name(f.func)),
+        }
+        let parent = f.parent.map(|p| name(g.frames[p as usize].func));
+        let ok = match name(f.func) {
+            "tick_sched_timer" => parent == Some("__hrtimer_run_queues"),
+            "__hrtimer_run_queues" => matches!(parent, None | Some("hrtimer_interrupt")),
+            _ => parent.is_none(),
+        };
+        assert!(ok, "{} nested in {parent:?}", name(f.func));
+        if let (Some(total), Some(own)) = (f.total_ns(), f.self_ns()) {
+            assert!(own <= total && f.child_ns <= total);
+        }
+    }
+    let running = g.frames.len() - returned;
+    assert!(running <= 2 * 3, "{running} calls never returned");
+    let tick = t
+        .functions
+        .iter()
+        .position(|f| f.name == "tick_sched_timer")
+        .unwrap();
+    let calls: u64 = t.counts[tick].iter().sum();
+    assert!(calls > 0, "high-resolution ticks traced: {err}");
+    let rets: u64 = t.returns[tick].iter().sum();
+    assert!(calls - rets <= 2, "{calls} calls, {rets} returns");
+}

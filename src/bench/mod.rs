@@ -108,6 +108,17 @@
 //! emulates guest ring 0 (~1 µs per instruction) an exitless call costs
 //! more than an exit; `--mode auto` picks traps there.
 //!
+//! **(g) function graph.** (f) again in a third mini guest, both tracers
+//! built from a plan with `graph` (returns hooked: `--graph`): per call, an
+//! entry and its return. Calls per iteration come from the calls the trap
+//! tracer counted (each takes two trace-port exits now: exits per call =
+//! traps / calls, against (f)'s 1); the exitless figures as in (f), the
+//! static count being the hooked entry's path plus the return path
+//! (`Trampoline::return_path`). Printed beside (f)'s entry-only figures:
+//! the return hook's added cost, in exits per call (trap) and guest
+//! instructions per call (exitless), the units that carry over to other
+//! hosts.
+//!
 //! **Loading**: `KernelImage::load` + `SiteTable::build` of that vmlinux.
 //!
 //! **Report**: `report::render` with callers, and the JSON export, of a

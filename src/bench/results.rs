@@ -16,7 +16,7 @@ use super::measure::{
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
-use exitless::ExitlessFigures;
+use exitless::{ExitlessFigures, GraphFigures};
 
 /// Goals.
 const GOAL_RATIO: f64 = 1.2;
@@ -38,6 +38,8 @@ pub struct Results {
     pub handlers: HandlerAlone,
     /// (f): exitless against trap, per traced call.
     pub exitless: ExitlessCosts,
+    /// (g): the same with return hooks (`--graph`).
+    pub graph: ExitlessCosts,
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
@@ -243,6 +245,8 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     writeln!(o)?;
     exitless::write(o, &r.exitless, cfg)?;
     writeln!(o)?;
+    exitless::write_graph(o, &r.graph, &r.exitless, cfg)?;
+    writeln!(o)?;
     writeln!(
         o,
         "report: {} events, text with callers {:.3} s; JSON export {:.3} s",
@@ -438,6 +442,8 @@ struct BenchJson<'a> {
     figures: &'a [(String, f64)],
     /// (f).
     exitless: ExitlessFigures,
+    /// (g).
+    graph: GraphFigures,
     goals: Vec<GoalJson<'a>>,
     #[serde(serialize_with = "ordered_map")]
     methods: &'a [(&'static str, String)],
@@ -475,6 +481,7 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         report_events: cfg.report_events,
         figures: &figures(r),
         exitless: ExitlessFigures::new(&r.exitless),
+        graph: GraphFigures::new(&r.graph, &r.exitless),
         goals: goals
             .iter()
             .map(|g| GoalJson {
@@ -534,6 +541,7 @@ fn methods() -> Vec<(&'static str, String)> {
                 .into(),
         ),
         ("(f)", exitless::method()),
+        ("(g)", exitless::graph_method()),
         (
             "loading",
             "KernelImage::load + SiteTable::build of that vmlinux, median of the loads made for (e)"
@@ -597,6 +605,16 @@ mod tests {
                 exitless_calls: 7000,
                 exitless_traps: 0,
                 static_instructions: 28,
+                trap_exits_per_call: 1.0,
+            },
+            // Per call: trap 20 µs (two exits), exitless 80 instructions.
+            graph: ExitlessCosts {
+                rounds: vec![[10.0, 410.0, 80.0, 290.0]],
+                calls_per_iter: 3.5,
+                exitless_calls: 7000,
+                exitless_traps: 0,
+                static_instructions: 80,
+                trap_exits_per_call: 2.0,
             },
             pauses: vec![PauseFigures {
                 vcpus: 1,
@@ -668,6 +686,27 @@ mod tests {
         assert!(goals.iter().all(|g| g["not_judged"].is_null()));
         assert_eq!(doc["methods"].as_object().unwrap().len(), methods().len());
         assert!(at("(e)") < at("(f)"));
+    }
+
+    #[test]
+    fn graph_figures_beside_the_entry_only_ones() {
+        let r = results(false);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let g = &doc["graph"];
+        assert_eq!(g["trap_exits_per_call"], 2.0);
+        assert_eq!(g["trap_exits_per_call_entry_only"], 1.0);
+        // (80 - 10) / 3.5 µs per call at 1 µs per instruction.
+        assert_eq!(g["trap_us_per_call"], 20.0);
+        assert_eq!(g["guest_instructions_per_call"], 80.0);
+        assert_eq!(g["guest_instructions_per_call_static"], 80);
+        assert_eq!(g["guest_instructions_per_call_entry_only"], 28.0);
+        assert!(t.contains("(g) function graph"), "{t}");
+        let row = t
+            .lines()
+            .find(|l| l.contains("trap: exits per traced call"))
+            .unwrap();
+        assert!(row.ends_with("2.000 (entry only 1.000)"), "{row}");
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         cfg.iters,
         cfg.cpus
     );
-    let exitless = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    let exitless = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds, false)?;
     let (t_insn, ex) = (
         median(&exitless.us_per_insn()),
         median(&exitless.exitless_us()),
@@ -59,6 +59,12 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         ))
         .into());
     }
+
+    note!(
+        "vmtrace bench: (g) the same 4 phases with return hooks (--graph) x {} iterations",
+        cfg.iters
+    );
+    let graph = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds, true)?;
 
     let mut pauses = Vec::new();
     for n in PAUSE_VCPUS {
@@ -100,6 +106,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         c,
         handlers,
         exitless,
+        graph,
         pauses,
         scaling,
         render_s,

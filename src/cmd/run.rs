@@ -187,6 +187,10 @@ fn trace_loop(
             if let Some(m) = c.exitless {
                 note!("vmtrace: exitless: {}", exitless_line(m));
             }
+            if let Some(o) = tracer.kernel_offset() {
+                let kaslr = if o.is_none() { "no KASLR" } else { "KASLR" };
+                note!("vmtrace: kernel offset: {o} ({kaslr})");
+            }
             break;
         }
         if running.wait_stop(POLL).is_some() {

@@ -16,9 +16,9 @@ use crate::cli::{ModeArg, RunArgs};
 use crate::error::InputError;
 
 /// Linux command line: serial console, reboot through the keyboard controller
-/// (the run then ends), reboot at once on panic, no KASLR (sites are patched at
-/// the addresses the vmlinux gives).
-const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 nokaslr";
+/// (the run then ends), reboot at once on panic. KASLR stays on: the tracer
+/// finds the kernel's offsets at attach (tracer::kaslr).
+const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
 /// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac.
 const EMULATOR_HOST_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,smap";
@@ -73,6 +73,9 @@ impl RunConfig {
         let timeout = secs(args.timeout, "--timeout")?;
         let duration = secs(args.duration, "--duration")?;
         let output = Output::check(&args.output)?;
+        if let Some(view) = output.graph_view().filter(|_| !args.graph) {
+            return Err(InputError::NeedsGraph { view });
+        }
 
         let kind = KernelKind::detect(&kernel)?;
         if args.from_boot && kind.is_linux() {

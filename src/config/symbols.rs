@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use tracer::session::{Plan, TracerError};
+use tracer::session::Plan;
 use vmm::boot::BootError;
 
 use super::run::check_vmlinux;
@@ -47,9 +47,12 @@ pub(super) fn plan(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<Pl
         tracer::payload::load(kernel).map_err(|source| InputError::NoSymbols {
             kernel: kernel.to_owned(),
             tried: tried.clone(),
-            source,
+            source: Box::new(source),
         })?;
-    image.source = format!("{} (no vmlinux found)", image.source);
+    image.source = format!(
+        "{} ({} symbols, {} layout; no vmlinux found)",
+        image.source, info.kallsyms, info.layout
+    );
     note!(
         "vmtrace: no vmlinux at {tried}; symbols from kallsyms in the bzImage ({} payload \
          decompressed in {} ms, {} symbols, {} sites)",
@@ -58,7 +61,7 @@ pub(super) fn plan(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<Pl
         info.kallsyms,
         image.mcount_loc.len()
     );
-    Ok(Plan::from_image(image, &args.trace, &args.notrace).map_err(TracerError::from)?)
+    Ok(Plan::from_image(image, &args.trace, &args.notrace)?)
 }
 
 /// The bzImage's version string ("6.1.192 (user@host) #1 SMP ..."), if it has one.
@@ -90,7 +93,10 @@ mod tests {
         let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/out");
         let (bz, vmlinux) = (out.join("bzImage"), out.join("vmlinux"));
         if !bz.is_file() || !vmlinux.is_file() {
-            eprintln!("SKIPPED: {} is not built; run `bash guest/build.sh linux`", bz.display());
+            eprintln!(
+                "SKIPPED: {} is not built; run `bash guest/build.sh linux`",
+                bz.display()
+            );
             return;
         }
         let tree = std::env::temp_dir().join(format!("vmtrace-tree-{}", std::process::id()));
@@ -131,8 +137,14 @@ mod tests {
             Ok(_) => panic!("symbols from nothing"),
         };
         let _ = std::fs::remove_dir_all(&dir);
-        assert!(err.contains(&format!("{}", tree.join("vmlinux").display())), "{err}");
-        assert!(err.contains(&format!("{}", dir.join("vmlinux").display())), "{err}");
+        assert!(
+            err.contains(&format!("{}", tree.join("vmlinux").display())),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("{}", dir.join("vmlinux").display())),
+            "{err}"
+        );
         assert!(err.contains("--vmlinux"), "{err}");
     }
 }

@@ -25,6 +25,7 @@
 //! - a return at S ends abandoned frames below S the same way, then returns
 //!   the innermost live frame at S; a return with none (its entry was not
 //!   stored) is counted in `Graph::unmatched_returns`.
+//!
 //! Frames still live at the end are `End::Running` (not returned when
 //! tracing stopped); entries without a hook are `End::Unhooked`.
 
@@ -444,8 +445,11 @@ mod tests {
         }
         let g = Graph::build(&trace(ev_list));
         assert_eq!(g.stacks, [STACK_A, STACK_B]);
-        let f: Vec<(u32, u32, Option<u32>)> =
-            g.frames.iter().map(|f| (f.depth, f.stack, f.parent)).collect();
+        let f: Vec<(u32, u32, Option<u32>)> = g
+            .frames
+            .iter()
+            .map(|f| (f.depth, f.stack, f.parent))
+            .collect();
         assert_eq!(
             f,
             [

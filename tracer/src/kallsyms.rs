@@ -49,7 +49,9 @@ pub enum KallsymsError {
     NoTokenTable,
     #[error("a kallsyms token table at {0:#x} but no kallsyms_num_syms/kallsyms_names before it")]
     NoNames(u64),
-    #[error("kallsyms names at {names:#x} but no kallsyms_offsets/kallsyms_relative_base that fit them")]
+    #[error(
+        "kallsyms names at {names:#x} but no kallsyms_offsets/kallsyms_relative_base that fit them"
+    )]
     NoOffsets { names: u64 },
 }
 
@@ -66,9 +68,9 @@ pub enum Layout {
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Layout::OffsetsFirst { seqs: false } => "offsets first (before 6.2)",
-            Layout::OffsetsFirst { seqs: true } => "offsets first, seqs_of_names (6.2-6.3)",
-            Layout::OffsetsAfterTokens => "offsets after tokens (6.4+)",
+            Layout::OffsetsFirst { seqs: false } => "pre-6.2",
+            Layout::OffsetsFirst { seqs: true } => "pre-6.4 with seqs_of_names",
+            Layout::OffsetsAfterTokens => "6.4+",
         })
     }
 }
@@ -132,7 +134,7 @@ impl Region<'_> {
         at + (va.wrapping_neg() % ALIGN) as usize
     }
     fn aligned(&self, at: usize) -> bool {
-        self.vaddr.wrapping_add(at as u64) % ALIGN == 0
+        self.vaddr.wrapping_add(at as u64).is_multiple_of(ALIGN)
     }
 }
 
@@ -169,10 +171,7 @@ fn digit_runs(data: &[u8]) -> impl Iterator<Item = usize> + '_ {
     data.iter()
         .enumerate()
         .filter(move |&(i, &b)| {
-            b == first
-                && i > 0
-                && data[i - 1] == 0
-                && data[i..].starts_with(DIGIT_TOKENS)
+            b == first && i > 0 && data[i - 1] == 0 && data[i..].starts_with(DIGIT_TOKENS)
         })
         .map(|(i, _)| i)
 }
@@ -231,7 +230,7 @@ struct Names {
 fn names_before(r: Region, tokens: &Tokens) -> Option<Names> {
     let mut p = tokens.table.checked_sub(ALIGN as usize)?;
     while !r.aligned(p) {
-        p -= 1;
+        p = p.checked_sub(1)?;
     }
     loop {
         if let Some(n) = names_at(r, p, tokens.table) {
@@ -314,7 +313,9 @@ fn decode(r: Region, tokens: &Tokens, n: Names) -> Result<Kallsyms, KallsymsErro
     // 6.4+: offsets right after the token index; relative_base after them.
     let after = r.align(tokens.index + 2 * TOKENS);
     // Before 6.4: relative_base right before num_syms, offsets before it.
-    let before = n.num_syms.checked_sub(8 + (4 * n.count).next_multiple_of(ALIGN as usize));
+    let before = n
+        .num_syms
+        .checked_sub(8 + (4 * n.count).next_multiple_of(ALIGN as usize));
     let candidates = [
         (Some(after), Layout::OffsetsAfterTokens),
         (before, Layout::OffsetsFirst { seqs: n.seqs }),
@@ -377,4 +378,26 @@ fn addresses(r: Region, offsets: usize, base_at: usize, count: usize) -> Option<
         })
         .collect();
     addrs.windows(2).all(|w| w[0] <= w[1]).then_some(addrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Arbitrary bytes, with a token-table-like run planted in them, are
+        /// an error or a table: never a panic.
+        #[test]
+        fn arbitrary_data_never_panics(
+            data in proptest::collection::vec(proptest::num::u8::ANY, 0..4096),
+            at in 0usize..4096,
+        ) {
+            let mut d = data;
+            let at = at.min(d.len());
+            d.splice(at..at, DIGIT_TOKENS.iter().copied());
+            let _ = find(&d, 0xffff_ffff_8140_0000);
+            // Section addresses that are not 8-byte aligned too.
+            let _ = find(&d, 0xffff_ffff_8140_0003);
+        }
+    }
 }

@@ -162,13 +162,12 @@ pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, Kasl
     // never by a fraction of a page.
     let virt = lstar.checked_sub(entry).ok_or_else(|| bad("lower"))?;
     let virt = i64::try_from(virt).map_err(|_| bad("further"))?;
-    if virt as u64 % vmm::gva::PAGE_SIZE_4K != 0 {
+    if !(virt as u64).is_multiple_of(vmm::gva::PAGE_SIZE_4K) {
         return Err(bad("not a whole number of pages further"));
     }
-    let Some((banner, expected)) = banner_bytes(image) else {
-        // Nothing to confirm with, nor to find the physical offset by.
-        return Ok(Detected::Offset(KernelOffset { virt, phys: 0 }));
-    };
+    // Confirm with the banner; without one (kallsyms has no data symbols),
+    // the entry itself gives the physical offset, unconfirmed.
+    let (banner, expected) = banner_bytes(image).unwrap_or((entry, &[]));
     let va = banner.wrapping_add_signed(virt);
     let mut found = vec![0u8; expected.len()];
     let mut last_err = String::from("no vCPU has paging on");
@@ -207,29 +206,23 @@ pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, Kasl
 /// Physical offsets at which guest RAM holds the vmlinux's banner, found
 /// without stopping the guest: every multiple of [`KASLR_ALIGN`] that puts
 /// the banner inside RAM, lowest first. Empty while the kernel is still
-/// compressed (or has no banner symbol); usually one. A hint: [`detect`]
-/// decides under a pause.
-pub fn phys_candidates(mem: &GuestMemoryMmap, image: &KernelImage) -> Vec<i64> {
-    let Some((banner, expected)) = banner_bytes(image) else {
-        return Vec::new();
-    };
-    let Some(link_pa) = vmm::layout::kernel_virt_to_phys(banner) else {
-        return Vec::new();
-    };
+/// compressed; usually one. None when the symbols have no banner to look
+/// for (e.g. kallsyms without data symbols): only a pause can tell then.
+/// A hint: [`detect`] decides under a pause.
+pub fn phys_candidates(mem: &GuestMemoryMmap, image: &KernelImage) -> Option<Vec<i64>> {
+    let (banner, expected) = banner_bytes(image)?;
+    let link_pa = vmm::layout::kernel_virt_to_phys(banner)?;
     let mut found = vec![0u8; expected.len()];
     // The banner's place within its 2 MiB slot does not move.
     let mut pa = link_pa % KASLR_ALIGN;
     let mut out = Vec::new();
-    while mem
-        .read_slice(&mut found, GuestAddress(pa))
-        .is_ok()
-    {
+    while mem.read_slice(&mut found, GuestAddress(pa)).is_ok() {
         if found == expected {
             out.push(pa.wrapping_sub(link_pa) as i64);
         }
         pa += KASLR_ALIGN;
     }
-    out
+    Some(out)
 }
 
 #[cfg(test)]

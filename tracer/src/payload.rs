@@ -68,21 +68,27 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
     let build_id = file.build_id().map_err(elf_err)?.map(<[u8]>::to_vec);
     let (sections, _) =
         index_sections(&file, path, bytes.len()).map_err(PayloadSymbolError::Elf)?;
+    // A section's place in the file: offset, length, virtual address (in
+    // the file: index_sections checked every allocated section).
     let section = |name: &str| {
         let s = file.section_by_name(name)?;
         let (offset, size) = s.file_range()?;
-        let data = bytes.get(offset as usize..offset.checked_add(size)? as usize)?;
-        Some((data, s.address()))
+        Some((
+            usize::try_from(offset).ok()?,
+            usize::try_from(size).ok()?,
+            s.address(),
+        ))
     };
     let no_kallsyms = |source| PayloadSymbolError::NoKallsyms {
         path: path.to_owned(),
         compression,
         source,
     };
-    let (rodata, rodata_va) =
-        section(KALLSYMS_SECTION).ok_or_else(|| no_kallsyms(KallsymsError::NoTokenTable))?;
+    let rodata = section(KALLSYMS_SECTION)
+        .and_then(|(offset, len, va)| Some((bytes.get(offset..offset.checked_add(len)?)?, va)));
+    let (rodata, rodata_va) = rodata.ok_or_else(|| no_kallsyms(KallsymsError::NoTokenTable))?;
     let table = kallsyms::find(rodata, rodata_va).map_err(no_kallsyms)?;
-    let mcount_section = section(MCOUNT_SECTION).map(|(d, va)| (d.as_ptr() as usize - bytes.as_ptr() as usize, d.len(), va));
+    let mcount_section = section(MCOUNT_SECTION);
     let section_text = file
         .section_by_name(".text")
         .map(|s| (s.address(), s.address().saturating_add(s.size())));
@@ -101,11 +107,8 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
     let init_text = bounds("_sinittext", "_einittext");
     let text = bounds("_stext", "_etext").or(section_text);
     let source = format!(
-        "kallsyms in the {} payload of {} ({} symbols, layout: {})",
-        compression,
-        path.display(),
-        table.entries.len(),
-        table.layout
+        "kallsyms in the {compression} payload of {}",
+        path.display()
     );
     let mut image = KernelImage {
         path: path.to_owned(),
@@ -115,6 +118,8 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
         init_text,
         text,
         source,
+        // kallsyms: a Linux kernel.
+        linux: true,
         symbols,
         sections,
         bytes,
@@ -190,7 +195,10 @@ fn find_mcount_loc(
     va: u64,
 ) -> Option<(u64, Vec<u64>)> {
     let fentry = image.symbol(FENTRY).map(|s| s.addr);
-    let ranges: Vec<(u64, u64)> = [image.text, image.init_text].into_iter().flatten().collect();
+    let ranges: Vec<(u64, u64)> = [image.text, image.init_text]
+        .into_iter()
+        .flatten()
+        .collect();
     let in_text = |a: u64| ranges.iter().any(|&(s, e)| (s..e).contains(&a));
     let is_site = |addr: u64| {
         site_function(image, addr).is_some()

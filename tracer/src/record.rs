@@ -58,6 +58,11 @@ impl SiteIndex {
         self.slide.store(virt as u64, Ordering::Relaxed);
     }
 
+    /// Where site `i` is in the running kernel.
+    pub fn running_addr(&self, i: usize) -> u64 {
+        self.addrs[i].wrapping_add(self.slide.load(Ordering::Relaxed))
+    }
+
     /// (address, function) of every site, in address order.
     pub fn sites(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.addrs.iter().copied().zip(self.funcs.iter().copied())
@@ -188,7 +193,10 @@ impl Recorder {
             return Ok(());
         }
         let parent = if f.ret == graph.trap_va {
-            graph.shadow.real_below(slot, graph.trap_va).unwrap_or(f.ret)
+            graph
+                .shadow
+                .real_below(slot, graph.trap_va)
+                .unwrap_or(f.ret)
         } else {
             f.ret
         };
@@ -204,8 +212,20 @@ impl Recorder {
 
     /// Replace the return address at `slot` (read as `ret`) with the return
     /// trap; returns the real return address, or None if not hooked.
-    fn hook(&self, graph: &GraphHook, trap: &mut Trap<'_>, slot: u64, ret: u64, site: usize) -> Option<u64> {
-        if ret != graph.trap_va && trap.space().write(slot, &graph.trap_va.to_le_bytes()).is_err() {
+    fn hook(
+        &self,
+        graph: &GraphHook,
+        trap: &mut Trap<'_>,
+        slot: u64,
+        ret: u64,
+        site: usize,
+    ) -> Option<u64> {
+        if ret != graph.trap_va
+            && trap
+                .space()
+                .write(slot, &graph.trap_va.to_le_bytes())
+                .is_err()
+        {
             self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -227,7 +247,7 @@ impl TrapHandler for Recorder {
                 rip: trap.rip,
             });
         };
-        trap.set_rip(self.index.addrs[i] + SITE_LEN as u64);
+        trap.set_rip(self.index.running_addr(i) + SITE_LEN as u64);
         let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);

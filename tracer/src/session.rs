@@ -11,6 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
+use crate::exitless::layout::{CODE_GPA, CODE_LEN, CODE_VA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use crate::exitless::state::{Exitless, ExitlessError};
 use crate::filter::{Filter, FilterError};
 use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
@@ -18,7 +19,6 @@ use crate::model::{Event, Trace, TraceMeta};
 use crate::patch::{
     self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite,
 };
-use crate::exitless::layout::{CODE_GPA, CODE_LEN, CODE_VA};
 use crate::record::{self, Counters, GraphHook, SiteIndex};
 use crate::shadow::ShadowStacks;
 use crate::sites::{SiteError, SiteTable};
@@ -216,13 +216,13 @@ impl Tracer {
     }
 
     /// The tracer and one trap handler per vCPU; with `plan.graph`, the
-    /// handlers hook returns too (vmtrace's return trap at `CODE_VA`).
+    /// handlers hook returns too (vmtrace's return trap at `RETURN_TRAP_VA`).
     pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
         let (counters, mut recs, collector) =
             record::recorders(Arc::clone(&plan.index), ncpus, max_events);
         let hook = plan.graph.then(|| {
             Arc::new(GraphHook {
-                trap_va: CODE_VA,
+                trap_va: RETURN_TRAP_VA,
                 shadow: ShadowStacks::default(),
             })
         });
@@ -254,6 +254,15 @@ impl Tracer {
             tsc_khz: 0,
             offset: None,
         }
+    }
+
+    /// Take the kernel's offsets as known instead of detecting them at the
+    /// first attach: for a kernel loaded where its vmlinux says and never
+    /// run (`vmtrace bench`'s attach-scaling figure), whose syscall entry
+    /// is not set yet. Before any attach.
+    pub fn assume_kernel_offset(&mut self, o: KernelOffset) {
+        self.plan.index.set_slide(o.virt);
+        self.offset = Some(o);
     }
 
     /// The Linux kernel's KASLR offsets, once an attach attempt found them;
@@ -298,7 +307,11 @@ impl Tracer {
         // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
         let deltas = match self.offset {
             Some(o) => vec![o.phys],
-            None => kaslr::phys_candidates(mem, &self.plan.image),
+            None => match kaslr::phys_candidates(mem, &self.plan.image) {
+                Some(found) => found,
+                // Nothing to find the image by: let the pause tell.
+                None => return true,
+            },
         };
         deltas.into_iter().any(|phys| {
             let o = KernelOffset { virt: 0, phys };
@@ -337,12 +350,22 @@ impl Tracer {
             },
         };
         // The vmlinux's addresses, slid to where the kernel runs.
-        let addrs: Vec<u64> = self.plan.index.addrs.iter().map(|&a| off.runtime(a)).collect();
+        let addrs: Vec<u64> = self
+            .plan
+            .index
+            .addrs
+            .iter()
+            .map(|&a| off.runtime(a))
+            .collect();
         let addrs = &addrs;
         let probe = addrs.first().copied();
         let mut space = text_space(paused.vcpu_spaces(), probe).ok_or(PatchError::NoPaging)?;
         if let Some(va) = self.plan.ftrace_enabled {
-            if space.read_array::<4>(off.runtime(va)).map(u32::from_le_bytes) == Ok(0) {
+            if space
+                .read_array::<4>(off.runtime(va))
+                .map(u32::from_le_bytes)
+                == Ok(0)
+            {
                 return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
             }
         }
@@ -352,9 +375,13 @@ impl Tracer {
             .image
             .symbol(crate::sites::FENTRY)
             .map(|s| off.runtime(s.addr));
-        let calls = match self.plan.ftrace_enabled {
-            Some(_) => CallSites::Wait,
-            None => CallSites::Patch,
+        // Linux converts its own sites in ftrace_init: one still holding
+        // `call __fentry__` must wait for it (also when `ftrace_enabled` is
+        // unknown, as with symbols from kallsyms); a kernel that does not
+        // (the mini guest) has its calls patched.
+        let calls = match (self.plan.ftrace_enabled, self.plan.image.linux) {
+            (None, false) => CallSites::Patch,
+            _ => CallSites::Wait,
         };
         let mut mapped = None;
         let attached = match self.exitless.as_mut() {
@@ -583,7 +610,7 @@ impl Tracer {
 }
 
 /// Trap-mode function graph: map vmtrace's code page and put the return
-/// trap at its start (once: `installed`; it stays until the guest ends, so
+/// trap in it (once: `installed`; it stays until the guest ends, so
 /// hooked returns work after a detach). Mapping first: nothing is written
 /// when the guest's tables refuse it.
 fn install_return_trap(
@@ -594,7 +621,10 @@ fn install_return_trap(
     if !*installed {
         space
             .memory()
-            .write_slice(&patch::RETURN_TRAP, GuestAddress(CODE_GPA))
+            .write_slice(
+                &patch::RETURN_TRAP,
+                GuestAddress(CODE_GPA + RETURN_TRAP_OFF),
+            )
             .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         *installed = true;
     }

@@ -110,12 +110,24 @@ mod tests {
         assert_eq!(s.live(), 3);
         assert_eq!(s.real_below(0x1000, HOOK), Some(0xaaaa));
         assert_eq!(s.pop(0x1000), Some(Hooked { ret: HOOK, site: 3 }));
-        assert_eq!(s.pop(0x1000), Some(Hooked { ret: 0xaaaa, site: 1 }));
+        assert_eq!(
+            s.pop(0x1000),
+            Some(Hooked {
+                ret: 0xaaaa,
+                site: 1
+            })
+        );
         assert_eq!(s.pop(0x1000), None);
         // 0x0f00 was abandoned; a fresh call at that slot replaces it.
         assert_eq!(s.push(0x0f00, 0xcccc, 4, HOOK), 0xcccc);
         assert_eq!(s.live(), 1);
-        assert_eq!(s.pop(0x0f00), Some(Hooked { ret: 0xcccc, site: 4 }));
+        assert_eq!(
+            s.pop(0x0f00),
+            Some(Hooked {
+                ret: 0xcccc,
+                site: 4
+            })
+        );
         assert_eq!(s.live(), 0);
     }
 }

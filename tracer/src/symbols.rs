@@ -23,6 +23,8 @@ pub const MCOUNT_ENTRY_SIZE: u64 = 8;
 const INIT_TEXT_BOUNDS: (&str, &str) = ("_sinittext", "_einittext");
 /// Bounds of the core kernel text.
 const TEXT_BOUNDS: (&str, &str) = ("_stext", "_etext");
+/// Linux's version string ("Linux version ..."): only Linux has it.
+pub const LINUX_BANNER: &str = "linux_banner";
 
 /// Hint appended to every "no usable __mcount_loc" error.
 const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_TRACER=y and \
@@ -109,6 +111,10 @@ pub struct KernelImage {
     /// Where the symbols came from, for reports: "the symbol table of
     /// PATH", or kallsyms in a bzImage's payload (see `crate::payload`).
     pub source: String,
+    /// A Linux kernel (it has `linux_banner`, or kallsyms): it rewrites its
+    /// own ftrace sites at boot (`call __fentry__` to NOP), so a site that
+    /// still holds the call is not vmtrace's to patch yet.
+    pub linux: bool,
     /// Every named defined symbol; on name clashes, a global beats a local.
     pub(crate) symbols: HashMap<String, Symbol>,
     /// Allocated sections with file data, sorted by `vaddr`.
@@ -182,6 +188,7 @@ impl KernelImage {
         drop(file);
 
         let source = format!("the symbol table of {}", path.display());
+        let linux = symbols.contains_key(LINUX_BANNER);
         let mut image = KernelImage {
             path,
             build_id,
@@ -190,6 +197,7 @@ impl KernelImage {
             init_text,
             text,
             source,
+            linux,
             symbols,
             sections,
             bytes,

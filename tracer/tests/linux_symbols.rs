@@ -4,7 +4,7 @@
 //! `__mcount_loc` table found by the scan is exactly the vmlinux's.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use object::{Object, ObjectSection, ObjectSymbol};
@@ -25,13 +25,16 @@ fn guest(dir: &str, build: &str) -> Option<(PathBuf, PathBuf)> {
     if bz.is_file() && vmlinux.is_file() {
         Some((bz, vmlinux))
     } else {
-        eprintln!("SKIPPED: {} is not built; run `bash guest/build.sh {build}`", bz.display());
+        eprintln!(
+            "SKIPPED: {} is not built; run `bash guest/build.sh {build}`",
+            bz.display()
+        );
         None
     }
 }
 
 /// Every (name, address) of the vmlinux's symbol table.
-fn elf_symbols(vmlinux: &PathBuf) -> HashSet<(String, u64)> {
+fn elf_symbols(vmlinux: &Path) -> HashSet<(String, u64)> {
     let data = std::fs::read(vmlinux).unwrap();
     let obj = object::File::parse(&*data).unwrap();
     obj.symbols()
@@ -39,7 +42,7 @@ fn elf_symbols(vmlinux: &PathBuf) -> HashSet<(String, u64)> {
         .collect()
 }
 
-fn check_kernel(bz: &PathBuf, vmlinux: &PathBuf, layout: Layout) {
+fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     // The payload is the vmlinux, stripped: the same sections, byte for byte.
     let t = Instant::now();
     let payload = vmm::payload::extract(bz).unwrap();
@@ -118,7 +121,10 @@ fn check_kernel(bz: &PathBuf, vmlinux: &PathBuf, layout: Layout) {
     assert_eq!(addrs(&ours, &image), addrs(&theirs, &reference));
     assert!(ours.len() > 5000, "{} sites", ours.len());
     let hr = image.symbol("hrtimer_interrupt").unwrap();
-    assert_eq!(Some(hr.addr), reference.symbol("hrtimer_interrupt").map(|s| s.addr));
+    assert_eq!(
+        Some(hr.addr),
+        reference.symbol("hrtimer_interrupt").map(|s| s.addr)
+    );
 }
 
 #[test]
@@ -136,4 +142,23 @@ fn linux_6_12_bzimage_alone_gives_the_vmlinux_symbols_and_sites() {
         return;
     };
     check_kernel(&bz, &vmlinux, Layout::OffsetsAfterTokens);
+}
+
+/// The report header says where the symbols came from, right after the
+/// build id; a trace that does not know (a saved one) has no such line.
+#[test]
+fn report_header_names_the_symbol_source() {
+    use tracer::report::{render, ReportOptions};
+    let mut t = tracer::model::Trace::synthetic(1000);
+    let plain = render(&t, &ReportOptions::default());
+    assert!(!plain.contains("# symbols:"), "{plain}");
+    t.meta.symbols = "kallsyms in the lz4 payload of /tmp/k/bzImage (no vmlinux found)".into();
+    let out = render(&t, &ReportOptions::default());
+    let lines: Vec<&str> = out.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("# symbols:"))
+        .unwrap();
+    assert!(lines[at - 1].starts_with("# build id:"), "{out}");
+    assert!(lines[at].ends_with("(no vmlinux found)"), "{out}");
 }

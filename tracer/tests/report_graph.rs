@@ -89,7 +89,10 @@ fn report_graph_sorts_by_durations() {
             },
         );
         assert_eq!(names(&r), names(&count), "{sort:?}");
-        assert!(r.rows.iter().all(|r| r.durations.is_none() && r.returns == 0));
+        assert!(r
+            .rows
+            .iter()
+            .all(|r| r.durations.is_none() && r.returns == 0));
     }
 }
 
@@ -107,7 +110,14 @@ fn report_graph_rows_per_cpu_and_calls_not_returns() {
     let irq = r.rows.iter().find(|r| r.index == G_IRQ as usize).unwrap();
     let d = irq.durations.unwrap();
     assert_eq!(
-        (irq.returns, d.returned, d.total_ns, d.self_ns, d.min_ns, d.max_ns),
+        (
+            irq.returns,
+            d.returned,
+            d.total_ns,
+            d.self_ns,
+            d.min_ns,
+            d.max_ns
+        ),
         (3, 2, 151_500, 135_700, 2_500, 149_000)
     );
     // --cpu 1: durations by the vCPU of the entry, returns by the vCPU of the return.
@@ -118,11 +128,18 @@ fn report_graph_rows_per_cpu_and_calls_not_returns() {
             ..ReportOptions::default()
         },
     );
-    let sched = r1.rows.iter().find(|r| r.index == G_SCHEDULE as usize).unwrap();
+    let sched = r1
+        .rows
+        .iter()
+        .find(|r| r.index == G_SCHEDULE as usize)
+        .unwrap();
     assert_eq!(sched.returns, 0, "schedule returned on vCPU 0");
     assert_eq!(sched.durations.unwrap().total_ns, 32_000);
     let idle = r1.rows.iter().find(|r| r.index == G_IDLE as usize).unwrap();
-    assert_eq!((idle.not_returned, idle.durations.unwrap().returned), (1, 0));
+    assert_eq!(
+        (idle.not_returned, idle.durations.unwrap().returned),
+        (1, 0)
+    );
     let s = r.graph_summary.unwrap();
     assert_eq!(
         (
@@ -216,7 +233,10 @@ fn report_graph_tree_nesting_depth_and_threshold() {
 
     // --depth 1: the outermost calls, as leaves with their durations.
     let d1 = tree_lines(&tree(Some(1), 0, None));
-    let d1: Vec<(&str, &str)> = d1.iter().map(|(_, d, t)| (d.as_str(), t.as_str())).collect();
+    let d1: Vec<(&str, &str)> = d1
+        .iter()
+        .map(|(_, d, t)| (d.as_str(), t.as_str()))
+        .collect();
     assert_eq!(
         d1,
         [
@@ -249,7 +269,10 @@ fn report_graph_tree_nesting_depth_and_threshold() {
     );
     // --cpu 1 and a vCPU the trace lacks.
     let c1 = tree(Some(2), 1_000, Some(vec![1, 5]));
-    assert!(c1.contains("# vCPUs: 1; ignored 5: not in this trace\n"), "{c1}");
+    assert!(
+        c1.contains("# vCPUs: 1; ignored 5: not in this trace\n"),
+        "{c1}"
+    );
     assert!(!c1.contains("# vCPU 0\n"), "{c1}");
     let c1 = tree_lines(&c1);
     let c1: Vec<&str> = c1.iter().map(|(_, _, t)| t.as_str()).collect();
@@ -265,7 +288,10 @@ fn report_graph_tree_nesting_depth_and_threshold() {
     );
     // A threshold above every call: only what did not return is left.
     let none = tree(None, 1_000_000_000, Some(vec![0]));
-    assert!(none.ends_with("# vCPU 0\n 0)               |  tick_sched_timer(); /* unhooked */\n"), "{none}");
+    assert!(
+        none.ends_with("# vCPU 0\n 0)               |  tick_sched_timer(); /* unhooked */\n"),
+        "{none}"
+    );
 }
 
 #[test]
@@ -282,12 +308,19 @@ fn report_graph_folded_stacks_add_up_to_self_times() {
         let (path, value) = line.rsplit_once(' ').unwrap();
         let value: u64 = value.parse().unwrap();
         assert!(value > 0, "{line}");
-        assert!(path.split(';').all(|f| !f.is_empty() && !f.contains(' ')), "{line}");
+        assert!(
+            path.split(';').all(|f| !f.is_empty() && !f.contains(' ')),
+            "{line}"
+        );
         sum += value;
         paths.push(path);
     }
     assert_eq!(sum, want);
-    assert_eq!(sum, 149_000 + 2_500 + 500 + 32_000, "the outermost returned calls' time");
+    assert_eq!(
+        sum,
+        149_000 + 2_500 + 500 + 32_000,
+        "the outermost returned calls' time"
+    );
     // Sorted and distinct.
     let mut sorted = paths.clone();
     sorted.sort();
@@ -332,18 +365,26 @@ fn report_graph_chrome_complete_events_nest_per_vcpu() {
     let threads: Vec<(u64, &str)> = events
         .iter()
         .filter(|e| e["name"] == "thread_name")
-        .map(|e| (e["tid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap()))
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(threads, [(1, "vCPU 0"), (2, "vCPU 1")]);
     let mut per_tid: HashMap<u64, Vec<(i64, i64, String)>> = HashMap::new();
     let mut instants = Vec::new();
     for e in events {
         match e["ph"].as_str().unwrap() {
-            "X" => per_tid.entry(e["tid"].as_u64().unwrap()).or_default().push((
-                ns(&e["ts"]),
-                ns(&e["dur"]),
-                e["name"].as_str().unwrap().to_string(),
-            )),
+            "X" => per_tid
+                .entry(e["tid"].as_u64().unwrap())
+                .or_default()
+                .push((
+                    ns(&e["ts"]),
+                    ns(&e["dur"]),
+                    e["name"].as_str().unwrap().to_string(),
+                )),
             "i" => instants.push((
                 e["tid"].as_u64().unwrap(),
                 e["name"].as_str().unwrap().to_string(),
@@ -353,7 +394,11 @@ fn report_graph_chrome_complete_events_nest_per_vcpu() {
             ph => panic!("unexpected phase {ph}"),
         }
     }
-    assert_eq!(per_tid.values().map(Vec::len).sum::<usize>(), 9, "one per returned call");
+    assert_eq!(
+        per_tid.values().map(Vec::len).sum::<usize>(),
+        9,
+        "one per returned call"
+    );
     assert_eq!(
         instants,
         [
@@ -372,7 +417,10 @@ fn report_graph_chrome_complete_events_nest_per_vcpu() {
                 open.pop();
             }
             if let Some((end, parent)) = open.last() {
-                assert!(ts + dur <= *end, "tid {tid}: {name} overlaps the end of {parent}");
+                assert!(
+                    ts + dur <= *end,
+                    "tid {tid}: {name} overlaps the end of {parent}"
+                );
                 nested += 1;
             }
             open.push((ts + dur, name.clone()));
@@ -381,7 +429,10 @@ fn report_graph_chrome_complete_events_nest_per_vcpu() {
     }
     // The migrated call is on its entry vCPU's track and says where it returned.
     let sched = events.iter().find(|e| e["name"] == "schedule").unwrap();
-    assert_eq!((sched["tid"].as_u64(), sched["args"]["return_cpu"].as_u64()), (Some(2), Some(0)));
+    assert_eq!(
+        (sched["tid"].as_u64(), sched["args"]["return_cpu"].as_u64()),
+        (Some(2), Some(0))
+    );
     assert_eq!((ns(&sched["ts"]), ns(&sched["dur"])), (8_000, 32_000));
     let other = &doc["otherData"];
     assert_eq!(
@@ -411,8 +462,15 @@ fn report_graph_json_durations_and_summary() {
     };
     let pick = |v: &Value| -> Vec<u64> {
         [
-            "count", "returns", "returned", "not_returned", "total_ns", "self_ns", "min_ns",
-            "max_ns", "avg_ns",
+            "count",
+            "returns",
+            "returned",
+            "not_returned",
+            "total_ns",
+            "self_ns",
+            "min_ns",
+            "max_ns",
+            "avg_ns",
         ]
         .iter()
         .map(|k| v[*k].as_u64().unwrap_or_else(|| panic!("{k} in {v}")))
@@ -436,7 +494,10 @@ fn report_graph_json_durations_and_summary() {
             "unmatched_returns": 1, "mismatched_returns": 0, "tsc_khz": 2_000_000
         })
     );
-    assert_eq!((j["events"].as_u64(), j["events_stored"].as_u64()), (Some(12), Some(12)));
+    assert_eq!(
+        (j["events"].as_u64(), j["events_stored"].as_u64()),
+        (Some(12), Some(12))
+    );
     // Entry-only traces have none of it.
     let plain = to_json(&trace());
     assert!(plain.get("graph").is_none());

@@ -93,19 +93,27 @@ fn layout_v(t: &Trace, version: u32) -> Layout {
         1 => (mode, mode),
         2 => (mode + str_len(&m.mode), mode + str_len(&m.mode) + 8),
         // graph (1 byte), returns_dropped, unhooked, tsc_khz.
-        3 => (mode + str_len(&m.mode), mode + str_len(&m.mode) + 8 + 1 + 24),
+        3 => (
+            mode + str_len(&m.mode),
+            mode + str_len(&m.mode) + 8 + 1 + 24,
+        ),
+        // and symbols.
+        4 => (
+            mode + str_len(&m.mode),
+            mode + str_len(&m.mode) + 8 + 1 + 24 + str_len(&m.symbols),
+        ),
         v => panic!("no layout for version {v}"),
     };
     let counts = functions + syms(&t.functions);
     let returns = counts + 8 + t.functions.len() * m.cpus as usize * 8;
-    let callers = if version == 3 {
+    let callers = if version >= 3 {
         returns + 8 + t.returns.iter().map(Vec::len).sum::<usize>() * 8
     } else {
         returns
     };
     let events = callers + syms(&t.callers);
     let records = events + 8;
-    let (event, func) = if version == 3 {
+    let (event, func) = if version >= 3 {
         (EVENT_SIZE, 24)
     } else {
         (EVENT_SIZE_V2, 16)
@@ -127,14 +135,14 @@ fn layout_v(t: &Trace, version: u32) -> Layout {
     }
 }
 
-/// The layout of the current format, version 3.
+/// The layout of the current format, version 4.
 fn layout(t: &Trace) -> Layout {
-    layout_v(t, 3)
+    layout_v(t, VERSION)
 }
 
 /// `t` encoded byte by byte as documented in tracefile/mod.rs, independently
-/// of `save`: version 3, 2 (no graph fields, returns or event slots), or 1
-/// (nor `mode` and `trap_exits`).
+/// of `save`: version 4, 3 (no `symbols`), 2 (nor graph fields, returns or
+/// event slots), or 1 (nor `mode` and `trap_exits`).
 fn encode(t: &Trace, version: u32) -> Vec<u8> {
     fn put_str(b: &mut Vec<u8>, s: &str) {
         b.extend_from_slice(&(s.len() as u32).to_le_bytes());
@@ -186,6 +194,9 @@ fn encode(t: &Trace, version: u32) -> Vec<u8> {
         for v in [m.returns_dropped, m.unhooked, m.tsc_khz] {
             b.extend_from_slice(&v.to_le_bytes());
         }
+    }
+    if version >= 4 {
+        put_str(&mut b, &m.symbols);
     }
     put_syms(&mut b, &t.functions);
     b.extend_from_slice(&(t.counts.len() as u32).to_le_bytes());
@@ -383,10 +394,14 @@ fn report_tracefile_layout_matches_the_documented_format() {
         let m = &t.meta;
         assert_eq!(b.len(), l.end);
         // Byte for byte what the documented format says.
-        assert!(b == encode(&t, 3), "{}: differs from the format", m.mode);
+        assert!(
+            b == encode(&t, VERSION),
+            "{}: differs from the format",
+            m.mode
+        );
         assert_eq!(&b[..8], MAGIC);
         assert_eq!(&b[..8], b"VMTRACE\0");
-        assert_eq!(u32_at(&b, 8), 3);
+        assert_eq!(u32_at(&b, 8), 4);
         assert_eq!(u32_at(&b, 8), VERSION);
         assert_eq!(u64_at(&b, 12), b.len() as u64);
         let kernel_len = u32_at(&b, 20) as usize;
@@ -407,9 +422,13 @@ fn report_tracefile_layout_matches_the_documented_format() {
         assert_eq!(&b[l.mode + 4..l.mode + 4 + n], m.mode.as_bytes());
         assert_eq!(l.trap_exits, l.mode + 4 + n);
         assert_eq!(u64_at(&b, l.trap_exits), m.trap_exits);
-        // graph, returns_dropped, unhooked and tsc_khz, then the functions.
+        // graph, returns_dropped, unhooked, tsc_khz and symbols, then the
+        // functions.
         assert_eq!(b[l.trap_exits + 8], u8::from(m.graph));
-        assert_eq!(l.functions, l.trap_exits + 8 + 1 + 24);
+        let symbols = l.trap_exits + 8 + 1 + 24;
+        let n = u32_at(&b, symbols) as usize;
+        assert_eq!(&b[symbols + 4..symbols + 4 + n], m.symbols.as_bytes());
+        assert_eq!(l.functions, symbols + 4 + n);
         assert_eq!(u32_at(&b, l.functions), 7);
         assert_eq!(u32_at(&b, l.counts), 7);
         assert_eq!(u32_at(&b, l.counts + 4), 4);
@@ -467,7 +486,7 @@ fn report_tracefile_bad_magic() {
 fn report_tracefile_unsupported_version() {
     let t = fixture::trace();
     let mut b = saved_bytes(&t);
-    for v in [0, 4, u32::MAX] {
+    for v in [0, 5, u32::MAX] {
         put_u32(&mut b, 8, v);
         let e = load_bytes("version", &b).unwrap_err();
         assert!(
@@ -479,11 +498,12 @@ fn report_tracefile_unsupported_version() {
             msg.contains(&format!("unsupported trace format version {v}")),
             "{msg}"
         );
-        assert!(msg.contains("reads versions 1 to 3"), "{msg}");
+        assert!(msg.contains("reads versions 1 to 4"), "{msg}");
     }
-    // Versions 3, 2 and 1 are read.
-    put_u32(&mut b, 8, 3);
-    assert_eq!(load_bytes("version-3", &b).unwrap(), t);
+    // Versions 4, 3, 2 and 1 are read.
+    put_u32(&mut b, 8, 4);
+    assert_eq!(load_bytes("version-4", &b).unwrap(), t);
+    assert_eq!(load_bytes("version-3", &encode(&t, 3)).unwrap(), t);
     let mut b = encode(&t, 2);
     assert_eq!(load_bytes("version-2", &b).unwrap(), t);
     let b1 = encode(&t, 1);
@@ -822,10 +842,10 @@ fn report_tracefile_reads_version_1() {
         let want = as_version_1(&t);
         assert!(back == want, "{name}: version 1 read differs");
         assert_same_reports(&back, &want, name);
-        // Saved again, it is a version-3 file that round-trips.
+        // Saved again, it is a current-version file that round-trips.
         let b2 = saved_bytes(&back);
-        assert_eq!(u32_at(&b2, 8), 3);
-        assert!(b2 == encode(&want, 3), "{name}: resaved differs");
+        assert_eq!(u32_at(&b2, 8), VERSION);
+        assert!(b2 == encode(&want, VERSION), "{name}: resaved differs");
         assert_eq!(
             load_bytes(&format!("v1-resaved-{name}"), &b2).unwrap(),
             want
@@ -1094,4 +1114,24 @@ fn report_tracefile_non_regular_files_are_refused() {
         assert!(!msg.contains('\n'));
     }
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Version 4 keeps where the symbols came from; a version-3 file (the same
+/// without it) still loads, with the source unknown.
+#[test]
+fn symbol_source_is_saved_and_version_3_still_loads() {
+    let mut t = Trace::synthetic(100);
+    t.meta.symbols = "kallsyms in the lz4 payload of /k/bzImage (no vmlinux found)".into();
+    let dir = scratch("symbols-v4");
+    let p = dir.join("t.vmtrace");
+    save(&t, &p).unwrap();
+    let b = fs::read(&p).unwrap();
+    assert_eq!(u32_at(&b, 8), VERSION);
+    assert!(b == encode(&t, VERSION), "differs from the format");
+    assert_eq!(load(&p).unwrap(), t);
+    fs::remove_dir_all(&dir).unwrap();
+    let v3 = load_bytes("symbols-v3", &encode(&t, 3)).unwrap();
+    let mut want = t.clone();
+    want.meta.symbols = String::new();
+    assert_eq!(v3, want);
 }

@@ -37,9 +37,9 @@ pub fn candidates(kernel: &Path, release: Option<&str>) -> Vec<Candidate> {
         });
     }
     // A release that is a plain file name (no '/', not "." or "..").
-    if let Some(r) = release.filter(|r| {
-        !r.is_empty() && !r.contains('/') && *r != "." && *r != ".."
-    }) {
+    if let Some(r) =
+        release.filter(|r| !r.is_empty() && !r.contains('/') && *r != "." && *r != "..")
+    {
         for (path, place) in [
             (
                 format!("/usr/lib/debug/boot/vmlinux-{r}"),
@@ -76,7 +76,10 @@ mod tests {
 
     #[test]
     fn beside_tree_and_debug_locations_in_order() {
-        let c = candidates(Path::new("/src/linux/arch/x86/boot/bzImage"), Some("6.12.7"));
+        let c = candidates(
+            Path::new("/src/linux/arch/x86/boot/bzImage"),
+            Some("6.12.7"),
+        );
         assert_eq!(
             paths(&c),
             [

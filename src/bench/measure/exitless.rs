@@ -97,8 +97,12 @@ pub struct ExitlessCosts {
     pub exitless_calls: u64,
     /// Trace-port traps during the exitless phases.
     pub exitless_traps: u64,
-    /// The trampoline's instructions per recorded call, counted in its code.
+    /// The trampoline's instructions per recorded call, counted in its code
+    /// (with the graph: a hooked entry's and its return's together).
     pub static_instructions: usize,
+    /// Trace-port traps per traced call in the trap phases (1; 2 with the
+    /// graph: the entry and the return).
+    pub trap_exits_per_call: f64,
 }
 
 impl ExitlessCosts {
@@ -154,6 +158,7 @@ impl ExitlessCosts {
     fn judge(
         rounds: Vec<[f64; 4]>,
         phases: &[PhaseCount],
+        trap_calls: u64,
         exitless_counted: u64,
         static_instructions: usize,
     ) -> Result<ExitlessCosts, String> {
@@ -164,10 +169,11 @@ impl ExitlessCosts {
                 .fold((0, 0), |(i, t), c| (i + c.iters, t + c.traps))
         };
         let (trap_iters, trap_traps) = sum(Phase::Trap);
-        if trap_iters == 0 || trap_traps == 0 {
+        if trap_iters == 0 || trap_traps == 0 || trap_calls == 0 {
             return Err(format!("no {TRACE_GLOB} call trapped in the trap phases"));
         }
-        let calls_per_iter = trap_traps as f64 / trap_iters as f64;
+        // The trap tracer counts calls only while attached: in trap phases.
+        let calls_per_iter = trap_calls as f64 / trap_iters as f64;
         for c in phases.iter().filter(|c| c.phase == Phase::Exitless) {
             let calls = c.iters as f64 * calls_per_iter;
             if c.traps as f64 > MAX_EXITLESS_TRAP_SHARE * calls {
@@ -195,6 +201,7 @@ impl ExitlessCosts {
             exitless_calls,
             exitless_traps: ex_traps,
             static_instructions,
+            trap_exits_per_call: trap_traps as f64 / trap_calls as f64,
         })
     }
 }
@@ -203,6 +210,8 @@ impl ExitlessCosts {
 struct Tracers {
     trap: Tracer,
     exitless: Tracer,
+    /// The figure set they measure, for the progress lines: (f) or (g).
+    label: &'static str,
 }
 
 impl Tracers {
@@ -231,17 +240,22 @@ impl Tracers {
 
 /// Figure set (f): the mini guest in `mode=loop`, phases of `iters`
 /// iterations per vCPU, untraced / spin / trap / exitless in rotating order,
-/// `reps` rounds. See the `bench` module documentation.
+/// `reps` rounds. With `graph`, figure set (g): the same with both tracers
+/// hooking returns (`--graph`), in a VM of its own. See the `bench` module
+/// documentation.
 pub fn exitless_costs(
     kernel: &Path,
     cpus: u64,
     iters: u64,
     reps: usize,
+    graph: bool,
 ) -> Result<ExitlessCosts, Error> {
     let glob = [TRACE_GLOB.to_string()];
-    let trap_plan = Plan::new(kernel, &glob, &[])?;
+    let mut trap_plan = Plan::new(kernel, &glob, &[])?;
     let spin = GuestU32::new(&trap_plan.image, MINI_SPIN)?;
-    let exitless_plan = Plan::new(kernel, &glob, &[])?;
+    let mut exitless_plan = Plan::new(kernel, &glob, &[])?;
+    trap_plan.graph = graph;
+    exitless_plan.graph = graph;
     let vm = Vm::create(mini_config(kernel, cpus))?;
     let ncpus = vm.cpus();
     let (trap, recorders) = Tracer::new(trap_plan, ncpus, u64::MAX);
@@ -252,9 +266,13 @@ pub fn exitless_costs(
     drop(unused);
     let static_instructions = exitless
         .trampoline()
-        .map(|t| t.common_path_instructions())
+        .map(|t| t.common_path_instructions() + t.return_path.len())
         .ok_or_else(|| RuntimeError::Measure("the exitless tracer has no trampoline".into()))?;
-    let mut tracers = Tracers { trap, exitless };
+    let mut tracers = Tracers {
+        trap,
+        exitless,
+        label: if graph { "(g)" } else { "(f)" },
+    };
     let traps: Vec<Arc<AtomicU64>> = (0..ncpus).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let handlers: Vec<Box<dyn TrapHandler>> = recorders
         .into_iter()
@@ -297,18 +315,21 @@ pub fn exitless_costs(
             report.console_tail.join(" | ")
         )));
     }
-    // Every trace-port exit went through the counting handlers.
+    // Every trace-port exit went through the counting handlers, and each
+    // was a call's entry or (graph) return the trap tracer recorded.
     let port_exits: u64 = report.vcpus.iter().map(|v| v.get(ExitKind::Trap)).sum();
-    if port_exits != total_traps() || trap_trace.meta.events_total != total_traps() {
+    let trap_returns: u64 = trap_trace.returns.iter().flatten().sum();
+    let recorded = trap_trace.meta.events_total + trap_returns;
+    if port_exits != total_traps() || recorded != total_traps() {
         return Err(measure(format!(
-            "{port_exits} trace-port exits, {} counted by the handlers, {} recorded",
+            "{port_exits} trace-port exits, {} counted by the handlers, {recorded} recorded",
             total_traps(),
-            trap_trace.meta.events_total
         )));
     }
     ExitlessCosts::judge(
         rounds,
         &phases,
+        trap_trace.meta.events_total,
         exitless_trace.meta.events_total,
         static_instructions,
     )
@@ -326,6 +347,7 @@ fn run_phases(
     reps: usize,
     total_traps: &dyn Fn() -> u64,
 ) -> Result<(Vec<[f64; 4]>, Vec<PhaseCount>), Error> {
+    let label = tracers.label;
     let mem = running.memory();
     let map = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
     let mut counters = IterCounters::new(map, &tracers.trap.plan().image, ncpus)?;
@@ -365,7 +387,7 @@ fn run_phases(
             tau[m] = timed_phase(running, &mut counters, &start, iters, phase.name())?;
         }
         note!(
-            "vmtrace bench: (f) round {}/{reps}: µs per iteration: untraced {:.1}, spin {SPIN} {:.1}, \
+            "vmtrace bench: {label} round {}/{reps}: µs per iteration: untraced {:.1}, spin {SPIN} {:.1}, \
              trap {:.1}, exitless {:.1}",
             round + 1,
             tau[0],
@@ -404,8 +426,9 @@ mod tests {
             count(Phase::Trap, 100, 350),
             count(Phase::Exitless, 200, 0),
         ];
-        let c = ExitlessCosts::judge(rounds, &phases, 1050, 28).unwrap();
+        let c = ExitlessCosts::judge(rounds, &phases, 700, 1050, 28).unwrap();
         assert_eq!(c.calls_per_iter, 3.5);
+        assert_eq!(c.trap_exits_per_call, 1.0);
         assert_eq!(c.us_per_insn(), [1.0, 1.0]);
         assert_eq!(c.trap_us(), [10.0, 10.0]);
         assert_eq!(c.exitless_us(), [28.0, 28.0]);
@@ -418,23 +441,36 @@ mod tests {
     }
 
     #[test]
+    fn graph_figures_count_calls_not_traps() {
+        // With the graph, a trap-mode call takes two exits: the calls per
+        // iteration come from the calls the tracer counted.
+        let rounds = vec![[10.0, 410.0, 80.0, 300.0]];
+        let phases = [count(Phase::Trap, 100, 700), count(Phase::Exitless, 100, 0)];
+        let c = ExitlessCosts::judge(rounds, &phases, 350, 350, 80).unwrap();
+        assert_eq!(c.calls_per_iter, 3.5);
+        assert_eq!(c.trap_exits_per_call, 2.0);
+        assert_eq!(c.trap_us(), [20.0]);
+        assert_eq!(c.instructions(), [290.0 / 3.5]);
+    }
+
+    #[test]
     fn an_exitless_phase_that_traps_fails() {
         let rounds = vec![[10.0, 410.0, 45.0, 108.0]];
         let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 4)];
         // 4 traps in 350 calls: more than 1 %.
-        let e = ExitlessCosts::judge(rounds.clone(), &phases, 346, 28).unwrap_err();
+        let e = ExitlessCosts::judge(rounds.clone(), &phases, 350, 346, 28).unwrap_err();
         assert!(e.contains("4 trace-port traps"), "{e}");
         // 3 are within 1 %, and counted.
         let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 3)];
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 347, 28).unwrap();
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 350, 347, 28).unwrap();
         assert_eq!(c.exitless_calls, 350);
         assert_eq!(c.exits_per_call(), 3.0 / 350.0);
         // Untraced exitless phases, or no trap at all in trap phases.
         let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 0)];
-        let e = ExitlessCosts::judge(rounds.clone(), &phases, 0, 28).unwrap_err();
+        let e = ExitlessCosts::judge(rounds.clone(), &phases, 350, 0, 28).unwrap_err();
         assert!(e.contains("counted 0 calls"), "{e}");
         let phases = [count(Phase::Trap, 100, 0), count(Phase::Exitless, 100, 0)];
-        let e = ExitlessCosts::judge(rounds, &phases, 350, 28).unwrap_err();
+        let e = ExitlessCosts::judge(rounds, &phases, 0, 350, 28).unwrap_err();
         assert!(e.contains("no hrtimer_* call trapped"), "{e}");
     }
 }

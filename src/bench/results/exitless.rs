@@ -159,6 +159,110 @@ pub fn write(o: &mut String, c: &ExitlessCosts, cfg: &BenchConfig) -> fmt::Resul
     )
 }
 
+/// (g)'s figures, with (f)'s for the same calls without return hooks: the
+/// JSON `graph` object, whose keys keep this order.
+#[derive(Serialize)]
+pub struct GraphFigures {
+    /// Trace-port exits per traced call in trap mode: with return hooks,
+    /// and without (f).
+    pub trap_exits_per_call: f64,
+    pub trap_exits_per_call_entry_only: f64,
+    pub trap_us_per_call: f64,
+    pub trap_us_per_call_entry_only: f64,
+    /// Exitless guest instructions per call (entry and return), measured
+    /// and counted in the code; and (f)'s entry-only ones.
+    pub guest_instructions_per_call: f64,
+    pub guest_instructions_per_call_static: usize,
+    pub guest_instructions_per_call_entry_only: f64,
+    pub guest_instructions_per_call_entry_only_static: usize,
+    pub exitless_us_per_call: f64,
+    pub exits_per_call_exitless: f64,
+    pub us_per_guest_instruction: f64,
+    pub calls_per_iter: f64,
+}
+
+impl GraphFigures {
+    pub fn new(g: &ExitlessCosts, f: &ExitlessCosts) -> Self {
+        let (gf, ff) = (ExitlessFigures::new(g), ExitlessFigures::new(f));
+        GraphFigures {
+            trap_exits_per_call: g.trap_exits_per_call,
+            trap_exits_per_call_entry_only: f.trap_exits_per_call,
+            trap_us_per_call: gf.trap_us_per_call,
+            trap_us_per_call_entry_only: ff.trap_us_per_call,
+            guest_instructions_per_call: gf.guest_instructions_per_call,
+            guest_instructions_per_call_static: gf.guest_instructions_per_call_static,
+            guest_instructions_per_call_entry_only: ff.guest_instructions_per_call,
+            guest_instructions_per_call_entry_only_static: ff.guest_instructions_per_call_static,
+            exitless_us_per_call: gf.exitless_us_per_call,
+            exits_per_call_exitless: gf.exits_per_call,
+            us_per_guest_instruction: gf.us_per_guest_instruction,
+            calls_per_iter: gf.calls_per_iter,
+        }
+    }
+}
+
+/// (g): the return hooks' cost, beside (f)'s entry-only figures. Trap
+/// costs are in µs of this host (a VM of its own: compare within the
+/// row); exitless costs also in guest instructions, which carry over.
+pub fn write_graph(
+    o: &mut String,
+    g: &ExitlessCosts,
+    f: &ExitlessCosts,
+    cfg: &BenchConfig,
+) -> fmt::Result {
+    let x = GraphFigures::new(g, f);
+    writeln!(
+        o,
+        "(g) function graph (--graph, returns hooked) vs. entry only (f): {} vCPU, mode=loop, \
+         {} rounds of untraced / spin {SPIN} / trap / exitless phases of {} iterations",
+        cfg.cpus, cfg.rounds, cfg.iters
+    )?;
+    let (trap, instructions) = (g.trap_us(), g.instructions());
+    write_rows(
+        o,
+        &[
+            (
+                "trap: exits per traced call",
+                format!(
+                    "{:.3} (entry only {:.3})",
+                    x.trap_exits_per_call, x.trap_exits_per_call_entry_only
+                ),
+                None,
+            ),
+            (
+                "trap: cost per traced call",
+                format!(
+                    "{:.2} µs (entry only {:.2} µs)",
+                    x.trap_us_per_call, x.trap_us_per_call_entry_only
+                ),
+                Some(&trap),
+            ),
+            (
+                "exitless: instructions per call, measured",
+                format!(
+                    "{:.1} (entry only {:.1})",
+                    x.guest_instructions_per_call, x.guest_instructions_per_call_entry_only
+                ),
+                Some(&instructions),
+            ),
+            (
+                "exitless: instructions per call, static",
+                format!(
+                    "{} (entry only {})",
+                    x.guest_instructions_per_call_static,
+                    x.guest_instructions_per_call_entry_only_static
+                ),
+                None,
+            ),
+            (
+                "exitless: exits per traced call",
+                format!("{:.4}", x.exits_per_call_exitless),
+                None,
+            ),
+        ],
+    )
+}
+
 /// How (f) is measured.
 pub fn method() -> String {
     format!(
@@ -175,4 +279,15 @@ pub fn method() -> String {
         2 * SPIN,
         MAX_EXITLESS_TRAP_SHARE * 100.0
     )
+}
+
+/// How (g) is measured.
+pub fn graph_method() -> String {
+    "(f) again in a third mini guest, with both tracers hooking returns (Tracer::new and \
+     Tracer::exitless of a plan with graph): calls per iteration from the trap tracer's counted \
+     calls; trap exits per call = the trap phases' trace-port traps / those calls (an entry \
+     and a return each); guest instructions per exitless call (entry and return) measured \
+     against the calibration spin, and static = the generated code's hooked-entry path plus \
+     return path"
+        .to_string()
 }

@@ -67,6 +67,11 @@ pub const FRAMES_OFF: u64 = DATA_LEN - FRAMES * FRAME_LEN;
 /// its stub's address.
 pub const RET_STUBS_OFF: u64 = CODE_LEN - FRAMES * FRAME_LEN;
 pub const RET_STUBS_VA: u64 = CODE_VA + RET_STUBS_OFF;
+/// Trap mode's return trap (`patch::RETURN_TRAP`), just below the return
+/// stubs: never inside any exitless code, so the two can share the page
+/// (the exitless graph image carries the same bytes there).
+pub const RETURN_TRAP_OFF: u64 = RET_STUBS_OFF - 16;
+pub const RETURN_TRAP_VA: u64 = CODE_VA + RETURN_TRAP_OFF;
 
 /// Why a ring layout cannot be made.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -328,7 +328,11 @@ mod tests {
                 .store(rec.site, self.at(cpu, slot + REC_SITE), Ordering::Relaxed)
                 .unwrap();
             self.mem
-                .store((index + 1) as u32, self.at(cpu, slot + REC_SEQ), Ordering::Release)
+                .store(
+                    (index + 1) as u32,
+                    self.at(cpu, slot + REC_SEQ),
+                    Ordering::Release,
+                )
                 .unwrap();
         }
         /// One traced call: whether it was recorded.

@@ -82,8 +82,7 @@
 //!   recorded nor counted; the goal of <= 30 instructions is still met.
 
 use iced_x86::code_asm::{
-    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler,
-    CodeLabel,
+    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel,
 };
 use iced_x86::{
     BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
@@ -93,7 +92,7 @@ use iced_x86::{
 use super::graph_code::{self, Fields};
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT,
-    REC_SEQ, REC_SITE, REC_SLOT, REC_TSC, RET_STUBS_OFF, RET_STUBS_VA,
+    REC_SEQ, REC_SITE, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
 };
 
 /// Instructions a recorded call executes, from the stub's first to the
@@ -445,11 +444,12 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
         false => None,
     };
     let mut code = result.inner.code_buffer;
-    // With the graph, the frames' return stubs fill the end of the page.
+    // With the graph, the frames' return stubs fill the end of the page,
+    // after trap mode's return trap.
     let room = if layout.graph {
-        RET_STUBS_OFF
+        RETURN_TRAP_OFF
     } else {
-        CODE_LEN
+        RETURN_TRAP_OFF.min(CODE_LEN)
     };
     if code.len() as u64 > room {
         return Err(TrampolineError::TooLong {
@@ -462,6 +462,8 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     if let Some(ret_common) = ret_common {
         let ret_va = CODE_VA + u64::from(ret_common);
         let ret_stubs = graph_code::return_stubs(ret_va).map_err(assemble)?;
+        code.resize(RETURN_TRAP_OFF as usize, INT3);
+        code.extend_from_slice(&crate::patch::RETURN_TRAP);
         code.resize(RET_STUBS_OFF as usize, INT3);
         code.extend_from_slice(&ret_stubs);
         return_path = walk_common_path(&code, RET_STUBS_VA)?;
@@ -1353,6 +1355,21 @@ mod tests {
 
     // ---- the function graph's paths ----------------------------------------
 
+    /// A graph trampoline for `cpus` CPUs (CPU i has number i), its code,
+    /// and guest memory with its rings set up.
+    fn graph_setup(
+        cpus: u32,
+        sites: usize,
+        cap: u64,
+    ) -> (TrampolineSpec, Trampoline, GuestMemoryMmap) {
+        let s = graph_spec(cpus as usize, sites, cap);
+        let t = generate(&s).unwrap();
+        let numbers: Vec<u32> = (0..cpus).collect();
+        let mem = memory(&numbers);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        (s, t, mem)
+    }
+
     /// Runs a hooked function's return: RIP at the address its `ret` pops
     /// (the slot's content), until execution reaches `caller`. Returns the
     /// instructions executed.
@@ -1384,7 +1401,10 @@ mod tests {
             let off = (va - CODE_VA) as usize;
             let mut d = Decoder::with_ip(64, &t.code[off..], va, DecoderOptions::NONE);
             let mov = d.decode();
-            assert_eq!((mov.op0_register(), u64::from(mov.immediate32())), (Register::R11D, j));
+            assert_eq!(
+                (mov.op0_register(), u64::from(mov.immediate32())),
+                (Register::R11D, j)
+            );
             assert_eq!(d.decode().near_branch_target(), ret_common);
         }
         // Entry saves rax, rdx, rcx, rsi; the return only rax and rdx.
@@ -1406,10 +1426,7 @@ mod tests {
 
     #[test]
     fn emulated_graph_call_hooks_the_return_and_returns_to_the_caller() {
-        let s = graph_spec(2, 3, 16);
-        let t = generate(&s).unwrap();
-        let mem = memory(&[0, 1]);
-        ring::init_rings(&mem, &s.layout).unwrap();
+        let (s, t, mem) = graph_setup(2, 3, 16);
         let mut emu = Emu {
             mem: &mem,
             code: &t.code,
@@ -1442,7 +1459,10 @@ mod tests {
             assert_eq!(r.gpr[RSP], entry_rsp, "the caller's stack");
             // rax, rdx and the callee-saved registers survive the return.
             for reg in [0usize, 2, 3, 5, 12, 13, 14, 15] {
-                assert_eq!(r.gpr[reg], at_return.gpr[reg], "return changed register {reg}");
+                assert_eq!(
+                    r.gpr[reg], at_return.gpr[reg],
+                    "return changed register {reg}"
+                );
             }
             // The frame is free again.
             let frame = DATA_VA + FRAMES_OFF + round as u64 * FRAME_LEN;
@@ -1460,10 +1480,7 @@ mod tests {
 
     #[test]
     fn emulated_graph_tail_call_returns_through_both_frames() {
-        let s = graph_spec(1, 2, 16);
-        let t = generate(&s).unwrap();
-        let mem = memory(&[0]);
-        ring::init_rings(&mem, &s.layout).unwrap();
+        let (s, t, mem) = graph_setup(1, 2, 16);
         let mut emu = Emu {
             mem: &mem,
             code: &t.code,
@@ -1503,10 +1520,7 @@ mod tests {
 
     #[test]
     fn emulated_graph_busy_frame_and_full_ring() {
-        let s = graph_spec(1, 2, 2);
-        let t = generate(&s).unwrap();
-        let mem = memory(&[0]);
-        ring::init_rings(&mem, &s.layout).unwrap();
+        let (s, t, mem) = graph_setup(1, 2, 2);
         let mut emu = Emu {
             mem: &mem,
             code: &t.code,

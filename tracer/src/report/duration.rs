@@ -116,7 +116,10 @@ mod tests {
             parse("-1us").unwrap_err(),
             "'-1us' is not a duration; expected a number and a unit, e.g. 10us"
         );
-        assert_eq!(parse("1.2.3us").unwrap_err(), "'1.2.3' in '1.2.3us' is not a number");
+        assert_eq!(
+            parse("1.2.3us").unwrap_err(),
+            "'1.2.3' in '1.2.3us' is not a number"
+        );
         assert_eq!(parse(".us").unwrap_err(), "'.' in '.us' is not a number");
         assert_eq!(
             parse("99999999999999s").unwrap_err(),

@@ -1,7 +1,7 @@
 //! Saved traces: `vmtrace ... -o FILE` writes one, `vmtrace report -i FILE`
 //! reads it back. The file is self-contained (no vmlinux needed to read it).
 //!
-//! # Format, version 3
+//! # Format, version 4
 //!
 //! All integers are unsigned, little-endian, with no padding or alignment
 //! anywhere. Two composite types are used:
@@ -14,7 +14,7 @@
 //! | Section   | Field                | Type        | Notes                                                   |
 //! |-----------|----------------------|-------------|---------------------------------------------------------|
 //! | preamble  | magic                | 8 bytes     | `VMTRACE\0` (`56 4d 54 52 41 43 45 00`)                 |
-//! |           | version              | `u32`       | `3` (older versions: see below)                         |
+//! |           | version              | `u32`       | `4` (older versions: see below)                         |
 //! |           | file_len             | `u64`       | size of the whole file in bytes, these 20 included      |
 //! | header    | kernel               | `str`       | the kernel file the guest booted                        |
 //! |           | has_build_id         | `u8`        | `0` or `1`                                              |
@@ -37,6 +37,7 @@
 //! |           | returns_dropped      | `u64`       | returns counted but not stored                          |
 //! |           | unhooked             | `u64`       | entries whose return could not be hooked                |
 //! |           | tsc_khz              | `u64`       | the guest TSC's rate, kHz (`0`: unknown)                |
+//! |           | symbols              | `str`       | where the symbols came from (empty: unknown)            |
 //! | functions | nfunc                | `u32`       | the traced functions                                    |
 //! |           | functions            | `sym` × nfunc | an event's `func` indexes this list                   |
 //! | counts    | rows                 | `u32`       | must equal `nfunc`                                      |
@@ -57,7 +58,8 @@
 //! for an entry whose return is not hooked and in traces without `graph`),
 //! `u32 func` (index into the functions), `u32 cpu` (vCPU number).
 //!
-//! Versions 1 and 2 are still read: they have no `graph`, `returns_dropped`,
+//! Version 3 is still read: it is version 4 without `symbols`. Versions 1
+//! and 2 are still read too: they have no `graph`, `returns_dropped`,
 //! `unhooked`, `tsc_khz` or returns section, and 24-byte event records
 //! without `slot`. Version 1 also lacks `mode` and `trap_exits` (trap mode,
 //! every call an exit).
@@ -94,11 +96,13 @@ pub use write::save;
 /// The first 8 bytes of every trace file.
 pub const MAGIC: &[u8; 8] = b"VMTRACE\0";
 /// The format version this module writes and reads.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The first format (trap mode only), still read.
 pub const VERSION_1: u32 = 1;
 /// The second format (no function graph), still read.
 pub const VERSION_2: u32 = 2;
+/// The third format (no `symbols`), still read.
+pub const VERSION_3: u32 = 3;
 /// Size of one event record in the file.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in versions 1 and 2.

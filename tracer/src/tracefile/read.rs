@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::{
     check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2,
-    IO_BUFFER, MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2,
+    IO_BUFFER, MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3,
 };
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
@@ -62,7 +62,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         return Err(r.truncated());
     }
     let version = r.u32()?;
-    if ![VERSION_1, VERSION_2, VERSION].contains(&version) {
+    if ![VERSION_1, VERSION_2, VERSION_3, VERSION].contains(&version) {
         return Err(TraceFileError::UnsupportedVersion {
             path: path.to_path_buf(),
             version,
@@ -102,7 +102,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         (r.string("mode")?, r.u64()?)
     };
     // Versions 1 and 2 had no function graph.
-    let (graph, returns_dropped, unhooked, tsc_khz) = if version == VERSION {
+    let (graph, returns_dropped, unhooked, tsc_khz) = if version >= VERSION_3 {
         let graph = match r.u8()? {
             0 => false,
             1 => true,
@@ -111,6 +111,12 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         (graph, r.u64()?, r.u64()?, r.u64()?)
     } else {
         (false, 0, 0, 0)
+    };
+    // Version 3 and older did not say where the symbols came from.
+    let symbols = if version >= VERSION {
+        r.string("symbols")?
+    } else {
+        String::new()
     };
     if v[0] > v[1] {
         return Err(r.corrupt(format!(
@@ -148,7 +154,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         returns_dropped,
         unhooked,
         tsc_khz,
-        symbols: String::new(),
+        symbols,
     };
 
     r.section = Section::Functions;
@@ -170,7 +176,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
             meta.events_total
         )));
     }
-    let returns = if version == VERSION {
+    let returns = if version >= VERSION_3 {
         r.section = Section::Returns;
         let (rows, cols) = if meta.graph {
             (functions.len(), cpus as usize)
@@ -201,7 +207,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
 
     r.section = Section::Events;
     let n = r.u64()?;
-    let event_size = if version == VERSION {
+    let event_size = if version >= VERSION_3 {
         EVENT_SIZE
     } else {
         EVENT_SIZE_V2
@@ -229,8 +235,8 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         )));
     }
     let n = n as usize; // fits: n records fit in the file
-    // Grown as the events are read: a file that claims more than it has
-    // (a sparse one) costs only what is actually read.
+                        // Grown as the events are read: a file that claims more than it has
+                        // (a sparse one) costs only what is actually read.
     let mut events = Vec::with_capacity(n.min(EVENT_CHUNK));
     let mut buf = vec![0u8; EVENT_CHUNK.min(n) * event_size];
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
@@ -286,8 +292,7 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
             meta.events_total
         )));
     }
-    check_against_counts(&entries, &counts, meta.events_dropped == 0)
-        .map_err(|d| r.corrupt(d))?;
+    check_against_counts(&entries, &counts, meta.events_dropped == 0).map_err(|d| r.corrupt(d))?;
     if meta.graph {
         let rets: Vec<Event> = events.iter().filter(|e| e.is_return()).copied().collect();
         if rets.len() as u64 + meta.returns_dropped != returns_total {

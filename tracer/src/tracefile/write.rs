@@ -66,6 +66,7 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     for v in [m.returns_dropped, m.unhooked, m.tsc_khz] {
         w.write_all(&v.to_le_bytes())?;
     }
+    put_str(w, &m.symbols)?;
 
     put_syms(w, &trace.functions)?;
 

@@ -23,9 +23,11 @@
 //! IRQ 0 is not moved to pin 2).
 
 use acpi_tables::aml;
-use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::facs::FACS;
-use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT};
+use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
+};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
@@ -185,7 +187,14 @@ fn dsdt() -> Vec<u8> {
         "_S5_".into(),
         &aml::Package::new(vec![&S5_SLP_TYP, &S5_SLP_TYP, &0u8, &0u8]),
     );
-    let mut dsdt = Sdt::new(*b"DSDT", 36, DSDT_REVISION, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    let mut dsdt = Sdt::new(
+        *b"DSDT",
+        36,
+        DSDT_REVISION,
+        OEM_ID,
+        OEM_TABLE_ID,
+        OEM_REVISION,
+    );
     dsdt.append_slice(&bytes(&s5));
     dsdt.as_slice().to_vec()
 }
@@ -209,9 +218,17 @@ fn fadt(dsdt: u64, facs: u64) -> Vec<u8> {
     bytes(&f.finalize())
 }
 
+/// One table (or the RSDP) as written into guest memory.
+#[derive(Clone, Debug)]
+pub struct Table {
+    pub name: &'static str,
+    pub addr: u64,
+    pub bytes: Vec<u8>,
+}
+
 /// Every table and where it goes, for `ncpus` vCPUs; the RSDP first, at
 /// [`ACPI_START`].
-pub fn tables(ncpus: u8) -> Result<Vec<(&'static str, u64, Vec<u8>)>, AcpiError> {
+pub fn tables(ncpus: u8) -> Result<Vec<Table>, AcpiError> {
     check_cpu_count(ncpus)?;
     let align = |at: u64, to: u64| at.next_multiple_of(to);
     let rsdp_at = ACPI_START;
@@ -237,24 +254,25 @@ pub fn tables(ncpus: u8) -> Result<Vec<(&'static str, u64, Vec<u8>)>, AcpiError>
     xsdt.add_entry(madt_at);
     let xsdt = bytes(&xsdt);
     debug_assert_eq!(xsdt.len() as u64, xsdt_len);
+    let table = |name, addr, bytes| Table { name, addr, bytes };
     Ok(vec![
-        ("RSDP", rsdp_at, bytes(&Rsdp::new(OEM_ID, xsdt_at))),
-        ("XSDT", xsdt_at, xsdt),
-        ("FADT", fadt_at, fadt(dsdt_at, facs_at)),
-        ("FACS", facs_at, bytes(&FACS::new())),
-        ("DSDT", dsdt_at, dsdt),
-        ("MADT", madt_at, madt),
+        table("RSDP", rsdp_at, bytes(&Rsdp::new(OEM_ID, xsdt_at))),
+        table("XSDT", xsdt_at, xsdt),
+        table("FADT", fadt_at, fadt(dsdt_at, facs_at)),
+        table("FACS", facs_at, bytes(&FACS::new())),
+        table("DSDT", dsdt_at, dsdt),
+        table("MADT", madt_at, madt),
     ])
 }
 
 /// Write the ACPI tables for `ncpus` vCPUs; returns the RSDP's address.
 pub fn setup_acpi(mem: &GuestMemoryMmap, ncpus: u8) -> Result<u64, AcpiError> {
     let tables = tables(ncpus)?;
-    for (what, addr, data) in &tables {
-        mem.write_slice(data, GuestAddress(*addr))
+    for t in &tables {
+        mem.write_slice(&t.bytes, GuestAddress(t.addr))
             .map_err(|source| AcpiError::Write {
-                what,
-                addr: *addr,
+                what: t.name,
+                addr: t.addr,
                 source,
             })?;
     }
@@ -349,7 +367,11 @@ mod tests {
         assert_eq!(u32_at(f, 76), 0, "no PM timer");
         assert_eq!((f[88], f[89]), (PM1A_EVT_LEN, PM1A_CNT_LEN));
         let flags = u32_at(f, 112);
-        assert_eq!(flags & Flags::HwReducedAcpi as u32, 0, "legacy ACPI: PM1 blocks used");
+        assert_eq!(
+            flags & Flags::HwReducedAcpi as u32,
+            0,
+            "legacy ACPI: PM1 blocks used"
+        );
         assert_ne!(flags & Flags::PwrButton as u32, 0);
     }
 
@@ -418,7 +440,7 @@ mod tests {
         ));
         // The largest machine's tables fit, with room to spare.
         let t = tables(MAX_CPUS).unwrap();
-        let (_, at, b) = t.last().unwrap();
-        assert!(at + b.len() as u64 <= ACPI_START + ACPI_SIZE);
+        let last = t.last().unwrap();
+        assert!(last.addr + last.bytes.len() as u64 <= ACPI_START + ACPI_SIZE);
     }
 }

@@ -224,10 +224,7 @@ pub(super) fn lzo1x_decompress(src: &[u8], out: &mut Vec<u8>, max: usize) -> Res
             if dist == 0 {
                 // End of stream: nothing may follow it.
                 if r.at != src.len() {
-                    return Err(format!(
-                        "{} bytes after the end marker",
-                        src.len() - r.at
-                    ));
+                    return Err(format!("{} bytes after the end marker", src.len() - r.at));
                 }
                 return Ok(());
             }
@@ -287,7 +284,27 @@ mod tests {
         // Output past the block's size.
         assert!(lzo1x_decompress(&[21, b'a', b'b', b'c', b'd', 0x11, 0, 0], &mut out, 2).is_err());
         // Bytes after the end marker.
-        assert!(lzo1x_decompress(&[21, b'a', b'b', b'c', b'd', 0x11, 0, 0, 9], &mut out, 64).is_err());
+        assert!(
+            lzo1x_decompress(&[21, b'a', b'b', b'c', b'd', 0x11, 0, 0, 9], &mut out, 64).is_err()
+        );
         assert!(decompress_lzop(b"\x89LZO\0\r\n\x1a\n", 1 << 20).is_err());
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes, as a block or behind a valid lzop header, give
+        /// a result or an error: never a panic, never more than asked for.
+        #[test]
+        fn arbitrary_input_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let mut out = Vec::new();
+            let _ = lzo1x_decompress(&data, &mut out, 4096);
+            proptest::prop_assert!(out.len() <= 4096);
+            let mut file = LZOP_MAGIC.to_vec();
+            // version 0x1040, lib 0x2080, needed 0x0940, method 1, level 9,
+            // flags 0, mode, mtime low/high, empty name, checksum.
+            file.extend_from_slice(&[0x10, 0x40, 0x20, 0x80, 0x09, 0x40, 1, 9]);
+            file.extend_from_slice(&[0; 4 + 4 + 4 + 4 + 1 + 4]);
+            file.extend_from_slice(&data);
+            let _ = decompress_lzop(&file, 1 << 16);
+        }
     }
 }

@@ -111,8 +111,8 @@ impl Compression {
             Compression::Lz4 => lz4::decompress_legacy(data, limit),
             Compression::Zstd => {
                 // One frame: the 4 size bytes after it are not a second one.
-                let mut r = ruzstd::decoding::StreamingDecoder::new(data)
-                    .map_err(|e| e.to_string())?;
+                let mut r =
+                    ruzstd::decoding::StreamingDecoder::new(data).map_err(|e| e.to_string())?;
                 bounded(&mut r)
             }
         }
@@ -139,7 +139,7 @@ pub enum PayloadError {
     },
     #[error("{}: boot protocol {version:#06x} has no payload fields (2.08+ needed); pass the kernel's vmlinux with --vmlinux", path.display())]
     OldProtocol { path: PathBuf, version: u16 },
-    #[error("{}: payload at {offset:#x}+{len:#x} lies outside the file ({file_len:#x} bytes); the bzImage is corrupt or truncated", path.display())]
+    #[error("{}: payload at {offset:#x}+{len:#x} lies outside the file ({file_len:#x} bytes); the bzImage is corrupt or truncated; pass the kernel's vmlinux with --vmlinux", path.display())]
     OutOfFile {
         path: PathBuf,
         offset: u64,
