@@ -44,8 +44,9 @@ fn parent_of(f: &str) -> &'static [&'static str] {
 }
 
 /// One traced run through the CLI: the console and the saved trace.
-fn run(mode: &str, cpus: u32, iters: u64) -> (String, Trace) {
-    let out = tmp(&format!("{mode}-{cpus}.vmtrace"));
+fn run(mode: &str, cpus: u32, iters: u64, glob: &str) -> (String, Trace) {
+    let tag: String = glob.chars().filter(char::is_ascii_alphanumeric).collect();
+    let out = tmp(&format!("{mode}-{cpus}-{tag}.vmtrace"));
     let kernel = mini_elf();
     let cpus_s = cpus.to_string();
     let cmdline = format!("iters={iters} graph=1");
@@ -57,7 +58,7 @@ fn run(mode: &str, cpus: u32, iters: u64) -> (String, Trace) {
         "--cmdline",
         &cmdline,
         "--trace",
-        "*",
+        glob,
         "--graph",
         "--mode",
         mode,
@@ -86,7 +87,7 @@ fn name<'t>(t: &'t Trace, f: &Frame) -> &'t str {
 }
 
 fn check_graph_run(mode: &str, cpus: u32, iters: u64) {
-    let (console, t) = run(mode, cpus, iters);
+    let (console, t) = run(mode, cpus, iters, "*");
     assert!(t.meta.graph);
     assert_eq!(t.meta.mode, mode);
     assert_eq!((t.meta.events_dropped, t.meta.returns_dropped), (0, 0));
@@ -242,6 +243,59 @@ fn check_graph_run(mode: &str, cpus: u32, iters: u64) {
             d.total_ns
         );
     }
+}
+
+/// `--graph --trace 'hrtimer_*'`: only the four hrtimer functions hooked.
+/// Every call returns on its vCPU, and hrtimer_wakeup nests directly in
+/// hrtimer_interrupt (the __hrtimer_run_queues between them is not traced).
+fn check_hrtimer_glob(mode: &str) {
+    let (cpus, iters) = (4u32, 60u64);
+    let (console, t) = run(mode, cpus, iters, "hrtimer_*");
+    let (printed, _) = parse_mini_console(&console);
+    let names: Vec<&str> = t.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names.len(),
+        4,
+        "{mode}: hrtimer_start_range_ns, hrtimer_try_to_cancel, hrtimer_interrupt, hrtimer_wakeup: {names:?}"
+    );
+    for (i, name) in names.iter().enumerate() {
+        for cpu in 0..cpus {
+            let n = printed[&(cpu, name.to_string())];
+            assert!(n > 0);
+            assert_eq!(
+                t.counts[i][cpu as usize], n,
+                "{mode}: {name} calls on {cpu}"
+            );
+            assert_eq!(
+                t.returns[i][cpu as usize], n,
+                "{mode}: {name} returns on {cpu}"
+            );
+        }
+    }
+    let g = Graph::build(&t);
+    assert_eq!(
+        (g.abandoned, g.unmatched_returns, g.mismatched_returns),
+        (0, 0, 0)
+    );
+    for f in &g.frames {
+        let parent = f.parent.map(|p| name(&t, &g.frames[p as usize]));
+        let want = match name(&t, f) {
+            "hrtimer_wakeup" => Some("hrtimer_interrupt"),
+            _ => None,
+        };
+        assert_eq!(parent, want, "{mode}: {} nested in {parent:?}", name(&t, f));
+        assert!(matches!(f.end, End::Returned { .. }), "{mode}: {f:?}");
+    }
+}
+
+#[test]
+fn graph_hrtimer_glob_trap_four_vcpus_exact() {
+    check_hrtimer_glob("trap");
+}
+
+#[test]
+fn graph_hrtimer_glob_exitless_four_vcpus_exact() {
+    check_hrtimer_glob("exitless");
 }
 
 #[test]
