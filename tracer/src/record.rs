@@ -235,13 +235,21 @@ impl Recorder {
 
 impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
-        if let Some(graph) = self.graph.clone() {
-            if self.index.find(trap.rip).is_none() && trap_at(graph.trap_va, trap.rip) {
-                return self.on_return(&graph, trap);
-            }
+        let site = self.index.find(trap.rip);
+        if site.is_none()
+            && self
+                .graph
+                .as_ref()
+                .is_some_and(|g| trap_at(g.trap_va, trap.rip))
+        {
+            // Taken out for the call (on_return needs `self`), then put back.
+            let graph = self.graph.take().expect("checked above");
+            let r = self.on_return(&graph, trap);
+            self.graph = Some(graph);
+            return r;
         }
         let ts_ns = Trap::now_ns();
-        let Some(i) = self.index.find(trap.rip) else {
+        let Some(i) = site else {
             return Err(TrapError::UnknownSite {
                 cpu: trap.cpu,
                 rip: trap.rip,
@@ -256,8 +264,8 @@ impl TrapHandler for Recorder {
         let rsp = trap.rsp;
         let read = trap.space().read_u64(rsp).ok();
         // Hooked whether or not the entry is stored: returns count exactly.
-        let (parent, slot) = match (read, self.graph.clone()) {
-            (Some(ret), Some(graph)) => match self.hook(&graph, trap, rsp, ret, i) {
+        let (parent, slot) = match (read, self.graph.as_ref()) {
+            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i) {
                 Some(real) => (real, rsp),
                 None => (ret, 0),
             },
