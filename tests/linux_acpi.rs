@@ -97,10 +97,12 @@ fn check_acpi_console(text: &str, err: &str, cpus: u32) {
         "ACPI: Interpreter enabled",
         "ACPI: PM: (supports S0 S5)",
         "ACPI: PM: Preparing to enter system sleep state S5",
-        "reboot: Power down",
     ] {
         assert!(text.contains(want), "{want}:\n{text}\nvmtrace said: {err}");
     }
+    // "reboot: Power down" is printed just before the S5 write, and may
+    // still sit in the kernel's console buffer when the VM stops on it: the
+    // S5 write itself is checked (vmtrace's stop reason) instead.
     // One "Local APIC" line per vCPU, as Linux lists the MADT.
     let lapics = text
         .lines()
