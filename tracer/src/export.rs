@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 
 use crate::graph::{End, Graph};
 use crate::model::Trace;
-use crate::report::{Caller, Report, ReportOptions};
+use crate::report::{escape, Caller, Report, ReportOptions};
 use crate::symbols::Symbol;
 
 /// The `schema` field of the JSON report.
@@ -41,109 +41,7 @@ pub const SCHEMA_ID: &str = "vmtrace-report/1";
 
 /// JSON Schema (draft 2020-12) of the JSON report. Fields may be added in
 /// later versions of `vmtrace-report/1`; none will be removed or change type.
-pub const JSON_SCHEMA: &str = r##"{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
-  "title": "vmtrace report",
-  "description": "Function-entry counts (and, with --graph, durations) of a Linux guest kernel traced by vmtrace (vmtrace --format json).",
-  "type": "object",
-  "required": [
-    "schema", "kernel", "build_id", "cpus", "duration_s", "functions",
-    "events", "events_stored", "dropped", "sites_patched", "sites_skipped",
-    "sites_skipped_init", "sites_skipped_other", "pause", "stop_reason"
-  ],
-  "properties": {
-    "schema": { "const": "vmtrace-report/1", "description": "Name and version of this schema." },
-    "kernel": { "type": "string", "description": "The kernel file the guest booted." },
-    "build_id": { "type": ["string", "null"], "description": "GNU build id (hex) of the vmlinux the symbols came from, or null." },
-    "cpus": { "type": "integer", "minimum": 0, "description": "Number of vCPUs." },
-    "duration_s": { "type": "number", "minimum": 0, "description": "Seconds from attach to detach." },
-    "attach_ns": { "type": "integer", "minimum": 0, "description": "Host CLOCK_MONOTONIC at attach, ns (the time base of the CSV's ts_ns)." },
-    "detach_ns": { "type": "integer", "minimum": 0, "description": "Host CLOCK_MONOTONIC at detach, ns." },
-    "events": { "type": "integer", "minimum": 0, "description": "Function entries counted (exact), stored or not." },
-    "events_stored": { "type": "integer", "minimum": 0, "description": "Function entries stored with time, vCPU and caller." },
-    "dropped": { "type": "integer", "minimum": 0, "description": "Function entries counted but not stored (over --max-events, or their exitless ring was full)." },
-    "parent_unreadable": { "type": "integer", "minimum": 0, "description": "Stored entries whose return address could not be read (caller [unknown], addr 0x0)." },
-    "sites_patched": { "type": "integer", "minimum": 0, "description": "ftrace call sites patched." },
-    "sites_skipped": { "type": "integer", "minimum": 0, "description": "Selected sites left alone: sites_skipped_init + sites_skipped_other." },
-    "sites_skipped_init": { "type": "integer", "minimum": 0, "description": "Sites skipped because they are in init text." },
-    "sites_skipped_other": { "type": "integer", "minimum": 0, "description": "Sites skipped because they held neither a NOP nor a call to __fentry__." },
-    "pause": {
-      "type": "object",
-      "required": ["attach_window_us", "attach_latency_us"],
-      "properties": {
-        "attach_window_us": { "type": "number", "minimum": 0, "description": "The attach's stop-the-world window, microseconds." },
-        "attach_latency_us": { "type": "number", "minimum": 0, "description": "Attach latency, microseconds." }
-      }
-    },
-    "stop_reason": { "type": "string", "description": "Why the guest stopped." },
-    "mode": { "enum": ["trap", "exitless", null], "description": "How traced calls reached vmtrace: an exit each (trap), or vmtrace's trampoline and rings in the guest (exitless); null if unknown." },
-    "trap_exits": { "type": "integer", "minimum": 0, "description": "Exits at vmtrace's trace port while attached (0 in exitless mode)." },
-    "graph": {
-      "type": "object",
-      "description": "Only in function-graph traces (vmtrace --graph): returns and how the stored calls ended (returned + abandoned + running + unhooked_stored = frames = events_stored).",
-      "required": [
-        "returns", "returns_stored", "returns_dropped", "frames", "returned", "abandoned",
-        "running", "unhooked_stored", "unhooked", "unmatched_returns", "mismatched_returns", "tsc_khz"
-      ],
-      "properties": {
-        "returns": { "type": "integer", "minimum": 0, "description": "Returns counted (exact), stored or not." },
-        "returns_stored": { "type": "integer", "minimum": 0, "description": "Returns stored with time and vCPU." },
-        "returns_dropped": { "type": "integer", "minimum": 0, "description": "Returns counted but not stored." },
-        "frames": { "type": "integer", "minimum": 0, "description": "Stored calls (entries)." },
-        "returned": { "type": "integer", "minimum": 0, "description": "Stored calls whose return was stored: those with a duration." },
-        "abandoned": { "type": "integer", "minimum": 0, "description": "Stored calls unwound without a return (their stack was reused below them)." },
-        "running": { "type": "integer", "minimum": 0, "description": "Stored calls that had not returned when tracing stopped, or whose return was not stored." },
-        "unhooked_stored": { "type": "integer", "minimum": 0, "description": "Stored calls whose return could not be hooked." },
-        "unhooked": { "type": "integer", "minimum": 0, "description": "Calls whose return could not be hooked (exact), stored or not." },
-        "unmatched_returns": { "type": "integer", "minimum": 0, "description": "Stored returns with no stored call to match." },
-        "mismatched_returns": { "type": "integer", "minimum": 0, "description": "Returns of another function than the call they matched (inconsistent records)." },
-        "tsc_khz": { "type": "integer", "minimum": 0, "description": "The guest TSC's rate, kHz (0: unknown)." }
-      }
-    },
-    "functions": {
-      "type": "array",
-      "description": "Every traced function, most calls first, ties by name.",
-      "items": {
-        "type": "object",
-        "required": ["name", "addr", "count", "per_cpu", "callers"],
-        "properties": {
-          "name": { "type": "string" },
-          "addr": { "type": "string", "pattern": "^0x[0-9a-f]+$", "description": "Start address, hex." },
-          "size": { "type": "integer", "minimum": 0, "description": "Size in bytes." },
-          "count": { "type": "integer", "minimum": 0, "description": "Calls on all vCPUs (exact)." },
-          "per_cpu": {
-            "type": "object",
-            "description": "Calls per vCPU, keyed by vCPU number; every vCPU is present.",
-            "propertyNames": { "pattern": "^(0|[1-9][0-9]*)$" },
-            "additionalProperties": { "type": "integer", "minimum": 0 }
-          },
-          "returns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: returns on all vCPUs (exact)." },
-          "returned": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: stored calls that returned (the durations are over these)." },
-          "not_returned": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: stored calls that did not return." },
-          "total_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: inclusive time of the returned calls, ns." },
-          "self_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: total_ns minus the inclusive time of their returned traced callees, ns." },
-          "min_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: shortest returned call, ns (0 if none returned)." },
-          "max_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: longest returned call, ns (0 if none returned)." },
-          "avg_ns": { "type": "integer", "minimum": 0, "description": "Function-graph traces only: total_ns / returned, rounded down (0 if none returned)." },
-          "callers": {
-            "type": "array",
-            "description": "Callers among the stored calls, most first; the counts add up to the function's stored calls.",
-            "items": {
-              "type": "object",
-              "required": ["name", "count"],
-              "properties": {
-                "name": { "type": "string", "description": "The caller function, or \"[unknown]\" when the return address is in no known function." },
-                "addr": { "type": "string", "pattern": "^0x[0-9a-f]+$", "description": "Only for [unknown]: the return address (0x0: unreadable)." },
-                "count": { "type": "integer", "minimum": 0 }
-              }
-            }
-          }
-        }
-      }
-    }
-  }
-}
-"##;
+pub const JSON_SCHEMA: &str = include_str!("../../docs/vmtrace-report.schema.json");
 
 /// The JSON report (schema [`SCHEMA_ID`], described by [`JSON_SCHEMA`]).
 pub fn to_json(trace: &Trace) -> Value {
@@ -220,6 +118,23 @@ pub fn to_json(trace: &Trace) -> Value {
         "mode": (!m.mode.is_empty()).then_some(&m.mode),
         "trap_exits": m.trap_exits,
     });
+    // Present only when there is something to say: older readers (and the
+    // golden files) see the same document as before.
+    if !m.lost.is_empty() {
+        doc["lost"] = json!(m.lost);
+    }
+    if m.overwrite {
+        doc["overwrite"] = json!(true);
+    }
+    if m.incomplete {
+        doc["incomplete"] = json!(true);
+    }
+    if !m.rejected_sites.is_empty() {
+        doc["rejected_sites"] = json!(m.rejected_sites);
+    }
+    if let Some((virt, phys)) = m.kernel_offset {
+        doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
+    }
     if let Some(g) = &report.graph_summary {
         doc["graph"] = json!({
             "returns": g.returns,
@@ -247,12 +162,15 @@ pub fn write_json(trace: &Trace, w: impl Write) -> io::Result<()> {
     w.flush()
 }
 
-/// Quotes a CSV field if it holds a comma, a double quote, CR or LF (RFC 4180).
+/// A name as a CSV field: control characters escaped (`report::escape`:
+/// a CSV is read in terminals too, and a crafted name must not forge a
+/// row), then quoted if it holds a comma or a double quote (RFC 4180).
 fn csv_field(s: &str) -> Cow<'_, str> {
-    if s.contains([',', '"', '\r', '\n']) {
+    let s = escape(s);
+    if s.contains([',', '"']) {
         Cow::Owned(format!("\"{}\"", s.replace('"', "\"\"")))
     } else {
-        Cow::Borrowed(s)
+        s
     }
 }
 
@@ -273,7 +191,8 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// with its entry on the same guest stack; `0x0`: the return was not
 /// hooked). Entry-only traces keep the six columns.
 ///
-/// Lines end with `\n`; fields are quoted per RFC 4180 when needed.
+/// Lines end with `\n`; names have their control characters escaped
+/// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     let graph = trace.meta.graph;
@@ -485,8 +404,9 @@ impl CallerNames {
 /// duration); a returned call under one that did not return keeps it in
 /// its path. The values add up to the self time of every returned call.
 /// Paths whose self time is 0 are left out. Lines are sorted by path
-/// (byte order). A `;` in a function name would split the frame, and a
-/// newline the line: they become `_` (kernel symbols have neither). An
+/// (byte order). A `;` in a function name would split the frame: it
+/// becomes `_`; control characters (a newline would split the line) are
+/// escaped (`\x0a`, see `report::escape`). Kernel symbols have neither. An
 /// entry-only trace has no returned calls: the output is empty.
 pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::new(w);
@@ -513,7 +433,7 @@ pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
     let names: Vec<String> = trace
         .functions
         .iter()
-        .map(|f| f.name.replace([';', '\n', '\r'], "_"))
+        .map(|f| escape(&f.name).replace(';', "_"))
         .collect();
     let mut lines: Vec<(String, u64)> = Vec::new();
     for (id, &ns) in self_ns.iter().enumerate() {
@@ -538,3 +458,6 @@ pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
 }
 
 pub mod file;
+pub mod script;
+pub mod tracedat;
+pub use tracedat::write_tracedat;

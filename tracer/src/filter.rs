@@ -1,5 +1,23 @@
 //! ftrace-style function filters: `--trace` and `--notrace` globs, as in
 //! `set_ftrace_filter` / `set_ftrace_notrace`.
+//!
+//! The syntax is ftrace's, for what vmtrace can trace:
+//!
+//! - globs with `*`, `?`, `[...]` and `{a,b}` alternation (`{,_locked}`, an
+//!   empty alternative, is allowed); a comma separates globs, except inside
+//!   `{...}` and `[...]`: `hrtimer_{start,cancel}*,tick_*` is two globs;
+//! - `!glob` in `--trace` removes what it matches from what the other
+//!   `--trace` globs select (`--trace 'hrtimer_*,!hrtimer_wakeup'`). Unlike
+//!   a sequence of writes to set_ftrace_filter, the order does not matter: a
+//!   `!glob` always wins. A `--trace` of `!glob`s alone is refused (ftrace
+//!   would remove them from an empty set: nothing to trace), and so is `!` in
+//!   `--notrace`;
+//! - ftrace's module syntax (`:mod:NAME`, `glob:mod:NAME`) and function
+//!   commands (`func:traceon`, ...) are refused by name: vmtrace traces the
+//!   kernel image (vmlinux) only.
+//!
+//! `Globs` is one such list (also what `vmtrace list` takes, see
+//! `crate::list`); `Filter` is `--trace` and `--notrace` together.
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
@@ -14,12 +32,43 @@ const MAX_SUGGESTIONS: usize = 5;
 pub enum FilterError {
     #[error("{flag} has an empty glob in '{arg}'; remove the stray comma")]
     EmptyGlob { flag: &'static str, arg: String },
-    #[error("{flag} glob '{glob}' is invalid: {reason}; ftrace globs use *, ? and [...]")]
+    #[error("{flag} glob '{glob}' is invalid: {reason}; ftrace globs use *, ?, [...] and {{a,b}}")]
     BadGlob {
         flag: &'static str,
         glob: String,
         reason: String,
     },
+    #[error("{flag} '{arg}' has an unclosed '{{'; close it: {{a,b}} matches a or b")]
+    UnclosedBrace { flag: &'static str, arg: String },
+    #[error("{flag} '{arg}' has a '}}' without its '{{'; {{a,b}} matches a or b")]
+    UnopenedBrace { flag: &'static str, arg: String },
+    #[error("{flag} has a '!' without a glob in '{arg}'; write !GLOB, e.g. !hrtimer_wakeup")]
+    EmptyNegation { flag: &'static str, arg: String },
+    #[error(
+        "{flag} '{globs}' only removes functions; add what to {verb}, e.g. {flag} '*,{globs}'"
+    )]
+    OnlyNegated {
+        flag: &'static str,
+        /// What the list selects: "trace", "list".
+        verb: &'static str,
+        /// The `!glob`s, comma-separated.
+        globs: String,
+    },
+    #[error(
+        "--notrace '{glob}': '!' only works in --trace (e.g. --trace '*,{glob}'); \
+         give --notrace the functions not to trace"
+    )]
+    NegatedNotrace { glob: String },
+    #[error(
+        "{flag} '{glob}': modules are not supported yet; vmtrace traces the kernel image \
+         (vmlinux) only"
+    )]
+    Module { flag: &'static str, glob: String },
+    #[error(
+        "{flag} '{glob}': ftrace commands (FUNCTION:COMMAND, e.g. schedule:traceon) are not \
+         supported; give function globs only"
+    )]
+    Command { flag: &'static str, glob: String },
     #[error(
         "--trace '{glob}' matches no traceable function{}",
         no_match_detail(untraceable, closest)
@@ -30,6 +79,11 @@ pub enum FilterError {
         untraceable: Vec<String>,
         /// Traceable functions with names close to the glob.
         closest: Vec<String>,
+    },
+    #[error("--trace '{globs}' removes every function the other --trace globs select; narrow it")]
+    NegatedEverything {
+        /// The `!glob`s, comma-separated.
+        globs: String,
     },
     #[error("--notrace removes every function --trace selects; narrow --notrace")]
     NothingLeft,
@@ -49,12 +103,133 @@ fn no_match_detail(untraceable: &[String], closest: &[String]) -> String {
     s
 }
 
+/// A list of ftrace globs over function names, `!glob`s included: a name
+/// matches when it matches a positive glob (or there is no glob at all) and
+/// no `!glob`.
+#[derive(Debug, Clone)]
+pub struct Globs {
+    /// The positive globs as written.
+    positive: Vec<String>,
+    positive_set: GlobSet,
+    /// The `!glob`s without their `!`.
+    negative: Vec<String>,
+    negative_set: GlobSet,
+}
+
+impl Globs {
+    /// The values of repeated `--trace` flags, each a comma-separated list.
+    pub fn for_trace(args: &[String]) -> Result<Globs, FilterError> {
+        Globs::parse("--trace", "trace", args)
+    }
+
+    /// The globs given to `vmtrace list` (same syntax as `--trace`; none:
+    /// every function). Errors name them `list`.
+    pub fn for_list(args: &[String]) -> Result<Globs, FilterError> {
+        Globs::parse("list", "list", args)
+    }
+
+    fn parse(
+        flag: &'static str,
+        verb: &'static str,
+        args: &[String],
+    ) -> Result<Globs, FilterError> {
+        let mut positive = Vec::new();
+        let mut negative = Vec::new();
+        for (arg, glob) in split_globs(flag, args)? {
+            check_syntax(flag, &glob)?;
+            match glob.strip_prefix('!') {
+                Some(rest) => {
+                    let rest = rest.trim_start();
+                    if rest.is_empty() {
+                        return Err(FilterError::EmptyNegation { flag, arg });
+                    }
+                    negative.push(rest.to_string());
+                }
+                None => positive.push(glob),
+            }
+        }
+        if positive.is_empty() && !negative.is_empty() {
+            return Err(FilterError::OnlyNegated {
+                flag,
+                verb,
+                globs: negated(&negative),
+            });
+        }
+        Ok(Globs {
+            positive_set: glob_set(flag, &positive)?,
+            negative_set: glob_set(flag, &negative)?,
+            positive,
+            negative,
+        })
+    }
+
+    /// No glob at all: every function matches.
+    pub fn is_empty(&self) -> bool {
+        self.positive.is_empty()
+    }
+
+    /// The positive globs, as written.
+    pub fn positive(&self) -> &[String] {
+        &self.positive
+    }
+
+    /// The `!glob`s, without their `!`.
+    pub fn negative(&self) -> &[String] {
+        &self.negative
+    }
+
+    /// Whether `name` is selected.
+    pub fn is_match(&self, name: &str) -> bool {
+        (self.positive.is_empty() || self.positive_set.is_match(name))
+            && !self.negative_set.is_match(name)
+    }
+
+    /// Like `is_match`, also setting `hits` to the indices (into
+    /// `positive()`) of the positive globs `name` matches, whether or not a
+    /// `!glob` removes it: such a glob did match something.
+    pub fn matches_into(&self, name: &str, hits: &mut Vec<usize>) -> bool {
+        hits.clear();
+        if !self.positive.is_empty() {
+            self.positive_set.matches_into(name, hits);
+            if hits.is_empty() {
+                return false;
+            }
+        }
+        !self.negative_set.is_match(name)
+    }
+}
+
+/// `!a,!b`.
+fn negated(globs: &[String]) -> String {
+    globs
+        .iter()
+        .map(|g| format!("!{g}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Refuses ftrace syntax vmtrace has no use for: modules and commands.
+fn check_syntax(flag: &'static str, glob: &str) -> Result<(), FilterError> {
+    let err = |module: bool| {
+        let glob = glob.to_string();
+        if module {
+            FilterError::Module { flag, glob }
+        } else {
+            FilterError::Command { flag, glob }
+        }
+    };
+    // Kernel function names never hold a ':'.
+    match glob.find(':') {
+        None => Ok(()),
+        Some(i) if glob[i..].starts_with(":mod:") => Err(err(true)),
+        Some(_) => Err(err(false)),
+    }
+}
+
 /// `--trace` / `--notrace` globs over function names.
 #[derive(Debug, Clone)]
 pub struct Filter {
-    /// The individual `--trace` globs as written; empty means everything.
-    trace_globs: Vec<String>,
-    trace: GlobSet,
+    trace: Globs,
     notrace: GlobSet,
 }
 
@@ -62,44 +237,67 @@ impl Filter {
     /// `trace` and `notrace` hold the values of repeated `--trace` and
     /// `--notrace` flags, each a comma-separated list of ftrace globs.
     pub fn new(trace: &[String], notrace: &[String]) -> Result<Self, FilterError> {
-        let trace_globs = split_globs("--trace", trace)?;
-        let notrace_globs = split_globs("--notrace", notrace)?;
+        let trace = Globs::for_trace(trace)?;
+        let mut notrace_globs = Vec::new();
+        for (_, glob) in split_globs("--notrace", notrace)? {
+            check_syntax("--notrace", &glob)?;
+            if glob.starts_with('!') {
+                return Err(FilterError::NegatedNotrace { glob });
+            }
+            notrace_globs.push(glob);
+        }
         Ok(Filter {
-            trace: glob_set("--trace", &trace_globs)?,
+            trace,
             notrace: glob_set("--notrace", &notrace_globs)?,
-            trace_globs,
         })
     }
 
+    /// The `--trace` globs.
+    pub fn trace(&self) -> &Globs {
+        &self.trace
+    }
+
+    /// Whether function `name` is selected (whatever its sites).
+    pub fn is_match(&self, name: &str) -> bool {
+        self.trace.is_match(name) && !self.notrace.is_match(name)
+    }
+
     /// Indices into `sites.sites` of the sites whose function matches. Every
-    /// `--trace` glob must match some function with a site.
+    /// positive `--trace` glob must match some function with a site; a
+    /// `!glob` may match nothing.
     pub fn select(
         &self,
         image: &KernelImage,
         sites: &SiteTable,
     ) -> Result<Vec<usize>, FilterError> {
-        let mut glob_used = vec![false; self.trace_globs.len()];
+        let mut glob_used = vec![false; self.trace.positive.len()];
         let mut hits = Vec::new();
         let mut selected = Vec::new();
+        // Some site survives --trace's `!globs` (before --notrace).
+        let mut any_traced = false;
         for (i, site) in sites.sites.iter().enumerate() {
             let name = function_name(image, site.func);
-            if !self.trace_globs.is_empty() {
-                self.trace.matches_into(name, &mut hits);
-                if hits.is_empty() {
-                    continue;
-                }
-                for &g in &hits {
-                    glob_used[g] = true;
-                }
+            let traced = self.trace.matches_into(name, &mut hits);
+            for &g in &hits {
+                glob_used[g] = true;
             }
+            if !traced {
+                continue;
+            }
+            any_traced = true;
             if !self.notrace.is_match(name) {
                 selected.push(i);
             }
         }
         if let Some(g) = glob_used.iter().position(|used| !used) {
-            return Err(self.no_match(&self.trace_globs[g], image, sites));
+            return Err(self.no_match(&self.trace.positive[g], image, sites));
         }
         if selected.is_empty() {
+            if !any_traced && !self.trace.negative.is_empty() {
+                return Err(FilterError::NegatedEverything {
+                    globs: negated(&self.trace.negative),
+                });
+            }
             return Err(FilterError::NothingLeft);
         }
         Ok(selected)
@@ -122,7 +320,7 @@ impl Filter {
                     .functions
                     .iter()
                     .filter(|f| m.is_match(&f.name))
-                    .map(|f| f.name.clone())
+                    .map(|f| crate::report::escape(&f.name).into_owned())
                     .collect();
                 names.sort_unstable();
                 names.dedup();
@@ -146,11 +344,13 @@ fn function_name(image: &KernelImage, func: u32) -> &str {
         .map_or("", |f| f.name.as_str())
 }
 
-/// Splits comma lists into single globs.
-fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<String>, FilterError> {
+/// Splits comma lists into single globs (each with the argument it came
+/// from), but not at a comma inside `{...}` (alternation) or `[...]`.
+fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<(String, String)>, FilterError> {
     let mut globs = Vec::new();
     for arg in args {
-        for glob in arg.split(',').map(str::trim) {
+        let mut push = |glob: &str| {
+            let glob = glob.trim();
             if glob.is_empty() {
                 // Silently dropping it could turn `--trace ,` into "trace all".
                 return Err(FilterError::EmptyGlob {
@@ -158,15 +358,68 @@ fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<String>, Filte
                     arg: arg.clone(),
                 });
             }
-            globs.push(glob.to_string());
+            globs.push((arg.clone(), glob.to_string()));
+            Ok(())
+        };
+        let mut depth = 0usize;
+        let mut start = 0;
+        let mut chars = arg.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                // An escaped character is literal (globset's `\`).
+                '\\' => {
+                    chars.next();
+                }
+                '[' => skip_class(&mut chars),
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    return Err(FilterError::UnopenedBrace {
+                        flag,
+                        arg: arg.clone(),
+                    })
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    push(&arg[start..i])?;
+                    start = i + 1;
+                }
+                _ => {}
+            }
         }
+        if depth > 0 {
+            return Err(FilterError::UnclosedBrace {
+                flag,
+                arg: arg.clone(),
+            });
+        }
+        push(&arg[start..])?;
     }
     Ok(globs)
 }
 
+/// Skips a `[...]` class whose `[` was just read, as globset reads it: a
+/// `]` (after an optional `!`) first in the class is literal. An unclosed
+/// class runs to the end (globset then names the error).
+fn skip_class(chars: &mut std::iter::Peekable<std::str::CharIndices>) {
+    if chars.peek().is_some_and(|&(_, c)| c == '!') {
+        chars.next();
+    }
+    if chars.peek().is_some_and(|&(_, c)| c == ']') {
+        chars.next();
+    }
+    for (_, c) in chars.by_ref() {
+        if c == ']' {
+            return;
+        }
+    }
+}
+
 /// One glob; names have no '/', so `*` may match anything.
 fn compile(glob: &str) -> Result<Glob, globset::Error> {
-    GlobBuilder::new(glob).literal_separator(false).build()
+    GlobBuilder::new(glob)
+        .literal_separator(false)
+        .empty_alternates(true)
+        .build()
 }
 
 fn glob_set(flag: &'static str, globs: &[String]) -> Result<GlobSet, FilterError> {
@@ -182,11 +435,11 @@ fn glob_set(flag: &'static str, globs: &[String]) -> Result<GlobSet, FilterError
     builder.build().map_err(|e| bad(&globs.join(","), e))
 }
 
-/// Up to `MAX_SUGGESTIONS` names closest to `glob`: smallest edit distance
-/// between the glob's literal text and the name (a leading / trailing `*` lets
-/// the name have any prefix / suffix; containing the text anywhere costs 1),
-/// then the longest common prefix.
-fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
+/// Up to `MAX_SUGGESTIONS` names closest to `glob` (escaped for printing):
+/// smallest edit distance between the glob's literal text and the name (a
+/// leading / trailing `*` lets the name have any prefix / suffix; containing
+/// the text anywhere costs 1), then the longest common prefix.
+pub(crate) fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
     let free_start = glob.starts_with('*');
     let free_end = glob.ends_with('*');
     let literal = literal_text(glob);
@@ -209,20 +462,37 @@ fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
     scored
         .into_iter()
         .take(MAX_SUGGESTIONS)
-        .map(|(_, _, n)| n.to_string())
+        .map(|(_, _, n)| crate::report::escape(n).into_owned())
         .collect()
 }
 
-/// The glob without its wildcards and `[...]` classes.
+/// The glob without its wildcards and `[...]` classes, and of each `{...}`
+/// alternation only the first alternative.
 fn literal_text(glob: &str) -> Vec<char> {
     let mut out = Vec::new();
     let mut in_class = false;
+    let mut depth = 0usize;
+    // The depth of the alternation whose later alternatives are skipped.
+    let mut skip_from: Option<usize> = None;
     for c in glob.chars() {
+        if in_class {
+            in_class = c != ']';
+            continue;
+        }
         match c {
             '[' => in_class = true,
-            ']' if in_class => in_class = false,
+            '{' => depth += 1,
+            '}' => {
+                if skip_from == Some(depth) {
+                    skip_from = None;
+                }
+                depth = depth.saturating_sub(1);
+            }
+            ',' if depth > 0 => {
+                skip_from.get_or_insert(depth);
+            }
             '*' | '?' | '\\' => {}
-            _ if !in_class => out.push(c),
+            _ if skip_from.is_none() => out.push(c),
             _ => {}
         }
     }
@@ -252,8 +522,81 @@ fn edit_distance(pat: &[char], text: &[char], free_start: bool, free_end: bool) 
     }
 }
 
+/// A `KernelImage` and `SiteTable` made of names, for unit tests here and
+/// in `crate::list`.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::sites::{Site, SiteTable};
+    use crate::symbols::{KernelImage, Symbol};
+
+    /// Where a test function's ftrace site is.
+    #[derive(Clone, Copy)]
+    pub(crate) enum Has {
+        Site,
+        InitSite,
+        NoSite,
+    }
+
+    /// Functions 0x100 bytes apart, in the order given; init sites are
+    /// inside `init_text`.
+    pub(crate) fn image(funcs: &[(&str, Has)]) -> (KernelImage, SiteTable) {
+        const TEXT: u64 = 0xffff_ffff_8100_0000;
+        const INIT: u64 = 0xffff_ffff_8300_0000;
+        let mut functions = Vec::new();
+        let mut sites = Vec::new();
+        for (i, &(name, has)) in funcs.iter().enumerate() {
+            let base = match has {
+                Has::InitSite => INIT,
+                _ => TEXT,
+            };
+            let addr = base + i as u64 * 0x100;
+            functions.push(Symbol {
+                name: name.to_string(),
+                addr,
+                size: 0x100,
+            });
+            if !matches!(has, Has::NoSite) {
+                sites.push(Site {
+                    addr,
+                    func: 0,
+                    init: matches!(has, Has::InitSite),
+                });
+            }
+        }
+        // Sorted by address, as `KernelImage` and `SiteTable` keep them.
+        let mut order: Vec<usize> = (0..functions.len()).collect();
+        order.sort_by_key(|&i| functions[i].addr);
+        let functions: Vec<Symbol> = order.iter().map(|&i| functions[i].clone()).collect();
+        for s in &mut sites {
+            s.func = functions.iter().position(|f| f.addr == s.addr).unwrap() as u32;
+        }
+        sites.sort_by_key(|s| s.addr);
+        let image = KernelImage {
+            path: "test-vmlinux".into(),
+            build_id: None,
+            functions,
+            mcount_loc: sites.iter().map(|s| s.addr).collect(),
+            init_text: Some((INIT, INIT + 0x10_0000)),
+            text: Some((TEXT, TEXT + 0x10_0000)),
+            source: "test".into(),
+            linux: true,
+            symbols: Default::default(),
+            sections: Vec::new(),
+            bytes: Vec::new(),
+        };
+        let table = SiteTable {
+            entries: sites.len(),
+            sites,
+            rejected: 0,
+            rejected_examples: Vec::new(),
+        };
+        (image, table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{image, Has};
     use super::*;
 
     fn chars(s: &str) -> Vec<char> {
@@ -264,20 +607,191 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    /// What `select` decides for one name: it matches a `--trace` glob (or
-    /// none was given) and no `--notrace` glob.
-    fn matches(f: &Filter, name: &str) -> bool {
-        (f.trace_globs.is_empty() || f.trace.is_match(name)) && !f.notrace.is_match(name)
+    fn filter(trace: &[&str], notrace: &[&str]) -> Result<Filter, FilterError> {
+        Filter::new(&strings(trace), &strings(notrace))
+    }
+
+    const FUNCS: &[(&str, Has)] = &[
+        ("hrtimer_start_range_ns", Has::Site),
+        ("hrtimer_cancel", Has::Site),
+        ("hrtimer_wakeup", Has::Site),
+        ("hrtimer_interrupt", Has::Site),
+        ("tick_sched_timer", Has::Site),
+        ("schedule", Has::Site),
+        ("start_kernel", Has::InitSite),
+        ("mini_account", Has::NoSite),
+    ];
+
+    /// The names `select` picks.
+    fn select(trace: &[&str], notrace: &[&str]) -> Result<Vec<String>, FilterError> {
+        let (image, sites) = image(FUNCS);
+        let idx = filter(trace, notrace)?.select(&image, &sites)?;
+        let mut names: Vec<String> = idx
+            .iter()
+            .map(|&i| image.functions[sites.sites[i].func as usize].name.clone())
+            .collect();
+        names.sort();
+        Ok(names)
     }
 
     #[test]
     fn matches_follows_trace_and_notrace() {
-        let f = Filter::new(&strings(&["hrtimer_*"]), &strings(&["*wakeup"])).expect("filter");
-        assert!(matches(&f, "hrtimer_interrupt"));
-        assert!(!matches(&f, "hrtimer_wakeup"));
-        assert!(!matches(&f, "schedule"));
-        let all = Filter::new(&[], &[]).expect("filter");
-        assert!(matches(&all, "anything.isra.0"));
+        let f = filter(&["hrtimer_*"], &["*wakeup"]).expect("filter");
+        assert!(f.is_match("hrtimer_interrupt"));
+        assert!(!f.is_match("hrtimer_wakeup"));
+        assert!(!f.is_match("schedule"));
+        let all = filter(&[], &[]).expect("filter");
+        assert!(all.is_match("anything.isra.0"));
+    }
+
+    #[test]
+    fn negation_in_trace_removes_whatever_the_order() {
+        for trace in [
+            &["hrtimer_*,!hrtimer_wakeup"][..],
+            &["!hrtimer_wakeup", "hrtimer_*"],
+            &["hrtimer_*", " ! hrtimer_wakeup"],
+        ] {
+            let got = select(trace, &[]).expect("select");
+            assert_eq!(
+                got,
+                [
+                    "hrtimer_cancel",
+                    "hrtimer_interrupt",
+                    "hrtimer_start_range_ns"
+                ],
+                "{trace:?}"
+            );
+        }
+        // `*,!glob`: everything but.
+        let got = select(&["*,!hrtimer_*"], &[]).expect("select");
+        assert_eq!(got, ["schedule", "start_kernel", "tick_sched_timer"]);
+    }
+
+    #[test]
+    fn negation_matching_nothing_is_fine() {
+        let got = select(&["schedule,!no_such_function"], &[]).expect("select");
+        assert_eq!(got, ["schedule"]);
+    }
+
+    #[test]
+    fn negation_alone_is_refused() {
+        let e = filter(&["!hrtimer_wakeup"], &[]).expect_err("only negated");
+        assert_eq!(
+            e.to_string(),
+            "--trace '!hrtimer_wakeup' only removes functions; add what to trace, \
+             e.g. --trace '*,!hrtimer_wakeup'"
+        );
+        let e = Globs::for_list(&strings(&["!a,!b"])).expect_err("only negated");
+        assert_eq!(
+            e.to_string(),
+            "list '!a,!b' only removes functions; add what to list, e.g. list '*,!a,!b'"
+        );
+        let e = filter(&["schedule,!"], &[]).expect_err("empty negation");
+        assert!(matches!(e, FilterError::EmptyNegation { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn negation_removing_everything_says_which() {
+        let e = select(&["hrtimer_w*,!hrtimer_*"], &[]).expect_err("nothing left");
+        assert!(matches!(e, FilterError::NegatedEverything { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "--trace '!hrtimer_*' removes every function the other --trace globs select; narrow it"
+        );
+        let e = select(&["hrtimer_w*"], &["hrtimer_*"]).expect_err("nothing left");
+        assert!(matches!(e, FilterError::NothingLeft), "{e:?}");
+    }
+
+    #[test]
+    fn negation_in_notrace_is_refused() {
+        let e = filter(&[], &["!schedule"]).expect_err("negated notrace");
+        let msg = e.to_string();
+        assert!(msg.starts_with("--notrace '!schedule': '!' only works in --trace"));
+        assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn modules_and_commands_are_refused() {
+        for (flag, glob) in [
+            ("--trace", ":mod:ext4"),
+            ("--trace", "ext4_*:mod:ext4"),
+            ("--trace", "!ext4_*:mod:ext4"),
+            ("--notrace", "*:mod:kvm"),
+        ] {
+            let (t, n) = if flag == "--trace" {
+                (vec![glob], vec![])
+            } else {
+                (vec![], vec![glob])
+            };
+            let e = filter(&t, &n).expect_err("module");
+            assert!(matches!(e, FilterError::Module { .. }), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "{flag} '{glob}': modules are not supported yet; vmtrace traces the \
+                     kernel image (vmlinux) only"
+                )
+            );
+        }
+        let e = filter(&["schedule:traceon"], &[]).expect_err("command");
+        assert!(matches!(e, FilterError::Command { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn braces_alternate_and_do_not_split() {
+        let got = select(&["hrtimer_{start,cancel}*,tick_*"], &[]).expect("select");
+        assert_eq!(
+            got,
+            [
+                "hrtimer_cancel",
+                "hrtimer_start_range_ns",
+                "tick_sched_timer"
+            ]
+        );
+        // An empty alternative, and a negated alternation.
+        let got = select(&["schedule{,_idle}"], &[]).expect("select");
+        assert_eq!(got, ["schedule"]);
+        let got = select(&["hrtimer_*,!hrtimer_{wakeup,cancel}"], &[]).expect("select");
+        assert_eq!(got, ["hrtimer_interrupt", "hrtimer_start_range_ns"]);
+        // Commas inside a class are not separators either.
+        let split = split_globs("--trace", &strings(&["a[,]b,{c,[}]d},e"])).expect("split");
+        let globs: Vec<&str> = split.iter().map(|(_, g)| g.as_str()).collect();
+        assert_eq!(globs, ["a[,]b", "{c,[}]d}", "e"]);
+    }
+
+    #[test]
+    fn unbalanced_braces_are_refused() {
+        let e = filter(&["hrtimer_{start,cancel*"], &[]).expect_err("unclosed");
+        assert_eq!(
+            e.to_string(),
+            "--trace 'hrtimer_{start,cancel*' has an unclosed '{'; close it: {a,b} matches a or b"
+        );
+        let e = filter(&[], &["tick_}"]).expect_err("unopened");
+        assert_eq!(
+            e.to_string(),
+            "--notrace 'tick_}' has a '}' without its '{'; {a,b} matches a or b"
+        );
+    }
+
+    #[test]
+    fn no_match_names_only_positive_globs() {
+        let e = select(&["schedul"], &[]).expect_err("no match");
+        let FilterError::NoMatch { glob, closest, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(glob, "schedul");
+        assert_eq!(closest[0], "schedule");
+        // An alternation's suggestions come from its first alternative.
+        let e = select(&["hrtimer_{wakup,x}"], &[]).expect_err("no match");
+        let FilterError::NoMatch { closest, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(closest[0], "hrtimer_wakeup");
+        let e = select(&["mini_account"], &[]).expect_err("notrace");
+        assert!(
+            e.to_string().contains("mini_account: no ftrace call site"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -305,8 +819,10 @@ mod tests {
     }
 
     #[test]
-    fn literal_text_drops_wildcards_and_classes() {
+    fn literal_text_drops_wildcards_classes_and_later_alternatives() {
         assert_eq!(literal_text("hr[ab]timer_?x*"), chars("hrtimer_x"));
+        assert_eq!(literal_text("a{b,c}d"), chars("abd"));
+        assert_eq!(literal_text("a{b{c,x},y}d"), chars("abcd"));
     }
 
     #[test]

@@ -86,6 +86,24 @@ pub struct TraceMeta {
     /// kallsyms in the bzImage); empty when unknown (saved traces do not
     /// keep it).
     pub symbols: String,
+    /// Events (entries and returns) the recording could not keep because
+    /// the writer fell behind or the disk refused them, per vCPU; included
+    /// in `events_dropped` and `returns_dropped`. Empty: none (or an older
+    /// file).
+    pub lost: Vec<u64>,
+    /// Flight recorder (`--overwrite`): the events not stored are the
+    /// oldest ones, overwritten by newer ones.
+    pub overwrite: bool,
+    /// `__mcount_loc` entries left out of tracing (not at a function entry),
+    /// as said at the run; empty: none.
+    pub rejected_sites: String,
+    /// KASLR: how far the running kernel was from its link addresses,
+    /// virtual and physical, in bytes (None: not known).
+    pub kernel_offset: Option<(i64, i64)>,
+    /// Read from a data file whose recording was cut short (the process was
+    /// killed before it wrote the footer): the counts are those of the
+    /// stored events, the run's facts those known at attach.
+    pub incomplete: bool,
 }
 
 /// The whole trace.

@@ -14,14 +14,15 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use vmm::{Trap, TrapError, TrapHandler};
 
 use crate::model::{Event, RETURN_BIT};
 use crate::shadow::ShadowStacks;
 use crate::sites::SITE_LEN;
+use crate::store::{self, Storage};
+use crate::symbols::Symbol;
 
 /// Events a vCPU buffers before handing them to the collector.
 pub const BATCH: usize = 4096;
@@ -56,6 +57,12 @@ impl SiteIndex {
     /// The kernel runs `virt` bytes from its link addresses (`kaslr`).
     pub fn set_slide(&self, virt: i64) {
         self.slide.store(virt as u64, Ordering::Relaxed);
+    }
+
+    /// How far the running kernel is from its link addresses (0 until the
+    /// first attach found it).
+    pub fn slide(&self) -> i64 {
+        self.slide.load(Ordering::Relaxed) as i64
     }
 
     /// Where site `i` is in the running kernel.
@@ -109,6 +116,10 @@ pub struct Counters {
     budget: AtomicI64,
     pub dropped: AtomicU64,
     pub parent_unreadable: AtomicU64,
+    /// Events (entries and returns) per vCPU that could not be kept: the
+    /// data file's writer fell behind, or the disk refused them. Also in
+    /// `dropped` / `returns_dropped`.
+    pub lost: Box<[AtomicU64]>,
 }
 
 /// One vCPU's trap handler.
@@ -124,6 +135,27 @@ pub struct Recorder {
 }
 
 impl Counters {
+    /// Counts stored events that were then not kept: entries as dropped,
+    /// returns as returns dropped (the counts stay exact).
+    pub fn drop_stored(&self, e: &Event) {
+        let c = if e.is_return() {
+            &self.returns_dropped
+        } else {
+            &self.dropped
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch that could not be kept (see `lost`).
+    pub fn lose(&self, batch: &[Event]) {
+        for e in batch {
+            self.drop_stored(e);
+            if let Some(l) = self.lost.get(e.cpu as usize) {
+                l.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Take up to `want` events from the `--max-events` budget; returns how
     /// many may be stored.
     pub fn reserve(&self, want: usize) -> usize {
@@ -299,8 +331,11 @@ impl TrapHandler for Recorder {
     fn flush(&mut self) {
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
-            // The collector only goes away after every recorder is dropped.
-            let _ = self.tx.send(batch);
+            // Never wait for the disk with the vCPU stopped: a full queue
+            // (the writer is behind) loses the batch, counted.
+            if let Err(e) = self.tx.try_send(batch) {
+                self.counters.lose(&e.into_inner());
+            }
         }
     }
 }
@@ -311,12 +346,15 @@ fn trap_at(trap_va: u64, rip: u64) -> bool {
     rip == trap_va || rip == trap_va + OUT_LEN
 }
 
-/// Build the recorders (one per vCPU) and the collector thread.
+/// Build the recorders (one per vCPU) and the store thread they feed
+/// (`crate::store`).
 pub fn recorders(
     index: Arc<SiteIndex>,
     ncpus: usize,
     max_events: u64,
-) -> (Arc<Counters>, Vec<Recorder>, JoinHandle<Vec<Event>>) {
+    storage: Storage,
+    functions: Arc<Vec<Symbol>>,
+) -> (Arc<Counters>, Vec<Recorder>, store::Store) {
     let nsites = index.addrs.len();
     let counters = Arc::new(Counters {
         counts: (0..ncpus)
@@ -330,8 +368,13 @@ pub fn recorders(
         budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
         dropped: AtomicU64::new(0),
         parent_unreadable: AtomicU64::new(0),
+        lost: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
     });
-    let (tx, rx) = crossbeam_channel::unbounded();
+    let fixup = store::Fixup {
+        index: Arc::clone(&index),
+        functions,
+    };
+    let (tx, store) = store::spawn(storage, Arc::clone(&counters), fixup);
     let recs = (0..ncpus)
         .map(|cpu| Recorder {
             cpu: cpu as u32,
@@ -343,21 +386,7 @@ pub fn recorders(
             graph: None,
         })
         .collect();
-    let collector = std::thread::Builder::new()
-        .name("collector".into())
-        .spawn(move || collect(rx))
-        .expect("spawn the collector thread");
-    (counters, recs, collector)
-}
-
-/// The collector: append batches until every recorder is gone, then sort by time.
-fn collect(rx: Receiver<Vec<Event>>) -> Vec<Event> {
-    let mut events = Vec::new();
-    for batch in rx {
-        events.extend_from_slice(&batch);
-    }
-    events.sort_by_key(|e| (e.ts_ns, e.cpu));
-    events
+    (counters, recs, store)
 }
 
 #[cfg(test)]
@@ -389,7 +418,8 @@ mod tests {
         mem.write_obj(0xbbbb_u64, GuestAddress(new_page + 0xff8))
             .unwrap();
         let index = Arc::new(SiteIndex::new(vec![(site, 0)]));
-        let (_counters, mut recs, collector) = recorders(index, 1, 100);
+        let (_counters, mut recs, store) =
+            recorders(index, 1, 100, Storage::Memory, Arc::new(Vec::new()));
         let cr3 = vmm::layout::PML4_START;
         let mode = vmm::gva::PagingMode::Level4;
         let mut trap = Trap::for_bench(0, site, rsp, cr3, mode, &mem);
@@ -403,7 +433,10 @@ mod tests {
         recs[0].on_trap(&mut trap).unwrap();
         recs[0].flush();
         drop(recs);
-        let parents: Vec<u64> = collector.join().unwrap().iter().map(|e| e.parent).collect();
+        let store::Stored::Memory(events) = store.thread.join().unwrap() else {
+            panic!("kept in memory")
+        };
+        let parents: Vec<u64> = events.iter().map(|e| e.parent).collect();
         assert_eq!(parents, [0xaaaa, 0xbbbb]);
     }
 }

@@ -667,3 +667,73 @@ fn notrace_removing_everything_is_an_error() {
     let e = select(&["hrtimer_*"], &["hrtimer*"]).expect_err("nothing left");
     assert!(matches!(e, FilterError::NothingLeft), "{e:?}");
 }
+
+#[test]
+fn negation_and_braces_select_like_ftrace() {
+    let got = select(&["hrtimer_*,!hrtimer_wakeup"], &[]).expect("select");
+    assert_eq!(
+        got,
+        names(&[
+            "hrtimer_start_range_ns",
+            "hrtimer_try_to_cancel",
+            "hrtimer_interrupt"
+        ])
+    );
+    let got = select(&["hrtimer_{start,try}*,tick_*"], &[]).expect("select");
+    assert_eq!(
+        got,
+        names(&[
+            "hrtimer_start_range_ns",
+            "hrtimer_try_to_cancel",
+            "tick_sched_timer"
+        ])
+    );
+    // A `!glob` matching nothing is no error; alone, it is.
+    assert!(select(&["schedule,!no_such_function"], &[]).is_ok());
+    let e = select(&["!schedule"], &[]).expect_err("only negated");
+    assert!(matches!(e, FilterError::OnlyNegated { .. }), "{e:?}");
+    let e = select(&[":mod:ext4"], &[]).expect_err("module");
+    assert!(matches!(e, FilterError::Module { .. }), "{e:?}");
+}
+
+// ---- list ----
+
+#[test]
+fn list_marks_init_and_notrace_functions() {
+    use tracer::list::{Kind, Listing};
+    let image = load(Variant::Plain);
+    let table = sites(&image);
+    let all = Listing::new(&image, &table, &[]).expect("list");
+    assert_eq!(all.functions.len(), image.functions.len());
+    assert!(all.functions.windows(2).all(|w| w[0].name <= w[1].name));
+    let kind = |name: &str| {
+        all.functions
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} not listed"))
+            .kind
+    };
+    assert_eq!(kind("schedule"), Kind::Traceable);
+    assert_eq!(kind("mini_init_setup"), Kind::InitOnly);
+    assert_eq!(kind("mini_account"), Kind::NoSite);
+    assert_eq!(kind("__fentry__"), Kind::NoSite);
+    let out = all.render();
+    assert!(out.contains("\nmini_account [notrace]\n"), "{out}");
+    assert!(out.contains("\nmini_init_setup [init]\n"), "{out}");
+    assert!(out.contains("\nschedule\n"), "{out}");
+    // Exactly the functions the same --trace selects, plus the others.
+    let traceable = all.count(Kind::Traceable) + all.count(Kind::InitOnly);
+    assert_eq!(traceable, TRACEABLE.len());
+
+    let some = Listing::new(&image, &table, &strings(&["mini_*,hrtimer_w*"])).expect("list");
+    assert_eq!(
+        some.render(),
+        "hrtimer_wakeup\nmini_account [notrace]\nmini_init_setup [init]\n"
+    );
+    assert_eq!(
+        some.summary(),
+        "3 functions: 1 traceable, 1 init-only, 1 without an ftrace site"
+    );
+    let e = Listing::new(&image, &table, &strings(&["shedule"])).expect_err("no match");
+    assert!(e.to_string().contains("; closest: schedule"), "{e}");
+}

@@ -16,7 +16,7 @@ use proptest::test_runner::Config;
 
 use tracer::sites::SiteTable;
 use tracer::symbols::KernelImage;
-use tracer::tracefile::{load, save};
+use tracer::tracefile::{load, save, DataFile};
 
 /// Far above what loading these small files needs; far below what a length
 /// field trusted blindly would allocate (GiBs).
@@ -117,6 +117,36 @@ fn saved_trace() -> &'static [u8] {
     })
 }
 
+/// The fixture trace as a data file (format 5) that `record` streams:
+/// HEAD, events in batches of 3 per vCPU, FOOT, END.
+fn data_file() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| {
+        let dir = scratch("seed5");
+        let p = dir.join("t.data");
+        let t = fixture::trace();
+        let mut f = DataFile::create(&p).unwrap();
+        let mut head = t.clone();
+        head.events.clear();
+        f.head(&head).unwrap();
+        for cpu in 0..t.meta.cpus {
+            let mine: Vec<_> = t.events.iter().filter(|e| e.cpu == cpu).copied().collect();
+            for b in mine.chunks(3) {
+                f.write_events(b).unwrap();
+            }
+        }
+        f.finish(&t).unwrap();
+        drop(f);
+        let b = fs::read(&p).unwrap();
+        // It reads back as the trace (events sorted by time again).
+        let back = load(&p).unwrap();
+        assert_eq!(back.counts, t.counts);
+        assert_eq!(back.events.len(), t.events.len());
+        fs::remove_dir_all(&dir).unwrap();
+        b
+    })
+}
+
 /// guest/out/mini.elf, (re)built once per test process.
 fn mini_elf() -> &'static [u8] {
     static ELF: OnceLock<Vec<u8>> = OnceLock::new();
@@ -160,6 +190,35 @@ fn fuzz_trace_file_loader() {
     });
     // Some mutations (e.g. of a timestamp or an address) leave a valid file.
     assert!(ok.get() > 0);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fuzz_data_file_loader() {
+    let seed = data_file();
+    let dir = scratch("data");
+    let p = dir.join("t.data");
+    proptest!(config(), |(muts in prop::collection::vec(mutation(), 1..4))| {
+        let mut b = seed.to_vec();
+        for m in &muts {
+            apply(&mut b, m);
+        }
+        fs::write(&p, &b).unwrap();
+        match load(&p) {
+            Ok(t) => {
+                // Whole, or cut short (counts then from the events): consistent either way.
+                prop_assert!(t.events.len() as u64 <= t.meta.events_total + t.returns.iter().flatten().sum::<u64>());
+                prop_assert!(t.meta.attach_ns <= t.meta.detach_ns);
+                let total: u64 = t.counts.iter().flatten().sum();
+                prop_assert_eq!(total, t.meta.events_total);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(!msg.contains('\n'), "{}", msg);
+            }
+        }
+        prop_assert!(rss() < RSS_LIMIT, "RSS {} after {:?}", rss(), muts);
+    });
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use tracer::export::{to_json, write_chrome, write_csv, write_json, JSON_SCHEMA, SCHEMA_ID};
 use tracer::model::Trace;
+use tracer::report::escape;
 
 /// Checks `v` against the parts of JSON Schema that `JSON_SCHEMA` uses:
 /// `type`, `const`, `minimum`, `required`, `properties`,
@@ -324,7 +325,8 @@ fn report_csv_one_row_per_event_and_parses_back() {
             assert_eq!(r.len(), 6, "{name}: {r:?}");
             assert_eq!(r[0].parse::<u64>().unwrap(), e.ts_ns);
             assert_eq!(r[1].parse::<u32>().unwrap(), e.cpu);
-            assert_eq!(r[2], f.name);
+            // Names are printed with their control characters escaped.
+            assert_eq!(r[2], escape(&f.name));
             assert_eq!(r[3], format!("{:#x}", f.addr));
             assert_eq!(
                 u64::from_str_radix(r[4].strip_prefix("0x").unwrap(), 16).unwrap(),
@@ -332,7 +334,7 @@ fn report_csv_one_row_per_event_and_parses_back() {
             );
             assert_eq!(
                 r[5],
-                t.caller_of(e.parent).map(|s| s.name.as_str()).unwrap_or("")
+                escape(t.caller_of(e.parent).map(|s| s.name.as_str()).unwrap_or(""))
             );
         }
     }
@@ -341,8 +343,9 @@ fn report_csv_one_row_per_event_and_parses_back() {
     let mut out = Vec::new();
     write_csv(&weird, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
+    // A newline in a name is escaped: it cannot start a row.
     assert!(
-        text.contains(",\"odd,\"\"name\"\"\nwith newline\","),
+        text.contains(",\"odd,\"\"name\"\"\\x0awith newline\","),
         "{text}"
     );
     assert!(text.contains(",\"caller, \"\"quoted\"\"\"\n"), "{text}");

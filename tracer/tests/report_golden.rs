@@ -80,6 +80,7 @@ fn option_cases() -> Vec<(String, ReportOptions)> {
                             cpus: cpus.clone(),
                             callers,
                             width,
+                            ..ReportOptions::default()
                         },
                     ));
                 }
@@ -190,6 +191,7 @@ fn report_golden_graph_views_are_byte_identical() {
                             cpus: cpus.clone(),
                             callers,
                             width,
+                            ..ReportOptions::default()
                         },
                     ));
                 }

@@ -347,7 +347,7 @@ fn report_graph_folded_stacks_add_up_to_self_times() {
     let mut out = Vec::new();
     write_folded(&odd, &mut out).unwrap();
     let out = String::from_utf8(out).unwrap();
-    assert!(out.lines().any(|l| l == "a_b_c 133200"), "{out}");
+    assert!(out.lines().any(|l| l == "a_b\\x0ac 133200"), "{out}");
 }
 
 /// (ts, dur) in ns from a Chrome event's µs fields.

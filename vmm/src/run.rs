@@ -110,6 +110,9 @@ pub struct VcpuSpace<'m> {
     /// on the user's page tables).
     pub user_mode: bool,
     pub space: AddressSpace<'m>,
+    /// Its GS base when it runs at CPL 0: in a Linux kernel past its entry
+    /// code, the CPU's per-CPU area (None at CPL 3, where GS is the user's).
+    pub gs_base: Option<u64>,
 }
 
 /// Selector bits 1:0 of CS: the privilege level the vCPU runs at.
@@ -131,10 +134,12 @@ impl Paused<'_> {
             .filter_map(|cpu| {
                 let s = self.snapshot(cpu)?;
                 let space = AddressSpace::of_vcpu(self.memory(), &s.sregs)?;
+                let user_mode = s.sregs.cs.selector & CS_RPL_MASK != 0;
                 Some(VcpuSpace {
                     cpu,
-                    user_mode: s.sregs.cs.selector & CS_RPL_MASK != 0,
+                    user_mode,
                     space,
+                    gs_base: (!user_mode).then_some(s.sregs.gs.base),
                 })
             })
             .collect()

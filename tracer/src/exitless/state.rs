@@ -23,16 +23,32 @@ use crate::symbols::KernelImage;
 /// The kernel's per-CPU CPU number (`smp_processor_id()`); its symbol's value
 /// is its offset in each CPU's per-CPU area, which GS points at in the kernel.
 pub const CPU_NUMBER: &str = "cpu_number";
+/// Linux 6.2 to 6.14 keep it in the per-CPU `struct pcpu_hot`
+/// (arch/x86/include/asm/current.h): after `current_task` (8 bytes) and
+/// `preempt_count` (4), so at offset 12; `smp_processor_id()` there reads
+/// `gs:pcpu_hot+0xc` (checked in the 6.12 guest's code).
+pub const PCPU_HOT: &str = "pcpu_hot";
+pub const PCPU_HOT_CPU_NUMBER: u64 = 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
     #[error(
-        "{path}: no `{CPU_NUMBER}` symbol, so vmtrace's trampoline cannot tell which CPU it runs on; use --mode trap",
+        "{path}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot tell which CPU it runs on; use --mode trap",
         path = .0.display()
     )]
     NoCpuNumber(std::path::PathBuf),
     #[error("{path}: `{CPU_NUMBER}` is at {off:#x}, not a per-CPU offset; use --mode trap", path = .path.display())]
     BadCpuNumber { path: std::path::PathBuf, off: u64 },
+    #[error(
+        "vCPU {cpu}'s per-CPU CPU number reads {value} at gs:{off:#x} (the kernel has {cpus} vCPUs): \
+         the symbols do not describe this kernel's per-CPU layout; use --mode trap"
+    )]
+    CpuNumberMismatch {
+        cpu: usize,
+        value: u32,
+        off: u32,
+        cpus: usize,
+    },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]
@@ -60,6 +76,8 @@ pub enum ExitlessError {
 pub struct Exitless {
     pub layout: RingLayout,
     pub trampoline: Trampoline,
+    /// Where in each CPU's per-CPU area the trampoline reads its CPU number.
+    cpu_number_off: u32,
     /// Code written and rings initialised: later attaches reuse them (a task
     /// may still be inside the trampoline from an earlier attach).
     installed: bool,
@@ -76,17 +94,19 @@ fn plan(
     sites: usize,
     ring_records: Option<u64>,
     graph: bool,
-) -> Result<(RingLayout, Trampoline), ExitlessError> {
-    let sym = image
-        .symbol(CPU_NUMBER)
-        .ok_or_else(|| ExitlessError::NoCpuNumber(image.path.clone()))?;
+) -> Result<(RingLayout, Trampoline, u32), ExitlessError> {
+    let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
+        (Some(s), _) => s.addr,
+        (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
+        (None, None) => return Err(ExitlessError::NoCpuNumber(image.path.clone())),
+    };
     // A per-CPU offset is small: gs:[disp32] with a positive displacement.
-    let cpu_number_off = u32::try_from(sym.addr)
+    let cpu_number_off = u32::try_from(addr)
         .ok()
         .filter(|&o| o < i32::MAX as u32)
         .ok_or_else(|| ExitlessError::BadCpuNumber {
             path: image.path.clone(),
-            off: sym.addr,
+            off: addr,
         })?;
     let layout = RingLayout::new(cpus, sites, ring_records, graph)?;
     let trampoline = trampoline::generate(&TrampolineSpec {
@@ -98,7 +118,7 @@ fn plan(
             len: trampoline.code.len(),
         });
     }
-    Ok((layout, trampoline))
+    Ok((layout, trampoline, cpu_number_off))
 }
 
 impl Exitless {
@@ -123,10 +143,11 @@ impl Exitless {
         graph: bool,
         sink: Sender<Vec<Event>>,
     ) -> Result<Exitless, ExitlessError> {
-        let (layout, trampoline) = plan(image, cpus, sites, ring_records, graph)?;
+        let (layout, trampoline, cpu_number_off) = plan(image, cpus, sites, ring_records, graph)?;
         Ok(Exitless {
             layout,
             trampoline,
+            cpu_number_off,
             installed: false,
             sink: Some(sink),
             drainer: None,
@@ -154,6 +175,37 @@ impl Exitless {
             self.mem = Some(mem.clone());
         }
         Ok(mapped)
+    }
+
+    /// Do the parked vCPUs' per-CPU CPU numbers read as CPU numbers where
+    /// the trampoline will read them (`gs_bases`: (vCPU, GS base) of those
+    /// at CPL 0)? A wrong offset would make every call on that CPU neither
+    /// recorded nor counted. A GS base whose area is not mapped (a vCPU on
+    /// the entry path, before `swapgs`) tells nothing and is skipped.
+    pub fn check_cpu_numbers(
+        &self,
+        space: &mut AddressSpace<'_>,
+        gs_bases: &[(usize, u64)],
+    ) -> Result<(), ExitlessError> {
+        let off = self.cpu_number_off;
+        for &(cpu, base) in gs_bases {
+            if base == 0 {
+                continue;
+            }
+            let Ok(b) = space.read_array::<4>(base.wrapping_add(u64::from(off))) else {
+                continue;
+            };
+            let value = u32::from_le_bytes(b);
+            if value as usize >= self.layout.cpus {
+                return Err(ExitlessError::CpuNumberMismatch {
+                    cpu,
+                    value,
+                    off,
+                    cpus: self.layout.cpus,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The bytes site `k` at `addr` becomes: a call to its stub.

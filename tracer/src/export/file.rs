@@ -22,6 +22,7 @@ use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// Free space a directory must have for [`check`] to accept a new file in it.
@@ -82,7 +83,14 @@ pub fn target(path: &Path) -> io::Result<Target> {
         (link, path.to_path_buf())
     };
     let ft = meta.file_type();
-    if ft.is_file() {
+    if ft.is_file() && meta.permissions().mode() & OWNER_WRITE == 0 {
+        // Renaming over it would need no write permission at all (and root
+        // has every permission): the owner's write bit is what says "keep".
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "it is a read-only file; make it writable (chmod u+w) or choose another path",
+        ))
+    } else if ft.is_file() {
         Ok(Target::File {
             path,
             existing: Some(meta.permissions()),
@@ -218,7 +226,7 @@ pub fn write(
                 body(&mut f)?;
                 f.flush()?;
                 drop(f);
-                fs::rename(&tmp, path)
+                replace(&tmp, path, existing.is_some())
             })();
             if let Err(e) = result {
                 let _ = fs::remove_file(&tmp);
@@ -227,6 +235,62 @@ pub fn write(
         }
     }
     Ok(t)
+}
+
+/// The owner's write bit of a file mode.
+const OWNER_WRITE: u32 = 0o200;
+
+/// Moves the finished temporary file `tmp` to `path`, which was a regular
+/// file (`existed`) or nothing when `target` looked. The run between that
+/// look and now can be long (a whole trace): what is at `path` now must
+/// still be what the rules allow. A new path is taken only if it is still
+/// free (`renameat2(RENAME_NOREPLACE)`: no window at all); a regular file
+/// is looked at again just before the rename (a window of one system call).
+fn replace(tmp: &Path, path: &Path, existed: bool) -> io::Result<()> {
+    if !existed {
+        return rename_noreplace(tmp, path);
+    }
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => fs::rename(tmp, path),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "it was a regular file when the run started and is no longer one; nothing replaced",
+        )),
+        // Removed meanwhile: take the path if still free.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => rename_noreplace(tmp, path),
+        Err(e) => Err(e),
+    }
+}
+
+/// `rename(from, to)` that fails if `to` exists.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths, relative to the working directory.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::AlreadyExists {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "something was created there during the run; nothing replaced",
+        ));
+    }
+    Err(e)
 }
 
 #[cfg(test)]
@@ -273,6 +337,46 @@ mod tests {
             0o600
         );
         assert_eq!(names(&d), ["out.csv"]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_read_only_file_is_refused() {
+        let d = scratch("ro");
+        let p = d.join("keep.json");
+        fs::write(&p, b"precious").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o444)).unwrap();
+        let e = check(&p).unwrap_err().to_string();
+        assert!(e.contains("read-only file"), "{e}");
+        assert!(write(&p, |w| w.write_all(b"x")).is_err());
+        assert_eq!(fs::read(&p).unwrap(), b"precious");
+        assert_eq!(names(&d), ["keep.json"]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn what_appears_at_the_path_during_the_run_is_not_replaced() {
+        let d = scratch("race");
+        // Checked as new; then a FIFO (or anything) appears there.
+        let p = d.join("new.csv");
+        let tmp = d.join(".tmp");
+        fs::write(&tmp, b"data").unwrap();
+        fs::create_dir(&p).unwrap();
+        let e = replace(&tmp, &p, false).unwrap_err().to_string();
+        assert!(e.contains("created there during the run"), "{e}");
+        assert!(fs::metadata(&p).unwrap().is_dir());
+        // Checked as a regular file; it became a directory.
+        let e = replace(&tmp, &p, true).unwrap_err().to_string();
+        assert!(e.contains("no longer one"), "{e}");
+        // Still a regular file: replaced; gone meanwhile: taken.
+        let q = d.join("old.csv");
+        fs::write(&q, b"old").unwrap();
+        replace(&tmp, &q, true).unwrap();
+        assert_eq!(fs::read(&q).unwrap(), b"data");
+        fs::write(&tmp, b"again").unwrap();
+        let r = d.join("gone.csv");
+        replace(&tmp, &r, true).unwrap();
+        assert_eq!(fs::read(&r).unwrap(), b"again");
         let _ = fs::remove_dir_all(&d);
     }
 

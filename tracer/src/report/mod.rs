@@ -13,13 +13,19 @@
 //!
 //! The model is deterministic: every ordering ends with the name, then the
 //! address, then the function's index in the trace.
+//!
+//! Names come from a vmlinux or a saved trace, either of which can be
+//! crafted: every text rendering prints them through [`escape`], so that a
+//! name cannot end a line, forge one, or drive the terminal.
 
 pub mod duration;
 mod text;
 pub mod tree;
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use crate::graph::{Durations, End, Graph};
 use crate::model::{Event, Trace};
@@ -58,7 +64,7 @@ pub enum Sort {
 }
 
 /// What the report shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ReportOptions {
     pub sort: Sort,
     /// `--cpu`: only these vCPUs (counts are summed over them). `None`: all.
@@ -67,6 +73,10 @@ pub struct ReportOptions {
     pub callers: bool,
     /// Terminal width: long symbol names are cut (with `…`) to fit it.
     pub width: usize,
+    /// `--percent-limit`: the text report hides the functions whose share
+    /// of the shown calls is below this many percent (perf report's
+    /// option), and says how many it hid. `None`: all are shown.
+    pub percent_limit: Option<f64>,
 }
 
 impl Default for ReportOptions {
@@ -76,8 +86,29 @@ impl Default for ReportOptions {
             cpus: None,
             callers: false,
             width: DEFAULT_WIDTH,
+            percent_limit: None,
         }
     }
+}
+
+/// `name` as printed: control characters (C0, DEL and C1: `char::is_control`)
+/// become `\xNN`, their code point in hex, so that a crafted name cannot
+/// end or forge a line, or send escape sequences to a terminal. Other text,
+/// backslashes included, is kept (kernel symbols are plain ASCII: they are
+/// borrowed unchanged).
+pub fn escape(name: &str) -> Cow<'_, str> {
+    if !name.contains(char::is_control) {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_control() {
+            write!(out, "\\x{:02x}", u32::from(c)).expect("writing to a String cannot fail");
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Parses a `--cpu` list such as `0,2-3` into sorted, distinct vCPU numbers.
@@ -152,10 +183,11 @@ impl<'t> Caller<'t> {
         }
     }
 
-    /// `schedule`, or `[unknown] 0xffffffff81000123`.
+    /// `schedule`, or `[unknown] 0xffffffff81000123`, as printed (the name
+    /// through [`escape`]).
     pub fn label(&self) -> String {
         match self {
-            Caller::Known(s) => s.name.clone(),
+            Caller::Known(s) => escape(&s.name).into_owned(),
             Caller::Unknown(ip) => format!("[unknown] {ip:#x}"),
         }
     }
@@ -526,4 +558,19 @@ fn merge(a: &mut Durations, b: &Durations) {
 /// A membership test for a vCPU selection (`None`: every vCPU).
 fn cpu_mask(cpus: Option<&[u32]>) -> impl Fn(u32) -> bool + '_ {
     move |cpu| cpus.is_none_or(|c| c.binary_search(&cpu).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_turns_controls_into_hex() {
+        assert!(matches!(escape("hrtimer_interrupt"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape("a\nb\rc\x1b[2J\x7f\u{85}é\\"),
+            "a\\x0ab\\x0dc\\x1b[2J\\x7f\\x85é\\"
+        );
+        assert_eq!(escape("\t\0"), "\\x09\\x00");
+    }
 }

@@ -26,6 +26,10 @@
 //!
 //! Shares are of the shown rows (after `--cpu`). With more than four vCPUs
 //! the spread column shows min / avg / max and the busiest vCPU instead.
+//! `--percent-limit P` hides the rows under P% (their calls still count in
+//! the shares of the others) and ends the table with how many it hid.
+//!
+//! Every name and string of the trace is printed through `super::escape`.
 //!
 //! Function-graph traces add, before the symbol, the exact returns and the
 //! durations of the stored calls that returned (`uftrace report`'s
@@ -36,10 +40,11 @@
 //! Only rendering lives here: rows, order, callers and the vCPU filter come
 //! from the `Report` model.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use super::duration::human;
-use super::{GraphSummary, Report, ReportOptions, Row};
+use super::{escape, GraphSummary, Report, ReportOptions, Row};
 use crate::model::Trace;
 
 /// Up to this many counted vCPUs, the table shows every vCPU's count;
@@ -87,13 +92,26 @@ pub fn thousands(n: u64) -> String {
 
 /// The report, as printed (ends with a newline).
 pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
-    write_report(&Report::new(trace, opts), opts.width)
+    write_report(&Report::new(trace, opts), opts)
 }
 
-/// Renders `report` for a terminal `width` characters wide.
-fn write_report(report: &Report, width: usize) -> String {
-    let rows = &report.rows;
+/// Renders `report` for a terminal `opts.width` characters wide, without
+/// the rows under `opts.percent_limit`.
+fn write_report(report: &Report, opts: &ReportOptions) -> String {
+    let width = opts.width;
     let shown_total = report.total();
+    let share = |row: &Row| 100.0 * row.total as f64 / shown_total as f64;
+    let rows: Cow<[Row]> = match opts.percent_limit {
+        Some(limit) => report
+            .rows
+            .iter()
+            .filter(|r| share(r) >= limit)
+            .cloned()
+            .collect(),
+        None => Cow::Borrowed(&report.rows),
+    };
+    let hidden = report.rows.len() - rows.len();
+    let rows = &rows[..];
 
     let mut out = String::new();
     header(&mut out, report);
@@ -144,14 +162,13 @@ fn write_report(report: &Report, width: usize) -> String {
     writeln!(out, "#").unwrap();
 
     for (i, (row, count)) in rows.iter().zip(&counts).enumerate() {
-        let share = 100.0 * row.total as f64 / shown_total as f64;
         writeln!(
             out,
             "  {:>share_w$}  {count:>count_w$}  {}{gap}{}{}",
-            format!("{share:.2}%"),
+            format!("{:.2}%", share(row)),
             spread.cell(row),
             times.as_ref().map_or(String::new(), |t| t.cells(i)),
-            truncate(&row.func.name, sym_w)
+            truncate(&escape(&row.func.name), sym_w)
         )
         .unwrap();
         if report.with_callers {
@@ -163,8 +180,21 @@ fn write_report(report: &Report, width: usize) -> String {
     } else {
         ""
     };
-    if rows.is_empty() {
+    if report.rows.is_empty() {
         writeln!(out, "# no traced function was called{on}").unwrap();
+    }
+    if hidden > 0 {
+        let n = if hidden == 1 {
+            "function was"
+        } else {
+            "functions were"
+        };
+        writeln!(
+            out,
+            "#\n# {hidden} called {n} hidden: under {}% of the calls (--percent-limit)",
+            opts.percent_limit.unwrap_or(0.0)
+        )
+        .unwrap();
     }
     let uncalled = report.uncalled.len();
     if uncalled > 0 {
@@ -194,10 +224,12 @@ fn header(out: &mut String, report: &Report) {
     };
     let stored = report.entries_stored;
     let mut lines: Vec<(&str, String)> = vec![
-        ("kernel", m.kernel.clone()),
+        ("kernel", escape(&m.kernel).into_owned()),
         (
             "build id",
-            m.build_id.clone().unwrap_or_else(|| "none".into()),
+            m.build_id
+                .as_deref()
+                .map_or_else(|| "none".into(), |b| escape(b).into_owned()),
         ),
         ("vCPUs", m.cpus.to_string()),
         ("duration", format!("{duration:.3} s (attach to detach)")),
@@ -231,9 +263,9 @@ fn header(out: &mut String, report: &Report) {
             format!(
                 "{} ({} trap exits)",
                 if m.mode.is_empty() {
-                    "unknown"
+                    "unknown".into()
                 } else {
-                    &m.mode
+                    escape(&m.mode)
                 },
                 thousands(m.trap_exits)
             ),
@@ -251,13 +283,13 @@ fn header(out: &mut String, report: &Report) {
             if m.stop_reason.is_empty() {
                 "unknown".to_string()
             } else {
-                m.stop_reason.clone()
+                escape(&m.stop_reason).into_owned()
             },
         ),
     ];
     if !m.symbols.is_empty() {
         // After the build id: what the names below were read from.
-        lines.insert(2, ("symbols", m.symbols.clone()));
+        lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
     }
     if let Some(g) = &report.graph_summary {
         graph_lines(&mut lines, g);

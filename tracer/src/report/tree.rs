@@ -29,10 +29,14 @@
 //! only the outermost calls); `threshold_ns` hides returned calls shorter
 //! than it, with their callees (`uftrace replay -t`). Calls that did not
 //! return are never hidden by the threshold: their duration is unknown.
+//!
+//! Names and the kernel's path are printed through `super::escape`.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 use super::duration::human;
+use super::escape;
 use super::text::format_cpu_list;
 use crate::graph::{End, Frame, Graph};
 use crate::model::Trace;
@@ -80,7 +84,7 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
             children[p as usize].push(i as u32);
         }
     }
-    let names: Vec<&str> = trace.functions.iter().map(|f| f.name.as_str()).collect();
+    let names: Vec<Cow<str>> = trace.functions.iter().map(|f| escape(&f.name)).collect();
     let p = Printer {
         frames: &g.frames,
         names: &names,
@@ -90,7 +94,7 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
 
     writeln!(w, "# tracer: function_graph (vmtrace)")?;
     writeln!(w, "#")?;
-    writeln!(w, "# kernel: {}", trace.meta.kernel)?;
+    writeln!(w, "# kernel: {}", escape(&trace.meta.kernel))?;
     let mut shown = format!("# vCPUs: {}", format_cpu_list(&cpus));
     if cpus.is_empty() {
         shown = "# vCPUs: none of the requested vCPUs exist".to_string();
@@ -134,7 +138,7 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
 
 struct Printer<'a> {
     frames: &'a [Frame],
-    names: &'a [&'a str],
+    names: &'a [Cow<'a, str>],
     opts: &'a TreeOptions,
     /// Width of the CPU column's number.
     cpu_w: usize,
@@ -194,7 +198,7 @@ impl Printer<'_> {
         stack: &mut Vec<(u32, usize)>,
     ) -> io::Result<()> {
         let f = &self.frames[i as usize];
-        let name = self.names.get(f.func as usize).copied().unwrap_or("?");
+        let name = self.names.get(f.func as usize).map_or("?", |n| &**n);
         if children[i as usize].iter().any(|&k| self.shown(k, cpu)) {
             self.line(w, f, None, &format!("{name}() {{"))?;
             stack.push((i, 0));
@@ -208,7 +212,7 @@ impl Printer<'_> {
     /// The closing line of frame `i`.
     fn close(&self, w: &mut impl Write, i: u32) -> io::Result<()> {
         let f = &self.frames[i as usize];
-        let name = self.names.get(f.func as usize).copied().unwrap_or("?");
+        let name = self.names.get(f.func as usize).map_or("?", |n| &**n);
         let text = match note(f) {
             Some(n) => format!("}} /* {name}, {n} */"),
             None => format!("}} /* {name} */"),

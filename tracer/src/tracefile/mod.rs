@@ -76,11 +76,45 @@
 //! corruption, while one that fits `file_len` but not the actual file is
 //! truncation.
 //!
-//! Writers write a temporary file in the destination's directory and rename it
-//! over the destination, so an interrupted save never leaves a partial trace
-//! under the final name.
+//! `save` writes a temporary file in the destination's directory and renames
+//! it over the destination, so an interrupted save never leaves a partial
+//! trace under the final name.
+//!
+//! # Version 5: the data file
+//!
+//! `vmtrace record` writes its data file while the guest runs ([`stream`]),
+//! so the file must be readable however the run ends, SIGKILL included. It
+//! is a preamble (as above, `version` 5 and `file_len` 0: the length is not
+//! known when the file starts) and then blocks, each
+//!
+//! | Field    | Type    | Notes                                                   |
+//! |----------|---------|---------------------------------------------------------|
+//! | tag      | 4 bytes | `HEAD`, `EVTS`, `FOOT` or `END\0`                       |
+//! | len      | `u32`   | payload bytes, at most `stream::MAX_BLOCK`              |
+//! | payload  | len bytes |                                                       |
+//! | crc      | `u32`   | CRC-32 (IEEE) of tag, len and payload                   |
+//!
+//! in this order: one `HEAD` (the body of a version-4 file, from `kernel`
+//! to the callers, as known at attach: counts zero, the callers every
+//! function of the kernel), any number of `EVTS` (`u32` n, then n event
+//! records in the order they were recorded: time-sorted per vCPU, not
+//! across vCPUs), one `FOOT` (the body as known at the end: exact counts,
+//! the callers the events use) and an empty `END`. The body of version 5
+//! has, after `symbols`: `u32` n then n `u64` (events lost per vCPU: the
+//! writer fell behind; n is 0 or `cpus`), `u8` overwrite (flight
+//! recorder), `str` rejected sites, `u8` has_offset then, if 1, `u64`
+//! virtual and `u64` physical KASLR offsets (two's complement).
+//!
+//! A reader sorts the events by time. A file without `FOOT` and `END` (the
+//! writer was killed) is read up to its last complete block, with counts
+//! taken from the stored events and `incomplete` set; a block whose
+//! checksum fails is corruption, unless it is the file's last and runs to
+//! its end (a write cut short).
 
 mod read;
+mod read_v5;
+mod reader;
+pub mod stream;
 mod write;
 
 use std::fmt;
@@ -91,6 +125,8 @@ use crate::model::{Event, Trace};
 use crate::symbols::Symbol;
 
 pub use read::load;
+pub use reader::MAX_STRING;
+pub use stream::DataFile;
 pub use write::save;
 
 /// The first 8 bytes of every trace file.
@@ -103,6 +139,8 @@ pub const VERSION_1: u32 = 1;
 pub const VERSION_2: u32 = 2;
 /// The third format (no `symbols`), still read.
 pub const VERSION_3: u32 = 3;
+/// The data file written while the guest runs (`stream`): blocks.
+pub const VERSION_5: u32 = 5;
 /// Size of one event record in the file.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in versions 1 and 2.
@@ -126,6 +164,8 @@ pub enum Section {
     Returns,
     Callers,
     Events,
+    /// A version-5 block's framing (tag, length, checksum).
+    Block,
 }
 
 impl fmt::Display for Section {
@@ -138,6 +178,7 @@ impl fmt::Display for Section {
             Section::Returns => "returns",
             Section::Callers => "callers",
             Section::Events => "events",
+            Section::Block => "block",
         })
     }
 }
@@ -154,7 +195,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_5})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

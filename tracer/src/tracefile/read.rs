@@ -5,16 +5,13 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
+use super::reader::Reader;
 use super::{
     check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2,
-    IO_BUFFER, MAGIC, MIN_SYM_SIZE, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3,
+    IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3, VERSION_5,
 };
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
-
-/// The longest string field read (a path, a stop reason, a symbol name):
-/// bounds what a corrupt length field makes the reader allocate.
-pub const MAX_STRING: u32 = 1 << 20;
 
 /// Opens a trace file without blocking (a FIFO would wait for a writer) and
 /// refuses anything but a regular file; returns it and its size.
@@ -62,13 +59,17 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         return Err(r.truncated());
     }
     let version = r.u32()?;
-    if ![VERSION_1, VERSION_2, VERSION_3, VERSION].contains(&version) {
+    if ![VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5].contains(&version) {
         return Err(TraceFileError::UnsupportedVersion {
             path: path.to_path_buf(),
             version,
         });
     }
     let declared = r.u64()?;
+    if version == VERSION_5 {
+        // A data file written while the guest ran: blocks, no length.
+        return super::read_v5::load(r, declared);
+    }
     if declared < PREAMBLE_SIZE {
         return Err(r.corrupt(format!(
             "file length {declared} is shorter than the preamble"
@@ -81,7 +82,166 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         )));
     }
     r.declared = declared;
+    let body = read_body(&mut r, version)?;
 
+    r.section = Section::Events;
+    let n = r.u64()?;
+    let event_size = if version >= VERSION_3 {
+        EVENT_SIZE
+    } else {
+        EVENT_SIZE_V2
+    };
+    let bytes = n
+        .checked_mul(event_size as u64)
+        .ok_or_else(|| r.corrupt(format!("absurd event count {n}")))?;
+    r.need(bytes, &format!("{n} events"))?;
+    // The events run to the end of the file: their count must say exactly
+    // the bytes left, checked before anything is allocated for them.
+    let left = declared - r.pos;
+    if bytes != left {
+        return Err(r.corrupt(format!(
+            "{n} events take {bytes} bytes but {left} bytes are left in the file"
+        )));
+    }
+    let meta = &body.meta;
+    // Entries plus returns: checked against the counts once read.
+    if n.checked_add(meta.events_dropped)
+        .and_then(|v| v.checked_add(meta.returns_dropped))
+        .is_none_or(|v| v > meta.events_total.saturating_add(body.returns_total))
+    {
+        return Err(r.corrupt(format!(
+            "{n} events stored and {} dropped, but {} in all",
+            meta.events_dropped, meta.events_total
+        )));
+    }
+    let n = n as usize; // fits: n records fit in the file
+                        // Grown as the events are read: a file that claims more than it has
+                        // (a sparse one) costs only what is actually read.
+    let mut events = Vec::with_capacity(n.min(EVENT_CHUNK));
+    let mut buf = vec![0u8; EVENT_CHUNK.min(n) * event_size];
+    while events.len() < n {
+        let k = EVENT_CHUNK.min(n - events.len());
+        let chunk = &mut buf[..k * event_size];
+        r.bytes(chunk)?;
+        let first = events.len();
+        events.extend(
+            chunk
+                .chunks_exact(event_size)
+                .map(|b| decode(b, event_size)),
+        );
+        check_new_events(&events, first, &body).map_err(|d| r.corrupt(d))?;
+    }
+    if r.pos != declared {
+        return Err(r.corrupt(format!(
+            "{} bytes after the last event (file length {declared})",
+            declared - r.pos
+        )));
+    }
+    body.with_events(events).map_err(|d| r.corrupt(d))
+}
+
+/// One event record of `size` bytes (`EVENT_SIZE`, or `EVENT_SIZE_V2`
+/// without the slot).
+pub(super) fn decode(b: &[u8], size: usize) -> Event {
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    if size == EVENT_SIZE {
+        Event {
+            ts_ns: u64_at(0),
+            parent: u64_at(8),
+            slot: u64_at(16),
+            func: u32_at(24),
+            cpu: u32_at(28),
+        }
+    } else {
+        Event {
+            ts_ns: u64_at(0),
+            parent: u64_at(8),
+            slot: 0,
+            func: u32_at(16),
+            cpu: u32_at(20),
+        }
+    }
+}
+
+/// The events from `first` on index the body's functions and vCPUs, and
+/// carry a slot only in a function-graph trace.
+pub(super) fn check_new_events(events: &[Event], first: usize, body: &Body) -> Result<(), String> {
+    let meta = &body.meta;
+    check_events(
+        &events[first..],
+        first,
+        body.functions.len(),
+        meta.cpus as usize,
+    )?;
+    if !meta.graph {
+        if let Some(i) = events[first..].iter().position(|e| e.slot != 0) {
+            return Err(format!(
+                "event {} has a stack slot but the trace has no function graph",
+                first + i
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Everything of a trace but its events: the header (the run's facts), the
+/// functions, the exact counts, the callers. In versions 1 to 4 it comes
+/// between the preamble and the events; in version 5 a data file holds it
+/// twice, as known at attach (`HEAD`) and at the end (`FOOT`).
+pub(super) struct Body {
+    pub meta: TraceMeta,
+    pub functions: Vec<Symbol>,
+    pub counts: Vec<Vec<u64>>,
+    pub returns: Vec<Vec<u64>>,
+    /// The sum of `returns` (checked not to overflow).
+    pub returns_total: u64,
+    pub callers: Vec<Symbol>,
+}
+
+impl Body {
+    /// The trace, once its stored events are checked against the counts.
+    pub(super) fn with_events(self, events: Vec<Event>) -> Result<Trace, String> {
+        let meta = &self.meta;
+        let entries: Vec<Event> = events.iter().filter(|e| !e.is_return()).copied().collect();
+        if entries.len() as u64 + meta.events_dropped != meta.events_total {
+            return Err(format!(
+                "{} entries stored and {} dropped, but {} in all",
+                entries.len(),
+                meta.events_dropped,
+                meta.events_total
+            ));
+        }
+        check_against_counts(&entries, &self.counts, meta.events_dropped == 0)?;
+        if meta.graph {
+            let rets: Vec<Event> = events.iter().filter(|e| e.is_return()).copied().collect();
+            if rets.len() as u64 + meta.returns_dropped != self.returns_total {
+                return Err(format!(
+                    "{} returns stored and {} dropped, but {} in all",
+                    rets.len(),
+                    meta.returns_dropped,
+                    self.returns_total
+                ));
+            }
+            check_against_counts(&rets, &self.returns, meta.returns_dropped == 0)
+                .map_err(|d| format!("returns: {d}"))?;
+        }
+        Ok(Trace {
+            meta: self.meta,
+            functions: self.functions,
+            counts: self.counts,
+            returns: self.returns,
+            callers: self.callers,
+            events,
+        })
+    }
+}
+
+/// The body (see [`Body`]) of a file of `version`.
+pub(super) fn read_body<R: Read>(
+    r: &mut Reader<'_, R>,
+    version: u32,
+) -> Result<Body, TraceFileError> {
     r.section = Section::Header;
     let kernel = r.string("kernel")?;
     let build_id = match r.u8()? {
@@ -117,6 +277,33 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         r.string("symbols")?
     } else {
         String::new()
+    };
+    // Version 5 added what the recording lost, the flight recorder, the
+    // rejected sites and the kernel's offsets.
+    let (lost, overwrite, rejected_sites, kernel_offset) = if version >= VERSION_5 {
+        let n = r.u32()?;
+        if n != 0 && n != cpus {
+            return Err(r.corrupt(format!("losses for {n} vCPUs but the trace has {cpus}")));
+        }
+        r.need(u64::from(n) * 8, "the losses per vCPU")?;
+        let mut lost = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            lost.push(r.u64()?);
+        }
+        let overwrite = match r.u8()? {
+            0 => false,
+            1 => true,
+            b => return Err(r.corrupt(format!("overwrite is {b}, not 0 or 1"))),
+        };
+        let rejected = r.string("rejected sites")?;
+        let offset = match r.u8()? {
+            0 => None,
+            1 => Some((r.u64()? as i64, r.u64()? as i64)),
+            b => return Err(r.corrupt(format!("has_offset is {b}, not 0 or 1"))),
+        };
+        (lost, overwrite, rejected, offset)
+    } else {
+        (Vec::new(), false, String::new(), None)
     };
     if v[0] > v[1] {
         return Err(r.corrupt(format!(
@@ -155,6 +342,11 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         unhooked,
         tsc_khz,
         symbols,
+        lost,
+        overwrite,
+        rejected_sites,
+        kernel_offset,
+        incomplete: false,
     };
 
     r.section = Section::Functions;
@@ -205,114 +397,13 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
     let callers = r.syms("callers")?;
     check_callers(&callers).map_err(|d| r.corrupt(d))?;
 
-    r.section = Section::Events;
-    let n = r.u64()?;
-    let event_size = if version >= VERSION_3 {
-        EVENT_SIZE
-    } else {
-        EVENT_SIZE_V2
-    };
-    let bytes = n
-        .checked_mul(event_size as u64)
-        .ok_or_else(|| r.corrupt(format!("absurd event count {n}")))?;
-    r.need(bytes, &format!("{n} events"))?;
-    // The events run to the end of the file: their count must say exactly
-    // the bytes left, checked before anything is allocated for them.
-    let left = declared - r.pos;
-    if bytes != left {
-        return Err(r.corrupt(format!(
-            "{n} events take {bytes} bytes but {left} bytes are left in the file"
-        )));
-    }
-    // Entries plus returns: checked against the counts once read.
-    if n.checked_add(meta.events_dropped)
-        .and_then(|v| v.checked_add(meta.returns_dropped))
-        .is_none_or(|v| v > meta.events_total.saturating_add(returns_total))
-    {
-        return Err(r.corrupt(format!(
-            "{n} events stored and {} dropped, but {} in all",
-            meta.events_dropped, meta.events_total
-        )));
-    }
-    let n = n as usize; // fits: n records fit in the file
-                        // Grown as the events are read: a file that claims more than it has
-                        // (a sparse one) costs only what is actually read.
-    let mut events = Vec::with_capacity(n.min(EVENT_CHUNK));
-    let mut buf = vec![0u8; EVENT_CHUNK.min(n) * event_size];
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-    while events.len() < n {
-        let k = EVENT_CHUNK.min(n - events.len());
-        let chunk = &mut buf[..k * event_size];
-        r.bytes(chunk)?;
-        let first = events.len();
-        events.extend(chunk.chunks_exact(event_size).map(|b| {
-            if event_size == EVENT_SIZE {
-                Event {
-                    ts_ns: u64_at(b, 0),
-                    parent: u64_at(b, 8),
-                    slot: u64_at(b, 16),
-                    func: u32_at(b, 24),
-                    cpu: u32_at(b, 28),
-                }
-            } else {
-                Event {
-                    ts_ns: u64_at(b, 0),
-                    parent: u64_at(b, 8),
-                    slot: 0,
-                    func: u32_at(b, 16),
-                    cpu: u32_at(b, 20),
-                }
-            }
-        }));
-        check_events(&events[first..], first, functions.len(), cpus as usize)
-            .map_err(|d| r.corrupt(d))?;
-        if !meta.graph {
-            if let Some(i) = events[first..].iter().position(|e| e.slot != 0) {
-                return Err(r.corrupt(format!(
-                    "event {} has a stack slot but the trace has no function graph",
-                    first + i
-                )));
-            }
-        }
-    }
-    if r.pos != declared {
-        return Err(r.corrupt(format!(
-            "{} bytes after the last event (file length {declared})",
-            declared - r.pos
-        )));
-    }
-
-    let entries: Vec<Event> = events.iter().filter(|e| !e.is_return()).copied().collect();
-    if entries.len() as u64 + meta.events_dropped != meta.events_total {
-        return Err(r.corrupt(format!(
-            "{} entries stored and {} dropped, but {} in all",
-            entries.len(),
-            meta.events_dropped,
-            meta.events_total
-        )));
-    }
-    check_against_counts(&entries, &counts, meta.events_dropped == 0).map_err(|d| r.corrupt(d))?;
-    if meta.graph {
-        let rets: Vec<Event> = events.iter().filter(|e| e.is_return()).copied().collect();
-        if rets.len() as u64 + meta.returns_dropped != returns_total {
-            return Err(r.corrupt(format!(
-                "{} returns stored and {} dropped, but {returns_total} in all",
-                rets.len(),
-                meta.returns_dropped
-            )));
-        }
-        check_against_counts(&rets, &returns, meta.returns_dropped == 0)
-            .map_err(|d| r.corrupt(format!("returns: {d}")))?;
-    }
-
-    Ok(Trace {
+    Ok(Body {
         meta,
         functions,
         counts,
         returns,
+        returns_total,
         callers,
-        events,
     })
 }
 
@@ -345,148 +436,4 @@ fn check_against_counts(events: &[Event], counts: &[Vec<u64>], exact: bool) -> R
         }
     }
     Ok(())
-}
-
-/// Reads the file, tracking the position and the current section for errors.
-struct Reader<'p, R> {
-    r: R,
-    path: &'p Path,
-    pos: u64,
-    /// The file's size on disk.
-    actual: u64,
-    /// The size the preamble claims (unbounded until it is read).
-    declared: u64,
-    section: Section,
-}
-
-impl<R: Read> Reader<'_, R> {
-    fn truncated(&self) -> TraceFileError {
-        TraceFileError::Truncated {
-            path: self.path.to_path_buf(),
-            section: self.section,
-        }
-    }
-
-    fn corrupt(&self, detail: String) -> TraceFileError {
-        TraceFileError::Corrupt {
-            path: self.path.to_path_buf(),
-            section: self.section,
-            detail,
-        }
-    }
-
-    /// Checks that `n` more bytes, claimed by a length field for `what`,
-    /// exist: past the declared length it is corruption, past the actual end
-    /// of the file truncation. Called before allocating for them.
-    fn need(&self, n: u64, what: &str) -> Result<(), TraceFileError> {
-        let left = self.declared - self.pos;
-        if n > left {
-            return Err(self.corrupt(format!(
-                "{what} would take {n} bytes but only {left} remain"
-            )));
-        }
-        if self.pos + n > self.actual {
-            return Err(self.truncated());
-        }
-        Ok(())
-    }
-
-    fn bytes(&mut self, buf: &mut [u8]) -> Result<(), TraceFileError> {
-        self.need(buf.len() as u64, "a field")?;
-        self.r.read_exact(buf).map_err(|source| {
-            if source.kind() == io::ErrorKind::UnexpectedEof {
-                self.truncated()
-            } else {
-                TraceFileError::Read {
-                    path: self.path.to_path_buf(),
-                    source,
-                }
-            }
-        })?;
-        self.pos += buf.len() as u64;
-        Ok(())
-    }
-
-    fn u8(&mut self) -> Result<u8, TraceFileError> {
-        let mut b = [0u8; 1];
-        self.bytes(&mut b)?;
-        Ok(b[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, TraceFileError> {
-        let mut b = [0u8; 4];
-        self.bytes(&mut b)?;
-        Ok(u32::from_le_bytes(b))
-    }
-
-    fn u64(&mut self) -> Result<u64, TraceFileError> {
-        let mut b = [0u8; 8];
-        self.bytes(&mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
-
-    fn string(&mut self, what: &str) -> Result<String, TraceFileError> {
-        let len = self.u32()?;
-        self.need(len as u64, what)?;
-        // Within the file, but a sparse file's zeros must not cost GiBs.
-        if len > MAX_STRING {
-            return Err(self.corrupt(format!("{what} is {len} bytes long (at most {MAX_STRING})")));
-        }
-        let mut b = vec![0u8; len as usize];
-        self.bytes(&mut b)?;
-        String::from_utf8(b).map_err(|_| self.corrupt(format!("{what} is not valid UTF-8")))
-    }
-
-    /// A `rows` x `cols` matrix of u64 (row and column counts read first
-    /// and checked against the expected ones).
-    fn matrix(
-        &mut self,
-        want_rows: usize,
-        want_cols: usize,
-        what: &str,
-    ) -> Result<Vec<Vec<u64>>, TraceFileError> {
-        let rows = self.u32()?;
-        let cols = self.u32()?;
-        if rows as usize != want_rows || cols as usize != want_cols {
-            return Err(self.corrupt(format!(
-                "{what} are {rows} x {cols} but the trace has {want_rows} functions x {want_cols} vCPUs"
-            )));
-        }
-        let size = (rows as u64).saturating_mul(cols as u64).saturating_mul(8);
-        self.need(size, &format!("the {what}"))?;
-        // Sized only once a row is known to fit in the file.
-        let mut row_bytes = if rows > 0 {
-            vec![0u8; cols as usize * 8]
-        } else {
-            Vec::new()
-        };
-        let mut m = Vec::with_capacity(rows as usize);
-        for _ in 0..rows {
-            self.bytes(&mut row_bytes)?;
-            m.push(
-                row_bytes
-                    .chunks_exact(8)
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-                    .collect(),
-            );
-        }
-        Ok(m)
-    }
-
-    fn syms(&mut self, what: &str) -> Result<Vec<Symbol>, TraceFileError> {
-        let n = self.u32()?;
-        self.need(n as u64 * MIN_SYM_SIZE, &format!("{n} {what}"))?;
-        // Grown as read, like the events.
-        let mut syms = Vec::with_capacity((n as usize).min(EVENT_CHUNK));
-        for i in 0..n {
-            let name = self.string("a symbol name")?;
-            if name.is_empty() {
-                return Err(self.corrupt(format!("{what} {i} has an empty name")));
-            }
-            let addr = self.u64()?;
-            let size = self.u64()?;
-            syms.push(Symbol { name, addr, size });
-        }
-        Ok(syms)
-    }
 }

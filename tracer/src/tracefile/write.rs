@@ -5,9 +5,10 @@ use std::path::Path;
 
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
+    VERSION_5,
 };
 use crate::export::file;
-use crate::model::Trace;
+use crate::model::{Event, Trace};
 use crate::symbols::Symbol;
 
 /// Writes `trace` to `path` by the rules of [`crate::export::file`]:
@@ -34,7 +35,29 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     // Everything between the preamble and the events, so that the preamble's
     // file_len is known before anything is written.
     let mut body = Vec::new();
-    let w = &mut body;
+    put_body(trace, VERSION, &mut body)?;
+    body.extend_from_slice(&(trace.events.len() as u64).to_le_bytes());
+
+    let file_len = PREAMBLE_SIZE + body.len() as u64 + (trace.events.len() * EVENT_SIZE) as u64;
+    let mut w = BufWriter::with_capacity(IO_BUFFER, out);
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&file_len.to_le_bytes())?;
+    w.write_all(&body)?;
+    let mut buf = vec![0u8; EVENT_CHUNK.min(trace.events.len()) * EVENT_SIZE];
+    for chunk in trace.events.chunks(EVENT_CHUNK) {
+        let bytes = &mut buf[..chunk.len() * EVENT_SIZE];
+        for (b, e) in bytes.chunks_exact_mut(EVENT_SIZE).zip(chunk) {
+            encode(e, b);
+        }
+        w.write_all(bytes)?;
+    }
+    w.flush()
+}
+
+/// The body of a file of `version` (4, or 5 for a data file's `HEAD` and
+/// `FOOT` blocks): the header, functions, counts, returns and callers.
+pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     let m = &trace.meta;
     put_str(w, &m.kernel)?;
     match &m.build_id {
@@ -67,6 +90,22 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
         w.write_all(&v.to_le_bytes())?;
     }
     put_str(w, &m.symbols)?;
+    if version >= VERSION_5 {
+        w.write_all(&(m.lost.len() as u32).to_le_bytes())?;
+        for v in &m.lost {
+            w.write_all(&v.to_le_bytes())?;
+        }
+        w.write_all(&[u8::from(m.overwrite)])?;
+        put_str(w, &m.rejected_sites)?;
+        match m.kernel_offset {
+            Some((virt, phys)) => {
+                w.write_all(&[1])?;
+                w.write_all(&virt.to_le_bytes())?;
+                w.write_all(&phys.to_le_bytes())?;
+            }
+            None => w.write_all(&[0])?,
+        }
+    }
 
     put_syms(w, &trace.functions)?;
 
@@ -87,29 +126,16 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
         }
     }
 
-    put_syms(w, &trace.callers)?;
+    put_syms(w, &trace.callers)
+}
 
-    w.write_all(&(trace.events.len() as u64).to_le_bytes())?;
-
-    let file_len = PREAMBLE_SIZE + body.len() as u64 + (trace.events.len() * EVENT_SIZE) as u64;
-    let mut w = BufWriter::with_capacity(IO_BUFFER, out);
-    w.write_all(MAGIC)?;
-    w.write_all(&VERSION.to_le_bytes())?;
-    w.write_all(&file_len.to_le_bytes())?;
-    w.write_all(&body)?;
-    let mut buf = vec![0u8; EVENT_CHUNK.min(trace.events.len()) * EVENT_SIZE];
-    for chunk in trace.events.chunks(EVENT_CHUNK) {
-        let bytes = &mut buf[..chunk.len() * EVENT_SIZE];
-        for (b, e) in bytes.chunks_exact_mut(EVENT_SIZE).zip(chunk) {
-            b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
-            b[8..16].copy_from_slice(&e.parent.to_le_bytes());
-            b[16..24].copy_from_slice(&e.slot.to_le_bytes());
-            b[24..28].copy_from_slice(&e.func.to_le_bytes());
-            b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
-        }
-        w.write_all(bytes)?;
-    }
-    w.flush()
+/// One event record (`EVENT_SIZE` bytes) into `b`.
+pub(super) fn encode(e: &Event, b: &mut [u8]) {
+    b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
+    b[8..16].copy_from_slice(&e.parent.to_le_bytes());
+    b[16..24].copy_from_slice(&e.slot.to_le_bytes());
+    b[24..28].copy_from_slice(&e.func.to_le_bytes());
+    b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
 }
 
 fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {

@@ -1,8 +1,7 @@
 //! One tracing session over a running guest: plan the sites, attach (patch
 //! under a pause), detach (restore), and turn what was recorded into a Trace.
 
-use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -11,18 +10,22 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
-use crate::exitless::layout::{CODE_GPA, CODE_LEN, CODE_VA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
+use crate::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use crate::exitless::state::{Exitless, ExitlessError};
 use crate::filter::{Filter, FilterError};
 use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
-use crate::model::{Event, Trace, TraceMeta};
+use crate::model::Trace;
 use crate::patch::{
     self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite,
 };
 use crate::record::{self, Counters, GraphHook, SiteIndex};
 use crate::shadow::ShadowStacks;
 use crate::sites::{SiteError, SiteTable};
-use crate::symbols::{KernelImage, Symbol, SymbolError};
+use crate::store::{Storage, Stored};
+use crate::symbols::{KernelImage, SymbolError};
+
+mod finish;
+pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracerError {
@@ -167,7 +170,10 @@ impl Plan {
 pub struct Tracer {
     plan: Plan,
     counters: Arc<Counters>,
-    collector: Option<JoinHandle<Vec<Event>>>,
+    /// The store thread (`crate::store`), until `finish` joins it.
+    store: Option<JoinHandle<Stored>>,
+    /// Flight recorder: the dropped events are the oldest.
+    overwrite: bool,
     patched: Vec<PatchedSite>,
     pub attach_counts: AttachCounts,
     /// All detaches of this session, added up.
@@ -189,18 +195,71 @@ pub struct Tracer {
     offset: Option<KernelOffset>,
 }
 
+/// How a session records: the `--max-events` budget and where the events
+/// go (`crate::store`).
+pub struct Recording {
+    pub max_events: u64,
+    pub storage: Storage,
+    /// The kernel file the guest boots (named in the data file).
+    pub kernel: PathBuf,
+}
+
+impl Recording {
+    /// Every event in memory, at most `max_events` of them.
+    pub fn memory(max_events: u64) -> Recording {
+        Recording {
+            max_events,
+            storage: Storage::Memory,
+            kernel: PathBuf::new(),
+        }
+    }
+}
+
 impl Tracer {
     /// An exitless tracer (`ring_records` per CPU ring, or as many as fit),
     /// and its trap handlers (which then see no trap: any is an error).
     /// The rings and the code are planned here, before the guest runs.
+    /// Events are kept in memory.
     pub fn exitless(
         plan: Plan,
         ncpus: usize,
         max_events: u64,
         ring_records: Option<u64>,
     ) -> Result<(Tracer, Vec<Box<dyn TrapHandler>>), TracerError> {
-        let (counters, recs, collector) =
-            record::recorders(Arc::clone(&plan.index), ncpus, max_events);
+        Tracer::create(
+            plan,
+            ncpus,
+            Mode::Exitless,
+            ring_records,
+            Recording::memory(max_events),
+        )
+    }
+
+    /// The tracer and one trap handler per vCPU; with `plan.graph`, the
+    /// handlers hook returns too (vmtrace's return trap at `RETURN_TRAP_VA`).
+    /// Events are kept in memory.
+    pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
+        Tracer::trap(plan, ncpus, Recording::memory(max_events))
+    }
+
+    /// A tracer in `mode` recording as `rec` says.
+    pub fn create(
+        plan: Plan,
+        ncpus: usize,
+        mode: Mode,
+        ring_records: Option<u64>,
+        rec: Recording,
+    ) -> Result<(Tracer, Vec<Box<dyn TrapHandler>>), TracerError> {
+        if mode == Mode::Trap {
+            return Ok(Tracer::trap(plan, ncpus, rec));
+        }
+        let (counters, recs, store) = record::recorders(
+            Arc::clone(&plan.index),
+            ncpus,
+            rec.max_events,
+            rec.storage,
+            Arc::new(plan.image.functions.clone()),
+        );
         let sink = recs[0].sink();
         let ex = Exitless::prepare(
             &plan.image,
@@ -210,16 +269,21 @@ impl Tracer {
             plan.graph,
             sink,
         )?;
-        let mut t = Tracer::assemble(plan, counters, collector);
+        let mut t = Tracer::assemble(plan, counters, store.thread, false);
         t.exitless = Some(ex);
+        t.send_head(store.head, &rec.kernel);
         Ok((t, boxed(recs)))
     }
 
-    /// The tracer and one trap handler per vCPU; with `plan.graph`, the
-    /// handlers hook returns too (vmtrace's return trap at `RETURN_TRAP_VA`).
-    pub fn new(plan: Plan, ncpus: usize, max_events: u64) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
-        let (counters, mut recs, collector) =
-            record::recorders(Arc::clone(&plan.index), ncpus, max_events);
+    fn trap(plan: Plan, ncpus: usize, rec: Recording) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
+        let overwrite = matches!(rec.storage, Storage::Overwrite { .. });
+        let (counters, mut recs, store) = record::recorders(
+            Arc::clone(&plan.index),
+            ncpus,
+            rec.max_events,
+            rec.storage,
+            Arc::new(plan.image.functions.clone()),
+        );
         let hook = plan.graph.then(|| {
             Arc::new(GraphHook {
                 trap_va: RETURN_TRAP_VA,
@@ -231,16 +295,31 @@ impl Tracer {
                 r.hook_returns(Arc::clone(hook));
             }
         }
-        let mut t = Tracer::assemble(plan, counters, collector);
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite);
         t.graph_hook = hook;
+        t.send_head(store.head, &rec.kernel);
         (t, boxed(recs))
     }
 
-    fn assemble(plan: Plan, counters: Arc<Counters>, collector: JoinHandle<Vec<Event>>) -> Tracer {
+    /// Hand the data file's `HEAD` to the store thread (with a data file).
+    fn send_head(&self, head: Option<crossbeam_channel::Sender<Trace>>, kernel: &Path) {
+        if let Some(tx) = head {
+            // The store thread waits for it; it outlives this call.
+            let _ = tx.send(self.head(kernel));
+        }
+    }
+
+    fn assemble(
+        plan: Plan,
+        counters: Arc<Counters>,
+        store: JoinHandle<Stored>,
+        overwrite: bool,
+    ) -> Tracer {
         Tracer {
             plan,
             counters,
-            collector: Some(collector),
+            store: Some(store),
+            overwrite,
             patched: Vec::new(),
             attach_counts: AttachCounts::default(),
             detached: DetachCounts::default(),
@@ -359,7 +438,12 @@ impl Tracer {
             .collect();
         let addrs = &addrs;
         let probe = addrs.first().copied();
-        let mut space = text_space(paused.vcpu_spaces(), probe).ok_or(PatchError::NoPaging)?;
+        let vcpus = paused.vcpu_spaces();
+        let gs_bases: Vec<(usize, u64)> = vcpus
+            .iter()
+            .filter_map(|v| Some((v.cpu, v.gs_base?)))
+            .collect();
+        let mut space = text_space(vcpus, probe).ok_or(PatchError::NoPaging)?;
         if let Some(va) = self.plan.ftrace_enabled {
             if space
                 .read_array::<4>(off.runtime(va))
@@ -386,6 +470,7 @@ impl Tracer {
         let mut mapped = None;
         let attached = match self.exitless.as_mut() {
             Some(ex) => {
+                ex.check_cpu_numbers(&mut space, &gs_bases)?;
                 mapped = Some(ex.install(&mut space)?);
                 let ex: &Exitless = ex;
                 patch::attach_with(&mut space, fentry, addrs, calls, |k, addr| {
@@ -447,165 +532,6 @@ impl Tracer {
         self.detached.changed += c.changed;
         self.detach_ns = vmm::Trap::now_ns();
         Ok(c)
-    }
-
-    /// Exact calls so far, per traced function and vCPU: recorded, plus (in
-    /// exitless mode) counted in the guest when a ring was full.
-    pub fn counts(&self) -> Vec<Vec<u64>> {
-        self.counts_with(&self.ring_drops())
-    }
-
-    /// `counts`, with the full-ring drops (per CPU and site) already read.
-    fn counts_with(&self, ring_drops: &[Vec<u64>]) -> Vec<Vec<u64>> {
-        let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
-        for (cpu, per_site) in self.counters.counts.iter().enumerate() {
-            for (i, c) in per_site.iter().enumerate() {
-                counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
-            }
-        }
-        for (cpu, per_site) in ring_drops.iter().enumerate() {
-            for (i, d) in per_site.iter().enumerate() {
-                counts[self.plan.index.funcs[i] as usize][cpu] += d;
-            }
-        }
-        counts
-    }
-
-    /// Exact returns per traced function and vCPU (function graph; empty
-    /// otherwise).
-    pub fn returns(&self) -> Vec<Vec<u64>> {
-        if !self.plan.graph {
-            return Vec::new();
-        }
-        let mut returns = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
-        for (cpu, per_site) in self.counters.returns.iter().enumerate() {
-            for (i, c) in per_site.iter().enumerate() {
-                returns[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
-            }
-        }
-        for (cpu, per_site) in self.ring_ret_drops().iter().enumerate() {
-            for (i, d) in per_site.iter().enumerate() {
-                returns[self.plan.index.funcs[i] as usize][cpu] += d;
-            }
-        }
-        returns
-    }
-
-    /// Returns counted, not recorded, because their CPU's ring was full.
-    fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
-        self.exitless
-            .as_ref()
-            .filter(|_| self.plan.graph)
-            .and_then(|ex| ex.ret_drops().ok())
-            .unwrap_or_default()
-    }
-
-    /// Calls counted, not recorded, because their CPU's ring was full.
-    fn ring_drops(&self) -> Vec<Vec<u64>> {
-        self.exitless
-            .as_ref()
-            .and_then(|ex| ex.drops().ok())
-            .unwrap_or_default()
-    }
-
-    /// Stop the drainer after draining what the stopped guest left (exitless
-    /// mode); a no-op in trap mode. Call it before `finish` to see its error
-    /// (events that could not be drained); `finish` calls it again, which
-    /// then does nothing.
-    pub fn stop_draining(&mut self) -> Result<(), TracerError> {
-        match self.exitless.as_mut() {
-            Some(ex) => Ok(ex.finish()?),
-            None => Ok(()),
-        }
-    }
-
-    /// Everything recorded, once the vCPU threads (and so the recorders) are
-    /// gone.
-    pub fn finish(mut self, kernel: &Path, stop_reason: String) -> Trace {
-        // The drainer's sender must be gone before the collector can end.
-        let _ = self.stop_draining();
-        let mut events = self
-            .collector
-            .take()
-            .map(|c| c.join().unwrap_or_default())
-            .unwrap_or_default();
-        if self.plan.graph {
-            // Tail callees found vmtrace's hook as their return address.
-            crate::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
-        }
-        let image = &self.plan.image;
-        if let Some(off) = self.offset.filter(|o| !o.is_none()) {
-            // Callers were read at their running addresses: back to the
-            // vmlinux's, where the symbols are (anything else stays as read).
-            for e in &mut events {
-                let link = off.link(e.parent);
-                if image.function_index_at(link).is_some() {
-                    e.parent = link;
-                }
-            }
-        }
-        let functions: Vec<Symbol> = self
-            .plan
-            .funcs
-            .iter()
-            .map(|&f| image.functions[f].clone())
-            .collect();
-        let mut callers: Vec<Symbol> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for e in &events {
-            if let Some(i) = image.function_index_at(e.parent) {
-                if seen.insert(i) {
-                    callers.push(image.functions[i].clone());
-                }
-            }
-        }
-        callers.sort_by_key(|s| s.addr);
-        // Read from guest memory once: counts and the dropped total agree.
-        let ring_drops = self.ring_drops();
-        let counts = self.counts_with(&ring_drops);
-        let total: u64 = counts.iter().flatten().sum();
-        let detach_ns = if self.detach_ns == 0 {
-            vmm::Trap::now_ns()
-        } else {
-            self.detach_ns
-        };
-        let meta = TraceMeta {
-            kernel: kernel.display().to_string(),
-            build_id: image
-                .build_id
-                .as_ref()
-                .map(|b| patch::hex(b).replace(' ', "")),
-            cpus: self.ncpus() as u32,
-            attach_ns: self.attach_ns,
-            detach_ns,
-            sites_patched: self.attach_counts.patched as u64,
-            sites_skipped_init: self.plan.skipped_init as u64,
-            sites_skipped_other: self.attach_counts.skipped_other as u64,
-            attach_window_ns: self.attach_window.as_nanos() as u64,
-            attach_latency_ns: self.attach_latency.as_nanos() as u64,
-            events_total: total,
-            events_dropped: self.counters.dropped.load(Ordering::Relaxed)
-                + ring_drops.iter().flatten().sum::<u64>(),
-            parent_unreadable: self.counters.parent_unreadable.load(Ordering::Relaxed),
-            stop_reason,
-            mode: self.mode().name().into(),
-            // The caller knows the exits (the run report); see `Trace`.
-            trap_exits: 0,
-            graph: self.plan.graph,
-            returns_dropped: self.counters.returns_dropped.load(Ordering::Relaxed)
-                + self.ring_ret_drops().iter().flatten().sum::<u64>(),
-            unhooked: self.counters.unhooked.load(Ordering::Relaxed),
-            tsc_khz: self.tsc_khz,
-            symbols: self.plan.image.source.clone(),
-        };
-        Trace {
-            meta,
-            functions,
-            counts,
-            returns: self.returns(),
-            callers,
-            events,
-        }
     }
 }
 
@@ -671,6 +597,7 @@ mod tests {
             cpu,
             user_mode,
             space,
+            gs_base: None,
         }
     }
 

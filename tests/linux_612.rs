@@ -1,0 +1,138 @@
+//! Linux 6.12 on 1 and 4 vCPUs (2 are in symbols_linux.rs): traced with
+//! traps on one, exitless on four, where its CPU number lives in
+//! `pcpu_hot` (6.2 and later), which vmtrace's trampoline reads, and every
+//! vCPU comes up (ACPI MADT and MP table both offered).
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::*;
+
+/// One Linux guest at a time: two on this 2-core host starve each other.
+static ONE_GUEST: Mutex<()> = Mutex::new(());
+
+#[test]
+fn linux_6_12_on_one_vcpu_traced_with_traps() {
+    let Some((bz, vmlinux)) = linux_612() else {
+        return;
+    };
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("vmtrace-612t-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let console = dir.join("console.log");
+    let out = vmtrace(&[
+        "--kernel",
+        bz.to_str().unwrap(),
+        "--vmlinux",
+        vmlinux.to_str().unwrap(),
+        "--trace",
+        "hrtimer_*",
+        "--mode",
+        "trap",
+        "--cpus",
+        "1",
+        "--duration",
+        "30",
+        "--timeout",
+        "900",
+        "--console",
+        console.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let err = stderr(&out);
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.contains("vmtrace: attached:"), "{err}\n{text}");
+    assert!(text.contains("Brought up 1 node, 1 CPU"), "{text}");
+    for bad in ["ftrace bug", "WARNING:", "BUG:"] {
+        assert!(!text.contains(bad), "the guest said {bad}:\n{text}\n{err}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(&out)));
+    assert_eq!(v["mode"].as_str(), Some("trap"), "{v}");
+    // Every traced call was one exit, and every one is in the counts.
+    let events = v["events"].as_u64().unwrap();
+    assert!(events > 0, "{v}");
+    assert_eq!(v["trap_exits"].as_u64(), Some(events), "{v}");
+    assert_eq!(
+        v["events_stored"].as_u64().unwrap() + v["dropped"].as_u64().unwrap(),
+        events
+    );
+}
+
+#[test]
+fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
+    let Some((bz, vmlinux)) = linux_612() else {
+        return;
+    };
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("vmtrace-612x-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let console = dir.join("console.log");
+    let out = vmtrace(&[
+        "--kernel",
+        bz.to_str().unwrap(),
+        "--vmlinux",
+        vmlinux.to_str().unwrap(),
+        "--trace",
+        "hrtimer_*",
+        "--mode",
+        "exitless",
+        "--cpus",
+        "4",
+        "--mem",
+        "128",
+        // As in symbols_linux.rs: 6.12 boots slowly on the emulating host;
+        // a minute of tracing after the attach is enough.
+        "--duration",
+        "60",
+        "--timeout",
+        "900",
+        "--console",
+        console.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let err = stderr(&out);
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.contains("vmtrace: attached:"), "{err}\n{text}");
+    assert!(err.contains("vmtrace: exitless: trampoline"), "{err}");
+    assert!(
+        out.status.code() == Some(0) || out.status.code() == Some(1),
+        "{err}"
+    );
+    assert!(text.contains("Linux version 6.12"), "{text}");
+    assert!(text.contains("Brought up 1 node, 4 CPUs"), "{text}");
+    for bad in ["ftrace bug", "WARNING:", "BUG:"] {
+        assert!(!text.contains(bad), "the guest said {bad}:\n{text}\n{err}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(&out)));
+    assert_eq!(v["mode"].as_str(), Some("exitless"), "{v}");
+    // No call trapped: the trampoline handled them all, on every CPU it ran.
+    assert_eq!(v["trap_exits"].as_u64(), Some(0), "{v}");
+    let per_cpu: Vec<u64> = (0..4)
+        .map(|cpu| {
+            v["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["per_cpu"][cpu.to_string().as_str()].as_u64().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    let total: u64 = per_cpu.iter().sum();
+    assert!(total > 0, "{v}");
+    // Timers fire on more than one CPU: the CPU number read from pcpu_hot
+    // is each CPU's own (a wrong offset would put every call on one ring,
+    // or none: calls on a CPU number out of range are not recorded).
+    assert!(
+        per_cpu.iter().filter(|&&n| n > 0).count() >= 2,
+        "calls per vCPU {per_cpu:?}\n{err}"
+    );
+}

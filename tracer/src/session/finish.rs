@@ -1,0 +1,306 @@
+//! The end of a session: exact counts from the recorders' counters (and
+//! the rings' drop counters), the run's facts, and the events, in memory or
+//! in the data file, whose footer is written here.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use super::{Tracer, TracerError};
+use crate::exitless::layout::{CODE_LEN, CODE_VA};
+use crate::model::{Trace, TraceMeta};
+use crate::patch;
+use crate::store::Stored;
+use crate::symbols::Symbol;
+use crate::tracefile::TraceFileError;
+
+impl Tracer {
+    /// Exact calls so far, per traced function and vCPU: recorded, plus (in
+    /// exitless mode) counted in the guest when a ring was full.
+    pub fn counts(&self) -> Vec<Vec<u64>> {
+        self.counts_with(&self.ring_drops())
+    }
+
+    /// `counts`, with the full-ring drops (per CPU and site) already read.
+    fn counts_with(&self, ring_drops: &[Vec<u64>]) -> Vec<Vec<u64>> {
+        let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        for (cpu, per_site) in self.counters.counts.iter().enumerate() {
+            for (i, c) in per_site.iter().enumerate() {
+                counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+            }
+        }
+        for (cpu, per_site) in ring_drops.iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate() {
+                counts[self.plan.index.funcs[i] as usize][cpu] += d;
+            }
+        }
+        counts
+    }
+
+    /// Exact returns per traced function and vCPU (function graph; empty
+    /// otherwise).
+    pub fn returns(&self) -> Vec<Vec<u64>> {
+        if !self.plan.graph {
+            return Vec::new();
+        }
+        let mut returns = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        for (cpu, per_site) in self.counters.returns.iter().enumerate() {
+            for (i, c) in per_site.iter().enumerate() {
+                returns[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+            }
+        }
+        for (cpu, per_site) in self.ring_ret_drops().iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate() {
+                returns[self.plan.index.funcs[i] as usize][cpu] += d;
+            }
+        }
+        returns
+    }
+
+    /// Returns counted, not recorded, because their CPU's ring was full.
+    fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
+        self.exitless
+            .as_ref()
+            .filter(|_| self.plan.graph)
+            .and_then(|ex| ex.ret_drops().ok())
+            .unwrap_or_default()
+    }
+
+    /// Calls counted, not recorded, because their CPU's ring was full.
+    fn ring_drops(&self) -> Vec<Vec<u64>> {
+        self.exitless
+            .as_ref()
+            .and_then(|ex| ex.drops().ok())
+            .unwrap_or_default()
+    }
+
+    /// Stop the drainer after draining what the stopped guest left (exitless
+    /// mode); a no-op in trap mode. Call it before `finish` to see its error
+    /// (events that could not be drained); `finish` calls it again, which
+    /// then does nothing.
+    pub fn stop_draining(&mut self) -> Result<(), TracerError> {
+        match self.exitless.as_mut() {
+            Some(ex) => Ok(ex.finish()?),
+            None => Ok(()),
+        }
+    }
+
+    /// Where the recording stands, for a live status line: cheap enough to
+    /// call every second (exitless mode reads the rings' drop counters from
+    /// guest memory).
+    pub fn progress(&self) -> Progress {
+        let ring_drops: u64 = self.ring_drops().iter().flatten().sum();
+        let ring_ret_drops: u64 = self.ring_ret_drops().iter().flatten().sum();
+        let c = &self.counters;
+        let sum = |rows: &[Box<[std::sync::atomic::AtomicU64]>]| -> u64 {
+            rows.iter()
+                .flat_map(|r| r.iter())
+                .map(|a| a.load(Ordering::Relaxed))
+                .sum()
+        };
+        let calls = sum(&c.counts) + ring_drops;
+        let returns = sum(&c.returns) + ring_ret_drops;
+        let dropped = c.dropped.load(Ordering::Relaxed)
+            + c.returns_dropped.load(Ordering::Relaxed)
+            + ring_drops
+            + ring_ret_drops;
+        Progress {
+            calls,
+            returns,
+            dropped,
+            lost: c.lost.iter().map(|l| l.load(Ordering::Relaxed)).sum(),
+        }
+    }
+
+    /// Everything recorded, once the vCPU threads (and so the recorders) are
+    /// gone. With a data file, the events are in the file, not in the
+    /// returned trace: see [`Tracer::finish_stored`].
+    pub fn finish(self, kernel: &Path, stop_reason: String) -> Trace {
+        self.finish_stored(kernel, stop_reason).0
+    }
+
+    /// `finish`, and with a data file how its writing ended: the file is
+    /// complete (its footer written) unless this is an error. A write error
+    /// during the run is returned here too; the events it cost are counted
+    /// as lost in the trace.
+    pub fn finish_stored(
+        mut self,
+        kernel: &Path,
+        stop_reason: String,
+    ) -> (Trace, Option<Result<Saved, TraceFileError>>) {
+        // The drainer's sender must be gone before the store can end.
+        let _ = self.stop_draining();
+        let stored = self.store.take().and_then(|c| c.join().ok());
+        let image = &self.plan.image;
+        let (events, file) = match stored {
+            Some(Stored::Memory(mut events)) => {
+                if self.plan.graph {
+                    // Tail callees found vmtrace's hook as their return address.
+                    crate::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+                }
+                if let Some(off) = self.offset.filter(|o| !o.is_none()) {
+                    // Callers were read at their running addresses: back to the
+                    // vmlinux's, where the symbols are (anything else stays as read).
+                    for e in &mut events {
+                        let link = off.link(e.parent);
+                        if image.function_index_at(link).is_some() {
+                            e.parent = link;
+                        }
+                    }
+                }
+                (events, None)
+            }
+            Some(Stored::File(f)) => (Vec::new(), Some(f)),
+            None => (Vec::new(), None),
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut callers: Vec<Symbol> = Vec::new();
+        for e in &events {
+            if let Some(i) = image.function_index_at(e.parent) {
+                if seen.insert(i) {
+                    callers.push(image.functions[i].clone());
+                }
+            }
+        }
+        if let Some(f) = &file {
+            callers.extend(
+                f.seen
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &s)| s)
+                    .map(|(i, _)| image.functions[i].clone()),
+            );
+        }
+        callers.sort_by_key(|s| s.addr);
+        let mut trace = self.trace_now(kernel, stop_reason);
+        trace.callers = callers;
+        trace.events = events;
+        let saved = file.map(|f| {
+            let path = f.file.path().to_path_buf();
+            let write_err = |source| TraceFileError::Write {
+                path: path.clone(),
+                source,
+            };
+            let mut file = f.file;
+            if let Some(e) = f.error {
+                // The footer still goes out if it can: the file stays readable.
+                let _ = file.finish(&trace);
+                return Err(write_err(e));
+            }
+            file.finish(&trace).map_err(write_err)?;
+            Ok(Saved {
+                path: path.clone(),
+                bytes: file.bytes(),
+                events: file.events(),
+            })
+        });
+        (trace, saved)
+    }
+
+    /// The trace as known now, without events or callers: what a data
+    /// file's `HEAD` says before the run and its `FOOT` after it.
+    fn trace_now(&self, kernel: &Path, stop_reason: String) -> Trace {
+        let image = &self.plan.image;
+        let functions: Vec<Symbol> = self
+            .plan
+            .funcs
+            .iter()
+            .map(|&f| image.functions[f].clone())
+            .collect();
+        // Read from guest memory once: counts and the dropped total agree.
+        let ring_drops = self.ring_drops();
+        let counts = self.counts_with(&ring_drops);
+        let total: u64 = counts.iter().flatten().sum();
+        let detach_ns = if self.detach_ns == 0 && self.attach_ns != 0 {
+            vmm::Trap::now_ns()
+        } else {
+            self.detach_ns
+        };
+        let c = &self.counters;
+        let lost: Vec<u64> = c.lost.iter().map(|l| l.load(Ordering::Relaxed)).collect();
+        let meta = TraceMeta {
+            kernel: kernel.display().to_string(),
+            build_id: image
+                .build_id
+                .as_ref()
+                .map(|b| patch::hex(b).replace(' ', "")),
+            cpus: self.ncpus() as u32,
+            attach_ns: self.attach_ns,
+            detach_ns,
+            sites_patched: self.attach_counts.patched as u64,
+            sites_skipped_init: self.plan.skipped_init as u64,
+            sites_skipped_other: self.attach_counts.skipped_other as u64,
+            attach_window_ns: self.attach_window.as_nanos() as u64,
+            attach_latency_ns: self.attach_latency.as_nanos() as u64,
+            events_total: total,
+            events_dropped: c.dropped.load(Ordering::Relaxed)
+                + ring_drops.iter().flatten().sum::<u64>(),
+            parent_unreadable: c.parent_unreadable.load(Ordering::Relaxed),
+            stop_reason,
+            mode: self.mode().name().into(),
+            // The caller knows the exits (the run report); see `Trace`.
+            trap_exits: 0,
+            graph: self.plan.graph,
+            returns_dropped: c.returns_dropped.load(Ordering::Relaxed)
+                + self.ring_ret_drops().iter().flatten().sum::<u64>(),
+            unhooked: c.unhooked.load(Ordering::Relaxed),
+            tsc_khz: self.tsc_khz,
+            symbols: self.plan.image.source.clone(),
+            lost: if lost.iter().any(|&l| l > 0) {
+                lost
+            } else {
+                Vec::new()
+            },
+            overwrite: self.overwrite,
+            rejected_sites: self.plan.sites.rejected_summary().unwrap_or_default(),
+            kernel_offset: self
+                .kernel_offset()
+                .filter(|o| !o.is_none())
+                .map(|o| (o.virt, o.phys)),
+            incomplete: false,
+        };
+        Trace {
+            meta,
+            functions,
+            counts,
+            returns: self.returns(),
+            callers: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// The data file's `HEAD`: the trace before the run, every kernel
+    /// function a possible caller (so that a file cut short still names
+    /// its callers).
+    pub(super) fn head(&self, kernel: &Path) -> Trace {
+        let mut t = self.trace_now(kernel, String::new());
+        t.callers = self.plan.image.functions.clone();
+        t
+    }
+}
+
+/// Where a recording stands (`Tracer::progress`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Calls counted (exact), and returns (function graph).
+    pub calls: u64,
+    pub returns: u64,
+    /// Events counted but not stored (any reason), of which `lost`: the
+    /// writer fell behind or the disk refused them.
+    pub dropped: u64,
+    pub lost: u64,
+}
+
+impl Progress {
+    /// Events stored (or on their way to the data file).
+    pub fn stored(&self) -> u64 {
+        (self.calls + self.returns).saturating_sub(self.dropped)
+    }
+}
+
+/// A data file written to its end.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub events: u64,
+}

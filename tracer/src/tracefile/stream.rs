@@ -1,0 +1,163 @@
+//! Writing the data file while the guest runs (format version 5, see the
+//! parent module): a `HEAD` block before the run, `EVTS` blocks as events
+//! arrive, `FOOT` and `END` when it stops. Every block goes out in one
+//! `write`, with its checksum, straight to the file (no user-space buffer
+//! in between): whatever kills vmtrace, the file holds every block written
+//! before, and a reader stops at the last complete one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::write::{encode, put_body};
+use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_5};
+use crate::export::file::{self, Target};
+use crate::model::{Event, Trace};
+
+/// Block tags (4 ASCII bytes read as a little-endian `u32`).
+pub const TAG_HEAD: [u8; 4] = *b"HEAD";
+pub const TAG_EVENTS: [u8; 4] = *b"EVTS";
+pub const TAG_FOOT: [u8; 4] = *b"FOOT";
+pub const TAG_END: [u8; 4] = *b"END\0";
+/// The largest block payload: bounds what a corrupt length makes a reader
+/// allocate. A `HEAD` lists every kernel function (Linux 6.12 defconfig:
+/// ~60,000, about 3 MiB); `EVTS` blocks are a recorder's batch.
+pub const MAX_BLOCK: u32 = 64 << 20;
+/// Tag and length before the payload, checksum after it.
+pub const BLOCK_OVERHEAD: usize = 4 + 4 + 4;
+/// The most events one `EVTS` block holds (its `u32` count first).
+pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE;
+
+/// A data file being written.
+#[derive(Debug)]
+pub struct DataFile {
+    out: File,
+    path: PathBuf,
+    /// Bytes written so far.
+    bytes: u64,
+    /// `EVTS` blocks and events written.
+    blocks: u64,
+    events: u64,
+    /// A block being assembled (kept to avoid an allocation per block).
+    buf: Vec<u8>,
+}
+
+impl DataFile {
+    /// Creates (or truncates) `path` and writes the preamble. By the output
+    /// rules of [`crate::export::file`]: a regular file (a symlink to one
+    /// followed) is written in place, since the file must be readable while
+    /// the run is cut short (the caller keeps an older file first, as
+    /// `FILE.old`); a character device is written into; anything else is
+    /// refused.
+    pub fn create(path: &Path) -> Result<DataFile, TraceFileError> {
+        let err = |source| TraceFileError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let out = match file::target(path).map_err(err)? {
+            Target::File { path: real, .. } => OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(real),
+            Target::Device(dev) => OpenOptions::new().write(true).open(dev),
+        }
+        .map_err(err)?;
+        let mut f = DataFile {
+            out,
+            path: path.to_path_buf(),
+            bytes: 0,
+            blocks: 0,
+            events: 0,
+            buf: Vec::new(),
+        };
+        let mut pre = Vec::with_capacity(20);
+        pre.extend_from_slice(MAGIC);
+        pre.extend_from_slice(&VERSION_5.to_le_bytes());
+        // file_len: unknown while the file grows.
+        pre.extend_from_slice(&0u64.to_le_bytes());
+        f.out.write_all(&pre).map_err(err)?;
+        f.bytes = pre.len() as u64;
+        Ok(f)
+    }
+
+    /// The path it was created with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Events written so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The `HEAD` block: `trace` as known before the run (no events).
+    pub fn head(&mut self, trace: &Trace) -> io::Result<()> {
+        self.body(TAG_HEAD, trace)
+    }
+
+    /// `EVTS` blocks holding `events` (as many as the block size needs).
+    pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
+        for chunk in events.chunks(MAX_BLOCK_EVENTS) {
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.clear();
+            buf.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+            let at = buf.len();
+            buf.resize(at + chunk.len() * EVENT_SIZE, 0);
+            for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE).zip(chunk) {
+                encode(e, b);
+            }
+            let r = self.block(TAG_EVENTS, &buf);
+            self.buf = buf;
+            r?;
+            self.blocks += 1;
+            self.events += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The `FOOT` block (`trace` as known at the end; its events are not
+    /// written again) and `END`: the file is complete.
+    pub fn finish(&mut self, trace: &Trace) -> io::Result<()> {
+        self.body(TAG_FOOT, trace)?;
+        self.block(TAG_END, &[])?;
+        self.out.flush()
+    }
+
+    fn body(&mut self, tag: [u8; 4], trace: &Trace) -> io::Result<()> {
+        let mut payload = Vec::new();
+        let bare = Trace {
+            events: Vec::new(),
+            ..trace.clone()
+        };
+        put_body(&bare, VERSION_5, &mut payload)?;
+        self.block(tag, &payload)
+    }
+
+    /// One block in one write: tag, length, payload, CRC-32 of all three.
+    fn block(&mut self, tag: [u8; 4], payload: &[u8]) -> io::Result<()> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&n| n <= MAX_BLOCK)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a block of {} bytes (at most {MAX_BLOCK})", payload.len()),
+                )
+            })?;
+        let mut frame = Vec::with_capacity(payload.len() + BLOCK_OVERHEAD);
+        frame.extend_from_slice(&tag);
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(payload);
+        let crc = crc32fast::hash(&frame);
+        frame.extend_from_slice(&crc.to_le_bytes());
+        self.out.write_all(&frame)?;
+        self.bytes += frame.len() as u64;
+        Ok(())
+    }
+}
