@@ -250,8 +250,10 @@ fn header(out: &mut String, report: &Report) {
                 thousands(m.events_total),
                 thousands(stored),
                 thousands(m.events_dropped),
-                if m.events_dropped > 0 {
-                    " (over --max-events or a full ring; counts stay exact)"
+                if m.overwrite && m.events_dropped > 0 {
+                    " (the oldest, overwritten: --overwrite keeps the newest; counts stay exact)"
+                } else if m.events_dropped > 0 {
+                    " (over --max-events, a full ring, or lost; counts stay exact)"
                 } else {
                     ""
                 }
@@ -293,6 +295,33 @@ fn header(out: &mut String, report: &Report) {
     }
     if let Some(g) = &report.graph_summary {
         graph_lines(&mut lines, g);
+    }
+    // Losses and facts said at the run, never only there.
+    if m.lost.iter().any(|&n| n > 0) {
+        let per_cpu: Vec<String> = m.lost.iter().map(|&n| thousands(n)).collect();
+        lines.push((
+            "lost",
+            format!(
+                "{} events the data file's writer could not keep (per vCPU: {}); in the dropped counts",
+                thousands(m.lost.iter().sum()),
+                per_cpu.join(", ")
+            ),
+        ));
+    }
+    if m.incomplete {
+        lines.push((
+            "incomplete",
+            "the data file was cut short: counts are those of its stored events".to_string(),
+        ));
+    }
+    if !m.rejected_sites.is_empty() {
+        lines.push(("rejected", escape(&m.rejected_sites).into_owned()));
+    }
+    if let Some((virt, phys)) = m.kernel_offset {
+        lines.push((
+            "KASLR",
+            format!("virtual offset {virt:#x}, physical offset {phys:#x}"),
+        ));
     }
     if m.parent_unreadable > 0 {
         let (n, were) = match m.parent_unreadable {
