@@ -44,7 +44,13 @@ fn trap_path(c: &mut Criterion) {
     g.bench_function("recorder", |b| {
         b.iter_custom(|iters| {
             // Fresh recorders each sample, so the collector's memory stays bounded.
-            let (shared, mut recs, collector) = record::recorders(Arc::clone(&index), 1, u64::MAX);
+            let (shared, mut recs, store) = record::recorders(
+                Arc::clone(&index),
+                1,
+                u64::MAX,
+                tracer::store::Storage::Memory,
+                Arc::new(Vec::new()),
+            );
             let mut rec = recs.pop().unwrap();
             let start = Instant::now();
             for i in 0..iters as usize {
@@ -56,7 +62,9 @@ fn trap_path(c: &mut Criterion) {
             // As the vCPU thread does when it leaves its loop.
             rec.flush();
             drop(rec);
-            let events = collector.join().unwrap();
+            let tracer::store::Stored::Memory(events) = store.thread.join().unwrap() else {
+                panic!("kept in memory")
+            };
             assert_eq!(events.len() as u64, iters);
             assert_eq!(
                 shared

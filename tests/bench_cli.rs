@@ -1,4 +1,4 @@
-//! `vmtrace bench`: a small run produces every figure, (a) to (f), as a
+//! `vmtrace bench`: a small run produces every figure, (a) to (h), as a
 //! finite number in its JSON (positive where it is a time or a count of
 //! something that happens). No timing goal is asserted here: the figures
 //! depend on the host, and the bench itself reports PASS / MISS. Exits per
@@ -32,6 +32,9 @@ fn bench_json_has_every_figure() {
         vmlinux.to_str().unwrap(),
         "--iters",
         "200",
+        // (h) short: 64 MB of events.
+        "--record-events",
+        "2000000",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -96,6 +99,24 @@ fn bench_json_has_every_figure() {
     }
     positive("load_ms");
     positive("report_render_s");
+    // (h): recording to disk; every event stored or counted lost.
+    for k in [
+        "h_record_events_per_s",
+        "h_record_mb_per_s",
+        "h_record_peak_mib",
+        "h_record_stored",
+        "h_record_bytes",
+    ] {
+        positive(k);
+    }
+    let fig = |k: &str| figures[k].as_f64().unwrap();
+    assert_eq!(fig("h_record_sent"), 2e6, "{text}");
+    assert_eq!(fig("h_record_stored") + fig("h_record_lost"), 2e6, "{text}");
+    assert!(
+        fig("h_record_bytes") >= fig("h_record_stored") * 32.0,
+        "{text}"
+    );
+    assert_eq!(doc["record_events"], 2_000_000);
 
     // (f): exitless against trap, in its own object.
     let ex = doc["exitless"].as_object().expect("an exitless object");
@@ -126,7 +147,7 @@ fn bench_json_has_every_figure() {
 
     // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
-    assert_eq!(goals.len(), 7, "{text}");
+    assert_eq!(goals.len(), 9, "{text}");
     for g in goals {
         let s = g["status"].as_str().unwrap();
         assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
@@ -140,7 +161,7 @@ fn bench_json_has_every_figure() {
     assert_eq!(doc["iters"], 200);
     let methods = doc["methods"].as_object().expect("a methods object");
     for k in [
-        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "loading", "report",
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "loading", "report",
     ] {
         assert!(methods[k].is_string(), "method {k} in {text}");
     }
@@ -153,8 +174,9 @@ fn bench_json_has_every_figure() {
             l.starts_with("PASS ") || l.starts_with("MISS ") || l.starts_with("SKIP ")
         })
         .count();
-    assert_eq!(verdicts, 7, "{table}");
+    assert_eq!(verdicts, 9, "{table}");
     assert!(table.contains("(f) exitless vs. trap"), "{table}");
+    assert!(table.contains("(h) recording to disk"), "{table}");
 }
 
 #[test]
@@ -162,6 +184,9 @@ fn bench_rejects_bad_arguments() {
     let out = vmtrace(&["bench", "--iters", "0"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--iters"), "{}", stderr(&out));
+    let out = vmtrace(&["bench", "--record-events", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--record-events"), "{}", stderr(&out));
     let out = vmtrace(&["bench", "--kernel", "/nonexistent/mini.elf"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));

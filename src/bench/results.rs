@@ -1,7 +1,9 @@
 //! Judging and presenting the figures: the goals, the printed table, and
-//! the `--json FILE` document; (f)'s part of each is in `exitless`.
+//! the `--json FILE` document; (f)'s and (g)'s part of each is in
+//! `exitless`, (h)'s in `record`.
 
 mod exitless;
+mod record;
 
 use std::fmt::{self, Write as _};
 use std::path::Path;
@@ -12,7 +14,8 @@ use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 use tracer::report;
 
 use super::measure::{
-    CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, Scaling, E_REPS, TRACE_GLOB,
+    CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling, E_REPS,
+    TRACE_GLOB,
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
@@ -45,6 +48,8 @@ pub struct Results {
     pub scaling: Option<Scaling>,
     pub render_s: f64,
     pub json_s: f64,
+    /// (h): recording to disk.
+    pub record: RecordFigures,
 }
 
 /// One goal's verdict.
@@ -73,8 +78,9 @@ fn max(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
 }
 
-/// The figures by name, as saved in the JSON. Those named `a_`..`e_` are
-/// the figures (a) to (e); (f) has its own object (`ExitlessFigures`).
+/// The figures by name, as saved in the JSON. Those named `a_`..`e_` and
+/// `h_` are the figures (a) to (e) and (h); (f) and (g) have their own
+/// objects (`ExitlessFigures`, `GraphFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
     let mut f: Vec<(String, f64)> = vec![
         ("a_exit_round_trip_us".into(), r.a),
@@ -123,6 +129,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
     }
     f.push(("report_render_s".into(), r.render_s));
     f.push(("report_json_s".into(), r.json_s));
+    f.extend(record::figures(&r.record));
     f
 }
 
@@ -201,6 +208,7 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         },
     });
     goals.extend(exitless::goals(&r.exitless));
+    goals.extend(record::goals(&r.record));
     goals
 }
 
@@ -254,6 +262,8 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
         r.render_s,
         r.json_s
     )?;
+    writeln!(o)?;
+    record::write(o, &r.record)?;
     writeln!(o)?;
     writeln!(o, "goals:")?;
     for g in goals {
@@ -437,6 +447,7 @@ struct BenchJson<'a> {
     rounds: usize,
     cycles: usize,
     report_events: u64,
+    record_events: u64,
     /// A non-finite figure (which none should be) is written as null.
     #[serde(serialize_with = "ordered_map")]
     figures: &'a [(String, f64)],
@@ -479,6 +490,7 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         rounds: cfg.rounds,
         cycles: cfg.cycles,
         report_events: cfg.report_events,
+        record_events: cfg.record_events,
         figures: &figures(r),
         exitless: ExitlessFigures::new(&r.exitless),
         graph: GraphFigures::new(&r.graph, &r.exitless),
@@ -554,6 +566,7 @@ fn methods() -> Vec<(&'static str, String)> {
                  trace: {SYNTH_FUNCS} functions, {SYNTH_CALLERS} callers, {SYNTH_CPUS} vCPUs"
             ),
         ),
+        ("(h)", record::method()),
     ]
 }
 
@@ -573,6 +586,7 @@ mod tests {
             rounds: 3,
             cycles: 2,
             report_events,
+            record_events: 100_000_000,
         }
     }
 
@@ -632,6 +646,17 @@ mod tests {
             render_s: 0.44,
             // Not finite: must come out as null.
             json_s: f64::NAN,
+            // 12.5 M events/s stored, half lost; 70 MiB peak.
+            record: RecordFigures {
+                sent: 100_000_000,
+                stored: 50_000_000,
+                lost: 50_000_000,
+                bytes: 1_600_000_000,
+                seconds: 4.0,
+                sync_seconds: 1.0,
+                buffer: 64 << 20,
+                peak_growth: Ok(70 << 20),
+            },
         }
     }
 
@@ -674,15 +699,15 @@ mod tests {
         assert!(at("(e)") < at("loading"));
 
         let goals = doc["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 7);
+        assert_eq!(goals.len(), 9);
         let status: Vec<&str> = goals
             .iter()
             .map(|g| g["status"].as_str().unwrap())
             .collect();
         // b/a 1.1; worst 100-site attach 900 µs; worst of all 900 µs;
         // loading 38 ms; report 0.44 s; 0 exits and 28 instructions per
-        // exitless call.
-        assert_eq!(status, ["PASS"; 7]);
+        // exitless call; 12.5 M events/s stored and 70 MiB peak recording.
+        assert_eq!(status, ["PASS"; 9]);
         assert!(goals.iter().all(|g| g["not_judged"].is_null()));
         assert_eq!(doc["methods"].as_object().unwrap().len(), methods().len());
         assert!(at("(e)") < at("(f)"));
@@ -756,7 +781,7 @@ mod tests {
         r.exitless.rounds = vec![[10.0, 1610.0, 45.0, 500.0]];
         let goals = goals(&r, &cfg(GOAL_REPORT_EVENTS, false));
         let status: Vec<&str> = goals.iter().map(Goal::status).collect();
-        assert_eq!(status[5..], ["MISS", "MISS"]);
+        assert_eq!(status[5..7], ["MISS", "MISS"]);
         assert!(
             goals[5].measured.starts_with("0.0101 (71 "),
             "{}",
@@ -798,6 +823,59 @@ mod tests {
             table.lines().filter(|l| l.starts_with("  SKIP  ")).count(),
             4,
             "{table}"
+        );
+    }
+
+    #[test]
+    fn record_figures_goals_and_lines() {
+        let mut r = results(false);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let f = &doc["figures"];
+        assert_eq!(doc["record_events"], 100_000_000);
+        assert_eq!(f["h_record_events_per_s"], 12.5e6);
+        assert_eq!(f["h_record_mb_per_s"], 400.0);
+        assert_eq!(f["h_record_peak_mib"], 70.0);
+        assert_eq!(f["h_record_lost"], 50e6);
+        assert_eq!(f["h_record_lost_fraction"], 0.5);
+        assert_eq!(f["h_record_synced_mb_per_s"], 320.0);
+        assert_eq!(f["h_record_buffer_mib"], 64.0);
+        assert!(doc["methods"]["(h)"].is_string());
+        let line = |start: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
+                .to_string()
+        };
+        assert!(
+            line("stored 12.50 M events/s, 400 MB/s").ends_with("320 MB/s on disk)"),
+            "{t}"
+        );
+        assert!(
+            line("sent 25.00 M").contains("lost 50,000,000 (50.0 %"),
+            "{t}"
+        );
+        assert!(line("PASS  recording to disk").contains("50,000,000 of 100,000,000"));
+
+        // Over the bound, and too slow: both missed; no peak: not judged.
+        r.record.peak_growth = Ok(129 << 20);
+        // 9.75 M events/s.
+        r.record.stored = 39_000_000;
+        let judged = |r: &Results| -> Vec<&'static str> {
+            goals(r, &cfg(GOAL_REPORT_EVENTS, false))[7..]
+                .iter()
+                .map(Goal::status)
+                .collect()
+        };
+        assert_eq!(judged(&r), ["MISS", "MISS"]);
+        r.record.peak_growth = Err("cannot reset the peak RSS".into());
+        assert_eq!(judged(&r), ["MISS", "SKIP"]);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(doc["figures"]["h_record_peak_mib"].is_null());
+        assert!(
+            t.contains("peak memory: NOT MEASURED, cannot reset the peak RSS"),
+            "{t}"
         );
     }
 

@@ -21,6 +21,8 @@ pub struct BenchConfig {
     pub rounds: usize,
     pub cycles: usize,
     pub report_events: u64,
+    /// Events streamed to a data file for (h).
+    pub record_events: u64,
 }
 
 impl BenchConfig {
@@ -30,6 +32,7 @@ impl BenchConfig {
         let rounds = at_least_one(args.rounds, "--rounds")?;
         let cycles = at_least_one(args.cycles, "--cycles")?;
         let report_events = at_least_one(args.report_events, "--report-events")?;
+        let record_events = at_least_one(args.record_events, "--record-events")?;
         let kernel = mini_kernel(args)?;
         let vmlinux = linux_vmlinux(args)?;
         if let Some(path) = &args.json {
@@ -48,6 +51,7 @@ impl BenchConfig {
             rounds,
             cycles,
             report_events,
+            record_events,
         })
     }
 }

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use vmm::{Trap, TrapError, TrapHandler};
 
 use crate::model::{Event, RETURN_BIT};
@@ -131,6 +131,8 @@ pub struct Recorder {
     /// Events this recorder may still store without touching `budget`.
     reserved: usize,
     tx: Sender<Vec<Event>>,
+    /// Emptied batches the store hands back, reused before allocating.
+    free: Receiver<Vec<Event>>,
     graph: Option<Arc<GraphHook>>,
 }
 
@@ -146,13 +148,34 @@ impl Counters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A batch that could not be kept (see `lost`).
+    /// A batch that could not be kept (see `lost`): three atomic adds per
+    /// vCPU in it, not one per event (recorders may be losing batches
+    /// side by side).
     pub fn lose(&self, batch: &[Event]) {
-        for e in batch {
-            self.drop_stored(e);
-            if let Some(l) = self.lost.get(e.cpu as usize) {
-                l.fetch_add(1, Ordering::Relaxed);
+        let mut cpu = None;
+        let (mut entries, mut returns, mut n) = (0u64, 0u64, 0u64);
+        let flush = |cpu: Option<u32>, entries: &mut u64, returns: &mut u64, n: &mut u64| {
+            if let Some(l) = cpu.and_then(|c| self.lost.get(c as usize)) {
+                l.fetch_add(*n, Ordering::Relaxed);
             }
+            self.dropped.fetch_add(*entries, Ordering::Relaxed);
+            self.returns_dropped.fetch_add(*returns, Ordering::Relaxed);
+            (*entries, *returns, *n) = (0, 0, 0);
+        };
+        for e in batch {
+            if cpu != Some(e.cpu) && n > 0 {
+                flush(cpu, &mut entries, &mut returns, &mut n);
+            }
+            cpu = Some(e.cpu);
+            n += 1;
+            if e.is_return() {
+                returns += 1;
+            } else {
+                entries += 1;
+            }
+        }
+        if n > 0 {
+            flush(cpu, &mut entries, &mut returns, &mut n);
         }
     }
 
@@ -330,7 +353,11 @@ impl TrapHandler for Recorder {
 
     fn flush(&mut self) {
         if !self.buf.is_empty() {
-            let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
+            let next = self
+                .free
+                .try_recv()
+                .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+            let batch = std::mem::replace(&mut self.buf, next);
             // Never wait for the disk with the vCPU stopped: a full queue
             // (the writer is behind) loses the batch, counted.
             if let Err(e) = self.tx.try_send(batch) {
@@ -383,6 +410,7 @@ pub fn recorders(
             buf: Vec::with_capacity(BATCH),
             reserved: 0,
             tx: tx.clone(),
+            free: store.free.clone(),
             graph: None,
         })
         .collect();

@@ -116,6 +116,12 @@ pub struct Store {
     /// With a data file: where the session sends the file's `HEAD` (the
     /// trace before the run), which the thread writes before any event.
     pub head: Option<Sender<Trace>>,
+    /// Emptied batches handed back for the recorders to fill again. Memory
+    /// then stays at what the queues hold: a batch freed by this thread
+    /// would go back to the allocator arena of the vCPU thread that
+    /// allocated it, and each arena would keep the most its thread ever
+    /// had queued (measured: up to 2.5 times the buffer with 4 vCPUs).
+    pub free: Receiver<Vec<Event>>,
 }
 
 /// Start the store thread; returns where batches go and the thread.
@@ -126,6 +132,12 @@ pub fn spawn(
 ) -> (Sender<Vec<Event>>, Store) {
     let (head_tx, head_rx) = crossbeam_channel::bounded::<Trace>(1);
     let head = storage.file().is_some().then_some(head_tx);
+    let (free_tx, free) = crossbeam_channel::bounded(match &storage {
+        Storage::Stream { buffer, .. } => queue_batches(*buffer),
+        // Memory keeps every batch; the flight recorder copies them out.
+        Storage::Memory => 0,
+        Storage::Overwrite { .. } => OVERWRITE_QUEUE,
+    });
     let (tx, rx) = match &storage {
         Storage::Memory => crossbeam_channel::unbounded(),
         Storage::Stream { buffer, .. } => crossbeam_channel::bounded(queue_batches(*buffer)),
@@ -137,11 +149,13 @@ pub fn spawn(
             Storage::Memory => Stored::Memory(collect(rx)),
             Storage::Stream { mut file, .. } => {
                 let error = write_head(&head_rx, &mut file);
-                Stored::File(stream(rx, file, error, &counters, &fixup))
+                Stored::File(stream(rx, &free_tx, file, error, &counters, &fixup))
             }
             Storage::Overwrite { mut file, per_cpu } => {
                 let error = write_head(&head_rx, &mut file);
-                Stored::File(overwrite(rx, file, error, per_cpu, &counters, &fixup))
+                Stored::File(overwrite(
+                    rx, &free_tx, file, error, per_cpu, &counters, &fixup,
+                ))
             }
         })
         .expect("spawn the store thread");
@@ -150,6 +164,7 @@ pub fn spawn(
         Store {
             thread: handle,
             head,
+            free,
         },
     )
 }
@@ -160,6 +175,13 @@ pub fn spawn(
 fn write_head(rx: &Receiver<Trace>, file: &mut DataFile) -> Option<io::Error> {
     let head = rx.recv().ok()?;
     file.head(&head).err()
+}
+
+/// Hand an emptied batch back to the recorders (dropped if they have
+/// enough spare ones).
+fn recycle(free: &Sender<Vec<Event>>, mut batch: Vec<Event>) {
+    batch.clear();
+    let _ = free.try_send(batch);
 }
 
 /// Memory: every batch, sorted by time at the end.
@@ -175,6 +197,7 @@ fn collect(rx: Receiver<Vec<Event>>) -> Vec<Event> {
 /// Streaming: each batch becomes a block of the data file as it arrives.
 fn stream(
     rx: Receiver<Vec<Event>>,
+    free: &Sender<Vec<Event>>,
     mut file: DataFile,
     mut error: Option<io::Error>,
     counters: &Counters,
@@ -184,13 +207,14 @@ fn stream(
     for mut batch in rx {
         if error.is_some() {
             counters.lose(&batch);
-            continue;
+        } else {
+            fixup.apply(&mut batch, &mut seen);
+            if let Err(e) = file.write_events(&batch) {
+                counters.lose(&batch);
+                error = Some(e);
+            }
         }
-        fixup.apply(&mut batch, &mut seen);
-        if let Err(e) = file.write_events(&batch) {
-            counters.lose(&batch);
-            error = Some(e);
-        }
+        recycle(free, batch);
     }
     FileStored { file, seen, error }
 }
@@ -199,6 +223,7 @@ fn stream(
 /// ones are counted as dropped as they are pushed out.
 fn overwrite(
     rx: Receiver<Vec<Event>>,
+    free: &Sender<Vec<Event>>,
     mut file: DataFile,
     mut error: Option<io::Error>,
     per_cpu: u64,
@@ -210,7 +235,7 @@ fn overwrite(
         .map(|_| VecDeque::new())
         .collect();
     for batch in rx {
-        for e in batch {
+        for &e in &batch {
             let Some(ring) = rings.get_mut(e.cpu as usize) else {
                 continue;
             };
@@ -221,6 +246,7 @@ fn overwrite(
                 }
             }
         }
+        recycle(free, batch);
     }
     let mut seen = vec![false; fixup.functions.len()];
     for ring in rings {

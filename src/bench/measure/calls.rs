@@ -276,11 +276,20 @@ pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
     let resume_only_ns = time(&mut ResumeOnly {
         index: Arc::clone(&index),
     })?;
-    let (shared, mut recs, collector) = record::recorders(Arc::clone(&index), 1, u64::MAX);
+    let (shared, mut recs, store) = record::recorders(
+        Arc::clone(&index),
+        1,
+        u64::MAX,
+        tracer::store::Storage::Memory,
+        Arc::new(Vec::new()),
+    );
     let mut rec = recs.pop().expect("one recorder");
     let recorder_ns = time(&mut rec)?;
     drop(rec);
-    let events = collector.join().map(|e| e.len()).unwrap_or(0);
+    let events = match store.thread.join() {
+        Ok(tracer::store::Stored::Memory(e)) => e.len(),
+        _ => 0,
+    };
     if events != HANDLER_TRAPS || shared.parent_unreadable.load(Ordering::Relaxed) != 0 {
         return Err(RuntimeError::Measure(format!(
             "in-process recorder stored {events} of {HANDLER_TRAPS} events"

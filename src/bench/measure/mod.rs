@@ -1,11 +1,12 @@
 //! Taking the figures (`results` judges and renders them): the shared run
 //! plumbing, (d) pause, (e) attach window vs. sites, loading and report
 //! times; (a)-(c) are in `calls`, (f) in `exitless`, the phases both run in
-//! `phases`.
+//! `phases`, (h) in `record`.
 
 mod calls;
 mod exitless;
 mod phases;
+mod record;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use exitless::{exitless_costs, ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN};
+pub use record::{record_figures, RecordFigures, PEAK_SLACK};
 
 use crate::bench::us;
 use crate::config::emulator_host;

@@ -115,17 +115,19 @@ impl Tracer {
     /// gone. With a data file, the events are in the file, not in the
     /// returned trace: see [`Tracer::finish_stored`].
     pub fn finish(self, kernel: &Path, stop_reason: String) -> Trace {
-        self.finish_stored(kernel, stop_reason).0
+        self.finish_stored(kernel, stop_reason, 0).0
     }
 
     /// `finish`, and with a data file how its writing ended: the file is
     /// complete (its footer written) unless this is an error. A write error
     /// during the run is returned here too; the events it cost are counted
-    /// as lost in the trace.
+    /// as lost in the trace. `trap_exits`: the run's exits at the trace
+    /// port (the run report has them), for the footer.
     pub fn finish_stored(
         mut self,
         kernel: &Path,
         stop_reason: String,
+        trap_exits: u64,
     ) -> (Trace, Option<Result<Saved, TraceFileError>>) {
         // The drainer's sender must be gone before the store can end.
         let _ = self.stop_draining();
@@ -172,6 +174,7 @@ impl Tracer {
         }
         callers.sort_by_key(|s| s.addr);
         let mut trace = self.trace_now(kernel, stop_reason);
+        trace.meta.trap_exits = trap_exits;
         trace.callers = callers;
         trace.events = events;
         let saved = file.map(|f| {
