@@ -1,14 +1,26 @@
 //! Command-line interface: what the user can ask for.
+//!
+//! The shape is perf's and trace-cmd's: `vmtrace [RUN OPTIONS]` boots,
+//! traces and prints the report in one go; `vmtrace record` saves the trace
+//! to a data file (`vmtrace.data`) and prints nothing; `vmtrace report`,
+//! `script` read it back; `vmtrace list` shows what can be traced.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+
+/// The data file `record` writes and `report`/`script` read by default.
+pub const DEFAULT_DATA: &str = "vmtrace.data";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "vmtrace",
     version,
     about = "Trace a Linux guest kernel's function calls from the KVM hypervisor",
+    long_about = "Trace a Linux guest kernel's function calls from the KVM hypervisor.\n\n\
+        Without a command: boot the guest and, with --trace, record and print the report \
+        (-o FILE also saves the trace). `vmtrace record` saves the trace to vmtrace.data \
+        for `vmtrace report` and `vmtrace script`.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -16,12 +28,21 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub run: RunArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Print the report of a trace saved with `-o FILE`.
+    /// Boot the guest, trace it and save the trace to a data file
+    /// (vmtrace.data, the previous one kept as vmtrace.data.old); no report.
+    Record(Box<RecordArgs>),
+    /// Print the report of a saved trace (default: vmtrace.data), or export it.
     Report(ReportArgs),
+    /// Print every event of a saved trace (default: vmtrace.data), one line each.
+    Script(ScriptArgs),
+    /// List the traceable functions of a kernel (no guest is booted).
+    List(ListArgs),
     /// Measure the cost of tracing on the mini guest.
     Bench(BenchArgs),
 }
@@ -53,63 +74,85 @@ pub struct RunArgs {
     /// Stop the guest after this many seconds.
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
-    /// Write the guest console to FILE instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    /// Where the guest console goes: FILE, `-` (stdout) or `none` (default:
+    /// stderr, so that stdout holds only vmtrace's output).
+    #[arg(long, value_name = "FILE|-|none")]
     pub console: Option<PathBuf>,
     /// Print exit counts per vCPU, emulation assists and pause figures.
     #[arg(long)]
     pub stats: bool,
 
     /// Trace functions matching GLOB (ftrace glob: * ? [...]); repeatable, comma lists.
-    #[arg(long, value_name = "GLOB")]
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub trace: Vec<String>,
     /// Do not trace functions matching GLOB; repeatable, comma lists.
-    #[arg(long, value_name = "GLOB")]
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub notrace: Vec<String>,
     /// Trace for this many seconds after attaching, then stop the guest.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", help_heading = "Tracing")]
     pub duration: Option<f64>,
     /// Patch before the first guest instruction (only for kernels that do not patch their own sites).
-    #[arg(long)]
+    #[arg(long, help_heading = "Tracing")]
     pub from_boot: bool,
     /// Keep at most this many events in memory (counts stay exact beyond it).
-    #[arg(long, default_value_t = 50_000_000, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 50_000_000,
+        value_name = "N",
+        help_heading = "Tracing"
+    )]
     pub max_events: u64,
     /// How a traced call reaches vmtrace: an exit per call (trap), vmtrace's
     /// trampoline in the guest appending to rings (exitless), or the cheaper
     /// on this host (auto: trap where KVM emulates guest ring 0, else exitless).
-    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto, help_heading = "Tracing")]
     pub mode: ModeArg,
     /// Records per vCPU ring in exitless mode (a power of two; default: as
     /// many as fit). Calls beyond a full ring are counted, not recorded.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub ring_events: Option<u64>,
     /// Function graph (ftrace's function_graph): hook every traced call's
     /// return too, for durations, call trees and flame graphs.
-    #[arg(long)]
+    #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
-    #[command(flatten)]
-    pub output: OutputArgs,
 }
 
-/// How the trace is shown or saved.
-#[derive(Args, Debug, Clone)]
+/// Where a traced run's results go: the data file, exports, and (through
+/// `view`) what is printed.
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Output")]
 pub struct OutputArgs {
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Write the output (or, with the text format, the binary trace) to FILE.
+    /// Save the trace to FILE, vmtrace's binary data file (`vmtrace record`:
+    /// vmtrace.data by default); read it with `vmtrace report FILE`.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Sort the report.
-    #[arg(long, value_enum, default_value_t = SortKey::Count)]
-    pub sort: SortKey,
-    /// Only these vCPUs (e.g. 0,2-3).
-    #[arg(long, value_name = "LIST")]
-    pub cpu: Option<String>,
+    /// Also write the trace as FMT to FILE; FMT: json, csv, chrome, folded,
+    /// trace.dat. Repeatable.
+    #[arg(long, value_name = "FMT=FILE", value_parser = parse_export)]
+    pub export: Vec<ExportArg>,
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// How the trace is shown on stdout.
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Report")]
+pub struct ViewArgs {
+    /// What is printed on stdout (default: text, the report).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Sort the report (default: count).
+    #[arg(long, value_enum)]
+    pub sort: Option<SortKey>,
     /// Show each function's callers.
     #[arg(short = 'g', long = "callers")]
     pub callers: bool,
+    /// Hide functions below PCT percent of the calls in the text report.
+    #[arg(long, value_name = "PCT")]
+    pub percent_limit: Option<f64>,
     /// Print the call tree instead of the report, as ftrace's function_graph
     /// does (function-graph traces).
     #[arg(long)]
@@ -120,18 +163,147 @@ pub struct OutputArgs {
     /// With --tree: hide calls shorter than DUR (e.g. 10us; units ns, us, ms, s).
     #[arg(long, value_name = "DUR")]
     pub threshold: Option<String>,
-    /// No live status line.
-    #[arg(short, long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub window: WindowArgs,
+}
+
+/// Which part of the trace is shown.
+#[derive(Args, Debug, Clone, Default)]
+pub struct WindowArgs {
+    /// Only events from START to END after the attach, in seconds or with a
+    /// unit (1.5,3 or 1500ms,3s; `2,` and `,0.5` leave one end open).
+    #[arg(long, value_name = "START,END")]
+    pub time: Option<String>,
+    /// Only these vCPUs (e.g. 0,2-3).
+    #[arg(long, value_name = "LIST")]
+    pub cpu: Option<String>,
+}
+
+/// `vmtrace record`: the run options, the data file and exports, no view.
+#[derive(Args, Debug, Clone)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The saved trace a command reads: `FILE` or `-i FILE`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct InputArgs {
+    /// A trace saved by `vmtrace record` or `vmtrace -o FILE` (default: vmtrace.data).
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// The same as FILE.
+    #[arg(
+        short = 'i',
+        long = "input",
+        value_name = "FILE",
+        conflicts_with = "file"
+    )]
+    pub input: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// A trace saved with `vmtrace ... -o FILE`.
-    #[arg(short = 'i', long = "input", value_name = "FILE")]
-    pub input: PathBuf,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub input: InputArgs,
+    /// Refused: the report goes to stdout, files are written with --export.
+    #[arg(short = 'o', long = "output", value_name = "FILE", hide = true)]
+    pub output: Option<PathBuf>,
+    /// Also write the trace as FMT to FILE; FMT: json, csv, chrome, folded,
+    /// trace.dat. Repeatable.
+    #[arg(long, value_name = "FMT=FILE", value_parser = parse_export)]
+    pub export: Vec<ExportArg>,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ScriptArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub window: WindowArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(group(
+    ArgGroup::new("symbols")
+        .required(true)
+        .multiple(true)
+        .args(["kernel", "vmlinux"])
+))]
+pub struct ListArgs {
+    /// Only functions matching GLOB (ftrace glob: * ? [...] {a,b}; !GLOB leaves out).
+    #[arg(value_name = "GLOB")]
+    pub globs: Vec<String>,
+    /// The kernel whose functions to list; its symbols are found as a traced run finds them.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Unstripped vmlinux with symbols.
+    #[arg(long, value_name = "PATH")]
+    pub vmlinux: Option<PathBuf>,
+}
+
+/// `--export FMT=FILE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportArg {
+    pub format: ExportFormat,
+    pub path: PathBuf,
+}
+
+/// What `--export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    Json,
+    Csv,
+    Chrome,
+    Folded,
+    /// trace-cmd's trace.dat, for KernelShark and `trace-cmd report`.
+    TraceDat,
+}
+
+impl ExportFormat {
+    pub const ALL: [ExportFormat; 5] = [
+        ExportFormat::Json,
+        ExportFormat::Csv,
+        ExportFormat::Chrome,
+        ExportFormat::Folded,
+        ExportFormat::TraceDat,
+    ];
+
+    /// As typed in `--export FMT=FILE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportFormat::Json => "json",
+            ExportFormat::Csv => "csv",
+            ExportFormat::Chrome => "chrome",
+            ExportFormat::Folded => "folded",
+            ExportFormat::TraceDat => "trace.dat",
+        }
+    }
+}
+
+/// `FMT=FILE`, e.g. `json=trace.json`.
+fn parse_export(s: &str) -> Result<ExportArg, String> {
+    let formats = ExportFormat::ALL.map(ExportFormat::name).join(", ");
+    let Some((fmt, path)) = s.split_once('=') else {
+        return Err(format!(
+            "expected FMT=FILE (e.g. json=trace.json); FMT is one of {formats}"
+        ));
+    };
+    let format = ExportFormat::ALL
+        .into_iter()
+        .find(|f| f.name() == fmt)
+        .ok_or_else(|| format!("unknown format '{fmt}'; use one of {formats}"))?;
+    if path.is_empty() {
+        return Err(format!("no FILE after '{fmt}='"));
+    }
+    Ok(ExportArg {
+        format,
+        path: PathBuf::from(path),
+    })
 }
 
 #[derive(Args, Debug, Clone)]
@@ -162,6 +334,10 @@ pub struct BenchArgs {
     /// Events in the synthetic trace whose report is timed.
     #[arg(long, default_value_t = 10_000_000, value_name = "N")]
     pub report_events: u64,
+    /// Events streamed to a data file in the temporary directory for the
+    /// recording-to-disk figure (h).
+    #[arg(long, default_value_t = 100_000_000, value_name = "N")]
+    pub record_events: u64,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

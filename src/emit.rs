@@ -1,23 +1,27 @@
 //! What the user gets at the end of a traced run or `vmtrace report`: the
-//! text report, an export, or the saved trace.
+//! view on stdout (the text report, the call tree or an export format),
+//! the exports (`--export FMT=FILE`) and the data file (`-o`, `record`).
 //!
-//! Nothing is lost quietly. Files are written by `tracer::export::file`'s
-//! rules (atomically over regular files, into character devices, nothing
-//! else; checked before the run by `config::Output`). The text report is
-//! printed before the trace is saved; when an export cannot be written to
-//! its file, the text report goes to stdout instead; either way a one-line
-//! error names the file and what was left there (exit status 1). A closed
-//! stdout (`vmtrace ... | head -1`) ends the output quietly. Events counted
-//! but not stored are said on stderr for CSV (which has no place for them),
-//! Chrome (whose `otherData` holds them too) and folded stacks; JSON has
-//! `dropped`, the text report its `events:` line.
+//! Nothing is lost quietly. The view comes first (what the user watches
+//! for), then the exports, then the data file and the line that says where
+//! it is, last so that it ends the run as perf's does. Each output is
+//! written whatever happened to the others; every failure is one line, the
+//! last one the command's error (exit status 1). Files are written by
+//! `tracer::export::file`'s rules (atomically over regular files, into
+//! character devices, nothing else; checked before the run by
+//! `config::output`); a failed write says what was left at the path. A
+//! closed stdout (`vmtrace ... | head -1`) ends the view quietly and the
+//! files are still written. Events counted but not stored are said on
+//! stderr for CSV (which has no place for them), Chrome (whose `otherData`
+//! holds them too), folded stacks and trace.dat; JSON has `dropped`, the
+//! text report its `events:` line.
 //!
 //! `--tree` prints the call tree where the text report would go. The
-//! function-graph views (`--tree`, `--format folded`,
+//! function-graph views (`--tree`, folded stacks,
 //! `config::Output::graph_view`) of a trace without returns are refused
-//! before it is loaded (`cmd::report`) and should be before a run without
-//! `--graph`; should one get here anyway, the tree falls back to the report
-//! and folded stacks come out empty, each with a line on stderr.
+//! before it is loaded (`cmd::report`) and before a run without `--graph`;
+//! should one get here anyway, the tree falls back to the report and folded
+//! stacks come out empty, each with a line on stderr.
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -27,68 +31,91 @@ use tracer::model::Trace;
 use tracer::tracefile::{self, TraceFileError};
 use tracer::{export, report};
 
-use crate::cli::Format;
-use crate::config::Output;
+use crate::cli::{ExportFormat, Format};
+use crate::config::{DataFile, Export, Output, View};
+use crate::datafile;
 use crate::error::RuntimeError;
 
-/// Print the report, or write the chosen export / the saved trace.
+/// Every output of `out`, in the order above.
 pub fn emit(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
-    match (out.format, &out.path) {
-        (Format::Text, None) => print_report(trace, out),
-        (Format::Text, Some(path)) => {
-            // The report first: a failed save must not take it along.
-            let printed = print_report(trace, out);
-            save(trace, path, printed.is_ok())?;
-            let _ = writeln!(
-                io::stderr(),
-                "vmtrace: trace saved to {} (read it with: vmtrace report -i {})",
-                path.display(),
-                path.display()
-            );
-            printed
+    let mut failures = Vec::new();
+    let mut shown = None;
+    if let Some(view) = &out.view {
+        match show(trace, view) {
+            Ok(()) => shown = Some(view.format),
+            Err(e) => failures.push(e),
         }
-        (fmt, None) => {
-            let r = write_export(fmt, trace, &mut io::stdout().lock());
-            closed_pipe_is_fine(r).map_err(|source| RuntimeError::Stdout {
-                what: name(fmt),
-                source,
-            })?;
-            note_dropped(fmt, trace);
-            Ok(())
-        }
-        (fmt, Some(path)) => match file::write(path, |w| write_export(fmt, trace, w)) {
-            Ok(_) => {
-                note_dropped(fmt, trace);
-                Ok(())
-            }
-            Err(source) => {
-                // The run's results still reach the user, as the text report.
-                let printed = print_report(trace, out).is_ok();
-                Err(RuntimeError::Lost {
-                    what: name(fmt),
-                    path: path.clone(),
-                    source,
-                    note: left_behind(path, printed, "the text report is on stdout instead"),
-                })
-            }
-        },
     }
-}
-
-/// The text report (or with `--tree` the call tree) on stdout; a closed
-/// pipe ends it quietly.
-fn print_report(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
-    let mut stdout = io::stdout().lock();
-    let r = match &out.tree {
-        Some(tree) if trace.meta.graph => report::write_tree(trace, tree, &mut stdout),
-        _ => {
-            if out.tree.is_some() {
-                let _ = writeln!(
-                    io::stderr(),
-                    "vmtrace: --tree needs a function-graph trace (--graph); the report follows"
+    let restricted;
+    let exported = match &out.export_window {
+        Some(w) if !out.exports.is_empty() => {
+            restricted = tracer::window::restrict(trace, w);
+            &restricted
+        }
+        _ => trace,
+    };
+    for e in &out.exports {
+        if let Err(err) = write_export_file(exported, e, shown) {
+            failures.push(err);
+        }
+    }
+    if let Some(d) = &out.data {
+        match save_data(trace, d, shown) {
+            Ok(kept) => {
+                let m = &trace.meta;
+                note!(
+                    "vmtrace: {}",
+                    datafile::wrote_line(
+                        &d.path,
+                        trace.events.len() as u64,
+                        m.events_dropped + m.returns_dropped,
+                        kept.as_deref()
+                    )
                 );
             }
-            let text = report::render(trace, &out.report);
+            Err(e) => failures.push(e),
+        }
+    }
+    // All but the last said here; the last is the command's error.
+    let last = failures.pop();
+    for f in failures {
+        note!("vmtrace: {f}");
+    }
+    last.map_or(Ok(()), Err)
+}
+
+/// The view on stdout, cut to its window.
+fn show(trace: &Trace, view: &View) -> Result<(), RuntimeError> {
+    let restricted;
+    let trace = match &view.window {
+        Some(w) => {
+            restricted = tracer::window::restrict(trace, w);
+            &restricted
+        }
+        None => trace,
+    };
+    let Some(fmt) = as_export(view.format) else {
+        return print_report(trace, view);
+    };
+    let r = write_export(fmt, trace, &mut io::stdout().lock());
+    closed_pipe_is_fine(r).map_err(|source| RuntimeError::Stdout {
+        what: export_name(fmt),
+        source,
+    })?;
+    note_dropped(fmt, trace);
+    Ok(())
+}
+
+/// The text report (or with `--tree` the call tree) on stdout.
+fn print_report(trace: &Trace, view: &View) -> Result<(), RuntimeError> {
+    let mut stdout = io::stdout().lock();
+    let r = match &view.tree {
+        Some(tree) if trace.meta.graph => report::write_tree(trace, tree, &mut stdout),
+        _ => {
+            if view.tree.is_some() {
+                note!("vmtrace: --tree needs a function-graph trace (--graph); the report follows");
+            }
+            let text = report::render(trace, &view.report);
             stdout.write_all(text.as_bytes())
         }
     }
@@ -99,6 +126,16 @@ fn print_report(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
     })
 }
 
+/// Print what `body` writes on stdout; a closed pipe ends it quietly.
+pub fn to_stdout(
+    what: &'static str,
+    body: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<(), RuntimeError> {
+    let mut stdout = io::stdout().lock();
+    let r = body(&mut stdout).and_then(|()| stdout.flush());
+    closed_pipe_is_fine(r).map_err(|source| RuntimeError::Stdout { what, source })
+}
+
 /// The reader went away (`| head`): what it did not read, it did not want.
 fn closed_pipe_is_fine(r: io::Result<()>) -> io::Result<()> {
     match r {
@@ -107,68 +144,109 @@ fn closed_pipe_is_fine(r: io::Result<()>) -> io::Result<()> {
     }
 }
 
-/// Save the binary trace; on failure say what is left at `path`.
-fn save(trace: &Trace, path: &Path, printed: bool) -> Result<(), RuntimeError> {
-    match tracefile::save(trace, path) {
-        Ok(()) => Ok(()),
+/// Save the binary trace (`record` first keeps the previous file as
+/// FILE.old); on failure say what is left at the path. Returns where the
+/// previous file went, if it was kept.
+pub fn save_data(
+    trace: &Trace,
+    data: &DataFile,
+    shown: Option<Format>,
+) -> Result<Option<std::path::PathBuf>, RuntimeError> {
+    let kept = if data.keep_old {
+        datafile::keep_old(&data.path)?
+    } else {
+        None
+    };
+    match tracefile::save(trace, &data.path) {
+        Ok(()) => Ok(kept),
         Err(TraceFileError::Write { source, .. }) => Err(RuntimeError::Lost {
             what: "trace",
-            path: path.to_path_buf(),
+            path: data.path.clone(),
             source,
-            note: left_behind(path, printed, "the report on stdout is complete"),
+            note: left_behind(&data.path, shown, kept.as_deref()),
         }),
         Err(e) => Err(RuntimeError::Save(e)),
     }
 }
 
-/// What a failed write left at `path`, and where the report is.
-fn left_behind(path: &Path, printed: bool, report: &str) -> String {
-    let left = match file::target(path) {
-        Ok(Target::Device(_)) => "what reached the device is incomplete",
-        _ => "nothing was written there (a file of that name is as it was)",
+fn write_export_file(trace: &Trace, e: &Export, shown: Option<Format>) -> Result<(), RuntimeError> {
+    let name = export_name(e.format);
+    match file::write(&e.path, |w| write_export(e.format, trace, w)) {
+        Ok(_) => {
+            note_dropped(e.format, trace);
+            Ok(())
+        }
+        Err(source) => Err(RuntimeError::Lost {
+            what: name,
+            path: e.path.clone(),
+            source,
+            note: left_behind(&e.path, shown, None),
+        }),
+    }
+}
+
+/// What a failed write left at `path`, and what the user has all the same.
+fn left_behind(path: &Path, shown: Option<Format>, kept: Option<&Path>) -> String {
+    let mut note = match file::target(path) {
+        Ok(Target::Device(_)) => "what reached the device is incomplete".to_string(),
+        _ if kept.is_some() => "nothing was written there".to_string(),
+        _ => "nothing was written there (a file of that name is as it was)".to_string(),
     };
-    if printed {
-        format!("{left}; {report}")
-    } else {
-        left.to_string()
+    if let Some(old) = kept {
+        note.push_str(&format!("; the previous trace is {}", old.display()));
     }
+    match shown.map(as_export) {
+        Some(None) => note.push_str("; the text report is on stdout"),
+        Some(Some(f)) => note.push_str(&format!("; the {} is on stdout", export_name(f))),
+        None => {}
+    }
+    note
 }
 
-fn write_export(fmt: Format, trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
+/// The export a `--format` prints on stdout; None for the text report.
+fn as_export(fmt: Format) -> Option<ExportFormat> {
     match fmt {
-        Format::Json => export::write_json(trace, w),
-        Format::Csv => export::write_csv(trace, w),
-        Format::Chrome => export::write_chrome(trace, w),
-        Format::Folded => export::write_folded(trace, w),
-        Format::Text => unreachable!("the text format is not an export"),
+        Format::Text => None,
+        Format::Json => Some(ExportFormat::Json),
+        Format::Csv => Some(ExportFormat::Csv),
+        Format::Chrome => Some(ExportFormat::Chrome),
+        Format::Folded => Some(ExportFormat::Folded),
     }
 }
 
-fn name(fmt: Format) -> &'static str {
+fn write_export(fmt: ExportFormat, trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     match fmt {
-        Format::Text => "report",
-        Format::Json => "JSON output",
-        Format::Csv => "CSV output",
-        Format::Chrome => "Chrome trace",
-        Format::Folded => "folded stacks",
+        ExportFormat::Json => export::write_json(trace, w),
+        ExportFormat::Csv => export::write_csv(trace, w),
+        ExportFormat::Chrome => export::write_chrome(trace, w),
+        ExportFormat::Folded => export::write_folded(trace, w),
+        ExportFormat::TraceDat => export::write_tracedat(trace, w),
     }
 }
 
-/// CSV rows are stored events only, a trace viewer shows what it has, and
-/// folded stacks only the calls whose entry and return were stored: say on
-/// stderr how many events they miss. (JSON has `dropped`.)
-fn note_dropped(fmt: Format, trace: &Trace) {
+fn export_name(fmt: ExportFormat) -> &'static str {
+    match fmt {
+        ExportFormat::Json => "JSON output",
+        ExportFormat::Csv => "CSV output",
+        ExportFormat::Chrome => "Chrome trace",
+        ExportFormat::Folded => "folded stacks",
+        ExportFormat::TraceDat => "trace.dat",
+    }
+}
+
+/// CSV rows and trace.dat records are stored events only, a trace viewer
+/// shows what it has, and folded stacks only the calls whose entry and
+/// return were stored: say on stderr how many events they miss. (JSON has
+/// `dropped`, the text report its `events:` line.)
+fn note_dropped(fmt: ExportFormat, trace: &Trace) {
     let m = &trace.meta;
-    if fmt == Format::Folded && !m.graph {
-        let _ = writeln!(
-            io::stderr(),
+    if fmt == ExportFormat::Folded && !m.graph {
+        note!(
             "vmtrace: the folded stacks are empty: this trace has no returns (trace with --graph)"
         );
         return;
     }
-    if m.events_dropped + m.returns_dropped == 0
-        || !matches!(fmt, Format::Csv | Format::Chrome | Format::Folded)
-    {
+    if m.events_dropped + m.returns_dropped == 0 || fmt == ExportFormat::Json {
         return;
     }
     let entries = trace.events.iter().filter(|e| !e.is_return()).count();
@@ -178,15 +256,14 @@ fn note_dropped(fmt: Format, trace: &Trace) {
     } else {
         String::new()
     };
-    let _ = writeln!(
-        io::stderr(),
+    note!(
         "vmtrace: the {} holds {entries} of {} events: {}{returns} were counted but not stored (over --max-events, or a full exitless ring){}",
-        name(fmt),
+        export_name(fmt),
         m.events_total,
         m.events_dropped,
         match fmt {
-            Format::Chrome => " (its otherData says so too)",
-            Format::Folded => "; calls without a stored entry and return are not in it",
+            ExportFormat::Chrome => " (its otherData says so too)",
+            ExportFormat::Folded => "; calls without a stored entry and return are not in it",
             _ => "; the counts in --format json are exact",
         }
     );

@@ -128,10 +128,56 @@ pub enum InputError {
     },
     #[error("--cpu: {0}")]
     CpuList(String),
+    #[error("--time: {0}")]
+    Time(String),
+    #[error("--percent-limit {0} is not a percentage; use a number from 0 to 100")]
+    PercentLimit(f64),
+    /// `report -o`: the report goes to stdout; files are exports.
     #[error(
-        "vmtrace report -o needs --format json, csv, chrome or folded (the text report goes to stdout)"
+        "vmtrace report takes no -o (it prints to stdout); to write a file use --export FMT=FILE \
+         (FMT: json, csv, chrome, folded, trace.dat)"
     )]
-    ReportTextOutput,
+    ReportOutput,
+    #[error("vmtrace record needs --trace GLOB (what to record)")]
+    RecordNeedsTrace,
+    /// A view option given to `record`.
+    #[error("{flag}: record prints no report; use `vmtrace report` afterwards")]
+    RecordView { flag: &'static str },
+    /// An option of the text report given with another `--format`.
+    #[error("{flag} applies to the text report, not to --format {format}; drop one of them")]
+    TextOnly {
+        flag: &'static str,
+        format: &'static str,
+    },
+    /// An option of the text report given with `--tree`.
+    #[error("{flag} applies to the text report, which --tree replaces; drop one of them")]
+    NotWithTree { flag: &'static str },
+    #[error(
+        "--console - would mix the guest console into the {format} output on stdout; \
+         send it to a file (--console FILE) or leave it on stderr"
+    )]
+    ConsoleOnStdout { format: &'static str },
+    /// Two outputs of one command that would write the same file.
+    #[error("{first} and {second} both name {}; give each output its own file", path.display())]
+    SameOutput {
+        first: String,
+        second: String,
+        path: PathBuf,
+    },
+    /// `record`'s previous data file cannot become FILE.old.
+    #[error(
+        "cannot keep the previous {} as {}: {why}; move it away or pass -o FILE",
+        path.display(),
+        old.display()
+    )]
+    KeepOld {
+        path: PathBuf,
+        old: PathBuf,
+        why: String,
+    },
+    /// `report`/`script` without a file, and no vmtrace.data here.
+    #[error("no {} here; record one with `vmtrace record ...` or name a file", .0.display())]
+    NoDataFile(PathBuf),
     #[error("--threshold: {0}")]
     Threshold(String),
     /// `--depth` or `--threshold` without `--tree`.
@@ -181,6 +227,8 @@ pub enum InputError {
     TraceFile(#[from] TraceFileError),
     #[error("cannot attach: {0}")]
     NotReady(#[from] NotReady),
+    #[error(transparent)]
+    List(#[from] tracer::list::ListError),
 }
 
 /// A failure while running: the guest, guest memory, or writing results.
@@ -197,6 +245,18 @@ pub enum RuntimeError {
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]
     Save(TraceFileError),
+    /// The previous data file could not be renamed to FILE.old.
+    #[error(
+        "cannot keep the previous {} as {}: {source}; the trace was not saved ({} is as it was)",
+        path.display(),
+        old.display(),
+        path.display()
+    )]
+    KeepOld {
+        path: PathBuf,
+        old: PathBuf,
+        source: std::io::Error,
+    },
     /// An output could not be written after a run; `note` says what was
     /// left at `path` and where the report went instead.
     #[error("cannot write the {what} to {}: {source}; {note}", path.display())]

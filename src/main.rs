@@ -19,6 +19,7 @@ mod bench;
 mod cli;
 mod cmd;
 mod config;
+mod datafile;
 mod emit;
 mod error;
 mod stats;
@@ -41,14 +42,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // clap's first line names the problem; the usage block that follows is noise here.
-            let text = e.to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            let _ = writeln!(std::io::stderr(), "vmtrace: {first} (see vmtrace --help)");
+            let _ = writeln!(
+                std::io::stderr(),
+                "vmtrace: {} (see vmtrace --help)",
+                one_line(&e.to_string())
+            );
             return ExitCode::from(error::EXIT_BAD_INPUT);
         }
     };
@@ -58,6 +56,88 @@ fn main() -> ExitCode {
             // Never a panic, even with stderr gone.
             let _ = writeln!(std::io::stderr(), "vmtrace: {e}");
             ExitCode::from(e.exit_status())
+        }
+    }
+}
+
+/// clap's error in one line: every line that says something (the problem,
+/// the argument it names, its possible values, a tip such as "a similar
+/// argument exists: '--trace'"), without the blank lines, the `Usage:` block
+/// and "For more information, try '--help'".
+fn one_line(text: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut in_usage = false;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() {
+            in_usage = false;
+            continue;
+        }
+        if line.starts_with("Usage:") {
+            in_usage = true;
+            continue;
+        }
+        if in_usage || line.starts_with("For more information") {
+            continue;
+        }
+        let line = line.trim_start_matches("error: ");
+        match parts.last_mut() {
+            // A list after its heading ("not provided:", "[possible values: ...]").
+            Some(prev) if prev.ends_with(':') || line.starts_with('[') => {
+                prev.push(' ');
+                prev.push_str(line);
+            }
+            _ => parts.push(line.to_string()),
+        }
+    }
+    if parts.is_empty() {
+        return "invalid arguments".to_string();
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn error_of(args: &[&str]) -> String {
+        let mut argv = vec!["vmtrace"];
+        argv.extend_from_slice(args);
+        match cli::Cli::try_parse_from(argv) {
+            Ok(_) => panic!("{args:?} parsed"),
+            Err(e) => one_line(&e.to_string()),
+        }
+    }
+
+    #[test]
+    fn clap_errors_keep_every_meaningful_line() {
+        let e = error_of(&["--kernel", "k", "--trac", "x"]);
+        assert!(e.starts_with("unexpected argument '--trac' found; "), "{e}");
+        assert!(
+            e.contains("tip: a similar argument exists: '--trace'"),
+            "{e}"
+        );
+        let e = error_of(&["--format", "xml"]);
+        assert!(
+            e.contains("invalid value 'xml' for '--format <FORMAT>' [possible values: text, json, csv, chrome, folded]"),
+            "{e}"
+        );
+        let e = error_of(&["list", "do_*"]);
+        assert!(
+            e.contains("the following required arguments were not provided: "),
+            "{e}"
+        );
+        assert!(e.contains("--kernel <PATH>"), "{e}");
+        let e = error_of(&["--export", "xml=f"]);
+        assert!(
+            e.contains("unknown format 'xml'; use one of json, csv, chrome, folded, trace.dat"),
+            "{e}"
+        );
+        for e in [e, error_of(&["report", "-q"])] {
+            assert!(
+                !e.contains('\n') && !e.contains("Usage") && !e.contains("--help"),
+                "{e}"
+            );
         }
     }
 }

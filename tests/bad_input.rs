@@ -232,12 +232,225 @@ fn report_options_are_checked_before_the_trace_is_read() {
     // The input does not exist: the option error comes first.
     assert_bad_input(
         &["report", "-i", "/nonexistent.vmt", "-o", "/tmp/out.txt"],
-        "vmtrace report -o needs --format json, csv, chrome or folded",
+        "vmtrace report takes no -o (it prints to stdout); to write a file use --export FMT=FILE",
     );
     assert_bad_input(
         &["report", "-i", "/nonexistent.vmt", "--cpu", "1,,2"],
         "--cpu: empty entry",
     );
+    assert_bad_input(
+        &["report", "/nonexistent.vmt", "--time", "3,1"],
+        "--time: time window '3,1' ends at 1 s but starts at 3 s",
+    );
+    assert_bad_input(
+        &["script", "/nonexistent.vmt", "--time", "soon,"],
+        "--time: start 'soon' in time window 'soon,' is not a time",
+    );
+    assert_bad_input(
+        &["report", "/nonexistent.vmt", "--percent-limit", "101"],
+        "--percent-limit 101 is not a percentage",
+    );
+}
+
+/// `base` then `extra`.
+fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    [base, extra].concat()
+}
+
+/// An option that would do nothing is refused, in one line naming it:
+/// the text report's options with another format, output options on an
+/// untraced run, view options on `record` (which prints no report), `-q`
+/// where there is no live status line.
+#[test]
+fn options_that_do_not_apply_are_refused() {
+    let k = mini_elf();
+    let k = k.to_str().unwrap();
+    let traced = [
+        "--kernel",
+        k,
+        "--cmdline",
+        "mode=loop",
+        "--timeout",
+        "30",
+        "--trace",
+        "hrtimer_*",
+    ];
+    for (extra, flag) in [
+        (&["--sort", "name"][..], "--sort"),
+        (&["-g"][..], "-g"),
+        (&["--percent-limit", "5"][..], "--percent-limit"),
+    ] {
+        for format in ["json", "csv", "chrome"] {
+            let mut args = with(&traced, extra);
+            args.extend(["--format", format]);
+            assert_bad_input(
+                &args,
+                &format!("{flag} applies to the text report, not to --format {format}"),
+            );
+            // The same for `vmtrace report`.
+            let mut args = vec!["report", "/nonexistent.vmt", "--format", format];
+            args.extend_from_slice(extra);
+            assert_bad_input(&args, &format!("{flag} applies to the text report"));
+        }
+    }
+    assert_bad_input(
+        &with(&traced, &["--tree", "--graph", "--format", "csv"]),
+        "--tree prints the call tree as text; drop --format csv or --tree",
+    );
+    assert_bad_input(&with(&traced, &["--depth", "2"]), "--depth needs --tree");
+    assert_bad_input(
+        &with(&traced, &["--graph", "--tree", "--sort", "total"]),
+        "--sort applies to the text report, which --tree replaces",
+    );
+
+    // No --trace: nothing to show, save or export.
+    let untraced = ["--kernel", k, "--cmdline", "mode=loop", "--timeout", "30"];
+    for (extra, flag) in [
+        (&["-o", "/tmp/vmtrace-never.data"][..], "-o"),
+        (&["--format", "json"][..], "--format"),
+        (
+            &["--export", "json=/tmp/vmtrace-never.json"][..],
+            "--export",
+        ),
+        (&["--sort", "name"][..], "--sort"),
+        (&["--cpu", "0"][..], "--cpu"),
+        (&["-g"][..], "-g"),
+        (&["--tree"][..], "--tree"),
+        (&["--time", "1,2"][..], "--time"),
+        (&["--percent-limit", "5"][..], "--percent-limit"),
+        (&["-q"][..], "-q"),
+    ] {
+        assert_bad_input(
+            &with(&untraced, extra),
+            &format!("{flag} needs --trace GLOB (it only applies to a traced run)"),
+        );
+    }
+    assert!(!std::path::Path::new("/tmp/vmtrace-never.data").exists());
+
+    // record prints no report.
+    let mut record = vec!["record"];
+    record.extend(&traced);
+    for (extra, flag) in [
+        (&["--format", "json"][..], "--format"),
+        (&["--sort", "name"][..], "--sort"),
+        (&["-g"][..], "-g"),
+        (&["--tree"][..], "--tree"),
+        (&["--time", "0,1"][..], "--time"),
+        (&["--cpu", "0"][..], "--cpu"),
+        (&["--percent-limit", "1"][..], "--percent-limit"),
+    ] {
+        assert_bad_input(
+            &with(&record, extra),
+            &format!("{flag}: record prints no report; use `vmtrace report` afterwards"),
+        );
+    }
+    assert_bad_input(
+        &["record", "--kernel", k, "--cmdline", "mode=loop"],
+        "vmtrace record needs --trace GLOB",
+    );
+
+    // No live status line to quieten: clap refuses the flag.
+    for args in [
+        &["report", "/nonexistent.vmt", "-q"][..],
+        &["script", "/nonexistent.vmt", "--quiet"][..],
+        &["list", "--kernel", k, "-q"][..],
+    ] {
+        assert_bad_input(args, "unexpected argument '-");
+    }
+    // JSON on stdout stays JSON.
+    assert_bad_input(
+        &with(&traced, &["--format", "json", "--console", "-"]),
+        "--console - would mix the guest console into the json output on stdout",
+    );
+}
+
+/// Two outputs of one command never name the same file (the second write
+/// would replace the first), checked before the guest boots.
+#[test]
+fn one_file_for_two_outputs_is_refused() {
+    let k = mini_elf();
+    let k = k.to_str().unwrap();
+    let dir = scratch().join("same");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("out");
+    let f = f.to_str().unwrap();
+    let dot = format!("{}/./out", dir.display());
+    let base = [
+        "--kernel",
+        k,
+        "--cmdline",
+        "mode=loop",
+        "--timeout",
+        "30",
+        "--trace",
+        "hrtimer_*",
+    ];
+    let json = format!("json={f}");
+    let csv = format!("csv={dot}");
+    for (extra, says) in [
+        (
+            vec!["--export", &json, "--export", &csv],
+            "--export json and --export csv both name",
+        ),
+        (
+            vec!["-o", f, "--export", &csv],
+            "-o and --export csv both name",
+        ),
+        (
+            vec!["--console", f, "--export", &json],
+            "--export json and --console both name",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra.iter().copied());
+        assert_bad_input(&args, says);
+        let mut record = vec!["record"];
+        record.extend(&args);
+        assert_bad_input(&record, says);
+    }
+    // Converting a trace never writes over it.
+    assert_bad_input(
+        &["report", f, "--export", &csv],
+        "the input and --export csv both name",
+    );
+    assert!(!std::path::Path::new(f).exists(), "nothing was written");
+}
+
+/// clap's own errors keep what says what is wrong, in one line: the
+/// argument it did not know and the one meant, the possible values, the
+/// arguments missing.
+#[test]
+fn clap_errors_keep_their_hints_in_one_line() {
+    let k = mini_elf();
+    let k = k.to_str().unwrap();
+    assert_bad_input(
+        &["--kernel", k, "--trac", "hrtimer_*"],
+        "unexpected argument '--trac' found; tip: a similar argument exists: '--trace'",
+    );
+    assert_bad_input(
+        &["--kernel", k, "--trace", "x", "--format", "xml"],
+        "invalid value 'xml' for '--format <FORMAT>' [possible values: text, json, csv, chrome, folded]",
+    );
+    assert_bad_input(
+        &["list", "hrtimer_*"],
+        "the following required arguments were not provided: <--kernel <PATH>|--vmlinux <PATH>>",
+    );
+    assert_bad_input(
+        &["--kernel", k, "--trace", "x", "--export", "xml=out.xml"],
+        "unknown format 'xml'; use one of json, csv, chrome, folded, trace.dat",
+    );
+    assert_bad_input(
+        &["report", "--mode", "trap"],
+        "unexpected argument '--mode' found",
+    );
+    for args in [&["--kernel", k, "--trac", "x"][..], &["list"][..]] {
+        let err = stderr(&vmtrace(args));
+        assert!(err.ends_with(" (see vmtrace --help)\n"), "{err}");
+        assert!(
+            !err.contains("Usage") && !err.contains("For more information"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

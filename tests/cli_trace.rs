@@ -1,6 +1,7 @@
 //! End-to-end through the command line with the mini guest: exact counts in
 //! the JSON export, the saved trace's report equal to the live one, exports
 //! well-formed, and Ctrl-C restoring guest text.
+//! (`record`, `report`, `script`, `list` and the output options: record_cli.rs.)
 
 mod common;
 
@@ -27,8 +28,11 @@ fn json_counts_equal_what_the_guest_counted() {
         "--trace",
         "hrtimer_*",
     ]);
-    let (printed, done) = parse_mini_console(&stdout(&out));
+    // The guest console is on stderr by default, the report alone on stdout.
+    let (printed, done) = parse_mini_console(&stderr(&out));
     assert_eq!(done, vec![0, 1, 2, 3]);
+    assert!(!stdout(&out).contains("mini:"), "{}", stdout(&out));
+    assert!(stdout(&out).starts_with("# vmtrace report"));
     let funcs = v["functions"].as_array().unwrap();
     let names: Vec<&str> = funcs.iter().map(|f| f["name"].as_str().unwrap()).collect();
     // Exactly the matched functions, nothing else.
@@ -98,12 +102,14 @@ fn saved_trace_report_equals_live_report_and_exports_parse() {
     };
     let live = run(&["-o", saved.to_str().unwrap(), "--sort", "name"]);
     assert!(live.status.success(), "{}", stderr(&live));
-    let live_report: String = stdout(&live)
-        .lines()
-        .filter(|l| !l.starts_with("mini:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    // stdout is the report alone: the guest console is on stderr.
+    let live_report = stdout(&live);
     assert!(live_report.starts_with("# vmtrace report"), "{live_report}");
+    assert!(
+        stderr(&live).contains("mini: cpu 1 done"),
+        "{}",
+        stderr(&live)
+    );
     let offline = vmtrace(&[
         "report",
         "-i",
@@ -128,12 +134,15 @@ fn saved_trace_report_equals_live_report_and_exports_parse() {
             "report",
             "-i",
             saved.to_str().unwrap(),
-            "--format",
-            format,
-            "-o",
-            path.to_str().unwrap(),
+            "--export",
+            &format!("{format}={}", path.display()),
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
+        // The report still goes to stdout.
+        assert_eq!(
+            stdout(&o),
+            stdout(&vmtrace(&["report", saved.to_str().unwrap()]))
+        );
         std::fs::read_to_string(path).unwrap()
     };
     let csv = tmp("t.csv");

@@ -33,7 +33,7 @@ fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u
     ];
     args.extend_from_slice(extra);
     let (out, v) = run_json(&args);
-    let (printed, done) = parse_mini_console(&stdout(&out));
+    let (printed, done) = parse_mini_console(&stderr(&out));
     assert_eq!(done, (0..cpus).collect::<Vec<_>>());
     (v, printed)
 }

@@ -66,6 +66,9 @@ fn run(mode: &str, cpus: u32, iters: u64, glob: &str) -> (String, Trace) {
         "240",
         "-o",
         out.to_str().unwrap(),
+        // The console on stdout, with the report (the default is stderr).
+        "--console",
+        "-",
     ]);
     let err = stderr(&o);
     assert!(o.status.success(), "exit {:?}: {err}", o.status);

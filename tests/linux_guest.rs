@@ -229,10 +229,8 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
             "hrtimer_*",
             "--mode",
             "exitless",
-            "--format",
-            "json",
-            "-o",
-            json.to_str().unwrap(),
+            "--export",
+            &format!("json={}", json.display()),
         ],
     );
     let err = stderr(&out);
@@ -264,10 +262,8 @@ fn linux_every_function_traced_during_boot() {
         &[
             "--trace",
             "*",
-            "--format",
-            "json",
-            "-o",
-            json.to_str().unwrap(),
+            "--export",
+            &format!("json={}", json.display()),
         ],
     );
     let err = stderr(&out);

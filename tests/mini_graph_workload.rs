@@ -153,6 +153,9 @@ fn run(cpus: u32, cmdline: &str) -> String {
         cmdline,
         "--timeout",
         "120",
+        // The console alone on stdout (the default is stderr).
+        "--console",
+        "-",
     ]);
     let err = stderr(&out);
     assert!(out.status.success(), "exit {:?}: {err}", out.status);

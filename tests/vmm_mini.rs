@@ -39,6 +39,9 @@ fn run_mini_clean(cpus: u32, cmdline: &str, extra: &[&str]) -> (String, String) 
         cmdline,
         "--timeout",
         "120",
+        // The console alone on stdout (the default is stderr).
+        "--console",
+        "-",
     ];
     args.extend_from_slice(extra);
     let out = vmtrace(&args);

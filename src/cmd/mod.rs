@@ -2,17 +2,24 @@
 //! config (see `config`) before it does anything, then carries it out.
 
 mod bench;
+mod list;
+mod record;
 mod report;
 mod run;
+mod script;
 
 use crate::cli::{Cli, Command};
+use crate::config::Form;
 use crate::error::{Error, Outcome};
 
 /// Run the command the user asked for.
 pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
     match cli.command {
+        Some(Command::Record(args)) => record::main(&args),
         Some(Command::Report(args)) => report::main(&args),
+        Some(Command::Script(args)) => script::main(&args),
+        Some(Command::List(args)) => list::main(&args),
         Some(Command::Bench(args)) => bench::main(&args),
-        None => run::main(&cli.run),
+        None => run::main(&cli.run, &cli.output, Form::OneShot),
     }
 }

@@ -1,4 +1,5 @@
-//! `vmtrace report -i FILE`: the report of a saved trace, or an export of it.
+//! `vmtrace report [FILE]`: the report of a saved trace on stdout, in any
+//! `--format`, and its exports, each of the part `--time`/`--cpu` select.
 
 use tracer::tracefile;
 

@@ -1,5 +1,5 @@
-//! `vmtrace --kernel ...`: boot the guest and, with `--trace`, attach,
-//! record, detach and report.
+//! `vmtrace --kernel ...` and `vmtrace record`: boot the guest and, with
+//! `--trace`, attach, record, detach, then report and/or save the trace.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -9,8 +9,8 @@ use tracer::session::{Attach, Mode, Tracer};
 use vmm::boot::Protocol;
 use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
-use crate::cli::RunArgs;
-use crate::config::{KernelKind, RunConfig, TraceConfig};
+use crate::cli::{OutputArgs, RunArgs};
+use crate::config::{Form, KernelKind, RunConfig, TraceConfig};
 use crate::emit::emit;
 use crate::error::{Error, InputError, Outcome, RuntimeError};
 use crate::stats::percentile;
@@ -20,13 +20,13 @@ const POLL: Duration = Duration::from_millis(20);
 /// How often the live status line is redrawn.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 
-pub fn main(args: &RunArgs) -> Result<Outcome, Error> {
+pub fn main(args: &RunArgs, out: &OutputArgs, form: Form) -> Result<Outcome, Error> {
     let RunConfig {
         vm,
         kind,
         stats,
         trace,
-    } = RunConfig::check(args)?;
+    } = RunConfig::check(args, out, form)?;
     let kernel = vm.kernel.clone();
     let vm = Vm::create(vm)?;
     match trace {

@@ -1,9 +1,12 @@
 //! Every option checked once, before any VM exists: each command's arguments
 //! become one checked configuration (`RunConfig`, `ReportConfig`,
-//! `BenchConfig`), or a one-line error. The commands only carry them out.
+//! `ScriptConfig`, `ListConfig`, `BenchConfig`), or a one-line error. The
+//! commands only carry them out.
 
 mod bench;
+mod list;
 mod output;
+mod report;
 mod run;
 mod symbols;
 
@@ -16,8 +19,10 @@ use vmm::VmError;
 use crate::error::InputError;
 
 pub use bench::BenchConfig;
-pub use output::{Output, ReportConfig};
-pub use run::{RunConfig, TraceConfig};
+pub use list::ListConfig;
+pub use output::{DataFile, Export, Output, View};
+pub use report::{ReportConfig, ScriptConfig};
+pub use run::{Form, RunConfig, TraceConfig};
 
 /// Present when the host's KVM is the pagetable-based nested one (kvm_pvm).
 const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";

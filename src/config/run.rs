@@ -1,5 +1,5 @@
-//! `vmtrace --kernel ...`, checked: the VM to create and, with `--trace`, what
-//! to trace and how to report it.
+//! `vmtrace --kernel ...` and `vmtrace record`, checked: the VM to create
+//! and, with `--trace`, what to trace and where the results go.
 
 use std::fs::File;
 use std::io::{LineWriter, Write};
@@ -11,8 +11,9 @@ use tracer::session::{Mode, Plan, TracerError};
 use vmm::boot::BootError;
 use vmm::VmConfig;
 
+use super::output::{self, format_name};
 use super::{check_cpus, check_mem, emulator_host, secs, KernelKind, Output};
-use crate::cli::{ModeArg, RunArgs};
+use crate::cli::{Format, ModeArg, OutputArgs, RunArgs};
 use crate::error::InputError;
 
 /// Linux command line: serial console, reboot through the keyboard controller
@@ -22,6 +23,15 @@ const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
 /// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac.
 const EMULATOR_HOST_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,smap";
+
+/// Which command boots the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// `vmtrace --kernel ...`: the report on stdout, `-o` saves the trace.
+    OneShot,
+    /// `vmtrace record`: the trace saved, no report.
+    Record,
+}
 
 /// A run, checked.
 pub struct RunConfig {
@@ -49,12 +59,15 @@ impl RunConfig {
     /// Check every option, cheapest first; load the vmlinux and resolve the
     /// filters last but one, and create the console file last, so a bad
     /// option costs nothing and leaves nothing behind.
-    pub fn check(args: &RunArgs) -> Result<RunConfig, InputError> {
+    pub fn check(args: &RunArgs, out: &OutputArgs, form: Form) -> Result<RunConfig, InputError> {
         let kernel = args.kernel.clone().ok_or(InputError::NoKernel)?;
         if !kernel.is_file() {
             return Err(InputError::KernelMissing(kernel));
         }
         let traced = !args.trace.is_empty() || !args.notrace.is_empty();
+        if form == Form::Record && !traced {
+            return Err(InputError::RecordNeedsTrace);
+        }
         if !traced {
             if args.graph {
                 return Err(InputError::NeedsTrace { flag: "--graph" });
@@ -72,9 +85,30 @@ impl RunConfig {
         let mem_mib = check_mem(args.mem)?;
         let timeout = secs(args.timeout, "--timeout")?;
         let duration = secs(args.duration, "--duration")?;
-        let output = Output::check(&args.output)?;
-        if let Some(view) = output.graph_view().filter(|_| !args.graph) {
+        let output = match form {
+            Form::OneShot => Output::for_run(out, traced)?,
+            Form::Record => Some(Output::for_record(out)?),
+        };
+        if let Some(view) = output
+            .as_ref()
+            .and_then(Output::graph_view)
+            .filter(|_| !args.graph)
+        {
             return Err(InputError::NeedsGraph { view });
+        }
+        let console = Console::of(args.console.as_deref());
+        if let Some(o) = &output {
+            let stdout_format = o.view.as_ref().map_or(Format::Text, |v| v.format);
+            if console == Console::Stdout && stdout_format != Format::Text {
+                return Err(InputError::ConsoleOnStdout {
+                    format: format_name(stdout_format),
+                });
+            }
+            let mut files = o.files();
+            if let Console::File(path) = console {
+                files.push(("--console".to_string(), path));
+            }
+            output::distinct(&files)?;
         }
 
         let kind = KernelKind::detect(&kernel)?;
@@ -110,7 +144,7 @@ impl RunConfig {
         let emulator_host = emulator_host();
         let cmdline = cmdline(args, kind, emulator_host)?;
 
-        let trace = if traced {
+        let trace = if let Some(output) = output {
             let mut plan = super::symbols::plan(args, &kernel, kind)?;
             plan.graph = args.graph;
             check_patchable(&plan, args)?;
@@ -127,9 +161,11 @@ impl RunConfig {
             None
         };
 
-        let console: Box<dyn Write + Send> = match &args.console {
-            Some(path) => Box::new(LineWriter::new(open_console(path)?)),
-            None => Box::new(LineWriter::new(std::io::stdout())),
+        let console: Box<dyn Write + Send> = match console {
+            Console::Stderr => Box::new(LineWriter::new(std::io::stderr())),
+            Console::Stdout => Box::new(LineWriter::new(std::io::stdout())),
+            Console::None => Box::new(std::io::sink()),
+            Console::File(path) => Box::new(LineWriter::new(open_console(path)?)),
         };
         Ok(RunConfig {
             vm: VmConfig {
@@ -179,18 +215,18 @@ pub(super) fn check_vmlinux(
     kernel: &Path,
     kind: KernelKind,
     vmlinux: &Path,
-    plan: &Plan,
+    image: &tracer::symbols::KernelImage,
 ) -> Result<(), InputError> {
     let mismatch = |why: String| InputError::VmlinuxMismatch {
         vmlinux: vmlinux.to_owned(),
         kernel: kernel.to_owned(),
         why,
     };
-    let banner = plan.image.symbol(LINUX_BANNER).and_then(|s| {
+    let banner = image.symbol(LINUX_BANNER).and_then(|s| {
         let len = usize::try_from(s.size)
             .ok()
             .filter(|&n| n > 0 && n <= 4096)?;
-        let bytes = plan.image.file_bytes(s.addr, len)?;
+        let bytes = image.file_bytes(s.addr, len)?;
         let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
         Some(String::from_utf8_lossy(&bytes[..end]).trim_end().to_owned())
     });
@@ -228,7 +264,7 @@ pub(super) fn check_vmlinux(
                 b.as_ref()
                     .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
             };
-            match (hex(&kernel_image.build_id), hex(&plan.image.build_id)) {
+            match (hex(&kernel_image.build_id), hex(&image.build_id)) {
                 (Some(k), Some(v)) if k != v => {
                     return Err(mismatch(format!("build id {v} is not the kernel's {k}")));
                 }
@@ -279,6 +315,30 @@ fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
         skipped: plan.skipped_init,
         examples: names.join(", "),
     })
+}
+
+/// Where `--console` sends the guest console.
+#[derive(Debug, PartialEq, Eq)]
+enum Console<'a> {
+    /// The default: stdout is vmtrace's own (`--format json | jq`).
+    Stderr,
+    /// `--console -`.
+    Stdout,
+    /// `--console none`: discarded.
+    None,
+    File(&'a Path),
+}
+
+impl<'a> Console<'a> {
+    fn of(arg: Option<&'a Path>) -> Console<'a> {
+        match arg {
+            None => Console::Stderr,
+            Some(p) if p == Path::new("-") => Console::Stdout,
+            // (A file named `none` is `./none`.)
+            Some(p) if p == Path::new("none") => Console::None,
+            Some(p) => Console::File(p),
+        }
+    }
 }
 
 /// `--console FILE`: the guest's console streams there as it runs, so it
@@ -405,6 +465,17 @@ mod tests {
         let mut argv = vec!["vmtrace"];
         argv.extend_from_slice(args);
         crate::cli::Cli::parse_from(argv).run
+    }
+
+    #[test]
+    fn console_destinations() {
+        assert_eq!(Console::of(None), Console::Stderr);
+        assert_eq!(Console::of(Some(Path::new("-"))), Console::Stdout);
+        assert_eq!(Console::of(Some(Path::new("none"))), Console::None);
+        assert_eq!(
+            Console::of(Some(Path::new("./none"))),
+            Console::File(Path::new("./none"))
+        );
     }
 
     #[test]

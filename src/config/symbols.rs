@@ -9,7 +9,8 @@
 
 use std::path::Path;
 
-use tracer::session::Plan;
+use tracer::session::{Plan, TracerError};
+use tracer::symbols::KernelImage;
 use vmm::boot::BootError;
 
 use super::run::check_vmlinux;
@@ -20,13 +21,24 @@ use crate::error::InputError;
 /// The plan for this run, with `plan.image.source` saying where its symbols
 /// came from.
 pub(super) fn plan(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<Plan, InputError> {
-    let load = |vmlinux: &Path, how: &str| -> Result<Plan, InputError> {
-        let mut plan = Plan::new(vmlinux, &args.trace, &args.notrace)?;
-        check_vmlinux(kernel, kind, vmlinux, &plan)?;
-        plan.image.source = format!("{} ({how})", vmlinux.display());
-        Ok(plan)
+    let image = image(args.vmlinux.as_deref(), kernel, kind)?;
+    Ok(Plan::from_image(image, &args.trace, &args.notrace)?)
+}
+
+/// The kernel's symbols and ftrace sites, found as described above (for a
+/// traced run and `vmtrace list` alike), with `source` saying where from.
+pub(super) fn image(
+    vmlinux: Option<&Path>,
+    kernel: &Path,
+    kind: KernelKind,
+) -> Result<KernelImage, InputError> {
+    let load = |vmlinux: &Path, how: &str| -> Result<KernelImage, InputError> {
+        let mut image = KernelImage::load(vmlinux).map_err(TracerError::from)?;
+        check_vmlinux(kernel, kind, vmlinux, &image)?;
+        image.source = format!("{} ({how})", vmlinux.display());
+        Ok(image)
     };
-    if let Some(vmlinux) = &args.vmlinux {
+    if let Some(vmlinux) = vmlinux {
         return load(vmlinux, "--vmlinux");
     }
     if kind != KernelKind::BzImage {
@@ -61,7 +73,7 @@ pub(super) fn plan(args: &RunArgs, kernel: &Path, kind: KernelKind) -> Result<Pl
         info.kallsyms,
         image.mcount_loc.len()
     );
-    Ok(Plan::from_image(image, &args.trace, &args.notrace)?)
+    Ok(image)
 }
 
 /// The bzImage's version string ("6.1.192 (user@host) #1 SMP ..."), if it has one.

@@ -173,14 +173,25 @@ pub fn assert_bad_input(args: &[&str], needle: &str) {
     );
 }
 
-/// Run vmtrace with `--format json -o FILE` added; its output and the JSON
+/// Run the vmtrace binary in `dir` (where `record` writes vmtrace.data).
+pub fn vmtrace_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run vmtrace")
+}
+
+/// Run vmtrace with `--export json=FILE` added; its output (the guest
+/// console is on its stderr, the text report on its stdout) and the JSON
 /// report (the file is removed).
 pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let json = std::env::temp_dir().join(format!("vmtrace-json-{}-{n}.json", std::process::id()));
+    let export = format!("json={}", json.display());
     let mut all = args.to_vec();
-    all.extend(["--format", "json", "-o", json.to_str().unwrap()]);
+    all.extend(["--export", &export]);
     let out = vmtrace(&all);
     assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

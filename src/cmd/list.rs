@@ -1,0 +1,25 @@
+//! `vmtrace list [GLOB...]`: the kernel's functions, traceable or not and
+//! why (`tracer::list`), on stdout; the summary on stderr, so that the list
+//! pipes. No guest is booted.
+
+use tracer::list::Listing;
+use tracer::session::TracerError;
+use tracer::sites::SiteTable;
+
+use crate::cli::ListArgs;
+use crate::config::ListConfig;
+use crate::emit::to_stdout;
+use crate::error::{Error, InputError, Outcome};
+
+pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
+    let cfg = ListConfig::check(args)?;
+    let sites = SiteTable::build(&cfg.image).map_err(TracerError::from)?;
+    let listing = Listing::new(&cfg.image, &sites, &cfg.globs).map_err(InputError::from)?;
+    to_stdout("list", |w| listing.write(w))?;
+    note!(
+        "vmtrace: {} (symbols: {})",
+        listing.summary(),
+        cfg.image.source
+    );
+    Ok(Outcome::Clean)
+}

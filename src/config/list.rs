@@ -1,0 +1,41 @@
+//! `vmtrace list`, checked: the kernel image whose functions to list, its
+//! symbols found exactly as a traced run finds them (`config::symbols`),
+//! and the globs.
+
+use tracer::session::TracerError;
+use tracer::symbols::KernelImage;
+
+use super::KernelKind;
+use crate::cli::ListArgs;
+use crate::error::InputError;
+
+/// `vmtrace list`, checked: the symbols loaded.
+pub struct ListConfig {
+    pub image: KernelImage,
+    pub globs: Vec<String>,
+}
+
+impl ListConfig {
+    pub fn check(args: &ListArgs) -> Result<ListConfig, InputError> {
+        let image = match (&args.kernel, &args.vmlinux) {
+            (Some(kernel), vmlinux) => {
+                if !kernel.is_file() {
+                    return Err(InputError::KernelMissing(kernel.clone()));
+                }
+                let kind = KernelKind::detect(kernel)?;
+                super::symbols::image(vmlinux.as_deref(), kernel, kind)?
+            }
+            (None, Some(vmlinux)) => {
+                let mut image = KernelImage::load(vmlinux).map_err(TracerError::from)?;
+                image.source = format!("{} (--vmlinux)", vmlinux.display());
+                image
+            }
+            // clap requires one of them; say so anyway rather than panic.
+            (None, None) => return Err(InputError::NoKernel),
+        };
+        Ok(ListConfig {
+            image,
+            globs: args.globs.clone(),
+        })
+    }
+}

@@ -1,0 +1,244 @@
+//! The data file: the binary trace `vmtrace record` (default `vmtrace.data`)
+//! and `vmtrace -o FILE` write, and `report`/`script` read.
+//!
+//! `record` keeps the previous file of that name as `FILE.old`, as perf
+//! does with `perf.data.old`, so that recording twice never loses the first
+//! trace. Only a regular file is renamed: a symlink's target and a
+//! character device are written by the output rules (`tracer::export::file`)
+//! and stay where they are. An old `FILE.old` that is a regular file is
+//! replaced; anything else there (a directory, a symlink, a device) is left
+//! alone and the record refused before the guest boots.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tracer::report::thousands;
+
+use crate::cli::DEFAULT_DATA;
+use crate::error::{InputError, RuntimeError};
+
+/// `FILE.old` beside `FILE`.
+pub fn old_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".old");
+    PathBuf::from(name)
+}
+
+/// What [`keep_old`] will do with `path`.
+enum Rotation {
+    /// Nothing to keep: no file there, or not a regular file.
+    Nothing,
+    /// Rename `path` to this.
+    Rename(PathBuf),
+}
+
+/// Decide without touching anything; `Err(why)` when `FILE.old` is in the way.
+fn rotation(path: &Path) -> io::Result<Result<Rotation, String>> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => {}
+        Ok(_) => return Ok(Ok(Rotation::Nothing)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(Rotation::Nothing)),
+        Err(e) => return Err(e),
+    }
+    let old = old_path(path);
+    match fs::symlink_metadata(&old) {
+        Ok(m) if m.file_type().is_file() => Ok(Ok(Rotation::Rename(old))),
+        Ok(m) => Ok(Err(format!("it is {}", kind(&m)))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Ok(Rotation::Rename(old))),
+        Err(e) => Err(e),
+    }
+}
+
+fn kind(m: &fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Before the run: `record` will be able to keep the previous `path`.
+pub fn check_keep_old(path: &Path) -> Result<(), InputError> {
+    let old = old_path(path);
+    let refuse = |why: String| InputError::KeepOld {
+        path: path.to_path_buf(),
+        old: old.clone(),
+        why,
+    };
+    match rotation(path) {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(why)) => Err(refuse(why)),
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// Rename the previous data file `path`, if it is a regular file, to
+/// `path.old` (replacing an older one); returns the new name if it did.
+/// Call it right before the new data file is first written.
+pub fn keep_old(path: &Path) -> Result<Option<PathBuf>, RuntimeError> {
+    let err = |source: io::Error| RuntimeError::KeepOld {
+        path: path.to_path_buf(),
+        old: old_path(path),
+        source,
+    };
+    match rotation(path).map_err(err)? {
+        Ok(Rotation::Nothing) => Ok(None),
+        Ok(Rotation::Rename(old)) => {
+            fs::rename(path, &old).map_err(err)?;
+            Ok(Some(old))
+        }
+        Err(why) => Err(err(io::Error::new(io::ErrorKind::AlreadyExists, why))),
+    }
+}
+
+/// The line that ends a run that saved its trace, in the spirit of perf's
+/// `[ perf record: Captured and wrote 1.2 MB perf.data (123 samples) ]`:
+/// `wrote vmtrace.data (12,345 events, 1.2 MB); read it with: vmtrace report`
+/// (after `vmtrace: `). `events`: stored in the file; `unstored`: counted
+/// only; `kept`: where the previous file went ([`keep_old`]). Call it once
+/// the file is complete: it says the file's size.
+pub fn wrote_line(path: &Path, events: u64, unstored: u64, kept: Option<&Path>) -> String {
+    let mut what = format!(
+        "{} event{}",
+        thousands(events),
+        if events == 1 { "" } else { "s" }
+    );
+    if unstored > 0 {
+        what.push_str(&format!(" and {} counted only", thousands(unstored)));
+    }
+    // A device has no size worth saying.
+    if let Some(m) = fs::metadata(path).ok().filter(|m| m.is_file()) {
+        what.push_str(&format!(", {}", size(m.len())));
+    }
+    if let Some(old) = kept {
+        what.push_str(&format!("; the previous one is {}", old.display()));
+    }
+    let read = if path == Path::new(DEFAULT_DATA) {
+        "vmtrace report".to_string()
+    } else {
+        format!("vmtrace report {}", shell_word(path))
+    };
+    format!("wrote {} ({what}); read it with: {read}", path.display())
+}
+
+/// A human size: bytes, kB, MB, GB (decimal, as `ls -h --si`).
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..=999 => format!("{bytes} bytes"),
+        1_000..=999_999 => format!("{:.1} kB", bytes as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} MB", bytes as f64 / 1e6),
+        _ => format!("{:.1} GB", bytes as f64 / 1e9),
+    }
+}
+
+/// `path` as the user can paste it into a shell.
+fn shell_word(path: &Path) -> String {
+    let s = path.display().to_string();
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%=".contains(c))
+    {
+        s
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("vmtrace-datafile-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_regular_file_becomes_old_replacing_an_older_one() {
+        let d = scratch("rotate");
+        let data = d.join("vmtrace.data");
+        assert_eq!(keep_old(&data).unwrap(), None, "nothing to keep");
+        fs::write(&data, b"first").unwrap();
+        assert_eq!(keep_old(&data).unwrap(), Some(d.join("vmtrace.data.old")));
+        assert!(!data.exists());
+        fs::write(&data, b"second").unwrap();
+        keep_old(&data).unwrap();
+        assert_eq!(fs::read(d.join("vmtrace.data.old")).unwrap(), b"second");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn never_renames_what_is_not_a_regular_file() {
+        let d = scratch("special");
+        let target = d.join("real");
+        fs::write(&target, b"x").unwrap();
+        let link = d.join("link.data");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(keep_old(&link).unwrap(), None);
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let dir = d.join("dir.data");
+        fs::create_dir(&dir).unwrap();
+        assert_eq!(keep_old(&dir).unwrap(), None);
+        assert_eq!(keep_old(Path::new("/dev/null")).unwrap(), None);
+        // A directory where FILE.old would go: refused, before and after a run.
+        let data = d.join("t.data");
+        fs::write(&data, b"keep").unwrap();
+        fs::create_dir(d.join("t.data.old")).unwrap();
+        let e = check_keep_old(&data).unwrap_err().to_string();
+        assert!(e.contains("t.data.old: it is a directory"), "{e}");
+        assert!(keep_old(&data).is_err());
+        assert_eq!(fs::read(&data).unwrap(), b"keep");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_wrote_line_says_what_where_and_how_to_read_it() {
+        let d = scratch("line");
+        let data = d.join("t.data");
+        fs::write(&data, vec![0u8; 1_500]).unwrap();
+        assert_eq!(
+            wrote_line(&data, 12_345, 0, None),
+            format!(
+                "wrote {0} (12,345 events, 1.5 kB); read it with: vmtrace report {0}",
+                data.display()
+            )
+        );
+        let old = old_path(&data);
+        let line = wrote_line(&data, 10, 4, Some(&old));
+        assert!(
+            line.contains("(10 events and 4 counted only, 1.5 kB; the previous one is "),
+            "{line}"
+        );
+        // (Whatever vmtrace.data the test's directory holds.)
+        let line = wrote_line(Path::new(DEFAULT_DATA), 1, 0, None);
+        assert!(line.starts_with("wrote vmtrace.data (1 event"), "{line}");
+        assert!(line.ends_with("); read it with: vmtrace report"), "{line}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn sizes_and_shell_words() {
+        assert_eq!(size(12), "12 bytes");
+        assert_eq!(size(1_234), "1.2 kB");
+        assert_eq!(size(1_240_000), "1.2 MB");
+        assert_eq!(shell_word(Path::new("/tmp/a.data")), "/tmp/a.data");
+        assert_eq!(shell_word(Path::new("it's here")), r"'it'\''s here'");
+    }
+}
