@@ -94,14 +94,25 @@ pub struct RunArgs {
     /// Patch before the first guest instruction (only for kernels that do not patch their own sites).
     #[arg(long, help_heading = "Tracing")]
     pub from_boot: bool,
-    /// Keep at most this many events in memory (counts stay exact beyond it).
+    /// Store at most this many events (default: as many as the disk takes);
+    /// counts stay exact beyond it.
+    #[arg(long, value_name = "N", help_heading = "Tracing")]
+    pub max_events: Option<u64>,
+    /// Memory for events on their way to the data file (e.g. 64M, 1G):
+    /// events are written while the guest runs; if the disk falls this far
+    /// behind, calls are counted, not stored, and the loss is reported.
     #[arg(
         long,
-        default_value_t = 50_000_000,
-        value_name = "N",
+        value_name = "SIZE",
+        default_value = "64M",
         help_heading = "Tracing"
     )]
-    pub max_events: u64,
+    pub buffer: String,
+    /// Flight recorder: keep only the newest SIZE of events per vCPU (e.g.
+    /// 16M: 524,288 events), in memory, written when the run stops however
+    /// it stops; older ones are counted, not stored (ftrace's overwrite mode).
+    #[arg(long, value_name = "SIZE", help_heading = "Tracing")]
+    pub overwrite: Option<String>,
     /// How a traced call reaches vmtrace: an exit per call (trap), vmtrace's
     /// trampoline in the guest appending to rings (exitless), or the cheaper
     /// on this host (auto: trap where KVM emulates guest ring 0, else exitless).

@@ -36,8 +36,23 @@ use crate::config::{DataFile, Export, Output, View};
 use crate::datafile;
 use crate::error::RuntimeError;
 
-/// Every output of `out`, in the order above.
-pub fn emit(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
+/// The data file a run streamed (`cmd::run`): written to its end, or why
+/// not.
+pub type Streamed = Result<Written, RuntimeError>;
+
+/// A data file written while the guest ran.
+pub struct Written {
+    pub path: std::path::PathBuf,
+    /// Events in the file, and events counted but not stored.
+    pub events: u64,
+    pub unstored: u64,
+    /// Where the previous file went (`record`: FILE.old).
+    pub kept: Option<std::path::PathBuf>,
+}
+
+/// Every output of `out`, in the order above. `streamed`: the data file,
+/// when the run wrote it as it went (then it is not saved again here).
+pub fn emit(trace: &Trace, out: &Output, streamed: Option<Streamed>) -> Result<(), RuntimeError> {
     let mut failures = Vec::new();
     let mut shown = None;
     if let Some(view) = &out.view {
@@ -59,7 +74,15 @@ pub fn emit(trace: &Trace, out: &Output) -> Result<(), RuntimeError> {
             failures.push(err);
         }
     }
-    if let Some(d) = &out.data {
+    if let Some(streamed) = streamed {
+        match streamed {
+            Ok(w) => note!(
+                "vmtrace: {}",
+                datafile::wrote_line(&w.path, w.events, w.unstored, w.kept.as_deref())
+            ),
+            Err(e) => failures.push(e),
+        }
+    } else if let Some(d) = &out.data {
         match save_data(trace, d, shown) {
             Ok(kept) => {
                 let m = &trace.meta;

@@ -98,6 +98,12 @@ pub enum InputError {
         value: f64,
         max: u64,
     },
+    #[error("{flag} {value:?}: {why}; use a size such as 64M, 512K or 1G")]
+    Size {
+        flag: &'static str,
+        value: String,
+        why: String,
+    },
     /// An output path that vmtrace will not or cannot write (checked before
     /// any guest boots).
     #[error("cannot write {flag} {}: {source}", path.display())]

@@ -1,17 +1,13 @@
 //! vmtrace: trace a Linux guest kernel's function calls from the hypervisor.
 
-/// `eprintln!` and `eprint!` without their panic: a closed or full stderr
+/// `eprintln!` without its panic: a closed or full stderr
 /// (`vmtrace ... 2>&1 | head`) loses the message, not the run.
 macro_rules! note {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        // Under a live status line: erase it first.
+        crate::status::clear();
         let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-macro_rules! note_part {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr(), $($arg)*);
     }};
 }
 
@@ -23,6 +19,7 @@ mod datafile;
 mod emit;
 mod error;
 mod stats;
+mod status;
 
 use std::io::Write;
 use std::process::ExitCode;

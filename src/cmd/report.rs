@@ -18,6 +18,6 @@ pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
         }
         .into());
     }
-    emit(&trace, &cfg.output)?;
+    emit(&trace, &cfg.output, None)?;
     Ok(Outcome::Clean)
 }

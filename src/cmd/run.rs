@@ -2,16 +2,19 @@
 //! `--trace`, attach, record, detach, then report and/or save the trace.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tracer::session::{Attach, Mode, Tracer};
+use tracer::session::{Attach, Recording, Saved, Tracer};
+use tracer::store::Storage;
+use tracer::tracefile::DataFile;
 use vmm::boot::Protocol;
 use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::config::{Form, KernelKind, RunConfig, TraceConfig};
-use crate::emit::emit;
+use crate::datafile;
+use crate::emit::{emit, Streamed, Written};
 use crate::error::{Error, InputError, Outcome, RuntimeError};
 use crate::stats::percentile;
 
@@ -70,6 +73,8 @@ fn traced(
         ring_events,
         duration,
         max_events,
+        buffer,
+        overwrite,
         output,
     } = cfg;
     // A kernel that does not patch its own sites (the mini guest) is traced
@@ -87,11 +92,22 @@ fn traced(
             plan.image.path.display()
         );
     }
-    let (mut tracer, handlers) = match mode {
-        Mode::Trap => Tracer::new(plan, vm.cpus(), max_events),
-        Mode::Exitless => Tracer::exitless(plan, vm.cpus(), max_events, ring_events)
-            .map_err(|e| Error::Input(InputError::from(e)))?,
+    let mut data = Data::open(output.data.as_ref())?;
+    let file = data.file.take().expect("just opened");
+    let storage = match overwrite {
+        Some(per_cpu) => Storage::Overwrite { file, per_cpu },
+        None => Storage::Stream { file, buffer },
     };
+    let recording = Recording {
+        max_events,
+        storage,
+        kernel: kernel.to_path_buf(),
+    };
+    let (mut tracer, handlers) = Tracer::create(plan, vm.cpus(), mode, ring_events, recording)
+        .map_err(|e| {
+            data.discard();
+            Error::Input(InputError::from(e))
+        })?;
     let running = vm
         .start(handlers, attach_now)
         .map_err(RuntimeError::Start)?;
@@ -106,14 +122,15 @@ fn traced(
     // Exitless: what the stopped guest left in its rings; a loss is said
     // after the report (the counts that remain are still exact).
     let drained = tracer.stop_draining();
-    let mut trace = tracer.finish(kernel, run_report.reason.to_string());
     // Exits at the trace port: one per traced call in trap mode, none in
     // exitless mode (traps happen only while sites hold them).
-    trace.meta.trap_exits = run_report
+    let trap_exits = run_report
         .vcpus
         .iter()
         .map(|v| v.get(vmm::exit::ExitKind::Trap))
         .sum();
+    // The data file's footer: it is complete from here on.
+    let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
     result?;
     match detach {
         Ok(d) if attached > 0 => note!(
@@ -130,11 +147,142 @@ fn traced(
     }
     let outcome = stopped(&run_report, stats);
     if attached == 0 {
+        data.discard();
         return Err(RuntimeError::NothingTraced(run_report.reason.clone()).into());
     }
-    emit(&trace, &output)?;
+    let saved = saved.unwrap_or_else(|| {
+        Err(tracer::tracefile::TraceFileError::Invalid {
+            path: data.stream.clone(),
+            detail: "no data file was written".into(),
+        })
+    });
+    // The views and exports need the events: read back from the file.
+    let needs_events = output.view.is_some() || !output.exports.is_empty();
+    let trace = match (&saved, needs_events) {
+        (Ok(_), true) => match tracer::tracefile::load(&data.stream) {
+            Ok(t) => t,
+            Err(e) => {
+                note!("vmtrace: {e}; the report has the counts only");
+                summary.clone()
+            }
+        },
+        _ => summary.clone(),
+    };
+    let streamed = data.finish(saved, &summary);
+    emit(&trace, &output, streamed)?;
     drained.map_err(RuntimeError::Drain)?;
     Ok(outcome)
+}
+
+/// The data file a traced run writes while the guest runs: the one asked
+/// for (`-o`, `record`'s vmtrace.data, the previous one kept as .old), or
+/// for a one-shot run without `-o` a temporary file the report is read
+/// from and which is removed at the end. A character device asked for
+/// gets the file once it is complete (it cannot be read back).
+struct Data {
+    /// Where events are written as they come.
+    stream: PathBuf,
+    file: Option<DataFile>,
+    /// Where the user asked for it (None: no data file asked for).
+    asked: Option<PathBuf>,
+    /// `stream` is vmtrace's own, removed at the end.
+    temporary: bool,
+    kept: Option<PathBuf>,
+}
+
+impl Data {
+    fn open(asked: Option<&crate::config::DataFile>) -> Result<Data, Error> {
+        let device = asked.is_some_and(|d| {
+            matches!(
+                tracer::export::file::target(&d.path),
+                Ok(tracer::export::file::Target::Device(_))
+            )
+        });
+        let (stream, temporary, kept) = match asked {
+            Some(d) if !device => {
+                let kept = if d.keep_old {
+                    datafile::keep_old(&d.path)?
+                } else {
+                    None
+                };
+                (d.path.clone(), false, kept)
+            }
+            _ => (temporary_path(), true, None),
+        };
+        let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
+        Ok(Data {
+            stream,
+            file: Some(file),
+            asked: asked.map(|d| d.path.clone()),
+            temporary,
+            kept,
+        })
+    }
+
+    /// The run traced nothing: no file is left (a temporary one), or the
+    /// one asked for stays as written (it says so: no events).
+    fn discard(&self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.stream);
+        }
+    }
+
+    /// Once the file is complete (`saved`): to a device if one was asked
+    /// for, the temporary file removed; what to say about it.
+    fn finish(
+        &self,
+        saved: Result<Saved, tracer::tracefile::TraceFileError>,
+        summary: &tracer::model::Trace,
+    ) -> Option<Streamed> {
+        let m = &summary.meta;
+        let unstored = m.events_dropped + m.returns_dropped;
+        let out = self.asked.as_ref().map(|asked| {
+            let saved = saved.map_err(RuntimeError::Save)?;
+            if self.temporary {
+                // A character device: the whole file into it.
+                copy_into(&self.stream, asked)?;
+            }
+            Ok(Written {
+                path: asked.clone(),
+                events: saved.events,
+                unstored,
+                kept: self.kept.clone(),
+            })
+        });
+        self.discard();
+        out
+    }
+}
+
+impl Drop for Data {
+    /// Whatever ended the run (an error included), no temporary file stays.
+    fn drop(&mut self) {
+        self.discard();
+    }
+}
+
+/// Where a one-shot run without `-o` streams its events.
+fn temporary_path() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("vmtrace-{}-{n}.data", std::process::id()))
+}
+
+/// The complete data file `from` into the character device `to`.
+fn copy_into(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+    let lost = |source| RuntimeError::Lost {
+        what: "trace",
+        path: to.to_path_buf(),
+        source,
+        note: "what reached the device is incomplete".to_string(),
+    };
+    let mut src = std::fs::File::open(from).map_err(lost)?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .open(to)
+        .map_err(lost)?;
+    std::io::copy(&mut src, &mut dst).map_err(lost)?;
+    Ok(())
 }
 
 /// Attach when the guest is ready, trace until it stops or `--duration`
@@ -149,7 +297,14 @@ fn trace_loop(
     // Attach: once the guest's ftrace_init is done (polled), then under a
     // pause only if every selected site agrees; otherwise resume and retry.
     let mut retries = 0u32;
+    let status = !quiet && std::io::stderr().is_terminal();
+    let booting = Instant::now();
+    let mut last_status = Instant::now();
     loop {
+        if status && !attach_now && last_status.elapsed() >= STATUS_EVERY {
+            last_status = Instant::now();
+            crate::status::draw(&crate::status::waiting(booting.elapsed()));
+        }
         if attach_now || tracer.guest_ready(running.memory()) {
             let paused = running.pause_all();
             let attempt = tracer.attach(&paused).map_err(|e| {
@@ -170,6 +325,7 @@ fn trace_loop(
             let window = paused.window();
             let latency = paused.latency();
             drop(paused);
+            crate::status::clear();
             note!(
                 "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs){}",
                 c.patched,
@@ -199,8 +355,6 @@ fn trace_loop(
     }
     // Trace.
     let start = Instant::now();
-    let status = !quiet && std::io::stderr().is_terminal();
-    let mut last_status = Instant::now();
     loop {
         if running.wait_stop(POLL).is_some() {
             break;
@@ -218,18 +372,15 @@ fn trace_loop(
         }
         if status && last_status.elapsed() >= STATUS_EVERY {
             last_status = Instant::now();
-            let events: u64 = tracer.counts().iter().flatten().sum();
-            let secs = start.elapsed().as_secs_f64();
-            note_part!(
-                "\r\x1b[Kvmtrace: {secs:7.1} s  {events:>14} events  {:>12.0} events/s",
-                events as f64 / secs
-            );
-            let _ = std::io::stderr().flush();
+            let left = duration.map(|d| d.saturating_sub(start.elapsed()));
+            crate::status::draw(&crate::status::tracing(
+                &tracer.progress(),
+                start.elapsed(),
+                left,
+            ));
         }
     }
-    if status {
-        note_part!("\r\x1b[K");
-    }
+    crate::status::clear();
     Ok(())
 }
 

@@ -78,6 +78,38 @@ pub fn show_secs(v: f64) -> String {
     }
 }
 
+/// A size in bytes as `--buffer` and `--overwrite` take it: a number with
+/// an optional binary suffix K, M, G (KiB, MiB, GiB; `B` allowed after
+/// it), at least `min` bytes and at most 1 TiB.
+pub fn size(value: &str, flag: &'static str, min: u64) -> Result<u64, InputError> {
+    const MAX: u64 = 1 << 40;
+    let err = |why: String| InputError::Size {
+        flag,
+        value: value.to_string(),
+        why,
+    };
+    let t = value.trim();
+    let t = t
+        .strip_suffix(['B', 'b'])
+        .filter(|r| r.ends_with(|c: char| c.is_ascii_alphabetic()))
+        .unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| err("not a size".to_string()))?;
+    let bytes = n
+        .checked_mul(1 << shift)
+        .filter(|&b| b <= MAX)
+        .ok_or_else(|| err("more than 1 TiB".to_string()))?;
+    if bytes < min {
+        return Err(err(format!("less than {min} bytes")));
+    }
+    Ok(bytes)
+}
+
 /// A count that must be at least 1.
 pub fn at_least_one<T: Copy + Default + PartialEq>(
     v: T,
@@ -118,6 +150,23 @@ mod tests {
             secs(Some(MAX_SECS as f64), "--duration").unwrap(),
             Some(Duration::from_secs(MAX_SECS))
         );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("64M", "--buffer", 1).unwrap(), 64 << 20);
+        assert_eq!(size("512k", "--buffer", 1).unwrap(), 512 << 10);
+        assert_eq!(size("1GB", "--buffer", 1).unwrap(), 1 << 30);
+        assert_eq!(size("4096", "--buffer", 1).unwrap(), 4096);
+        for bad in ["", "M", "x1", "-1M", "1.5M", "2T", "2000G"] {
+            let e = size(bad, "--overwrite", 1).unwrap_err().to_string();
+            assert!(e.starts_with("--overwrite "), "{e}");
+            assert!(e.contains("64M"), "{e}");
+        }
+        assert!(size("16", "--overwrite", 32)
+            .unwrap_err()
+            .to_string()
+            .contains("less than 32"));
     }
 
     #[test]

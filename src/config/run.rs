@@ -33,6 +33,11 @@ pub enum Form {
     Record,
 }
 
+/// The smallest `--buffer`: two batches of a recorder (`tracer::record::BATCH`).
+const MIN_BUFFER: u64 = 2 * (tracer::record::BATCH * tracer::tracefile::EVENT_SIZE) as u64;
+/// Bytes of one stored event (the data file's record).
+const EVENT_BYTES: u64 = tracer::tracefile::EVENT_SIZE as u64;
+
 /// A run, checked.
 pub struct RunConfig {
     /// What `Vm::create` gets: every field already checked.
@@ -51,7 +56,12 @@ pub struct TraceConfig {
     /// Records per exitless ring (None: as many as fit).
     pub ring_events: Option<u64>,
     pub duration: Option<Duration>,
+    /// `--max-events` (u64::MAX: no limit).
     pub max_events: u64,
+    /// `--buffer`, bytes.
+    pub buffer: u64,
+    /// `--overwrite`: the newest events kept per vCPU (flight recorder).
+    pub overwrite: Option<u64>,
     pub output: Output,
 }
 
@@ -74,6 +84,16 @@ impl RunConfig {
             }
             if args.duration.is_some() {
                 return Err(InputError::NeedsTrace { flag: "--duration" });
+            }
+            if args.overwrite.is_some() {
+                return Err(InputError::NeedsTrace {
+                    flag: "--overwrite",
+                });
+            }
+            if args.max_events.is_some() {
+                return Err(InputError::NeedsTrace {
+                    flag: "--max-events",
+                });
             }
             if args.from_boot {
                 return Err(InputError::NeedsTrace {
@@ -144,6 +164,11 @@ impl RunConfig {
         let emulator_host = emulator_host();
         let cmdline = cmdline(args, kind, emulator_host)?;
 
+        let buffer = super::size(&args.buffer, "--buffer", MIN_BUFFER)?;
+        let overwrite = match &args.overwrite {
+            Some(v) => Some(super::size(v, "--overwrite", EVENT_BYTES)? / EVENT_BYTES),
+            None => None,
+        };
         let trace = if let Some(output) = output {
             let mut plan = super::symbols::plan(args, &kernel, kind)?;
             plan.graph = args.graph;
@@ -154,7 +179,9 @@ impl RunConfig {
                 mode,
                 ring_events: args.ring_events,
                 duration,
-                max_events: args.max_events,
+                max_events: args.max_events.unwrap_or(u64::MAX),
+                buffer,
+                overwrite,
                 output,
             })
         } else {
@@ -162,7 +189,7 @@ impl RunConfig {
         };
 
         let console: Box<dyn Write + Send> = match console {
-            Console::Stderr => Box::new(LineWriter::new(std::io::stderr())),
+            Console::Stderr => Box::new(LineWriter::new(crate::status::ConsoleOnStderr)),
             Console::Stdout => Box::new(LineWriter::new(std::io::stdout())),
             Console::None => Box::new(std::io::sink()),
             Console::File(path) => Box::new(LineWriter::new(open_console(path)?)),
