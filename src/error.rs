@@ -205,11 +205,6 @@ pub enum InputError {
     BuildFailed,
     #[error("vmlinux {} does not exist; build it with `bash guest/build.sh linux`", .0.display())]
     VmlinuxMissing(PathBuf),
-    #[error("cannot create {}: {source}; pass a writable path", path.display())]
-    Create {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     /// The bench's kernel is not the mini guest it measures.
     #[error("{} is not the mini guest: {why}; pass guest/out/mini.elf with --kernel", path.display())]
     NotMini { path: PathBuf, why: String },

@@ -659,3 +659,25 @@ fn tree_options_are_checked() {
         "--graph needs --trace GLOB",
     );
 }
+
+#[test]
+fn bench_json_follows_the_output_rules() {
+    let kernel = mini_elf();
+    let k = kernel.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("vmtrace-benchjson-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A directory, and a FIFO (opening it would block the run): refused
+    // before anything is measured.
+    let d = dir.to_str().unwrap();
+    assert_bad_input(&["bench", "--kernel", k, "--json", d], "a directory");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert_bad_input(
+        &["bench", "--kernel", k, "--json", fifo.to_str().unwrap()],
+        "FIFO",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -250,14 +250,21 @@ fn status_line_on_a_terminal_unless_quiet() {
     let shown = on_a_terminal(&args);
     let status: Vec<&str> = shown
         .lines()
-        .filter(|l| l.contains("vmtrace:") && l.contains("events/s"))
+        .filter(|l| l.contains("vmtrace:") && l.contains(" stored ") && l.contains(" dropped "))
         .collect();
     assert!(!status.is_empty(), "a live status line:\n{shown}");
+    // Thousands separators, and the time --duration leaves.
+    assert!(
+        status
+            .iter()
+            .any(|l| l.contains(',') && l.ends_with(" s left")),
+        "{status:?}"
+    );
     let quiet = on_a_terminal(&format!("{args} -q"));
     assert!(
         !quiet
             .lines()
-            .any(|l| l.contains("vmtrace:") && l.contains("events/s")),
+            .any(|l| l.contains("vmtrace:") && l.contains(" stored ")),
         "-q hides it:\n{quiet}"
     );
 }

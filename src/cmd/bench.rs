@@ -129,9 +129,12 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     let _ = std::io::stdout().flush();
     if let Some(path) = &cfg.json {
         let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;
-        std::fs::write(path, j).map_err(|source| RuntimeError::Write {
-            path: path.clone(),
-            source,
+        // Atomically over a regular file, into a device, nothing else.
+        tracer::export::file::write(path, |w| w.write_all(j.as_bytes())).map_err(|source| {
+            RuntimeError::Write {
+                path: path.clone(),
+                source,
+            }
         })?;
     }
     Ok(Outcome::Clean)

@@ -36,8 +36,10 @@ impl BenchConfig {
         let kernel = mini_kernel(args)?;
         let vmlinux = linux_vmlinux(args)?;
         if let Some(path) = &args.json {
-            // Fail on an unwritable path now, not after a minute of measuring.
-            std::fs::File::create(path).map_err(|source| InputError::Create {
+            // The output-file rules, now, not after minutes of measuring
+            // (and without creating or truncating anything yet).
+            tracer::export::file::check(path).map_err(|source| InputError::Output {
+                flag: "--json",
                 path: path.clone(),
                 source,
             })?;
