@@ -430,3 +430,54 @@ fn report_and_script_without_a_file_say_how_to_get_one() {
 fn thousands(n: u64) -> String {
     tracer::report::thousands(n)
 }
+
+/// Per vCPU, the function of each event line, in order: `[CPU]` then, in
+/// `vmtrace script`'s lines `TS: func <-caller`, in `trace-cmd report`'s
+/// `TS: function: func <-- caller`.
+fn funcs_per_cpu(text: &str, after: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut m: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let (Some(open), Some(close)) = (l.find('['), l.find(']')) else {
+            continue;
+        };
+        let Ok(cpu) = l[open + 1..close].trim().parse::<u32>() else {
+            continue;
+        };
+        let Some((_, rest)) = l.split_once(after) else {
+            continue;
+        };
+        let name = rest.split_whitespace().next().unwrap().to_string();
+        m.entry(cpu).or_default().push(name);
+    }
+    m
+}
+
+#[test]
+fn trace_cmd_reads_the_trace_dat_with_the_events_script_prints() {
+    let dir = scratch("tracecmd");
+    record(&dir, 2, 300, &[]);
+    let o = vmtrace_in(&dir, &["report", "--export", "trace.dat=t.dat"]);
+    ok(&o, "report --export trace.dat");
+    let script = vmtrace_in(&dir, &["script"]);
+    ok(&script, "script");
+    let tc = std::process::Command::new("trace-cmd")
+        .args(["report", "-O", "parent=1", "-i"])
+        .arg(dir.join("t.dat"))
+        .output()
+        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
+    assert!(
+        tc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tc.stderr)
+    );
+    let tc_text = String::from_utf8_lossy(&tc.stdout).into_owned();
+    let ours = funcs_per_cpu(&stdout(&script), ": ");
+    let theirs = funcs_per_cpu(&tc_text, "function: ");
+    // Two vCPUs, every event on each, the same functions in the same order.
+    assert_eq!(ours.len(), 2, "{}", stdout(&script));
+    for cpu in 0..2u32 {
+        assert_eq!(ours[&cpu].len() as u64, calls(300), "vCPU {cpu}");
+    }
+    assert_eq!(theirs, ours, "trace-cmd report:\n{tc_text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
