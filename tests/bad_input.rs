@@ -681,3 +681,34 @@ fn bench_json_follows_the_output_rules() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_elf_kernel_with_another_elfs_symbols_is_refused_by_build_id() {
+    let kernel = mini_elf();
+    let elf = std::fs::read(&kernel).unwrap();
+    // The same ELF with another build id: its GNU build-id note's descriptor
+    // (after "GNU\0") changed, as another build of the same source would be.
+    let at = elf
+        .windows(4)
+        .position(|w| w == b"GNU\0")
+        .expect("a GNU note")
+        + 4;
+    let mut other = elf.clone();
+    other[at] ^= 0xff;
+    let dir = std::env::temp_dir().join(format!("vmtrace-buildid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let vmlinux = dir.join("other.elf");
+    std::fs::write(&vmlinux, &other).unwrap();
+    assert_bad_input(
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--vmlinux",
+            vmlinux.to_str().unwrap(),
+            "--trace",
+            "do_idle",
+        ],
+        "build id",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
