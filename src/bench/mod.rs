@@ -130,19 +130,18 @@
 //! events, taken from the synthetic trace's events (its vCPU's), through
 //! the store thread of `record::recorders` (`Storage::Stream`, buffer
 //! `RECORD_BUFFER` = 64 MiB, `vmtrace record`'s default) to a data file in
-//! the temporary directory, exactly as `Recorder::flush` hands a batch
-//! over: `try_send`, a batch the full queue refuses counted as lost. The
-//! producers resend one pre-built batch each, so making events costs next
-//! to nothing, and send as fast as they can, `--record-events` events in
-//! all (default 100 M, 3.2 GB of events): they outrun any disk, and lose
-//! batches by design. Events per second = events stored / time from the
-//! first send to the file's end (every sender gone, the store thread
-//! joined, `FOOT` and `END` written); MB per second = the file's bytes /
-//! that time; the lost events and their fraction are reported beside. The
-//! data is then in the page cache: an `fsync` is timed after, for the rate
-//! to the disk itself (not judged). The goal (≥ 10 M events/s) is judged
-//! on events stored. On a host with fewer cores than producers + 1, the
-//! producers take CPU from the store thread: a pessimistic figure.
+//! the temporary directory. Each batch is an emptied one the store handed
+//! back (as `Recorder::flush` takes them), filled from a pre-built batch (so
+//! making events costs next to nothing), and handed over waiting for room
+//! in the queue, as the exitless drainer does: the disk sets the pace, the
+//! figure is the sustained rate, and all `--record-events` events (default
+//! 100 M, 3.2 GB) are stored. (A trap-mode recorder never waits and counts
+//! a refused batch as lost; that path is the streaming test's.) Events per
+//! second = events stored / time from the first send to the file's end
+//! (every sender gone, the store thread joined, `FOOT` and `END` written);
+//! MB per second = the file's bytes / that time. The data is then in the
+//! page cache: an `fsync` is timed after, for the rate to the disk itself
+//! (not judged). The goal (≥ 10 M events/s) is judged on events stored.
 //!
 //! Peak memory: the RSS before, then the process's peak RSS reset by
 //! writing `5` to `/proc/self/clear_refs` (Linux ≥ 4.0; checked: the peak
@@ -152,13 +151,10 @@
 //! stacks, the allocator's slack), whatever the size of the trace. The file
 //! is deleted after. Before the RSS is read, `malloc_trim` hands the
 //! memory earlier figures freed back to the kernel: kept by the allocator,
-//! it would be reused by (h) without the RSS growing. What the peak then
-//! holds beyond the queue is mostly glibc's: each producer thread gets an
-//! arena of its own, a batch the store frees goes back to its producer's
-//! arena and stays there, so each arena keeps about the most it ever had
-//! queued (with `MALLOC_ARENA_MAX=1` the growth here is the buffer + 2 MiB;
-//! with the default arenas 1.8 to 2.5 times the buffer). A `vmtrace
-//! record` run's vCPU threads allocate their batches the same way.
+//! it would be reused by (h) without the RSS growing. Batches are reused
+//! (the queue plus the pool of emptied ones, each at most the buffer), so
+//! glibc's per-thread arenas do not each keep the most their thread ever
+//! had queued, as they did before (1.8 to 2.5 times the buffer).
 //!
 //! `measure` takes the figures; `results` judges them against the goals and
 //! prints them (and writes `--json FILE`).

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use tracer::model::{Event, Trace, SYNTH_CPUS};
 use tracer::record::{self, Counters, SiteIndex, BATCH};
 use tracer::store::{Storage, Stored};
@@ -234,10 +234,11 @@ fn stream(path: &Path, events: u64, buffer: u64) -> Result<Streamed, Error> {
         (0..ncpus)
             .map(|cpu| {
                 let (tx, counters, template) = (sink.clone(), &counters, &templates[cpu]);
+                let free = store.free.clone();
                 let share = shares[cpu];
                 std::thread::Builder::new()
                     .name(format!("producer{cpu}"))
-                    .spawn_scoped(s, move || produce(&tx, counters, template, share))
+                    .spawn_scoped(s, move || produce(&tx, &free, counters, template, share))
                     .map(drop)
             })
             .collect()
@@ -313,15 +314,29 @@ fn footer(templates: &[Vec<Event>], shares: &[u64], counters: &Counters) -> Trac
 }
 
 /// One producer: `events` events in batches of `template` (the last cut
-/// short), handed over as `Recorder::flush` does: never waiting, a batch
-/// the full queue refuses counted as lost.
-fn produce(tx: &Sender<Vec<Event>>, counters: &Counters, template: &[Event], mut events: u64) {
+/// short), each filled into an emptied batch the store handed back (as
+/// `Recorder::flush` takes them) and handed over waiting for room in the
+/// queue, as the exitless drainer does: the disk sets the pace, so the
+/// figure is the sustained rate and every event is stored. (A trap-mode
+/// recorder never waits; when the queue is full it counts the batch as
+/// lost: `Counters::lose`, used if the store is gone.)
+fn produce(
+    tx: &Sender<Vec<Event>>,
+    free: &Receiver<Vec<Event>>,
+    counters: &Counters,
+    template: &[Event],
+    mut events: u64,
+) {
     if template.is_empty() {
         return;
     }
     while events > 0 {
         let n = events.min(template.len() as u64) as usize;
-        if let Err(e) = tx.try_send(template[..n].to_vec()) {
+        let mut batch = free
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+        batch.extend_from_slice(&template[..n]);
+        if let Err(e) = tx.send(batch) {
             counters.lose(&e.into_inner());
         }
         events -= n as u64;

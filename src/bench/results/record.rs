@@ -100,12 +100,15 @@ pub fn write(o: &mut String, r: &RecordFigures) -> fmt::Result {
     )?;
     writeln!(
         o,
-        "  sent {:.2} M events/s; stored {}, lost {} ({:.1} %: the queue was full); file {:.0} \
-         MiB",
+        "  sent {:.2} M events/s; stored {}, lost {}{}; file {:.0} MiB",
         r.sent_per_s() / 1e6,
         report::thousands(r.stored),
         report::thousands(r.lost),
-        r.lost_fraction() * 100.0,
+        if r.lost > 0 {
+            format!(" ({:.1} %: the store was gone)", r.lost_fraction() * 100.0)
+        } else {
+            String::new()
+        },
         r.bytes as f64 / MIB
     )?;
     match &r.peak_growth {
@@ -123,9 +126,10 @@ pub fn method() -> String {
     format!(
         "{SYNTH_CPUS} producer threads standing in for vCPUs' recorders send batches of {BATCH} \
          synthetic events (one batch per thread, resent) through the store thread \
-         (Storage::Stream, record::recorders) to a data file in the temporary directory, as \
-         Recorder::flush does: try_send, a refused batch counted as lost; --record-events \
-         events in all, as fast as they can. Events and MB per second = stored events and the \
+         (Storage::Stream, record::recorders) to a data file in the temporary directory, each \
+         an emptied batch the store handed back, waiting for room in the queue as the \
+         exitless drainer does (the disk sets the pace); --record-events events in all, every \
+         one stored. Events and MB per second = stored events and the \
          file's bytes / time from the first send to the file's end (FOOT and END written); \
          fsync timed after. Peak memory = VmHWM after - VmRSS before (read after \
          malloc_trim, so freed memory the allocator kept is not reused unseen), the peak reset \
