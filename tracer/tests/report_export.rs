@@ -117,12 +117,21 @@ fn traces() -> Vec<(&'static str, Trace)> {
     weird.callers[1].name = "caller, \"quoted\"".into();
     weird.meta.kernel = "C:\\kernel \"quoted\"".into();
     weird.meta.build_id = None;
+    // What a streamed run can add: losses, the flight recorder, a file
+    // cut short, rejected sites, KASLR offsets.
+    let mut streamed = fixture::trace();
+    streamed.meta.lost = vec![3, 0, 1, 0];
+    streamed.meta.overwrite = true;
+    streamed.meta.incomplete = true;
+    streamed.meta.rejected_sites = "2 __mcount_loc entries not at a function entry".into();
+    streamed.meta.kernel_offset = Some((0x3b80_0000, -0x20_0000));
     vec![
         ("fixture", fixture::trace()),
         ("empty", Trace::default()),
         ("weird", weird),
         ("big", fixture::big_trace(10_000)),
         ("graph", fixture::graph_trace()),
+        ("streamed", streamed),
     ]
 }
 
@@ -245,6 +254,29 @@ fn report_json_matches_schema_and_counts() {
                 assert_eq!(c["name"] == "[unknown]", c.get("addr").is_some(), "{c}");
             }
         }
+    }
+}
+
+#[test]
+fn report_json_says_losses_and_offsets_only_when_there_are_some() {
+    let all = traces();
+    let t = &all.iter().find(|(n, _)| *n == "streamed").unwrap().1;
+    let v = to_json(t);
+    assert_eq!(v["lost"], serde_json::json!([3, 0, 1, 0]));
+    assert_eq!(v["overwrite"], true);
+    assert_eq!(v["incomplete"], true);
+    assert_eq!(v["kernel_offset"]["virt"], 0x3b80_0000);
+    assert_eq!(v["kernel_offset"]["phys"], -0x20_0000);
+    assert!(v["rejected_sites"].as_str().unwrap().starts_with("2 "));
+    let plain = to_json(&fixture::trace());
+    for k in [
+        "lost",
+        "overwrite",
+        "incomplete",
+        "kernel_offset",
+        "rejected_sites",
+    ] {
+        assert!(plain.get(k).is_none(), "{k}");
     }
 }
 
