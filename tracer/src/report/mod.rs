@@ -19,6 +19,7 @@
 //! name cannot end a line, forge one, or drive the terminal.
 
 pub mod duration;
+mod header;
 mod text;
 pub mod tree;
 

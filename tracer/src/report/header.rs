@@ -1,0 +1,232 @@
+//! The `#` header of the text report: the facts of the run, what was lost
+//! and why, and (function-graph traces) how the stored calls ended.
+
+use std::fmt::Write as _;
+
+use super::text::{format_cpu_list, thousands};
+use super::{escape, GraphSummary, Report};
+
+/// The `#` header: the facts of the run.
+pub(super) fn header(out: &mut String, report: &Report) {
+    let (trace, sel, missing) = (report.trace, &report.cpus, &report.missing);
+    let m = &trace.meta;
+    let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
+    let duration = trace.duration_s();
+    let rate = if duration > 0.0 {
+        format!(
+            "{} events/s",
+            thousands((m.events_total as f64 / duration).round() as u64)
+        )
+    } else {
+        "n/a (zero duration)".to_string()
+    };
+    let stored = report.entries_stored;
+    let mut lines: Vec<(&str, String)> = vec![
+        ("kernel", escape(&m.kernel).into_owned()),
+        (
+            "build id",
+            m.build_id
+                .as_deref()
+                .map_or_else(|| "none".into(), |b| escape(b).into_owned()),
+        ),
+        ("vCPUs", m.cpus.to_string()),
+        ("duration", format!("{duration:.3} s (attach to detach)")),
+        (
+            "sites",
+            format!(
+                "{} patched, {} skipped ({} in init text, {} other)",
+                thousands(m.sites_patched),
+                thousands(m.sites_skipped_init + m.sites_skipped_other),
+                thousands(m.sites_skipped_init),
+                thousands(m.sites_skipped_other)
+            ),
+        ),
+        (
+            "events",
+            format!(
+                "{} total, {} stored, {} dropped{}",
+                thousands(m.events_total),
+                thousands(stored),
+                thousands(m.events_dropped),
+                if m.overwrite && m.events_dropped > 0 {
+                    " (the oldest, overwritten: --overwrite keeps the newest; counts stay exact)"
+                } else if m.events_dropped > 0 {
+                    " (over --max-events, a full ring, or lost; counts stay exact)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        ("rate", rate),
+        (
+            "mode",
+            format!(
+                "{} ({} trap exits)",
+                if m.mode.is_empty() {
+                    "unknown".into()
+                } else {
+                    escape(&m.mode)
+                },
+                thousands(m.trap_exits)
+            ),
+        ),
+        (
+            "attach",
+            format!(
+                "pause window {}, latency {}",
+                us(m.attach_window_ns),
+                us(m.attach_latency_ns)
+            ),
+        ),
+        (
+            "stopped",
+            if m.stop_reason.is_empty() {
+                "unknown".to_string()
+            } else {
+                escape(&m.stop_reason).into_owned()
+            },
+        ),
+    ];
+    if !m.symbols.is_empty() {
+        // After the build id: what the names below were read from.
+        lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
+    }
+    if let Some(g) = &report.graph_summary {
+        graph_lines(&mut lines, g);
+    }
+    // Losses and facts said at the run, never only there.
+    if m.lost.iter().any(|&n| n > 0) {
+        let per_cpu: Vec<String> = m.lost.iter().map(|&n| thousands(n)).collect();
+        lines.push((
+            "lost",
+            format!(
+                "{} events the data file's writer could not keep (per vCPU: {}); in the dropped counts",
+                thousands(m.lost.iter().sum()),
+                per_cpu.join(", ")
+            ),
+        ));
+    }
+    if m.incomplete {
+        lines.push((
+            "incomplete",
+            "the data file was cut short: counts are those of its stored events".to_string(),
+        ));
+    }
+    if !m.rejected_sites.is_empty() {
+        lines.push(("rejected", escape(&m.rejected_sites).into_owned()));
+    }
+    if let Some((virt, phys)) = m.kernel_offset {
+        lines.push((
+            "KASLR",
+            format!("virtual offset {virt:#x}, physical offset {phys:#x}"),
+        ));
+    }
+    if m.parent_unreadable > 0 {
+        let (n, were) = match m.parent_unreadable {
+            1 => ("call's return address", "was"),
+            _ => ("calls' return addresses", "were"),
+        };
+        lines.push((
+            "callers",
+            format!(
+                "{} {n} {were} unreadable (shown as [unknown] 0x0)",
+                thousands(m.parent_unreadable)
+            ),
+        ));
+    }
+    if report.filtered {
+        let mut s = if sel.is_empty() {
+            "none of the requested vCPUs exist".to_string()
+        } else {
+            format!(
+                "{} (counts and shares are over these vCPUs)",
+                format_cpu_list(sel)
+            )
+        };
+        if !missing.is_empty() {
+            write!(
+                s,
+                "; ignored {}: not in this trace (vCPUs 0-{})",
+                format_cpu_list(missing),
+                m.cpus.saturating_sub(1)
+            )
+            .unwrap();
+        }
+        lines.push(("--cpu", s));
+    }
+    let key_w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    out.push_str("# vmtrace report\n#\n");
+    for (k, v) in lines {
+        writeln!(out, "# {:<key_w$} {v}", format!("{k}:")).unwrap();
+    }
+    out.push_str("#\n");
+}
+
+/// The function graph's header lines: returns always, the rest when nonzero.
+fn graph_lines(lines: &mut Vec<(&str, String)>, g: &GraphSummary) {
+    lines.push((
+        "returns",
+        format!(
+            "{} total, {} stored, {} dropped{}",
+            thousands(g.returns),
+            thousands(g.returns_stored),
+            thousands(g.returns_dropped),
+            if g.returns_dropped > 0 {
+                " (their calls' durations are unknown)"
+            } else {
+                ""
+            }
+        ),
+    ));
+    let not_returned = g.not_returned();
+    if not_returned > 0 {
+        let mut why = Vec::new();
+        for (n, what) in [
+            (g.abandoned, "abandoned (unwound without a return)"),
+            (g.running, "running at detach"),
+            (g.unhooked_stored, "unhooked"),
+        ] {
+            if n > 0 {
+                why.push(format!("{} {what}", thousands(n)));
+            }
+        }
+        lines.push((
+            "not returned",
+            format!(
+                "{} of {} stored calls: {}",
+                thousands(not_returned),
+                thousands(g.frames),
+                why.join(", ")
+            ),
+        ));
+    }
+    if g.unhooked > 0 {
+        lines.push((
+            "unhooked",
+            format!(
+                "{} without a return hook (no free frame in the guest): durations unknown",
+                counted(g.unhooked, "call", "calls")
+            ),
+        ));
+    }
+    if g.unmatched_returns > 0 || g.mismatched_returns > 0 {
+        let mut s = format!(
+            "{} without a stored entry",
+            counted(g.unmatched_returns, "return", "returns")
+        );
+        if g.mismatched_returns > 0 {
+            write!(
+                s,
+                ", {} of another function than its call's",
+                counted(g.mismatched_returns, "return", "returns")
+            )
+            .unwrap();
+        }
+        lines.push(("unmatched", s));
+    }
+}
+
+/// `1 call`, `2,000 calls`.
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
