@@ -21,8 +21,12 @@ use crate::error::InputError;
 /// finds the kernel's offsets at attach (tracer::kaslr).
 const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
-/// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac.
-const EMULATOR_HOST_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,smap";
+/// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac,
+/// and `lsl`, which Linux's NMI entry (`paranoid_entry`) runs to find its
+/// per-CPU base when FSGSBASE is on: an NMI (an RCU stall's backtrace on
+/// this slow host) would stop the guest. Without FSGSBASE it reads the GS
+/// base MSR instead.
+const EMULATOR_HOST_CMDLINE: &str = "noxsave nofsgsbase clearcpuid=cx16,popcnt,smap";
 
 /// Which command boots the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -510,7 +514,7 @@ mod tests {
         let a = run_args(&["--cmdline", "quiet clearcpuid=erms"]);
         assert_eq!(
             cmdline(&a, KernelKind::LinuxElf, true).unwrap(),
-            format!("{LINUX_CMDLINE} noxsave clearcpuid=cx16,popcnt,smap,erms quiet")
+            format!("{LINUX_CMDLINE} noxsave nofsgsbase clearcpuid=cx16,popcnt,smap,erms quiet")
         );
         assert_eq!(
             cmdline(&a, KernelKind::BzImage, false).unwrap(),

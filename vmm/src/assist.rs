@@ -157,6 +157,11 @@ fn hint(insn: &iced_x86::Instruction) -> &'static str {
             "boot Linux with `noxsave clearcpuid=cx16,popcnt,smap` (the default command line \
              does, unless --cmdline-replace drops it), or run on a bare-metal KVM host"
         }
+        Lsl => {
+            "boot Linux with `nofsgsbase` (the default command line does, unless \
+             --cmdline-replace drops it: its NMI entry then reads the GS base MSR instead), or \
+             run on a bare-metal KVM host"
+        }
         _ if insn.is_invalid() => "run on a bare-metal KVM host",
         _ => {
             "the guest kernel runs it in ring 0, which this host emulates; if it is kernel-mode \
