@@ -15,6 +15,7 @@ mod bench;
 mod cli;
 mod cmd;
 mod config;
+mod console;
 mod datafile;
 mod emit;
 mod error;

@@ -712,3 +712,19 @@ fn an_elf_kernel_with_another_elfs_symbols_is_refused_by_build_id() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_notrace_glob_matching_nothing_is_refused() {
+    let kernel = mini_elf();
+    assert_bad_input(
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--trace",
+            "hrtimer_*",
+            "--notrace",
+            "nomatch_*",
+        ],
+        "--notrace 'nomatch_*' matches no traceable function",
+    );
+}

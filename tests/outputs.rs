@@ -752,3 +752,24 @@ fn a_closed_stderr_pipe_never_panics() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("hrtimer_interrupt"));
 }
+
+#[test]
+fn a_console_that_cannot_be_written_is_said_not_lost_silently() {
+    let kernel = mini_elf();
+    let out = vmtrace(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cmdline",
+        "iters=10",
+        "--console",
+        "/dev/full",
+    ]);
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains(
+            "vmtrace: the guest console could not be written to /dev/full: No space left on device"
+        ),
+        "{err}"
+    );
+}

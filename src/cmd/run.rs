@@ -54,6 +54,9 @@ fn stopped(report: &RunReport, stats: bool) -> Outcome {
         report.reason,
         report.elapsed.as_secs_f64()
     );
+    if let Some(lost) = crate::console::loss() {
+        note!("vmtrace: {lost}");
+    }
     if stats {
         print_stats(report);
     }

@@ -14,6 +14,7 @@ use vmm::VmConfig;
 use super::output::{self, format_name};
 use super::{check_cpus, check_mem, emulator_host, secs, KernelKind, Output};
 use crate::cli::{Format, ModeArg, OutputArgs, RunArgs};
+use crate::console::Checked;
 use crate::error::InputError;
 
 /// Linux command line: serial console, reboot through the keyboard controller
@@ -192,11 +193,19 @@ impl RunConfig {
             None
         };
 
+        // Every console but `none` through `console::Checked`: a failed
+        // write is said at the end of the run.
         let console: Box<dyn Write + Send> = match console {
-            Console::Stderr => Box::new(LineWriter::new(crate::status::ConsoleOnStderr)),
-            Console::Stdout => Box::new(LineWriter::new(std::io::stdout())),
+            Console::Stderr => Box::new(Checked::new(
+                LineWriter::new(crate::status::ConsoleOnStderr),
+                "stderr",
+            )),
+            Console::Stdout => Box::new(Checked::new(LineWriter::new(std::io::stdout()), "stdout")),
             Console::None => Box::new(std::io::sink()),
-            Console::File(path) => Box::new(LineWriter::new(open_console(path)?)),
+            Console::File(path) => Box::new(Checked::new(
+                LineWriter::new(open_console(path)?),
+                path.display().to_string(),
+            )),
         };
         Ok(RunConfig {
             vm: VmConfig {

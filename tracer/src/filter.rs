@@ -70,10 +70,13 @@ pub enum FilterError {
     )]
     Command { flag: &'static str, glob: String },
     #[error(
-        "--trace '{glob}' matches no traceable function{}",
+        "{flag} '{glob}' matches no traceable function{}",
         no_match_detail(untraceable, closest)
     )]
     NoMatch {
+        /// `--trace` or `--notrace`: ftrace refuses a glob that matches
+        /// nothing in either file, and so does vmtrace.
+        flag: &'static str,
         glob: String,
         /// Functions that match but have no ftrace call site.
         untraceable: Vec<String>,
@@ -231,6 +234,8 @@ fn check_syntax(flag: &'static str, glob: &str) -> Result<(), FilterError> {
 pub struct Filter {
     trace: Globs,
     notrace: GlobSet,
+    /// The `--notrace` globs as written, in `notrace`'s order.
+    notrace_globs: Vec<String>,
 }
 
 impl Filter {
@@ -249,6 +254,7 @@ impl Filter {
         Ok(Filter {
             trace,
             notrace: glob_set("--notrace", &notrace_globs)?,
+            notrace_globs,
         })
     }
 
@@ -271,12 +277,19 @@ impl Filter {
         sites: &SiteTable,
     ) -> Result<Vec<usize>, FilterError> {
         let mut glob_used = vec![false; self.trace.positive.len()];
+        let mut notrace_used = vec![false; self.notrace_globs.len()];
         let mut hits = Vec::new();
         let mut selected = Vec::new();
         // Some site survives --trace's `!globs` (before --notrace).
         let mut any_traced = false;
         for (i, site) in sites.sites.iter().enumerate() {
             let name = function_name(image, site.func);
+            if !self.notrace_globs.is_empty() {
+                self.notrace.matches_into(name, &mut hits);
+                for &g in &hits {
+                    notrace_used[g] = true;
+                }
+            }
             let traced = self.trace.matches_into(name, &mut hits);
             for &g in &hits {
                 glob_used[g] = true;
@@ -290,7 +303,10 @@ impl Filter {
             }
         }
         if let Some(g) = glob_used.iter().position(|used| !used) {
-            return Err(self.no_match(&self.trace.positive[g], image, sites));
+            return Err(self.no_match("--trace", &self.trace.positive[g], image, sites));
+        }
+        if let Some(g) = notrace_used.iter().position(|used| !used) {
+            return Err(self.no_match("--notrace", &self.notrace_globs[g], image, sites));
         }
         if selected.is_empty() {
             if !any_traced && !self.trace.negative.is_empty() {
@@ -303,8 +319,14 @@ impl Filter {
         Ok(selected)
     }
 
-    /// The error for a `--trace` glob that matched no function with a site.
-    fn no_match(&self, glob: &str, image: &KernelImage, sites: &SiteTable) -> FilterError {
+    /// The error for a `flag` glob that matched no function with a site.
+    fn no_match(
+        &self,
+        flag: &'static str,
+        glob: &str,
+        image: &KernelImage,
+        sites: &SiteTable,
+    ) -> FilterError {
         let mut traceable: Vec<&str> = sites
             .sites
             .iter()
@@ -330,6 +352,7 @@ impl Filter {
             Err(_) => Vec::new(),
         };
         FilterError::NoMatch {
+            flag,
             glob: glob.to_string(),
             untraceable,
             closest: closest_names(glob, &traceable),

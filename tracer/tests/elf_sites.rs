@@ -737,3 +737,19 @@ fn list_marks_init_and_notrace_functions() {
     let e = Listing::new(&image, &table, &strings(&["shedule"])).expect_err("no match");
     assert!(e.to_string().contains("; closest: schedule"), "{e}");
 }
+
+#[test]
+fn a_notrace_glob_matching_nothing_is_refused_as_ftrace_does() {
+    let e = select(&["hrtimer_*"], &["hrtimer_wakeup,nomatch_*"]).expect_err("no match");
+    let FilterError::NoMatch { flag, glob, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((*flag, glob.as_str()), ("--notrace", "nomatch_*"));
+    assert!(
+        e.to_string()
+            .starts_with("--notrace 'nomatch_*' matches no traceable function"),
+        "{e}"
+    );
+    // One that matches a traceable function --trace did not select is fine.
+    assert!(select(&["hrtimer_*"], &["schedule"]).is_ok());
+}
