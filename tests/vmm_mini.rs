@@ -245,3 +245,25 @@ fn a_panicking_vcpu_thread_ends_the_run_and_says_so() {
         "the thread of vCPU 1 panicked: handler exploded"
     );
 }
+
+#[test]
+fn a_timeout_says_its_time_once() {
+    let kernel = mini_elf();
+    let out = vmtrace(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cmdline",
+        "mode=loop",
+        "--timeout",
+        "0.5",
+        "--console",
+        "none",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("vmtrace: timeout after 0.5 s (--timeout)"),
+        "{err}"
+    );
+    assert!(!err.contains(" s after "), "{err}");
+}

@@ -49,11 +49,14 @@ fn untraced(vm: Vm, stats: bool) -> Result<Outcome, Error> {
 
 /// Say why and when the guest stopped (and, with `--stats`, how it ran).
 fn stopped(report: &RunReport, stats: bool) -> Outcome {
-    note!(
-        "vmtrace: {} after {:.2} s",
-        report.reason,
-        report.elapsed.as_secs_f64()
-    );
+    match &report.reason {
+        // It says its own time: "timeout after 8 s", not "... after 8.03 s".
+        StopReason::Timeout(_) => note!("vmtrace: {} (--timeout)", report.reason),
+        reason => note!(
+            "vmtrace: {reason} after {:.2} s",
+            report.elapsed.as_secs_f64()
+        ),
+    }
     if let Some(lost) = crate::console::loss() {
         note!("vmtrace: {lost}");
     }
