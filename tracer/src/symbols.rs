@@ -40,10 +40,12 @@ pub enum SymbolError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{} is not an ELF file ({source}); pass the uncompressed vmlinux, not a bzImage", path.display())]
+    #[error("{} is not an ELF file vmtrace can read ({source}){hint}", path.display())]
     NotElf {
         path: PathBuf,
         source: object::Error,
+        /// What to do, by what the file is (`not_elf_hint`).
+        hint: &'static str,
     },
     #[error("{} is a {format} file, not ELF; pass the uncompressed vmlinux, not a bzImage", path.display())]
     NotElfFormat { path: PathBuf, format: String },
@@ -130,6 +132,22 @@ struct FuncCandidate {
     global: bool,
 }
 
+/// What to say of a file that did not parse as ELF: by its first bytes,
+/// not a guess (an empty file, a big-endian or 32-bit ELF, a bzImage).
+fn not_elf_hint(bytes: &[u8]) -> &'static str {
+    /// Offset of a bzImage's "HdrS" magic (Documentation/x86/boot.rst).
+    const HDRS: std::ops::Range<usize> = 0x202..0x206;
+    if bytes.is_empty() {
+        "; the file is empty: pass the kernel's vmlinux"
+    } else if bytes.starts_with(b"\x7fELF") {
+        "; it is big-endian or 32-bit: pass an x86-64 vmlinux"
+    } else if bytes.get(HDRS) == Some(b"HdrS") {
+        "; it is a bzImage: pass the uncompressed vmlinux (or no --vmlinux: vmtrace reads a bzImage's own symbols)"
+    } else {
+        "; pass the kernel's vmlinux"
+    }
+}
+
 impl KernelImage {
     /// Reads and indexes the ELF file at `path`.
     pub fn load(path: &Path) -> Result<Self, SymbolError> {
@@ -150,6 +168,7 @@ impl KernelImage {
         let file = object::File::parse(&*bytes).map_err(|source| SymbolError::NotElf {
             path: path.clone(),
             source,
+            hint: not_elf_hint(&bytes),
         })?;
         if file.format() != BinaryFormat::Elf {
             // A bzImage parses as PE (EFI stub): name the mistake.

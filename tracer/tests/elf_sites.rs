@@ -753,3 +753,27 @@ fn a_notrace_glob_matching_nothing_is_refused_as_ftrace_does() {
     // One that matches a traceable function --trace did not select is fine.
     assert!(select(&["hrtimer_*"], &["schedule"]).is_ok());
 }
+
+#[test]
+fn what_a_non_elf_vmlinux_is_told_depends_on_what_it_is() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("notelf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // An ELF identification of a 64-bit big-endian file, then zeros.
+    let mut be = b"\x7fELF\x02\x02\x01".to_vec();
+    be.resize(64, 0);
+    let mut bz = vec![0u8; 0x300];
+    bz[0x202..0x206].copy_from_slice(b"HdrS");
+    for (name, bytes, want) in [
+        ("empty", Vec::new(), "the file is empty"),
+        ("be.elf", be, "pass an x86-64 vmlinux"),
+        ("bzImage", bz, "it is a bzImage"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let e = KernelImage::load(&p).expect_err(name).to_string();
+        assert!(e.contains(want), "{name}: {e}");
+        // Only a bzImage is told it is one.
+        assert_eq!(e.contains("bzImage"), name == "bzImage", "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

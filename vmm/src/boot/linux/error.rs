@@ -15,6 +15,8 @@ pub enum LinuxBootError {
     },
     #[error("{path} is not a bzImage (no \"HdrS\" magic at offset 0x202){hint}")]
     NotBzImage { path: PathBuf, hint: &'static str },
+    #[error("{path} is truncated: it has a bzImage's \"HdrS\" magic but ends at byte {len}, inside its setup header; copy the bzImage again")]
+    HeaderCut { path: PathBuf, len: u64 },
     #[error("{path}: setup header field `{field}` is {value:#x}: {why}")]
     UnsupportedKernel {
         path: PathBuf,

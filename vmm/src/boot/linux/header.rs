@@ -63,7 +63,16 @@ pub(super) fn read_setup_header(file: &mut File, path: &Path) -> Result<setup_he
         .map_err(read_err)?;
     match file.read_exact(hdr.as_mut_slice()) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(not_bzimage(file)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            // The magic may be there with the header cut short after it.
+            return Err(match is_bzimage(file) {
+                Ok(true) => LinuxBootError::HeaderCut {
+                    path: path.to_owned(),
+                    len: file_len(file, path)?,
+                },
+                _ => not_bzimage(file),
+            });
+        }
         Err(e) => return Err(read_err(e)),
     }
     if hdr.header != HDRS_MAGIC {

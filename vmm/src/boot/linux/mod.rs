@@ -674,6 +674,21 @@ mod tests {
     }
 
     #[test]
+    fn a_header_cut_after_its_magic_is_called_truncated() {
+        let mem = guest_mem();
+        let mut cut = vec![0u8; 0x258];
+        cut[0x202..0x206].copy_from_slice(b"HdrS");
+        let mut kernel = TempFile::new(&cut);
+        let err = load(&mem, &mut kernel, None, "").unwrap_err();
+        assert!(
+            matches!(err, LinuxBootError::HeaderCut { len: 0x258, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("truncated"), "{err}");
+        assert!(!err.to_string().contains("no \"HdrS\""), "{err}");
+    }
+
+    #[test]
     fn is_bzimage_keeps_the_file_position() {
         let mut kernel = TempFile::new(&fake_bzimage(test_header()));
         kernel.file.seek(SeekFrom::Start(17)).unwrap();
