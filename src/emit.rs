@@ -3,8 +3,9 @@
 //! the exports (`--export FMT=FILE`) and the data file (`-o`, `record`).
 //!
 //! Nothing is lost quietly. The view comes first (what the user watches
-//! for), then the exports, then the data file and the line that says where
-//! it is, last so that it ends the run as perf's does. Each output is
+//! for), then the exports, then the line that says where the data file is
+//! (written while the guest ran, `cmd::run`; or why it could not be), last
+//! so that it ends the run as perf's does. Each output is
 //! written whatever happened to the others; every failure is one line, the
 //! last one the command's error (exit status 1). Files are written by
 //! `tracer::export::file`'s rules (atomically over regular files, into
@@ -28,11 +29,10 @@ use std::path::Path;
 
 use tracer::export::file::{self, Target};
 use tracer::model::Trace;
-use tracer::tracefile::{self, TraceFileError};
 use tracer::{export, report};
 
 use crate::cli::{ExportFormat, Format};
-use crate::config::{DataFile, Export, Output, View};
+use crate::config::{Export, Output, View};
 use crate::datafile;
 use crate::error::RuntimeError;
 
@@ -80,22 +80,6 @@ pub fn emit(trace: &Trace, out: &Output, streamed: Option<Streamed>) -> Result<(
                 "vmtrace: {}",
                 datafile::wrote_line(&w.path, w.events, w.unstored, w.kept.as_deref())
             ),
-            Err(e) => failures.push(e),
-        }
-    } else if let Some(d) = &out.data {
-        match save_data(trace, d, shown) {
-            Ok(kept) => {
-                let m = &trace.meta;
-                note!(
-                    "vmtrace: {}",
-                    datafile::wrote_line(
-                        &d.path,
-                        trace.events.len() as u64,
-                        m.events_dropped + m.returns_dropped,
-                        kept.as_deref()
-                    )
-                );
-            }
             Err(e) => failures.push(e),
         }
     }
@@ -167,31 +151,6 @@ fn closed_pipe_is_fine(r: io::Result<()>) -> io::Result<()> {
     }
 }
 
-/// Save the binary trace (`record` first keeps the previous file as
-/// FILE.old); on failure say what is left at the path. Returns where the
-/// previous file went, if it was kept.
-pub fn save_data(
-    trace: &Trace,
-    data: &DataFile,
-    shown: Option<Format>,
-) -> Result<Option<std::path::PathBuf>, RuntimeError> {
-    let kept = if data.keep_old {
-        datafile::keep_old(&data.path)?
-    } else {
-        None
-    };
-    match tracefile::save(trace, &data.path) {
-        Ok(()) => Ok(kept),
-        Err(TraceFileError::Write { source, .. }) => Err(RuntimeError::Lost {
-            what: "trace",
-            path: data.path.clone(),
-            source,
-            note: left_behind(&data.path, shown, kept.as_deref()),
-        }),
-        Err(e) => Err(RuntimeError::Save(e)),
-    }
-}
-
 fn write_export_file(trace: &Trace, e: &Export, shown: Option<Format>) -> Result<(), RuntimeError> {
     let name = export_name(e.format);
     match file::write(&e.path, |w| write_export(e.format, trace, w)) {
@@ -203,21 +162,17 @@ fn write_export_file(trace: &Trace, e: &Export, shown: Option<Format>) -> Result
             what: name,
             path: e.path.clone(),
             source,
-            note: left_behind(&e.path, shown, None),
+            note: left_behind(&e.path, shown),
         }),
     }
 }
 
 /// What a failed write left at `path`, and what the user has all the same.
-fn left_behind(path: &Path, shown: Option<Format>, kept: Option<&Path>) -> String {
+fn left_behind(path: &Path, shown: Option<Format>) -> String {
     let mut note = match file::target(path) {
         Ok(Target::Device(_)) => "what reached the device is incomplete".to_string(),
-        _ if kept.is_some() => "nothing was written there".to_string(),
         _ => "nothing was written there (a file of that name is as it was)".to_string(),
     };
-    if let Some(old) = kept {
-        note.push_str(&format!("; the previous trace is {}", old.display()));
-    }
     match shown.map(as_export) {
         Some(None) => note.push_str("; the text report is on stdout"),
         Some(Some(f)) => note.push_str(&format!("; the {} is on stdout", export_name(f))),

@@ -126,9 +126,7 @@ pub struct Trace {
 impl Trace {
     /// The caller function containing return address `ip`.
     pub fn caller_of(&self, ip: u64) -> Option<&Symbol> {
-        let i = self.callers.partition_point(|s| s.addr <= ip);
-        let s = self.callers.get(i.checked_sub(1)?)?;
-        (ip < s.addr + s.size.max(1)).then_some(s)
+        caller_index(&self.callers, ip).map(|i| &self.callers[i])
     }
 
     /// Seconds between attach and detach.
@@ -207,6 +205,14 @@ impl Trace {
             events: ev,
         }
     }
+}
+
+/// The index of the symbol of `callers` (sorted by address) holding return
+/// address `ip` (a size of 0 holds only its own address).
+pub fn caller_index(callers: &[Symbol], ip: u64) -> Option<usize> {
+    let i = callers.partition_point(|s| s.addr <= ip).checked_sub(1)?;
+    let s = &callers[i];
+    (ip < s.addr + s.size.max(1)).then_some(i)
 }
 
 /// Shape of `Trace::synthetic`.

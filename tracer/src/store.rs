@@ -20,7 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::model::{Event, Trace};
 use crate::record::{Counters, SiteIndex, BATCH};
-use crate::symbols::Symbol;
+use crate::symbols::{function_index_at, Symbol};
 use crate::tracefile::stream::DataFile;
 use crate::tracefile::EVENT_SIZE;
 
@@ -93,21 +93,12 @@ impl Fixup {
         let slide = self.index.slide();
         for e in events {
             let link = e.parent.wrapping_sub(slide as u64);
-            if let Some(i) = function_at(&self.functions, link) {
+            if let Some(i) = function_index_at(&self.functions, link) {
                 e.parent = link;
                 seen[i] = true;
             }
         }
     }
-}
-
-/// The index of the function holding `addr`, if any.
-fn function_at(functions: &[Symbol], addr: u64) -> Option<usize> {
-    let i = functions
-        .partition_point(|f| f.addr <= addr)
-        .checked_sub(1)?;
-    let f = &functions[i];
-    (f.size == 0 || addr - f.addr < f.size).then_some(i)
 }
 
 /// The running store thread.
@@ -146,7 +137,7 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || match storage {
-            Storage::Memory => Stored::Memory(collect(rx)),
+            Storage::Memory => Stored::Memory(collect(rx, &fixup)),
             Storage::Stream { mut file, .. } => {
                 let error = write_head(&head_rx, &mut file);
                 Stored::File(stream(rx, &free_tx, file, error, &counters, &fixup))
@@ -184,10 +175,14 @@ fn recycle(free: &Sender<Vec<Event>>, mut batch: Vec<Event>) {
     let _ = free.try_send(batch);
 }
 
-/// Memory: every batch, sorted by time at the end.
-fn collect(rx: Receiver<Vec<Event>>) -> Vec<Event> {
+/// Memory: every batch (callers at their link addresses, as the data
+/// file gets them), sorted by time at the end.
+fn collect(rx: Receiver<Vec<Event>>, fixup: &Fixup) -> Vec<Event> {
     let mut events = Vec::new();
-    for batch in rx {
+    // The caller functions are found again from the events at the end.
+    let mut seen = vec![false; fixup.functions.len()];
+    for mut batch in rx {
+        fixup.apply(&mut batch, &mut seen);
         events.extend_from_slice(&batch);
     }
     events.sort_by_key(|e| (e.ts_ns, e.cpu));

@@ -132,6 +132,17 @@ struct FuncCandidate {
     global: bool,
 }
 
+/// The index of the function of `functions` (sorted by address, as
+/// `KernelImage::functions`) that holds `addr`; a size of 0 (kallsyms) reaches
+/// to the next function.
+pub fn function_index_at(functions: &[Symbol], addr: u64) -> Option<usize> {
+    let i = functions
+        .partition_point(|f| f.addr <= addr)
+        .checked_sub(1)?;
+    let f = &functions[i];
+    (f.size == 0 || addr - f.addr < f.size).then_some(i)
+}
+
 /// What to say of a file that did not parse as ELF: by its first bytes,
 /// not a guess (an empty file, a big-endian or 32-bit ELF, a bzImage).
 fn not_elf_hint(bytes: &[u8]) -> &'static str {
@@ -233,12 +244,7 @@ impl KernelImage {
 
     /// Like `function_at`, but the index into `functions`.
     pub fn function_index_at(&self, addr: u64) -> Option<usize> {
-        let i = self
-            .functions
-            .partition_point(|f| f.addr <= addr)
-            .checked_sub(1)?;
-        let f = &self.functions[i];
-        (f.size == 0 || addr - f.addr < f.size).then_some(i)
+        function_index_at(&self.functions, addr)
     }
 
     /// `len` bytes of the file at virtual address `vaddr`, if one allocated

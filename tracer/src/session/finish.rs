@@ -135,19 +135,10 @@ impl Tracer {
         let image = &self.plan.image;
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
+                // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
                     crate::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
-                }
-                if let Some(off) = self.offset.filter(|o| !o.is_none()) {
-                    // Callers were read at their running addresses: back to the
-                    // vmlinux's, where the symbols are (anything else stays as read).
-                    for e in &mut events {
-                        let link = off.link(e.parent);
-                        if image.function_index_at(link).is_some() {
-                            e.parent = link;
-                        }
-                    }
                 }
                 (events, None)
             }

@@ -9,7 +9,7 @@ use super::reader::Reader;
 use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD};
 use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, VERSION_5};
 use crate::exitless::layout::{CODE_LEN, CODE_VA};
-use crate::model::{Event, Trace};
+use crate::model::{caller_index, Event, Trace};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0).
 pub(super) fn load<R: Read>(mut r: Reader<'_, R>, declared: u64) -> Result<Trace, TraceFileError> {
@@ -195,11 +195,8 @@ fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
     // HEAD lists every kernel function as a possible caller: keep those used.
     let mut used = vec![false; head.callers.len()];
     for e in &events {
-        let i = head.callers.partition_point(|s| s.addr <= e.parent);
-        if let Some(s) = i.checked_sub(1).map(|i| &head.callers[i]) {
-            if e.parent < s.addr + s.size.max(1) {
-                used[i - 1] = true;
-            }
+        if let Some(i) = caller_index(&head.callers, e.parent) {
+            used[i] = true;
         }
     }
     let callers = head
