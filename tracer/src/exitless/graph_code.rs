@@ -2,13 +2,12 @@
 //! records a call and hooks its return, the return path, and one return stub
 //! per frame of vmtrace's frame pool (see `layout`: `FRAMES`, `RET_STUBS_VA`).
 //!
-//! Entry (a site's stub jumps here with r11d = k; `[rsp]` = site + 5,
+//! Entry (a site's stub jumps here with r11d = k + 1; `[rsp]` = site + 5,
 //! `[rsp + 8]` = the function's return address O, at slot S = rsp + 8):
 //!
 //! ```text
 //! gentry: push rax; push rdx; push rcx; push rsi   ; S = rsp + 40
-//!         <reserve a record, as the entry-only path; r10 = record, rdx = seq>
-//!         mov [r10 + rec.site], r11d
+//!         <reserve a record, as the entry-only path; r10 = record>
 //!         mov rax, [rsp + 40]               ; O
 //!         mov [r10 + rec.parent], rax
 //!         mov ecx, 1
@@ -19,15 +18,15 @@
 //!         xchg [rcx + frames.busy], esi     ; claim j (xchg with memory is locked)
 //!         test esi, esi
 //!         jnz nohook                        ; j still in use: leave the return alone
-//!         mov [rcx + frames.site], r11d
+//!         mov [rcx + frames.site], r11d     ; k + 1
 //!         mov [rcx + frames.ret], rax       ; O, for the return
 //!         lea rax, [rsp + 40]
 //!         mov [r10 + rec.slot], rax         ; S: the entry is hooked
 //!         lea rax, [rcx + RET_STUBS_VA]     ; stub j (stubs are FRAME_LEN apart, like frames)
 //!         mov [rsp + 40], rax               ; the function now returns to stub j
-//! commit: mov ecx, edx; rdtsc; <store tsc>; mov [r10 + rec.seq], ecx
+//! commit: rdtsc; <store tsc>; mov [r10 + rec.commit], r11d
 //! out:    pop rsi; pop rcx; pop rdx; pop rax; ret
-//! full:   lock inc qword [r10 + r11 * 8 + drops]; jmp out
+//! full:   lock inc qword [r10 + r11 * 8 + drops - 8]; jmp out
 //! nohook: mov qword [r10 + rec.slot], 0; jmp commit
 //! ```
 //!
@@ -38,18 +37,17 @@
 //! greturn: push rax; push rdx                ; the return value; S = rsp + 8
 //!         shl r11d, 4                        ; r11 = j * FRAME_LEN
 //!         mov rcx, [r11 + frames.ret]        ; O
-//!         mov esi, [r11 + frames.site]       ; k
+//!         mov esi, [r11 + frames.site]       ; k + 1
 //!         mov dword [r11 + frames.busy], 0   ; free j: O and k are in registers
-//!         <reserve a record; r10 = record, rdx = seq>
-//!         mov [r10 + rec.site], esi
+//!         <reserve a record; r10 = record>
 //!         mov [r10 + rec.parent], rcx
 //!         lea rax, [rsp + 9]                 ; S | 1: a return
 //!         mov [r10 + rec.slot], rax
-//!         mov r11d, edx; rdtsc; <store tsc>; mov [r10 + rec.seq], r11d
+//!         rdtsc; <store tsc>; mov [r10 + rec.commit], esi
 //! rout:   pop rdx; pop rax
 //!         push rcx                           ; O where the function's return address was
 //!         ret                                ; back to the caller, as if never hooked
-//! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops]; jmp rout
+//! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
 //! ```
 //!
 //! Registers: at a function's entry only r10 and r11 are free, so the entry
@@ -74,7 +72,7 @@ use iced_x86::IcedError;
 
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
-    RET_STUBS_VA,
+    RECORD_LEN, RET_STUBS_VA,
 };
 
 /// Displacements and immediates the paths use (computed and checked by
@@ -82,81 +80,74 @@ use super::layout::{
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fields {
     pub cpu_number_off: i32,
-    pub cpus: u32,
     pub ring_bytes: i32,
-    pub index_mask: u32,
-    pub record_shift: u32,
+    /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
+    pub slot_mask: u32,
     pub head: i64,
     pub limit: i64,
+    /// The drop counters, less 8: indexed by the commit word (site + 1).
     pub drops: i64,
+    /// The return drop counters, less 8, likewise.
     pub ret_drops: i64,
-    pub rec_seq: i64,
-    pub rec_site: i64,
+    pub rec_commit: i64,
     pub rec_tsc: i64,
     pub rec_parent: i64,
     pub rec_slot: i64,
 }
 
-/// Where the reservation goes when it cannot record.
-pub(super) struct Exits {
-    /// The CPU has no ring: record nothing.
-    pub out: CodeLabel,
-    /// The ring is full: count a drop.
-    pub full: CodeLabel,
-}
-
 /// Reserve a record in this CPU's ring: on success r10 = the record's offset
-/// from `DATA_VA` and rdx = its seq (index + 1); rax is clobbered. Uses r10,
-/// rax and rdx.
+/// from `DATA_VA`; a full ring jumps to `full` with r10 = the ring's offset.
+/// Uses r10, rax and rdx.
+///
+/// The CPU number is not bounds-checked here: the kernel keeps it below
+/// `nr_cpu_ids` (at most the vCPUs, one ring each), and every attach reads
+/// it where this code does, through each kernel-mode vCPU's GS base and at
+/// each possible CPU's `__per_cpu_offset`, and refuses to patch a site if
+/// one is not the CPU's own number (`Exitless::check_cpu_numbers`).
 pub(super) fn emit_reserve(
     a: &mut CodeAssembler,
     f: &Fields,
-    exits: &Exits,
+    full: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut retry = a.create_label();
     // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
     a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
-    // A CPU without a ring (a wrong per-CPU offset): record nothing.
-    a.cmp(r10d, f.cpus)?;
-    a.jae(exits.out)?;
     // r10 = offset of this CPU's ring from DATA_VA.
     a.imul_3(r10, r10, f.ring_bytes)?;
-    // rax = head, the next index to reserve.
+    // rax = head, the byte offset of the next record to reserve.
     a.mov(rax, qword_ptr(r10 + f.head))?;
     a.set_label(&mut retry)?;
-    // Full: head has reached the first index the host has not freed.
+    // Full: head has reached the first record the host has not freed.
     a.cmp(rax, qword_ptr(r10 + f.limit))?;
-    a.jae(exits.full)?;
-    // rdx = head + 1: the new head and this record's seq.
-    a.lea(rdx, ptr(rax + 1))?;
-    // Reserve index rax (locked: a preempted task may finish on another CPU).
+    a.jae(full)?;
+    // rdx = the head past this record.
+    a.lea(rdx, ptr(rax + RECORD_LEN as i32))?;
+    // Reserve it (locked: a preempted task may finish on another CPU).
     a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
     // Lost the race: rax holds the current head; check it again.
     a.jne(retry)?;
-    // eax = the slot of index rax, then its byte offset.
-    a.and(eax, f.index_mask)?;
-    a.shl(eax, f.record_shift)?;
+    // eax = the slot's byte offset in the ring's records.
+    a.and(eax, f.slot_mask)?;
     // r10 = ring offset + slot offset.
     a.add(r10, rax)?;
     Ok(())
 }
 
-/// Store the guest TSC in the record at r10 and commit it with `seq32`,
-/// which must not be eax or edx (rdtsc overwrites them).
+/// Store the guest TSC in the record at r10, then commit it by writing
+/// `commit` (the site index + 1, never 0; not eax or edx, which rdtsc
+/// overwrites) to its commit word.
 pub(super) fn emit_commit(
     a: &mut CodeAssembler,
     f: &Fields,
-    seq32: AsmRegister32,
+    commit: AsmRegister32,
 ) -> Result<(), IcedError> {
-    // seq = edx (the reservation's index + 1, truncated as the record
-    // keeps it), kept across rdtsc.
-    a.mov(seq32, edx)?;
     // edx:eax = the guest's TSC.
     a.rdtsc()?;
     a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
     a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
-    // The commit, last: x86 keeps stores in program order.
-    a.mov(dword_ptr(r10 + f.rec_seq), seq32)?;
+    // The commit, last: x86 keeps stores in program order, so a host that
+    // reads it non-zero reads the fields above complete.
+    a.mov(dword_ptr(r10 + f.rec_commit), commit)?;
     Ok(())
 }
 
@@ -178,9 +169,7 @@ pub(super) fn emit_entry(
     a.push(rdx)?;
     a.push(rcx)?;
     a.push(rsi)?;
-    emit_reserve(a, f, &Exits { out, full })?;
-    // record.site = k.
-    a.mov(dword_ptr(r10 + f.rec_site), r11d)?;
+    emit_reserve(a, f, full)?;
     // rax = O, the function's return address, and record.parent = O.
     a.mov(rax, qword_ptr(rsp + 40))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
@@ -196,7 +185,7 @@ pub(super) fn emit_entry(
     a.test(esi, esi)?;
     // Still busy: record the call, do not hook its return.
     a.jnz(nohook)?;
-    // frame.site = k, frame.ret = O.
+    // frame.site = k + 1 (the return's commit word), frame.ret = O.
     a.mov(dword_ptr(rcx + (frames + FRAME_SITE as i64)), r11d)?;
     a.mov(qword_ptr(rcx + (frames + FRAME_RET as i64)), rax)?;
     // record.slot = S.
@@ -206,7 +195,8 @@ pub(super) fn emit_entry(
     a.lea(rax, ptr(rcx + RET_STUBS_VA as i64))?;
     a.mov(qword_ptr(rsp + 40), rax)?;
     a.set_label(&mut commit)?;
-    emit_commit(a, f, ecx)?;
+    // The TSC, then commit with k + 1 (the stub's r11d).
+    emit_commit(a, f, r11d)?;
     a.set_label(&mut out)?;
     a.pop(rsi)?;
     a.pop(rcx)?;
@@ -214,7 +204,8 @@ pub(super) fn emit_entry(
     a.pop(rax)?;
     a.ret()?;
     a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1; no record, no hook.
+    // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
+    // no record, no hook.
     a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
     a.set_label(&mut nohook)?;
@@ -239,17 +230,17 @@ pub(super) fn emit_return(
     a.push(rdx)?;
     // r11 = j * FRAME_LEN (the stub left j in r11d).
     a.shl(r11d, FRAME_LEN.trailing_zeros())?;
-    // rcx = O, esi = k, then free the frame.
+    // rcx = O, esi = k + 1, then free the frame.
     a.mov(rcx, qword_ptr(r11 + (frames + FRAME_RET as i64)))?;
     a.mov(esi, dword_ptr(r11 + (frames + FRAME_SITE as i64)))?;
     a.mov(dword_ptr(r11 + (frames + FRAME_BUSY as i64)), 0u32)?;
-    emit_reserve(a, f, &Exits { out, full })?;
-    a.mov(dword_ptr(r10 + f.rec_site), esi)?;
+    emit_reserve(a, f, full)?;
     a.mov(qword_ptr(r10 + f.rec_parent), rcx)?;
     // record.slot = S | 1: a return.
     a.lea(rax, ptr(rsp + 9))?;
     a.mov(qword_ptr(r10 + f.rec_slot), rax)?;
-    emit_commit(a, f, r11d)?;
+    // The TSC, then commit with k + 1.
+    emit_commit(a, f, esi)?;
     a.set_label(&mut out)?;
     a.pop(rdx)?;
     a.pop(rax)?;
@@ -257,7 +248,7 @@ pub(super) fn emit_return(
     a.push(rcx)?;
     a.ret()?;
     a.set_label(&mut full)?;
-    // Ring full: ret_drops[k] += 1.
+    // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
     a.lock().inc(qword_ptr(r10 + rsi * 8 + f.ret_drops))?;
     a.jmp(out)?;
     Ok(())

@@ -28,21 +28,21 @@ pub const PD_FIRST: usize = 508;
 pub const PD_COUNT: usize = 3;
 
 /// Ring header fields: `head` and `limit` on cache lines of their own (the
-/// guest writes one, the host the other).
+/// guest writes one, the host the other). Both count bytes of records
+/// (index * `RECORD_LEN`), so the trampoline turns a reserved head into its
+/// slot's offset with one `and`.
 pub const HEAD_OFF: u64 = 0;
 pub const LIMIT_OFF: u64 = 64;
 /// Per-site drop counters start here (then, with the function graph, the
 /// per-site counters of returns not recorded: `RingLayout::ret_drops_off`).
 pub const DROPS_OFF: u64 = 128;
-/// One record: `seq` (u32: index + 1, truncated; the commit), the site index
-/// (u32), the guest TSC, the parent, and (function graph) the stack slot of
-/// the return address, bit 0 set for a return, 0 for an unhooked entry.
-/// A 32-bit `seq` suffices: a slot only ever holds the record of its index
-/// or of the index one ring (`cap` <= 2^24) before it, which differ in their
-/// low 32 bits.
+/// One record: the commit word (u32: the site index + 1, written last; 0
+/// while the slot is free, the host zeroes it when it consumes the record),
+/// 4 bytes unused, the guest TSC, the parent, and (function graph) the stack
+/// slot of the return address, bit 0 set for a return, 0 for an unhooked
+/// entry.
 pub const RECORD_LEN: u64 = 32;
-pub const REC_SEQ: u64 = 0;
-pub const REC_SITE: u64 = 4;
+pub const REC_COMMIT: u64 = 0;
 pub const REC_TSC: u64 = 8;
 pub const REC_PARENT: u64 = 16;
 pub const REC_SLOT: u64 = 24;
@@ -87,7 +87,8 @@ pub enum LayoutError {
 
 /// Fewest records a ring may have.
 pub const MIN_RECORDS: u64 = 2;
-/// Most records a ring may have (keeps `cap - 1` an imm32 and rings small).
+/// Most records a ring may have (keeps `cap * RECORD_LEN - 1`, the
+/// trampoline's slot mask, an imm32 and rings small).
 pub const MAX_RECORDS: u64 = 1 << 24;
 
 /// The rings of one attach: `cpus` rings of `ring_bytes` each.

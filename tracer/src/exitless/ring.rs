@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 use super::layout::{
-    RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT, REC_SEQ,
-    REC_SITE, REC_SLOT, REC_TSC,
+    RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT, REC_PARENT,
+    REC_SLOT, REC_TSC,
 };
 
 /// One traced call, as the trampoline recorded it.
@@ -77,8 +77,8 @@ fn check_cpu(layout: &RingLayout, cpu: usize) -> Result<(), RingError> {
 }
 
 /// Sets up every ring of `layout` before any site calls the trampoline:
-/// header, drop counters and records zeroed (head 0, every `seq` 0, which no
-/// index reads as committed), and `limit = cap` (the whole ring free).
+/// header, drop counters and records zeroed (head 0, every commit word 0:
+/// nothing committed), and `limit` = `cap` records (the whole ring free).
 pub fn init_rings(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<(), RingError> {
     let total = (layout.cpus as u64).checked_mul(layout.ring_bytes);
     if total.is_none_or(|t| t > DATA_LEN) {
@@ -100,8 +100,12 @@ pub fn init_rings(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<(), Ring
             off += len as u64;
         }
         let limit = field(layout, cpu, LIMIT_OFF);
-        mem.store(layout.cap, GuestAddress(limit), Ordering::Release)
-            .map_err(memory_error("setting the limit", cpu, limit))?;
+        mem.store(
+            layout.cap * RECORD_LEN,
+            GuestAddress(limit),
+            Ordering::Release,
+        )
+        .map_err(memory_error("setting the limit", cpu, limit))?;
     }
     Ok(())
 }
@@ -147,12 +151,15 @@ fn counters(
         .collect()
 }
 
-/// The `head` of `cpu`'s ring: how many records its calls have reserved.
+/// The `head` of `cpu`'s ring: how many records its calls have reserved
+/// (the ring keeps it in bytes).
 pub fn head(mem: &GuestMemoryMmap, layout: &RingLayout, cpu: usize) -> Result<u64, RingError> {
     check_cpu(layout, cpu)?;
     let gpa = field(layout, cpu, HEAD_OFF);
-    mem.load(GuestAddress(gpa), Ordering::Acquire)
-        .map_err(memory_error("reading the head", cpu, gpa))
+    let bytes: u64 = mem
+        .load(GuestAddress(gpa), Ordering::Acquire)
+        .map_err(memory_error("reading the head", cpu, gpa))?;
+    Ok(bytes / RECORD_LEN)
 }
 
 /// Drains the rings of one attach, in order, each record exactly once.
@@ -230,28 +237,29 @@ impl RingReader {
             // The commit first, with Acquire: the fields read after it are
             // the ones the writer stored before it (x86 keeps stores in
             // order; Acquire keeps the compiler from hoisting the reads).
-            let seq_gpa = slot + REC_SEQ;
-            let seq: u32 = mem
-                .load(GuestAddress(seq_gpa), Ordering::Acquire)
-                .map_err(memory_error("reading a record's seq", cpu, seq_gpa))?;
-            if seq != (index + 1) as u32 {
-                // Reserved and not committed yet, or not reserved at all
-                // (the slot still holds the previous lap's record, or zero).
+            let commit_gpa = slot + REC_COMMIT;
+            let commit: u32 = mem
+                .load(GuestAddress(commit_gpa), Ordering::Acquire)
+                .map_err(memory_error("reading a record's commit", cpu, commit_gpa))?;
+            if commit == 0 {
+                // Reserved and not committed yet, or not reserved at all.
+                // Never the previous lap's record: its commit word was
+                // zeroed when it was read, before its slot was freed.
                 break;
             }
             let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
             let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
             let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
-            let site_gpa = slot + REC_SITE;
-            let site: u32 = mem
-                .load(GuestAddress(site_gpa), Ordering::Relaxed)
-                .map_err(memory_error("reading a record's site", cpu, site_gpa))?;
+            // Empty the slot for its next lap; the limit store below
+            // (Release) makes the guest see this before the slot is free.
+            mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
+                .map_err(memory_error("clearing a record's commit", cpu, commit_gpa))?;
             f(
                 cpu,
                 Record {
                     tsc,
                     parent,
-                    site,
+                    site: commit - 1,
                     slot: stack_slot,
                 },
             );
@@ -265,7 +273,8 @@ impl RingReader {
             // the guest can see the slots free and overwrite them. Written
             // only when it moves, to leave the cache line alone otherwise.
             let gpa = field(&layout, cpu, LIMIT_OFF);
-            mem.store(tail + layout.cap, GuestAddress(gpa), Ordering::Release)
+            let limit = (tail + layout.cap) * RECORD_LEN;
+            mem.store(limit, GuestAddress(gpa), Ordering::Release)
                 .map_err(memory_error("moving the limit", cpu, gpa))?;
         }
         Ok((tail - start) as usize)
@@ -316,8 +325,8 @@ mod tests {
                 self.put(cpu, drop, self.get(cpu, drop) + 1);
                 return None;
             }
-            self.put(cpu, HEAD_OFF, head + 1);
-            Some(head)
+            self.put(cpu, HEAD_OFF, head + RECORD_LEN);
+            Some(head / RECORD_LEN)
         }
         fn commit(&self, cpu: usize, index: u64, rec: Record) {
             let slot = self.layout.records_off + (index & (self.layout.cap - 1)) * RECORD_LEN;
@@ -325,12 +334,9 @@ mod tests {
             self.put(cpu, slot + REC_PARENT, rec.parent);
             self.put(cpu, slot + REC_SLOT, rec.slot);
             self.mem
-                .store(rec.site, self.at(cpu, slot + REC_SITE), Ordering::Relaxed)
-                .unwrap();
-            self.mem
                 .store(
-                    (index + 1) as u32,
-                    self.at(cpu, slot + REC_SEQ),
+                    rec.site + 1,
+                    self.at(cpu, slot + REC_COMMIT),
                     Ordering::Release,
                 )
                 .unwrap();
@@ -376,12 +382,14 @@ mod tests {
         init_rings(&mem, &layout).unwrap();
         for cpu in 0..3 {
             assert_eq!(head(&mem, &layout, cpu).unwrap(), 0);
-            assert_eq!(load(&mem, field(&layout, cpu, LIMIT_OFF)), 8);
+            assert_eq!(load(&mem, field(&layout, cpu, LIMIT_OFF)), 8 * RECORD_LEN);
             assert_eq!(drops(&mem, &layout, cpu).unwrap(), [0; 5]);
             let mut ring = vec![1u8; layout.ring_bytes as usize];
             mem.read_slice(&mut ring, GuestAddress(layout.ring_gpa(cpu)))
                 .unwrap();
-            ring[LIMIT_OFF as usize] = 0; // the limit's only non-zero byte (8)
+            // The limit's only non-zero byte (8 records of 32 bytes: 0x100).
+            assert_eq!(ring[LIMIT_OFF as usize + 1], 1);
+            ring[LIMIT_OFF as usize + 1] = 0;
             assert!(
                 ring.iter().all(|&b| b == 0),
                 "CPU {cpu}'s ring is not zeroed"
@@ -415,8 +423,14 @@ mod tests {
             (1, 5, 6)
         );
         // The slots read are free again.
-        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 1 + 16);
-        assert_eq!(load(&mem, field(&layout, 1, LIMIT_OFF)), 5 + 16);
+        assert_eq!(
+            load(&mem, field(&layout, 0, LIMIT_OFF)),
+            (1 + 16) * RECORD_LEN
+        );
+        assert_eq!(
+            load(&mem, field(&layout, 1, LIMIT_OFF)),
+            (5 + 16) * RECORD_LEN
+        );
         assert!(drain(&mut reader, &mem).is_empty());
     }
 
@@ -434,7 +448,10 @@ mod tests {
         assert!(w.call(0, rec(3, 1)));
         let mut reader = RingReader::new(layout);
         assert_eq!(drain(&mut reader, &mem), [(0, rec(0, 0))]);
-        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 1 + 8);
+        assert_eq!(
+            load(&mem, field(&layout, 0, LIMIT_OFF)),
+            (1 + 8) * RECORD_LEN
+        );
         assert!(
             drain(&mut reader, &mem).is_empty(),
             "read past an uncommitted record"
@@ -444,7 +461,10 @@ mod tests {
             drain(&mut reader, &mem),
             [(0, rec(1, 1)), (0, rec(2, 0)), (0, rec(3, 1))]
         );
-        assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), 4 + 8);
+        assert_eq!(
+            load(&mem, field(&layout, 0, LIMIT_OFF)),
+            (4 + 8) * RECORD_LEN
+        );
     }
 
     #[test]
@@ -471,7 +491,10 @@ mod tests {
             let got = drain(&mut reader, &mem);
             let want: Vec<_> = (first..n).map(|i| (0, rec(i, 0))).collect();
             assert_eq!(got, want, "lap {lap}");
-            assert_eq!(load(&mem, field(&layout, 0, LIMIT_OFF)), n + 4);
+            assert_eq!(
+                load(&mem, field(&layout, 0, LIMIT_OFF)),
+                (n + 4) * RECORD_LEN
+            );
         }
         assert_eq!(head(&mem, &layout, 0).unwrap(), n);
         assert_eq!(drops(&mem, &layout, 0).unwrap(), [3]);
@@ -569,7 +592,7 @@ mod tests {
         let err = reader.drain(&mem, |_, _| {}).unwrap_err();
         assert!(
             err.to_string()
-                .starts_with("reading a record's seq of CPU 0's ring"),
+                .starts_with("reading a record's commit of CPU 0's ring"),
             "{err}"
         );
         let too_big = RingLayout {

@@ -29,6 +29,10 @@ pub const CPU_NUMBER: &str = "cpu_number";
 /// `gs:pcpu_hot+0xc` (checked in the 6.12 guest's code).
 pub const PCPU_HOT: &str = "pcpu_hot";
 pub const PCPU_HOT_CPU_NUMBER: u64 = 12;
+/// The kernel's table of per-CPU area offsets (`unsigned long
+/// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
+/// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
+pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
@@ -40,7 +44,7 @@ pub enum ExitlessError {
     #[error("{path}: `{CPU_NUMBER}` is at {off:#x}, not a per-CPU offset; use --mode trap", path = .path.display())]
     BadCpuNumber { path: std::path::PathBuf, off: u64 },
     #[error(
-        "vCPU {cpu}'s per-CPU CPU number reads {value} at gs:{off:#x} (the kernel has {cpus} vCPUs): \
+        "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the guest has {cpus} vCPUs): \
          the symbols do not describe this kernel's per-CPU layout; use --mode trap"
     )]
     CpuNumberMismatch {
@@ -177,35 +181,32 @@ impl Exitless {
         Ok(mapped)
     }
 
-    /// Do the parked vCPUs' per-CPU CPU numbers read as CPU numbers where
-    /// the trampoline will read them (`gs_bases`: (vCPU, GS base) of those
-    /// at CPL 0)? A wrong offset would make every call on that CPU neither
-    /// recorded nor counted. A GS base whose area is not mapped (a vCPU on
-    /// the entry path, before `swapgs`) tells nothing and is skipped.
+    /// Does every CPU's per-CPU CPU number read as one where the trampoline
+    /// will read it? The trampoline does not bounds-check the number (it
+    /// indexes the rings with it), so an attach is refused unless:
+    ///
+    /// - through each parked vCPU's GS base (`gs_bases`: (vCPU, GS base) of
+    ///   those at CPL 0), the number is below the vCPU count; a GS base whose
+    ///   area is not mapped (a vCPU on the entry path, before `swapgs`) tells
+    ///   nothing and is skipped;
+    /// - through the kernel's `__per_cpu_offset` table (`per_cpu_offset`: its
+    ///   runtime address, when the symbols have it), CPU i's number reads i
+    ///   for every i below the vCPU count, or 0 for a CPU the kernel has not
+    ///   set up (its entry still points at the per-CPU template). This also
+    ///   covers the CPUs that are not running yet at an early attach.
     pub fn check_cpu_numbers(
         &self,
         space: &mut AddressSpace<'_>,
         gs_bases: &[(usize, u64)],
+        per_cpu_offset: Option<u64>,
     ) -> Result<(), ExitlessError> {
-        let off = self.cpu_number_off;
-        for &(cpu, base) in gs_bases {
-            if base == 0 {
-                continue;
-            }
-            let Ok(b) = space.read_array::<4>(base.wrapping_add(u64::from(off))) else {
-                continue;
-            };
-            let value = u32::from_le_bytes(b);
-            if value as usize >= self.layout.cpus {
-                return Err(ExitlessError::CpuNumberMismatch {
-                    cpu,
-                    value,
-                    off,
-                    cpus: self.layout.cpus,
-                });
-            }
-        }
-        Ok(())
+        check_cpu_numbers(
+            space,
+            self.cpu_number_off,
+            self.layout.cpus,
+            gs_bases,
+            per_cpu_offset,
+        )
     }
 
     /// The bytes site `k` at `addr` becomes: a call to its stub.
@@ -265,5 +266,145 @@ impl Exitless {
             0 => Ok(()),
             n => Err(ExitlessError::BadRecords(n)),
         }
+    }
+}
+
+/// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
+/// per-CPU offset `off`.
+fn check_cpu_numbers(
+    space: &mut AddressSpace<'_>,
+    off: u32,
+    cpus: usize,
+    gs_bases: &[(usize, u64)],
+    per_cpu_offset: Option<u64>,
+) -> Result<(), ExitlessError> {
+    let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
+        cpu,
+        value,
+        off,
+        cpus,
+    };
+    let read_number = |space: &mut AddressSpace<'_>, base: u64| {
+        space
+            .read_array::<4>(base.wrapping_add(u64::from(off)))
+            .ok()
+            .map(u32::from_le_bytes)
+    };
+    for &(cpu, base) in gs_bases {
+        if base == 0 {
+            continue;
+        }
+        match read_number(space, base) {
+            Some(value) if value as usize >= cpus => return Err(mismatch(cpu, value)),
+            _ => {}
+        }
+    }
+    let Some(table) = per_cpu_offset else {
+        return Ok(());
+    };
+    for cpu in 0..cpus {
+        let entry = table.wrapping_add(cpu as u64 * 8);
+        let Ok(base) = space.read_array::<8>(entry).map(u64::from_le_bytes) else {
+            continue;
+        };
+        match read_number(space, base) {
+            Some(value) if value as usize != cpu && value != 0 => return Err(mismatch(cpu, value)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vmm::gva::PagingMode;
+
+    /// The VMM's boot page tables: low memory identity-mapped, and the
+    /// kernel map (0xffffffff80000000) onto guest-physical 0.
+    fn memory() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem
+    }
+
+    const OFF: u32 = 0x20;
+    /// Per-CPU areas at 1 MiB + i * 64 KiB; the template at 4 MiB.
+    fn area(cpu: u64) -> u64 {
+        0x10_0000 + cpu * 0x1_0000
+    }
+    const TEMPLATE: u64 = 0x40_0000;
+    /// `__per_cpu_offset` at 8 MiB, through the kernel map.
+    const TABLE_GPA: u64 = 0x80_0000;
+    const TABLE_VA: u64 = vmm::layout::KERNEL_MAP_BASE + TABLE_GPA;
+
+    /// CPU i's area says `numbers[i]`; the table has `set_up` CPUs, the
+    /// others pointing at the template (number 0).
+    fn guest(numbers: &[u32], set_up: usize) -> GuestMemoryMmap {
+        let mem = memory();
+        for (i, &n) in numbers.iter().enumerate() {
+            mem.write_obj(n, GuestAddress(area(i as u64) + u64::from(OFF)))
+                .unwrap();
+        }
+        for i in 0..8u64 {
+            let base = if (i as usize) < set_up {
+                area(i)
+            } else {
+                TEMPLATE
+            };
+            mem.write_obj(base, GuestAddress(TABLE_GPA + i * 8))
+                .unwrap();
+        }
+        mem
+    }
+
+    fn check(mem: &GuestMemoryMmap, cpus: usize, gs: &[(usize, u64)], table: bool) -> String {
+        let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
+        match check_cpu_numbers(&mut space, OFF, cpus, gs, table.then_some(TABLE_VA)) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn cpu_numbers_are_checked_through_gs_and_the_per_cpu_table() {
+        // Four vCPUs, all set up, each reading its own number.
+        let mem = guest(&[0, 1, 2, 3], 4);
+        let gs: Vec<(usize, u64)> = (0..4).map(|i| (i, area(i as u64))).collect();
+        assert_eq!(check(&mem, 4, &gs, true), "ok");
+        // An early attach: only CPU 0 runs, CPUs 2 and 3 not set up yet.
+        let mem = guest(&[0, 1], 2);
+        assert_eq!(check(&mem, 4, &gs[..1], true), "ok");
+        // A GS base of 0 or unmapped tells nothing.
+        assert_eq!(check(&mem, 4, &[(0, 0), (1, 0x7fff_0000_0000)], true), "ok");
+    }
+
+    #[test]
+    fn a_number_that_would_index_past_the_rings_is_refused() {
+        // Through GS: vCPU 1's number reads 4 with 4 rings.
+        let mem = guest(&[0, 4], 2);
+        let err = check(&mem, 4, &[(0, area(0)), (1, area(1))], false);
+        assert!(
+            err.starts_with(
+                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (the guest has 4 vCPUs)"
+            ),
+            "{err}"
+        );
+        // Through the table, for a CPU not running yet (no GS base given):
+        // CPU 1 reads 7, not 1.
+        let mem = guest(&[0, 7], 2);
+        let err = check(&mem, 2, &[(0, area(0))], true);
+        assert!(
+            err.starts_with("CPU 1's per-CPU CPU number reads 7"),
+            "{err}"
+        );
+        // A wrong offset that happens to read 0 on CPU 0 is caught on CPU 1
+        // (it reads 0x5a5a5a5a there, not 1).
+        let mem = guest(&[0, 0x5a5a_5a5a], 2);
+        let err = check(&mem, 2, &[(0, area(0))], true);
+        assert!(err.contains("reads 1515870810"), "{err}");
+        // Without the table, only the running CPUs are checked.
+        assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
     }
 }

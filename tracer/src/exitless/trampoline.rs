@@ -6,49 +6,45 @@
 //! written as bytes by hand. Per site k a stub:
 //!
 //! ```text
-//! stub_k: mov r11d, k          ; the site index, for the record and its drop counter
+//! stub_k: mov r11d, k + 1      ; the record's commit word, and its drop counter
 //!         jmp common
 //! ```
 //!
 //! A site's 5-byte NOP becomes `call stub_k` (`call_bytes`), so at `common`
 //! `[rsp]` is the site + 5 and `[rsp + 8]` the traced function's own return
 //! address (the parent). The common part (`R` = `DATA_VA`, the rings'
-//! sign-extended imm32 displacement; `rec` = `R + records_off`):
+//! sign-extended imm32 displacement; `rec` = `R + records_off`; `head` and
+//! `limit` count bytes):
 //!
 //! ```text
 //! common: push rax
 //!         push rdx
 //!         mov r10d, gs:[cpu_number_off]
-//!         cmp r10d, cpus
-//!         jae out
 //!         imul r10, r10, ring_bytes
 //!         mov rax, [r10 + R + HEAD_OFF]
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
 //!         jae full
-//!         lea rdx, [rax + 1]
+//!         lea rdx, [rax + RECORD_LEN]
 //!         lock cmpxchg [r10 + R + HEAD_OFF], rdx
 //!         jne retry
-//!         and eax, cap - 1
-//!         shl eax, log2(RECORD_LEN)
+//!         and eax, cap * RECORD_LEN - 1
 //!         add r10, rax
-//!         mov [r10 + rec + REC_SITE], r11d
 //!         mov rax, [rsp + 24]
 //!         mov [r10 + rec + REC_PARENT], rax
-//!         mov r11, rdx
 //!         rdtsc
 //!         mov [r10 + rec + REC_TSC], eax
 //!         mov [r10 + rec + REC_TSC + 4], edx
-//!         mov [r10 + rec + REC_SEQ], r11
+//!         mov [r10 + rec + REC_COMMIT], r11d
 //! out:    pop rdx
 //!         pop rax
 //!         ret
-//! full:   lock inc qword [r10 + R + DROPS_OFF + r11 * 8]
+//! full:   lock inc qword [r10 + R + DROPS_OFF - 8 + r11 * 8]
 //!         jmp out
 //! ```
 //!
 //! A recorded call (ring not full, no retry) executes
-//! `COMMON_PATH_INSTRUCTIONS` = 28 instructions, stub and `ret` included;
-//! a dropped call 16 (`DROP_PATH_INSTRUCTIONS`).
+//! `COMMON_PATH_INSTRUCTIONS` = 23 instructions, stub and `ret` included;
+//! a dropped call 14 (`DROP_PATH_INSTRUCTIONS`).
 //!
 //! Registers: at a function's entry r10 and r11 are free (Linux's own
 //! `ftrace_caller` saves only rax, rcx, rdx, rsi, rdi, r8 and r9, the
@@ -56,10 +52,21 @@
 //! `save_mcount_regs`); the trampoline saves the two of those it uses (rax
 //! for `cmpxchg` and `rdtsc`, rdx for `rdtsc`) and touches no other. The ring
 //! base lives in r10 rather than rcx (the register `smp_processor_id()`
-//! happens to use): with rcx it would need a third push and pop, 29
-//! instructions with the guard instead of 28. Flags are clobbered, as by any
-//! call; DF is never touched. The kernel is built with `-mno-red-zone`, so
-//! the pushes overwrite nothing live below rsp.
+//! happens to use): with rcx it would need a third push and pop. Flags are
+//! clobbered, as by any call; DF is never touched. The kernel is built with
+//! `-mno-red-zone`, so the pushes overwrite nothing live below rsp.
+//!
+//! Why it is this short (it was 28 instructions before):
+//!
+//! - The commit is the site itself (k + 1, never 0) rather than a sequence
+//!   number: the host zeroes a record's commit word when it reads it, before
+//!   it frees the slot, so a non-zero word always belongs to this lap. No
+//!   register holds a sequence number across `rdtsc`, and the site and the
+//!   commit are one store.
+//! - `head` and `limit` count bytes, so the reserved head becomes the slot's
+//!   offset with one `and` (no shift).
+//! - The CPU number is not bounds-checked in the guest; the attach checks it
+//!   instead, where this code reads it (see `graph_code::emit_reserve`).
 //!
 //! Two decisions that differ from the first draft of the protocol:
 //!
@@ -73,17 +80,10 @@
 //!   and records + drops would no longer equal calls. The lock prefix costs no
 //!   instruction (the count is unchanged) and little on an uncontended,
 //!   locally owned cache line; the emulating host runs both (KVM-HOST.md).
-//! - The CPU number is checked against the layout's CPU count (2
-//!   instructions): the host sizes rings for every vCPU and Linux's
-//!   `cpu_number` is below `nr_cpu_ids` <= vCPUs, but a wrong per-CPU offset
-//!   (another kernel's `System.map`, a `cpu_number` moved into `pcpu_hot` in
-//!   later kernels) would otherwise make the trampoline write anywhere in the
-//!   data region or fault outside it. A call on such a CPU is neither
-//!   recorded nor counted; the goal of <= 30 instructions is still met.
+//! - A reservation that finds the ring full counts the call per site in the
+//!   guest (`lock inc`), so records + drops = calls, exactly.
 
-use iced_x86::code_asm::{
-    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel,
-};
+use iced_x86::code_asm::{qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel};
 use iced_x86::{
     BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
     Instruction, IntelFormatter, Mnemonic,
@@ -91,23 +91,23 @@ use iced_x86::{
 
 use super::graph_code::{self, Fields};
 use super::layout::{
-    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_PARENT,
-    REC_SEQ, REC_SITE, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
+    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
+    REC_PARENT, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
 };
 
 /// Instructions a recorded call executes, from the stub's first to the
 /// common part's `ret` (ring not full, no reservation retry).
-pub const COMMON_PATH_INSTRUCTIONS: usize = 28;
+pub const COMMON_PATH_INSTRUCTIONS: usize = 23;
 /// Instructions a call executes when its ring is full (counted as dropped).
-pub const DROP_PATH_INSTRUCTIONS: usize = 16;
-/// Instructions of one stub: `mov r11d, k` and `jmp common`.
+pub const DROP_PATH_INSTRUCTIONS: usize = 14;
+/// Instructions of one stub: `mov r11d, k + 1` and `jmp common`.
 pub const STUB_INSTRUCTIONS: usize = 2;
 /// Function graph: instructions of a recorded and hooked entry, stub and
 /// `ret` included (`graph_code`'s entry path).
-pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 46;
+pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 41;
 /// Function graph: instructions of a recorded return, from the frame's
 /// return stub to the `ret` into the caller.
-pub const GRAPH_RETURN_INSTRUCTIONS: usize = 34;
+pub const GRAPH_RETURN_INSTRUCTIONS: usize = 29;
 
 /// Most instructions the common path may take before the walk that lists it
 /// gives up (it is straight-line code; this only bounds a broken one).
@@ -315,21 +315,19 @@ fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Resul
     let mut out = a.create_label();
     let mut full = a.create_label();
     a.set_label(entry)?;
-    // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11 = site index.
+    // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11d = k + 1.
     // Save the two argument/return registers the trampoline needs: rax
     // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
     a.push(rax)?;
     a.push(rdx)?;
-    // r10 = the record, rdx = its seq (or out / full).
-    graph_code::emit_reserve(a, f, &graph_code::Exits { out, full })?;
-    // record.site = k (the stub's r11d); r11 is free from here on.
-    a.mov(dword_ptr(r10 + f.rec_site), r11d)?;
+    // r10 = the record (or full).
+    graph_code::emit_reserve(a, f, full)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;
     // record.parent = rax.
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
-    // The TSC, then the commit (seq in r11d across rdtsc).
+    // The TSC, then the commit: k + 1, the stub's r11d.
     graph_code::emit_commit(a, f, r11d)?;
     a.set_label(&mut out)?;
     // Restore the saved registers and return to the traced function.
@@ -337,8 +335,9 @@ fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Resul
     a.pop(rax)?;
     a.ret()?;
     a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1 (r11 = k), locked for the same reason
-    // as the reservation; then leave without a record.
+    // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
+    // locked for the same reason as the reservation; then leave without a
+    // record.
     a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
     Ok(())
@@ -355,49 +354,39 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     let sites = layout.sites;
     let cpu_number_off = i32::try_from(spec.cpu_number_off)
         .map_err(|_| TrampolineError::CpuNumberOffset(spec.cpu_number_off))?;
-    // `cmp r10d, imm32` compares unsigned 32-bit CPU numbers.
-    let cpus = u32::try_from(layout.cpus)
-        .ok()
-        .filter(|&c| i32::try_from(c).is_ok())
-        .ok_or_else(|| layout_error(layout, "more CPUs than an imm32"))?;
     // `imul r10, r10, imm32`: the ring size must be a positive imm32.
     let ring_bytes = i32::try_from(layout.ring_bytes)
         .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
-    // `and eax, cap - 1` wraps the index: a power of two below 2^31.
+    // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
+    // below 2^31.
     if !layout.cap.is_power_of_two() {
         return Err(layout_error(
             layout,
             "a capacity that is not a power of two",
         ));
     }
-    let index_mask = u32::try_from(layout.cap - 1)
-        .ok()
-        .filter(|&m| i32::try_from(m).is_ok())
-        .ok_or_else(|| layout_error(layout, "a capacity larger than an imm32"))?;
-    // `shl eax, log2(RECORD_LEN)` turns the wrapped index into a slot
-    // offset, which must stay in 32 bits (eax).
     const _: () = assert!(RECORD_LEN.is_power_of_two());
-    let record_shift = RECORD_LEN.trailing_zeros();
-    if layout
+    let slot_mask = layout
         .cap
         .checked_mul(RECORD_LEN)
-        .is_none_or(|b| b > u64::from(u32::MAX))
-    {
-        return Err(layout_error(layout, "records spanning more than 4 GiB"));
+        .and_then(|b| u32::try_from(b - 1).ok())
+        .filter(|&m| i32::try_from(m).is_ok())
+        .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
+    // The stubs' `mov r11d, k + 1` and the drop counters' index.
+    if u32::try_from(sites).is_err() {
+        return Err(layout_error(layout, "more sites than a u32"));
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let fields = Fields {
         cpu_number_off,
-        cpus,
         ring_bytes,
-        index_mask,
-        record_shift,
+        slot_mask,
         head: ring_disp(layout, HEAD_OFF)?,
         limit: ring_disp(layout, LIMIT_OFF)?,
-        drops: ring_disp(layout, DROPS_OFF)?,
-        ret_drops: ring_disp(layout, layout.ret_drops_off())?,
-        rec_seq: rec(REC_SEQ)?,
-        rec_site: rec(REC_SITE)?,
+        // Indexed by k + 1: 8 below the first counter.
+        drops: ring_disp(layout, DROPS_OFF - 8)?,
+        ret_drops: ring_disp(layout, layout.ret_drops_off() - 8)?,
+        rec_commit: rec(REC_COMMIT)?,
         rec_tsc: rec(REC_TSC)?,
         rec_parent: rec(REC_PARENT)?,
         rec_slot: rec(REC_SLOT)?,
@@ -419,8 +408,9 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
         for k in 0..sites {
             let mut stub = a.create_label();
             a.set_label(&mut stub)?;
-            // r11d = this site's index (r11 is scratch at a function entry).
-            a.mov(r11d, k as u32)?;
+            // r11d = this site's index + 1, its records' commit word (r11 is
+            // scratch at a function entry).
+            a.mov(r11d, k as u32 + 1)?;
             // Into the common part.
             a.jmp(common)?;
             stubs.push(stub);
@@ -641,7 +631,10 @@ mod tests {
                 "stub {k}: {}",
                 format_instruction(&mov)
             );
-            assert_eq!((mov.op0_register(), mov.immediate32()), (Register::R11D, k));
+            assert_eq!(
+                (mov.op0_register(), mov.immediate32()),
+                (Register::R11D, k + 1)
+            );
             let jmp = d.decode();
             assert_eq!(jmp.mnemonic(), Mnemonic::Jmp, "stub {k}");
             assert_eq!(jmp.near_branch_target(), t.common_va(), "stub {k}");
@@ -649,12 +642,12 @@ mod tests {
     }
 
     #[test]
-    fn common_path_is_28_instructions_in_the_documented_order() {
+    fn common_path_is_23_instructions_in_the_documented_order() {
         let t = generate(&spec(2, 3, 16)).unwrap();
         use Mnemonic::*;
         let expected = [
-            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Shl, Add, Mov,
-            Mov, Mov, Mov, Rdtsc, Mov, Mov, Mov, Pop, Pop, Ret,
+            Push, Push, Mov, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov, Rdtsc,
+            Mov, Mov, Mov, Pop, Pop, Ret,
         ];
         assert_eq!(mnemonics(&t.common_path), expected);
         assert_eq!(t.common_path_instructions(), COMMON_PATH_INSTRUCTIONS);
@@ -684,15 +677,11 @@ mod tests {
     }
 
     #[test]
-    fn the_drop_path_is_16_instructions() {
+    fn the_drop_path_is_14_instructions() {
         let t = generate(&spec(1, 1, 2)).unwrap();
         // Take the `jae full` after the limit check instead of falling through.
         let path = &t.common_path;
-        let jae_full = path
-            .iter()
-            .filter(|i| i.mnemonic() == Mnemonic::Jae)
-            .nth(1)
-            .unwrap();
+        let jae_full = path.iter().find(|i| i.mnemonic() == Mnemonic::Jae).unwrap();
         let rest = walk_common_path(&t.code, jae_full.near_branch_target()).unwrap();
         let upto = path.iter().position(|i| i.ip() == jae_full.ip()).unwrap() + 1;
         assert_eq!(
@@ -741,7 +730,7 @@ mod tests {
                         assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
                         assert_eq!(i.memory_size().size(), 4);
                     }
-                    // Not a data access: lea rdx, [rax + 1].
+                    // Not a data access: lea rdx, [rax + RECORD_LEN].
                     Register::RAX => assert_eq!(i.mnemonic(), Mnemonic::Lea),
                     other => panic!("unexpected base {other:?} in {}", format_instruction(i)),
                 }
@@ -755,12 +744,12 @@ mod tests {
                 (Mov, d(HEAD_OFF), 8, n, 1),
                 (Cmp, d(LIMIT_OFF), 8, n, 1),
                 (Cmpxchg, d(HEAD_OFF), 8, n, 1),
-                (Mov, rec(REC_SITE), 4, n, 1),
                 (Mov, rec(REC_PARENT), 8, n, 1),
                 (Mov, rec(REC_TSC), 4, n, 1),
                 (Mov, rec(REC_TSC + 4), 4, n, 1),
-                (Mov, rec(REC_SEQ), 4, n, 1),
-                (Inc, d(DROPS_OFF), 8, Register::R11, 8),
+                (Mov, rec(REC_COMMIT), 4, n, 1),
+                // drops[k] at DROPS_OFF + 8 * k, indexed by r11 = k + 1.
+                (Inc, d(DROPS_OFF - 8), 8, Register::R11, 8),
             ]
         );
         // Each of those displacements fits the sign-extended imm32 encoding.
@@ -1264,8 +1253,8 @@ mod tests {
                     .unwrap();
             });
             // The outer call retries its reservation exactly when the
-            // interrupt came after its read of head (instruction 8, counting
-            // the stub's from 0) and before its cmpxchg (12): one more round
+            // interrupt came after its read of head (instruction 5, counting
+            // the stub's from 0) and before its cmpxchg (8): one more round
             // of cmp, jae, lea, cmpxchg, jne.
             let head_read = STUB_INSTRUCTIONS
                 + t.common_path
@@ -1311,46 +1300,6 @@ mod tests {
             );
             assert_eq!(ring::drops(&mem, &s.layout, 0).unwrap(), [0, 0]);
         }
-    }
-
-    #[test]
-    fn emulated_cpu_without_a_ring_records_nothing() {
-        let s = spec(2, 1, 2);
-        let t = generate(&s).unwrap();
-        // The per-CPU variable says 2 (or garbage): no ring for it.
-        let mem = memory(&[2, 0xdead_beef]);
-        ring::init_rings(&mem, &s.layout).unwrap();
-        let mut emu = Emu {
-            mem: &mem,
-            code: &t.code,
-            tsc: 1,
-        };
-        for cpu in 0..2 {
-            let mut r = regs(cpu);
-            let before = r.clone();
-            let steps = emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
-            assert_eq!(steps, STUB_INSTRUCTIONS + 8);
-            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
-                assert_eq!(r.gpr[reg], before.gpr[reg]);
-            }
-        }
-        let mut reader = RingReader::new(s.layout);
-        assert!(drain(&mut reader, &mem).is_empty());
-        for cpu in 0..2 {
-            assert_eq!(ring::drops(&mem, &s.layout, cpu).unwrap(), [0]);
-        }
-        // Nothing in the data region was written but the limits init set.
-        let mut data = vec![0u8; DATA_LEN as usize];
-        mem.read_slice(&mut data, GuestAddress(DATA_GPA)).unwrap();
-        for cpu in 0..2 {
-            let limit = (s.layout.ring_gpa(cpu) - DATA_GPA + LIMIT_OFF) as usize;
-            assert_eq!(data[limit], 2);
-            data[limit] = 0;
-        }
-        assert!(
-            data.iter().all(|&b| b == 0),
-            "the trampoline wrote to the data region"
-        );
     }
 
     // ---- the function graph's paths ----------------------------------------

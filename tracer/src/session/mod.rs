@@ -470,7 +470,12 @@ impl Tracer {
         let mut mapped = None;
         let attached = match self.exitless.as_mut() {
             Some(ex) => {
-                ex.check_cpu_numbers(&mut space, &gs_bases)?;
+                let per_cpu_offset = self
+                    .plan
+                    .image
+                    .symbol(crate::exitless::state::PER_CPU_OFFSET)
+                    .map(|s| off.runtime(s.addr));
+                ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
                 mapped = Some(ex.install(&mut space)?);
                 let ex: &Exitless = ex;
                 patch::attach_with(&mut space, fentry, addrs, calls, |k, addr| {
