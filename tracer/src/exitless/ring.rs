@@ -422,7 +422,17 @@ mod tests {
             ),
             (1, 5, 6)
         );
-        // The slots read are free again.
+        // The slots read are free again, their commit words cleared for the
+        // next lap.
+        for (cpu, n) in [(0, 1), (1, 5)] {
+            for index in 0..n {
+                let commit = layout.records_off + index * RECORD_LEN + REC_COMMIT;
+                let word: u32 = mem
+                    .load(GuestAddress(field(&layout, cpu, commit)), Ordering::SeqCst)
+                    .unwrap();
+                assert_eq!(word, 0, "CPU {cpu} record {index}");
+            }
+        }
         assert_eq!(
             load(&mem, field(&layout, 0, LIMIT_OFF)),
             (1 + 16) * RECORD_LEN
