@@ -133,6 +133,15 @@ pub(super) fn emit_reserve(
     Ok(())
 }
 
+/// Store the guest TSC in the record at r10 (clobbers eax and edx).
+pub(super) fn emit_tsc(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
+    // edx:eax = the guest's TSC.
+    a.rdtsc()?;
+    a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
+    a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
+    Ok(())
+}
+
 /// Store the guest TSC in the record at r10, then commit it by writing
 /// `commit` (the site index + 1, never 0; not eax or edx, which rdtsc
 /// overwrites) to its commit word.
@@ -141,10 +150,7 @@ pub(super) fn emit_commit(
     f: &Fields,
     commit: AsmRegister32,
 ) -> Result<(), IcedError> {
-    // edx:eax = the guest's TSC.
-    a.rdtsc()?;
-    a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
-    a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
+    emit_tsc(a, f)?;
     // The commit, last: x86 keeps stores in program order, so a host that
     // reads it non-zero reads the fields above complete.
     a.mov(dword_ptr(r10 + f.rec_commit), commit)?;

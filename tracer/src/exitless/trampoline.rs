@@ -1,20 +1,29 @@
-//! The guest code of exitless tracing: one stub per site and the common
-//! trampoline that appends a record to the calling CPU's ring (the writer of
-//! the protocol in the module comment of `exitless`).
+//! The guest code of exitless tracing: what a site calls to append a record
+//! to the calling CPU's ring (the writer of the protocol in the module
+//! comment of `exitless`).
 //!
 //! The code is assembled with iced-x86's `CodeAssembler` at `CODE_VA`, never
-//! written as bytes by hand. Per site k a stub:
+//! written as bytes by hand, in one of two shapes (`Shape`):
+//!
+//! - **Per-site bodies** (`Shape::PerSite`, whenever they fit the code page:
+//!   about 112 bytes a site, up to about 16,000 sites): site k's 5-byte NOP
+//!   becomes `call body_k`, and body k is the common part below with k + 1
+//!   as immediates (`mov dword [r10 + rec + REC_COMMIT], k + 1`, and
+//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 21 instructions a
+//!   recorded call, 12 a dropped one. What ftrace does with per-ops
+//!   trampolines, one step further: nothing in the body is looked up.
+//! - **Shared** (`Shape::Shared`: more sites, and always with the function
+//!   graph): site k calls a stub, which jumps to one shared body,
 //!
 //! ```text
 //! stub_k: mov r11d, k + 1      ; the record's commit word, and its drop counter
 //!         jmp common
 //! ```
 //!
-//! A site's 5-byte NOP becomes `call stub_k` (`call_bytes`), so at `common`
-//! `[rsp]` is the site + 5 and `[rsp + 8]` the traced function's own return
-//! address (the parent). The common part (`R` = `DATA_VA`, the rings'
-//! sign-extended imm32 displacement; `rec` = `R + records_off`; `head` and
-//! `limit` count bytes):
+//! At the body `[rsp]` is the site + 5 and `[rsp + 8]` the traced function's
+//! own return address (the parent). The shared body (`R` = `DATA_VA`, the
+//! rings' sign-extended imm32 displacement; `rec` = `R + records_off`;
+//! `head` and `limit` count bytes):
 //!
 //! ```text
 //! common: push rax
@@ -43,8 +52,9 @@
 //! ```
 //!
 //! A recorded call (ring not full, no retry) executes
-//! `COMMON_PATH_INSTRUCTIONS` = 23 instructions, stub and `ret` included;
-//! a dropped call 14 (`DROP_PATH_INSTRUCTIONS`).
+//! `SHARED_PATH_INSTRUCTIONS` = 23 instructions through a stub, stub and
+//! `ret` included (a dropped call 14), and `COMMON_PATH_INSTRUCTIONS` = 21 in
+//! a per-site body (dropped: 12, `DROP_PATH_INSTRUCTIONS`).
 //!
 //! Registers: at a function's entry r10 and r11 are free (Linux's own
 //! `ftrace_caller` saves only rax, rcx, rdx, rsi, rdi, r8 and r9, the
@@ -56,7 +66,7 @@
 //! clobbered, as by any call; DF is never touched. The kernel is built with
 //! `-mno-red-zone`, so the pushes overwrite nothing live below rsp.
 //!
-//! Why it is this short (it was 28 instructions before):
+//! Why it is this short (it was 28 instructions through a stub before):
 //!
 //! - The commit is the site itself (k + 1, never 0) rather than a sequence
 //!   number: the host zeroes a record's commit word when it reads it, before
@@ -83,7 +93,9 @@
 //! - A reservation that finds the ring full counts the call per site in the
 //!   guest (`lock inc`), so records + drops = calls, exactly.
 
-use iced_x86::code_asm::{qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel};
+use iced_x86::code_asm::{
+    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel,
+};
 use iced_x86::{
     BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
     Instruction, IntelFormatter, Mnemonic,
@@ -95,11 +107,17 @@ use super::layout::{
     REC_PARENT, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
 };
 
-/// Instructions a recorded call executes, from the stub's first to the
-/// common part's `ret` (ring not full, no reservation retry).
-pub const COMMON_PATH_INSTRUCTIONS: usize = 23;
-/// Instructions a call executes when its ring is full (counted as dropped).
-pub const DROP_PATH_INSTRUCTIONS: usize = 14;
+/// Instructions a recorded call executes in a site's own body (`Shape::
+/// PerSite`), from its first to its `ret` (ring not full, no reservation
+/// retry).
+pub const COMMON_PATH_INSTRUCTIONS: usize = 21;
+/// Instructions a call executes there when its ring is full (counted as
+/// dropped).
+pub const DROP_PATH_INSTRUCTIONS: usize = 12;
+/// The same through a stub and the shared body (`Shape::Shared`): the
+/// stub's two instructions more.
+pub const SHARED_PATH_INSTRUCTIONS: usize = COMMON_PATH_INSTRUCTIONS + STUB_INSTRUCTIONS;
+pub const SHARED_DROP_PATH_INSTRUCTIONS: usize = DROP_PATH_INSTRUCTIONS + STUB_INSTRUCTIONS;
 /// Instructions of one stub: `mov r11d, k + 1` and `jmp common`.
 pub const STUB_INSTRUCTIONS: usize = 2;
 /// Function graph: instructions of a recorded and hooked entry, stub and
@@ -112,6 +130,19 @@ pub const GRAPH_RETURN_INSTRUCTIONS: usize = 29;
 /// Most instructions the common path may take before the walk that lists it
 /// gives up (it is straight-line code; this only bounds a broken one).
 const WALK_LIMIT: usize = 64;
+
+/// How the sites reach the code that records them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Each site calls a body of its own, with the site's index as an
+    /// immediate (`COMMON_PATH_INSTRUCTIONS`): what `generate` makes
+    /// whenever the bodies fit the code page (up to about 16,000 sites).
+    PerSite,
+    /// Each site calls a stub that loads its index into r11 and jumps to one
+    /// shared body (`SHARED_PATH_INSTRUCTIONS`): more sites than per-site
+    /// bodies fit, and always with the function graph.
+    Shared,
+}
 
 /// What the trampoline is generated for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,12 +200,19 @@ pub enum TrampolineError {
 pub struct Trampoline {
     /// The machine code, placed at `CODE_VA` (at most `CODE_LEN` bytes).
     pub code: Vec<u8>,
-    /// Offset of the common part in `code`.
+    pub shape: Shape,
+    /// Offset of the shared body in `code` (`Shape::Shared`; with per-site
+    /// bodies, site 0's).
     common: u32,
-    /// Offset of each site's stub in `code`, by site index.
+    /// Offset of what each site calls in `code` (its stub or its body), by
+    /// site index.
     stubs: Vec<u32>,
-    /// The common part's instructions on a recorded call (ring not full, no
-    /// retry), decoded from `code` at their addresses, `ret` included.
+    /// Bytes of one per-site body (all are alike but for immediates); 0 for
+    /// `Shape::Shared`.
+    body_len: u32,
+    /// A recorded call's instructions (ring not full, no retry), decoded
+    /// from `code` at their addresses, `ret` included: site 0's body, or the
+    /// shared body (without the stub).
     pub common_path: Vec<Instruction>,
     /// Function graph: a recorded return's instructions, from frame 0's
     /// return stub to the `ret` (empty without the graph).
@@ -182,8 +220,8 @@ pub struct Trampoline {
 }
 
 impl Trampoline {
-    /// Guest-virtual address of site `site_index`'s stub: what its site
-    /// calls.
+    /// Guest-virtual address of what site `site_index` calls: its stub or
+    /// its own body.
     ///
     /// # Panics
     /// If `site_index` is not below the layout's site count (the caller's
@@ -202,10 +240,13 @@ impl Trampoline {
         self.stubs.len()
     }
 
-    /// Instructions a recorded call executes: its stub's and the common
-    /// path's, `ret` included.
+    /// Instructions a recorded call executes, `ret` included (and the
+    /// stub's, for `Shape::Shared`).
     pub fn common_path_instructions(&self) -> usize {
-        STUB_INSTRUCTIONS + self.common_path.len()
+        match self.shape {
+            Shape::PerSite => self.common_path.len(),
+            Shape::Shared => STUB_INSTRUCTIONS + self.common_path.len(),
+        }
     }
 
     /// Where the traced site's return address (site + 5) is, as an offset
@@ -216,15 +257,27 @@ impl Trampoline {
     /// every branch of the decoded code.
     pub fn site_return_slot(&self, rip: u64) -> Option<u64> {
         let first_stub = u64::from(*self.stubs.iter().min()?);
-        let off = rip.checked_sub(CODE_VA)?;
+        let mut off = rip.checked_sub(CODE_VA)?;
         if off >= self.code.len() as u64 {
             return None;
         }
-        if off >= first_stub {
-            return Some(0);
-        }
-        let common = u64::from(self.common);
-        let region = &self.code[common as usize..first_stub as usize];
+        // The body to walk, and `off` in it: the shared body, or site 0's
+        // for an offset in any site's body (they are alike).
+        let (common, end) = match self.shape {
+            Shape::Shared if off >= first_stub => return Some(0),
+            Shape::Shared => (u64::from(self.common), first_stub),
+            Shape::PerSite => {
+                let len = u64::from(self.body_len);
+                let k = off.checked_sub(first_stub)? / len;
+                if k >= self.stubs.len() as u64 {
+                    return None;
+                }
+                off -= k * len;
+                (first_stub, first_stub + len)
+            }
+        };
+        let rip = CODE_VA + off;
+        let region = &self.code[common as usize..end as usize];
         let start = CODE_VA + common;
         let mut depth: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
         let mut work = vec![(start, 0u64)];
@@ -257,7 +310,7 @@ impl Trampoline {
     /// address, after the stub of site 0 (if any): for reports and reviews.
     pub fn listing(&self) -> String {
         let mut lines = Vec::new();
-        if !self.stubs.is_empty() {
+        if self.shape == Shape::Shared && !self.stubs.is_empty() {
             let stub = &self.code[self.stubs[0] as usize..];
             let mut decoder = Decoder::with_ip(64, stub, self.stub_va(0), DecoderOptions::NONE);
             for _ in 0..STUB_INSTRUCTIONS {
@@ -343,14 +396,69 @@ fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Resul
     Ok(())
 }
 
+/// Site k's own body (`Shape::PerSite`), at `body`: the shared entry path
+/// with k + 1 as immediates instead of r11 (see the module comment).
+fn emit_site_body(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    body: &mut CodeLabel,
+    k: u32,
+) -> Result<(), IcedError> {
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    a.set_label(body)?;
+    // Entry: [rsp] = site + 5, [rsp + 8] = parent. Save rax and rdx, as the
+    // shared body does.
+    a.push(rax)?;
+    a.push(rdx)?;
+    // r10 = the record (or full).
+    graph_code::emit_reserve(a, f, full)?;
+    // rax = the parent, [rsp + 24]; record.parent = rax.
+    a.mov(rax, qword_ptr(rsp + 24))?;
+    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
+    // The TSC, then the commit: k + 1, this body's own immediate.
+    graph_code::emit_tsc(a, f)?;
+    a.mov(dword_ptr(r10 + f.rec_commit), k + 1)?;
+    a.set_label(&mut out)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
+    // reservation is; then leave without a record.
+    a.lock()
+        .inc(qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
+    a.jmp(out)?;
+    Ok(())
+}
+
 /// Padding between the code and the return stubs: int3, never run.
 const INT3: u8 = 0xcc;
 
-/// Generates the trampoline for `spec`: the common part at `CODE_VA`, then
-/// one stub per site of the layout; with the graph, the return path too,
-/// and the frames' return stubs at `RET_STUBS_VA`.
+/// Generates the trampoline for `spec`: a body per site when they fit
+/// (`Shape::PerSite`), else the shared body at `CODE_VA` and one stub per
+/// site; with the graph always the shared body, the return path, and the
+/// frames' return stubs at `RET_STUBS_VA`.
 pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
+    if spec.layout.graph || spec.layout.sites == 0 {
+        return generate_shaped(spec, Shape::Shared);
+    }
+    match generate_shaped(spec, Shape::PerSite) {
+        Err(TrampolineError::TooLong { .. }) => generate_shaped(spec, Shape::Shared),
+        other => other,
+    }
+}
+
+/// `generate` in the given shape (`Shape::PerSite` needs at least one site
+/// and no graph).
+pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline, TrampolineError> {
     let layout = &spec.layout;
+    if shape == Shape::PerSite && (layout.graph || layout.sites == 0) {
+        return Err(layout_error(
+            layout,
+            "per-site bodies need sites and no function graph",
+        ));
+    }
     let sites = layout.sites;
     let cpu_number_off = i32::try_from(spec.cpu_number_off)
         .map_err(|_| TrampolineError::CpuNumberOffset(spec.cpu_number_off))?;
@@ -399,6 +507,14 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
 
     (|| -> Result<(), IcedError> {
+        if shape == Shape::PerSite {
+            for k in 0..sites {
+                let mut body = a.create_label();
+                emit_site_body(&mut a, &fields, &mut body, k as u32)?;
+                stubs.push(body);
+            }
+            return Ok(());
+        }
         if layout.graph {
             graph_code::emit_entry(&mut a, &fields, &mut common)?;
             graph_code::emit_return(&mut a, &fields, &mut ret_common)?;
@@ -422,32 +538,39 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     let result = a
         .assemble_options(CODE_VA, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
         .map_err(assemble)?;
+    // With the graph, the frames' return stubs fill the end of the page,
+    // after trap mode's return trap; without, the page ends at the trap.
+    if result.inner.code_buffer.len() as u64 > RETURN_TRAP_OFF {
+        return Err(TrampolineError::TooLong {
+            sites,
+            len: result.inner.code_buffer.len(),
+        });
+    }
     let offset_of = |label: &CodeLabel| -> Result<u32, TrampolineError> {
         let ip = result.label_ip(label).map_err(assemble)?;
-        // The code is at most CODE_LEN (checked below) bytes from CODE_VA.
+        // The code is at most CODE_LEN (checked above) bytes from CODE_VA.
         Ok((ip - CODE_VA) as u32)
     };
-    let common = offset_of(&common)?;
     let stubs = stubs.iter().map(offset_of).collect::<Result<Vec<_>, _>>()?;
+    let (common, body_len) = match shape {
+        Shape::Shared => (offset_of(&common)?, 0),
+        Shape::PerSite => (stubs[0], body_len(&stubs, result.inner.code_buffer.len())?),
+    };
     let ret_common = match layout.graph {
         true => Some(offset_of(&ret_common)?),
         false => None,
     };
     let mut code = result.inner.code_buffer;
-    // With the graph, the frames' return stubs fill the end of the page,
-    // after trap mode's return trap.
-    let room = if layout.graph {
-        RETURN_TRAP_OFF
-    } else {
-        RETURN_TRAP_OFF.min(CODE_LEN)
-    };
-    if code.len() as u64 > room {
-        return Err(TrampolineError::TooLong {
-            sites,
-            len: code.len(),
+    let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
+    if shape == Shape::PerSite && common_path.len() != COMMON_PATH_INSTRUCTIONS {
+        return Err(TrampolineError::BrokenPath {
+            va: CODE_VA + u64::from(common),
+            why: format!(
+                "{} instructions, not {COMMON_PATH_INSTRUCTIONS}",
+                common_path.len()
+            ),
         });
     }
-    let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     let mut return_path = Vec::new();
     if let Some(ret_common) = ret_common {
         let ret_va = CODE_VA + u64::from(ret_common);
@@ -460,11 +583,40 @@ pub fn generate(spec: &TrampolineSpec) -> Result<Trampoline, TrampolineError> {
     }
     Ok(Trampoline {
         code,
+        shape,
         common,
         stubs,
+        body_len,
         common_path,
         return_path,
     })
+}
+
+/// The length of every per-site body, which must be one: `site_return_slot`
+/// reads any body as site 0's (their instructions differ only in
+/// immediates and displacements of fixed width).
+fn body_len(starts: &[u32], code_len: usize) -> Result<u32, TrampolineError> {
+    let len = match starts {
+        [] => 0,
+        // A lone body ends the code.
+        [only] => code_len as u32 - only,
+        [first, second, ..] => second - first,
+    };
+    if let Some(last) = starts.last() {
+        if code_len as u32 - last != len {
+            return Err(TrampolineError::BrokenPath {
+                va: CODE_VA + u64::from(*last),
+                why: format!("the last per-site body is not {len} bytes"),
+            });
+        }
+    }
+    match starts.windows(2).find(|w| w[1] - w[0] != len) {
+        Some(w) => Err(TrampolineError::BrokenPath {
+            va: CODE_VA + u64::from(w[0]),
+            why: format!("a per-site body of {} bytes, not {len}", w[1] - w[0]),
+        }),
+        None => Ok(len),
+    }
 }
 
 /// The instructions a recorded call executes from `start` in `code` (placed
@@ -558,32 +710,60 @@ mod tests {
         }
     }
 
+    /// The shared-body shape (what more sites than fit per-site bodies get).
+    fn shared(s: &TrampolineSpec) -> Trampoline {
+        let t = generate_shaped(s, Shape::Shared).unwrap();
+        assert_eq!(t.shape, Shape::Shared);
+        t
+    }
+
+    /// Per-site bodies (what `generate` makes when they fit).
+    fn per_site(s: &TrampolineSpec) -> Trampoline {
+        let t = generate(s).unwrap();
+        assert_eq!(t.shape, Shape::PerSite);
+        t
+    }
+
     #[test]
     fn the_sites_return_address_is_found_anywhere_in_the_trampoline() {
-        let t = generate(&spec(2, 3, 16)).unwrap();
-        let path = &t.common_path;
-        let depth = |i: usize| t.site_return_slot(path[i].ip());
-        // push rax, push rdx, then the body at 16 ...
-        assert_eq!((depth(0), depth(1), depth(2)), (Some(0), Some(8), Some(16)));
-        // ... pop rdx, pop rax, ret.
-        let n = path.len();
-        assert_eq!(
-            (depth(n - 3), depth(n - 2), depth(n - 1)),
-            (Some(16), Some(8), Some(0))
-        );
-        assert!(path[2..n - 2]
-            .iter()
-            .all(|i| t.site_return_slot(i.ip()) == Some(16)));
-        // The drop path (after ret): 16 as well.
-        let full = path[n - 1].next_ip();
-        assert_eq!(t.site_return_slot(full), Some(16));
-        // Stubs push nothing; outside the code there is no answer.
-        for k in 0..3 {
-            assert_eq!(t.site_return_slot(t.stub_va(k)), Some(0));
-            assert_eq!(t.site_return_slot(t.stub_va(k) + 6), Some(0));
+        for t in [shared(&spec(2, 3, 16)), per_site(&spec(2, 3, 16))] {
+            let path = &t.common_path;
+            let depth = |i: usize| t.site_return_slot(path[i].ip());
+            // push rax, push rdx, then the body at 16 ...
+            assert_eq!((depth(0), depth(1), depth(2)), (Some(0), Some(8), Some(16)));
+            // ... pop rdx, pop rax, ret.
+            let n = path.len();
+            assert_eq!(
+                (depth(n - 3), depth(n - 2), depth(n - 1)),
+                (Some(16), Some(8), Some(0))
+            );
+            assert!(path[2..n - 2]
+                .iter()
+                .all(|i| t.site_return_slot(i.ip()) == Some(16)));
+            // The drop path (after ret): 16 as well.
+            let full = path[n - 1].next_ip();
+            assert_eq!(t.site_return_slot(full), Some(16));
+            assert_eq!(t.site_return_slot(CODE_VA + t.code.len() as u64), None);
+            assert_eq!(t.site_return_slot(CODE_VA - 1), None);
+            match t.shape {
+                // Stubs push nothing.
+                Shape::Shared => {
+                    for k in 0..3 {
+                        assert_eq!(t.site_return_slot(t.stub_va(k)), Some(0));
+                        assert_eq!(t.site_return_slot(t.stub_va(k) + 6), Some(0));
+                    }
+                }
+                // Every site's body is read as site 0's.
+                Shape::PerSite => {
+                    for k in 1..3 {
+                        let body = walk_common_path(&t.code, t.stub_va(k)).unwrap();
+                        for (i, insn) in body.iter().enumerate() {
+                            assert_eq!(t.site_return_slot(insn.ip()), depth(i), "site {k}");
+                        }
+                    }
+                }
+            }
         }
-        assert_eq!(t.site_return_slot(CODE_VA + t.code.len() as u64), None);
-        assert_eq!(t.site_return_slot(CODE_VA - 1), None);
     }
 
     fn decode_all(code: &[u8]) -> Vec<Instruction> {
@@ -595,9 +775,9 @@ mod tests {
         path.iter().map(|i| i.mnemonic()).collect()
     }
 
-    #[test]
-    fn every_byte_decodes_and_stubs_jump_to_common() {
-        let t = generate(&spec(4, 100, 64)).unwrap();
+    /// The code decodes from its first byte to its last with no invalid
+    /// instruction; returns the instruction boundaries.
+    fn decodes_whole(t: &Trampoline) -> std::collections::HashSet<u64> {
         assert!(t.code.len() as u64 <= CODE_LEN);
         let all = decode_all(&t.code);
         assert!(
@@ -612,9 +792,14 @@ mod tests {
             expect = i.next_ip();
         }
         assert_eq!(expect, CODE_VA + t.code.len() as u64);
-        let boundaries: std::collections::HashSet<u64> = all.iter().map(|i| i.ip()).collect();
-        assert!(boundaries.contains(&t.common_va()));
+        all.iter().map(|i| i.ip()).collect()
+    }
 
+    #[test]
+    fn every_byte_decodes_and_stubs_jump_to_the_shared_body() {
+        let t = shared(&spec(4, 100, 64));
+        let boundaries = decodes_whole(&t);
+        assert!(boundaries.contains(&t.common_va()));
         assert_eq!(t.sites(), 100);
         for k in 0..100u32 {
             let va = t.stub_va(k);
@@ -641,27 +826,101 @@ mod tests {
         }
     }
 
+    /// Each site's body is site 0's but for its own commit word (k + 1) and
+    /// drop counter, and every path of it stays inside it.
     #[test]
-    fn common_path_is_23_instructions_in_the_documented_order() {
-        let t = generate(&spec(2, 3, 16)).unwrap();
+    fn every_byte_decodes_and_each_site_has_its_own_body() {
+        let s = spec(4, 100, 64);
+        let t = per_site(&s);
+        let boundaries = decodes_whole(&t);
+        assert_eq!(t.sites(), 100);
+        let drops = DATA_VA + DROPS_OFF;
+        let body0 = walk_common_path(&t.code, t.stub_va(0)).unwrap();
+        for k in 0..100u32 {
+            let va = t.stub_va(k);
+            assert!(boundaries.contains(&va), "body {k}");
+            let end = if k < 99 {
+                t.stub_va(k + 1)
+            } else {
+                CODE_VA + t.code.len() as u64
+            };
+            let insns: Vec<Instruction> = decode_all(&t.code)
+                .into_iter()
+                .filter(|i| (va..end).contains(&i.ip()))
+                .collect();
+            // The commit: `mov dword [r10 + commit], k + 1`.
+            let commit = insns
+                .iter()
+                .find(|i| i.code() == Code::Mov_rm32_imm32)
+                .unwrap();
+            assert_eq!(commit.immediate32(), k + 1, "body {k}");
+            // The drop counter: drops[k], no index register.
+            let inc = insns
+                .iter()
+                .find(|i| i.mnemonic() == Mnemonic::Inc)
+                .unwrap();
+            assert!(inc.has_lock_prefix());
+            assert_eq!(
+                (inc.memory_index(), inc.memory_displacement64()),
+                (Register::None, drops + 8 * u64::from(k)),
+                "body {k}"
+            );
+            // Branches stay in the body; the path is site 0's, shifted.
+            for i in &insns {
+                if i.flow_control() == FlowControl::ConditionalBranch
+                    || i.flow_control() == FlowControl::UnconditionalBranch
+                {
+                    assert!((va..end).contains(&i.near_branch_target()), "body {k}");
+                }
+            }
+            let path = walk_common_path(&t.code, va).unwrap();
+            assert_eq!(mnemonics(&path), mnemonics(&body0), "body {k}");
+            assert_eq!(path[0].ip() - body0[0].ip(), va - t.stub_va(0));
+        }
+    }
+
+    /// Per-site bodies fill the code page up to about 16,000 sites; more
+    /// get stubs and the shared body.
+    #[test]
+    fn more_sites_than_bodies_fit_get_stubs() {
+        let fits = per_site(&spec(1, 10_000, 2));
+        assert!(fits.code.len() as u64 <= RETURN_TRAP_OFF);
+        let many = generate(&spec(1, 20_000, 2)).unwrap();
+        assert_eq!(many.shape, Shape::Shared);
+        assert_eq!(many.common_path_instructions(), SHARED_PATH_INSTRUCTIONS);
+        // Graph code is always shared.
+        assert_eq!(
+            generate(&graph_spec(1, 3, 16)).unwrap().shape,
+            Shape::Shared
+        );
+        assert!(generate_shaped(&graph_spec(1, 3, 16), Shape::PerSite).is_err());
+    }
+
+    #[test]
+    fn a_recorded_call_is_21_instructions_in_the_documented_order() {
         use Mnemonic::*;
-        let expected = [
+        let body = [
             Push, Push, Mov, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov, Rdtsc,
             Mov, Mov, Mov, Pop, Pop, Ret,
         ];
-        assert_eq!(mnemonics(&t.common_path), expected);
+        let t = per_site(&spec(2, 3, 16));
+        assert_eq!(mnemonics(&t.common_path), body);
         assert_eq!(t.common_path_instructions(), COMMON_PATH_INSTRUCTIONS);
         const {
             assert!(
-                COMMON_PATH_INSTRUCTIONS <= 30,
+                COMMON_PATH_INSTRUCTIONS <= 30 && SHARED_PATH_INSTRUCTIONS <= 30,
                 "the issue's goal: <= 30 guest instructions"
             )
         };
-        // The same walk from a stub: its two instructions, then the same path.
+        println!("{}", t.listing());
+        // Shared: the stub's two instructions, then the same path.
+        let t = shared(&spec(2, 3, 16));
+        assert_eq!(mnemonics(&t.common_path), body);
+        assert_eq!(t.common_path_instructions(), SHARED_PATH_INSTRUCTIONS);
         let from_stub = walk_common_path(&t.code, t.stub_va(2)).unwrap();
-        assert_eq!(from_stub.len(), COMMON_PATH_INSTRUCTIONS);
+        assert_eq!(from_stub.len(), SHARED_PATH_INSTRUCTIONS);
         assert_eq!(mnemonics(&from_stub[..2]), [Mov, Jmp]);
-        assert_eq!(mnemonics(&from_stub[2..]), expected);
+        assert_eq!(mnemonics(&from_stub[2..]), body);
         // Registers: saved and restored in mirror order, and the only others
         // written are the scratch r10 and r11.
         let regs = |m: Mnemonic| -> Vec<Register> {
@@ -677,20 +936,23 @@ mod tests {
     }
 
     #[test]
-    fn the_drop_path_is_14_instructions() {
-        let t = generate(&spec(1, 1, 2)).unwrap();
-        // Take the `jae full` after the limit check instead of falling through.
-        let path = &t.common_path;
-        let jae_full = path.iter().find(|i| i.mnemonic() == Mnemonic::Jae).unwrap();
-        let rest = walk_common_path(&t.code, jae_full.near_branch_target()).unwrap();
-        let upto = path.iter().position(|i| i.ip() == jae_full.ip()).unwrap() + 1;
-        assert_eq!(
-            STUB_INSTRUCTIONS + upto + rest.len(),
-            DROP_PATH_INSTRUCTIONS
-        );
-        use Mnemonic::*;
-        assert_eq!(mnemonics(&rest), [Inc, Jmp, Pop, Pop, Ret]);
-        assert!(rest[0].has_lock_prefix());
+    fn the_drop_path_is_12_instructions_or_14_through_a_stub() {
+        for (t, want) in [
+            (per_site(&spec(1, 1, 2)), DROP_PATH_INSTRUCTIONS),
+            (shared(&spec(1, 1, 2)), SHARED_DROP_PATH_INSTRUCTIONS),
+        ] {
+            // Take the `jae full` after the limit check instead of falling
+            // through.
+            let path = &t.common_path;
+            let jae_full = path.iter().find(|i| i.mnemonic() == Mnemonic::Jae).unwrap();
+            let rest = walk_common_path(&t.code, jae_full.near_branch_target()).unwrap();
+            let upto = path.iter().position(|i| i.ip() == jae_full.ip()).unwrap() + 1;
+            let stub = t.common_path_instructions() - path.len();
+            assert_eq!(stub + upto + rest.len(), want);
+            use Mnemonic::*;
+            assert_eq!(mnemonics(&rest), [Inc, Jmp, Pop, Pop, Ret]);
+            assert!(rest[0].has_lock_prefix());
+        }
     }
 
     /// Every memory operand based on r10 addresses one ring field at the
@@ -699,62 +961,76 @@ mod tests {
     fn ring_fields_use_the_layout_displacements() {
         let s = spec(3, 50, 1024);
         let l = s.layout;
-        let t = generate(&s).unwrap();
         let d = |off: u64| DATA_VA.wrapping_add(off);
         let rec = |f: u64| d(l.records_off + f);
-        let mut seen = Vec::new();
-        // Every instruction of the common part (it ends at the first stub).
-        let end = if l.sites > 0 { t.stub_va(0) } else { u64::MAX };
-        for i in decode_all(&t.code)
-            .iter()
-            .filter(|i| i.ip() >= t.common_va() && i.ip() < end)
-        {
-            for op in 0..i.op_count() {
-                if i.op_kind(op) != OpKind::Memory {
-                    continue;
-                }
-                match i.memory_base() {
-                    Register::R10 => seen.push((
-                        i.mnemonic(),
-                        i.memory_displacement64(),
-                        i.memory_size().size(),
-                        i.memory_index(),
-                        i.memory_index_scale(),
-                    )),
-                    Register::RSP => {
-                        // The parent, past the two pushes and the return address.
-                        assert_eq!((i.memory_displacement64(), i.memory_size().size()), (24, 8));
-                    }
-                    Register::None => {
-                        assert_eq!(i.segment_prefix(), Register::GS);
-                        assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
-                        assert_eq!(i.memory_size().size(), 4);
-                    }
-                    // Not a data access: lea rdx, [rax + RECORD_LEN].
-                    Register::RAX => assert_eq!(i.mnemonic(), Mnemonic::Lea),
-                    other => panic!("unexpected base {other:?} in {}", format_instruction(i)),
-                }
-            }
-        }
         use Mnemonic::*;
         let n = Register::None;
-        assert_eq!(
-            seen,
-            [
-                (Mov, d(HEAD_OFF), 8, n, 1),
-                (Cmp, d(LIMIT_OFF), 8, n, 1),
-                (Cmpxchg, d(HEAD_OFF), 8, n, 1),
-                (Mov, rec(REC_PARENT), 8, n, 1),
-                (Mov, rec(REC_TSC), 4, n, 1),
-                (Mov, rec(REC_TSC + 4), 4, n, 1),
-                (Mov, rec(REC_COMMIT), 4, n, 1),
+        let fields = [
+            (Mov, d(HEAD_OFF), 8, n, 1),
+            (Cmp, d(LIMIT_OFF), 8, n, 1),
+            (Cmpxchg, d(HEAD_OFF), 8, n, 1),
+            (Mov, rec(REC_PARENT), 8, n, 1),
+            (Mov, rec(REC_TSC), 4, n, 1),
+            (Mov, rec(REC_TSC + 4), 4, n, 1),
+            (Mov, rec(REC_COMMIT), 4, n, 1),
+        ];
+        for t in [shared(&s), per_site(&s)] {
+            // The shared body (it ends at the first stub), or site 7's body.
+            let (start, end, drop) = match t.shape {
                 // drops[k] at DROPS_OFF + 8 * k, indexed by r11 = k + 1.
-                (Inc, d(DROPS_OFF - 8), 8, Register::R11, 8),
-            ]
-        );
-        // Each of those displacements fits the sign-extended imm32 encoding.
-        for (_, disp, ..) in &seen {
-            assert_eq!(*disp as i64 as i32 as i64 as u64, *disp);
+                Shape::Shared => (
+                    t.common_va(),
+                    t.stub_va(0),
+                    (Inc, d(DROPS_OFF - 8), 8, Register::R11, 8),
+                ),
+                Shape::PerSite => (
+                    t.stub_va(7),
+                    t.stub_va(8),
+                    (Inc, d(DROPS_OFF + 7 * 8), 8, n, 1),
+                ),
+            };
+            let mut seen = Vec::new();
+            for i in decode_all(&t.code)
+                .iter()
+                .filter(|i| i.ip() >= start && i.ip() < end)
+            {
+                for op in 0..i.op_count() {
+                    if i.op_kind(op) != OpKind::Memory {
+                        continue;
+                    }
+                    match i.memory_base() {
+                        Register::R10 => seen.push((
+                            i.mnemonic(),
+                            i.memory_displacement64(),
+                            i.memory_size().size(),
+                            i.memory_index(),
+                            i.memory_index_scale(),
+                        )),
+                        Register::RSP => {
+                            // The parent, past the two pushes and the return address.
+                            assert_eq!(
+                                (i.memory_displacement64(), i.memory_size().size()),
+                                (24, 8)
+                            );
+                        }
+                        Register::None => {
+                            assert_eq!(i.segment_prefix(), Register::GS);
+                            assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
+                            assert_eq!(i.memory_size().size(), 4);
+                        }
+                        // Not a data access: lea rdx, [rax + RECORD_LEN].
+                        Register::RAX => assert_eq!(i.mnemonic(), Mnemonic::Lea),
+                        other => panic!("unexpected base {other:?} in {}", format_instruction(i)),
+                    }
+                }
+            }
+            let mut want = fields.to_vec();
+            want.push(drop);
+            assert_eq!(seen, want, "{:?}", t.shape);
+            // Each of those displacements fits the sign-extended imm32 encoding.
+            for (_, disp, ..) in &seen {
+                assert_eq!(*disp as i64 as i32 as i64 as u64, *disp);
+            }
         }
     }
 
@@ -1226,8 +1502,14 @@ mod tests {
     #[test]
     fn emulated_nested_call_at_every_instruction() {
         let s = spec(1, 2, 8);
-        let t = generate(&s).unwrap();
-        for at in 0..COMMON_PATH_INSTRUCTIONS {
+        for t in [per_site(&s), shared(&s)] {
+            nested_call_at_every_instruction(&s, &t);
+        }
+    }
+
+    fn nested_call_at_every_instruction(s: &TrampolineSpec, t: &Trampoline) {
+        let stub = t.common_path_instructions() - t.common_path.len();
+        for at in 0..t.common_path_instructions() {
             let mem = memory(&[0]);
             ring::init_rings(&mem, &s.layout).unwrap();
             let mut emu = Emu {
@@ -1239,15 +1521,15 @@ mod tests {
             let mut early = Vec::new();
             let mut r = regs(0);
             let before = r.clone();
-            let steps = emu.call(&mut r, 0, PARENT, &t, &mut |n, emu, outer| {
+            let steps = emu.call(&mut r, 0, PARENT, t, &mut |n, emu, outer| {
                 if n != at {
                     return;
                 }
                 // The interrupt's own traced call, on the same stack below.
                 let mut nested = regs(0);
                 nested.gpr[RSP] = outer.gpr[RSP] - 256;
-                let steps = emu.call(&mut nested, 1, PARENT + 1, &t, &mut no_interrupt);
-                assert_eq!(steps, COMMON_PATH_INSTRUCTIONS, "nested call at {at}");
+                let steps = emu.call(&mut nested, 1, PARENT + 1, t, &mut no_interrupt);
+                assert_eq!(steps, t.common_path_instructions(), "nested call at {at}");
                 reader
                     .drain(emu.mem, |cpu, rec| early.push((cpu, rec)))
                     .unwrap();
@@ -1256,13 +1538,13 @@ mod tests {
             // interrupt came after its read of head (instruction 5, counting
             // the stub's from 0) and before its cmpxchg (8): one more round
             // of cmp, jae, lea, cmpxchg, jne.
-            let head_read = STUB_INSTRUCTIONS
+            let head_read = stub
                 + t.common_path
                     .iter()
                     .position(|i| i.mnemonic() == Mnemonic::Mov && i.memory_base() == Register::R10)
                     .unwrap()
                 + 1;
-            let cmpxchg = STUB_INSTRUCTIONS
+            let cmpxchg = stub
                 + t.common_path
                     .iter()
                     .position(|i| i.mnemonic() == Mnemonic::Cmpxchg)
@@ -1270,8 +1552,9 @@ mod tests {
             let retried = (head_read..=cmpxchg).contains(&at);
             assert_eq!(
                 steps,
-                COMMON_PATH_INSTRUCTIONS + if retried { 5 } else { 0 },
-                "interrupt at {at}"
+                t.common_path_instructions() + if retried { 5 } else { 0 },
+                "{:?}: interrupt at {at}",
+                t.shape
             );
             for reg in (0..16).filter(|&g| g != R10 && g != R11) {
                 assert_eq!(
