@@ -252,9 +252,10 @@ impl Trampoline {
     /// Where the traced site's return address (site + 5) is, as an offset
     /// from RSP, for a vCPU stopped at `rip` inside this code (before the
     /// instruction at `rip` runs); None outside it. What a stack walker (or
-    /// a test accounting for calls in flight) needs: the stubs push nothing,
-    /// the common part pushes and pops along its paths, found by following
-    /// every branch of the decoded code.
+    /// a test accounting for calls in flight) needs: stubs push nothing, a
+    /// body (the shared one, or any site's, read as site 0's) pushes and
+    /// pops along its paths, found by following every branch of its decoded
+    /// code.
     pub fn site_return_slot(&self, rip: u64) -> Option<u64> {
         let first_stub = u64::from(*self.stubs.iter().min()?);
         let mut off = rip.checked_sub(CODE_VA)?;
