@@ -66,7 +66,7 @@
 
 use iced_x86::code_asm::{
     dword_ptr, eax, ecx, edx, esi, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rcx, rdx, rsi, rsp,
-    AsmRegister32, CodeAssembler, CodeLabel,
+    AsmMemoryOperand, AsmRegister32, CodeAssembler, CodeLabel,
 };
 use iced_x86::IcedError;
 
@@ -80,6 +80,9 @@ use super::layout::{
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fields {
     pub cpu_number_off: i32,
+    /// Lock the ring's reservation and drop counters (`TrampolineSpec::
+    /// preemptible`).
+    pub locked: bool,
     pub ring_bytes: i32,
     /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
     pub slot_mask: u32,
@@ -122,8 +125,14 @@ pub(super) fn emit_reserve(
     a.jae(full)?;
     // rdx = the head past this record.
     a.lea(rdx, ptr(rax + RECORD_LEN as i32))?;
-    // Reserve it (locked: a preempted task may finish on another CPU).
-    a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    // Reserve it: cmpxchg is one instruction, so an interrupt or NMI on
+    // this CPU comes before or after it; locked on a preemptible kernel,
+    // where a preempted task may finish this on another CPU.
+    if f.locked {
+        a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    } else {
+        a.cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    }
     // Lost the race: rax holds the current head; check it again.
     a.jne(retry)?;
     // eax = the slot's byte offset in the ring's records.
@@ -131,6 +140,20 @@ pub(super) fn emit_reserve(
     // r10 = ring offset + slot offset.
     a.add(r10, rax)?;
     Ok(())
+}
+
+/// Count one call not recorded: `inc` of the drop counter at `counter`,
+/// locked on a preemptible kernel as the reservation is.
+pub(super) fn emit_count(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    counter: AsmMemoryOperand,
+) -> Result<(), IcedError> {
+    if f.locked {
+        a.lock().inc(counter)
+    } else {
+        a.inc(counter)
+    }
 }
 
 /// Store the guest TSC in the record at r10 (clobbers eax and edx).
@@ -212,7 +235,7 @@ pub(super) fn emit_entry(
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
     // no record, no hook.
-    a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
+    emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
     a.set_label(&mut nohook)?;
     // No frame: an unhooked entry has slot 0.
@@ -255,7 +278,7 @@ pub(super) fn emit_return(
     a.ret()?;
     a.set_label(&mut full)?;
     // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
-    a.lock().inc(qword_ptr(r10 + rsi * 8 + f.ret_drops))?;
+    emit_count(a, f, qword_ptr(r10 + rsi * 8 + f.ret_drops))?;
     a.jmp(out)?;
     Ok(())
 }

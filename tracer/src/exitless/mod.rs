@@ -39,15 +39,15 @@
 //! function graph the return address's stack slot u64 at 24.
 //!
 //! Writer (trampoline), per call: read `head`; if `head >= limit` the ring
-//! is full: `drops[k] += 1` and return. Else reserve with `lock cmpxchg
-//! head: head -> head + RECORD_LEN`, retrying if it fails, then write the
+//! is full: `drops[k] += 1` and return. Else reserve with `cmpxchg head:
+//! head -> head + RECORD_LEN`, retrying if it fails, then write the
 //! record's fields and last its commit word. Interrupts and NMIs on the same
 //! CPU come only between two instructions, so a nested trampoline run either
-//! finishes before the read of `head` or makes the `cmpxchg` fail; the lock
-//! is for a preemptible kernel, where a task can read its CPU number, be
-//! moved, and finish its reservation on another CPU's ring (drops are
-//! counted with `lock inc` for the same reason). The lock costs no extra
-//! instruction. x86 stores are seen in program order (TSO), so a record
+//! finishes before the read of `head` or makes the `cmpxchg` fail. On a
+//! preemptible kernel, where a task can read its CPU number, be moved, and
+//! finish its reservation on another CPU's ring, the `cmpxchg` and the drop
+//! counter's `inc` are locked; elsewhere they are not (as the kernel's
+//! `local_t`). The lock costs no extra instruction. x86 stores are seen in program order (TSO), so a record
 //! whose commit word reads non-zero is complete.
 //!
 //! Reader (host collector), per ring: from `tail` (kept by the host, in

@@ -34,7 +34,7 @@
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
 //!         jae full
 //!         lea rdx, [rax + RECORD_LEN]
-//!         lock cmpxchg [r10 + R + HEAD_OFF], rdx
+//!         lock cmpxchg [r10 + R + HEAD_OFF], rdx   ; lock: preemptible kernels
 //!         jne retry
 //!         and eax, cap * RECORD_LEN - 1
 //!         add r10, rax
@@ -80,16 +80,19 @@
 //!
 //! Two decisions that differ from the first draft of the protocol:
 //!
-//! - The reservation is `lock cmpxchg`, not a plain one, and the drop counter
-//!   `lock inc`. The protocol's "only this CPU writes its ring" holds for
-//!   interrupts and NMIs but not on a preemptible kernel (`CONFIG_PREEMPT`, or
-//!   `preempt=full` with `PREEMPT_DYNAMIC`): the task can be preempted after
-//!   reading its CPU number and migrated, and then finishes its reservation on
-//!   another CPU while the ring's own CPU writes it too. A plain `cmpxchg` is
-//!   not atomic against another CPU, so two calls could reserve the same slot
-//!   and records + drops would no longer equal calls. The lock prefix costs no
-//!   instruction (the count is unchanged) and little on an uncontended,
-//!   locally owned cache line; the emulating host runs both (KVM-HOST.md).
+//! - On a preemptible kernel (`CONFIG_PREEMPTION`, dynamic preemption
+//!   included: `TrampolineSpec::preemptible`) the reservation is
+//!   `lock cmpxchg` and the drop counter `lock inc`. The protocol's "only
+//!   this CPU writes its ring" holds for interrupts and NMIs but not there:
+//!   the task can be preempted after reading its CPU number and migrated,
+//!   and then finishes its reservation on another CPU while the ring's own
+//!   CPU writes it too; a plain `cmpxchg` is not atomic against another
+//!   CPU, so two calls could reserve the same slot. On a kernel that cannot
+//!   preempt (the default guest's), both go without the lock prefix, as the
+//!   kernel's own ring buffer uses `local_t`: one instruction is atomic
+//!   against this CPU's interrupts, and the lock (a full barrier on x86)
+//!   would be most of the path's cost on hardware. The instruction count is
+//!   the same either way; the emulating host runs both (KVM-HOST.md).
 //! - A reservation that finds the ring full counts the call per site in the
 //!   guest (`lock inc`), so records + drops = calls, exactly.
 
@@ -152,6 +155,13 @@ pub struct TrampolineSpec {
     /// the per-CPU section, which on x86-64 starts at 0): the trampoline
     /// reads `gs:[cpu_number_off]`, as `smp_processor_id()` does.
     pub cpu_number_off: u32,
+    /// Can a task be preempted, and so moved to another CPU, inside the
+    /// trampoline (a kernel with `CONFIG_PREEMPTION`)? Then the ring's
+    /// reservation and drop counters are `lock`ed; otherwise only the CPU
+    /// itself (its interrupts and NMIs) touches its ring, and the
+    /// instructions need no lock, as the kernel's own ring buffer uses
+    /// `local_t` (no lock prefix) for the same reason.
+    pub preemptible: bool,
 }
 
 /// Why the trampoline cannot be made or a site cannot call it.
@@ -392,7 +402,7 @@ fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Resul
     // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
     // locked for the same reason as the reservation; then leave without a
     // record.
-    a.lock().inc(qword_ptr(r10 + r11 * 8 + f.drops))?;
+    graph_code::emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
     Ok(())
 }
@@ -427,8 +437,7 @@ fn emit_site_body(
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
     // reservation is; then leave without a record.
-    a.lock()
-        .inc(qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
+    graph_code::emit_count(a, f, qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
     a.jmp(out)?;
     Ok(())
 }
@@ -488,6 +497,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let fields = Fields {
         cpu_number_off,
+        locked: spec.preemptible,
         ring_bytes,
         slot_mask,
         head: ring_disp(layout, HEAD_OFF)?,
@@ -701,6 +711,7 @@ mod tests {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), false).unwrap(),
             cpu_number_off: CPU_NUMBER_OFF,
+            preemptible: true,
         }
     }
 
@@ -708,6 +719,7 @@ mod tests {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), true).unwrap(),
             cpu_number_off: CPU_NUMBER_OFF,
+            preemptible: true,
         }
     }
 
@@ -1068,6 +1080,60 @@ mod tests {
         }
     }
 
+    /// A kernel that cannot preempt a task inside the trampoline gets the
+    /// rings' reservation and counters without a lock prefix, in every
+    /// shape; the graph's frame pool, shared by all CPUs, stays locked.
+    #[test]
+    fn an_unpreemptible_kernel_gets_unlocked_ring_instructions() {
+        let unlocked = |s: TrampolineSpec| TrampolineSpec {
+            preemptible: false,
+            ..s
+        };
+        for t in [
+            per_site(&unlocked(spec(2, 3, 16))),
+            shared(&unlocked(spec(2, 3, 16))),
+            generate(&unlocked(graph_spec(2, 3, 16))).unwrap(),
+        ] {
+            let end = (RETURN_TRAP_OFF as usize).min(t.code.len());
+            let all = decode_all(&t.code[..end]);
+            let ring = all
+                .iter()
+                .filter(|i| matches!(i.mnemonic(), Mnemonic::Cmpxchg | Mnemonic::Inc));
+            // A reservation and a drop counter per body: three sites' own,
+            // the shared one, the graph's entry and return.
+            let bodies = match (t.shape, t.return_path.is_empty()) {
+                (Shape::PerSite, _) => 3,
+                (Shape::Shared, true) => 1,
+                (Shape::Shared, false) => 2,
+            };
+            assert_eq!(ring.clone().count(), 2 * bodies, "{:?}", t.shape);
+            assert!(ring.clone().all(|i| !i.has_lock_prefix()), "{:?}", t.shape);
+            for i in all.iter().filter(|i| i.mnemonic() == Mnemonic::Xadd) {
+                assert!(i.has_lock_prefix(), "the frame ticket must stay locked");
+            }
+            // The same length and path as the locked code, one byte less
+            // per locked instruction.
+            assert_eq!(t.common_path_instructions(), {
+                let locked = TrampolineSpec {
+                    preemptible: true,
+                    ..unlocked(if t.return_path.is_empty() {
+                        spec(2, 3, 16)
+                    } else {
+                        graph_spec(2, 3, 16)
+                    })
+                };
+                generate_shaped(&locked, t.shape)
+                    .unwrap()
+                    .common_path_instructions()
+            });
+        }
+        // And it runs: every interrupt point of a call, as locked code does.
+        let s = unlocked(spec(1, 2, 8));
+        for t in [per_site(&s), shared(&s)] {
+            nested_call_at_every_instruction(&s, &t);
+        }
+    }
+
     #[test]
     fn call_bytes_round_trip_and_refuse_far_targets() {
         let t = generate(&spec(1, 4, 2)).unwrap();
@@ -1124,6 +1190,7 @@ mod tests {
                 ring_bytes: 0x2000,
             },
             cpu_number_off: 0,
+            preemptible: true,
         };
         let err = generate(&s).unwrap_err();
         assert!(
