@@ -78,7 +78,8 @@ pub struct RunArgs {
     /// stderr, so that stdout holds only vmtrace's output).
     #[arg(long, value_name = "FILE|-|none")]
     pub console: Option<PathBuf>,
-    /// Print exit counts per vCPU, emulation assists and pause figures.
+    /// Print exit counts per vCPU, emulation assists, pause figures, and
+    /// KVM's own counts (the instructions its emulator ran, all its exits).
     #[arg(long)]
     pub stats: bool,
 
@@ -342,6 +343,12 @@ pub struct BenchArgs {
     /// (default: guest/out/vmlinux; skipped with a message if absent).
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
+    /// Boots of the default Linux guest per configuration (untraced, the
+    /// guest's own ftrace, vmtrace trap, vmtrace exitless) for figure (i),
+    /// vmtrace against ftrace; 0 skips it (each boot takes a minute or more
+    /// where KVM emulates guest ring 0).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub linux_boots: usize,
     /// Events in the synthetic trace whose report is timed.
     #[arg(long, default_value_t = 10_000_000, value_name = "N")]
     pub report_events: u64,

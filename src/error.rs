@@ -205,6 +205,9 @@ pub enum InputError {
     BuildFailed,
     #[error("vmlinux {} does not exist; build it with `bash guest/build.sh linux`", .0.display())]
     VmlinuxMissing(PathBuf),
+    /// `vmtrace bench --linux-boots N` without the Linux guest to boot.
+    #[error("--linux-boots boots the Linux guest: its {what} {} does not exist; build it with `bash guest/build.sh linux`", path.display())]
+    LinuxGuestMissing { what: &'static str, path: PathBuf },
     /// The bench's kernel is not the mini guest it measures.
     #[error("{} is not the mini guest: {why}; pass guest/out/mini.elf with --kernel", path.display())]
     NotMini { path: PathBuf, why: String },

@@ -268,3 +268,60 @@ fn status_line_on_a_terminal_unless_quiet() {
         "-q hides it:\n{quiet}"
     );
 }
+
+/// KVM's count of the instructions its emulator ran: in `--stats` (per
+/// vCPU and total, labelled as such) and, the same numbers, in the JSON
+/// report's `guest_instructions_emulated`; absent where KVM does not count.
+#[test]
+fn instructions_kvm_emulated_in_stats_and_json() {
+    let kernel = mini_elf();
+    let (out, v) = run_json(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        "2",
+        "--cmdline",
+        "iters=300",
+        "--console",
+        "none",
+        "--trace",
+        "hrtimer_*",
+        "--stats",
+    ]);
+    let err = stderr(&out);
+    let row = err
+        .lines()
+        .find(|l| l.trim_start().starts_with("instructions emulated "));
+    let Some(row) = row else {
+        assert!(err.contains("KVM's own counts: not available"), "{err}");
+        assert!(v.get("guest_instructions_emulated").is_none(), "{v}");
+        println!("skipped: this KVM keeps no binary statistics");
+        return;
+    };
+    assert!(
+        err.contains("counted by KVM's instruction emulator"),
+        "labelled: {err}"
+    );
+    assert!(err.contains("\nrun: "), "{err}");
+    let printed: Vec<u64> = row
+        .split_whitespace()
+        .skip(2)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let g = &v["guest_instructions_emulated"];
+    let per_cpu = [
+        g["per_cpu"]["0"].as_u64().unwrap(),
+        g["per_cpu"]["1"].as_u64().unwrap(),
+    ];
+    assert_eq!(g["per_cpu"].as_object().unwrap().len(), 2, "{g}");
+    assert_eq!(g["total"].as_u64(), Some(per_cpu[0] + per_cpu[1]), "{g}");
+    assert_eq!(
+        printed,
+        [per_cpu[0], per_cpu[1], per_cpu[0] + per_cpu[1]],
+        "{err}"
+    );
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+        // Every guest instruction: 300 iterations of the workload at least.
+        assert!(per_cpu.iter().all(|&n| n > 300 * 20), "{g}");
+    }
+}

@@ -267,3 +267,67 @@ fn a_timeout_says_its_time_once() {
     );
     assert!(!err.contains(" s after "), "{err}");
 }
+
+/// Does this host's KVM run guest ring 0 in its instruction emulator (so
+/// that `insn_emulation` counts every guest instruction)?
+fn emulating_host() -> bool {
+    std::path::Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// KVM's per-vCPU statistics: read while the guest runs, from this thread
+/// (not the vCPUs'), they grow; under a pause they stand still; the run
+/// report has the final counts.
+#[test]
+fn kvm_counts_grow_while_the_guest_runs() {
+    let kernel = mini_elf();
+    let capture = Capture::default();
+    let vm = vmm::Vm::create(mini_config(&kernel, 2, "mode=loop", &capture)).unwrap();
+    let running = vm.start(no_tracers(2), false).unwrap();
+    let stats = running.kvm_stats();
+    let first = stats.read().unwrap();
+    assert_eq!(first.len(), 2);
+    if first
+        .iter()
+        .all(|c| c.insn_emulation.is_none() && c.exits.is_none())
+    {
+        println!("skipped: this KVM keeps no binary statistics (KVM_GET_STATS_FD)");
+        running.request_stop(vmm::StopReason::Requested);
+        let report = running.finish();
+        assert_eq!(report.guest_instructions_emulated(), None);
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (paused_a, paused_b) = {
+        let p = running.pause_all();
+        let a = running.kvm_counts().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = running.kvm_counts().unwrap();
+        drop(p);
+        (a, b)
+    };
+    assert_eq!(paused_a, paused_b, "counts move while every vCPU is parked");
+    for cpu in 0..2 {
+        let (f, g) = (first[cpu], paused_a[cpu]);
+        // Every pause kicks each vCPU out of KVM_RUN: at least one exit.
+        if let (Some(f), Some(g)) = (f.exits, g.exits) {
+            assert!(g > f, "cpu{cpu}: exits {f} -> {g}");
+        }
+        if emulating_host() {
+            // 300 ms of a ring-0 loop, every instruction emulated.
+            let (f, g) = (f.insn_emulation.unwrap(), g.insn_emulation.unwrap());
+            assert!(g > f + 1000, "cpu{cpu}: instructions {f} -> {g}");
+        }
+    }
+    running.request_stop(vmm::StopReason::Requested);
+    let report = running.finish();
+    assert_eq!(report.kvm_error, None);
+    for (cpu, (g, end)) in paused_a.iter().zip(&report.kvm).enumerate() {
+        assert!(end.insn_emulation >= g.insn_emulation, "cpu{cpu}");
+        assert!(end.exits >= g.exits, "cpu{cpu}");
+    }
+    if emulating_host() {
+        let total: Vec<u64> = report.guest_instructions_emulated().unwrap();
+        println!("guest instructions emulated by KVM per vCPU: {total:?}");
+        assert!(total.iter().all(|&n| n > 1000), "{total:?}");
+    }
+}

@@ -96,7 +96,22 @@
 //! - guest instructions per traced call, measured = exitless µs per call /
 //!   t_insn (goal ≤ 30); static = the trampoline's
 //!   `common_path_instructions()` (stub + common path of a recorded call,
-//!   counted in its code: 28);
+//!   counted in its code: `trampoline::COMMON_PATH_INSTRUCTIONS`);
+//! - guest instructions per traced call, **counted**: where KVM runs guest
+//!   ring 0 in its instruction emulator, its per-vCPU statistic
+//!   `insn_emulation` (`vmm::kvm_stats`) counts every guest instruction, so
+//!   the same pauses that read the iteration counters read it too, all
+//!   vCPUs summed: with `i` = instructions per iteration of a phase (its
+//!   instructions over its iterations), counted = (i_exitless −
+//!   i_untraced) / X, the time figure's accounting (the exitless phase's
+//!   instructions minus the untraced phase's per iteration times its
+//!   iterations, over its calls). Used only if the spin phase counted
+//!   i_spin − i_untraced = 2 · SPIN within 2 % (`SPIN_COUNT_TOLERANCE`):
+//!   on hardware-virtualized KVM the emulator runs almost none of the
+//!   guest's instructions, and the figure is reported not available, with
+//!   why. The phases' edges fall inside iterations, so the count differs
+//!   from a whole number by up to about one iteration's instructions over
+//!   a phase's calls;
 //!
 //! all reported as medians over the rounds; and exits per traced call in
 //! exitless mode = trace-port traps in the exitless phases / calls in them
@@ -118,6 +133,22 @@
 //! the return hook's added cost, in exits per call (trap) and guest
 //! instructions per call (exitless), the units that carry over to other
 //! hosts.
+//!
+//! **(i) vmtrace against the guest's own ftrace** (only with
+//! `--linux-boots N`: each boot of the Linux guest takes a minute or more
+//! on an emulating host). The default Linux guest booted to its end (1
+//! vCPU, 96 MiB, as tests/linux_guest.rs boots it) in four configurations,
+//! N boots each, interleaved (the order rotates every round): untraced;
+//! the guest's function tracer (`--cmdline 'ftrace=function
+//! ftrace_filter=kernfs_*'`); vmtrace `--trace 'kernfs_*' --mode trap`; and
+//! `--mode exitless`. Each boot is the vmtrace binary itself as a subprocess
+//! (`--stats`: KVM's instruction count and the run's time; `--format
+//! json`: calls and trap exits). Per round, added per call = (the boot's
+//! instructions − that round's untraced boot's) / calls, calls being what
+//! every vmtrace boot traced (the same number each boot, or the figure
+//! fails, as it does on a guest console with `ftrace bug`, `WARNING:` or
+//! `BUG:`); the same for time; medians over the rounds, and the untraced
+//! boots' own spread beside them.
 //!
 //! **Loading**: `KernelImage::load` + `SiteTable::build` of that vmlinux.
 //!

@@ -1,8 +1,9 @@
 //! Judging and presenting the figures: the goals, the printed table, and
 //! the `--json FILE` document; (f)'s and (g)'s part of each is in
-//! `exitless`, (h)'s in `record`.
+//! `exitless`, (h)'s in `record`, (i)'s in `ftrace`.
 
 mod exitless;
+mod ftrace;
 mod record;
 
 use std::fmt::{self, Write as _};
@@ -20,6 +21,7 @@ use super::measure::{
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
 use exitless::{ExitlessFigures, GraphFigures};
+use ftrace::FtraceJson;
 
 /// Goals.
 const GOAL_RATIO: f64 = 1.2;
@@ -50,6 +52,9 @@ pub struct Results {
     pub json_s: f64,
     /// (h): recording to disk.
     pub record: RecordFigures,
+    /// (i): vmtrace against the guest's own ftrace on the Linux guest's
+    /// boot; None: not asked for (`--linux-boots 0`).
+    pub ftrace: ftrace::Measured,
 }
 
 /// One goal's verdict.
@@ -209,6 +214,7 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
     });
     goals.extend(exitless::goals(&r.exitless));
     goals.extend(record::goals(&r.record));
+    goals.push(ftrace::goal(&r.ftrace));
     goals
 }
 
@@ -264,6 +270,8 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     )?;
     writeln!(o)?;
     record::write(o, &r.record)?;
+    writeln!(o)?;
+    ftrace::write(o, &r.ftrace)?;
     writeln!(o)?;
     writeln!(o, "goals:")?;
     for g in goals {
@@ -451,13 +459,22 @@ struct BenchJson<'a> {
     /// A non-finite figure (which none should be) is written as null.
     #[serde(serialize_with = "ordered_map")]
     figures: &'a [(String, f64)],
-    /// (f).
-    exitless: ExitlessFigures,
+    /// (f), and (i).
+    exitless: ExitlessJson,
     /// (g).
     graph: GraphFigures,
     goals: Vec<GoalJson<'a>>,
     #[serde(serialize_with = "ordered_map")]
     methods: &'a [(&'static str, String)],
+}
+
+/// The `exitless` object: (f)'s figures, then (i)'s.
+#[derive(Serialize)]
+struct ExitlessJson {
+    #[serde(flatten)]
+    figures: ExitlessFigures,
+    #[serde(flatten)]
+    boot: FtraceJson,
 }
 
 #[derive(Serialize)]
@@ -492,7 +509,10 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         report_events: cfg.report_events,
         record_events: cfg.record_events,
         figures: &figures(r),
-        exitless: ExitlessFigures::new(&r.exitless),
+        exitless: ExitlessJson {
+            figures: ExitlessFigures::new(&r.exitless),
+            boot: FtraceJson::new(&r.ftrace, cfg.linux_boots),
+        },
         graph: GraphFigures::new(&r.graph, &r.exitless),
         goals: goals
             .iter()
@@ -567,6 +587,7 @@ fn methods() -> Vec<(&'static str, String)> {
             ),
         ),
         ("(h)", record::method()),
+        ("(i)", ftrace::method()),
     ]
 }
 
@@ -587,6 +608,8 @@ mod tests {
             cycles: 2,
             report_events,
             record_events: 100_000_000,
+            linux_boots: 0,
+            linux: None,
         }
     }
 
@@ -620,6 +643,9 @@ mod tests {
                 exitless_traps: 0,
                 static_instructions: 28,
                 trap_exits_per_call: 1.0,
+                // Counted by KVM: 60 instructions per untraced iteration,
+                // the spin's 400 more, 3.5 x 28 more exitless.
+                counted: Some(vec![[60.0, 460.0, 60.0, 158.0]; 2]),
             },
             // Per call: trap 20 µs (two exits), exitless 80 instructions.
             graph: ExitlessCosts {
@@ -629,6 +655,7 @@ mod tests {
                 exitless_traps: 0,
                 static_instructions: 80,
                 trap_exits_per_call: 2.0,
+                counted: Some(vec![[60.0, 460.0, 60.0, 340.0]]),
             },
             pauses: vec![PauseFigures {
                 vcpus: 1,
@@ -657,6 +684,7 @@ mod tests {
                 buffer: 64 << 20,
                 peak_growth: Ok(70 << 20),
             },
+            ftrace: None,
         }
     }
 
@@ -699,16 +727,22 @@ mod tests {
         assert!(at("(e)") < at("loading"));
 
         let goals = doc["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 9);
+        assert_eq!(goals.len(), 10);
         let status: Vec<&str> = goals
             .iter()
             .map(|g| g["status"].as_str().unwrap())
             .collect();
         // b/a 1.1; worst 100-site attach 900 µs; worst of all 900 µs;
         // loading 38 ms; report 0.44 s; 0 exits and 28 instructions per
-        // exitless call; 12.5 M events/s stored and 70 MiB peak recording.
-        assert_eq!(status, ["PASS"; 9]);
-        assert!(goals.iter().all(|g| g["not_judged"].is_null()));
+        // exitless call; 12.5 M events/s stored and 70 MiB peak recording;
+        // (i) not asked for.
+        assert_eq!(status[..9], ["PASS"; 9]);
+        assert_eq!(status[9], "SKIP");
+        assert!(goals[..9].iter().all(|g| g["not_judged"].is_null()));
+        // (i)'s keys in the exitless object, null: not measured.
+        assert_eq!(doc["exitless"]["linux_boots"], 0);
+        assert!(doc["exitless"]["ftrace_guest_instructions_per_call"].is_null());
+        assert!(at("exits_per_call") < at("ftrace_guest_instructions_per_call"));
         assert_eq!(doc["methods"].as_object().unwrap().len(), methods().len());
         assert!(at("(e)") < at("(f)"));
     }
@@ -796,6 +830,82 @@ mod tests {
     }
 
     #[test]
+    fn instructions_counted_by_kvm_in_json_and_table() {
+        let mut r = results(false);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let (ex, g) = (&doc["exitless"], &doc["graph"]);
+        assert_eq!(ex["guest_instructions_per_call_counted"], 28.0);
+        assert_eq!(ex["spin_instructions_counted"], 400.0);
+        assert!(ex.get("guest_instructions_counted_not_available").is_none());
+        assert_eq!(g["guest_instructions_per_call_counted"], 80.0);
+        assert_eq!(g["guest_instructions_per_call_entry_only_counted"], 28.0);
+        // The existing keys stay.
+        assert_eq!(ex["guest_instructions_per_call"], 28.0);
+        assert_eq!(g["guest_instructions_per_call"], 80.0);
+        let row = |t: &str, start: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
+                .to_string()
+        };
+        assert_eq!(
+            row(&t, "guest instructions per call, counted"),
+            format!(
+                "  {:<44} {:>10}   28.00 .. 28.00",
+                "guest instructions per call, counted (KVM)", "28.0"
+            )
+        );
+        assert!(row(&t, "spin: instructions counted").ends_with("400.0   400.00 .. 400.00"));
+        assert!(
+            row(&t, "exitless: instructions per call, counted")
+                .ends_with("80.0 (entry only 28.0)   80.00 .. 80.00"),
+            "{t}"
+        );
+        assert!(
+            row(&t, "PASS  guest instructions").contains("28.0 counted by KVM's emulator"),
+            "{t}"
+        );
+        assert!(!t.contains("not available"), "{t}");
+
+        // Hardware-virtualized KVM: its emulator ran none of the spin.
+        r.exitless.counted = Some(vec![[0.0, 0.0, 0.0, 1.0]; 2]);
+        r.graph.counted = None;
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let (ex, g) = (&doc["exitless"], &doc["graph"]);
+        assert!(ex["guest_instructions_per_call_counted"].is_null());
+        assert_eq!(ex["spin_instructions_counted"], 0.0);
+        let why = ex["guest_instructions_counted_not_available"]
+            .as_str()
+            .unwrap();
+        assert!(
+            why.contains("counted 0.0 instructions more per spin iteration"),
+            "{why}"
+        );
+        assert!(g["guest_instructions_per_call_counted"].is_null());
+        assert!(g["guest_instructions_per_call_entry_only_counted"].is_null());
+        assert!(row(&t, "guest instructions per call, counted").ends_with(" n/a"));
+        assert!(
+            row(&t, "exitless: instructions per call, counted").ends_with("n/a (entry only n/a)")
+        );
+        row(
+            &t,
+            "instructions counted by KVM: not available: KVM's emulator counted 0.0",
+        );
+        assert!(
+            t.contains(
+                "instructions counted by KVM: not available: KVM gives no instruction count"
+            ),
+            "{t}"
+        );
+        assert!(
+            !row(&t, "PASS  guest instructions").contains("counted"),
+            "{t}"
+        );
+    }
+
+    #[test]
     fn goals_not_judged_say_why() {
         let (table, text) = render(&results(false), 1000);
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -814,14 +924,17 @@ mod tests {
                 "no vmlinux",
                 "no vmlinux",
                 "no vmlinux",
-                "measured with 1,000 events"
+                "measured with 1,000 events",
+                "not measured: run `vmtrace bench --linux-boots N` (4 x N boots of the Linux \
+                 guest)"
             ]
         );
+        assert!(table.contains("(i) vmtrace vs. the guest's own ftrace, Linux boot: NOT MEASURED"));
 
         assert!(table.contains("(e) and loading: NOT MEASURED"), "{table}");
         assert_eq!(
             table.lines().filter(|l| l.starts_with("  SKIP  ")).count(),
-            4,
+            5,
             "{table}"
         );
     }
@@ -862,7 +975,7 @@ mod tests {
         // 9.75 M events/s.
         r.record.stored = 39_000_000;
         let judged = |r: &Results| -> Vec<&'static str> {
-            goals(r, &cfg(GOAL_REPORT_EVENTS, false))[7..]
+            goals(r, &cfg(GOAL_REPORT_EVENTS, false))[7..9]
                 .iter()
                 .map(Goal::status)
                 .collect()

@@ -108,6 +108,26 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     );
     let (render_s, json_s) = measure::report_figures(cfg.report_events)?;
 
+    // Last, and only when asked for: minutes of Linux boots.
+    let ftrace = match &cfg.linux {
+        Some(guest) => {
+            note!(
+                "vmtrace bench: (i) {} boots of {} in each of 4 configurations (untraced, \
+                 ftrace, vmtrace trap, vmtrace exitless), interleaved",
+                cfg.linux_boots,
+                guest.kernel.display()
+            );
+            Some(measure::ftrace_figures(guest, cfg.linux_boots))
+        }
+        None => {
+            note!(
+                "vmtrace bench: (i) vmtrace vs. the guest's ftrace skipped (run it with \
+                 --linux-boots N: 4 x N boots of the Linux guest)"
+            );
+            None
+        }
+    };
+
     let r = Results {
         costs,
         a,
@@ -121,6 +141,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         render_s,
         json_s,
         record,
+        ftrace,
     };
     let goals = results::goals(&r, &cfg);
     let run = results::Run { cfg: &cfg, started };
@@ -136,6 +157,10 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
                 source,
             }
         })?;
+    }
+    // The table and the JSON say so too; the run did not do what was asked.
+    if let Some(Err(e)) = &r.ftrace {
+        return Err(RuntimeError::Measure(format!("(i): {e}")).into());
     }
     Ok(Outcome::Clean)
 }

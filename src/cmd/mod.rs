@@ -5,7 +5,7 @@ mod bench;
 mod list;
 mod record;
 mod report;
-mod run;
+pub(crate) mod run;
 mod script;
 
 use crate::cli::{Cli, Command};

@@ -164,7 +164,7 @@ fn traced(
     });
     // The views and exports need the events: read back from the file.
     let needs_events = output.view.is_some() || !output.exports.is_empty();
-    let trace = match (&saved, needs_events) {
+    let mut trace = match (&saved, needs_events) {
         (Ok(_), true) => match tracer::tracefile::load(&data.stream) {
             Ok(t) => t,
             Err(e) => {
@@ -174,6 +174,8 @@ fn traced(
         },
         _ => summary.clone(),
     };
+    // The run's, not the data file's (it does not keep them).
+    trace.meta.guest_instructions_emulated = run_report.guest_instructions_emulated();
     let streamed = data.finish(saved, &summary);
     emit(&trace, &output, streamed)?;
     drained.map_err(RuntimeError::Drain)?;
@@ -429,6 +431,7 @@ fn print_stats(report: &RunReport) {
             }
         }
     }
+    print_kvm_counts(&mut err, report);
     let p = &report.pause;
     if !p.latency_ns.is_empty() {
         let _ = writeln!(
@@ -439,6 +442,70 @@ fn print_stats(report: &RunReport) {
             percentile(&p.window_ns, 50.0).unwrap_or(0) / 1000
         );
     }
+}
+
+/// The `--stats` row of the instructions KVM emulated (`bench` reads its
+/// last column, the total).
+pub const STATS_INSTRUCTIONS_ROW: &str = "instructions emulated";
+/// The `--stats` line of the run's time (`bench` reads it).
+pub const STATS_RUN_LINE: &str = "run:";
+
+/// `--stats`: KVM's own per-vCPU counts (KVM_GET_STATS_FD), and the run's
+/// time.
+fn print_kvm_counts(err: &mut impl Write, report: &RunReport) {
+    let counts = &report.kvm;
+    let rows: [(&str, Vec<Option<u64>>); 2] = [
+        (
+            STATS_INSTRUCTIONS_ROW,
+            counts.iter().map(|c| c.insn_emulation).collect(),
+        ),
+        (
+            "exits (all kinds)",
+            counts.iter().map(|c| c.exits).collect(),
+        ),
+    ];
+    if rows.iter().all(|(_, v)| v.iter().all(Option::is_none)) {
+        let why = report
+            .kvm_error
+            .clone()
+            .unwrap_or_else(|| "this KVM has no binary statistics (KVM_GET_STATS_FD)".to_string());
+        let _ = writeln!(err, "KVM's own counts: not available ({why})");
+    } else {
+        let _ = writeln!(err, "KVM's own counts per vCPU (its binary statistics):");
+        let _ = write!(err, "  {:<21}", "");
+        for cpu in 0..counts.len() {
+            let _ = write!(err, " {:>12}", format!("cpu{cpu}"));
+        }
+        let _ = writeln!(err, " {:>13}", "total");
+        for (what, v) in &rows {
+            let _ = write!(err, "  {what:<21}");
+            for n in v {
+                let _ = write!(err, " {:>12}", n.map_or("-".to_string(), |n| n.to_string()));
+            }
+            let total = v
+                .iter()
+                .copied()
+                .sum::<Option<u64>>()
+                .map_or("-".to_string(), |n| n.to_string());
+            let _ = writeln!(err, " {total:>13}");
+        }
+        let _ = writeln!(
+            err,
+            "  (instructions emulated: counted by KVM's instruction emulator, its insn_emulation; \
+             every guest kernel instruction only where KVM emulates guest ring 0 ({}), near 0 \
+             on hardware-virtualized KVM)",
+            if crate::config::emulator_host() {
+                "it does here: kvm_pvm"
+            } else {
+                "not here, it seems: no kvm_pvm"
+            }
+        );
+    }
+    let _ = writeln!(
+        err,
+        "{STATS_RUN_LINE} {:.3} s from the vCPUs' start to their stop",
+        report.elapsed.as_secs_f64()
+    );
 }
 
 /// Where exitless mode put vmtrace's code and rings in the guest.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use super::{at_least_one, check_cpus};
+use crate::bench::measure::LinuxGuest;
 use crate::cli::BenchArgs;
 use crate::error::InputError;
 
@@ -23,6 +24,9 @@ pub struct BenchConfig {
     pub report_events: u64,
     /// Events streamed to a data file for (h).
     pub record_events: u64,
+    /// Boots per configuration for (i) (0: skipped), and the Linux guest.
+    pub linux_boots: usize,
+    pub linux: Option<LinuxGuest>,
 }
 
 impl BenchConfig {
@@ -35,6 +39,11 @@ impl BenchConfig {
         let record_events = at_least_one(args.record_events, "--record-events")?;
         let kernel = mini_kernel(args)?;
         let vmlinux = linux_vmlinux(args)?;
+        let linux = if args.linux_boots > 0 {
+            Some(linux_guest(vmlinux.as_deref())?)
+        } else {
+            None
+        };
         if let Some(path) = &args.json {
             // The output-file rules, now, not after minutes of measuring
             // (and without creating or truncating anything yet).
@@ -54,8 +63,37 @@ impl BenchConfig {
             cycles,
             report_events,
             record_events,
+            linux_boots: args.linux_boots,
+            linux,
         })
     }
+}
+
+/// (i)'s guest: the bzImage and initramfs beside the vmlinux (by default
+/// guest/out's, as `bash guest/build.sh linux` leaves them).
+fn linux_guest(vmlinux: Option<&std::path::Path>) -> Result<LinuxGuest, InputError> {
+    let vmlinux = match vmlinux {
+        Some(v) => v.to_path_buf(),
+        None => project_root().join("guest/out/vmlinux"),
+    };
+    let guest = LinuxGuest {
+        kernel: vmlinux.with_file_name("bzImage"),
+        initrd: vmlinux.with_file_name("initramfs.cpio.gz"),
+        vmlinux,
+    };
+    for (what, path) in [
+        ("vmlinux", &guest.vmlinux),
+        ("kernel", &guest.kernel),
+        ("initramfs", &guest.initrd),
+    ] {
+        if !path.is_file() {
+            return Err(InputError::LinuxGuestMissing {
+                what,
+                path: path.clone(),
+            });
+        }
+    }
+    Ok(guest)
 }
 
 /// The directory holding `guest/`: the working directory if it has

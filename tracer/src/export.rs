@@ -132,6 +132,17 @@ pub fn to_json(trace: &Trace) -> Value {
     if !m.rejected_sites.is_empty() {
         doc["rejected_sites"] = json!(m.rejected_sites);
     }
+    if let Some(per_cpu) = &m.guest_instructions_emulated {
+        let by_cpu: Map<String, Value> = per_cpu
+            .iter()
+            .enumerate()
+            .map(|(c, &n)| (c.to_string(), Value::from(n)))
+            .collect();
+        doc["guest_instructions_emulated"] = json!({
+            "total": per_cpu.iter().sum::<u64>(),
+            "per_cpu": by_cpu,
+        });
+    }
     if let Some((virt, phys)) = m.kernel_offset {
         doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
     }
@@ -461,3 +472,51 @@ pub mod file;
 pub mod script;
 pub mod tracedat;
 pub use tracedat::write_tracedat;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `guest_instructions_emulated`: absent unless KVM counted; then the
+    /// total and every vCPU's, as the schema describes them (the full
+    /// schema check is in tests/report_export.rs).
+    #[test]
+    fn guest_instructions_emulated_as_the_schema_says() {
+        let mut t = Trace::synthetic(10);
+        assert!(to_json(&t).get("guest_instructions_emulated").is_none());
+        t.meta.guest_instructions_emulated = Some(vec![1000, 0, 5, 7]);
+        let v = to_json(&t);
+        let g = &v["guest_instructions_emulated"];
+        assert_eq!(g["total"], 1012);
+        let per_cpu = g["per_cpu"].as_object().unwrap();
+        let keys: Vec<&str> = per_cpu.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4);
+        for (cpu, n) in ["0", "1", "2", "3"].iter().zip([1000, 0, 5, 7]) {
+            assert_eq!(per_cpu[*cpu], n);
+        }
+
+        let schema: Value = serde_json::from_str(JSON_SCHEMA).unwrap();
+        let optional = !schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "guest_instructions_emulated");
+        assert!(optional);
+        let s = &schema["properties"]["guest_instructions_emulated"];
+        assert_eq!(s["type"], "object");
+        for r in s["required"].as_array().unwrap() {
+            assert!(g.get(r.as_str().unwrap()).is_some(), "{r}");
+        }
+        assert_eq!(s["properties"]["total"]["type"], "integer");
+        let p = &s["properties"]["per_cpu"];
+        assert_eq!(p["type"], "object");
+        assert_eq!(p["propertyNames"]["pattern"], "^(0|[1-9][0-9]*)$");
+        assert_eq!(p["additionalProperties"]["type"], "integer");
+        assert!(per_cpu.values().all(Value::is_u64));
+        assert!(g
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| s["properties"].get(k).is_some()));
+    }
+}

@@ -104,6 +104,12 @@ pub struct TraceMeta {
     /// killed before it wrote the footer): the counts are those of the
     /// stored events, the run's facts those known at attach.
     pub incomplete: bool,
+    /// Guest instructions KVM's instruction emulator ran during the whole
+    /// run, per vCPU (its `insn_emulation` statistic): every guest kernel
+    /// instruction where KVM emulates guest ring 0, only the rare emulated
+    /// ones elsewhere. None: KVM did not count them (or not known: saved
+    /// traces do not keep it).
+    pub guest_instructions_emulated: Option<Vec<u64>>,
 }
 
 /// The whole trace.

@@ -11,6 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::devices::Devices;
 use crate::exit::VcpuStats;
 use crate::gva::AddressSpace;
+use crate::kvm_stats::{self, KvmCounts, KvmStats, KvmStatsError};
 use crate::pause::{GuestClock, PauseControl, PauseStats, VcpuSnapshot};
 use crate::stop::{panic_message, StopReason, VcpuError};
 use crate::sys::{install_signal_handler, lock, unpoison};
@@ -82,6 +83,21 @@ pub struct RunReport {
     pub console_tail: Vec<String>,
     /// Where each vCPU was when a timeout stopped it (empty otherwise).
     pub last_regs: Vec<Option<VcpuSnapshot>>,
+    /// KVM's own counters of each vCPU at the end (see kvm_stats: what
+    /// `insn_emulation` counts depends on the host); all None where KVM
+    /// keeps no statistics.
+    pub kvm: Vec<KvmCounts>,
+    /// Why `kvm` could not be read, if it could not (it is then all None).
+    pub kvm_error: Option<String>,
+}
+
+impl RunReport {
+    /// Instructions KVM's emulator ran per vCPU (every guest instruction
+    /// only where KVM emulates guest ring 0); None unless KVM counted them
+    /// for every vCPU.
+    pub fn guest_instructions_emulated(&self) -> Option<Vec<u64>> {
+        kvm_stats::instructions(&self.kvm)
+    }
 }
 
 /// A running guest.
@@ -91,6 +107,7 @@ pub struct Running {
     pub(crate) started: Instant,
     pub(crate) deadline: Option<Instant>,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) kvm_stats: KvmStats,
     /// KVM and the VM fd, closed after the vCPU fds.
     pub(crate) _vm: (kvm_ioctls::Kvm, kvm_ioctls::VmFd),
 }
@@ -176,6 +193,23 @@ impl Running {
 
     pub fn cpus(&self) -> usize {
         self.threads.len()
+    }
+
+    /// KVM's own counters of the vCPUs: a handle any thread can read at
+    /// any time (see kvm_stats).
+    pub fn kvm_stats(&self) -> KvmStats {
+        self.kvm_stats.clone()
+    }
+
+    /// Each vCPU's KVM counters now (all None where KVM keeps no statistics).
+    pub fn kvm_counts(&self) -> Result<Vec<KvmCounts>, KvmStatsError> {
+        self.kvm_stats.read()
+    }
+
+    /// Instructions KVM's emulator has run per vCPU so far; None unless it
+    /// counts them for every vCPU.
+    pub fn guest_instructions_emulated(&self) -> Result<Option<Vec<u64>>, KvmStatsError> {
+        self.kvm_stats.instructions()
     }
 
     /// Stop the world (see pause.rs).
@@ -265,13 +299,21 @@ impl Running {
                 reason = StopReason::Panic(msg);
             }
         }
+        let elapsed = self.started.elapsed();
+        // Every vCPU thread has left KVM_RUN: the counts are final.
+        let (kvm, kvm_error) = match self.kvm_stats.read() {
+            Ok(k) => (k, None),
+            Err(e) => (vec![KvmCounts::default(); vcpus.len()], Some(e.to_string())),
+        };
         RunReport {
             reason,
-            elapsed: self.started.elapsed(),
+            elapsed,
             vcpus,
             pause: self.shared.pause.stats(),
             console_tail: tail,
             last_regs: lock(&self.shared.last_regs).clone(),
+            kvm,
+            kvm_error,
         }
     }
 }

@@ -16,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::boot::{self, BootPlan, Protocol};
 use crate::devices::{Console, Devices};
 use crate::exit::VcpuStats;
+use crate::kvm_stats::{KvmStats, KvmStatsError, VcpuKvmStats};
 use crate::layout;
 use crate::pause::PauseControl;
 use crate::run::{Running, Shared};
@@ -55,6 +56,8 @@ pub enum VmError {
     Regs(#[from] boot::regs::RegsError),
     #[error(transparent)]
     Cpuid(#[from] boot::cpuid::CpuidError),
+    #[error("cannot open KVM's statistics: {0}")]
+    Stats(#[from] KvmStatsError),
     #[error("cannot start the thread of vCPU {cpu}: {source}")]
     Thread { cpu: usize, source: std::io::Error },
     #[error("cannot install the {what} signal handler: {source}")]
@@ -86,6 +89,8 @@ pub struct Vm {
     _fd: VmFd,
     mem: GuestMemoryMmap,
     vcpus: Vec<VcpuFd>,
+    /// KVM's own counters of each vCPU, opened with it.
+    kvm_stats: KvmStats,
     devices: Devices,
     plan: BootPlan,
     timeout: Option<Duration>,
@@ -160,8 +165,11 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(ioctl("GET_SUPPORTED_CPUID"))?;
         let mut vcpus = Vec::with_capacity(ncpus);
+        let mut kvm_stats = Vec::with_capacity(ncpus);
         for cpu in 0..ncpus {
             let vcpu = fd.create_vcpu(cpu as u64).map_err(ioctl("CREATE_VCPU"))?;
+            // Now, while this thread holds the vCPU fd (see kvm_stats).
+            kvm_stats.push(VcpuKvmStats::open(&kvm, &vcpu, cpu)?);
             boot::cpuid::setup_cpuid(&vcpu, cpu, ncpus, &supported, cfg.hide_hypercalls)?;
             boot::regs::setup_msrs(&vcpu, cpu)?;
             boot::regs::setup_fpu(&vcpu, cpu)?;
@@ -195,6 +203,7 @@ impl Vm {
             _fd: fd,
             mem,
             vcpus,
+            kvm_stats: KvmStats::new(kvm_stats),
             devices,
             plan,
             timeout: cfg.timeout,
@@ -211,6 +220,11 @@ impl Vm {
 
     pub fn cpus(&self) -> usize {
         self.vcpus.len()
+    }
+
+    /// KVM's own counters of the vCPUs (see kvm_stats).
+    pub fn kvm_stats(&self) -> KvmStats {
+        self.kvm_stats.clone()
     }
 
     /// Start one thread per vCPU, each with its trap handler. With
@@ -262,6 +276,7 @@ impl Vm {
             started,
             deadline: self.timeout.map(|t| started + t),
             timeout: self.timeout,
+            kvm_stats: self.kvm_stats,
             _vm: (self._kvm, self._fd),
         })
     }

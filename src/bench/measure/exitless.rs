@@ -1,7 +1,9 @@
 //! Figure set (f): a traced call in exitless mode (vmtrace's trampoline in
 //! the guest, no exit) against trap mode, in phases of one running mini
 //! guest, with a calibration spin that prices one guest instruction (see the
-//! `bench` module documentation).
+//! `bench` module documentation). Where KVM's emulator runs every guest
+//! instruction, the same phases also count them (KVM's `insn_emulation`,
+//! read under the pauses that switch phases).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +32,12 @@ pub const MAX_EXITLESS_TRAP_SHARE: f64 = 0.01;
 /// phases' iterations times the calls per iteration by no more than this
 /// (phase boundaries fall inside iterations).
 const CALLS_TOLERANCE: f64 = 0.05;
+/// The instructions KVM counted per spin-phase iteration must be `2 * SPIN`
+/// more than per untraced iteration within this fraction for the counts to
+/// be used: else KVM's emulator does not run every guest instruction here
+/// (hardware-virtualized KVM), or the phases are too short for the partial
+/// iterations at their edges not to matter.
+pub const SPIN_COUNT_TOLERANCE: f64 = 0.02;
 
 /// The phases of (f), in the order of `ExitlessCosts::rounds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,12 +85,16 @@ impl TrapHandler for TrapCount {
 }
 
 /// Iterations and trace-port traps of one finished phase (exact: read
-/// under the pauses that began and ended it).
+/// under the pauses that began and ended it), and the guest instructions
+/// KVM's emulator ran in it (None: KVM does not count them).
 #[derive(Clone, Copy, Debug)]
 pub struct PhaseCount {
     pub phase: Phase,
+    /// The round it belongs to.
+    pub round: usize,
     pub iters: u64,
     pub traps: u64,
+    pub insns: Option<u64>,
 }
 
 /// (f) as measured.
@@ -103,6 +115,10 @@ pub struct ExitlessCosts {
     /// Trace-port traps per traced call in the trap phases (1; 2 with the
     /// graph: the entry and the return).
     pub trap_exits_per_call: f64,
+    /// Per round, guest instructions per iteration (all vCPUs' instructions
+    /// over all vCPUs' iterations) counted by KVM's emulator, in `PHASES`
+    /// order; None where KVM does not count them.
+    pub counted: Option<Vec<[f64; 4]>>,
 }
 
 impl ExitlessCosts {
@@ -146,6 +162,42 @@ impl ExitlessCosts {
         self.exitless_traps as f64 / self.exitless_calls as f64
     }
 
+    /// Per round, the instructions KVM counted per spin iteration over
+    /// those per untraced one: `2 * SPIN` where its emulator runs every
+    /// guest instruction.
+    pub fn spin_counted(&self) -> Option<Vec<f64>> {
+        let c = self.counted.as_ref()?;
+        Some(c.iter().map(|i| i[1] - i[0]).collect())
+    }
+
+    /// Guest instructions per exitless call counted by KVM's emulator, per
+    /// round, with the time figure's accounting: (instructions per exitless
+    /// iteration - per untraced iteration) / calls per iteration. Err: not
+    /// available, and why (KVM does not count, or the calibration spin was
+    /// not counted as the `2 * SPIN` instructions it is).
+    pub fn counted_instructions(&self) -> Result<Vec<f64>, String> {
+        let (Some(c), Some(spin)) = (&self.counted, self.spin_counted()) else {
+            return Err("KVM gives no instruction count (no KVM_GET_STATS_FD or no \
+                        insn_emulation statistic)"
+                .into());
+        };
+        let want = 2.0 * f64::from(SPIN);
+        let got = median(&spin);
+        // (NaN, from a phase without iterations, is not within either.)
+        let within = (got - want).abs() <= SPIN_COUNT_TOLERANCE * want;
+        if !within {
+            return Err(format!(
+                "KVM's emulator counted {got:.1} instructions more per spin iteration, not \
+                 2 x {SPIN} = {want:.0} (± {:.0} %): it does not run every guest instruction \
+                 on this host (hardware-virtualized KVM), or the phases are too short \
+                 (--iters)",
+                SPIN_COUNT_TOLERANCE * 100.0
+            ));
+        }
+        let e = self.calls_per_iter;
+        Ok(c.iter().map(|i| (i[3] - i[0]) / e).collect())
+    }
+
     /// Median µs per iteration, by phase.
     pub fn iter_us(&self) -> [f64; 4] {
         let m = |i: usize| median(&self.per_round(|t| t[i]));
@@ -184,6 +236,7 @@ impl ExitlessCosts {
                 ));
             }
         }
+        let counted = counted_per_iter(phases, rounds.len());
         let (ex_iters, ex_traps) = sum(Phase::Exitless);
         let expected = ex_iters as f64 * calls_per_iter;
         let exitless_calls = exitless_counted + ex_traps;
@@ -202,8 +255,28 @@ impl ExitlessCosts {
             exitless_traps: ex_traps,
             static_instructions,
             trap_exits_per_call: trap_traps as f64 / trap_calls as f64,
+            counted,
         })
     }
+}
+
+/// Per round, instructions per iteration by phase in `PHASES` order, from
+/// the finished phases' counts; None unless KVM counted every phase of
+/// every round (and each ran at least one iteration).
+fn counted_per_iter(phases: &[PhaseCount], rounds: usize) -> Option<Vec<[f64; 4]>> {
+    (0..rounds)
+        .map(|r| {
+            let mut per = [0.0; 4];
+            for (k, p) in PHASES.iter().enumerate() {
+                let c = phases.iter().find(|c| c.round == r && c.phase == *p)?;
+                if c.iters == 0 {
+                    return None;
+                }
+                per[k] = c.insns? as f64 / c.iters as f64;
+            }
+            Some(per)
+        })
+        .collect()
 }
 
 /// The two tracers over one guest; at most one attached at a time.
@@ -351,16 +424,26 @@ fn run_phases(
     let mem = running.memory();
     let map = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
     let mut counters = IterCounters::new(map, &tracers.trap.plan().image, ncpus)?;
+    let kvm = running.kvm_stats();
+    // All vCPUs' instructions KVM's emulator ran so far (read under a pause).
+    let insns = || -> Result<Option<u64>, Error> {
+        let per_cpu = kvm.instructions().map_err(|e| {
+            RuntimeError::Measure(format!("{label}: reading KVM's statistics: {e}"))
+        })?;
+        Ok(per_cpu.map(|v| v.iter().sum()))
+    };
     std::thread::sleep(SETTLE);
     let mut finished: Vec<PhaseCount> = Vec::new();
     // The phase running now, with the counts at its start.
     let mut current: Option<PhaseCount> = None;
-    let mut close = |current: Option<PhaseCount>, iters: u64, traps: u64| {
+    let mut close = |current: Option<PhaseCount>, iters: u64, traps: u64, insns: Option<u64>| {
         if let Some(c) = current {
             finished.push(PhaseCount {
                 phase: c.phase,
+                round: c.round,
                 iters: iters - c.iters,
                 traps: traps - c.traps,
+                insns: c.insns.zip(insns).map(|(a, b)| b - a),
             });
         }
     };
@@ -373,14 +456,16 @@ fn run_phases(
             // Between phases: read the exact counts, switch, resume.
             let start = {
                 let p = running.pause_all();
-                let (now, tr) = (counters.total()?, total_traps());
-                close(current.take(), now, tr);
+                let (now, tr, i) = (counters.total()?, total_traps(), insns()?);
+                close(current.take(), now, tr, i);
                 spin.set(&p, if phase == Phase::Spin { SPIN } else { 0 })?;
                 tracers.switch(&p, phase)?;
                 current = Some(PhaseCount {
                     phase,
+                    round,
                     iters: now,
                     traps: tr,
+                    insns: i,
                 });
                 counters.read()?
             };
@@ -398,7 +483,7 @@ fn run_phases(
         rounds.push(tau);
     }
     let p = running.pause_all();
-    close(current.take(), counters.total()?, total_traps());
+    close(current.take(), counters.total()?, total_traps(), insns()?);
     spin.set(&p, 0)?;
     tracers.switch(&p, Phase::Untraced)?;
     Ok((rounds, finished))
@@ -411,9 +496,38 @@ mod tests {
     fn count(phase: Phase, iters: u64, traps: u64) -> PhaseCount {
         PhaseCount {
             phase,
+            round: 0,
             iters,
             traps,
+            insns: None,
         }
+    }
+
+    /// A phase of round `round` in which KVM counted `insns` instructions.
+    fn counted(phase: Phase, round: usize, iters: u64, traps: u64, insns: u64) -> PhaseCount {
+        PhaseCount {
+            phase,
+            round,
+            iters,
+            traps,
+            insns: Some(insns),
+        }
+    }
+
+    /// Two rounds, every phase counted: 60 instructions per untraced
+    /// iteration, 460 per spin one, 3.5 calls of `per_call` instructions
+    /// more per exitless one (the trap phases' `out` replaces a NOP).
+    fn counted_rounds(per_call: f64, spin_extra: u64) -> Vec<PhaseCount> {
+        let ex = (60.0 + 3.5 * per_call) as u64;
+        let mut v = Vec::new();
+        for r in 0..2 {
+            let iters = 200 * (r as u64 + 1);
+            v.push(counted(Phase::Untraced, r, iters, 0, 60 * iters));
+            v.push(counted(Phase::Spin, r, iters, 0, (60 + spin_extra) * iters));
+            v.push(counted(Phase::Trap, r, iters, 7 * iters / 2, 60 * iters));
+            v.push(counted(Phase::Exitless, r, iters, 0, ex * iters));
+        }
+        v
     }
 
     #[test]
@@ -472,5 +586,60 @@ mod tests {
         let phases = [count(Phase::Trap, 100, 0), count(Phase::Exitless, 100, 0)];
         let e = ExitlessCosts::judge(rounds, &phases, 0, 350, 28).unwrap_err();
         assert!(e.contains("no hrtimer_* call trapped"), "{e}");
+    }
+
+    #[test]
+    fn instructions_counted_by_kvm_per_call() {
+        let rounds = vec![[10.0, 410.0, 45.0, 108.0]; 2];
+        // 3.5 calls per iteration (2,100 in 600 trap iterations), 28
+        // instructions each; 2,100 exitless calls.
+        let phases = counted_rounds(28.0, 400);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        assert_eq!(
+            c.counted,
+            Some(vec![[60.0, 460.0, 60.0, 158.0], [60.0, 460.0, 60.0, 158.0]])
+        );
+        assert_eq!(c.spin_counted(), Some(vec![400.0, 400.0]));
+        assert_eq!(c.counted_instructions(), Ok(vec![28.0, 28.0]));
+
+        // The graph: 80 per call.
+        let phases = counted_rounds(80.0, 400);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 80).unwrap();
+        assert_eq!(c.counted_instructions(), Ok(vec![80.0, 80.0]));
+
+        // Within 2 % of 2 x SPIN: used.
+        let phases = counted_rounds(28.0, 392);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        assert!(c.counted_instructions().is_ok());
+    }
+
+    #[test]
+    fn counts_of_a_kvm_that_does_not_emulate_are_not_used() {
+        let rounds = vec![[10.0, 410.0, 45.0, 108.0]; 2];
+        // Hardware-virtualized KVM: the spin's 400 instructions run natively,
+        // KVM's emulator counts none of them.
+        let phases = counted_rounds(28.0, 0);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        assert_eq!(c.spin_counted(), Some(vec![0.0, 0.0]));
+        let e = c.counted_instructions().unwrap_err();
+        assert!(
+            e.contains("counted 0.0 instructions more per spin iteration, not 2 x 200 = 400"),
+            "{e}"
+        );
+        let phases = counted_rounds(28.0, 391);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        assert!(c.counted_instructions().is_err());
+
+        // No count at all (no stats fd), or a phase without one.
+        let mut phases = counted_rounds(28.0, 400);
+        phases[5].insns = None;
+        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        assert_eq!(c.counted, None);
+        let e = c.counted_instructions().unwrap_err();
+        assert!(e.contains("KVM gives no instruction count"), "{e}");
+        // A round whose phases are not all there (or ran no iteration).
+        let phases = counted_rounds(28.0, 400);
+        let c = ExitlessCosts::judge(rounds.clone(), &phases[..7], 2100, 700, 28).unwrap();
+        assert_eq!(c.counted, None);
     }
 }

@@ -1,10 +1,11 @@
 //! Taking the figures (`results` judges and renders them): the shared run
 //! plumbing, (d) pause, (e) attach window vs. sites, loading and report
 //! times; (a)-(c) are in `calls`, (f) in `exitless`, the phases both run in
-//! `phases`, (h) in `record`.
+//! `phases`, (h) in `record`, (i) in `ftrace`.
 
 mod calls;
 mod exitless;
+pub mod ftrace;
 mod phases;
 mod record;
 
@@ -21,7 +22,13 @@ use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
-pub use exitless::{exitless_costs, ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN};
+pub use exitless::{
+    exitless_costs, ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN, SPIN_COUNT_TOLERANCE,
+};
+pub use ftrace::{
+    ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,
+    FTRACE_GLOB,
+};
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
 
 use crate::bench::us;

@@ -251,6 +251,8 @@ impl Tracer {
                 .filter(|o| !o.is_none())
                 .map(|o| (o.virt, o.phys)),
             incomplete: false,
+            // The run report has them; the caller adds them.
+            guest_instructions_emulated: None,
         };
         Trace {
             meta,

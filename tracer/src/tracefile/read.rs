@@ -347,6 +347,8 @@ pub(super) fn read_body<R: Read>(
         rejected_sites,
         kernel_offset,
         incomplete: false,
+        // Not in the file: the run's alone.
+        guest_instructions_emulated: None,
     };
 
     r.section = Section::Functions;
