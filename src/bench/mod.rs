@@ -137,10 +137,12 @@
 //! **(i) vmtrace against the guest's own ftrace** (only with
 //! `--linux-boots N`: each boot of the Linux guest takes a minute or more
 //! on an emulating host). The default Linux guest booted to its end (1
-//! vCPU, 96 MiB, as tests/linux_guest.rs boots it) in four configurations,
+//! vCPU, 96 MiB, as tests/linux_guest.rs boots it) in five configurations,
 //! N boots each, interleaved (the order rotates every round): untraced;
 //! the guest's function tracer (`--cmdline 'ftrace=function
-//! ftrace_filter=kernfs_*'`); vmtrace `--trace 'kernfs_*' --mode trap`; and
+//! ftrace_filter=kernfs_*'`); the same on functions never called (`ftrace=function
+//! ftrace_filter=__x64_sys_*`: its setup alone, taken off for "ftrace less its
+//! setup"); vmtrace `--trace 'kernfs_*' --mode trap`; and
 //! `--mode exitless`. Each boot is the vmtrace binary itself as a subprocess
 //! (`--stats`: KVM's instruction count and the run's time; `--format
 //! json`: calls and trap exits). Per round, added per call = (the boot's

@@ -925,7 +925,7 @@ mod tests {
                 "no vmlinux",
                 "no vmlinux",
                 "measured with 1,000 events",
-                "not measured: run `vmtrace bench --linux-boots N` (4 x N boots of the Linux \
+                "not measured: run `vmtrace bench --linux-boots N` (5 x N boots of the Linux \
                  guest)"
             ]
         );

@@ -27,7 +27,7 @@ pub use exitless::{
 };
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,
-    FTRACE_GLOB,
+    FTRACE_GLOB, FTRACE_SETUP_CMDLINE,
 };
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
 
