@@ -112,17 +112,19 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     let ftrace = match &cfg.linux {
         Some(guest) => {
             note!(
-                "vmtrace bench: (i) {} boots of {} in each of 4 configurations (untraced, \
-                 ftrace, vmtrace trap, vmtrace exitless), interleaved",
+                "vmtrace bench: (i) {} boots of {} in each of {} configurations ({}), \
+                 interleaved",
                 cfg.linux_boots,
-                guest.kernel.display()
+                guest.kernel.display(),
+                measure::BOOT_CONFIGS.len(),
+                measure::BOOT_CONFIGS.map(|c| c.name()).join(", ")
             );
             Some(measure::ftrace_figures(guest, cfg.linux_boots))
         }
         None => {
             note!(
                 "vmtrace bench: (i) vmtrace vs. the guest's ftrace skipped (run it with \
-                 --linux-boots N: 4 x N boots of the Linux guest)"
+                 --linux-boots N: 5 x N boots of the Linux guest)"
             );
             None
         }
