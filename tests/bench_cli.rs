@@ -31,25 +31,14 @@ fn linux_vmlinux() -> std::path::PathBuf {
     root().join("guest/out/vmlinux")
 }
 
-#[test]
-fn bench_json_has_every_figure() {
-    let kernel = mini_elf();
-    let vmlinux = linux_vmlinux();
-    let json = std::env::temp_dir().join(format!("vmtrace-bench-{}.json", std::process::id()));
-    let out = vmtrace(&[
-        "bench",
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--vmlinux",
-        vmlinux.to_str().unwrap(),
-        "--iters",
-        "200",
-        // (h) short: 64 MB of events.
-        "--record-events",
-        "2000000",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+/// Runs `vmtrace bench ARGS --json FILE`, which must succeed: its JSON and
+/// its stdout (the table).
+fn bench_json(name: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let json = std::env::temp_dir().join(format!("vmtrace-{name}-{}.json", std::process::id()));
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", json.to_str().unwrap()]);
+    let out = vmtrace(&all);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -59,7 +48,29 @@ fn bench_json_has_every_figure() {
     );
     let text = std::fs::read_to_string(&json).expect("the JSON file");
     let _ = std::fs::remove_file(&json);
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let doc = serde_json::from_str(&text).expect("valid JSON");
+    (doc, stdout(&out))
+}
+
+#[test]
+fn bench_json_has_every_figure() {
+    let kernel = mini_elf();
+    let vmlinux = linux_vmlinux();
+    let (doc, table) = bench_json(
+        "bench",
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--vmlinux",
+            vmlinux.to_str().unwrap(),
+            "--iters",
+            "200",
+            // (h) short: 64 MB of events.
+            "--record-events",
+            "2000000",
+        ],
+    );
+    let text = doc.to_string();
     let figures = doc["figures"].as_object().expect("a figures object");
 
     // Every figure is a number and finite (JSON has no NaN: null would fail).
@@ -190,7 +201,6 @@ fn bench_json_has_every_figure() {
         assert!(methods[k].is_string(), "method {k} in {text}");
     }
     // The printed table gives the same verdicts.
-    let table = stdout(&out);
     let verdicts = table
         .lines()
         .filter(|l| {
@@ -253,37 +263,25 @@ fn bench_rejects_bad_arguments() {
 #[test]
 fn bench_counts_the_trampolines_instructions() {
     let kernel = mini_elf();
-    let json =
-        std::env::temp_dir().join(format!("vmtrace-bench-count-{}.json", std::process::id()));
-    let out = vmtrace(&[
-        "bench",
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--iters",
-        "1000",
-        "--rounds",
-        "3",
-        "--cycles",
-        "2",
-        "--report-events",
-        "1000",
-        "--record-events",
-        "100000",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{}\nstderr:\n{}",
-        stdout(&out),
-        stderr(&out)
+    let (doc, table) = bench_json(
+        "bench-count",
+        &[
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--iters",
+            "1000",
+            "--rounds",
+            "3",
+            "--cycles",
+            "2",
+            "--report-events",
+            "1000",
+            "--record-events",
+            "100000",
+        ],
     );
-    let text = std::fs::read_to_string(&json).expect("the JSON file");
-    let _ = std::fs::remove_file(&json);
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let text = doc.to_string();
     let (ex, graph) = (&doc["exitless"], &doc["graph"]);
-    let table = stdout(&out);
     if ex["guest_instructions_per_call_counted"].is_null() {
         let why = ex["guest_instructions_counted_not_available"]
             .as_str()

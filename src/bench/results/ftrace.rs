@@ -285,15 +285,9 @@ mod tests {
         assert!(g
             .measured
             .starts_with("exitless 23.0 vs. ftrace 200.0 (less its setup) per kernfs_* call"));
-        assert!(line_in(&t_of(&m), "ftrace less its setup").contains("200.0"));
-        let mut t = String::new();
-        write(&mut t, &m).unwrap();
-        let line = |start: &str| {
-            t.lines()
-                .find(|l| l.trim_start().starts_with(start))
-                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
-                .to_string()
-        };
+        let t = t_of(&m);
+        let line = |start: &str| line_in(&t, start);
+        assert!(line("ftrace less its setup").contains("200.0"));
         assert!(
             t.starts_with("(i) vmtrace vs. the guest's own ftrace"),
             "{t}"
