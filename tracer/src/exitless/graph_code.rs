@@ -65,120 +65,16 @@
 //! by its stack) leaves that call unhooked, recorded with slot 0.
 
 use iced_x86::code_asm::{
-    dword_ptr, eax, ecx, edx, esi, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rcx, rdx, rsi, rsp,
-    AsmMemoryOperand, AsmRegister32, CodeAssembler, CodeLabel,
+    dword_ptr, ecx, esi, ptr, qword_ptr, r10, r11, r11d, rax, rcx, rdx, rsi, rsp, CodeAssembler,
+    CodeLabel,
 };
 use iced_x86::IcedError;
 
+use super::body::{emit_commit, emit_count, emit_reserve, Fields};
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
-    RECORD_LEN, RET_STUBS_VA,
+    RET_STUBS_VA,
 };
-
-/// Displacements and immediates the paths use (computed and checked by
-/// `trampoline::generate`).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Fields {
-    pub cpu_number_off: i32,
-    /// Lock the ring's reservation and drop counters (`TrampolineSpec::
-    /// preemptible`).
-    pub locked: bool,
-    pub ring_bytes: i32,
-    /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
-    pub slot_mask: u32,
-    pub head: i64,
-    pub limit: i64,
-    /// The drop counters, less 8: indexed by the commit word (site + 1).
-    pub drops: i64,
-    /// The return drop counters, less 8, likewise.
-    pub ret_drops: i64,
-    pub rec_commit: i64,
-    pub rec_tsc: i64,
-    pub rec_parent: i64,
-    pub rec_slot: i64,
-}
-
-/// Reserve a record in this CPU's ring: on success r10 = the record's offset
-/// from `DATA_VA`; a full ring jumps to `full` with r10 = the ring's offset.
-/// Uses r10, rax and rdx.
-///
-/// The CPU number is not bounds-checked here: the kernel keeps it below
-/// `nr_cpu_ids` (at most the vCPUs, one ring each), and every attach reads
-/// it where this code does, through each kernel-mode vCPU's GS base and at
-/// each possible CPU's `__per_cpu_offset`, and refuses to patch a site if
-/// one is not the CPU's own number (`Exitless::check_cpu_numbers`).
-pub(super) fn emit_reserve(
-    a: &mut CodeAssembler,
-    f: &Fields,
-    full: CodeLabel,
-) -> Result<(), IcedError> {
-    let mut retry = a.create_label();
-    // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
-    a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
-    // r10 = offset of this CPU's ring from DATA_VA.
-    a.imul_3(r10, r10, f.ring_bytes)?;
-    // rax = head, the byte offset of the next record to reserve.
-    a.mov(rax, qword_ptr(r10 + f.head))?;
-    a.set_label(&mut retry)?;
-    // Full: head has reached the first record the host has not freed.
-    a.cmp(rax, qword_ptr(r10 + f.limit))?;
-    a.jae(full)?;
-    // rdx = the head past this record.
-    a.lea(rdx, ptr(rax + RECORD_LEN as i32))?;
-    // Reserve it: cmpxchg is one instruction, so an interrupt or NMI on
-    // this CPU comes before or after it; locked on a preemptible kernel,
-    // where a preempted task may finish this on another CPU.
-    if f.locked {
-        a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
-    } else {
-        a.cmpxchg(qword_ptr(r10 + f.head), rdx)?;
-    }
-    // Lost the race: rax holds the current head; check it again.
-    a.jne(retry)?;
-    // eax = the slot's byte offset in the ring's records.
-    a.and(eax, f.slot_mask)?;
-    // r10 = ring offset + slot offset.
-    a.add(r10, rax)?;
-    Ok(())
-}
-
-/// Count one call not recorded: `inc` of the drop counter at `counter`,
-/// locked on a preemptible kernel as the reservation is.
-pub(super) fn emit_count(
-    a: &mut CodeAssembler,
-    f: &Fields,
-    counter: AsmMemoryOperand,
-) -> Result<(), IcedError> {
-    if f.locked {
-        a.lock().inc(counter)
-    } else {
-        a.inc(counter)
-    }
-}
-
-/// Store the guest TSC in the record at r10 (clobbers eax and edx).
-pub(super) fn emit_tsc(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
-    // edx:eax = the guest's TSC.
-    a.rdtsc()?;
-    a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
-    a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
-    Ok(())
-}
-
-/// Store the guest TSC in the record at r10, then commit it by writing
-/// `commit` (the site index + 1, never 0; not eax or edx, which rdtsc
-/// overwrites) to its commit word.
-pub(super) fn emit_commit(
-    a: &mut CodeAssembler,
-    f: &Fields,
-    commit: AsmRegister32,
-) -> Result<(), IcedError> {
-    emit_tsc(a, f)?;
-    // The commit, last: x86 keeps stores in program order, so a host that
-    // reads it non-zero reads the fields above complete.
-    a.mov(dword_ptr(r10 + f.rec_commit), commit)?;
-    Ok(())
-}
 
 /// The graph entry path, at `entry` (the sites' stubs jump there).
 pub(super) fn emit_entry(

@@ -59,6 +59,7 @@
 //! no record changes while it is read, and a non-zero commit word is never
 //! the previous lap's. Calls per site and CPU = records + drops, exactly.
 
+mod body;
 pub mod collect;
 pub mod graph_code;
 pub mod layout;

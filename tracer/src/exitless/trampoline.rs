@@ -76,7 +76,7 @@
 //! - `head` and `limit` count bytes, so the reserved head becomes the slot's
 //!   offset with one `and` (no shift).
 //! - The CPU number is not bounds-checked in the guest; the attach checks it
-//!   instead, where this code reads it (see `graph_code::emit_reserve`).
+//!   instead, where this code reads it (see `body::emit_reserve`).
 //!
 //! Two decisions that differ from the first draft of the protocol:
 //!
@@ -96,15 +96,14 @@
 //! - A reservation that finds the ring full counts the call per site in the
 //!   guest (`lock inc`), so records + drops = calls, exactly.
 
-use iced_x86::code_asm::{
-    dword_ptr, qword_ptr, r10, r11, r11d, rax, rdx, rsp, CodeAssembler, CodeLabel,
-};
+use iced_x86::code_asm::{r11d, CodeAssembler, CodeLabel};
 use iced_x86::{
     BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
     Instruction, IntelFormatter, Mnemonic,
 };
 
-use super::graph_code::{self, Fields};
+use super::body::{emit_entry, emit_site_body, Fields};
+use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
     REC_PARENT, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
@@ -371,75 +370,6 @@ fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
         records_off: layout.records_off,
         why,
     }
-}
-
-/// The entry-only path at `entry` (the sites' stubs jump there): see the
-/// module comment.
-fn emit_entry(a: &mut CodeAssembler, f: &Fields, entry: &mut CodeLabel) -> Result<(), IcedError> {
-    let mut out = a.create_label();
-    let mut full = a.create_label();
-    a.set_label(entry)?;
-    // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11d = k + 1.
-    // Save the two argument/return registers the trampoline needs: rax
-    // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
-    a.push(rax)?;
-    a.push(rdx)?;
-    // r10 = the record (or full).
-    graph_code::emit_reserve(a, f, full)?;
-    // rax = the parent: [rsp + 24] past the two pushes and the site's
-    // return address.
-    a.mov(rax, qword_ptr(rsp + 24))?;
-    // record.parent = rax.
-    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
-    // The TSC, then the commit: k + 1, the stub's r11d.
-    graph_code::emit_commit(a, f, r11d)?;
-    a.set_label(&mut out)?;
-    // Restore the saved registers and return to the traced function.
-    a.pop(rdx)?;
-    a.pop(rax)?;
-    a.ret()?;
-    a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
-    // locked for the same reason as the reservation; then leave without a
-    // record.
-    graph_code::emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
-    a.jmp(out)?;
-    Ok(())
-}
-
-/// Site k's own body (`Shape::PerSite`), at `body`: the shared entry path
-/// with k + 1 as immediates instead of r11 (see the module comment).
-fn emit_site_body(
-    a: &mut CodeAssembler,
-    f: &Fields,
-    body: &mut CodeLabel,
-    k: u32,
-) -> Result<(), IcedError> {
-    let mut out = a.create_label();
-    let mut full = a.create_label();
-    a.set_label(body)?;
-    // Entry: [rsp] = site + 5, [rsp + 8] = parent. Save rax and rdx, as the
-    // shared body does.
-    a.push(rax)?;
-    a.push(rdx)?;
-    // r10 = the record (or full).
-    graph_code::emit_reserve(a, f, full)?;
-    // rax = the parent, [rsp + 24]; record.parent = rax.
-    a.mov(rax, qword_ptr(rsp + 24))?;
-    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
-    // The TSC, then the commit: k + 1, this body's own immediate.
-    graph_code::emit_tsc(a, f)?;
-    a.mov(dword_ptr(r10 + f.rec_commit), k + 1)?;
-    a.set_label(&mut out)?;
-    a.pop(rdx)?;
-    a.pop(rax)?;
-    a.ret()?;
-    a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
-    // reservation is; then leave without a record.
-    graph_code::emit_count(a, f, qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
-    a.jmp(out)?;
-    Ok(())
 }
 
 /// Padding between the code and the return stubs: int3, never run.

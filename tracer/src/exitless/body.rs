@@ -1,0 +1,192 @@
+//! The record-writing pieces every exitless path is made of: reserving a
+//! record in the calling CPU's ring, dating and committing it, counting a
+//! call that finds the ring full; and the two entry-only bodies built from
+//! them, the shared one behind the stubs and a site's own
+//! (`trampoline::Shape`). The function graph's paths (`graph_code`) use the
+//! same pieces.
+
+use iced_x86::code_asm::{
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rdx, rsp, AsmMemoryOperand,
+    AsmRegister32, CodeAssembler, CodeLabel,
+};
+use iced_x86::IcedError;
+
+use super::layout::RECORD_LEN;
+
+/// Displacements and immediates the paths use (computed and checked by
+/// `trampoline::generate`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fields {
+    pub cpu_number_off: i32,
+    /// Lock the ring's reservation and drop counters (`TrampolineSpec::
+    /// preemptible`).
+    pub locked: bool,
+    pub ring_bytes: i32,
+    /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
+    pub slot_mask: u32,
+    pub head: i64,
+    pub limit: i64,
+    /// The drop counters, less 8: indexed by the commit word (site + 1).
+    pub drops: i64,
+    /// The return drop counters, less 8, likewise.
+    pub ret_drops: i64,
+    pub rec_commit: i64,
+    pub rec_tsc: i64,
+    pub rec_parent: i64,
+    pub rec_slot: i64,
+}
+
+/// Reserve a record in this CPU's ring: on success r10 = the record's offset
+/// from `DATA_VA`; a full ring jumps to `full` with r10 = the ring's offset.
+/// Uses r10, rax and rdx.
+///
+/// The CPU number is not bounds-checked here: the kernel keeps it below
+/// `nr_cpu_ids` (at most the vCPUs, one ring each), and every attach reads
+/// it where this code does, through each kernel-mode vCPU's GS base and at
+/// each possible CPU's `__per_cpu_offset`, and refuses to patch a site if
+/// one is not the CPU's own number (`Exitless::check_cpu_numbers`).
+pub(super) fn emit_reserve(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    full: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut retry = a.create_label();
+    // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
+    a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
+    // r10 = offset of this CPU's ring from DATA_VA.
+    a.imul_3(r10, r10, f.ring_bytes)?;
+    // rax = head, the byte offset of the next record to reserve.
+    a.mov(rax, qword_ptr(r10 + f.head))?;
+    a.set_label(&mut retry)?;
+    // Full: head has reached the first record the host has not freed.
+    a.cmp(rax, qword_ptr(r10 + f.limit))?;
+    a.jae(full)?;
+    // rdx = the head past this record.
+    a.lea(rdx, ptr(rax + RECORD_LEN as i32))?;
+    // Reserve it: cmpxchg is one instruction, so an interrupt or NMI on
+    // this CPU comes before or after it; locked on a preemptible kernel,
+    // where a preempted task may finish this on another CPU.
+    if f.locked {
+        a.lock().cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    } else {
+        a.cmpxchg(qword_ptr(r10 + f.head), rdx)?;
+    }
+    // Lost the race: rax holds the current head; check it again.
+    a.jne(retry)?;
+    // eax = the slot's byte offset in the ring's records.
+    a.and(eax, f.slot_mask)?;
+    // r10 = ring offset + slot offset.
+    a.add(r10, rax)?;
+    Ok(())
+}
+
+/// Count one call not recorded: `inc` of the drop counter at `counter`,
+/// locked on a preemptible kernel as the reservation is.
+pub(super) fn emit_count(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    counter: AsmMemoryOperand,
+) -> Result<(), IcedError> {
+    if f.locked {
+        a.lock().inc(counter)
+    } else {
+        a.inc(counter)
+    }
+}
+
+/// Store the guest TSC in the record at r10 (clobbers eax and edx).
+pub(super) fn emit_tsc(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
+    // edx:eax = the guest's TSC.
+    a.rdtsc()?;
+    a.mov(dword_ptr(r10 + f.rec_tsc), eax)?;
+    a.mov(dword_ptr(r10 + (f.rec_tsc + 4)), edx)?;
+    Ok(())
+}
+
+/// Store the guest TSC in the record at r10, then commit it by writing
+/// `commit` (the site index + 1, never 0; not eax or edx, which rdtsc
+/// overwrites) to its commit word.
+pub(super) fn emit_commit(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    commit: AsmRegister32,
+) -> Result<(), IcedError> {
+    emit_tsc(a, f)?;
+    // The commit, last: x86 keeps stores in program order, so a host that
+    // reads it non-zero reads the fields above complete.
+    a.mov(dword_ptr(r10 + f.rec_commit), commit)?;
+    Ok(())
+}
+
+/// The entry-only path at `entry` (the sites' stubs jump there): see the
+/// module comment.
+pub(super) fn emit_entry(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    entry: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    a.set_label(entry)?;
+    // Entry: [rsp] = site + 5, [rsp + 8] = parent, r11d = k + 1.
+    // Save the two argument/return registers the trampoline needs: rax
+    // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
+    a.push(rax)?;
+    a.push(rdx)?;
+    // r10 = the record (or full).
+    emit_reserve(a, f, full)?;
+    // rax = the parent: [rsp + 24] past the two pushes and the site's
+    // return address.
+    a.mov(rax, qword_ptr(rsp + 24))?;
+    // record.parent = rax.
+    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
+    // The TSC, then the commit: k + 1, the stub's r11d.
+    emit_commit(a, f, r11d)?;
+    a.set_label(&mut out)?;
+    // Restore the saved registers and return to the traced function.
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
+    // locked for the same reason as the reservation; then leave without a
+    // record.
+    emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
+    a.jmp(out)?;
+    Ok(())
+}
+
+/// Site k's own body (`Shape::PerSite`), at `body`: the shared entry path
+/// with k + 1 as immediates instead of r11 (see the module comment).
+pub(super) fn emit_site_body(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    body: &mut CodeLabel,
+    k: u32,
+) -> Result<(), IcedError> {
+    let mut out = a.create_label();
+    let mut full = a.create_label();
+    a.set_label(body)?;
+    // Entry: [rsp] = site + 5, [rsp + 8] = parent. Save rax and rdx, as the
+    // shared body does.
+    a.push(rax)?;
+    a.push(rdx)?;
+    // r10 = the record (or full).
+    emit_reserve(a, f, full)?;
+    // rax = the parent, [rsp + 24]; record.parent = rax.
+    a.mov(rax, qword_ptr(rsp + 24))?;
+    a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
+    // The TSC, then the commit: k + 1, this body's own immediate.
+    emit_tsc(a, f)?;
+    a.mov(dword_ptr(r10 + f.rec_commit), k + 1)?;
+    a.set_label(&mut out)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.ret()?;
+    a.set_label(&mut full)?;
+    // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
+    // reservation is; then leave without a record.
+    emit_count(a, f, qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
+    a.jmp(out)?;
+    Ok(())
+}
