@@ -20,7 +20,7 @@ use super::measure::{
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
-use exitless::{ExitlessFigures, GraphFigures};
+use exitless::{num, num_us, ExitlessFigures, GraphFigures};
 use ftrace::FtraceJson;
 
 /// Goals.
@@ -36,10 +36,14 @@ const JSON_SCHEMA: &str = "vmtrace-bench/1";
 /// Everything measured.
 pub struct Results {
     pub costs: CallCosts,
-    /// Medians over the rounds of (a) and (b), µs, and of (c).
+    /// Medians over the rounds of (a) and (b), µs, and of (c); NaN where
+    /// not measured (`calls_not_measured` says why).
     pub a: f64,
     pub b: f64,
     pub c: f64,
+    /// Why (a), (b) or (c) is not measured: the host's noise swamped the
+    /// difference between the phases' times.
+    pub calls_not_measured: Option<String>,
     pub handlers: HandlerAlone,
     /// (f): exitless against trap, per traced call.
     pub exitless: ExitlessCosts,
@@ -93,7 +97,11 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         ("c_ratio".into(), r.c),
         (
             "recorder_extra_per_call_us".into(),
-            median(&r.costs.b_minus_a),
+            if r.a.is_nan() || r.b.is_nan() {
+                f64::NAN
+            } else {
+                median(&r.costs.b_minus_a)
+            },
         ),
         ("iter_untraced_us".into(), r.costs.iter_us[0]),
         ("iter_resume_only_us".into(), r.costs.iter_us[1]),
@@ -138,11 +146,37 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
     f
 }
 
+/// The figures not measured (NaN: the host's noise swamped them), by
+/// name, with why.
+fn not_measured(r: &Results) -> Vec<(String, String)> {
+    let Some(why) = &r.calls_not_measured else {
+        return Vec::new();
+    };
+    figures(r)
+        .into_iter()
+        .filter(|(k, v)| {
+            v.is_nan()
+                && ["a_", "b_", "c_", "recorder_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+        })
+        .map(|(k, _)| (k, why.clone()))
+        .collect()
+}
+
 pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
     let mut goals = vec![Goal {
         name: format!("cost per traced call <= {GOAL_RATIO} x exit round trip"),
-        measured: format!("b/a = {:.3} (b {:.2} µs, a {:.2} µs)", r.c, r.b, r.a),
-        pass: Ok(r.c <= GOAL_RATIO),
+        measured: format!(
+            "b/a = {} (b {}, a {})",
+            num(r.c, 3),
+            num_us(r.b, 2),
+            num_us(r.a, 2)
+        ),
+        pass: match &r.calls_not_measured {
+            Some(why) if r.c.is_nan() => Err(format!("not measured: {why}")),
+            _ => Ok(r.c <= GOAL_RATIO),
+        },
     }];
     for (label, limit) in [("100", GOAL_WINDOW_100_US), ("all", GOAL_WINDOW_ALL_US)] {
         let name = format!("pause window for {label} sites <= {} ms", limit / 1e3);
@@ -306,22 +340,29 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
     )?;
     writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
     let ratios = c.ratios();
+    let us = |v: f64| num_us(v, 2);
+    let range = |v: f64, rounds| (!v.is_nan()).then_some(rounds);
+    let extra = if r.a.is_nan() || r.b.is_nan() {
+        f64::NAN
+    } else {
+        median(&c.b_minus_a)
+    };
     let rows: [Row<'_>; 6] = [
         (
             "(a) exit round trip (resume-only handler)",
-            format!("{:.2} µs", r.a),
-            Some(&c.a),
+            us(r.a),
+            range(r.a, &c.a[..]),
         ),
         (
             "(b) cost per traced call (recorder)",
-            format!("{:.2} µs", r.b),
-            Some(&c.b),
+            us(r.b),
+            range(r.b, &c.b[..]),
         ),
-        ("(c) b / a", format!("{:.3}", r.c), Some(&ratios)),
+        ("(c) b / a", num(r.c, 3), range(r.c, &ratios[..])),
         (
             "    recorder - resume-only, per call",
-            format!("{:.2} µs", median(&c.b_minus_a)),
-            Some(&c.b_minus_a),
+            us(extra),
+            range(extra, &c.b_minus_a[..]),
         ),
         (
             "    handler alone in process: recorder",
@@ -335,6 +376,9 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
         ),
     ];
     write_rows(o, &rows)?;
+    if let Some(why) = &r.calls_not_measured {
+        writeln!(o, "  times not measured: {why}")?;
+    }
     writeln!(
         o,
         "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
@@ -456,9 +500,13 @@ struct BenchJson<'a> {
     cycles: usize,
     report_events: u64,
     record_events: u64,
-    /// A non-finite figure (which none should be) is written as null.
+    /// A non-finite figure is written as null: one not measured (in
+    /// `not_measured`, with why), or one with no samples.
     #[serde(serialize_with = "ordered_map")]
     figures: &'a [(String, f64)],
+    /// The figures the host's noise swamped, each with why.
+    #[serde(serialize_with = "ordered_map")]
+    not_measured: &'a [(String, String)],
     /// (f), and (i).
     exitless: ExitlessJson,
     /// (g).
@@ -509,6 +557,7 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         report_events: cfg.report_events,
         record_events: cfg.record_events,
         figures: &figures(r),
+        not_measured: &not_measured(r),
         exitless: ExitlessJson {
             figures: ExitlessFigures::new(&r.exitless),
             boot: FtraceJson::new(&r.ftrace, cfg.linux_boots),
@@ -631,6 +680,7 @@ mod tests {
             a: 10.0,
             b: 11.0,
             c: 1.1,
+            calls_not_measured: None,
             handlers: HandlerAlone {
                 resume_only_ns: 20.0,
                 recorder_ns: 60.0,
@@ -936,6 +986,89 @@ mod tests {
             table.lines().filter(|l| l.starts_with("  SKIP  ")).count(),
             5,
             "{table}"
+        );
+    }
+
+    /// Figures from phase differences that the host's noise swamped (not
+    /// positive): null in the JSON with why, "not measured" in the table,
+    /// their goals not judged; every other figure is still given.
+    #[test]
+    fn timing_figures_lost_in_noise_are_not_measured() {
+        let mut r = results(false);
+        // (a) negative (the resume-only phases ran faster than untraced).
+        let why = crate::bench::swamped(&[("resume-only", -11.7), ("recorder", 38.5)]);
+        (r.a, r.c, r.calls_not_measured) = (f64::NAN, f64::NAN, why);
+        // (f): the exitless phase 1 µs faster per iteration than untraced.
+        r.exitless.rounds = vec![[10.0, 410.0, 45.0, 9.0]];
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let reason = "phases were not slower than the untraced ones (per iteration: \
+                      resume-only -11.70 µs): this host's noise swamped the difference; raise \
+                      --iters or --rounds";
+        for k in [
+            "a_exit_round_trip_us",
+            "c_ratio",
+            "recorder_extra_per_call_us",
+        ] {
+            assert!(doc["figures"][k].is_null(), "{k}: {text}");
+            assert_eq!(doc["not_measured"][k], reason, "{text}");
+        }
+        assert_eq!(doc["figures"]["b_traced_call_us"], 11.0);
+        assert!(doc["not_measured"].get("b_traced_call_us").is_none());
+        let ex = &doc["exitless"];
+        for k in [
+            "exitless_us_per_call",
+            "exitless_vs_trap",
+            "guest_instructions_per_call",
+        ] {
+            assert!(ex[k].is_null(), "{k}: {text}");
+        }
+        assert_eq!(ex["trap_us_per_call"], 10.0);
+        assert_eq!(ex["us_per_guest_instruction"], 1.0);
+        assert_eq!(
+            ex["timing_not_measured"],
+            "phases were not slower than the untraced ones (per iteration: exitless -1.00 µs): \
+             this host's noise swamped the difference; raise --iters or --rounds"
+        );
+        // Counts are not times: still there.
+        assert_eq!(ex["exitless_calls"], 7000);
+        assert_eq!(ex["guest_instructions_per_call_counted"], 28.0);
+        let row = |label: &str| t.lines().find(|l| l.contains(label)).unwrap_or("");
+        assert!(row("(a) exit round trip").ends_with("not measured"), "{t}");
+        assert!(row("(c) b / a").ends_with("not measured"), "{t}");
+        assert!(row("(b) cost per traced call").contains("11.00 µs"), "{t}");
+        assert!(
+            row("exitless: cost per traced call").ends_with("not measured"),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("  times not measured: {reason}")),
+            "{t}"
+        );
+        let goal = |name: &str| {
+            doc["goals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["goal"].as_str().unwrap().starts_with(name))
+                .unwrap()
+                .clone()
+        };
+        let g = goal("cost per traced call");
+        assert_eq!(g["status"], "SKIP");
+        assert_eq!(g["not_judged"], format!("not measured: {reason}"));
+        assert_eq!(
+            g["measured"],
+            "b/a = not measured (b 11.00 µs, a not measured)"
+        );
+        let g = goal("guest instructions per traced call");
+        assert_eq!(g["status"], "SKIP");
+        assert!(
+            g["measured"]
+                .as_str()
+                .unwrap()
+                .starts_with("not measured; 28.0 counted"),
+            "{g}"
         );
     }
 
