@@ -176,6 +176,7 @@ fn traced(
     };
     // The run's, not the data file's (it does not keep them).
     trace.meta.guest_instructions_emulated = run_report.guest_instructions_emulated();
+    trace.meta.unfinished = summary.meta.unfinished;
     let streamed = data.finish(saved, &summary);
     emit(&trace, &output, streamed)?;
     drained.map_err(RuntimeError::Drain)?;
