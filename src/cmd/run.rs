@@ -179,6 +179,14 @@ fn traced(
     trace.meta.unfinished = summary.meta.unfinished;
     let streamed = data.finish(saved, &summary);
     emit(&trace, &output, streamed)?;
+    if summary.meta.unfinished > 0 {
+        // Said on stderr too: the data file does not keep it.
+        note!(
+            "vmtrace: {} calls reserved a record in vmtrace's rings that was never committed (the \
+             guest stopped mid-record): not in the counts, which stay exact for every other call",
+            summary.meta.unfinished
+        );
+    }
     drained.map_err(RuntimeError::Drain)?;
     Ok(outcome)
 }
