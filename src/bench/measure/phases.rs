@@ -163,7 +163,8 @@ pub(super) fn unsettled(image: &KernelImage, funcs: &[usize]) -> Vec<Range<u64>>
 
 /// Pause the guest where no vCPU's RIP is in `unsettled`: a pause that
 /// finds one there is released and taken again a little later (the
-/// ranges are a few instructions of each iteration, so a few tries do).
+/// ranges run a part of each iteration's instructions, most with the
+/// exitless function graph, so a few tries do).
 pub(super) fn pause_settled<'r>(
     running: &'r Running,
     unsettled: &[Range<u64>],
