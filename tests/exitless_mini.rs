@@ -211,7 +211,19 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
         let p = running.pause_all();
         tracer.attach(&p).unwrap().attached().unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // The guest's own count of hrtimer_start_range_ns calls on vCPU 0
+    // (mini_cpus[0].count[2], workload.c): one per iteration. Progress is
+    // waited for by count, not by time.
+    let counter = GuestAddress(
+        vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_cpus")).unwrap() + 2 * 8,
+    );
+    let wait_iterations = |n: u64| {
+        let from: u64 = running.memory().read_obj(counter).unwrap();
+        while running.memory().read_obj::<u64>(counter).unwrap() < from + n {
+            assert!(running.wait_stop(Duration::from_millis(1)).is_none());
+        }
+    };
+    wait_iterations(100);
     let head_gpa = GuestAddress(layout.ring_gpa(0) + HEAD_OFF);
     let limit_gpa = GuestAddress(layout.ring_gpa(0) + LIMIT_OFF);
     {
@@ -226,7 +238,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
         mem.write_obj(head + RECORD_LEN, head_gpa).unwrap();
     }
     // Calls go on behind the reserved slot: more than a ring of them.
-    std::thread::sleep(Duration::from_millis(500));
+    wait_iterations(RING);
     // End the loop, still attached: the last iteration's calls are traced.
     let stop = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
     {
