@@ -356,6 +356,11 @@ pub struct BenchArgs {
     /// recording-to-disk figure (h).
     #[arg(long, default_value_t = 100_000_000, value_name = "N")]
     pub record_events: u64,
+    /// Measure only (f) and (g), whose instruction and call counts do not
+    /// depend on the host's timing (and (i) with --linux-boots): not
+    /// (a)-(e), (h) or the report figure.
+    #[arg(long)]
+    pub counts_only: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

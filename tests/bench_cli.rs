@@ -1,8 +1,12 @@
 //! `vmtrace bench`: a small run produces every figure, (a) to (h), as a
 //! finite number in its JSON (positive where it is a time or a count of
-//! something that happens). No timing goal is asserted here: the figures
-//! depend on the host, and the bench itself reports PASS / MISS. Exits per
-//! exitless call are: none can happen, so they are exactly 0.
+//! something that happens), except a figure taken from the difference of
+//! two phases' times, which may be lost in the host's noise: then it is
+//! null, with why (never a failure of the run). No timing goal is asserted
+//! here: the figures depend on the host, and the bench itself reports
+//! PASS / MISS. Counts are asserted exactly: exits per exitless call are 0
+//! (none can happen), and the bench itself fails unless each tracer counted
+//! exactly the calls the guest made in its phases.
 
 mod common;
 
@@ -72,9 +76,20 @@ fn bench_json_has_every_figure() {
     );
     let text = doc.to_string();
     let figures = doc["figures"].as_object().expect("a figures object");
+    let not_measured = doc["not_measured"]
+        .as_object()
+        .expect("a not_measured object");
 
-    // Every figure is a number and finite (JSON has no NaN: null would fail).
+    // Every figure is a number and finite (JSON has no NaN: null would
+    // fail), or (a time difference lost in noise) null with why.
     for (k, v) in figures {
+        if v.is_null() {
+            assert!(
+                not_measured[k].is_string(),
+                "{k} is null without why: {text}"
+            );
+            continue;
+        }
         let x = v
             .as_f64()
             .unwrap_or_else(|| panic!("{k} = {v} is not a number"));
@@ -87,10 +102,12 @@ fn bench_json_has_every_figure() {
             .unwrap_or_else(|| panic!("figure {k} missing in {text}"));
         assert!(x.is_finite() && x > 0.0, "{k} = {x}");
     };
-    // (a), (b), (c).
-    positive("a_exit_round_trip_us");
-    positive("b_traced_call_us");
-    positive("c_ratio");
+    // (a), (b), (c): positive, unless this host's noise swamped them.
+    for k in ["a_exit_round_trip_us", "b_traced_call_us", "c_ratio"] {
+        if !not_measured.contains_key(k) {
+            positive(k);
+        }
+    }
     // (d): 1, 2, 4 vCPUs.
     for n in [1, 2, 4] {
         for what in ["latency", "window", "attach_window", "detach_window"] {
@@ -111,11 +128,12 @@ fn bench_json_has_every_figure() {
         figures["e_all_sites"].as_f64().unwrap() > 1000.0,
         "all the Linux sites"
     );
-    // And every figure named for (a) to (e) is positive.
+    // And every figure named for (a) to (e) is positive (or not measured).
     for (k, v) in figures {
         if ["a_", "b_", "c_", "d_", "e_"]
             .iter()
             .any(|p| k.starts_with(p))
+            && !not_measured.contains_key(k)
         {
             assert!(v.as_f64().unwrap() > 0.0, "{k} = {v}");
         }
@@ -148,13 +166,15 @@ fn bench_json_has_every_figure() {
             .and_then(|v| v.as_f64())
             .unwrap_or_else(|| panic!("exitless.{k} missing or not a number in {text}"))
     };
+    let timing_lost = ex.contains_key("timing_not_measured");
     for (k, v) in ex {
         // Counted by KVM, or (i) measured only with --linux-boots: a
         // number where available, else null (and, for the counts, why).
-        if v.is_null() && nullable(k) {
+        // A time lost in noise: null, and why.
+        if v.is_null() && (nullable(k) || timing_lost) {
             continue;
         }
-        if k == "guest_instructions_counted_not_available" {
+        if k == "guest_instructions_counted_not_available" || k == "timing_not_measured" {
             assert!(v.is_string(), "exitless.{k} = {v}");
             continue;
         }
@@ -175,8 +195,12 @@ fn bench_json_has_every_figure() {
         "us_per_guest_instruction",
         "exitless_calls",
     ] {
+        if ex[k].is_null() && timing_lost {
+            continue;
+        }
         assert!(num(k) > 0.0, "exitless.{k} = {} in {text}", num(k));
     }
+    assert!(num("exitless_calls") > 0.0, "{text}");
     // 3.5 hrtimer_* calls per mini iteration (phase edges fall inside one).
     assert!((num("calls_per_iter") - 3.5).abs() < 0.1, "{text}");
 
@@ -260,6 +284,8 @@ fn bench_rejects_bad_arguments() {
 /// static count (the calibration spin, counted too, says whether it does).
 /// Short phases of many iterations: the partial iterations at the phases'
 /// edges are what makes the counted figure differ from a whole number.
+/// Counts only (`--counts-only`: (f) and (g), nothing timed asserted), so
+/// that a noisy host cannot fail it.
 #[test]
 fn bench_counts_the_trampolines_instructions() {
     let kernel = mini_elf();
@@ -272,15 +298,16 @@ fn bench_counts_the_trampolines_instructions() {
             "1000",
             "--rounds",
             "3",
-            "--cycles",
-            "2",
-            "--report-events",
-            "1000",
-            "--record-events",
-            "100000",
+            "--counts-only",
         ],
     );
     let text = doc.to_string();
+    assert_eq!(doc["counts_only"], true, "{text}");
+    assert!(doc["figures"].as_object().unwrap().is_empty(), "{text}");
+    assert!(
+        table.contains("(a)-(c) per traced call: NOT MEASURED, not asked for (--counts-only)"),
+        "{table}"
+    );
     let (ex, graph) = (&doc["exitless"], &doc["graph"]);
     if ex["guest_instructions_per_call_counted"].is_null() {
         let why = ex["guest_instructions_counted_not_available"]
@@ -323,4 +350,56 @@ fn bench_counts_the_trampolines_instructions() {
         table.contains("guest instructions per call, counted (KVM)"),
         "{table}"
     );
+}
+
+/// A bench of very short phases (20 iterations, one round) used to fail
+/// its own checks in most runs: a time difference lost in the host's noise
+/// ended the run, and the calls of a phase were estimated from its
+/// iterations (3.5 a one), so the partial iterations at the phases' edges,
+/// and (`--graph`) the return trap of a call entered in the trap phase that
+/// returned in the next, failed checks that had tolerances. Now the phases
+/// switch where no vCPU is between a traced site and the guest's own count
+/// of the call, the checks are exact, and a time lost in noise is reported
+/// not measured: every run exits 0, the exitless tracer counted exactly the
+/// calls the guest made in its phases, and no site trapped there.
+#[test]
+fn short_benches_pass_their_exact_checks() {
+    let kernel = mini_elf();
+    for run in 0..4 {
+        let (doc, table) = bench_json(
+            "bench-short",
+            &[
+                "--kernel",
+                kernel.to_str().unwrap(),
+                "--iters",
+                "20",
+                "--rounds",
+                "1",
+                "--cycles",
+                "2",
+                "--report-events",
+                "1000",
+                "--record-events",
+                "100000",
+            ],
+        );
+        let text = doc.to_string();
+        for obj in ["exitless", "graph"] {
+            let o = &doc[obj];
+            // Each null time says why, in the JSON and the table.
+            if let Some(why) = o.get("timing_not_measured") {
+                let why = why.as_str().expect("a reason");
+                assert!(
+                    table.contains(&format!("times not measured: {why}")),
+                    "{table}"
+                );
+            }
+        }
+        let ex = &doc["exitless"];
+        assert_eq!(ex["exitless_trace_port_traps"], 0, "run {run}: {text}");
+        assert_eq!(ex["exits_per_call"], 0.0, "run {run}: {text}");
+        // At least 19 whole iterations of at least 3 calls each.
+        let calls = ex["exitless_calls"].as_u64().unwrap();
+        assert!(calls >= 3 * 19, "run {run}: {text}");
+    }
 }

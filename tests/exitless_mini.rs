@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common::*;
 
@@ -179,4 +180,98 @@ fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
     if emulating {
         assert_eq!(v["trap_exits"], v["events"], "one exit per call");
     }
+}
+
+/// The run ends while a record is reserved in a ring and never committed
+/// (what a writer stopped, or preempted for good, between its reservation
+/// and its commit leaves; made here under a pause, as the trampoline's
+/// `cmpxchg` makes it: `head` moved one record on, nothing written). The
+/// drain reads past it after `ring::STALL`, the ring fills one lap past it
+/// and the later calls are counted as drops; the last drain reads every
+/// record committed behind it and counts it as unfinished. Every function's
+/// count (records + drops) equals the guest's own, exactly, and the one
+/// unfinished reservation is said. (Before, the drain stopped at the
+/// reserved slot for good: the records behind it were in no count.)
+#[test]
+fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
+    use tracer::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
+    use tracer::session::{Plan, Tracer};
+    use vm_memory::{Bytes, GuestAddress};
+
+    const RING: u64 = 256;
+    let kernel = mini_elf();
+    let console = Capture::default();
+    let vm = vmm::Vm::create(mini_config(&kernel, 1, "mode=loop", &console)).unwrap();
+    let plan = Plan::new(&kernel, &["hrtimer_*".to_string()], &[]).unwrap();
+    let layout = RingLayout::new(1, plan.index.addrs.len(), Some(RING), false).unwrap();
+    let (mut tracer, handlers) = Tracer::exitless(plan, 1, u64::MAX, Some(RING)).unwrap();
+    // Attached before the guest's first instruction: every call traced.
+    let running = vm.start(handlers, true).unwrap();
+    {
+        let p = running.pause_all();
+        tracer.attach(&p).unwrap().attached().unwrap();
+    }
+    // The guest's own count of hrtimer_start_range_ns calls on vCPU 0
+    // (mini_cpus[0].count[2], workload.c): one per iteration. Progress is
+    // waited for by count, not by time.
+    let counter = GuestAddress(
+        vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_cpus")).unwrap() + 2 * 8,
+    );
+    let wait_iterations = |n: u64| {
+        let from: u64 = running.memory().read_obj(counter).unwrap();
+        while running.memory().read_obj::<u64>(counter).unwrap() < from + n {
+            assert!(running.wait_stop(Duration::from_millis(1)).is_none());
+        }
+    };
+    wait_iterations(100);
+    let head_gpa = GuestAddress(layout.ring_gpa(0) + HEAD_OFF);
+    let limit_gpa = GuestAddress(layout.ring_gpa(0) + LIMIT_OFF);
+    {
+        let p = running.pause_all();
+        let mem = p.memory();
+        let head: u64 = mem.read_obj(head_gpa).unwrap();
+        let limit: u64 = mem.read_obj(limit_gpa).unwrap();
+        assert!(
+            head < limit,
+            "the ring is full at the pause ({head} >= {limit})"
+        );
+        mem.write_obj(head + RECORD_LEN, head_gpa).unwrap();
+    }
+    // Calls go on behind the reserved slot: more than a ring of them.
+    wait_iterations(RING);
+    // End the loop, still attached: the last iteration's calls are traced.
+    let stop = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
+    {
+        let p = running.pause_all();
+        p.memory().write_obj(1u32, GuestAddress(stop)).unwrap();
+    }
+    let mem = running.memory().clone();
+    running.wait();
+    let report = running.finish();
+    tracer.detach(&mem).unwrap();
+    tracer.stop_draining().unwrap();
+    let t = tracer.finish(std::path::Path::new("mini"), report.reason.to_string());
+    let (printed, done) = parse_mini_console(&console.text());
+    assert_eq!(done, [0], "{}", console.text());
+
+    let mut calls = 0;
+    for (f, sym) in t.functions.iter().enumerate() {
+        let guest = printed[&(0, sym.name.clone())];
+        assert_eq!(t.counts[f][0], guest, "{}", sym.name);
+        calls += guest;
+    }
+    assert_eq!(t.meta.events_total, calls);
+    assert_eq!(t.meta.unfinished, 1);
+    // The ring filled one lap past the reserved slot: drops, and more
+    // records than a ring holds, those behind the slot among them.
+    let stored = t.events.len() as u64;
+    assert!(t.meta.events_dropped > 0, "{:?}", t.meta);
+    assert!(stored > RING, "{stored} records");
+    assert_eq!(stored + t.meta.events_dropped, calls);
+    // Said in the report's header.
+    let text = tracer::report::render(&t, &tracer::report::ReportOptions::default());
+    assert!(
+        text.contains("1 calls reserved a record in vmtrace's rings that was never committed"),
+        "{text}"
+    );
 }

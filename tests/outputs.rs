@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Far less than any boot takes, far more than checking options.
-const REFUSED_WITHIN: Duration = Duration::from_secs(5);
-/// A run that takes longer is stuck (a FIFO opened for writing, say).
-const STUCK_AFTER: Duration = Duration::from_secs(30);
+/// A run that takes longer is stuck (a FIFO opened for writing, say): a
+/// guard against a hang, far above any run here even on a loaded host, not
+/// a measured time (no test asserts one: CI hosts are noisy).
+const STUCK_AFTER: Duration = Duration::from_secs(120);
 
 /// A fresh directory for one test.
 fn scratch(test: &str) -> PathBuf {
@@ -93,15 +93,14 @@ fn no_panic(o: &Output) {
     );
 }
 
-/// Exit status 2 within seconds, one line naming `needle`, and no guest ran
-/// (the mini guest prints `mini: start` on its console, stderr by default,
-/// as it boots).
+/// Exit status 2, one line naming `needle`, and no guest ran (the mini
+/// guest prints `mini: start` on its console, stderr by default, as it
+/// boots): what refusing in seconds meant, without timing the run.
 fn refused(args: &[&str], needle: &str) {
-    let (o, took) = run(args, Stdio::piped());
+    let (o, _) = run(args, Stdio::piped());
     let err = stderr(&o);
     no_panic(&o);
     assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert!(took < REFUSED_WITHIN, "{args:?} took {took:?}: {err}");
     assert_eq!(
         err.trim_end().lines().count(),
         1,

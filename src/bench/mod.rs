@@ -114,14 +114,30 @@
 //!   a phase's calls;
 //!
 //! all reported as medians over the rounds; and exits per traced call in
-//! exitless mode = trace-port traps in the exitless phases / calls in them
-//! (calls = those the exitless tracer counted, recorded or dropped, plus any
-//! that trapped), goal ≤ 0.01. No site holds a trap in an exitless phase, so
-//! this is 0 unless something is wrong: a phase that trapped on more than
-//! 1 % of its calls fails the run, as does an exitless tracer that counted
-//! not about X calls per iteration of its phases. On a host whose KVM
-//! emulates guest ring 0 (~1 µs per instruction) an exitless call costs
-//! more than an exit; `--mode auto` picks traps there.
+//! exitless mode = trace-port traps at sites in the exitless phases / calls
+//! in them, goal ≤ 0.01. On a host whose KVM emulates guest ring 0 (~1 µs
+//! per instruction) an exitless call costs more than an exit; `--mode auto`
+//! picks traps there.
+//!
+//! The counts of (f) and (g) are exact, and checked exactly. The guest
+//! counts its own calls (`mini_cpus[cpu].count[f]`, in each function right
+//! after its site), and the phases switch only at a *settled* pause: one
+//! where no vCPU's RIP is in a traced function or in vmtrace's code (a
+//! pause that finds one there is released and taken again), so every call
+//! falls, site and count, in one phase. The run fails unless the trap
+//! tracer counted exactly the calls the guest made in the trap phases, the
+//! exitless tracer (records and drops) exactly those of the exitless
+//! phases, and no site trapped in an exitless phase. A trap at vmtrace's
+//! return trap (`--graph`: the return of a call the trap tracer hooked,
+//! which may come in the next phase) is a return, not a site trapping.
+//!
+//! **Noise.** A figure taken from the difference of two phases' times, (a),
+//! (b), (c) and the times of (f) and (g), is not measured when that
+//! difference is not positive (the host's noise swamped it, as happens
+//! with short phases): it is null in the JSON (`not_measured` in
+//! `figures`, `timing_not_measured` in the `exitless` and `graph` objects
+//! say why), "not measured" in the table, its goal not judged, and every
+//! other figure is still given; the run still exits 0.
 //!
 //! **(g) function graph.** (f) again in a third mini guest, both tracers
 //! built from a plan with `graph` (returns hooked: `--graph`): per call, an
@@ -212,4 +228,34 @@ fn pct(v: &[f64], p: f64) -> f64 {
 
 pub fn median(v: &[f64]) -> f64 {
     pct(v, 50.0)
+}
+
+/// A figure taken from the difference of two phases' times: itself if
+/// positive, else NaN, not measured (the JSON writes null; the table and
+/// the JSON say why, from `swamped`).
+pub fn fig(v: f64) -> f64 {
+    if v.is_finite() && v > 0.0 {
+        v
+    } else {
+        f64::NAN
+    }
+}
+
+/// Why figures from phase differences were not measured: `extra` names
+/// each kind of phase with its median µs per iteration more than the
+/// untraced phases; those not positive were lost in the host's noise.
+/// None when every one was positive.
+pub fn swamped(extra: &[(&str, f64)]) -> Option<String> {
+    let lost: Vec<String> = extra
+        .iter()
+        .filter(|(_, v)| fig(*v).is_nan())
+        .map(|(what, v)| format!("{what} {v:+.2} µs"))
+        .collect();
+    (!lost.is_empty()).then(|| {
+        format!(
+            "phases were not slower than the untraced ones (per iteration: {}): this host's \
+             noise swamped the difference; raise --iters or --rounds",
+            lost.join(", ")
+        )
+    })
 }

@@ -20,7 +20,7 @@ use super::measure::{
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
-use exitless::{ExitlessFigures, GraphFigures};
+use exitless::{num, num_us, ExitlessFigures, GraphFigures};
 use ftrace::FtraceJson;
 
 /// Goals.
@@ -33,14 +33,22 @@ const GOAL_REPORT_EVENTS: u64 = 10_000_000;
 /// `schema` of the JSON document.
 const JSON_SCHEMA: &str = "vmtrace-bench/1";
 
-/// Everything measured.
+/// Why a figure set was not measured with `--counts-only`.
+const COUNTS_ONLY: &str = "not asked for (--counts-only)";
+
+/// Everything measured; with `--counts-only`, (a)-(e), (h) and the report
+/// figure are not (None, or empty).
 pub struct Results {
-    pub costs: CallCosts,
-    /// Medians over the rounds of (a) and (b), µs, and of (c).
+    pub costs: Option<CallCosts>,
+    /// Medians over the rounds of (a) and (b), µs, and of (c); NaN where
+    /// not measured (`calls_not_measured` says why).
     pub a: f64,
     pub b: f64,
     pub c: f64,
-    pub handlers: HandlerAlone,
+    /// Why (a), (b) or (c) is not measured: the host's noise swamped the
+    /// difference between the phases' times.
+    pub calls_not_measured: Option<String>,
+    pub handlers: Option<HandlerAlone>,
     /// (f): exitless against trap, per traced call.
     pub exitless: ExitlessCosts,
     /// (g): the same with return hooks (`--graph`).
@@ -48,10 +56,10 @@ pub struct Results {
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
-    pub render_s: f64,
-    pub json_s: f64,
+    /// Seconds to render the report, and to export JSON.
+    pub report: Option<(f64, f64)>,
     /// (h): recording to disk.
-    pub record: RecordFigures,
+    pub record: Option<RecordFigures>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for (`--linux-boots 0`).
     pub ftrace: ftrace::Measured,
@@ -87,21 +95,28 @@ fn max(v: &[f64]) -> f64 {
 /// `h_` are the figures (a) to (e) and (h); (f) and (g) have their own
 /// objects (`ExitlessFigures`, `GraphFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
-    let mut f: Vec<(String, f64)> = vec![
-        ("a_exit_round_trip_us".into(), r.a),
-        ("b_traced_call_us".into(), r.b),
-        ("c_ratio".into(), r.c),
-        (
-            "recorder_extra_per_call_us".into(),
-            median(&r.costs.b_minus_a),
-        ),
-        ("iter_untraced_us".into(), r.costs.iter_us[0]),
-        ("iter_resume_only_us".into(), r.costs.iter_us[1]),
-        ("iter_recorder_us".into(), r.costs.iter_us[2]),
-        ("exits_per_iter".into(), r.costs.exits_per_iter),
-        ("handler_resume_only_ns".into(), r.handlers.resume_only_ns),
-        ("handler_recorder_ns".into(), r.handlers.recorder_ns),
-    ];
+    let mut f: Vec<(String, f64)> = Vec::new();
+    if let (Some(costs), Some(handlers)) = (&r.costs, &r.handlers) {
+        f.extend([
+            ("a_exit_round_trip_us".into(), r.a),
+            ("b_traced_call_us".into(), r.b),
+            ("c_ratio".into(), r.c),
+            (
+                "recorder_extra_per_call_us".into(),
+                if r.a.is_nan() || r.b.is_nan() {
+                    f64::NAN
+                } else {
+                    median(&costs.b_minus_a)
+                },
+            ),
+            ("iter_untraced_us".into(), costs.iter_us[0]),
+            ("iter_resume_only_us".into(), costs.iter_us[1]),
+            ("iter_recorder_us".into(), costs.iter_us[2]),
+            ("exits_per_iter".into(), costs.exits_per_iter),
+            ("handler_resume_only_ns".into(), handlers.resume_only_ns),
+            ("handler_recorder_ns".into(), handlers.recorder_ns),
+        ]);
+    }
     for p in &r.pauses {
         let n = p.vcpus;
         for (what, v) in [
@@ -132,17 +147,48 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         f.push(("load_ms".into(), median(loads_ms)));
         f.push(("load_sites".into(), *total_sites as f64));
     }
-    f.push(("report_render_s".into(), r.render_s));
-    f.push(("report_json_s".into(), r.json_s));
-    f.extend(record::figures(&r.record));
+    if let Some((render, json)) = r.report {
+        f.push(("report_render_s".into(), render));
+        f.push(("report_json_s".into(), json));
+    }
+    if let Some(rec) = &r.record {
+        f.extend(record::figures(rec));
+    }
     f
+}
+
+/// The figures not measured (NaN: the host's noise swamped them), by
+/// name, with why.
+fn not_measured(r: &Results) -> Vec<(String, String)> {
+    let Some(why) = &r.calls_not_measured else {
+        return Vec::new();
+    };
+    figures(r)
+        .into_iter()
+        .filter(|(k, v)| {
+            v.is_nan()
+                && ["a_", "b_", "c_", "recorder_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+        })
+        .map(|(k, _)| (k, why.clone()))
+        .collect()
 }
 
 pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
     let mut goals = vec![Goal {
         name: format!("cost per traced call <= {GOAL_RATIO} x exit round trip"),
-        measured: format!("b/a = {:.3} (b {:.2} µs, a {:.2} µs)", r.c, r.b, r.a),
-        pass: Ok(r.c <= GOAL_RATIO),
+        measured: format!(
+            "b/a = {} (b {}, a {})",
+            num(r.c, 3),
+            num_us(r.b, 2),
+            num_us(r.a, 2)
+        ),
+        pass: match &r.calls_not_measured {
+            _ if r.costs.is_none() => Err(COUNTS_ONLY.into()),
+            Some(why) if r.c.is_nan() => Err(format!("not measured: {why}")),
+            _ => Ok(r.c <= GOAL_RATIO),
+        },
     }];
     for (label, limit) in [("100", GOAL_WINDOW_100_US), ("all", GOAL_WINDOW_ALL_US)] {
         let name = format!("pause window for {label} sites <= {} ms", limit / 1e3);
@@ -170,7 +216,12 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
             (None, None) => Goal {
                 name,
                 measured: "-".into(),
-                pass: Err("no vmlinux".into()),
+                pass: Err(if cfg.counts_only {
+                    COUNTS_ONLY
+                } else {
+                    "no vmlinux"
+                }
+                .into()),
             },
         });
     }
@@ -190,7 +241,12 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         None => Goal {
             name,
             measured: "-".into(),
-            pass: Err("no vmlinux".into()),
+            pass: Err(if cfg.counts_only {
+                COUNTS_ONLY
+            } else {
+                "no vmlinux"
+            }
+            .into()),
         },
     });
     goals.push(Goal {
@@ -198,13 +254,19 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
             "report for {} events <= {GOAL_REPORT_S} s",
             report::thousands(GOAL_REPORT_EVENTS)
         ),
-        measured: format!(
-            "{:.3} s for {} events",
-            r.render_s,
-            report::thousands(cfg.report_events)
-        ),
-        pass: if cfg.report_events == GOAL_REPORT_EVENTS {
-            Ok(r.render_s <= GOAL_REPORT_S)
+        measured: match r.report {
+            Some((render, _)) => format!(
+                "{render:.3} s for {} events",
+                report::thousands(cfg.report_events)
+            ),
+            None => "-".into(),
+        },
+        pass: if let Some((render, _)) =
+            r.report.filter(|_| cfg.report_events == GOAL_REPORT_EVENTS)
+        {
+            Ok(render <= GOAL_REPORT_S)
+        } else if r.report.is_none() {
+            Err(COUNTS_ONLY.into())
         } else {
             Err(format!(
                 "measured with {} events",
@@ -213,7 +275,14 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         },
     });
     goals.extend(exitless::goals(&r.exitless));
-    goals.extend(record::goals(&r.record));
+    match &r.record {
+        Some(rec) => goals.extend(record::goals(rec)),
+        None => goals.extend(record::goal_names().map(|name| Goal {
+            name,
+            measured: "-".into(),
+            pass: Err(COUNTS_ONLY.into()),
+        })),
+    }
     goals.push(ftrace::goal(&r.ftrace));
     goals
 }
@@ -244,12 +313,19 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
         )?;
     }
     writeln!(o)?;
-    write_calls(o, r, cfg)?;
+    match &r.costs {
+        Some(_) => write_calls(o, r, cfg)?,
+        None => writeln!(o, "(a)-(c) per traced call: NOT MEASURED, {COUNTS_ONLY}")?,
+    }
     writeln!(o)?;
-    write_pauses(o, &r.pauses, cfg)?;
+    match r.pauses.is_empty() {
+        false => write_pauses(o, &r.pauses, cfg)?,
+        true => writeln!(o, "(d) pause: NOT MEASURED, {COUNTS_ONLY}")?,
+    }
     writeln!(o)?;
     match (&r.scaling, &cfg.vmlinux) {
         (Some(s), Some(v)) => write_scaling(o, s, v)?,
+        _ if cfg.counts_only => writeln!(o, "(e) and loading: NOT MEASURED, {COUNTS_ONLY}")?,
         _ => writeln!(
             o,
             "(e) and loading: NOT MEASURED, no vmlinux (build it with `bash guest/build.sh \
@@ -261,15 +337,19 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     writeln!(o)?;
     exitless::write_graph(o, &r.graph, &r.exitless, cfg)?;
     writeln!(o)?;
-    writeln!(
-        o,
-        "report: {} events, text with callers {:.3} s; JSON export {:.3} s",
-        report::thousands(cfg.report_events),
-        r.render_s,
-        r.json_s
-    )?;
+    match r.report {
+        Some((render, json)) => writeln!(
+            o,
+            "report: {} events, text with callers {render:.3} s; JSON export {json:.3} s",
+            report::thousands(cfg.report_events),
+        )?,
+        None => writeln!(o, "report: NOT MEASURED, {COUNTS_ONLY}")?,
+    }
     writeln!(o)?;
-    record::write(o, &r.record)?;
+    match &r.record {
+        Some(rec) => record::write(o, rec)?,
+        None => writeln!(o, "(h) recording to disk: NOT MEASURED, {COUNTS_ONLY}")?,
+    }
     writeln!(o)?;
     ftrace::write(o, &r.ftrace)?;
     writeln!(o)?;
@@ -297,7 +377,9 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 /// (a)-(c): one row per figure, its median and, given the per-round
 /// values, their range.
 fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
-    let c = &r.costs;
+    let (Some(c), Some(handlers)) = (&r.costs, &r.handlers) else {
+        return Ok(());
+    };
     writeln!(
         o,
         "(a)-(c) per traced call: {} vCPU, mode=loop, {} rounds of untraced / resume-only / recorder \
@@ -306,35 +388,45 @@ fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
     )?;
     writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
     let ratios = c.ratios();
+    let us = |v: f64| num_us(v, 2);
+    let range = |v: f64, rounds| (!v.is_nan()).then_some(rounds);
+    let extra = if r.a.is_nan() || r.b.is_nan() {
+        f64::NAN
+    } else {
+        median(&c.b_minus_a)
+    };
     let rows: [Row<'_>; 6] = [
         (
             "(a) exit round trip (resume-only handler)",
-            format!("{:.2} µs", r.a),
-            Some(&c.a),
+            us(r.a),
+            range(r.a, &c.a[..]),
         ),
         (
             "(b) cost per traced call (recorder)",
-            format!("{:.2} µs", r.b),
-            Some(&c.b),
+            us(r.b),
+            range(r.b, &c.b[..]),
         ),
-        ("(c) b / a", format!("{:.3}", r.c), Some(&ratios)),
+        ("(c) b / a", num(r.c, 3), range(r.c, &ratios[..])),
         (
             "    recorder - resume-only, per call",
-            format!("{:.2} µs", median(&c.b_minus_a)),
-            Some(&c.b_minus_a),
+            us(extra),
+            range(extra, &c.b_minus_a[..]),
         ),
         (
             "    handler alone in process: recorder",
-            format!("{:.0} ns", r.handlers.recorder_ns),
+            format!("{:.0} ns", handlers.recorder_ns),
             None,
         ),
         (
             "    handler alone in process: resume-only",
-            format!("{:.0} ns", r.handlers.resume_only_ns),
+            format!("{:.0} ns", handlers.resume_only_ns),
             None,
         ),
     ];
     write_rows(o, &rows)?;
+    if let Some(why) = &r.calls_not_measured {
+        writeln!(o, "  times not measured: {why}")?;
+    }
     writeln!(
         o,
         "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
@@ -456,9 +548,15 @@ struct BenchJson<'a> {
     cycles: usize,
     report_events: u64,
     record_events: u64,
-    /// A non-finite figure (which none should be) is written as null.
+    /// `--counts-only`: (a)-(e), (h) and the report figure not measured.
+    counts_only: bool,
+    /// A non-finite figure is written as null: one not measured (in
+    /// `not_measured`, with why), or one with no samples.
     #[serde(serialize_with = "ordered_map")]
     figures: &'a [(String, f64)],
+    /// The figures the host's noise swamped, each with why.
+    #[serde(serialize_with = "ordered_map")]
+    not_measured: &'a [(String, String)],
     /// (f), and (i).
     exitless: ExitlessJson,
     /// (g).
@@ -508,7 +606,9 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         cycles: cfg.cycles,
         report_events: cfg.report_events,
         record_events: cfg.record_events,
+        counts_only: cfg.counts_only,
         figures: &figures(r),
+        not_measured: &not_measured(r),
         exitless: ExitlessJson {
             figures: ExitlessFigures::new(&r.exitless),
             boot: FtraceJson::new(&r.ftrace, cfg.linux_boots),
@@ -610,6 +710,7 @@ mod tests {
             record_events: 100_000_000,
             linux_boots: 0,
             linux: None,
+            counts_only: false,
         }
     }
 
@@ -621,20 +722,21 @@ mod tests {
             detach: vec![30.0, 20.0, 25.0],
         };
         Results {
-            costs: CallCosts {
+            costs: Some(CallCosts {
                 a: vec![10.0, 9.0, 11.0],
                 b: vec![11.0, 10.0, 12.0],
                 b_minus_a: vec![1.0, 1.0, 1.0],
                 iter_us: [20.0, 55.0, 58.5],
                 exits_per_iter: 3.5,
-            },
+            }),
             a: 10.0,
             b: 11.0,
             c: 1.1,
-            handlers: HandlerAlone {
+            calls_not_measured: None,
+            handlers: Some(HandlerAlone {
                 resume_only_ns: 20.0,
                 recorder_ns: 60.0,
-            },
+            }),
             // 1 µs per instruction; per call: trap 10 µs, exitless 28 µs.
             exitless: ExitlessCosts {
                 rounds: vec![[10.0, 410.0, 45.0, 108.0], [11.0, 411.0, 46.0, 109.0]],
@@ -670,11 +772,10 @@ mod tests {
                 loads_ms: vec![40.0, 38.0],
                 total_sites: 9585,
             }),
-            render_s: 0.44,
-            // Not finite: must come out as null.
-            json_s: f64::NAN,
+            // The JSON time not finite: must come out as null.
+            report: Some((0.44, f64::NAN)),
             // 12.5 M events/s stored, half lost; 70 MiB peak.
-            record: RecordFigures {
+            record: Some(RecordFigures {
                 sent: 100_000_000,
                 stored: 50_000_000,
                 lost: 50_000_000,
@@ -683,7 +784,7 @@ mod tests {
                 sync_seconds: 1.0,
                 buffer: 64 << 20,
                 peak_growth: Ok(70 << 20),
-            },
+            }),
             ftrace: None,
         }
     }
@@ -939,6 +1040,145 @@ mod tests {
         );
     }
 
+    /// Figures from phase differences that the host's noise swamped (not
+    /// positive): null in the JSON with why, "not measured" in the table,
+    /// their goals not judged; every other figure is still given.
+    #[test]
+    fn timing_figures_lost_in_noise_are_not_measured() {
+        let mut r = results(false);
+        // (a) negative (the resume-only phases ran faster than untraced).
+        let why = crate::bench::swamped(&[("resume-only", -11.7), ("recorder", 38.5)]);
+        (r.a, r.c, r.calls_not_measured) = (f64::NAN, f64::NAN, why);
+        // (f): the exitless phase 1 µs faster per iteration than untraced.
+        r.exitless.rounds = vec![[10.0, 410.0, 45.0, 9.0]];
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let reason = "phases were not slower than the untraced ones (per iteration: \
+                      resume-only -11.70 µs): this host's noise swamped the difference; raise \
+                      --iters or --rounds";
+        for k in [
+            "a_exit_round_trip_us",
+            "c_ratio",
+            "recorder_extra_per_call_us",
+        ] {
+            assert!(doc["figures"][k].is_null(), "{k}: {text}");
+            assert_eq!(doc["not_measured"][k], reason, "{text}");
+        }
+        assert_eq!(doc["figures"]["b_traced_call_us"], 11.0);
+        assert!(doc["not_measured"].get("b_traced_call_us").is_none());
+        let ex = &doc["exitless"];
+        for k in [
+            "exitless_us_per_call",
+            "exitless_vs_trap",
+            "guest_instructions_per_call",
+        ] {
+            assert!(ex[k].is_null(), "{k}: {text}");
+        }
+        assert_eq!(ex["trap_us_per_call"], 10.0);
+        assert_eq!(ex["us_per_guest_instruction"], 1.0);
+        assert_eq!(
+            ex["timing_not_measured"],
+            "phases were not slower than the untraced ones (per iteration: exitless -1.00 µs): \
+             this host's noise swamped the difference; raise --iters or --rounds"
+        );
+        // Counts are not times: still there.
+        assert_eq!(ex["exitless_calls"], 7000);
+        assert_eq!(ex["guest_instructions_per_call_counted"], 28.0);
+        let row = |label: &str| t.lines().find(|l| l.contains(label)).unwrap_or("");
+        assert!(row("(a) exit round trip").ends_with("not measured"), "{t}");
+        assert!(row("(c) b / a").ends_with("not measured"), "{t}");
+        assert!(row("(b) cost per traced call").contains("11.00 µs"), "{t}");
+        assert!(
+            row("exitless: cost per traced call").ends_with("not measured"),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("  times not measured: {reason}")),
+            "{t}"
+        );
+        let goal = |name: &str| {
+            doc["goals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["goal"].as_str().unwrap().starts_with(name))
+                .unwrap()
+                .clone()
+        };
+        let g = goal("cost per traced call");
+        assert_eq!(g["status"], "SKIP");
+        assert_eq!(g["not_judged"], format!("not measured: {reason}"));
+        assert_eq!(
+            g["measured"],
+            "b/a = not measured (b 11.00 µs, a not measured)"
+        );
+        let g = goal("guest instructions per traced call");
+        assert_eq!(g["status"], "SKIP");
+        assert!(
+            g["measured"]
+                .as_str()
+                .unwrap()
+                .starts_with("not measured; 28.0 counted"),
+            "{g}"
+        );
+    }
+
+    /// `--counts-only`: (f) and (g) alone; the rest said not measured, in
+    /// the table, the goals (not judged) and the JSON (no such figures).
+    #[test]
+    fn counts_only_measures_f_and_g_alone() {
+        let mut r = results(false);
+        (r.costs, r.handlers, r.report, r.record) = (None, None, None, None);
+        (r.a, r.b, r.c) = (f64::NAN, f64::NAN, f64::NAN);
+        r.pauses.clear();
+        let mut c = cfg(1000, false);
+        c.counts_only = true;
+        let goals = goals(&r, &c);
+        let run = Run {
+            cfg: &c,
+            started: Instant::now(),
+        };
+        let (t, text) = (table(&r, &goals, &run), json(&r, &goals, &run).unwrap());
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["counts_only"], true);
+        assert!(doc["figures"].as_object().unwrap().is_empty(), "{text}");
+        assert_eq!(doc["exitless"]["guest_instructions_per_call_counted"], 28.0);
+        assert_eq!(doc["graph"]["guest_instructions_per_call_counted"], 80.0);
+        let statuses: Vec<(&str, &str)> = doc["goals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["status"].as_str().unwrap(),
+                    g["not_judged"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        let skipped = statuses
+            .iter()
+            .filter(|(s, why)| *s == "SKIP" && *why == COUNTS_ONLY)
+            .count();
+        // The ratio, two pause windows, loading, the report, (h)'s two.
+        assert_eq!((statuses.len(), skipped), (10, 7), "{statuses:?}");
+        assert_eq!(&statuses[5..7], [("PASS", ""), ("PASS", "")]);
+        for set in [
+            "(a)-(c) per traced call",
+            "(d) pause",
+            "(e) and loading",
+            "report",
+            "(h) recording to disk",
+        ] {
+            assert!(
+                t.contains(&format!(
+                    "{set}: NOT MEASURED, not asked for (--counts-only)"
+                )),
+                "{set}: {t}"
+            );
+        }
+        assert!(t.contains("(f) exitless vs. trap"), "{t}");
+    }
+
     #[test]
     fn record_figures_goals_and_lines() {
         let mut r = results(false);
@@ -971,9 +1211,9 @@ mod tests {
         assert!(line("PASS  recording to disk").contains("50,000,000 of 100,000,000"));
 
         // Over the bound, and too slow: both missed; no peak: not judged.
-        r.record.peak_growth = Ok(129 << 20);
+        r.record.as_mut().unwrap().peak_growth = Ok(129 << 20);
         // 9.75 M events/s.
-        r.record.stored = 39_000_000;
+        r.record.as_mut().unwrap().stored = 39_000_000;
         let judged = |r: &Results| -> Vec<&'static str> {
             goals(r, &cfg(GOAL_REPORT_EVENTS, false))[7..9]
                 .iter()
@@ -981,7 +1221,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(judged(&r), ["MISS", "MISS"]);
-        r.record.peak_growth = Err("cannot reset the peak RSS".into());
+        r.record.as_mut().unwrap().peak_growth = Err("cannot reset the peak RSS".into());
         assert_eq!(judged(&r), ["MISS", "SKIP"]);
         let (t, text) = render(&r, GOAL_REPORT_EVENTS);
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -6,9 +6,11 @@ use std::time::Instant;
 
 use tracer::report;
 
-use crate::bench::measure::{self, HANDLER_TRAPS, PAUSE_VCPUS};
-use crate::bench::median;
+use crate::bench::measure::{
+    self, CallCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling, HANDLER_TRAPS, PAUSE_VCPUS,
+};
 use crate::bench::results::{self, Results};
+use crate::bench::{fig, median, swamped};
 use crate::cli::BenchArgs;
 use crate::config::BenchConfig;
 use crate::error::{Error, Outcome, RuntimeError};
@@ -17,27 +19,12 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     let cfg = BenchConfig::check(args)?;
     let started = Instant::now();
 
-    note!(
-        "vmtrace bench: (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, mode=loop)",
-        cfg.rounds,
-        cfg.iters,
-        cfg.kernel.display(),
-        cfg.cpus
-    );
-    let costs = measure::call_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
-    let a = median(&costs.a);
-    let b = median(&costs.b);
-    let c = median(&costs.ratios());
-    if !(a > 0.0 && b > 0.0 && c > 0.0) {
-        return Err(RuntimeError::Measure(format!(
-            "traced phases were not slower than untraced ones (a = {a:.2} µs, b = {b:.2} µs): \
-             the phases are too short for this host's noise; raise --iters or --rounds"
-        ))
-        .into());
-    }
-    note!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
-    let handlers = measure::handler_alone(&cfg.kernel)?;
-
+    // (a)-(c), and the handlers alone.
+    let calls = if cfg.counts_only {
+        None
+    } else {
+        Some(call_figures(&cfg)?)
+    };
     note!(
         "vmtrace bench: (f) {} rounds of 4 phases (untraced, spin {}, trap, exitless) x {} \
          iterations ({} vCPU, mode=loop)",
@@ -47,18 +34,6 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         cfg.cpus
     );
     let exitless = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds, false)?;
-    let (t_insn, ex) = (
-        median(&exitless.us_per_insn()),
-        median(&exitless.exitless_us()),
-    );
-    if !(t_insn > 0.0 && ex > 0.0) {
-        return Err(RuntimeError::Measure(format!(
-            "(f): the spin or exitless phases were not slower than untraced ones ({t_insn:.3} µs \
-             per instruction, {ex:.2} µs per exitless call): the phases are too short for this \
-             host's noise; raise --iters or --rounds"
-        ))
-        .into());
-    }
 
     note!(
         "vmtrace bench: (g) the same 4 phases with return hooks (--graph) x {} iterations",
@@ -66,6 +41,115 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     );
     let graph = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds, true)?;
 
+    let (pauses, scaling, record, report) = if cfg.counts_only {
+        note!("vmtrace bench: --counts-only: (a)-(e), (h) and the report figure skipped");
+        (Vec::new(), None, None, None)
+    } else {
+        other_figures(&cfg)?
+    };
+
+    // Last, and only when asked for: minutes of Linux boots.
+    let ftrace = match &cfg.linux {
+        Some(guest) => {
+            note!(
+                "vmtrace bench: (i) {} boots of {} in each of {} configurations ({}), \
+                 interleaved",
+                cfg.linux_boots,
+                guest.kernel.display(),
+                measure::BOOT_CONFIGS.len(),
+                measure::BOOT_CONFIGS.map(|c| c.name()).join(", ")
+            );
+            Some(measure::ftrace_figures(guest, cfg.linux_boots))
+        }
+        None => {
+            note!(
+                "vmtrace bench: (i) vmtrace vs. the guest's ftrace skipped (run it with \
+                 --linux-boots N: 5 x N boots of the Linux guest)"
+            );
+            None
+        }
+    };
+
+    let (costs, a, b, c, calls_not_measured, handlers) = match calls {
+        Some(c) => (Some(c.0), c.1, c.2, c.3, c.4, Some(c.5)),
+        None => (None, f64::NAN, f64::NAN, f64::NAN, None, None),
+    };
+    let r = Results {
+        costs,
+        a,
+        b,
+        c,
+        calls_not_measured,
+        handlers,
+        exitless,
+        graph,
+        pauses,
+        scaling,
+        report,
+        record,
+        ftrace,
+    };
+    let goals = results::goals(&r, &cfg);
+    let run = results::Run { cfg: &cfg, started };
+    // A closed stdout loses the table, not the run (the JSON is written).
+    let _ = write!(std::io::stdout(), "{}", results::table(&r, &goals, &run));
+    let _ = std::io::stdout().flush();
+    if let Some(path) = &cfg.json {
+        let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;
+        // Atomically over a regular file, into a device, nothing else.
+        tracer::export::file::write(path, |w| w.write_all(j.as_bytes())).map_err(|source| {
+            RuntimeError::Write {
+                path: path.clone(),
+                source,
+            }
+        })?;
+    }
+    // The table and the JSON say so too; the run did not do what was asked.
+    if let Some(Err(e)) = &r.ftrace {
+        return Err(RuntimeError::Measure(format!("(i): {e}")).into());
+    }
+    Ok(Outcome::Clean)
+}
+
+/// (a)-(c) and the handlers alone: the costs, a, b, c (NaN where this
+/// host's noise swamped them, never a failure), why, the handlers.
+type CallFigures = (CallCosts, f64, f64, f64, Option<String>, HandlerAlone);
+
+fn call_figures(cfg: &BenchConfig) -> Result<CallFigures, Error> {
+    note!(
+        "vmtrace bench: (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, mode=loop)",
+        cfg.rounds,
+        cfg.iters,
+        cfg.kernel.display(),
+        cfg.cpus
+    );
+    let costs = measure::call_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    // Differences of the phases' times: not measured where this host's
+    // noise swamped them (said in the table and the JSON).
+    let (a, b) = (median(&costs.a), median(&costs.b));
+    let e = costs.exits_per_iter;
+    let why = swamped(&[("resume-only", a * e), ("recorder", b * e)]);
+    let (a, b) = (fig(a), fig(b));
+    let c = if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        median(&costs.ratios())
+    };
+    note!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
+    let handlers = measure::handler_alone(&cfg.kernel)?;
+    Ok((costs, a, b, c, why, handlers))
+}
+
+/// (d), (e) with loading, (h), and the report figure (seconds to render,
+/// to export JSON).
+type OtherFigures = (
+    Vec<PauseFigures>,
+    Option<Scaling>,
+    Option<RecordFigures>,
+    Option<(f64, f64)>,
+);
+
+fn other_figures(cfg: &BenchConfig) -> Result<OtherFigures, Error> {
     let mut pauses = Vec::new();
     for n in PAUSE_VCPUS {
         note!(
@@ -107,62 +191,5 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         report::thousands(cfg.report_events)
     );
     let (render_s, json_s) = measure::report_figures(cfg.report_events)?;
-
-    // Last, and only when asked for: minutes of Linux boots.
-    let ftrace = match &cfg.linux {
-        Some(guest) => {
-            note!(
-                "vmtrace bench: (i) {} boots of {} in each of {} configurations ({}), \
-                 interleaved",
-                cfg.linux_boots,
-                guest.kernel.display(),
-                measure::BOOT_CONFIGS.len(),
-                measure::BOOT_CONFIGS.map(|c| c.name()).join(", ")
-            );
-            Some(measure::ftrace_figures(guest, cfg.linux_boots))
-        }
-        None => {
-            note!(
-                "vmtrace bench: (i) vmtrace vs. the guest's ftrace skipped (run it with \
-                 --linux-boots N: 5 x N boots of the Linux guest)"
-            );
-            None
-        }
-    };
-
-    let r = Results {
-        costs,
-        a,
-        b,
-        c,
-        handlers,
-        exitless,
-        graph,
-        pauses,
-        scaling,
-        render_s,
-        json_s,
-        record,
-        ftrace,
-    };
-    let goals = results::goals(&r, &cfg);
-    let run = results::Run { cfg: &cfg, started };
-    // A closed stdout loses the table, not the run (the JSON is written).
-    let _ = write!(std::io::stdout(), "{}", results::table(&r, &goals, &run));
-    let _ = std::io::stdout().flush();
-    if let Some(path) = &cfg.json {
-        let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;
-        // Atomically over a regular file, into a device, nothing else.
-        tracer::export::file::write(path, |w| w.write_all(j.as_bytes())).map_err(|source| {
-            RuntimeError::Write {
-                path: path.clone(),
-                source,
-            }
-        })?;
-    }
-    // The table and the JSON say so too; the run did not do what was asked.
-    if let Some(Err(e)) = &r.ftrace {
-        return Err(RuntimeError::Measure(format!("(i): {e}")).into());
-    }
-    Ok(Outcome::Clean)
+    Ok((pauses, scaling, Some(record), Some((render_s, json_s))))
 }

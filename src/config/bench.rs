@@ -27,6 +27,8 @@ pub struct BenchConfig {
     /// Boots per configuration for (i) (0: skipped), and the Linux guest.
     pub linux_boots: usize,
     pub linux: Option<LinuxGuest>,
+    /// `--counts-only`: (f), (g) (and (i)) alone.
+    pub counts_only: bool,
 }
 
 impl BenchConfig {
@@ -65,6 +67,7 @@ impl BenchConfig {
             record_events,
             linux_boots: args.linux_boots,
             linux,
+            counts_only: args.counts_only,
         })
     }
 }

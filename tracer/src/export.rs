@@ -129,6 +129,10 @@ pub fn to_json(trace: &Trace) -> Value {
     if m.incomplete {
         doc["incomplete"] = json!(true);
     }
+    if m.unfinished > 0 {
+        // Calls not in `events`: their function is unknown.
+        doc["unfinished"] = json!(m.unfinished);
+    }
     if !m.rejected_sites.is_empty() {
         doc["rejected_sites"] = json!(m.rejected_sites);
     }

@@ -110,6 +110,12 @@ pub struct TraceMeta {
     /// ones elsewhere. None: KVM did not count them (or not known: saved
     /// traces do not keep it).
     pub guest_instructions_emulated: Option<Vec<u64>>,
+    /// Exitless mode: records reserved in vmtrace's rings and never
+    /// committed when the run ended (their writer stopped, or was
+    /// preempted, between reserving and committing): calls whose function
+    /// is not known, so they are in no count and not in `events_total`
+    /// (calls = `events_total` + this). Saved traces do not keep it.
+    pub unfinished: u64,
 }
 
 /// The whole trace.

@@ -172,7 +172,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
     let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let result = (|| -> Result<CallCosts, Error> {
         let map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
-        let mut counters = IterCounters::new(map, &tracer.plan().image, ncpus)?;
+        let mut counters = IterCounters::new(map, &tracer.plan().image, ncpus, &[])?;
         std::thread::sleep(SETTLE);
         let mut traced = TracedTotals::default();
         let mut pending: Option<Phase> = None;

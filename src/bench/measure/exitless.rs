@@ -9,12 +9,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use tracer::exitless::layout::{CODE_LEN, CODE_VA};
 use tracer::session::{Plan, Tracer};
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};
 
-use super::phases::{timed_phase, GuestU32, IterCounters};
+use super::phases::{pause_settled, timed_phase, unsettled, GuestU32, IterCounters};
 use super::{mini_config, stop, SETTLE, TRACE_GLOB};
 use crate::bench::median;
 use crate::error::{Error, RuntimeError};
@@ -25,13 +26,6 @@ use crate::error::{Error, RuntimeError};
 pub const SPIN: u32 = 200;
 /// The mini guest's calibration knob.
 const MINI_SPIN: &str = "mini_spin";
-/// An exitless phase may trap on at most this fraction of its calls (it
-/// should trap on none: no site holds a trap then).
-pub const MAX_EXITLESS_TRAP_SHARE: f64 = 0.01;
-/// The calls the exitless tracer counted may differ from the exitless
-/// phases' iterations times the calls per iteration by no more than this
-/// (phase boundaries fall inside iterations).
-const CALLS_TOLERANCE: f64 = 0.05;
 /// The instructions KVM counted per spin-phase iteration must be `2 * SPIN`
 /// more than per untraced iteration within this fraction for the counts to
 /// be used: else KVM's emulator does not run every guest instruction here
@@ -65,17 +59,25 @@ impl Phase {
     }
 }
 
-/// A vCPU's handler: counts every trace-port trap, then hands it on.
+/// A vCPU's handler: counts every trace-port trap, at a site (an entry) or
+/// at vmtrace's return trap (`--graph`: the return of a call the trap
+/// tracer hooked, which may come in a later phase), then hands it on.
 struct TrapCount {
     traps: Arc<AtomicU64>,
+    returns: Arc<AtomicU64>,
     inner: Box<dyn TrapHandler>,
 }
 
 impl TrapHandler for TrapCount {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        // The return trap is in vmtrace's code page; sites are in the kernel.
+        let n = if (CODE_VA..CODE_VA + CODE_LEN).contains(&trap.rip) {
+            &self.returns
+        } else {
+            &self.traps
+        };
         // One writer (this vCPU's thread): a plain load and store.
-        self.traps
-            .store(self.traps.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         self.inner.on_trap(trap)
     }
 
@@ -84,17 +86,30 @@ impl TrapHandler for TrapCount {
     }
 }
 
-/// Iterations and trace-port traps of one finished phase (exact: read
-/// under the pauses that began and ended it), and the guest instructions
-/// KVM's emulator ran in it (None: KVM does not count them).
+/// Iterations, traced calls (the guest's own count) and trace-port traps
+/// at sites of one finished phase (exact: read under the settled pauses
+/// that began and ended it), and the guest instructions KVM's emulator ran
+/// in it (None: KVM does not count them).
 #[derive(Clone, Copy, Debug)]
 pub struct PhaseCount {
     pub phase: Phase,
     /// The round it belongs to.
     pub round: usize,
     pub iters: u64,
+    pub calls: u64,
     pub traps: u64,
     pub insns: Option<u64>,
+}
+
+/// What the two tracers counted over the whole run.
+#[derive(Clone, Copy, Debug)]
+pub struct TracerCounts {
+    /// Calls the trap tracer counted (it is attached in trap phases only).
+    pub trap_calls: u64,
+    /// Trace-port exits of the whole run: entries and (graph) returns.
+    pub trap_exits: u64,
+    /// Calls the exitless tracer counted, recorded or dropped in the guest.
+    pub exitless_calls: u64,
 }
 
 /// (f) as measured.
@@ -102,12 +117,13 @@ pub struct PhaseCount {
 pub struct ExitlessCosts {
     /// Per round, µs per guest iteration per vCPU, in `PHASES` order.
     pub rounds: Vec<[f64; 4]>,
-    /// Traced calls per iteration: traps / iterations over the trap phases.
+    /// Traced calls per iteration: calls / iterations over the trap phases.
     pub calls_per_iter: f64,
-    /// Calls made in the exitless phases: those the exitless tracer
-    /// counted (recorded or counted in the guest), plus any that trapped.
+    /// Calls made in the exitless phases (the guest's count, which the
+    /// exitless tracer's equals).
     pub exitless_calls: u64,
-    /// Trace-port traps during the exitless phases.
+    /// Trace-port traps at sites during the exitless phases (0, or the run
+    /// fails).
     pub exitless_traps: u64,
     /// The trampoline's instructions per recorded call, counted in its code
     /// (with the graph: a hooked entry's and its return's together).
@@ -204,57 +220,59 @@ impl ExitlessCosts {
         [m(0), m(1), m(2), m(3)]
     }
 
-    /// From the rounds, the finished phases' counts and the calls the
-    /// exitless tracer counted; an error if the trap phases trapped nothing,
-    /// the exitless phases were not traced, or one of them trapped.
+    /// From the rounds, the finished phases' counts and what the tracers
+    /// counted; an error unless every count is exact: the trap tracer
+    /// counted the calls the guest made in the trap phases (at least one),
+    /// the exitless tracer those of the exitless phases (at least one), and
+    /// no site trapped in an exitless phase.
     fn judge(
         rounds: Vec<[f64; 4]>,
         phases: &[PhaseCount],
-        trap_calls: u64,
-        exitless_counted: u64,
+        tracers: TracerCounts,
         static_instructions: usize,
     ) -> Result<ExitlessCosts, String> {
         let sum = |p: Phase| {
             phases
                 .iter()
                 .filter(|c| c.phase == p)
-                .fold((0, 0), |(i, t), c| (i + c.iters, t + c.traps))
+                .fold((0, 0, 0), |(i, n, t), c| {
+                    (i + c.iters, n + c.calls, t + c.traps)
+                })
         };
-        let (trap_iters, trap_traps) = sum(Phase::Trap);
-        if trap_iters == 0 || trap_traps == 0 || trap_calls == 0 {
+        let (trap_iters, trap_calls, trap_traps) = sum(Phase::Trap);
+        if trap_iters == 0 || trap_traps == 0 || tracers.trap_calls == 0 {
             return Err(format!("no {TRACE_GLOB} call trapped in the trap phases"));
         }
         // The trap tracer counts calls only while attached: in trap phases.
-        let calls_per_iter = trap_calls as f64 / trap_iters as f64;
-        for c in phases.iter().filter(|c| c.phase == Phase::Exitless) {
-            let calls = c.iters as f64 * calls_per_iter;
-            if c.traps as f64 > MAX_EXITLESS_TRAP_SHARE * calls {
-                return Err(format!(
-                    "an exitless phase took {} trace-port traps in about {calls:.0} calls: the \
-                     sites trapped instead of calling the trampoline",
-                    c.traps
-                ));
-            }
-        }
-        let counted = counted_per_iter(phases, rounds.len());
-        let (ex_iters, ex_traps) = sum(Phase::Exitless);
-        let expected = ex_iters as f64 * calls_per_iter;
-        let exitless_calls = exitless_counted + ex_traps;
-        if exitless_counted == 0
-            || (exitless_calls as f64 - expected).abs() > CALLS_TOLERANCE * expected
-        {
+        if tracers.trap_calls != trap_calls || trap_traps != trap_calls {
             return Err(format!(
-                "the exitless tracer counted {exitless_counted} calls in {ex_iters} iterations of \
-                 the exitless phases, where {expected:.0} were made"
+                "the trap tracer counted {} calls and took {trap_traps} traps at sites in the trap \
+                 phases, where the guest made {trap_calls} calls",
+                tracers.trap_calls
             ));
         }
+        let (ex_iters, ex_calls, ex_traps) = sum(Phase::Exitless);
+        if ex_traps > 0 {
+            return Err(format!(
+                "the exitless phases took {ex_traps} trace-port traps at sites in {ex_calls} \
+                 calls: the sites trapped instead of calling the trampoline"
+            ));
+        }
+        if tracers.exitless_calls == 0 || tracers.exitless_calls != ex_calls {
+            return Err(format!(
+                "the exitless tracer counted {} calls in {ex_iters} iterations of the exitless \
+                 phases, where the guest made {ex_calls}",
+                tracers.exitless_calls
+            ));
+        }
+        let counted = counted_per_iter(phases, rounds.len());
         Ok(ExitlessCosts {
             rounds,
-            calls_per_iter,
-            exitless_calls,
+            calls_per_iter: trap_calls as f64 / trap_iters as f64,
+            exitless_calls: ex_calls,
             exitless_traps: ex_traps,
             static_instructions,
-            trap_exits_per_call: trap_traps as f64 / trap_calls as f64,
+            trap_exits_per_call: tracers.trap_exits as f64 / tracers.trap_calls as f64,
             counted,
         })
     }
@@ -346,19 +364,28 @@ pub fn exitless_costs(
         exitless,
         label: if graph { "(g)" } else { "(f)" },
     };
-    let traps: Vec<Arc<AtomicU64>> = (0..ncpus).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let new = || Arc::new(AtomicU64::new(0));
+    let traps: Vec<[Arc<AtomicU64>; 2]> = (0..ncpus).map(|_| [new(), new()]).collect();
     let handlers: Vec<Box<dyn TrapHandler>> = recorders
         .into_iter()
         .zip(&traps)
-        .map(|(inner, t)| {
+        .map(|(inner, [t, r])| {
             Box::new(TrapCount {
                 traps: Arc::clone(t),
+                returns: Arc::clone(r),
                 inner,
             }) as Box<dyn TrapHandler>
         })
         .collect();
     let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
-    let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
+    // Traps at sites (k = 0) or at the return trap (k = 1), all vCPUs.
+    let sum = |k: usize| {
+        traps
+            .iter()
+            .map(|t| t[k].load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let total_traps = || sum(0);
     let result = run_phases(
         &running,
         &mut tracers,
@@ -393,20 +420,19 @@ pub fn exitless_costs(
     let port_exits: u64 = report.vcpus.iter().map(|v| v.get(ExitKind::Trap)).sum();
     let trap_returns: u64 = trap_trace.returns.iter().flatten().sum();
     let recorded = trap_trace.meta.events_total + trap_returns;
-    if port_exits != total_traps() || recorded != total_traps() {
+    let (entries, returns) = (sum(0), sum(1));
+    if port_exits != entries + returns || recorded != port_exits || trap_returns != returns {
         return Err(measure(format!(
-            "{port_exits} trace-port exits, {} counted by the handlers, {recorded} recorded",
-            total_traps(),
+            "{port_exits} trace-port exits, {entries} at sites and {returns} at the return trap \
+             counted by the handlers, {recorded} recorded ({trap_returns} returns)"
         )));
     }
-    ExitlessCosts::judge(
-        rounds,
-        &phases,
-        trap_trace.meta.events_total,
-        exitless_trace.meta.events_total,
-        static_instructions,
-    )
-    .map_err(measure)
+    let tracers = TracerCounts {
+        trap_calls: trap_trace.meta.events_total,
+        trap_exits: port_exits,
+        exitless_calls: exitless_trace.meta.events_total,
+    };
+    ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)
 }
 
 /// The rounds of phases, µs per iteration by phase, and every finished
@@ -423,7 +449,14 @@ fn run_phases(
     let label = tracers.label;
     let mem = running.memory();
     let map = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
-    let mut counters = IterCounters::new(map, &tracers.trap.plan().image, ncpus)?;
+    let plan = tracers.trap.plan();
+    let traced: Vec<&str> = plan
+        .funcs
+        .iter()
+        .map(|&f| plan.image.functions[f].name.as_str())
+        .collect();
+    let mut counters = IterCounters::new(map, &plan.image, ncpus, &traced)?;
+    let unsettled = unsettled(&plan.image, &plan.funcs);
     let kvm = running.kvm_stats();
     // All vCPUs' instructions KVM's emulator ran so far (read under a pause).
     let insns = || -> Result<Option<u64>, Error> {
@@ -436,16 +469,28 @@ fn run_phases(
     let mut finished: Vec<PhaseCount> = Vec::new();
     // The phase running now, with the counts at its start.
     let mut current: Option<PhaseCount> = None;
-    let mut close = |current: Option<PhaseCount>, iters: u64, traps: u64, insns: Option<u64>| {
+    let mut close = |current: Option<PhaseCount>, now: PhaseCount| {
         if let Some(c) = current {
             finished.push(PhaseCount {
                 phase: c.phase,
                 round: c.round,
-                iters: iters - c.iters,
-                traps: traps - c.traps,
-                insns: c.insns.zip(insns).map(|(a, b)| b - a),
+                iters: now.iters - c.iters,
+                calls: now.calls - c.calls,
+                traps: now.traps - c.traps,
+                insns: c.insns.zip(now.insns).map(|(a, b)| b - a),
             });
         }
+    };
+    // The counts so far, for `phase` of `round` (read under a pause).
+    let read = |counters: &mut IterCounters<'_>, phase, round| -> Result<PhaseCount, Error> {
+        Ok(PhaseCount {
+            phase,
+            round,
+            iters: counters.total()?,
+            calls: counters.calls_total()?,
+            traps: total_traps(),
+            insns: insns()?,
+        })
     };
     let mut rounds = Vec::new();
     for round in 0..reps {
@@ -453,20 +498,15 @@ fn run_phases(
         for k in 0..PHASES.len() {
             let m = (k + round) % PHASES.len();
             let phase = PHASES[m];
-            // Between phases: read the exact counts, switch, resume.
+            // Between phases, no vCPU between a site and the guest's count
+            // of its call: read the exact counts, switch, resume.
             let start = {
-                let p = running.pause_all();
-                let (now, tr, i) = (counters.total()?, total_traps(), insns()?);
-                close(current.take(), now, tr, i);
+                let p = pause_settled(running, &unsettled)?;
+                let now = read(&mut counters, phase, round)?;
+                close(current.take(), now);
                 spin.set(&p, if phase == Phase::Spin { SPIN } else { 0 })?;
                 tracers.switch(&p, phase)?;
-                current = Some(PhaseCount {
-                    phase,
-                    round,
-                    iters: now,
-                    traps: tr,
-                    insns: i,
-                });
+                current = Some(now);
                 counters.read()?
             };
             tau[m] = timed_phase(running, &mut counters, &start, iters, phase.name())?;
@@ -482,8 +522,8 @@ fn run_phases(
         );
         rounds.push(tau);
     }
-    let p = running.pause_all();
-    close(current.take(), counters.total()?, total_traps(), insns()?);
+    let p = pause_settled(running, &unsettled)?;
+    close(current.take(), read(&mut counters, Phase::Untraced, reps)?);
     spin.set(&p, 0)?;
     tracers.switch(&p, Phase::Untraced)?;
     Ok((rounds, finished))
@@ -493,24 +533,39 @@ fn run_phases(
 mod tests {
     use super::*;
 
-    fn count(phase: Phase, iters: u64, traps: u64) -> PhaseCount {
+    /// A phase of `iters` iterations in which the guest made `calls` calls
+    /// and `traps` of them trapped at their site.
+    fn count(phase: Phase, iters: u64, calls: u64, traps: u64) -> PhaseCount {
         PhaseCount {
             phase,
             round: 0,
             iters,
+            calls,
             traps,
             insns: None,
         }
     }
 
-    /// A phase of round `round` in which KVM counted `insns` instructions.
-    fn counted(phase: Phase, round: usize, iters: u64, traps: u64, insns: u64) -> PhaseCount {
+    /// A phase of round `round` in which KVM counted `insns` instructions;
+    /// 3.5 calls per iteration, trapped in the trap phases.
+    fn counted(phase: Phase, round: usize, iters: u64, insns: u64) -> PhaseCount {
+        let calls = 7 * iters / 2;
         PhaseCount {
             phase,
             round,
             iters,
-            traps,
+            calls,
+            traps: if phase == Phase::Trap { calls } else { 0 },
             insns: Some(insns),
+        }
+    }
+
+    /// What the tracers counted: `trap` calls (`exits` exits), `exitless`.
+    fn tracers(trap: u64, exits: u64, exitless: u64) -> TracerCounts {
+        TracerCounts {
+            trap_calls: trap,
+            trap_exits: exits,
+            exitless_calls: exitless,
         }
     }
 
@@ -522,10 +577,10 @@ mod tests {
         let mut v = Vec::new();
         for r in 0..2 {
             let iters = 200 * (r as u64 + 1);
-            v.push(counted(Phase::Untraced, r, iters, 0, 60 * iters));
-            v.push(counted(Phase::Spin, r, iters, 0, (60 + spin_extra) * iters));
-            v.push(counted(Phase::Trap, r, iters, 7 * iters / 2, 60 * iters));
-            v.push(counted(Phase::Exitless, r, iters, 0, ex * iters));
+            v.push(counted(Phase::Untraced, r, iters, 60 * iters));
+            v.push(counted(Phase::Spin, r, iters, (60 + spin_extra) * iters));
+            v.push(counted(Phase::Trap, r, iters, 60 * iters));
+            v.push(counted(Phase::Exitless, r, iters, ex * iters));
         }
         v
     }
@@ -535,12 +590,12 @@ mod tests {
         // µs per iteration: untraced, spin (2 * 200 instructions), trap, exitless.
         let rounds = vec![[10.0, 410.0, 45.0, 108.0], [12.0, 412.0, 47.0, 110.0]];
         let phases = [
-            count(Phase::Trap, 100, 350),
-            count(Phase::Exitless, 100, 0),
-            count(Phase::Trap, 100, 350),
-            count(Phase::Exitless, 200, 0),
+            count(Phase::Trap, 100, 350, 350),
+            count(Phase::Exitless, 100, 349, 0),
+            count(Phase::Trap, 100, 350, 350),
+            count(Phase::Exitless, 200, 701, 0),
         ];
-        let c = ExitlessCosts::judge(rounds, &phases, 700, 1050, 28).unwrap();
+        let c = ExitlessCosts::judge(rounds, &phases, tracers(700, 700, 1050), 28).unwrap();
         assert_eq!(c.calls_per_iter, 3.5);
         assert_eq!(c.trap_exits_per_call, 1.0);
         assert_eq!(c.us_per_insn(), [1.0, 1.0]);
@@ -556,11 +611,15 @@ mod tests {
 
     #[test]
     fn graph_figures_count_calls_not_traps() {
-        // With the graph, a trap-mode call takes two exits: the calls per
-        // iteration come from the calls the tracer counted.
+        // With the graph, a trap-mode call takes two exits, its entry's at
+        // the site and its return's (maybe in a later phase): the calls per
+        // iteration are the guest's, the exits per call the run's.
         let rounds = vec![[10.0, 410.0, 80.0, 300.0]];
-        let phases = [count(Phase::Trap, 100, 700), count(Phase::Exitless, 100, 0)];
-        let c = ExitlessCosts::judge(rounds, &phases, 350, 350, 80).unwrap();
+        let phases = [
+            count(Phase::Trap, 100, 350, 350),
+            count(Phase::Exitless, 100, 350, 0),
+        ];
+        let c = ExitlessCosts::judge(rounds, &phases, tracers(350, 700, 350), 80).unwrap();
         assert_eq!(c.calls_per_iter, 3.5);
         assert_eq!(c.trap_exits_per_call, 2.0);
         assert_eq!(c.trap_us(), [20.0]);
@@ -568,24 +627,64 @@ mod tests {
     }
 
     #[test]
-    fn an_exitless_phase_that_traps_fails() {
+    fn every_count_must_be_exact() {
         let rounds = vec![[10.0, 410.0, 45.0, 108.0]];
-        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 4)];
-        // 4 traps in 350 calls: more than 1 %.
-        let e = ExitlessCosts::judge(rounds.clone(), &phases, 350, 346, 28).unwrap_err();
-        assert!(e.contains("4 trace-port traps"), "{e}");
-        // 3 are within 1 %, and counted.
-        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 3)];
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 350, 347, 28).unwrap();
-        assert_eq!(c.exitless_calls, 350);
-        assert_eq!(c.exits_per_call(), 3.0 / 350.0);
+        let trap = count(Phase::Trap, 100, 350, 350);
+        let judge = |phases: &[PhaseCount], t| ExitlessCosts::judge(rounds.clone(), phases, t, 28);
+        // One trap at a site in an exitless phase: the run fails (it used
+        // to pass under 1 % of the calls).
+        let e = judge(
+            &[trap, count(Phase::Exitless, 100, 350, 1)],
+            tracers(350, 351, 349),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("the exitless phases took 1 trace-port traps at sites in 350 calls"),
+            "{e}"
+        );
+        // The exitless tracer counted one call more, or one fewer, than
+        // the guest made in the exitless phases.
+        for n in [349, 351] {
+            let e = judge(
+                &[trap, count(Phase::Exitless, 100, 350, 0)],
+                tracers(350, 350, n),
+            )
+            .unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "the exitless tracer counted {n} calls in 100 iterations of the exitless \
+                     phases, where the guest made 350"
+                )),
+                "{e}"
+            );
+        }
+        // The trap tracer likewise, in the trap phases.
+        let e = judge(
+            &[trap, count(Phase::Exitless, 100, 350, 0)],
+            tracers(349, 349, 350),
+        )
+        .unwrap_err();
+        assert!(e.contains("the trap tracer counted 349 calls"), "{e}");
         // Untraced exitless phases, or no trap at all in trap phases.
-        let phases = [count(Phase::Trap, 100, 350), count(Phase::Exitless, 100, 0)];
-        let e = ExitlessCosts::judge(rounds.clone(), &phases, 350, 0, 28).unwrap_err();
+        let e = judge(
+            &[trap, count(Phase::Exitless, 100, 350, 0)],
+            tracers(350, 350, 0),
+        )
+        .unwrap_err();
         assert!(e.contains("counted 0 calls"), "{e}");
-        let phases = [count(Phase::Trap, 100, 0), count(Phase::Exitless, 100, 0)];
-        let e = ExitlessCosts::judge(rounds, &phases, 0, 350, 28).unwrap_err();
+        let phases = [
+            count(Phase::Trap, 100, 0, 0),
+            count(Phase::Exitless, 100, 350, 0),
+        ];
+        let e = judge(&phases, tracers(0, 0, 350)).unwrap_err();
         assert!(e.contains("no hrtimer_* call trapped"), "{e}");
+        // Exact: accepted.
+        let c = judge(
+            &[trap, count(Phase::Exitless, 100, 350, 0)],
+            tracers(350, 350, 350),
+        )
+        .unwrap();
+        assert_eq!((c.exitless_calls, c.exits_per_call()), (350, 0.0));
     }
 
     #[test]
@@ -594,7 +693,8 @@ mod tests {
         // 3.5 calls per iteration (2,100 in 600 trap iterations), 28
         // instructions each; 2,100 exitless calls.
         let phases = counted_rounds(28.0, 400);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 28).unwrap();
         assert_eq!(
             c.counted,
             Some(vec![[60.0, 460.0, 60.0, 158.0], [60.0, 460.0, 60.0, 158.0]])
@@ -604,12 +704,14 @@ mod tests {
 
         // The graph: 80 per call.
         let phases = counted_rounds(80.0, 400);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 80).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 80).unwrap();
         assert_eq!(c.counted_instructions(), Ok(vec![80.0, 80.0]));
 
         // Within 2 % of 2 x SPIN: used.
         let phases = counted_rounds(28.0, 392);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 28).unwrap();
         assert!(c.counted_instructions().is_ok());
     }
 
@@ -619,7 +721,8 @@ mod tests {
         // Hardware-virtualized KVM: the spin's 400 instructions run natively,
         // KVM's emulator counts none of them.
         let phases = counted_rounds(28.0, 0);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 28).unwrap();
         assert_eq!(c.spin_counted(), Some(vec![0.0, 0.0]));
         let e = c.counted_instructions().unwrap_err();
         assert!(
@@ -627,19 +730,22 @@ mod tests {
             "{e}"
         );
         let phases = counted_rounds(28.0, 391);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 28).unwrap();
         assert!(c.counted_instructions().is_err());
 
         // No count at all (no stats fd), or a phase without one.
         let mut phases = counted_rounds(28.0, 400);
         phases[5].insns = None;
-        let c = ExitlessCosts::judge(rounds.clone(), &phases, 2100, 2100, 28).unwrap();
+        let c =
+            ExitlessCosts::judge(rounds.clone(), &phases, tracers(2100, 2100, 2100), 28).unwrap();
         assert_eq!(c.counted, None);
         let e = c.counted_instructions().unwrap_err();
         assert!(e.contains("KVM gives no instruction count"), "{e}");
         // A round whose phases are not all there (or ran no iteration).
         let phases = counted_rounds(28.0, 400);
-        let c = ExitlessCosts::judge(rounds.clone(), &phases[..7], 2100, 700, 28).unwrap();
+        let c = ExitlessCosts::judge(rounds.clone(), &phases[..7], tracers(2100, 2100, 700), 28)
+            .unwrap();
         assert_eq!(c.counted, None);
     }
 }

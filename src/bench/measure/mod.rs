@@ -22,14 +22,15 @@ use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
-pub use exitless::{
-    exitless_costs, ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN, SPIN_COUNT_TOLERANCE,
-};
+pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,
     FTRACE_GLOB, FTRACE_SETUP_CMDLINE,
 };
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
+
+use phases::{wait_calls, IterCounters};
+use vmm::gva::{AddressSpace, PagingMode};
 
 use crate::bench::us;
 use crate::config::emulator_host;
@@ -132,6 +133,11 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
     let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
     let gap = |i: usize| Duration::from_micros(1500 + 500 * (i % 3) as u64);
+    let mem = running.memory().clone();
+    let map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    // A function the guest counts, traced by `--trace '*'`.
+    let counted = ["hrtimer_start_range_ns"];
+    let mut counters = IterCounters::new(map, &tracer.plan().image, ncpus, &counted)?;
     let result = (|| -> Result<PauseFigures, Error> {
         let mut f = PauseFigures {
             vcpus,
@@ -159,12 +165,24 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
         }
         for i in 0..cycles {
             stopped()?;
-            {
+            let from = {
                 let p = running.pause_all();
                 tracer.attach(&p)?.attached()?;
                 f.attach.push(us(p.window()));
-            }
+                counters.calls_total()?
+            };
             std::thread::sleep(gap(i));
+            // Each attach traces something (`wind_down` checks that a call
+            // was traced), however long this host leaves the vCPUs idle:
+            // of the calls counted after the attach, one per vCPU may have
+            // passed its site before it.
+            let min = from + ncpus as u64 + 1;
+            wait_calls(
+                &running,
+                &mut counters,
+                min,
+                "between an attach and its detach",
+            )?;
             {
                 let p = running.pause_all();
                 tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;

@@ -6,11 +6,9 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use tracer::report;
 
-use super::super::measure::{
-    ExitlessCosts, MAX_EXITLESS_TRAP_SHARE, SPIN, SPIN_COUNT_TOLERANCE, TRACE_GLOB,
-};
+use super::super::measure::{ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE, TRACE_GLOB};
 use super::{write_rows, Goal};
-use crate::bench::median;
+use crate::bench::{fig, median, swamped};
 use crate::config::BenchConfig;
 
 /// Goals: trace-port exits per traced call in exitless mode, and guest
@@ -24,7 +22,8 @@ pub const GOAL_INSTRUCTIONS: f64 = 30.0;
 pub struct ExitlessFigures {
     /// Trace-port traps per traced call in the exitless phases.
     pub exits_per_call: f64,
-    /// Exitless µs per call / µs per calibration instruction.
+    /// Exitless µs per call / µs per calibration instruction (null: not
+    /// measured, `timing_not_measured` says why; so for every time below).
     pub guest_instructions_per_call: f64,
     /// The trampoline's instructions on a recorded call, counted in its code.
     pub guest_instructions_per_call_static: usize,
@@ -53,23 +52,41 @@ pub struct ExitlessFigures {
     pub iter_spin_us: f64,
     pub iter_trap_us: f64,
     pub iter_exitless_us: f64,
+    /// Why the figures from differences of the phases' times are null: the
+    /// host's noise swamped them (absent when they were measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing_not_measured: Option<String>,
 }
 
 impl ExitlessFigures {
     pub fn new(c: &ExitlessCosts) -> Self {
         let [untraced, spin, trap, exitless] = c.iter_us();
         let counted = c.counted_instructions();
+        // Each a difference of two phases' times: not measured unless
+        // positive.
+        let (t_insn, t_trap, t_ex) = (
+            median(&c.us_per_insn()),
+            median(&c.trap_us()),
+            median(&c.exitless_us()),
+        );
+        let timing_not_measured = swamped(&[
+            ("spin", t_insn * 2.0 * f64::from(SPIN)),
+            ("trap", t_trap * c.calls_per_iter),
+            ("exitless", t_ex * c.calls_per_iter),
+        ]);
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        let both = |a: f64, b: f64, v: f64| if ok(a) && ok(b) { v } else { f64::NAN };
         ExitlessFigures {
             exits_per_call: c.exits_per_call(),
-            guest_instructions_per_call: median(&c.instructions()),
+            guest_instructions_per_call: both(t_insn, t_ex, median(&c.instructions())),
             guest_instructions_per_call_static: c.static_instructions,
             guest_instructions_per_call_counted: counted.as_ref().ok().map(|v| median(v)),
             spin_instructions_counted: c.spin_counted().map(|v| median(&v)),
             guest_instructions_counted_not_available: counted.err(),
-            trap_us_per_call: median(&c.trap_us()),
-            exitless_us_per_call: median(&c.exitless_us()),
-            exitless_vs_trap: median(&c.ratios()),
-            us_per_guest_instruction: median(&c.us_per_insn()),
+            trap_us_per_call: fig(t_trap),
+            exitless_us_per_call: fig(t_ex),
+            exitless_vs_trap: both(t_trap, t_ex, median(&c.ratios())),
+            us_per_guest_instruction: fig(t_insn),
             calls_per_iter: c.calls_per_iter,
             exitless_calls: c.exitless_calls,
             exitless_trace_port_traps: c.exitless_traps,
@@ -78,6 +95,7 @@ impl ExitlessFigures {
             iter_spin_us: spin,
             iter_trap_us: trap,
             iter_exitless_us: exitless,
+            timing_not_measured,
         }
     }
 }
@@ -98,19 +116,56 @@ pub fn goals(c: &ExitlessCosts) -> [Goal; 2] {
         Goal {
             name: format!("guest instructions per traced call <= {GOAL_INSTRUCTIONS}"),
             measured: format!(
-                "{:.1} measured ({:.2} µs / {:.3} µs per instruction); {}static {}",
-                f.guest_instructions_per_call,
-                f.exitless_us_per_call,
-                f.us_per_guest_instruction,
+                "{}; {}static {}",
+                if f.guest_instructions_per_call.is_nan() {
+                    "not measured".to_string()
+                } else {
+                    format!(
+                        "{:.1} measured ({:.2} µs / {:.3} µs per instruction)",
+                        f.guest_instructions_per_call,
+                        f.exitless_us_per_call,
+                        f.us_per_guest_instruction
+                    )
+                },
                 f.guest_instructions_per_call_counted
                     .map_or(String::new(), |n| format!(
                         "{n:.1} counted by KVM's emulator; "
                     )),
                 f.guest_instructions_per_call_static
             ),
-            pass: Ok(f.guest_instructions_per_call <= GOAL_INSTRUCTIONS),
+            pass: match &f.timing_not_measured {
+                Some(why) if f.guest_instructions_per_call.is_nan() => {
+                    Err(format!("not measured: {why}"))
+                }
+                _ => Ok(f.guest_instructions_per_call <= GOAL_INSTRUCTIONS),
+            },
         },
     ]
+}
+
+/// `v` with `decimals` decimals, or "not measured" (NaN: see
+/// `timing_not_measured`).
+pub(super) fn num(v: f64, decimals: usize) -> String {
+    if v.is_nan() {
+        "not measured".into()
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+/// `num` in µs.
+pub(super) fn num_us(v: f64, decimals: usize) -> String {
+    if v.is_nan() {
+        num(v, decimals)
+    } else {
+        format!("{v:.decimals$} µs")
+    }
+}
+
+/// The per-round values of a figure for the table's range, unless its
+/// median was not measured.
+fn range(median: f64, v: &[f64]) -> Option<&[f64]> {
+    (!median.is_nan()).then_some(v)
 }
 
 /// (f): one row per figure, its median and, given the per-round values,
@@ -135,33 +190,34 @@ pub fn write(o: &mut String, c: &ExitlessCosts, cfg: &BenchConfig) -> fmt::Resul
         c.spin_counted().unwrap_or_default(),
     );
     let na = |v: Option<f64>| v.map_or("n/a".to_string(), |n| format!("{n:.1}"));
+    let us = num_us;
     write_rows(
         o,
         &[
             (
                 "    µs per guest instruction (spin)",
-                format!("{:.3} µs", f.us_per_guest_instruction),
-                Some(&insn),
+                us(f.us_per_guest_instruction, 3),
+                range(f.us_per_guest_instruction, &insn),
             ),
             (
                 "trap: cost per traced call (recorder)",
-                format!("{:.2} µs", f.trap_us_per_call),
-                Some(&trap),
+                us(f.trap_us_per_call, 2),
+                range(f.trap_us_per_call, &trap),
             ),
             (
                 "exitless: cost per traced call",
-                format!("{:.2} µs", f.exitless_us_per_call),
-                Some(&exitless),
+                us(f.exitless_us_per_call, 2),
+                range(f.exitless_us_per_call, &exitless),
             ),
             (
                 "    exitless / trap",
-                format!("{:.3}", f.exitless_vs_trap),
-                Some(&ratios),
+                num(f.exitless_vs_trap, 3),
+                range(f.exitless_vs_trap, &ratios),
             ),
             (
                 "guest instructions per call, measured",
-                format!("{:.1}", f.guest_instructions_per_call),
-                Some(&instructions),
+                num(f.guest_instructions_per_call, 1),
+                range(f.guest_instructions_per_call, &instructions),
             ),
             (
                 "guest instructions per call, counted (KVM)",
@@ -180,6 +236,9 @@ pub fn write(o: &mut String, c: &ExitlessCosts, cfg: &BenchConfig) -> fmt::Resul
             ),
         ],
     )?;
+    if let Some(why) = &f.timing_not_measured {
+        writeln!(o, "  times not measured: {why}")?;
+    }
     if let Some(why) = &f.guest_instructions_counted_not_available {
         writeln!(o, "  instructions counted by KVM: not available: {why}")?;
     }
@@ -220,6 +279,9 @@ pub struct GraphFigures {
     pub exits_per_call_exitless: f64,
     pub us_per_guest_instruction: f64,
     pub calls_per_iter: f64,
+    /// Why the time figures (and those measured against the spin) are null.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing_not_measured: Option<String>,
 }
 
 impl GraphFigures {
@@ -240,6 +302,7 @@ impl GraphFigures {
             exits_per_call_exitless: gf.exits_per_call,
             us_per_guest_instruction: gf.us_per_guest_instruction,
             calls_per_iter: gf.calls_per_iter,
+            timing_not_measured: gf.timing_not_measured,
         }
     }
 }
@@ -277,18 +340,20 @@ pub fn write_graph(
             (
                 "trap: cost per traced call",
                 format!(
-                    "{:.2} µs (entry only {:.2} µs)",
-                    x.trap_us_per_call, x.trap_us_per_call_entry_only
+                    "{} (entry only {})",
+                    num_us(x.trap_us_per_call, 2),
+                    num_us(x.trap_us_per_call_entry_only, 2)
                 ),
-                Some(&trap),
+                range(x.trap_us_per_call, &trap),
             ),
             (
                 "exitless: instructions per call, measured",
                 format!(
-                    "{:.1} (entry only {:.1})",
-                    x.guest_instructions_per_call, x.guest_instructions_per_call_entry_only
+                    "{} (entry only {})",
+                    num(x.guest_instructions_per_call, 1),
+                    num(x.guest_instructions_per_call_entry_only, 1)
                 ),
-                Some(&instructions),
+                range(x.guest_instructions_per_call, &instructions),
             ),
             (
                 "exitless: instructions per call, counted",
@@ -315,6 +380,9 @@ pub fn write_graph(
             ),
         ],
     )?;
+    if let Some(why) = &x.timing_not_measured {
+        writeln!(o, "  times not measured: {why}")?;
+    }
     if let Err(why) = counted {
         writeln!(o, "  instructions counted by KVM: not available: {why}")?;
     }
@@ -338,13 +406,17 @@ pub fn method() -> String {
          minus the untraced phase's per iteration times its iterations, over its calls; used \
          only if the spin phase counted 2 x {SPIN} = {} more per iteration than untraced (± \
          {:.0} %: not so on hardware-virtualized KVM, whose emulator runs almost none); \
-         exits per call = trace-port traps in the exitless phases / calls in them (any phase \
-         over {:.0} % fails the run); medians over the rounds",
+         exits per call = trace-port traps at sites in the exitless phases / calls in them; \
+         medians over the rounds. Phases switch only where no vCPU is between a traced site \
+         and the guest's own count of the call (mini_cpus[cpu].count[f]), so the calls of each \
+         phase are exact, and the run fails unless the trap tracer counted exactly the trap \
+         phases' calls, the exitless tracer exactly the exitless phases' calls, and no site \
+         trapped in an exitless phase. A time figure that is not positive (the phases' \
+         difference lost in this host's noise) is reported not measured, with why",
         2 * SPIN,
         2 * SPIN,
         2 * SPIN,
         SPIN_COUNT_TOLERANCE * 100.0,
-        MAX_EXITLESS_TRAP_SHARE * 100.0
     )
 }
 

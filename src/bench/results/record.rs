@@ -38,14 +38,26 @@ pub fn figures(r: &RecordFigures) -> Vec<(String, f64)> {
     .collect()
 }
 
+/// The names of (h)'s two goals.
+pub fn goal_names() -> [String; 2] {
+    [
+        format!(
+            "recording to disk >= {} M events/s stored",
+            GOAL_STORED_PER_S / 1e6
+        ),
+        format!(
+            "recording: peak memory growth <= buffer + {} MiB",
+            PEAK_SLACK >> 20
+        ),
+    ]
+}
+
 pub fn goals(r: &RecordFigures) -> [Goal; 2] {
     let bound = r.peak_bound();
+    let [stored, peak] = goal_names();
     [
         Goal {
-            name: format!(
-                "recording to disk >= {} M events/s stored",
-                GOAL_STORED_PER_S / 1e6
-            ),
+            name: stored,
             measured: format!(
                 "{:.2} M/s ({:.0} MB/s; {} of {} events lost, {:.1} %)",
                 r.stored_per_s() / 1e6,
@@ -57,10 +69,7 @@ pub fn goals(r: &RecordFigures) -> [Goal; 2] {
             pass: Ok(r.stored_per_s() >= GOAL_STORED_PER_S),
         },
         Goal {
-            name: format!(
-                "recording: peak memory growth <= buffer + {} MiB",
-                PEAK_SLACK >> 20
-            ),
+            name: peak,
             measured: match &r.peak_growth {
                 Ok(_) => format!(
                     "{:.1} MiB (buffer {:.0} MiB, bound {:.0} MiB; the file {:.0} MiB)",

@@ -25,6 +25,11 @@ pub struct DrainStats {
     /// Records whose CPU or site index is out of range (a guest that wrote
     /// over vmtrace's rings): skipped, counted.
     pub bad_records: AtomicU64,
+    /// Slots found reserved and never committed by the last drain, after
+    /// the guest stopped: calls whose writer stopped (or was preempted)
+    /// between reserving its record and committing it. Their site is not
+    /// known, so they are in no per-function count.
+    pub unfinished: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,11 +71,24 @@ struct Out {
 }
 
 impl Pass {
-    /// Drain every ring once; returns the records consumed.
-    fn run(&mut self) -> Result<usize, RingError> {
+    /// Drain every ring once; returns the records consumed. The `last`
+    /// pass (the guest has stopped) reads past the slots reserved and not
+    /// committed, and counts them.
+    fn run(&mut self, last: bool) -> Result<usize, RingError> {
         let out = &mut self.out;
-        let n = self.reader.drain(&self.mem, |cpu, r| out.record(cpu, r));
+        let n = if last {
+            self.reader
+                .drain_final(&self.mem, |cpu, r| out.record(cpu, r))
+        } else {
+            self.reader.drain(&self.mem, |cpu, r| out.record(cpu, r))
+        };
         out.flush();
+        if last {
+            let unfinished = (0..self.reader.layout().cpus)
+                .map(|cpu| self.reader.unfinished(cpu))
+                .sum();
+            out.stats.unfinished.store(unfinished, Ordering::Relaxed);
+        }
         n
     }
 }
@@ -158,7 +176,7 @@ impl Drainer {
                 // Read the flag first: a pass after it was set sees every
                 // record the stopped guest committed.
                 let stopping = flag.load(Ordering::Acquire);
-                let n = pass.run()?;
+                let n = pass.run(stopping)?;
                 if stopping {
                     return Ok(());
                 }
@@ -174,8 +192,9 @@ impl Drainer {
         }
     }
 
-    /// Drain what is left and stop (the guest has stopped, or no longer
-    /// writes). Its event sender goes with it.
+    /// Drain what is left and stop (the guest has stopped: what it left
+    /// reserved and not committed is counted as unfinished). Its event
+    /// sender goes with it.
     pub fn finish(self) -> Result<(), DrainError> {
         self.stop.store(true, Ordering::Release);
         match self.handle.join() {

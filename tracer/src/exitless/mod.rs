@@ -51,13 +51,33 @@
 //! whose commit word reads non-zero is complete.
 //!
 //! Reader (host collector), per ring: from `tail` (kept by the host, in
-//! records) on, stop at the first record whose commit word is 0 (reserved,
-//! not yet committed: e.g. its writer was interrupted by the writer of the
-//! next one); for each record read, store 0 to its commit word; after
-//! consuming, store `limit = (tail + cap) * RECORD_LEN` (Release: after the
-//! zeroes). A slot is reused only after the host moved `limit` past it, so
-//! no record changes while it is read, and a non-zero commit word is never
-//! the previous lap's. Calls per site and CPU = records + drops, exactly.
+//! records) on, stop at the first record whose commit word is 0: below
+//! `head` it is reserved, not yet committed (its writer was interrupted by
+//! the writer of the next one, or, on a preemptible kernel, preempted
+//! between the two); from `head` on, not reserved. For each record read,
+//! store 0 to its commit word; after consuming, store `limit = (oldest
+//! slot not read + cap) * RECORD_LEN` (Release: after the zeroes). A slot
+//! is reused only after the host moved `limit` past it, so no record
+//! changes while it is read, and a non-zero commit word is never the
+//! previous lap's.
+//!
+//! A reserved slot stops its ring's drain for `ring::STALL` (10 ms) at
+//! most: a preempted writer may not run again for much longer, and the
+//! records behind its slot would wait for it. Then the reader reads past
+//! it and keeps it in a list of its own: it reads its record when it
+//! commits (later than the records after it; its time is its own). The
+//! limit stays one lap past the oldest slot not read, so the guest never
+//! reserves that slot again meanwhile: if the writer stays away, the ring
+//! fills one lap past it and further calls on that CPU are counted as
+//! drops, as with a host that falls behind.
+//!
+//! The last drain, after the guest stopped, reads every committed record
+//! up to `head`, past any slot still reserved and not committed, and
+//! counts those as unfinished (`TraceMeta::unfinished`): calls whose
+//! writer will never commit, whose site (the commit word) is therefore
+//! unknown. Calls per CPU = records + drops + unfinished, exactly; per
+//! site and CPU = records + drops, unless a call of that site is among the
+//! unfinished.
 
 mod body;
 pub mod collect;

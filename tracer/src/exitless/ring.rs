@@ -5,6 +5,7 @@
 //! single aligned atomic access through vm-memory, never a plain read.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
@@ -162,21 +163,50 @@ pub fn head(mem: &GuestMemoryMmap, layout: &RingLayout, cpu: usize) -> Result<u6
     Ok(bytes / RECORD_LEN)
 }
 
-/// Drains the rings of one attach, in order, each record exactly once.
-/// Made for rings that `init_rings` set up (every tail at 0).
+/// How long a slot may stay reserved and not committed before the drain
+/// reads past it (a writer preempted between the two, on a preemptible
+/// kernel; an interrupt between them lasts microseconds).
+pub const STALL: Duration = Duration::from_millis(10);
+
+/// Drains the rings of one attach, each record exactly once, in order
+/// except for a record whose slot the drain read past while it was
+/// reserved (`STALL`): that one comes when it commits. Made for rings that
+/// `init_rings` set up (every tail at 0).
 #[derive(Clone, Debug)]
 pub struct RingReader {
     layout: RingLayout,
-    /// Per CPU, the next index to read: also the records consumed so far,
-    /// since the rings start at 0.
+    /// Per CPU, the next index to read: every slot below it is read or in
+    /// `skipped`.
     tails: Vec<u64>,
+    /// Per CPU, the slots read past while reserved and not committed,
+    /// oldest first: read when they commit; the limit stays below the
+    /// oldest, so none is reused meanwhile.
+    skipped: Vec<Vec<u64>>,
+    /// Per CPU, the reserved slot the drain last stopped at, and since when.
+    stalled: Vec<Option<(u64, Instant)>>,
+    /// Per CPU, records consumed so far.
+    consumed: Vec<u64>,
+    /// Per CPU, slots reserved and never committed (`drain_final`).
+    unfinished: Vec<u64>,
+    stall: Duration,
 }
 
 impl RingReader {
     pub fn new(layout: RingLayout) -> RingReader {
+        RingReader::with_stall(layout, STALL)
+    }
+
+    /// A reader that reads past a reserved slot after `stall` (`STALL` by
+    /// default).
+    pub fn with_stall(layout: RingLayout, stall: Duration) -> RingReader {
         RingReader {
             tails: vec![0; layout.cpus],
+            skipped: vec![Vec::new(); layout.cpus],
+            stalled: vec![None; layout.cpus],
+            consumed: vec![0; layout.cpus],
+            unfinished: vec![0; layout.cpus],
             layout,
+            stall,
         }
     }
 
@@ -186,19 +216,25 @@ impl RingReader {
 
     /// Records consumed from `cpu`'s ring so far (0 for a CPU without one).
     pub fn consumed(&self, cpu: usize) -> u64 {
-        self.tails.get(cpu).copied().unwrap_or(0)
+        self.consumed.get(cpu).copied().unwrap_or(0)
     }
 
     /// Records consumed from every ring so far.
     pub fn consumed_total(&self) -> u64 {
-        self.tails.iter().sum()
+        self.consumed.iter().sum()
+    }
+
+    /// Slots of `cpu`'s ring that `drain_final` found reserved and never
+    /// committed: calls whose writer stopped between the two.
+    pub fn unfinished(&self, cpu: usize) -> u64 {
+        self.unfinished.get(cpu).copied().unwrap_or(0)
     }
 
     /// Passes every committed record not read yet to `f(cpu, record)`,
     /// ring by ring in index order, and frees the slots read; returns how
     /// many. A record reserved but not committed yet (its writer was
-    /// interrupted) stops its ring's drain: it and the records after it come
-    /// in a later call.
+    /// interrupted) stops its ring's drain, for `STALL` at most: then the
+    /// drain reads past it, and reads it when it commits.
     pub fn drain(
         &mut self,
         mem: &GuestMemoryMmap,
@@ -216,68 +252,164 @@ impl RingReader {
         &mut self,
         mem: &GuestMemoryMmap,
         cpu: usize,
+        f: impl FnMut(usize, Record),
+    ) -> Result<usize, RingError> {
+        self.drain_ring(mem, cpu, false, f)
+    }
+
+    /// The last drain, once the guest has stopped: every committed record
+    /// not read yet, past any slot reserved and not committed, which is
+    /// counted instead (`unfinished`): its writer will never commit it.
+    /// Calls per CPU = records + drops + unfinished, exactly.
+    pub fn drain_final(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        mut f: impl FnMut(usize, Record),
+    ) -> Result<usize, RingError> {
+        let mut total = 0;
+        for cpu in 0..self.layout.cpus {
+            total += self.drain_ring(mem, cpu, true, &mut f)?;
+        }
+        Ok(total)
+    }
+
+    fn drain_ring(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        cpu: usize,
+        last: bool,
         mut f: impl FnMut(usize, Record),
     ) -> Result<usize, RingError> {
         check_cpu(&self.layout, cpu)?;
-        let layout = self.layout;
-        let records = field(&layout, cpu, layout.records_off);
-        let start = self.tails[cpu];
-        // At most one ring's worth: the guest cannot write past `limit`,
-        // which is `start + cap`; this also bounds the loop against a guest
-        // that scribbles on its rings.
-        for index in start..start + layout.cap {
-            let slot = records + (index & (layout.cap - 1)) * RECORD_LEN;
-            let load = |off: u64, what| {
-                let gpa = slot + off;
-                move |order| {
-                    mem.load::<u64>(GuestAddress(gpa), order)
-                        .map_err(memory_error(what, cpu, gpa))
+        let before = self.consumed[cpu];
+        let floor = self.floor(cpu);
+        // Slots read past earlier: those that committed since.
+        let mut skipped = std::mem::take(&mut self.skipped[cpu]);
+        let mut kept = Vec::new();
+        for index in skipped.drain(..) {
+            if !self.read_slot(mem, cpu, index, &mut f)? {
+                if last {
+                    self.unfinished[cpu] += 1;
+                } else {
+                    kept.push(index);
                 }
+            }
+        }
+        self.skipped[cpu] = kept;
+        // At most one ring's worth past the oldest slot not read: the guest
+        // cannot reserve beyond the limit; this also bounds the loop
+        // against a guest that scribbles on its rings.
+        let mut reserved = None;
+        while self.tails[cpu] < floor + self.layout.cap {
+            let index = self.tails[cpu];
+            if self.read_slot(mem, cpu, index, &mut f)? {
+                self.tails[cpu] = index + 1;
+                continue;
+            }
+            // Not committed: not reserved yet (the end), or reserved. The
+            // head, read once and only here (Acquire: a slot below it is
+            // reserved), tells which.
+            let head = match reserved {
+                Some(h) => h,
+                None => *reserved.insert(head(mem, &self.layout, cpu)?),
             };
-            // The commit first, with Acquire: the fields read after it are
-            // the ones the writer stored before it (x86 keeps stores in
-            // order; Acquire keeps the compiler from hoisting the reads).
-            let commit_gpa = slot + REC_COMMIT;
-            let commit: u32 = mem
-                .load(GuestAddress(commit_gpa), Ordering::Acquire)
-                .map_err(memory_error("reading a record's commit", cpu, commit_gpa))?;
-            if commit == 0 {
-                // Reserved and not committed yet, or not reserved at all.
-                // Never the previous lap's record: its commit word was
-                // zeroed when it was read, before its slot was freed.
+            if index >= head {
                 break;
             }
-            let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
-            let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
-            let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
-            // Empty the slot for its next lap; the limit store below
-            // (Release) makes the guest see this before the slot is free.
-            mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
-                .map_err(memory_error("clearing a record's commit", cpu, commit_gpa))?;
-            f(
-                cpu,
-                Record {
-                    tsc,
-                    parent,
-                    site: commit - 1,
-                    slot: stack_slot,
-                },
-            );
-            // Kept per record: if a later read fails, what `f` saw is not
-            // passed again.
+            if last {
+                self.unfinished[cpu] += 1;
+            } else if self.stalled_long(cpu, index) {
+                self.skipped[cpu].push(index);
+            } else {
+                break;
+            }
             self.tails[cpu] = index + 1;
         }
-        let tail = self.tails[cpu];
-        if tail != start {
+        if self.floor(cpu) != floor {
             // Free the slots read. Release: every read above happens before
             // the guest can see the slots free and overwrite them. Written
             // only when it moves, to leave the cache line alone otherwise.
-            let gpa = field(&layout, cpu, LIMIT_OFF);
-            let limit = (tail + layout.cap) * RECORD_LEN;
+            let gpa = field(&self.layout, cpu, LIMIT_OFF);
+            let limit = (self.floor(cpu) + self.layout.cap) * RECORD_LEN;
             mem.store(limit, GuestAddress(gpa), Ordering::Release)
                 .map_err(memory_error("moving the limit", cpu, gpa))?;
         }
-        Ok((tail - start) as usize)
+        Ok((self.consumed[cpu] - before) as usize)
+    }
+
+    /// The oldest slot of `cpu`'s ring not read yet: the limit is one ring
+    /// past it.
+    fn floor(&self, cpu: usize) -> u64 {
+        self.skipped[cpu]
+            .first()
+            .map_or(self.tails[cpu], |&s| s.min(self.tails[cpu]))
+    }
+
+    /// Has the drain stopped at reserved slot `index` of `cpu`'s ring for
+    /// `stall` or more? (The first time it stops there starts the clock.)
+    fn stalled_long(&mut self, cpu: usize, index: u64) -> bool {
+        let now = Instant::now();
+        match self.stalled[cpu] {
+            Some((i, since)) if i == index => now.duration_since(since) >= self.stall,
+            _ => {
+                self.stalled[cpu] = Some((index, now));
+                self.stall.is_zero()
+            }
+        }
+    }
+
+    /// Read slot `index` of `cpu`'s ring if its record is committed: pass
+    /// it to `f`, clear its commit word; whether it was.
+    fn read_slot(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        cpu: usize,
+        index: u64,
+        f: &mut impl FnMut(usize, Record),
+    ) -> Result<bool, RingError> {
+        let layout = self.layout;
+        let records = field(&layout, cpu, layout.records_off);
+        let slot = records + (index & (layout.cap - 1)) * RECORD_LEN;
+        let load = |off: u64, what| {
+            let gpa = slot + off;
+            move |order| {
+                mem.load::<u64>(GuestAddress(gpa), order)
+                    .map_err(memory_error(what, cpu, gpa))
+            }
+        };
+        // The commit first, with Acquire: the fields read after it are
+        // the ones the writer stored before it (x86 keeps stores in
+        // order; Acquire keeps the compiler from hoisting the reads).
+        let commit_gpa = slot + REC_COMMIT;
+        let commit: u32 = mem
+            .load(GuestAddress(commit_gpa), Ordering::Acquire)
+            .map_err(memory_error("reading a record's commit", cpu, commit_gpa))?;
+        if commit == 0 {
+            // Reserved and not committed yet, or not reserved at all.
+            // Never the previous lap's record: its commit word was
+            // zeroed when it was read, before its slot was freed.
+            return Ok(false);
+        }
+        let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
+        let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
+        let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
+        // Empty the slot for its next lap; the limit store (Release) makes
+        // the guest see this before the slot is free.
+        mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
+            .map_err(memory_error("clearing a record's commit", cpu, commit_gpa))?;
+        f(
+            cpu,
+            Record {
+                tsc,
+                parent,
+                site: commit - 1,
+                slot: stack_slot,
+            },
+        );
+        // Kept per record: if a later read fails, what `f` saw is not
+        // passed again.
+        self.consumed[cpu] += 1;
+        Ok(true)
     }
 }
 
@@ -475,6 +607,98 @@ mod tests {
             load(&mem, field(&layout, 0, LIMIT_OFF)),
             (4 + 8) * RECORD_LEN
         );
+    }
+
+    /// The guest stopped while a slot was reserved (its writer between the
+    /// reservation and the commit, for good): the last drain reads the
+    /// records committed behind it and counts it, so records + drops +
+    /// unfinished = calls. (It used to stop there: the records behind were
+    /// lost, and the counts at stop short of the calls.)
+    #[test]
+    fn the_last_drain_reads_past_a_slot_never_committed() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 2, Some(8), false).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        // Index 1 reserved, never committed; 2 and 3 committed behind it.
+        assert!(w.call(0, rec(0, 0)));
+        w.reserve(0, 1).unwrap();
+        assert!(w.call(0, rec(2, 0)));
+        assert!(w.call(0, rec(3, 1)));
+        let mut reader = RingReader::with_stall(layout, Duration::MAX);
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(0, 0))]);
+        assert!(drain(&mut reader, &mem).is_empty(), "read past too soon");
+        let mut last = Vec::new();
+        let n = reader
+            .drain_final(&mem, |cpu, r| last.push((cpu, r)))
+            .unwrap();
+        assert_eq!(last, [(0, rec(2, 0)), (0, rec(3, 1))]);
+        assert_eq!((n, reader.unfinished(0), reader.consumed(0)), (2, 1, 3));
+        assert_eq!(drops(&mem, &layout, 0).unwrap(), [0, 0]);
+        // 3 records + 0 drops + 1 unfinished = the 4 calls.
+        assert_eq!(
+            reader.consumed(0) + reader.unfinished(0),
+            head(&mem, &layout, 0).unwrap()
+        );
+        // Every slot accounted for: a second last drain finds nothing more.
+        assert_eq!(reader.drain_final(&mem, |_, _| {}).unwrap(), 0);
+        assert_eq!(reader.unfinished(0), 1);
+    }
+
+    /// A writer preempted between reserving and committing (a preemptible
+    /// kernel) no longer stalls its ring's drain past `stall`: the records
+    /// behind its slot are read, the slot is read when it commits, and the
+    /// limit never passes it, so no call reuses it meanwhile (the ring
+    /// fills one lap past it, and further calls are counted as drops).
+    #[test]
+    fn a_slot_stalled_past_the_bound_is_read_past_then_read_when_it_commits() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 2, Some(4), false).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        let limit = || load(&mem, field(&layout, 0, LIMIT_OFF)) / RECORD_LEN;
+        assert!(w.call(0, rec(0, 0)));
+        let held = w.reserve(0, 1).unwrap();
+        assert!(w.call(0, rec(2, 0)));
+        let mut reader = RingReader::with_stall(layout, Duration::ZERO);
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(0, 0)), (0, rec(2, 0))]);
+        // One ring past the held slot (index 1), not past the tail (3).
+        assert_eq!(limit(), 1 + 4);
+        assert!(w.call(0, rec(3, 1)));
+        assert!(w.call(0, rec(4, 1)));
+        // Index 5 would reuse the held slot: a drop.
+        assert!(!w.call(0, rec(5, 1)));
+        assert_eq!(drops(&mem, &layout, 0).unwrap(), [0, 1]);
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(3, 1)), (0, rec(4, 1))]);
+        assert_eq!(limit(), 1 + 4);
+        // The preempted writer runs again and commits: its record comes
+        // now, and the ring is free again up to a lap past the tail.
+        w.commit(0, held, rec(1, 1));
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(1, 1))]);
+        assert_eq!(limit(), 5 + 4);
+        assert!(w.call(0, rec(6, 0)));
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(6, 0))]);
+        // Every call: 6 records, 1 drop; nothing unfinished at the end.
+        assert_eq!(reader.drain_final(&mem, |_, _| {}).unwrap(), 0);
+        assert_eq!((reader.consumed(0), reader.unfinished(0)), (6, 0));
+    }
+
+    /// A slot read past and never committed before the guest stopped is
+    /// counted by the last drain, once.
+    #[test]
+    fn a_slot_read_past_and_never_committed_is_unfinished() {
+        let mem = memory();
+        let layout = RingLayout::new(2, 1, Some(8), false).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        w.reserve(1, 0).unwrap();
+        assert!(w.call(1, rec(1, 0)));
+        assert!(w.call(0, rec(2, 0)));
+        let mut reader = RingReader::with_stall(layout, Duration::ZERO);
+        assert_eq!(drain(&mut reader, &mem), [(0, rec(2, 0)), (1, rec(1, 0))]);
+        assert_eq!(reader.drain_final(&mem, |_, _| {}).unwrap(), 0);
+        assert_eq!((reader.unfinished(0), reader.unfinished(1)), (0, 1));
+        assert_eq!(reader.consumed_total(), 2);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Exitless {
     sink: Option<Sender<Vec<Event>>>,
     drainer: Option<Drainer>,
     mem: Option<GuestMemoryMmap>,
+    /// Slots the last drain found reserved and never committed.
+    unfinished: u64,
 }
 
 /// The rings and the code for this image, CPU count and site count.
@@ -161,6 +163,7 @@ impl Exitless {
             sink: Some(sink),
             drainer: None,
             mem: None,
+            unfinished: 0,
         })
     }
 
@@ -257,6 +260,12 @@ impl Exitless {
         }
     }
 
+    /// Calls whose record the last drain found reserved and never
+    /// committed (0 before `finish`).
+    pub fn unfinished(&self) -> u64 {
+        self.unfinished
+    }
+
     /// Drain the rest and stop the drainer (the guest has stopped); drops
     /// the event sender either way, so the collector can finish.
     /// Records skipped as out of range are an error too: never silent.
@@ -267,6 +276,7 @@ impl Exitless {
         };
         let stats = std::sync::Arc::clone(&d.stats);
         d.finish()?;
+        self.unfinished = stats.unfinished.load(std::sync::atomic::Ordering::Relaxed);
         match stats.bad_records.load(std::sync::atomic::Ordering::Relaxed) {
             0 => Ok(()),
             n => Err(ExitlessError::BadRecords(n)),

@@ -106,6 +106,18 @@ pub(super) fn header(out: &mut String, report: &Report) {
             ),
         ));
     }
+    if m.unfinished > 0 {
+        lines.push((
+            "unfinished",
+            format!(
+                "{} calls reserved a record in vmtrace's rings that was never committed (the run \
+                 ended while their writer was between the two): their functions are unknown, so \
+                 they are not in the counts; {} calls in all",
+                thousands(m.unfinished),
+                thousands(m.events_total + m.unfinished)
+            ),
+        ));
+    }
     if m.incomplete {
         lines.push((
             "incomplete",

@@ -253,6 +253,7 @@ impl Tracer {
             incomplete: false,
             // The run report has them; the caller adds them.
             guest_instructions_emulated: None,
+            unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
         };
         Trace {
             meta,

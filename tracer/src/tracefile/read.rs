@@ -349,6 +349,7 @@ pub(super) fn read_body<R: Read>(
         incomplete: false,
         // Not in the file: the run's alone.
         guest_instructions_emulated: None,
+        unfinished: 0,
     };
 
     r.section = Section::Functions;
