@@ -612,6 +612,7 @@ pub(crate) mod testing {
             entries: sites.len(),
             sites,
             rejected: 0,
+            weak: 0,
             rejected_examples: Vec::new(),
         };
         (image, table)

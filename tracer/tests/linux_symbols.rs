@@ -122,6 +122,15 @@ fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     assert_eq!(addrs(&ours, &image), addrs(&theirs, &reference));
     assert!(ours.len() > 5000, "{} sites", ours.len());
     check_listing(&image, &ours, &reference, &theirs, vmlinux);
+    // The entries left out are the code of overridden __weak functions,
+    // named alike from either symbol source (not after the function before
+    // them, which kallsyms' sizes would reach over them).
+    assert_eq!(ours.rejected, theirs.rejected);
+    assert_eq!(ours.weak, ours.rejected, "{:?}", ours.rejected_summary());
+    assert_eq!(theirs.weak, theirs.rejected, "{:?}", theirs.rejected_summary());
+    assert_eq!(ours.rejected_examples, theirs.rejected_examples);
+    assert_eq!(ours.rejected_summary(), theirs.rejected_summary());
+    eprintln!("{}: {:?}", bz.display(), ours.rejected_summary());
     let hr = image.symbol("hrtimer_interrupt").unwrap();
     assert_eq!(
         Some(hr.addr),
