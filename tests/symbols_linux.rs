@@ -95,3 +95,55 @@ fn linux_6_12_bzimage_alone_traces_hrtimers_with_its_own_symbols() {
     assert!(called > 0, "{v}");
     assert_eq!(v["sites_skipped_other"].as_u64(), Some(0), "{err}");
 }
+
+/// `vmtrace list` of the 6.1 guest's bzImage alone (kallsyms) takes a
+/// function by any of its names, as of its vmlinux: `__x64_sys_getpid` is
+/// an alias of the static `__do_sys_getpid` (SYSCALL_DEFINE0); local labels
+/// such as `.E_copy` (copy_user_64.S) are no functions. No guest is booted.
+#[test]
+fn list_of_a_bzimage_alone_names_aliases_as_its_vmlinux_does() {
+    let (bz, vmlinux) = (
+        root().join("guest/out/bzImage"),
+        root().join("guest/out/vmlinux"),
+    );
+    if !bz.is_file() || !vmlinux.is_file() {
+        eprintln!(
+            "SKIPPED: {} is not built; run `bash guest/build.sh linux`",
+            bz.display()
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("vmtrace-list-alone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let alone = dir.join("bzImage");
+    std::fs::copy(&bz, &alone).unwrap();
+    let glob = "__x64_sys_getpid,__do_sys_getpid,.E_copy*,copy_user_generic_unrolled";
+    let from_kallsyms = vmtrace(&["list", "--kernel", alone.to_str().unwrap(), glob]);
+    let from_vmlinux = vmtrace(&["list", "--vmlinux", vmlinux.to_str().unwrap(), glob]);
+    let _ = std::fs::remove_dir_all(&dir);
+    // `.E_copy*` matches nothing: refused, naming it, in both.
+    for o in [&from_kallsyms, &from_vmlinux] {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+        assert!(
+            stderr(o).contains("list '.E_copy*' matches no function"),
+            "{}",
+            stderr(o)
+        );
+    }
+    let glob = "__x64_sys_getpid,__do_sys_getpid,copy_user_generic_unrolled";
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&bz, &alone).unwrap();
+    let from_kallsyms = vmtrace(&["list", "--kernel", alone.to_str().unwrap(), glob]);
+    let from_vmlinux = vmtrace(&["list", "--vmlinux", vmlinux.to_str().unwrap(), glob]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(stderr(&from_kallsyms).contains("symbols from kallsyms in the bzImage"));
+    let expected = "__do_sys_getpid\n__x64_sys_getpid\ncopy_user_generic_unrolled [notrace]\n";
+    assert_eq!(
+        stdout(&from_kallsyms),
+        expected,
+        "{}",
+        stderr(&from_kallsyms)
+    );
+    assert_eq!(stdout(&from_vmlinux), expected, "{}", stderr(&from_vmlinux));
+}

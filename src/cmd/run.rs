@@ -91,8 +91,13 @@ fn traced(
         vm.boot_plan().protocol == Protocol::Direct,
         "the config and the loader disagree on the boot protocol"
     );
-    if let Some(rejected) = plan.sites.rejected_summary() {
-        // Left out of tracing, never silently: say which.
+    // Left out of tracing, never silently: say which (in the report; here
+    // too unless all are overridden __weak functions, as in every Linux).
+    if let Some(rejected) = plan
+        .sites
+        .rejected_summary()
+        .filter(|_| plan.sites.rejected_unexpected())
+    {
         note!(
             "vmtrace: {}: {rejected} (left out)",
             plan.image.path.display()

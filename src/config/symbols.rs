@@ -127,6 +127,44 @@ mod tests {
         assert!(plan.image.symbol("hrtimer_interrupt").is_some());
     }
 
+    /// The 6.1 guest laid out as Debian's packages unpacked with `dpkg -x`
+    /// into one folder: `boot/vmlinuz-<release>` from the image package,
+    /// `usr/lib/debug/boot/vmlinux-<release>` from its -dbg package. The
+    /// vmlinux is found there, not kallsyms used.
+    #[test]
+    fn dpkg_x_layout_finds_the_dbg_vmlinux_under_the_images_root() {
+        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/out");
+        let (bz, vmlinux) = (out.join("bzImage"), out.join("vmlinux"));
+        if !bz.is_file() || !vmlinux.is_file() {
+            eprintln!(
+                "SKIPPED: {} is not built; run `bash guest/build.sh linux`",
+                bz.display()
+            );
+            return;
+        }
+        let version = bzimage_version(&bz).unwrap().expect("a version string");
+        let release = vmm::vmlinux::release(&version).unwrap().to_owned();
+        let root = std::env::temp_dir().join(format!("vmtrace-dpkg-{}", std::process::id()));
+        let debug = root.join("usr/lib/debug/boot");
+        std::fs::create_dir_all(root.join("boot")).unwrap();
+        std::fs::create_dir_all(&debug).unwrap();
+        let kernel = root.join(format!("boot/vmlinuz-{release}"));
+        let dbg = debug.join(format!("vmlinux-{release}"));
+        std::fs::copy(&bz, &kernel).unwrap();
+        std::fs::copy(&vmlinux, &dbg).unwrap();
+        let plan = plan(&run_args(&[]), &kernel, KernelKind::BzImage);
+        let _ = std::fs::remove_dir_all(&root);
+        let plan = plan.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            plan.image.source,
+            format!(
+                "{} (the debug-symbol directory under the image's root)",
+                dbg.display()
+            )
+        );
+        assert!(plan.image.symbol("__start_mcount_loc").is_some());
+    }
+
     #[test]
     fn nothing_found_says_what_was_tried_and_to_pass_vmlinux() {
         let dir = std::env::temp_dir().join(format!("vmtrace-symbols-{}", std::process::id()));

@@ -283,22 +283,30 @@ impl Filter {
         // Some site survives --trace's `!globs` (before --notrace).
         let mut any_traced = false;
         for (i, site) in sites.sites.iter().enumerate() {
-            let name = function_name(image, site.func);
-            if !self.notrace_globs.is_empty() {
-                self.notrace.matches_into(name, &mut hits);
-                for &g in &hits {
-                    notrace_used[g] = true;
+            // A function with aliases is selected by any of its names and
+            // removed (`!glob`, --notrace) by any.
+            let (mut positive, mut negated, mut removed) = (false, false, false);
+            for name in image.names(site.func as usize) {
+                if !self.notrace_globs.is_empty() {
+                    self.notrace.matches_into(name, &mut hits);
+                    for &g in &hits {
+                        notrace_used[g] = true;
+                    }
+                    removed |= !hits.is_empty();
                 }
+                // Sets `hits` whether or not a `!glob` removes the name.
+                self.trace.matches_into(name, &mut hits);
+                for &g in &hits {
+                    glob_used[g] = true;
+                }
+                positive |= self.trace.positive.is_empty() || !hits.is_empty();
+                negated |= self.trace.negative_set.is_match(name);
             }
-            let traced = self.trace.matches_into(name, &mut hits);
-            for &g in &hits {
-                glob_used[g] = true;
-            }
-            if !traced {
+            if !positive || negated {
                 continue;
             }
             any_traced = true;
-            if !self.notrace.is_match(name) {
+            if !removed {
                 selected.push(i);
             }
         }
@@ -330,7 +338,7 @@ impl Filter {
         let mut traceable: Vec<&str> = sites
             .sites
             .iter()
-            .map(|s| function_name(image, s.func))
+            .flat_map(|s| image.names(s.func as usize))
             .collect();
         traceable.sort_unstable();
         traceable.dedup();
@@ -338,11 +346,10 @@ impl Filter {
         let untraceable = match compile(glob) {
             Ok(g) => {
                 let m = g.compile_matcher();
-                let mut names: Vec<String> = image
-                    .functions
-                    .iter()
-                    .filter(|f| m.is_match(&f.name))
-                    .map(|f| crate::report::escape(&f.name).into_owned())
+                let mut names: Vec<String> = (0..image.functions.len())
+                    .flat_map(|i| image.names(i))
+                    .filter(|name| m.is_match(name))
+                    .map(|name| crate::report::escape(name).into_owned())
                     .collect();
                 names.sort_unstable();
                 names.dedup();
@@ -358,13 +365,6 @@ impl Filter {
             closest: closest_names(glob, &traceable),
         }
     }
-}
-
-fn function_name(image: &KernelImage, func: u32) -> &str {
-    image
-        .functions
-        .get(func as usize)
-        .map_or("", |f| f.name.as_str())
 }
 
 /// Splits comma lists into single globs (each with the argument it came
@@ -598,6 +598,7 @@ pub(crate) mod testing {
             path: "test-vmlinux".into(),
             build_id: None,
             functions,
+            aliases: Vec::new(),
             mcount_loc: sites.iter().map(|s| s.addr).collect(),
             init_text: Some((INIT, INIT + 0x10_0000)),
             text: Some((TEXT, TEXT + 0x10_0000)),
@@ -611,6 +612,7 @@ pub(crate) mod testing {
             entries: sites.len(),
             sites,
             rejected: 0,
+            weak: 0,
             rejected_examples: Vec::new(),
         };
         (image, table)
@@ -655,6 +657,36 @@ mod tests {
             .collect();
         names.sort();
         Ok(names)
+    }
+
+    /// A function known by two names (`__x64_sys_getpid` and its alias
+    /// `__do_sys_getpid`) is selected by either and removed by either.
+    #[test]
+    fn aliases_select_and_remove_their_function() {
+        let (mut image, sites) = image(&[("__x64_sys_getpid", Has::Site), ("schedule", Has::Site)]);
+        let getpid = image
+            .functions
+            .iter()
+            .position(|f| f.name == "__x64_sys_getpid")
+            .unwrap();
+        image.aliases = vec![(getpid, "__do_sys_getpid".into())];
+        let names = |trace: &[&str], notrace: &[&str]| -> Result<Vec<&str>, FilterError> {
+            let idx = filter(trace, notrace)?.select(&image, &sites)?;
+            Ok(idx
+                .iter()
+                .map(|&i| image.functions[sites.sites[i].func as usize].name.as_str())
+                .collect())
+        };
+        assert_eq!(
+            names(&["__do_sys_getpid"], &[]).unwrap(),
+            ["__x64_sys_getpid"]
+        );
+        assert_eq!(names(&["__*_getpid"], &[]).unwrap(), ["__x64_sys_getpid"]);
+        assert_eq!(names(&["*", "!__do_sys_*"], &[]).unwrap(), ["schedule"]);
+        assert_eq!(names(&["*"], &["__do_sys_getpid"]).unwrap(), ["schedule"]);
+        // A typo's suggestions include aliases.
+        let e = names(&["__do_sys_getpd"], &[]).unwrap_err();
+        assert!(e.to_string().contains("closest: __do_sys_getpid"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! - `[notrace]`: no ftrace call site: a `notrace` function, one that was
 //!   inlined into its callers but kept a symbol, or assembly.
 //!
+//! A function with aliases (symbols at its address: `__x64_sys_getpid` and
+//! `__do_sys_getpid`) is listed under each name, whether its symbols come
+//! from a vmlinux or from kallsyms.
+//!
 //! The globs are `--trace`'s (`crate::filter`: `*`, `?`, `[...]`, `{a,b}`,
 //! `!glob`), so that a list previews a selection; none lists every
 //! function. The summary (`Listing::summary`) is for stderr, so that the
@@ -115,22 +119,28 @@ impl<'a> Listing<'a> {
         let mut used = vec![false; globs.positive().len()];
         let mut hits = Vec::new();
         let mut functions = Vec::new();
-        for (f, kind) in image.functions.iter().zip(kinds) {
-            let selected = globs.matches_into(&f.name, &mut hits);
-            for &g in &hits {
-                used[g] = true;
-            }
-            if selected {
-                functions.push(Listed {
-                    name: &f.name,
-                    addr: f.addr,
-                    kind,
-                });
+        for (i, (f, kind)) in image.functions.iter().zip(kinds).enumerate() {
+            // Each name of a function with aliases is listed, as what it
+            // names: `--trace` takes any of them.
+            for name in image.names(i) {
+                let selected = globs.matches_into(name, &mut hits);
+                for &g in &hits {
+                    used[g] = true;
+                }
+                if selected {
+                    functions.push(Listed {
+                        name,
+                        addr: f.addr,
+                        kind,
+                    });
+                }
             }
         }
         if let Some(g) = used.iter().position(|u| !u) {
             let glob = &globs.positive()[g];
-            let mut names: Vec<&str> = image.functions.iter().map(|f| f.name.as_str()).collect();
+            let mut names: Vec<&str> = (0..image.functions.len())
+                .flat_map(|i| image.names(i))
+                .collect();
             names.sort_unstable();
             names.dedup();
             return Err(ListError::NoMatch {

@@ -12,7 +12,9 @@ use object::{Object, ObjectSection};
 
 use crate::kallsyms::{self, KallsymsEntry, KallsymsError};
 use crate::sites::{classify, site_function, SiteKind, FENTRY, SITE_LEN};
-use crate::symbols::{index_sections, KernelImage, Symbol, SymbolError, MCOUNT_ENTRY_SIZE};
+use crate::symbols::{
+    group_aliases, index_sections, Indexed, KernelImage, Symbol, SymbolError, MCOUNT_ENTRY_SIZE,
+};
 
 /// The section kallsyms is emitted into (scripts/kallsyms.c).
 const KALLSYMS_SECTION: &str = ".rodata";
@@ -94,7 +96,7 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
         .map(|s| (s.address(), s.address().saturating_add(s.size())));
     drop(file);
 
-    let (symbols, functions) = index_kallsyms(&table.entries);
+    let (symbols, functions, aliases) = index_kallsyms(&table.entries);
     if functions.is_empty() {
         return Err(PayloadSymbolError::NoFunctions {
             path: path.to_owned(),
@@ -114,6 +116,7 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
         path: path.to_owned(),
         build_id,
         functions,
+        aliases,
         mcount_loc: Vec::new(),
         init_text,
         text,
@@ -141,13 +144,45 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
     Ok((image, info))
 }
 
-/// kallsyms by name (a global beats a local, then the first), and the
-/// functions by address: text symbols, one per address (kallsyms' own order
-/// puts the name the kernel prints first among aliases), each as large as
-/// the distance to the next symbol.
-fn index_kallsyms(entries: &[KallsymsEntry]) -> (HashMap<String, Symbol>, Vec<Symbol>) {
+/// The text section bounds the linker script defines (they are text
+/// symbols in kallsyms, but no function's): `_stext`, `__sched_text_start`,
+/// `__indirect_thunk_end`, ...
+fn is_text_bound(name: &str) -> bool {
+    const BOUNDS: [&str; 7] = [
+        "_text",
+        "_stext",
+        "_etext",
+        "_sinittext",
+        "_einittext",
+        "__indirect_thunk_start",
+        "__indirect_thunk_end",
+    ];
+    BOUNDS.contains(&name)
+        || (name.starts_with("__")
+            && (name.ends_with("_text_start") || name.ends_with("_text_end")))
+}
+
+/// Whether a kallsyms text symbol names a function: not an assembler local
+/// label that kallsyms keeps (`.E_copy`, `.slowpath`: a name starting with
+/// '.'), nor a text section bound (`is_text_bound`). A vmlinux has neither
+/// as a function (untyped, no size); kallsyms has no types or sizes, so
+/// the names tell. A global label inside an assembly function
+/// (`entry_SYSCALL_64_after_hwframe`, SYM_INNER_LABEL) looks like a
+/// function here and stays one.
+fn is_function(e: &KallsymsEntry) -> bool {
+    e.is_text() && !e.name.starts_with('.') && !is_text_bound(&e.name)
+}
+
+/// kallsyms by name (a global beats a local, then the first), the
+/// functions by address (`is_function`), each as large as the distance to
+/// the next symbol, and their aliases: among the names at one address, the
+/// first global one (in kallsyms' own order) is the function's, as in a
+/// vmlinux (`crate::symbols`) where a global beats a local
+/// (`__x64_sys_getpid` over `__do_sys_getpid`), and the others are aliases.
+fn index_kallsyms(entries: &[KallsymsEntry]) -> Indexed {
     let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
-    let mut functions: Vec<Symbol> = Vec::new();
+    // (symbol, global), in kallsyms order (by address).
+    let mut candidates: Vec<(Symbol, bool)> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         // kallsyms has no sizes: up to the next higher address.
         let next = entries[i + 1..]
@@ -160,10 +195,10 @@ fn index_kallsyms(entries: &[KallsymsEntry]) -> (HashMap<String, Symbol>, Vec<Sy
             addr: e.addr,
             size,
         };
-        if e.is_text() && functions.last().is_none_or(|f| f.addr != e.addr) {
-            functions.push(sym.clone());
-        }
         let global = e.is_global();
+        if is_function(e) {
+            candidates.push((sym.clone(), global));
+        }
         match symbols.get(&e.name) {
             Some((_, true)) => {}
             Some((_, false)) if !global => {}
@@ -172,8 +207,11 @@ fn index_kallsyms(entries: &[KallsymsEntry]) -> (HashMap<String, Symbol>, Vec<Sy
             }
         }
     }
+    // Stable: kallsyms' order stays among globals and among locals.
+    candidates.sort_by(|a, b| a.0.addr.cmp(&b.0.addr).then(b.1.cmp(&a.1)));
+    let (functions, aliases) = group_aliases(candidates.into_iter().map(|(s, _)| s));
     let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
-    (symbols, functions)
+    (symbols, functions, aliases)
 }
 
 /// The `__mcount_loc` table in the section at file offset `offset` (`len`
@@ -239,4 +277,60 @@ fn find_mcount_loc(
     }
     let start = va + skip as u64 + s as u64 * MCOUNT_ENTRY_SIZE;
     Some((start, words[s..e].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, addr: u64, kind: u8) -> KallsymsEntry {
+        KallsymsEntry {
+            name: name.into(),
+            addr,
+            kind,
+        }
+    }
+
+    /// Aliases as in a vmlinux (a global first), and no local label or
+    /// section bound as a function; sizes reach the next symbol of any kind.
+    #[test]
+    fn kallsyms_functions_aliases_and_labels() {
+        const T: u64 = 0xffff_ffff_8100_0000;
+        // kallsyms' own order: by address, then as scripts/kallsyms.c sorts.
+        let entries = [
+            entry("_stext", T, b'T'),
+            entry("__do_sys_getpid", T, b't'),
+            entry("__x64_sys_getpid", T, b'T'),
+            entry("__ia32_sys_getpid", T, b'T'),
+            entry(".E_copy", T + 0x20, b't'),
+            entry("copy_user_generic_unrolled", T + 0x40, b'T'),
+            entry("__sched_text_start", T + 0x80, b'T'),
+            entry("schedule", T + 0x80, b'T'),
+            entry("jiffies", T + 0x100, b'D'),
+            entry("_etext", T + 0x100, b'T'),
+        ];
+        let (symbols, functions, aliases) = index_kallsyms(&entries);
+        let got: Vec<(&str, u64, u64)> = functions
+            .iter()
+            .map(|f| (f.name.as_str(), f.addr - T, f.size))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("__x64_sys_getpid", 0, 0x20),
+                ("copy_user_generic_unrolled", 0x40, 0x40),
+                ("schedule", 0x80, 0x80),
+            ]
+        );
+        assert_eq!(
+            aliases,
+            [
+                (0, "__do_sys_getpid".to_string()),
+                (0, "__ia32_sys_getpid".to_string())
+            ]
+        );
+        // Every symbol stays one by name (the bounds vmtrace reads).
+        assert_eq!(symbols["_etext"].addr, T + 0x100);
+        assert_eq!(symbols[".E_copy"].addr, T + 0x20);
+    }
 }

@@ -98,13 +98,22 @@ pub const MIN_MISMATCH_REJECTED: usize = 4;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectedSite {
     pub addr: u64,
-    /// The function containing `addr` and the offset into it, if any.
+    /// The function containing `addr` and the offset into it, if any; none
+    /// for a `weak` one.
     pub function: Option<(String, u64)>,
+    /// Its bytes are a site's, but no function starts there: the code of an
+    /// overridden `__weak` function, which the linker keeps but whose symbol
+    /// it drops. The kernel's ftrace disables these too (`test_for_valid_rec`,
+    /// kernel/trace/ftrace.c: a site more than `endbr64` past the symbol
+    /// kallsyms finds). Not named after the symbol before it: with kallsyms'
+    /// sizes (up to the next symbol) that is another function.
+    pub weak: bool,
 }
 
 impl std::fmt::Display for RejectedSite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.function {
+            _ if self.weak => write!(f, "{:#x} (overridden __weak)", self.addr),
             Some((name, 0)) => write!(f, "{name} ({:#x})", self.addr),
             Some((name, off)) => write!(f, "{name}+{off:#x} ({:#x})", self.addr),
             None => write!(f, "{:#x} (in no function)", self.addr),
@@ -122,6 +131,10 @@ pub struct SiteTable {
     /// How many of them were left out: not at a function entry, or not
     /// holding a site's bytes (never patched, so never traced).
     pub rejected: usize,
+    /// How many of them are the code of overridden `__weak` functions
+    /// (`RejectedSite::weak`): normal in a Linux kernel, whose ftrace leaves
+    /// them out too.
+    pub weak: usize,
     /// The first `REJECTED_EXAMPLES` of them, by address.
     pub rejected_examples: Vec<RejectedSite>,
 }
@@ -146,22 +159,26 @@ impl SiteTable {
         entries.retain(|&a| a != 0);
 
         let mut sites = Vec::with_capacity(entries.len());
-        let mut rejected = 0;
+        let (mut rejected, mut weak) = (0, 0);
         let mut rejected_examples = Vec::new();
         for &addr in &entries {
-            let func = site_function(image, addr).filter(|_| {
-                image
-                    .file_bytes(addr, SITE_LEN)
-                    .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other)
-            });
+            let is_site = image
+                .file_bytes(addr, SITE_LEN)
+                .is_some_and(|b| classify(b, addr, fentry) != SiteKind::Other);
+            let func = site_function(image, addr).filter(|_| is_site);
             let Some(func) = func else {
                 rejected += 1;
+                // A site's bytes, no function's entry: see RejectedSite::weak.
+                let is_weak = is_site;
+                weak += usize::from(is_weak);
                 if rejected_examples.len() < REJECTED_EXAMPLES {
                     rejected_examples.push(RejectedSite {
                         addr,
                         function: image
                             .function_at(addr)
+                            .filter(|_| !is_weak)
                             .map(|f| (f.name.clone(), addr - f.addr)),
+                        weak: is_weak,
                     });
                 }
                 continue;
@@ -183,6 +200,7 @@ impl SiteTable {
             sites,
             entries: entries.len(),
             rejected,
+            weak,
             rejected_examples,
         };
         if rejected >= MIN_MISMATCH_REJECTED
@@ -199,16 +217,40 @@ impl SiteTable {
     }
 
     /// The rejected entries for a report, e.g. "3 sites not at a function
-    /// entry: foo+0x1 (0xffffffff81000001), ..."; None when there are none.
+    /// entry: foo+0x1 (0xffffffff81000001), ..."; or, when all are code of
+    /// overridden `__weak` functions, "72 sites in overridden __weak
+    /// functions ...: 0xffffffff8100096c, ..."; None when there are none.
     pub fn rejected_summary(&self) -> Option<String> {
+        let s = if self.rejected == 1 { "" } else { "s" };
+        if self.rejected > 0 && self.rejected == self.weak {
+            let mut addrs: Vec<String> = self
+                .rejected_examples
+                .iter()
+                .map(|r| format!("{:#x}", r.addr))
+                .collect();
+            if self.rejected > self.rejected_examples.len() {
+                addrs.push("...".into());
+            }
+            return Some(format!(
+                "{} site{s} in overridden __weak functions (code without a symbol; \
+                 the kernel's ftrace disables them too): {}",
+                self.rejected,
+                addrs.join(", ")
+            ));
+        }
         (self.rejected > 0).then(|| {
-            let s = if self.rejected == 1 { "" } else { "s" };
             format!(
                 "{} site{s} not at a function entry: {}",
                 self.rejected,
                 self.rejected_names()
             )
         })
+    }
+
+    /// Whether some rejected entry is other than an overridden `__weak`
+    /// function's (those are normal: `RejectedSite::weak`).
+    pub fn rejected_unexpected(&self) -> bool {
+        self.rejected > self.weak
     }
 
     /// The named examples, comma-separated, with "..." when there are more.

@@ -103,6 +103,10 @@ pub struct KernelImage {
     pub build_id: Option<Vec<u8>>,
     /// Code symbols sorted by address, one per address (see `load`).
     pub functions: Vec<Symbol>,
+    /// The other names of `functions` (aliases: code symbols at the same
+    /// address, e.g. `__do_sys_getpid` of `__x64_sys_getpid`), each with
+    /// its function's index, sorted by index then name. `names` gives all.
+    pub aliases: Vec<(usize, String)>,
     /// The `__mcount_loc` table as stored in the file, in file order. Linux
     /// keeps it in init data and frees it at boot, so the guest cannot be asked.
     pub mcount_loc: Vec<u64>,
@@ -123,6 +127,10 @@ pub struct KernelImage {
     pub(crate) sections: Vec<FileSection>,
     pub(crate) bytes: Vec<u8>,
 }
+
+/// Symbols by name, functions by address, and their aliases (the fields of
+/// `KernelImage` of those names), as a symbol table gives them.
+pub(crate) type Indexed = (HashMap<String, Symbol>, Vec<Symbol>, Vec<(usize, String)>);
 
 /// A candidate for `functions`, with what decides between aliases.
 struct FuncCandidate {
@@ -199,7 +207,7 @@ impl KernelImage {
             .map(<[u8]>::to_vec);
 
         let (sections, executable) = index_sections(&file, &path, bytes.len())?;
-        let (symbols, functions) = index_symbols(&file, &executable);
+        let (symbols, functions, aliases) = index_symbols(&file, &executable);
         if symbols.is_empty() {
             return Err(SymbolError::Stripped { path });
         }
@@ -223,6 +231,7 @@ impl KernelImage {
             path,
             build_id,
             functions,
+            aliases,
             mcount_loc: Vec::new(),
             init_text,
             text,
@@ -240,6 +249,19 @@ impl KernelImage {
     /// provided `addr` is inside its size (size-0 symbols cover up to the next).
     pub fn function_at(&self, addr: u64) -> Option<&Symbol> {
         self.function_index_at(addr).map(|i| &self.functions[i])
+    }
+
+    /// Every name of function `func` (an index into `functions`): the one
+    /// `functions` keeps, then its aliases.
+    pub fn names(&self, func: usize) -> impl Iterator<Item = &str> {
+        let start = self.aliases.partition_point(|(f, _)| *f < func);
+        let end = self.aliases.partition_point(|(f, _)| *f <= func);
+        let aliases = self.aliases.get(start..end).unwrap_or_default();
+        self.functions
+            .get(func)
+            .map(|f| f.name.as_str())
+            .into_iter()
+            .chain(aliases.iter().map(|(_, n)| n.as_str()))
     }
 
     /// Like `function_at`, but the index into `functions`.
@@ -358,16 +380,15 @@ pub(crate) fn index_sections(
     Ok((sections, executable))
 }
 
-/// All named defined symbols by name, and the functions sorted by address.
+/// All named defined symbols by name, the functions sorted by address, and
+/// their aliases (`KernelImage::aliases`).
 ///
 /// Functions are STT_FUNC symbols, plus untyped symbols with a size in an
 /// executable section (Linux's SYM_CODE asm entry points). Where several share
 /// an address (aliases), one is kept: typed over untyped, global over local,
-/// then the one with the larger size, then the first in the symbol table.
-fn index_symbols(
-    file: &object::File,
-    executable: &[bool],
-) -> (HashMap<String, Symbol>, Vec<Symbol>) {
+/// then the one with the larger size, then the first in the symbol table;
+/// the others are its aliases.
+fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
     let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
     let mut candidates = Vec::new();
     for sym in file.symbols() {
@@ -413,8 +434,37 @@ fn index_symbols(
             .then(b.global.cmp(&a.global))
             .then(b.sym.size.cmp(&a.sym.size))
     });
-    candidates.dedup_by_key(|c| c.sym.addr);
-    let functions = candidates.into_iter().map(|c| c.sym).collect();
+    let (functions, aliases) = group_aliases(candidates.into_iter().map(|c| c.sym));
     let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
-    (symbols, functions)
+    (symbols, functions, aliases)
+}
+
+/// Functions one per address, the first of each address kept (`symbols`
+/// sorted by address, the preferred name first), and the other names at
+/// each address as aliases of it (`KernelImage::aliases`).
+pub(crate) fn group_aliases(
+    symbols: impl IntoIterator<Item = Symbol>,
+) -> (Vec<Symbol>, Vec<(usize, String)>) {
+    let mut functions: Vec<Symbol> = Vec::new();
+    let mut aliases: Vec<(usize, String)> = Vec::new();
+    for sym in symbols {
+        match functions.last() {
+            Some(f) if f.addr == sym.addr => {
+                let i = functions.len() - 1;
+                // The same name twice (a symbol listed twice) is one name.
+                let known = f.name == sym.name
+                    || aliases
+                        .iter()
+                        .rev()
+                        .take_while(|(j, _)| *j == i)
+                        .any(|(_, n)| *n == sym.name);
+                if !known {
+                    aliases.push((i, sym.name));
+                }
+            }
+            _ => functions.push(sym),
+        }
+    }
+    aliases.sort();
+    (functions, aliases)
 }

@@ -488,6 +488,12 @@ fn stale_entries_are_left_out_and_counted() {
         "{summary}"
     );
     assert!(image.function_at(weak[0]).is_none());
+    // The weak body is told apart: a site's bytes at no function's entry.
+    assert_eq!(table.weak, 1);
+    assert!(
+        summary.contains(&format!("{:#x} (overridden __weak)", weak[0])),
+        "{summary}"
+    );
     assert_eq!(image.file_bytes(weak[0], SITE_LEN), Some(&NOP5[..]));
 }
 

@@ -1,6 +1,7 @@
 //! Where the unstripped vmlinux of a bzImage may be, in the order vmtrace
 //! looks: beside it, at the root of the kernel build tree it was built in,
-//! and where distributions install debug symbols for a kernel version.
+//! where distributions install debug symbols for a kernel version, both in
+//! a package unpacked beside the image (`dpkg -x`) and on this system.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,24 @@ pub struct Candidate {
     pub path: PathBuf,
     /// For messages: "beside the bzImage", "the build tree's root", ...
     pub place: &'static str,
+}
+
+/// Where a distribution installs its kernel images (`/boot/vmlinuz-<release>`).
+const BOOT_DIR: &str = "boot";
+/// Where distributions install a kernel's debug symbols, relative to the
+/// root of the file system (or of an unpacked package), and the place's
+/// name for messages.
+fn debug_paths(release: &str) -> [(String, &'static str); 2] {
+    [
+        (
+            format!("usr/lib/debug/boot/vmlinux-{release}"),
+            "the debug-symbol directory",
+        ),
+        (
+            format!("usr/lib/debug/lib/modules/{release}/vmlinux"),
+            "the debug-symbol directory",
+        ),
+    ]
 }
 
 /// The places to look for the vmlinux of the bzImage at `kernel`, in order.
@@ -30,6 +49,7 @@ pub fn candidates(kernel: &Path, release: Option<&str>) -> Vec<Candidate> {
         dir = dir.filter(|d| d.file_name().is_some_and(|n| n == *part));
         dir = dir.and_then(Path::parent);
     }
+    let in_tree = dir.is_some();
     if let Some(tree) = dir {
         out.push(Candidate {
             path: tree.join("vmlinux"),
@@ -37,26 +57,38 @@ pub fn candidates(kernel: &Path, release: Option<&str>) -> Vec<Candidate> {
         });
     }
     // A release that is a plain file name (no '/', not "." or "..").
-    if let Some(r) =
-        release.filter(|r| !r.is_empty() && !r.contains('/') && *r != "." && *r != "..")
-    {
-        for (path, place) in [
-            (
-                format!("/usr/lib/debug/boot/vmlinux-{r}"),
-                "the debug-symbol directory",
-            ),
-            (
-                format!("/usr/lib/debug/lib/modules/{r}/vmlinux"),
-                "the debug-symbol directory",
-            ),
-            (format!("/boot/vmlinux-{r}"), "/boot"),
-        ] {
+    let Some(r) = release.filter(|r| !r.is_empty() && !r.contains('/') && *r != "." && *r != "..")
+    else {
+        return out;
+    };
+    // <root>/boot/vmlinuz-<release>: a package unpacked with `dpkg -x` into
+    // <root>, its -dbg package likely beside it (<root>/usr/lib/debug/...);
+    // not a build tree's arch/x86/boot.
+    let unpacked = kernel
+        .parent()
+        .filter(|_| !in_tree)
+        .filter(|d| d.file_name().is_some_and(|n| n == BOOT_DIR))
+        .and_then(Path::parent)
+        // Not the system's own /boot: that root is searched below.
+        .filter(|root| !root.as_os_str().is_empty() && *root != Path::new("/"));
+    if let Some(root) = unpacked {
+        for (path, _) in debug_paths(r) {
             out.push(Candidate {
-                path: PathBuf::from(path),
-                place,
+                path: root.join(path),
+                place: "the debug-symbol directory under the image's root",
             });
         }
     }
+    for (path, place) in debug_paths(r) {
+        out.push(Candidate {
+            path: Path::new("/").join(path),
+            place,
+        });
+    }
+    out.push(Candidate {
+        path: PathBuf::from(format!("/{BOOT_DIR}/vmlinux-{r}")),
+        place: "/boot",
+    });
     out
 }
 
@@ -96,6 +128,34 @@ mod tests {
         // A relative path in a tree whose root is the current directory.
         let c = candidates(Path::new("arch/x86/boot/bzImage"), None);
         assert_eq!(paths(&c), ["arch/x86/boot/vmlinux", "vmlinux"]);
+        // A package unpacked with `dpkg -x` (its -dbg package beside it):
+        // its debug-symbol places first, then the system's.
+        let c = candidates(
+            Path::new("/tmp/deb/boot/vmlinuz-6.1.0-56-cloud-amd64"),
+            Some("6.1.0-56-cloud-amd64"),
+        );
+        assert_eq!(
+            paths(&c),
+            [
+                "/tmp/deb/boot/vmlinux",
+                "/tmp/deb/usr/lib/debug/boot/vmlinux-6.1.0-56-cloud-amd64",
+                "/tmp/deb/usr/lib/debug/lib/modules/6.1.0-56-cloud-amd64/vmlinux",
+                "/usr/lib/debug/boot/vmlinux-6.1.0-56-cloud-amd64",
+                "/usr/lib/debug/lib/modules/6.1.0-56-cloud-amd64/vmlinux",
+                "/boot/vmlinux-6.1.0-56-cloud-amd64",
+            ]
+        );
+        // The system's /boot and a relative boot/ are looked at once.
+        let c = candidates(
+            Path::new("/boot/vmlinuz-6.1.0-56-amd64"),
+            Some("6.1.0-56-amd64"),
+        );
+        assert_eq!(c.len(), 4);
+        let c = candidates(
+            Path::new("boot/vmlinuz-6.1.0-56-amd64"),
+            Some("6.1.0-56-amd64"),
+        );
+        assert_eq!(c.len(), 4);
         // Not a release that names a file elsewhere.
         let c = candidates(Path::new("/tmp/bzImage"), Some("../../etc"));
         assert_eq!(c.len(), 1);
