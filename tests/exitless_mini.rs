@@ -15,7 +15,16 @@ fn tmp(name: &str) -> std::path::PathBuf {
 /// Run the mini guest traced in exitless mode; the JSON report and what the
 /// guest printed (per (cpu, function) counts).
 fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
-    let kernel = mini_elf();
+    run_kernel(&mini_elf(), cpus, iters, extra)
+}
+
+/// `run` with a variant of the mini guest.
+fn run_kernel(
+    kernel: &std::path::Path,
+    cpus: u32,
+    iters: u64,
+    extra: &[&str],
+) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
     let cpus_s = cpus.to_string();
     let cmdline = format!("iters={iters}");
     let mut args = vec![
@@ -77,6 +86,30 @@ fn exitless_counts_and_callers_are_exact_with_no_trap_exit() {
             assert_eq!(callers[0]["count"], f["count"], "{name}");
         }
     }
+}
+
+/// Linux 6.15+ links the per-CPU section in the kernel image: `cpu_number`
+/// is a kernel address, read as gs:[address] with GS base = area -
+/// __per_cpu_start. The mini guest built that way is traced exactly, as the
+/// zero-based layout is.
+#[test]
+fn exitless_reads_per_cpu_symbols_that_are_kernel_addresses() {
+    let kernel = mini_variant_elf("mini-percpu-addr");
+    assert!(
+        elf_symbol(&kernel, "cpu_number") >= 0xffff_ffff_8000_0000,
+        "the variant's cpu_number is a kernel address"
+    );
+    assert_eq!(
+        elf_symbol(&mini_elf(), "cpu_number"),
+        0,
+        "the default's an offset"
+    );
+    let cpus = 4;
+    let (v, printed) = run_kernel(&kernel, cpus, 1000, &[]);
+    assert_eq!(v["mode"], "exitless");
+    assert_eq!(v["trap_exits"].as_u64(), Some(0));
+    assert_counts_exact(&v, &printed, cpus);
+    assert_eq!(v["dropped"].as_u64(), Some(0));
 }
 
 #[test]

@@ -31,6 +31,14 @@ _start:
 	leaq	mini_percpu(%rip), %rcx
 	addq	%rcx, %rax		/* rax = &mini_percpu[cpu] */
 	movl	%edi, (%rax)		/* ->cpu_number = cpu */
+#ifdef MINI_PERCPU_ADDR
+	/* Linux 6.15+: GS base = the area less __per_cpu_start (support.c),
+	 * also this CPU's __per_cpu_offset entry. */
+	leaq	__per_cpu_start(%rip), %rcx
+	subq	%rcx, %rax
+	leaq	__per_cpu_offset(%rip), %rcx
+	movq	%rax, (%rcx,%rdi,8)
+#endif
 	movq	%rdx, %r8
 	movq	%rax, %rdx
 	shrq	$32, %rdx		/* edx = high half of the GS base */

@@ -17,7 +17,7 @@ use super::layout::RECORD_LEN;
 /// `trampoline::generate`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fields {
-    pub cpu_number_off: i32,
+    pub cpu_number_disp: i32,
     /// Lock the ring's reservation and drop counters (`TrampolineSpec::
     /// preemptible`).
     pub locked: bool,
@@ -52,7 +52,7 @@ pub(super) fn emit_reserve(
 ) -> Result<(), IcedError> {
     let mut retry = a.create_label();
     // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
-    a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
+    a.mov(r10d, dword_ptr(f.cpu_number_disp).gs())?;
     // r10 = offset of this CPU's ring from DATA_VA.
     a.imul_3(r10, r10, f.ring_bytes)?;
     // rax = head, the byte offset of the next record to reserve.

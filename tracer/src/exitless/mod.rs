@@ -21,7 +21,7 @@
 //!
 //! # Rings (one per guest CPU, found through the CPU's own per-CPU data:
 //! `mov r10d, gs:[cpu_number]`, what the kernel's `smp_processor_id()`
-//! reads; every attach checks that each CPU's number is below the vCPU
+//! reads, in either per-CPU layout (`percpu`); every attach checks that each CPU's number is below the vCPU
 //! count there, since the trampoline indexes the rings with it unchecked)
 //!
 //! At `DATA_VA + cpu * layout.ring_bytes`:
@@ -64,6 +64,7 @@ pub mod collect;
 pub mod graph_code;
 pub mod layout;
 pub mod map;
+pub mod percpu;
 pub mod ring;
 pub mod state;
 pub mod trampoline;

@@ -13,15 +13,17 @@ use super::layout::{
     LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
 };
 use super::map::{self, MapError, Mapped};
+use super::percpu::PerCpuVar;
 use super::ring::{self, RingError};
 use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
+use crate::kaslr::KernelOffset;
 use crate::model::Event;
 use crate::record::{Counters, SiteIndex};
 use crate::sites::SITE_LEN;
 use crate::symbols::KernelImage;
 
-/// The kernel's per-CPU CPU number (`smp_processor_id()`); its symbol's value
-/// is its offset in each CPU's per-CPU area, which GS points at in the kernel.
+/// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS
+/// in either per-CPU layout (`percpu`).
 pub const CPU_NUMBER: &str = "cpu_number";
 /// Linux 6.2 to 6.14 keep it in the per-CPU `struct pcpu_hot`
 /// (arch/x86/include/asm/current.h): after `current_task` (8 bytes) and
@@ -45,8 +47,13 @@ pub enum ExitlessError {
         path = .0.display()
     )]
     NoCpuNumber(std::path::PathBuf),
-    #[error("{path}: `{CPU_NUMBER}` is at {off:#x}, not a per-CPU offset; use --mode trap", path = .path.display())]
+    #[error(
+        "{path}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) nor a kernel address (6.15+); use --mode trap",
+        path = .path.display()
+    )]
     BadCpuNumber { path: std::path::PathBuf, off: u64 },
+    #[error("the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of reach of a gs:[disp32]; use --mode trap")]
+    CpuNumberOutOfReach { link: u64, runtime: u64 },
     #[error(
         "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the guest has {cpus} vCPUs): \
          the symbols do not describe this kernel's per-CPU layout; use --mode trap"
@@ -54,7 +61,7 @@ pub enum ExitlessError {
     CpuNumberMismatch {
         cpu: usize,
         value: u32,
-        off: u32,
+        off: u64,
         cpus: usize,
     },
     #[error(transparent)]
@@ -84,8 +91,11 @@ pub enum ExitlessError {
 pub struct Exitless {
     pub layout: RingLayout,
     pub trampoline: Trampoline,
-    /// Where in each CPU's per-CPU area the trampoline reads its CPU number.
-    cpu_number_off: u32,
+    /// What the trampoline was generated for (its CPU number's displacement
+    /// is the link-time one until `resolve`).
+    spec: TrampolineSpec,
+    /// The kernel's CPU number, in its per-CPU layout.
+    cpu_number: PerCpuVar,
     /// Code written and rings initialised: later attaches reuse them (a task
     /// may still be inside the trampoline from an earlier attach).
     installed: bool,
@@ -95,39 +105,42 @@ pub struct Exitless {
     mem: Option<GuestMemoryMmap>,
 }
 
-/// The rings and the code for this image, CPU count and site count.
+/// The rings and the code for this image, CPU count and site count (at
+/// the kernel's link addresses: `Exitless::resolve` moves them).
 fn plan(
     image: &KernelImage,
     cpus: usize,
     sites: usize,
     ring_records: Option<u64>,
     graph: bool,
-) -> Result<(RingLayout, Trampoline, u32), ExitlessError> {
+) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
         (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
         (None, None) => return Err(ExitlessError::NoCpuNumber(image.path.clone())),
     };
-    // A per-CPU offset is small: gs:[disp32] with a positive displacement.
-    let cpu_number_off = u32::try_from(addr)
-        .ok()
-        .filter(|&o| o < i32::MAX as u32)
-        .ok_or_else(|| ExitlessError::BadCpuNumber {
-            path: image.path.clone(),
-            off: addr,
-        })?;
-    let layout = RingLayout::new(cpus, sites, ring_records, graph)?;
-    let trampoline = trampoline::generate(&TrampolineSpec {
-        layout,
-        cpu_number_off,
+    let bad = || ExitlessError::BadCpuNumber {
+        path: image.path.clone(),
+        off: addr,
+    };
+    let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+    let spec = TrampolineSpec {
+        layout: RingLayout::new(cpus, sites, ring_records, graph)?,
+        cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
         preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
-    })?;
+    };
+    Ok((generate(&spec)?, spec, cpu_number))
+}
+
+/// The trampoline for `spec`, if it fits its code page.
+fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessError> {
+    let trampoline = trampoline::generate(spec)?;
     if trampoline.code.len() as u64 > CODE_LEN {
         return Err(ExitlessError::CodeTooBig {
             len: trampoline.code.len(),
         });
     }
-    Ok((layout, trampoline, cpu_number_off))
+    Ok(trampoline)
 }
 
 impl Exitless {
@@ -152,16 +165,44 @@ impl Exitless {
         graph: bool,
         sink: Sender<Vec<Event>>,
     ) -> Result<Exitless, ExitlessError> {
-        let (layout, trampoline, cpu_number_off) = plan(image, cpus, sites, ring_records, graph)?;
+        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph)?;
         Ok(Exitless {
-            layout,
+            layout: spec.layout,
             trampoline,
-            cpu_number_off,
+            spec,
+            cpu_number,
             installed: false,
             sink: Some(sink),
             drainer: None,
             mem: None,
         })
+    }
+
+    /// Fit the code to the running kernel before its first install: the
+    /// CPU number's displacement where KASLR (`off`) moved it (Linux 6.15+
+    /// per-CPU symbols are kernel addresses). Later calls change nothing.
+    pub fn resolve(&mut self, off: KernelOffset) -> Result<(), ExitlessError> {
+        if self.installed {
+            return Ok(());
+        }
+        let disp = self
+            .cpu_number
+            .gs_disp(off)
+            .ok_or(ExitlessError::CpuNumberOutOfReach {
+                link: self.cpu_number.link,
+                runtime: off.runtime(self.cpu_number.link),
+            })?;
+        let spec = TrampolineSpec {
+            cpu_number_disp: disp,
+            ..self.spec
+        };
+        if spec != self.spec {
+            // The same code but for displacements and immediates of fixed
+            // width: every stub and body stays where it was.
+            self.trampoline = generate(&spec)?;
+            self.spec = spec;
+        }
+        Ok(())
     }
 
     /// Map the region and, the first time, write the code and reset the
@@ -207,7 +248,7 @@ impl Exitless {
     ) -> Result<(), ExitlessError> {
         check_cpu_numbers(
             space,
-            self.cpu_number_off,
+            self.spec.cpu_number_disp,
             self.layout.cpus,
             gs_bases,
             per_cpu_offset,
@@ -275,14 +316,17 @@ impl Exitless {
 }
 
 /// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
-/// per-CPU offset `off`.
+/// `gs:[disp]`: GS base + the sign-extended `disp` in either per-CPU layout
+/// (`percpu`; from 6.15 a CPU not set up has a 0 entry, so it reads the
+/// template in the image, whose number is 0, as before 6.15).
 fn check_cpu_numbers(
     space: &mut AddressSpace<'_>,
-    off: u32,
+    disp: i32,
     cpus: usize,
     gs_bases: &[(usize, u64)],
     per_cpu_offset: Option<u64>,
 ) -> Result<(), ExitlessError> {
+    let off = i64::from(disp) as u64;
     let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
         cpu,
         value,
@@ -291,7 +335,7 @@ fn check_cpu_numbers(
     };
     let read_number = |space: &mut AddressSpace<'_>, base: u64| {
         space
-            .read_array::<4>(base.wrapping_add(u64::from(off)))
+            .read_array::<4>(base.wrapping_add(off))
             .ok()
             .map(u32::from_le_bytes)
     };
@@ -334,7 +378,7 @@ mod tests {
         mem
     }
 
-    const OFF: u32 = 0x20;
+    const OFF: i32 = 0x20;
     /// Per-CPU areas at 1 MiB + i * 64 KiB; the template at 4 MiB.
     fn area(cpu: u64) -> u64 {
         0x10_0000 + cpu * 0x1_0000
@@ -349,7 +393,7 @@ mod tests {
     fn guest(numbers: &[u32], set_up: usize) -> GuestMemoryMmap {
         let mem = memory();
         for (i, &n) in numbers.iter().enumerate() {
-            mem.write_obj(n, GuestAddress(area(i as u64) + u64::from(OFF)))
+            mem.write_obj(n, GuestAddress(area(i as u64) + OFF as u64))
                 .unwrap();
         }
         for i in 0..8u64 {

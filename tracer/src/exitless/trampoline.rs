@@ -28,7 +28,7 @@
 //! ```text
 //! common: push rax
 //!         push rdx
-//!         mov r10d, gs:[cpu_number_off]
+//!         mov r10d, gs:[cpu_number]
 //!         imul r10, r10, ring_bytes
 //!         mov rax, [r10 + R + HEAD_OFF]
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
@@ -150,10 +150,11 @@ pub enum Shape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrampolineSpec {
     pub layout: RingLayout,
-    /// The guest kernel's per-CPU offset of `cpu_number` (its address in
-    /// the per-CPU section, which on x86-64 starts at 0): the trampoline
-    /// reads `gs:[cpu_number_off]`, as `smp_processor_id()` does.
-    pub cpu_number_off: u32,
+    /// The displacement at which `gs:[disp32]` reads the guest kernel's
+    /// `cpu_number`, as `smp_processor_id()` does: its offset in the per-CPU
+    /// area up to Linux 6.14, its (sign-extended) running address from 6.15
+    /// (`percpu::PerCpuVar::gs_disp`).
+    pub cpu_number_disp: i32,
     /// Can a task be preempted, and so moved to another CPU, inside the
     /// trampoline (a kernel with `CONFIG_PREEMPTION`)? Then the ring's
     /// reservation and drop counters are `lock`ed; otherwise only the CPU
@@ -166,10 +167,6 @@ pub struct TrampolineSpec {
 /// Why the trampoline cannot be made or a site cannot call it.
 #[derive(Debug, thiserror::Error)]
 pub enum TrampolineError {
-    #[error(
-        "the guest's per-CPU offset of cpu_number, {0:#x}, is not a signed 32-bit displacement"
-    )]
-    CpuNumberOffset(u32),
     #[error(
         "the ring layout ({cpus} CPUs, {cap} records, {ring_bytes:#x} bytes per ring, records at {records_off:#x}) cannot be addressed by the trampoline: {why}"
     )]
@@ -400,8 +397,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         ));
     }
     let sites = layout.sites;
-    let cpu_number_off = i32::try_from(spec.cpu_number_off)
-        .map_err(|_| TrampolineError::CpuNumberOffset(spec.cpu_number_off))?;
     // `imul r10, r10, imm32`: the ring size must be a positive imm32.
     let ring_bytes = i32::try_from(layout.ring_bytes)
         .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
@@ -426,7 +421,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let fields = Fields {
-        cpu_number_off,
+        cpu_number_disp: spec.cpu_number_disp,
         locked: spec.preemptible,
         ring_bytes,
         slot_mask,
@@ -635,12 +630,12 @@ mod tests {
 
     /// A per-CPU offset like Linux's (`cpu_number` is in the first pages of
     /// the per-CPU section).
-    const CPU_NUMBER_OFF: u32 = 0x1c11c;
+    const CPU_NUMBER_OFF: i32 = 0x1c11c;
 
     fn spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), false).unwrap(),
-            cpu_number_off: CPU_NUMBER_OFF,
+            cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
         }
     }
@@ -648,7 +643,7 @@ mod tests {
     fn graph_spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), true).unwrap(),
-            cpu_number_off: CPU_NUMBER_OFF,
+            cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
         }
     }
@@ -958,7 +953,7 @@ mod tests {
                         }
                         Register::None => {
                             assert_eq!(i.segment_prefix(), Register::GS);
-                            assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
+                            assert_eq!(i.memory_displacement64(), CPU_NUMBER_OFF as u64);
                             assert_eq!(i.memory_size().size(), 4);
                         }
                         // Not a data access: lea rdx, [rax + RECORD_LEN].
@@ -1101,12 +1096,6 @@ mod tests {
     #[test]
     fn refuses_what_it_cannot_address_or_fit() {
         let mut s = spec(1, 1, 2);
-        s.cpu_number_off = 0x8000_0000;
-        assert!(matches!(
-            generate(&s),
-            Err(TrampolineError::CpuNumberOffset(0x8000_0000))
-        ));
-        let mut s = spec(1, 1, 2);
         s.layout.cap = 3;
         assert!(matches!(generate(&s), Err(TrampolineError::Layout { .. })));
         // Each stub takes at least 7 bytes: 2 MiB of code holds < 300,000.
@@ -1119,7 +1108,7 @@ mod tests {
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
             },
-            cpu_number_off: 0,
+            cpu_number_disp: 0,
             preemptible: true,
         };
         let err = generate(&s).unwrap_err();
@@ -1149,11 +1138,8 @@ mod tests {
         ])
         .unwrap();
         for (i, &n) in cpu_numbers.iter().enumerate() {
-            mem.write_obj(
-                n,
-                GuestAddress(gs_base(i as u32) + u64::from(CPU_NUMBER_OFF)),
-            )
-            .unwrap();
+            mem.write_obj(n, GuestAddress(gs_base(i as u32) + CPU_NUMBER_OFF as u64))
+                .unwrap();
         }
         mem
     }

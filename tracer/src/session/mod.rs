@@ -475,6 +475,7 @@ impl Tracer {
                     .image
                     .symbol(crate::exitless::state::PER_CPU_OFFSET)
                     .map(|s| off.runtime(s.addr));
+                ex.resolve(off)?;
                 ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
                 mapped = Some(ex.install(&mut space)?);
                 let ex: &Exitless = ex;
