@@ -53,6 +53,30 @@ _start:
 	jmp	.Lpark
 	.size _start, . - _start
 
+#ifdef MINI_RETHUNK
+/* mini-rethunk (C built with -mfunction-return=thunk-extern): every C
+ * function returns by `jmp __x86_return_thunk`, as in a kernel built with
+ * CONFIG_MITIGATION_RETHUNK. The thunk counts this CPU's returns in its
+ * per-CPU area (support.c: return_thunk_hits, 8 bytes after cpu_number; incq
+ * clobbers flags only, as the kernel's thunks) and returns. */
+	.globl __x86_return_thunk
+	.type __x86_return_thunk, @function
+__x86_return_thunk:
+	incq	%gs:cpu_number+8
+	ret
+	int3
+	.size __x86_return_thunk, . - __x86_return_thunk
+
+/* What a site's `call __fentry__` reached before ftrace NOPed it: on such a
+ * kernel, its RET is `jmp __x86_return_thunk` (arch/x86/kernel/ftrace_64.S);
+ * vmtrace reads it to learn how the kernel returns. */
+	.globl __fentry__
+	.type __fentry__, @function
+__fentry__:
+	jmp	__x86_return_thunk
+	.size __fentry__, . - __fentry__
+#endif
+
 /* #BP: count and return. Touches no register; iretq restores RFLAGS. */
 	.globl mini_int3_entry
 	.type mini_int3_entry, @function

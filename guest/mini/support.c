@@ -258,6 +258,9 @@ notrace void bad_end(int how)
  * number), read as gs:[cpu_number], as Linux's smp_processor_id() does. */
 struct mini_percpu {
 	unsigned int cpu_number;
+	/* mini-rethunk: this CPU's returns through __x86_return_thunk, at
+	 * gs:[cpu_number + 8] (entry.S). */
+	unsigned long return_thunk_hits;
 } __attribute__((aligned(64)));
 struct mini_percpu mini_percpu[MINI_MAX_CPUS];
 #ifdef MINI_PERCPU_ADDR

@@ -5,10 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use iced_x86::{Instruction, Register};
-use tracer::exitless::state::Exitless;
+use iced_x86::{Code, Instruction, Mnemonic, Register};
+use tracer::exitless::ret::Return;
+use tracer::exitless::state::{Exitless, Resolved};
 use tracer::kaslr::KernelOffset;
 use tracer::symbols::KernelImage;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::layout::KERNEL_MAP_BASE;
 
 /// guest/out/NAME.elf, built by guest/build.sh (a no-op when up to date).
 fn mini(name: &str) -> PathBuf {
@@ -24,6 +28,26 @@ fn mini(name: &str) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     root.join(format!("guest/out/{name}.elf"))
+}
+
+/// Guest memory with the VMM's boot page tables (the kernel map onto
+/// physical 0) and the image's text where KASLR (`off`) put it.
+fn guest(image: &KernelImage, off: KernelOffset) -> GuestMemoryMmap {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+    vmm::boot::regs::setup_page_tables(&mem).unwrap();
+    let (start, end) = image.text.unwrap();
+    let text = image.file_bytes(start, (end - start) as usize).unwrap();
+    mem.write_slice(text, GuestAddress(off.runtime(start) - KERNEL_MAP_BASE))
+        .unwrap();
+    mem
+}
+
+/// `Exitless::resolve` on a guest that runs `image` at `off`.
+fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolved {
+    let mem = guest(image, off);
+    let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    ex.resolve(&mut space, image, off)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn prepare(image: &KernelImage) -> Exitless {
@@ -55,7 +79,7 @@ fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
     let old = KernelImage::load(&mini("mini")).unwrap();
     assert_eq!(old.symbol("cpu_number").unwrap().addr, 0);
     let mut ex = prepare(&old);
-    ex.resolve(slide).unwrap();
+    assert_eq!(resolve(&mut ex, &old, slide), Resolved::Ready);
     assert_eq!(cpu_number_read(&ex).memory_displacement64(), 0);
 
     // 6.15+: a kernel address, where KASLR moved it.
@@ -65,7 +89,7 @@ fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
     let mut ex = prepare(&new);
     let stubs: Vec<u64> = (0..3).map(|k| ex.trampoline.stub_va(k)).collect();
     assert_eq!(cpu_number_read(&ex).memory_displacement64(), link);
-    ex.resolve(slide).unwrap();
+    assert_eq!(resolve(&mut ex, &new, slide), Resolved::Ready);
     assert_eq!(
         cpu_number_read(&ex).memory_displacement64(),
         link + 0x2a0_0000
@@ -73,4 +97,48 @@ fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
     // Regenerated in place: the sites' targets did not move.
     let after: Vec<u64> = (0..3).map(|k| ex.trampoline.stub_va(k)).collect();
     assert_eq!(after, stubs);
+}
+
+/// A kernel whose returns go through a return thunk (the mini guest built
+/// with -mfunction-return=thunk-extern; its `__fentry__` is
+/// `jmp __x86_return_thunk`): vmtrace's code returns through the same thunk,
+/// where KASLR put it, with no bare `ret` and no more instructions.
+#[test]
+fn the_code_returns_through_the_kernels_return_thunk() {
+    let image = KernelImage::load(&mini("mini-rethunk")).unwrap();
+    let thunk = image.symbol("__x86_return_thunk").unwrap().addr;
+    for off in [
+        KernelOffset::NONE,
+        KernelOffset {
+            virt: 0x200_0000,
+            phys: 0x200_0000,
+        },
+    ] {
+        let mut ex = prepare(&image);
+        assert_eq!(ex.ret(), Return::default(), "ret; int3 until resolved");
+        assert_eq!(resolve(&mut ex, &image, off), Resolved::Ready);
+        assert_eq!(
+            ex.ret(),
+            Return {
+                depth: None,
+                thunk: Some(off.runtime(thunk))
+            }
+        );
+        let path = &ex.trampoline.common_path;
+        let last = path.last().unwrap();
+        assert_eq!(last.code(), Code::Jmp_rel32_64);
+        assert_eq!(last.near_branch_target(), off.runtime(thunk));
+        assert_eq!(path.len(), 21);
+        assert!(path.iter().all(|i| i.mnemonic() != Mnemonic::Ret));
+        println!("{}", ex.trampoline.listing());
+    }
+    // The default mini guest has no __fentry__: `ret; int3`.
+    let plain = KernelImage::load(&mini("mini")).unwrap();
+    let mut ex = prepare(&plain);
+    resolve(&mut ex, &plain, KernelOffset::NONE);
+    assert_eq!(ex.ret(), Return::default());
+    assert_eq!(
+        ex.trampoline.common_path.last().unwrap().mnemonic(),
+        Mnemonic::Ret
+    );
 }

@@ -4,6 +4,8 @@
 //! `SiteIndex`). The stub loads k + 1 and jumps to one common trampoline,
 //! which appends a record to the calling CPU's ring and returns: no VM exit.
 //! A collector thread on the host drains the rings while the guest runs.
+//! It returns as the kernel's `__fentry__` does (`ret`: `ret; int3`, or
+//! through the kernel's return thunk and call depth accounting).
 //!
 //! # Where it lives
 //! A region of guest-physical memory the guest is never told about (its own
@@ -65,6 +67,7 @@ pub mod graph_code;
 pub mod layout;
 pub mod map;
 pub mod percpu;
+pub mod ret;
 pub mod ring;
 pub mod state;
 pub mod trampoline;

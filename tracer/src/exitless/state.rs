@@ -14,6 +14,7 @@ use super::layout::{
 };
 use super::map::{self, MapError, Mapped};
 use super::percpu::PerCpuVar;
+use super::ret::{Return, ReturnError};
 use super::ring::{self, RingError};
 use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
 use crate::kaslr::KernelOffset;
@@ -68,6 +69,8 @@ pub enum ExitlessError {
     Layout(#[from] LayoutError),
     #[error(transparent)]
     Trampoline(#[from] TrampolineError),
+    #[error(transparent)]
+    Return(#[from] ReturnError),
     #[error(transparent)]
     Map(#[from] MapError),
     #[error(transparent)]
@@ -128,6 +131,8 @@ fn plan(
         layout: RingLayout::new(cpus, sites, ring_records, graph)?,
         cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
         preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
+        // `ret; int3` until `resolve` reads how the kernel returns.
+        ret: Default::default(),
     };
     Ok((generate(&spec)?, spec, cpu_number))
 }
@@ -180,10 +185,18 @@ impl Exitless {
 
     /// Fit the code to the running kernel before its first install: the
     /// CPU number's displacement where KASLR (`off`) moved it (Linux 6.15+
-    /// per-CPU symbols are kernel addresses). Later calls change nothing.
-    pub fn resolve(&mut self, off: KernelOffset) -> Result<(), ExitlessError> {
+    /// per-CPU symbols are kernel addresses), and returns as the kernel's
+    /// `__fentry__` returns now (`ret`). `AlternativesPending` while the
+    /// kernel has not yet chosen its return mitigations (nothing changed:
+    /// retry later). Calls after the first install change nothing.
+    pub fn resolve(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        image: &KernelImage,
+        off: KernelOffset,
+    ) -> Result<Resolved, ExitlessError> {
         if self.installed {
-            return Ok(());
+            return Ok(Resolved::Ready);
         }
         let disp = self
             .cpu_number
@@ -192,17 +205,38 @@ impl Exitless {
                 link: self.cpu_number.link,
                 runtime: off.runtime(self.cpu_number.link),
             })?;
+        let ret = match image.symbol(crate::sites::FENTRY) {
+            // The mini guest's default build: nothing to follow.
+            None => Return::default(),
+            Some(f) => {
+                let va = off.runtime(f.addr);
+                let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
+                    ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
+                })?;
+                Return::from_fentry(&code, va)?
+            }
+        };
+        if ret != Return::default() && alternatives_pending(space, image, off) {
+            return Ok(Resolved::AlternativesPending);
+        }
         let spec = TrampolineSpec {
             cpu_number_disp: disp,
+            ret,
             ..self.spec
         };
         if spec != self.spec {
-            // The same code but for displacements and immediates of fixed
-            // width: every stub and body stays where it was.
+            // Displacements and immediates differ; with a return thunk or
+            // depth accounting the bodies are longer, so the sites' targets
+            // are taken from the new code (nothing is patched yet).
             self.trampoline = generate(&spec)?;
             self.spec = spec;
         }
-        Ok(())
+        Ok(Resolved::Ready)
+    }
+
+    /// How the trampoline returns (after `resolve`).
+    pub fn ret(&self) -> Return {
+        self.spec.ret
     }
 
     /// Map the region and, the first time, write the code and reset the
@@ -313,6 +347,38 @@ impl Exitless {
             n => Err(ExitlessError::BadRecords(n)),
         }
     }
+}
+
+/// What `Exitless::resolve` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The code fits the running kernel.
+    Ready,
+    /// The kernel's `__fentry__` still returns through the compiler's
+    /// return thunk, but the kernel has not applied its alternatives yet
+    /// (`alternatives_patched` is 0): it will rewrite every return then.
+    AlternativesPending,
+}
+
+/// Bytes of `__fentry__` read to see how it returns (`Return::from_fentry`
+/// reads at most 8 instructions; its body is about 14 bytes).
+const FENTRY_READ: usize = 48;
+/// Set to 1 when the kernel has applied its alternatives, return sites
+/// included (arch/x86/kernel/alternative.c).
+pub const ALTERNATIVES_PATCHED: &str = "alternatives_patched";
+
+/// Has a kernel with `alternatives_patched` not set it yet?
+fn alternatives_pending(
+    space: &mut AddressSpace<'_>,
+    image: &KernelImage,
+    off: KernelOffset,
+) -> bool {
+    image.symbol(ALTERNATIVES_PATCHED).is_some_and(|s| {
+        space
+            .read_array::<4>(off.runtime(s.addr))
+            .map(u32::from_le_bytes)
+            == Ok(0)
+    })
 }
 
 /// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
