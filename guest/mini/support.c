@@ -263,6 +263,14 @@ struct mini_percpu {
 	unsigned long return_thunk_hits;
 } __attribute__((aligned(64)));
 struct mini_percpu mini_percpu[MINI_MAX_CPUS];
+#ifdef MINI_RETHUNK
+/* Linux sets this once it has applied its alternatives, return sites
+ * included (alternative_instructions()); this guest applies none, so it is
+ * set from the start. vmtrace waits for it before reading how __fentry__
+ * returns. */
+int alternatives_patched = 1;
+#endif
+
 #ifdef MINI_PERCPU_ADDR
 /* Linux 6.15+ (x86/percpu/64: relative per-CPU offsets): the per-CPU section
  * is linked in the kernel image like any data, so `cpu_number` is a kernel

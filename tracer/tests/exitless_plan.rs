@@ -39,6 +39,15 @@ fn guest(image: &KernelImage, off: KernelOffset) -> GuestMemoryMmap {
     let text = image.file_bytes(start, (end - start) as usize).unwrap();
     mem.write_slice(text, GuestAddress(off.runtime(start) - KERNEL_MAP_BASE))
         .unwrap();
+    // And the flag `resolve` reads, as the file has it.
+    if let Some(flag) = image.symbol("alternatives_patched") {
+        let value = image.file_bytes(flag.addr, 4).unwrap();
+        mem.write_slice(
+            value,
+            GuestAddress(off.runtime(flag.addr) - KERNEL_MAP_BASE),
+        )
+        .unwrap();
+    }
     mem
 }
 
@@ -132,6 +141,19 @@ fn the_code_returns_through_the_kernels_return_thunk() {
         assert!(path.iter().all(|i| i.mnemonic() != Mnemonic::Ret));
         println!("{}", ex.trampoline.listing());
     }
+    // Before the kernel applied its alternatives its returns may still
+    // change: nothing is decided until `alternatives_patched` is set.
+    let mut ex = prepare(&image);
+    let flag = image.symbol("alternatives_patched").unwrap().addr;
+    let mem = guest(&image, KernelOffset::NONE);
+    let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    for (value, want) in [(0u32, Resolved::AlternativesPending), (1, Resolved::Ready)] {
+        mem.write_obj(value, GuestAddress(flag - KERNEL_MAP_BASE))
+            .unwrap();
+        let got = ex.resolve(&mut space, &image, KernelOffset::NONE).unwrap();
+        assert_eq!(got, want);
+    }
+    assert_eq!(ex.ret().thunk, Some(thunk));
     // The default mini guest has no __fentry__: `ret; int3`.
     let plain = KernelImage::load(&mini("mini")).unwrap();
     let mut ex = prepare(&plain);
