@@ -13,6 +13,9 @@
 //!   every return site (`.return_sites`, `apply_returns`) to one of these at
 //!   boot, so `__fentry__`'s own return says which, and where the thunk is.
 //!   ftrace's dynamic trampolines end the same way (`create_trampoline`).
+//!   (With ITS's thunk the kernel keeps a plain `ret` where a return's
+//!   address allows it, `cpu_wants_rethunk_at`; the thunk is safe at any
+//!   address, so vmtrace always takes it.)
 //! - `CALL_DEPTH_ACCOUNT` (`sar qword gs:[__x86_call_depth], 5`, patched in
 //!   only with `X86_FEATURE_CALL_DEPTH`) accounts for the site's call, which
 //!   no call thunk saw: the return thunk then `shl`s the depth back, and the
