@@ -3,6 +3,10 @@
 #
 #   bash guest/build.sh mini           -> guest/out/mini.elf
 #   bash guest/build.sh mini-noftrace  -> guest/out/mini-noftrace.elf (no ftrace sites)
+#   bash guest/build.sh mini-percpu-addr -> guest/out/mini-percpu-addr.elf (per-CPU
+#                                      symbols as kernel addresses, as Linux 6.15+)
+#   bash guest/build.sh mini-rethunk   -> guest/out/mini-rethunk.elf (returns through
+#                                      a counting __x86_return_thunk)
 #   bash guest/build.sh linux [ARGS]   -> runs guest/linux/build.sh ARGS
 #   bash guest/build.sh linux-acpi [ARGS] -> linux/build.sh --variant acpi ARGS,
 #                                      guest/out/linux-acpi/{bzImage,vmlinux,...}
@@ -22,7 +26,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
 	exit 1
 }
 
@@ -55,6 +59,12 @@ build_mini() {
 			case "$f" in -pg | -mfentry | -mrecord-mcount | -mnop-mcount | -DMINI_FTRACE) ;; *) cflags+=("$f") ;; esac
 		done
 	fi
+	# Linux 6.15+'s per-CPU layout: the section linked in the image, its
+	# symbols kernel addresses, GS base = area - __per_cpu_start.
+	[[ "$name" == mini-percpu-addr ]] && cflags+=(-DMINI_PERCPU_ADDR)
+	# A kernel built with CONFIG_MITIGATION_RETHUNK: every C return is a
+	# `jmp __x86_return_thunk` (entry.S's counts them per CPU).
+	[[ "$name" == mini-rethunk ]] && cflags+=(-DMINI_RETHUNK -mfunction-return=thunk-extern)
 
 	if ! command -v "$CC" >/dev/null 2>&1; then
 		echo "guest/build.sh: $CC not found; install it with: apt-get install gcc" >&2
@@ -89,7 +99,7 @@ build_mini() {
 target="$1"
 shift
 case "$target" in
-mini | mini-noftrace)
+mini | mini-noftrace | mini-percpu-addr | mini-rethunk)
 	build_mini "$target"
 	;;
 linux)

@@ -16,7 +16,16 @@ fn tmp(name: &str) -> std::path::PathBuf {
 /// Run the mini guest traced in exitless mode; the JSON report and what the
 /// guest printed (per (cpu, function) counts).
 fn run(cpus: u32, iters: u64, extra: &[&str]) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
-    let kernel = mini_elf();
+    run_kernel(&mini_elf(), cpus, iters, extra)
+}
+
+/// `run` with a variant of the mini guest.
+fn run_kernel(
+    kernel: &std::path::Path,
+    cpus: u32,
+    iters: u64,
+    extra: &[&str],
+) -> (serde_json::Value, BTreeMap<(u32, String), u64>) {
     let cpus_s = cpus.to_string();
     let cmdline = format!("iters={iters}");
     let mut args = vec![
@@ -77,6 +86,87 @@ fn exitless_counts_and_callers_are_exact_with_no_trap_exit() {
             assert_eq!(callers[0]["name"], want, "{name}");
             assert_eq!(callers[0]["count"], f["count"], "{name}");
         }
+    }
+}
+
+/// Linux 6.15+ links the per-CPU section in the kernel image: `cpu_number`
+/// is a kernel address, read as gs:[address] with GS base = area -
+/// __per_cpu_start. The mini guest built that way is traced exactly, as the
+/// zero-based layout is.
+#[test]
+fn exitless_reads_per_cpu_symbols_that_are_kernel_addresses() {
+    let kernel = mini_variant_elf("mini-percpu-addr");
+    assert!(
+        elf_symbol(&kernel, "cpu_number") >= 0xffff_ffff_8000_0000,
+        "the variant's cpu_number is a kernel address"
+    );
+    assert_eq!(
+        elf_symbol(&mini_elf(), "cpu_number"),
+        0,
+        "the default's an offset"
+    );
+    let cpus = 4;
+    let (v, printed) = run_kernel(&kernel, cpus, 1000, &[]);
+    assert_eq!(v["mode"], "exitless");
+    assert_eq!(v["trap_exits"].as_u64(), Some(0));
+    assert_counts_exact(&v, &printed, cpus);
+    assert_eq!(v["dropped"].as_u64(), Some(0));
+}
+
+/// The mini guest built with return thunks (-mfunction-return=thunk-extern:
+/// every C return is `jmp __x86_return_thunk`, which counts its runs per
+/// vCPU) traced in `mode`; per vCPU: (thunk runs, traced calls).
+fn thunk_runs(mode: &str, graph: bool) -> BTreeMap<u32, (u64, u64)> {
+    let kernel = mini_variant_elf("mini-rethunk");
+    let mut args = vec![
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        "2",
+        "--cmdline",
+        "iters=300",
+        "--trace",
+        "hrtimer_*",
+        "--mode",
+        mode,
+    ];
+    if graph {
+        args.push("--graph");
+    }
+    let (out, v) = run_json(&args);
+    let console = stderr(&out);
+    let (printed, done) = parse_mini_console(&console);
+    assert_eq!(done, [0, 1], "{console}");
+    let stats = parse_mini_stats(&console);
+    let mut per_cpu = BTreeMap::new();
+    for cpu in 0..2u32 {
+        let mut calls = 0;
+        for f in v["functions"].as_array().unwrap() {
+            let name = f["name"].as_str().unwrap();
+            let n = f["per_cpu"][cpu.to_string()].as_u64().unwrap();
+            assert_eq!(n, printed[&(cpu, name.to_string())], "{name} on vCPU {cpu}");
+            calls += n;
+        }
+        per_cpu.insert(cpu, (stats[&(cpu, "return_thunk_hits".to_string())], calls));
+    }
+    per_cpu
+}
+
+/// A kernel with return thunks: vmtrace's code returns through the
+/// kernel's thunk, as the kernel's own `__fentry__` does, once per recorded
+/// call (and once more per hooked return with the graph); traps run no guest
+/// code. Exact per vCPU, on real KVM.
+#[test]
+fn exitless_code_returns_through_the_guests_return_thunk() {
+    let trap = thunk_runs("trap", false);
+    let exitless = thunk_runs("exitless", false);
+    let graph = thunk_runs("exitless", true);
+    for cpu in 0..2 {
+        let (own, calls) = trap[&cpu];
+        assert!(own > 0 && calls > 0, "vCPU {cpu}: {own} {calls}");
+        assert_eq!(exitless[&cpu], (own + calls, calls), "vCPU {cpu}");
+        // Every hrtimer_* call returns: its entry and its return.
+        assert_eq!(graph[&cpu], (own + 2 * calls, calls), "vCPU {cpu}");
     }
 }
 

@@ -31,6 +31,14 @@ _start:
 	leaq	mini_percpu(%rip), %rcx
 	addq	%rcx, %rax		/* rax = &mini_percpu[cpu] */
 	movl	%edi, (%rax)		/* ->cpu_number = cpu */
+#ifdef MINI_PERCPU_ADDR
+	/* Linux 6.15+: GS base = the area less __per_cpu_start (support.c),
+	 * also this CPU's __per_cpu_offset entry. */
+	leaq	__per_cpu_start(%rip), %rcx
+	subq	%rcx, %rax
+	leaq	__per_cpu_offset(%rip), %rcx
+	movq	%rax, (%rcx,%rdi,8)
+#endif
 	movq	%rdx, %r8
 	movq	%rax, %rdx
 	shrq	$32, %rdx		/* edx = high half of the GS base */
@@ -44,6 +52,30 @@ _start:
 	hlt
 	jmp	.Lpark
 	.size _start, . - _start
+
+#ifdef MINI_RETHUNK
+/* mini-rethunk (C built with -mfunction-return=thunk-extern): every C
+ * function returns by `jmp __x86_return_thunk`, as in a kernel built with
+ * CONFIG_MITIGATION_RETHUNK. The thunk counts this CPU's returns in its
+ * per-CPU area (support.c: return_thunk_hits, 8 bytes after cpu_number; incq
+ * clobbers flags only, as the kernel's thunks) and returns. */
+	.globl __x86_return_thunk
+	.type __x86_return_thunk, @function
+__x86_return_thunk:
+	incq	%gs:cpu_number+8
+	ret
+	int3
+	.size __x86_return_thunk, . - __x86_return_thunk
+
+/* What a site's `call __fentry__` reached before ftrace NOPed it: on such a
+ * kernel, its RET is `jmp __x86_return_thunk` (arch/x86/kernel/ftrace_64.S);
+ * vmtrace reads it to learn how the kernel returns. */
+	.globl __fentry__
+	.type __fentry__, @function
+__fentry__:
+	jmp	__x86_return_thunk
+	.size __fentry__, . - __fentry__
+#endif
 
 /* #BP: count and return. Touches no register; iretq restores RFLAGS. */
 	.globl mini_int3_entry

@@ -254,11 +254,34 @@ notrace void bad_end(int how)
 	halt_forever();
 }
 
-/* Per-CPU data, one cache line a CPU; entry.S points each vCPU's GS base at
- * its own. Like Linux's `cpu_number`, the symbol's value is the offset of the
- * CPU number in the per-CPU area (0 here), read as gs:[cpu_number]. */
+/* Per-CPU data, one cache line a CPU (entry.S sets each vCPU's GS base and
+ * number), read as gs:[cpu_number], as Linux's smp_processor_id() does. */
 struct mini_percpu {
 	unsigned int cpu_number;
+	/* mini-rethunk: this CPU's returns through __x86_return_thunk, at
+	 * gs:[cpu_number + 8] (entry.S). */
+	unsigned long return_thunk_hits;
 } __attribute__((aligned(64)));
 struct mini_percpu mini_percpu[MINI_MAX_CPUS];
+#ifdef MINI_RETHUNK
+/* Linux sets this once it has applied its alternatives, return sites
+ * included (alternative_instructions()); this guest applies none, so it is
+ * set from the start. vmtrace waits for it before reading how __fentry__
+ * returns. */
+int alternatives_patched = 1;
+#endif
+
+#ifdef MINI_PERCPU_ADDR
+/* Linux 6.15+ (x86/percpu/64: relative per-CPU offsets): the per-CPU section
+ * is linked in the kernel image like any data, so `cpu_number` is a kernel
+ * address (in this template, which keeps 0), GS base = CPU's area -
+ * __per_cpu_start, and `__per_cpu_offset[cpu]` = that GS base (0 until the
+ * CPU set it: the template). */
+struct mini_percpu mini_percpu_template __attribute__((section(".data..percpu")));
+__asm__(".globl cpu_number\n.set cpu_number, mini_percpu_template\n");
+unsigned long __per_cpu_offset[MINI_MAX_CPUS];
+#else
+/* Linux up to 6.14: the per-CPU section is linked at 0, so `cpu_number` is
+ * the offset of the number in each CPU's area (0 here), GS base = the area. */
 __asm__(".globl cpu_number\n.set cpu_number, 0\n");
+#endif

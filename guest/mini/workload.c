@@ -361,11 +361,19 @@ static notrace void report_line(const char *prefix, u64 cpu, const char *name, u
 	serial_puts("\n");
 }
 
+#ifdef MINI_RETHUNK
+/* Each CPU's returns through __x86_return_thunk up to its report. */
+static u64 mini_thunk_seen[MINI_MAX_CPUS];
+#endif
+
 static notrace void report(struct cpu *c, struct graph_cpu *g, int graph, u64 cpu)
 {
 	print_lock();
 	for (int f = 0; f < F_NR; f++)
 		report_line("mini: cpu ", cpu, fn_names[f], c->count[f]);
+#ifdef MINI_RETHUNK
+	report_line("mini: stat cpu ", cpu, "return_thunk_hits", mini_thunk_seen[cpu]);
+#endif
 	if (graph) {
 		for (int f = 0; f < G_NR; f++)
 			report_line("mini: cpu ", cpu, graph_fn_names[f], g->count[f]);
@@ -436,6 +444,10 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 			graph_migrate_finish();
 	}
 
+#ifdef MINI_RETHUNK
+	/* Read before report(), whose own returns would count. */
+	asm volatile("movq %%gs:cpu_number+8, %0" : "=r"(mini_thunk_seen[cpu]));
+#endif
 	report(c, g, cfg.graph, cpu);
 	if (__atomic_add_fetch(&mini_done, 1, __ATOMIC_SEQ_CST) == ncpus) {
 		print_lock();

@@ -25,6 +25,23 @@ pub fn mini_elf() -> PathBuf {
     root().join("guest/out/mini.elf")
 }
 
+/// guest/out/NAME.elf for a variant of the mini guest (`bash guest/build.sh
+/// NAME`, e.g. mini-percpu-addr), built once per test binary and name.
+pub fn mini_variant_elf(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|n| n == name) {
+        let st = Command::new("bash")
+            .arg(root().join("guest/build.sh"))
+            .arg(name)
+            .status()
+            .expect("run guest/build.sh");
+        assert!(st.success(), "guest/build.sh {name} failed");
+        built.push(name.to_string());
+    }
+    root().join(format!("guest/out/{name}.elf"))
+}
+
 /// Run the vmtrace binary.
 pub fn vmtrace(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vmtrace"))

@@ -12,12 +12,15 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::layout::RECORD_LEN;
+use super::ret::{emit_ret, Return};
 
 /// Displacements and immediates the paths use (computed and checked by
 /// `trampoline::generate`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fields {
-    pub cpu_number_off: i32,
+    pub cpu_number_disp: i32,
+    /// How the code returns (`ret`).
+    pub ret: Return,
     /// Lock the ring's reservation and drop counters (`TrampolineSpec::
     /// preemptible`).
     pub locked: bool,
@@ -52,7 +55,7 @@ pub(super) fn emit_reserve(
 ) -> Result<(), IcedError> {
     let mut retry = a.create_label();
     // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
-    a.mov(r10d, dword_ptr(f.cpu_number_off).gs())?;
+    a.mov(r10d, dword_ptr(f.cpu_number_disp).gs())?;
     // r10 = offset of this CPU's ring from DATA_VA.
     a.imul_3(r10, r10, f.ring_bytes)?;
     // rax = head, the byte offset of the next record to reserve.
@@ -146,7 +149,7 @@ pub(super) fn emit_entry(
     // Restore the saved registers and return to the traced function.
     a.pop(rdx)?;
     a.pop(rax)?;
-    a.ret()?;
+    emit_ret(a, f.ret)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
     // locked for the same reason as the reservation; then leave without a
@@ -182,7 +185,7 @@ pub(super) fn emit_site_body(
     a.set_label(&mut out)?;
     a.pop(rdx)?;
     a.pop(rax)?;
-    a.ret()?;
+    emit_ret(a, f.ret)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
     // reservation is; then leave without a record.

@@ -25,7 +25,7 @@
 //!         lea rax, [rcx + RET_STUBS_VA]     ; stub j (stubs are FRAME_LEN apart, like frames)
 //!         mov [rsp + 40], rax               ; the function now returns to stub j
 //! commit: rdtsc; <store tsc>; mov [r10 + rec.commit], r11d
-//! out:    pop rsi; pop rcx; pop rdx; pop rax; ret
+//! out:    pop rsi; pop rcx; pop rdx; pop rax; ret; int3   ; or as `ret`
 //! full:   lock inc qword [r10 + r11 * 8 + drops - 8]; jmp out
 //! nohook: mov qword [r10 + rec.slot], 0; jmp commit
 //! ```
@@ -46,7 +46,8 @@
 //!         rdtsc; <store tsc>; mov [r10 + rec.commit], esi
 //! rout:   pop rdx; pop rax
 //!         push rcx                           ; O where the function's return address was
-//!         ret                                ; back to the caller, as if never hooked
+//!         ret; int3                          ; back to the caller, as if never hooked
+//!                                            ; (or as `ret::emit_graph_ret`)
 //! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
 //! ```
 //!
@@ -75,6 +76,7 @@ use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
     RET_STUBS_VA,
 };
+use super::ret::{emit_graph_ret, emit_ret};
 
 /// The graph entry path, at `entry` (the sites' stubs jump there).
 pub(super) fn emit_entry(
@@ -127,7 +129,7 @@ pub(super) fn emit_entry(
     a.pop(rcx)?;
     a.pop(rdx)?;
     a.pop(rax)?;
-    a.ret()?;
+    emit_ret(a, f.ret)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
     // no record, no hook.
@@ -169,9 +171,8 @@ pub(super) fn emit_return(
     a.set_label(&mut out)?;
     a.pop(rdx)?;
     a.pop(rax)?;
-    // O back in the slot the function's `ret` took it from, and return there.
-    a.push(rcx)?;
-    a.ret()?;
+    // Back to O, as ftrace's return_to_handler goes (`ret::emit_graph_ret`).
+    emit_graph_ret(a, f.ret)?;
     a.set_label(&mut full)?;
     // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
     emit_count(a, f, qword_ptr(r10 + rsi * 8 + f.ret_drops))?;

@@ -4,6 +4,8 @@
 //! `SiteIndex`). The stub loads k + 1 and jumps to one common trampoline,
 //! which appends a record to the calling CPU's ring and returns: no VM exit.
 //! A collector thread on the host drains the rings while the guest runs.
+//! It returns as the kernel's `__fentry__` does (`ret`: `ret; int3`, or
+//! through the kernel's return thunk and call depth accounting).
 //!
 //! # Where it lives
 //! A region of guest-physical memory the guest is never told about (its own
@@ -21,7 +23,7 @@
 //!
 //! # Rings (one per guest CPU, found through the CPU's own per-CPU data:
 //! `mov r10d, gs:[cpu_number]`, what the kernel's `smp_processor_id()`
-//! reads; every attach checks that each CPU's number is below the vCPU
+//! reads, in either per-CPU layout (`percpu`); every attach checks that each CPU's number is below the vCPU
 //! count there, since the trampoline indexes the rings with it unchecked)
 //!
 //! At `DATA_VA + cpu * layout.ring_bytes`:
@@ -84,6 +86,8 @@ pub mod collect;
 pub mod graph_code;
 pub mod layout;
 pub mod map;
+pub mod percpu;
+pub mod ret;
 pub mod ring;
 pub mod state;
 pub mod trampoline;

@@ -13,15 +13,18 @@ use super::layout::{
     LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
 };
 use super::map::{self, MapError, Mapped};
+use super::percpu::PerCpuVar;
+use super::ret::{Return, ReturnError};
 use super::ring::{self, RingError};
 use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
+use crate::kaslr::KernelOffset;
 use crate::model::Event;
 use crate::record::{Counters, SiteIndex};
 use crate::sites::SITE_LEN;
 use crate::symbols::KernelImage;
 
-/// The kernel's per-CPU CPU number (`smp_processor_id()`); its symbol's value
-/// is its offset in each CPU's per-CPU area, which GS points at in the kernel.
+/// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS
+/// in either per-CPU layout (`percpu`).
 pub const CPU_NUMBER: &str = "cpu_number";
 /// Linux 6.2 to 6.14 keep it in the per-CPU `struct pcpu_hot`
 /// (arch/x86/include/asm/current.h): after `current_task` (8 bytes) and
@@ -45,8 +48,13 @@ pub enum ExitlessError {
         path = .0.display()
     )]
     NoCpuNumber(std::path::PathBuf),
-    #[error("{path}: `{CPU_NUMBER}` is at {off:#x}, not a per-CPU offset; use --mode trap", path = .path.display())]
+    #[error(
+        "{path}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) nor a kernel address (6.15+); use --mode trap",
+        path = .path.display()
+    )]
     BadCpuNumber { path: std::path::PathBuf, off: u64 },
+    #[error("the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of reach of a gs:[disp32]; use --mode trap")]
+    CpuNumberOutOfReach { link: u64, runtime: u64 },
     #[error(
         "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the guest has {cpus} vCPUs): \
          the symbols do not describe this kernel's per-CPU layout; use --mode trap"
@@ -54,13 +62,15 @@ pub enum ExitlessError {
     CpuNumberMismatch {
         cpu: usize,
         value: u32,
-        off: u32,
+        off: u64,
         cpus: usize,
     },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]
     Trampoline(#[from] TrampolineError),
+    #[error(transparent)]
+    Return(#[from] ReturnError),
     #[error(transparent)]
     Map(#[from] MapError),
     #[error(transparent)]
@@ -84,8 +94,11 @@ pub enum ExitlessError {
 pub struct Exitless {
     pub layout: RingLayout,
     pub trampoline: Trampoline,
-    /// Where in each CPU's per-CPU area the trampoline reads its CPU number.
-    cpu_number_off: u32,
+    /// What the trampoline was generated for (its CPU number's displacement
+    /// is the link-time one until `resolve`).
+    spec: TrampolineSpec,
+    /// The kernel's CPU number, in its per-CPU layout.
+    cpu_number: PerCpuVar,
     /// Code written and rings initialised: later attaches reuse them (a task
     /// may still be inside the trampoline from an earlier attach).
     installed: bool,
@@ -97,39 +110,44 @@ pub struct Exitless {
     unfinished: u64,
 }
 
-/// The rings and the code for this image, CPU count and site count.
+/// The rings and the code for this image, CPU count and site count (at
+/// the kernel's link addresses: `Exitless::resolve` moves them).
 fn plan(
     image: &KernelImage,
     cpus: usize,
     sites: usize,
     ring_records: Option<u64>,
     graph: bool,
-) -> Result<(RingLayout, Trampoline, u32), ExitlessError> {
+) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
         (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
         (None, None) => return Err(ExitlessError::NoCpuNumber(image.path.clone())),
     };
-    // A per-CPU offset is small: gs:[disp32] with a positive displacement.
-    let cpu_number_off = u32::try_from(addr)
-        .ok()
-        .filter(|&o| o < i32::MAX as u32)
-        .ok_or_else(|| ExitlessError::BadCpuNumber {
-            path: image.path.clone(),
-            off: addr,
-        })?;
-    let layout = RingLayout::new(cpus, sites, ring_records, graph)?;
-    let trampoline = trampoline::generate(&TrampolineSpec {
-        layout,
-        cpu_number_off,
+    let bad = || ExitlessError::BadCpuNumber {
+        path: image.path.clone(),
+        off: addr,
+    };
+    let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+    let spec = TrampolineSpec {
+        layout: RingLayout::new(cpus, sites, ring_records, graph)?,
+        cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
         preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
-    })?;
+        // `ret; int3` until `resolve` reads how the kernel returns.
+        ret: Default::default(),
+    };
+    Ok((generate(&spec)?, spec, cpu_number))
+}
+
+/// The trampoline for `spec`, if it fits its code page.
+fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessError> {
+    let trampoline = trampoline::generate(spec)?;
     if trampoline.code.len() as u64 > CODE_LEN {
         return Err(ExitlessError::CodeTooBig {
             len: trampoline.code.len(),
         });
     }
-    Ok((layout, trampoline, cpu_number_off))
+    Ok(trampoline)
 }
 
 impl Exitless {
@@ -154,17 +172,74 @@ impl Exitless {
         graph: bool,
         sink: Sender<Vec<Event>>,
     ) -> Result<Exitless, ExitlessError> {
-        let (layout, trampoline, cpu_number_off) = plan(image, cpus, sites, ring_records, graph)?;
+        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph)?;
         Ok(Exitless {
-            layout,
+            layout: spec.layout,
             trampoline,
-            cpu_number_off,
+            spec,
+            cpu_number,
             installed: false,
             sink: Some(sink),
             drainer: None,
             mem: None,
             unfinished: 0,
         })
+    }
+
+    /// Fit the code to the running kernel before its first install: the
+    /// CPU number's displacement where KASLR (`off`) moved it (Linux 6.15+
+    /// per-CPU symbols are kernel addresses), and returns as the kernel's
+    /// `__fentry__` returns now (`ret`). `AlternativesPending` while the
+    /// kernel has not yet chosen its return mitigations (nothing changed:
+    /// retry later). Calls after the first install change nothing.
+    pub fn resolve(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        image: &KernelImage,
+        off: KernelOffset,
+    ) -> Result<Resolved, ExitlessError> {
+        if self.installed {
+            return Ok(Resolved::Ready);
+        }
+        let disp = self
+            .cpu_number
+            .gs_disp(off)
+            .ok_or(ExitlessError::CpuNumberOutOfReach {
+                link: self.cpu_number.link,
+                runtime: off.runtime(self.cpu_number.link),
+            })?;
+        let ret = match image.symbol(crate::sites::FENTRY) {
+            // The mini guest's default build: nothing to follow.
+            None => Return::default(),
+            Some(f) => {
+                let va = off.runtime(f.addr);
+                let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
+                    ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
+                })?;
+                Return::from_fentry(&code, va)?
+            }
+        };
+        if ret != Return::default() && alternatives_pending(space, image, off) {
+            return Ok(Resolved::AlternativesPending);
+        }
+        let spec = TrampolineSpec {
+            cpu_number_disp: disp,
+            ret,
+            ..self.spec
+        };
+        if spec != self.spec {
+            // Displacements and immediates differ; with a return thunk or
+            // depth accounting the bodies are longer, so the sites' targets
+            // are taken from the new code (nothing is patched yet).
+            self.trampoline = generate(&spec)?;
+            self.spec = spec;
+        }
+        Ok(Resolved::Ready)
+    }
+
+    /// How the trampoline returns (after `resolve`).
+    pub fn ret(&self) -> Return {
+        self.spec.ret
     }
 
     /// Map the region and, the first time, write the code and reset the
@@ -210,7 +285,7 @@ impl Exitless {
     ) -> Result<(), ExitlessError> {
         check_cpu_numbers(
             space,
-            self.cpu_number_off,
+            self.spec.cpu_number_disp,
             self.layout.cpus,
             gs_bases,
             per_cpu_offset,
@@ -284,15 +359,50 @@ impl Exitless {
     }
 }
 
+/// What `Exitless::resolve` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The code fits the running kernel.
+    Ready,
+    /// The kernel's `__fentry__` still returns through the compiler's
+    /// return thunk, but the kernel has not applied its alternatives yet
+    /// (`alternatives_patched` is 0): it will rewrite every return then.
+    AlternativesPending,
+}
+
+/// Bytes of `__fentry__` read to see how it returns (`Return::from_fentry`
+/// reads at most 8 instructions; its body is about 14 bytes).
+const FENTRY_READ: usize = 48;
+/// Set to 1 when the kernel has applied its alternatives, return sites
+/// included (arch/x86/kernel/alternative.c).
+pub const ALTERNATIVES_PATCHED: &str = "alternatives_patched";
+
+/// Has a kernel with `alternatives_patched` not set it yet?
+fn alternatives_pending(
+    space: &mut AddressSpace<'_>,
+    image: &KernelImage,
+    off: KernelOffset,
+) -> bool {
+    image.symbol(ALTERNATIVES_PATCHED).is_some_and(|s| {
+        space
+            .read_array::<4>(off.runtime(s.addr))
+            .map(u32::from_le_bytes)
+            == Ok(0)
+    })
+}
+
 /// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
-/// per-CPU offset `off`.
+/// `gs:[disp]`: GS base + the sign-extended `disp` in either per-CPU layout
+/// (`percpu`; from 6.15 a CPU not set up has a 0 entry, so it reads the
+/// template in the image, whose number is 0, as before 6.15).
 fn check_cpu_numbers(
     space: &mut AddressSpace<'_>,
-    off: u32,
+    disp: i32,
     cpus: usize,
     gs_bases: &[(usize, u64)],
     per_cpu_offset: Option<u64>,
 ) -> Result<(), ExitlessError> {
+    let off = i64::from(disp) as u64;
     let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
         cpu,
         value,
@@ -301,7 +411,7 @@ fn check_cpu_numbers(
     };
     let read_number = |space: &mut AddressSpace<'_>, base: u64| {
         space
-            .read_array::<4>(base.wrapping_add(u64::from(off)))
+            .read_array::<4>(base.wrapping_add(off))
             .ok()
             .map(u32::from_le_bytes)
     };
@@ -344,7 +454,7 @@ mod tests {
         mem
     }
 
-    const OFF: u32 = 0x20;
+    const OFF: i32 = 0x20;
     /// Per-CPU areas at 1 MiB + i * 64 KiB; the template at 4 MiB.
     fn area(cpu: u64) -> u64 {
         0x10_0000 + cpu * 0x1_0000
@@ -359,7 +469,7 @@ mod tests {
     fn guest(numbers: &[u32], set_up: usize) -> GuestMemoryMmap {
         let mem = memory();
         for (i, &n) in numbers.iter().enumerate() {
-            mem.write_obj(n, GuestAddress(area(i as u64) + u64::from(OFF)))
+            mem.write_obj(n, GuestAddress(area(i as u64) + OFF as u64))
                 .unwrap();
         }
         for i in 0..8u64 {

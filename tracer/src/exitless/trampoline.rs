@@ -28,7 +28,7 @@
 //! ```text
 //! common: push rax
 //!         push rdx
-//!         mov r10d, gs:[cpu_number_off]
+//!         mov r10d, gs:[cpu_number]
 //!         imul r10, r10, ring_bytes
 //!         mov rax, [r10 + R + HEAD_OFF]
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
@@ -46,7 +46,7 @@
 //!         mov [r10 + rec + REC_COMMIT], r11d
 //! out:    pop rdx
 //!         pop rax
-//!         ret
+//!         ret                ; and int3, or as the kernel returns (`ret`)
 //! full:   lock inc qword [r10 + R + DROPS_OFF - 8 + r11 * 8]
 //!         jmp out
 //! ```
@@ -108,6 +108,7 @@ use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
     REC_PARENT, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
 };
+use super::ret::Return;
 
 /// Instructions a recorded call executes in a site's own body (`Shape::
 /// PerSite`), from its first to its `ret` (ring not full, no reservation
@@ -150,10 +151,11 @@ pub enum Shape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrampolineSpec {
     pub layout: RingLayout,
-    /// The guest kernel's per-CPU offset of `cpu_number` (its address in
-    /// the per-CPU section, which on x86-64 starts at 0): the trampoline
-    /// reads `gs:[cpu_number_off]`, as `smp_processor_id()` does.
-    pub cpu_number_off: u32,
+    /// The displacement at which `gs:[disp32]` reads the guest kernel's
+    /// `cpu_number`, as `smp_processor_id()` does: its offset in the per-CPU
+    /// area up to Linux 6.14, its (sign-extended) running address from 6.15
+    /// (`percpu::PerCpuVar::gs_disp`).
+    pub cpu_number_disp: i32,
     /// Can a task be preempted, and so moved to another CPU, inside the
     /// trampoline (a kernel with `CONFIG_PREEMPTION`)? Then the ring's
     /// reservation and drop counters are `lock`ed; otherwise only the CPU
@@ -161,15 +163,14 @@ pub struct TrampolineSpec {
     /// instructions need no lock, as the kernel's own ring buffer uses
     /// `local_t` (no lock prefix) for the same reason.
     pub preemptible: bool,
+    /// How the code returns: `ret; int3`, or as the kernel's `__fentry__`
+    /// with its return thunk and call depth tracking (`ret`).
+    pub ret: Return,
 }
 
 /// Why the trampoline cannot be made or a site cannot call it.
 #[derive(Debug, thiserror::Error)]
 pub enum TrampolineError {
-    #[error(
-        "the guest's per-CPU offset of cpu_number, {0:#x}, is not a signed 32-bit displacement"
-    )]
-    CpuNumberOffset(u32),
     #[error(
         "the ring layout ({cpus} CPUs, {cap} records, {ring_bytes:#x} bytes per ring, records at {records_off:#x}) cannot be addressed by the trampoline: {why}"
     )]
@@ -191,6 +192,10 @@ pub enum TrampolineError {
         CODE_LEN >> 10
     )]
     TooLong { sites: usize, len: usize },
+    #[error(
+        "the guest's return thunk at {0:#x} is more than 2 GiB from vmtrace's code; use --mode trap"
+    )]
+    ThunkOutOfReach(u64),
     #[error("the trampoline's common path at {va:#x} is broken: {why}")]
     BrokenPath { va: u64, why: String },
     #[error("a call from the site at {site:#x} cannot reach {target:#x}: more than 2 GiB away")]
@@ -400,8 +405,14 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         ));
     }
     let sites = layout.sites;
-    let cpu_number_off = i32::try_from(spec.cpu_number_off)
-        .map_err(|_| TrampolineError::CpuNumberOffset(spec.cpu_number_off))?;
+    // `jmp rel32` to the kernel's return thunk, from anywhere in the code
+    // (iced would turn a jump beyond rel32 into an indirect one).
+    if let Some(thunk) = spec.ret.thunk {
+        let reach = |va: u64| i32::try_from(thunk.wrapping_sub(va) as i64).is_ok();
+        if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
+            return Err(TrampolineError::ThunkOutOfReach(thunk));
+        }
+    }
     // `imul r10, r10, imm32`: the ring size must be a positive imm32.
     let ring_bytes = i32::try_from(layout.ring_bytes)
         .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
@@ -426,7 +437,8 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let fields = Fields {
-        cpu_number_off,
+        cpu_number_disp: spec.cpu_number_disp,
+        ret: spec.ret,
         locked: spec.preemptible,
         ring_bytes,
         slot_mask,
@@ -503,13 +515,11 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     };
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
-    if shape == Shape::PerSite && common_path.len() != COMMON_PATH_INSTRUCTIONS {
+    let want = COMMON_PATH_INSTRUCTIONS + spec.ret.extra_instructions();
+    if shape == Shape::PerSite && common_path.len() != want {
         return Err(TrampolineError::BrokenPath {
             va: CODE_VA + u64::from(common),
-            why: format!(
-                "{} instructions, not {COMMON_PATH_INSTRUCTIONS}",
-                common_path.len()
-            ),
+            why: format!("{} instructions, not {want}", common_path.len()),
         });
     }
     let mut return_path = Vec::new();
@@ -562,8 +572,9 @@ fn body_len(starts: &[u32], code_len: usize) -> Result<u32, TrampolineError> {
 
 /// The instructions a recorded call executes from `start` in `code` (placed
 /// at `CODE_VA`), decoded in execution order: every conditional branch falls
-/// through (no retry, ring not full, CPU in range), unconditional jumps are
-/// followed, and the walk ends with the `ret`.
+/// through (no retry, ring not full, CPU in range), unconditional jumps and
+/// calls in the code are followed, and the walk ends with the `ret`, or with
+/// the jump out of the code to the kernel's return thunk (`ret`).
 pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, TrampolineError> {
     let broken = |va: u64, why: String| TrampolineError::BrokenPath { va, why };
     let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
@@ -584,9 +595,15 @@ pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, Tra
             return Err(broken(ip, "an invalid instruction".into()));
         }
         path.push(instruction);
+        let inside = |va: u64| va >= CODE_VA && va < CODE_VA + code.len() as u64;
         ip = match instruction.flow_control() {
             FlowControl::Return => return Ok(path),
-            FlowControl::UnconditionalBranch => instruction.near_branch_target(),
+            FlowControl::UnconditionalBranch if !inside(instruction.near_branch_target()) => {
+                return Ok(path)
+            }
+            FlowControl::UnconditionalBranch | FlowControl::Call => {
+                instruction.near_branch_target()
+            }
             FlowControl::Next | FlowControl::ConditionalBranch => instruction.next_ip(),
             other => return Err(broken(ip, format!("unexpected control flow {other:?}"))),
         };
@@ -635,21 +652,23 @@ mod tests {
 
     /// A per-CPU offset like Linux's (`cpu_number` is in the first pages of
     /// the per-CPU section).
-    const CPU_NUMBER_OFF: u32 = 0x1c11c;
+    const CPU_NUMBER_OFF: i32 = 0x1c11c;
 
     fn spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), false).unwrap(),
-            cpu_number_off: CPU_NUMBER_OFF,
+            cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
+            ret: Return::default(),
         }
     }
 
     fn graph_spec(cpus: usize, sites: usize, cap: u64) -> TrampolineSpec {
         TrampolineSpec {
             layout: RingLayout::new(cpus, sites, Some(cap), true).unwrap(),
-            cpu_number_off: CPU_NUMBER_OFF,
+            cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
+            ret: Return::default(),
         }
     }
 
@@ -683,8 +702,9 @@ mod tests {
             assert!(path[2..n - 2]
                 .iter()
                 .all(|i| t.site_return_slot(i.ip()) == Some(16)));
-            // The drop path (after ret): 16 as well.
-            let full = path[n - 1].next_ip();
+            // The drop path (the `jae` target): 16 as well.
+            let jae = path.iter().find(|i| i.mnemonic() == Mnemonic::Jae).unwrap();
+            let full = jae.near_branch_target();
             assert_eq!(t.site_return_slot(full), Some(16));
             assert_eq!(t.site_return_slot(CODE_VA + t.code.len() as u64), None);
             assert_eq!(t.site_return_slot(CODE_VA - 1), None);
@@ -958,7 +978,7 @@ mod tests {
                         }
                         Register::None => {
                             assert_eq!(i.segment_prefix(), Register::GS);
-                            assert_eq!(i.memory_displacement64(), u64::from(CPU_NUMBER_OFF));
+                            assert_eq!(i.memory_displacement64(), CPU_NUMBER_OFF as u64);
                             assert_eq!(i.memory_size().size(), 4);
                         }
                         // Not a data access: lea rdx, [rax + RECORD_LEN].
@@ -985,26 +1005,39 @@ mod tests {
             Push, Pop, Mov, Cmp, Jae, Jne, Jmp, Imul, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret, Inc,
         ];
         let forbidden = [
-            Rdtscp, Rdpid, Xgetbv, Int3, Int, Int1, Into, Cmpxchg16b, Cmpxchg8b, Vmcall, Cpuid,
-            Hlt, Std, Cld, Ud2, Syscall, Sysret, Iretq,
+            Rdtscp, Rdpid, Xgetbv, Int, Int1, Into, Cmpxchg16b, Cmpxchg8b, Vmcall, Cpuid, Hlt, Std,
+            Cld, Ud2, Syscall, Sysret, Iretq,
         ];
-        for i in decode_all(&t.code) {
+        let all = decode_all(&t.code);
+        // int3 (which the emulating host cannot run) only right after a
+        // `ret`, where it never runs: it stops straight-line speculation.
+        // And every `ret` has one.
+        for w in all.windows(2) {
+            assert_eq!(
+                w[0].mnemonic() == Ret,
+                w[1].mnemonic() == Int3,
+                "{} then {}",
+                format_instruction(&w[0]),
+                format_instruction(&w[1])
+            );
+        }
+        for i in all.iter().filter(|i| i.mnemonic() != Int3) {
             assert!(
                 !forbidden.contains(&i.mnemonic()),
                 "forbidden: {}",
-                format_instruction(&i)
+                format_instruction(i)
             );
             assert!(
                 allowed.contains(&i.mnemonic()),
                 "not known to run: {}",
-                format_instruction(&i)
+                format_instruction(i)
             );
             // Only the reservation and the drop counter are locked.
             if i.has_lock_prefix() {
                 assert!(
                     matches!(i.mnemonic(), Cmpxchg | Inc),
                     "{}",
-                    format_instruction(&i)
+                    format_instruction(i)
                 );
             }
         }
@@ -1101,12 +1134,6 @@ mod tests {
     #[test]
     fn refuses_what_it_cannot_address_or_fit() {
         let mut s = spec(1, 1, 2);
-        s.cpu_number_off = 0x8000_0000;
-        assert!(matches!(
-            generate(&s),
-            Err(TrampolineError::CpuNumberOffset(0x8000_0000))
-        ));
-        let mut s = spec(1, 1, 2);
         s.layout.cap = 3;
         assert!(matches!(generate(&s), Err(TrampolineError::Layout { .. })));
         // Each stub takes at least 7 bytes: 2 MiB of code holds < 300,000.
@@ -1119,8 +1146,9 @@ mod tests {
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
             },
-            cpu_number_off: 0,
+            cpu_number_disp: 0,
             preemptible: true,
+            ret: Return::default(),
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1139,6 +1167,13 @@ mod tests {
     fn stack_top(cpu: u32) -> u64 {
         0xc_0000 + u64::from(cpu) * 0x1_0000
     }
+    /// The kernel's return thunks the emulator runs (`Emu::step`): a plain
+    /// one, and call_depth_return_thunk, which shifts the per-CPU depth at
+    /// `gs:[DEPTH_DISP]` left by 5; both count their runs at `THUNK_HITS`.
+    const THUNK_VA: u64 = 0xffff_ffff_8200_1000;
+    const DEPTH_THUNK_VA: u64 = 0xffff_ffff_8200_1040;
+    const DEPTH_DISP: i32 = 0x1f3d8;
+    const THUNK_HITS: u64 = 0xf_0000;
     const SITE: u64 = 0xffff_ffff_8100_1230;
     const PARENT: u64 = 0xffff_ffff_8100_4560;
 
@@ -1149,11 +1184,8 @@ mod tests {
         ])
         .unwrap();
         for (i, &n) in cpu_numbers.iter().enumerate() {
-            mem.write_obj(
-                n,
-                GuestAddress(gs_base(i as u32) + u64::from(CPU_NUMBER_OFF)),
-            )
-            .unwrap();
+            mem.write_obj(n, GuestAddress(gs_base(i as u32) + CPU_NUMBER_OFF as u64))
+                .unwrap();
         }
         mem
     }
@@ -1266,8 +1298,20 @@ mod tests {
             v
         }
 
-        /// Executes one instruction.
+        /// Executes one instruction; at a kernel return thunk, the whole
+        /// thunk (counted in `THUNK_HITS`).
         fn step(&mut self, r: &mut Regs) {
+            if r.rip == THUNK_VA || r.rip == DEPTH_THUNK_VA {
+                if r.rip == DEPTH_THUNK_VA {
+                    // call_depth_return_thunk: shl qword gs:[depth], 5.
+                    let depth = r.gs_base.wrapping_add(DEPTH_DISP as u64);
+                    self.write(depth, 8, self.read(depth, 8) << 5);
+                }
+                self.write(THUNK_HITS, 8, self.read(THUNK_HITS, 8) + 1);
+                r.rip = self.pop(r);
+                r.flags = None;
+                return;
+            }
             let off = (r.rip - CODE_VA) as usize;
             let i = Decoder::with_ip(64, &self.code[off..], r.rip, DecoderOptions::NONE).decode();
             assert!(!i.is_invalid(), "invalid instruction at {:#x}", r.rip);
@@ -1308,7 +1352,7 @@ mod tests {
                     }
                     r.flags = Some((acc < dest, acc == dest));
                 }
-                Imul | And | Shl | Add | Inc => {
+                Imul | And | Shl | Sar | Add | Inc => {
                     let len = Self::size(&i, 0);
                     let a = self.get(r, &i, 0, len);
                     let b = if i.op_count() > 1 {
@@ -1321,6 +1365,8 @@ mod tests {
                         Imul => b.wrapping_mul(i.immediate(2)),
                         And => a & b,
                         Shl => a << (b & 63),
+                        // Only the depth accounting: a qword.
+                        Sar => ((a as i64) >> (b & 63)) as u64,
                         Add => a.wrapping_add(b),
                         _ => a.wrapping_add(1),
                     };
@@ -1363,6 +1409,11 @@ mod tests {
                     self.tsc += 0x1_0000_0001;
                 }
                 Ret => r.rip = self.pop(r),
+                Call => {
+                    self.push(r, i.next_ip());
+                    r.rip = i.near_branch_target();
+                }
+                // Int3 (never to run) among them.
                 other => panic!("the emulator does not run {other:?}"),
             }
         }
@@ -1784,5 +1835,155 @@ mod tests {
             .map(|(_, rec)| (rec.site, rec.slot))
             .collect();
         assert_eq!(got, [(1, 0), (0, slot)]);
+    }
+
+    // ---- returning as the kernel does (`ret`) -------------------------------
+
+    fn with_ret(s: TrampolineSpec, depth: bool) -> TrampolineSpec {
+        TrampolineSpec {
+            ret: Return {
+                depth: depth.then_some(DEPTH_DISP),
+                thunk: Some(if depth { DEPTH_THUNK_VA } else { THUNK_VA }),
+            },
+            ..s
+        }
+    }
+
+    #[test]
+    fn a_recorded_call_returns_through_the_kernels_thunk() {
+        use Mnemonic::*;
+        let body = [
+            Push, Push, Mov, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov, Rdtsc,
+            Mov, Mov, Mov, Pop, Pop,
+        ];
+        for depth in [false, true] {
+            let s = with_ret(spec(2, 3, 16), depth);
+            for t in [per_site(&s), shared(&s)] {
+                let path = mnemonics(&t.common_path);
+                let tail: &[Mnemonic] = if depth { &[Sar, Jmp] } else { &[Jmp] };
+                assert_eq!(path, [&body[..], tail].concat(), "{:?}", t.shape);
+                let jmp = t.common_path.last().unwrap();
+                assert_eq!(jmp.code(), Code::Jmp_rel32_64);
+                assert_eq!(jmp.near_branch_target(), s.ret.thunk.unwrap());
+                if depth {
+                    // CALL_DEPTH_ACCOUNT: sar qword gs:[__x86_call_depth], 5.
+                    let sar = &t.common_path[t.common_path.len() - 2];
+                    assert_eq!(sar.segment_prefix(), Register::GS);
+                    assert_eq!(sar.memory_displacement64(), DEPTH_DISP as u64);
+                    assert_eq!((sar.memory_size().size(), sar.immediate8()), (8, 5));
+                }
+                // One more instruction with depth tracking, none for the jmp.
+                let base = match t.shape {
+                    Shape::PerSite => COMMON_PATH_INSTRUCTIONS,
+                    Shape::Shared => SHARED_PATH_INSTRUCTIONS,
+                };
+                assert_eq!(t.common_path_instructions(), base + usize::from(depth));
+                // No bare ret is left anywhere in the code.
+                assert!(decode_all(&t.code).iter().all(|i| i.mnemonic() != Ret));
+            }
+        }
+        // Out of reach of a rel32 from the code page: refused, never an
+        // indirect jump.
+        let mut s = with_ret(spec(1, 1, 2), false);
+        s.ret.thunk = Some(0xffff_ffff_0000_0000);
+        assert!(matches!(
+            generate(&s),
+            Err(TrampolineError::ThunkOutOfReach(0xffff_ffff_0000_0000))
+        ));
+    }
+
+    /// Runs calls through each shape with the kernel's thunk: each returns
+    /// through it once, the depth count ends where it began, and the calls
+    /// are recorded as with `ret`.
+    #[test]
+    fn emulated_calls_go_through_the_thunk_and_keep_the_depth_balanced() {
+        for depth in [false, true] {
+            let s = with_ret(spec(2, 3, 16), depth);
+            for t in [per_site(&s), shared(&s)] {
+                let mem = memory(&[0, 1]);
+                ring::init_rings(&mem, &s.layout).unwrap();
+                let start = 1u64 << 40;
+                for cpu in 0..2 {
+                    mem.write_obj(start, GuestAddress(gs_base(cpu) + DEPTH_DISP as u64))
+                        .unwrap();
+                }
+                let mut emu = Emu {
+                    mem: &mem,
+                    code: &t.code,
+                    tsc: 7,
+                };
+                let mut reader = RingReader::new(s.layout);
+                for (n, (cpu, k)) in [(1u32, 2u32), (0, 0), (1, 1)].into_iter().enumerate() {
+                    let mut r = regs(cpu);
+                    let before = r.clone();
+                    let steps = emu.call(&mut r, k, PARENT, &t, &mut no_interrupt);
+                    // The path, then the thunk (one emulated step).
+                    assert_eq!(steps, t.common_path_instructions() + 1);
+                    assert_eq!(emu.read(THUNK_HITS, 8), n as u64 + 1);
+                    let at = gs_base(cpu) + DEPTH_DISP as u64;
+                    assert_eq!(emu.read(at, 8), start, "depth, {:?}", t.shape);
+                    for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                        assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg}");
+                    }
+                    let got = drain(&mut reader, &mem);
+                    assert_eq!(got.len(), 1);
+                    assert_eq!((got[0].0, got[0].1.site), (cpu as usize, k));
+                }
+                mem.write_obj(0u64, GuestAddress(THUNK_HITS)).unwrap();
+            }
+        }
+    }
+
+    /// The graph's entry returns as a recorded call does; its return path
+    /// goes back to the caller by `push; jmp thunk`, or, with call depth
+    /// tracking, by `call; mov [rsp]; ret`, which the thunk never sees.
+    #[test]
+    fn emulated_graph_returns_as_ftraces_return_to_handler() {
+        use Mnemonic::*;
+        for depth in [false, true] {
+            let s = with_ret(graph_spec(1, 2, 16), depth);
+            let t = generate(&s).unwrap();
+            let n = t.return_path.len();
+            if depth {
+                assert_eq!(n, GRAPH_RETURN_INSTRUCTIONS + 1);
+                assert_eq!(
+                    mnemonics(&t.return_path[n - 5..]),
+                    [Pop, Pop, Call, Mov, Ret]
+                );
+            } else {
+                assert_eq!(n, GRAPH_RETURN_INSTRUCTIONS);
+                assert_eq!(mnemonics(&t.return_path[n - 4..]), [Pop, Pop, Push, Jmp]);
+            }
+            let mem = memory(&[0]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let start = 1u64 << 40;
+            mem.write_obj(start, GuestAddress(gs_base(0) + DEPTH_DISP as u64))
+                .unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 7,
+            };
+            let mut r = regs(0);
+            let entry_rsp = r.gpr[RSP];
+            let slot = entry_rsp - 8;
+            let steps = emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+            assert_eq!(steps, t.common_path_instructions() + 1);
+            assert_eq!(emu.read(THUNK_HITS, 8), 1);
+            r.gpr[RSP] = slot;
+            let steps = emulated_return(&mut emu, &mut r, PARENT);
+            // With depth tracking the return pairs its own call and ret.
+            let thunk = usize::from(!depth);
+            assert_eq!(steps, n + thunk);
+            assert_eq!(emu.read(THUNK_HITS, 8), 1 + thunk as u64);
+            assert_eq!(r.gpr[RSP], entry_rsp);
+            assert_eq!(emu.read(gs_base(0) + DEPTH_DISP as u64, 8), start);
+            let mut reader = RingReader::new(s.layout);
+            let got: Vec<(u32, u64)> = drain(&mut reader, &mem)
+                .iter()
+                .map(|(_, rec)| (rec.site, rec.slot))
+                .collect();
+            assert_eq!(got, [(1, slot), (1, slot | 1)]);
+        }
     }
 }

@@ -11,7 +11,7 @@ use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
 use crate::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
-use crate::exitless::state::{Exitless, ExitlessError};
+use crate::exitless::state::{Exitless, ExitlessError, Resolved};
 use crate::filter::{Filter, FilterError};
 use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
 use crate::model::Trace;
@@ -82,6 +82,11 @@ pub enum NotReady {
     /// 0), so where KASLR put it is unknown (`kaslr`).
     #[error("the guest kernel has not set its syscall entry yet: its KASLR offset is unknown")]
     KernelOffsetUnknown,
+    /// The guest kernel has not applied its alternatives yet, so how its
+    /// returns will go (return thunks) is not settled (`exitless::state::
+    /// Resolved`).
+    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): its return thunk is not chosen")]
+    AlternativesPending,
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
     CallSites { calls: usize, first: u64 },
@@ -475,6 +480,9 @@ impl Tracer {
                     .image
                     .symbol(crate::exitless::state::PER_CPU_OFFSET)
                     .map(|s| off.runtime(s.addr));
+                if ex.resolve(&mut space, &self.plan.image, off)? == Resolved::AlternativesPending {
+                    return Ok(Attach::NotReady(NotReady::AlternativesPending));
+                }
                 ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
                 mapped = Some(ex.install(&mut space)?);
                 let ex: &Exitless = ex;

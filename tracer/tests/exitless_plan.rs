@@ -1,0 +1,166 @@
+//! The exitless plan against the real mini guest images (guest/out/*.elf,
+//! built by `bash guest/build.sh NAME`): the code vmtrace generates for
+//! what each image is, before and after the kernel's offset is known.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use iced_x86::{Code, Instruction, Mnemonic, Register};
+use tracer::exitless::ret::Return;
+use tracer::exitless::state::{Exitless, Resolved};
+use tracer::kaslr::KernelOffset;
+use tracer::symbols::KernelImage;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::layout::KERNEL_MAP_BASE;
+
+/// guest/out/NAME.elf, built by guest/build.sh (a no-op when up to date).
+fn mini(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .args(["guest/build.sh", name])
+        .current_dir(&root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bash guest/build.sh {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "guest/build.sh {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(format!("guest/out/{name}.elf"))
+}
+
+/// Guest memory with the VMM's boot page tables (the kernel map onto
+/// physical 0) and the image's text where KASLR (`off`) put it.
+fn guest(image: &KernelImage, off: KernelOffset) -> GuestMemoryMmap {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+    vmm::boot::regs::setup_page_tables(&mem).unwrap();
+    let (start, end) = image.text.unwrap();
+    let text = image.file_bytes(start, (end - start) as usize).unwrap();
+    mem.write_slice(text, GuestAddress(off.runtime(start) - KERNEL_MAP_BASE))
+        .unwrap();
+    // And the flag `resolve` reads, as the file has it.
+    if let Some(flag) = image.symbol("alternatives_patched") {
+        let value = image.file_bytes(flag.addr, 4).unwrap();
+        mem.write_slice(
+            value,
+            GuestAddress(off.runtime(flag.addr) - KERNEL_MAP_BASE),
+        )
+        .unwrap();
+    }
+    mem
+}
+
+/// `Exitless::resolve` on a guest that runs `image` at `off`.
+fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolved {
+    let mem = guest(image, off);
+    let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    ex.resolve(&mut space, image, off)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn prepare(image: &KernelImage) -> Exitless {
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    Exitless::prepare(image, 2, 3, Some(16), false, tx).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The trampoline's read of the CPU number: `mov r10d, gs:[disp]`.
+fn cpu_number_read(ex: &Exitless) -> Instruction {
+    let read = *ex
+        .trampoline
+        .common_path
+        .iter()
+        .find(|i| i.segment_prefix() == Register::GS)
+        .expect("a gs: read");
+    assert_eq!(read.op0_register(), Register::R10D);
+    assert_eq!(read.memory_base(), Register::None);
+    read
+}
+
+#[test]
+fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
+    let slide = KernelOffset {
+        virt: 0x2a0_0000,
+        phys: 0x2a0_0000,
+    };
+    // Up to Linux 6.14: an offset in the area, the same wherever KASLR
+    // puts the kernel.
+    let old = KernelImage::load(&mini("mini")).unwrap();
+    assert_eq!(old.symbol("cpu_number").unwrap().addr, 0);
+    let mut ex = prepare(&old);
+    assert_eq!(resolve(&mut ex, &old, slide), Resolved::Ready);
+    assert_eq!(cpu_number_read(&ex).memory_displacement64(), 0);
+
+    // 6.15+: a kernel address, where KASLR moved it.
+    let new = KernelImage::load(&mini("mini-percpu-addr")).unwrap();
+    let link = new.symbol("cpu_number").unwrap().addr;
+    assert!(link >= 0xffff_ffff_8000_0000, "{link:#x}");
+    let mut ex = prepare(&new);
+    let stubs: Vec<u64> = (0..3).map(|k| ex.trampoline.stub_va(k)).collect();
+    assert_eq!(cpu_number_read(&ex).memory_displacement64(), link);
+    assert_eq!(resolve(&mut ex, &new, slide), Resolved::Ready);
+    assert_eq!(
+        cpu_number_read(&ex).memory_displacement64(),
+        link + 0x2a0_0000
+    );
+    // Regenerated in place: the sites' targets did not move.
+    let after: Vec<u64> = (0..3).map(|k| ex.trampoline.stub_va(k)).collect();
+    assert_eq!(after, stubs);
+}
+
+/// A kernel whose returns go through a return thunk (the mini guest built
+/// with -mfunction-return=thunk-extern; its `__fentry__` is
+/// `jmp __x86_return_thunk`): vmtrace's code returns through the same thunk,
+/// where KASLR put it, with no bare `ret` and no more instructions.
+#[test]
+fn the_code_returns_through_the_kernels_return_thunk() {
+    let image = KernelImage::load(&mini("mini-rethunk")).unwrap();
+    let thunk = image.symbol("__x86_return_thunk").unwrap().addr;
+    for off in [
+        KernelOffset::NONE,
+        KernelOffset {
+            virt: 0x200_0000,
+            phys: 0x200_0000,
+        },
+    ] {
+        let mut ex = prepare(&image);
+        assert_eq!(ex.ret(), Return::default(), "ret; int3 until resolved");
+        assert_eq!(resolve(&mut ex, &image, off), Resolved::Ready);
+        assert_eq!(
+            ex.ret(),
+            Return {
+                depth: None,
+                thunk: Some(off.runtime(thunk))
+            }
+        );
+        let path = &ex.trampoline.common_path;
+        let last = path.last().unwrap();
+        assert_eq!(last.code(), Code::Jmp_rel32_64);
+        assert_eq!(last.near_branch_target(), off.runtime(thunk));
+        assert_eq!(path.len(), 21);
+        assert!(path.iter().all(|i| i.mnemonic() != Mnemonic::Ret));
+        println!("{}", ex.trampoline.listing());
+    }
+    // Before the kernel applied its alternatives its returns may still
+    // change: nothing is decided until `alternatives_patched` is set.
+    let mut ex = prepare(&image);
+    let flag = image.symbol("alternatives_patched").unwrap().addr;
+    let mem = guest(&image, KernelOffset::NONE);
+    let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    for (value, want) in [(0u32, Resolved::AlternativesPending), (1, Resolved::Ready)] {
+        mem.write_obj(value, GuestAddress(flag - KERNEL_MAP_BASE))
+            .unwrap();
+        let got = ex.resolve(&mut space, &image, KernelOffset::NONE).unwrap();
+        assert_eq!(got, want);
+    }
+    assert_eq!(ex.ret().thunk, Some(thunk));
+    // The default mini guest has no __fentry__: `ret; int3`.
+    let plain = KernelImage::load(&mini("mini")).unwrap();
+    let mut ex = prepare(&plain);
+    resolve(&mut ex, &plain, KernelOffset::NONE);
+    assert_eq!(ex.ret(), Return::default());
+    assert_eq!(
+        ex.trampoline.common_path.last().unwrap().mnemonic(),
+        Mnemonic::Ret
+    );
+}
