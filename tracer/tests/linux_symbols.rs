@@ -127,7 +127,12 @@ fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     // them, which kallsyms' sizes would reach over them).
     assert_eq!(ours.rejected, theirs.rejected);
     assert_eq!(ours.weak, ours.rejected, "{:?}", ours.rejected_summary());
-    assert_eq!(theirs.weak, theirs.rejected, "{:?}", theirs.rejected_summary());
+    assert_eq!(
+        theirs.weak,
+        theirs.rejected,
+        "{:?}",
+        theirs.rejected_summary()
+    );
     assert_eq!(ours.rejected_examples, theirs.rejected_examples);
     assert_eq!(ours.rejected_summary(), theirs.rejected_summary());
     eprintln!("{}: {:?}", bz.display(), ours.rejected_summary());
