@@ -319,6 +319,7 @@ fn trace_loop(
     // Attach: once the guest's ftrace_init is done (polled), then under a
     // pause only if every selected site agrees; otherwise resume and retry.
     let mut retries = 0u32;
+    let mut last_not_ready = None;
     let status = !quiet && std::io::stderr().is_terminal();
     let booting = Instant::now();
     let mut last_status = Instant::now();
@@ -335,9 +336,10 @@ fn trace_loop(
             })?;
             let c = match attempt {
                 Attach::Attached(c) => c.clone(),
-                Attach::NotReady(_) => {
+                Attach::NotReady(why) => {
                     drop(paused);
                     retries += 1;
+                    last_not_ready = Some(why);
                     if running.wait_stop(POLL).is_some() {
                         return Ok(());
                     }
@@ -356,10 +358,9 @@ fn trace_loop(
                 c.skipped_other,
                 window.as_micros(),
                 latency.as_micros(),
-                if retries > 0 {
-                    format!(", after {retries} attempts found the guest's ftrace_init still converting sites")
-                } else {
-                    String::new()
+                match &last_not_ready {
+                    Some(why) => format!(", after {retries} attempts found the guest not ready (the last: {why})"),
+                    None => String::new(),
                 }
             );
             if let Some(m) = c.exitless {
