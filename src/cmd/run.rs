@@ -234,6 +234,8 @@ fn traced(
 /// from and which is removed at the end. A character device asked for
 /// gets the file once it is complete (it cannot be read back).
 struct Data {
+    /// Held while the run writes `stream` (see `datafile::lock`).
+    _lock: Option<datafile::Lock>,
     /// Where events are written as they come.
     stream: PathBuf,
     file: Option<DataFile>,
@@ -252,6 +254,11 @@ impl Data {
                 Ok(tracer::export::file::Target::Device(_))
             )
         });
+        // Another run writing the file: refused before anything is moved.
+        let previous = match asked {
+            Some(d) if !device => datafile::lock(&d.path)?,
+            _ => None,
+        };
         let (stream, temporary, kept) = match asked {
             Some(d) if !device => {
                 let kept = if d.keep_old {
@@ -264,7 +271,15 @@ impl Data {
             _ => (temporary_path(), true, None),
         };
         let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
+        // The new file's lock; the same file truncated (no .old kept)
+        // keeps the lock it had.
+        let lock = match previous {
+            Some(l) if kept.is_none() => Some(l),
+            _ if temporary => None,
+            _ => datafile::lock(&stream)?,
+        };
         Ok(Data {
+            _lock: lock,
             stream,
             file: Some(file),
             asked: asked.map(|d| d.path.clone()),
