@@ -487,3 +487,72 @@ fn record_onto_a_disk_that_fills_says_so_and_keeps_what_fitted() {
     drop(_tmpfs);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `record --trace '*' --graph` on the default Linux guest (every one of its
+/// ~8,800 traceable functions, calls and returns), bounded by
+/// `--max-events` and `--duration`: every site patched and restored, the
+/// summary line's counts are the report's, and report and script agree.
+#[test]
+fn linux_record_everything_with_the_graph_bounded() {
+    let (bz, _) = linux_61();
+    let initrd = root().join("guest/out/initramfs.cpio.gz");
+    let dir = scratch("linux-all");
+    let data = dir.join("all.data");
+    let console = dir.join("console.log");
+    let o = vmtrace_in(
+        &dir,
+        &[
+            "record",
+            "--kernel",
+            s(&bz),
+            "--initrd",
+            s(&initrd),
+            "--cpus",
+            "2",
+            "--mem",
+            "96",
+            "--timeout",
+            "600",
+            "--console",
+            s(&console),
+            "--trace",
+            "*",
+            "--graph",
+            "--max-events",
+            "3000",
+            "--duration",
+            "10",
+            "-o",
+            s(&data),
+        ],
+    );
+    let err = stderr(&o);
+    no_panic(&err);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let patched: u64 = err
+        .split("attached: ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(patched > 5000, "{err}");
+    assert!(
+        err.contains(&format!("detached: {patched} sites restored")),
+        "{err}"
+    );
+    let o = vmtrace(&["report", s(&data), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let stored = v["events_stored"].as_u64().unwrap();
+    let returns = v["graph"]["returns_stored"].as_u64().unwrap();
+    assert!(stored + returns <= 3000 && stored > 100, "{v}");
+    let said = format!(
+        "wrote {} ({} events and {} returns",
+        data.display(),
+        tracer::report::thousands(stored),
+        tracer::report::thousands(returns)
+    );
+    assert!(err.contains(&said), "expected {said:?} in {err}");
+    check_complete(&data, true);
+    let _ = std::fs::remove_dir_all(&dir);
+}
