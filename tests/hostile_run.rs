@@ -592,3 +592,63 @@ fn a_reader_leaving_mid_report_ends_the_run_quietly() {
     assert!(check_complete(&data, false) > 20_000);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `record` started with `sig` ignored, as a shell does (`nohup`: SIGHUP;
+/// a script's `cmd &`: SIGINT).
+fn spawn_ignoring(dir: &Path, data: &Path, sig: libc::c_int) -> Child {
+    use std::os::unix::process::CommandExt;
+    let k = mini_elf();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmtrace"));
+    cmd.args(["record", "--kernel", s(&k), "--cmdline", "mode=loop"])
+        .args(["--trace", "*", "--console", "none", "--timeout", "300"])
+        .args(["-o", s(data)])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(sig, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("run vmtrace")
+}
+
+/// Under `nohup` SIGHUP stays ignored (the run goes on); a script's
+/// background run, whose SIGINT the shell ignores, still stops on
+/// `kill -INT` (found by hand: an early version kept SIGINT ignored too).
+#[test]
+fn nohup_keeps_sighup_ignored_and_a_background_run_still_stops_on_sigint() {
+    let dir = scratch("nohup");
+    let data = dir.join("t.data");
+    let mut child = spawn_ignoring(&dir, &data, libc::SIGHUP);
+    wait_for_growth(&mut child, &data, 128 << 10);
+    kill(&child, libc::SIGHUP);
+    let grown = size(&data);
+    wait_for_growth(&mut child, &data, grown + (128 << 10));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP stopped a nohup run"
+    );
+    kill(&child, libc::SIGTERM);
+    let o = wait_bounded(child);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stopped by SIGTERM"), "{}", stderr(&o));
+    check_complete(&data, false);
+
+    let data = dir.join("bg.data");
+    let mut child = spawn_ignoring(&dir, &data, libc::SIGINT);
+    wait_for_growth(&mut child, &data, 128 << 10);
+    kill(&child, libc::SIGINT);
+    let o = wait_bounded(child);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("stopped by Ctrl-C (SIGINT)"),
+        "{}",
+        stderr(&o)
+    );
+    check_complete(&data, false);
+    let _ = std::fs::remove_dir_all(&dir);
+}

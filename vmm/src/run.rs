@@ -90,14 +90,17 @@ pub const TERMINATE_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, li
 /// Turn SIGINT, SIGTERM and SIGHUP into a clean stop: the handler only
 /// records the signal (an atomic store, async-signal-safe); the controller
 /// notices within one wait step. Later ones while it stops are said and
-/// otherwise ignored (see `on_terminate`). A signal the parent made
-/// ignored (`nohup`) stays ignored.
+/// otherwise ignored (see `on_terminate`). SIGHUP ignored by the parent
+/// (`nohup`) stays ignored; SIGINT and SIGTERM are caught whatever their
+/// disposition (a shell script's background job has SIGINT ignored, and
+/// `kill -INT` of it must still stop the run).
 pub fn install_terminate_handlers() -> std::io::Result<()> {
     SIGNALS.store(0, Ordering::SeqCst);
     for sig in TERMINATE_SIGNALS {
-        if !signal_ignored(sig)? {
-            install_signal_handler(sig, on_terminate)?;
+        if sig == libc::SIGHUP && signal_ignored(sig)? {
+            continue;
         }
+        install_signal_handler(sig, on_terminate)?;
     }
     Ok(())
 }
