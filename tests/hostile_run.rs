@@ -652,3 +652,56 @@ fn nohup_keeps_sighup_ignored_and_a_background_run_still_stops_on_sigint() {
     check_complete(&data, false);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Ctrl-C while Linux boots, before vmtrace could attach: the run says
+/// nothing was traced, exit status 1 (no trace is not a success), and the
+/// data file asked for is left readable, with no events.
+#[test]
+fn linux_ctrl_c_before_the_attach_says_nothing_was_traced() {
+    let (bz, _) = linux_61();
+    let initrd = root().join("guest/out/initramfs.cpio.gz");
+    let dir = scratch("linux-early");
+    let data = dir.join("early.data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["record", "--kernel", s(&bz), "--initrd", s(&initrd)])
+        .args(["--cpus", "2", "--mem", "96", "--console", "none"])
+        .args(["--trace", "hrtimer_*", "-o", s(&data)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The file's head is written before the boot; the attach comes a
+    // minute or more later on an emulating host, seconds on others.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while size(&data) == 0 {
+        assert!(Instant::now() < deadline, "no data file");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Into the boot.
+    std::thread::sleep(Duration::from_secs(3));
+    kill(&child, libc::SIGINT);
+    let o = wait_bounded(child);
+    let err = stderr(&o);
+    no_panic(&err);
+    if err.contains("vmtrace: attached:") {
+        println!("SKIPPED: the guest attached before the signal (a fast host): {err}");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("vmtrace: stopped by Ctrl-C (SIGINT) after "),
+        "{err}"
+    );
+    assert!(
+        err.trim_end().ends_with(
+            "vmtrace: the guest stopped (stopped by Ctrl-C (SIGINT)) before vmtrace could attach; nothing was traced"
+        ),
+        "{err}"
+    );
+    let o = vmtrace(&["report", s(&data), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["events"].as_u64(), Some(0), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
