@@ -662,7 +662,7 @@ fn linux_ctrl_c_before_the_attach_says_nothing_was_traced() {
     let initrd = root().join("guest/out/initramfs.cpio.gz");
     let dir = scratch("linux-early");
     let data = dir.join("early.data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
         .args(["record", "--kernel", s(&bz), "--initrd", s(&initrd)])
         .args(["--cpus", "2", "--mem", "96", "--console", "none"])
         .args(["--trace", "hrtimer_*", "-o", s(&data)])
