@@ -87,6 +87,18 @@ fn stop_line(
     }
 }
 
+/// Where a failing guest (and with `--stats`, each vCPU) stopped, each
+/// address with its function.
+fn stop_names(report: &RunReport, tracer: &Tracer) -> std::collections::HashMap<u64, String> {
+    let rips = report
+        .reason
+        .rip()
+        .into_iter()
+        .chain(report.last_regs.iter().flatten().map(|s| s.regs.rip));
+    rips.filter_map(|rip| Some((rip, function_at(tracer, rip)?)))
+        .collect()
+}
+
 /// `rip` as `function+0xoffset`, from the traced kernel's symbols (slid by
 /// its KASLR offset, once known).
 fn function_at(tracer: &Tracer, rip: u64) -> Option<String> {
@@ -171,16 +183,8 @@ fn traced(
         .iter()
         .map(|v| v.get(vmm::exit::ExitKind::Trap))
         .sum();
-    // Where a failing guest (and with --stats, each vCPU) stopped, named
-    // while the symbols are at hand.
-    let rips = run_report
-        .reason
-        .rip()
-        .into_iter()
-        .chain(run_report.last_regs.iter().flatten().map(|s| s.regs.rip));
-    let names: std::collections::HashMap<u64, String> = rips
-        .filter_map(|rip| Some((rip, function_at(&tracer, rip)?)))
-        .collect();
+    // Named while the symbols are at hand.
+    let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
     let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
     result?;
