@@ -102,18 +102,63 @@ pub fn keep_old(path: &Path) -> Result<Option<PathBuf>, RuntimeError> {
     }
 }
 
+/// A data file this run writes: an exclusive `flock` on it, held for the
+/// run, so that a second `record` of the same file is refused instead of
+/// renaming or truncating the file the first one is writing.
+pub struct Lock(#[allow(dead_code)] fs::File);
+
+/// Lock the regular file at `path` (symlinks followed), if there is one;
+/// refused when another run holds it. Nothing to lock (no file, a device)
+/// is not an error: there is nothing another run could be writing.
+pub fn lock(path: &Path) -> Result<Option<Lock>, InputError> {
+    // Opened only when it is a regular file: opening a FIFO would block.
+    if !fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
+    let Ok(f) = fs::File::open(path) else {
+        // Unreadable: the write checks say what is wrong with it.
+        return Ok(None);
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(Lock(f)));
+    }
+    match io::Error::last_os_error() {
+        e if e.kind() == io::ErrorKind::WouldBlock => {
+            Err(InputError::DataFileBusy(path.to_path_buf()))
+        }
+        // A file system without flock: nothing to hold.
+        _ => Ok(None),
+    }
+}
+
 /// The line that ends a run that saved its trace, in the spirit of perf's
 /// `[ perf record: Captured and wrote 1.2 MB perf.data (123 samples) ]`:
 /// `wrote vmtrace.data (12,345 events, 1.2 MB); read it with: vmtrace report`
-/// (after `vmtrace: `). `events`: stored in the file; `unstored`: counted
-/// only; `kept`: where the previous file went ([`keep_old`]). Call it once
-/// the file is complete: it says the file's size.
-pub fn wrote_line(path: &Path, events: u64, unstored: u64, kept: Option<&Path>) -> String {
+/// (after `vmtrace: `). `events`: calls stored in the file, as the
+/// report counts events; `returns`: returns stored (a function-graph
+/// trace); `unstored`: counted only; `kept`: where the previous file went
+/// ([`keep_old`]). Call it once the file is complete: it says the file's size.
+pub fn wrote_line(
+    path: &Path,
+    events: u64,
+    returns: Option<u64>,
+    unstored: u64,
+    kept: Option<&Path>,
+) -> String {
     let mut what = format!(
         "{} event{}",
         thousands(events),
         if events == 1 { "" } else { "s" }
     );
+    if let Some(r) = returns {
+        what.push_str(&format!(
+            " and {} return{}",
+            thousands(r),
+            if r == 1 { "" } else { "s" }
+        ));
+    }
     if unstored > 0 {
         what.push_str(&format!(" and {} counted only", thousands(unstored)));
     }
@@ -214,20 +259,27 @@ mod tests {
         let data = d.join("t.data");
         fs::write(&data, vec![0u8; 1_500]).unwrap();
         assert_eq!(
-            wrote_line(&data, 12_345, 0, None),
+            wrote_line(&data, 12_345, None, 0, None),
             format!(
                 "wrote {0} (12,345 events, 1.5 kB); read it with: vmtrace report {0}",
                 data.display()
             )
         );
         let old = old_path(&data);
-        let line = wrote_line(&data, 10, 4, Some(&old));
+        let line = wrote_line(&data, 10, None, 4, Some(&old));
         assert!(
             line.contains("(10 events and 4 counted only, 1.5 kB; the previous one is "),
             "{line}"
         );
+        // A function-graph trace: calls as the report counts them, returns
+        // beside them (not 98,802 "events" for 49,401 calls).
+        let line = wrote_line(&data, 49_401, Some(49_401), 0, None);
+        assert!(
+            line.contains("(49,401 events and 49,401 returns, 1.5 kB)"),
+            "{line}"
+        );
         // (Whatever vmtrace.data the test's directory holds.)
-        let line = wrote_line(Path::new(DEFAULT_DATA), 1, 0, None);
+        let line = wrote_line(Path::new(DEFAULT_DATA), 1, None, 0, None);
         assert!(line.starts_with("wrote vmtrace.data (1 event"), "{line}");
         assert!(line.ends_with("); read it with: vmtrace report"), "{line}");
         let _ = fs::remove_dir_all(&d);

@@ -43,8 +43,10 @@ pub type Streamed = Result<Written, RuntimeError>;
 /// A data file written while the guest ran.
 pub struct Written {
     pub path: std::path::PathBuf,
-    /// Events in the file, and events counted but not stored.
+    /// Calls in the file (the report's events), returns in it (a
+    /// function-graph trace), and events counted but not stored.
     pub events: u64,
+    pub returns: Option<u64>,
     pub unstored: u64,
     /// Where the previous file went (`record`: FILE.old).
     pub kept: Option<std::path::PathBuf>,
@@ -78,7 +80,7 @@ pub fn emit(trace: &Trace, out: &Output, streamed: Option<Streamed>) -> Result<(
         match streamed {
             Ok(w) => note!(
                 "vmtrace: {}",
-                datafile::wrote_line(&w.path, w.events, w.unstored, w.kept.as_deref())
+                datafile::wrote_line(&w.path, w.events, w.returns, w.unstored, w.kept.as_deref())
             ),
             Err(e) => failures.push(e),
         }

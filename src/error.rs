@@ -181,6 +181,12 @@ pub enum InputError {
         old: PathBuf,
         why: String,
     },
+    /// Another vmtrace run holds the data file's lock (`datafile::lock`).
+    #[error(
+        "{} is being written by another vmtrace run; wait for it to end or pass -o ANOTHER_FILE",
+        .0.display()
+    )]
+    DataFileBusy(PathBuf),
     /// `report`/`script` without a file, and no vmtrace.data here.
     #[error("no {} here; record one with `vmtrace record ...` or name a file", .0.display())]
     NoDataFile(PathBuf),

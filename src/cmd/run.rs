@@ -44,26 +44,74 @@ fn untraced(vm: Vm, stats: bool) -> Result<Outcome, Error> {
         .collect();
     let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
     running.wait();
-    Ok(stopped(&running.finish(), stats))
+    Ok(stopped(&running.finish(), stats, &|_| None))
 }
 
-/// Say why and when the guest stopped (and, with `--stats`, how it ran).
-fn stopped(report: &RunReport, stats: bool) -> Outcome {
-    match &report.reason {
-        // It says its own time: "timeout after 8 s", not "... after 8.03 s".
-        StopReason::Timeout(_) => note!("vmtrace: {} (--timeout)", report.reason),
-        reason => note!(
-            "vmtrace: {reason} after {:.2} s",
-            report.elapsed.as_secs_f64()
-        ),
-    }
+/// Say why and when the guest stopped (and, with `--stats`, how it ran);
+/// `function` names the kernel function at a guest address, if it can.
+fn stopped(report: &RunReport, stats: bool, function: &dyn Fn(u64) -> Option<String>) -> Outcome {
+    note!(
+        "vmtrace: {}",
+        stop_line(&report.reason, report.elapsed, function)
+    );
     if let Some(lost) = crate::console::loss() {
         note!("vmtrace: {lost}");
     }
     if stats {
-        print_stats(report);
+        print_stats(report, function);
     }
     Outcome::of(&report.reason)
+}
+
+/// Why and when the guest stopped, in one line.
+fn stop_line(
+    reason: &StopReason,
+    elapsed: Duration,
+    function: &dyn Fn(u64) -> Option<String>,
+) -> String {
+    let secs = elapsed.as_secs_f64();
+    match reason {
+        // It says its own time: "timeout after 8 s", not "... after 8.03 s".
+        StopReason::Timeout(_) => format!("{reason} (--timeout)"),
+        // A failure's message ends in advice: the time and the function
+        // first, so that neither is glued to it.
+        reason @ (StopReason::Error(_) | StopReason::TripleFault { .. }) => {
+            let place = reason
+                .rip()
+                .and_then(function)
+                .map(|f| format!(", in {f}"))
+                .unwrap_or_default();
+            format!("after {secs:.2} s{place}: {reason}")
+        }
+        reason => format!("{reason} after {secs:.2} s"),
+    }
+}
+
+/// Where a failing guest (and with `--stats`, each vCPU) stopped, each
+/// address with its function.
+fn stop_names(report: &RunReport, tracer: &Tracer) -> std::collections::HashMap<u64, String> {
+    let rips = report
+        .reason
+        .rip()
+        .into_iter()
+        .chain(report.last_regs.iter().flatten().map(|s| s.regs.rip));
+    rips.filter_map(|rip| Some((rip, function_at(tracer, rip)?)))
+        .collect()
+}
+
+/// `rip` as `function+0xoffset`, from the traced kernel's symbols (slid by
+/// its KASLR offset, once known).
+fn function_at(tracer: &Tracer, rip: u64) -> Option<String> {
+    let image = &tracer.plan().image;
+    let link = match tracer.kernel_offset() {
+        Some(o) => o.link(rip),
+        // Not Linux: it runs where it was linked.
+        None if !image.linux => rip,
+        // Linux before its offset was found: it may have moved.
+        None => return None,
+    };
+    let f = image.function_at(link)?;
+    Some(format!("{}+{:#x}", f.name, link - f.addr))
 }
 
 fn traced(
@@ -140,6 +188,8 @@ fn traced(
         .iter()
         .map(|v| v.get(vmm::exit::ExitKind::Trap))
         .sum();
+    // Named while the symbols are at hand.
+    let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
     let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
     result?;
@@ -156,7 +206,7 @@ fn traced(
         Ok(_) => {}
         Err(e) => return Err(RuntimeError::Restore(e).into()),
     }
-    let outcome = stopped(&run_report, stats);
+    let outcome = stopped(&run_report, stats, &|rip| names.get(&rip).cloned());
     if attached == 0 {
         data.discard();
         return Err(RuntimeError::NothingTraced(run_report.reason.clone()).into());
@@ -202,6 +252,8 @@ fn traced(
 /// from and which is removed at the end. A character device asked for
 /// gets the file once it is complete (it cannot be read back).
 struct Data {
+    /// Held while the run writes `stream` (see `datafile::lock`).
+    _lock: Option<datafile::Lock>,
     /// Where events are written as they come.
     stream: PathBuf,
     file: Option<DataFile>,
@@ -220,6 +272,11 @@ impl Data {
                 Ok(tracer::export::file::Target::Device(_))
             )
         });
+        // Another run writing the file: refused before anything is moved.
+        let previous = match asked {
+            Some(d) if !device => datafile::lock(&d.path)?,
+            _ => None,
+        };
         let (stream, temporary, kept) = match asked {
             Some(d) if !device => {
                 let kept = if d.keep_old {
@@ -232,7 +289,15 @@ impl Data {
             _ => (temporary_path(), true, None),
         };
         let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
+        // The new file's lock; the same file truncated (no .old kept)
+        // keeps the lock it had.
+        let lock = match previous {
+            Some(l) if kept.is_none() => Some(l),
+            _ if temporary => None,
+            _ => datafile::lock(&stream)?,
+        };
         Ok(Data {
+            _lock: lock,
             stream,
             file: Some(file),
             asked: asked.map(|d| d.path.clone()),
@@ -264,9 +329,16 @@ impl Data {
                 // A character device: the whole file into it.
                 copy_into(&self.stream, asked)?;
             }
+            // The file's records are calls and returns; the report counts
+            // calls as events and returns apart.
+            let returns = m.graph.then(|| {
+                let total: u64 = summary.returns.iter().flatten().sum();
+                total.saturating_sub(m.returns_dropped)
+            });
             Ok(Written {
                 path: asked.clone(),
-                events: saved.events,
+                events: saved.events - returns.unwrap_or(0).min(saved.events),
+                returns,
                 unstored,
                 kept: self.kept.clone(),
             })
@@ -364,7 +436,7 @@ fn trace_loop(
                 }
             );
             if let Some(m) = c.exitless {
-                note!("vmtrace: exitless: {}", exitless_line(m));
+                note!("vmtrace: {}", mapped_line(&*tracer, m));
             }
             if let Some(o) = tracer.kernel_offset() {
                 let kaslr = if o.is_none() { "no KASLR" } else { "KASLR" };
@@ -407,8 +479,9 @@ fn trace_loop(
     Ok(())
 }
 
-/// `--stats`: exits per vCPU and kind, assists, pauses.
-fn print_stats(report: &RunReport) {
+/// `--stats`: exits per vCPU and kind, assists, where each vCPU stopped
+/// (`function` names it), pauses.
+fn print_stats(report: &RunReport, function: &dyn Fn(u64) -> Option<String>) {
     use vmm::exit::ExitKind;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "exits per vCPU:");
@@ -437,8 +510,10 @@ fn print_stats(report: &RunReport) {
             Some(s) => {
                 let _ = writeln!(
                     err,
-                    "  cpu{cpu} stopped at rip {:#x} (cs {:#x} base {:#x}), rsp {:#x}, cr0 {:#x}, cr3 {:#x}",
-                    s.regs.rip, s.sregs.cs.selector, s.sregs.cs.base, s.regs.rsp, s.sregs.cr0, s.sregs.cr3
+                    "  cpu{cpu} stopped at rip {:#x}{} (cs {:#x} base {:#x}), rsp {:#x}, cr0 {:#x}, cr3 {:#x}",
+                    s.regs.rip,
+                    function(s.regs.rip).map(|f| format!(" in {f}")).unwrap_or_default(),
+                    s.sregs.cs.selector, s.sregs.cs.base, s.regs.rsp, s.sregs.cr0, s.sregs.cr3
                 );
             }
             None => {
@@ -523,9 +598,11 @@ fn print_kvm_counts(err: &mut impl Write, report: &RunReport) {
     );
 }
 
-/// Where exitless mode put vmtrace's code and rings in the guest.
-fn exitless_line(m: tracer::exitless::map::Mapped) -> String {
-    use tracer::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST};
+/// Where vmtrace's code page went in the guest: exitless mode's
+/// trampoline and rings (and which ring path the trampoline takes), or the
+/// trap-mode graph's return trap.
+fn mapped_line(tracer: &Tracer, m: tracer::exitless::map::Mapped) -> String {
+    use tracer::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST, RETURN_TRAP_VA};
     let entries = format!(
         "page-directory entries {PD_FIRST}-{}",
         PD_FIRST + PD_COUNT - 1
@@ -537,5 +614,49 @@ fn exitless_line(m: tracer::exitless::map::Mapped) -> String {
         }
         (false, false) => format!("{entries}, found empty"),
     };
-    format!("trampoline and rings mapped at {CODE_VA:#x}, {how}")
+    match tracer.trampoline() {
+        Some(t) => format!(
+            "exitless: trampoline and rings mapped at {CODE_VA:#x}, {how}; {}",
+            if t.locked {
+                "ring reservations locked (lock cmpxchg: the kernel is preemptible)"
+            } else {
+                "ring reservations unlocked (cmpxchg: the kernel cannot preempt)"
+            }
+        ),
+        None => format!("graph: return trap mapped at {RETURN_TRAP_VA:#x}, {how}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure's time and function come before its message, whose advice
+    /// ends the line (before: "...bare-metal KVM host after 12.34 s", and
+    /// no function).
+    #[test]
+    fn a_failure_says_when_and_where_before_its_advice() {
+        let reason = StopReason::Error(vmm::VcpuError::Assist(
+            vmm::assist::AssistError::Unsupported {
+                cpu: 1,
+                insn: "xsave [rcx]".into(),
+                rip: 0xffff_ffff_8103_0047,
+                hint: "boot Linux with `noxsave`",
+            },
+        ));
+        let named = |rip| (rip == 0xffff_ffff_8103_0047).then(|| "fpu__init_cpu+0x47".to_string());
+        assert_eq!(
+            stop_line(&reason, Duration::from_millis(12_340), &named),
+            "after 12.34 s, in fpu__init_cpu+0x47: vCPU 1 executed `xsave [rcx]` at \
+             0xffffffff81030047, which this host's KVM cannot emulate; boot Linux with `noxsave`"
+        );
+        assert_eq!(
+            stop_line(&reason, Duration::from_secs(2), &|_| None),
+            format!("after 2.00 s: {reason}")
+        );
+        assert_eq!(
+            stop_line(&StopReason::PowerOff(0), Duration::from_millis(300), &named),
+            "guest powered off (status 0) after 0.30 s"
+        );
+    }
 }

@@ -158,6 +158,9 @@ fn not_elf_hint(bytes: &[u8]) -> &'static str {
     const HDRS: std::ops::Range<usize> = 0x202..0x206;
     if bytes.is_empty() {
         "; the file is empty: pass the kernel's vmlinux"
+    } else if bytes.starts_with(b"\x7fELF") && bytes.get(4..6) == Some(&[2, 1][..]) {
+        // ELFCLASS64, ELFDATA2LSB: the right kind, its headers broken.
+        "; is the file truncated or damaged? pass an intact vmlinux"
     } else if bytes.starts_with(b"\x7fELF") {
         "; it is big-endian or 32-bit: pass an x86-64 vmlinux"
     } else if bytes.get(HDRS) == Some(b"HdrS") {

@@ -1,7 +1,7 @@
 //! The controller's view of a running guest: wait for it to stop, stop it,
 //! pause it, and collect what the vCPUs did.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use crate::gva::AddressSpace;
 use crate::kvm_stats::{self, KvmCounts, KvmStats, KvmStatsError};
 use crate::pause::{GuestClock, PauseControl, PauseStats, VcpuSnapshot};
 use crate::stop::{panic_message, StopReason, VcpuError};
-use crate::sys::{install_signal_handler, lock, unpoison};
+use crate::sys::{install_signal_handler, lock, signal_ignored, unpoison};
 
 /// State every vCPU thread and the controller share.
 pub struct Shared {
@@ -57,16 +57,49 @@ impl Shared {
 }
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Termination signals received since the handlers were installed.
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
+
+/// Said (with write(2), async-signal-safe) on every termination signal
+/// after the first: the run is stopping already and finishes as after the
+/// first one (every site restored, the data file completed).
+const ALREADY_STOPPING: &[u8] = b"vmtrace: already stopping: restoring the guest's text and \
+completing the data file (SIGKILL would leave it incomplete)\n";
 
 extern "C" fn on_terminate(sig: libc::c_int) {
+    if SIGNALS.fetch_add(1, Ordering::SeqCst) > 0 {
+        // SAFETY: write(2) is async-signal-safe; the buffer is a static
+        // byte string of that length. A failed write (a terminal gone,
+        // EIO) loses only this line.
+        unsafe {
+            libc::write(
+                libc::STDERR_FILENO,
+                ALREADY_STOPPING.as_ptr().cast(),
+                ALREADY_STOPPING.len(),
+            )
+        };
+        return;
+    }
     SIGNAL.store(sig, Ordering::SeqCst);
 }
 
-/// Turn SIGINT and SIGTERM into a clean stop: the handler only records the
-/// signal (an atomic store, async-signal-safe); the controller notices within
-/// one wait step.
+/// The signals that stop a run cleanly: Ctrl-C, SIGTERM, and SIGHUP (the
+/// terminal went away: the same as SIGTERM).
+pub const TERMINATE_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Turn SIGINT, SIGTERM and SIGHUP into a clean stop: the handler only
+/// records the signal (an atomic store, async-signal-safe); the controller
+/// notices within one wait step. Later ones while it stops are said and
+/// otherwise ignored (see `on_terminate`). SIGHUP ignored by the parent
+/// (`nohup`) stays ignored; SIGINT and SIGTERM are caught whatever their
+/// disposition (a shell script's background job has SIGINT ignored, and
+/// `kill -INT` of it must still stop the run).
 pub fn install_terminate_handlers() -> std::io::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    SIGNALS.store(0, Ordering::SeqCst);
+    for sig in TERMINATE_SIGNALS {
+        if sig == libc::SIGHUP && signal_ignored(sig)? {
+            continue;
+        }
         install_signal_handler(sig, on_terminate)?;
     }
     Ok(())
@@ -81,7 +114,8 @@ pub struct RunReport {
     pub pause: PauseStats,
     /// The last console lines, for error messages.
     pub console_tail: Vec<String>,
-    /// Where each vCPU was when a timeout stopped it (empty otherwise).
+    /// Where each vCPU was when a timeout or a signal stopped it (empty
+    /// otherwise).
     pub last_regs: Vec<Option<VcpuSnapshot>>,
     /// KVM's own counters of each vCPU at the end (see kvm_stats: what
     /// `insn_emulation` counts depends on the host); all None where KVM
@@ -231,17 +265,15 @@ impl Running {
     /// an expired `--timeout` into the stop reason.
     pub fn wait_stop(&self, step: Duration) -> Option<StopReason> {
         let sig = SIGNAL.swap(0, Ordering::SeqCst);
-        if sig != 0 {
+        if sig != 0 && self.shared.stop_reason().is_none() {
+            // Where each vCPU was: `--stats` says it.
+            self.snapshot_all();
             self.shared.stop(StopReason::Signal(sig));
         }
         if let (Some(d), Some(t)) = (self.deadline, self.timeout) {
             if Instant::now() >= d && self.shared.stop_reason().is_none() {
                 // Where was each vCPU? Worth saying when a guest hangs.
-                let regs = {
-                    let p = self.pause_all();
-                    (0..self.cpus()).map(|c| p.snapshot(c)).collect()
-                };
-                *lock(&self.shared.last_regs) = regs;
+                self.snapshot_all();
                 self.shared.stop(StopReason::Timeout(t));
             }
         }
@@ -252,6 +284,15 @@ impl Running {
                 .wait_timeout_while(s, step, |r| r.is_none()),
         );
         s.clone()
+    }
+
+    /// Every vCPU's registers now, under a pause, kept for the report.
+    fn snapshot_all(&self) {
+        let regs = {
+            let p = self.pause_all();
+            (0..self.cpus()).map(|c| p.snapshot(c)).collect()
+        };
+        *lock(&self.shared.last_regs) = regs;
     }
 
     /// Run until the guest stops, for whatever reason.

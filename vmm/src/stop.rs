@@ -28,7 +28,7 @@ pub enum StopReason {
     Crash { cpu: usize },
     /// `--timeout` elapsed.
     Timeout(Duration),
-    /// SIGINT or SIGTERM.
+    /// SIGINT, SIGTERM or SIGHUP.
     Signal(i32),
     /// The host side asked the guest to stop (e.g. `--duration`).
     Requested,
@@ -54,14 +54,28 @@ impl fmt::Display for StopReason {
             StopReason::Signal(s) => write!(
                 f,
                 "stopped by {}",
-                if *s == libc::SIGINT {
-                    "Ctrl-C (SIGINT)"
-                } else {
-                    "SIGTERM"
+                match *s {
+                    libc::SIGINT => "Ctrl-C (SIGINT)",
+                    libc::SIGHUP => "SIGHUP (the terminal went away)",
+                    _ => "SIGTERM",
                 }
             ),
             StopReason::Requested => write!(f, "stopped on request"),
             StopReason::Error(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl StopReason {
+    /// The guest address the run stopped at, when the stop names one (a
+    /// triple fault, an instruction KVM could not emulate).
+    pub fn rip(&self) -> Option<u64> {
+        match self {
+            StopReason::TripleFault { rip, .. } => Some(*rip),
+            StopReason::Error(VcpuError::Assist(
+                AssistError::Unsupported { rip, .. } | AssistError::Internal { rip, .. },
+            )) => Some(*rip),
+            _ => None,
         }
     }
 }

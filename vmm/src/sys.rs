@@ -16,6 +16,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     unpoison(m.lock())
 }
 
+/// Is `sig` ignored (`nohup`, a background job of a non-interactive
+/// shell)? Then it stays so: vmtrace does not catch it.
+pub(crate) fn signal_ignored(sig: libc::c_int) -> std::io::Result<bool> {
+    // SAFETY: a zeroed sigaction is a valid value to fill; a null `act`
+    // only reads the current disposition.
+    let (rc, old) = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let rc = libc::sigaction(sig, std::ptr::null(), &mut old);
+        (rc, old)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(old.sa_sigaction == libc::SIG_IGN)
+}
+
 /// Install `handler` for `sig`, with an empty mask and no `SA_RESTART`, so a
 /// blocking call the signal interrupts (KVM_RUN) returns EINTR. Installing the
 /// same handler again is harmless, so callers need no once-guard.

@@ -242,7 +242,7 @@ impl Vm {
         );
         let ncpus = self.vcpus.len();
         let signal = |what| move |source| VmError::Signal { what, source };
-        crate::run::install_terminate_handlers().map_err(signal("SIGINT/SIGTERM"))?;
+        crate::run::install_terminate_handlers().map_err(signal("SIGINT/SIGTERM/SIGHUP"))?;
         let pause = PauseControl::new(ncpus, start_paused).map_err(signal("vCPU kick"))?;
         let shared = Arc::new(Shared::new(self.mem, self.devices, pause));
         let mut threads = Vec::with_capacity(ncpus);

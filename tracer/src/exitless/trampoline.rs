@@ -231,6 +231,9 @@ pub struct Trampoline {
     /// Function graph: a recorded return's instructions, from frame 0's
     /// return stub to the `ret` (empty without the graph).
     pub return_path: Vec<Instruction>,
+    /// The rings' reservation and drop counters are `lock`ed (a
+    /// preemptible guest kernel; see `TrampolineSpec::preemptible`).
+    pub locked: bool,
 }
 
 impl Trampoline {
@@ -540,6 +543,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         body_len,
         common_path,
         return_path,
+        locked: spec.preemptible,
     })
 }
 

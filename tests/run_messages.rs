@@ -1,0 +1,196 @@
+//! What a run says on stderr (issue 22, item 10): the mapping line names
+//! what was mapped (the trap-mode graph's return trap is not exitless
+//! mode's trampoline) and, in exitless mode, which ring path the trampoline
+//! takes; `record`'s summary counts events as the report does, returns
+//! apart; a failing guest's stop line says its time and function before
+//! the message; `--stats` after a signal says where each vCPU stopped.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmtrace-msg-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn report_json(file: &Path) -> serde_json::Value {
+    let o = vmtrace(&["report", s(file), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+/// Before: `--mode trap --graph` said "exitless: trampoline and rings
+/// mapped", and `record` wrote "(39,341 events" for 19,721 calls and
+/// 19,620 returns, where the report says "events: 19,721".
+#[test]
+fn trap_graph_says_return_trap_and_record_counts_calls_as_the_report() {
+    let k = mini_elf();
+    let dir = scratch("trapgraph");
+    let data = dir.join("g.data");
+    let o = vmtrace(&[
+        "record",
+        "--kernel",
+        s(&k),
+        "--mode",
+        "trap",
+        "--graph",
+        "--cmdline",
+        "graph=1 iters=300",
+        "--trace",
+        "*",
+        "--console",
+        "none",
+        "-o",
+        s(&data),
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("exitless"), "{err}");
+    assert!(
+        err.contains("vmtrace: graph: return trap mapped at 0xffffffffff9bfff0, page-directory entries 508-510"),
+        "{err}"
+    );
+    let v = report_json(&data);
+    let events = v["events_stored"].as_u64().unwrap();
+    let returns = v["graph"]["returns_stored"].as_u64().unwrap();
+    assert!(events > 1000 && returns > 1000, "{v}");
+    assert_eq!(v["events"].as_u64(), Some(events), "nothing dropped");
+    let said = format!(
+        "vmtrace: wrote {} ({} events and {} returns, ",
+        data.display(),
+        tracer::report::thousands(events),
+        tracer::report::thousands(returns)
+    );
+    assert!(err.contains(&said), "expected {said:?} in {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Exitless mode says which path its rings take: the mini guest has no
+/// `preempt_schedule`, so the unlocked one; trap mode without the graph
+/// maps nothing and says nothing of it.
+#[test]
+fn exitless_says_its_ring_path_and_trap_mode_maps_nothing() {
+    let k = mini_elf();
+    let base = [
+        "--kernel",
+        s(&k),
+        "--trace",
+        "hrtimer_*",
+        "--console",
+        "none",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--mode", "exitless"]);
+    let o = vmtrace(&args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "vmtrace: exitless: trampoline and rings mapped at 0xffffffffff800000, page-directory entries 508-510"
+        ) && err.contains("; ring reservations unlocked (cmpxchg: the kernel cannot preempt)"),
+        "{err}"
+    );
+    let mut args = base.to_vec();
+    args.extend(["--mode", "trap"]);
+    let o = vmtrace(&args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("mapped at"), "{err}");
+}
+
+/// Before: "vmtrace: vCPU 0 triple-faulted (shutdown) at 0x... after 0.01 s"
+/// (and an unsupported instruction's advice ran into "after"), with no
+/// function named.
+#[test]
+fn a_triple_fault_says_its_time_and_function_first() {
+    let k = mini_elf();
+    let bad_end = elf_symbol(&k, "bad_end");
+    let o = vmtrace(&[
+        "--kernel",
+        s(&k),
+        "--cmdline",
+        "end=triple-fault",
+        "--trace",
+        "hrtimer_*",
+        "--console",
+        "none",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("triple-faulted"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let (head, rest) = line.split_once(": ").unwrap();
+    assert_eq!(head, "vmtrace");
+    assert!(rest.starts_with("after "), "{line}");
+    let (when, reason) = rest.split_once(": ").unwrap();
+    let (secs, place) = when
+        .strip_prefix("after ")
+        .unwrap()
+        .split_once(" s, in ")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(secs.parse::<f64>().is_ok(), "{line}");
+    let off = place
+        .strip_prefix("bad_end+0x")
+        .unwrap_or_else(|| panic!("{line}"));
+    let rip = bad_end + u64::from_str_radix(off, 16).unwrap();
+    assert_eq!(
+        reason,
+        format!("vCPU 0 triple-faulted (shutdown) at {rip:#x}")
+    );
+}
+
+/// Before: `--stats` said where each vCPU stopped only after `--timeout`.
+#[test]
+fn stats_after_sigterm_say_where_each_vcpu_stopped() {
+    let k = mini_elf();
+    let dir = scratch("stats");
+    let data = dir.join("s.data");
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["record", "--kernel", s(&k), "--cpus", "2"])
+        .args([
+            "--cmdline",
+            "mode=loop",
+            "--trace",
+            "*",
+            "--console",
+            "none",
+        ])
+        .args(["--stats", "--timeout", "300", "-o", s(&data)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while std::fs::metadata(&data).map_or(0, |m| m.len()) < 256 << 10 {
+        assert!(Instant::now() < deadline, "the data file did not grow");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("vmtrace: stopped by SIGTERM after "), "{err}");
+    for cpu in 0..2 {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("  cpu{cpu} stopped at rip 0x")))
+            .unwrap_or_else(|| panic!("cpu{cpu}: {err}"));
+        // Every mini guest instruction is in one of its functions.
+        assert!(line.contains(" in "), "{line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
