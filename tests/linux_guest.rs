@@ -60,8 +60,10 @@ fn boot_kernel(
         &cpus_s,
         "--mem",
         "96",
+        // A hang guard only: a loaded CI host slows these boots a lot (the
+        // every-function boot on 4 vCPUs neared 300 s beside other work).
         "--timeout",
-        "300",
+        "900",
         "--console",
         console.to_str().unwrap(),
     ];
