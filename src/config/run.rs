@@ -176,7 +176,9 @@ impl RunConfig {
         };
         let trace = if let Some(output) = output {
             let mut plan = super::symbols::plan(args, &kernel, kind)?;
-            plan.graph = args.graph;
+            if args.graph {
+                graph_plan(&mut plan, kind)?;
+            }
             check_patchable(&plan, args)?;
             let mode = choose_mode(args, &plan, cpus as usize, emulator_host)?;
             Some(TraceConfig {
@@ -331,6 +333,38 @@ fn banner_matches(banner: &str, version: &str) -> bool {
 }
 
 /// A selection whose every site is in init text would boot and trace nothing.
+/// `--graph`: hook returns, leaving out (and naming) the functions whose
+/// return must not be hooked (`tracer::hookable`); refused if nothing else
+/// is left to trace. On Linux, says what the guest's own stack traces show
+/// meanwhile (README, "Function graph: how returns are hooked").
+fn graph_plan(plan: &mut Plan, kind: KernelKind) -> Result<(), InputError> {
+    let had_sites = !plan.index.addrs.is_empty();
+    let left_out = tracer::hookable::hook_returns(plan);
+    let why = |n: &String| {
+        format!(
+            "{n} ({})",
+            tracer::hookable::unhookable(n).unwrap_or_default()
+        )
+    };
+    let names = left_out.iter().map(why).collect::<Vec<_>>().join("; ");
+    if had_sites && plan.index.addrs.is_empty() {
+        return Err(InputError::GraphUnhookable { names });
+    }
+    if !left_out.is_empty() {
+        note!(
+            "vmtrace: --graph: left out {names}: the guest's unwinder would stop at vmtrace's hook"
+        );
+    }
+    if kind.is_linux() {
+        note!(
+            "vmtrace: --graph: the guest's own stack traces leave out the caller of each hooked call \
+             (its return address is vmtrace's, outside kernel text); ORC and frame-pointer unwinders \
+             mark the frames beyond it unreliable ('?')"
+        );
+    }
+    Ok(())
+}
+
 fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
     if !plan.index.addrs.is_empty() || plan.skipped_init == 0 {
         return Ok(());
