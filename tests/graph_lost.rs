@@ -147,6 +147,14 @@ fn check_lost(tag: &str, extra: &[&str], lost: bool) {
         )),
         "{line}"
     );
+    // The call tree marks each lost call (`/* return lost */`, or on its
+    // closing line `} /* NAME, return lost */`).
+    let tree = tracer::report::render_tree(&t, &tracer::report::TreeOptions::default());
+    assert_eq!(
+        tree.matches("return lost */").count() as u64,
+        g.lost,
+        "{tree}"
+    );
     let mut json = Vec::new();
     tracer::export::write_json(&t, &mut json).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&json).unwrap();

@@ -71,8 +71,9 @@ fn list_marks_the_functions_graph_leaves_out() {
 /// What the guest's own stack traces show while hooked returns are on its
 /// stacks, on the default 6.1 guest (its unwinder: `CONFIG_UNWINDER_GUESS`,
 /// which prints every kernel text address on the stack, each as `? `).
-/// `--trace kthread --graph` hooks the return of `kthread()` (into
-/// `ret_from_fork`) in every kernel thread; `rdinit=` naming no file makes
+/// `--trace kthread,__unwind_start --graph` hooks the return of
+/// `kthread()` (into `ret_from_fork`) in every kernel thread, and leaves
+/// `__unwind_start` out, saying so; `rdinit=` naming no file makes
 /// the kernel panic once it has booted, and `panic_print=1` then prints
 /// every task's stack. Each kernel thread's trace ends at `kthread` without
 /// `ret_from_fork`: that stack word is vmtrace's hook, outside kernel
@@ -100,7 +101,7 @@ fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
         "--console",
         console.to_str().unwrap(),
         "--trace",
-        "kthread",
+        "kthread,__unwind_start",
         "--graph",
         "-o",
         saved.to_str().unwrap(),
@@ -118,7 +119,13 @@ fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
         ),
         "{err}"
     );
+    assert!(
+        err.contains("vmtrace: --graph: left out __unwind_start (every ORC unwind of the current task starts in it"),
+        "{err}"
+    );
     let t = tracer::tracefile::load(&saved).unwrap();
+    let names: Vec<&str> = t.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["kthread"]);
     let _ = std::fs::remove_file(&saved);
     // Every kthread() call is still running (hooked) at the panic.
     let g = tracer::graph::Graph::build(&t);
