@@ -191,20 +191,7 @@ impl Graph {
             if *id == next_id {
                 g.stacks.push(region << STACK_SHIFT);
             }
-            // Frames below this slot were unwound without returning; at
-            // this slot too, for an entry that is not a tail call from them.
-            let tail_of = |f: &Frame| e.parent == f.caller;
-            while let Some(&top) = stack.last() {
-                let at = slots[top as usize];
-                if at < slot || (at == slot && !e.is_return() && !tail_of(&g.frames[top as usize]))
-                {
-                    g.frames[top as usize].end = End::Abandoned;
-                    g.abandoned += 1;
-                    stack.pop();
-                } else {
-                    break;
-                }
-            }
+            g.end_unwound(stack, &slots, e, slot);
             if e.is_return() {
                 let Some(&top) = stack.last() else {
                     g.unmatched_returns += 1;
@@ -252,6 +239,23 @@ impl Graph {
         }
         g.end_lost(trace);
         g
+    }
+
+    /// Ends, as abandoned, the live frames of `stack` that event `e` at
+    /// `slot` shows were unwound without a return: those below the slot,
+    /// and for an entry that is not a tail call from them, those at it.
+    fn end_unwound(&mut self, stack: &mut Vec<u32>, slots: &[u64], e: &Event, slot: u64) {
+        while let Some(&top) = stack.last() {
+            let at = slots[top as usize];
+            let tail_call = e.parent == self.frames[top as usize].caller;
+            if at < slot || (at == slot && !e.is_return() && !tail_call) {
+                self.frames[top as usize].end = End::Abandoned;
+                self.abandoned += 1;
+                stack.pop();
+            } else {
+                break;
+            }
+        }
     }
 
     /// Abandoned frames whose function has returns counted but not stored
