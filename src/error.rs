@@ -85,6 +85,10 @@ pub enum InputError {
     InitrdMissing(PathBuf),
     #[error("{flag} needs --trace GLOB (it only applies to a traced run)")]
     NeedsTrace { flag: &'static str },
+    #[error(
+        "--graph cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace without --graph"
+    )]
+    GraphUnhookable { names: String },
     #[error("{view} shows returns and durations: add --graph to record them")]
     NeedsGraph { view: &'static str },
     #[error("{flag} {value} is not a positive number of seconds")]

@@ -369,6 +369,7 @@ fn detach_with_frames_hooked(exitless: bool) {
             End::Returned { .. } => {}
             End::Abandoned => assert_eq!(n, "graph_abandoned"),
             End::Running => assert_eq!(n, "mini_main", "{f:?}"),
+            End::Lost => panic!("{n}: return lost"),
             End::Unhooked => panic!("{n} not hooked"),
         }
     }

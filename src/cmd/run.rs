@@ -130,6 +130,7 @@ fn traced(
         buffer,
         overwrite,
         output,
+        notes,
     } = cfg;
     // A kernel that does not patch its own sites (the mini guest) is traced
     // from its first instruction; Linux once its ftrace_init made the sites NOPs.
@@ -167,6 +168,10 @@ fn traced(
             data.discard();
             Error::Input(InputError::from(e))
         })?;
+    // Said once nothing can refuse the run any more.
+    for n in notes {
+        note!("{n}");
+    }
     let running = vm
         .start(handlers, attach_now)
         .map_err(RuntimeError::Start)?;

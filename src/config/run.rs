@@ -68,6 +68,9 @@ pub struct TraceConfig {
     /// `--overwrite`: the newest events kept per vCPU (flight recorder).
     pub overwrite: Option<u64>,
     pub output: Output,
+    /// Lines to say once the run is set (`--graph`: what it left out, and
+    /// what the guest's stack traces show).
+    pub notes: Vec<String>,
 }
 
 impl RunConfig {
@@ -176,7 +179,11 @@ impl RunConfig {
         };
         let trace = if let Some(output) = output {
             let mut plan = super::symbols::plan(args, &kernel, kind)?;
-            plan.graph = args.graph;
+            let notes = if args.graph {
+                graph_plan(&mut plan, kind)?
+            } else {
+                Vec::new()
+            };
             check_patchable(&plan, args)?;
             let mode = choose_mode(args, &plan, cpus as usize, emulator_host)?;
             Some(TraceConfig {
@@ -188,6 +195,7 @@ impl RunConfig {
                 buffer,
                 overwrite,
                 output,
+                notes,
             })
         } else {
             None
@@ -331,6 +339,41 @@ fn banner_matches(banner: &str, version: &str) -> bool {
 }
 
 /// A selection whose every site is in init text would boot and trace nothing.
+/// `--graph`: hook returns, leaving out (and naming) the functions whose
+/// return must not be hooked (`tracer::hookable`); refused if nothing else
+/// is left to trace. The notes to say: what it left out, and on Linux what
+/// the guest's own stack traces show meanwhile (README, "Function graph:
+/// how returns are hooked").
+fn graph_plan(plan: &mut Plan, kind: KernelKind) -> Result<Vec<String>, InputError> {
+    let had_sites = !plan.index.addrs.is_empty();
+    let left_out = tracer::hookable::hook_returns(plan);
+    let why = |n: &String| {
+        format!(
+            "{n} ({})",
+            tracer::hookable::unhookable(n).unwrap_or_default()
+        )
+    };
+    let names = left_out.iter().map(why).collect::<Vec<_>>().join("; ");
+    if had_sites && plan.index.addrs.is_empty() {
+        return Err(InputError::GraphUnhookable { names });
+    }
+    let mut notes = Vec::new();
+    if !left_out.is_empty() {
+        notes.push(format!(
+            "vmtrace: --graph: left out {names}: the guest's unwinder would stop at vmtrace's hook"
+        ));
+    }
+    if kind.is_linux() {
+        notes.push(
+            "vmtrace: --graph: the guest's own stack traces leave out the caller of each hooked call \
+             (its return address is vmtrace's, outside kernel text); ORC and frame-pointer unwinders \
+             mark the frames beyond it unreliable ('?')"
+                .to_string(),
+        );
+    }
+    Ok(notes)
+}
+
 fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
     if !plan.index.addrs.is_empty() || plan.skipped_init == 0 {
         return Ok(());

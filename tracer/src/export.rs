@@ -158,6 +158,7 @@ pub fn to_json(trace: &Trace) -> Value {
             "frames": g.frames,
             "returned": g.returned,
             "abandoned": g.abandoned,
+            "lost_returns": g.lost,
             "running": g.running,
             "unhooked_stored": g.unhooked_stored,
             "unhooked": g.unhooked,
@@ -270,14 +271,15 @@ fn json_str(s: &str) -> String {
 /// track of the vCPU it was entered on; a call that returned on another
 /// vCPU stays there (Perfetto draws a slice on one track) and has
 /// `"return_cpu"` in its args. A call that did not return is an instant
-/// event at its entry with `"end"`: `abandoned`, `running` (at detach, or
-/// its return was not stored) or `unhooked` (rather than a `B` without an
+/// event at its entry with `"end"`: `abandoned`, `lost` (it returned, its
+/// return was not stored), `running` (at detach, or its return was not
+/// stored after the last stored event on its stack) or `unhooked` (rather than a `B` without an
 /// `E`, which would swallow every later slice on its track).
 ///
 /// `otherData` holds the exact number of entries counted, stored and
 /// dropped (not stored: over `--max-events` or a full exitless ring), and
 /// in function-graph traces `returns`, `returns_stored`, `returns_dropped`,
-/// `abandoned`, `running`, `unhooked` and `unmatched_returns` (as in the
+/// `abandoned`, `lost_returns`, `running`, `unhooked` and `unmatched_returns` (as in the
 /// JSON report's `graph`); when some entries were dropped, a
 /// `process_labels` metadata event says so on the process's track too.
 pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
@@ -345,6 +347,7 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
                     callers.write(&mut w, trace, f.caller)?;
                     let end = match end {
                         End::Abandoned => "abandoned",
+                        End::Lost => "lost",
                         End::Unhooked => "unhooked",
                         _ => "running",
                     };
@@ -356,11 +359,12 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
         entries_stored = report.entries_stored;
         if let Some(s) = &report.graph_summary {
             graph_data = format!(
-                ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
+                ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"lost_returns\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
                 s.returns,
                 s.returns_stored,
                 s.returns_dropped,
                 s.abandoned,
+                s.lost,
                 s.running,
                 s.unhooked,
                 s.unmatched_returns

@@ -20,14 +20,29 @@
 //! - an entry at slot S first ends, as *abandoned*, every live frame at a
 //!   slot below S (the stack was unwound past them without a return: a
 //!   longjmp, a task that died in a traced function); a live frame at S
-//!   itself stays (a tail call: the callee's entry finds the caller's hook
-//!   in place, and returns through both);
+//!   itself stays if the entry is a tail call from it (the callee's entry
+//!   found the caller's hook in place, so its caller is the live frame's:
+//!   `unhook_callers`; it returns through both), else it ends the same way
+//!   (the call at S returned, but its return was not stored);
 //! - a return at S ends abandoned frames below S the same way, then returns
 //!   the innermost live frame at S; a return with none (its entry was not
 //!   stored) is counted in `Graph::unmatched_returns`.
 //!
 //! Frames still live at the end are `End::Running` (not returned when
 //! tracing stopped); entries without a hook are `End::Unhooked`.
+//!
+//! # Lost returns
+//! A frame ended without its return may have returned after all: its
+//! return was counted but not stored (a full ring, `--max-events`, a full
+//! store queue). The exact returns per function (`Trace::returns`) less
+//! the stored ones bound how many: the frames so ended become
+//! `End::Lost`, in entry order, while their function has returns not
+//! stored left; the rest stay abandoned. A function both abandoned and
+//! dropping returns in one trace can so be miscounted between the two;
+//! frames still live at the end stay running (a return dropped after the
+//! last stored event on a stack cannot be told from a call still running).
+//! Flight-recorder traces (`--overwrite`) drop only events older than every
+//! stored one, so none of their stored calls lost its return.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -47,6 +62,9 @@ pub enum End {
     Returned { ts_ns: u64, cpu: u32 },
     /// Unwound without a return (see the module comment).
     Abandoned,
+    /// Returned, but its return was not stored (counted in its function's
+    /// exact returns; see the module comment).
+    Lost,
     /// Still running when tracing stopped (or its return was not stored).
     Running,
     /// Its return was not hooked: no frame was free in the guest.
@@ -130,6 +148,8 @@ pub struct Graph {
     pub stacks: Vec<u64>,
     /// Frames found abandoned.
     pub abandoned: u64,
+    /// Frames whose return was counted but not stored.
+    pub lost: u64,
     /// Returns with no live frame at their slot (their entry not stored).
     pub unmatched_returns: u64,
     /// Returns whose function differs from the frame at their slot's (the
@@ -171,16 +191,7 @@ impl Graph {
             if *id == next_id {
                 g.stacks.push(region << STACK_SHIFT);
             }
-            // Frames below this slot were unwound without returning.
-            while let Some(&top) = stack.last() {
-                if slots[top as usize] < slot {
-                    g.frames[top as usize].end = End::Abandoned;
-                    g.abandoned += 1;
-                    stack.pop();
-                } else {
-                    break;
-                }
-            }
+            g.end_unwound(stack, &slots, e, slot);
             if e.is_return() {
                 let Some(&top) = stack.last() else {
                     g.unmatched_returns += 1;
@@ -226,7 +237,55 @@ impl Graph {
                 stack.push(index);
             }
         }
+        g.end_lost(trace);
         g
+    }
+
+    /// Ends, as abandoned, the live frames of `stack` that event `e` at
+    /// `slot` shows were unwound without a return: those below the slot,
+    /// and for an entry that is not a tail call from them, those at it.
+    fn end_unwound(&mut self, stack: &mut Vec<u32>, slots: &[u64], e: &Event, slot: u64) {
+        while let Some(&top) = stack.last() {
+            let at = slots[top as usize];
+            let tail_call = e.parent == self.frames[top as usize].caller;
+            if at < slot || (at == slot && !e.is_return() && !tail_call) {
+                self.frames[top as usize].end = End::Abandoned;
+                self.abandoned += 1;
+                stack.pop();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Abandoned frames whose function has returns counted but not stored
+    /// left become `End::Lost` (see the module comment), in entry order.
+    fn end_lost(&mut self, trace: &Trace) {
+        if trace.meta.overwrite {
+            return;
+        }
+        // Per function: exact returns less stored ones.
+        let mut room: Vec<u64> = trace
+            .returns
+            .iter()
+            .map(|per_cpu| per_cpu.iter().sum())
+            .collect();
+        for e in trace.events.iter().filter(|e| e.is_return()) {
+            if let Some(r) = room.get_mut(e.func as usize) {
+                *r = r.saturating_sub(1);
+            }
+        }
+        for f in &mut self.frames {
+            let Some(r) = room.get_mut(f.func as usize) else {
+                continue;
+            };
+            if f.end == End::Abandoned && *r > 0 {
+                *r -= 1;
+                f.end = End::Lost;
+                self.abandoned -= 1;
+                self.lost += 1;
+            }
+        }
     }
 
     /// Durations per function (`nfunc` of them) and per function and vCPU
@@ -251,8 +310,8 @@ impl Graph {
         (all, per_cpu)
     }
 
-    /// Frames that never returned, per function: still running when
-    /// tracing stopped, abandoned, or unhooked.
+    /// Frames without a stored return, per function: still running when
+    /// tracing stopped, abandoned, lost, or unhooked.
     pub fn not_returned(&self, nfunc: usize) -> Vec<u64> {
         let mut n = vec![0u64; nfunc];
         for f in &self.frames {
@@ -404,13 +463,14 @@ mod tests {
 
     #[test]
     fn abandoned_frames_are_dropped_at_the_next_outer_event() {
-        // f0 { f1 (abandoned by a longjmp) }, then an entry at f0's slot:
-        // f1's slot is below it, so f1 was unwound; f0's is not (the new
-        // entry nests in it, as a tail call would).
+        // f0 { f1 (abandoned by a longjmp) }, then a tail call from f0 at
+        // its slot (its caller f0's, as `unhook_callers` leaves it): f1's
+        // slot is below it, so f1 was unwound; f0's is not (the new entry
+        // nests in it).
         let t = trace(vec![
             ev(100, 0, 0, STACK_A, 0, false, 0x1),
             ev(110, 1, 0, STACK_A, 1, false, 0x2),
-            ev(120, 2, 0, STACK_A, 0, false, 0x3),
+            ev(120, 2, 0, STACK_A, 0, false, 0x1),
         ]);
         let g = Graph::build(&t);
         assert_eq!(g.abandoned, 1);
@@ -428,6 +488,57 @@ mod tests {
         assert_eq!(g.abandoned, 2);
         assert_eq!(g.frames[0].total_ns(), Some(30));
         assert_eq!(g.not_returned(3), [0, 1, 1]);
+    }
+
+    #[test]
+    fn a_call_at_the_slot_of_a_live_frame_from_elsewhere_ends_it() {
+        // f0 { f1 (return not stored) ; f2 from another call site at the
+        // same slot }: not a tail call from f1, so f1 ended before f2.
+        let t = trace(vec![
+            ev(100, 0, 0, STACK_A, 0, false, 0x1),
+            ev(110, 1, 0, STACK_A, 1, false, 0x2),
+            ev(130, 2, 0, STACK_A, 1, false, 0x3),
+            ev(140, 2, 0, STACK_A, 1, true, 0x3),
+            ev(150, 0, 0, STACK_A, 0, true, 0x1),
+        ]);
+        let g = Graph::build(&t);
+        assert_eq!(g.frames[1].end, End::Abandoned);
+        assert_eq!(g.frames[2].parent, Some(0));
+        assert_eq!(g.frames[2].depth, 1);
+        assert_eq!(g.frames[0].children, 2);
+        assert_eq!((g.abandoned, g.lost), (1, 0));
+    }
+
+    #[test]
+    fn frames_ended_without_return_are_lost_as_far_as_dropped_returns_go() {
+        // f0 { f1 f1 f1 f2 } f3(running): f1 returned 3 times (exact), one
+        // return stored; f2 returned never (abandoned); f3 once, not stored,
+        // but its frame is still live at the end: running, not lost.
+        let mut t = trace(vec![
+            ev(100, 0, 0, STACK_A, 0, false, 0x1),
+            ev(110, 1, 0, STACK_A, 1, false, 0x2),
+            ev(120, 1, 0, STACK_A, 1, false, 0x2),
+            ev(125, 1, 0, STACK_A, 1, true, 0x2),
+            ev(130, 1, 0, STACK_A, 1, false, 0x2),
+            ev(140, 2, 0, STACK_A, 2, false, 0x4),
+            ev(150, 0, 0, STACK_A, 0, true, 0x1),
+            ev(160, 3, 0, STACK_B, 0, false, 0x5),
+        ]);
+        t.returns = vec![vec![1], vec![3], vec![0], vec![1]];
+        let g = Graph::build(&t);
+        let ends: Vec<End> = g.frames.iter().map(|f| f.end).collect();
+        assert!(matches!(ends[0], End::Returned { .. }));
+        // The second f1 nests in the first (same call site: a tail call as
+        // far as the events tell) and returns; the first and the third
+        // were lost.
+        assert_eq!(ends[1], End::Lost);
+        assert!(matches!(ends[2], End::Returned { .. }));
+        assert_eq!(&ends[3..], [End::Lost, End::Abandoned, End::Running]);
+        assert_eq!((g.abandoned, g.lost), (1, 2));
+        // A flight recorder's stored calls never lost their return.
+        t.meta.overwrite = true;
+        let g = Graph::build(&t);
+        assert_eq!((g.abandoned, g.lost), (3, 0));
     }
 
     #[test]

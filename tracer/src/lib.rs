@@ -5,6 +5,7 @@ pub mod exitless;
 pub mod export;
 pub mod filter;
 pub mod graph;
+pub mod hookable;
 pub mod kallsyms;
 pub mod kaslr;
 pub mod list;

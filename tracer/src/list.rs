@@ -13,7 +13,9 @@
 //!   traceable only during boot, which vmtrace does not trace on Linux
 //!   (such sites are skipped: `sites_skipped_init`);
 //! - `[notrace]`: no ftrace call site: a `notrace` function, one that was
-//!   inlined into its callers but kept a symbol, or assembly.
+//!   inlined into its callers but kept a symbol, or assembly;
+//! - `[no --graph]`: traceable, but `--graph` leaves it out: the guest
+//!   unwinds through its return address (`crate::hookable`).
 //!
 //! A function with aliases (symbols at its address: `__x64_sys_getpid` and
 //! `__do_sys_getpid`) is listed under each name, whether its symbols come
@@ -27,6 +29,7 @@
 use std::io::{self, BufWriter, Write};
 
 use crate::filter::{closest_names, FilterError, Globs};
+use crate::hookable::unhookable;
 use crate::report::escape;
 use crate::sites::SiteTable;
 use crate::symbols::KernelImage;
@@ -175,7 +178,12 @@ impl<'a> Listing<'a> {
     pub fn write(&self, w: &mut dyn Write) -> io::Result<()> {
         let mut w = BufWriter::new(w);
         for f in &self.functions {
-            writeln!(w, "{}{}", escape(f.name), f.kind.marker())?;
+            let graph = if f.kind == Kind::Traceable && unhookable(f.name).is_some() {
+                " [no --graph]"
+            } else {
+                ""
+            };
+            writeln!(w, "{}{}{graph}", escape(f.name), f.kind.marker())?;
         }
         w.flush()
     }

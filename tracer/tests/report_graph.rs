@@ -490,7 +490,7 @@ fn report_graph_json_durations_and_summary() {
         j["graph"],
         serde_json::json!({
             "returns": 10, "returns_stored": 10, "returns_dropped": 0, "frames": 12,
-            "returned": 9, "abandoned": 1, "running": 1, "unhooked_stored": 1, "unhooked": 1,
+            "returned": 9, "abandoned": 1, "lost_returns": 0, "running": 1, "unhooked_stored": 1, "unhooked": 1,
             "unmatched_returns": 1, "mismatched_returns": 0, "tsc_khz": 2_000_000
         })
     );

@@ -193,9 +193,18 @@ fn graph_lines(lines: &mut Vec<(&str, String)>, g: &GraphSummary) {
     let not_returned = g.not_returned();
     if not_returned > 0 {
         let mut why = Vec::new();
+        let running = if g.returns_dropped > 0 {
+            "running at detach (or returned after the last stored event on their stack)"
+        } else {
+            "running at detach"
+        };
         for (n, what) in [
+            (
+                g.lost,
+                "lost (returned; the return counted, not stored: a full ring, --max-events or a full queue)",
+            ),
             (g.abandoned, "abandoned (unwound without a return)"),
-            (g.running, "running at detach"),
+            (g.running, running),
             (g.unhooked_stored, "unhooked"),
         ] {
             if n > 0 {

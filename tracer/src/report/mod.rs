@@ -232,7 +232,7 @@ pub struct Row<'t> {
     /// otherwise.
     pub durations: Option<Durations>,
     /// Function-graph traces: stored calls made on the counted vCPUs that
-    /// did not return (abandoned, running at detach, unhooked).
+    /// have no stored return (abandoned, lost, running at detach, unhooked).
     pub not_returned: u64,
 }
 
@@ -272,12 +272,15 @@ pub struct GraphSummary {
     pub returns: u64,
     pub returns_stored: u64,
     pub returns_dropped: u64,
-    /// Stored calls: returned, abandoned (unwound without a return), still
-    /// running at detach (or their return not stored), unhooked (stored
-    /// entries whose return could not be hooked).
+    /// Stored calls: returned, abandoned (unwound without a return), lost
+    /// (returned, the return counted but not stored), still running at
+    /// detach (or their return not stored after the last stored event on
+    /// their stack), unhooked (stored entries whose return could not be
+    /// hooked).
     pub frames: u64,
     pub returned: u64,
     pub abandoned: u64,
+    pub lost: u64,
     pub running: u64,
     pub unhooked_stored: u64,
     /// Entries whose return could not be hooked, stored or not (exact).
@@ -304,6 +307,7 @@ impl GraphSummary {
             match f.end {
                 End::Returned { .. } => s.returned += 1,
                 End::Abandoned => s.abandoned += 1,
+                End::Lost => s.lost += 1,
                 End::Running => s.running += 1,
                 End::Unhooked => s.unhooked_stored += 1,
             }
@@ -311,9 +315,9 @@ impl GraphSummary {
         s
     }
 
-    /// Stored calls that did not return.
+    /// Stored calls without a stored return.
     pub fn not_returned(&self) -> u64 {
-        self.abandoned + self.running + self.unhooked_stored
+        self.abandoned + self.lost + self.running + self.unhooked_stored
     }
 }
 

@@ -21,7 +21,7 @@
 //!
 //! A call that returned on another vCPU says so on its last line; one that
 //! did not return has no duration and says why (`/* abandoned */`,
-//! `/* running at detach */`, `/* unhooked */`). A callee entered on
+//! `/* return lost */`, `/* running at detach */`, `/* unhooked */`). A callee entered on
 //! another vCPU than its caller (the caller migrated) starts a root in that
 //! vCPU's section, at its own depth.
 //!
@@ -267,6 +267,7 @@ fn note(f: &Frame) -> Option<String> {
         End::Returned { cpu, .. } if cpu != f.cpu => Some(format!("returned on vCPU {cpu}")),
         End::Returned { .. } => None,
         End::Abandoned => Some("abandoned".into()),
+        End::Lost => Some("return lost".into()),
         End::Running => Some("running at detach".into()),
         End::Unhooked => Some("unhooked".into()),
     }
