@@ -2,6 +2,7 @@
 //! the `--json FILE` document; (f)'s and (g)'s part of each is in
 //! `exitless`, (h)'s in `record`, (i)'s in `ftrace`.
 
+mod attach_modes;
 mod exitless;
 mod ftrace;
 mod record;
@@ -15,8 +16,8 @@ use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 use tracer::report;
 
 use super::measure::{
-    CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling, E_REPS,
-    TRACE_GLOB,
+    AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling,
+    E_REPS, TRACE_GLOB,
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
@@ -52,6 +53,8 @@ pub struct Results {
     pub json_s: f64,
     /// (h): recording to disk.
     pub record: RecordFigures,
+    /// (j): the attach's pause, exitless against trap.
+    pub attach_modes: AttachModes,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for (`--linux-boots 0`).
     pub ftrace: ftrace::Measured,
@@ -135,6 +138,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
     f.push(("report_render_s".into(), r.render_s));
     f.push(("report_json_s".into(), r.json_s));
     f.extend(record::figures(&r.record));
+    f.extend(attach_modes::figures(&r.attach_modes));
     f
 }
 
@@ -215,6 +219,7 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
     goals.extend(exitless::goals(&r.exitless));
     goals.extend(record::goals(&r.record));
     goals.push(ftrace::goal(&r.ftrace));
+    goals.push(attach_modes::goal(&r.attach_modes));
     goals
 }
 
@@ -270,6 +275,8 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     )?;
     writeln!(o)?;
     record::write(o, &r.record)?;
+    writeln!(o)?;
+    attach_modes::write(o, &r.attach_modes)?;
     writeln!(o)?;
     ftrace::write(o, &r.ftrace)?;
     writeln!(o)?;
@@ -588,6 +595,7 @@ fn methods() -> Vec<(&'static str, String)> {
         ),
         ("(h)", record::method()),
         ("(i)", ftrace::method()),
+        ("(j)", attach_modes::method()),
     ]
 }
 
@@ -684,6 +692,12 @@ mod tests {
                 buffer: 64 << 20,
                 peak_growth: Ok(70 << 20),
             },
+            // 1.5 x in each guest.
+            attach_modes: AttachModes {
+                sites: 20,
+                trap: vec![20.0, 30.0],
+                exitless: vec![30.0, 45.0],
+            },
             ftrace: None,
         }
     }
@@ -727,7 +741,8 @@ mod tests {
         assert!(at("(e)") < at("loading"));
 
         let goals = doc["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 10);
+        // (j), the attach pause's goal, added last.
+        assert_eq!(goals.len(), 11);
         let status: Vec<&str> = goals
             .iter()
             .map(|g| g["status"].as_str().unwrap())
@@ -739,6 +754,9 @@ mod tests {
         assert_eq!(status[..9], ["PASS"; 9]);
         assert_eq!(status[9], "SKIP");
         assert!(goals[..9].iter().all(|g| g["not_judged"].is_null()));
+        // Exitless attach 1.5 x trap attach in both guests.
+        assert_eq!(status[10], "PASS");
+        assert_eq!(doc["figures"]["j_attach_exitless_over_trap"], 1.5);
         // (i)'s keys in the exitless object, null: not measured.
         assert_eq!(doc["exitless"]["linux_boots"], 0);
         assert!(doc["exitless"]["ftrace_guest_instructions_per_call"].is_null());

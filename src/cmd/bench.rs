@@ -76,6 +76,13 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         pauses.push(measure::pause_figures(&cfg.kernel, n, cfg.cycles)?);
     }
 
+    note!(
+        "vmtrace bench: (j) first attach of every mini guest site, trap and exitless, in {} \
+         fresh guests",
+        cfg.rounds
+    );
+    let attach_modes = measure::attach_modes(&cfg.kernel, cfg.cpus, cfg.rounds)?;
+
     let scaling = match &cfg.vmlinux {
         Some(v) => {
             note!(
@@ -143,6 +150,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         render_s,
         json_s,
         record,
+        attach_modes,
         ftrace,
     };
     let goals = results::goals(&r, &cfg);

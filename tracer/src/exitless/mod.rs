@@ -64,6 +64,7 @@ pub mod collect;
 pub mod graph_code;
 pub mod layout;
 pub mod map;
+mod pending;
 pub mod ring;
 pub mod state;
 pub mod trampoline;

@@ -8,11 +8,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
-use super::collect::{self, DrainError, Drainer};
+use super::collect::{self, DrainError};
 use super::layout::{
     LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
 };
 use super::map::{self, MapError, Mapped};
+use super::pending::PendingDrainer;
 use super::ring::{self, RingError};
 use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
 use crate::model::Event;
@@ -69,6 +70,8 @@ pub enum ExitlessError {
     Drain(#[from] DrainError),
     #[error("the trampoline ({len} bytes) does not fit its {CODE_LEN}-byte page")]
     CodeTooBig { len: usize },
+    #[error("cannot start the thread that drains vmtrace's rings: {0}")]
+    Thread(std::io::Error),
     #[error("writing vmtrace's trampoline into guest memory: {0}")]
     Memory(String),
     #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
@@ -86,12 +89,13 @@ pub struct Exitless {
     pub trampoline: Trampoline,
     /// Where in each CPU's per-CPU area the trampoline reads its CPU number.
     cpu_number_off: u32,
-    /// Code written and rings initialised: later attaches reuse them (a task
-    /// may still be inside the trampoline from an earlier attach).
+    /// Code written and rings initialised (`stage`): later attaches reuse
+    /// them (a task may still be inside the trampoline from an earlier attach).
     installed: bool,
     /// The events' way to the collector, until the drainer takes it.
     sink: Option<Sender<Vec<Event>>>,
-    drainer: Option<Drainer>,
+    /// Spawned at `stage`, started at the first attach.
+    drainer: Option<PendingDrainer>,
     mem: Option<GuestMemoryMmap>,
 }
 
@@ -164,25 +168,42 @@ impl Exitless {
         })
     }
 
-    /// Map the region and, the first time, write the code and reset the
-    /// rings. The guest is paused. Nothing is written when the mapping is
-    /// refused.
+    /// Write the code, reset the rings (once: a later attach reuses them, a
+    /// task may still be inside the trampoline from an earlier one) and
+    /// remember `mem` for the drainer. The region is vmtrace's own slot,
+    /// outside the guest's RAM and unreachable until `install` maps it, so
+    /// this may run while the guest does: before the attach's pause, which
+    /// then only maps (zeroing megabytes of never-touched rings inside the
+    /// pause was most of an exitless attach's window). `install` does it
+    /// in the pause if nobody did before.
+    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), ExitlessError> {
+        if self.installed {
+            return Ok(());
+        }
+        mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        ring::init_rings(mem, &self.layout)?;
+        if self.layout.graph {
+            // Every frame free, the ticket counter at 0.
+            let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
+            mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        }
+        if let Some(sink) = self.sink.take() {
+            let pending = PendingDrainer::spawn(mem.clone(), self.layout, sink)
+                .map_err(ExitlessError::Thread)?;
+            self.drainer = Some(pending);
+        }
+        self.installed = true;
+        self.mem = Some(mem.clone());
+        Ok(())
+    }
+
+    /// Map the region, staged first if it was not (`stage`). The guest is
+    /// paused. Nothing is written when the mapping is refused.
     pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
         let mapped = map::map(space)?;
-        if !self.installed {
-            let mem = space.memory();
-            mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
-                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            ring::init_rings(mem, &self.layout)?;
-            if self.layout.graph {
-                // Every frame free, the ticket counter at 0.
-                let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
-                mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
-                    .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            }
-            self.installed = true;
-            self.mem = Some(mem.clone());
-        }
+        self.stage(space.memory())?;
         Ok(mapped)
     }
 
@@ -220,23 +241,16 @@ impl Exitless {
     }
 
     /// Start draining (once): events dated by `clock`, counted in `counters`.
+    /// The drainer's thread was spawned at `stage`: this only tells it.
     pub fn start_drainer(
         &mut self,
         clock: GuestClock,
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
     ) {
-        let (Some(mem), Some(sink)) = (self.mem.clone(), self.sink.take()) else {
-            return;
-        };
-        self.drainer = Some(Drainer::start(
-            mem,
-            self.layout,
-            clock,
-            counters,
-            index,
-            sink,
-        ));
+        if let Some(d) = &self.drainer {
+            d.start(clock, counters, index);
+        }
     }
 
     /// Calls counted in the guest but not recorded (full rings), per CPU and
@@ -262,7 +276,10 @@ impl Exitless {
     /// Records skipped as out of range are an error too: never silent.
     pub fn finish(&mut self) -> Result<(), ExitlessError> {
         self.sink = None;
-        let Some(d) = self.drainer.take() else {
+        let Some(pending) = self.drainer.take() else {
+            return Ok(());
+        };
+        let Some(d) = pending.join().map_err(|()| DrainError::Panicked)? else {
             return Ok(());
         };
         let stats = std::sync::Arc::clone(&d.stats);

@@ -104,3 +104,41 @@ fn a_not_ready_exitless_attach_leaves_guest_memory_untouched() {
     running.request_stop(vmm::StopReason::Requested);
     running.finish();
 }
+
+/// Staged while the guest may run (`Tracer::stage`), an exitless attach
+/// writes none of vmtrace's code and rings inside its pause: zeroing them
+/// there (megabytes never touched before) was most of its window. And the
+/// drainer, spawned at the stage and started by the attach, drains.
+#[test]
+fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
+    use crate::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
+    let kernel = mini_elf();
+    let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+    let vm = mini_vm(&kernel);
+    let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1_000_000, None).unwrap();
+    let running = vm.start(handlers, true).unwrap();
+    tracer.stage(running.memory()).unwrap();
+    let region = |mem: &GuestMemoryMmap| {
+        let mut b = vec![0u8; (CODE_LEN + DATA_LEN) as usize];
+        mem.read_slice(&mut b, GuestAddress(CODE_GPA)).unwrap();
+        b
+    };
+    let staged = region(running.memory());
+    assert_ne!(staged, vec![0u8; staged.len()], "the code is written");
+    {
+        let paused = running.pause_all();
+        let counts = tracer.attach(&paused).unwrap().attached().unwrap();
+        assert_eq!(counts.patched, 20);
+        assert!(
+            region(paused.memory()) == staged,
+            "the attach wrote code or rings in its pause"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mem = running.memory().clone();
+    running.request_stop(vmm::StopReason::Requested);
+    let report = running.finish();
+    tracer.detach(&mem).unwrap();
+    let trace = tracer.finish(&kernel, report.reason.to_string());
+    assert!(trace.meta.events_total > 0, "nothing drained");
+}

@@ -376,6 +376,18 @@ impl Tracer {
         !self.patched.is_empty()
     }
 
+    /// Prepare what an attach can prepare while the guest runs, so that its
+    /// pause is shorter: in exitless mode, vmtrace's code and rings, in its
+    /// own memory slot that the guest cannot reach before the attach maps
+    /// it (`Exitless::stage`). Optional: an attach does it otherwise. Call
+    /// it once the guest's memory exists, e.g. right after the VM starts.
+    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), TracerError> {
+        if let Some(ex) = self.exitless.as_mut() {
+            ex.stage(mem)?;
+        }
+        Ok(())
+    }
+
     /// Has the guest finished its own ftrace_init? Polled without a pause
     /// through the kernel's fixed physical mapping; only a hint: `attach`
     /// checks again, and every selected site, under the pause. With the
