@@ -10,7 +10,7 @@ use vmm::pause::GuestClock;
 
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
+    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
 use super::pending::PendingDrainer;
@@ -182,6 +182,11 @@ impl Exitless {
         }
         mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
             .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        // The spare page directory, touched now (a first write to a host
+        // page faults it in): `map` fills it in the pause when the guest
+        // has none. Unused before the first `map`, which comes after this.
+        mem.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         ring::init_rings(mem, &self.layout)?;
         if self.layout.graph {
             // Every frame free, the ticket counter at 0.
@@ -199,12 +204,13 @@ impl Exitless {
         Ok(())
     }
 
-    /// Map the region, staged first if it was not (`stage`). The guest is
-    /// paused. Nothing is written when the mapping is refused.
+    /// Map the region, staged first if it was not (`stage`: vmtrace's own
+    /// memory, which the guest cannot reach before the mapping). The guest
+    /// is paused. Nothing in the guest's tables changes when the mapping is
+    /// refused.
     pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
-        let mapped = map::map(space)?;
         self.stage(space.memory())?;
-        Ok(mapped)
+        Ok(map::map(space)?)
     }
 
     /// Does every CPU's per-CPU CPU number read as one where the trampoline
