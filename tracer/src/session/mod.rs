@@ -79,8 +79,9 @@ pub enum NotReady {
     #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
     FtraceInitRunning,
     /// The guest kernel has not set its syscall entry yet (IA32_LSTAR is
-    /// 0), so where KASLR put it is unknown (`kaslr`).
-    #[error("the guest kernel has not set its syscall entry yet: its KASLR offset is unknown")]
+    /// 0) and its banner is not mapped yet, so where KASLR put it is
+    /// unknown (`kaslr`).
+    #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
     KernelOffsetUnknown,
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
