@@ -11,6 +11,7 @@ use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
 use crate::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
+use crate::exitless::map::Mapped;
 use crate::exitless::state::{Exitless, ExitlessError};
 use crate::filter::{Filter, FilterError};
 use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
@@ -428,18 +429,8 @@ impl Tracer {
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
     pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
-        let off = match self.offset {
-            Some(o) => o,
-            None => match kaslr::detect(paused, &self.plan.image)? {
-                Detected::Offset(o) => {
-                    // Before any site is patched: traps find their site by
-                    // RIP - o.virt from the first one on.
-                    self.plan.index.set_slide(o.virt);
-                    self.offset = Some(o);
-                    o
-                }
-                Detected::NotYet => return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown)),
-            },
+        let Some(off) = self.find_offset(paused)? else {
+            return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown));
         };
         // The vmlinux's addresses, slid to where the kernel runs.
         let addrs: Vec<u64> = self
@@ -493,45 +484,25 @@ impl Tracer {
                 .map(|s| off.runtime(s.addr));
             ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
         }
+        // Exitless events are dated by the guest's clock: none, no attach.
+        let clock = match self.exitless {
+            Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
+            None => None,
+        };
         let surveyed = match patch::survey(&mut space, fentry, addrs, calls)? {
             Survey::Ready(s) => s,
             Survey::GuestNotReady { calls, first } => {
                 return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
             }
         };
-        let mapped;
-        let attached = match self.exitless.as_mut() {
-            Some(ex) => {
-                mapped = Some(ex.install(&mut space)?);
-                let ex: &Exitless = ex;
-                patch::write(space.memory(), surveyed, |k, addr| {
-                    ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
-                        addr,
-                        gpa: 0,
-                        why: e.to_string(),
-                    })
-                })?
-            }
-            None => {
-                mapped = match self.graph_hook.is_some() {
-                    true => Some(install_return_trap(
-                        &mut space,
-                        &mut self.return_trap_installed,
-                    )?),
-                    false => None,
-                };
-                patch::write(space.memory(), surveyed, |_, _| Ok(patch::TRAP))?
-            }
-        };
-        let (patched, skipped) = attached;
+        let (patched, skipped, mapped) = self.write_sites(&mut space, surveyed)?;
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
             exitless: mapped,
         };
         self.patched = patched;
-        if let Some(ex) = self.exitless.as_mut() {
-            let clock = paused.guest_clock().ok_or(ExitlessError::NoClock)?;
+        if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
             ex.start_drainer(
                 clock,
                 Arc::clone(&self.counters),
@@ -543,6 +514,49 @@ impl Tracer {
         self.attach_window = paused.window();
         self.attach_latency = paused.latency();
         Ok(Attach::Attached(&self.attach_counts))
+    }
+
+    /// The kernel's offsets (KASLR): known, or detected under `paused`;
+    /// None while they cannot be told yet.
+    fn find_offset(&mut self, paused: &Paused<'_>) -> Result<Option<KernelOffset>, TracerError> {
+        if self.offset.is_none() {
+            if let Detected::Offset(o) = kaslr::detect(paused, &self.plan.image)? {
+                // Before any site is patched: traps find their site by
+                // RIP - o.virt from the first one on.
+                self.plan.index.set_slide(o.virt);
+                self.offset = Some(o);
+            }
+        }
+        Ok(self.offset)
+    }
+
+    /// The writes of an attach, after every check: vmtrace's region mapped
+    /// (exitless) or its return trap placed (trap-mode graph), then the
+    /// surveyed sites. Returns the sites written, those skipped, and how
+    /// the region was mapped.
+    fn write_sites(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        surveyed: patch::Surveyed,
+    ) -> Result<(Vec<PatchedSite>, usize, Option<Mapped>), TracerError> {
+        if let Some(ex) = self.exitless.as_mut() {
+            let mapped = ex.install(space)?;
+            let ex: &Exitless = ex;
+            let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
+                ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
+                    addr,
+                    gpa: 0,
+                    why: e.to_string(),
+                })
+            })?;
+            return Ok((sites, skipped, Some(mapped)));
+        }
+        let mapped = match self.graph_hook.is_some() {
+            true => Some(install_return_trap(space, &mut self.return_trap_installed)?),
+            false => None,
+        };
+        let (sites, skipped) = patch::write(space.memory(), surveyed, |_, _| Ok(patch::TRAP))?;
+        Ok((sites, skipped, mapped))
     }
 
     /// Hooked frames still waiting for their return (trap-mode graph).
