@@ -31,8 +31,10 @@ struct Go {
 }
 
 /// How often the waiting thread looks for its start: the records wait in
-/// the rings meanwhile.
-const POLL: Duration = Duration::from_millis(1);
+/// the rings meanwhile (at most this long after the attach). It waits
+/// through the guest's boot too (minutes of a Linux boot on an emulating
+/// host), so not much more often than this.
+const POLL: Duration = Duration::from_millis(4);
 
 /// What the attach hands the waiting thread, and whether it should give up.
 #[derive(Default)]
