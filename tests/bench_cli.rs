@@ -206,7 +206,8 @@ fn bench_json_has_every_figure() {
 
     // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
-    assert_eq!(goals.len(), 10, "{text}");
+    // The tenth and eleventh: (i) and (j).
+    assert_eq!(goals.len(), 11, "{text}");
     for g in goals {
         let s = g["status"].as_str().unwrap();
         assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
@@ -220,7 +221,7 @@ fn bench_json_has_every_figure() {
     assert_eq!(doc["iters"], 200);
     let methods = doc["methods"].as_object().expect("a methods object");
     for k in [
-        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "loading", "report",
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "loading", "report",
     ] {
         assert!(methods[k].is_string(), "method {k} in {text}");
     }
@@ -232,7 +233,20 @@ fn bench_json_has_every_figure() {
             l.starts_with("PASS ") || l.starts_with("MISS ") || l.starts_with("SKIP ")
         })
         .count();
-    assert_eq!(verdicts, 10, "{table}");
+    assert_eq!(verdicts, 11, "{table}");
+    // (j): both first attaches measured, in each fresh guest.
+    assert!(table.contains("(j) first attach of 20 sites"), "{table}");
+    assert_eq!(figures["j_attach_sites"], 20.0, "{text}");
+    for k in [
+        "j_attach_trap_p50_us",
+        "j_attach_exitless_p50_us",
+        "j_attach_exitless_over_trap",
+    ] {
+        assert!(
+            figures[k].as_f64().is_some_and(|v| v > 0.0),
+            "{k} in {text}"
+        );
+    }
     assert!(table.contains("(f) exitless vs. trap"), "{table}");
     assert!(table.contains("(h) recording to disk"), "{table}");
     // (i) boots Linux: only with --linux-boots N, said so otherwise.

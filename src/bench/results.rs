@@ -2,6 +2,7 @@
 //! the `--json FILE` document; (f)'s and (g)'s part of each is in
 //! `exitless`, (h)'s in `record`, (i)'s in `ftrace`.
 
+mod attach_modes;
 mod exitless;
 mod ftrace;
 mod record;
@@ -15,8 +16,8 @@ use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 use tracer::report;
 
 use super::measure::{
-    CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling, E_REPS,
-    TRACE_GLOB,
+    AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling,
+    E_REPS, TRACE_GLOB,
 };
 use super::{median, pct};
 use crate::config::{emulator_host, BenchConfig};
@@ -60,6 +61,8 @@ pub struct Results {
     pub report: Option<(f64, f64)>,
     /// (h): recording to disk.
     pub record: Option<RecordFigures>,
+    /// (j): the attach's pause, exitless against trap; None with --counts-only.
+    pub attach_modes: Option<AttachModes>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for (`--linux-boots 0`).
     pub ftrace: ftrace::Measured,
@@ -153,6 +156,9 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
     }
     if let Some(rec) = &r.record {
         f.extend(record::figures(rec));
+    }
+    if let Some(am) = &r.attach_modes {
+        f.extend(attach_modes::figures(am));
     }
     f
 }
@@ -284,6 +290,14 @@ pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         })),
     }
     goals.push(ftrace::goal(&r.ftrace));
+    goals.push(match &r.attach_modes {
+        Some(am) => attach_modes::goal(am),
+        None => Goal {
+            name: attach_modes::goal_name(),
+            measured: "-".into(),
+            pass: Err(COUNTS_ONLY.into()),
+        },
+    });
     goals
 }
 
@@ -349,6 +363,11 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     match &r.record {
         Some(rec) => record::write(o, rec)?,
         None => writeln!(o, "(h) recording to disk: NOT MEASURED, {COUNTS_ONLY}")?,
+    }
+    writeln!(o)?;
+    match &r.attach_modes {
+        Some(am) => attach_modes::write(o, am)?,
+        None => writeln!(o, "(j) attach pause by mode: NOT MEASURED, {COUNTS_ONLY}")?,
     }
     writeln!(o)?;
     ftrace::write(o, &r.ftrace)?;
@@ -688,6 +707,7 @@ fn methods() -> Vec<(&'static str, String)> {
         ),
         ("(h)", record::method()),
         ("(i)", ftrace::method()),
+        ("(j)", attach_modes::method()),
     ]
 }
 
@@ -785,6 +805,12 @@ mod tests {
                 buffer: 64 << 20,
                 peak_growth: Ok(70 << 20),
             }),
+            // 1.5 x in each guest.
+            attach_modes: Some(AttachModes {
+                sites: 20,
+                trap: vec![20.0, 30.0],
+                exitless: vec![30.0, 45.0],
+            }),
             ftrace: None,
         }
     }
@@ -828,7 +854,8 @@ mod tests {
         assert!(at("(e)") < at("loading"));
 
         let goals = doc["goals"].as_array().unwrap();
-        assert_eq!(goals.len(), 10);
+        // (j), the attach pause's goal, added last.
+        assert_eq!(goals.len(), 11);
         let status: Vec<&str> = goals
             .iter()
             .map(|g| g["status"].as_str().unwrap())
@@ -840,6 +867,9 @@ mod tests {
         assert_eq!(status[..9], ["PASS"; 9]);
         assert_eq!(status[9], "SKIP");
         assert!(goals[..9].iter().all(|g| g["not_judged"].is_null()));
+        // Exitless attach 1.5 x trap attach in both guests.
+        assert_eq!(status[10], "PASS");
+        assert_eq!(doc["figures"]["j_attach_exitless_over_trap"], 1.5);
         // (i)'s keys in the exitless object, null: not measured.
         assert_eq!(doc["exitless"]["linux_boots"], 0);
         assert!(doc["exitless"]["ftrace_guest_instructions_per_call"].is_null());

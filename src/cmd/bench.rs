@@ -42,10 +42,20 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     let graph = measure::exitless_costs(&cfg.kernel, cfg.cpus, cfg.iters, cfg.rounds, true)?;
 
     let (pauses, scaling, record, report) = if cfg.counts_only {
-        note!("vmtrace bench: --counts-only: (a)-(e), (h) and the report figure skipped");
+        note!("vmtrace bench: --counts-only: (a)-(e), (h), (j) and the report figure skipped");
         (Vec::new(), None, None, None)
     } else {
         other_figures(&cfg)?
+    };
+    let attach_modes = if cfg.counts_only {
+        None
+    } else {
+        note!(
+            "vmtrace bench: (j) first attach of every mini guest site, trap and exitless, in {} \
+             fresh guests",
+            cfg.rounds
+        );
+        Some(measure::attach_modes(&cfg.kernel, cfg.cpus, cfg.rounds)?)
     };
 
     // Last, and only when asked for: minutes of Linux boots.
@@ -87,6 +97,7 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
         scaling,
         report,
         record,
+        attach_modes,
         ftrace,
     };
     let goals = results::goals(&r, &cfg);

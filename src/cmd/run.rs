@@ -395,6 +395,11 @@ fn trace_loop(
 ) -> Result<(), Error> {
     // Attach: once the guest's ftrace_init is done (polled), then under a
     // pause only if every selected site agrees; otherwise resume and retry.
+    // Exitless code and rings written now, not inside the attach's pause.
+    tracer.stage(running.memory()).map_err(|e| {
+        running.request_stop(StopReason::Requested);
+        InputError::Tracer(e)
+    })?;
     let mut retries = 0u32;
     let mut last_not_ready = None;
     let status = !quiet && std::io::stderr().is_terminal();

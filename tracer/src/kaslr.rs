@@ -19,6 +19,16 @@
 //! - physical: where that walk ends, minus the banner's link-time physical
 //!   address.
 //!
+//! A kernel that takes its events through FRED (Linux 6.9+, `CONFIG_X86_FRED`,
+//! on by default from 6.12 where the CPU has it) never writes IA32_LSTAR
+//! (`syscall_init` skips it: `syscall` enters through the FRED entry
+//! point). While IA32_LSTAR is 0, the kernel's high mapping is searched
+//! instead: `linux_banner` read at every 2 MiB step of the kernel image's
+//! virtual area; the one step where the vmlinux's bytes are found is the
+//! virtual offset, and the walk gives the physical one. With FRED on
+//! (CR4.FRED) and no banner found, the attach fails with a message: the
+//! offset would never become known.
+//!
 //! Without a pause (polling for the guest's `ftrace_init`), the physical
 //! offset is guessed by looking for the banner's bytes in guest RAM at every
 //! 2 MiB-aligned offset: a hint only, which the pause then checks.
@@ -42,6 +52,12 @@ const BANNER_CHECK_LEN: usize = 64;
 /// Smallest step KASLR moves the kernel by on x86-64 (CONFIG_PHYSICAL_ALIGN
 /// is 2 MiB or a multiple of it).
 pub const KASLR_ALIGN: u64 = 2 << 20;
+/// The end of the kernel image's virtual area: `__START_KERNEL_map` +
+/// `KERNEL_IMAGE_SIZE` (1 GiB with KASLR; arch/x86/include/asm/page_64_types.h).
+const KERNEL_IMAGE_END: u64 = 0xffff_ffff_c000_0000;
+/// CR4.FRED (bit 32): the kernel takes its events through FRED, and so
+/// never sets IA32_LSTAR.
+const CR4_FRED: u64 = 1 << 32;
 /// With page-table isolation the user half of a CR3 pair (bit 12 set) maps
 /// no kernel data; its kernel partner is tried as well (see session.rs).
 const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
@@ -126,6 +142,12 @@ pub enum KaslrError {
     },
     #[error("{BANNER} at {va:#x} is not mapped in any vCPU's page tables ({why})")]
     BannerUnmapped { va: u64, why: String },
+    #[error(
+        "the guest kernel uses FRED (CR4.FRED is set), so it never sets IA32_LSTAR, where vmtrace \
+         reads its KASLR offset, and {why}: boot it with `--cmdline fred=off`, or pass the vmlinux \
+         of this very build (with its data symbols) with --vmlinux"
+    )]
+    Fred { why: String },
 }
 
 /// What a pause found out.
@@ -150,7 +172,7 @@ pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, Kasl
         return Ok(Detected::Offset(KernelOffset::NONE));
     };
     let Some(lstar) = paused.syscall_entry() else {
-        return Ok(Detected::NotYet);
+        return without_syscall_entry(paused, image);
     };
     let bad = |why| KaslrError::BadEntry {
         lstar,
@@ -203,6 +225,84 @@ pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, Kasl
     Ok(Detected::Offset(offset))
 }
 
+/// IA32_LSTAR is still 0: early boot, or a FRED kernel, which never sets
+/// it. The banner found in the kernel's mapping gives the offsets; not
+/// found, a FRED kernel is an error (it would never become known), any
+/// other is asked again at a later pause.
+fn without_syscall_entry(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, KaslrError> {
+    let banner = banner_bytes(image);
+    let found = banner.and_then(|(va, expected)| search(paused, va, expected));
+    let fred = paused
+        .vcpu_spaces()
+        .iter()
+        .filter_map(|v| paused.snapshot(v.cpu))
+        .any(|s| s.sregs.cr4 & CR4_FRED != 0);
+    verdict(found, banner.is_some(), fred, image)
+}
+
+/// `without_syscall_entry`'s decision, from what the search `found`,
+/// whether there was a banner to search for, and whether a vCPU has FRED on.
+fn verdict(
+    found: Option<KernelOffset>,
+    banner: bool,
+    fred: bool,
+    image: &KernelImage,
+) -> Result<Detected, KaslrError> {
+    if let Some(o) = found {
+        return Ok(Detected::Offset(o));
+    }
+    if !fred {
+        return Ok(Detected::NotYet);
+    }
+    let path = image.path.display();
+    Err(KaslrError::Fred {
+        why: if banner {
+            format!("{BANNER} of {path} is nowhere in the kernel's mapping (not this kernel's vmlinux?)")
+        } else {
+            format!("{path} has no {BANNER} to find the kernel by")
+        },
+    })
+}
+
+/// The offsets at which the kernel's mapping holds the banner (`expected`,
+/// linked at `banner`): every 2 MiB step of the kernel image's virtual area
+/// is read through each paged vCPU's tables (the kernel table of a PTI pair
+/// first) until one has it; None unless exactly one step does. Another
+/// step maps other physical memory, which holds the banner only if a copy
+/// of it is there.
+fn search(paused: &Paused<'_>, banner: u64, expected: &[u8]) -> Option<KernelOffset> {
+    let link_pa = vmm::layout::kernel_virt_to_phys(banner)?;
+    let mut found = vec![0u8; expected.len()];
+    for v in paused.vcpu_spaces() {
+        let root = v.space.root();
+        for r in [root & !PTI_USER_PGTABLE_BIT, root] {
+            let mut space = v.space.with_root(r);
+            let mut hits = Vec::new();
+            let mut virt = 0u64;
+            while let Some(va) = banner
+                .checked_add(virt)
+                .filter(|va| va.saturating_add(expected.len() as u64) <= KERNEL_IMAGE_END)
+            {
+                if space.read(va, &mut found).is_ok() && found == expected {
+                    hits.extend(space.gpa(va).ok().map(|gpa| (virt, gpa)));
+                }
+                virt += KASLR_ALIGN;
+            }
+            match hits[..] {
+                [] => continue,
+                [(virt, gpa)] => {
+                    return Some(KernelOffset {
+                        virt: virt as i64,
+                        phys: gpa.wrapping_sub(link_pa) as i64,
+                    })
+                }
+                _ => return None,
+            }
+        }
+    }
+    None
+}
+
 /// Physical offsets at which guest RAM holds the vmlinux's banner, found
 /// without stopping the guest: every multiple of [`KASLR_ALIGN`] that puts
 /// the banner inside RAM, lowest first. Empty while the kernel is still
@@ -228,6 +328,57 @@ pub fn phys_candidates(mem: &GuestMemoryMmap, image: &KernelImage) -> Option<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// guest/out/mini.elf (built by guest/build.sh mini), for a real image.
+    fn mini_image() -> KernelImage {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let st = std::process::Command::new("bash")
+            .args(["guest/build.sh", "mini"])
+            .current_dir(&root)
+            .status()
+            .expect("run guest/build.sh mini");
+        assert!(st.success());
+        KernelImage::load(&root.join("guest/out/mini.elf")).unwrap()
+    }
+
+    #[test]
+    fn a_fred_kernel_whose_banner_is_not_found_is_an_error_not_a_wait() {
+        // (This host's CPUs have no FRED, and KVM refuses CR4.FRED without
+        // it: the decision is tested alone.)
+        let image = mini_image();
+        let o = KernelOffset {
+            virt: 0x20_0000,
+            phys: 0,
+        };
+        // Found: whatever CR4 says.
+        for fred in [false, true] {
+            assert_eq!(
+                verdict(Some(o), true, fred, &image).unwrap(),
+                Detected::Offset(o)
+            );
+        }
+        // Not found without FRED: early boot, asked again later.
+        assert_eq!(
+            verdict(None, true, false, &image).unwrap(),
+            Detected::NotYet
+        );
+        // Not found with FRED on: IA32_LSTAR will never be set.
+        let err = verdict(None, true, true, &image).unwrap_err().to_string();
+        assert!(
+            err.starts_with("the guest kernel uses FRED (CR4.FRED is set)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("linux_banner of ") && err.contains("--cmdline fred=off"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "one line: {err}");
+        let err = verdict(None, false, true, &image).unwrap_err().to_string();
+        assert!(
+            err.contains("has no linux_banner to find the kernel by"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn offsets_slide_and_unslide() {

@@ -54,6 +54,12 @@ pub enum PatchError {
     #[error("no vCPU has paging enabled yet; cannot reach guest text by virtual address")]
     NoPaging,
     #[error(
+        "no parked vCPU's page tables map both the kernel's text (at {text:#x}) and its data{}: \
+         vmtrace writes only through the kernel's own tables; try again later in the guest's run",
+        data.map(|d| format!(" (at {d:#x})")).unwrap_or_default()
+    )]
+    NoKernelTables { text: u64, data: Option<u64> },
+    #[error(
         "{path} does not match the running kernel: {bad} of {sampled} sampled sites differ \
          (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux"
     )]
@@ -207,12 +213,73 @@ pub enum Attached {
 }
 
 /// A selected site as found under the pause.
+#[derive(Debug)]
 struct Found {
     k: usize,
     addr: u64,
     span: PhysSpan,
     original: [u8; SITE_LEN],
     kind: SiteKind,
+}
+
+/// Every selected site read and classified, nothing written yet: what an
+/// attach decides on before it changes anything in the guest (its text, or
+/// vmtrace's own pages and page-table entries).
+#[derive(Debug)]
+pub enum Survey {
+    /// The guest is ready: `write` patches what was found.
+    Ready(Surveyed),
+    /// `calls` sites still hold `call __fentry__`, the first at `first`.
+    GuestNotReady { calls: usize, first: u64 },
+}
+
+/// The sites of a ready survey.
+#[derive(Debug)]
+pub struct Surveyed {
+    found: Vec<Found>,
+    /// Unmapped sites.
+    skipped: usize,
+}
+
+/// Read and classify every site in `sites` (running addresses); with
+/// `CallSites::Wait`, one that still calls `__fentry__` makes the guest not
+/// ready. Reads only. The caller holds every vCPU parked.
+pub fn survey(
+    space: &mut AddressSpace<'_>,
+    fentry: Option<u64>,
+    sites: &[u64],
+    calls: CallSites,
+) -> Result<Survey, PatchError> {
+    let mut found = Vec::with_capacity(sites.len());
+    let mut skipped = 0;
+    let (mut ncalls, mut first_call) = (0, None);
+    for (k, &addr) in sites.iter().enumerate() {
+        let Ok(span) = space.span(addr, SITE_LEN) else {
+            skipped += 1;
+            continue;
+        };
+        let mem = space.memory();
+        let original = read_span(mem, addr, &span)?;
+        let kind = classify(&original, addr, fentry);
+        if kind == SiteKind::CallFentry {
+            ncalls += 1;
+            first_call.get_or_insert(addr);
+        }
+        found.push(Found {
+            k,
+            addr,
+            span,
+            original,
+            kind,
+        });
+    }
+    if let (CallSites::Wait, Some(first)) = (calls, first_call) {
+        return Ok(Survey::GuestNotReady {
+            calls: ncalls,
+            first,
+        });
+    }
+    Ok(Survey::Ready(Surveyed { found, skipped }))
 }
 
 /// Write the trap over every site in `sites` that holds a NOP (or a call to
@@ -238,35 +305,25 @@ pub fn attach_with(
     calls: CallSites,
     with: impl Fn(usize, u64) -> Result<[u8; SITE_LEN], PatchError>,
 ) -> Result<Attached, PatchError> {
-    let mut found = Vec::with_capacity(sites.len());
-    let mut skipped = 0;
-    let (mut ncalls, mut first_call) = (0, None);
-    for (k, &addr) in sites.iter().enumerate() {
-        let Ok(span) = space.span(addr, SITE_LEN) else {
-            skipped += 1;
-            continue;
-        };
-        let mem = space.memory();
-        let original = read_span(mem, addr, &span)?;
-        let kind = classify(&original, addr, fentry);
-        if kind == SiteKind::CallFentry {
-            ncalls += 1;
-            first_call.get_or_insert(addr);
+    match survey(space, fentry, sites, calls)? {
+        Survey::Ready(s) => {
+            let (sites, skipped) = write(space.memory(), s, with)?;
+            Ok(Attached::Patched { sites, skipped })
         }
-        found.push(Found {
-            k,
-            addr,
-            span,
-            original,
-            kind,
-        });
+        Survey::GuestNotReady { calls, first } => Ok(Attached::GuestNotReady { calls, first }),
     }
-    if let (CallSites::Wait, Some(first)) = (calls, first_call) {
-        return Ok(Attached::GuestNotReady {
-            calls: ncalls,
-            first,
-        });
-    }
+}
+
+/// Write `with(k, addr)` over every site a ready survey found holding a NOP
+/// (or a call, with `CallSites::Patch`); on an error, every site written so
+/// far is restored first. Returns the sites written and how many were
+/// skipped (unmapped, or holding something else).
+pub fn write(
+    mem: &GuestMemoryMmap,
+    surveyed: Surveyed,
+    with: impl Fn(usize, u64) -> Result<[u8; SITE_LEN], PatchError>,
+) -> Result<(Vec<PatchedSite>, usize), PatchError> {
+    let Surveyed { found, mut skipped } = surveyed;
     let mut patched = Vec::with_capacity(found.len());
     for f in found {
         if f.kind == SiteKind::Other {
@@ -274,12 +331,12 @@ pub fn attach_with(
             continue;
         }
         let written = match with(f.k, f.addr)
-            .and_then(|bytes| write_span(space.memory(), f.addr, &f.span, &bytes).map(|()| bytes))
+            .and_then(|bytes| write_span(mem, f.addr, &f.span, &bytes).map(|()| bytes))
         {
             Ok(bytes) => bytes,
             Err(e) => {
                 // Leave no site patched behind an error.
-                detach(space.memory(), &patched)?;
+                detach(mem, &patched)?;
                 return Err(e);
             }
         };
@@ -290,10 +347,7 @@ pub fn attach_with(
             written,
         });
     }
-    Ok(Attached::Patched {
-        sites: patched,
-        skipped,
-    })
+    Ok((patched, skipped))
 }
 
 /// Put back the original bytes of every patched site that still holds what

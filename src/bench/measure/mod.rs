@@ -3,6 +3,7 @@
 //! times; (a)-(c) are in `calls`, (f) in `exitless`, the phases both run in
 //! `phases`, (h) in `record`, (i) in `ftrace`.
 
+mod attach_modes;
 mod calls;
 mod exitless;
 pub mod ftrace;
@@ -21,6 +22,7 @@ use tracer::symbols::KernelImage;
 use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
+pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{

@@ -86,6 +86,7 @@ pub mod collect;
 pub mod graph_code;
 pub mod layout;
 pub mod map;
+mod pending;
 pub mod percpu;
 pub mod ret;
 pub mod ring;

@@ -8,11 +8,12 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
-use super::collect::{self, DrainError, Drainer};
+use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF,
+    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
+use super::pending::PendingDrainer;
 use super::percpu::PerCpuVar;
 use super::ret::{Return, ReturnError};
 use super::ring::{self, RingError};
@@ -79,6 +80,8 @@ pub enum ExitlessError {
     Drain(#[from] DrainError),
     #[error("the trampoline ({len} bytes) does not fit its {CODE_LEN}-byte page")]
     CodeTooBig { len: usize },
+    #[error("cannot start the thread that drains vmtrace's rings: {0}")]
+    Thread(std::io::Error),
     #[error("writing vmtrace's trampoline into guest memory: {0}")]
     Memory(String),
     #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
@@ -99,12 +102,17 @@ pub struct Exitless {
     spec: TrampolineSpec,
     /// The kernel's CPU number, in its per-CPU layout.
     cpu_number: PerCpuVar,
-    /// Code written and rings initialised: later attaches reuse them (a task
-    /// may still be inside the trampoline from an earlier attach).
+    /// Code written and rings initialised (`stage`), in vmtrace's own slot
+    /// that the guest cannot reach before `install` maps it.
+    staged: bool,
+    /// Mapped into the guest at least once: the code can no longer change
+    /// (a task may still be inside the trampoline from an earlier attach),
+    /// and later attaches reuse code and rings.
     installed: bool,
     /// The events' way to the collector, until the drainer takes it.
     sink: Option<Sender<Vec<Event>>>,
-    drainer: Option<Drainer>,
+    /// Spawned at `stage`, started at the first attach.
+    drainer: Option<PendingDrainer>,
     mem: Option<GuestMemoryMmap>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
@@ -178,6 +186,7 @@ impl Exitless {
             trampoline,
             spec,
             cpu_number,
+            staged: false,
             installed: false,
             sink: Some(sink),
             drainer: None,
@@ -233,6 +242,11 @@ impl Exitless {
             // are taken from the new code (nothing is patched yet).
             self.trampoline = generate(&spec)?;
             self.spec = spec;
+            if let Some(mem) = &self.mem {
+                // Staged before the kernel was known: the new code over it
+                // (a few KiB, still unreachable by the guest).
+                write_code(mem, &self.trampoline)?;
+            }
         }
         Ok(Resolved::Ready)
     }
@@ -242,25 +256,48 @@ impl Exitless {
         self.spec.ret
     }
 
-    /// Map the region and, the first time, write the code and reset the
-    /// rings. The guest is paused. Nothing is written when the mapping is
+    /// Write the code, reset the rings and spawn the drainer's thread
+    /// (once), and remember `mem` for the drainer. The region is vmtrace's
+    /// own slot, outside the guest's RAM and unreachable until `install`
+    /// maps it, so this may run while the guest does: before the attach's
+    /// pause, which then only maps (zeroing megabytes of never-touched rings
+    /// inside the pause was most of an exitless attach's window). `install`
+    /// does it in the pause if nobody did before; `resolve` rewrites the
+    /// code if the running kernel needs other code.
+    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), ExitlessError> {
+        if self.staged {
+            return Ok(());
+        }
+        write_code(mem, &self.trampoline)?;
+        // The spare page directory, touched now (a first write to a host
+        // page faults it in): `map` fills it in the pause when the guest
+        // has none. Unused before the first `map`, which comes after this.
+        mem.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        ring::init_rings(mem, &self.layout)?;
+        if self.layout.graph {
+            // Every frame free, the ticket counter at 0.
+            let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
+            mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        }
+        if let Some(sink) = self.sink.take() {
+            let pending = PendingDrainer::spawn(mem.clone(), self.layout, sink)
+                .map_err(ExitlessError::Thread)?;
+            self.drainer = Some(pending);
+        }
+        self.staged = true;
+        self.mem = Some(mem.clone());
+        Ok(())
+    }
+
+    /// Map the region, staged first if it was not (`stage`). The guest is
+    /// paused. Nothing in the guest's tables changes when the mapping is
     /// refused.
     pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
+        self.stage(space.memory())?;
         let mapped = map::map(space)?;
-        if !self.installed {
-            let mem = space.memory();
-            mem.write_slice(&self.trampoline.code, GuestAddress(CODE_GPA))
-                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            ring::init_rings(mem, &self.layout)?;
-            if self.layout.graph {
-                // Every frame free, the ticket counter at 0.
-                let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
-                mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
-                    .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            }
-            self.installed = true;
-            self.mem = Some(mem.clone());
-        }
+        self.installed = true;
         Ok(mapped)
     }
 
@@ -298,23 +335,16 @@ impl Exitless {
     }
 
     /// Start draining (once): events dated by `clock`, counted in `counters`.
+    /// The drainer's thread was spawned at `stage`: this only tells it.
     pub fn start_drainer(
         &mut self,
         clock: GuestClock,
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
     ) {
-        let (Some(mem), Some(sink)) = (self.mem.clone(), self.sink.take()) else {
-            return;
-        };
-        self.drainer = Some(Drainer::start(
-            mem,
-            self.layout,
-            clock,
-            counters,
-            index,
-            sink,
-        ));
+        if let Some(d) = &self.drainer {
+            d.start(clock, counters, index);
+        }
     }
 
     /// Calls counted in the guest but not recorded (full rings), per CPU and
@@ -346,7 +376,10 @@ impl Exitless {
     /// Records skipped as out of range are an error too: never silent.
     pub fn finish(&mut self) -> Result<(), ExitlessError> {
         self.sink = None;
-        let Some(d) = self.drainer.take() else {
+        let Some(pending) = self.drainer.take() else {
+            return Ok(());
+        };
+        let Some(d) = pending.join().map_err(|()| DrainError::Panicked)? else {
             return Ok(());
         };
         let stats = std::sync::Arc::clone(&d.stats);
@@ -357,6 +390,12 @@ impl Exitless {
             n => Err(ExitlessError::BadRecords(n)),
         }
     }
+}
+
+/// The trampoline's code into vmtrace's code page.
+fn write_code(mem: &GuestMemoryMmap, t: &Trampoline) -> Result<(), ExitlessError> {
+    mem.write_slice(&t.code, GuestAddress(CODE_GPA))
+        .map_err(|e| ExitlessError::Memory(e.to_string()))
 }
 
 /// What `Exitless::resolve` found.

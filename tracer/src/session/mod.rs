@@ -11,13 +11,12 @@ use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
 use crate::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
+use crate::exitless::map::Mapped;
 use crate::exitless::state::{Exitless, ExitlessError, Resolved};
 use crate::filter::{Filter, FilterError};
 use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
 use crate::model::Trace;
-use crate::patch::{
-    self, AttachCounts, Attached, CallSites, DetachCounts, PatchError, PatchedSite,
-};
+use crate::patch::{self, AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use crate::record::{self, Counters, GraphHook, SiteIndex};
 use crate::shadow::ShadowStacks;
 use crate::sites::{SiteError, SiteTable};
@@ -25,6 +24,8 @@ use crate::store::{Storage, Stored};
 use crate::symbols::{KernelImage, SymbolError};
 
 mod finish;
+#[cfg(test)]
+mod kvm_tests;
 pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +80,9 @@ pub enum NotReady {
     #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
     FtraceInitRunning,
     /// The guest kernel has not set its syscall entry yet (IA32_LSTAR is
-    /// 0), so where KASLR put it is unknown (`kaslr`).
-    #[error("the guest kernel has not set its syscall entry yet: its KASLR offset is unknown")]
+    /// 0) and its banner is not mapped yet, so where KASLR put it is
+    /// unknown (`kaslr`).
+    #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
     KernelOffsetUnknown,
     /// The guest kernel has not applied its alternatives yet, so how its
     /// returns will go (return thunks) is not settled (`exitless::state::
@@ -381,6 +383,18 @@ impl Tracer {
         !self.patched.is_empty()
     }
 
+    /// Prepare what an attach can prepare while the guest runs, so that its
+    /// pause is shorter: in exitless mode, vmtrace's code and rings, in its
+    /// own memory slot that the guest cannot reach before the attach maps
+    /// it (`Exitless::stage`). Optional: an attach does it otherwise. Call
+    /// it once the guest's memory exists, e.g. right after the VM starts.
+    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), TracerError> {
+        if let Some(ex) = self.exitless.as_mut() {
+            ex.stage(mem)?;
+        }
+        Ok(())
+    }
+
     /// Has the guest finished its own ftrace_init? Polled without a pause
     /// through the kernel's fixed physical mapping; only a hint: `attach`
     /// checks again, and every selected site, under the pause. With the
@@ -420,18 +434,8 @@ impl Tracer {
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
     pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
-        let off = match self.offset {
-            Some(o) => o,
-            None => match kaslr::detect(paused, &self.plan.image)? {
-                Detected::Offset(o) => {
-                    // Before any site is patched: traps find their site by
-                    // RIP - o.virt from the first one on.
-                    self.plan.index.set_slide(o.virt);
-                    self.offset = Some(o);
-                    o
-                }
-                Detected::NotYet => return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown)),
-            },
+        let Some(off) = self.find_offset(paused)? else {
+            return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown));
         };
         // The vmlinux's addresses, slid to where the kernel runs.
         let addrs: Vec<u64> = self
@@ -442,19 +446,21 @@ impl Tracer {
             .map(|&a| off.runtime(a))
             .collect();
         let addrs = &addrs;
-        let probe = addrs.first().copied();
         let vcpus = paused.vcpu_spaces();
         let gs_bases: Vec<(usize, u64)> = vcpus
             .iter()
             .filter_map(|v| Some((v.cpu, v.gs_base?)))
             .collect();
-        let mut space = text_space(vcpus, probe).ok_or(PatchError::NoPaging)?;
-        if let Some(va) = self.plan.ftrace_enabled {
-            if space
-                .read_array::<4>(off.runtime(va))
-                .map(u32::from_le_bytes)
-                == Ok(0)
-            {
+        // Kernel text (a site) and, when the symbols have it, kernel data
+        // (`ftrace_enabled`): a PTI user table maps the one, never the other.
+        let data = self.plan.ftrace_enabled.map(|va| off.runtime(va));
+        let probes: Vec<u64> = addrs.first().copied().into_iter().chain(data).collect();
+        let mut space = kernel_space(vcpus, &probes).ok_or(match addrs.first() {
+            Some(&text) => PatchError::NoKernelTables { text, data },
+            None => PatchError::NoPaging,
+        })?;
+        if let Some(va) = data {
+            if space.read_array::<4>(va).map(u32::from_le_bytes) == Ok(0) {
                 return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
             }
         }
@@ -472,52 +478,40 @@ impl Tracer {
             (None, false) => CallSites::Patch,
             _ => CallSites::Wait,
         };
-        let mut mapped = None;
-        let attached = match self.exitless.as_mut() {
-            Some(ex) => {
-                let per_cpu_offset = self
-                    .plan
-                    .image
-                    .symbol(crate::exitless::state::PER_CPU_OFFSET)
-                    .map(|s| off.runtime(s.addr));
-                if ex.resolve(&mut space, &self.plan.image, off)? == Resolved::AlternativesPending {
-                    return Ok(Attach::NotReady(NotReady::AlternativesPending));
-                }
-                ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
-                mapped = Some(ex.install(&mut space)?);
-                let ex: &Exitless = ex;
-                patch::attach_with(&mut space, fentry, addrs, calls, |k, addr| {
-                    ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
-                        addr,
-                        gpa: 0,
-                        why: e.to_string(),
-                    })
-                })?
+        // Every check before the first write: a guest found not ready is
+        // resumed exactly as it was (no site, no page-table entry, nothing
+        // the guest can reach changed; `resolve` may rewrite vmtrace's staged
+        // code, still unmapped, once, for the kernel it found).
+        if let Some(ex) = self.exitless.as_mut() {
+            let per_cpu_offset = self
+                .plan
+                .image
+                .symbol(crate::exitless::state::PER_CPU_OFFSET)
+                .map(|s| off.runtime(s.addr));
+            if ex.resolve(&mut space, &self.plan.image, off)? == Resolved::AlternativesPending {
+                return Ok(Attach::NotReady(NotReady::AlternativesPending));
             }
-            None => {
-                if self.graph_hook.is_some() {
-                    mapped = Some(install_return_trap(
-                        &mut space,
-                        &mut self.return_trap_installed,
-                    )?);
-                }
-                patch::attach(&mut space, fentry, addrs, calls)?
-            }
+            ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
+        }
+        // Exitless events are dated by the guest's clock: none, no attach.
+        let clock = match self.exitless {
+            Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
+            None => None,
         };
-        let (patched, skipped) = match attached {
-            Attached::Patched { sites, skipped } => (sites, skipped),
-            Attached::GuestNotReady { calls, first } => {
+        let surveyed = match patch::survey(&mut space, fentry, addrs, calls)? {
+            Survey::Ready(s) => s,
+            Survey::GuestNotReady { calls, first } => {
                 return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
             }
         };
+        let (patched, skipped, mapped) = self.write_sites(&mut space, surveyed)?;
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
             exitless: mapped,
         };
         self.patched = patched;
-        if let Some(ex) = self.exitless.as_mut() {
-            let clock = paused.guest_clock().ok_or(ExitlessError::NoClock)?;
+        if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
             ex.start_drainer(
                 clock,
                 Arc::clone(&self.counters),
@@ -529,6 +523,49 @@ impl Tracer {
         self.attach_window = paused.window();
         self.attach_latency = paused.latency();
         Ok(Attach::Attached(&self.attach_counts))
+    }
+
+    /// The kernel's offsets (KASLR): known, or detected under `paused`;
+    /// None while they cannot be told yet.
+    fn find_offset(&mut self, paused: &Paused<'_>) -> Result<Option<KernelOffset>, TracerError> {
+        if self.offset.is_none() {
+            if let Detected::Offset(o) = kaslr::detect(paused, &self.plan.image)? {
+                // Before any site is patched: traps find their site by
+                // RIP - o.virt from the first one on.
+                self.plan.index.set_slide(o.virt);
+                self.offset = Some(o);
+            }
+        }
+        Ok(self.offset)
+    }
+
+    /// The writes of an attach, after every check: vmtrace's region mapped
+    /// (exitless) or its return trap placed (trap-mode graph), then the
+    /// surveyed sites. Returns the sites written, those skipped, and how
+    /// the region was mapped.
+    fn write_sites(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        surveyed: patch::Surveyed,
+    ) -> Result<(Vec<PatchedSite>, usize, Option<Mapped>), TracerError> {
+        if let Some(ex) = self.exitless.as_mut() {
+            let mapped = ex.install(space)?;
+            let ex: &Exitless = ex;
+            let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
+                ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
+                    addr,
+                    gpa: 0,
+                    why: e.to_string(),
+                })
+            })?;
+            return Ok((sites, skipped, Some(mapped)));
+        }
+        let mapped = match self.graph_hook.is_some() {
+            true => Some(install_return_trap(space, &mut self.return_trap_installed)?),
+            false => None,
+        };
+        let (sites, skipped) = patch::write(space.memory(), surveyed, |_, _| Ok(patch::TRAP))?;
+        Ok((sites, skipped, mapped))
     }
 
     /// Hooked frames still waiting for their return (trap-mode graph).
@@ -577,25 +614,33 @@ fn boxed(recs: Vec<record::Recorder>) -> Vec<Box<dyn TrapHandler>> {
         .collect()
 }
 
-/// The address space to reach kernel text through: that of a vCPU with
-/// paging on, kernel-mode vCPUs first; with page-table isolation a vCPU in
-/// user mode (or on the entry path) has the user table loaded, so its kernel
-/// partner (`PTI_USER_PGTABLE_BIT` clear) is tried as well. The first under
-/// which `probe` (a kernel text address) is mapped wins; without a probe,
-/// the first paged vCPU's.
-fn text_space(mut vcpus: Vec<VcpuSpace<'_>>, probe: Option<u64>) -> Option<AddressSpace<'_>> {
+/// The kernel's own page tables, to read and write kernel text and data
+/// and to map vmtrace's region through: never a PTI user table, which maps
+/// the kernel's text (Linux clones it there, `pti_clone_kernel_text`) but
+/// not its data, and whose upper levels are copies, so that a region
+/// mapped there would be missing from the kernel's view.
+///
+/// With page-table isolation each process has a pair of top-level tables 8
+/// KiB aligned, the user one 4 KiB above the kernel one; a vCPU in user mode,
+/// or on the kernel's entry path before it switches, has the user one loaded
+/// (`PTI_USER_PGTABLE_BIT` set). So of each parked vCPU's CR3 (kernel-mode
+/// vCPUs first), the table with that bit clear is tried first, then CR3 as
+/// loaded (a kernel without PTI may have its table at any page); the first
+/// under which every probe (kernel text, and kernel data when known) is
+/// mapped wins. Without probes, the first paged vCPU's.
+fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option<AddressSpace<'m>> {
     // Stable: kernel mode (CPL 0) first, otherwise in vCPU order.
     vcpus.sort_by_key(|v| v.user_mode);
-    let Some(probe) = probe else {
+    if probes.is_empty() {
         return vcpus.into_iter().next().map(|v| v.space);
-    };
+    }
     vcpus
         .iter()
         .flat_map(|v| {
             let root = v.space.root();
-            [root, root & !PTI_USER_PGTABLE_BIT].map(|r| v.space.with_root(r))
+            [root & !PTI_USER_PGTABLE_BIT, root].map(|r| v.space.with_root(r))
         })
-        .find(|a| a.translate(probe).is_ok())
+        .find(|a| probes.iter().all(|&va| a.translate(va).is_ok()))
 }
 
 #[cfg(test)]
@@ -612,6 +657,73 @@ mod tests {
             space,
             gs_base: None,
         }
+    }
+
+    /// Guest memory with the boot tables, and a PTI pair at 2 MiB: the
+    /// kernel table a copy of the boot PML4; the user table maps only the
+    /// 2 MiB of kernel text at `TEXT` (Linux's `pti_clone_kernel_text`),
+    /// through upper tables of its own, and no kernel data.
+    fn pti_pair() -> (GuestMemoryMmap, u64, u64) {
+        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let kernel = 0x20_0000u64;
+        let user = kernel | PTI_USER_PGTABLE_BIT;
+        let mut pml4 = [0u8; 4096];
+        mem.read_slice(&mut pml4, GuestAddress(vmm::layout::PML4_START))
+            .unwrap();
+        mem.write_slice(&pml4, GuestAddress(kernel)).unwrap();
+        let (pdpt, pd) = (0x20_2000u64, 0x20_3000u64);
+        for t in [user, pdpt, pd] {
+            mem.write_slice(&[0u8; 4096], GuestAddress(t)).unwrap();
+        }
+        let table = 0b11; // present, writable
+        mem.write_obj(pdpt | table, GuestAddress(user + 511 * 8))
+            .unwrap();
+        mem.write_obj(pd | table, GuestAddress(pdpt + 510 * 8))
+            .unwrap();
+        let pde = ((TEXT >> 21) & 511) * 8;
+        mem.write_obj(0x100_0000u64 | table | 0x80, GuestAddress(pd + pde))
+            .unwrap();
+        (mem, kernel, user)
+    }
+    const TEXT: u64 = 0xffff_ffff_8100_0000;
+    const DATA: u64 = 0xffff_ffff_8140_0000;
+
+    #[test]
+    fn the_kernel_table_is_chosen_when_the_user_one_maps_kernel_text() {
+        let (mem, kernel, user) = pti_pair();
+        let pcid = 0x805; // the user PCID has bit 11 set
+        let user_space = AddressSpace::new(&mem, user, vmm::gva::PagingMode::Level4);
+        assert_eq!(
+            user_space.translate(TEXT).unwrap().gpa,
+            0x100_0000,
+            "the user table maps kernel text"
+        );
+        assert!(user_space.translate(DATA).is_err());
+        // A late attach finds vCPU 0 in user mode (or on the entry path at
+        // CPL 0, still on the user table): before, its user table was used
+        // because it mapped the text.
+        for user_mode in [true, false] {
+            for probes in [&[TEXT][..], &[TEXT, DATA][..]] {
+                let vcpus = vec![vcpu(&mem, 0, user | pcid, user_mode)];
+                let space = kernel_space(vcpus, probes).expect("the kernel table");
+                assert_eq!(space.root() & !0xfff, kernel, "probes {probes:x?}");
+            }
+        }
+        // A kernel without PTI may have its table on an odd page; the page
+        // below it (zeros here) maps nothing: CR3 as loaded is used.
+        let odd = 0x20_5000u64;
+        let mut pml4 = [0u8; 4096];
+        mem.read_slice(&mut pml4, GuestAddress(kernel)).unwrap();
+        mem.write_slice(&pml4, GuestAddress(odd)).unwrap();
+        mem.write_slice(&[0u8; 4096], GuestAddress(odd - 0x1000))
+            .unwrap();
+        let vcpus = vec![vcpu(&mem, 0, odd, false)];
+        assert_eq!(kernel_space(vcpus, &[TEXT, DATA]).unwrap().root(), odd);
+        // No table maps the data: none is the kernel's.
+        let vcpus = vec![vcpu(&mem, 0, user, true)];
+        mem.write_slice(&[0u8; 4096], GuestAddress(kernel)).unwrap();
+        assert!(kernel_space(vcpus, &[TEXT, DATA]).is_none());
     }
 
     #[test]
@@ -632,13 +744,13 @@ mod tests {
         // vCPU 0 in user mode with the user table (vCPU 1 not paged yet,
         // so not listed).
         let vcpus = vec![vcpu(&mem, 0, user | pcid, true)];
-        let space = text_space(vcpus, Some(text)).expect("a root mapping text");
+        let space = kernel_space(vcpus, &[text]).expect("a root mapping text");
         assert_eq!(space.root(), kernel | pcid);
         // A kernel-mode vCPU is preferred whatever its position.
         let vcpus = vec![vcpu(&mem, 0, user, true), vcpu(&mem, 1, kernel, false)];
-        let space = text_space(vcpus, Some(text)).unwrap();
+        let space = kernel_space(vcpus, &[text]).unwrap();
         assert_eq!(space.root(), kernel);
         // No paged vCPU: no address space.
-        assert!(text_space(Vec::new(), Some(text)).is_none());
+        assert!(kernel_space(Vec::new(), &[text]).is_none());
     }
 }

@@ -1,0 +1,144 @@
+//! `Tracer::attach` on the mini guest under a real pause (real KVM).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use super::{Attach, NotReady, Plan, Tracer};
+use crate::sites::FENTRY;
+use crate::symbols::Symbol;
+
+/// guest/out/mini.elf, built (or found up to date) by guest/build.sh.
+fn mini_elf() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .args(["guest/build.sh", "mini"])
+        .current_dir(&root)
+        .output()
+        .expect("cannot run bash guest/build.sh mini");
+    assert!(
+        out.status.success(),
+        "guest/build.sh mini failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join("guest/out/mini.elf")
+}
+
+fn mini_vm(kernel: &Path) -> vmm::Vm {
+    vmm::Vm::create(vmm::VmConfig {
+        kernel: kernel.to_owned(),
+        kind: vmm::boot::KernelKind::Elf,
+        initrd: None,
+        cpus: 1,
+        mem_mib: 64,
+        cmdline: "mode=loop".into(),
+        console: Box::new(std::io::sink()),
+        timeout: Some(std::time::Duration::from_secs(60)),
+        hide_hypercalls: false,
+    })
+    .unwrap()
+}
+
+/// Every byte of guest memory, vmtrace's own slot included.
+fn all_bytes(mem: &GuestMemoryMmap) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in mem.iter() {
+        let mut b = vec![0u8; r.len() as usize];
+        mem.read_slice(&mut b, r.start_addr()).unwrap();
+        out.extend(b);
+    }
+    out
+}
+
+/// An exitless attach that finds a site still calling `__fentry__` (a Linux
+/// guest whose ftrace_init is converting) leaves guest memory as it was:
+/// before, vmtrace's page-directory entries, code and rings were written
+/// first and the sites checked after.
+#[test]
+fn a_not_ready_exitless_attach_leaves_guest_memory_untouched() {
+    let kernel = mini_elf();
+    let mut plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+    // Make the mini guest look like a Linux kernel that converts its own
+    // sites: a `__fentry__` (a function without a site), and a site still
+    // calling it.
+    let fentry = plan.image.symbol("mini_account").unwrap().addr;
+    plan.image.symbols.insert(
+        FENTRY.to_string(),
+        Symbol {
+            name: FENTRY.to_string(),
+            addr: fentry,
+            size: 1,
+        },
+    );
+    plan.image.linux = true;
+    let site = plan.index.addrs[plan.index.addrs.len() - 1];
+    let rel = (fentry.wrapping_sub(site + 5) as i64) as i32;
+    let mut call = [0xe8u8; 5];
+    call[1..].copy_from_slice(&rel.to_le_bytes());
+
+    let vm = mini_vm(&kernel);
+    let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1000, None).unwrap();
+    let running = vm.start(handlers, true).unwrap();
+    let paused = running.pause_all();
+    let mem = paused.memory().clone();
+    let gpa = vmm::layout::kernel_virt_to_phys(site).unwrap();
+    mem.write_slice(&call, GuestAddress(gpa)).unwrap();
+    let before = all_bytes(&mem);
+    let attempt = tracer.attach(&paused).unwrap();
+    assert!(
+        matches!(
+            attempt,
+            Attach::NotReady(NotReady::CallSites { calls: 1, first }) if first == site
+        ),
+        "{attempt:?}"
+    );
+    let after = all_bytes(&mem);
+    let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        changed, 0,
+        "bytes of guest memory written by a refused attach"
+    );
+    assert!(!tracer.is_attached());
+    drop(paused);
+    running.request_stop(vmm::StopReason::Requested);
+    running.finish();
+}
+
+/// Staged while the guest may run (`Tracer::stage`), an exitless attach
+/// writes none of vmtrace's code and rings inside its pause: zeroing them
+/// there (megabytes never touched before) was most of its window. And the
+/// drainer, spawned at the stage and started by the attach, drains.
+#[test]
+fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
+    use crate::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
+    let kernel = mini_elf();
+    let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+    let vm = mini_vm(&kernel);
+    let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1_000_000, None).unwrap();
+    let running = vm.start(handlers, true).unwrap();
+    tracer.stage(running.memory()).unwrap();
+    let region = |mem: &GuestMemoryMmap| {
+        let mut b = vec![0u8; (CODE_LEN + DATA_LEN) as usize];
+        mem.read_slice(&mut b, GuestAddress(CODE_GPA)).unwrap();
+        b
+    };
+    let staged = region(running.memory());
+    assert_ne!(staged, vec![0u8; staged.len()], "the code is written");
+    {
+        let paused = running.pause_all();
+        let counts = tracer.attach(&paused).unwrap().attached().unwrap();
+        assert_eq!(counts.patched, 20);
+        assert!(
+            region(paused.memory()) == staged,
+            "the attach wrote code or rings in its pause"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mem = running.memory().clone();
+    running.request_stop(vmm::StopReason::Requested);
+    let report = running.finish();
+    tracer.detach(&mem).unwrap();
+    let trace = tracer.finish(&kernel, report.reason.to_string());
+    assert!(trace.meta.events_total > 0, "nothing drained");
+}
