@@ -84,6 +84,10 @@ fn a_not_ready_exitless_attach_leaves_guest_memory_untouched() {
     let mem = paused.memory().clone();
     let gpa = vmm::layout::kernel_virt_to_phys(site).unwrap();
     mem.write_slice(&call, GuestAddress(gpa)).unwrap();
+    // The stand-in `__fentry__` returns at once, as a Linux one does without
+    // return thunks (the exitless attach reads how it returns).
+    let fentry_gpa = vmm::layout::kernel_virt_to_phys(fentry).unwrap();
+    mem.write_slice(&[0xc3], GuestAddress(fentry_gpa)).unwrap();
     let before = all_bytes(&mem);
     let attempt = tracer.attach(&paused).unwrap();
     assert!(
