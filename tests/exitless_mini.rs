@@ -280,12 +280,15 @@ fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
 /// and the later calls are counted as drops; the last drain reads every
 /// record committed behind it and counts it as unfinished. Every function's
 /// count (records + drops) equals the guest's own, exactly, and the one
-/// unfinished reservation is said. (Before, the drain stopped at the
-/// reserved slot for good: the records behind it were in no count.)
+/// unfinished reservation is said, by the run and by the data file it
+/// streamed to (its report, script and JSON). (Before, the drain stopped
+/// at the reserved slot for good: the records behind it were in no count;
+/// then the data file did not keep the unfinished count.)
 #[test]
 fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     use tracer::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
-    use tracer::session::{Plan, Tracer};
+    use tracer::session::{Mode, Plan, Recording, Tracer};
+    use tracer::store::Storage;
     use vm_memory::{Bytes, GuestAddress};
 
     const RING: u64 = 256;
@@ -294,7 +297,17 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     let vm = vmm::Vm::create(mini_config(&kernel, 1, "mode=loop", &console)).unwrap();
     let plan = Plan::new(&kernel, &["hrtimer_*".to_string()], &[]).unwrap();
     let layout = RingLayout::new(1, plan.index.addrs.len(), Some(RING), false).unwrap();
-    let (mut tracer, handlers) = Tracer::exitless(plan, 1, u64::MAX, Some(RING)).unwrap();
+    // Streamed to a data file, as `vmtrace record` does.
+    let data = tmp("unfinished.data");
+    let rec = Recording {
+        max_events: u64::MAX,
+        storage: Storage::Stream {
+            file: tracer::tracefile::DataFile::create(&data).unwrap(),
+            buffer: 64 << 20,
+        },
+        kernel: kernel.clone(),
+    };
+    let (mut tracer, handlers) = Tracer::create(plan, 1, Mode::Exitless, Some(RING), rec).unwrap();
     // Attached before the guest's first instruction: every call traced.
     let running = vm.start(handlers, true).unwrap();
     {
@@ -340,7 +353,11 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     let report = running.finish();
     tracer.detach(&mem).unwrap();
     tracer.stop_draining().unwrap();
-    let t = tracer.finish(std::path::Path::new("mini"), report.reason.to_string());
+    let (run, saved) = tracer.finish_stored(&kernel, report.reason.to_string(), 0);
+    saved.unwrap().unwrap();
+    assert_eq!(run.meta.unfinished, 1);
+    // Everything below is read back from the data file.
+    let t = tracer::tracefile::load(&data).unwrap();
     let (printed, done) = parse_mini_console(&console.text());
     assert_eq!(done, [0], "{}", console.text());
 
@@ -358,10 +375,29 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     assert!(t.meta.events_dropped > 0, "{:?}", t.meta);
     assert!(stored > RING, "{stored} records");
     assert_eq!(stored + t.meta.events_dropped, calls);
-    // Said in the report's header.
-    let text = tracer::report::render(&t, &tracer::report::ReportOptions::default());
-    assert!(
-        text.contains("1 calls reserved a record in vmtrace's rings that was never committed"),
-        "{text}"
+    // Said in the report's header, from the data file, by `vmtrace report`.
+    let data_s = data.to_str().unwrap();
+    let text = stdout(&vmtrace(&["report", data_s]));
+    let said = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# unfinished:"))
+        .map(str::trim_start);
+    let want = format!(
+        "1 calls reserved a record in vmtrace's rings that was never committed (the run ended \
+         while their writer was between the two): their functions are unknown, so they are not \
+         in the counts; {} calls in all",
+        tracer::report::thousands(calls + 1)
     );
+    assert_eq!(said, Some(want.as_str()), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&vmtrace(&["report", data_s, "--format", "json"]))).unwrap();
+    assert_eq!(json["unfinished"], 1, "{json}");
+    assert_eq!(json["events"].as_u64(), Some(calls));
+    let script = stdout(&vmtrace(&["script", data_s]));
+    assert!(
+        script.contains("\n# 1 calls unfinished: their record in vmtrace's rings was reserved"),
+        "{}",
+        &script[..script.len().min(2000)]
+    );
+    let _ = std::fs::remove_file(&data);
 }

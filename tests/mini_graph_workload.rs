@@ -59,12 +59,12 @@ fn check_graph_console(console: &str, ncpus: u32, iters: Option<u64>) -> Vec<u64
     let (counts, done) = parse_mini_console(console);
     let stats = parse_mini_stats(console);
     assert_eq!(done, (0..ncpus).collect::<Vec<_>>(), "{console}");
-    // Nothing but the documented lines: 8 + 11 counts and 2 stats per CPU.
+    // Nothing but the documented lines: 8 + 11 counts and 3 stats per CPU.
     assert_eq!(
         counts.len(),
         ncpus as usize * (MINI_FUNCS.len() + GRAPH_FUNCS.len())
     );
-    assert_eq!(stats.len(), ncpus as usize * 2, "{console}");
+    assert_eq!(stats.len(), ncpus as usize * 3, "{console}");
     let ticks = mini_h("GRAPH_LONG_TICKS");
     let mut ns = Vec::new();
     for cpu in 0..ncpus {
@@ -94,13 +94,15 @@ fn check_graph_console(console: &str, ncpus: u32, iters: Option<u64>) -> Vec<u64
             max <= sum && sum <= calls * max,
             "cpu {cpu}: sum {sum} max {max}"
         );
+        let outer = stats[&(cpu, "graph_long_outer_ticks_sum".to_string())];
+        assert!(outer >= sum, "cpu {cpu}: bracket {outer} < {sum}");
         if calls > 0 {
             assert!(max >= ticks, "cpu {cpu}: max {max}");
         }
         ns.push(n);
     }
     // The printed order: per CPU the 8 MINI_FUNCS, the 11 graph functions,
-    // the two stats, then done (blocks of different CPUs never interleave).
+    // the three stats, then done (blocks of different CPUs never interleave).
     for cpu in 0..ncpus {
         let block: Vec<&str> = console
             .lines()
@@ -121,7 +123,12 @@ fn check_graph_console(console: &str, ncpus: u32, iters: Option<u64>) -> Vec<u64
             .iter()
             .chain(GRAPH_FUNCS.iter())
             .copied()
-            .chain(["graph_long_ticks_sum", "graph_long_ticks_max", "done"])
+            .chain([
+                "graph_long_ticks_sum",
+                "graph_long_ticks_max",
+                "graph_long_outer_ticks_sum",
+                "done",
+            ])
             .collect();
         assert_eq!(block, want, "cpu {cpu}'s lines");
     }

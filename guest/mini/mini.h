@@ -111,6 +111,7 @@ struct graph_cpu {
 	u64 count[G_NR];     /* calls of each graph function (entry.S writes one) */
 	u64 long_ticks_sum;  /* graph_long's own TSC-measured durations */
 	u64 long_ticks_max;
+	u64 long_outer_ticks_sum; /* the same calls, measured by their caller */
 	u64 jb[GJB_SIZE / 8]; /* graph_abandon_run's graph_setjmp buffer */
 } __attribute__((aligned(64)));
 

@@ -236,11 +236,10 @@ fn traced(
     };
     // The run's, not the data file's (it does not keep them).
     trace.meta.guest_instructions_emulated = run_report.guest_instructions_emulated();
-    trace.meta.unfinished = summary.meta.unfinished;
     let streamed = data.finish(saved, &summary);
     emit(&trace, &output, streamed)?;
     if summary.meta.unfinished > 0 {
-        // Said on stderr too: the data file does not keep it.
+        // Said on stderr too: `record` prints no report.
         note!(
             "vmtrace: {} calls reserved a record in vmtrace's rings that was never committed (the \
              guest stopped mid-record): not in the counts, which stay exact for every other call",

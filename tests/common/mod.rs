@@ -163,20 +163,30 @@ pub fn no_tracers(cpus: usize) -> Vec<Box<dyn vmm::TrapHandler>> {
         .collect()
 }
 
-/// Far less than any boot takes, far more than checking options and loading
-/// the mini guest's symbols.
-pub const REFUSED_WITHIN: Duration = Duration::from_secs(5);
+/// A hang guard only: a refusal takes well under a second, but on a shared
+/// noisy host a process can wait long for a CPU, so no bound by time is
+/// asserted. That no guest ran is shown by stderr's single line (a guest's
+/// console goes to stderr).
+pub const REFUSED_WITHIN: Duration = Duration::from_secs(300);
 
 pub fn assert_bad_input(args: &[&str], needle: &str) {
     let started = std::time::Instant::now();
-    let out = vmtrace(args);
-    let took = started.elapsed();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vmtrace");
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > REFUSED_WITHIN {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "args {args:?}: stderr {err}");
-    assert!(
-        took < REFUSED_WITHIN,
-        "{args:?} took {took:?}: refused only after a guest ran? {err}"
-    );
     assert_eq!(
         err.trim_end().lines().count(),
         1,

@@ -176,13 +176,13 @@ fn is_function(e: &KallsymsEntry) -> bool {
 /// kallsyms by name (a global beats a local, then the first), the
 /// functions by address (`is_function`), each as large as the distance to
 /// the next symbol, and their aliases: among the names at one address, the
-/// first global one (in kallsyms' own order) is the function's, as in a
-/// vmlinux (`crate::symbols`) where a global beats a local
-/// (`__x64_sys_getpid` over `__do_sys_getpid`), and the others are aliases.
+/// first in kallsyms' own order is the function's (the name the kernel's
+/// `kallsyms_lookup` gives it; a vmlinux's symbols are put in that order,
+/// `crate::symbols::kallsyms_order`), and the others are aliases.
 fn index_kallsyms(entries: &[KallsymsEntry]) -> Indexed {
     let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
-    // (symbol, global), in kallsyms order (by address).
-    let mut candidates: Vec<(Symbol, bool)> = Vec::new();
+    // In kallsyms order: by address, then the kernel's order of names.
+    let mut candidates: Vec<Symbol> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         // kallsyms has no sizes: up to the next higher address.
         let next = entries[i + 1..]
@@ -197,7 +197,7 @@ fn index_kallsyms(entries: &[KallsymsEntry]) -> Indexed {
         };
         let global = e.is_global();
         if is_function(e) {
-            candidates.push((sym.clone(), global));
+            candidates.push(sym.clone());
         }
         match symbols.get(&e.name) {
             Some((_, true)) => {}
@@ -207,9 +207,10 @@ fn index_kallsyms(entries: &[KallsymsEntry]) -> Indexed {
             }
         }
     }
-    // Stable: kallsyms' order stays among globals and among locals.
-    candidates.sort_by(|a, b| a.0.addr.cmp(&b.0.addr).then(b.1.cmp(&a.1)));
-    let (functions, aliases) = group_aliases(candidates.into_iter().map(|(s, _)| s));
+    // Stable, and a no-op but for a table out of address order: the
+    // kernel's order of names at one address stays.
+    candidates.sort_by_key(|s| s.addr);
+    let (functions, aliases) = group_aliases(candidates);
     let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
     (symbols, functions, aliases)
 }
@@ -291,8 +292,9 @@ mod tests {
         }
     }
 
-    /// Aliases as in a vmlinux (a global first), and no local label or
-    /// section bound as a function; sizes reach the next symbol of any kind.
+    /// Aliases named as the kernel names them (the first in kallsyms'
+    /// order, a local one too), and no local label or section bound as a
+    /// function; sizes reach the next symbol of any kind.
     #[test]
     fn kallsyms_functions_aliases_and_labels() {
         const T: u64 = 0xffff_ffff_8100_0000;
@@ -300,12 +302,12 @@ mod tests {
         let entries = [
             entry("_stext", T, b'T'),
             entry("__do_sys_getpid", T, b't'),
-            entry("__x64_sys_getpid", T, b'T'),
             entry("__ia32_sys_getpid", T, b'T'),
+            entry("__x64_sys_getpid", T, b'T'),
             entry(".E_copy", T + 0x20, b't'),
             entry("copy_user_generic_unrolled", T + 0x40, b'T'),
-            entry("__sched_text_start", T + 0x80, b'T'),
             entry("schedule", T + 0x80, b'T'),
+            entry("__sched_text_start", T + 0x80, b'T'),
             entry("jiffies", T + 0x100, b'D'),
             entry("_etext", T + 0x100, b'T'),
         ];
@@ -317,7 +319,7 @@ mod tests {
         assert_eq!(
             got,
             [
-                ("__x64_sys_getpid", 0, 0x20),
+                ("__do_sys_getpid", 0, 0x20),
                 ("copy_user_generic_unrolled", 0x40, 0x40),
                 ("schedule", 0x80, 0x80),
             ]
@@ -325,8 +327,8 @@ mod tests {
         assert_eq!(
             aliases,
             [
-                (0, "__do_sys_getpid".to_string()),
-                (0, "__ia32_sys_getpid".to_string())
+                (0, "__ia32_sys_getpid".to_string()),
+                (0, "__x64_sys_getpid".to_string())
             ]
         );
         // Every symbol stays one by name (the bounds vmtrace reads).

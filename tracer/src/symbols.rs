@@ -135,9 +135,40 @@ pub(crate) type Indexed = (HashMap<String, Symbol>, Vec<Symbol>, Vec<(usize, Str
 /// A candidate for `functions`, with what decides between aliases.
 struct FuncCandidate {
     sym: Symbol,
-    /// STT_FUNC rather than an untyped asm label.
-    typed: bool,
-    global: bool,
+    /// STB_WEAK (`nm` type `W`).
+    weak: bool,
+}
+
+/// The order of the names at one address in the kernel's kallsyms
+/// (scripts/kallsyms.c `compare_symbols`, alike in Linux 6.1 and 6.12): a
+/// weak symbol after the others, then a linker-script bound (`__start_*`,
+/// `*_end`, ...) after the others, then fewer leading underscores first,
+/// then the order of its input, `nm -n`, which sorts equal addresses by
+/// name (byte order: kbuild sets `LC_COLLATE=C`). The kernel's
+/// `kallsyms_lookup` gives an address the first of its names in this order,
+/// so ftrace and trace-cmd print that name; vmtrace names a function so too.
+pub(crate) fn kallsyms_order(a: (&str, bool), b: (&str, bool)) -> std::cmp::Ordering {
+    let rank = |(name, weak): (&str, bool)| {
+        let underscores = name.bytes().take_while(|&c| c == b'_').count();
+        (weak, linker_script_bound(name), underscores)
+    };
+    rank(a)
+        .cmp(&rank(b))
+        .then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
+}
+
+/// scripts/kallsyms.c `may_be_linker_script_provide_symbol`.
+fn linker_script_bound(name: &str) -> bool {
+    let n = name.as_bytes();
+    if n.len() < 8 || !n.starts_with(b"__") {
+        return false;
+    }
+    let rest = &n[2..];
+    rest.starts_with(b"start_")
+        || rest.starts_with(b"stop_")
+        || rest.starts_with(b"end_")
+        || n.ends_with(b"_start")
+        || n.ends_with(b"_end")
 }
 
 /// The index of the function of `functions` (sorted by address, as
@@ -388,8 +419,8 @@ pub(crate) fn index_sections(
 ///
 /// Functions are STT_FUNC symbols, plus untyped symbols with a size in an
 /// executable section (Linux's SYM_CODE asm entry points). Where several share
-/// an address (aliases), one is kept: typed over untyped, global over local,
-/// then the one with the larger size, then the first in the symbol table;
+/// an address (aliases), the first in the kernel's kallsyms order
+/// ([`kallsyms_order`]) names the function, as the kernel itself names it;
 /// the others are its aliases.
 fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
     let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
@@ -403,6 +434,7 @@ fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
             continue;
         }
         let global = !sym.is_local();
+        let weak = sym.is_weak();
         let symbol = Symbol {
             name: name.to_string(),
             addr: sym.address(),
@@ -416,8 +448,7 @@ fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
         if (typed && in_text) || (sym.kind() == SymbolKind::Unknown && in_text && sym.size() > 0) {
             candidates.push(FuncCandidate {
                 sym: symbol.clone(),
-                typed,
-                global,
+                weak,
             });
         }
         match symbols.get(name) {
@@ -428,14 +459,11 @@ fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
             }
         }
     }
-    // Stable sort: the first in the symbol table wins remaining ties.
     candidates.sort_by(|a, b| {
         a.sym
             .addr
             .cmp(&b.sym.addr)
-            .then(b.typed.cmp(&a.typed))
-            .then(b.global.cmp(&a.global))
-            .then(b.sym.size.cmp(&a.sym.size))
+            .then_with(|| kallsyms_order((&a.sym.name, a.weak), (&b.sym.name, b.weak)))
     });
     let (functions, aliases) = group_aliases(candidates.into_iter().map(|c| c.sym));
     let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
@@ -470,4 +498,47 @@ pub(crate) fn group_aliases(
     }
     aliases.sort();
     (functions, aliases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kallsyms_order;
+
+    fn sorted(mut names: Vec<(&'static str, bool)>) -> Vec<&'static str> {
+        names.sort_by(|a, b| kallsyms_order(*a, *b));
+        names.into_iter().map(|(n, _)| n).collect()
+    }
+
+    /// Names at one address, (name, weak), in the order scripts/kallsyms.c
+    /// gives them (that of the 6.1 guest's own table for the first two).
+    #[test]
+    fn names_at_one_address_in_the_kernels_order() {
+        // Equal ranks: nm's order, by name.
+        assert_eq!(
+            sorted(vec![
+                ("__x64_sys_getpid", false),
+                ("__ia32_sys_getpid", false),
+                ("__do_sys_getpid", false),
+            ]),
+            ["__do_sys_getpid", "__ia32_sys_getpid", "__x64_sys_getpid"]
+        );
+        // A weak name after the others.
+        assert_eq!(
+            sorted(vec![
+                ("blake2s_compress", true),
+                ("blake2s_compress_generic", false)
+            ]),
+            ["blake2s_compress_generic", "blake2s_compress"]
+        );
+        // Linker-script bounds after the others; fewer underscores first.
+        assert_eq!(
+            sorted(vec![
+                ("__stop_x", false),
+                ("__sched_text_start", false),
+                ("_stext", false),
+                ("schedule", false),
+            ]),
+            ["schedule", "_stext", "__sched_text_start", "__stop_x"]
+        );
+    }
 }

@@ -1,8 +1,11 @@
-//! The data file (format version 5) as `vmtrace record` streams it: read
+//! The data file (format version 6) as `vmtrace record` streams it: read
 //! back whole, read after the writer was killed at any byte, refused when
-//! corrupt in the middle.
+//! corrupt in the middle; version 5 files still read.
 
 use std::path::{Path, PathBuf};
+
+#[path = "report_fixture.rs"]
+mod fixture;
 
 use tracer::model::{Event, Trace};
 use tracer::tracefile::{load, DataFile, TraceFileError};
@@ -48,9 +51,10 @@ fn write(t: &Trace, path: &Path, batch: usize, complete: bool) -> u64 {
 #[test]
 fn a_complete_data_file_reads_back_as_the_trace() {
     let mut t = Trace::synthetic(50_000);
-    // What only version 5 keeps: losses, the flight recorder, rejected
-    // sites, the kernel's offsets.
+    // What only the data file keeps: losses, the flight recorder, rejected
+    // sites, the kernel's offsets, the calls never committed (version 6).
     t.meta.lost = vec![0, 0, 0, 0];
+    t.meta.unfinished = 3;
     t.meta.overwrite = true;
     t.meta.rejected_sites =
         "72 __mcount_loc entries not at a function entry (in no function: 0xffffffff81000000, ...)"
@@ -70,6 +74,26 @@ fn a_complete_data_file_reads_back_as_the_trace() {
     assert_eq!(back.counts, t.counts);
     assert_eq!(back.meta, t.meta);
     assert_eq!(back.functions, t.functions);
+}
+
+/// `golden/graph.v5.data` was written by the version-5 writer (before
+/// `unfinished` was kept) from the graph fixture, with a loss on vCPU 1,
+/// the flight recorder, rejected sites and KASLR offsets: it still reads
+/// as that trace, nothing unfinished.
+#[test]
+fn a_version_5_data_file_still_reads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/graph.v5.data");
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 5);
+    let mut want = fixture::graph_trace();
+    want.meta.lost = vec![0; want.meta.cpus as usize];
+    want.meta.lost[1] = 7;
+    want.meta.overwrite = true;
+    want.meta.rejected_sites = "3 __mcount_loc entries not at a function entry".into();
+    want.meta.kernel_offset = Some((0x3b80_0000, -0x20_0000));
+    let back = load(&path).unwrap();
+    assert_eq!(back.meta.unfinished, 0);
+    assert_eq!(back, want);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! sections, kallsyms decodes to the vmlinux's symbols, and the
 //! `__mcount_loc` table found by the scan is exactly the vmlinux's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -122,6 +122,9 @@ fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     assert_eq!(addrs(&ours, &image), addrs(&theirs, &reference));
     assert!(ours.len() > 5000, "{} sites", ours.len());
     check_listing(&image, &ours, &reference, &theirs, vmlinux);
+    let rodata = stripped.section_by_name(".rodata").unwrap();
+    let table = tracer::kallsyms::find(rodata.data().unwrap(), rodata.address()).unwrap();
+    check_names(&image, &ours, &reference, &theirs, &table.entries);
     // The entries left out are the code of overridden __weak functions,
     // named alike from either symbol source (not after the function before
     // them, which kallsyms' sizes would reach over them).
@@ -208,6 +211,58 @@ fn check_listing(
         only_ours.len(),
         only_theirs.len()
     );
+}
+
+/// Every site's function has the same name from either symbol source, and
+/// it is the name the kernel gives its address: the first at that address
+/// in the kernel's own kallsyms table (what `kallsyms_lookup`, and so
+/// ftrace and trace-cmd, print). Aliases are where this can differ: a
+/// syscall stub and its body (`__do_sys_getpid` and `__x64_sys_getpid`), a
+/// weak alias (`blake2s_compress` of `blake2s_compress_generic`). (Before,
+/// the vmlinux preferred a global name and its symbol table's order.)
+fn check_names(
+    image: &KernelImage,
+    sites: &SiteTable,
+    reference: &KernelImage,
+    reference_sites: &SiteTable,
+    kallsyms: &[tracer::kallsyms::KallsymsEntry],
+) {
+    let mut kernel_name: HashMap<u64, &str> = HashMap::new();
+    for e in kallsyms {
+        kernel_name.entry(e.addr).or_insert(&e.name);
+    }
+    let mut aliased = 0;
+    for (s, r) in sites.sites.iter().zip(&reference_sites.sites) {
+        let ours = &image.functions[s.func as usize];
+        let theirs = &reference.functions[r.func as usize];
+        assert_eq!(
+            (ours.name.as_str(), ours.addr),
+            (theirs.name.as_str(), theirs.addr),
+            "site {:#x}: kallsyms and vmlinux name its function differently",
+            s.addr
+        );
+        assert_eq!(
+            Some(&ours.name.as_str()),
+            kernel_name.get(&ours.addr),
+            "site {:#x}: not the kernel's name",
+            s.addr
+        );
+        aliased += usize::from(image.names(s.func as usize).nth(1).is_some());
+    }
+    assert!(aliased > 10, "{aliased} sites in functions with aliases");
+    let named = |img: &KernelImage, alias: &str| {
+        let addr = img.symbol(alias).unwrap().addr;
+        let i = tracer::symbols::function_index_at(&img.functions, addr).unwrap();
+        img.functions[i].name.clone()
+    };
+    for (alias, name) in [
+        ("__x64_sys_getpid", "__do_sys_getpid"),
+        ("blake2s_compress", "blake2s_compress_generic"),
+    ] {
+        assert_eq!(named(image, alias), name);
+        assert_eq!(named(reference, alias), name);
+    }
+    eprintln!("{aliased} sites in functions with aliases, named as the kernel names them");
 }
 
 #[test]

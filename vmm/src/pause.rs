@@ -359,7 +359,7 @@ mod tests {
         let live = fake_vcpu(Arc::clone(&pause), 1);
         // Before the guard, the dead vCPU stayed live and this never returned.
         let p = Arc::clone(&pause);
-        within(Duration::from_secs(20), move || {
+        within(Duration::from_secs(300), move || {
             p.pause_all();
             assert!(p.snapshot(1).is_some());
             assert!(p.snapshot(0).is_none());
@@ -372,12 +372,15 @@ mod tests {
     #[test]
     fn back_to_back_pauses_never_need_a_rekick() {
         let mut pause = PauseControl::new(2, false).unwrap();
-        // A lost kick would hang a pause for a minute instead of 5 ms.
-        pause.rekick = Duration::from_secs(60);
+        // A lost kick hangs a pause for good (no rekick in a day), which
+        // the guard catches. No bound on how long the 5000 pauses take:
+        // on a busy 2-core host each waits for the vCPU threads to be
+        // scheduled (before, 50 s against a 60 s rekick).
+        pause.rekick = Duration::from_secs(86_400);
         let pause = Arc::new(pause);
         let vcpus: Vec<_> = (0..2).map(|c| fake_vcpu(Arc::clone(&pause), c)).collect();
         let p = Arc::clone(&pause);
-        within(Duration::from_secs(50), move || {
+        within(Duration::from_secs(900), move || {
             for _ in 0..5000 {
                 p.pause_all();
                 p.resume_all(Duration::ZERO);
@@ -395,7 +398,7 @@ mod tests {
         let pause = Arc::new(PauseControl::new(1, true).unwrap());
         let v = fake_vcpu(Arc::clone(&pause), 0);
         let p = Arc::clone(&pause);
-        within(Duration::from_secs(20), move || {
+        within(Duration::from_secs(300), move || {
             p.pause_all();
             assert!(p.snapshot(0).is_some());
             p.stop_all();

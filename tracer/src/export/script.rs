@@ -29,7 +29,7 @@
 //!   only; the call tree (`--tree`) pairs returns with their calls.
 //!
 //! Every loss is in the header: entries (and returns) counted but not
-//! stored. Names are printed through `report::escape`.
+//! stored, calls whose record was never committed (`unfinished`). Names are printed through `report::escape`.
 
 use std::borrow::Cow;
 use std::io::{self, BufWriter, Write};
@@ -62,6 +62,14 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     }
     lost(&mut w, m.events_dropped, "entries")?;
     lost(&mut w, m.returns_dropped, "returns")?;
+    if m.unfinished > 0 {
+        writeln!(
+            w,
+            "# {} calls unfinished: their record in vmtrace's rings was reserved and never \
+             committed (the run ended mid-record); function unknown, not in entries-written",
+            m.unfinished
+        )?;
+    }
     writeln!(
         w,
         "# kernel: {}\n# attach: {}, detach: {} (host CLOCK_MONOTONIC, s)",

@@ -80,11 +80,11 @@
 //! it over the destination, so an interrupted save never leaves a partial
 //! trace under the final name.
 //!
-//! # Version 5: the data file
+//! # Version 6: the data file
 //!
 //! `vmtrace record` writes its data file while the guest runs ([`stream`]),
 //! so the file must be readable however the run ends, SIGKILL included. It
-//! is a preamble (as above, `version` 5 and `file_len` 0: the length is not
+//! is a preamble (as above, `version` 6 and `file_len` 0: the length is not
 //! known when the file starts) and then blocks, each
 //!
 //! | Field    | Type    | Notes                                                   |
@@ -99,11 +99,19 @@
 //! function of the kernel), any number of `EVTS` (`u32` n, then n event
 //! records in the order they were recorded: time-sorted per vCPU, not
 //! across vCPUs), one `FOOT` (the body as known at the end: exact counts,
-//! the callers the events use) and an empty `END`. The body of version 5
+//! the callers the events use) and an empty `END`. The body of version 6
 //! has, after `symbols`: `u32` n then n `u64` (events lost per vCPU: the
 //! writer fell behind; n is 0 or `cpus`), `u8` overwrite (flight
 //! recorder), `str` rejected sites, `u8` has_offset then, if 1, `u64`
-//! virtual and `u64` physical KASLR offsets (two's complement).
+//! virtual and `u64` physical KASLR offsets (two's complement), then
+//! `u64` unfinished (exitless calls whose ring record was reserved and
+//! never committed: in no count; `0` in `HEAD`).
+//!
+//! Version 5 is still read: it is version 6 without `unfinished`. (A new
+//! version rather than an optional field after the callers: every byte of
+//! a block stays accounted for, so trailing bytes are still corruption,
+//! and a vmtrace that reads only version 5 says "unsupported version 6"
+//! instead of calling a newer file corrupt.)
 //!
 //! A reader sorts the events by time. A file without `FOOT` and `END` (the
 //! writer was killed) is read up to its last complete block, with counts
@@ -139,8 +147,10 @@ pub const VERSION_1: u32 = 1;
 pub const VERSION_2: u32 = 2;
 /// The third format (no `symbols`), still read.
 pub const VERSION_3: u32 = 3;
-/// The data file written while the guest runs (`stream`): blocks.
+/// The first data file (version 6 without `unfinished`), still read.
 pub const VERSION_5: u32 = 5;
+/// The data file written while the guest runs (`stream`): blocks.
+pub const VERSION_6: u32 = 6;
 /// Size of one event record in the file.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in versions 1 and 2.
@@ -195,7 +205,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_5})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_6})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

@@ -9,6 +9,7 @@ use super::reader::Reader;
 use super::{
     check_callers, check_events, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2,
     IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3, VERSION_5,
+    VERSION_6,
 };
 use crate::model::{Event, Trace, TraceMeta};
 use crate::symbols::Symbol;
@@ -59,16 +60,20 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
         return Err(r.truncated());
     }
     let version = r.u32()?;
-    if ![VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5].contains(&version) {
+    if ![
+        VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5, VERSION_6,
+    ]
+    .contains(&version)
+    {
         return Err(TraceFileError::UnsupportedVersion {
             path: path.to_path_buf(),
             version,
         });
     }
     let declared = r.u64()?;
-    if version == VERSION_5 {
+    if version >= VERSION_5 {
         // A data file written while the guest ran: blocks, no length.
-        return super::read_v5::load(r, declared);
+        return super::read_v5::load(r, declared, version);
     }
     if declared < PREAMBLE_SIZE {
         return Err(r.corrupt(format!(
@@ -187,7 +192,7 @@ pub(super) fn check_new_events(events: &[Event], first: usize, body: &Body) -> R
 
 /// Everything of a trace but its events: the header (the run's facts), the
 /// functions, the exact counts, the callers. In versions 1 to 4 it comes
-/// between the preamble and the events; in version 5 a data file holds it
+/// between the preamble and the events; in versions 5 and 6 a data file holds it
 /// twice, as known at attach (`HEAD`) and at the end (`FOOT`).
 pub(super) struct Body {
     pub meta: TraceMeta,
@@ -305,6 +310,8 @@ pub(super) fn read_body<R: Read>(
     } else {
         (Vec::new(), false, String::new(), None)
     };
+    // Version 6 added the exitless calls whose record was never committed.
+    let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
     if v[0] > v[1] {
         return Err(r.corrupt(format!(
             "detach ({} ns) is before attach ({} ns)",
@@ -349,7 +356,7 @@ pub(super) fn read_body<R: Read>(
         incomplete: false,
         // Not in the file: the run's alone.
         guest_instructions_emulated: None,
-        unfinished: 0,
+        unfinished,
     };
 
     r.section = Section::Functions;

@@ -1,4 +1,4 @@
-//! Reading a data file (format version 5, see the parent module): blocks
+//! Reading a data file (format versions 5 and 6, see the parent module): blocks
 //! up to `END`, or up to the last complete block of a file whose writer
 //! was killed.
 
@@ -7,14 +7,21 @@ use std::io::Read;
 use super::read::{check_new_events, decode, read_body, Body};
 use super::reader::Reader;
 use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD};
-use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, VERSION_5};
+use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE};
 use crate::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::model::{caller_index, Event, Trace};
 
-/// Reads the blocks after the preamble (`declared`: its `file_len`, 0).
-pub(super) fn load<R: Read>(mut r: Reader<'_, R>, declared: u64) -> Result<Trace, TraceFileError> {
+/// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
+/// a file of `version` (5 or 6).
+pub(super) fn load<R: Read>(
+    mut r: Reader<'_, R>,
+    declared: u64,
+    version: u32,
+) -> Result<Trace, TraceFileError> {
     if declared != 0 {
-        return Err(r.corrupt(format!("a version 5 file has file_len 0, not {declared}")));
+        return Err(r.corrupt(format!(
+            "a version {version} file has file_len 0, not {declared}"
+        )));
     }
     // Lengths are checked against the file as it is.
     r.declared = r.actual;
@@ -60,7 +67,7 @@ pub(super) fn load<R: Read>(mut r: Reader<'_, R>, declared: u64) -> Result<Trace
         }
         blocks += 1;
         match tag {
-            TAG_HEAD if head.is_none() => head = Some(body(&r, &payload, Section::Header)?),
+            TAG_HEAD if head.is_none() => head = Some(body(&r, &payload, version)?),
             TAG_EVENTS => {
                 let Some(h) = head.as_ref().filter(|_| foot.is_none()) else {
                     return Err(r.corrupt("events outside HEAD .. FOOT".into()));
@@ -69,7 +76,7 @@ pub(super) fn load<R: Read>(mut r: Reader<'_, R>, declared: u64) -> Result<Trace
                 read_events(&r, &payload, h, &mut events)?;
             }
             TAG_FOOT if head.is_some() && foot.is_none() => {
-                foot = Some(body(&r, &payload, Section::Header)?)
+                foot = Some(body(&r, &payload, version)?)
             }
             TAG_END if foot.is_some() && payload.is_empty() => ended = true,
             _ => {
@@ -108,20 +115,16 @@ pub(super) fn load<R: Read>(mut r: Reader<'_, R>, declared: u64) -> Result<Trace
 }
 
 /// A `HEAD` or `FOOT` block's body.
-fn body<R: Read>(
-    r: &Reader<'_, R>,
-    payload: &[u8],
-    section: Section,
-) -> Result<Body, TraceFileError> {
+fn body<R: Read>(r: &Reader<'_, R>, payload: &[u8], version: u32) -> Result<Body, TraceFileError> {
     let mut sub = Reader {
         r: payload,
         path: r.path,
         pos: 0,
         actual: payload.len() as u64,
         declared: payload.len() as u64,
-        section,
+        section: Section::Header,
     };
-    let b = read_body(&mut sub, VERSION_5)?;
+    let b = read_body(&mut sub, version)?;
     if sub.pos != sub.actual {
         return Err(sub.corrupt(format!("{} bytes after the callers", sub.actual - sub.pos)));
     }

@@ -1,4 +1,4 @@
-//! Writing the data file while the guest runs (format version 5, see the
+//! Writing the data file while the guest runs (format version 6, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, `FOOT` and `END` when it stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::write::{encode, put_body};
-use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_5};
+use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_6};
 use crate::export::file::{self, Target};
 use crate::model::{Event, Trace};
 
@@ -73,7 +73,7 @@ impl DataFile {
         };
         let mut pre = Vec::with_capacity(20);
         pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&VERSION_5.to_le_bytes());
+        pre.extend_from_slice(&VERSION_6.to_le_bytes());
         // file_len: unknown while the file grows.
         pre.extend_from_slice(&0u64.to_le_bytes());
         f.out.write_all(&pre).map_err(err)?;
@@ -135,7 +135,7 @@ impl DataFile {
             events: Vec::new(),
             ..trace.clone()
         };
-        put_body(&bare, VERSION_5, &mut payload)?;
+        put_body(&bare, VERSION_6, &mut payload)?;
         self.block(tag, &payload)
     }
 

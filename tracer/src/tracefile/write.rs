@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_5,
+    VERSION_5, VERSION_6,
 };
 use crate::export::file;
 use crate::model::{Event, Trace};
@@ -55,7 +55,7 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.flush()
 }
 
-/// The body of a file of `version` (4, or 5 for a data file's `HEAD` and
+/// The body of a file of `version` (4, or 6 for a data file's `HEAD` and
 /// `FOOT` blocks): the header, functions, counts, returns and callers.
 pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     let m = &trace.meta;
@@ -105,6 +105,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
             }
             None => w.write_all(&[0])?,
         }
+    }
+    if version >= VERSION_6 {
+        w.write_all(&m.unfinished.to_le_bytes())?;
     }
 
     put_syms(w, &trace.functions)?;
