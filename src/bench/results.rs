@@ -1159,6 +1159,7 @@ mod tests {
     fn counts_only_measures_f_and_g_alone() {
         let mut r = results(false);
         (r.costs, r.handlers, r.report, r.record) = (None, None, None, None);
+        r.attach_modes = None;
         (r.a, r.b, r.c) = (f64::NAN, f64::NAN, f64::NAN);
         r.pauses.clear();
         let mut c = cfg(1000, false);
@@ -1189,8 +1190,8 @@ mod tests {
             .iter()
             .filter(|(s, why)| *s == "SKIP" && *why == COUNTS_ONLY)
             .count();
-        // The ratio, two pause windows, loading, the report, (h)'s two.
-        assert_eq!((statuses.len(), skipped), (10, 7), "{statuses:?}");
+        // The ratio, two pause windows, loading, the report, (h)'s two, (j).
+        assert_eq!((statuses.len(), skipped), (11, 8), "{statuses:?}");
         assert_eq!(&statuses[5..7], [("PASS", ""), ("PASS", "")]);
         for set in [
             "(a)-(c) per traced call",
@@ -1198,6 +1199,7 @@ mod tests {
             "(e) and loading",
             "report",
             "(h) recording to disk",
+            "(j) attach pause by mode",
         ] {
             assert!(
                 t.contains(&format!(
