@@ -240,8 +240,12 @@ fn traced(
     emit(&trace, &output, streamed)?;
     if summary.meta.unfinished > 0 {
         // Said on stderr too: `record` prints no report.
+        let what = match summary.meta.graph {
+            true => "records (calls or returns)",
+            false => "calls",
+        };
         note!(
-            "vmtrace: {} calls reserved a record in vmtrace's rings that was never committed (the \
+            "vmtrace: {} {what} reserved a record in vmtrace's rings that was never committed (the \
              guest stopped mid-record): not in the counts, which stay exact for every other call",
             summary.meta.unfinished
         );

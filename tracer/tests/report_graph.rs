@@ -536,3 +536,25 @@ fn report_graph_csv_marks_returns() {
     let unhooked = rows.iter().find(|r| r[0] == "1000000200000").unwrap();
     assert_eq!((unhooked[6], unhooked[7]), ("entry", "0x0"));
 }
+
+/// Records reserved and never committed in a graph trace may have been
+/// returns: the header and `script` say records, and give no total of calls.
+#[test]
+fn report_graph_unfinished_records_are_not_called_calls() {
+    let mut t = graph_trace();
+    t.meta.unfinished = 2;
+    let text = tracer::report::render(&t, &ReportOptions::default());
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("# unfinished:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("2 records (calls or returns)"), "{line}");
+    assert!(!line.contains("calls in all"), "{line}");
+    let mut script = Vec::new();
+    tracer::export::script::write_script(&t, &mut script).unwrap();
+    let script = String::from_utf8(script).unwrap();
+    assert!(
+        script.contains("# 2 records (calls or returns) unfinished:"),
+        "{script}"
+    );
+}

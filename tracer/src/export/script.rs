@@ -63,9 +63,14 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     lost(&mut w, m.events_dropped, "entries")?;
     lost(&mut w, m.returns_dropped, "returns")?;
     if m.unfinished > 0 {
+        let what = if m.graph {
+            "records (calls or returns)"
+        } else {
+            "calls"
+        };
         writeln!(
             w,
-            "# {} calls unfinished: their record in vmtrace's rings was reserved and never \
+            "# {} {what} unfinished: their record in vmtrace's rings was reserved and never \
              committed (the run ended mid-record); function unknown, not in entries-written",
             m.unfinished
         )?;

@@ -107,16 +107,24 @@ pub(super) fn header(out: &mut String, report: &Report) {
         ));
     }
     if m.unfinished > 0 {
-        lines.push((
-            "unfinished",
-            format!(
+        // With --graph the ring holds returns too: what an uncommitted
+        // record was is unknown, so no total of calls can be given.
+        let text = match m.graph {
+            false => format!(
                 "{} calls reserved a record in vmtrace's rings that was never committed (the run \
                  ended while their writer was between the two): their functions are unknown, so \
                  they are not in the counts; {} calls in all",
                 thousands(m.unfinished),
                 thousands(m.events_total + m.unfinished)
             ),
-        ));
+            true => format!(
+                "{} records (calls or returns) were reserved in vmtrace's rings and never \
+                 committed (the run ended while their writer was between the two): what they \
+                 were is unknown, so they are in no count",
+                thousands(m.unfinished)
+            ),
+        };
+        lines.push(("unfinished", text));
     }
     if m.incomplete {
         lines.push((
