@@ -51,6 +51,32 @@ fn graph_leaves_out_the_functions_the_guest_unwinds_through() {
     }
 }
 
+/// A function is left out by any of its names: one reported by another
+/// name whose alias is on the list is left out too.
+#[test]
+fn graph_leaves_out_a_function_by_any_of_its_names() {
+    let (_, vmlinux) = linux_61();
+    let globs = ["unwind_next_frame,hrtimer_interrupt".to_string()];
+    let mut plan = tracer::session::Plan::new(&vmlinux, &globs, &[]).unwrap();
+    let next = plan
+        .funcs
+        .iter()
+        .copied()
+        .find(|&f| plan.image.functions[f].name == "unwind_next_frame")
+        .unwrap();
+    // As if the kernel had `bpf_throw` at the same address.
+    plan.image.aliases.push((next, "bpf_throw".into()));
+    plan.image.aliases.sort();
+    let left_out = tracer::hookable::hook_returns(&mut plan);
+    assert_eq!(left_out, ["unwind_next_frame"]);
+    let kept: Vec<&str> = plan
+        .funcs
+        .iter()
+        .map(|&f| plan.image.functions[f].name.as_str())
+        .collect();
+    assert_eq!(kept, ["hrtimer_interrupt"]);
+}
+
 /// `vmtrace list` marks it.
 #[test]
 fn list_marks_the_functions_graph_leaves_out() {

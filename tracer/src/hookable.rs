@@ -53,7 +53,13 @@ pub fn hook_returns(plan: &mut Plan) -> Vec<String> {
         .iter()
         .map(|&f| plan.image.functions[f].name.as_str())
         .collect();
-    let keep: Vec<bool> = names.iter().map(|n| unhookable(n).is_none()).collect();
+    // By any of a function's names: the one it is reported by may be an
+    // alias of the name listed here.
+    let keep: Vec<bool> = plan
+        .funcs
+        .iter()
+        .map(|&f| plan.image.names(f).all(|n| unhookable(n).is_none()))
+        .collect();
     let left_out: Vec<String> = names
         .iter()
         .zip(&keep)
