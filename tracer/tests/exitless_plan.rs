@@ -109,7 +109,8 @@ fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
 }
 
 /// A kernel whose returns go through a return thunk (the mini guest built
-/// with -mfunction-return=thunk-extern; its `__fentry__` is
+/// with -mfunction-return=thunk-extern; its `__fentry__` is ten one-byte
+/// NOPs, as CALL_DEPTH_ACCOUNT before the kernel's alternatives, then
 /// `jmp __x86_return_thunk`): vmtrace's code returns through the same thunk,
 /// where KASLR put it, with no bare `ret` and no more instructions.
 #[test]
@@ -142,7 +143,8 @@ fn the_code_returns_through_the_kernels_return_thunk() {
         println!("{}", ex.trampoline.listing());
     }
     // Before the kernel applied its alternatives its returns may still
-    // change: nothing is decided until `alternatives_patched` is set.
+    // change: nothing is decided (nor `__fentry__` read: its padding is
+    // more NOPs than any form after) until `alternatives_patched` is set.
     let mut ex = prepare(&image);
     let flag = image.symbol("alternatives_patched").unwrap().addr;
     let mem = guest(&image, KernelOffset::NONE);

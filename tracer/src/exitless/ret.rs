@@ -59,7 +59,10 @@ pub enum ReturnError {
     Unknown { va: u64, insn: String },
 }
 
-/// Instructions `Return::from_fentry` reads before giving up.
+/// Instructions other than NOPs `Return::from_fentry` reads before giving
+/// up. NOPs are not counted: before the kernel applies its alternatives,
+/// `CALL_DEPTH_ACCOUNT` is ten one-byte NOPs (its `.skip` padding), more
+/// instructions than any real form has; they are bounded by the bytes read.
 const FENTRY_INSTRUCTIONS: usize = 8;
 /// `CALL_DEPTH_ACCOUNT`'s shift (arch/x86/include/asm/nospec-branch.h:
 /// RET_DEPTH_SHIFT).
@@ -72,17 +75,16 @@ impl Return {
     pub fn from_fentry(code: &[u8], va: u64) -> Result<Return, ReturnError> {
         let mut decoder = Decoder::with_ip(64, code, va, DecoderOptions::NONE);
         let mut ret = Return::default();
-        for _ in 0..FENTRY_INSTRUCTIONS {
-            if !decoder.can_decode() {
-                break;
-            }
+        let mut counted = 0;
+        while counted < FENTRY_INSTRUCTIONS && decoder.can_decode() {
             let i = decoder.decode();
             let unknown = || ReturnError::Unknown {
                 va,
                 insn: format_instruction(&i),
             };
             match i.mnemonic() {
-                Mnemonic::Endbr64 | Mnemonic::Nop => {}
+                Mnemonic::Nop => continue,
+                Mnemonic::Endbr64 => {}
                 Mnemonic::Sar => ret.depth = Some(depth_disp(&i).ok_or_else(unknown)?),
                 Mnemonic::Ret if i.op_count() == 0 => return Ok(ret),
                 Mnemonic::Jmp if i.flow_control() == FlowControl::UnconditionalBranch => {
@@ -91,10 +93,14 @@ impl Return {
                 }
                 _ => return Err(unknown()),
             }
+            counted += 1;
         }
         Err(ReturnError::Unknown {
             va,
-            insn: format!("no return in {FENTRY_INSTRUCTIONS} instructions"),
+            insn: format!(
+                "no return in {} bytes, {counted} instructions besides NOPs",
+                decoder.position()
+            ),
         })
     }
 
@@ -223,6 +229,17 @@ mod tests {
         code.push(0x05);
         code.extend(jmp(FENTRY + 9, thunk));
         assert_eq!(fentry(&code).unwrap().depth, Some(depth_va as i64 as i32));
+        // Before alternatives with call depth tracking built in (6.2+):
+        // CALL_DEPTH_ACCOUNT's padding, ten one-byte NOPs, then the thunk.
+        let mut code = vec![0x90; 10];
+        code.extend(jmp(FENTRY + 10, thunk));
+        assert_eq!(
+            fentry(&code).unwrap(),
+            Return {
+                depth: None,
+                thunk: Some(thunk)
+            }
+        );
     }
 
     #[test]

@@ -217,6 +217,12 @@ impl Exitless {
                 link: self.cpu_number.link,
                 runtime: off.runtime(self.cpu_number.link),
             })?;
+        // Before anything is read: until the kernel applied its
+        // alternatives, `__fentry__` and every return site may still change
+        // (and `__fentry__` may be a form only seen then).
+        if alternatives_pending(space, image, off) {
+            return Ok(Resolved::AlternativesPending);
+        }
         let ret = match image.symbol(crate::sites::FENTRY) {
             // The mini guest's default build: nothing to follow.
             None => Return::default(),
@@ -228,9 +234,6 @@ impl Exitless {
                 Return::from_fentry(&code, va)?
             }
         };
-        if ret != Return::default() && alternatives_pending(space, image, off) {
-            return Ok(Resolved::AlternativesPending);
-        }
         let spec = TrampolineSpec {
             cpu_number_disp: disp,
             ret,
@@ -410,7 +413,8 @@ pub enum Resolved {
 }
 
 /// Bytes of `__fentry__` read to see how it returns (`Return::from_fentry`
-/// reads at most 8 instructions; its body is about 14 bytes).
+/// reads at most 8 instructions besides NOPs; its body is about 14 bytes,
+/// 15 before alternatives with call depth tracking).
 const FENTRY_READ: usize = 48;
 /// Set to 1 when the kernel has applied its alternatives, return sites
 /// included (arch/x86/kernel/alternative.c).
