@@ -41,6 +41,10 @@ pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
 /// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
 /// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
 pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
+/// The return thunk a kernel built with return thunks
+/// (CONFIG_MITIGATION_RETHUNK) jumps to from every return it compiled,
+/// until its alternatives rewrite them (arch/x86/lib/retpoline.S).
+pub const RETURN_THUNK: &str = "__x86_return_thunk";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
@@ -66,6 +70,12 @@ pub enum ExitlessError {
         off: u64,
         cpus: usize,
     },
+    #[error(
+        "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol (kallsyms without \
+         CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
+         use --mode trap, or give its vmlinux (--vmlinux)"
+    )]
+    AlternativesUnknown { place: String },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]
@@ -137,6 +147,16 @@ fn plan(
         off: addr,
     };
     let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+    // Its compiled returns are thunk jumps, which the kernel may keep or
+    // rewrite once it knows its CPU: read before then, `__fentry__` would
+    // say jump where the kernel returns by `ret` (or the other way), and
+    // only `alternatives_patched` tells when. Refused before the guest runs
+    // (`--mode auto` then traps).
+    if image.symbol(RETURN_THUNK).is_some() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+        return Err(ExitlessError::AlternativesUnknown {
+            place: image.path.display().to_string(),
+        });
+    }
     let spec = TrampolineSpec {
         layout: RingLayout::new(cpus, sites, ring_records, graph)?,
         cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
@@ -231,7 +251,14 @@ impl Exitless {
                 let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
                     ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
                 })?;
-                Return::from_fentry(&code, va)?
+                let ret = Return::from_fentry(&code, va)?;
+                // As `plan` refuses, for a thunk known only by its code.
+                if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+                    return Err(ExitlessError::AlternativesUnknown {
+                        place: format!("the guest's __fentry__ at {va:#x}"),
+                    });
+                }
+                ret
             }
         };
         let spec = TrampolineSpec {
