@@ -13,9 +13,13 @@
 //!   every return site (`.return_sites`, `apply_returns`) to one of these at
 //!   boot, so `__fentry__`'s own return says which, and where the thunk is.
 //!   ftrace's dynamic trampolines end the same way (`create_trampoline`).
-//!   (With ITS's thunk the kernel keeps a plain `ret` where a return's
-//!   address allows it, `cpu_wants_rethunk_at`; the thunk is safe at any
-//!   address, so vmtrace always takes it.)
+//!   With ITS's thunk (`its_return_thunk`) the kernel keeps a plain `ret`
+//!   where a return's address allows it (bit 5 clear,
+//!   `cpu_wants_rethunk_at`), so a plain `ret` in `__fentry__` at an
+//!   address with bit 5 set may be a return ITS rewrote there, not one the
+//!   kernel keeps everywhere: vmtrace's returns, at other addresses, then
+//!   jump to `its_return_thunk` (safe at any address; if the kernel has
+//!   no return thunks at all it only costs a jump).
 //! - `CALL_DEPTH_ACCOUNT` (`sar qword gs:[__x86_call_depth], 5`, patched in
 //!   only with `X86_FEATURE_CALL_DEPTH`) accounts for the site's call, which
 //!   no call thunk saw: the return thunk then `shl`s the depth back, and the
@@ -64,6 +68,10 @@ pub enum ReturnError {
 /// `CALL_DEPTH_ACCOUNT` is ten one-byte NOPs (its `.skip` padding), more
 /// instructions than any real form has; they are bounded by the bytes read.
 const FENTRY_INSTRUCTIONS: usize = 8;
+/// The address bit that makes a `ret` safe from ITS (Indirect Target
+/// Selection), where the kernel keeps it plain
+/// (arch/x86/kernel/alternative.c: cpu_wants_rethunk_at).
+const ITS_SAFE_BIT: u64 = 0x20;
 /// `CALL_DEPTH_ACCOUNT`'s shift (arch/x86/include/asm/nospec-branch.h:
 /// RET_DEPTH_SHIFT).
 const DEPTH_SHIFT: u32 = 5;
@@ -72,7 +80,13 @@ impl Return {
     /// How the kernel's `__fentry__`, whose running code is `code` at `va`,
     /// returns: ENDBR and NOPs (an alternative not patched in) skipped, its
     /// depth accounting if any, then `ret` or `jmp` to the return thunk.
-    pub fn from_fentry(code: &[u8], va: u64) -> Result<Return, ReturnError> {
+    /// `its_thunk`: the running `its_return_thunk`, if the kernel has one
+    /// (see the module comment).
+    pub fn from_fentry(
+        code: &[u8],
+        va: u64,
+        its_thunk: Option<u64>,
+    ) -> Result<Return, ReturnError> {
         let mut decoder = Decoder::with_ip(64, code, va, DecoderOptions::NONE);
         let mut ret = Return::default();
         let mut counted = 0;
@@ -86,7 +100,14 @@ impl Return {
                 Mnemonic::Nop => continue,
                 Mnemonic::Endbr64 => {}
                 Mnemonic::Sar => ret.depth = Some(depth_disp(&i).ok_or_else(unknown)?),
-                Mnemonic::Ret if i.op_count() == 0 => return Ok(ret),
+                Mnemonic::Ret if i.op_count() == 0 => {
+                    // `cpu_wants_rethunk_at`: ITS leaves a plain `ret` only
+                    // where bit 5 of its address is set.
+                    if i.ip() & ITS_SAFE_BIT != 0 {
+                        ret.thunk = its_thunk;
+                    }
+                    return Ok(ret);
+                }
                 Mnemonic::Jmp if i.flow_control() == FlowControl::UnconditionalBranch => {
                     ret.thunk = Some(i.near_branch_target());
                     return Ok(ret);
@@ -179,7 +200,39 @@ mod tests {
     const FENTRY: u64 = 0xffff_ffff_8100_2040;
 
     fn fentry(code: &[u8]) -> Result<Return, ReturnError> {
-        Return::from_fentry(code, FENTRY)
+        Return::from_fentry(code, FENTRY, None)
+    }
+
+    #[test]
+    fn a_plain_ret_that_its_may_have_left_is_replaced_by_its_thunk() {
+        let its = 0xffff_ffff_8200_2000;
+        // `ret; int3` at an address with bit 5 clear: the kernel would have
+        // rewritten it to the thunk if it used one; plain `ret` is right.
+        assert_eq!(
+            Return::from_fentry(&[0xc3, 0xcc], FENTRY, Some(its)).unwrap(),
+            Return::default()
+        );
+        // Bit 5 set (after ENDBR at 0x...2040 the `ret` is at 0x...2044,
+        // so start at 0x...2060): ITS may have left it there only; vmtrace
+        // returns through its thunk at any address.
+        for (code, va) in [
+            (&[0xc3, 0xcc][..], FENTRY + 0x20),
+            (&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3, 0xcc][..], FENTRY + 0x1c),
+        ] {
+            assert_eq!(
+                Return::from_fentry(code, va, Some(its)).unwrap(),
+                Return {
+                    depth: None,
+                    thunk: Some(its)
+                },
+                "{va:#x}"
+            );
+            // No ITS thunk in the kernel: plain `ret` as read.
+            assert_eq!(
+                Return::from_fentry(code, va, None).unwrap(),
+                Return::default()
+            );
+        }
     }
 
     /// `jmp rel32` at `at` (in `FENTRY`'s code) to `target`.

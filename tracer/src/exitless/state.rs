@@ -45,6 +45,9 @@ pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
 /// (CONFIG_MITIGATION_RETHUNK) jumps to from every return it compiled,
 /// until its alternatives rewrite them (arch/x86/lib/retpoline.S).
 pub const RETURN_THUNK: &str = "__x86_return_thunk";
+/// The return thunk against Indirect Target Selection
+/// (CONFIG_MITIGATION_ITS), which leaves some returns plain (`ret`).
+pub const ITS_RETURN_THUNK: &str = "its_return_thunk";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
@@ -251,7 +254,8 @@ impl Exitless {
                 let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
                     ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
                 })?;
-                let ret = Return::from_fentry(&code, va)?;
+                let its = image.symbol(ITS_RETURN_THUNK).map(|s| off.runtime(s.addr));
+                let ret = Return::from_fentry(&code, va, its)?;
                 // As `plan` refuses, for a thunk known only by its code.
                 if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
                     return Err(ExitlessError::AlternativesUnknown {
