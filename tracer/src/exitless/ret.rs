@@ -27,16 +27,17 @@
 //!
 //! The function graph's return (vmtrace's return stubs, reached by the
 //! traced function's own return) goes back to the caller as ftrace's
-//! `return_to_handler` does: without call depth tracking by `push; RET`;
-//! with it by `call 1f; int3; 1: mov [rsp], rcx; ret; int3`, whose call
-//! and plain `ret` pair up in the return stack buffer and leave the depth
-//! count alone (the function's own return already went through the thunk).
+//! `return_to_handler` does, always: `call 1f; int3; 1: mov [rsp], rcx;
+//! RET`, whose call and return pair up in the return stack buffer, which
+//! the caller's own return then still predicts. With call depth tracking
+//! that RET is a plain `ret; int3`, leaving the depth count alone (the
+//! function's own return already went through the thunk).
 //!
 //! Costs per recorded call, counted in vmtrace's code: none for `int3`
 //! (never runs) and none for `jmp` to a thunk (it replaces the `ret`; the
 //! thunk's own instructions are the kernel's, as after every kernel
-//! function); one (`sar`) with call depth tracking, and one more on the
-//! graph's return path (`call`).
+//! function); one (`sar`) with call depth tracking (not on the graph's
+//! return path, whose `call` is counted in its length).
 
 use iced_x86::code_asm::{qword_ptr, rcx, rsp, CodeAssembler};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, IcedError, Mnemonic, OpKind, Register};
@@ -175,13 +176,9 @@ pub(super) fn emit_ret(a: &mut CodeAssembler, r: Return) -> Result<(), IcedError
 /// The graph's return path's end: rcx = the caller's address, rsp at the
 /// slot the traced function's `ret` popped (see the module comment).
 pub(super) fn emit_graph_ret(a: &mut CodeAssembler, r: Return) -> Result<(), IcedError> {
-    if r.depth.is_none() {
-        // O back in the slot the function's `ret` took it from; RET there.
-        a.push(rcx)?;
-        return emit_ret(a, r);
-    }
-    // return_to_handler with call depth tracking: a call the `ret` below
-    // pairs with in the return stack buffer, neither counted in the depth.
+    // return_to_handler: a call the return below pairs with in the return
+    // stack buffer (a `push; ret` would take the caller's caller's entry
+    // there, and every return up the stack would be mispredicted).
     let mut rop = a.create_label();
     a.call(rop)?;
     // Never runs (the call's return address is overwritten).
@@ -189,6 +186,12 @@ pub(super) fn emit_graph_ret(a: &mut CodeAssembler, r: Return) -> Result<(), Ice
     a.set_label(&mut rop)?;
     // The caller's address in the call's return slot, the function's.
     a.mov(qword_ptr(rsp), rcx)?;
+    if r.depth.is_none() {
+        // RET: through the return thunk if the kernel has one.
+        return emit_ret(a, r);
+    }
+    // With call depth tracking a plain `ret` (ANNOTATE_UNRET_SAFE): the
+    // call above was not counted in the depth, so neither is this return.
     a.ret()?;
     a.int3()
 }
