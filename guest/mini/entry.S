@@ -69,10 +69,14 @@ __x86_return_thunk:
 
 /* What a site's `call __fentry__` reached before ftrace NOPed it: on such a
  * kernel, its RET is `jmp __x86_return_thunk` (arch/x86/kernel/ftrace_64.S);
- * vmtrace reads it to learn how the kernel returns. */
+ * vmtrace reads it to learn how the kernel returns. As a kernel with call
+ * depth tracking built in (6.2+) has it before applying its alternatives:
+ * CALL_DEPTH_ACCOUNT's padding, ten one-byte NOPs, first (the
+ * patched-in `sar` goes there; this guest applies none). */
 	.globl __fentry__
 	.type __fentry__, @function
 __fentry__:
+	.skip	10, 0x90
 	jmp	__x86_return_thunk
 	.size __fentry__, . - __fentry__
 #endif

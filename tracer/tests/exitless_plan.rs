@@ -109,7 +109,8 @@ fn the_cpu_number_is_read_where_each_per_cpu_layout_puts_it() {
 }
 
 /// A kernel whose returns go through a return thunk (the mini guest built
-/// with -mfunction-return=thunk-extern; its `__fentry__` is
+/// with -mfunction-return=thunk-extern; its `__fentry__` is ten one-byte
+/// NOPs, as CALL_DEPTH_ACCOUNT before the kernel's alternatives, then
 /// `jmp __x86_return_thunk`): vmtrace's code returns through the same thunk,
 /// where KASLR put it, with no bare `ret` and no more instructions.
 #[test]
@@ -142,7 +143,8 @@ fn the_code_returns_through_the_kernels_return_thunk() {
         println!("{}", ex.trampoline.listing());
     }
     // Before the kernel applied its alternatives its returns may still
-    // change: nothing is decided until `alternatives_patched` is set.
+    // change: nothing is decided (nor `__fentry__` read: its padding is
+    // more NOPs than any form after) until `alternatives_patched` is set.
     let mut ex = prepare(&image);
     let flag = image.symbol("alternatives_patched").unwrap().addr;
     let mem = guest(&image, KernelOffset::NONE);
@@ -163,4 +165,66 @@ fn the_code_returns_through_the_kernels_return_thunk() {
         ex.trampoline.common_path.last().unwrap().mnemonic(),
         Mnemonic::Ret
     );
+}
+
+/// guest/out/NAME.elf without the symbols `strip`, as kallsyms without
+/// CONFIG_KALLSYMS_ALL gives them (no data symbols), in a file of its own.
+fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
+    let out =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.elf", strip.join("-")));
+    let mut cmd = Command::new("objcopy");
+    for s in strip {
+        cmd.arg(format!("--strip-symbol={s}"));
+    }
+    let status = cmd.arg(mini(name)).arg(&out).status().unwrap();
+    assert!(status.success(), "objcopy");
+    let image = KernelImage::load(&out).unwrap();
+    for s in strip {
+        assert!(image.symbol(s).is_none(), "{s} still there");
+    }
+    image
+}
+
+/// A kernel with return thunks whose symbols do not say when it applied
+/// its alternatives: its compiled `jmp __x86_return_thunk` may be read
+/// before the kernel rewrites it, so exitless is refused, before the guest
+/// runs (the check `--mode auto` falls back to traps on) and, for a thunk
+/// seen only in the running `__fentry__`, at the attach.
+#[test]
+fn return_thunks_without_alternatives_patched_are_refused() {
+    let image = mini_without("mini-rethunk", &["alternatives_patched"]);
+    let err = Exitless::check(&image, 2, 3, Some(16), false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: the kernel has return thunks but no `alternatives_patched` symbol (kallsyms without \
+             CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
+             use --mode trap, or give its vmlinux (--vmlinux)",
+            image.path.display()
+        )
+    );
+    // The thunk under another name: known only at the attach.
+    let image = mini_without(
+        "mini-rethunk",
+        &["alternatives_patched", "__x86_return_thunk"],
+    );
+    let fentry = image.symbol("__fentry__").unwrap().addr;
+    let mut ex = prepare(&image);
+    let mem = guest(&image, KernelOffset::NONE);
+    let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+    let err = ex
+        .resolve(&mut space, &image, KernelOffset::NONE)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!(
+            "the guest's __fentry__ at {fentry:#x}: the kernel has return thunks but no `alternatives_patched`"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains('\n'));
+    // The code stays as it was planned: `ret; int3`.
+    assert_eq!(ex.ret(), Return::default());
 }

@@ -45,7 +45,8 @@
 //!         mov [r10 + rec.slot], rax
 //!         rdtsc; <store tsc>; mov [r10 + rec.commit], esi
 //! rout:   pop rdx; pop rax
-//!         push rcx                           ; O where the function's return address was
+//!         call rop; int3                     ; a return stack buffer entry for the ret
+//! rop:    mov [rsp], rcx                     ; O in its slot
 //!         ret; int3                          ; back to the caller, as if never hooked
 //!                                            ; (or as `ret::emit_graph_ret`)
 //! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
@@ -56,7 +57,7 @@
 //! but rax and rdx (the return value) is dead: ftrace's own
 //! `return_to_handler` calls a C function there, which clobbers them all
 //! (arch/x86/kernel/ftrace_64.S); the return path saves rax and rdx only.
-//! The return goes back with `push; ret`, not an indirect `jmp`, so no
+//! The return goes back with `call; mov [rsp]; ret`, not an indirect `jmp`, so no
 //! indirect-branch target check (IBT) applies to the caller's return
 //! address.
 //!

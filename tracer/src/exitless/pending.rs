@@ -36,19 +36,58 @@ struct Go {
 /// host), so not much more often than this.
 const POLL: Duration = Duration::from_millis(4);
 
-/// What the attach hands the waiting thread, and whether it should give up.
-#[derive(Default)]
-struct Slot {
-    go: Mutex<Option<Go>>,
+/// What the attach hands the waiting thread (`Go`; any type in tests), and
+/// whether it should give up.
+struct Slot<G = Go> {
+    go: Mutex<Option<G>>,
     /// `start` was called (once is all it takes).
     told: AtomicBool,
     closed: AtomicBool,
 }
 
-/// A thread waiting to start the drainer.
+impl<G> Default for Slot<G> {
+    fn default() -> Self {
+        Slot {
+            go: Mutex::new(None),
+            told: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A thread waiting to start the drainer. Dropped without `join` (an
+/// attach given up without `finish`), it tells the thread to end and
+/// waits for it (at most one `POLL`): a thread left polling would hold the
+/// guest's memory and the events' sender, and the collector never ends.
 pub struct PendingDrainer {
     slot: Arc<Slot>,
-    thread: JoinHandle<Option<Drainer>>,
+    thread: Option<JoinHandle<Option<Drainer>>>,
+}
+
+/// What the waiting thread does after one look at its slot.
+enum Look<G> {
+    Start(G),
+    End,
+    Wait,
+}
+
+/// One look at the slot. `closed` is read BEFORE `go`: `start` fills `go`
+/// before `join` sets `closed`, so a thread that sees `closed` and then an
+/// empty `go` was never started. Read the other way round, a thread
+/// preempted between the two reads while both `start` and `join` happened
+/// would end with `go` set: no drainer, the events lost, and `finish` Ok.
+/// `between` runs between the two reads (tests force the interleaving).
+fn look<G>(slot: &Slot<G>, between: impl FnOnce()) -> Look<G> {
+    let closed = slot.closed.load(Ordering::Acquire);
+    between();
+    if let Some(g) = slot.go.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Look::Start(g);
+    }
+    if closed {
+        Look::End
+    } else {
+        Look::Wait
+    }
 }
 
 impl PendingDrainer {
@@ -59,22 +98,25 @@ impl PendingDrainer {
         layout: RingLayout,
         sink: Sender<Vec<Event>>,
     ) -> std::io::Result<PendingDrainer> {
-        let slot = Arc::new(Slot::default());
+        let slot = Arc::new(Slot::<Go>::default());
         let seen = Arc::clone(&slot);
         let thread = std::thread::Builder::new()
             .name("drainer-start".into())
             .spawn(move || loop {
-                if let Some(g) = seen.go.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                    return Some(Drainer::start(
-                        mem, layout, g.clock, g.counters, g.index, sink,
-                    ));
+                match look(&seen, || {}) {
+                    Look::Start(g) => {
+                        return Some(Drainer::start(
+                            mem, layout, g.clock, g.counters, g.index, sink,
+                        ))
+                    }
+                    Look::End => return None,
+                    Look::Wait => std::thread::sleep(POLL),
                 }
-                if seen.closed.load(Ordering::Acquire) {
-                    return None;
-                }
-                std::thread::sleep(POLL);
             })?;
-        Ok(PendingDrainer { slot, thread })
+        Ok(PendingDrainer {
+            slot,
+            thread: Some(thread),
+        })
     }
 
     /// Start draining (the first call; later ones do nothing): left where
@@ -93,9 +135,28 @@ impl PendingDrainer {
 
     /// The drainer, if it was started; None if not (the waiting thread
     /// ends, dropping its sender). Err: the thread panicked.
-    pub fn join(self) -> Result<Option<Drainer>, ()> {
+    pub fn join(mut self) -> Result<Option<Drainer>, ()> {
+        self.close().map_err(|_| ())
+    }
+
+    /// Tell the waiting thread to end and wait for it.
+    fn close(&mut self) -> std::thread::Result<Option<Drainer>> {
         self.slot.closed.store(true, Ordering::Release);
-        self.thread.join().map_err(|_| ())
+        match self.thread.take() {
+            Some(t) => t.join(),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for PendingDrainer {
+    fn drop(&mut self) {
+        // Dropped without `join`: the drainer, if it had started, is
+        // stopped too (its thread would otherwise drain forever); its
+        // result has nobody to go to.
+        if let Ok(Some(d)) = self.close() {
+            let _ = d.finish();
+        }
     }
 }
 
@@ -113,5 +174,31 @@ mod tests {
         assert!(matches!(pending.join(), Ok(None)));
         // Its sender is gone with it: the collector sees the end.
         assert!(events.recv().is_err());
+    }
+
+    #[test]
+    fn a_start_and_a_join_between_the_threads_two_reads_still_start_the_drainer() {
+        // The waiting thread preempted between its two reads while the
+        // attach's pause calls `start` and `finish` calls `join`.
+        let slot = Slot::<u32>::default();
+        let look = look(&slot, || {
+            *slot.go.lock().unwrap() = Some(7);
+            slot.closed.store(true, Ordering::Release);
+        });
+        assert!(matches!(look, Look::Start(7)));
+    }
+
+    #[test]
+    fn a_pending_drainer_dropped_without_join_ends_its_thread() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let layout = RingLayout::new(1, 4, None, false).unwrap();
+        let (sink, events) = crossbeam_channel::unbounded();
+        drop(PendingDrainer::spawn(mem, layout, sink).unwrap());
+        // The thread ended and dropped its sender. (The timeout only keeps
+        // a failing test from hanging: a thread left polling never ends.)
+        assert_eq!(
+            events.recv_timeout(Duration::from_secs(60)),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+        );
     }
 }

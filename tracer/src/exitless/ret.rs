@@ -13,9 +13,13 @@
 //!   every return site (`.return_sites`, `apply_returns`) to one of these at
 //!   boot, so `__fentry__`'s own return says which, and where the thunk is.
 //!   ftrace's dynamic trampolines end the same way (`create_trampoline`).
-//!   (With ITS's thunk the kernel keeps a plain `ret` where a return's
-//!   address allows it, `cpu_wants_rethunk_at`; the thunk is safe at any
-//!   address, so vmtrace always takes it.)
+//!   With ITS's thunk (`its_return_thunk`) the kernel keeps a plain `ret`
+//!   where a return's address allows it (bit 5 clear,
+//!   `cpu_wants_rethunk_at`), so a plain `ret` in `__fentry__` at an
+//!   address with bit 5 set may be a return ITS rewrote there, not one the
+//!   kernel keeps everywhere: vmtrace's returns, at other addresses, then
+//!   jump to `its_return_thunk` (safe at any address; if the kernel has
+//!   no return thunks at all it only costs a jump).
 //! - `CALL_DEPTH_ACCOUNT` (`sar qword gs:[__x86_call_depth], 5`, patched in
 //!   only with `X86_FEATURE_CALL_DEPTH`) accounts for the site's call, which
 //!   no call thunk saw: the return thunk then `shl`s the depth back, and the
@@ -23,16 +27,17 @@
 //!
 //! The function graph's return (vmtrace's return stubs, reached by the
 //! traced function's own return) goes back to the caller as ftrace's
-//! `return_to_handler` does: without call depth tracking by `push; RET`;
-//! with it by `call 1f; int3; 1: mov [rsp], rcx; ret; int3`, whose call
-//! and plain `ret` pair up in the return stack buffer and leave the depth
-//! count alone (the function's own return already went through the thunk).
+//! `return_to_handler` does, always: `call 1f; int3; 1: mov [rsp], rcx;
+//! RET`, whose call and return pair up in the return stack buffer, which
+//! the caller's own return then still predicts. With call depth tracking
+//! that RET is a plain `ret; int3`, leaving the depth count alone (the
+//! function's own return already went through the thunk).
 //!
 //! Costs per recorded call, counted in vmtrace's code: none for `int3`
 //! (never runs) and none for `jmp` to a thunk (it replaces the `ret`; the
 //! thunk's own instructions are the kernel's, as after every kernel
-//! function); one (`sar`) with call depth tracking, and one more on the
-//! graph's return path (`call`).
+//! function); one (`sar`) with call depth tracking (not on the graph's
+//! return path, whose `call` is counted in its length).
 
 use iced_x86::code_asm::{qword_ptr, rcx, rsp, CodeAssembler};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, IcedError, Mnemonic, OpKind, Register};
@@ -59,8 +64,15 @@ pub enum ReturnError {
     Unknown { va: u64, insn: String },
 }
 
-/// Instructions `Return::from_fentry` reads before giving up.
+/// Instructions other than NOPs `Return::from_fentry` reads before giving
+/// up. NOPs are not counted: before the kernel applies its alternatives,
+/// `CALL_DEPTH_ACCOUNT` is ten one-byte NOPs (its `.skip` padding), more
+/// instructions than any real form has; they are bounded by the bytes read.
 const FENTRY_INSTRUCTIONS: usize = 8;
+/// The address bit that makes a `ret` safe from ITS (Indirect Target
+/// Selection), where the kernel keeps it plain
+/// (arch/x86/kernel/alternative.c: cpu_wants_rethunk_at).
+const ITS_SAFE_BIT: u64 = 0x20;
 /// `CALL_DEPTH_ACCOUNT`'s shift (arch/x86/include/asm/nospec-branch.h:
 /// RET_DEPTH_SHIFT).
 const DEPTH_SHIFT: u32 = 5;
@@ -69,32 +81,48 @@ impl Return {
     /// How the kernel's `__fentry__`, whose running code is `code` at `va`,
     /// returns: ENDBR and NOPs (an alternative not patched in) skipped, its
     /// depth accounting if any, then `ret` or `jmp` to the return thunk.
-    pub fn from_fentry(code: &[u8], va: u64) -> Result<Return, ReturnError> {
+    /// `its_thunk`: the running `its_return_thunk`, if the kernel has one
+    /// (see the module comment).
+    pub fn from_fentry(
+        code: &[u8],
+        va: u64,
+        its_thunk: Option<u64>,
+    ) -> Result<Return, ReturnError> {
         let mut decoder = Decoder::with_ip(64, code, va, DecoderOptions::NONE);
         let mut ret = Return::default();
-        for _ in 0..FENTRY_INSTRUCTIONS {
-            if !decoder.can_decode() {
-                break;
-            }
+        let mut counted = 0;
+        while counted < FENTRY_INSTRUCTIONS && decoder.can_decode() {
             let i = decoder.decode();
             let unknown = || ReturnError::Unknown {
                 va,
                 insn: format_instruction(&i),
             };
             match i.mnemonic() {
-                Mnemonic::Endbr64 | Mnemonic::Nop => {}
+                Mnemonic::Nop => continue,
+                Mnemonic::Endbr64 => {}
                 Mnemonic::Sar => ret.depth = Some(depth_disp(&i).ok_or_else(unknown)?),
-                Mnemonic::Ret if i.op_count() == 0 => return Ok(ret),
+                Mnemonic::Ret if i.op_count() == 0 => {
+                    // `cpu_wants_rethunk_at`: ITS leaves a plain `ret` only
+                    // where bit 5 of its address is set.
+                    if i.ip() & ITS_SAFE_BIT != 0 {
+                        ret.thunk = its_thunk;
+                    }
+                    return Ok(ret);
+                }
                 Mnemonic::Jmp if i.flow_control() == FlowControl::UnconditionalBranch => {
                     ret.thunk = Some(i.near_branch_target());
                     return Ok(ret);
                 }
                 _ => return Err(unknown()),
             }
+            counted += 1;
         }
         Err(ReturnError::Unknown {
             va,
-            insn: format!("no return in {FENTRY_INSTRUCTIONS} instructions"),
+            insn: format!(
+                "no return in {} bytes, {counted} instructions besides NOPs",
+                decoder.position()
+            ),
         })
     }
 
@@ -148,13 +176,9 @@ pub(super) fn emit_ret(a: &mut CodeAssembler, r: Return) -> Result<(), IcedError
 /// The graph's return path's end: rcx = the caller's address, rsp at the
 /// slot the traced function's `ret` popped (see the module comment).
 pub(super) fn emit_graph_ret(a: &mut CodeAssembler, r: Return) -> Result<(), IcedError> {
-    if r.depth.is_none() {
-        // O back in the slot the function's `ret` took it from; RET there.
-        a.push(rcx)?;
-        return emit_ret(a, r);
-    }
-    // return_to_handler with call depth tracking: a call the `ret` below
-    // pairs with in the return stack buffer, neither counted in the depth.
+    // return_to_handler: a call the return below pairs with in the return
+    // stack buffer (a `push; ret` would take the caller's caller's entry
+    // there, and every return up the stack would be mispredicted).
     let mut rop = a.create_label();
     a.call(rop)?;
     // Never runs (the call's return address is overwritten).
@@ -162,6 +186,12 @@ pub(super) fn emit_graph_ret(a: &mut CodeAssembler, r: Return) -> Result<(), Ice
     a.set_label(&mut rop)?;
     // The caller's address in the call's return slot, the function's.
     a.mov(qword_ptr(rsp), rcx)?;
+    if r.depth.is_none() {
+        // RET: through the return thunk if the kernel has one.
+        return emit_ret(a, r);
+    }
+    // With call depth tracking a plain `ret` (ANNOTATE_UNRET_SAFE): the
+    // call above was not counted in the depth, so neither is this return.
     a.ret()?;
     a.int3()
 }
@@ -173,7 +203,39 @@ mod tests {
     const FENTRY: u64 = 0xffff_ffff_8100_2040;
 
     fn fentry(code: &[u8]) -> Result<Return, ReturnError> {
-        Return::from_fentry(code, FENTRY)
+        Return::from_fentry(code, FENTRY, None)
+    }
+
+    #[test]
+    fn a_plain_ret_that_its_may_have_left_is_replaced_by_its_thunk() {
+        let its = 0xffff_ffff_8200_2000;
+        // `ret; int3` at an address with bit 5 clear: the kernel would have
+        // rewritten it to the thunk if it used one; plain `ret` is right.
+        assert_eq!(
+            Return::from_fentry(&[0xc3, 0xcc], FENTRY, Some(its)).unwrap(),
+            Return::default()
+        );
+        // Bit 5 set (after ENDBR at 0x...2040 the `ret` is at 0x...2044,
+        // so start at 0x...2060): ITS may have left it there only; vmtrace
+        // returns through its thunk at any address.
+        for (code, va) in [
+            (&[0xc3, 0xcc][..], FENTRY + 0x20),
+            (&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3, 0xcc][..], FENTRY + 0x1c),
+        ] {
+            assert_eq!(
+                Return::from_fentry(code, va, Some(its)).unwrap(),
+                Return {
+                    depth: None,
+                    thunk: Some(its)
+                },
+                "{va:#x}"
+            );
+            // No ITS thunk in the kernel: plain `ret` as read.
+            assert_eq!(
+                Return::from_fentry(code, va, None).unwrap(),
+                Return::default()
+            );
+        }
     }
 
     /// `jmp rel32` at `at` (in `FENTRY`'s code) to `target`.
@@ -223,6 +285,17 @@ mod tests {
         code.push(0x05);
         code.extend(jmp(FENTRY + 9, thunk));
         assert_eq!(fentry(&code).unwrap().depth, Some(depth_va as i64 as i32));
+        // Before alternatives with call depth tracking built in (6.2+):
+        // CALL_DEPTH_ACCOUNT's padding, ten one-byte NOPs, then the thunk.
+        let mut code = vec![0x90; 10];
+        code.extend(jmp(FENTRY + 10, thunk));
+        assert_eq!(
+            fentry(&code).unwrap(),
+            Return {
+                depth: None,
+                thunk: Some(thunk)
+            }
+        );
     }
 
     #[test]

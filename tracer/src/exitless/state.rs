@@ -41,6 +41,13 @@ pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
 /// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
 /// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
 pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
+/// The return thunk a kernel built with return thunks
+/// (CONFIG_MITIGATION_RETHUNK) jumps to from every return it compiled,
+/// until its alternatives rewrite them (arch/x86/lib/retpoline.S).
+pub const RETURN_THUNK: &str = "__x86_return_thunk";
+/// The return thunk against Indirect Target Selection
+/// (CONFIG_MITIGATION_ITS), which leaves some returns plain (`ret`).
+pub const ITS_RETURN_THUNK: &str = "its_return_thunk";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
@@ -66,6 +73,12 @@ pub enum ExitlessError {
         off: u64,
         cpus: usize,
     },
+    #[error(
+        "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol (kallsyms without \
+         CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
+         use --mode trap, or give its vmlinux (--vmlinux)"
+    )]
+    AlternativesUnknown { place: String },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]
@@ -137,6 +150,16 @@ fn plan(
         off: addr,
     };
     let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+    // Its compiled returns are thunk jumps, which the kernel may keep or
+    // rewrite once it knows its CPU: read before then, `__fentry__` would
+    // say jump where the kernel returns by `ret` (or the other way), and
+    // only `alternatives_patched` tells when. Refused before the guest runs
+    // (`--mode auto` then traps).
+    if image.symbol(RETURN_THUNK).is_some() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+        return Err(ExitlessError::AlternativesUnknown {
+            place: image.path.display().to_string(),
+        });
+    }
     let spec = TrampolineSpec {
         layout: RingLayout::new(cpus, sites, ring_records, graph)?,
         cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
@@ -217,6 +240,12 @@ impl Exitless {
                 link: self.cpu_number.link,
                 runtime: off.runtime(self.cpu_number.link),
             })?;
+        // Before anything is read: until the kernel applied its
+        // alternatives, `__fentry__` and every return site may still change
+        // (and `__fentry__` may be a form only seen then).
+        if alternatives_pending(space, image, off) {
+            return Ok(Resolved::AlternativesPending);
+        }
         let ret = match image.symbol(crate::sites::FENTRY) {
             // The mini guest's default build: nothing to follow.
             None => Return::default(),
@@ -225,12 +254,17 @@ impl Exitless {
                 let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
                     ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
                 })?;
-                Return::from_fentry(&code, va)?
+                let its = image.symbol(ITS_RETURN_THUNK).map(|s| off.runtime(s.addr));
+                let ret = Return::from_fentry(&code, va, its)?;
+                // As `plan` refuses, for a thunk known only by its code.
+                if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+                    return Err(ExitlessError::AlternativesUnknown {
+                        place: format!("the guest's __fentry__ at {va:#x}"),
+                    });
+                }
+                ret
             }
         };
-        if ret != Return::default() && alternatives_pending(space, image, off) {
-            return Ok(Resolved::AlternativesPending);
-        }
         let spec = TrampolineSpec {
             cpu_number_disp: disp,
             ret,
@@ -410,7 +444,8 @@ pub enum Resolved {
 }
 
 /// Bytes of `__fentry__` read to see how it returns (`Return::from_fentry`
-/// reads at most 8 instructions; its body is about 14 bytes).
+/// reads at most 8 instructions besides NOPs; its body is about 14 bytes,
+/// 15 before alternatives with call depth tracking).
 const FENTRY_READ: usize = 48;
 /// Set to 1 when the kernel has applied its alternatives, return sites
 /// included (arch/x86/kernel/alternative.c).

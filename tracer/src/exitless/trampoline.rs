@@ -127,8 +127,9 @@ pub const STUB_INSTRUCTIONS: usize = 2;
 /// `ret` included (`graph_code`'s entry path).
 pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 41;
 /// Function graph: instructions of a recorded return, from the frame's
-/// return stub to the `ret` into the caller.
-pub const GRAPH_RETURN_INSTRUCTIONS: usize = 29;
+/// return stub to the `ret` into the caller (`call; mov [rsp], rcx; ret`
+/// at its end, as ftrace's return_to_handler).
+pub const GRAPH_RETURN_INSTRUCTIONS: usize = 30;
 
 /// Most instructions the common path may take before the walk that lists it
 /// gives up (it is straight-line code; this only bounds a broken one).
@@ -1676,9 +1677,10 @@ mod tests {
         assert_eq!(t.common_path_instructions(), GRAPH_ENTRY_INSTRUCTIONS);
         assert_eq!(t.return_path.len(), GRAPH_RETURN_INSTRUCTIONS);
         use Mnemonic::*;
-        // The return path leaves through push + ret (no indirect jump).
-        let tail: Vec<Mnemonic> = mnemonics(&t.return_path[t.return_path.len() - 4..]);
-        assert_eq!(tail, [Pop, Pop, Push, Ret]);
+        // The return path leaves through call + mov + ret (no indirect
+        // jump; the call and the ret pair up in the return stack buffer).
+        let tail: Vec<Mnemonic> = mnemonics(&t.return_path[t.return_path.len() - 5..]);
+        assert_eq!(tail, [Pop, Pop, Call, Mov, Ret]);
         // Every return stub: mov r11d, j; jmp to the return path's start.
         let ret_common = t.return_path[2].ip();
         for j in [0u64, 1, FRAMES / 2, FRAMES - 1] {
@@ -1703,10 +1705,7 @@ mod tests {
             pushes(&t.common_path),
             [Register::RAX, Register::RDX, Register::RCX, Register::RSI]
         );
-        assert_eq!(
-            pushes(&t.return_path),
-            [Register::RAX, Register::RDX, Register::RCX]
-        );
+        assert_eq!(pushes(&t.return_path), [Register::RAX, Register::RDX]);
     }
 
     #[test]
@@ -1939,8 +1938,9 @@ mod tests {
     }
 
     /// The graph's entry returns as a recorded call does; its return path
-    /// goes back to the caller by `push; jmp thunk`, or, with call depth
-    /// tracking, by `call; mov [rsp]; ret`, which the thunk never sees.
+    /// goes back to the caller by `call; mov [rsp]; jmp thunk`, or, with
+    /// call depth tracking, by `call; mov [rsp]; ret`, which the thunk
+    /// never sees.
     #[test]
     fn emulated_graph_returns_as_ftraces_return_to_handler() {
         use Mnemonic::*;
@@ -1948,16 +1948,12 @@ mod tests {
             let s = with_ret(graph_spec(1, 2, 16), depth);
             let t = generate(&s).unwrap();
             let n = t.return_path.len();
-            if depth {
-                assert_eq!(n, GRAPH_RETURN_INSTRUCTIONS + 1);
-                assert_eq!(
-                    mnemonics(&t.return_path[n - 5..]),
-                    [Pop, Pop, Call, Mov, Ret]
-                );
-            } else {
-                assert_eq!(n, GRAPH_RETURN_INSTRUCTIONS);
-                assert_eq!(mnemonics(&t.return_path[n - 4..]), [Pop, Pop, Push, Jmp]);
-            }
+            assert_eq!(n, GRAPH_RETURN_INSTRUCTIONS);
+            let last = if depth { Ret } else { Jmp };
+            assert_eq!(
+                mnemonics(&t.return_path[n - 5..]),
+                [Pop, Pop, Call, Mov, last]
+            );
             let mem = memory(&[0]);
             ring::init_rings(&mem, &s.layout).unwrap();
             let start = 1u64 << 40;

@@ -146,3 +146,59 @@ fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
     let trace = tracer.finish(&kernel, report.reason.to_string());
     assert!(trace.meta.events_total > 0, "nothing drained");
 }
+
+/// The mini guest built with return thunks, whose `__fentry__` is ten NOPs
+/// then `jmp __x86_return_thunk`, as a kernel with call depth tracking has it
+/// before it applies its alternatives: with `alternatives_patched` at 0 the
+/// attach waits, touching nothing (it read nothing that could fail); at 1
+/// it attaches, returning through the thunk.
+#[test]
+fn an_exitless_attach_waits_for_alternatives_then_attaches() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .args(["guest/build.sh", "mini-rethunk"])
+        .current_dir(&root)
+        .output()
+        .expect("cannot run bash guest/build.sh mini-rethunk");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kernel = root.join("guest/out/mini-rethunk.elf");
+    let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+    let flag = plan.image.symbol("alternatives_patched").unwrap().addr;
+    let thunk = plan.image.symbol("__x86_return_thunk").unwrap().addr;
+    let flag_gpa = GuestAddress(vmm::layout::kernel_virt_to_phys(flag).unwrap());
+    let vm = mini_vm(&kernel);
+    let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1000, None).unwrap();
+    let running = vm.start(handlers, true).unwrap();
+    {
+        let paused = running.pause_all();
+        let mem = paused.memory().clone();
+        mem.write_obj(0u32, flag_gpa).unwrap();
+        let before = all_bytes(&mem);
+        let attempt = tracer.attach(&paused).unwrap();
+        assert!(
+            matches!(attempt, Attach::NotReady(NotReady::AlternativesPending)),
+            "{attempt:?}"
+        );
+        assert!(
+            before == all_bytes(&mem),
+            "a waiting attach wrote guest memory"
+        );
+        assert!(!tracer.is_attached());
+    }
+    {
+        let paused = running.pause_all();
+        paused.memory().write_obj(1u32, flag_gpa).unwrap();
+        let counts = tracer.attach(&paused).unwrap().attached().unwrap();
+        assert_eq!(counts.patched, 20);
+    }
+    let ret = tracer.exitless.as_ref().unwrap().ret();
+    assert_eq!(ret.thunk, Some(thunk));
+    let mem = running.memory().clone();
+    running.request_stop(vmm::StopReason::Requested);
+    running.finish();
+    tracer.detach(&mem).unwrap();
+}
