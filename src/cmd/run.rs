@@ -100,8 +100,14 @@ fn stop_names(report: &RunReport, tracer: &Tracer) -> std::collections::HashMap<
 }
 
 /// `rip` as `function+0xoffset`, from the traced kernel's symbols (slid by
-/// its KASLR offset, once known).
+/// its KASLR offset, once known); in exitless mode, a vCPU running
+/// vmtrace's own code (a traced call being recorded) is named so, as
+/// `vmtrace's trampoline+0xoffset`: that code is in no kernel symbol.
 fn function_at(tracer: &Tracer, rip: u64) -> Option<String> {
+    use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+    if tracer.trampoline().is_some() && (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
+        return Some(format!("vmtrace's trampoline+{:#x}", rip - CODE_VA));
+    }
     let image = &tracer.plan().image;
     let link = match tracer.kernel_offset() {
         Some(o) => o.link(rip),
@@ -667,5 +673,37 @@ mod tests {
             stop_line(&StopReason::PowerOff(0), Duration::from_millis(300), &named),
             "guest powered off (status 0) after 0.30 s"
         );
+    }
+
+    /// A vCPU stopped inside vmtrace's exitless code is named as such, not
+    /// left without a function (before: "cpu0 stopped at rip 0x...", no
+    /// name, when a signal caught a vCPU recording a call); kernel
+    /// addresses keep their function.
+    #[test]
+    fn a_vcpu_in_vmtraces_own_code_is_named() {
+        use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+        use tracer::session::{Mode, Plan, Recording};
+        let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let p = plan();
+        let f = &p.image.functions[p.funcs[0]];
+        let (name, addr) = (f.name.clone(), f.addr);
+        let rec = Recording::memory(1000);
+        let (exitless, _) = Tracer::create(p, 1, Mode::Exitless, None, rec).unwrap();
+        assert_eq!(
+            function_at(&exitless, CODE_VA + 0x1a).as_deref(),
+            Some("vmtrace's trampoline+0x1a")
+        );
+        assert_eq!(
+            function_at(&exitless, CODE_VA + CODE_LEN - 1),
+            Some(format!("vmtrace's trampoline+{:#x}", CODE_LEN - 1))
+        );
+        assert_eq!(
+            function_at(&exitless, addr + 1),
+            Some(format!("{name}+0x1"))
+        );
+        // Trap mode maps no code there.
+        let (trap, _) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(function_at(&trap, CODE_VA + 0x1a), None);
     }
 }
