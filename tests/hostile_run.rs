@@ -644,6 +644,66 @@ fn a_reader_leaving_mid_report_ends_the_run_quietly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Ctrl-C after the run, while a long report is written (stdout a pipe
+/// not read: vmtrace is provably still writing it): vmtrace ends at once,
+/// by SIGINT, the data file asked for complete, and a one-shot run's
+/// temporary data file removed. (Before, Ctrl-C was still caught to stop a
+/// run already stopped: ignored, and a second one said "restoring the
+/// guest's text".)
+#[test]
+fn one_shot_ctrl_c_in_the_report_phase_ends_it() {
+    let k = mini_elf();
+    for asked in [true, false] {
+        let dir = scratch(&format!("ctrl-c-report-{asked}"));
+        let data = dir.join("t.data");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmtrace"));
+        cmd.args(["--kernel", s(&k), "--cpus", "2", "--cmdline", "iters=3000"])
+            .args(["--trace", "*", "--console", "none", "--format", "csv", "-q"])
+            .env("TMPDIR", &dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if asked {
+            cmd.args(["-o", s(&data)]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        // The run's end: the guest stopped, its text restored, the data
+        // file complete. The report (far more than a pipe holds) follows.
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut said = String::new();
+        while !said.contains("vmtrace: detached: ") {
+            let mut line = String::new();
+            assert!(err.read_line(&mut line).unwrap() > 0, "{said}");
+            said += &line;
+        }
+        kill(&child, libc::SIGINT);
+        let o = wait_bounded(child);
+        std::io::Read::read_to_string(&mut err, &mut said).unwrap();
+        no_panic(&said);
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGINT),
+            "{:?}: {said}",
+            o.status
+        );
+        assert!(!said.contains("already stopping"), "{said}");
+        // Cut short: not the whole report.
+        assert!(o.stdout.len() < 20_000 * 10, "{} bytes", o.stdout.len());
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        if asked {
+            assert_eq!(left, ["t.data"]);
+            assert!(check_complete(&data, false) > 20_000);
+        } else {
+            assert!(left.is_empty(), "{left:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `record` started with `sig` ignored, as a shell does (`nohup`: SIGHUP;
 /// a script's `cmd &`: SIGINT).
 fn spawn_ignoring(dir: &Path, data: &Path, sig: libc::c_int) -> Child {

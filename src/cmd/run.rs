@@ -203,6 +203,12 @@ fn traced(
     let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
     let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
+    // The guest is stopped, its text restored, the file complete: Ctrl-C
+    // now ends a long report or export at once (it was caught to stop the
+    // run cleanly, and a second one said "restoring the guest's text").
+    if let Err(e) = vmm::run::end_on_terminate(data.temporary.then_some(data.stream.as_path())) {
+        note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
+    }
     result?;
     match detach {
         Ok(d) if attached > 0 => note!(

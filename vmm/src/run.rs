@@ -1,7 +1,7 @@
 //! The controller's view of a running guest: wait for it to stop, stop it,
 //! pause it, and collect what the vCPUs did.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -101,6 +101,48 @@ pub fn install_terminate_handlers() -> std::io::Result<()> {
             continue;
         }
         install_signal_handler(sig, on_terminate)?;
+    }
+    Ok(())
+}
+
+/// A file to remove if a termination signal ends vmtrace after its run
+/// (`end_on_terminate`): a one-shot run's temporary data file. Set once
+/// per run (a leaked C string, never freed: a handler may be reading it).
+static REMOVE_ON_TERMINATE: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn on_terminate_after_run(sig: libc::c_int) {
+    let path = REMOVE_ON_TERMINATE.load(Ordering::SeqCst);
+    // SAFETY: unlink(2), signal(2) and raise(3) are async-signal-safe;
+    // `path` is null or a NUL-terminated string that is never freed.
+    unsafe {
+        if !path.is_null() {
+            libc::unlink(path);
+        }
+        // Ended by the signal itself, as any program on Ctrl-C: the shell
+        // sees it (status 128 + sig), a script's loop stops.
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Once the guest is stopped, its text restored and the data file complete,
+/// nothing is left that a signal could spoil: SIGINT, SIGTERM and SIGHUP end
+/// vmtrace at once again (a long report or export, a device being copied
+/// into), removing `temporary` first if given. Until then they stopped the
+/// run cleanly (`install_terminate_handlers`); a signal ignored when vmtrace
+/// started (`nohup`) stays ignored.
+pub fn end_on_terminate(temporary: Option<&std::path::Path>) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = match temporary {
+        Some(p) => std::ffi::CString::new(p.as_os_str().as_bytes())?.into_raw(),
+        None => std::ptr::null_mut(),
+    };
+    REMOVE_ON_TERMINATE.store(path, Ordering::SeqCst);
+    for sig in TERMINATE_SIGNALS {
+        if signal_ignored(sig)? {
+            continue;
+        }
+        install_signal_handler(sig, on_terminate_after_run)?;
     }
     Ok(())
 }
