@@ -441,6 +441,92 @@ fn a_second_record_of_the_same_file_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Two `record`s of one new file started together: exactly one writes it,
+/// the other is refused (one line, exit 2), and the file is complete; no
+/// `.old` and no lock file are left. Before: the lock was taken on the
+/// data file itself, which neither had made yet: both found nothing locked
+/// and both wrote (or the second renamed the first's new file to .old).
+#[test]
+fn two_records_of_a_new_file_started_together_one_is_refused() {
+    let dir = scratch("together");
+    // Deterministically, what the race left to chance: a run that has
+    // taken the lock and not yet made its file (held here as that run
+    // holds it). The second is refused and makes nothing.
+    {
+        use std::os::fd::AsRawFd;
+        let data = dir.join("new.data");
+        let held = std::fs::File::create(dir.join("new.data.lock")).unwrap();
+        // SAFETY: flock(2) on a descriptor this test owns.
+        assert_eq!(
+            unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            0
+        );
+        let k = mini_elf();
+        let o = vmtrace_in(
+            &dir,
+            &["record", "--kernel", s(&k), "--trace", "*", "-o", s(&data)],
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("is being written by another vmtrace run"),
+            "{err}"
+        );
+        assert!(!data.exists());
+        drop(held);
+        std::fs::remove_file(dir.join("new.data.lock")).unwrap();
+    }
+    for round in 0..4 {
+        let data = dir.join(format!("t{round}.data"));
+        let start = || {
+            spawn(
+                &dir,
+                &data,
+                &["--mode", "trap"],
+                &["--console", "none"],
+                Stdio::null(),
+                Stdio::piped(),
+            )
+        };
+        let mut runs = [start(), start()];
+        // The refused one ends on its own; the other records until stopped.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let refused = loop {
+            if let Some(i) = (0..2).find(|&i| runs[i].try_wait().unwrap().is_some()) {
+                break i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: neither was refused"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let [a, b] = runs;
+        let (refused, mut writer) = if refused == 0 { (a, b) } else { (b, a) };
+        let o = wait_bounded(refused);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "round {round}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("is being written by another vmtrace run; wait for it to end or pass -o ANOTHER_FILE"),
+            "{err}"
+        );
+        wait_for_growth(&mut writer, &data, 128 << 10);
+        kill(&writer, libc::SIGINT);
+        let o = wait_bounded(writer);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        check_complete(&data, false);
+    }
+    let mut left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["t0.data", "t1.data", "t2.data", "t3.data"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A small tmpfs, unmounted when dropped.
 struct Tmpfs(PathBuf);
 

@@ -13,10 +13,10 @@ use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::config::{Form, KernelKind, RunConfig, TraceConfig};
-use crate::datafile;
 use crate::emit::{emit, Streamed, Written};
 use crate::error::{Error, InputError, Outcome, RuntimeError};
 use crate::stats::percentile;
+use crate::{datafile, datalock};
 
 /// How often the controller looks at the guest while it runs.
 const POLL: Duration = Duration::from_millis(20);
@@ -206,7 +206,9 @@ fn traced(
     // The guest is stopped, its text restored, the file complete: Ctrl-C
     // now ends a long report or export at once (it was caught to stop the
     // run cleanly, and a second one said "restoring the guest's text").
-    if let Err(e) = vmm::run::end_on_terminate(data.temporary.then_some(data.stream.as_path())) {
+    let temporary = data.temporary.then_some(data.stream.as_path());
+    let lock = data.lock.as_ref().map(|l| l.path());
+    if let Err(e) = vmm::run::end_on_terminate([temporary, lock]) {
         note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
     }
     result?;
@@ -268,8 +270,8 @@ fn traced(
 /// from and which is removed at the end. A character device asked for
 /// gets the file once it is complete (it cannot be read back).
 struct Data {
-    /// Held while the run writes `stream` (see `datafile::lock`).
-    _lock: Option<datafile::Lock>,
+    /// Held while the run writes `stream` (see `datalock`).
+    lock: Option<datalock::Lock>,
     /// Where events are written as they come.
     stream: PathBuf,
     file: Option<DataFile>,
@@ -288,9 +290,11 @@ impl Data {
                 Ok(tracer::export::file::Target::Device(_))
             )
         });
-        // Another run writing the file: refused before anything is moved.
-        let previous = match asked {
-            Some(d) if !device => datafile::lock(&d.path)?,
+        // Another run writing the file: refused before anything is moved
+        // or created (the lock is beside the file, never renamed; see
+        // `datalock`).
+        let lock = match asked {
+            Some(d) if !device => datalock::Lock::acquire(&lock_target(&d.path))?,
             _ => None,
         };
         let (stream, temporary, kept) = match asked {
@@ -305,15 +309,8 @@ impl Data {
             _ => (temporary_path(), true, None),
         };
         let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
-        // The new file's lock; the same file truncated (no .old kept)
-        // keeps the lock it had.
-        let lock = match previous {
-            Some(l) if kept.is_none() => Some(l),
-            _ if temporary => None,
-            _ => datafile::lock(&stream)?,
-        };
         Ok(Data {
-            _lock: lock,
+            lock,
             stream,
             file: Some(file),
             asked: asked.map(|d| d.path.clone()),
@@ -368,6 +365,15 @@ impl Drop for Data {
     /// Whatever ended the run (an error included), no temporary file stays.
     fn drop(&mut self) {
         self.discard();
+    }
+}
+
+/// The file a data file path writes: a symlink's target (two names of one
+/// file share its lock), else the path itself.
+fn lock_target(path: &Path) -> PathBuf {
+    match tracer::export::file::target(path) {
+        Ok(tracer::export::file::Target::File { path, .. }) => path,
+        _ => path.to_path_buf(),
     }
 }
 

@@ -105,21 +105,28 @@ pub fn install_terminate_handlers() -> std::io::Result<()> {
     Ok(())
 }
 
-/// A file to remove if a termination signal ends vmtrace after its run
-/// (`end_on_terminate`): a one-shot run's temporary data file. Set once
-/// per run (a leaked C string, never freed: a handler may be reading it).
-static REMOVE_ON_TERMINATE: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+/// Files to remove if a termination signal ends vmtrace after its run
+/// (`end_on_terminate`): a one-shot run's temporary data file, the data
+/// file's lock. Set once per run (leaked C strings, never freed: a handler
+/// may be reading them).
+static REMOVE_ON_TERMINATE: [AtomicPtr<libc::c_char>; 2] = [
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+];
 
 extern "C" fn on_terminate_after_run(sig: libc::c_int) {
-    let path = REMOVE_ON_TERMINATE.load(Ordering::SeqCst);
-    // SAFETY: unlink(2), signal(2) and raise(3) are async-signal-safe;
-    // `path` is null or a NUL-terminated string that is never freed.
-    unsafe {
+    for p in &REMOVE_ON_TERMINATE {
+        let path = p.load(Ordering::SeqCst);
         if !path.is_null() {
-            libc::unlink(path);
+            // SAFETY: unlink(2) is async-signal-safe; `path` is a
+            // NUL-terminated string that is never freed.
+            unsafe { libc::unlink(path) };
         }
-        // Ended by the signal itself, as any program on Ctrl-C: the shell
-        // sees it (status 128 + sig), a script's loop stops.
+    }
+    // SAFETY: signal(2) and raise(3) are async-signal-safe. Ended by the
+    // signal itself, as any program on Ctrl-C: the shell sees it (status
+    // 128 + sig), a script's loop stops.
+    unsafe {
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }
@@ -128,16 +135,18 @@ extern "C" fn on_terminate_after_run(sig: libc::c_int) {
 /// Once the guest is stopped, its text restored and the data file complete,
 /// nothing is left that a signal could spoil: SIGINT, SIGTERM and SIGHUP end
 /// vmtrace at once again (a long report or export, a device being copied
-/// into), removing `temporary` first if given. Until then they stopped the
+/// into), removing the files in `remove` first. Until then they stopped the
 /// run cleanly (`install_terminate_handlers`); a signal ignored when vmtrace
 /// started (`nohup`) stays ignored.
-pub fn end_on_terminate(temporary: Option<&std::path::Path>) -> std::io::Result<()> {
+pub fn end_on_terminate(remove: [Option<&std::path::Path>; 2]) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let path = match temporary {
-        Some(p) => std::ffi::CString::new(p.as_os_str().as_bytes())?.into_raw(),
-        None => std::ptr::null_mut(),
-    };
-    REMOVE_ON_TERMINATE.store(path, Ordering::SeqCst);
+    for (slot, path) in REMOVE_ON_TERMINATE.iter().zip(remove) {
+        let c = match path {
+            Some(p) => std::ffi::CString::new(p.as_os_str().as_bytes())?.into_raw(),
+            None => std::ptr::null_mut(),
+        };
+        slot.store(c, Ordering::SeqCst);
+    }
     for sig in TERMINATE_SIGNALS {
         if signal_ignored(sig)? {
             continue;
