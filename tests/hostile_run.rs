@@ -12,20 +12,13 @@ use std::io::{BufRead, BufReader};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vmtrace-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    scratch_in("hostile", name)
 }
 
 fn size(p: &Path) -> u64 {
@@ -70,28 +63,6 @@ fn wait_for_growth(child: &mut Child, data: &Path, bytes: u64) {
         }
         assert!(Instant::now() < deadline, "the data file did not grow");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn kill(child: &Child, sig: libc::c_int) {
-    // SAFETY: kill(2) on our own child's pid (not yet waited for).
-    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-}
-
-/// Wait for `child`, killing it if it hangs.
-fn wait_bounded(child: Child) -> Output {
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("vmtrace hung after the signal");
-        }
     }
 }
 
