@@ -203,14 +203,7 @@ fn traced(
     let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
     let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
-    // The guest is stopped, its text restored, the file complete: Ctrl-C
-    // now ends a long report or export at once (it was caught to stop the
-    // run cleanly, and a second one said "restoring the guest's text").
-    let temporary = data.temporary.then_some(data.stream.as_path());
-    let lock = data.lock.as_ref().map(|l| l.path());
-    if let Err(e) = vmm::run::end_on_terminate([temporary, lock]) {
-        note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
-    }
+    data.end_on_terminate();
     result?;
     match detach {
         Ok(d) if attached > 0 => note!(
@@ -324,6 +317,18 @@ impl Data {
     fn discard(&self) {
         if self.temporary {
             let _ = std::fs::remove_file(&self.stream);
+        }
+    }
+
+    /// The guest is stopped, its text restored, the file complete: Ctrl-C
+    /// now ends a long report or export at once, removing what this run
+    /// made for itself (it was caught to stop the run cleanly, and a second
+    /// one said "restoring the guest's text").
+    fn end_on_terminate(&self) {
+        let temporary = self.temporary.then_some(self.stream.as_path());
+        let lock = self.lock.as_ref().map(|l| l.path());
+        if let Err(e) = vmm::run::end_on_terminate([temporary, lock]) {
+            note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
         }
     }
 
