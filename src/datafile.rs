@@ -102,37 +102,6 @@ pub fn keep_old(path: &Path) -> Result<Option<PathBuf>, RuntimeError> {
     }
 }
 
-/// A data file this run writes: an exclusive `flock` on it, held for the
-/// run, so that a second `record` of the same file is refused instead of
-/// renaming or truncating the file the first one is writing.
-pub struct Lock(#[allow(dead_code)] fs::File);
-
-/// Lock the regular file at `path` (symlinks followed), if there is one;
-/// refused when another run holds it. Nothing to lock (no file, a device)
-/// is not an error: there is nothing another run could be writing.
-pub fn lock(path: &Path) -> Result<Option<Lock>, InputError> {
-    // Opened only when it is a regular file: opening a FIFO would block.
-    if !fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return Ok(None);
-    }
-    let Ok(f) = fs::File::open(path) else {
-        // Unreadable: the write checks say what is wrong with it.
-        return Ok(None);
-    };
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock(2) on a descriptor this function owns.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(Some(Lock(f)));
-    }
-    match io::Error::last_os_error() {
-        e if e.kind() == io::ErrorKind::WouldBlock => {
-            Err(InputError::DataFileBusy(path.to_path_buf()))
-        }
-        // A file system without flock: nothing to hold.
-        _ => Ok(None),
-    }
-}
-
 /// The line that ends a run that saved its trace, in the spirit of perf's
 /// `[ perf record: Captured and wrote 1.2 MB perf.data (123 samples) ]`:
 /// `wrote vmtrace.data (12,345 events, 1.2 MB); read it with: vmtrace report`

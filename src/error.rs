@@ -191,6 +191,17 @@ pub enum InputError {
         .0.display()
     )]
     DataFileBusy(PathBuf),
+    /// The lock beside the data file could not be made (`datalock`).
+    #[error(
+        "cannot lock {data} for this run: {lock}: {source}; write the data file where you can create files (-o)",
+        data = .data.display(),
+        lock = .lock.display()
+    )]
+    DataFileLock {
+        lock: PathBuf,
+        data: PathBuf,
+        source: std::io::Error,
+    },
     /// `report`/`script` without a file, and no vmtrace.data here.
     #[error("no {} here; record one with `vmtrace record ...` or name a file", .0.display())]
     NoDataFile(PathBuf),

@@ -17,6 +17,7 @@ mod cmd;
 mod config;
 mod console;
 mod datafile;
+mod datalock;
 mod emit;
 mod error;
 mod stats;

@@ -19,14 +19,7 @@ use common::*;
 const HANG: Duration = Duration::from_secs(60);
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vmtrace-fuzzcli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    scratch_in("fuzzcli", name)
 }
 
 /// xorshift64*: the same mutations on every run and host.

@@ -28,14 +28,7 @@ const STUCK_AFTER: Duration = Duration::from_secs(120);
 
 /// A fresh directory for one test.
 fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vmtrace-outputs-{}-{test}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    scratch_in("outputs", test)
 }
 
 /// Run vmtrace with `stdout`, killing it if it is stuck; (output, took).

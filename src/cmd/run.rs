@@ -13,10 +13,10 @@ use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::config::{Form, KernelKind, RunConfig, TraceConfig};
-use crate::datafile;
 use crate::emit::{emit, Streamed, Written};
 use crate::error::{Error, InputError, Outcome, RuntimeError};
 use crate::stats::percentile;
+use crate::{datafile, datalock};
 
 /// How often the controller looks at the guest while it runs.
 const POLL: Duration = Duration::from_millis(20);
@@ -100,8 +100,14 @@ fn stop_names(report: &RunReport, tracer: &Tracer) -> std::collections::HashMap<
 }
 
 /// `rip` as `function+0xoffset`, from the traced kernel's symbols (slid by
-/// its KASLR offset, once known).
+/// its KASLR offset, once known); in exitless mode, a vCPU running
+/// vmtrace's own code (a traced call being recorded) is named so, as
+/// `vmtrace's trampoline+0xoffset`: that code is in no kernel symbol.
 fn function_at(tracer: &Tracer, rip: u64) -> Option<String> {
+    use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+    if tracer.trampoline().is_some() && (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
+        return Some(format!("vmtrace's trampoline+{:#x}", rip - CODE_VA));
+    }
     let image = &tracer.plan().image;
     let link = match tracer.kernel_offset() {
         Some(o) => o.link(rip),
@@ -197,6 +203,7 @@ fn traced(
     let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
     let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
+    data.end_on_terminate();
     result?;
     match detach {
         Ok(d) if attached > 0 => note!(
@@ -260,8 +267,8 @@ fn traced(
 /// from and which is removed at the end. A character device asked for
 /// gets the file once it is complete (it cannot be read back).
 struct Data {
-    /// Held while the run writes `stream` (see `datafile::lock`).
-    _lock: Option<datafile::Lock>,
+    /// Held while the run writes `stream` (see `datalock`).
+    lock: Option<datalock::Lock>,
     /// Where events are written as they come.
     stream: PathBuf,
     file: Option<DataFile>,
@@ -280,9 +287,11 @@ impl Data {
                 Ok(tracer::export::file::Target::Device(_))
             )
         });
-        // Another run writing the file: refused before anything is moved.
-        let previous = match asked {
-            Some(d) if !device => datafile::lock(&d.path)?,
+        // Another run writing the file: refused before anything is moved
+        // or created (the lock is beside the file, never renamed; see
+        // `datalock`).
+        let lock = match asked {
+            Some(d) if !device => datalock::Lock::acquire(&lock_target(&d.path))?,
             _ => None,
         };
         let (stream, temporary, kept) = match asked {
@@ -297,15 +306,8 @@ impl Data {
             _ => (temporary_path(), true, None),
         };
         let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
-        // The new file's lock; the same file truncated (no .old kept)
-        // keeps the lock it had.
-        let lock = match previous {
-            Some(l) if kept.is_none() => Some(l),
-            _ if temporary => None,
-            _ => datafile::lock(&stream)?,
-        };
         Ok(Data {
-            _lock: lock,
+            lock,
             stream,
             file: Some(file),
             asked: asked.map(|d| d.path.clone()),
@@ -319,6 +321,18 @@ impl Data {
     fn discard(&self) {
         if self.temporary {
             let _ = std::fs::remove_file(&self.stream);
+        }
+    }
+
+    /// The guest is stopped, its text restored, the file complete: Ctrl-C
+    /// now ends a long report or export at once, removing what this run
+    /// made for itself (it was caught to stop the run cleanly, and a second
+    /// one said "restoring the guest's text").
+    fn end_on_terminate(&self) {
+        let temporary = self.temporary.then_some(self.stream.as_path());
+        let lock = self.lock.as_ref().map(|l| l.path());
+        if let Err(e) = vmm::run::end_on_terminate([temporary, lock]) {
+            note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
         }
     }
 
@@ -360,6 +374,15 @@ impl Drop for Data {
     /// Whatever ended the run (an error included), no temporary file stays.
     fn drop(&mut self) {
         self.discard();
+    }
+}
+
+/// The file a data file path writes: a symlink's target (two names of one
+/// file share its lock), else the path itself.
+fn lock_target(path: &Path) -> PathBuf {
+    match tracer::export::file::target(path) {
+        Ok(tracer::export::file::Target::File { path, .. }) => path,
+        _ => path.to_path_buf(),
     }
 }
 
@@ -671,5 +694,37 @@ mod tests {
             stop_line(&StopReason::PowerOff(0), Duration::from_millis(300), &named),
             "guest powered off (status 0) after 0.30 s"
         );
+    }
+
+    /// A vCPU stopped inside vmtrace's exitless code is named as such, not
+    /// left without a function (before: "cpu0 stopped at rip 0x...", no
+    /// name, when a signal caught a vCPU recording a call); kernel
+    /// addresses keep their function.
+    #[test]
+    fn a_vcpu_in_vmtraces_own_code_is_named() {
+        use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+        use tracer::session::{Mode, Plan, Recording};
+        let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let p = plan();
+        let f = &p.image.functions[p.funcs[0]];
+        let (name, addr) = (f.name.clone(), f.addr);
+        let rec = Recording::memory(1000);
+        let (exitless, _) = Tracer::create(p, 1, Mode::Exitless, None, rec).unwrap();
+        assert_eq!(
+            function_at(&exitless, CODE_VA + 0x1a).as_deref(),
+            Some("vmtrace's trampoline+0x1a")
+        );
+        assert_eq!(
+            function_at(&exitless, CODE_VA + CODE_LEN - 1),
+            Some(format!("vmtrace's trampoline+{:#x}", CODE_LEN - 1))
+        );
+        assert_eq!(
+            function_at(&exitless, addr + 1),
+            Some(format!("{name}+0x1"))
+        );
+        // Trap mode maps no code there.
+        let (trap, _) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(function_at(&trap, CODE_VA + 0x1a), None);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -273,4 +273,42 @@ pub fn payload_offset(bzimage: &[u8]) -> usize {
     };
     let off = u32::from_le_bytes(bzimage[0x248..0x24c].try_into().unwrap());
     (sects + 1) * 512 + off as usize
+}
+
+/// A fresh directory for one test: `vmtrace-PREFIX-PID-NAME` in the
+/// temporary directory, emptied if a previous run left it.
+pub fn scratch_in(prefix: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vmtrace-{prefix}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A path as the `&str` an argument list takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Send `sig` to `child`.
+pub fn kill(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid (not yet waited for).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+/// Wait for `child`, killing it if it hangs (a guard against a hang, far
+/// above any run's time: no test asserts a time).
+pub fn wait_bounded(child: Child) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("vmtrace hung after the signal");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The controller's view of a running guest: wait for it to stop, stop it,
 //! pause it, and collect what the vCPUs did.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -101,6 +101,57 @@ pub fn install_terminate_handlers() -> std::io::Result<()> {
             continue;
         }
         install_signal_handler(sig, on_terminate)?;
+    }
+    Ok(())
+}
+
+/// Files to remove if a termination signal ends vmtrace after its run
+/// (`end_on_terminate`): a one-shot run's temporary data file, the data
+/// file's lock. Set once per run (leaked C strings, never freed: a handler
+/// may be reading them).
+static REMOVE_ON_TERMINATE: [AtomicPtr<libc::c_char>; 2] = [
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+];
+
+extern "C" fn on_terminate_after_run(sig: libc::c_int) {
+    for p in &REMOVE_ON_TERMINATE {
+        let path = p.load(Ordering::SeqCst);
+        if !path.is_null() {
+            // SAFETY: unlink(2) is async-signal-safe; `path` is a
+            // NUL-terminated string that is never freed.
+            unsafe { libc::unlink(path) };
+        }
+    }
+    // SAFETY: signal(2) and raise(3) are async-signal-safe. Ended by the
+    // signal itself, as any program on Ctrl-C: the shell sees it (status
+    // 128 + sig), a script's loop stops.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Once the guest is stopped, its text restored and the data file complete,
+/// nothing is left that a signal could spoil: SIGINT, SIGTERM and SIGHUP end
+/// vmtrace at once again (a long report or export, a device being copied
+/// into), removing the files in `remove` first. Until then they stopped the
+/// run cleanly (`install_terminate_handlers`); a signal ignored when vmtrace
+/// started (`nohup`) stays ignored.
+pub fn end_on_terminate(remove: [Option<&std::path::Path>; 2]) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    for (slot, path) in REMOVE_ON_TERMINATE.iter().zip(remove) {
+        let c = match path {
+            Some(p) => std::ffi::CString::new(p.as_os_str().as_bytes())?.into_raw(),
+            None => std::ptr::null_mut(),
+        };
+        slot.store(c, Ordering::SeqCst);
+    }
+    for sig in TERMINATE_SIGNALS {
+        if signal_ignored(sig)? {
+            continue;
+        }
+        install_signal_handler(sig, on_terminate_after_run)?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::write::{encode, put_body};
@@ -42,6 +43,31 @@ pub struct DataFile {
     buf: Vec<u8>,
 }
 
+/// The path checked by `file::target` may have been replaced before the
+/// open (by a FIFO, whose open would have blocked forever without
+/// O_NONBLOCK): what was opened must still be a regular file or a
+/// character device; then its writes block again, as a file's do.
+fn blocking_file_or_device(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let t = f.metadata()?.file_type();
+    if !t.is_file() && !t.is_char_device() {
+        return Err(io::Error::other(
+            "it was replaced by neither a regular file nor a character device while vmtrace opened it",
+        ));
+    }
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl(2) F_GETFL/F_SETFL on a descriptor `f` owns.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl DataFile {
     /// Creates (or truncates) `path` and writes the preamble. By the output
     /// rules of [`crate::export::file`]: a regular file (a symlink to one
@@ -59,10 +85,15 @@ impl DataFile {
                 .write(true)
                 .create(true)
                 .truncate(true)
+                .custom_flags(libc::O_NONBLOCK)
                 .open(real),
-            Target::Device(dev) => OpenOptions::new().write(true).open(dev),
+            Target::Device(dev) => OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(dev),
         }
         .map_err(err)?;
+        blocking_file_or_device(&out).map_err(err)?;
         let mut f = DataFile {
             out,
             path: path.to_path_buf(),
@@ -159,5 +190,48 @@ impl DataFile {
         self.out.write_all(&frame)?;
         self.bytes += frame.len() as u64;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What was opened is checked, not what the path was before: a FIFO
+    /// (opened without blocking) is refused; a regular file is kept, its
+    /// writes blocking again.
+    #[test]
+    fn an_opened_fifo_is_refused_and_a_file_blocks_again() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-stream-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let e = blocking_file_or_device(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("neither a regular file nor a character device"),
+            "{e}"
+        );
+        let plain = dir.join("plain");
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&plain)
+            .unwrap();
+        blocking_file_or_device(&f).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl(2) F_GETFL on a descriptor `f` owns.
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
