@@ -2,7 +2,7 @@
 //! 14), in trap, exitless and function-graph modes: SIGINT, SIGTERM,
 //! SIGHUP, a second Ctrl-C, stdout closed mid-run (`| head -1`), the
 //! terminal closed under the status line; a disk that fills; two records
-//! of one file at once. Each ends with its documented exit status (README,
+//! of one file at once. Each ends with its documented exit status (docs/usage.md,
 //! *Stopping a run*) and a data file that `report` and `script` read with
 //! consistent counts; none panics or hangs.
 

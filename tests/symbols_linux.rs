@@ -30,7 +30,7 @@ fn linux_6_12_bzimage_alone_traces_hrtimers_with_its_own_symbols() {
         "--mem",
         "96",
         // Linux 6.12 boots ~10x slower than 6.1 on the emulating CI host
-        // (README, The guests): a minute of tracing after the attach (right
+        // (docs/guests.md): a minute of tracing after the attach (right
         // after ftrace_init) shows the timers without waiting for the end.
         "--duration",
         "60",

@@ -16,7 +16,7 @@
  * a write of 0xfe to port 0x64; QEMU -no-reboot turns that into an exit).
  * Should reboot() return anyway, we halt in a pause loop.
  *
- * Note: on the nested KVM host described in shared/KVM-HOST.md guest user
+ * Note: on the nested KVM host described in docs/emulating-kvm.md guest user
  * space dies at its first system call, so this program only runs to the end
  * on real KVM hosts.
  */

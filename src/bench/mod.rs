@@ -3,7 +3,7 @@
 //!
 //! Everything is measured in one process, one run, so the figures can be
 //! compared with each other even on a host whose KVM distorts absolute times
-//! (see shared/KVM-HOST.md: nested KVM that emulates guest ring 0, ~1 µs per
+//! (see docs/emulating-kvm.md: nested KVM that emulates guest ring 0, ~1 µs per
 //! guest instruction, ~7-10 µs per port-I/O exit). Ratios are what carry over
 //! to other hosts; absolute times do not.
 //!

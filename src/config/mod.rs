@@ -28,7 +28,7 @@ pub use run::{Form, RunConfig, TraceConfig};
 const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
 
 /// Does this host's KVM run guest ring 0 in its instruction emulator?
-/// (see shared/KVM-HOST.md; the command line and CPUID avoid what it cannot run)
+/// (see docs/emulating-kvm.md; the command line and CPUID avoid what it cannot run)
 pub fn emulator_host() -> bool {
     Path::new(EMULATOR_HOST_MARKER).exists()
 }

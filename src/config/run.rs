@@ -22,7 +22,7 @@ use crate::error::InputError;
 /// finds the kernel's offsets at attach (tracer::kaslr).
 const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
-/// run (see shared/KVM-HOST.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac,
+/// run (see docs/emulating-kvm.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac,
 /// and `lsl`, which Linux's NMI entry (`paranoid_entry`) runs to find its
 /// per-CPU base when FSGSBASE is on: an NMI (an RCU stall's backtrace on
 /// this slow host) would stop the guest. Without FSGSBASE it reads the GS
@@ -342,8 +342,8 @@ fn banner_matches(banner: &str, version: &str) -> bool {
 /// `--graph`: hook returns, leaving out (and naming) the functions whose
 /// return must not be hooked (`tracer::hookable`); refused if nothing else
 /// is left to trace. The notes to say: what it left out, and on Linux what
-/// the guest's own stack traces show meanwhile (README, "Function graph:
-/// how returns are hooked").
+/// the guest's own stack traces show meanwhile (docs/how-it-works.md,
+/// "Function graph: how returns are hooked").
 fn graph_plan(plan: &mut Plan, kind: KernelKind) -> Result<Vec<String>, InputError> {
     let had_sites = !plan.index.addrs.is_empty();
     let left_out = tracer::hookable::hook_returns(plan);

@@ -1,5 +1,5 @@
-//! Where a traced run's symbols come from, in order (README "Finding
-//! symbols"): `--vmlinux`; the kernel itself when it is an ELF; for a
+//! Where a traced run's symbols come from, in order (docs/usage.md,
+//! "Finding symbols"): `--vmlinux`; the kernel itself when it is an ELF; for a
 //! bzImage, the first vmlinux found beside it, at its build tree's root or
 //! in the distribution's debug-symbol places for its release
 //! (`vmm::vmlinux`); else kallsyms in the bzImage's own payload

@@ -1,7 +1,7 @@
 //! Emulation assist.
 //!
 //! On hosts where KVM runs guest ring-0 code in its instruction emulator (a
-//! nested KVM like the CI host's, see shared/KVM-HOST.md), some instructions
+//! nested KVM like the CI host's, see docs/emulating-kvm.md), some instructions
 //! cannot be emulated and come back as KVM_EXIT_INTERNAL_ERROR with the
 //! emulation suberror and the instruction bytes. `int3` is one of them and
 //! Linux executes it at boot (its alternatives self-test), so the VMM carries

@@ -5,7 +5,7 @@
 //! without vmtrace ever seeing them).
 //!
 //! What `insn_emulation` means depends on the host. Where KVM runs guest
-//! ring 0 in its emulator (nested `kvm_pvm`, see shared/KVM-HOST.md), it
+//! ring 0 in its emulator (nested `kvm_pvm`, see docs/emulating-kvm.md), it
 //! counts every guest kernel instruction exactly (a ring-0 loop of 1,000
 //! `dec` + `jnz` after a `mov`, then `out` and `hlt`, counts 2,003). On
 //! hardware-virtualized KVM it counts only the rare instructions KVM

@@ -92,7 +92,7 @@
 //!   kernel's own ring buffer uses `local_t`: one instruction is atomic
 //!   against this CPU's interrupts, and the lock (a full barrier on x86)
 //!   would be most of the path's cost on hardware. The instruction count is
-//!   the same either way; the emulating host runs both (KVM-HOST.md).
+//!   the same either way; the emulating host runs both (docs/emulating-kvm.md).
 //! - A reservation that finds the ring full counts the call per site in the
 //!   guest (`lock inc`), so records + drops = calls, exactly.
 
