@@ -831,11 +831,20 @@ fn linux_ctrl_c_before_the_attach_says_nothing_was_traced() {
     let dir = scratch("linux-early");
     let data = dir.join("early.data");
     // The console on stderr (the default): the signal is sent at the
-    // guest's first line, long before ftrace_init (hence the attach) in
-    // its boot, whatever the host's speed.
+    // guest's first line, printed by the early console (`earlyprintk`,
+    // registered in setup_arch) before ftrace_init (hence the attach)
+    // whatever the host's speed. (ttyS0's own console starts after
+    // ftrace_init: its first line comes after the attach.)
     let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
         .args(["record", "--kernel", s(&bz), "--initrd", s(&initrd)])
-        .args(["--cpus", "2", "--mem", "96"])
+        .args([
+            "--cpus",
+            "2",
+            "--mem",
+            "96",
+            "--cmdline",
+            "earlyprintk=serial",
+        ])
         .args(["--trace", "hrtimer_*", "-o", s(&data)])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
