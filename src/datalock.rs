@@ -124,7 +124,8 @@ mod tests {
         drop(again);
         // A FIFO in the lock's place: refused at once, not waited on.
         let fifo = std::ffi::CString::new(dir.join("t.data.lock").to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        // SAFETY: `fifo` is a NUL-terminated path that outlives the call;
+        // mkfifo only reads it.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let e = Lock::acquire(&data).err().unwrap().to_string();
         assert!(e.contains("it is not a regular file"), "{e}");

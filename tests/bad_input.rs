@@ -673,7 +673,8 @@ fn bench_json_follows_the_output_rules() {
     assert_bad_input(&["bench", "--kernel", k, "--json", d], "a directory");
     let fifo = dir.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo
+    // only reads it.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     assert_bad_input(
         &["bench", "--kernel", k, "--json", fifo.to_str().unwrap()],

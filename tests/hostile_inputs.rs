@@ -23,7 +23,8 @@ fn s(p: &Path) -> &str {
 
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(s(p)).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo
+    // only reads it.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 

@@ -427,11 +427,10 @@ fn two_records_of_a_new_file_started_together_one_is_refused() {
         use std::os::fd::AsRawFd;
         let data = dir.join("new.data");
         let held = std::fs::File::create(dir.join("new.data.lock")).unwrap();
-        // SAFETY: flock(2) on a descriptor this test owns.
-        assert_eq!(
-            unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        // SAFETY: flock(2) only takes a lock on `held`'s descriptor, which
+        // this test owns and keeps open across the call.
+        let rc = unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(rc, 0);
         let k = mini_elf();
         let o = vmtrace_in(
             &dir,

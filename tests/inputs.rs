@@ -53,7 +53,10 @@ fn bzimage() -> PathBuf {
 
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo
+    // only reads it.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", std::io::Error::last_os_error());
 }
 
 /// Runs vmtrace, killing it if it has not ended in `REFUSED_WITHIN` (a hang

@@ -139,7 +139,8 @@ fn mem_device(dir: &Path, name: &str, minor: u32) -> Option<PathBuf> {
     }
     let p = dir.join(name);
     let c = std::ffi::CString::new(s(&p)).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mknod
+    // only reads it.
     let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
     if r != 0 {
         eprintln!(
@@ -154,7 +155,8 @@ fn mem_device(dir: &Path, name: &str, minor: u32) -> Option<PathBuf> {
 
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(s(p)).unwrap();
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo
+    // only reads it.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
 }
 
@@ -217,7 +219,8 @@ fn bad_output_paths_are_refused_before_the_guest_boots() {
     if is_root() {
         let blk = dir.join("blk");
         let c = std::ffi::CString::new(s(&blk)).unwrap();
-        // SAFETY: a NUL-terminated path. loop0's numbers; never opened.
+        // SAFETY: `c` is a NUL-terminated path that outlives the call; mknod
+        // only reads it (loop0's numbers; the node is never opened).
         if unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(7, 0)) } == 0 {
             let mut args = trace.to_vec();
             args.extend(["-o", s(&blk)]);
@@ -515,10 +518,10 @@ fn quiet_pipe_end(o: &Output, what: &str) {
 fn closed_pipe(args: &[&str]) -> Output {
     let (r, w) = {
         let mut fds = [0; 2];
-        // SAFETY: two fds to fill.
+        // SAFETY: pipe(2) writes two ints into `fds`, an array of two.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         use std::os::fd::FromRawFd;
-        // SAFETY: fresh fds, owned here.
+        // SAFETY: pipe(2) just made both fds; nothing else owns or closes them.
         unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) }
     };
     drop(r);

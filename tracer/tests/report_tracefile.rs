@@ -1100,7 +1100,10 @@ fn report_tracefile_non_regular_files_are_refused() {
     let dir = scratch("fifo");
     let fifo = dir.join("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo
+    // only reads it.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", std::io::Error::last_os_error());
     for (p, kind) in [
         (fifo.as_path(), "FIFO"),
         (dir.as_path(), "directory"),

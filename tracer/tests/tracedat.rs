@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use tracer::export::tracedat::{write_tracedat_counted, Written, UNKNOWN_SYMBOL};
+use tracer::export::tracedat::{write_tracedat_counted, TracedatCounts, UNKNOWN_SYMBOL};
 use tracer::export::write_tracedat;
 use tracer::model::{Event, Trace, TraceMeta, RETURN_BIT};
 use tracer::symbols::Symbol;
@@ -388,7 +388,7 @@ fn four_cpus_one_idle_and_bad_events_skipped() {
     let w = write_tracedat_counted(&trace, &mut bytes).unwrap();
     assert_eq!(
         w,
-        Written {
+        TracedatCounts {
             function: n as u64,
             funcgraph_entry: 0,
             funcgraph_exit: 0,

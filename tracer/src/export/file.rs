@@ -193,8 +193,11 @@ pub fn check(path: &Path) -> io::Result<Target> {
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is a plain C struct of integers, for which all-zero
+    // bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    // SAFETY: `c` is a NUL-terminated path that outlives the call and `st` is
+    // a writable statvfs the call only fills in.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }

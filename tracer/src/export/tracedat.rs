@@ -214,7 +214,7 @@ fn common(buf: &mut Vec<u8>, id: u16, pid: u32) {
 
 /// What [`write_tracedat_counted`] wrote and left out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Written {
+pub struct TracedatCounts {
     /// `function` events: every entry, or in a function-graph trace the
     /// entries whose return was not hooked.
     pub function: u64,
@@ -357,7 +357,7 @@ pub fn write_tracedat(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
 /// [`write_tracedat`], saying how many events it wrote and left out. Fails
 /// (writing nothing) on a trace claiming more than [`MAX_CPUS`] vCPUs or
 /// kallsyms of 4 GiB and over, and when `w` does.
-pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Written> {
+pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<TracedatCounts> {
     let cpus = trace.meta.cpus;
     if cpus > MAX_CPUS {
         return Err(io::Error::new(
@@ -368,7 +368,7 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Wr
     let mut out = Out {
         trace,
         pages: (0..cpus).map(|_| CpuPages::default()).collect(),
-        written: Written::default(),
+        written: TracedatCounts::default(),
         payload: Vec::with_capacity(COMMON_SIZE + 32),
     };
     if trace.meta.graph {
@@ -466,7 +466,7 @@ fn put_text64(h: &mut Vec<u8>, text: &str) {
 struct Out<'a> {
     trace: &'a Trace,
     pages: Vec<CpuPages>,
-    written: Written,
+    written: TracedatCounts,
     /// The record being built (reused).
     payload: Vec<u8>,
 }

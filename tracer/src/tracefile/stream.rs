@@ -207,7 +207,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        // SAFETY: `c` is a NUL-terminated path that outlives the call;
+        // mkfifo only reads it.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let f = OpenOptions::new()
             .read(true)
