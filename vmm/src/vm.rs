@@ -100,6 +100,62 @@ fn ioctl(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Ioctl { what, source }
 }
 
+/// Guest RAM from 0 and the private region past it, each registered with
+/// KVM as a memory slot.
+fn guest_memory(fd: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, VmError> {
+    let mem = GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), (mem_mib << 20) as usize),
+        (
+            GuestAddress(layout::PRIVATE_START),
+            layout::PRIVATE_SIZE as usize,
+        ),
+    ])
+    .map_err(|source| VmError::Memory {
+        mib: mem_mib,
+        source,
+    })?;
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the region is a live mmap owned by `mem`, which outlives
+        // the VM fd (both live in `Vm`, and then in `Shared`, until the end).
+        unsafe { fd.set_user_memory_region(r) }.map_err(ioctl("SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(mem)
+}
+
+/// A vCPU's registers at the start, by the boot protocol.
+fn entry_state(vcpu: &VcpuFd, cpu: usize, ncpus: usize, plan: &BootPlan) -> Result<(), VmError> {
+    match plan.protocol {
+        Protocol::Linux { zero_page } => {
+            // Only the boot CPU starts here; the kernel wakes the others.
+            if cpu == 0 {
+                boot::regs::setup_sregs(vcpu, cpu)?;
+                boot::regs::setup_regs(vcpu, cpu, plan.entry, [0, zero_page, 0])?;
+            }
+        }
+        Protocol::Direct => {
+            boot::regs::setup_sregs(vcpu, cpu)?;
+            boot::regs::setup_regs(
+                vcpu,
+                cpu,
+                plan.entry,
+                [cpu as u64, layout::CMDLINE_START, ncpus as u64],
+            )?;
+            let runnable = kvm_bindings::kvm_mp_state {
+                mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            };
+            vcpu.set_mp_state(runnable).map_err(ioctl("SET_MP_STATE"))?;
+        }
+    }
+    Ok(())
+}
+
 impl Vm {
     /// Validate the configuration, then build the whole machine.
     pub fn create(cfg: VmConfig) -> Result<Vm, VmError> {
@@ -116,29 +172,7 @@ impl Vm {
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
         let mem_size = cfg.mem_mib << 20;
-        let mem = GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), mem_size as usize),
-            (
-                GuestAddress(layout::PRIVATE_START),
-                layout::PRIVATE_SIZE as usize,
-            ),
-        ])
-        .map_err(|source| VmError::Memory {
-            mib: cfg.mem_mib,
-            source,
-        })?;
-        for (slot, region) in mem.iter().enumerate() {
-            let r = kvm_userspace_memory_region {
-                slot: slot as u32,
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-                flags: 0,
-            };
-            // SAFETY: the region is a live mmap owned by `mem`, which outlives
-            // the VM fd (both live in `Vm`, and then in `Shared`, until the end).
-            unsafe { fd.set_user_memory_region(r) }.map_err(ioctl("SET_USER_MEMORY_REGION"))?;
-        }
+        let mem = guest_memory(&fd, cfg.mem_mib)?;
         fd.set_tss_address(layout::KVM_TSS_ADDR as usize)
             .map_err(ioctl("SET_TSS_ADDR"))?;
         fd.create_irq_chip().map_err(ioctl("CREATE_IRQCHIP"))?;
@@ -174,28 +208,7 @@ impl Vm {
             boot::regs::setup_msrs(&vcpu, cpu)?;
             boot::regs::setup_fpu(&vcpu, cpu)?;
             boot::regs::setup_lint(&vcpu, cpu)?;
-            match plan.protocol {
-                Protocol::Linux { zero_page } => {
-                    // Only the boot CPU starts here; the kernel wakes the others.
-                    if cpu == 0 {
-                        boot::regs::setup_sregs(&vcpu, cpu)?;
-                        boot::regs::setup_regs(&vcpu, cpu, plan.entry, [0, zero_page, 0])?;
-                    }
-                }
-                Protocol::Direct => {
-                    boot::regs::setup_sregs(&vcpu, cpu)?;
-                    boot::regs::setup_regs(
-                        &vcpu,
-                        cpu,
-                        plan.entry,
-                        [cpu as u64, layout::CMDLINE_START, ncpus as u64],
-                    )?;
-                    let runnable = kvm_bindings::kvm_mp_state {
-                        mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
-                    };
-                    vcpu.set_mp_state(runnable).map_err(ioctl("SET_MP_STATE"))?;
-                }
-            }
+            entry_state(&vcpu, cpu, ncpus, &plan)?;
             vcpus.push(vcpu);
         }
         Ok(Vm {

@@ -384,26 +384,7 @@ pub fn load_kernel(
             }
         }
         KernelKind::LinuxElf | KernelKind::Elf => {
-            let elf = read_input(&file, kernel_size).map_err(|source| BootError::Open {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
-            check_elf_segments(&elf, kernel_path, mem_size)?;
-            drop(elf);
-            file.rewind().map_err(|source| BootError::Open {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
-            let loaded = Elf::load(
-                mem,
-                None,
-                &mut file,
-                Some(GuestAddress(layout::HIGH_MEM_START)),
-            )
-            .map_err(|source| BootError::Elf {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
+            let loaded = load_elf(mem, &mut file, kernel_size, kernel_path, mem_size)?;
             let entry = loaded.kernel_load.0;
             if kind == KernelKind::LinuxElf {
                 let initrd = match initrd_path {
@@ -442,6 +423,33 @@ pub fn load_kernel(
         }
     };
     Ok(plan)
+}
+
+/// Loads an ELF kernel at its physical addresses, once its segments are
+/// checked to fit guest RAM.
+fn load_elf(
+    mem: &GuestMemoryMmap,
+    file: &mut File,
+    kernel_size: u64,
+    kernel_path: &Path,
+    mem_size: u64,
+) -> Result<linux_loader::loader::KernelLoaderResult, BootError> {
+    let elf = read_input(file, kernel_size).map_err(|source| BootError::Open {
+        path: kernel_path.to_owned(),
+        source,
+    })?;
+    check_elf_segments(&elf, kernel_path, mem_size)?;
+    drop(elf);
+    file.rewind().map_err(|source| BootError::Open {
+        path: kernel_path.to_owned(),
+        source,
+    })?;
+    Elf::load(mem, None, file, Some(GuestAddress(layout::HIGH_MEM_START))).map_err(|source| {
+        BootError::Elf {
+            path: kernel_path.to_owned(),
+            source,
+        }
+    })
 }
 
 /// The initrd, a regular file no larger than guest RAM.

@@ -53,10 +53,8 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Decompress an lzop file to at most `limit` bytes. Bytes after its end
-/// marker (the kernel's appended size) are ignored.
-pub(super) fn decompress_lzop(data: &[u8], limit: u64) -> Result<Vec<u8>, String> {
-    let mut r = Input { data, at: 0 };
+/// Reads lzop's header up to its first block; returns its flags.
+fn read_header(r: &mut Input) -> Result<u32, String> {
     if r.bytes(LZOP_MAGIC.len())? != LZOP_MAGIC {
         return Err("no lzop magic".into());
     }
@@ -91,6 +89,14 @@ pub(super) fn decompress_lzop(data: &[u8], limit: u64) -> Result<Vec<u8>, String
         let _extra_checksum = r.be32()?;
     }
 
+    Ok(flags)
+}
+
+/// Decompress an lzop file to at most `limit` bytes. Bytes after its end
+/// marker (the kernel's appended size) are ignored.
+pub(super) fn decompress_lzop(data: &[u8], limit: u64) -> Result<Vec<u8>, String> {
+    let mut r = Input { data, at: 0 };
+    let flags = read_header(&mut r)?;
     let mut out = Vec::new();
     loop {
         let dst_len = r.be32()? as usize;
@@ -153,23 +159,6 @@ pub(super) fn lzo1x_decompress(src: &[u8], out: &mut Vec<u8>, max: usize) -> Res
         out.extend_from_slice(r.bytes(n)?);
         Ok(())
     };
-    // A length that did not fit its bits: 255 per zero byte, then the
-    // first non-zero byte, on top of the field's maximum.
-    let extended = |r: &mut Input, field_max: usize| -> Result<usize, String> {
-        let mut len = field_max;
-        loop {
-            match r.u8()? {
-                0 => {
-                    len += 255;
-                    if len > MAX_BLOCK {
-                        return Err("a length longer than any block".into());
-                    }
-                }
-                b => return Ok(len + usize::from(b)),
-            }
-        }
-    };
-
     // Literals copied by the previous instruction: 0, 1-3, or 4 for "4 or
     // more"; it changes what an instruction below 16 means.
     let mut state: usize = 0;
@@ -185,50 +174,14 @@ pub(super) fn lzo1x_decompress(src: &[u8], out: &mut Vec<u8>, max: usize) -> Res
         Some(_) => {}
     }
     loop {
-        let t = usize::from(r.u8()?);
-        let (len, dist, next) = if t < 16 {
-            match state {
-                0 => {
-                    // A run of 4 or more literals.
-                    let n = if t == 0 { extended(&mut r, 15)? } else { t } + 3;
-                    literals(&mut r, out, n)?;
-                    state = 4;
-                    continue;
-                }
-                1..=3 => (2, (t >> 2) + (usize::from(r.u8()?) << 2) + 1, t & 3),
-                _ => (3, (t >> 2) + (usize::from(r.u8()?) << 2) + 2049, t & 3),
+        let (len, dist, next) = match next_op(&mut r, state)? {
+            Op::Literals(n) => {
+                literals(&mut r, out, n)?;
+                state = 4;
+                continue;
             }
-        } else if t >= 64 {
-            let len = if t >= 128 {
-                5 + ((t >> 5) & 3)
-            } else {
-                3 + ((t >> 5) & 1)
-            };
-            (len, ((t >> 2) & 7) + (usize::from(r.u8()?) << 3) + 1, t & 3)
-        } else if t >= 32 {
-            let len = if t & 31 == 0 {
-                extended(&mut r, 31)?
-            } else {
-                t & 31
-            } + 2;
-            let d = usize::from(le16(&mut r)?);
-            (len, (d >> 2) + 1, d & 3)
-        } else {
-            let len = if t & 7 == 0 {
-                extended(&mut r, 7)?
-            } else {
-                t & 7
-            } + 2;
-            let d = usize::from(le16(&mut r)?);
-            let dist = ((t & 8) << 11) + (d >> 2);
-            if dist == 0 {
-                // End of stream: nothing may follow it.
-                if r.at != src.len() {
-                    return Err(format!("{} bytes after the end marker", src.len() - r.at));
-                }
-                return Ok(());
-            }
-            (len, dist + 16384, d & 3)
+            Op::Copy { len, dist, next } => (len, dist, next),
+            Op::End => return Ok(()),
         };
         let produced = out.len() - base;
         if dist > produced {
@@ -247,6 +200,86 @@ pub(super) fn lzo1x_decompress(src: &[u8], out: &mut Vec<u8>, max: usize) -> Res
         }
         literals(&mut r, out, next)?;
         state = next;
+    }
+}
+
+/// One LZO1X instruction.
+enum Op {
+    /// Copy this many literals (4 or more).
+    Literals(usize),
+    /// Copy `len` bytes from `dist` back, then `next` (0-3) literals.
+    Copy {
+        len: usize,
+        dist: usize,
+        next: usize,
+    },
+    /// The end marker, the input's last bytes.
+    End,
+}
+
+/// Reads the instruction at `r`; `state` is what the previous one copied
+/// as literals (0, 1-3, or 4 for "4 or more"): it changes what an
+/// instruction below 16 means.
+fn next_op(r: &mut Input, state: usize) -> Result<Op, String> {
+    let t = usize::from(r.u8()?);
+    let (len, dist, next) = if t < 16 {
+        match state {
+            0 => {
+                // A run of 4 or more literals.
+                let n = if t == 0 { extended(r, 15)? } else { t } + 3;
+                return Ok(Op::Literals(n));
+            }
+            1..=3 => (2, (t >> 2) + (usize::from(r.u8()?) << 2) + 1, t & 3),
+            _ => (3, (t >> 2) + (usize::from(r.u8()?) << 2) + 2049, t & 3),
+        }
+    } else if t >= 64 {
+        let len = if t >= 128 {
+            5 + ((t >> 5) & 3)
+        } else {
+            3 + ((t >> 5) & 1)
+        };
+        (len, ((t >> 2) & 7) + (usize::from(r.u8()?) << 3) + 1, t & 3)
+    } else if t >= 32 {
+        let len = if t & 31 == 0 {
+            extended(r, 31)?
+        } else {
+            t & 31
+        } + 2;
+        let d = usize::from(le16(r)?);
+        (len, (d >> 2) + 1, d & 3)
+    } else {
+        let len = if t & 7 == 0 { extended(r, 7)? } else { t & 7 } + 2;
+        let d = usize::from(le16(r)?);
+        let dist = ((t & 8) << 11) + (d >> 2);
+        if dist == 0 {
+            // End of stream: nothing may follow it.
+            if r.at != r.data.len() {
+                return Err(format!(
+                    "{} bytes after the end marker",
+                    r.data.len() - r.at
+                ));
+            }
+            return Ok(Op::End);
+        }
+        (len, dist + 16384, d & 3)
+    };
+    Ok(Op::Copy { len, dist, next })
+}
+
+/// A length that did not fit its bits: 255 per zero byte, then the first
+/// non-zero byte, on top of the field's maximum.
+fn extended(r: &mut Input, field_max: usize) -> Result<usize, String> {
+    let mut len = field_max;
+    loop {
+        match r.u8()? {
+            0 => {
+                len += 255;
+                if len > MAX_BLOCK {
+                    return Err("a length longer than any block".into());
+                }
+            }
+            b => return Ok(len + usize::from(b)),
+        }
     }
 }
 
