@@ -12,8 +12,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::{Serialize, Serializer};
-use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
-use tracer::report;
+use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
+use tracer::trace::report;
 
 use super::measure::{
     AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling,
