@@ -16,14 +16,16 @@ use crate::kernel::sites::SiteError;
 use crate::kernel::symbols::SymbolError;
 use crate::plan::Plan;
 use crate::trace::model::Trace;
+use counters::Counters;
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
 use exitless::state::{Exitless, ExitlessError, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
-use record::{Counters, GraphHook};
+use record::GraphHook;
 use shadow::ShadowStacks;
 use store::{Storage, Stored};
 
+pub mod counters;
 pub mod exitless;
 mod finish;
 #[cfg(test)]
@@ -31,6 +33,7 @@ mod kvm_tests;
 pub mod patch;
 pub mod record;
 pub mod shadow;
+pub mod site_index;
 pub mod store;
 pub use finish::{Progress, Saved};
 

@@ -12,7 +12,7 @@
 //! shared `ShadowStacks`), and the return trap records the return and
 //! resumes the guest at the real return address.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -24,72 +24,11 @@ use crate::session::shadow::ShadowStacks;
 use crate::session::store::{self, Storage};
 use crate::trace::model::{Event, RETURN_BIT};
 
-/// Events a vCPU buffers before handing them to the collector.
-pub const BATCH: usize = 4096;
-
-/// Length of `out imm8, al`: on hosts whose KVM completes the `out` before
-/// exiting (this CI host), RIP is already this far past the site.
-pub const OUT_LEN: u64 = 2;
-
-/// The patchable sites, sorted by address, each with its traced function.
-#[derive(Debug, Default)]
-pub struct SiteIndex {
-    /// Link addresses (the vmlinux's).
-    pub addrs: Vec<u64>,
-    pub funcs: Vec<u32>,
-    /// How far the running kernel is from them (KASLR's virtual offset),
-    /// set once at the first attach, before any site traps.
-    slide: AtomicU64,
-}
-
-impl SiteIndex {
-    /// `sites`: (address, function index), any order.
-    pub fn new(mut sites: Vec<(u64, u32)>) -> Self {
-        sites.sort_unstable();
-        sites.dedup_by_key(|s| s.0);
-        SiteIndex {
-            addrs: sites.iter().map(|s| s.0).collect(),
-            funcs: sites.iter().map(|s| s.1).collect(),
-            slide: AtomicU64::new(0),
-        }
-    }
-
-    /// The kernel runs `virt` bytes from its link addresses (`kaslr`).
-    pub fn set_slide(&self, virt: i64) {
-        self.slide.store(virt as u64, Ordering::Relaxed);
-    }
-
-    /// How far the running kernel is from its link addresses (0 until the
-    /// first attach found it).
-    pub fn slide(&self) -> i64 {
-        self.slide.load(Ordering::Relaxed) as i64
-    }
-
-    /// Where site `i` is in the running kernel.
-    pub fn running_addr(&self, i: usize) -> u64 {
-        self.addrs[i].wrapping_add(self.slide.load(Ordering::Relaxed))
-    }
-
-    /// (address, function) of every site, in address order.
-    pub fn sites(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.addrs.iter().copied().zip(self.funcs.iter().copied())
-    }
-
-    fn exact(&self, addr: u64) -> Option<usize> {
-        self.addrs.binary_search(&addr).ok()
-    }
-
-    /// The site a trap at `rip` came from: RIP at the `out` (bare-metal KVM's
-    /// fast PIO path) or just past it (KVM's emulator). Sites are five bytes
-    /// apart at least, so the two cannot both match.
-    pub fn find(&self, rip: u64) -> Option<usize> {
-        // Set before the sites were patched, under the pause that every
-        // vCPU's next entry synchronizes with: Relaxed is enough.
-        let rip = rip.wrapping_sub(self.slide.load(Ordering::Relaxed));
-        self.exact(rip)
-            .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
-    }
-}
+// What the recorders share with the store and the exitless drainer, in
+// modules of their own so that the store needs nothing from here; named
+// here too, where the recorders' callers look for them.
+pub use crate::session::counters::{Counters, BATCH};
+pub use crate::session::site_index::{SiteIndex, OUT_LEN};
 
 /// Trap mode's return hooks: the guest address of the return trap (an
 /// `out` to the trace port in vmtrace's code page) and the frames hooked.
@@ -97,29 +36,6 @@ impl SiteIndex {
 pub struct GraphHook {
     pub trap_va: u64,
     pub shadow: ShadowStacks,
-}
-
-/// The recorders' counters and event budget, shared with the tracing session.
-pub struct Counters {
-    /// Calls per site, one array per vCPU (written only by that vCPU).
-    pub counts: Vec<Box<[AtomicU64]>>,
-    /// Returns per site (function graph), one array per vCPU: the vCPU the
-    /// return ran on. Written only by that vCPU in trap mode; by the
-    /// drainer in exitless mode.
-    pub returns: Vec<Box<[AtomicU64]>>,
-    /// Returns counted but not stored (over `--max-events`).
-    pub returns_dropped: AtomicU64,
-    /// Entries whose return could not be hooked (the slot was unreadable
-    /// or unwritable).
-    pub unhooked: AtomicU64,
-    /// Events that may still be stored.
-    budget: AtomicI64,
-    pub dropped: AtomicU64,
-    pub parent_unreadable: AtomicU64,
-    /// Events (entries and returns) per vCPU that could not be kept: the
-    /// data file's writer fell behind, or the disk refused them. Also in
-    /// `dropped` / `returns_dropped`.
-    pub lost: Box<[AtomicU64]>,
 }
 
 /// One vCPU's trap handler.
@@ -134,58 +50,6 @@ pub struct Recorder {
     /// Emptied batches the store hands back, reused before allocating.
     free: Receiver<Vec<Event>>,
     graph: Option<Arc<GraphHook>>,
-}
-
-impl Counters {
-    /// Counts stored events that were then not kept: entries as dropped,
-    /// returns as returns dropped (the counts stay exact).
-    pub fn drop_stored(&self, e: &Event) {
-        let c = if e.is_return() {
-            &self.returns_dropped
-        } else {
-            &self.dropped
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A batch that could not be kept (see `lost`): three atomic adds per
-    /// vCPU in it, not one per event (recorders may be losing batches
-    /// side by side).
-    pub fn lose(&self, batch: &[Event]) {
-        let mut cpu = None;
-        let (mut entries, mut returns, mut n) = (0u64, 0u64, 0u64);
-        let flush = |cpu: Option<u32>, entries: &mut u64, returns: &mut u64, n: &mut u64| {
-            if let Some(l) = cpu.and_then(|c| self.lost.get(c as usize)) {
-                l.fetch_add(*n, Ordering::Relaxed);
-            }
-            self.dropped.fetch_add(*entries, Ordering::Relaxed);
-            self.returns_dropped.fetch_add(*returns, Ordering::Relaxed);
-            (*entries, *returns, *n) = (0, 0, 0);
-        };
-        for e in batch {
-            if cpu != Some(e.cpu) && n > 0 {
-                flush(cpu, &mut entries, &mut returns, &mut n);
-            }
-            cpu = Some(e.cpu);
-            n += 1;
-            if e.is_return() {
-                returns += 1;
-            } else {
-                entries += 1;
-            }
-        }
-        if n > 0 {
-            flush(cpu, &mut entries, &mut returns, &mut n);
-        }
-    }
-
-    /// Take up to `want` events from the `--max-events` budget; returns how
-    /// many may be stored.
-    pub fn reserve(&self, want: usize) -> usize {
-        let want = want.min(i64::MAX as usize) as i64;
-        let before = self.budget.fetch_sub(want, Ordering::Relaxed);
-        before.clamp(0, want) as usize
-    }
 }
 
 impl Recorder {
@@ -383,20 +247,7 @@ pub fn recorders(
     functions: Arc<Vec<Symbol>>,
 ) -> (Arc<Counters>, Vec<Recorder>, store::Store) {
     let nsites = index.addrs.len();
-    let counters = Arc::new(Counters {
-        counts: (0..ncpus)
-            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
-            .collect(),
-        returns: (0..ncpus)
-            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
-            .collect(),
-        returns_dropped: AtomicU64::new(0),
-        unhooked: AtomicU64::new(0),
-        budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
-        dropped: AtomicU64::new(0),
-        parent_unreadable: AtomicU64::new(0),
-        lost: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
-    });
+    let counters = Arc::new(Counters::new(ncpus, nsites, max_events));
     let fixup = store::Fixup {
         index: Arc::clone(&index),
         functions,

@@ -387,20 +387,9 @@ pub fn load_kernel(
             let loaded = load_elf(mem, &mut file, kernel_size, kernel_path, mem_size)?;
             let entry = loaded.kernel_load.0;
             if kind == KernelKind::LinuxElf {
-                let initrd = match initrd_path {
-                    Some(p) => {
-                        let mut f = open_initrd(p, mem_size)?;
-                        Some(linux::load_initrd(
-                            mem,
-                            &mut f,
-                            p,
-                            None,
-                            loaded.kernel_end,
-                            mem_size,
-                        )?)
-                    }
-                    None => None,
-                };
+                let initrd = initrd_path
+                    .map(|p| load_initrd_after(mem, p, loaded.kernel_end, mem_size))
+                    .transpose()?;
                 let zero_page = linux::write_zero_page(mem, None, cmdline, initrd, mem_size)?;
                 mptable::setup_mptable(mem, ncpus)?;
                 acpi::setup_acpi(mem, ncpus)?;
@@ -450,6 +439,19 @@ fn load_elf(
             source,
         }
     })
+}
+
+/// Loads the initrd at `path` above the kernel, which ends at `kernel_end`.
+fn load_initrd_after(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    kernel_end: u64,
+    mem_size: u64,
+) -> Result<(u64, u64), BootError> {
+    let mut f = open_initrd(path, mem_size)?;
+    Ok(linux::load_initrd(
+        mem, &mut f, path, None, kernel_end, mem_size,
+    )?)
 }
 
 /// The initrd, a regular file no larger than guest RAM.

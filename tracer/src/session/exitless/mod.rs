@@ -83,6 +83,7 @@
 
 mod body;
 pub mod collect;
+pub mod disasm;
 pub mod graph_code;
 pub mod layout;
 pub mod map;

@@ -42,7 +42,7 @@
 use iced_x86::code_asm::{qword_ptr, rcx, rsp, CodeAssembler};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, IcedError, Mnemonic, OpKind, Register};
 
-use super::trampoline::format_instruction;
+use super::disasm::format_instruction;
 
 /// How vmtrace's code returns to the traced function.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

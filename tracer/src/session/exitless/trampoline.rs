@@ -98,11 +98,12 @@
 
 use iced_x86::code_asm::{r11d, CodeAssembler, CodeLabel};
 use iced_x86::{
-    BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, IcedError,
-    Instruction, IntelFormatter, Mnemonic,
+    BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, FlowControl, IcedError,
+    Instruction, Mnemonic,
 };
 
 use super::body::{emit_entry, emit_site_body, Fields};
+use super::disasm::format_instruction;
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
@@ -339,22 +340,6 @@ impl Trampoline {
         lines.extend(self.common_path.iter().map(format_instruction));
         lines.join("\n")
     }
-}
-
-/// One instruction as `address  mnemonic operands`, Intel syntax, 0x hex.
-pub fn format_instruction(instruction: &Instruction) -> String {
-    let mut formatter = IntelFormatter::new();
-    let options = formatter.options_mut();
-    options.set_hex_prefix("0x");
-    options.set_hex_suffix("");
-    options.set_uppercase_hex(false);
-    options.set_space_after_operand_separator(true);
-    // Show ring displacements as the addresses they are (0xffff...), not as
-    // negative offsets from r10.
-    options.set_signed_memory_displacements(false);
-    let mut text = String::new();
-    formatter.format(instruction, &mut text);
-    format!("{:016x}  {text}", instruction.ip())
 }
 
 /// A displacement from r10 (the ring base, then the slot base) to a field at

@@ -119,6 +119,7 @@
 //! checksum fails is corruption, unless it is the file's last and runs to
 //! its end (a write cut short).
 
+mod body;
 mod read;
 mod read_v5;
 mod reader;

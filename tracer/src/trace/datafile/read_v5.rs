@@ -4,7 +4,7 @@
 
 use std::io::Read;
 
-use super::read::{check_new_events, decode, read_body, Body};
+use super::body::{check_new_events, decode, read_body, Body};
 use super::reader::Reader;
 use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD};
 use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE};
@@ -32,39 +32,12 @@ pub(super) fn load<R: Read>(
     let mut events: Vec<Event> = Vec::new();
     loop {
         r.section = Section::Block;
-        let left = r.actual - r.pos;
-        if left == 0 || ended {
+        if ended {
             break;
         }
-        if left < 8 {
-            // A block header cut short: the writer was stopped mid-write.
+        let Some((tag, payload)) = next_block(&mut r, blocks)? else {
             break;
-        }
-        let tag = r.u32()?.to_le_bytes();
-        let len = r.u32()?;
-        if len > MAX_BLOCK {
-            return Err(r.corrupt(format!(
-                "block {blocks} claims {len} bytes (at most {MAX_BLOCK})"
-            )));
-        }
-        if u64::from(len) + 4 > r.actual - r.pos {
-            // The last block, cut short.
-            break;
-        }
-        let mut payload = vec![0u8; len as usize];
-        r.bytes(&mut payload)?;
-        let crc = r.u32()?;
-        let mut framed = crc32fast::Hasher::new();
-        framed.update(&tag);
-        framed.update(&len.to_le_bytes());
-        framed.update(&payload);
-        if framed.finalize() != crc {
-            if r.pos == r.actual {
-                // The last block, its bytes not all written.
-                break;
-            }
-            return Err(r.corrupt(format!("block {blocks} fails its checksum")));
-        }
+        };
         blocks += 1;
         match tag {
             TAG_HEAD if head.is_none() => head = Some(body(&r, &payload, version)?),
@@ -112,6 +85,52 @@ pub(super) fn load<R: Read>(
         None => cut_short(head, events, blocks),
     };
     Ok(trace)
+}
+
+/// A block's tag and payload.
+type Block = ([u8; 4], Vec<u8>);
+
+/// The next block's tag and payload, checked against its checksum; None
+/// where the blocks end: at the end of the file, or at a last block cut
+/// short (the writer was stopped mid-write).
+fn next_block<R: Read>(
+    r: &mut Reader<'_, R>,
+    blocks: u64,
+) -> Result<Option<Block>, TraceFileError> {
+    let left = r.actual - r.pos;
+    if left == 0 {
+        return Ok(None);
+    }
+    if left < 8 {
+        // A block header cut short: the writer was stopped mid-write.
+        return Ok(None);
+    }
+    let tag = r.u32()?.to_le_bytes();
+    let len = r.u32()?;
+    if len > MAX_BLOCK {
+        return Err(r.corrupt(format!(
+            "block {blocks} claims {len} bytes (at most {MAX_BLOCK})"
+        )));
+    }
+    if u64::from(len) + 4 > r.actual - r.pos {
+        // The last block, cut short.
+        return Ok(None);
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.bytes(&mut payload)?;
+    let crc = r.u32()?;
+    let mut framed = crc32fast::Hasher::new();
+    framed.update(&tag);
+    framed.update(&len.to_le_bytes());
+    framed.update(&payload);
+    if framed.finalize() != crc {
+        if r.pos == r.actual {
+            // The last block, its bytes not all written.
+            return Ok(None);
+        }
+        return Err(r.corrupt(format!("block {blocks} fails its checksum")));
+    }
+    Ok(Some((tag, payload)))
 }
 
 /// A `HEAD` or `FOOT` block's body.

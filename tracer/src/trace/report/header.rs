@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::text::{format_cpu_list, thousands};
+use super::numbers::{format_cpu_list, thousands};
 use super::{escape, GraphSummary, Report};
 
 /// The `#` header: the facts of the run.

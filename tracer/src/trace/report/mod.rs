@@ -20,6 +20,7 @@
 
 pub mod duration;
 mod header;
+mod numbers;
 mod text;
 pub mod tree;
 
@@ -32,7 +33,8 @@ use crate::kernel::symbols::Symbol;
 use crate::trace::graph::{Durations, End, Graph};
 use crate::trace::model::{Event, Trace};
 
-pub use text::{format_cpu_list, render, thousands};
+pub use numbers::{format_cpu_list, thousands};
+pub use text::render;
 pub use tree::{render_tree, write_tree, TreeOptions};
 
 /// Terminal width assumed when none is known.

@@ -37,7 +37,7 @@ use std::io::{self, Write};
 
 use super::duration::human;
 use super::escape;
-use super::text::format_cpu_list;
+use super::numbers::format_cpu_list;
 use crate::trace::graph::{End, Frame, Graph};
 use crate::trace::model::Trace;
 
