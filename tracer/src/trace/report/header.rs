@@ -5,10 +5,34 @@ use std::fmt::Write as _;
 
 use super::numbers::{format_cpu_list, thousands};
 use super::{escape, GraphSummary, Report};
+use crate::trace::model::TraceMeta;
 
 /// The `#` header: the facts of the run.
 pub(super) fn header(out: &mut String, report: &Report) {
-    let (trace, sel, missing) = (report.trace, &report.cpus, &report.missing);
+    let m = &report.trace.meta;
+    let mut lines = run_lines(report);
+    if !m.symbols.is_empty() {
+        // After the build id: what the names below were read from.
+        lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
+    }
+    if let Some(g) = &report.graph_summary {
+        graph_lines(&mut lines, g);
+    }
+    loss_lines(&mut lines, m);
+    if report.filtered {
+        lines.push(("--cpu", cpu_line(report)));
+    }
+    let key_w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    out.push_str("# vmtrace report\n#\n");
+    for (k, v) in lines {
+        writeln!(out, "# {:<key_w$} {v}", format!("{k}:")).unwrap();
+    }
+    out.push_str("#\n");
+}
+
+/// The run's facts, always said.
+fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
+    let trace = report.trace;
     let m = &trace.meta;
     let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
     let duration = trace.duration_s();
@@ -20,8 +44,7 @@ pub(super) fn header(out: &mut String, report: &Report) {
     } else {
         "n/a (zero duration)".to_string()
     };
-    let stored = report.entries_stored;
-    let mut lines: Vec<(&str, String)> = vec![
+    vec![
         ("kernel", escape(&m.kernel).into_owned()),
         (
             "build id",
@@ -41,22 +64,7 @@ pub(super) fn header(out: &mut String, report: &Report) {
                 thousands(m.sites_skipped_other)
             ),
         ),
-        (
-            "events",
-            format!(
-                "{} total, {} stored, {} dropped{}",
-                thousands(m.events_total),
-                thousands(stored),
-                thousands(m.events_dropped),
-                if m.overwrite && m.events_dropped > 0 {
-                    " (the oldest, overwritten: --overwrite keeps the newest; counts stay exact)"
-                } else if m.events_dropped > 0 {
-                    " (over --max-events, a full ring, or lost; counts stay exact)"
-                } else {
-                    ""
-                }
-            ),
-        ),
+        ("events", events_line(m, report.entries_stored)),
         ("rate", rate),
         (
             "mode",
@@ -86,15 +94,28 @@ pub(super) fn header(out: &mut String, report: &Report) {
                 escape(&m.stop_reason).into_owned()
             },
         ),
-    ];
-    if !m.symbols.is_empty() {
-        // After the build id: what the names below were read from.
-        lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
-    }
-    if let Some(g) = &report.graph_summary {
-        graph_lines(&mut lines, g);
-    }
-    // Losses and facts said at the run, never only there.
+    ]
+}
+
+/// Events: in all, stored, dropped and why.
+fn events_line(m: &TraceMeta, stored: u64) -> String {
+    format!(
+        "{} total, {} stored, {} dropped{}",
+        thousands(m.events_total),
+        thousands(stored),
+        thousands(m.events_dropped),
+        if m.overwrite && m.events_dropped > 0 {
+            " (the oldest, overwritten: --overwrite keeps the newest; counts stay exact)"
+        } else if m.events_dropped > 0 {
+            " (over --max-events, a full ring, or lost; counts stay exact)"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Losses and facts said at the run, never only there.
+fn loss_lines(lines: &mut Vec<(&str, String)>, m: &TraceMeta) {
     if m.lost.iter().any(|&n| n > 0) {
         let per_cpu: Vec<String> = m.lost.iter().map(|&n| thousands(n)).collect();
         lines.push((
@@ -107,24 +128,7 @@ pub(super) fn header(out: &mut String, report: &Report) {
         ));
     }
     if m.unfinished > 0 {
-        // With --graph the ring holds returns too: what an uncommitted
-        // record was is unknown, so no total of calls can be given.
-        let text = match m.graph {
-            false => format!(
-                "{} calls reserved a record in vmtrace's rings that was never committed (the run \
-                 ended while their writer was between the two): their functions are unknown, so \
-                 they are not in the counts; {} calls in all",
-                thousands(m.unfinished),
-                thousands(m.events_total + m.unfinished)
-            ),
-            true => format!(
-                "{} records (calls or returns) were reserved in vmtrace's rings and never \
-                 committed (the run ended while their writer was between the two): what they \
-                 were is unknown, so they are in no count",
-                thousands(m.unfinished)
-            ),
-        };
-        lines.push(("unfinished", text));
+        lines.push(("unfinished", unfinished_line(m)));
     }
     if m.incomplete {
         lines.push((
@@ -154,32 +158,50 @@ pub(super) fn header(out: &mut String, report: &Report) {
             ),
         ));
     }
-    if report.filtered {
-        let mut s = if sel.is_empty() {
-            "none of the requested vCPUs exist".to_string()
-        } else {
-            format!(
-                "{} (counts and shares are over these vCPUs)",
-                format_cpu_list(sel)
-            )
-        };
-        if !missing.is_empty() {
-            write!(
-                s,
-                "; ignored {}: not in this trace (vCPUs 0-{})",
-                format_cpu_list(missing),
-                m.cpus.saturating_sub(1)
-            )
-            .unwrap();
-        }
-        lines.push(("--cpu", s));
+}
+
+/// Calls whose ring record was reserved and never committed.
+fn unfinished_line(m: &TraceMeta) -> String {
+    // With --graph the ring holds returns too: what an uncommitted
+    // record was is unknown, so no total of calls can be given.
+    match m.graph {
+        false => format!(
+            "{} calls reserved a record in vmtrace's rings that was never committed (the run \
+             ended while their writer was between the two): their functions are unknown, so \
+             they are not in the counts; {} calls in all",
+            thousands(m.unfinished),
+            thousands(m.events_total + m.unfinished)
+        ),
+        true => format!(
+            "{} records (calls or returns) were reserved in vmtrace's rings and never \
+             committed (the run ended while their writer was between the two): what they \
+             were is unknown, so they are in no count",
+            thousands(m.unfinished)
+        ),
     }
-    let key_w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-    out.push_str("# vmtrace report\n#\n");
-    for (k, v) in lines {
-        writeln!(out, "# {:<key_w$} {v}", format!("{k}:")).unwrap();
+}
+
+/// The vCPUs a `--cpu` report is over, and those it ignored.
+fn cpu_line(report: &Report) -> String {
+    let (m, sel, missing) = (&report.trace.meta, &report.cpus, &report.missing);
+    let mut s = if sel.is_empty() {
+        "none of the requested vCPUs exist".to_string()
+    } else {
+        format!(
+            "{} (counts and shares are over these vCPUs)",
+            format_cpu_list(sel)
+        )
+    };
+    if !missing.is_empty() {
+        write!(
+            s,
+            "; ignored {}: not in this trace (vCPUs 0-{})",
+            format_cpu_list(missing),
+            m.cpus.saturating_sub(1)
+        )
+        .unwrap();
     }
-    out.push_str("#\n");
+    s
 }
 
 /// The function graph's header lines: returns always, the rest when nonzero.

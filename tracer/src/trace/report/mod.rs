@@ -348,18 +348,50 @@ pub struct Report<'t> {
     pub graph_summary: Option<GraphSummary>,
 }
 
+/// Sorts the rows by `sort`.
+fn sort_rows(rows: &mut [Row], sort: Sort) {
+    // Duration orders: longest first, then most calls, then by name.
+    let by_duration = |key: fn(&Durations) -> u64| {
+        move |a: &Row, b: &Row| {
+            let k = |r: &Row| r.durations.as_ref().map_or(0, key);
+            k(b).cmp(&k(a))
+                .then(b.total.cmp(&a.total))
+                .then_with(|| a.name_cmp(b))
+        }
+    };
+    match sort {
+        Sort::Count => rows.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name_cmp(b))),
+        Sort::Name => rows.sort_by(Row::name_cmp),
+        Sort::Cpu => rows.sort_by(|a, b| {
+            b.concentration_cmp(a)
+                .then(b.total.cmp(&a.total))
+                .then_with(|| a.name_cmp(b))
+        }),
+        Sort::Total => rows.sort_by(by_duration(|d| d.total_ns)),
+        Sort::SelfTime => rows.sort_by(by_duration(|d| d.self_ns)),
+        Sort::Avg => rows.sort_by(by_duration(Durations::avg_ns)),
+        Sort::Max => rows.sort_by(by_duration(|d| d.max_ns)),
+    }
+}
+
+/// The vCPUs requested (all when None) that the trace has, and those it
+/// has not; each ascending, without repeats.
+fn selected_cpus(requested: Option<&[u32]>, ncpus: u32) -> (Vec<u32>, Vec<u32>) {
+    match requested {
+        None => ((0..ncpus).collect(), Vec::new()),
+        Some(c) => {
+            let mut c = c.to_vec();
+            c.sort_unstable();
+            c.dedup();
+            c.into_iter().partition(|&cpu| cpu < ncpus)
+        }
+    }
+}
+
 impl<'t> Report<'t> {
     pub fn new(trace: &'t Trace, opts: &ReportOptions) -> Self {
         let ncpus = trace.meta.cpus;
-        let (cpus, missing): (Vec<u32>, Vec<u32>) = match &opts.cpus {
-            None => ((0..ncpus).collect(), Vec::new()),
-            Some(c) => {
-                let mut c = c.clone();
-                c.sort_unstable();
-                c.dedup();
-                c.into_iter().partition(|&cpu| cpu < ncpus)
-            }
-        };
+        let (cpus, missing) = selected_cpus(opts.cpus.as_deref(), ncpus);
         let filtered = opts.cpus.is_some();
         let returns_stored = trace.events.iter().filter(|e| e.is_return()).count() as u64;
         let entries_stored = trace.events.len() as u64 - returns_stored;
@@ -415,28 +447,7 @@ impl<'t> Report<'t> {
                 }
             })
             .partition(|r| r.total > 0);
-        // Duration orders: longest first, then most calls, then by name.
-        let by_duration = |key: fn(&Durations) -> u64| {
-            move |a: &Row, b: &Row| {
-                let k = |r: &Row| r.durations.as_ref().map_or(0, key);
-                k(b).cmp(&k(a))
-                    .then(b.total.cmp(&a.total))
-                    .then_with(|| a.name_cmp(b))
-            }
-        };
-        match opts.sort {
-            Sort::Count => rows.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name_cmp(b))),
-            Sort::Name => rows.sort_by(Row::name_cmp),
-            Sort::Cpu => rows.sort_by(|a, b| {
-                b.concentration_cmp(a)
-                    .then(b.total.cmp(&a.total))
-                    .then_with(|| a.name_cmp(b))
-            }),
-            Sort::Total => rows.sort_by(by_duration(|d| d.total_ns)),
-            Sort::SelfTime => rows.sort_by(by_duration(|d| d.self_ns)),
-            Sort::Avg => rows.sort_by(by_duration(Durations::avg_ns)),
-            Sort::Max => rows.sort_by(by_duration(|d| d.max_ns)),
-        }
+        sort_rows(&mut rows, opts.sort);
         uncalled.sort_by(Row::name_cmp);
         Report {
             trace,

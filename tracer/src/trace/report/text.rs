@@ -142,6 +142,13 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
             call_graph(&mut out, row, width);
         }
     }
+    footer(&mut out, report, hidden, opts.percent_limit);
+    out
+}
+
+/// What the table does not show: no call at all, rows under
+/// `--percent-limit` (`hidden` of them), traced functions not called.
+fn footer(out: &mut String, report: &Report, hidden: usize, percent_limit: Option<f64>) {
     let on = if report.filtered {
         " on the selected vCPUs"
     } else {
@@ -159,7 +166,7 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
         writeln!(
             out,
             "#\n# {hidden} called {n} hidden: under {}% of the calls (--percent-limit)",
-            opts.percent_limit.unwrap_or(0.0)
+            percent_limit.unwrap_or(0.0)
         )
         .unwrap();
     }
@@ -172,7 +179,6 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
         };
         writeln!(out, "#\n# {uncalled} traced {n} not called{on}").unwrap();
     }
-    out
 }
 
 /// The duration columns of a function-graph trace: returns, total, self,
