@@ -33,8 +33,8 @@ use serde_json::{json, Map, Value};
 
 use crate::kernel::symbols::Symbol;
 use crate::trace::graph::{End, Graph};
-use crate::trace::model::Trace;
-use crate::trace::report::{escape, Caller, Report, ReportOptions};
+use crate::trace::model::{Trace, TraceMeta};
+use crate::trace::report::{escape, Caller, Report, ReportOptions, Row};
 
 /// The `schema` field of the JSON report.
 pub const SCHEMA_ID: &str = "vmtrace-report/1";
@@ -49,48 +49,7 @@ pub fn to_json(trace: &Trace) -> Value {
     let report = Report::new(trace, &ReportOptions::whole_trace());
     let functions: Vec<Value> = report
         .functions()
-        .map(|row| {
-            let f = row.func;
-            let per_cpu: Map<String, Value> = report
-                .cpus
-                .iter()
-                .zip(&row.per_cpu)
-                .map(|(c, &n)| (c.to_string(), Value::from(n)))
-                .collect();
-            let callers: Vec<Value> = row
-                .callers
-                .iter()
-                .map(|c| match c.caller {
-                    Caller::Known(s) => json!({ "name": s.name, "count": c.count }),
-                    Caller::Unknown(ip) => {
-                        json!({ "name": "[unknown]", "addr": format!("{ip:#x}"), "count": c.count })
-                    }
-                })
-                .collect();
-            let mut v = json!({
-                "name": f.name,
-                "addr": format!("{:#x}", f.addr),
-                "size": f.size,
-                "count": row.total,
-                "per_cpu": per_cpu,
-                "callers": callers,
-            });
-            if let Some(d) = row.durations {
-                for (k, n) in [
-                    ("returns", row.returns),
-                    ("returned", d.returned),
-                    ("not_returned", row.not_returned),
-                    ("total_ns", d.total_ns),
-                    ("self_ns", d.self_ns),
-                    ("min_ns", d.min_ns),
-                    ("max_ns", d.max_ns),
-                    ("avg_ns", d.avg_ns()),
-                ] {
-                    v[k] = n.into();
-                }
-            }
-            v
-        })
+        .map(|row| function_json(&report, row))
         .collect();
     let mut doc = json!({
         "schema": SCHEMA_ID,
@@ -118,8 +77,59 @@ pub fn to_json(trace: &Trace) -> Value {
         "mode": (!m.mode.is_empty()).then_some(&m.mode),
         "trap_exits": m.trap_exits,
     });
-    // Present only when there is something to say: older readers (and the
-    // golden files) see the same document as before.
+    optional_json(&mut doc, trace, &report);
+    doc
+}
+
+/// One function of the JSON report: its counts, callers and (function
+/// graph) durations.
+fn function_json(report: &Report, row: &Row) -> Value {
+    let f = row.func;
+    let per_cpu: Map<String, Value> = report
+        .cpus
+        .iter()
+        .zip(&row.per_cpu)
+        .map(|(c, &n)| (c.to_string(), Value::from(n)))
+        .collect();
+    let callers: Vec<Value> = row
+        .callers
+        .iter()
+        .map(|c| match c.caller {
+            Caller::Known(s) => json!({ "name": s.name, "count": c.count }),
+            Caller::Unknown(ip) => {
+                json!({ "name": "[unknown]", "addr": format!("{ip:#x}"), "count": c.count })
+            }
+        })
+        .collect();
+    let mut v = json!({
+        "name": f.name,
+        "addr": format!("{:#x}", f.addr),
+        "size": f.size,
+        "count": row.total,
+        "per_cpu": per_cpu,
+        "callers": callers,
+    });
+    if let Some(d) = row.durations {
+        for (k, n) in [
+            ("returns", row.returns),
+            ("returned", d.returned),
+            ("not_returned", row.not_returned),
+            ("total_ns", d.total_ns),
+            ("self_ns", d.self_ns),
+            ("min_ns", d.min_ns),
+            ("max_ns", d.max_ns),
+            ("avg_ns", d.avg_ns()),
+        ] {
+            v[k] = n.into();
+        }
+    }
+    v
+}
+
+/// The JSON report's fields present only when there is something to say:
+/// older readers (and the golden files) see the same document as before.
+fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
+    let m = &trace.meta;
     if !m.lost.is_empty() {
         doc["lost"] = json!(m.lost);
     }
@@ -167,7 +177,6 @@ pub fn to_json(trace: &Trace) -> Value {
             "tsc_khz": m.tsc_khz,
         });
     }
-    doc
 }
 
 /// Writes [`to_json`], pretty-printed, with a final newline.
@@ -285,6 +294,40 @@ fn json_str(s: &str) -> String {
 pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     let m = &trace.meta;
+    chrome_metadata(&mut w, m)?;
+    let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
+    let mut callers = CallerNames::default();
+    let mut entries_stored = 0u64;
+    let mut graph_data = String::new();
+    if m.graph {
+        (entries_stored, graph_data) = chrome_frames(&mut w, trace, &names, &mut callers)?;
+    } else {
+        for e in trace.events.iter().filter(|e| !e.is_return()) {
+            let Some(name) = names.get(e.func as usize) else {
+                continue;
+            };
+            entries_stored += 1;
+            write!(
+                w,
+                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
+                since_attach(e.ts_ns, m.attach_ns),
+                u64::from(e.cpu) + 1
+            )?;
+            callers.write(&mut w, trace, e.parent)?;
+            w.write_all(b"}}")?;
+        }
+    }
+    write!(
+        w,
+        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"events\":{},\"events_stored\":{entries_stored},\"dropped\":{}{graph_data}}}}}\n",
+        m.events_total, m.events_dropped
+    )?;
+    w.flush()
+}
+
+/// The Chrome trace's metadata events: the process (and its dropped
+/// events), one thread per vCPU.
+fn chrome_metadata(w: &mut impl Write, m: &TraceMeta) -> io::Result<()> {
     w.write_all(b"{\"traceEvents\":[\n")?;
     write!(
         w,
@@ -307,91 +350,78 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
              ,\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"sort_index\":{cpu}}}}}"
         )?;
     }
-    let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
-    let mut callers = CallerNames::default();
-    // µs since the attach, with ns precision.
-    let since_attach = |ts: u64| {
-        let rel = ts as i128 - m.attach_ns as i128;
-        let sign = if rel < 0 { "-" } else { "" };
-        let rel = rel.unsigned_abs();
-        format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
-    };
-    let mut entries_stored = 0u64;
-    let mut graph_data = String::new();
-    if m.graph {
-        let report = Report::new(trace, &ReportOptions::default());
-        let g = report.graph.as_ref().expect("a graph trace has a graph");
-        for f in &g.frames {
-            let name = names.get(f.func as usize).map_or("\"?\"", String::as_str);
-            let ts = since_attach(f.entry_ns);
-            let tid = u64::from(f.cpu) + 1;
-            match f.end {
-                End::Returned { ts_ns, cpu } => {
-                    let dur = ts_ns.saturating_sub(f.entry_ns);
-                    write!(
-                        w,
-                        ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":",
-                        dur / 1000,
-                        dur % 1000
-                    )?;
-                    callers.write(&mut w, trace, f.caller)?;
-                    if cpu != f.cpu {
-                        write!(w, ",\"return_cpu\":{cpu}")?;
-                    }
-                }
-                end => {
-                    write!(
-                        w,
-                        ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":"
-                    )?;
-                    callers.write(&mut w, trace, f.caller)?;
-                    let end = match end {
-                        End::Abandoned => "abandoned",
-                        End::Lost => "lost",
-                        End::Unhooked => "unhooked",
-                        _ => "running",
-                    };
-                    write!(w, ",\"end\":\"{end}\"")?;
+    Ok(())
+}
+
+/// µs from the attach to `ts` (ns), with ns precision.
+fn since_attach(ts: u64, attach_ns: u64) -> String {
+    let rel = ts as i128 - attach_ns as i128;
+    let sign = if rel < 0 { "-" } else { "" };
+    let rel = rel.unsigned_abs();
+    format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
+}
+
+/// A function-graph trace's calls as Chrome events: complete events for
+/// those that returned, instant ones for the others. Returns the stored
+/// entries and the graph's summary for `otherData`.
+fn chrome_frames(
+    w: &mut impl Write,
+    trace: &Trace,
+    names: &[String],
+    callers: &mut CallerNames,
+) -> io::Result<(u64, String)> {
+    let report = Report::new(trace, &ReportOptions::default());
+    let g = report.graph.as_ref().expect("a graph trace has a graph");
+    for f in &g.frames {
+        let name = names.get(f.func as usize).map_or("\"?\"", String::as_str);
+        let ts = since_attach(f.entry_ns, trace.meta.attach_ns);
+        let tid = u64::from(f.cpu) + 1;
+        match f.end {
+            End::Returned { ts_ns, cpu } => {
+                let dur = ts_ns.saturating_sub(f.entry_ns);
+                write!(
+                    w,
+                    ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":",
+                    dur / 1000,
+                    dur % 1000
+                )?;
+                callers.write(w, trace, f.caller)?;
+                if cpu != f.cpu {
+                    write!(w, ",\"return_cpu\":{cpu}")?;
                 }
             }
-            w.write_all(b"}}")?;
+            end => {
+                write!(
+                    w,
+                    ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":"
+                )?;
+                callers.write(w, trace, f.caller)?;
+                let end = match end {
+                    End::Abandoned => "abandoned",
+                    End::Lost => "lost",
+                    End::Unhooked => "unhooked",
+                    _ => "running",
+                };
+                write!(w, ",\"end\":\"{end}\"")?;
+            }
         }
-        entries_stored = report.entries_stored;
-        if let Some(s) = &report.graph_summary {
-            graph_data = format!(
-                ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"lost_returns\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
-                s.returns,
-                s.returns_stored,
-                s.returns_dropped,
-                s.abandoned,
-                s.lost,
-                s.running,
-                s.unhooked,
-                s.unmatched_returns
-            );
-        }
-    } else {
-        for e in trace.events.iter().filter(|e| !e.is_return()) {
-            let Some(name) = names.get(e.func as usize) else {
-                continue;
-            };
-            entries_stored += 1;
-            write!(
-                w,
-                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
-                since_attach(e.ts_ns),
-                u64::from(e.cpu) + 1
-            )?;
-            callers.write(&mut w, trace, e.parent)?;
-            w.write_all(b"}}")?;
-        }
+        w.write_all(b"}}")?;
     }
-    write!(
-        w,
-        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"events\":{},\"events_stored\":{entries_stored},\"dropped\":{}{graph_data}}}}}\n",
-        m.events_total, m.events_dropped
-    )?;
-    w.flush()
+    let mut graph_data = String::new();
+    if let Some(s) = &report.graph_summary {
+        graph_data = format!(
+            ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"lost_returns\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
+            s.returns,
+            s.returns_stored,
+            s.returns_dropped,
+            s.abandoned,
+            s.lost,
+            s.running,
+            s.unhooked,
+            s.unmatched_returns
+        );
+    }
+    Ok((report.entries_stored, graph_data))
 }
 
 /// Callers' names as JSON strings, each quoted once.
