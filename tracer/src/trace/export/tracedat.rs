@@ -384,6 +384,19 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
         .map(|p| (p.data.len() / PAGE_SIZE) as u64)
         .sum();
 
+    let h = file_header(trace, &pages)?;
+    w.write_all(&h)?;
+    for p in &pages {
+        w.write_all(&p.data)?;
+    }
+    w.flush()?;
+    Ok(written)
+}
+
+/// Everything before the CPU data: the headers, event formats, kallsyms,
+/// options and the offsets of each CPU's pages, padded to a page.
+fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
+    let cpus = trace.meta.cpus;
     let mut h: Vec<u8> = Vec::with_capacity(PAGE_SIZE);
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(b"tracing");
@@ -438,7 +451,7 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
     // offsets table (16 bytes a CPU) and the clock come first.
     let table_end = h.len() + 16 * cpus as usize + 8 + TRACE_CLOCK.len();
     let mut offset = table_end.next_multiple_of(PAGE_SIZE) as u64;
-    for p in &pages {
+    for p in pages {
         let size = p.data.len() as u64;
         h.extend_from_slice(&offset.to_le_bytes());
         h.extend_from_slice(&size.to_le_bytes());
@@ -448,12 +461,7 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
     // (trace-input.c, init_data_v6).
     put_text64(&mut h, TRACE_CLOCK);
     h.resize(h.len().next_multiple_of(PAGE_SIZE), 0);
-    w.write_all(&h)?;
-    for p in &pages {
-        w.write_all(&p.data)?;
-    }
-    w.flush()?;
-    Ok(written)
+    Ok(h)
 }
 
 /// Appends `u64` length and `text`.
