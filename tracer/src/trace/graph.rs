@@ -193,28 +193,7 @@ impl Graph {
             }
             g.end_unwound(stack, &slots, e, slot);
             if e.is_return() {
-                let Some(&top) = stack.last() else {
-                    g.unmatched_returns += 1;
-                    continue;
-                };
-                if slots[top as usize] != slot {
-                    g.unmatched_returns += 1;
-                    continue;
-                }
-                stack.pop();
-                let f = &mut g.frames[top as usize];
-                if f.func != e.func {
-                    g.mismatched_returns += 1;
-                }
-                f.end = End::Returned {
-                    ts_ns: e.ts_ns,
-                    cpu: e.cpu,
-                };
-                let total = f.total_ns().unwrap_or(0);
-                if let Some(p) = f.parent {
-                    let p = &mut g.frames[p as usize];
-                    p.child_ns = p.child_ns.saturating_add(total);
-                }
+                g.end_returned(stack, &slots, e, slot);
             } else {
                 let index = g.frames.len() as u32;
                 let parent = stack.last().copied();
@@ -239,6 +218,33 @@ impl Graph {
         }
         g.end_lost(trace);
         g
+    }
+
+    /// Ends the frame a return event `e` at `slot` returns from: the
+    /// innermost live frame of `stack`, if it is at that slot.
+    fn end_returned(&mut self, stack: &mut Vec<u32>, slots: &[u64], e: &Event, slot: u64) {
+        let Some(&top) = stack.last() else {
+            self.unmatched_returns += 1;
+            return;
+        };
+        if slots[top as usize] != slot {
+            self.unmatched_returns += 1;
+            return;
+        }
+        stack.pop();
+        let f = &mut self.frames[top as usize];
+        if f.func != e.func {
+            self.mismatched_returns += 1;
+        }
+        f.end = End::Returned {
+            ts_ns: e.ts_ns,
+            cpu: e.cpu,
+        };
+        let total = f.total_ns().unwrap_or(0);
+        if let Some(p) = f.parent {
+            let p = &mut self.frames[p as usize];
+            p.child_ns = p.child_ns.saturating_add(total);
+        }
     }
 
     /// Ends, as abandoned, the live frames of `stack` that event `e` at

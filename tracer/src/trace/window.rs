@@ -14,7 +14,7 @@
 //! return is inside shows as an unmatched return, and a call inside whose
 //! return is after it as running at detach.
 
-use crate::trace::model::Trace;
+use crate::trace::model::{Event, Trace, TraceMeta};
 use crate::trace::report::{duration, format_cpu_list};
 
 /// What to keep of a trace.
@@ -117,15 +117,8 @@ pub fn parse_time(s: &str) -> Result<(Option<u64>, Option<u64>), String> {
     }
 }
 
-/// The part of `trace` inside `window` (see the module's documentation):
-/// its stored events, counts and returns recomputed from them, no dropped
-/// events, and attach / detach narrowed to the window. The facts of the run
-/// (sites, attach pause, mode, trap exits, TSC rate) are kept as they were.
-/// A whole window returns the trace unchanged.
-pub fn restrict(trace: &Trace, window: &Window) -> Trace {
-    if window.is_whole() {
-        return trace.clone();
-    }
+/// The stored events of `trace` inside `window`, of known functions.
+fn events_inside(trace: &Trace, window: &Window) -> Vec<Event> {
     let m = &trace.meta;
     let (start, end) = window.time.unwrap_or((None, None));
     let cpus = window.cpus.as_ref().map(|c| {
@@ -148,6 +141,42 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
         .filter(|e| (e.func as usize) < nfunc && on_cpu(e.cpu) && inside(e.ts_ns))
         .copied()
         .collect();
+    events
+}
+
+/// What the restricted trace's stop reason adds: the window, and what the
+/// whole trace did not store.
+fn window_note(window: &Window, m: &TraceMeta) -> String {
+    let mut note = format!(
+        "window: {}; counts are of its stored events",
+        window.describe()
+    );
+    if m.events_dropped > 0 || m.returns_dropped > 0 {
+        note.push_str(&format!(
+            " (the whole trace did not store {} of its {} entries",
+            m.events_dropped, m.events_total
+        ));
+        if m.returns_dropped > 0 {
+            note.push_str(&format!(" and {} returns", m.returns_dropped));
+        }
+        note.push(')');
+    }
+    note
+}
+
+/// The part of `trace` inside `window` (see the module's documentation):
+/// its stored events, counts and returns recomputed from them, no dropped
+/// events, and attach / detach narrowed to the window. The facts of the run
+/// (sites, attach pause, mode, trap exits, TSC rate) are kept as they were.
+/// A whole window returns the trace unchanged.
+pub fn restrict(trace: &Trace, window: &Window) -> Trace {
+    if window.is_whole() {
+        return trace.clone();
+    }
+    let m = &trace.meta;
+    let (start, end) = window.time.unwrap_or((None, None));
+    let nfunc = trace.functions.len();
+    let events = events_inside(trace, window);
 
     let with_returns = m.graph || !trace.returns.is_empty();
     let ncpus = m.cpus as usize;
@@ -180,20 +209,7 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
     let duration = m.detach_ns.saturating_sub(m.attach_ns);
     let from = start.map_or(0, |s| s.min(duration));
     let to = end.map_or(duration, |e| e.min(duration)).max(from);
-    let mut note = format!(
-        "window: {}; counts are of its stored events",
-        window.describe()
-    );
-    if m.events_dropped > 0 || m.returns_dropped > 0 {
-        note.push_str(&format!(
-            " (the whole trace did not store {} of its {} entries",
-            m.events_dropped, m.events_total
-        ));
-        if m.returns_dropped > 0 {
-            note.push_str(&format!(" and {} returns", m.returns_dropped));
-        }
-        note.push(')');
-    }
+    let note = window_note(window, m);
     let mut meta = m.clone();
     meta.attach_ns = m.attach_ns.saturating_add(from);
     meta.detach_ns = m.attach_ns.saturating_add(to);
