@@ -11,9 +11,11 @@ use std::time::Duration;
 use object::{Object, ObjectSection};
 
 use crate::kernel::kallsyms::{self, KallsymsEntry, KallsymsError};
+use crate::kernel::payload::Compression;
 use crate::kernel::sites::{classify, site_function, SiteKind, FENTRY, SITE_LEN};
 use crate::kernel::symbols::{
-    group_aliases, index_sections, Indexed, KernelImage, Symbol, SymbolError, MCOUNT_ENTRY_SIZE,
+    group_aliases, index_sections, FileSection, Indexed, KernelImage, Symbol, SymbolError,
+    MCOUNT_ENTRY_SIZE,
 };
 
 /// The section kallsyms is emitted into (scripts/kallsyms.c).
@@ -60,41 +62,13 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
     let payload = crate::kernel::payload::extract(path)?;
     let compression = payload.compression;
     let bytes = payload.elf;
-    let elf_err = |source| {
-        PayloadSymbolError::Elf(SymbolError::Malformed {
-            path: path.to_owned(),
-            source,
-        })
-    };
-    let file = object::File::parse(&*bytes).map_err(elf_err)?;
-    let build_id = file.build_id().map_err(elf_err)?.map(<[u8]>::to_vec);
-    let (sections, _) =
-        index_sections(&file, path, bytes.len()).map_err(PayloadSymbolError::Elf)?;
-    // A section's place in the file: offset, length, virtual address (in
-    // the file: index_sections checked every allocated section).
-    let section = |name: &str| {
-        let s = file.section_by_name(name)?;
-        let (offset, size) = s.file_range()?;
-        Some((
-            usize::try_from(offset).ok()?,
-            usize::try_from(size).ok()?,
-            s.address(),
-        ))
-    };
-    let no_kallsyms = |source| PayloadSymbolError::NoKallsyms {
-        path: path.to_owned(),
-        compression,
-        source,
-    };
-    let rodata = section(KALLSYMS_SECTION)
-        .and_then(|(offset, len, va)| Some((bytes.get(offset..offset.checked_add(len)?)?, va)));
-    let (rodata, rodata_va) = rodata.ok_or_else(|| no_kallsyms(KallsymsError::NoTokenTable))?;
-    let table = kallsyms::find(rodata, rodata_va).map_err(no_kallsyms)?;
-    let mcount_section = section(MCOUNT_SECTION);
-    let section_text = file
-        .section_by_name(".text")
-        .map(|s| (s.address(), s.address().saturating_add(s.size())));
-    drop(file);
+    let ElfFacts {
+        build_id,
+        sections,
+        table,
+        mcount_section,
+        section_text,
+    } = read_elf(path, &bytes, compression)?;
 
     let (symbols, functions, aliases) = index_kallsyms(&table.entries);
     if functions.is_empty() {
@@ -142,6 +116,68 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
         mcount_loc: (start, stop),
     };
     Ok((image, info))
+}
+
+/// What the payload's ELF gives besides its bytes.
+struct ElfFacts {
+    build_id: Option<Vec<u8>>,
+    sections: Vec<FileSection>,
+    table: kallsyms::Kallsyms,
+    /// `MCOUNT_SECTION`'s (file offset, length, virtual address).
+    mcount_section: Option<(usize, usize, u64)>,
+    /// `.text`'s bounds, if the kallsyms have none.
+    section_text: Option<(u64, u64)>,
+}
+
+/// Parses the payload's ELF `bytes`: its build id, sections, kallsyms and
+/// where its `__mcount_loc` table may be.
+fn read_elf(
+    path: &Path,
+    bytes: &[u8],
+    compression: Compression,
+) -> Result<ElfFacts, PayloadSymbolError> {
+    let elf_err = |source| {
+        PayloadSymbolError::Elf(SymbolError::Malformed {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let file = object::File::parse(bytes).map_err(elf_err)?;
+    let build_id = file.build_id().map_err(elf_err)?.map(<[u8]>::to_vec);
+    let (sections, _) =
+        index_sections(&file, path, bytes.len()).map_err(PayloadSymbolError::Elf)?;
+    // A section's place in the file: offset, length, virtual address (in
+    // the file: index_sections checked every allocated section).
+    let section = |name: &str| {
+        let s = file.section_by_name(name)?;
+        let (offset, size) = s.file_range()?;
+        Some((
+            usize::try_from(offset).ok()?,
+            usize::try_from(size).ok()?,
+            s.address(),
+        ))
+    };
+    let no_kallsyms = |source| PayloadSymbolError::NoKallsyms {
+        path: path.to_owned(),
+        compression,
+        source,
+    };
+    let rodata = section(KALLSYMS_SECTION)
+        .and_then(|(offset, len, va)| Some((bytes.get(offset..offset.checked_add(len)?)?, va)));
+    let (rodata, rodata_va) = rodata.ok_or_else(|| no_kallsyms(KallsymsError::NoTokenTable))?;
+    let table = kallsyms::find(rodata, rodata_va).map_err(no_kallsyms)?;
+    let mcount_section = section(MCOUNT_SECTION);
+    let section_text = file
+        .section_by_name(".text")
+        .map(|s| (s.address(), s.address().saturating_add(s.size())));
+    drop(file);
+    Ok(ElfFacts {
+        build_id,
+        sections,
+        table,
+        mcount_section,
+        section_text,
+    })
 }
 
 /// The text section bounds the linker script defines (they are text
