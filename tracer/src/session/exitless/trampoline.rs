@@ -394,53 +394,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         ));
     }
     let sites = layout.sites;
-    // `jmp rel32` to the kernel's return thunk, from anywhere in the code
-    // (iced would turn a jump beyond rel32 into an indirect one).
-    if let Some(thunk) = spec.ret.thunk {
-        let reach = |va: u64| i32::try_from(thunk.wrapping_sub(va) as i64).is_ok();
-        if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
-            return Err(TrampolineError::ThunkOutOfReach(thunk));
-        }
-    }
-    // `imul r10, r10, imm32`: the ring size must be a positive imm32.
-    let ring_bytes = i32::try_from(layout.ring_bytes)
-        .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
-    // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
-    // below 2^31.
-    if !layout.cap.is_power_of_two() {
-        return Err(layout_error(
-            layout,
-            "a capacity that is not a power of two",
-        ));
-    }
-    const _: () = assert!(RECORD_LEN.is_power_of_two());
-    let slot_mask = layout
-        .cap
-        .checked_mul(RECORD_LEN)
-        .and_then(|b| u32::try_from(b - 1).ok())
-        .filter(|&m| i32::try_from(m).is_ok())
-        .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
-    // The stubs' `mov r11d, k + 1` and the drop counters' index.
-    if u32::try_from(sites).is_err() {
-        return Err(layout_error(layout, "more sites than a u32"));
-    }
-    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    let fields = Fields {
-        cpu_number_disp: spec.cpu_number_disp,
-        ret: spec.ret,
-        locked: spec.preemptible,
-        ring_bytes,
-        slot_mask,
-        head: ring_disp(layout, HEAD_OFF)?,
-        limit: ring_disp(layout, LIMIT_OFF)?,
-        // Indexed by k + 1: 8 below the first counter.
-        drops: ring_disp(layout, DROPS_OFF - 8)?,
-        ret_drops: ring_disp(layout, layout.ret_drops_off() - 8)?,
-        rec_commit: rec(REC_COMMIT)?,
-        rec_tsc: rec(REC_TSC)?,
-        rec_parent: rec(REC_PARENT)?,
-        rec_slot: rec(REC_SLOT)?,
-    };
+    let fields = checked_fields(spec)?;
 
     let assemble = |source| TrampolineError::Assemble { sites, source };
     let mut a = CodeAssembler::new(64).map_err(assemble)?;
@@ -448,33 +402,15 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut ret_common = a.create_label();
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
 
-    (|| -> Result<(), IcedError> {
-        if shape == Shape::PerSite {
-            for k in 0..sites {
-                let mut body = a.create_label();
-                emit_site_body(&mut a, &fields, &mut body, k as u32)?;
-                stubs.push(body);
-            }
-            return Ok(());
-        }
-        if layout.graph {
-            graph_code::emit_entry(&mut a, &fields, &mut common)?;
-            graph_code::emit_return(&mut a, &fields, &mut ret_common)?;
-        } else {
-            emit_entry(&mut a, &fields, &mut common)?;
-        }
-        for k in 0..sites {
-            let mut stub = a.create_label();
-            a.set_label(&mut stub)?;
-            // r11d = this site's index + 1, its records' commit word (r11 is
-            // scratch at a function entry).
-            a.mov(r11d, k as u32 + 1)?;
-            // Into the common part.
-            a.jmp(common)?;
-            stubs.push(stub);
-        }
-        Ok(())
-    })()
+    emit_code(
+        &mut a,
+        &fields,
+        shape,
+        layout.graph,
+        [&mut common, &mut ret_common],
+        &mut stubs,
+        sites,
+    )
     .map_err(assemble)?;
 
     let result = a
@@ -511,16 +447,10 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
             why: format!("{} instructions, not {want}", common_path.len()),
         });
     }
-    let mut return_path = Vec::new();
-    if let Some(ret_common) = ret_common {
-        let ret_va = CODE_VA + u64::from(ret_common);
-        let ret_stubs = graph_code::return_stubs(ret_va).map_err(assemble)?;
-        code.resize(RETURN_TRAP_OFF as usize, INT3);
-        code.extend_from_slice(&crate::session::patch::RETURN_TRAP);
-        code.resize(RET_STUBS_OFF as usize, INT3);
-        code.extend_from_slice(&ret_stubs);
-        return_path = walk_common_path(&code, RET_STUBS_VA)?;
-    }
+    let return_path = match ret_common {
+        Some(ret_common) => append_return_stubs(&mut code, ret_common, sites)?,
+        None => Vec::new(),
+    };
     Ok(Trampoline {
         code,
         shape,
@@ -531,6 +461,117 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         return_path,
         locked: spec.preemptible,
     })
+}
+
+/// The displacements and immediates the code uses, once `spec`'s layout is
+/// checked to fit them.
+fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
+    let layout = &spec.layout;
+    let sites = layout.sites;
+    // `jmp rel32` to the kernel's return thunk, from anywhere in the code
+    // (iced would turn a jump beyond rel32 into an indirect one).
+    if let Some(thunk) = spec.ret.thunk {
+        let reach = |va: u64| i32::try_from(thunk.wrapping_sub(va) as i64).is_ok();
+        if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
+            return Err(TrampolineError::ThunkOutOfReach(thunk));
+        }
+    }
+    // `imul r10, r10, imm32`: the ring size must be a positive imm32.
+    let ring_bytes = i32::try_from(layout.ring_bytes)
+        .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
+    // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
+    // below 2^31.
+    if !layout.cap.is_power_of_two() {
+        return Err(layout_error(
+            layout,
+            "a capacity that is not a power of two",
+        ));
+    }
+    const _: () = assert!(RECORD_LEN.is_power_of_two());
+    let slot_mask = layout
+        .cap
+        .checked_mul(RECORD_LEN)
+        .and_then(|b| u32::try_from(b - 1).ok())
+        .filter(|&m| i32::try_from(m).is_ok())
+        .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
+    // The stubs' `mov r11d, k + 1` and the drop counters' index.
+    if u32::try_from(sites).is_err() {
+        return Err(layout_error(layout, "more sites than a u32"));
+    }
+    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
+    Ok(Fields {
+        cpu_number_disp: spec.cpu_number_disp,
+        ret: spec.ret,
+        locked: spec.preemptible,
+        ring_bytes,
+        slot_mask,
+        head: ring_disp(layout, HEAD_OFF)?,
+        limit: ring_disp(layout, LIMIT_OFF)?,
+        // Indexed by k + 1: 8 below the first counter.
+        drops: ring_disp(layout, DROPS_OFF - 8)?,
+        ret_drops: ring_disp(layout, layout.ret_drops_off() - 8)?,
+        rec_commit: rec(REC_COMMIT)?,
+        rec_tsc: rec(REC_TSC)?,
+        rec_parent: rec(REC_PARENT)?,
+        rec_slot: rec(REC_SLOT)?,
+    })
+}
+
+/// Emits the code of `shape`: a body per site, or the shared body (and with
+/// the graph the shared return path) and a stub per site. Labels the shared
+/// entry and return (`common`), and each site's entry (`stubs`).
+fn emit_code(
+    a: &mut CodeAssembler,
+    fields: &Fields,
+    shape: Shape,
+    graph: bool,
+    [common, ret_common]: [&mut CodeLabel; 2],
+    stubs: &mut Vec<CodeLabel>,
+    sites: usize,
+) -> Result<(), IcedError> {
+    if shape == Shape::PerSite {
+        for k in 0..sites {
+            let mut body = a.create_label();
+            emit_site_body(a, fields, &mut body, k as u32)?;
+            stubs.push(body);
+        }
+        return Ok(());
+    }
+    if graph {
+        graph_code::emit_entry(a, fields, common)?;
+        graph_code::emit_return(a, fields, ret_common)?;
+    } else {
+        emit_entry(a, fields, common)?;
+    }
+    for k in 0..sites {
+        let mut stub = a.create_label();
+        a.set_label(&mut stub)?;
+        // r11d = this site's index + 1, its records' commit word (r11 is
+        // scratch at a function entry).
+        a.mov(r11d, k as u32 + 1)?;
+        // Into the common part.
+        a.jmp(*common)?;
+        stubs.push(stub);
+    }
+    Ok(())
+}
+
+/// Appends the function graph's return trap and the frames' return stubs
+/// (into the shared return path at `ret_common`) at the end of the page;
+/// returns the return path's instructions.
+fn append_return_stubs(
+    code: &mut Vec<u8>,
+    ret_common: u32,
+    sites: usize,
+) -> Result<Vec<Instruction>, TrampolineError> {
+    let assemble = |source| TrampolineError::Assemble { sites, source };
+    let ret_va = CODE_VA + u64::from(ret_common);
+    let ret_stubs = graph_code::return_stubs(ret_va).map_err(assemble)?;
+    code.resize(RETURN_TRAP_OFF as usize, INT3);
+    code.extend_from_slice(&crate::session::patch::RETURN_TRAP);
+    code.resize(RET_STUBS_OFF as usize, INT3);
+    code.extend_from_slice(&ret_stubs);
+    walk_common_path(code, RET_STUBS_VA)
 }
 
 /// The length of every per-site body, which must be one: `site_return_slot`
