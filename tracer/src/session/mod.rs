@@ -372,6 +372,48 @@ impl Tracer {
         })
     }
 
+    /// Where `__fentry__` runs, and what to do with sites still calling it.
+    fn call_sites(&self, off: KernelOffset) -> (Option<u64>, CallSites) {
+        let fentry = self
+            .plan
+            .image
+            .symbol(crate::kernel::sites::FENTRY)
+            .map(|s| off.runtime(s.addr));
+        // Linux converts its own sites in ftrace_init: one still holding
+        // `call __fentry__` must wait for it (also when `ftrace_enabled` is
+        // unknown, as with symbols from kallsyms); a kernel that does not
+        // (the mini guest) has its calls patched.
+        let calls = match (self.plan.ftrace_enabled, self.plan.image.linux) {
+            (None, false) => CallSites::Patch,
+            _ => CallSites::Wait,
+        };
+        (fentry, calls)
+    }
+
+    /// Readies exitless mode's staged code for the kernel found at `off`
+    /// and checks the vCPUs' `cpu_number`s, writing nothing the guest can
+    /// reach; says why the guest is not ready, if it is not.
+    fn prepare_exitless(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        off: KernelOffset,
+        gs_bases: &[(usize, u64)],
+    ) -> Result<Option<NotReady>, TracerError> {
+        let Some(ex) = self.exitless.as_mut() else {
+            return Ok(None);
+        };
+        let per_cpu_offset = self
+            .plan
+            .image
+            .symbol(crate::session::exitless::state::PER_CPU_OFFSET)
+            .map(|s| off.runtime(s.addr));
+        if ex.resolve(space, &self.plan.image, off)? == Resolved::AlternativesPending {
+            return Ok(Some(NotReady::AlternativesPending));
+        }
+        ex.check_cpu_numbers(space, gs_bases, per_cpu_offset)?;
+        Ok(None)
+    }
+
     /// Patch every target site, if the guest is ready. The guest is paused
     /// by the caller; all writes happen in this one window. When the guest's
     /// own ftrace_init has not finished (its `ftrace_enabled` is 0, or any
@@ -409,33 +451,13 @@ impl Tracer {
             }
         }
         patch::verify_image(&mut space, &self.plan.image, addrs, off.virt)?;
-        let fentry = self
-            .plan
-            .image
-            .symbol(crate::kernel::sites::FENTRY)
-            .map(|s| off.runtime(s.addr));
-        // Linux converts its own sites in ftrace_init: one still holding
-        // `call __fentry__` must wait for it (also when `ftrace_enabled` is
-        // unknown, as with symbols from kallsyms); a kernel that does not
-        // (the mini guest) has its calls patched.
-        let calls = match (self.plan.ftrace_enabled, self.plan.image.linux) {
-            (None, false) => CallSites::Patch,
-            _ => CallSites::Wait,
-        };
+        let (fentry, calls) = self.call_sites(off);
         // Every check before the first write: a guest found not ready is
         // resumed exactly as it was (no site, no page-table entry, nothing
         // the guest can reach changed; `resolve` may rewrite vmtrace's staged
         // code, still unmapped, once, for the kernel it found).
-        if let Some(ex) = self.exitless.as_mut() {
-            let per_cpu_offset = self
-                .plan
-                .image
-                .symbol(crate::session::exitless::state::PER_CPU_OFFSET)
-                .map(|s| off.runtime(s.addr));
-            if ex.resolve(&mut space, &self.plan.image, off)? == Resolved::AlternativesPending {
-                return Ok(Attach::NotReady(NotReady::AlternativesPending));
-            }
-            ex.check_cpu_numbers(&mut space, &gs_bases, per_cpu_offset)?;
+        if let Some(not_ready) = self.prepare_exitless(&mut space, off, &gs_bases)? {
+            return Ok(Attach::NotReady(not_ready));
         }
         // Exitless events are dated by the guest's clock: none, no attach.
         let clock = match self.exitless {

@@ -1,6 +1,9 @@
-//! The trampoline's code as text, for listings and error messages.
+//! The trampoline's code decoded: the path a call runs, and instructions
+//! as text for listings and error messages.
 
-use iced_x86::{Formatter, Instruction, IntelFormatter};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, Instruction, IntelFormatter};
+
+use super::layout::CODE_VA;
 
 /// One instruction as `address  mnemonic operands`, Intel syntax, 0x hex.
 pub fn format_instruction(instruction: &Instruction) -> String {
@@ -16,4 +19,59 @@ pub fn format_instruction(instruction: &Instruction) -> String {
     let mut text = String::new();
     formatter.format(instruction, &mut text);
     format!("{:016x}  {text}", instruction.ip())
+}
+
+/// Most instructions the common path may take before the walk that lists it
+/// gives up (it is straight-line code; this only bounds a broken one).
+const WALK_LIMIT: usize = 64;
+
+/// Where the walk of a path went wrong, and why.
+#[derive(Debug)]
+pub struct BrokenPath {
+    pub va: u64,
+    pub why: String,
+}
+
+/// The instructions a recorded call executes from `start` in `code` (placed
+/// at `CODE_VA`), decoded in execution order: every conditional branch falls
+/// through (no retry, ring not full, CPU in range), unconditional jumps and
+/// calls in the code are followed, and the walk ends with the `ret`, or with
+/// the jump out of the code to the kernel's return thunk (`ret`).
+pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, BrokenPath> {
+    let broken = |va: u64, why: String| BrokenPath { va, why };
+    let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
+    let mut path = Vec::new();
+    let mut ip = start;
+    while path.len() < WALK_LIMIT {
+        let position = ip
+            .checked_sub(CODE_VA)
+            .map(|p| p as usize)
+            .filter(|&p| p < code.len())
+            .ok_or_else(|| broken(ip, "the path leaves the code".into()))?;
+        decoder
+            .set_position(position)
+            .map_err(|e| broken(ip, e.to_string()))?;
+        decoder.set_ip(ip);
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            return Err(broken(ip, "an invalid instruction".into()));
+        }
+        path.push(instruction);
+        let inside = |va: u64| va >= CODE_VA && va < CODE_VA + code.len() as u64;
+        ip = match instruction.flow_control() {
+            FlowControl::Return => return Ok(path),
+            FlowControl::UnconditionalBranch if !inside(instruction.near_branch_target()) => {
+                return Ok(path)
+            }
+            FlowControl::UnconditionalBranch | FlowControl::Call => {
+                instruction.near_branch_target()
+            }
+            FlowControl::Next | FlowControl::ConditionalBranch => instruction.next_ip(),
+            other => return Err(broken(ip, format!("unexpected control flow {other:?}"))),
+        };
+    }
+    Err(broken(
+        start,
+        format!("no ret within {WALK_LIMIT} instructions"),
+    ))
 }

@@ -103,7 +103,7 @@ use iced_x86::{
 };
 
 use super::body::{emit_entry, emit_site_body, Fields};
-use super::disasm::format_instruction;
+use super::disasm::{format_instruction, walk_common_path, BrokenPath};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
@@ -131,10 +131,6 @@ pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 41;
 /// return stub to the `ret` into the caller (`call; mov [rsp], rcx; ret`
 /// at its end, as ftrace's return_to_handler).
 pub const GRAPH_RETURN_INSTRUCTIONS: usize = 30;
-
-/// Most instructions the common path may take before the walk that lists it
-/// gives up (it is straight-line code; this only bounds a broken one).
-const WALK_LIMIT: usize = 64;
 
 /// How the sites reach the code that records them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,6 +205,12 @@ pub enum TrampolineError {
         #[source]
         source: IcedError,
     },
+}
+
+impl From<BrokenPath> for TrampolineError {
+    fn from(BrokenPath { va, why }: BrokenPath) -> Self {
+        TrampolineError::BrokenPath { va, why }
+    }
 }
 
 /// The generated code, to be copied to `CODE_GPA` and run at `CODE_VA`.
@@ -571,7 +573,7 @@ fn append_return_stubs(
     code.extend_from_slice(&crate::session::patch::RETURN_TRAP);
     code.resize(RET_STUBS_OFF as usize, INT3);
     code.extend_from_slice(&ret_stubs);
-    walk_common_path(code, RET_STUBS_VA)
+    Ok(walk_common_path(code, RET_STUBS_VA)?)
 }
 
 /// The length of every per-site body, which must be one: `site_return_slot`
@@ -599,50 +601,6 @@ fn body_len(starts: &[u32], code_len: usize) -> Result<u32, TrampolineError> {
         }),
         None => Ok(len),
     }
-}
-
-/// The instructions a recorded call executes from `start` in `code` (placed
-/// at `CODE_VA`), decoded in execution order: every conditional branch falls
-/// through (no retry, ring not full, CPU in range), unconditional jumps and
-/// calls in the code are followed, and the walk ends with the `ret`, or with
-/// the jump out of the code to the kernel's return thunk (`ret`).
-pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, TrampolineError> {
-    let broken = |va: u64, why: String| TrampolineError::BrokenPath { va, why };
-    let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
-    let mut path = Vec::new();
-    let mut ip = start;
-    while path.len() < WALK_LIMIT {
-        let position = ip
-            .checked_sub(CODE_VA)
-            .map(|p| p as usize)
-            .filter(|&p| p < code.len())
-            .ok_or_else(|| broken(ip, "the path leaves the code".into()))?;
-        decoder
-            .set_position(position)
-            .map_err(|e| broken(ip, e.to_string()))?;
-        decoder.set_ip(ip);
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            return Err(broken(ip, "an invalid instruction".into()));
-        }
-        path.push(instruction);
-        let inside = |va: u64| va >= CODE_VA && va < CODE_VA + code.len() as u64;
-        ip = match instruction.flow_control() {
-            FlowControl::Return => return Ok(path),
-            FlowControl::UnconditionalBranch if !inside(instruction.near_branch_target()) => {
-                return Ok(path)
-            }
-            FlowControl::UnconditionalBranch | FlowControl::Call => {
-                instruction.near_branch_target()
-            }
-            FlowControl::Next | FlowControl::ConditionalBranch => instruction.next_ip(),
-            other => return Err(broken(ip, format!("unexpected control flow {other:?}"))),
-        };
-    }
-    Err(broken(
-        start,
-        format!("no ret within {WALK_LIMIT} instructions"),
-    ))
 }
 
 /// The 5 bytes that replace the NOP of the site at `site_va`: `call rel32`

@@ -68,15 +68,7 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
     let width = opts.width;
     let shown_total = report.total();
     let share = |row: &Row| 100.0 * row.total as f64 / shown_total as f64;
-    let rows: Cow<[Row]> = match opts.percent_limit {
-        Some(limit) => report
-            .rows
-            .iter()
-            .filter(|r| share(r) >= limit)
-            .cloned()
-            .collect(),
-        None => Cow::Borrowed(&report.rows),
-    };
+    let rows = shown_rows(report, opts.percent_limit);
     let hidden = report.rows.len() - rows.len();
     let rows = &rows[..];
 
@@ -144,6 +136,21 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
     }
     footer(&mut out, report, hidden, opts.percent_limit);
     out
+}
+
+/// The rows with at least `percent_limit`% of the calls (all without one).
+fn shown_rows<'r, 't>(report: &'r Report<'t>, percent_limit: Option<f64>) -> Cow<'r, [Row<'t>]> {
+    let total = report.total();
+    let share = |row: &Row| 100.0 * row.total as f64 / total as f64;
+    match percent_limit {
+        Some(limit) => report
+            .rows
+            .iter()
+            .filter(|r| share(r) >= limit)
+            .cloned()
+            .collect(),
+        None => Cow::Borrowed(&report.rows),
+    }
 }
 
 /// What the table does not show: no call at all, rows under
