@@ -18,20 +18,59 @@ const MAX_FILE_LINES: usize = 650;
 /// when an entry no longer matches anything: remove it then.
 ///
 /// Import loops, keyed by their files, sorted, joined by ` `.
-const ALLOWED_LOOPS: &[(&str, &str)] = &[(
-    "src/config/run.rs src/config/symbols.rs",
-    "the lead rewrites src/config/ for issue 23 item 1",
-)];
+const ALLOWED_LOOPS: &[(&str, &str)] = &[
+    (
+        "src/config/run.rs src/config/symbols.rs",
+        "the lead rewrites src/config/ for issue 23 item 1",
+    ),
+    (
+        "src/config/mod.rs src/error.rs",
+        "the lead rewrites src/config/ and the CLI's errors for issue 23 item 1",
+    ),
+    (
+        "tracer/src/plan/mod.rs tracer/src/session/mod.rs",
+        "Plan::new returns session's TracerError: the plan stage gets its own errors in \
+         the lead's rewrite (issue 23 item 1)",
+    ),
+];
 
 /// Long functions, keyed `file fn name`. These have no `Long:` comment
 /// because their files are being rewritten (issue 23): empty this list then.
-const ALLOWED_LONG_FNS: &[(&str, &str)] = &[];
+const ALLOWED_LONG_FNS: &[(&str, &str)] = &[
+    ("src/bench/measure/calls.rs call_costs", BENCH),
+    ("src/bench/measure/exitless.rs exitless_costs", BENCH),
+    ("src/bench/measure/exitless.rs run_phases", BENCH),
+    ("src/bench/measure/mod.rs attach_scaling", BENCH),
+    ("src/bench/measure/record.rs stream", BENCH),
+    ("src/bench/results/exitless.rs write", BENCH),
+    ("src/bench/results.rs goals", BENCH),
+    ("src/cmd/bench.rs main", BENCH),
+    ("src/cmd/run.rs traced", CLI),
+    ("src/cmd/run.rs trace_loop", CLI),
+    ("src/config/run.rs check", CLI),
+];
 
 /// Files over MAX_FILE_LINES before their tests.
-const ALLOWED_LONG_FILES: &[(&str, &str)] = &[];
+const ALLOWED_LONG_FILES: &[(&str, &str)] =
+    &[("src/bench/results.rs", BENCH), ("src/cmd/run.rs", CLI)];
 
 /// Type names defined twice, and module names used in two crates.
-const ALLOWED_DUPLICATES: &[(&str, &str)] = &[];
+const ALLOWED_DUPLICATES: &[(&str, &str)] = &[
+    (
+        "DataFile",
+        "src/config/output.rs's goes in the lead's rewrite of src/config/ (issue 23 item 1)",
+    ),
+    (
+        "mod layout",
+        "exitless's layout places its code and rings inside the private slot of vmm's \
+         guest memory map: a part of it, named within exitless/",
+    ),
+];
+
+/// Issue 23's rewrite of the bench (`vmtrace bench`, item 5).
+const BENCH: &str = "the bench is being rewritten (issue 23 item 5)";
+/// Issue 23's move of the plan and session out of the CLI.
+const CLI: &str = "the lead moves the plan and the session into the library (issue 23 item 1)";
 
 // ---------------------------------------------------------------- lexer
 
@@ -413,11 +452,15 @@ fn load(path: &Path, krate: &'static Crate) -> File {
         .to_string_lossy()
         .replace('\\', "/");
     let in_src = path.strip_prefix(root().join(krate.src)).unwrap();
-    let module = module_of(in_src, krate);
-    let toks = lex(&src);
+    parse(rel, krate.name, module_of(in_src, krate), &src)
+}
+
+/// A file of `krate` at `path` holding module `module`, from its text.
+fn parse(path: String, krate: &'static str, module: Vec<String>, src: &str) -> File {
+    let toks = lex(src);
     let mut f = File {
-        path: rel,
-        krate: krate.name,
+        path,
+        krate,
         module,
         lines: src.lines().count(),
         test: vec![false; toks.len()],
@@ -527,7 +570,12 @@ fn workspace() -> Vec<File> {
         rs_files(&root().join(krate.src), &mut paths);
         files.extend(paths.iter().map(|p| load(p, krate)));
     }
-    // Files declared as `#[cfg(test)] mod x;` are test code all through.
+    mark_test_files(&mut files);
+    files
+}
+
+/// Files declared as `#[cfg(test)] mod x;` are test code all through.
+fn mark_test_files(files: &mut [File]) {
     let test_files: BTreeSet<(&str, Vec<String>)> = files
         .iter()
         .flat_map(|f| {
@@ -538,7 +586,7 @@ fn workspace() -> Vec<File> {
             })
         })
         .collect();
-    for f in &mut files {
+    for f in files.iter_mut() {
         let under_test =
             (1..=f.module.len()).any(|n| test_files.contains(&(f.krate, f.module[..n].to_vec())));
         if under_test {
@@ -546,7 +594,6 @@ fn workspace() -> Vec<File> {
             f.test.iter_mut().for_each(|x| *x = true);
         }
     }
-    files
 }
 
 // ---------------------------------------------------------------- (a) import loops
@@ -1132,4 +1179,125 @@ fn allow_lists_name_what_is_there() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------- the checker's own tests
+
+/// Files of crate `tracer` from (path under tracer/src, text).
+fn synthetic(files: &[(&str, &str)]) -> Vec<File> {
+    let krate = &CRATES[2];
+    let mut out: Vec<File> = files
+        .iter()
+        .map(|&(p, src)| {
+            let module = module_of(Path::new(p), krate);
+            parse(format!("tracer/src/{p}"), krate.name, module, src)
+        })
+        .collect();
+    mark_test_files(&mut out);
+    out
+}
+
+#[test]
+fn checker_finds_loops_but_not_a_parent_using_its_children() {
+    let files = synthetic(&[
+        ("lib.rs", "pub mod a; pub mod b; pub mod p;"),
+        ("a.rs", "use crate::b::B;\npub struct A;"),
+        // A path in code, through `super`, to a sibling's item.
+        ("b.rs", "pub struct B;\nfn f() { let _ = super::a::A; }"),
+        // A parent naming its children, and children naming their parent.
+        (
+            "p/mod.rs",
+            "mod c;\nuse self::c::C;\npub fn g() { c::h(); }",
+        ),
+        ("p/c.rs", "use super::g;\npub struct C;\npub fn h() {}"),
+        // A test module's imports are not the module's.
+        (
+            "p/d.rs",
+            "#[cfg(test)]\nmod tests {\n    use crate::a::A;\n}",
+        ),
+    ]);
+    let problems = import_loop_problems(&files);
+    let msgs: Vec<&str> = problems.iter().map(|p| p.msg.as_str()).collect();
+    assert_eq!(
+        msgs,
+        ["import loop: tracer/src/a.rs -> tracer/src/b.rs -> tracer/src/a.rs"]
+    );
+    assert_eq!(problems[0].key, "tracer/src/a.rs tracer/src/b.rs");
+}
+
+#[test]
+fn checker_counts_function_lines_past_strings_comments_and_tests() {
+    let body = |n: usize| "    let _ = 1;\n".repeat(n);
+    let src = format!(
+        "pub fn short() {{\n{}}}\n\
+         /// Docs.\n#[inline]\npub(crate) fn long() {{\n    let _ = r#\"}}\"#;\n    let _ = '{{';\n    \
+         /* }} /* }} */ */\n    let _x: &'static str = \"}}\";\n{}}}\n\
+         // Long: one table, read top to bottom.\nfn excused() {{\n{}}}\n\
+         #[cfg(test)]\nmod tests {{\n    fn in_tests() {{\n{}    }}\n}}\n",
+        body(78),
+        body(81),
+        body(90),
+        body(90)
+    );
+    let files = synthetic(&[("lib.rs", &src)]);
+    let fns = functions(&files[0]);
+    let found: Vec<(&str, usize, bool)> = fns
+        .iter()
+        .map(|(n, _, l, ok)| (n.as_str(), *l, *ok))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("short", 80, false),
+            ("long", 87, false),
+            ("excused", 92, true)
+        ]
+    );
+    let problems = long_fn_problems(&files);
+    assert_eq!(
+        problems.len(),
+        1,
+        "{:?}",
+        problems.iter().map(|p| &p.msg).collect::<Vec<_>>()
+    );
+    assert_eq!(problems[0].key, "tracer/src/lib.rs long");
+    // The file's lines end before its tests.
+    assert_eq!(files[0].test_mod_line, Some(src.lines().count() - 94));
+}
+
+#[test]
+fn checker_finds_types_and_modules_named_twice() {
+    let files = vec![
+        parse(
+            "vmm/src/payload.rs".into(),
+            "vmm",
+            vec!["payload".into()],
+            "pub struct Payload;",
+        ),
+        parse(
+            "tracer/src/payload.rs".into(),
+            "tracer",
+            vec!["payload".into()],
+            "use vmm::payload::Payload;\npub struct Payload;",
+        ),
+    ];
+    let mut msgs: Vec<String> = duplicate_problems(&files)
+        .into_iter()
+        .map(|p| p.msg)
+        .collect();
+    msgs.sort();
+    assert_eq!(
+        msgs,
+        [
+            "duplicate module payload: tracer/src/payload.rs names vmm's vmm/src/payload.rs \
+             (`vmm::payload::Payload`)"
+                .to_string(),
+            "duplicate module payload: vmm/src/payload.rs and tracer/src/payload.rs both define \
+             Payload"
+                .to_string(),
+            "duplicate type name Payload: struct in vmm/src/payload.rs, struct in \
+             tracer/src/payload.rs"
+                .to_string(),
+        ]
+    );
 }
