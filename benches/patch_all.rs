@@ -11,7 +11,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use tracer::kernel::sites::{SiteTable, FENTRY};
 use tracer::kernel::symbols::KernelImage;
-use tracer::session::patch::{self, Attached, CallSites};
+use tracer::session::patch::{self, Attempt, CallSites};
 use vmm::gva::{AddressSpace, PagingMode};
 
 /// Guest RAM for the image (its segments end below 27 MiB).
@@ -41,7 +41,7 @@ fn patch_all(c: &mut Criterion) {
             let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
             // The image never ran: its sites still call __fentry__.
             let attached = patch::attach(&mut map, fentry, &addrs, CallSites::Patch).unwrap();
-            let Attached::Patched { sites, skipped } = attached else {
+            let Attempt::Patched { sites, skipped } = attached else {
                 panic!("not patched: {attached:?}");
             };
             assert_eq!((sites.len(), skipped), (addrs.len(), 0));

@@ -33,24 +33,8 @@ use tracer::trace::{export, report};
 
 use crate::cli::{ExportFormat, Format};
 use crate::config::{Export, Output, View};
-use crate::datafile;
+use crate::datafile::{self, Streamed};
 use crate::error::RuntimeError;
-
-/// The data file a run streamed (`cmd::run`): written to its end, or why
-/// not.
-pub type Streamed = Result<Written, RuntimeError>;
-
-/// A data file written while the guest ran.
-pub struct Written {
-    pub path: std::path::PathBuf,
-    /// Calls in the file (the report's events), returns in it (a
-    /// function-graph trace), and events counted but not stored.
-    pub events: u64,
-    pub returns: Option<u64>,
-    pub unstored: u64,
-    /// Where the previous file went (`record`: FILE.old).
-    pub kept: Option<std::path::PathBuf>,
-}
 
 /// Every output of `out`, in the order above. `streamed`: the data file,
 /// when the run wrote it as it went (then it is not saved again here).

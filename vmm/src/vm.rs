@@ -32,10 +32,6 @@ pub enum VmError {
     Cpus(u64),
     #[error("--mem {0} MiB is out of range; use {min} to {max} MiB", min = layout::MIN_MEM_MIB, max = layout::MAX_MEM_MIB)]
     Mem(u64),
-    #[error(
-        "kernel {0} does not exist; build one with `guest/build.sh mini` or pass --kernel PATH"
-    )]
-    NoKernel(PathBuf),
     #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
     Kvm(kvm_ioctls::Error),
     #[error("KVM_{what} failed: {source}")]
@@ -67,14 +63,52 @@ pub enum VmError {
     },
 }
 
+/// How many vCPUs and how much memory, checked once (`VmSize::new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmSize {
+    cpus: u64,
+    mem_mib: u64,
+}
+
+impl VmSize {
+    pub fn new(cpus: u64, mem_mib: u64) -> Result<VmSize, VmError> {
+        Ok(VmSize {
+            cpus: VmSize::check_cpus(cpus)?,
+            mem_mib: VmSize::check_mem(mem_mib)?,
+        })
+    }
+
+    /// 1 to `MAX_CPUS` vCPUs.
+    pub fn check_cpus(cpus: u64) -> Result<u64, VmError> {
+        if cpus == 0 || cpus > u64::from(MAX_CPUS) {
+            return Err(VmError::Cpus(cpus));
+        }
+        Ok(cpus)
+    }
+
+    /// `MIN_MEM_MIB` to `MAX_MEM_MIB` MiB.
+    pub fn check_mem(mem_mib: u64) -> Result<u64, VmError> {
+        if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&mem_mib) {
+            return Err(VmError::Mem(mem_mib));
+        }
+        Ok(mem_mib)
+    }
+
+    pub fn cpus(self) -> u64 {
+        self.cpus
+    }
+
+    pub fn mem_mib(self) -> u64 {
+        self.mem_mib
+    }
+}
+
 /// What to boot and how.
 pub struct VmConfig {
-    pub kernel: PathBuf,
-    /// What `kernel` is (`KernelKind::detect`, done once by the caller).
-    pub kind: boot::KernelKind,
+    /// The kernel, opened and checked once (by whoever planned the run).
+    pub kernel: boot::KernelFile,
     pub initrd: Option<PathBuf>,
-    pub cpus: u64,
-    pub mem_mib: u64,
+    pub size: VmSize,
     pub cmdline: String,
     pub console: Box<dyn Write + Send>,
     pub timeout: Option<Duration>,
@@ -159,20 +193,12 @@ fn entry_state(vcpu: &VcpuFd, cpu: usize, ncpus: usize, plan: &BootPlan) -> Resu
 impl Vm {
     /// Validate the configuration, then build the whole machine.
     pub fn create(cfg: VmConfig) -> Result<Vm, VmError> {
-        if cfg.cpus == 0 || cfg.cpus > u64::from(MAX_CPUS) {
-            return Err(VmError::Cpus(cfg.cpus));
-        }
-        if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&cfg.mem_mib) {
-            return Err(VmError::Mem(cfg.mem_mib));
-        }
-        if !cfg.kernel.exists() {
-            return Err(VmError::NoKernel(cfg.kernel));
-        }
-        let ncpus = cfg.cpus as usize;
+        let VmSize { cpus, mem_mib } = cfg.size;
+        let ncpus = cpus as usize;
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
-        let mem_size = cfg.mem_mib << 20;
-        let mem = guest_memory(&fd, cfg.mem_mib)?;
+        let mem_size = mem_mib << 20;
+        let mem = guest_memory(&fd, mem_mib)?;
         fd.set_tss_address(layout::KVM_TSS_ADDR as usize)
             .map_err(ioctl("SET_TSS_ADDR"))?;
         fd.create_irq_chip().map_err(ioctl("CREATE_IRQCHIP"))?;
@@ -188,12 +214,11 @@ impl Vm {
 
         let plan = boot::load_kernel(
             &mem,
-            cfg.kind,
             &cfg.kernel,
             cfg.initrd.as_deref(),
             &cfg.cmdline,
             mem_size,
-            cfg.cpus as u8,
+            cpus as u8,
         )?;
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)

@@ -198,9 +198,9 @@ pub enum CallSites {
     Wait,
 }
 
-/// The outcome of one attach attempt.
+/// The outcome of one attach attempt (`attach`).
 #[derive(Debug)]
-pub enum Attached {
+pub enum Attempt {
     /// Every site that held a NOP (or a call, with `CallSites::Patch`) now
     /// holds the trap; `skipped` held something else or was unmapped.
     Patched {
@@ -292,7 +292,7 @@ pub fn attach(
     fentry: Option<u64>,
     sites: &[u64],
     calls: CallSites,
-) -> Result<Attached, PatchError> {
+) -> Result<Attempt, PatchError> {
     attach_with(space, fentry, sites, calls, |_, _| Ok(TRAP))
 }
 
@@ -304,13 +304,13 @@ pub fn attach_with(
     sites: &[u64],
     calls: CallSites,
     with: impl Fn(usize, u64) -> Result<[u8; SITE_LEN], PatchError>,
-) -> Result<Attached, PatchError> {
+) -> Result<Attempt, PatchError> {
     match survey(space, fentry, sites, calls)? {
         Survey::Ready(s) => {
             let (sites, skipped) = write(space.memory(), s, with)?;
-            Ok(Attached::Patched { sites, skipped })
+            Ok(Attempt::Patched { sites, skipped })
         }
-        Survey::GuestNotReady { calls, first } => Ok(Attached::GuestNotReady { calls, first }),
+        Survey::GuestNotReady { calls, first } => Ok(Attempt::GuestNotReady { calls, first }),
     }
 }
 
@@ -448,7 +448,7 @@ mod tests {
         mem.write_slice(&NOP5, GuestAddress(phys + 0xffe)).unwrap();
         let sites = [base, base + 0x100, base + 0xffe];
         let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
-        let Attached::Patched {
+        let Attempt::Patched {
             sites: patched,
             skipped,
         } = attach(&mut map, None, &sites, CallSites::Wait).unwrap()
@@ -490,7 +490,7 @@ mod tests {
         let sites = [base, base + 0x200];
         let mut map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
         match attach(&mut map, Some(fentry), &sites, CallSites::Wait).unwrap() {
-            Attached::GuestNotReady { calls, first } => {
+            Attempt::GuestNotReady { calls, first } => {
                 assert_eq!((calls, first), (1, base + 0x200))
             }
             other => panic!("attached while ftrace_init was converting: {other:?}"),
@@ -506,7 +506,7 @@ mod tests {
 
         // A guest without ftrace_init (CallSites::Patch): both patched, and
         // the call comes back on detach.
-        let Attached::Patched { sites: p, skipped } =
+        let Attempt::Patched { sites: p, skipped } =
             attach(&mut map, Some(fentry), &sites, CallSites::Patch).unwrap()
         else {
             panic!("CallSites::Patch never waits");
