@@ -43,7 +43,7 @@ pub enum Command {
     Script(ScriptArgs),
     /// List the traceable functions of a kernel (no guest is booted).
     List(ListArgs),
-    /// Measure the cost of tracing on the mini guest.
+    /// Measure the cost of tracing (`vmtrace bench list`: the benches).
     Bench(BenchArgs),
 }
 
@@ -320,6 +320,14 @@ fn parse_export(s: &str) -> Result<ExportArg, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Benches to run: a name (`call/trap`), a collection (`call`: all its
+    /// benches) or an old letter (`a`); `list` lists them; none, or `all`:
+    /// every bench but boot/ftrace (which runs with --linux-boots N).
+    #[arg(value_name = "BENCH")]
+    pub names: Vec<String>,
+    /// List the benches: name, goal, figure and unit, what each needs.
+    #[arg(long)]
+    pub list: bool,
     /// The mini guest (default: guest/out/mini.elf, built if missing).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
@@ -356,9 +364,9 @@ pub struct BenchArgs {
     /// recording-to-disk figure (h).
     #[arg(long, default_value_t = 100_000_000, value_name = "N")]
     pub record_events: u64,
-    /// Measure only (f) and (g), whose instruction and call counts do not
-    /// depend on the host's timing (and (i) with --linux-boots): not
-    /// (a)-(e), (h) or the report figure.
+    /// Measure only call/exitless and call/graph (f, g), whose instruction
+    /// and call counts do not depend on the host's timing (and boot/ftrace
+    /// with --linux-boots); the other benches are said not measured.
     #[arg(long)]
     pub counts_only: bool,
 }

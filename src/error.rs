@@ -226,6 +226,19 @@ pub enum InputError {
     BuildFailed,
     #[error("vmlinux {} does not exist; build it with `bash guest/build.sh linux`", .0.display())]
     VmlinuxMissing(PathBuf),
+    /// A name `vmtrace bench` does not know.
+    #[error(
+        "no bench `{name}`; the benches: {names} (`vmtrace bench list` says what each measures)"
+    )]
+    UnknownBench { name: String, names: String },
+    #[error("`vmtrace bench list` lists the benches; give `list` (or --list) alone, without bench names")]
+    BenchListWithNames,
+    #[error("--counts-only chooses the benches itself (call/exitless, call/graph); name benches or give --counts-only, not both")]
+    CountsOnlyNamed,
+    #[error("bench attach/scaling needs a Linux vmlinux, and {} does not exist; build it with `bash guest/build.sh linux`, or pass --vmlinux PATH", .0.display())]
+    BenchNeedsVmlinux(PathBuf),
+    #[error("bench boot/ftrace boots the Linux guest N times in each of 5 configurations: give --linux-boots N")]
+    BenchNeedsBoots,
     /// `vmtrace bench --linux-boots N` without the Linux guest to boot.
     #[error("--linux-boots boots the Linux guest: its {what} {} does not exist; build it with `bash guest/build.sh linux`", path.display())]
     LinuxGuestMissing { what: &'static str, path: PathBuf },
