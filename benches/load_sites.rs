@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::sites::SiteTable;
-use tracer::symbols::KernelImage;
+use tracer::kernel::sites::SiteTable;
+use tracer::kernel::symbols::KernelImage;
 
 fn load_sites(c: &mut Criterion) {
     let Some(vmlinux) = common::vmlinux() else {

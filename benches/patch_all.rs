@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::patch::{self, Attached, CallSites};
-use tracer::sites::{SiteTable, FENTRY};
-use tracer::symbols::KernelImage;
+use tracer::kernel::sites::{SiteTable, FENTRY};
+use tracer::kernel::symbols::KernelImage;
+use tracer::session::patch::{self, Attached, CallSites};
 use vmm::gva::{AddressSpace, PagingMode};
 
 /// Guest RAM for the image (its segments end below 27 MiB).

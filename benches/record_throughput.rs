@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tracer::record::{self, SiteIndex};
+use tracer::session::record::{self, SiteIndex};
 use vm_memory::{Bytes, GuestAddress};
 use vmm::gva::PagingMode;
 use vmm::{Trap, TrapHandler};
@@ -50,7 +50,7 @@ fn record_throughput(c: &mut Criterion) {
                         Arc::clone(&index),
                         n,
                         u64::MAX,
-                        tracer::store::Storage::Memory,
+                        tracer::session::store::Storage::Memory,
                         Arc::new(Vec::new()),
                     );
                     let barrier = Barrier::new(n + 1);
@@ -80,7 +80,9 @@ fn record_throughput(c: &mut Criterion) {
                     })
                     .elapsed();
                     total += elapsed;
-                    let tracer::store::Stored::Memory(events) = store.thread.join().unwrap() else {
+                    let tracer::session::store::Stored::Memory(events) =
+                        store.thread.join().unwrap()
+                    else {
                         panic!("kept in memory")
                     };
                     assert_eq!(events.len() as u64, PER_THREAD * n as u64);

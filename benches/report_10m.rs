@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::report::{self, ReportOptions};
+use tracer::trace::report::{self, ReportOptions};
 
 const EVENTS: u64 = 10_000_000;
 
@@ -24,7 +24,7 @@ fn report_10m(c: &mut Criterion) {
         b.iter(|| report::render(&trace, &opts))
     });
     g.bench_function("json_export", |b| {
-        b.iter(|| tracer::export::write_json(&trace, std::io::sink()).unwrap())
+        b.iter(|| tracer::trace::export::write_json(&trace, std::io::sink()).unwrap())
     });
     g.finish();
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tracer::record::{self, SiteIndex, OUT_LEN};
-use tracer::sites::SITE_LEN;
+use tracer::kernel::sites::SITE_LEN;
+use tracer::session::record::{self, SiteIndex, OUT_LEN};
 use vm_memory::{Bytes, GuestAddress};
 use vmm::gva::PagingMode;
 use vmm::{Trap, TrapHandler};
@@ -48,7 +48,7 @@ fn trap_path(c: &mut Criterion) {
                 Arc::clone(&index),
                 1,
                 u64::MAX,
-                tracer::store::Storage::Memory,
+                tracer::session::store::Storage::Memory,
                 Arc::new(Vec::new()),
             );
             let mut rec = recs.pop().unwrap();
@@ -62,7 +62,8 @@ fn trap_path(c: &mut Criterion) {
             // As the vCPU thread does when it leaves its loop.
             rec.flush();
             drop(rec);
-            let tracer::store::Stored::Memory(events) = store.thread.join().unwrap() else {
+            let tracer::session::store::Stored::Memory(events) = store.thread.join().unwrap()
+            else {
                 panic!("kept in memory")
             };
             assert_eq!(events.len() as u64, iters);

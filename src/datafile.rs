@@ -4,7 +4,7 @@
 //! `record` keeps the previous file of that name as `FILE.old`, as perf
 //! does with `perf.data.old`, so that recording twice never loses the first
 //! trace. Only a regular file is renamed: a symlink's target and a
-//! character device are written by the output rules (`tracer::export::file`)
+//! character device are written by the output rules (`tracer::trace::output_path`)
 //! and stay where they are. An old `FILE.old` that is a regular file is
 //! replaced; anything else there (a directory, a symlink, a device) is left
 //! alone and the record refused before the guest boots.
@@ -13,7 +13,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use tracer::report::thousands;
+use tracer::trace::report::thousands;
 
 use crate::cli::DEFAULT_DATA;
 use crate::error::{InputError, RuntimeError};

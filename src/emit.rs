@@ -8,7 +8,7 @@
 //! so that it ends the run as perf's does. Each output is
 //! written whatever happened to the others; every failure is one line, the
 //! last one the command's error (exit status 1). Files are written by
-//! `tracer::export::file`'s rules (atomically over regular files, into
+//! `tracer::trace::output_path`'s rules (atomically over regular files, into
 //! character devices, nothing else; checked before the run by
 //! `config::output`); a failed write says what was left at the path. A
 //! closed stdout (`vmtrace ... | head -1`) ends the view quietly and the
@@ -27,9 +27,9 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use tracer::export::file::{self, Target};
-use tracer::model::Trace;
-use tracer::{export, report};
+use tracer::trace::model::Trace;
+use tracer::trace::output_path::{self, Target};
+use tracer::trace::{export, report};
 
 use crate::cli::{ExportFormat, Format};
 use crate::config::{Export, Output, View};
@@ -66,7 +66,7 @@ pub fn emit(trace: &Trace, out: &Output, streamed: Option<Streamed>) -> Result<(
     let restricted;
     let exported = match &out.export_window {
         Some(w) if !out.exports.is_empty() => {
-            restricted = tracer::window::restrict(trace, w);
+            restricted = tracer::trace::window::restrict(trace, w);
             &restricted
         }
         _ => trace,
@@ -98,7 +98,7 @@ fn show(trace: &Trace, view: &View) -> Result<(), RuntimeError> {
     let restricted;
     let trace = match &view.window {
         Some(w) => {
-            restricted = tracer::window::restrict(trace, w);
+            restricted = tracer::trace::window::restrict(trace, w);
             &restricted
         }
         None => trace,
@@ -155,7 +155,7 @@ fn closed_pipe_is_fine(r: io::Result<()>) -> io::Result<()> {
 
 fn write_export_file(trace: &Trace, e: &Export, shown: Option<Format>) -> Result<(), RuntimeError> {
     let name = export_name(e.format);
-    match file::write(&e.path, |w| write_export(e.format, trace, w)) {
+    match output_path::write(&e.path, |w| write_export(e.format, trace, w)) {
         Ok(_) => {
             note_dropped(e.format, trace);
             Ok(())
@@ -171,7 +171,7 @@ fn write_export_file(trace: &Trace, e: &Export, shown: Option<Format>) -> Result
 
 /// What a failed write left at `path`, and what the user has all the same.
 fn left_behind(path: &Path, shown: Option<Format>) -> String {
-    let mut note = match file::target(path) {
+    let mut note = match output_path::target(path) {
         Ok(Target::Device(_)) => "what reached the device is incomplete".to_string(),
         _ => "nothing was written there (a file of that name is as it was)".to_string(),
     };

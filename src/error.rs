@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use tracer::session::{NotReady, TracerError};
-use tracer::tracefile::TraceFileError;
+use tracer::trace::datafile::TraceFileError;
 use vmm::boot::BootError;
 use vmm::{StopReason, VmError};
 
@@ -129,7 +129,7 @@ pub enum InputError {
     NoSymbols {
         kernel: PathBuf,
         tried: String,
-        source: Box<tracer::payload::PayloadSymbolError>,
+        source: Box<tracer::kernel::bzimage::PayloadSymbolError>,
     },
     #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {
@@ -266,7 +266,7 @@ pub enum InputError {
     #[error("cannot attach: {0}")]
     NotReady(#[from] NotReady),
     #[error(transparent)]
-    List(#[from] tracer::list::ListError),
+    List(#[from] tracer::kernel::list::ListError),
 }
 
 /// A failure while running: the guest, guest memory, or writing results.

@@ -13,8 +13,8 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tracer::report::thousands;
 use tracer::session::Progress;
+use tracer::trace::report::thousands;
 
 /// A status line is on the terminal (erase it before other output).
 static SHOWN: AtomicBool = AtomicBool::new(false);

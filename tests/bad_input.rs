@@ -512,7 +512,7 @@ fn bzimage_alone_with_an_unknown_compression() {
 #[test]
 fn bzimage_alone_without_kallsyms() {
     let (bz, _) = linux_61();
-    let mut elf = vmm::payload::extract(&bz).unwrap().elf;
+    let mut elf = tracer::kernel::payload::extract(&bz).unwrap().elf;
     let digits = b"0\x001\x002\x003\x004\x005\x006\x007\x008\x009\x00";
     let mut broken = 0;
     while let Some(at) = elf.windows(digits.len()).position(|w| w == digits) {

@@ -286,9 +286,10 @@ fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
 /// then the data file did not keep the unfinished count.)
 #[test]
 fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
-    use tracer::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
-    use tracer::session::{Mode, Plan, Recording, Tracer};
-    use tracer::store::Storage;
+    use tracer::plan::Plan;
+    use tracer::session::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
+    use tracer::session::store::Storage;
+    use tracer::session::{Mode, Recording, Tracer};
     use vm_memory::{Bytes, GuestAddress};
 
     const RING: u64 = 256;
@@ -302,7 +303,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     let rec = Recording {
         max_events: u64::MAX,
         storage: Storage::Stream {
-            file: tracer::tracefile::DataFile::create(&data).unwrap(),
+            file: tracer::trace::datafile::DataFile::create(&data).unwrap(),
             buffer: 64 << 20,
         },
         kernel: kernel.clone(),
@@ -368,7 +369,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     saved.unwrap().unwrap();
     assert_eq!(run.meta.unfinished, 1);
     // Everything below is read back from the data file.
-    let t = tracer::tracefile::load(&data).unwrap();
+    let t = tracer::trace::datafile::load(&data).unwrap();
     let (printed, done) = parse_mini_console(&console.text());
     assert_eq!(done, [0], "{}", console.text());
 
@@ -397,7 +398,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
         "1 calls reserved a record in vmtrace's rings that was never committed (the run ended \
          while their writer was between the two): their functions are unknown, so they are not \
          in the counts; {} calls in all",
-        tracer::report::thousands(calls + 1)
+        tracer::trace::report::thousands(calls + 1)
     );
     assert_eq!(said, Some(want.as_str()), "{text}");
     let json: serde_json::Value =

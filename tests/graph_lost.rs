@@ -10,8 +10,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use tracer::graph::{End, Graph};
-use tracer::model::Trace;
+use tracer::trace::graph::{End, Graph};
+use tracer::trace::model::Trace;
 
 /// Functions of the workload that never return: graph_abandoned (its stack
 /// is unwound past it) and mini_main (it powers the guest off).
@@ -49,7 +49,7 @@ fn run(tag: &str, extra: &[&str]) -> (String, Trace) {
     let err = stderr(&o);
     assert!(o.status.success(), "exit {:?}: {err}", o.status);
     assert!(err.contains("guest powered off (status 0)"), "{err}");
-    let t = tracer::tracefile::load(&out).unwrap();
+    let t = tracer::trace::datafile::load(&out).unwrap();
     std::fs::remove_file(&out).unwrap();
     (stdout(&o), t)
 }
@@ -135,7 +135,8 @@ fn check_lost(tag: &str, extra: &[&str], lost: bool) {
         return;
     }
     // The report says it, apart from the abandoned calls.
-    let report = tracer::report::render(&t, &tracer::report::ReportOptions::default());
+    let report =
+        tracer::trace::report::render(&t, &tracer::trace::report::ReportOptions::default());
     let line = report
         .lines()
         .find(|l| l.starts_with("# not returned:"))
@@ -149,14 +150,15 @@ fn check_lost(tag: &str, extra: &[&str], lost: bool) {
     );
     // The call tree marks each lost call (`/* return lost */`, or on its
     // closing line `} /* NAME, return lost */`).
-    let tree = tracer::report::render_tree(&t, &tracer::report::TreeOptions::default());
+    let tree =
+        tracer::trace::report::render_tree(&t, &tracer::trace::report::TreeOptions::default());
     assert_eq!(
         tree.matches("return lost */").count() as u64,
         g.lost,
         "{tree}"
     );
     let mut json = Vec::new();
-    tracer::export::write_json(&t, &mut json).unwrap();
+    tracer::trace::export::write_json(&t, &mut json).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
     assert_eq!(v["graph"]["lost_returns"].as_u64(), Some(g.lost));
     assert_eq!(v["graph"]["abandoned"].as_u64(), Some(g.abandoned));

@@ -10,9 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use tracer::graph::{End, Frame, Graph};
-use tracer::model::Trace;
-use tracer::session::{Plan, Tracer};
+use tracer::plan::Plan;
+use tracer::session::Tracer;
+use tracer::trace::graph::{End, Frame, Graph};
+use tracer::trace::model::Trace;
 use vm_memory::{Bytes, GuestAddress};
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -73,7 +74,7 @@ fn run(mode: &str, cpus: u32, iters: u64, glob: &str) -> (String, Trace) {
     let err = stderr(&o);
     assert!(o.status.success(), "exit {:?}: {err}", o.status);
     assert!(err.contains("guest powered off (status 0)"), "{err}");
-    let trace = tracer::tracefile::load(&out).unwrap();
+    let trace = tracer::trace::datafile::load(&out).unwrap();
     std::fs::remove_file(&out).unwrap();
     (stdout(&o), trace)
 }

@@ -1,7 +1,7 @@
 //! `--graph` and the guest's own stack unwinder (issue 22): what a guest
 //! stack trace shows while a hooked return is on the stack, and the
 //! functions `--graph` leaves out because the guest unwinds through their
-//! return address (`tracer::hookable`).
+//! return address (`tracer::plan::hookable`).
 
 mod common;
 
@@ -29,16 +29,16 @@ fn graph_refuses_a_function_the_guest_unwinds_through() {
 fn graph_leaves_out_the_functions_the_guest_unwinds_through() {
     let (_, vmlinux) = linux_61();
     let globs = ["__unwind_start,unwind_next_frame,hrtimer_interrupt".to_string()];
-    let mut plan = tracer::session::Plan::new(&vmlinux, &globs, &[]).unwrap();
+    let mut plan = tracer::plan::Plan::new(&vmlinux, &globs, &[]).unwrap();
     let sites = plan.index.addrs.len();
-    let name = |p: &tracer::session::Plan, f: usize| p.image.functions[f].name.clone();
+    let name = |p: &tracer::plan::Plan, f: usize| p.image.functions[f].name.clone();
     let mut before: Vec<String> = plan.funcs.iter().map(|&f| name(&plan, f)).collect();
     before.sort();
     assert_eq!(
         before,
         ["__unwind_start", "hrtimer_interrupt", "unwind_next_frame"]
     );
-    let left_out = tracer::hookable::hook_returns(&mut plan);
+    let left_out = tracer::plan::hookable::hook_returns(&mut plan);
     assert!(plan.graph);
     assert_eq!(left_out, ["__unwind_start"]);
     let mut after: Vec<String> = plan.funcs.iter().map(|&f| name(&plan, f)).collect();
@@ -57,7 +57,7 @@ fn graph_leaves_out_the_functions_the_guest_unwinds_through() {
 fn graph_leaves_out_a_function_by_any_of_its_names() {
     let (_, vmlinux) = linux_61();
     let globs = ["unwind_next_frame,hrtimer_interrupt".to_string()];
-    let mut plan = tracer::session::Plan::new(&vmlinux, &globs, &[]).unwrap();
+    let mut plan = tracer::plan::Plan::new(&vmlinux, &globs, &[]).unwrap();
     let next = plan
         .funcs
         .iter()
@@ -67,7 +67,7 @@ fn graph_leaves_out_a_function_by_any_of_its_names() {
     // As if the kernel had `bpf_throw` at the same address.
     plan.image.aliases.push((next, "bpf_throw".into()));
     plan.image.aliases.sort();
-    let left_out = tracer::hookable::hook_returns(&mut plan);
+    let left_out = tracer::plan::hookable::hook_returns(&mut plan);
     assert_eq!(left_out, ["unwind_next_frame"]);
     let kept: Vec<&str> = plan
         .funcs
@@ -149,19 +149,19 @@ fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
         err.contains("vmtrace: --graph: left out __unwind_start (every ORC unwind of the current task starts in it"),
         "{err}"
     );
-    let t = tracer::tracefile::load(&saved).unwrap();
+    let t = tracer::trace::datafile::load(&saved).unwrap();
     let names: Vec<&str> = t.functions.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["kthread"]);
     let _ = std::fs::remove_file(&saved);
     // Every kthread() call is still running (hooked) at the panic.
-    let g = tracer::graph::Graph::build(&t);
+    let g = tracer::trace::graph::Graph::build(&t);
     let calls: u64 = t.counts[0].iter().sum();
     assert!(calls > 5, "{calls} kernel threads");
     assert_eq!(g.frames.len() as u64, calls);
     assert!(g
         .frames
         .iter()
-        .all(|f| f.end == tracer::graph::End::Running));
+        .all(|f| f.end == tracer::trace::graph::End::Running));
     // The panic's task dump, one block per task (from `task:` on).
     let dump = &text[text.find("Kernel panic - not syncing").unwrap()..];
     let blocks: Vec<&str> = dump.split("task:").skip(1).collect();

@@ -657,8 +657,8 @@ fn linux_record_everything_with_the_graph_bounded() {
     let said = format!(
         "wrote {} ({} events and {} returns",
         data.display(),
-        tracer::report::thousands(stored),
-        tracer::report::thousands(returns)
+        tracer::trace::report::thousands(stored),
+        tracer::trace::report::thousands(returns)
     );
     assert!(err.contains(&said), "expected {said:?} in {err}");
     check_complete(&data, true);

@@ -303,7 +303,7 @@ fn linux_every_function_traced_during_boot() {
 /// the guest stopped, and the guest boots on untroubled.
 #[test]
 fn linux_graph_times_the_timer_path_during_boot() {
-    use tracer::graph::{End, Graph};
+    use tracer::trace::graph::{End, Graph};
     let path = std::env::temp_dir().join(format!(
         "vmtrace-linux-graph-{}.vmtrace",
         std::process::id()
@@ -326,7 +326,7 @@ fn linux_graph_times_the_timer_path_during_boot() {
     );
     let err = stderr(&out);
     check_boot_console(&text, &err, 2);
-    let t = tracer::tracefile::load(&path).unwrap();
+    let t = tracer::trace::datafile::load(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     assert!(t.meta.graph);
     assert_eq!((t.meta.events_dropped, t.meta.returns_dropped), (0, 0));

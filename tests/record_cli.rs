@@ -434,7 +434,7 @@ fn report_and_script_without_a_file_say_how_to_get_one() {
 
 /// `12,345`.
 fn thousands(n: u64) -> String {
-    tracer::report::thousands(n)
+    tracer::trace::report::thousands(n)
 }
 
 /// Per vCPU, the function of each event line, in order: `[CPU]` then, in

@@ -69,8 +69,8 @@ fn trap_graph_says_return_trap_and_record_counts_calls_as_the_report() {
     let said = format!(
         "vmtrace: wrote {} ({} events and {} returns, ",
         data.display(),
-        tracer::report::thousands(events),
-        tracer::report::thousands(returns)
+        tracer::trace::report::thousands(events),
+        tracer::trace::report::thousands(returns)
     );
     assert!(err.contains(&said), "expected {said:?} in {err}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -63,7 +63,7 @@ fn linux_6_12_bzimage_alone_traces_hrtimers_with_its_own_symbols() {
 
     // What the vmlinux says `hrtimer_*` selects: the same functions, by
     // name and address.
-    let plan = tracer::session::Plan::new(&vmlinux, &["hrtimer_*".to_string()], &[]).unwrap();
+    let plan = tracer::plan::Plan::new(&vmlinux, &["hrtimer_*".to_string()], &[]).unwrap();
     let expected: BTreeSet<(String, String)> = plan
         .funcs
         .iter()

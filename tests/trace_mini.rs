@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use tracer::session::{Mode, Plan, Tracer};
+use tracer::plan::Plan;
+use tracer::session::{Mode, Tracer};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 fn phys(va: u64) -> u64 {
@@ -98,7 +99,7 @@ fn callers_are_the_known_parents() {
 /// Per function: the instruction range in which a vCPU has passed the site but
 /// not yet bumped the guest's own counter (the first `add` after the site).
 fn in_flight_ranges(kernel: &Path, funcs: &[&str]) -> Vec<(u64, u64)> {
-    let image = tracer::symbols::KernelImage::load(kernel).unwrap();
+    let image = tracer::kernel::symbols::KernelImage::load(kernel).unwrap();
     funcs
         .iter()
         .map(|f| {
@@ -236,7 +237,7 @@ fn attach_detach_100_times(mode: Mode) {
 
 /// A copy of the mini guest whose function bodies differ from the running one.
 fn mismatched_vmlinux(kernel: &Path) -> PathBuf {
-    let image = tracer::symbols::KernelImage::load(kernel).unwrap();
+    let image = tracer::kernel::symbols::KernelImage::load(kernel).unwrap();
     let data = std::fs::read(kernel).unwrap();
     let obj = object::File::parse(&*data).unwrap();
     use object::{Object, ObjectSection};

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use object::read::elf::{ElfFile64, ProgramHeader};
-use tracer::model::Trace;
+use tracer::trace::model::Trace;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Where the kernel's text is linked (Linux `__START_KERNEL_map` + 16 MiB).

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tracer::report;
+use tracer::trace::report;
 
 use super::measure::{self, HANDLER_TRAPS, PAUSE_VCPUS};
 use super::results::{ftrace, Results};

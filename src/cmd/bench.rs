@@ -27,12 +27,12 @@ pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
     if let Some(path) = &cfg.json {
         let j = results::json(&r, &goals, &run).map_err(RuntimeError::BenchJson)?;
         // Atomically over a regular file, into a device, nothing else.
-        tracer::export::file::write(path, |w| w.write_all(j.as_bytes())).map_err(|source| {
-            RuntimeError::Write {
+        tracer::trace::output_path::write(path, |w| w.write_all(j.as_bytes())).map_err(
+            |source| RuntimeError::Write {
                 path: path.clone(),
                 source,
-            }
-        })?;
+            },
+        )?;
     }
     // The table and the JSON say so too; the run did not do what was asked.
     if let Some(Err(e)) = &r.ftrace {

@@ -1,10 +1,10 @@
 //! `vmtrace list [GLOB...]`: the kernel's functions, traceable or not and
-//! why (`tracer::list`), on stdout; the summary on stderr, so that the list
+//! why (`tracer::kernel::list`), on stdout; the summary on stderr, so that the list
 //! pipes. No guest is booted.
 
-use tracer::list::Listing;
+use tracer::kernel::list::Listing;
+use tracer::kernel::sites::SiteTable;
 use tracer::session::TracerError;
-use tracer::sites::SiteTable;
 
 use crate::cli::ListArgs;
 use crate::config::ListConfig;

@@ -1,7 +1,7 @@
 //! `vmtrace report [FILE]`: the report of a saved trace on stdout, in any
 //! `--format`, and its exports, each of the part `--time`/`--cpu` select.
 
-use tracer::tracefile;
+use tracer::trace::datafile;
 
 use crate::cli::ReportArgs;
 use crate::config::ReportConfig;
@@ -10,7 +10,7 @@ use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
     let cfg = ReportConfig::check(args)?;
-    let trace = tracefile::load(&cfg.input)?;
+    let trace = datafile::load(&cfg.input)?;
     if let Some(what) = cfg.output.graph_view().filter(|_| !trace.meta.graph) {
         return Err(InputError::NoGraph {
             what,

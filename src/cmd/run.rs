@@ -5,9 +5,9 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use tracer::session::store::Storage;
 use tracer::session::{Attach, Recording, Saved, Tracer};
-use tracer::store::Storage;
-use tracer::tracefile::DataFile;
+use tracer::trace::datafile::DataFile;
 use vmm::boot::Protocol;
 use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
@@ -104,7 +104,7 @@ fn stop_names(report: &RunReport, tracer: &Tracer) -> std::collections::HashMap<
 /// vmtrace's own code (a traced call being recorded) is named so, as
 /// `vmtrace's trampoline+0xoffset`: that code is in no kernel symbol.
 fn function_at(tracer: &Tracer, rip: u64) -> Option<String> {
-    use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+    use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
     if tracer.trampoline().is_some() && (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
         return Some(format!("vmtrace's trampoline+{:#x}", rip - CODE_VA));
     }
@@ -224,7 +224,7 @@ fn traced(
         return Err(RuntimeError::NothingTraced(run_report.reason.clone()).into());
     }
     let saved = saved.unwrap_or_else(|| {
-        Err(tracer::tracefile::TraceFileError::Invalid {
+        Err(tracer::trace::datafile::TraceFileError::Invalid {
             path: data.stream.clone(),
             detail: "no data file was written".into(),
         })
@@ -232,7 +232,7 @@ fn traced(
     // The views and exports need the events: read back from the file.
     let needs_events = output.view.is_some() || !output.exports.is_empty();
     let mut trace = match (&saved, needs_events) {
-        (Ok(_), true) => match tracer::tracefile::load(&data.stream) {
+        (Ok(_), true) => match tracer::trace::datafile::load(&data.stream) {
             Ok(t) => t,
             Err(e) => {
                 note!("vmtrace: {e}; the report has the counts only");
@@ -283,8 +283,8 @@ impl Data {
     fn open(asked: Option<&crate::config::DataFile>) -> Result<Data, Error> {
         let device = asked.is_some_and(|d| {
             matches!(
-                tracer::export::file::target(&d.path),
-                Ok(tracer::export::file::Target::Device(_))
+                tracer::trace::output_path::target(&d.path),
+                Ok(tracer::trace::output_path::Target::Device(_))
             )
         });
         // Another run writing the file: refused before anything is moved
@@ -340,8 +340,8 @@ impl Data {
     /// for, the temporary file removed; what to say about it.
     fn finish(
         &self,
-        saved: Result<Saved, tracer::tracefile::TraceFileError>,
-        summary: &tracer::model::Trace,
+        saved: Result<Saved, tracer::trace::datafile::TraceFileError>,
+        summary: &tracer::trace::model::Trace,
     ) -> Option<Streamed> {
         let m = &summary.meta;
         let unstored = m.events_dropped + m.returns_dropped;
@@ -380,8 +380,8 @@ impl Drop for Data {
 /// The file a data file path writes: a symlink's target (two names of one
 /// file share its lock), else the path itself.
 fn lock_target(path: &Path) -> PathBuf {
-    match tracer::export::file::target(path) {
-        Ok(tracer::export::file::Target::File { path, .. }) => path,
+    match tracer::trace::output_path::target(path) {
+        Ok(tracer::trace::output_path::Target::File { path, .. }) => path,
         _ => path.to_path_buf(),
     }
 }
@@ -637,8 +637,8 @@ fn print_kvm_counts(err: &mut impl Write, report: &RunReport) {
 /// Where vmtrace's code page went in the guest: exitless mode's
 /// trampoline and rings (and which ring path the trampoline takes), or the
 /// trap-mode graph's return trap.
-fn mapped_line(tracer: &Tracer, m: tracer::exitless::map::Mapped) -> String {
-    use tracer::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST, RETURN_TRAP_VA};
+fn mapped_line(tracer: &Tracer, m: tracer::session::exitless::map::Mapped) -> String {
+    use tracer::session::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST, RETURN_TRAP_VA};
     let entries = format!(
         "page-directory entries {PD_FIRST}-{}",
         PD_FIRST + PD_COUNT - 1
@@ -702,8 +702,9 @@ mod tests {
     /// addresses keep their function.
     #[test]
     fn a_vcpu_in_vmtraces_own_code_is_named() {
-        use tracer::exitless::layout::{CODE_LEN, CODE_VA};
-        use tracer::session::{Mode, Plan, Recording};
+        use tracer::plan::Plan;
+        use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
+        use tracer::session::{Mode, Recording};
         let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/out/mini.elf");
         let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
         let p = plan();

@@ -1,8 +1,8 @@
 //! `vmtrace script [FILE]`: every stored event of a saved trace on stdout,
-//! one line each (`tracer::export::script`), in time order, as `perf
+//! one line each (`tracer::trace::export::script`), in time order, as `perf
 //! script` prints a perf.data.
 
-use tracer::tracefile;
+use tracer::trace::datafile;
 
 use crate::cli::ScriptArgs;
 use crate::config::ScriptConfig;
@@ -11,13 +11,13 @@ use crate::error::{Error, Outcome};
 
 pub fn main(args: &ScriptArgs) -> Result<Outcome, Error> {
     let cfg = ScriptConfig::check(args)?;
-    let trace = tracefile::load(&cfg.input)?;
+    let trace = datafile::load(&cfg.input)?;
     let trace = match &cfg.window {
-        Some(w) => tracer::window::restrict(&trace, w),
+        Some(w) => tracer::trace::window::restrict(&trace, w),
         None => trace,
     };
     to_stdout("script", |w| {
-        tracer::export::script::write_script(&trace, w)
+        tracer::trace::export::script::write_script(&trace, w)
     })?;
     Ok(Outcome::Clean)
 }

@@ -61,7 +61,7 @@ impl BenchConfig {
         if let Some(path) = &args.json {
             // The output-file rules, now, not after minutes of measuring
             // (and without creating or truncating anything yet).
-            tracer::export::file::check(path).map_err(|source| InputError::Output {
+            tracer::trace::output_path::check(path).map_err(|source| InputError::Output {
                 flag: "--json",
                 path: path.clone(),
                 source,

@@ -2,8 +2,8 @@
 //! symbols found exactly as a traced run finds them (`config::symbols`),
 //! and the globs.
 
+use tracer::kernel::symbols::KernelImage;
 use tracer::session::TracerError;
-use tracer::symbols::KernelImage;
 
 use super::KernelKind;
 use crate::cli::ListArgs;

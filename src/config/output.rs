@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use tracer::export::file::{self, Target};
-use tracer::report::{self, ReportOptions, Sort, TreeOptions};
-use tracer::window::Window;
+use tracer::trace::output_path::{self, Target};
+use tracer::trace::report::{self, ReportOptions, Sort, TreeOptions};
+use tracer::trace::window::Window;
 
 use crate::cli::{ExportArg, ExportFormat, Format, OutputArgs, SortKey, ViewArgs, WindowArgs};
 use crate::error::InputError;
@@ -37,7 +37,7 @@ pub struct View {
     /// `--time` (and `--cpu`): only this part of the trace is shown. The
     /// text report and the tree take `--cpu` alone themselves (in `report`
     /// and `tree`), which keeps their counts exact where a window's are of
-    /// stored events only (`tracer::window`).
+    /// stored events only (`tracer::trace::window`).
     pub window: Option<Window>,
     /// `--time` and `--cpu` as given, for exports of the same part.
     pub asked: Option<Window>,
@@ -305,7 +305,7 @@ pub fn window(args: &WindowArgs) -> Result<Option<Window>, InputError> {
         None => None,
     };
     let time = match &args.time {
-        Some(t) => Some(tracer::window::parse_time(t).map_err(InputError::Time)?),
+        Some(t) => Some(tracer::trace::window::parse_time(t).map_err(InputError::Time)?),
         None => None,
     };
     if time.is_none() && cpus.is_none() {
@@ -325,12 +325,12 @@ pub fn format_name(f: Format) -> &'static str {
     }
 }
 
-/// An output path, before anything runs: one `tracer::export::file` will
+/// An output path, before anything runs: one `tracer::trace::output_path` will
 /// write (a new or regular file, replaced atomically, or a character device
 /// written into; a symlink followed; never a directory, FIFO, socket or
 /// block device), in a writable directory with room for a start.
 pub fn check_path(path: &Path, flag: &'static str) -> Result<Target, InputError> {
-    file::check(path).map_err(|source| InputError::Output {
+    output_path::check(path).map_err(|source| InputError::Output {
         flag,
         path: path.to_path_buf(),
         source,
@@ -362,7 +362,7 @@ enum Identity {
 
 fn identity(path: &Path) -> Option<Identity> {
     use std::os::unix::fs::MetadataExt;
-    match file::target(path).ok()? {
+    match output_path::target(path).ok()? {
         // A device is written into, never replaced: two outputs there
         // (`/dev/null`) clobber nothing.
         Target::Device(_) => None,

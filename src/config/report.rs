@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tracer::window::Window;
+use tracer::trace::window::Window;
 
 use super::output::{self, Export, Output, View};
 use crate::cli::{InputArgs, ReportArgs, ScriptArgs, DEFAULT_DATA};

@@ -6,8 +6,9 @@ use std::io::{LineWriter, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use tracer::exitless::state::Exitless;
-use tracer::session::{Mode, Plan, TracerError};
+use tracer::plan::Plan;
+use tracer::session::exitless::state::Exitless;
+use tracer::session::{Mode, TracerError};
 use vmm::boot::BootError;
 use vmm::VmConfig;
 
@@ -19,7 +20,7 @@ use crate::error::InputError;
 
 /// Linux command line: serial console, reboot through the keyboard controller
 /// (the run then ends), reboot at once on panic. KASLR stays on: the tracer
-/// finds the kernel's offsets at attach (tracer::kaslr).
+/// finds the kernel's offsets at attach (tracer::kernel::kaslr).
 const LINUX_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a host whose KVM runs guest ring 0 in its instruction emulator cannot
 /// run (see docs/emulating-kvm.md): XSAVE, CMPXCHG16B, POPCNT, SMAP's clac/stac,
@@ -38,10 +39,11 @@ pub enum Form {
     Record,
 }
 
-/// The smallest `--buffer`: two batches of a recorder (`tracer::record::BATCH`).
-const MIN_BUFFER: u64 = 2 * (tracer::record::BATCH * tracer::tracefile::EVENT_SIZE) as u64;
+/// The smallest `--buffer`: two batches of a recorder (`tracer::session::record::BATCH`).
+const MIN_BUFFER: u64 =
+    2 * (tracer::session::record::BATCH * tracer::trace::datafile::EVENT_SIZE) as u64;
 /// Bytes of one stored event (the data file's record).
-const EVENT_BYTES: u64 = tracer::tracefile::EVENT_SIZE as u64;
+const EVENT_BYTES: u64 = tracer::trace::datafile::EVENT_SIZE as u64;
 
 /// A run, checked.
 pub struct RunConfig {
@@ -263,7 +265,7 @@ pub(super) fn check_vmlinux(
     kernel: &Path,
     kind: KernelKind,
     vmlinux: &Path,
-    image: &tracer::symbols::KernelImage,
+    image: &tracer::kernel::symbols::KernelImage,
 ) -> Result<(), InputError> {
     let mismatch = |why: String| InputError::VmlinuxMismatch {
         vmlinux: vmlinux.to_owned(),
@@ -307,7 +309,7 @@ pub(super) fn check_vmlinux(
                 return Ok(());
             }
             let kernel_image =
-                tracer::symbols::KernelImage::load(kernel).map_err(TracerError::from)?;
+                tracer::kernel::symbols::KernelImage::load(kernel).map_err(TracerError::from)?;
             let hex = |b: &Option<Vec<u8>>| {
                 b.as_ref()
                     .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
@@ -340,17 +342,17 @@ fn banner_matches(banner: &str, version: &str) -> bool {
 
 /// A selection whose every site is in init text would boot and trace nothing.
 /// `--graph`: hook returns, leaving out (and naming) the functions whose
-/// return must not be hooked (`tracer::hookable`); refused if nothing else
+/// return must not be hooked (`tracer::plan::hookable`); refused if nothing else
 /// is left to trace. The notes to say: what it left out, and on Linux what
 /// the guest's own stack traces show meanwhile (docs/how-it-works.md,
 /// "Function graph: how returns are hooked").
 fn graph_plan(plan: &mut Plan, kind: KernelKind) -> Result<Vec<String>, InputError> {
     let had_sites = !plan.index.addrs.is_empty();
-    let left_out = tracer::hookable::hook_returns(plan);
+    let left_out = tracer::plan::hookable::hook_returns(plan);
     let why = |n: &String| {
         format!(
             "{n} ({})",
-            tracer::hookable::unhookable(n).unwrap_or_default()
+            tracer::plan::hookable::unhookable(n).unwrap_or_default()
         )
     };
     let names = left_out.iter().map(why).collect::<Vec<_>>().join("; ");
@@ -379,7 +381,7 @@ fn check_patchable(plan: &Plan, args: &RunArgs) -> Result<(), InputError> {
         return Ok(());
     }
     // Name a few: the selection again (cheap, and it succeeded once).
-    let selected = tracer::filter::Filter::new(&args.trace, &args.notrace)
+    let selected = tracer::kernel::filter::Filter::new(&args.trace, &args.notrace)
         .and_then(|f| f.select(&plan.image, &plan.sites))
         .unwrap_or_default();
     let mut names: Vec<&str> = selected
@@ -430,7 +432,7 @@ impl<'a> Console<'a> {
 /// a character device (written into); a directory, FIFO (it would block the
 /// run until someone reads it), socket or block device is refused.
 fn open_console(path: &Path) -> Result<File, InputError> {
-    use tracer::export::file::{target, Target};
+    use tracer::trace::output_path::{target, Target};
     let err = |source| InputError::Console {
         path: path.to_path_buf(),
         source,

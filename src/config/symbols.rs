@@ -2,15 +2,16 @@
 //! "Finding symbols"): `--vmlinux`; the kernel itself when it is an ELF; for a
 //! bzImage, the first vmlinux found beside it, at its build tree's root or
 //! in the distribution's debug-symbol places for its release
-//! (`vmm::vmlinux`); else kallsyms in the bzImage's own payload
-//! (`tracer::payload`). A vmlinux that is found must match the kernel, else
+//! (`tracer::kernel::vmlinux`); else kallsyms in the bzImage's own payload
+//! (`tracer::kernel::bzimage`). A vmlinux that is found must match the kernel, else
 //! the run is refused: a wrong vmlinux would only show as sites that never
 //! become NOPs.
 
 use std::path::Path;
 
-use tracer::session::{Plan, TracerError};
-use tracer::symbols::KernelImage;
+use tracer::kernel::symbols::KernelImage;
+use tracer::plan::Plan;
+use tracer::session::TracerError;
 use vmm::boot::BootError;
 
 use super::run::check_vmlinux;
@@ -45,8 +46,10 @@ pub(super) fn image(
         return load(kernel, "the kernel itself");
     }
     let version = bzimage_version(kernel)?;
-    let release = version.as_deref().and_then(vmm::vmlinux::release);
-    let candidates = vmm::vmlinux::candidates(kernel, release);
+    let release = version
+        .as_deref()
+        .and_then(tracer::kernel::vmlinux::release);
+    let candidates = tracer::kernel::vmlinux::candidates(kernel, release);
     if let Some(c) = candidates.iter().find(|c| c.path.is_file()) {
         return load(&c.path, c.place);
     }
@@ -56,7 +59,7 @@ pub(super) fn image(
         .collect::<Vec<_>>()
         .join(", ");
     let (mut image, info) =
-        tracer::payload::load(kernel).map_err(|source| InputError::NoSymbols {
+        tracer::kernel::bzimage::load(kernel).map_err(|source| InputError::NoSymbols {
             kernel: kernel.to_owned(),
             tried: tried.clone(),
             source: Box::new(source),
@@ -143,7 +146,9 @@ mod tests {
             return;
         }
         let version = bzimage_version(&bz).unwrap().expect("a version string");
-        let release = vmm::vmlinux::release(&version).unwrap().to_owned();
+        let release = tracer::kernel::vmlinux::release(&version)
+            .unwrap()
+            .to_owned();
         let root = std::env::temp_dir().join(format!("vmtrace-dpkg-{}", std::process::id()));
         let debug = root.join("usr/lib/debug/boot");
         std::fs::create_dir_all(root.join("boot")).unwrap();

@@ -1,23 +1,16 @@
-//! vmtrace's tracer: the guest kernel's symbols and ftrace call sites, filters,
-//! patching, trap handling, recording and reports.
+//! vmtrace's tracer, by stage, in the order a trace is made:
+//!
+//! - [`kernel`]: what is read from the kernel image before the guest runs:
+//!   its symbols (vmlinux or kallsyms in a bzImage's payload), its ftrace
+//!   call sites, the function filters, where KASLR put it;
+//! - [`plan`]: what to trace, resolved against that image and checked once;
+//! - [`session`]: the live session over a running guest: patching under a
+//!   pause, trap-mode recording, exitless trampoline and rings, shadow
+//!   stacks, storing events, detaching;
+//! - [`trace`]: what a session leaves: the data file, the trace model, the
+//!   function graph, windows, reports and exports.
 
-pub mod exitless;
-pub mod export;
-pub mod filter;
-pub mod graph;
-pub mod hookable;
-pub mod kallsyms;
-pub mod kaslr;
-pub mod list;
-pub mod model;
-pub mod patch;
-pub mod payload;
-pub mod record;
-pub mod report;
+pub mod kernel;
+pub mod plan;
 pub mod session;
-pub mod shadow;
-pub mod sites;
-pub mod store;
-pub mod symbols;
-pub mod tracefile;
-pub mod window;
+pub mod trace;

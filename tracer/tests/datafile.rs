@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 #[path = "report_fixture.rs"]
 mod fixture;
 
-use tracer::model::{Event, Trace};
-use tracer::tracefile::{load, DataFile, TraceFileError};
+use tracer::trace::datafile::{load, DataFile, TraceFileError};
+use tracer::trace::model::{Event, Trace};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vmtrace-datafile-{}", std::process::id()));

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use tracer::filter::{Filter, FilterError};
-use tracer::sites::{classify, SiteKind, SiteTable, ENDBR64, NOP5, SITE_LEN};
-use tracer::symbols::{KernelImage, SymbolError};
+use tracer::kernel::filter::{Filter, FilterError};
+use tracer::kernel::sites::{classify, SiteKind, SiteTable, ENDBR64, NOP5, SITE_LEN};
+use tracer::kernel::symbols::{KernelImage, SymbolError};
 
 /// How Linux compiles with CONFIG_DYNAMIC_FTRACE (minus what a freestanding
 /// fixture does not need).
@@ -706,7 +706,7 @@ fn negation_and_braces_select_like_ftrace() {
 
 #[test]
 fn list_marks_init_and_notrace_functions() {
-    use tracer::list::{Kind, Listing};
+    use tracer::kernel::list::{Kind, Listing};
     let image = load(Variant::Plain);
     let table = sites(&image);
     let all = Listing::new(&image, &table, &[]).expect("list");

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use iced_x86::{Code, Instruction, Mnemonic, Register};
-use tracer::exitless::ret::Return;
-use tracer::exitless::state::{Exitless, Resolved};
-use tracer::kaslr::KernelOffset;
-use tracer::symbols::KernelImage;
+use tracer::kernel::kaslr::KernelOffset;
+use tracer::kernel::symbols::KernelImage;
+use tracer::session::exitless::ret::Return;
+use tracer::session::exitless::state::{Exitless, Resolved};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::layout::KERNEL_MAP_BASE;

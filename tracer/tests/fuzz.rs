@@ -20,9 +20,9 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
 
-use tracer::sites::SiteTable;
-use tracer::symbols::KernelImage;
-use tracer::tracefile::{load, save, DataFile};
+use tracer::kernel::sites::SiteTable;
+use tracer::kernel::symbols::KernelImage;
+use tracer::trace::datafile::{load, save, DataFile};
 
 /// Far above what loading these small files needs; far below what a length
 /// field trusted blindly would allocate (GiBs).
@@ -284,9 +284,9 @@ fn graph_data_file() -> &'static [u8] {
 
 /// Every view a command prints of `t`: none may panic; a writer's error
 /// (there is none for a Vec) would be one line.
-fn every_view(t: &tracer::model::Trace) -> Result<(), TestCaseError> {
-    use tracer::export;
-    use tracer::report::{self, ReportOptions, TreeOptions};
+fn every_view(t: &tracer::trace::model::Trace) -> Result<(), TestCaseError> {
+    use tracer::trace::export;
+    use tracer::trace::report::{self, ReportOptions, TreeOptions};
     let _ = report::render(t, &ReportOptions::default());
     let _ = report::render(
         t,
@@ -369,7 +369,7 @@ fn fuzz_every_view_of_a_mutated_data_file() {
 /// listing and its summary).
 #[test]
 fn fuzz_list_of_a_mutated_elf() {
-    use tracer::list::Listing;
+    use tracer::kernel::list::Listing;
     let seed = mini_elf();
     let dir = scratch("list");
     let p = dir.join("kernel.elf");
@@ -442,7 +442,7 @@ fn event_edit() -> impl Strategy<Value = EventEdit> {
     ]
 }
 
-fn edit(events: &mut [tracer::model::Event], e: &EventEdit) {
+fn edit(events: &mut [tracer::trace::model::Event], e: &EventEdit) {
     let n = events.len();
     if n == 0 {
         return;

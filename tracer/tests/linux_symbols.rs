@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use tracer::kallsyms::Layout;
-use tracer::list::{Kind, Listing};
-use tracer::sites::SiteTable;
-use tracer::symbols::KernelImage;
-use vmm::payload::Compression;
+use tracer::kernel::kallsyms::Layout;
+use tracer::kernel::list::{Kind, Listing};
+use tracer::kernel::payload::Compression;
+use tracer::kernel::sites::SiteTable;
+use tracer::kernel::symbols::KernelImage;
 
 fn guest_out() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest/out")
@@ -46,7 +46,7 @@ fn elf_symbols(vmlinux: &Path) -> HashSet<(String, u64)> {
 fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     // The payload is the vmlinux, stripped: the same sections, byte for byte.
     let t = Instant::now();
-    let payload = vmm::payload::extract(bz).unwrap();
+    let payload = tracer::kernel::payload::extract(bz).unwrap();
     eprintln!(
         "{}: {} payload, {} bytes, decompressed in {:?} (extract {:?})",
         bz.display(),
@@ -69,7 +69,7 @@ fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     }
 
     let t = Instant::now();
-    let (image, info) = tracer::payload::load(bz).unwrap();
+    let (image, info) = tracer::kernel::bzimage::load(bz).unwrap();
     eprintln!(
         "{}: {} kallsyms ({}), {} functions, __mcount_loc {:#x}..{:#x}, loaded in {:?}",
         bz.display(),
@@ -123,7 +123,7 @@ fn check_kernel(bz: &Path, vmlinux: &Path, layout: Layout) {
     assert!(ours.len() > 5000, "{} sites", ours.len());
     check_listing(&image, &ours, &reference, &theirs, vmlinux);
     let rodata = stripped.section_by_name(".rodata").unwrap();
-    let table = tracer::kallsyms::find(rodata.data().unwrap(), rodata.address()).unwrap();
+    let table = tracer::kernel::kallsyms::find(rodata.data().unwrap(), rodata.address()).unwrap();
     check_names(&image, &ours, &reference, &theirs, &table.entries);
     // The entries left out are the code of overridden __weak functions,
     // named alike from either symbol source (not after the function before
@@ -225,7 +225,7 @@ fn check_names(
     sites: &SiteTable,
     reference: &KernelImage,
     reference_sites: &SiteTable,
-    kallsyms: &[tracer::kallsyms::KallsymsEntry],
+    kallsyms: &[tracer::kernel::kallsyms::KallsymsEntry],
 ) {
     let mut kernel_name: HashMap<u64, &str> = HashMap::new();
     for e in kallsyms {
@@ -252,7 +252,7 @@ fn check_names(
     assert!(aliased > 10, "{aliased} sites in functions with aliases");
     let named = |img: &KernelImage, alias: &str| {
         let addr = img.symbol(alias).unwrap().addr;
-        let i = tracer::symbols::function_index_at(&img.functions, addr).unwrap();
+        let i = tracer::kernel::symbols::function_index_at(&img.functions, addr).unwrap();
         img.functions[i].name.clone()
     };
     for (alias, name) in [
@@ -286,8 +286,8 @@ fn linux_6_12_bzimage_alone_gives_the_vmlinux_symbols_and_sites() {
 /// build id; a trace that does not know (a saved one) has no such line.
 #[test]
 fn report_header_names_the_symbol_source() {
-    use tracer::report::{render, ReportOptions};
-    let mut t = tracer::model::Trace::synthetic(1000);
+    use tracer::trace::report::{render, ReportOptions};
+    let mut t = tracer::trace::model::Trace::synthetic(1000);
     let plain = render(&t, &ReportOptions::default());
     assert!(!plain.contains("# symbols:"), "{plain}");
     t.meta.symbols = "kallsyms in the lz4 payload of /tmp/k/bzImage (no vmlinux found)".into();

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use tracer::filter::Filter;
-use tracer::sites::{classify, SiteKind, SiteTable, SITE_LEN};
-use tracer::symbols::KernelImage;
+use tracer::kernel::filter::Filter;
+use tracer::kernel::sites::{classify, SiteKind, SiteTable, SITE_LEN};
+use tracer::kernel::symbols::KernelImage;
 
 /// The functions guest/mini/README.md lists as having a site.
 const MINI_SITES: &[&str] = &[

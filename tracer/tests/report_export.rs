@@ -6,9 +6,9 @@ mod fixture;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use tracer::export::{to_json, write_chrome, write_csv, write_json, JSON_SCHEMA, SCHEMA_ID};
-use tracer::model::Trace;
-use tracer::report::escape;
+use tracer::trace::export::{to_json, write_chrome, write_csv, write_json, JSON_SCHEMA, SCHEMA_ID};
+use tracer::trace::model::Trace;
+use tracer::trace::report::escape;
 
 /// Checks `v` against the parts of JSON Schema that `JSON_SCHEMA` uses:
 /// `type`, `const`, `minimum`, `required`, `properties`,

@@ -2,8 +2,8 @@
 //! (included with `#[path]`; on its own it is an empty test crate).
 #![allow(dead_code)]
 
-use tracer::model::{Event, Trace, TraceMeta};
-use tracer::symbols::Symbol;
+use tracer::kernel::symbols::Symbol;
+use tracer::trace::model::{Event, Trace, TraceMeta};
 
 pub const LONG_NAME_LEN: usize = 200;
 pub const ATTACH_NS: u64 = 1_000_000_000_000;

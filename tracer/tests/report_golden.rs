@@ -12,10 +12,10 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use tracer::export::{write_chrome, write_csv, write_folded, write_json};
-use tracer::model::Trace;
-use tracer::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
-use tracer::tracefile::save;
+use tracer::trace::datafile::save;
+use tracer::trace::export::{write_chrome, write_csv, write_folded, write_json};
+use tracer::trace::model::Trace;
+use tracer::trace::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")

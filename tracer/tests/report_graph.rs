@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use fixture::*;
 use serde_json::Value;
-use tracer::export::{to_json, write_chrome, write_csv, write_folded};
-use tracer::graph::Graph;
-use tracer::report::{render_tree, Report, ReportOptions, Sort, TreeOptions};
+use tracer::trace::export::{to_json, write_chrome, write_csv, write_folded};
+use tracer::trace::graph::Graph;
+use tracer::trace::report::{render_tree, Report, ReportOptions, Sort, TreeOptions};
 
 fn names(r: &Report) -> Vec<String> {
     r.rows.iter().map(|r| r.func.name.clone()).collect()
@@ -543,7 +543,7 @@ fn report_graph_csv_marks_returns() {
 fn report_graph_unfinished_records_are_not_called_calls() {
     let mut t = graph_trace();
     t.meta.unfinished = 2;
-    let text = tracer::report::render(&t, &ReportOptions::default());
+    let text = tracer::trace::report::render(&t, &ReportOptions::default());
     let line = text
         .lines()
         .find(|l| l.starts_with("# unfinished:"))
@@ -551,7 +551,7 @@ fn report_graph_unfinished_records_are_not_called_calls() {
     assert!(line.contains("2 records (calls or returns)"), "{line}");
     assert!(!line.contains("calls in all"), "{line}");
     let mut script = Vec::new();
-    tracer::export::script::write_script(&t, &mut script).unwrap();
+    tracer::trace::export::script::write_script(&t, &mut script).unwrap();
     let script = String::from_utf8(script).unwrap();
     assert!(
         script.contains("# 2 records (calls or returns) unfinished:"),

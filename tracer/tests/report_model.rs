@@ -5,8 +5,8 @@
 mod fixture;
 
 use fixture::{DO_IDLE, HRTIMER, KTHREAD, LONG, ONLY_CPU2, SCHEDULE, UNCALLED_A, UNCALLED_B};
-use tracer::model::Trace;
-use tracer::report::{Caller, Report, ReportOptions, Sort};
+use tracer::trace::model::Trace;
+use tracer::trace::report::{Caller, Report, ReportOptions, Sort};
 
 fn opts(sort: Sort, cpus: Option<&[u32]>, callers: bool) -> ReportOptions {
     ReportOptions {

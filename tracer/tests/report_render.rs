@@ -4,8 +4,10 @@
 mod fixture;
 
 use fixture::long_name;
-use tracer::model::Trace;
-use tracer::report::{format_cpu_list, parse_cpu_list, render, thousands, ReportOptions, Sort};
+use tracer::trace::model::Trace;
+use tracer::trace::report::{
+    format_cpu_list, parse_cpu_list, render, thousands, ReportOptions, Sort,
+};
 
 /// A table row: share (percent), count, symbol as printed.
 #[derive(Debug, PartialEq)]

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use tracer::model::Trace;
-use tracer::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
-use tracer::tracefile::{
+use tracer::trace::datafile::{
     load, save, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V2, MAGIC, VERSION,
 };
+use tracer::trace::model::Trace;
+use tracer::trace::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
 
 /// A fresh, empty directory for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -82,8 +82,9 @@ fn str_len(s: &str) -> usize {
 }
 
 fn layout_v(t: &Trace, version: u32) -> Layout {
-    let syms =
-        |v: &[tracer::symbols::Symbol]| 4 + v.iter().map(|s| str_len(&s.name) + 16).sum::<usize>();
+    let syms = |v: &[tracer::kernel::symbols::Symbol]| {
+        4 + v.iter().map(|s| str_len(&s.name) + 16).sum::<usize>()
+    };
     let m = &t.meta;
     let header = 20;
     let stop_reason =
@@ -148,7 +149,7 @@ fn encode(t: &Trace, version: u32) -> Vec<u8> {
         b.extend_from_slice(&(s.len() as u32).to_le_bytes());
         b.extend_from_slice(s.as_bytes());
     }
-    fn put_syms(b: &mut Vec<u8>, v: &[tracer::symbols::Symbol]) {
+    fn put_syms(b: &mut Vec<u8>, v: &[tracer::kernel::symbols::Symbol]) {
         b.extend_from_slice(&(v.len() as u32).to_le_bytes());
         for s in v {
             put_str(b, &s.name);
@@ -292,7 +293,7 @@ fn corrupt_in(r: Result<Trace, TraceFileError>, want: Section, detail: &str) {
 /// Every render of `back` matches that of `want`.
 fn folded(t: &Trace) -> Vec<u8> {
     let mut v = Vec::new();
-    tracer::export::write_folded(t, &mut v).unwrap();
+    tracer::trace::export::write_folded(t, &mut v).unwrap();
     v
 }
 

@@ -5,11 +5,11 @@
 #[path = "report_fixture.rs"]
 mod fixture;
 
-use tracer::export::script::write_script;
-use tracer::export::{write_csv, write_folded};
-use tracer::model::Trace;
-use tracer::report::{render, render_tree, ReportOptions, TreeOptions};
-use tracer::window::{parse_time, restrict, Window};
+use tracer::trace::export::script::write_script;
+use tracer::trace::export::{write_csv, write_folded};
+use tracer::trace::model::Trace;
+use tracer::trace::report::{render, render_tree, ReportOptions, TreeOptions};
+use tracer::trace::window::{parse_time, restrict, Window};
 
 /// Names that would end a line, return the cursor, or clear a terminal.
 const CRAFTED: [&str; 3] = [

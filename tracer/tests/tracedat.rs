@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use tracer::export::tracedat::{write_tracedat_counted, Written, UNKNOWN_SYMBOL};
-use tracer::export::write_tracedat;
-use tracer::model::{Event, Trace, TraceMeta, RETURN_BIT};
-use tracer::symbols::Symbol;
+use tracer::kernel::symbols::Symbol;
+use tracer::trace::export::tracedat::{write_tracedat_counted, Written, UNKNOWN_SYMBOL};
+use tracer::trace::export::write_tracedat;
+use tracer::trace::model::{Event, Trace, TraceMeta, RETURN_BIT};
 
 /// One event line of `trace-cmd report`.
 #[derive(Debug)]

@@ -11,14 +11,12 @@ pub mod gva;
 pub mod kvm_stats;
 pub mod layout;
 pub mod pause;
-pub mod payload;
 pub mod run;
 pub mod stop;
 mod sys;
 pub mod trap;
 pub mod vcpu;
 pub mod vm;
-pub mod vmlinux;
 
 pub use run::{Paused, RunReport, Running, VcpuSpace};
 pub use stop::{StopReason, VcpuError};

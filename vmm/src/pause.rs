@@ -58,7 +58,7 @@ pub struct VcpuSnapshot {
     /// The guest's TSC against the host clock, when KVM could tell.
     pub clock: Option<GuestClock>,
     /// IA32_LSTAR, the kernel's 64-bit `syscall` entry, once the guest has
-    /// set it (read by vCPU 0 only, with the TSC; see `tracer::kaslr`).
+    /// set it (read by vCPU 0 only, with the TSC; see `tracer::kernel::kaslr`).
     pub syscall_entry: Option<u64>,
 }
 

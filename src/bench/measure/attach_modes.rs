@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tracer::session::{Plan, Tracer};
+use tracer::plan::Plan;
+use tracer::session::Tracer;
 use vmm::{StopReason, Vm};
 
 use super::{mini_config, stop, SETTLE};

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracer::record::{self, SiteIndex, OUT_LEN};
-use tracer::session::{Plan, Tracer};
-use tracer::sites::SITE_LEN;
+use tracer::kernel::sites::SITE_LEN;
+use tracer::plan::Plan;
+use tracer::session::record::{self, SiteIndex, OUT_LEN};
+use tracer::session::Tracer;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Trap, TrapError, TrapHandler, Vm};
 
@@ -280,14 +281,14 @@ pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
         Arc::clone(&index),
         1,
         u64::MAX,
-        tracer::store::Storage::Memory,
+        tracer::session::store::Storage::Memory,
         Arc::new(Vec::new()),
     );
     let mut rec = recs.pop().expect("one recorder");
     let recorder_ns = time(&mut rec)?;
     drop(rec);
     let events = match store.thread.join() {
-        Ok(tracer::store::Stored::Memory(e)) => e.len(),
+        Ok(tracer::session::store::Stored::Memory(e)) => e.len(),
         _ => 0,
     };
     if events != HANDLER_TRAPS || shared.parent_unreadable.load(Ordering::Relaxed) != 0 {

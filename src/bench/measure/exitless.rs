@@ -9,8 +9,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tracer::exitless::layout::{CODE_LEN, CODE_VA};
-use tracer::session::{Plan, Tracer};
+use tracer::plan::Plan;
+use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
+use tracer::session::Tracer;
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};

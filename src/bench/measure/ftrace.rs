@@ -408,11 +408,11 @@ pub fn ftrace_figures(guest: &LinuxGuest, rounds: usize) -> Result<FtraceFigures
                 "vmtrace bench: (i) boot {}/{total}, {}: {} instructions, {:.1} s{}",
                 n + 1,
                 config.name(),
-                tracer::report::thousands(b.instructions),
+                tracer::trace::report::thousands(b.instructions),
                 b.seconds,
                 b.calls.map_or(String::new(), |c| format!(
                     ", {} calls",
-                    tracer::report::thousands(c)
+                    tracer::trace::report::thousands(c)
                 ))
             );
             boots.push(b);

@@ -14,11 +14,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracer::record::SiteIndex;
-use tracer::report::{self, ReportOptions};
-use tracer::session::{Plan, Tracer, TracerError};
-use tracer::sites::SiteTable;
-use tracer::symbols::KernelImage;
+use tracer::kernel::sites::SiteTable;
+use tracer::kernel::symbols::KernelImage;
+use tracer::plan::Plan;
+use tracer::session::record::SiteIndex;
+use tracer::session::{Tracer, TracerError};
+use tracer::trace::report::{self, ReportOptions};
 use vmm::boot::KernelKind;
 use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
 
@@ -277,7 +278,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
             drop(handlers);
             // Loaded at its link addresses and never run: no KASLR to find.
-            tracer.assume_kernel_offset(tracer::kaslr::KernelOffset::NONE);
+            tracer.assume_kernel_offset(tracer::kernel::kaslr::KernelOffset::NONE);
             let mut f = AttachFigures {
                 label,
                 sites: n,
@@ -331,7 +332,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
 
 /// Seconds to render the text report with callers, and to export JSON.
 pub fn report_figures(events: u64) -> Result<(f64, f64), Error> {
-    let trace = tracer::model::Trace::synthetic(events);
+    let trace = tracer::trace::model::Trace::synthetic(events);
     let opts = ReportOptions {
         callers: true,
         ..ReportOptions::default()
@@ -340,9 +341,11 @@ pub fn report_figures(events: u64) -> Result<(f64, f64), Error> {
     let text = report::render(&trace, &opts);
     let render = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    tracer::export::write_json(&trace, std::io::sink()).map_err(|source| RuntimeError::Export {
-        format: "JSON".into(),
-        source,
+    tracer::trace::export::write_json(&trace, std::io::sink()).map_err(|source| {
+        RuntimeError::Export {
+            format: "JSON".into(),
+            source,
+        }
     })?;
     let json = t.elapsed().as_secs_f64();
     if !text.contains("caller_") {

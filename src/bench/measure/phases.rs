@@ -13,11 +13,11 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use tracer::symbols::KernelImage;
+use tracer::kernel::symbols::KernelImage;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Paused, Running};
 
-use tracer::exitless::layout::{CODE_LEN, CODE_VA};
+use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
 
 use crate::bench::us;
 use crate::error::{Error, InputError, RuntimeError};

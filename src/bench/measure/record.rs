@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender};
-use tracer::model::{Event, Trace, SYNTH_CPUS};
-use tracer::record::{self, Counters, SiteIndex, BATCH};
-use tracer::store::{Storage, Stored};
-use tracer::tracefile::stream::DataFile;
+use tracer::session::record::{self, Counters, SiteIndex, BATCH};
+use tracer::session::store::{Storage, Stored};
+use tracer::trace::datafile::stream::DataFile;
+use tracer::trace::model::{Event, Trace, SYNTH_CPUS};
 
 use crate::error::{Error, RuntimeError};
 
@@ -376,7 +376,7 @@ mod tests {
         let s = stream(&file.0, events, 0).unwrap();
         assert_eq!(s.stored + s.lost, events);
         assert!(s.stored > 0 && s.seconds > 0.0);
-        let trace = tracer::tracefile::load(&file.0).unwrap();
+        let trace = tracer::trace::datafile::load(&file.0).unwrap();
         assert_eq!(trace.events.len() as u64, s.stored);
         assert_eq!(trace.meta.lost.iter().sum::<u64>(), s.lost);
         assert!(!trace.meta.incomplete);

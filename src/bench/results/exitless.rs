@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 
 use serde::Serialize;
-use tracer::report;
+use tracer::trace::report;
 
 use super::super::measure::{ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE, TRACE_GLOB};
 use super::{write_rows, Goal};

@@ -5,7 +5,7 @@
 use std::fmt::{self, Write as _};
 
 use serde::Serialize;
-use tracer::report;
+use tracer::trace::report;
 
 use super::super::measure::{
     BootConfig, FtraceFigures, BOOT_CONFIGS, FTRACE_CMDLINE, FTRACE_GLOB, FTRACE_SETUP_CMDLINE,

@@ -1,6 +1,6 @@
 //! The goals each bench is judged against, and their verdicts.
 
-use tracer::report;
+use tracer::trace::report;
 
 use super::super::measure::E_REPS;
 use super::super::suite::BenchId;

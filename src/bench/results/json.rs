@@ -2,7 +2,7 @@
 //! the goals' verdicts, the methods, and per bench its entry (`benches`).
 
 use serde::{Serialize, Serializer};
-use tracer::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
+use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 
 use super::super::measure::TRACE_GLOB;
 use super::super::suite::BenchId;

@@ -3,9 +3,9 @@
 
 use std::fmt::{self, Write as _};
 
-use tracer::model::SYNTH_CPUS;
-use tracer::record::BATCH;
-use tracer::report;
+use tracer::session::record::BATCH;
+use tracer::trace::model::SYNTH_CPUS;
+use tracer::trace::report;
 
 use super::super::measure::{RecordFigures, PEAK_SLACK};
 use super::Goal;

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 use std::path::Path;
 
-use tracer::report;
+use tracer::trace::report;
 
 use super::super::measure::{PauseFigures, Scaling, E_REPS};
 use super::super::suite::{bench, BenchId};

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::{Tracer, TracerError};
-use crate::exitless::layout::{CODE_LEN, CODE_VA};
-use crate::model::{Trace, TraceMeta};
-use crate::patch;
-use crate::store::Stored;
-use crate::symbols::Symbol;
-use crate::tracefile::TraceFileError;
+use crate::kernel::symbols::Symbol;
+use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
+use crate::session::patch;
+use crate::session::store::Stored;
+use crate::trace::datafile::TraceFileError;
+use crate::trace::model::{Trace, TraceMeta};
 
 impl Tracer {
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
@@ -138,7 +138,7 @@ impl Tracer {
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
-                    crate::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+                    crate::trace::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
                 }
                 (events, None)
             }

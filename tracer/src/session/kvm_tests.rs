@@ -6,8 +6,8 @@ use std::process::Command;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::{Attach, NotReady, Plan, Tracer};
-use crate::sites::FENTRY;
-use crate::symbols::Symbol;
+use crate::kernel::sites::FENTRY;
+use crate::kernel::symbols::Symbol;
 
 /// guest/out/mini.elf, built (or found up to date) by guest/build.sh.
 fn mini_elf() -> PathBuf {
@@ -115,7 +115,7 @@ fn a_not_ready_exitless_attach_leaves_guest_memory_untouched() {
 /// drainer, spawned at the stage and started by the attach, drains.
 #[test]
 fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
-    use crate::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
+    use crate::session::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
     let kernel = mini_elf();
     let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
     let vm = mini_vm(&kernel);

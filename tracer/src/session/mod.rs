@@ -10,22 +10,28 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
-use crate::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
-use crate::exitless::map::Mapped;
-use crate::exitless::state::{Exitless, ExitlessError, Resolved};
-use crate::filter::{Filter, FilterError};
-use crate::kaslr::{self, Detected, KaslrError, KernelOffset};
-use crate::model::Trace;
-use crate::patch::{self, AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
-use crate::record::{self, Counters, GraphHook, SiteIndex};
-use crate::shadow::ShadowStacks;
-use crate::sites::{SiteError, SiteTable};
-use crate::store::{Storage, Stored};
-use crate::symbols::{KernelImage, SymbolError};
+use crate::kernel::filter::FilterError;
+use crate::kernel::kaslr::{self, Detected, KaslrError, KernelOffset};
+use crate::kernel::sites::SiteError;
+use crate::kernel::symbols::SymbolError;
+use crate::plan::Plan;
+use crate::trace::model::Trace;
+use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
+use exitless::map::Mapped;
+use exitless::state::{Exitless, ExitlessError, Resolved};
+use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
+use record::{Counters, GraphHook};
+use shadow::ShadowStacks;
+use store::{Storage, Stored};
 
+pub mod exitless;
 mod finish;
 #[cfg(test)]
 mod kvm_tests;
+pub mod patch;
+pub mod record;
+pub mod shadow;
+pub mod store;
 pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +74,6 @@ impl Mode {
 /// this CR3 bit on every kernel entry and exit (PTI_USER_PGTABLE_BIT in
 /// arch/x86/entry/calling.h). The user table maps no kernel text.
 const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
-/// The kernel's flag that its ftrace_init has converted every site
-/// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).
-pub const FTRACE_ENABLED: &str = "ftrace_enabled";
 
 /// Why an attach attempt wrote nothing; the guest is resumed and the attach
 /// retried.
@@ -111,73 +114,11 @@ impl<'a> Attach<'a> {
     }
 }
 
-/// What to trace, resolved against the vmlinux before the guest boots.
-pub struct Plan {
-    pub image: KernelImage,
-    pub sites: SiteTable,
-    /// Traced functions (indices into `image.functions`), in trace order.
-    pub funcs: Vec<usize>,
-    /// The sites to patch, each with its index into `funcs`: built once
-    /// here, shared by the session and every vCPU's recorder.
-    pub index: Arc<SiteIndex>,
-    /// Selected sites in init text: never patched (the guest frees and
-    /// reuses that memory), reported as skipped.
-    pub skipped_init: usize,
-    /// Address of the guest's `ftrace_enabled`: the guest converts its own
-    /// sites at boot, and vmtrace must not write one before it has finished.
-    pub ftrace_enabled: Option<u64>,
-    /// Function graph: hook every traced call's return too.
-    pub graph: bool,
-}
-
-impl Plan {
-    pub fn new(vmlinux: &Path, trace: &[String], notrace: &[String]) -> Result<Plan, TracerError> {
-        Plan::from_image(KernelImage::load(vmlinux)?, trace, notrace)
-    }
-
-    /// The plan for an image loaded some other way (e.g. from a bzImage's
-    /// payload, `crate::payload`).
-    pub fn from_image(
-        image: KernelImage,
-        trace: &[String],
-        notrace: &[String],
-    ) -> Result<Plan, TracerError> {
-        let sites = SiteTable::build(&image)?;
-        let selected = Filter::new(trace, notrace)?.select(&image, &sites)?;
-        let mut funcs: Vec<usize> = Vec::new();
-        let mut func_slot = std::collections::HashMap::new();
-        let mut targets = Vec::new();
-        let mut skipped_init = 0;
-        for i in selected {
-            let site = sites.sites[i];
-            if site.init {
-                skipped_init += 1;
-                continue;
-            }
-            let slot = *func_slot.entry(site.func as usize).or_insert_with(|| {
-                funcs.push(site.func as usize);
-                funcs.len() as u32 - 1
-            });
-            targets.push((site.addr, slot));
-        }
-        let ftrace_enabled = image.symbol(FTRACE_ENABLED).map(|s| s.addr);
-        Ok(Plan {
-            image,
-            sites,
-            funcs,
-            index: Arc::new(SiteIndex::new(targets)),
-            skipped_init,
-            ftrace_enabled,
-            graph: false,
-        })
-    }
-}
-
 /// A tracing session.
 pub struct Tracer {
     plan: Plan,
     counters: Arc<Counters>,
-    /// The store thread (`crate::store`), until `finish` joins it.
+    /// The store thread (`crate::session::store`), until `finish` joins it.
     store: Option<JoinHandle<Stored>>,
     /// Flight recorder: the dropped events are the oldest.
     overwrite: bool,
@@ -203,7 +144,7 @@ pub struct Tracer {
 }
 
 /// How a session records: the `--max-events` budget and where the events
-/// go (`crate::store`).
+/// go (`crate::session::store`).
 pub struct Recording {
     pub max_events: u64,
     pub storage: Storage,
@@ -359,7 +300,7 @@ impl Tracer {
     }
 
     /// The exitless trampoline (exitless mode).
-    pub fn trampoline(&self) -> Option<&crate::exitless::trampoline::Trampoline> {
+    pub fn trampoline(&self) -> Option<&crate::session::exitless::trampoline::Trampoline> {
         self.exitless.as_ref().map(|ex| &ex.trampoline)
     }
 
@@ -468,7 +409,7 @@ impl Tracer {
         let fentry = self
             .plan
             .image
-            .symbol(crate::sites::FENTRY)
+            .symbol(crate::kernel::sites::FENTRY)
             .map(|s| off.runtime(s.addr));
         // Linux converts its own sites in ftrace_init: one still holding
         // `call __fentry__` must wait for it (also when `ftrace_enabled` is
@@ -486,7 +427,7 @@ impl Tracer {
             let per_cpu_offset = self
                 .plan
                 .image
-                .symbol(crate::exitless::state::PER_CPU_OFFSET)
+                .symbol(crate::session::exitless::state::PER_CPU_OFFSET)
                 .map(|s| off.runtime(s.addr));
             if ex.resolve(&mut space, &self.plan.image, off)? == Resolved::AlternativesPending {
                 return Ok(Attach::NotReady(NotReady::AlternativesPending));
@@ -592,8 +533,8 @@ impl Tracer {
 fn install_return_trap(
     space: &mut AddressSpace<'_>,
     installed: &mut bool,
-) -> Result<crate::exitless::map::Mapped, TracerError> {
-    let mapped = crate::exitless::map::map(space).map_err(ExitlessError::from)?;
+) -> Result<crate::session::exitless::map::Mapped, TracerError> {
+    let mapped = crate::session::exitless::map::map(space).map_err(ExitlessError::from)?;
     if !*installed {
         space
             .memory()

@@ -1,0 +1,290 @@
+//! `vmtrace list [GLOB...]`: the kernel's functions, as
+//! `available_filter_functions` lists them, plus those vmtrace cannot
+//! trace, each marked with why:
+//!
+//! ```text
+//! hrtimer_interrupt
+//! mini_account [notrace]
+//! start_kernel [init]
+//! ```
+//!
+//! - no marker: traceable, it has an ftrace call site outside init text;
+//! - `[init]`: its site is in init text, which the kernel frees after boot:
+//!   traceable only during boot, which vmtrace does not trace on Linux
+//!   (such sites are skipped: `sites_skipped_init`);
+//! - `[notrace]`: no ftrace call site: a `notrace` function, one that was
+//!   inlined into its callers but kept a symbol, or assembly;
+//! - `[no --graph]`: traceable, but `--graph` leaves it out: the guest
+//!   unwinds through its return address (`crate::plan::hookable`).
+//!
+//! A function with aliases (symbols at its address: `__x64_sys_getpid` and
+//! `__do_sys_getpid`) is listed under each name, whether its symbols come
+//! from a vmlinux or from kallsyms.
+//!
+//! The globs are `--trace`'s (`crate::kernel::filter`: `*`, `?`, `[...]`, `{a,b}`,
+//! `!glob`), so that a list previews a selection; none lists every
+//! function. The summary (`Listing::summary`) is for stderr, so that the
+//! list itself can be piped.
+
+use std::io::{self, BufWriter, Write};
+
+use crate::kernel::filter::{closest_names, FilterError, Globs};
+use crate::kernel::sites::SiteTable;
+use crate::kernel::symbols::KernelImage;
+use crate::plan::hookable::unhookable;
+use crate::trace::report::escape;
+
+/// Why a function can be traced or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// An ftrace call site outside init text.
+    Traceable,
+    /// Its site is in init text: traceable only during boot.
+    InitOnly,
+    /// No ftrace call site: notrace, inlined or assembly.
+    NoSite,
+}
+
+impl Kind {
+    /// What follows the name in a listing: nothing, ` [init]`, ` [notrace]`.
+    pub fn marker(self) -> &'static str {
+        match self {
+            Kind::Traceable => "",
+            Kind::InitOnly => " [init]",
+            Kind::NoSite => " [notrace]",
+        }
+    }
+}
+
+/// Why the functions could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    #[error(
+        "list '{glob}' matches no function of {image}{}",
+        closest_detail(closest)
+    )]
+    NoMatch {
+        glob: String,
+        /// The kernel image's path, as given.
+        image: String,
+        /// Function names close to the glob (escaped).
+        closest: Vec<String>,
+    },
+}
+
+fn closest_detail(closest: &[String]) -> String {
+    if closest.is_empty() {
+        String::new()
+    } else {
+        format!("; closest: {}", closest.join(", "))
+    }
+}
+
+/// One listed function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed<'a> {
+    pub name: &'a str,
+    pub addr: u64,
+    pub kind: Kind,
+}
+
+/// The functions a list selects, by name (then address: static functions
+/// of different files can share a name, and are listed once each).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing<'a> {
+    pub functions: Vec<Listed<'a>>,
+}
+
+impl<'a> Listing<'a> {
+    /// Every function of `image` matching `globs` (the arguments of
+    /// `vmtrace list`, each a comma-separated list; none: all), classified
+    /// by `sites` (the image's site table). Each positive glob must match
+    /// some function, traceable or not.
+    pub fn new(
+        image: &'a KernelImage,
+        sites: &SiteTable,
+        globs: &[String],
+    ) -> Result<Listing<'a>, ListError> {
+        let globs = Globs::for_list(globs)?;
+        let mut kinds = vec![Kind::NoSite; image.functions.len()];
+        for site in &sites.sites {
+            if let Some(k) = kinds.get_mut(site.func as usize) {
+                // A site outside init text wins over one inside.
+                *k = if site.init && *k != Kind::Traceable {
+                    Kind::InitOnly
+                } else {
+                    Kind::Traceable
+                };
+            }
+        }
+        let mut used = vec![false; globs.positive().len()];
+        let mut hits = Vec::new();
+        let mut functions = Vec::new();
+        for (i, (f, kind)) in image.functions.iter().zip(kinds).enumerate() {
+            // Each name of a function with aliases is listed, as what it
+            // names: `--trace` takes any of them.
+            for name in image.names(i) {
+                let selected = globs.matches_into(name, &mut hits);
+                for &g in &hits {
+                    used[g] = true;
+                }
+                if selected {
+                    functions.push(Listed {
+                        name,
+                        addr: f.addr,
+                        kind,
+                    });
+                }
+            }
+        }
+        if let Some(g) = used.iter().position(|u| !u) {
+            let glob = &globs.positive()[g];
+            let mut names: Vec<&str> = (0..image.functions.len())
+                .flat_map(|i| image.names(i))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            return Err(ListError::NoMatch {
+                glob: glob.clone(),
+                image: image.path.display().to_string(),
+                closest: closest_names(glob, &names),
+            });
+        }
+        functions.sort_by(|a, b| a.name.cmp(b.name).then(a.addr.cmp(&b.addr)));
+        Ok(Listing { functions })
+    }
+
+    /// How many listed functions are of `kind`.
+    pub fn count(&self, kind: Kind) -> usize {
+        self.functions.iter().filter(|f| f.kind == kind).count()
+    }
+
+    /// `12 functions: 9 traceable, 1 init-only, 2 without an ftrace site`.
+    pub fn summary(&self) -> String {
+        let n = self.functions.len();
+        format!(
+            "{n} function{}: {} traceable, {} init-only, {} without an ftrace site",
+            if n == 1 { "" } else { "s" },
+            self.count(Kind::Traceable),
+            self.count(Kind::InitOnly),
+            self.count(Kind::NoSite)
+        )
+    }
+
+    /// One line per function: its name (through `report::escape`) and
+    /// marker.
+    pub fn write(&self, w: &mut dyn Write) -> io::Result<()> {
+        let mut w = BufWriter::new(w);
+        for f in &self.functions {
+            let graph = if f.kind == Kind::Traceable && unhookable(f.name).is_some() {
+                " [no --graph]"
+            } else {
+                ""
+            };
+            writeln!(w, "{}{}{graph}", escape(f.name), f.kind.marker())?;
+        }
+        w.flush()
+    }
+
+    /// `write`, as a string.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        self.write(&mut out).expect("writing to a Vec cannot fail");
+        String::from_utf8(out).expect("the listing is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::filter::testing::{image, Has};
+
+    const FUNCS: &[(&str, Has)] = &[
+        ("schedule", Has::Site),
+        ("hrtimer_wakeup", Has::Site),
+        ("hrtimer_interrupt", Has::Site),
+        ("start_kernel", Has::InitSite),
+        ("mini_account", Has::NoSite),
+        ("hrtimer_init_early", Has::InitSite),
+        ("entry_SYSCALL_64", Has::NoSite),
+    ];
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn lists_every_function_by_name_with_markers() {
+        let (img, sites) = image(FUNCS);
+        let l = Listing::new(&img, &sites, &[]).expect("list");
+        assert_eq!(
+            l.render(),
+            "entry_SYSCALL_64 [notrace]\nhrtimer_init_early [init]\nhrtimer_interrupt\n\
+             hrtimer_wakeup\nmini_account [notrace]\nschedule\nstart_kernel [init]\n"
+        );
+        assert_eq!(
+            l.summary(),
+            "7 functions: 3 traceable, 2 init-only, 2 without an ftrace site"
+        );
+    }
+
+    #[test]
+    fn globs_are_traces() {
+        let (img, sites) = image(FUNCS);
+        let l = Listing::new(&img, &sites, &strings(&["hrtimer_*,!*_wakeup", "start_*"]))
+            .expect("list");
+        let names: Vec<&str> = l.functions.iter().map(|f| f.name).collect();
+        assert_eq!(
+            names,
+            ["hrtimer_init_early", "hrtimer_interrupt", "start_kernel"]
+        );
+        assert_eq!(
+            l.summary(),
+            "3 functions: 1 traceable, 2 init-only, 0 without an ftrace site"
+        );
+        let l = Listing::new(&img, &sites, &strings(&["{schedule,mini_*}"])).expect("list");
+        assert_eq!(l.render(), "mini_account [notrace]\nschedule\n");
+        assert_eq!(
+            l.summary(),
+            "2 functions: 1 traceable, 0 init-only, 1 without an ftrace site"
+        );
+        let one = Listing::new(&img, &sites, &strings(&["schedule"])).expect("list");
+        assert!(one.summary().starts_with("1 function: "));
+    }
+
+    #[test]
+    fn glob_matching_nothing_suggests_names() {
+        let (img, sites) = image(FUNCS);
+        let e =
+            Listing::new(&img, &sites, &strings(&["schedule", "hrtimr_*"])).expect_err("no match");
+        let ListError::NoMatch { glob, closest, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(glob, "hrtimr_*");
+        assert!(closest[0].starts_with("hrtimer_"), "{closest:?}");
+        assert!(e
+            .to_string()
+            .starts_with("list 'hrtimr_*' matches no function of test-vmlinux; closest: hrtimer_"));
+        // A `!glob` may match nothing; alone it is refused, as in --trace.
+        assert!(Listing::new(&img, &sites, &strings(&["*,!nothing"])).is_ok());
+        let e = Listing::new(&img, &sites, &strings(&["!schedule"])).expect_err("negated");
+        assert!(matches!(
+            e,
+            ListError::Filter(FilterError::OnlyNegated { .. })
+        ));
+        let e = Listing::new(&img, &sites, &strings(&[":mod:ext4"])).expect_err("module");
+        assert!(
+            e.to_string().contains("modules are not supported yet"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn crafted_names_cannot_forge_lines() {
+        let (img, sites) = image(&[("evil\nschedule\x1b[2J", Has::Site), ("ok", Has::NoSite)]);
+        let out = Listing::new(&img, &sites, &[]).expect("list").render();
+        assert_eq!(out, "evil\\x0aschedule\\x1b[2J\nok [notrace]\n");
+    }
+}

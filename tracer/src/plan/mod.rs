@@ -1,0 +1,79 @@
+//! What to trace, resolved against the kernel image before the guest
+//! runs: the selected functions and their sites, checked once.
+
+pub mod hookable;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::kernel::filter::Filter;
+use crate::kernel::sites::SiteTable;
+use crate::kernel::symbols::KernelImage;
+use crate::session::record::SiteIndex;
+use crate::session::TracerError;
+
+/// The kernel's flag that its ftrace_init has converted every site
+/// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).
+pub const FTRACE_ENABLED: &str = "ftrace_enabled";
+
+/// What to trace, resolved against the vmlinux before the guest boots.
+pub struct Plan {
+    pub image: KernelImage,
+    pub sites: SiteTable,
+    /// Traced functions (indices into `image.functions`), in trace order.
+    pub funcs: Vec<usize>,
+    /// The sites to patch, each with its index into `funcs`: built once
+    /// here, shared by the session and every vCPU's recorder.
+    pub index: Arc<SiteIndex>,
+    /// Selected sites in init text: never patched (the guest frees and
+    /// reuses that memory), reported as skipped.
+    pub skipped_init: usize,
+    /// Address of the guest's `ftrace_enabled`: the guest converts its own
+    /// sites at boot, and vmtrace must not write one before it has finished.
+    pub ftrace_enabled: Option<u64>,
+    /// Function graph: hook every traced call's return too.
+    pub graph: bool,
+}
+
+impl Plan {
+    pub fn new(vmlinux: &Path, trace: &[String], notrace: &[String]) -> Result<Plan, TracerError> {
+        Plan::from_image(KernelImage::load(vmlinux)?, trace, notrace)
+    }
+
+    /// The plan for an image loaded some other way (e.g. from a bzImage's
+    /// payload, `crate::kernel::bzimage`).
+    pub fn from_image(
+        image: KernelImage,
+        trace: &[String],
+        notrace: &[String],
+    ) -> Result<Plan, TracerError> {
+        let sites = SiteTable::build(&image)?;
+        let selected = Filter::new(trace, notrace)?.select(&image, &sites)?;
+        let mut funcs: Vec<usize> = Vec::new();
+        let mut func_slot = std::collections::HashMap::new();
+        let mut targets = Vec::new();
+        let mut skipped_init = 0;
+        for i in selected {
+            let site = sites.sites[i];
+            if site.init {
+                skipped_init += 1;
+                continue;
+            }
+            let slot = *func_slot.entry(site.func as usize).or_insert_with(|| {
+                funcs.push(site.func as usize);
+                funcs.len() as u32 - 1
+            });
+            targets.push((site.addr, slot));
+        }
+        let ftrace_enabled = image.symbol(FTRACE_ENABLED).map(|s| s.addr);
+        Ok(Plan {
+            image,
+            sites,
+            funcs,
+            index: Arc::new(SiteIndex::new(targets)),
+            skipped_init,
+            ftrace_enabled,
+            graph: false,
+        })
+    }
+}

@@ -1,0 +1,219 @@
+//! The host side of exitless tracing: a thread that drains every CPU's ring
+//! while the guest runs, counts each call, and hands events (stamped on the
+//! host clock) to the same collector the trap path feeds.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use vm_memory::GuestMemoryMmap;
+use vmm::pause::GuestClock;
+
+use super::layout::RingLayout;
+use super::ring::{self, Record, RingError, RingReader};
+use crate::session::record::{Counters, SiteIndex, BATCH};
+use crate::trace::model::Event;
+
+/// How long the drainer sleeps when every ring was empty.
+const IDLE: Duration = Duration::from_millis(1);
+
+/// What the drainer shares with the tracer.
+#[derive(Debug, Default)]
+pub struct DrainStats {
+    /// Records whose CPU or site index is out of range (a guest that wrote
+    /// over vmtrace's rings): skipped, counted.
+    pub bad_records: AtomicU64,
+    /// Slots found reserved and never committed by the last drain, after
+    /// the guest stopped: calls whose writer stopped (or was preempted)
+    /// between reserving its record and committing it. Their site is not
+    /// known, so they are in no per-function count.
+    pub unfinished: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("draining vmtrace's rings: {0}")]
+    Ring(#[from] RingError),
+    #[error("the ring drainer thread panicked")]
+    Panicked,
+}
+
+/// A running drainer.
+pub struct Drainer {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Result<(), RingError>>,
+    pub stats: Arc<DrainStats>,
+}
+
+/// Everything one drain pass needs: the rings, and where records go.
+struct Pass {
+    mem: GuestMemoryMmap,
+    reader: RingReader,
+    out: Out,
+}
+
+/// Where drained records go: counts, events on the host clock, the budget.
+/// Returns (function graph) count in `Counters::returns`, entries recorded
+/// without a hook in `Counters::unhooked`.
+struct Out {
+    clock: GuestClock,
+    counters: Arc<Counters>,
+    index: Arc<SiteIndex>,
+    sink: Sender<Vec<Event>>,
+    stats: Arc<DrainStats>,
+    buf: Vec<Event>,
+    /// Events this drainer may still store without touching the budget.
+    reserved: usize,
+    /// Function graph: the records carry slots.
+    graph: bool,
+}
+
+impl Pass {
+    /// Drain every ring once; returns the records consumed. The `last`
+    /// pass (the guest has stopped) reads past the slots reserved and not
+    /// committed, and counts them.
+    fn run(&mut self, last: bool) -> Result<usize, RingError> {
+        let out = &mut self.out;
+        let n = if last {
+            self.reader
+                .drain_final(&self.mem, |cpu, r| out.record(cpu, r))
+        } else {
+            self.reader.drain(&self.mem, |cpu, r| out.record(cpu, r))
+        };
+        out.flush();
+        if last {
+            let unfinished = (0..self.reader.layout().cpus)
+                .map(|cpu| self.reader.unfinished(cpu))
+                .sum();
+            out.stats.unfinished.store(unfinished, Ordering::Relaxed);
+        }
+        n
+    }
+}
+
+impl Out {
+    /// Hand the buffered events to the collector.
+    fn flush(&mut self) {
+        if !self.buf.is_empty() {
+            let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
+            // The collector only goes away after every sender is dropped.
+            let _ = self.sink.send(batch);
+        }
+    }
+
+    fn record(&mut self, cpu: usize, r: Record) {
+        let site = r.site as usize;
+        let is_return = r.slot & crate::trace::model::RETURN_BIT != 0;
+        let counts = if is_return {
+            &self.counters.returns
+        } else {
+            &self.counters.counts
+        };
+        let Some(count) = counts.get(cpu).and_then(|row| row.get(site)) else {
+            self.stats.bad_records.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        // Single writer (this thread) in exitless mode.
+        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if self.graph && r.slot == 0 {
+            self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.reserved == 0 {
+            self.reserved = self.counters.reserve(BATCH);
+            if self.reserved == 0 {
+                let dropped = if is_return {
+                    &self.counters.returns_dropped
+                } else {
+                    &self.counters.dropped
+                };
+                dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        self.reserved -= 1;
+        self.buf.push(Event {
+            slot: r.slot,
+            ts_ns: self.clock.host_ns(r.tsc),
+            parent: r.parent,
+            func: self.index.funcs[site],
+            cpu: cpu as u32,
+        });
+    }
+}
+
+impl Drainer {
+    /// Start draining `layout`'s rings in `mem` (already initialised).
+    pub fn start(
+        mem: GuestMemoryMmap,
+        layout: RingLayout,
+        clock: GuestClock,
+        counters: Arc<Counters>,
+        index: Arc<SiteIndex>,
+        sink: Sender<Vec<Event>>,
+    ) -> Drainer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(DrainStats::default());
+        let mut pass = Pass {
+            mem,
+            reader: RingReader::new(layout),
+            out: Out {
+                clock,
+                counters,
+                index,
+                sink,
+                stats: Arc::clone(&stats),
+                buf: Vec::with_capacity(BATCH),
+                reserved: 0,
+                graph: layout.graph,
+            },
+        };
+        let flag = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("ring-drainer".into())
+            .spawn(move || loop {
+                // Read the flag first: a pass after it was set sees every
+                // record the stopped guest committed.
+                let stopping = flag.load(Ordering::Acquire);
+                let n = pass.run(stopping)?;
+                if stopping {
+                    return Ok(());
+                }
+                if n == 0 {
+                    std::thread::sleep(IDLE);
+                }
+            })
+            .expect("spawn the ring drainer thread");
+        Drainer {
+            stop,
+            handle,
+            stats,
+        }
+    }
+
+    /// Drain what is left and stop (the guest has stopped: what it left
+    /// reserved and not committed is counted as unfinished). Its event
+    /// sender goes with it.
+    pub fn finish(self) -> Result<(), DrainError> {
+        self.stop.store(true, Ordering::Release);
+        match self.handle.join() {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(DrainError::Panicked),
+        }
+    }
+}
+
+/// Calls counted, not recorded (their ring was full), per CPU and site.
+pub fn drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
+    (0..layout.cpus)
+        .map(|cpu| ring::drops(mem, layout, cpu))
+        .collect()
+}
+
+/// Every ring's return drop counters, `[cpu][site]` (function graph).
+pub fn ret_drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
+    (0..layout.cpus)
+        .map(|cpu| ring::ret_drops(mem, layout, cpu))
+        .collect()
+}

@@ -1,0 +1,262 @@
+//! Mapping vmtrace's region into the guest's kernel address space, under a
+//! pause, through the guest's own page tables.
+
+use vm_memory::{Bytes, GuestAddress};
+use vmm::gva::{AddressSpace, Entry, GvaError, Level};
+
+use super::layout::{CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA};
+
+/// Entry bits (Intel SDM vol. 3A, 4.5): present, writable, page size (a 2 MiB
+/// leaf in a PDE), execute-disable. U/S (bit 2) and G (bit 8) stay clear:
+/// supervisor-only, and not global, so nothing outlives a CR3 switch in a TLB.
+const PTE_PRESENT: u64 = 1 << 0;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_PS: u64 = 1 << 7;
+const PTE_XD: u64 = 1 << 63;
+/// A table entry's bits: present and writable (the leaves below decide).
+const TABLE: u64 = PTE_PRESENT | PTE_WRITABLE;
+/// Accessed and dirty: the CPU sets them in entries it uses, vmtrace's own
+/// included, so they do not make an entry someone else's.
+const PTE_ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
+
+/// Does `entry` hold what vmtrace wrote (`want`), whatever the CPU marked?
+fn ours(entry: u64, want: u64) -> bool {
+    entry & !PTE_ACCESSED_DIRTY == want
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error(
+        "page-directory entry {index} for {va:#x} (at guest physical {gpa:#x}) holds {value:#x}, not empty: \
+         the guest uses the range vmtrace maps its trampoline into; use --mode trap"
+    )]
+    SlotInUse {
+        index: usize,
+        va: u64,
+        gpa: u64,
+        value: u64,
+    },
+    #[error("the page directory above {va:#x} is a 1 GiB page: no room for vmtrace's trampoline; use --mode trap")]
+    HugePage { va: u64 },
+    #[error("cannot walk the guest's page tables to {va:#x}: {source}; use --mode trap")]
+    Walk { va: u64, source: GvaError },
+    #[error("cannot write the page directory of vmtrace's trampoline: {0}")]
+    Memory(String),
+}
+
+/// What the guest's tables hold for the region after `map`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    /// vmtrace installed the page directory itself (the guest had none).
+    pub own_pd: bool,
+    /// The entries were vmtrace's already (a second attach).
+    pub reused: bool,
+}
+
+/// The leaf each of the `PD_COUNT` entries gets: code read-only and
+/// executable, data writable and (where the guest enabled NX) not executable.
+fn leaves(nx: bool) -> [u64; PD_COUNT] {
+    let xd = if nx { PTE_XD } else { 0 };
+    let mut out = [0; PD_COUNT];
+    for (i, e) in out.iter_mut().enumerate() {
+        *e = if i == 0 {
+            CODE_GPA | PTE_PRESENT | PTE_PS
+        } else {
+            (DATA_GPA + (i as u64 - 1) * LARGE_PAGE) | PTE_PRESENT | PTE_WRITABLE | PTE_PS | xd
+        };
+    }
+    out
+}
+
+/// Map the region at `CODE_VA..` in `space` (the kernel's tables: every
+/// process shares the kernel half). The entries must be empty, or hold
+/// exactly what vmtrace writes (a previous attach): anything else is
+/// refused before a byte is written. A missing page directory above the
+/// range (the mini guest) is vmtrace's own, from its region.
+pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
+    let walk = |va| move |source| MapError::Walk { va, source };
+    let mut own_pd = false;
+    let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
+    if pdpte.value & PTE_PRESENT == 0 {
+        if !pdpte.is_empty() {
+            return Err(MapError::SlotInUse {
+                index: 511,
+                va: CODE_VA,
+                gpa: pdpte.gpa,
+                value: pdpte.value,
+            });
+        }
+        space
+            .memory()
+            .write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
+            .map_err(|e| MapError::Memory(e.to_string()))?;
+        space
+            .set_entry(&pdpte, SPARE_PD_GPA | TABLE)
+            .map_err(walk(CODE_VA))?;
+        own_pd = true;
+    } else if pdpte.value & PTE_PS != 0 {
+        return Err(MapError::HugePage { va: CODE_VA });
+    }
+    let want = leaves(space.nx_enabled());
+    let mut entries: Vec<Entry> = Vec::with_capacity(PD_COUNT);
+    for (i, &w) in want.iter().enumerate() {
+        let va = CODE_VA + i as u64 * LARGE_PAGE;
+        let e = space.entry(va, Level::Pd).map_err(walk(va))?;
+        if !e.is_empty() && !ours(e.value, w) {
+            return Err(MapError::SlotInUse {
+                index: ((va >> 21) & 511) as usize,
+                va,
+                gpa: e.gpa,
+                value: e.value,
+            });
+        }
+        entries.push(e);
+    }
+    let reused = entries.iter().zip(&want).all(|(e, &w)| ours(e.value, w));
+    for (e, &w) in entries.iter().zip(&want) {
+        if !ours(e.value, w) {
+            space.set_entry(e, w).map_err(walk(CODE_VA))?;
+        }
+    }
+    Ok(Mapped { own_pd, reused })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::exitless::layout::{DATA_VA, PD_FIRST, REGION_GPA, REGION_LEN};
+    use vm_memory::GuestMemoryMmap;
+    use vmm::gva::PagingMode;
+
+    fn memory() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 64 << 20),
+            (GuestAddress(REGION_GPA), REGION_LEN as usize),
+        ])
+        .unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem
+    }
+
+    /// A Linux-like layout: PDPT[511] -> a page directory (level2_fixmap_pgt)
+    /// with the fixmap's two entries (506, 507) present.
+    fn with_fixmap_pd(mem: &GuestMemoryMmap) -> u64 {
+        let pd = 0x30_0000u64;
+        mem.write_slice(&[0u8; 4096], GuestAddress(pd)).unwrap();
+        for i in [506u64, 507] {
+            mem.write_obj((0x40_0000 + i * 0x1000) | TABLE, GuestAddress(pd + i * 8))
+                .unwrap();
+        }
+        mem.write_obj(
+            pd | TABLE,
+            GuestAddress(vmm::layout::PDPT_HIGH_START + 511 * 8),
+        )
+        .unwrap();
+        pd
+    }
+
+    fn space(mem: &GuestMemoryMmap) -> AddressSpace<'_> {
+        AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true)
+    }
+
+    #[test]
+    fn maps_into_the_empty_fixmap_entries_and_reuses_them() {
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        let mut s = space(&mem);
+        let m = map(&mut s).unwrap();
+        assert_eq!(
+            m,
+            Mapped {
+                own_pd: false,
+                reused: false
+            }
+        );
+        assert_eq!(s.translate(CODE_VA + 5).unwrap().gpa, CODE_GPA + 5);
+        assert_eq!(
+            s.translate(DATA_VA + LARGE_PAGE + 7).unwrap().gpa,
+            DATA_GPA + LARGE_PAGE + 7
+        );
+        let code: u64 = mem
+            .read_obj(GuestAddress(pd + PD_FIRST as u64 * 8))
+            .unwrap();
+        let data: u64 = mem
+            .read_obj(GuestAddress(pd + (PD_FIRST as u64 + 1) * 8))
+            .unwrap();
+        assert_eq!(
+            code & (PTE_WRITABLE | PTE_XD | 4 | 0x100),
+            0,
+            "code: RO, X, supervisor, not global"
+        );
+        assert_eq!(
+            data & (PTE_WRITABLE | PTE_XD | 4 | 0x100),
+            PTE_WRITABLE | PTE_XD
+        );
+        // The fixmap's own entries are untouched.
+        let fix: u64 = mem.read_obj(GuestAddress(pd + 506 * 8)).unwrap();
+        assert_eq!(fix, (0x40_0000 + 506 * 0x1000) | TABLE);
+        // A second attach finds its own entries.
+        assert_eq!(
+            map(&mut space(&mem)).unwrap(),
+            Mapped {
+                own_pd: false,
+                reused: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_guest_without_a_directory_there_gets_vmtraces_own() {
+        let mem = memory();
+        let m = map(&mut space(&mem)).unwrap();
+        assert!(m.own_pd && !m.reused);
+        assert_eq!(space(&mem).translate(CODE_VA).unwrap().gpa, CODE_GPA);
+        assert_eq!(
+            map(&mut space(&mem)).unwrap(),
+            Mapped {
+                own_pd: false,
+                reused: true
+            }
+        );
+    }
+
+    #[test]
+    fn an_entry_in_use_is_refused_and_nothing_is_written() {
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        let busy = pd + (PD_FIRST as u64 + 2) * 8;
+        mem.write_obj(0x80_0000u64 | PTE_PRESENT | PTE_PS, GuestAddress(busy))
+            .unwrap();
+        let err = map(&mut space(&mem)).unwrap_err();
+        assert!(
+            matches!(err, MapError::SlotInUse { index: 510, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--mode trap"));
+        let code: u64 = mem
+            .read_obj(GuestAddress(pd + PD_FIRST as u64 * 8))
+            .unwrap();
+        assert_eq!(code, 0, "nothing written before the check");
+    }
+
+    #[test]
+    fn tables_that_cannot_be_walked_are_a_clear_error() {
+        let mem = memory();
+        // CR3 outside guest RAM.
+        let mut s = AddressSpace::new(&mem, 0x7000_0000_0000, PagingMode::Level4);
+        let err = map(&mut s).unwrap_err();
+        assert!(matches!(err, MapError::Walk { .. }), "{err}");
+        // Without NXE, no XD bit: it would be reserved.
+        let mut s = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        map(&mut s).unwrap();
+        assert_eq!(s.translate(DATA_VA).unwrap().gpa, DATA_GPA);
+        let pd: u64 = mem
+            .read_obj::<u64>(GuestAddress(vmm::layout::PDPT_HIGH_START + 511 * 8))
+            .unwrap()
+            & !0xfff;
+        let data: u64 = mem
+            .read_obj(GuestAddress(pd + (PD_FIRST as u64 + 1) * 8))
+            .unwrap();
+        assert_eq!(data & PTE_XD, 0);
+    }
+}

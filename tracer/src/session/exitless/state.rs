@@ -1,0 +1,609 @@
+//! One session's exitless machinery: the generated trampoline, the ring
+//! layout, whether they are in the guest yet, and the drainer.
+
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::gva::AddressSpace;
+use vmm::pause::GuestClock;
+
+use super::collect::{self, DrainError};
+use super::layout::{
+    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
+};
+use super::map::{self, MapError, Mapped};
+use super::pending::PendingDrainer;
+use super::percpu::PerCpuVar;
+use super::ret::{Return, ReturnError};
+use super::ring::{self, RingError};
+use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::sites::SITE_LEN;
+use crate::kernel::symbols::KernelImage;
+use crate::session::record::{Counters, SiteIndex};
+use crate::trace::model::Event;
+
+/// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS
+/// in either per-CPU layout (`percpu`).
+pub const CPU_NUMBER: &str = "cpu_number";
+/// Linux 6.2 to 6.14 keep it in the per-CPU `struct pcpu_hot`
+/// (arch/x86/include/asm/current.h): after `current_task` (8 bytes) and
+/// `preempt_count` (4), so at offset 12; `smp_processor_id()` there reads
+/// `gs:pcpu_hot+0xc` (checked in the 6.12 guest's code).
+pub const PCPU_HOT: &str = "pcpu_hot";
+pub const PCPU_HOT_CPU_NUMBER: u64 = 12;
+/// Defined only by a kernel built with `CONFIG_PREEMPTION`
+/// (kernel/sched/core.c), dynamic preemption included: its tasks can be
+/// preempted anywhere, the trampoline too.
+pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
+/// The kernel's table of per-CPU area offsets (`unsigned long
+/// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
+/// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
+pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
+/// The return thunk a kernel built with return thunks
+/// (CONFIG_MITIGATION_RETHUNK) jumps to from every return it compiled,
+/// until its alternatives rewrite them (arch/x86/lib/retpoline.S).
+pub const RETURN_THUNK: &str = "__x86_return_thunk";
+/// The return thunk against Indirect Target Selection
+/// (CONFIG_MITIGATION_ITS), which leaves some returns plain (`ret`).
+pub const ITS_RETURN_THUNK: &str = "its_return_thunk";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExitlessError {
+    #[error(
+        "{path}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot tell which CPU it runs on; use --mode trap",
+        path = .0.display()
+    )]
+    NoCpuNumber(std::path::PathBuf),
+    #[error(
+        "{path}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) nor a kernel address (6.15+); use --mode trap",
+        path = .path.display()
+    )]
+    BadCpuNumber { path: std::path::PathBuf, off: u64 },
+    #[error("the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of reach of a gs:[disp32]; use --mode trap")]
+    CpuNumberOutOfReach { link: u64, runtime: u64 },
+    #[error(
+        "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the guest has {cpus} vCPUs): \
+         the symbols do not describe this kernel's per-CPU layout; use --mode trap"
+    )]
+    CpuNumberMismatch {
+        cpu: usize,
+        value: u32,
+        off: u64,
+        cpus: usize,
+    },
+    #[error(
+        "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol (kallsyms without \
+         CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
+         use --mode trap, or give its vmlinux (--vmlinux)"
+    )]
+    AlternativesUnknown { place: String },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Trampoline(#[from] TrampolineError),
+    #[error(transparent)]
+    Return(#[from] ReturnError),
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(transparent)]
+    Drain(#[from] DrainError),
+    #[error("the trampoline ({len} bytes) does not fit its {CODE_LEN}-byte page")]
+    CodeTooBig { len: usize },
+    #[error("cannot start the thread that drains vmtrace's rings: {0}")]
+    Thread(std::io::Error),
+    #[error("writing vmtrace's trampoline into guest memory: {0}")]
+    Memory(String),
+    #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
+    NoClock,
+    #[error(
+        "{0} records in vmtrace's rings named no traced site or vCPU (the guest wrote over them); \
+         their calls are not in the counts"
+    )]
+    BadRecords(u64),
+}
+
+/// Exitless state of one tracing session.
+pub struct Exitless {
+    pub layout: RingLayout,
+    pub trampoline: Trampoline,
+    /// What the trampoline was generated for (its CPU number's displacement
+    /// is the link-time one until `resolve`).
+    spec: TrampolineSpec,
+    /// The kernel's CPU number, in its per-CPU layout.
+    cpu_number: PerCpuVar,
+    /// Code written and rings initialised (`stage`), in vmtrace's own slot
+    /// that the guest cannot reach before `install` maps it.
+    staged: bool,
+    /// Mapped into the guest at least once: the code can no longer change
+    /// (a task may still be inside the trampoline from an earlier attach),
+    /// and later attaches reuse code and rings.
+    installed: bool,
+    /// The events' way to the collector, until the drainer takes it.
+    sink: Option<Sender<Vec<Event>>>,
+    /// Spawned at `stage`, started at the first attach.
+    drainer: Option<PendingDrainer>,
+    mem: Option<GuestMemoryMmap>,
+    /// Slots the last drain found reserved and never committed.
+    unfinished: u64,
+}
+
+/// The rings and the code for this image, CPU count and site count (at
+/// the kernel's link addresses: `Exitless::resolve` moves them).
+fn plan(
+    image: &KernelImage,
+    cpus: usize,
+    sites: usize,
+    ring_records: Option<u64>,
+    graph: bool,
+) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
+    let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
+        (Some(s), _) => s.addr,
+        (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
+        (None, None) => return Err(ExitlessError::NoCpuNumber(image.path.clone())),
+    };
+    let bad = || ExitlessError::BadCpuNumber {
+        path: image.path.clone(),
+        off: addr,
+    };
+    let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+    // Its compiled returns are thunk jumps, which the kernel may keep or
+    // rewrite once it knows its CPU: read before then, `__fentry__` would
+    // say jump where the kernel returns by `ret` (or the other way), and
+    // only `alternatives_patched` tells when. Refused before the guest runs
+    // (`--mode auto` then traps).
+    if image.symbol(RETURN_THUNK).is_some() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+        return Err(ExitlessError::AlternativesUnknown {
+            place: image.path.display().to_string(),
+        });
+    }
+    let spec = TrampolineSpec {
+        layout: RingLayout::new(cpus, sites, ring_records, graph)?,
+        cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
+        preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
+        // `ret; int3` until `resolve` reads how the kernel returns.
+        ret: Default::default(),
+    };
+    Ok((generate(&spec)?, spec, cpu_number))
+}
+
+/// The trampoline for `spec`, if it fits its code page.
+fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessError> {
+    let trampoline = trampoline::generate(spec)?;
+    if trampoline.code.len() as u64 > CODE_LEN {
+        return Err(ExitlessError::CodeTooBig {
+            len: trampoline.code.len(),
+        });
+    }
+    Ok(trampoline)
+}
+
+impl Exitless {
+    /// Can exitless tracing be planned for this image, CPU and site count
+    /// (checked before the guest exists)?
+    pub fn check(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        ring_records: Option<u64>,
+        graph: bool,
+    ) -> Result<(), ExitlessError> {
+        plan(image, cpus, sites, ring_records, graph).map(|_| ())
+    }
+
+    /// Plan the rings and generate the code, before the guest runs.
+    pub fn prepare(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        ring_records: Option<u64>,
+        graph: bool,
+        sink: Sender<Vec<Event>>,
+    ) -> Result<Exitless, ExitlessError> {
+        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph)?;
+        Ok(Exitless {
+            layout: spec.layout,
+            trampoline,
+            spec,
+            cpu_number,
+            staged: false,
+            installed: false,
+            sink: Some(sink),
+            drainer: None,
+            mem: None,
+            unfinished: 0,
+        })
+    }
+
+    /// Fit the code to the running kernel before its first install: the
+    /// CPU number's displacement where KASLR (`off`) moved it (Linux 6.15+
+    /// per-CPU symbols are kernel addresses), and returns as the kernel's
+    /// `__fentry__` returns now (`ret`). `AlternativesPending` while the
+    /// kernel has not yet chosen its return mitigations (nothing changed:
+    /// retry later). Calls after the first install change nothing.
+    pub fn resolve(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        image: &KernelImage,
+        off: KernelOffset,
+    ) -> Result<Resolved, ExitlessError> {
+        if self.installed {
+            return Ok(Resolved::Ready);
+        }
+        let disp = self
+            .cpu_number
+            .gs_disp(off)
+            .ok_or(ExitlessError::CpuNumberOutOfReach {
+                link: self.cpu_number.link,
+                runtime: off.runtime(self.cpu_number.link),
+            })?;
+        // Before anything is read: until the kernel applied its
+        // alternatives, `__fentry__` and every return site may still change
+        // (and `__fentry__` may be a form only seen then).
+        if alternatives_pending(space, image, off) {
+            return Ok(Resolved::AlternativesPending);
+        }
+        let ret = match image.symbol(crate::kernel::sites::FENTRY) {
+            // The mini guest's default build: nothing to follow.
+            None => Return::default(),
+            Some(f) => {
+                let va = off.runtime(f.addr);
+                let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
+                    ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
+                })?;
+                let its = image.symbol(ITS_RETURN_THUNK).map(|s| off.runtime(s.addr));
+                let ret = Return::from_fentry(&code, va, its)?;
+                // As `plan` refuses, for a thunk known only by its code.
+                if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+                    return Err(ExitlessError::AlternativesUnknown {
+                        place: format!("the guest's __fentry__ at {va:#x}"),
+                    });
+                }
+                ret
+            }
+        };
+        let spec = TrampolineSpec {
+            cpu_number_disp: disp,
+            ret,
+            ..self.spec
+        };
+        if spec != self.spec {
+            // Displacements and immediates differ; with a return thunk or
+            // depth accounting the bodies are longer, so the sites' targets
+            // are taken from the new code (nothing is patched yet).
+            self.trampoline = generate(&spec)?;
+            self.spec = spec;
+            if let Some(mem) = &self.mem {
+                // Staged before the kernel was known: the new code over it
+                // (a few KiB, still unreachable by the guest).
+                write_code(mem, &self.trampoline)?;
+            }
+        }
+        Ok(Resolved::Ready)
+    }
+
+    /// How the trampoline returns (after `resolve`).
+    pub fn ret(&self) -> Return {
+        self.spec.ret
+    }
+
+    /// Write the code, reset the rings and spawn the drainer's thread
+    /// (once), and remember `mem` for the drainer. The region is vmtrace's
+    /// own slot, outside the guest's RAM and unreachable until `install`
+    /// maps it, so this may run while the guest does: before the attach's
+    /// pause, which then only maps (zeroing megabytes of never-touched rings
+    /// inside the pause was most of an exitless attach's window). `install`
+    /// does it in the pause if nobody did before; `resolve` rewrites the
+    /// code if the running kernel needs other code.
+    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), ExitlessError> {
+        if self.staged {
+            return Ok(());
+        }
+        write_code(mem, &self.trampoline)?;
+        // The spare page directory, touched now (a first write to a host
+        // page faults it in): `map` fills it in the pause when the guest
+        // has none. Unused before the first `map`, which comes after this.
+        mem.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        ring::init_rings(mem, &self.layout)?;
+        if self.layout.graph {
+            // Every frame free, the ticket counter at 0.
+            let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
+            mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        }
+        if let Some(sink) = self.sink.take() {
+            let pending = PendingDrainer::spawn(mem.clone(), self.layout, sink)
+                .map_err(ExitlessError::Thread)?;
+            self.drainer = Some(pending);
+        }
+        self.staged = true;
+        self.mem = Some(mem.clone());
+        Ok(())
+    }
+
+    /// Map the region, staged first if it was not (`stage`). The guest is
+    /// paused. Nothing in the guest's tables changes when the mapping is
+    /// refused.
+    pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
+        self.stage(space.memory())?;
+        let mapped = map::map(space)?;
+        self.installed = true;
+        Ok(mapped)
+    }
+
+    /// Does every CPU's per-CPU CPU number read as one where the trampoline
+    /// will read it? The trampoline does not bounds-check the number (it
+    /// indexes the rings with it), so an attach is refused unless:
+    ///
+    /// - through each parked vCPU's GS base (`gs_bases`: (vCPU, GS base) of
+    ///   those at CPL 0), the number is below the vCPU count; a GS base whose
+    ///   area is not mapped (a vCPU on the entry path, before `swapgs`) tells
+    ///   nothing and is skipped;
+    /// - through the kernel's `__per_cpu_offset` table (`per_cpu_offset`: its
+    ///   runtime address, when the symbols have it), CPU i's number reads i
+    ///   for every i below the vCPU count, or 0 for a CPU the kernel has not
+    ///   set up (its entry still points at the per-CPU template). This also
+    ///   covers the CPUs that are not running yet at an early attach.
+    pub fn check_cpu_numbers(
+        &self,
+        space: &mut AddressSpace<'_>,
+        gs_bases: &[(usize, u64)],
+        per_cpu_offset: Option<u64>,
+    ) -> Result<(), ExitlessError> {
+        check_cpu_numbers(
+            space,
+            self.spec.cpu_number_disp,
+            self.layout.cpus,
+            gs_bases,
+            per_cpu_offset,
+        )
+    }
+
+    /// The bytes site `k` at `addr` becomes: a call to its stub.
+    pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
+        trampoline::call_bytes(addr, self.trampoline.stub_va(k as u32))
+    }
+
+    /// Start draining (once): events dated by `clock`, counted in `counters`.
+    /// The drainer's thread was spawned at `stage`: this only tells it.
+    pub fn start_drainer(
+        &mut self,
+        clock: GuestClock,
+        counters: Arc<Counters>,
+        index: Arc<SiteIndex>,
+    ) {
+        if let Some(d) = &self.drainer {
+            d.start(clock, counters, index);
+        }
+    }
+
+    /// Calls counted in the guest but not recorded (full rings), per CPU and
+    /// site; empty before the first install.
+    pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        match &self.mem {
+            Some(mem) => Ok(collect::drops(mem, &self.layout)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Returns counted in the guest but not recorded (full rings), per CPU
+    /// and site; empty before the first install.
+    pub fn ret_drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        match &self.mem {
+            Some(mem) => Ok(collect::ret_drops(mem, &self.layout)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Calls whose record the last drain found reserved and never
+    /// committed (0 before `finish`).
+    pub fn unfinished(&self) -> u64 {
+        self.unfinished
+    }
+
+    /// Drain the rest and stop the drainer (the guest has stopped); drops
+    /// the event sender either way, so the collector can finish.
+    /// Records skipped as out of range are an error too: never silent.
+    pub fn finish(&mut self) -> Result<(), ExitlessError> {
+        self.sink = None;
+        let Some(pending) = self.drainer.take() else {
+            return Ok(());
+        };
+        let Some(d) = pending.join().map_err(|()| DrainError::Panicked)? else {
+            return Ok(());
+        };
+        let stats = std::sync::Arc::clone(&d.stats);
+        d.finish()?;
+        self.unfinished = stats.unfinished.load(std::sync::atomic::Ordering::Relaxed);
+        match stats.bad_records.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Ok(()),
+            n => Err(ExitlessError::BadRecords(n)),
+        }
+    }
+}
+
+/// The trampoline's code into vmtrace's code page.
+fn write_code(mem: &GuestMemoryMmap, t: &Trampoline) -> Result<(), ExitlessError> {
+    mem.write_slice(&t.code, GuestAddress(CODE_GPA))
+        .map_err(|e| ExitlessError::Memory(e.to_string()))
+}
+
+/// What `Exitless::resolve` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The code fits the running kernel.
+    Ready,
+    /// The kernel's `__fentry__` still returns through the compiler's
+    /// return thunk, but the kernel has not applied its alternatives yet
+    /// (`alternatives_patched` is 0): it will rewrite every return then.
+    AlternativesPending,
+}
+
+/// Bytes of `__fentry__` read to see how it returns (`Return::from_fentry`
+/// reads at most 8 instructions besides NOPs; its body is about 14 bytes,
+/// 15 before alternatives with call depth tracking).
+const FENTRY_READ: usize = 48;
+/// Set to 1 when the kernel has applied its alternatives, return sites
+/// included (arch/x86/kernel/alternative.c).
+pub const ALTERNATIVES_PATCHED: &str = "alternatives_patched";
+
+/// Has a kernel with `alternatives_patched` not set it yet?
+fn alternatives_pending(
+    space: &mut AddressSpace<'_>,
+    image: &KernelImage,
+    off: KernelOffset,
+) -> bool {
+    image.symbol(ALTERNATIVES_PATCHED).is_some_and(|s| {
+        space
+            .read_array::<4>(off.runtime(s.addr))
+            .map(u32::from_le_bytes)
+            == Ok(0)
+    })
+}
+
+/// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
+/// `gs:[disp]`: GS base + the sign-extended `disp` in either per-CPU layout
+/// (`percpu`; from 6.15 a CPU not set up has a 0 entry, so it reads the
+/// template in the image, whose number is 0, as before 6.15).
+fn check_cpu_numbers(
+    space: &mut AddressSpace<'_>,
+    disp: i32,
+    cpus: usize,
+    gs_bases: &[(usize, u64)],
+    per_cpu_offset: Option<u64>,
+) -> Result<(), ExitlessError> {
+    let off = i64::from(disp) as u64;
+    let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
+        cpu,
+        value,
+        off,
+        cpus,
+    };
+    let read_number = |space: &mut AddressSpace<'_>, base: u64| {
+        space
+            .read_array::<4>(base.wrapping_add(off))
+            .ok()
+            .map(u32::from_le_bytes)
+    };
+    for &(cpu, base) in gs_bases {
+        if base == 0 {
+            continue;
+        }
+        match read_number(space, base) {
+            Some(value) if value as usize >= cpus => return Err(mismatch(cpu, value)),
+            _ => {}
+        }
+    }
+    let Some(table) = per_cpu_offset else {
+        return Ok(());
+    };
+    for cpu in 0..cpus {
+        let entry = table.wrapping_add(cpu as u64 * 8);
+        let Ok(base) = space.read_array::<8>(entry).map(u64::from_le_bytes) else {
+            continue;
+        };
+        match read_number(space, base) {
+            Some(value) if value as usize != cpu && value != 0 => return Err(mismatch(cpu, value)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vmm::gva::PagingMode;
+
+    /// The VMM's boot page tables: low memory identity-mapped, and the
+    /// kernel map (0xffffffff80000000) onto guest-physical 0.
+    fn memory() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem
+    }
+
+    const OFF: i32 = 0x20;
+    /// Per-CPU areas at 1 MiB + i * 64 KiB; the template at 4 MiB.
+    fn area(cpu: u64) -> u64 {
+        0x10_0000 + cpu * 0x1_0000
+    }
+    const TEMPLATE: u64 = 0x40_0000;
+    /// `__per_cpu_offset` at 8 MiB, through the kernel map.
+    const TABLE_GPA: u64 = 0x80_0000;
+    const TABLE_VA: u64 = vmm::layout::KERNEL_MAP_BASE + TABLE_GPA;
+
+    /// CPU i's area says `numbers[i]`; the table has `set_up` CPUs, the
+    /// others pointing at the template (number 0).
+    fn guest(numbers: &[u32], set_up: usize) -> GuestMemoryMmap {
+        let mem = memory();
+        for (i, &n) in numbers.iter().enumerate() {
+            mem.write_obj(n, GuestAddress(area(i as u64) + OFF as u64))
+                .unwrap();
+        }
+        for i in 0..8u64 {
+            let base = if (i as usize) < set_up {
+                area(i)
+            } else {
+                TEMPLATE
+            };
+            mem.write_obj(base, GuestAddress(TABLE_GPA + i * 8))
+                .unwrap();
+        }
+        mem
+    }
+
+    fn check(mem: &GuestMemoryMmap, cpus: usize, gs: &[(usize, u64)], table: bool) -> String {
+        let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
+        match check_cpu_numbers(&mut space, OFF, cpus, gs, table.then_some(TABLE_VA)) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn cpu_numbers_are_checked_through_gs_and_the_per_cpu_table() {
+        // Four vCPUs, all set up, each reading its own number.
+        let mem = guest(&[0, 1, 2, 3], 4);
+        let gs: Vec<(usize, u64)> = (0..4).map(|i| (i, area(i as u64))).collect();
+        assert_eq!(check(&mem, 4, &gs, true), "ok");
+        // An early attach: only CPU 0 runs, CPUs 2 and 3 not set up yet.
+        let mem = guest(&[0, 1], 2);
+        assert_eq!(check(&mem, 4, &gs[..1], true), "ok");
+        // A GS base of 0 or unmapped tells nothing.
+        assert_eq!(check(&mem, 4, &[(0, 0), (1, 0x7fff_0000_0000)], true), "ok");
+    }
+
+    #[test]
+    fn a_number_that_would_index_past_the_rings_is_refused() {
+        // Through GS: vCPU 1's number reads 4 with 4 rings.
+        let mem = guest(&[0, 4], 2);
+        let err = check(&mem, 4, &[(0, area(0)), (1, area(1))], false);
+        assert!(
+            err.starts_with(
+                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (the guest has 4 vCPUs)"
+            ),
+            "{err}"
+        );
+        // Through the table, for a CPU not running yet (no GS base given):
+        // CPU 1 reads 7, not 1.
+        let mem = guest(&[0, 7], 2);
+        let err = check(&mem, 2, &[(0, area(0))], true);
+        assert!(
+            err.starts_with("CPU 1's per-CPU CPU number reads 7"),
+            "{err}"
+        );
+        // A wrong offset that happens to read 0 on CPU 0 is caught on CPU 1
+        // (it reads 0x5a5a5a5a there, not 1).
+        let mem = guest(&[0, 0x5a5a_5a5a], 2);
+        let err = check(&mem, 2, &[(0, area(0))], true);
+        assert!(err.contains("reads 1515870810"), "{err}");
+        // Without the table, only the running CPUs are checked.
+        assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
+    }
+}

@@ -1,0 +1,470 @@
+//! Recording function entries on the trap path.
+//!
+//! Each vCPU thread owns a `Recorder`: it finds the site from RIP, counts the
+//! call in its own counters, reads the caller from [RSP] through the trap's
+//! own address space, and appends an event to its own buffer; full buffers go to the
+//! collector thread over a channel. Nothing on this path takes a lock.
+//! Counts are always exact; events beyond `--max-events` are counted as
+//! dropped, never lost silently.
+//!
+//! With the function graph (`GraphHook`), an entry also hooks the return:
+//! the return address at [RSP] becomes vmtrace's return trap (kept in the
+//! shared `ShadowStacks`), and the return trap records the return and
+//! resumes the guest at the real return address.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+use vmm::{Trap, TrapError, TrapHandler};
+
+use crate::kernel::sites::SITE_LEN;
+use crate::kernel::symbols::Symbol;
+use crate::session::shadow::ShadowStacks;
+use crate::session::store::{self, Storage};
+use crate::trace::model::{Event, RETURN_BIT};
+
+/// Events a vCPU buffers before handing them to the collector.
+pub const BATCH: usize = 4096;
+
+/// Length of `out imm8, al`: on hosts whose KVM completes the `out` before
+/// exiting (this CI host), RIP is already this far past the site.
+pub const OUT_LEN: u64 = 2;
+
+/// The patchable sites, sorted by address, each with its traced function.
+#[derive(Debug, Default)]
+pub struct SiteIndex {
+    /// Link addresses (the vmlinux's).
+    pub addrs: Vec<u64>,
+    pub funcs: Vec<u32>,
+    /// How far the running kernel is from them (KASLR's virtual offset),
+    /// set once at the first attach, before any site traps.
+    slide: AtomicU64,
+}
+
+impl SiteIndex {
+    /// `sites`: (address, function index), any order.
+    pub fn new(mut sites: Vec<(u64, u32)>) -> Self {
+        sites.sort_unstable();
+        sites.dedup_by_key(|s| s.0);
+        SiteIndex {
+            addrs: sites.iter().map(|s| s.0).collect(),
+            funcs: sites.iter().map(|s| s.1).collect(),
+            slide: AtomicU64::new(0),
+        }
+    }
+
+    /// The kernel runs `virt` bytes from its link addresses (`kaslr`).
+    pub fn set_slide(&self, virt: i64) {
+        self.slide.store(virt as u64, Ordering::Relaxed);
+    }
+
+    /// How far the running kernel is from its link addresses (0 until the
+    /// first attach found it).
+    pub fn slide(&self) -> i64 {
+        self.slide.load(Ordering::Relaxed) as i64
+    }
+
+    /// Where site `i` is in the running kernel.
+    pub fn running_addr(&self, i: usize) -> u64 {
+        self.addrs[i].wrapping_add(self.slide.load(Ordering::Relaxed))
+    }
+
+    /// (address, function) of every site, in address order.
+    pub fn sites(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.addrs.iter().copied().zip(self.funcs.iter().copied())
+    }
+
+    fn exact(&self, addr: u64) -> Option<usize> {
+        self.addrs.binary_search(&addr).ok()
+    }
+
+    /// The site a trap at `rip` came from: RIP at the `out` (bare-metal KVM's
+    /// fast PIO path) or just past it (KVM's emulator). Sites are five bytes
+    /// apart at least, so the two cannot both match.
+    pub fn find(&self, rip: u64) -> Option<usize> {
+        // Set before the sites were patched, under the pause that every
+        // vCPU's next entry synchronizes with: Relaxed is enough.
+        let rip = rip.wrapping_sub(self.slide.load(Ordering::Relaxed));
+        self.exact(rip)
+            .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
+    }
+}
+
+/// Trap mode's return hooks: the guest address of the return trap (an
+/// `out` to the trace port in vmtrace's code page) and the frames hooked.
+#[derive(Debug)]
+pub struct GraphHook {
+    pub trap_va: u64,
+    pub shadow: ShadowStacks,
+}
+
+/// The recorders' counters and event budget, shared with the tracing session.
+pub struct Counters {
+    /// Calls per site, one array per vCPU (written only by that vCPU).
+    pub counts: Vec<Box<[AtomicU64]>>,
+    /// Returns per site (function graph), one array per vCPU: the vCPU the
+    /// return ran on. Written only by that vCPU in trap mode; by the
+    /// drainer in exitless mode.
+    pub returns: Vec<Box<[AtomicU64]>>,
+    /// Returns counted but not stored (over `--max-events`).
+    pub returns_dropped: AtomicU64,
+    /// Entries whose return could not be hooked (the slot was unreadable
+    /// or unwritable).
+    pub unhooked: AtomicU64,
+    /// Events that may still be stored.
+    budget: AtomicI64,
+    pub dropped: AtomicU64,
+    pub parent_unreadable: AtomicU64,
+    /// Events (entries and returns) per vCPU that could not be kept: the
+    /// data file's writer fell behind, or the disk refused them. Also in
+    /// `dropped` / `returns_dropped`.
+    pub lost: Box<[AtomicU64]>,
+}
+
+/// One vCPU's trap handler.
+pub struct Recorder {
+    cpu: u32,
+    index: Arc<SiteIndex>,
+    counters: Arc<Counters>,
+    buf: Vec<Event>,
+    /// Events this recorder may still store without touching `budget`.
+    reserved: usize,
+    tx: Sender<Vec<Event>>,
+    /// Emptied batches the store hands back, reused before allocating.
+    free: Receiver<Vec<Event>>,
+    graph: Option<Arc<GraphHook>>,
+}
+
+impl Counters {
+    /// Counts stored events that were then not kept: entries as dropped,
+    /// returns as returns dropped (the counts stay exact).
+    pub fn drop_stored(&self, e: &Event) {
+        let c = if e.is_return() {
+            &self.returns_dropped
+        } else {
+            &self.dropped
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch that could not be kept (see `lost`): three atomic adds per
+    /// vCPU in it, not one per event (recorders may be losing batches
+    /// side by side).
+    pub fn lose(&self, batch: &[Event]) {
+        let mut cpu = None;
+        let (mut entries, mut returns, mut n) = (0u64, 0u64, 0u64);
+        let flush = |cpu: Option<u32>, entries: &mut u64, returns: &mut u64, n: &mut u64| {
+            if let Some(l) = cpu.and_then(|c| self.lost.get(c as usize)) {
+                l.fetch_add(*n, Ordering::Relaxed);
+            }
+            self.dropped.fetch_add(*entries, Ordering::Relaxed);
+            self.returns_dropped.fetch_add(*returns, Ordering::Relaxed);
+            (*entries, *returns, *n) = (0, 0, 0);
+        };
+        for e in batch {
+            if cpu != Some(e.cpu) && n > 0 {
+                flush(cpu, &mut entries, &mut returns, &mut n);
+            }
+            cpu = Some(e.cpu);
+            n += 1;
+            if e.is_return() {
+                returns += 1;
+            } else {
+                entries += 1;
+            }
+        }
+        if n > 0 {
+            flush(cpu, &mut entries, &mut returns, &mut n);
+        }
+    }
+
+    /// Take up to `want` events from the `--max-events` budget; returns how
+    /// many may be stored.
+    pub fn reserve(&self, want: usize) -> usize {
+        let want = want.min(i64::MAX as usize) as i64;
+        let before = self.budget.fetch_sub(want, Ordering::Relaxed);
+        before.clamp(0, want) as usize
+    }
+}
+
+impl Recorder {
+    fn reserve(&mut self) {
+        self.reserved = self.counters.reserve(BATCH);
+    }
+
+    /// Where batches of events go: the collector, which ends once every
+    /// sender (each recorder's, and any other producer's) is gone.
+    pub fn sink(&self) -> Sender<Vec<Event>> {
+        self.tx.clone()
+    }
+
+    /// Hook returns too (trap-mode function graph).
+    pub fn hook_returns(&mut self, graph: Arc<GraphHook>) {
+        self.graph = Some(graph);
+    }
+
+    /// Takes one event from the budget; false if none is left.
+    fn take_budget(&mut self) -> bool {
+        if self.reserved == 0 {
+            self.reserve();
+            if self.reserved == 0 {
+                return false;
+            }
+        }
+        self.reserved -= 1;
+        true
+    }
+
+    fn push(&mut self, e: Event) {
+        self.buf.push(e);
+        if self.buf.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// A return trap: the hooked function at the slot below RSP returned.
+    /// Resume at its real return address and record the return.
+    fn on_return(&mut self, graph: &GraphHook, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        let ts_ns = Trap::now_ns();
+        // `ret` popped the hooked return address: the slot is just below RSP.
+        let slot = trap.rsp.wrapping_sub(8);
+        let Some(f) = graph.shadow.pop(slot) else {
+            return Err(TrapError::UnknownReturn {
+                cpu: trap.cpu,
+                slot,
+            });
+        };
+        // A tail callee returns into its caller's hook: the return trap
+        // runs again at once, for the caller's frame at the same slot.
+        trap.set_rip(f.ret);
+        let site = f.site as usize;
+        let c = &self.counters.returns[self.cpu as usize][site];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if !self.take_budget() {
+            self.counters
+                .returns_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let parent = if f.ret == graph.trap_va {
+            graph
+                .shadow
+                .real_below(slot, graph.trap_va)
+                .unwrap_or(f.ret)
+        } else {
+            f.ret
+        };
+        self.push(Event {
+            ts_ns,
+            parent,
+            slot: slot | RETURN_BIT,
+            func: self.index.funcs[site],
+            cpu: self.cpu,
+        });
+        Ok(())
+    }
+
+    /// Replace the return address at `slot` (read as `ret`) with the return
+    /// trap; returns the real return address, or None if not hooked.
+    fn hook(
+        &self,
+        graph: &GraphHook,
+        trap: &mut Trap<'_>,
+        slot: u64,
+        ret: u64,
+        site: usize,
+    ) -> Option<u64> {
+        if ret != graph.trap_va
+            && trap
+                .space()
+                .write(slot, &graph.trap_va.to_le_bytes())
+                .is_err()
+        {
+            self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(graph.shadow.push(slot, ret, site as u32, graph.trap_va))
+    }
+}
+
+impl TrapHandler for Recorder {
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        let site = self.index.find(trap.rip);
+        if site.is_none()
+            && self
+                .graph
+                .as_ref()
+                .is_some_and(|g| trap_at(g.trap_va, trap.rip))
+        {
+            // Taken out for the call (on_return needs `self`), then put back.
+            let graph = self.graph.take().expect("checked above");
+            let r = self.on_return(&graph, trap);
+            self.graph = Some(graph);
+            return r;
+        }
+        let ts_ns = Trap::now_ns();
+        let Some(i) = site else {
+            return Err(TrapError::UnknownSite {
+                cpu: trap.cpu,
+                rip: trap.rip,
+            });
+        };
+        trap.set_rip(self.index.running_addr(i) + SITE_LEN as u64);
+        let c = &self.counters.counts[self.cpu as usize][i];
+        // Single writer: a plain load and store, no locked instruction.
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        // Through the trap's own view: the guest may have remapped the stack
+        // page since the last trap (a freed and reused vmalloc stack).
+        let rsp = trap.rsp;
+        let read = trap.space().read_u64(rsp).ok();
+        // Hooked whether or not the entry is stored: returns count exactly.
+        let (parent, slot) = match (read, self.graph.as_ref()) {
+            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i) {
+                Some(real) => (real, rsp),
+                None => (ret, 0),
+            },
+            (Some(ret), None) => (ret, 0),
+            (None, graph) => {
+                if graph.is_some() {
+                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+                }
+                (0, 0)
+            }
+        };
+        if !self.take_budget() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        if read.is_none() {
+            self.counters
+                .parent_unreadable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.push(Event {
+            ts_ns,
+            parent,
+            slot,
+            func: self.index.funcs[i],
+            cpu: self.cpu,
+        });
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        if !self.buf.is_empty() {
+            let next = self
+                .free
+                .try_recv()
+                .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+            let batch = std::mem::replace(&mut self.buf, next);
+            // Never wait for the disk with the vCPU stopped: a full queue
+            // (the writer is behind) loses the batch, counted.
+            if let Err(e) = self.tx.try_send(batch) {
+                self.counters.lose(&e.into_inner());
+            }
+        }
+    }
+}
+
+/// Is RIP at the return trap: at its `out` or just past it (see
+/// `SiteIndex::find`)?
+fn trap_at(trap_va: u64, rip: u64) -> bool {
+    rip == trap_va || rip == trap_va + OUT_LEN
+}
+
+/// Build the recorders (one per vCPU) and the store thread they feed
+/// (`crate::session::store`).
+pub fn recorders(
+    index: Arc<SiteIndex>,
+    ncpus: usize,
+    max_events: u64,
+    storage: Storage,
+    functions: Arc<Vec<Symbol>>,
+) -> (Arc<Counters>, Vec<Recorder>, store::Store) {
+    let nsites = index.addrs.len();
+    let counters = Arc::new(Counters {
+        counts: (0..ncpus)
+            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
+        returns: (0..ncpus)
+            .map(|_| (0..nsites).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
+        returns_dropped: AtomicU64::new(0),
+        unhooked: AtomicU64::new(0),
+        budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
+        dropped: AtomicU64::new(0),
+        parent_unreadable: AtomicU64::new(0),
+        lost: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let fixup = store::Fixup {
+        index: Arc::clone(&index),
+        functions,
+    };
+    let (tx, store) = store::spawn(storage, Arc::clone(&counters), fixup);
+    let recs = (0..ncpus)
+        .map(|cpu| Recorder {
+            cpu: cpu as u32,
+            index: Arc::clone(&index),
+            counters: Arc::clone(&counters),
+            buf: Vec::with_capacity(BATCH),
+            reserved: 0,
+            tx: tx.clone(),
+            free: store.free.clone(),
+            graph: None,
+        })
+        .collect();
+    (counters, recs, store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_accepts_rip_at_and_past_the_out() {
+        let idx = SiteIndex::new(vec![(0x1000, 0), (0x2000, 1), (0x1000, 0)]);
+        assert_eq!(idx.addrs, vec![0x1000, 0x2000]);
+        assert_eq!(idx.find(0x1000), Some(0));
+        assert_eq!(idx.find(0x1002), Some(0));
+        assert_eq!(idx.find(0x2002), Some(1));
+        assert_eq!(idx.find(0x1001), None);
+        assert_eq!(idx.find(0x1005), None);
+    }
+
+    #[test]
+    fn a_stack_page_remapped_between_two_traps_gives_the_new_caller() {
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let site = 0xffff_ffff_8100_0000u64;
+        // The stack slot, in the 2 MiB kernel-map page at physical 20 MiB.
+        let rsp = 0xffff_ffff_8140_0ff8u64;
+        let (old_page, new_page) = (0x140_0000u64, 0x200_0000u64);
+        mem.write_obj(0xaaaa_u64, GuestAddress(old_page + 0xff8))
+            .unwrap();
+        mem.write_obj(0xbbbb_u64, GuestAddress(new_page + 0xff8))
+            .unwrap();
+        let index = Arc::new(SiteIndex::new(vec![(site, 0)]));
+        let (_counters, mut recs, store) =
+            recorders(index, 1, 100, Storage::Memory, Arc::new(Vec::new()));
+        let cr3 = vmm::layout::PML4_START;
+        let mode = vmm::gva::PagingMode::Level4;
+        let mut trap = Trap::for_bench(0, site, rsp, cr3, mode, &mem);
+        recs[0].on_trap(&mut trap).unwrap();
+        // The guest runs and maps that virtual page elsewhere (no pause, no
+        // flush in between: exactly what happens between two traps).
+        let pde = vmm::layout::PD_START + (old_page >> 21) * 8;
+        let flags = mem.read_obj::<u64>(GuestAddress(pde)).unwrap() & 0xfff;
+        mem.write_obj(new_page | flags, GuestAddress(pde)).unwrap();
+        let mut trap = Trap::for_bench(0, site, rsp, cr3, mode, &mem);
+        recs[0].on_trap(&mut trap).unwrap();
+        recs[0].flush();
+        drop(recs);
+        let store::Stored::Memory(events) = store.thread.join().unwrap() else {
+            panic!("kept in memory")
+        };
+        let parents: Vec<u64> = events.iter().map(|e| e.parent).collect();
+        assert_eq!(parents, [0xaaaa, 0xbbbb]);
+    }
+}

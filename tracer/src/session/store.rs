@@ -1,0 +1,303 @@
+//! Where recorded events go. The recorders (one per vCPU, `record`) and the
+//! exitless drainer hand batches of events to one thread, which keeps them
+//! in memory, streams them to the data file while the guest runs, or keeps
+//! only the newest of each vCPU (the flight recorder).
+//!
+//! Memory stays bounded when streaming: batches wait in a queue of at most
+//! `buffer` bytes. A recorder never waits for the disk (that would stall
+//! its vCPU): when the queue is full its batch is counted as lost, per
+//! vCPU, and the counts stay exact. The exitless drainer does wait: the
+//! guest's rings are its buffer, and a full ring is counted by the
+//! trampoline. A write error ends the writing, not the run: what comes
+//! after is counted as lost and the error is returned at the end.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::kernel::symbols::{function_index_at, Symbol};
+use crate::session::record::{Counters, SiteIndex, BATCH};
+use crate::trace::datafile::stream::DataFile;
+use crate::trace::datafile::EVENT_SIZE;
+use crate::trace::model::{Event, Trace};
+
+/// Batches the flight recorder's queue holds: it only moves events into
+/// memory, so it never falls far behind.
+const OVERWRITE_QUEUE: usize = 64;
+/// The smallest streaming queue, in batches.
+const MIN_QUEUE: usize = 2;
+
+/// How events are kept.
+#[derive(Debug)]
+pub enum Storage {
+    /// Every stored event in memory until the run ends (up to
+    /// `--max-events`): tests and benchmarks.
+    Memory,
+    /// Written to the data file while the guest runs, with at most
+    /// `buffer` bytes of events waiting.
+    Stream { file: DataFile, buffer: u64 },
+    /// The flight recorder: the newest `per_cpu` events of each vCPU kept
+    /// in memory, written to the data file when the run stops.
+    Overwrite { file: DataFile, per_cpu: u64 },
+}
+
+impl Storage {
+    /// The data file, if events go to one.
+    pub fn file(&self) -> Option<&DataFile> {
+        match self {
+            Storage::Memory => None,
+            Storage::Stream { file, .. } | Storage::Overwrite { file, .. } => Some(file),
+        }
+    }
+}
+
+/// The batches a queue of `buffer` bytes holds.
+pub fn queue_batches(buffer: u64) -> usize {
+    let batch = (BATCH * EVENT_SIZE) as u64;
+    usize::try_from(buffer / batch)
+        .unwrap_or(usize::MAX)
+        .max(MIN_QUEUE)
+}
+
+/// What the store thread kept, once every sender is gone.
+pub enum Stored {
+    /// All stored events, sorted by time.
+    Memory(Vec<Event>),
+    /// The data file, every event written (the footer is not).
+    File(FileStored),
+}
+
+pub struct FileStored {
+    pub file: DataFile,
+    /// `seen[f]`: function `f` of the kernel holds some event's caller.
+    pub seen: Vec<bool>,
+    /// The first write error; what followed it was counted as lost.
+    pub error: Option<io::Error>,
+}
+
+/// Callers are read where the kernel runs; the symbols are at its link
+/// addresses (KASLR's virtual offset, `SiteIndex::slide`).
+pub struct Fixup {
+    pub index: Arc<SiteIndex>,
+    /// The kernel's functions, sorted by address (`KernelImage::functions`).
+    pub functions: Arc<Vec<Symbol>>,
+}
+
+impl Fixup {
+    /// Each event's caller at its link address, when a function is there;
+    /// marks that function in `seen`.
+    fn apply(&self, events: &mut [Event], seen: &mut [bool]) {
+        let slide = self.index.slide();
+        for e in events {
+            let link = e.parent.wrapping_sub(slide as u64);
+            if let Some(i) = function_index_at(&self.functions, link) {
+                e.parent = link;
+                seen[i] = true;
+            }
+        }
+    }
+}
+
+/// The running store thread.
+pub struct Store {
+    pub thread: JoinHandle<Stored>,
+    /// With a data file: where the session sends the file's `HEAD` (the
+    /// trace before the run), which the thread writes before any event.
+    pub head: Option<Sender<Trace>>,
+    /// Emptied batches handed back for the recorders to fill again. Memory
+    /// then stays at what the queues hold: a batch freed by this thread
+    /// would go back to the allocator arena of the vCPU thread that
+    /// allocated it, and each arena would keep the most its thread ever
+    /// had queued (measured: up to 2.5 times the buffer with 4 vCPUs).
+    pub free: Receiver<Vec<Event>>,
+}
+
+/// Start the store thread; returns where batches go and the thread.
+pub fn spawn(
+    storage: Storage,
+    counters: Arc<Counters>,
+    fixup: Fixup,
+) -> (Sender<Vec<Event>>, Store) {
+    let (head_tx, head_rx) = crossbeam_channel::bounded::<Trace>(1);
+    let head = storage.file().is_some().then_some(head_tx);
+    let (free_tx, free) = crossbeam_channel::bounded(match &storage {
+        Storage::Stream { buffer, .. } => queue_batches(*buffer),
+        // Memory keeps every batch; the flight recorder copies them out.
+        Storage::Memory => 0,
+        Storage::Overwrite { .. } => OVERWRITE_QUEUE,
+    });
+    let (tx, rx) = match &storage {
+        Storage::Memory => crossbeam_channel::unbounded(),
+        Storage::Stream { buffer, .. } => crossbeam_channel::bounded(queue_batches(*buffer)),
+        Storage::Overwrite { .. } => crossbeam_channel::bounded(OVERWRITE_QUEUE),
+    };
+    let handle = std::thread::Builder::new()
+        .name("store".into())
+        .spawn(move || match storage {
+            Storage::Memory => Stored::Memory(collect(rx, &fixup)),
+            Storage::Stream { mut file, .. } => {
+                let error = write_head(&head_rx, &mut file);
+                Stored::File(stream(rx, &free_tx, file, error, &counters, &fixup))
+            }
+            Storage::Overwrite { mut file, per_cpu } => {
+                let error = write_head(&head_rx, &mut file);
+                Stored::File(overwrite(
+                    rx, &free_tx, file, error, per_cpu, &counters, &fixup,
+                ))
+            }
+        })
+        .expect("spawn the store thread");
+    (
+        tx,
+        Store {
+            thread: handle,
+            head,
+            free,
+        },
+    )
+}
+
+/// The `HEAD` block, once the session sends it (it sends it before the
+/// guest runs; without it, e.g. a session that failed to start, the file
+/// has none and readers refuse it as truncated).
+fn write_head(rx: &Receiver<Trace>, file: &mut DataFile) -> Option<io::Error> {
+    let head = rx.recv().ok()?;
+    file.head(&head).err()
+}
+
+/// Hand an emptied batch back to the recorders (dropped if they have
+/// enough spare ones).
+fn recycle(free: &Sender<Vec<Event>>, mut batch: Vec<Event>) {
+    batch.clear();
+    let _ = free.try_send(batch);
+}
+
+/// Memory: every batch (callers at their link addresses, as the data
+/// file gets them), sorted by time at the end.
+fn collect(rx: Receiver<Vec<Event>>, fixup: &Fixup) -> Vec<Event> {
+    let mut events = Vec::new();
+    // The caller functions are found again from the events at the end.
+    let mut seen = vec![false; fixup.functions.len()];
+    for mut batch in rx {
+        fixup.apply(&mut batch, &mut seen);
+        events.extend_from_slice(&batch);
+    }
+    events.sort_by_key(|e| (e.ts_ns, e.cpu));
+    events
+}
+
+/// Streaming: each batch becomes a block of the data file as it arrives.
+fn stream(
+    rx: Receiver<Vec<Event>>,
+    free: &Sender<Vec<Event>>,
+    mut file: DataFile,
+    mut error: Option<io::Error>,
+    counters: &Counters,
+    fixup: &Fixup,
+) -> FileStored {
+    let mut seen = vec![false; fixup.functions.len()];
+    for mut batch in rx {
+        if error.is_some() {
+            counters.lose(&batch);
+        } else {
+            fixup.apply(&mut batch, &mut seen);
+            if let Err(e) = file.write_events(&batch) {
+                counters.lose(&batch);
+                error = Some(e);
+            }
+        }
+        recycle(free, batch);
+    }
+    FileStored { file, seen, error }
+}
+
+/// The flight recorder: the newest `per_cpu` events of each vCPU; older
+/// ones are counted as dropped as they are pushed out.
+fn overwrite(
+    rx: Receiver<Vec<Event>>,
+    free: &Sender<Vec<Event>>,
+    mut file: DataFile,
+    mut error: Option<io::Error>,
+    per_cpu: u64,
+    counters: &Counters,
+    fixup: &Fixup,
+) -> FileStored {
+    let keep = usize::try_from(per_cpu).unwrap_or(usize::MAX);
+    let mut rings: Vec<VecDeque<Event>> = (0..counters.counts.len())
+        .map(|_| VecDeque::new())
+        .collect();
+    for batch in rx {
+        for &e in &batch {
+            let Some(ring) = rings.get_mut(e.cpu as usize) else {
+                continue;
+            };
+            ring.push_back(e);
+            if ring.len() > keep {
+                if let Some(old) = ring.pop_front() {
+                    counters.drop_stored(&old);
+                }
+            }
+        }
+        recycle(free, batch);
+    }
+    let mut seen = vec![false; fixup.functions.len()];
+    for ring in rings {
+        let (a, b) = ring.as_slices();
+        for part in [a, b] {
+            let mut part = part.to_vec();
+            if error.is_some() {
+                counters.lose(&part);
+                continue;
+            }
+            fixup.apply(&mut part, &mut seen);
+            if let Err(e) = file.write_events(&part) {
+                counters.lose(&part);
+                error = Some(e);
+            }
+        }
+    }
+    FileStored { file, seen, error }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_size_follows_the_buffer() {
+        let batch = (BATCH * EVENT_SIZE) as u64;
+        assert_eq!(queue_batches(0), MIN_QUEUE);
+        assert_eq!(queue_batches(64 << 20), (64 << 20) / batch as usize);
+        assert_eq!(queue_batches(u64::MAX), (u64::MAX / batch) as usize);
+    }
+
+    #[test]
+    fn callers_move_to_link_addresses_only_onto_functions() {
+        let index = Arc::new(SiteIndex::new(vec![(0x1000, 0)]));
+        index.set_slide(0x10_0000);
+        let functions = Arc::new(vec![Symbol {
+            name: "f".into(),
+            addr: 0x2000,
+            size: 0x100,
+        }]);
+        let fixup = Fixup { index, functions };
+        let mut seen = vec![false];
+        let mut ev = [
+            Event {
+                parent: 0x10_2010,
+                ..Event::default()
+            },
+            Event {
+                parent: 0x5555,
+                ..Event::default()
+            },
+        ];
+        fixup.apply(&mut ev, &mut seen);
+        assert_eq!(ev[0].parent, 0x2010);
+        assert_eq!(ev[1].parent, 0x5555);
+        assert_eq!(seen, [true]);
+    }
+}

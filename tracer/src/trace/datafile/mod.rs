@@ -1,0 +1,322 @@
+//! Saved traces: `vmtrace ... -o FILE` writes one, `vmtrace report -i FILE`
+//! reads it back. The file is self-contained (no vmlinux needed to read it).
+//!
+//! # Format, version 4
+//!
+//! All integers are unsigned, little-endian, with no padding or alignment
+//! anywhere. Two composite types are used:
+//!
+//! - `str`: `u32` byte length `n`, then `n` bytes of UTF-8 (no terminator).
+//! - `sym`: `str` name, `u64` address, `u64` size in bytes.
+//!
+//! The file is, in this order:
+//!
+//! | Section   | Field                | Type        | Notes                                                   |
+//! |-----------|----------------------|-------------|---------------------------------------------------------|
+//! | preamble  | magic                | 8 bytes     | `VMTRACE\0` (`56 4d 54 52 41 43 45 00`)                 |
+//! |           | version              | `u32`       | `4` (older versions: see below)                         |
+//! |           | file_len             | `u64`       | size of the whole file in bytes, these 20 included      |
+//! | header    | kernel               | `str`       | the kernel file the guest booted                        |
+//! |           | has_build_id         | `u8`        | `0` or `1`                                              |
+//! |           | build_id             | `str`       | only if `has_build_id == 1`; lower-case hex             |
+//! |           | cpus                 | `u32`       | number of vCPUs                                         |
+//! |           | attach_ns            | `u64`       | host `CLOCK_MONOTONIC` at attach, ns                    |
+//! |           | detach_ns            | `u64`       | host `CLOCK_MONOTONIC` at detach, ns                    |
+//! |           | sites_patched        | `u64`       |                                                         |
+//! |           | sites_skipped_init   | `u64`       |                                                         |
+//! |           | sites_skipped_other  | `u64`       |                                                         |
+//! |           | attach_window_ns     | `u64`       | the attach's stop-the-world window                      |
+//! |           | attach_latency_ns    | `u64`       |                                                         |
+//! |           | events_total         | `u64`       | all calls counted, stored or not                        |
+//! |           | events_dropped       | `u64`       | calls counted but not stored (over `--max-events`)      |
+//! |           | parent_unreadable    | `u64`       | calls whose return address could not be read           |
+//! |           | stop_reason          | `str`       |                                                         |
+//! |           | mode                 | `str`       | `trap` or `exitless` (version 1: `trap`)                |
+//! |           | trap_exits           | `u64`       | exits at the trace port (version 1: `events_total`)     |
+//! |           | graph                | `u8`        | `1`: returns hooked and recorded (function graph), else `0` |
+//! |           | returns_dropped      | `u64`       | returns counted but not stored                          |
+//! |           | unhooked             | `u64`       | entries whose return could not be hooked                |
+//! |           | tsc_khz              | `u64`       | the guest TSC's rate, kHz (`0`: unknown)                |
+//! |           | symbols              | `str`       | where the symbols came from (empty: unknown)            |
+//! | functions | nfunc                | `u32`       | the traced functions                                    |
+//! |           | functions            | `sym` × nfunc | an event's `func` indexes this list                   |
+//! | counts    | rows                 | `u32`       | must equal `nfunc`                                      |
+//! |           | cols                 | `u32`       | must equal `cpus`                                       |
+//! |           | counts               | `u64` × rows × cols | row-major: calls of function `f` on vCPU `c` at index `f * cols + c` |
+//! | returns   | rows                 | `u32`       | `nfunc` if `graph == 1`, else `0`                       |
+//! |           | cols                 | `u32`       | `cpus` if `graph == 1`, else `0`                        |
+//! |           | returns              | `u64` × rows × cols | exact returns of function `f` on vCPU `c`       |
+//! | callers   | ncallers             | `u32`       | functions the events' return addresses fall in          |
+//! |           | callers              | `sym` × ncallers | sorted by address, ascending                       |
+//! | events    | nevents              | `u64`       | stored events                                           |
+//! |           | events               | 32 bytes × nevents | records, sorted by time (see below)              |
+//!
+//! An event record is 32 bytes: `u64 ts_ns` (host `CLOCK_MONOTONIC`, ns),
+//! `u64 parent` (the return address at `[RSP]` on entry, `0` if unreadable;
+//! for a return, the address returned to), `u64 slot` (function graph: the
+//! guest address of the return-address slot, bit 0 set for a return; `0`
+//! for an entry whose return is not hooked and in traces without `graph`),
+//! `u32 func` (index into the functions), `u32 cpu` (vCPU number).
+//!
+//! Version 3 is still read: it is version 4 without `symbols`. Versions 1
+//! and 2 are still read too: they have no `graph`, `returns_dropped`,
+//! `unhooked`, `tsc_khz` or returns section, and 24-byte event records
+//! without `slot`. Version 1 also lacks `mode` and `trap_exits` (trap mode,
+//! every call an exit).
+//!
+//! The file ends right after the last event: its size is `file_len`.
+//!
+//! A reader must reject a file whose magic differs, whose version it does not
+//! know, that is shorter than `file_len` (truncated), or that breaks any rule
+//! above (corrupt): a length running past `file_len`, trailing bytes,
+//! `has_build_id` not 0 or 1, invalid UTF-8, counts dimensions other than
+//! `nfunc` × `cpus`, callers out of address order, an event whose `func` is not
+//! below `nfunc` or whose `cpu` is not below `cpus`. Because `file_len` is in
+//! the preamble, a length claiming more bytes than `file_len` leaves is
+//! corruption, while one that fits `file_len` but not the actual file is
+//! truncation.
+//!
+//! `save` writes a temporary file in the destination's directory and renames
+//! it over the destination, so an interrupted save never leaves a partial
+//! trace under the final name.
+//!
+//! # Version 6: the data file
+//!
+//! `vmtrace record` writes its data file while the guest runs ([`stream`]),
+//! so the file must be readable however the run ends, SIGKILL included. It
+//! is a preamble (as above, `version` 6 and `file_len` 0: the length is not
+//! known when the file starts) and then blocks, each
+//!
+//! | Field    | Type    | Notes                                                   |
+//! |----------|---------|---------------------------------------------------------|
+//! | tag      | 4 bytes | `HEAD`, `EVTS`, `FOOT` or `END\0`                       |
+//! | len      | `u32`   | payload bytes, at most `stream::MAX_BLOCK`              |
+//! | payload  | len bytes |                                                       |
+//! | crc      | `u32`   | CRC-32 (IEEE) of tag, len and payload                   |
+//!
+//! in this order: one `HEAD` (the body of a version-4 file, from `kernel`
+//! to the callers, as known at attach: counts zero, the callers every
+//! function of the kernel), any number of `EVTS` (`u32` n, then n event
+//! records in the order they were recorded: time-sorted per vCPU, not
+//! across vCPUs), one `FOOT` (the body as known at the end: exact counts,
+//! the callers the events use) and an empty `END`. The body of version 6
+//! has, after `symbols`: `u32` n then n `u64` (events lost per vCPU: the
+//! writer fell behind; n is 0 or `cpus`), `u8` overwrite (flight
+//! recorder), `str` rejected sites, `u8` has_offset then, if 1, `u64`
+//! virtual and `u64` physical KASLR offsets (two's complement), then
+//! `u64` unfinished (exitless calls whose ring record was reserved and
+//! never committed: in no count; `0` in `HEAD`).
+//!
+//! Version 5 is still read: it is version 6 without `unfinished`. (A new
+//! version rather than an optional field after the callers: every byte of
+//! a block stays accounted for, so trailing bytes are still corruption,
+//! and a vmtrace that reads only version 5 says "unsupported version 6"
+//! instead of calling a newer file corrupt.)
+//!
+//! A reader sorts the events by time. A file without `FOOT` and `END` (the
+//! writer was killed) is read up to its last complete block, with counts
+//! taken from the stored events and `incomplete` set; a block whose
+//! checksum fails is corruption, unless it is the file's last and runs to
+//! its end (a write cut short).
+
+mod read;
+mod read_v5;
+mod reader;
+pub mod stream;
+mod write;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::kernel::symbols::Symbol;
+use crate::trace::model::{Event, Trace};
+
+pub use read::load;
+pub use reader::MAX_STRING;
+pub use stream::DataFile;
+pub use write::save;
+
+/// The first 8 bytes of every trace file.
+pub const MAGIC: &[u8; 8] = b"VMTRACE\0";
+/// The format version this module writes and reads.
+pub const VERSION: u32 = 4;
+/// The first format (trap mode only), still read.
+pub const VERSION_1: u32 = 1;
+/// The second format (no function graph), still read.
+pub const VERSION_2: u32 = 2;
+/// The third format (no `symbols`), still read.
+pub const VERSION_3: u32 = 3;
+/// The first data file (version 6 without `unfinished`), still read.
+pub const VERSION_5: u32 = 5;
+/// The data file written while the guest runs (`stream`): blocks.
+pub const VERSION_6: u32 = 6;
+/// Size of one event record in the file.
+pub const EVENT_SIZE: usize = 32;
+/// Size of one event record in versions 1 and 2.
+pub const EVENT_SIZE_V2: usize = 24;
+/// Size of the preamble: magic, version, file length.
+const PREAMBLE_SIZE: u64 = 8 + 4 + 8;
+/// Smallest encoded `sym`: an empty name, address and size.
+const MIN_SYM_SIZE: u64 = 4 + 8 + 8;
+/// Events converted per bulk read or write.
+const EVENT_CHUNK: usize = 1 << 16;
+/// Buffer size of the file reader and writer.
+const IO_BUFFER: usize = 1 << 20;
+
+/// A part of the file, named in errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Preamble,
+    Header,
+    Functions,
+    Counts,
+    Returns,
+    Callers,
+    Events,
+    /// A version-5 block's framing (tag, length, checksum).
+    Block,
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Section::Preamble => "preamble",
+            Section::Header => "header",
+            Section::Functions => "functions",
+            Section::Counts => "counts",
+            Section::Returns => "returns",
+            Section::Callers => "callers",
+            Section::Events => "events",
+            Section::Block => "block",
+        })
+    }
+}
+
+/// Why a trace could not be saved or loaded. Every message is one line and
+/// names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceFileError {
+    #[error("cannot open trace file {}: {source}", path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error("cannot read trace file {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write trace file {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
+    BadMagic { path: PathBuf },
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_6})", path.display())]
+    UnsupportedVersion { path: PathBuf, version: u32 },
+    #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
+    Truncated { path: PathBuf, section: Section },
+    #[error("{}: corrupt trace file ({section} section): {detail}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        section: Section,
+        detail: String,
+    },
+    #[error("cannot save trace to {}: {detail}", path.display())]
+    Invalid { path: PathBuf, detail: String },
+}
+
+impl TraceFileError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TraceFileError::Open { path, .. }
+            | TraceFileError::Read { path, .. }
+            | TraceFileError::Write { path, .. }
+            | TraceFileError::BadMagic { path }
+            | TraceFileError::UnsupportedVersion { path, .. }
+            | TraceFileError::Truncated { path, .. }
+            | TraceFileError::Corrupt { path, .. }
+            | TraceFileError::Invalid { path, .. } => path,
+        }
+    }
+}
+
+/// Checks the rules of the format that a `Trace` could break; `Err` names the
+/// section and what is wrong.
+fn check(trace: &Trace) -> Result<(), (Section, String)> {
+    let nfunc = trace.functions.len();
+    let cpus = trace.meta.cpus as usize;
+    if u32::try_from(nfunc).is_err() {
+        return Err((
+            Section::Functions,
+            format!("{nfunc} functions (max {})", u32::MAX),
+        ));
+    }
+    if u32::try_from(trace.callers.len()).is_err() {
+        return Err((
+            Section::Callers,
+            format!("{} callers (max {})", trace.callers.len(), u32::MAX),
+        ));
+    }
+    if trace.counts.len() != nfunc {
+        return Err((
+            Section::Counts,
+            format!(
+                "{} rows of counts for {nfunc} functions",
+                trace.counts.len()
+            ),
+        ));
+    }
+    if let Some((f, row)) = trace
+        .counts
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.len() != cpus)
+    {
+        return Err((
+            Section::Counts,
+            format!(
+                "function {f} has counts for {} vCPUs, not {cpus}",
+                row.len()
+            ),
+        ));
+    }
+    let want = if trace.meta.graph { nfunc } else { 0 };
+    if trace.returns.len() != want || trace.returns.iter().any(|r| r.len() != cpus) {
+        return Err((
+            Section::Returns,
+            format!(
+                "{} rows of returns for {want} graph-traced functions x {cpus} vCPUs",
+                trace.returns.len()
+            ),
+        ));
+    }
+    check_callers(&trace.callers).map_err(|d| (Section::Callers, d))?;
+    check_events(&trace.events, 0, nfunc, cpus).map_err(|d| (Section::Events, d))
+}
+
+/// Checks that callers are in address order (lookups bisect them).
+fn check_callers(callers: &[Symbol]) -> Result<(), String> {
+    match callers.windows(2).position(|w| w[0].addr > w[1].addr) {
+        Some(i) => Err(format!(
+            "callers {i} and {} are out of address order",
+            i + 1
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks that events (the first being number `first`) index existing functions and vCPUs.
+fn check_events(events: &[Event], first: usize, nfunc: usize, cpus: usize) -> Result<(), String> {
+    for (i, e) in events.iter().enumerate() {
+        if e.func as usize >= nfunc {
+            return Err(format!(
+                "event {} has function index {} but there are {nfunc} functions",
+                first + i,
+                e.func
+            ));
+        }
+        if e.cpu as usize >= cpus {
+            return Err(format!(
+                "event {} is on vCPU {} but the trace has {cpus} vCPUs",
+                first + i,
+                e.cpu
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! Reading a data file (format versions 5 and 6, see the parent module): blocks
+//! up to `END`, or up to the last complete block of a file whose writer
+//! was killed.
+
+use std::io::Read;
+
+use super::read::{check_new_events, decode, read_body, Body};
+use super::reader::Reader;
+use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD};
+use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE};
+use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
+use crate::trace::model::{caller_index, Event, Trace};
+
+/// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
+/// a file of `version` (5 or 6).
+pub(super) fn load<R: Read>(
+    mut r: Reader<'_, R>,
+    declared: u64,
+    version: u32,
+) -> Result<Trace, TraceFileError> {
+    if declared != 0 {
+        return Err(r.corrupt(format!(
+            "a version {version} file has file_len 0, not {declared}"
+        )));
+    }
+    // Lengths are checked against the file as it is.
+    r.declared = r.actual;
+    let mut head: Option<Body> = None;
+    let mut foot: Option<Body> = None;
+    let mut ended = false;
+    let mut blocks = 0u64;
+    let mut events: Vec<Event> = Vec::new();
+    loop {
+        r.section = Section::Block;
+        let left = r.actual - r.pos;
+        if left == 0 || ended {
+            break;
+        }
+        if left < 8 {
+            // A block header cut short: the writer was stopped mid-write.
+            break;
+        }
+        let tag = r.u32()?.to_le_bytes();
+        let len = r.u32()?;
+        if len > MAX_BLOCK {
+            return Err(r.corrupt(format!(
+                "block {blocks} claims {len} bytes (at most {MAX_BLOCK})"
+            )));
+        }
+        if u64::from(len) + 4 > r.actual - r.pos {
+            // The last block, cut short.
+            break;
+        }
+        let mut payload = vec![0u8; len as usize];
+        r.bytes(&mut payload)?;
+        let crc = r.u32()?;
+        let mut framed = crc32fast::Hasher::new();
+        framed.update(&tag);
+        framed.update(&len.to_le_bytes());
+        framed.update(&payload);
+        if framed.finalize() != crc {
+            if r.pos == r.actual {
+                // The last block, its bytes not all written.
+                break;
+            }
+            return Err(r.corrupt(format!("block {blocks} fails its checksum")));
+        }
+        blocks += 1;
+        match tag {
+            TAG_HEAD if head.is_none() => head = Some(body(&r, &payload, version)?),
+            TAG_EVENTS => {
+                let Some(h) = head.as_ref().filter(|_| foot.is_none()) else {
+                    return Err(r.corrupt("events outside HEAD .. FOOT".into()));
+                };
+                r.section = Section::Events;
+                read_events(&r, &payload, h, &mut events)?;
+            }
+            TAG_FOOT if head.is_some() && foot.is_none() => {
+                foot = Some(body(&r, &payload, version)?)
+            }
+            TAG_END if foot.is_some() && payload.is_empty() => ended = true,
+            _ => {
+                return Err(r.corrupt(format!(
+                    "unexpected block {:?} (block {blocks})",
+                    String::from_utf8_lossy(&tag)
+                )))
+            }
+        }
+    }
+    if ended && r.pos != r.actual {
+        return Err(r.corrupt(format!("{} bytes after the END block", r.actual - r.pos)));
+    }
+    let Some(head) = head else {
+        r.section = Section::Header;
+        return Err(r.truncated());
+    };
+    // Recorded per vCPU in batches: in time order per vCPU only.
+    events.sort_by_key(|e| (e.ts_ns, e.cpu));
+    let graph = head.meta.graph;
+    if graph {
+        // Tail callees found vmtrace's return hook as their caller.
+        crate::trace::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+    }
+    let trace = match foot.filter(|_| ended) {
+        Some(foot) => {
+            r.section = Section::Header;
+            if foot.functions != head.functions || foot.meta.cpus != head.meta.cpus {
+                return Err(r.corrupt("FOOT and HEAD name different functions or vCPUs".into()));
+            }
+            foot.with_events(events).map_err(|d| r.corrupt(d))?
+        }
+        None => cut_short(head, events, blocks),
+    };
+    Ok(trace)
+}
+
+/// A `HEAD` or `FOOT` block's body.
+fn body<R: Read>(r: &Reader<'_, R>, payload: &[u8], version: u32) -> Result<Body, TraceFileError> {
+    let mut sub = Reader {
+        r: payload,
+        path: r.path,
+        pos: 0,
+        actual: payload.len() as u64,
+        declared: payload.len() as u64,
+        section: Section::Header,
+    };
+    let b = read_body(&mut sub, version)?;
+    if sub.pos != sub.actual {
+        return Err(sub.corrupt(format!("{} bytes after the callers", sub.actual - sub.pos)));
+    }
+    Ok(b)
+}
+
+/// An `EVTS` block's events, appended to `events`.
+fn read_events<R: Read>(
+    r: &Reader<'_, R>,
+    payload: &[u8],
+    head: &Body,
+    events: &mut Vec<Event>,
+) -> Result<(), TraceFileError> {
+    let n = payload
+        .get(..4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
+    let records = &payload[4.min(payload.len())..];
+    if n.is_none_or(|n| n * EVENT_SIZE != records.len()) {
+        return Err(r.corrupt(format!(
+            "an event block of {} bytes does not hold whole records",
+            payload.len()
+        )));
+    }
+    for chunk in records.chunks(EVENT_CHUNK * EVENT_SIZE) {
+        let first = events.len();
+        events.extend(
+            chunk
+                .chunks_exact(EVENT_SIZE)
+                .map(|b| decode(b, EVENT_SIZE)),
+        );
+        check_new_events(events, first, head).map_err(|d| r.corrupt(d))?;
+    }
+    Ok(())
+}
+
+/// The trace of a file whose writer was killed: the run's facts as known
+/// at the start, counts from the stored events (exact as far as they go),
+/// the callers those events use.
+fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
+    let cpus = head.meta.cpus as usize;
+    let nfunc = head.functions.len();
+    let mut counts = vec![vec![0u64; cpus]; nfunc];
+    let mut returns = if head.meta.graph {
+        vec![vec![0u64; cpus]; nfunc]
+    } else {
+        Vec::new()
+    };
+    for e in &events {
+        // Indices were checked as the events were read.
+        let m = if e.is_return() {
+            &mut returns
+        } else {
+            &mut counts
+        };
+        m[e.func as usize][e.cpu as usize] += 1;
+    }
+    let mut meta = head.meta;
+    meta.events_total = counts.iter().flatten().sum();
+    meta.events_dropped = 0;
+    meta.returns_dropped = 0;
+    meta.incomplete = true;
+    meta.stop_reason =
+        format!("the recording was cut short (the data file ends after {blocks} complete blocks)");
+    if let (Some(first), Some(last)) = (events.first(), events.last()) {
+        // HEAD was written before the attach: its times are not known.
+        if meta.attach_ns == 0 || meta.attach_ns > first.ts_ns {
+            meta.attach_ns = first.ts_ns;
+        }
+        meta.detach_ns = last.ts_ns;
+    }
+    // HEAD lists every kernel function as a possible caller: keep those used.
+    let mut used = vec![false; head.callers.len()];
+    for e in &events {
+        if let Some(i) = caller_index(&head.callers, e.parent) {
+            used[i] = true;
+        }
+    }
+    let callers = head
+        .callers
+        .into_iter()
+        .zip(used)
+        .filter_map(|(s, u)| u.then_some(s))
+        .collect::<Vec<_>>();
+    debug_assert!(check_callers(&callers).is_ok());
+    Trace {
+        meta,
+        functions: head.functions,
+        counts,
+        returns,
+        callers,
+        events,
+    }
+}

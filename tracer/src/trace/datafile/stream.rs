@@ -1,0 +1,237 @@
+//! Writing the data file while the guest runs (format version 6, see the
+//! parent module): a `HEAD` block before the run, `EVTS` blocks as events
+//! arrive, `FOOT` and `END` when it stops. Every block goes out in one
+//! `write`, with its checksum, straight to the file (no user-space buffer
+//! in between): whatever kills vmtrace, the file holds every block written
+//! before, and a reader stops at the last complete one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::write::{encode, put_body};
+use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_6};
+use crate::trace::model::{Event, Trace};
+use crate::trace::output_path::{self, Target};
+
+/// Block tags (4 ASCII bytes read as a little-endian `u32`).
+pub const TAG_HEAD: [u8; 4] = *b"HEAD";
+pub const TAG_EVENTS: [u8; 4] = *b"EVTS";
+pub const TAG_FOOT: [u8; 4] = *b"FOOT";
+pub const TAG_END: [u8; 4] = *b"END\0";
+/// The largest block payload: bounds what a corrupt length makes a reader
+/// allocate. A `HEAD` lists every kernel function (Linux 6.12 defconfig:
+/// ~60,000, about 3 MiB); `EVTS` blocks are a recorder's batch.
+pub const MAX_BLOCK: u32 = 64 << 20;
+/// Tag and length before the payload, checksum after it.
+pub const BLOCK_OVERHEAD: usize = 4 + 4 + 4;
+/// The most events one `EVTS` block holds (its `u32` count first).
+pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE;
+
+/// A data file being written.
+#[derive(Debug)]
+pub struct DataFile {
+    out: File,
+    path: PathBuf,
+    /// Bytes written so far.
+    bytes: u64,
+    /// `EVTS` blocks and events written.
+    blocks: u64,
+    events: u64,
+    /// A block being assembled (kept to avoid an allocation per block).
+    buf: Vec<u8>,
+}
+
+/// The path checked by `output_path::target` may have been replaced before the
+/// open (by a FIFO, whose open would have blocked forever without
+/// O_NONBLOCK): what was opened must still be a regular file or a
+/// character device; then its writes block again, as a file's do.
+fn blocking_file_or_device(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let t = f.metadata()?.file_type();
+    if !t.is_file() && !t.is_char_device() {
+        return Err(io::Error::other(
+            "it was replaced by neither a regular file nor a character device while vmtrace opened it",
+        ));
+    }
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl(2) F_GETFL/F_SETFL on a descriptor `f` owns.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl DataFile {
+    /// Creates (or truncates) `path` and writes the preamble. By the output
+    /// rules of [`crate::trace::output_path`]: a regular file (a symlink to one
+    /// followed) is written in place, since the file must be readable while
+    /// the run is cut short (the caller keeps an older file first, as
+    /// `FILE.old`); a character device is written into; anything else is
+    /// refused.
+    pub fn create(path: &Path) -> Result<DataFile, TraceFileError> {
+        let err = |source| TraceFileError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let out = match output_path::target(path).map_err(err)? {
+            Target::File { path: real, .. } => OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(real),
+            Target::Device(dev) => OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(dev),
+        }
+        .map_err(err)?;
+        blocking_file_or_device(&out).map_err(err)?;
+        let mut f = DataFile {
+            out,
+            path: path.to_path_buf(),
+            bytes: 0,
+            blocks: 0,
+            events: 0,
+            buf: Vec::new(),
+        };
+        let mut pre = Vec::with_capacity(20);
+        pre.extend_from_slice(MAGIC);
+        pre.extend_from_slice(&VERSION_6.to_le_bytes());
+        // file_len: unknown while the file grows.
+        pre.extend_from_slice(&0u64.to_le_bytes());
+        f.out.write_all(&pre).map_err(err)?;
+        f.bytes = pre.len() as u64;
+        Ok(f)
+    }
+
+    /// The path it was created with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Events written so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The `HEAD` block: `trace` as known before the run (no events).
+    pub fn head(&mut self, trace: &Trace) -> io::Result<()> {
+        self.body(TAG_HEAD, trace)
+    }
+
+    /// `EVTS` blocks holding `events` (as many as the block size needs).
+    pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
+        for chunk in events.chunks(MAX_BLOCK_EVENTS) {
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.clear();
+            buf.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+            let at = buf.len();
+            buf.resize(at + chunk.len() * EVENT_SIZE, 0);
+            for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE).zip(chunk) {
+                encode(e, b);
+            }
+            let r = self.block(TAG_EVENTS, &buf);
+            self.buf = buf;
+            r?;
+            self.blocks += 1;
+            self.events += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The `FOOT` block (`trace` as known at the end; its events are not
+    /// written again) and `END`: the file is complete.
+    pub fn finish(&mut self, trace: &Trace) -> io::Result<()> {
+        self.body(TAG_FOOT, trace)?;
+        self.block(TAG_END, &[])?;
+        self.out.flush()
+    }
+
+    fn body(&mut self, tag: [u8; 4], trace: &Trace) -> io::Result<()> {
+        let mut payload = Vec::new();
+        let bare = Trace {
+            events: Vec::new(),
+            ..trace.clone()
+        };
+        put_body(&bare, VERSION_6, &mut payload)?;
+        self.block(tag, &payload)
+    }
+
+    /// One block in one write: tag, length, payload, CRC-32 of all three.
+    fn block(&mut self, tag: [u8; 4], payload: &[u8]) -> io::Result<()> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&n| n <= MAX_BLOCK)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a block of {} bytes (at most {MAX_BLOCK})", payload.len()),
+                )
+            })?;
+        let mut frame = Vec::with_capacity(payload.len() + BLOCK_OVERHEAD);
+        frame.extend_from_slice(&tag);
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(payload);
+        let crc = crc32fast::hash(&frame);
+        frame.extend_from_slice(&crc.to_le_bytes());
+        self.out.write_all(&frame)?;
+        self.bytes += frame.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What was opened is checked, not what the path was before: a FIFO
+    /// (opened without blocking) is refused; a regular file is kept, its
+    /// writes blocking again.
+    #[test]
+    fn an_opened_fifo_is_refused_and_a_file_blocks_again() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-stream-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let e = blocking_file_or_device(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("neither a regular file nor a character device"),
+            "{e}"
+        );
+        let plain = dir.join("plain");
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&plain)
+            .unwrap();
+        blocking_file_or_device(&f).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl(2) F_GETFL on a descriptor `f` owns.
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

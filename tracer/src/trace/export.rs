@@ -1,0 +1,529 @@
+//! Machine-readable outputs: `--format json`, `--format csv`,
+//! `--format chrome` and `--format folded`.
+//!
+//! - **json**: the report as one JSON document, schema `vmtrace-report/1`
+//!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
+//!   stored events; function-graph traces add durations.
+//! - **csv**: one row per stored event (see [`write_csv`]).
+//! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
+//!   and `chrome://tracing`: one track per vCPU, one instant event per stored
+//!   function entry, or in function-graph traces one complete event per
+//!   call (see [`write_chrome`]).
+//! - **folded**: folded stacks of a function-graph trace, for
+//!   flamegraph.pl, inferno and speedscope (see [`write_folded`]).
+//!
+//! All of them render a `report::Report` of the whole trace (every vCPU;
+//! `--sort`, `--cpu` and `-g` shape the text report only). The csv writer,
+//! and the chrome writer of entry-only traces, stream: memory does not grow
+//! with the number of events (a function graph is built in memory).
+//!
+//! Events counted but not stored (`dropped`) are in the JSON report and in
+//! the Chrome trace's `otherData` (plus a `process_labels` metadata event
+//! when there are any); the CSV holds events only, so whoever writes it must
+//! say so elsewhere (vmtrace prints a line on stderr).
+//!
+//! [`file`] is how every output file is written: checked before a run,
+//! replaced atomically, never clobbering what is not a regular file.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::{self, BufWriter, Write};
+
+use serde_json::{json, Map, Value};
+
+use crate::kernel::symbols::Symbol;
+use crate::trace::graph::{End, Graph};
+use crate::trace::model::Trace;
+use crate::trace::report::{escape, Caller, Report, ReportOptions};
+
+/// The `schema` field of the JSON report.
+pub const SCHEMA_ID: &str = "vmtrace-report/1";
+
+/// JSON Schema (draft 2020-12) of the JSON report. Fields may be added in
+/// later versions of `vmtrace-report/1`; none will be removed or change type.
+pub const JSON_SCHEMA: &str = include_str!("../../../docs/vmtrace-report.schema.json");
+
+/// The JSON report (schema [`SCHEMA_ID`], described by [`JSON_SCHEMA`]).
+pub fn to_json(trace: &Trace) -> Value {
+    let m = &trace.meta;
+    let report = Report::new(trace, &ReportOptions::whole_trace());
+    let functions: Vec<Value> = report
+        .functions()
+        .map(|row| {
+            let f = row.func;
+            let per_cpu: Map<String, Value> = report
+                .cpus
+                .iter()
+                .zip(&row.per_cpu)
+                .map(|(c, &n)| (c.to_string(), Value::from(n)))
+                .collect();
+            let callers: Vec<Value> = row
+                .callers
+                .iter()
+                .map(|c| match c.caller {
+                    Caller::Known(s) => json!({ "name": s.name, "count": c.count }),
+                    Caller::Unknown(ip) => {
+                        json!({ "name": "[unknown]", "addr": format!("{ip:#x}"), "count": c.count })
+                    }
+                })
+                .collect();
+            let mut v = json!({
+                "name": f.name,
+                "addr": format!("{:#x}", f.addr),
+                "size": f.size,
+                "count": row.total,
+                "per_cpu": per_cpu,
+                "callers": callers,
+            });
+            if let Some(d) = row.durations {
+                for (k, n) in [
+                    ("returns", row.returns),
+                    ("returned", d.returned),
+                    ("not_returned", row.not_returned),
+                    ("total_ns", d.total_ns),
+                    ("self_ns", d.self_ns),
+                    ("min_ns", d.min_ns),
+                    ("max_ns", d.max_ns),
+                    ("avg_ns", d.avg_ns()),
+                ] {
+                    v[k] = n.into();
+                }
+            }
+            v
+        })
+        .collect();
+    let mut doc = json!({
+        "schema": SCHEMA_ID,
+        "kernel": m.kernel,
+        "build_id": m.build_id,
+        "cpus": m.cpus,
+        "duration_s": trace.duration_s(),
+        "attach_ns": m.attach_ns,
+        "detach_ns": m.detach_ns,
+        "functions": functions,
+        "events": m.events_total,
+        "events_stored": report.entries_stored,
+        "dropped": m.events_dropped,
+        "parent_unreadable": m.parent_unreadable,
+        "sites_patched": m.sites_patched,
+        "sites_skipped": m.sites_skipped_init + m.sites_skipped_other,
+        "sites_skipped_init": m.sites_skipped_init,
+        "sites_skipped_other": m.sites_skipped_other,
+        "pause": {
+            "attach_window_us": m.attach_window_ns as f64 / 1e3,
+            "attach_latency_us": m.attach_latency_ns as f64 / 1e3,
+        },
+        "stop_reason": m.stop_reason,
+        // Unknown (a trace built without a run): null, like build_id.
+        "mode": (!m.mode.is_empty()).then_some(&m.mode),
+        "trap_exits": m.trap_exits,
+    });
+    // Present only when there is something to say: older readers (and the
+    // golden files) see the same document as before.
+    if !m.lost.is_empty() {
+        doc["lost"] = json!(m.lost);
+    }
+    if m.overwrite {
+        doc["overwrite"] = json!(true);
+    }
+    if m.incomplete {
+        doc["incomplete"] = json!(true);
+    }
+    if m.unfinished > 0 {
+        // Calls not in `events`: their function is unknown.
+        doc["unfinished"] = json!(m.unfinished);
+    }
+    if !m.rejected_sites.is_empty() {
+        doc["rejected_sites"] = json!(m.rejected_sites);
+    }
+    if let Some(per_cpu) = &m.guest_instructions_emulated {
+        let by_cpu: Map<String, Value> = per_cpu
+            .iter()
+            .enumerate()
+            .map(|(c, &n)| (c.to_string(), Value::from(n)))
+            .collect();
+        doc["guest_instructions_emulated"] = json!({
+            "total": per_cpu.iter().sum::<u64>(),
+            "per_cpu": by_cpu,
+        });
+    }
+    if let Some((virt, phys)) = m.kernel_offset {
+        doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
+    }
+    if let Some(g) = &report.graph_summary {
+        doc["graph"] = json!({
+            "returns": g.returns,
+            "returns_stored": g.returns_stored,
+            "returns_dropped": g.returns_dropped,
+            "frames": g.frames,
+            "returned": g.returned,
+            "abandoned": g.abandoned,
+            "lost_returns": g.lost,
+            "running": g.running,
+            "unhooked_stored": g.unhooked_stored,
+            "unhooked": g.unhooked,
+            "unmatched_returns": g.unmatched_returns,
+            "mismatched_returns": g.mismatched_returns,
+            "tsc_khz": m.tsc_khz,
+        });
+    }
+    doc
+}
+
+/// Writes [`to_json`], pretty-printed, with a final newline.
+pub fn write_json(trace: &Trace, w: impl Write) -> io::Result<()> {
+    let mut w = BufWriter::new(w);
+    serde_json::to_writer_pretty(&mut w, &to_json(trace))?;
+    w.write_all(b"\n")?;
+    w.flush()
+}
+
+/// A name as a CSV field: control characters escaped (`report::escape`:
+/// a CSV is read in terminals too, and a crafted name must not forge a
+/// row), then quoted if it holds a comma or a double quote (RFC 4180).
+fn csv_field(s: &str) -> Cow<'_, str> {
+    let s = escape(s);
+    if s.contains([',', '"']) {
+        Cow::Owned(format!("\"{}\"", s.replace('"', "\"\"")))
+    } else {
+        s
+    }
+}
+
+/// Writes one row per stored event, in time order, after the header
+/// `ts_ns,cpu,function,addr,parent,caller`:
+///
+/// - `ts_ns`: host `CLOCK_MONOTONIC`, nanoseconds (absolute; the JSON
+///   report's `attach_ns` is the attach time on the same clock);
+/// - `cpu`: vCPU number;
+/// - `function`: the traced function; `addr`: its start address (hex);
+/// - `parent`: the return address in the caller (hex; `0x0` if unreadable);
+/// - `caller`: the function `parent` falls in, empty if unknown.
+///
+/// Function-graph traces hold returns too, and two more columns, last so
+/// that readers of the first six keep working: `kind` (`entry` or
+/// `return`; a return's `parent` is where it returned to) and `slot` (the
+/// guest address of the return-address slot, hex, which matches a return
+/// with its entry on the same guest stack; `0x0`: the return was not
+/// hooked). Entry-only traces keep the six columns.
+///
+/// Lines end with `\n`; names have their control characters escaped
+/// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
+pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(1 << 20, w);
+    let graph = trace.meta.graph;
+    w.write_all(if graph {
+        b"ts_ns,cpu,function,addr,parent,caller,kind,slot\n".as_slice()
+    } else {
+        b"ts_ns,cpu,function,addr,parent,caller\n".as_slice()
+    })?;
+    let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
+    // Not through `Report`: it would build the function graph, and this streams.
+    for e in &trace.events {
+        let Some(func) = trace.functions.get(e.func as usize) else {
+            continue;
+        };
+        let caller = match Caller::of(trace, e.parent) {
+            Caller::Known(s) => csv_field(&s.name),
+            Caller::Unknown(_) => Cow::Borrowed(""),
+        };
+        write!(
+            w,
+            "{},{},{},{:#x},{:#x},{}",
+            e.ts_ns, e.cpu, names[e.func as usize], func.addr, e.parent, caller
+        )?;
+        if graph {
+            let kind = if e.is_return() { "return" } else { "entry" };
+            write!(w, ",{kind},{:#x}", e.stack_slot())?;
+        }
+        w.write_all(b"\n")?;
+    }
+    w.flush()
+}
+
+/// A JSON string literal, quotes included.
+fn json_str(s: &str) -> String {
+    Value::from(s).to_string()
+}
+
+/// Writes a Chrome trace-event JSON document:
+///
+/// ```json
+/// {"traceEvents":[
+/// {"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"vmtrace: KERNEL"}},
+/// {"name":"thread_name","ph":"M","pid":1,"tid":1,"args":{"name":"vCPU 0"}},
+/// {"name":"thread_sort_index","ph":"M","pid":1,"tid":1,"args":{"sort_index":0}},
+/// {"name":"schedule","ph":"i","s":"t","ts":12.345,"pid":1,"tid":1,"args":{"caller":"worker_thread"}},
+/// ...
+/// ],"displayTimeUnit":"ns","otherData":{"events":N,"events_stored":N,"dropped":N}}
+/// ```
+///
+/// One thread (track) per vCPU, `tid` = vCPU number + 1 (Perfetto takes
+/// tid 0 for the idle task), named `vCPU N`; `ts` is in microseconds since
+/// the attach, with nanosecond precision. The caller is `[unknown] 0x…`
+/// when the return address is in no known function.
+///
+/// Entry-only traces: one thread-scoped instant event (`"ph":"i"`) per
+/// stored function entry.
+///
+/// Function-graph traces: one complete event (`"ph":"X"`, `dur` in µs
+/// with ns precision) per stored call that returned, in entry order, on the
+/// track of the vCPU it was entered on; a call that returned on another
+/// vCPU stays there (Perfetto draws a slice on one track) and has
+/// `"return_cpu"` in its args. A call that did not return is an instant
+/// event at its entry with `"end"`: `abandoned`, `lost` (it returned, its
+/// return was not stored), `running` (at detach, or its return was not
+/// stored after the last stored event on its stack) or `unhooked` (rather than a `B` without an
+/// `E`, which would swallow every later slice on its track).
+///
+/// `otherData` holds the exact number of entries counted, stored and
+/// dropped (not stored: over `--max-events` or a full exitless ring), and
+/// in function-graph traces `returns`, `returns_stored`, `returns_dropped`,
+/// `abandoned`, `lost_returns`, `running`, `unhooked` and `unmatched_returns` (as in the
+/// JSON report's `graph`); when some entries were dropped, a
+/// `process_labels` metadata event says so on the process's track too.
+pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(1 << 20, w);
+    let m = &trace.meta;
+    w.write_all(b"{\"traceEvents\":[\n")?;
+    write!(
+        w,
+        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"name\":{}}}}}",
+        json_str(&format!("vmtrace: {}", m.kernel))
+    )?;
+    if m.events_dropped > 0 {
+        // Shown beside the process name in Perfetto and chrome://tracing.
+        write!(
+            w,
+            ",\n{{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"labels\":\"{} of {} events dropped (not stored)\"}}}}",
+            m.events_dropped, m.events_total
+        )?;
+    }
+    for cpu in 0..m.cpus {
+        let tid = u64::from(cpu) + 1;
+        write!(
+            w,
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"name\":\"vCPU {cpu}\"}}}}\
+             ,\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"sort_index\":{cpu}}}}}"
+        )?;
+    }
+    let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
+    let mut callers = CallerNames::default();
+    // µs since the attach, with ns precision.
+    let since_attach = |ts: u64| {
+        let rel = ts as i128 - m.attach_ns as i128;
+        let sign = if rel < 0 { "-" } else { "" };
+        let rel = rel.unsigned_abs();
+        format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
+    };
+    let mut entries_stored = 0u64;
+    let mut graph_data = String::new();
+    if m.graph {
+        let report = Report::new(trace, &ReportOptions::default());
+        let g = report.graph.as_ref().expect("a graph trace has a graph");
+        for f in &g.frames {
+            let name = names.get(f.func as usize).map_or("\"?\"", String::as_str);
+            let ts = since_attach(f.entry_ns);
+            let tid = u64::from(f.cpu) + 1;
+            match f.end {
+                End::Returned { ts_ns, cpu } => {
+                    let dur = ts_ns.saturating_sub(f.entry_ns);
+                    write!(
+                        w,
+                        ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":",
+                        dur / 1000,
+                        dur % 1000
+                    )?;
+                    callers.write(&mut w, trace, f.caller)?;
+                    if cpu != f.cpu {
+                        write!(w, ",\"return_cpu\":{cpu}")?;
+                    }
+                }
+                end => {
+                    write!(
+                        w,
+                        ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":"
+                    )?;
+                    callers.write(&mut w, trace, f.caller)?;
+                    let end = match end {
+                        End::Abandoned => "abandoned",
+                        End::Lost => "lost",
+                        End::Unhooked => "unhooked",
+                        _ => "running",
+                    };
+                    write!(w, ",\"end\":\"{end}\"")?;
+                }
+            }
+            w.write_all(b"}}")?;
+        }
+        entries_stored = report.entries_stored;
+        if let Some(s) = &report.graph_summary {
+            graph_data = format!(
+                ",\"returns\":{},\"returns_stored\":{},\"returns_dropped\":{},\"abandoned\":{},\"lost_returns\":{},\"running\":{},\"unhooked\":{},\"unmatched_returns\":{}",
+                s.returns,
+                s.returns_stored,
+                s.returns_dropped,
+                s.abandoned,
+                s.lost,
+                s.running,
+                s.unhooked,
+                s.unmatched_returns
+            );
+        }
+    } else {
+        for e in trace.events.iter().filter(|e| !e.is_return()) {
+            let Some(name) = names.get(e.func as usize) else {
+                continue;
+            };
+            entries_stored += 1;
+            write!(
+                w,
+                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
+                since_attach(e.ts_ns),
+                u64::from(e.cpu) + 1
+            )?;
+            callers.write(&mut w, trace, e.parent)?;
+            w.write_all(b"}}")?;
+        }
+    }
+    write!(
+        w,
+        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"events\":{},\"events_stored\":{entries_stored},\"dropped\":{}{graph_data}}}}}\n",
+        m.events_total, m.events_dropped
+    )?;
+    w.flush()
+}
+
+/// Callers' names as JSON strings, each quoted once.
+#[derive(Default)]
+struct CallerNames(HashMap<*const Symbol, String>);
+
+impl CallerNames {
+    /// Writes the caller of return address `ip` as a JSON string.
+    fn write(&mut self, w: &mut impl Write, trace: &Trace, ip: u64) -> io::Result<()> {
+        match Caller::of(trace, ip) {
+            Caller::Known(s) => {
+                let c = self
+                    .0
+                    .entry(s as *const Symbol)
+                    .or_insert_with(|| json_str(&s.name));
+                w.write_all(c.as_bytes())
+            }
+            Caller::Unknown(ip) => write!(w, "\"[unknown] {ip:#x}\""),
+        }
+    }
+}
+
+/// Writes folded stacks (Brendan Gregg's format, read by flamegraph.pl,
+/// inferno and speedscope): one line per distinct call path,
+/// `outer;inner;leaf VALUE`, the value being the self time in ns summed
+/// over the calls with that path, on every vCPU.
+///
+/// Only calls that returned count (a call that did not return has no
+/// duration); a returned call under one that did not return keeps it in
+/// its path. The values add up to the self time of every returned call.
+/// Paths whose self time is 0 are left out. Lines are sorted by path
+/// (byte order). A `;` in a function name would split the frame: it
+/// becomes `_`; control characters (a newline would split the line) are
+/// escaped (`\x0a`, see `report::escape`). Kernel symbols have neither. An
+/// entry-only trace has no returned calls: the output is empty.
+pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
+    let mut w = BufWriter::new(w);
+    let g = Graph::build(trace);
+    // Each frame's path, as an index into `paths`: (parent path, function).
+    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut paths: Vec<(u32, u32)> = Vec::new();
+    let mut self_ns: Vec<u64> = Vec::new();
+    let mut frame_path: Vec<u32> = Vec::with_capacity(g.frames.len());
+    const ROOT: u32 = u32::MAX;
+    for f in &g.frames {
+        // Parents come before their callees (frames are in entry order).
+        let parent = f.parent.map_or(ROOT, |p| frame_path[p as usize]);
+        let id = *ids.entry((parent, f.func)).or_insert_with(|| {
+            paths.push((parent, f.func));
+            self_ns.push(0);
+            (paths.len() - 1) as u32
+        });
+        frame_path.push(id);
+        if let Some(s) = f.self_ns() {
+            self_ns[id as usize] = self_ns[id as usize].saturating_add(s);
+        }
+    }
+    let names: Vec<String> = trace
+        .functions
+        .iter()
+        .map(|f| escape(&f.name).replace(';', "_"))
+        .collect();
+    let mut lines: Vec<(String, u64)> = Vec::new();
+    for (id, &ns) in self_ns.iter().enumerate() {
+        if ns == 0 {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut at = id as u32;
+        while at != ROOT {
+            let (parent, func) = paths[at as usize];
+            chain.push(names.get(func as usize).map_or("?", String::as_str));
+            at = parent;
+        }
+        chain.reverse();
+        lines.push((chain.join(";"), ns));
+    }
+    lines.sort();
+    for (path, ns) in lines {
+        writeln!(w, "{path} {ns}")?;
+    }
+    w.flush()
+}
+
+pub mod script;
+pub mod tracedat;
+pub use tracedat::write_tracedat;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `guest_instructions_emulated`: absent unless KVM counted; then the
+    /// total and every vCPU's, as the schema describes them (the full
+    /// schema check is in tests/report_export.rs).
+    #[test]
+    fn guest_instructions_emulated_as_the_schema_says() {
+        let mut t = Trace::synthetic(10);
+        assert!(to_json(&t).get("guest_instructions_emulated").is_none());
+        t.meta.guest_instructions_emulated = Some(vec![1000, 0, 5, 7]);
+        let v = to_json(&t);
+        let g = &v["guest_instructions_emulated"];
+        assert_eq!(g["total"], 1012);
+        let per_cpu = g["per_cpu"].as_object().unwrap();
+        let keys: Vec<&str> = per_cpu.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4);
+        for (cpu, n) in ["0", "1", "2", "3"].iter().zip([1000, 0, 5, 7]) {
+            assert_eq!(per_cpu[*cpu], n);
+        }
+
+        let schema: Value = serde_json::from_str(JSON_SCHEMA).unwrap();
+        let optional = !schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "guest_instructions_emulated");
+        assert!(optional);
+        let s = &schema["properties"]["guest_instructions_emulated"];
+        assert_eq!(s["type"], "object");
+        for r in s["required"].as_array().unwrap() {
+            assert!(g.get(r.as_str().unwrap()).is_some(), "{r}");
+        }
+        assert_eq!(s["properties"]["total"]["type"], "integer");
+        let p = &s["properties"]["per_cpu"];
+        assert_eq!(p["type"], "object");
+        assert_eq!(p["propertyNames"]["pattern"], "^(0|[1-9][0-9]*)$");
+        assert_eq!(p["additionalProperties"]["type"], "integer");
+        assert!(per_cpu.values().all(Value::is_u64));
+        assert!(g
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| s["properties"].get(k).is_some()));
+    }
+}

@@ -1,0 +1,10 @@
+//! What a session leaves: the data file, the trace model, the function
+//! graph, time and vCPU windows, reports and exports.
+
+pub mod datafile;
+pub mod export;
+pub mod graph;
+pub mod model;
+pub mod output_path;
+pub mod report;
+pub mod window;

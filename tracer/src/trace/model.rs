@@ -1,0 +1,233 @@
+//! The trace model: a recorded trace, everything a report, a saved file or
+//! an export needs, self-contained (no vmlinux needed to read it back).
+
+use crate::kernel::symbols::Symbol;
+
+/// One traced function entry, or (function-graph traces) one return.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Event {
+    /// Host CLOCK_MONOTONIC, nanoseconds.
+    pub ts_ns: u64,
+    /// Entry: the return address at [RSP], where in the caller the call came
+    /// from (the real one, also when a hooked frame had replaced it: a tail
+    /// call). Return: the address execution went back to (the same).
+    pub parent: u64,
+    /// Function-graph traces: the guest-virtual address of the stack slot
+    /// holding the function's return address (which guest stack, and how
+    /// deep), with bit 0 set for a return (`RETURN_BIT`; slots are 8-byte
+    /// aligned). 0: an entry whose return is not hooked (entry-only tracing,
+    /// or no frame was free).
+    pub slot: u64,
+    /// Index into `Trace::functions`.
+    pub func: u32,
+    /// vCPU that made the call (or the return).
+    pub cpu: u32,
+}
+
+/// Bit 0 of `Event::slot`: the event is a return.
+pub const RETURN_BIT: u64 = 1;
+
+impl Event {
+    /// A function's return, not its entry.
+    pub fn is_return(&self) -> bool {
+        self.slot & RETURN_BIT != 0
+    }
+
+    /// The return-address slot (without the return bit); 0 if not hooked.
+    pub fn stack_slot(&self) -> u64 {
+        self.slot & !RETURN_BIT
+    }
+}
+
+/// Facts about the run, for the report header.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceMeta {
+    /// The kernel file the guest booted.
+    pub kernel: String,
+    /// GNU build id of the vmlinux the symbols came from (hex), if it has one.
+    pub build_id: Option<String>,
+    pub cpus: u32,
+    /// Host monotonic time of the attach and of the detach, ns.
+    pub attach_ns: u64,
+    pub detach_ns: u64,
+    /// Sites written with the trap.
+    pub sites_patched: u64,
+    /// Selected sites left alone: in init text (freed by the guest after boot)
+    /// or not holding a NOP / `call __fentry__` when checked.
+    pub sites_skipped_init: u64,
+    pub sites_skipped_other: u64,
+    /// The attach's stop-the-world window and latency, ns.
+    pub attach_window_ns: u64,
+    pub attach_latency_ns: u64,
+    /// Events counted (exact), and how many of them were not stored (over
+    /// `--max-events`); counts include the unstored ones.
+    pub events_total: u64,
+    pub events_dropped: u64,
+    /// Traps whose caller could not be read from the guest stack.
+    pub parent_unreadable: u64,
+    /// Why the guest stopped.
+    pub stop_reason: String,
+    /// How calls reached vmtrace: "trap" or "exitless".
+    pub mode: String,
+    /// Exits at the trace port while attached (every call in trap mode,
+    /// none in exitless mode).
+    pub trap_exits: u64,
+    /// Function-graph tracing: returns hooked and recorded too.
+    pub graph: bool,
+    /// Returns counted (exact, in `Trace::returns`) but not stored.
+    pub returns_dropped: u64,
+    /// Entries whose return could not be hooked (vmtrace's frame pool in the
+    /// guest was full): their duration is unknown.
+    pub unhooked: u64,
+    /// The guest TSC's rate in kHz, when vmtrace read it (0: unknown).
+    pub tsc_khz: u64,
+    /// Where the symbols came from (a vmlinux and how it was found, or
+    /// kallsyms in the bzImage); empty when unknown (saved traces do not
+    /// keep it).
+    pub symbols: String,
+    /// Events (entries and returns) the recording could not keep because
+    /// the writer fell behind or the disk refused them, per vCPU; included
+    /// in `events_dropped` and `returns_dropped`. Empty: none (or an older
+    /// file).
+    pub lost: Vec<u64>,
+    /// Flight recorder (`--overwrite`): the events not stored are the
+    /// oldest ones, overwritten by newer ones.
+    pub overwrite: bool,
+    /// `__mcount_loc` entries left out of tracing (not at a function entry),
+    /// as said at the run; empty: none.
+    pub rejected_sites: String,
+    /// KASLR: how far the running kernel was from its link addresses,
+    /// virtual and physical, in bytes (None: not known).
+    pub kernel_offset: Option<(i64, i64)>,
+    /// Read from a data file whose recording was cut short (the process was
+    /// killed before it wrote the footer): the counts are those of the
+    /// stored events, the run's facts those known at attach.
+    pub incomplete: bool,
+    /// Guest instructions KVM's instruction emulator ran during the whole
+    /// run, per vCPU (its `insn_emulation` statistic): every guest kernel
+    /// instruction where KVM emulates guest ring 0, only the rare emulated
+    /// ones elsewhere. None: KVM did not count them (or not known: saved
+    /// traces do not keep it).
+    pub guest_instructions_emulated: Option<Vec<u64>>,
+    /// Exitless mode: records reserved in vmtrace's rings and never
+    /// committed when the run ended (their writer stopped, or was
+    /// preempted, between reserving and committing): calls whose function
+    /// is not known, so they are in no count and not in `events_total`
+    /// (calls = `events_total` + this). Saved traces do not keep it.
+    pub unfinished: u64,
+}
+
+/// The whole trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    pub meta: TraceMeta,
+    /// The traced functions (those with a patched site).
+    pub functions: Vec<Symbol>,
+    /// Exact call counts, `counts[func][cpu]`.
+    pub counts: Vec<Vec<u64>>,
+    /// Function-graph traces: exact return counts, `returns[func][cpu]` (the
+    /// vCPU the return ran on); empty otherwise.
+    pub returns: Vec<Vec<u64>>,
+    /// The functions that callers' return addresses fall in, sorted by address.
+    pub callers: Vec<Symbol>,
+    /// Stored events, sorted by time.
+    pub events: Vec<Event>,
+}
+
+impl Trace {
+    /// The caller function containing return address `ip`.
+    pub fn caller_of(&self, ip: u64) -> Option<&Symbol> {
+        caller_index(&self.callers, ip).map(|i| &self.callers[i])
+    }
+
+    /// Seconds between attach and detach.
+    pub fn duration_s(&self) -> f64 {
+        self.meta.detach_ns.saturating_sub(self.meta.attach_ns) as f64 / 1e9
+    }
+
+    /// A deterministic synthetic trace: `events` calls of 500 functions from 200
+    /// callers on 4 vCPUs, skewed like a real trace (a few hot functions), with
+    /// 1 in 1,000 return addresses in no known function. For benchmarks.
+    pub fn synthetic(events: u64) -> Trace {
+        const TEXT: u64 = 0xffff_ffff_8100_0000;
+        const CALLER_TEXT: u64 = 0xffff_ffff_8200_0000;
+        let functions: Vec<Symbol> = (0..SYNTH_FUNCS)
+            .map(|i| Symbol {
+                name: format!("subsys{}_function_{i}", i % 17),
+                addr: TEXT + i as u64 * 0x400,
+                size: 0x300,
+            })
+            .collect();
+        let callers: Vec<Symbol> = (0..SYNTH_CALLERS)
+            .map(|i| Symbol {
+                name: format!("caller_{i}"),
+                addr: CALLER_TEXT + i as u64 * 0x200,
+                size: 0x200,
+            })
+            .collect();
+        let mut counts = vec![vec![0u64; SYNTH_CPUS as usize]; SYNTH_FUNCS];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let mut ev = Vec::with_capacity(events as usize);
+        for i in 0..events {
+            let r = next();
+            // Skewed: the product of two uniforms favours small indices.
+            let func = ((r % 1000) * ((r >> 10) % 1000) / 2000) as usize % SYNTH_FUNCS;
+            let cpu = (i % u64::from(SYNTH_CPUS)) as u32;
+            let parent = if (r >> 20).is_multiple_of(1000) {
+                0xffff_ffff_8300_0000 + (r >> 32) % 0x1000
+            } else {
+                let c = (func * 7 + ((r >> 30) % 3) as usize) % SYNTH_CALLERS;
+                CALLER_TEXT + c as u64 * 0x200 + 0x10 + (r >> 40) % 0x100
+            };
+            counts[func][cpu as usize] += 1;
+            ev.push(Event {
+                ts_ns: 1_000_000 + i * 100,
+                parent,
+                slot: 0,
+                func: func as u32,
+                cpu,
+            });
+        }
+        Trace {
+            meta: TraceMeta {
+                kernel: "synthetic".into(),
+                build_id: None,
+                cpus: SYNTH_CPUS,
+                attach_ns: 1_000_000,
+                detach_ns: 1_000_000 + events * 100,
+                sites_patched: SYNTH_FUNCS as u64,
+                events_total: events,
+                stop_reason: "synthetic".into(),
+                mode: "trap".into(),
+                trap_exits: 0,
+                ..TraceMeta::default()
+            },
+            functions,
+            counts,
+            returns: Vec::new(),
+            callers,
+            events: ev,
+        }
+    }
+}
+
+/// The index of the symbol of `callers` (sorted by address) holding return
+/// address `ip` (a size of 0 holds only its own address).
+pub fn caller_index(callers: &[Symbol], ip: u64) -> Option<usize> {
+    let i = callers.partition_point(|s| s.addr <= ip).checked_sub(1)?;
+    let s = &callers[i];
+    (ip < s.addr + s.size.max(1)).then_some(i)
+}
+
+/// Shape of `Trace::synthetic`.
+pub const SYNTH_FUNCS: usize = 500;
+pub const SYNTH_CALLERS: usize = 200;
+pub const SYNTH_CPUS: u32 = 4;
