@@ -12,7 +12,7 @@ use tracer::plan::Plan;
 use tracer::session::record::{self, SiteIndex, OUT_LEN};
 use tracer::session::Tracer;
 use vmm::gva::{AddressSpace, PagingMode};
-use vmm::{Trap, TrapError, TrapHandler, Vm};
+use vmm::{Paused, Trap, TrapError, TrapHandler, Vm};
 
 use super::phases::{timed_phase, IterCounters};
 use super::{mini_config, wind_down, SETTLE, TRACE_GLOB};
@@ -143,6 +143,30 @@ impl TracedTotals {
     }
 }
 
+/// Under pause `p`, make the phase `mode` run next: untraced (detached),
+/// or attached with the resume-only handler or the recorder.
+fn switch(
+    tracer: &mut Tracer,
+    p: &Paused<'_>,
+    record: &AtomicBool,
+    mode: Mode,
+) -> Result<(), Error> {
+    match mode {
+        Mode::Untraced => {
+            if tracer.is_attached() {
+                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
+            }
+        }
+        mode => {
+            record.store(mode == Mode::Recorder, Ordering::Relaxed);
+            if !tracer.is_attached() {
+                tracer.attach(p)?.attached()?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Figures (a) and (b): the mini guest in `mode=loop`, phases of `iters`
 /// iterations per vCPU, untraced / resume-only / recorder in rotating order,
 /// `reps` rounds. See the `bench` module documentation.
@@ -188,19 +212,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     let now = counters.total()?;
                     let tr = total_traps();
                     traced.close(pending.take(), now, tr);
-                    match MODES[m] {
-                        Mode::Untraced => {
-                            if tracer.is_attached() {
-                                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
-                            }
-                        }
-                        mode => {
-                            record.store(mode == Mode::Recorder, Ordering::Relaxed);
-                            if !tracer.is_attached() {
-                                tracer.attach(&p)?.attached()?;
-                            }
-                        }
-                    }
+                    switch(&mut tracer, &p, &record, MODES[m])?;
                     pending = Some(Phase {
                         mode: MODES[m],
                         iters: now,
@@ -223,9 +235,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             let p = running.pause_all();
             let now = counters.total()?;
             traced.close(pending.take(), now, total_traps());
-            if tracer.is_attached() {
-                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
-            }
+            switch(&mut tracer, &p, &record, Mode::Untraced)?;
         }
         if traced.iters == 0 || traced.traps == 0 {
             return Err(RuntimeError::Measure(format!(

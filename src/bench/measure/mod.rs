@@ -21,7 +21,7 @@ use tracer::session::record::SiteIndex;
 use tracer::session::{Tracer, TracerError};
 use tracer::trace::report::{self, ReportOptions};
 use vmm::boot::KernelKind;
-use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
+use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
@@ -285,34 +285,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 attach: Vec::new(),
                 detach: Vec::new(),
             };
-            for _ in 0..E_REPS {
-                let t = Instant::now();
-                let patched = tracer.attach(&paused)?.attached()?.patched;
-                f.attach.push(us(t.elapsed()));
-                if patched != n {
-                    tracer
-                        .detach(paused.memory())
-                        .map_err(RuntimeError::Restore)?;
-                    return Err(RuntimeError::Measure(format!(
-                        "patched {patched} of {n} sites of {}",
-                        vmlinux.display()
-                    ))
-                    .into());
-                }
-                let t = Instant::now();
-                let d = tracer
-                    .detach(paused.memory())
-                    .map_err(RuntimeError::Restore)?;
-                f.detach.push(us(t.elapsed()));
-                if d.restored != n {
-                    return Err(RuntimeError::Measure(format!(
-                        "restored {} of {n} sites of {}",
-                        d.restored,
-                        vmlinux.display()
-                    ))
-                    .into());
-                }
-            }
+            time_attaches(&mut tracer, &paused, &mut f, vmlinux)?;
             tracer.finish(vmlinux, String::new());
             figures.push(f);
         }
@@ -328,6 +301,46 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
         loads_ms: loads,
         total_sites,
     })
+}
+
+/// (e) for one site count: `E_REPS` attaches of `f.sites` sites, each
+/// detached; the run fails unless each patches and restores them all.
+fn time_attaches(
+    tracer: &mut Tracer,
+    paused: &Paused<'_>,
+    f: &mut AttachFigures,
+    vmlinux: &Path,
+) -> Result<(), Error> {
+    let n = f.sites;
+    for _ in 0..E_REPS {
+        let t = Instant::now();
+        let patched = tracer.attach(paused)?.attached()?.patched;
+        f.attach.push(us(t.elapsed()));
+        if patched != n {
+            tracer
+                .detach(paused.memory())
+                .map_err(RuntimeError::Restore)?;
+            return Err(RuntimeError::Measure(format!(
+                "patched {patched} of {n} sites of {}",
+                vmlinux.display()
+            ))
+            .into());
+        }
+        let t = Instant::now();
+        let d = tracer
+            .detach(paused.memory())
+            .map_err(RuntimeError::Restore)?;
+        f.detach.push(us(t.elapsed()));
+        if d.restored != n {
+            return Err(RuntimeError::Measure(format!(
+                "restored {} of {n} sites of {}",
+                d.restored,
+                vmlinux.display()
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Seconds to render the text report with callers, and to export JSON.

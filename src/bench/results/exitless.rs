@@ -236,6 +236,12 @@ pub fn write(o: &mut String, c: &ExitlessCosts, cfg: &BenchConfig) -> fmt::Resul
             ),
         ],
     )?;
+    write_notes(o, &f)
+}
+
+/// (f)'s lines under its rows: what was not measured and why, the exits,
+/// the phases' times.
+fn write_notes(o: &mut String, f: &ExitlessFigures) -> fmt::Result {
     if let Some(why) = &f.timing_not_measured {
         writeln!(o, "  times not measured: {why}")?;
     }
