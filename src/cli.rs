@@ -321,11 +321,13 @@ fn parse_export(s: &str) -> Result<ExportArg, String> {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Benches to run: a name (`call/trap`), a collection (`call`: all its
-    /// benches) or an old letter (`a`); `list` lists them; none, or `all`:
-    /// every bench but boot/ftrace (which runs with --linux-boots N).
+    /// benches) or an old letter (`a`); none, or `all`: every bench but
+    /// boot/ftrace (which runs with --linux-boots N). `list [BENCH]...`
+    /// lists them.
     #[arg(value_name = "BENCH")]
     pub names: Vec<String>,
-    /// List the benches: name, goal, figure and unit, what each needs.
+    /// List the benches (those named, or all) rather than run them: name,
+    /// goal, figure and unit, what each needs.
     #[arg(long)]
     pub list: bool,
     /// The mini guest (default: guest/out/mini.elf, built if missing).

@@ -231,8 +231,6 @@ pub enum InputError {
         "no bench `{name}`; the benches: {names} (`vmtrace bench list` says what each measures)"
     )]
     UnknownBench { name: String, names: String },
-    #[error("`vmtrace bench list` lists the benches; give `list` (or --list) alone, without bench names")]
-    BenchListWithNames,
     #[error("--counts-only chooses the benches itself (call/exitless, call/graph); name benches or give --counts-only, not both")]
     CountsOnlyNamed,
     #[error("bench attach/scaling needs a Linux vmlinux, and {} does not exist; build it with `bash guest/build.sh linux`, or pass --vmlinux PATH", .0.display())]

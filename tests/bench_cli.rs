@@ -521,6 +521,20 @@ fn bench_list_names_every_bench() {
     let flag = vmtrace(&["bench", "--list"]);
     assert_eq!(flag.status.code(), Some(0), "{}", stderr(&flag));
     assert_eq!(stdout(&flag), list);
+    // With names, as `perf bench sched` lists its collection: those alone.
+    let some = vmtrace(&["bench", "list", "call", "j"]);
+    assert_eq!(some.status.code(), Some(0), "{}", stderr(&some));
+    let some = stdout(&some);
+    let listed: Vec<&str> = some
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .map(|l| l.trim().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["call/trap", "call/exitless", "call/graph", "attach/modes"],
+        "{some}"
+    );
 }
 
 /// One bench by name runs it alone: its figures, its goals, its entry;
@@ -698,11 +712,11 @@ fn bench_refuses_unknown_names() {
             &["bench", "call", "--counts-only", "--kernel", kernel],
             "name benches or give --counts-only, not both",
         ),
-        (&["bench", "list", "call"], "give `list` (or --list) alone"),
         (
-            &["bench", "--list", "call/trap"],
-            "give `list` (or --list) alone",
+            &["bench", "list", "calls"],
+            "no bench `calls`; the benches: ",
         ),
+        (&["bench", "--list", "k"], "no bench `k`; the benches: "),
     ];
     for (args, want) in cases {
         let out = vmtrace(args);

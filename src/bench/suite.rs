@@ -261,9 +261,9 @@ pub fn names() -> String {
     )
 }
 
-/// `vmtrace bench list`: by collection, each bench with its goal, figure,
-/// unit and what it needs.
-pub fn list() -> String {
+/// `vmtrace bench list`: by collection, each bench of `ids` with its goal,
+/// figure, unit and what it needs.
+pub fn list(ids: &[BenchId]) -> String {
     let mut o = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(
@@ -275,8 +275,15 @@ pub fn list() -> String {
         COLLECTIONS.len()
     );
     for (collection, what) in COLLECTIONS {
+        let benches: Vec<&Bench> = BENCHES
+            .iter()
+            .filter(|b| b.collection() == collection && ids.contains(&b.id))
+            .collect();
+        if benches.is_empty() {
+            continue;
+        }
         let _ = writeln!(o, "\n{collection}: {what}");
-        for b in BENCHES.iter().filter(|b| b.collection() == collection) {
+        for b in benches {
             let aliases = match b.aliases {
                 [] => String::new(),
                 a => format!(" (also {})", a.join(", ")),
@@ -333,7 +340,8 @@ mod tests {
 
     #[test]
     fn every_bench_is_listed_with_its_goal_and_needs() {
-        let l = list();
+        let all: Vec<BenchId> = BENCHES.iter().map(|b| b.id).collect();
+        let l = list(&all);
         for b in &BENCHES {
             assert!(l.contains(&format!("\n  {}", b.name)), "{l}");
             assert!(l.contains(b.goal), "{l}");
@@ -344,5 +352,10 @@ mod tests {
             assert_eq!(BENCHES.iter().filter(|x| x.name == b.name).count(), 1);
             assert!(COLLECTIONS.iter().any(|(c, _)| *c == b.collection()));
         }
+        // Some: only theirs, under their collections.
+        let l = list(&[BenchId::CallGraph, BenchId::ReportRender]);
+        assert_eq!(l.matches("      needs:  ").count(), 2, "{l}");
+        assert!(l.contains("\ncall: ") && l.contains("\nreport: "), "{l}");
+        assert!(!l.contains("\nattach: ") && !l.contains("call/trap"), "{l}");
     }
 }

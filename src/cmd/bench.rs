@@ -11,9 +11,9 @@ use crate::config::BenchConfig;
 use crate::error::{Error, Outcome, RuntimeError};
 
 pub fn main(args: &BenchArgs) -> Result<Outcome, Error> {
-    if BenchConfig::wants_list(args)? {
+    if let Some(benches) = BenchConfig::to_list(args)? {
         // A closed stdout loses the list; nothing else to do.
-        let _ = write!(std::io::stdout(), "{}", suite::list());
+        let _ = write!(std::io::stdout(), "{}", suite::list(&benches));
         return Ok(Outcome::Clean);
     }
     let cfg = BenchConfig::check(args)?;

@@ -84,14 +84,26 @@ impl BenchConfig {
         })
     }
 
-    /// `vmtrace bench list` or `--list`: list the benches rather than run
-    /// them (with no other name).
-    pub fn wants_list(args: &BenchArgs) -> Result<bool, InputError> {
-        let list = args.list || args.names.iter().any(|n| n == "list");
-        if list && args.names.iter().any(|n| n != "list") {
-            return Err(InputError::BenchListWithNames);
+    /// `vmtrace bench list [NAME...]` or `--list`: the benches to list
+    /// rather than run (those the other names choose, or all); None: run.
+    pub fn to_list(args: &BenchArgs) -> Result<Option<Vec<BenchId>>, InputError> {
+        if !args.list && !args.names.iter().any(|n| n == "list") {
+            return Ok(None);
         }
-        Ok(list)
+        let names: Vec<String> = args
+            .names
+            .iter()
+            .filter(|n| !matches!(n.as_str(), "list" | "all"))
+            .cloned()
+            .collect();
+        if names.is_empty() {
+            return Ok(Some(suite::BENCHES.iter().map(|b| b.id).collect()));
+        }
+        let chosen = Selection::named(&names).map_err(|name| InputError::UnknownBench {
+            name,
+            names: suite::names(),
+        })?;
+        Ok(Some(chosen.ids))
     }
 }
 
