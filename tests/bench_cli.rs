@@ -727,3 +727,47 @@ fn bench_refuses_unknown_names() {
         assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
     }
 }
+
+/// A bench that needs no guest runs without one: `--kernel` is not even
+/// looked at, the JSON has no kernel; its counts are exact.
+#[test]
+fn bench_without_a_guest_needs_no_kernel() {
+    let (doc, table) = bench_json(
+        "bench-noguest",
+        &[
+            "record/throughput",
+            "--kernel",
+            "/nonexistent/mini.elf",
+            "--record-events",
+            "100000",
+        ],
+    );
+    let text = doc.to_string();
+    assert_eq!(bench_names(&doc), ["record/throughput"], "{text}");
+    assert!(doc["kernel"].is_null(), "{text}");
+    assert!(
+        doc["exitless"].is_null() && doc["graph"].is_null(),
+        "{text}"
+    );
+    let fig = |k: &str| doc["figures"][k].as_f64().unwrap();
+    assert_eq!(fig("h_record_sent"), 1e5, "{text}");
+    assert_eq!(fig("h_record_stored") + fig("h_record_lost"), 1e5, "{text}");
+    assert!(
+        doc["figures"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| k.starts_with("h_record_")),
+        "{text}"
+    );
+    assert_eq!(doc["goals"].as_array().unwrap().len(), 2, "{text}");
+    let b = &doc["benches"][0];
+    assert_eq!(b["needs"], "nothing (no guest)", "{text}");
+    assert_eq!(b["aliases"], serde_json::json!(["h"]), "{text}");
+    assert_eq!(b["figures"], doc["figures"], "{text}");
+    assert!(
+        table.starts_with("vmtrace bench: no mini guest needed\n"),
+        "{table}"
+    );
+    assert!(table.contains("(h) recording to disk"), "{table}");
+}

@@ -26,7 +26,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
     let cfg = run.cfg;
     match &cfg.kernel {
         Some(k) => writeln!(o, "vmtrace bench: mini guest {}", k.display())?,
-        None => writeln!(o, "vmtrace bench: no guest booted")?,
+        None => writeln!(o, "vmtrace bench: no mini guest needed")?,
     }
     if cfg.benches.named {
         let names: Vec<&str> = cfg.benches.ids.iter().map(|&id| bench(id).name).collect();
