@@ -74,6 +74,37 @@ macro_rules! input_from {
 }
 input_from!(VmError, BootError, TracerError, TraceFileError, NotReady);
 
+/// The library says what is wrong; the CLI adds which flag to change.
+impl From<tracer::kernel::find::FindError> for InputError {
+    fn from(e: tracer::kernel::find::FindError) -> InputError {
+        use tracer::kernel::find::FindError;
+        match e {
+            FindError::Mismatch {
+                vmlinux,
+                kernel,
+                why,
+            } => InputError::VmlinuxMismatch {
+                vmlinux,
+                kernel,
+                why,
+            },
+            FindError::Symbols(e) => InputError::Tracer(e.into()),
+            e => InputError::Find(e),
+        }
+    }
+}
+
+impl From<tracer::plan::PlanError> for InputError {
+    fn from(e: tracer::plan::PlanError) -> InputError {
+        use tracer::plan::PlanError;
+        match e {
+            PlanError::Tracer(e) => InputError::Tracer(e),
+            PlanError::GraphUnhookable { names } => InputError::GraphUnhookable { names },
+            e => InputError::Plan(e),
+        }
+    }
+}
+
 /// Bad input: every message is one line naming the problem and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
@@ -123,14 +154,6 @@ pub enum InputError {
         .0.display()
     )]
     FromBootLinux(PathBuf),
-    /// No vmlinux anywhere vmtrace looked, and the bzImage alone gave no
-    /// symbols (`source` ends by saying to pass --vmlinux).
-    #[error("no symbols for {}: no vmlinux at {tried}, and {source}", kernel.display())]
-    NoSymbols {
-        kernel: PathBuf,
-        tried: String,
-        source: Box<tracer::kernel::bzimage::PayloadSymbolError>,
-    },
     #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {
         path: PathBuf,
@@ -250,15 +273,16 @@ pub enum InputError {
         kernel: PathBuf,
         why: String,
     },
-    /// Every selected site is in init text, which is never patched.
-    #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
-    NoPatchableSite { skipped: usize, examples: String },
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error(transparent)]
     Boot(#[from] BootError),
     #[error(transparent)]
     Tracer(#[from] TracerError),
+    #[error(transparent)]
+    Find(tracer::kernel::find::FindError),
+    #[error(transparent)]
+    Plan(tracer::plan::PlanError),
     #[error(transparent)]
     TraceFile(#[from] TraceFileError),
     #[error("cannot attach: {0}")]

@@ -8,30 +8,21 @@ mod list;
 mod output;
 mod report;
 mod run;
-mod symbols;
 
-use std::path::Path;
 use std::time::Duration;
 
-pub use vmm::boot::KernelKind;
 use vmm::VmError;
+
+// (Until the bench moves to `vmm::host` too.)
+pub use vmm::host::emulates_ring0 as emulator_host;
 
 use crate::error::InputError;
 
 pub use bench::BenchConfig;
 pub use list::ListConfig;
-pub use output::{DataFile, Export, Output, View};
+pub use output::{DataPath, Export, Output, View};
 pub use report::{ReportConfig, ScriptConfig};
 pub use run::{Form, RunConfig, TraceConfig};
-
-/// Present when the host's KVM is the pagetable-based nested one (kvm_pvm).
-const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
-
-/// Does this host's KVM run guest ring 0 in its instruction emulator?
-/// (see docs/emulating-kvm.md; the command line and CPUID avoid what it cannot run)
-pub fn emulator_host() -> bool {
-    Path::new(EMULATOR_HOST_MARKER).exists()
-}
 
 /// `--cpus`, for the run and the bench alike.
 pub fn check_cpus(n: u64) -> Result<u64, InputError> {

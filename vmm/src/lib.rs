@@ -8,6 +8,7 @@ pub mod boot;
 pub mod devices;
 pub mod exit;
 pub mod gva;
+pub mod host;
 pub mod kvm_stats;
 pub mod layout;
 pub mod pause;

@@ -32,10 +32,6 @@ pub enum VmError {
     Cpus(u64),
     #[error("--mem {0} MiB is out of range; use {min} to {max} MiB", min = layout::MIN_MEM_MIB, max = layout::MAX_MEM_MIB)]
     Mem(u64),
-    #[error(
-        "kernel {0} does not exist; build one with `guest/build.sh mini` or pass --kernel PATH"
-    )]
-    NoKernel(PathBuf),
     #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
     Kvm(kvm_ioctls::Error),
     #[error("KVM_{what} failed: {source}")]
@@ -69,9 +65,8 @@ pub enum VmError {
 
 /// What to boot and how.
 pub struct VmConfig {
-    pub kernel: PathBuf,
-    /// What `kernel` is (`KernelKind::detect`, done once by the caller).
-    pub kind: boot::KernelKind,
+    /// The kernel, opened and checked once (by whoever planned the run).
+    pub kernel: boot::KernelFile,
     pub initrd: Option<PathBuf>,
     pub cpus: u64,
     pub mem_mib: u64,
@@ -108,9 +103,6 @@ impl Vm {
         }
         if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&cfg.mem_mib) {
             return Err(VmError::Mem(cfg.mem_mib));
-        }
-        if !cfg.kernel.exists() {
-            return Err(VmError::NoKernel(cfg.kernel));
         }
         let ncpus = cfg.cpus as usize;
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
@@ -154,7 +146,6 @@ impl Vm {
 
         let plan = boot::load_kernel(
             &mem,
-            cfg.kind,
             &cfg.kernel,
             cfg.initrd.as_deref(),
             &cfg.cmdline,

@@ -27,8 +27,7 @@ fn mini_elf() -> PathBuf {
 
 fn mini_vm(kernel: &Path) -> vmm::Vm {
     vmm::Vm::create(vmm::VmConfig {
-        kernel: kernel.to_owned(),
-        kind: vmm::boot::KernelKind::Elf,
+        kernel: vmm::boot::KernelFile::open(kernel).unwrap(),
         initrd: None,
         cpus: 1,
         mem_mib: 64,
