@@ -14,6 +14,7 @@ use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
 use tracer::session::Tracer;
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};
+use vmm::kvm_stats::KvmStats;
 use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};
 
 use super::phases::{pause_settled, timed_phase, unsettled, GuestU32, IterCounters};
@@ -472,6 +473,15 @@ pub fn exitless_costs(
     ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)
 }
 
+/// All vCPUs' instructions KVM's emulator ran so far (read under a
+/// pause); None: KVM does not count them.
+fn emulated(kvm: &KvmStats, label: &str) -> Result<Option<u64>, Error> {
+    let per_cpu = kvm
+        .instructions()
+        .map_err(|e| RuntimeError::Measure(format!("{label}: reading KVM's statistics: {e}")))?;
+    Ok(per_cpu.map(|v| v.iter().sum()))
+}
+
 /// The rounds of phases, µs per iteration by phase, and every finished
 /// phase's exact counts. Both tracers are detached at the end.
 fn run_phases(
@@ -495,13 +505,7 @@ fn run_phases(
     let mut counters = IterCounters::new(map, &plan.image, ncpus, &traced)?;
     let unsettled = unsettled(&plan.image, &plan.funcs);
     let kvm = running.kvm_stats();
-    // All vCPUs' instructions KVM's emulator ran so far (read under a pause).
-    let insns = || -> Result<Option<u64>, Error> {
-        let per_cpu = kvm.instructions().map_err(|e| {
-            RuntimeError::Measure(format!("{label}: reading KVM's statistics: {e}"))
-        })?;
-        Ok(per_cpu.map(|v| v.iter().sum()))
-    };
+    let insns = || emulated(&kvm, label);
     std::thread::sleep(SETTLE);
     let mut finished: Vec<PhaseCount> = Vec::new();
     // The phase running now, with the counts at its start.
