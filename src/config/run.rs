@@ -11,10 +11,10 @@ use tracer::kernel::find::{self, Given};
 use tracer::plan::{ModeChoice, Note, Request, TracePlan};
 use vmm::boot::cmdline::{kernel_cmdline, Words};
 use vmm::boot::{BootError, KernelFile};
-use vmm::VmConfig;
+use vmm::{VmConfig, VmSize};
 
 use super::output::{self, format_name};
-use super::{check_cpus, check_mem, secs, Output};
+use super::{secs, Output};
 use crate::cli::{Format, ModeArg, OutputArgs, RunArgs};
 use crate::console::Checked;
 use crate::error::InputError;
@@ -68,8 +68,8 @@ impl RunConfig {
         }
         let traced = !args.trace.is_empty() || !args.notrace.is_empty();
         check_flags(args, form, traced)?;
-        let cpus = check_cpus(args.cpus)?;
-        let mem_mib = check_mem(args.mem)?;
+        let size = VmSize::new(args.cpus, args.mem)?;
+        let (cpus, mem_mib) = (size.cpus(), size.mem_mib());
         let timeout = secs(args.timeout, "--timeout")?;
         let duration = secs(args.duration, "--duration")?;
         let output = outputs(args, out, form, traced)?;
@@ -115,8 +115,7 @@ impl RunConfig {
             vm: VmConfig {
                 kernel,
                 initrd: args.initrd.clone(),
-                cpus,
-                mem_mib,
+                size,
                 cmdline,
                 console: open_console_writer(console)?,
                 timeout,

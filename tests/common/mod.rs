@@ -146,8 +146,7 @@ pub fn mini_config(kernel: &Path, cpus: u64, cmdline: &str, console: &Capture) -
     vmm::VmConfig {
         kernel: vmm::boot::KernelFile::open(kernel).unwrap(),
         initrd: None,
-        cpus,
-        mem_mib: 64,
+        size: vmm::VmSize::new(cpus, 64).unwrap(),
         cmdline: cmdline.into(),
         console: Box::new(console.clone()),
         timeout: Some(std::time::Duration::from_secs(300)),

@@ -22,4 +22,4 @@ pub mod vm;
 pub use run::{Paused, RunReport, Running, VcpuSpace};
 pub use stop::{StopReason, VcpuError};
 pub use trap::{NoTracer, Trap, TrapError, TrapHandler};
-pub use vm::{Vm, VmConfig, VmError};
+pub use vm::{Vm, VmConfig, VmError, VmSize};

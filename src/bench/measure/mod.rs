@@ -21,7 +21,7 @@ use tracer::session::record::SiteIndex;
 use tracer::session::{Tracer, TracerError};
 use tracer::trace::report::{self, ReportOptions};
 use vmm::boot::KernelFile;
-use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig};
+use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
@@ -59,8 +59,7 @@ fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> Result
     Ok(VmConfig {
         kernel: KernelFile::open(kernel)?,
         initrd: None,
-        cpus,
-        mem_mib,
+        size: VmSize::new(cpus, mem_mib)?,
         cmdline: cmdline.into(),
         console: Box::new(std::io::sink()),
         timeout: None,
