@@ -175,7 +175,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
     let index = Arc::clone(&plan.index);
     let vm = Vm::create(mini_config(kernel, cpus)?)?;
     let ncpus = vm.cpus();
-    let (mut tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
+    let (tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
     let record = Arc::new(AtomicBool::new(false));
     let traps: Vec<Arc<AtomicU64>> = (0..ncpus).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let handlers: Vec<Box<dyn TrapHandler>> = recorders
@@ -192,7 +192,8 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             }) as Box<dyn TrapHandler>
         })
         .collect();
-    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
+    let mut session = super::session(vm, tracer, handlers, kernel)?;
+    let (running, tracer) = session.parts();
     let mem = running.memory().clone();
     let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let result = (|| -> Result<CallCosts, Error> {
@@ -212,7 +213,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     let now = counters.total()?;
                     let tr = total_traps();
                     traced.close(pending.take(), now, tr);
-                    switch(&mut tracer, &p, &record, MODES[m])?;
+                    switch(tracer, &p, &record, MODES[m])?;
                     pending = Some(Phase {
                         mode: MODES[m],
                         iters: now,
@@ -220,7 +221,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     });
                     counters.read()?
                 };
-                tau[m] = timed_phase(&running, &mut counters, &start, iters, MODES[m].name())?;
+                tau[m] = timed_phase(running, &mut counters, &start, iters, MODES[m].name())?;
             }
             note!(
                 "vmtrace bench: round {}/{reps}: µs per iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
@@ -235,7 +236,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             let p = running.pause_all();
             let now = counters.total()?;
             traced.close(pending.take(), now, total_traps());
-            switch(&mut tracer, &p, &record, Mode::Untraced)?;
+            switch(tracer, &p, &record, Mode::Untraced)?;
         }
         if traced.iters == 0 || traced.traps == 0 {
             return Err(RuntimeError::Measure(format!(
@@ -246,7 +247,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
         let e = traced.traps as f64 / traced.iters as f64;
         Ok(CallCosts::from_rounds(&rounds, e))
     })();
-    wind_down(running, tracer, kernel, result, "the mini guest")
+    wind_down(session, result, "the mini guest")
 }
 
 /// The handlers timed alone, ns per `on_trap`.

@@ -33,7 +33,7 @@ pub mod patch;
 pub mod record;
 pub mod shadow;
 pub mod store;
-pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, POLL};
+pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, Start, POLL};
 pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
