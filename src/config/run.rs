@@ -476,6 +476,7 @@ fn choose_mode(
         ModeArg::Auto => match check() {
             Ok(()) => Ok(Mode::Exitless),
             Err(e) => {
+                let e = vmm::advice::Advice::say(&e, &crate::error::Flags);
                 note!("vmtrace: --mode auto: tracing with traps: {e}");
                 Ok(Mode::Trap)
             }

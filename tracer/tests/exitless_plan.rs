@@ -11,6 +11,7 @@ use tracer::kernel::symbols::KernelImage;
 use tracer::session::exitless::ret::Return;
 use tracer::session::exitless::state::{Exitless, Resolved};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{Advice, Remedy};
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::layout::KERNEL_MAP_BASE;
 
@@ -193,15 +194,14 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
 #[test]
 fn return_thunks_without_alternatives_patched_are_refused() {
     let image = mini_without("mini-rethunk", &["alternatives_patched"]);
-    let err = Exitless::check(&image, 2, 3, Some(16), false)
-        .unwrap_err()
-        .to_string();
+    let err = Exitless::check(&image, 2, 3, Some(16), false).unwrap_err();
+    assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
     assert_eq!(
-        err,
+        err.to_string(),
         format!(
             "{}: the kernel has return thunks but no `alternatives_patched` symbol (kallsyms without \
              CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
-             use --mode trap, or give its vmlinux (--vmlinux)",
+             trace in trap mode, or give its vmlinux",
             image.path.display()
         )
     );
