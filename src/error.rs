@@ -272,6 +272,7 @@ impl Words for Flags {
             Input::Notrace => "--notrace",
             // `vmtrace list GLOB...`: positional, named by the command.
             Input::List => "list",
+            Input::CmdlineReplace => "--cmdline-replace",
         }
     }
 
@@ -312,7 +313,7 @@ pub enum RuntimeError {
     Restore(TracerError),
     #[error("exitless events were lost: {}", .0.say(&Flags))]
     Drain(TracerError),
-    #[error("the guest stopped ({0}) before vmtrace could attach; nothing was traced")]
+    #[error("the guest stopped ({}) before vmtrace could attach; nothing was traced", .0.say(&Flags))]
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]
     Save(TraceFileError),
@@ -357,7 +358,7 @@ pub enum RuntimeError {
     Trap(vmm::TrapError),
     #[error("cannot write the bench's JSON: {0}")]
     BenchJson(serde_json::Error),
-    #[error("the {what} stopped: {reason}")]
+    #[error("the {what} stopped: {}", reason.say(&Flags))]
     GuestStopped {
         what: &'static str,
         reason: StopReason,
@@ -434,6 +435,24 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    /// An emulation hint names the flag that drops the default command
+    /// line, in every CLI message that says the stop.
+    #[test]
+    fn a_stop_reason_is_said_with_the_cli_flags() {
+        let e = vmm::assist::choose(1, 0x1000, &[0x0f, 0xae, 0x28]).expect_err("xrstor");
+        let reason = StopReason::Error(vmm::VcpuError::Assist(e));
+        let lib = "unless a replacement command line drops it)";
+        let cli = "(the default command line does, unless --cmdline-replace drops it), or run";
+        assert!(reason.to_string().contains(lib), "{reason}");
+        let e = RuntimeError::NothingTraced(reason.clone()).to_string();
+        assert!(e.contains(cli), "{e}");
+        let e = RuntimeError::GuestStopped {
+            what: "guest",
+            reason,
+        };
+        assert!(e.to_string().contains(cli), "{e}");
     }
 
     /// Every remedy the CLI says names the flag that carries it out; the

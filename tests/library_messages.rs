@@ -27,13 +27,6 @@ const KEPT: &[(&str, &str)] = &[
     ("tracer/src/trace/export/script.rs", "(over --max-events or"),
     // `vmtrace list`'s marker of a function `--graph` leaves out.
     ("tracer/src/kernel/list.rs", "\" [no --graph]\""),
-    // Not yet: the emulation hints of a stop reason, which the CLI shows in
-    // its stop line (src/cmd/run.rs) and stores in the data file.
-    ("vmm/src/assist.rs", "unless --cmdline-replace drops it)"),
-    (
-        "vmm/src/assist.rs",
-        "--cmdline-replace drops it: its NMI entry",
-    ),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use tracer::session::store::Storage;
 use tracer::session::{Attach, Recording, Saved, Tracer};
 use tracer::trace::datafile::DataFile;
+use vmm::advice::Advice;
 use vmm::boot::Protocol;
 use vmm::{NoTracer, RunReport, Running, StopReason, TrapHandler, Vm};
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::config::{Form, KernelKind, RunConfig, TraceConfig};
 use crate::emit::{emit, Streamed, Written};
-use crate::error::{Error, InputError, Outcome, RuntimeError};
+use crate::error::{Error, Flags, InputError, Outcome, RuntimeError};
 use crate::stats::percentile;
 use crate::{datafile, datalock};
 
@@ -81,7 +82,7 @@ fn stop_line(
                 .and_then(function)
                 .map(|f| format!(", in {f}"))
                 .unwrap_or_default();
-            format!("after {secs:.2} s{place}: {reason}")
+            format!("after {secs:.2} s{place}: {}", reason.say(&Flags))
         }
         reason => format!("{reason} after {secs:.2} s"),
     }
@@ -202,7 +203,8 @@ fn traced(
     // Named while the symbols are at hand.
     let names = stop_names(&run_report, &tracer);
     // The data file's footer: it is complete from here on.
-    let (summary, saved) = tracer.finish_stored(kernel, run_report.reason.to_string(), trap_exits);
+    let reason = run_report.reason.say(&Flags);
+    let (summary, saved) = tracer.finish_stored(kernel, reason, trap_exits);
     data.end_on_terminate();
     result?;
     match detach {

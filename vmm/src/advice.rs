@@ -34,6 +34,8 @@ pub enum Input {
     Notrace,
     /// The globs of the functions to list (`tracer::kernel::list`).
     List,
+    /// A command line that replaces the guest's default one.
+    CmdlineReplace,
 }
 
 /// What the user can do about an error.
@@ -86,6 +88,7 @@ impl Words for Plain {
             Input::Trace => "trace filter",
             Input::Notrace => "notrace filter",
             Input::List => "list globs",
+            Input::CmdlineReplace => "a replacement command line",
         }
     }
 
