@@ -13,7 +13,10 @@
 //! A message is its problem (`Advice::problem`), then "; " and its remedy
 //! when it has one (`Advice::remedy`, also there for a front end that acts on
 //! it, e.g. falls back to traps); an error whose remedy sits elsewhere in its
-//! sentence overrides `say`. Wrapper enums delegate all three.
+//! sentence overrides `say`. Wrapper enums delegate all three. A variant
+//! whose `Display` is `say(&Plain)` needs its own arm in `problem` (the
+//! others' arm is their `Display`, which would call back). A hint picked
+//! from a table marks where it names an input (`assist::AssistError`).
 //!
 //! Lives in `vmm` because both libraries use it and `vmm` is the one below.
 
