@@ -8,6 +8,9 @@
 //! and stay where they are. An old `FILE.old` that is a regular file is
 //! replaced; anything else there (a directory, a symlink, a device) is left
 //! alone and the record refused before the guest boots.
+//!
+//! [`Data`] is the file one traced run writes, from its lock and `.old` to
+//! the temporary file of a run without `-o`.
 
 use std::fs;
 use std::io;
@@ -16,6 +19,11 @@ use std::path::{Path, PathBuf};
 use tracer::trace::report::thousands;
 
 use crate::cli::DEFAULT_DATA;
+use tracer::session::Saved;
+use tracer::trace::datafile::DataFile;
+
+use crate::datalock;
+use crate::emit::{Streamed, Written};
 use crate::error::{InputError, RuntimeError};
 
 /// `FILE.old` beside `FILE`.
@@ -167,6 +175,151 @@ fn shell_word(path: &Path) -> String {
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
     }
+}
+
+/// The data file a traced run writes while the guest runs: the one asked
+/// for (`-o`, `record`'s vmtrace.data, the previous one kept as .old), or
+/// for a one-shot run without `-o` a temporary file the report is read
+/// from and which is removed at the end. A character device asked for
+/// gets the file once it is complete (it cannot be read back).
+pub struct Data {
+    /// Held while the run writes `stream` (see `datalock`).
+    lock: Option<datalock::Lock>,
+    /// Where events are written as they come.
+    pub stream: PathBuf,
+    pub file: Option<DataFile>,
+    /// Where the user asked for it (None: no data file asked for).
+    asked: Option<PathBuf>,
+    /// `stream` is vmtrace's own, removed at the end.
+    temporary: bool,
+    kept: Option<PathBuf>,
+}
+
+impl Data {
+    pub fn open(asked: Option<&crate::config::DataPath>) -> Result<Data, crate::error::Error> {
+        let device = asked.is_some_and(|d| {
+            matches!(
+                tracer::trace::output_path::target(&d.path),
+                Ok(tracer::trace::output_path::Target::Device(_))
+            )
+        });
+        // Another run writing the file: refused before anything is moved
+        // or created (the lock is beside the file, never renamed; see
+        // `datalock`).
+        let lock = match asked {
+            Some(d) if !device => datalock::Lock::acquire(&lock_target(&d.path))?,
+            _ => None,
+        };
+        let (stream, temporary, kept) = match asked {
+            Some(d) if !device => {
+                let kept = if d.keep_old { keep_old(&d.path)? } else { None };
+                (d.path.clone(), false, kept)
+            }
+            _ => (temporary_path(), true, None),
+        };
+        let file = DataFile::create(&stream).map_err(RuntimeError::Save)?;
+        Ok(Data {
+            lock,
+            stream,
+            file: Some(file),
+            asked: asked.map(|d| d.path.clone()),
+            temporary,
+            kept,
+        })
+    }
+
+    /// The run traced nothing: no file is left (a temporary one), or the
+    /// one asked for stays as written (it says so: no events).
+    pub fn discard(&self) {
+        if self.temporary {
+            let _ = std::fs::remove_file(&self.stream);
+        }
+    }
+
+    /// The guest is stopped, its text restored, the file complete: Ctrl-C
+    /// now ends a long report or export at once, removing what this run
+    /// made for itself (it was caught to stop the run cleanly, and a second
+    /// one said "restoring the guest's text").
+    pub fn end_on_terminate(&self) {
+        let temporary = self.temporary.then_some(self.stream.as_path());
+        let lock = self.lock.as_ref().map(|l| l.path());
+        if let Err(e) = vmm::run::end_on_terminate([temporary, lock]) {
+            note!("vmtrace: cannot restore Ctrl-C ({e}): it is ignored until vmtrace ends");
+        }
+    }
+
+    /// Once the file is complete (`saved`): to a device if one was asked
+    /// for, the temporary file removed; what to say about it.
+    pub fn finish(
+        &self,
+        saved: Result<Saved, tracer::trace::datafile::TraceFileError>,
+        summary: &tracer::trace::model::Trace,
+    ) -> Option<Streamed> {
+        let m = &summary.meta;
+        let unstored = m.events_dropped + m.returns_dropped;
+        let out = self.asked.as_ref().map(|asked| {
+            let saved = saved.map_err(RuntimeError::Save)?;
+            if self.temporary {
+                // A character device: the whole file into it.
+                copy_into(&self.stream, asked)?;
+            }
+            // The file's records are calls and returns; the report counts
+            // calls as events and returns apart.
+            let returns = m.graph.then(|| {
+                let total: u64 = summary.returns.iter().flatten().sum();
+                total.saturating_sub(m.returns_dropped)
+            });
+            Ok(Written {
+                path: asked.clone(),
+                events: saved.events - returns.unwrap_or(0).min(saved.events),
+                returns,
+                unstored,
+                kept: self.kept.clone(),
+            })
+        });
+        self.discard();
+        out
+    }
+}
+
+impl Drop for Data {
+    /// Whatever ended the run (an error included), no temporary file stays.
+    fn drop(&mut self) {
+        self.discard();
+    }
+}
+
+/// The file a data file path writes: a symlink's target (two names of one
+/// file share its lock), else the path itself.
+fn lock_target(path: &Path) -> PathBuf {
+    match tracer::trace::output_path::target(path) {
+        Ok(tracer::trace::output_path::Target::File { path, .. }) => path,
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Where a one-shot run without `-o` streams its events.
+fn temporary_path() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("vmtrace-{}-{n}.data", std::process::id()))
+}
+
+/// The complete data file `from` into the character device `to`.
+fn copy_into(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+    let lost = |source| RuntimeError::Lost {
+        what: "trace",
+        path: to.to_path_buf(),
+        source,
+        note: "what reached the device is incomplete".to_string(),
+    };
+    let mut src = std::fs::File::open(from).map_err(lost)?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .open(to)
+        .map_err(lost)?;
+    std::io::copy(&mut src, &mut dst).map_err(lost)?;
+    Ok(())
 }
 
 #[cfg(test)]

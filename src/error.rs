@@ -75,6 +75,37 @@ macro_rules! input_from {
 }
 input_from!(VmError, BootError, TracerError, TraceFileError, NotReady);
 
+/// The library says what is wrong; the CLI adds which flag to change.
+impl From<tracer::kernel::find::FindError> for InputError {
+    fn from(e: tracer::kernel::find::FindError) -> InputError {
+        use tracer::kernel::find::FindError;
+        match e {
+            FindError::Mismatch {
+                vmlinux,
+                kernel,
+                why,
+            } => InputError::VmlinuxMismatch {
+                vmlinux,
+                kernel,
+                why,
+            },
+            FindError::Symbols(e) => InputError::Tracer(e.into()),
+            e => InputError::Find(e),
+        }
+    }
+}
+
+impl From<tracer::plan::PlanError> for InputError {
+    fn from(e: tracer::plan::PlanError) -> InputError {
+        use tracer::plan::PlanError;
+        match e {
+            PlanError::Tracer(e) => InputError::Tracer(e),
+            PlanError::GraphUnhookable { names } => InputError::GraphUnhookable { names },
+            e => InputError::Plan(e),
+        }
+    }
+}
+
 /// Bad input: every message is one line naming the problem and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
@@ -124,14 +155,6 @@ pub enum InputError {
         .0.display()
     )]
     FromBootLinux(PathBuf),
-    /// No vmlinux anywhere vmtrace looked, and the bzImage alone gave no
-    /// symbols (`source` ends by saying to pass --vmlinux).
-    #[error("no symbols for {}: no vmlinux at {tried}, and {}", kernel.display(), source.say(&Flags))]
-    NoSymbols {
-        kernel: PathBuf,
-        tried: String,
-        source: Box<tracer::kernel::bzimage::PayloadSymbolError>,
-    },
     #[error("cannot write the console to {}: {source}; pass a file or a terminal with --console", path.display())]
     Console {
         path: PathBuf,
@@ -240,15 +263,16 @@ pub enum InputError {
         kernel: PathBuf,
         why: String,
     },
-    /// Every selected site is in init text, which is never patched.
-    #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
-    NoPatchableSite { skipped: usize, examples: String },
     #[error("{}", .0.say(&Flags))]
     Vm(#[from] VmError),
     #[error("{}", .0.say(&Flags))]
     Boot(#[from] BootError),
     #[error("{}", .0.say(&Flags))]
     Tracer(#[from] TracerError),
+    #[error("{}", .0.say(&Flags))]
+    Find(tracer::kernel::find::FindError),
+    #[error(transparent)]
+    Plan(tracer::plan::PlanError),
     #[error(transparent)]
     TraceFile(#[from] TraceFileError),
     #[error("cannot attach: {0}")]
@@ -295,9 +319,6 @@ impl Words for Flags {
             Remedy::VmlinuxNotBzImage => {
                 "pass the uncompressed vmlinux (or no --vmlinux: vmtrace reads a bzImage's own \
                  symbols)"
-            }
-            Remedy::BuildOrGiveKernel => {
-                "build one with `guest/build.sh mini` or pass --kernel PATH"
             }
         }
     }
@@ -455,6 +476,16 @@ mod tests {
         assert!(e.to_string().contains(cli), "{e}");
     }
 
+    /// `--mode auto`'s note: the library's reason, then its remedy in flags.
+    #[test]
+    fn a_note_s_remedy_is_said_with_the_cli_flags() {
+        let why = "no `cpu_number`".to_string();
+        assert_eq!(
+            vmm::advice::join(why, Some(Remedy::TrapModeOrVmlinux), &Flags),
+            "no `cpu_number`; use --mode trap, or give its vmlinux (--vmlinux)"
+        );
+    }
+
     /// Every remedy the CLI says names the flag that carries it out; the
     /// library's own words never do.
     #[test]
@@ -471,7 +502,6 @@ mod tests {
             SameBuildVmlinux,
             FredOffOrVmlinux,
             VmlinuxNotBzImage,
-            BuildOrGiveKernel,
         ] {
             let cli = Flags.remedy(r);
             assert!(cli.contains(" --"), "{r:?}: {cli}");

@@ -286,10 +286,11 @@ fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
 /// then the data file did not keep the unfinished count.)
 #[test]
 fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
+    use tracer::plan::Mode;
     use tracer::plan::Plan;
     use tracer::session::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
     use tracer::session::store::Storage;
-    use tracer::session::{Mode, Recording, Tracer};
+    use tracer::session::{Recording, Tracer};
     use vm_memory::{Bytes, GuestAddress};
 
     const RING: u64 = 256;

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use tracer::plan::Mode;
 use tracer::plan::Plan;
-use tracer::session::{Mode, Tracer};
+use tracer::session::Tracer;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 fn phys(va: u64) -> u64 {

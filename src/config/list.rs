@@ -1,11 +1,13 @@
 //! `vmtrace list`, checked: the kernel image whose functions to list, its
-//! symbols found exactly as a traced run finds them (`config::symbols`),
+//! symbols found exactly as a traced run finds them (`tracer::kernel::find`),
 //! and the globs.
 
 use tracer::kernel::symbols::KernelImage;
 use tracer::session::TracerError;
 
-use super::KernelKind;
+use tracer::kernel::find::{self, Given};
+use vmm::boot::KernelFile;
+
 use crate::cli::ListArgs;
 use crate::error::InputError;
 
@@ -22,8 +24,19 @@ impl ListConfig {
                 if !kernel.is_file() {
                     return Err(InputError::KernelMissing(kernel.clone()));
                 }
-                let kind = KernelKind::detect(kernel)?;
-                super::symbols::image(vmlinux.as_deref(), kernel, kind)?
+                let kernel = KernelFile::open(kernel)?;
+                let given = match vmlinux {
+                    Some(path) => Given::Vmlinux {
+                        path,
+                        how: "--vmlinux",
+                    },
+                    None => Given::Nothing,
+                };
+                let found = find::kernel_image(&kernel, given)?;
+                if let Some(n) = &found.note {
+                    note!("vmtrace: {n}");
+                }
+                found.image
             }
             (None, Some(vmlinux)) => {
                 let mut image = KernelImage::load(vmlinux).map_err(TracerError::from)?;

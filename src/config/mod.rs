@@ -8,45 +8,25 @@ mod list;
 mod output;
 mod report;
 mod run;
-mod symbols;
 
-use std::path::Path;
 use std::time::Duration;
 
-pub use vmm::boot::KernelKind;
-use vmm::VmError;
+use vmm::VmSize;
+
+// (Until the bench moves to `vmm::host` too.)
+pub use vmm::host::emulates_ring0 as emulator_host;
 
 use crate::error::InputError;
 
 pub use bench::BenchConfig;
 pub use list::ListConfig;
-pub use output::{DataFile, Export, Output, View};
+pub use output::{DataPath, Export, Output, View};
 pub use report::{ReportConfig, ScriptConfig};
 pub use run::{Form, RunConfig, TraceConfig};
 
-/// Present when the host's KVM is the pagetable-based nested one (kvm_pvm).
-const EMULATOR_HOST_MARKER: &str = "/sys/module/kvm_pvm";
-
-/// Does this host's KVM run guest ring 0 in its instruction emulator?
-/// (see docs/emulating-kvm.md; the command line and CPUID avoid what it cannot run)
-pub fn emulator_host() -> bool {
-    Path::new(EMULATOR_HOST_MARKER).exists()
-}
-
 /// `--cpus`, for the run and the bench alike.
 pub fn check_cpus(n: u64) -> Result<u64, InputError> {
-    if n == 0 || n > u64::from(vmm::vm::MAX_CPUS) {
-        return Err(VmError::Cpus(n).into());
-    }
-    Ok(n)
-}
-
-/// `--mem` in MiB.
-pub fn check_mem(mib: u64) -> Result<u64, InputError> {
-    if !(vmm::layout::MIN_MEM_MIB..=vmm::layout::MAX_MEM_MIB).contains(&mib) {
-        return Err(VmError::Mem(mib).into());
-    }
-    Ok(mib)
+    Ok(VmSize::check_cpus(n)?)
 }
 
 /// The longest `--timeout` or `--duration`: 365 days. Far beyond any
@@ -177,7 +157,11 @@ mod tests {
             "--cpus 65 is out of range; use 1 to 64"
         );
         assert!(check_cpus(0).is_err());
-        assert!(check_mem(32).is_ok() && check_mem(31).is_err() && check_mem(99_999).is_err());
+        assert!(
+            VmSize::check_mem(32).is_ok()
+                && VmSize::check_mem(31).is_err()
+                && VmSize::check_mem(99_999).is_err()
+        );
         assert_eq!(at_least_one(3u64, "--iters").unwrap(), 3);
         assert_eq!(
             at_least_one(0usize, "--rounds").unwrap_err().to_string(),

@@ -18,7 +18,7 @@ pub struct Output {
     /// What is printed on stdout; None for `record`, which prints no report.
     pub view: Option<View>,
     /// The data file (`-o FILE`; `record`: vmtrace.data by default).
-    pub data: Option<DataFile>,
+    pub data: Option<DataPath>,
     pub exports: Vec<Export>,
     /// `report --time/--cpu`: the exports are of this part of the trace.
     /// (A run's exports and data file hold the whole trace.)
@@ -45,7 +45,7 @@ pub struct View {
 
 /// The binary trace to save.
 #[derive(Clone, Debug)]
-pub struct DataFile {
+pub struct DataPath {
     pub path: PathBuf,
     /// `record`: keep the previous file as FILE.old (`crate::datafile`).
     pub keep_old: bool,
@@ -119,7 +119,7 @@ impl Output {
                 None => Ok(None),
             };
         }
-        let data = args.output.as_ref().map(|path| DataFile {
+        let data = args.output.as_ref().map(|path| DataPath {
             path: path.clone(),
             keep_old: false,
         });
@@ -152,7 +152,7 @@ impl Output {
         let exports = check_exports(&args.export)?;
         Ok(Output {
             view: None,
-            data: Some(DataFile {
+            data: Some(DataPath {
                 path,
                 keep_old: true,
             }),

@@ -144,11 +144,9 @@ pub fn elf_symbol(path: &Path, name: &str) -> u64 {
 /// A VM configuration for the mini guest with its console captured.
 pub fn mini_config(kernel: &Path, cpus: u64, cmdline: &str, console: &Capture) -> vmm::VmConfig {
     vmm::VmConfig {
-        kernel: kernel.to_owned(),
-        kind: vmm::boot::KernelKind::Elf,
+        kernel: vmm::boot::KernelFile::open(kernel).unwrap(),
         initrd: None,
-        cpus,
-        mem_mib: 64,
+        size: vmm::VmSize::new(cpus, 64).unwrap(),
         cmdline: cmdline.into(),
         console: Box::new(console.clone()),
         timeout: Some(std::time::Duration::from_secs(300)),

@@ -228,3 +228,38 @@ fn return_thunks_without_alternatives_patched_are_refused() {
     // The code stays as it was planned: `ret; int3`.
     assert_eq!(ex.ret(), Return::default());
 }
+
+/// `ModeChoice::Auto` on that kernel plans traps and says why, with the
+/// remedy as data for the front end to word (`vmm::advice`), no flag.
+#[test]
+fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
+    use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
+    let image = mini_without("mini-rethunk", &["alternatives_patched"]);
+    let path = image.path.display().to_string();
+    let request = Request {
+        trace: vec!["hrtimer_*".to_string()],
+        notrace: Vec::new(),
+        graph: false,
+        mode: ModeChoice::Auto,
+        ring_events: None,
+        cpus: 2,
+        emulator_host: false,
+        linux: false,
+    };
+    let plan = TracePlan::build(image, &request).unwrap();
+    assert_eq!(plan.mode, Mode::Trap);
+    let auto: Vec<_> = plan
+        .notes
+        .iter()
+        .filter_map(|n| match n {
+            Note::AutoTrap { why, remedy } => Some((why.as_str(), *remedy)),
+            _ => None,
+        })
+        .collect();
+    let why = format!(
+        "{path}: the kernel has return thunks but no `alternatives_patched` symbol (kallsyms \
+         without CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its \
+         returns yet"
+    );
+    assert_eq!(auto, [(why.as_str(), Some(Remedy::TrapModeOrVmlinux))]);
+}

@@ -66,8 +66,6 @@ pub enum Remedy {
     /// Give the uncompressed vmlinux, or the bzImage alone (vmtrace reads a
     /// bzImage's own symbols): a bzImage was given as the vmlinux.
     VmlinuxNotBzImage,
-    /// Build a kernel (the mini guest) or give one that exists.
-    BuildOrGiveKernel,
 }
 
 /// How a front end words inputs and remedies.
@@ -113,7 +111,6 @@ impl Words for Plain {
                 "pass the uncompressed vmlinux (or the bzImage alone: vmtrace reads a bzImage's \
                  own symbols)"
             }
-            Remedy::BuildOrGiveKernel => "build one with `guest/build.sh mini` or pass another",
         }
     }
 }

@@ -33,8 +33,6 @@ pub enum VmError {
     Cpus(u64),
     #[error("{}", self.say(&Plain))]
     Mem(u64),
-    #[error("{}", self.say(&Plain))]
-    NoKernel(PathBuf),
     #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
     Kvm(kvm_ioctls::Error),
     #[error("KVM_{what} failed: {source}")]
@@ -80,7 +78,6 @@ impl Advice for VmError {
                 layout::MIN_MEM_MIB,
                 layout::MAX_MEM_MIB
             ),
-            VmError::NoKernel(path) => format!("kernel {} does not exist", path.display()),
             VmError::Boot(e) => e.problem(w),
             e => e.to_string(),
         }
@@ -88,7 +85,6 @@ impl Advice for VmError {
 
     fn remedy(&self) -> Option<Remedy> {
         match self {
-            VmError::NoKernel(_) => Some(Remedy::BuildOrGiveKernel),
             VmError::Boot(e) => e.remedy(),
             _ => None,
         }
@@ -102,14 +98,52 @@ impl Advice for VmError {
     }
 }
 
+/// How many vCPUs and how much memory, checked once (`VmSize::new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmSize {
+    cpus: u64,
+    mem_mib: u64,
+}
+
+impl VmSize {
+    pub fn new(cpus: u64, mem_mib: u64) -> Result<VmSize, VmError> {
+        Ok(VmSize {
+            cpus: VmSize::check_cpus(cpus)?,
+            mem_mib: VmSize::check_mem(mem_mib)?,
+        })
+    }
+
+    /// 1 to `MAX_CPUS` vCPUs.
+    pub fn check_cpus(cpus: u64) -> Result<u64, VmError> {
+        if cpus == 0 || cpus > u64::from(MAX_CPUS) {
+            return Err(VmError::Cpus(cpus));
+        }
+        Ok(cpus)
+    }
+
+    /// `MIN_MEM_MIB` to `MAX_MEM_MIB` MiB.
+    pub fn check_mem(mem_mib: u64) -> Result<u64, VmError> {
+        if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&mem_mib) {
+            return Err(VmError::Mem(mem_mib));
+        }
+        Ok(mem_mib)
+    }
+
+    pub fn cpus(self) -> u64 {
+        self.cpus
+    }
+
+    pub fn mem_mib(self) -> u64 {
+        self.mem_mib
+    }
+}
+
 /// What to boot and how.
 pub struct VmConfig {
-    pub kernel: PathBuf,
-    /// What `kernel` is (`KernelKind::detect`, done once by the caller).
-    pub kind: boot::KernelKind,
+    /// The kernel, opened and checked once (by whoever planned the run).
+    pub kernel: boot::KernelFile,
     pub initrd: Option<PathBuf>,
-    pub cpus: u64,
-    pub mem_mib: u64,
+    pub size: VmSize,
     pub cmdline: String,
     pub console: Box<dyn Write + Send>,
     pub timeout: Option<Duration>,
@@ -138,19 +172,11 @@ fn ioctl(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmError {
 impl Vm {
     /// Validate the configuration, then build the whole machine.
     pub fn create(cfg: VmConfig) -> Result<Vm, VmError> {
-        if cfg.cpus == 0 || cfg.cpus > u64::from(MAX_CPUS) {
-            return Err(VmError::Cpus(cfg.cpus));
-        }
-        if !(layout::MIN_MEM_MIB..=layout::MAX_MEM_MIB).contains(&cfg.mem_mib) {
-            return Err(VmError::Mem(cfg.mem_mib));
-        }
-        if !cfg.kernel.exists() {
-            return Err(VmError::NoKernel(cfg.kernel));
-        }
-        let ncpus = cfg.cpus as usize;
+        let VmSize { cpus, mem_mib } = cfg.size;
+        let ncpus = cpus as usize;
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let fd = kvm.create_vm().map_err(ioctl("CREATE_VM"))?;
-        let mem_size = cfg.mem_mib << 20;
+        let mem_size = mem_mib << 20;
         let mem = GuestMemoryMmap::from_ranges(&[
             (GuestAddress(0), mem_size as usize),
             (
@@ -159,7 +185,7 @@ impl Vm {
             ),
         ])
         .map_err(|source| VmError::Memory {
-            mib: cfg.mem_mib,
+            mib: mem_mib,
             source,
         })?;
         for (slot, region) in mem.iter().enumerate() {
@@ -189,12 +215,11 @@ impl Vm {
 
         let plan = boot::load_kernel(
             &mem,
-            cfg.kind,
             &cfg.kernel,
             cfg.initrd.as_deref(),
             &cfg.cmdline,
             mem_size,
-            cfg.cpus as u8,
+            cpus as u8,
         )?;
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)

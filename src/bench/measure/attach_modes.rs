@@ -62,7 +62,7 @@ fn one_round(kernel: &Path, cpus: u64, exitless_first: bool) -> Result<(f64, f64
     let trap_plan = Plan::new(kernel, &glob, &[])?;
     let sites = trap_plan.index.addrs.len();
     let exitless_plan = Plan::new(kernel, &glob, &[])?;
-    let vm = Vm::create(mini_config(kernel, cpus))?;
+    let vm = Vm::create(mini_config(kernel, cpus)?)?;
     let ncpus = vm.cpus();
     let (mut trap, recorders) = Tracer::new(trap_plan, ncpus, u64::MAX);
     // Its handlers would only see traps at its own sites; it writes none.

@@ -149,7 +149,7 @@ impl TracedTotals {
 pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<CallCosts, Error> {
     let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[])?;
     let index = Arc::clone(&plan.index);
-    let vm = Vm::create(mini_config(kernel, cpus))?;
+    let vm = Vm::create(mini_config(kernel, cpus)?)?;
     let ncpus = vm.cpus();
     let (mut tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
     let record = Arc::new(AtomicBool::new(false));
@@ -248,7 +248,7 @@ pub struct HandlerAlone {
 /// The handlers alone, in process: ns per `on_trap` for resume-only and the
 /// recorder, on a Trap over the mini guest's memory (loaded, page tables set).
 pub fn handler_alone(kernel: &Path) -> Result<HandlerAlone, Error> {
-    let vm = Vm::create(mini_config(kernel, 1))?;
+    let vm = Vm::create(mini_config(kernel, 1)?)?;
     let mem = vm.memory();
     let plan = Plan::new(kernel, &[TRACE_GLOB.to_string()], &[])?;
     let index = Arc::clone(&plan.index);

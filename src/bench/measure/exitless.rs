@@ -348,7 +348,7 @@ pub fn exitless_costs(
     let mut exitless_plan = Plan::new(kernel, &glob, &[])?;
     trap_plan.graph = graph;
     exitless_plan.graph = graph;
-    let vm = Vm::create(mini_config(kernel, cpus))?;
+    let vm = Vm::create(mini_config(kernel, cpus)?)?;
     let ncpus = vm.cpus();
     let (trap, recorders) = Tracer::new(trap_plan, ncpus, u64::MAX);
     // The exitless tracer's handlers would only see traps at its own sites,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::bench::median;
-use crate::cmd::run::{STATS_INSTRUCTIONS_ROW, STATS_RUN_LINE};
+use crate::stats::{STATS_INSTRUCTIONS_ROW, STATS_RUN_LINE};
 
 /// The functions both tracers trace: called a fixed number of times in the
 /// default guest's boot (sysfs and the initramfs' directories).

@@ -20,8 +20,8 @@ use tracer::plan::Plan;
 use tracer::session::record::SiteIndex;
 use tracer::session::{Tracer, TracerError};
 use tracer::trace::report::{self, ReportOptions};
-use vmm::boot::KernelKind;
-use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig};
+use vmm::boot::KernelFile;
+use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
@@ -55,29 +55,21 @@ const E_SITES: [usize; 3] = [10, 100, 1000];
 pub const E_REPS: usize = 5;
 
 /// A guest the bench stops itself (so no timeout), its console discarded.
-fn guest_config(
-    kernel: &Path,
-    kind: KernelKind,
-    cpus: u64,
-    mem_mib: u64,
-    cmdline: &str,
-) -> VmConfig {
-    VmConfig {
-        kernel: kernel.to_owned(),
-        kind,
+fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> Result<VmConfig, Error> {
+    Ok(VmConfig {
+        kernel: KernelFile::open(kernel)?,
         initrd: None,
-        cpus,
-        mem_mib,
+        size: VmSize::new(cpus, mem_mib)?,
         cmdline: cmdline.into(),
         console: Box::new(std::io::sink()),
         timeout: None,
         hide_hypercalls: emulator_host(),
-    }
+    })
 }
 
 /// The mini guest in `mode=loop`.
-fn mini_config(kernel: &Path, cpus: u64) -> VmConfig {
-    guest_config(kernel, KernelKind::Elf, cpus, MINI_MEM_MIB, "mode=loop")
+fn mini_config(kernel: &Path, cpus: u64) -> Result<VmConfig, Error> {
+    guest_config(kernel, cpus, MINI_MEM_MIB, "mode=loop")
 }
 
 /// Stop a guest that is still running, wait for its threads.
@@ -131,7 +123,7 @@ pub struct PauseFigures {
 pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFigures, Error> {
     let plan = Plan::new(kernel, &["*".to_string()], &[])?;
     let sites = plan.index.addrs.len();
-    let vm = Vm::create(mini_config(kernel, vcpus))?;
+    let vm = Vm::create(mini_config(kernel, vcpus)?)?;
     let ncpus = vm.cpus();
     let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
     let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
@@ -233,13 +225,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
         all.sites.len(),
     );
     drop(all);
-    let vm = Vm::create(guest_config(
-        vmlinux,
-        KernelKind::LinuxElf,
-        1,
-        LINUX_MEM_MIB,
-        "",
-    ))?;
+    let vm = Vm::create(guest_config(vmlinux, 1, LINUX_MEM_MIB, "")?)?;
     let running = vm
         .start(vec![Box::new(NoTracer) as Box<dyn TrapHandler>], true)
         .map_err(RuntimeError::Start)?;

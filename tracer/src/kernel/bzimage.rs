@@ -98,7 +98,20 @@ pub struct PayloadInfo {
 
 /// The symbols and ftrace sites of the bzImage at `path`, from its payload.
 pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolError> {
-    let payload = crate::kernel::payload::extract(path)?;
+    from_payload(path, crate::kernel::payload::extract(path)?)
+}
+
+/// The symbols and ftrace sites of a bzImage opened once, from its payload.
+pub fn load_from(
+    kernel: &vmm::boot::KernelFile,
+) -> Result<(KernelImage, PayloadInfo), PayloadSymbolError> {
+    from_payload(kernel.path(), crate::kernel::payload::extract_from(kernel)?)
+}
+
+fn from_payload(
+    path: &Path,
+    payload: crate::kernel::payload::Payload,
+) -> Result<(KernelImage, PayloadInfo), PayloadSymbolError> {
     let compression = payload.compression;
     let bytes = payload.elf;
     let elf_err = |source| {
@@ -166,7 +179,7 @@ pub fn load(path: &Path) -> Result<(KernelImage, PayloadInfo), PayloadSymbolErro
         linux: true,
         symbols,
         sections,
-        bytes,
+        bytes: std::sync::Arc::new(bytes),
     };
     let no_mcount = || PayloadSymbolError::NoMcountLoc {
         path: path.to_owned(),

@@ -670,7 +670,7 @@ pub(crate) mod testing {
             linux: true,
             symbols: Default::default(),
             sections: Vec::new(),
-            bytes: Vec::new(),
+            bytes: Default::default(),
         };
         let table = SiteTable {
             entries: sites.len(),

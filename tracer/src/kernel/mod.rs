@@ -4,6 +4,7 @@
 
 pub mod bzimage;
 pub mod filter;
+pub mod find;
 pub mod kallsyms;
 pub mod kaslr;
 pub mod list;

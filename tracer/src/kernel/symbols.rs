@@ -167,7 +167,7 @@ pub struct KernelImage {
     pub(crate) symbols: HashMap<String, Symbol>,
     /// Allocated sections with file data, sorted by `vaddr`.
     pub(crate) sections: Vec<FileSection>,
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) bytes: std::sync::Arc<Vec<u8>>,
 }
 
 /// Symbols by name, functions by address, and their aliases (the fields of
@@ -263,7 +263,14 @@ impl KernelImage {
             source,
         })?;
         drop(file);
-        let file = object::File::parse(&*bytes).map_err(|source| {
+        KernelImage::from_bytes(&path, std::sync::Arc::new(bytes))
+    }
+
+    /// Indexes an ELF file already read (`path` names it in messages): a
+    /// kernel file opened once (`vmm::boot::KernelFile`) shares its bytes.
+    pub fn from_bytes(path: &Path, bytes: std::sync::Arc<Vec<u8>>) -> Result<Self, SymbolError> {
+        let path = path.to_path_buf();
+        let file = object::File::parse(bytes.as_slice()).map_err(|source| {
             let (hint, remedy) = not_elf_hint(&bytes);
             SymbolError::NotElf {
                 path: path.clone(),

@@ -1,7 +1,10 @@
 //! What to trace, resolved against the kernel image before the guest
 //! runs: the selected functions and their sites, checked once.
 
+mod build;
 pub mod hookable;
+
+pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +18,25 @@ use crate::session::TracerError;
 /// The kernel's flag that its ftrace_init has converted every site
 /// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).
 pub const FTRACE_ENABLED: &str = "ftrace_enabled";
+
+/// How a traced call reaches vmtrace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each call exits to vmtrace (`out` to the trace port).
+    Trap,
+    /// Each call runs vmtrace's trampoline in the guest and appends to a
+    /// ring vmtrace drains: no exit.
+    Exitless,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Trap => "trap",
+            Mode::Exitless => "exitless",
+        }
+    }
+}
 
 /// What to trace, resolved against the vmlinux before the guest boots.
 pub struct Plan {

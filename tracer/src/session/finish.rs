@@ -111,6 +111,26 @@ impl Tracer {
         }
     }
 
+    /// `rip` as `function+0xoffset`, from the traced kernel's symbols (slid
+    /// by its KASLR offset, once known); in exitless mode, a vCPU running
+    /// vmtrace's own code (a traced call being recorded) is named so, as
+    /// `vmtrace's trampoline+0xoffset`: that code is in no kernel symbol.
+    pub fn function_at(&self, rip: u64) -> Option<String> {
+        if self.trampoline().is_some() && (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
+            return Some(format!("vmtrace's trampoline+{:#x}", rip - CODE_VA));
+        }
+        let image = &self.plan.image;
+        let link = match self.kernel_offset() {
+            Some(o) => o.link(rip),
+            // Not Linux: it runs where it was linked.
+            None if !image.linux => rip,
+            // Linux before its offset was found: it may have moved.
+            None => return None,
+        };
+        let f = image.function_at(link)?;
+        Some(format!("{}+{:#x}", f.name, link - f.addr))
+    }
+
     /// Everything recorded, once the vCPU threads (and so the recorders) are
     /// gone. With a data file, the events are in the file, not in the
     /// returned trace: see [`Tracer::finish_stored`].
@@ -300,4 +320,38 @@ pub struct Saved {
     pub path: PathBuf,
     pub bytes: u64,
     pub events: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vCPU stopped inside vmtrace's exitless code is named as such, not
+    /// left without a function (before: "cpu0 stopped at rip 0x...", no
+    /// name, when a signal caught a vCPU recording a call); kernel
+    /// addresses keep their function.
+    #[test]
+    fn a_vcpu_in_vmtraces_own_code_is_named() {
+        use crate::plan::{Mode, Plan};
+        use crate::session::Recording;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let p = plan();
+        let f = &p.image.functions[p.funcs[0]];
+        let (name, addr) = (f.name.clone(), f.addr);
+        let rec = Recording::memory(1000);
+        let (exitless, _) = Tracer::create(p, 1, Mode::Exitless, None, rec).unwrap();
+        assert_eq!(
+            exitless.function_at(CODE_VA + 0x1a).as_deref(),
+            Some("vmtrace's trampoline+0x1a")
+        );
+        assert_eq!(
+            exitless.function_at(CODE_VA + CODE_LEN - 1),
+            Some(format!("vmtrace's trampoline+{:#x}", CODE_LEN - 1))
+        );
+        assert_eq!(exitless.function_at(addr + 1), Some(format!("{name}+0x1")));
+        // Trap mode maps no code there.
+        let (trap, _) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(trap.function_at(CODE_VA + 0x1a), None);
+    }
 }

@@ -27,11 +27,9 @@ fn mini_elf() -> PathBuf {
 
 fn mini_vm(kernel: &Path) -> vmm::Vm {
     vmm::Vm::create(vmm::VmConfig {
-        kernel: kernel.to_owned(),
-        kind: vmm::boot::KernelKind::Elf,
+        kernel: vmm::boot::KernelFile::open(kernel).unwrap(),
         initrd: None,
-        cpus: 1,
-        mem_mib: 64,
+        size: vmm::VmSize::new(1, 64).unwrap(),
         cmdline: "mode=loop".into(),
         console: Box::new(std::io::sink()),
         timeout: Some(std::time::Duration::from_secs(60)),

@@ -15,7 +15,7 @@ use crate::kernel::filter::FilterError;
 use crate::kernel::kaslr::{self, Detected, KaslrError, KernelOffset};
 use crate::kernel::sites::SiteError;
 use crate::kernel::symbols::SymbolError;
-use crate::plan::Plan;
+use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
@@ -25,6 +25,7 @@ use record::{Counters, GraphHook};
 use shadow::ShadowStacks;
 use store::{Storage, Stored};
 
+mod driver;
 pub mod exitless;
 mod finish;
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub mod patch;
 pub mod record;
 pub mod shadow;
 pub mod store;
+pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, POLL};
 pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
@@ -70,25 +72,6 @@ impl TracerError {
             TracerError::Patch(e) => e,
             TracerError::Exitless(e) => e,
             TracerError::Kaslr(e) => e,
-        }
-    }
-}
-
-/// How a traced call reaches vmtrace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Each call exits to vmtrace (`out` to the trace port).
-    Trap,
-    /// Each call runs vmtrace's trampoline in the guest and appends to a
-    /// ring vmtrace drains: no exit.
-    Exitless,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Trap => "trap",
-            Mode::Exitless => "exitless",
         }
     }
 }

@@ -10,13 +10,15 @@
 //!   line, RDX = vCPU count.
 
 pub mod acpi;
+pub mod cmdline;
 pub mod cpuid;
+mod kernel_file;
 pub mod linux;
 pub mod mptable;
 pub mod regs;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek};
+use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -25,6 +27,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::advice::{Advice, Input, Plain, Words};
 use crate::layout;
+
+pub use kernel_file::{Classified, KernelFile};
 
 /// The largest vmlinux vmtrace reads (a debug-info Linux vmlinux is a few
 /// hundred MiB).
@@ -338,8 +342,8 @@ pub struct BootPlan {
     pub protocol: Protocol,
 }
 
-/// What the kernel file is, which decides its boot protocol. Detected once
-/// (by whoever builds the `VmConfig`), then carried along.
+/// What the kernel file is, which decides its boot protocol. Found once,
+/// when the file is opened (`KernelFile::open`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelKind {
     /// A bzImage: Linux 64-bit boot protocol; its symbols are elsewhere.
@@ -350,39 +354,7 @@ pub enum KernelKind {
     Elf,
 }
 
-const ELF_MAGIC: [u8; 4] = *b"\x7fELF";
-/// The symbol only a Linux vmlinux has ("Linux version ...").
-const LINUX_BANNER: &str = "linux_banner";
-
 impl KernelKind {
-    /// Classify the kernel file at `path` by its magic (and, for an ELF,
-    /// its symbols), reading it once.
-    pub fn detect(path: &Path) -> Result<KernelKind, BootError> {
-        let io = |source| BootError::Open {
-            path: path.to_owned(),
-            source,
-        };
-        let (mut file, size) =
-            open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
-        let mut magic = [0u8; 4];
-        if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
-            file.rewind().map_err(io)?;
-            let data = read_input(&file, size).map_err(io)?;
-            return Ok(if has_symbol(&data, LINUX_BANNER) {
-                KernelKind::LinuxElf
-            } else {
-                KernelKind::Elf
-            });
-        }
-        file.rewind().map_err(io)?;
-        if linux::is_bzimage(&mut file).map_err(io)? {
-            return Ok(KernelKind::BzImage);
-        }
-        Err(BootError::UnknownFormat {
-            path: path.to_owned(),
-        })
-    }
-
     /// Does it boot with Linux's protocol (and rewrite its own ftrace sites
     /// at boot)?
     pub fn is_linux(self) -> bool {
@@ -399,8 +371,7 @@ fn has_symbol(elf: &[u8], name: &str) -> bool {
 /// protocol needs. The page tables and GDT are common to both protocols.
 pub fn load_kernel(
     mem: &GuestMemoryMmap,
-    kind: KernelKind,
-    kernel_path: &Path,
+    kernel: &KernelFile,
     initrd_path: Option<&Path>,
     cmdline: &str,
     mem_size: u64,
@@ -412,12 +383,8 @@ pub fn load_kernel(
             max: layout::CMDLINE_MAX_SIZE - 1,
         });
     }
-    let (mut file, kernel_size) = open_input(
-        kernel_path,
-        "kernel",
-        KERNEL_MAX_SIZE,
-        "the largest guest memory",
-    )?;
+    let kernel_path = kernel.path();
+    let kind = kernel.kind();
     regs::setup_page_tables(mem)?;
     regs::setup_gdt(mem)?;
     let plan = match kind {
@@ -426,6 +393,10 @@ pub fn load_kernel(
                 Some(p) => Some((open_initrd(p, mem_size)?, p)),
                 None => None,
             };
+            let mut file = kernel.reader_at(0).map_err(|source| BootError::Open {
+                path: kernel_path.to_owned(),
+                source,
+            })?;
             let boot = linux::load_bzimage(
                 mem,
                 &mut file,
@@ -444,20 +415,12 @@ pub fn load_kernel(
             }
         }
         KernelKind::LinuxElf | KernelKind::Elf => {
-            let elf = read_input(&file, kernel_size).map_err(|source| BootError::Open {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
-            check_elf_segments(&elf, kernel_path, mem_size)?;
-            drop(elf);
-            file.rewind().map_err(|source| BootError::Open {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
+            let mut elf = kernel.elf_reader().expect("an ELF kernel has its bytes");
+            check_elf_segments(elf.get_ref(), kernel_path, mem_size)?;
             let loaded = Elf::load(
                 mem,
                 None,
-                &mut file,
+                &mut elf,
                 Some(GuestAddress(layout::HIGH_MEM_START)),
             )
             .map_err(|source| BootError::Elf {

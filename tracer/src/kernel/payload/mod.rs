@@ -10,12 +10,15 @@
 mod lz4;
 mod lzo;
 
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use linux_loader::loader::bootparam::setup_header;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::boot::linux::{check_bzimage, LinuxBootError};
+use vmm::boot::KernelFile;
 use vmm::boot::{open_input, read_input, FileError, KERNEL_MAX_SIZE, VMLINUX_MAX_SIZE};
 
 /// First boot protocol whose header has `payload_offset`/`payload_length`.
@@ -133,6 +136,8 @@ pub enum PayloadError {
     File(#[from] FileError),
     #[error(transparent)]
     Header(#[from] LinuxBootError),
+    #[error("{} is not a bzImage: it has no payload", path.display())]
+    NotBzImage { path: PathBuf },
     #[error("cannot read bzImage {}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -225,7 +230,9 @@ impl Advice for PayloadError {
             | PayloadError::Corrupt { .. }
             | PayloadError::NotElf { .. } => Some(Remedy::KernelVmlinux),
             PayloadError::File(e) => e.remedy(),
-            PayloadError::Header(_) | PayloadError::Read { .. } => None,
+            PayloadError::Header(_)
+            | PayloadError::NotBzImage { .. }
+            | PayloadError::Read { .. } => None,
         }
     }
 }
@@ -245,6 +252,31 @@ pub struct Payload {
 pub fn extract(path: &Path) -> Result<Payload, PayloadError> {
     let (mut file, size) = open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
     let hdr = check_bzimage(&mut file, path)?;
+    extract_body(file, size, &hdr, path)
+}
+
+/// The payload of a bzImage opened once (its header checked then).
+pub fn extract_from(kernel: &KernelFile) -> Result<Payload, PayloadError> {
+    let path = kernel.path();
+    let Some(hdr) = kernel.setup_header() else {
+        return Err(PayloadError::NotBzImage {
+            path: path.to_owned(),
+        });
+    };
+    let file = kernel.reader_at(0).map_err(|source| PayloadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    extract_body(file, kernel.size(), hdr, path)
+}
+
+/// The payload of the bzImage `file` (`size` bytes, header `hdr`).
+fn extract_body(
+    mut file: File,
+    size: u64,
+    hdr: &setup_header,
+    path: &Path,
+) -> Result<Payload, PayloadError> {
     if hdr.version < PAYLOAD_PROTOCOL {
         return Err(PayloadError::OldProtocol {
             path: path.to_owned(),

@@ -1,0 +1,152 @@
+//! The library's pipeline without the CLI, on real KVM with the mini guest:
+//! the kernel file opened once, its symbols found, a trace planned, and one
+//! `Session` (the driver the CLI and the bench use) started, traced and
+//! ended. Counts must equal what the guest counted itself, in both modes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tracer::kernel::find::{kernel_image, Given};
+use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
+use tracer::session::{Attached, Observer, Progress, Recording, Session, Tracer};
+
+/// What the driver told its observer.
+#[derive(Default)]
+struct Seen {
+    attached: Vec<Attached>,
+    tracing: u32,
+}
+
+impl Observer for Seen {
+    fn attached(&mut self, a: &Attached, _tracer: &Tracer) {
+        self.attached.push(a.clone());
+    }
+    fn tracing(&mut self, _p: &Progress, _elapsed: Duration, _left: Option<Duration>) {
+        self.tracing += 1;
+    }
+}
+
+fn request(mode: ModeChoice, graph: bool) -> Request {
+    Request {
+        trace: vec!["hrtimer_*".to_string(), "schedule".to_string()],
+        notrace: Vec::new(),
+        graph,
+        mode,
+        ring_events: None,
+        cpus: 2,
+        emulator_host: false,
+        linux: false,
+    }
+}
+
+/// The whole pipeline: counts per (CPU, function) equal the guest's own,
+/// every site restored, the observer told of the attach.
+fn pipeline(mode: ModeChoice, graph: bool) {
+    let elf = mini_elf();
+    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
+    let found = kernel_image(&kernel, Given::Nothing).unwrap();
+    assert_eq!(found.note, None, "an ELF kernel is its own vmlinux");
+    assert!(found.image.source.ends_with("(the kernel itself)"));
+    let plan = TracePlan::build(found.image, &request(mode, graph)).unwrap();
+    let want = match mode {
+        ModeChoice::Exitless => Mode::Exitless,
+        _ => Mode::Trap,
+    };
+    assert_eq!(plan.mode, want);
+    assert!(plan
+        .notes
+        .iter()
+        .all(|n| !matches!(n, Note::AutoTrap { .. })));
+    let capture = Capture::default();
+    let mut cfg = mini_config(&elf, 2, "iters=400", &capture);
+    cfg.kernel = kernel;
+    let vm = vmm::Vm::create(cfg).unwrap();
+    let mut session = Session::start(vm, plan, Recording::memory(10_000_000)).unwrap();
+    let mut seen = Seen::default();
+    let attached = session.trace(None, &mut seen).unwrap().expect("attached");
+    assert_eq!(seen.attached.len(), 1, "the attach is said once");
+    assert_eq!(attached.counts.patched, seen.attached[0].counts.patched);
+    assert_eq!(attached.retries, 0, "the mini guest is ready at once");
+    let ended = session.end();
+    assert_eq!(
+        ended.report.reason,
+        vmm::StopReason::PowerOff(0),
+        "{}",
+        capture.text()
+    );
+    let detached = ended.detached.unwrap();
+    assert_eq!(
+        detached.restored, ended.attached,
+        "every patched site restored"
+    );
+    ended.drained.unwrap();
+    let (guest, done) = parse_mini_console(&capture.text());
+    assert_eq!(done, vec![0, 1]);
+    let trace = ended.summary;
+    for (f, func) in trace.functions.iter().enumerate() {
+        for cpu in 0..2u32 {
+            let theirs = guest[&(cpu, func.name.clone())];
+            assert_eq!(
+                trace.counts[f][cpu as usize], theirs,
+                "{} on cpu{cpu}",
+                func.name
+            );
+            if graph {
+                assert_eq!(
+                    trace.returns[f][cpu as usize], theirs,
+                    "{} returns",
+                    func.name
+                );
+            }
+        }
+    }
+    let calls: u64 = trace.counts.iter().flatten().sum();
+    assert_eq!(trace.events.len() as u64, calls * if graph { 2 } else { 1 });
+}
+
+#[test]
+fn the_library_pipeline_counts_exactly_in_trap_mode() {
+    pipeline(ModeChoice::Trap, false);
+}
+
+#[test]
+fn the_library_pipeline_counts_exactly_in_exitless_mode() {
+    pipeline(ModeChoice::Exitless, false);
+}
+
+#[test]
+fn the_library_pipeline_counts_calls_and_returns_with_the_graph() {
+    pipeline(ModeChoice::Trap, true);
+}
+
+/// A duration ends the session: detached under a pause first, then the
+/// guest stopped on request (the mini guest in `mode=loop` never ends).
+#[test]
+fn a_duration_detaches_then_stops_the_guest() {
+    let elf = mini_elf();
+    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
+    let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
+    let plan = TracePlan::build(image, &request(ModeChoice::Trap, false)).unwrap();
+    let capture = Capture::default();
+    let mut cfg = mini_config(&elf, 2, "mode=loop", &capture);
+    cfg.kernel = kernel;
+    let vm = vmm::Vm::create(cfg).unwrap();
+    let mut session = Session::start(vm, plan, Recording::memory(10_000_000)).unwrap();
+    let mut seen = Seen::default();
+    let attached = session
+        .trace(Some(Duration::from_millis(300)), &mut seen)
+        .unwrap();
+    assert!(attached.is_some());
+    assert!(seen.tracing > 0, "the observer saw the trace run");
+    assert!(
+        !session.tracer().is_attached(),
+        "detached before the guest stopped"
+    );
+    let ended = session.end();
+    assert_eq!(ended.report.reason, vmm::StopReason::Requested);
+    let calls: u64 = ended.summary.counts.iter().flatten().sum();
+    assert!(calls > 0, "the loop was traced");
+    assert_eq!(ended.summary.events.len() as u64, calls);
+}

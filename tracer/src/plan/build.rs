@@ -1,0 +1,195 @@
+//! A whole trace plan from a request: the selection (`Plan`), function-graph
+//! hooks, the check that something can be patched, and the mode, each
+//! decided once before the guest runs. What the caller should tell the user
+//! comes back as [`Note`]s; what is wrong as a [`PlanError`].
+
+use vmm::advice::{Advice, Plain, Remedy};
+
+use super::{hookable, Mode, Plan};
+use crate::kernel::filter::Filter;
+use crate::kernel::symbols::KernelImage;
+use crate::session::exitless::state::{Exitless, ExitlessError};
+use crate::session::TracerError;
+
+/// How traced calls should reach vmtrace, as asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeChoice {
+    Trap,
+    Exitless,
+    /// Trap on a host whose KVM emulates guest ring 0, else exitless where
+    /// it can be planned, else trap.
+    Auto,
+}
+
+/// What to trace and how, as asked.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Function globs to trace and to leave out (ftrace's filter syntax).
+    pub trace: Vec<String>,
+    pub notrace: Vec<String>,
+    /// Function graph: hook returns too.
+    pub graph: bool,
+    pub mode: ModeChoice,
+    /// Records per exitless ring (None: as many as fit).
+    pub ring_events: Option<u64>,
+    pub cpus: usize,
+    /// The host's KVM runs guest ring 0 in its instruction emulator
+    /// (`vmm::host::emulates_ring0`): there a trap is cheaper than the
+    /// trampoline's instructions.
+    pub emulator_host: bool,
+    /// The kernel is Linux (its own stack traces are affected by the graph).
+    pub linux: bool,
+}
+
+/// Something the user should be told about the plan, once it is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// Function graph: these functions (each with why) are left out: the
+    /// guest's unwinder would stop at vmtrace's hook.
+    GraphLeftOut(Vec<(String, &'static str)>),
+    /// Function graph on Linux: what the guest's own stack traces show
+    /// while returns are hooked.
+    GraphGuestStacks,
+    /// Auto mode chose traps because exitless mode cannot be planned: why
+    /// (it names no input), and its remedy (`vmm::advice`).
+    AutoTrap { why: String, remedy: Option<Remedy> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Tracer(#[from] TracerError),
+    /// Function graph: every selected function is one whose return must not
+    /// be hooked.
+    #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
+    GraphUnhookable { names: String },
+    /// Every selected site is in init text, which is never patched.
+    #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
+    NoPatchableSite { skipped: usize, examples: String },
+}
+
+impl From<ExitlessError> for PlanError {
+    fn from(e: ExitlessError) -> PlanError {
+        PlanError::Tracer(e.into())
+    }
+}
+
+/// A plan ready for a session: the selection, the mode, and what to say.
+pub struct TracePlan {
+    pub plan: Plan,
+    pub mode: Mode,
+    pub ring_events: Option<u64>,
+    pub notes: Vec<Note>,
+}
+
+impl TracePlan {
+    /// Plan `req` against `image`.
+    pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
+        let mut plan = Plan::from_image(image, &req.trace, &req.notrace)?;
+        let mut notes = Vec::new();
+        if req.graph {
+            notes.extend(graph(&mut plan, req.linux)?);
+        }
+        check_patchable(&plan, req)?;
+        let mode = choose_mode(&plan, req, &mut notes)?;
+        Ok(TracePlan {
+            plan,
+            mode,
+            ring_events: req.ring_events,
+            notes,
+        })
+    }
+}
+
+/// Hook returns, leaving out (and naming) the functions whose return must
+/// not be hooked (`hookable`); refused if nothing else is left to trace.
+fn graph(plan: &mut Plan, linux: bool) -> Result<Vec<Note>, PlanError> {
+    let had_sites = !plan.index.addrs.is_empty();
+    let left_out = hookable::hook_returns(plan);
+    let why = |n: &String| (n.clone(), hookable::unhookable(n).unwrap_or_default());
+    let left_out: Vec<(String, &'static str)> = left_out.iter().map(why).collect();
+    if had_sites && plan.index.addrs.is_empty() {
+        return Err(PlanError::GraphUnhookable {
+            names: graph_names(&left_out),
+        });
+    }
+    let mut notes = Vec::new();
+    if !left_out.is_empty() {
+        notes.push(Note::GraphLeftOut(left_out));
+    }
+    if linux {
+        notes.push(Note::GraphGuestStacks);
+    }
+    Ok(notes)
+}
+
+/// "name (why); name (why)", as notes and errors name left-out functions.
+pub fn graph_names(left_out: &[(String, &'static str)]) -> String {
+    left_out
+        .iter()
+        .map(|(n, why)| format!("{n} ({why})"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A selection whose every site is in init text would boot and trace nothing.
+fn check_patchable(plan: &Plan, req: &Request) -> Result<(), PlanError> {
+    if !plan.index.addrs.is_empty() || plan.skipped_init == 0 {
+        return Ok(());
+    }
+    // Name a few: the selection again (cheap, and it succeeded once).
+    let selected = Filter::new(&req.trace, &req.notrace)
+        .and_then(|f| f.select(&plan.image, &plan.sites))
+        .unwrap_or_default();
+    let mut names: Vec<&str> = selected
+        .iter()
+        .map(|&i| {
+            plan.image.functions[plan.sites.sites[i].func as usize]
+                .name
+                .as_str()
+        })
+        .take(3)
+        .collect();
+    if selected.len() > names.len() {
+        names.push("...");
+    }
+    Err(PlanError::NoPatchableSite {
+        skipped: plan.skipped_init,
+        examples: names.join(", "),
+    })
+}
+
+/// The mode asked for, checked now (rings that fit, a kernel whose per-CPU
+/// `cpu_number` the trampoline can read); or, for `Auto`, trap on a host
+/// whose KVM emulates guest ring 0 (there a guest instruction costs
+/// ~0.85 µs, so the trampoline's 28 cost ~31 µs against ~5 µs for a trapped
+/// call: `vmtrace bench`), else exitless where it can be planned, else trap.
+fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode, PlanError> {
+    let check = || {
+        Exitless::check(
+            &plan.image,
+            req.cpus,
+            plan.index.addrs.len(),
+            req.ring_events,
+            plan.graph,
+        )
+    };
+    match req.mode {
+        ModeChoice::Trap => Ok(Mode::Trap),
+        ModeChoice::Exitless => {
+            check()?;
+            Ok(Mode::Exitless)
+        }
+        ModeChoice::Auto if req.emulator_host => Ok(Mode::Trap),
+        ModeChoice::Auto => match check() {
+            Ok(()) => Ok(Mode::Exitless),
+            Err(e) => {
+                notes.push(Note::AutoTrap {
+                    why: e.problem(&Plain),
+                    remedy: e.remedy(),
+                });
+                Ok(Mode::Trap)
+            }
+        },
+    }
+}
