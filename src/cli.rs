@@ -43,7 +43,7 @@ pub enum Command {
     Script(ScriptArgs),
     /// List the traceable functions of a kernel (no guest is booted).
     List(ListArgs),
-    /// Measure the cost of tracing on the mini guest.
+    /// Measure the cost of tracing (`vmtrace bench list`: the benches).
     Bench(BenchArgs),
 }
 
@@ -320,45 +320,58 @@ fn parse_export(s: &str) -> Result<ExportArg, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Benches to run: a name (`call/trap`), a collection (`call`: all its
+    /// benches) or an old letter (`a`); none, or `all`: every bench but
+    /// boot/ftrace (which runs with --linux-boots N). `list [BENCH]...`
+    /// lists them.
+    #[arg(value_name = "BENCH")]
+    pub names: Vec<String>,
+    /// List the benches (those named, or all) rather than run them: name,
+    /// goal, figure and unit, what each needs.
+    #[arg(long)]
+    pub list: bool,
     /// The mini guest (default: guest/out/mini.elf, built if missing).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
-    /// Workload iterations per vCPU in each measured phase of (a) and (b).
+    /// Workload iterations per vCPU in each measured phase of call/trap,
+    /// call/exitless and call/graph.
     #[arg(long, default_value_t = 2000)]
     pub iters: u64,
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// vCPUs for the per-call figures (a) and (b); keep at most the host's cores.
+    /// vCPUs for call/trap, call/exitless, call/graph and attach/modes;
+    /// keep at most the host's cores.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub cpus: u64,
-    /// Rounds of the untraced / resume-only / recorder phases for (a) and (b);
-    /// medians over the rounds are reported.
+    /// Rounds of phases for call/trap, call/exitless and call/graph (medians
+    /// over the rounds are reported), and fresh guests for attach/modes.
     #[arg(long, default_value_t = 25, value_name = "N")]
     pub rounds: usize,
-    /// Pause/resume cycles per vCPU count for (d).
+    /// Pauses, and attach/detach cycles, per vCPU count for attach/pause.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub cycles: usize,
-    /// Linux vmlinux for the attach-scaling (e) and loading figures
-    /// (default: guest/out/vmlinux; skipped with a message if absent).
+    /// Linux vmlinux for attach/scaling (default: guest/out/vmlinux; left
+    /// out of the default set, with a message, if absent); boot/ftrace boots
+    /// the bzImage and initramfs beside it.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
     /// Boots of the default Linux guest per configuration (untraced, the
-    /// guest's own ftrace, vmtrace trap, vmtrace exitless) for figure (i),
-    /// vmtrace against ftrace; 0 skips it (each boot takes a minute or more
-    /// where KVM emulates guest ring 0).
+    /// guest's own ftrace, vmtrace trap, vmtrace exitless) for boot/ftrace,
+    /// vmtrace against ftrace; 0 leaves it out (each boot takes a minute or
+    /// more where KVM emulates guest ring 0).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub linux_boots: usize,
-    /// Events in the synthetic trace whose report is timed.
+    /// Events in the synthetic trace whose report report/render times.
     #[arg(long, default_value_t = 10_000_000, value_name = "N")]
     pub report_events: u64,
-    /// Events streamed to a data file in the temporary directory for the
-    /// recording-to-disk figure (h).
+    /// Events record/throughput streams to a data file in the temporary
+    /// directory.
     #[arg(long, default_value_t = 100_000_000, value_name = "N")]
     pub record_events: u64,
-    /// Measure only (f) and (g), whose instruction and call counts do not
-    /// depend on the host's timing (and (i) with --linux-boots): not
-    /// (a)-(e), (h) or the report figure.
+    /// Measure only call/exitless and call/graph (f, g), whose instruction
+    /// and call counts do not depend on the host's timing (and boot/ftrace
+    /// with --linux-boots); the other benches are said not measured.
     #[arg(long)]
     pub counts_only: bool,
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use tracer::session::{NotReady, TracerError};
 use tracer::trace::datafile::TraceFileError;
+use vmm::advice::{Advice, Input, Remedy, Words};
 use vmm::boot::BootError;
 use vmm::{StopReason, VmError};
 
@@ -249,6 +250,17 @@ pub enum InputError {
     BuildFailed,
     #[error("vmlinux {} does not exist; build it with `bash guest/build.sh linux`", .0.display())]
     VmlinuxMissing(PathBuf),
+    /// A name `vmtrace bench` does not know.
+    #[error(
+        "no bench `{name}`; the benches: {names} (`vmtrace bench list` says what each measures)"
+    )]
+    UnknownBench { name: String, names: String },
+    #[error("--counts-only chooses the benches itself (call/exitless, call/graph); name benches or give --counts-only, not both")]
+    CountsOnlyNamed,
+    #[error("bench attach/scaling needs a Linux vmlinux, and {} does not exist; build it with `bash guest/build.sh linux`, or pass --vmlinux PATH", .0.display())]
+    BenchNeedsVmlinux(PathBuf),
+    #[error("bench boot/ftrace boots the Linux guest N times in each of 5 configurations: give --linux-boots N")]
+    BenchNeedsBoots,
     /// `vmtrace bench --linux-boots N` without the Linux guest to boot.
     #[error("--linux-boots boots the Linux guest: its {what} {} does not exist; build it with `bash guest/build.sh linux`", path.display())]
     LinuxGuestMissing { what: &'static str, path: PathBuf },
@@ -262,13 +274,13 @@ pub enum InputError {
         kernel: PathBuf,
         why: String,
     },
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     Vm(#[from] VmError),
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     Boot(#[from] BootError),
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     Tracer(#[from] TracerError),
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     Find(tracer::kernel::find::FindError),
     #[error(transparent)]
     Plan(tracer::plan::PlanError),
@@ -276,21 +288,64 @@ pub enum InputError {
     TraceFile(#[from] TraceFileError),
     #[error("cannot attach: {0}")]
     NotReady(#[from] NotReady),
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     List(#[from] tracer::kernel::list::ListError),
+}
+
+/// The CLI's words for what library errors name (`vmm::advice`): the flag
+/// that gives each input, and each remedy as the flags to use.
+pub struct Flags;
+
+impl Words for Flags {
+    fn input(&self, input: Input) -> &'static str {
+        match input {
+            Input::Kernel => "--kernel",
+            Input::Initrd => "--initrd",
+            Input::Cpus => "--cpus",
+            Input::Mem => "--mem",
+            Input::Trace => "--trace",
+            Input::Notrace => "--notrace",
+            // `vmtrace list GLOB...`: positional, named by the command.
+            Input::List => "list",
+            Input::CmdlineReplace => "--cmdline-replace",
+        }
+    }
+
+    fn remedy(&self, remedy: Remedy) -> &'static str {
+        match remedy {
+            Remedy::TrapMode => "use --mode trap",
+            Remedy::FewerFunctionsOrTrapMode => "trace fewer functions, or use --mode trap",
+            Remedy::TrapModeOrVmlinux => "use --mode trap, or give its vmlinux (--vmlinux)",
+            Remedy::KernelVmlinux => "pass the kernel's vmlinux with --vmlinux",
+            Remedy::UnstrippedKernelVmlinux => {
+                "pass the kernel's unstripped vmlinux with --vmlinux PATH"
+            }
+            Remedy::UnstrippedVmlinux => "pass the unstripped vmlinux with --vmlinux",
+            Remedy::OwnVmlinux => "pass its own vmlinux with --vmlinux",
+            Remedy::SameBuildVmlinux => "pass the vmlinux of this very build with --vmlinux",
+            Remedy::FredOffOrVmlinux => {
+                "boot it with `--cmdline fred=off`, or pass the vmlinux of this very build (with \
+                 its data symbols) with --vmlinux"
+            }
+            Remedy::VmlinuxNotBzImage => {
+                "pass the uncompressed vmlinux (or no --vmlinux: vmtrace reads a bzImage's own \
+                 symbols)"
+            }
+        }
+    }
 }
 
 /// A failure while running: the guest, guest memory, or writing results.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The VM was created but its vCPU threads could not start.
-    #[error(transparent)]
+    #[error("{}", .0.say(&Flags))]
     Start(VmError),
-    #[error("restoring guest text failed: {0}")]
+    #[error("restoring guest text failed: {}", .0.say(&Flags))]
     Restore(TracerError),
-    #[error("exitless events were lost: {0}")]
+    #[error("exitless events were lost: {}", .0.say(&Flags))]
     Drain(TracerError),
-    #[error("the guest stopped ({0}) before vmtrace could attach; nothing was traced")]
+    #[error("the guest stopped ({}) before vmtrace could attach; nothing was traced", .0.say(&Flags))]
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]
     Save(TraceFileError),
@@ -335,7 +390,7 @@ pub enum RuntimeError {
     Trap(vmm::TrapError),
     #[error("cannot write the bench's JSON: {0}")]
     BenchJson(serde_json::Error),
-    #[error("the {what} stopped: {reason}")]
+    #[error("the {what} stopped: {}", reason.say(&Flags))]
     GuestStopped {
         what: &'static str,
         reason: StopReason,
@@ -348,6 +403,7 @@ pub enum RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer::session::exitless::state::ExitlessError;
 
     #[test]
     fn a_guest_crash_is_a_guest_failure() {
@@ -357,6 +413,112 @@ mod tests {
         assert!(!failed(StopReason::PowerOff(0)));
         assert!(!failed(StopReason::AcpiPowerOff));
         assert!(!failed(StopReason::Requested));
+    }
+
+    /// The libraries name no flag (`vmm::advice`): an input's name and a
+    /// remedy are data, which the CLI words with its flags, so users see
+    /// the messages they always did.
+    #[test]
+    fn library_errors_are_said_with_the_cli_flags() {
+        // An input, named.
+        let e = VmError::Cpus(65);
+        assert_eq!(e.to_string(), "vCPU count 65 is out of range; use 1 to 64");
+        assert_eq!(
+            Error::from(e).to_string(),
+            "--cpus 65 is out of range; use 1 to 64"
+        );
+        let e = tracer::kernel::filter::Filter::new(&["!x".into()], &[]).expect_err("negated");
+        let e = TracerError::from(e);
+        assert_eq!(
+            e.to_string(),
+            "trace filter '!x' only removes functions; add what to trace, e.g. trace filter '*,!x'"
+        );
+        assert_eq!(
+            Error::from(e).to_string(),
+            "--trace '!x' only removes functions; add what to trace, e.g. --trace '*,!x'"
+        );
+        // A remedy, through two wrappers.
+        let e = TracerError::from(ExitlessError::CpuNumberOutOfReach {
+            link: 0x10,
+            runtime: 0x20,
+        });
+        assert_eq!(e.remedy(), Some(Remedy::TrapMode));
+        let problem = "the guest's `cpu_number` at 0x10 runs at 0x20 (KASLR), out of reach of a \
+                       gs:[disp32]";
+        assert_eq!(e.to_string(), format!("{problem}; trace in trap mode"));
+        assert_eq!(
+            Error::from(RuntimeError::Drain(e)).to_string(),
+            format!("exitless events were lost: {problem}; use --mode trap")
+        );
+        // A remedy inside the sentence.
+        let e = tracer::kernel::kaslr::KaslrError::Fred { why: "no".into() };
+        assert!(
+            e.to_string().ends_with(
+                "and no: boot it with `fred=off` on its command line, or pass the \
+                            vmlinux of this very build (with its data symbols)"
+            ),
+            "{e}"
+        );
+        let e = Error::from(TracerError::from(e)).to_string();
+        assert!(
+            e.ends_with(
+                "and no: boot it with `--cmdline fred=off`, or pass the vmlinux of this \
+                         very build (with its data symbols) with --vmlinux"
+            ),
+            "{e}"
+        );
+    }
+
+    /// An emulation hint names the flag that drops the default command
+    /// line, in every CLI message that says the stop.
+    #[test]
+    fn a_stop_reason_is_said_with_the_cli_flags() {
+        let e = vmm::assist::choose(1, 0x1000, &[0x0f, 0xae, 0x28]).expect_err("xrstor");
+        let reason = StopReason::Error(vmm::VcpuError::Assist(e));
+        let lib = "unless a replacement command line drops it)";
+        let cli = "(the default command line does, unless --cmdline-replace drops it), or run";
+        assert!(reason.to_string().contains(lib), "{reason}");
+        let e = RuntimeError::NothingTraced(reason.clone()).to_string();
+        assert!(e.contains(cli), "{e}");
+        let e = RuntimeError::GuestStopped {
+            what: "guest",
+            reason,
+        };
+        assert!(e.to_string().contains(cli), "{e}");
+    }
+
+    /// `--mode auto`'s note: the library's reason, then its remedy in flags.
+    #[test]
+    fn a_note_s_remedy_is_said_with_the_cli_flags() {
+        let why = "no `cpu_number`".to_string();
+        assert_eq!(
+            vmm::advice::join(why, Some(Remedy::TrapModeOrVmlinux), &Flags),
+            "no `cpu_number`; use --mode trap, or give its vmlinux (--vmlinux)"
+        );
+    }
+
+    /// Every remedy the CLI says names the flag that carries it out; the
+    /// library's own words never do.
+    #[test]
+    fn every_remedy_is_said_with_a_flag() {
+        use Remedy::*;
+        for r in [
+            TrapMode,
+            FewerFunctionsOrTrapMode,
+            TrapModeOrVmlinux,
+            KernelVmlinux,
+            UnstrippedKernelVmlinux,
+            UnstrippedVmlinux,
+            OwnVmlinux,
+            SameBuildVmlinux,
+            FredOffOrVmlinux,
+            VmlinuxNotBzImage,
+        ] {
+            let cli = Flags.remedy(r);
+            assert!(cli.contains(" --"), "{r:?}: {cli}");
+            let lib = vmm::advice::Plain.remedy(r);
+            assert!(!lib.contains("--"), "{r:?}: {lib}");
+        }
     }
 
     #[test]

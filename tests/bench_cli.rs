@@ -253,6 +253,30 @@ fn bench_json_has_every_figure() {
     assert!(table.contains("(i) vmtrace vs. the guest's own ftrace, Linux boot: NOT MEASURED"));
     assert_eq!(ex["linux_boots"], 0, "{text}");
     assert!(ex["ftrace_guest_instructions_per_call"].is_null(), "{text}");
+    // Every bench has its entry, by name: all measured but boot/ftrace.
+    assert_eq!(bench_names(&doc), BENCHES, "{text}");
+    for b in doc["benches"].as_array().unwrap() {
+        let boot = b["name"] == "boot/ftrace";
+        assert_eq!(b["measured"], !boot, "{b}");
+        assert_eq!(b["values"].as_array().unwrap().is_empty(), boot, "{b}");
+        assert_eq!(b["figures"].is_null(), boot, "{b}");
+    }
+    let boot = &doc["benches"][8];
+    assert!(
+        boot["not_measured"]
+            .as_str()
+            .unwrap()
+            .contains("--linux-boots N"),
+        "{boot}"
+    );
+    assert_eq!(
+        doc["benches"][4]["figures"]["e_all_sites"],
+        figures["e_all_sites"]
+    );
+    // Each section of the table headed by its bench's name and question.
+    for name in BENCHES {
+        assert!(table.contains(&format!("\n# {name}: ")), "{name}: {table}");
+    }
 }
 
 #[test]
@@ -322,6 +346,15 @@ fn bench_counts_the_trampolines_instructions() {
         table.contains("(a)-(c) per traced call: NOT MEASURED, not asked for (--counts-only)"),
         "{table}"
     );
+    // Every bench has its entry; those --counts-only leaves out say so.
+    assert_eq!(bench_names(&doc), BENCHES, "{text}");
+    for b in doc["benches"].as_array().unwrap() {
+        let counted = b["name"] == "call/exitless" || b["name"] == "call/graph";
+        assert_eq!(b["measured"], counted, "{b}");
+        if !counted && b["name"] != "boot/ftrace" {
+            assert_eq!(b["not_measured"], "not asked for (--counts-only)", "{b}");
+        }
+    }
     let (ex, graph) = (&doc["exitless"], &doc["graph"]);
     if ex["guest_instructions_per_call_counted"].is_null() {
         let why = ex["guest_instructions_counted_not_available"]
@@ -416,4 +449,325 @@ fn short_benches_pass_their_exact_checks() {
         let calls = ex["exitless_calls"].as_u64().unwrap();
         assert!(calls >= 3 * 19, "run {run}: {text}");
     }
+}
+
+/// Every bench, by collection, as `vmtrace bench list` names them.
+const BENCHES: [&str; 9] = [
+    "call/trap",
+    "call/exitless",
+    "call/graph",
+    "attach/pause",
+    "attach/scaling",
+    "attach/modes",
+    "record/throughput",
+    "report/render",
+    "boot/ftrace",
+];
+
+/// The names of the benches in a bench JSON's `benches`, in order.
+fn bench_names(doc: &serde_json::Value) -> Vec<String> {
+    doc["benches"]
+        .as_array()
+        .expect("a benches array")
+        .iter()
+        .map(|b| b["name"].as_str().expect("a name").to_string())
+        .collect()
+}
+
+/// `vmtrace bench list` (and `--list`): every bench, in its collection,
+/// with its goal, its figure and unit, and what it needs; nothing run.
+#[test]
+fn bench_list_names_every_bench() {
+    let out = vmtrace(&["bench", "list"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let list = stdout(&out);
+    for name in BENCHES {
+        let line = list
+            .lines()
+            .find(|l| l.starts_with(&format!("  {name}")))
+            .unwrap_or_else(|| panic!("no {name} in\n{list}"));
+        assert!(
+            line == format!("  {name}") || line.starts_with(&format!("  {name} (also ")),
+            "{line}"
+        );
+    }
+    for (field, n) in [("goal:", 9), ("figure:", 9), ("needs:", 9)] {
+        let count = list
+            .lines()
+            .filter(|l| l.trim_start().starts_with(field))
+            .count();
+        assert_eq!(count, n, "{field} in\n{list}");
+    }
+    // Each figure with its unit, in brackets.
+    assert!(
+        list.lines()
+            .filter(|l| l.trim_start().starts_with("figure:"))
+            .all(|l| l.ends_with(']')),
+        "{list}"
+    );
+    for collection in ["call:", "attach:", "record:", "report:", "boot:"] {
+        assert!(
+            list.lines().any(|l| l.starts_with(collection)),
+            "{collection} in\n{list}"
+        );
+    }
+    assert!(list.contains("      needs:  the mini guest"), "{list}");
+    assert!(list.contains("      needs:  nothing (no guest)"), "{list}");
+    assert!(
+        list.contains("      needs:  the Linux guest, booted (--linux-boots N)"),
+        "{list}"
+    );
+    assert!(list.contains("  call/trap (also a, b, c)"), "{list}");
+    let flag = vmtrace(&["bench", "--list"]);
+    assert_eq!(flag.status.code(), Some(0), "{}", stderr(&flag));
+    assert_eq!(stdout(&flag), list);
+    // With names, as `perf bench sched` lists its collection: those alone.
+    let some = vmtrace(&["bench", "list", "call", "j"]);
+    assert_eq!(some.status.code(), Some(0), "{}", stderr(&some));
+    let some = stdout(&some);
+    let listed: Vec<&str> = some
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .map(|l| l.trim().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["call/trap", "call/exitless", "call/graph", "attach/modes"],
+        "{some}"
+    );
+}
+
+/// One bench by name runs it alone: its figures, its goals, its entry;
+/// nothing of the others (counts exact, no time asserted).
+#[test]
+fn bench_by_name_runs_only_it() {
+    let kernel = mini_elf();
+    let (doc, table) = bench_json(
+        "bench-named",
+        &[
+            "call/exitless",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--iters",
+            "20",
+            "--rounds",
+            "1",
+        ],
+    );
+    let text = doc.to_string();
+    assert_eq!(bench_names(&doc), ["call/exitless"], "{text}");
+    // No figure of another bench, no graph, no boot figures.
+    assert!(doc["figures"].as_object().unwrap().is_empty(), "{text}");
+    assert!(doc["graph"].is_null(), "{text}");
+    assert!(doc["exitless"].get("linux_boots").is_none(), "{text}");
+    let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
+    assert_eq!(methods, ["(f)"], "{text}");
+    // Its two goals alone.
+    let goals = doc["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 2, "{text}");
+    assert!(goals[0]["goal"]
+        .as_str()
+        .unwrap()
+        .starts_with("exits per traced call, exitless"));
+    // Exact counts: no exit in the exitless phases; the trampoline's code.
+    let ex = &doc["exitless"];
+    assert_eq!(ex["exitless_trace_port_traps"], 0, "{text}");
+    assert_eq!(ex["exits_per_call"], 0.0, "{text}");
+    assert_eq!(
+        ex["guest_instructions_per_call_static"], COMMON_PATH_INSTRUCTIONS,
+        "{text}"
+    );
+    assert!(ex["exitless_calls"].as_u64().unwrap() >= 3 * 19, "{text}");
+    // Its entry: name, goal, needs, figure and unit, values, verdicts.
+    let b = &doc["benches"][0];
+    assert_eq!(b["aliases"], serde_json::json!(["f"]), "{text}");
+    assert_eq!(b["needs"], "the mini guest", "{text}");
+    assert_eq!(b["measured"], true, "{text}");
+    for k in ["goal", "figure", "unit"] {
+        assert!(b[k].as_str().is_some_and(|s| !s.is_empty()), "{k}: {text}");
+    }
+    assert_eq!(b["figures"], doc["exitless"], "{text}");
+    assert_eq!(b["goals"], doc["goals"], "{text}");
+    let values = b["values"].as_array().unwrap();
+    let exits = values
+        .iter()
+        .find(|v| v["key"] == "exits_per_call")
+        .expect("exits per call among its values");
+    assert_eq!(exits["value"], 0.0, "{text}");
+    assert_eq!(exits["unit"], "exits", "{text}");
+    let measured = values
+        .iter()
+        .find(|v| v["key"] == "guest_instructions_per_call")
+        .unwrap();
+    assert_eq!(measured["samples"], 1, "{text}");
+    // The table: its section, headed by its name and question, alone.
+    assert!(table.contains("benches: call/exitless\n"), "{table}");
+    assert!(
+        table.contains("\n# call/exitless: How many exits and guest instructions"),
+        "{table}"
+    );
+    assert_eq!(table.matches("\n# ").count(), 1, "{table}");
+    assert!(table.contains("(f) exitless vs. trap"), "{table}");
+    for other in [
+        "(a)-(c)",
+        "(d) pause",
+        "(g) function graph",
+        "(h)",
+        "(i)",
+        "(j)",
+    ] {
+        assert!(!table.contains(other), "{other} in {table}");
+    }
+}
+
+/// A collection runs all of its benches, and an old letter its bench, in
+/// `vmtrace bench list`'s order; exact counts where a bench reports them.
+#[test]
+fn bench_collection_and_letter_run_their_benches() {
+    let kernel = mini_elf();
+    let (doc, table) = bench_json(
+        "bench-collection",
+        &[
+            "j",
+            "call",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--iters",
+            "20",
+            "--rounds",
+            "1",
+        ],
+    );
+    let text = doc.to_string();
+    assert_eq!(
+        bench_names(&doc),
+        ["call/trap", "call/exitless", "call/graph", "attach/modes"],
+        "{text}"
+    );
+    // call/trap's and attach/modes's figures, nobody else's.
+    let figures = doc["figures"].as_object().unwrap();
+    for k in figures.keys() {
+        assert!(
+            [
+                "a_",
+                "b_",
+                "c_",
+                "recorder_",
+                "iter_",
+                "exits_per_iter",
+                "handler_",
+                "j_"
+            ]
+            .iter()
+            .any(|p| k.starts_with(p)),
+            "{k} in {text}"
+        );
+    }
+    assert!(figures["exits_per_iter"].as_f64().unwrap() > 0.0, "{text}");
+    assert_eq!(figures["j_attach_sites"], 20.0, "{text}");
+    assert_eq!(figures["j_attach_rounds"], 1.0, "{text}");
+    // call/trap's goal, call/exitless's two, attach/modes's.
+    assert_eq!(doc["goals"].as_array().unwrap().len(), 4, "{text}");
+    let graph = &doc["graph"];
+    assert_eq!(
+        graph["guest_instructions_per_call_static"],
+        GRAPH_ENTRY_INSTRUCTIONS + GRAPH_RETURN_INSTRUCTIONS,
+        "{text}"
+    );
+    assert_eq!(
+        graph["guest_instructions_per_call_entry_only_static"], COMMON_PATH_INSTRUCTIONS,
+        "{text}"
+    );
+    assert_eq!(doc["exitless"]["exitless_trace_port_traps"], 0, "{text}");
+    let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        methods,
+        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)"],
+        "{text}"
+    );
+    assert_eq!(table.matches("\n# ").count(), 4, "{table}");
+    assert!(table.contains("(j) first attach of 20 sites"), "{table}");
+    assert!(!table.contains("(d) pause"), "{table}");
+}
+
+/// A name that is no bench, collection or letter: one line naming the
+/// benches, exit 2, nothing run; so for benches that cannot run as asked.
+#[test]
+fn bench_refuses_unknown_names() {
+    let kernel = mini_elf();
+    let kernel = kernel.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["bench", "call/nope", "--kernel", kernel],
+            "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
+             attach/pause, attach/scaling, attach/modes, record/throughput, report/render, \
+             boot/ftrace; collections call, attach, record, report, boot; all (`vmtrace bench \
+             list` says what each measures)",
+        ),
+        (
+            &["bench", "boot/ftrace", "--kernel", kernel],
+            "give --linux-boots N",
+        ),
+        (
+            &["bench", "call", "--counts-only", "--kernel", kernel],
+            "name benches or give --counts-only, not both",
+        ),
+        (
+            &["bench", "list", "calls"],
+            "no bench `calls`; the benches: ",
+        ),
+        (&["bench", "--list", "k"], "no bench `k`; the benches: "),
+    ];
+    for (args, want) in cases {
+        let out = vmtrace(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    }
+}
+
+/// A bench that needs no guest runs without one: `--kernel` is not even
+/// looked at, the JSON has no kernel; its counts are exact.
+#[test]
+fn bench_without_a_guest_needs_no_kernel() {
+    let (doc, table) = bench_json(
+        "bench-noguest",
+        &[
+            "record/throughput",
+            "--kernel",
+            "/nonexistent/mini.elf",
+            "--record-events",
+            "100000",
+        ],
+    );
+    let text = doc.to_string();
+    assert_eq!(bench_names(&doc), ["record/throughput"], "{text}");
+    assert!(doc["kernel"].is_null(), "{text}");
+    assert!(
+        doc["exitless"].is_null() && doc["graph"].is_null(),
+        "{text}"
+    );
+    let fig = |k: &str| doc["figures"][k].as_f64().unwrap();
+    assert_eq!(fig("h_record_sent"), 1e5, "{text}");
+    assert_eq!(fig("h_record_stored") + fig("h_record_lost"), 1e5, "{text}");
+    assert!(
+        doc["figures"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| k.starts_with("h_record_")),
+        "{text}"
+    );
+    assert_eq!(doc["goals"].as_array().unwrap().len(), 2, "{text}");
+    let b = &doc["benches"][0];
+    assert_eq!(b["needs"], "nothing (no guest)", "{text}");
+    assert_eq!(b["aliases"], serde_json::json!(["h"]), "{text}");
+    assert_eq!(b["figures"], doc["figures"], "{text}");
+    assert!(
+        table.starts_with("vmtrace bench: no mini guest needed\n"),
+        "{table}"
+    );
+    assert!(table.contains("(h) recording to disk"), "{table}");
 }

@@ -55,7 +55,10 @@ fn pipeline(mode: ModeChoice, graph: bool) {
         _ => Mode::Trap,
     };
     assert_eq!(plan.mode, want);
-    assert!(plan.notes.iter().all(|n| !matches!(n, Note::AutoTrap(_))));
+    assert!(plan
+        .notes
+        .iter()
+        .all(|n| !matches!(n, Note::AutoTrap { .. })));
     let capture = Capture::default();
     let mut cfg = mini_config(&elf, 2, "iters=400", &capture);
     cfg.kernel = kernel;

@@ -1,5 +1,7 @@
 //! What tracing costs, measured side by side in one run: the
-//! implementation of `vmtrace bench` (the command is `cmd::bench`).
+//! implementation of `vmtrace bench` (the command is `cmd::bench`). Each
+//! figure set is a bench with a name (`suite`: `call/trap` for (a)-(c),
+//! ..., `boot/ftrace` for (i)); `run` runs those a config selects.
 //!
 //! Everything is measured in one process, one run, so the figures can be
 //! compared with each other even on a host whose KVM distorts absolute times
@@ -207,9 +209,16 @@
 //!
 //! `measure` takes the figures; `results` judges them against the goals and
 //! prints them (and writes `--json FILE`).
+//!
+//! The benches by name (`vmtrace bench list`): call/trap (a)-(c),
+//! call/exitless (f), call/graph (g), attach/pause (d), attach/scaling (e)
+//! and loading, attach/modes (j), record/throughput (h), report/render
+//! (report), boot/ftrace (i).
 
 pub mod measure;
 pub mod results;
+pub mod run;
+pub mod suite;
 
 use std::time::Duration;
 

@@ -1,44 +1,36 @@
-//! Judging and presenting the figures: the goals, the printed table, and
-//! the `--json FILE` document; (f)'s and (g)'s part of each is in
-//! `exitless`, (h)'s in `record`, (i)'s in `ftrace`.
+//! Judging and presenting the figures: the goals (`goals`), the printed
+//! table (`table`), and the `--json FILE` document (`json`, with each
+//! bench's entry in `benches`); (f)'s and (g)'s part of each is in
+//! `exitless`, (h)'s in `record`, (i)'s in `ftrace`, (j)'s in
+//! `attach_modes`.
 
 mod attach_modes;
+mod benches;
 mod exitless;
-mod ftrace;
+pub mod ftrace;
+mod goals;
+mod json;
 mod record;
+mod table;
 
-use std::fmt::{self, Write as _};
-use std::path::Path;
 use std::time::Instant;
-
-use serde::{Serialize, Serializer};
-use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
-use tracer::trace::report;
 
 use super::measure::{
     AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling,
-    E_REPS, TRACE_GLOB,
 };
+use super::suite::BenchId;
 use super::{median, pct};
-use crate::config::{emulator_host, BenchConfig};
-use exitless::{num, num_us, ExitlessFigures, GraphFigures};
-use ftrace::FtraceJson;
-
-/// Goals.
-const GOAL_RATIO: f64 = 1.2;
-const GOAL_WINDOW_100_US: f64 = 1_000.0;
-const GOAL_WINDOW_ALL_US: f64 = 10_000.0;
-const GOAL_LOAD_MS: f64 = 100.0;
-const GOAL_REPORT_S: f64 = 1.0;
-const GOAL_REPORT_EVENTS: u64 = 10_000_000;
-/// `schema` of the JSON document.
-const JSON_SCHEMA: &str = "vmtrace-bench/1";
+use crate::config::BenchConfig;
+pub use goals::goals;
+pub use json::json;
+pub use table::table;
+use table::write_rows;
 
 /// Why a figure set was not measured with `--counts-only`.
 const COUNTS_ONLY: &str = "not asked for (--counts-only)";
 
-/// Everything measured; with `--counts-only`, (a)-(e), (h) and the report
-/// figure are not (None, or empty).
+/// Everything measured; what a run did not measure (a bench not selected,
+/// or left out by `--counts-only`) is None, or empty.
 pub struct Results {
     pub costs: Option<CallCosts>,
     /// Medians over the rounds of (a) and (b), µs, and of (c); NaN where
@@ -51,9 +43,9 @@ pub struct Results {
     pub calls_not_measured: Option<String>,
     pub handlers: Option<HandlerAlone>,
     /// (f): exitless against trap, per traced call.
-    pub exitless: ExitlessCosts,
+    pub exitless: Option<ExitlessCosts>,
     /// (g): the same with return hooks (`--graph`).
-    pub graph: ExitlessCosts,
+    pub graph: Option<ExitlessCosts>,
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
@@ -61,11 +53,33 @@ pub struct Results {
     pub report: Option<(f64, f64)>,
     /// (h): recording to disk.
     pub record: Option<RecordFigures>,
-    /// (j): the attach's pause, exitless against trap; None with --counts-only.
+    /// (j): the attach's pause, exitless against trap.
     pub attach_modes: Option<AttachModes>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
-    /// boot; None: not asked for (`--linux-boots 0`).
+    /// boot; None: not asked for.
     pub ftrace: ftrace::Measured,
+}
+
+impl Default for Results {
+    /// Nothing measured.
+    fn default() -> Self {
+        Results {
+            costs: None,
+            a: f64::NAN,
+            b: f64::NAN,
+            c: f64::NAN,
+            calls_not_measured: None,
+            handlers: None,
+            exitless: None,
+            graph: None,
+            pauses: Vec::new(),
+            scaling: None,
+            report: None,
+            record: None,
+            attach_modes: None,
+            ftrace: None,
+        }
+    }
 }
 
 /// One goal's verdict.
@@ -94,33 +108,85 @@ fn max(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
 }
 
-/// The figures by name, as saved in the JSON. Those named `a_`..`e_` and
-/// `h_` are the figures (a) to (e) and (h); (f) and (g) have their own
-/// objects (`ExitlessFigures`, `GraphFigures`).
+/// What the bench was run on and with, for the table and the JSON.
+pub struct Run<'a> {
+    /// The benches, the mini guest, the Linux vmlinux of (e) if any, the
+    /// counts.
+    pub cfg: &'a BenchConfig,
+    pub started: Instant,
+}
+
+/// The figures by name, as saved in the JSON. Those named `a_`..`e_`,
+/// `h_` and `j_` are the figures (a) to (e), (h) and (j); (f) and (g)
+/// have their own objects (`ExitlessFigures`, `GraphFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
-    let mut f: Vec<(String, f64)> = Vec::new();
-    if let (Some(costs), Some(handlers)) = (&r.costs, &r.handlers) {
-        f.extend([
-            ("a_exit_round_trip_us".into(), r.a),
-            ("b_traced_call_us".into(), r.b),
-            ("c_ratio".into(), r.c),
-            (
-                "recorder_extra_per_call_us".into(),
-                if r.a.is_nan() || r.b.is_nan() {
-                    f64::NAN
-                } else {
-                    median(&costs.b_minus_a)
-                },
-            ),
-            ("iter_untraced_us".into(), costs.iter_us[0]),
-            ("iter_resume_only_us".into(), costs.iter_us[1]),
-            ("iter_recorder_us".into(), costs.iter_us[2]),
-            ("exits_per_iter".into(), costs.exits_per_iter),
-            ("handler_resume_only_ns".into(), handlers.resume_only_ns),
-            ("handler_recorder_ns".into(), handlers.recorder_ns),
-        ]);
+    [
+        BenchId::CallTrap,
+        BenchId::AttachPause,
+        BenchId::AttachScaling,
+        BenchId::ReportRender,
+        BenchId::RecordThroughput,
+        BenchId::AttachModes,
+    ]
+    .into_iter()
+    .flat_map(|id| figures_of(id, r))
+    .collect()
+}
+
+/// One bench's figures in `figures`, in the order printed; none for
+/// call/exitless, call/graph and boot/ftrace (their own objects).
+fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
+    match id {
+        BenchId::CallTrap => call_figures(r),
+        BenchId::AttachPause => pause_figures(&r.pauses),
+        BenchId::AttachScaling => r.scaling.as_ref().map_or_else(Vec::new, scaling_figures),
+        BenchId::ReportRender => match r.report {
+            Some((render, json)) => vec![
+                ("report_render_s".into(), render),
+                ("report_json_s".into(), json),
+            ],
+            None => Vec::new(),
+        },
+        BenchId::RecordThroughput => r.record.as_ref().map_or_else(Vec::new, record::figures),
+        BenchId::AttachModes => r
+            .attach_modes
+            .as_ref()
+            .map_or_else(Vec::new, attach_modes::figures),
+        BenchId::CallExitless | BenchId::CallGraph | BenchId::BootFtrace => Vec::new(),
     }
-    for p in &r.pauses {
+}
+
+/// (a)-(c), and the handlers alone.
+fn call_figures(r: &Results) -> Vec<(String, f64)> {
+    let (Some(costs), Some(handlers)) = (&r.costs, &r.handlers) else {
+        return Vec::new();
+    };
+    let extra = if r.a.is_nan() || r.b.is_nan() {
+        f64::NAN
+    } else {
+        median(&costs.b_minus_a)
+    };
+    [
+        ("a_exit_round_trip_us", r.a),
+        ("b_traced_call_us", r.b),
+        ("c_ratio", r.c),
+        ("recorder_extra_per_call_us", extra),
+        ("iter_untraced_us", costs.iter_us[0]),
+        ("iter_resume_only_us", costs.iter_us[1]),
+        ("iter_recorder_us", costs.iter_us[2]),
+        ("exits_per_iter", costs.exits_per_iter),
+        ("handler_resume_only_ns", handlers.resume_only_ns),
+        ("handler_recorder_ns", handlers.recorder_ns),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// (d), by vCPU count.
+fn pause_figures(pauses: &[PauseFigures]) -> Vec<(String, f64)> {
+    let mut f = Vec::new();
+    for p in pauses {
         let n = p.vcpus;
         for (what, v) in [
             ("latency", &p.latency),
@@ -133,33 +199,22 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         }
         f.push((format!("d_{n}cpu_sites"), p.sites as f64));
     }
-    if let Some(Scaling {
-        attach,
-        loads_ms,
-        total_sites,
-    }) = &r.scaling
-    {
-        for s in attach {
-            let l = &s.label;
-            f.push((format!("e_{l}_sites_attach_first_us"), s.attach[0]));
-            f.push((format!("e_{l}_sites_attach_p50_us"), median(&s.attach)));
-            f.push((format!("e_{l}_sites_attach_max_us"), max(&s.attach)));
-            f.push((format!("e_{l}_sites_detach_p50_us"), median(&s.detach)));
-            f.push((format!("e_{l}_sites"), s.sites as f64));
-        }
-        f.push(("load_ms".into(), median(loads_ms)));
-        f.push(("load_sites".into(), *total_sites as f64));
+    f
+}
+
+/// (e) by site count, and loading.
+fn scaling_figures(s: &Scaling) -> Vec<(String, f64)> {
+    let mut f = Vec::new();
+    for a in &s.attach {
+        let l = &a.label;
+        f.push((format!("e_{l}_sites_attach_first_us"), a.attach[0]));
+        f.push((format!("e_{l}_sites_attach_p50_us"), median(&a.attach)));
+        f.push((format!("e_{l}_sites_attach_max_us"), max(&a.attach)));
+        f.push((format!("e_{l}_sites_detach_p50_us"), median(&a.detach)));
+        f.push((format!("e_{l}_sites"), a.sites as f64));
     }
-    if let Some((render, json)) = r.report {
-        f.push(("report_render_s".into(), render));
-        f.push(("report_json_s".into(), json));
-    }
-    if let Some(rec) = &r.record {
-        f.extend(record::figures(rec));
-    }
-    if let Some(am) = &r.attach_modes {
-        f.extend(attach_modes::figures(am));
-    }
+    f.push(("load_ms".into(), median(&s.loads_ms)));
+    f.push(("load_sites".into(), s.total_sites as f64));
     f
 }
 
@@ -181,545 +236,19 @@ fn not_measured(r: &Results) -> Vec<(String, String)> {
         .collect()
 }
 
-pub fn goals(r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
-    let mut goals = vec![Goal {
-        name: format!("cost per traced call <= {GOAL_RATIO} x exit round trip"),
-        measured: format!(
-            "b/a = {} (b {}, a {})",
-            num(r.c, 3),
-            num_us(r.b, 2),
-            num_us(r.a, 2)
-        ),
-        pass: match &r.calls_not_measured {
-            _ if r.costs.is_none() => Err(COUNTS_ONLY.into()),
-            Some(why) if r.c.is_nan() => Err(format!("not measured: {why}")),
-            _ => Ok(r.c <= GOAL_RATIO),
-        },
-    }];
-    for (label, limit) in [("100", GOAL_WINDOW_100_US), ("all", GOAL_WINDOW_ALL_US)] {
-        let name = format!("pause window for {label} sites <= {} ms", limit / 1e3);
-        let found = r
-            .scaling
-            .as_ref()
-            .and_then(|s| s.attach.iter().find(|f| f.label == label));
-        goals.push(match (found, &r.scaling) {
-            (Some(f), _) => Goal {
-                name,
-                measured: format!(
-                    "worst {:.1} µs of {E_REPS} attaches of {} sites (first {:.1}, p50 {:.1})",
-                    max(&f.attach),
-                    report::thousands(f.sites as u64),
-                    f.attach[0],
-                    median(&f.attach)
-                ),
-                pass: Ok(max(&f.attach) <= limit),
-            },
-            (None, Some(_)) => Goal {
-                name,
-                measured: "-".into(),
-                pass: Err("the vmlinux has fewer sites".into()),
-            },
-            (None, None) => Goal {
-                name,
-                measured: "-".into(),
-                pass: Err(if cfg.counts_only {
-                    COUNTS_ONLY
-                } else {
-                    "no vmlinux"
-                }
-                .into()),
-            },
-        });
-    }
-    let name = format!("symbol + site loading <= {GOAL_LOAD_MS} ms");
-    goals.push(match &r.scaling {
-        Some(s) => Goal {
-            name,
-            measured: format!(
-                "median {:.1} ms of {} loads ({} sites; max {:.1} ms)",
-                median(&s.loads_ms),
-                s.loads_ms.len(),
-                report::thousands(s.total_sites as u64),
-                max(&s.loads_ms)
-            ),
-            pass: Ok(median(&s.loads_ms) <= GOAL_LOAD_MS),
-        },
-        None => Goal {
-            name,
-            measured: "-".into(),
-            pass: Err(if cfg.counts_only {
-                COUNTS_ONLY
-            } else {
-                "no vmlinux"
-            }
-            .into()),
-        },
-    });
-    goals.push(Goal {
-        name: format!(
-            "report for {} events <= {GOAL_REPORT_S} s",
-            report::thousands(GOAL_REPORT_EVENTS)
-        ),
-        measured: match r.report {
-            Some((render, _)) => format!(
-                "{render:.3} s for {} events",
-                report::thousands(cfg.report_events)
-            ),
-            None => "-".into(),
-        },
-        pass: if let Some((render, _)) =
-            r.report.filter(|_| cfg.report_events == GOAL_REPORT_EVENTS)
-        {
-            Ok(render <= GOAL_REPORT_S)
-        } else if r.report.is_none() {
-            Err(COUNTS_ONLY.into())
-        } else {
-            Err(format!(
-                "measured with {} events",
-                report::thousands(cfg.report_events)
-            ))
-        },
-    });
-    goals.extend(exitless::goals(&r.exitless));
-    match &r.record {
-        Some(rec) => goals.extend(record::goals(rec)),
-        None => goals.extend(record::goal_names().map(|name| Goal {
-            name,
-            measured: "-".into(),
-            pass: Err(COUNTS_ONLY.into()),
-        })),
-    }
-    goals.push(ftrace::goal(&r.ftrace));
-    goals.push(match &r.attach_modes {
-        Some(am) => attach_modes::goal(am),
-        None => Goal {
-            name: attach_modes::goal_name(),
-            measured: "-".into(),
-            pass: Err(COUNTS_ONLY.into()),
-        },
-    });
-    goals
-}
-
-/// What the bench was run on and with, for the table and the JSON.
-pub struct Run<'a> {
-    /// The mini guest, the Linux vmlinux of (e) if any, the counts.
-    pub cfg: &'a BenchConfig,
-    pub started: Instant,
-}
-
-/// The printed report.
-pub fn table(r: &Results, goals: &[Goal], run: &Run<'_>) -> String {
-    let mut o = String::new();
-    // Writing to a String cannot fail.
-    let _ = write_table(&mut o, r, goals, run);
-    o
-}
-
-fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fmt::Result {
-    let cfg = run.cfg;
-    writeln!(o, "vmtrace bench: mini guest {}", cfg.kernel.display())?;
-    if emulator_host() {
-        writeln!(
-            o,
-            "host: KVM emulates guest ring 0 here (kvm_pvm): absolute times are several times \
-             bare metal; compare ratios"
-        )?;
-    }
-    writeln!(o)?;
-    match &r.costs {
-        Some(_) => write_calls(o, r, cfg)?,
-        None => writeln!(o, "(a)-(c) per traced call: NOT MEASURED, {COUNTS_ONLY}")?,
-    }
-    writeln!(o)?;
-    match r.pauses.is_empty() {
-        false => write_pauses(o, &r.pauses, cfg)?,
-        true => writeln!(o, "(d) pause: NOT MEASURED, {COUNTS_ONLY}")?,
-    }
-    writeln!(o)?;
-    match (&r.scaling, &cfg.vmlinux) {
-        (Some(s), Some(v)) => write_scaling(o, s, v)?,
-        _ if cfg.counts_only => writeln!(o, "(e) and loading: NOT MEASURED, {COUNTS_ONLY}")?,
-        _ => writeln!(
-            o,
-            "(e) and loading: NOT MEASURED, no vmlinux (build it with `bash guest/build.sh \
-             linux`, or pass --vmlinux PATH)"
-        )?,
-    }
-    writeln!(o)?;
-    exitless::write(o, &r.exitless, cfg)?;
-    writeln!(o)?;
-    exitless::write_graph(o, &r.graph, &r.exitless, cfg)?;
-    writeln!(o)?;
-    match r.report {
-        Some((render, json)) => writeln!(
-            o,
-            "report: {} events, text with callers {render:.3} s; JSON export {json:.3} s",
-            report::thousands(cfg.report_events),
-        )?,
-        None => writeln!(o, "report: NOT MEASURED, {COUNTS_ONLY}")?,
-    }
-    writeln!(o)?;
-    match &r.record {
-        Some(rec) => record::write(o, rec)?,
-        None => writeln!(o, "(h) recording to disk: NOT MEASURED, {COUNTS_ONLY}")?,
-    }
-    writeln!(o)?;
-    match &r.attach_modes {
-        Some(am) => attach_modes::write(o, am)?,
-        None => writeln!(o, "(j) attach pause by mode: NOT MEASURED, {COUNTS_ONLY}")?,
-    }
-    writeln!(o)?;
-    ftrace::write(o, &r.ftrace)?;
-    writeln!(o)?;
-    writeln!(o, "goals:")?;
-    for g in goals {
-        let why = match &g.pass {
-            Err(w) => format!(" (not judged: {w})"),
-            Ok(_) => String::new(),
-        };
-        writeln!(o, "  {}  {:<48} {}{why}", g.status(), g.name, g.measured)?;
-    }
-    writeln!(o)?;
-    writeln!(o, "methods:")?;
-    for (k, m) in methods() {
-        writeln!(o, "  {k:<7} {m}")?;
-    }
-    writeln!(o)?;
-    writeln!(
-        o,
-        "vmtrace bench took {:.1} s",
-        run.started.elapsed().as_secs_f64()
-    )
-}
-
-/// (a)-(c): one row per figure, its median and, given the per-round
-/// values, their range.
-fn write_calls(o: &mut String, r: &Results, cfg: &BenchConfig) -> fmt::Result {
-    let (Some(c), Some(handlers)) = (&r.costs, &r.handlers) else {
-        return Ok(());
-    };
-    writeln!(
-        o,
-        "(a)-(c) per traced call: {} vCPU, mode=loop, {} rounds of untraced / resume-only / recorder \
-         phases of {} iterations; {:.2} exits per iteration",
-        cfg.cpus, cfg.rounds, cfg.iters, c.exits_per_iter
-    )?;
-    writeln!(o, "  {:<44} {:>10}   rounds min .. max", "", "median")?;
-    let ratios = c.ratios();
-    let us = |v: f64| num_us(v, 2);
-    let range = |v: f64, rounds| (!v.is_nan()).then_some(rounds);
-    let extra = if r.a.is_nan() || r.b.is_nan() {
-        f64::NAN
-    } else {
-        median(&c.b_minus_a)
-    };
-    let rows: [Row<'_>; 6] = [
-        (
-            "(a) exit round trip (resume-only handler)",
-            us(r.a),
-            range(r.a, &c.a[..]),
-        ),
-        (
-            "(b) cost per traced call (recorder)",
-            us(r.b),
-            range(r.b, &c.b[..]),
-        ),
-        ("(c) b / a", num(r.c, 3), range(r.c, &ratios[..])),
-        (
-            "    recorder - resume-only, per call",
-            us(extra),
-            range(extra, &c.b_minus_a[..]),
-        ),
-        (
-            "    handler alone in process: recorder",
-            format!("{:.0} ns", handlers.recorder_ns),
-            None,
-        ),
-        (
-            "    handler alone in process: resume-only",
-            format!("{:.0} ns", handlers.resume_only_ns),
-            None,
-        ),
-    ];
-    write_rows(o, &rows)?;
-    if let Some(why) = &r.calls_not_measured {
-        writeln!(o, "  times not measured: {why}")?;
-    }
-    writeln!(
-        o,
-        "  µs per guest iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
-        c.iter_us[0], c.iter_us[1], c.iter_us[2]
-    )
-}
-
-/// Rows of (a)-(c) and (f): label, median and, given the per-round values,
-/// their range.
-type Row<'a> = (&'a str, String, Option<&'a [f64]>);
-
-fn write_rows(o: &mut String, rows: &[Row<'_>]) -> fmt::Result {
-    for (label, median, rounds) in rows {
-        write!(o, "  {label:<44} {median:>10}")?;
-        if let Some(v) = rounds {
-            write!(o, "   {:.2} .. {:.2}", min(v), max(v))?;
-        }
-        writeln!(o)?;
-    }
-    Ok(())
-}
-
-/// `v` µs with one decimal, as (d) and (e) print their times.
-fn us1(v: f64) -> String {
-    format!("{v:.1} µs")
-}
-
-/// (d): p50, p99 and max of each kind of pause, by vCPU count.
-fn write_pauses(o: &mut String, pauses: &[PauseFigures], cfg: &BenchConfig) -> fmt::Result {
-    writeln!(
-        o,
-        "(d) pause, mini guest mode=loop, {} pauses + {} attach/detach cycles per vCPU count",
-        cfg.cycles, cfg.cycles
-    )?;
-    writeln!(
-        o,
-        "  {:<8} {:<26} {:>11} {:>11} {:>11}",
-        "vCPUs", "", "p50", "p99", "max"
-    )?;
-    for p in pauses {
-        let rows = [
-            ("pause latency".to_string(), &p.latency),
-            ("window, empty pause".to_string(), &p.window),
-            (format!("attach window ({} sites)", p.sites), &p.attach),
-            (format!("detach window ({} sites)", p.sites), &p.detach),
-        ];
-        for (i, (what, v)) in rows.iter().enumerate() {
-            // The vCPU count heads its group of rows.
-            let n = if i == 0 {
-                p.vcpus.to_string()
-            } else {
-                String::new()
-            };
-            writeln!(
-                o,
-                "  {n:<8} {what:<26} {:>11} {:>11} {:>11}",
-                us1(pct(v, 50.0)),
-                us1(pct(v, 99.0)),
-                us1(max(v))
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// (e) and loading, measured on `vmlinux`.
-fn write_scaling(o: &mut String, s: &Scaling, vmlinux: &Path) -> fmt::Result {
-    writeln!(
-        o,
-        "(e) attach window vs. sites: {} loaded into a paused VM, never booted; {E_REPS} \
-         attaches each",
-        vmlinux.display()
-    )?;
-    writeln!(
-        o,
-        "  {:<14} {:>11} {:>11} {:>11} {:>12}",
-        "sites", "first", "p50", "max", "detach p50"
-    )?;
-    for f in &s.attach {
-        let label = if f.label == "all" {
-            format!("all ({})", report::thousands(f.sites as u64))
-        } else {
-            report::thousands(f.sites as u64)
-        };
-        writeln!(
-            o,
-            "  {label:<14} {:>11} {:>11} {:>11} {:>12}",
-            us1(f.attach[0]),
-            us1(median(&f.attach)),
-            us1(max(&f.attach)),
-            us1(median(&f.detach))
-        )?;
-    }
-    writeln!(o)?;
-    writeln!(
-        o,
-        "loading: KernelImage::load + SiteTable::build of {} ({} sites): median {:.1} ms \
-         of {} ({:.1} .. {:.1} ms)",
-        vmlinux.display(),
-        report::thousands(s.total_sites as u64),
-        median(&s.loads_ms),
-        s.loads_ms.len(),
-        min(&s.loads_ms),
-        max(&s.loads_ms)
-    )
-}
-
-/// The `--json FILE` document. Figures and methods are objects whose keys
-/// keep the order they are printed in.
-#[derive(Serialize)]
-struct BenchJson<'a> {
-    schema: &'static str,
-    kernel: String,
-    vmlinux: Option<String>,
-    emulator_host: bool,
-    iters: u64,
-    cpus: u64,
-    rounds: usize,
-    cycles: usize,
-    report_events: u64,
-    record_events: u64,
-    /// `--counts-only`: (a)-(e), (h) and the report figure not measured.
-    counts_only: bool,
-    /// A non-finite figure is written as null: one not measured (in
-    /// `not_measured`, with why), or one with no samples.
-    #[serde(serialize_with = "ordered_map")]
-    figures: &'a [(String, f64)],
-    /// The figures the host's noise swamped, each with why.
-    #[serde(serialize_with = "ordered_map")]
-    not_measured: &'a [(String, String)],
-    /// (f), and (i).
-    exitless: ExitlessJson,
-    /// (g).
-    graph: GraphFigures,
-    goals: Vec<GoalJson<'a>>,
-    #[serde(serialize_with = "ordered_map")]
-    methods: &'a [(&'static str, String)],
-}
-
-/// The `exitless` object: (f)'s figures, then (i)'s.
-#[derive(Serialize)]
-struct ExitlessJson {
-    #[serde(flatten)]
-    figures: ExitlessFigures,
-    #[serde(flatten)]
-    boot: FtraceJson,
-}
-
-#[derive(Serialize)]
-struct GoalJson<'a> {
-    goal: &'a str,
-    status: &'static str,
-    measured: &'a str,
-    /// Why the goal was not judged (status SKIP).
-    not_judged: Option<&'a str>,
-}
-
-/// `(key, value)` pairs as a JSON object, in their order.
-fn ordered_map<K: Serialize, V: Serialize, S: Serializer>(
-    pairs: &&[(K, V)],
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
-}
-
-/// The JSON document of `--json FILE`.
-pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<String> {
-    let cfg = run.cfg;
-    let doc = BenchJson {
-        schema: JSON_SCHEMA,
-        kernel: cfg.kernel.display().to_string(),
-        vmlinux: cfg.vmlinux.as_ref().map(|v| v.display().to_string()),
-        emulator_host: emulator_host(),
-        iters: cfg.iters,
-        cpus: cfg.cpus,
-        rounds: cfg.rounds,
-        cycles: cfg.cycles,
-        report_events: cfg.report_events,
-        record_events: cfg.record_events,
-        counts_only: cfg.counts_only,
-        figures: &figures(r),
-        not_measured: &not_measured(r),
-        exitless: ExitlessJson {
-            figures: ExitlessFigures::new(&r.exitless),
-            boot: FtraceJson::new(&r.ftrace, cfg.linux_boots),
-        },
-        graph: GraphFigures::new(&r.graph, &r.exitless),
-        goals: goals
-            .iter()
-            .map(|g| GoalJson {
-                goal: &g.name,
-                status: g.status(),
-                measured: &g.measured,
-                not_judged: g.pass.as_ref().err().map(String::as_str),
-            })
-            .collect(),
-        methods: &methods(),
-    };
-    let mut j = serde_json::to_string_pretty(&doc)?;
-    j.push('\n');
-    Ok(j)
-}
-
-/// How each figure is measured (printed, and saved in the JSON).
-fn methods() -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "(a)",
-            format!(
-                "one `out` exit through KVM and vmtrace's vCPU loop and back, with the cheapest \
-                 correct handler (find the site, resume after it): (t_resume-only - t_untraced) / \
-                 exits per iteration, t = µs per guest iteration per vCPU in phases of --iters \
-                 iterations of the mini guest (mode=loop) with the {TRACE_GLOB} sites patched \
-                 (or not)"
-            ),
-        ),
-        (
-            "(b)",
-            "(t_recorder - t_untraced) / exits per iteration, the same with vmtrace's real \
-             per-vCPU Recorder; the three phases run in rotating order in one guest, --rounds \
-             times, and a and b are medians over the rounds"
-                .into(),
-        ),
-        (
-            "(c)",
-            "b / a per round, median over the rounds; the handlers timed alone in process \
-             (no exit) cross-check b - a"
-                .into(),
-        ),
-        (
-            "(d)",
-            "the mini guest in mode=loop with 1, 2 and 4 vCPUs running: latency = pause \
-             request to all vCPUs parked; window = all parked to release, for empty pauses and \
-             for pauses that attach (or detach) all its patchable sites"
-                .into(),
-        ),
-        (
-            "(e)",
-            "the Linux vmlinux loaded into a VM at its physical addresses with the boot page \
-             tables, started paused and never booted (booting takes minutes here): \
-             Tracer::attach, i.e. the vmlinux check and the patching a live attach does while \
-             the vCPUs are parked, timed for 10, 100, 1,000 and all the sites --trace '*' \
-             selects, spread evenly over the text; goals judged on the worst attach"
-                .into(),
-        ),
-        ("(f)", exitless::method()),
-        ("(g)", exitless::graph_method()),
-        (
-            "loading",
-            "KernelImage::load + SiteTable::build of that vmlinux, median of the loads made for (e)"
-                .into(),
-        ),
-        (
-            "report",
-            format!(
-                "report::render with callers, and export::write_json to a sink, of a synthetic \
-                 trace: {SYNTH_FUNCS} functions, {SYNTH_CALLERS} callers, {SYNTH_CPUS} vCPUs"
-            ),
-        ),
-        ("(h)", record::method()),
-        ("(i)", ftrace::method()),
-        ("(j)", attach_modes::method()),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::measure::{AttachFigures, ExitlessCosts};
+    use super::super::measure::AttachFigures;
+    use super::super::suite::Selection;
+    use super::goals::GOAL_REPORT_EVENTS;
+    use super::json::{methods, JSON_SCHEMA};
     use super::*;
 
     /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".
     fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
         BenchConfig {
-            kernel: "mini.elf".into(),
+            benches: Selection::default_set(false, 0),
+            kernel: Some("mini.elf".into()),
             vmlinux: scaling.then(|| "vmlinux".into()),
             json: None,
             iters: 200,
@@ -758,7 +287,7 @@ mod tests {
                 recorder_ns: 60.0,
             }),
             // 1 µs per instruction; per call: trap 10 µs, exitless 28 µs.
-            exitless: ExitlessCosts {
+            exitless: Some(ExitlessCosts {
                 rounds: vec![[10.0, 410.0, 45.0, 108.0], [11.0, 411.0, 46.0, 109.0]],
                 calls_per_iter: 3.5,
                 exitless_calls: 7000,
@@ -768,9 +297,9 @@ mod tests {
                 // Counted by KVM: 60 instructions per untraced iteration,
                 // the spin's 400 more, 3.5 x 28 more exitless.
                 counted: Some(vec![[60.0, 460.0, 60.0, 158.0]; 2]),
-            },
+            }),
             // Per call: trap 20 µs (two exits), exitless 80 instructions.
-            graph: ExitlessCosts {
+            graph: Some(ExitlessCosts {
                 rounds: vec![[10.0, 410.0, 80.0, 290.0]],
                 calls_per_iter: 3.5,
                 exitless_calls: 7000,
@@ -778,7 +307,7 @@ mod tests {
                 static_instructions: 80,
                 trap_exits_per_call: 2.0,
                 counted: Some(vec![[60.0, 460.0, 60.0, 340.0]]),
-            },
+            }),
             pauses: vec![PauseFigures {
                 vcpus: 1,
                 sites: 9,
@@ -942,8 +471,8 @@ mod tests {
         );
 
         // 71 traps in 7,000 calls, 4 µs per instruction: both goals missed.
-        r.exitless.exitless_traps = 71;
-        r.exitless.rounds = vec![[10.0, 1610.0, 45.0, 500.0]];
+        r.exitless.as_mut().unwrap().exitless_traps = 71;
+        r.exitless.as_mut().unwrap().rounds = vec![[10.0, 1610.0, 45.0, 500.0]];
         let goals = goals(&r, &cfg(GOAL_REPORT_EVENTS, false));
         let status: Vec<&str> = goals.iter().map(Goal::status).collect();
         assert_eq!(status[5..7], ["MISS", "MISS"]);
@@ -1000,8 +529,8 @@ mod tests {
         assert!(!t.contains("not available"), "{t}");
 
         // Hardware-virtualized KVM: its emulator ran none of the spin.
-        r.exitless.counted = Some(vec![[0.0, 0.0, 0.0, 1.0]; 2]);
-        r.graph.counted = None;
+        r.exitless.as_mut().unwrap().counted = Some(vec![[0.0, 0.0, 0.0, 1.0]; 2]);
+        r.graph.as_mut().unwrap().counted = None;
         let (t, text) = render(&r, GOAL_REPORT_EVENTS);
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
         let (ex, g) = (&doc["exitless"], &doc["graph"]);
@@ -1080,7 +609,7 @@ mod tests {
         let why = crate::bench::swamped(&[("resume-only", -11.7), ("recorder", 38.5)]);
         (r.a, r.c, r.calls_not_measured) = (f64::NAN, f64::NAN, why);
         // (f): the exitless phase 1 µs faster per iteration than untraced.
-        r.exitless.rounds = vec![[10.0, 410.0, 45.0, 9.0]];
+        r.exitless.as_mut().unwrap().rounds = vec![[10.0, 410.0, 45.0, 9.0]];
         let (t, text) = render(&r, GOAL_REPORT_EVENTS);
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
         let reason = "phases were not slower than the untraced ones (per iteration: \
@@ -1164,6 +693,7 @@ mod tests {
         r.pauses.clear();
         let mut c = cfg(1000, false);
         c.counts_only = true;
+        c.benches = Selection::default_set(true, 0);
         let goals = goals(&r, &c);
         let run = Run {
             cfg: &c,

@@ -11,13 +11,14 @@ use tracer::session::store::Storage;
 use tracer::session::{
     Attached, Ended, Observer, Progress, Recording, Session, SessionError, Tracer,
 };
+use vmm::advice::Advice;
 use vmm::{NoTracer, RunReport, StopReason, TrapHandler, Vm};
 
 use crate::cli::{OutputArgs, RunArgs};
 use crate::config::{Form, RunConfig, TraceConfig};
 use crate::datafile::Data;
 use crate::emit::emit;
-use crate::error::{Error, InputError, Outcome, RuntimeError};
+use crate::error::{Error, Flags, InputError, Outcome, RuntimeError};
 use crate::stats::print_stats;
 
 /// How often the live status line is redrawn.
@@ -76,7 +77,7 @@ fn stop_line(
                 .and_then(function)
                 .map(|f| format!(", in {f}"))
                 .unwrap_or_default();
-            format!("after {secs:.2} s{place}: {reason}")
+            format!("after {secs:.2} s{place}: {}", reason.say(&Flags))
         }
         reason => format!("{reason} after {secs:.2} s"),
     }
@@ -226,7 +227,10 @@ fn say_note(n: &Note) {
              (its return address is vmtrace's, outside kernel text); ORC and frame-pointer unwinders \
              mark the frames beyond it unreliable ('?')"
         ),
-        Note::AutoTrap(why) => note!("vmtrace: --mode auto: tracing with traps: {why}"),
+        Note::AutoTrap { why, remedy } => note!(
+            "vmtrace: --mode auto: tracing with traps: {}",
+            vmm::advice::join(why.clone(), *remedy, &Flags)
+        ),
     }
 }
 

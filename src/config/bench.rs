@@ -1,19 +1,23 @@
-//! `vmtrace bench`, checked: the mini guest (built if missing), the optional
-//! Linux vmlinux of figure (e), the counts, and a writable `--json FILE`.
+//! `vmtrace bench`, checked: the benches named, the mini guest (built if
+//! missing) if they need it, the Linux vmlinux of attach/scaling, the Linux
+//! guest of boot/ftrace, the counts, and a writable `--json FILE`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use super::{at_least_one, check_cpus};
 use crate::bench::measure::LinuxGuest;
+use crate::bench::suite::{self, BenchId, Needs, Selection};
 use crate::cli::BenchArgs;
 use crate::error::InputError;
 
 /// A bench run, checked.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
-    /// The mini guest.
-    pub kernel: PathBuf,
+    /// The benches to run.
+    pub benches: Selection,
+    /// The mini guest; None: no bench run needs it.
+    pub kernel: Option<PathBuf>,
     /// The Linux vmlinux of (e) and the loading figure; None: skipped.
     pub vmlinux: Option<PathBuf>,
     pub json: Option<PathBuf>,
@@ -27,7 +31,7 @@ pub struct BenchConfig {
     /// Boots per configuration for (i) (0: skipped), and the Linux guest.
     pub linux_boots: usize,
     pub linux: Option<LinuxGuest>,
-    /// `--counts-only`: (f), (g) (and (i)) alone.
+    /// `--counts-only`: call/exitless, call/graph (and boot/ftrace) alone.
     pub counts_only: bool,
 }
 
@@ -39,12 +43,20 @@ impl BenchConfig {
         let cycles = at_least_one(args.cycles, "--cycles")?;
         let report_events = at_least_one(args.report_events, "--report-events")?;
         let record_events = at_least_one(args.record_events, "--record-events")?;
-        let kernel = mini_kernel(args)?;
+        let benches = selection(args)?;
         let vmlinux = linux_vmlinux(args)?;
-        let linux = if args.linux_boots > 0 {
-            Some(linux_guest(vmlinux.as_deref())?)
-        } else {
-            None
+        if benches.named && benches.runs(BenchId::AttachScaling) && vmlinux.is_none() {
+            return Err(InputError::BenchNeedsVmlinux(
+                project_root().join("guest/out/vmlinux"),
+            ));
+        }
+        let kernel = match benches.needs(Needs::MiniGuest) {
+            true => Some(mini_kernel(args)?),
+            false => None,
+        };
+        let linux = match benches.runs(BenchId::BootFtrace) {
+            true => Some(linux_guest(vmlinux.as_deref())?),
+            false => None,
         };
         if let Some(path) = &args.json {
             // The output-file rules, now, not after minutes of measuring
@@ -56,6 +68,7 @@ impl BenchConfig {
             })?;
         }
         Ok(BenchConfig {
+            benches,
             kernel,
             vmlinux,
             json: args.json.clone(),
@@ -70,9 +83,60 @@ impl BenchConfig {
             counts_only: args.counts_only,
         })
     }
+
+    /// `vmtrace bench list [NAME...]` or `--list`: the benches to list
+    /// rather than run (those the other names choose, or all); None: run.
+    pub fn to_list(args: &BenchArgs) -> Result<Option<Vec<BenchId>>, InputError> {
+        if !args.list && !args.names.iter().any(|n| n == "list") {
+            return Ok(None);
+        }
+        let names: Vec<String> = args
+            .names
+            .iter()
+            .filter(|n| !matches!(n.as_str(), "list" | "all"))
+            .cloned()
+            .collect();
+        if names.is_empty() {
+            return Ok(Some(suite::BENCHES.iter().map(|b| b.id).collect()));
+        }
+        let chosen = Selection::named(&names).map_err(|name| InputError::UnknownBench {
+            name,
+            names: suite::names(),
+        })?;
+        Ok(Some(chosen.ids))
+    }
 }
 
-/// (i)'s guest: the bzImage and initramfs beside the vmlinux (by default
+/// The benches `args` names, or the default set (no name, or `all`
+/// among them).
+fn selection(args: &BenchArgs) -> Result<Selection, InputError> {
+    let names: Vec<String> = args
+        .names
+        .iter()
+        .filter(|n| n.as_str() != "all")
+        .cloned()
+        .collect();
+    let default = Selection::default_set(args.counts_only, args.linux_boots);
+    if names.is_empty() {
+        return Ok(default);
+    }
+    if args.counts_only {
+        return Err(InputError::CountsOnlyNamed);
+    }
+    let benches = Selection::named(&names).map_err(|name| InputError::UnknownBench {
+        name,
+        names: suite::names(),
+    })?;
+    if names.len() < args.names.len() {
+        return Ok(default);
+    }
+    if benches.runs(BenchId::BootFtrace) && args.linux_boots == 0 {
+        return Err(InputError::BenchNeedsBoots);
+    }
+    Ok(benches)
+}
+
+/// boot/ftrace's guest: the bzImage and initramfs beside the vmlinux (by default
 /// guest/out's, as `bash guest/build.sh linux` leaves them).
 fn linux_guest(vmlinux: Option<&std::path::Path>) -> Result<LinuxGuest, InputError> {
     let vmlinux = match vmlinux {
@@ -140,7 +204,8 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
     Ok(kernel)
 }
 
-/// `--vmlinux`, else guest/out/vmlinux if present.
+/// `--vmlinux`, else guest/out/vmlinux if present (attach/scaling's, and
+/// beside it boot/ftrace's guest).
 fn linux_vmlinux(args: &BenchArgs) -> Result<Option<PathBuf>, InputError> {
     match &args.vmlinux {
         Some(p) if p.is_file() => Ok(Some(p.clone())),

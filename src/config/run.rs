@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tracer::kernel::find::{self, Given};
 use tracer::plan::{ModeChoice, Note, Request, TracePlan};
-use vmm::boot::cmdline::{kernel_cmdline, Words};
+use vmm::boot::cmdline::{kernel_cmdline, Cmdline};
 use vmm::boot::{BootError, KernelFile};
 use vmm::{VmConfig, VmSize};
 
@@ -90,8 +90,8 @@ impl RunConfig {
         }
         let emulator_host = vmm::host::emulates_ring0();
         let words = match &args.cmdline_replace {
-            Some(line) => Words::Replace(line),
-            None => Words::Append(args.cmdline.as_slice()),
+            Some(line) => Cmdline::Replace(line),
+            None => Cmdline::Append(args.cmdline.as_slice()),
         };
         let cmdline = kernel_cmdline(kind, emulator_host, words)?;
 
@@ -244,7 +244,8 @@ fn plan(
     };
     let mut plan = TracePlan::build(found.image, &request)?;
     plan.notes.retain(|n| match n {
-        Note::AutoTrap(why) => {
+        Note::AutoTrap { why, remedy } => {
+            let why = vmm::advice::join(why.clone(), *remedy, &crate::error::Flags);
             note!("vmtrace: --mode auto: tracing with traps: {why}");
             false
         }

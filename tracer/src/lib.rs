@@ -9,6 +9,9 @@
 //!   stacks, storing events, detaching;
 //! - [`trace`]: what a session leaves: the data file, the trace model, the
 //!   function graph, windows, reports and exports.
+//!
+//! Errors say what is wrong, never which CLI flag: the inputs they name and
+//! the remedies they offer are data a front end words (`vmm::advice`).
 
 pub mod kernel;
 pub mod plan;

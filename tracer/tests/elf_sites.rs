@@ -9,6 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use tracer::kernel::filter::{Filter, FilterError};
 use tracer::kernel::sites::{classify, SiteKind, SiteTable, ENDBR64, NOP5, SITE_LEN};
 use tracer::kernel::symbols::{KernelImage, SymbolError};
+use vmm::advice::{Advice, Input, Remedy};
 
 /// How Linux compiles with CONFIG_DYNAMIC_FTRACE (minus what a freestanding
 /// fixture does not need).
@@ -377,7 +378,8 @@ fn stripped_image_is_rejected() {
     assert!(matches!(e, SymbolError::Stripped { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains("has no symbol table (stripped?)"), "{msg}");
-    assert!(msg.contains("--vmlinux"), "{msg}");
+    assert!(msg.ends_with("; pass the unstripped vmlinux"), "{msg}");
+    assert_eq!(e.remedy(), Some(Remedy::UnstrippedVmlinux));
     assert!(msg.contains(&fixture(Variant::Stripped).display().to_string()));
 }
 
@@ -613,7 +615,7 @@ fn glob_matching_nothing_suggests_close_names() {
     assert_eq!(first, names(HRTIMER));
     let msg = e.to_string();
     assert!(
-        msg.starts_with("--trace 'hrtimr_*' matches no traceable function"),
+        msg.starts_with("trace filter 'hrtimr_*' matches no traceable function"),
         "{msg}"
     );
     assert!(msg.contains("; closest: hrtimer_"), "{msg}");
@@ -642,7 +644,7 @@ fn bad_globs_are_rejected_by_name() {
         matches!(
             e,
             FilterError::BadGlob {
-                flag: "--trace",
+                input: Input::Trace,
                 ..
             }
         ),
@@ -657,7 +659,7 @@ fn bad_globs_are_rejected_by_name() {
         matches!(
             e,
             FilterError::BadGlob {
-                flag: "--notrace",
+                input: Input::Notrace,
                 ..
             }
         ),
@@ -747,13 +749,13 @@ fn list_marks_init_and_notrace_functions() {
 #[test]
 fn a_notrace_glob_matching_nothing_is_refused_as_ftrace_does() {
     let e = select(&["hrtimer_*"], &["hrtimer_wakeup,nomatch_*"]).expect_err("no match");
-    let FilterError::NoMatch { flag, glob, .. } = &e else {
+    let FilterError::NoMatch { input, glob, .. } = &e else {
         panic!("{e:?}")
     };
-    assert_eq!((*flag, glob.as_str()), ("--notrace", "nomatch_*"));
+    assert_eq!((*input, glob.as_str()), (Input::Notrace, "nomatch_*"));
     assert!(
         e.to_string()
-            .starts_with("--notrace 'nomatch_*' matches no traceable function"),
+            .starts_with("notrace filter 'nomatch_*' matches no traceable function"),
         "{e}"
     );
     // One that matches a traceable function --trace did not select is fine.

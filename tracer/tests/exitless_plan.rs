@@ -11,6 +11,7 @@ use tracer::kernel::symbols::KernelImage;
 use tracer::session::exitless::ret::Return;
 use tracer::session::exitless::state::{Exitless, Resolved};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{Advice, Remedy};
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::layout::KERNEL_MAP_BASE;
 
@@ -193,15 +194,14 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
 #[test]
 fn return_thunks_without_alternatives_patched_are_refused() {
     let image = mini_without("mini-rethunk", &["alternatives_patched"]);
-    let err = Exitless::check(&image, 2, 3, Some(16), false)
-        .unwrap_err()
-        .to_string();
+    let err = Exitless::check(&image, 2, 3, Some(16), false).unwrap_err();
+    assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
     assert_eq!(
-        err,
+        err.to_string(),
         format!(
             "{}: the kernel has return thunks but no `alternatives_patched` symbol (kallsyms without \
              CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
-             use --mode trap, or give its vmlinux (--vmlinux)",
+             trace in trap mode, or give its vmlinux",
             image.path.display()
         )
     );
@@ -227,4 +227,39 @@ fn return_thunks_without_alternatives_patched_are_refused() {
     assert!(!err.contains('\n'));
     // The code stays as it was planned: `ret; int3`.
     assert_eq!(ex.ret(), Return::default());
+}
+
+/// `ModeChoice::Auto` on that kernel plans traps and says why, with the
+/// remedy as data for the front end to word (`vmm::advice`), no flag.
+#[test]
+fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
+    use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
+    let image = mini_without("mini-rethunk", &["alternatives_patched"]);
+    let path = image.path.display().to_string();
+    let request = Request {
+        trace: vec!["hrtimer_*".to_string()],
+        notrace: Vec::new(),
+        graph: false,
+        mode: ModeChoice::Auto,
+        ring_events: None,
+        cpus: 2,
+        emulator_host: false,
+        linux: false,
+    };
+    let plan = TracePlan::build(image, &request).unwrap();
+    assert_eq!(plan.mode, Mode::Trap);
+    let auto: Vec<_> = plan
+        .notes
+        .iter()
+        .filter_map(|n| match n {
+            Note::AutoTrap { why, remedy } => Some((why.as_str(), *remedy)),
+            _ => None,
+        })
+        .collect();
+    let why = format!(
+        "{path}: the kernel has return thunks but no `alternatives_patched` symbol (kallsyms \
+         without CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its \
+         returns yet"
+    );
+    assert_eq!(auto, [(why.as_str(), Some(Remedy::TrapModeOrVmlinux))]);
 }

@@ -18,6 +18,7 @@ use kvm_bindings::{
 };
 use vm_memory::GuestMemory;
 
+use crate::advice::{Advice, Input, Plain, Words};
 use crate::gva::{AddressSpace, PAGE_SIZE_4K};
 
 /// #BP, the breakpoint exception `int3` raises.
@@ -31,13 +32,12 @@ const MAX_INSN_LEN: usize = 15;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AssistError {
-    #[error(
-        "vCPU {cpu} executed `{insn}` at {rip:#x}, which this host's KVM cannot emulate; {hint}"
-    )]
+    #[error("{}", self.say(&Plain))]
     Unsupported {
         cpu: usize,
         insn: String,
         rip: u64,
+        /// How to avoid it; `CMDLINE_REPLACE` in it stands for that input.
         hint: &'static str,
     },
     #[error("vCPU {cpu} stopped with KVM internal error (suberror {suberror}) at {rip:#x}")]
@@ -48,6 +48,30 @@ pub enum AssistError {
         assist: &'static str,
         source: kvm_ioctls::Error,
     },
+}
+
+/// In a hint, where it names the input that replaces the default command
+/// line (`Input::CmdlineReplace`), which the front end words.
+const CMDLINE_REPLACE: &str = "{cmdline-replace}";
+
+impl Advice for AssistError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            AssistError::Unsupported {
+                cpu,
+                insn,
+                rip,
+                hint,
+            } => {
+                let hint = hint.replace(CMDLINE_REPLACE, w.input(Input::CmdlineReplace));
+                format!(
+                    "vCPU {cpu} executed `{insn}` at {rip:#x}, which this host's KVM cannot \
+                     emulate; {hint}"
+                )
+            }
+            e => e.to_string(),
+        }
+    }
 }
 
 /// What the VMM does for a failed emulation.
@@ -155,11 +179,11 @@ fn hint(insn: &iced_x86::Instruction) -> &'static str {
         | Xrstor | Xrstor64 | Xrstors | Xrstors64 | Xgetbv | Xsetbv | Cmpxchg16b | Popcnt
         | Clac | Stac => {
             "boot Linux with `noxsave clearcpuid=cx16,popcnt,smap` (the default command line \
-             does, unless --cmdline-replace drops it), or run on a bare-metal KVM host"
+             does, unless {cmdline-replace} drops it), or run on a bare-metal KVM host"
         }
         Lsl => {
             "boot Linux with `nofsgsbase` (the default command line does, unless \
-             --cmdline-replace drops it: its NMI entry then reads the GS base MSR instead), or \
+             {cmdline-replace} drops it: its NMI entry then reads the GS base MSR instead), or \
              run on a bare-metal KVM host"
         }
         _ if insn.is_invalid() => "run on a bare-metal KVM host",
@@ -208,6 +232,13 @@ mod tests {
         assert!(msg.contains("xrstor"), "{msg}");
         assert!(msg.contains("0xffffffff81000000"), "{msg}");
         assert!(msg.contains("noxsave"), "{msg}");
+        // The input that drops it is named in the library's words.
+        assert!(
+            msg.contains(
+                "(the default command line does, unless a replacement command line drops it)"
+            ),
+            "{msg}"
+        );
         let msg = choose(0, 0, &[0x0f, 0xae, 0x54, 0x24, 0x04])
             .unwrap_err()
             .to_string();

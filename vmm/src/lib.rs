@@ -3,6 +3,7 @@
 //! gives the tracer access to guest memory by guest-virtual address.
 
 pub mod acpi_pm;
+pub mod advice;
 pub mod assist;
 pub mod boot;
 pub mod devices;

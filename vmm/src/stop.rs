@@ -8,6 +8,7 @@ use kvm_bindings::{
     KVM_SYSTEM_EVENT_SHUTDOWN, KVM_SYSTEM_EVENT_SUSPEND, KVM_SYSTEM_EVENT_WAKEUP,
 };
 
+use crate::advice::{Advice, Words};
 use crate::assist::AssistError;
 use crate::trap::TrapError;
 
@@ -76,6 +77,25 @@ impl StopReason {
                 AssistError::Unsupported { rip, .. } | AssistError::Internal { rip, .. },
             )) => Some(*rip),
             _ => None,
+        }
+    }
+}
+
+/// A stop says an emulation hint in a front end's words (`crate::advice`).
+impl Advice for StopReason {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            StopReason::Error(e) => e.problem(w),
+            r => r.to_string(),
+        }
+    }
+}
+
+impl Advice for VcpuError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            VcpuError::Assist(e) => e.problem(w),
+            e => e.to_string(),
         }
     }
 }

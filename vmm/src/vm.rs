@@ -13,6 +13,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::advice::{join, Advice, Input, Plain, Remedy, Words};
 use crate::boot::{self, BootPlan, Protocol};
 use crate::devices::{Console, Devices};
 use crate::exit::VcpuStats;
@@ -28,9 +29,9 @@ pub use crate::layout::MAX_CPUS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
-    #[error("--cpus {0} is out of range; use 1 to {MAX_CPUS}")]
+    #[error("{}", self.say(&Plain))]
     Cpus(u64),
-    #[error("--mem {0} MiB is out of range; use {min} to {max} MiB", min = layout::MIN_MEM_MIB, max = layout::MAX_MEM_MIB)]
+    #[error("{}", self.say(&Plain))]
     Mem(u64),
     #[error("cannot open /dev/kvm: {0}; vmtrace needs read/write access to /dev/kvm (is KVM enabled, are you in the kvm group?)")]
     Kvm(kvm_ioctls::Error),
@@ -46,7 +47,7 @@ pub enum VmError {
     },
     #[error("cannot create an eventfd: {0}")]
     EventFd(std::io::Error),
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Boot(#[from] boot::BootError),
     #[error(transparent)]
     Regs(#[from] boot::regs::RegsError),
@@ -61,6 +62,40 @@ pub enum VmError {
         what: &'static str,
         source: std::io::Error,
     },
+}
+
+/// The messages that name inputs or offer a remedy (`crate::advice`).
+impl Advice for VmError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            VmError::Cpus(n) => format!(
+                "{} {n} is out of range; use 1 to {MAX_CPUS}",
+                w.input(Input::Cpus)
+            ),
+            VmError::Mem(n) => format!(
+                "{} {n} MiB is out of range; use {} to {} MiB",
+                w.input(Input::Mem),
+                layout::MIN_MEM_MIB,
+                layout::MAX_MEM_MIB
+            ),
+            VmError::Boot(e) => e.problem(w),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            VmError::Boot(e) => e.remedy(),
+            _ => None,
+        }
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            VmError::Boot(e) => e.say(w),
+            e => join(e.problem(w), e.remedy(), w),
+        }
+    }
 }
 
 /// How many vCPUs and how much memory, checked once (`VmSize::new`).

@@ -12,7 +12,7 @@ use tracer::plan::Plan;
 use tracer::session::record::{self, SiteIndex, OUT_LEN};
 use tracer::session::Tracer;
 use vmm::gva::{AddressSpace, PagingMode};
-use vmm::{Trap, TrapError, TrapHandler, Vm};
+use vmm::{Paused, Trap, TrapError, TrapHandler, Vm};
 
 use super::phases::{timed_phase, IterCounters};
 use super::{mini_config, wind_down, SETTLE, TRACE_GLOB};
@@ -143,6 +143,30 @@ impl TracedTotals {
     }
 }
 
+/// Under pause `p`, make the phase `mode` run next: untraced (detached),
+/// or attached with the resume-only handler or the recorder.
+fn switch(
+    tracer: &mut Tracer,
+    p: &Paused<'_>,
+    record: &AtomicBool,
+    mode: Mode,
+) -> Result<(), Error> {
+    match mode {
+        Mode::Untraced => {
+            if tracer.is_attached() {
+                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
+            }
+        }
+        mode => {
+            record.store(mode == Mode::Recorder, Ordering::Relaxed);
+            if !tracer.is_attached() {
+                tracer.attach(p)?.attached()?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Figures (a) and (b): the mini guest in `mode=loop`, phases of `iters`
 /// iterations per vCPU, untraced / resume-only / recorder in rotating order,
 /// `reps` rounds. See the `bench` module documentation.
@@ -151,7 +175,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
     let index = Arc::clone(&plan.index);
     let vm = Vm::create(mini_config(kernel, cpus)?)?;
     let ncpus = vm.cpus();
-    let (mut tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
+    let (tracer, recorders) = Tracer::new(plan, ncpus, u64::MAX);
     let record = Arc::new(AtomicBool::new(false));
     let traps: Vec<Arc<AtomicU64>> = (0..ncpus).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let handlers: Vec<Box<dyn TrapHandler>> = recorders
@@ -168,7 +192,8 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             }) as Box<dyn TrapHandler>
         })
         .collect();
-    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
+    let mut session = super::session(vm, tracer, handlers, kernel)?;
+    let (running, tracer) = session.parts();
     let mem = running.memory().clone();
     let total_traps = || traps.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let result = (|| -> Result<CallCosts, Error> {
@@ -188,19 +213,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     let now = counters.total()?;
                     let tr = total_traps();
                     traced.close(pending.take(), now, tr);
-                    match MODES[m] {
-                        Mode::Untraced => {
-                            if tracer.is_attached() {
-                                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
-                            }
-                        }
-                        mode => {
-                            record.store(mode == Mode::Recorder, Ordering::Relaxed);
-                            if !tracer.is_attached() {
-                                tracer.attach(&p)?.attached()?;
-                            }
-                        }
-                    }
+                    switch(tracer, &p, &record, MODES[m])?;
                     pending = Some(Phase {
                         mode: MODES[m],
                         iters: now,
@@ -208,7 +221,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
                     });
                     counters.read()?
                 };
-                tau[m] = timed_phase(&running, &mut counters, &start, iters, MODES[m].name())?;
+                tau[m] = timed_phase(running, &mut counters, &start, iters, MODES[m].name())?;
             }
             note!(
                 "vmtrace bench: round {}/{reps}: µs per iteration: untraced {:.1}, resume-only {:.1}, recorder {:.1}",
@@ -223,9 +236,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
             let p = running.pause_all();
             let now = counters.total()?;
             traced.close(pending.take(), now, total_traps());
-            if tracer.is_attached() {
-                tracer.detach(p.memory()).map_err(RuntimeError::Restore)?;
-            }
+            switch(tracer, &p, &record, Mode::Untraced)?;
         }
         if traced.iters == 0 || traced.traps == 0 {
             return Err(RuntimeError::Measure(format!(
@@ -236,7 +247,7 @@ pub fn call_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<C
         let e = traced.traps as f64 / traced.iters as f64;
         Ok(CallCosts::from_rounds(&rounds, e))
     })();
-    wind_down(running, tracer, kernel, result, "the mini guest")
+    wind_down(session, result, "the mini guest")
 }
 
 /// The handlers timed alone, ns per `on_trap`.

@@ -14,6 +14,7 @@ use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
 use tracer::session::Tracer;
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};
+use vmm::kvm_stats::KvmStats;
 use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};
 
 use super::phases::{pause_settled, timed_phase, unsettled, GuestU32, IterCounters};
@@ -100,6 +101,21 @@ pub struct PhaseCount {
     pub calls: u64,
     pub traps: u64,
     pub insns: Option<u64>,
+}
+
+impl PhaseCount {
+    /// The counts of the phase that began at `self` (the counts so far
+    /// then) and ended at `now`.
+    fn until(&self, now: &PhaseCount) -> PhaseCount {
+        PhaseCount {
+            phase: self.phase,
+            round: self.round,
+            iters: now.iters - self.iters,
+            calls: now.calls - self.calls,
+            traps: now.traps - self.traps,
+            insns: self.insns.zip(now.insns).map(|(a, b)| b - a),
+        }
+    }
 }
 
 /// What the two tracers counted over the whole run.
@@ -330,6 +346,49 @@ impl Tracers {
     }
 }
 
+/// One vCPU's traps at sites and at the return trap.
+type TrapCounters = [Arc<AtomicU64>; 2];
+
+/// The trap tracer's recorders, each wrapped to count the traps it sees
+/// per vCPU: at sites (`[0]`) and at the return trap (`[1]`).
+fn counting(
+    recorders: Vec<Box<dyn TrapHandler>>,
+) -> (Vec<TrapCounters>, Vec<Box<dyn TrapHandler>>) {
+    let new = || Arc::new(AtomicU64::new(0));
+    let traps: Vec<TrapCounters> = recorders.iter().map(|_| [new(), new()]).collect();
+    let handlers = recorders
+        .into_iter()
+        .zip(&traps)
+        .map(|(inner, [t, r])| {
+            Box::new(TrapCount {
+                traps: Arc::clone(t),
+                returns: Arc::clone(r),
+                inner,
+            }) as Box<dyn TrapHandler>
+        })
+        .collect();
+    (traps, handlers)
+}
+
+/// Every trace-port exit went through the counting handlers (`[entries,
+/// returns]`), and each was a call's entry or (graph) return the trap
+/// tracer recorded.
+fn check_exits(
+    port_exits: u64,
+    [entries, returns]: [u64; 2],
+    trap: &tracer::trace::model::Trace,
+) -> Result<(), String> {
+    let trap_returns: u64 = trap.returns.iter().flatten().sum();
+    let recorded = trap.meta.events_total + trap_returns;
+    if port_exits != entries + returns || recorded != port_exits || trap_returns != returns {
+        return Err(format!(
+            "{port_exits} trace-port exits, {entries} at sites and {returns} at the return trap \
+             counted by the handlers, {recorded} recorded ({trap_returns} returns)"
+        ));
+    }
+    Ok(())
+}
+
 /// Figure set (f): the mini guest in `mode=loop`, phases of `iters`
 /// iterations per vCPU, untraced / spin / trap / exitless in rotating order,
 /// `reps` rounds. With `graph`, figure set (g): the same with both tracers
@@ -365,19 +424,7 @@ pub fn exitless_costs(
         exitless,
         label: if graph { "(g)" } else { "(f)" },
     };
-    let new = || Arc::new(AtomicU64::new(0));
-    let traps: Vec<[Arc<AtomicU64>; 2]> = (0..ncpus).map(|_| [new(), new()]).collect();
-    let handlers: Vec<Box<dyn TrapHandler>> = recorders
-        .into_iter()
-        .zip(&traps)
-        .map(|(inner, [t, r])| {
-            Box::new(TrapCount {
-                traps: Arc::clone(t),
-                returns: Arc::clone(r),
-                inner,
-            }) as Box<dyn TrapHandler>
-        })
-        .collect();
+    let (traps, handlers) = counting(recorders);
     let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
     // Traps at sites (k = 0) or at the return trap (k = 1), all vCPUs.
     let sum = |k: usize| {
@@ -416,24 +463,23 @@ pub fn exitless_costs(
             report.console_tail.join(" | ")
         )));
     }
-    // Every trace-port exit went through the counting handlers, and each
-    // was a call's entry or (graph) return the trap tracer recorded.
     let port_exits: u64 = report.vcpus.iter().map(|v| v.get(ExitKind::Trap)).sum();
-    let trap_returns: u64 = trap_trace.returns.iter().flatten().sum();
-    let recorded = trap_trace.meta.events_total + trap_returns;
-    let (entries, returns) = (sum(0), sum(1));
-    if port_exits != entries + returns || recorded != port_exits || trap_returns != returns {
-        return Err(measure(format!(
-            "{port_exits} trace-port exits, {entries} at sites and {returns} at the return trap \
-             counted by the handlers, {recorded} recorded ({trap_returns} returns)"
-        )));
-    }
+    check_exits(port_exits, [sum(0), sum(1)], &trap_trace).map_err(measure)?;
     let tracers = TracerCounts {
         trap_calls: trap_trace.meta.events_total,
         trap_exits: port_exits,
         exitless_calls: exitless_trace.meta.events_total,
     };
     ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)
+}
+
+/// All vCPUs' instructions KVM's emulator ran so far (read under a
+/// pause); None: KVM does not count them.
+fn emulated(kvm: &KvmStats, label: &str) -> Result<Option<u64>, Error> {
+    let per_cpu = kvm
+        .instructions()
+        .map_err(|e| RuntimeError::Measure(format!("{label}: reading KVM's statistics: {e}")))?;
+    Ok(per_cpu.map(|v| v.iter().sum()))
 }
 
 /// The rounds of phases, µs per iteration by phase, and every finished
@@ -459,28 +505,13 @@ fn run_phases(
     let mut counters = IterCounters::new(map, &plan.image, ncpus, &traced)?;
     let unsettled = unsettled(&plan.image, &plan.funcs);
     let kvm = running.kvm_stats();
-    // All vCPUs' instructions KVM's emulator ran so far (read under a pause).
-    let insns = || -> Result<Option<u64>, Error> {
-        let per_cpu = kvm.instructions().map_err(|e| {
-            RuntimeError::Measure(format!("{label}: reading KVM's statistics: {e}"))
-        })?;
-        Ok(per_cpu.map(|v| v.iter().sum()))
-    };
+    let insns = || emulated(&kvm, label);
     std::thread::sleep(SETTLE);
     let mut finished: Vec<PhaseCount> = Vec::new();
     // The phase running now, with the counts at its start.
     let mut current: Option<PhaseCount> = None;
     let mut close = |current: Option<PhaseCount>, now: PhaseCount| {
-        if let Some(c) = current {
-            finished.push(PhaseCount {
-                phase: c.phase,
-                round: c.round,
-                iters: now.iters - c.iters,
-                calls: now.calls - c.calls,
-                traps: now.traps - c.traps,
-                insns: c.insns.zip(now.insns).map(|(a, b)| b - a),
-            });
-        }
+        finished.extend(current.map(|c| c.until(&now)));
     };
     // The counts so far, for `phase` of `round` (read under a pause).
     let read = |counters: &mut IterCounters<'_>, phase, round| -> Result<PhaseCount, Error> {

@@ -18,10 +18,10 @@ use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::Plan;
 use tracer::session::record::SiteIndex;
-use tracer::session::{Tracer, TracerError};
+use tracer::session::{Session, SessionError, Start, Tracer, TracerError};
 use tracer::trace::report::{self, ReportOptions};
 use vmm::boot::KernelFile;
-use vmm::{NoTracer, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
+use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
@@ -78,22 +78,29 @@ fn stop(running: Running) -> vmm::RunReport {
     running.finish()
 }
 
-/// End a measured run: stop the guest, restore every site whatever happened,
-/// then fail if the measurement failed, the guest stopped on its own, or
-/// nothing was traced; else return what was measured.
-fn wind_down<T>(
-    running: Running,
-    mut tracer: Tracer,
+/// Start the guest under `tracer` as the library's session does, running
+/// at once: the bench attaches and detaches as it measures.
+fn session(
+    vm: Vm,
+    tracer: Tracer,
+    handlers: Vec<Box<dyn TrapHandler>>,
     kernel: &Path,
-    result: Result<T, Error>,
-    what: &str,
-) -> Result<T, Error> {
-    let mem = running.memory().clone();
-    let report = stop(running);
-    let detached = tracer.detach(&mem);
-    let trace = tracer.finish(kernel, report.reason.to_string());
+) -> Result<Session, Error> {
+    Session::with_tracer(vm, tracer, handlers, kernel, Start::Running).map_err(|e| match e {
+        SessionError::Start(e) => RuntimeError::Start(e).into(),
+        e => RuntimeError::Measure(e.to_string()).into(),
+    })
+}
+
+/// End a measured run as every session ends (`Session::end`: stop the
+/// guest, restore every site whatever happened, close the trace), then fail
+/// if the measurement failed, the guest stopped on its own, or nothing was
+/// traced; else return what was measured.
+fn wind_down<T>(session: Session, result: Result<T, Error>, what: &str) -> Result<T, Error> {
+    let ended = session.end();
     let measured = result?;
-    detached.map_err(RuntimeError::Restore)?;
+    ended.detached.map_err(RuntimeError::Restore)?;
+    let report = &ended.report;
     if report.reason != StopReason::Requested {
         return Err(RuntimeError::Measure(format!(
             "{what} stopped on its own: {}; console: {}",
@@ -102,7 +109,7 @@ fn wind_down<T>(
         ))
         .into());
     }
-    if trace.meta.events_total == 0 {
+    if ended.summary.meta.events_total == 0 {
         return Err(RuntimeError::Measure(format!("{what}: no call was traced")).into());
     }
     Ok(measured)
@@ -125,8 +132,9 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
     let sites = plan.index.addrs.len();
     let vm = Vm::create(mini_config(kernel, vcpus)?)?;
     let ncpus = vm.cpus();
-    let (mut tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
-    let running = vm.start(handlers, false).map_err(RuntimeError::Start)?;
+    let (tracer, handlers) = Tracer::new(plan, ncpus, 10_000_000);
+    let mut session = session(vm, tracer, handlers, kernel)?;
+    let (running, tracer) = session.parts();
     let gap = |i: usize| Duration::from_micros(1500 + 500 * (i % 3) as u64);
     let mem = running.memory().clone();
     let map = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
@@ -173,7 +181,7 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
             // passed its site before it.
             let min = from + ncpus as u64 + 1;
             wait_calls(
-                &running,
+                running,
                 &mut counters,
                 min,
                 "between an attach and its detach",
@@ -188,9 +196,7 @@ pub fn pause_figures(kernel: &Path, vcpus: u64, cycles: usize) -> Result<PauseFi
         Ok(f)
     })();
     wind_down(
-        running,
-        tracer,
-        kernel,
+        session,
         result,
         &format!("the mini guest ({vcpus} vCPUs, mode=loop)"),
     )
@@ -271,34 +277,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 attach: Vec::new(),
                 detach: Vec::new(),
             };
-            for _ in 0..E_REPS {
-                let t = Instant::now();
-                let patched = tracer.attach(&paused)?.attached()?.patched;
-                f.attach.push(us(t.elapsed()));
-                if patched != n {
-                    tracer
-                        .detach(paused.memory())
-                        .map_err(RuntimeError::Restore)?;
-                    return Err(RuntimeError::Measure(format!(
-                        "patched {patched} of {n} sites of {}",
-                        vmlinux.display()
-                    ))
-                    .into());
-                }
-                let t = Instant::now();
-                let d = tracer
-                    .detach(paused.memory())
-                    .map_err(RuntimeError::Restore)?;
-                f.detach.push(us(t.elapsed()));
-                if d.restored != n {
-                    return Err(RuntimeError::Measure(format!(
-                        "restored {} of {n} sites of {}",
-                        d.restored,
-                        vmlinux.display()
-                    ))
-                    .into());
-                }
-            }
+            time_attaches(&mut tracer, &paused, &mut f, vmlinux)?;
             tracer.finish(vmlinux, String::new());
             figures.push(f);
         }
@@ -314,6 +293,46 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
         loads_ms: loads,
         total_sites,
     })
+}
+
+/// (e) for one site count: `E_REPS` attaches of `f.sites` sites, each
+/// detached; the run fails unless each patches and restores them all.
+fn time_attaches(
+    tracer: &mut Tracer,
+    paused: &Paused<'_>,
+    f: &mut AttachFigures,
+    vmlinux: &Path,
+) -> Result<(), Error> {
+    let n = f.sites;
+    for _ in 0..E_REPS {
+        let t = Instant::now();
+        let patched = tracer.attach(paused)?.attached()?.patched;
+        f.attach.push(us(t.elapsed()));
+        if patched != n {
+            tracer
+                .detach(paused.memory())
+                .map_err(RuntimeError::Restore)?;
+            return Err(RuntimeError::Measure(format!(
+                "patched {patched} of {n} sites of {}",
+                vmlinux.display()
+            ))
+            .into());
+        }
+        let t = Instant::now();
+        let d = tracer
+            .detach(paused.memory())
+            .map_err(RuntimeError::Restore)?;
+        f.detach.push(us(t.elapsed()));
+        if d.restored != n {
+            return Err(RuntimeError::Measure(format!(
+                "restored {} of {n} sites of {}",
+                d.restored,
+                vmlinux.display()
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Seconds to render the text report with callers, and to export JSON.

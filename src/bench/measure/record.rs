@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender};
+use tracer::kernel::symbols::Symbol;
 use tracer::session::record::{self, Counters, SiteIndex, BATCH};
 use tracer::session::store::{Storage, Stored};
 use tracer::trace::datafile::stream::DataFile;
@@ -181,10 +182,18 @@ struct Streamed {
 
 /// Stream `events` events through the store to a data file at `path` with a
 /// queue of `buffer` bytes; the file is left complete (`FOOT`, `END`).
-fn stream(path: &Path, events: u64, buffer: u64) -> Result<Streamed, Error> {
-    let ncpus = SYNTH_CPUS as usize;
-    // One batch per producer, from the synthetic trace (its events
-    // alternate between the vCPUs): resent, so making events costs nothing.
+/// Seconds to `fsync` the file at `path`.
+fn sync(path: &Path) -> std::io::Result<f64> {
+    let t = Instant::now();
+    std::fs::File::open(path)?.sync_all()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// One batch per producer, from the synthetic trace (its events alternate
+/// between the vCPUs): resent, so making events costs nothing; and the
+/// functions the store moves each caller to, as in a run (the synthetic
+/// callers stand in for the kernel's functions).
+fn templates(ncpus: usize) -> (Vec<Vec<Event>>, Vec<Symbol>) {
     let shape = Trace::synthetic((BATCH * ncpus) as u64);
     let templates: Vec<Vec<Event>> = (0..SYNTH_CPUS)
         .map(|cpu| {
@@ -196,13 +205,15 @@ fn stream(path: &Path, events: u64, buffer: u64) -> Result<Streamed, Error> {
                 .collect()
         })
         .collect();
-    // The store moves each caller to its function as in a run: the
-    // synthetic callers stand in for the kernel's functions.
     let mut functions = shape.functions.clone();
     functions.extend(shape.callers.iter().cloned());
     functions.sort_by_key(|f| f.addr);
-    drop(shape);
+    (templates, functions)
+}
 
+fn stream(path: &Path, events: u64, buffer: u64) -> Result<Streamed, Error> {
+    let ncpus = SYNTH_CPUS as usize;
+    let (templates, functions) = templates(ncpus);
     let file = DataFile::create(path).map_err(RuntimeError::Save)?;
     let (counters, recs, mut store) = record::recorders(
         Arc::new(SiteIndex::new(Vec::new())),
@@ -263,11 +274,7 @@ fn stream(path: &Path, events: u64, buffer: u64) -> Result<Streamed, Error> {
     let foot = footer(&templates, &shares, &counters);
     stored.file.finish(&foot).map_err(write_err)?;
     let seconds = start.elapsed().as_secs_f64();
-    let t = Instant::now();
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(write_err)?;
-    let sync_seconds = t.elapsed().as_secs_f64();
+    let sync_seconds = sync(path).map_err(write_err)?;
 
     let (stored_events, lost) = (stored.file.events(), foot.meta.lost.iter().sum::<u64>());
     if stored_events + lost != events {

@@ -236,6 +236,12 @@ pub fn write(o: &mut String, c: &ExitlessCosts, cfg: &BenchConfig) -> fmt::Resul
             ),
         ],
     )?;
+    write_notes(o, &f)
+}
+
+/// (f)'s lines under its rows: what was not measured and why, the exits,
+/// the phases' times.
+fn write_notes(o: &mut String, f: &ExitlessFigures) -> fmt::Result {
     if let Some(why) = &f.timing_not_measured {
         writeln!(o, "  times not measured: {why}")?;
     }
@@ -271,7 +277,7 @@ pub struct GraphFigures {
     pub guest_instructions_per_call: f64,
     pub guest_instructions_per_call_static: usize,
     pub guest_instructions_per_call_entry_only: f64,
-    pub guest_instructions_per_call_entry_only_static: usize,
+    pub guest_instructions_per_call_entry_only_static: Option<usize>,
     /// The same counted by KVM's emulator (null where not available).
     pub guest_instructions_per_call_counted: Option<f64>,
     pub guest_instructions_per_call_entry_only_counted: Option<f64>,
@@ -285,19 +291,24 @@ pub struct GraphFigures {
 }
 
 impl GraphFigures {
-    pub fn new(g: &ExitlessCosts, f: &ExitlessCosts) -> Self {
-        let (gf, ff) = (ExitlessFigures::new(g), ExitlessFigures::new(f));
+    /// (g)'s figures, beside (f)'s if it was run (else those are null).
+    pub fn new(g: &ExitlessCosts, f: Option<&ExitlessCosts>) -> Self {
+        let gf = ExitlessFigures::new(g);
+        let ff = f.map(ExitlessFigures::new);
+        let entry = |v: fn(&ExitlessFigures) -> f64| ff.as_ref().map_or(f64::NAN, v);
         GraphFigures {
             trap_exits_per_call: g.trap_exits_per_call,
-            trap_exits_per_call_entry_only: f.trap_exits_per_call,
+            trap_exits_per_call_entry_only: f.map_or(f64::NAN, |f| f.trap_exits_per_call),
             trap_us_per_call: gf.trap_us_per_call,
-            trap_us_per_call_entry_only: ff.trap_us_per_call,
+            trap_us_per_call_entry_only: entry(|f| f.trap_us_per_call),
             guest_instructions_per_call: gf.guest_instructions_per_call,
             guest_instructions_per_call_static: gf.guest_instructions_per_call_static,
-            guest_instructions_per_call_entry_only: ff.guest_instructions_per_call,
-            guest_instructions_per_call_entry_only_static: ff.guest_instructions_per_call_static,
+            guest_instructions_per_call_entry_only: entry(|f| f.guest_instructions_per_call),
+            guest_instructions_per_call_entry_only_static: f.map(|f| f.static_instructions),
             guest_instructions_per_call_counted: gf.guest_instructions_per_call_counted,
-            guest_instructions_per_call_entry_only_counted: ff.guest_instructions_per_call_counted,
+            guest_instructions_per_call_entry_only_counted: ff
+                .as_ref()
+                .and_then(|f| f.guest_instructions_per_call_counted),
             exitless_us_per_call: gf.exitless_us_per_call,
             exits_per_call_exitless: gf.exits_per_call,
             us_per_guest_instruction: gf.us_per_guest_instruction,
@@ -313,7 +324,7 @@ impl GraphFigures {
 pub fn write_graph(
     o: &mut String,
     g: &ExitlessCosts,
-    f: &ExitlessCosts,
+    f: Option<&ExitlessCosts>,
     cfg: &BenchConfig,
 ) -> fmt::Result {
     let x = GraphFigures::new(g, f);
@@ -326,50 +337,52 @@ pub fn write_graph(
     let (trap, instructions) = (g.trap_us(), g.instructions());
     let counted = g.counted_instructions();
     let na = |v: Option<f64>| v.map_or("n/a".to_string(), |n| format!("{n:.1}"));
+    // (f)'s figure beside, if (f) was run.
+    let beside = |v: String, entry_only: String| match f {
+        Some(_) => format!("{v} (entry only {entry_only})"),
+        None => v,
+    };
     write_rows(
         o,
         &[
             (
                 "trap: exits per traced call",
-                format!(
-                    "{:.3} (entry only {:.3})",
-                    x.trap_exits_per_call, x.trap_exits_per_call_entry_only
+                beside(
+                    format!("{:.3}", x.trap_exits_per_call),
+                    format!("{:.3}", x.trap_exits_per_call_entry_only),
                 ),
                 None,
             ),
             (
                 "trap: cost per traced call",
-                format!(
-                    "{} (entry only {})",
+                beside(
                     num_us(x.trap_us_per_call, 2),
-                    num_us(x.trap_us_per_call_entry_only, 2)
+                    num_us(x.trap_us_per_call_entry_only, 2),
                 ),
                 range(x.trap_us_per_call, &trap),
             ),
             (
                 "exitless: instructions per call, measured",
-                format!(
-                    "{} (entry only {})",
+                beside(
                     num(x.guest_instructions_per_call, 1),
-                    num(x.guest_instructions_per_call_entry_only, 1)
+                    num(x.guest_instructions_per_call_entry_only, 1),
                 ),
                 range(x.guest_instructions_per_call, &instructions),
             ),
             (
                 "exitless: instructions per call, counted",
-                format!(
-                    "{} (entry only {})",
+                beside(
                     na(x.guest_instructions_per_call_counted),
-                    na(x.guest_instructions_per_call_entry_only_counted)
+                    na(x.guest_instructions_per_call_entry_only_counted),
                 ),
                 counted.as_deref().ok(),
             ),
             (
                 "exitless: instructions per call, static",
-                format!(
-                    "{} (entry only {})",
-                    x.guest_instructions_per_call_static,
+                beside(
+                    x.guest_instructions_per_call_static.to_string(),
                     x.guest_instructions_per_call_entry_only_static
+                        .map_or("n/a".into(), |n| n.to_string()),
                 ),
                 None,
             ),

@@ -17,7 +17,7 @@ use crate::bench::median;
 pub type Measured = Option<Result<FtraceFigures, String>>;
 
 /// How to ask for (i).
-const HOW: &str = "run `vmtrace bench --linux-boots N` (5 x N boots of the Linux guest)";
+pub const HOW: &str = "run `vmtrace bench --linux-boots N` (5 x N boots of the Linux guest)";
 
 /// (i)'s medians, in the JSON `exitless` object (null where not measured).
 #[derive(Serialize)]

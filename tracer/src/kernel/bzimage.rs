@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use object::{Object, ObjectSection};
+use vmm::advice::{join, Advice, Plain, Remedy, Words};
 
 use crate::kernel::kallsyms::{self, KallsymsEntry, KallsymsError};
 use crate::kernel::payload::Compression;
@@ -23,26 +24,66 @@ const KALLSYMS_SECTION: &str = ".rodata";
 /// The section the `__mcount_loc` table is linked into (MCOUNT_REC in
 /// include/asm-generic/vmlinux.lds.h, inside INIT_DATA).
 const MCOUNT_SECTION: &str = ".init.data";
-/// What every error of this module ends with.
-const PASS_VMLINUX: &str = "pass the kernel's unstripped vmlinux with --vmlinux PATH";
-
 /// Why a bzImage alone gave no symbols.
 #[derive(Debug, thiserror::Error)]
+#[error("{}", self.say(&Plain))]
 pub enum PayloadSymbolError {
-    #[error(transparent)]
     Payload(#[from] crate::kernel::payload::PayloadError),
-    #[error(transparent)]
     Elf(SymbolError),
-    #[error("{}: no kallsyms in its {compression} payload ({source}); {PASS_VMLINUX}", path.display())]
     NoKallsyms {
         path: PathBuf,
         compression: crate::kernel::payload::Compression,
         source: KallsymsError,
     },
-    #[error("{}: kallsyms in its payload name no function in the kernel text; {PASS_VMLINUX}", path.display())]
-    NoFunctions { path: PathBuf },
-    #[error("{}: no __mcount_loc table found in the payload's {MCOUNT_SECTION} (no run of ftrace call-site addresses; was it built with CONFIG_DYNAMIC_FTRACE?); {PASS_VMLINUX}", path.display())]
-    NoMcountLoc { path: PathBuf },
+    NoFunctions {
+        path: PathBuf,
+    },
+    NoMcountLoc {
+        path: PathBuf,
+    },
+}
+
+/// This module's own errors say to pass the unstripped vmlinux instead.
+impl Advice for PayloadSymbolError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            PayloadSymbolError::Payload(e) => e.problem(w),
+            PayloadSymbolError::Elf(e) => e.problem(w),
+            PayloadSymbolError::NoKallsyms {
+                path,
+                compression,
+                source,
+            } => format!(
+                "{}: no kallsyms in its {compression} payload ({source})",
+                path.display()
+            ),
+            PayloadSymbolError::NoFunctions { path } => format!(
+                "{}: kallsyms in its payload name no function in the kernel text",
+                path.display()
+            ),
+            PayloadSymbolError::NoMcountLoc { path } => format!(
+                "{}: no __mcount_loc table found in the payload's {MCOUNT_SECTION} (no run of \
+                 ftrace call-site addresses; was it built with CONFIG_DYNAMIC_FTRACE?)",
+                path.display()
+            ),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            PayloadSymbolError::Payload(e) => e.remedy(),
+            PayloadSymbolError::Elf(e) => e.remedy(),
+            _ => Some(Remedy::UnstrippedKernelVmlinux),
+        }
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            PayloadSymbolError::Payload(e) => e.say(w),
+            PayloadSymbolError::Elf(e) => e.say(w),
+            e => join(e.problem(w), e.remedy(), w),
+        }
+    }
 }
 
 /// What `load` found, besides the image.

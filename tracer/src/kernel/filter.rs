@@ -20,6 +20,7 @@
 //! `crate::kernel::list`); `Filter` is `--trace` and `--notrace` together.
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use vmm::advice::{Advice, Input, Plain, Words};
 
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
@@ -27,69 +28,136 @@ use crate::kernel::symbols::KernelImage;
 /// How many close names a "matches nothing" error suggests.
 const MAX_SUGGESTIONS: usize = 5;
 
-/// Why filters could not be built or applied.
+/// Why filters could not be built or applied. Each names the glob list it
+/// concerns as an `Input` (`Trace`, `Notrace`, `List`), which a front end
+/// words its own way (`vmm::advice`).
 #[derive(Debug, thiserror::Error)]
+#[error("{}", self.say(&Plain))]
 pub enum FilterError {
-    #[error("{flag} has an empty glob in '{arg}'; remove the stray comma")]
-    EmptyGlob { flag: &'static str, arg: String },
-    #[error("{flag} glob '{glob}' is invalid: {reason}; ftrace globs use *, ?, [...] and {{a,b}}")]
+    EmptyGlob {
+        input: Input,
+        arg: String,
+    },
     BadGlob {
-        flag: &'static str,
+        input: Input,
         glob: String,
         reason: String,
     },
-    #[error("{flag} '{arg}' has an unclosed '{{'; close it: {{a,b}} matches a or b")]
-    UnclosedBrace { flag: &'static str, arg: String },
-    #[error("{flag} '{arg}' has a '}}' without its '{{'; {{a,b}} matches a or b")]
-    UnopenedBrace { flag: &'static str, arg: String },
-    #[error("{flag} has a '!' without a glob in '{arg}'; write !GLOB, e.g. !hrtimer_wakeup")]
-    EmptyNegation { flag: &'static str, arg: String },
-    #[error(
-        "{flag} '{globs}' only removes functions; add what to {verb}, e.g. {flag} '*,{globs}'"
-    )]
+    UnclosedBrace {
+        input: Input,
+        arg: String,
+    },
+    UnopenedBrace {
+        input: Input,
+        arg: String,
+    },
+    EmptyNegation {
+        input: Input,
+        arg: String,
+    },
     OnlyNegated {
-        flag: &'static str,
+        input: Input,
         /// What the list selects: "trace", "list".
         verb: &'static str,
         /// The `!glob`s, comma-separated.
         globs: String,
     },
-    #[error(
-        "--notrace '{glob}': '!' only works in --trace (e.g. --trace '*,{glob}'); \
-         give --notrace the functions not to trace"
-    )]
-    NegatedNotrace { glob: String },
-    #[error(
-        "{flag} '{glob}': modules are not supported yet; vmtrace traces the kernel image \
-         (vmlinux) only"
-    )]
-    Module { flag: &'static str, glob: String },
-    #[error(
-        "{flag} '{glob}': ftrace commands (FUNCTION:COMMAND, e.g. schedule:traceon) are not \
-         supported; give function globs only"
-    )]
-    Command { flag: &'static str, glob: String },
-    #[error(
-        "{flag} '{glob}' matches no traceable function{}",
-        no_match_detail(untraceable, closest)
-    )]
+    /// A `!glob` in the notrace list: only the trace list takes them.
+    NegatedNotrace {
+        glob: String,
+    },
+    Module {
+        input: Input,
+        glob: String,
+    },
+    Command {
+        input: Input,
+        glob: String,
+    },
     NoMatch {
-        /// `--trace` or `--notrace`: ftrace refuses a glob that matches
+        /// `Trace` or `Notrace`: ftrace refuses a glob that matches
         /// nothing in either file, and so does vmtrace.
-        flag: &'static str,
+        input: Input,
         glob: String,
         /// Functions that match but have no ftrace call site.
         untraceable: Vec<String>,
         /// Traceable functions with names close to the glob.
         closest: Vec<String>,
     },
-    #[error("--trace '{globs}' removes every function the other --trace globs select; narrow it")]
+    /// The trace list's `!glob`s remove all its other globs select.
     NegatedEverything {
         /// The `!glob`s, comma-separated.
         globs: String,
     },
-    #[error("--notrace removes every function --trace selects; narrow --notrace")]
+    /// The notrace list removes all the trace list selects.
     NothingLeft,
+}
+
+impl Advice for FilterError {
+    fn problem(&self, w: &dyn Words) -> String {
+        let name = |i: &Input| w.input(*i);
+        let (trace, notrace) = (w.input(Input::Trace), w.input(Input::Notrace));
+        match self {
+            FilterError::EmptyGlob { input, arg } => format!(
+                "{} has an empty glob in '{arg}'; remove the stray comma",
+                name(input)
+            ),
+            FilterError::BadGlob {
+                input,
+                glob,
+                reason,
+            } => format!(
+                "{} glob '{glob}' is invalid: {reason}; ftrace globs use *, ?, [...] and {{a,b}}",
+                name(input)
+            ),
+            FilterError::UnclosedBrace { input, arg } => format!(
+                "{} '{arg}' has an unclosed '{{'; close it: {{a,b}} matches a or b",
+                name(input)
+            ),
+            FilterError::UnopenedBrace { input, arg } => format!(
+                "{} '{arg}' has a '}}' without its '{{'; {{a,b}} matches a or b",
+                name(input)
+            ),
+            FilterError::EmptyNegation { input, arg } => format!(
+                "{} has a '!' without a glob in '{arg}'; write !GLOB, e.g. !hrtimer_wakeup",
+                name(input)
+            ),
+            FilterError::OnlyNegated { input, verb, globs } => format!(
+                "{0} '{globs}' only removes functions; add what to {verb}, e.g. {0} '*,{globs}'",
+                name(input)
+            ),
+            FilterError::NegatedNotrace { glob } => format!(
+                "{notrace} '{glob}': '!' only works in {trace} (e.g. {trace} '*,{glob}'); \
+                 give {notrace} the functions not to trace"
+            ),
+            FilterError::Module { input, glob } => format!(
+                "{} '{glob}': modules are not supported yet; vmtrace traces the kernel image \
+                 (vmlinux) only",
+                name(input)
+            ),
+            FilterError::Command { input, glob } => format!(
+                "{} '{glob}': ftrace commands (FUNCTION:COMMAND, e.g. schedule:traceon) are not \
+                 supported; give function globs only",
+                name(input)
+            ),
+            FilterError::NoMatch {
+                input,
+                glob,
+                untraceable,
+                closest,
+            } => format!(
+                "{} '{glob}' matches no traceable function{}",
+                name(input),
+                no_match_detail(untraceable, closest)
+            ),
+            FilterError::NegatedEverything { globs } => format!(
+                "{trace} '{globs}' removes every function the other {trace} globs select; narrow it"
+            ),
+            FilterError::NothingLeft => {
+                format!("{notrace} removes every function {trace} selects; narrow {notrace}")
+            }
+        }
+    }
 }
 
 fn no_match_detail(untraceable: &[String], closest: &[String]) -> String {
@@ -122,29 +190,25 @@ pub struct Globs {
 impl Globs {
     /// The values of repeated `--trace` flags, each a comma-separated list.
     pub fn for_trace(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse("--trace", "trace", args)
+        Globs::parse(Input::Trace, "trace", args)
     }
 
     /// The globs given to `vmtrace list` (same syntax as `--trace`; none:
     /// every function). Errors name them `list`.
     pub fn for_list(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse("list", "list", args)
+        Globs::parse(Input::List, "list", args)
     }
 
-    fn parse(
-        flag: &'static str,
-        verb: &'static str,
-        args: &[String],
-    ) -> Result<Globs, FilterError> {
+    fn parse(input: Input, verb: &'static str, args: &[String]) -> Result<Globs, FilterError> {
         let mut positive = Vec::new();
         let mut negative = Vec::new();
-        for (arg, glob) in split_globs(flag, args)? {
-            check_syntax(flag, &glob)?;
+        for (arg, glob) in split_globs(input, args)? {
+            check_syntax(input, &glob)?;
             match glob.strip_prefix('!') {
                 Some(rest) => {
                     let rest = rest.trim_start();
                     if rest.is_empty() {
-                        return Err(FilterError::EmptyNegation { flag, arg });
+                        return Err(FilterError::EmptyNegation { input, arg });
                     }
                     negative.push(rest.to_string());
                 }
@@ -153,14 +217,14 @@ impl Globs {
         }
         if positive.is_empty() && !negative.is_empty() {
             return Err(FilterError::OnlyNegated {
-                flag,
+                input,
                 verb,
                 globs: negated(&negative),
             });
         }
         Ok(Globs {
-            positive_set: glob_set(flag, &positive)?,
-            negative_set: glob_set(flag, &negative)?,
+            positive_set: glob_set(input, &positive)?,
+            negative_set: glob_set(input, &negative)?,
             positive,
             negative,
         })
@@ -212,13 +276,13 @@ fn negated(globs: &[String]) -> String {
 }
 
 /// Refuses ftrace syntax vmtrace has no use for: modules and commands.
-fn check_syntax(flag: &'static str, glob: &str) -> Result<(), FilterError> {
+fn check_syntax(input: Input, glob: &str) -> Result<(), FilterError> {
     let err = |module: bool| {
         let glob = glob.to_string();
         if module {
-            FilterError::Module { flag, glob }
+            FilterError::Module { input, glob }
         } else {
-            FilterError::Command { flag, glob }
+            FilterError::Command { input, glob }
         }
     };
     // Kernel function names never hold a ':'.
@@ -244,8 +308,8 @@ impl Filter {
     pub fn new(trace: &[String], notrace: &[String]) -> Result<Self, FilterError> {
         let trace = Globs::for_trace(trace)?;
         let mut notrace_globs = Vec::new();
-        for (_, glob) in split_globs("--notrace", notrace)? {
-            check_syntax("--notrace", &glob)?;
+        for (_, glob) in split_globs(Input::Notrace, notrace)? {
+            check_syntax(Input::Notrace, &glob)?;
             if glob.starts_with('!') {
                 return Err(FilterError::NegatedNotrace { glob });
             }
@@ -253,7 +317,7 @@ impl Filter {
         }
         Ok(Filter {
             trace,
-            notrace: glob_set("--notrace", &notrace_globs)?,
+            notrace: glob_set(Input::Notrace, &notrace_globs)?,
             notrace_globs,
         })
     }
@@ -311,10 +375,10 @@ impl Filter {
             }
         }
         if let Some(g) = glob_used.iter().position(|used| !used) {
-            return Err(self.no_match("--trace", &self.trace.positive[g], image, sites));
+            return Err(self.no_match(Input::Trace, &self.trace.positive[g], image, sites));
         }
         if let Some(g) = notrace_used.iter().position(|used| !used) {
-            return Err(self.no_match("--notrace", &self.notrace_globs[g], image, sites));
+            return Err(self.no_match(Input::Notrace, &self.notrace_globs[g], image, sites));
         }
         if selected.is_empty() {
             if !any_traced && !self.trace.negative.is_empty() {
@@ -327,10 +391,10 @@ impl Filter {
         Ok(selected)
     }
 
-    /// The error for a `flag` glob that matched no function with a site.
+    /// The error for an `input` glob that matched no function with a site.
     fn no_match(
         &self,
-        flag: &'static str,
+        input: Input,
         glob: &str,
         image: &KernelImage,
         sites: &SiteTable,
@@ -359,7 +423,7 @@ impl Filter {
             Err(_) => Vec::new(),
         };
         FilterError::NoMatch {
-            flag,
+            input,
             glob: glob.to_string(),
             untraceable,
             closest: closest_names(glob, &traceable),
@@ -369,7 +433,7 @@ impl Filter {
 
 /// Splits comma lists into single globs (each with the argument it came
 /// from), but not at a comma inside `{...}` (alternation) or `[...]`.
-fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<(String, String)>, FilterError> {
+fn split_globs(input: Input, args: &[String]) -> Result<Vec<(String, String)>, FilterError> {
     let mut globs = Vec::new();
     for arg in args {
         let mut push = |glob: &str| {
@@ -377,7 +441,7 @@ fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<(String, Strin
             if glob.is_empty() {
                 // Silently dropping it could turn `--trace ,` into "trace all".
                 return Err(FilterError::EmptyGlob {
-                    flag,
+                    input,
                     arg: arg.clone(),
                 });
             }
@@ -397,7 +461,7 @@ fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<(String, Strin
                 '{' => depth += 1,
                 '}' if depth == 0 => {
                     return Err(FilterError::UnopenedBrace {
-                        flag,
+                        input,
                         arg: arg.clone(),
                     })
                 }
@@ -411,7 +475,7 @@ fn split_globs(flag: &'static str, args: &[String]) -> Result<Vec<(String, Strin
         }
         if depth > 0 {
             return Err(FilterError::UnclosedBrace {
-                flag,
+                input,
                 arg: arg.clone(),
             });
         }
@@ -445,9 +509,9 @@ fn compile(glob: &str) -> Result<Glob, globset::Error> {
         .build()
 }
 
-fn glob_set(flag: &'static str, globs: &[String]) -> Result<GlobSet, FilterError> {
+fn glob_set(input: Input, globs: &[String]) -> Result<GlobSet, FilterError> {
     let bad = |glob: &str, e: globset::Error| FilterError::BadGlob {
-        flag,
+        input,
         glob: glob.to_string(),
         reason: e.kind().to_string(),
     };
@@ -733,13 +797,13 @@ mod tests {
         let e = filter(&["!hrtimer_wakeup"], &[]).expect_err("only negated");
         assert_eq!(
             e.to_string(),
-            "--trace '!hrtimer_wakeup' only removes functions; add what to trace, \
-             e.g. --trace '*,!hrtimer_wakeup'"
+            "trace filter '!hrtimer_wakeup' only removes functions; add what to trace, \
+             e.g. trace filter '*,!hrtimer_wakeup'"
         );
         let e = Globs::for_list(&strings(&["!a,!b"])).expect_err("only negated");
         assert_eq!(
             e.to_string(),
-            "list '!a,!b' only removes functions; add what to list, e.g. list '*,!a,!b'"
+            "list globs '!a,!b' only removes functions; add what to list, e.g. list globs '*,!a,!b'"
         );
         let e = filter(&["schedule,!"], &[]).expect_err("empty negation");
         assert!(matches!(e, FilterError::EmptyNegation { .. }), "{e:?}");
@@ -751,7 +815,8 @@ mod tests {
         assert!(matches!(e, FilterError::NegatedEverything { .. }), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "--trace '!hrtimer_*' removes every function the other --trace globs select; narrow it"
+            "trace filter '!hrtimer_*' removes every function the other trace filter globs select; \
+             narrow it"
         );
         let e = select(&["hrtimer_w*"], &["hrtimer_*"]).expect_err("nothing left");
         assert!(matches!(e, FilterError::NothingLeft), "{e:?}");
@@ -761,19 +826,19 @@ mod tests {
     fn negation_in_notrace_is_refused() {
         let e = filter(&[], &["!schedule"]).expect_err("negated notrace");
         let msg = e.to_string();
-        assert!(msg.starts_with("--notrace '!schedule': '!' only works in --trace"));
+        assert!(msg.starts_with("notrace filter '!schedule': '!' only works in trace filter"));
         assert!(!msg.contains('\n'));
     }
 
     #[test]
     fn modules_and_commands_are_refused() {
-        for (flag, glob) in [
-            ("--trace", ":mod:ext4"),
-            ("--trace", "ext4_*:mod:ext4"),
-            ("--trace", "!ext4_*:mod:ext4"),
-            ("--notrace", "*:mod:kvm"),
+        for (list, glob) in [
+            ("trace filter", ":mod:ext4"),
+            ("trace filter", "ext4_*:mod:ext4"),
+            ("trace filter", "!ext4_*:mod:ext4"),
+            ("notrace filter", "*:mod:kvm"),
         ] {
-            let (t, n) = if flag == "--trace" {
+            let (t, n) = if list == "trace filter" {
                 (vec![glob], vec![])
             } else {
                 (vec![], vec![glob])
@@ -783,7 +848,7 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "{flag} '{glob}': modules are not supported yet; vmtrace traces the \
+                    "{list} '{glob}': modules are not supported yet; vmtrace traces the \
                      kernel image (vmlinux) only"
                 )
             );
@@ -809,7 +874,7 @@ mod tests {
         let got = select(&["hrtimer_*,!hrtimer_{wakeup,cancel}"], &[]).expect("select");
         assert_eq!(got, ["hrtimer_interrupt", "hrtimer_start_range_ns"]);
         // Commas inside a class are not separators either.
-        let split = split_globs("--trace", &strings(&["a[,]b,{c,[}]d},e"])).expect("split");
+        let split = split_globs(Input::Trace, &strings(&["a[,]b,{c,[}]d},e"])).expect("split");
         let globs: Vec<&str> = split.iter().map(|(_, g)| g.as_str()).collect();
         assert_eq!(globs, ["a[,]b", "{c,[}]d}", "e"]);
     }
@@ -819,12 +884,13 @@ mod tests {
         let e = filter(&["hrtimer_{start,cancel*"], &[]).expect_err("unclosed");
         assert_eq!(
             e.to_string(),
-            "--trace 'hrtimer_{start,cancel*' has an unclosed '{'; close it: {a,b} matches a or b"
+            "trace filter 'hrtimer_{start,cancel*' has an unclosed '{'; close it: {a,b} matches \
+             a or b"
         );
         let e = filter(&[], &["tick_}"]).expect_err("unopened");
         assert_eq!(
             e.to_string(),
-            "--notrace 'tick_}' has a '}' without its '{'; {a,b} matches a or b"
+            "notrace filter 'tick_}' has a '}' without its '{'; {a,b} matches a or b"
         );
     }
 

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::boot::{KernelFile, KernelKind};
 
 use super::bzimage::{self, PayloadSymbolError};
@@ -17,7 +18,7 @@ use super::vmlinux;
 /// Why the kernel has no usable symbols.
 #[derive(Debug, thiserror::Error)]
 pub enum FindError {
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Symbols(#[from] SymbolError),
     /// The vmlinux is not the kernel's.
     #[error("{} does not match kernel {}: {why}", vmlinux.display(), kernel.display())]
@@ -27,12 +28,52 @@ pub enum FindError {
         why: String,
     },
     /// No vmlinux anywhere looked, and the bzImage alone gave no symbols.
-    #[error("no symbols for {}: no vmlinux at {tried}, and {source}", kernel.display())]
+    #[error("{}", self.say(&Plain))]
     NoSymbols {
         kernel: PathBuf,
         tried: String,
         source: Box<PayloadSymbolError>,
     },
+}
+
+/// `NoSymbols` ends with what the bzImage said, remedy included.
+impl Advice for FindError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            FindError::Symbols(e) => e.problem(w),
+            FindError::NoSymbols { source, .. } => self.no_symbols(source.problem(w)),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            FindError::Symbols(e) => e.remedy(),
+            FindError::NoSymbols { source, .. } => source.remedy(),
+            FindError::Mismatch { .. } => None,
+        }
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            FindError::Symbols(e) => e.say(w),
+            FindError::NoSymbols { source, .. } => self.no_symbols(source.say(w)),
+            e => e.to_string(),
+        }
+    }
+}
+
+impl FindError {
+    /// `NoSymbols` saying `payload` of why the bzImage alone did not do.
+    fn no_symbols(&self, payload: String) -> String {
+        match self {
+            FindError::NoSymbols { kernel, tried, .. } => format!(
+                "no symbols for {}: no vmlinux at {tried}, and {payload}",
+                kernel.display()
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// Where a vmlinux given by the caller came from, for `KernelImage::source`.
@@ -285,7 +326,10 @@ mod tests {
         b[0x236..0x238].copy_from_slice(&1u16.to_le_bytes()); // XLF_KERNEL_64
         std::fs::write(&bz, &b).unwrap();
         let err = match found(&bz) {
-            Err(e) => e.to_string(),
+            Err(e) => {
+                assert_eq!(e.remedy(), Some(Remedy::KernelVmlinux));
+                e.to_string()
+            }
             Ok(_) => panic!("symbols from nothing"),
         };
         let _ = std::fs::remove_dir_all(&dir);
@@ -297,6 +341,6 @@ mod tests {
             err.contains(&format!("{}", dir.join("vmlinux").display())),
             "{err}"
         );
-        assert!(err.contains("--vmlinux"), "{err}");
+        assert!(err.ends_with("; pass the kernel's vmlinux"), "{err}");
     }
 }

@@ -36,6 +36,7 @@
 use std::fmt;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{join, Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::Paused;
 
@@ -118,21 +119,14 @@ impl fmt::Display for KernelOffset {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KaslrError {
-    #[error(
-        "the guest's syscall entry (IA32_LSTAR) is {lstar:#x}, {why} than {SYSCALL_ENTRY} \
-         ({entry:#x}) in {path}: the symbols are not this kernel's; pass its own vmlinux with --vmlinux"
-    )]
+    #[error("{}", self.say(&Plain))]
     BadEntry {
         lstar: u64,
         entry: u64,
         path: String,
         why: &'static str,
     },
-    #[error(
-        "{path} does not match the running kernel: with the kernel's offset from its syscall entry \
-         ({offset}), {BANNER} at {va:#x} reads {found:?}, the file has {expected:?}; pass the vmlinux \
-         of this very build with --vmlinux"
-    )]
+    #[error("{}", self.say(&Plain))]
     BannerMismatch {
         path: String,
         offset: KernelOffset,
@@ -142,12 +136,63 @@ pub enum KaslrError {
     },
     #[error("{BANNER} at {va:#x} is not mapped in any vCPU's page tables ({why})")]
     BannerUnmapped { va: u64, why: String },
-    #[error(
-        "the guest kernel uses FRED (CR4.FRED is set), so it never sets IA32_LSTAR, where vmtrace \
-         reads its KASLR offset, and {why}: boot it with `--cmdline fred=off`, or pass the vmlinux \
-         of this very build (with its data symbols) with --vmlinux"
-    )]
+    #[error("{}", self.say(&Plain))]
     Fred { why: String },
+}
+
+impl Advice for KaslrError {
+    fn problem(&self, _: &dyn Words) -> String {
+        match self {
+            KaslrError::BadEntry {
+                lstar,
+                entry,
+                path,
+                why,
+            } => format!(
+                "the guest's syscall entry (IA32_LSTAR) is {lstar:#x}, {why} than {SYSCALL_ENTRY} \
+                 ({entry:#x}) in {path}: the symbols are not this kernel's"
+            ),
+            KaslrError::BannerMismatch {
+                path,
+                offset,
+                va,
+                found,
+                expected,
+            } => format!(
+                "{path} does not match the running kernel: with the kernel's offset from its \
+                 syscall entry ({offset}), {BANNER} at {va:#x} reads {found:?}, the file has \
+                 {expected:?}"
+            ),
+            KaslrError::Fred { why } => format!(
+                "the guest kernel uses FRED (CR4.FRED is set), so it never sets IA32_LSTAR, where \
+                 vmtrace reads its KASLR offset, and {why}"
+            ),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            KaslrError::BadEntry { .. } => Some(Remedy::OwnVmlinux),
+            KaslrError::BannerMismatch { .. } => Some(Remedy::SameBuildVmlinux),
+            KaslrError::Fred { .. } => Some(Remedy::FredOffOrVmlinux),
+            KaslrError::BannerUnmapped { .. } => None,
+        }
+    }
+
+    /// `Fred`'s remedy follows after ": ".
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            KaslrError::Fred { .. } => {
+                format!(
+                    "{}: {}",
+                    self.problem(w),
+                    w.remedy(Remedy::FredOffOrVmlinux)
+                )
+            }
+            e => join(e.problem(w), e.remedy(), w),
+        }
+    }
 }
 
 /// What a pause found out.
@@ -363,13 +408,15 @@ mod tests {
             Detected::NotYet
         );
         // Not found with FRED on: IA32_LSTAR will never be set.
-        let err = verdict(None, true, true, &image).unwrap_err().to_string();
+        let err = verdict(None, true, true, &image).unwrap_err();
+        assert_eq!(err.remedy(), Some(Remedy::FredOffOrVmlinux));
+        let err = err.to_string();
         assert!(
             err.starts_with("the guest kernel uses FRED (CR4.FRED is set)"),
             "{err}"
         );
         assert!(
-            err.contains("linux_banner of ") && err.contains("--cmdline fred=off"),
+            err.contains("linux_banner of ") && err.contains(": boot it with `fred=off` on its"),
             "{err}"
         );
         assert!(!err.contains('\n'), "one line: {err}");

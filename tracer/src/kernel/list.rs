@@ -28,6 +28,8 @@
 
 use std::io::{self, BufWriter, Write};
 
+use vmm::advice::{Advice, Input, Plain, Words};
+
 use crate::kernel::filter::{closest_names, FilterError, Globs};
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
@@ -58,13 +60,9 @@ impl Kind {
 
 /// Why the functions could not be listed.
 #[derive(Debug, thiserror::Error)]
+#[error("{}", self.say(&Plain))]
 pub enum ListError {
-    #[error(transparent)]
     Filter(#[from] FilterError),
-    #[error(
-        "list '{glob}' matches no function of {image}{}",
-        closest_detail(closest)
-    )]
     NoMatch {
         glob: String,
         /// The kernel image's path, as given.
@@ -72,6 +70,23 @@ pub enum ListError {
         /// Function names close to the glob (escaped).
         closest: Vec<String>,
     },
+}
+
+impl Advice for ListError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            ListError::Filter(e) => e.problem(w),
+            ListError::NoMatch {
+                glob,
+                image,
+                closest,
+            } => format!(
+                "{} '{glob}' matches no function of {image}{}",
+                w.input(Input::List),
+                closest_detail(closest)
+            ),
+        }
+    }
 }
 
 fn closest_detail(closest: &[String]) -> String {
@@ -264,9 +279,9 @@ mod tests {
         };
         assert_eq!(glob, "hrtimr_*");
         assert!(closest[0].starts_with("hrtimer_"), "{closest:?}");
-        assert!(e
-            .to_string()
-            .starts_with("list 'hrtimr_*' matches no function of test-vmlinux; closest: hrtimer_"));
+        assert!(e.to_string().starts_with(
+            "list globs 'hrtimr_*' matches no function of test-vmlinux; closest: hrtimer_"
+        ));
         // A `!glob` may match nothing; alone it is refused, as in --trace.
         assert!(Listing::new(&img, &sites, &strings(&["*,!nothing"])).is_ok());
         let e = Listing::new(&img, &sites, &strings(&["!schedule"])).expect_err("negated");

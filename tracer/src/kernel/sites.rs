@@ -43,6 +43,13 @@ pub enum SiteError {
     },
 }
 
+/// No input to name, no remedy but the message's own.
+impl vmm::advice::Advice for SiteError {
+    fn problem(&self, _: &dyn vmm::advice::Words) -> String {
+        self.to_string()
+    }
+}
+
 /// What the bytes at a site hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SiteKind {

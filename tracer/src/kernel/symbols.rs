@@ -10,6 +10,7 @@ use object::{
     Architecture, BinaryFormat, Object, ObjectSection, ObjectSymbol, SectionFlags, SymbolKind,
     SymbolSection,
 };
+use vmm::advice::{join, Advice, Plain, Remedy, Words};
 
 /// Start of the table of ftrace call-site addresses. The kernel's linker script
 /// (include/asm-generic/vmlinux.lds.h, MCOUNT_REC) brackets `__mcount_loc`
@@ -33,19 +34,21 @@ const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_
 /// Why a kernel image could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     File(#[from] vmm::boot::FileError),
     #[error("cannot read kernel image {}: {source}", path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{} is not an ELF file vmtrace can read ({source}){hint}", path.display())]
+    #[error("{}", self.say(&Plain))]
     NotElf {
         path: PathBuf,
         source: object::Error,
-        /// What to do, by what the file is (`not_elf_hint`).
+        /// What the file is and what to do, by its first bytes
+        /// (`not_elf_hint`), and a remedy said after it.
         hint: &'static str,
+        remedy: Option<Remedy>,
     },
     #[error("{} is a {format} file, not ELF; pass the uncompressed vmlinux, not a bzImage", path.display())]
     NotElfFormat { path: PathBuf, format: String },
@@ -58,7 +61,7 @@ pub enum SymbolError {
     },
     #[error("{}: section {section} lies beyond the end of the file; is the file truncated?", path.display())]
     Truncated { path: PathBuf, section: String },
-    #[error("{} has no symbol table (stripped?); pass the unstripped vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     Stripped { path: PathBuf },
     #[error("{} has no __mcount_loc table: {FTRACE_CONFIG_HINT}", path.display())]
     NoMcountLoc { path: PathBuf },
@@ -76,6 +79,45 @@ pub enum SymbolError {
         start: u64,
         stop: u64,
     },
+}
+
+impl Advice for SymbolError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            SymbolError::File(e) => e.problem(w),
+            SymbolError::NotElf {
+                path, source, hint, ..
+            } => format!(
+                "{} is not an ELF file vmtrace can read ({source}){hint}",
+                path.display()
+            ),
+            SymbolError::Stripped { path } => {
+                format!("{} has no symbol table (stripped?)", path.display())
+            }
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            SymbolError::File(e) => e.remedy(),
+            SymbolError::NotElf { remedy, .. } => *remedy,
+            SymbolError::Stripped { .. } => Some(Remedy::UnstrippedVmlinux),
+            _ => None,
+        }
+    }
+
+    /// `NotElf`'s remedy follows its hint after ": " ("; it is a bzImage:
+    /// pass ...").
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            SymbolError::File(e) => e.say(w),
+            SymbolError::NotElf {
+                remedy: Some(r), ..
+            } => format!("{}: {}", self.problem(w), w.remedy(*r)),
+            e => join(e.problem(w), e.remedy(), w),
+        }
+    }
 }
 
 /// A named symbol with its link-time virtual address: as read from the ELF
@@ -184,20 +226,23 @@ pub fn function_index_at(functions: &[Symbol], addr: u64) -> Option<usize> {
 
 /// What to say of a file that did not parse as ELF: by its first bytes,
 /// not a guess (an empty file, a big-endian or 32-bit ELF, a bzImage).
-fn not_elf_hint(bytes: &[u8]) -> &'static str {
+fn not_elf_hint(bytes: &[u8]) -> (&'static str, Option<Remedy>) {
     /// Offset of a bzImage's "HdrS" magic (Documentation/x86/boot.rst).
     const HDRS: std::ops::Range<usize> = 0x202..0x206;
     if bytes.is_empty() {
-        "; the file is empty: pass the kernel's vmlinux"
+        ("; the file is empty: pass the kernel's vmlinux", None)
     } else if bytes.starts_with(b"\x7fELF") && bytes.get(4..6) == Some(&[2, 1][..]) {
         // ELFCLASS64, ELFDATA2LSB: the right kind, its headers broken.
-        "; is the file truncated or damaged? pass an intact vmlinux"
+        (
+            "; is the file truncated or damaged? pass an intact vmlinux",
+            None,
+        )
     } else if bytes.starts_with(b"\x7fELF") {
-        "; it is big-endian or 32-bit: pass an x86-64 vmlinux"
+        ("; it is big-endian or 32-bit: pass an x86-64 vmlinux", None)
     } else if bytes.get(HDRS) == Some(b"HdrS") {
-        "; it is a bzImage: pass the uncompressed vmlinux (or no --vmlinux: vmtrace reads a bzImage's own symbols)"
+        ("; it is a bzImage", Some(Remedy::VmlinuxNotBzImage))
     } else {
-        "; pass the kernel's vmlinux"
+        ("; pass the kernel's vmlinux", None)
     }
 }
 
@@ -225,10 +270,14 @@ impl KernelImage {
     /// kernel file opened once (`vmm::boot::KernelFile`) shares its bytes.
     pub fn from_bytes(path: &Path, bytes: std::sync::Arc<Vec<u8>>) -> Result<Self, SymbolError> {
         let path = path.to_path_buf();
-        let file = object::File::parse(bytes.as_slice()).map_err(|source| SymbolError::NotElf {
-            path: path.clone(),
-            source,
-            hint: not_elf_hint(&bytes),
+        let file = object::File::parse(bytes.as_slice()).map_err(|source| {
+            let (hint, remedy) = not_elf_hint(&bytes);
+            SymbolError::NotElf {
+                path: path.clone(),
+                source,
+                hint,
+                remedy,
+            }
         })?;
         if file.format() != BinaryFormat::Elf {
             // A bzImage parses as PE (EFI stub): name the mistake.

@@ -3,6 +3,8 @@
 //! decided once before the guest runs. What the caller should tell the user
 //! comes back as [`Note`]s; what is wrong as a [`PlanError`].
 
+use vmm::advice::{Advice, Plain, Remedy};
+
 use super::{hookable, Mode, Plan};
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
@@ -48,8 +50,9 @@ pub enum Note {
     /// Function graph on Linux: what the guest's own stack traces show
     /// while returns are hooked.
     GraphGuestStacks,
-    /// Auto mode chose traps because exitless mode cannot be planned.
-    AutoTrap(String),
+    /// Auto mode chose traps because exitless mode cannot be planned: why
+    /// (it names no input), and its remedy (`vmm::advice`).
+    AutoTrap { why: String, remedy: Option<Remedy> },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +184,10 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
         ModeChoice::Auto => match check() {
             Ok(()) => Ok(Mode::Exitless),
             Err(e) => {
-                notes.push(Note::AutoTrap(e.to_string()));
+                notes.push(Note::AutoTrap {
+                    why: e.problem(&Plain),
+                    remedy: e.remedy(),
+                });
                 Ok(Mode::Trap)
             }
         },

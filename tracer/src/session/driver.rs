@@ -71,6 +71,17 @@ pub struct Attached {
     pub kernel_offset: Option<KernelOffset>,
 }
 
+/// How the guest starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// For [`Session::trace`]: a kernel that does not patch its own sites
+    /// waits before its first instruction, so that the attach sees every
+    /// call.
+    ForTrace,
+    /// At once; the caller attaches when it chooses.
+    Running,
+}
+
 /// A guest running under a tracer.
 pub struct Session {
     tracer: Tracer,
@@ -89,23 +100,26 @@ impl Session {
         let (tracer, handlers) =
             Tracer::create(plan.plan, vm.cpus(), plan.mode, plan.ring_events, recording)
                 .map_err(SessionError::Attach)?;
-        Session::with_tracer(vm, tracer, handlers, &kernel)
+        Session::with_tracer(vm, tracer, handlers, &kernel, Start::ForTrace)
     }
 
     /// Start `vm` under a tracer made by the caller (the bench's own
-    /// configurations), with its `handlers`.
+    /// configurations, which attach and detach as they measure), with its
+    /// `handlers`.
     pub fn with_tracer(
         vm: Vm,
         tracer: Tracer,
         handlers: Vec<Box<dyn TrapHandler>>,
         kernel: &Path,
+        start: Start,
     ) -> Result<Session, SessionError> {
         // A kernel that does not patch its own sites (the mini guest) is
         // traced from its first instruction; Linux once its ftrace_init made
         // the sites NOPs.
         let attach_now = vm.boot_plan().protocol == Protocol::Direct;
+        let start_paused = attach_now && start == Start::ForTrace;
         let running = vm
-            .start(handlers, attach_now)
+            .start(handlers, start_paused)
             .map_err(SessionError::Start)?;
         let mem = running.memory().clone();
         Ok(Session {

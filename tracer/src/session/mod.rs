@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
@@ -36,23 +37,46 @@ pub mod record;
 pub mod shadow;
 pub mod site_index;
 pub mod store;
-pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, POLL};
+pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, Start, POLL};
 pub use finish::{Progress, Saved};
 
 #[derive(Debug, thiserror::Error)]
+#[error("{}", self.say(&Plain))]
 pub enum TracerError {
-    #[error(transparent)]
     Symbols(#[from] SymbolError),
-    #[error(transparent)]
     Sites(#[from] SiteError),
-    #[error(transparent)]
     Filter(#[from] FilterError),
-    #[error(transparent)]
     Patch(#[from] PatchError),
-    #[error(transparent)]
     Exitless(#[from] ExitlessError),
-    #[error(transparent)]
     Kaslr(#[from] KaslrError),
+}
+
+/// Each stage's error, said in its own way (`vmm::advice`).
+impl Advice for TracerError {
+    fn problem(&self, w: &dyn Words) -> String {
+        self.inner().problem(w)
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        self.inner().remedy()
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        self.inner().say(w)
+    }
+}
+
+impl TracerError {
+    fn inner(&self) -> &dyn Advice {
+        match self {
+            TracerError::Symbols(e) => e,
+            TracerError::Sites(e) => e,
+            TracerError::Filter(e) => e,
+            TracerError::Patch(e) => e,
+            TracerError::Exitless(e) => e,
+            TracerError::Kaslr(e) => e,
+        }
+    }
 }
 
 /// With page-table isolation, Linux gives each process a pair of top-level

@@ -18,6 +18,7 @@
 //! and no vCPU is ever left between the two instructions.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, PhysSpan};
 
 use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
@@ -59,10 +60,7 @@ pub enum PatchError {
         data.map(|d| format!(" (at {d:#x})")).unwrap_or_default()
     )]
     NoKernelTables { text: u64, data: Option<u64> },
-    #[error(
-        "{path} does not match the running kernel: {bad} of {sampled} sampled sites differ \
-         (first: {func} at {addr:#x}: {why}); pass the vmlinux of this very build with --vmlinux"
-    )]
+    #[error("{}", self.say(&Plain))]
     Mismatch {
         path: String,
         bad: usize,
@@ -82,6 +80,32 @@ pub enum PatchError {
         found: String,
         original: String,
     },
+}
+
+impl Advice for PatchError {
+    fn problem(&self, _: &dyn Words) -> String {
+        match self {
+            PatchError::Mismatch {
+                path,
+                bad,
+                sampled,
+                func,
+                addr,
+                why,
+            } => format!(
+                "{path} does not match the running kernel: {bad} of {sampled} sampled sites \
+                 differ (first: {func} at {addr:#x}: {why})"
+            ),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            PatchError::Mismatch { .. } => Some(Remedy::SameBuildVmlinux),
+            _ => None,
+        }
+    }
 }
 
 /// One site as written: where its bytes are in guest physical memory and

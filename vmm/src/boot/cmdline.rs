@@ -18,7 +18,7 @@ pub const EMULATOR_HOST_CMDLINE: &str = "noxsave nofsgsbase clearcpuid=cx16,popc
 
 /// What the caller asks of the command line.
 #[derive(Clone, Copy, Debug)]
-pub enum Words<'a> {
+pub enum Cmdline<'a> {
     /// vmtrace's defaults, then these words (whitespace-separated).
     Append(&'a [String]),
     /// Exactly this line.
@@ -30,11 +30,11 @@ pub enum Words<'a> {
 pub fn kernel_cmdline(
     kind: KernelKind,
     emulator_host: bool,
-    words: Words<'_>,
+    words: Cmdline<'_>,
 ) -> Result<String, BootError> {
     let line = match words {
-        Words::Replace(s) => s.to_owned(),
-        Words::Append(extra) => {
+        Cmdline::Replace(s) => s.to_owned(),
+        Cmdline::Append(extra) => {
             let mut words: Vec<String> = Vec::new();
             if kind.is_linux() {
                 words.extend(LINUX_CMDLINE.split(' ').map(str::to_owned));
@@ -94,7 +94,7 @@ mod tests {
     #[test]
     fn command_line_by_kind() {
         let extra = ["quiet clearcpuid=erms".to_string()];
-        let a = Words::Append(&extra);
+        let a = Cmdline::Append(&extra);
         assert_eq!(
             kernel_cmdline(KernelKind::LinuxElf, true, a).unwrap(),
             format!("{LINUX_CMDLINE} noxsave nofsgsbase clearcpuid=cx16,popcnt,smap,erms quiet")
@@ -108,12 +108,12 @@ mod tests {
             "quiet clearcpuid=erms"
         );
         assert_eq!(
-            kernel_cmdline(KernelKind::BzImage, true, Words::Replace("root=/dev/vda")).unwrap(),
+            kernel_cmdline(KernelKind::BzImage, true, Cmdline::Replace("root=/dev/vda")).unwrap(),
             "root=/dev/vda"
         );
         let long = ["x".repeat(layout::CMDLINE_MAX_SIZE)];
         assert!(matches!(
-            kernel_cmdline(KernelKind::Elf, false, Words::Append(&long)),
+            kernel_cmdline(KernelKind::Elf, false, Cmdline::Append(&long)),
             Err(BootError::CmdlineTooLong { .. })
         ));
     }

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use linux_loader::loader::{elf::Elf, KernelLoader};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::advice::{Advice, Input, Plain, Words};
 use crate::layout;
 
 pub use kernel_file::{Classified, KernelFile};
@@ -51,14 +52,39 @@ pub enum FileError {
         path: PathBuf,
         kind: &'static str,
     },
-    #[error("{what} {} is {size} bytes, more than {limit} ({why})", path.display())]
+    #[error("{}", self.say(&Plain))]
     TooLarge {
         what: &'static str,
         path: PathBuf,
         size: u64,
         limit: u64,
         why: &'static str,
+        /// The input that sets `limit`, if the user gives it.
+        set_by: Option<Input>,
     },
+}
+
+impl Advice for FileError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            FileError::TooLarge {
+                what,
+                path,
+                size,
+                limit,
+                why,
+                set_by,
+            } => {
+                let input = set_by.map(|i| format!(", {}", w.input(i)));
+                format!(
+                    "{what} {} is {size} bytes, more than {limit} ({why}{})",
+                    path.display(),
+                    input.unwrap_or_default()
+                )
+            }
+            e => e.to_string(),
+        }
+    }
 }
 
 /// Open `path` (a `what`, named in errors) for reading: refuse anything but a
@@ -115,6 +141,7 @@ pub fn open_input(
             size,
             limit,
             why,
+            set_by: None,
         });
     }
     Ok((file, size))
@@ -133,11 +160,7 @@ pub fn read_input(mut file: &File, size: u64) -> std::io::Result<Vec<u8>> {
 pub enum SegmentError {
     #[error("{}: malformed ELF program headers ({why}); is the file truncated?", path.display())]
     Malformed { path: PathBuf, why: String },
-    #[error(
-        "{}: segment {index} occupies guest-physical {start:#x}..{end:#x}, outside guest RAM \
-         {low:#x}..{mem_size:#x}; the kernel does not fit this guest (try a larger --mem) or is corrupt",
-        path.display()
-    )]
+    #[error("{}", self.say(&Plain))]
     OutsideRam {
         path: PathBuf,
         index: usize,
@@ -163,6 +186,28 @@ pub enum SegmentError {
     },
     #[error("{}: no loadable segment; not a kernel", path.display())]
     NoSegment { path: PathBuf },
+}
+
+impl Advice for SegmentError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            SegmentError::OutsideRam {
+                path,
+                index,
+                start,
+                end,
+                low,
+                mem_size,
+            } => format!(
+                "{}: segment {index} occupies guest-physical {start:#x}..{end:#x}, outside guest \
+                 RAM {low:#x}..{mem_size:#x}; the kernel does not fit this guest (try a larger \
+                 {}) or is corrupt",
+                path.display(),
+                w.input(Input::Mem)
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// Check an ELF kernel's loadable segments (as the loader places them: at
@@ -229,9 +274,9 @@ pub fn check_elf_segments(elf: &[u8], path: &Path, mem_size: u64) -> Result<(), 
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     File(#[from] FileError),
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Segments(#[from] SegmentError),
     #[error("cannot read kernel {path}: {source}")]
     Open {
@@ -250,7 +295,7 @@ pub enum BootError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("--initrd needs a Linux kernel, and {path} is not one")]
+    #[error("{}", self.say(&Plain))]
     InitrdWithElf { path: PathBuf },
     #[error("command line is {len} bytes; the limit is {max}")]
     CmdlineTooLong { len: usize, max: usize },
@@ -264,6 +309,21 @@ pub enum BootError {
     Acpi(#[from] acpi::AcpiError),
     #[error(transparent)]
     Regs(#[from] regs::RegsError),
+}
+
+impl Advice for BootError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            BootError::File(e) => e.problem(w),
+            BootError::Segments(e) => e.problem(w),
+            BootError::InitrdWithElf { path } => format!(
+                "{} needs a Linux kernel, and {} is not one",
+                w.input(Input::Initrd),
+                path.display()
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// How the vCPUs enter the kernel.
@@ -422,7 +482,25 @@ fn load_initrd_after(
 
 /// The initrd, a regular file no larger than guest RAM.
 pub fn open_initrd(path: &Path, mem_size: u64) -> Result<File, FileError> {
-    open_input(path, "initrd", mem_size, "the guest's memory, --mem").map(|(f, _)| f)
+    match open_input(path, "initrd", mem_size, "the guest's memory") {
+        Ok((file, _)) => Ok(file),
+        Err(FileError::TooLarge {
+            what,
+            path,
+            size,
+            limit,
+            why,
+            ..
+        }) => Err(FileError::TooLarge {
+            what,
+            path,
+            size,
+            limit,
+            why,
+            set_by: Some(Input::Mem),
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// The NUL-terminated command line at its fixed address (direct boot).

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linux_loader::loader::bootparam::setup_header;
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::boot::linux::{check_bzimage, LinuxBootError};
 use vmm::boot::KernelFile;
 use vmm::boot::{open_input, read_input, FileError, KERNEL_MAX_SIZE, VMLINUX_MAX_SIZE};
@@ -131,7 +132,7 @@ impl std::fmt::Display for Compression {
 /// Why a bzImage's payload could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     File(#[from] FileError),
     #[error(transparent)]
     Header(#[from] LinuxBootError),
@@ -142,34 +143,98 @@ pub enum PayloadError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{}: boot protocol {version:#06x} has no payload fields (2.08+ needed); pass the kernel's vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     OldProtocol { path: PathBuf, version: u16 },
-    #[error("{}: payload at {offset:#x}+{len:#x} lies outside the file ({file_len:#x} bytes); the bzImage is corrupt or truncated; pass the kernel's vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     OutOfFile {
         path: PathBuf,
         offset: u64,
         len: u64,
         file_len: u64,
     },
-    #[error("{}: unknown payload compression (first bytes {magic} at file offset {offset:#x}; known: gzip, bzip2, lzma, xz, lzo, lz4, zstd); pass the kernel's vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     UnknownCompression {
         path: PathBuf,
         offset: u64,
         magic: String,
     },
-    #[error("{}: corrupt {compression} payload at file offset {offset:#x} ({why}); pass the kernel's vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     Corrupt {
         path: PathBuf,
         compression: Compression,
         offset: u64,
         why: String,
     },
-    #[error("{}: the decompressed {compression} payload is not an ELF file (it starts {magic}); pass the kernel's vmlinux with --vmlinux", path.display())]
+    #[error("{}", self.say(&Plain))]
     NotElf {
         path: PathBuf,
         compression: Compression,
         magic: String,
     },
+}
+
+/// Every payload error but a file's says to pass the vmlinux instead.
+impl Advice for PayloadError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            PayloadError::File(e) => e.problem(w),
+            PayloadError::OldProtocol { path, version } => format!(
+                "{}: boot protocol {version:#06x} has no payload fields (2.08+ needed)",
+                path.display()
+            ),
+            PayloadError::OutOfFile {
+                path,
+                offset,
+                len,
+                file_len,
+            } => format!(
+                "{}: payload at {offset:#x}+{len:#x} lies outside the file ({file_len:#x} bytes); \
+                 the bzImage is corrupt or truncated",
+                path.display()
+            ),
+            PayloadError::UnknownCompression {
+                path,
+                offset,
+                magic,
+            } => format!(
+                "{}: unknown payload compression (first bytes {magic} at file offset {offset:#x}; \
+                 known: gzip, bzip2, lzma, xz, lzo, lz4, zstd)",
+                path.display()
+            ),
+            PayloadError::Corrupt {
+                path,
+                compression,
+                offset,
+                why,
+            } => format!(
+                "{}: corrupt {compression} payload at file offset {offset:#x} ({why})",
+                path.display()
+            ),
+            PayloadError::NotElf {
+                path,
+                compression,
+                magic,
+            } => format!(
+                "{}: the decompressed {compression} payload is not an ELF file (it starts {magic})",
+                path.display()
+            ),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            PayloadError::OldProtocol { .. }
+            | PayloadError::OutOfFile { .. }
+            | PayloadError::UnknownCompression { .. }
+            | PayloadError::Corrupt { .. }
+            | PayloadError::NotElf { .. } => Some(Remedy::KernelVmlinux),
+            PayloadError::File(e) => e.remedy(),
+            PayloadError::Header(_)
+            | PayloadError::NotBzImage { .. }
+            | PayloadError::Read { .. } => None,
+        }
+    }
 }
 
 /// A bzImage's payload, decompressed.

@@ -2,6 +2,8 @@
 //! mapping code and the host collector. See the module comment of
 //! `exitless` for the protocol.
 
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
 /// Guest-physical base of vmtrace's own memory slot (the VMM's memory map
 /// places it: above all RAM, never in the guest's e820 map).
 pub const REGION_GPA: u64 = vmm::layout::PRIVATE_START;
@@ -76,13 +78,30 @@ pub const RETURN_TRAP_VA: u64 = CODE_VA + RETURN_TRAP_OFF;
 /// Why a ring layout cannot be made.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LayoutError {
-    #[error(
-        "{cpus} CPUs x {sites} sites do not fit vmtrace's {} MiB of ring memory with at least {min} records per CPU; trace fewer functions, or use --mode trap",
-        DATA_LEN >> 20
-    )]
+    #[error("{}", self.say(&Plain))]
     TooBig { cpus: usize, sites: usize, min: u64 },
     #[error("a ring of {0} records is not a power of two between 2 and 2^24")]
     BadCapacity(u64),
+}
+
+impl Advice for LayoutError {
+    fn problem(&self, _: &dyn Words) -> String {
+        match self {
+            LayoutError::TooBig { cpus, sites, min } => format!(
+                "{cpus} CPUs x {sites} sites do not fit vmtrace's {} MiB of ring memory with at \
+                 least {min} records per CPU",
+                DATA_LEN >> 20
+            ),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            LayoutError::TooBig { .. } => Some(Remedy::FewerFunctionsOrTrapMode),
+            LayoutError::BadCapacity(_) => None,
+        }
+    }
 }
 
 /// Fewest records a ring may have.

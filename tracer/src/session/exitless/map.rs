@@ -2,6 +2,7 @@
 //! pause, through the guest's own page tables.
 
 use vm_memory::{Bytes, GuestAddress};
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 
 use super::layout::{CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA};
@@ -26,22 +27,52 @@ fn ours(entry: u64, want: u64) -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
-    #[error(
-        "page-directory entry {index} for {va:#x} (at guest physical {gpa:#x}) holds {value:#x}, not empty: \
-         the guest uses the range vmtrace maps its trampoline into; use --mode trap"
-    )]
+    #[error("{}", self.say(&Plain))]
     SlotInUse {
         index: usize,
         va: u64,
         gpa: u64,
         value: u64,
     },
-    #[error("the page directory above {va:#x} is a 1 GiB page: no room for vmtrace's trampoline; use --mode trap")]
+    #[error("{}", self.say(&Plain))]
     HugePage { va: u64 },
-    #[error("cannot walk the guest's page tables to {va:#x}: {source}; use --mode trap")]
+    #[error("{}", self.say(&Plain))]
     Walk { va: u64, source: GvaError },
     #[error("cannot write the page directory of vmtrace's trampoline: {0}")]
     Memory(String),
+}
+
+impl Advice for MapError {
+    fn problem(&self, _: &dyn Words) -> String {
+        match self {
+            MapError::SlotInUse {
+                index,
+                va,
+                gpa,
+                value,
+            } => format!(
+                "page-directory entry {index} for {va:#x} (at guest physical {gpa:#x}) holds \
+                 {value:#x}, not empty: the guest uses the range vmtrace maps its trampoline into"
+            ),
+            MapError::HugePage { va } => format!(
+                "the page directory above {va:#x} is a 1 GiB page: no room for vmtrace's trampoline"
+            ),
+            MapError::Walk { va, source } => {
+                format!("cannot walk the guest's page tables to {va:#x}: {source}")
+            }
+            e => e.to_string(),
+        }
+    }
+
+    /// The trampoline cannot be mapped here; traps need no mapping.
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            MapError::SlotInUse { .. } | MapError::HugePage { .. } | MapError::Walk { .. } => {
+                Some(Remedy::TrapMode)
+            }
+            MapError::Memory(_) => None,
+        }
+    }
 }
 
 /// What the guest's tables hold for the region after `map`.
@@ -232,7 +263,8 @@ mod tests {
             matches!(err, MapError::SlotInUse { index: 510, .. }),
             "{err}"
         );
-        assert!(err.to_string().contains("--mode trap"));
+        assert_eq!(err.remedy(), Some(Remedy::TrapMode));
+        assert!(err.to_string().ends_with("; trace in trap mode"), "{err}");
         let code: u64 = mem
             .read_obj(GuestAddress(pd + PD_FIRST as u64 * 8))
             .unwrap();

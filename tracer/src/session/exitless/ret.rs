@@ -42,6 +42,8 @@
 use iced_x86::code_asm::{qword_ptr, rcx, rsp, CodeAssembler};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, IcedError, Mnemonic, OpKind, Register};
 
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
 use super::disasm::format_instruction;
 
 /// How vmtrace's code returns to the traced function.
@@ -58,10 +60,22 @@ pub struct Return {
 /// Why the guest's `__fentry__` does not say how to return.
 #[derive(Debug, thiserror::Error)]
 pub enum ReturnError {
-    #[error(
-        "the guest's __fentry__ at {va:#x} does not end as vmtrace knows (`{insn}`), so it cannot tell which return mitigations the kernel uses; use --mode trap"
-    )]
+    #[error("{}", self.say(&Plain))]
     Unknown { va: u64, insn: String },
+}
+
+impl Advice for ReturnError {
+    fn problem(&self, _: &dyn Words) -> String {
+        let ReturnError::Unknown { va, insn } = self;
+        format!(
+            "the guest's __fentry__ at {va:#x} does not end as vmtrace knows (`{insn}`), so it \
+             cannot tell which return mitigations the kernel uses"
+        )
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        Some(Remedy::TrapMode)
+    }
 }
 
 /// Instructions other than NOPs `Return::from_fentry` reads before giving
@@ -307,14 +321,16 @@ mod tests {
             &[0x48, 0xc1, 0xf8, 0x05, 0xc3][..],
             &[0x90; 16][..],
         ] {
-            let err = fentry(code).unwrap_err().to_string();
+            let err = fentry(code).unwrap_err();
+            assert_eq!(err.remedy(), Some(Remedy::TrapMode));
+            let err = err.to_string();
             assert!(
                 err.starts_with(
                     "the guest's __fentry__ at 0xffffffff81002040 does not end as vmtrace knows"
                 ),
                 "{err}"
             );
-            assert!(err.ends_with("use --mode trap"), "{err}");
+            assert!(err.ends_with("; trace in trap mode"), "{err}");
         }
     }
 }

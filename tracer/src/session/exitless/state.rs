@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
@@ -52,41 +53,28 @@ pub const ITS_RETURN_THUNK: &str = "its_return_thunk";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExitlessError {
-    #[error(
-        "{path}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot tell which CPU it runs on; use --mode trap",
-        path = .0.display()
-    )]
+    #[error("{}", self.say(&Plain))]
     NoCpuNumber(std::path::PathBuf),
-    #[error(
-        "{path}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) nor a kernel address (6.15+); use --mode trap",
-        path = .path.display()
-    )]
+    #[error("{}", self.say(&Plain))]
     BadCpuNumber { path: std::path::PathBuf, off: u64 },
-    #[error("the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of reach of a gs:[disp32]; use --mode trap")]
+    #[error("{}", self.say(&Plain))]
     CpuNumberOutOfReach { link: u64, runtime: u64 },
-    #[error(
-        "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the guest has {cpus} vCPUs): \
-         the symbols do not describe this kernel's per-CPU layout; use --mode trap"
-    )]
+    #[error("{}", self.say(&Plain))]
     CpuNumberMismatch {
         cpu: usize,
         value: u32,
         off: u64,
         cpus: usize,
     },
-    #[error(
-        "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol (kallsyms without \
-         CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has rewritten its returns yet; \
-         use --mode trap, or give its vmlinux (--vmlinux)"
-    )]
+    #[error("{}", self.say(&Plain))]
     AlternativesUnknown { place: String },
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Layout(#[from] LayoutError),
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Trampoline(#[from] TrampolineError),
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Return(#[from] ReturnError),
-    #[error(transparent)]
+    #[error("{}", self.say(&Plain))]
     Map(#[from] MapError),
     #[error(transparent)]
     Ring(#[from] RingError),
@@ -105,6 +93,63 @@ pub enum ExitlessError {
          their calls are not in the counts"
     )]
     BadRecords(u64),
+}
+
+/// Its own errors say when the trampoline cannot work with this kernel:
+/// traps can.
+impl Advice for ExitlessError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            ExitlessError::NoCpuNumber(path) => format!(
+                "{}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot \
+                 tell which CPU it runs on",
+                path.display()
+            ),
+            ExitlessError::BadCpuNumber { path, off } => format!(
+                "{}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) \
+                 nor a kernel address (6.15+)",
+                path.display()
+            ),
+            ExitlessError::CpuNumberOutOfReach { link, runtime } => format!(
+                "the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of \
+                 reach of a gs:[disp32]"
+            ),
+            ExitlessError::CpuNumberMismatch {
+                cpu,
+                value,
+                off,
+                cpus,
+            } => format!(
+                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the \
+                 guest has {cpus} vCPUs): the symbols do not describe this kernel's per-CPU layout"
+            ),
+            ExitlessError::AlternativesUnknown { place } => format!(
+                "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol \
+                 (kallsyms without CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has \
+                 rewritten its returns yet"
+            ),
+            ExitlessError::Layout(e) => e.problem(w),
+            ExitlessError::Trampoline(e) => e.problem(w),
+            ExitlessError::Return(e) => e.problem(w),
+            ExitlessError::Map(e) => e.problem(w),
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            ExitlessError::NoCpuNumber(_)
+            | ExitlessError::BadCpuNumber { .. }
+            | ExitlessError::CpuNumberOutOfReach { .. }
+            | ExitlessError::CpuNumberMismatch { .. } => Some(Remedy::TrapMode),
+            ExitlessError::AlternativesUnknown { .. } => Some(Remedy::TrapModeOrVmlinux),
+            ExitlessError::Layout(e) => e.remedy(),
+            ExitlessError::Trampoline(e) => e.remedy(),
+            ExitlessError::Return(e) => e.remedy(),
+            ExitlessError::Map(e) => e.remedy(),
+            _ => None,
+        }
+    }
 }
 
 /// Exitless state of one tracing session.

@@ -102,6 +102,8 @@ use iced_x86::{
     Instruction, Mnemonic,
 };
 
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
 use super::body::{emit_entry, emit_site_body, Fields};
 use super::disasm::{format_instruction, walk_common_path, BrokenPath};
 use super::graph_code;
@@ -190,9 +192,7 @@ pub enum TrampolineError {
         CODE_LEN >> 10
     )]
     TooLong { sites: usize, len: usize },
-    #[error(
-        "the guest's return thunk at {0:#x} is more than 2 GiB from vmtrace's code; use --mode trap"
-    )]
+    #[error("{}", self.say(&Plain))]
     ThunkOutOfReach(u64),
     #[error("the trampoline's common path at {va:#x} is broken: {why}")]
     BrokenPath { va: u64, why: String },
@@ -210,6 +210,23 @@ pub enum TrampolineError {
 impl From<BrokenPath> for TrampolineError {
     fn from(BrokenPath { va, why }: BrokenPath) -> Self {
         TrampolineError::BrokenPath { va, why }
+    }
+}
+
+impl Advice for TrampolineError {
+    fn problem(&self, _: &dyn Words) -> String {
+        match self {
+            TrampolineError::ThunkOutOfReach(va) => {
+                format!(
+                    "the guest's return thunk at {va:#x} is more than 2 GiB from vmtrace's code"
+                )
+            }
+            e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        matches!(self, TrampolineError::ThunkOutOfReach(_)).then_some(Remedy::TrapMode)
     }
 }
 

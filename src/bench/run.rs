@@ -1,0 +1,186 @@
+//! Running the benches a `BenchConfig` selects, in the order they have
+//! always run: call/trap, call/exitless, call/graph, attach/pause,
+//! attach/scaling, record/throughput, report/render, attach/modes, and
+//! last boot/ftrace (minutes of Linux boots).
+
+use std::path::Path;
+
+use tracer::trace::report;
+
+use super::measure::{self, HANDLER_TRAPS, PAUSE_VCPUS};
+use super::results::{ftrace, Results};
+use super::suite::BenchId;
+use super::{fig, median, swamped};
+use crate::config::BenchConfig;
+use crate::error::{Error, RuntimeError};
+
+/// Every bench `cfg` selects, measured; the others None (or empty).
+pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
+    let runs = |id| cfg.benches.runs(id);
+    let mut r = Results::default();
+    if runs(BenchId::CallTrap) {
+        call_figures(cfg, mini(cfg)?, &mut r)?;
+    }
+    if runs(BenchId::CallExitless) {
+        note!(
+            "vmtrace bench: call/exitless (f) {} rounds of 4 phases (untraced, spin {}, trap, \
+             exitless) x {} iterations ({} vCPU, mode=loop)",
+            cfg.rounds,
+            measure::SPIN,
+            cfg.iters,
+            cfg.cpus
+        );
+        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, false)?;
+        r.exitless = Some(costs);
+    }
+    if runs(BenchId::CallGraph) {
+        note!(
+            "vmtrace bench: call/graph (g) the same 4 phases with return hooks (--graph) x {} \
+             iterations",
+            cfg.iters
+        );
+        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, true)?;
+        r.graph = Some(costs);
+    }
+    if cfg.counts_only {
+        note!("vmtrace bench: --counts-only: call/exitless and call/graph alone");
+    }
+    if runs(BenchId::AttachPause) {
+        r.pauses = pause_figures(cfg, mini(cfg)?)?;
+    }
+    if runs(BenchId::AttachScaling) {
+        r.scaling = scaling_figures(cfg)?;
+    }
+    if runs(BenchId::RecordThroughput) {
+        r.record = Some(record_figures(cfg)?);
+    }
+    if runs(BenchId::ReportRender) {
+        note!(
+            "vmtrace bench: report/render: report of {} synthetic events",
+            report::thousands(cfg.report_events)
+        );
+        r.report = Some(measure::report_figures(cfg.report_events)?);
+    }
+    if runs(BenchId::AttachModes) {
+        note!(
+            "vmtrace bench: attach/modes (j) first attach of every mini guest site, trap and \
+             exitless, in {} fresh guests",
+            cfg.rounds
+        );
+        r.attach_modes = Some(measure::attach_modes(mini(cfg)?, cfg.cpus, cfg.rounds)?);
+    }
+    r.ftrace = ftrace_figures(cfg);
+    Ok(r)
+}
+
+/// The mini guest, which the config holds whenever a bench run needs it.
+fn mini(cfg: &BenchConfig) -> Result<&Path, Error> {
+    cfg.kernel.as_deref().ok_or_else(|| {
+        RuntimeError::Measure("no mini guest for a bench that runs on it".into()).into()
+    })
+}
+
+/// call/trap, (a)-(c), and the handlers alone, into `r`: a, b, c are NaN
+/// where this host's noise swamped them (never a failure), and
+/// `calls_not_measured` says why.
+fn call_figures(cfg: &BenchConfig, kernel: &Path, r: &mut Results) -> Result<(), Error> {
+    note!(
+        "vmtrace bench: call/trap (a)(b) {} rounds of 3 phases x {} iterations of {} ({} vCPU, \
+         mode=loop)",
+        cfg.rounds,
+        cfg.iters,
+        kernel.display(),
+        cfg.cpus
+    );
+    let costs = measure::call_costs(kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    // Differences of the phases' times: not measured where this host's
+    // noise swamped them (said in the table and the JSON).
+    let (a, b) = (median(&costs.a), median(&costs.b));
+    let e = costs.exits_per_iter;
+    r.calls_not_measured = swamped(&[("resume-only", a * e), ("recorder", b * e)]);
+    (r.a, r.b) = (fig(a), fig(b));
+    r.c = if r.a.is_nan() || r.b.is_nan() {
+        f64::NAN
+    } else {
+        median(&costs.ratios())
+    };
+    r.costs = Some(costs);
+    note!("vmtrace bench: handlers alone, {HANDLER_TRAPS} traps each");
+    r.handlers = Some(measure::handler_alone(kernel)?);
+    Ok(())
+}
+
+/// attach/pause, (d): 1, 2 and 4 vCPUs.
+fn pause_figures(cfg: &BenchConfig, kernel: &Path) -> Result<Vec<measure::PauseFigures>, Error> {
+    let mut pauses = Vec::new();
+    for n in PAUSE_VCPUS {
+        note!(
+            "vmtrace bench: attach/pause (d) {n} vCPU(s), mode=loop: {} pauses, {} \
+             attach/detach cycles",
+            cfg.cycles,
+            cfg.cycles
+        );
+        pauses.push(measure::pause_figures(kernel, n, cfg.cycles)?);
+    }
+    Ok(pauses)
+}
+
+/// attach/scaling, (e) and loading: skipped without a vmlinux (in the
+/// default set; named, the config has one).
+fn scaling_figures(cfg: &BenchConfig) -> Result<Option<measure::Scaling>, Error> {
+    match &cfg.vmlinux {
+        Some(v) => {
+            note!(
+                "vmtrace bench: attach/scaling (e) attach windows on {} (loaded, not booted)",
+                v.display()
+            );
+            Ok(Some(measure::attach_scaling(v)?))
+        }
+        None => {
+            note!(
+                "vmtrace bench: attach/scaling (e) and loading skipped: no guest/out/vmlinux \
+                 (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// record/throughput, (h). Before report/render: its trace of
+/// --report-events events, freed, would leave the allocator more to hand
+/// back before (h) reads its RSS.
+fn record_figures(cfg: &BenchConfig) -> Result<measure::RecordFigures, Error> {
+    note!(
+        "vmtrace bench: record/throughput (h) recording {} events to a data file in {}",
+        report::thousands(cfg.record_events),
+        std::env::temp_dir().display()
+    );
+    measure::record_figures(cfg.record_events)
+}
+
+/// boot/ftrace, (i): last, and only when asked for (minutes of Linux
+/// boots); a failure is a result, said in the table and the JSON.
+fn ftrace_figures(cfg: &BenchConfig) -> ftrace::Measured {
+    match (&cfg.linux, cfg.benches.runs(BenchId::BootFtrace)) {
+        (Some(guest), true) => {
+            note!(
+                "vmtrace bench: boot/ftrace (i) {} boots of {} in each of {} configurations \
+                 ({}), interleaved",
+                cfg.linux_boots,
+                guest.kernel.display(),
+                measure::BOOT_CONFIGS.len(),
+                measure::BOOT_CONFIGS.map(|c| c.name()).join(", ")
+            );
+            Some(measure::ftrace_figures(guest, cfg.linux_boots))
+        }
+        _ => {
+            if !cfg.benches.named {
+                note!(
+                    "vmtrace bench: boot/ftrace (i), vmtrace vs. the guest's ftrace, skipped \
+                     (run it with --linux-boots N: 5 x N boots of the Linux guest)"
+                );
+            }
+            None
+        }
+    }
+}
