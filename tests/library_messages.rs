@@ -19,7 +19,10 @@ const KEPT: &[(&str, &str)] = &[
         "--overwrite keeps the newest",
     ),
     ("tracer/src/trace/report/header.rs", "(over --max-events,"),
-    ("tracer/src/trace/report/header.rs", "(\"--cpu\", s)"),
+    (
+        "tracer/src/trace/report/header.rs",
+        "(\"--cpu\", cpu_line(report))",
+    ),
     (
         "tracer/src/trace/report/header.rs",
         "a full ring, --max-events or a full queue",
