@@ -150,3 +150,18 @@ fn a_duration_detaches_then_stops_the_guest() {
     assert!(calls > 0, "the loop was traced");
     assert_eq!(ended.summary.events.len() as u64, calls);
 }
+/// A selection that matches nothing is refused before any guest exists,
+/// in the library's words: no flag named.
+#[test]
+fn a_selection_that_matches_nothing_is_refused_in_the_librarys_words() {
+    let elf = mini_elf();
+    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
+    let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
+    let mut req = request(ModeChoice::Trap, false);
+    req.trace = vec!["no_such_function_anywhere".to_string()];
+    let err = TracePlan::build(image, &req)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(!err.contains("--"), "{err}");
+}
