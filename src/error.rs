@@ -3,11 +3,21 @@
 
 use std::path::PathBuf;
 
-use tracer::session::{NotReady, TracerError};
+use tracer::error::TracerError;
+use tracer::session::NotReady;
 use tracer::trace::datafile::TraceFileError;
 use vmm::advice::{Advice, Input, Remedy, Words};
 use vmm::boot::BootError;
 use vmm::{StopReason, VmError};
+
+/// A number of seconds as the user would write it: `1e300`, not 301 digits.
+pub fn show_secs(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
 
 /// Exit status when the guest did not end cleanly, or vmtrace failed while running.
 pub const EXIT_GUEST_FAILED: u8 = 1;
@@ -127,7 +137,7 @@ pub enum InputError {
     Seconds { flag: &'static str, value: f64 },
     #[error(
         "{flag} {} is too long; use at most {max} seconds (365 days)",
-        crate::config::show_secs(*.value)
+        show_secs(*.value)
     )]
     SecondsTooLong {
         flag: &'static str,

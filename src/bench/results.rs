@@ -10,6 +10,7 @@ mod exitless;
 pub mod ftrace;
 mod goals;
 mod json;
+mod methods;
 mod record;
 mod table;
 
@@ -241,7 +242,8 @@ mod tests {
     use super::super::measure::AttachFigures;
     use super::super::suite::Selection;
     use super::goals::GOAL_REPORT_EVENTS;
-    use super::json::{methods, JSON_SCHEMA};
+    use super::json::JSON_SCHEMA;
+    use super::methods::methods;
     use super::*;
 
     /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".

@@ -2,9 +2,9 @@
 //! why (`tracer::kernel::list`), on stdout; the summary on stderr, so that the list
 //! pipes. No guest is booted.
 
+use tracer::error::TracerError;
 use tracer::kernel::list::Listing;
 use tracer::kernel::sites::SiteTable;
-use tracer::session::TracerError;
 
 use crate::cli::ListArgs;
 use crate::config::ListConfig;

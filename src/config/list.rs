@@ -2,8 +2,8 @@
 //! symbols found exactly as a traced run finds them (`tracer::kernel::find`),
 //! and the globs.
 
+use tracer::error::TracerError;
 use tracer::kernel::symbols::KernelImage;
-use tracer::session::TracerError;
 
 use tracer::kernel::find::{self, Given};
 use vmm::boot::KernelFile;

@@ -13,9 +13,6 @@ use std::time::Duration;
 
 use vmm::VmSize;
 
-// (Until the bench moves to `vmm::host` too.)
-pub use vmm::host::emulates_ring0 as emulator_host;
-
 use crate::error::InputError;
 
 pub use bench::BenchConfig;
@@ -46,15 +43,6 @@ pub fn secs(v: Option<f64>, flag: &'static str) -> Result<Option<Duration>, Inpu
         }
         Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
         Some(value) => Err(InputError::Seconds { flag, value }),
-    }
-}
-
-/// A number of seconds as the user would write it: `1e300`, not 301 digits.
-pub fn show_secs(v: f64) -> String {
-    if v.is_finite() && v.abs() >= 1e9 {
-        format!("{v:e}")
-    } else {
-        v.to_string()
     }
 }
 

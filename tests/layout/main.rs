@@ -25,21 +25,7 @@ pub const MAX_FILE_LINES: usize = 650;
 /// when an entry no longer matches anything: remove it then.
 ///
 /// Import loops, keyed by their files, sorted, joined by ` `.
-const ALLOWED_LOOPS: &[(&str, &str)] = &[
-    (
-        "src/config/mod.rs src/error.rs",
-        "the lead rewrites src/config/ and the CLI's errors for issue 23 item 1",
-    ),
-    (
-        "src/bench/results/benches.rs src/bench/results/json.rs",
-        "the bench's results were just split (issue 23 item 5): its author splits them again",
-    ),
-    (
-        "tracer/src/plan/mod.rs tracer/src/session/mod.rs",
-        "Plan::new returns session's TracerError: the plan stage gets its own errors in \
-         the lead's rewrite (issue 23 item 1)",
-    ),
-];
+const ALLOWED_LOOPS: &[(&str, &str)] = &[];
 
 /// Long functions, keyed `file fn name`. These have no `Long:` comment
 /// because their files are being rewritten (issue 23): empty this list then.

@@ -10,9 +10,12 @@
 //! - [`trace`]: what a session leaves: the data file, the trace model, the
 //!   function graph, windows, reports and exports.
 //!
+//! [`error::TracerError`] is any stage's error.
+//!
 //! Errors say what is wrong, never which CLI flag: the inputs they name and
 //! the remedies they offer are data a front end words (`vmm::advice`).
 
+pub mod error;
 pub mod kernel;
 pub mod plan;
 pub mod session;

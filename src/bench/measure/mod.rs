@@ -14,11 +14,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracer::error::TracerError;
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::Plan;
 use tracer::session::record::SiteIndex;
-use tracer::session::{Session, SessionError, Start, Tracer, TracerError};
+use tracer::session::{Session, SessionError, Start, Tracer};
 use tracer::trace::report::{self, ReportOptions};
 use vmm::boot::KernelFile;
 use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
@@ -36,7 +37,6 @@ use phases::{wait_calls, IterCounters};
 use vmm::gva::{AddressSpace, PagingMode};
 
 use crate::bench::us;
-use crate::config::emulator_host;
 use crate::error::{Error, RuntimeError};
 
 /// The functions traced for (a), (b) and (f).
@@ -63,7 +63,7 @@ fn guest_config(kernel: &Path, cpus: u64, mem_mib: u64, cmdline: &str) -> Result
         cmdline: cmdline.into(),
         console: Box::new(std::io::sink()),
         timeout: None,
-        hide_hypercalls: emulator_host(),
+        hide_hypercalls: vmm::host::emulates_ring0(),
     })
 }
 

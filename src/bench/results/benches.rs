@@ -9,7 +9,7 @@ use super::super::suite::{bench, BenchId, BENCHES};
 use super::exitless::{ExitlessFigures, GraphFigures};
 use super::ftrace::{FtraceJson, HOW};
 use super::goals::goals_of;
-use super::json::{method_bench, methods, GoalJson};
+use super::methods::{method_bench, methods, GoalJson};
 use super::{figures_of, max, min, Results, COUNTS_ONLY};
 use crate::bench::median;
 use crate::config::BenchConfig;

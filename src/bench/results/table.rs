@@ -9,10 +9,10 @@ use tracer::trace::report;
 use super::super::measure::{PauseFigures, Scaling, E_REPS};
 use super::super::suite::{bench, BenchId};
 use super::exitless::{num, num_us};
-use super::json::methods_shown;
+use super::methods::methods_shown;
 use super::{attach_modes, exitless, ftrace, max, min, record, Goal, Results, Run, COUNTS_ONLY};
 use crate::bench::{median, pct};
-use crate::config::{emulator_host, BenchConfig};
+use crate::config::BenchConfig;
 
 /// The printed report.
 pub fn table(r: &Results, goals: &[Goal], run: &Run<'_>) -> String {
@@ -32,7 +32,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
         let names: Vec<&str> = cfg.benches.ids.iter().map(|&id| bench(id).name).collect();
         writeln!(o, "benches: {}", names.join(", "))?;
     }
-    if emulator_host() {
+    if vmm::host::emulates_ring0() {
         writeln!(
             o,
             "host: KVM emulates guest ring 0 here (kvm_pvm): absolute times are several times \

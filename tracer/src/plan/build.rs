@@ -6,10 +6,10 @@
 use vmm::advice::{Advice, Plain, Remedy};
 
 use super::{hookable, Mode, Plan};
+use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
 use crate::session::exitless::state::{Exitless, ExitlessError};
-use crate::session::TracerError;
 
 /// How traced calls should reach vmtrace, as asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

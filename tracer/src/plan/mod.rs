@@ -9,11 +9,11 @@ pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
 use crate::session::record::SiteIndex;
-use crate::session::TracerError;
 
 /// The kernel's flag that its ftrace_init has converted every site
 /// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).

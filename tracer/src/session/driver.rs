@@ -19,7 +19,8 @@ use vmm::{RunReport, Running, StopReason, TrapHandler, Vm};
 
 use super::exitless::map::Mapped;
 use super::patch::{AttachCounts, DetachCounts};
-use super::{Attach, NotReady, Progress, Recording, Saved, Tracer, TracerError};
+use super::{Attach, NotReady, Progress, Recording, Saved, Tracer};
+use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
 use crate::plan::TracePlan;
 use crate::trace::datafile::TraceFileError;

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use super::{Tracer, TracerError};
+use super::Tracer;
+use crate::error::TracerError;
 use crate::kernel::symbols::Symbol;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;

@@ -7,14 +7,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::{Paused, TrapHandler, VcpuSpace};
 
-use crate::kernel::filter::FilterError;
-use crate::kernel::kaslr::{self, Detected, KaslrError, KernelOffset};
-use crate::kernel::sites::SiteError;
-use crate::kernel::symbols::SymbolError;
+use crate::error::TracerError;
+use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 use counters::Counters;
@@ -39,45 +36,6 @@ pub mod site_index;
 pub mod store;
 pub use driver::{Attached, Ended, Observer, Session, SessionError, Silent, Start, POLL};
 pub use finish::{Progress, Saved};
-
-#[derive(Debug, thiserror::Error)]
-#[error("{}", self.say(&Plain))]
-pub enum TracerError {
-    Symbols(#[from] SymbolError),
-    Sites(#[from] SiteError),
-    Filter(#[from] FilterError),
-    Patch(#[from] PatchError),
-    Exitless(#[from] ExitlessError),
-    Kaslr(#[from] KaslrError),
-}
-
-/// Each stage's error, said in its own way (`vmm::advice`).
-impl Advice for TracerError {
-    fn problem(&self, w: &dyn Words) -> String {
-        self.inner().problem(w)
-    }
-
-    fn remedy(&self) -> Option<Remedy> {
-        self.inner().remedy()
-    }
-
-    fn say(&self, w: &dyn Words) -> String {
-        self.inner().say(w)
-    }
-}
-
-impl TracerError {
-    fn inner(&self) -> &dyn Advice {
-        match self {
-            TracerError::Symbols(e) => e,
-            TracerError::Sites(e) => e,
-            TracerError::Filter(e) => e,
-            TracerError::Patch(e) => e,
-            TracerError::Exitless(e) => e,
-            TracerError::Kaslr(e) => e,
-        }
-    }
-}
 
 /// With page-table isolation, Linux gives each process a pair of top-level
 /// tables 8 KiB aligned, the user one 4 KiB above the kernel one, and flips

@@ -1,0 +1,51 @@
+//! The tracer's error: any stage's, each said in its own way
+//! (`vmm::advice`). Every stage returns it, so it lives beside them, not in
+//! one of them.
+
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
+use crate::kernel::filter::FilterError;
+use crate::kernel::kaslr::KaslrError;
+use crate::kernel::sites::SiteError;
+use crate::kernel::symbols::SymbolError;
+use crate::session::exitless::state::ExitlessError;
+use crate::session::patch::PatchError;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.say(&Plain))]
+pub enum TracerError {
+    Symbols(#[from] SymbolError),
+    Sites(#[from] SiteError),
+    Filter(#[from] FilterError),
+    Patch(#[from] PatchError),
+    Exitless(#[from] ExitlessError),
+    Kaslr(#[from] KaslrError),
+}
+
+/// Each stage's error, said in its own way (`vmm::advice`).
+impl Advice for TracerError {
+    fn problem(&self, w: &dyn Words) -> String {
+        self.inner().problem(w)
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        self.inner().remedy()
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        self.inner().say(w)
+    }
+}
+
+impl TracerError {
+    fn inner(&self) -> &dyn Advice {
+        match self {
+            TracerError::Symbols(e) => e,
+            TracerError::Sites(e) => e,
+            TracerError::Filter(e) => e,
+            TracerError::Patch(e) => e,
+            TracerError::Exitless(e) => e,
+            TracerError::Kaslr(e) => e,
+        }
+    }
+}
