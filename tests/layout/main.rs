@@ -276,3 +276,44 @@ fn checker_finds_types_and_modules_named_twice() {
         ]
     );
 }
+
+#[test]
+fn checker_follows_reexports_to_the_defining_file() {
+    // kernel/find.rs names plan's TracePlan, defined in plan/build.rs and
+    // re-exported by plan/mod.rs; build.rs names kernel::find's Site.
+    let files = synthetic(&[
+        ("lib.rs", "pub mod kernel; pub mod plan;"),
+        ("kernel/mod.rs", "pub mod find;"),
+        (
+            "kernel/find.rs",
+            "use crate::plan::TracePlan;\npub struct Site;",
+        ),
+        (
+            "plan/mod.rs",
+            "mod build;\nmod glob;\npub use build::{Note, TracePlan};\npub use glob::*;",
+        ),
+        (
+            "plan/build.rs",
+            "use crate::kernel::find::Site;\npub struct TracePlan;\npub struct Note;",
+        ),
+        // Through a glob re-export, and a path in code.
+        (
+            "plan/glob.rs",
+            "pub fn g() { let _ = crate::kernel::find::Site; }",
+        ),
+        ("kernel/other.rs", "fn f() { crate::plan::g(); }"),
+    ]);
+    let msgs: Vec<String> = import_loop_problems(&files)
+        .into_iter()
+        .map(|p| p.msg)
+        .collect();
+    assert_eq!(
+        msgs,
+        [
+            "import loop: tracer/src/kernel/find.rs -> tracer/src/plan/build.rs -> \
+          tracer/src/kernel/find.rs"
+        ]
+    );
+    let graph = import_graph(&files, "tracer");
+    assert!(graph["tracer/src/kernel/other.rs"].contains("tracer/src/plan/glob.rs"));
+}
