@@ -8,12 +8,14 @@ mod lex;
 mod loops;
 mod sizes;
 mod source;
+mod stages;
 
 use std::path::Path;
 
 use loops::*;
 use sizes::*;
 use source::*;
+use stages::*;
 
 /// Lines a function may take (from `fn` to its closing brace).
 pub const MAX_FN_LINES: usize = 80;
@@ -33,6 +35,15 @@ const ALLOWED_LONG_FNS: &[(&str, &str)] = &[];
 
 /// Files over MAX_FILE_LINES besides their tests.
 const ALLOWED_LONG_FILES: &[(&str, &str)] = &[];
+
+/// Uses of a later stage of the tracer crate (see stages.rs), keyed
+/// `from-file -> to-file`.
+const ALLOWED_STAGE_USES: &[(&str, &str)] = &[(
+    "tracer/src/plan/build.rs -> tracer/src/session/exitless/state.rs",
+    "auto mode picks exitless only where `Exitless::check` can plan its rings and \
+     trampoline; that check generates the trampoline (session/exitless/trampoline.rs) to \
+     know it fits, so it cannot move to plan/ without rewriting the exitless module",
+)];
 
 /// Type names defined twice, and module names used in two crates.
 const ALLOWED_DUPLICATES: &[(&str, &str)] = &[(
@@ -72,6 +83,15 @@ fn no_import_loops() {
 }
 
 #[test]
+fn stages_use_earlier_stages_only() {
+    report(
+        "stage order",
+        stage_problems(&workspace()),
+        ALLOWED_STAGE_USES,
+    );
+}
+
+#[test]
 fn no_long_functions() {
     report(
         "long functions",
@@ -103,6 +123,11 @@ fn allow_lists_name_what_is_there() {
     let files = workspace();
     let lists = [
         ("ALLOWED_LOOPS", import_loop_problems(&files), ALLOWED_LOOPS),
+        (
+            "ALLOWED_STAGE_USES",
+            stage_problems(&files),
+            ALLOWED_STAGE_USES,
+        ),
         (
             "ALLOWED_LONG_FNS",
             long_fn_problems(&files),
@@ -316,4 +341,41 @@ fn checker_follows_reexports_to_the_defining_file() {
     );
     let graph = import_graph(&files, "tracer");
     assert!(graph["tracer/src/kernel/other.rs"].contains("tracer/src/plan/glob.rs"));
+}
+
+#[test]
+fn checker_finds_uses_of_later_stages() {
+    let files = synthetic(&[
+        (
+            "lib.rs",
+            "pub mod kernel; pub mod plan; pub mod session; pub mod trace;",
+        ),
+        ("kernel/mod.rs", "pub mod a;"),
+        // Through plan's re-export: the file defining it is named.
+        ("kernel/a.rs", "use crate::plan::P;\npub struct K;"),
+        ("plan/mod.rs", "mod p;\npub use p::P;"),
+        ("plan/p.rs", "use crate::kernel::a::K;\npub struct P;"),
+        ("session/mod.rs", "pub mod s;"),
+        // A session writes a Trace: trace's model and datafile it may use.
+        (
+            "session/s.rs",
+            "use crate::trace::model::T;\nuse crate::trace::datafile::D;\n\
+             fn f() { crate::trace::report::r(); }",
+        ),
+        (
+            "trace/mod.rs",
+            "pub mod model; pub mod datafile; pub mod report;",
+        ),
+        ("trace/model.rs", "pub struct T;"),
+        ("trace/datafile.rs", "use crate::session::s;\npub struct D;"),
+        ("trace/report.rs", "pub fn r() {}"),
+    ]);
+    let keys: Vec<String> = stage_problems(&files).into_iter().map(|p| p.key).collect();
+    assert_eq!(
+        keys,
+        [
+            "tracer/src/kernel/a.rs -> tracer/src/plan/p.rs",
+            "tracer/src/session/s.rs -> tracer/src/trace/report.rs"
+        ]
+    );
 }
