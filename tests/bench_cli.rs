@@ -535,6 +535,15 @@ fn bench_list_names_every_bench() {
         ["call/trap", "call/exitless", "call/graph", "attach/modes"],
         "{some}"
     );
+    // Its heading counts what it lists (before: "9 benches in 5 collections").
+    assert!(
+        some.starts_with("vmtrace bench: 4 of 9 benches, in 2 of 5 collections."),
+        "{some}"
+    );
+    assert!(
+        list.starts_with("vmtrace bench: 9 of 9 benches, in 5 of 5 collections."),
+        "{list}"
+    );
 }
 
 /// One bench by name runs it alone: its figures, its goals, its entry;

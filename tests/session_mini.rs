@@ -69,7 +69,7 @@ fn pipeline(mode: ModeChoice, graph: bool) {
     assert_eq!(seen.attached.len(), 1, "the attach is said once");
     assert_eq!(attached.counts.patched, seen.attached[0].counts.patched);
     assert_eq!(attached.retries, 0, "the mini guest is ready at once");
-    let ended = session.end();
+    let ended = session.end(&vmm::advice::Plain);
     assert_eq!(
         ended.report.reason,
         vmm::StopReason::PowerOff(0),
@@ -144,7 +144,7 @@ fn a_duration_detaches_then_stops_the_guest() {
         !session.tracer().is_attached(),
         "detached before the guest stopped"
     );
-    let ended = session.end();
+    let ended = session.end(&vmm::advice::Plain);
     assert_eq!(ended.report.reason, vmm::StopReason::Requested);
     let calls: u64 = ended.summary.counts.iter().flatten().sum();
     assert!(calls > 0, "the loop was traced");
@@ -164,4 +164,39 @@ fn a_selection_that_matches_nothing_is_refused_in_the_librarys_words() {
         .expect("refused")
         .to_string();
     assert!(!err.contains("--"), "{err}");
+}
+
+/// The guest's text, read through its physical mapping.
+fn text_bytes(mem: &vm_memory::GuestMemoryMmap, kernel: &std::path::Path) -> Vec<u8> {
+    use vm_memory::{Bytes, GuestAddress};
+    let (start, end) = (elf_symbol(kernel, "_stext"), elf_symbol(kernel, "_etext"));
+    let mut buf = vec![0u8; (end - start) as usize];
+    let phys = vmm::layout::kernel_virt_to_phys(start).unwrap();
+    mem.read_slice(&mut buf, GuestAddress(phys)).unwrap();
+    buf
+}
+
+/// A session dropped without `end` (a caller's early return) still stops
+/// the guest and restores every site it patched.
+#[test]
+fn a_session_dropped_without_end_restores_every_site() {
+    let elf = mini_elf();
+    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
+    let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
+    let plan = TracePlan::build(image, &request(ModeChoice::Trap, false)).unwrap();
+    let capture = Capture::default();
+    let mut cfg = mini_config(&elf, 2, "mode=loop", &capture);
+    cfg.kernel = kernel;
+    let vm = vmm::Vm::create(cfg).unwrap();
+    let mut session = Session::start(vm, plan, Recording::memory(1_000_000)).unwrap();
+    let mem = session.running().memory().clone();
+    let before = text_bytes(&mem, &elf);
+    {
+        let (running, tracer) = session.parts();
+        let paused = running.pause_all();
+        tracer.attach(&paused).unwrap().attached().unwrap();
+    }
+    assert_ne!(text_bytes(&mem, &elf), before, "the attach patched sites");
+    drop(session);
+    assert_eq!(text_bytes(&mem, &elf), before, "every site restored");
 }

@@ -266,11 +266,17 @@ pub fn names() -> String {
 pub fn list(ids: &[BenchId]) -> String {
     let mut o = String::new();
     // Writing to a String cannot fail.
+    let shown = BENCHES.iter().filter(|b| ids.contains(&b.id));
+    let collections = COLLECTIONS
+        .iter()
+        .filter(|(c, _)| shown.clone().any(|b| b.collection() == *c))
+        .count();
     let _ = writeln!(
         o,
-        "vmtrace bench: {} benches in {} collections. `vmtrace bench NAME...` runs the benches \
-         named (a collection runs all of its own); no name, or `all`, runs every bench but \
-         boot/ftrace, which runs with --linux-boots N.",
+        "vmtrace bench: {} of {} benches, in {collections} of {} collections. `vmtrace bench \
+         NAME...` runs the benches named (a collection runs all of its own); no name, or `all`, \
+         runs every bench but boot/ftrace, which runs with --linux-boots N.",
+        shown.count(),
         BENCHES.len(),
         COLLECTIONS.len()
     );

@@ -116,18 +116,20 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
         kernel: kernel.to_owned(),
     };
     let notes = plan.notes.clone();
-    let mut session = Session::start(vm, plan, recording).map_err(|e| {
+    let prepared = Session::prepare(plan, vm.cpus(), recording).map_err(|e| {
         data.discard();
         session_error(e)
     })?;
-    // Said once nothing can refuse the run any more.
+    // Said once nothing can refuse the run any more, before the guest's
+    // console starts.
     for n in &notes {
         say_note(n);
     }
+    let mut session = prepared.start(vm).map_err(session_error)?;
     let mut status = Status::new(!output.quiet && std::io::stderr().is_terminal());
     let result = session.trace(duration, &mut status);
     crate::status::clear();
-    let ended = session.end();
+    let ended = session.end(&Flags);
     data.end_on_terminate();
     result.map_err(session_error)?;
     report_end(ended, stats, data, &output)

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use tracer::kernel::payload::{extract, Compression, PAYLOAD_MAX_SIZE};
+use tracer::kernel::payload::{extract, extract_from, Compression, PAYLOAD_MAX_SIZE};
 
 fn guest_out() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest/out")
@@ -110,4 +110,64 @@ fn unknown_magic_is_no_compression() {
     assert_eq!(Compression::detect(b"\x7fELF\x02\x01"), None);
     assert_eq!(Compression::detect(b""), None);
     assert_eq!(Compression::detect(&[0x1f]), None);
+}
+
+/// A bzImage (boot protocol 2.15, 4 setup sectors) whose header points to
+/// `version` and whose payload is `elf` gzipped as the kernel does.
+fn gzip_bzimage(version: &[u8], elf: &[u8]) -> Vec<u8> {
+    use linux_loader::loader::bootparam::{setup_header, LOADED_HIGH, XLF_KERNEL_64};
+    use vm_memory::ByteValued;
+    let (cmd, append) = kernel_compressor(Compression::Gzip);
+    let mut payload = compress(cmd, elf, append);
+    let setup_len = 5 * 512;
+    payload.resize(payload.len().next_multiple_of(16), 0);
+    let hdr = setup_header {
+        setup_sects: 4,
+        boot_flag: 0xaa55,
+        header: 0x5372_6448,
+        version: 0x020f,
+        loadflags: LOADED_HIGH,
+        xloadflags: XLF_KERNEL_64,
+        kernel_version: 0x300,
+        syssize: (payload.len() / 16) as u32,
+        payload_offset: 0,
+        payload_length: payload.len() as u32,
+        ..Default::default()
+    };
+    let mut image = vec![0u8; setup_len];
+    image[0x1f1..0x1f1 + size_of::<setup_header>()].copy_from_slice(hdr.as_slice());
+    image[0x500..0x500 + version.len()].copy_from_slice(version);
+    image.extend_from_slice(&payload);
+    image
+}
+
+#[test]
+fn a_bzimage_rewritten_in_place_after_open_extracts_as_opened() {
+    use vmm::boot::linux::bzimage_version;
+    use vmm::boot::KernelFile;
+    let path = std::env::temp_dir().join(format!("vmtrace-payload-rewrite-{}", std::process::id()));
+    let old_elf = [b"\x7fELF old".as_slice(), &[1; 4000]].concat();
+    let new_elf = [b"\x7fELF new".as_slice(), &[2; 5000]].concat();
+    std::fs::write(&path, gzip_bzimage(b"6.1.0 (old) #1\0", &old_elf)).unwrap();
+    let kernel = KernelFile::open(&path).unwrap();
+    // `make install` or cp into the same inode, after planning.
+    std::fs::write(&path, gzip_bzimage(b"6.9.9 (new) #2\0", &new_elf)).unwrap();
+    assert_eq!(
+        extract(&path).unwrap().elf,
+        new_elf,
+        "the file was rewritten"
+    );
+
+    let payload = extract_from(&kernel).unwrap();
+    assert_eq!(payload.compression, Compression::Gzip);
+    assert_eq!(payload.elf, old_elf);
+    assert_eq!(kernel.version(), Some("6.1.0 (old) #1"));
+    let mut bytes = std::io::Cursor::new(kernel.bytes().as_slice());
+    let version = bzimage_version(&mut bytes, &path).unwrap();
+    assert_eq!(version.as_deref(), Some("6.1.0 (old) #1"));
+
+    // Emptied, too: the kernel file does not read the file again.
+    std::fs::write(&path, b"").unwrap();
+    assert_eq!(extract_from(&kernel).unwrap().elf, old_elf);
+    std::fs::remove_file(&path).unwrap();
 }

@@ -20,7 +20,8 @@ use vmm::{Running, StopReason, Trap, TrapError, TrapHandler, Vm};
 use super::phases::{pause_settled, timed_phase, unsettled, GuestU32, IterCounters};
 use super::{mini_config, stop, SETTLE, TRACE_GLOB};
 use crate::bench::median;
-use crate::error::{Error, RuntimeError};
+use crate::error::{Error, Flags, RuntimeError};
+use vmm::advice::Advice;
 
 /// `mini_spin` in the spin phases: each iteration then runs `2 * SPIN`
 /// instructions more than with 0 (guest/mini/mini.h, `MINI_SPIN_INSNS`).
@@ -448,7 +449,7 @@ pub fn exitless_costs(
     let mem = running.memory().clone();
     let report = stop(running);
     let restored = [tracers.trap.detach(&mem), tracers.exitless.detach(&mem)];
-    let reason = report.reason.to_string();
+    let reason = report.reason.say(&Flags);
     let trap_trace = tracers.trap.finish(kernel, reason.clone());
     let exitless_trace = tracers.exitless.finish(kernel, reason);
     let (rounds, phases) = result?;
@@ -459,7 +460,7 @@ pub fn exitless_costs(
     if report.reason != StopReason::Requested {
         return Err(measure(format!(
             "the mini guest stopped on its own: {}; console: {}",
-            report.reason,
+            report.reason.say(&Flags),
             report.console_tail.join(" | ")
         )));
     }

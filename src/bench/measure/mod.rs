@@ -37,7 +37,8 @@ use phases::{wait_calls, IterCounters};
 use vmm::gva::{AddressSpace, PagingMode};
 
 use crate::bench::us;
-use crate::error::{Error, RuntimeError};
+use crate::error::{Error, Flags, RuntimeError};
+use vmm::advice::Advice;
 
 /// The functions traced for (a), (b) and (f).
 pub const TRACE_GLOB: &str = "hrtimer_*";
@@ -97,14 +98,14 @@ fn session(
 /// if the measurement failed, the guest stopped on its own, or nothing was
 /// traced; else return what was measured.
 fn wind_down<T>(session: Session, result: Result<T, Error>, what: &str) -> Result<T, Error> {
-    let ended = session.end();
+    let ended = session.end(&Flags);
     let measured = result?;
     ended.detached.map_err(RuntimeError::Restore)?;
     let report = &ended.report;
     if report.reason != StopReason::Requested {
         return Err(RuntimeError::Measure(format!(
             "{what} stopped on its own: {}; console: {}",
-            report.reason,
+            report.reason.say(&Flags),
             report.console_tail.join(" | ")
         ))
         .into());

@@ -7,13 +7,19 @@
 //!
 //! The guest here is vmtrace's own VMM (`vmm::Running`): a second backend
 //! (a QEMU guest attached through its monitor) gives the same pause, memory
-//! and stop operations to the same driver.
+//! and stop operations to the same driver. The bench's measurements that
+//! set one tracer against another on one guest drive both tracers
+//! themselves: a session has one.
+//!
+//! A session dropped without `end` still ends: the guest is stopped and
+//! every site restored (what was recorded is dropped).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vm_memory::GuestMemoryMmap;
+use vmm::advice::{Advice, Words};
 use vmm::boot::Protocol;
 use vmm::{RunReport, Running, StopReason, TrapHandler, Vm};
 
@@ -83,8 +89,35 @@ pub enum Start {
     Running,
 }
 
+/// A tracer made for a plan, its guest not started yet: what can refuse
+/// the run has been checked (the caller may say so before the guest's
+/// console starts).
+pub struct Prepared {
+    tracer: Tracer,
+    handlers: Vec<Box<dyn TrapHandler>>,
+    kernel: PathBuf,
+}
+
+impl Prepared {
+    /// Start `vm` (with `cpus` as the plan was prepared for) under it.
+    pub fn start(self, vm: Vm) -> Result<Session, SessionError> {
+        let Prepared {
+            tracer,
+            handlers,
+            kernel,
+        } = self;
+        Session::with_tracer(vm, tracer, handlers, &kernel, Start::ForTrace)
+    }
+}
+
 /// A guest running under a tracer.
 pub struct Session {
+    /// Taken by `end` (or by `drop`, which ends it too).
+    live: Option<Live>,
+}
+
+/// What a session holds while it runs.
+struct Live {
     tracer: Tracer,
     running: Running,
     mem: GuestMemoryMmap,
@@ -94,14 +127,27 @@ pub struct Session {
 }
 
 impl Session {
-    /// Create the tracer for `plan`, start `vm` with its trap handlers.
-    /// With `recording.storage` a data file, its header is written now.
-    pub fn start(vm: Vm, plan: TracePlan, recording: Recording) -> Result<Session, SessionError> {
+    /// The tracer for `plan` on `cpus` vCPUs. With `recording.storage` a
+    /// data file, its header is written now.
+    pub fn prepare(
+        plan: TracePlan,
+        cpus: usize,
+        recording: Recording,
+    ) -> Result<Prepared, SessionError> {
         let kernel = recording.kernel.clone();
         let (tracer, handlers) =
-            Tracer::create(plan.plan, vm.cpus(), plan.mode, plan.ring_events, recording)
+            Tracer::create(plan.plan, cpus, plan.mode, plan.ring_events, recording)
                 .map_err(SessionError::Attach)?;
-        Session::with_tracer(vm, tracer, handlers, &kernel, Start::ForTrace)
+        Ok(Prepared {
+            tracer,
+            handlers,
+            kernel,
+        })
+    }
+
+    /// `prepare`, then start `vm` under it.
+    pub fn start(vm: Vm, plan: TracePlan, recording: Recording) -> Result<Session, SessionError> {
+        Session::prepare(plan, vm.cpus(), recording)?.start(vm)
     }
 
     /// Start `vm` under a tracer made by the caller (the bench's own
@@ -124,29 +170,41 @@ impl Session {
             .map_err(SessionError::Start)?;
         let mem = running.memory().clone();
         Ok(Session {
-            tracer,
-            running,
-            mem,
-            attach_now,
-            kernel: kernel.to_owned(),
+            live: Some(Live {
+                tracer,
+                running,
+                mem,
+                attach_now,
+                kernel: kernel.to_owned(),
+            }),
         })
     }
 
+    fn live(&self) -> &Live {
+        // Only `end` and `drop` take it, and neither leaves a session behind.
+        self.live.as_ref().expect("a session is live until it ends")
+    }
+
+    fn live_mut(&mut self) -> &mut Live {
+        self.live.as_mut().expect("a session is live until it ends")
+    }
+
     pub fn tracer(&self) -> &Tracer {
-        &self.tracer
+        &self.live().tracer
     }
 
     pub fn tracer_mut(&mut self) -> &mut Tracer {
-        &mut self.tracer
+        &mut self.live_mut().tracer
     }
 
     pub fn running(&self) -> &Running {
-        &self.running
+        &self.live().running
     }
 
     /// Both at once, for callers that pause the guest themselves.
     pub fn parts(&mut self) -> (&Running, &mut Tracer) {
-        (&self.running, &mut self.tracer)
+        let live = self.live_mut();
+        (&live.running, &mut live.tracer)
     }
 
     /// Attach when the guest is ready, trace until it stops or `duration`
@@ -158,14 +216,45 @@ impl Session {
         duration: Option<Duration>,
         observer: &mut dyn Observer,
     ) -> Result<Option<Attached>, SessionError> {
-        let attached = self.attach(observer)?;
-        if attached.is_none() {
-            return Ok(None);
+        let live = self.live_mut();
+        let attached = live.attach(observer)?;
+        if attached.is_some() {
+            live.trace(duration, observer)?;
         }
+        Ok(attached)
+    }
+
+    /// Stop the guest if it still runs, then put every byte back, drain what
+    /// the stopped guest left in its rings, and close the trace (the data
+    /// file's footer is written: it is complete from here on). `words`: how
+    /// the front end words the stop reason that the trace keeps.
+    pub fn end(mut self, words: &dyn Words) -> Ended {
+        let live = self.live.take().expect("a session is live until it ends");
+        live.end(words)
+    }
+}
+
+impl Drop for Session {
+    /// Ended without `end` (a caller's early return): stop the guest and
+    /// restore every site all the same.
+    fn drop(&mut self) {
+        if let Some(live) = self.live.take() {
+            let _ = live.end(&vmm::advice::Plain);
+        }
+    }
+}
+
+impl Live {
+    /// Trace until the guest stops or `duration` ends.
+    fn trace(
+        &mut self,
+        duration: Option<Duration>,
+        observer: &mut dyn Observer,
+    ) -> Result<(), SessionError> {
         let start = Instant::now();
         loop {
             if self.running.wait_stop(POLL).is_some() {
-                break;
+                return Ok(());
             }
             if duration.is_some_and(|d| start.elapsed() >= d) {
                 let paused = self.running.pause_all();
@@ -174,77 +263,78 @@ impl Session {
                     .map_err(SessionError::Restore)?;
                 drop(paused);
                 self.running.request_stop(StopReason::Requested);
-                break;
+                return Ok(());
             }
             let left = duration.map(|d| d.saturating_sub(start.elapsed()));
             observer.tracing(&self.tracer.progress(), start.elapsed(), left);
         }
-        Ok(attached)
     }
 
     /// Attach once the guest's ftrace_init is done (polled), under a pause
     /// only if every selected site agrees; otherwise resume and retry.
     /// Exitless code and rings are written before, not inside the pause.
     fn attach(&mut self, observer: &mut dyn Observer) -> Result<Option<Attached>, SessionError> {
-        let refused = |running: &Running, e| {
-            running.request_stop(StopReason::Requested);
-            SessionError::Attach(e)
-        };
         let memory = self.running.memory().clone();
         if let Err(e) = self.tracer.stage(&memory) {
-            return Err(refused(&self.running, e));
+            self.running.request_stop(StopReason::Requested);
+            return Err(SessionError::Attach(e));
         }
         let (mut retries, mut last_not_ready) = (0u32, None);
         let booting = Instant::now();
         loop {
             if self.attach_now || self.tracer.guest_ready(&memory) {
-                let paused = self.running.pause_all();
-                let attempt = match self.tracer.attach(&paused) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        drop(paused);
-                        return Err(refused(&self.running, e));
-                    }
-                };
-                match attempt {
-                    Attach::Attached(c) => {
-                        let attached = Attached {
-                            counts: c.clone(),
-                            window: paused.window(),
-                            latency: paused.latency(),
-                            retries,
-                            last_not_ready,
-                            mapped: c.exitless,
-                            kernel_offset: None,
-                        };
-                        drop(paused);
-                        let attached = Attached {
-                            kernel_offset: self.tracer.kernel_offset(),
-                            ..attached
-                        };
+                match self.attach_once(retries, &last_not_ready)? {
+                    Ok(attached) => {
                         observer.attached(&attached, &self.tracer);
                         return Ok(Some(attached));
                     }
-                    Attach::NotReady(why) => {
-                        drop(paused);
+                    Err(why) => {
                         retries += 1;
                         last_not_ready = Some(why);
                     }
                 }
-            } else {
-                observer.waiting(booting.elapsed());
             }
+            observer.waiting(booting.elapsed());
             if self.running.wait_stop(POLL).is_some() {
                 return Ok(None);
             }
         }
     }
 
-    /// Stop the guest if it still runs, then put every byte back, drain what
-    /// the stopped guest left in its rings, and close the trace (the data
-    /// file's footer is written: it is complete from here on).
-    pub fn end(self) -> Ended {
-        let Session {
+    /// One attach under a pause: what it did, or why the guest is not
+    /// ready. A refused attach stops the guest (while still paused).
+    fn attach_once(
+        &mut self,
+        retries: u32,
+        last_not_ready: &Option<NotReady>,
+    ) -> Result<Result<Attached, NotReady>, SessionError> {
+        let paused = self.running.pause_all();
+        let attempt = match self.tracer.attach(&paused) {
+            Ok(a) => a,
+            Err(e) => {
+                self.running.request_stop(StopReason::Requested);
+                return Err(SessionError::Attach(e));
+            }
+        };
+        let c = match attempt {
+            Attach::Attached(c) => c.clone(),
+            Attach::NotReady(why) => return Ok(Err(why)),
+        };
+        let (window, latency) = (paused.window(), paused.latency());
+        drop(paused);
+        Ok(Ok(Attached {
+            mapped: c.exitless,
+            counts: c,
+            window,
+            latency,
+            retries,
+            last_not_ready: last_not_ready.clone(),
+            kernel_offset: self.tracer.kernel_offset(),
+        }))
+    }
+
+    fn end(self, words: &dyn Words) -> Ended {
+        let Live {
             mut tracer,
             running,
             mem,
@@ -265,7 +355,8 @@ impl Session {
             .map(|v| v.get(vmm::exit::ExitKind::Trap))
             .sum();
         let places = stop_places(&report, &tracer);
-        let (summary, saved) = tracer.finish_stored(&kernel, report.reason.to_string(), trap_exits);
+        let reason = report.reason.say(words);
+        let (summary, saved) = tracer.finish_stored(&kernel, reason, trap_exits);
         Ended {
             report,
             detached,

@@ -1,10 +1,11 @@
-//! The kernel file, opened, classified and checked once. Everything that
-//! reads it later (the symbols of an ELF kernel, a bzImage's payload and
-//! version, the loader) reads this one handle, never the path again: a file
-//! replaced while vmtrace runs cannot make the plan and the guest disagree.
+//! The kernel file, opened, classified and checked once, and read whole
+//! then. Everything that reads it later (the symbols of an ELF kernel, a
+//! bzImage's payload and version, the loader) reads those bytes, never the
+//! path or the file again: a file replaced, or rewritten in place, while
+//! vmtrace runs cannot make the plan and the guest disagree; and readers do
+//! not share a file offset.
 
-use std::fs::File;
-use std::io::{Cursor, Read, Seek, SeekFrom};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -12,26 +13,23 @@ use linux_loader::loader::bootparam::setup_header;
 
 use super::{has_symbol, linux, open_input, read_input, BootError, KernelKind, KERNEL_MAX_SIZE};
 
-/// What the kernel file holds, read when it was opened.
-enum Content {
-    /// An ELF kernel's bytes (its symbols, its segments and what is loaded
-    /// all come from them), shared with whoever reads its symbols.
-    Elf(Arc<Vec<u8>>),
-    /// A bzImage: its checked setup header and version string; the file is
-    /// read again (payload, loading) through the same open handle.
-    BzImage {
-        header: setup_header,
-        version: Option<String>,
-    },
+/// What a bzImage's header says, checked when it was opened.
+struct BzImageInfo {
+    header: setup_header,
+    version: Option<String>,
 }
 
 /// A kernel file opened once (see the module doc).
 pub struct KernelFile {
     path: PathBuf,
     kind: KernelKind,
-    file: File,
     size: u64,
-    content: Content,
+    /// The file's bytes (an ELF kernel's symbols and segments, a bzImage's
+    /// header, version, payload and what is loaded all come from them),
+    /// shared with whoever reads its symbols or payload.
+    bytes: Arc<Vec<u8>>,
+    /// A bzImage's header; None for an ELF kernel.
+    bzimage: Option<BzImageInfo>,
 }
 
 impl std::fmt::Debug for KernelFile {
@@ -54,10 +52,9 @@ const LINUX_BANNER: &str = "linux_banner";
 pub struct Classified {
     path: PathBuf,
     kind: KernelKind,
-    file: File,
     size: u64,
-    /// An ELF kernel's bytes.
-    elf: Option<Arc<Vec<u8>>>,
+    /// The file's bytes, read whole.
+    bytes: Arc<Vec<u8>>,
 }
 
 impl Classified {
@@ -76,24 +73,24 @@ impl Classified {
         let Classified {
             path,
             kind,
-            mut file,
             size,
-            elf,
+            bytes,
         } = self;
-        let content = match elf {
-            Some(bytes) => Content::Elf(bytes),
-            None => {
-                let header = linux::check_bzimage(&mut file, &path)?;
-                let version = linux::bzimage_version(&mut file, &path)?;
-                Content::BzImage { header, version }
+        let bzimage = match kind {
+            KernelKind::BzImage => {
+                let mut r = Cursor::new(bytes.as_slice());
+                let header = linux::check_bzimage(&mut r, &path)?;
+                let version = linux::bzimage_version(&mut r, &path)?;
+                Some(BzImageInfo { header, version })
             }
+            KernelKind::LinuxElf | KernelKind::Elf => None,
         };
         Ok(KernelFile {
             path,
             kind,
-            file,
             size,
-            content,
+            bytes,
+            bzimage,
         })
     }
 }
@@ -104,27 +101,22 @@ impl KernelFile {
         KernelFile::classify(path)?.check()
     }
 
-    /// Open the kernel at `path`: a regular file no larger than the largest
-    /// guest, an ELF file (read whole) or a bzImage (by its magic).
+    /// Open the kernel at `path` and read it whole: a regular file no larger
+    /// than the largest guest, an ELF file or a bzImage (by its magic).
     pub fn classify(path: &Path) -> Result<Classified, BootError> {
         let io = |source| BootError::Open {
             path: path.to_owned(),
             source,
         };
-        let (mut file, size) =
-            open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
-        let mut magic = [0u8; 4];
-        let is_elf = file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
-        file.rewind().map_err(io)?;
-        let (kind, elf) = if is_elf {
-            let data = read_input(&file, size).map_err(io)?;
-            let kind = match has_symbol(&data, LINUX_BANNER) {
+        let (file, size) = open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
+        let bytes = read_input(&file, size).map_err(io)?;
+        let kind = if bytes.starts_with(&ELF_MAGIC) {
+            match has_symbol(&bytes, LINUX_BANNER) {
                 true => KernelKind::LinuxElf,
                 false => KernelKind::Elf,
-            };
-            (kind, Some(Arc::new(data)))
-        } else if linux::is_bzimage(&mut file).map_err(io)? {
-            (KernelKind::BzImage, None)
+            }
+        } else if linux::is_bzimage(&mut Cursor::new(bytes.as_slice())).map_err(io)? {
+            KernelKind::BzImage
         } else {
             return Err(BootError::UnknownFormat {
                 path: path.to_owned(),
@@ -133,9 +125,10 @@ impl KernelFile {
         Ok(Classified {
             path: path.to_owned(),
             kind,
-            file,
-            size,
-            elf,
+            // What every later reader sees (the file may have changed since
+            // its size was taken).
+            size: bytes.len() as u64,
+            bytes: Arc::new(bytes),
         })
     }
 
@@ -147,43 +140,39 @@ impl KernelFile {
         self.kind
     }
 
-    /// The file's size in bytes, as it was when opened.
+    /// The kernel's size in bytes: of what was read when it was opened.
     pub fn size(&self) -> u64 {
         self.size
     }
 
+    /// The file's bytes as read when it was opened, whatever its kind.
+    pub fn bytes(&self) -> &Arc<Vec<u8>> {
+        &self.bytes
+    }
+
     /// An ELF kernel's bytes; None for a bzImage.
     pub fn elf_bytes(&self) -> Option<&Arc<Vec<u8>>> {
-        match &self.content {
-            Content::Elf(bytes) => Some(bytes),
-            Content::BzImage { .. } => None,
+        match self.bzimage {
+            None => Some(&self.bytes),
+            Some(_) => None,
         }
     }
 
     /// A bzImage's setup header, checked; None for an ELF kernel.
     pub fn setup_header(&self) -> Option<&setup_header> {
-        match &self.content {
-            Content::BzImage { header, .. } => Some(header),
-            Content::Elf(_) => None,
-        }
+        self.bzimage.as_ref().map(|b| &b.header)
     }
 
     /// A bzImage's version string ("6.1.192 (user@host) #1 SMP ..."), if
     /// its header points to one.
     pub fn version(&self) -> Option<&str> {
-        match &self.content {
-            Content::BzImage { version, .. } => version.as_deref(),
-            Content::Elf(_) => None,
-        }
+        self.bzimage.as_ref().and_then(|b| b.version.as_deref())
     }
 
-    /// The open file, positioned at `offset`, to read from. It shares the
-    /// handle's file description (a duplicated descriptor, not a second
-    /// open of the path).
-    pub fn reader_at(&self, offset: u64) -> std::io::Result<File> {
-        let mut f = self.file.try_clone()?;
-        f.seek(SeekFrom::Start(offset))?;
-        Ok(f)
+    /// The kernel's bytes as the loader reads them: each call its own
+    /// reader, at offset 0.
+    pub(super) fn reader(&self) -> Cursor<&[u8]> {
+        Cursor::new(self.bytes.as_slice())
     }
 
     /// An ELF kernel as the loader reads it.

@@ -393,13 +393,9 @@ pub fn load_kernel(
                 Some(p) => Some((open_initrd(p, mem_size)?, p)),
                 None => None,
             };
-            let mut file = kernel.reader_at(0).map_err(|source| BootError::Open {
-                path: kernel_path.to_owned(),
-                source,
-            })?;
             let boot = linux::load_bzimage(
                 mem,
-                &mut file,
+                &mut kernel.reader(),
                 kernel_path,
                 initrd.as_mut().map(|(f, p)| (f, *p)),
                 cmdline,

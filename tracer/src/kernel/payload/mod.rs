@@ -10,8 +10,7 @@
 mod lz4;
 mod lzo;
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -252,10 +251,18 @@ pub struct Payload {
 pub fn extract(path: &Path) -> Result<Payload, PayloadError> {
     let (mut file, size) = open_input(path, "kernel", KERNEL_MAX_SIZE, "the largest guest memory")?;
     let hdr = check_bzimage(&mut file, path)?;
-    extract_body(file, size, &hdr, path)
+    let read_err = |source| PayloadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    // The header checks left the position inside the file.
+    file.rewind().map_err(read_err)?;
+    let bytes = read_input(&file, size).map_err(read_err)?;
+    extract_body(&bytes, &hdr, path)
 }
 
-/// The payload of a bzImage opened once (its header checked then).
+/// The payload of a bzImage opened once (its header checked then), from the
+/// bytes read then: the file is not read again.
 pub fn extract_from(kernel: &KernelFile) -> Result<Payload, PayloadError> {
     let path = kernel.path();
     let Some(hdr) = kernel.setup_header() else {
@@ -263,33 +270,17 @@ pub fn extract_from(kernel: &KernelFile) -> Result<Payload, PayloadError> {
             path: path.to_owned(),
         });
     };
-    let file = kernel.reader_at(0).map_err(|source| PayloadError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    extract_body(file, kernel.size(), hdr, path)
+    extract_body(kernel.bytes(), hdr, path)
 }
 
-/// The payload of the bzImage `file` (`size` bytes, header `hdr`).
-fn extract_body(
-    mut file: File,
-    size: u64,
-    hdr: &setup_header,
-    path: &Path,
-) -> Result<Payload, PayloadError> {
+/// The payload of the bzImage whose bytes are `bytes` (header `hdr`).
+fn extract_body(bytes: &[u8], hdr: &setup_header, path: &Path) -> Result<Payload, PayloadError> {
     if hdr.version < PAYLOAD_PROTOCOL {
         return Err(PayloadError::OldProtocol {
             path: path.to_owned(),
             version: hdr.version,
         });
     }
-    let read_err = |source| PayloadError::Read {
-        path: path.to_owned(),
-        source,
-    };
-    // The header checks left the position inside the file.
-    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
-    let bytes = read_input(&file, size).map_err(read_err)?;
     let sects = match hdr.setup_sects {
         0 => 4,
         n => u64::from(n),

@@ -2,7 +2,6 @@
 //! it, reading it, and checking it against the file before anything is
 //! loaded.
 
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -22,9 +21,9 @@ pub(super) const MIN_BOOT_PROTOCOL: u16 = 0x020c;
 /// `boot_flag` of a valid header.
 pub(super) const BOOT_FLAG: u16 = 0xaa55;
 
-/// Is this file a bzImage? (the "HdrS" magic at 0x202). The file position is
-/// restored. A file too short to hold the magic is not a bzImage.
-pub fn is_bzimage(file: &mut File) -> io::Result<bool> {
+/// Is this file (or its bytes) a bzImage? (the "HdrS" magic at 0x202). The
+/// position is restored. A file too short to hold the magic is not a bzImage.
+pub fn is_bzimage<R: Read + Seek>(file: &mut R) -> io::Result<bool> {
     let pos = file.stream_position()?;
     file.seek(SeekFrom::Start(HDRS_OFFSET))?;
     let mut magic = [0u8; 4];
@@ -38,13 +37,13 @@ pub fn is_bzimage(file: &mut File) -> io::Result<bool> {
 }
 
 /// Read the setup header at 0x1f1 of a bzImage, checking the "HdrS" magic.
-pub(super) fn read_setup_header(file: &mut File, path: &Path) -> Result<setup_header> {
+pub(super) fn read_setup_header<R: Read + Seek>(file: &mut R, path: &Path) -> Result<setup_header> {
     let read_err = |source| LinuxBootError::Read {
         path: path.to_owned(),
         what: "the setup header",
         source,
     };
-    let not_bzimage = |file: &mut File| {
+    let not_bzimage = |file: &mut R| {
         let mut magic = [0u8; 4];
         let is_elf = file.seek(SeekFrom::Start(0)).is_ok()
             && file.read_exact(&mut magic).is_ok()
@@ -84,7 +83,7 @@ pub(super) fn read_setup_header(file: &mut File, path: &Path) -> Result<setup_he
 /// Read a bzImage's setup header and check it against the file: the magic,
 /// `boot_flag`, the setup sectors and `syssize` (the protected-mode kernel's
 /// size) inside the file, a 64-bit boot protocol. Returns the header.
-pub fn check_bzimage(file: &mut File, path: &Path) -> Result<setup_header> {
+pub fn check_bzimage<R: Read + Seek>(file: &mut R, path: &Path) -> Result<setup_header> {
     let hdr = read_setup_header(file, path)?;
     let file_len = file_len(file, path)?;
     let corrupt = |field, value: u64, why| LinuxBootError::CorruptHeader {
@@ -145,7 +144,7 @@ pub(super) const VERSION_MAX: usize = 512;
 /// The bzImage's kernel version string (the setup header's `kernel_version`
 /// points to it, e.g. "6.1.192 (user@host) #1 SMP ..."), if it has one. The
 /// header is checked first (`check_bzimage`).
-pub fn bzimage_version(file: &mut File, path: &Path) -> Result<Option<String>> {
+pub fn bzimage_version<R: Read + Seek>(file: &mut R, path: &Path) -> Result<Option<String>> {
     let hdr = check_bzimage(file, path)?;
     if hdr.kernel_version == 0 {
         return Ok(None);
@@ -158,7 +157,8 @@ pub fn bzimage_version(file: &mut File, path: &Path) -> Result<Option<String>> {
     file.seek(SeekFrom::Start(u64::from(hdr.kernel_version) + 0x200))
         .map_err(read_err)?;
     let mut buf = Vec::with_capacity(VERSION_MAX);
-    file.take(VERSION_MAX as u64)
+    file.by_ref()
+        .take(VERSION_MAX as u64)
         .read_to_end(&mut buf)
         .map_err(read_err)?;
     let Some(end) = buf.iter().position(|&b| b == 0) else {
@@ -202,13 +202,17 @@ pub(super) fn check_boot_protocol(hdr: &setup_header, path: &Path) -> Result<()>
     Ok(())
 }
 
-/// The kernel file's size, for checking header fields against it.
-pub(super) fn file_len(file: &File, path: &Path) -> Result<u64> {
-    file.metadata()
-        .map(|m| m.len())
-        .map_err(|source| LinuxBootError::Read {
-            path: path.to_owned(),
-            what: "the size",
-            source,
-        })
+/// The kernel's size, for checking header fields against it: the length of
+/// what `file` reads (a file's or the bytes read from it), its position
+/// restored.
+pub(super) fn file_len<R: Seek>(file: &mut R, path: &Path) -> Result<u64> {
+    let read_err = |source| LinuxBootError::Read {
+        path: path.to_owned(),
+        what: "the size",
+        source,
+    };
+    let pos = file.stream_position().map_err(read_err)?;
+    let len = file.seek(SeekFrom::End(0)).map_err(read_err)?;
+    file.seek(SeekFrom::Start(pos)).map_err(read_err)?;
+    Ok(len)
 }

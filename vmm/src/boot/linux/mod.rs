@@ -3,7 +3,7 @@
 //! (`struct boot_params`) that the boot vCPU is handed in RSI.
 
 use std::fs::File;
-use std::io::{Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::mem::size_of;
 use std::path::Path;
 
@@ -13,7 +13,9 @@ use linux_loader::loader::bootparam::{
     LOADED_HIGH,
 };
 use linux_loader::loader::{bzimage::BzImage, load_cmdline, KernelLoader};
-use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, ReadVolatile,
+};
 
 use crate::boot::mptable::MPTABLE_START;
 use crate::layout::{
@@ -64,16 +66,17 @@ pub struct LinuxBoot {
     pub zero_page: u64,
 }
 
-/// Load `kernel` (a bzImage file) and the optional initrd into `mem`, write
+/// Load `kernel` (a bzImage: the file or, as `vmm::boot` does, a `Cursor`
+/// over the bytes read once) and the optional initrd into `mem`, write
 /// the command line and the zero page.
 ///
 /// The protected-mode kernel goes to the header's `code32_start` (1 MiB);
 /// the initrd, page-aligned, to the top of RAM below 4 GiB and below the
 /// kernel's `initrd_addr_max`, above the memory the kernel needs to
 /// decompress itself.
-pub fn load_bzimage(
+pub fn load_bzimage<K: Read + ReadVolatile + Seek>(
     mem: &GuestMemoryMmap,
-    kernel: &mut File,
+    kernel: &mut K,
     kernel_path: &Path,
     initrd: Option<(&mut File, &Path)>,
     cmdline: &str,
@@ -199,8 +202,8 @@ fn check_mem_size(mem: &GuestMemoryMmap, mem_size: u64) -> Result<()> {
 /// From the 64-bit entry, a relocatable kernel moves itself up to
 /// `pref_address` (CONFIG_PHYSICAL_START) when loaded lower, and needs
 /// `init_size` bytes from there.
-fn check_kernel_fits(
-    file: &mut File,
+fn check_kernel_fits<K: Seek>(
+    file: &mut K,
     path: &Path,
     hdr: &setup_header,
     mem_size: u64,
@@ -247,7 +250,11 @@ fn check_kernel_fits(
 
 /// Copy the protected-mode kernel to `code32_start`; return the load address
 /// and the setup header, trimmed to the length the header declares.
-fn load_kernel(mem: &GuestMemoryMmap, file: &mut File, path: &Path) -> Result<(u64, setup_header)> {
+fn load_kernel<K: Read + ReadVolatile + Seek>(
+    mem: &GuestMemoryMmap,
+    file: &mut K,
+    path: &Path,
+) -> Result<(u64, setup_header)> {
     let loaded =
         BzImage::load(mem, None, file, Some(GuestAddress(HIGH_MEM_START))).map_err(|source| {
             LinuxBootError::Load {
@@ -955,5 +962,78 @@ mod tests {
             bzimage_version(&mut kernel.file, &kernel.path).unwrap(),
             None
         );
+    }
+
+    /// A fake bzImage whose header points to `version` and whose
+    /// protected-mode kernel is `body` (3000 bytes, as `test_header` says).
+    fn versioned_bzimage(version: &[u8], body: &[u8]) -> Vec<u8> {
+        let mut hdr = test_header();
+        hdr.kernel_version = 0x300;
+        let mut image = fake_bzimage(hdr);
+        image[0x500..0x500 + version.len()].copy_from_slice(version);
+        image[PAYLOAD_OFFSET..].copy_from_slice(body);
+        image
+    }
+
+    #[test]
+    fn a_bzimage_rewritten_in_place_after_open_loads_as_opened() {
+        let old = payload();
+        let new: Vec<u8> = old.iter().rev().copied().collect();
+        let mut file = TempFile::new(&versioned_bzimage(b"6.1.0 (old) #1\0", &old));
+        let kernel = crate::boot::KernelFile::open(&file.path).unwrap();
+        // `make install` or cp into the same inode, after planning.
+        std::fs::write(&file.path, versioned_bzimage(b"6.9.9 (new) #2\0", &new)).unwrap();
+        assert_eq!(
+            bzimage_version(&mut file.file, &file.path)
+                .unwrap()
+                .as_deref(),
+            Some("6.9.9 (new) #2"),
+            "the file itself was rewritten"
+        );
+
+        assert_eq!(kernel.version(), Some("6.1.0 (old) #1"));
+        assert_eq!(
+            bzimage_version(&mut kernel.reader(), kernel.path())
+                .unwrap()
+                .as_deref(),
+            Some("6.1.0 (old) #1")
+        );
+        let mem = guest_mem();
+        crate::boot::load_kernel(&mem, &kernel, None, "", MEM_SIZE, 1).unwrap();
+        assert_eq!(read_bytes(&mem, HIGH_MEM_START, old.len()), old);
+
+        // Even emptied, the file opened is what loads.
+        std::fs::write(&file.path, b"").unwrap();
+        let mem = guest_mem();
+        crate::boot::load_kernel(&mem, &kernel, None, "", MEM_SIZE, 1).unwrap();
+        assert_eq!(read_bytes(&mem, HIGH_MEM_START, old.len()), old);
+    }
+
+    #[test]
+    fn a_bzimage_kernel_file_has_no_shared_offset() {
+        let image = versioned_bzimage(b"6.1.0 (a@b) #1\0", &payload());
+        let file = TempFile::new(&image);
+        let kernel = crate::boot::KernelFile::open(&file.path).unwrap();
+        assert_eq!(kernel.size(), image.len() as u64);
+        // A reader left anywhere moves no other.
+        let mut left = kernel.reader();
+        left.seek(SeekFrom::End(-5)).unwrap();
+        let version = bzimage_version(&mut kernel.reader(), kernel.path()).unwrap();
+        assert_eq!(version.as_deref(), Some("6.1.0 (a@b) #1"));
+        assert_eq!(left.position(), image.len() as u64 - 5);
+        // Loaders on two threads at once each read the whole image.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..4 {
+                        let mem = guest_mem();
+                        crate::boot::load_kernel(&mem, &kernel, None, "", MEM_SIZE, 1).unwrap();
+                        assert_eq!(read_bytes(&mem, HIGH_MEM_START, 3000), payload());
+                        assert_eq!({ zero_page(&mem).hdr.header }, HDRS_MAGIC);
+                    }
+                });
+            }
+        });
+        assert_eq!(left.position(), image.len() as u64 - 5);
     }
 }
