@@ -1,8 +1,10 @@
 //! The workspace's layout rules (issue 23), checked on the source as text:
-//! no import loops between a crate's modules, no function over 80 lines
-//! without a `Long:` comment saying why, no file over 650 lines before its
-//! tests, no type or module defined twice under one name. A small Rust lexer
-//! reads the files; nothing is compiled.
+//! no import loops between a crate's modules (paths followed through `pub
+//! use` re-exports to the file defining the item), the tracer's stages
+//! using earlier stages only (stages.rs), no function over 80 lines without
+//! a `Long:` comment saying why, no file over 650 lines besides its test-only
+//! items, no type or module defined twice under one name. A small Rust
+//! lexer reads the files; nothing is compiled.
 
 mod lex;
 mod loops;
