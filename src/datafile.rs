@@ -91,6 +91,15 @@ fn kind(m: &fs::Metadata) -> &'static str {
     }
 }
 
+/// The binary trace to save, as the output options ask for it (here, not
+/// in `config`, which checks it with `check_keep_old`: no import loop).
+#[derive(Clone, Debug)]
+pub struct DataPath {
+    pub path: PathBuf,
+    /// `record`: keep the previous file as FILE.old.
+    pub keep_old: bool,
+}
+
 /// Before the run: `record` will be able to keep the previous `path`.
 pub fn check_keep_old(path: &Path) -> Result<(), InputError> {
     let old = old_path(path);
@@ -211,7 +220,7 @@ pub struct Data {
 }
 
 impl Data {
-    pub fn open(asked: Option<&crate::config::DataPath>) -> Result<Data, crate::error::Error> {
+    pub fn open(asked: Option<&DataPath>) -> Result<Data, crate::error::Error> {
         let device = asked.is_some_and(|d| {
             matches!(
                 tracer::trace::output_path::target(&d.path),

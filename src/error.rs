@@ -299,7 +299,7 @@ pub enum InputError {
     #[error("cannot attach: {0}")]
     NotReady(#[from] NotReady),
     #[error("{}", .0.say(&Flags))]
-    List(#[from] tracer::kernel::list::ListError),
+    List(#[from] tracer::plan::list::ListError),
 }
 
 /// The CLI's words for what library errors name (`vmm::advice`): the flag

@@ -29,7 +29,7 @@ const KEPT: &[(&str, &str)] = &[
     ),
     ("tracer/src/trace/export/script.rs", "(over --max-events or"),
     // `vmtrace list`'s marker of a function `--graph` leaves out.
-    ("tracer/src/kernel/list.rs", "\" [no --graph]\""),
+    ("tracer/src/plan/list.rs", "\" [no --graph]\""),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

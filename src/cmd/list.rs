@@ -1,10 +1,10 @@
 //! `vmtrace list [GLOB...]`: the kernel's functions, traceable or not and
-//! why (`tracer::kernel::list`), on stdout; the summary on stderr, so that the list
+//! why (`tracer::plan::list`), on stdout; the summary on stderr, so that the list
 //! pipes. No guest is booted.
 
 use tracer::error::TracerError;
-use tracer::kernel::list::Listing;
 use tracer::kernel::sites::SiteTable;
+use tracer::plan::list::Listing;
 
 use crate::cli::ListArgs;
 use crate::config::ListConfig;

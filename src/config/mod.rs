@@ -17,7 +17,7 @@ use crate::error::InputError;
 
 pub use bench::BenchConfig;
 pub use list::ListConfig;
-pub use output::{DataPath, Export, Output, View};
+pub use output::{Export, Output, View};
 pub use report::{ReportConfig, ScriptConfig};
 pub use run::{Form, RunConfig, TraceConfig};
 

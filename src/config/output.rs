@@ -10,6 +10,7 @@ use tracer::trace::report::{self, ReportOptions, Sort, TreeOptions};
 use tracer::trace::window::Window;
 
 use crate::cli::{ExportArg, ExportFormat, Format, OutputArgs, SortKey, ViewArgs, WindowArgs};
+use crate::datafile::DataPath;
 use crate::error::InputError;
 
 /// Where a traced run's results go.
@@ -41,14 +42,6 @@ pub struct View {
     pub window: Option<Window>,
     /// `--time` and `--cpu` as given, for exports of the same part.
     pub asked: Option<Window>,
-}
-
-/// The binary trace to save.
-#[derive(Clone, Debug)]
-pub struct DataPath {
-    pub path: PathBuf,
-    /// `record`: keep the previous file as FILE.old (`crate::datafile`).
-    pub keep_old: bool,
 }
 
 /// `--export FMT=FILE`, checked.

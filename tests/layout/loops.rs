@@ -60,12 +60,13 @@ pub fn use_paths(t: &[Tok], mut i: usize) -> Vec<Vec<String>> {
 }
 
 /// The module a path starting with `crate`, `super` or `self` names, seen
-/// from module `cur`: the longest prefix that is a module.
-pub fn resolve(
+/// from module `cur` (the longest prefix that is a module), and the segment
+/// after it: the item named in it.
+pub fn resolve_item(
     path: &[String],
     cur: &[String],
     modules: &BTreeSet<Vec<String>>,
-) -> Option<Vec<String>> {
+) -> Option<(Vec<String>, Option<String>)> {
     let mut base: Vec<String> = match path.first()?.as_str() {
         "crate" => Vec::new(),
         "self" | "super" => cur.to_vec(),
@@ -83,11 +84,137 @@ pub fn resolve(
         let mut next = base.clone();
         next.push(seg.clone());
         if !modules.contains(&next) {
-            break;
+            return Some((base, Some(seg.clone())));
         }
         base = next;
     }
-    Some(base)
+    Some((base, None))
+}
+
+/// A module's `pub use` re-exports: names to (module, name) they come from,
+/// and the modules it re-exports whole (`pub use child::*`).
+#[derive(Default)]
+pub struct Reexports {
+    pub names: HashMap<String, (Vec<String>, String)>,
+    pub globs: Vec<Vec<String>>,
+}
+
+/// Every module's re-exports, from `pub use` items (any `pub`) in its
+/// non-test code; a path not starting with `crate`, `self` or `super` is
+/// taken from the module itself (`pub use child::A` in a mod.rs).
+pub fn reexports_of(
+    files: &[File],
+    krate: &str,
+    modules: &BTreeSet<Vec<String>>,
+) -> HashMap<Vec<String>, Reexports> {
+    let mut out: HashMap<Vec<String>, Reexports> = HashMap::new();
+    for f in files.iter().filter(|f| f.krate == krate && !f.is_test) {
+        let t = &f.toks;
+        for i in 0..t.len() {
+            if !t[i].is("use") || f.test[i] {
+                continue;
+            }
+            // `pub use` or `pub(…) use`
+            let public = match (0..i)
+                .rev()
+                .find(|&k| !matches!(t[k].kind, Kind::Comment(_)))
+            {
+                Some(k) if t[k].is("pub") => true,
+                Some(k) if t[k].is_punct(')') => (0..k)
+                    .rev()
+                    .find(|&o| t[o].is_punct('('))
+                    .is_some_and(|o| o > 0 && t[o - 1].is("pub")),
+                _ => false,
+            };
+            if !public {
+                continue;
+            }
+            let mut cur = f.module.clone();
+            cur.extend(f.inline_mods[f.mod_at[i]].0.iter().cloned());
+            let glob = use_globs(t, i + 1);
+            for mut p in use_paths(t, i + 1) {
+                if !matches!(p[0].as_str(), "crate" | "self" | "super") {
+                    p.insert(0, "self".into());
+                }
+                let Some((m, item)) = resolve_item(&p, &cur, modules) else {
+                    continue;
+                };
+                let entry = out.entry(cur.clone()).or_default();
+                match item {
+                    Some(name) if p.last() == Some(&name) => {
+                        entry.names.insert(name.clone(), (m, name));
+                    }
+                    None if glob.contains(p.last().unwrap()) => entry.globs.push(m),
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The last segments of the paths a `use` tree ends with `*`.
+fn use_globs(t: &[Tok], i: usize) -> BTreeSet<String> {
+    let end = item_end(t, i);
+    (i..end)
+        .filter(|&k| t[k].is_punct('*') && k >= 3)
+        .filter_map(|k| t[k - 3].ident().map(String::from))
+        .collect()
+}
+
+/// Whether a file defines an item named `name` outside its tests.
+fn defines(f: &File, name: &str) -> bool {
+    let t = &f.toks;
+    (1..t.len()).any(|k| {
+        !f.test[k]
+            && t[k].is(name)
+            && t[k - 1].ident().is_some_and(|w| {
+                matches!(
+                    w,
+                    "struct"
+                        | "enum"
+                        | "fn"
+                        | "const"
+                        | "static"
+                        | "type"
+                        | "trait"
+                        | "union"
+                        | "mod"
+                )
+            })
+    })
+}
+
+/// The module that defines what `path` names, through `pub use`
+/// re-exports: `crate::plan::TracePlan` with `pub use build::TracePlan` in
+/// plan/mod.rs is plan::build's.
+pub fn defining_module(
+    path: &[String],
+    cur: &[String],
+    modules: &BTreeSet<Vec<String>>,
+    reexports: &HashMap<Vec<String>, Reexports>,
+    home: &HashMap<Vec<String>, &str>,
+    files: &[File],
+) -> Option<Vec<String>> {
+    let (mut m, mut item) = resolve_item(path, cur, modules)?;
+    // Bounded: re-exports of re-exports are few, and a `pub use` loop ends.
+    for _ in 0..8 {
+        let Some(name) = item.clone() else { break };
+        let Some(r) = reexports.get(&m) else { break };
+        if let Some((to, n)) = r.names.get(&name) {
+            (m, item) = (to.clone(), Some(n.clone()));
+            continue;
+        }
+        let glob = r.globs.iter().find(|g| {
+            home.get(*g)
+                .is_some_and(|p| files.iter().any(|f| f.path == *p && defines(f, &name)))
+        });
+        match glob {
+            Some(g) => m = g.clone(),
+            None => break,
+        }
+    }
+    Some(m)
 }
 
 /// Every module of a crate (file or inline) and the file holding it.
@@ -146,26 +273,42 @@ pub fn paths_in(f: &File) -> Vec<(Vec<String>, Vec<String>)> {
     out
 }
 
-/// Edges between files of one crate: `a -> b` when `a` names something in
-/// `b`, `b` not `a` itself nor one of its descendants.
-pub fn import_graph(files: &[File], krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+/// Each non-test file of a crate with the modules its paths name (through
+/// re-exports, to the module defining the item) and the paths naming them.
+pub fn uses_of(files: &[File], krate: &str) -> Vec<(usize, Vec<String>, Vec<String>)> {
     let home = modules_of(files, krate);
     let modules: BTreeSet<Vec<String>> = home.keys().cloned().collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in files.iter().filter(|f| f.krate == krate && !f.is_test) {
-        for (cur, p) in paths_in(f) {
-            let Some(target) = resolve(&p, &cur, &modules) else {
-                continue;
-            };
-            if target.starts_with(&f.module) {
-                continue; // itself or a descendant
-            }
-            let to = home[&target];
-            graph
-                .entry(f.path.clone())
-                .or_default()
-                .insert(to.to_string());
+    let reexports = reexports_of(files, krate, &modules);
+    let mut out = Vec::new();
+    for (n, f) in files.iter().enumerate() {
+        if f.krate != krate || f.is_test {
+            continue;
         }
+        for (cur, p) in paths_in(f) {
+            if let Some(target) = defining_module(&p, &cur, &modules, &reexports, &home, files) {
+                out.push((n, target, p));
+            }
+        }
+    }
+    out
+}
+
+/// Edges between files of one crate: `a -> b` when `a` names something in
+/// `b` (through `pub use` re-exports to where it is defined), `b` not `a`
+/// itself nor one of its descendants.
+pub fn import_graph(files: &[File], krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let home = modules_of(files, krate);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (n, target, _) in uses_of(files, krate) {
+        let f = &files[n];
+        if target.starts_with(&f.module) {
+            continue; // itself or a descendant
+        }
+        let to = home[&target];
+        graph
+            .entry(f.path.clone())
+            .or_default()
+            .insert(to.to_string());
     }
     graph
 }

@@ -51,6 +51,9 @@ pub struct File {
     pub mod_at: Vec<usize>,
     /// First line of the first `#[cfg(test)]` module, if any.
     pub test_mod_line: Option<usize>,
+    /// Line spans (first, last) of top-level test-only items: `#[cfg(test)]`
+    /// modules inline or declared, `#[test]` and `#[cfg(test)]` functions.
+    pub test_spans: Vec<(usize, usize)>,
     /// Whether the whole file is a test module (declared with cfg(test)).
     pub is_test: bool,
 }
@@ -207,6 +210,7 @@ pub fn parse(path: String, krate: &'static str, module: Vec<String>, src: &str) 
         test_children: Vec::new(),
         mod_at: vec![0; toks.len()],
         test_mod_line: None,
+        test_spans: Vec::new(),
         is_test: false,
         toks,
     };
@@ -269,6 +273,7 @@ pub fn scan_modules(f: &mut File) {
             let end = item_end(t, i);
             test_until = Some(end);
             f.test[i] = true;
+            f.test_spans.push((attr_line(t, i), t[end].line));
         }
     }
 }
@@ -300,6 +305,17 @@ pub fn item_end(t: &[Tok], i: usize) -> usize {
         k += 1;
     }
     t.len() - 1
+}
+
+impl File {
+    /// Lines outside test-only items: what the file holds for its crate.
+    pub fn code_lines(&self) -> usize {
+        let mut test = BTreeSet::new();
+        for &(a, b) in &self.test_spans {
+            test.extend(a..=b);
+        }
+        self.lines - test.len()
+    }
 }
 
 pub fn workspace() -> Vec<File> {

@@ -708,7 +708,7 @@ fn negation_and_braces_select_like_ftrace() {
 
 #[test]
 fn list_marks_init_and_notrace_functions() {
-    use tracer::kernel::list::{Kind, Listing};
+    use tracer::plan::list::{Kind, Listing};
     let image = load(Variant::Plain);
     let table = sites(&image);
     let all = Listing::new(&image, &table, &[]).expect("list");

@@ -369,7 +369,7 @@ fn fuzz_every_view_of_a_mutated_data_file() {
 /// listing and its summary).
 #[test]
 fn fuzz_list_of_a_mutated_elf() {
-    use tracer::kernel::list::Listing;
+    use tracer::plan::list::Listing;
     let seed = mini_elf();
     let dir = scratch("list");
     let p = dir.join("kernel.elf");

@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 use tracer::kernel::kallsyms::Layout;
-use tracer::kernel::list::{Kind, Listing};
 use tracer::kernel::payload::Compression;
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
+use tracer::plan::list::{Kind, Listing};
 
 fn guest_out() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest/out")

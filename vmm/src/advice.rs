@@ -35,7 +35,7 @@ pub enum Input {
     Trace,
     /// The globs of the functions not to trace.
     Notrace,
-    /// The globs of the functions to list (`tracer::kernel::list`).
+    /// The globs of the functions to list (`tracer::plan::list`).
     List,
     /// A command line that replaces the guest's default one.
     CmdlineReplace,

@@ -17,7 +17,7 @@
 //!   kernel image (vmlinux) only.
 //!
 //! `Globs` is one such list (also what `vmtrace list` takes, see
-//! `crate::kernel::list`); `Filter` is `--trace` and `--notrace` together.
+//! `crate::plan::list`); `Filter` is `--trace` and `--notrace` together.
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use vmm::advice::{Advice, Input, Plain, Words};
@@ -413,7 +413,7 @@ impl Filter {
                 let mut names: Vec<String> = (0..image.functions.len())
                     .flat_map(|i| image.names(i))
                     .filter(|name| m.is_match(name))
-                    .map(|name| crate::trace::report::escape(name).into_owned())
+                    .map(|name| crate::kernel::names::escape(name).into_owned())
                     .collect();
                 names.sort_unstable();
                 names.dedup();
@@ -549,7 +549,7 @@ pub(crate) fn closest_names(glob: &str, names: &[&str]) -> Vec<String> {
     scored
         .into_iter()
         .take(MAX_SUGGESTIONS)
-        .map(|(_, _, n)| crate::trace::report::escape(n).into_owned())
+        .map(|(_, _, n)| crate::kernel::names::escape(n).into_owned())
         .collect()
 }
 
@@ -610,7 +610,7 @@ fn edit_distance(pat: &[char], text: &[char], free_start: bool, free_end: bool) 
 }
 
 /// A `KernelImage` and `SiteTable` made of names, for unit tests here and
-/// in `crate::kernel::list`.
+/// in `crate::plan::list`.
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::kernel::sites::{Site, SiteTable};

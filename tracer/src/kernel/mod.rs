@@ -1,13 +1,13 @@
 //! What is read from the kernel image before the guest runs: symbols and
 //! their sources, ftrace call sites, function filters, KASLR offsets, and
-//! the function list `vmtrace list` prints.
+//! how kernel names are printed.
 
 pub mod bzimage;
 pub mod filter;
 pub mod find;
 pub mod kallsyms;
 pub mod kaslr;
-pub mod list;
+pub mod names;
 pub mod payload;
 pub mod sites;
 pub mod symbols;

@@ -16,8 +16,8 @@
 
 use std::sync::Arc;
 
+use crate::plan::site_index::SiteIndex;
 use crate::plan::Plan;
-use crate::session::record::SiteIndex;
 
 /// The functions left out of `--graph`, and why (one line).
 pub const UNHOOKABLE: &[(&str, &str)] = &[

@@ -1,8 +1,11 @@
 //! What to trace, resolved against the kernel image before the guest
-//! runs: the selected functions and their sites, checked once.
+//! runs: the selected functions and their sites, checked once; and the
+//! function list `vmtrace list` prints (which functions a plan could hook).
 
 mod build;
 pub mod hookable;
+pub mod list;
+pub mod site_index;
 
 pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
 
@@ -13,7 +16,7 @@ use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
-use crate::session::record::SiteIndex;
+use crate::plan::site_index::SiteIndex;
 
 /// The kernel's flag that its ftrace_init has converted every site
 /// (`ftrace_enabled`, set to 1 at the end of ftrace_init in kernel/trace/ftrace.c).

@@ -159,7 +159,7 @@ impl Tracer {
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
-                    crate::trace::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+                    crate::trace::model::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
                 }
                 (events, None)
             }

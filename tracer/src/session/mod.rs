@@ -32,7 +32,6 @@ mod kvm_tests;
 pub mod patch;
 pub mod record;
 pub mod shadow;
-pub mod site_index;
 pub mod store;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Silent, Start, POLL};
 pub use finish::{Progress, Saved};

@@ -27,8 +27,8 @@ use crate::trace::model::{Event, RETURN_BIT};
 // What the recorders share with the store and the exitless drainer, in
 // modules of their own so that the store needs nothing from here; named
 // here too, where the recorders' callers look for them.
+pub use crate::plan::site_index::{SiteIndex, OUT_LEN};
 pub use crate::session::counters::{Counters, BATCH};
-pub use crate::session::site_index::{SiteIndex, OUT_LEN};
 
 /// Trap mode's return hooks: the guest address of the return trap (an
 /// `out` to the trace port in vmtrace's code page) and the frames hooked.

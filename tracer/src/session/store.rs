@@ -19,8 +19,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::kernel::symbols::{function_index_at, Symbol};
+use crate::plan::site_index::SiteIndex;
 use crate::session::counters::{Counters, BATCH};
-use crate::session::site_index::SiteIndex;
 use crate::trace::datafile::stream::DataFile;
 use crate::trace::datafile::EVENT_SIZE;
 use crate::trace::model::{Event, Trace};

@@ -22,7 +22,7 @@
 //!   longjmp, a task that died in a traced function); a live frame at S
 //!   itself stays if the entry is a tail call from it (the callee's entry
 //!   found the caller's hook in place, so its caller is the live frame's:
-//!   `unhook_callers`; it returns through both), else it ends the same way
+//!   `model::unhook_callers`; it returns through both), else it ends the same way
 //!   (the call at S returned, but its return was not stored);
 //! - a return at S ends abandoned frames below S the same way, then returns
 //!   the innermost live frame at S; a return with none (its entry was not
@@ -45,7 +45,6 @@
 //! stored one, so none of their stored calls lost its return.
 
 use std::collections::HashMap;
-use std::ops::Range;
 
 use crate::trace::model::{Event, Trace};
 
@@ -344,48 +343,10 @@ impl Graph {
     }
 }
 
-/// Replaces entry callers that are vmtrace's own return hooks (a tail call:
-/// the callee's entry found the caller's return already hooked, so `[RSP]`
-/// held vmtrace's address) with the real return address, the caller of the
-/// live frame at the same slot, as ftrace's `ftrace_graph_ret_addr` does.
-/// `hooks`: the guest-virtual range of vmtrace's return code. Returns how
-/// many were replaced; those with no live frame at their slot stay.
-pub fn unhook_callers(events: &mut [Event], hooks: Range<u64>) -> u64 {
-    // Per slot: the callers of the live frames there, innermost last.
-    let mut at: HashMap<u64, Vec<u64>> = HashMap::new();
-    let mut replaced = 0;
-    for e in events.iter_mut() {
-        let slot = e.stack_slot();
-        if slot == 0 {
-            // Not hooked: no slot to find the real caller by.
-            continue;
-        }
-        let callers = at.entry(slot).or_default();
-        if e.is_return() {
-            if let Some(real) = callers.pop() {
-                if hooks.contains(&e.parent) {
-                    e.parent = real;
-                }
-            }
-            continue;
-        }
-        if hooks.contains(&e.parent) {
-            if let Some(&real) = callers.last() {
-                e.parent = real;
-                replaced += 1;
-            }
-        } else {
-            // A fresh call at this slot: whatever was live here was abandoned.
-            callers.clear();
-        }
-        callers.push(e.parent);
-    }
-    replaced
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::model::unhook_callers;
     use crate::trace::model::RETURN_BIT;
 
     const STACK_A: u64 = 0xffff_c900_0001_0000; // a 16 KiB region

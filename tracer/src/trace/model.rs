@@ -1,6 +1,9 @@
 //! The trace model: a recorded trace, everything a report, a saved file or
 //! an export needs, self-contained (no vmlinux needed to read it back).
 
+use std::collections::HashMap;
+use std::ops::Range;
+
 use crate::kernel::symbols::Symbol;
 
 /// One traced function entry, or (function-graph traces) one return.
@@ -225,6 +228,45 @@ pub fn caller_index(callers: &[Symbol], ip: u64) -> Option<usize> {
     let i = callers.partition_point(|s| s.addr <= ip).checked_sub(1)?;
     let s = &callers[i];
     (ip < s.addr + s.size.max(1)).then_some(i)
+}
+
+/// Replaces entry callers that are vmtrace's own return hooks (a tail call:
+/// the callee's entry found the caller's return already hooked, so `[RSP]`
+/// held vmtrace's address) with the real return address, the caller of the
+/// live frame at the same slot, as ftrace's `ftrace_graph_ret_addr` does.
+/// `hooks`: the guest-virtual range of vmtrace's return code. Returns how
+/// many were replaced; those with no live frame at their slot stay.
+pub fn unhook_callers(events: &mut [Event], hooks: Range<u64>) -> u64 {
+    // Per slot: the callers of the live frames there, innermost last.
+    let mut at: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut replaced = 0;
+    for e in events.iter_mut() {
+        let slot = e.stack_slot();
+        if slot == 0 {
+            // Not hooked: no slot to find the real caller by.
+            continue;
+        }
+        let callers = at.entry(slot).or_default();
+        if e.is_return() {
+            if let Some(real) = callers.pop() {
+                if hooks.contains(&e.parent) {
+                    e.parent = real;
+                }
+            }
+            continue;
+        }
+        if hooks.contains(&e.parent) {
+            if let Some(&real) = callers.last() {
+                e.parent = real;
+                replaced += 1;
+            }
+        } else {
+            // A fresh call at this slot: whatever was live here was abandoned.
+            callers.clear();
+        }
+        callers.push(e.parent);
+    }
+    replaced
 }
 
 /// Shape of `Trace::synthetic`.

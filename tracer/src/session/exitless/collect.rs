@@ -13,8 +13,8 @@ use vmm::pause::GuestClock;
 
 use super::layout::RingLayout;
 use super::ring::{self, Record, RingError, RingReader};
+use crate::plan::site_index::SiteIndex;
 use crate::session::counters::{Counters, BATCH};
-use crate::session::site_index::SiteIndex;
 use crate::trace::model::Event;
 
 /// How long the drainer sleeps when every ring was empty.

@@ -19,8 +19,8 @@ use vmm::pause::GuestClock;
 
 use super::collect::Drainer;
 use super::layout::RingLayout;
+use crate::plan::site_index::SiteIndex;
 use crate::session::counters::Counters;
-use crate::session::site_index::SiteIndex;
 use crate::trace::model::Event;
 
 /// What only the attach's pause knows: how to date the records, and where

@@ -22,8 +22,8 @@ use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::site_index::SiteIndex;
 use crate::session::counters::Counters;
-use crate::session::site_index::SiteIndex;
 use crate::trace::model::Event;
 
 /// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS

@@ -72,7 +72,7 @@ pub(super) fn load<R: Read>(
     let graph = head.meta.graph;
     if graph {
         // Tail callees found vmtrace's return hook as their caller.
-        crate::trace::graph::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
+        crate::trace::model::unhook_callers(&mut events, CODE_VA..CODE_VA + CODE_LEN);
     }
     let trace = match foot.filter(|_| ended) {
         Some(foot) => {

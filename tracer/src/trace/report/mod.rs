@@ -24,15 +24,14 @@ mod numbers;
 mod text;
 pub mod tree;
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use crate::kernel::symbols::Symbol;
 use crate::trace::graph::{Durations, End, Graph};
 use crate::trace::model::{Event, Trace};
 
+pub use crate::kernel::names::escape;
 pub use numbers::{format_cpu_list, thousands};
 pub use text::render;
 pub use tree::{render_tree, write_tree, TreeOptions};
@@ -92,26 +91,6 @@ impl Default for ReportOptions {
             percent_limit: None,
         }
     }
-}
-
-/// `name` as printed: control characters (C0, DEL and C1: `char::is_control`)
-/// become `\xNN`, their code point in hex, so that a crafted name cannot
-/// end or forge a line, or send escape sequences to a terminal. Other text,
-/// backslashes included, is kept (kernel symbols are plain ASCII: they are
-/// borrowed unchanged).
-pub fn escape(name: &str) -> Cow<'_, str> {
-    if !name.contains(char::is_control) {
-        return Cow::Borrowed(name);
-    }
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if c.is_control() {
-            write!(out, "\\x{:02x}", u32::from(c)).expect("writing to a String cannot fail");
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// Parses a `--cpu` list such as `0,2-3` into sorted, distinct vCPU numbers.
@@ -576,19 +555,4 @@ fn merge(a: &mut Durations, b: &Durations) {
 /// A membership test for a vCPU selection (`None`: every vCPU).
 fn cpu_mask(cpus: Option<&[u32]>) -> impl Fn(u32) -> bool + '_ {
     move |cpu| cpus.is_none_or(|c| c.binary_search(&cpu).is_ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn escape_turns_controls_into_hex() {
-        assert!(matches!(escape("hrtimer_interrupt"), Cow::Borrowed(_)));
-        assert_eq!(
-            escape("a\nb\rc\x1b[2J\x7f\u{85}é\\"),
-            "a\\x0ab\\x0dc\\x1b[2J\\x7f\\x85é\\"
-        );
-        assert_eq!(escape("\t\0"), "\\x09\\x00");
-    }
 }

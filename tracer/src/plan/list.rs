@@ -31,10 +31,10 @@ use std::io::{self, BufWriter, Write};
 use vmm::advice::{Advice, Input, Plain, Words};
 
 use crate::kernel::filter::{closest_names, FilterError, Globs};
+use crate::kernel::names::escape;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::hookable::unhookable;
-use crate::trace::report::escape;
 
 /// Why a function can be traced or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -188,7 +188,7 @@ impl<'a> Listing<'a> {
         )
     }
 
-    /// One line per function: its name (through `report::escape`) and
+    /// One line per function: its name (through `kernel::names::escape`) and
     /// marker.
     pub fn write(&self, w: &mut dyn Write) -> io::Result<()> {
         let mut w = BufWriter::new(w);
