@@ -121,10 +121,9 @@ fn the_library_pipeline_counts_calls_and_returns_with_the_graph() {
     pipeline(ModeChoice::Trap, true);
 }
 
-/// A duration ends the session: detached under a pause first, then the
-/// guest stopped on request (the mini guest in `mode=loop` never ends).
-#[test]
-fn a_duration_detaches_then_stops_the_guest() {
+/// A session over the mini guest in `mode=loop` (it never ends by itself),
+/// tracing the request's functions with traps, keeping `max_events`.
+fn looping_session(max_events: u64) -> (std::path::PathBuf, Session) {
     let elf = mini_elf();
     let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
     let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
@@ -133,7 +132,15 @@ fn a_duration_detaches_then_stops_the_guest() {
     let mut cfg = mini_config(&elf, 2, "mode=loop", &capture);
     cfg.kernel = kernel;
     let vm = vmm::Vm::create(cfg).unwrap();
-    let mut session = Session::start(vm, plan, Recording::memory(10_000_000)).unwrap();
+    let session = Session::start(vm, plan, Recording::memory(max_events)).unwrap();
+    (elf, session)
+}
+
+/// A duration ends the session: detached under a pause first, then the
+/// guest stopped on request (the mini guest in `mode=loop` never ends).
+#[test]
+fn a_duration_detaches_then_stops_the_guest() {
+    let (_, mut session) = looping_session(10_000_000);
     let mut seen = Seen::default();
     let attached = session
         .trace(Some(Duration::from_millis(300)), &mut seen)
@@ -150,6 +157,7 @@ fn a_duration_detaches_then_stops_the_guest() {
     assert!(calls > 0, "the loop was traced");
     assert_eq!(ended.summary.events.len() as u64, calls);
 }
+
 /// A selection that matches nothing is refused before any guest exists,
 /// in the library's words: no flag named.
 #[test]
@@ -180,15 +188,7 @@ fn text_bytes(mem: &vm_memory::GuestMemoryMmap, kernel: &std::path::Path) -> Vec
 /// the guest and restores every site it patched.
 #[test]
 fn a_session_dropped_without_end_restores_every_site() {
-    let elf = mini_elf();
-    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
-    let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
-    let plan = TracePlan::build(image, &request(ModeChoice::Trap, false)).unwrap();
-    let capture = Capture::default();
-    let mut cfg = mini_config(&elf, 2, "mode=loop", &capture);
-    cfg.kernel = kernel;
-    let vm = vmm::Vm::create(cfg).unwrap();
-    let mut session = Session::start(vm, plan, Recording::memory(1_000_000)).unwrap();
+    let (elf, mut session) = looping_session(1_000_000);
     let mem = session.running().memory().clone();
     let before = text_bytes(&mem, &elf);
     {

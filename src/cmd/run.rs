@@ -116,7 +116,7 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
         kernel: kernel.to_owned(),
     };
     let notes = plan.notes.clone();
-    let prepared = Session::prepare(plan, vm.cpus(), recording).map_err(|e| {
+    let prepared = Session::prepare(plan, &vm, recording).map_err(|e| {
         data.discard();
         session_error(e)
     })?;
@@ -285,10 +285,10 @@ impl Observer for Status {
                 None => String::new(),
             }
         );
-        if let Some(m) = a.mapped {
+        if let Some(m) = c.exitless {
             note!("vmtrace: {}", mapped_line(tracer, m));
         }
-        if let Some(o) = a.kernel_offset {
+        if let Some(o) = tracer.kernel_offset() {
             let kaslr = if o.is_none() { "no KASLR" } else { "KASLR" };
             note!("vmtrace: kernel offset: {o} ({kaslr})");
         }

@@ -23,11 +23,9 @@ use vmm::advice::{Advice, Words};
 use vmm::boot::Protocol;
 use vmm::{RunReport, Running, StopReason, TrapHandler, Vm};
 
-use super::exitless::map::Mapped;
 use super::patch::{AttachCounts, DetachCounts};
 use super::{Attach, NotReady, Progress, Recording, Saved, Tracer};
 use crate::error::TracerError;
-use crate::kernel::kaslr::KernelOffset;
 use crate::plan::TracePlan;
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::Trace;
@@ -59,10 +57,6 @@ pub trait Observer {
     fn tracing(&mut self, _progress: &Progress, _elapsed: Duration, _left: Option<Duration>) {}
 }
 
-/// An observer that says nothing.
-pub struct Silent;
-impl Observer for Silent {}
-
 /// What an attach did and found.
 #[derive(Clone, Debug)]
 pub struct Attached {
@@ -73,9 +67,6 @@ pub struct Attached {
     /// Attempts that found the guest not ready, and the last one's reason.
     pub retries: u32,
     pub last_not_ready: Option<NotReady>,
-    /// Where vmtrace's pages went (exitless mode, trap-mode graph).
-    pub mapped: Option<Mapped>,
-    pub kernel_offset: Option<KernelOffset>,
 }
 
 /// How the guest starts.
@@ -99,7 +90,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Start `vm` (with `cpus` as the plan was prepared for) under it.
+    /// Start `vm`, the one it was prepared for, under it.
     pub fn start(self, vm: Vm) -> Result<Session, SessionError> {
         let Prepared {
             tracer,
@@ -127,16 +118,16 @@ struct Live {
 }
 
 impl Session {
-    /// The tracer for `plan` on `cpus` vCPUs. With `recording.storage` a
+    /// The tracer for `plan` on `vm`'s vCPUs. With `recording.storage` a
     /// data file, its header is written now.
     pub fn prepare(
         plan: TracePlan,
-        cpus: usize,
+        vm: &Vm,
         recording: Recording,
     ) -> Result<Prepared, SessionError> {
         let kernel = recording.kernel.clone();
         let (tracer, handlers) =
-            Tracer::create(plan.plan, cpus, plan.mode, plan.ring_events, recording)
+            Tracer::create(plan.plan, vm.cpus(), plan.mode, plan.ring_events, recording)
                 .map_err(SessionError::Attach)?;
         Ok(Prepared {
             tracer,
@@ -147,7 +138,7 @@ impl Session {
 
     /// `prepare`, then start `vm` under it.
     pub fn start(vm: Vm, plan: TracePlan, recording: Recording) -> Result<Session, SessionError> {
-        Session::prepare(plan, vm.cpus(), recording)?.start(vm)
+        Session::prepare(plan, &vm, recording)?.start(vm)
     }
 
     /// Start `vm` under a tracer made by the caller (the bench's own
@@ -191,10 +182,6 @@ impl Session {
 
     pub fn tracer(&self) -> &Tracer {
         &self.live().tracer
-    }
-
-    pub fn tracer_mut(&mut self) -> &mut Tracer {
-        &mut self.live_mut().tracer
     }
 
     pub fn running(&self) -> &Running {
@@ -323,13 +310,11 @@ impl Live {
         let (window, latency) = (paused.window(), paused.latency());
         drop(paused);
         Ok(Ok(Attached {
-            mapped: c.exitless,
             counts: c,
             window,
             latency,
             retries,
             last_not_ready: last_not_ready.clone(),
-            kernel_offset: self.tracer.kernel_offset(),
         }))
     }
 

@@ -33,7 +33,7 @@ pub mod patch;
 pub mod record;
 pub mod shadow;
 pub mod store;
-pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Silent, Start, POLL};
+pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
 
 /// With page-table isolation, Linux gives each process a pair of top-level
