@@ -434,14 +434,31 @@ fn detach_with_frames_hooked(exitless: bool) {
         tracer.attach(&p).unwrap().attached().unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
-    // Detach and end the loop in one pause: every vCPU is then somewhere
-    // in an iteration, almost always inside hooked calls, which return
-    // after the detach as the iteration finishes.
+    // Detach and end the loop in one pause, taken when a vCPU is inside
+    // the body of a hooked call (past its site): that call returns after
+    // the detach, as the iteration finishes. Pauses that find none are
+    // let go and tried again, so the test never depends on luck.
+    let bodies = hooked_bodies(&kernel);
     let stop = vmm::layout::kernel_virt_to_phys(elf_symbol(&kernel, "mini_stop")).unwrap();
-    {
+    let mut tries = 0;
+    loop {
         let p = running.pause_all();
-        tracer.detach(p.memory()).unwrap();
-        p.memory().write_obj(1u32, GuestAddress(stop)).unwrap();
+        let inside = (0..cpus as usize).any(|c| {
+            p.snapshot(c)
+                .is_some_and(|s| bodies.iter().any(|b| b.contains(&s.regs.rip)))
+        });
+        if inside {
+            tracer.detach(p.memory()).unwrap();
+            p.memory().write_obj(1u32, GuestAddress(stop)).unwrap();
+            break;
+        }
+        drop(p);
+        tries += 1;
+        assert!(
+            tries < 10_000,
+            "no vCPU inside a hooked call in {tries} pauses"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
     let reason = running.wait();
     let report = running.finish();
@@ -484,6 +501,32 @@ fn detach_with_frames_hooked(exitless: bool) {
             n => assert_eq!(rets, calls, "{n}"),
         }
     }
+}
+
+/// The bodies of graph=1's hooked leaf-ish functions in the mini guest:
+/// from past the `call __fentry__` (after an ENDBR64, if any) to the end.
+/// A vCPU with its RIP in one has that call's return hooked.
+fn hooked_bodies(kernel: &Path) -> Vec<std::ops::Range<u64>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    const CALL_LEN: u64 = 5;
+    let data = std::fs::read(kernel).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let text = obj.section_by_name(".text").unwrap();
+    let bytes = text.data().unwrap();
+    ["graph_depth", "graph_depth2", "graph_recurse", "graph_long"]
+        .iter()
+        .map(|name| {
+            let s = obj.symbols().find(|s| s.name() == Ok(name)).unwrap();
+            let off = (s.address() - text.address()) as usize;
+            let endbr = if bytes[off..].starts_with(&ENDBR64) {
+                4
+            } else {
+                0
+            };
+            s.address() + endbr + CALL_LEN..s.address() + s.size()
+        })
+        .collect()
 }
 
 #[test]
