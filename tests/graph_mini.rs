@@ -15,6 +15,7 @@ use tracer::session::Tracer;
 use tracer::trace::graph::{End, Frame, Graph};
 use tracer::trace::model::Trace;
 use vm_memory::{Bytes, GuestAddress};
+use vmm::Stopped;
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("vmtrace-graph-mini-{}", std::process::id()));

@@ -5,6 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use vmm::Stopped;
 
 use common::*;
 use tracer::plan::Mode;

@@ -3,6 +3,7 @@
 mod common;
 
 use std::time::Duration;
+use vmm::Stopped;
 
 use common::*;
 use vm_memory::{Bytes, GuestAddress};

@@ -16,7 +16,6 @@ use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
 use kvm_bindings::{
     kvm_run, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES,
 };
-use vm_memory::GuestMemory;
 
 use crate::advice::{Advice, Input, Plain, Words};
 use crate::gva::{AddressSpace, PAGE_SIZE_4K};
@@ -119,7 +118,7 @@ pub fn effect(what: Assist, rip: u64, fsw: u16) -> Effect {
 /// KVM did not include its bytes: up to 15 bytes, stopping at the first
 /// unmapped page, so an instruction near the end of the last mapped page
 /// still decodes.
-pub fn fetch_insn<M: GuestMemory>(space: &mut AddressSpace<'_, M>, rip: u64) -> Vec<u8> {
+pub fn fetch_insn(space: &mut AddressSpace<'_>, rip: u64) -> Vec<u8> {
     let mut buf = [0u8; MAX_INSN_LEN];
     let mut got = 0;
     while got < MAX_INSN_LEN {

@@ -10,15 +10,18 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::devices::Devices;
 use crate::exit::VcpuStats;
-use crate::gva::AddressSpace;
 use crate::kvm_stats::{self, KvmCounts, KvmStats, KvmStatsError};
-use crate::pause::{GuestClock, PauseControl, PauseStats, VcpuSnapshot};
+use crate::pause::{PauseControl, PauseStats, VcpuSnapshot};
+use crate::ram::GuestRam;
 use crate::stop::{panic_message, StopReason, VcpuError};
+use crate::stopped::Stopped;
 use crate::sys::{install_signal_handler, lock, signal_ignored, unpoison};
 
 /// State every vCPU thread and the controller share.
 pub struct Shared {
     pub mem: GuestMemoryMmap,
+    /// The same memory as the tracer reaches any guest's.
+    pub ram: Arc<dyn GuestRam>,
     pub devices: Devices,
     pub pause: PauseControl,
     stop: Mutex<Option<StopReason>>,
@@ -30,6 +33,7 @@ pub struct Shared {
 impl Shared {
     pub(crate) fn new(mem: GuestMemoryMmap, devices: Devices, pause: PauseControl) -> Self {
         Shared {
+            ram: Arc::new(mem.clone()),
             mem,
             devices,
             pause,
@@ -205,62 +209,27 @@ pub struct Paused<'a> {
     latency: Duration,
 }
 
-/// The address space of one parked vCPU.
-pub struct VcpuSpace<'m> {
-    pub cpu: usize,
-    /// It was running at CPL 3 (user code, or the kernel's entry path still
-    /// on the user's page tables).
-    pub user_mode: bool,
-    pub space: AddressSpace<'m>,
-    /// Its GS base when it runs at CPL 0: in a Linux kernel past its entry
-    /// code, the CPU's per-CPU area (None at CPL 3, where GS is the user's).
-    pub gs_base: Option<u64>,
-}
-
-/// Selector bits 1:0 of CS: the privilege level the vCPU runs at.
-const CS_RPL_MASK: u16 = 3;
-
 impl Paused<'_> {
+    /// This VMM's own memory, mapped here.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.run.shared.mem
     }
-    /// The guest's TSC against the host clock, read at this pause by vCPU 0
-    /// (None if it has exited, or KVM could not tell).
-    pub fn guest_clock(&self) -> Option<GuestClock> {
-        (0..self.run.cpus()).find_map(|cpu| self.snapshot(cpu)?.clock)
+}
+
+impl Stopped for Paused<'_> {
+    fn ram(&self) -> &Arc<dyn GuestRam> {
+        &self.run.shared.ram
     }
-    /// The address spaces of the parked vCPUs that run with paging on, in
-    /// vCPU order.
-    pub fn vcpu_spaces(&self) -> Vec<VcpuSpace<'_>> {
-        (0..self.run.cpus())
-            .filter_map(|cpu| {
-                let s = self.snapshot(cpu)?;
-                let space = AddressSpace::of_vcpu(self.memory(), &s.sregs)?;
-                let user_mode = s.sregs.cs.selector & CS_RPL_MASK != 0;
-                Some(VcpuSpace {
-                    cpu,
-                    user_mode,
-                    space,
-                    gs_base: (!user_mode).then_some(s.sregs.gs.base),
-                })
-            })
-            .collect()
+    fn cpus(&self) -> usize {
+        self.run.cpus()
     }
-    /// The guest kernel's `syscall` entry point (IA32_LSTAR of vCPU 0), once
-    /// it has set one: where its `entry_SYSCALL_64` runs, KASLR included.
-    pub fn syscall_entry(&self) -> Option<u64> {
-        self.snapshot(0)?.syscall_entry
-    }
-    /// Registers of a parked vCPU; None if it has already exited.
-    pub fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
+    fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
         self.run.shared.pause.snapshot(cpu)
     }
-    /// From the request to all parked.
-    pub fn latency(&self) -> Duration {
+    fn latency(&self) -> Duration {
         self.latency
     }
-    /// How long the guest has been stopped so far.
-    pub fn window(&self) -> Duration {
+    fn window(&self) -> Duration {
         self.since.elapsed()
     }
 }
@@ -274,6 +243,11 @@ impl Drop for Paused<'_> {
 impl Running {
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.shared.mem
+    }
+
+    /// Guest memory as the tracer reaches any guest's.
+    pub fn ram(&self) -> &Arc<dyn GuestRam> {
+        &self.shared.ram
     }
 
     pub fn cpus(&self) -> usize {

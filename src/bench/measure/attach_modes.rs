@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::time::Duration;
+use vmm::Stopped;
 
 use tracer::plan::Plan;
 use tracer::session::Tracer;
@@ -70,7 +71,7 @@ fn one_round(kernel: &Path, cpus: u64, exitless_first: bool) -> Result<(f64, f64
     drop(unused);
     let running = vm.start(recorders, false).map_err(RuntimeError::Start)?;
     let result = (|| -> Result<(f64, f64), Error> {
-        exitless.stage(running.memory())?;
+        exitless.stage(running.ram())?;
         std::thread::sleep(SETTLE);
         let mut windows = [0.0; 2];
         let order = if exitless_first { [1, 0] } else { [0, 1] };

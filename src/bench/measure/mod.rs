@@ -13,6 +13,7 @@ mod record;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vmm::Stopped;
 
 use tracer::error::TracerError;
 use tracer::kernel::sites::SiteTable;

@@ -12,6 +12,7 @@
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
+use vmm::Stopped;
 
 use tracer::kernel::symbols::KernelImage;
 use vmm::gva::{AddressSpace, PagingMode};

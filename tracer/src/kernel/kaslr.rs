@@ -34,11 +34,12 @@
 //! 2 MiB-aligned offset: a hint only, which the pause then checks.
 
 use std::fmt;
+use vmm::GuestRam;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm::advice::{join, Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
-use vmm::Paused;
+use vmm::Stopped;
 
 use crate::kernel::symbols::KernelImage;
 
@@ -212,7 +213,7 @@ fn banner_bytes(image: &KernelImage) -> Option<(u64, &[u8])> {
 
 /// The kernel's offsets, read under `paused`. A kernel without a syscall
 /// entry symbol (not Linux: vmtrace's mini guest) is where it was linked.
-pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, KaslrError> {
+pub fn detect(paused: &dyn Stopped, image: &KernelImage) -> Result<Detected, KaslrError> {
     let Some(entry) = image.symbol(SYSCALL_ENTRY).map(|s| s.addr) else {
         return Ok(Detected::Offset(KernelOffset::NONE));
     };
@@ -274,7 +275,10 @@ pub fn detect(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, Kasl
 /// it. The banner found in the kernel's mapping gives the offsets; not
 /// found, a FRED kernel is an error (it would never become known), any
 /// other is asked again at a later pause.
-fn without_syscall_entry(paused: &Paused<'_>, image: &KernelImage) -> Result<Detected, KaslrError> {
+fn without_syscall_entry(
+    paused: &dyn Stopped,
+    image: &KernelImage,
+) -> Result<Detected, KaslrError> {
     let banner = banner_bytes(image);
     let found = banner.and_then(|(va, expected)| search(paused, va, expected));
     let fred = paused
@@ -315,7 +319,7 @@ fn verdict(
 /// first) until one has it; None unless exactly one step does. Another
 /// step maps other physical memory, which holds the banner only if a copy
 /// of it is there.
-fn search(paused: &Paused<'_>, banner: u64, expected: &[u8]) -> Option<KernelOffset> {
+fn search(paused: &dyn Stopped, banner: u64, expected: &[u8]) -> Option<KernelOffset> {
     let link_pa = vmm::layout::kernel_virt_to_phys(banner)?;
     let mut found = vec![0u8; expected.len()];
     for v in paused.vcpu_spaces() {
@@ -354,7 +358,7 @@ fn search(paused: &Paused<'_>, banner: u64, expected: &[u8]) -> Option<KernelOff
 /// compressed; usually one. None when the symbols have no banner to look
 /// for (e.g. kallsyms without data symbols): only a pause can tell then.
 /// A hint: [`detect`] decides under a pause.
-pub fn phys_candidates(mem: &GuestMemoryMmap, image: &KernelImage) -> Option<Vec<i64>> {
+pub fn phys_candidates(mem: &dyn GuestRam, image: &KernelImage) -> Option<Vec<i64>> {
     let (banner, expected) = banner_bytes(image)?;
     let link_pa = vmm::layout::kernel_virt_to_phys(banner)?;
     let mut found = vec![0u8; expected.len()];

@@ -16,12 +16,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vmm::GuestRam;
 
-use vm_memory::GuestMemoryMmap;
 use vmm::advice::{Advice, Words};
 use vmm::boot::Protocol;
-use vmm::{RunReport, Running, StopReason, TrapHandler, Vm};
+use vmm::{RunReport, Running, StopReason, Stopped, TrapHandler, Vm};
 
 use super::patch::{AttachCounts, DetachCounts};
 use super::{Attach, NotReady, Progress, Recording, Saved, Tracer};
@@ -111,7 +112,7 @@ pub struct Session {
 struct Live {
     tracer: Tracer,
     running: Running,
-    mem: GuestMemoryMmap,
+    mem: Arc<dyn GuestRam>,
     /// The guest does not patch its own sites (direct boot): attach at once.
     attach_now: bool,
     kernel: PathBuf,
@@ -159,7 +160,7 @@ impl Session {
         let running = vm
             .start(handlers, start_paused)
             .map_err(SessionError::Start)?;
-        let mem = running.memory().clone();
+        let mem = Arc::clone(running.ram());
         Ok(Session {
             live: Some(Live {
                 tracer,
@@ -261,7 +262,7 @@ impl Live {
     /// only if every selected site agrees; otherwise resume and retry.
     /// Exitless code and rings are written before, not inside the pause.
     fn attach(&mut self, observer: &mut dyn Observer) -> Result<Option<Attached>, SessionError> {
-        let memory = self.running.memory().clone();
+        let memory = Arc::clone(self.running.ram());
         if let Err(e) = self.tracer.stage(&memory) {
             self.running.request_stop(StopReason::Requested);
             return Err(SessionError::Attach(e));
@@ -269,7 +270,7 @@ impl Live {
         let (mut retries, mut last_not_ready) = (0u32, None);
         let booting = Instant::now();
         loop {
-            if self.attach_now || self.tracer.guest_ready(&memory) {
+            if self.attach_now || self.tracer.guest_ready(&*memory) {
                 match self.attach_once(retries, &last_not_ready)? {
                     Ok(attached) => {
                         observer.attached(&attached, &self.tracer);
@@ -329,7 +330,7 @@ impl Live {
         let report = running.finish();
         // What every detach of the run restored, including one at the end
         // of a duration.
-        let detached = tracer.detach(&mem).map(|_| tracer.detached.clone());
+        let detached = tracer.detach(&*mem).map(|_| tracer.detached.clone());
         let attached = tracer.attach_counts.patched;
         let drained = tracer.stop_draining();
         // Exits at the trace port: one per traced call in trap mode, none

@@ -119,7 +119,7 @@ fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
     let vm = mini_vm(&kernel);
     let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1_000_000, None).unwrap();
     let running = vm.start(handlers, true).unwrap();
-    tracer.stage(running.memory()).unwrap();
+    tracer.stage(running.ram()).unwrap();
     let region = |mem: &GuestMemoryMmap| {
         let mut b = vec![0u8; (CODE_LEN + DATA_LEN) as usize];
         mem.read_slice(&mut b, GuestAddress(CODE_GPA)).unwrap();

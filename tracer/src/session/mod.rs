@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use vmm::GuestRam;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
-use vmm::{Paused, TrapHandler, VcpuSpace};
+use vmm::{Stopped, TrapHandler, VcpuSpace};
 
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
@@ -296,7 +297,7 @@ impl Tracer {
     /// own memory slot that the guest cannot reach before the attach maps
     /// it (`Exitless::stage`). Optional: an attach does it otherwise. Call
     /// it once the guest's memory exists, e.g. right after the VM starts.
-    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), TracerError> {
+    pub fn stage(&mut self, mem: &Arc<dyn GuestRam>) -> Result<(), TracerError> {
         if let Some(ex) = self.exitless.as_mut() {
             ex.stage(mem)?;
         }
@@ -308,7 +309,7 @@ impl Tracer {
     /// checks again, and every selected site, under the pause. With the
     /// kernel's `ftrace_enabled` known, that flag (set once every site is a
     /// NOP); without it, every selected site must hold a NOP.
-    pub fn guest_ready(&self, mem: &GuestMemoryMmap) -> bool {
+    pub fn guest_ready(&self, mem: &dyn GuestRam) -> bool {
         // Where the kernel image is in guest RAM: known after the first
         // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
         let deltas = match self.offset {
@@ -383,7 +384,7 @@ impl Tracer {
     /// own ftrace_init has not finished (its `ftrace_enabled` is 0, or any
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
-    pub fn attach(&mut self, paused: &Paused<'_>) -> Result<Attach<'_>, TracerError> {
+    pub fn attach(&mut self, paused: &dyn Stopped) -> Result<Attach<'_>, TracerError> {
         let Some(off) = self.find_offset(paused)? else {
             return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown));
         };
@@ -434,7 +435,7 @@ impl Tracer {
                 return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
             }
         };
-        let (patched, skipped, mapped) = self.write_sites(&mut space, surveyed)?;
+        let (patched, skipped, mapped) = self.write_sites(&mut space, surveyed, paused.ram())?;
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
@@ -457,7 +458,7 @@ impl Tracer {
 
     /// The kernel's offsets (KASLR): known, or detected under `paused`;
     /// None while they cannot be told yet.
-    fn find_offset(&mut self, paused: &Paused<'_>) -> Result<Option<KernelOffset>, TracerError> {
+    fn find_offset(&mut self, paused: &dyn Stopped) -> Result<Option<KernelOffset>, TracerError> {
         if self.offset.is_none() {
             if let Detected::Offset(o) = kaslr::detect(paused, &self.plan.image)? {
                 // Before any site is patched: traps find their site by
@@ -477,9 +478,10 @@ impl Tracer {
         &mut self,
         space: &mut AddressSpace<'_>,
         surveyed: patch::Surveyed,
+        ram: &Arc<dyn GuestRam>,
     ) -> Result<(Vec<PatchedSite>, usize, Option<Mapped>), TracerError> {
         if let Some(ex) = self.exitless.as_mut() {
-            let mapped = ex.install(space)?;
+            let mapped = ex.install(space, ram)?;
             let ex: &Exitless = ex;
             let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
                 ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
@@ -505,7 +507,7 @@ impl Tracer {
 
     /// Restore every patched site. The guest is paused or stopped.
     /// Returns what this detach did; `detached` adds up all of them.
-    pub fn detach(&mut self, mem: &GuestMemoryMmap) -> Result<DetachCounts, TracerError> {
+    pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
         let c = patch::detach(mem, &self.patched)?;
         self.patched.clear();
         self.detached.restored += c.restored;
@@ -577,6 +579,7 @@ fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option<Add
 mod tests {
     use super::*;
     use vm_memory::Bytes;
+    use vm_memory::GuestMemoryMmap;
 
     /// A parked vCPU, in user mode or not, with `cr3` loaded.
     fn vcpu(mem: &GuestMemoryMmap, cpu: usize, cr3: u64, user_mode: bool) -> VcpuSpace<'_> {

@@ -17,9 +17,10 @@
 //! The trap handler resumes the guest at site + 5, so the 3-byte NOP never runs
 //! and no vCPU is ever left between the two instructions.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, PhysSpan};
+use vmm::GuestRam;
 
 use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
 use crate::kernel::symbols::KernelImage;
@@ -343,7 +344,7 @@ pub fn attach_with(
 /// far is restored first. Returns the sites written and how many were
 /// skipped (unmapped, or holding something else).
 pub fn write(
-    mem: &GuestMemoryMmap,
+    mem: &dyn GuestRam,
     surveyed: Surveyed,
     with: impl Fn(usize, u64) -> Result<[u8; SITE_LEN], PatchError>,
 ) -> Result<(Vec<PatchedSite>, usize), PatchError> {
@@ -378,7 +379,7 @@ pub fn write(
 /// vmtrace wrote (read, compare, write, read back). Works on guest physical addresses
 /// recorded at attach, so it needs no vCPU: it also runs after the guest has
 /// stopped. The caller holds every vCPU parked or stopped.
-pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
+pub fn detach(mem: &dyn GuestRam, patched: &[PatchedSite]) -> Result<DetachCounts, PatchError> {
     let mut counts = DetachCounts::default();
     for site in patched {
         let now = read_span(mem, site.addr, &site.span)?;
@@ -402,11 +403,7 @@ pub fn detach(mem: &GuestMemoryMmap, patched: &[PatchedSite]) -> Result<DetachCo
 }
 
 /// The 5 bytes of the site at `addr`, pinned at `span`.
-fn read_span(
-    mem: &GuestMemoryMmap,
-    addr: u64,
-    span: &PhysSpan,
-) -> Result<[u8; SITE_LEN], PatchError> {
+fn read_span(mem: &dyn GuestRam, addr: u64, span: &PhysSpan) -> Result<[u8; SITE_LEN], PatchError> {
     let mut b = [0u8; SITE_LEN];
     span.read(mem, &mut b).map_err(|e| PatchError::Memory {
         addr,
@@ -417,7 +414,7 @@ fn read_span(
 }
 
 fn write_span(
-    mem: &GuestMemoryMmap,
+    mem: &dyn GuestRam,
     addr: u64,
     span: &PhysSpan,
     bytes: &[u8; SITE_LEN],
@@ -431,7 +428,7 @@ fn write_span(
 
 /// Is the site at `addr` (read through guest physical memory at `gpa`) a
 /// plain NOP yet? Used to wait for the guest's own ftrace_init.
-pub fn is_nop(mem: &GuestMemoryMmap, gpa: u64) -> bool {
+pub fn is_nop(mem: &dyn GuestRam, gpa: u64) -> bool {
     let mut b = [0u8; SITE_LEN];
     mem.read_slice(&mut b, GuestAddress(gpa)).is_ok() && b == NOP5
 }
@@ -440,6 +437,7 @@ pub fn is_nop(mem: &GuestMemoryMmap, gpa: u64) -> bool {
 mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use vm_memory::{Bytes, GuestMemoryMmap};
     use vmm::gva::PagingMode;
 
     #[test]

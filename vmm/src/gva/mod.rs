@@ -18,7 +18,9 @@
 //! pinned to physical addresses for later ([`PhysSpan`]), and page-table
 //! entries ([`Entry`]).
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::GuestAddress;
+
+use crate::ram::GuestRam;
 
 mod space;
 pub use space::{AddressSpace, Entry, PhysSpan};
@@ -211,12 +213,7 @@ pub enum GvaError {
 
 /// Reads the `level` entry for `gva` from the table at `table` and checks
 /// its present bit.
-fn read_entry<M: GuestMemory>(
-    mem: &M,
-    table: u64,
-    level: Level,
-    gva: u64,
-) -> Result<u64, GvaError> {
+fn read_entry(mem: &dyn GuestRam, table: u64, level: Level, gva: u64) -> Result<u64, GvaError> {
     let mut raw = [0u8; ENTRY_SIZE as usize];
     mem.read_slice(&mut raw, GuestAddress(level.entry_gpa(table, gva)))
         .map_err(|_| GvaError::TableOutsideRam {
@@ -236,8 +233,8 @@ fn read_entry<M: GuestMemory>(
 ///
 /// The returned GPA is not checked against guest RAM (only the tables are):
 /// a huge page may legitimately extend past the end of RAM.
-pub fn translate<M: GuestMemory>(
-    mem: &M,
+pub fn translate(
+    mem: &dyn GuestRam,
     cr3: u64,
     mode: PagingMode,
     gva: u64,
@@ -291,7 +288,7 @@ pub fn translate<M: GuestMemory>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     const RAM_SIZE: usize = 16 << 20;
     /// Entry bit 1: writable (set like a real kernel would; not checked).

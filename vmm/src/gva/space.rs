@@ -7,7 +7,9 @@
 //! for one trap (built from that exit's registers), or for one pause.
 
 use kvm_bindings::kvm_sregs;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
+use vm_memory::GuestAddress;
+
+use crate::ram::GuestRam;
 
 use super::{
     read_entry, translate, GvaError, Level, PagingMode, Translation, ENTRY_SIZE, PAGE_OFFSET_MASK,
@@ -32,8 +34,8 @@ struct Cached {
 
 /// Guest memory as one address space sees it.
 #[derive(Debug)]
-pub struct AddressSpace<'m, M: GuestMemory = GuestMemoryMmap> {
-    mem: &'m M,
+pub struct AddressSpace<'m> {
+    mem: &'m dyn GuestRam,
     /// CR3 as loaded (bits 11:0 PCID or PWT/PCD, bit 63 no-flush: masked off
     /// by the walk).
     root: u64,
@@ -43,8 +45,8 @@ pub struct AddressSpace<'m, M: GuestMemory = GuestMemoryMmap> {
     cache: [Option<Cached>; CACHE_SLOTS],
 }
 
-impl<'m, M: GuestMemory> AddressSpace<'m, M> {
-    pub fn new(mem: &'m M, root: u64, mode: PagingMode) -> Self {
+impl<'m> AddressSpace<'m> {
+    pub fn new(mem: &'m dyn GuestRam, root: u64, mode: PagingMode) -> Self {
         AddressSpace {
             mem,
             root,
@@ -67,7 +69,7 @@ impl<'m, M: GuestMemory> AddressSpace<'m, M> {
 
     /// The address space a vCPU with these system registers uses; None
     /// while it runs with paging off.
-    pub fn of_vcpu(mem: &'m M, sregs: &kvm_sregs) -> Option<Self> {
+    pub fn of_vcpu(mem: &'m dyn GuestRam, sregs: &kvm_sregs) -> Option<Self> {
         (sregs.cr0 & CR0_PG != 0).then(|| {
             Self::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4))
                 .with_nx(sregs.efer & EFER_NXE != 0)
@@ -88,7 +90,7 @@ impl<'m, M: GuestMemory> AddressSpace<'m, M> {
         self.mode
     }
 
-    pub fn memory(&self) -> &'m M {
+    pub fn memory(&self) -> &'m dyn GuestRam {
         self.mem
     }
 
@@ -127,10 +129,7 @@ impl<'m, M: GuestMemory> AddressSpace<'m, M> {
             let gpa = self.gpa(at)?;
             let left_in_page = (PAGE_SIZE_4K - (at & PAGE_OFFSET_MASK)) as usize;
             let n = (len - done).min(left_in_page);
-            if !self
-                .mem
-                .check_range(GuestAddress(gpa), n, Permissions::Write)
-            {
+            if !self.mem.contains(GuestAddress(gpa), n) {
                 return Err(GvaError::PageOutsideRam { gva: at, gpa });
             }
             span.segments.push((gpa, n));
@@ -272,7 +271,7 @@ impl PhysSpan {
     }
 
     /// Fills `buf` (exactly `len()` bytes) from guest memory.
-    pub fn read<M: GuestMemory>(&self, mem: &M, buf: &mut [u8]) -> Result<(), GvaError> {
+    pub fn read(&self, mem: &dyn GuestRam, buf: &mut [u8]) -> Result<(), GvaError> {
         self.each(buf.len(), |gpa, at, n| {
             mem.read_slice(&mut buf[at..at + n], GuestAddress(gpa))
         })
@@ -280,7 +279,7 @@ impl PhysSpan {
 
     /// Writes `data` (exactly `len()` bytes); every segment was checked
     /// against RAM when the span was made.
-    pub fn write<M: GuestMemory>(&self, mem: &M, data: &[u8]) -> Result<(), GvaError> {
+    pub fn write(&self, mem: &dyn GuestRam, data: &[u8]) -> Result<(), GvaError> {
         self.each(data.len(), |gpa, at, n| {
             mem.write_slice(&data[at..at + n], GuestAddress(gpa))
         })

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
-use vm_memory::GuestMemoryMmap;
 use vmm::pause::GuestClock;
 
 use super::layout::RingLayout;
@@ -50,7 +50,7 @@ pub struct Drainer {
 
 /// Everything one drain pass needs: the rings, and where records go.
 struct Pass {
-    mem: GuestMemoryMmap,
+    mem: Arc<dyn GuestRam>,
     reader: RingReader,
     out: Out,
 }
@@ -79,9 +79,9 @@ impl Pass {
         let out = &mut self.out;
         let n = if last {
             self.reader
-                .drain_final(&self.mem, |cpu, r| out.record(cpu, r))
+                .drain_final(&*self.mem, |cpu, r| out.record(cpu, r))
         } else {
-            self.reader.drain(&self.mem, |cpu, r| out.record(cpu, r))
+            self.reader.drain(&*self.mem, |cpu, r| out.record(cpu, r))
         };
         out.flush();
         if last {
@@ -147,7 +147,7 @@ impl Out {
 impl Drainer {
     /// Start draining `layout`'s rings in `mem` (already initialised).
     pub fn start(
-        mem: GuestMemoryMmap,
+        mem: Arc<dyn GuestRam>,
         layout: RingLayout,
         clock: GuestClock,
         counters: Arc<Counters>,
@@ -206,14 +206,14 @@ impl Drainer {
 }
 
 /// Calls counted, not recorded (their ring was full), per CPU and site.
-pub fn drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
+pub fn drops(mem: &dyn GuestRam, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
     (0..layout.cpus)
         .map(|cpu| ring::drops(mem, layout, cpu))
         .collect()
 }
 
 /// Every ring's return drop counters, `[cpu][site]` (function graph).
-pub fn ret_drops(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
+pub fn ret_drops(mem: &dyn GuestRam, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
     (0..layout.cpus)
         .map(|cpu| ring::ret_drops(mem, layout, cpu))
         .collect()

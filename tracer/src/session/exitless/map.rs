@@ -1,7 +1,7 @@
 //! Mapping vmtrace's region into the guest's kernel address space, under a
 //! pause, through the guest's own page tables.
 
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestAddress;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 
@@ -156,6 +156,7 @@ pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
 mod tests {
     use super::*;
     use crate::session::exitless::layout::{DATA_VA, PD_FIRST, REGION_GPA, REGION_LEN};
+    use vm_memory::Bytes;
     use vm_memory::GuestMemoryMmap;
     use vmm::gva::PagingMode;
 

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
-use vm_memory::GuestMemoryMmap;
 use vmm::pause::GuestClock;
 
 use super::collect::Drainer;
@@ -95,7 +95,7 @@ impl PendingDrainer {
     /// Spawn the waiting thread; it owns the events' way to the collector
     /// (`sink`) from now on and drops it if never told to start.
     pub fn spawn(
-        mem: GuestMemoryMmap,
+        mem: Arc<dyn GuestRam>,
         layout: RingLayout,
         sink: Sender<Vec<Event>>,
     ) -> std::io::Result<PendingDrainer> {
@@ -165,13 +165,14 @@ impl Drop for PendingDrainer {
 mod tests {
     use super::*;
     use vm_memory::GuestAddress;
+    use vm_memory::GuestMemoryMmap;
 
     #[test]
     fn a_drainer_never_started_ends_and_lets_the_collector_finish() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let layout = RingLayout::new(1, 4, None, false).unwrap();
         let (sink, events) = crossbeam_channel::unbounded();
-        let pending = PendingDrainer::spawn(mem, layout, sink).unwrap();
+        let pending = PendingDrainer::spawn(Arc::new(mem), layout, sink).unwrap();
         assert!(matches!(pending.join(), Ok(None)));
         // Its sender is gone with it: the collector sees the end.
         assert!(events.recv().is_err());
@@ -194,7 +195,7 @@ mod tests {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let layout = RingLayout::new(1, 4, None, false).unwrap();
         let (sink, events) = crossbeam_channel::unbounded();
-        drop(PendingDrainer::spawn(mem, layout, sink).unwrap());
+        drop(PendingDrainer::spawn(Arc::new(mem), layout, sink).unwrap());
         // The thread ended and dropped its sender. (The timeout only keeps
         // a failing test from hanging: a thread left polling never ends.)
         assert_eq!(

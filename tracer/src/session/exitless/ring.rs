@@ -6,8 +6,10 @@
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use vmm::GuestRam;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+use vm_memory::GuestAddress;
+use vmm::RamError;
 
 use super::layout::{
     RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT, REC_PARENT,
@@ -44,7 +46,7 @@ pub enum RingError {
         cpu: usize,
         gpa: u64,
         #[source]
-        source: GuestMemoryError,
+        source: RamError,
     },
 }
 
@@ -53,11 +55,7 @@ fn field(layout: &RingLayout, cpu: usize, off: u64) -> u64 {
     layout.ring_gpa(cpu) + off
 }
 
-fn memory_error(
-    what: &'static str,
-    cpu: usize,
-    gpa: u64,
-) -> impl FnOnce(GuestMemoryError) -> RingError {
+fn memory_error(what: &'static str, cpu: usize, gpa: u64) -> impl FnOnce(RamError) -> RingError {
     move |source| RingError::Memory {
         what,
         cpu,
@@ -80,7 +78,7 @@ fn check_cpu(layout: &RingLayout, cpu: usize) -> Result<(), RingError> {
 /// Sets up every ring of `layout` before any site calls the trampoline:
 /// header, drop counters and records zeroed (head 0, every commit word 0:
 /// nothing committed), and `limit` = `cap` records (the whole ring free).
-pub fn init_rings(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<(), RingError> {
+pub fn init_rings(mem: &dyn GuestRam, layout: &RingLayout) -> Result<(), RingError> {
     let total = (layout.cpus as u64).checked_mul(layout.ring_bytes);
     if total.is_none_or(|t| t > DATA_LEN) {
         return Err(RingError::TooBig {
@@ -113,18 +111,14 @@ pub fn init_rings(mem: &GuestMemoryMmap, layout: &RingLayout) -> Result<(), Ring
 
 /// The per-site drop counters of `cpu`'s ring: calls not recorded because
 /// the ring was full, by site index.
-pub fn drops(
-    mem: &GuestMemoryMmap,
-    layout: &RingLayout,
-    cpu: usize,
-) -> Result<Vec<u64>, RingError> {
+pub fn drops(mem: &dyn GuestRam, layout: &RingLayout, cpu: usize) -> Result<Vec<u64>, RingError> {
     counters(mem, layout, cpu, DROPS_OFF)
 }
 
 /// The per-site counters of returns not recorded because `cpu`'s ring was
 /// full (function graph; all 0 without it).
 pub fn ret_drops(
-    mem: &GuestMemoryMmap,
+    mem: &dyn GuestRam,
     layout: &RingLayout,
     cpu: usize,
 ) -> Result<Vec<u64>, RingError> {
@@ -136,7 +130,7 @@ pub fn ret_drops(
 }
 
 fn counters(
-    mem: &GuestMemoryMmap,
+    mem: &dyn GuestRam,
     layout: &RingLayout,
     cpu: usize,
     off: u64,
@@ -154,7 +148,7 @@ fn counters(
 
 /// The `head` of `cpu`'s ring: how many records its calls have reserved
 /// (the ring keeps it in bytes).
-pub fn head(mem: &GuestMemoryMmap, layout: &RingLayout, cpu: usize) -> Result<u64, RingError> {
+pub fn head(mem: &dyn GuestRam, layout: &RingLayout, cpu: usize) -> Result<u64, RingError> {
     check_cpu(layout, cpu)?;
     let gpa = field(layout, cpu, HEAD_OFF);
     let bytes: u64 = mem
@@ -237,7 +231,7 @@ impl RingReader {
     /// drain reads past it, and reads it when it commits.
     pub fn drain(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &dyn GuestRam,
         mut f: impl FnMut(usize, Record),
     ) -> Result<usize, RingError> {
         let mut total = 0;
@@ -250,7 +244,7 @@ impl RingReader {
     /// `drain` for the ring of one CPU.
     pub fn drain_cpu(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &dyn GuestRam,
         cpu: usize,
         f: impl FnMut(usize, Record),
     ) -> Result<usize, RingError> {
@@ -263,7 +257,7 @@ impl RingReader {
     /// Calls per CPU = records + drops + unfinished, exactly.
     pub fn drain_final(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &dyn GuestRam,
         mut f: impl FnMut(usize, Record),
     ) -> Result<usize, RingError> {
         let mut total = 0;
@@ -275,7 +269,7 @@ impl RingReader {
 
     fn drain_ring(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &dyn GuestRam,
         cpu: usize,
         last: bool,
         mut f: impl FnMut(usize, Record),
@@ -362,7 +356,7 @@ impl RingReader {
     /// it to `f`, clear its commit word; whether it was.
     fn read_slot(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &dyn GuestRam,
         cpu: usize,
         index: u64,
         f: &mut impl FnMut(usize, Record),
@@ -417,6 +411,7 @@ impl RingReader {
 mod tests {
     use super::super::layout::{DATA_GPA, REGION_GPA, REGION_LEN};
     use super::*;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[

@@ -2,9 +2,10 @@
 //! layout, whether they are in the guest yet, and the drainer.
 
 use std::sync::Arc;
+use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
@@ -172,7 +173,7 @@ pub struct Exitless {
     sink: Option<Sender<Vec<Event>>>,
     /// Spawned at `stage`, started at the first attach.
     drainer: Option<PendingDrainer>,
-    mem: Option<GuestMemoryMmap>,
+    mem: Option<Arc<dyn GuestRam>>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
 }
@@ -325,7 +326,7 @@ impl Exitless {
             if let Some(mem) = &self.mem {
                 // Staged before the kernel was known: the new code over it
                 // (a few KiB, still unreachable by the guest).
-                write_code(mem, &self.trampoline)?;
+                write_code(&**mem, &self.trampoline)?;
             }
         }
         Ok(Resolved::Ready)
@@ -344,7 +345,8 @@ impl Exitless {
     /// inside the pause was most of an exitless attach's window). `install`
     /// does it in the pause if nobody did before; `resolve` rewrites the
     /// code if the running kernel needs other code.
-    pub fn stage(&mut self, mem: &GuestMemoryMmap) -> Result<(), ExitlessError> {
+    pub fn stage(&mut self, ram: &Arc<dyn GuestRam>) -> Result<(), ExitlessError> {
+        let mem: &dyn GuestRam = &**ram;
         if self.staged {
             return Ok(());
         }
@@ -362,20 +364,24 @@ impl Exitless {
                 .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         }
         if let Some(sink) = self.sink.take() {
-            let pending = PendingDrainer::spawn(mem.clone(), self.layout, sink)
+            let pending = PendingDrainer::spawn(Arc::clone(ram), self.layout, sink)
                 .map_err(ExitlessError::Thread)?;
             self.drainer = Some(pending);
         }
         self.staged = true;
-        self.mem = Some(mem.clone());
+        self.mem = Some(Arc::clone(ram));
         Ok(())
     }
 
     /// Map the region, staged first if it was not (`stage`). The guest is
     /// paused. Nothing in the guest's tables changes when the mapping is
     /// refused.
-    pub fn install(&mut self, space: &mut AddressSpace<'_>) -> Result<Mapped, ExitlessError> {
-        self.stage(space.memory())?;
+    pub fn install(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        ram: &Arc<dyn GuestRam>,
+    ) -> Result<Mapped, ExitlessError> {
+        self.stage(ram)?;
         let mapped = map::map(space)?;
         self.installed = true;
         Ok(mapped)
@@ -431,7 +437,7 @@ impl Exitless {
     /// site; empty before the first install.
     pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
         match &self.mem {
-            Some(mem) => Ok(collect::drops(mem, &self.layout)?),
+            Some(mem) => Ok(collect::drops(&**mem, &self.layout)?),
             None => Ok(Vec::new()),
         }
     }
@@ -440,7 +446,7 @@ impl Exitless {
     /// and site; empty before the first install.
     pub fn ret_drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
         match &self.mem {
-            Some(mem) => Ok(collect::ret_drops(mem, &self.layout)?),
+            Some(mem) => Ok(collect::ret_drops(&**mem, &self.layout)?),
             None => Ok(Vec::new()),
         }
     }
@@ -473,7 +479,7 @@ impl Exitless {
 }
 
 /// The trampoline's code into vmtrace's code page.
-fn write_code(mem: &GuestMemoryMmap, t: &Trampoline) -> Result<(), ExitlessError> {
+fn write_code(mem: &dyn GuestRam, t: &Trampoline) -> Result<(), ExitlessError> {
     mem.write_slice(&t.code, GuestAddress(CODE_GPA))
         .map_err(|e| ExitlessError::Memory(e.to_string()))
 }

@@ -1,0 +1,178 @@
+//! Guest RAM as the tracer sees it, whoever holds it: this VMM's own
+//! memory (`GuestMemoryMmap`, mapped into this process) or another VMM's
+//! (a QEMU process, read and written from outside). Everything vmtrace
+//! does to a guest — walking its page tables, patching its text, draining
+//! its rings — goes through this trait, so the same code serves both.
+//!
+//! vm-memory's `Bytes` cannot be that interface: its accesses go through
+//! volatile slices of memory mapped into this process, which another
+//! process's RAM is not.
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
+
+/// A failed access to guest RAM, with the guest-physical range it was for.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("guest physical {gpa:#x} ({len} bytes): {why}")]
+pub struct RamError {
+    pub gpa: u64,
+    pub len: usize,
+    pub why: String,
+}
+
+impl RamError {
+    pub fn new(gpa: u64, len: usize, why: impl ToString) -> RamError {
+        RamError {
+            gpa,
+            len,
+            why: why.to_string(),
+        }
+    }
+}
+
+/// Guest RAM by guest-physical address. The word accesses are single
+/// aligned accesses (what the guest's own atomics pair with); `order` is
+/// honoured where the memory is shared with this process, and implied by
+/// the system call of an outside access.
+///
+/// The byte accesses have names of their own so that a type that is also
+/// vm-memory's `Bytes` (this VMM's memory) never has two methods of one
+/// name; callers holding a `dyn GuestRam` use `read_slice`, `write_slice`,
+/// `read_obj`, `write_obj`, `load` and `store` as with `Bytes`.
+pub trait GuestRam: Send + Sync {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError>;
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError>;
+    fn load_u32(&self, addr: GuestAddress, order: Ordering) -> Result<u32, RamError>;
+    fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError>;
+    fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError>;
+    fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError>;
+    /// Are the `len` bytes at `addr` all guest RAM?
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool;
+}
+
+impl std::fmt::Debug for dyn GuestRam + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GuestRam")
+    }
+}
+
+/// The words `GuestRam::load`/`store` move.
+pub trait RamWord: Sized {
+    fn load(ram: &dyn GuestRam, addr: GuestAddress, order: Ordering) -> Result<Self, RamError>;
+    fn store(self, ram: &dyn GuestRam, addr: GuestAddress, order: Ordering)
+        -> Result<(), RamError>;
+}
+
+impl RamWord for u32 {
+    fn load(ram: &dyn GuestRam, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
+        ram.load_u32(addr, order)
+    }
+    fn store(
+        self,
+        ram: &dyn GuestRam,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), RamError> {
+        ram.store_u32(self, addr, order)
+    }
+}
+
+impl RamWord for u64 {
+    fn load(ram: &dyn GuestRam, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
+        ram.load_u64(addr, order)
+    }
+    fn store(
+        self,
+        ram: &dyn GuestRam,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), RamError> {
+        ram.store_u64(self, addr, order)
+    }
+}
+
+impl dyn GuestRam + '_ {
+    pub fn read_slice(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        self.read_bytes(buf, addr)
+    }
+
+    pub fn write_slice(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        self.write_bytes(data, addr)
+    }
+
+    /// A plain-old-data value at `addr`.
+    pub fn read_obj<T: ByteValued + Default>(&self, addr: GuestAddress) -> Result<T, RamError> {
+        let mut v = T::default();
+        self.read_slice(v.as_mut_slice(), addr)?;
+        Ok(v)
+    }
+
+    pub fn write_obj<T: ByteValued>(&self, v: T, addr: GuestAddress) -> Result<(), RamError> {
+        self.write_slice(v.as_slice(), addr)
+    }
+
+    pub fn load<T: RamWord>(&self, addr: GuestAddress, order: Ordering) -> Result<T, RamError> {
+        T::load(self, addr, order)
+    }
+
+    pub fn store<T: RamWord>(
+        &self,
+        v: T,
+        addr: GuestAddress,
+        order: Ordering,
+    ) -> Result<(), RamError> {
+        v.store(self, addr, order)
+    }
+}
+
+/// This VMM's own memory: mapped here, so words are real atomics.
+impl GuestRam for GuestMemoryMmap {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        Bytes::read_slice(self, buf, addr).map_err(|e| RamError::new(addr.0, buf.len(), e))
+    }
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        Bytes::write_slice(self, data, addr).map_err(|e| RamError::new(addr.0, data.len(), e))
+    }
+    fn load_u32(&self, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
+        Bytes::load(self, addr, order).map_err(|e| RamError::new(addr.0, 4, e))
+    }
+    fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
+        Bytes::load(self, addr, order).map_err(|e| RamError::new(addr.0, 8, e))
+    }
+    fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+        Bytes::store(self, v, addr, order).map_err(|e| RamError::new(addr.0, 4, e))
+    }
+    fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+        Bytes::store(self, v, addr, order).map_err(|e| RamError::new(addr.0, 8, e))
+    }
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+        GuestMemory::check_range(self, addr, len, Permissions::Write)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_memory_through_the_trait() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0x1000), 0x2000)]).unwrap();
+        let ram: &dyn GuestRam = &mem;
+        ram.write_obj(0x1122_3344_5566_7788u64, GuestAddress(0x1008))
+            .unwrap();
+        assert_eq!(
+            ram.load::<u32>(GuestAddress(0x100c), Ordering::Acquire),
+            Ok(0x1122_3344)
+        );
+        ram.store(7u32, GuestAddress(0x1008), Ordering::Release)
+            .unwrap();
+        assert_eq!(
+            ram.read_obj::<u64>(GuestAddress(0x1008)),
+            Ok(0x1122_3344_0000_0007)
+        );
+        let e = ram.read_obj::<u64>(GuestAddress(0x2ffc)).unwrap_err();
+        assert_eq!((e.gpa, e.len), (0x2ffc, 8));
+        assert!(ram.read_obj::<u8>(GuestAddress(0x10)).is_err());
+    }
+}
