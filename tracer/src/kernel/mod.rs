@@ -7,6 +7,7 @@ pub mod filter;
 pub mod find;
 pub mod kallsyms;
 pub mod kaslr;
+pub mod lowmem;
 pub mod names;
 pub mod payload;
 pub mod sites;

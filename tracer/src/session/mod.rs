@@ -32,6 +32,7 @@ mod finish;
 mod kvm_tests;
 pub mod patch;
 pub mod record;
+pub mod region;
 pub mod shadow;
 pub mod store;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};

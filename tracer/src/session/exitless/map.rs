@@ -5,6 +5,9 @@ use vm_memory::GuestAddress;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 
+use std::sync::Mutex;
+
+use super::backing::{RegionPages, PAGE};
 use super::layout::{CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA};
 
 /// Entry bits (Intel SDM vol. 3A, 4.5): present, writable, page size (a 2 MiB
@@ -105,6 +108,15 @@ fn leaves(nx: bool) -> [u64; PD_COUNT] {
 /// refused before a byte is written. A missing page directory above the
 /// range (the mini guest) is vmtrace's own, from its region.
 pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
+    map_with(space, None)
+}
+
+/// `map`, with the region in `pages` (4 KiB entries) when given, else in
+/// vmtrace's own slot (2 MiB entries).
+pub fn map_with(
+    space: &mut AddressSpace<'_>,
+    pages: Option<&Mutex<RegionPages>>,
+) -> Result<Mapped, MapError> {
     let walk = |va| move |source| MapError::Walk { va, source };
     let mut own_pd = false;
     let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
@@ -121,14 +133,16 @@ pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
             .memory()
             .write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
             .map_err(|e| MapError::Memory(e.to_string()))?;
-        space
-            .set_entry(&pdpte, SPARE_PD_GPA | TABLE)
-            .map_err(walk(CODE_VA))?;
+        let pd = real(pages, SPARE_PD_GPA)?;
+        space.set_entry(&pdpte, pd | TABLE).map_err(walk(CODE_VA))?;
         own_pd = true;
     } else if pdpte.value & PTE_PS != 0 {
         return Err(MapError::HugePage { va: CODE_VA });
     }
-    let want = leaves(space.nx_enabled());
+    let want = match pages {
+        None => leaves(space.nx_enabled()),
+        Some(p) => page_tables(space, p, space.nx_enabled())?,
+    };
     let mut entries: Vec<Entry> = Vec::with_capacity(PD_COUNT);
     for (i, &w) in want.iter().enumerate() {
         let va = CODE_VA + i as u64 * LARGE_PAGE;
@@ -150,6 +164,91 @@ pub fn map(space: &mut AddressSpace<'_>) -> Result<Mapped, MapError> {
         }
     }
     Ok(Mapped { own_pd, reused })
+}
+
+/// The guest-physical page behind region page `page` (itself without
+/// `pages`).
+fn real(pages: Option<&Mutex<RegionPages>>, page: u64) -> Result<u64, MapError> {
+    match pages {
+        None => Ok(page),
+        Some(p) => lock(p)
+            .real(page)
+            .ok_or_else(|| MapError::Memory(format!("region page {page:#x} has no backing"))),
+    }
+}
+
+fn lock(p: &Mutex<RegionPages>) -> std::sync::MutexGuard<'_, RegionPages> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Region page of the page table behind page-directory entry `i`: after
+/// the spare page directory.
+fn table_page(i: usize) -> u64 {
+    SPARE_PD_GPA + (1 + i as u64) * PAGE
+}
+
+/// With the region in `pages`: one page table per entry, mapping each
+/// backed 4 KiB page (code read-only and executable, data writable and
+/// NX), written to its own backed page; returns the entries pointing at
+/// them. The tables are vmtrace's pages, unreachable until an entry is set.
+fn page_tables(
+    space: &AddressSpace<'_>,
+    pages: &Mutex<RegionPages>,
+    nx: bool,
+) -> Result<[u64; PD_COUNT], MapError> {
+    let xd = if nx { PTE_XD } else { 0 };
+    let mut out = [0; PD_COUNT];
+    for (i, e) in out.iter_mut().enumerate() {
+        let base = CODE_GPA + i as u64 * LARGE_PAGE;
+        let leaf = match i {
+            0 => PTE_PRESENT,
+            _ => PTE_PRESENT | PTE_WRITABLE | xd,
+        };
+        let mut table = [0u8; PAGE as usize];
+        for (j, slot) in table.chunks_exact_mut(8).enumerate() {
+            if let Some(r) = lock(pages).real(base + j as u64 * PAGE) {
+                slot.copy_from_slice(&(r | leaf).to_le_bytes());
+            }
+        }
+        space
+            .memory()
+            .write_slice(&table, GuestAddress(table_page(i)))
+            .map_err(|e| MapError::Memory(e.to_string()))?;
+        *e = real(Some(pages), table_page(i))? | TABLE;
+    }
+    Ok(out)
+}
+
+/// Undo `map_with`: clear the entries that hold what vmtrace wrote (and
+/// the top entry, if the page directory was vmtrace's own). The caller
+/// holds every vCPU stopped and knows no context runs in the region.
+pub fn unmap(
+    space: &mut AddressSpace<'_>,
+    pages: Option<&Mutex<RegionPages>>,
+) -> Result<usize, MapError> {
+    let walk = |va| move |source| MapError::Walk { va, source };
+    let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
+    if pdpte.value & PTE_PRESENT == 0 || pdpte.value & PTE_PS != 0 {
+        return Ok(0);
+    }
+    let mut cleared = 0;
+    for i in 0..PD_COUNT {
+        let va = CODE_VA + i as u64 * LARGE_PAGE;
+        let e = space.entry(va, Level::Pd).map_err(walk(va))?;
+        let want = match pages {
+            None => leaves(space.nx_enabled())[i],
+            Some(_) => real(pages, table_page(i))? | TABLE,
+        };
+        if !e.is_empty() && ours(e.value, want) {
+            space.set_entry(&e, 0).map_err(walk(va))?;
+            cleared += 1;
+        }
+    }
+    let own = real(pages, SPARE_PD_GPA).ok();
+    if own.is_some_and(|pd| ours(pdpte.value, pd | TABLE)) {
+        space.set_entry(&pdpte, 0).map_err(walk(CODE_VA))?;
+    }
+    Ok(cleared)
 }
 
 #[cfg(test)]
@@ -291,5 +390,57 @@ mod tests {
             .read_obj(GuestAddress(pd + (PD_FIRST as u64 + 1) * 8))
             .unwrap();
         assert_eq!(data & PTE_XD, 0);
+    }
+
+    #[test]
+    fn a_region_in_free_guest_pages_is_mapped_page_by_page_and_unmapped() {
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        let pages = Arc::new(Mutex::new(RegionPages::new(free)));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        // What stage writes: code, the spare directory, a ring page.
+        ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
+        ram.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
+            .unwrap();
+        ram.write_slice(b"ring", GuestAddress(DATA_GPA + PAGE))
+            .unwrap();
+        let mut s =
+            AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true);
+        let m = map_with(&mut s, Some(&pages)).unwrap();
+        assert_eq!(
+            m,
+            Mapped {
+                own_pd: false,
+                reused: false
+            }
+        );
+        // Code at the first free page, the ring page at the third.
+        assert_eq!(s.translate(CODE_VA + 2).unwrap().gpa, 0x1002);
+        assert_eq!(s.translate(DATA_VA + PAGE + 3).unwrap().gpa, 0x3003);
+        assert!(
+            s.translate(DATA_VA).is_err(),
+            "a page never written is not mapped"
+        );
+        let mut b = [0u8; 4];
+        s.read(DATA_VA + PAGE, &mut b).unwrap();
+        assert_eq!(&b, b"ring");
+        assert_eq!(map_with(&mut s, Some(&pages)).unwrap().reused, true);
+        // Unmapped: the three entries cleared, the fixmap's kept.
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 3);
+        let mut s = AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4);
+        assert!(s.translate(CODE_VA).is_err());
+        for i in 0..PD_COUNT as u64 {
+            let e: u64 = mem
+                .read_obj(GuestAddress(pd + (PD_FIRST as u64 + i) * 8))
+                .unwrap();
+            assert_eq!(e, 0);
+        }
+        let fix: u64 = mem.read_obj(GuestAddress(pd + 506 * 8)).unwrap();
+        assert_eq!(fix, (0x40_0000 + 506 * 0x1000) | TABLE);
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 0);
     }
 }

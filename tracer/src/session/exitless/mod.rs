@@ -81,6 +81,7 @@
 //! site and CPU = records + drops, unless a call of that site is among the
 //! unfinished.
 
+pub mod backing;
 mod body;
 pub mod collect;
 pub mod disasm;

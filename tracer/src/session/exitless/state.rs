@@ -1,7 +1,8 @@
 //! One session's exitless machinery: the generated trampoline, the ring
 //! layout, whether they are in the guest yet, and the drainer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
 use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
@@ -10,6 +11,7 @@ use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
+use super::backing::RegionPages;
 use super::collect::{self, DrainError};
 use super::layout::{
     LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
@@ -174,6 +176,9 @@ pub struct Exitless {
     /// Spawned at `stage`, started at the first attach.
     drainer: Option<PendingDrainer>,
     mem: Option<Arc<dyn GuestRam>>,
+    /// The region in free guest pages (`backing`), when the VMM has no
+    /// memory of vmtrace's own to give; None: vmtrace's own slot.
+    pages: Option<Arc<Mutex<RegionPages>>>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
 }
@@ -261,6 +266,7 @@ impl Exitless {
             sink: Some(sink),
             drainer: None,
             mem: None,
+            pages: None,
             unfinished: 0,
         })
     }
@@ -382,9 +388,39 @@ impl Exitless {
         ram: &Arc<dyn GuestRam>,
     ) -> Result<Mapped, ExitlessError> {
         self.stage(ram)?;
-        let mapped = map::map(space)?;
+        let mapped = map::map_with(space, self.pages.as_deref())?;
         self.installed = true;
         Ok(mapped)
+    }
+
+    /// Put the region in `pages` (guest pages the guest never uses)
+    /// instead of vmtrace's own slot. Before the first stage.
+    pub fn back_region(&mut self, pages: Arc<Mutex<RegionPages>>) {
+        self.pages = Some(pages);
+    }
+
+    /// Take the region out of the guest: its page-table entries cleared
+    /// and, when it lives in the guest's pages, those pages zeroed. After
+    /// the last drain; the caller holds every vCPU stopped and knows that
+    /// no context runs in vmtrace's code. Returns the entries cleared.
+    pub fn remove(&mut self, space: &mut AddressSpace<'_>) -> Result<usize, ExitlessError> {
+        if !self.installed {
+            return Ok(0);
+        }
+        let cleared = map::unmap(space, self.pages.as_deref())?;
+        if let Some(pages) = &self.pages {
+            let backed = pages.lock().unwrap_or_else(|e| e.into_inner()).pages();
+            let zeros = [0u8; super::backing::PAGE as usize];
+            for (page, _) in backed {
+                space
+                    .memory()
+                    .write_slice(&zeros, GuestAddress(page))
+                    .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+            }
+        }
+        self.installed = false;
+        self.staged = false;
+        Ok(cleared)
     }
 
     /// Does every CPU's per-CPU CPU number read as one where the trampoline

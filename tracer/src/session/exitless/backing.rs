@@ -1,0 +1,240 @@
+//! vmtrace's region in pages of guest RAM that the guest never uses, for a
+//! VMM that cannot give vmtrace memory of its own (a running QEMU).
+//!
+//! The tracer addresses the region as always (`REGION_GPA..+REGION_LEN` is
+//! then a name, not memory): each 4 KiB page of it gets one of the free
+//! pages at its first write, in the order of the writes (the same plan
+//! gives the same pages), and `map` maps the backed pages one by one with
+//! 4 KiB entries instead of three 2 MiB ones. Reads of a page never written
+//! see zeros, as in vmtrace's own slot.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vm_memory::GuestAddress;
+use vmm::{GuestRam, RamError};
+
+use super::layout::{REGION_GPA, REGION_LEN};
+
+pub const PAGE: u64 = 4096;
+
+/// Which free page backs which page of the region.
+#[derive(Debug, Default)]
+pub struct RegionPages {
+    /// Free guest-physical pages not given out yet, lowest first.
+    free: Vec<u64>,
+    /// Region page -> the guest-physical page behind it.
+    backed: BTreeMap<u64, u64>,
+    /// How many free pages there were.
+    total: usize,
+}
+
+impl RegionPages {
+    /// `free`: guest-physical page addresses the guest never uses.
+    pub fn new(mut free: Vec<u64>) -> RegionPages {
+        free.sort_unstable();
+        free.dedup();
+        free.reverse();
+        RegionPages {
+            total: free.len(),
+            free,
+            backed: BTreeMap::new(),
+        }
+    }
+
+    /// The page behind region page `page`, if it has one.
+    pub fn real(&self, page: u64) -> Option<u64> {
+        self.backed.get(&page).copied()
+    }
+
+    /// The page behind `page`, given one now if it has none.
+    fn back(&mut self, page: u64) -> Result<u64, RamError> {
+        if let Some(&real) = self.backed.get(&page) {
+            return Ok(real);
+        }
+        let real = self.free.pop().ok_or_else(|| {
+            RamError::new(
+                page,
+                PAGE as usize,
+                format!(
+                    "vmtrace's code and rings need more than the {} KiB of guest memory the guest \
+                     leaves unused",
+                    self.total as u64 * PAGE / 1024
+                ),
+            )
+        })?;
+        self.backed.insert(page, real);
+        Ok(real)
+    }
+
+    /// Every (region page, real page) pair, in region order.
+    pub fn pages(&self) -> Vec<(u64, u64)> {
+        self.backed.iter().map(|(&p, &r)| (p, r)).collect()
+    }
+
+    /// Pages given out so far, and in all.
+    pub fn used(&self) -> (usize, usize) {
+        (self.backed.len(), self.total)
+    }
+}
+
+/// Guest RAM with vmtrace's region behind `pages`.
+pub struct Backed {
+    inner: Arc<dyn GuestRam>,
+    pages: Arc<Mutex<RegionPages>>,
+}
+
+fn in_region(gpa: u64) -> bool {
+    (REGION_GPA..REGION_GPA + REGION_LEN).contains(&gpa)
+}
+
+impl Backed {
+    pub fn new(inner: Arc<dyn GuestRam>, pages: Arc<Mutex<RegionPages>>) -> Backed {
+        Backed { inner, pages }
+    }
+
+    fn pages(&self) -> MutexGuard<'_, RegionPages> {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Each piece of `len` bytes at `gpa` that lies in one page: its offset
+    /// in the access, its length, and where it really is (None: a region
+    /// page with no backing, read as zeros). Region pages are backed first
+    /// when `write`.
+    fn pieces(
+        &self,
+        gpa: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<Vec<(usize, usize, Option<u64>)>, RamError> {
+        if !in_region(gpa) && !in_region(gpa.saturating_add(len as u64).saturating_sub(1)) {
+            return Ok(vec![(0, len, Some(gpa))]);
+        }
+        let mut out = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let at = gpa + done as u64;
+            let n = (len - done).min((PAGE - at % PAGE) as usize);
+            let real = if in_region(at) {
+                let page = at & !(PAGE - 1);
+                let real = match write {
+                    true => Some(self.pages().back(page)?),
+                    false => self.pages().real(page),
+                };
+                real.map(|r| r + at % PAGE)
+            } else {
+                Some(at)
+            };
+            out.push((done, n, real));
+            done += n;
+        }
+        Ok(out)
+    }
+
+    /// A word access: it never spans pages (it is aligned).
+    fn word(&self, addr: GuestAddress, len: usize, write: bool) -> Result<Option<u64>, RamError> {
+        let p = self.pieces(addr.0, len, write)?;
+        match p.as_slice() {
+            [(_, _, real)] => Ok(*real),
+            _ => Err(RamError::new(addr.0, len, "a word across two pages")),
+        }
+    }
+}
+
+impl GuestRam for Backed {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        for (off, n, real) in self.pieces(addr.0, buf.len(), false)? {
+            match real {
+                Some(r) => self
+                    .inner
+                    .read_slice(&mut buf[off..off + n], GuestAddress(r))?,
+                None => buf[off..off + n].fill(0),
+            }
+        }
+        Ok(())
+    }
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        for (off, n, real) in self.pieces(addr.0, data.len(), true)? {
+            // Backed: `pieces` gave every region page a page.
+            let r = real.unwrap_or(addr.0 + off as u64);
+            self.inner
+                .write_slice(&data[off..off + n], GuestAddress(r))?;
+        }
+        Ok(())
+    }
+    fn load_u32(&self, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
+        match self.word(addr, 4, false)? {
+            Some(r) => self.inner.load_u32(GuestAddress(r), order),
+            None => Ok(0),
+        }
+    }
+    fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
+        match self.word(addr, 8, false)? {
+            Some(r) => self.inner.load_u64(GuestAddress(r), order),
+            None => Ok(0),
+        }
+    }
+    fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+        let r = self.word(addr, 4, true)?.unwrap_or(addr.0);
+        self.inner.store_u32(v, GuestAddress(r), order)
+    }
+    fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+        let r = self.word(addr, 8, true)?.unwrap_or(addr.0);
+        self.inner.store_u64(v, GuestAddress(r), order)
+    }
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+        in_region(addr.0) || self.inner.contains(addr, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    #[test]
+    fn region_pages_are_backed_at_first_write_in_order_and_read_as_zeros_before() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let pages = Arc::new(Mutex::new(RegionPages::new(vec![0x5000, 0x3000, 0x4000])));
+        let ram: &dyn GuestRam = &Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        assert_eq!(ram.read_obj::<u64>(GuestAddress(REGION_GPA + 8)), Ok(0));
+        // A write across two region pages backs both: the lowest free first.
+        ram.write_slice(&[1, 2, 3, 4], GuestAddress(REGION_GPA + PAGE - 2))
+            .unwrap();
+        let mut b = [0u8; 2];
+        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x3000 + PAGE - 2)).unwrap();
+        assert_eq!(b, [1, 2]);
+        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x4000)).unwrap();
+        assert_eq!(b, [3, 4]);
+        ram.store(
+            7u64,
+            GuestAddress(REGION_GPA + 0x20_0008),
+            Ordering::Release,
+        )
+        .unwrap();
+        assert_eq!(
+            ram.load::<u64>(GuestAddress(REGION_GPA + 0x20_0008), Ordering::Acquire),
+            Ok(7)
+        );
+        assert_eq!(
+            pages.lock().unwrap().pages(),
+            vec![
+                (REGION_GPA, 0x3000),
+                (REGION_GPA + PAGE, 0x4000),
+                (REGION_GPA + 0x20_0000, 0x5000)
+            ]
+        );
+        // Outside the region: the guest's own RAM, untranslated.
+        ram.write_obj(9u32, GuestAddress(0x100)).unwrap();
+        assert_eq!(
+            vm_memory::Bytes::read_obj::<u32>(&mem, GuestAddress(0x100)).unwrap(),
+            9
+        );
+        // No page left: a clear error naming how much there was.
+        let e = ram
+            .write_obj(1u8, GuestAddress(REGION_GPA + 0x40_0000))
+            .unwrap_err();
+        assert!(e.why.contains("more than the 12 KiB"), "{e}");
+    }
+}
