@@ -428,7 +428,7 @@ mod tests {
         let mut b = [0u8; 4];
         s.read(DATA_VA + PAGE, &mut b).unwrap();
         assert_eq!(&b, b"ring");
-        assert_eq!(map_with(&mut s, Some(&pages)).unwrap().reused, true);
+        assert!(map_with(&mut s, Some(&pages)).unwrap().reused);
         // Unmapped: the three entries cleared, the fixmap's kept.
         assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 3);
         let mut s = AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4);
