@@ -10,6 +10,9 @@
 //! - [`trace`]: what a session leaves: the data file, the trace model, the
 //!   function graph, windows, reports and exports.
 //!
+//! Beside them, [`qemu`] reaches a running QEMU (monitor, gdbstub, RAM), a
+//! second backend beside `vmm`.
+//!
 //! [`error::TracerError`] is any stage's error.
 //!
 //! Errors say what is wrong, never which CLI flag: the inputs they name and
@@ -18,5 +21,6 @@
 pub mod error;
 pub mod kernel;
 pub mod plan;
+pub mod qemu;
 pub mod session;
 pub mod trace;

@@ -1,0 +1,651 @@
+//! A GDB remote serial protocol client for QEMU's gdbstub, all-stop: one
+//! stop halts every vCPU, `c` resumes them all.
+//!
+//! QEMU stops the VM when a client connects, and sends a stop reply for any
+//! stop (a QMP `stop` too) while one is connected; stop replies that arrive
+//! when another reply is awaited are noted and skipped. A client that goes
+//! without detaching leaves the VM stopped.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::regs::{includes, le_value, parse_regs, RegMap, X86Regs};
+use super::rsp;
+
+/// Where a gdbstub listens: a unix socket path, or host:port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GdbAddr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl FromStr for GdbAddr {
+    type Err = std::convert::Infallible;
+
+    /// `host:port` (port all digits, no `/`) is TCP; anything else a path.
+    fn from_str(s: &str) -> Result<GdbAddr, Self::Err> {
+        let tcp = !s.contains('/')
+            && s.rsplit_once(':')
+                .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        Ok(if tcp {
+            GdbAddr::Tcp(s.to_string())
+        } else {
+            GdbAddr::Unix(PathBuf::from(s))
+        })
+    }
+}
+
+impl std::fmt::Display for GdbAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GdbAddr::Unix(p) => write!(f, "{}", p.display()),
+            GdbAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A gdbstub error, each naming the stub's address.
+#[derive(Debug, thiserror::Error)]
+pub enum GdbError {
+    #[error("gdbstub {addr}: cannot connect: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("gdbstub {addr}: the stub closed the connection")]
+    Closed { addr: String },
+    #[error("gdbstub {addr}: no reply to {cmd} within {secs:.1} s")]
+    Timeout {
+        addr: String,
+        cmd: String,
+        secs: f64,
+    },
+    #[error("gdbstub {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("gdbstub {addr}: bad checksum on a packet (no-ack mode: cannot ask again)")]
+    Checksum { addr: String },
+    #[error("gdbstub {addr}: {cmd} failed: {reply}")]
+    Command {
+        addr: String,
+        cmd: String,
+        reply: String,
+    },
+    #[error("gdbstub {addr}: {op} of {len} bytes at {addr_kind} {at:#x} failed: {reply}")]
+    Memory {
+        addr: String,
+        op: &'static str,
+        len: usize,
+        addr_kind: &'static str,
+        at: u64,
+        reply: String,
+    },
+    #[error("gdbstub {addr}: unexpected reply to {cmd}: {reply:?}")]
+    Reply {
+        addr: String,
+        cmd: String,
+        reply: String,
+    },
+    #[error("gdbstub {addr}: {what}")]
+    Target { addr: String, what: String },
+}
+
+/// A thread of the stub: QEMU's thread `n` is vCPU `n - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadId {
+    /// The process (multiprocess form `pP.T`), when the stub uses it.
+    pub pid: Option<u64>,
+    pub tid: u64,
+}
+
+impl ThreadId {
+    /// `p1.2` or `2` (hex), or `-1` (all).
+    pub fn parse(s: &str) -> Option<ThreadId> {
+        let num = |t: &str| u64::from_str_radix(t, 16).ok();
+        match s.strip_prefix('p') {
+            Some(rest) => {
+                let (p, t) = rest.split_once('.')?;
+                Some(ThreadId {
+                    pid: Some(num(p)?),
+                    tid: num(t)?,
+                })
+            }
+            None => Some(ThreadId {
+                pid: None,
+                tid: num(s)?,
+            }),
+        }
+    }
+
+    /// The vCPU index QEMU gives this thread (cpu_index + 1 = thread id).
+    pub fn vcpu(&self) -> Option<u32> {
+        self.tid.checked_sub(1).map(|v| v as u32)
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(p) => write!(f, "p{p:x}.{:x}", self.tid),
+            None => write!(f, "{:x}", self.tid),
+        }
+    }
+}
+
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn io(&mut self) -> &mut dyn ReadWrite {
+        match self {
+            Stream::Unix(s) => s,
+            Stream::Tcp(s) => s,
+        }
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// What `qSupported` said.
+#[derive(Clone, Debug, Default)]
+struct Features {
+    packet_size: usize,
+    multiprocess: bool,
+    xfer_features: bool,
+    no_ack: bool,
+}
+
+/// A connected gdbstub client.
+pub struct Gdb {
+    addr: String,
+    stream: Stream,
+    buf: Vec<u8>,
+    /// Packets that came while an ack was awaited.
+    pending: std::collections::VecDeque<Vec<u8>>,
+    ack_mode: bool,
+    timeout: Duration,
+    features: Features,
+    /// `X` works (None until tried).
+    binary_write: Option<bool>,
+    regmap: Option<RegMap>,
+    /// The thread `Hg` last selected.
+    selected: Option<ThreadId>,
+    /// The last stop reply seen.
+    last_stop: Option<String>,
+    /// Whether memory addresses are guest-physical.
+    phys: bool,
+}
+
+/// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
+const PACKET_OVERHEAD: usize = 32;
+
+impl Gdb {
+    /// Connects to the stub at `addr` and negotiates features; `timeout`
+    /// bounds each reply. QEMU stops the VM on connect.
+    pub fn connect(addr: &GdbAddr, timeout: Duration) -> Result<Gdb, GdbError> {
+        let name = addr.to_string();
+        let err = |source| GdbError::Connect {
+            addr: name.clone(),
+            source,
+        };
+        let stream = match addr {
+            GdbAddr::Unix(p) => {
+                let s = UnixStream::connect(p).map_err(err)?;
+                s.set_read_timeout(Some(timeout)).map_err(err)?;
+                Stream::Unix(s)
+            }
+            GdbAddr::Tcp(a) => {
+                let s = TcpStream::connect(a).map_err(err)?;
+                s.set_read_timeout(Some(timeout)).map_err(err)?;
+                s.set_nodelay(true).map_err(err)?;
+                Stream::Tcp(s)
+            }
+        };
+        let mut gdb = Gdb {
+            addr: name,
+            stream,
+            buf: Vec::new(),
+            pending: Default::default(),
+            ack_mode: true,
+            timeout,
+            features: Features::default(),
+            binary_write: None,
+            regmap: None,
+            selected: None,
+            last_stop: None,
+            phys: false,
+        };
+        gdb.negotiate()?;
+        Ok(gdb)
+    }
+
+    fn negotiate(&mut self) -> Result<(), GdbError> {
+        let r = self.command("qSupported:multiprocess+;xmlRegisters=i386")?;
+        let mut f = Features {
+            packet_size: 400,
+            ..Features::default()
+        };
+        for item in r.split(';') {
+            if let Some(n) = item.strip_prefix("PacketSize=") {
+                f.packet_size = usize::from_str_radix(n, 16).unwrap_or(400).max(64);
+            }
+            match item {
+                "multiprocess+" => f.multiprocess = true,
+                "qXfer:features:read+" => f.xfer_features = true,
+                "QStartNoAckMode+" => f.no_ack = true,
+                _ => {}
+            }
+        }
+        self.features = f;
+        if self.features.no_ack && self.command("QStartNoAckMode")? == "OK" {
+            self.ack_mode = false;
+        }
+        Ok(())
+    }
+
+    /// The stub's address, as given.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn io_error(&self, cmd: &str, e: std::io::Error) -> GdbError {
+        match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => GdbError::Timeout {
+                addr: self.addr.clone(),
+                cmd: cmd.into(),
+                secs: self.timeout.as_secs_f64(),
+            },
+            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof => {
+                GdbError::Closed {
+                    addr: self.addr.clone(),
+                }
+            }
+            _ => GdbError::Io {
+                addr: self.addr.clone(),
+                source: e,
+            },
+        }
+    }
+
+    /// Sends one packet; in ack mode, waits for its `+` (and resends on `-`).
+    fn send(&mut self, data: &[u8], cmd: &str) -> Result<(), GdbError> {
+        let framed = rsp::frame(data);
+        'resend: for _ in 0..5 {
+            self.write_raw(&framed, cmd)?;
+            if !self.ack_mode {
+                return Ok(());
+            }
+            loop {
+                match self.buf.first() {
+                    Some(b'+') => {
+                        self.buf.remove(0);
+                        return Ok(());
+                    }
+                    Some(b'-') => {
+                        self.buf.remove(0);
+                        continue 'resend;
+                    }
+                    // A packet sent before this one's ack (a stop on connect).
+                    Some(b'$') => match rsp::take_packet(&mut self.buf, &mut 0) {
+                        Some(Ok(p)) => {
+                            self.write_raw(b"+", cmd)?;
+                            self.pending.push_back(p);
+                        }
+                        Some(Err(())) => self.write_raw(b"-", cmd)?,
+                        None => self.fill(cmd)?,
+                    },
+                    Some(_) => {
+                        self.buf.remove(0);
+                    }
+                    None => self.fill(cmd)?,
+                }
+            }
+        }
+        Err(GdbError::Checksum {
+            addr: self.addr.clone(),
+        })
+    }
+
+    /// Reads more bytes from the stub into the buffer.
+    fn fill(&mut self, cmd: &str) -> Result<(), GdbError> {
+        let mut chunk = [0u8; 16384];
+        let n = self
+            .stream
+            .io()
+            .read(&mut chunk)
+            .map_err(|e| self.io_error(cmd, e))?;
+        if n == 0 {
+            return Err(GdbError::Closed {
+                addr: self.addr.clone(),
+            });
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// Receives one packet (acking it in ack mode).
+    fn recv(&mut self, cmd: &str) -> Result<Vec<u8>, GdbError> {
+        if let Some(p) = self.pending.pop_front() {
+            return Ok(p);
+        }
+        loop {
+            match rsp::take_packet(&mut self.buf, &mut 0) {
+                Some(Ok(p)) => {
+                    if self.ack_mode {
+                        self.write_raw(b"+", cmd)?;
+                    }
+                    return Ok(p);
+                }
+                Some(Err(())) if self.ack_mode => self.write_raw(b"-", cmd)?,
+                Some(Err(())) => {
+                    return Err(GdbError::Checksum {
+                        addr: self.addr.clone(),
+                    })
+                }
+                None => self.fill(cmd)?,
+            }
+        }
+    }
+
+    fn write_raw(&mut self, b: &[u8], cmd: &str) -> Result<(), GdbError> {
+        self.stream
+            .io()
+            .write_all(b)
+            .map_err(|e| self.io_error(cmd, e))
+    }
+
+    /// Whether a packet is a stop reply (`S`, `T`, or a `W`/`X` exit).
+    fn is_stop(p: &[u8]) -> bool {
+        matches!(p.first(), Some(b'T' | b'S' | b'W' | b'X'))
+    }
+
+    /// Sends `cmd` and returns its reply; stop replies that arrive first
+    /// are noted and skipped.
+    pub fn command(&mut self, cmd: &str) -> Result<String, GdbError> {
+        self.command_bytes(cmd.as_bytes(), cmd)
+            .map(|r| String::from_utf8_lossy(&r).into_owned())
+    }
+
+    /// `command` with binary data; `name` names it in errors.
+    fn command_bytes(&mut self, data: &[u8], name: &str) -> Result<Vec<u8>, GdbError> {
+        self.send(data, name)?;
+        loop {
+            let p = self.recv(name)?;
+            if Self::is_stop(&p) && !data.starts_with(b"?") {
+                self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
+                continue;
+            }
+            return Ok(p);
+        }
+    }
+
+    fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
+        let r = self.command(cmd)?;
+        if r == "OK" {
+            return Ok(());
+        }
+        Err(self.failed(cmd, r))
+    }
+
+    fn failed(&self, cmd: &str, reply: String) -> GdbError {
+        let reply = if reply.is_empty() {
+            "not supported by this stub".into()
+        } else {
+            reply
+        };
+        GdbError::Command {
+            addr: self.addr.clone(),
+            cmd: cmd.into(),
+            reply,
+        }
+    }
+
+    /// Stops every vCPU (0x03), returning the stop reply. A stub already
+    /// stopped sends nothing for 0x03; `?` then `qC` after it make the reply
+    /// come either way: the stops before `qC`'s reply are 0x03's and `?`'s.
+    pub fn stop(&mut self) -> Result<String, GdbError> {
+        self.last_stop = None;
+        self.write_raw(&[0x03], "interrupt")?;
+        self.send(b"?", "?")?;
+        self.send(b"qC", "qC")?;
+        loop {
+            let p = self.recv("interrupt")?;
+            if Self::is_stop(&p) {
+                self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
+            } else {
+                break;
+            }
+        }
+        self.selected = None;
+        self.last_stop.clone().ok_or_else(|| GdbError::Reply {
+            addr: self.addr.clone(),
+            cmd: "?".into(),
+            reply: "no stop reply".into(),
+        })
+    }
+
+    /// The last stop reply seen.
+    pub fn last_stop(&self) -> Option<&str> {
+        self.last_stop.as_deref()
+    }
+
+    /// Resumes every vCPU (`c`); its stop reply comes only at the next stop.
+    pub fn resume(&mut self) -> Result<(), GdbError> {
+        self.send(b"c", "c")
+    }
+
+    /// Detaches (`D`); QEMU resumes the VM.
+    pub fn detach(&mut self) -> Result<(), GdbError> {
+        let cmd = match self.features.multiprocess {
+            // QEMU's multiprocess mode wants the process: the one of a thread.
+            true => {
+                let pid = self.threads()?.first().and_then(|t| t.pid).unwrap_or(1);
+                format!("D;{pid:x}")
+            }
+            false => "D".into(),
+        };
+        self.expect_ok(&cmd)
+    }
+
+    /// The threads (vCPUs), in the stub's order.
+    pub fn threads(&mut self) -> Result<Vec<ThreadId>, GdbError> {
+        let mut out = Vec::new();
+        let mut cmd = "qfThreadInfo";
+        loop {
+            let r = self.command(cmd)?;
+            let Some(list) = r.strip_prefix('m') else {
+                if r == "l" {
+                    return Ok(out);
+                }
+                return Err(self.failed(cmd, r));
+            };
+            for t in list.split(',') {
+                out.push(ThreadId::parse(t).ok_or_else(|| GdbError::Reply {
+                    addr: self.addr.clone(),
+                    cmd: cmd.into(),
+                    reply: r.clone(),
+                })?);
+            }
+            cmd = "qsThreadInfo";
+        }
+    }
+
+    fn select(&mut self, thread: ThreadId) -> Result<(), GdbError> {
+        if self.selected != Some(thread) {
+            self.expect_ok(&format!("Hg{thread}"))?;
+            self.selected = Some(thread);
+        }
+        Ok(())
+    }
+
+    /// `thread`'s registers, placed by the stub's target description.
+    pub fn regs(&mut self, thread: ThreadId) -> Result<X86Regs, GdbError> {
+        if self.regmap.is_none() {
+            self.regmap = Some(self.read_regmap()?);
+        }
+        self.select(thread)?;
+        let g = self.command("g")?;
+        let data = rsp::from_hex(g.as_bytes()).ok_or_else(|| self.reply_error("g", &g))?;
+        let map = self.regmap.clone().unwrap_or_default();
+        let mut regs = X86Regs::default();
+        for (name, field) in regs.fields_mut() {
+            let Some((desc, off)) = map.find(name) else {
+                return Err(self.target_error(format!("no register {name} in its description")));
+            };
+            let size = desc.bits.div_ceil(8) as usize;
+            *field = match data.get(*off..off + size) {
+                Some(b) => le_value(b),
+                // Not in `g`: ask for it alone.
+                None => {
+                    let cmd = format!("p{:x}", desc.regnum);
+                    let r = self.command(&cmd)?;
+                    let b = rsp::from_hex(r.as_bytes())
+                        .filter(|b| b.len() == size)
+                        .ok_or_else(|| self.reply_error(&cmd, &r))?;
+                    le_value(&b)
+                }
+            };
+        }
+        Ok(regs)
+    }
+
+    fn reply_error(&self, cmd: &str, reply: &str) -> GdbError {
+        GdbError::Reply {
+            addr: self.addr.clone(),
+            cmd: cmd.into(),
+            reply: reply.chars().take(60).collect(),
+        }
+    }
+
+    fn target_error(&self, what: String) -> GdbError {
+        GdbError::Target {
+            addr: self.addr.clone(),
+            what,
+        }
+    }
+
+    /// The register map from target.xml and the files it includes.
+    fn read_regmap(&mut self) -> Result<RegMap, GdbError> {
+        if !self.features.xfer_features {
+            return Err(self.target_error("gives no target description (qXfer:features)".into()));
+        }
+        let mut todo = vec!["target.xml".to_string()];
+        let mut regs = Vec::new();
+        let mut next = 0;
+        let mut seen = 0;
+        while let Some(file) = todo.pop() {
+            seen += 1;
+            if seen > 32 {
+                return Err(self.target_error("target description includes too many files".into()));
+            }
+            let xml = self.xfer_features(&file)?;
+            regs.extend(parse_regs(&xml, &mut next).map_err(|e| self.target_error(e))?);
+            // In document order: the registers' default numbers follow it.
+            todo.extend(includes(&xml).into_iter().rev());
+        }
+        Ok(RegMap::new(regs))
+    }
+
+    /// One file of the target description.
+    fn xfer_features(&mut self, file: &str) -> Result<String, GdbError> {
+        let mut out = Vec::new();
+        let chunk = self
+            .features
+            .packet_size
+            .saturating_sub(PACKET_OVERHEAD)
+            .max(64);
+        loop {
+            let cmd = format!("qXfer:features:read:{file}:{:x},{chunk:x}", out.len());
+            let r = self.command_bytes(cmd.as_bytes(), &cmd)?;
+            let (more, data) = match r.first() {
+                Some(b'm') => (true, &r[1..]),
+                Some(b'l') => (false, &r[1..]),
+                _ => return Err(self.failed(&cmd, String::from_utf8_lossy(&r).into())),
+            };
+            out.extend(rsp::unescape(data));
+            if !more {
+                return Ok(String::from_utf8_lossy(&out).into_owned());
+            }
+        }
+    }
+
+    /// Makes memory addresses guest-physical (true) or virtual (false):
+    /// QEMU's `Qqemu.PhyMemMode`.
+    pub fn phys_mode(&mut self, on: bool) -> Result<(), GdbError> {
+        self.expect_ok(&format!("Qqemu.PhyMemMode:{}", u8::from(on)))?;
+        self.phys = on;
+        Ok(())
+    }
+
+    fn mem_error(&self, op: &'static str, len: usize, at: u64, reply: String) -> GdbError {
+        GdbError::Memory {
+            addr: self.addr.clone(),
+            op,
+            len,
+            addr_kind: if self.phys {
+                "guest-physical"
+            } else {
+                "guest-virtual"
+            },
+            at,
+            reply,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `addr` (`m`, in packet-sized pieces).
+    pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), GdbError> {
+        // Two hex digits a byte in the reply.
+        let chunk = (self.features.packet_size.saturating_sub(PACKET_OVERHEAD) / 2).max(16);
+        let mut done = 0;
+        while done < buf.len() {
+            let n = chunk.min(buf.len() - done);
+            let at = addr + done as u64;
+            let cmd = format!("m{at:x},{n:x}");
+            let r = self.command(&cmd)?;
+            match rsp::from_hex(r.as_bytes()) {
+                Some(b) if b.len() == n => buf[done..done + n].copy_from_slice(&b),
+                _ => return Err(self.mem_error("read", n, at, r)),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `addr` (`X` when the stub takes it, else `M`).
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), GdbError> {
+        if self.binary_write.is_none() {
+            let r = self.command_bytes(format!("X{addr:x},0:").as_bytes(), "X")?;
+            self.binary_write = Some(r == b"OK");
+        }
+        let binary = self.binary_write == Some(true);
+        // Escaped binary may double a byte; hex always does.
+        let chunk = (self.features.packet_size.saturating_sub(PACKET_OVERHEAD) / 2).max(16);
+        let mut done = 0;
+        while done < data.len() {
+            let n = chunk.min(data.len() - done);
+            let at = addr + done as u64;
+            let piece = &data[done..done + n];
+            let mut pkt = format!("{}{at:x},{n:x}:", if binary { 'X' } else { 'M' }).into_bytes();
+            if binary {
+                pkt.extend(rsp::escape(piece));
+            } else {
+                pkt.extend(rsp::to_hex(piece).into_bytes());
+            }
+            let r = self.command_bytes(&pkt, "write")?;
+            if r != b"OK" {
+                return Err(self.mem_error("write", n, at, String::from_utf8_lossy(&r).into()));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}

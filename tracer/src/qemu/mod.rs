@@ -1,0 +1,13 @@
+//! The QEMU backend's wire layer: a running QEMU reached through the
+//! interfaces it ships with. [`qmp`] talks to its monitor (version, PID,
+//! vCPUs, the RAM layout, opening its gdbstub), [`gdb`] to its gdbstub
+//! (all-stop, registers, coherent guest memory), [`ram`] reads and writes its
+//! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
+//! the monitor's texts about RAM.
+
+pub mod gdb;
+pub mod layout;
+pub mod qmp;
+pub mod ram;
+pub mod regs;
+pub mod rsp;

@@ -1,0 +1,446 @@
+//! A QMP client: QEMU's JSON monitor over its unix socket, with the HMP
+//! commands QMP lacks (the flat memory map, `gpa2hva`, `gdbserver`) sent
+//! through `human-monitor-command`.
+//!
+//! QEMU's monitor serves one client at a time: a second client's connection
+//! is accepted by the kernel but QEMU sends it no greeting, so a greeting
+//! that does not come within the timeout means "busy" (or a silent peer).
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks, RamRange};
+
+/// A QMP error, each naming the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    #[error("QMP socket {path}: no such file")]
+    NoSocket { path: PathBuf },
+    #[error("QMP socket {path}: not a unix socket")]
+    NotSocket { path: PathBuf },
+    #[error("QMP socket {path}: connection refused (no QEMU listens on it)")]
+    Refused { path: PathBuf },
+    #[error("QMP socket {path}: cannot connect: {source}")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("QMP socket {path}: the peer is not QEMU (no QMP greeting, got {got:?})")]
+    NotQemu { path: PathBuf, got: String },
+    #[error(
+        "QMP socket {path}: no QMP greeting within {secs:.1} s: another client holds the QMP \
+         socket (QEMU serves one at a time), or the peer is not QEMU"
+    )]
+    Busy { path: PathBuf, secs: f64 },
+    #[error("QMP socket {path}: QEMU closed its QMP socket")]
+    Closed { path: PathBuf },
+    #[error("QMP socket {path}: no reply to {cmd} within {secs:.1} s")]
+    Timeout {
+        path: PathBuf,
+        cmd: String,
+        secs: f64,
+    },
+    #[error("QMP socket {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("QMP socket {path}: {cmd} failed: {class}: {desc}")]
+    Command {
+        path: PathBuf,
+        cmd: String,
+        class: String,
+        desc: String,
+    },
+    #[error("QMP socket {path}: unexpected reply to {cmd}: {what}")]
+    Reply {
+        path: PathBuf,
+        cmd: String,
+        what: String,
+    },
+    #[error("QMP socket {path}: HMP command {cmd:?} failed: {msg}")]
+    Hmp {
+        path: PathBuf,
+        cmd: String,
+        msg: String,
+    },
+}
+
+/// QEMU's version, from the greeting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QemuVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub micro: u32,
+    /// The distribution's package string, e.g. "Debian 1:7.2+dfsg-7".
+    pub package: String,
+}
+
+impl std::fmt::Display for QemuVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)?;
+        if !self.package.is_empty() {
+            write!(f, " ({})", self.package)?;
+        }
+        Ok(())
+    }
+}
+
+/// One vCPU, from `query-cpus-fast`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QemuCpu {
+    /// QEMU's cpu_index: the gdbstub's thread id minus one.
+    pub index: u32,
+    /// The host thread running it (a TCG thread under MTTCG, a KVM vCPU thread).
+    pub thread_id: u32,
+    pub qom_path: String,
+    pub target: String,
+}
+
+/// The asynchronous events seen between replies that say the VM changed state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QmpEvents {
+    pub stop: bool,
+    pub resume: bool,
+    pub shutdown: bool,
+}
+
+/// A connected QMP client in command mode.
+pub struct Qmp {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    timeout: Duration,
+    version: QemuVersion,
+    events: QmpEvents,
+}
+
+impl Qmp {
+    /// Connects to QEMU's QMP socket at `path`, reads the greeting and enters
+    /// command mode; `timeout` bounds the greeting and every reply.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
+        let p = || path.to_path_buf();
+        let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound => QmpError::NoSocket { path: p() },
+            ErrorKind::ConnectionRefused => match std::fs::metadata(path) {
+                Ok(m) if !m.file_type().is_socket() => QmpError::NotSocket { path: p() },
+                _ => QmpError::Refused { path: p() },
+            },
+            _ => QmpError::Connect {
+                path: p(),
+                source: e,
+            },
+        })?;
+        let io = |source| QmpError::Io { path: p(), source };
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let writer = stream.try_clone().map_err(io)?;
+        let mut qmp = Qmp {
+            path: p(),
+            reader: BufReader::new(stream),
+            writer,
+            timeout,
+            version: QemuVersion {
+                major: 0,
+                minor: 0,
+                micro: 0,
+                package: String::new(),
+            },
+            events: QmpEvents::default(),
+        };
+        qmp.version = qmp.greeting()?;
+        qmp.execute("qmp_capabilities", None)?;
+        Ok(qmp)
+    }
+
+    /// Reads the `{"QMP": {"version": ...}}` greeting.
+    fn greeting(&mut self) -> Result<QemuVersion, QmpError> {
+        let line = match self.read_line() {
+            Ok(l) => l,
+            Err(QmpError::Timeout { .. }) => {
+                return Err(QmpError::Busy {
+                    path: self.path.clone(),
+                    secs: self.timeout.as_secs_f64(),
+                })
+            }
+            Err(QmpError::Closed { .. }) => return Err(self.not_qemu("nothing".into())),
+            Err(e) => return Err(e),
+        };
+        let v: Value = serde_json::from_str(&line).map_err(|_| self.not_qemu(short(&line)))?;
+        let version = v
+            .pointer("/QMP/version")
+            .ok_or_else(|| self.not_qemu(short(&line)))?;
+        let num = |k: &str| {
+            version
+                .pointer(&format!("/qemu/{k}"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0) as u32
+        };
+        Ok(QemuVersion {
+            major: num("major"),
+            minor: num("minor"),
+            micro: num("micro"),
+            package: version["package"].as_str().unwrap_or("").trim().to_string(),
+        })
+    }
+
+    fn not_qemu(&self, got: String) -> QmpError {
+        QmpError::NotQemu {
+            path: self.path.clone(),
+            got,
+        }
+    }
+
+    /// One line from QEMU; EOF is QEMU gone.
+    fn read_line(&mut self) -> Result<String, QmpError> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err(QmpError::Closed {
+                path: self.path.clone(),
+            }),
+            Ok(_) => Ok(line),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                Err(QmpError::Timeout {
+                    path: self.path.clone(),
+                    cmd: "greeting".into(),
+                    secs: self.timeout.as_secs_f64(),
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => Err(QmpError::Closed {
+                path: self.path.clone(),
+            }),
+            Err(source) => Err(QmpError::Io {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Runs a QMP command and returns its `return` value; events that arrive
+    /// before the reply are noted (`events`) and skipped.
+    pub fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
+        let mut msg = json!({ "execute": cmd });
+        if let Some(a) = args {
+            msg["arguments"] = a;
+        }
+        let mut text = msg.to_string();
+        text.push('\n');
+        let path = self.path.clone();
+        self.writer
+            .write_all(text.as_bytes())
+            .map_err(|source| match source.kind() {
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => QmpError::Closed { path },
+                _ => QmpError::Io { path, source },
+            })?;
+        loop {
+            let line = self.read_line().map_err(|e| match e {
+                QmpError::Timeout { path, secs, .. } => QmpError::Timeout {
+                    path,
+                    cmd: cmd.into(),
+                    secs,
+                },
+                e => e,
+            })?;
+            let v: Value = serde_json::from_str(&line).map_err(|_| self.reply(cmd, &line))?;
+            if let Some(ev) = v.get("event").and_then(Value::as_str) {
+                self.note_event(ev);
+            } else if let Some(r) = v.get("return") {
+                return Ok(r.clone());
+            } else if let Some(e) = v.get("error") {
+                return Err(QmpError::Command {
+                    path: self.path.clone(),
+                    cmd: cmd.into(),
+                    class: e["class"].as_str().unwrap_or("?").into(),
+                    desc: e["desc"].as_str().unwrap_or("?").into(),
+                });
+            } else {
+                return Err(self.reply(cmd, &line));
+            }
+        }
+    }
+
+    fn note_event(&mut self, ev: &str) {
+        match ev {
+            "STOP" => self.events.stop = true,
+            "RESUME" => self.events.resume = true,
+            "SHUTDOWN" => self.events.shutdown = true,
+            _ => {}
+        }
+    }
+
+    fn reply(&self, cmd: &str, what: &str) -> QmpError {
+        QmpError::Reply {
+            path: self.path.clone(),
+            cmd: cmd.into(),
+            what: short(what),
+        }
+    }
+
+    /// The events seen since the last call, then cleared.
+    pub fn take_events(&mut self) -> QmpEvents {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// QEMU's process id, from the socket's peer credentials.
+    pub fn pid(&self) -> Result<u32, QmpError> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: SO_PEERCRED fills a ucred of the length given; both point
+        // at live locals and the fd is the open stream's.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.writer.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 || cred.pid <= 0 {
+            return Err(QmpError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(cred.pid as u32)
+    }
+
+    /// QEMU's version, as its greeting gave it.
+    pub fn version(&self) -> &QemuVersion {
+        &self.version
+    }
+
+    /// "kvm" when KVM is enabled, else "tcg".
+    pub fn accel(&mut self) -> Result<&'static str, QmpError> {
+        let r = self.execute("query-kvm", None)?;
+        Ok(if r["enabled"].as_bool() == Some(true) {
+            "kvm"
+        } else {
+            "tcg"
+        })
+    }
+
+    /// The run state: "running", "paused", "prelaunch", "shutdown", ...
+    pub fn status(&mut self) -> Result<String, QmpError> {
+        let r = self.execute("query-status", None)?;
+        r["status"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| self.reply("query-status", &r.to_string()))
+    }
+
+    /// The vCPUs, by index.
+    pub fn cpus(&mut self) -> Result<Vec<QemuCpu>, QmpError> {
+        let r = self.execute("query-cpus-fast", None)?;
+        let list = r
+            .as_array()
+            .ok_or_else(|| self.reply("query-cpus-fast", &r.to_string()))?;
+        let mut cpus = Vec::with_capacity(list.len());
+        for c in list {
+            let (Some(index), Some(thread_id)) = (c["cpu-index"].as_u64(), c["thread-id"].as_u64())
+            else {
+                return Err(self.reply("query-cpus-fast", &c.to_string()));
+            };
+            cpus.push(QemuCpu {
+                index: index as u32,
+                thread_id: thread_id as u32,
+                qom_path: c["qom-path"].as_str().unwrap_or("").into(),
+                target: c["target"].as_str().unwrap_or("").into(),
+            });
+        }
+        cpus.sort_by_key(|c| c.index);
+        Ok(cpus)
+    }
+
+    /// Runs an HMP command and returns its text. HMP reports failure in
+    /// that text; callers that know the command check it.
+    pub fn hmp(&mut self, cmd: &str) -> Result<String, QmpError> {
+        let r = self.execute(
+            "human-monitor-command",
+            Some(json!({ "command-line": cmd })),
+        )?;
+        let text = r
+            .as_str()
+            .ok_or_else(|| self.reply("human-monitor-command", &r.to_string()))?;
+        if let Some(rest) = text.strip_prefix("unknown command:") {
+            return Err(self.hmp_error(cmd, &format!("unknown command:{rest}")));
+        }
+        Ok(text.to_string())
+    }
+
+    fn hmp_error(&self, cmd: &str, text: &str) -> QmpError {
+        let msg: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        QmpError::Hmp {
+            path: self.path.clone(),
+            cmd: cmd.into(),
+            msg: msg.join("; "),
+        }
+    }
+
+    /// Guest-physical RAM (not ROM, not device memory) and where it is
+    /// mapped in QEMU's process.
+    pub fn ram_layout(&mut self) -> Result<Vec<RamRange>, QmpError> {
+        let cmd = "info mtree -f -o";
+        let mtree = self.hmp(cmd)?;
+        let flat = parse_flat_ram(&mtree).map_err(|e| self.hmp_error(cmd, &e))?;
+        let blocks_text = self.hmp("info ramblock")?;
+        let blocks = parse_ramblocks(&blocks_text);
+        let mut hvas = Vec::with_capacity(flat.len());
+        for r in &flat {
+            let cmd = format!("gpa2hva {:#x}", r.gpa);
+            let text = self.hmp(&cmd)?;
+            hvas.push(parse_gpa2hva(&text).map_err(|e| self.hmp_error(&cmd, &e))?);
+        }
+        join_layout(&flat, &hvas, &blocks).map_err(|e| self.hmp_error("info ramblock", &e))
+    }
+
+    /// Opens QEMU's gdbstub on `spec` (a chardev: `unix:PATH,server=on,wait=off`,
+    /// `tcp::PORT`).
+    pub fn open_gdbserver(&mut self, spec: &str) -> Result<(), QmpError> {
+        let cmd = format!("gdbserver {spec}");
+        let text = self.hmp(&cmd)?;
+        if text.trim_start().starts_with("Waiting for gdb connection") {
+            Ok(())
+        } else {
+            Err(self.hmp_error(&cmd, &text))
+        }
+    }
+
+    /// Closes QEMU's gdbstub (`gdbserver none`).
+    pub fn close_gdbserver(&mut self) -> Result<(), QmpError> {
+        let text = self.hmp("gdbserver none")?;
+        if text.trim_start().starts_with("Disabled gdbserver") {
+            Ok(())
+        } else {
+            Err(self.hmp_error("gdbserver none", &text))
+        }
+    }
+}
+
+/// A peer's text, shortened for a one-line error.
+fn short(s: &str) -> String {
+    let s = s.trim();
+    let mut out: String = s.chars().take(60).collect();
+    if out.len() < s.len() {
+        out.push_str("...");
+    }
+    out
+}
