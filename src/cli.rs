@@ -45,6 +45,9 @@ pub enum Command {
     List(ListArgs),
     /// Measure the cost of tracing (`vmtrace bench list`: the benches).
     Bench(BenchArgs),
+    /// Trace a QEMU guest that is already running, through its QMP socket
+    /// (and its gdbstub, opened on demand); it runs on when vmtrace detaches.
+    Attach(Box<AttachArgs>),
 }
 
 /// Boot a guest and (optionally) trace it.
@@ -237,6 +240,48 @@ pub struct ScriptArgs {
     pub input: InputArgs,
     #[command(flatten)]
     pub window: WindowArgs,
+}
+
+/// `vmtrace attach`: a running QEMU, what to trace in it, where results go.
+#[derive(Args, Debug, Clone)]
+#[command(group(
+    ArgGroup::new("symbols")
+        .required(true)
+        .multiple(true)
+        .args(["kernel", "vmlinux"])
+))]
+pub struct AttachArgs {
+    /// The QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`; libvirt
+    /// keeps one per domain).
+    #[arg(long, value_name = "SOCKET")]
+    pub qmp: PathBuf,
+    /// Use the QEMU's gdbstub at SOCKET or HOST:PORT (default: vmtrace opens
+    /// one through QMP and closes it when it detaches).
+    #[arg(long, value_name = "SOCKET|HOST:PORT")]
+    pub gdb: Option<String>,
+    /// The kernel the guest runs: its bzImage or vmlinux.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Unstripped vmlinux with symbols.
+    #[arg(long, value_name = "PATH")]
+    pub vmlinux: Option<PathBuf>,
+    /// Trace functions matching GLOB (ftrace glob: * ? [...]); repeatable, comma lists.
+    #[arg(long, value_name = "GLOB", required = true, help_heading = "Tracing")]
+    pub trace: Vec<String>,
+    /// Do not trace functions matching GLOB; repeatable, comma lists.
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
+    pub notrace: Vec<String>,
+    /// Detach after this many seconds (default: at Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "SECS", help_heading = "Tracing")]
+    pub duration: Option<f64>,
+    /// Store at most this many events; counts stay exact beyond it.
+    #[arg(long, value_name = "N", help_heading = "Tracing")]
+    pub max_events: Option<u64>,
+    /// Memory for events on their way to the data file (e.g. 64M).
+    #[arg(long, value_name = "SIZE", default_value = "64M", help_heading = "Tracing")]
+    pub buffer: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -241,6 +241,9 @@ pub enum InputError {
     NoDataFile(PathBuf),
     #[error("--threshold: {0}")]
     Threshold(String),
+    /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
+    #[error("{0}")]
+    Qemu(tracer::qemu::session::QemuError),
     /// `--depth` or `--threshold` without `--tree`.
     #[error("{flag} needs --tree (it limits the call tree)")]
     NeedsTree { flag: &'static str },
@@ -355,6 +358,11 @@ pub enum RuntimeError {
     Restore(TracerError),
     #[error("exitless events were lost: {}", .0.say(&Flags))]
     Drain(TracerError),
+    #[error("cannot catch SIGINT/SIGTERM/SIGHUP: {0}")]
+    Signals(std::io::Error),
+    /// `vmtrace attach`: the guest's text could not be restored.
+    #[error("detaching from the QEMU failed: {0}; its guest may still hold vmtrace's sites")]
+    Detach(String),
     #[error("the guest stopped ({}) before vmtrace could attach; nothing was traced", .0.say(&Flags))]
     NothingTraced(StopReason),
     #[error("cannot save the trace: {0}")]

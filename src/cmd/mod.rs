@@ -1,6 +1,7 @@
 //! The commands, one file each: every one checks its arguments into a
 //! config (see `config`) before it does anything, then carries it out.
 
+mod attach;
 mod bench;
 mod list;
 mod record;
@@ -20,6 +21,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
         Some(Command::Script(args)) => script::main(&args),
         Some(Command::List(args)) => list::main(&args),
         Some(Command::Bench(args)) => bench::main(&args),
+        Some(Command::Attach(args)) => attach::main(&args),
         None => run::main(&cli.run, &cli.output, Form::OneShot),
     }
 }

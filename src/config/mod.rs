@@ -16,7 +16,7 @@ use vmm::VmSize;
 use crate::error::InputError;
 
 pub use bench::BenchConfig;
-pub use list::ListConfig;
+pub use list::{image as kernel_image, ListConfig};
 pub use output::{Export, Output, View};
 pub use report::{ReportConfig, ScriptConfig};
 pub use run::{Form, RunConfig, TraceConfig};

@@ -75,6 +75,31 @@ pub struct GuestClock {
 }
 
 impl GuestClock {
+    /// A clock whose rate is known but not where the guest's TSC stands on
+    /// the host clock (a VMM that cannot read the TSC at a stop): the first
+    /// TSC dated anchors it at the host time it is dated (`anchor_at`), so
+    /// times are late by at most how long that record waited to be read.
+    pub fn unanchored(tsc_khz: u32) -> GuestClock {
+        GuestClock {
+            tsc: 0,
+            host_ns: 0,
+            tsc_khz,
+        }
+    }
+
+    /// Has it an anchor (see `unanchored`)?
+    pub fn is_anchored(&self) -> bool {
+        self.host_ns != 0
+    }
+
+    /// Anchor an unanchored clock: guest TSC `tsc` is host time `host_ns`.
+    pub fn anchor_at(&mut self, tsc: u64, host_ns: u64) {
+        if !self.is_anchored() {
+            self.tsc = tsc;
+            self.host_ns = host_ns.max(1);
+        }
+    }
+
     /// The host time of guest TSC value `tsc` (earlier or later).
     pub fn host_ns(&self, tsc: u64) -> u64 {
         let khz = i128::from(self.tsc_khz.max(1));

@@ -109,6 +109,16 @@ pub fn install_terminate_handlers() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The termination signal received since `install_terminate_handlers`, if
+/// any (taken: the next call says None until another comes). For callers
+/// that run no VM of this VMM (a QEMU attach) and poll for themselves.
+pub fn take_terminate_signal() -> Option<libc::c_int> {
+    match SIGNAL.swap(0, Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
 /// Files to remove if a termination signal ends vmtrace after its run
 /// (`end_on_terminate`): a one-shot run's temporary data file, the data
 /// file's lock. Set once per run (leaked C strings, never freed: a handler

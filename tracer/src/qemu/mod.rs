@@ -6,8 +6,10 @@
 //! the monitor's texts about RAM.
 
 pub mod gdb;
+pub mod guest;
 pub mod layout;
 pub mod qmp;
 pub mod ram;
 pub mod regs;
 pub mod rsp;
+pub mod session;

@@ -134,6 +134,7 @@ impl Out {
             }
         }
         self.reserved -= 1;
+        self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
         self.buf.push(Event {
             slot: r.slot,
             ts_ns: self.clock.host_ns(r.tsc),

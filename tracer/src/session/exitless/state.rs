@@ -14,7 +14,7 @@ use vmm::pause::GuestClock;
 use super::backing::RegionPages;
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
+    LayoutError, RingLayout, CODE_GPA, MIN_RECORDS, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
 use super::pending::PendingDrainer;
@@ -244,6 +244,17 @@ impl Exitless {
         graph: bool,
     ) -> Result<(), ExitlessError> {
         plan(image, cpus, sites, ring_records, graph).map(|_| ())
+    }
+
+    /// Bytes of code the trampoline takes for this image, CPU and site
+    /// count (what a region in the guest's own pages must fit).
+    pub fn code_len(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        graph: bool,
+    ) -> Result<usize, ExitlessError> {
+        plan(image, cpus, sites, Some(MIN_RECORDS), graph).map(|(t, _, _)| t.code.len())
     }
 
     /// Plan the rings and generate the code, before the guest runs.

@@ -1,0 +1,122 @@
+//! `vmtrace attach --qmp SOCKET ...`: trace a QEMU guest that is already
+//! running (the library's `tracer::qemu` session), then detach, leaving it
+//! running as found, and report like a normal run.
+
+use tracer::plan::{ModeChoice, Request, TracePlan};
+use tracer::qemu::gdb::GdbAddr;
+use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
+use tracer::session::store::Storage;
+use tracer::session::Recording;
+
+use crate::cli::AttachArgs;
+use crate::config::{kernel_image, secs, size, Output};
+use crate::datafile::Data;
+use crate::emit::emit;
+use crate::error::{Error, InputError, Outcome, RuntimeError};
+
+/// The smallest `--buffer`, as for a run.
+const MIN_BUFFER: u64 =
+    2 * (tracer::session::record::BATCH * tracer::trace::datafile::EVENT_SIZE) as u64;
+
+pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
+    let duration = secs(args.duration, "--duration")?;
+    let buffer = size(&args.buffer, "--buffer", MIN_BUFFER)?;
+    let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
+    let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
+    let gdb = args.gdb.as_deref().map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
+    let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
+    let request = Request {
+        trace: args.trace.clone(),
+        notrace: args.notrace.clone(),
+        graph: false,
+        mode: ModeChoice::Exitless,
+        ring_events: None,
+        cpus: connected.info.cpus,
+        emulator_host: false,
+        linux: true,
+    };
+    let plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    let kernel = plan.plan.image.path.clone();
+    let mut data = Data::open(output.data.as_ref())?;
+    let file = data.file.take().expect("just opened");
+    let recording = Recording {
+        max_events: args.max_events.unwrap_or(u64::MAX),
+        storage: Storage::Stream { file, buffer },
+        kernel,
+    };
+    vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
+    let mut s = connected.attach(plan.plan, recording).map_err(|e| {
+        data.discard();
+        InputError::Qemu(e)
+    })?;
+    say_attached(&s);
+    let reason = s.trace(duration);
+    let ended = s.end(&reason);
+    data.end_on_terminate();
+    report(ended, &reason, data, &output)
+}
+
+fn say_attached(s: &QemuSession) {
+    let i = &s.info;
+    let (used, free) = s.region_pages();
+    note!(
+        "vmtrace: attached to QEMU {}.{}.{} (pid {}, {}, {} vCPUs): {} sites patched, exitless; \
+         vmtrace's code and rings in {used} of the guest's {free} unused low pages",
+        i.version.major,
+        i.version.minor,
+        i.version.micro,
+        i.pid,
+        i.accel,
+        i.cpus,
+        s.tracer().attach_counts.patched,
+    );
+}
+
+/// Say how the detach went, then report and save what was traced.
+fn report(
+    ended: QemuEnded,
+    reason: &EndReason,
+    data: Data,
+    output: &Output,
+) -> Result<Outcome, Error> {
+    let QemuEnded {
+        detached,
+        removed,
+        attached: _,
+        drained,
+        summary,
+        saved,
+    } = ended;
+    match (&detached, reason) {
+        (Ok(d), _) => note!(
+            "vmtrace: detached ({reason}): {} sites restored{}; the guest runs on",
+            d.restored,
+            match removed {
+                Some(_) => ", vmtrace's code and page-table entries taken out",
+                None => ", vmtrace's code left mapped (a vCPU stayed in it)",
+            }
+        ),
+        (Err(_), EndReason::QemuGone(why)) => {
+            note!("vmtrace: {why}; kept what was traced until then")
+        }
+        (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
+    }
+    let saved = saved.unwrap_or_else(|| {
+        Err(tracer::trace::datafile::TraceFileError::Invalid {
+            path: data.stream.clone(),
+            detail: "no data file was written".into(),
+        })
+    });
+    let needs_events = output.view.is_some() || !output.exports.is_empty();
+    let trace = match (&saved, needs_events) {
+        (Ok(_), true) => tracer::trace::datafile::load(&data.stream).unwrap_or_else(|e| {
+            note!("vmtrace: {e}; the report has the counts only");
+            summary.clone()
+        }),
+        _ => summary.clone(),
+    };
+    let streamed = data.finish(saved, &summary);
+    emit(&trace, output, streamed)?;
+    drained.map_err(RuntimeError::Drain)?;
+    Ok(Outcome::Clean)
+}

@@ -1,0 +1,288 @@
+//! A running QEMU guest as vmtrace's tracer drives it: guest RAM through
+//! /proc/PID/mem (and, while it is stopped, writes through the gdbstub, so
+//! that QEMU drops translations of code it changes), and stops of every
+//! vCPU through the gdbstub's all-stop, each with the vCPUs' registers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use vm_memory::GuestAddress;
+use vmm::pause::{GuestClock, VcpuSnapshot};
+use vmm::{GuestRam, RamError, Stopped};
+
+use super::gdb::{Gdb, GdbError, ThreadId};
+use super::ram::ProcRam;
+use super::regs::X86Regs;
+
+/// Guest RAM of a QEMU: reads (and writes while the guest runs: the rings'
+/// host words) through /proc/PID/mem; writes while it is stopped through
+/// the gdbstub in physical mode, QEMU's own write path, which invalidates
+/// what TCG translated from the bytes written (a write from outside would
+/// leave the old code running).
+pub struct QemuRam {
+    mem: ProcRam,
+    stub: Arc<Mutex<Gdb>>,
+    stopped: AtomicBool,
+}
+
+impl QemuRam {
+    pub fn new(mem: ProcRam, stub: Arc<Mutex<Gdb>>) -> QemuRam {
+        QemuRam {
+            mem,
+            stub,
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    fn stub(&self) -> MutexGuard<'_, Gdb> {
+        self.stub.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
+fn ram_error(gpa: u64, len: usize) -> impl FnOnce(super::ram::RamError) -> RamError {
+    move |e| RamError::new(gpa, len, e)
+}
+
+fn stub_error(gpa: u64, len: usize) -> impl FnOnce(GdbError) -> RamError {
+    move |e| RamError::new(gpa, len, e)
+}
+
+impl GuestRam for QemuRam {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        let len = buf.len();
+        self.mem.read(addr.0, buf).map_err(ram_error(addr.0, len))
+    }
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        match self.stopped() {
+            true => self
+                .stub()
+                .write(addr.0, data)
+                .map_err(stub_error(addr.0, data.len())),
+            false => self
+                .mem
+                .write(addr.0, data)
+                .map_err(ram_error(addr.0, data.len())),
+        }
+    }
+    fn load_u32(&self, addr: GuestAddress, _: Ordering) -> Result<u32, RamError> {
+        self.mem.load_u32(addr.0).map_err(ram_error(addr.0, 4))
+    }
+    fn load_u64(&self, addr: GuestAddress, _: Ordering) -> Result<u64, RamError> {
+        self.mem.load_u64(addr.0).map_err(ram_error(addr.0, 8))
+    }
+    fn store_u32(&self, v: u32, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        match self.stopped() {
+            true => self.write_bytes(&v.to_le_bytes(), addr),
+            false => self.mem.store_u32(addr.0, v).map_err(ram_error(addr.0, 4)),
+        }
+    }
+    fn store_u64(&self, v: u64, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        match self.stopped() {
+            true => self.write_bytes(&v.to_le_bytes(), addr),
+            false => self.mem.store_u64(addr.0, v).map_err(ram_error(addr.0, 8)),
+        }
+    }
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+        let end = addr.0.saturating_add(len as u64);
+        self.mem
+            .ranges()
+            .iter()
+            .any(|r| addr.0 >= r.gpa && end <= r.gpa + r.len)
+    }
+}
+
+/// The guest's TSC rate and how events are dated (see `snapshot`).
+#[derive(Clone, Copy, Debug)]
+pub struct ClockSource {
+    /// The guest kernel's `tsc_khz`.
+    pub tsc_khz: u32,
+}
+
+/// The QEMU's vCPUs as the stub names them, and its RAM.
+pub struct QemuGuest {
+    stub: Arc<Mutex<Gdb>>,
+    ram: Arc<QemuRam>,
+    /// What the tracer reaches guest memory through (the QEMU's RAM, or it
+    /// with vmtrace's region in free guest pages).
+    view: Arc<dyn GuestRam>,
+    threads: Vec<ThreadId>,
+    clock: Option<ClockSource>,
+}
+
+/// Every vCPU of a QEMU stopped by its gdbstub; dropping it resumes them.
+pub struct QemuStop<'a> {
+    guest: &'a QemuGuest,
+    snaps: Vec<Option<VcpuSnapshot>>,
+    since: Instant,
+    latency: Duration,
+    resumed: bool,
+}
+
+/// kvm_regs/kvm_sregs are the tracer's register files (`VcpuSnapshot`):
+/// filled from the stub's registers, the fields vmtrace reads.
+fn snapshot(r: &X86Regs, clock: Option<GuestClock>) -> VcpuSnapshot {
+    let regs = kvm_regs {
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rsp: r.rsp,
+        rbp: r.rbp,
+        r8: r.r8,
+        r9: r.r9,
+        r10: r.r10,
+        r11: r.r11,
+        r12: r.r12,
+        r13: r.r13,
+        r14: r.r14,
+        r15: r.r15,
+        rip: r.rip,
+        rflags: r.rflags,
+    };
+    let mut sregs = kvm_sregs {
+        cr0: r.cr0,
+        cr2: r.cr2,
+        cr3: r.cr3,
+        cr4: r.cr4,
+        cr8: r.cr8,
+        efer: r.efer,
+        ..Default::default()
+    };
+    sregs.cs.selector = r.cs as u16;
+    sregs.ss.selector = r.ss as u16;
+    sregs.fs.base = r.fs_base;
+    sregs.gs.base = r.gs_base;
+    VcpuSnapshot {
+        regs,
+        sregs,
+        clock,
+        // IA32_LSTAR is not among the stub's registers: the kernel is
+        // found by its banner instead (kernel::kaslr).
+        syscall_entry: None,
+    }
+}
+
+impl QemuGuest {
+    /// `stub` connected (QEMU stops the guest when a debugger connects).
+    pub fn new(stub: Gdb, mem: ProcRam) -> Result<QemuGuest, GdbError> {
+        let stub = Arc::new(Mutex::new(stub));
+        let threads = {
+            let mut s = stub.lock().unwrap_or_else(|e| e.into_inner());
+            s.phys_mode(true)?;
+            s.threads()?
+        };
+        let ram = Arc::new(QemuRam::new(mem, Arc::clone(&stub)));
+        Ok(QemuGuest {
+            view: Arc::clone(&ram) as Arc<dyn GuestRam>,
+            stub,
+            ram,
+            threads,
+            clock: None,
+        })
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// The QEMU's RAM itself (no region).
+    pub fn ram(&self) -> Arc<dyn GuestRam> {
+        Arc::clone(&self.ram) as Arc<dyn GuestRam>
+    }
+
+    /// Reach guest memory through `view` from now on (the RAM with
+    /// vmtrace's region in free guest pages).
+    pub fn set_view(&mut self, view: Arc<dyn GuestRam>) {
+        self.view = view;
+    }
+
+    /// Date exitless events by the guest's TSC at `tsc_khz`.
+    pub fn set_clock(&mut self, c: ClockSource) {
+        self.clock = Some(c);
+    }
+
+    fn stub(&self) -> MutexGuard<'_, Gdb> {
+        self.stub.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stop every vCPU (already stopped right after the stub connected)
+    /// and read their registers.
+    pub fn stop(&self, already: bool) -> Result<QemuStop<'_>, GdbError> {
+        let start = Instant::now();
+        if !already {
+            self.stub().stop()?;
+        }
+        self.ram.stopped.store(true, Ordering::Release);
+        let latency = start.elapsed();
+        let mut stop = QemuStop {
+            guest: self,
+            snaps: Vec::new(),
+            since: Instant::now(),
+            latency,
+            resumed: false,
+        };
+        // The TSC is not among the stub's registers: the rate from the
+        // guest kernel, the anchor from the first record drained
+        // (`GuestClock::unanchored`).
+        let clock = self.clock.map(|c| GuestClock::unanchored(c.tsc_khz));
+        for &t in &self.threads {
+            let r = self.stub().regs(t)?;
+            stop.snaps.push(Some(snapshot(&r, clock)));
+        }
+        Ok(stop)
+    }
+
+    /// Hand the guest back to QEMU: the stub detaches (the guest runs on).
+    pub fn detach(&self) -> Result<(), GdbError> {
+        self.ram.stopped.store(false, Ordering::Release);
+        let mut s = self.stub();
+        // Phys mode is the stub's state for the next debugger: leave it off.
+        let _ = s.phys_mode(false);
+        s.detach()
+    }
+}
+
+impl QemuStop<'_> {
+    /// Let the guest run again.
+    pub fn resume(mut self) -> Result<(), GdbError> {
+        self.resumed = true;
+        self.guest.ram.stopped.store(false, Ordering::Release);
+        self.guest.stub().resume()
+    }
+}
+
+impl Drop for QemuStop<'_> {
+    fn drop(&mut self) {
+        if !self.resumed {
+            self.guest.ram.stopped.store(false, Ordering::Release);
+            // A stub that cannot resume the guest is gone with its QEMU.
+            let _ = self.guest.stub().resume();
+        }
+    }
+}
+
+impl Stopped for QemuStop<'_> {
+    fn ram(&self) -> &Arc<dyn GuestRam> {
+        &self.guest.view
+    }
+    fn cpus(&self) -> usize {
+        self.snaps.len()
+    }
+    fn snapshot(&self, cpu: usize) -> Option<VcpuSnapshot> {
+        self.snaps.get(cpu).copied().flatten()
+    }
+    fn latency(&self) -> Duration {
+        self.latency
+    }
+    fn window(&self) -> Duration {
+        self.since.elapsed()
+    }
+}

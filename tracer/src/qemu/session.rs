@@ -1,0 +1,431 @@
+//! A tracing session over a QEMU that is already running: connect through
+//! its QMP socket, open its gdbstub, attach exitless inside one all-stop,
+//! drain the rings from its RAM while it runs, detach inside another stop,
+//! and take everything vmtrace added out again (sites, page-table entries,
+//! its pages, the gdbstub), leaving the guest running as found.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::gva::AddressSpace;
+use vmm::Stopped;
+
+use super::gdb::{Gdb, GdbAddr, GdbError};
+use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::qmp::{Qmp, QmpError, QemuVersion};
+use super::ram::ProcRam;
+use crate::error::TracerError;
+use crate::kernel::kaslr::{self, Detected, KernelOffset};
+use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::plan::{Mode, Plan};
+use crate::session::exitless::backing::{Backed, RegionPages, PAGE};
+use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
+use crate::session::exitless::state::Exitless;
+use crate::session::patch::DetachCounts;
+use crate::session::region::Busy;
+use crate::session::Saved;
+use crate::session::{Attach, Recording, Tracer};
+use crate::trace::datafile::TraceFileError;
+use crate::trace::model::Trace;
+
+/// How long to wait for each QMP or gdbstub reply.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attach attempts while the guest is not ready (its ftrace_init running),
+/// `RETRY` apart.
+const ATTEMPTS: u32 = 100;
+const RETRY: Duration = Duration::from_millis(100);
+/// After the sites are restored: the guest runs this long before vmtrace's
+/// code is taken out, so that any context interrupted inside it finishes.
+const GRACE: Duration = Duration::from_millis(50);
+/// Page tables (one per page-directory entry) and the spare directory.
+const TABLE_PAGES: u64 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QemuError {
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
+    #[error(transparent)]
+    Ram(#[from] super::ram::RamError),
+    #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
+    NoVcpus { qmp: PathBuf },
+    #[error("cannot find the running kernel in the guest: {0}")]
+    NotTraceable(String),
+    #[error("no guest memory is free for vmtrace's code and rings: {0}")]
+    NoRoom(#[from] LowMemError),
+    #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
+    NoTscRate(u32),
+    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused")]
+    RingsTooBig { sites: usize, cpus: usize, kib: u64 },
+    #[error("the guest was never ready to attach ({0})")]
+    NotReady(String),
+    #[error(transparent)]
+    Tracer(#[from] TracerError),
+}
+
+/// The QEMU traced, for the report's header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QemuInfo {
+    pub version: QemuVersion,
+    pub pid: u32,
+    pub accel: &'static str,
+    pub qmp: PathBuf,
+    pub cpus: usize,
+}
+
+/// Where the gdbstub is: one vmtrace opened through QMP (and closes at
+/// the end), or one the user gave.
+enum Stub {
+    Opened(PathBuf),
+    Given,
+}
+
+/// A QEMU whose monitor answered: what it is and where its RAM is. The
+/// guest runs on untouched until `attach`.
+pub struct Connected {
+    qmp: Qmp,
+    ram: ProcRam,
+    gdb: Option<GdbAddr>,
+    pub info: QemuInfo,
+}
+
+/// Connect to the QEMU whose QMP socket is `qmp_path`; its gdbstub will be
+/// `gdb`, or one vmtrace opens at `attach`.
+pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
+    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    let pid = qmp.pid()?;
+    let accel = qmp.accel()?;
+    let cpus = qmp.cpus()?.len();
+    if cpus == 0 {
+        return Err(QemuError::NoVcpus {
+            qmp: qmp_path.to_owned(),
+        });
+    }
+    let layout = qmp.ram_layout()?;
+    let ram = ProcRam::open(pid, &layout)?;
+    let info = QemuInfo {
+        version: qmp.version().clone(),
+        pid,
+        accel,
+        qmp: qmp_path.to_owned(),
+        cpus,
+    };
+    Ok(Connected {
+        qmp,
+        ram,
+        gdb,
+        info,
+    })
+}
+
+/// Open (or take the given) gdbstub and connect to it: QEMU stops the
+/// guest as a debugger connects.
+fn open_stub(
+    qmp: &mut Qmp,
+    given: Option<GdbAddr>,
+    ram: ProcRam,
+    pid: u32,
+) -> Result<(QemuGuest, Stub), QemuError> {
+    let (addr, stub) = match given {
+        Some(a) => (a, Stub::Given),
+        None => {
+            let path = std::env::temp_dir().join(format!(
+                "vmtrace-gdb-{}-{pid}.sock",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_file(&path);
+            qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", path.display()))?;
+            (GdbAddr::Unix(path.clone()), Stub::Opened(path))
+        }
+    };
+    match Gdb::connect(&addr, REPLY_TIMEOUT).and_then(|g| QemuGuest::new(g, ram)) {
+        Ok(g) => Ok((g, stub)),
+        Err(e) => {
+            close_stub(qmp, &stub);
+            Err(e.into())
+        }
+    }
+}
+
+/// Close the gdbstub vmtrace opened (nothing for one the user gave).
+fn close_stub(qmp: &mut Qmp, stub: &Stub) {
+    if let Stub::Opened(path) = stub {
+        let _ = qmp.close_gdbserver();
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// What the first stop tells: where the kernel runs, where vmtrace's
+/// region can live, how fast the guest's TSC runs.
+struct Survey {
+    offset: KernelOffset,
+    low: LowMemory,
+    tsc_khz: u32,
+}
+
+fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
+    let offset = match kaslr::detect(stop, &plan.image) {
+        Ok(Detected::Offset(o)) => o,
+        Ok(_) => {
+            return Err(QemuError::NotTraceable(
+                "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
+            ))
+        }
+        Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
+    };
+    let mut space = kernel_space(stop)?;
+    let low = lowmem::find(&mut space, &plan.image, offset)?;
+    let tsc_khz = match plan.image.symbol("tsc_khz") {
+        Some(s) => space
+            .read_array::<4>(offset.runtime(s.addr))
+            .map(u32::from_le_bytes)
+            .unwrap_or(0),
+        None => 0,
+    };
+    if tsc_khz == 0 {
+        return Err(QemuError::NoTscRate(tsc_khz));
+    }
+    Ok(Survey {
+        offset,
+        low,
+        tsc_khz,
+    })
+}
+
+/// The first kernel-mode vCPU's address space (else the first paged one).
+fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuError> {
+    let mut spaces = stop.vcpu_spaces();
+    spaces.sort_by_key(|v| v.user_mode);
+    spaces
+        .into_iter()
+        .next()
+        .map(|v| v.space)
+        .ok_or_else(|| QemuError::NotTraceable("no vCPU has paging on".into()))
+}
+
+/// Records per ring so that code, tables and every CPU's ring fit `pages`
+/// free pages (the largest power of two that does).
+fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
+    let sites = plan.index.addrs.len();
+    let code = Exitless::code_len(&plan.image, cpus, sites, plan.graph).map_err(TracerError::from)? as u64;
+    let fixed = code.div_ceil(PAGE) + TABLE_PAGES;
+    let room = (pages as u64).saturating_sub(fixed) * PAGE / cpus.max(1) as u64;
+    let fits = |cap| RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room);
+    if !fits(MIN_RECORDS) {
+        return Err(QemuError::RingsTooBig {
+            sites,
+            cpus,
+            kib: pages as u64 * PAGE / 1024,
+        });
+    }
+    let mut cap = MIN_RECORDS;
+    while cap < MAX_RECORDS && fits(cap * 2) {
+        cap *= 2;
+    }
+    Ok(cap)
+}
+
+/// A QEMU being traced.
+pub struct QemuSession {
+    qmp: Qmp,
+    guest: QemuGuest,
+    stub: Stub,
+    tracer: Tracer,
+    pub info: QemuInfo,
+    pub low: LowMemory,
+    pages: Arc<Mutex<RegionPages>>,
+    kernel: PathBuf,
+}
+
+impl Connected {
+    /// Open the gdbstub (the guest stops), plan the region from the
+    /// stopped guest, then attach (exitless) in a stop of its own, retrying
+    /// while the guest is not ready. On error the guest runs on as found
+    /// and the stub is closed.
+    pub fn attach(self, plan: Plan, rec: Recording) -> Result<QemuSession, QemuError> {
+        let Connected {
+            mut qmp,
+            ram,
+            gdb,
+            info,
+        } = self;
+        let (mut guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
+        let kernel = rec.kernel.clone();
+        match setup(&mut guest, plan, rec) {
+            Ok((tracer, low, pages)) => Ok(QemuSession {
+                qmp,
+                guest,
+                stub,
+                tracer,
+                info,
+                low,
+                pages,
+                kernel,
+            }),
+            Err(e) => {
+                let _ = guest.detach();
+                close_stub(&mut qmp, &stub);
+                Err(e)
+            }
+        }
+    }
+}
+
+type Setup = (Tracer, LowMemory, Arc<Mutex<RegionPages>>);
+
+fn setup(guest: &mut QemuGuest, plan: Plan, rec: Recording) -> Result<Setup, QemuError> {
+    let cpus = guest.cpus();
+    // Stopped since the stub connected.
+    let first = guest.stop(true)?;
+    let s = survey(&first, &plan)?;
+    first.resume()?;
+    let cap = ring_records(&plan, cpus, s.low.pages.len())?;
+    let pages = Arc::new(Mutex::new(RegionPages::new(s.low.pages.clone())));
+    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, Mode::Exitless, Some(cap), rec)?;
+    tracer.assume_kernel_offset(s.offset);
+    tracer.back_region(Arc::clone(&pages));
+    guest.set_view(Arc::new(Backed::new(guest.ram(), Arc::clone(&pages))));
+    guest.set_clock(ClockSource { tsc_khz: s.tsc_khz });
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
+        let stop = guest.stop(false)?;
+        match tracer.attach(&stop) {
+            Ok(Attach::Attached(_)) => {
+                stop.resume()?;
+                return Ok((tracer, s.low, pages));
+            }
+            Ok(Attach::NotReady(why)) => last = why.to_string(),
+            Err(e) => {
+                // Whatever was written comes out before the error is said.
+                let _ = tracer.detach(&**stop.ram());
+                return Err(e.into());
+            }
+        }
+        stop.resume()?;
+        std::thread::sleep(RETRY);
+    }
+    Err(QemuError::NotReady(last))
+}
+
+/// How a QEMU session ended.
+pub struct QemuEnded {
+    /// What the detach restored, or why it could not.
+    pub detached: Result<DetachCounts, QemuError>,
+    /// vmtrace's page-table entries taken out (None: the QEMU was gone, or
+    /// a vCPU stayed in vmtrace's code and the region was left mapped).
+    pub removed: Option<usize>,
+    /// Sites patched at the attach.
+    pub attached: usize,
+    /// An error draining the rings (the counts stay exact).
+    pub drained: Result<(), TracerError>,
+    pub summary: Trace,
+    pub saved: Option<Result<Saved, TraceFileError>>,
+}
+
+/// Why a trace ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    Duration,
+    Signal(i32),
+    /// QEMU closed its sockets (it quit or was killed).
+    QemuGone(String),
+}
+
+impl std::fmt::Display for EndReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndReason::Duration => write!(f, "duration elapsed"),
+            EndReason::Signal(sig) => write!(f, "signal {sig}"),
+            EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
+        }
+    }
+}
+
+/// How often the trace loop looks at the clock, the signals and the QEMU.
+const POLL: Duration = Duration::from_millis(50);
+
+impl QemuSession {
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    /// Trace until `duration` (if any), a termination signal, or the QEMU
+    /// going away.
+    pub fn trace(&mut self, duration: Option<Duration>) -> EndReason {
+        let start = Instant::now();
+        loop {
+            if let Some(sig) = vmm::run::take_terminate_signal() {
+                return EndReason::Signal(sig);
+            }
+            if duration.is_some_and(|d| start.elapsed() >= d) {
+                return EndReason::Duration;
+            }
+            if let Err(e) = self.qmp.status() {
+                return EndReason::QemuGone(e.to_string());
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Detach inside one stop, drain, take vmtrace's region out inside
+    /// another (after a grace period), hand the guest back to QEMU, close
+    /// the stub vmtrace opened, and finish the trace.
+    pub fn end(mut self, reason: &EndReason) -> QemuEnded {
+        let gone = matches!(reason, EndReason::QemuGone(_));
+        let detached = match gone {
+            true => Err(QemuError::NotTraceable("the QEMU is gone".into())),
+            false => self.detach_sites(),
+        };
+        let drained = self.tracer.stop_draining();
+        let removed = match (gone, &detached) {
+            (false, Ok(_)) => self.remove_region(),
+            _ => None,
+        };
+        if !gone {
+            let _ = self.guest.detach();
+        }
+        close_stub(&mut self.qmp, &self.stub);
+        let attached = self.tracer.attach_counts.patched;
+        let (summary, saved) = self.tracer.finish_stored(&self.kernel, reason.to_string(), 0);
+        QemuEnded {
+            detached,
+            removed,
+            attached,
+            drained,
+            summary,
+            saved,
+        }
+    }
+
+    fn detach_sites(&mut self) -> Result<DetachCounts, QemuError> {
+        let stop = self.guest.stop(false)?;
+        let c = self.tracer.detach(&**stop.ram())?;
+        stop.resume()?;
+        Ok(c)
+    }
+
+    /// Take the region out, once no vCPU runs in it (a few tries).
+    fn remove_region(&mut self) -> Option<usize> {
+        for _ in 0..ATTEMPTS {
+            std::thread::sleep(GRACE);
+            let stop = self.guest.stop(false).ok()?;
+            match self.tracer.remove_region(&stop) {
+                Ok(Ok(n)) => {
+                    stop.resume().ok()?;
+                    return Some(n);
+                }
+                Ok(Err(Busy::InCode { .. })) => {}
+                Err(_) => return None,
+            }
+            stop.resume().ok()?;
+        }
+        None
+    }
+
+    /// Pages of the guest's free memory vmtrace's region used, of all.
+    pub fn region_pages(&self) -> (usize, usize) {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner()).used()
+    }
+}
