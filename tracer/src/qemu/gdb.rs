@@ -138,22 +138,8 @@ impl std::fmt::Display for ThreadId {
     }
 }
 
-enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    fn io(&mut self) -> &mut dyn ReadWrite {
-        match self {
-            Stream::Unix(s) => s,
-            Stream::Tcp(s) => s,
-        }
-    }
-}
-
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// What `qSupported` said.
 #[derive(Clone, Debug, Default)]
@@ -167,7 +153,7 @@ struct Features {
 /// A connected gdbstub client.
 pub struct Gdb {
     addr: String,
-    stream: Stream,
+    stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
     /// Packets that came while an ack was awaited.
     pending: std::collections::VecDeque<Vec<u8>>,
@@ -197,17 +183,17 @@ impl Gdb {
             addr: name.clone(),
             source,
         };
-        let stream = match addr {
+        let stream: Box<dyn ReadWrite> = match addr {
             GdbAddr::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(err)?;
                 s.set_read_timeout(Some(timeout)).map_err(err)?;
-                Stream::Unix(s)
+                Box::new(s)
             }
             GdbAddr::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(err)?;
                 s.set_read_timeout(Some(timeout)).map_err(err)?;
                 s.set_nodelay(true).map_err(err)?;
-                Stream::Tcp(s)
+                Box::new(s)
             }
         };
         let mut gdb = Gdb {
@@ -320,7 +306,6 @@ impl Gdb {
         let mut chunk = [0u8; 16384];
         let n = self
             .stream
-            .io()
             .read(&mut chunk)
             .map_err(|e| self.io_error(cmd, e))?;
         if n == 0 {
@@ -357,10 +342,7 @@ impl Gdb {
     }
 
     fn write_raw(&mut self, b: &[u8], cmd: &str) -> Result<(), GdbError> {
-        self.stream
-            .io()
-            .write_all(b)
-            .map_err(|e| self.io_error(cmd, e))
+        self.stream.write_all(b).map_err(|e| self.io_error(cmd, e))
     }
 
     /// Whether a packet is a stop reply (`S`, `T`, or a `W`/`X` exit).
