@@ -220,6 +220,20 @@ fn qmp_connect_errors_name_the_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn gdb_connect_error_names_the_socket() {
+    let dir = scratch_in("qemu-wire", "gdb-errors");
+    let missing = dir.join("gdb.sock");
+    let addr: GdbAddr = missing.to_str().unwrap().parse().unwrap();
+    assert_eq!(addr, GdbAddr::Unix(missing.clone()));
+    let e = Gdb::connect(&addr, TIMEOUT).err().unwrap().to_string();
+    assert!(
+        e.starts_with(&format!("gdbstub {}: cannot connect: ", missing.display())),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A QEMU that has not started its guest (-S): one QMP client at a time,
 /// and QEMU's death is a clear error on the client that holds the socket.
 #[test]
@@ -239,7 +253,24 @@ fn qmp_busy_and_qemu_gone() {
     );
     // The first client still works after the second gave up.
     assert_eq!(qmp.accel().unwrap(), "tcg");
+    // A gdbstub on TCP (host:port), then QEMU killed under both clients.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    qmp.open_gdbserver(&format!("tcp:127.0.0.1:{port}"))
+        .unwrap();
+    let addr: GdbAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(addr, GdbAddr::Tcp(format!("127.0.0.1:{port}")));
+    let mut gdb = Gdb::connect(&addr, TIMEOUT).unwrap();
+    assert_eq!(gdb.threads().unwrap().len(), 2);
+    assert!(gdb.stop().unwrap().starts_with('T'));
     vm.kill();
+    let e = gdb.stop().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("gdbstub 127.0.0.1:{port}: the stub closed the connection")
+    );
     let e = qmp.status().unwrap_err();
     assert!(matches!(e, QmpError::Closed { .. }), "{e}");
     assert_eq!(

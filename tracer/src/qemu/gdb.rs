@@ -163,8 +163,6 @@ pub struct Gdb {
     /// `X` works (None until tried).
     binary_write: Option<bool>,
     regmap: Option<RegMap>,
-    /// The thread `Hg` last selected.
-    selected: Option<ThreadId>,
     /// The last stop reply seen.
     last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
@@ -206,7 +204,6 @@ impl Gdb {
             features: Features::default(),
             binary_write: None,
             regmap: None,
-            selected: None,
             last_stop: None,
             phys: false,
         };
@@ -407,7 +404,6 @@ impl Gdb {
                 break;
             }
         }
-        self.selected = None;
         self.last_stop.clone().ok_or_else(|| GdbError::Reply {
             addr: self.addr.clone(),
             cmd: "?".into(),
@@ -461,12 +457,10 @@ impl Gdb {
         }
     }
 
+    /// Selects `thread` for `g`, every time: any stop (a QMP `stop` too)
+    /// makes QEMU select the stopping vCPU behind the client's back.
     fn select(&mut self, thread: ThreadId) -> Result<(), GdbError> {
-        if self.selected != Some(thread) {
-            self.expect_ok(&format!("Hg{thread}"))?;
-            self.selected = Some(thread);
-        }
-        Ok(())
+        self.expect_ok(&format!("Hg{thread}"))
     }
 
     /// `thread`'s registers, placed by the stub's target description.
@@ -629,5 +623,35 @@ impl Gdb {
             done += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_paths_or_host_ports() {
+        let p = |s: &str| s.parse::<GdbAddr>().unwrap();
+        assert_eq!(p("localhost:1234"), GdbAddr::Tcp("localhost:1234".into()));
+        assert_eq!(p("[::1]:1234"), GdbAddr::Tcp("[::1]:1234".into()));
+        assert_eq!(p("/run/gdb.sock"), GdbAddr::Unix("/run/gdb.sock".into()));
+        assert_eq!(p("gdb.sock"), GdbAddr::Unix("gdb.sock".into()));
+        assert_eq!(p("./a:1"), GdbAddr::Unix("./a:1".into()));
+    }
+
+    #[test]
+    fn thread_ids_parse_and_print() {
+        let t = ThreadId::parse("p1.a").unwrap();
+        assert_eq!((t.pid, t.tid, t.vcpu()), (Some(1), 10, Some(9)));
+        assert_eq!(t.to_string(), "p1.a");
+        assert_eq!(ThreadId::parse("2").unwrap().to_string(), "2");
+        assert_eq!(ThreadId::parse("p1"), None);
+    }
+
+    #[test]
+    fn a_client_moves_between_threads() {
+        fn check<T: Send>() {}
+        check::<Gdb>();
     }
 }
