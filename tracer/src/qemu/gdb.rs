@@ -138,22 +138,8 @@ impl std::fmt::Display for ThreadId {
     }
 }
 
-enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    fn io(&mut self) -> &mut dyn ReadWrite {
-        match self {
-            Stream::Unix(s) => s,
-            Stream::Tcp(s) => s,
-        }
-    }
-}
-
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// What `qSupported` said.
 #[derive(Clone, Debug, Default)]
@@ -167,7 +153,7 @@ struct Features {
 /// A connected gdbstub client.
 pub struct Gdb {
     addr: String,
-    stream: Stream,
+    stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
     /// Packets that came while an ack was awaited.
     pending: std::collections::VecDeque<Vec<u8>>,
@@ -177,8 +163,6 @@ pub struct Gdb {
     /// `X` works (None until tried).
     binary_write: Option<bool>,
     regmap: Option<RegMap>,
-    /// The thread `Hg` last selected.
-    selected: Option<ThreadId>,
     /// The last stop reply seen.
     last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
@@ -197,17 +181,17 @@ impl Gdb {
             addr: name.clone(),
             source,
         };
-        let stream = match addr {
+        let stream: Box<dyn ReadWrite> = match addr {
             GdbAddr::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(err)?;
                 s.set_read_timeout(Some(timeout)).map_err(err)?;
-                Stream::Unix(s)
+                Box::new(s)
             }
             GdbAddr::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(err)?;
                 s.set_read_timeout(Some(timeout)).map_err(err)?;
                 s.set_nodelay(true).map_err(err)?;
-                Stream::Tcp(s)
+                Box::new(s)
             }
         };
         let mut gdb = Gdb {
@@ -220,7 +204,6 @@ impl Gdb {
             features: Features::default(),
             binary_write: None,
             regmap: None,
-            selected: None,
             last_stop: None,
             phys: false,
         };
@@ -320,7 +303,6 @@ impl Gdb {
         let mut chunk = [0u8; 16384];
         let n = self
             .stream
-            .io()
             .read(&mut chunk)
             .map_err(|e| self.io_error(cmd, e))?;
         if n == 0 {
@@ -357,10 +339,7 @@ impl Gdb {
     }
 
     fn write_raw(&mut self, b: &[u8], cmd: &str) -> Result<(), GdbError> {
-        self.stream
-            .io()
-            .write_all(b)
-            .map_err(|e| self.io_error(cmd, e))
+        self.stream.write_all(b).map_err(|e| self.io_error(cmd, e))
     }
 
     /// Whether a packet is a stop reply (`S`, `T`, or a `W`/`X` exit).
@@ -425,7 +404,6 @@ impl Gdb {
                 break;
             }
         }
-        self.selected = None;
         self.last_stop.clone().ok_or_else(|| GdbError::Reply {
             addr: self.addr.clone(),
             cmd: "?".into(),
@@ -479,12 +457,10 @@ impl Gdb {
         }
     }
 
+    /// Selects `thread` for `g`, every time: any stop (a QMP `stop` too)
+    /// makes QEMU select the stopping vCPU behind the client's back.
     fn select(&mut self, thread: ThreadId) -> Result<(), GdbError> {
-        if self.selected != Some(thread) {
-            self.expect_ok(&format!("Hg{thread}"))?;
-            self.selected = Some(thread);
-        }
-        Ok(())
+        self.expect_ok(&format!("Hg{thread}"))
     }
 
     /// `thread`'s registers, placed by the stub's target description.
@@ -647,5 +623,35 @@ impl Gdb {
             done += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_paths_or_host_ports() {
+        let p = |s: &str| s.parse::<GdbAddr>().unwrap();
+        assert_eq!(p("localhost:1234"), GdbAddr::Tcp("localhost:1234".into()));
+        assert_eq!(p("[::1]:1234"), GdbAddr::Tcp("[::1]:1234".into()));
+        assert_eq!(p("/run/gdb.sock"), GdbAddr::Unix("/run/gdb.sock".into()));
+        assert_eq!(p("gdb.sock"), GdbAddr::Unix("gdb.sock".into()));
+        assert_eq!(p("./a:1"), GdbAddr::Unix("./a:1".into()));
+    }
+
+    #[test]
+    fn thread_ids_parse_and_print() {
+        let t = ThreadId::parse("p1.a").unwrap();
+        assert_eq!((t.pid, t.tid, t.vcpu()), (Some(1), 10, Some(9)));
+        assert_eq!(t.to_string(), "p1.a");
+        assert_eq!(ThreadId::parse("2").unwrap().to_string(), "2");
+        assert_eq!(ThreadId::parse("p1"), None);
+    }
+
+    #[test]
+    fn a_client_moves_between_threads() {
+        fn check<T: Send>() {}
+        check::<Gdb>();
     }
 }

@@ -74,9 +74,25 @@ fn tags<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
     out
 }
 
+/// `xml` without its comments (QEMU's i386-64bit.xml comments out
+/// registers its `g` packet does not hold).
+fn uncomment(xml: &str) -> String {
+    let mut out = String::with_capacity(xml.len());
+    let mut rest = xml;
+    while let Some(i) = rest.find("<!--") {
+        out.push_str(&rest[..i]);
+        rest = match rest[i..].find("-->") {
+            Some(end) => &rest[i + end + 3..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The files `xml` includes (`<xi:include href="..."/>`).
 pub fn includes(xml: &str) -> Vec<String> {
-    tags(xml, "xi:include")
+    tags(&uncomment(xml), "xi:include")
         .iter()
         .filter_map(|t| attr(t, "href"))
         .map(str::to_string)
@@ -87,7 +103,7 @@ pub fn includes(xml: &str) -> Vec<String> {
 /// register gets, carried from file to file.
 pub fn parse_regs(xml: &str, next: &mut u32) -> Result<Vec<RegDesc>, String> {
     let mut out = Vec::new();
-    for t in tags(xml, "reg") {
+    for t in tags(&uncomment(xml), "reg") {
         let name = attr(t, "name").ok_or_else(|| format!("register without a name: {t}"))?;
         let bits = attr(t, "bitsize")
             .and_then(|b| b.parse().ok())
@@ -206,6 +222,8 @@ mod tests {
   <reg name="rax" bitsize="64" type="int64" regnum="0"/>
   <reg name="rbx" bitsize="64" type="int64"/>
   <reg name="eflags" bitsize="32" type="x64_eflags"/>
+  <!-- reg name="ss_base" bitsize="64" type="int64"/>
+  <reg name="es_base" bitsize="64" type="int64"/-->
   <reg name="st0" bitsize="80" type="i387_ext"/>
   <reg name="cr3" bitsize="64" type="int64" regnum="40"/>
   <reg name="regnum_ignored" bitsize="8"/>

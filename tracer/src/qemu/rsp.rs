@@ -96,12 +96,24 @@ pub fn escape(data: &[u8]) -> Vec<u8> {
     out
 }
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 pub fn to_hex(data: &[u8]) -> String {
     let mut s = String::with_capacity(data.len() * 2);
-    for b in data {
-        s.push_str(&format!("{b:02x}"));
+    for &b in data {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
     }
     s
+}
+
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
 }
 
 /// Hex to bytes; `xx` (a register the stub cannot read) becomes 0.
@@ -109,12 +121,10 @@ pub fn from_hex(text: &[u8]) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
     }
-    text.chunks(2)
-        .map(|p| {
-            if p == b"xx" {
-                return Some(0);
-            }
-            u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok()
+    text.chunks_exact(2)
+        .map(|p| match p {
+            b"xx" => Some(0),
+            _ => Some(nibble(p[0])? << 4 | nibble(p[1])?),
         })
         .collect()
 }
