@@ -89,3 +89,28 @@ fn ready_line_parses() {
     );
     assert_eq!(Workload::parse("workload: done getpid 3 pid=57"), None);
 }
+
+#[test]
+fn qmp_answers_and_a_killed_guest_ends_the_waits() {
+    let mut guest = QemuGuest::boot(QemuOpts::linux());
+    guest.wait_ready().unwrap();
+    // The QMP socket is QEMU's: its greeting names the version.
+    let mut qmp = std::io::BufReader::new(
+        std::os::unix::net::UnixStream::connect(guest.qmp_socket()).unwrap(),
+    );
+    let mut greeting = String::new();
+    std::io::BufRead::read_line(&mut qmp, &mut greeting).unwrap();
+    assert!(
+        greeting.starts_with(r#"{"QMP": {"version": {"qemu":"#),
+        "{greeting}"
+    );
+    drop(qmp);
+
+    assert!(guest.is_alive());
+    guest.kill();
+    assert!(!guest.is_alive());
+    let err = guest
+        .wait_for("workload: done", COMMAND_TIMEOUT)
+        .unwrap_err();
+    assert!(err.starts_with("QEMU exited waiting for"), "{err}");
+}
