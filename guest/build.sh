@@ -7,6 +7,9 @@
 #                                      symbols as kernel addresses, as Linux 6.15+)
 #   bash guest/build.sh mini-rethunk   -> guest/out/mini-rethunk.elf (returns through
 #                                      a counting __x86_return_thunk)
+#   bash guest/build.sh workload       -> guest/out/workload.cpio.gz: an initramfs whose
+#                                      /init is guest/linux/workload.c (for any of the
+#                                      Linux guests' kernels; they are not rebuilt)
 #   bash guest/build.sh linux [ARGS]   -> runs guest/linux/build.sh ARGS
 #   bash guest/build.sh linux-acpi [ARGS] -> linux/build.sh --variant acpi ARGS,
 #                                      guest/out/linux-acpi/{bzImage,vmlinux,...}
@@ -26,7 +29,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
 	exit 1
 }
 
@@ -95,12 +98,69 @@ build_mini() {
 	echo "guest/build.sh: built guest/out/$name.elf" >&2
 }
 
+# cpio_entry NAME MODE [FILE|MAJOR:MINOR]: one newc record on stdout (root
+# owned, mtime 0, so the archive is the same bytes every time), written here
+# because GNU cpio can only archive a device node that exists on the host.
+cpio_ino=300000
+cpio_entry() {
+	local name="$1" mode="$2" src="${3:-}" size=0 rmaj=0 rmin=0 nl=1
+	case "$src" in
+	*:*) rmaj="${src%:*}" rmin="${src#*:}" ;;
+	?*) size=$(stat -c %s "$src") ;;
+	esac
+	((mode & 0040000)) && nl=2
+	cpio_ino=$((cpio_ino + 1))
+	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%s\0' \
+		"$cpio_ino" "$mode" 0 0 "$nl" 0 "$size" 0 0 "$rmaj" "$rmin" $((${#name} + 1)) 0 "$name"
+	head -c $(((4 - (110 + ${#name} + 1) % 4) % 4)) /dev/zero
+	if ((size)); then
+		cat "$src"
+		head -c $(((4 - size % 4) % 4)) /dev/zero
+	fi
+}
+
+# guest/out/workload.cpio.gz: /init from guest/linux/workload.c, the same
+# directories and /dev/console as the Linux guests' own initramfs.
+build_workload() {
+	local src="$here/linux/workload.c" dst="$out/workload.cpio.gz"
+	if ! command -v "$CC" >/dev/null 2>&1; then
+		echo "guest/build.sh: $CC not found; install it with: apt-get install gcc" >&2
+		exit 2
+	fi
+	mkdir -p "$out"
+	if [[ "${FORCE:-0}" != 1 && -f "$dst" ]] &&
+		[[ -z "$(find "$src" "${BASH_SOURCE[0]}" -newer "$dst" -type f -print -quit)" ]]; then
+		return 0
+	fi
+	workload_tmp="$(mktemp -d "$out/.workload.XXXXXX")"
+	trap 'rm -rf "$workload_tmp"' EXIT
+	local tmp="$workload_tmp"
+	"$CC" -Os -static -nostdlib -ffreestanding -fno-builtin -fno-pie -no-pie \
+		-fno-stack-protector -fno-asynchronous-unwind-tables -fcf-protection=none \
+		-fno-tree-loop-distribute-patterns -Wall -Wextra -Werror \
+		-Wl,--build-id=none -o "$tmp/init" "$src"
+	{
+		cpio_entry dev $((0040755))
+		cpio_entry dev/console $((0020600)) 5:1
+		cpio_entry proc $((0040755))
+		cpio_entry sys $((0040755))
+		cpio_entry root $((0040700))
+		cpio_entry init $((0100755)) "$tmp/init"
+		cpio_entry TRAILER!!! 0
+	} | gzip -9 -n >"$tmp/workload.cpio.gz"
+	mv -f "$tmp/workload.cpio.gz" "$dst"
+	echo "guest/build.sh: built guest/out/workload.cpio.gz (/init $(stat -c %s "$tmp/init") bytes)" >&2
+}
+
 [[ $# -ge 1 ]] || usage
 target="$1"
 shift
 case "$target" in
 mini | mini-noftrace | mini-percpu-addr | mini-rethunk)
 	build_mini "$target"
+	;;
+workload)
+	build_workload
 	;;
 linux)
 	if [[ -f "$here/linux/build.sh" ]]; then

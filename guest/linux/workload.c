@@ -1,0 +1,375 @@
+/*
+ * /init of the workload initramfs (guest/out/workload.cpio.gz): a guest
+ * program with a known pid that makes a known system call exactly N times
+ * when told to on the serial console, for tests that trace a running guest
+ * (tests/qemu_guest.rs, the QEMU attach tests).
+ *
+ * Built by `bash guest/build.sh workload` with
+ *   gcc -static -nostdlib -ffreestanding -fno-pie -no-pie -Os ...
+ * No libc: every system call the program makes is one written below, so a
+ * trace of the worker between a command and its `done` line holds only the
+ * calls asked for, the read of the command and the write of the answer.
+ *
+ * pid 1 forks the worker and then only reaps children (init never exits).
+ * The worker names itself `wl-worker` (prctl PR_SET_NAME), turns the
+ * console's echo off (canonical mode stays: one read, one line), prints
+ *   workload: ready pid=1 worker=W comm=wl-worker
+ * and then runs one command per console line:
+ *   go getpid N    getpid(2) N times     -> workload: done getpid N pid=W
+ *   go getppid N   getppid(2) N times    -> workload: done getppid N pid=W
+ *   go openat N    openat(2) of a missing path N times (each ENOENT)
+ *                                        -> workload: done openat N pid=W
+ *   ping                                 -> workload: pong pid=W
+ *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
+ *                  -no-reboot either one ends QEMU with exit status 0
+ *                                        -> workload: quit power-off|restart
+ * Anything else: `workload: error ...`. Nothing is printed unasked (no
+ * heartbeat), so the console stays quiet while a test traces.
+ */
+
+#define SYS_read 0
+#define SYS_write 1
+#define SYS_open 2
+#define SYS_close 3
+#define SYS_ioctl 16
+#define SYS_dup2 33
+#define SYS_pause 34
+#define SYS_getpid 39
+#define SYS_fork 57
+#define SYS_wait4 61
+#define SYS_getppid 110
+#define SYS_prctl 157
+#define SYS_mount 165
+#define SYS_reboot 169
+#define SYS_openat 257
+
+#define O_RDONLY 0
+#define O_RDWR 02
+#define O_NOCTTY 0400
+#define O_DIRECTORY 0200000
+#define AT_FDCWD -100
+#define ENOENT 2
+#define EINTR 4
+#define ECHILD 10
+#define TCGETS 0x5401
+#define TCSETS 0x5402
+#define PR_SET_NAME 15
+
+#define LINUX_REBOOT_MAGIC1 0xfee1deadUL
+#define LINUX_REBOOT_MAGIC2 672274793UL
+#define LINUX_REBOOT_CMD_RESTART 0x01234567UL
+#define LINUX_REBOOT_CMD_POWER_OFF 0x4321fedcUL
+
+/* c_lflag bits: every kind of echo. */
+#define ECHO 0000010
+#define ECHOE 0000020
+#define ECHOK 0000040
+#define ECHONL 0000100
+#define ECHOCTL 0001000
+#define ECHOKE 0004000
+
+#define WORKER_COMM "wl-worker"
+#define MISSING_PATH "/vmtrace-workload-missing"
+
+/* The kernel's struct termios (asm-generic/termbits.h), what TCGETS fills. */
+struct ktermios {
+	unsigned int c_iflag, c_oflag, c_cflag, c_lflag;
+	unsigned char c_line;
+	unsigned char c_cc[19];
+};
+
+static long sys6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall"
+			 : "=a"(ret)
+			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+
+static long sys3(long n, long a, long b, long c)
+{
+	return sys6(n, a, b, c, 0, 0, 0);
+}
+
+static long sys0(long n)
+{
+	return sys6(n, 0, 0, 0, 0, 0, 0);
+}
+
+/* One output line, built in place and written with one write(2). */
+struct line {
+	char buf[256];
+	unsigned long len;
+};
+
+static void put(struct line *l, const char *s)
+{
+	while (*s && l->len < sizeof(l->buf) - 1)
+		l->buf[l->len++] = *s++;
+}
+
+static void put_num(struct line *l, long v)
+{
+	char tmp[24];
+	int n = 0;
+	unsigned long u = v < 0 ? -(unsigned long)v : (unsigned long)v;
+
+	if (v < 0)
+		put(l, "-");
+	do {
+		tmp[n++] = '0' + u % 10;
+		u /= 10;
+	} while (u);
+	while (n && l->len < sizeof(l->buf) - 1)
+		l->buf[l->len++] = tmp[--n];
+}
+
+static void emit(struct line *l)
+{
+	l->buf[l->len++] = '\n';
+	sys3(SYS_write, 1, (long)l->buf, l->len);
+	l->len = 0;
+}
+
+static void say(const char *s)
+{
+	struct line l = { .len = 0 };
+
+	put(&l, "workload: ");
+	put(&l, s);
+	emit(&l);
+}
+
+static int streq(const char *a, const char *b)
+{
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+/* Splits `s` in place at blanks into at most `max` words; returns the count. */
+static int split(char *s, char **words, int max)
+{
+	int n = 0;
+
+	for (;;) {
+		while (*s == ' ' || *s == '\t')
+			*s++ = 0;
+		if (!*s)
+			return n;
+		if (n == max)
+			return max + 1;
+		words[n++] = s;
+		while (*s && *s != ' ' && *s != '\t')
+			s++;
+	}
+}
+
+/* A decimal count, or -1 when `s` is not one (or above a billion). */
+static long parse_count(const char *s)
+{
+	long v = 0;
+
+	if (!*s)
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9' || v > 100000000L)
+			return -1;
+		v = v * 10 + (*s - '0');
+	}
+	return v;
+}
+
+/*
+ * `go NAME N`: the system call NAME exactly N times, nothing else between.
+ * Returns 0, or -1 for an unknown NAME.
+ */
+static int run_go(const char *name, long count, long *unexpected)
+{
+	long i, r;
+
+	*unexpected = 0;
+	if (streq(name, "getpid")) {
+		for (i = 0; i < count; i++)
+			sys0(SYS_getpid);
+	} else if (streq(name, "getppid")) {
+		for (i = 0; i < count; i++)
+			sys0(SYS_getppid);
+	} else if (streq(name, "openat")) {
+		for (i = 0; i < count; i++) {
+			r = sys6(SYS_openat, AT_FDCWD, (long)MISSING_PATH, O_RDONLY, 0, 0, 0);
+			if (r != -ENOENT)
+				++*unexpected;
+			if (r >= 0)
+				sys3(SYS_close, r, 0, 0);
+		}
+	} else {
+		return -1;
+	}
+	return 0;
+}
+
+/* Power off when the kernel can (ACPI), else restart; never returns. */
+static void __attribute__((noreturn)) quit(void)
+{
+	long fd, cmd = LINUX_REBOOT_CMD_RESTART;
+
+	/*
+	 * Without a power-off driver the kernel turns POWER_OFF into HALT, which
+	 * stops every CPU and leaves QEMU running; a restart ends QEMU instead
+	 * (-no-reboot). /sys/firmware/acpi exists only when ACPI is up.
+	 */
+	sys6(SYS_mount, (long)"sysfs", (long)"/sys", (long)"sysfs", 0, 0, 0);
+	fd = sys3(SYS_open, (long)"/sys/firmware/acpi", O_RDONLY | O_DIRECTORY, 0);
+	if (fd >= 0) {
+		sys3(SYS_close, fd, 0, 0);
+		cmd = LINUX_REBOOT_CMD_POWER_OFF;
+	}
+	say(cmd == LINUX_REBOOT_CMD_POWER_OFF ? "quit power-off" : "quit restart");
+	sys6(SYS_reboot, LINUX_REBOOT_MAGIC1, LINUX_REBOOT_MAGIC2, cmd, 0, 0, 0);
+	say("error reboot returned");
+	for (;;)
+		sys0(SYS_pause);
+}
+
+static void run_command(char *text, long pid)
+{
+	struct line l = { .len = 0 };
+	char *w[3];
+	long count, unexpected;
+	int n = split(text, w, 3);
+
+	if (n == 0)
+		return;
+	if (n == 1 && streq(w[0], "quit"))
+		quit();
+	if (n == 1 && streq(w[0], "ping")) {
+		put(&l, "workload: pong pid=");
+		put_num(&l, pid);
+		emit(&l);
+		return;
+	}
+	count = n == 3 ? parse_count(w[2]) : -1;
+	if (n == 3 && streq(w[0], "go") && count >= 0 && run_go(w[1], count, &unexpected) == 0) {
+		put(&l, "workload: done ");
+		put(&l, w[1]);
+		put(&l, " ");
+		put_num(&l, count);
+		put(&l, " pid=");
+		put_num(&l, pid);
+		if (unexpected) {
+			put(&l, " unexpected=");
+			put_num(&l, unexpected);
+		}
+		emit(&l);
+		return;
+	}
+	say("error unknown command (go getpid|getppid|openat N, ping, quit)");
+}
+
+/* Echo off, canonical input kept: each read(2) returns one whole line. */
+static void console_quiet(void)
+{
+	struct ktermios t;
+
+	if (sys3(SYS_ioctl, 0, TCGETS, (long)&t) < 0) {
+		say("error TCGETS on the console failed");
+		return;
+	}
+	t.c_lflag &= ~(ECHO | ECHOE | ECHOK | ECHONL | ECHOCTL | ECHOKE);
+	if (sys3(SYS_ioctl, 0, TCSETS, (long)&t) < 0)
+		say("error TCSETS on the console failed");
+}
+
+static void __attribute__((noreturn)) worker(void)
+{
+	static char buf[512];
+	struct line l = { .len = 0 };
+	long pid = sys0(SYS_getpid), got, used = 0, i, start;
+
+	sys6(SYS_prctl, PR_SET_NAME, (long)WORKER_COMM, 0, 0, 0, 0);
+	console_quiet();
+	put(&l, "workload: ready pid=");
+	put_num(&l, sys0(SYS_getppid));
+	put(&l, " worker=");
+	put_num(&l, pid);
+	put(&l, " comm=" WORKER_COMM);
+	emit(&l);
+
+	for (;;) {
+		if (used == sizeof(buf) - 1)
+			used = 0; /* an overlong line: dropped */
+		got = sys3(SYS_read, 0, (long)(buf + used), sizeof(buf) - 1 - used);
+		if (got == -EINTR)
+			continue;
+		if (got <= 0) {
+			say("error reading the console failed; stopping");
+			for (;;)
+				sys0(SYS_pause);
+		}
+		used += got;
+		/* Run every complete line; keep a partial one for the next read. */
+		start = 0;
+		for (i = 0; i < used; i++) {
+			if (buf[i] != '\n' && buf[i] != '\r')
+				continue;
+			buf[i] = 0;
+			run_command(buf + start, pid);
+			start = i + 1;
+		}
+		for (i = start; i < used; i++)
+			buf[i - start] = buf[i];
+		used -= start;
+	}
+}
+
+void __attribute__((noreturn, used)) workload_main(void)
+{
+	long pid, fd;
+	int status;
+
+	/* The kernel opens /dev/console as fds 0-2 for init; if it could not, we do. */
+	if (sys3(SYS_write, 1, (long)"", 0) < 0) {
+		fd = sys3(SYS_open, (long)"/dev/console", O_RDWR | O_NOCTTY, 0);
+		if (fd == 0) {
+			sys3(SYS_dup2, 0, 1, 0);
+			sys3(SYS_dup2, 0, 2, 0);
+		}
+	}
+
+	pid = sys0(SYS_fork);
+	if (pid == 0)
+		worker();
+	if (pid < 0)
+		say("error fork failed");
+
+	/* Init: reap whatever exits, forever (pause once no child is left). */
+	for (;;) {
+		long r = sys6(SYS_wait4, -1, (long)&status, 0, 0, 0, 0);
+
+		if (r == pid) {
+			struct line l = { .len = 0 };
+
+			put(&l, "workload: error worker exited, wait status ");
+			put_num(&l, status & 0xffff);
+			emit(&l);
+		} else if (r == -ECHILD) {
+			sys0(SYS_pause);
+		}
+	}
+}
+
+/* Entry point: the kernel starts us with an aligned stack and no return address. */
+__asm__(".text\n"
+	".global _start\n"
+	".type _start, @function\n"
+	"_start:\n"
+	"	xorl %ebp, %ebp\n"
+	"	andq $-16, %rsp\n"
+	"	call workload_main\n"
+	"	hlt\n");

@@ -1,0 +1,462 @@
+//! A Linux guest in QEMU, as people run it, for the tests that attach to a
+//! running QEMU: `qemu-system-x86_64 -accel tcg` (this host's nested KVM
+//! cannot run a QEMU+KVM Linux guest) with the default guest's kernel and
+//! the workload initramfs (guest/linux/workload.c, `bash guest/build.sh
+//! workload`), a QMP socket and nothing else vmtrace-specific. The serial
+//! console is a unix socket the test listens on (QEMU connects at start, so
+//! no output is lost): every byte is kept for [`QemuGuest::console`] and
+//! [`QemuGuest::wait_for`], and [`QemuGuest::send_line`] types into it.
+//!
+//! One guest at a time per test binary (a TCG guest with 2 vCPUs takes both
+//! cores here): [`QemuGuest::boot`] waits until the previous guest is dropped.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::thread::{self, JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use super::{linux_61, root};
+
+/// A hang guard for a boot to the workload's ready line (TCG boots take
+/// seconds to a minute here; no test asserts a time).
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A hang guard for one workload command or a power-off.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What the worker names itself (prctl PR_SET_NAME in workload.c).
+pub const WORKER_COMM: &str = "wl-worker";
+
+/// How to start QEMU.
+#[derive(Clone, Debug)]
+pub struct QemuOpts {
+    /// The bzImage QEMU boots (`-kernel`).
+    pub kernel: PathBuf,
+    /// vCPUs (`-smp`).
+    pub cpus: u32,
+    /// Added to the kernel command line after `console=ttyS0 panic=-1`.
+    pub append: String,
+    /// Added to QEMU's arguments (e.g. a memory backend).
+    pub qemu_args: Vec<String>,
+}
+
+impl QemuOpts {
+    /// The default guest (guest/out/bzImage: no ACPI, CPUs from the MP
+    /// table), 2 vCPUs.
+    pub fn linux() -> Self {
+        QemuOpts {
+            kernel: linux_61().0,
+            cpus: 2,
+            append: String::new(),
+            qemu_args: Vec::new(),
+        }
+    }
+
+    /// The ACPI variant (guest/out/linux-acpi/bzImage), 2 vCPUs. Its
+    /// built-in refscale would power the guest off after its run: the
+    /// shortest run, and no power-off (guest/linux/config-acpi.fragment).
+    pub fn linux_acpi() -> Self {
+        QemuOpts {
+            kernel: linux_acpi_bzimage(),
+            append: "refscale.shutdown=0 refscale.holdoff=0 refscale.nruns=1 \
+                     refscale.loops=1 refscale.nreaders=1"
+                .into(),
+            ..QemuOpts::linux()
+        }
+    }
+}
+
+impl Default for QemuOpts {
+    fn default() -> Self {
+        QemuOpts::linux()
+    }
+}
+
+/// guest/out/workload.cpio.gz, built once per test binary (a second run
+/// finds it up to date).
+pub fn workload_initramfs() -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| guest_build("workload"));
+    root().join("guest/out/workload.cpio.gz")
+}
+
+/// guest/out/linux-acpi/bzImage, built (copied from the cache when warm)
+/// if absent.
+pub fn linux_acpi_bzimage() -> PathBuf {
+    static BUILD: Once = Once::new();
+    let bz = root().join("guest/out/linux-acpi/bzImage");
+    BUILD.call_once(|| {
+        if !bz.is_file() {
+            guest_build("linux-acpi");
+        }
+    });
+    bz
+}
+
+fn guest_build(what: &str) {
+    let st = Command::new("bash")
+        .arg(root().join("guest/build.sh"))
+        .arg(what)
+        .status()
+        .expect("run guest/build.sh");
+    assert!(st.success(), "guest/build.sh {what} failed");
+}
+
+/// The workload's `workload: ready pid=1 worker=W comm=C` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// /init's pid (1).
+    pub init_pid: u32,
+    /// The worker's pid: the one that runs the commands.
+    pub worker: u32,
+    /// The worker's comm ([`WORKER_COMM`]).
+    pub comm: String,
+}
+
+impl Workload {
+    /// The fields of a ready line, or None if `line` is not one.
+    pub fn parse(line: &str) -> Option<Workload> {
+        let rest = &line[line.find("workload: ready ")? + "workload: ready ".len()..];
+        let field = |key: &str| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        };
+        Some(Workload {
+            init_pid: field("pid")?.parse().ok()?,
+            worker: field("worker")?.parse().ok()?,
+            comm: field("comm")?.to_string(),
+        })
+    }
+}
+
+/// The console so far and how far [`QemuGuest::wait_for`] has read.
+#[derive(Default)]
+struct Console {
+    bytes: Vec<u8>,
+    /// Byte offset after the last line a `wait_for` matched.
+    cursor: usize,
+    /// The serial socket closed (QEMU exited).
+    closed: bool,
+}
+
+type Shared = Arc<(Mutex<Console>, Condvar)>;
+
+/// A running QEMU; dropping it kills QEMU and removes its temporary
+/// directory (sockets).
+pub struct QemuGuest {
+    child: Child,
+    status: Option<ExitStatus>,
+    dir: PathBuf,
+    qmp: PathBuf,
+    serial: UnixStream,
+    console: Shared,
+    reader: Option<JoinHandle<()>>,
+    _one: OneGuest,
+}
+
+impl QemuGuest {
+    /// Start QEMU with `opts` and the workload initramfs; returns once QEMU
+    /// has connected its serial port and opened its QMP socket (the guest
+    /// is booting: wait for [`QemuGuest::wait_ready`]).
+    pub fn boot(opts: QemuOpts) -> QemuGuest {
+        let initrd = workload_initramfs();
+        assert!(
+            opts.kernel.is_file(),
+            "no kernel at {}",
+            opts.kernel.display()
+        );
+        let one = OneGuest::take();
+        let dir = fresh_dir();
+        let qmp = dir.join("qmp.sock");
+        let serial_path = dir.join("serial.sock");
+        let listener = UnixListener::bind(&serial_path)
+            .unwrap_or_else(|e| panic!("listen on {}: {e}", serial_path.display()));
+        let append = format!("console=ttyS0 panic=-1 {}", opts.append);
+        // One vCPU per socket: SeaBIOS's MP table lists one CPU per package,
+        // and the default guest (no ACPI) finds its CPUs there.
+        let smp = format!("{0},sockets={0}", opts.cpus);
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-accel", "tcg", "-m", "256", "-nographic", "-no-reboot"])
+            .args(["-monitor", "none", "-smp", &smp])
+            .arg("-kernel")
+            .arg(&opts.kernel)
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", append.trim_end()])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .arg("-chardev")
+            .arg(format!("socket,id=s0,path={}", serial_path.display()))
+            .args(["-serial", "chardev:s0"])
+            .args(&opts.qemu_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr_file(&dir));
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                panic!("qemu-system-x86_64 is not installed: apt-get install qemu-system-x86")
+            }
+            Err(e) => panic!("start qemu-system-x86_64: {e}"),
+        };
+        let serial = match accept_serial(&listener, &mut child, &qmp) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = std::fs::read_to_string(dir.join("qemu.stderr")).unwrap_or_default();
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("QEMU did not start: {e}; its stderr: {}", err.trim_end());
+            }
+        };
+        let console: Shared = Arc::default();
+        let reader = spawn_reader(serial.try_clone().expect("clone serial socket"), &console);
+        QemuGuest {
+            child,
+            status: None,
+            dir,
+            qmp,
+            serial,
+            console,
+            reader: Some(reader),
+            _one: one,
+        }
+    }
+
+    /// QEMU's QMP socket (unix, server, any number of connections in turn).
+    pub fn qmp_socket(&self) -> &Path {
+        &self.qmp
+    }
+
+    /// QEMU's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The temporary directory that holds the sockets, removed on drop: a
+    /// place for more of them (e.g. a gdbstub's).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The first whole console line containing `pattern` after the line the
+    /// previous `wait_for` matched (expect-style: wait in the order the
+    /// lines come), without its line end. Err (with the console's tail) if
+    /// QEMU exits or `timeout` passes first.
+    pub fn wait_for(&self, pattern: &str, timeout: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cond) = &*self.console;
+        let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            while let Some(nl) = c.bytes[c.cursor..].iter().position(|&b| b == b'\n') {
+                let line = String::from_utf8_lossy(&c.bytes[c.cursor..c.cursor + nl]);
+                let line = line.trim_end_matches('\r').to_string();
+                c.cursor += nl + 1;
+                if line.contains(pattern) {
+                    return Ok(line);
+                }
+            }
+            let now = Instant::now();
+            if c.closed || now >= deadline {
+                let why = if c.closed { "QEMU exited" } else { "timed out" };
+                let text = String::from_utf8_lossy(&c.bytes).into_owned();
+                return Err(format!(
+                    "{why} waiting for {pattern:?} on the console; its end:\n{}",
+                    tail(&text, 40)
+                ));
+            }
+            c = cond
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Wait for the workload's ready line ([`BOOT_TIMEOUT`]).
+    pub fn wait_ready(&self) -> Result<Workload, String> {
+        let line = self.wait_for("workload: ready ", BOOT_TIMEOUT)?;
+        Workload::parse(&line).ok_or_else(|| format!("not a ready line: {line:?}"))
+    }
+
+    /// Type `line` and a newline into the guest's console.
+    pub fn send_line(&self, line: &str) {
+        let mut s = &self.serial;
+        s.write_all(format!("{line}\n").as_bytes())
+            .unwrap_or_else(|e| panic!("write {line:?} to the guest's serial port: {e}"));
+    }
+
+    /// Make the worker call `syscall` (getpid, getppid, openat) `n` times
+    /// and wait for its `done` line, which is returned.
+    pub fn go(&self, syscall: &str, n: u64) -> Result<String, String> {
+        self.send_line(&format!("go {syscall} {n}"));
+        let line = self.wait_for(&format!("workload: done {syscall} {n} "), COMMAND_TIMEOUT)?;
+        if line.contains("unexpected=") {
+            return Err(format!("the workload saw unexpected results: {line}"));
+        }
+        Ok(line)
+    }
+
+    /// All console output so far (`\r\n` as the guest's tty wrote it).
+    pub fn console(&self) -> String {
+        let c = self.console.0.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&c.bytes).into_owned()
+    }
+
+    /// Kill QEMU (SIGKILL) and reap it.
+    pub fn kill(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+
+    /// Whether QEMU is still running.
+    pub fn is_alive(&mut self) -> bool {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status.is_none()
+    }
+
+    /// Wait for QEMU to exit by itself; its status, or Err with its stderr
+    /// if `timeout` passes (QEMU is left running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus, String> {
+        let deadline = Instant::now() + timeout;
+        while self.is_alive() {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "QEMU (pid {}) still runs after {timeout:?}; console end:\n{}",
+                    self.pid(),
+                    tail(&self.console(), 20)
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(self.status.expect("exited"))
+    }
+
+    /// What QEMU wrote to its stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("qemu.stderr")).unwrap_or_default()
+    }
+}
+
+impl Drop for QemuGuest {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = self.serial.shutdown(std::net::Shutdown::Both);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// DIR/qemu.stderr, for QEMU's stderr (a file: nothing has to drain it).
+fn stderr_file(dir: &Path) -> std::fs::File {
+    let path = dir.join("qemu.stderr");
+    std::fs::File::create(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// /tmp/vmtrace-qemu-PID-N (short: unix socket paths are limited to 107 bytes).
+fn fresh_dir() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vmtrace-qemu-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}
+
+/// QEMU's connection to our serial socket, once its QMP socket exists too
+/// (both are made before the guest starts).
+fn accept_serial(
+    listener: &UnixListener,
+    child: &mut Child,
+    qmp: &Path,
+) -> Result<UnixStream, String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut serial = None;
+    loop {
+        if serial.is_none() {
+            match listener.accept() {
+                Ok((s, _)) => serial = Some(s),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("accept on the serial socket: {e}")),
+            }
+        }
+        if serial.is_some() && qmp.exists() {
+            let s = serial.take().expect("accepted");
+            s.set_nonblocking(false).map_err(|e| e.to_string())?;
+            return Ok(s);
+        }
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!("it exited with {st}"));
+        }
+        if Instant::now() >= deadline {
+            return Err("no serial connection and QMP socket within 60 s".into());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A thread that keeps everything QEMU's serial port sends.
+fn spawn_reader(mut serial: UnixStream, console: &Shared) -> JoinHandle<()> {
+    let console = Arc::clone(console);
+    thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let (lock, cond) = &*console;
+        loop {
+            let n = match serial.read(&mut buf) {
+                Ok(0) | Err(_) => 0,
+                Ok(n) => n,
+            };
+            let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if n == 0 {
+                c.closed = true;
+                cond.notify_all();
+                return;
+            }
+            c.bytes.extend_from_slice(&buf[..n]);
+            cond.notify_all();
+        }
+    })
+}
+
+/// The right to run the one QEMU guest of this test binary.
+struct OneGuest;
+
+static ONE: (Mutex<Option<ThreadId>>, Condvar) = (Mutex::new(None), Condvar::new());
+
+impl OneGuest {
+    fn take() -> OneGuest {
+        let me = thread::current().id();
+        let mut owner = ONE.0.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(t) = *owner {
+            assert_ne!(
+                t, me,
+                "this thread already runs a QEMU guest: drop it first"
+            );
+            owner = ONE.1.wait(owner).unwrap_or_else(|e| e.into_inner());
+        }
+        *owner = Some(me);
+        OneGuest
+    }
+}
+
+impl Drop for OneGuest {
+    fn drop(&mut self) {
+        *ONE.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        ONE.1.notify_all();
+    }
+}
