@@ -278,7 +278,12 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub max_events: Option<u64>,
     /// Memory for events on their way to the data file (e.g. 64M).
-    #[arg(long, value_name = "SIZE", default_value = "64M", help_heading = "Tracing")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "64M",
+        help_heading = "Tracing"
+    )]
     pub buffer: String,
     #[command(flatten)]
     pub output: OutputArgs,

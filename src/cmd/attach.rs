@@ -23,7 +23,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let buffer = size(&args.buffer, "--buffer", MIN_BUFFER)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
-    let gdb = args.gdb.as_deref().map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
+    let gdb = args
+        .gdb
+        .as_deref()
+        .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
     let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
     let request = Request {
         trace: args.trace.clone(),

@@ -89,8 +89,14 @@ pub fn free_pages(ram: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<u64> {
     out
 }
 
-/// The RAM ranges of the guest kernel's e820 table, [start, end).
-fn e820_ram(space: &mut AddressSpace<'_>, va: u64) -> Result<Vec<(u64, u64)>, LowMemError> {
+/// The RAM ranges of the guest kernel's e820 table, [start, end), through
+/// its pointer at `ptr` (`struct e820_table *e820_table`).
+fn e820_ram(space: &mut AddressSpace<'_>, ptr: u64) -> Result<Vec<(u64, u64)>, LowMemError> {
+    let va = space.read_u64(ptr).map_err(|source| LowMemError::Read {
+        what: "e820_table pointer",
+        va: ptr,
+        source,
+    })?;
     let read = |what| move |source| LowMemError::Read { what, va, source };
     let n = u32::from_le_bytes(space.read_array::<4>(va).map_err(read("e820 table"))?);
     if n == 0 || n > E820_MOST {

@@ -13,7 +13,7 @@ use vmm::pause::{GuestClock, VcpuSnapshot};
 use vmm::{GuestRam, RamError, Stopped};
 
 use super::gdb::{Gdb, GdbError, ThreadId};
-use super::ram::ProcRam;
+use super::procmem::ProcRam;
 use super::regs::X86Regs;
 
 /// Guest RAM of a QEMU: reads (and writes while the guest runs: the rings'
@@ -45,7 +45,7 @@ impl QemuRam {
     }
 }
 
-fn ram_error(gpa: u64, len: usize) -> impl FnOnce(super::ram::RamError) -> RamError {
+fn ram_error(gpa: u64, len: usize) -> impl FnOnce(super::procmem::ProcMemError) -> RamError {
     move |e| RamError::new(gpa, len, e)
 }
 
@@ -239,18 +239,29 @@ impl QemuGuest {
         }
         Ok(stop)
     }
+}
 
-    /// Hand the guest back to QEMU: the stub detaches (the guest runs on).
-    pub fn detach(&self) -> Result<(), GdbError> {
-        self.ram.stopped.store(false, Ordering::Release);
-        let mut s = self.stub();
-        // Phys mode is the stub's state for the next debugger: leave it off.
-        let _ = s.phys_mode(false);
-        s.detach()
+impl QemuGuest {
+    /// Hand a running guest back to QEMU: stop it, detach the stub (which
+    /// resumes it).
+    pub fn release(&self) -> Result<(), GdbError> {
+        self.stop(false)?.detach()
     }
 }
 
 impl QemuStop<'_> {
+    /// Hand the guest back to QEMU from this stop: the stub leaves physical
+    /// addressing (its state for the next debugger) and detaches, and QEMU
+    /// resumes the guest. (A running guest's stub answers nothing but an
+    /// interrupt, so this is done stopped.)
+    pub fn detach(mut self) -> Result<(), GdbError> {
+        self.resumed = true;
+        self.guest.ram.stopped.store(false, Ordering::Release);
+        let mut s = self.guest.stub();
+        s.phys_mode(false)?;
+        s.detach()
+    }
+
     /// Let the guest run again.
     pub fn resume(mut self) -> Result<(), GdbError> {
         self.resumed = true;

@@ -5,11 +5,12 @@
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
 //! the monitor's texts about RAM.
 
+pub mod clock;
 pub mod gdb;
 pub mod guest;
 pub mod layout;
 pub mod qmp;
-pub mod ram;
+pub mod procmem;
 pub mod regs;
 pub mod rsp;
 pub mod session;

@@ -13,8 +13,8 @@ use vmm::Stopped;
 
 use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::qmp::{Qmp, QmpError, QemuVersion};
-use super::ram::ProcRam;
+use super::qmp::{QemuVersion, Qmp, QmpError};
+use super::procmem::ProcRam;
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
@@ -48,7 +48,7 @@ pub enum QemuError {
     #[error(transparent)]
     Gdb(#[from] GdbError),
     #[error(transparent)]
-    Ram(#[from] super::ram::RamError),
+    Ram(#[from] super::procmem::ProcMemError),
     #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
     NoVcpus { qmp: PathBuf },
     #[error("cannot find the running kernel in the guest: {0}")]
@@ -131,10 +131,8 @@ fn open_stub(
     let (addr, stub) = match given {
         Some(a) => (a, Stub::Given),
         None => {
-            let path = std::env::temp_dir().join(format!(
-                "vmtrace-gdb-{}-{pid}.sock",
-                std::process::id()
-            ));
+            let path =
+                std::env::temp_dir().join(format!("vmtrace-gdb-{}-{pid}.sock", std::process::id()));
             let _ = std::fs::remove_file(&path);
             qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", path.display()))?;
             (GdbAddr::Unix(path.clone()), Stub::Opened(path))
@@ -184,6 +182,12 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
             .unwrap_or(0),
         None => 0,
     };
+    // 0 when the kernel found no usable TSC (TCG's): the host's rate is
+    // the guest's (`clock`).
+    let tsc_khz = match tsc_khz {
+        0 => super::clock::host_tsc_khz(),
+        k => k,
+    };
     if tsc_khz == 0 {
         return Err(QemuError::NoTscRate(tsc_khz));
     }
@@ -209,10 +213,13 @@ fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuErro
 /// free pages (the largest power of two that does).
 fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
     let sites = plan.index.addrs.len();
-    let code = Exitless::code_len(&plan.image, cpus, sites, plan.graph).map_err(TracerError::from)? as u64;
+    let code =
+        Exitless::code_len(&plan.image, cpus, sites, plan.graph).map_err(TracerError::from)? as u64;
     let fixed = code.div_ceil(PAGE) + TABLE_PAGES;
     let room = (pages as u64).saturating_sub(fixed) * PAGE / cpus.max(1) as u64;
-    let fits = |cap| RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room);
+    let fits = |cap| {
+        RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room)
+    };
     if !fits(MIN_RECORDS) {
         return Err(QemuError::RingsTooBig {
             sites,
@@ -265,7 +272,7 @@ impl Connected {
                 kernel,
             }),
             Err(e) => {
-                let _ = guest.detach();
+                let _ = guest.release();
                 close_stub(&mut qmp, &stub);
                 Err(e)
             }
@@ -370,8 +377,8 @@ impl QemuSession {
     }
 
     /// Detach inside one stop, drain, take vmtrace's region out inside
-    /// another (after a grace period), hand the guest back to QEMU, close
-    /// the stub vmtrace opened, and finish the trace.
+    /// another (after a grace period) and hand the guest back to QEMU from
+    /// it, close the stub vmtrace opened, and finish the trace.
     pub fn end(mut self, reason: &EndReason) -> QemuEnded {
         let gone = matches!(reason, EndReason::QemuGone(_));
         let detached = match gone {
@@ -379,16 +386,15 @@ impl QemuSession {
             false => self.detach_sites(),
         };
         let drained = self.tracer.stop_draining();
-        let removed = match (gone, &detached) {
-            (false, Ok(_)) => self.remove_region(),
-            _ => None,
+        let removed = match gone {
+            true => None,
+            false => self.remove_region(detached.is_ok()),
         };
-        if !gone {
-            let _ = self.guest.detach();
-        }
         close_stub(&mut self.qmp, &self.stub);
         let attached = self.tracer.attach_counts.patched;
-        let (summary, saved) = self.tracer.finish_stored(&self.kernel, reason.to_string(), 0);
+        let (summary, saved) = self
+            .tracer
+            .finish_stored(&self.kernel, reason.to_string(), 0);
         QemuEnded {
             detached,
             removed,
@@ -406,20 +412,31 @@ impl QemuSession {
         Ok(c)
     }
 
-    /// Take the region out, once no vCPU runs in it (a few tries).
-    fn remove_region(&mut self) -> Option<usize> {
+    /// Take the region out once no vCPU runs in it (if `sites_out`: never
+    /// while a site may still lead there), and detach the stub in that
+    /// stop. Returns the entries cleared; None if it stayed.
+    fn remove_region(&mut self, sites_out: bool) -> Option<usize> {
         for _ in 0..ATTEMPTS {
             std::thread::sleep(GRACE);
             let stop = self.guest.stop(false).ok()?;
-            match self.tracer.remove_region(&stop) {
-                Ok(Ok(n)) => {
+            let removed = match sites_out {
+                true => self.tracer.remove_region(&stop),
+                false => Ok(Ok(0)),
+            };
+            match removed {
+                Ok(Err(Busy::InCode { .. })) => {
                     stop.resume().ok()?;
+                    continue;
+                }
+                Ok(Ok(n)) if sites_out => {
+                    stop.detach().ok()?;
                     return Some(n);
                 }
-                Ok(Err(Busy::InCode { .. })) => {}
-                Err(_) => return None,
+                _ => {
+                    let _ = stop.detach();
+                    return None;
+                }
             }
-            stop.resume().ok()?;
         }
         None
     }

@@ -6,7 +6,9 @@
 //! pages at its first write, in the order of the writes (the same plan
 //! gives the same pages), and `map` maps the backed pages one by one with
 //! 4 KiB entries instead of three 2 MiB ones. Reads of a page never written
-//! see zeros, as in vmtrace's own slot.
+//! see zeros, as in vmtrace's own slot. What each page held before is kept
+//! and written back when the region is taken out: the guest's memory is
+//! left byte for byte as it was found.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -26,6 +28,8 @@ pub struct RegionPages {
     free: Vec<u64>,
     /// Region page -> the guest-physical page behind it.
     backed: BTreeMap<u64, u64>,
+    /// Each backing page's bytes before vmtrace's first write to it.
+    original: BTreeMap<u64, Vec<u8>>,
     /// How many free pages there were.
     total: usize,
 }
@@ -40,6 +44,7 @@ impl RegionPages {
             total: free.len(),
             free,
             backed: BTreeMap::new(),
+            original: BTreeMap::new(),
         }
     }
 
@@ -48,8 +53,9 @@ impl RegionPages {
         self.backed.get(&page).copied()
     }
 
-    /// The page behind `page`, given one now if it has none.
-    fn back(&mut self, page: u64) -> Result<u64, RamError> {
+    /// The page behind `page`, given one now (its bytes kept, read through
+    /// `ram`) if it has none.
+    fn back(&mut self, page: u64, ram: &dyn GuestRam) -> Result<u64, RamError> {
         if let Some(&real) = self.backed.get(&page) {
             return Ok(real);
         }
@@ -64,6 +70,12 @@ impl RegionPages {
                 ),
             )
         })?;
+        let mut was = vec![0u8; PAGE as usize];
+        if let Err(e) = ram.read_slice(&mut was, GuestAddress(real)) {
+            self.free.push(real);
+            return Err(e);
+        }
+        self.original.insert(real, was);
         self.backed.insert(page, real);
         Ok(real)
     }
@@ -71,6 +83,11 @@ impl RegionPages {
     /// Every (region page, real page) pair, in region order.
     pub fn pages(&self) -> Vec<(u64, u64)> {
         self.backed.iter().map(|(&p, &r)| (p, r)).collect()
+    }
+
+    /// Every backing page and what it held before vmtrace wrote to it.
+    pub fn originals(&self) -> Vec<(u64, Vec<u8>)> {
+        self.original.iter().map(|(&r, b)| (r, b.clone())).collect()
     }
 
     /// Pages given out so far, and in all.
@@ -119,7 +136,7 @@ impl Backed {
             let real = if in_region(at) {
                 let page = at & !(PAGE - 1);
                 let real = match write {
-                    true => Some(self.pages().back(page)?),
+                    true => Some(self.pages().back(page, &*self.inner)?),
                     false => self.pages().real(page),
                 };
                 real.map(|r| r + at % PAGE)
@@ -196,6 +213,7 @@ mod tests {
     #[test]
     fn region_pages_are_backed_at_first_write_in_order_and_read_as_zeros_before() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        vm_memory::Bytes::write_slice(&mem, &[0xaa; 4], GuestAddress(0x3ffc)).unwrap();
         let pages = Arc::new(Mutex::new(RegionPages::new(vec![0x5000, 0x3000, 0x4000])));
         let ram: &dyn GuestRam = &Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
         assert_eq!(ram.read_obj::<u64>(GuestAddress(REGION_GPA + 8)), Ok(0));
@@ -230,6 +248,12 @@ mod tests {
         assert_eq!(
             vm_memory::Bytes::read_obj::<u32>(&mem, GuestAddress(0x100)).unwrap(),
             9
+        );
+        // What the pages held before is kept.
+        let orig = pages.lock().unwrap().originals();
+        assert_eq!(
+            orig.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            vec![0x3000, 0x4000, 0x5000]
         );
         // No page left: a clear error naming how much there was.
         let e = ram

@@ -14,7 +14,8 @@ use vmm::pause::GuestClock;
 use super::backing::RegionPages;
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_GPA, MIN_RECORDS, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA,
+    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
+    SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
 use super::pending::PendingDrainer;
@@ -411,7 +412,8 @@ impl Exitless {
     }
 
     /// Take the region out of the guest: its page-table entries cleared
-    /// and, when it lives in the guest's pages, those pages zeroed. After
+    /// and, when it lives in the guest's pages, what they held written back.
+    /// After
     /// the last drain; the caller holds every vCPU stopped and knows that
     /// no context runs in vmtrace's code. Returns the entries cleared.
     pub fn remove(&mut self, space: &mut AddressSpace<'_>) -> Result<usize, ExitlessError> {
@@ -420,12 +422,11 @@ impl Exitless {
         }
         let cleared = map::unmap(space, self.pages.as_deref())?;
         if let Some(pages) = &self.pages {
-            let backed = pages.lock().unwrap_or_else(|e| e.into_inner()).pages();
-            let zeros = [0u8; super::backing::PAGE as usize];
-            for (page, _) in backed {
-                space
-                    .memory()
-                    .write_slice(&zeros, GuestAddress(page))
+            let originals = pages.lock().unwrap_or_else(|e| e.into_inner()).originals();
+            // Written past the region's name: to the guest's pages themselves.
+            let ram = self.mem.as_deref().unwrap_or(space.memory());
+            for (real, was) in originals {
+                ram.write_slice(&was, GuestAddress(real))
                     .map_err(|e| ExitlessError::Memory(e.to_string()))?;
             }
         }

@@ -16,7 +16,7 @@ use super::layout::RamRange;
 
 /// An error of guest RAM access, naming the process and the address.
 #[derive(Debug, thiserror::Error)]
-pub enum RamError {
+pub enum ProcMemError {
     #[error(
         "cannot open {path}: permission denied (reading another process's memory needs root \
          or CAP_SYS_PTRACE, and kernel.yama.ptrace_scope {scope})"
@@ -54,19 +54,19 @@ pub struct ProcRam {
 
 impl ProcRam {
     /// Opens /proc/`pid`/mem for reading and writing over `ranges`.
-    pub fn open(pid: u32, ranges: &[RamRange]) -> Result<ProcRam, RamError> {
+    pub fn open(pid: u32, ranges: &[RamRange]) -> Result<ProcRam, ProcMemError> {
         let path = PathBuf::from(format!("/proc/{pid}/mem"));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
             .map_err(|source| match source.kind() {
-                ErrorKind::PermissionDenied => RamError::Permission {
+                ErrorKind::PermissionDenied => ProcMemError::Permission {
                     path: path.clone(),
                     scope: ptrace_scope(),
                 },
-                ErrorKind::NotFound => RamError::NoProcess { path: path.clone() },
-                _ => RamError::Open {
+                ErrorKind::NotFound => ProcMemError::NoProcess { path: path.clone() },
+                _ => ProcMemError::Open {
                     path: path.clone(),
                     source,
                 },
@@ -92,16 +92,16 @@ impl ProcRam {
     }
 
     /// The range holding `gpa`, and the host address of `gpa`.
-    fn find(&self, gpa: u64) -> Result<(&RamRange, u64), RamError> {
+    fn find(&self, gpa: u64) -> Result<(&RamRange, u64), ProcMemError> {
         self.ranges
             .iter()
             .find_map(|r| r.hva_of(gpa).map(|h| (r, h)))
-            .ok_or(RamError::Unmapped { gpa })
+            .ok_or(ProcMemError::Unmapped { gpa })
     }
 
     /// Splits `[gpa, gpa + len)` over the ranges: (offset in the buffer,
     /// host address, length) for each piece.
-    fn pieces(&self, gpa: u64, len: usize) -> Result<Vec<(usize, u64, usize)>, RamError> {
+    fn pieces(&self, gpa: u64, len: usize) -> Result<Vec<(usize, u64, usize)>, ProcMemError> {
         let mut out = Vec::new();
         let mut done = 0usize;
         while done < len {
@@ -120,8 +120,8 @@ impl ProcRam {
         len: usize,
         gpa: u64,
         hva: u64,
-    ) -> impl Fn(std::io::Error) -> RamError + '_ {
-        move |source| RamError::Access {
+    ) -> impl Fn(std::io::Error) -> ProcMemError + '_ {
+        move |source| ProcMemError::Access {
             op,
             len,
             gpa,
@@ -132,7 +132,7 @@ impl ProcRam {
     }
 
     /// Reads guest-physical `[gpa, gpa + buf.len())`.
-    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), RamError> {
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), ProcMemError> {
         for (off, hva, len) in self.pieces(gpa, buf.len())? {
             let at = gpa + off as u64;
             self.file
@@ -143,7 +143,7 @@ impl ProcRam {
     }
 
     /// Writes `data` at guest-physical `gpa`.
-    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<(), RamError> {
+    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<(), ProcMemError> {
         for (off, hva, len) in self.pieces(gpa, data.len())? {
             let at = gpa + off as u64;
             self.file
@@ -154,7 +154,7 @@ impl ProcRam {
     }
 
     /// One aligned pread of `N` bytes.
-    fn load<const N: usize>(&self, gpa: u64) -> Result<[u8; N], RamError> {
+    fn load<const N: usize>(&self, gpa: u64) -> Result<[u8; N], ProcMemError> {
         let hva = self.aligned(gpa, N)?;
         let mut b = [0u8; N];
         let n = self
@@ -168,7 +168,7 @@ impl ProcRam {
     }
 
     /// One aligned pwrite of `N` bytes.
-    fn store<const N: usize>(&self, gpa: u64, b: [u8; N]) -> Result<(), RamError> {
+    fn store<const N: usize>(&self, gpa: u64, b: [u8; N]) -> Result<(), ProcMemError> {
         let hva = self.aligned(gpa, N)?;
         let n = self
             .file
@@ -180,9 +180,9 @@ impl ProcRam {
         Ok(())
     }
 
-    fn aligned(&self, gpa: u64, n: usize) -> Result<u64, RamError> {
+    fn aligned(&self, gpa: u64, n: usize) -> Result<u64, ProcMemError> {
         if !gpa.is_multiple_of(n as u64) {
-            return Err(RamError::Unaligned {
+            return Err(ProcMemError::Unaligned {
                 gpa,
                 align: n as u64,
             });
@@ -191,19 +191,19 @@ impl ProcRam {
         Ok(self.find(gpa)?.1)
     }
 
-    pub fn load_u64(&self, gpa: u64) -> Result<u64, RamError> {
+    pub fn load_u64(&self, gpa: u64) -> Result<u64, ProcMemError> {
         self.load::<8>(gpa).map(u64::from_le_bytes)
     }
 
-    pub fn load_u32(&self, gpa: u64) -> Result<u32, RamError> {
+    pub fn load_u32(&self, gpa: u64) -> Result<u32, ProcMemError> {
         self.load::<4>(gpa).map(u32::from_le_bytes)
     }
 
-    pub fn store_u64(&self, gpa: u64, v: u64) -> Result<(), RamError> {
+    pub fn store_u64(&self, gpa: u64, v: u64) -> Result<(), ProcMemError> {
         self.store(gpa, v.to_le_bytes())
     }
 
-    pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), RamError> {
+    pub fn store_u32(&self, gpa: u64, v: u32) -> Result<(), ProcMemError> {
         self.store(gpa, v.to_le_bytes())
     }
 }
@@ -263,11 +263,11 @@ mod tests {
         assert_eq!((last_a, first_b), (0x0f, 0x10));
         assert!(matches!(
             ram.read(0x3ff0, &mut back),
-            Err(RamError::Unmapped { gpa: 0x4000 })
+            Err(ProcMemError::Unmapped { gpa: 0x4000 })
         ));
         assert!(matches!(
             ram.load_u64(0x3004),
-            Err(RamError::Unaligned { gpa: 0x3004, .. })
+            Err(ProcMemError::Unaligned { gpa: 0x3004, .. })
         ));
         let e = ram.read(0x10, &mut back).unwrap_err().to_string();
         assert_eq!(e, "guest-physical address 0x10 is not in guest RAM");
