@@ -308,6 +308,9 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
             buffer: 64 << 20,
         },
         kernel: kernel.clone(),
+        // Who ran the guest, as `vmtrace attach` names its QEMU: kept in
+        // the data file (version 7) and said in the header and JSON.
+        vmm: "a test VMM".into(),
     };
     let (mut tracer, handlers) = Tracer::create(plan, 1, Mode::Exitless, Some(RING), rec).unwrap();
     // Attached before the guest's first instruction: every call traced.
@@ -382,6 +385,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     }
     assert_eq!(t.meta.events_total, calls);
     assert_eq!(t.meta.unfinished, 1);
+    assert_eq!(t.meta.vmm, "a test VMM");
     // The ring filled one lap past the reserved slot: drops, and more
     // records than a ring holds, those behind the slot among them.
     let stored = t.events.len() as u64;
@@ -405,6 +409,9 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     let json: serde_json::Value =
         serde_json::from_str(&stdout(&vmtrace(&["report", data_s, "--format", "json"]))).unwrap();
     assert_eq!(json["unfinished"], 1, "{json}");
+    assert_eq!(json["vmm"], "a test VMM", "{json}");
+    assert!(text.contains("\n# guest:"), "{text}");
+    assert!(text.contains("run by a test VMM\n"), "{text}");
     assert_eq!(json["events"].as_u64(), Some(calls));
     let script = stdout(&vmtrace(&["script", data_s]));
     assert!(

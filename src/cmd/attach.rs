@@ -46,6 +46,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         max_events: args.max_events.unwrap_or(u64::MAX),
         storage: Storage::Stream { file, buffer },
         kernel,
+        vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
     let mut s = connected.attach(plan.plan, recording).map_err(|e| {

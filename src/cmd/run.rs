@@ -114,6 +114,7 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
         max_events,
         storage,
         kernel: kernel.to_owned(),
+        vmm: String::new(),
     };
     let notes = plan.notes.clone();
     let prepared = Session::prepare(plan, &vm, recording).map_err(|e| {

@@ -1,4 +1,4 @@
-//! The data file (format version 6) as `vmtrace record` streams it: read
+//! The data file (format version 7) as `vmtrace record` streams it: read
 //! back whole, read after the writer was killed at any byte, refused when
 //! corrupt in the middle; version 5 files still read.
 

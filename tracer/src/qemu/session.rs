@@ -13,8 +13,8 @@ use vmm::Stopped;
 
 use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::qmp::{QemuVersion, Qmp, QmpError};
 use super::procmem::ProcRam;
+use super::qmp::{QemuVersion, Qmp, QmpError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
@@ -73,6 +73,24 @@ pub struct QemuInfo {
     pub accel: &'static str,
     pub qmp: PathBuf,
     pub cpus: usize,
+}
+
+impl std::fmt::Display for QemuInfo {
+    /// "QEMU 7.2.22 (Debian 1:7.2+dfsg-7), pid 4242, kvm, QMP /run/q.sock"
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = &self.version;
+        write!(f, "QEMU {}.{}.{}", v.major, v.minor, v.micro)?;
+        if !v.package.trim().is_empty() {
+            write!(f, " ({})", v.package.trim())?;
+        }
+        write!(
+            f,
+            ", pid {}, {}, QMP {}",
+            self.pid,
+            self.accel,
+            self.qmp.display()
+        )
+    }
 }
 
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at

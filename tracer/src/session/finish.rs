@@ -275,6 +275,7 @@ impl Tracer {
             // The run report has them; the caller adds them.
             guest_instructions_emulated: None,
             unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
+            vmm: self.vmm.clone(),
         };
         Trace {
             meta,

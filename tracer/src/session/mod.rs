@@ -110,6 +110,8 @@ pub struct Tracer {
     /// Where the kernel runs relative to its vmlinux (KASLR), found at the
     /// first attach attempt that could tell.
     offset: Option<KernelOffset>,
+    /// Who runs the guest, when not vmtrace's own VMM (`Recording::vmm`).
+    vmm: String,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -119,6 +121,9 @@ pub struct Recording {
     pub storage: Storage,
     /// The kernel file the guest boots (named in the data file).
     pub kernel: PathBuf,
+    /// Who runs the guest, when not vmtrace's own VMM (e.g. the QEMU of
+    /// `vmtrace attach`); empty otherwise. Named in the trace.
+    pub vmm: String,
 }
 
 impl Recording {
@@ -128,6 +133,7 @@ impl Recording {
             max_events,
             storage: Storage::Memory,
             kernel: PathBuf::new(),
+            vmm: String::new(),
         }
     }
 }
@@ -188,6 +194,7 @@ impl Tracer {
         )?;
         let mut t = Tracer::assemble(plan, counters, store.thread, false);
         t.exitless = Some(ex);
+        t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
         Ok((t, boxed(recs)))
     }
@@ -214,6 +221,7 @@ impl Tracer {
         }
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite);
         t.graph_hook = hook;
+        t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
         (t, boxed(recs))
     }
@@ -249,6 +257,7 @@ impl Tracer {
             return_trap_installed: false,
             tsc_khz: 0,
             offset: None,
+            vmm: String::new(),
         }
     }
 

@@ -139,6 +139,9 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if m.incomplete {
         doc["incomplete"] = json!(true);
     }
+    if !m.vmm.is_empty() {
+        doc["vmm"] = json!(m.vmm);
+    }
     if m.unfinished > 0 {
         // Calls not in `events`: their function is unknown.
         doc["unfinished"] = json!(m.unfinished);

@@ -119,6 +119,10 @@ pub struct TraceMeta {
     /// is not known, so they are in no count and not in `events_total`
     /// (calls = `events_total` + this). Saved traces do not keep it.
     pub unfinished: u64,
+    /// Who ran the guest, when not vmtrace's own VMM: e.g. "QEMU 7.2.22
+    /// (pid 4242, kvm; QMP /run/qemu.sock)" for `vmtrace attach`. Empty:
+    /// vmtrace's own VMM (or an older file).
+    pub vmm: String,
 }
 
 /// The whole trace.

@@ -7,7 +7,7 @@ use std::io::Read;
 use super::reader::Reader;
 use super::{
     check_callers, check_events, Section, TraceFileError, EVENT_SIZE, VERSION, VERSION_1,
-    VERSION_3, VERSION_5, VERSION_6,
+    VERSION_3, VERSION_5, VERSION_6, VERSION_7,
 };
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{Event, Trace, TraceMeta};
@@ -181,6 +181,12 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
     };
     // Version 6 added the exitless calls whose record was never committed.
     let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
+    // Version 7 added who ran the guest.
+    let vmm = if version >= VERSION_7 {
+        r.string("vmm")?
+    } else {
+        String::new()
+    };
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
         kernel,
@@ -212,6 +218,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         // Not in the file: the run's alone.
         guest_instructions_emulated: None,
         unfinished,
+        vmm,
     };
     Ok(meta)
 }

@@ -107,6 +107,10 @@
 //! `u64` unfinished (exitless calls whose ring record was reserved and
 //! never committed: in no count; `0` in `HEAD`).
 //!
+//! Version 7 adds, after `unfinished`, `str` vmm: who ran the guest when
+//! it was not vmtrace's own VMM (`vmtrace attach`: the QEMU); empty
+//! otherwise. Version 6 is still read: it is version 7 without `vmm`.
+//!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
 //! a block stays accounted for, so trailing bytes are still corruption,
@@ -150,8 +154,10 @@ pub const VERSION_2: u32 = 2;
 pub const VERSION_3: u32 = 3;
 /// The first data file (version 6 without `unfinished`), still read.
 pub const VERSION_5: u32 = 5;
-/// The data file written while the guest runs (`stream`): blocks.
+/// The data file of vmtrace's own VMM (version 7 without `vmm`), still read.
 pub const VERSION_6: u32 = 6;
+/// The data file written while the guest runs (`stream`): blocks.
+pub const VERSION_7: u32 = 7;
 /// Size of one event record in the file.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in versions 1 and 2.
@@ -206,7 +212,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_6})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_7})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

@@ -1,4 +1,4 @@
-//! Writing the data file while the guest runs (format version 6, see the
+//! Writing the data file while the guest runs (format version 7, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, `FOOT` and `END` when it stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
@@ -11,7 +11,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::write::{encode, put_body};
-use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_6};
+use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_7};
 use crate::trace::model::{Event, Trace};
 use crate::trace::output_path::{self, Target};
 
@@ -104,7 +104,7 @@ impl DataFile {
         };
         let mut pre = Vec::with_capacity(20);
         pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&VERSION_6.to_le_bytes());
+        pre.extend_from_slice(&VERSION_7.to_le_bytes());
         // file_len: unknown while the file grows.
         pre.extend_from_slice(&0u64.to_le_bytes());
         f.out.write_all(&pre).map_err(err)?;
@@ -166,7 +166,7 @@ impl DataFile {
             events: Vec::new(),
             ..trace.clone()
         };
-        put_body(&bare, VERSION_6, &mut payload)?;
+        put_body(&bare, VERSION_7, &mut payload)?;
         self.block(tag, &payload)
     }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_5, VERSION_6,
+    VERSION_5, VERSION_6, VERSION_7,
 };
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{Event, Trace};
@@ -108,6 +108,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     }
     if version >= VERSION_6 {
         w.write_all(&m.unfinished.to_le_bytes())?;
+    }
+    if version >= VERSION_7 {
+        put_str(w, &m.vmm)?;
     }
 
     put_syms(w, &trace.functions)?;

@@ -36,6 +36,10 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
     let m = &trace.meta;
     let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
     let duration = trace.duration_s();
+    let guest = match m.vmm.is_empty() {
+        true => Vec::new(),
+        false => vec![("guest", format!("run by {}", escape(&m.vmm)))],
+    };
     let rate = if duration > 0.0 {
         format!(
             "{} events/s",
@@ -44,57 +48,60 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
     } else {
         "n/a (zero duration)".to_string()
     };
-    vec![
-        ("kernel", escape(&m.kernel).into_owned()),
-        (
-            "build id",
-            m.build_id
-                .as_deref()
-                .map_or_else(|| "none".into(), |b| escape(b).into_owned()),
-        ),
-        ("vCPUs", m.cpus.to_string()),
-        ("duration", format!("{duration:.3} s (attach to detach)")),
-        (
-            "sites",
-            format!(
-                "{} patched, {} skipped ({} in init text, {} other)",
-                thousands(m.sites_patched),
-                thousands(m.sites_skipped_init + m.sites_skipped_other),
-                thousands(m.sites_skipped_init),
-                thousands(m.sites_skipped_other)
+    guest
+        .into_iter()
+        .chain([
+            ("kernel", escape(&m.kernel).into_owned()),
+            (
+                "build id",
+                m.build_id
+                    .as_deref()
+                    .map_or_else(|| "none".into(), |b| escape(b).into_owned()),
             ),
-        ),
-        ("events", events_line(m, report.entries_stored)),
-        ("rate", rate),
-        (
-            "mode",
-            format!(
-                "{} ({} trap exits)",
-                if m.mode.is_empty() {
-                    "unknown".into()
+            ("vCPUs", m.cpus.to_string()),
+            ("duration", format!("{duration:.3} s (attach to detach)")),
+            (
+                "sites",
+                format!(
+                    "{} patched, {} skipped ({} in init text, {} other)",
+                    thousands(m.sites_patched),
+                    thousands(m.sites_skipped_init + m.sites_skipped_other),
+                    thousands(m.sites_skipped_init),
+                    thousands(m.sites_skipped_other)
+                ),
+            ),
+            ("events", events_line(m, report.entries_stored)),
+            ("rate", rate),
+            (
+                "mode",
+                format!(
+                    "{} ({} trap exits)",
+                    if m.mode.is_empty() {
+                        "unknown".into()
+                    } else {
+                        escape(&m.mode)
+                    },
+                    thousands(m.trap_exits)
+                ),
+            ),
+            (
+                "attach",
+                format!(
+                    "pause window {}, latency {}",
+                    us(m.attach_window_ns),
+                    us(m.attach_latency_ns)
+                ),
+            ),
+            (
+                "stopped",
+                if m.stop_reason.is_empty() {
+                    "unknown".to_string()
                 } else {
-                    escape(&m.mode)
+                    escape(&m.stop_reason).into_owned()
                 },
-                thousands(m.trap_exits)
             ),
-        ),
-        (
-            "attach",
-            format!(
-                "pause window {}, latency {}",
-                us(m.attach_window_ns),
-                us(m.attach_latency_ns)
-            ),
-        ),
-        (
-            "stopped",
-            if m.stop_reason.is_empty() {
-                "unknown".to_string()
-            } else {
-                escape(&m.stop_reason).into_owned()
-            },
-        ),
-    ]
+        ])
+        .collect()
 }
 
 /// Events: in all, stored, dropped and why.
