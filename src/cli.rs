@@ -285,6 +285,9 @@ pub struct AttachArgs {
         help_heading = "Tracing"
     )]
     pub buffer: String,
+    /// Function graph: hook every traced call's return too.
+    #[arg(long, help_heading = "Tracing")]
+    pub graph: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

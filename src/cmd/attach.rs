@@ -31,7 +31,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let request = Request {
         trace: args.trace.clone(),
         notrace: args.notrace.clone(),
-        graph: false,
+        graph: args.graph,
         mode: ModeChoice::Exitless,
         ring_events: None,
         cpus: connected.info.cpus,

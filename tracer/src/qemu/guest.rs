@@ -59,15 +59,20 @@ impl GuestRam for QemuRam {
         self.mem.read(addr.0, buf).map_err(ram_error(addr.0, len))
     }
     fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        // Under the stub's lock: stops and resumes change `stopped` under
+        // it too, so a write that sees the guest stopped reaches the stub
+        // before anyone resumes it (a running stub refuses writes).
+        let mut stub = self.stub();
         match self.stopped() {
-            true => self
-                .stub()
+            true => stub
                 .write(addr.0, data)
                 .map_err(stub_error(addr.0, data.len())),
-            false => self
-                .mem
-                .write(addr.0, data)
-                .map_err(ram_error(addr.0, data.len())),
+            false => {
+                drop(stub);
+                self.mem
+                    .write(addr.0, data)
+                    .map_err(ram_error(addr.0, data.len()))
+            }
         }
     }
     fn load_u32(&self, addr: GuestAddress, _: Ordering) -> Result<u32, RamError> {
@@ -77,16 +82,11 @@ impl GuestRam for QemuRam {
         self.mem.load_u64(addr.0).map_err(ram_error(addr.0, 8))
     }
     fn store_u32(&self, v: u32, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
-        match self.stopped() {
-            true => self.write_bytes(&v.to_le_bytes(), addr),
-            false => self.mem.store_u32(addr.0, v).map_err(ram_error(addr.0, 4)),
-        }
+        // (One aligned word: the stub writes it whole, /proc/PID/mem too.)
+        self.write_bytes(&v.to_le_bytes(), addr)
     }
     fn store_u64(&self, v: u64, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
-        match self.stopped() {
-            true => self.write_bytes(&v.to_le_bytes(), addr),
-            false => self.mem.store_u64(addr.0, v).map_err(ram_error(addr.0, 8)),
-        }
+        self.write_bytes(&v.to_le_bytes(), addr)
     }
     fn contains(&self, addr: GuestAddress, len: usize) -> bool {
         let end = addr.0.saturating_add(len as u64);
@@ -217,10 +217,13 @@ impl QemuGuest {
     /// and read their registers.
     pub fn stop(&self, already: bool) -> Result<QemuStop<'_>, GdbError> {
         let start = Instant::now();
-        if !already {
-            self.stub().stop()?;
+        {
+            let mut stub = self.stub();
+            if !already {
+                stub.stop()?;
+            }
+            self.ram.stopped.store(true, Ordering::Release);
         }
-        self.ram.stopped.store(true, Ordering::Release);
         let latency = start.elapsed();
         let mut stop = QemuStop {
             guest: self,
@@ -256,8 +259,8 @@ impl QemuStop<'_> {
     /// interrupt, so this is done stopped.)
     pub fn detach(mut self) -> Result<(), GdbError> {
         self.resumed = true;
-        self.guest.ram.stopped.store(false, Ordering::Release);
         let mut s = self.guest.stub();
+        self.guest.ram.stopped.store(false, Ordering::Release);
         s.phys_mode(false)?;
         s.detach()
     }
@@ -265,17 +268,19 @@ impl QemuStop<'_> {
     /// Let the guest run again.
     pub fn resume(mut self) -> Result<(), GdbError> {
         self.resumed = true;
+        let mut s = self.guest.stub();
         self.guest.ram.stopped.store(false, Ordering::Release);
-        self.guest.stub().resume()
+        s.resume()
     }
 }
 
 impl Drop for QemuStop<'_> {
     fn drop(&mut self) {
         if !self.resumed {
+            let mut s = self.guest.stub();
             self.guest.ram.stopped.store(false, Ordering::Release);
             // A stub that cannot resume the guest is gone with its QEMU.
-            let _ = self.guest.stub().resume();
+            let _ = s.resume();
         }
     }
 }

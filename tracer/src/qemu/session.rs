@@ -19,7 +19,9 @@ use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::plan::{Mode, Plan};
-use crate::session::exitless::backing::{Backed, RegionPages, PAGE};
+use crate::session::exitless::backing::{
+    Backed, RegionPages, CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS,
+};
 use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
 use crate::session::exitless::state::Exitless;
 use crate::session::patch::DetachCounts;
@@ -38,8 +40,6 @@ const RETRY: Duration = Duration::from_millis(100);
 /// After the sites are restored: the guest runs this long before vmtrace's
 /// code is taken out, so that any context interrupted inside it finishes.
 const GRACE: Duration = Duration::from_millis(50);
-/// Page tables (one per page-directory entry) and the spare directory.
-const TABLE_PAGES: u64 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
@@ -231,10 +231,17 @@ fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuErro
 /// free pages (the largest power of two that does).
 fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
     let sites = plan.index.addrs.len();
-    let code =
-        Exitless::code_len(&plan.image, cpus, sites, plan.graph).map_err(TracerError::from)? as u64;
-    let fixed = code.div_ceil(PAGE) + TABLE_PAGES;
-    let room = (pages as u64).saturating_sub(fixed) * PAGE / cpus.max(1) as u64;
+    let code = Exitless::code_pages(&plan.image, cpus, sites, plan.graph)
+        .map_err(TracerError::from)?;
+    // The pages below the rings (`backing::RegionPages`): the tables and
+    // the code; with the function graph, its parts at their fixed places.
+    let bottom = match plan.graph {
+        false => TABLE_SLOTS + code,
+        // (The code's pages count the return stubs' too.)
+        true if code.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
+        true => pages + 1,
+    };
+    let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
     let fits = |cap| {
         RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room)
     };

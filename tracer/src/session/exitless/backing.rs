@@ -17,21 +17,72 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vm_memory::GuestAddress;
 use vmm::{GuestRam, RamError};
 
-use super::layout::{REGION_GPA, REGION_LEN};
+use super::layout::{
+    CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, REGION_GPA, REGION_LEN,
+    RETURN_TRAP_OFF, SPARE_PD_GPA,
+};
 
 pub const PAGE: u64 = 4096;
 
+/// Region pages before the code: the spare page directory and the page
+/// tables of the three page-directory entries (`map::table_page`).
+pub const TABLE_SLOTS: usize = 4;
+/// Free pages kept for the trampoline's own code (its first pages) before
+/// the function graph's parts.
+pub const CODE_SLOTS: usize = 8;
+/// The function graph's return stubs (and the return trap's page below
+/// them) at the end of the code, and its frame pool (and the counter's
+/// page below it) at the end of the data: pages of each.
+pub const STUB_PAGES: usize = ((CODE_LEN - RETURN_TRAP_OFF) / PAGE) as usize + 1;
+pub const POOL_PAGES: usize = ((DATA_LEN - FRAME_NEXT_OFF).div_ceil(PAGE)) as usize;
+/// Free pages below the rings with the function graph, whatever the code.
+pub const GRAPH_BOTTOM: usize = TABLE_SLOTS + CODE_SLOTS + STUB_PAGES + POOL_PAGES;
+
 /// Which free page backs which page of the region.
+///
+/// The free page a region page gets depends on that page alone (`slot`),
+/// never on what else a session maps: after a detach the guest's TLBs may
+/// still translate vmtrace's addresses to the pages of that session (the
+/// entries are gone, nothing flushed them), and a later session reaching
+/// one of those addresses must find the same page behind it. Tables and
+/// code from the lowest free page up, the function graph's parts at fixed
+/// places after the first `CODE_SLOTS` code pages, the rings from the
+/// highest down; two region pages of one session on one free page is an
+/// error (too little room).
 #[derive(Debug, Default)]
 pub struct RegionPages {
-    /// Free guest-physical pages not given out yet, lowest first.
+    /// The free guest-physical pages, lowest first.
     free: Vec<u64>,
     /// Region page -> the guest-physical page behind it.
     backed: BTreeMap<u64, u64>,
+    /// Slots given out, and to which region page.
+    taken: BTreeMap<usize, u64>,
     /// Each backing page's bytes before vmtrace's first write to it.
     original: BTreeMap<u64, Vec<u8>>,
-    /// How many free pages there were.
-    total: usize,
+}
+
+/// Where region page `page` goes among the free pages, of `n` (None: past
+/// them).
+fn slot(page: u64, n: usize) -> Option<usize> {
+    let in_pages = |base: u64| ((page - base) / PAGE) as usize;
+    let top = |i: usize| n.checked_sub(1 + i);
+    if page >= SPARE_PD_GPA {
+        return Some(in_pages(SPARE_PD_GPA)).filter(|&i| i < TABLE_SLOTS);
+    }
+    if page >= DATA_GPA {
+        let d = in_pages(DATA_GPA);
+        let pool = (FRAME_NEXT_OFF / PAGE) as usize;
+        return match d >= pool {
+            true => Some(TABLE_SLOTS + CODE_SLOTS + STUB_PAGES + d - pool),
+            false => top(d),
+        };
+    }
+    let c = in_pages(CODE_GPA);
+    let stubs = (RETURN_TRAP_OFF / PAGE) as usize;
+    match c >= stubs {
+        true => Some(TABLE_SLOTS + CODE_SLOTS + c - stubs),
+        false => Some(TABLE_SLOTS + c),
+    }
 }
 
 impl RegionPages {
@@ -39,12 +90,9 @@ impl RegionPages {
     pub fn new(mut free: Vec<u64>) -> RegionPages {
         free.sort_unstable();
         free.dedup();
-        free.reverse();
         RegionPages {
-            total: free.len(),
             free,
-            backed: BTreeMap::new(),
-            original: BTreeMap::new(),
+            ..RegionPages::default()
         }
     }
 
@@ -59,24 +107,26 @@ impl RegionPages {
         if let Some(&real) = self.backed.get(&page) {
             return Ok(real);
         }
-        let real = self.free.pop().ok_or_else(|| {
+        let full = || {
             RamError::new(
                 page,
                 PAGE as usize,
                 format!(
                     "vmtrace's code and rings need more than the {} KiB of guest memory the guest \
                      leaves unused",
-                    self.total as u64 * PAGE / 1024
+                    self.free.len() as u64 * PAGE / 1024
                 ),
             )
-        })?;
+        };
+        let at = slot(page, self.free.len())
+            .filter(|&i| i < self.free.len() && !self.taken.contains_key(&i))
+            .ok_or_else(full)?;
+        let real = self.free[at];
         let mut was = vec![0u8; PAGE as usize];
-        if let Err(e) = ram.read_slice(&mut was, GuestAddress(real)) {
-            self.free.push(real);
-            return Err(e);
-        }
+        ram.read_slice(&mut was, GuestAddress(real))?;
         self.original.insert(real, was);
         self.backed.insert(page, real);
+        self.taken.insert(at, page);
         Ok(real)
     }
 
@@ -92,7 +142,7 @@ impl RegionPages {
 
     /// Pages given out so far, and in all.
     pub fn used(&self) -> (usize, usize) {
-        (self.backed.len(), self.total)
+        (self.backed.len(), self.free.len())
     }
 }
 
@@ -210,55 +260,74 @@ mod tests {
     use super::*;
     use vm_memory::GuestMemoryMmap;
 
+    /// 31 free pages, 0x1000..0x20000.
+    fn free() -> Vec<u64> {
+        (0x1000..0x20000).step_by(0x1000).collect()
+    }
+
     #[test]
-    fn region_pages_are_backed_at_first_write_in_order_and_read_as_zeros_before() {
+    fn each_region_page_has_its_own_free_page_whatever_else_is_mapped() {
+        let n = 31;
+        // Tables, then code from the bottom; rings from the top.
+        assert_eq!(slot(SPARE_PD_GPA, n), Some(0));
+        assert_eq!(slot(SPARE_PD_GPA + 3 * PAGE, n), Some(3));
+        assert_eq!(slot(SPARE_PD_GPA + 4 * PAGE, n), None);
+        assert_eq!(slot(CODE_GPA + PAGE, n), Some(5));
+        assert_eq!(slot(DATA_GPA, n), Some(30));
+        assert_eq!(slot(DATA_GPA + 2 * PAGE, n), Some(28));
+        // The graph's return stubs and frame pool: fixed, after CODE_SLOTS.
+        assert_eq!(slot(CODE_GPA + RETURN_TRAP_OFF, n), Some(4 + CODE_SLOTS));
+        assert_eq!(
+            slot(CODE_GPA + CODE_LEN - PAGE, n),
+            Some(4 + CODE_SLOTS + STUB_PAGES - 1)
+        );
+        assert_eq!(slot(DATA_GPA + DATA_LEN - PAGE, n), Some(GRAPH_BOTTOM - 1));
+    }
+
+    #[test]
+    fn region_pages_are_backed_at_first_write_and_read_as_zeros_before() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        vm_memory::Bytes::write_slice(&mem, &[0xaa; 4], GuestAddress(0x3ffc)).unwrap();
-        let pages = Arc::new(Mutex::new(RegionPages::new(vec![0x5000, 0x3000, 0x4000])));
+        vm_memory::Bytes::write_slice(&mem, &[0xaa; 4], GuestAddress(0x5ffc)).unwrap();
+        let pages = Arc::new(Mutex::new(RegionPages::new(free())));
         let ram: &dyn GuestRam = &Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
         assert_eq!(ram.read_obj::<u64>(GuestAddress(REGION_GPA + 8)), Ok(0));
-        // A write across two region pages backs both: the lowest free first.
+        // A write across two code pages backs both: the 5th and 6th free.
         ram.write_slice(&[1, 2, 3, 4], GuestAddress(REGION_GPA + PAGE - 2))
             .unwrap();
         let mut b = [0u8; 2];
-        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x3000 + PAGE - 2)).unwrap();
+        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x5000 + PAGE - 2)).unwrap();
         assert_eq!(b, [1, 2]);
-        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x4000)).unwrap();
+        vm_memory::Bytes::read_slice(&mem, &mut b, GuestAddress(0x6000)).unwrap();
         assert_eq!(b, [3, 4]);
-        ram.store(
-            7u64,
-            GuestAddress(REGION_GPA + 0x20_0008),
-            Ordering::Release,
-        )
-        .unwrap();
+        // A ring word: the highest free page.
+        ram.store(7u64, GuestAddress(DATA_GPA + 8), Ordering::Release)
+            .unwrap();
         assert_eq!(
-            ram.load::<u64>(GuestAddress(REGION_GPA + 0x20_0008), Ordering::Acquire),
+            ram.load::<u64>(GuestAddress(DATA_GPA + 8), Ordering::Acquire),
             Ok(7)
         );
         assert_eq!(
             pages.lock().unwrap().pages(),
             vec![
-                (REGION_GPA, 0x3000),
-                (REGION_GPA + PAGE, 0x4000),
-                (REGION_GPA + 0x20_0000, 0x5000)
+                (REGION_GPA, 0x5000),
+                (REGION_GPA + PAGE, 0x6000),
+                (DATA_GPA, 0x1f000)
             ]
         );
+        // What the pages held before is kept.
+        let orig = pages.lock().unwrap().originals();
+        assert_eq!(orig[0].0, 0x5000);
+        assert_eq!(&orig[0].1[PAGE as usize - 4..], &[0xaa; 4]);
         // Outside the region: the guest's own RAM, untranslated.
         ram.write_obj(9u32, GuestAddress(0x100)).unwrap();
         assert_eq!(
             vm_memory::Bytes::read_obj::<u32>(&mem, GuestAddress(0x100)).unwrap(),
             9
         );
-        // What the pages held before is kept.
-        let orig = pages.lock().unwrap().originals();
-        assert_eq!(
-            orig.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
-            vec![0x3000, 0x4000, 0x5000]
-        );
-        // No page left: a clear error naming how much there was.
+        // Rings grown down into the code: a clear error naming the room.
         let e = ram
-            .write_obj(1u8, GuestAddress(REGION_GPA + 0x40_0000))
+            .write_obj(1u8, GuestAddress(DATA_GPA + 25 * PAGE))
             .unwrap_err();
-        assert!(e.why.contains("more than the 12 KiB"), "{e}");
+        assert!(e.why.contains("more than the 124 KiB"), "{e}");
     }
 }

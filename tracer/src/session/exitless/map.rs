@@ -418,9 +418,10 @@ mod tests {
                 reused: false
             }
         );
-        // Code at the first free page, the ring page at the third.
-        assert_eq!(s.translate(CODE_VA + 2).unwrap().gpa, 0x1002);
-        assert_eq!(s.translate(DATA_VA + PAGE + 3).unwrap().gpa, 0x3003);
+        // Code at the fifth free page (after the tables), the second ring
+        // page at the second highest.
+        assert_eq!(s.translate(CODE_VA + 2).unwrap().gpa, 0x5002);
+        assert_eq!(s.translate(DATA_VA + PAGE + 3).unwrap().gpa, 0x1e003);
         assert!(
             s.translate(DATA_VA).is_err(),
             "a page never written is not mapped"

@@ -180,6 +180,9 @@ pub struct Exitless {
     /// The region in free guest pages (`backing`), when the VMM has no
     /// memory of vmtrace's own to give; None: vmtrace's own slot.
     pages: Option<Arc<Mutex<RegionPages>>>,
+    /// The rings' drop counters as they were when the region was taken
+    /// out of the guest (`remove`): its pages hold the guest's bytes again.
+    removed_drops: Option<(Vec<Vec<u64>>, Vec<Vec<u64>>)>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
 }
@@ -247,15 +250,17 @@ impl Exitless {
         plan(image, cpus, sites, ring_records, graph).map(|_| ())
     }
 
-    /// Bytes of code the trampoline takes for this image, CPU and site
-    /// count (what a region in the guest's own pages must fit).
-    pub fn code_len(
+    /// Pages of code the trampoline takes for this image, CPU and site
+    /// count (what a region in the guest's own pages must fit): those not
+    /// all padding, as `write_code` writes them there.
+    pub fn code_pages(
         image: &KernelImage,
         cpus: usize,
         sites: usize,
         graph: bool,
     ) -> Result<usize, ExitlessError> {
-        plan(image, cpus, sites, Some(MIN_RECORDS), graph).map(|(t, _, _)| t.code.len())
+        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph)?;
+        Ok(t.code.chunks(CODE_PAGE).filter(|c| !padding(c)).count())
     }
 
     /// Plan the rings and generate the code, before the guest runs.
@@ -279,6 +284,7 @@ impl Exitless {
             drainer: None,
             mem: None,
             pages: None,
+            removed_drops: None,
             unfinished: 0,
         })
     }
@@ -344,7 +350,7 @@ impl Exitless {
             if let Some(mem) = &self.mem {
                 // Staged before the kernel was known: the new code over it
                 // (a few KiB, still unreachable by the guest).
-                write_code(&**mem, &self.trampoline)?;
+                write_code(&**mem, &self.trampoline, self.pages.is_some())?;
             }
         }
         Ok(Resolved::Ready)
@@ -368,7 +374,7 @@ impl Exitless {
         if self.staged {
             return Ok(());
         }
-        write_code(mem, &self.trampoline)?;
+        write_code(mem, &self.trampoline, self.pages.is_some())?;
         // The spare page directory, touched now (a first write to a host
         // page faults it in): `map` fills it in the pause when the guest
         // has none. Unused before the first `map`, which comes after this.
@@ -421,6 +427,9 @@ impl Exitless {
             return Ok(0);
         }
         let cleared = map::unmap(space, self.pages.as_deref())?;
+        if let Some(m) = &self.mem { for c in 0..self.layout.cpus { eprintln!("DBG cpu{c} head {:?}", ring::head(&**m, &self.layout, c)); } }
+        // The counts the rings keep, before their pages change back.
+        self.removed_drops = Some((self.drops()?, self.ret_drops()?));
         if let Some(pages) = &self.pages {
             let originals = pages.lock().unwrap_or_else(|e| e.into_inner()).originals();
             // Written past the region's name: to the guest's pages themselves.
@@ -484,6 +493,9 @@ impl Exitless {
     /// Calls counted in the guest but not recorded (full rings), per CPU and
     /// site; empty before the first install.
     pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        if let Some((d, _)) = &self.removed_drops {
+            return Ok(d.clone());
+        }
         match &self.mem {
             Some(mem) => Ok(collect::drops(&**mem, &self.layout)?),
             None => Ok(Vec::new()),
@@ -493,6 +505,9 @@ impl Exitless {
     /// Returns counted in the guest but not recorded (full rings), per CPU
     /// and site; empty before the first install.
     pub fn ret_drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
+        if let Some((_, r)) = &self.removed_drops {
+            return Ok(r.clone());
+        }
         match &self.mem {
             Some(mem) => Ok(collect::ret_drops(&**mem, &self.layout)?),
             None => Ok(Vec::new()),
@@ -527,10 +542,28 @@ impl Exitless {
 }
 
 /// The trampoline's code into vmtrace's code page.
-fn write_code(mem: &dyn GuestRam, t: &Trampoline) -> Result<(), ExitlessError> {
-    mem.write_slice(&t.code, GuestAddress(CODE_GPA))
-        .map_err(|e| ExitlessError::Memory(e.to_string()))
+/// The code, page by page. `sparse` (the region in the guest's own pages,
+/// `backing`): a page of nothing but padding (the gap before the graph's
+/// return stubs, never run) is not written, so it takes no guest page and
+/// is not mapped.
+fn write_code(mem: &dyn GuestRam, t: &Trampoline, sparse: bool) -> Result<(), ExitlessError> {
+    for (i, chunk) in t.code.chunks(CODE_PAGE).enumerate() {
+        if sparse && padding(chunk) {
+            continue;
+        }
+        mem.write_slice(chunk, GuestAddress(CODE_GPA + (i * CODE_PAGE) as u64))
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+    }
+    Ok(())
 }
+
+/// A page of the code that holds only the padding between its parts.
+fn padding(page: &[u8]) -> bool {
+    page.iter().all(|&b| b == trampoline::INT3)
+}
+
+/// `write_code`'s unit.
+const CODE_PAGE: usize = 4096;
 
 /// What `Exitless::resolve` found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

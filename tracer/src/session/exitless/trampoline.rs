@@ -386,7 +386,7 @@ fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
 }
 
 /// Padding between the code and the return stubs: int3, never run.
-const INT3: u8 = 0xcc;
+pub const INT3: u8 = 0xcc;
 
 /// Generates the trampoline for `spec`: a body per site when they fit
 /// (`Shape::PerSite`), else the shared body at `CODE_VA` and one stub per
