@@ -265,7 +265,31 @@ fn qmp_busy_and_qemu_gone() {
     let mut gdb = Gdb::connect(&addr, TIMEOUT).unwrap();
     assert_eq!(gdb.threads().unwrap().len(), 2);
     assert!(gdb.stop().unwrap().starts_with('T'));
+    let e = Gdb::connect(&addr, Duration::from_millis(500))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("another debugger holds the stub"), "{e}");
+    assert_eq!(
+        gdb.threads().unwrap().len(),
+        2,
+        "the first client still works"
+    );
+    let layout = qmp.ram_layout().unwrap();
+    let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
+    ram.store_u32(0x10_0000, 0xfeed_f00d).unwrap();
+    let mut b = [0u8; 4];
+    gdb.phys_mode(true).unwrap();
+    gdb.read(0x10_0000, &mut b).unwrap();
+    assert_eq!(u32::from_le_bytes(b), 0xfeed_f00d);
     vm.kill();
+    assert_eq!(
+        ram.load_u32(0x10_0000).unwrap_err().to_string(),
+        format!(
+            "/proc/{}/mem: the process has exited (QEMU is gone)",
+            vm.child.id()
+        )
+    );
     let e = gdb.stop().unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::regs::{includes, le_value, parse_regs, RegMap, X86Regs};
+pub use super::regs::X86Regs;
+use super::regs::{includes, le_value, parse_regs, RegMap};
 use super::rsp;
 
 /// Where a gdbstub listens: a unix socket path, or host:port.
@@ -56,6 +57,11 @@ pub enum GdbError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "gdbstub {addr}: no reply within {secs:.1} s: another debugger holds the stub (QEMU \
+         serves one at a time), or the peer is not a gdbstub"
+    )]
+    Busy { addr: String, secs: f64 },
     #[error("gdbstub {addr}: the stub closed the connection")]
     Closed { addr: String },
     #[error("gdbstub {addr}: no reply to {cmd} within {secs:.1} s")]
@@ -207,8 +213,12 @@ impl Gdb {
             last_stop: None,
             phys: false,
         };
-        gdb.negotiate()?;
-        Ok(gdb)
+        match gdb.negotiate() {
+            Ok(()) => Ok(gdb),
+            // QEMU's stub serves one client: a second gets no reply.
+            Err(GdbError::Timeout { addr, secs, .. }) => Err(GdbError::Busy { addr, secs }),
+            Err(e) => Err(e),
+        }
     }
 
     fn negotiate(&mut self) -> Result<(), GdbError> {

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks, RamRange};
+pub use super::layout::RamRange;
+use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks};
 
 /// A QMP error, each naming the socket.
 #[derive(Debug, thiserror::Error)]
@@ -398,8 +399,13 @@ impl Qmp {
     /// Guest-physical RAM (not ROM, not device memory) and where it is
     /// mapped in QEMU's process.
     pub fn ram_layout(&mut self) -> Result<Vec<RamRange>, QmpError> {
-        let cmd = "info mtree -f -o";
-        let mtree = self.hmp(cmd)?;
+        let mut cmd = "info mtree -f -o";
+        let mut mtree = self.hmp(cmd)?;
+        if !mtree.contains("FlatView") {
+            // A QEMU without `-o` (owners): device RAM is then kept too.
+            cmd = "info mtree -f";
+            mtree = self.hmp(cmd)?;
+        }
         let flat = parse_flat_ram(&mtree).map_err(|e| self.hmp_error(cmd, &e))?;
         let blocks_text = self.hmp("info ramblock")?;
         let blocks = parse_ramblocks(&blocks_text);

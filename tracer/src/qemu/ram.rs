@@ -29,6 +29,8 @@ pub enum RamError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path}: the process has exited (QEMU is gone)")]
+    Gone { path: PathBuf },
     #[error("guest-physical address {gpa:#x} is not in guest RAM")]
     Unmapped { gpa: u64 },
     #[error("guest-physical address {gpa:#x} is not {align}-byte aligned")]
@@ -121,13 +123,23 @@ impl ProcRam {
         gpa: u64,
         hva: u64,
     ) -> impl Fn(std::io::Error) -> RamError + '_ {
-        move |source| RamError::Access {
-            op,
-            len,
-            gpa,
-            hva,
-            path: self.path.clone(),
-            source,
+        move |source| {
+            // A dead process's memory reads as end of file, or ESRCH.
+            if source.kind() == ErrorKind::UnexpectedEof
+                || source.raw_os_error() == Some(libc::ESRCH)
+            {
+                return RamError::Gone {
+                    path: self.path.clone(),
+                };
+            }
+            RamError::Access {
+                op,
+                len,
+                gpa,
+                hva,
+                path: self.path.clone(),
+                source,
+            }
         }
     }
 
