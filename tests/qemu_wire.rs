@@ -52,14 +52,14 @@ struct QemuVm {
 }
 
 impl QemuVm {
-    /// Starts QEMU (TCG, 2 vCPUs, 256 MiB) with its QMP socket in a fresh
+    /// Starts QEMU (TCG, 2 vCPUs, `mem`) with its QMP socket in a fresh
     /// directory, plus `args`.
-    fn launch(name: &str, args: &[&str]) -> QemuVm {
+    fn launch(name: &str, mem: &str, args: &[&str]) -> QemuVm {
         let dir = scratch_in("qemu-wire", name);
         let qmp = dir.join("qmp.sock");
         let log = dir.join("console.log");
         let mut cmd = Command::new(QEMU);
-        cmd.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nographic"])
+        cmd.args(["-accel", "tcg", "-smp", "2", "-m", mem, "-nographic"])
             .args(["-no-reboot", "-monitor", "none"])
             .arg("-serial")
             .arg(format!("file:{}", log.display()))
@@ -98,6 +98,7 @@ impl QemuVm {
         let (bz, _) = linux_acpi();
         let vm = QemuVm::launch(
             name,
+            "256",
             &[
                 "-kernel",
                 bz.to_str().unwrap(),
@@ -235,10 +236,11 @@ fn gdb_connect_error_names_the_socket() {
 }
 
 /// A QEMU that has not started its guest (-S): one QMP client at a time,
-/// and QEMU's death is a clear error on the client that holds the socket.
+/// one gdbstub client at a time, RAM above 4 GiB (3.5 GiB: never touched,
+/// the guest does not run), and QEMU's death is a clear error on each.
 #[test]
 fn qmp_busy_and_qemu_gone() {
-    let mut vm = QemuVm::launch("busy", &["-S"]);
+    let mut vm = QemuVm::launch("busy", "3584", &["-S"]);
     let mut qmp = vm.qmp();
     assert_eq!(
         qmp.pid().unwrap(),
@@ -276,12 +278,30 @@ fn qmp_busy_and_qemu_gone() {
         "the first client still works"
     );
     let layout = qmp.ram_layout().unwrap();
+    let spans: Vec<(u64, u64)> = layout.iter().map(|r| (r.gpa, r.gpa + r.len)).collect();
+    assert_eq!(
+        spans,
+        [
+            (0, 0xa0000),
+            (0x10_0000, 0xc000_0000),
+            (0x1_0000_0000, 0x1_2000_0000)
+        ],
+        "3.5 GiB: 3 GiB below the PCI hole, 512 MiB above 4 GiB"
+    );
     let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
-    ram.store_u32(0x10_0000, 0xfeed_f00d).unwrap();
-    let mut b = [0u8; 4];
     gdb.phys_mode(true).unwrap();
-    gdb.read(0x10_0000, &mut b).unwrap();
-    assert_eq!(u32::from_le_bytes(b), 0xfeed_f00d);
+    for gpa in [0x10_0000, 0xbfff_fff8, 0x1_0000_0000, 0x1_1fff_fff8] {
+        ram.store_u32(gpa, 0xfeed_f00d).unwrap();
+        let mut b = [0u8; 4];
+        gdb.read(gpa, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 0xfeed_f00d, "at {gpa:#x}");
+    }
+    // One access across the end of the low RAM: the second part is unmapped.
+    let e = ram
+        .read(0xbfff_fff8, &mut [0u8; 16])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "guest-physical address 0xc0000000 is not in guest RAM");
     vm.kill();
     assert_eq!(
         ram.load_u32(0x10_0000).unwrap_err().to_string(),

@@ -589,8 +589,9 @@ impl Gdb {
 
     /// Reads `buf.len()` bytes at `addr` (`m`, in packet-sized pieces).
     pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), GdbError> {
-        // Two hex digits a byte in the reply.
-        let chunk = (self.features.packet_size.saturating_sub(PACKET_OVERHEAD) / 2).max(16);
+        // Two hex digits a byte in the reply, as gdb sizes its reads
+        // (QEMU answers at most half its packet size).
+        let chunk = (self.features.packet_size / 2).max(16);
         let mut done = 0;
         while done < buf.len() {
             let n = chunk.min(buf.len() - done);
