@@ -235,6 +235,43 @@ fn gdb_connect_error_names_the_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Opening the memory of another user's process: the error says permission
+/// and what it takes. As root, this test runs itself again as nobody
+/// against its own (root's) process; as another user, it opens PID 1's.
+#[test]
+fn proc_ram_permission_denied() {
+    const TARGET: &str = "QEMU_WIRE_OPEN_MEM_OF";
+    if let Ok(pid) = std::env::var(TARGET) {
+        // The run as nobody: its result on stdout, for the run as root.
+        match ProcRam::open(pid.parse().unwrap(), &[]) {
+            Ok(_) => println!("RESULT: opened"),
+            Err(e) => println!("RESULT: {e}"),
+        }
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let e = if unsafe { libc::geteuid() } == 0 {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["proc_ram_permission_denied", "--exact", "--nocapture"])
+            .env(TARGET, std::process::id().to_string())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("RESULT: "))
+            .unwrap_or_else(|| panic!("the run as nobody said nothing: {text}"))
+            .to_string()
+    } else {
+        ProcRam::open(1, &[]).err().unwrap().to_string()
+    };
+    assert!(
+        e.contains("/mem: permission denied (reading another process's memory needs root"),
+        "{e}"
+    );
+}
+
 /// A QEMU that has not started its guest (-S): one QMP client at a time,
 /// one gdbstub client at a time, RAM above 4 GiB (3.5 GiB: never touched,
 /// the guest does not run), and QEMU's death is a clear error on each.
