@@ -1,151 +1,27 @@
 //! The QEMU backend's wire layer against a real QEMU (TCG): the QMP client,
 //! the RAM layout, the gdbstub client and /proc/PID/mem, and their errors.
 //!
-//! The Linux guest (the ACPI variant) boots without an initrd, with `root=/dev/vda rootwait`:
-//! there is no such disk, so the kernel, fully up (long mode, paging, both
-//! vCPUs online), waits for it forever in a sleep loop; the vCPUs idle in
-//! HLT. `nokaslr` puts `linux_banner` at its link address minus
-//! __START_KERNEL_map. One QEMU boot runs every live check, in sequence.
+//! The Linux guest (`QemuVm::linux`) waits for a root disk that never
+//! comes, idle and fully up; one boot runs every live check, in sequence.
+//! Other checks use a QEMU that never starts its guest (-S).
 
 mod common;
 
-use std::io::{ErrorKind, Write};
+use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{elf_symbol, root, scratch_in};
+use common::qemu::{linux_acpi, QemuVm, TIMEOUT};
+use common::{elf_symbol, scratch_in};
 use tracer::qemu::gdb::{Gdb, GdbAddr, ThreadId};
 use tracer::qemu::qmp::{Qmp, QmpError};
 use tracer::qemu::ram::ProcRam;
 
-const QEMU: &str = "qemu-system-x86_64";
-const TIMEOUT: Duration = Duration::from_secs(10);
 /// Linux's __START_KERNEL_map: the kernel image's virtual base.
 const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
-
-/// guest/out/linux-acpi/{bzImage,vmlinux}: the ACPI variant of the default
-/// guest (with the MP table alone, SeaBIOS's table shows Linux one CPU),
-/// built or copied from the cache once per test binary.
-fn linux_acpi() -> (PathBuf, PathBuf) {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    BUILD.call_once(|| {
-        let st = Command::new("bash")
-            .arg(root().join("guest/build.sh"))
-            .arg("linux-acpi")
-            .status()
-            .expect("run guest/build.sh linux-acpi");
-        assert!(st.success(), "guest/build.sh linux-acpi failed");
-    });
-    let dir = root().join("guest/out/linux-acpi");
-    (dir.join("bzImage"), dir.join("vmlinux"))
-}
-
-/// A QEMU child, killed on drop (also when a check panics).
-struct QemuVm {
-    child: Child,
-    dir: PathBuf,
-    qmp: PathBuf,
-    log: PathBuf,
-}
-
-impl QemuVm {
-    /// Starts QEMU (TCG, 2 vCPUs, `mem`) with its QMP socket in a fresh
-    /// directory, plus `args`.
-    fn launch(name: &str, mem: &str, args: &[&str]) -> QemuVm {
-        let dir = scratch_in("qemu-wire", name);
-        let qmp = dir.join("qmp.sock");
-        let log = dir.join("console.log");
-        let mut cmd = Command::new(QEMU);
-        cmd.args(["-accel", "tcg", "-smp", "2", "-m", mem, "-nographic"])
-            .args(["-no-reboot", "-monitor", "none"])
-            .arg("-serial")
-            .arg(format!("file:{}", log.display()))
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        // SAFETY: prctl in the forked child before exec, async-signal-safe:
-        // QEMU dies with this test thread even if the test process aborts.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                panic!("{QEMU} is not installed: install the apt package qemu-system-x86")
-            }
-            Err(e) => panic!("cannot start {QEMU}: {e}"),
-        };
-        let vm = QemuVm {
-            child,
-            dir,
-            qmp,
-            log,
-        };
-        vm.wait_for(|| vm.qmp.exists(), "its QMP socket");
-        vm
-    }
-
-    /// The default Linux guest, booted until it waits for its root disk.
-    fn linux(name: &str) -> QemuVm {
-        let (bz, _) = linux_acpi();
-        let vm = QemuVm::launch(
-            name,
-            "256",
-            &[
-                "-kernel",
-                bz.to_str().unwrap(),
-                "-append",
-                "console=ttyS0 nokaslr root=/dev/vda rootwait panic=-1",
-            ],
-        );
-        vm.wait_for(
-            || vm.console().contains("Waiting for root device"),
-            "the guest kernel to wait for its root device",
-        );
-        vm
-    }
-
-    fn console(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
-    }
-
-    /// Waits for `cond`, far longer than a boot takes (a guard, not a timing).
-    fn wait_for(&self, cond: impl Fn() -> bool, what: &str) {
-        let end = Instant::now() + Duration::from_secs(180);
-        while !cond() {
-            assert!(
-                Instant::now() < end,
-                "QEMU never showed {what}; console:\n{}",
-                self.console()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn qmp(&self) -> Qmp {
-        Qmp::connect(&self.qmp, TIMEOUT).unwrap_or_else(|e| panic!("QMP connect: {e}"))
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for QemuVm {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn connect_err(path: &Path, timeout: Duration) -> String {
     match Qmp::connect(path, timeout) {

@@ -1,6 +1,8 @@
 //! Shared by the integration tests: the workspace, the guests, the binary.
 #![allow(dead_code)]
 
+pub mod qemu;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
