@@ -98,6 +98,8 @@ pub enum GdbError {
         cmd: String,
         reply: String,
     },
+    #[error("gdbstub {addr}: {cmd} sent while the VM runs: stop it first")]
+    Running { addr: String, cmd: String },
     #[error("gdbstub {addr}: {what}")]
     Target { addr: String, what: String },
 }
@@ -173,6 +175,8 @@ pub struct Gdb {
     last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
     phys: bool,
+    /// Resumed by this client (QEMU takes no packet while the VM runs).
+    running: bool,
 }
 
 /// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
@@ -212,6 +216,7 @@ impl Gdb {
             regmap: None,
             last_stop: None,
             phys: false,
+            running: false,
         };
         match gdb.negotiate() {
             Ok(()) => Ok(gdb),
@@ -366,10 +371,16 @@ impl Gdb {
 
     /// `command` with binary data; `name` names it in errors.
     fn command_bytes(&mut self, data: &[u8], name: &str) -> Result<Vec<u8>, GdbError> {
+        if self.running {
+            return Err(GdbError::Running {
+                addr: self.addr.clone(),
+                cmd: name.into(),
+            });
+        }
         self.send(data, name)?;
         loop {
             let p = self.recv(name)?;
-            if Self::is_stop(&p) && !data.starts_with(b"?") {
+            if Self::is_stop(&p) {
                 self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
                 continue;
             }
@@ -398,27 +409,22 @@ impl Gdb {
         }
     }
 
-    /// Stops every vCPU (0x03), returning the stop reply. A stub already
-    /// stopped sends nothing for 0x03; `?` then `qC` after it make the reply
-    /// come either way: the stops before `qC`'s reply are 0x03's and `?`'s.
-    pub fn stop(&mut self) -> Result<String, GdbError> {
-        self.last_stop = None;
+    /// Stops every vCPU (0x03). A stub already stopped sends nothing for
+    /// 0x03, so `qC` follows it: the stop reply, if any, comes before its
+    /// answer. (Not `?`: QEMU's removes every breakpoint.) QEMU handles a
+    /// packet only while stopped: a byte received while running only stops
+    /// it, so every other command needs a stopped VM.
+    pub fn stop(&mut self) -> Result<(), GdbError> {
         self.write_raw(&[0x03], "interrupt")?;
-        self.send(b"?", "?")?;
+        self.running = false;
         self.send(b"qC", "qC")?;
         loop {
             let p = self.recv("interrupt")?;
-            if Self::is_stop(&p) {
-                self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
-            } else {
-                break;
+            if !Self::is_stop(&p) {
+                return Ok(());
             }
+            self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
         }
-        self.last_stop.clone().ok_or_else(|| GdbError::Reply {
-            addr: self.addr.clone(),
-            cmd: "?".into(),
-            reply: "no stop reply".into(),
-        })
     }
 
     /// The last stop reply seen.
@@ -428,11 +434,17 @@ impl Gdb {
 
     /// Resumes every vCPU (`c`); its stop reply comes only at the next stop.
     pub fn resume(&mut self) -> Result<(), GdbError> {
-        self.send(b"c", "c")
+        self.send(b"c", "c")?;
+        self.running = true;
+        Ok(())
     }
 
-    /// Detaches (`D`); QEMU resumes the VM.
+    /// Detaches (`D`), stopping first if this client resumed the VM; QEMU
+    /// resumes the VM.
     pub fn detach(&mut self) -> Result<(), GdbError> {
+        if self.running {
+            self.stop()?;
+        }
         let cmd = match self.features.multiprocess {
             // QEMU's multiprocess mode wants the process: the one of a thread.
             true => {
