@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use super::regs::X86Regs;
 use super::regs::{includes, le_value, parse_regs, RegMap};
 use super::rsp;
+pub use super::rsp::ThreadId;
 
 /// Where a gdbstub listens: a unix socket path, or host:port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,48 +103,6 @@ pub enum GdbError {
     Running { addr: String, cmd: String },
     #[error("gdbstub {addr}: {what}")]
     Target { addr: String, what: String },
-}
-
-/// A thread of the stub: QEMU's thread `n` is vCPU `n - 1`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ThreadId {
-    /// The process (multiprocess form `pP.T`), when the stub uses it.
-    pub pid: Option<u64>,
-    pub tid: u64,
-}
-
-impl ThreadId {
-    /// `p1.2` or `2` (hex), or `-1` (all).
-    pub fn parse(s: &str) -> Option<ThreadId> {
-        let num = |t: &str| u64::from_str_radix(t, 16).ok();
-        match s.strip_prefix('p') {
-            Some(rest) => {
-                let (p, t) = rest.split_once('.')?;
-                Some(ThreadId {
-                    pid: Some(num(p)?),
-                    tid: num(t)?,
-                })
-            }
-            None => Some(ThreadId {
-                pid: None,
-                tid: num(s)?,
-            }),
-        }
-    }
-
-    /// The vCPU index QEMU gives this thread (cpu_index + 1 = thread id).
-    pub fn vcpu(&self) -> Option<u32> {
-        self.tid.checked_sub(1).map(|v| v as u32)
-    }
-}
-
-impl std::fmt::Display for ThreadId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pid {
-            Some(p) => write!(f, "p{p:x}.{:x}", self.tid),
-            None => write!(f, "{:x}", self.tid),
-        }
-    }
 }
 
 trait ReadWrite: Read + Write + Send {}

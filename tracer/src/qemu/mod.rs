@@ -3,7 +3,8 @@
 //! vCPUs, the RAM layout, opening its gdbstub), [`gdb`] to its gdbstub
 //! (all-stop, registers, coherent guest memory), [`ram`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
-//! the monitor's texts about RAM.
+//! the monitor's texts about RAM, [`regs`] the stub's target description,
+//! [`rsp`] the stub's encodings.
 
 pub mod gdb;
 pub mod layout;

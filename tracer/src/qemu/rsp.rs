@@ -1,6 +1,6 @@
 //! The GDB remote serial protocol's encodings: packet framing and checksum,
-//! run-length decoding, binary escapes, hex. Pure functions; `gdb` does the
-//! talking.
+//! run-length decoding, binary escapes, hex, thread ids. Pure functions;
+//! `gdb` does the talking.
 
 /// `$data#cs`.
 pub fn frame(data: &[u8]) -> Vec<u8> {
@@ -127,6 +127,48 @@ pub fn from_hex(text: &[u8]) -> Option<Vec<u8>> {
             _ => Some(nibble(p[0])? << 4 | nibble(p[1])?),
         })
         .collect()
+}
+
+/// A thread of the stub: QEMU's thread `n` is vCPU `n - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadId {
+    /// The process (multiprocess form `pP.T`), when the stub uses it.
+    pub pid: Option<u64>,
+    pub tid: u64,
+}
+
+impl ThreadId {
+    /// `p1.2` or `2` (hex), or `-1` (all).
+    pub fn parse(s: &str) -> Option<ThreadId> {
+        let num = |t: &str| u64::from_str_radix(t, 16).ok();
+        match s.strip_prefix('p') {
+            Some(rest) => {
+                let (p, t) = rest.split_once('.')?;
+                Some(ThreadId {
+                    pid: Some(num(p)?),
+                    tid: num(t)?,
+                })
+            }
+            None => Some(ThreadId {
+                pid: None,
+                tid: num(s)?,
+            }),
+        }
+    }
+
+    /// The vCPU index QEMU gives this thread (cpu_index + 1 = thread id).
+    pub fn vcpu(&self) -> Option<u32> {
+        self.tid.checked_sub(1).map(|v| v as u32)
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(p) => write!(f, "p{p:x}.{:x}", self.tid),
+            None => write!(f, "{:x}", self.tid),
+        }
+    }
 }
 
 #[cfg(test)]
