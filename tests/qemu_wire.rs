@@ -173,11 +173,21 @@ fn qmp_busy_and_qemu_gone() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
+    assert_eq!(qmp.gdbserver().unwrap(), None);
     qmp.open_gdbserver(&format!("tcp:127.0.0.1:{port}"))
         .unwrap();
     let addr: GdbAddr = format!("127.0.0.1:{port}").parse().unwrap();
     assert_eq!(addr, GdbAddr::Tcp(format!("127.0.0.1:{port}")));
+    let server = qmp.gdbserver().unwrap().unwrap();
+    assert_eq!(
+        (server.addr.as_ref(), server.connected),
+        (Some(&addr), false)
+    );
     let mut gdb = Gdb::connect(&addr, TIMEOUT).unwrap();
+    assert!(
+        qmp.gdbserver().unwrap().unwrap().connected,
+        "a client is on"
+    );
     assert_eq!(gdb.threads().unwrap().len(), 2);
     gdb.stop().unwrap();
     let e = Gdb::connect(&addr, Duration::from_millis(500))
