@@ -470,3 +470,58 @@ fn stop_resume(qmp: &mut Qmp, gdb: &mut Gdb) {
     let r = gdb.regs(threads[1]).unwrap();
     assert_ne!(r.cr3, 0);
 }
+
+/// Why guest code is written through the stub: under TCG, QEMU runs
+/// translations of guest code it caches; a write through the stub drops
+/// those of the memory written, a write through /proc/PID/mem bypasses
+/// QEMU and the old translation keeps running. On a QEMU that never ran
+/// its firmware (-S), vCPU 0 runs a real-mode loop storing a byte.
+#[test]
+fn code_written_through_the_stub_replaces_translations() {
+    let vm = QemuVm::launch("tcg-code", "64", &["-S"]);
+    let mut qmp = vm.qmp();
+    let gdb_sock = vm.dir.join("gdb.sock");
+    qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", gdb_sock.display()))
+        .unwrap();
+    let mut gdb = Gdb::connect(&GdbAddr::Unix(gdb_sock), TIMEOUT).unwrap();
+    let ram = ProcRam::open(qmp.pid().unwrap(), &qmp.ram_layout().unwrap()).unwrap();
+    let (code, flag) = (0x1000u64, 0x2000u64);
+    // mov byte [0x2000], 1; jmp back to the mov.
+    let program = [0xc6, 0x06, 0x00, 0x20, 0x01, 0xeb, 0xf9];
+    gdb.phys_mode(true).unwrap();
+    gdb.write(code, &program).unwrap();
+    let cpu0 = gdb.threads().unwrap()[0];
+    gdb.set_reg(cpu0, "cs", 0).unwrap();
+    gdb.set_reg(cpu0, "rip", code).unwrap();
+    assert_eq!(gdb.regs(cpu0).unwrap().rip, code);
+
+    // Runs the loop until it stores its byte, and returns that byte.
+    let run = |gdb: &mut Gdb| {
+        ram.write(flag, &[0]).unwrap();
+        gdb.resume().unwrap();
+        vm.wait_for(
+            || ram.read(flag, &mut [0u8]).is_ok() && byte(&ram, flag) != 0,
+            "vCPU 0 storing its byte",
+        );
+        gdb.stop().unwrap();
+        byte(&ram, flag)
+    };
+    assert_eq!(run(&mut gdb), 1);
+    // The immediate, changed behind QEMU's back: the old translation stays.
+    ram.write(code + 4, &[2]).unwrap();
+    assert_eq!(
+        run(&mut gdb),
+        1,
+        "a /proc/PID/mem write to code is not seen"
+    );
+    // Through the stub: QEMU drops the translation and runs the new code.
+    gdb.write(code + 4, &[3]).unwrap();
+    assert_eq!(run(&mut gdb), 3, "a stub write to code is seen");
+    gdb.detach().unwrap();
+}
+
+fn byte(ram: &ProcRam, gpa: u64) -> u8 {
+    let mut b = [0u8];
+    ram.read(gpa, &mut b).unwrap();
+    b[0]
+}

@@ -9,46 +9,12 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 pub use super::regs::X86Regs;
 use super::regs::{includes, le_value, parse_regs, RegMap};
 use super::rsp;
-pub use super::rsp::ThreadId;
-
-/// Where a gdbstub listens: a unix socket path, or host:port.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GdbAddr {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-impl FromStr for GdbAddr {
-    type Err = std::convert::Infallible;
-
-    /// `host:port` (port all digits, no `/`) is TCP; anything else a path.
-    fn from_str(s: &str) -> Result<GdbAddr, Self::Err> {
-        let tcp = !s.contains('/')
-            && s.rsplit_once(':')
-                .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-        Ok(if tcp {
-            GdbAddr::Tcp(s.to_string())
-        } else {
-            GdbAddr::Unix(PathBuf::from(s))
-        })
-    }
-}
-
-impl std::fmt::Display for GdbAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GdbAddr::Unix(p) => write!(f, "{}", p.display()),
-            GdbAddr::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
+pub use super::rsp::{GdbAddr, ThreadId};
 
 /// A gdbstub error, each naming the stub's address.
 #[derive(Debug, thiserror::Error)]
@@ -473,6 +439,23 @@ impl Gdb {
             };
         }
         Ok(regs)
+    }
+
+    /// Sets `thread`'s register `name` (as the target description names
+    /// it: "rip", "eflags", "cs", ...) with `P`.
+    pub fn set_reg(&mut self, thread: ThreadId, name: &str, value: u64) -> Result<(), GdbError> {
+        if self.regmap.is_none() {
+            self.regmap = Some(self.read_regmap()?);
+        }
+        let map = self.regmap.as_ref().and_then(|m| m.find(name)).cloned();
+        let Some((desc, _)) = map else {
+            return Err(self.target_error(format!("no register {name} in its description")));
+        };
+        let size = desc.bits.div_ceil(8) as usize;
+        let mut bytes = value.to_le_bytes().to_vec();
+        bytes.resize(size, 0);
+        self.select(thread)?;
+        self.expect_ok(&format!("P{:x}={}", desc.regnum, rsp::to_hex(&bytes)))
     }
 
     fn reply_error(&self, cmd: &str, reply: &str) -> GdbError {
