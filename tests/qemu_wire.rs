@@ -276,6 +276,7 @@ fn live_linux_guest() {
     vcpu_regs(&mut qmp, &mut gdb);
     memory(&vm, &mut gdb, &ram);
     stop_resume(&mut qmp, &mut gdb);
+    breakpoint(&mut gdb);
     // Detach from a running VM: the client stops it first.
     gdb.resume().unwrap();
     gdb.detach().unwrap();
@@ -524,4 +525,25 @@ fn byte(ram: &ProcRam, gpa: u64) -> u8 {
     let mut b = [0u8];
     ram.read(gpa, &mut b).unwrap();
     b[0]
+}
+
+/// A breakpoint through the stub: the rootwait loop calls msleep(5) every
+/// 5 ms; the vCPU that hits it stops them all, at msleep's address.
+fn breakpoint(gdb: &mut Gdb) {
+    let (_, vmlinux) = linux_acpi();
+    let msleep = elf_symbol(&vmlinux, "msleep");
+    gdb.set_breakpoint(msleep).unwrap();
+    gdb.resume().unwrap();
+    let stop = gdb
+        .wait_stop(Duration::from_secs(60))
+        .unwrap()
+        .expect("the guest calls msleep");
+    assert_eq!(stop.signal, 5, "{stop:?}");
+    let thread = stop.thread.expect("the stop names its vCPU");
+    assert_eq!(gdb.regs(thread).unwrap().rip, msleep, "{stop:?}");
+    gdb.clear_breakpoint(msleep).unwrap();
+    // No breakpoint left: the guest runs on until stopped.
+    gdb.resume().unwrap();
+    assert_eq!(gdb.wait_stop(Duration::from_millis(100)).unwrap(), None);
+    gdb.stop().unwrap();
 }

@@ -87,21 +87,23 @@ struct Features {
 pub struct Gdb {
     addr: String,
     stream: Box<dyn ReadWrite>,
+    /// Sets the stream's read timeout (a second handle on it).
+    set_timeout: Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>,
     buf: Vec<u8>,
     /// Packets that came while an ack was awaited.
     pending: std::collections::VecDeque<Vec<u8>>,
     ack_mode: bool,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     features: Features,
     /// `X` works (None until tried).
     binary_write: Option<bool>,
     regmap: Option<RegMap>,
     /// The last stop reply seen.
-    last_stop: Option<String>,
+    pub(super) last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
     phys: bool,
     /// Resumed by this client (QEMU takes no packet while the VM runs).
-    running: bool,
+    pub(super) running: bool,
 }
 
 /// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
@@ -116,22 +118,25 @@ impl Gdb {
             addr: name.clone(),
             source,
         };
-        let stream: Box<dyn ReadWrite> = match addr {
+        type SetTimeout = Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>;
+        let (stream, set_timeout): (Box<dyn ReadWrite>, SetTimeout) = match addr {
             GdbAddr::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(err)?;
-                s.set_read_timeout(Some(timeout)).map_err(err)?;
-                Box::new(s)
+                let ctl = s.try_clone().map_err(err)?;
+                (Box::new(s), Box::new(move |t| ctl.set_read_timeout(t)))
             }
             GdbAddr::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(err)?;
-                s.set_read_timeout(Some(timeout)).map_err(err)?;
                 s.set_nodelay(true).map_err(err)?;
-                Box::new(s)
+                let ctl = s.try_clone().map_err(err)?;
+                (Box::new(s), Box::new(move |t| ctl.set_read_timeout(t)))
             }
         };
+        set_timeout(Some(timeout)).map_err(err)?;
         let mut gdb = Gdb {
             addr: name,
             stream,
+            set_timeout,
             buf: Vec::new(),
             pending: Default::default(),
             ack_mode: true,
@@ -173,6 +178,14 @@ impl Gdb {
             self.ack_mode = false;
         }
         Ok(())
+    }
+
+    /// Sets the stream's read timeout (None: wait forever).
+    pub(super) fn read_timeout(&self, t: Option<Duration>) -> Result<(), GdbError> {
+        (self.set_timeout)(t).map_err(|source| GdbError::Io {
+            addr: self.addr.clone(),
+            source,
+        })
     }
 
     /// The stub's address, as given.
@@ -255,7 +268,7 @@ impl Gdb {
     }
 
     /// Receives one packet (acking it in ack mode).
-    fn recv(&mut self, cmd: &str) -> Result<Vec<u8>, GdbError> {
+    pub(super) fn recv(&mut self, cmd: &str) -> Result<Vec<u8>, GdbError> {
         if let Some(p) = self.pending.pop_front() {
             return Ok(p);
         }
@@ -283,7 +296,7 @@ impl Gdb {
     }
 
     /// Whether a packet is a stop reply (`S`, `T`, or a `W`/`X` exit).
-    fn is_stop(p: &[u8]) -> bool {
+    pub(super) fn is_stop(p: &[u8]) -> bool {
         matches!(p.first(), Some(b'T' | b'S' | b'W' | b'X'))
     }
 
@@ -313,7 +326,7 @@ impl Gdb {
         }
     }
 
-    fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
+    pub(super) fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
         let r = self.command(cmd)?;
         if r == "OK" {
             return Ok(());

@@ -4,7 +4,7 @@
 //! (all-stop, registers, coherent guest memory), [`ram`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
-//! [`rsp`] the stub's encodings.
+//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
 
 pub mod gdb;
 pub mod layout;
@@ -12,3 +12,4 @@ pub mod qmp;
 pub mod ram;
 pub mod regs;
 pub mod rsp;
+pub mod trap;
