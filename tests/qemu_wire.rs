@@ -392,6 +392,11 @@ fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
         by_stub, by_proc,
         "4 KiB at the banner, stub vs /proc/PID/mem"
     );
+    // 64 KiB and an odd end: several batches of packets in flight.
+    let (mut text_stub, mut text_proc) = (vec![0u8; 65536 + 77], vec![0u8; 65536 + 77]);
+    gdb.read(0x100_0000 + 3, &mut text_stub).unwrap();
+    ram.read(0x100_0000 + 3, &mut text_proc).unwrap();
+    assert!(text_stub == text_proc, "kernel text, stub vs /proc/PID/mem");
 
     let scratch = 0x8000;
     let mut saved = [0u8; 64];
@@ -441,6 +446,9 @@ fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
         "4 KiB read: stub {stub:?}, /proc/PID/mem {:?}",
         t.elapsed() / n
     );
+    let t = Instant::now();
+    gdb.read(0x100_0000, &mut text_stub).unwrap();
+    eprintln!("64 KiB read through the stub: {:?}", t.elapsed());
     gdb.phys_mode(false).unwrap();
 }
 

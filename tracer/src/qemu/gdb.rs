@@ -106,6 +106,13 @@ pub struct Gdb {
     pub(super) running: bool,
 }
 
+/// `m` packets a read keeps in flight.
+const READ_AHEAD: usize = 4;
+
+fn bytes_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
 /// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
 const PACKET_OVERHEAD: usize = 32;
 
@@ -316,6 +323,11 @@ impl Gdb {
             });
         }
         self.send(data, name)?;
+        self.reply(name)
+    }
+
+    /// The next reply that is not a stop reply.
+    fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
         loop {
             let p = self.recv(name)?;
             if Self::is_stop(&p) {
@@ -559,17 +571,38 @@ impl Gdb {
         // Two hex digits a byte in the reply, as gdb sizes its reads
         // (QEMU answers at most half its packet size).
         let chunk = (self.features.packet_size / 2).max(16);
-        let mut done = 0;
-        while done < buf.len() {
-            let n = chunk.min(buf.len() - done);
-            let at = addr + done as u64;
-            let cmd = format!("m{at:x},{n:x}");
-            let r = self.command(&cmd)?;
-            match rsp::from_hex(r.as_bytes()) {
-                Some(b) if b.len() == n => buf[done..done + n].copy_from_slice(&b),
-                _ => return Err(self.mem_error("read", n, at, r)),
+        if self.running {
+            return Err(GdbError::Running {
+                addr: self.addr.clone(),
+                cmd: "m".into(),
+            });
+        }
+        // Several packets in flight: the stub answers in order, and a
+        // socket does not garble (its acks are skipped, never awaited).
+        for batch in buf.chunks_mut(chunk * READ_AHEAD).enumerate() {
+            let (i, batch) = batch;
+            let base = addr + (i * chunk * READ_AHEAD) as u64;
+            let mut out = Vec::new();
+            for (j, piece) in batch.chunks(chunk).enumerate() {
+                let at = base + (j * chunk) as u64;
+                out.extend(rsp::frame(format!("m{at:x},{:x}", piece.len()).as_bytes()));
             }
-            done += n;
+            self.write_raw(&out, "m")?;
+            for (j, piece) in batch.chunks_mut(chunk).enumerate() {
+                let r = self.reply("m")?;
+                match rsp::from_hex(&r) {
+                    Some(b) if b.len() == piece.len() => piece.copy_from_slice(&b),
+                    _ => {
+                        let at = base + (j * chunk) as u64;
+                        let e = self.mem_error("read", piece.len(), at, bytes_text(&r));
+                        // The rest of the batch's replies, not to leave them queued.
+                        for _ in j + 1..batch.len().div_ceil(chunk) {
+                            self.reply("m")?;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         }
         Ok(())
     }
