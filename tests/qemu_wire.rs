@@ -274,13 +274,27 @@ fn live_linux_guest() {
         gdb.last_stop()
     );
     vcpu_regs(&mut qmp, &mut gdb);
-    memory(&vm, &mut gdb, &ram);
+    memory(&mut gdb, &ram);
     stop_resume(&mut qmp, &mut gdb);
     breakpoint(&mut gdb);
     // Detach from a running VM: the client stops it first.
     gdb.resume().unwrap();
+    gdb.stop().unwrap();
+    let jiffies = elf_symbol(&linux_acpi().1, "jiffies_64") - START_KERNEL_MAP;
+    let stopped_at = ram.load_u64(jiffies).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        ram.load_u64(jiffies).unwrap(),
+        stopped_at,
+        "time stands still"
+    );
+    gdb.resume().unwrap();
     gdb.detach().unwrap();
     assert_eq!(qmp.status().unwrap(), "running", "after detach");
+    vm.wait_for(
+        || ram.load_u64(jiffies).unwrap() > stopped_at,
+        "jiffies to move on after detach",
+    );
     drop(gdb);
     qmp.close_gdbserver().unwrap();
     assert!(
@@ -375,7 +389,7 @@ fn vcpu_regs(qmp: &mut Qmp, gdb: &mut Gdb) {
 
 /// The banner read through the stub and through /proc/PID/mem agree, and
 /// writes through either are seen by the other.
-fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
+fn memory(gdb: &mut Gdb, ram: &ProcRam) {
     let (_, vmlinux) = linux_acpi();
     let banner = elf_symbol(&vmlinux, "linux_banner") - START_KERNEL_MAP;
     gdb.phys_mode(true).unwrap();
