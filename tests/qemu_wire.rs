@@ -1,150 +1,27 @@
 //! The QEMU backend's wire layer against a real QEMU (TCG): the QMP client,
 //! the RAM layout, the gdbstub client and /proc/PID/mem, and their errors.
 //!
-//! The Linux guest (the ACPI variant) boots without an initrd, with `root=/dev/vda rootwait`:
-//! there is no such disk, so the kernel, fully up (long mode, paging, both
-//! vCPUs online), waits for it forever in a sleep loop; the vCPUs idle in
-//! HLT. `nokaslr` puts `linux_banner` at its link address minus
-//! __START_KERNEL_map. One QEMU boot runs every live check, in sequence.
+//! The Linux guest (`QemuVm::linux`) waits for a root disk that never
+//! comes, idle and fully up; one boot runs every live check, in sequence.
+//! Other checks use a QEMU that never starts its guest (-S).
 
 mod common;
 
-use std::io::{ErrorKind, Write};
+use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{elf_symbol, root, scratch_in};
+use common::qemu_vm::{linux_acpi, QemuVm, TIMEOUT};
+use common::{elf_symbol, scratch_in};
 use tracer::qemu::gdb::{Gdb, GdbAddr, ThreadId};
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::{Qmp, QmpError};
 
-const QEMU: &str = "qemu-system-x86_64";
-const TIMEOUT: Duration = Duration::from_secs(10);
 /// Linux's __START_KERNEL_map: the kernel image's virtual base.
 const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
-
-/// guest/out/linux-acpi/{bzImage,vmlinux}: the ACPI variant of the default
-/// guest (with the MP table alone, SeaBIOS's table shows Linux one CPU),
-/// built or copied from the cache once per test binary.
-fn linux_acpi() -> (PathBuf, PathBuf) {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    BUILD.call_once(|| {
-        let st = Command::new("bash")
-            .arg(root().join("guest/build.sh"))
-            .arg("linux-acpi")
-            .status()
-            .expect("run guest/build.sh linux-acpi");
-        assert!(st.success(), "guest/build.sh linux-acpi failed");
-    });
-    let dir = root().join("guest/out/linux-acpi");
-    (dir.join("bzImage"), dir.join("vmlinux"))
-}
-
-/// A QEMU child, killed on drop (also when a check panics).
-struct QemuVm {
-    child: Child,
-    dir: PathBuf,
-    qmp: PathBuf,
-    log: PathBuf,
-}
-
-impl QemuVm {
-    /// Starts QEMU (TCG, 2 vCPUs, 256 MiB) with its QMP socket in a fresh
-    /// directory, plus `args`.
-    fn launch(name: &str, args: &[&str]) -> QemuVm {
-        let dir = scratch_in("qemu-wire", name);
-        let qmp = dir.join("qmp.sock");
-        let log = dir.join("console.log");
-        let mut cmd = Command::new(QEMU);
-        cmd.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nographic"])
-            .args(["-no-reboot", "-monitor", "none"])
-            .arg("-serial")
-            .arg(format!("file:{}", log.display()))
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        // SAFETY: prctl in the forked child before exec, async-signal-safe:
-        // QEMU dies with this test thread even if the test process aborts.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                panic!("{QEMU} is not installed: install the apt package qemu-system-x86")
-            }
-            Err(e) => panic!("cannot start {QEMU}: {e}"),
-        };
-        let vm = QemuVm {
-            child,
-            dir,
-            qmp,
-            log,
-        };
-        vm.wait_for(|| vm.qmp.exists(), "its QMP socket");
-        vm
-    }
-
-    /// The default Linux guest, booted until it waits for its root disk.
-    fn linux(name: &str) -> QemuVm {
-        let (bz, _) = linux_acpi();
-        let vm = QemuVm::launch(
-            name,
-            &[
-                "-kernel",
-                bz.to_str().unwrap(),
-                "-append",
-                "console=ttyS0 nokaslr root=/dev/vda rootwait panic=-1",
-            ],
-        );
-        vm.wait_for(
-            || vm.console().contains("Waiting for root device"),
-            "the guest kernel to wait for its root device",
-        );
-        vm
-    }
-
-    fn console(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
-    }
-
-    /// Waits for `cond`, far longer than a boot takes (a guard, not a timing).
-    fn wait_for(&self, cond: impl Fn() -> bool, what: &str) {
-        let end = Instant::now() + Duration::from_secs(180);
-        while !cond() {
-            assert!(
-                Instant::now() < end,
-                "QEMU never showed {what}; console:\n{}",
-                self.console()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn qmp(&self) -> Qmp {
-        Qmp::connect(&self.qmp, TIMEOUT).unwrap_or_else(|e| panic!("QMP connect: {e}"))
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for QemuVm {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn connect_err(path: &Path, timeout: Duration) -> String {
     match Qmp::connect(path, timeout) {
@@ -234,11 +111,49 @@ fn gdb_connect_error_names_the_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Opening the memory of another user's process: the error says permission
+/// and what it takes. As root, this test runs itself again as nobody
+/// against its own (root's) process; as another user, it opens PID 1's.
+#[test]
+fn proc_ram_permission_denied() {
+    const TARGET: &str = "QEMU_WIRE_OPEN_MEM_OF";
+    if let Ok(pid) = std::env::var(TARGET) {
+        // The run as nobody: its result on stdout, for the run as root.
+        match ProcRam::open(pid.parse().unwrap(), &[]) {
+            Ok(_) => println!("RESULT: opened"),
+            Err(e) => println!("RESULT: {e}"),
+        }
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let e = if unsafe { libc::geteuid() } == 0 {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["proc_ram_permission_denied", "--exact", "--nocapture"])
+            .env(TARGET, std::process::id().to_string())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("RESULT: "))
+            .unwrap_or_else(|| panic!("the run as nobody said nothing: {text}"))
+            .to_string()
+    } else {
+        ProcRam::open(1, &[]).err().unwrap().to_string()
+    };
+    assert!(
+        e.contains("/mem: permission denied (reading another process's memory needs root"),
+        "{e}"
+    );
+}
+
 /// A QEMU that has not started its guest (-S): one QMP client at a time,
-/// and QEMU's death is a clear error on the client that holds the socket.
+/// one gdbstub client at a time, RAM above 4 GiB (3.5 GiB: never touched,
+/// the guest does not run), and QEMU's death is a clear error on each.
 #[test]
 fn qmp_busy_and_qemu_gone() {
-    let mut vm = QemuVm::launch("busy", &["-S"]);
+    let mut vm = QemuVm::launch("busy", "3584", &["-S"]);
     let mut qmp = vm.qmp();
     assert_eq!(
         qmp.pid().unwrap(),
@@ -258,14 +173,66 @@ fn qmp_busy_and_qemu_gone() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
+    assert_eq!(qmp.gdbserver().unwrap(), None);
     qmp.open_gdbserver(&format!("tcp:127.0.0.1:{port}"))
         .unwrap();
     let addr: GdbAddr = format!("127.0.0.1:{port}").parse().unwrap();
     assert_eq!(addr, GdbAddr::Tcp(format!("127.0.0.1:{port}")));
+    let server = qmp.gdbserver().unwrap().unwrap();
+    assert_eq!(
+        (server.addr.as_ref(), server.connected),
+        (Some(&addr), false)
+    );
     let mut gdb = Gdb::connect(&addr, TIMEOUT).unwrap();
+    assert!(
+        qmp.gdbserver().unwrap().unwrap().connected,
+        "a client is on"
+    );
     assert_eq!(gdb.threads().unwrap().len(), 2);
-    assert!(gdb.stop().unwrap().starts_with('T'));
+    gdb.stop().unwrap();
+    let e = Gdb::connect(&addr, Duration::from_millis(500))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("another debugger holds the stub"), "{e}");
+    assert_eq!(
+        gdb.threads().unwrap().len(),
+        2,
+        "the first client still works"
+    );
+    let layout = qmp.ram_layout().unwrap();
+    let spans: Vec<(u64, u64)> = layout.iter().map(|r| (r.gpa, r.gpa + r.len)).collect();
+    assert_eq!(
+        spans,
+        [
+            (0, 0xa0000),
+            (0x10_0000, 0xc000_0000),
+            (0x1_0000_0000, 0x1_2000_0000)
+        ],
+        "3.5 GiB: 3 GiB below the PCI hole, 512 MiB above 4 GiB"
+    );
+    let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
+    gdb.phys_mode(true).unwrap();
+    for gpa in [0x10_0000, 0xbfff_fff8, 0x1_0000_0000, 0x1_1fff_fff8] {
+        ram.store_u32(gpa, 0xfeed_f00d).unwrap();
+        let mut b = [0u8; 4];
+        gdb.read(gpa, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 0xfeed_f00d, "at {gpa:#x}");
+    }
+    // One access across the end of the low RAM: the second part is unmapped.
+    let e = ram
+        .read(0xbfff_fff8, &mut [0u8; 16])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "guest-physical address 0xc0000000 is not in guest RAM");
     vm.kill();
+    assert_eq!(
+        ram.load_u32(0x10_0000).unwrap_err().to_string(),
+        format!(
+            "/proc/{}/mem: the process has exited (QEMU is gone)",
+            vm.child.id()
+        )
+    );
     let e = gdb.stop().unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -298,14 +265,36 @@ fn live_linux_guest() {
         "a second gdbserver: {e}"
     );
     let mut gdb = Gdb::connect(&GdbAddr::Unix(gdb_sock.clone()), TIMEOUT).unwrap();
-    let stop = gdb.stop().unwrap();
-    assert!(stop.starts_with('T'), "stop reply {stop}");
+    gdb.stop().unwrap();
     assert_eq!(qmp.status().unwrap(), "paused");
+    // QEMU stopped the VM on connect and said so.
+    assert!(
+        gdb.last_stop().unwrap().starts_with("T02thread:"),
+        "{:?}",
+        gdb.last_stop()
+    );
     vcpu_regs(&mut qmp, &mut gdb);
-    memory(&vm, &mut gdb, &ram);
+    memory(&mut gdb, &ram);
     stop_resume(&mut qmp, &mut gdb);
+    breakpoint(&mut gdb);
+    // Detach from a running VM: the client stops it first.
+    gdb.resume().unwrap();
+    gdb.stop().unwrap();
+    let jiffies = elf_symbol(&linux_acpi().1, "jiffies_64") - START_KERNEL_MAP;
+    let stopped_at = ram.load_u64(jiffies).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        ram.load_u64(jiffies).unwrap(),
+        stopped_at,
+        "time stands still"
+    );
+    gdb.resume().unwrap();
     gdb.detach().unwrap();
     assert_eq!(qmp.status().unwrap(), "running", "after detach");
+    vm.wait_for(
+        || ram.load_u64(jiffies).unwrap() > stopped_at,
+        "jiffies to move on after detach",
+    );
     drop(gdb);
     qmp.close_gdbserver().unwrap();
     assert!(
@@ -400,7 +389,7 @@ fn vcpu_regs(qmp: &mut Qmp, gdb: &mut Gdb) {
 
 /// The banner read through the stub and through /proc/PID/mem agree, and
 /// writes through either are seen by the other.
-fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
+fn memory(gdb: &mut Gdb, ram: &ProcRam) {
     let (_, vmlinux) = linux_acpi();
     let banner = elf_symbol(&vmlinux, "linux_banner") - START_KERNEL_MAP;
     gdb.phys_mode(true).unwrap();
@@ -417,6 +406,11 @@ fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
         by_stub, by_proc,
         "4 KiB at the banner, stub vs /proc/PID/mem"
     );
+    // 64 KiB and an odd end: several batches of packets in flight.
+    let (mut text_stub, mut text_proc) = (vec![0u8; 65536 + 77], vec![0u8; 65536 + 77]);
+    gdb.read(0x100_0000 + 3, &mut text_stub).unwrap();
+    ram.read(0x100_0000 + 3, &mut text_proc).unwrap();
+    assert!(text_stub == text_proc, "kernel text, stub vs /proc/PID/mem");
 
     let scratch = 0x8000;
     let mut saved = [0u8; 64];
@@ -466,12 +460,20 @@ fn memory(_vm: &QemuVm, gdb: &mut Gdb, ram: &ProcRam) {
         "4 KiB read: stub {stub:?}, /proc/PID/mem {:?}",
         t.elapsed() / n
     );
+    let t = Instant::now();
+    gdb.read(0x100_0000, &mut text_stub).unwrap();
+    eprintln!("64 KiB read through the stub: {:?}", t.elapsed());
     gdb.phys_mode(false).unwrap();
 }
 
 fn stop_resume(qmp: &mut Qmp, gdb: &mut Gdb) {
     gdb.resume().unwrap();
     assert_eq!(qmp.status().unwrap(), "running", "after resume");
+    let e = gdb.threads().unwrap_err().to_string();
+    assert!(
+        e.ends_with("qfThreadInfo sent while the VM runs: stop it first"),
+        "{e}"
+    );
     let n = 20;
     let t = Instant::now();
     for _ in 0..n {
@@ -483,11 +485,87 @@ fn stop_resume(qmp: &mut Qmp, gdb: &mut Gdb) {
     // A QMP stop reaches the stub as a stop; the stub's stop then finds
     // the VM stopped and still answers.
     qmp.execute("stop", None).unwrap();
-    let stop = gdb.stop().unwrap();
-    assert!(stop.starts_with('T'), "{stop}");
+    gdb.stop().unwrap();
+    assert_eq!(qmp.status().unwrap(), "paused");
     assert!(qmp.take_events().stop, "QMP saw the STOP event");
     let threads = gdb.threads().unwrap();
     assert_eq!(threads.len(), 2);
     let r = gdb.regs(threads[1]).unwrap();
     assert_ne!(r.cr3, 0);
+}
+
+/// Why guest code is written through the stub: under TCG, QEMU runs
+/// translations of guest code it caches; a write through the stub drops
+/// those of the memory written, a write through /proc/PID/mem bypasses
+/// QEMU and the old translation keeps running. On a QEMU that never ran
+/// its firmware (-S), vCPU 0 runs a real-mode loop storing a byte.
+#[test]
+fn code_written_through_the_stub_replaces_translations() {
+    let vm = QemuVm::launch("tcg-code", "64", &["-S"]);
+    let mut qmp = vm.qmp();
+    let gdb_sock = vm.dir.join("gdb.sock");
+    qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", gdb_sock.display()))
+        .unwrap();
+    let mut gdb = Gdb::connect(&GdbAddr::Unix(gdb_sock), TIMEOUT).unwrap();
+    let ram = ProcRam::open(qmp.pid().unwrap(), &qmp.ram_layout().unwrap()).unwrap();
+    let (code, flag) = (0x1000u64, 0x2000u64);
+    // mov byte [0x2000], 1; jmp back to the mov.
+    let program = [0xc6, 0x06, 0x00, 0x20, 0x01, 0xeb, 0xf9];
+    gdb.phys_mode(true).unwrap();
+    gdb.write(code, &program).unwrap();
+    let cpu0 = gdb.threads().unwrap()[0];
+    gdb.set_reg(cpu0, "cs", 0).unwrap();
+    gdb.set_reg(cpu0, "rip", code).unwrap();
+    assert_eq!(gdb.regs(cpu0).unwrap().rip, code);
+
+    // Runs the loop until it stores its byte, and returns that byte.
+    let run = |gdb: &mut Gdb| {
+        ram.write(flag, &[0]).unwrap();
+        gdb.resume().unwrap();
+        vm.wait_for(
+            || ram.read(flag, &mut [0u8]).is_ok() && byte(&ram, flag) != 0,
+            "vCPU 0 storing its byte",
+        );
+        gdb.stop().unwrap();
+        byte(&ram, flag)
+    };
+    assert_eq!(run(&mut gdb), 1);
+    // The immediate, changed behind QEMU's back: the old translation stays.
+    ram.write(code + 4, &[2]).unwrap();
+    assert_eq!(
+        run(&mut gdb),
+        1,
+        "a /proc/PID/mem write to code is not seen"
+    );
+    // Through the stub: QEMU drops the translation and runs the new code.
+    gdb.write(code + 4, &[3]).unwrap();
+    assert_eq!(run(&mut gdb), 3, "a stub write to code is seen");
+    gdb.detach().unwrap();
+}
+
+fn byte(ram: &ProcRam, gpa: u64) -> u8 {
+    let mut b = [0u8];
+    ram.read(gpa, &mut b).unwrap();
+    b[0]
+}
+
+/// A breakpoint through the stub: the rootwait loop calls msleep(5) every
+/// 5 ms; the vCPU that hits it stops them all, at msleep's address.
+fn breakpoint(gdb: &mut Gdb) {
+    let (_, vmlinux) = linux_acpi();
+    let msleep = elf_symbol(&vmlinux, "msleep");
+    gdb.set_breakpoint(msleep).unwrap();
+    gdb.resume().unwrap();
+    let stop = gdb
+        .wait_stop(Duration::from_secs(60))
+        .unwrap()
+        .expect("the guest calls msleep");
+    assert_eq!(stop.signal, 5, "{stop:?}");
+    let thread = stop.thread.expect("the stop names its vCPU");
+    assert_eq!(gdb.regs(thread).unwrap().rip, msleep, "{stop:?}");
+    gdb.clear_breakpoint(msleep).unwrap();
+    // No breakpoint left: the guest runs on until stopped.
+    gdb.resume().unwrap();
+    assert_eq!(gdb.wait_stop(Duration::from_millis(100)).unwrap(), None);
+    gdb.stop().unwrap();
 }

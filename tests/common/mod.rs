@@ -4,6 +4,7 @@
 // The QEMU guests of the attach tests; the allow above covers it too, so the
 // test binaries that boot no QEMU compile it without warnings.
 pub mod qemu;
+pub mod qemu_vm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -9,44 +9,12 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
-use super::regs::{includes, le_value, parse_regs, RegMap, X86Regs};
+pub use super::regs::X86Regs;
+use super::regs::{includes, le_value, parse_regs, RegMap};
 use super::rsp;
-
-/// Where a gdbstub listens: a unix socket path, or host:port.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GdbAddr {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-impl FromStr for GdbAddr {
-    type Err = std::convert::Infallible;
-
-    /// `host:port` (port all digits, no `/`) is TCP; anything else a path.
-    fn from_str(s: &str) -> Result<GdbAddr, Self::Err> {
-        let tcp = !s.contains('/')
-            && s.rsplit_once(':')
-                .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-        Ok(if tcp {
-            GdbAddr::Tcp(s.to_string())
-        } else {
-            GdbAddr::Unix(PathBuf::from(s))
-        })
-    }
-}
-
-impl std::fmt::Display for GdbAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GdbAddr::Unix(p) => write!(f, "{}", p.display()),
-            GdbAddr::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
+pub use super::rsp::{GdbAddr, ThreadId};
 
 /// A gdbstub error, each naming the stub's address.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +24,11 @@ pub enum GdbError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "gdbstub {addr}: no reply within {secs:.1} s: another debugger holds the stub (QEMU \
+         serves one at a time), or the peer is not a gdbstub"
+    )]
+    Busy { addr: String, secs: f64 },
     #[error("gdbstub {addr}: the stub closed the connection")]
     Closed { addr: String },
     #[error("gdbstub {addr}: no reply to {cmd} within {secs:.1} s")]
@@ -92,50 +65,10 @@ pub enum GdbError {
         cmd: String,
         reply: String,
     },
+    #[error("gdbstub {addr}: {cmd} sent while the VM runs: stop it first")]
+    Running { addr: String, cmd: String },
     #[error("gdbstub {addr}: {what}")]
     Target { addr: String, what: String },
-}
-
-/// A thread of the stub: QEMU's thread `n` is vCPU `n - 1`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ThreadId {
-    /// The process (multiprocess form `pP.T`), when the stub uses it.
-    pub pid: Option<u64>,
-    pub tid: u64,
-}
-
-impl ThreadId {
-    /// `p1.2` or `2` (hex), or `-1` (all).
-    pub fn parse(s: &str) -> Option<ThreadId> {
-        let num = |t: &str| u64::from_str_radix(t, 16).ok();
-        match s.strip_prefix('p') {
-            Some(rest) => {
-                let (p, t) = rest.split_once('.')?;
-                Some(ThreadId {
-                    pid: Some(num(p)?),
-                    tid: num(t)?,
-                })
-            }
-            None => Some(ThreadId {
-                pid: None,
-                tid: num(s)?,
-            }),
-        }
-    }
-
-    /// The vCPU index QEMU gives this thread (cpu_index + 1 = thread id).
-    pub fn vcpu(&self) -> Option<u32> {
-        self.tid.checked_sub(1).map(|v| v as u32)
-    }
-}
-
-impl std::fmt::Display for ThreadId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pid {
-            Some(p) => write!(f, "p{p:x}.{:x}", self.tid),
-            None => write!(f, "{:x}", self.tid),
-        }
-    }
 }
 
 trait ReadWrite: Read + Write + Send {}
@@ -154,19 +87,30 @@ struct Features {
 pub struct Gdb {
     addr: String,
     stream: Box<dyn ReadWrite>,
+    /// Sets the stream's read timeout (a second handle on it).
+    set_timeout: Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>,
     buf: Vec<u8>,
     /// Packets that came while an ack was awaited.
     pending: std::collections::VecDeque<Vec<u8>>,
     ack_mode: bool,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     features: Features,
     /// `X` works (None until tried).
     binary_write: Option<bool>,
     regmap: Option<RegMap>,
     /// The last stop reply seen.
-    last_stop: Option<String>,
+    pub(super) last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
     phys: bool,
+    /// Resumed by this client (QEMU takes no packet while the VM runs).
+    pub(super) running: bool,
+}
+
+/// `m` packets a read keeps in flight.
+const READ_AHEAD: usize = 4;
+
+fn bytes_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
@@ -181,22 +125,25 @@ impl Gdb {
             addr: name.clone(),
             source,
         };
-        let stream: Box<dyn ReadWrite> = match addr {
+        type SetTimeout = Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>;
+        let (stream, set_timeout): (Box<dyn ReadWrite>, SetTimeout) = match addr {
             GdbAddr::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(err)?;
-                s.set_read_timeout(Some(timeout)).map_err(err)?;
-                Box::new(s)
+                let ctl = s.try_clone().map_err(err)?;
+                (Box::new(s), Box::new(move |t| ctl.set_read_timeout(t)))
             }
             GdbAddr::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(err)?;
-                s.set_read_timeout(Some(timeout)).map_err(err)?;
                 s.set_nodelay(true).map_err(err)?;
-                Box::new(s)
+                let ctl = s.try_clone().map_err(err)?;
+                (Box::new(s), Box::new(move |t| ctl.set_read_timeout(t)))
             }
         };
+        set_timeout(Some(timeout)).map_err(err)?;
         let mut gdb = Gdb {
             addr: name,
             stream,
+            set_timeout,
             buf: Vec::new(),
             pending: Default::default(),
             ack_mode: true,
@@ -206,9 +153,14 @@ impl Gdb {
             regmap: None,
             last_stop: None,
             phys: false,
+            running: false,
         };
-        gdb.negotiate()?;
-        Ok(gdb)
+        match gdb.negotiate() {
+            Ok(()) => Ok(gdb),
+            // QEMU's stub serves one client: a second gets no reply.
+            Err(GdbError::Timeout { addr, secs, .. }) => Err(GdbError::Busy { addr, secs }),
+            Err(e) => Err(e),
+        }
     }
 
     fn negotiate(&mut self) -> Result<(), GdbError> {
@@ -233,6 +185,14 @@ impl Gdb {
             self.ack_mode = false;
         }
         Ok(())
+    }
+
+    /// Sets the stream's read timeout (None: wait forever).
+    pub(super) fn read_timeout(&self, t: Option<Duration>) -> Result<(), GdbError> {
+        (self.set_timeout)(t).map_err(|source| GdbError::Io {
+            addr: self.addr.clone(),
+            source,
+        })
     }
 
     /// The stub's address, as given.
@@ -315,7 +275,7 @@ impl Gdb {
     }
 
     /// Receives one packet (acking it in ack mode).
-    fn recv(&mut self, cmd: &str) -> Result<Vec<u8>, GdbError> {
+    pub(super) fn recv(&mut self, cmd: &str) -> Result<Vec<u8>, GdbError> {
         if let Some(p) = self.pending.pop_front() {
             return Ok(p);
         }
@@ -343,7 +303,7 @@ impl Gdb {
     }
 
     /// Whether a packet is a stop reply (`S`, `T`, or a `W`/`X` exit).
-    fn is_stop(p: &[u8]) -> bool {
+    pub(super) fn is_stop(p: &[u8]) -> bool {
         matches!(p.first(), Some(b'T' | b'S' | b'W' | b'X'))
     }
 
@@ -356,10 +316,21 @@ impl Gdb {
 
     /// `command` with binary data; `name` names it in errors.
     fn command_bytes(&mut self, data: &[u8], name: &str) -> Result<Vec<u8>, GdbError> {
+        if self.running {
+            return Err(GdbError::Running {
+                addr: self.addr.clone(),
+                cmd: name.into(),
+            });
+        }
         self.send(data, name)?;
+        self.reply(name)
+    }
+
+    /// The next reply that is not a stop reply.
+    fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
         loop {
             let p = self.recv(name)?;
-            if Self::is_stop(&p) && !data.starts_with(b"?") {
+            if Self::is_stop(&p) {
                 self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
                 continue;
             }
@@ -367,7 +338,7 @@ impl Gdb {
         }
     }
 
-    fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
+    pub(super) fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
         let r = self.command(cmd)?;
         if r == "OK" {
             return Ok(());
@@ -388,27 +359,22 @@ impl Gdb {
         }
     }
 
-    /// Stops every vCPU (0x03), returning the stop reply. A stub already
-    /// stopped sends nothing for 0x03; `?` then `qC` after it make the reply
-    /// come either way: the stops before `qC`'s reply are 0x03's and `?`'s.
-    pub fn stop(&mut self) -> Result<String, GdbError> {
-        self.last_stop = None;
+    /// Stops every vCPU (0x03). A stub already stopped sends nothing for
+    /// 0x03, so `qC` follows it: the stop reply, if any, comes before its
+    /// answer. (Not `?`: QEMU's removes every breakpoint.) QEMU handles a
+    /// packet only while stopped: a byte received while running only stops
+    /// it, so every other command needs a stopped VM.
+    pub fn stop(&mut self) -> Result<(), GdbError> {
         self.write_raw(&[0x03], "interrupt")?;
-        self.send(b"?", "?")?;
+        self.running = false;
         self.send(b"qC", "qC")?;
         loop {
             let p = self.recv("interrupt")?;
-            if Self::is_stop(&p) {
-                self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
-            } else {
-                break;
+            if !Self::is_stop(&p) {
+                return Ok(());
             }
+            self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
         }
-        self.last_stop.clone().ok_or_else(|| GdbError::Reply {
-            addr: self.addr.clone(),
-            cmd: "?".into(),
-            reply: "no stop reply".into(),
-        })
     }
 
     /// The last stop reply seen.
@@ -418,11 +384,17 @@ impl Gdb {
 
     /// Resumes every vCPU (`c`); its stop reply comes only at the next stop.
     pub fn resume(&mut self) -> Result<(), GdbError> {
-        self.send(b"c", "c")
+        self.send(b"c", "c")?;
+        self.running = true;
+        Ok(())
     }
 
-    /// Detaches (`D`); QEMU resumes the VM.
+    /// Detaches (`D`), stopping first if this client resumed the VM; QEMU
+    /// resumes the VM.
     pub fn detach(&mut self) -> Result<(), GdbError> {
+        if self.running {
+            self.stop()?;
+        }
         let cmd = match self.features.multiprocess {
             // QEMU's multiprocess mode wants the process: the one of a thread.
             true => {
@@ -492,6 +464,23 @@ impl Gdb {
             };
         }
         Ok(regs)
+    }
+
+    /// Sets `thread`'s register `name` (as the target description names
+    /// it: "rip", "eflags", "cs", ...) with `P`.
+    pub fn set_reg(&mut self, thread: ThreadId, name: &str, value: u64) -> Result<(), GdbError> {
+        if self.regmap.is_none() {
+            self.regmap = Some(self.read_regmap()?);
+        }
+        let map = self.regmap.as_ref().and_then(|m| m.find(name)).cloned();
+        let Some((desc, _)) = map else {
+            return Err(self.target_error(format!("no register {name} in its description")));
+        };
+        let size = desc.bits.div_ceil(8) as usize;
+        let mut bytes = value.to_le_bytes().to_vec();
+        bytes.resize(size, 0);
+        self.select(thread)?;
+        self.expect_ok(&format!("P{:x}={}", desc.regnum, rsp::to_hex(&bytes)))
     }
 
     fn reply_error(&self, cmd: &str, reply: &str) -> GdbError {
@@ -579,19 +568,41 @@ impl Gdb {
 
     /// Reads `buf.len()` bytes at `addr` (`m`, in packet-sized pieces).
     pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), GdbError> {
-        // Two hex digits a byte in the reply.
-        let chunk = (self.features.packet_size.saturating_sub(PACKET_OVERHEAD) / 2).max(16);
-        let mut done = 0;
-        while done < buf.len() {
-            let n = chunk.min(buf.len() - done);
-            let at = addr + done as u64;
-            let cmd = format!("m{at:x},{n:x}");
-            let r = self.command(&cmd)?;
-            match rsp::from_hex(r.as_bytes()) {
-                Some(b) if b.len() == n => buf[done..done + n].copy_from_slice(&b),
-                _ => return Err(self.mem_error("read", n, at, r)),
+        // Two hex digits a byte in the reply, as gdb sizes its reads
+        // (QEMU answers at most half its packet size).
+        let chunk = (self.features.packet_size / 2).max(16);
+        if self.running {
+            return Err(GdbError::Running {
+                addr: self.addr.clone(),
+                cmd: "m".into(),
+            });
+        }
+        // Several packets in flight: the stub answers in order, and a
+        // socket does not garble (its acks are skipped, never awaited).
+        for batch in buf.chunks_mut(chunk * READ_AHEAD).enumerate() {
+            let (i, batch) = batch;
+            let base = addr + (i * chunk * READ_AHEAD) as u64;
+            let mut out = Vec::new();
+            for (j, piece) in batch.chunks(chunk).enumerate() {
+                let at = base + (j * chunk) as u64;
+                out.extend(rsp::frame(format!("m{at:x},{:x}", piece.len()).as_bytes()));
             }
-            done += n;
+            self.write_raw(&out, "m")?;
+            for (j, piece) in batch.chunks_mut(chunk).enumerate() {
+                let r = self.reply("m")?;
+                match rsp::from_hex(&r) {
+                    Some(b) if b.len() == piece.len() => piece.copy_from_slice(&b),
+                    _ => {
+                        let at = base + (j * chunk) as u64;
+                        let e = self.mem_error("read", piece.len(), at, bytes_text(&r));
+                        // The rest of the batch's replies, not to leave them queued.
+                        for _ in j + 1..batch.len().div_ceil(chunk) {
+                            self.reply("m")?;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -214,6 +214,46 @@ FlatView #2
                  pc.bios    4 KiB  0x0000000010000000 0x0000000000040000 0x0000000000040000
 ";
 
+    /// The flat view of a QEMU 7.2 with `-m 3584 -S`: 3 GiB below the PCI
+    /// hole, the rest above 4 GiB at offset 3 GiB of pc.ram.
+    const MTREE_HIGH: &str = r#"FlatView #1
+ AS "memory", root: system
+ AS "cpu-memory-0", root: system
+ Root memory region: system
+  0000000000000000-000000000009ffff (prio 0, ram): pc.ram owner:{obj path=/objects/pc.ram}
+  00000000000a0000-00000000000bffff (prio 1, i/o): vga-lowmem owner:{dev path=/machine/unattached/device[9]}
+  00000000000c0000-00000000000dffff (prio 1, rom): pc.rom parent:{obj path=/machine/unattached}
+  00000000000e0000-00000000000fffff (prio 0, rom): pc.bios @0000000000020000 parent:{obj path=/machine/unattached}
+  0000000000100000-00000000bfffffff (prio 0, ram): pc.ram @0000000000100000 owner:{obj path=/objects/pc.ram}
+  00000000fec00000-00000000fec00fff (prio 0, i/o): ioapic owner:{dev path=/machine/i440fx/ioapic}
+  00000000fffc0000-00000000ffffffff (prio 0, rom): pc.bios parent:{obj path=/machine/unattached}
+  0000000100000000-000000011fffffff (prio 0, ram): pc.ram @00000000c0000000 owner:{obj path=/objects/pc.ram}
+
+FlatView #2
+"#;
+
+    #[test]
+    fn flat_view_above_4g() {
+        let flat = parse_flat_ram(MTREE_HIGH).unwrap();
+        let got: Vec<(u64, u64, u64)> = flat.iter().map(|r| (r.gpa, r.len, r.offset)).collect();
+        assert_eq!(
+            got,
+            [
+                (0, 0xa0000, 0),
+                (0x10_0000, 0xbff0_0000, 0x10_0000),
+                (0x1_0000_0000, 0x2000_0000, 0xc000_0000)
+            ]
+        );
+        let blocks = [RamBlock {
+            name: "pc.ram".into(),
+            offset: 0,
+            used: 0xe000_0000,
+        }];
+        let hvas: Vec<u64> = flat.iter().map(|r| 0x7f0f_9fe0_0000 + r.offset).collect();
+        let l = join_layout(&flat, &hvas, &blocks).unwrap();
+        assert_eq!(l[2].hva_of(0x1_0000_0000), Some(0x7f10_5fe0_0000));
+    }
+
     #[test]
     fn flat_view_keeps_backend_ram_only() {
         let flat = parse_flat_ram(MTREE).unwrap();

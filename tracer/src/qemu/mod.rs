@@ -1,9 +1,10 @@
 //! The QEMU backend's wire layer: a running QEMU reached through the
 //! interfaces it ships with. [`qmp`] talks to its monitor (version, PID,
 //! vCPUs, the RAM layout, opening its gdbstub), [`gdb`] to its gdbstub
-//! (all-stop, registers, coherent guest memory), [`ram`] reads and writes its
+//! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
-//! the monitor's texts about RAM.
+//! the monitor's texts about RAM, [`regs`] the stub's target description,
+//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
 
 pub mod clock;
 pub mod gdb;
@@ -14,3 +15,4 @@ pub mod qmp;
 pub mod regs;
 pub mod rsp;
 pub mod session;
+pub mod trap;

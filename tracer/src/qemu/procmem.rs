@@ -19,7 +19,7 @@ use super::layout::RamRange;
 pub enum ProcMemError {
     #[error(
         "cannot open {path}: permission denied (reading another process's memory needs root \
-         or CAP_SYS_PTRACE, and kernel.yama.ptrace_scope {scope})"
+         or CAP_SYS_PTRACE{scope})"
     )]
     Permission { path: PathBuf, scope: String },
     #[error("cannot open {path}: no such process (QEMU has exited)")]
@@ -29,6 +29,8 @@ pub enum ProcMemError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path}: the process has exited (QEMU is gone)")]
+    Gone { path: PathBuf },
     #[error("guest-physical address {gpa:#x} is not in guest RAM")]
     Unmapped { gpa: u64 },
     #[error("guest-physical address {gpa:#x} is not {align}-byte aligned")]
@@ -121,13 +123,23 @@ impl ProcRam {
         gpa: u64,
         hva: u64,
     ) -> impl Fn(std::io::Error) -> ProcMemError + '_ {
-        move |source| ProcMemError::Access {
-            op,
-            len,
-            gpa,
-            hva,
-            path: self.path.clone(),
-            source,
+        move |source| {
+            // A dead process's memory reads as end of file, or ESRCH.
+            if source.kind() == ErrorKind::UnexpectedEof
+                || source.raw_os_error() == Some(libc::ESRCH)
+            {
+                return ProcMemError::Gone {
+                    path: self.path.clone(),
+                };
+            }
+            ProcMemError::Access {
+                op,
+                len,
+                gpa,
+                hva,
+                path: self.path.clone(),
+                source,
+            }
         }
     }
 
@@ -212,11 +224,14 @@ fn short_io() -> std::io::Error {
     std::io::Error::new(ErrorKind::UnexpectedEof, "short transfer")
 }
 
-/// kernel.yama.ptrace_scope's value, or that there is none.
+/// What Yama adds to the permission needed.
 fn ptrace_scope() -> String {
     match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
-        Ok(s) => format!("is {}", s.trim()),
-        Err(_) => "is not set (no Yama)".into(),
+        // 1 and 2 yield to CAP_SYS_PTRACE; 3 to nothing until reboot.
+        Ok(s) if s.trim() == "3" => {
+            "; kernel.yama.ptrace_scope is 3, which forbids it even to root until reboot".into()
+        }
+        _ => String::new(),
     }
 }
 

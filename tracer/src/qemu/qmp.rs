@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks, RamRange};
+use super::gdb::GdbAddr;
+
+pub use super::layout::RamRange;
+use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks};
 
 /// A QMP error, each naming the socket.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +112,49 @@ pub struct QmpEvents {
     pub stop: bool,
     pub resume: bool,
     pub shutdown: bool,
+}
+
+/// QEMU's gdbstub as its chardev "gdb" shows it (`query-chardev`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GdbServer {
+    /// Where to connect, when it listens on a unix or TCP socket (a TCP
+    /// stub on every address is reached on 127.0.0.1).
+    pub addr: Option<GdbAddr>,
+    /// A debugger is connected: the stub serves one at a time.
+    pub connected: bool,
+    /// QEMU's description, e.g. `disconnected:tcp:0.0.0.0:1234,server=on`.
+    pub filename: String,
+}
+
+impl GdbServer {
+    /// From the chardev's filename: `[disconnected:]unix:PATH,server=on` or
+    /// `[disconnected:]tcp:HOST:PORT,server=on[ <-> PEER]`.
+    pub fn parse(filename: &str) -> GdbServer {
+        let (connected, rest) = match filename.strip_prefix("disconnected:") {
+            Some(r) => (false, r),
+            None => (true, filename),
+        };
+        let spec = rest.split(" <-> ").next().unwrap_or("");
+        let spec = spec.split(',').next().unwrap_or("");
+        let addr = if let Some(p) = spec.strip_prefix("unix:") {
+            Some(GdbAddr::Unix(PathBuf::from(p)))
+        } else if let Some((host, port)) =
+            spec.strip_prefix("tcp:").and_then(|t| t.rsplit_once(':'))
+        {
+            let host = match host {
+                "" | "0.0.0.0" | "::" | "[::]" => "127.0.0.1",
+                h => h,
+            };
+            Some(GdbAddr::Tcp(format!("{host}:{port}")))
+        } else {
+            None
+        };
+        GdbServer {
+            addr,
+            connected,
+            filename: filename.to_string(),
+        }
+    }
 }
 
 /// A connected QMP client in command mode.
@@ -398,8 +444,13 @@ impl Qmp {
     /// Guest-physical RAM (not ROM, not device memory) and where it is
     /// mapped in QEMU's process.
     pub fn ram_layout(&mut self) -> Result<Vec<RamRange>, QmpError> {
-        let cmd = "info mtree -f -o";
-        let mtree = self.hmp(cmd)?;
+        let mut cmd = "info mtree -f -o";
+        let mut mtree = self.hmp(cmd)?;
+        if !mtree.contains("FlatView") {
+            // A QEMU without `-o` (owners): device RAM is then kept too.
+            cmd = "info mtree -f";
+            mtree = self.hmp(cmd)?;
+        }
         let flat = parse_flat_ram(&mtree).map_err(|e| self.hmp_error(cmd, &e))?;
         let blocks_text = self.hmp("info ramblock")?;
         let blocks = parse_ramblocks(&blocks_text);
@@ -424,6 +475,19 @@ impl Qmp {
         }
     }
 
+    /// QEMU's gdbstub, if one is open (`-s`, `-gdb` or `gdbserver`).
+    pub fn gdbserver(&mut self) -> Result<Option<GdbServer>, QmpError> {
+        let r = self.execute("query-chardev", None)?;
+        let list = r
+            .as_array()
+            .ok_or_else(|| self.reply("query-chardev", &r.to_string()))?;
+        Ok(list
+            .iter()
+            .find(|c| c["label"] == "gdb")
+            .and_then(|c| c["filename"].as_str())
+            .map(GdbServer::parse))
+    }
+
     /// Closes QEMU's gdbstub (`gdbserver none`).
     pub fn close_gdbserver(&mut self) -> Result<(), QmpError> {
         let text = self.hmp("gdbserver none")?;
@@ -443,4 +507,25 @@ fn short(s: &str) -> String {
         out.push_str("...");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The "gdb" chardev's filenames of QEMU 7.2, captured.
+    #[test]
+    fn gdbserver_chardevs() {
+        let g = GdbServer::parse("disconnected:tcp:0.0.0.0:1234,server=on");
+        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
+        assert!(!g.connected);
+        let g = GdbServer::parse("tcp:127.0.0.1:1234,server=on <-> 127.0.0.1:49228");
+        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
+        assert!(g.connected);
+        let g = GdbServer::parse("disconnected:unix:/tmp/qw/g6.sock,server=on");
+        assert_eq!(g.addr, Some(GdbAddr::Unix("/tmp/qw/g6.sock".into())));
+        assert!(!g.connected);
+        assert!(GdbServer::parse("unix:/tmp/qw/g6.sock,server=on").connected);
+        assert_eq!(GdbServer::parse("pty:/dev/pts/3").addr, None);
+    }
 }

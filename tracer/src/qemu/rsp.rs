@@ -1,6 +1,9 @@
 //! The GDB remote serial protocol's encodings: packet framing and checksum,
-//! run-length decoding, binary escapes, hex. Pure functions; `gdb` does the
-//! talking.
+//! run-length decoding, binary escapes, hex, stub addresses and thread ids.
+//! Pure functions; `gdb` does the talking.
+
+use std::path::PathBuf;
+use std::str::FromStr;
 
 /// `$data#cs`.
 pub fn frame(data: &[u8]) -> Vec<u8> {
@@ -127,6 +130,80 @@ pub fn from_hex(text: &[u8]) -> Option<Vec<u8>> {
             _ => Some(nibble(p[0])? << 4 | nibble(p[1])?),
         })
         .collect()
+}
+
+/// Where a gdbstub listens: a unix socket path, or host:port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GdbAddr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl FromStr for GdbAddr {
+    type Err = std::convert::Infallible;
+
+    /// `host:port` (port all digits, no `/`) is TCP; anything else a path.
+    fn from_str(s: &str) -> Result<GdbAddr, Self::Err> {
+        let tcp = !s.contains('/')
+            && s.rsplit_once(':')
+                .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        Ok(if tcp {
+            GdbAddr::Tcp(s.to_string())
+        } else {
+            GdbAddr::Unix(PathBuf::from(s))
+        })
+    }
+}
+
+impl std::fmt::Display for GdbAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GdbAddr::Unix(p) => write!(f, "{}", p.display()),
+            GdbAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A thread of the stub: QEMU's thread `n` is vCPU `n - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadId {
+    /// The process (multiprocess form `pP.T`), when the stub uses it.
+    pub pid: Option<u64>,
+    pub tid: u64,
+}
+
+impl ThreadId {
+    /// `p1.2` or `2` (hex), or `-1` (all).
+    pub fn parse(s: &str) -> Option<ThreadId> {
+        let num = |t: &str| u64::from_str_radix(t, 16).ok();
+        match s.strip_prefix('p') {
+            Some(rest) => {
+                let (p, t) = rest.split_once('.')?;
+                Some(ThreadId {
+                    pid: Some(num(p)?),
+                    tid: num(t)?,
+                })
+            }
+            None => Some(ThreadId {
+                pid: None,
+                tid: num(s)?,
+            }),
+        }
+    }
+
+    /// The vCPU index QEMU gives this thread (cpu_index + 1 = thread id).
+    pub fn vcpu(&self) -> Option<u32> {
+        self.tid.checked_sub(1).map(|v| v as u32)
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(p) => write!(f, "p{p:x}.{:x}", self.tid),
+            None => write!(f, "{:x}", self.tid),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,109 @@
+//! Breakpoints through QEMU's gdbstub, and waiting for the stop they make:
+//! what trap mode needs where no exitless page can be placed.
+//!
+//! QEMU's breakpoints (`Z0`) live in QEMU, not in guest memory: the guest's
+//! text is untouched, and under TCG the translation of the address checks
+//! for them. A vCPU continuing from a breakpoint's address hits it again,
+//! so a handler moves rip past the instruction (or clears the breakpoint)
+//! before resuming.
+
+use std::time::Duration;
+
+use super::gdb::{Gdb, GdbError};
+use super::rsp::ThreadId;
+
+/// A stop reply, parsed: `T05thread:p01.02;swbreak:;` or `S05`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopReply {
+    /// The signal: 5 (SIGTRAP) for a breakpoint, 2 for an interrupt.
+    pub signal: u8,
+    /// The vCPU that stopped, when the stub says.
+    pub thread: Option<ThreadId>,
+    /// The reply as sent.
+    pub text: String,
+}
+
+impl StopReply {
+    pub fn parse(text: &str) -> Option<StopReply> {
+        let kind = text.chars().next()?;
+        if kind != 'T' && kind != 'S' {
+            return None;
+        }
+        let signal = u8::from_str_radix(text.get(1..3)?, 16).ok()?;
+        let thread = text
+            .get(3..)
+            .unwrap_or("")
+            .split(';')
+            .find_map(|kv| kv.strip_prefix("thread:"))
+            .and_then(ThreadId::parse);
+        Some(StopReply {
+            signal,
+            thread,
+            text: text.to_string(),
+        })
+    }
+}
+
+impl Gdb {
+    /// A breakpoint at guest-virtual `addr` (`Z0`; x86 kind 1).
+    pub fn set_breakpoint(&mut self, addr: u64) -> Result<(), GdbError> {
+        self.expect_ok(&format!("Z0,{addr:x},1"))
+    }
+
+    /// Removes the breakpoint at `addr` (`z0`).
+    pub fn clear_breakpoint(&mut self, addr: u64) -> Result<(), GdbError> {
+        self.expect_ok(&format!("z0,{addr:x},1"))
+    }
+
+    /// After `resume`, waits up to `timeout` for the VM to stop (a
+    /// breakpoint, a QMP `stop`): its stop reply, or None when it still runs.
+    pub fn wait_stop(&mut self, timeout: Duration) -> Result<Option<StopReply>, GdbError> {
+        if !self.running {
+            return Err(GdbError::Target {
+                addr: self.addr().to_string(),
+                what: "waiting for a stop while the VM is stopped".into(),
+            });
+        }
+        self.read_timeout(Some(timeout))?;
+        let got = loop {
+            match self.recv("a stop") {
+                Ok(p) if Self::is_stop(&p) => break Ok(Some(p)),
+                // Nothing else is owed while running: a late reply, dropped.
+                Ok(_) => continue,
+                Err(GdbError::Timeout { .. }) => break Ok(None),
+                Err(e) => break Err(e),
+            }
+        };
+        self.read_timeout(Some(self.timeout))?;
+        let Some(p) = got? else { return Ok(None) };
+        let text = String::from_utf8_lossy(&p).into_owned();
+        self.running = false;
+        self.last_stop = Some(text.clone());
+        Ok(Some(StopReply::parse(&text).unwrap_or(StopReply {
+            signal: 0,
+            thread: None,
+            text,
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_replies_parse() {
+        let r = StopReply::parse("T05thread:p01.02;swbreak:;").unwrap();
+        assert_eq!(r.signal, 5);
+        assert_eq!(
+            r.thread,
+            Some(ThreadId {
+                pid: Some(1),
+                tid: 2
+            })
+        );
+        let r = StopReply::parse("S02").unwrap();
+        assert_eq!((r.signal, r.thread), (2, None));
+        assert_eq!(StopReply::parse("OK"), None);
+    }
+}
