@@ -182,10 +182,13 @@ pub struct Exitless {
     pages: Option<Arc<Mutex<RegionPages>>>,
     /// The rings' drop counters as they were when the region was taken
     /// out of the guest (`remove`): its pages hold the guest's bytes again.
-    removed_drops: Option<(Vec<Vec<u64>>, Vec<Vec<u64>>)>,
+    removed_drops: Option<(PerCpuSite, PerCpuSite)>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
 }
+
+/// Counts per CPU and site.
+type PerCpuSite = Vec<Vec<u64>>;
 
 /// The rings and the code for this image, CPU count and site count (at
 /// the kernel's link addresses: `Exitless::resolve` moves them).
@@ -427,7 +430,6 @@ impl Exitless {
             return Ok(0);
         }
         let cleared = map::unmap(space, self.pages.as_deref())?;
-        if let Some(m) = &self.mem { for c in 0..self.layout.cpus { eprintln!("DBG cpu{c} head {:?}", ring::head(&**m, &self.layout, c)); } }
         // The counts the rings keep, before their pages change back.
         self.removed_drops = Some((self.drops()?, self.ret_drops()?));
         if let Some(pages) = &self.pages {
@@ -740,3 +742,4 @@ mod tests {
         assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
     }
 }
+
