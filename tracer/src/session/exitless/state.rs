@@ -742,4 +742,3 @@ mod tests {
         assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
     }
 }
-
