@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::{elf_symbol, root, scratch_in};
 use tracer::qemu::gdb::{Gdb, GdbAddr, ThreadId};
-use tracer::qemu::qmp::{Qmp, QmpError};
 use tracer::qemu::procmem::ProcRam;
+use tracer::qemu::qmp::{Qmp, QmpError};
 
 const QEMU: &str = "qemu-system-x86_64";
 const TIMEOUT: Duration = Duration::from_secs(10);
