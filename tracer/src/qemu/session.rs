@@ -13,11 +13,12 @@ use vmm::Stopped;
 
 use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::qmp::{QemuVersion, Qmp, QmpError};
 use super::procmem::ProcRam;
+use super::qmp::{QemuVersion, Qmp, QmpError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::kernel::symbols::KernelImage;
 use crate::plan::{Mode, Plan};
 use crate::session::exitless::backing::{Backed, RegionPages, PAGE};
 use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
@@ -40,6 +41,10 @@ const RETRY: Duration = Duration::from_millis(100);
 const GRACE: Duration = Duration::from_millis(50);
 /// Page tables (one per page-directory entry) and the spare directory.
 const TABLE_PAGES: u64 = 4;
+/// The kernel image's virtual area: `__START_KERNEL_map` and its size with
+/// KASLR (arch/x86/include/asm/page_64_types.h).
+const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
+const KERNEL_IMAGE_SIZE: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
@@ -53,6 +58,8 @@ pub enum QemuError {
     NoVcpus { qmp: PathBuf },
     #[error("cannot find the running kernel in the guest: {0}")]
     NotTraceable(String),
+    #[error("the guest runs another kernel than {path}: its banner ({banner:?}) is nowhere in the guest kernel's mapping; give the running kernel's vmlinux or bzImage")]
+    OtherKernel { path: PathBuf, banner: String },
     #[error("no guest memory is free for vmtrace's code and rings: {0}")]
     NoRoom(#[from] LowMemError),
     #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
@@ -166,11 +173,7 @@ struct Survey {
 fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
     let offset = match kaslr::detect(stop, &plan.image) {
         Ok(Detected::Offset(o)) => o,
-        Ok(_) => {
-            return Err(QemuError::NotTraceable(
-                "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
-            ))
-        }
+        Ok(_) => return Err(not_found(stop, &plan.image)),
         Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
     };
     let mut space = kernel_space(stop)?;
@@ -196,6 +199,31 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
         low,
         tsc_khz,
     })
+}
+
+/// Why the kernel's banner was found nowhere: a kernel runs (its image's
+/// virtual area maps memory) but not this one, or none runs yet. The
+/// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
+/// lands in it.
+fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
+    let mapped = kernel_space(stop).is_ok_and(|mut space| {
+        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN)
+            .any(|i| space.gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN).is_ok())
+    });
+    let banner = image
+        .symbol(kaslr::BANNER)
+        .and_then(|b| image.file_bytes(b.addr, usize::try_from(b.size).ok()?));
+    match (mapped, banner) {
+        (true, Some(b)) => QemuError::OtherKernel {
+            path: image.path.clone(),
+            banner: String::from_utf8_lossy(b)
+                .trim_end_matches(['\0', '\n'])
+                .to_string(),
+        },
+        _ => QemuError::NotTraceable(
+            "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
+        ),
+    }
 }
 
 /// The first kernel-mode vCPU's address space (else the first paged one).
