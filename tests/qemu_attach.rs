@@ -1,0 +1,662 @@
+//! `vmtrace attach` end to end against real QEMU/TCG guests
+//! (tests/common/qemu.rs): the workload calls a system call exactly N times
+//! once vmtrace says it attached, and vmtrace counts exactly N; after the
+//! detach the guest runs on, says nothing bad, and the memory vmtrace used
+//! (the low MiB) and patched (the kernel's text) is byte for byte as before;
+//! vmtrace's gdbstub (socket file and chardev) is gone. Bad attaches fail in
+//! one line with exit status 2 and leave the guest as found; a QEMU killed
+//! mid-trace ends vmtrace cleanly with what it had. One QEMU at a time (the
+//! harness enforces it); no test asserts a time.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::qemu::*;
+use common::{elf_symbol, s, scratch_in};
+use tracer::kernel::symbols::KernelImage;
+use tracer::qemu::procmem::ProcRam;
+use tracer::qemu::qmp::Qmp;
+
+/// What a kernel prints when something went wrong.
+const BAD: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel panic"];
+/// A hang guard for a vmtrace run (far above any run's time).
+const HANG: Duration = Duration::from_secs(300);
+/// The kernel image's virtual base (`__START_KERNEL_map`).
+const KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
+/// Physical KASLR moves the kernel in steps of 2 MiB.
+const KASLR_ALIGN: u64 = 2 << 20;
+/// getpid's function: `__x64_sys_getpid` and `__do_sys_getpid` share an
+/// address, and the report names it by one of them.
+const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
+const GETPPID: [&str; 2] = ["__do_sys_getppid", "__x64_sys_getppid"];
+const OPENAT: [&str; 1] = ["__x64_sys_openat"];
+
+/// A `vmtrace attach` running: its stderr lines as they come, its stdout
+/// at the end. Dropping it kills it.
+struct Attach {
+    child: Child,
+    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
+    err: Option<JoinHandle<()>>,
+    out: Option<JoinHandle<String>>,
+}
+
+/// How a `vmtrace attach` ended.
+struct Ended {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ended {
+    /// The `--format json` report's count per function name.
+    fn counts(&self) -> BTreeMap<String, u64> {
+        let v = self.json();
+        v["functions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no functions in {v}"))
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["count"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// The count of the one function of `names` the report lists (aliases
+/// share an address: the report names it once).
+fn count_of(counts: &BTreeMap<String, u64>, names: &[&str]) -> u64 {
+    let found: Vec<u64> = names
+        .iter()
+        .filter_map(|n| counts.get(*n).copied())
+        .collect();
+    assert_eq!(found.len(), 1, "one of {names:?} in {counts:?}");
+    found[0]
+}
+
+impl Attach {
+    /// Start `vmtrace attach --qmp QMP ARGS... -q`.
+    fn start(qmp: &Path, args: &[&str]) -> Attach {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+            .args(["attach", "--qmp", s(qmp), "-q"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run vmtrace");
+        let lines: Arc<(Mutex<Vec<String>>, Condvar)> = Arc::default();
+        let shared = Arc::clone(&lines);
+        let stderr = child.stderr.take().unwrap();
+        let err = thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("  [vmtrace] {line}");
+                shared.0.lock().unwrap().push(line);
+                shared.1.notify_all();
+            }
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let out = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        Attach {
+            child,
+            lines,
+            err: Some(err),
+            out: Some(out),
+        }
+    }
+
+    /// The first stderr line containing `pattern`; panics (with stderr) if
+    /// vmtrace exits first.
+    fn wait_line(&mut self, pattern: &str) -> String {
+        let deadline = Instant::now() + HANG;
+        let mut lines = self.lines.0.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|l| l.contains(pattern)) {
+                return l.clone();
+            }
+            let exited = self.child.try_wait().unwrap().is_some();
+            if exited || Instant::now() >= deadline {
+                let why = if exited {
+                    "vmtrace exited"
+                } else {
+                    "timed out"
+                };
+                panic!(
+                    "{why} before saying {pattern:?}; stderr:\n{}",
+                    lines.join("\n")
+                );
+            }
+            lines = self
+                .lines
+                .1
+                .wait_timeout(lines, Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+    }
+
+    fn attached(mut self) -> Attach {
+        let line = self.wait_line("vmtrace: attached to QEMU");
+        assert!(line.contains("exitless"), "{line}");
+        self
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        common::kill(&self.child, sig);
+    }
+
+    /// Wait for vmtrace to exit by itself (killed after [`HANG`]).
+    fn end(mut self) -> Ended {
+        let deadline = Instant::now() + HANG;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("vmtrace hung: {}", self.lines.0.lock().unwrap().join("\n"));
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        self.err.take().unwrap().join().unwrap();
+        let stdout = self.out.take().unwrap().join().unwrap();
+        let stderr = self.lines.0.lock().unwrap().join("\n");
+        Ended {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Attach {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The gdbstub socket vmtrace opens for `attach` (session.rs's name).
+fn gdb_socket(vmtrace: &Attach, qemu: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("vmtrace-gdb-{}-{qemu}.sock", vmtrace.child.id()))
+}
+
+/// A clean detach: exit 0, the sites restored and vmtrace's code taken out.
+fn assert_detached(e: &Ended, why: &str) {
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let want = format!("vmtrace: detached ({why}): ");
+    assert!(e.stderr.contains(&want), "{want:?} in {}", e.stderr);
+    assert!(
+        e.stderr
+            .contains("vmtrace's code and page-table entries taken out; the guest runs on"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+}
+
+/// The guest runs on, answers, and its console has no kernel complaint.
+fn assert_runs_on(guest: &QemuGuest, worker: u32) {
+    guest.send_line("ping");
+    guest
+        .wait_for(&format!("workload: pong pid={worker}"), COMMAND_TIMEOUT)
+        .unwrap();
+    guest.go("getpid", 10).unwrap();
+    let console = guest.console();
+    for bad in BAD {
+        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
+    }
+}
+
+/// The guest memory vmtrace may touch: the low MiB (its pages) and the
+/// kernel's text (its sites), read through QMP and /proc/PID/mem while no
+/// vmtrace is connected (QMP serves one client at a time).
+#[derive(PartialEq, Eq)]
+struct Memory {
+    /// Guest-physical address and bytes of each RAM piece.
+    pieces: Vec<(u64, Vec<u8>)>,
+}
+
+/// Where the kernel runs and what to compare, from its vmlinux.
+struct Kernel {
+    vmlinux: PathBuf,
+    /// `_stext`, `_etext` (link addresses).
+    text: (u64, u64),
+    /// `linux_banner`'s link address and bytes.
+    banner: (u64, Vec<u8>),
+}
+
+impl Kernel {
+    fn new(vmlinux: &Path) -> Kernel {
+        let image = KernelImage::load(vmlinux).unwrap();
+        let b = image.symbol("linux_banner").expect("linux_banner");
+        let bytes = image.file_bytes(b.addr, 64).unwrap().to_vec();
+        Kernel {
+            vmlinux: vmlinux.to_owned(),
+            text: (elf_symbol(vmlinux, "_stext"), elf_symbol(vmlinux, "_etext")),
+            banner: (b.addr, bytes),
+        }
+    }
+
+    /// The kernel's physical KASLR offset: the one 2 MiB step at which RAM
+    /// holds its banner.
+    fn phys_offset(&self, ram: &ProcRam) -> u64 {
+        let link = self.banner.0 - KERNEL_MAP;
+        let mut buf = vec![0u8; self.banner.1.len()];
+        let hits: Vec<u64> = (0..128)
+            .map(|i| i * KASLR_ALIGN)
+            .filter(|off| ram.read(link + off, &mut buf).is_ok() && buf == self.banner.1)
+            .collect();
+        assert_eq!(
+            hits.len(),
+            1,
+            "{}'s banner at steps {hits:x?}",
+            self.vmlinux.display()
+        );
+        hits[0]
+    }
+
+    /// Find the kernel in the guest's RAM (through QMP: no vmtrace may be
+    /// connected) and open that RAM for [`Watch::read`].
+    fn watch(&self, qmp_path: &Path) -> Watch {
+        let mut qmp = Qmp::connect(qmp_path, Duration::from_secs(10)).unwrap();
+        let layout = qmp.ram_layout().unwrap();
+        let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
+        let phys = self.phys_offset(&ram);
+        let text = (
+            self.text.0 - KERNEL_MAP + phys,
+            self.text.1 - KERNEL_MAP + phys,
+        );
+        let mut areas = Vec::new();
+        for (start, end) in [(0, LOW), text] {
+            for r in &layout {
+                let (a, b) = (start.max(r.gpa), end.min(r.gpa + r.len));
+                if a < b {
+                    areas.push((a, b));
+                }
+            }
+        }
+        assert!(
+            areas.iter().any(|p| p.0 == text.0),
+            "text {text:x?} not in RAM {layout:?}"
+        );
+        Watch { ram, areas, phys }
+    }
+
+    /// The low MiB and the kernel's text now, and the physical offset.
+    fn read(&self, qmp_path: &Path) -> (Memory, u64) {
+        let w = self.watch(qmp_path);
+        (w.read(), w.phys)
+    }
+}
+
+/// The low MiB vmtrace's pages live in.
+const LOW: u64 = 1 << 20;
+
+/// Guest RAM the kernel's and vmtrace's bytes are in, readable while
+/// vmtrace is attached (/proc/PID/mem, opened before).
+struct Watch {
+    ram: ProcRam,
+    /// Guest-physical `[start, end)` pieces: the low MiB's RAM, the text.
+    areas: Vec<(u64, u64)>,
+    phys: u64,
+}
+
+impl Watch {
+    fn read(&self) -> Memory {
+        let pieces = self
+            .areas
+            .iter()
+            .map(|&(a, b)| {
+                let mut buf = vec![0u8; (b - a) as usize];
+                self.ram.read(a, &mut buf).unwrap();
+                (a, buf)
+            })
+            .collect();
+        Memory { pieces }
+    }
+}
+
+/// Guest-physical addresses whose bytes differ, with both values.
+fn diffs(before: &Memory, after: &Memory) -> Vec<(u64, u8, u8)> {
+    assert_eq!(before.pieces.len(), after.pieces.len());
+    let mut out = Vec::new();
+    for ((gpa, a), (gpb, b)) in before.pieces.iter().zip(&after.pieces) {
+        assert_eq!((gpa, a.len()), (gpb, b.len()));
+        let at = a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y);
+        out.extend(at.map(|(i, (x, y))| (gpa + i as u64, *x, *y)));
+    }
+    out
+}
+
+/// Both reads hold the same bytes; else the first differing addresses.
+fn assert_same(before: &Memory, after: &Memory, when: &str) {
+    let d = diffs(before, after);
+    let first: Vec<String> = d
+        .iter()
+        .take(32)
+        .map(|(at, x, y)| format!("{at:#x}: {x:#04x} -> {y:#04x}"))
+        .collect();
+    assert!(
+        d.is_empty(),
+        "guest memory changed {when} at {} bytes: {}",
+        d.len(),
+        first.join(", ")
+    );
+}
+
+/// No chardev of vmtrace's gdbstub (id `gdb`, its socket) is left in
+/// QEMU. QEMU's first `gdbserver` also makes the stub's monitor chardev
+/// (`#chrN: filename=gdb`), which QEMU keeps for its lifetime and offers no
+/// way to remove: that one may stay.
+fn assert_no_gdbstub(qmp: &Path) {
+    let list = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .hmp("info chardev")
+        .unwrap();
+    assert!(
+        !list
+            .lines()
+            .any(|l| l.starts_with("gdb:") || l.contains("vmtrace-gdb")),
+        "{list}"
+    );
+}
+
+/// Attach with `--trace`, run `calls` once attached, Ctrl-C, check the
+/// detach and the exact counts (`calls`: syscall, N, the function's names).
+fn trace_calls(
+    guest: &QemuGuest,
+    kernel: &Path,
+    trace: &str,
+    calls: &[(&str, u64, &[&str])],
+    watch: Option<&Watch>,
+) -> (Ended, Option<Memory>) {
+    let qemu = guest.pid();
+    let a = Attach::start(
+        guest.qmp_socket(),
+        &["--kernel", s(kernel), "--trace", trace, "--format", "json"],
+    )
+    .attached();
+    let gdb = gdb_socket(&a, qemu);
+    assert!(gdb.exists(), "{} while attached", gdb.display());
+    for (syscall, n, _) in calls {
+        guest.go(syscall, *n).unwrap();
+    }
+    let during = watch.map(Watch::read);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert_detached(&e, "signal 2");
+    assert!(!gdb.exists(), "{} left behind", gdb.display());
+    let counts = e.counts();
+    for (syscall, n, names) in calls {
+        assert_eq!(count_of(&counts, names), *n, "{syscall}: {counts:?}");
+    }
+    assert_eq!(counts.len(), calls.len(), "{counts:?}");
+    (e, during)
+}
+
+#[test]
+fn attach_counts_exactly_restores_memory_and_attaches_again() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    assert_no_gdbstub(qmp);
+    let watch = kernel.watch(qmp);
+    let (before, phys) = (watch.read(), watch.phys);
+
+    let calls: [(&str, u64, &[&str]); 2] = [("getpid", 1000, &GETPID), ("openat", 500, &OPENAT)];
+    let trace = "__x64_sys_getpid,__x64_sys_openat";
+    let (e, during) = trace_calls(&guest, &bz, trace, &calls, Some(&watch));
+    // The comparison sees vmtrace: while attached, its pages (low MiB) and
+    // its two sites (text: 5 bytes each at most) differ.
+    let d = diffs(&before, &during.unwrap());
+    let text = d.iter().filter(|x| x.0 >= LOW).count();
+    assert!(d.iter().any(|x| x.0 < LOW), "vmtrace's pages unseen");
+    assert!(
+        (2..=10).contains(&text),
+        "{text} text bytes differed: {d:x?}"
+    );
+    assert_eq!(e.json()["kernel_offset"]["phys"], phys, "{}", e.stdout);
+    assert_eq!(e.json()["sites_patched"], 2, "{}", e.stdout);
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by an attach and its detach");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+
+    // Again, ended by --duration; the text report on stdout, the JSON to a
+    // file. The duration is only a bound: the calls are made, and their
+    // `done` line read, long before it ends.
+    let dir = scratch_in("qemu-attach", "again");
+    let json = dir.join("again.json");
+    let export = format!("json={}", s(&json));
+    let a = Attach::start(
+        qmp,
+        &[
+            "--kernel",
+            s(&bz),
+            "--trace",
+            "__x64_sys_getpid",
+            "--duration",
+            "10",
+            "--export",
+            &export,
+        ],
+    )
+    .attached();
+    guest.go("getpid", 200).unwrap();
+    let mut a = a;
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "--duration 10 ended before `go getpid 200` was done: a host this slow needs a longer one"
+    );
+    let e = a.end();
+    assert!(e.status.success(), "{}", e.stderr);
+    assert!(
+        e.stderr
+            .contains("vmtrace: detached (duration elapsed): 1 sites restored"),
+        "{}",
+        e.stderr
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let name = v["functions"][0]["name"].as_str().unwrap();
+    assert!(GETPID.contains(&name), "{v}");
+    assert_eq!(v["functions"][0]["count"], 200, "{v}");
+    assert_eq!(v["functions"].as_array().unwrap().len(), 1, "{v}");
+    assert!(e.stdout.contains(name), "the text report: {}", e.stdout);
+
+    let (again, _) = kernel.read(qmp);
+    assert_same(&before, &again, "by two attaches");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attach_to_the_acpi_guest() {
+    let guest = QemuGuest::boot(QemuOpts::linux_acpi());
+    let w = guest.wait_ready().unwrap();
+    let bz = linux_acpi_bzimage();
+    let kernel = Kernel::new(&bz.with_file_name("vmlinux"));
+    let (before, _) = kernel.read(guest.qmp_socket());
+    let calls: [(&str, u64, &[&str]); 1] = [("getppid", 300, &GETPPID)];
+    trace_calls(&guest, &bz, "__x64_sys_getppid", &calls, None);
+    let (after, _) = kernel.read(guest.qmp_socket());
+    assert_same(&before, &after, "by an attach and its detach");
+    assert_runs_on(&guest, w.worker);
+}
+
+/// One line on stderr, `vmtrace: ...` with `needle`, exit status 2, no panic.
+fn assert_refused(e: &Ended, needle: &str) {
+    let err = &e.stderr;
+    assert_eq!(e.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("vmtrace: "), "{err}");
+    assert!(err.contains(needle), "{needle:?} in {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+    assert!(e.stdout.is_empty(), "{}", e.stdout);
+}
+
+/// `vmtrace attach` with `args` that must be refused.
+fn refused(qmp: &Path, args: &[&str], needle: &str) {
+    let base = ["--trace", "__x64_sys_getpid", "--duration", "5"];
+    let e = Attach::start(qmp, &[&base[..], args].concat()).end();
+    assert_refused(&e, needle);
+}
+
+#[test]
+fn bad_sockets_are_refused_in_one_line() {
+    let (bz, _) = common::linux_61();
+    let bz = s(&bz);
+    let dir = scratch_in("qemu-attach", "sockets");
+    refused(&dir.join("no-such.sock"), &["--kernel", bz], "no such file");
+    let file = dir.join("plain-file");
+    std::fs::write(&file, b"not a socket").unwrap();
+    refused(&file, &["--kernel", bz], "plain-file");
+
+    // A peer that is not QEMU: one that says something else, one that
+    // hangs up at once.
+    let path = dir.join("not-qemu.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let server = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"hello there\r\n").unwrap();
+        // Held until vmtrace hangs up.
+        let _ = conn.read(&mut [0u8; 256]);
+        drop(listener.accept().unwrap());
+    });
+    refused(
+        &path,
+        &["--kernel", bz],
+        "not QEMU (no QMP greeting, got \"hello there\")",
+    );
+    refused(&path, &["--kernel", bz], "not-qemu.sock");
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_attaches_leave_the_guest_untouched() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+
+    // Another kernel's symbols: refused before anything is written.
+    let acpi = linux_acpi_bzimage().with_file_name("vmlinux");
+    let mut others = vec![("--vmlinux", acpi)];
+    if let Some((bz612, _)) = common::linux_612() {
+        others.push(("--kernel", bz612));
+    }
+    for (flag, other) in &others {
+        let needle = format!(
+            "the guest runs another kernel than {}",
+            other.with_file_name("vmlinux").display()
+        );
+        refused(qmp, &[flag, s(other)], &needle);
+        assert_runs_on(&guest, w.worker);
+    }
+
+    // QMP busy: QEMU serves one client; vmtrace waits for its greeting
+    // (10 s, session::REPLY_TIMEOUT) and gives up.
+    {
+        let _held = Qmp::connect(qmp, Duration::from_secs(10)).unwrap();
+        refused(
+            qmp,
+            &["--kernel", s(&bz)],
+            "another client holds the QMP socket",
+        );
+    }
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by refused attaches");
+    assert_no_gdbstub(qmp);
+
+    // And an attach still works.
+    let calls: [(&str, u64, &[&str]); 1] = [("getpid", 10, &GETPID)];
+    trace_calls(&guest, &bz, "__x64_sys_getpid", &calls, None);
+    assert_runs_on(&guest, w.worker);
+}
+
+#[test]
+fn qemu_killed_mid_trace_keeps_what_was_traced() {
+    let (bz, _) = common::linux_61();
+    let mut guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qemu = guest.pid();
+    let a = Attach::start(
+        guest.qmp_socket(),
+        &[
+            "--kernel",
+            s(&bz),
+            "--trace",
+            "__x64_sys_getpid",
+            "--format",
+            "json",
+        ],
+    )
+    .attached();
+    let gdb = gdb_socket(&a, qemu);
+    guest.go("getpid", 100).unwrap();
+    guest.send_line("ping");
+    guest
+        .wait_for(&format!("workload: pong pid={}", w.worker), COMMAND_TIMEOUT)
+        .unwrap();
+    // The drainer empties the rings every millisecond while events come:
+    // this leaves it ample time to have taken all 100 before QEMU dies.
+    thread::sleep(Duration::from_secs(1));
+    guest.kill();
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains("vmtrace: QEMU went away: "),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        e.stderr.contains("kept what was traced until then"),
+        "{}",
+        e.stderr
+    );
+    assert!(!gdb.exists(), "{} left behind", gdb.display());
+    assert_eq!(count_of(&e.counts(), &GETPID), 100, "{}", e.stdout);
+    assert!(
+        e.json()["stop_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("QEMU went away"),
+        "{}",
+        e.stdout
+    );
+}
