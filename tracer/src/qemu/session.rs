@@ -54,6 +54,8 @@ pub enum QemuError {
     Gdb(#[from] GdbError),
     #[error(transparent)]
     Ram(#[from] super::procmem::ProcMemError),
+    #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
+    NotRunning { qmp: PathBuf, status: String },
     #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
     NoVcpus { qmp: PathBuf },
     #[error("cannot find the running kernel in the guest: {0}")]
@@ -102,6 +104,15 @@ pub struct Connected {
 /// `gdb`, or one vmtrace opens at `attach`.
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
     let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    // The gdbstub resumes the guest whenever it lets it go: a paused one
+    // (by its user, or started with -S) would not stay paused.
+    let status = qmp.status()?;
+    if status != "running" {
+        return Err(QemuError::NotRunning {
+            qmp: qmp_path.to_owned(),
+            status,
+        });
+    }
     let pid = qmp.pid()?;
     let accel = qmp.accel()?;
     let cpus = qmp.cpus()?.len();
