@@ -10,15 +10,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::thread;
+use std::time::Duration;
 
+use common::attach::*;
 use common::qemu::*;
 use common::{elf_symbol, s, scratch_in};
 use tracer::kernel::symbols::KernelImage;
@@ -27,8 +25,6 @@ use tracer::qemu::qmp::Qmp;
 
 /// What a kernel prints when something went wrong.
 const BAD: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel panic"];
-/// A hang guard for a vmtrace run (far above any run's time).
-const HANG: Duration = Duration::from_secs(300);
 /// The kernel image's virtual base (`__START_KERNEL_map`).
 const KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
 /// Physical KASLR moves the kernel in steps of 2 MiB.
@@ -38,172 +34,6 @@ const KASLR_ALIGN: u64 = 2 << 20;
 const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
 const GETPPID: [&str; 2] = ["__do_sys_getppid", "__x64_sys_getppid"];
 const OPENAT: [&str; 1] = ["__x64_sys_openat"];
-
-/// A `vmtrace attach` running: its stderr lines as they come, its stdout
-/// at the end. Dropping it kills it.
-struct Attach {
-    child: Child,
-    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
-    err: Option<JoinHandle<()>>,
-    out: Option<JoinHandle<String>>,
-}
-
-/// How a `vmtrace attach` ended.
-struct Ended {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ended {
-    /// The `--format json` report's count per function name.
-    fn counts(&self) -> BTreeMap<String, u64> {
-        let v = self.json();
-        v["functions"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no functions in {v}"))
-            .iter()
-            .map(|f| {
-                (
-                    f["name"].as_str().unwrap().to_string(),
-                    f["count"].as_u64().unwrap(),
-                )
-            })
-            .collect()
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not JSON ({e}): {}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-/// The count of the one function of `names` the report lists (aliases
-/// share an address: the report names it once).
-fn count_of(counts: &BTreeMap<String, u64>, names: &[&str]) -> u64 {
-    let found: Vec<u64> = names
-        .iter()
-        .filter_map(|n| counts.get(*n).copied())
-        .collect();
-    assert_eq!(found.len(), 1, "one of {names:?} in {counts:?}");
-    found[0]
-}
-
-impl Attach {
-    /// Start `vmtrace attach --qmp QMP ARGS... -q`.
-    fn start(qmp: &Path, args: &[&str]) -> Attach {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-            .args(["attach", "--qmp", s(qmp), "-q"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run vmtrace");
-        let lines: Arc<(Mutex<Vec<String>>, Condvar)> = Arc::default();
-        let shared = Arc::clone(&lines);
-        let stderr = child.stderr.take().unwrap();
-        let err = thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("  [vmtrace] {line}");
-                shared.0.lock().unwrap().push(line);
-                shared.1.notify_all();
-            }
-        });
-        let mut stdout = child.stdout.take().unwrap();
-        let out = thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stdout.read_to_string(&mut text);
-            text
-        });
-        Attach {
-            child,
-            lines,
-            err: Some(err),
-            out: Some(out),
-        }
-    }
-
-    /// The first stderr line containing `pattern`; panics (with stderr) if
-    /// vmtrace exits first.
-    fn wait_line(&mut self, pattern: &str) -> String {
-        let deadline = Instant::now() + HANG;
-        let mut lines = self.lines.0.lock().unwrap();
-        loop {
-            if let Some(l) = lines.iter().find(|l| l.contains(pattern)) {
-                return l.clone();
-            }
-            let exited = self.child.try_wait().unwrap().is_some();
-            if exited || Instant::now() >= deadline {
-                let why = if exited {
-                    "vmtrace exited"
-                } else {
-                    "timed out"
-                };
-                panic!(
-                    "{why} before saying {pattern:?}; stderr:\n{}",
-                    lines.join("\n")
-                );
-            }
-            lines = self
-                .lines
-                .1
-                .wait_timeout(lines, Duration::from_millis(100))
-                .unwrap()
-                .0;
-        }
-    }
-
-    fn attached(mut self) -> Attach {
-        let line = self.wait_line("vmtrace: attached to QEMU");
-        assert!(line.contains("exitless"), "{line}");
-        self
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        common::kill(&self.child, sig);
-    }
-
-    /// Wait for vmtrace to exit by itself (killed after [`HANG`]).
-    fn end(mut self) -> Ended {
-        let deadline = Instant::now() + HANG;
-        let status = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                panic!("vmtrace hung: {}", self.lines.0.lock().unwrap().join("\n"));
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        self.err.take().unwrap().join().unwrap();
-        let stdout = self.out.take().unwrap().join().unwrap();
-        let stderr = self.lines.0.lock().unwrap().join("\n");
-        Ended {
-            status,
-            stdout,
-            stderr,
-        }
-    }
-}
-
-impl Drop for Attach {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The gdbstub socket vmtrace opens for `attach` (session.rs's name).
-fn gdb_socket(vmtrace: &Attach, qemu: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("vmtrace-gdb-{}-{qemu}.sock", vmtrace.child.id()))
-}
 
 /// A clean detach: exit 0, the sites restored and vmtrace's code taken out.
 fn assert_detached(e: &Ended, why: &str) {
@@ -659,4 +489,32 @@ fn qemu_killed_mid_trace_keeps_what_was_traced() {
         "{}",
         e.stdout
     );
+}
+
+#[test]
+fn paused_guests_are_refused_and_stay_paused() {
+    let (bz, _) = common::linux_61();
+    let guest = QemuGuest::boot(QemuOpts {
+        qemu_args: vec!["-S".into()],
+        ..QemuOpts::linux()
+    });
+    let qmp = guest.qmp_socket();
+    let q = || Qmp::connect(qmp, Duration::from_secs(10)).unwrap();
+    // Started with -S: in its firmware's reset state, before its first
+    // instruction; then paused by its user, a booted guest.
+    let mut worker = 0;
+    for status in ["prelaunch", "paused"] {
+        if status == "paused" {
+            q().execute("cont", None).unwrap();
+            worker = guest.wait_ready().unwrap().worker;
+            q().execute("stop", None).unwrap();
+        }
+        assert_eq!(q().status().unwrap(), status);
+        let needle = format!("is not running (its status is {status})");
+        refused(qmp, &["--kernel", s(&bz)], &needle);
+        assert_eq!(q().status().unwrap(), status);
+        assert_no_gdbstub(qmp);
+    }
+    q().execute("cont", None).unwrap();
+    assert_runs_on(&guest, worker);
 }

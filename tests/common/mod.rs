@@ -4,6 +4,8 @@
 // The QEMU guests of the attach tests; the allow above covers it too, so the
 // test binaries that boot no QEMU compile it without warnings.
 pub mod qemu;
+// The `vmtrace attach` runs of the QEMU tests (covered by the same allow).
+pub mod attach;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
