@@ -216,23 +216,21 @@ fn assert_no_gdbstub(qmp: &Path) {
     );
 }
 
-/// Attach with `--trace`, run `calls` once attached, Ctrl-C, check the
-/// detach and the exact counts (`calls`: syscall, N, the function's names).
+/// Attach with `args` (`--trace` ...), run `calls` once attached, read
+/// `watch` then, Ctrl-C, check the detach and the exact counts (`calls`:
+/// syscall, N, the function's names). Without `--gdb`, vmtrace opens a
+/// gdbstub of its own and takes it out.
 fn trace_calls(
     guest: &QemuGuest,
     kernel: &Path,
-    trace: &str,
+    args: &[&str],
     calls: &[(&str, u64, &[&str])],
     watch: Option<&Watch>,
 ) -> (Ended, Option<Memory>) {
-    let qemu = guest.pid();
-    let a = Attach::start(
-        guest.qmp_socket(),
-        &["--kernel", s(kernel), "--trace", trace, "--format", "json"],
-    )
-    .attached();
-    let gdb = gdb_socket(&a, qemu);
-    assert!(gdb.exists(), "{} while attached", gdb.display());
+    let base = ["--kernel", s(kernel), "--format", "json"];
+    let a = Attach::start(guest.qmp_socket(), &[&base[..], args].concat()).attached();
+    let gdb = gdb_socket(&a, guest.pid());
+    assert_eq!(gdb.exists(), !args.contains(&"--gdb"), "{}", gdb.display());
     for (syscall, n, _) in calls {
         guest.go(syscall, *n).unwrap();
     }
@@ -261,8 +259,8 @@ fn attach_counts_exactly_restores_memory_and_attaches_again() {
     let (before, phys) = (watch.read(), watch.phys);
 
     let calls: [(&str, u64, &[&str]); 2] = [("getpid", 1000, &GETPID), ("openat", 500, &OPENAT)];
-    let trace = "__x64_sys_getpid,__x64_sys_openat";
-    let (e, during) = trace_calls(&guest, &bz, trace, &calls, Some(&watch));
+    let trace = ["--trace", "__x64_sys_getpid,__x64_sys_openat"];
+    let (e, during) = trace_calls(&guest, &bz, &trace, &calls, Some(&watch));
     // The comparison sees vmtrace: while attached, its pages (low MiB) and
     // its two sites (text: 5 bytes each at most) differ.
     let d = diffs(&before, &during.unwrap());
@@ -328,17 +326,37 @@ fn attach_counts_exactly_restores_memory_and_attaches_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The ACPI guest, through a gdbstub its user opened (`--gdb`): vmtrace
+/// leaves that one open, and it serves a second attach.
 #[test]
-fn attach_to_the_acpi_guest() {
+fn attach_to_the_acpi_guest_through_a_given_gdbstub() {
     let guest = QemuGuest::boot(QemuOpts::linux_acpi());
     let w = guest.wait_ready().unwrap();
     let bz = linux_acpi_bzimage();
     let kernel = Kernel::new(&bz.with_file_name("vmlinux"));
-    let (before, _) = kernel.read(guest.qmp_socket());
-    let calls: [(&str, u64, &[&str]); 1] = [("getppid", 300, &GETPPID)];
-    trace_calls(&guest, &bz, "__x64_sys_getppid", &calls, None);
-    let (after, _) = kernel.read(guest.qmp_socket());
-    assert_same(&before, &after, "by an attach and its detach");
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let stub = guest.dir().join("gdb.sock");
+    let hmp = |cmd: &str| {
+        let mut q = Qmp::connect(qmp, Duration::from_secs(10)).unwrap();
+        q.hmp(cmd).unwrap()
+    };
+    let opened = hmp(&format!("gdbserver unix:{},server=on,wait=off", s(&stub)));
+    assert!(opened.contains("Waiting for gdb connection"), "{opened}");
+    let args = ["--trace", "__x64_sys_getppid", "--gdb", s(&stub)];
+    for n in [300, 7] {
+        let calls: [(&str, u64, &[&str]); 1] = [("getppid", n, &GETPPID)];
+        trace_calls(&guest, &bz, &args, &calls, None);
+        let chardevs = hmp("info chardev");
+        assert!(
+            chardevs.contains(s(&stub)),
+            "the given stub closed: {chardevs}"
+        );
+    }
+    assert!(hmp("gdbserver none").contains("Disabled gdbserver"));
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by two attaches and their detaches");
+    assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
 }
 
@@ -435,7 +453,7 @@ fn bad_attaches_leave_the_guest_untouched() {
 
     // And an attach still works.
     let calls: [(&str, u64, &[&str]); 1] = [("getpid", 10, &GETPID)];
-    trace_calls(&guest, &bz, "__x64_sys_getpid", &calls, None);
+    trace_calls(&guest, &bz, &["--trace", "__x64_sys_getpid"], &calls, None);
     assert_runs_on(&guest, w.worker);
 }
 
