@@ -5,6 +5,8 @@
 // test binaries that boot no QEMU compile it without warnings.
 pub mod qemu;
 pub mod qemu_vm;
+// The `vmtrace attach` runs of the QEMU tests (covered by the same allow).
+pub mod attach;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

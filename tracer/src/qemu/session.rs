@@ -18,6 +18,7 @@ use super::qmp::{QemuVersion, Qmp, QmpError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::kernel::symbols::KernelImage;
 use crate::plan::{Mode, Plan};
 use crate::session::exitless::backing::{
     Backed, RegionPages, CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS,
@@ -40,6 +41,10 @@ const RETRY: Duration = Duration::from_millis(100);
 /// After the sites are restored: the guest runs this long before vmtrace's
 /// code is taken out, so that any context interrupted inside it finishes.
 const GRACE: Duration = Duration::from_millis(50);
+/// The kernel image's virtual area: `__START_KERNEL_map` and its size with
+/// KASLR (arch/x86/include/asm/page_64_types.h).
+const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
+const KERNEL_IMAGE_SIZE: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
@@ -49,10 +54,14 @@ pub enum QemuError {
     Gdb(#[from] GdbError),
     #[error(transparent)]
     Ram(#[from] super::procmem::ProcMemError),
+    #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
+    NotRunning { qmp: PathBuf, status: String },
     #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
     NoVcpus { qmp: PathBuf },
     #[error("cannot find the running kernel in the guest: {0}")]
     NotTraceable(String),
+    #[error("the guest runs another kernel than {path}: its banner ({banner:?}) is nowhere in the guest kernel's mapping; give the running kernel's vmlinux or bzImage")]
+    OtherKernel { path: PathBuf, banner: String },
     #[error("no guest memory is free for vmtrace's code and rings: {0}")]
     NoRoom(#[from] LowMemError),
     #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
@@ -113,6 +122,15 @@ pub struct Connected {
 /// `gdb`, or one vmtrace opens at `attach`.
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
     let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    // The gdbstub resumes the guest whenever it lets it go: a paused one
+    // (by its user, or started with -S) would not stay paused.
+    let status = qmp.status()?;
+    if status != "running" {
+        return Err(QemuError::NotRunning {
+            qmp: qmp_path.to_owned(),
+            status,
+        });
+    }
     let pid = qmp.pid()?;
     let accel = qmp.accel()?;
     let cpus = qmp.cpus()?.len();
@@ -184,11 +202,7 @@ struct Survey {
 fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
     let offset = match kaslr::detect(stop, &plan.image) {
         Ok(Detected::Offset(o)) => o,
-        Ok(_) => {
-            return Err(QemuError::NotTraceable(
-                "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
-            ))
-        }
+        Ok(_) => return Err(not_found(stop, &plan.image)),
         Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
     };
     let mut space = kernel_space(stop)?;
@@ -214,6 +228,31 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
         low,
         tsc_khz,
     })
+}
+
+/// Why the kernel's banner was found nowhere: a kernel runs (its image's
+/// virtual area maps memory) but not this one, or none runs yet. The
+/// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
+/// lands in it.
+fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
+    let mapped = kernel_space(stop).is_ok_and(|mut space| {
+        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN)
+            .any(|i| space.gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN).is_ok())
+    });
+    let banner = image
+        .symbol(kaslr::BANNER)
+        .and_then(|b| image.file_bytes(b.addr, usize::try_from(b.size).ok()?));
+    match (mapped, banner) {
+        (true, Some(b)) => QemuError::OtherKernel {
+            path: image.path.clone(),
+            banner: String::from_utf8_lossy(b)
+                .trim_end_matches(['\0', '\n'])
+                .to_string(),
+        },
+        _ => QemuError::NotTraceable(
+            "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
+        ),
+    }
 }
 
 /// The first kernel-mode vCPU's address space (else the first paged one).

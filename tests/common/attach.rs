@@ -1,0 +1,182 @@
+//! A `vmtrace attach` the QEMU tests run (tests/qemu_attach.rs): its
+//! stderr line by line as it comes (to wait for `attached`), its stdout and
+//! exit status at the end, its `--format json` report's counts.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use super::s;
+
+/// A hang guard for a vmtrace run (far above any run's time).
+const HANG: Duration = Duration::from_secs(300);
+
+/// A `vmtrace attach` running: its stderr lines as they come, its stdout
+/// at the end. Dropping it kills it.
+pub struct Attach {
+    pub child: Child,
+    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
+    err: Option<JoinHandle<()>>,
+    out: Option<JoinHandle<String>>,
+}
+
+/// How a `vmtrace attach` ended.
+pub struct Ended {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ended {
+    /// The `--format json` report's count per function name.
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        let v = self.json();
+        v["functions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no functions in {v}"))
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["count"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// The count of the one function of `names` the report lists (aliases
+/// share an address: the report names it once).
+pub fn count_of(counts: &BTreeMap<String, u64>, names: &[&str]) -> u64 {
+    let found: Vec<u64> = names
+        .iter()
+        .filter_map(|n| counts.get(*n).copied())
+        .collect();
+    assert_eq!(found.len(), 1, "one of {names:?} in {counts:?}");
+    found[0]
+}
+
+impl Attach {
+    /// Start `vmtrace attach --qmp QMP ARGS... -q`.
+    pub fn start(qmp: &Path, args: &[&str]) -> Attach {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+            .args(["attach", "--qmp", s(qmp), "-q"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run vmtrace");
+        let lines: Arc<(Mutex<Vec<String>>, Condvar)> = Arc::default();
+        let shared = Arc::clone(&lines);
+        let stderr = child.stderr.take().unwrap();
+        let err = thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("  [vmtrace] {line}");
+                shared.0.lock().unwrap().push(line);
+                shared.1.notify_all();
+            }
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let out = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        Attach {
+            child,
+            lines,
+            err: Some(err),
+            out: Some(out),
+        }
+    }
+
+    /// The first stderr line containing `pattern`; panics (with stderr) if
+    /// vmtrace exits first.
+    pub fn wait_line(&mut self, pattern: &str) -> String {
+        let deadline = Instant::now() + HANG;
+        let mut lines = self.lines.0.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|l| l.contains(pattern)) {
+                return l.clone();
+            }
+            let exited = self.child.try_wait().unwrap().is_some();
+            if exited || Instant::now() >= deadline {
+                let why = if exited {
+                    "vmtrace exited"
+                } else {
+                    "timed out"
+                };
+                panic!(
+                    "{why} before saying {pattern:?}; stderr:\n{}",
+                    lines.join("\n")
+                );
+            }
+            lines = self
+                .lines
+                .1
+                .wait_timeout(lines, Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+    }
+
+    pub fn attached(mut self) -> Attach {
+        let line = self.wait_line("vmtrace: attached to QEMU");
+        assert!(line.contains("exitless"), "{line}");
+        self
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        super::kill(&self.child, sig);
+    }
+
+    /// Wait for vmtrace to exit by itself (killed after [`HANG`]).
+    pub fn end(mut self) -> Ended {
+        let deadline = Instant::now() + HANG;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("vmtrace hung: {}", self.lines.0.lock().unwrap().join("\n"));
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        self.err.take().unwrap().join().unwrap();
+        let stdout = self.out.take().unwrap().join().unwrap();
+        let stderr = self.lines.0.lock().unwrap().join("\n");
+        Ended {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Attach {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The gdbstub socket vmtrace opens for `attach` (session.rs's name).
+pub fn gdb_socket(vmtrace: &Attach, qemu: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("vmtrace-gdb-{}-{qemu}.sock", vmtrace.child.id()))
+}
