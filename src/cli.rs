@@ -288,6 +288,13 @@ pub struct AttachArgs {
     /// Function graph: hook every traced call's return too.
     #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
+    /// How a traced call reaches vmtrace: vmtrace's trampoline in guest
+    /// memory the guest never uses, appending to rings (exitless), a
+    /// breakpoint through the gdbstub per call (trap: slow, needs nothing
+    /// of the guest), or exitless where the guest has such memory, else
+    /// trap (auto).
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto, help_heading = "Tracing")]
+    pub mode: ModeArg,
     #[command(flatten)]
     pub output: OutputArgs,
 }

@@ -326,6 +326,56 @@ fn attach_counts_exactly_restores_memory_and_attaches_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Trap mode through the gdbstub (`--mode trap`): a breakpoint of QEMU's
+/// own at each site, each hit a stop; guest memory is never written (not
+/// even while attached), counts are exact, the guest runs on. The function
+/// graph, which needs vmtrace's code in guest memory, is refused first.
+#[test]
+fn trap_mode_counts_exactly_through_gdbstub_breakpoints() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let watch = kernel.watch(qmp);
+    let before = watch.read();
+    refused(
+        qmp,
+        &["--kernel", s(&bz), "--mode", "trap", "--graph"],
+        "the function graph needs vmtrace's code in guest memory",
+    );
+
+    let trace = "__x64_sys_getpid,__x64_sys_openat";
+    let args = ["--kernel", s(&bz), "--format", "json", "--mode", "trap"];
+    let mut a = Attach::start(qmp, &[&args[..], &["--trace", trace]].concat());
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(
+        line.contains("a gdbstub breakpoint at each of 2 sites, trap mode"),
+        "{line}"
+    );
+    guest.go("getpid", 200).unwrap();
+    guest.go("openat", 30).unwrap();
+    assert_same(&before, &watch.read(), "while traced through breakpoints");
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let want = "vmtrace: detached (signal 2): 2 breakpoints removed; the guest runs on";
+    assert!(e.stderr.contains(want), "{want:?} in {}", e.stderr);
+    let counts = e.counts();
+    assert_eq!(count_of(&counts, &GETPID), 200, "{counts:?}");
+    assert_eq!(count_of(&counts, &OPENAT), 30, "{counts:?}");
+    assert_eq!(counts.len(), 2, "{counts:?}");
+    let v = e.json();
+    assert_eq!(
+        (&v["mode"], &v["dropped"]),
+        (&"trap".into(), &0.into()),
+        "{v}"
+    );
+    assert_same(&before, &watch.read(), "by a trap-mode attach");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+}
+
 /// The ACPI guest, through a gdbstub its user opened (`--gdb`): vmtrace
 /// leaves that one open, and it serves a second attach.
 #[test]

@@ -2,17 +2,17 @@
 //! running (the library's `tracer::qemu` session), then detach, leaving it
 //! running as found, and report like a normal run.
 
-use tracer::plan::{ModeChoice, Request, TracePlan};
+use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
 use tracer::session::store::Storage;
 use tracer::session::Recording;
 
-use crate::cli::AttachArgs;
+use crate::cli::{AttachArgs, ModeArg};
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
 use crate::emit::emit;
-use crate::error::{Error, InputError, Outcome, RuntimeError};
+use crate::error::{Error, Flags, InputError, Outcome, RuntimeError};
 
 /// The smallest `--buffer`, as for a run.
 const MIN_BUFFER: u64 =
@@ -28,17 +28,32 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
     let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
+    let asked = match args.mode {
+        ModeArg::Trap => ModeChoice::Trap,
+        ModeArg::Exitless => ModeChoice::Exitless,
+        ModeArg::Auto => ModeChoice::Auto,
+    };
     let request = Request {
         trace: args.trace.clone(),
         notrace: args.notrace.clone(),
         graph: args.graph,
-        mode: ModeChoice::Exitless,
+        mode: asked,
         ring_events: None,
         cpus: connected.info.cpus,
         emulator_host: false,
         linux: true,
     };
-    let plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    // Auto mode found exitless mode impossible for this kernel already.
+    let planned = plan.notes.iter().find_map(|n| match n {
+        Note::AutoTrap { why, remedy } => Some(vmm::advice::join(why.clone(), *remedy, &Flags)),
+        _ => None,
+    });
+    plan.notes.retain(|n| !matches!(n, Note::AutoTrap { .. }));
+    let mode = match plan.mode {
+        Mode::Trap => ModeChoice::Trap,
+        Mode::Exitless => asked,
+    };
     let kernel = plan.plan.image.path.clone();
     let mut data = Data::open(output.data.as_ref())?;
     let file = data.file.take().expect("just opened");
@@ -49,10 +64,13 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
-    let mut s = connected.attach(plan.plan, recording).map_err(|e| {
+    let mut s = connected.attach(plan.plan, recording, mode).map_err(|e| {
         data.discard();
         InputError::Qemu(e)
     })?;
+    if let Some(why) = planned.as_ref().or(s.fallback.as_ref()) {
+        note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: the guest stops at every traced call)");
+    }
     say_attached(&s);
     let reason = s.trace(duration);
     let ended = s.end(&reason);
@@ -62,18 +80,21 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
 
 fn say_attached(s: &QemuSession) {
     let i = &s.info;
-    let (used, free) = s.region_pages();
-    note!(
-        "vmtrace: attached to QEMU {}.{}.{} (pid {}, {}, {} vCPUs): {} sites patched, exitless; \
-         vmtrace's code and rings in {used} of the guest's {free} unused low pages",
-        i.version.major,
-        i.version.minor,
-        i.version.micro,
-        i.pid,
-        i.accel,
-        i.cpus,
-        s.tracer().attach_counts.patched,
+    let qemu = format!(
+        "vmtrace: attached to QEMU {}.{}.{} (pid {}, {}, {} vCPUs)",
+        i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
+    let sites = s.tracer().attach_counts.patched;
+    match s.region_pages() {
+        Some((used, free)) => note!(
+            "{qemu}: {sites} sites patched, exitless; \
+             vmtrace's code and rings in {used} of the guest's {free} unused low pages"
+        ),
+        None => note!(
+            "{qemu}: a gdbstub breakpoint at each of {sites} sites, trap mode; \
+             guest memory unwritten"
+        ),
+    }
 }
 
 /// Say how the detach went, then report and save what was traced.
@@ -87,11 +108,16 @@ fn report(
         detached,
         removed,
         attached: _,
+        trap,
         drained,
         summary,
         saved,
     } = ended;
     match (&detached, reason) {
+        (Ok(d), _) if trap => note!(
+            "vmtrace: detached ({reason}): {} breakpoints removed; the guest runs on",
+            d.restored,
+        ),
         (Ok(d), _) => note!(
             "vmtrace: detached ({reason}): {} sites restored{}; the guest runs on",
             d.restored,

@@ -9,6 +9,7 @@ use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::GuestMemoryMmap;
 
 use crate::gva::{AddressSpace, PagingMode};
+use crate::GuestRam;
 
 /// One exit on the trace port.
 pub struct Trap<'a> {
@@ -26,12 +27,9 @@ pub struct Trap<'a> {
 }
 
 impl<'a> Trap<'a> {
-    pub(crate) fn new(
-        cpu: usize,
-        regs: &kvm_regs,
-        sregs: &kvm_sregs,
-        mem: &'a GuestMemoryMmap,
-    ) -> Self {
+    /// A trap at `regs.rip` on `cpu`, its memory `mem` (this VMM's, or a
+    /// VM's reached another way: a QEMU's breakpoint stops).
+    pub fn new(cpu: usize, regs: &kvm_regs, sregs: &kvm_sregs, mem: &'a dyn GuestRam) -> Self {
         Trap {
             cpu,
             rip: regs.rip,
@@ -71,7 +69,8 @@ impl<'a> Trap<'a> {
         self.new_rip = Some(rip);
     }
 
-    pub(crate) fn new_rip(&self) -> Option<u64> {
+    /// Where the handler moved RIP, if it did.
+    pub fn new_rip(&self) -> Option<u64> {
         self.new_rip
     }
 

@@ -15,6 +15,7 @@ use vmm::{GuestRam, RamError, Stopped};
 use super::gdb::{Gdb, GdbError, ThreadId};
 use super::procmem::ProcRam;
 use super::regs::X86Regs;
+use super::trap::StopReply;
 
 /// Guest RAM of a QEMU: reads (and writes while the guest runs: the rings'
 /// host words) through /proc/PID/mem; writes while it is stopped through
@@ -244,6 +245,109 @@ impl QemuGuest {
     }
 }
 
+/// The VM stopped at a breakpoint (all-stop: every vCPU); dropping it
+/// resumes the VM.
+pub struct Hit<'a> {
+    guest: &'a QemuGuest,
+    /// The stop reply.
+    pub reply: StopReply,
+    /// The vCPU the reply names (its index in the stub's thread list).
+    pub cpu: Option<usize>,
+    resumed: bool,
+}
+
+impl QemuGuest {
+    /// Waits up to `timeout` for the running VM to stop (a breakpoint,
+    /// or anyone's stop): None if it still runs.
+    pub fn wait_hit(&self, timeout: Duration) -> Result<Option<Hit<'_>>, GdbError> {
+        let mut stub = self.stub();
+        let Some(reply) = stub.wait_stop(timeout)? else {
+            return Ok(None);
+        };
+        self.ram.stopped.store(true, Ordering::Release);
+        let cpu = reply
+            .thread
+            .and_then(|t| self.threads.iter().position(|&x| x == t));
+        Ok(Some(Hit {
+            guest: self,
+            reply,
+            cpu,
+            resumed: false,
+        }))
+    }
+
+    /// The vCPUs' thread ids, in vCPU order.
+    fn thread(&self, cpu: usize) -> Result<ThreadId, GdbError> {
+        self.threads
+            .get(cpu)
+            .copied()
+            .ok_or_else(|| GdbError::Target {
+                addr: self.stub().addr().to_string(),
+                what: format!("no vCPU {cpu}"),
+            })
+    }
+
+    /// vCPU `cpu`'s registers (the guest stopped).
+    fn vcpu_snapshot(&self, cpu: usize) -> Result<VcpuSnapshot, GdbError> {
+        let t = self.thread(cpu)?;
+        let r = self.stub().regs(t)?;
+        Ok(snapshot(&r, None))
+    }
+
+    /// Sets vCPU `cpu`'s RIP (the guest stopped).
+    fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
+        let t = self.thread(cpu)?;
+        self.stub().set_reg(t, "rip", rip)
+    }
+
+    /// The stop reply the last stop brought (e.g. a breakpoint's, hit
+    /// just before vmtrace's own stop), taken.
+    pub fn take_last_stop(&self) -> Option<StopReply> {
+        let text = self.stub().last_stop.take()?;
+        StopReply::parse(&text)
+    }
+
+    /// Position of thread `t` in vCPU order.
+    pub fn cpu_of(&self, t: ThreadId) -> Option<usize> {
+        self.threads.iter().position(|&x| x == t)
+    }
+}
+
+impl Hit<'_> {
+    /// The stopping vCPU's registers.
+    pub fn snapshot(&self, cpu: usize) -> Result<VcpuSnapshot, GdbError> {
+        self.guest.vcpu_snapshot(cpu)
+    }
+
+    /// Moves vCPU `cpu` to `rip`.
+    pub fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
+        self.guest.set_rip(cpu, rip)
+    }
+
+    /// Guest memory, as the tracer reads it.
+    pub fn ram(&self) -> &Arc<dyn GuestRam> {
+        &self.guest.view
+    }
+
+    /// Let the VM run again.
+    pub fn resume(mut self) -> Result<(), GdbError> {
+        self.resumed = true;
+        let mut s = self.guest.stub();
+        self.guest.ram.stopped.store(false, Ordering::Release);
+        s.resume()
+    }
+}
+
+impl Drop for Hit<'_> {
+    fn drop(&mut self) {
+        if !self.resumed {
+            let mut s = self.guest.stub();
+            self.guest.ram.stopped.store(false, Ordering::Release);
+            let _ = s.resume();
+        }
+    }
+}
+
 impl QemuGuest {
     /// Hand a running guest back to QEMU: stop it, detach the stub (which
     /// resumes it).
@@ -271,6 +375,22 @@ impl QemuStop<'_> {
         let mut s = self.guest.stub();
         self.guest.ram.stopped.store(false, Ordering::Release);
         s.resume()
+    }
+
+    /// A breakpoint at guest-virtual `addr`, QEMU's own (guest memory
+    /// unwritten under TCG).
+    pub fn set_breakpoint(&self, addr: u64) -> Result<(), GdbError> {
+        self.guest.stub().set_breakpoint(addr)
+    }
+
+    /// Removes the breakpoint at `addr`.
+    pub fn clear_breakpoint(&self, addr: u64) -> Result<(), GdbError> {
+        self.guest.stub().clear_breakpoint(addr)
+    }
+
+    /// Moves vCPU `cpu` to `rip`.
+    pub fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
+        self.guest.set_rip(cpu, rip)
     }
 }
 

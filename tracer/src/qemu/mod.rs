@@ -6,10 +6,13 @@
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
 //! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
 
+pub mod breakpoints;
 pub mod clock;
+pub mod error;
 pub mod gdb;
 pub mod guest;
 pub mod layout;
+pub mod mode;
 pub mod procmem;
 pub mod qmp;
 pub mod regs;

@@ -8,30 +8,31 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vmm::gva::AddressSpace;
 use vmm::Stopped;
 
-use super::gdb::{Gdb, GdbAddr, GdbError};
+use super::breakpoints::{self, Breakpoints};
+pub use super::error::QemuError;
+use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::mode::{decide, kernel_space, room, Decision, Room};
 use super::procmem::ProcRam;
-use super::qmp::{QemuVersion, Qmp, QmpError};
+use super::qmp::{QemuVersion, Qmp};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
-use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
-use crate::plan::{Mode, Plan};
-use crate::session::exitless::backing::{
-    Backed, RegionPages, CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS,
-};
-use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
-use crate::session::exitless::state::Exitless;
+use crate::plan::{Mode, ModeChoice, Plan};
+use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::patch::DetachCounts;
 use crate::session::region::Busy;
+use crate::session::watch::Watch;
 use crate::session::Saved;
 use crate::session::{Attach, Recording, Tracer};
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::Trace;
 
+/// Why trap mode has no function graph.
+const TRAP_WRITES_NONE: &str = "trap mode through the gdbstub puts nothing in guest memory";
 /// How long to wait for each QMP or gdbstub reply.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attach attempts while the guest is not ready (its ftrace_init running),
@@ -45,34 +46,6 @@ const GRACE: Duration = Duration::from_millis(50);
 /// KASLR (arch/x86/include/asm/page_64_types.h).
 const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
 const KERNEL_IMAGE_SIZE: u64 = 1 << 30;
-
-#[derive(Debug, thiserror::Error)]
-pub enum QemuError {
-    #[error(transparent)]
-    Qmp(#[from] QmpError),
-    #[error(transparent)]
-    Gdb(#[from] GdbError),
-    #[error(transparent)]
-    Ram(#[from] super::procmem::ProcMemError),
-    #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
-    NotRunning { qmp: PathBuf, status: String },
-    #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
-    NoVcpus { qmp: PathBuf },
-    #[error("cannot find the running kernel in the guest: {0}")]
-    NotTraceable(String),
-    #[error("the guest runs another kernel than {path}: its banner ({banner:?}) is nowhere in the guest kernel's mapping; give the running kernel's vmlinux or bzImage")]
-    OtherKernel { path: PathBuf, banner: String },
-    #[error("no guest memory is free for vmtrace's code and rings: {0}")]
-    NoRoom(#[from] LowMemError),
-    #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
-    NoTscRate(u32),
-    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused")]
-    RingsTooBig { sites: usize, cpus: usize, kib: u64 },
-    #[error("the guest was never ready to attach ({0})")]
-    NotReady(String),
-    #[error(transparent)]
-    Tracer(#[from] TracerError),
-}
 
 /// The QEMU traced, for the report's header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,43 +164,13 @@ fn close_stub(qmp: &mut Qmp, stub: &Stub) {
     }
 }
 
-/// What the first stop tells: where the kernel runs, where vmtrace's
-/// region can live, how fast the guest's TSC runs.
-struct Survey {
-    offset: KernelOffset,
-    low: LowMemory,
-    tsc_khz: u32,
-}
-
-fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
-    let offset = match kaslr::detect(stop, &plan.image) {
-        Ok(Detected::Offset(o)) => o,
-        Ok(_) => return Err(not_found(stop, &plan.image)),
-        Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
-    };
-    let mut space = kernel_space(stop)?;
-    let low = lowmem::find(&mut space, &plan.image, offset)?;
-    let tsc_khz = match plan.image.symbol("tsc_khz") {
-        Some(s) => space
-            .read_array::<4>(offset.runtime(s.addr))
-            .map(u32::from_le_bytes)
-            .unwrap_or(0),
-        None => 0,
-    };
-    // 0 when the kernel found no usable TSC (TCG's): the host's rate is
-    // the guest's (`clock`).
-    let tsc_khz = match tsc_khz {
-        0 => super::clock::host_tsc_khz(),
-        k => k,
-    };
-    if tsc_khz == 0 {
-        return Err(QemuError::NoTscRate(tsc_khz));
+/// Where the kernel runs (KASLR), from the first stop.
+fn kernel_offset(stop: &QemuStop<'_>, plan: &Plan) -> Result<KernelOffset, QemuError> {
+    match kaslr::detect(stop, &plan.image) {
+        Ok(Detected::Offset(o)) => Ok(o),
+        Ok(_) => Err(not_found(stop, &plan.image)),
+        Err(e) => Err(QemuError::NotTraceable(e.to_string())),
     }
-    Ok(Survey {
-        offset,
-        low,
-        tsc_khz,
-    })
 }
 
 /// Why the kernel's banner was found nowhere: a kernel runs (its image's
@@ -255,47 +198,12 @@ fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
     }
 }
 
-/// The first kernel-mode vCPU's address space (else the first paged one).
-fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuError> {
-    let mut spaces = stop.vcpu_spaces();
-    spaces.sort_by_key(|v| v.user_mode);
-    spaces
-        .into_iter()
-        .next()
-        .map(|v| v.space)
-        .ok_or_else(|| QemuError::NotTraceable("no vCPU has paging on".into()))
-}
-
-/// Records per ring so that code, tables and every CPU's ring fit `pages`
-/// free pages (the largest power of two that does).
-fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
-    let sites = plan.index.addrs.len();
-    let code =
-        Exitless::code_pages(&plan.image, cpus, sites, plan.graph).map_err(TracerError::from)?;
-    // The pages below the rings (`backing::RegionPages`): the tables and
-    // the code; with the function graph, its parts at their fixed places.
-    let bottom = match plan.graph {
-        false => TABLE_SLOTS + code,
-        // (The code's pages count the return stubs' too.)
-        true if code.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
-        true => pages + 1,
-    };
-    let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
-    let fits = |cap| {
-        RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room)
-    };
-    if !fits(MIN_RECORDS) {
-        return Err(QemuError::RingsTooBig {
-            sites,
-            cpus,
-            kib: pages as u64 * PAGE / 1024,
-        });
-    }
-    let mut cap = MIN_RECORDS;
-    while cap < MAX_RECORDS && fits(cap * 2) {
-        cap *= 2;
-    }
-    Ok(cap)
+/// How a QEMU session traces.
+enum Backend {
+    /// vmtrace's region in the guest's free low memory.
+    Exitless { pages: Arc<Mutex<RegionPages>> },
+    /// Breakpoints through the stub.
+    Trap(Breakpoints),
 }
 
 /// A QEMU being traced.
@@ -305,17 +213,29 @@ pub struct QemuSession {
     stub: Stub,
     tracer: Tracer,
     pub info: QemuInfo,
-    pub low: LowMemory,
-    pages: Arc<Mutex<RegionPages>>,
+    /// The free low memory exitless mode uses (None in trap mode).
+    pub low: Option<LowMemory>,
+    backend: Backend,
+    /// Why trap mode was chosen where exitless was possible to ask for.
+    pub fallback: Option<String>,
     kernel: PathBuf,
 }
 
 impl Connected {
-    /// Open the gdbstub (the guest stops), plan the region from the
-    /// stopped guest, then attach (exitless) in a stop of its own, retrying
-    /// while the guest is not ready. On error the guest runs on as found
-    /// and the stub is closed.
-    pub fn attach(self, plan: Plan, rec: Recording) -> Result<QemuSession, QemuError> {
+    /// Open the gdbstub (the guest stops), decide the mode (`decide`) and
+    /// plan the region from the stopped guest, then attach in a stop of
+    /// its own, retrying while the guest is not ready. On error the guest
+    /// runs on as found and the stub is closed.
+    pub fn attach(
+        self,
+        plan: Plan,
+        rec: Recording,
+        mode: ModeChoice,
+    ) -> Result<QemuSession, QemuError> {
+        if mode == ModeChoice::Trap && plan.graph {
+            // Refused before the guest is stopped at all.
+            return Err(QemuError::GraphNeedsRoom(TRAP_WRITES_NONE.into()));
+        }
         let Connected {
             mut qmp,
             ram,
@@ -324,15 +244,16 @@ impl Connected {
         } = self;
         let (mut guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
         let kernel = rec.kernel.clone();
-        match setup(&mut guest, plan, rec) {
-            Ok((tracer, low, pages)) => Ok(QemuSession {
+        match setup(&mut guest, plan, rec, mode) {
+            Ok(set) => Ok(QemuSession {
                 qmp,
                 guest,
                 stub,
-                tracer,
+                tracer: set.tracer,
                 info,
-                low,
-                pages,
+                low: set.low,
+                backend: set.backend,
+                fallback: set.fallback,
                 kernel,
             }),
             Err(e) => {
@@ -344,28 +265,74 @@ impl Connected {
     }
 }
 
-type Setup = (Tracer, LowMemory, Arc<Mutex<RegionPages>>);
+/// A session set up.
+struct Setup {
+    tracer: Tracer,
+    low: Option<LowMemory>,
+    backend: Backend,
+    fallback: Option<String>,
+}
 
-fn setup(guest: &mut QemuGuest, plan: Plan, rec: Recording) -> Result<Setup, QemuError> {
-    let cpus = guest.cpus();
+fn setup(
+    guest: &mut QemuGuest,
+    plan: Plan,
+    rec: Recording,
+    mode: ModeChoice,
+) -> Result<Setup, QemuError> {
     // Stopped since the stub connected.
     let first = guest.stop(true)?;
-    let s = survey(&first, &plan)?;
+    let offset = kernel_offset(&first, &plan)?;
+    let decided = decide(mode, || room(&first, &plan, offset))?;
     first.resume()?;
-    let cap = ring_records(&plan, cpus, s.low.pages.len())?;
-    let pages = Arc::new(Mutex::new(RegionPages::new(s.low.pages.clone())));
-    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, Mode::Exitless, Some(cap), rec)?;
-    tracer.assume_kernel_offset(s.offset);
+    match decided {
+        Decision::Exitless(room) => {
+            let low = room.low.clone();
+            let (tracer, pages) = setup_exitless(guest, plan, rec, room, offset)?;
+            Ok(Setup {
+                tracer,
+                low: Some(low),
+                backend: Backend::Exitless { pages },
+                fallback: None,
+            })
+        }
+        Decision::Trap { why } if plan.graph => Err(QemuError::GraphNeedsRoom(
+            why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
+        )),
+        Decision::Trap { why } => {
+            let (tracer, b) = setup_trap(guest, plan, rec, offset)?;
+            Ok(Setup {
+                tracer,
+                low: None,
+                backend: Backend::Trap(b),
+                fallback: why,
+            })
+        }
+    }
+}
+
+fn setup_exitless(
+    guest: &mut QemuGuest,
+    plan: Plan,
+    rec: Recording,
+    room: Room,
+    offset: KernelOffset,
+) -> Result<(Tracer, Arc<Mutex<RegionPages>>), QemuError> {
+    let cpus = guest.cpus();
+    let pages = Arc::new(Mutex::new(RegionPages::new(room.low.pages)));
+    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, Mode::Exitless, Some(room.cap), rec)?;
+    tracer.assume_kernel_offset(offset);
     tracer.back_region(Arc::clone(&pages));
     guest.set_view(Arc::new(Backed::new(guest.ram(), Arc::clone(&pages))));
-    guest.set_clock(ClockSource { tsc_khz: s.tsc_khz });
+    guest.set_clock(ClockSource {
+        tsc_khz: room.tsc_khz,
+    });
     let mut last = String::new();
     for _ in 0..ATTEMPTS {
         let stop = guest.stop(false)?;
         match tracer.attach(&stop) {
             Ok(Attach::Attached(_)) => {
                 stop.resume()?;
-                return Ok((tracer, s.low, pages));
+                return Ok((tracer, pages));
             }
             Ok(Attach::NotReady(why)) => last = why.to_string(),
             Err(e) => {
@@ -380,6 +347,38 @@ fn setup(guest: &mut QemuGuest, plan: Plan, rec: Recording) -> Result<Setup, Qem
     Err(QemuError::NotReady(last))
 }
 
+/// Trap mode: the sites checked (nothing written), a breakpoint at each,
+/// in one stop, retrying while the guest is not ready.
+fn setup_trap(
+    guest: &mut QemuGuest,
+    plan: Plan,
+    rec: Recording,
+    offset: KernelOffset,
+) -> Result<(Tracer, Breakpoints), QemuError> {
+    let (mut tracer, handlers) = Tracer::create(plan, guest.cpus(), Mode::Trap, None, rec)?;
+    tracer.assume_kernel_offset(offset);
+    let mut handlers = Some(handlers);
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
+        let stop = guest.stop(false)?;
+        match tracer.watch_sites(&stop)? {
+            Watch::Ready { sites, others } => {
+                let hs = handlers.take().unwrap_or_default();
+                let mut b = breakpoints::watch(&mut tracer, &stop, &sites, others, hs)?;
+                if let Err(e) = stop.resume() {
+                    b.finish();
+                    return Err(e.into());
+                }
+                return Ok((tracer, b));
+            }
+            Watch::NotReady(why) => last = why.to_string(),
+        }
+        stop.resume()?;
+        std::thread::sleep(RETRY);
+    }
+    Err(QemuError::NotReady(last))
+}
+
 /// How a QEMU session ended.
 pub struct QemuEnded {
     /// What the detach restored, or why it could not.
@@ -387,8 +386,10 @@ pub struct QemuEnded {
     /// vmtrace's page-table entries taken out (None: the QEMU was gone, or
     /// a vCPU stayed in vmtrace's code and the region was left mapped).
     pub removed: Option<usize>,
-    /// Sites patched at the attach.
+    /// Sites patched (or breakpoints set) at the attach.
     pub attached: usize,
+    /// Traced through breakpoints: no region was there to take out.
+    pub trap: bool,
     /// An error draining the rings (the counts stay exact).
     pub drained: Result<(), TracerError>,
     pub summary: Trace,
@@ -402,6 +403,9 @@ pub enum EndReason {
     Signal(i32),
     /// QEMU closed its sockets (it quit or was killed).
     QemuGone(String),
+    /// The gdbstub failed while tracing through its breakpoints (QEMU
+    /// still answers its monitor).
+    Stub(String),
 }
 
 impl std::fmt::Display for EndReason {
@@ -410,6 +414,7 @@ impl std::fmt::Display for EndReason {
             EndReason::Duration => write!(f, "duration elapsed"),
             EndReason::Signal(sig) => write!(f, "signal {sig}"),
             EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
+            EndReason::Stub(why) => write!(f, "the gdbstub failed: {why}"),
         }
     }
 }
@@ -423,9 +428,10 @@ impl QemuSession {
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU
-    /// going away.
+    /// going away; in trap mode, serving breakpoint hits meanwhile.
     pub fn trace(&mut self, duration: Option<Duration>) -> EndReason {
         let start = Instant::now();
+        let mut looked = Instant::now();
         loop {
             if let Some(sig) = vmm::run::take_terminate_signal() {
                 return EndReason::Signal(sig);
@@ -433,27 +439,49 @@ impl QemuSession {
             if duration.is_some_and(|d| start.elapsed() >= d) {
                 return EndReason::Duration;
             }
+            match &mut self.backend {
+                Backend::Exitless { .. } => std::thread::sleep(POLL),
+                Backend::Trap(b) => match b.serve(&self.guest, POLL) {
+                    // Hits keep coming: QMP is asked every POLL, not
+                    // every hit.
+                    Ok(true) if looked.elapsed() < POLL => continue,
+                    Ok(_) => {}
+                    Err(e) => {
+                        return match self.qmp.status() {
+                            Err(gone) => EndReason::QemuGone(gone.to_string()),
+                            Ok(_) => EndReason::Stub(e.to_string()),
+                        }
+                    }
+                },
+            }
             if let Err(e) = self.qmp.status() {
                 return EndReason::QemuGone(e.to_string());
             }
-            std::thread::sleep(POLL);
+            looked = Instant::now();
         }
     }
 
     /// Detach inside one stop, drain, take vmtrace's region out inside
     /// another (after a grace period) and hand the guest back to QEMU from
-    /// it, close the stub vmtrace opened, and finish the trace.
+    /// it (trap mode: remove the breakpoints and hand it back in one stop),
+    /// close the stub vmtrace opened, and finish the trace.
     pub fn end(mut self, reason: &EndReason) -> QemuEnded {
         let gone = matches!(reason, EndReason::QemuGone(_));
-        let detached = match gone {
-            true => Err(QemuError::NotTraceable("the QEMU is gone".into())),
-            false => self.detach_sites(),
+        let trap = matches!(self.backend, Backend::Trap(_));
+        let detached = match (gone, trap) {
+            (true, _) => Err(QemuError::NotTraceable("the QEMU is gone".into())),
+            (false, false) => self.detach_sites(),
+            (false, true) => self.remove_breakpoints(),
         };
         let drained = self.tracer.stop_draining();
-        let removed = match gone {
+        let removed = match gone || trap {
             true => None,
             false => self.remove_region(detached.is_ok()),
         };
+        if let Backend::Trap(b) = &mut self.backend {
+            // The store ends once every recorder is gone.
+            b.finish();
+        }
         close_stub(&mut self.qmp, &self.stub);
         let attached = self.tracer.attach_counts.patched;
         let (summary, saved) = self
@@ -463,10 +491,27 @@ impl QemuSession {
             detached,
             removed,
             attached,
+            trap,
             drained,
             summary,
             saved,
         }
+    }
+
+    /// Trap mode's detach: in one stop, record a hit that came just
+    /// before it, remove every breakpoint, and hand the guest back.
+    fn remove_breakpoints(&mut self) -> Result<DetachCounts, QemuError> {
+        let Backend::Trap(b) = &mut self.backend else {
+            return Ok(DetachCounts::default());
+        };
+        // Only the reply of the stop below counts.
+        let _ = self.guest.take_last_stop();
+        let stop = self.guest.stop(false)?;
+        let last = self.guest.take_last_stop();
+        let n = b.remove(&self.guest, &stop, last)?;
+        let c = self.tracer.unwatched(n);
+        stop.detach()?;
+        Ok(c)
     }
 
     fn detach_sites(&mut self) -> Result<DetachCounts, QemuError> {
@@ -505,8 +550,14 @@ impl QemuSession {
         None
     }
 
-    /// Pages of the guest's free memory vmtrace's region used, of all.
-    pub fn region_pages(&self) -> (usize, usize) {
-        self.pages.lock().unwrap_or_else(|e| e.into_inner()).used()
+    /// Pages of the guest's free memory vmtrace's region used, of all
+    /// (None in trap mode).
+    pub fn region_pages(&self) -> Option<(usize, usize)> {
+        match &self.backend {
+            Backend::Exitless { pages } => {
+                Some(pages.lock().unwrap_or_else(|e| e.into_inner()).used())
+            }
+            Backend::Trap(_) => None,
+        }
     }
 }

@@ -71,6 +71,12 @@ impl Gdb {
                 // Nothing else is owed while running: a late reply, dropped.
                 Ok(_) => continue,
                 Err(GdbError::Timeout { .. }) => break Ok(None),
+                // A signal (Ctrl-C) cut the wait short: the caller looks.
+                Err(GdbError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::Interrupted =>
+                {
+                    break Ok(None)
+                }
                 Err(e) => break Err(e),
             }
         };

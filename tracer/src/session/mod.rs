@@ -35,6 +35,7 @@ pub mod record;
 pub mod region;
 pub mod shadow;
 pub mod store;
+pub mod watch;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
 
@@ -81,6 +82,16 @@ impl<'a> Attach<'a> {
             Attach::NotReady(why) => Err(why),
         }
     }
+}
+
+/// What an attach found under its stop, nothing written yet (`check`).
+struct Checked<'a> {
+    off: KernelOffset,
+    /// The kernel's own page tables.
+    space: AddressSpace<'a>,
+    surveyed: patch::Surveyed,
+    /// Each vCPU's GS base, where known.
+    gs_bases: Vec<(usize, u64)>,
 }
 
 /// A tracing session.
@@ -395,8 +406,58 @@ impl Tracer {
     /// selected site still calls `__fentry__`), nothing is written and the
     /// caller should resume the guest and try again.
     pub fn attach(&mut self, paused: &dyn Stopped) -> Result<Attach<'_>, TracerError> {
+        let mut c = match self.check(paused)? {
+            Ok(c) => c,
+            Err(why) => return Ok(Attach::NotReady(why)),
+        };
+        // Every check before the first write: a guest found not ready is
+        // resumed exactly as it was (no site, no page-table entry, nothing
+        // the guest can reach changed; `resolve` may rewrite vmtrace's staged
+        // code, still unmapped, once, for the kernel it found).
+        if let Some(not_ready) = self.prepare_exitless(&mut c.space, c.off, &c.gs_bases)? {
+            return Ok(Attach::NotReady(not_ready));
+        }
+        // Exitless events are dated by the guest's clock: none, no attach.
+        let clock = match self.exitless {
+            Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
+            None => None,
+        };
+        let (patched, skipped, mapped) =
+            self.write_sites(&mut c.space, c.surveyed, paused.ram())?;
+        self.attach_counts = AttachCounts {
+            patched: patched.len(),
+            skipped_other: skipped,
+            exitless: mapped,
+        };
+        self.patched = patched;
+        if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
+            ex.start_drainer(
+                clock,
+                Arc::clone(&self.counters),
+                Arc::clone(&self.plan.index),
+            );
+        }
+        self.attached_at(paused);
+        Ok(Attach::Attached(&self.attach_counts))
+    }
+
+    /// When and how long the attach's stop was.
+    fn attached_at(&mut self, paused: &dyn Stopped) {
+        self.tsc_khz = paused.guest_clock().map_or(0, |c| u64::from(c.tsc_khz));
+        self.attach_ns = vmm::Trap::now_ns();
+        self.attach_window = paused.window();
+        self.attach_latency = paused.latency();
+    }
+
+    /// What an attach checks under `paused` before it writes anything:
+    /// where the kernel runs, that it is the planned one and has finished
+    /// its ftrace_init, and every selected site read. Reads only.
+    fn check<'a>(
+        &mut self,
+        paused: &'a dyn Stopped,
+    ) -> Result<Result<Checked<'a>, NotReady>, TracerError> {
         let Some(off) = self.find_offset(paused)? else {
-            return Ok(Attach::NotReady(NotReady::KernelOffsetUnknown));
+            return Ok(Err(NotReady::KernelOffsetUnknown));
         };
         // The vmlinux's addresses, slid to where the kernel runs.
         let addrs: Vec<u64> = self
@@ -406,7 +467,6 @@ impl Tracer {
             .iter()
             .map(|&a| off.runtime(a))
             .collect();
-        let addrs = &addrs;
         let vcpus = paused.vcpu_spaces();
         let gs_bases: Vec<(usize, u64)> = vcpus
             .iter()
@@ -422,48 +482,23 @@ impl Tracer {
         })?;
         if let Some(va) = data {
             if space.read_array::<4>(va).map(u32::from_le_bytes) == Ok(0) {
-                return Ok(Attach::NotReady(NotReady::FtraceInitRunning));
+                return Ok(Err(NotReady::FtraceInitRunning));
             }
         }
-        patch::verify_image(&mut space, &self.plan.image, addrs, off.virt)?;
+        patch::verify_image(&mut space, &self.plan.image, &addrs, off.virt)?;
         let (fentry, calls) = self.call_sites(off);
-        // Every check before the first write: a guest found not ready is
-        // resumed exactly as it was (no site, no page-table entry, nothing
-        // the guest can reach changed; `resolve` may rewrite vmtrace's staged
-        // code, still unmapped, once, for the kernel it found).
-        if let Some(not_ready) = self.prepare_exitless(&mut space, off, &gs_bases)? {
-            return Ok(Attach::NotReady(not_ready));
-        }
-        // Exitless events are dated by the guest's clock: none, no attach.
-        let clock = match self.exitless {
-            Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
-            None => None,
-        };
-        let surveyed = match patch::survey(&mut space, fentry, addrs, calls)? {
+        let surveyed = match patch::survey(&mut space, fentry, &addrs, calls)? {
             Survey::Ready(s) => s,
             Survey::GuestNotReady { calls, first } => {
-                return Ok(Attach::NotReady(NotReady::CallSites { calls, first }))
+                return Ok(Err(NotReady::CallSites { calls, first }))
             }
         };
-        let (patched, skipped, mapped) = self.write_sites(&mut space, surveyed, paused.ram())?;
-        self.attach_counts = AttachCounts {
-            patched: patched.len(),
-            skipped_other: skipped,
-            exitless: mapped,
-        };
-        self.patched = patched;
-        if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
-            ex.start_drainer(
-                clock,
-                Arc::clone(&self.counters),
-                Arc::clone(&self.plan.index),
-            );
-        }
-        self.tsc_khz = paused.guest_clock().map_or(0, |c| u64::from(c.tsc_khz));
-        self.attach_ns = vmm::Trap::now_ns();
-        self.attach_window = paused.window();
-        self.attach_latency = paused.latency();
-        Ok(Attach::Attached(&self.attach_counts))
+        Ok(Ok(Checked {
+            off,
+            space,
+            surveyed,
+            gs_bases,
+        }))
     }
 
     /// The kernel's offsets (KASLR): known, or detected under `paused`;

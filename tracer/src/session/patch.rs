@@ -266,6 +266,22 @@ pub struct Surveyed {
     skipped: usize,
 }
 
+impl Surveyed {
+    /// The running addresses of the sites found holding the 5-byte NOP
+    /// (where moving RIP 5 bytes on is what running the site does), and
+    /// how many others were found (unmapped, or holding anything else).
+    pub fn nops(&self) -> (Vec<u64>, usize) {
+        let nops: Vec<u64> = self
+            .found
+            .iter()
+            .filter(|f| f.kind == SiteKind::Nop)
+            .map(|f| f.addr)
+            .collect();
+        let others = self.skipped + self.found.len() - nops.len();
+        (nops, others)
+    }
+}
+
 /// Read and classify every site in `sites` (running addresses); with
 /// `CallSites::Wait`, one that still calls `__fentry__` makes the guest not
 /// ready. Reads only. The caller holds every vCPU parked.

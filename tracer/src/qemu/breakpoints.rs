@@ -1,0 +1,171 @@
+//! Trap mode through QEMU's gdbstub, where no guest memory is free for
+//! exitless mode: a breakpoint of QEMU's own (`Z0`) at every selected site
+//! (under TCG QEMU keeps them in its translator: guest text is never
+//! written), each hit a stop of every vCPU that the trap-mode recorders
+//! (`session::record`) take as a trap at the site, the vCPU then moved past
+//! the site's 5-byte NOP (checked at the attach) as running it would, and
+//! the VM resumed. Slow (a stop and a few stub round trips per call), but
+//! it needs nothing of the guest.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use vmm::{Trap, TrapHandler};
+
+use super::gdb::GdbError;
+use super::guest::{QemuGuest, QemuStop};
+use super::trap::StopReply;
+use crate::session::Tracer;
+
+/// SIGTRAP: a breakpoint's stop.
+const SIGTRAP: u8 = 5;
+
+/// The breakpoints set, and the recorders their hits go to.
+pub struct Breakpoints {
+    sites: HashSet<u64>,
+    /// One per vCPU, in the stub's thread order.
+    handlers: Vec<Box<dyn TrapHandler>>,
+    /// Stops that were no hit of vmtrace's (anyone's stop): resumed.
+    pub other_stops: u64,
+}
+
+/// Why a hit could not be handled.
+#[derive(Debug, thiserror::Error)]
+pub enum HitError {
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
+    #[error(transparent)]
+    Trap(#[from] vmm::TrapError),
+}
+
+impl Breakpoints {
+    /// Set a breakpoint at each of `sites` inside `stop`; on an error, the
+    /// ones set are removed again.
+    pub fn set(
+        stop: &QemuStop<'_>,
+        sites: &[u64],
+        handlers: Vec<Box<dyn TrapHandler>>,
+    ) -> Result<Breakpoints, GdbError> {
+        let mut set = HashSet::with_capacity(sites.len());
+        for &a in sites {
+            if let Err(e) = stop.set_breakpoint(a) {
+                for &b in &set {
+                    let _ = stop.clear_breakpoint(b);
+                }
+                return Err(e);
+            }
+            set.insert(a);
+        }
+        Ok(Breakpoints {
+            sites: set,
+            handlers,
+            other_stops: 0,
+        })
+    }
+
+    /// Breakpoints set.
+    pub fn len(&self) -> usize {
+        self.sites.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sites.is_empty()
+    }
+
+    /// Waits up to `timeout` for the running VM to stop; records a hit and
+    /// resumes the VM. False if it still runs.
+    pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<bool, HitError> {
+        let Some(hit) = guest.wait_hit(timeout)? else {
+            return Ok(false);
+        };
+        let recorded = match hit.cpu {
+            Some(cpu) if hit.reply.signal == SIGTRAP => {
+                let snap = hit.snapshot(cpu)?;
+                self.record(cpu, &snap, &**hit.ram(), |rip| hit.set_rip(cpu, rip))?
+            }
+            _ => false,
+        };
+        if !recorded {
+            self.other_stops += 1;
+        }
+        hit.resume()?;
+        Ok(true)
+    }
+
+    /// A hit on `cpu` (registers `snap`): to its recorder, which finds the
+    /// site by RIP (at the site: trap mode's "at the out"), counts it,
+    /// reads the caller at [RSP], and moves RIP past the site (`set_rip`).
+    /// False if RIP is at no breakpoint of vmtrace's.
+    fn record(
+        &mut self,
+        cpu: usize,
+        snap: &vmm::pause::VcpuSnapshot,
+        ram: &dyn vmm::GuestRam,
+        set_rip: impl FnOnce(u64) -> Result<(), GdbError>,
+    ) -> Result<bool, HitError> {
+        if !self.sites.contains(&snap.regs.rip) {
+            return Ok(false);
+        }
+        let Some(h) = self.handlers.get_mut(cpu) else {
+            return Ok(false);
+        };
+        let mut trap = Trap::new(cpu, &snap.regs, &snap.sregs, ram);
+        h.on_trap(&mut trap)?;
+        if let Some(rip) = trap.new_rip() {
+            set_rip(rip)?;
+        }
+        Ok(true)
+    }
+
+    /// Inside vmtrace's own final stop: a hit that came just before it (its
+    /// stop reply was the stop's) is recorded as any other; then every
+    /// breakpoint is removed, the recorders flushed and dropped. Returns
+    /// the breakpoints removed.
+    pub fn remove(
+        &mut self,
+        guest: &QemuGuest,
+        stop: &QemuStop<'_>,
+        last: Option<StopReply>,
+    ) -> Result<usize, HitError> {
+        let hit = last
+            .filter(|r| r.signal == SIGTRAP)
+            .and_then(|r| guest.cpu_of(r.thread?));
+        if let Some(cpu) = hit {
+            if let Some(snap) = vmm::Stopped::snapshot(stop, cpu) {
+                self.record(cpu, &snap, &**vmm::Stopped::ram(stop), |rip| {
+                    stop.set_rip(cpu, rip)
+                })?;
+            }
+        }
+        let mut removed = 0;
+        for &a in &self.sites {
+            stop.clear_breakpoint(a)?;
+            removed += 1;
+        }
+        self.sites.clear();
+        self.finish();
+        Ok(removed)
+    }
+
+    /// Flush and drop the recorders: the store ends once they are gone.
+    pub fn finish(&mut self) {
+        for h in &mut self.handlers {
+            h.flush();
+        }
+        self.handlers.clear();
+    }
+}
+
+/// Set the breakpoints of `tracer`'s watched sites (`Tracer::watch_sites`)
+/// under `stop`, and count them as its attach.
+pub fn watch(
+    tracer: &mut Tracer,
+    stop: &QemuStop<'_>,
+    sites: &[u64],
+    others: usize,
+    handlers: Vec<Box<dyn TrapHandler>>,
+) -> Result<Breakpoints, GdbError> {
+    let b = Breakpoints::set(stop, sites, handlers)?;
+    tracer.watching(b.len(), others, stop);
+    Ok(b)
+}

@@ -1,0 +1,44 @@
+//! What can go wrong attaching to, tracing and detaching from a QEMU.
+
+use std::path::PathBuf;
+
+use super::breakpoints;
+use super::gdb::GdbError;
+use super::qmp::QmpError;
+use crate::error::TracerError;
+use crate::kernel::lowmem::LowMemError;
+use crate::session::watch::WatchError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QemuError {
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
+    #[error(transparent)]
+    Ram(#[from] super::procmem::ProcMemError),
+    #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
+    NotRunning { qmp: PathBuf, status: String },
+    #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]
+    NoVcpus { qmp: PathBuf },
+    #[error("cannot find the running kernel in the guest: {0}")]
+    NotTraceable(String),
+    #[error("the guest runs another kernel than {path}: its banner ({banner:?}) is nowhere in the guest kernel's mapping; give the running kernel's vmlinux or bzImage")]
+    OtherKernel { path: PathBuf, banner: String },
+    #[error("no guest memory is free for vmtrace's code and rings: {0}")]
+    NoRoom(#[from] LowMemError),
+    #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
+    NoTscRate(u32),
+    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused")]
+    RingsTooBig { sites: usize, cpus: usize, kib: u64 },
+    #[error("the guest was never ready to attach ({0})")]
+    NotReady(String),
+    #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
+    GraphNeedsRoom(String),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    #[error(transparent)]
+    Hit(#[from] breakpoints::HitError),
+    #[error(transparent)]
+    Tracer(#[from] TracerError),
+}
