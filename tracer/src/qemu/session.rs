@@ -359,6 +359,10 @@ fn setup(guest: &mut QemuGuest, plan: Plan, rec: Recording) -> Result<Setup, Qem
     tracer.back_region(Arc::clone(&pages));
     guest.set_view(Arc::new(Backed::new(guest.ram(), Arc::clone(&pages))));
     guest.set_clock(ClockSource { tsc_khz: s.tsc_khz });
+    // Rings, tables and pool written while the guest runs (its free pages,
+    // unmapped until the attach): the attach's stop then only writes the
+    // code, the mapping and the sites.
+    tracer.stage(guest.view())?;
     let mut last = String::new();
     for _ in 0..ATTEMPTS {
         let stop = guest.stop(false)?;

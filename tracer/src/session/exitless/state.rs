@@ -408,7 +408,15 @@ impl Exitless {
         space: &mut AddressSpace<'_>,
         ram: &Arc<dyn GuestRam>,
     ) -> Result<Mapped, ExitlessError> {
+        let staged = self.staged;
         self.stage(ram)?;
+        if staged && !self.installed && self.pages.is_some() {
+            // Staged in guest pages while the guest ran, by a path that
+            // may bypass the VMM (a QEMU's TCG keeps what it translated
+            // from a page written from outside): the code again, now, by
+            // the VMM's own writes.
+            write_code(&**ram, &self.trampoline, true)?;
+        }
         let mapped = map::map_with(space, self.pages.as_deref())?;
         self.installed = true;
         Ok(mapped)
