@@ -555,8 +555,6 @@ impl Exitless {
     }
 }
 
-/// The trampoline's code into vmtrace's code page.
-
 /// What `Exitless::resolve` found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolved {
