@@ -205,7 +205,7 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
         Ok(_) => return Err(not_found(stop, &plan.image)),
         Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
     };
-    let mut space = kernel_space(stop)?;
+    let mut space = kernel_space(stop, &plan.image, offset)?;
     let low = lowmem::find(&mut space, &plan.image, offset)?;
     let tsc_khz = match plan.image.symbol("tsc_khz") {
         Some(s) => space
@@ -235,9 +235,13 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
 /// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
 /// lands in it.
 fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
-    let mapped = kernel_space(stop).is_ok_and(|mut space| {
-        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN)
-            .any(|i| space.gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN).is_ok())
+    // Any paged vCPU's tables: the kernel's image area is in every one.
+    let mapped = stop.vcpu_spaces().into_iter().any(|mut v| {
+        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN).any(|i| {
+            v.space
+                .gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN)
+                .is_ok()
+        })
     });
     let banner = image
         .symbol(kaslr::BANNER)
@@ -255,15 +259,21 @@ fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
     }
 }
 
-/// The first kernel-mode vCPU's address space (else the first paged one).
-fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuError> {
-    let mut spaces = stop.vcpu_spaces();
-    spaces.sort_by_key(|v| v.user_mode);
-    spaces
-        .into_iter()
-        .next()
-        .map(|v| v.space)
-        .ok_or_else(|| QemuError::NotTraceable("no vCPU has paging on".into()))
+/// The kernel's own page tables (never a PTI user table), as an attach
+/// picks them.
+fn kernel_space<'a>(
+    stop: &'a QemuStop<'_>,
+    image: &KernelImage,
+    offset: KernelOffset,
+) -> Result<AddressSpace<'a>, QemuError> {
+    // Kernel data must be mapped (a PTI user table maps only text).
+    let probes: Vec<u64> = ["e820_table", "linux_banner"]
+        .iter()
+        .filter_map(|n| image.symbol(n))
+        .map(|s| offset.runtime(s.addr))
+        .collect();
+    crate::session::kernel_space(stop.vcpu_spaces(), &probes)
+        .ok_or_else(|| QemuError::NotTraceable("no vCPU maps the kernel's data".into()))
 }
 
 /// Records per ring so that code, tables and every CPU's ring fit `pages`
