@@ -11,13 +11,15 @@ pub mod ftrace;
 mod goals;
 mod json;
 mod methods;
+mod qemu;
 mod record;
 mod table;
 
 use std::time::Instant;
 
 use super::measure::{
-    AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, RecordFigures, Scaling,
+    AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures,
+    Scaling,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -56,6 +58,8 @@ pub struct Results {
     pub record: Option<RecordFigures>,
     /// (j): the attach's pause, exitless against trap.
     pub attach_modes: Option<AttachModes>,
+    /// (k): `vmtrace attach` on a QEMU guest.
+    pub qemu: Option<QemuFigures>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for.
     pub ftrace: ftrace::Measured,
@@ -78,6 +82,7 @@ impl Default for Results {
             report: None,
             record: None,
             attach_modes: None,
+            qemu: None,
             ftrace: None,
         }
     }
@@ -128,6 +133,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         BenchId::ReportRender,
         BenchId::RecordThroughput,
         BenchId::AttachModes,
+        BenchId::QemuAttach,
     ]
     .into_iter()
     .flat_map(|id| figures_of(id, r))
@@ -153,6 +159,7 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .attach_modes
             .as_ref()
             .map_or_else(Vec::new, attach_modes::figures),
+        BenchId::QemuAttach => r.qemu.as_ref().map_or_else(Vec::new, qemu::figures),
         BenchId::CallExitless | BenchId::CallGraph | BenchId::BootFtrace => Vec::new(),
     }
 }
@@ -342,6 +349,7 @@ mod tests {
                 trap: vec![20.0, 30.0],
                 exitless: vec![30.0, 45.0],
             }),
+            qemu: None,
             ftrace: None,
         }
     }

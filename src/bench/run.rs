@@ -69,6 +69,16 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         );
         r.attach_modes = Some(measure::attach_modes(mini(cfg)?, cfg.cpus, cfg.rounds)?);
     }
+    if runs(BenchId::QemuAttach) {
+        let vmlinux = cfg.vmlinux.as_deref().ok_or_else(|| {
+            RuntimeError::Measure("(k) needs the Linux guest's vmlinux (--vmlinux)".into())
+        })?;
+        note!(
+            "vmtrace bench: qemu/attach (k) {} rounds on the Linux guest in QEMU (TCG)",
+            cfg.rounds
+        );
+        r.qemu = Some(measure::qemu_figures(vmlinux, cfg.rounds)?);
+    }
     r.ftrace = ftrace_figures(cfg);
     Ok(r)
 }

@@ -17,6 +17,7 @@ pub enum BenchId {
     RecordThroughput,
     ReportRender,
     BootFtrace,
+    QemuAttach,
 }
 
 /// What a bench runs on.
@@ -31,6 +32,9 @@ pub enum Needs {
     /// The Linux guest (bzImage, initramfs beside the vmlinux), booted
     /// `--linux-boots N` times per configuration.
     LinuxGuest,
+    /// The Linux guest beside the vmlinux, run by QEMU (TCG) with the
+    /// workload initramfs (`bash guest/build.sh workload`).
+    QemuGuest,
 }
 
 impl Needs {
@@ -40,6 +44,9 @@ impl Needs {
             Needs::MiniGuest => "the mini guest",
             Needs::Vmlinux => "a Linux vmlinux (loaded, never booted)",
             Needs::LinuxGuest => "the Linux guest, booted (--linux-boots N)",
+            Needs::QemuGuest => {
+                "the Linux guest in QEMU (qemu-system-x86_64, TCG), with the workload initramfs"
+            }
         }
     }
 }
@@ -67,7 +74,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 9] = [
+pub const BENCHES: [Bench; 10] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -162,10 +169,21 @@ pub const BENCHES: [Bench; 9] = [
         unit: "guest instructions per call",
         needs: Needs::LinuxGuest,
     },
+    Bench {
+        id: BenchId::QemuAttach,
+        name: "qemu/attach",
+        aliases: &["k"],
+        goal: "How long does `vmtrace attach` stop a QEMU guest, and what does an exitless \
+               call cost it?",
+        figure: "attach pause for 1 and ~100 sites; ns per getpid call untraced and exitless; \
+                 events stored per second of the bursts",
+        unit: "µs (ns per call, events/s)",
+        needs: Needs::QemuGuest,
+    },
 ];
 
 /// Each collection and what its benches measure, in `BENCHES`' order.
-pub const COLLECTIONS: [(&str, &str); 5] = [
+pub const COLLECTIONS: [(&str, &str); 6] = [
     ("call", "what one traced call costs"),
     (
         "attach",
@@ -174,6 +192,7 @@ pub const COLLECTIONS: [(&str, &str); 5] = [
     ("record", "recording to disk"),
     ("report", "reading a trace back"),
     ("boot", "a Linux guest's boot, traced"),
+    ("qemu", "a QEMU guest traced by `vmtrace attach`"),
 ];
 
 pub fn bench(id: BenchId) -> &'static Bench {
@@ -202,6 +221,8 @@ impl Selection {
             .map(|b| b.id)
             .filter(|&id| match id {
                 BenchId::BootFtrace => linux_boots > 0,
+                // Runs QEMU: only when named.
+                BenchId::QemuAttach => false,
                 BenchId::CallExitless | BenchId::CallGraph => true,
                 _ => !counts_only,
             })
@@ -326,11 +347,14 @@ mod tests {
     }
 
     #[test]
-    fn default_set_is_every_bench_but_the_boots() {
+    fn default_set_is_every_bench_but_the_boots_and_qemu() {
         let all = Selection::default_set(false, 0);
-        assert_eq!(all.ids.len(), BENCHES.len() - 1);
+        assert_eq!(all.ids.len(), BENCHES.len() - 2);
         assert!(!all.runs(BenchId::BootFtrace) && !all.named);
+        assert!(!all.runs(BenchId::QemuAttach));
         assert!(Selection::default_set(false, 3).runs(BenchId::BootFtrace));
+        assert_eq!(ids(&["qemu"]), Ok(vec![BenchId::QemuAttach]));
+        assert_eq!(ids(&["k"]), Ok(vec![BenchId::QemuAttach]));
         assert_eq!(
             Selection::default_set(true, 0).ids,
             [BenchId::CallExitless, BenchId::CallGraph]

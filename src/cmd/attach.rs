@@ -64,10 +64,12 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
-    let mut s = connected.attach(plan.plan, recording, mode).map_err(|e| {
-        data.discard();
-        InputError::Qemu(e)
-    })?;
+    let mut s = connected
+        .attach_in(plan.plan, recording, mode)
+        .map_err(|e| {
+            data.discard();
+            InputError::Qemu(e)
+        })?;
     if let Some(why) = planned.as_ref().or(s.fallback.as_ref()) {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: the guest stops at every traced call)");
     }

@@ -4,7 +4,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::super::measure::BootConfig;
+use super::super::measure::{BootConfig, QemuFigures};
 use super::super::suite::{bench, BenchId, BENCHES};
 use super::exitless::{ExitlessFigures, GraphFigures};
 use super::ftrace::{FtraceJson, HOW};
@@ -302,7 +302,28 @@ fn other_values(id: BenchId, r: &Results) -> Vec<Value> {
                 v.push(value("report_json_s", json, "s", None));
             }
         }
+        BenchId::QemuAttach => v.extend(r.qemu.as_ref().map_or_else(Vec::new, qemu_values)),
         _ => {}
     }
+    v
+}
+
+/// (k)'s values: the attach pauses, the costs per call, the events stored.
+fn qemu_values(q: &QemuFigures) -> Vec<Value> {
+    let mut v = Vec::new();
+    for (i, p) in q.pause_us.iter().enumerate() {
+        let sites = q.sites.get(i).copied().unwrap_or(0);
+        let key = format!("k_attach_{sites}_sites_p50_us");
+        v.push(value(key, median(p), "µs", Some(p)));
+    }
+    let per_call = |k: &str, x: &Vec<f64>| value(k, median(x), "ns", Some(x));
+    v.push(per_call("k_untraced_ns_per_call", &q.untraced_ns));
+    v.push(per_call("k_exitless_ns_per_call", &q.exitless_ns));
+    v.push(value(
+        "k_stored_events_per_s",
+        median(&q.stored_per_s),
+        "events/s",
+        Some(&q.stored_per_s),
+    ));
     v
 }

@@ -5,7 +5,7 @@ use tracer::trace::report;
 use super::super::measure::E_REPS;
 use super::super::suite::BenchId;
 use super::exitless::{num, num_us};
-use super::{attach_modes, exitless, ftrace, max, record, Goal, Results, COUNTS_ONLY};
+use super::{attach_modes, exitless, ftrace, max, qemu, record, Goal, Results, COUNTS_ONLY};
 use crate::bench::median;
 use crate::config::BenchConfig;
 
@@ -19,7 +19,7 @@ pub const GOAL_REPORT_EVENTS: u64 = 10_000_000;
 
 /// The order the goals have always been printed in (call/graph and
 /// attach/pause have none).
-const GOAL_ORDER: [BenchId; 7] = [
+const GOAL_ORDER: [BenchId; 8] = [
     BenchId::CallTrap,
     BenchId::AttachScaling,
     BenchId::ReportRender,
@@ -27,6 +27,7 @@ const GOAL_ORDER: [BenchId; 7] = [
     BenchId::RecordThroughput,
     BenchId::BootFtrace,
     BenchId::AttachModes,
+    BenchId::QemuAttach,
 ];
 
 /// The goals of every bench shown: run, or (the default set) said not run.
@@ -62,6 +63,8 @@ pub fn goals_of(id: BenchId, r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
             Some(am) => attach_modes::goal(am),
             None => skip(attach_modes::goal_name()),
         }],
+        // Asked for by name only (it runs QEMU): judged when measured.
+        BenchId::QemuAttach => r.qemu.as_ref().map(qemu::goal).into_iter().collect(),
         BenchId::CallGraph | BenchId::AttachPause => Vec::new(),
     }
 }

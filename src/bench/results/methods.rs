@@ -6,7 +6,7 @@ use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 
 use super::super::measure::TRACE_GLOB;
 use super::super::suite::BenchId;
-use super::{attach_modes, exitless, ftrace, record, Goal};
+use super::{attach_modes, exitless, ftrace, qemu, record, Goal};
 use crate::config::BenchConfig;
 
 #[derive(Serialize)]
@@ -40,6 +40,7 @@ pub fn method_bench(key: &str) -> BenchId {
         "report" => BenchId::ReportRender,
         "(h)" => BenchId::RecordThroughput,
         "(i)" => BenchId::BootFtrace,
+        "(k)" => BenchId::QemuAttach,
         _ => BenchId::AttachModes,
     }
 }
@@ -111,5 +112,6 @@ pub fn methods() -> Vec<(&'static str, String)> {
         ("(h)", record::method()),
         ("(i)", ftrace::method()),
         ("(j)", attach_modes::method()),
+        ("(k)", qemu::method()),
     ]
 }

@@ -10,7 +10,9 @@ use super::super::measure::{PauseFigures, Scaling, E_REPS};
 use super::super::suite::{bench, BenchId};
 use super::exitless::{num, num_us};
 use super::methods::methods_shown;
-use super::{attach_modes, exitless, ftrace, max, min, record, Goal, Results, Run, COUNTS_ONLY};
+use super::{
+    attach_modes, exitless, ftrace, max, min, qemu, record, Goal, Results, Run, COUNTS_ONLY,
+};
 use crate::bench::{median, pct};
 use crate::config::BenchConfig;
 
@@ -70,7 +72,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 }
 
 /// The order the benches' sections have always been printed in.
-const TABLE_ORDER: [BenchId; 9] = [
+const TABLE_ORDER: [BenchId; 10] = [
     BenchId::CallTrap,
     BenchId::AttachPause,
     BenchId::AttachScaling,
@@ -80,6 +82,7 @@ const TABLE_ORDER: [BenchId; 9] = [
     BenchId::RecordThroughput,
     BenchId::AttachModes,
     BenchId::BootFtrace,
+    BenchId::QemuAttach,
 ];
 
 /// One bench's section: its figures, or not measured, and why.
@@ -127,6 +130,13 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
             None => writeln!(o, "(j) attach pause by mode: NOT MEASURED, {COUNTS_ONLY}"),
         },
         BenchId::BootFtrace => ftrace::write(o, &r.ftrace),
+        BenchId::QemuAttach => match &r.qemu {
+            Some(q) => qemu::write(o, q),
+            None => writeln!(
+                o,
+                "(k) vmtrace attach on QEMU: NOT MEASURED, not asked for (vmtrace bench qemu)"
+            ),
+        },
     }
 }
 

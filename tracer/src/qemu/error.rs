@@ -29,7 +29,7 @@ pub enum QemuError {
     NoRoom(#[from] LowMemError),
     #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
     NoTscRate(u32),
-    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused")]
+    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
     RingsTooBig { sites: usize, cpus: usize, kib: u64 },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),

@@ -205,6 +205,11 @@ impl QemuGuest {
         self.view = view;
     }
 
+    /// What the tracer reaches guest memory through.
+    pub fn view(&self) -> &Arc<dyn GuestRam> {
+        &self.view
+    }
+
     /// Date exitless events by the guest's TSC at `tsc_khz`.
     pub fn set_clock(&mut self, c: ClockSource) {
         self.clock = Some(c);

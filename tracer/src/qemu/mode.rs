@@ -11,6 +11,7 @@ use super::guest::QemuStop;
 use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::kernel::symbols::KernelImage;
 use crate::plan::{ModeChoice, Plan};
 use crate::session::exitless::backing::{CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS};
 use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
@@ -28,7 +29,7 @@ pub struct Room {
 /// Room for exitless mode in the stopped guest: its free low memory, its
 /// TSC rate, rings that fit.
 pub fn room(stop: &QemuStop<'_>, plan: &Plan, offset: KernelOffset) -> Result<Room, QemuError> {
-    let mut space = kernel_space(stop)?;
+    let mut space = kernel_space(stop, &plan.image, offset)?;
     let low = lowmem::find(&mut space, &plan.image, offset)?;
     let tsc_khz = match plan.image.symbol("tsc_khz") {
         Some(s) => space
@@ -88,15 +89,21 @@ fn falls_back(e: &QemuError) -> bool {
     }
 }
 
-/// The first kernel-mode vCPU's address space (else the first paged one).
-pub fn kernel_space<'a>(stop: &'a QemuStop<'_>) -> Result<AddressSpace<'a>, QemuError> {
-    let mut spaces = stop.vcpu_spaces();
-    spaces.sort_by_key(|v| v.user_mode);
-    spaces
-        .into_iter()
-        .next()
-        .map(|v| v.space)
-        .ok_or_else(|| QemuError::NotTraceable("no vCPU has paging on".into()))
+/// The kernel's own page tables (never a PTI user table), as an attach
+/// picks them.
+fn kernel_space<'a>(
+    stop: &'a QemuStop<'_>,
+    image: &KernelImage,
+    offset: KernelOffset,
+) -> Result<AddressSpace<'a>, QemuError> {
+    // Kernel data must be mapped (a PTI user table maps only text).
+    let probes: Vec<u64> = ["e820_table", "linux_banner"]
+        .iter()
+        .filter_map(|n| image.symbol(n))
+        .map(|s| offset.runtime(s.addr))
+        .collect();
+    crate::session::kernel_space(stop.vcpu_spaces(), &probes)
+        .ok_or_else(|| QemuError::NotTraceable("no vCPU maps the kernel's data".into()))
 }
 
 /// Records per ring so that code, tables and every CPU's ring fit `pages`

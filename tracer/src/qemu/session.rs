@@ -14,7 +14,7 @@ use super::breakpoints::{self, Breakpoints};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::mode::{decide, kernel_space, room, Decision, Room};
+use super::mode::{decide, room, Decision, Room};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
 use crate::error::TracerError;
@@ -178,9 +178,13 @@ fn kernel_offset(stop: &QemuStop<'_>, plan: &Plan) -> Result<KernelOffset, QemuE
 /// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
 /// lands in it.
 fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
-    let mapped = kernel_space(stop).is_ok_and(|mut space| {
-        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN)
-            .any(|i| space.gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN).is_ok())
+    // Any paged vCPU's tables: the kernel's image area is in every one.
+    let mapped = stop.vcpu_spaces().into_iter().any(|mut v| {
+        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN).any(|i| {
+            v.space
+                .gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN)
+                .is_ok()
+        })
     });
     let banner = image
         .symbol(kaslr::BANNER)
@@ -222,11 +226,16 @@ pub struct QemuSession {
 }
 
 impl Connected {
+    /// `attach_in` exitless mode.
+    pub fn attach(self, plan: Plan, rec: Recording) -> Result<QemuSession, QemuError> {
+        self.attach_in(plan, rec, ModeChoice::Exitless)
+    }
+
     /// Open the gdbstub (the guest stops), decide the mode (`decide`) and
     /// plan the region from the stopped guest, then attach in a stop of
     /// its own, retrying while the guest is not ready. On error the guest
     /// runs on as found and the stub is closed.
-    pub fn attach(
+    pub fn attach_in(
         self,
         plan: Plan,
         rec: Recording,
@@ -326,6 +335,10 @@ fn setup_exitless(
     guest.set_clock(ClockSource {
         tsc_khz: room.tsc_khz,
     });
+    // Rings, tables and pool written while the guest runs (its free pages,
+    // unmapped until the attach): the attach's stop then only writes the
+    // code, the mapping and the sites.
+    tracer.stage(guest.view())?;
     let mut last = String::new();
     for _ in 0..ATTEMPTS {
         let stop = guest.stop(false)?;

@@ -605,7 +605,7 @@ fn boxed(recs: Vec<record::Recorder>) -> Vec<Box<dyn TrapHandler>> {
 /// loaded (a kernel without PTI may have its table at any page); the first
 /// under which every probe (kernel text, and kernel data when known) is
 /// mapped wins. Without probes, the first paged vCPU's.
-fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option<AddressSpace<'m>> {
+pub fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option<AddressSpace<'m>> {
     // Stable: kernel mode (CPL 0) first, otherwise in vCPU order.
     vcpus.sort_by_key(|v| v.user_mode);
     if probes.is_empty() {

@@ -83,6 +83,7 @@
 
 pub mod backing;
 mod body;
+pub mod code;
 pub mod collect;
 pub mod disasm;
 pub mod graph_code;

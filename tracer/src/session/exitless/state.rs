@@ -12,9 +12,10 @@ use vmm::gva::AddressSpace;
 use vmm::pause::GuestClock;
 
 use super::backing::RegionPages;
+use super::code::{padding, write_code, CODE_PAGE};
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
+    LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
     SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
@@ -353,7 +354,8 @@ impl Exitless {
             if let Some(mem) = &self.mem {
                 // Staged before the kernel was known: the new code over it
                 // (a few KiB, still unreachable by the guest).
-                write_code(&**mem, &self.trampoline, self.pages.is_some())?;
+                write_code(&**mem, &self.trampoline, self.pages.is_some())
+                    .map_err(|e| ExitlessError::Memory(e.to_string()))?;
             }
         }
         Ok(Resolved::Ready)
@@ -377,7 +379,8 @@ impl Exitless {
         if self.staged {
             return Ok(());
         }
-        write_code(mem, &self.trampoline, self.pages.is_some())?;
+        write_code(mem, &self.trampoline, self.pages.is_some())
+            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         // The spare page directory, touched now (a first write to a host
         // page faults it in): `map` fills it in the pause when the guest
         // has none. Unused before the first `map`, which comes after this.
@@ -408,7 +411,16 @@ impl Exitless {
         space: &mut AddressSpace<'_>,
         ram: &Arc<dyn GuestRam>,
     ) -> Result<Mapped, ExitlessError> {
+        let staged = self.staged;
         self.stage(ram)?;
+        if staged && !self.installed && self.pages.is_some() {
+            // Staged in guest pages while the guest ran, by a path that
+            // may bypass the VMM (a QEMU's TCG keeps what it translated
+            // from a page written from outside): the code again, now, by
+            // the VMM's own writes.
+            write_code(&**ram, &self.trampoline, true)
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        }
         let mapped = map::map_with(space, self.pages.as_deref())?;
         self.installed = true;
         Ok(mapped)
@@ -542,30 +554,6 @@ impl Exitless {
         }
     }
 }
-
-/// The trampoline's code into vmtrace's code page.
-/// The code, page by page. `sparse` (the region in the guest's own pages,
-/// `backing`): a page of nothing but padding (the gap before the graph's
-/// return stubs, never run) is not written, so it takes no guest page and
-/// is not mapped.
-fn write_code(mem: &dyn GuestRam, t: &Trampoline, sparse: bool) -> Result<(), ExitlessError> {
-    for (i, chunk) in t.code.chunks(CODE_PAGE).enumerate() {
-        if sparse && padding(chunk) {
-            continue;
-        }
-        mem.write_slice(chunk, GuestAddress(CODE_GPA + (i * CODE_PAGE) as u64))
-            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-    }
-    Ok(())
-}
-
-/// A page of the code that holds only the padding between its parts.
-fn padding(page: &[u8]) -> bool {
-    page.iter().all(|&b| b == trampoline::INT3)
-}
-
-/// `write_code`'s unit.
-const CODE_PAGE: usize = 4096;
 
 /// What `Exitless::resolve` found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

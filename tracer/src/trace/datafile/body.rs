@@ -179,14 +179,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
     } else {
         V5Fields::default()
     };
-    // Version 6 added the exitless calls whose record was never committed.
-    let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
-    // Version 7 added who ran the guest.
-    let vmm = if version >= VERSION_7 {
-        r.string("vmm")?
-    } else {
-        String::new()
-    };
+    let (unfinished, vmm) = read_v6_fields(r, version)?;
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
         kernel,
@@ -221,6 +214,21 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         vmm,
     };
     Ok(meta)
+}
+
+/// The fields after version 5's: the exitless calls whose record was never
+/// committed (version 6), who ran the guest (version 7).
+fn read_v6_fields<R: Read>(
+    r: &mut Reader<'_, R>,
+    version: u32,
+) -> Result<(u64, String), TraceFileError> {
+    let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
+    let vmm = if version >= VERSION_7 {
+        r.string("vmm")?
+    } else {
+        String::new()
+    };
+    Ok((unfinished, vmm))
 }
 
 /// Version 3's function-graph fields: (graph, returns dropped, unhooked,

@@ -1,0 +1,189 @@
+//! (k) `vmtrace attach` on a QEMU guest: the attach's pause for one site
+//! and for about a hundred, and what an exitless call costs the guest
+//! against an untraced one. The guest is the default Linux guest in QEMU
+//! (TCG) with the workload initramfs, whose worker makes N `getpid` calls
+//! when the console says `go getpid N`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tracer::plan::{ModeChoice, Request, TracePlan};
+use tracer::qemu::session::{self, QemuSession};
+use tracer::session::Recording;
+
+use crate::error::{Error, RuntimeError};
+
+/// The globs whose attach is timed: one site, and about a hundred.
+pub const K_GLOBS: [&str; 2] = ["__x64_sys_getpid", "hrtimer_*,tick_*"];
+/// `getpid` calls per timed command.
+pub const K_CALLS: u64 = 200_000;
+/// How long the guest may take to boot, or a command to finish.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// (k): per round, the pause of each glob's attach (µs) and the ns per
+/// call, untraced and exitless.
+#[derive(Debug, Default)]
+pub struct QemuFigures {
+    pub qemu: String,
+    pub sites: Vec<usize>,
+    /// `pause_us[g]`: one value per round for glob g.
+    pub pause_us: Vec<Vec<f64>>,
+    pub untraced_ns: Vec<f64>,
+    pub exitless_ns: Vec<f64>,
+    /// Events stored per second of the exitless bursts, and of all calls.
+    pub stored_per_s: Vec<f64>,
+    pub stored_share: Vec<f64>,
+}
+
+/// A QEMU with the workload guest, killed on drop.
+struct Guest {
+    child: Child,
+    dir: PathBuf,
+    serial: BufReader<UnixStream>,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn measure_error(what: impl std::fmt::Display) -> Error {
+    RuntimeError::Measure(format!("(k): {what}")).into()
+}
+
+impl Guest {
+    fn boot(bzimage: &Path, initrd: &Path) -> Result<Guest, Error> {
+        let dir = std::env::temp_dir().join(format!("vmtrace-bench-qemu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(measure_error)?;
+        let sock = |name: &str| format!("unix:{},server=on,wait=off", dir.join(name).display());
+        let child = Command::new("qemu-system-x86_64")
+            .args([
+                "-accel",
+                "tcg",
+                "-m",
+                "256",
+                "-smp",
+                "2,sockets=2",
+                "-nographic",
+            ])
+            .args(["-no-reboot", "-monitor", "none", "-kernel"])
+            .arg(bzimage)
+            .arg("-initrd")
+            .arg(initrd)
+            .args([
+                "-append",
+                "console=ttyS0 panic=-1",
+                "-qmp",
+                &sock("qmp.sock"),
+            ])
+            .args(["-serial", &sock("serial.sock")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| measure_error(format!("cannot start qemu-system-x86_64: {e}")))?;
+        let start = Instant::now();
+        let stream = loop {
+            match UnixStream::connect(dir.join("serial.sock")) {
+                Ok(s) => break s,
+                Err(_) if start.elapsed() < WAIT => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(measure_error(format!("QEMU's serial socket: {e}"))),
+            }
+        };
+        stream.set_read_timeout(Some(WAIT)).map_err(measure_error)?;
+        let mut g = Guest {
+            child,
+            dir,
+            serial: BufReader::new(stream),
+        };
+        g.line_with("workload: ready")?;
+        Ok(g)
+    }
+
+    fn qmp(&self) -> PathBuf {
+        self.dir.join("qmp.sock")
+    }
+
+    fn line_with(&mut self, what: &str) -> Result<String, Error> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match self.serial.read_line(&mut line) {
+                Ok(0) | Err(_) => return Err(measure_error(format!("no `{what}` from the guest"))),
+                Ok(_) if line.contains(what) => return Ok(line),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Host time of `go getpid n`, from the command to its done line.
+    fn go(&mut self, n: u64) -> Result<Duration, Error> {
+        let start = Instant::now();
+        let cmd = format!("go getpid {n}\n");
+        self.serial
+            .get_mut()
+            .write_all(cmd.as_bytes())
+            .map_err(measure_error)?;
+        self.line_with("workload: done getpid")?;
+        Ok(start.elapsed())
+    }
+}
+
+/// Attach to the guest tracing `glob`, exitless.
+fn attach(g: &Guest, vmlinux: &Path, glob: &str) -> Result<QemuSession, Error> {
+    let image = tracer::kernel::symbols::KernelImage::load(vmlinux).map_err(measure_error)?;
+    let connected = session::connect(&g.qmp(), None).map_err(measure_error)?;
+    let request = Request {
+        trace: vec![glob.to_string()],
+        notrace: Vec::new(),
+        graph: false,
+        mode: ModeChoice::Exitless,
+        ring_events: None,
+        cpus: connected.info.cpus,
+        emulator_host: false,
+        linux: true,
+    };
+    let plan = TracePlan::build(image, &request).map_err(measure_error)?;
+    connected
+        .attach(plan.plan, Recording::memory(u64::MAX))
+        .map_err(measure_error)
+}
+
+/// (k): `rounds` rounds on one QEMU guest booted from the bzImage and
+/// workload initramfs beside `vmlinux`.
+pub fn qemu_figures(vmlinux: &Path, rounds: usize) -> Result<QemuFigures, Error> {
+    let out = vmlinux.parent().unwrap_or(Path::new("."));
+    let mut g = Guest::boot(&out.join("bzImage"), &out.join("workload.cpio.gz"))?;
+    let mut f = QemuFigures {
+        pause_us: vec![Vec::new(); K_GLOBS.len()],
+        ..QemuFigures::default()
+    };
+    for _ in 0..rounds {
+        for (i, glob) in K_GLOBS.iter().enumerate() {
+            let s = attach(&g, vmlinux, glob)?;
+            f.qemu = s.info.to_string();
+            let end = s.end(&session::EndReason::Duration);
+            f.pause_us[i].push(end.summary.meta.attach_window_ns as f64 / 1e3);
+            if f.sites.len() <= i {
+                f.sites.push(end.summary.meta.sites_patched as usize);
+            }
+        }
+        let per_call = |d: Duration| d.as_nanos() as f64 / K_CALLS as f64;
+        f.untraced_ns.push(per_call(g.go(K_CALLS)?));
+        let s = attach(&g, vmlinux, K_GLOBS[0])?;
+        let burst = g.go(K_CALLS)?;
+        let end = s.end(&session::EndReason::Duration);
+        f.exitless_ns.push(per_call(burst));
+        let m = &end.summary.meta;
+        let stored = (m.events_total - m.events_dropped) as f64;
+        f.stored_per_s.push(stored / burst.as_secs_f64());
+        f.stored_share.push(stored / m.events_total.max(1) as f64);
+    }
+    Ok(f)
+}
