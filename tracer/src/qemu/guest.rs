@@ -299,12 +299,6 @@ impl QemuGuest {
         Ok(snapshot(&r, None))
     }
 
-    /// Sets vCPU `cpu`'s RIP (the guest stopped).
-    fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
-        let t = self.thread(cpu)?;
-        self.stub().set_reg(t, "rip", rip)
-    }
-
     /// The stop reply the last stop brought (e.g. a breakpoint's, hit
     /// just before vmtrace's own stop), taken.
     pub fn take_last_stop(&self) -> Option<StopReply> {
@@ -324,22 +318,20 @@ impl Hit<'_> {
         self.guest.vcpu_snapshot(cpu)
     }
 
-    /// Moves vCPU `cpu` to `rip`.
-    pub fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
-        self.guest.set_rip(cpu, rip)
-    }
-
     /// Guest memory, as the tracer reads it.
     pub fn ram(&self) -> &Arc<dyn GuestRam> {
         &self.guest.view
     }
 
-    /// Let the VM run again.
-    pub fn resume(mut self) -> Result<(), GdbError> {
+    /// Let the VM run again; with `pc`, the stopping vCPU from there.
+    pub fn resume(mut self, pc: Option<u64>) -> Result<(), GdbError> {
         self.resumed = true;
         let mut s = self.guest.stub();
         self.guest.ram.stopped.store(false, Ordering::Release);
-        s.resume()
+        match pc {
+            Some(pc) => s.resume_at(pc),
+            None => s.resume(),
+        }
     }
 }
 
@@ -391,11 +383,6 @@ impl QemuStop<'_> {
     /// Removes the breakpoint at `addr`.
     pub fn clear_breakpoint(&self, addr: u64) -> Result<(), GdbError> {
         self.guest.stub().clear_breakpoint(addr)
-    }
-
-    /// Moves vCPU `cpu` to `rip`.
-    pub fn set_rip(&self, cpu: usize, rip: u64) -> Result<(), GdbError> {
-        self.guest.set_rip(cpu, rip)
     }
 }
 

@@ -55,6 +55,17 @@ impl Gdb {
         self.expect_ok(&format!("z0,{addr:x},1"))
     }
 
+    /// Resumes every vCPU, the one of the last breakpoint stop at `pc`
+    /// (`c ADDR`: QEMU sets the PC of the vCPU it last stopped for, the
+    /// one the stop reply named, as no `Hc` is ever sent), in one packet
+    /// with no reply.
+    pub fn resume_at(&mut self, pc: u64) -> Result<(), GdbError> {
+        self.send(format!("c{pc:x}").as_bytes(), "c")?;
+        self.running = true;
+        self.selected = None;
+        Ok(())
+    }
+
     /// After `resume`, waits up to `timeout` for the VM to stop (a
     /// breakpoint, a QMP `stop`): its stop reply, or None when it still runs.
     pub fn wait_stop(&mut self, timeout: Duration) -> Result<Option<StopReply>, GdbError> {
@@ -85,11 +96,19 @@ impl Gdb {
         let text = String::from_utf8_lossy(&p).into_owned();
         self.running = false;
         self.last_stop = Some(text.clone());
-        Ok(Some(StopReply::parse(&text).unwrap_or(StopReply {
+        let reply = StopReply::parse(&text).unwrap_or(StopReply {
             signal: 0,
             thread: None,
             text,
-        })))
+        });
+        // A breakpoint's stop selects the vCPU that hit it for `g` and `P`
+        // (QEMU's gdb_set_stop_cpu, before every vCPU is paused and the
+        // reply sent); any other stop leaves the selection unknown.
+        self.selected = match reply.signal {
+            5 => reply.thread,
+            _ => None,
+        };
+        Ok(Some(reply))
     }
 }
 
