@@ -5,6 +5,7 @@
 //! its pages, the gdbstub), leaving the guest running as found.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -419,6 +420,8 @@ pub enum EndReason {
     /// The gdbstub failed while tracing through its breakpoints (QEMU
     /// still answers its monitor).
     Stub(String),
+    /// The caller said so (`QemuSession::trace_until`).
+    Done,
 }
 
 impl std::fmt::Display for EndReason {
@@ -428,6 +431,7 @@ impl std::fmt::Display for EndReason {
             EndReason::Signal(sig) => write!(f, "signal {sig}"),
             EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
             EndReason::Stub(why) => write!(f, "the gdbstub failed: {why}"),
+            EndReason::Done => write!(f, "done"),
         }
     }
 }
@@ -441,13 +445,23 @@ impl QemuSession {
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU
-    /// going away; in trap mode, serving breakpoint hits meanwhile.
+    /// going away; in trap mode, serving breakpoint hits meanwhile (no hit
+    /// is served outside this call: the guest waits at its first one).
     pub fn trace(&mut self, duration: Option<Duration>) -> EndReason {
+        self.trace_until(duration, &AtomicBool::new(false))
+    }
+
+    /// `trace`, also until `done` is set (by another thread: e.g. one that
+    /// drives the guest's workload while this one serves its hits).
+    pub fn trace_until(&mut self, duration: Option<Duration>, done: &AtomicBool) -> EndReason {
         let start = Instant::now();
         let mut looked = Instant::now();
         loop {
             if let Some(sig) = vmm::run::take_terminate_signal() {
                 return EndReason::Signal(sig);
+            }
+            if done.load(Ordering::Acquire) {
+                return EndReason::Done;
             }
             if duration.is_some_and(|d| start.elapsed() >= d) {
                 return EndReason::Duration;
@@ -572,5 +586,14 @@ impl QemuSession {
             }
             Backend::Trap(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_session_can_serve_hits_on_a_thread_of_its_own() {
+        fn check<T: Send>() {}
+        check::<super::QemuSession>();
     }
 }
