@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vmm::gva::AddressSpace;
+use vmm::gva::{AddressSpace, Level};
 use vmm::Stopped;
 
 use super::gdb::{Gdb, GdbAddr, GdbError};
@@ -23,10 +23,11 @@ use crate::plan::{Mode, Plan};
 use crate::session::exitless::backing::{
     Backed, RegionPages, CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS,
 };
-use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
+use crate::session::exitless::layout::{
+    RingLayout, CODE_VA, LARGE_PAGE, MAX_RECORDS, MIN_RECORDS, PD_COUNT,
+};
 use crate::session::exitless::state::Exitless;
 use crate::session::patch::DetachCounts;
-use crate::session::region::Busy;
 use crate::session::Saved;
 use crate::session::{Attach, Recording, Tracer};
 use crate::trace::datafile::TraceFileError;
@@ -68,6 +69,8 @@ pub enum QemuError {
     NoTscRate(u32),
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
     RingsTooBig { sites: usize, cpus: usize, kib: u64 },
+    #[error("the page-directory entries vmtrace maps its code with are in use, by the guest or by an earlier vmtrace attach that left its code there for function-graph calls that had not returned (it stays until the guest reboots): no exitless attach is possible")]
+    RegionLeft,
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
     #[error(transparent)]
@@ -206,6 +209,15 @@ fn survey(stop: &QemuStop<'_>, plan: &Plan) -> Result<Survey, QemuError> {
         Err(e) => return Err(QemuError::NotTraceable(e.to_string())),
     };
     let mut space = kernel_space(stop, &plan.image, offset)?;
+    // A region an earlier attach had to leave (calls that had not
+    // returned through it) lives in the same free pages: nothing may be
+    // written there while it is mapped.
+    let left = (0..PD_COUNT as u64)
+        .map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd))
+        .any(|e| e.is_ok_and(|e| !e.is_empty()));
+    if left {
+        return Err(QemuError::RegionLeft);
+    }
     let low = lowmem::find(&mut space, &plan.image, offset)?;
     let tsc_khz = match plan.image.symbol("tsc_khz") {
         Some(s) => space
@@ -398,9 +410,9 @@ fn setup(guest: &mut QemuGuest, plan: Plan, rec: Recording) -> Result<Setup, Qem
 pub struct QemuEnded {
     /// What the detach restored, or why it could not.
     pub detached: Result<DetachCounts, QemuError>,
-    /// vmtrace's page-table entries taken out (None: the QEMU was gone, or
-    /// a vCPU stayed in vmtrace's code and the region was left mapped).
-    pub removed: Option<usize>,
+    /// vmtrace's page-table entries taken out, or why its region stays
+    /// (the QEMU was gone, a hooked call never returned, ...).
+    pub removed: Result<usize, String>,
     /// Sites patched at the attach.
     pub attached: usize,
     /// An error draining the rings (the counts stay exact).
@@ -465,7 +477,7 @@ impl QemuSession {
         };
         let drained = self.tracer.stop_draining();
         let removed = match gone {
-            true => None,
+            true => Err("the QEMU is gone".into()),
             false => self.remove_region(detached.is_ok()),
         };
         close_stub(&mut self.qmp, &self.stub);
@@ -490,33 +502,39 @@ impl QemuSession {
         Ok(c)
     }
 
-    /// Take the region out once no vCPU runs in it (if `sites_out`: never
-    /// while a site may still lead there), and detach the stub in that
-    /// stop. Returns the entries cleared; None if it stayed.
-    fn remove_region(&mut self, sites_out: bool) -> Option<usize> {
-        for _ in 0..ATTEMPTS {
+    /// Take the region out once no vCPU runs in it and (function graph)
+    /// no hooked call has yet to return through it, trying for
+    /// `ATTEMPTS` x `GRACE`; then hand the guest back to QEMU from that
+    /// last stop. Never while a site may still lead there (`sites_out`
+    /// false: the detach failed). Returns the entries cleared, or why the
+    /// region stays.
+    fn remove_region(&mut self, sites_out: bool) -> Result<usize, String> {
+        for attempt in 1..=ATTEMPTS {
             std::thread::sleep(GRACE);
-            let stop = self.guest.stop(false).ok()?;
+            let stop = self.guest.stop(false).map_err(|e| e.to_string())?;
             let removed = match sites_out {
                 true => self.tracer.remove_region(&stop),
-                false => Ok(Ok(0)),
+                false => {
+                    let _ = stop.detach();
+                    return Err("the sites could not all be restored, and may lead to it".into());
+                }
             };
-            match removed {
-                Ok(Err(Busy::InCode { .. })) => {
-                    stop.resume().ok()?;
+            let why = match removed {
+                Ok(Ok(n)) => {
+                    stop.detach().map_err(|e| e.to_string())?;
+                    return Ok(n);
+                }
+                Ok(Err(_)) if attempt < ATTEMPTS => {
+                    stop.resume().map_err(|e| e.to_string())?;
                     continue;
                 }
-                Ok(Ok(n)) if sites_out => {
-                    stop.detach().ok()?;
-                    return Some(n);
-                }
-                _ => {
-                    let _ = stop.detach();
-                    return None;
-                }
-            }
+                Ok(Err(busy)) => busy.to_string(),
+                Err(e) => e.to_string(),
+            };
+            let _ = stop.detach();
+            return Err(why);
         }
-        None
+        Err("no stop".into())
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all.
