@@ -87,3 +87,55 @@ fn graph_attach_counts_calls_and_returns_exactly() {
     guest.send_line("ping");
     guest.wait_for("workload: pong", COMMAND_TIMEOUT).unwrap();
 }
+
+/// A function-graph call still in flight at the detach (the worker asleep
+/// in `read`, its return hooked) keeps vmtrace's code mapped, said at the
+/// detach; a later attach finds it and refuses before writing anything;
+/// the sleeping call returns through it, and the guest runs on.
+#[test]
+fn graph_call_in_flight_keeps_the_code_and_a_later_attach_refuses() {
+    let (bz, _) = common::linux_61();
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let args = ["--kernel", s(&bz), "--trace", "__x64_sys_read", "--graph"];
+    let a = Attach::start(guest.qmp_socket(), &args).attached();
+    // The worker leaves the read it sleeps in (not hooked: it began
+    // before the attach), answers, and sleeps in a hooked one.
+    guest.send_line("ping");
+    guest
+        .wait_for(&format!("workload: pong pid={}", w.worker), COMMAND_TIMEOUT)
+        .unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains(
+            "vmtrace's code and rings left mapped in the guest's unused memory (1 hooked calls \
+             had not returned, and return through it); the guest runs on"
+        ),
+        "{}",
+        e.stderr
+    );
+    let again = Attach::start(
+        guest.qmp_socket(),
+        &["--kernel", s(&bz), "--trace", "__x64_sys_getpid"],
+    )
+    .end();
+    assert_eq!(again.status.code(), Some(2), "{}", again.stderr);
+    assert!(
+        again
+            .stderr
+            .contains("vmtrace maps its code with are in use"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(again.stderr.lines().count(), 1, "{}", again.stderr);
+    // The hooked read returns through vmtrace's code: the guest runs on.
+    guest.go("getpid", 10).unwrap();
+    guest.send_line("ping");
+    guest.wait_for("workload: pong", COMMAND_TIMEOUT).unwrap();
+    let console = guest.console();
+    for bad in ["WARNING:", "BUG:", "Oops", "Kernel panic"] {
+        assert!(!console.contains(bad), "{bad} in:\n{console}");
+    }
+}

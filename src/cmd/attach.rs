@@ -123,9 +123,11 @@ fn report(
         (Ok(d), _) => note!(
             "vmtrace: detached ({reason}): {} sites restored{}; the guest runs on",
             d.restored,
-            match removed {
-                Some(_) => ", vmtrace's code and page-table entries taken out",
-                None => ", vmtrace's code left mapped (a vCPU stayed in it)",
+            match &removed {
+                Ok(_) => ", vmtrace's code and page-table entries taken out".to_string(),
+                Err(why) => format!(
+                    ", vmtrace's code and rings left mapped in the guest's unused memory ({why})"
+                ),
             }
         ),
         (Err(_), EndReason::QemuGone(_)) => {

@@ -31,6 +31,8 @@ pub enum QemuError {
     NoTscRate(u32),
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
     RingsTooBig { sites: usize, cpus: usize, kib: u64 },
+    #[error("the page-directory entries vmtrace maps its code with are in use, by the guest or by an earlier vmtrace attach that left its code there for function-graph calls that had not returned (it stays until the guest reboots): no exitless attach is possible")]
+    RegionLeft,
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
     #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]

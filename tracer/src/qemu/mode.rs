@@ -3,7 +3,7 @@
 //! its TSC rate, rings that fit), else (in auto mode) through gdbstub
 //! breakpoints (`breakpoints`), saying why.
 
-use vmm::gva::AddressSpace;
+use vmm::gva::{AddressSpace, Level};
 use vmm::Stopped;
 
 use super::error::QemuError;
@@ -14,7 +14,9 @@ use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::symbols::KernelImage;
 use crate::plan::{ModeChoice, Plan};
 use crate::session::exitless::backing::{CODE_SLOTS, GRAPH_BOTTOM, PAGE, STUB_PAGES, TABLE_SLOTS};
-use crate::session::exitless::layout::{RingLayout, MAX_RECORDS, MIN_RECORDS};
+use crate::session::exitless::layout::{
+    RingLayout, CODE_VA, LARGE_PAGE, MAX_RECORDS, MIN_RECORDS, PD_COUNT,
+};
 use crate::session::exitless::state::Exitless;
 
 /// Where exitless mode's region can live and how fast the guest's TSC
@@ -30,6 +32,15 @@ pub struct Room {
 /// TSC rate, rings that fit.
 pub fn room(stop: &QemuStop<'_>, plan: &Plan, offset: KernelOffset) -> Result<Room, QemuError> {
     let mut space = kernel_space(stop, &plan.image, offset)?;
+    // A region an earlier attach had to leave (calls that had not
+    // returned through it) lives in the same free pages: nothing may be
+    // written there while it is mapped.
+    let left = (0..PD_COUNT as u64)
+        .map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd))
+        .any(|e| e.is_ok_and(|e| !e.is_empty()));
+    if left {
+        return Err(QemuError::RegionLeft);
+    }
     let low = lowmem::find(&mut space, &plan.image, offset)?;
     let tsc_khz = match plan.image.symbol("tsc_khz") {
         Some(s) => space
@@ -85,6 +96,8 @@ fn falls_back(e: &QemuError) -> bool {
     match e {
         QemuError::NoRoom(LowMemError::Booting) => false,
         QemuError::NoRoom(_) | QemuError::NoTscRate(_) | QemuError::RingsTooBig { .. } => true,
+        // vmtrace's own region left by an earlier attach: said as it is
+        // (it goes at the guest's reboot), no slow fallback.
         _ => false,
     }
 }
@@ -186,6 +199,13 @@ mod tests {
         assert!(matches!(
             e,
             Err(QemuError::NoRoom(LowMemError::TooOld(5, 4)))
+        ));
+        // An earlier attach's region still mapped (graph calls in flight):
+        // said, not worked around.
+        let left = || -> Result<(), QemuError> { Err(QemuError::RegionLeft) };
+        assert!(matches!(
+            decide(ModeChoice::Auto, left),
+            Err(QemuError::RegionLeft)
         ));
         // A guest still booting is not ready, not roomless.
         let e = decide(ModeChoice::Auto, no_room(LowMemError::Booting));

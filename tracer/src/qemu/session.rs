@@ -25,7 +25,6 @@ use crate::kernel::symbols::KernelImage;
 use crate::plan::{Mode, ModeChoice, Plan};
 use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::patch::DetachCounts;
-use crate::session::region::Busy;
 use crate::session::watch::Watch;
 use crate::session::Saved;
 use crate::session::{Attach, Recording, Tracer};
@@ -397,9 +396,10 @@ fn setup_trap(
 pub struct QemuEnded {
     /// What the detach restored, or why it could not.
     pub detached: Result<DetachCounts, QemuError>,
-    /// vmtrace's page-table entries taken out (None: the QEMU was gone, or
-    /// a vCPU stayed in vmtrace's code and the region was left mapped).
-    pub removed: Option<usize>,
+    /// vmtrace's page-table entries taken out, or why its region stays
+    /// (the QEMU was gone, a hooked call never returned, ...); trap mode
+    /// has none (0).
+    pub removed: Result<usize, String>,
     /// Sites patched (or breakpoints set) at the attach.
     pub attached: usize,
     /// Traced through breakpoints: no region was there to take out.
@@ -501,9 +501,10 @@ impl QemuSession {
             (false, true) => self.remove_breakpoints(),
         };
         let drained = self.tracer.stop_draining();
-        let removed = match gone || trap {
-            true => None,
-            false => self.remove_region(detached.is_ok()),
+        let removed = match (gone, trap) {
+            (true, _) => Err("the QEMU is gone".into()),
+            (false, true) => Ok(0),
+            (false, false) => self.remove_region(detached.is_ok()),
         };
         if let Backend::Trap(b) = &mut self.backend {
             // The store ends once every recorder is gone.
@@ -548,33 +549,39 @@ impl QemuSession {
         Ok(c)
     }
 
-    /// Take the region out once no vCPU runs in it (if `sites_out`: never
-    /// while a site may still lead there), and detach the stub in that
-    /// stop. Returns the entries cleared; None if it stayed.
-    fn remove_region(&mut self, sites_out: bool) -> Option<usize> {
-        for _ in 0..ATTEMPTS {
+    /// Take the region out once no vCPU runs in it and (function graph)
+    /// no hooked call has yet to return through it, trying for
+    /// `ATTEMPTS` x `GRACE`; then hand the guest back to QEMU from that
+    /// last stop. Never while a site may still lead there (`sites_out`
+    /// false: the detach failed). Returns the entries cleared, or why the
+    /// region stays.
+    fn remove_region(&mut self, sites_out: bool) -> Result<usize, String> {
+        for attempt in 1..=ATTEMPTS {
             std::thread::sleep(GRACE);
-            let stop = self.guest.stop(false).ok()?;
+            let stop = self.guest.stop(false).map_err(|e| e.to_string())?;
             let removed = match sites_out {
                 true => self.tracer.remove_region(&stop),
-                false => Ok(Ok(0)),
+                false => {
+                    let _ = stop.detach();
+                    return Err("the sites could not all be restored, and may lead to it".into());
+                }
             };
-            match removed {
-                Ok(Err(Busy::InCode { .. })) => {
-                    stop.resume().ok()?;
+            let why = match removed {
+                Ok(Ok(n)) => {
+                    stop.detach().map_err(|e| e.to_string())?;
+                    return Ok(n);
+                }
+                Ok(Err(_)) if attempt < ATTEMPTS => {
+                    stop.resume().map_err(|e| e.to_string())?;
                     continue;
                 }
-                Ok(Ok(n)) if sites_out => {
-                    stop.detach().ok()?;
-                    return Some(n);
-                }
-                _ => {
-                    let _ = stop.detach();
-                    return None;
-                }
-            }
+                Ok(Err(busy)) => busy.to_string(),
+                Err(e) => e.to_string(),
+            };
+            let _ = stop.detach();
+            return Err(why);
         }
-        None
+        Err("no stop".into())
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all

@@ -18,6 +18,21 @@ use crate::session::patch::PatchError;
 pub enum Busy {
     /// vCPU `cpu` is running vmtrace's code (at `rip`).
     InCode { cpu: usize, rip: u64 },
+    /// Function graph: `frames` hooked calls have not returned: they
+    /// return into vmtrace's code (a task asleep in a traced function).
+    FramesLive { frames: usize },
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Busy::InCode { cpu, rip } => write!(f, "vCPU {cpu} stayed in it (at {rip:#x})"),
+            Busy::FramesLive { frames } => write!(
+                f,
+                "{frames} hooked calls had not returned, and return through it"
+            ),
+        }
+    }
 }
 
 impl Tracer {
@@ -30,9 +45,10 @@ impl Tracer {
     }
 
     /// Take the region out of the guest after the last detach and drain:
-    /// its page-table entries cleared, its pages zeroed. Refused (nothing
-    /// written) while a stopped vCPU runs vmtrace's code: resume, let it
-    /// leave, and stop again. A context interrupted inside that code is
+    /// its page-table entries cleared, its pages given back what they held.
+    /// Refused (nothing written) while a stopped vCPU runs vmtrace's code,
+    /// or (function graph) a hooked call has yet to return through it:
+    /// resume, let them leave, and stop again. A context interrupted inside that code is
     /// not seen here: the caller lets the guest run between the detach and
     /// this (an interrupt handler returns long before; on a kernel that
     /// preempts there, a task may not, which is why vmtrace's own VMM
@@ -51,6 +67,10 @@ impl Tracer {
                     return Ok(Err(Busy::InCode { cpu, rip }));
                 }
             }
+        }
+        let frames = ex.live_frames()?;
+        if frames > 0 {
+            return Ok(Err(Busy::FramesLive { frames }));
         }
         let mut space =
             kernel_space(stopped.vcpu_spaces(), &[CODE_VA]).ok_or(PatchError::NoPaging)?;
