@@ -206,6 +206,26 @@ impl Drainer {
     }
 }
 
+/// Function graph: frames of the pool still busy (hooked calls that have
+/// not returned yet).
+pub fn live_frames(mem: &dyn GuestRam) -> Result<usize, RingError> {
+    use super::layout::{DATA_GPA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN};
+    let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
+    let gpa = DATA_GPA + FRAMES_OFF;
+    mem.read_slice(&mut pool, vm_memory::GuestAddress(gpa))
+        .map_err(|source| RingError::Memory {
+            what: "reading the frame pool",
+            cpu: 0,
+            gpa,
+            source,
+        })?;
+    let busy = FRAME_BUSY as usize..FRAME_BUSY as usize + 4;
+    Ok(pool
+        .chunks_exact(FRAME_LEN as usize)
+        .filter(|f| f[busy.clone()] != [0; 4])
+        .count())
+}
+
 /// Calls counted, not recorded (their ring was full), per CPU and site.
 pub fn drops(mem: &dyn GuestRam, layout: &RingLayout) -> Result<Vec<Vec<u64>>, RingError> {
     (0..layout.cpus)

@@ -15,8 +15,8 @@ use super::backing::RegionPages;
 use super::code::{padding, write_code, CODE_PAGE};
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAMES, FRAMES_OFF, FRAME_BUSY,
-    FRAME_LEN, FRAME_NEXT_OFF, MIN_RECORDS, SPARE_PD_GPA,
+    LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
+    SPARE_PD_GPA,
 };
 use super::map::{self, MapError, Mapped};
 use super::pending::PendingDrainer;
@@ -430,16 +430,10 @@ impl Exitless {
     /// return address is one of vmtrace's return stubs), as the frame pool
     /// says; 0 without the graph or before the first stage.
     pub fn live_frames(&self) -> Result<usize, ExitlessError> {
-        let (Some(mem), true) = (&self.mem, self.layout.graph) else {
-            return Ok(0);
-        };
-        let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
-        mem.read_slice(&mut pool, GuestAddress(DATA_GPA + FRAMES_OFF))
-            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-        Ok(pool
-            .chunks_exact(FRAME_LEN as usize)
-            .filter(|f| f[FRAME_BUSY as usize..FRAME_BUSY as usize + 4] != [0; 4])
-            .count())
+        match (&self.mem, self.layout.graph) {
+            (Some(mem), true) => Ok(collect::live_frames(&**mem)?),
+            _ => Ok(0),
+        }
     }
 
     /// Put the region in `pages` (guest pages the guest never uses)
