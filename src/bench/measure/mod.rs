@@ -33,7 +33,7 @@ pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,
     FTRACE_GLOB, FTRACE_SETUP_CMDLINE,
 };
-pub use qemu::{qemu_figures, QemuFigures, K_CALLS, K_GLOBS};
+pub use qemu::{qemu_figures, QemuFigures, K_CALLS, K_GLOBS, K_TRAP_CALLS};
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
 
 use phases::{wait_calls, IterCounters};

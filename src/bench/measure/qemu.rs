@@ -20,6 +20,8 @@ use crate::error::{Error, RuntimeError};
 pub const K_GLOBS: [&str; 2] = ["__x64_sys_getpid", "hrtimer_*,tick_*"];
 /// `getpid` calls per timed command.
 pub const K_CALLS: u64 = 200_000;
+/// ... in trap mode, where each call stops the guest.
+pub const K_TRAP_CALLS: u64 = 1_000;
 /// How long the guest may take to boot, or a command to finish.
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -36,6 +38,10 @@ pub struct QemuFigures {
     /// Events stored per second of the exitless bursts, and of all calls.
     pub stored_per_s: Vec<f64>,
     pub stored_share: Vec<f64>,
+    /// ns per call in trap mode (gdbstub breakpoints), against untraced
+    /// calls timed the same way.
+    pub trap_ns: Vec<f64>,
+    pub trap_untraced_ns: Vec<f64>,
 }
 
 /// A QEMU with the workload guest, killed on drop.
@@ -137,13 +143,22 @@ impl Guest {
 
 /// Attach to the guest tracing `glob`, exitless.
 fn attach(g: &Guest, vmlinux: &Path, glob: &str) -> Result<QemuSession, Error> {
+    attach_in(g, vmlinux, glob, ModeChoice::Exitless)
+}
+
+fn attach_in(
+    g: &Guest,
+    vmlinux: &Path,
+    glob: &str,
+    mode: ModeChoice,
+) -> Result<QemuSession, Error> {
     let image = tracer::kernel::symbols::KernelImage::load(vmlinux).map_err(measure_error)?;
     let connected = session::connect(&g.qmp(), None).map_err(measure_error)?;
     let request = Request {
         trace: vec![glob.to_string()],
         notrace: Vec::new(),
         graph: false,
-        mode: ModeChoice::Exitless,
+        mode,
         ring_events: None,
         cpus: connected.info.cpus,
         emulator_host: false,
@@ -151,8 +166,30 @@ fn attach(g: &Guest, vmlinux: &Path, glob: &str) -> Result<QemuSession, Error> {
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected
-        .attach(plan.plan, Recording::memory(u64::MAX))
+        .attach_in(plan.plan, Recording::memory(u64::MAX), mode)
         .map_err(measure_error)
+}
+
+/// ns per call of `go getpid K_TRAP_CALLS` in trap mode: the session
+/// serves the breakpoints on a thread of its own while the guest runs.
+fn trap_call_ns(g: &mut Guest, vmlinux: &Path) -> Result<f64, Error> {
+    let mut s = attach_in(g, vmlinux, K_GLOBS[0], ModeChoice::Trap)?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let took = std::thread::scope(|scope| {
+        let served = scope.spawn(|| s.trace_until(None, &done));
+        let took = g.go(K_TRAP_CALLS);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        served.join().ok();
+        took
+    })?;
+    let end = s.end(&session::EndReason::Duration);
+    if end.summary.meta.events_total != K_TRAP_CALLS {
+        return Err(measure_error(format!(
+            "trap mode counted {} of {K_TRAP_CALLS} calls",
+            end.summary.meta.events_total
+        )));
+    }
+    Ok(took.as_nanos() as f64 / K_TRAP_CALLS as f64)
 }
 
 /// (k): `rounds` rounds on one QEMU guest booted from the bzImage and
@@ -184,6 +221,10 @@ pub fn qemu_figures(vmlinux: &Path, rounds: usize) -> Result<QemuFigures, Error>
         let stored = (m.events_total - m.events_dropped) as f64;
         f.stored_per_s.push(stored / burst.as_secs_f64());
         f.stored_share.push(stored / m.events_total.max(1) as f64);
+        let untraced = g.go(K_TRAP_CALLS)?;
+        f.trap_untraced_ns
+            .push(untraced.as_nanos() as f64 / K_TRAP_CALLS as f64);
+        f.trap_ns.push(trap_call_ns(&mut g, vmlinux)?);
     }
     Ok(f)
 }

@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::super::measure::{QemuFigures, K_CALLS, K_GLOBS};
+use super::super::measure::{QemuFigures, K_CALLS, K_GLOBS, K_TRAP_CALLS};
 use super::super::median;
 use super::Goal;
 
@@ -22,6 +22,11 @@ pub fn figures(r: &QemuFigures) -> Vec<(String, f64)> {
     v.push(("k_exitless_ns_per_call".into(), median(&r.exitless_ns)));
     v.push(("k_stored_events_per_s".into(), median(&r.stored_per_s)));
     v.push(("k_stored_share".into(), median(&r.stored_share)));
+    v.push(("k_trap_ns_per_call".into(), median(&r.trap_ns)));
+    v.push((
+        "k_trap_untraced_ns_per_call".into(),
+        median(&r.trap_untraced_ns),
+    ));
     v
 }
 
@@ -70,6 +75,13 @@ pub fn write(o: &mut String, r: &QemuFigures) -> fmt::Result {
         "    events stored: {:.0}/s of the bursts, {:.0}% of the calls (the rest counted)",
         median(&r.stored_per_s),
         100.0 * median(&r.stored_share)
+    )?;
+    writeln!(
+        o,
+        "    getpid x {K_TRAP_CALLS} in trap mode (gdbstub breakpoints): {:.0} µs per call \
+         ({:.0} ns untraced)",
+        median(&r.trap_ns) / 1e3,
+        median(&r.trap_untraced_ns)
     )
 }
 
@@ -78,8 +90,10 @@ pub fn method() -> String {
         "the Linux guest beside the vmlinux in QEMU (TCG, 2 vCPUs) with the workload initramfs; \
          per round: an exitless attach and detach for each of {K_GLOBS:?} (the report's pause \
          window), then `go getpid {K_CALLS}` untraced and traced (host time from the command to \
-         its done line). TCG runs guest code far from KVM's speed: the pause is the gdbstub's \
-         round trips, which a QEMU/KVM guest pays alike; the per-call cost is TCG's"
+         its done line); then `go getpid {K_TRAP_CALLS}` untraced and in trap mode (a gdbstub \
+         breakpoint per site: each call stops the guest). TCG runs guest code far from KVM's \
+         speed: the pause is the gdbstub's round trips, which a QEMU/KVM guest pays alike; the \
+         per-call cost is TCG's"
     )
 }
 
@@ -99,6 +113,8 @@ mod tests {
             exitless_ns: vec![500.0, 520.0, 540.0],
             stored_per_s: vec![1e5, 2e5, 3e5],
             stored_share: vec![0.1, 0.2, 0.3],
+            trap_ns: vec![700_000.0, 800_000.0, 900_000.0],
+            trap_untraced_ns: vec![900.0, 1000.0, 1100.0],
         }
     }
 
@@ -117,6 +133,10 @@ mod tests {
         );
         assert!(
             o.contains("410 ns per call untraced, 520 ns exitless (+110 ns)"),
+            "{o}"
+        );
+        assert!(
+            o.contains("trap mode (gdbstub breakpoints): 800 µs per call (1000 ns"),
             "{o}"
         );
         let g = goal(&r);
