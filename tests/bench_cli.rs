@@ -253,10 +253,11 @@ fn bench_json_has_every_figure() {
     assert!(table.contains("(i) vmtrace vs. the guest's own ftrace, Linux boot: NOT MEASURED"));
     assert_eq!(ex["linux_boots"], 0, "{text}");
     assert!(ex["ftrace_guest_instructions_per_call"].is_null(), "{text}");
-    // Every bench has its entry, by name: all measured but boot/ftrace.
+    // Every bench has its entry, by name: all measured but boot/ftrace
+    // and qemu/attach (asked for by name or --linux-boots only).
     assert_eq!(bench_names(&doc), BENCHES, "{text}");
     for b in doc["benches"].as_array().unwrap() {
-        let boot = b["name"] == "boot/ftrace";
+        let boot = b["name"] == "boot/ftrace" || b["name"] == "qemu/attach";
         assert_eq!(b["measured"], !boot, "{b}");
         assert_eq!(b["values"].as_array().unwrap().is_empty(), boot, "{b}");
         assert_eq!(b["figures"].is_null(), boot, "{b}");
@@ -452,7 +453,7 @@ fn short_benches_pass_their_exact_checks() {
 }
 
 /// Every bench, by collection, as `vmtrace bench list` names them.
-const BENCHES: [&str; 9] = [
+const BENCHES: [&str; 10] = [
     "call/trap",
     "call/exitless",
     "call/graph",
@@ -462,6 +463,7 @@ const BENCHES: [&str; 9] = [
     "record/throughput",
     "report/render",
     "boot/ftrace",
+    "qemu/attach",
 ];
 
 /// The names of the benches in a bench JSON's `benches`, in order.
@@ -491,7 +493,7 @@ fn bench_list_names_every_bench() {
             "{line}"
         );
     }
-    for (field, n) in [("goal:", 9), ("figure:", 9), ("needs:", 9)] {
+    for (field, n) in [("goal:", 10), ("figure:", 10), ("needs:", 10)] {
         let count = list
             .lines()
             .filter(|l| l.trim_start().starts_with(field))
@@ -535,13 +537,13 @@ fn bench_list_names_every_bench() {
         ["call/trap", "call/exitless", "call/graph", "attach/modes"],
         "{some}"
     );
-    // Its heading counts what it lists (before: "9 benches in 5 collections").
+    // Its heading counts what it lists (before: "10 benches in 6 collections").
     assert!(
-        some.starts_with("vmtrace bench: 4 of 9 benches, in 2 of 5 collections."),
+        some.starts_with("vmtrace bench: 4 of 10 benches, in 2 of 6 collections."),
         "{some}"
     );
     assert!(
-        list.starts_with("vmtrace bench: 9 of 9 benches, in 5 of 5 collections."),
+        list.starts_with("vmtrace bench: 10 of 10 benches, in 6 of 6 collections."),
         "{list}"
     );
 }
@@ -710,8 +712,8 @@ fn bench_refuses_unknown_names() {
             &["bench", "call/nope", "--kernel", kernel],
             "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
              attach/pause, attach/scaling, attach/modes, record/throughput, report/render, \
-             boot/ftrace; collections call, attach, record, report, boot; all (`vmtrace bench \
-             list` says what each measures)",
+             boot/ftrace, qemu/attach; collections call, attach, record, report, boot, qemu; all \
+             (`vmtrace bench list` says what each measures)",
         ),
         (
             &["bench", "boot/ftrace", "--kernel", kernel],
