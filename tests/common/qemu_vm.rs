@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tracer::qemu::qmp::Qmp;
 
-use super::{root, scratch_in};
+use super::scratch_in;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 /// How long a QMP or gdbstub reply may take: a guard, far above any.
@@ -21,17 +21,9 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 /// guest (with the MP table alone, SeaBIOS's table shows Linux one CPU),
 /// built or copied from the cache once per test binary.
 pub fn linux_acpi() -> (PathBuf, PathBuf) {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    BUILD.call_once(|| {
-        let st = Command::new("bash")
-            .arg(root().join("guest/build.sh"))
-            .arg("linux-acpi")
-            .status()
-            .expect("run guest/build.sh linux-acpi");
-        assert!(st.success(), "guest/build.sh linux-acpi failed");
-    });
-    let dir = root().join("guest/out/linux-acpi");
-    (dir.join("bzImage"), dir.join("vmlinux"))
+    let bz = super::qemu::linux_acpi_bzimage();
+    let vmlinux = bz.with_file_name("vmlinux");
+    (bz, vmlinux)
 }
 
 /// A QEMU child, killed on drop (also when a check panics).

@@ -64,33 +64,31 @@ pub trait RamWord: Sized {
         -> Result<(), RamError>;
 }
 
-impl RamWord for u32 {
-    fn load(ram: &dyn GuestRam, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
-        ram.load_u32(addr, order)
-    }
-    fn store(
-        self,
-        ram: &dyn GuestRam,
-        addr: GuestAddress,
-        order: Ordering,
-    ) -> Result<(), RamError> {
-        ram.store_u32(self, addr, order)
-    }
+/// `RamWord` for a word type through its pair of `GuestRam` methods.
+macro_rules! ram_word {
+    ($t:ty, $load:ident, $store:ident) => {
+        impl RamWord for $t {
+            fn load(
+                ram: &dyn GuestRam,
+                addr: GuestAddress,
+                order: Ordering,
+            ) -> Result<$t, RamError> {
+                ram.$load(addr, order)
+            }
+            fn store(
+                self,
+                ram: &dyn GuestRam,
+                addr: GuestAddress,
+                order: Ordering,
+            ) -> Result<(), RamError> {
+                ram.$store(self, addr, order)
+            }
+        }
+    };
 }
 
-impl RamWord for u64 {
-    fn load(ram: &dyn GuestRam, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
-        ram.load_u64(addr, order)
-    }
-    fn store(
-        self,
-        ram: &dyn GuestRam,
-        addr: GuestAddress,
-        order: Ordering,
-    ) -> Result<(), RamError> {
-        ram.store_u64(self, addr, order)
-    }
-}
+ram_word!(u32, load_u32, store_u32);
+ram_word!(u64, load_u64, store_u64);
 
 impl dyn GuestRam + '_ {
     pub fn read_slice(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {

@@ -134,7 +134,11 @@ impl Out {
             }
         }
         self.reserved -= 1;
-        self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
+        // Only a clock with no anchor yet (a QEMU's) reads the host clock:
+        // nothing more per record for one read at the pause.
+        if !self.clock.is_anchored() {
+            self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
+        }
         self.buf.push(Event {
             slot: r.slot,
             ts_ns: self.clock.host_ns(r.tsc),
