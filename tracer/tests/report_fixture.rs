@@ -91,6 +91,7 @@ pub fn trace() -> Trace {
             slot: 0,
             func,
             cpu,
+            task: 0,
         })
         .collect();
     let total: u64 = counts.iter().flatten().sum();
@@ -120,6 +121,7 @@ pub fn trace() -> Trace {
         returns: Vec::new(),
         callers,
         events,
+        tasks: Vec::new(),
     }
 }
 
@@ -137,6 +139,7 @@ pub fn big_trace(n: usize) -> Trace {
             slot: 0,
             func: (i % 3) as u32,
             cpu: (i % 4) as u32,
+            task: 0,
         })
         .collect();
     t.meta.events_dropped = t.meta.events_total.saturating_sub(n as u64);
@@ -271,6 +274,7 @@ pub fn graph_trace() -> Trace {
                 slot: slot(stack, depth) | u64::from(ret),
                 func,
                 cpu,
+                task: 0,
             }
         })
         .collect();
@@ -299,5 +303,6 @@ pub fn graph_trace() -> Trace {
         returns,
         callers,
         events,
+        tasks: Vec::new(),
     }
 }

@@ -246,6 +246,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
                 slot: 0,
                 func,
                 cpu,
+                task: 0,
             }
         })
         .collect();
@@ -262,6 +263,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
         returns: Vec::new(),
         callers,
         events,
+        tasks: Vec::new(),
     }
 }
 
@@ -382,6 +384,7 @@ fn four_cpus_one_idle_and_bad_events_skipped() {
             slot,
             func,
             cpu,
+            task: 0,
         });
     }
     let mut bytes = Vec::new();

@@ -276,6 +276,7 @@ impl Tracer {
             guest_instructions_emulated: None,
             unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
             vmm: self.vmm.clone(),
+            tasks: String::new(),
         };
         Trace {
             meta,
@@ -284,6 +285,7 @@ impl Tracer {
             returns: self.returns(),
             callers: Vec::new(),
             events: Vec::new(),
+            tasks: Vec::new(),
         }
     }
 

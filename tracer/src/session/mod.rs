@@ -35,6 +35,7 @@ pub mod record;
 pub mod region;
 pub mod shadow;
 pub mod store;
+pub mod tasks;
 pub mod watch;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};

@@ -125,6 +125,7 @@ impl Recorder {
             slot: slot | RETURN_BIT,
             func: self.index.funcs[site],
             cpu: self.cpu,
+            task: 0,
         });
         Ok(())
     }
@@ -211,6 +212,7 @@ impl TrapHandler for Recorder {
             slot,
             func: self.index.funcs[i],
             cpu: self.cpu,
+            task: 0,
         });
         Ok(())
     }

@@ -367,6 +367,7 @@ mod tests {
             slot: slot | if ret { RETURN_BIT } else { 0 },
             func,
             cpu,
+            task: 0,
         }
     }
 

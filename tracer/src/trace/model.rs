@@ -26,6 +26,23 @@ pub struct Event {
     pub func: u32,
     /// vCPU that made the call (or the return).
     pub cpu: u32,
+    /// The guest task that ran it: `Trace::tasks[task - 1]`; 0 when not
+    /// known (the kernel has no BTF, or its current task was unreadable).
+    pub task: u32,
+}
+
+/// A guest task as vmtrace saw it at a call: ftrace's `comm-pid`. One
+/// task changes entries when it changes its name (exec, `PR_SET_NAME`);
+/// the idle task of each CPU is its own entry (pid 0, `swapper/N`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Task {
+    /// The thread's id (`task_struct.pid`): 0 for the idle tasks.
+    pub pid: u32,
+    /// Its thread group's, the process id (`task_struct.tgid`).
+    pub tgid: u32,
+    /// `task_struct.comm`, up to its first NUL (at most 15 bytes), bytes
+    /// that are not UTF-8 replaced.
+    pub comm: String,
 }
 
 /// Bit 0 of `Event::slot`: the event is a return.
@@ -123,6 +140,10 @@ pub struct TraceMeta {
     /// (pid 4242, kvm; QMP /run/qemu.sock)" for `vmtrace attach`. Empty:
     /// vmtrace's own VMM (or an older file).
     pub vmm: String,
+    /// Where the guest tasks of events came from ("BTF in PATH"), or why
+    /// events have none ("no BTF in PATH: ..."); empty: not asked (or an
+    /// older file).
+    pub tasks: String,
 }
 
 /// The whole trace.
@@ -140,9 +161,18 @@ pub struct Trace {
     pub callers: Vec<Symbol>,
     /// Stored events, sorted by time.
     pub events: Vec<Event>,
+    /// The guest tasks events name (`Event::task` - 1 indexes it).
+    pub tasks: Vec<Task>,
 }
 
 impl Trace {
+    /// The task that ran `e`, if known.
+    pub fn task_of(&self, e: &Event) -> Option<&Task> {
+        (e.task as usize)
+            .checked_sub(1)
+            .and_then(|i| self.tasks.get(i))
+    }
+
     /// The caller function containing return address `ip`.
     pub fn caller_of(&self, ip: u64) -> Option<&Symbol> {
         caller_index(&self.callers, ip).map(|i| &self.callers[i])
@@ -201,6 +231,7 @@ impl Trace {
                 slot: 0,
                 func: func as u32,
                 cpu,
+                task: 0,
             });
         }
         Trace {
@@ -222,6 +253,7 @@ impl Trace {
             returns: Vec::new(),
             callers,
             events: ev,
+            tasks: Vec::new(),
         }
     }
 }

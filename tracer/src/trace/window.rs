@@ -232,6 +232,7 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
         returns,
         callers: trace.callers.clone(),
         events,
+        tasks: trace.tasks.clone(),
     }
 }
 
@@ -390,6 +391,7 @@ mod tests {
             slot,
             func,
             cpu,
+            task: 0,
         };
         t.events = vec![
             ev(1_100, 0, 0, 0x1000),

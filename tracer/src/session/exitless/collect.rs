@@ -145,6 +145,7 @@ impl Out {
             parent: r.parent,
             func: self.index.funcs[site],
             cpu: cpu as u32,
+            task: 0,
         });
     }
 }

@@ -24,6 +24,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             slot: u64_at(16),
             func: u32_at(24),
             cpu: u32_at(28),
+            task: 0,
         }
     } else {
         Event {
@@ -32,6 +33,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             slot: 0,
             func: u32_at(16),
             cpu: u32_at(20),
+            task: 0,
         }
     }
 }
@@ -105,6 +107,7 @@ impl Body {
             returns: self.returns,
             callers: self.callers,
             events,
+            tasks: Vec::new(),
         })
     }
 }
@@ -212,6 +215,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         guest_instructions_emulated: None,
         unfinished,
         vmm,
+        tasks: String::new(),
     };
     Ok(meta)
 }

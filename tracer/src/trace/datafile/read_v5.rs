@@ -235,5 +235,6 @@ fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
         returns,
         callers,
         events,
+        tasks: Vec::new(),
     }
 }

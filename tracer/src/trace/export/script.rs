@@ -153,6 +153,7 @@ mod tests {
             slot,
             func,
             cpu,
+            task: 0,
         };
         Trace {
             meta: TraceMeta {
@@ -175,6 +176,7 @@ mod tests {
                 ev(1_234_567_899_999, 0, 0, 0x9010, 0x100 | RETURN_BIT),
                 ev(1_235_000_000_000, 1, 2, 0xdead, 0),
             ],
+            tasks: Vec::new(),
         }
     }
 
