@@ -92,6 +92,20 @@ pub struct RunArgs {
     /// Do not trace functions matching GLOB; repeatable, comma lists.
     #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub notrace: Vec<String>,
+    /// Keep only the calls of these guest tasks (thread ids, as ftrace's
+    /// set_ftrace_pid and trace-cmd -P); comma lists, repeatable. Needs the
+    /// kernel's BTF.
+    #[arg(
+        long,
+        value_name = "PID",
+        value_delimiter = ',',
+        help_heading = "Tracing"
+    )]
+    pub pid: Vec<u32>,
+    /// Keep only the calls of guest tasks whose comm matches GLOB. Needs
+    /// the kernel's BTF.
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
+    pub comm: Option<String>,
     /// Trace for this many seconds after attaching, then stop the guest.
     #[arg(long, value_name = "SECS", help_heading = "Tracing")]
     pub duration: Option<f64>,
@@ -271,6 +285,20 @@ pub struct AttachArgs {
     /// Do not trace functions matching GLOB; repeatable, comma lists.
     #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub notrace: Vec<String>,
+    /// Keep only the calls of these guest tasks (thread ids, as ftrace's
+    /// set_ftrace_pid and trace-cmd -P); comma lists, repeatable. Needs the
+    /// kernel's BTF.
+    #[arg(
+        long,
+        value_name = "PID",
+        value_delimiter = ',',
+        help_heading = "Tracing"
+    )]
+    pub pid: Vec<u32>,
+    /// Keep only the calls of guest tasks whose comm matches GLOB. Needs
+    /// the kernel's BTF.
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
+    pub comm: Option<String>,
     /// Detach after this many seconds (default: at Ctrl-C or SIGTERM).
     #[arg(long, value_name = "SECS", help_heading = "Tracing")]
     pub duration: Option<f64>,

@@ -38,6 +38,8 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         cpus: 2,
         emulator_host: false,
         linux: false,
+        pids: Vec::new(),
+        comm: None,
     }
 }
 

@@ -36,6 +36,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let request = Request {
         trace: args.trace.clone(),
         notrace: args.notrace.clone(),
+        pids: args.pid.clone(),
+        comm: args.comm.clone(),
         graph: args.graph,
         mode: asked,
         ring_events: None,

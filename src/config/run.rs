@@ -231,6 +231,8 @@ fn plan(
     let request = Request {
         trace: args.trace.clone(),
         notrace: args.notrace.clone(),
+        pids: args.pid.clone(),
+        comm: args.comm.clone(),
         graph: args.graph,
         mode: match args.mode {
             ModeArg::Trap => ModeChoice::Trap,

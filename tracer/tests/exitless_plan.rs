@@ -62,7 +62,8 @@ fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolve
 
 fn prepare(image: &KernelImage) -> Exitless {
     let (tx, _rx) = crossbeam_channel::unbounded();
-    Exitless::prepare(image, 2, 3, Some(16), false, tx).unwrap_or_else(|e| panic!("{e}"))
+    Exitless::prepare(image, 2, 3, Some(16), false, tx, &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The trampoline's read of the CPU number: `mov r10d, gs:[disp]`.
@@ -194,7 +195,7 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
 #[test]
 fn return_thunks_without_alternatives_patched_are_refused() {
     let image = mini_without("mini-rethunk", &["alternatives_patched"]);
-    let err = Exitless::check(&image, 2, 3, Some(16), false).unwrap_err();
+    let err = Exitless::check(&image, 2, 3, Some(16), false, &Default::default()).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
     assert_eq!(
         err.to_string(),
@@ -245,6 +246,8 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         cpus: 2,
         emulator_host: false,
         linux: false,
+        pids: Vec::new(),
+        comm: None,
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(plan.mode, Mode::Trap);

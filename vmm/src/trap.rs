@@ -19,6 +19,9 @@ pub struct Trap<'a> {
     /// accept both.
     pub rip: u64,
     pub rsp: u64,
+    /// The GS base (in kernel mode: this CPU's per-CPU area, through which
+    /// the kernel reads its current task).
+    pub gs_base: u64,
     /// Guest memory as this vCPU sees it now. Built afresh for each trap:
     /// the guest runs between traps and may remap any page, so no
     /// translation outlives the exit it was made for.
@@ -34,6 +37,7 @@ impl<'a> Trap<'a> {
             cpu,
             rip: regs.rip,
             rsp: regs.rsp,
+            gs_base: sregs.gs.base,
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
         }
@@ -54,6 +58,7 @@ impl<'a> Trap<'a> {
             cpu,
             rip,
             rsp,
+            gs_base: 0,
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
         }

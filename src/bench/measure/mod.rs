@@ -270,6 +270,8 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 skipped_init: 0,
                 ftrace_enabled: None,
                 graph: false,
+                // The attach's cost alone: no task read at calls.
+                tasks: Default::default(),
             };
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
             drop(handlers);

@@ -163,6 +163,8 @@ fn attach_in(
         cpus: connected.info.cpus,
         emulator_host: false,
         linux: true,
+        pids: Vec::new(),
+        comm: None,
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected

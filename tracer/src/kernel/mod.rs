@@ -2,6 +2,7 @@
 //! their sources, ftrace call sites, function filters, KASLR offsets, and
 //! how kernel names are printed.
 
+pub mod btf;
 pub mod bzimage;
 pub mod filter;
 pub mod find;
@@ -10,6 +11,8 @@ pub mod kaslr;
 pub mod lowmem;
 pub mod names;
 pub mod payload;
+pub mod percpu;
 pub mod sites;
 pub mod symbols;
+pub mod task;
 pub mod vmlinux;

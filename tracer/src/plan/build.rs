@@ -9,6 +9,7 @@ use super::{hookable, Mode, Plan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::tasks::TaskFilter;
 use crate::session::exitless::state::{Exitless, ExitlessError};
 
 /// How traced calls should reach vmtrace, as asked.
@@ -39,6 +40,10 @@ pub struct Request {
     pub emulator_host: bool,
     /// The kernel is Linux (its own stack traces are affected by the graph).
     pub linux: bool,
+    /// Keep only the calls of these tasks (`--pid`; empty: any) and of
+    /// tasks whose comm matches (`--comm`).
+    pub pids: Vec<u32>,
+    pub comm: Option<String>,
 }
 
 /// Something the user should be told about the plan, once it is set.
@@ -59,6 +64,9 @@ pub enum Note {
 pub enum PlanError {
     #[error(transparent)]
     Tracer(#[from] TracerError),
+    /// `--pid` or `--comm` cannot be honoured (a bad glob, no task layout).
+    #[error("{0}")]
+    TaskFilter(String),
     /// Function graph: every selected function is one whose return must not
     /// be hooked.
     #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
@@ -86,6 +94,14 @@ impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
         let mut plan = Plan::from_image(image, &req.trace, &req.notrace)?;
+        plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())
+            .map_err(|e| PlanError::TaskFilter(e.to_string()))?;
+        if plan.tasks.filter.is_active() && plan.tasks.layout.is_none() {
+            return Err(PlanError::TaskFilter(format!(
+                "--pid and --comm need the guest's tasks, and the kernel's are unknown ({})",
+                plan.tasks.note
+            )));
+        }
         let mut notes = Vec::new();
         if req.graph {
             notes.extend(graph(&mut plan, req.linux)?);
@@ -172,6 +188,7 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
             plan.index.addrs.len(),
             req.ring_events,
             plan.graph,
+            &plan.tasks,
         )
     };
     match req.mode {

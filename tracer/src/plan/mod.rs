@@ -6,6 +6,7 @@ mod build;
 pub mod hookable;
 pub mod list;
 pub mod site_index;
+pub mod tasks;
 
 pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
 
@@ -58,6 +59,8 @@ pub struct Plan {
     pub ftrace_enabled: Option<u64>,
     /// Function graph: hook every traced call's return too.
     pub graph: bool,
+    /// The guest's tasks: how to read them, and which to keep.
+    pub tasks: tasks::TaskPlan,
 }
 
 impl Plan {
@@ -91,6 +94,7 @@ impl Plan {
             targets.push((site.addr, slot));
         }
         let ftrace_enabled = image.symbol(FTRACE_ENABLED).map(|s| s.addr);
+        let tasks = tasks::TaskPlan::find(&image);
         Ok(Plan {
             image,
             sites,
@@ -99,6 +103,7 @@ impl Plan {
             skipped_init,
             ftrace_enabled,
             graph: false,
+            tasks,
         })
     }
 }

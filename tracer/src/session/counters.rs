@@ -25,6 +25,8 @@ pub struct Counters {
     budget: AtomicI64,
     pub dropped: AtomicU64,
     pub parent_unreadable: AtomicU64,
+    /// Calls the task filter (`--pid`, `--comm`) rejected: in no count.
+    pub filtered: AtomicU64,
     /// Events (entries and returns) per vCPU that could not be kept: the
     /// data file's writer fell behind, or the disk refused them. Also in
     /// `dropped` / `returns_dropped`.
@@ -47,6 +49,7 @@ impl Counters {
             budget: AtomicI64::new(i64::try_from(max_events).unwrap_or(i64::MAX)),
             dropped: AtomicU64::new(0),
             parent_unreadable: AtomicU64::new(0),
+            filtered: AtomicU64::new(0),
             lost: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
         }
     }

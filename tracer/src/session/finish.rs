@@ -276,7 +276,9 @@ impl Tracer {
             guest_instructions_emulated: None,
             unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
             vmm: self.vmm.clone(),
-            tasks: String::new(),
+            tasks: self.tasks_note(),
+            filtered: c.filtered.load(Ordering::Relaxed)
+                + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
         };
         Trace {
             meta,
@@ -285,7 +287,18 @@ impl Tracer {
             returns: self.returns(),
             callers: Vec::new(),
             events: Vec::new(),
-            tasks: Vec::new(),
+            tasks: self.tasks.as_ref().map_or_else(Vec::new, |t| t.table.all()),
+        }
+    }
+
+    /// `TraceMeta::tasks`: where the tasks came from (and the filter), or
+    /// why there are none.
+    fn tasks_note(&self) -> String {
+        let f = &self.plan.tasks.filter;
+        if f.is_active() {
+            format!("{}; kept only {}", self.plan.tasks.note, f.describe())
+        } else {
+            self.plan.tasks.note.clone()
         }
     }
 

@@ -16,6 +16,7 @@ use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 use counters::Counters;
+use exitless::collect::DrainTasks;
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
 use exitless::state::{Exitless, ExitlessError, Resolved};
@@ -23,6 +24,7 @@ use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Surv
 use record::GraphHook;
 use shadow::ShadowStacks;
 use store::{Storage, Stored};
+use tasks::{TaskSource, TaskTable};
 
 pub mod counters;
 mod driver;
@@ -39,6 +41,17 @@ pub mod tasks;
 pub mod watch;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
+
+/// How a session's events get their task, when the plan knows the
+/// kernel's task layout.
+fn task_source(plan: &Plan) -> Option<Arc<TaskSource>> {
+    let layout = plan.tasks.layout?;
+    Some(Arc::new(TaskSource::new(
+        layout,
+        Arc::new(TaskTable::new()),
+        plan.tasks.filter.clone(),
+    )))
+}
 
 /// With page-table isolation, Linux gives each process a pair of top-level
 /// tables 8 KiB aligned, the user one 4 KiB above the kernel one, and flips
@@ -124,6 +137,8 @@ pub struct Tracer {
     offset: Option<KernelOffset>,
     /// Who runs the guest, when not vmtrace's own VMM (`Recording::vmm`).
     vmm: String,
+    /// How events get their task (None: the kernel's layout is unknown).
+    tasks: Option<Arc<TaskSource>>,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -203,8 +218,11 @@ impl Tracer {
             ring_records,
             plan.graph,
             sink,
+            &plan.tasks,
         )?;
+        let tasks = task_source(&plan);
         let mut t = Tracer::assemble(plan, counters, store.thread, false);
+        t.tasks = tasks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -231,7 +249,14 @@ impl Tracer {
                 r.hook_returns(Arc::clone(hook));
             }
         }
+        let tasks = task_source(&plan);
+        if let Some(src) = &tasks {
+            for r in &mut recs {
+                r.record_tasks(Arc::clone(src));
+            }
+        }
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite);
+        t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -270,6 +295,7 @@ impl Tracer {
             tsc_khz: 0,
             offset: None,
             vmm: String::new(),
+            tasks: None,
         }
     }
 
@@ -278,7 +304,14 @@ impl Tracer {
     /// run (`vmtrace bench`'s attach-scaling figure), whose syscall entry
     /// is not set yet. Before any attach.
     pub fn assume_kernel_offset(&mut self, o: KernelOffset) {
+        self.set_offset(o);
+    }
+
+    fn set_offset(&mut self, o: KernelOffset) {
         self.plan.index.set_slide(o.virt);
+        if let Some(t) = &self.tasks {
+            t.set_slide(o);
+        }
         self.offset = Some(o);
     }
 
@@ -432,10 +465,18 @@ impl Tracer {
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
+            // Task structs are read through the kernel's own tables, as
+            // the attach found them (the kernel half every process shares).
+            let tasks = self.tasks.as_ref().map(|source| DrainTasks {
+                source: Arc::clone(source),
+                root: c.space.root(),
+                mode: c.space.mode(),
+            });
             ex.start_drainer(
                 clock,
                 Arc::clone(&self.counters),
                 Arc::clone(&self.plan.index),
+                tasks,
             );
         }
         self.attached_at(paused);
@@ -509,8 +550,7 @@ impl Tracer {
             if let Detected::Offset(o) = kaslr::detect(paused, &self.plan.image)? {
                 // Before any site is patched: traps find their site by
                 // RIP - o.virt from the first one on.
-                self.plan.index.set_slide(o.virt);
-                self.offset = Some(o);
+                self.set_offset(o);
             }
         }
         Ok(self.offset)

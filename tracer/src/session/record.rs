@@ -12,6 +12,7 @@
 //! shared `ShadowStacks`), and the return trap records the return and
 //! resumes the guest at the real return address.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
 use crate::session::shadow::ShadowStacks;
 use crate::session::store::{self, Storage};
+use crate::session::tasks::{Seen, TaskKey, TaskSource};
 use crate::trace::model::{Event, RETURN_BIT};
 
 // What the recorders share with the store and the exitless drainer, in
@@ -50,9 +52,32 @@ pub struct Recorder {
     /// Emptied batches the store hands back, reused before allocating.
     free: Receiver<Vec<Event>>,
     graph: Option<Arc<GraphHook>>,
+    /// The guest's tasks, when its kernel's layout is known; with this
+    /// recorder's own cache of the ids it has seen.
+    tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
 }
 
 impl Recorder {
+    /// Name each event's task (the guest's current task at the trap).
+    pub fn record_tasks(&mut self, source: Arc<TaskSource>) {
+        self.tasks = Some((source, HashMap::new()));
+    }
+
+    /// The id of the task the trapped vCPU runs (`Event::task`: 0 if
+    /// tasks are not recorded or it cannot be read), and whether the task
+    /// filter keeps the call.
+    fn task_of(&mut self, trap: &mut Trap<'_>) -> Seen {
+        let Some((source, cache)) = self.tasks.as_mut() else {
+            return (0, true);
+        };
+        let gs_base = trap.gs_base;
+        let space = trap.space();
+        source
+            .current(space, gs_base)
+            .and_then(|task| source.key(space, task))
+            .map_or_else(|| source.unreadable(), |key| source.id(cache, space, key))
+    }
+
     fn reserve(&mut self) {
         self.reserved = self.counters.reserve(BATCH);
     }
@@ -119,13 +144,16 @@ impl Recorder {
         } else {
             f.ret
         };
+        // Its entry was kept, so the return is (the task cannot change
+        // between them).
+        let (task, _) = self.task_of(trap);
         self.push(Event {
             ts_ns,
             parent,
             slot: slot | RETURN_BIT,
             func: self.index.funcs[site],
             cpu: self.cpu,
-            task: 0,
+            task,
         });
         Ok(())
     }
@@ -176,6 +204,13 @@ impl TrapHandler for Recorder {
             });
         };
         trap.set_rip(self.index.running_addr(i) + SITE_LEN as u64);
+        // The task first: a call the task filter rejects is counted only
+        // as rejected (not a call of the function, its return not hooked).
+        let (task, kept) = self.task_of(trap);
+        if !kept {
+            self.counters.filtered.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -212,7 +247,7 @@ impl TrapHandler for Recorder {
             slot,
             func: self.index.funcs[i],
             cpu: self.cpu,
-            task: 0,
+            task,
         });
         Ok(())
     }
@@ -265,6 +300,7 @@ pub fn recorders(
             tx: tx.clone(),
             free: store.free.clone(),
             graph: None,
+            tasks: None,
         })
         .collect();
     (counters, recs, store)

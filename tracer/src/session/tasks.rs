@@ -6,8 +6,13 @@
 //! entries added since it last looked before the events that use them.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
+use vmm::gva::AddressSpace;
+
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::task::{comm_string, TaskLayout, COMM_LEN};
+use crate::plan::tasks::TaskFilter;
 use crate::trace::model::Task;
 
 /// Every distinct task (pid, tgid, comm) seen, in first-seen order.
@@ -42,7 +47,11 @@ impl TaskTable {
 
     /// How many tasks the table holds.
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).tasks.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tasks
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,6 +69,104 @@ impl TaskTable {
     pub fn all(&self) -> Vec<Task> {
         self.since(0)
     }
+}
+
+/// What identifies a task at a call cheaply: its `task_struct` address,
+/// pid and comm (a renamed task is another entry; a freed and reused
+/// `task_struct` has another pid).
+pub type TaskKey = (u64, u32, [u8; COMM_LEN]);
+
+/// How a session reads the guest's tasks: the kernel's layout, the table
+/// every recorder interns into, and where KASLR put the kernel (known at
+/// the attach; it moves the current-task variable in the 6.15+ per-CPU
+/// layout only).
+#[derive(Debug)]
+pub struct TaskSource {
+    pub layout: TaskLayout,
+    pub table: Arc<TaskTable>,
+    /// Calls by other tasks are not recorded (`--pid`, `--comm`).
+    pub filter: TaskFilter,
+    slide: OnceLock<KernelOffset>,
+}
+
+/// A task as a reader's cache knows it: its id, and whether the filter
+/// keeps its calls.
+pub type Seen = (u32, bool);
+
+impl TaskSource {
+    pub fn new(layout: TaskLayout, table: Arc<TaskTable>, filter: TaskFilter) -> TaskSource {
+        TaskSource {
+            layout,
+            table,
+            filter,
+            slide: OnceLock::new(),
+        }
+    }
+
+    /// The kernel's offset from its link addresses, set once at the attach.
+    pub fn set_slide(&self, off: KernelOffset) {
+        let _ = self.slide.set(off);
+    }
+
+    fn slide(&self) -> KernelOffset {
+        self.slide.get().copied().unwrap_or(KernelOffset::NONE)
+    }
+
+    /// The current task's `task_struct` address on the CPU whose GS base is
+    /// `gs_base`, read through `space`.
+    pub fn current(&self, space: &mut AddressSpace<'_>, gs_base: u64) -> Option<u64> {
+        let va = self.layout.current_ptr_va(gs_base, self.slide())?;
+        space.read_u64(va).ok().filter(|&t| t != 0)
+    }
+
+    /// The key of the task at `task` (pid and comm read now).
+    pub fn key(&self, space: &mut AddressSpace<'_>, task: u64) -> Option<TaskKey> {
+        let pid = read_u32(space, task.wrapping_add(u64::from(self.layout.pid)))?;
+        let mut comm = [0u8; COMM_LEN];
+        space
+            .read(task.wrapping_add(u64::from(self.layout.comm)), &mut comm)
+            .ok()?;
+        Some((task, pid, comm))
+    }
+
+    /// The id of the task `key` names and whether the filter keeps it,
+    /// reading its tgid when it is new to `cache` (each reader's own, in
+    /// front of the shared table's lock).
+    pub fn id(
+        &self,
+        cache: &mut HashMap<TaskKey, Seen>,
+        space: &mut AddressSpace<'_>,
+        key: TaskKey,
+    ) -> Seen {
+        if let Some(&seen) = cache.get(&key) {
+            return seen;
+        }
+        let (task, pid, comm) = key;
+        let tgid = read_u32(space, task.wrapping_add(u64::from(self.layout.tgid))).unwrap_or(pid);
+        let task = Task {
+            pid,
+            tgid,
+            comm: comm_string(&comm),
+        };
+        let seen = (
+            self.table.intern(&task),
+            self.filter.accepts(pid, &task.comm),
+        );
+        cache.insert(key, seen);
+        seen
+    }
+
+    /// What a reader makes of a call whose task it could not read: no id,
+    /// kept only when nothing is filtered.
+    pub fn unreadable(&self) -> Seen {
+        (0, !self.filter.is_active())
+    }
+}
+
+fn read_u32(space: &mut AddressSpace<'_>, va: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    space.read(va, &mut b).ok()?;
+    Some(u32::from_le_bytes(b))
 }
 
 #[cfg(test)]

@@ -144,6 +144,9 @@ pub struct TraceMeta {
     /// events have none ("no BTF in PATH: ..."); empty: not asked (or an
     /// older file).
     pub tasks: String,
+    /// Calls the task filter (`--pid`, `--comm`) rejected: in no count,
+    /// no event.
+    pub filtered: u64,
 }
 
 /// The whole trace.

@@ -37,6 +37,91 @@ pub(super) struct Fields {
     pub rec_tsc: i64,
     pub rec_parent: i64,
     pub rec_slot: i64,
+    /// Record the current task (and filter by pid); None: neither.
+    pub task: Option<TaskFields>,
+}
+
+/// Most pids the guest code itself filters on (`--pid`): each is a `cmp`
+/// and a branch on every traced call.
+pub const MAX_FILTER_PIDS: usize = 8;
+
+/// What the paths need to record the current task and filter by pid.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TaskFields {
+    /// `gs:[current_disp]` is the current task's `task_struct` address,
+    /// as the kernel's own `current` reads it.
+    pub current_disp: i32,
+    /// `task_struct.pid`'s offset.
+    pub pid_off: i32,
+    pub rec_task: i64,
+    pub rec_pid: i64,
+    /// The pids kept (`pids[..npids]`); none: every call is kept.
+    pub pids: [u32; MAX_FILTER_PIDS],
+    pub npids: usize,
+    /// This CPU's counter of calls the filter rejected, from the ring base.
+    pub filtered: i64,
+}
+
+/// Record the current task in the record at r10: its `task_struct`
+/// address and pid (clobbers rax). Nothing without `f.task`.
+pub(super) fn emit_task(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
+    let Some(t) = f.task else { return Ok(()) };
+    // rax = current, the kernel's per-CPU current task.
+    a.mov(rax, qword_ptr(t.current_disp).gs())?;
+    // record.task = rax.
+    a.mov(qword_ptr(r10 + t.rec_task), rax)?;
+    // eax = current->pid; record.pid = eax.
+    a.mov(eax, dword_ptr(rax + t.pid_off))?;
+    a.mov(dword_ptr(r10 + t.rec_pid), eax)?;
+    Ok(())
+}
+
+/// The pid filter: falls through when the current task's pid is one kept,
+/// jumps to `rejected` otherwise (clobbers rax). Nothing without a filter.
+pub(super) fn emit_filter(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    rejected: CodeLabel,
+) -> Result<(), IcedError> {
+    let Some(t) = f.task.filter(|t| t.npids > 0) else {
+        return Ok(());
+    };
+    let mut keep = a.create_label();
+    // eax = current->pid.
+    a.mov(rax, qword_ptr(t.current_disp).gs())?;
+    a.mov(eax, dword_ptr(rax + t.pid_off))?;
+    // One compare per pid kept: the last one's miss is the rejection.
+    for (i, &pid) in t.pids[..t.npids].iter().enumerate() {
+        a.cmp(eax, pid)?;
+        if i + 1 < t.npids {
+            a.je(keep)?;
+        } else {
+            a.jne(rejected)?;
+        }
+    }
+    a.set_label(&mut keep)?;
+    Ok(())
+}
+
+/// Count a call the filter rejected in this CPU's ring (clobbers r10),
+/// locked as the drop counters are.
+pub(super) fn emit_count_filtered(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
+    let Some(t) = f.task else { return Ok(()) };
+    a.mov(r10d, dword_ptr(f.cpu_number_disp).gs())?;
+    a.imul_3(r10, r10, f.ring_bytes)?;
+    emit_count(a, f, qword_ptr(r10 + t.filtered))
+}
+
+/// The rejected end of an entry-only body: count, restore, return.
+fn emit_rejected(a: &mut CodeAssembler, f: &Fields, at: &mut CodeLabel) -> Result<(), IcedError> {
+    if f.task.is_none_or(|t| t.npids == 0) {
+        return Ok(());
+    }
+    a.set_label(at)?;
+    emit_count_filtered(a, f)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    emit_ret(a, f.ret)
 }
 
 /// Reserve a record in this CPU's ring: on success r10 = the record's offset
@@ -136,8 +221,11 @@ pub(super) fn emit_entry(
     // (cmpxchg's comparand, rdtsc's low half) and rdx (rdtsc's high half).
     a.push(rax)?;
     a.push(rdx)?;
+    let mut rejected = a.create_label();
+    emit_filter(a, f, rejected)?;
     // r10 = the record (or full).
     emit_reserve(a, f, full)?;
+    emit_task(a, f)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;
@@ -156,6 +244,7 @@ pub(super) fn emit_entry(
     // record.
     emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
+    emit_rejected(a, f, &mut rejected)?;
     Ok(())
 }
 
@@ -174,8 +263,11 @@ pub(super) fn emit_site_body(
     // shared body does.
     a.push(rax)?;
     a.push(rdx)?;
+    let mut rejected = a.create_label();
+    emit_filter(a, f, rejected)?;
     // r10 = the record (or full).
     emit_reserve(a, f, full)?;
+    emit_task(a, f)?;
     // rax = the parent, [rsp + 24]; record.parent = rax.
     a.mov(rax, qword_ptr(rsp + 24))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
@@ -191,5 +283,6 @@ pub(super) fn emit_site_body(
     // reservation is; then leave without a record.
     emit_count(a, f, qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
     a.jmp(out)?;
+    emit_rejected(a, f, &mut rejected)?;
     Ok(())
 }

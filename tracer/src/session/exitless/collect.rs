@@ -15,7 +15,58 @@ use super::layout::RingLayout;
 use super::ring::{self, Record, RingError, RingReader};
 use crate::plan::site_index::SiteIndex;
 use crate::session::counters::{Counters, BATCH};
-use crate::trace::model::Event;
+use crate::session::tasks::{Seen, TaskSource};
+use crate::trace::model::{Event, Task};
+use std::collections::HashMap;
+use vmm::gva::{AddressSpace, PagingMode};
+
+/// How the drainer names the tasks records carry: the session's source,
+/// and the kernel's page tables (root and mode), through which it reads a
+/// task's comm and tgid while the guest runs.
+#[derive(Debug)]
+pub struct DrainTasks {
+    pub source: Arc<TaskSource>,
+    pub root: u64,
+    pub mode: PagingMode,
+}
+
+impl DrainTasks {
+    /// The id and filter verdict of the task at `task` with `pid` (what a
+    /// record holds). Its comm is read when the drainer first meets it in a
+    /// pass (ftrace's saved_cmdlines caveat: a task renamed between its call
+    /// and the drain shows its new name); a `task_struct` that no longer
+    /// holds that pid (freed, reused) gives comm `<...>`, as trace-cmd
+    /// prints an unknown one.
+    fn seen(
+        &self,
+        mem: &dyn GuestRam,
+        cache: &mut HashMap<(u64, u32), Seen>,
+        task: u64,
+        pid: u32,
+    ) -> Seen {
+        if task == 0 {
+            return self.source.unreadable();
+        }
+        if let Some(&seen) = cache.get(&(task, pid)) {
+            return seen;
+        }
+        let mut space = AddressSpace::new(mem, self.root, self.mode);
+        let seen = match self.source.key(&mut space, task) {
+            Some(key) if key.1 == pid => self.source.id(&mut HashMap::new(), &mut space, key),
+            _ => {
+                let unknown = Task {
+                    pid,
+                    tgid: pid,
+                    comm: "<...>".into(),
+                };
+                let keep = self.source.filter.accepts(pid, &unknown.comm);
+                (self.source.table.intern(&unknown), keep)
+            }
+        };
+        cache.insert((task, pid), seen);
+        seen
+    }
+}
 
 /// How long the drainer sleeps when every ring was empty.
 const IDLE: Duration = Duration::from_millis(1);
@@ -69,6 +120,8 @@ struct Out {
     reserved: usize,
     /// Function graph: the records carry slots.
     graph: bool,
+    /// Naming tasks, with the ids met in this pass.
+    tasks: Option<(DrainTasks, HashMap<(u64, u32), Seen>)>,
 }
 
 impl Pass {
@@ -77,11 +130,16 @@ impl Pass {
     /// committed, and counts them.
     fn run(&mut self, last: bool) -> Result<usize, RingError> {
         let out = &mut self.out;
+        let mem = &*self.mem;
+        // Comms are read again each pass: renamed tasks show their new name.
+        if let Some((_, cache)) = out.tasks.as_mut() {
+            cache.clear();
+        }
         let n = if last {
             self.reader
-                .drain_final(&*self.mem, |cpu, r| out.record(cpu, r))
+                .drain_final(mem, |cpu, r| out.record(mem, cpu, r))
         } else {
-            self.reader.drain(&*self.mem, |cpu, r| out.record(cpu, r))
+            self.reader.drain(mem, |cpu, r| out.record(mem, cpu, r))
         };
         out.flush();
         if last {
@@ -104,9 +162,23 @@ impl Out {
         }
     }
 
-    fn record(&mut self, cpu: usize, r: Record) {
-        let site = r.site as usize;
+    fn record(&mut self, mem: &dyn GuestRam, cpu: usize, r: Record) {
+        // The task first: a call the filter rejects (`--comm`; the guest
+        // code already dropped the pids not kept) is in no count.
+        let (task, kept) = match self.tasks.as_mut() {
+            Some((t, cache)) => t.seen(mem, cache, r.task, r.pid),
+            None => (0, true),
+        };
         let is_return = r.slot & crate::trace::model::RETURN_BIT != 0;
+        if !kept {
+            // Calls rejected; their returns (hooked before the host saw
+            // the comm) go with them.
+            if !is_return {
+                self.counters.filtered.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let site = r.site as usize;
         let counts = if is_return {
             &self.counters.returns
         } else {
@@ -145,7 +217,7 @@ impl Out {
             parent: r.parent,
             func: self.index.funcs[site],
             cpu: cpu as u32,
-            task: 0,
+            task,
         });
     }
 }
@@ -159,6 +231,7 @@ impl Drainer {
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
         sink: Sender<Vec<Event>>,
+        tasks: Option<DrainTasks>,
     ) -> Drainer {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(DrainStats::default());
@@ -174,6 +247,7 @@ impl Drainer {
                 buf: Vec::with_capacity(BATCH),
                 reserved: 0,
                 graph: layout.graph,
+                tasks: tasks.map(|t| (t, HashMap::new())),
             },
         };
         let flag = Arc::clone(&stop);

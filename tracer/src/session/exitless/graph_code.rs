@@ -72,7 +72,9 @@ use iced_x86::code_asm::{
 };
 use iced_x86::IcedError;
 
-use super::body::{emit_commit, emit_count, emit_reserve, Fields};
+use super::body::{
+    emit_commit, emit_count, emit_count_filtered, emit_filter, emit_reserve, emit_task, Fields,
+};
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
     RET_STUBS_VA,
@@ -97,7 +99,11 @@ pub(super) fn emit_entry(
     a.push(rdx)?;
     a.push(rcx)?;
     a.push(rsi)?;
+    // A call the pid filter rejects is neither recorded nor hooked.
+    let mut rejected = a.create_label();
+    emit_filter(a, f, rejected)?;
     emit_reserve(a, f, full)?;
+    emit_task(a, f)?;
     // rax = O, the function's return address, and record.parent = O.
     a.mov(rax, qword_ptr(rsp + 40))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
@@ -140,6 +146,11 @@ pub(super) fn emit_entry(
     // No frame: an unhooked entry has slot 0.
     a.mov(qword_ptr(r10 + f.rec_slot), 0)?;
     a.jmp(commit)?;
+    if f.task.is_some_and(|t| t.npids > 0) {
+        a.set_label(&mut rejected)?;
+        emit_count_filtered(a, f)?;
+        a.jmp(out)?;
+    }
     Ok(())
 }
 
@@ -163,6 +174,9 @@ pub(super) fn emit_return(
     a.mov(esi, dword_ptr(r11 + (frames + FRAME_SITE as i64)))?;
     a.mov(dword_ptr(r11 + (frames + FRAME_BUSY as i64)), 0u32)?;
     emit_reserve(a, f, full)?;
+    // The task returning is the one that called (its entry passed any
+    // filter).
+    emit_task(a, f)?;
     a.mov(qword_ptr(r10 + f.rec_parent), rcx)?;
     // record.slot = S | 1: a return.
     a.lea(rax, ptr(rsp + 9))?;

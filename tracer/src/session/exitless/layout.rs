@@ -40,14 +40,21 @@ pub const LIMIT_OFF: u64 = 64;
 pub const DROPS_OFF: u64 = 128;
 /// One record: the commit word (u32: the site index + 1, written last; 0
 /// while the slot is free, the host zeroes it when it consumes the record),
-/// 4 bytes unused, the guest TSC, the parent, and (function graph) the stack
-/// slot of the return address, bit 0 set for a return, 0 for an unhooked
-/// entry.
-pub const RECORD_LEN: u64 = 32;
+/// the task's pid (u32), the guest TSC, the parent, (function graph) the
+/// stack slot of the return address, bit 0 set for a return, 0 for an
+/// unhooked entry, and the current task's `task_struct` address (0 when
+/// tasks are not recorded); the rest is unused, for the record to be a
+/// power of two.
+pub const RECORD_LEN: u64 = 64;
 pub const REC_COMMIT: u64 = 0;
+pub const REC_PID: u64 = 4;
 pub const REC_TSC: u64 = 8;
 pub const REC_PARENT: u64 = 16;
 pub const REC_SLOT: u64 = 24;
+pub const REC_TASK: u64 = 32;
+/// Calls the pid filter rejected on this CPU (u64, written by the guest:
+/// on `head`'s cache line).
+pub const FILTERED_OFF: u64 = 8;
 
 /// Function graph: vmtrace's pool of hooked frames, at the end of the data
 /// region. A frame: `busy` u32 (claimed with `xchg`), the site index u32,
@@ -221,7 +228,7 @@ mod tests {
     #[test]
     fn rings_fill_the_data_region_and_refuse_what_does_not_fit() {
         let l = RingLayout::new(4, 10, None, false).unwrap();
-        assert!(l.cap.is_power_of_two() && l.cap >= 16 * 1024);
+        assert!(l.cap.is_power_of_two() && l.cap >= 8 * 1024);
         assert!(l.ring_bytes * 4 <= DATA_LEN && l.ring_bytes.is_multiple_of(PAGE));
         assert_eq!(l.records_off, 256); // 128 + 10 * 8, to a cache line
         let small = RingLayout::new(1, 10, Some(4), false).unwrap();

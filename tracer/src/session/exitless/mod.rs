@@ -90,7 +90,7 @@ pub mod graph_code;
 pub mod layout;
 pub mod map;
 mod pending;
-pub mod percpu;
+pub use crate::kernel::percpu;
 pub mod ret;
 pub mod ring;
 pub mod state;

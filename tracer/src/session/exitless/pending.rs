@@ -17,7 +17,7 @@ use vmm::GuestRam;
 use crossbeam_channel::Sender;
 use vmm::pause::GuestClock;
 
-use super::collect::Drainer;
+use super::collect::{DrainTasks, Drainer};
 use super::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
 use crate::session::counters::Counters;
@@ -29,6 +29,7 @@ struct Go {
     clock: GuestClock,
     counters: Arc<Counters>,
     index: Arc<SiteIndex>,
+    tasks: Option<DrainTasks>,
 }
 
 /// How often the waiting thread looks for its start: the records wait in
@@ -107,7 +108,7 @@ impl PendingDrainer {
                 match look(&seen, || {}) {
                     Look::Start(g) => {
                         return Some(Drainer::start(
-                            mem, layout, g.clock, g.counters, g.index, sink,
+                            mem, layout, g.clock, g.counters, g.index, sink, g.tasks,
                         ))
                     }
                     Look::End => return None,
@@ -123,7 +124,13 @@ impl PendingDrainer {
     /// Start draining (the first call; later ones do nothing): left where
     /// the waiting thread looks, no spawn and no wake-up in the caller's
     /// pause.
-    pub fn start(&self, clock: GuestClock, counters: Arc<Counters>, index: Arc<SiteIndex>) {
+    pub fn start(
+        &self,
+        clock: GuestClock,
+        counters: Arc<Counters>,
+        index: Arc<SiteIndex>,
+        tasks: Option<DrainTasks>,
+    ) {
         if self.slot.told.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -131,6 +138,7 @@ impl PendingDrainer {
             clock,
             counters,
             index,
+            tasks,
         });
     }
 

@@ -12,8 +12,8 @@ use vm_memory::GuestAddress;
 use vmm::RamError;
 
 use super::layout::{
-    RingLayout, DATA_LEN, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT, REC_PARENT,
-    REC_SLOT, REC_TSC,
+    RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
+    REC_PARENT, REC_SLOT, REC_TASK, REC_TSC,
 };
 
 /// One traced call, as the trampoline recorded it.
@@ -28,6 +28,10 @@ pub struct Record {
     /// Function graph: the return address's stack slot, bit 0 set for a
     /// return; 0 for an unhooked entry (and always without the graph).
     pub slot: u64,
+    /// The current task's `task_struct` address and pid at the call; 0
+    /// and 0 when tasks are not recorded.
+    pub task: u64,
+    pub pid: u32,
 }
 
 /// Why a ring cannot be set up or read.
@@ -144,6 +148,14 @@ fn counters(
                 .map_err(memory_error("reading a drop counter", cpu, gpa))
         })
         .collect()
+}
+
+/// Calls the pid filter rejected on `cpu` (its ring's counter).
+pub fn filtered(mem: &dyn GuestRam, layout: &RingLayout, cpu: usize) -> Result<u64, RingError> {
+    check_cpu(layout, cpu)?;
+    let gpa = field(layout, cpu, FILTERED_OFF);
+    mem.load(GuestAddress(gpa), Ordering::Relaxed)
+        .map_err(memory_error("reading the filtered counter", cpu, gpa))
 }
 
 /// The `head` of `cpu`'s ring: how many records its calls have reserved
@@ -375,9 +387,11 @@ impl RingReader {
         // the ones the writer stored before it (x86 keeps stores in
         // order; Acquire keeps the compiler from hoisting the reads).
         let commit_gpa = slot + REC_COMMIT;
-        let commit: u32 = mem
+        // The commit word and the pid beside it (`REC_PID`), in one load.
+        let word: u64 = mem
             .load(GuestAddress(commit_gpa), Ordering::Acquire)
             .map_err(memory_error("reading a record's commit", cpu, commit_gpa))?;
+        let (commit, pid) = (word as u32, (word >> 32) as u32);
         if commit == 0 {
             // Reserved and not committed yet, or not reserved at all.
             // Never the previous lap's record: its commit word was
@@ -387,6 +401,7 @@ impl RingReader {
         let tsc = load(REC_TSC, "reading a record's TSC")(Ordering::Relaxed)?;
         let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
         let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
+        let task = load(REC_TASK, "reading a record's task")(Ordering::Relaxed)?;
         // Empty the slot for its next lap; the limit store (Release) makes
         // the guest see this before the slot is free.
         mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
@@ -398,6 +413,8 @@ impl RingReader {
                 parent,
                 site: commit - 1,
                 slot: stack_slot,
+                task,
+                pid,
             },
         );
         // Kept per record: if a later read fails, what `f` saw is not
@@ -486,6 +503,8 @@ mod tests {
             parent: 0xffff_ffff_8100_0000 + n,
             site,
             slot: 0,
+            task: 0,
+            pid: 0,
         }
     }
 
@@ -514,8 +533,9 @@ mod tests {
             let mut ring = vec![1u8; layout.ring_bytes as usize];
             mem.read_slice(&mut ring, GuestAddress(layout.ring_gpa(cpu)))
                 .unwrap();
-            // The limit's only non-zero byte (8 records of 32 bytes: 0x100).
-            assert_eq!(ring[LIMIT_OFF as usize + 1], 1);
+            // The limit's only non-zero byte (8 records of 64 bytes: 0x200).
+            assert_eq!(8 * RECORD_LEN, 0x200);
+            assert_eq!(ring[LIMIT_OFF as usize + 1], 2);
             ring[LIMIT_OFF as usize + 1] = 0;
             assert!(
                 ring.iter().all(|&b| b == 0),

@@ -13,6 +13,7 @@ use vmm::pause::GuestClock;
 
 use super::backing::RegionPages;
 use super::code::{padding, write_code, CODE_PAGE};
+use super::collect::DrainTasks;
 use super::collect::{self, DrainError};
 use super::layout::{
     LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
@@ -20,14 +21,17 @@ use super::layout::{
 };
 use super::map::{self, MapError, Mapped};
 use super::pending::PendingDrainer;
-use super::percpu::PerCpuVar;
 use super::ret::{Return, ReturnError};
 use super::ring::{self, RingError};
-use super::trampoline::{self, Trampoline, TrampolineError, TrampolineSpec};
+use super::trampoline::{
+    self, TaskCode, Trampoline, TrampolineError, TrampolineSpec, MAX_FILTER_PIDS,
+};
 use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::percpu::PerCpuVar;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::site_index::SiteIndex;
+use crate::plan::tasks::TaskPlan;
 use crate::session::counters::Counters;
 use crate::trace::model::Event;
 
@@ -98,6 +102,8 @@ pub enum ExitlessError {
          their calls are not in the counts"
     )]
     BadRecords(u64),
+    #[error("{}", self.say(&Plain))]
+    TooManyPids(usize),
 }
 
 /// Its own errors say when the trampoline cannot work with this kernel:
@@ -133,6 +139,9 @@ impl Advice for ExitlessError {
                  (kallsyms without CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has \
                  rewritten its returns yet"
             ),
+            ExitlessError::TooManyPids(n) => format!(
+                "--pid names {n} pids; exitless mode's code compares at most {MAX_FILTER_PIDS}"
+            ),
             ExitlessError::Layout(e) => e.problem(w),
             ExitlessError::Trampoline(e) => e.problem(w),
             ExitlessError::Return(e) => e.problem(w),
@@ -146,7 +155,8 @@ impl Advice for ExitlessError {
             ExitlessError::NoCpuNumber(_)
             | ExitlessError::BadCpuNumber { .. }
             | ExitlessError::CpuNumberOutOfReach { .. }
-            | ExitlessError::CpuNumberMismatch { .. } => Some(Remedy::TrapMode),
+            | ExitlessError::CpuNumberMismatch { .. }
+            | ExitlessError::TooManyPids(_) => Some(Remedy::TrapMode),
             ExitlessError::AlternativesUnknown { .. } => Some(Remedy::TrapModeOrVmlinux),
             ExitlessError::Layout(e) => e.remedy(),
             ExitlessError::Trampoline(e) => e.remedy(),
@@ -186,6 +196,10 @@ pub struct Exitless {
     removed_drops: Option<(PerCpuSite, PerCpuSite)>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
+    /// What the code records of tasks, and the pids it keeps.
+    tasks: TaskPlan,
+    /// The rings' filtered counters' sum when the region was taken out.
+    removed_filtered: Option<u64>,
 }
 
 /// Counts per CPU and site.
@@ -199,6 +213,7 @@ fn plan(
     sites: usize,
     ring_records: Option<u64>,
     graph: bool,
+    tasks: &TaskPlan,
 ) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
@@ -226,8 +241,39 @@ fn plan(
         preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
         // `ret; int3` until `resolve` reads how the kernel returns.
         ret: Default::default(),
+        task: task_code(tasks, KernelOffset::NONE)?,
     };
     Ok((generate(&spec)?, spec, cpu_number))
+}
+
+/// What the code records of tasks for the kernel at `off` (the current
+/// task's displacement moves with KASLR in the 6.15+ per-CPU layout only);
+/// None when the kernel's task layout is unknown.
+fn task_code(tasks: &TaskPlan, off: KernelOffset) -> Result<Option<TaskCode>, ExitlessError> {
+    let Some(layout) = tasks.layout else {
+        return Ok(None);
+    };
+    let pids = &tasks.filter.pids;
+    if pids.len() > MAX_FILTER_PIDS {
+        return Err(ExitlessError::TooManyPids(pids.len()));
+    }
+    let mut code = TaskCode {
+        current_disp: 0,
+        pid_off: layout.pid,
+        pids: [0; MAX_FILTER_PIDS],
+        npids: pids.len(),
+    };
+    code.pids[..pids.len()].copy_from_slice(pids);
+    let disp = layout
+        .current_var
+        .gs_disp(off)
+        .and_then(|d| d.checked_add(i32::try_from(layout.current_member).ok()?))
+        .ok_or(ExitlessError::CpuNumberOutOfReach {
+            link: layout.current_var.link,
+            runtime: off.runtime(layout.current_var.link),
+        })?;
+    code.current_disp = disp;
+    Ok(Some(code))
 }
 
 /// The trampoline for `spec`, if it fits its code page.
@@ -250,8 +296,9 @@ impl Exitless {
         sites: usize,
         ring_records: Option<u64>,
         graph: bool,
+        tasks: &TaskPlan,
     ) -> Result<(), ExitlessError> {
-        plan(image, cpus, sites, ring_records, graph).map(|_| ())
+        plan(image, cpus, sites, ring_records, graph, tasks).map(|_| ())
     }
 
     /// Pages of code the trampoline takes for this image, CPU and site
@@ -262,8 +309,9 @@ impl Exitless {
         cpus: usize,
         sites: usize,
         graph: bool,
+        tasks: &TaskPlan,
     ) -> Result<usize, ExitlessError> {
-        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph)?;
+        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph, tasks)?;
         Ok(t.code.chunks(CODE_PAGE).filter(|c| !padding(c)).count())
     }
 
@@ -275,9 +323,12 @@ impl Exitless {
         ring_records: Option<u64>,
         graph: bool,
         sink: Sender<Vec<Event>>,
+        tasks: &TaskPlan,
     ) -> Result<Exitless, ExitlessError> {
-        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph)?;
+        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph, tasks)?;
         Ok(Exitless {
+            tasks: tasks.clone(),
+            removed_filtered: None,
             layout: spec.layout,
             trampoline,
             spec,
@@ -343,6 +394,7 @@ impl Exitless {
         let spec = TrampolineSpec {
             cpu_number_disp: disp,
             ret,
+            task: task_code(&self.tasks, off)?,
             ..self.spec
         };
         if spec != self.spec {
@@ -454,6 +506,7 @@ impl Exitless {
         let cleared = map::unmap(space, self.pages.as_deref())?;
         // The counts the rings keep, before their pages change back.
         self.removed_drops = Some((self.drops()?, self.ret_drops()?));
+        self.removed_filtered = Some(self.filtered());
         if let Some(pages) = &self.pages {
             let originals = pages.lock().unwrap_or_else(|e| e.into_inner()).originals();
             // Written past the region's name: to the guest's pages themselves.
@@ -508,9 +561,10 @@ impl Exitless {
         clock: GuestClock,
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
+        tasks: Option<DrainTasks>,
     ) {
         if let Some(d) = &self.drainer {
-            d.start(clock, counters, index);
+            d.start(clock, counters, index, tasks);
         }
     }
 
@@ -542,6 +596,18 @@ impl Exitless {
     /// committed (0 before `finish`).
     pub fn unfinished(&self) -> u64 {
         self.unfinished
+    }
+
+    /// Calls the guest code's pid filter rejected, all CPUs (0 before the
+    /// first install, or when a ring cannot be read).
+    pub fn filtered(&self) -> u64 {
+        if let Some(n) = self.removed_filtered {
+            return n;
+        }
+        let Some(mem) = &self.mem else { return 0 };
+        (0..self.layout.cpus)
+            .filter_map(|cpu| ring::filtered(&**mem, &self.layout, cpu).ok())
+            .sum()
     }
 
     /// Drain the rest and stop the drainer (the guest has stopped); drops

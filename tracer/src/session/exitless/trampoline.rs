@@ -104,12 +104,14 @@ use iced_x86::{
 
 use vmm::advice::{Advice, Plain, Remedy, Words};
 
-use super::body::{emit_entry, emit_site_body, Fields};
+pub use super::body::MAX_FILTER_PIDS;
+use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
 use super::disasm::{format_instruction, walk_common_path, BrokenPath};
 use super::graph_code;
 use super::layout::{
-    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
-    REC_PARENT, REC_SLOT, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
+    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
+    RECORD_LEN, REC_COMMIT, REC_PARENT, REC_PID, REC_SLOT, REC_TASK, REC_TSC, RETURN_TRAP_OFF,
+    RET_STUBS_OFF, RET_STUBS_VA,
 };
 use super::ret::Return;
 
@@ -166,6 +168,38 @@ pub struct TrampolineSpec {
     /// How the code returns: `ret; int3`, or as the kernel's `__fentry__`
     /// with its return thunk and call depth tracking (`ret`).
     pub ret: Return,
+    /// Record each call's task, and keep only some pids; None: no task.
+    pub task: Option<TaskCode>,
+}
+
+/// What the code needs to record the current task and filter by pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskCode {
+    /// `gs:[current_disp]` reads the current task's address
+    /// (`kernel::task::TaskLayout`, at the running kernel's offset).
+    pub current_disp: i32,
+    /// `task_struct.pid`'s offset.
+    pub pid_off: u32,
+    /// The pids kept, `pids[..npids]` (at most `MAX_FILTER_PIDS`); none:
+    /// every call.
+    pub pids: [u32; MAX_FILTER_PIDS],
+    pub npids: usize,
+}
+
+/// Instructions the task adds to a recorded call: read `current`, store
+/// it, read its pid, store that (`body::emit_task`).
+pub const TASK_INSTRUCTIONS: usize = 4;
+
+impl TaskCode {
+    /// Instructions this adds to a recorded call's path (as the walk of the
+    /// common path counts it: a kept pid found by the last compare).
+    pub fn path_instructions(&self) -> usize {
+        TASK_INSTRUCTIONS
+            + match self.npids {
+                0 => 0,
+                n => 2 + 2 * n,
+            }
+    }
 }
 
 /// Why the trampoline cannot be made or a site cannot call it.
@@ -459,7 +493,9 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     };
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
-    let want = COMMON_PATH_INSTRUCTIONS + spec.ret.extra_instructions();
+    let want = COMMON_PATH_INSTRUCTIONS
+        + spec.ret.extra_instructions()
+        + spec.task.map_or(0, |t| t.path_instructions());
     if shape == Shape::PerSite && common_path.len() != want {
         return Err(TrampolineError::BrokenPath {
             va: CODE_VA + u64::from(common),
@@ -518,6 +554,27 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         return Err(layout_error(layout, "more sites than a u32"));
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
+    let task = match spec.task {
+        None => None,
+        Some(t) => {
+            if t.npids > MAX_FILTER_PIDS {
+                return Err(layout_error(
+                    layout,
+                    "more pids to filter than the code holds",
+                ));
+            }
+            Some(TaskFields {
+                current_disp: t.current_disp,
+                pid_off: i32::try_from(t.pid_off)
+                    .map_err(|_| layout_error(layout, "task_struct.pid past 2 GiB"))?,
+                rec_task: rec(REC_TASK)?,
+                rec_pid: rec(REC_PID)?,
+                pids: t.pids,
+                npids: t.npids,
+                filtered: ring_disp(layout, FILTERED_OFF)?,
+            })
+        }
+    };
     Ok(Fields {
         cpu_number_disp: spec.cpu_number_disp,
         ret: spec.ret,
@@ -533,6 +590,7 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         rec_tsc: rec(REC_TSC)?,
         rec_parent: rec(REC_PARENT)?,
         rec_slot: rec(REC_SLOT)?,
+        task,
     })
 }
 
@@ -666,6 +724,7 @@ mod tests {
             cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
             ret: Return::default(),
+            task: None,
         }
     }
 
@@ -675,6 +734,7 @@ mod tests {
             cpu_number_disp: CPU_NUMBER_OFF,
             preemptible: true,
             ret: Return::default(),
+            task: None,
         }
     }
 
@@ -1155,6 +1215,7 @@ mod tests {
             cpu_number_disp: 0,
             preemptible: true,
             ret: Return::default(),
+            task: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1408,6 +1469,12 @@ mod tests {
                         r.rip = i.near_branch_target();
                     }
                 }
+                // The pid filter's compares.
+                Je => {
+                    if flags(r).1 {
+                        r.rip = i.near_branch_target();
+                    }
+                }
                 Jmp => r.rip = i.near_branch_target(),
                 Rdtsc => {
                     r.gpr[0] = self.tsc & 0xffff_ffff;
@@ -1507,10 +1574,148 @@ mod tests {
                 parent: PARENT + u64::from(k),
                 site: k,
                 slot: 0,
+                task: 0,
+                pid: 0,
             };
             assert_eq!(got, [(cpu as usize, want)]);
         }
         assert_eq!(ring::drops(&mem, &s.layout, 1).unwrap(), [0, 0, 0]);
+    }
+
+    // ---- tasks: the current task recorded, the pid filter ------------------
+
+    /// The kernel's per-CPU current-task pointer, and each CPU's task
+    /// struct (in emulated RAM), with its pid at `TASK_PID_OFF`.
+    const CURRENT_OFF: i32 = 0x1ac00;
+    const TASK_PID_OFF: u32 = 0x3c0;
+    fn task_va(cpu: u32) -> u64 {
+        0x8_0000 + u64::from(cpu) * 0x1000
+    }
+
+    fn with_task(mut s: TrampolineSpec, pids: &[u32]) -> TrampolineSpec {
+        let mut code = TaskCode {
+            current_disp: CURRENT_OFF,
+            pid_off: TASK_PID_OFF,
+            pids: [0; MAX_FILTER_PIDS],
+            npids: pids.len(),
+        };
+        code.pids[..pids.len()].copy_from_slice(pids);
+        s.task = Some(code);
+        s
+    }
+
+    /// CPU `cpu` runs the task whose pid is `pid`.
+    fn run_task(mem: &GuestMemoryMmap, cpu: u32, pid: u32) {
+        let current = gs_base(cpu) + CURRENT_OFF as u64;
+        mem.write_obj(task_va(cpu), GuestAddress(current)).unwrap();
+        mem.write_obj(pid, GuestAddress(task_va(cpu) + u64::from(TASK_PID_OFF)))
+            .unwrap();
+    }
+
+    #[test]
+    fn emulated_calls_record_their_task_and_pid_in_both_shapes() {
+        for shaped in [per_site, shared] {
+            let s = with_task(spec(2, 3, 8), &[]);
+            let t = shaped(&s);
+            assert_eq!(
+                t.common_path_instructions(),
+                match t.shape {
+                    Shape::PerSite => COMMON_PATH_INSTRUCTIONS,
+                    Shape::Shared => SHARED_PATH_INSTRUCTIONS,
+                } + TASK_INSTRUCTIONS
+            );
+            let mem = memory(&[0, 1]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 5,
+            };
+            let mut reader = RingReader::new(s.layout);
+            for (cpu, pid) in [(0u32, 0u32), (1, 4242), (0, 7)] {
+                run_task(&mem, cpu, pid);
+                let mut r = regs(cpu);
+                let before = r.clone();
+                let steps = emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+                assert_eq!(steps, t.common_path_instructions());
+                for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                    assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+                }
+                let got = drain(&mut reader, &mem);
+                assert_eq!(got.len(), 1);
+                assert_eq!((got[0].1.task, got[0].1.pid), (task_va(cpu), pid));
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_pid_filter_records_kept_pids_and_counts_the_others() {
+        for pids in [&[9u32][..], &[7, 9, 11]] {
+            let s = with_task(spec(1, 2, 8), pids);
+            let t = per_site(&s);
+            // Found by the last compare: 2 loads and every compare pair.
+            assert_eq!(
+                t.common_path_instructions(),
+                COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + 2 + 2 * pids.len()
+            );
+            let mem = memory(&[0]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 5,
+            };
+            let mut reader = RingReader::new(s.layout);
+            run_task(&mem, 0, 9);
+            let mut r = regs(0);
+            emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].1.pid, 9);
+            // A pid not kept: no record, one call counted as rejected, in
+            // the 12 instructions of issue 25's goal with one pid (two more
+            // per further pid).
+            run_task(&mem, 0, 8);
+            let mut r = regs(0);
+            let before = r.clone();
+            let steps = emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+            assert_eq!(steps, 10 + 2 * pids.len());
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+            }
+            assert!(drain(&mut reader, &mem).is_empty());
+            assert_eq!(ring::filtered(&mem, &s.layout, 0).unwrap(), 1);
+            assert_eq!(ring::drops(&mem, &s.layout, 0).unwrap(), [0, 0]);
+        }
+    }
+
+    #[test]
+    fn emulated_graph_entry_of_a_rejected_pid_is_neither_recorded_nor_hooked() {
+        let s = with_task(graph_spec(1, 2, 8), &[9]);
+        let t = generate(&s).unwrap();
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        run_task(&mem, 0, 8);
+        let mut r = regs(0);
+        emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+        // The function's return address is still its caller's.
+        assert_eq!(emu.read(r.gpr[RSP] - 8, 8), PARENT);
+        assert!(drain(&mut reader, &mem).is_empty());
+        assert_eq!(ring::filtered(&mem, &s.layout, 0).unwrap(), 1);
+        // A kept pid is recorded with its task, and hooked.
+        run_task(&mem, 0, 9);
+        let mut r = regs(0);
+        emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+        let got = drain(&mut reader, &mem);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].1.task, got[0].1.pid), (task_va(0), 9));
+        assert_ne!(got[0].1.slot, 0, "hooked");
     }
 
     #[test]

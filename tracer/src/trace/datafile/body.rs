@@ -216,6 +216,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         unfinished,
         vmm,
         tasks: String::new(),
+        filtered: 0,
     };
     Ok(meta)
 }
