@@ -20,6 +20,10 @@ use crate::trace::model::{Event, Task};
 use std::collections::HashMap;
 use vmm::gva::{AddressSpace, PagingMode};
 
+/// The tasks one drain pass met: (`task_struct` address, pid) to id and
+/// filter verdict.
+type SeenTasks = HashMap<(u64, u32), Seen>;
+
 /// How the drainer names the tasks records carry: the session's source,
 /// and the kernel's page tables (root and mode), through which it reads a
 /// task's comm and tgid while the guest runs.
@@ -40,7 +44,7 @@ impl DrainTasks {
     fn seen(
         &self,
         mem: &dyn GuestRam,
-        cache: &mut HashMap<(u64, u32), Seen>,
+        cache: &mut SeenTasks,
         task: u64,
         pid: u32,
     ) -> Seen {
@@ -121,7 +125,7 @@ struct Out {
     /// Function graph: the records carry slots.
     graph: bool,
     /// Naming tasks, with the ids met in this pass.
-    tasks: Option<(DrainTasks, HashMap<(u64, u32), Seen>)>,
+    tasks: Option<(DrainTasks, SeenTasks)>,
 }
 
 impl Pass {
