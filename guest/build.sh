@@ -45,6 +45,7 @@ MINI_CFLAGS=(
 	-fno-asynchronous-unwind-tables -fcf-protection=none
 	-fno-ipa-sra -fno-optimize-sibling-calls
 	-fno-tree-loop-distribute-patterns # no implicit memset/memcpy calls
+	-g # DWARF, from which pahole writes the BTF (-g changes no code)
 )
 MINI_LDFLAGS=(-static -nostdlib -z max-page-size=4096 --build-id)
 
@@ -77,6 +78,10 @@ build_mini() {
 		echo "guest/build.sh: $LD not found; install it with: apt-get install binutils" >&2
 		exit 2
 	fi
+	if ! command -v pahole >/dev/null 2>&1; then
+		echo "guest/build.sh: pahole not found (it writes the mini guest's BTF); install it with: apt-get install dwarves" >&2
+		exit 2
+	fi
 
 	mkdir -p "$out"
 	# Up to date when no source (nor this script) is newer than the output.
@@ -92,8 +97,16 @@ build_mini() {
 	"$CC" "${cflags[@]}" -c "$src/entry.S" -o "$tmp/entry.o"
 	"$CC" "${cflags[@]}" -c "$src/workload.c" -o "$tmp/workload.o"
 	"$CC" "${cflags[@]}" -c "$src/support.c" -o "$tmp/support.o"
-	"$LD" "${MINI_LDFLAGS[@]}" -T "$src/mini.ld" -o "$tmp/mini.elf" \
+	# The link script is preprocessed, as Linux's vmlinux.lds.S is: the
+	# build's -D flags choose the per-CPU layout.
+	local defines=()
+	for f in "${cflags[@]}"; do [[ "$f" == -D* ]] && defines+=("$f"); done
+	"$CC" -E -P -undef -x c -D__ASSEMBLER__ "${defines[@]}" -I "$src" "$src/mini.ld" -o "$tmp/mini.lds"
+	"$LD" "${MINI_LDFLAGS[@]}" -T "$tmp/mini.lds" -o "$tmp/mini.elf" \
 		"$tmp/entry.o" "$tmp/workload.o" "$tmp/support.o"
+	# BTF from the DWARF, as Linux's CONFIG_DEBUG_INFO_BTF (a .BTF section:
+	# the types, per-CPU variables and function prototypes).
+	pahole -J "$tmp/mini.elf"
 	mv -f "$tmp/mini.elf" "$dst"
 	echo "guest/build.sh: built guest/out/$name.elf" >&2
 }

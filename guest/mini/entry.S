@@ -23,19 +23,19 @@ _start:
 	shlq	$14, %rax		/* * STACK_SIZE (16384 = 1 << 14) */
 	leaq	mini_stacks(%rip), %rsp
 	addq	%rax, %rsp
-	/* Per-CPU data reached the way Linux reaches it: GS base = this CPU's
-	 * area, its number at gs:[cpu_number] (vmtrace's exitless trampoline
-	 * reads it there). wrmsr takes EDX:EAX, so RDX (vCPU count) is kept. */
+	/* Per-CPU data reached the way Linux reaches it (README "Per-CPU
+	 * data"): GS base = this CPU's area less __per_cpu_start (0 in the
+	 * default build, whose template is linked at 0), so gs:[sym] is this
+	 * CPU's copy of the per-CPU variable sym. wrmsr takes EDX:EAX, so RDX
+	 * (vCPU count) is kept. */
 	movq	%rdi, %rax
-	shlq	$6, %rax		/* sizeof(struct mini_percpu) */
+	shlq	$MINI_PERCPU_SHIFT, %rax
 	leaq	mini_percpu(%rip), %rcx
 	addq	%rcx, %rax		/* rax = &mini_percpu[cpu] */
-	movl	%edi, (%rax)		/* ->cpu_number = cpu */
+	movq	$__per_cpu_start, %rcx
+	subq	%rcx, %rax		/* rax = GS base */
 #ifdef MINI_PERCPU_ADDR
-	/* Linux 6.15+: GS base = the area less __per_cpu_start (support.c),
-	 * also this CPU's __per_cpu_offset entry. */
-	leaq	__per_cpu_start(%rip), %rcx
-	subq	%rcx, %rax
+	/* Linux 6.15+: the GS base is also this CPU's __per_cpu_offset entry. */
 	leaq	__per_cpu_offset(%rip), %rcx
 	movq	%rax, (%rcx,%rdi,8)
 #endif
@@ -45,6 +45,18 @@ _start:
 	movl	$0xc0000101, %ecx	/* IA32_GS_BASE */
 	wrmsr
 	movq	%r8, %rdx
+	/* Its number at gs:[cpu_number] (vmtrace's exitless trampoline reads
+	 * it there, as smp_processor_id() does). */
+	movl	%edi, %gs:cpu_number
+	/* Its tasks, its idle task current: before mini_main, whose entry is
+	 * traced. Arguments kept in callee-saved registers across the call. */
+	movq	%rdi, %rbx
+	movq	%rsi, %r12
+	movq	%rdx, %r13
+	call	mini_cpu_init		/* notrace */
+	movq	%rbx, %rdi
+	movq	%r12, %rsi
+	movq	%r13, %rdx
 	xorl	%ebp, %ebp
 	call	mini_main		/* does not return */
 .Lpark:
@@ -57,12 +69,12 @@ _start:
 /* mini-rethunk (C built with -mfunction-return=thunk-extern): every C
  * function returns by `jmp __x86_return_thunk`, as in a kernel built with
  * CONFIG_MITIGATION_RETHUNK. The thunk counts this CPU's returns in its
- * per-CPU area (support.c: return_thunk_hits, 8 bytes after cpu_number; incq
- * clobbers flags only, as the kernel's thunks) and returns. */
+ * per-CPU return_thunk_hits (support.c; incq clobbers flags only, as the
+ * kernel's thunks) and returns. */
 	.globl __x86_return_thunk
 	.type __x86_return_thunk, @function
 __x86_return_thunk:
-	incq	%gs:cpu_number+8
+	incq	%gs:return_thunk_hits
 	ret
 	int3
 	.size __x86_return_thunk, . - __x86_return_thunk

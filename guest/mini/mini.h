@@ -12,6 +12,24 @@
 #define MINI_STACK_SIZE 16384
 #define MINI_MAX_CPUS 64 /* entry.S has this many stacks */
 
+/* Per-CPU data (README "Per-CPU data"): each vCPU's area is one
+ * MINI_PERCPU_AREA-byte block of mini_percpu[] (.bss); GS base = the area
+ * less __per_cpu_start, so `gs:sym` reads this CPU's copy of the per-CPU
+ * variable sym, as in Linux. The template section (.data..percpu) must fit
+ * in an area: mini.ld asserts it. */
+#define MINI_PERCPU_SHIFT 6
+#define MINI_PERCPU_AREA (1 << MINI_PERCPU_SHIFT)
+
+/* Tasks (README "Tasks"): each vCPU has MINI_TASKS_PER_CPU tasks, its idle
+ * task (index 0) and two workers; iteration i runs as task i % 3. Each
+ * task counts the calls of every traced C function it made (MINI_TASK_FUNCS
+ * counters), per name it had (mini-b renames itself once). */
+#define MINI_TASKS_PER_CPU 3
+#define MINI_TASK_IDLE 0
+#define MINI_TASK_A 1
+#define MINI_TASK_B 2
+#define MINI_TASK_FUNCS 26
+
 /* graph=1 workload (README "graph=1"). Indexes into struct graph_cpu's
  * count[] (at offset 0), in the order the counts are printed; entry.S's
  * graph_tail_caller increments count[G_graph_tail_caller] itself. */
@@ -71,6 +89,50 @@ typedef unsigned char u8;
  * with n = 0). */
 #define MINI_SPIN_INSNS(n) (3 + 2 * (u64)(n))
 
+/* ---- tasks, as Linux lays them out (found by vmtrace from BTF) ---------- */
+
+typedef int pid_t;
+#define TASK_COMM_LEN 16
+#define PF_IDLE 0x00000002 /* Linux's flag of the idle tasks */
+
+/* A few of Linux's members (same names and types), pid, tgid and comm at
+ * offsets away from 0, then the guest's own counters (mini_*). Each
+ * vCPU's tasks are mini_tasks[cpu][0..2]; all run on the vCPU's stack. */
+struct task_struct {
+	unsigned int __state;		/* 0: running (TASK_RUNNING) */
+	unsigned int flags;		/* PF_IDLE for the idle tasks */
+	void *stack;			/* the vCPU's 16 KiB stack region */
+	int prio;			/* 120 (nice 0), 140 for the idle tasks */
+	int static_prio;
+	int normal_prio;
+	unsigned int rt_priority;	/* 0 */
+	pid_t pid;
+	pid_t tgid;
+	struct task_struct *real_parent; /* the vCPU's idle task */
+	struct task_struct *group_leader; /* mini-b's is mini-a */
+	/* Calls of each traced C function (workload.c's T_* order) under its
+	 * current name. */
+	u64 mini_calls[MINI_TASK_FUNCS];
+	char comm[TASK_COMM_LEN];
+	unsigned int mini_renamed;	/* 1 once mini-b renamed itself */
+	/* After a rename: the calls under its first name. */
+	u64 mini_calls_before[MINI_TASK_FUNCS];
+};
+
+#ifdef MINI_PERCPU_ADDR
+/* Linux 6.2+'s hot per-CPU data: the current task is a member (here after
+ * another, so its offset is not 0), not a per-CPU variable of its own. */
+struct pcpu_hot {
+	u64 preempt_count;
+	struct task_struct *current_task;
+	u64 top_of_stack;
+};
+#endif
+
+/* Linux's DEFINE_PER_CPU: a variable of the per-CPU template, reached only
+ * as gs:name (support.c defines them). */
+#define __percpu_var __attribute__((section(".data..percpu")))
+
 #define POWEROFF_PORT 0xf4
 #define COM1_PORT 0x3f8
 #define I8042_COMMAND_PORT 0x64
@@ -85,11 +147,13 @@ struct mini_cfg {
 	int end;     /* end=triple-fault|reset: vCPU 0 ends the run badly (for the VMM's tests) */
 	int strio;   /* strio=1: vCPU 0 tests string port I/O (rep outsb / rep insb) */
 	int graph;   /* graph=1: also run the function-graph workload (README) */
+	int args;    /* args=1: also call the argument functions (README "args=1") */
 };
 
 /* support.c (all notrace) */
 void serial_puts(const char *s);
 void serial_putu(u64 v);
+void serial_puti(long v);
 void print_lock(void);
 void print_unlock(void);
 void parse_cmdline(const char *s, struct mini_cfg *cfg);
@@ -101,7 +165,9 @@ void halt_forever(void) __noreturn;
 void bad_end(int how) __noreturn;
 
 /* workload.c */
+void mini_cpu_init(u64 cpu);
 void mini_main(u64 cpu, const char *cmdline, u64 ncpus) __noreturn;
+extern u8 mini_stacks[MINI_MAX_CPUS][MINI_STACK_SIZE]; /* entry.S */
 
 /* ---- graph=1 workload ---------------------------------------------------- */
 

@@ -42,6 +42,16 @@ notrace void serial_putu(u64 v)
 	serial_puts(&buf[i]);
 }
 
+notrace void serial_puti(long v)
+{
+	if (v < 0) {
+		serial_puts("-");
+		serial_putu(-(u64)v);
+	} else {
+		serial_putu((u64)v);
+	}
+}
+
 /* ---- spinlock: keeps each vCPU's lines together ------------------------- */
 
 static unsigned int print_lock_word;
@@ -103,6 +113,7 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 	cfg->end = 0;
 	cfg->strio = 0;
 	cfg->graph = 0;
+	cfg->args = 0;
 	if (!s)
 		return;
 	while (*s) {
@@ -125,6 +136,8 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 			cfg->strio = equals(v, end, "1");
 		else if ((v = after(s, end, "graph=")))
 			cfg->graph = equals(v, end, "1");
+		else if ((v = after(s, end, "args=")))
+			cfg->args = equals(v, end, "1");
 		else if ((v = after(s, end, "end="))) {
 			if (equals(v, end, "triple-fault"))
 				cfg->end = END_TRIPLE_FAULT;
@@ -254,34 +267,41 @@ notrace void bad_end(int how)
 	halt_forever();
 }
 
-/* Per-CPU data, one cache line a CPU (entry.S sets each vCPU's GS base and
- * number), read as gs:[cpu_number], as Linux's smp_processor_id() does. */
-struct mini_percpu {
-	unsigned int cpu_number;
-	/* mini-rethunk: this CPU's returns through __x86_return_thunk, at
-	 * gs:[cpu_number + 8] (entry.S). */
-	unsigned long return_thunk_hits;
-} __attribute__((aligned(64)));
-struct mini_percpu mini_percpu[MINI_MAX_CPUS];
+/* ---- per-CPU data (README "Per-CPU data") ------------------------------- */
+
+/* The per-CPU template, section .data..percpu (mini.ld), as Linux defines
+ * its per-CPU variables. In the default build the section is linked at 0,
+ * as up to Linux 6.14, so each symbol is the variable's offset in a CPU's
+ * area; in mini-percpu-addr it is linked in the image, as from 6.15, so
+ * each symbol is a kernel address. Either way GS base = the CPU's area
+ * (mini_percpu[cpu]) less __per_cpu_start (entry.S), and `gs:sym` is this
+ * CPU's copy. No CPU copies the template (all zero): entry.S and
+ * mini_cpu_init set what each CPU's copy needs. */
+
+/* First in the template (mini.ld), so at offset 0 in the default build:
+ * smp_processor_id(), and vmtrace's exitless trampoline reads it. */
+int cpu_number __attribute__((section(".data..percpu..first")));
+/* mini-rethunk: this CPU's returns through __x86_return_thunk (entry.S). */
+unsigned long return_thunk_hits __percpu_var;
+#ifdef MINI_PERCPU_ADDR
+/* Linux 6.2+: the current task in pcpu_hot.current_task. */
+struct pcpu_hot pcpu_hot __percpu_var;
+/* Linux 6.15+ (x86/percpu/64: relative per-CPU offsets): each CPU's GS
+ * base, also `__per_cpu_offset[cpu]` (0 until the CPU set it: the
+ * template, whose number is 0). */
+unsigned long __per_cpu_offset[MINI_MAX_CPUS];
+#else
+/* Up to Linux 6.1: the current task in a per-CPU variable of its own. */
+struct task_struct *current_task __percpu_var;
+#endif
+
+/* The areas, one a CPU, zero like fresh RAM. */
+u8 mini_percpu[MINI_MAX_CPUS][MINI_PERCPU_AREA] __attribute__((aligned(MINI_PERCPU_AREA)));
+
 #ifdef MINI_RETHUNK
 /* Linux sets this once it has applied its alternatives, return sites
  * included (alternative_instructions()); this guest applies none, so it is
  * set from the start. vmtrace waits for it before reading how __fentry__
  * returns. */
 int alternatives_patched = 1;
-#endif
-
-#ifdef MINI_PERCPU_ADDR
-/* Linux 6.15+ (x86/percpu/64: relative per-CPU offsets): the per-CPU section
- * is linked in the kernel image like any data, so `cpu_number` is a kernel
- * address (in this template, which keeps 0), GS base = CPU's area -
- * __per_cpu_start, and `__per_cpu_offset[cpu]` = that GS base (0 until the
- * CPU set it: the template). */
-struct mini_percpu mini_percpu_template __attribute__((section(".data..percpu")));
-__asm__(".globl cpu_number\n.set cpu_number, mini_percpu_template\n");
-unsigned long __per_cpu_offset[MINI_MAX_CPUS];
-#else
-/* Linux up to 6.14: the per-CPU section is linked at 0, so `cpu_number` is
- * the offset of the number in each CPU's area (0 here), GS base = the area. */
-__asm__(".globl cpu_number\n.set cpu_number, 0\n");
 #endif

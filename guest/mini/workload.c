@@ -70,37 +70,179 @@ static const char *const graph_fn_names[G_NR] = {
 	"graph_migrate",
 };
 
+/* ---- tasks (README "Tasks") --------------------------------------------- */
+
+/* args=1's functions (README "args=1"), in printed order. */
+enum {
+	A_args_six,
+	A_args_errno,
+	A_args_void,
+	A_args_struct,
+	A_args_seven,
+	A_NR
+};
+
+/* Per-task call counters (struct task_struct's mini_calls[T_*]), in
+ * the order of the task lines: the workload's, the graph workload's, the
+ * args=1 functions, then mini_main and mini_init_setup. */
+enum {
+	T_WORK = 0,		/* + F_* */
+	T_GRAPH = F_NR,		/* + G_* */
+	T_ARGS = F_NR + G_NR,	/* + A_* */
+	T_mini_main = T_ARGS + A_NR,
+	T_mini_init_setup,
+	T_NR
+};
+_Static_assert(T_NR == MINI_TASK_FUNCS, "mini.h's MINI_TASK_FUNCS");
+
+static const char *const args_fn_names[A_NR] = {
+	"args_six",
+	"args_errno",
+	"args_void",
+	"args_struct",
+	"args_seven",
+};
+
+/* Each vCPU's tasks: [0] its idle task, [1] mini-a, [2] mini-b. */
+struct task_struct mini_tasks[MINI_MAX_CPUS][MINI_TASKS_PER_CPU];
+
+/* This CPU's current task, read through GS as Linux's `current` is. */
+static notrace inline __attribute__((always_inline)) struct task_struct *get_current(void)
+{
+	struct task_struct *t;
+
+#ifdef MINI_PERCPU_ADDR
+	asm volatile("movq %%gs:pcpu_hot+%c1, %0"
+		     : "=r"(t)
+		     : "i"(__builtin_offsetof(struct pcpu_hot, current_task)));
+#else
+	asm volatile("movq %%gs:current_task, %0" : "=r"(t));
+#endif
+	return t;
+}
+
+static notrace inline __attribute__((always_inline)) void set_current(struct task_struct *t)
+{
+#ifdef MINI_PERCPU_ADDR
+	asm volatile("movq %0, %%gs:pcpu_hot+%c1"
+		     :
+		     : "r"(t), "i"(__builtin_offsetof(struct pcpu_hot, current_task))
+		     : "memory");
+#else
+	asm volatile("movq %0, %%gs:current_task" : : "r"(t) : "memory");
+#endif
+}
+
+/* One more call of traced function T_* by the current task (under its
+ * current name). Every traced C function does this next to its per-CPU
+ * count, so both count the same calls. */
+static notrace inline __attribute__((always_inline)) void task_count(unsigned int f)
+{
+	get_current()->mini_calls[f]++;
+}
+
+/* The pids of vCPU cpu's workers: 1000 + 10 * cpu + 1 and + 2. */
+static notrace u64 task_pid(u64 cpu, unsigned int k)
+{
+	return k == MINI_TASK_IDLE ? 0 : 1000 + 10 * cpu + k;
+}
+
+/* The name task k of vCPU cpu has under name number gen, without "/cpu". */
+static notrace const char *task_prefix(unsigned int k, unsigned int gen)
+{
+	static const char *const prefix[MINI_TASKS_PER_CPU] = { "swapper", "mini-a", "mini-b" };
+
+	return k == MINI_TASK_B && gen == 1 ? "mini-b2" : prefix[k];
+}
+
+/* comm = prefix "/" cpu, NUL-padded (cpu < 64: at most 11 bytes). */
+static notrace void set_comm(struct task_struct *t, const char *prefix, u64 cpu)
+{
+	unsigned int n = 0;
+
+	while (*prefix && n < TASK_COMM_LEN - 4)
+		t->comm[n++] = *prefix++;
+	t->comm[n++] = '/';
+	if (cpu >= 10)
+		t->comm[n++] = (char)('0' + cpu / 10 % 10);
+	t->comm[n++] = (char)('0' + cpu % 10);
+	while (n < TASK_COMM_LEN)
+		t->comm[n++] = 0;
+}
+
+/* From entry.S on each vCPU, with GS set, before mini_main: its tasks, and
+ * its idle task current (mini_main's entry is traced). */
+notrace void mini_cpu_init(u64 cpu)
+{
+	struct task_struct *tasks = mini_tasks[cpu];
+
+	for (unsigned int k = 0; k < MINI_TASKS_PER_CPU; k++) {
+		struct task_struct *t = &tasks[k];
+
+		t->__state = 0;
+		t->flags = k == MINI_TASK_IDLE ? PF_IDLE : 0;
+		t->stack = mini_stacks[cpu];
+		t->prio = t->static_prio = t->normal_prio = k == MINI_TASK_IDLE ? 140 : 120;
+		t->pid = (pid_t)task_pid(cpu, k);
+		/* mini-b is a thread of mini-a's process. */
+		t->tgid = (pid_t)task_pid(cpu, k == MINI_TASK_B ? MINI_TASK_A : k);
+		t->real_parent = &tasks[MINI_TASK_IDLE];
+		t->group_leader = &tasks[k == MINI_TASK_B ? MINI_TASK_A : k];
+		set_comm(t, task_prefix(k, 0), cpu);
+	}
+	set_current(&tasks[MINI_TASK_IDLE]);
+}
+
+/* mini-b renames itself (exec or PR_SET_NAME): comm "mini-b2/cpu", its
+ * calls counted apart from then on (those so far kept in
+ * mini_calls_before). */
+static notrace noipa void task_rename(struct task_struct *t, u64 cpu)
+{
+	for (unsigned int f = 0; f < T_NR; f++) {
+		t->mini_calls_before[f] = t->mini_calls[f];
+		t->mini_calls[f] = 0;
+	}
+	t->mini_renamed = 1;
+	set_comm(t, task_prefix(MINI_TASK_B, 1), cpu);
+}
+
 /* ---- traced workload ---------------------------------------------------- */
 
 noipa void hrtimer_start_range_ns(struct cpu *c)
 {
 	c->count[F_hrtimer_start_range_ns]++;
+	task_count(T_WORK + F_hrtimer_start_range_ns);
 }
 
 noipa void schedule(struct cpu *c)
 {
 	c->count[F_schedule]++;
+	task_count(T_WORK + F_schedule);
 	hrtimer_start_range_ns(c);
 }
 
 noipa void hrtimer_try_to_cancel(struct cpu *c)
 {
 	c->count[F_hrtimer_try_to_cancel]++;
+	task_count(T_WORK + F_hrtimer_try_to_cancel);
 }
 
 noipa void hrtimer_wakeup(struct cpu *c)
 {
 	c->count[F_hrtimer_wakeup]++;
+	task_count(T_WORK + F_hrtimer_wakeup);
 }
 
 noipa void tick_sched_timer(struct cpu *c)
 {
 	c->count[F_tick_sched_timer]++;
+	task_count(T_WORK + F_tick_sched_timer);
 }
 
 noipa void __hrtimer_run_queues(struct cpu *c)
 {
 	c->count[F___hrtimer_run_queues]++;
+	task_count(T_WORK + F___hrtimer_run_queues);
 	hrtimer_wakeup(c);
 	tick_sched_timer(c);
 }
@@ -108,6 +250,7 @@ noipa void __hrtimer_run_queues(struct cpu *c)
 noipa void hrtimer_interrupt(struct cpu *c)
 {
 	c->count[F_hrtimer_interrupt]++;
+	task_count(T_WORK + F_hrtimer_interrupt);
 	__hrtimer_run_queues(c);
 }
 
@@ -120,6 +263,7 @@ notrace noipa void mini_account(struct cpu *c)
 noipa void do_idle(struct cpu *c, u64 i)
 {
 	c->count[F_do_idle]++;
+	task_count(T_WORK + F_do_idle);
 	schedule(c);
 	if (i % 2 == 0)
 		hrtimer_try_to_cancel(c);
@@ -135,23 +279,27 @@ noipa void do_idle(struct cpu *c, u64 i)
 noipa void graph_leaf(struct graph_cpu *c)
 {
 	c->count[G_graph_leaf]++;
+	task_count(T_GRAPH + G_graph_leaf);
 }
 
 noipa void graph_depth3(struct graph_cpu *c)
 {
 	c->count[G_graph_depth3]++;
+	task_count(T_GRAPH + G_graph_depth3);
 	graph_leaf(c);
 }
 
 noipa void graph_depth2(struct graph_cpu *c)
 {
 	c->count[G_graph_depth2]++;
+	task_count(T_GRAPH + G_graph_depth2);
 	graph_depth3(c);
 }
 
 noipa void graph_depth(struct graph_cpu *c)
 {
 	c->count[G_graph_depth]++;
+	task_count(T_GRAPH + G_graph_depth);
 	graph_depth2(c);
 }
 
@@ -160,6 +308,7 @@ noipa void graph_depth(struct graph_cpu *c)
 noipa void graph_tail_callee(struct graph_cpu *c)
 {
 	c->count[G_graph_tail_callee]++;
+	task_count(T_GRAPH + G_graph_tail_callee);
 }
 
 /* n + 1 calls nested n + 1 deep. The count comes after the recursive call
@@ -169,6 +318,7 @@ noipa void graph_recurse(struct graph_cpu *c, u64 n)
 	if (n)
 		graph_recurse(c, n - 1);
 	c->count[G_graph_recurse]++;
+	task_count(T_GRAPH + G_graph_recurse);
 }
 
 /* Never returns normally: graph_longjmp goes back into graph_abandon_run
@@ -176,6 +326,7 @@ noipa void graph_recurse(struct graph_cpu *c, u64 n)
 noipa void graph_abandoned(struct graph_cpu *c)
 {
 	c->count[G_graph_abandoned]++;
+	task_count(T_GRAPH + G_graph_abandoned);
 	graph_longjmp(c->jb, 1);
 }
 
@@ -198,6 +349,7 @@ notrace noipa void graph_abandon_run(struct graph_cpu *c)
 noipa void graph_abandon_outer(struct graph_cpu *c)
 {
 	c->count[G_graph_abandon_outer]++;
+	task_count(T_GRAPH + G_graph_abandon_outer);
 	graph_abandon_run(c);
 }
 
@@ -220,6 +372,7 @@ noipa void graph_long(struct graph_cpu *c)
 		d = rdtsc() - t0;
 	while (d < GRAPH_LONG_TICKS);
 	c->count[G_graph_long]++;
+	task_count(T_GRAPH + G_graph_long);
 	c->long_ticks_sum += d;
 	if (d > c->long_ticks_max)
 		c->long_ticks_max = d;
@@ -231,6 +384,10 @@ static notrace inline __attribute__((always_inline)) void graph_iteration(struct
 {
 	graph_depth(g);
 	graph_tail_caller(g);
+	/* entry.S's graph_tail_caller counts itself per CPU only (its code
+	 * stays NOP, incq, jmp): its task's count here, after it returned
+	 * (the same task: nothing switches tasks in between). */
+	task_count(T_GRAPH + G_graph_tail_caller);
 	graph_recurse(g, GRAPH_RECURSE_DEPTH);
 	if (i % GRAPH_ABANDON_EVERY == 0)
 		graph_abandon_outer(g);
@@ -277,6 +434,7 @@ noipa void graph_migrate(struct graph_cpu *c)
 	u32 cpu = this_cpu();
 
 	c->count[G_graph_migrate]++; /* c: the entering CPU's (vCPU 0's) */
+	task_count(T_GRAPH + G_graph_migrate); /* vCPU 0's current task */
 	migration.entered_cpu = cpu;
 	graph_switch(&migration.sleep_rsp, &migration.boot_rsp[cpu]);
 	migration.returned_cpu = this_cpu();
@@ -325,6 +483,168 @@ static notrace noipa void graph_migrate_finish(void)
 	print_unlock();
 }
 
+/* ---- args=1: arguments and return values (README "args=1") ------------- */
+
+/* A Linux-like enum with named values, passed by args_six. */
+enum mini_state {
+	MINI_STATE_IDLE = 0,
+	MINI_STATE_RUNNING = 1,
+	MINI_STATE_SLEEPING = 2,
+	MINI_STATE_DEAD = 64,
+};
+
+/* A struct passed by value (16 bytes: in two registers, RDI and RSI). */
+struct mini_pair {
+	u64 key;
+	u32 val;
+};
+
+/* What each args=1 function received and returned, per CPU: its calls, the
+ * wrapping sums of each argument (sign-extended when signed) and of its
+ * return values, and (args_errno) how often each return value came. */
+#define ARGS_MAX 7
+#define ERRNO_PATTERN 6
+struct args_fn {
+	u64 calls;
+	u64 ret;
+	u64 arg[ARGS_MAX];
+};
+struct args_cpu {
+	struct args_fn fn[A_NR];
+	u64 errno_rets[ERRNO_PATTERN];
+} __attribute__((aligned(64)));
+
+static struct args_cpu mini_args[MINI_MAX_CPUS];
+
+/* args_errno(n) returns errno_pattern[n % 6]: 0, -ENOENT, 1, -EINVAL,
+ * 4096, -EAGAIN. */
+static const int errno_pattern[ERRNO_PATTERN] = { 0, -2, 1, -22, 4096, -11 };
+
+/* How each function's sums are printed: its parameters' names (as in its
+ * prototype), which are signed, whether it returns a value and whether
+ * that is signed. */
+static const struct {
+	const char *param[ARGS_MAX];
+	u8 nparams;
+	u8 signed_params; /* bit k: param[k] is signed */
+	u8 returns;
+	u8 signed_ret;
+} args_info[A_NR] = {
+	[A_args_six] = { { "a", "b", "t", "s", "ch", "e" }, 6, 1 << 1 | 1 << 5, 1, 1 },
+	[A_args_errno] = { { "n" }, 1, 0, 1, 1 },
+	[A_args_void] = { { "n" }, 1, 0, 0, 0 },
+	/* p's members, then after. */
+	[A_args_struct] = { { "p.key", "p.val", "after" }, 3, 1 << 2, 1, 1 },
+	[A_args_seven] = { { "a1", "a2", "a3", "a4", "a5", "a6", "a7" }, 7,
+			   1 << 0 | 1 << 1 | 1 << 3 | 1 << 4 | 1 << 6, 1, 1 },
+};
+
+/* This CPU's sums. */
+static notrace inline __attribute__((always_inline)) struct args_cpu *this_args(void)
+{
+	u32 cpu;
+
+	asm volatile("movl %%gs:cpu_number, %0" : "=r"(cpu));
+	return &mini_args[cpu];
+}
+
+/* Six arguments of mixed types, in RDI, ESI, RDX, ECX, R8B, R9; returns
+ * e + b. */
+noipa long args_six(u64 a, int b, struct task_struct *t, enum mini_state s, u8 ch, long e)
+{
+	struct args_fn *f = &this_args()->fn[A_args_six];
+	long ret = (long)((u64)e + (u64)(long)b);
+
+	task_count(T_ARGS + A_args_six);
+	f->calls++;
+	f->arg[0] += a;
+	f->arg[1] += (u64)(long)b;
+	f->arg[2] += (u64)t;
+	f->arg[3] += (u64)s;
+	f->arg[4] += ch;
+	f->arg[5] += (u64)e;
+	f->ret += (u64)ret;
+	return ret;
+}
+
+/* Negative errnos and positive values, by n: errno_pattern[n % 6] (an int:
+ * in EAX, RAX's upper half not sign-extended). */
+noipa int args_errno(unsigned int n)
+{
+	struct args_cpu *p = this_args();
+	struct args_fn *f = &p->fn[A_args_errno];
+	unsigned int k = n % ERRNO_PATTERN;
+	int ret = errno_pattern[k];
+
+	task_count(T_ARGS + A_args_errno);
+	f->calls++;
+	f->arg[0] += n;
+	f->ret += (u64)(long)ret;
+	p->errno_rets[k]++;
+	return ret;
+}
+
+/* Returns nothing. */
+noipa void args_void(u64 n)
+{
+	struct args_fn *f = &this_args()->fn[A_args_void];
+
+	task_count(T_ARGS + A_args_void);
+	f->calls++;
+	f->arg[0] += n;
+}
+
+/* A struct by value (p.key in RDI, p.val in ESI), then an int (EDX);
+ * returns p.key + p.val + after. */
+noipa long args_struct(struct mini_pair p, int after)
+{
+	struct args_fn *f = &this_args()->fn[A_args_struct];
+	long ret = (long)(p.key + p.val + (u64)(long)after);
+
+	task_count(T_ARGS + A_args_struct);
+	f->calls++;
+	f->arg[0] += p.key;
+	f->arg[1] += p.val;
+	f->arg[2] += (u64)(long)after;
+	f->ret += (u64)ret;
+	return ret;
+}
+
+/* Seven arguments: a1-a6 in registers, a7 on the stack (at RSP + 8 on
+ * entry); returns their sum (wrapping). */
+noipa long args_seven(int a1, long a2, u64 a3, int a4, long a5, u64 a6, long a7)
+{
+	struct args_fn *f = &this_args()->fn[A_args_seven];
+	u64 v[ARGS_MAX] = { (u64)(long)a1, (u64)a2, a3, (u64)(long)a4, (u64)a5, a6, (u64)a7 };
+	u64 ret = 0;
+
+	task_count(T_ARGS + A_args_seven);
+	f->calls++;
+	for (int k = 0; k < ARGS_MAX; k++) {
+		f->arg[k] += v[k];
+		ret += v[k];
+	}
+	f->ret += ret;
+	return (long)ret;
+}
+
+/* Iteration i's calls (inlined into mini_main, every call's caller), by
+ * vCPU cpu's current task t: arguments from i, cpu and t (README). */
+static notrace inline __attribute__((always_inline)) void args_iteration(u64 cpu, struct task_struct *t, u64 i)
+{
+	static const enum mini_state states[4] = {
+		MINI_STATE_IDLE, MINI_STATE_RUNNING, MINI_STATE_SLEEPING, MINI_STATE_DEAD,
+	};
+
+	args_six(0xfedc000000000000 + (cpu << 32) + i, (int)(i % 7) - 3, t, states[i % 4],
+		 (u8)(200 + i % 50), (long)(0 - 100003 * i - cpu));
+	args_errno((unsigned int)i);
+	args_void(i);
+	args_struct((struct mini_pair){ .key = 0x5000 + i, .val = (u32)(i % 100) }, -(int)(i % 9));
+	args_seven((int)i - 500, (long)(0 - 1000 * i), 0x7000000000 + i, -(int)(i % 13), (long)(i << 20),
+		   ~i, (long)(0 - 7 - i));
+}
+
 /* ---- calibration --------------------------------------------------------- */
 
 /* Exactly MINI_SPIN_INSNS(n) instructions for n = mini_spin read once:
@@ -350,6 +670,7 @@ static notrace inline __attribute__((always_inline)) void calibration_spin(void)
 /* Like Linux's __init code: one traced site outside _stext.._etext. */
 __init noipa void mini_init_setup(const struct mini_cfg *cfg, u64 ncpus)
 {
+	task_count(T_mini_init_setup);
 	print_lock();
 	serial_puts("mini: start cpus=");
 	serial_putu(ncpus);
@@ -375,7 +696,91 @@ static notrace void report_line(const char *prefix, u64 cpu, const char *name, u
 static u64 mini_thunk_seen[MINI_MAX_CPUS];
 #endif
 
-static notrace void report(struct cpu *c, struct graph_cpu *g, int graph, u64 cpu)
+/* `mini: task cpu C pid P tgid T comm NAME calls F=N ...`: one line per task
+ * and name it had, its nonzero counts in T_* order. */
+static notrace void report_tasks(u64 cpu)
+{
+	for (unsigned int k = 0; k < MINI_TASKS_PER_CPU; k++) {
+		const struct task_struct *t = &mini_tasks[cpu][k];
+
+		for (unsigned int gen = 0; gen <= t->mini_renamed; gen++) {
+			const u64 *calls = gen < t->mini_renamed ? t->mini_calls_before : t->mini_calls;
+
+			serial_puts("mini: task cpu ");
+			serial_putu(cpu);
+			serial_puts(" pid ");
+			serial_puti(t->pid);
+			serial_puts(" tgid ");
+			serial_puti(t->tgid);
+			serial_puts(" comm ");
+			serial_puts(task_prefix(k, gen));
+			serial_puts("/");
+			serial_putu(cpu);
+			serial_puts(" calls");
+			for (unsigned int f = 0; f < T_NR; f++) {
+				const char *name = f < T_GRAPH		     ? fn_names[f]
+						   : f < T_ARGS		     ? graph_fn_names[f - T_GRAPH]
+						   : f < T_mini_main	     ? args_fn_names[f - T_ARGS]
+						   : f == T_mini_main	     ? "mini_main"
+									     : "mini_init_setup";
+
+				if (!calls[f])
+					continue;
+				serial_puts(" ");
+				serial_puts(name);
+				serial_puts("=");
+				serial_putu(calls[f]);
+			}
+			serial_puts("\n");
+		}
+	}
+}
+
+static notrace void put_value(u64 v, int is_signed)
+{
+	if (is_signed)
+		serial_puti((long)v);
+	else
+		serial_putu(v);
+}
+
+/* `mini: args cpu C FUNC calls N KEY=SUM ...` (README "args=1"). */
+static notrace void report_args(u64 cpu)
+{
+	const struct args_cpu *p = &mini_args[cpu];
+
+	for (unsigned int a = 0; a < A_NR; a++) {
+		const struct args_fn *f = &p->fn[a];
+
+		serial_puts("mini: args cpu ");
+		serial_putu(cpu);
+		serial_puts(" ");
+		serial_puts(args_fn_names[a]);
+		serial_puts(" calls ");
+		serial_putu(f->calls);
+		if (args_info[a].returns) {
+			serial_puts(" ret=");
+			put_value(f->ret, args_info[a].signed_ret);
+		}
+		for (unsigned int k = 0; k < args_info[a].nparams; k++) {
+			serial_puts(" ");
+			serial_puts(args_info[a].param[k]);
+			serial_puts("=");
+			put_value(f->arg[k], args_info[a].signed_params >> k & 1);
+		}
+		if (a == A_args_errno) {
+			for (unsigned int k = 0; k < ERRNO_PATTERN; k++) {
+				serial_puts(" ret[");
+				serial_puti(errno_pattern[k]);
+				serial_puts("]=");
+				serial_putu(p->errno_rets[k]);
+			}
+		}
+		serial_puts("\n");
+	}
+}
+
+static notrace void report(struct cpu *c, struct graph_cpu *g, const struct mini_cfg *cfg, u64 cpu)
 {
 	print_lock();
 	for (int f = 0; f < F_NR; f++)
@@ -383,7 +788,7 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, int graph, u64 cp
 #ifdef MINI_RETHUNK
 	report_line("mini: stat cpu ", cpu, "return_thunk_hits", mini_thunk_seen[cpu]);
 #endif
-	if (graph) {
+	if (cfg->graph) {
 		for (int f = 0; f < G_NR; f++)
 			report_line("mini: cpu ", cpu, graph_fn_names[f], g->count[f]);
 		/* Not function counts: their own prefix. */
@@ -391,20 +796,55 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, int graph, u64 cp
 		report_line("mini: stat cpu ", cpu, "graph_long_ticks_max", g->long_ticks_max);
 		report_line("mini: stat cpu ", cpu, "graph_long_outer_ticks_sum", g->long_outer_ticks_sum);
 	}
+	report_tasks(cpu);
+	if (cfg->args)
+		report_args(cpu);
 	serial_puts("mini: cpu ");
 	serial_putu(cpu);
 	serial_puts(" done\n");
 	print_unlock();
 }
 
-/* Called by entry.S on every vCPU with its own stack. Traced (has a site). */
+/* The iterations of one vCPU: until mini_stop (loop) or cfg->iters, each
+ * run by task i % 3 (t), mini-b renamed once, before the calls of the
+ * first of its iterations i >= iters / 2 (README "Tasks"). Inlined with
+ * constant loop, graph and args, so each combination is a loop of its own
+ * and one without graph=1 or args=1 runs none of their instructions. */
+static notrace inline __attribute__((always_inline)) void
+workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, const int args)
+{
+	struct cpu *c = &mini_cpus[cpu];
+	struct graph_cpu *g = &mini_graph[cpu];
+	struct task_struct *tasks = mini_tasks[cpu], *t = tasks, *b = &tasks[MINI_TASK_B];
+	u64 rename_at = cfg->iters / 2 + (MINI_TASKS_PER_CPU + MINI_TASK_B - cfg->iters / 2 % 3) % 3;
+	u64 i;
+
+	for (i = 0; loop ? !mini_stop : i < cfg->iters; i++) {
+		set_current(t);
+		if (i == rename_at)
+			task_rename(b, cpu);
+		do_idle(c, i);
+		if (graph)
+			graph_iteration(g, i);
+		if (args)
+			args_iteration(cpu, t, i);
+		if (loop)
+			calibration_spin();
+		t = t == b ? tasks : t + 1;
+	}
+	/* The idle task again for what follows (graph_migrate, the report). */
+	set_current(tasks);
+}
+
+/* Called by entry.S on every vCPU with its own stack, after mini_cpu_init.
+ * Traced (has a site). */
 void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 {
 	struct cpu *c = &mini_cpus[cpu];
 	struct graph_cpu *g = &mini_graph[cpu];
 	struct mini_cfg cfg;
-	u64 i;
 
+	task_count(T_mini_main);
 	if (ncpus == 0)
 		ncpus = 1;
 	if (ncpus > MINI_MAX_CPUS)
@@ -424,27 +864,24 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 	if (cfg.strio && cpu == 0)
 		string_io_selftest();
 
-	/* graph=1 has loops of its own, so that without it each iteration runs
-	 * exactly the instructions it always did. */
-	if (cfg.loop && cfg.graph) {
-		for (i = 0; !mini_stop; i++) {
-			do_idle(c, i);
-			graph_iteration(g, i);
-			calibration_spin();
-		}
-	} else if (cfg.loop) {
-		for (i = 0; !mini_stop; i++) {
-			do_idle(c, i);
-			calibration_spin();
-		}
-	} else if (cfg.graph) {
-		for (i = 0; i < cfg.iters; i++) {
-			do_idle(c, i);
-			graph_iteration(g, i);
-		}
+	if (cfg.loop) {
+		if (cfg.graph && cfg.args)
+			workload(cpu, &cfg, 1, 1, 1);
+		else if (cfg.graph)
+			workload(cpu, &cfg, 1, 1, 0);
+		else if (cfg.args)
+			workload(cpu, &cfg, 1, 0, 1);
+		else
+			workload(cpu, &cfg, 1, 0, 0);
 	} else {
-		for (i = 0; i < cfg.iters; i++)
-			do_idle(c, i);
+		if (cfg.graph && cfg.args)
+			workload(cpu, &cfg, 0, 1, 1);
+		else if (cfg.graph)
+			workload(cpu, &cfg, 0, 1, 0);
+		else if (cfg.args)
+			workload(cpu, &cfg, 0, 0, 1);
+		else
+			workload(cpu, &cfg, 0, 0, 0);
 	}
 	/* Once per run, after the loop: a call that moves from vCPU 0 to 1. */
 	if (cfg.graph && ncpus >= 2) {
@@ -456,9 +893,9 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 
 #ifdef MINI_RETHUNK
 	/* Read before report(), whose own returns would count. */
-	asm volatile("movq %%gs:cpu_number+8, %0" : "=r"(mini_thunk_seen[cpu]));
+	asm volatile("movq %%gs:return_thunk_hits, %0" : "=r"(mini_thunk_seen[cpu]));
 #endif
-	report(c, g, cfg.graph, cpu);
+	report(c, g, &cfg, cpu);
 	if (__atomic_add_fetch(&mini_done, 1, __ATOMIC_SEQ_CST) == ncpus) {
 		print_lock();
 		serial_puts("mini: all done\n");

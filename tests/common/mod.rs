@@ -117,6 +117,92 @@ pub fn parse_mini_stats(text: &str) -> BTreeMap<(u32, String), u64> {
     stats
 }
 
+/// A task of the mini guest, as its `mini: task` lines name it: (cpu, pid,
+/// tgid, comm). mini-b is named twice, before and after its rename.
+pub type MiniTask = (u32, i32, i32, String);
+
+/// (cpu, pid, tgid, comm, function) -> calls.
+pub type MiniTaskCounts = BTreeMap<(u32, i32, i32, String, String), u64>;
+
+/// (cpu, pid, tgid, comm, function) -> calls, from the mini guest's `mini:
+/// task cpu C pid P tgid T comm NAME calls F=N ...` lines (guest/mini/README.md
+/// "Tasks"; a function a task never called is absent), and the tasks in the
+/// order printed (those with no calls too).
+pub fn parse_mini_task_counts(text: &str) -> (MiniTaskCounts, Vec<MiniTask>) {
+    let mut counts = BTreeMap::new();
+    let mut tasks = Vec::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let ["mini:", "task", "cpu", c, "pid", p, "tgid", t, "comm", comm, "calls", calls @ ..] =
+            w.as_slice()
+        else {
+            continue;
+        };
+        let num = |v: &str| -> i64 {
+            v.parse()
+                .unwrap_or_else(|e| panic!("{v:?} in {line:?}: {e}"))
+        };
+        let task: MiniTask = (
+            num(c) as u32,
+            num(p) as i32,
+            num(t) as i32,
+            comm.to_string(),
+        );
+        for call in calls {
+            let (f, n) = call
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{call:?} in {line:?} is not FUNCTION=CALLS"));
+            let key = (task.0, task.1, task.2, task.3.clone(), f.to_string());
+            let old = counts.insert(key, num(n) as u64);
+            assert!(old.is_none(), "{f} twice for {task:?}: {line:?}");
+        }
+        tasks.push(task);
+    }
+    (counts, tasks)
+}
+
+/// What an `args=1` function of the mini guest received and returned on
+/// one CPU: its calls, and the sums (wrapping, of the values as their C
+/// types hold them) of its return values (`ret`), of each parameter (by
+/// name) and, for args_errno, the calls that returned each value
+/// (`ret[-2]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MiniArgs {
+    pub calls: u64,
+    pub sums: BTreeMap<String, i128>,
+}
+
+/// (cpu, function) -> [`MiniArgs`], from the mini guest's `mini: args cpu C
+/// FUNC calls N KEY=VALUE ...` lines (guest/mini/README.md "args=1").
+pub fn parse_mini_args(text: &str) -> BTreeMap<(u32, String), MiniArgs> {
+    let mut all = BTreeMap::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let ["mini:", "args", "cpu", c, f, "calls", n, sums @ ..] = w.as_slice() else {
+            continue;
+        };
+        let bad = |what: &str| -> ! { panic!("{what} in {line:?}") };
+        let mut args = MiniArgs {
+            calls: n.parse().unwrap_or_else(|_| bad("calls")),
+            sums: BTreeMap::new(),
+        };
+        for kv in sums {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| bad(kv));
+            let v: i128 = v.parse().unwrap_or_else(|_| bad(kv));
+            assert!(
+                args.sums.insert(k.to_string(), v).is_none(),
+                "{k} twice in {line:?}"
+            );
+        }
+        let cpu: u32 = c.parse().unwrap_or_else(|_| bad("cpu"));
+        assert!(
+            all.insert((cpu, f.to_string()), args).is_none(),
+            "{f} twice on cpu {cpu}"
+        );
+    }
+    all
+}
+
 /// A console sink the tests can read.
 #[derive(Clone, Default)]
 pub struct Capture(pub Arc<Mutex<Vec<u8>>>);

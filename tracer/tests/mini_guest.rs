@@ -34,6 +34,12 @@ const MINI_SITES: &[&str] = &[
     "graph_abandoned",
     "graph_long",
     "graph_migrate",
+    // The args=1 functions (called only with args=1, but always sites).
+    "args_six",
+    "args_errno",
+    "args_void",
+    "args_struct",
+    "args_seven",
 ];
 
 /// Functions of the graph=1 workload that are called but have no site.
