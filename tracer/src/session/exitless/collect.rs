@@ -41,13 +41,7 @@ impl DrainTasks {
     /// and the drain shows its new name); a `task_struct` that no longer
     /// holds that pid (freed, reused) gives comm `<...>`, as trace-cmd
     /// prints an unknown one.
-    fn seen(
-        &self,
-        mem: &dyn GuestRam,
-        cache: &mut SeenTasks,
-        task: u64,
-        pid: u32,
-    ) -> Seen {
+    fn seen(&self, mem: &dyn GuestRam, cache: &mut SeenTasks, task: u64, pid: u32) -> Seen {
         if task == 0 {
             return self.source.unreadable();
         }
