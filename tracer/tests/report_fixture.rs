@@ -92,6 +92,7 @@ pub fn trace() -> Trace {
             func,
             cpu,
             task: 0,
+            data: 0,
         })
         .collect();
     let total: u64 = counts.iter().flatten().sum();
@@ -122,6 +123,7 @@ pub fn trace() -> Trace {
         callers,
         events,
         tasks: Vec::new(),
+        args: Vec::new(),
     }
 }
 
@@ -140,6 +142,7 @@ pub fn big_trace(n: usize) -> Trace {
             func: (i % 3) as u32,
             cpu: (i % 4) as u32,
             task: 0,
+            data: 0,
         })
         .collect();
     t.meta.events_dropped = t.meta.events_total.saturating_sub(n as u64);
@@ -275,6 +278,7 @@ pub fn graph_trace() -> Trace {
                 func,
                 cpu,
                 task: 0,
+                data: 0,
             }
         })
         .collect();
@@ -304,5 +308,6 @@ pub fn graph_trace() -> Trace {
         callers,
         events,
         tasks: Vec::new(),
+        args: Vec::new(),
     }
 }

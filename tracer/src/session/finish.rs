@@ -288,6 +288,7 @@ impl Tracer {
             callers: Vec::new(),
             events: Vec::new(),
             tasks: self.tasks.as_ref().map_or_else(Vec::new, |t| t.table.all()),
+            args: Vec::new(),
         }
     }
 

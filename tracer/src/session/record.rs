@@ -154,6 +154,7 @@ impl Recorder {
             func: self.index.funcs[site],
             cpu: self.cpu,
             task,
+            data: 0,
         });
         Ok(())
     }
@@ -248,6 +249,7 @@ impl TrapHandler for Recorder {
             func: self.index.funcs[i],
             cpu: self.cpu,
             task,
+            data: 0,
         });
         Ok(())
     }

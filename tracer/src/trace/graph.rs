@@ -368,6 +368,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            data: 0,
         }
     }
 

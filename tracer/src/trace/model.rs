@@ -29,6 +29,10 @@ pub struct Event {
     /// The guest task that ran it: `Trace::tasks[task - 1]`; 0 when not
     /// known (the kernel has no BTF, or its current task was unreadable).
     pub task: u32,
+    /// A return (`--retval`): the function's return value, RAX as it
+    /// returned. An entry (`--args`): its arguments, `Trace::args[data -
+    /// 1]`; 0: none recorded. Otherwise 0.
+    pub data: u64,
 }
 
 /// A guest task as vmtrace saw it at a call: ftrace's `comm-pid`. One
@@ -166,9 +170,26 @@ pub struct Trace {
     pub events: Vec<Event>,
     /// The guest tasks events name (`Event::task` - 1 indexes it).
     pub tasks: Vec<Task>,
+    /// Entries' arguments (`--args`), as the six argument registers held
+    /// them at the call (RDI, RSI, RDX, RCX, R8, R9); `Event::data` - 1
+    /// indexes it.
+    pub args: Vec<[u64; ARG_REGS]>,
 }
 
+/// Arguments passed in registers by the x86-64 calling convention.
+pub const ARG_REGS: usize = 6;
+
 impl Trace {
+    /// The arguments of entry `e`, if recorded.
+    pub fn args_of(&self, e: &Event) -> Option<&[u64; ARG_REGS]> {
+        if e.is_return() {
+            return None;
+        }
+        (e.data as usize)
+            .checked_sub(1)
+            .and_then(|i| self.args.get(i))
+    }
+
     /// The task that ran `e`, if known.
     pub fn task_of(&self, e: &Event) -> Option<&Task> {
         (e.task as usize)
@@ -235,6 +256,7 @@ impl Trace {
                 func: func as u32,
                 cpu,
                 task: 0,
+                data: 0,
             });
         }
         Trace {
@@ -257,6 +279,7 @@ impl Trace {
             callers,
             events: ev,
             tasks: Vec::new(),
+            args: Vec::new(),
         }
     }
 }

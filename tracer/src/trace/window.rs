@@ -233,6 +233,7 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
         callers: trace.callers.clone(),
         events,
         tasks: trace.tasks.clone(),
+        args: Vec::new(),
     }
 }
 
@@ -392,6 +393,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            data: 0,
         };
         t.events = vec![
             ev(1_100, 0, 0, 0x1000),

@@ -216,6 +216,7 @@ impl Out {
             func: self.index.funcs[site],
             cpu: cpu as u32,
             task,
+            data: 0,
         });
     }
 }

@@ -25,6 +25,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             func: u32_at(24),
             cpu: u32_at(28),
             task: 0,
+            data: 0,
         }
     } else {
         Event {
@@ -34,6 +35,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             func: u32_at(16),
             cpu: u32_at(20),
             task: 0,
+            data: 0,
         }
     }
 }
@@ -108,6 +110,7 @@ impl Body {
             callers: self.callers,
             events,
             tasks: Vec::new(),
+            args: Vec::new(),
         })
     }
 }

@@ -236,5 +236,6 @@ fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
         callers,
         events,
         tasks: Vec::new(),
+        args: Vec::new(),
     }
 }

@@ -154,6 +154,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            data: 0,
         };
         Trace {
             meta: TraceMeta {
@@ -177,6 +178,7 @@ mod tests {
                 ev(1_235_000_000_000, 1, 2, 0xdead, 0),
             ],
             tasks: Vec::new(),
+            args: Vec::new(),
         }
     }
 
