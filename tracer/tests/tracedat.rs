@@ -247,6 +247,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
                 func,
                 cpu,
                 task: 0,
+                data: 0,
             }
         })
         .collect();
@@ -264,6 +265,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
         callers,
         events,
         tasks: Vec::new(),
+        args: Vec::new(),
     }
 }
 
@@ -385,6 +387,7 @@ fn four_cpus_one_idle_and_bad_events_skipped() {
             func,
             cpu,
             task: 0,
+            data: 0,
         });
     }
     let mut bytes = Vec::new();
