@@ -11,10 +11,25 @@ use crate::kernel::symbols::Symbol;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
 use crate::session::store::Stored;
+use crate::session::tasks::TaskTable;
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::{Trace, TraceMeta};
 
 impl Tracer {
+    /// The guest tasks this session's events name (the store's table):
+    /// whoever records an event interns its task here first.
+    pub fn task_table(&self) -> std::sync::Arc<TaskTable> {
+        std::sync::Arc::clone(&self.tasks)
+    }
+
+    /// Says where the guest tasks come from ("BTF in PATH"), or why events
+    /// have none: `TraceMeta::tasks` of the traces this session makes from
+    /// now on, the data file's `FOOT` included (its `HEAD`, written when
+    /// the session is created, has none: a file cut short says nothing).
+    pub fn set_tasks_source(&mut self, source: impl Into<String>) {
+        self.tasks_source = source.into();
+    }
+
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
     /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
@@ -276,7 +291,7 @@ impl Tracer {
             guest_instructions_emulated: None,
             unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
             vmm: self.vmm.clone(),
-            tasks: String::new(),
+            tasks: self.tasks_source.clone(),
         };
         Trace {
             meta,
@@ -285,7 +300,9 @@ impl Tracer {
             returns: self.returns(),
             callers: Vec::new(),
             events: Vec::new(),
-            tasks: Vec::new(),
+            // Every task seen so far: a data file's HEAD and FOOT save those
+            // its events did not name yet.
+            tasks: self.tasks.all(),
         }
     }
 

@@ -124,6 +124,12 @@ pub struct Tracer {
     offset: Option<KernelOffset>,
     /// Who runs the guest, when not vmtrace's own VMM (`Recording::vmm`).
     vmm: String,
+    /// The guest tasks events name, shared with the store
+    /// (`store::Store::tasks`).
+    tasks: Arc<tasks::TaskTable>,
+    /// Where the tasks come from, or why there are none
+    /// (`TraceMeta::tasks`; `Tracer::set_tasks_source`).
+    tasks_source: String,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -195,6 +201,7 @@ impl Tracer {
             rec.storage,
             Arc::new(plan.image.functions.clone()),
         );
+        let tasks = store.tasks();
         let sink = recs[0].sink();
         let ex = Exitless::prepare(
             &plan.image,
@@ -204,7 +211,7 @@ impl Tracer {
             plan.graph,
             sink,
         )?;
-        let mut t = Tracer::assemble(plan, counters, store.thread, false);
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, tasks);
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -231,7 +238,8 @@ impl Tracer {
                 r.hook_returns(Arc::clone(hook));
             }
         }
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite);
+        let tasks = store.tasks();
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tasks);
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -251,6 +259,7 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
+        tasks: Arc<tasks::TaskTable>,
     ) -> Tracer {
         Tracer {
             plan,
@@ -270,6 +279,8 @@ impl Tracer {
             tsc_khz: 0,
             offset: None,
             vmm: String::new(),
+            tasks,
+            tasks_source: String::new(),
         }
     }
 

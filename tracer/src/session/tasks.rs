@@ -42,7 +42,11 @@ impl TaskTable {
 
     /// How many tasks the table holds.
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).tasks.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tasks
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
