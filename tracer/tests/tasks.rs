@@ -13,6 +13,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use tracer::trace::datafile::{load, save};
 use tracer::trace::export::script::write_script;
 use tracer::trace::export::{
     to_json, write_chrome, write_csv, write_folded, IDLE_TID, UNKNOWN_PID,
@@ -109,7 +110,8 @@ fn a_trace_without_tasks_scripts_as_before() {
 fn report_by_task_counts_each_tasks_stored_calls() {
     let t = fixture::tasks_trace();
     let rows = task_rows(&t, None, Sort::Count);
-    let got: Vec<(String, u64, Vec<(u32, u64)>)> = rows
+    type Row = (String, u64, Vec<(u32, u64)>);
+    let got: Vec<Row> = rows
         .iter()
         .map(|r| (r.label(), r.count, r.functions.clone()))
         .collect();
@@ -380,4 +382,18 @@ fn folded_stacks_start_with_the_tasks_comm() {
     assert!(lines
         .iter()
         .all(|l| l.starts_with("swapper;") || l.starts_with("gdbus;")));
+}
+
+/// The saved trace (a version-8 data file, written in one go), which the
+/// CLI tests read (tests/report_tasks_cli.rs).
+#[test]
+fn the_saved_trace_is_byte_identical_and_reads_back() {
+    let t = fixture::tasks_trace();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tasks-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("tasks.vmtrace");
+    save(&t, &p).unwrap();
+    check("tasks.vmtrace", &fs::read(&p).unwrap());
+    assert_eq!(load(&p).unwrap(), t);
+    let _ = fs::remove_dir_all(&dir);
 }

@@ -375,4 +375,53 @@ mod tests {
         let (trap, _) = Tracer::new(plan(), 1, 1000);
         assert_eq!(trap.function_at(CODE_VA + 0x1a), None);
     }
+
+    /// The tasks interned in the session's table, and where they came
+    /// from, reach the trace, in memory and in the data file's footer.
+    #[test]
+    fn the_trace_has_the_sessions_tasks() {
+        use crate::plan::{Mode, Plan};
+        use crate::session::store::Storage;
+        use crate::session::Recording;
+        use crate::trace::datafile::DataFile;
+        use crate::trace::model::Task;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let sh = Task {
+            pid: 7,
+            tgid: 7,
+            comm: "sh".into(),
+        };
+        let (mut t, handlers) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(t.task_table().intern(&sh), 1);
+        t.set_tasks_source("BTF in vmlinux");
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert_eq!(trace.tasks, std::slice::from_ref(&sh));
+        assert_eq!(trace.meta.tasks, "BTF in vmlinux");
+
+        let dir = std::env::temp_dir().join(format!("vmtrace-finish-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tasks.data");
+        let rec = Recording {
+            max_events: 1000,
+            storage: Storage::Stream {
+                file: DataFile::create(&path).unwrap(),
+                buffer: 1 << 20,
+            },
+            kernel: kernel.clone(),
+            vmm: String::new(),
+        };
+        let (mut t, handlers) = Tracer::create(plan(), 1, Mode::Trap, None, rec).unwrap();
+        t.task_table().intern(&sh);
+        t.set_tasks_source("BTF in vmlinux");
+        drop(handlers);
+        let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
+        saved.unwrap().unwrap();
+        assert_eq!(trace.tasks, std::slice::from_ref(&sh));
+        let back = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(back.tasks, [sh]);
+        assert_eq!(back.meta.tasks, "BTF in vmlinux");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

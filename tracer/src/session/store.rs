@@ -352,4 +352,102 @@ mod tests {
         assert_eq!(ev[1].parent, 0x5555);
         assert_eq!(seen, [true]);
     }
+
+    use crate::trace::model::{Task, TraceMeta};
+
+    fn task(pid: u32, comm: &str) -> Task {
+        Task {
+            pid,
+            tgid: pid,
+            comm: comm.into(),
+        }
+    }
+
+    /// A one-vCPU, one-function trace before the run, and an event of it.
+    fn head() -> Trace {
+        Trace {
+            meta: TraceMeta {
+                cpus: 1,
+                ..TraceMeta::default()
+            },
+            functions: vec![Symbol {
+                name: "f".into(),
+                addr: 0x1000,
+                size: 0x10,
+            }],
+            counts: vec![vec![0]],
+            ..Trace::default()
+        }
+    }
+
+    fn event(ts_ns: u64, task: u32) -> Event {
+        Event {
+            ts_ns,
+            task,
+            ..Event::default()
+        }
+    }
+
+    /// Streams two batches whose tasks were interned in the store's table
+    /// (the second's after the first was sent), then stops without the
+    /// footer, as a killed recording does: the file names every event's
+    /// task. `storage`: a data file at `path`, streamed or kept newest
+    /// first.
+    fn record_with_tasks(storage: impl FnOnce(DataFile) -> Storage, path: &std::path::Path) {
+        let file = DataFile::create(path).unwrap();
+        let counters = Arc::new(Counters::new(1, 1, 100));
+        let fixup = Fixup {
+            index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+            functions: Arc::new(Vec::new()),
+        };
+        let (tx, store) = spawn(storage(file), counters, fixup);
+        store.head.as_ref().unwrap().send(head()).unwrap();
+        let tasks = store.tasks();
+        let sh = tasks.intern(&task(7, "sh"));
+        tx.send(vec![event(10, sh), event(11, 0)]).unwrap();
+        let ls = tasks.intern(&task(7, "ls"));
+        let idle = tasks.intern(&task(0, "swapper/0"));
+        tx.send(vec![event(12, ls), event(13, idle)]).unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        assert_eq!(f.file.tasks_saved(), 3);
+    }
+
+    #[test]
+    fn a_streamed_file_cut_short_names_its_events_tasks() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stream.data");
+        record_with_tasks(
+            |file| Storage::Stream {
+                file,
+                buffer: 1 << 20,
+            },
+            &path,
+        );
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert!(t.meta.incomplete);
+        assert_eq!(
+            t.tasks,
+            [task(7, "sh"), task(7, "ls"), task(0, "swapper/0")]
+        );
+        let names: Vec<Option<&str>> = t
+            .events
+            .iter()
+            .map(|e| t.task_of(e).map(|t| t.comm.as_str()))
+            .collect();
+        assert_eq!(names, [Some("sh"), None, Some("ls"), Some("swapper/0")]);
+
+        // The flight recorder writes the newest event at the end, after
+        // the tasks.
+        let path = dir.join("overwrite.data");
+        record_with_tasks(|file| Storage::Overwrite { file, per_cpu: 1 }, &path);
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(t.events.len(), 1);
+        assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -3,10 +3,13 @@
 //!
 //! - **json**: the report as one JSON document, schema `vmtrace-report/1`
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
-//!   stored events; function-graph traces add durations.
-//! - **csv**: one row per stored event (see [`write_csv`]).
+//!   stored events; function-graph traces add durations, traces with guest
+//!   tasks each task's stored calls (`tasks`).
+//! - **csv**: one row per stored event (see [`write_csv`]), with its guest
+//!   task when the trace has them.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
-//!   and `chrome://tracing`: one track per vCPU, one instant event per stored
+//!   and `chrome://tracing`: one track per vCPU (with guest tasks, the
+//!   guest's processes and threads: `tracks`), one instant event per stored
 //!   function entry, or in function-graph traces one complete event per
 //!   call (see [`write_chrome`]).
 //! - **folded**: folded stacks of a function-graph trace, for
@@ -325,8 +328,9 @@ fn json_str(s: &str) -> String {
 /// ```
 ///
 /// One thread (track) per vCPU, `tid` = vCPU number + 1 (Perfetto takes
-/// tid 0 for the idle task), named `vCPU N`; `ts` is in microseconds since
-/// the attach, with nanosecond precision. The caller is `[unknown] 0x…`
+/// tid 0 for the idle task), named `vCPU N`; a trace with guest tasks has
+/// a process per tgid and a thread per pid instead (see `tracks`). `ts` is
+/// in microseconds since the attach, with nanosecond precision. The caller is `[unknown] 0x…`
 /// when the return address is in no known function.
 ///
 /// Entry-only traces: one thread-scoped instant event (`"ph":"i"`) per
@@ -391,8 +395,9 @@ fn since_attach(ts: u64, attach_ns: u64) -> String {
     format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
 }
 
-/// A function-graph trace's calls as Chrome events: complete events for
-/// those that returned, instant ones for the others. Returns the stored
+/// A function-graph trace's calls as Chrome events, each on the track of
+/// its entry's task (or vCPU): complete events for those that returned,
+/// instant ones for the others. Returns the stored
 /// entries and the graph's summary for `otherData`.
 fn chrome_frames(
     w: &mut impl Write,
