@@ -176,6 +176,11 @@ pub struct ViewArgs {
     /// Sort the report (default: count).
     #[arg(long, value_enum)]
     pub sort: Option<SortKey>,
+    /// Rows of the text report: one per traced function (default) or one
+    /// per guest task, comm-pid, with the functions it called (perf's
+    /// --sort comm,pid; traces of a Linux guest with BTF).
+    #[arg(long, value_enum, value_name = "ROWS")]
+    pub by: Option<ByKey>,
     /// Show each function's callers.
     #[arg(short = 'g', long = "callers")]
     pub callers: bool,
@@ -479,6 +484,13 @@ pub enum ModeArg {
     Trap,
     Exitless,
     Auto,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByKey {
+    Function,
+    /// The guest task (comm-pid) that made each call.
+    Task,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -196,6 +196,9 @@ pub enum InputError {
     /// An option of the text report given with `--tree`.
     #[error("{flag} applies to the text report, which --tree replaces; drop one of them")]
     NotWithTree { flag: &'static str },
+    /// An option of the report by function given with `--by task`.
+    #[error("{flag} applies to the report by function; with --by task use --sort count or --sort name, without -g")]
+    NotByTask { flag: &'static str },
     #[error(
         "--console - would mix the guest console into the {format} output on stdout; \
          send it to a file (--console FILE) or leave it on stderr"

@@ -14,6 +14,7 @@ const KEPT: &[(&str, &str)] = &[
     // Report wording, kept: the report says which option hid rows, what
     // `--overwrite`/`--max-events` did, and labels the `--cpu` header line.
     ("tracer/src/trace/report/text.rs", "(--percent-limit)"),
+    ("tracer/src/trace/report/tasks.rs", "(--percent-limit)"),
     (
         "tracer/src/trace/report/header.rs",
         "--overwrite keeps the newest",

@@ -6,10 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use tracer::trace::output_path::{self, Target};
-use tracer::trace::report::{self, ReportOptions, Sort, TreeOptions};
+use tracer::trace::report::{self, By, ReportOptions, Sort, TreeOptions};
 use tracer::trace::window::Window;
 
-use crate::cli::{ExportArg, ExportFormat, Format, OutputArgs, SortKey, ViewArgs, WindowArgs};
+use crate::cli::{
+    ByKey, ExportArg, ExportFormat, Format, OutputArgs, SortKey, ViewArgs, WindowArgs,
+};
 use crate::datafile::DataPath;
 use crate::error::InputError;
 
@@ -52,9 +54,10 @@ pub struct Export {
 }
 
 /// The option flags as typed, for messages.
-const VIEW_FLAGS: [&str; 9] = [
+const VIEW_FLAGS: [&str; 10] = [
     "--format",
     "--sort",
+    "--by",
     "-g",
     "--percent-limit",
     "--tree",
@@ -69,6 +72,7 @@ fn view_given(v: &ViewArgs) -> Vec<&'static str> {
     let given = [
         v.format.is_some(),
         v.sort.is_some(),
+        v.by.is_some(),
         v.callers,
         v.percent_limit.is_some(),
         v.tree,
@@ -232,6 +236,7 @@ impl View {
         // call tree printed instead of the report, they would do nothing.
         let report_only = [
             ("--sort", args.sort.is_some()),
+            ("--by", args.by.is_some()),
             ("-g", args.callers),
             ("--percent-limit", args.percent_limit.is_some()),
         ];
@@ -244,6 +249,22 @@ impl View {
             }
             if args.tree {
                 return Err(InputError::NotWithTree { flag });
+            }
+        }
+        let by = match args.by.unwrap_or(ByKey::Function) {
+            ByKey::Function => By::Function,
+            ByKey::Task => By::Task,
+        };
+        if by == By::Task {
+            // Task rows have stored calls and a name: no durations, no callers.
+            let sort = args
+                .sort
+                .filter(|s| !matches!(s, SortKey::Count | SortKey::Name));
+            if let Some(s) = sort {
+                return Err(InputError::NotByTask { flag: sort_flag(s) });
+            }
+            if args.callers {
+                return Err(InputError::NotByTask { flag: "-g" });
             }
         }
         let cpus = window.as_ref().and_then(|w| w.cpus.clone());
@@ -259,6 +280,7 @@ impl View {
         Ok(View {
             format,
             report: ReportOptions {
+                by,
                 sort: match args.sort.unwrap_or(SortKey::Count) {
                     SortKey::Count => Sort::Count,
                     SortKey::Name => Sort::Name,
@@ -288,6 +310,19 @@ impl View {
         } else {
             None
         }
+    }
+}
+
+/// `--sort KEY` as typed, for messages.
+fn sort_flag(key: SortKey) -> &'static str {
+    match key {
+        SortKey::Count => "--sort count",
+        SortKey::Name => "--sort name",
+        SortKey::Cpu => "--sort cpu",
+        SortKey::Total => "--sort total",
+        SortKey::SelfTime => "--sort self",
+        SortKey::Avg => "--sort avg",
+        SortKey::Max => "--sort max",
     }
 }
 
@@ -432,6 +467,45 @@ mod tests {
         let v = View::check(&output_args(&["--sort", "name", "-g"]).view).unwrap();
         assert_eq!(v.report.sort, Sort::Name);
         assert!(v.report.callers);
+        assert_eq!(v.report.by, By::Function);
+    }
+
+    #[test]
+    fn by_task_takes_count_or_name_and_no_callers() {
+        let v = View::check(&output_args(&["--by", "task", "--sort", "name"]).view).unwrap();
+        assert_eq!((v.report.by, v.report.sort), (By::Task, Sort::Name));
+        let v = View::check(&output_args(&["--by", "task", "--percent-limit", "5"]).view).unwrap();
+        assert_eq!((v.report.by, v.report.sort), (By::Task, Sort::Count));
+        for (flag, args) in [
+            ("--sort total", &["--sort", "total"][..]),
+            ("--sort cpu", &["--sort", "cpu"][..]),
+            ("-g", &["-g"][..]),
+        ] {
+            let mut a = vec!["--by", "task"];
+            a.extend_from_slice(args);
+            let e = View::check(&output_args(&a).view).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "{flag} applies to the report by function; with --by task use --sort count \
+                     or --sort name, without -g"
+                )
+            );
+        }
+        let e = View::check(&output_args(&["--by", "task", "--format", "csv"]).view)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "--by applies to the text report, not to --format csv; drop one of them"
+        );
+        let e = View::check(&output_args(&["--by", "task", "--tree"]).view)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "--by applies to the text report, which --tree replaces; drop one of them"
+        );
     }
 
     #[test]

@@ -170,7 +170,12 @@ fn report_json_schema_is_a_2020_12_schema() {
 #[test]
 fn report_json_matches_schema_and_counts() {
     let s = schema();
-    for (name, t) in traces() {
+    // Traces with guest tasks too (their other outputs: tests/tasks.rs).
+    let with_tasks = [
+        ("tasks", fixture::tasks_trace()),
+        ("tasks_entry", fixture::tasks_entry_trace()),
+    ];
+    for (name, t) in traces().into_iter().chain(with_tasks) {
         let v = to_json(&t);
         validate(&s, &v, "$").unwrap_or_else(|e| panic!("{name}: {e}"));
         // The writer writes the same document.
@@ -206,6 +211,26 @@ fn report_json_matches_schema_and_counts() {
             m.attach_latency_ns as f64 / 1e3
         );
         assert_eq!(v["stop_reason"], m.stop_reason.as_str());
+        // Every stored call is in one task's count, or unknown.
+        if let Some(tasks) = v["tasks"].as_array() {
+            let known: u64 = tasks.iter().map(|t| t["count"].as_u64().unwrap()).sum();
+            assert_eq!(
+                known + v["tasks_unknown"].as_u64().unwrap(),
+                entries,
+                "{name}"
+            );
+            for t in tasks {
+                let f: u64 = t["functions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| f["count"].as_u64().unwrap())
+                    .sum();
+                assert_eq!(f, t["count"].as_u64().unwrap(), "{name}");
+            }
+        } else {
+            assert!(t.tasks.is_empty(), "{name}");
+        }
 
         let funcs = v["functions"].as_array().unwrap();
         assert_eq!(

@@ -311,3 +311,61 @@ pub fn graph_trace() -> Trace {
         args: Vec::new(),
     }
 }
+
+/// The guest tasks of `tasks_trace()`: the idle tasks of vCPUs 0 and 1
+/// (pid 0), a shell (pid 57) that execs `ls` (a new entry, same pid), a
+/// thread of its (pid 60, tgid 57), and a task whose comm needs escaping
+/// everywhere.
+pub fn tasks() -> Vec<tracer::trace::model::Task> {
+    let task = |pid, tgid, comm: &str| tracer::trace::model::Task {
+        pid,
+        tgid,
+        comm: comm.to_string(),
+    };
+    vec![
+        task(0, 0, "swapper/0"),
+        task(0, 0, "swapper/1"),
+        task(57, 57, "sh"),
+        task(57, 57, "ls"),
+        task(60, 57, "gdbus"),
+        task(4242, 4242, "odd,;na me\n"),
+    ]
+}
+
+/// Where `tasks_trace()` got its tasks (`TraceMeta::tasks`).
+pub const TASKS_SOURCE: &str = "BTF in guest/out/vmlinux";
+
+/// `graph_trace()` with guest tasks (ids into `tasks()`, 0: unknown):
+/// vCPU 0's interrupt runs in swapper/0 (one of its calls, at 16,500 ns,
+/// has no known task), vCPU 1's idle loop in swapper/1, then sh (the
+/// abandoned call) and, after its exec, ls; `schedule` in gdbus, a thread
+/// of sh's process, which returns on vCPU 0; the unhooked call and the
+/// unmatched return in the escaped task.
+pub fn tasks_trace() -> Trace {
+    let mut t = graph_trace();
+    // Per event of graph_trace(), in order.
+    let ids = [
+        1, 1, 1, 1, 2, 2, 2, 3, 4, 4, 5, 5, 5, 1, 1, 0, 0, 1, 5, 1, 6, 6,
+    ];
+    assert_eq!(ids.len(), t.events.len());
+    for (e, id) in t.events.iter_mut().zip(ids) {
+        e.task = id;
+    }
+    t.tasks = tasks();
+    t.meta.tasks = TASKS_SOURCE.to_string();
+    t
+}
+
+/// `tasks_trace()` as an entry-only trace: no returns, no slots.
+pub fn tasks_entry_trace() -> Trace {
+    let mut t = tasks_trace();
+    t.events.retain(|e| !e.is_return());
+    for e in &mut t.events {
+        e.slot = 0;
+    }
+    t.returns.clear();
+    t.meta.graph = false;
+    t.meta.unhooked = 0;
+    t.meta.tsc_khz = 0;
+    t
+}

@@ -6,6 +6,9 @@
 //! trace-cmd must be installed (`apt-get install trace-cmd`; CI's `.ci/run`
 //! installs it): without it these tests fail, they do not skip.
 
+#[path = "report_fixture.rs"]
+mod fixture;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -683,4 +686,87 @@ fn graph_many_pages() {
             assert_eq!(g, w, "CPU {cpu} item {i}");
         }
     }
+}
+
+/// (comm, pid) of each line `trace-cmd report ARGS` prints for `trace`, per
+/// CPU, in order.
+fn tasks_printed(trace: &Trace, tag: &str, args: &[&str]) -> BTreeMap<u32, Vec<(String, u32)>> {
+    let r = report(trace, tag, args);
+    let mut per_cpu: BTreeMap<u32, Vec<(String, u32)>> = BTreeMap::new();
+    for l in &r.lines {
+        per_cpu
+            .entry(l.cpu)
+            .or_default()
+            .push((l.comm.clone(), l.pid));
+    }
+    per_cpu
+}
+
+fn owned(list: &[(&str, u32)]) -> Vec<(String, u32)> {
+    list.iter().map(|&(c, p)| (c.to_string(), p)).collect()
+}
+
+/// Each event's guest task reaches `trace-cmd report` as the guest's own
+/// ftrace would show it: `comm-pid` from common_pid and the cmdlines, the
+/// idle tasks of both vCPUs `<idle>-0`, a renamed task (sh, then ls, pid
+/// 57) by its latest name, a thread by its own pid; events of no known
+/// task by a pseudo pid per vCPU past every Linux pid.
+#[test]
+fn tasks_are_comm_pid_in_trace_cmd_report() {
+    let t = fixture::tasks_entry_trace();
+    let got = tasks_printed(&t, "tasks", &["-O", "parent=1"]);
+    let unknown = tracer::trace::export::tracedat::UNKNOWN_PID_BASE;
+    assert_eq!(
+        got[&0],
+        owned(&[
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("vcpu0", unknown),
+            ("odd,;na me\\x0a", 4242),
+        ])
+    );
+    assert_eq!(
+        got[&1],
+        owned(&[
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("ls", 57),
+            ("ls", 57),
+            ("gdbus", 60),
+            ("gdbus", 60),
+        ])
+    );
+    // Function graph: entries and exits alike, an exit on the vCPU it ran
+    // (schedule's, gdbus-60, on vCPU 0).
+    let t = fixture::tasks_trace();
+    let got = tasks_printed(&t, "tasks-graph", GRAPH_ARGS);
+    assert_eq!(
+        got[&0],
+        owned(&[
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("vcpu0", unknown),
+            ("<idle>", 0),
+            ("gdbus", 60),
+            ("<idle>", 0),
+            ("odd,;na me\\x0a", 4242),
+        ])
+    );
+    assert_eq!(
+        got[&1],
+        owned(&[
+            ("<idle>", 0),
+            ("<idle>", 0),
+            ("ls", 57),
+            ("ls", 57),
+            ("gdbus", 60),
+            ("gdbus", 60),
+        ])
+    );
 }

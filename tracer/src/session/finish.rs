@@ -11,10 +11,17 @@ use crate::kernel::symbols::Symbol;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
 use crate::session::store::Stored;
+use crate::session::tasks::TaskTable;
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::{Trace, TraceMeta};
 
 impl Tracer {
+    /// The guest tasks this session's events name (the store's table):
+    /// whoever records an event interns its task here first.
+    pub fn task_table(&self) -> std::sync::Arc<TaskTable> {
+        std::sync::Arc::clone(&self.task_table)
+    }
+
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
     /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
@@ -287,7 +294,9 @@ impl Tracer {
             returns: self.returns(),
             callers: Vec::new(),
             events: Vec::new(),
-            tasks: self.tasks.as_ref().map_or_else(Vec::new, |t| t.table.all()),
+            // Every task seen so far: a data file's HEAD and FOOT save those
+            // its events did not name yet.
+            tasks: self.task_table.all(),
             args: Vec::new(),
         }
     }
@@ -371,5 +380,53 @@ mod tests {
         // Trap mode maps no code there.
         let (trap, _) = Tracer::new(plan(), 1, 1000);
         assert_eq!(trap.function_at(CODE_VA + 0x1a), None);
+    }
+
+    /// The tasks interned in the session's table, and where they came
+    /// from, reach the trace, in memory and in the data file's footer.
+    #[test]
+    fn the_trace_has_the_sessions_tasks() {
+        use crate::plan::{Mode, Plan};
+        use crate::session::store::Storage;
+        use crate::session::Recording;
+        use crate::trace::datafile::DataFile;
+        use crate::trace::model::Task;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let sh = Task {
+            pid: 7,
+            tgid: 7,
+            comm: "sh".into(),
+        };
+        let (t, handlers) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(t.task_table().intern(&sh), 1);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert_eq!(trace.tasks, std::slice::from_ref(&sh));
+        let from = format!("from the BTF of {}", kernel.display());
+        assert_eq!(trace.meta.tasks, from);
+
+        let dir = std::env::temp_dir().join(format!("vmtrace-finish-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tasks.data");
+        let rec = Recording {
+            max_events: 1000,
+            storage: Storage::Stream {
+                file: DataFile::create(&path).unwrap(),
+                buffer: 1 << 20,
+            },
+            kernel: kernel.clone(),
+            vmm: String::new(),
+        };
+        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, None, rec).unwrap();
+        t.task_table().intern(&sh);
+        drop(handlers);
+        let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
+        saved.unwrap().unwrap();
+        assert_eq!(trace.tasks, std::slice::from_ref(&sh));
+        let back = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(back.tasks, [sh]);
+        assert_eq!(back.meta.tasks, from);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -44,11 +44,11 @@ pub use finish::{Progress, Saved};
 
 /// How a session's events get their task, when the plan knows the
 /// kernel's task layout.
-fn task_source(plan: &Plan) -> Option<Arc<TaskSource>> {
+fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<TaskSource>> {
     let layout = plan.tasks.layout?;
     Some(Arc::new(TaskSource::new(
         layout,
-        Arc::new(TaskTable::new()),
+        Arc::clone(table),
         plan.tasks.filter.clone(),
     )))
 }
@@ -139,6 +139,9 @@ pub struct Tracer {
     vmm: String,
     /// How events get their task (None: the kernel's layout is unknown).
     tasks: Option<Arc<TaskSource>>,
+    /// The guest tasks events name, shared with the store
+    /// (`store::Store::tasks`).
+    task_table: Arc<tasks::TaskTable>,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -220,8 +223,9 @@ impl Tracer {
             sink,
             &plan.tasks,
         )?;
-        let tasks = task_source(&plan);
-        let mut t = Tracer::assemble(plan, counters, store.thread, false);
+        let table = store.tasks();
+        let tasks = task_source(&plan, &table);
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, table);
         t.tasks = tasks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
@@ -249,13 +253,14 @@ impl Tracer {
                 r.hook_returns(Arc::clone(hook));
             }
         }
-        let tasks = task_source(&plan);
+        let table = store.tasks();
+        let tasks = task_source(&plan, &table);
         if let Some(src) = &tasks {
             for r in &mut recs {
                 r.record_tasks(Arc::clone(src));
             }
         }
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite);
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, table);
         t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
@@ -276,6 +281,7 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
+        tasks: Arc<tasks::TaskTable>,
     ) -> Tracer {
         Tracer {
             plan,
@@ -296,6 +302,7 @@ impl Tracer {
             offset: None,
             vmm: String::new(),
             tasks: None,
+            task_table: tasks,
         }
     }
 

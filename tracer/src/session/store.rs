@@ -10,6 +10,11 @@
 //! guest's rings are its buffer, and a full ring is counted by the
 //! trampoline. A write error ends the writing, not the run: what comes
 //! after is counted as lost and the error is returned at the end.
+//!
+//! The store owns the session's guest tasks (`TaskTable`): whoever records
+//! an event interns its task there first (`Store::tasks`), and before each
+//! batch goes to the data file the tasks added since the last one go too,
+//! so that a file cut short names the task of every event it holds.
 
 use std::collections::VecDeque;
 use std::io;
@@ -21,6 +26,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::kernel::symbols::{function_index_at, Symbol};
 use crate::plan::site_index::SiteIndex;
 use crate::session::counters::{Counters, BATCH};
+use crate::session::tasks::TaskTable;
 use crate::trace::datafile::stream::DataFile;
 use crate::trace::datafile::EVENT_SIZE;
 use crate::trace::model::{Event, Trace};
@@ -114,6 +120,16 @@ pub struct Store {
     /// allocated it, and each arena would keep the most its thread ever
     /// had queued (measured: up to 2.5 times the buffer with 4 vCPUs).
     pub free: Receiver<Vec<Event>>,
+    /// The guest tasks events name (`Event::task`), created with the store.
+    tasks: Arc<TaskTable>,
+}
+
+impl Store {
+    /// The table a recorder interns an event's task in (before it hands
+    /// the event over), shared with the store thread that saves it.
+    pub fn tasks(&self) -> Arc<TaskTable> {
+        Arc::clone(&self.tasks)
+    }
 }
 
 /// Start the store thread; returns where batches go and the thread.
@@ -135,19 +151,29 @@ pub fn spawn(
         Storage::Stream { buffer, .. } => crossbeam_channel::bounded(queue_batches(*buffer)),
         Storage::Overwrite { .. } => crossbeam_channel::bounded(OVERWRITE_QUEUE),
     };
+    let tasks = Arc::new(TaskTable::new());
+    let table = Arc::clone(&tasks);
     let handle = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || match storage {
             Storage::Memory => Stored::Memory(collect(rx, &fixup)),
             Storage::Stream { mut file, .. } => {
                 let error = write_head(&head_rx, &mut file);
-                Stored::File(stream(rx, &free_tx, file, error, &counters, &fixup))
+                let out = Out {
+                    file,
+                    error,
+                    tasks: &table,
+                };
+                Stored::File(stream(rx, &free_tx, out, &counters, &fixup))
             }
             Storage::Overwrite { mut file, per_cpu } => {
                 let error = write_head(&head_rx, &mut file);
-                Stored::File(overwrite(
-                    rx, &free_tx, file, error, per_cpu, &counters, &fixup,
-                ))
+                let out = Out {
+                    file,
+                    error,
+                    tasks: &table,
+                };
+                Stored::File(overwrite(rx, &free_tx, out, per_cpu, &counters, &fixup))
             }
         })
         .expect("spawn the store thread");
@@ -157,8 +183,45 @@ pub fn spawn(
             thread: handle,
             head,
             free,
+            tasks,
         },
     )
+}
+
+/// The data file being written, its first write error, and the tasks it
+/// saves before the events that name them.
+struct Out<'a> {
+    file: DataFile,
+    error: Option<io::Error>,
+    tasks: &'a TaskTable,
+}
+
+impl Out<'_> {
+    /// Writes `events` (counted as lost after a write error), after the
+    /// tasks added since the last write: their events may name them.
+    fn write(&mut self, events: &[Event], counters: &Counters) {
+        if self.error.is_some() {
+            counters.lose(events);
+            return;
+        }
+        let new = self.tasks.since(self.file.tasks_saved());
+        let r = self
+            .file
+            .write_tasks(&new)
+            .and_then(|()| self.file.write_events(events));
+        if let Err(e) = r {
+            counters.lose(events);
+            self.error = Some(e);
+        }
+    }
+
+    fn stored(self, seen: Vec<bool>) -> FileStored {
+        FileStored {
+            file: self.file,
+            seen,
+            error: self.error,
+        }
+    }
 }
 
 /// The `HEAD` block, once the session sends it (it sends it before the
@@ -194,25 +257,19 @@ fn collect(rx: Receiver<Vec<Event>>, fixup: &Fixup) -> Vec<Event> {
 fn stream(
     rx: Receiver<Vec<Event>>,
     free: &Sender<Vec<Event>>,
-    mut file: DataFile,
-    mut error: Option<io::Error>,
+    mut out: Out,
     counters: &Counters,
     fixup: &Fixup,
 ) -> FileStored {
     let mut seen = vec![false; fixup.functions.len()];
     for mut batch in rx {
-        if error.is_some() {
-            counters.lose(&batch);
-        } else {
+        if out.error.is_none() {
             fixup.apply(&mut batch, &mut seen);
-            if let Err(e) = file.write_events(&batch) {
-                counters.lose(&batch);
-                error = Some(e);
-            }
         }
+        out.write(&batch, counters);
         recycle(free, batch);
     }
-    FileStored { file, seen, error }
+    out.stored(seen)
 }
 
 /// The flight recorder: the newest `per_cpu` events of each vCPU; older
@@ -220,8 +277,7 @@ fn stream(
 fn overwrite(
     rx: Receiver<Vec<Event>>,
     free: &Sender<Vec<Event>>,
-    mut file: DataFile,
-    mut error: Option<io::Error>,
+    mut out: Out,
     per_cpu: u64,
     counters: &Counters,
     fixup: &Fixup,
@@ -249,18 +305,13 @@ fn overwrite(
         let (a, b) = ring.as_slices();
         for part in [a, b] {
             let mut part = part.to_vec();
-            if error.is_some() {
-                counters.lose(&part);
-                continue;
+            if out.error.is_none() {
+                fixup.apply(&mut part, &mut seen);
             }
-            fixup.apply(&mut part, &mut seen);
-            if let Err(e) = file.write_events(&part) {
-                counters.lose(&part);
-                error = Some(e);
-            }
+            out.write(&part, counters);
         }
     }
-    FileStored { file, seen, error }
+    out.stored(seen)
 }
 
 #[cfg(test)]
@@ -300,5 +351,103 @@ mod tests {
         assert_eq!(ev[0].parent, 0x2010);
         assert_eq!(ev[1].parent, 0x5555);
         assert_eq!(seen, [true]);
+    }
+
+    use crate::trace::model::{Task, TraceMeta};
+
+    fn task(pid: u32, comm: &str) -> Task {
+        Task {
+            pid,
+            tgid: pid,
+            comm: comm.into(),
+        }
+    }
+
+    /// A one-vCPU, one-function trace before the run, and an event of it.
+    fn head() -> Trace {
+        Trace {
+            meta: TraceMeta {
+                cpus: 1,
+                ..TraceMeta::default()
+            },
+            functions: vec![Symbol {
+                name: "f".into(),
+                addr: 0x1000,
+                size: 0x10,
+            }],
+            counts: vec![vec![0]],
+            ..Trace::default()
+        }
+    }
+
+    fn event(ts_ns: u64, task: u32) -> Event {
+        Event {
+            ts_ns,
+            task,
+            ..Event::default()
+        }
+    }
+
+    /// Streams two batches whose tasks were interned in the store's table
+    /// (the second's after the first was sent), then stops without the
+    /// footer, as a killed recording does: the file names every event's
+    /// task. `storage`: a data file at `path`, streamed or kept newest
+    /// first.
+    fn record_with_tasks(storage: impl FnOnce(DataFile) -> Storage, path: &std::path::Path) {
+        let file = DataFile::create(path).unwrap();
+        let counters = Arc::new(Counters::new(1, 1, 100));
+        let fixup = Fixup {
+            index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+            functions: Arc::new(Vec::new()),
+        };
+        let (tx, store) = spawn(storage(file), counters, fixup);
+        store.head.as_ref().unwrap().send(head()).unwrap();
+        let tasks = store.tasks();
+        let sh = tasks.intern(&task(7, "sh"));
+        tx.send(vec![event(10, sh), event(11, 0)]).unwrap();
+        let ls = tasks.intern(&task(7, "ls"));
+        let idle = tasks.intern(&task(0, "swapper/0"));
+        tx.send(vec![event(12, ls), event(13, idle)]).unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        assert_eq!(f.file.tasks_saved(), 3);
+    }
+
+    #[test]
+    fn a_streamed_file_cut_short_names_its_events_tasks() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stream.data");
+        record_with_tasks(
+            |file| Storage::Stream {
+                file,
+                buffer: 1 << 20,
+            },
+            &path,
+        );
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert!(t.meta.incomplete);
+        assert_eq!(
+            t.tasks,
+            [task(7, "sh"), task(7, "ls"), task(0, "swapper/0")]
+        );
+        let names: Vec<Option<&str>> = t
+            .events
+            .iter()
+            .map(|e| t.task_of(e).map(|t| t.comm.as_str()))
+            .collect();
+        assert_eq!(names, [Some("sh"), None, Some("ls"), Some("swapper/0")]);
+
+        // The flight recorder writes the newest event at the end, after
+        // the tasks.
+        let path = dir.join("overwrite.data");
+        record_with_tasks(|file| Storage::Overwrite { file, per_cpu: 1 }, &path);
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(t.events.len(), 1);
+        assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

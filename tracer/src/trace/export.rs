@@ -3,10 +3,13 @@
 //!
 //! - **json**: the report as one JSON document, schema `vmtrace-report/1`
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
-//!   stored events; function-graph traces add durations.
-//! - **csv**: one row per stored event (see [`write_csv`]).
+//!   stored events; function-graph traces add durations, traces with guest
+//!   tasks each task's stored calls (`tasks`).
+//! - **csv**: one row per stored event (see [`write_csv`]), with its guest
+//!   task when the trace has them.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
-//!   and `chrome://tracing`: one track per vCPU, one instant event per stored
+//!   and `chrome://tracing`: one track per vCPU (with guest tasks, the
+//!   guest's processes and threads: `tracks`), one instant event per stored
 //!   function entry, or in function-graph traces one complete event per
 //!   call (see [`write_chrome`]).
 //! - **folded**: folded stacks of a function-graph trace, for
@@ -33,8 +36,8 @@ use serde_json::{json, Map, Value};
 
 use crate::kernel::symbols::Symbol;
 use crate::trace::graph::{End, Graph};
-use crate::trace::model::{Trace, TraceMeta};
-use crate::trace::report::{escape, Caller, Report, ReportOptions, Row};
+use crate::trace::model::Trace;
+use crate::trace::report::{escape, task_rows, Caller, Report, ReportOptions, Row, Sort};
 
 /// The `schema` field of the JSON report.
 pub const SCHEMA_ID: &str = "vmtrace-report/1";
@@ -163,6 +166,7 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if let Some((virt, phys)) = m.kernel_offset {
         doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
     }
+    tasks_json(doc, trace);
     if let Some(g) = &report.graph_summary {
         doc["graph"] = json!({
             "returns": g.returns,
@@ -180,6 +184,42 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
             "tsc_khz": m.tsc_khz,
         });
     }
+}
+
+/// The guest tasks, when the trace knows them: `tasks` (each task's stored
+/// calls and the functions it called), `tasks_unknown` (stored calls whose
+/// task is not known) and `tasks_source` (where they came from, or why
+/// there are none).
+fn tasks_json(doc: &mut Value, trace: &Trace) {
+    if !trace.meta.tasks.is_empty() {
+        doc["tasks_source"] = json!(trace.meta.tasks);
+    }
+    if trace.tasks.is_empty() {
+        return;
+    }
+    let rows = task_rows(trace, None, Sort::Count);
+    let mut unknown = 0;
+    let mut tasks = Vec::new();
+    for r in &rows {
+        let Some(t) = r.task else {
+            unknown = r.count;
+            continue;
+        };
+        let functions: Vec<Value> = r
+            .functions
+            .iter()
+            .map(|&(f, n)| json!({ "name": trace.functions[f as usize].name, "count": n }))
+            .collect();
+        tasks.push(json!({
+            "pid": t.pid,
+            "tgid": t.tgid,
+            "comm": t.comm,
+            "count": r.count,
+            "functions": functions,
+        }));
+    }
+    doc["tasks"] = Value::Array(tasks);
+    doc["tasks_unknown"] = json!(unknown);
 }
 
 /// Writes [`to_json`], pretty-printed, with a final newline.
@@ -219,17 +259,28 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// with its entry on the same guest stack; `0x0`: the return was not
 /// hooked). Entry-only traces keep the six columns.
 ///
+/// A trace that knows its guest tasks (`Trace::tasks`) adds three more,
+/// last: `pid`, `tgid` and `comm` of the task that ran the event, empty
+/// when it is not known.
+///
 /// Lines end with `\n`; names have their control characters escaped
 /// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     let graph = trace.meta.graph;
+    let tasks = !trace.tasks.is_empty();
     w.write_all(if graph {
-        b"ts_ns,cpu,function,addr,parent,caller,kind,slot\n".as_slice()
+        b"ts_ns,cpu,function,addr,parent,caller,kind,slot".as_slice()
     } else {
-        b"ts_ns,cpu,function,addr,parent,caller\n".as_slice()
+        b"ts_ns,cpu,function,addr,parent,caller".as_slice()
+    })?;
+    w.write_all(if tasks {
+        b",pid,tgid,comm\n".as_slice()
+    } else {
+        b"\n".as_slice()
     })?;
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
+    let comms: Vec<Cow<str>> = trace.tasks.iter().map(|t| csv_field(&t.comm)).collect();
     // Not through `Report`: it would build the function graph, and this streams.
     for e in &trace.events {
         let Some(func) = trace.functions.get(e.func as usize) else {
@@ -247,6 +298,12 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
         if graph {
             let kind = if e.is_return() { "return" } else { "entry" };
             write!(w, ",{kind},{:#x}", e.stack_slot())?;
+        }
+        if tasks {
+            match trace.task_of(e) {
+                Some(t) => write!(w, ",{},{},{}", t.pid, t.tgid, comms[e.task as usize - 1])?,
+                None => w.write_all(b",,,")?,
+            }
         }
         w.write_all(b"\n")?;
     }
@@ -271,8 +328,9 @@ fn json_str(s: &str) -> String {
 /// ```
 ///
 /// One thread (track) per vCPU, `tid` = vCPU number + 1 (Perfetto takes
-/// tid 0 for the idle task), named `vCPU N`; `ts` is in microseconds since
-/// the attach, with nanosecond precision. The caller is `[unknown] 0x…`
+/// tid 0 for the idle task), named `vCPU N`; a trace with guest tasks has
+/// a process per tgid and a thread per pid instead (see `tracks`). `ts` is
+/// in microseconds since the attach, with nanosecond precision. The caller is `[unknown] 0x…`
 /// when the return address is in no known function.
 ///
 /// Entry-only traces: one thread-scoped instant event (`"ph":"i"`) per
@@ -297,24 +355,25 @@ fn json_str(s: &str) -> String {
 pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     let m = &trace.meta;
-    chrome_metadata(&mut w, m)?;
+    let tracks = Tracks::new(trace);
+    tracks.metadata(&mut w)?;
     let names: Vec<String> = trace.functions.iter().map(|f| json_str(&f.name)).collect();
     let mut callers = CallerNames::default();
     let mut entries_stored = 0u64;
     let mut graph_data = String::new();
     if m.graph {
-        (entries_stored, graph_data) = chrome_frames(&mut w, trace, &names, &mut callers)?;
+        (entries_stored, graph_data) = chrome_frames(&mut w, trace, &tracks, &names, &mut callers)?;
     } else {
         for e in trace.events.iter().filter(|e| !e.is_return()) {
             let Some(name) = names.get(e.func as usize) else {
                 continue;
             };
             entries_stored += 1;
+            let (pid, tid) = tracks.of(e.task, e.cpu);
             write!(
                 w,
-                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":1,\"tid\":{},\"args\":{{\"caller\":",
+                ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"caller\":",
                 since_attach(e.ts_ns, m.attach_ns),
-                u64::from(e.cpu) + 1
             )?;
             callers.write(&mut w, trace, e.parent)?;
             w.write_all(b"}}")?;
@@ -328,34 +387,6 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
     w.flush()
 }
 
-/// The Chrome trace's metadata events: the process (and its dropped
-/// events), one thread per vCPU.
-fn chrome_metadata(w: &mut impl Write, m: &TraceMeta) -> io::Result<()> {
-    w.write_all(b"{\"traceEvents\":[\n")?;
-    write!(
-        w,
-        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"name\":{}}}}}",
-        json_str(&format!("vmtrace: {}", m.kernel))
-    )?;
-    if m.events_dropped > 0 {
-        // Shown beside the process name in Perfetto and chrome://tracing.
-        write!(
-            w,
-            ",\n{{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"labels\":\"{} of {} events dropped (not stored)\"}}}}",
-            m.events_dropped, m.events_total
-        )?;
-    }
-    for cpu in 0..m.cpus {
-        let tid = u64::from(cpu) + 1;
-        write!(
-            w,
-            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"name\":\"vCPU {cpu}\"}}}}\
-             ,\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"sort_index\":{cpu}}}}}"
-        )?;
-    }
-    Ok(())
-}
-
 /// µs from the attach to `ts` (ns), with ns precision.
 fn since_attach(ts: u64, attach_ns: u64) -> String {
     let rel = ts as i128 - attach_ns as i128;
@@ -364,12 +395,14 @@ fn since_attach(ts: u64, attach_ns: u64) -> String {
     format!("{sign}{}.{:03}", rel / 1000, rel % 1000)
 }
 
-/// A function-graph trace's calls as Chrome events: complete events for
-/// those that returned, instant ones for the others. Returns the stored
+/// A function-graph trace's calls as Chrome events, each on the track of
+/// its entry's task (or vCPU): complete events for those that returned,
+/// instant ones for the others. Returns the stored
 /// entries and the graph's summary for `otherData`.
 fn chrome_frames(
     w: &mut impl Write,
     trace: &Trace,
+    tracks: &Tracks,
     names: &[String],
     callers: &mut CallerNames,
 ) -> io::Result<(u64, String)> {
@@ -378,13 +411,13 @@ fn chrome_frames(
     for f in &g.frames {
         let name = names.get(f.func as usize).map_or("\"?\"", String::as_str);
         let ts = since_attach(f.entry_ns, trace.meta.attach_ns);
-        let tid = u64::from(f.cpu) + 1;
+        let (pid, tid) = tracks.of(f.task, f.cpu);
         match f.end {
             End::Returned { ts_ns, cpu } => {
                 let dur = ts_ns.saturating_sub(f.entry_ns);
                 write!(
                     w,
-                    ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":",
+                    ",\n{{\"name\":{name},\"ph\":\"X\",\"ts\":{ts},\"dur\":{}.{:03},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"caller\":",
                     dur / 1000,
                     dur % 1000
                 )?;
@@ -396,7 +429,7 @@ fn chrome_frames(
             end => {
                 write!(
                     w,
-                    ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":1,\"tid\":{tid},\"args\":{{\"caller\":"
+                    ",\n{{\"name\":{name},\"ph\":\"i\",\"s\":\"t\",\"ts\":{ts},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"caller\":"
                 )?;
                 callers.write(w, trace, f.caller)?;
                 let end = match end {
@@ -460,33 +493,76 @@ impl CallerNames {
 /// becomes `_`; control characters (a newline would split the line) are
 /// escaped (`\x0a`, see `report::escape`). Kernel symbols have neither. An
 /// entry-only trace has no returned calls: the output is empty.
+///
+/// A trace that knows its guest tasks starts each path whose task is known
+/// with the task's comm (`swapper` for the idle tasks), as perf's
+/// stackcollapse-perf.pl does with a process's name: `sh;do_sys_open;getname
+/// 1200`.
 pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::new(w);
     let g = Graph::build(trace);
-    // Each frame's path, as an index into `paths`: (parent path, function).
-    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut paths: Vec<(u32, u32)> = Vec::new();
-    let mut self_ns: Vec<u64> = Vec::new();
-    let mut frame_path: Vec<u32> = Vec::with_capacity(g.frames.len());
-    const ROOT: u32 = u32::MAX;
-    for f in &g.frames {
-        // Parents come before their callees (frames are in entry order).
-        let parent = f.parent.map_or(ROOT, |p| frame_path[p as usize]);
-        let id = *ids.entry((parent, f.func)).or_insert_with(|| {
-            paths.push((parent, f.func));
-            self_ns.push(0);
-            (paths.len() - 1) as u32
-        });
-        frame_path.push(id);
-        if let Some(s) = f.self_ns() {
-            self_ns[id as usize] = self_ns[id as usize].saturating_add(s);
-        }
-    }
     let names: Vec<String> = trace
         .functions
         .iter()
         .map(|f| escape(&f.name).replace(';', "_"))
         .collect();
+    const ROOT: u32 = u32::MAX;
+    // Each task's comm is a frame of its own, numbered down from ROOT - 1
+    // (function indices count up from 0).
+    let mut comm_names: Vec<String> = Vec::new();
+    let mut comm_ids: HashMap<String, u32> = HashMap::new();
+    let task_frame: Vec<u32> = trace
+        .tasks
+        .iter()
+        .map(|t| {
+            let comm = if t.pid == 0 {
+                "swapper"
+            } else {
+                t.comm.as_str()
+            };
+            let comm = escape(comm).replace(';', "_");
+            let next = ROOT - 1 - comm_names.len() as u32;
+            *comm_ids.entry(comm).or_insert_with_key(|c| {
+                comm_names.push(c.clone());
+                next
+            })
+        })
+        .collect();
+    let name_of = |func: u32| match (ROOT - 1).checked_sub(func) {
+        Some(k) if (k as usize) < comm_names.len() => comm_names[k as usize].as_str(),
+        _ => names.get(func as usize).map_or("?", String::as_str),
+    };
+    // Each frame's path, as an index into `paths`: (parent path, function).
+    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut paths: Vec<(u32, u32)> = Vec::new();
+    let mut self_ns: Vec<u64> = Vec::new();
+    let mut frame_path: Vec<u32> = Vec::with_capacity(g.frames.len());
+    let mut path_of = |parent: u32, func: u32| {
+        *ids.entry((parent, func)).or_insert_with(|| {
+            paths.push((parent, func));
+            (paths.len() - 1) as u32
+        })
+    };
+    for f in &g.frames {
+        // Parents come before their callees (frames are in entry order).
+        let parent = match f.parent {
+            Some(p) => frame_path[p as usize],
+            None => {
+                let comm = (f.task as usize)
+                    .checked_sub(1)
+                    .and_then(|i| task_frame.get(i).copied());
+                comm.map_or(ROOT, |c| path_of(ROOT, c))
+            }
+        };
+        let id = path_of(parent, f.func);
+        frame_path.push(id);
+        if self_ns.len() <= id as usize {
+            self_ns.resize(id as usize + 1, 0);
+        }
+        if let Some(s) = f.self_ns() {
+            self_ns[id as usize] = self_ns[id as usize].saturating_add(s);
+        }
+    }
     let mut lines: Vec<(String, u64)> = Vec::new();
     for (id, &ns) in self_ns.iter().enumerate() {
         if ns == 0 {
@@ -496,7 +572,7 @@ pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
         let mut at = id as u32;
         while at != ROOT {
             let (parent, func) = paths[at as usize];
-            chain.push(names.get(func as usize).map_or("?", String::as_str));
+            chain.push(name_of(func));
             at = parent;
         }
         chain.reverse();
@@ -511,7 +587,10 @@ pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
 
 pub mod script;
 pub mod tracedat;
+mod tracks;
 pub use tracedat::write_tracedat;
+use tracks::Tracks;
+pub use tracks::{IDLE_TID, PID_LIMIT, UNKNOWN_PID};
 
 #[cfg(test)]
 mod tests {

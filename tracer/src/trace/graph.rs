@@ -77,6 +77,8 @@ pub struct Frame {
     pub func: u32,
     /// vCPU of the entry.
     pub cpu: u32,
+    /// The guest task of the entry (`Event::task`: 0 unknown).
+    pub task: u32,
     /// Index into `Graph::stacks`; `u32::MAX` for unhooked entries.
     pub stack: u32,
     /// Live frames below it on its stack when it was entered (0: outermost).
@@ -171,6 +173,7 @@ impl Graph {
                     g.frames.push(Frame {
                         func: e.func,
                         cpu: e.cpu,
+                        task: e.task,
                         stack: u32::MAX,
                         depth: 0,
                         parent: None,
@@ -202,6 +205,7 @@ impl Graph {
                 g.frames.push(Frame {
                     func: e.func,
                     cpu: e.cpu,
+                    task: e.task,
                     stack: *id,
                     depth: stack.len() as u32,
                     parent,

@@ -6,25 +6,25 @@ use std::io::Read;
 
 use super::reader::Reader;
 use super::{
-    check_callers, check_events, Section, TraceFileError, EVENT_SIZE, VERSION, VERSION_1,
-    VERSION_3, VERSION_5, VERSION_6, VERSION_7,
+    check_callers, check_events, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8, VERSION,
+    VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
 };
 use crate::kernel::symbols::Symbol;
-use crate::trace::model::{Event, Trace, TraceMeta};
+use crate::trace::model::{Event, Task, Trace, TraceMeta};
 
-/// One event record of `size` bytes (`EVENT_SIZE`, or `EVENT_SIZE_V2`
-/// without the slot).
+/// One event record of `size` bytes (`EVENT_SIZE_V8`; `EVENT_SIZE`
+/// without the task; `EVENT_SIZE_V2` without the slot either).
 pub(super) fn decode(b: &[u8], size: usize) -> Event {
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-    if size == EVENT_SIZE {
+    if size >= EVENT_SIZE {
         Event {
             ts_ns: u64_at(0),
             parent: u64_at(8),
             slot: u64_at(16),
             func: u32_at(24),
             cpu: u32_at(28),
-            task: 0,
+            task: if size == EVENT_SIZE_V8 { u32_at(32) } else { 0 },
             data: 0,
         }
     } else {
@@ -40,15 +40,22 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
     }
 }
 
-/// The events from `first` on index the body's functions and vCPUs, and
-/// carry a slot only in a function-graph trace.
-pub(super) fn check_new_events(events: &[Event], first: usize, body: &Body) -> Result<(), String> {
+/// The events from `first` on index the body's functions and vCPUs and
+/// the `ntasks` tasks read before them, and carry a slot only in a
+/// function-graph trace.
+pub(super) fn check_new_events(
+    events: &[Event],
+    first: usize,
+    body: &Body,
+    ntasks: usize,
+) -> Result<(), String> {
     let meta = &body.meta;
     check_events(
         &events[first..],
         first,
         body.functions.len(),
         meta.cpus as usize,
+        ntasks,
     )?;
     if !meta.graph {
         if let Some(i) = events[first..].iter().position(|e| e.slot != 0) {
@@ -63,7 +70,7 @@ pub(super) fn check_new_events(events: &[Event], first: usize, body: &Body) -> R
 
 /// Everything of a trace but its events: the header (the run's facts), the
 /// functions, the exact counts, the callers. In versions 1 to 4 it comes
-/// between the preamble and the events; in versions 5 and 6 a data file holds it
+/// between the preamble and the events; in versions 5 to 8 a data file holds it
 /// twice, as known at attach (`HEAD`) and at the end (`FOOT`).
 pub(super) struct Body {
     pub meta: TraceMeta,
@@ -76,8 +83,9 @@ pub(super) struct Body {
 }
 
 impl Body {
-    /// The trace, once its stored events are checked against the counts.
-    pub(super) fn with_events(self, events: Vec<Event>) -> Result<Trace, String> {
+    /// The trace, once its stored events are checked against the counts
+    /// (their tasks were checked as they were read).
+    pub(super) fn with_events(self, events: Vec<Event>, tasks: Vec<Task>) -> Result<Trace, String> {
         let meta = &self.meta;
         let entries: Vec<Event> = events.iter().filter(|e| !e.is_return()).copied().collect();
         if entries.len() as u64 + meta.events_dropped != meta.events_total {
@@ -109,7 +117,7 @@ impl Body {
             returns: self.returns,
             callers: self.callers,
             events,
-            tasks: Vec::new(),
+            tasks,
             args: Vec::new(),
         })
     }
@@ -185,7 +193,11 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
     } else {
         V5Fields::default()
     };
-    let (unfinished, vmm) = read_v6_fields(r, version)?;
+    let Late {
+        unfinished,
+        vmm,
+        tasks,
+    } = read_late_fields(r, version)?;
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
         kernel,
@@ -218,25 +230,38 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         guest_instructions_emulated: None,
         unfinished,
         vmm,
-        tasks: String::new(),
+        tasks,
         filtered: 0,
     };
     Ok(meta)
 }
 
+/// The header's fields after version 5's (see `TraceMeta`).
+struct Late {
+    unfinished: u64,
+    vmm: String,
+    tasks: String,
+}
+
 /// The fields after version 5's: the exitless calls whose record was never
-/// committed (version 6), who ran the guest (version 7).
-fn read_v6_fields<R: Read>(
-    r: &mut Reader<'_, R>,
-    version: u32,
-) -> Result<(u64, String), TraceFileError> {
+/// committed (version 6), who ran the guest (version 7), where the guest
+/// tasks came from (version 8).
+fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late, TraceFileError> {
     let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
-    let vmm = if version >= VERSION_7 {
-        r.string("vmm")?
-    } else {
-        String::new()
+    let mut string = |since: u32, what: &str| {
+        if version >= since {
+            r.string(what)
+        } else {
+            Ok(String::new())
+        }
     };
-    Ok((unfinished, vmm))
+    let vmm = string(VERSION_7, "vmm")?;
+    let tasks = string(VERSION_8, "tasks")?;
+    Ok(Late {
+        unfinished,
+        vmm,
+        tasks,
+    })
 }
 
 /// Version 3's function-graph fields: (graph, returns dropped, unhooked,

@@ -111,6 +111,35 @@
 //! it was not vmtrace's own VMM (`vmtrace attach`: the QEMU); empty
 //! otherwise. Version 6 is still read: it is version 7 without `vmm`.
 //!
+//! # Version 8: guest tasks
+//!
+//! Version 8 names the guest task (thread) that ran each event. Its body
+//! adds, after `vmm`, `str` tasks: where the tasks came from (e.g. "BTF in
+//! PATH"), or why events have none; empty if not asked. An event record is
+//! 36 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
+//! n-th task of the file), `0` when not known. The tasks are in `TASK`
+//! blocks, each
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | first    | `u32`         | tasks saved before this block: its first task has id `first + 1` |
+//! | n        | `u32`         | tasks in this block                                    |
+//! | tasks    | n × (`u32` pid, `u32` tgid, `str` comm) | `task_struct`'s pid, tgid and comm |
+//!
+//! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
+//! events name its tasks (the writer saves the tasks seen since its last
+//! `TASK` block before each `EVTS`), so that a file cut short still holds
+//! the task of every event it kept. One pid can be several tasks: a task
+//! that changed its name (exec) is a new entry, and each CPU's idle task
+//! is pid 0 (`swapper/N`). A reader must reject a `TASK` block whose
+//! `first` is not the number of tasks before it, and an event whose task
+//! is past the tasks saved before its block. Versions 1 to 7 are still
+//! read: their events have task 0.
+//!
+//! `save` writes version 4 when the trace has no tasks (and no
+//! `TraceMeta::tasks`), else a version-8 data file in one go: `HEAD`,
+//! `TASK`, `EVTS`, `FOOT`, `END` (version 4 has no room for tasks).
+//!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
 //! a block stays accounted for, so trailing bytes are still corruption,
@@ -156,10 +185,15 @@ pub const VERSION_3: u32 = 3;
 pub const VERSION_5: u32 = 5;
 /// The data file of vmtrace's own VMM (version 7 without `vmm`), still read.
 pub const VERSION_6: u32 = 6;
-/// The data file written while the guest runs (`stream`): blocks.
+/// The data file with the QEMU named (version 8 without tasks), still read.
 pub const VERSION_7: u32 = 7;
-/// Size of one event record in the file.
+/// The data file written while the guest runs (`stream`): blocks, guest
+/// tasks in `TASK` blocks, 36-byte events naming their task.
+pub const VERSION_8: u32 = 8;
+/// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
+/// Size of one event record in version 8: `EVENT_SIZE` and `u32 task`.
+pub const EVENT_SIZE_V8: usize = 36;
 /// Size of one event record in versions 1 and 2.
 pub const EVENT_SIZE_V2: usize = 24;
 /// Size of the preamble: magic, version, file length.
@@ -183,6 +217,8 @@ pub enum Section {
     Events,
     /// A version-5 block's framing (tag, length, checksum).
     Block,
+    /// A version-8 `TASK` block.
+    Tasks,
 }
 
 impl fmt::Display for Section {
@@ -196,6 +232,7 @@ impl fmt::Display for Section {
             Section::Callers => "callers",
             Section::Events => "events",
             Section::Block => "block",
+            Section::Tasks => "tasks",
         })
     }
 }
@@ -212,7 +249,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_7})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_8})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },
@@ -293,7 +330,13 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
         ));
     }
     check_callers(&trace.callers).map_err(|d| (Section::Callers, d))?;
-    check_events(&trace.events, 0, nfunc, cpus).map_err(|d| (Section::Events, d))
+    if u32::try_from(trace.tasks.len()).is_err() {
+        return Err((
+            Section::Tasks,
+            format!("{} tasks (max {})", trace.tasks.len(), u32::MAX),
+        ));
+    }
+    check_events(&trace.events, 0, nfunc, cpus, trace.tasks.len()).map_err(|d| (Section::Events, d))
 }
 
 /// Checks that callers are in address order (lookups bisect them).
@@ -307,8 +350,15 @@ fn check_callers(callers: &[Symbol]) -> Result<(), String> {
     }
 }
 
-/// Checks that events (the first being number `first`) index existing functions and vCPUs.
-fn check_events(events: &[Event], first: usize, nfunc: usize, cpus: usize) -> Result<(), String> {
+/// Checks that events (the first being number `first`) index existing
+/// functions, vCPUs and tasks (`ntasks` of them; task 0: unknown).
+fn check_events(
+    events: &[Event],
+    first: usize,
+    nfunc: usize,
+    cpus: usize,
+    ntasks: usize,
+) -> Result<(), String> {
     for (i, e) in events.iter().enumerate() {
         if e.func as usize >= nfunc {
             return Err(format!(
@@ -322,6 +372,13 @@ fn check_events(events: &[Event], first: usize, nfunc: usize, cpus: usize) -> Re
                 "event {} is on vCPU {} but the trace has {cpus} vCPUs",
                 first + i,
                 e.cpu
+            ));
+        }
+        if e.task as usize > ntasks {
+            return Err(format!(
+                "event {} names task {} but {ntasks} tasks are saved before it",
+                first + i,
+                e.task
             ));
         }
     }

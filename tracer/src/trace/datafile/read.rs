@@ -10,6 +10,7 @@ use super::reader::Reader;
 use super::{
     Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2, IO_BUFFER, MAGIC,
     PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3, VERSION_5, VERSION_6, VERSION_7,
+    VERSION_8,
 };
 use crate::trace::model::{Event, Trace};
 
@@ -67,7 +68,9 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
     let body = read_body(&mut r, version)?;
 
     let events = read_events(&mut r, &body, version, declared)?;
-    body.with_events(events).map_err(|d| r.corrupt(d))
+    // Versions 1 to 4 have no tasks.
+    body.with_events(events, Vec::new())
+        .map_err(|d| r.corrupt(d))
 }
 
 /// The preamble's magic and version (the file is opened at its start).
@@ -86,7 +89,7 @@ fn read_version<R: Read>(r: &mut Reader<'_, R>) -> Result<u32, TraceFileError> {
     }
     let version = r.u32()?;
     if ![
-        VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5, VERSION_6, VERSION_7,
+        VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
     ]
     .contains(&version)
     {
@@ -151,7 +154,7 @@ fn read_events<R: Read>(
                 .chunks_exact(event_size)
                 .map(|b| decode(b, event_size)),
         );
-        check_new_events(&events, first, body).map_err(|d| r.corrupt(d))?;
+        check_new_events(&events, first, body, 0).map_err(|d| r.corrupt(d))?;
     }
     if r.pos != declared {
         return Err(r.corrupt(format!(

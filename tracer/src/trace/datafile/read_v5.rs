@@ -1,18 +1,20 @@
-//! Reading a data file (format versions 5 and 6, see the parent module): blocks
-//! up to `END`, or up to the last complete block of a file whose writer
-//! was killed.
+//! Reading a data file (format versions 5 to 8, see the parent module):
+//! blocks up to `END`, or up to the last complete block of a file whose
+//! writer was killed.
 
 use std::io::Read;
 
 use super::body::{check_new_events, decode, read_body, Body};
 use super::reader::Reader;
-use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD};
-use super::{check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE};
+use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD, TAG_TASKS, TASK_FIXED};
+use super::{
+    check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, VERSION_8,
+};
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
-use crate::trace::model::{caller_index, Event, Trace};
+use crate::trace::model::{caller_index, Event, Task, Trace};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
-/// a file of `version` (5 or 6).
+/// a file of `version` (5 to 8).
 pub(super) fn load<R: Read>(
     mut r: Reader<'_, R>,
     declared: u64,
@@ -30,6 +32,12 @@ pub(super) fn load<R: Read>(
     let mut ended = false;
     let mut blocks = 0u64;
     let mut events: Vec<Event> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::new();
+    let event_size = if version >= VERSION_8 {
+        EVENT_SIZE_V8
+    } else {
+        EVENT_SIZE
+    };
     loop {
         r.section = Section::Block;
         if ended {
@@ -46,7 +54,10 @@ pub(super) fn load<R: Read>(
                     return Err(r.corrupt("events outside HEAD .. FOOT".into()));
                 };
                 r.section = Section::Events;
-                read_events(&r, &payload, h, &mut events)?;
+                read_events(&r, &payload, h, event_size, tasks.len(), &mut events)?;
+            }
+            TAG_TASKS if version >= VERSION_8 && head.is_some() && foot.is_none() => {
+                read_tasks(&r, &payload, &mut tasks)?;
             }
             TAG_FOOT if head.is_some() && foot.is_none() => {
                 foot = Some(body(&r, &payload, version)?)
@@ -80,9 +91,9 @@ pub(super) fn load<R: Read>(
             if foot.functions != head.functions || foot.meta.cpus != head.meta.cpus {
                 return Err(r.corrupt("FOOT and HEAD name different functions or vCPUs".into()));
             }
-            foot.with_events(events).map_err(|d| r.corrupt(d))?
+            foot.with_events(events, tasks).map_err(|d| r.corrupt(d))?
         }
-        None => cut_short(head, events, blocks),
+        None => cut_short(head, events, tasks, blocks),
     };
     Ok(trace)
 }
@@ -150,31 +161,74 @@ fn body<R: Read>(r: &Reader<'_, R>, payload: &[u8], version: u32) -> Result<Body
     Ok(b)
 }
 
-/// An `EVTS` block's events, appended to `events`.
+/// An `EVTS` block's events (records of `size` bytes, naming at most the
+/// `ntasks` tasks saved before), appended to `events`.
 fn read_events<R: Read>(
     r: &Reader<'_, R>,
     payload: &[u8],
     head: &Body,
+    size: usize,
+    ntasks: usize,
     events: &mut Vec<Event>,
 ) -> Result<(), TraceFileError> {
     let n = payload
         .get(..4)
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
     let records = &payload[4.min(payload.len())..];
-    if n.is_none_or(|n| n * EVENT_SIZE != records.len()) {
+    if n.is_none_or(|n| n * size != records.len()) {
         return Err(r.corrupt(format!(
             "an event block of {} bytes does not hold whole records",
             payload.len()
         )));
     }
-    for chunk in records.chunks(EVENT_CHUNK * EVENT_SIZE) {
+    for chunk in records.chunks(EVENT_CHUNK * size) {
         let first = events.len();
-        events.extend(
-            chunk
-                .chunks_exact(EVENT_SIZE)
-                .map(|b| decode(b, EVENT_SIZE)),
-        );
-        check_new_events(events, first, head).map_err(|d| r.corrupt(d))?;
+        events.extend(chunk.chunks_exact(size).map(|b| decode(b, size)));
+        check_new_events(events, first, head, ntasks).map_err(|d| r.corrupt(d))?;
+    }
+    Ok(())
+}
+
+/// A `TASK` block's tasks, appended to `tasks` (those before it).
+fn read_tasks<R: Read>(
+    r: &Reader<'_, R>,
+    payload: &[u8],
+    tasks: &mut Vec<Task>,
+) -> Result<(), TraceFileError> {
+    let mut sub = Reader {
+        r: payload,
+        path: r.path,
+        pos: 0,
+        actual: payload.len() as u64,
+        declared: payload.len() as u64,
+        section: Section::Tasks,
+    };
+    let first = sub.u32()? as usize;
+    if first != tasks.len() {
+        return Err(sub.corrupt(format!(
+            "a task block starts at task {} but {} tasks came before it",
+            first + 1,
+            tasks.len()
+        )));
+    }
+    let n = sub.u32()?;
+    sub.need(u64::from(n) * TASK_FIXED as u64, &format!("{n} tasks"))?;
+    if u32::try_from(tasks.len() + n as usize).is_err() {
+        return Err(sub.corrupt(format!(
+            "{} tasks in all (max {})",
+            tasks.len() as u64 + u64::from(n),
+            u32::MAX
+        )));
+    }
+    tasks.reserve(n as usize);
+    for _ in 0..n {
+        let pid = sub.u32()?;
+        let tgid = sub.u32()?;
+        let comm = sub.string("a task's comm")?;
+        tasks.push(Task { pid, tgid, comm });
+    }
+    if sub.pos != sub.actual {
+        return Err(sub.corrupt(format!("{} bytes after the tasks", sub.actual - sub.pos)));
     }
     Ok(())
 }
@@ -182,7 +236,7 @@ fn read_events<R: Read>(
 /// The trace of a file whose writer was killed: the run's facts as known
 /// at the start, counts from the stored events (exact as far as they go),
 /// the callers those events use.
-fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
+fn cut_short(head: Body, events: Vec<Event>, tasks: Vec<Task>, blocks: u64) -> Trace {
     let cpus = head.meta.cpus as usize;
     let nfunc = head.functions.len();
     let mut counts = vec![vec![0u64; cpus]; nfunc];
@@ -235,7 +289,7 @@ fn cut_short(head: Body, events: Vec<Event>, blocks: u64) -> Trace {
         returns,
         callers,
         events,
-        tasks: Vec::new(),
+        tasks,
         args: Vec::new(),
     }
 }

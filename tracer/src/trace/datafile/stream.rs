@@ -1,6 +1,7 @@
-//! Writing the data file while the guest runs (format version 7, see the
+//! Writing the data file while the guest runs (format version 8, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
-//! arrive, `FOOT` and `END` when it stops. Every block goes out in one
+//! arrive, each after a `TASK` block with the guest tasks seen since the
+//! last one (the caller's `write_tasks`), `FOOT` and `END` when it stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
 //! in between): whatever kills vmtrace, the file holds every block written
 //! before, and a reader stops at the last complete one.
@@ -10,9 +11,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::write::{encode, put_body};
-use super::{TraceFileError, EVENT_SIZE, MAGIC, VERSION_7};
-use crate::trace::model::{Event, Trace};
+use super::write::{encode, put_body, put_str};
+use super::{TraceFileError, EVENT_SIZE_V8, MAGIC, VERSION_8};
+use crate::trace::model::{Event, Task, Trace};
 use crate::trace::output_path::{self, Target};
 
 /// Block tags (4 ASCII bytes read as a little-endian `u32`).
@@ -20,6 +21,8 @@ pub const TAG_HEAD: [u8; 4] = *b"HEAD";
 pub const TAG_EVENTS: [u8; 4] = *b"EVTS";
 pub const TAG_FOOT: [u8; 4] = *b"FOOT";
 pub const TAG_END: [u8; 4] = *b"END\0";
+/// Guest tasks (version 8).
+pub const TAG_TASKS: [u8; 4] = *b"TASK";
 /// The largest block payload: bounds what a corrupt length makes a reader
 /// allocate. A `HEAD` lists every kernel function (Linux 6.12 defconfig:
 /// ~60,000, about 3 MiB); `EVTS` blocks are a recorder's batch.
@@ -27,7 +30,10 @@ pub const MAX_BLOCK: u32 = 64 << 20;
 /// Tag and length before the payload, checksum after it.
 pub const BLOCK_OVERHEAD: usize = 4 + 4 + 4;
 /// The most events one `EVTS` block holds (its `u32` count first).
-pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE;
+pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE_V8;
+/// Bytes of a `TASK` block's entry besides its comm: pid, tgid, the
+/// comm's length.
+pub const TASK_FIXED: usize = 4 + 4 + 4;
 
 /// A data file being written.
 #[derive(Debug)]
@@ -39,6 +45,8 @@ pub struct DataFile {
     /// `EVTS` blocks and events written.
     blocks: u64,
     events: u64,
+    /// Tasks written (in `TASK` blocks).
+    tasks: usize,
     /// A block being assembled (kept to avoid an allocation per block).
     buf: Vec<u8>,
 }
@@ -100,11 +108,12 @@ impl DataFile {
             bytes: 0,
             blocks: 0,
             events: 0,
+            tasks: 0,
             buf: Vec::new(),
         };
         let mut pre = Vec::with_capacity(20);
         pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&VERSION_7.to_le_bytes());
+        pre.extend_from_slice(&VERSION_8.to_le_bytes());
         // file_len: unknown while the file grows.
         pre.extend_from_slice(&0u64.to_le_bytes());
         f.out.write_all(&pre).map_err(err)?;
@@ -127,22 +136,37 @@ impl DataFile {
         self.events
     }
 
-    /// The `HEAD` block: `trace` as known before the run (no events).
+    /// Guest tasks written so far: the next task written gets id
+    /// `tasks_saved() + 1`.
+    pub fn tasks_saved(&self) -> usize {
+        self.tasks
+    }
+
+    /// The `HEAD` block: `trace` as known before the run (no events), and
+    /// its tasks, if it has any yet.
     pub fn head(&mut self, trace: &Trace) -> io::Result<()> {
-        self.body(TAG_HEAD, trace)
+        self.body(TAG_HEAD, trace)?;
+        self.write_tasks(&trace.tasks)
+    }
+
+    /// `TASK` blocks holding `tasks`, the next ones (ids `tasks_saved() +
+    /// 1`...; `session::tasks::TaskTable::since` gives them). Call it
+    /// before writing events that name them: a reader refuses an event
+    /// whose task was not saved before it.
+    pub fn write_tasks(&mut self, tasks: &[Task]) -> io::Result<()> {
+        for (n, payload) in task_payloads(self.tasks, tasks)? {
+            self.block(TAG_TASKS, &payload)?;
+            self.tasks += n;
+        }
+        Ok(())
     }
 
     /// `EVTS` blocks holding `events` (as many as the block size needs).
     pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
+        debug_assert!(events.iter().all(|e| e.task as usize <= self.tasks));
         for chunk in events.chunks(MAX_BLOCK_EVENTS) {
             let mut buf = std::mem::take(&mut self.buf);
-            buf.clear();
-            buf.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-            let at = buf.len();
-            buf.resize(at + chunk.len() * EVENT_SIZE, 0);
-            for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE).zip(chunk) {
-                encode(e, b);
-            }
+            events_payload(chunk, &mut buf);
             let r = self.block(TAG_EVENTS, &buf);
             self.buf = buf;
             r?;
@@ -153,8 +177,12 @@ impl DataFile {
     }
 
     /// The `FOOT` block (`trace` as known at the end; its events are not
-    /// written again) and `END`: the file is complete.
+    /// written again), after the tasks of `trace` not written yet (seen,
+    /// in no written event), and `END`: the file is complete.
     pub fn finish(&mut self, trace: &Trace) -> io::Result<()> {
+        if let Some(rest) = trace.tasks.get(self.tasks..) {
+            self.write_tasks(rest)?;
+        }
         self.body(TAG_FOOT, trace)?;
         self.block(TAG_END, &[])?;
         self.out.flush()
@@ -166,31 +194,85 @@ impl DataFile {
             events: Vec::new(),
             ..trace.clone()
         };
-        put_body(&bare, VERSION_7, &mut payload)?;
+        put_body(&bare, VERSION_8, &mut payload)?;
         self.block(tag, &payload)
     }
 
     /// One block in one write: tag, length, payload, CRC-32 of all three.
     fn block(&mut self, tag: [u8; 4], payload: &[u8]) -> io::Result<()> {
-        let len = u32::try_from(payload.len())
-            .ok()
-            .filter(|&n| n <= MAX_BLOCK)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("a block of {} bytes (at most {MAX_BLOCK})", payload.len()),
-                )
-            })?;
-        let mut frame = Vec::with_capacity(payload.len() + BLOCK_OVERHEAD);
-        frame.extend_from_slice(&tag);
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(payload);
-        let crc = crc32fast::hash(&frame);
-        frame.extend_from_slice(&crc.to_le_bytes());
+        let frame = frame(tag, payload)?;
         self.out.write_all(&frame)?;
         self.bytes += frame.len() as u64;
         Ok(())
     }
+}
+
+/// A block: tag, length, payload, CRC-32 of all three.
+pub(super) fn frame(tag: [u8; 4], payload: &[u8]) -> io::Result<Vec<u8>> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&n| n <= MAX_BLOCK)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a block of {} bytes (at most {MAX_BLOCK})", payload.len()),
+            )
+        })?;
+    let mut frame = Vec::with_capacity(payload.len() + BLOCK_OVERHEAD);
+    frame.extend_from_slice(&tag);
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(payload);
+    let crc = crc32fast::hash(&frame);
+    frame.extend_from_slice(&crc.to_le_bytes());
+    Ok(frame)
+}
+
+/// An `EVTS` block's payload (at most `MAX_BLOCK_EVENTS` events) into
+/// `buf`: `u32` n, then n records.
+pub(super) fn events_payload(events: &[Event], buf: &mut Vec<u8>) {
+    buf.clear();
+    buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
+    let at = buf.len();
+    buf.resize(at + events.len() * EVENT_SIZE_V8, 0);
+    for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE_V8).zip(events) {
+        encode(e, b);
+    }
+}
+
+/// The `TASK` blocks holding `tasks`, the first of which follows `first`
+/// saved ones, each at most `MAX_BLOCK` bytes: (tasks in it, payload).
+pub(super) fn task_payloads(first: usize, tasks: &[Task]) -> io::Result<Vec<(usize, Vec<u8>)>> {
+    let too_many = || io::Error::new(io::ErrorKind::InvalidInput, "over 2^32 guest tasks");
+    let mut blocks = Vec::new();
+    let mut at = first;
+    let mut rest = tasks;
+    while !rest.is_empty() {
+        // As many as fit (always one: a single task too large is refused
+        // by `frame`).
+        let mut size = 8;
+        let n = rest
+            .iter()
+            .position(|t| {
+                size += TASK_FIXED + t.comm.len();
+                size > MAX_BLOCK as usize
+            })
+            .unwrap_or(rest.len())
+            .max(1);
+        let (now, later) = rest.split_at(n);
+        let mut p = Vec::with_capacity(size.min(MAX_BLOCK as usize));
+        p.extend_from_slice(&u32::try_from(at).map_err(|_| too_many())?.to_le_bytes());
+        p.extend_from_slice(&(n as u32).to_le_bytes());
+        for t in now {
+            p.extend_from_slice(&t.pid.to_le_bytes());
+            p.extend_from_slice(&t.tgid.to_le_bytes());
+            put_str(&mut p, &t.comm)?;
+        }
+        blocks.push((n, p));
+        at += n;
+        rest = later;
+    }
+    u32::try_from(at).map_err(|_| too_many())?;
+    Ok(blocks)
 }
 
 #[cfg(test)]

@@ -3,9 +3,10 @@
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
-    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_5, VERSION_6, VERSION_7,
+    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, IO_BUFFER, MAGIC, PREAMBLE_SIZE,
+    VERSION, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
 };
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{Event, Trace};
@@ -14,18 +15,23 @@ use crate::trace::output_path;
 /// Writes `trace` to `path` by the rules of [`crate::trace::output_path`]:
 /// atomically over a regular file or a new path (a temporary file in the
 /// same directory, renamed over it), into a character device, never over
-/// anything else.
+/// anything else. Version 4, or a version-8 data file when the trace has
+/// guest tasks to keep (see the parent module).
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     check(trace).map_err(|(section, detail)| TraceFileError::Invalid {
         path: path.to_path_buf(),
         detail: format!("{section}: {detail}"),
     })?;
-    output_path::write(path, |w| write_to(trace, w))
-        .map(|_| ())
-        .map_err(|source| TraceFileError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
+    let tasks = !trace.tasks.is_empty() || !trace.meta.tasks.is_empty();
+    output_path::write(path, |w| match tasks {
+        false => write_to(trace, w),
+        true => write_blocks(trace, w),
+    })
+    .map(|_| ())
+    .map_err(|source| TraceFileError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Writes the whole file to `out`, front to back (no seeking, so a device
@@ -55,8 +61,31 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.flush()
 }
 
-/// The body of a file of `version` (4, or 6 for a data file's `HEAD` and
-/// `FOOT` blocks): the header, functions, counts, returns and callers.
+/// A version-8 data file in one go: `HEAD` and `FOOT` both the whole
+/// trace's body, its tasks, its events.
+fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(IO_BUFFER, out);
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION_8.to_le_bytes())?;
+    w.write_all(&0u64.to_le_bytes())?;
+    let mut body = Vec::new();
+    put_body(trace, VERSION_8, &mut body)?;
+    w.write_all(&stream::frame(TAG_HEAD, &body)?)?;
+    for (_, payload) in stream::task_payloads(0, &trace.tasks)? {
+        w.write_all(&stream::frame(stream::TAG_TASKS, &payload)?)?;
+    }
+    let mut payload = Vec::new();
+    for chunk in trace.events.chunks(stream::MAX_BLOCK_EVENTS) {
+        stream::events_payload(chunk, &mut payload);
+        w.write_all(&stream::frame(stream::TAG_EVENTS, &payload)?)?;
+    }
+    w.write_all(&stream::frame(TAG_FOOT, &body)?)?;
+    w.write_all(&stream::frame(TAG_END, &[])?)?;
+    w.flush()
+}
+
+/// The body of a file of `version` (4, or 5 to 8 for a data file's `HEAD`
+/// and `FOOT` blocks): the header, functions, counts, returns and callers.
 pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     let m = &trace.meta;
     put_str(w, &m.kernel)?;
@@ -112,6 +141,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     if version >= VERSION_7 {
         put_str(w, &m.vmm)?;
     }
+    if version >= VERSION_8 {
+        put_str(w, &m.tasks)?;
+    }
 
     put_syms(w, &trace.functions)?;
 
@@ -135,16 +167,20 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     put_syms(w, &trace.callers)
 }
 
-/// One event record (`EVENT_SIZE` bytes) into `b`.
+/// One event record into `b`: `EVENT_SIZE` bytes, or `EVENT_SIZE_V8`
+/// with its task.
 pub(super) fn encode(e: &Event, b: &mut [u8]) {
     b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
     b[8..16].copy_from_slice(&e.parent.to_le_bytes());
     b[16..24].copy_from_slice(&e.slot.to_le_bytes());
     b[24..28].copy_from_slice(&e.func.to_le_bytes());
     b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
+    if b.len() == EVENT_SIZE_V8 {
+        b[32..36].copy_from_slice(&e.task.to_le_bytes());
+    }
 }
 
-fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {
+pub(super) fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {
     let len = u32::try_from(s.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "string longer than 4 GiB"))?;
     w.write_all(&len.to_le_bytes())?;

@@ -14,9 +14,21 @@
 //!            vcpu2-3       [002]  1234.567899: hrtimer_interrupt returned to __sysvec_apic_timer_interrupt
 //! ```
 //!
-//! - The task column is the vCPU: vmtrace sees no guest task. It reads
-//!   `vcpuN-M`, M = N + 1, the thread id the Chrome export gives vCPU N
-//!   (0 is the idle task's in ftrace and perf).
+//! - The task column is the guest task that made the call, `comm-pid`
+//!   (`<idle>-0` for the idle tasks, as ftrace prints them), when the trace
+//!   knows it (`Trace::tasks`: a Linux guest with BTF). The trace then also
+//!   has ftrace's `record-tgid` column, the task's thread group (process)
+//!   id, `(-------)` for the idle tasks and where the task is unknown:
+//!
+//!   ```text
+//!   #           TASK-PID       TGID    CPU#     TIMESTAMP  FUNCTION
+//!   #              | |           |       |         |         |
+//!                 sh-57      (     57) [001]  1234.567890: do_sys_open <-__x64_sys_openat
+//!   ```
+//!
+//!   A call whose task is not known (or any call of a trace without tasks)
+//!   reads `vcpuN-M`, M = N + 1, the thread id the Chrome export gives
+//!   vCPU N (0 is the idle task's in ftrace and perf).
 //! - The timestamp is the host's `CLOCK_MONOTONIC` (the CSV's `ts_ns`) in
 //!   seconds, truncated to microseconds as ftrace prints it; the header's
 //!   `# attach:` line gives the attach and detach times on that clock.
@@ -34,7 +46,7 @@
 use std::borrow::Cow;
 use std::io::{self, BufWriter, Write};
 
-use crate::trace::model::Trace;
+use crate::trace::model::{Event, Trace};
 use crate::trace::report::{escape, Caller};
 
 /// Writes every stored event of `trace`, in time order, after a `#`
@@ -82,9 +94,21 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
         seconds(m.attach_ns).trim_start(),
         seconds(m.detach_ns).trim_start()
     )?;
+    if !m.tasks.is_empty() {
+        writeln!(w, "# tasks: {}", escape(&m.tasks))?;
+    }
     writeln!(w, "#")?;
-    writeln!(w, "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION")?;
-    writeln!(w, "#              | |         |         |         |")?;
+    // ftrace's record-tgid option: a TGID column.
+    let tgid = !trace.tasks.is_empty();
+    let (title, bars) = match tgid {
+        true => ("   TGID   ", "     |    "),
+        false => ("", ""),
+    };
+    writeln!(
+        w,
+        "#           TASK-PID    {title} CPU#     TIMESTAMP  FUNCTION"
+    )?;
+    writeln!(w, "#              | |      {bars}   |         |         |")?;
 
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| escape(&f.name)).collect();
     for e in &trace.events {
@@ -92,14 +116,15 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
         let Some(name) = names.get(e.func as usize) else {
             continue;
         };
-        let task = format!("vcpu{}", e.cpu);
-        write!(
-            w,
-            "{task:>16}-{:<7} [{:03}] {:>12}: {name} ",
-            u64::from(e.cpu) + 1,
-            e.cpu,
-            seconds(e.ts_ns)
-        )?;
+        let (comm, pid, group) = task_columns(trace, e);
+        write!(w, "{comm:>16}-{pid:<7} ")?;
+        if tgid {
+            match group {
+                Some(g) => write!(w, "({g:>7}) ")?,
+                None => w.write_all(b"(-------) ")?,
+            }
+        }
+        write!(w, "[{:03}] {:>12}: {name} ", e.cpu, seconds(e.ts_ns))?;
         w.write_all(if e.is_return() {
             b"returned to "
         } else {
@@ -112,6 +137,25 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
         w.write_all(b"\n")?;
     }
     w.flush()
+}
+
+/// The task of `e` as ftrace prints it: comm, pid and (0 or unknown:
+/// None) tgid; the vCPU's pseudo task when the task is unknown.
+fn task_columns<'t>(trace: &'t Trace, e: &Event) -> (Cow<'t, str>, u64, Option<u32>) {
+    match trace.task_of(e) {
+        // ftrace names every idle task `<idle>` (trace_find_cmdline).
+        Some(t) if t.pid == 0 => (Cow::Borrowed("<idle>"), 0, None),
+        Some(t) => (
+            escape(&t.comm),
+            u64::from(t.pid),
+            Some(t.tgid).filter(|&g| g != 0),
+        ),
+        None => (
+            Cow::Owned(format!("vcpu{}", e.cpu)),
+            u64::from(e.cpu) + 1,
+            None,
+        ),
+    }
 }
 
 /// The header line for `n` events of a kind counted but not stored.

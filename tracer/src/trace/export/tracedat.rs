@@ -26,7 +26,7 @@
 //! | event systems   | `u32` 0 (no tracepoint systems)                                       |
 //! | kallsyms        | `u32` size, `/proc/kallsyms`-style lines `%016x t name`               |
 //! | printk formats  | `u32` 0                                                               |
-//! | cmdlines        | `u64` size, `saved_cmdlines` lines `pid comm` (one per vCPU)          |
+//! | cmdlines        | `u64` size, `saved_cmdlines` lines `pid comm` (below)                 |
 //! | cpus            | `u32` number of vCPUs                                                 |
 //! | options         | `options  \0`, option `TRACECLOCK` (`[mono]`), `u16` 0 (done)         |
 //! | flyrecord       | `flyrecord\0`, per CPU `u64` offset + `u64` size, `u64` size + `[mono]` |
@@ -45,8 +45,19 @@
 //! preempt count, `i32` pid), then the event's own fields.
 //!
 //! Timestamps are vmtrace's (host `CLOCK_MONOTONIC`, ns), which is what
-//! ftrace's `mono` clock reads; the file says so. Each vCPU's events carry a
-//! pseudo pid, [`PID_BASE`] + vCPU, named `vcpuN` in the cmdlines.
+//! ftrace's `mono` clock reads; the file says so.
+//!
+//! Tasks: an event whose guest task is known (`Trace::tasks`) carries the
+//! task's pid in `common_pid`, and the cmdlines map each pid to its comm
+//! (the latest one of a task that was renamed: the file maps a pid to one
+//! comm, as the kernel's `saved_cmdlines` does), so that `trace-cmd report`
+//! prints `comm-pid` as for the guest's own ftrace; pid 0, every CPU's idle
+//! task, is `<idle>` (libtraceevent's name for it, not in the cmdlines).
+//! The format has no place for tgids (trace-cmd saves none). A trace
+//! without tasks gives each vCPU's events a pseudo pid, [`PID_BASE`] +
+//! vCPU, named `vcpuN` in the cmdlines; in a trace with tasks, events
+//! whose task is unknown get [`UNKNOWN_PID_BASE`] + vCPU instead (named
+//! `vcpuN` too), which no Linux pid reaches.
 //!
 //! Symbols: the kallsyms section holds the traced functions and the
 //! callers. libtraceevent maps an address to the symbol with the greatest
@@ -59,12 +70,13 @@
 //! Names with blanks or control characters would break the line format:
 //! blanks become `_`, control characters `\xNN`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use crate::trace::graph::{End, Graph};
 use crate::trace::model::Trace;
+use crate::trace::report::escape;
 
 /// The trace-cmd file format version written (trace-cmd.dat.v6.5.txt).
 pub const VERSION: u32 = 6;
@@ -106,6 +118,10 @@ const TRACE_CLOCK: &str = "[mono]";
 /// The pid given to vCPU N's events is `PID_BASE + N`; not 0, which
 /// libtraceevent always names `<idle>`.
 pub const PID_BASE: u32 = 1;
+/// In a trace with guest tasks, the pid given to vCPU N's events whose
+/// task is unknown is `UNKNOWN_PID_BASE + N`: Linux's PID_MAX_LIMIT (64-bit),
+/// which no pid reaches.
+pub const UNKNOWN_PID_BASE: u32 = 4 << 20;
 /// The most CPUs a file may have: Linux's largest NR_CPUS on x86-64
 /// (MAXSMP). More is a corrupt trace, refused before allocating per CPU.
 pub const MAX_CPUS: u32 = 8192;
@@ -348,6 +364,65 @@ fn kallsyms(trace: &Trace) -> String {
     out
 }
 
+/// The `common_pid` of an event of task `id` (`Event::task`) on `cpu`.
+fn pid_of(trace: &Trace, id: u32, cpu: u32) -> u32 {
+    if trace.tasks.is_empty() {
+        return PID_BASE.wrapping_add(cpu);
+    }
+    match (id as usize)
+        .checked_sub(1)
+        .and_then(|i| trace.tasks.get(i))
+    {
+        Some(t) => t.pid,
+        None => UNKNOWN_PID_BASE.wrapping_add(cpu),
+    }
+}
+
+/// The cmdlines section: `pid comm` lines, by pid. Without tasks, a pseudo
+/// task per vCPU; with tasks, the comm of every pid but 0 the events name
+/// (the latest, for a renamed task), and a pseudo task per vCPU that has
+/// events whose task is unknown.
+fn cmdlines(trace: &Trace) -> String {
+    let mut out = String::new();
+    if trace.tasks.is_empty() {
+        for cpu in 0..trace.meta.cpus {
+            let _ = writeln!(out, "{} vcpu{cpu}", PID_BASE + cpu);
+        }
+        return out;
+    }
+    // Per pid: the highest task id naming it (ids grow with time: its
+    // latest comm), or the vCPU of a pseudo task.
+    enum Name {
+        Task(u32),
+        Vcpu(u32),
+    }
+    let mut names: BTreeMap<u32, Name> = BTreeMap::new();
+    for e in &trace.events {
+        match trace.task_of(e) {
+            Some(t) if t.pid == 0 => {}
+            Some(t) => {
+                let name = names.entry(t.pid).or_insert(Name::Task(e.task));
+                if matches!(name, Name::Task(id) if *id < e.task) {
+                    *name = Name::Task(e.task);
+                }
+            }
+            // Events on a vCPU the trace does not have are not written.
+            None if e.cpu < trace.meta.cpus => {
+                let pid = pid_of(trace, e.task, e.cpu);
+                names.entry(pid).or_insert(Name::Vcpu(e.cpu));
+            }
+            None => {}
+        }
+    }
+    for (pid, name) in names {
+        let _ = match name {
+            Name::Task(id) => writeln!(out, "{pid} {}", escape(&trace.tasks[id as usize - 1].comm)),
+            Name::Vcpu(cpu) => writeln!(out, "{pid} vcpu{cpu}"),
+        };
+    }
+    out
+}
+
 /// Writes `trace` as a trace-cmd `trace.dat` (version 6; see the module
 /// comment).
 pub fn write_tracedat(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
@@ -432,11 +507,7 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     h.extend_from_slice(&syms_len.to_le_bytes());
     h.extend_from_slice(syms.as_bytes());
     h.extend_from_slice(&0u32.to_le_bytes()); // printk formats
-    let mut cmdlines = String::new();
-    for cpu in 0..cpus {
-        let _ = writeln!(cmdlines, "{} vcpu{cpu}", PID_BASE + cpu);
-    }
-    put_text64(&mut h, &cmdlines);
+    put_text64(&mut h, &cmdlines(trace));
     h.extend_from_slice(&cpus.to_le_bytes());
     h.extend_from_slice(b"options  \0");
     h.extend_from_slice(&OPTION_TRACECLOCK.to_le_bytes());
@@ -494,12 +565,14 @@ impl Out<'_> {
         Some((f.addr, pages))
     }
 
-    /// A `function` event: `func` called from return address `parent`.
-    fn function(&mut self, ts: u64, cpu: u32, func: u32, parent: u64) {
+    /// A `function` event: `func` called from return address `parent`
+    /// by task `task`.
+    fn function(&mut self, ts: u64, cpu: u32, task: u32, func: u32, parent: u64) {
         let mut p = std::mem::take(&mut self.payload);
+        let pid = pid_of(self.trace, task, cpu);
         if let Some((ip, pages)) = self.target(cpu, func) {
             p.clear();
-            common(&mut p, ID_FUNCTION, PID_BASE + cpu);
+            common(&mut p, ID_FUNCTION, pid);
             p.extend_from_slice(&ip.to_le_bytes());
             p.extend_from_slice(&parent.to_le_bytes());
             pages.push(ts, &p);
@@ -509,9 +582,18 @@ impl Out<'_> {
     }
 
     /// A `funcgraph_entry`, or with `ret: Some((calltime, rettime))` a
-    /// `funcgraph_exit`, of `func` at stack depth `depth`.
-    fn graph(&mut self, ts: u64, cpu: u32, func: u32, depth: u32, ret: Option<(u64, u64)>) {
+    /// `funcgraph_exit`, of `func` at stack depth `depth` by task `task`.
+    fn graph(
+        &mut self,
+        ts: u64,
+        cpu: u32,
+        task: u32,
+        func: u32,
+        depth: u32,
+        ret: Option<(u64, u64)>,
+    ) {
         let mut p = std::mem::take(&mut self.payload);
+        let pid = pid_of(self.trace, task, cpu);
         if let Some((ip, pages)) = self.target(cpu, func) {
             p.clear();
             let id = if ret.is_some() {
@@ -519,7 +601,7 @@ impl Out<'_> {
             } else {
                 ID_FUNCGRAPH_ENTRY
             };
-            common(&mut p, id, PID_BASE + cpu);
+            common(&mut p, id, pid);
             p.extend_from_slice(&ip.to_le_bytes());
             p.extend_from_slice(&(depth.min(i32::MAX as u32) as i32).to_le_bytes());
             if let Some((calltime, rettime)) = ret {
@@ -540,7 +622,7 @@ impl Out<'_> {
     fn functions(&mut self) {
         let trace = self.trace;
         for e in trace.events.iter().filter(|e| !e.is_return()) {
-            self.function(e.ts_ns, e.cpu, e.func, e.parent);
+            self.function(e.ts_ns, e.cpu, e.task, e.func, e.parent);
         }
     }
 
@@ -568,12 +650,13 @@ impl Out<'_> {
                     continue;
                 };
                 let f = &g.frames[i as usize];
-                self.graph(e.ts_ns, e.cpu, f.func, f.depth, Some((f.entry_ns, e.ts_ns)));
+                let ret = Some((f.entry_ns, e.ts_ns));
+                self.graph(e.ts_ns, e.cpu, e.task, f.func, f.depth, ret);
             } else if let Some(f) = frames.next() {
                 if f.end == End::Unhooked {
-                    self.function(e.ts_ns, e.cpu, e.func, e.parent);
+                    self.function(e.ts_ns, e.cpu, e.task, e.func, e.parent);
                 } else {
-                    self.graph(e.ts_ns, e.cpu, e.func, f.depth, None);
+                    self.graph(e.ts_ns, e.cpu, e.task, e.func, f.depth, None);
                 }
             }
         }

@@ -15,6 +15,9 @@ pub(super) fn header(out: &mut String, report: &Report) {
         // After the build id: what the names below were read from.
         lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
     }
+    if let Some(t) = tasks_line(report) {
+        lines.push(("tasks", t));
+    }
     if let Some(g) = &report.graph_summary {
         graph_lines(&mut lines, g);
     }
@@ -102,6 +105,25 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
             ),
         ])
         .collect()
+}
+
+/// The guest tasks the events name and where they came from (or why
+/// there are none); None when the trace says nothing of tasks.
+fn tasks_line(report: &Report) -> Option<String> {
+    let trace = report.trace;
+    let source = &trace.meta.tasks;
+    let n = trace.tasks.len();
+    if n == 0 && source.is_empty() {
+        return None;
+    }
+    let mut s = match n {
+        0 => "none known".to_string(),
+        _ => counted(n as u64, "task", "tasks"),
+    };
+    if !source.is_empty() {
+        write!(s, " ({})", escape(source)).unwrap();
+    }
+    Some(s)
 }
 
 /// Events: in all, stored, dropped and why.

@@ -21,6 +21,7 @@
 pub mod duration;
 mod header;
 mod numbers;
+pub mod tasks;
 mod text;
 pub mod tree;
 
@@ -33,6 +34,7 @@ use crate::trace::model::{Event, Trace};
 
 pub use crate::kernel::names::escape;
 pub use numbers::{format_cpu_list, thousands};
+pub use tasks::{render_tasks, task_rows, TaskRow};
 pub use text::render;
 pub use tree::{render_tree, write_tree, TreeOptions};
 
@@ -65,9 +67,22 @@ pub enum Sort {
     Max,
 }
 
+/// What the text report's rows are (`--by`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum By {
+    /// One row per traced function (perf's `--sort sym`).
+    #[default]
+    Function,
+    /// One row per guest task, `comm-pid` (perf's `--sort comm,pid`):
+    /// `tasks::render_tasks`. Its orders: `Sort::Count` and `Sort::Name`.
+    Task,
+}
+
 /// What the report shows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportOptions {
+    /// `--by`: rows by function (the default) or by guest task.
+    pub by: By,
     pub sort: Sort,
     /// `--cpu`: only these vCPUs (counts are summed over them). `None`: all.
     pub cpus: Option<Vec<u32>>,
@@ -84,6 +99,7 @@ pub struct ReportOptions {
 impl Default for ReportOptions {
     fn default() -> Self {
         ReportOptions {
+            by: By::Function,
             sort: Sort::Count,
             cpus: None,
             callers: false,

@@ -46,7 +46,7 @@ use std::fmt::Write as _;
 use super::duration::human;
 use super::header::header;
 use super::numbers::thousands;
-use super::{escape, Report, ReportOptions, Row};
+use super::{escape, By, Report, ReportOptions, Row};
 use crate::trace::model::Trace;
 
 /// Up to this many counted vCPUs, the table shows every vCPU's count;
@@ -57,8 +57,12 @@ const MIN_SYMBOL_WIDTH: usize = 20;
 /// Indentation of the call-graph (`-g`) lines.
 const CALLER_INDENT: usize = 15;
 
-/// The report, as printed (ends with a newline).
+/// The report, as printed (ends with a newline); by task with `By::Task`
+/// (`super::tasks`).
 pub fn render(trace: &Trace, opts: &ReportOptions) -> String {
+    if opts.by == By::Task {
+        return super::tasks::render_tasks(trace, opts);
+    }
     write_report(&Report::new(trace, opts), opts)
 }
 

@@ -25,6 +25,25 @@
 //! another vCPU than its caller (the caller migrated) starts a root in that
 //! vCPU's section, at its own depth.
 //!
+//! A trace that knows its guest tasks (`Trace::tasks`) adds ftrace's
+//! `funcgraph-proc` column, each call's task as `comm-pid` (the comm cut
+//! to 7 characters, `<idle>-0` for the idle tasks, `vcpuN-M` where the task
+//! is unknown, as in `vmtrace script`), and ftrace's context-switch lines
+//! where the task on a vCPU changes:
+//!
+//! ```text
+//! # CPU  TASK/PID         DURATION                  FUNCTION CALLS
+//! # |     |    |         |   |                     |   |   |   |
+//!  0)     sh-57     |               |  do_sys_open() {
+//!  0)     sh-57     |   1.200 us    |    getname();
+//!  0)     sh-57     |   3.100 us    |  } /* do_sys_open */
+//!  ------------------------------------------
+//!  0)     sh-57     =>   <idle>-0
+//!  ------------------------------------------
+//!
+//!  0)   <idle>-0    |   0.300 us    |  do_idle();
+//! ```
+//!
 //! `depth` hides calls nested `depth` or more levels deep (`--depth 1`:
 //! only the outermost calls); `threshold_ns` hides returned calls shorter
 //! than it, with their callees (`uftrace replay -t`). Calls that did not
@@ -33,6 +52,7 @@
 //! Names and the kernel's path are printed through `super::escape`.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::io::{self, Write};
 
 use super::duration::human;
@@ -54,6 +74,10 @@ pub struct TreeOptions {
 
 /// Spaces per nesting level (ftrace's TRACE_GRAPH_INDENT).
 const INDENT: usize = 2;
+/// Width of the task column (ftrace's TRACE_GRAPH_PROCINFO_LENGTH).
+const PROC_WIDTH: usize = 14;
+/// Characters of a comm the task column keeps (ftrace's print_graph_proc).
+const PROC_COMM: usize = 7;
 
 /// The tree, as printed.
 pub fn render_tree(trace: &Trace, opts: &TreeOptions) -> String {
@@ -85,11 +109,15 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
         }
     }
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| escape(&f.name)).collect();
+    let tasks = !trace.tasks.is_empty();
     let p = Printer {
+        trace,
         frames: &g.frames,
         names: &names,
         opts,
         cpu_w: ncpus.saturating_sub(1).max(1).to_string().len(),
+        tasks,
+        last: Cell::new(None),
     };
 
     writeln!(w, "# tracer: function_graph (vmtrace)")?;
@@ -117,11 +145,23 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
         )?;
     }
     writeln!(w, "#")?;
-    writeln!(w, "# CPU  DURATION                  FUNCTION CALLS")?;
-    writeln!(w, "# |     |   |                     |   |   |   |")?;
+    if tasks {
+        writeln!(
+            w,
+            "# CPU  TASK/PID         DURATION                  FUNCTION CALLS"
+        )?;
+        writeln!(
+            w,
+            "# |     |    |         |   |                     |   |   |   |"
+        )?;
+    } else {
+        writeln!(w, "# CPU  DURATION                  FUNCTION CALLS")?;
+        writeln!(w, "# |     |   |                     |   |   |   |")?;
+    }
 
     for &cpu in &cpus {
         writeln!(w, "# vCPU {cpu}")?;
+        p.last.set(None);
         let roots = g.frames.iter().enumerate().filter(|(_, f)| {
             f.cpu == cpu && f.parent.is_none_or(|q| g.frames[q as usize].cpu != cpu)
         });
@@ -137,11 +177,17 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
 }
 
 struct Printer<'a> {
+    trace: &'a Trace,
     frames: &'a [Frame],
     names: &'a [Cow<'a, str>],
     opts: &'a TreeOptions,
     /// Width of the CPU column's number.
     cpu_w: usize,
+    /// The task column and context-switch lines (the trace has tasks).
+    tasks: bool,
+    /// The task of the last line printed in this vCPU's section: its pid
+    /// (None: unknown), and its column.
+    last: Cell<Option<(Option<u32>, String)>>,
 }
 
 impl Printer<'_> {
@@ -221,11 +267,26 @@ impl Printer<'_> {
     }
 
     /// ` 0) <duration> |  <indent><text>`, the duration column as ftrace's
-    /// print_graph_duration lays it out.
+    /// print_graph_duration lays it out; with tasks ` 0) <task> | <duration>
+    /// ...`, after a context-switch block if the vCPU's task changed.
     fn line(&self, w: &mut impl Write, f: &Frame, ns: Option<u64>, text: &str) -> io::Result<()> {
         let indent = f.depth as usize * INDENT;
         let cpu_w = self.cpu_w;
-        write!(w, " {:>cpu_w$}) ", f.cpu)?;
+        if self.tasks {
+            let (pid, proc) = self.proc(f);
+            if let Some((last_pid, last_proc)) = self.last.take() {
+                if last_pid != pid {
+                    // ftrace's verif_pid.
+                    writeln!(w, " ------------------------------------------")?;
+                    writeln!(w, " {:>cpu_w$}) {last_proc} => {proc}", f.cpu)?;
+                    writeln!(w, " ------------------------------------------\n")?;
+                }
+            }
+            write!(w, " {:>cpu_w$}) {proc} | ", f.cpu)?;
+            self.last.set(Some((pid, proc)));
+        } else {
+            write!(w, " {:>cpu_w$}) ", f.cpu)?;
+        }
         match ns {
             None => w.write_all(b"              |  ")?,
             Some(ns) => {
@@ -242,6 +303,32 @@ impl Printer<'_> {
             }
         }
         writeln!(w, "{:indent$}{text}", "")
+    }
+}
+
+impl Printer<'_> {
+    /// Frame `f`'s task (its pid, None if unknown) and its column: ftrace's
+    /// print_graph_proc, `comm-pid` centred in `PROC_WIDTH` characters,
+    /// the comm cut to `PROC_COMM`.
+    fn proc(&self, f: &Frame) -> (Option<u32>, String) {
+        let task = (f.task as usize)
+            .checked_sub(1)
+            .and_then(|i| self.trace.tasks.get(i));
+        let (pid, comm, shown) = match task {
+            Some(t) if t.pid == 0 => (Some(0), Cow::Borrowed("<idle>"), 0),
+            Some(t) => (Some(t.pid), escape(&t.comm), u64::from(t.pid)),
+            None => (
+                None,
+                Cow::Owned(format!("vcpu{}", f.cpu)),
+                u64::from(f.cpu) + 1,
+            ),
+        };
+        let comm: String = comm.chars().take(PROC_COMM).collect();
+        let label = format!("{comm}-{shown}");
+        let spaces = PROC_WIDTH.saturating_sub(label.chars().count());
+        let left = spaces / 2;
+        let col = format!("{}{label}{}", " ".repeat(left), " ".repeat(spaces - left));
+        (pid, col)
     }
 }
 
