@@ -193,6 +193,7 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
 fn tasks_json(doc: &mut Value, trace: &Trace) {
     if !trace.meta.tasks.is_empty() {
         doc["tasks_source"] = json!(trace.meta.tasks);
+        doc["filtered"] = json!(trace.meta.filtered);
     }
     if trace.tasks.is_empty() {
         return;

@@ -197,6 +197,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         unfinished,
         vmm,
         tasks,
+        filtered,
     } = read_late_fields(r, version)?;
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
@@ -231,7 +232,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         unfinished,
         vmm,
         tasks,
-        filtered: 0,
+        filtered,
     };
     Ok(meta)
 }
@@ -241,11 +242,12 @@ struct Late {
     unfinished: u64,
     vmm: String,
     tasks: String,
+    filtered: u64,
 }
 
 /// The fields after version 5's: the exitless calls whose record was never
 /// committed (version 6), who ran the guest (version 7), where the guest
-/// tasks came from (version 8).
+/// tasks came from and the calls the task filter rejected (version 8).
 fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late, TraceFileError> {
     let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
     let mut string = |since: u32, what: &str| {
@@ -257,10 +259,12 @@ fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late
     };
     let vmm = string(VERSION_7, "vmm")?;
     let tasks = string(VERSION_8, "tasks")?;
+    let filtered = if version >= VERSION_8 { r.u64()? } else { 0 };
     Ok(Late {
         unfinished,
         vmm,
         tasks,
+        filtered,
     })
 }
 

@@ -114,8 +114,9 @@
 //! # Version 8: guest tasks
 //!
 //! Version 8 names the guest task (thread) that ran each event. Its body
-//! adds, after `vmm`, `str` tasks: where the tasks came from (e.g. "BTF in
-//! PATH"), or why events have none; empty if not asked. An event record is
+//! adds, after `vmm`, `str` tasks: where the tasks came from (e.g. "from
+//! the BTF of PATH"), or why events have none, empty if not asked; then
+//! `u64` filtered: the calls `--pid`/`--comm` rejected. An event record is
 //! 36 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
 //! n-th task of the file), `0` when not known. The tasks are in `TASK`
 //! blocks, each

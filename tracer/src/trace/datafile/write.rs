@@ -143,6 +143,7 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     }
     if version >= VERSION_8 {
         put_str(w, &m.tasks)?;
+        w.write_all(&m.filtered.to_le_bytes())?;
     }
 
     put_syms(w, &trace.functions)?;

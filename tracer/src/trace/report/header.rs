@@ -123,6 +123,10 @@ fn tasks_line(report: &Report) -> Option<String> {
     if !source.is_empty() {
         write!(s, " ({})", escape(source)).unwrap();
     }
+    if trace.meta.filtered > 0 {
+        let calls = counted(trace.meta.filtered, "call", "calls");
+        write!(s, "; {calls} of other tasks not traced").unwrap();
+    }
     Some(s)
 }
 
