@@ -254,6 +254,109 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
     assert_eq!(v["mode"], "exitless");
     assert_eq!(v["trap_exits"].as_u64(), Some(0));
     assert_eq!(v["events_stored"], v["events"]);
+    // The trampoline recorded each call's task: every one known, and the
+    // timers of the idle loop run as each vCPU's idle task.
+    assert!(
+        v["tasks_source"]
+            .as_str()
+            .unwrap()
+            .starts_with("from the BTF of "),
+        "{v}"
+    );
+    assert_eq!(
+        v.get("tasks_unknown").map_or(0, |n| n.as_u64().unwrap()),
+        0,
+        "{v}"
+    );
+    let tasks = v["tasks"].as_array().unwrap();
+    for cpu in 0..2 {
+        let comm = format!("swapper/{cpu}");
+        assert!(
+            tasks
+                .iter()
+                .any(|t| t["pid"] == 0 && t["comm"] == comm.as_str()),
+            "{comm}: {tasks:?}"
+        );
+    }
+}
+
+/// Each call's task in trap mode, read at the trap: the idle loop's
+/// `tick_nohz_idle_enter` runs only as vCPU N's idle task (pid 0,
+/// `swapper/N`); kthreadd is pid 2 by its name; pid 1 runs first as the boot
+/// CPU's task and then, after its exec, as `init`. The same names come back
+/// from the saved data file through `script`, and from the trace.dat export
+/// through Debian's `trace-cmd report`.
+#[test]
+fn linux_trap_mode_names_every_calls_task() {
+    let dir = std::env::temp_dir().join(format!("vmtrace-linux-tasks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (csv, data, dat) = (dir.join("t.csv"), dir.join("t.data"), dir.join("t.dat"));
+    let (out, text) = boot(
+        2,
+        &[
+            "--trace",
+            "schedule,tick_nohz_idle_enter,kernel_clone",
+            "--mode",
+            "trap",
+            "-o",
+            data.to_str().unwrap(),
+            "--export",
+            &format!("csv={}", csv.display()),
+            "--export",
+            &format!("trace.dat={}", dat.display()),
+        ],
+    );
+    let err = stderr(&out);
+    check_boot_console(&text, &err, 2);
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = rows.lines();
+    assert_eq!(
+        lines.next(),
+        Some("ts_ns,cpu,function,addr,parent,caller,pid,tgid,comm")
+    );
+    let (mut idle, mut kthreadd, mut init) = (0, 0, 0);
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        let (cpu, func, pid, tgid, comm) = (f[1], f[2], f[6], f[7], f[8]);
+        assert!(
+            !pid.is_empty() && !comm.is_empty(),
+            "a task unknown: {line}"
+        );
+        if func == "tick_nohz_idle_enter" {
+            assert_eq!((pid, tgid), ("0", "0"), "{line}");
+            assert_eq!(comm, format!("swapper/{cpu}"), "{line}");
+            idle += 1;
+        }
+        if pid == "2" {
+            assert_eq!(comm, "kthreadd", "{line}");
+            kthreadd += 1;
+        }
+        if pid == "1" && comm == "init" {
+            init += 1;
+        }
+    }
+    assert!(
+        idle > 0 && kthreadd > 0 && init > 0,
+        "{idle} {kthreadd} {init}: {rows}"
+    );
+    let script = vmtrace(&["script", data.to_str().unwrap()]);
+    let lines = stdout(&script);
+    assert!(lines.contains("<idle>-0"), "{lines}");
+    assert!(lines.contains("kthreadd-2 "), "{lines}");
+    let report = std::process::Command::new("trace-cmd")
+        .arg("report")
+        .arg(&dat)
+        .output()
+        .expect("trace-cmd (Debian's trace-cmd package) must be installed");
+    let shown = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    assert!(shown.contains("kthreadd-2 "), "{shown}");
+    assert!(shown.contains("<idle>-0 "), "{shown}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every traceable function (`--trace '*'`): thousands of sites patched

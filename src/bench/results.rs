@@ -302,6 +302,7 @@ mod tests {
                 exitless_calls: 7000,
                 exitless_traps: 0,
                 static_instructions: 28,
+                task_variants: Some((24, 12)),
                 trap_exits_per_call: 1.0,
                 // Counted by KVM: 60 instructions per untraced iteration,
                 // the spin's 400 more, 3.5 x 28 more exitless.
@@ -314,6 +315,7 @@ mod tests {
                 exitless_calls: 7000,
                 exitless_traps: 0,
                 static_instructions: 80,
+                task_variants: None,
                 trap_exits_per_call: 2.0,
                 counted: Some(vec![[60.0, 460.0, 60.0, 340.0]]),
             }),
@@ -447,6 +449,8 @@ mod tests {
         assert_eq!(ex["exits_per_call"], 0.0);
         assert_eq!(ex["guest_instructions_per_call"], 28.0);
         assert_eq!(ex["guest_instructions_per_call_static"], 28);
+        assert_eq!(ex["guest_instructions_per_call_static_without_task"], 24);
+        assert_eq!(ex["guest_instructions_per_rejected_call_static"], 12);
         assert_eq!(ex["trap_us_per_call"], 10.0);
         assert_eq!(ex["exitless_us_per_call"], 28.0);
         assert_eq!(ex["exitless_vs_trap"], 2.8);

@@ -146,6 +146,10 @@ pub struct ExitlessCosts {
     /// The trampoline's instructions per recorded call, counted in its code
     /// (with the graph: a hooked entry's and its return's together).
     pub static_instructions: usize,
+    /// With the guest's tasks recorded (a kernel with BTF): the same code's
+    /// instructions per recorded call without the task, and per call that a
+    /// one-pid `--pid` filter rejects, counted in code generated so.
+    pub task_variants: Option<(usize, usize)>,
     /// Trace-port traps per traced call in the trap phases (1; 2 with the
     /// graph: the entry and the return).
     pub trap_exits_per_call: f64,
@@ -290,6 +294,7 @@ impl ExitlessCosts {
             exitless_calls: ex_calls,
             exitless_traps: ex_traps,
             static_instructions,
+            task_variants: None,
             trap_exits_per_call: tracers.trap_exits as f64 / tracers.trap_calls as f64,
             counted,
         })
@@ -420,6 +425,7 @@ pub fn exitless_costs(
         .trampoline()
         .map(|t| t.common_path_instructions() + t.return_path.len())
         .ok_or_else(|| RuntimeError::Measure("the exitless tracer has no trampoline".into()))?;
+    let task_variants = exitless.task_path_variants();
     let mut tracers = Tracers {
         trap,
         exitless,
@@ -471,7 +477,10 @@ pub fn exitless_costs(
         trap_exits: port_exits,
         exitless_calls: exitless_trace.meta.events_total,
     };
-    ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)
+    let mut costs =
+        ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)?;
+    costs.task_variants = task_variants;
+    Ok(costs)
 }
 
 /// All vCPUs' instructions KVM's emulator ran so far (read under a

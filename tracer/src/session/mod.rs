@@ -329,6 +329,15 @@ impl Tracer {
             .filter(|_| self.plan.image.symbol(kaslr::SYSCALL_ENTRY).is_some())
     }
 
+    /// Exitless mode with tasks: the instructions of a recorded call without
+    /// the task, and of a call a one-pid filter rejects (the bench's
+    /// comparisons; `Exitless::task_path_variants`).
+    pub fn task_path_variants(&self) -> Option<(usize, usize)> {
+        self.exitless
+            .as_ref()
+            .and_then(|ex| ex.task_path_variants().ok().flatten())
+    }
+
     /// The exitless trampoline (exitless mode).
     pub fn trampoline(&self) -> Option<&crate::session::exitless::trampoline::Trampoline> {
         self.exitless.as_ref().map(|ex| &ex.trampoline)

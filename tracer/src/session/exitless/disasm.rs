@@ -38,6 +38,14 @@ pub struct BrokenPath {
 /// calls in the code are followed, and the walk ends with the `ret`, or with
 /// the jump out of the code to the kernel's return thunk (`ret`).
 pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, BrokenPath> {
+    walk_path(code, start, 0)
+}
+
+/// Like `walk_common_path`, but the first `taken` conditional branches are
+/// taken (e.g. 1: the pid filter's rejection, the first branch of a body
+/// with a one-pid filter).
+pub fn walk_path(code: &[u8], start: u64, taken: usize) -> Result<Vec<Instruction>, BrokenPath> {
+    let mut taken = taken;
     let broken = |va: u64, why: String| BrokenPath { va, why };
     let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
     let mut path = Vec::new();
@@ -64,6 +72,10 @@ pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, Bro
                 return Ok(path)
             }
             FlowControl::UnconditionalBranch | FlowControl::Call => {
+                instruction.near_branch_target()
+            }
+            FlowControl::ConditionalBranch if taken > 0 => {
+                taken -= 1;
                 instruction.near_branch_target()
             }
             FlowControl::Next | FlowControl::ConditionalBranch => instruction.next_ip(),

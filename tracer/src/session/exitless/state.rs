@@ -413,6 +413,36 @@ impl Exitless {
         Ok(Resolved::Ready)
     }
 
+    /// The guest instructions of this trampoline's paths in other
+    /// configurations, for the bench: a recorded call without the task
+    /// (None when this code records none), and a call that a one-pid filter
+    /// rejects, as the code walked with its first branch taken.
+    pub fn task_path_variants(&self) -> Result<Option<(usize, usize)>, ExitlessError> {
+        let Some(task) = self.spec.task else {
+            return Ok(None);
+        };
+        let without = generate(&TrampolineSpec {
+            task: None,
+            ..self.spec
+        })?;
+        let mut one_pid = task;
+        one_pid.npids = 1;
+        let filtered = generate(&TrampolineSpec {
+            task: Some(one_pid),
+            ..self.spec
+        })?;
+        let stub = match filtered.shape {
+            trampoline::Shape::PerSite => 0,
+            trampoline::Shape::Shared => trampoline::STUB_INSTRUCTIONS,
+        };
+        let rejected = super::disasm::walk_path(&filtered.code, filtered.common_va(), 1)
+            .map_err(TrampolineError::from)?;
+        Ok(Some((
+            without.common_path_instructions(),
+            stub + rejected.len(),
+        )))
+    }
+
     /// How the trampoline returns (after `resolve`).
     pub fn ret(&self) -> Return {
         self.spec.ret
