@@ -29,7 +29,11 @@ fn getpids(guest: &QemuGuest, bz: &str, args: &[&str], n: u64) -> serde_json::Va
     ];
     let mut a = Attach::start(guest.qmp_socket(), &[&base[..], args].concat());
     let line = a.wait_line("vmtrace: attached to QEMU");
-    let mode = if args.contains(&"trap") { "trap mode" } else { "exitless" };
+    let mode = if args.contains(&"trap") {
+        "trap mode"
+    } else {
+        "exitless"
+    };
     assert!(line.contains(mode), "{line}");
     guest.go("getpid", n).unwrap();
     a.signal(libc::SIGINT);
