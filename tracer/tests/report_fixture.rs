@@ -124,6 +124,7 @@ pub fn trace() -> Trace {
         events,
         tasks: Vec::new(),
         args: Vec::new(),
+        prototypes: Vec::new(),
     }
 }
 
@@ -309,6 +310,7 @@ pub fn graph_trace() -> Trace {
         events,
         tasks: Vec::new(),
         args: Vec::new(),
+        prototypes: Vec::new(),
     }
 }
 

@@ -269,6 +269,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
         events,
         tasks: Vec::new(),
         args: Vec::new(),
+        prototypes: Vec::new(),
     }
 }
 

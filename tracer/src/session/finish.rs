@@ -298,6 +298,7 @@ impl Tracer {
             // its events did not name yet.
             tasks: self.task_table.all(),
             args: Vec::new(),
+            prototypes: Vec::new(),
         }
     }
 

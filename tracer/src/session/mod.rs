@@ -26,6 +26,7 @@ use shadow::ShadowStacks;
 use store::{Storage, Stored};
 use tasks::{TaskSource, TaskTable};
 
+pub mod args;
 pub mod counters;
 mod driver;
 pub mod exitless;

@@ -233,7 +233,8 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
         callers: trace.callers.clone(),
         events,
         tasks: trace.tasks.clone(),
-        args: Vec::new(),
+        args: trace.args.clone(),
+        prototypes: trace.prototypes.clone(),
     }
 }
 

@@ -119,6 +119,7 @@ impl Body {
             events,
             tasks,
             args: Vec::new(),
+            prototypes: Vec::new(),
         })
     }
 }

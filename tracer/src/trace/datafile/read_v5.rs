@@ -291,5 +291,6 @@ fn cut_short(head: Body, events: Vec<Event>, tasks: Vec<Task>, blocks: u64) -> T
         events,
         tasks,
         args: Vec::new(),
+        prototypes: Vec::new(),
     }
 }

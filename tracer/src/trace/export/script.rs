@@ -223,6 +223,7 @@ mod tests {
             ],
             tasks: Vec::new(),
             args: Vec::new(),
+            prototypes: Vec::new(),
         }
     }
 
