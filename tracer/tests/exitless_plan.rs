@@ -62,8 +62,17 @@ fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolve
 
 fn prepare(image: &KernelImage) -> Exitless {
     let (tx, _rx) = crossbeam_channel::unbounded();
-    Exitless::prepare(image, 2, 3, Some(16), false, tx, &Default::default())
-        .unwrap_or_else(|e| panic!("{e}"))
+    Exitless::prepare(
+        image,
+        2,
+        3,
+        Some(16),
+        false,
+        tx,
+        &Default::default(),
+        Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The trampoline's read of the CPU number: `mov r10d, gs:[disp]`.
@@ -195,7 +204,16 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
 #[test]
 fn return_thunks_without_alternatives_patched_are_refused() {
     let image = mini_without("mini-rethunk", &["alternatives_patched"]);
-    let err = Exitless::check(&image, 2, 3, Some(16), false, &Default::default()).unwrap_err();
+    let err = Exitless::check(
+        &image,
+        2,
+        3,
+        Some(16),
+        false,
+        &Default::default(),
+        Default::default(),
+    )
+    .unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
     assert_eq!(
         err.to_string(),

@@ -22,6 +22,11 @@ pub struct Trap<'a> {
     /// The GS base (in kernel mode: this CPU's per-CPU area, through which
     /// the kernel reads its current task).
     pub gs_base: u64,
+    /// The argument registers at the trap (RDI, RSI, RDX, RCX, R8, R9): a
+    /// traced function's arguments at its entry.
+    pub args: [u64; 6],
+    /// RAX: a function's return value at its return.
+    pub rax: u64,
     /// Guest memory as this vCPU sees it now. Built afresh for each trap:
     /// the guest runs between traps and may remap any page, so no
     /// translation outlives the exit it was made for.
@@ -38,6 +43,8 @@ impl<'a> Trap<'a> {
             rip: regs.rip,
             rsp: regs.rsp,
             gs_base: sregs.gs.base,
+            args: [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9],
+            rax: regs.rax,
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
         }
@@ -59,6 +66,8 @@ impl<'a> Trap<'a> {
             rip,
             rsp,
             gs_base: 0,
+            args: [0; 6],
+            rax: 0,
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
         }

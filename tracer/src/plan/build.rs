@@ -189,6 +189,7 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
             req.ring_events,
             plan.graph,
             &plan.tasks,
+            plan.values,
         )
     };
     match req.mode {

@@ -61,6 +61,16 @@ pub struct Plan {
     pub graph: bool,
     /// The guest's tasks: how to read them, and which to keep.
     pub tasks: tasks::TaskPlan,
+    /// Which values of the calls to record besides their task.
+    pub values: ValuePlan,
+}
+
+/// The values of traced calls a plan records: their arguments (`--args`),
+/// their return values (`--retval`, with the function graph).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ValuePlan {
+    pub args: bool,
+    pub retval: bool,
 }
 
 impl Plan {
@@ -104,6 +114,7 @@ impl Plan {
             ftrace_enabled,
             graph: false,
             tasks,
+            values: ValuePlan::default(),
         })
     }
 }

@@ -123,8 +123,15 @@ fn kernel_space<'a>(
 /// free pages (the largest power of two that does).
 fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
     let sites = plan.index.addrs.len();
-    let code = Exitless::code_pages(&plan.image, cpus, sites, plan.graph, &plan.tasks)
-        .map_err(TracerError::from)?;
+    let code = Exitless::code_pages(
+        &plan.image,
+        cpus,
+        sites,
+        plan.graph,
+        &plan.tasks,
+        plan.values,
+    )
+    .map_err(TracerError::from)?;
     // The pages below the rings (`backing::RegionPages`): the tables and
     // the code; with the function graph, its parts at their fixed places.
     let bottom = match plan.graph {

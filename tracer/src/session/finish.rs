@@ -297,7 +297,7 @@ impl Tracer {
             // Every task seen so far: a data file's HEAD and FOOT save those
             // its events did not name yet.
             tasks: self.task_table.all(),
-            args: Vec::new(),
+            args: self.arg_table.all(),
             prototypes: Vec::new(),
         }
     }

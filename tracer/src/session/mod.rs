@@ -15,8 +15,9 @@ use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
+use args::ArgTable;
 use counters::Counters;
-use exitless::collect::DrainTasks;
+use exitless::collect::{DrainTasks, DrainValues};
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
 use exitless::state::{Exitless, ExitlessError, Resolved};
@@ -143,6 +144,8 @@ pub struct Tracer {
     /// The guest tasks events name, shared with the store
     /// (`store::Store::tasks`).
     task_table: Arc<tasks::TaskTable>,
+    /// Entries' arguments (`--args`).
+    arg_table: Arc<ArgTable>,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -223,6 +226,7 @@ impl Tracer {
             plan.graph,
             sink,
             &plan.tasks,
+            plan.values,
         )?;
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
@@ -261,7 +265,12 @@ impl Tracer {
                 r.record_tasks(Arc::clone(src));
             }
         }
+        let values = plan.values;
+        let retval = plan.graph && values.retval;
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, table);
+        for r in &mut recs {
+            r.record_values(values.args.then(|| Arc::clone(&t.arg_table)), retval);
+        }
         t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
@@ -304,6 +313,7 @@ impl Tracer {
             vmm: String::new(),
             tasks: None,
             task_table: tasks,
+            arg_table: Arc::new(ArgTable::new()),
         }
     }
 
@@ -489,11 +499,16 @@ impl Tracer {
                 root: c.space.root(),
                 mode: c.space.mode(),
             });
+            let values = DrainValues {
+                args: self.plan.values.args.then(|| Arc::clone(&self.arg_table)),
+                retval: self.plan.graph && self.plan.values.retval,
+            };
             ex.start_drainer(
                 clock,
                 Arc::clone(&self.counters),
                 Arc::clone(&self.plan.index),
                 tasks,
+                values,
             );
         }
         self.attached_at(paused);

@@ -21,6 +21,7 @@ use vmm::{Trap, TrapError, TrapHandler};
 
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
+use crate::session::args::ArgTable;
 use crate::session::shadow::ShadowStacks;
 use crate::session::store::{self, Storage};
 use crate::session::tasks::{Seen, TaskKey, TaskSource};
@@ -55,9 +56,19 @@ pub struct Recorder {
     /// The guest's tasks, when its kernel's layout is known; with this
     /// recorder's own cache of the ids it has seen.
     tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
+    /// `--args`: where entries' arguments go.
+    args: Option<Arc<ArgTable>>,
+    /// `--retval`: returns carry RAX.
+    retval: bool,
 }
 
 impl Recorder {
+    /// Record entries' arguments in `args`, and (`retval`) returns' values.
+    pub fn record_values(&mut self, args: Option<Arc<ArgTable>>, retval: bool) {
+        self.args = args;
+        self.retval = retval;
+    }
+
     /// Name each event's task (the guest's current task at the trap).
     pub fn record_tasks(&mut self, source: Arc<TaskSource>) {
         self.tasks = Some((source, HashMap::new()));
@@ -154,7 +165,7 @@ impl Recorder {
             func: self.index.funcs[site],
             cpu: self.cpu,
             task,
-            data: 0,
+            data: if self.retval { trap.rax } else { 0 },
         });
         Ok(())
     }
@@ -242,6 +253,7 @@ impl TrapHandler for Recorder {
                 .parent_unreadable
                 .fetch_add(1, Ordering::Relaxed);
         }
+        let data = self.args.as_ref().map_or(0, |t| t.push(trap.args));
         self.push(Event {
             ts_ns,
             parent,
@@ -249,7 +261,7 @@ impl TrapHandler for Recorder {
             func: self.index.funcs[i],
             cpu: self.cpu,
             task,
-            data: 0,
+            data,
         });
         Ok(())
     }
@@ -303,6 +315,8 @@ pub fn recorders(
             free: store.free.clone(),
             graph: None,
             tasks: None,
+            args: None,
+            retval: false,
         })
         .collect();
     (counters, recs, store)

@@ -6,12 +6,11 @@
 //! same pieces.
 
 use iced_x86::code_asm::{
-    dword_ptr, eax, edx, ptr, qword_ptr, r10, r10d, r11, r11d, rax, rdx, rsp, AsmMemoryOperand,
-    AsmRegister32, CodeAssembler, CodeLabel,
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r10d, r11, r11d, r8, r9, rax, rcx, rdi, rdx, rsi,
+    rsp, AsmMemoryOperand, AsmRegister32, CodeAssembler, CodeLabel,
 };
 use iced_x86::IcedError;
 
-use super::layout::RECORD_LEN;
 use super::ret::{emit_ret, Return};
 
 /// Displacements and immediates the paths use (computed and checked by
@@ -39,6 +38,12 @@ pub(super) struct Fields {
     pub rec_slot: i64,
     /// Record the current task (and filter by pid); None: neither.
     pub task: Option<TaskFields>,
+    /// Bytes per record (`RingLayout::record_len`).
+    pub record_len: i32,
+    /// Record an entry's six argument registers here; None: not.
+    pub rec_args: Option<i64>,
+    /// Record a return's RAX here (function graph); None: not.
+    pub rec_ret: Option<i64>,
 }
 
 /// Most pids the guest code itself filters on (`--pid`): each is a `cmp`
@@ -73,6 +78,33 @@ pub(super) fn emit_task(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedErr
     // eax = current->pid; record.pid = eax.
     a.mov(eax, dword_ptr(rax + t.pid_off))?;
     a.mov(dword_ptr(r10 + t.rec_pid), eax)?;
+    Ok(())
+}
+
+/// Record the argument registers in the record at r10, with `--args`
+/// (clobbers rax). RDX was overwritten by the reservation: it is read back
+/// from `[rsp + rdx_at]`, where the path saved it.
+pub(super) fn emit_args(a: &mut CodeAssembler, f: &Fields, rdx_at: i32) -> Result<(), IcedError> {
+    let Some(at) = f.rec_args else { return Ok(()) };
+    // args[0, 1] = rdi, rsi.
+    a.mov(qword_ptr(r10 + at), rdi)?;
+    a.mov(qword_ptr(r10 + (at + 8)), rsi)?;
+    // args[2] = rdx, as the path saved it.
+    a.mov(rax, qword_ptr(rsp + rdx_at))?;
+    a.mov(qword_ptr(r10 + (at + 16)), rax)?;
+    // args[3, 4, 5] = rcx, r8, r9.
+    a.mov(qword_ptr(r10 + (at + 24)), rcx)?;
+    a.mov(qword_ptr(r10 + (at + 32)), r8)?;
+    a.mov(qword_ptr(r10 + (at + 40)), r9)?;
+    Ok(())
+}
+
+/// Record a return's RAX in the record at r10, with `--retval`: from
+/// `[rsp + rax_at]`, where the return path saved it (clobbers rax).
+pub(super) fn emit_retval(a: &mut CodeAssembler, f: &Fields, rax_at: i32) -> Result<(), IcedError> {
+    let Some(at) = f.rec_ret else { return Ok(()) };
+    a.mov(rax, qword_ptr(rsp + rax_at))?;
+    a.mov(qword_ptr(r10 + at), rax)?;
     Ok(())
 }
 
@@ -150,7 +182,7 @@ pub(super) fn emit_reserve(
     a.cmp(rax, qword_ptr(r10 + f.limit))?;
     a.jae(full)?;
     // rdx = the head past this record.
-    a.lea(rdx, ptr(rax + RECORD_LEN as i32))?;
+    a.lea(rdx, ptr(rax + f.record_len))?;
     // Reserve it: cmpxchg is one instruction, so an interrupt or NMI on
     // this CPU comes before or after it; locked on a preemptible kernel,
     // where a preempted task may finish this on another CPU.
@@ -226,6 +258,8 @@ pub(super) fn emit_entry(
     // r10 = the record (or full).
     emit_reserve(a, f, full)?;
     emit_task(a, f)?;
+    // rdx was pushed last: at [rsp].
+    emit_args(a, f, 0)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;
@@ -268,6 +302,7 @@ pub(super) fn emit_site_body(
     // r10 = the record (or full).
     emit_reserve(a, f, full)?;
     emit_task(a, f)?;
+    emit_args(a, f, 0)?;
     // rax = the parent, [rsp + 24]; record.parent = rax.
     a.mov(rax, qword_ptr(rsp + 24))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;

@@ -14,11 +14,20 @@ use vmm::pause::GuestClock;
 use super::layout::RingLayout;
 use super::ring::{self, Record, RingError, RingReader};
 use crate::plan::site_index::SiteIndex;
+use crate::session::args::ArgTable;
 use crate::session::counters::{Counters, BATCH};
 use crate::session::tasks::{Seen, TaskSource};
 use crate::trace::model::{Event, Task};
 use std::collections::HashMap;
 use vmm::gva::{AddressSpace, PagingMode};
+
+/// What the drainer records of calls' values: entries' arguments (into
+/// this table; their records hold them) and returns' values.
+#[derive(Debug, Default)]
+pub struct DrainValues {
+    pub args: Option<Arc<ArgTable>>,
+    pub retval: bool,
+}
 
 /// The tasks one drain pass met: (`task_struct` address, pid) to id and
 /// filter verdict.
@@ -120,6 +129,7 @@ struct Out {
     graph: bool,
     /// Naming tasks, with the ids met in this pass.
     tasks: Option<(DrainTasks, SeenTasks)>,
+    values: DrainValues,
 }
 
 impl Pass {
@@ -209,6 +219,11 @@ impl Out {
         if !self.clock.is_anchored() {
             self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
         }
+        let data = match (&r.args, &self.values.args) {
+            (Some(args), Some(table)) => table.push(*args),
+            _ if is_return && self.values.retval => r.ret,
+            _ => 0,
+        };
         self.buf.push(Event {
             slot: r.slot,
             ts_ns: self.clock.host_ns(r.tsc),
@@ -216,7 +231,7 @@ impl Out {
             func: self.index.funcs[site],
             cpu: cpu as u32,
             task,
-            data: 0,
+            data,
         });
     }
 }
@@ -231,6 +246,7 @@ impl Drainer {
         index: Arc<SiteIndex>,
         sink: Sender<Vec<Event>>,
         tasks: Option<DrainTasks>,
+        values: DrainValues,
     ) -> Drainer {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(DrainStats::default());
@@ -247,6 +263,7 @@ impl Drainer {
                 reserved: 0,
                 graph: layout.graph,
                 tasks: tasks.map(|t| (t, HashMap::new())),
+                values,
             },
         };
         let flag = Arc::clone(&stop);

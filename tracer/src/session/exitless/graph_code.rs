@@ -73,7 +73,8 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::body::{
-    emit_commit, emit_count, emit_count_filtered, emit_filter, emit_reserve, emit_task, Fields,
+    emit_args, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_reserve,
+    emit_retval, emit_task, Fields,
 };
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
@@ -104,6 +105,9 @@ pub(super) fn emit_entry(
     emit_filter(a, f, rejected)?;
     emit_reserve(a, f, full)?;
     emit_task(a, f)?;
+    // rdx was pushed second of four: at [rsp + 16]; rcx and rsi are still
+    // the caller's (the frame claim below takes them).
+    emit_args(a, f, 16)?;
     // rax = O, the function's return address, and record.parent = O.
     a.mov(rax, qword_ptr(rsp + 40))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;
@@ -177,6 +181,8 @@ pub(super) fn emit_return(
     // The task returning is the one that called (its entry passed any
     // filter).
     emit_task(a, f)?;
+    // The return value, pushed first: at [rsp + 8].
+    emit_retval(a, f, 8)?;
     a.mov(qword_ptr(r10 + f.rec_parent), rcx)?;
     // record.slot = S | 1: a return.
     a.lea(rax, ptr(rsp + 9))?;

@@ -52,6 +52,12 @@ pub const REC_TSC: u64 = 8;
 pub const REC_PARENT: u64 = 16;
 pub const REC_SLOT: u64 = 24;
 pub const REC_TASK: u64 = 32;
+/// Function graph with return values: a return's RAX.
+pub const REC_RET: u64 = 40;
+/// With arguments (`--args`): a record is `RECORD_LEN_ARGS` bytes, the
+/// six argument registers (RDI, RSI, RDX, RCX, R8, R9) from `REC_ARGS`.
+pub const RECORD_LEN_ARGS: u64 = 128;
+pub const REC_ARGS: u64 = 64;
 /// Calls the pid filter rejected on this CPU (u64, written by the guest:
 /// on `head`'s cache line).
 pub const FILTERED_OFF: u64 = 8;
@@ -131,6 +137,8 @@ pub struct RingLayout {
     pub records_off: u64,
     /// Bytes per ring (a multiple of 4 KiB).
     pub ring_bytes: u64,
+    /// Records hold the call's arguments (`RECORD_LEN_ARGS` bytes each).
+    pub args: bool,
 }
 
 const PAGE: u64 = 4096;
@@ -150,6 +158,18 @@ impl RingLayout {
         records: Option<u64>,
         graph: bool,
     ) -> Result<RingLayout, LayoutError> {
+        RingLayout::with_args(cpus, sites, records, graph, false)
+    }
+
+    /// `new`, with records that hold the call's arguments when `args`.
+    pub fn with_args(
+        cpus: usize,
+        sites: usize,
+        records: Option<u64>,
+        graph: bool,
+        args: bool,
+    ) -> Result<RingLayout, LayoutError> {
+        let record_len = if args { RECORD_LEN_ARGS } else { RECORD_LEN };
         let counters = if graph { 2 } else { 1 };
         let records_off = align_up(DROPS_OFF + counters * sites as u64 * 8, CACHE_LINE);
         let rings_len = if graph { FRAME_NEXT_OFF } else { DATA_LEN };
@@ -160,19 +180,19 @@ impl RingLayout {
             }
             Some(n) => n,
             None => {
-                let room = per_ring.saturating_sub(records_off) / RECORD_LEN;
+                let room = per_ring.saturating_sub(records_off) / record_len;
                 let mut cap = 1u64 << (63 - room.max(1).leading_zeros());
                 cap = cap.min(MAX_RECORDS);
                 // Round the ring to pages without outgrowing its share.
                 while cap >= MIN_RECORDS
-                    && align_up(records_off + cap * RECORD_LEN, PAGE) > per_ring
+                    && align_up(records_off + cap * record_len, PAGE) > per_ring
                 {
                     cap /= 2;
                 }
                 cap
             }
         };
-        let ring_bytes = align_up(records_off + cap * RECORD_LEN, PAGE);
+        let ring_bytes = align_up(records_off + cap * record_len, PAGE);
         if cap < MIN_RECORDS || ring_bytes * cpus as u64 > rings_len {
             return Err(LayoutError::TooBig {
                 cpus,
@@ -187,7 +207,17 @@ impl RingLayout {
             cap,
             records_off,
             ring_bytes,
+            args,
         })
+    }
+
+    /// Bytes per record.
+    pub fn record_len(&self) -> u64 {
+        if self.args {
+            RECORD_LEN_ARGS
+        } else {
+            RECORD_LEN
+        }
     }
 
     /// Guest-virtual and guest-physical address of CPU `cpu`'s ring.

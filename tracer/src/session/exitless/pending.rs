@@ -17,7 +17,7 @@ use vmm::GuestRam;
 use crossbeam_channel::Sender;
 use vmm::pause::GuestClock;
 
-use super::collect::{DrainTasks, Drainer};
+use super::collect::{DrainTasks, DrainValues, Drainer};
 use super::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
 use crate::session::counters::Counters;
@@ -30,6 +30,7 @@ struct Go {
     counters: Arc<Counters>,
     index: Arc<SiteIndex>,
     tasks: Option<DrainTasks>,
+    values: DrainValues,
 }
 
 /// How often the waiting thread looks for its start: the records wait in
@@ -108,7 +109,7 @@ impl PendingDrainer {
                 match look(&seen, || {}) {
                     Look::Start(g) => {
                         return Some(Drainer::start(
-                            mem, layout, g.clock, g.counters, g.index, sink, g.tasks,
+                            mem, layout, g.clock, g.counters, g.index, sink, g.tasks, g.values,
                         ))
                     }
                     Look::End => return None,
@@ -130,6 +131,7 @@ impl PendingDrainer {
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
         tasks: Option<DrainTasks>,
+        values: DrainValues,
     ) {
         if self.slot.told.swap(true, Ordering::AcqRel) {
             return;
@@ -139,6 +141,7 @@ impl PendingDrainer {
             counters,
             index,
             tasks,
+            values,
         });
     }
 

@@ -12,9 +12,10 @@ use vm_memory::GuestAddress;
 use vmm::RamError;
 
 use super::layout::{
-    RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN, REC_COMMIT,
-    REC_PARENT, REC_SLOT, REC_TASK, REC_TSC,
+    RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, REC_ARGS, REC_COMMIT,
+    REC_PARENT, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
 };
+use crate::trace::model::ARG_REGS;
 
 /// One traced call, as the trampoline recorded it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +33,10 @@ pub struct Record {
     /// and 0 when tasks are not recorded.
     pub task: u64,
     pub pid: u32,
+    /// A return's RAX (function graph with `--retval`; else 0).
+    pub ret: u64,
+    /// An entry's argument registers (records with arguments; else None).
+    pub args: Option<[u64; ARG_REGS]>,
 }
 
 /// Why a ring cannot be set up or read.
@@ -104,7 +109,7 @@ pub fn init_rings(mem: &dyn GuestRam, layout: &RingLayout) -> Result<(), RingErr
         }
         let limit = field(layout, cpu, LIMIT_OFF);
         mem.store(
-            layout.cap * RECORD_LEN,
+            layout.cap * layout.record_len(),
             GuestAddress(limit),
             Ordering::Release,
         )
@@ -166,7 +171,7 @@ pub fn head(mem: &dyn GuestRam, layout: &RingLayout, cpu: usize) -> Result<u64, 
     let bytes: u64 = mem
         .load(GuestAddress(gpa), Ordering::Acquire)
         .map_err(memory_error("reading the head", cpu, gpa))?;
-    Ok(bytes / RECORD_LEN)
+    Ok(bytes / layout.record_len())
 }
 
 /// How long a slot may stay reserved and not committed before the drain
@@ -336,7 +341,7 @@ impl RingReader {
             // the guest can see the slots free and overwrite them. Written
             // only when it moves, to leave the cache line alone otherwise.
             let gpa = field(&self.layout, cpu, LIMIT_OFF);
-            let limit = (self.floor(cpu) + self.layout.cap) * RECORD_LEN;
+            let limit = (self.floor(cpu) + self.layout.cap) * self.layout.record_len();
             mem.store(limit, GuestAddress(gpa), Ordering::Release)
                 .map_err(memory_error("moving the limit", cpu, gpa))?;
         }
@@ -375,7 +380,7 @@ impl RingReader {
     ) -> Result<bool, RingError> {
         let layout = self.layout;
         let records = field(&layout, cpu, layout.records_off);
-        let slot = records + (index & (layout.cap - 1)) * RECORD_LEN;
+        let slot = records + (index & (layout.cap - 1)) * layout.record_len();
         let load = |off: u64, what| {
             let gpa = slot + off;
             move |order| {
@@ -402,6 +407,23 @@ impl RingReader {
         let parent = load(REC_PARENT, "reading a record's parent")(Ordering::Relaxed)?;
         let stack_slot = load(REC_SLOT, "reading a record's slot")(Ordering::Relaxed)?;
         let task = load(REC_TASK, "reading a record's task")(Ordering::Relaxed)?;
+        let is_return = stack_slot & crate::trace::model::RETURN_BIT != 0;
+        let ret = if is_return {
+            load(REC_RET, "reading a record's return value")(Ordering::Relaxed)?
+        } else {
+            0
+        };
+        let args = if layout.args && !is_return {
+            let mut regs = [0u64; ARG_REGS];
+            for (i, r) in regs.iter_mut().enumerate() {
+                *r = load(REC_ARGS + 8 * i as u64, "reading a record's arguments")(
+                    Ordering::Relaxed,
+                )?;
+            }
+            Some(regs)
+        } else {
+            None
+        };
         // Empty the slot for its next lap; the limit store (Release) makes
         // the guest see this before the slot is free.
         mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
@@ -415,6 +437,8 @@ impl RingReader {
                 slot: stack_slot,
                 task,
                 pid,
+                ret,
+                args,
             },
         );
         // Kept per record: if a later read fails, what `f` saw is not
@@ -426,7 +450,7 @@ impl RingReader {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{DATA_GPA, REGION_GPA, REGION_LEN};
+    use super::super::layout::{DATA_GPA, RECORD_LEN, REGION_GPA, REGION_LEN};
     use super::*;
     use vm_memory::{Bytes, GuestMemoryMmap};
 
@@ -505,6 +529,8 @@ mod tests {
             slot: 0,
             task: 0,
             pid: 0,
+            ret: 0,
+            args: None,
         }
     }
 

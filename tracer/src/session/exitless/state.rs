@@ -13,8 +13,8 @@ use vmm::pause::GuestClock;
 
 use super::backing::RegionPages;
 use super::code::{padding, write_code, CODE_PAGE};
-use super::collect::DrainTasks;
 use super::collect::{self, DrainError};
+use super::collect::{DrainTasks, DrainValues};
 use super::layout::{
     LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
     SPARE_PD_GPA,
@@ -32,6 +32,7 @@ use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::site_index::SiteIndex;
 use crate::plan::tasks::TaskPlan;
+use crate::plan::ValuePlan;
 use crate::session::counters::Counters;
 use crate::trace::model::Event;
 
@@ -214,6 +215,7 @@ fn plan(
     ring_records: Option<u64>,
     graph: bool,
     tasks: &TaskPlan,
+    values: ValuePlan,
 ) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
@@ -236,12 +238,13 @@ fn plan(
         });
     }
     let spec = TrampolineSpec {
-        layout: RingLayout::new(cpus, sites, ring_records, graph)?,
+        layout: RingLayout::with_args(cpus, sites, ring_records, graph, values.args)?,
         cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
         preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
         // `ret; int3` until `resolve` reads how the kernel returns.
         ret: Default::default(),
         task: task_code(tasks, KernelOffset::NONE)?,
+        retval: graph && values.retval,
     };
     Ok((generate(&spec)?, spec, cpu_number))
 }
@@ -297,8 +300,9 @@ impl Exitless {
         ring_records: Option<u64>,
         graph: bool,
         tasks: &TaskPlan,
+        values: ValuePlan,
     ) -> Result<(), ExitlessError> {
-        plan(image, cpus, sites, ring_records, graph, tasks).map(|_| ())
+        plan(image, cpus, sites, ring_records, graph, tasks, values).map(|_| ())
     }
 
     /// Pages of code the trampoline takes for this image, CPU and site
@@ -310,8 +314,9 @@ impl Exitless {
         sites: usize,
         graph: bool,
         tasks: &TaskPlan,
+        values: ValuePlan,
     ) -> Result<usize, ExitlessError> {
-        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph, tasks)?;
+        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph, tasks, values)?;
         Ok(t.code.chunks(CODE_PAGE).filter(|c| !padding(c)).count())
     }
 
@@ -324,8 +329,10 @@ impl Exitless {
         graph: bool,
         sink: Sender<Vec<Event>>,
         tasks: &TaskPlan,
+        values: ValuePlan,
     ) -> Result<Exitless, ExitlessError> {
-        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, graph, tasks)?;
+        let (trampoline, spec, cpu_number) =
+            plan(image, cpus, sites, ring_records, graph, tasks, values)?;
         Ok(Exitless {
             tasks: tasks.clone(),
             removed_filtered: None,
@@ -592,9 +599,10 @@ impl Exitless {
         counters: Arc<Counters>,
         index: Arc<SiteIndex>,
         tasks: Option<DrainTasks>,
+        values: DrainValues,
     ) {
         if let Some(d) = &self.drainer {
-            d.start(clock, counters, index, tasks);
+            d.start(clock, counters, index, tasks, values);
         }
     }
 

@@ -110,8 +110,8 @@ use super::disasm::{format_instruction, walk_common_path, BrokenPath};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
-    RECORD_LEN, REC_COMMIT, REC_PARENT, REC_PID, REC_SLOT, REC_TASK, REC_TSC, RETURN_TRAP_OFF,
-    RET_STUBS_OFF, RET_STUBS_VA,
+    RECORD_LEN, RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT,
+    REC_TASK, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
 };
 use super::ret::Return;
 
@@ -170,6 +170,9 @@ pub struct TrampolineSpec {
     pub ret: Return,
     /// Record each call's task, and keep only some pids; None: no task.
     pub task: Option<TaskCode>,
+    /// Function graph: record each return's RAX (`--retval`). (Arguments
+    /// go with the layout: `RingLayout::args`.)
+    pub retval: bool,
 }
 
 /// What the code needs to record the current task and filter by pid.
@@ -189,6 +192,13 @@ pub struct TaskCode {
 /// Instructions the task adds to a recorded call: read `current`, store
 /// it, read its pid, store that (`body::emit_task`).
 pub const TASK_INSTRUCTIONS: usize = 4;
+/// Instructions the arguments add to a recorded entry: five register
+/// stores, and RDX (which the reservation clobbers) loaded from where the
+/// path saved it and stored (`body::emit_args`).
+pub const ARGS_INSTRUCTIONS: usize = 7;
+/// Instructions the return value adds to a recorded return: RAX loaded
+/// from where the return path saved it, and stored.
+pub const RETVAL_INSTRUCTIONS: usize = 2;
 
 impl TaskCode {
     /// Instructions this adds to a recorded call's path (as the walk of the
@@ -495,7 +505,8 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     let want = COMMON_PATH_INSTRUCTIONS
         + spec.ret.extra_instructions()
-        + spec.task.map_or(0, |t| t.path_instructions());
+        + spec.task.map_or(0, |t| t.path_instructions())
+        + if layout.args { ARGS_INSTRUCTIONS } else { 0 };
     if shape == Shape::PerSite && common_path.len() != want {
         return Err(TrampolineError::BrokenPath {
             va: CODE_VA + u64::from(common),
@@ -542,10 +553,10 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
             "a capacity that is not a power of two",
         ));
     }
-    const _: () = assert!(RECORD_LEN.is_power_of_two());
+    const _: () = assert!(RECORD_LEN.is_power_of_two() && RECORD_LEN_ARGS.is_power_of_two());
     let slot_mask = layout
         .cap
-        .checked_mul(RECORD_LEN)
+        .checked_mul(layout.record_len())
         .and_then(|b| u32::try_from(b - 1).ok())
         .filter(|&m| i32::try_from(m).is_ok())
         .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
@@ -591,6 +602,17 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         rec_parent: rec(REC_PARENT)?,
         rec_slot: rec(REC_SLOT)?,
         task,
+        record_len: layout.record_len() as i32,
+        rec_args: if layout.args {
+            Some(rec(REC_ARGS)?)
+        } else {
+            None
+        },
+        rec_ret: if spec.retval {
+            Some(rec(REC_RET)?)
+        } else {
+            None
+        },
     })
 }
 
@@ -725,6 +747,7 @@ mod tests {
             preemptible: true,
             ret: Return::default(),
             task: None,
+            retval: false,
         }
     }
 
@@ -735,6 +758,7 @@ mod tests {
             preemptible: true,
             ret: Return::default(),
             task: None,
+            retval: false,
         }
     }
 
@@ -1211,11 +1235,13 @@ mod tests {
                 cap: 2,
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
+                args: false,
             },
             cpu_number_disp: 0,
             preemptible: true,
             ret: Return::default(),
             task: None,
+            retval: false,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1576,6 +1602,8 @@ mod tests {
                 slot: 0,
                 task: 0,
                 pid: 0,
+                ret: 0,
+                args: None,
             };
             assert_eq!(got, [(cpu as usize, want)]);
         }
@@ -1716,6 +1744,64 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].1.task, got[0].1.pid), (task_va(0), 9));
         assert_ne!(got[0].1.slot, 0, "hooked");
+    }
+
+    #[test]
+    fn emulated_calls_record_their_arguments_and_return_values() {
+        for graph in [false, true] {
+            let mut s = if graph {
+                graph_spec(1, 2, 8)
+            } else {
+                spec(1, 2, 8)
+            };
+            s.layout = RingLayout::with_args(1, 2, Some(8), graph, true).unwrap();
+            s.retval = graph;
+            let s = with_task(s, &[]);
+            let t = generate(&s).unwrap();
+            if !graph {
+                assert_eq!(
+                    t.common_path_instructions(),
+                    COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS
+                );
+            } else {
+                assert_eq!(
+                    t.return_path.len(),
+                    GRAPH_RETURN_INSTRUCTIONS + TASK_INSTRUCTIONS + RETVAL_INSTRUCTIONS
+                );
+            }
+            let mem = memory(&[0]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            run_task(&mem, 0, 77);
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 5,
+            };
+            let mut reader = RingReader::new(s.layout);
+            let mut r = regs(0);
+            // RDI, RSI, RDX, RCX, R8, R9 (gpr indices in encoding order).
+            let want = [7, 6, 2, 1, 8, 9].map(|g| r.gpr[g]);
+            let before = r.clone();
+            emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+            }
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].1.args, Some(want), "graph={graph}");
+            if graph {
+                // The function returns with RAX = its value, through the
+                // hooked return address at its slot.
+                r.gpr[RSP] = before.gpr[RSP] - 8;
+                r.gpr[0] = 0xffff_ffff_ffff_fffe;
+                let steps = emulated_return(&mut emu, &mut r, PARENT);
+                assert_eq!(steps, t.return_path.len());
+                let got = drain(&mut reader, &mem);
+                assert_eq!(got.len(), 1);
+                assert_eq!((got[0].1.ret, got[0].1.args), (0xffff_ffff_ffff_fffe, None));
+                assert_eq!(r.gpr[0], 0xffff_ffff_ffff_fffe, "RAX kept");
+            }
+        }
     }
 
     #[test]
