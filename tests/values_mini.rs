@@ -133,10 +133,13 @@ fn run(mode: ModeChoice, graph: bool) -> (Trace, String) {
 struct Quiet;
 impl tracer::session::Observer for Quiet {}
 
+/// (cpu, function) -> calls, and sums by name.
+type Sums<V> = BTreeMap<(u32, String), (u64, BTreeMap<String, V>)>;
+
 /// The guest's sums, rebuilt from the trace: (cpu, function) -> calls and
 /// the sums by name (`ret` for the return values).
-fn sums(trace: &Trace) -> BTreeMap<(u32, String), (u64, BTreeMap<String, i128>)> {
-    let mut raw: BTreeMap<(u32, String), (u64, BTreeMap<String, (Ty, i128)>)> = BTreeMap::new();
+fn sums(trace: &Trace) -> Sums<i128> {
+    let mut raw: Sums<(Ty, i128)> = BTreeMap::new();
     for e in &trace.events {
         let f = trace.functions[e.func as usize].name.clone();
         let (params, ret) = layout(&f);

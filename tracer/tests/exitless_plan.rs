@@ -9,7 +9,7 @@ use iced_x86::{Code, Instruction, Mnemonic, Register};
 use tracer::kernel::kaslr::KernelOffset;
 use tracer::kernel::symbols::KernelImage;
 use tracer::session::exitless::ret::Return;
-use tracer::session::exitless::state::{Exitless, Resolved};
+use tracer::session::exitless::state::{Exitless, Records, Resolved};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::advice::{Advice, Remedy};
 use vmm::gva::{AddressSpace, PagingMode};
@@ -62,17 +62,12 @@ fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolve
 
 fn prepare(image: &KernelImage) -> Exitless {
     let (tx, _rx) = crossbeam_channel::unbounded();
-    Exitless::prepare(
-        image,
-        2,
-        3,
-        Some(16),
-        false,
-        tx,
-        &Default::default(),
-        Default::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+    let plain = Records {
+        graph: false,
+        tasks: &Default::default(),
+        values: Default::default(),
+    };
+    Exitless::prepare(image, 2, 3, Some(16), plain, tx).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The trampoline's read of the CPU number: `mov r10d, gs:[disp]`.
@@ -204,16 +199,12 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
 #[test]
 fn return_thunks_without_alternatives_patched_are_refused() {
     let image = mini_without("mini-rethunk", &["alternatives_patched"]);
-    let err = Exitless::check(
-        &image,
-        2,
-        3,
-        Some(16),
-        false,
-        &Default::default(),
-        Default::default(),
-    )
-    .unwrap_err();
+    let plain = Records {
+        graph: false,
+        tasks: &Default::default(),
+        values: Default::default(),
+    };
+    let err = Exitless::check(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
     assert_eq!(
         err.to_string(),

@@ -10,6 +10,7 @@ use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::tasks::TaskFilter;
+use crate::session::exitless::state::Records;
 use crate::session::exitless::state::{Exitless, ExitlessError};
 
 /// How traced calls should reach vmtrace, as asked.
@@ -187,9 +188,7 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
             req.cpus,
             plan.index.addrs.len(),
             req.ring_events,
-            plan.graph,
-            &plan.tasks,
-            plan.values,
+            Records::of(plan),
         )
     };
     match req.mode {

@@ -18,6 +18,7 @@ use crate::session::exitless::layout::{
     RingLayout, CODE_VA, LARGE_PAGE, MAX_RECORDS, MIN_RECORDS, PD_COUNT,
 };
 use crate::session::exitless::state::Exitless;
+use crate::session::exitless::state::Records;
 
 /// Where exitless mode's region can live and how fast the guest's TSC
 /// runs, from the first stop.
@@ -123,15 +124,8 @@ fn kernel_space<'a>(
 /// free pages (the largest power of two that does).
 fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError> {
     let sites = plan.index.addrs.len();
-    let code = Exitless::code_pages(
-        &plan.image,
-        cpus,
-        sites,
-        plan.graph,
-        &plan.tasks,
-        plan.values,
-    )
-    .map_err(TracerError::from)?;
+    let code = Exitless::code_pages(&plan.image, cpus, sites, Records::of(plan))
+        .map_err(TracerError::from)?;
     // The pages below the rings (`backing::RegionPages`): the tables and
     // the code; with the function graph, its parts at their fixed places.
     let bottom = match plan.graph {

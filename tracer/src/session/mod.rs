@@ -17,10 +17,10 @@ use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 use args::ArgTable;
 use counters::Counters;
-use exitless::collect::{DrainTasks, DrainValues};
+use exitless::collect::{DrainStart, DrainTasks, DrainValues};
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
-use exitless::state::{Exitless, ExitlessError, Resolved};
+use exitless::state::{Exitless, ExitlessError, Records, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use record::GraphHook;
 use shadow::ShadowStacks;
@@ -223,10 +223,8 @@ impl Tracer {
             ncpus,
             plan.index.addrs.len(),
             ring_records,
-            plan.graph,
+            Records::of(&plan),
             sink,
-            &plan.tasks,
-            plan.values,
         )?;
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
@@ -503,13 +501,13 @@ impl Tracer {
                 args: self.plan.values.args.then(|| Arc::clone(&self.arg_table)),
                 retval: self.plan.graph && self.plan.values.retval,
             };
-            ex.start_drainer(
+            ex.start_drainer(DrainStart {
                 clock,
-                Arc::clone(&self.counters),
-                Arc::clone(&self.plan.index),
+                counters: Arc::clone(&self.counters),
+                index: Arc::clone(&self.plan.index),
                 tasks,
                 values,
-            );
+            });
         }
         self.attached_at(paused);
         Ok(Attach::Attached(&self.attach_counts))

@@ -21,6 +21,17 @@ use crate::trace::model::{Event, Task};
 use std::collections::HashMap;
 use vmm::gva::{AddressSpace, PagingMode};
 
+/// What a drainer needs when it starts (at the first attach): the clock
+/// that dates records, where calls are counted, the sites' functions, and
+/// what it names and records of each call.
+pub struct DrainStart {
+    pub clock: GuestClock,
+    pub counters: Arc<Counters>,
+    pub index: Arc<SiteIndex>,
+    pub tasks: Option<DrainTasks>,
+    pub values: DrainValues,
+}
+
 /// What the drainer records of calls' values: entries' arguments (into
 /// this table; their records hold them) and returns' values.
 #[derive(Debug, Default)]
@@ -241,13 +252,16 @@ impl Drainer {
     pub fn start(
         mem: Arc<dyn GuestRam>,
         layout: RingLayout,
-        clock: GuestClock,
-        counters: Arc<Counters>,
-        index: Arc<SiteIndex>,
         sink: Sender<Vec<Event>>,
-        tasks: Option<DrainTasks>,
-        values: DrainValues,
+        go: DrainStart,
     ) -> Drainer {
+        let DrainStart {
+            clock,
+            counters,
+            index,
+            tasks,
+            values,
+        } = go;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(DrainStats::default());
         let mut pass = Pass {

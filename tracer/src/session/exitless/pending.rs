@@ -15,23 +15,14 @@ use std::time::Duration;
 use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
-use vmm::pause::GuestClock;
 
-use super::collect::{DrainTasks, DrainValues, Drainer};
+use super::collect::{DrainStart, Drainer};
 use super::layout::RingLayout;
-use crate::plan::site_index::SiteIndex;
-use crate::session::counters::Counters;
 use crate::trace::model::Event;
 
 /// What only the attach's pause knows: how to date the records, and where
 /// to count them.
-struct Go {
-    clock: GuestClock,
-    counters: Arc<Counters>,
-    index: Arc<SiteIndex>,
-    tasks: Option<DrainTasks>,
-    values: DrainValues,
-}
+type Go = DrainStart;
 
 /// How often the waiting thread looks for its start: the records wait in
 /// the rings meanwhile (at most this long after the attach). It waits
@@ -107,11 +98,7 @@ impl PendingDrainer {
             .name("drainer-start".into())
             .spawn(move || loop {
                 match look(&seen, || {}) {
-                    Look::Start(g) => {
-                        return Some(Drainer::start(
-                            mem, layout, g.clock, g.counters, g.index, sink, g.tasks, g.values,
-                        ))
-                    }
+                    Look::Start(g) => return Some(Drainer::start(mem, layout, sink, g)),
                     Look::End => return None,
                     Look::Wait => std::thread::sleep(POLL),
                 }
@@ -125,24 +112,11 @@ impl PendingDrainer {
     /// Start draining (the first call; later ones do nothing): left where
     /// the waiting thread looks, no spawn and no wake-up in the caller's
     /// pause.
-    pub fn start(
-        &self,
-        clock: GuestClock,
-        counters: Arc<Counters>,
-        index: Arc<SiteIndex>,
-        tasks: Option<DrainTasks>,
-        values: DrainValues,
-    ) {
+    pub fn start(&self, go: DrainStart) {
         if self.slot.told.swap(true, Ordering::AcqRel) {
             return;
         }
-        *self.slot.go.lock().unwrap_or_else(|e| e.into_inner()) = Some(Go {
-            clock,
-            counters,
-            index,
-            tasks,
-            values,
-        });
+        *self.slot.go.lock().unwrap_or_else(|e| e.into_inner()) = Some(go);
     }
 
     /// The drainer, if it was started; None if not (the waiting thread

@@ -9,12 +9,11 @@ use crossbeam_channel::Sender;
 use vm_memory::GuestAddress;
 use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
-use vmm::pause::GuestClock;
 
 use super::backing::RegionPages;
 use super::code::{padding, write_code, CODE_PAGE};
+use super::collect::DrainStart;
 use super::collect::{self, DrainError};
-use super::collect::{DrainTasks, DrainValues};
 use super::layout::{
     LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
     SPARE_PD_GPA,
@@ -30,10 +29,8 @@ use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::percpu::PerCpuVar;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
-use crate::plan::site_index::SiteIndex;
 use crate::plan::tasks::TaskPlan;
 use crate::plan::ValuePlan;
-use crate::session::counters::Counters;
 use crate::trace::model::Event;
 
 /// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS
@@ -206,6 +203,26 @@ pub struct Exitless {
 /// Counts per CPU and site.
 type PerCpuSite = Vec<Vec<u64>>;
 
+/// What each record holds besides the call: the return too (function
+/// graph), the task (and which pids to keep), the values.
+#[derive(Clone, Copy, Debug)]
+pub struct Records<'a> {
+    pub graph: bool,
+    pub tasks: &'a TaskPlan,
+    pub values: ValuePlan,
+}
+
+impl<'a> Records<'a> {
+    /// What `plan` asks the records to hold.
+    pub fn of(plan: &'a crate::plan::Plan) -> Records<'a> {
+        Records {
+            graph: plan.graph,
+            tasks: &plan.tasks,
+            values: plan.values,
+        }
+    }
+}
+
 /// The rings and the code for this image, CPU count and site count (at
 /// the kernel's link addresses: `Exitless::resolve` moves them).
 fn plan(
@@ -213,10 +230,13 @@ fn plan(
     cpus: usize,
     sites: usize,
     ring_records: Option<u64>,
-    graph: bool,
-    tasks: &TaskPlan,
-    values: ValuePlan,
+    what: Records<'_>,
 ) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
+    let Records {
+        graph,
+        tasks,
+        values,
+    } = what;
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
         (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
@@ -298,11 +318,9 @@ impl Exitless {
         cpus: usize,
         sites: usize,
         ring_records: Option<u64>,
-        graph: bool,
-        tasks: &TaskPlan,
-        values: ValuePlan,
+        what: Records<'_>,
     ) -> Result<(), ExitlessError> {
-        plan(image, cpus, sites, ring_records, graph, tasks, values).map(|_| ())
+        plan(image, cpus, sites, ring_records, what).map(|_| ())
     }
 
     /// Pages of code the trampoline takes for this image, CPU and site
@@ -312,11 +330,9 @@ impl Exitless {
         image: &KernelImage,
         cpus: usize,
         sites: usize,
-        graph: bool,
-        tasks: &TaskPlan,
-        values: ValuePlan,
+        what: Records<'_>,
     ) -> Result<usize, ExitlessError> {
-        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), graph, tasks, values)?;
+        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), what)?;
         Ok(t.code.chunks(CODE_PAGE).filter(|c| !padding(c)).count())
     }
 
@@ -326,15 +342,12 @@ impl Exitless {
         cpus: usize,
         sites: usize,
         ring_records: Option<u64>,
-        graph: bool,
+        what: Records<'_>,
         sink: Sender<Vec<Event>>,
-        tasks: &TaskPlan,
-        values: ValuePlan,
     ) -> Result<Exitless, ExitlessError> {
-        let (trampoline, spec, cpu_number) =
-            plan(image, cpus, sites, ring_records, graph, tasks, values)?;
+        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, what)?;
         Ok(Exitless {
-            tasks: tasks.clone(),
+            tasks: what.tasks.clone(),
             removed_filtered: None,
             layout: spec.layout,
             trampoline,
@@ -593,16 +606,9 @@ impl Exitless {
 
     /// Start draining (once): events dated by `clock`, counted in `counters`.
     /// The drainer's thread was spawned at `stage`: this only tells it.
-    pub fn start_drainer(
-        &mut self,
-        clock: GuestClock,
-        counters: Arc<Counters>,
-        index: Arc<SiteIndex>,
-        tasks: Option<DrainTasks>,
-        values: DrainValues,
-    ) {
+    pub fn start_drainer(&mut self, go: DrainStart) {
         if let Some(d) = &self.drainer {
-            d.start(clock, counters, index, tasks, values);
+            d.start(go);
         }
     }
 
