@@ -111,6 +111,8 @@ impl From<tracer::plan::PlanError> for InputError {
         match e {
             PlanError::Tracer(e) => InputError::Tracer(e),
             PlanError::GraphUnhookable { names } => InputError::GraphUnhookable { names },
+            PlanError::CommGlob(e) => InputError::CommGlob { why: e.to_string() },
+            PlanError::NoTasks { why } => InputError::NoTasks { why },
             e => InputError::Plan(e),
         }
     }
@@ -300,6 +302,10 @@ pub enum InputError {
     Find(tracer::kernel::find::FindError),
     #[error(transparent)]
     Plan(tracer::plan::PlanError),
+    #[error("--comm: {why}; use *, ? and [...] as in --trace")]
+    CommGlob { why: String },
+    #[error("--pid and --comm need the guest's tasks, and this kernel's are unknown: {why}")]
+    NoTasks { why: String },
     #[error(transparent)]
     TraceFile(#[from] TraceFileError),
     #[error("cannot attach: {0}")]

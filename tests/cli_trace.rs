@@ -148,7 +148,8 @@ fn saved_trace_report_equals_live_report_and_exports_parse() {
     let csv = tmp("t.csv");
     let text = convert("csv", &csv);
     assert_eq!(text.lines().count() as u64, events + 1);
-    assert!(text.starts_with("ts_ns,cpu,function,addr,parent,caller\n"));
+    // The mini guest has BTF: each event's task, last.
+    assert!(text.starts_with("ts_ns,cpu,function,addr,parent,caller,pid,tgid,comm\n"));
     let chrome = tmp("t.json");
     let text = convert("chrome", &chrome);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

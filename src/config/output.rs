@@ -209,6 +209,27 @@ impl View {
         })
     }
 
+    /// `--by`, checked: the report by task has no durations and no callers.
+    fn by(args: &ViewArgs) -> Result<By, InputError> {
+        let by = match args.by.unwrap_or(ByKey::Function) {
+            ByKey::Function => By::Function,
+            ByKey::Task => By::Task,
+        };
+        if by == By::Task {
+            // Task rows have stored calls and a name: no durations, no callers.
+            let sort = args
+                .sort
+                .filter(|s| !matches!(s, SortKey::Count | SortKey::Name));
+            if let Some(s) = sort {
+                return Err(InputError::NotByTask { flag: sort_flag(s) });
+            }
+            if args.callers {
+                return Err(InputError::NotByTask { flag: "-g" });
+            }
+        }
+        Ok(by)
+    }
+
     /// The view options, parsed and checked against each other: the text
     /// report's options need the text format, `--depth`/`--threshold` need
     /// `--tree`.
@@ -251,22 +272,7 @@ impl View {
                 return Err(InputError::NotWithTree { flag });
             }
         }
-        let by = match args.by.unwrap_or(ByKey::Function) {
-            ByKey::Function => By::Function,
-            ByKey::Task => By::Task,
-        };
-        if by == By::Task {
-            // Task rows have stored calls and a name: no durations, no callers.
-            let sort = args
-                .sort
-                .filter(|s| !matches!(s, SortKey::Count | SortKey::Name));
-            if let Some(s) = sort {
-                return Err(InputError::NotByTask { flag: sort_flag(s) });
-            }
-            if args.callers {
-                return Err(InputError::NotByTask { flag: "-g" });
-            }
-        }
+        let by = View::by(args)?;
         let cpus = window.as_ref().and_then(|w| w.cpus.clone());
         let tree = args.tree.then(|| TreeOptions {
             cpus: cpus.clone(),

@@ -400,6 +400,8 @@ fn check_exits(
 /// `reps` rounds. With `graph`, figure set (g): the same with both tracers
 /// hooking returns (`--graph`), in a VM of its own. See the `bench` module
 /// documentation.
+// Long: one run of the phases, from the VM's creation to the exact counts'
+// judgement; its steps share the two tracers and the VM.
 pub fn exitless_costs(
     kernel: &Path,
     cpus: u64,

@@ -65,9 +65,14 @@ pub enum Note {
 pub enum PlanError {
     #[error(transparent)]
     Tracer(#[from] TracerError),
-    /// `--pid` or `--comm` cannot be honoured (a bad glob, no task layout).
-    #[error("{0}")]
-    TaskFilter(String),
+    /// The comm glob to keep does not compile.
+    #[error(transparent)]
+    CommGlob(#[from] crate::plan::tasks::CommGlobError),
+    /// Tasks to keep were named, and the kernel's task layout is unknown.
+    #[error(
+        "keeping only some tasks needs the guest's tasks, and this kernel's are unknown ({why})"
+    )]
+    NoTasks { why: String },
     /// Function graph: every selected function is one whose return must not
     /// be hooked.
     #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
@@ -95,13 +100,11 @@ impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
         let mut plan = Plan::from_image(image, &req.trace, &req.notrace)?;
-        plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())
-            .map_err(|e| PlanError::TaskFilter(e.to_string()))?;
+        plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())?;
         if plan.tasks.filter.is_active() && plan.tasks.layout.is_none() {
-            return Err(PlanError::TaskFilter(format!(
-                "--pid and --comm need the guest's tasks, and the kernel's are unknown ({})",
-                plan.tasks.note
-            )));
+            return Err(PlanError::NoTasks {
+                why: plan.tasks.note.clone(),
+            });
         }
         let mut notes = Vec::new();
         if req.graph {

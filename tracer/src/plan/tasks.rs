@@ -52,9 +52,9 @@ pub struct TaskFilter {
 
 /// A `--comm` glob that does not compile.
 #[derive(Debug, thiserror::Error)]
-#[error("--comm {glob:?} is not a valid glob: {source}; use *, ? and [...] as in --trace")]
+#[error("the comm glob {glob:?} is not valid: {source}")]
 pub struct CommGlobError {
-    glob: String,
+    pub glob: String,
     #[source]
     source: globset::Error,
 }
@@ -114,6 +114,6 @@ mod tests {
         assert!(!f.accepts(13, "swapper/1"));
         assert_eq!(f.describe(), "pid 0, 12; comm swapper/*");
         let e = TaskFilter::new(vec![], Some("[a")).unwrap_err().to_string();
-        assert!(e.starts_with("--comm \"[a\" is not a valid glob"), "{e}");
+        assert!(e.starts_with("the comm glob \"[a\" is not valid"), "{e}");
     }
 }

@@ -220,6 +220,7 @@ impl Tracer {
 
     /// The trace as known now, without events or callers: what a data
     /// file's `HEAD` says before the run and its `FOOT` after it.
+    // Long: most of it is `TraceMeta`'s literal, one run fact a line.
     fn trace_now(&self, kernel: &Path, stop_reason: String) -> Trace {
         let image = &self.plan.image;
         let functions: Vec<Symbol> = self

@@ -1,7 +1,7 @@
 //! One tracing session over a running guest: plan the sites, attach (patch
 //! under a pause), detach (restore), and turn what was recorded into a Trace.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -35,6 +35,7 @@ mod finish;
 #[cfg(test)]
 mod kvm_tests;
 pub mod patch;
+mod ready;
 pub mod record;
 pub mod region;
 pub mod shadow;
@@ -43,6 +44,8 @@ pub mod tasks;
 pub mod watch;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
+pub use ready::{Attach, NotReady};
+pub use store::Recording;
 
 /// How a session's events get their task, when the plan knows the
 /// kernel's task layout.
@@ -60,45 +63,6 @@ fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<TaskSource>> {
 /// this CR3 bit on every kernel entry and exit (PTI_USER_PGTABLE_BIT in
 /// arch/x86/entry/calling.h). The user table maps no kernel text.
 const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
-
-/// Why an attach attempt wrote nothing; the guest is resumed and the attach
-/// retried.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NotReady {
-    /// The guest's `ftrace_enabled` is still 0: its ftrace_init is running.
-    #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
-    FtraceInitRunning,
-    /// The guest kernel has not set its syscall entry yet (IA32_LSTAR is
-    /// 0) and its banner is not mapped yet, so where KASLR put it is
-    /// unknown (`kaslr`).
-    #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
-    KernelOffsetUnknown,
-    /// The guest kernel has not applied its alternatives yet, so how its
-    /// returns will go (return thunks) is not settled (`exitless::state::
-    /// Resolved`).
-    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): its return thunk is not chosen")]
-    AlternativesPending,
-    /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
-    #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
-    CallSites { calls: usize, first: u64 },
-}
-
-/// One attach attempt.
-#[derive(Debug)]
-pub enum Attach<'a> {
-    Attached(&'a AttachCounts),
-    NotReady(NotReady),
-}
-
-impl<'a> Attach<'a> {
-    /// The counts of an attach that happened; for callers that cannot wait.
-    pub fn attached(self) -> Result<&'a AttachCounts, NotReady> {
-        match self {
-            Attach::Attached(c) => Ok(c),
-            Attach::NotReady(why) => Err(why),
-        }
-    }
-}
 
 /// What an attach found under its stop, nothing written yet (`check`).
 struct Checked<'a> {
@@ -146,30 +110,6 @@ pub struct Tracer {
     task_table: Arc<tasks::TaskTable>,
     /// Entries' arguments (`--args`).
     arg_table: Arc<ArgTable>,
-}
-
-/// How a session records: the `--max-events` budget and where the events
-/// go (`crate::session::store`).
-pub struct Recording {
-    pub max_events: u64,
-    pub storage: Storage,
-    /// The kernel file the guest boots (named in the data file).
-    pub kernel: PathBuf,
-    /// Who runs the guest, when not vmtrace's own VMM (e.g. the QEMU of
-    /// `vmtrace attach`); empty otherwise. Named in the trace.
-    pub vmm: String,
-}
-
-impl Recording {
-    /// Every event in memory, at most `max_events` of them.
-    pub fn memory(max_events: u64) -> Recording {
-        Recording {
-            max_events,
-            storage: Storage::Memory,
-            kernel: PathBuf::new(),
-            vmm: String::new(),
-        }
-    }
 }
 
 impl Tracer {

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -312,6 +313,30 @@ fn overwrite(
         }
     }
     out.stored(seen)
+}
+
+/// How a session records: the `--max-events` budget and where the events
+/// go (`crate::session::store`).
+pub struct Recording {
+    pub max_events: u64,
+    pub storage: Storage,
+    /// The kernel file the guest boots (named in the data file).
+    pub kernel: PathBuf,
+    /// Who runs the guest, when not vmtrace's own VMM (e.g. the QEMU of
+    /// `vmtrace attach`); empty otherwise. Named in the trace.
+    pub vmm: String,
+}
+
+impl Recording {
+    /// Every event in memory, at most `max_events` of them.
+    pub fn memory(max_events: u64) -> Recording {
+        Recording {
+            max_events,
+            storage: Storage::Memory,
+            kernel: PathBuf::new(),
+            vmm: String::new(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -50,6 +50,43 @@ pub(super) struct Fields {
 /// and a branch on every traced call.
 pub const MAX_FILTER_PIDS: usize = 8;
 
+/// What the code needs to record the current task and filter by pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskCode {
+    /// `gs:[current_disp]` reads the current task's address
+    /// (`kernel::task::TaskLayout`, at the running kernel's offset).
+    pub current_disp: i32,
+    /// `task_struct.pid`'s offset.
+    pub pid_off: u32,
+    /// The pids kept, `pids[..npids]` (at most `MAX_FILTER_PIDS`); none:
+    /// every call.
+    pub pids: [u32; MAX_FILTER_PIDS],
+    pub npids: usize,
+}
+
+/// Instructions the task adds to a recorded call: read `current`, store
+/// it, read its pid, store that (`body::emit_task`).
+pub const TASK_INSTRUCTIONS: usize = 4;
+/// Instructions the arguments add to a recorded entry: five register
+/// stores, and RDX (which the reservation clobbers) loaded from where the
+/// path saved it and stored (`body::emit_args`).
+pub const ARGS_INSTRUCTIONS: usize = 7;
+/// Instructions the return value adds to a recorded return: RAX loaded
+/// from where the return path saved it, and stored.
+pub const RETVAL_INSTRUCTIONS: usize = 2;
+
+impl TaskCode {
+    /// Instructions this adds to a recorded call's path (as the walk of the
+    /// common path counts it: a kept pid found by the last compare).
+    pub fn path_instructions(&self) -> usize {
+        TASK_INSTRUCTIONS
+            + match self.npids {
+                0 => 0,
+                n => 2 + 2 * n,
+            }
+    }
+}
+
 /// What the paths need to record the current task and filter by pid.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TaskFields {

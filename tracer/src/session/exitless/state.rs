@@ -7,7 +7,6 @@ use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
 use vm_memory::GuestAddress;
-use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 
 use super::backing::RegionPages;
@@ -15,13 +14,12 @@ use super::code::{padding, write_code, CODE_PAGE};
 use super::collect::DrainStart;
 use super::collect::{self, DrainError};
 use super::layout::{
-    LayoutError, RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS,
-    SPARE_PD_GPA,
+    RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS, SPARE_PD_GPA,
 };
-use super::map::{self, MapError, Mapped};
+use super::map::{self, Mapped};
 use super::pending::PendingDrainer;
-use super::ret::{Return, ReturnError};
-use super::ring::{self, RingError};
+use super::ret::Return;
+use super::ring;
 use super::trampoline::{
     self, TaskCode, Trampoline, TrampolineError, TrampolineSpec, MAX_FILTER_PIDS,
 };
@@ -33,137 +31,11 @@ use crate::plan::tasks::TaskPlan;
 use crate::plan::ValuePlan;
 use crate::trace::model::Event;
 
-/// The kernel's per-CPU CPU number (`smp_processor_id()`), read through GS
-/// in either per-CPU layout (`percpu`).
-pub const CPU_NUMBER: &str = "cpu_number";
-/// Linux 6.2 to 6.14 keep it in the per-CPU `struct pcpu_hot`
-/// (arch/x86/include/asm/current.h): after `current_task` (8 bytes) and
-/// `preempt_count` (4), so at offset 12; `smp_processor_id()` there reads
-/// `gs:pcpu_hot+0xc` (checked in the 6.12 guest's code).
-pub const PCPU_HOT: &str = "pcpu_hot";
-pub const PCPU_HOT_CPU_NUMBER: u64 = 12;
-/// Defined only by a kernel built with `CONFIG_PREEMPTION`
-/// (kernel/sched/core.c), dynamic preemption included: its tasks can be
-/// preempted anywhere, the trampoline too.
-pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
-/// The kernel's table of per-CPU area offsets (`unsigned long
-/// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
-/// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
-pub const PER_CPU_OFFSET: &str = "__per_cpu_offset";
-/// The return thunk a kernel built with return thunks
-/// (CONFIG_MITIGATION_RETHUNK) jumps to from every return it compiled,
-/// until its alternatives rewrite them (arch/x86/lib/retpoline.S).
-pub const RETURN_THUNK: &str = "__x86_return_thunk";
-/// The return thunk against Indirect Target Selection
-/// (CONFIG_MITIGATION_ITS), which leaves some returns plain (`ret`).
-pub const ITS_RETURN_THUNK: &str = "its_return_thunk";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExitlessError {
-    #[error("{}", self.say(&Plain))]
-    NoCpuNumber(std::path::PathBuf),
-    #[error("{}", self.say(&Plain))]
-    BadCpuNumber { path: std::path::PathBuf, off: u64 },
-    #[error("{}", self.say(&Plain))]
-    CpuNumberOutOfReach { link: u64, runtime: u64 },
-    #[error("{}", self.say(&Plain))]
-    CpuNumberMismatch {
-        cpu: usize,
-        value: u32,
-        off: u64,
-        cpus: usize,
-    },
-    #[error("{}", self.say(&Plain))]
-    AlternativesUnknown { place: String },
-    #[error("{}", self.say(&Plain))]
-    Layout(#[from] LayoutError),
-    #[error("{}", self.say(&Plain))]
-    Trampoline(#[from] TrampolineError),
-    #[error("{}", self.say(&Plain))]
-    Return(#[from] ReturnError),
-    #[error("{}", self.say(&Plain))]
-    Map(#[from] MapError),
-    #[error(transparent)]
-    Ring(#[from] RingError),
-    #[error(transparent)]
-    Drain(#[from] DrainError),
-    #[error("the trampoline ({len} bytes) does not fit its {CODE_LEN}-byte page")]
-    CodeTooBig { len: usize },
-    #[error("cannot start the thread that drains vmtrace's rings: {0}")]
-    Thread(std::io::Error),
-    #[error("writing vmtrace's trampoline into guest memory: {0}")]
-    Memory(String),
-    #[error("KVM did not give the guest's TSC at the pause; cannot date exitless events")]
-    NoClock,
-    #[error(
-        "{0} records in vmtrace's rings named no traced site or vCPU (the guest wrote over them); \
-         their calls are not in the counts"
-    )]
-    BadRecords(u64),
-    #[error("{}", self.say(&Plain))]
-    TooManyPids(usize),
-}
-
-/// Its own errors say when the trampoline cannot work with this kernel:
-/// traps can.
-impl Advice for ExitlessError {
-    fn problem(&self, w: &dyn Words) -> String {
-        match self {
-            ExitlessError::NoCpuNumber(path) => format!(
-                "{}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot \
-                 tell which CPU it runs on",
-                path.display()
-            ),
-            ExitlessError::BadCpuNumber { path, off } => format!(
-                "{}: `{CPU_NUMBER}` is at {off:#x}, neither a per-CPU offset (Linux up to 6.14) \
-                 nor a kernel address (6.15+)",
-                path.display()
-            ),
-            ExitlessError::CpuNumberOutOfReach { link, runtime } => format!(
-                "the guest's `{CPU_NUMBER}` at {link:#x} runs at {runtime:#x} (KASLR), out of \
-                 reach of a gs:[disp32]"
-            ),
-            ExitlessError::CpuNumberMismatch {
-                cpu,
-                value,
-                off,
-                cpus,
-            } => format!(
-                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the \
-                 guest has {cpus} vCPUs): the symbols do not describe this kernel's per-CPU layout"
-            ),
-            ExitlessError::AlternativesUnknown { place } => format!(
-                "{place}: the kernel has return thunks but no `{ALTERNATIVES_PATCHED}` symbol \
-                 (kallsyms without CONFIG_KALLSYMS_ALL?), so vmtrace cannot tell whether it has \
-                 rewritten its returns yet"
-            ),
-            ExitlessError::TooManyPids(n) => format!(
-                "--pid names {n} pids; exitless mode's code compares at most {MAX_FILTER_PIDS}"
-            ),
-            ExitlessError::Layout(e) => e.problem(w),
-            ExitlessError::Trampoline(e) => e.problem(w),
-            ExitlessError::Return(e) => e.problem(w),
-            ExitlessError::Map(e) => e.problem(w),
-            e => e.to_string(),
-        }
-    }
-
-    fn remedy(&self) -> Option<Remedy> {
-        match self {
-            ExitlessError::NoCpuNumber(_)
-            | ExitlessError::BadCpuNumber { .. }
-            | ExitlessError::CpuNumberOutOfReach { .. }
-            | ExitlessError::CpuNumberMismatch { .. }
-            | ExitlessError::TooManyPids(_) => Some(Remedy::TrapMode),
-            ExitlessError::AlternativesUnknown { .. } => Some(Remedy::TrapModeOrVmlinux),
-            ExitlessError::Layout(e) => e.remedy(),
-            ExitlessError::Trampoline(e) => e.remedy(),
-            ExitlessError::Return(e) => e.remedy(),
-            ExitlessError::Map(e) => e.remedy(),
-            _ => None,
-        }
-    }
-}
+pub use super::error::ExitlessError;
+pub use super::symbols::{
+    ALTERNATIVES_PATCHED, CPU_NUMBER, ITS_RETURN_THUNK, PCPU_HOT, PCPU_HOT_CPU_NUMBER,
+    PER_CPU_OFFSET, PREEMPT_SCHEDULE, RETURN_THUNK,
+};
 
 /// Exitless state of one tracing session.
 pub struct Exitless {
@@ -690,9 +562,6 @@ pub enum Resolved {
 /// reads at most 8 instructions besides NOPs; its body is about 14 bytes,
 /// 15 before alternatives with call depth tracking).
 const FENTRY_READ: usize = 48;
-/// Set to 1 when the kernel has applied its alternatives, return sites
-/// included (arch/x86/kernel/alternative.c).
-pub const ALTERNATIVES_PATCHED: &str = "alternatives_patched";
 
 /// Has a kernel with `alternatives_patched` not set it yet?
 fn alternatives_pending(

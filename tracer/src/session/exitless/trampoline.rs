@@ -102,11 +102,11 @@ use iced_x86::{
     Instruction, Mnemonic,
 };
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
-
-pub use super::body::MAX_FILTER_PIDS;
 use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
-use super::disasm::{format_instruction, walk_common_path, BrokenPath};
+pub use super::body::{
+    TaskCode, ARGS_INSTRUCTIONS, MAX_FILTER_PIDS, RETVAL_INSTRUCTIONS, TASK_INSTRUCTIONS,
+};
+use super::disasm::{format_instruction, walk_common_path};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
@@ -175,104 +175,7 @@ pub struct TrampolineSpec {
     pub retval: bool,
 }
 
-/// What the code needs to record the current task and filter by pid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TaskCode {
-    /// `gs:[current_disp]` reads the current task's address
-    /// (`kernel::task::TaskLayout`, at the running kernel's offset).
-    pub current_disp: i32,
-    /// `task_struct.pid`'s offset.
-    pub pid_off: u32,
-    /// The pids kept, `pids[..npids]` (at most `MAX_FILTER_PIDS`); none:
-    /// every call.
-    pub pids: [u32; MAX_FILTER_PIDS],
-    pub npids: usize,
-}
-
-/// Instructions the task adds to a recorded call: read `current`, store
-/// it, read its pid, store that (`body::emit_task`).
-pub const TASK_INSTRUCTIONS: usize = 4;
-/// Instructions the arguments add to a recorded entry: five register
-/// stores, and RDX (which the reservation clobbers) loaded from where the
-/// path saved it and stored (`body::emit_args`).
-pub const ARGS_INSTRUCTIONS: usize = 7;
-/// Instructions the return value adds to a recorded return: RAX loaded
-/// from where the return path saved it, and stored.
-pub const RETVAL_INSTRUCTIONS: usize = 2;
-
-impl TaskCode {
-    /// Instructions this adds to a recorded call's path (as the walk of the
-    /// common path counts it: a kept pid found by the last compare).
-    pub fn path_instructions(&self) -> usize {
-        TASK_INSTRUCTIONS
-            + match self.npids {
-                0 => 0,
-                n => 2 + 2 * n,
-            }
-    }
-}
-
-/// Why the trampoline cannot be made or a site cannot call it.
-#[derive(Debug, thiserror::Error)]
-pub enum TrampolineError {
-    #[error(
-        "the ring layout ({cpus} CPUs, {cap} records, {ring_bytes:#x} bytes per ring, records at {records_off:#x}) cannot be addressed by the trampoline: {why}"
-    )]
-    Layout {
-        cpus: usize,
-        cap: u64,
-        ring_bytes: u64,
-        records_off: u64,
-        why: &'static str,
-    },
-    #[error("assembling the trampoline for {sites} sites")]
-    Assemble {
-        sites: usize,
-        #[source]
-        source: IcedError,
-    },
-    #[error(
-        "the trampoline for {sites} sites is {len} bytes, more than its {} KiB of code memory; trace fewer functions",
-        CODE_LEN >> 10
-    )]
-    TooLong { sites: usize, len: usize },
-    #[error("{}", self.say(&Plain))]
-    ThunkOutOfReach(u64),
-    #[error("the trampoline's common path at {va:#x} is broken: {why}")]
-    BrokenPath { va: u64, why: String },
-    #[error("a call from the site at {site:#x} cannot reach {target:#x}: more than 2 GiB away")]
-    OutOfReach { site: u64, target: u64 },
-    #[error("encoding the call from the site at {site:#x} to {target:#x}")]
-    EncodeCall {
-        site: u64,
-        target: u64,
-        #[source]
-        source: IcedError,
-    },
-}
-
-impl From<BrokenPath> for TrampolineError {
-    fn from(BrokenPath { va, why }: BrokenPath) -> Self {
-        TrampolineError::BrokenPath { va, why }
-    }
-}
-
-impl Advice for TrampolineError {
-    fn problem(&self, _: &dyn Words) -> String {
-        match self {
-            TrampolineError::ThunkOutOfReach(va) => {
-                format!(
-                    "the guest's return thunk at {va:#x} is more than 2 GiB from vmtrace's code"
-                )
-            }
-            e => e.to_string(),
-        }
-    }
-
-    fn remedy(&self) -> Option<Remedy> {
-        matches!(self, TrampolineError::ThunkOutOfReach(_)).then_some(Remedy::TrapMode)
-    }
-}
+pub use super::error::TrampolineError;
 
 /// The generated code, to be copied to `CODE_GPA` and run at `CODE_VA`.
 #[derive(Clone, Debug)]
@@ -565,27 +468,7 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         return Err(layout_error(layout, "more sites than a u32"));
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    let task = match spec.task {
-        None => None,
-        Some(t) => {
-            if t.npids > MAX_FILTER_PIDS {
-                return Err(layout_error(
-                    layout,
-                    "more pids to filter than the code holds",
-                ));
-            }
-            Some(TaskFields {
-                current_disp: t.current_disp,
-                pid_off: i32::try_from(t.pid_off)
-                    .map_err(|_| layout_error(layout, "task_struct.pid past 2 GiB"))?,
-                rec_task: rec(REC_TASK)?,
-                rec_pid: rec(REC_PID)?,
-                pids: t.pids,
-                npids: t.npids,
-                filtered: ring_disp(layout, FILTERED_OFF)?,
-            })
-        }
-    };
+    let task = task_fields(spec)?;
     Ok(Fields {
         cpu_number_disp: spec.cpu_number_disp,
         ret: spec.ret,
@@ -613,6 +496,33 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         } else {
             None
         },
+    })
+}
+
+/// The task fields of `spec`'s code, its layout checked to hold them.
+fn task_fields(spec: &TrampolineSpec) -> Result<Option<TaskFields>, TrampolineError> {
+    let layout = &spec.layout;
+    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
+    Ok(match spec.task {
+        None => None,
+        Some(t) => {
+            if t.npids > MAX_FILTER_PIDS {
+                return Err(layout_error(
+                    layout,
+                    "more pids to filter than the code holds",
+                ));
+            }
+            Some(TaskFields {
+                current_disp: t.current_disp,
+                pid_off: i32::try_from(t.pid_off)
+                    .map_err(|_| layout_error(layout, "task_struct.pid past 2 GiB"))?,
+                rec_task: rec(REC_TASK)?,
+                rec_pid: rec(REC_PID)?,
+                pids: t.pids,
+                npids: t.npids,
+                filtered: ring_disp(layout, FILTERED_OFF)?,
+            })
+        }
     })
 }
 

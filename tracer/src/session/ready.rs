@@ -1,0 +1,43 @@
+//! What an attach attempt gives: attached, or why not yet (the guest is
+//! resumed as it was and the attach tried again).
+
+use crate::session::patch::AttachCounts;
+
+/// Why an attach attempt wrote nothing; the guest is resumed and the attach
+/// retried.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The guest's `ftrace_enabled` is still 0: its ftrace_init is running.
+    #[error("the guest's ftrace_init has not finished (ftrace_enabled is 0)")]
+    FtraceInitRunning,
+    /// The guest kernel has not set its syscall entry yet (IA32_LSTAR is
+    /// 0) and its banner is not mapped yet, so where KASLR put it is
+    /// unknown (`kaslr`).
+    #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
+    KernelOffsetUnknown,
+    /// The guest kernel has not applied its alternatives yet, so how its
+    /// returns will go (return thunks) is not settled (`exitless::state::
+    /// Resolved`).
+    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): its return thunk is not chosen")]
+    AlternativesPending,
+    /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
+    #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
+    CallSites { calls: usize, first: u64 },
+}
+
+/// One attach attempt.
+#[derive(Debug)]
+pub enum Attach<'a> {
+    Attached(&'a AttachCounts),
+    NotReady(NotReady),
+}
+
+impl<'a> Attach<'a> {
+    /// The counts of an attach that happened; for callers that cannot wait.
+    pub fn attached(self) -> Result<&'a AttachCounts, NotReady> {
+        match self {
+            Attach::Attached(c) => Ok(c),
+            Attach::NotReady(why) => Err(why),
+        }
+    }
+}
