@@ -201,6 +201,51 @@ fn bad_trace_options_are_refused_before_the_guest_boots() {
     );
 }
 
+/// `--pid` and `--comm` need the kernel's task layout: a bad glob, a kernel
+/// without BTF (the mini guest with its `.BTF` section removed) and more
+/// pids than exitless code compares are refused before the guest boots.
+#[test]
+fn task_filters_are_checked_before_the_guest_boots() {
+    let k = mini_elf();
+    let base = |kernel: &std::path::Path| {
+        vec![
+            "--kernel".to_string(),
+            kernel.to_str().unwrap().to_string(),
+            "--timeout".into(),
+            "30".into(),
+            "--trace".into(),
+            "hrtimer_*".into(),
+        ]
+    };
+    let run = |kernel: &std::path::Path, extra: &[&str]| {
+        let mut a = base(kernel);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let args = run(&k, &["--comm", "[a"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_bad_input(&args, "--comm: the comm glob \"[a\" is not valid");
+    let pids = "1,2,3,4,5,6,7,8,9";
+    let args = run(&k, &["--pid", pids, "--mode", "exitless"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_bad_input(&args, "9 pids to keep; exitless mode's code compares at most 8");
+    let stripped = scratch().join("mini-no-btf.elf");
+    let st = std::process::Command::new("objcopy")
+        .args(["--remove-section", ".BTF"])
+        .arg(&k)
+        .arg(&stripped)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let args = run(&stripped, &["--pid", "7"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_bad_input(
+        &args,
+        "--pid and --comm need the guest's tasks, and this kernel's are unknown: none: ",
+    );
+    let _ = std::fs::remove_file(&stripped);
+}
+
 #[test]
 fn initrd_and_command_line_are_checked_before_the_vm_exists() {
     let k = mini_elf();
