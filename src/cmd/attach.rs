@@ -38,6 +38,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
+        args: false,
+        retval: false,
         graph: args.graph,
         mode: asked,
         ring_events: None,

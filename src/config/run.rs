@@ -233,6 +233,8 @@ fn plan(
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
+        args: false,
+        retval: false,
         graph: args.graph,
         mode: match args.mode {
             ModeArg::Trap => ModeChoice::Trap,

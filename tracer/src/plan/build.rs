@@ -5,7 +5,7 @@
 
 use vmm::advice::{Advice, Plain, Remedy};
 
-use super::{hookable, Mode, Plan};
+use super::{hookable, Mode, Plan, ValuePlan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
@@ -44,6 +44,10 @@ pub struct Request {
     /// tasks whose comm matches (`--comm`).
     pub pids: Vec<u32>,
     pub comm: Option<String>,
+    /// Record each traced call's arguments (`--args`).
+    pub args: bool,
+    /// Record each traced call's return value (`--retval`): needs `graph`.
+    pub retval: bool,
 }
 
 /// Something the user should be told about the plan, once it is set.
@@ -71,6 +75,9 @@ pub enum PlanError {
     /// be hooked.
     #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
     GraphUnhookable { names: String },
+    /// Return values without the function graph, or values without BTF.
+    #[error("{0}")]
+    Values(String),
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -102,6 +109,7 @@ impl TracePlan {
                 plan.tasks.note
             )));
         }
+        plan.values = values(&plan, req)?;
         let mut notes = Vec::new();
         if req.graph {
             notes.extend(graph(&mut plan, req.linux)?);
@@ -115,6 +123,30 @@ impl TracePlan {
             notes,
         })
     }
+}
+
+/// The values to record, checked: return values are read at returns,
+/// which only the function graph hooks; values are shown by the kernel's
+/// BTF.
+fn values(plan: &Plan, req: &Request) -> Result<ValuePlan, PlanError> {
+    let values = ValuePlan {
+        args: req.args,
+        retval: req.retval,
+    };
+    if req.retval && !req.graph {
+        return Err(PlanError::Values(
+            "return values are read at returns, which only the function graph hooks: \
+             trace with the function graph too"
+                .into(),
+        ));
+    }
+    if values.any() && plan.btf.is_none() {
+        return Err(PlanError::Values(format!(
+            "arguments and return values are shown by the kernel's BTF, and it has none ({})",
+            plan.tasks.note.trim_start_matches("none: ")
+        )));
+    }
+    Ok(values)
 }
 
 /// Hook returns, leaving out (and naming) the functions whose return must

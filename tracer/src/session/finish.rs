@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use super::Tracer;
 use crate::error::TracerError;
 use crate::kernel::symbols::Symbol;
+use crate::session::args::ArgTable;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
 use crate::session::store::Stored;
@@ -20,6 +21,13 @@ impl Tracer {
     /// whoever records an event interns its task here first.
     pub fn task_table(&self) -> std::sync::Arc<TaskTable> {
         std::sync::Arc::clone(&self.task_table)
+    }
+
+    /// The arguments this session's entries name (the store's table):
+    /// whoever records an entry with its arguments (`plan().values.args`)
+    /// pushes them here first and puts the id in `Event::data`.
+    pub fn arg_table(&self) -> std::sync::Arc<ArgTable> {
+        std::sync::Arc::clone(&self.arg_table)
     }
 
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
@@ -160,9 +168,12 @@ impl Tracer {
         // The drainer's sender must be gone before the store can end.
         let _ = self.stop_draining();
         let stored = self.store.take().and_then(|c| c.join().ok());
+        // In memory, the events' arguments (a data file has them).
+        let mut args = Vec::new();
         let image = &self.plan.image;
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
+                args = self.arg_table.all();
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
@@ -196,6 +207,7 @@ impl Tracer {
         trace.meta.trap_exits = trap_exits;
         trace.callers = callers;
         trace.events = events;
+        trace.args = args;
         let saved = file.map(|f| {
             let path = f.file.path().to_path_buf();
             let write_err = |source| TraceFileError::Write {
@@ -286,6 +298,8 @@ impl Tracer {
             tasks: self.tasks_note(),
             filtered: c.filtered.load(Ordering::Relaxed)
                 + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
+            args: self.plan.values.args,
+            retval: self.plan.values.retval,
         };
         Trace {
             meta,
@@ -297,8 +311,9 @@ impl Tracer {
             // Every task seen so far: a data file's HEAD and FOOT save those
             // its events did not name yet.
             tasks: self.task_table.all(),
+            // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
-            prototypes: Vec::new(),
+            prototypes: self.prototypes.clone(),
         }
     }
 

@@ -143,6 +143,12 @@ pub struct Tracer {
     /// The guest tasks events name, shared with the store
     /// (`store::Store::tasks`).
     task_table: Arc<tasks::TaskTable>,
+    /// The arguments entries name, shared with the store
+    /// (`store::Store::args`).
+    arg_table: Arc<args::ArgTable>,
+    /// The traced functions' prototypes when values are recorded
+    /// (`Plan::prototypes`, looked up once).
+    prototypes: Vec<Option<crate::trace::model::Prototype>>,
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -226,7 +232,8 @@ impl Tracer {
         )?;
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
-        let mut t = Tracer::assemble(plan, counters, store.thread, false, table);
+        let args = store.args();
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, (table, args));
         t.tasks = tasks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
@@ -261,7 +268,8 @@ impl Tracer {
                 r.record_tasks(Arc::clone(src));
             }
         }
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, table);
+        let args = store.args();
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, (table, args));
         t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
@@ -282,9 +290,10 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
-        tasks: Arc<tasks::TaskTable>,
+        (tasks, args): (Arc<tasks::TaskTable>, Arc<args::ArgTable>),
     ) -> Tracer {
         Tracer {
+            prototypes: plan.prototypes(),
             plan,
             counters,
             store: Some(store),
@@ -304,6 +313,7 @@ impl Tracer {
             vmm: String::new(),
             tasks: None,
             task_table: tasks,
+            arg_table: args,
         }
     }
 

@@ -151,6 +151,11 @@ pub struct TraceMeta {
     /// Calls the task filter (`--pid`, `--comm`) rejected: in no count,
     /// no event.
     pub filtered: u64,
+    /// `--args`: entries carry their arguments (`Event::data`).
+    pub args: bool,
+    /// `--retval`: returns carry their return value (`Event::data`; 0 is
+    /// a value then, not "none").
+    pub retval: bool,
 }
 
 /// The whole trace.

@@ -154,6 +154,7 @@
 //! its end (a write cut short).
 
 mod body;
+mod protos;
 mod read;
 mod read_v5;
 mod reader;
@@ -193,8 +194,9 @@ pub const VERSION_7: u32 = 7;
 pub const VERSION_8: u32 = 8;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
-/// Size of one event record in version 8: `EVENT_SIZE` and `u32 task`.
-pub const EVENT_SIZE_V8: usize = 36;
+/// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
+/// `u64 data`.
+pub const EVENT_SIZE_V8: usize = 44;
 /// Size of one event record in versions 1 and 2.
 pub const EVENT_SIZE_V2: usize = 24;
 /// Size of the preamble: magic, version, file length.
@@ -220,6 +222,10 @@ pub enum Section {
     Block,
     /// A version-8 `TASK` block.
     Tasks,
+    /// A version-8 `ARGS` block.
+    Args,
+    /// The prototypes of a version-8 body.
+    Prototypes,
 }
 
 impl fmt::Display for Section {
@@ -234,6 +240,8 @@ impl fmt::Display for Section {
             Section::Events => "events",
             Section::Block => "block",
             Section::Tasks => "tasks",
+            Section::Args => "arguments",
+            Section::Prototypes => "prototypes",
         })
     }
 }
@@ -337,7 +345,37 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
             format!("{} tasks (max {})", trace.tasks.len(), u32::MAX),
         ));
     }
-    check_events(&trace.events, 0, nfunc, cpus, trace.tasks.len()).map_err(|d| (Section::Events, d))
+    if !trace.prototypes.is_empty() && trace.prototypes.len() != nfunc {
+        return Err((
+            Section::Prototypes,
+            format!(
+                "{} prototypes for {nfunc} functions",
+                trace.prototypes.len()
+            ),
+        ));
+    }
+    for (f, p) in trace.prototypes.iter().enumerate() {
+        if let Some(p) = p {
+            protos::check_prototype(p)
+                .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
+        }
+    }
+    let counts = Counted {
+        nfunc,
+        cpus,
+        tasks: trace.tasks.len(),
+        args: trace.args.len(),
+    };
+    check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
+}
+
+/// What events may index: functions, vCPUs, and the tasks and arguments
+/// saved before them (task 0 and arguments 0: none).
+struct Counted {
+    nfunc: usize,
+    cpus: usize,
+    tasks: usize,
+    args: usize,
 }
 
 /// Checks that callers are in address order (lookups bisect them).
@@ -352,14 +390,9 @@ fn check_callers(callers: &[Symbol]) -> Result<(), String> {
 }
 
 /// Checks that events (the first being number `first`) index existing
-/// functions, vCPUs and tasks (`ntasks` of them; task 0: unknown).
-fn check_events(
-    events: &[Event],
-    first: usize,
-    nfunc: usize,
-    cpus: usize,
-    ntasks: usize,
-) -> Result<(), String> {
+/// functions, vCPUs, tasks and arguments (`n`).
+fn check_events(events: &[Event], first: usize, n: &Counted) -> Result<(), String> {
+    let (nfunc, cpus, ntasks) = (n.nfunc, n.cpus, n.tasks);
     for (i, e) in events.iter().enumerate() {
         if e.func as usize >= nfunc {
             return Err(format!(
@@ -380,6 +413,14 @@ fn check_events(
                 "event {} names task {} but {ntasks} tasks are saved before it",
                 first + i,
                 e.task
+            ));
+        }
+        if !e.is_return() && e.data > n.args as u64 {
+            return Err(format!(
+                "event {} names arguments {} but {} are saved before it",
+                first + i,
+                e.data,
+                n.args
             ));
         }
     }
