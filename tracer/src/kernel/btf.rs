@@ -13,6 +13,7 @@ use object::{Object, ObjectSection};
 
 use crate::kernel::symbols::KernelImage;
 use crate::trace::model::{Param, Prototype, ValueKind, ARG_REGS};
+use crate::trace::values::RETURN_NOTE;
 
 /// The ELF section pahole writes BTF into (and the kernel links into its
 /// read-only data, between `__start_BTF` and `__stop_BTF`).
@@ -287,19 +288,19 @@ impl KernelBtf {
                 match self.passed(t)? {
                     Passed::Shown(k) => k,
                     Passed::Regs(_, what) => {
-                        unshown.push(format!("return value: {what} (RAX, RDX)"));
+                        unshown.push(format!("{RETURN_NOTE} {what} (RAX, RDX)"));
                         ValueKind::Void
                     }
                     Passed::Memory(what) => {
                         // The caller passes where to put it in RDI.
                         unshown.push(format!(
-                            "return value: {what}, returned in memory (its address in RDI)"
+                            "{RETURN_NOTE} {what}, returned in memory (its address in RDI)"
                         ));
                         next = 1;
                         ValueKind::Void
                     }
                     Passed::Sse(what) => {
-                        unshown.push(format!("return value: {what} (XMM0)"));
+                        unshown.push(format!("{RETURN_NOTE} {what} (XMM0)"));
                         ValueKind::Void
                     }
                     Passed::Nothing => ValueKind::Void,

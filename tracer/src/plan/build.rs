@@ -242,3 +242,87 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(graph: bool, args: bool, retval: bool) -> Request {
+        Request {
+            trace: vec!["args_*".to_string()],
+            notrace: Vec::new(),
+            graph,
+            mode: ModeChoice::Trap,
+            ring_events: None,
+            cpus: 1,
+            emulator_host: false,
+            linux: false,
+            pids: Vec::new(),
+            comm: None,
+            args,
+            retval,
+        }
+    }
+
+    fn mini() -> Option<KernelImage> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        if !path.is_file() {
+            eprintln!(
+                "SKIPPED: {} is not built; run `bash guest/build.sh mini`",
+                path.display()
+            );
+            return None;
+        }
+        Some(KernelImage::load(&path).unwrap())
+    }
+
+    /// The values asked reach the plan; return values need the function
+    /// graph, and values the kernel's BTF: one line each, naming the fix.
+    #[test]
+    fn values_are_planned_and_checked() {
+        if mini().is_none() {
+            return;
+        }
+        let image = || mini().unwrap();
+        let p = TracePlan::build(image(), &request(true, true, true)).unwrap();
+        assert_eq!(
+            p.plan.values,
+            ValuePlan {
+                args: true,
+                retval: true
+            }
+        );
+        assert!(p.plan.btf.is_some());
+        assert_eq!(p.plan.prototypes().len(), p.plan.funcs.len());
+        let p = TracePlan::build(image(), &request(false, true, false)).unwrap();
+        assert!(p.plan.values.args && !p.plan.values.retval);
+        let p = TracePlan::build(image(), &request(false, false, false)).unwrap();
+        assert!(!p.plan.values.any());
+        assert!(p.plan.prototypes().is_empty());
+
+        let Err(e) = TracePlan::build(image(), &request(false, false, true)) else {
+            panic!("return values without the graph were planned")
+        };
+        assert_eq!(
+            e.to_string(),
+            "return values are read at returns, which only the function graph hooks: \
+             trace with the function graph too"
+        );
+
+        let mut plan = Plan::from_image(image(), &["args_*".to_string()], &[]).unwrap();
+        plan.btf = None;
+        plan.tasks.note = "none: x has no BTF (.BTF section): build the kernel with \
+                           CONFIG_DEBUG_INFO_BTF=y (needs pahole, Debian's dwarves)"
+            .into();
+        let e = values(&plan, &request(false, true, false))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "arguments and return values are shown by the kernel's BTF, and it has none \
+             (x has no BTF (.BTF section): build the kernel with CONFIG_DEBUG_INFO_BTF=y \
+             (needs pahole, Debian's dwarves))"
+        );
+        assert!(values(&plan, &request(false, false, false)).is_ok());
+    }
+}

@@ -445,4 +445,72 @@ mod tests {
         assert_eq!(back.meta.tasks, from);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// With values asked, the trace has each traced function's prototype
+    /// and the arguments pushed to the session's table: in memory, and in
+    /// the data file (whose events name them).
+    #[test]
+    fn the_trace_has_the_sessions_prototypes_and_arguments() {
+        use crate::plan::{Mode, Plan, ValuePlan};
+        use crate::session::store::Storage;
+        use crate::session::Recording;
+        use crate::trace::datafile::DataFile;
+        use crate::trace::model::ValueKind;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = |values| {
+            let mut p = Plan::new(&kernel, &["args_*".to_string()], &[]).unwrap();
+            p.values = values;
+            p
+        };
+        let both = ValuePlan {
+            args: true,
+            retval: true,
+        };
+        let (t, handlers) = Tracer::new(plan(both), 1, 1000);
+        assert_eq!(t.arg_table().push([1, 2, 3, 4, 5, 6]), 1);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert!(trace.meta.args && trace.meta.retval);
+        assert_eq!(trace.args, [[1, 2, 3, 4, 5, 6]]);
+        assert_eq!(trace.prototypes.len(), trace.functions.len());
+        let errno = trace
+            .functions
+            .iter()
+            .position(|f| f.name == "args_errno")
+            .unwrap();
+        let p = trace.prototypes[errno].as_ref().unwrap();
+        assert_eq!(p.ret, ValueKind::Signed(4));
+        assert!(trace.prototypes.iter().all(Option::is_some));
+
+        // Not asked: no prototypes, no arguments.
+        let (t, handlers) = Tracer::new(plan(ValuePlan::default()), 1, 1000);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert!(!trace.meta.args && trace.prototypes.is_empty() && trace.args.is_empty());
+
+        let dir = std::env::temp_dir().join(format!("vmtrace-finish-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("values.data");
+        let rec = Recording {
+            max_events: 1000,
+            storage: Storage::Stream {
+                file: DataFile::create(&path).unwrap(),
+                buffer: 1 << 20,
+            },
+            kernel: kernel.clone(),
+            vmm: String::new(),
+        };
+        let (t, handlers) = Tracer::create(plan(both), 1, Mode::Trap, None, rec).unwrap();
+        drop(handlers);
+        let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
+        saved.unwrap().unwrap();
+        let back = crate::trace::datafile::load(&path).unwrap();
+        assert!(back.meta.args && back.meta.retval);
+        assert_eq!(back.prototypes, trace.prototypes);
+        assert_eq!(
+            back.prototypes[errno].as_ref().unwrap().ret,
+            ValueKind::Signed(4)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

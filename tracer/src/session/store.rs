@@ -539,4 +539,103 @@ mod tests {
         assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// An entry with arguments `id` (`Event::data`) at `ts_ns`, or a return.
+    fn entry(ts_ns: u64, data: u64, ret: bool) -> Event {
+        Event {
+            ts_ns,
+            data,
+            slot: if ret { 0x101 } else { 0x100 },
+            ..Event::default()
+        }
+    }
+
+    /// Records three batches through a store whose every entry's arguments
+    /// were pushed to its table first, and stops without the footer (as a
+    /// killed recording does); returns the table, and the trace read back.
+    fn record_with_args(
+        storage: impl FnOnce(DataFile) -> Storage,
+        path: &std::path::Path,
+    ) -> (Arc<ArgTable>, Trace) {
+        let file = DataFile::create(path).unwrap();
+        let counters = Arc::new(Counters::new(1, 1, 100));
+        let fixup = Fixup {
+            index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+            functions: Arc::new(Vec::new()),
+        };
+        let (tx, store) = spawn(storage(file), counters, fixup);
+        let mut h = head();
+        h.meta.graph = true;
+        h.returns = vec![vec![0]];
+        h.meta.args = true;
+        h.meta.retval = true;
+        store.head.as_ref().unwrap().send(h).unwrap();
+        let args = store.args();
+        let a = |i: u64| [i, i + 1, i + 2, i + 3, i + 4, i + 5];
+        let one = args.push(a(10));
+        tx.send(vec![entry(10, one, false), entry(11, u64::MAX, true)])
+            .unwrap();
+        let two = args.push(a(20));
+        let three = args.push(a(30));
+        tx.send(vec![entry(12, two, false), entry(13, 0, false)])
+            .unwrap();
+        tx.send(vec![entry(14, three, false), entry(15, 5, true)])
+            .unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        (args, crate::trace::datafile::load(path).unwrap())
+    }
+
+    #[test]
+    fn the_store_saves_each_entrys_arguments_before_it() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = |i: u64| [i, i + 1, i + 2, i + 3, i + 4, i + 5];
+        let path = dir.join("stream.data");
+        let (table, t) = record_with_args(
+            |file| Storage::Stream {
+                file,
+                buffer: 1 << 20,
+            },
+            &path,
+        );
+        assert!(t.meta.incomplete);
+        // Written and forgotten: the table keeps none.
+        assert_eq!(table.len(), 3);
+        assert!(table.since(0).is_empty());
+        assert_eq!(t.args, [a(10), a(20), a(30)]);
+        let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.ts_ns, t.args_of(e).copied(), e.data))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10, Some(a(10)), 1),
+                (11, None, u64::MAX),
+                (12, Some(a(20)), 2),
+                (13, None, 0),
+                (14, Some(a(30)), 3),
+                (15, None, 5),
+            ]
+        );
+
+        // The flight recorder keeps the newest 3 and only their arguments,
+        // numbered afresh.
+        let path = dir.join("overwrite.data");
+        let (table, t) = record_with_args(|file| Storage::Overwrite { file, per_cpu: 3 }, &path);
+        assert!(table.since(0).is_empty());
+        assert_eq!(t.args, [a(30)]);
+        let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.ts_ns, t.args_of(e).copied(), e.data))
+            .collect();
+        assert_eq!(got, [(13, None, 0), (14, Some(a(30)), 1), (15, None, 5)]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -25,6 +25,10 @@ use std::collections::HashMap;
 use crate::kernel::names::escape;
 use crate::trace::model::{Event, Prototype, Trace, ValueKind, ARG_REGS};
 
+/// How a prototype's `unshown` note about the return value starts (the
+/// others are about arguments): `kernel::btf` writes them so.
+pub const RETURN_NOTE: &str = "return value:";
+
 /// The largest error code a return value can be (the kernel's
 /// `MAX_ERRNO`: `IS_ERR_VALUE` is -4095..=-1).
 pub const MAX_ERRNO: u64 = 4095;
@@ -312,6 +316,13 @@ pub fn entry_args(trace: &Trace, e: &Event) -> Option<String> {
     Some(format_args(prototype(trace, e.func)?, regs))
 }
 
+/// The arguments `id` (an entry's `Event::data`, a frame's `args`) of a
+/// call of traced function `func`, as `entry_args` prints them.
+pub fn args_by_id(trace: &Trace, func: u32, id: u64) -> Option<String> {
+    let regs = trace.args.get((id as usize).checked_sub(1)?)?;
+    Some(format_args(prototype(trace, func)?, regs))
+}
+
 /// The return value `raw` of traced function `func` as printed: by its
 /// prototype's return type (None for `void`), or in hex when the
 /// function has no prototype (its type unknown). None when the trace did
@@ -335,11 +346,48 @@ pub fn unshown(trace: &Trace, func: u32) -> Vec<Cow<'_, str>> {
         return Vec::new();
     }
     match prototype(trace, func) {
-        Some(p) => p.unshown.iter().map(|u| escape(u)).collect(),
-        None => vec![Cow::Borrowed(
-            "no prototype in the kernel's BTF: arguments not shown, return value in hex",
-        )],
+        // Only about what was recorded.
+        Some(p) => p
+            .unshown
+            .iter()
+            .filter(|u| match u.starts_with(RETURN_NOTE) {
+                true => trace.meta.retval,
+                false => trace.meta.args,
+            })
+            .map(|u| escape(u))
+            .collect(),
+        None => vec![Cow::Borrowed(match (trace.meta.args, trace.meta.retval) {
+            (true, true) => {
+                "no prototype in the kernel's BTF: arguments not shown, return value in hex"
+            }
+            (true, false) => "no prototype in the kernel's BTF: arguments not shown",
+            _ => "no prototype in the kernel's BTF: return value in hex",
+        })],
     }
+}
+
+/// What the trace recorded, for headers: "arguments and return values";
+/// None when neither.
+pub fn recorded(trace: &Trace) -> Option<&'static str> {
+    match (trace.meta.args, trace.meta.retval) {
+        (false, false) => None,
+        (true, false) => Some("arguments"),
+        (false, true) => Some("return values"),
+        (true, true) => Some("arguments and return values"),
+    }
+}
+
+/// One line per traced function whose values cannot all be shown
+/// (`unshown`), for those `include` keeps: `FUNCTION: what; what`.
+pub fn unshown_lines(trace: &Trace, include: impl Fn(usize) -> bool) -> Vec<String> {
+    (0..trace.functions.len())
+        .filter(|&f| include(f))
+        .filter_map(|f| {
+            let notes = unshown(trace, f as u32);
+            (!notes.is_empty())
+                .then(|| format!("{}: {}", escape(&trace.functions[f].name), notes.join("; ")))
+        })
+        .collect()
 }
 
 /// How many of each return value a function's stored returns had.
@@ -581,9 +629,11 @@ mod tests {
         assert_eq!(format_args(&none, &[0; ARG_REGS]), "()");
     }
 
+    use crate::trace::model::TraceMeta;
+
     fn trace() -> Trace {
         use crate::kernel::symbols::Symbol;
-        use crate::trace::model::{TraceMeta, RETURN_BIT};
+        use crate::trace::model::RETURN_BIT;
         let ret = |func, data| Event {
             func,
             slot: 0x100 | RETURN_BIT,
@@ -640,7 +690,7 @@ mod tests {
         assert_eq!(c[1], [rc("0x2a", 1)]);
         assert_eq!(
             unshown(&t, 1),
-            ["no prototype in the kernel's BTF: arguments not shown, return value in hex"]
+            ["no prototype in the kernel's BTF: return value in hex"]
         );
         assert!(unshown(&t, 0).is_empty());
         let mut off = t;
@@ -648,5 +698,45 @@ mod tests {
         assert!(return_counts(&off, 8).is_empty());
         assert_eq!(return_value(&off, 0, 0), None);
         assert!(unshown(&off, 1).is_empty());
+    }
+
+    /// A note about the return value is said only with return values,
+    /// one about an argument only with arguments.
+    #[test]
+    fn notes_are_only_of_what_was_recorded() {
+        let mut t = trace();
+        t.prototypes[0] = Some(Prototype {
+            params: Vec::new(),
+            ret: ValueKind::Void,
+            unshown: vec![
+                "p: a struct passed by value (RDI, RSI)".into(),
+                format!("{RETURN_NOTE} a struct passed by value (RAX, RDX)"),
+            ],
+        });
+        t.meta.args = true;
+        assert_eq!(unshown(&t, 0).len(), 2);
+        t.meta.retval = false;
+        assert_eq!(unshown(&t, 0), ["p: a struct passed by value (RDI, RSI)"]);
+        assert_eq!(
+            unshown(&t, 1),
+            ["no prototype in the kernel's BTF: arguments not shown"]
+        );
+        t.meta = TraceMeta {
+            retval: true,
+            ..TraceMeta::default()
+        };
+        assert_eq!(
+            unshown(&t, 0),
+            ["return value: a struct passed by value (RAX, RDX)"]
+        );
+        assert_eq!(
+            unshown(&t, 1),
+            ["no prototype in the kernel's BTF: return value in hex"]
+        );
+        assert_eq!(
+            unshown_lines(&t, |f| f == 0),
+            ["args_errno: return value: a struct passed by value (RAX, RDX)"]
+        );
+        assert_eq!(recorded(&t), Some("return values"));
     }
 }
