@@ -18,7 +18,7 @@ use tracer::session::args::ArgTable;
 use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError};
 use tracer::trace::export::script::write_script;
 use tracer::trace::export::{to_json, write_chrome, write_csv};
-use tracer::trace::model::{Event, Trace, ARG_REGS};
+use tracer::trace::model::{Trace, ARG_REGS};
 use tracer::trace::report::{render, render_tree, ReportOptions, TreeOptions};
 
 fn golden_dir() -> PathBuf {

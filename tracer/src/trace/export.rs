@@ -4,9 +4,10 @@
 //! - **json**: the report as one JSON document, schema `vmtrace-report/1`
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
 //!   stored events; function-graph traces add durations, traces with guest
-//!   tasks each task's stored calls (`tasks`).
+//!   tasks each task's stored calls (`tasks`), traces with values each
+//!   function's most frequent return values and what cannot be shown.
 //! - **csv**: one row per stored event (see [`write_csv`]), with its guest
-//!   task when the trace has them.
+//!   task when the trace has them, and its arguments or return value.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
 //!   and `chrome://tracing`: one track per vCPU (with guest tasks, the
 //!   guest's processes and threads: `tracks`), one instant event per stored
@@ -403,6 +404,11 @@ fn json_str(s: &str) -> String {
 /// return was not stored), `running` (at detach, or its return was not
 /// stored after the last stored event on its stack) or `unhooked` (rather than a `B` without an
 /// `E`, which would swallow every later slice on its track).
+///
+/// With arguments (`--args`) an event's args hold `"args"`, the call's
+/// arguments as `vmtrace script` prints them (`"(a=1, b=-2)"`); with
+/// return values (`--retval`) a returned call's hold `"ret"`
+/// (`"-2 (-ENOENT)"`; none for `void`).
 ///
 /// `otherData` holds the exact number of entries counted, stored and
 /// dropped (not stored: over `--max-events` or a full exitless ring), and

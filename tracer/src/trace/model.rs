@@ -226,7 +226,8 @@ pub struct Prototype {
     pub params: Vec<Param>,
     pub ret: ValueKind,
     /// What cannot be shown, said once per function (e.g. "p: a struct
-    /// passed by value", "a7: not in a register"); empty: everything.
+    /// passed by value", "a7: not in a register"; a note on the return
+    /// value starts with `trace::values::RETURN_NOTE`); empty: everything.
     pub unshown: Vec<String>,
 }
 

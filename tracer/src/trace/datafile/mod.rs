@@ -117,8 +117,9 @@
 //! adds, after `vmm`, `str` tasks: where the tasks came from (e.g. "from
 //! the BTF of PATH"), or why events have none, empty if not asked; then
 //! `u64` filtered: the calls `--pid`/`--comm` rejected. An event record is
-//! 36 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
-//! n-th task of the file), `0` when not known. The tasks are in `TASK`
+//! 44 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
+//! n-th task of the file), `0` when not known, then `u64 data` (see
+//! "Arguments and return values" below). The tasks are in `TASK`
 //! blocks, each
 //!
 //! | Field    | Type          | Notes                                                  |
@@ -137,9 +138,54 @@
 //! is past the tasks saved before its block. Versions 1 to 7 are still
 //! read: their events have task 0.
 //!
+//! ## Arguments and return values
+//!
+//! Version 8 also keeps the values of traced calls (`--args`, `--retval`).
+//! An event record's `u64 data` is, for a
+//! return, its return value (RAX) when return values were recorded, else
+//! 0; for an entry, its arguments' id (1-based: the n-th call of the
+//! `ARGS` blocks), `0` when none were recorded. The body adds, after
+//! `filtered`, `u8` values: bit 0 set when arguments were recorded, bit 1
+//! when return values were (other bits: corrupt). The arguments are in
+//! `ARGS` blocks, each
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | first    | `u64`         | calls' arguments saved before this block               |
+//! | n        | `u32`         | calls in this block                                    |
+//! | args     | n × 6 × `u64` | RDI, RSI, RDX, RCX, R8, R9 at each call                |
+//!
+//! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
+//! entries name its arguments (the writer saves those recorded since its
+//! last `ARGS` block before each `EVTS`). A reader must reject an `ARGS`
+//! block whose `first` is not the number of calls' arguments before it or
+//! whose length is not `12 + n × 48`, and an entry whose arguments id is
+//! past the arguments saved before its block.
+//!
+//! The body ends, after the callers, with the traced functions'
+//! prototypes (how to show the values, from the kernel's BTF):
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | n        | `u32`         | `0` (no values recorded) or `nfunc`                    |
+//! | nenums   | `u32`         | the enums the kinds below name, each once              |
+//! | enums    | nenums × enum | `u8` size (1, 2, 4, 8), `u8` signed (0, 1), `u32` m, m × (`u64` value (two's complement), `str` name) |
+//! | protos   | n × proto     | one per function, in the functions' order              |
+//!
+//! A proto is `u8` has (`0`: BTF does not describe the function, nothing
+//! follows; `1`:) then `kind` ret, `u8` nparams (at most 6), nparams ×
+//! (`str` name, `u8` register (0 = RDI ... 5 = R9), `kind`), `u32`
+//! nunshown, nunshown × `str` (what cannot be shown, e.g. "p: a struct
+//! passed by value (RDI, RSI)"; notes on the return value start with
+//! "return value:"). A `kind` is a `u8` tag: `0` void (a return only), `1`
+//! signed integer or `2` unsigned integer (then `u8` size: 1, 2, 4 or 8),
+//! `3` bool, `4` char, `5` pointer, `6` enum (then `u32` index into the
+//! enums). Anything else is corrupt.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`), else a version-8 data file in one go: `HEAD`,
-//! `TASK`, `EVTS`, `FOOT`, `END` (version 4 has no room for tasks).
+//! `TraceMeta::tasks`) and no values, else a version-8 data file in one
+//! go: `HEAD`, `TASK`, `ARGS`, `EVTS`, `FOOT`, `END` (version 4 has no
+//! room for them).
 //!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of

@@ -30,6 +30,8 @@ const MIN_PROTOTYPE: u64 = 1;
 
 /// An enum as the table keeps it: size, signedness, values.
 type EnumKey<'a> = (u8, bool, &'a [(i64, String)]);
+/// An enum of the table as read.
+type Enum = (u8, bool, Vec<(i64, String)>);
 
 /// What is wrong with `p`, if it cannot be saved (or was read so).
 pub(super) fn check_prototype(p: &Prototype) -> Result<(), String> {
@@ -79,11 +81,8 @@ pub(super) fn put_prototypes(w: &mut Vec<u8>, prototypes: &[Option<Prototype>]) 
         } = k
         {
             let key = (*size, *signed, names.as_slice());
-            if !index.contains_key(&key) {
-                index.insert(
-                    key,
-                    u32::try_from(enums.len()).map_err(|_| too_many("enums"))?,
-                );
+            if let std::collections::hash_map::Entry::Vacant(v) = index.entry(key) {
+                v.insert(u32::try_from(enums.len()).map_err(|_| too_many("enums"))?);
                 enums.push(key);
             }
         }
@@ -161,7 +160,7 @@ pub(super) fn read_prototypes<R: Read>(
     }
     let nenums = r.u32()?;
     r.need(u64::from(nenums) * (2 + 4), &format!("{nenums} enums"))?;
-    let mut enums: Vec<(u8, bool, Vec<(i64, String)>)> = Vec::new();
+    let mut enums: Vec<Enum> = Vec::new();
     for _ in 0..nenums {
         let size = r.u8()?;
         if !SIZES.contains(&size) {
@@ -211,7 +210,7 @@ pub(super) fn read_prototypes<R: Read>(
 /// One prototype (after its `has` byte).
 fn read_prototype<R: Read>(
     r: &mut Reader<'_, R>,
-    enums: &[(u8, bool, Vec<(i64, String)>)],
+    enums: &[Enum],
 ) -> Result<Prototype, TraceFileError> {
     let ret = read_kind(r, enums)?;
     let nparams = r.u8()?;
@@ -237,10 +236,7 @@ fn read_prototype<R: Read>(
     Ok(p)
 }
 
-fn read_kind<R: Read>(
-    r: &mut Reader<'_, R>,
-    enums: &[(u8, bool, Vec<(i64, String)>)],
-) -> Result<ValueKind, TraceFileError> {
+fn read_kind<R: Read>(r: &mut Reader<'_, R>, enums: &[Enum]) -> Result<ValueKind, TraceFileError> {
     Ok(match r.u8()? {
         VOID => ValueKind::Void,
         SIGNED => ValueKind::Signed(r.u8()?),
