@@ -75,9 +75,13 @@ pub enum PlanError {
     /// be hooked.
     #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
     GraphUnhookable { names: String },
-    /// Return values without the function graph, or values without BTF.
-    #[error("{0}")]
-    Values(String),
+    /// Return values asked without the function graph.
+    #[error("return values are read at returns, which only the function graph hooks: trace with the function graph too")]
+    RetvalNeedsGraph,
+    /// Arguments or return values asked of a kernel without BTF: why it
+    /// has none.
+    #[error("arguments and return values are shown by the kernel's BTF, and it has none ({why})")]
+    ValuesNeedBtf { why: String },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -134,17 +138,12 @@ fn values(plan: &Plan, req: &Request) -> Result<ValuePlan, PlanError> {
         retval: req.retval,
     };
     if req.retval && !req.graph {
-        return Err(PlanError::Values(
-            "return values are read at returns, which only the function graph hooks: \
-             trace with the function graph too"
-                .into(),
-        ));
+        return Err(PlanError::RetvalNeedsGraph);
     }
     if values.any() && plan.btf.is_none() {
-        return Err(PlanError::Values(format!(
-            "arguments and return values are shown by the kernel's BTF, and it has none ({})",
-            plan.tasks.note.trim_start_matches("none: ")
-        )));
+        return Err(PlanError::ValuesNeedBtf {
+            why: plan.tasks.note.trim_start_matches("none: ").to_string(),
+        });
     }
     Ok(values)
 }
@@ -303,6 +302,7 @@ mod tests {
         let Err(e) = TracePlan::build(image(), &request(false, false, true)) else {
             panic!("return values without the graph were planned")
         };
+        assert!(matches!(e, PlanError::RetvalNeedsGraph), "{e}");
         assert_eq!(
             e.to_string(),
             "return values are read at returns, which only the function graph hooks: \
