@@ -363,7 +363,8 @@ fn overwrite(
 }
 
 /// The flight recorder's arguments: those of the events its rings hold
-/// (and of events still on their way), by their id in the table.
+/// (and of events still on their way; those of events lost on the way,
+/// a full queue, stay until the end), by their id in the table.
 #[derive(Default)]
 struct Pending(HashMap<u64, [u64; ARG_REGS]>);
 
