@@ -144,6 +144,14 @@ pub struct RunArgs {
     /// return too, for durations, call trees and flame graphs.
     #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
+    /// Record each traced call's arguments (the six argument registers),
+    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`.
+    #[arg(long, help_heading = "Tracing")]
+    pub args: bool,
+    /// With --graph: record each return's value (RAX), shown as
+    /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
+    #[arg(long, help_heading = "Tracing")]
+    pub retval: bool,
 }
 
 /// Where a traced run's results go: the data file, exports, and (through
@@ -321,6 +329,14 @@ pub struct AttachArgs {
     /// Function graph: hook every traced call's return too.
     #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
+    /// Record each traced call's arguments (the six argument registers),
+    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`.
+    #[arg(long, help_heading = "Tracing")]
+    pub args: bool,
+    /// With --graph: record each return's value (RAX), shown as
+    /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
+    #[arg(long, help_heading = "Tracing")]
+    pub retval: bool,
     /// How a traced call reaches vmtrace: vmtrace's trampoline in guest
     /// memory the guest never uses, appending to rings (exitless), a
     /// breakpoint through the gdbstub per call (trap: slow, needs nothing

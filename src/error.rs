@@ -113,6 +113,7 @@ impl From<tracer::plan::PlanError> for InputError {
             PlanError::GraphUnhookable { names } => InputError::GraphUnhookable { names },
             PlanError::CommGlob(e) => InputError::CommGlob { why: e.to_string() },
             PlanError::NoTasks { why } => InputError::NoTasks { why },
+            PlanError::RetvalNeedsGraph => InputError::RetvalNeedsGraph,
             e => InputError::Plan(e),
         }
     }
@@ -135,6 +136,8 @@ pub enum InputError {
     GraphUnhookable { names: String },
     #[error("{view} shows returns and durations: add --graph to record them")]
     NeedsGraph { view: &'static str },
+    #[error("--retval needs --graph: return values are read at returns, which only the function graph hooks; add --graph")]
+    RetvalNeedsGraph,
     #[error("{flag} {value} is not a positive number of seconds")]
     Seconds { flag: &'static str, value: f64 },
     #[error(
@@ -556,5 +559,18 @@ mod tests {
         assert_eq!(e.exit_status(), EXIT_GUEST_FAILED);
         let e: Error = VmError::Cpus(0).into();
         assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+    }
+
+    /// The plan's refusal of return values without the graph, worded with
+    /// the flags: bad input, one line naming the fix.
+    #[test]
+    fn retval_without_graph_names_the_flags() {
+        let e: Error = InputError::from(tracer::plan::PlanError::RetvalNeedsGraph).into();
+        assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+        assert_eq!(
+            e.to_string(),
+            "--retval needs --graph: return values are read at returns, which only the \
+             function graph hooks; add --graph"
+        );
     }
 }

@@ -228,7 +228,10 @@ fn task_filters_are_checked_before_the_guest_boots() {
     let pids = "1,2,3,4,5,6,7,8,9";
     let args = run(&k, &["--pid", pids, "--mode", "exitless"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_bad_input(&args, "9 pids to keep; exitless mode's code compares at most 8");
+    assert_bad_input(
+        &args,
+        "9 pids to keep; exitless mode's code compares at most 8",
+    );
     let stripped = scratch().join("mini-no-btf.elf");
     let st = std::process::Command::new("objcopy")
         .args(["--remove-section", ".BTF"])

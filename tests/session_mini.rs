@@ -40,6 +40,8 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         linux: false,
         pids: Vec::new(),
         comm: None,
+        args: false,
+        retval: false,
     }
 }
 

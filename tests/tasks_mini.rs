@@ -46,6 +46,8 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
         linux: false,
         pids: pids.to_vec(),
         comm: comm.map(str::to_string),
+        args: false,
+        retval: false,
     };
     let plan = TracePlan::build(image, &request).unwrap();
     let want = match mode {

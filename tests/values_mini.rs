@@ -102,12 +102,17 @@ fn run(mode: ModeChoice, graph: bool) -> (Trace, String) {
         linux: false,
         pids: Vec::new(),
         comm: None,
-    };
-    let mut plan = TracePlan::build(image, &request).unwrap();
-    plan.plan.values = ValuePlan {
         args: true,
         retval: graph,
     };
+    let plan = TracePlan::build(image, &request).unwrap();
+    assert_eq!(
+        plan.plan.values,
+        ValuePlan {
+            args: true,
+            retval: graph
+        }
+    );
     let want = match mode {
         ModeChoice::Exitless => Mode::Exitless,
         _ => Mode::Trap,

@@ -38,6 +38,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
+        args: args.args,
+        retval: args.retval,
         graph: args.graph,
         mode: asked,
         ring_events: None,

@@ -137,6 +137,10 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
     }
     let needs_trace = [
         (args.graph, "--graph"),
+        (args.args, "--args"),
+        (args.retval, "--retval"),
+        (!args.pid.is_empty(), "--pid"),
+        (args.comm.is_some(), "--comm"),
         (args.duration.is_some(), "--duration"),
         (args.overwrite.is_some(), "--overwrite"),
         (args.max_events.is_some(), "--max-events"),
@@ -233,6 +237,8 @@ fn plan(
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
+        args: args.args,
+        retval: args.retval,
         graph: args.graph,
         mode: match args.mode {
             ModeArg::Trap => ModeChoice::Trap,

@@ -1,7 +1,9 @@
 //! Task layouts from the real guest kernels' BTF (Linux 6.1 and 6.12),
 //! from the vmlinux and from the bzImage alone (its payload keeps `.BTF`),
 //! checked against pahole's own reading of the same vmlinux and its symbol
-//! table. A kernel not built is skipped with a message, as elsewhere.
+//! table; and functions' prototypes as their argument registers hold them
+//! (`--args`, `--retval`). A kernel not built is skipped with a message,
+//! as elsewhere.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +12,7 @@ use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::percpu::PerCpuLayout;
 use tracer::kernel::symbols::KernelImage;
 use tracer::kernel::task::TaskLayout;
+use tracer::trace::model::{Param, Prototype, ValueKind};
 
 fn guest(dir: &str, build: &str) -> Option<(PathBuf, PathBuf)> {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -111,5 +114,118 @@ fn linux_6_1_task_layout_from_btf_matches_pahole() {
 fn linux_6_12_task_layout_from_btf_matches_pahole() {
     if let Some((bz, vmlinux)) = guest("linux-6.12", "linux-6.12") {
         check(&bz, &vmlinux, "pcpu_hot");
+    }
+}
+
+fn param(name: &str, kind: ValueKind, reg: u8) -> Param {
+    Param {
+        name: name.into(),
+        kind,
+        reg,
+    }
+}
+
+/// Prototypes of Linux functions, the same from the vmlinux and from the
+/// bzImage alone, as `pfunct -F btf -P` prints them.
+fn check_prototypes(bz: &Path, vmlinux: &Path) {
+    let elf = KernelImage::load(vmlinux).unwrap();
+    let btf = KernelBtf::from_image(&elf).unwrap();
+    let (alone, _) = tracer::kernel::bzimage::load(bz).unwrap();
+    let bz_btf = KernelBtf::from_image(&alone).unwrap();
+
+    // void hrtimer_start_range_ns(struct hrtimer *timer, ktime_t tim,
+    //                             u64 delta_ns, const enum hrtimer_mode mode)
+    let hr = btf.prototype("hrtimer_start_range_ns").unwrap();
+    assert_eq!(hr.ret, ValueKind::Void);
+    assert!(hr.unshown.is_empty(), "{:?}", hr.unshown);
+    assert_eq!(
+        hr.params[..3],
+        [
+            param("timer", ValueKind::Pointer, 0),
+            // ktime_t: a typedef of s64.
+            param("tim", ValueKind::Signed(8), 1),
+            param("delta_ns", ValueKind::Unsigned(8), 2),
+        ]
+    );
+    let mode = &hr.params[3];
+    assert_eq!((mode.name.as_str(), mode.reg), ("mode", 3));
+    // Through `const`, the enum with its names.
+    let ValueKind::Enum {
+        size,
+        signed,
+        names,
+    } = &mode.kind
+    else {
+        panic!("mode is an enum: {mode:?}")
+    };
+    assert_eq!((*size, *signed), (4, false));
+    assert!(names.contains(&(0, "HRTIMER_MODE_ABS".into())));
+    assert!(names.contains(&(1, "HRTIMER_MODE_REL".into())));
+    assert!(names.contains(&(11, "HRTIMER_MODE_REL_PINNED_HARD".into())));
+
+    // long do_sys_openat2(int dfd, const char *filename, struct open_how *how)
+    assert_eq!(
+        btf.prototype("do_sys_openat2"),
+        Some(Prototype {
+            params: vec![
+                param("dfd", ValueKind::Signed(4), 0),
+                param("filename", ValueKind::Pointer, 1),
+                param("how", ValueKind::Pointer, 2),
+            ],
+            ret: ValueKind::Signed(8),
+            unshown: Vec::new(),
+        })
+    );
+
+    // Eight parameters: the last two on the stack.
+    let seq = btf.prototype("seq_buf_hex_dump").unwrap();
+    assert_eq!(seq.params.len(), 6);
+    assert_eq!(seq.params[5], param("buf", ValueKind::Pointer, 5));
+    assert_eq!(
+        seq.unshown,
+        [
+            "len: not in a register (on the stack)",
+            "ascii: not in a register (on the stack)"
+        ]
+    );
+    assert_eq!(seq.ret, ValueKind::Signed(4));
+
+    // pte_t, a struct of 8 bytes by value: one register.
+    assert_eq!(
+        btf.prototype("set_pte_vaddr"),
+        Some(Prototype {
+            params: vec![param("vaddr", ValueKind::Unsigned(8), 0)],
+            ret: ValueKind::Void,
+            unshown: vec!["pteval: a struct passed by value (RSI)".into()],
+        })
+    );
+
+    for f in [
+        "hrtimer_start_range_ns",
+        "do_sys_openat2",
+        "seq_buf_hex_dump",
+    ] {
+        assert_eq!(bz_btf.prototype(f), btf.prototype(f), "{f}");
+    }
+    // GCC's clones have no BTF of their own (another calling convention).
+    let clone = elf
+        .functions
+        .iter()
+        .find(|f| f.name.contains(".isra.") || f.name.contains(".constprop."))
+        .expect("a GCC clone");
+    assert_eq!(btf.prototype(&clone.name), None, "{}", clone.name);
+}
+
+#[test]
+fn linux_6_1_prototypes_from_btf() {
+    if let Some((bz, vmlinux)) = guest("", "linux") {
+        check_prototypes(&bz, &vmlinux);
+    }
+}
+
+#[test]
+fn linux_6_12_prototypes_from_btf() {
+    if let Some((bz, vmlinux)) = guest("linux-6.12", "linux-6.12") {
+        check_prototypes(&bz, &vmlinux);
     }
 }

@@ -257,6 +257,8 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         linux: false,
         pids: Vec::new(),
         comm: None,
+        args: false,
+        retval: false,
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(plan.mode, Mode::Trap);

@@ -170,10 +170,13 @@ fn report_json_schema_is_a_2020_12_schema() {
 #[test]
 fn report_json_matches_schema_and_counts() {
     let s = schema();
-    // Traces with guest tasks too (their other outputs: tests/tasks.rs).
+    // Traces with guest tasks too (their other outputs: tests/tasks.rs),
+    // and with arguments and return values (tests/values.rs).
     let with_tasks = [
         ("tasks", fixture::tasks_trace()),
         ("tasks_entry", fixture::tasks_entry_trace()),
+        ("values", fixture::values_trace()),
+        ("values_entry", fixture::values_entry_trace()),
     ];
     for (name, t) in traces().into_iter().chain(with_tasks) {
         let v = to_json(&t);

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use tracer::kernel::symbols::Symbol;
-use tracer::trace::model::{Event, Trace, TraceMeta};
+use tracer::trace::model::{Event, Param, Prototype, Trace, TraceMeta, ValueKind};
 
 pub const LONG_NAME_LEN: usize = 200;
 pub const ATTACH_NS: u64 = 1_000_000_000_000;
@@ -367,6 +367,159 @@ pub fn tasks_entry_trace() -> Trace {
     }
     t.returns.clear();
     t.meta.graph = false;
+    t.meta.unhooked = 0;
+    t.meta.tsc_khz = 0;
+    t
+}
+
+fn param(name: &str, kind: ValueKind, reg: u8) -> Param {
+    Param {
+        name: name.to_string(),
+        kind,
+        reg,
+    }
+}
+
+/// `graph_trace()`'s prototypes with `--args --retval` (made up for the
+/// tests, one of each kind and of what cannot be shown):
+///
+/// ```text
+/// void *hrtimer_interrupt(struct clock_event_device *dev)   (returns ERR_PTR)
+/// int __hrtimer_run_queues(struct hrtimer_cpu_base *cpu_base, ktime_t now,
+///                          unsigned long flags, unsigned int active_mask)
+/// enum hrtimer_restart tick_sched_timer(struct hrtimer *timer)
+/// void tick_do_update_jiffies64(ktime_t now, bool update, char c)
+/// void schedule(void)
+/// long do_exit_thing(long code, struct pair p, ..., a7 on the stack)
+/// cpu_idle_loop: no BTF
+/// u8 uncalled_graph(s16 x)
+/// ```
+pub fn values_prototypes() -> Vec<Option<Prototype>> {
+    let restart = ValueKind::Enum {
+        size: 4,
+        signed: false,
+        names: vec![
+            (0, "HRTIMER_NORESTART".into()),
+            (1, "HRTIMER_RESTART".into()),
+        ],
+    };
+    let proto = |params, ret, unshown: &[&str]| {
+        Some(Prototype {
+            params,
+            ret,
+            unshown: unshown.iter().map(|s| s.to_string()).collect(),
+        })
+    };
+    vec![
+        proto(
+            vec![param("dev", ValueKind::Pointer, 0)],
+            ValueKind::Pointer,
+            &[],
+        ),
+        proto(
+            vec![
+                param("cpu_base", ValueKind::Pointer, 0),
+                param("now", ValueKind::Signed(8), 1),
+                param("flags", ValueKind::Unsigned(8), 2),
+                param("active_mask", ValueKind::Unsigned(4), 3),
+            ],
+            ValueKind::Signed(4),
+            &[],
+        ),
+        proto(vec![param("timer", ValueKind::Pointer, 0)], restart, &[]),
+        proto(
+            vec![
+                param("now", ValueKind::Signed(8), 0),
+                param("update", ValueKind::Bool, 1),
+                param("c", ValueKind::Char, 2),
+            ],
+            ValueKind::Void,
+            &[],
+        ),
+        proto(Vec::new(), ValueKind::Void, &[]),
+        proto(
+            vec![
+                param("code", ValueKind::Signed(8), 0),
+                param("a3", ValueKind::Signed(4), 3),
+                param("a4", ValueKind::Signed(2), 4),
+                param("a5", ValueKind::Signed(1), 5),
+            ],
+            ValueKind::Signed(8),
+            &[
+                "p: a struct passed by value (RSI, RDX)",
+                "a7: not in a register (on the stack)",
+            ],
+        ),
+        None,
+        proto(
+            vec![param("x", ValueKind::Signed(2), 0)],
+            ValueKind::Unsigned(1),
+            &[],
+        ),
+    ]
+}
+
+/// `graph_trace()` with arguments and return values (`--args
+/// --retval`, `values_prototypes()`): every entry's registers but the
+/// unhooked call's (not recorded: printed without them), each return's
+/// RAX: ERR_PTR(-ENOMEM) and a pointer from hrtimer_interrupt, -EAGAIN in
+/// an int's low half and 0 from __hrtimer_run_queues, HRTIMER_RESTART,
+/// HRTIMER_NORESTART and an unnamed 7 from tick_sched_timer, whatever
+/// RAX held after the void functions.
+pub fn values_trace() -> Trace {
+    let mut t = graph_trace();
+    t.meta.args = true;
+    t.meta.retval = true;
+    t.prototypes = values_prototypes();
+    // RAX at each return, in event order.
+    let mut rets = [
+        0xffff_ffff_ffff_fff4, // hrtimer_interrupt on vCPU 1: ERR_PTR(-ENOMEM)
+        0x1_ffff_fff5,         // __hrtimer_run_queues: -11 in EAX
+        1,                     // tick_sched_timer: HRTIMER_RESTART
+        0xdead,                // tick_do_update_jiffies64: void
+        0,                     // tick_sched_timer: HRTIMER_NORESTART
+        7,                     // tick_sched_timer: no name
+        0,                     // __hrtimer_run_queues: 0
+        0x5555,                // schedule: void
+        0xffff_8880_0abc_d000, // hrtimer_interrupt: a pointer
+        0xffff_ffff_ffff_fff4, // the unmatched return
+    ]
+    .into_iter();
+    let mut n = 0u64;
+    for e in &mut t.events {
+        if e.is_return() {
+            e.data = rets.next().expect("a value per return");
+            continue;
+        }
+        if e.slot == 0 {
+            // The unhooked call: its arguments not recorded.
+            continue;
+        }
+        n += 1;
+        t.args.push([
+            0xffff_8880_0000_1000 + n * 0x40,
+            (-(n as i64) * 1_000_000) as u64,
+            0xffff_ffff_0000_0000 | n,
+            0x1_0000_0000 | (n * 3),
+            0xff00 | n,
+            (-(n as i64)) as u64,
+        ]);
+        e.data = t.args.len() as u64;
+    }
+    assert!(rets.next().is_none());
+    t
+}
+
+/// `values_trace()` as an entry-only trace with `--args` alone.
+pub fn values_entry_trace() -> Trace {
+    let mut t = values_trace();
+    t.events.retain(|e| !e.is_return());
+    for e in &mut t.events {
+        e.slot = 0;
+    }
+    t.returns.clear();
+    t.meta.graph = false;
+    t.meta.retval = false;
     t.meta.unhooked = 0;
     t.meta.tsc_khz = 0;
     t

@@ -272,6 +272,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 graph: false,
                 // The attach's cost alone: no task read at calls.
                 tasks: Default::default(),
+                btf: None,
                 values: Default::default(),
             };
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);

@@ -165,6 +165,8 @@ fn attach_in(
         linux: true,
         pids: Vec::new(),
         comm: None,
+        args: false,
+        retval: false,
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected

@@ -3,7 +3,8 @@
 //! bzImage alone tells where a structure's members are. Parsed by btf-rs
 //! (written for retis); this module answers the few questions vmtrace asks:
 //! a member's byte offset (through anonymous structs and unions, as C
-//! reaches them), and a per-CPU variable's offset in the per-CPU area.
+//! reaches them), a per-CPU variable's offset in the per-CPU area, and a
+//! function's prototype as its argument registers hold it (`prototype`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +12,8 @@ use btf_rs::{Btf, Type};
 use object::{Object, ObjectSection};
 
 use crate::kernel::symbols::KernelImage;
+use crate::trace::model::{Param, Prototype, ValueKind, ARG_REGS};
+use crate::trace::values::RETURN_NOTE;
 
 /// The ELF section pahole writes BTF into (and the kernel links into its
 /// read-only data, between `__start_BTF` and `__stop_BTF`).
@@ -58,6 +61,26 @@ impl std::fmt::Debug for KernelBtf {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
+}
+
+/// The argument registers of the x86-64 calling convention, in order.
+pub const ARG_REG_NAMES: [&str; ARG_REGS] = ["RDI", "RSI", "RDX", "RCX", "R8", "R9"];
+
+/// How the x86-64 SysV calling convention passes one C type (the
+/// kernel's: integers, pointers and small structs in general registers).
+enum Passed {
+    /// In one general register, shown as this kind.
+    Shown(ValueKind),
+    /// In `n` general registers (a struct or union of up to 16 bytes, a
+    /// 128-bit integer), not shown: what it is.
+    Regs(u8, String),
+    /// On the stack whatever registers are free (a struct of more than
+    /// 16 bytes): what it is.
+    Memory(String),
+    /// In an SSE register (floating point): what it is.
+    Sse(String),
+    /// No register (an empty struct).
+    Nothing,
 }
 
 /// Where a member lies in its structure.
@@ -222,5 +245,296 @@ impl KernelBtf {
                 (self.btf.resolve_name(&var).ok()? == name).then(|| v.offset())
             })
         })
+    }
+}
+
+impl KernelBtf {
+    /// The prototype of function `function` as its argument registers hold
+    /// it (the BTF `FUNC` of that name and its `FUNC_PROTO`): each
+    /// parameter passed in one of the six argument registers, with the
+    /// register (structs and unions by value take one register up to 8
+    /// bytes and two up to 16, none beyond: those go on the stack, as do
+    /// parameters past the sixth register), and the return type. What
+    /// cannot be shown is said in `unshown`. None when BTF has no such
+    /// function (a GCC clone such as `f.isra.0` has another calling
+    /// convention and no BTF of its own), or has several of that name
+    /// (static functions of several files) that differ.
+    pub fn prototype(&self, function: &str) -> Option<Prototype> {
+        let types = self.btf.resolve_types_by_name(function).ok()?;
+        let mut found: Option<Prototype> = None;
+        for t in types {
+            let Type::Func(f) = t else { continue };
+            let Ok(Type::FuncProto(fp)) = self.btf.resolve_chained_type(&f) else {
+                continue;
+            };
+            let p = self.func_proto(&fp)?;
+            match &found {
+                Some(q) if *q != p => return None,
+                Some(_) => {}
+                None => found = Some(p),
+            }
+        }
+        found
+    }
+
+    /// A `FUNC_PROTO` as registers hold it (see `prototype`).
+    fn func_proto(&self, fp: &btf_rs::FuncProto) -> Option<Prototype> {
+        let mut unshown = Vec::new();
+        let mut next = 0u8;
+        let ret = match fp.return_type_id() {
+            0 => ValueKind::Void,
+            id => {
+                let t = self.btf.resolve_type_by_id(id).ok()?;
+                match self.passed(t)? {
+                    Passed::Shown(k) => k,
+                    Passed::Regs(_, what) => {
+                        unshown.push(format!("{RETURN_NOTE} {what} (RAX, RDX)"));
+                        ValueKind::Void
+                    }
+                    Passed::Memory(what) => {
+                        // The caller passes where to put it in RDI.
+                        unshown.push(format!(
+                            "{RETURN_NOTE} {what}, returned in memory (its address in RDI)"
+                        ));
+                        next = 1;
+                        ValueKind::Void
+                    }
+                    Passed::Sse(what) => {
+                        unshown.push(format!("{RETURN_NOTE} {what} (XMM0)"));
+                        ValueKind::Void
+                    }
+                    Passed::Nothing => ValueKind::Void,
+                }
+            }
+        };
+        let mut params = Vec::new();
+        for (i, p) in fp.parameters.iter().enumerate() {
+            if p.is_variadic() {
+                unshown.push("...: variadic arguments".into());
+                break;
+            }
+            let name = match self.btf.resolve_name(p) {
+                Ok(n) if !n.is_empty() => n,
+                _ => format!("arg{}", i + 1),
+            };
+            let t = self.btf.resolve_chained_type(p).ok()?;
+            let regs =
+                |from: u8, n: u8| ARG_REG_NAMES[from as usize..(from + n) as usize].join(", ");
+            match self.passed(t)? {
+                Passed::Shown(kind) if (next as usize) < ARG_REGS => {
+                    params.push(Param {
+                        name,
+                        kind,
+                        reg: next,
+                    });
+                    next += 1;
+                }
+                Passed::Shown(_) => {
+                    unshown.push(format!("{name}: not in a register (on the stack)"));
+                }
+                Passed::Regs(n, what) if next as usize + n as usize <= ARG_REGS => {
+                    unshown.push(format!("{name}: {what} ({})", regs(next, n)));
+                    next += n;
+                }
+                Passed::Regs(_, what) | Passed::Memory(what) => {
+                    // A struct that does not fit the registers left goes
+                    // whole on the stack; later arguments still take them.
+                    unshown.push(format!("{name}: {what} (on the stack)"));
+                }
+                Passed::Sse(what) => unshown.push(format!("{name}: {what} (in an SSE register)")),
+                Passed::Nothing => {}
+            }
+        }
+        Some(Prototype {
+            params,
+            ret,
+            unshown,
+        })
+    }
+
+    /// How a value of type `t` is passed (and returned); None for a type
+    /// no value can have (a forward declaration, a function).
+    fn passed(&self, t: Type) -> Option<Passed> {
+        let t = self.strip(t).ok()?;
+        let union = matches!(t, Type::Union(_));
+        Some(match t {
+            Type::Int(i) => {
+                let size = i.size();
+                if size == 16 {
+                    return Some(Passed::Regs(2, "a 128-bit integer".into()));
+                }
+                let size = u8::try_from(size)
+                    .ok()
+                    .filter(|s| [1, 2, 4, 8].contains(s))?;
+                let name = self.btf.resolve_name(&i).unwrap_or_default();
+                Passed::Shown(if i.is_bool() {
+                    ValueKind::Bool
+                } else if i.is_char() || name == "char" {
+                    ValueKind::Char
+                } else if i.is_signed() {
+                    ValueKind::Signed(size)
+                } else {
+                    ValueKind::Unsigned(size)
+                })
+            }
+            Type::Ptr(_) => Passed::Shown(ValueKind::Pointer),
+            Type::Enum(e) => {
+                let signed = e.is_signed();
+                let names = e
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let v = match signed {
+                            true => i64::from(m.val() as i32),
+                            false => i64::from(m.val()),
+                        };
+                        (v, self.btf.resolve_name(m).unwrap_or_default())
+                    })
+                    .collect();
+                Passed::Shown(ValueKind::Enum {
+                    size: u8::try_from(e.size()).ok()?,
+                    signed,
+                    names,
+                })
+            }
+            Type::Enum64(e) => {
+                let names = e
+                    .members
+                    .iter()
+                    .map(|m| (m.val() as i64, self.btf.resolve_name(m).unwrap_or_default()))
+                    .collect();
+                Passed::Shown(ValueKind::Enum {
+                    size: u8::try_from(e.size()).ok()?,
+                    signed: e.is_signed(),
+                    names,
+                })
+            }
+            Type::Struct(s) | Type::Union(s) => {
+                let what = if union { "a union" } else { "a struct" };
+                match s.size() {
+                    0 => Passed::Nothing,
+                    1..=8 => Passed::Regs(1, format!("{what} passed by value")),
+                    9..=16 => Passed::Regs(2, format!("{what} passed by value")),
+                    n => Passed::Memory(format!("{what} of {n} bytes passed by value")),
+                }
+            }
+            Type::Float(f) => Passed::Sse(format!("a {}-byte floating-point value", f.size())),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mini guest's BTF (`guest/build.sh mini`), or None (skipped).
+    fn mini() -> Option<KernelBtf> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        if !path.is_file() {
+            eprintln!(
+                "SKIPPED: {} is not built; run `bash guest/build.sh mini`",
+                path.display()
+            );
+            return None;
+        }
+        let image = KernelImage::load(&path).unwrap();
+        Some(KernelBtf::from_image(&image).unwrap())
+    }
+
+    fn p(name: &str, kind: ValueKind, reg: u8) -> Param {
+        Param {
+            name: name.into(),
+            kind,
+            reg,
+        }
+    }
+
+    #[test]
+    fn the_btf_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<KernelBtf>();
+    }
+
+    /// The args=1 functions of guest/mini/workload.c, as their registers
+    /// hold them.
+    #[test]
+    fn mini_prototypes_follow_the_calling_convention() {
+        let Some(btf) = mini() else { return };
+        let state = ValueKind::Enum {
+            size: 4,
+            signed: false,
+            names: vec![
+                (0, "MINI_STATE_IDLE".into()),
+                (1, "MINI_STATE_RUNNING".into()),
+                (2, "MINI_STATE_SLEEPING".into()),
+                (64, "MINI_STATE_DEAD".into()),
+            ],
+        };
+        assert_eq!(
+            btf.prototype("args_six"),
+            Some(Prototype {
+                params: vec![
+                    p("a", ValueKind::Unsigned(8), 0),
+                    p("b", ValueKind::Signed(4), 1),
+                    p("t", ValueKind::Pointer, 2),
+                    p("s", state, 3),
+                    p("ch", ValueKind::Unsigned(1), 4),
+                    p("e", ValueKind::Signed(8), 5),
+                ],
+                ret: ValueKind::Signed(8),
+                unshown: Vec::new(),
+            })
+        );
+        assert_eq!(
+            btf.prototype("args_errno"),
+            Some(Prototype {
+                params: vec![p("n", ValueKind::Unsigned(4), 0)],
+                ret: ValueKind::Signed(4),
+                unshown: Vec::new(),
+            })
+        );
+        assert_eq!(
+            btf.prototype("args_void"),
+            Some(Prototype {
+                params: vec![p("n", ValueKind::Unsigned(8), 0)],
+                ret: ValueKind::Void,
+                unshown: Vec::new(),
+            })
+        );
+        // struct mini_pair (16 bytes) in RDI and RSI, `after` in RDX.
+        assert_eq!(
+            btf.prototype("args_struct"),
+            Some(Prototype {
+                params: vec![p("after", ValueKind::Signed(4), 2)],
+                ret: ValueKind::Signed(8),
+                unshown: vec!["p: a struct passed by value (RDI, RSI)".into()],
+            })
+        );
+        // The seventh on the stack.
+        let seven = btf.prototype("args_seven").unwrap();
+        let names: Vec<(&str, u8)> = seven
+            .params
+            .iter()
+            .map(|q| (q.name.as_str(), q.reg))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a1", 0),
+                ("a2", 1),
+                ("a3", 2),
+                ("a4", 3),
+                ("a5", 4),
+                ("a6", 5)
+            ]
+        );
+        assert_eq!(seven.params[0].kind, ValueKind::Signed(4));
+        assert_eq!(seven.params[5].kind, ValueKind::Unsigned(8));
+        assert_eq!(seven.unshown, ["a7: not in a register (on the stack)"]);
+        assert_eq!(seven.ret, ValueKind::Signed(8));
+        // Not a function of the guest.
+        assert_eq!(btf.prototype("no_such_function"), None);
+        assert_eq!(btf.prototype("mini_pair"), None);
     }
 }

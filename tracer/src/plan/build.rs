@@ -5,7 +5,7 @@
 
 use vmm::advice::{Advice, Plain, Remedy};
 
-use super::{hookable, Mode, Plan};
+use super::{hookable, Mode, Plan, ValuePlan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
@@ -45,6 +45,10 @@ pub struct Request {
     /// tasks whose comm matches (`--comm`).
     pub pids: Vec<u32>,
     pub comm: Option<String>,
+    /// Record each traced call's arguments (`--args`).
+    pub args: bool,
+    /// Record each traced call's return value (`--retval`): needs `graph`.
+    pub retval: bool,
 }
 
 /// Something the user should be told about the plan, once it is set.
@@ -77,6 +81,13 @@ pub enum PlanError {
     /// be hooked.
     #[error("cannot hook the return of {names}: the guest's unwinder would stop at vmtrace's hook; trace them without the function graph")]
     GraphUnhookable { names: String },
+    /// Return values asked without the function graph.
+    #[error("return values are read at returns, which only the function graph hooks: trace with the function graph too")]
+    RetvalNeedsGraph,
+    /// Arguments or return values asked of a kernel without BTF: why it
+    /// has none.
+    #[error("arguments and return values are shown by the kernel's BTF, and it has none ({why})")]
+    ValuesNeedBtf { why: String },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -106,6 +117,7 @@ impl TracePlan {
                 why: plan.tasks.note.clone(),
             });
         }
+        plan.values = values(&plan, req)?;
         let mut notes = Vec::new();
         if req.graph {
             notes.extend(graph(&mut plan, req.linux)?);
@@ -119,6 +131,25 @@ impl TracePlan {
             notes,
         })
     }
+}
+
+/// The values to record, checked: return values are read at returns,
+/// which only the function graph hooks; values are shown by the kernel's
+/// BTF.
+fn values(plan: &Plan, req: &Request) -> Result<ValuePlan, PlanError> {
+    let values = ValuePlan {
+        args: req.args,
+        retval: req.retval,
+    };
+    if req.retval && !req.graph {
+        return Err(PlanError::RetvalNeedsGraph);
+    }
+    if values.any() && plan.btf.is_none() {
+        return Err(PlanError::ValuesNeedBtf {
+            why: plan.tasks.note.trim_start_matches("none: ").to_string(),
+        });
+    }
+    Ok(values)
 }
 
 /// Hook returns, leaving out (and naming) the functions whose return must
@@ -211,5 +242,90 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
                 Ok(Mode::Trap)
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(graph: bool, args: bool, retval: bool) -> Request {
+        Request {
+            trace: vec!["args_*".to_string()],
+            notrace: Vec::new(),
+            graph,
+            mode: ModeChoice::Trap,
+            ring_events: None,
+            cpus: 1,
+            emulator_host: false,
+            linux: false,
+            pids: Vec::new(),
+            comm: None,
+            args,
+            retval,
+        }
+    }
+
+    fn mini() -> Option<KernelImage> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        if !path.is_file() {
+            eprintln!(
+                "SKIPPED: {} is not built; run `bash guest/build.sh mini`",
+                path.display()
+            );
+            return None;
+        }
+        Some(KernelImage::load(&path).unwrap())
+    }
+
+    /// The values asked reach the plan; return values need the function
+    /// graph, and values the kernel's BTF: one line each, naming the fix.
+    #[test]
+    fn values_are_planned_and_checked() {
+        if mini().is_none() {
+            return;
+        }
+        let image = || mini().unwrap();
+        let p = TracePlan::build(image(), &request(true, true, true)).unwrap();
+        assert_eq!(
+            p.plan.values,
+            ValuePlan {
+                args: true,
+                retval: true
+            }
+        );
+        assert!(p.plan.btf.is_some());
+        assert_eq!(p.plan.prototypes().len(), p.plan.funcs.len());
+        let p = TracePlan::build(image(), &request(false, true, false)).unwrap();
+        assert!(p.plan.values.args && !p.plan.values.retval);
+        let p = TracePlan::build(image(), &request(false, false, false)).unwrap();
+        assert!(!p.plan.values.any());
+        assert!(p.plan.prototypes().is_empty());
+
+        let Err(e) = TracePlan::build(image(), &request(false, false, true)) else {
+            panic!("return values without the graph were planned")
+        };
+        assert!(matches!(e, PlanError::RetvalNeedsGraph), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "return values are read at returns, which only the function graph hooks: \
+             trace with the function graph too"
+        );
+
+        let mut plan = Plan::from_image(image(), &["args_*".to_string()], &[]).unwrap();
+        plan.btf = None;
+        plan.tasks.note = "none: x has no BTF (.BTF section): build the kernel with \
+                           CONFIG_DEBUG_INFO_BTF=y (needs pahole, Debian's dwarves)"
+            .into();
+        let e = values(&plan, &request(false, true, false))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "arguments and return values are shown by the kernel's BTF, and it has none \
+             (x has no BTF (.BTF section): build the kernel with CONFIG_DEBUG_INFO_BTF=y \
+             (needs pahole, Debian's dwarves))"
+        );
+        assert!(values(&plan, &request(false, false, false)).is_ok());
     }
 }

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::TracerError;
+use crate::kernel::btf::KernelBtf;
 use crate::kernel::filter::Filter;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
@@ -61,16 +62,27 @@ pub struct Plan {
     pub graph: bool,
     /// The guest's tasks: how to read them, and which to keep.
     pub tasks: tasks::TaskPlan,
-    /// Which values of the calls to record besides their task.
+    /// The kernel's BTF, parsed once (tasks and prototypes come from it);
+    /// None when it has none (`tasks.note` says why).
+    pub btf: Option<Arc<KernelBtf>>,
+    /// Which values of traced calls to record.
     pub values: ValuePlan,
 }
 
-/// The values of traced calls a plan records: their arguments (`--args`),
-/// their return values (`--retval`, with the function graph).
+/// Which values of traced calls a session records (`--args`, `--retval`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ValuePlan {
+    /// Each entry's argument registers (`Trace::args`).
     pub args: bool,
+    /// Each return's RAX (function graph only).
     pub retval: bool,
+}
+
+impl ValuePlan {
+    /// Either: the trace then has the traced functions' prototypes.
+    pub fn any(self) -> bool {
+        self.args || self.retval
+    }
 }
 
 impl Plan {
@@ -104,7 +116,8 @@ impl Plan {
             targets.push((site.addr, slot));
         }
         let ftrace_enabled = image.symbol(FTRACE_ENABLED).map(|s| s.addr);
-        let tasks = tasks::TaskPlan::find(&image);
+        let btf = KernelBtf::from_image(&image).map(Arc::new);
+        let tasks = tasks::TaskPlan::find(&image, btf.as_deref());
         Ok(Plan {
             image,
             sites,
@@ -114,7 +127,21 @@ impl Plan {
             ftrace_enabled,
             graph: false,
             tasks,
+            btf: btf.ok(),
             values: ValuePlan::default(),
         })
+    }
+
+    /// The prototype of each traced function (parallel to `funcs`, None
+    /// where BTF does not describe it), when values are recorded; empty
+    /// otherwise (`Trace::prototypes`).
+    pub fn prototypes(&self) -> Vec<Option<crate::trace::model::Prototype>> {
+        let Some(btf) = self.btf.as_ref().filter(|_| self.values.any()) else {
+            return Vec::new();
+        };
+        self.funcs
+            .iter()
+            .map(|&f| btf.prototype(&self.image.functions[f].name))
+            .collect()
     }
 }

@@ -4,7 +4,7 @@
 
 use globset::{Glob, GlobMatcher};
 
-use crate::kernel::btf::KernelBtf;
+use crate::kernel::btf::{BtfError, KernelBtf};
 use crate::kernel::symbols::KernelImage;
 use crate::kernel::task::TaskLayout;
 
@@ -19,11 +19,12 @@ pub struct TaskPlan {
 }
 
 impl TaskPlan {
-    /// The task layout of `image`, from its BTF.
-    pub fn find(image: &KernelImage) -> TaskPlan {
-        let found = KernelBtf::from_image(image)
+    /// The task layout of `image`, from its BTF (`KernelBtf::from_image`,
+    /// parsed by the caller, or why there is none).
+    pub fn find(image: &KernelImage, btf: Result<&KernelBtf, &BtfError>) -> TaskPlan {
+        let found = btf
             .map_err(|e| e.to_string())
-            .and_then(|btf| TaskLayout::find(image, &btf).map_err(|e| e.to_string()));
+            .and_then(|btf| TaskLayout::find(image, btf).map_err(|e| e.to_string()));
         match found {
             Ok(layout) => TaskPlan {
                 layout: Some(layout),

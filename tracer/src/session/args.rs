@@ -4,15 +4,28 @@
 //! (1-based), pushed before the event is handed on, so that the store can
 //! save the arguments added since it last looked before the events that
 //! name them (as it does the tasks, `session::tasks`).
+//!
+//! Unlike tasks, arguments are one per call: a store that has saved some
+//! to the data file forgets them (`forget`), and the flight recorder takes
+//! them out as they come (`drain`), so that memory does not grow with the
+//! run. Ids stay as pushed.
 
 use std::sync::Mutex;
 
 use crate::trace::model::ARG_REGS;
 
-/// Every recorded call's arguments, in the order they were pushed.
+/// Every recorded call's arguments not yet forgotten, in the order they
+/// were pushed.
 #[derive(Debug, Default)]
 pub struct ArgTable {
-    inner: Mutex<Vec<[u64; ARG_REGS]>>,
+    inner: Mutex<Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    /// Arguments forgotten: the first kept has id `base + 1`.
+    base: usize,
+    args: Vec<[u64; ARG_REGS]>,
 }
 
 impl ArgTable {
@@ -20,30 +33,60 @@ impl ArgTable {
         ArgTable::default()
     }
 
-    /// Keeps one call's argument registers; its id (`Event::data`).
-    pub fn push(&self, args: [u64; ARG_REGS]) -> u64 {
-        let mut v = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        v.push(args);
-        v.len() as u64
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Keeps one call's argument registers; its id (`Event::data`).
+    pub fn push(&self, args: [u64; ARG_REGS]) -> u64 {
+        let mut k = self.lock();
+        k.args.push(args);
+        (k.base + k.args.len()) as u64
+    }
+
+    /// Arguments pushed so far (the last id given), forgotten ones included.
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).len()
+        let k = self.lock();
+        k.base + k.args.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The arguments from index `from` on (ids `from + 1`...).
+    /// The arguments from index `from` on (ids `from + 1`...), those not
+    /// forgotten.
     pub fn since(&self, from: usize) -> Vec<[u64; ARG_REGS]> {
-        let v = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        v.get(from..).unwrap_or_default().to_vec()
+        let k = self.lock();
+        k.args
+            .get(from.saturating_sub(k.base)..)
+            .unwrap_or_default()
+            .to_vec()
     }
 
-    /// Every call's arguments, in id order (`Trace::args`).
+    /// Every call's arguments, in id order (`Trace::args`): complete when
+    /// none were forgotten (events kept in memory).
     pub fn all(&self) -> Vec<[u64; ARG_REGS]> {
         self.since(0)
+    }
+
+    /// Forgets the arguments before index `upto` (ids up to `upto`): they
+    /// are saved.
+    pub fn forget(&self, upto: usize) {
+        let mut k = self.lock();
+        let n = upto.saturating_sub(k.base).min(k.args.len());
+        k.args.drain(..n);
+        k.base += n;
+    }
+
+    /// Takes every argument kept: the index of the first (its id is one
+    /// more) and the arguments.
+    pub fn drain(&self) -> (usize, Vec<[u64; ARG_REGS]>) {
+        let mut k = self.lock();
+        let first = k.base;
+        let args = std::mem::take(&mut k.args);
+        k.base += args.len();
+        (first, args)
     }
 }
 
@@ -59,5 +102,24 @@ mod tests {
         assert_eq!(t.push([7; ARG_REGS]), 2);
         assert_eq!(t.since(1), vec![[7; ARG_REGS]]);
         assert_eq!(t.all().len(), 2);
+    }
+
+    #[test]
+    fn forgotten_and_drained_arguments_keep_the_ids() {
+        let t = ArgTable::new();
+        for i in 1..=4 {
+            t.push([i; ARG_REGS]);
+        }
+        t.forget(3);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t.since(3), vec![[4; ARG_REGS]]);
+        // Before the forgotten ones: what is kept.
+        assert_eq!(t.since(0), vec![[4; ARG_REGS]]);
+        assert_eq!(t.push([5; ARG_REGS]), 5);
+        assert_eq!(t.drain(), (3, vec![[4; ARG_REGS], [5; ARG_REGS]]));
+        assert_eq!(t.drain(), (5, Vec::new()));
+        assert_eq!(t.push([6; ARG_REGS]), 6);
+        t.forget(2);
+        assert_eq!(t.since(5), vec![[6; ARG_REGS]]);
     }
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use super::Tracer;
 use crate::error::TracerError;
 use crate::kernel::symbols::Symbol;
+use crate::session::args::ArgTable;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
 use crate::session::store::Stored;
@@ -20,6 +21,13 @@ impl Tracer {
     /// whoever records an event interns its task here first.
     pub fn task_table(&self) -> std::sync::Arc<TaskTable> {
         std::sync::Arc::clone(&self.task_table)
+    }
+
+    /// The arguments this session's entries name (the store's table):
+    /// whoever records an entry with its arguments (`plan().values.args`)
+    /// pushes them here first and puts the id in `Event::data`.
+    pub fn arg_table(&self) -> std::sync::Arc<ArgTable> {
+        std::sync::Arc::clone(&self.arg_table)
     }
 
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
@@ -160,9 +168,12 @@ impl Tracer {
         // The drainer's sender must be gone before the store can end.
         let _ = self.stop_draining();
         let stored = self.store.take().and_then(|c| c.join().ok());
+        // In memory, the events' arguments (a data file has them).
+        let mut args = Vec::new();
         let image = &self.plan.image;
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
+                args = self.arg_table.all();
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
@@ -196,6 +207,7 @@ impl Tracer {
         trace.meta.trap_exits = trap_exits;
         trace.callers = callers;
         trace.events = events;
+        trace.args = args;
         let saved = file.map(|f| {
             let path = f.file.path().to_path_buf();
             let write_err = |source| TraceFileError::Write {
@@ -287,6 +299,8 @@ impl Tracer {
             tasks: self.tasks_note(),
             filtered: c.filtered.load(Ordering::Relaxed)
                 + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
+            args: self.plan.values.args,
+            retval: self.plan.values.retval,
         };
         Trace {
             meta,
@@ -298,8 +312,9 @@ impl Tracer {
             // Every task seen so far: a data file's HEAD and FOOT save those
             // its events did not name yet.
             tasks: self.task_table.all(),
-            args: self.arg_table.all(),
-            prototypes: Vec::new(),
+            // Events' arguments: the store saves them (`finish_stored`).
+            args: Vec::new(),
+            prototypes: self.prototypes.clone(),
         }
     }
 
@@ -429,6 +444,74 @@ mod tests {
         let back = crate::trace::datafile::load(&path).unwrap();
         assert_eq!(back.tasks, [sh]);
         assert_eq!(back.meta.tasks, from);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// With values asked, the trace has each traced function's prototype
+    /// and the arguments pushed to the session's table: in memory, and in
+    /// the data file (whose events name them).
+    #[test]
+    fn the_trace_has_the_sessions_prototypes_and_arguments() {
+        use crate::plan::{Mode, Plan, ValuePlan};
+        use crate::session::store::Storage;
+        use crate::session::Recording;
+        use crate::trace::datafile::DataFile;
+        use crate::trace::model::ValueKind;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = |values| {
+            let mut p = Plan::new(&kernel, &["args_*".to_string()], &[]).unwrap();
+            p.values = values;
+            p
+        };
+        let both = ValuePlan {
+            args: true,
+            retval: true,
+        };
+        let (t, handlers) = Tracer::new(plan(both), 1, 1000);
+        assert_eq!(t.arg_table().push([1, 2, 3, 4, 5, 6]), 1);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert!(trace.meta.args && trace.meta.retval);
+        assert_eq!(trace.args, [[1, 2, 3, 4, 5, 6]]);
+        assert_eq!(trace.prototypes.len(), trace.functions.len());
+        let errno = trace
+            .functions
+            .iter()
+            .position(|f| f.name == "args_errno")
+            .unwrap();
+        let p = trace.prototypes[errno].as_ref().unwrap();
+        assert_eq!(p.ret, ValueKind::Signed(4));
+        assert!(trace.prototypes.iter().all(Option::is_some));
+
+        // Not asked: no prototypes, no arguments.
+        let (t, handlers) = Tracer::new(plan(ValuePlan::default()), 1, 1000);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert!(!trace.meta.args && trace.prototypes.is_empty() && trace.args.is_empty());
+
+        let dir = std::env::temp_dir().join(format!("vmtrace-finish-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("values.data");
+        let rec = Recording {
+            max_events: 1000,
+            storage: Storage::Stream {
+                file: DataFile::create(&path).unwrap(),
+                buffer: 1 << 20,
+            },
+            kernel: kernel.clone(),
+            vmm: String::new(),
+        };
+        let (t, handlers) = Tracer::create(plan(both), 1, Mode::Trap, None, rec).unwrap();
+        drop(handlers);
+        let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
+        saved.unwrap().unwrap();
+        let back = crate::trace::datafile::load(&path).unwrap();
+        assert!(back.meta.args && back.meta.retval);
+        assert_eq!(back.prototypes, trace.prototypes);
+        assert_eq!(
+            back.prototypes[errno].as_ref().unwrap().ret,
+            ValueKind::Signed(4)
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

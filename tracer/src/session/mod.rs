@@ -15,7 +15,7 @@ use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
-use args::ArgTable;
+
 use counters::Counters;
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
@@ -108,8 +108,12 @@ pub struct Tracer {
     /// The guest tasks events name, shared with the store
     /// (`store::Store::tasks`).
     task_table: Arc<tasks::TaskTable>,
-    /// Entries' arguments (`--args`).
-    arg_table: Arc<ArgTable>,
+    /// The arguments entries name, shared with the store
+    /// (`store::Store::args`).
+    arg_table: Arc<args::ArgTable>,
+    /// The traced functions' prototypes when values are recorded
+    /// (`Plan::prototypes`, looked up once).
+    prototypes: Vec<Option<crate::trace::model::Prototype>>,
 }
 
 impl Tracer {
@@ -168,7 +172,8 @@ impl Tracer {
         )?;
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
-        let mut t = Tracer::assemble(plan, counters, store.thread, false, table);
+        let args = store.args();
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, (table, args));
         t.tasks = tasks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
@@ -205,10 +210,11 @@ impl Tracer {
         }
         let values = plan.values;
         let retval = plan.graph && values.retval;
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, table);
+        let args = store.args();
         for r in &mut recs {
-            r.record_values(values.args.then(|| Arc::clone(&t.arg_table)), retval);
+            r.record_values(values.args.then(|| Arc::clone(&args)), retval);
         }
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, (table, args));
         t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
@@ -229,9 +235,10 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
-        tasks: Arc<tasks::TaskTable>,
+        (tasks, args): (Arc<tasks::TaskTable>, Arc<args::ArgTable>),
     ) -> Tracer {
         Tracer {
+            prototypes: plan.prototypes(),
             plan,
             counters,
             store: Some(store),
@@ -251,7 +258,7 @@ impl Tracer {
             vmm: String::new(),
             tasks: None,
             task_table: tasks,
-            arg_table: Arc::new(ArgTable::new()),
+            arg_table: args,
         }
     }
 

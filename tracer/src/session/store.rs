@@ -15,8 +15,15 @@
 //! an event interns its task there first (`Store::tasks`), and before each
 //! batch goes to the data file the tasks added since the last one go too,
 //! so that a file cut short names the task of every event it holds.
+//!
+//! It owns the calls' arguments (`ArgTable`, `Store::args`) the same way:
+//! streaming, the arguments recorded since the last batch go to the file
+//! before it, and are then forgotten; the flight recorder takes them out
+//! of the table as batches come, keeps those of the events its rings
+//! hold, and numbers them afresh when it writes (the file holds only the
+//! arguments of the events it keeps).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,11 +33,12 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::kernel::symbols::{function_index_at, Symbol};
 use crate::plan::site_index::SiteIndex;
+use crate::session::args::ArgTable;
 use crate::session::counters::{Counters, BATCH};
 use crate::session::tasks::TaskTable;
 use crate::trace::datafile::stream::DataFile;
 use crate::trace::datafile::EVENT_SIZE;
-use crate::trace::model::{Event, Trace};
+use crate::trace::model::{Event, Trace, ARG_REGS};
 
 /// Batches the flight recorder's queue holds: it only moves events into
 /// memory, so it never falls far behind.
@@ -123,6 +131,8 @@ pub struct Store {
     pub free: Receiver<Vec<Event>>,
     /// The guest tasks events name (`Event::task`), created with the store.
     tasks: Arc<TaskTable>,
+    /// The arguments entries name (`Event::data`), created with the store.
+    args: Arc<ArgTable>,
 }
 
 impl Store {
@@ -130,6 +140,13 @@ impl Store {
     /// the event over), shared with the store thread that saves it.
     pub fn tasks(&self) -> Arc<TaskTable> {
         Arc::clone(&self.tasks)
+    }
+
+    /// The table a recorder pushes an entry's arguments to (before it
+    /// hands the event over, its id in `Event::data`), shared with the
+    /// store thread that saves them.
+    pub fn args(&self) -> Arc<ArgTable> {
+        Arc::clone(&self.args)
     }
 }
 
@@ -154,6 +171,8 @@ pub fn spawn(
     };
     let tasks = Arc::new(TaskTable::new());
     let table = Arc::clone(&tasks);
+    let args = Arc::new(ArgTable::new());
+    let arg_table = Arc::clone(&args);
     let handle = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || match storage {
@@ -164,6 +183,7 @@ pub fn spawn(
                     file,
                     error,
                     tasks: &table,
+                    args: &arg_table,
                 };
                 Stored::File(stream(rx, &free_tx, out, &counters, &fixup))
             }
@@ -173,6 +193,7 @@ pub fn spawn(
                     file,
                     error,
                     tasks: &table,
+                    args: &arg_table,
                 };
                 Stored::File(overwrite(rx, &free_tx, out, per_cpu, &counters, &fixup))
             }
@@ -185,22 +206,42 @@ pub fn spawn(
             head,
             free,
             tasks,
+            args,
         },
     )
 }
 
-/// The data file being written, its first write error, and the tasks it
-/// saves before the events that name them.
+/// The data file being written, its first write error, and the tasks and
+/// arguments it saves before the events that name them.
 struct Out<'a> {
     file: DataFile,
     error: Option<io::Error>,
     tasks: &'a TaskTable,
+    args: &'a ArgTable,
 }
 
 impl Out<'_> {
     /// Writes `events` (counted as lost after a write error), after the
-    /// tasks added since the last write: their events may name them.
+    /// tasks and the arguments added since the last write: their events
+    /// may name them. The arguments written are forgotten.
     fn write(&mut self, events: &[Event], counters: &Counters) {
+        let args = match self.error {
+            None => self.args.since(self.file.args_saved()),
+            Some(_) => Vec::new(),
+        };
+        self.write_with(events, &args, counters);
+        // After an error nothing more is written: nothing to keep.
+        let saved = match self.error {
+            None => self.file.args_saved(),
+            Some(_) => self.args.len(),
+        };
+        self.args.forget(saved);
+    }
+
+    /// Writes `events` after the tasks added since the last write and
+    /// `args`, the next arguments (the flight recorder's, numbered as
+    /// its events name them).
+    fn write_with(&mut self, events: &[Event], args: &[[u64; ARG_REGS]], counters: &Counters) {
         if self.error.is_some() {
             counters.lose(events);
             return;
@@ -209,6 +250,7 @@ impl Out<'_> {
         let r = self
             .file
             .write_tasks(&new)
+            .and_then(|()| self.file.write_args(args))
             .and_then(|()| self.file.write_events(events));
         if let Err(e) = r {
             counters.lose(events);
@@ -287,7 +329,10 @@ fn overwrite(
     let mut rings: Vec<VecDeque<Event>> = (0..counters.counts.len())
         .map(|_| VecDeque::new())
         .collect();
+    let mut pending = Pending::default();
     for batch in rx {
+        // Every argument the batch names was pushed before it was sent.
+        pending.take(out.args);
         for &e in &batch {
             let Some(ring) = rings.get_mut(e.cpu as usize) else {
                 continue;
@@ -296,11 +341,13 @@ fn overwrite(
             if ring.len() > keep {
                 if let Some(old) = ring.pop_front() {
                     counters.drop_stored(&old);
+                    pending.drop_of(&old);
                 }
             }
         }
         recycle(free, batch);
     }
+    pending.take(out.args);
     let mut seen = vec![false; fixup.functions.len()];
     for ring in rings {
         let (a, b) = ring.as_slices();
@@ -309,10 +356,53 @@ fn overwrite(
             if out.error.is_none() {
                 fixup.apply(&mut part, &mut seen);
             }
-            out.write(&part, counters);
+            let args = pending.renumber(&mut part, out.file.args_saved());
+            out.write_with(&part, &args, counters);
         }
     }
     out.stored(seen)
+}
+
+/// The flight recorder's arguments: those of the events its rings hold
+/// (and of events still on their way; those of events lost on the way,
+/// a full queue, stay until the end), by their id in the table.
+#[derive(Default)]
+struct Pending(HashMap<u64, [u64; ARG_REGS]>);
+
+impl Pending {
+    /// Takes the arguments pushed since the last call out of the table.
+    fn take(&mut self, table: &ArgTable) {
+        let (first, args) = table.drain();
+        self.0.extend(
+            args.into_iter()
+                .enumerate()
+                .map(|(i, a)| ((first + i + 1) as u64, a)),
+        );
+    }
+
+    /// Forgets the arguments of `e`, pushed out of its ring.
+    fn drop_of(&mut self, e: &Event) {
+        if !e.is_return() && e.data != 0 {
+            self.0.remove(&e.data);
+        }
+    }
+
+    /// The arguments of `events`' entries, in order, each entry's id
+    /// renumbered to follow the `saved` ones already in the file.
+    fn renumber(&mut self, events: &mut [Event], saved: usize) -> Vec<[u64; ARG_REGS]> {
+        let mut args = Vec::new();
+        for e in events.iter_mut().filter(|e| !e.is_return() && e.data != 0) {
+            match self.0.remove(&e.data) {
+                Some(a) => {
+                    args.push(a);
+                    e.data = (saved + args.len()) as u64;
+                }
+                // Not recorded (cannot happen: pushed before the event).
+                None => e.data = 0,
+            }
+        }
+        args
+    }
 }
 
 /// How a session records: the `--max-events` budget and where the events
@@ -473,6 +563,105 @@ mod tests {
         let t = crate::trace::datafile::load(&path).unwrap();
         assert_eq!(t.events.len(), 1);
         assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An entry with arguments `id` (`Event::data`) at `ts_ns`, or a return.
+    fn entry(ts_ns: u64, data: u64, ret: bool) -> Event {
+        Event {
+            ts_ns,
+            data,
+            slot: if ret { 0x101 } else { 0x100 },
+            ..Event::default()
+        }
+    }
+
+    /// Records three batches through a store whose every entry's arguments
+    /// were pushed to its table first, and stops without the footer (as a
+    /// killed recording does); returns the table, and the trace read back.
+    fn record_with_args(
+        storage: impl FnOnce(DataFile) -> Storage,
+        path: &std::path::Path,
+    ) -> (Arc<ArgTable>, Trace) {
+        let file = DataFile::create(path).unwrap();
+        let counters = Arc::new(Counters::new(1, 1, 100));
+        let fixup = Fixup {
+            index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+            functions: Arc::new(Vec::new()),
+        };
+        let (tx, store) = spawn(storage(file), counters, fixup);
+        let mut h = head();
+        h.meta.graph = true;
+        h.returns = vec![vec![0]];
+        h.meta.args = true;
+        h.meta.retval = true;
+        store.head.as_ref().unwrap().send(h).unwrap();
+        let args = store.args();
+        let a = |i: u64| [i, i + 1, i + 2, i + 3, i + 4, i + 5];
+        let one = args.push(a(10));
+        tx.send(vec![entry(10, one, false), entry(11, u64::MAX, true)])
+            .unwrap();
+        let two = args.push(a(20));
+        let three = args.push(a(30));
+        tx.send(vec![entry(12, two, false), entry(13, 0, false)])
+            .unwrap();
+        tx.send(vec![entry(14, three, false), entry(15, 5, true)])
+            .unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        (args, crate::trace::datafile::load(path).unwrap())
+    }
+
+    #[test]
+    fn the_store_saves_each_entrys_arguments_before_it() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = |i: u64| [i, i + 1, i + 2, i + 3, i + 4, i + 5];
+        let path = dir.join("stream.data");
+        let (table, t) = record_with_args(
+            |file| Storage::Stream {
+                file,
+                buffer: 1 << 20,
+            },
+            &path,
+        );
+        assert!(t.meta.incomplete);
+        // Written and forgotten: the table keeps none.
+        assert_eq!(table.len(), 3);
+        assert!(table.since(0).is_empty());
+        assert_eq!(t.args, [a(10), a(20), a(30)]);
+        let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.ts_ns, t.args_of(e).copied(), e.data))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10, Some(a(10)), 1),
+                (11, None, u64::MAX),
+                (12, Some(a(20)), 2),
+                (13, None, 0),
+                (14, Some(a(30)), 3),
+                (15, None, 5),
+            ]
+        );
+
+        // The flight recorder keeps the newest 3 and only their arguments,
+        // numbered afresh.
+        let path = dir.join("overwrite.data");
+        let (table, t) = record_with_args(|file| Storage::Overwrite { file, per_cpu: 3 }, &path);
+        assert!(table.since(0).is_empty());
+        assert_eq!(t.args, [a(30)]);
+        let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.ts_ns, t.args_of(e).copied(), e.data))
+            .collect();
+        assert_eq!(got, [(13, None, 0), (14, Some(a(30)), 1), (15, None, 5)]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

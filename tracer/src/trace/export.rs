@@ -4,9 +4,10 @@
 //! - **json**: the report as one JSON document, schema `vmtrace-report/1`
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
 //!   stored events; function-graph traces add durations, traces with guest
-//!   tasks each task's stored calls (`tasks`).
+//!   tasks each task's stored calls (`tasks`), traces with values each
+//!   function's most frequent return values and what cannot be shown.
 //! - **csv**: one row per stored event (see [`write_csv`]), with its guest
-//!   task when the trace has them.
+//!   task when the trace has them, and its arguments or return value.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
 //!   and `chrome://tracing`: one track per vCPU (with guest tasks, the
 //!   guest's processes and threads: `tracks`), one instant event per stored
@@ -35,9 +36,13 @@ use std::io::{self, BufWriter, Write};
 use serde_json::{json, Map, Value};
 
 use crate::kernel::symbols::Symbol;
-use crate::trace::graph::{End, Graph};
+use crate::trace::graph::{End, Frame, Graph};
 use crate::trace::model::Trace;
 use crate::trace::report::{escape, task_rows, Caller, Report, ReportOptions, Row, Sort};
+use crate::trace::values;
+
+/// Return values the JSON report keeps per function: the most frequent.
+pub const RETURN_VALUES_TOP: usize = 8;
 
 /// The `schema` field of the JSON report.
 pub const SCHEMA_ID: &str = "vmtrace-report/1";
@@ -50,9 +55,14 @@ pub const JSON_SCHEMA: &str = include_str!("../../../docs/vmtrace-report.schema.
 pub fn to_json(trace: &Trace) -> Value {
     let m = &trace.meta;
     let report = Report::new(trace, &ReportOptions::whole_trace());
+    let returned = values::return_counts(trace, RETURN_VALUES_TOP);
     let functions: Vec<Value> = report
         .functions()
-        .map(|row| function_json(&report, row))
+        .map(|row| {
+            let mut v = function_json(&report, row);
+            values_json(&mut v, trace, row.index, &returned);
+            v
+        })
         .collect();
     let mut doc = json!({
         "schema": SCHEMA_ID,
@@ -129,6 +139,24 @@ fn function_json(report: &Report, row: &Row) -> Value {
     v
 }
 
+/// A function's values (`--args`, `--retval`), when there is something to
+/// say: `return_values`, its most frequent return values as printed
+/// (`{"value": "-2 (-ENOENT)", "count": N}`, most first), and `unshown`,
+/// what of its arguments and return value cannot be shown.
+fn values_json(v: &mut Value, trace: &Trace, func: usize, returned: &[Vec<values::ReturnCount>]) {
+    if let Some(r) = returned.get(func).filter(|r| !r.is_empty()) {
+        let list: Vec<Value> = r
+            .iter()
+            .map(|c| json!({ "value": c.value, "count": c.count }))
+            .collect();
+        v["return_values"] = Value::Array(list);
+    }
+    let unshown = values::unshown(trace, func as u32);
+    if !unshown.is_empty() {
+        v["unshown"] = json!(unshown);
+    }
+}
+
 /// The JSON report's fields present only when there is something to say:
 /// older readers (and the golden files) see the same document as before.
 fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
@@ -167,6 +195,9 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
         doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
     }
     tasks_json(doc, trace);
+    if m.args || m.retval {
+        doc["values"] = json!({ "args": m.args, "retval": m.retval });
+    }
     if let Some(g) = &report.graph_summary {
         doc["graph"] = json!({
             "returns": g.returns,
@@ -264,6 +295,12 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// last: `pid`, `tgid` and `comm` of the task that ran the event, empty
 /// when it is not known.
 ///
+/// A trace with arguments (`--args`) then adds `args`: an entry's
+/// arguments as ftrace prints them, `(name=value, ...)` (`trace::values`;
+/// empty when not recorded or its function has no prototype); one with
+/// return values (`--retval`) `ret`: a return's value (`-2 (-ENOENT)`;
+/// empty for entries and `void` functions).
+///
 /// Lines end with `\n`; names have their control characters escaped
 /// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
@@ -275,8 +312,19 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     } else {
         b"ts_ns,cpu,function,addr,parent,caller".as_slice()
     })?;
+    let (args, ret) = (trace.meta.args, trace.meta.retval);
     w.write_all(if tasks {
-        b",pid,tgid,comm\n".as_slice()
+        b",pid,tgid,comm".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    w.write_all(if args {
+        b",args".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    w.write_all(if ret {
+        b",ret\n".as_slice()
     } else {
         b"\n".as_slice()
     })?;
@@ -305,6 +353,16 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
                 Some(t) => write!(w, ",{},{},{}", t.pid, t.tgid, comms[e.task as usize - 1])?,
                 None => w.write_all(b",,,")?,
             }
+        }
+        if args {
+            let a = values::entry_args(trace, e).unwrap_or_default();
+            write!(w, ",{}", csv_field(&a))?;
+        }
+        if ret {
+            let r = e
+                .is_return()
+                .then(|| values::return_value(trace, e.func, e.data));
+            write!(w, ",{}", csv_field(&r.flatten().unwrap_or_default()))?;
         }
         w.write_all(b"\n")?;
     }
@@ -347,6 +405,11 @@ fn json_str(s: &str) -> String {
 /// stored after the last stored event on its stack) or `unhooked` (rather than a `B` without an
 /// `E`, which would swallow every later slice on its track).
 ///
+/// With arguments (`--args`) an event's args hold `"args"`, the call's
+/// arguments as `vmtrace script` prints them (`"(a=1, b=-2)"`); with
+/// return values (`--retval`) a returned call's hold `"ret"`
+/// (`"-2 (-ENOENT)"`; none for `void`).
+///
 /// `otherData` holds the exact number of entries counted, stored and
 /// dropped (not stored: over `--max-events` or a full exitless ring), and
 /// in function-graph traces `returns`, `returns_stored`, `returns_dropped`,
@@ -377,6 +440,9 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
                 since_attach(e.ts_ns, m.attach_ns),
             )?;
             callers.write(&mut w, trace, e.parent)?;
+            if let Some(a) = values::entry_args(trace, e) {
+                write!(w, ",\"args\":{}", json_str(&a))?;
+            }
             w.write_all(b"}}")?;
         }
     }
@@ -426,6 +492,7 @@ fn chrome_frames(
                 if cpu != f.cpu {
                     write!(w, ",\"return_cpu\":{cpu}")?;
                 }
+                frame_values(w, trace, f, true)?;
             }
             end => {
                 write!(
@@ -440,6 +507,7 @@ fn chrome_frames(
                     _ => "running",
                 };
                 write!(w, ",\"end\":\"{end}\"")?;
+                frame_values(w, trace, f, false)?;
             }
         }
         w.write_all(b"}}")?;
@@ -459,6 +527,21 @@ fn chrome_frames(
         );
     }
     Ok((report.entries_stored, graph_data))
+}
+
+/// A call's arguments (`"args":"(a=1, ...)"`) and, if it `returned`,
+/// its return value (`"ret":"-2 (-ENOENT)"`), into a Chrome event's args.
+fn frame_values(w: &mut impl Write, trace: &Trace, f: &Frame, returned: bool) -> io::Result<()> {
+    if let Some(a) = values::args_by_id(trace, f.func, f.args) {
+        write!(w, ",\"args\":{}", json_str(&a))?;
+    }
+    if let Some(r) = returned
+        .then(|| values::return_value(trace, f.func, f.ret))
+        .flatten()
+    {
+        write!(w, ",\"ret\":{}", json_str(&r))?;
+    }
+    Ok(())
 }
 
 /// Callers' names as JSON strings, each quoted once.

@@ -93,6 +93,11 @@ pub struct Frame {
     pub children: u32,
     /// Inclusive time of its returned children.
     pub child_ns: u64,
+    /// The entry's `Event::data`: its arguments' id (`--args`; 0: none).
+    pub args: u64,
+    /// The return's `Event::data`: its return value (`--retval`), once
+    /// it returned.
+    pub ret: u64,
 }
 
 impl Frame {
@@ -182,6 +187,8 @@ impl Graph {
                         caller: e.parent,
                         children: 0,
                         child_ns: 0,
+                        args: e.data,
+                        ret: 0,
                     });
                     slots.push(0);
                 }
@@ -214,6 +221,8 @@ impl Graph {
                     caller: e.parent,
                     children: 0,
                     child_ns: 0,
+                    args: e.data,
+                    ret: 0,
                 });
                 slots.push(slot);
                 stack.push(index);
@@ -243,6 +252,7 @@ impl Graph {
             ts_ns: e.ts_ns,
             cpu: e.cpu,
         };
+        f.ret = e.data;
         let total = f.total_ns().unwrap_or(0);
         if let Some(p) = f.parent {
             let p = &mut self.frames[p as usize];

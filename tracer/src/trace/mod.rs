@@ -1,5 +1,6 @@
 //! What a session leaves: the data file, the trace model, the function
-//! graph, time and vCPU windows, reports and exports.
+//! graph, time and vCPU windows, reports and exports, arguments and
+//! return values as printed.
 
 pub mod datafile;
 pub mod export;
@@ -7,4 +8,5 @@ pub mod graph;
 pub mod model;
 pub mod output_path;
 pub mod report;
+pub mod values;
 pub mod window;

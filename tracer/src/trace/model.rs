@@ -151,6 +151,11 @@ pub struct TraceMeta {
     /// Calls the task filter (`--pid`, `--comm`) rejected: in no count,
     /// no event.
     pub filtered: u64,
+    /// `--args`: entries carry their arguments (`Event::data`).
+    pub args: bool,
+    /// `--retval`: returns carry their return value (`Event::data`; 0 is
+    /// a value then, not "none").
+    pub retval: bool,
 }
 
 /// The whole trace.
@@ -221,7 +226,8 @@ pub struct Prototype {
     pub params: Vec<Param>,
     pub ret: ValueKind,
     /// What cannot be shown, said once per function (e.g. "p: a struct
-    /// passed by value", "a7: not in a register"); empty: everything.
+    /// passed by value", "a7: not in a register"; a note on the return
+    /// value starts with `trace::values::RETURN_NOTE`); empty: everything.
     pub unshown: Vec<String>,
 }
 

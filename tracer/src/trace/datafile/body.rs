@@ -4,16 +4,17 @@
 
 use std::io::Read;
 
+use super::protos::read_prototypes;
 use super::reader::Reader;
 use super::{
-    check_callers, check_events, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8, VERSION,
-    VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
+    check_callers, check_events, Counted, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8,
+    VERSION, VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
 };
 use crate::kernel::symbols::Symbol;
-use crate::trace::model::{Event, Task, Trace, TraceMeta};
+use crate::trace::model::{Event, Prototype, Task, Trace, TraceMeta, ARG_REGS};
 
 /// One event record of `size` bytes (`EVENT_SIZE_V8`; `EVENT_SIZE`
-/// without the task; `EVENT_SIZE_V2` without the slot either).
+/// without the task and data; `EVENT_SIZE_V2` without the slot either).
 pub(super) fn decode(b: &[u8], size: usize) -> Event {
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
@@ -25,7 +26,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             func: u32_at(24),
             cpu: u32_at(28),
             task: if size == EVENT_SIZE_V8 { u32_at(32) } else { 0 },
-            data: 0,
+            data: if size == EVENT_SIZE_V8 { u64_at(36) } else { 0 },
         }
     } else {
         Event {
@@ -41,22 +42,23 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
 }
 
 /// The events from `first` on index the body's functions and vCPUs and
-/// the `ntasks` tasks read before them, and carry a slot only in a
-/// function-graph trace.
+/// the `ntasks` tasks and `nargs` arguments read before them, and carry a
+/// slot only in a function-graph trace.
 pub(super) fn check_new_events(
     events: &[Event],
     first: usize,
     body: &Body,
     ntasks: usize,
+    nargs: usize,
 ) -> Result<(), String> {
     let meta = &body.meta;
-    check_events(
-        &events[first..],
-        first,
-        body.functions.len(),
-        meta.cpus as usize,
-        ntasks,
-    )?;
+    let counted = Counted {
+        nfunc: body.functions.len(),
+        cpus: meta.cpus as usize,
+        tasks: ntasks,
+        args: nargs,
+    };
+    check_events(&events[first..], first, &counted)?;
     if !meta.graph {
         if let Some(i) = events[first..].iter().position(|e| e.slot != 0) {
             return Err(format!(
@@ -80,12 +82,22 @@ pub(super) struct Body {
     /// The sum of `returns` (checked not to overflow).
     pub returns_total: u64,
     pub callers: Vec<Symbol>,
+    /// The traced functions' prototypes (version 8; empty: none saved).
+    pub prototypes: Vec<Option<Prototype>>,
+}
+
+/// What a data file holds besides its bodies and events: the guest tasks
+/// and the entries' arguments (version 8).
+#[derive(Default)]
+pub(super) struct Named {
+    pub tasks: Vec<Task>,
+    pub args: Vec<[u64; ARG_REGS]>,
 }
 
 impl Body {
     /// The trace, once its stored events are checked against the counts
-    /// (their tasks were checked as they were read).
-    pub(super) fn with_events(self, events: Vec<Event>, tasks: Vec<Task>) -> Result<Trace, String> {
+    /// (their tasks and arguments were checked as they were read).
+    pub(super) fn with_events(self, events: Vec<Event>, named: Named) -> Result<Trace, String> {
         let meta = &self.meta;
         let entries: Vec<Event> = events.iter().filter(|e| !e.is_return()).copied().collect();
         if entries.len() as u64 + meta.events_dropped != meta.events_total {
@@ -117,9 +129,9 @@ impl Body {
             returns: self.returns,
             callers: self.callers,
             events,
-            tasks,
-            args: Vec::new(),
-            prototypes: Vec::new(),
+            tasks: named.tasks,
+            args: named.args,
+            prototypes: self.prototypes,
         })
     }
 }
@@ -144,6 +156,13 @@ pub(super) fn read_body<R: Read>(
     let callers = r.syms("callers")?;
     check_callers(&callers).map_err(|d| r.corrupt(d))?;
 
+    let prototypes = if version >= VERSION_8 {
+        r.section = Section::Prototypes;
+        read_prototypes(r, functions.len())?
+    } else {
+        Vec::new()
+    };
+
     Ok(Body {
         meta,
         functions,
@@ -151,6 +170,7 @@ pub(super) fn read_body<R: Read>(
         returns,
         returns_total,
         callers,
+        prototypes,
     })
 }
 
@@ -199,6 +219,8 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         vmm,
         tasks,
         filtered,
+        args,
+        retval,
     } = read_late_fields(r, version)?;
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
@@ -234,6 +256,8 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         vmm,
         tasks,
         filtered,
+        args,
+        retval,
     };
     Ok(meta)
 }
@@ -244,11 +268,18 @@ struct Late {
     vmm: String,
     tasks: String,
     filtered: u64,
+    args: bool,
+    retval: bool,
 }
+
+/// `values`' bits: arguments recorded, return values recorded.
+pub(super) const VALUES_ARGS: u8 = 1;
+pub(super) const VALUES_RETVAL: u8 = 2;
 
 /// The fields after version 5's: the exitless calls whose record was never
 /// committed (version 6), who ran the guest (version 7), where the guest
-/// tasks came from and the calls the task filter rejected (version 8).
+/// tasks came from, the calls the task filter rejected and the values
+/// recorded (version 8).
 fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late, TraceFileError> {
     let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
     let mut string = |since: u32, what: &str| {
@@ -261,11 +292,19 @@ fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late
     let vmm = string(VERSION_7, "vmm")?;
     let tasks = string(VERSION_8, "tasks")?;
     let filtered = if version >= VERSION_8 { r.u64()? } else { 0 };
+    let values = if version >= VERSION_8 { r.u8()? } else { 0 };
+    if values & !(VALUES_ARGS | VALUES_RETVAL) != 0 {
+        return Err(r.corrupt(format!(
+            "values is {values:#x}: only bits 0 and 1 are known"
+        )));
+    }
     Ok(Late {
         unfinished,
         vmm,
         tasks,
         filtered,
+        args: values & VALUES_ARGS != 0,
+        retval: values & VALUES_RETVAL != 0,
     })
 }
 

@@ -117,8 +117,9 @@
 //! adds, after `vmm`, `str` tasks: where the tasks came from (e.g. "from
 //! the BTF of PATH"), or why events have none, empty if not asked; then
 //! `u64` filtered: the calls `--pid`/`--comm` rejected. An event record is
-//! 36 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
-//! n-th task of the file), `0` when not known. The tasks are in `TASK`
+//! 44 bytes: version 7's 32, then `u32 task`, the task's id (1-based: the
+//! n-th task of the file), `0` when not known, then `u64 data` (see
+//! "Arguments and return values" below). The tasks are in `TASK`
 //! blocks, each
 //!
 //! | Field    | Type          | Notes                                                  |
@@ -137,9 +138,54 @@
 //! is past the tasks saved before its block. Versions 1 to 7 are still
 //! read: their events have task 0.
 //!
+//! ## Arguments and return values
+//!
+//! Version 8 also keeps the values of traced calls (`--args`, `--retval`).
+//! An event record's `u64 data` is, for a
+//! return, its return value (RAX) when return values were recorded, else
+//! 0; for an entry, its arguments' id (1-based: the n-th call of the
+//! `ARGS` blocks), `0` when none were recorded. The body adds, after
+//! `filtered`, `u8` values: bit 0 set when arguments were recorded, bit 1
+//! when return values were (other bits: corrupt). The arguments are in
+//! `ARGS` blocks, each
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | first    | `u64`         | calls' arguments saved before this block               |
+//! | n        | `u32`         | calls in this block                                    |
+//! | args     | n × 6 × `u64` | RDI, RSI, RDX, RCX, R8, R9 at each call                |
+//!
+//! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
+//! entries name its arguments (the writer saves those recorded since its
+//! last `ARGS` block before each `EVTS`). A reader must reject an `ARGS`
+//! block whose `first` is not the number of calls' arguments before it or
+//! whose length is not `12 + n × 48`, and an entry whose arguments id is
+//! past the arguments saved before its block.
+//!
+//! The body ends, after the callers, with the traced functions'
+//! prototypes (how to show the values, from the kernel's BTF):
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | n        | `u32`         | `0` (no values recorded) or `nfunc`                    |
+//! | nenums   | `u32`         | the enums the kinds below name, each once              |
+//! | enums    | nenums × enum | `u8` size (1, 2, 4, 8), `u8` signed (0, 1), `u32` m, m × (`u64` value (two's complement), `str` name) |
+//! | protos   | n × proto     | one per function, in the functions' order              |
+//!
+//! A proto is `u8` has (`0`: BTF does not describe the function, nothing
+//! follows; `1`:) then `kind` ret, `u8` nparams (at most 6), nparams ×
+//! (`str` name, `u8` register (0 = RDI ... 5 = R9), `kind`), `u32`
+//! nunshown, nunshown × `str` (what cannot be shown, e.g. "p: a struct
+//! passed by value (RDI, RSI)"; notes on the return value start with
+//! "return value:"). A `kind` is a `u8` tag: `0` void (a return only), `1`
+//! signed integer or `2` unsigned integer (then `u8` size: 1, 2, 4 or 8),
+//! `3` bool, `4` char, `5` pointer, `6` enum (then `u32` index into the
+//! enums). Anything else is corrupt.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`), else a version-8 data file in one go: `HEAD`,
-//! `TASK`, `EVTS`, `FOOT`, `END` (version 4 has no room for tasks).
+//! `TraceMeta::tasks`) and no values, else a version-8 data file in one
+//! go: `HEAD`, `TASK`, `ARGS`, `EVTS`, `FOOT`, `END` (version 4 has no
+//! room for them).
 //!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
@@ -154,6 +200,7 @@
 //! its end (a write cut short).
 
 mod body;
+mod protos;
 mod read;
 mod read_v5;
 mod reader;
@@ -193,8 +240,9 @@ pub const VERSION_7: u32 = 7;
 pub const VERSION_8: u32 = 8;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
-/// Size of one event record in version 8: `EVENT_SIZE` and `u32 task`.
-pub const EVENT_SIZE_V8: usize = 36;
+/// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
+/// `u64 data`.
+pub const EVENT_SIZE_V8: usize = 44;
 /// Size of one event record in versions 1 and 2.
 pub const EVENT_SIZE_V2: usize = 24;
 /// Size of the preamble: magic, version, file length.
@@ -220,6 +268,10 @@ pub enum Section {
     Block,
     /// A version-8 `TASK` block.
     Tasks,
+    /// A version-8 `ARGS` block.
+    Args,
+    /// The prototypes of a version-8 body.
+    Prototypes,
 }
 
 impl fmt::Display for Section {
@@ -234,6 +286,8 @@ impl fmt::Display for Section {
             Section::Events => "events",
             Section::Block => "block",
             Section::Tasks => "tasks",
+            Section::Args => "arguments",
+            Section::Prototypes => "prototypes",
         })
     }
 }
@@ -337,7 +391,37 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
             format!("{} tasks (max {})", trace.tasks.len(), u32::MAX),
         ));
     }
-    check_events(&trace.events, 0, nfunc, cpus, trace.tasks.len()).map_err(|d| (Section::Events, d))
+    if !trace.prototypes.is_empty() && trace.prototypes.len() != nfunc {
+        return Err((
+            Section::Prototypes,
+            format!(
+                "{} prototypes for {nfunc} functions",
+                trace.prototypes.len()
+            ),
+        ));
+    }
+    for (f, p) in trace.prototypes.iter().enumerate() {
+        if let Some(p) = p {
+            protos::check_prototype(p)
+                .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
+        }
+    }
+    let counts = Counted {
+        nfunc,
+        cpus,
+        tasks: trace.tasks.len(),
+        args: trace.args.len(),
+    };
+    check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
+}
+
+/// What events may index: functions, vCPUs, and the tasks and arguments
+/// saved before them (task 0 and arguments 0: none).
+struct Counted {
+    nfunc: usize,
+    cpus: usize,
+    tasks: usize,
+    args: usize,
 }
 
 /// Checks that callers are in address order (lookups bisect them).
@@ -352,14 +436,9 @@ fn check_callers(callers: &[Symbol]) -> Result<(), String> {
 }
 
 /// Checks that events (the first being number `first`) index existing
-/// functions, vCPUs and tasks (`ntasks` of them; task 0: unknown).
-fn check_events(
-    events: &[Event],
-    first: usize,
-    nfunc: usize,
-    cpus: usize,
-    ntasks: usize,
-) -> Result<(), String> {
+/// functions, vCPUs, tasks and arguments (`n`).
+fn check_events(events: &[Event], first: usize, n: &Counted) -> Result<(), String> {
+    let (nfunc, cpus, ntasks) = (n.nfunc, n.cpus, n.tasks);
     for (i, e) in events.iter().enumerate() {
         if e.func as usize >= nfunc {
             return Err(format!(
@@ -380,6 +459,14 @@ fn check_events(
                 "event {} names task {} but {ntasks} tasks are saved before it",
                 first + i,
                 e.task
+            ));
+        }
+        if !e.is_return() && e.data > n.args as u64 {
+            return Err(format!(
+                "event {} names arguments {} but {} are saved before it",
+                first + i,
+                e.data,
+                n.args
             ));
         }
     }

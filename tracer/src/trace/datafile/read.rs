@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
-use super::body::{check_new_events, decode, read_body, Body};
+use super::body::{check_new_events, decode, read_body, Body, Named};
 use super::reader::Reader;
 use super::{
     Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2, IO_BUFFER, MAGIC,
@@ -68,8 +68,8 @@ pub fn load(path: &Path) -> Result<Trace, TraceFileError> {
     let body = read_body(&mut r, version)?;
 
     let events = read_events(&mut r, &body, version, declared)?;
-    // Versions 1 to 4 have no tasks.
-    body.with_events(events, Vec::new())
+    // Versions 1 to 4 have no tasks nor arguments.
+    body.with_events(events, Named::default())
         .map_err(|d| r.corrupt(d))
 }
 
@@ -154,7 +154,7 @@ fn read_events<R: Read>(
                 .chunks_exact(event_size)
                 .map(|b| decode(b, event_size)),
         );
-        check_new_events(&events, first, body, 0).map_err(|d| r.corrupt(d))?;
+        check_new_events(&events, first, body, 0, 0).map_err(|d| r.corrupt(d))?;
     }
     if r.pos != declared {
         return Err(r.corrupt(format!(

@@ -4,14 +4,17 @@
 
 use std::io::Read;
 
-use super::body::{check_new_events, decode, read_body, Body};
+use super::body::{check_new_events, decode, read_body, Body, Named};
 use super::reader::Reader;
-use super::stream::{MAX_BLOCK, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD, TAG_TASKS, TASK_FIXED};
+use super::stream::{
+    ARGS_HEADER, ARGS_SIZE, MAX_BLOCK, TAG_ARGS, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD,
+    TAG_TASKS, TASK_FIXED,
+};
 use super::{
     check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, VERSION_8,
 };
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
-use crate::trace::model::{caller_index, Event, Task, Trace};
+use crate::trace::model::{caller_index, Event, Task, Trace, ARG_REGS};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
 /// a file of `version` (5 to 8).
@@ -32,7 +35,7 @@ pub(super) fn load<R: Read>(
     let mut ended = false;
     let mut blocks = 0u64;
     let mut events: Vec<Event> = Vec::new();
-    let mut tasks: Vec<Task> = Vec::new();
+    let mut named = Named::default();
     let event_size = if version >= VERSION_8 {
         EVENT_SIZE_V8
     } else {
@@ -54,10 +57,13 @@ pub(super) fn load<R: Read>(
                     return Err(r.corrupt("events outside HEAD .. FOOT".into()));
                 };
                 r.section = Section::Events;
-                read_events(&r, &payload, h, event_size, tasks.len(), &mut events)?;
+                read_events(&r, &payload, h, event_size, &named, &mut events)?;
             }
             TAG_TASKS if version >= VERSION_8 && head.is_some() && foot.is_none() => {
-                read_tasks(&r, &payload, &mut tasks)?;
+                read_tasks(&r, &payload, &mut named.tasks)?;
+            }
+            TAG_ARGS if version >= VERSION_8 && head.is_some() && foot.is_none() => {
+                read_args(&r, &payload, &mut named.args)?;
             }
             TAG_FOOT if head.is_some() && foot.is_none() => {
                 foot = Some(body(&r, &payload, version)?)
@@ -91,9 +97,9 @@ pub(super) fn load<R: Read>(
             if foot.functions != head.functions || foot.meta.cpus != head.meta.cpus {
                 return Err(r.corrupt("FOOT and HEAD name different functions or vCPUs".into()));
             }
-            foot.with_events(events, tasks).map_err(|d| r.corrupt(d))?
+            foot.with_events(events, named).map_err(|d| r.corrupt(d))?
         }
-        None => cut_short(head, events, tasks, blocks),
+        None => cut_short(head, events, named, blocks),
     };
     Ok(trace)
 }
@@ -162,13 +168,13 @@ fn body<R: Read>(r: &Reader<'_, R>, payload: &[u8], version: u32) -> Result<Body
 }
 
 /// An `EVTS` block's events (records of `size` bytes, naming at most the
-/// `ntasks` tasks saved before), appended to `events`.
+/// tasks and arguments saved before), appended to `events`.
 fn read_events<R: Read>(
     r: &Reader<'_, R>,
     payload: &[u8],
     head: &Body,
     size: usize,
-    ntasks: usize,
+    named: &Named,
     events: &mut Vec<Event>,
 ) -> Result<(), TraceFileError> {
     let n = payload
@@ -184,7 +190,8 @@ fn read_events<R: Read>(
     for chunk in records.chunks(EVENT_CHUNK * size) {
         let first = events.len();
         events.extend(chunk.chunks_exact(size).map(|b| decode(b, size)));
-        check_new_events(events, first, head, ntasks).map_err(|d| r.corrupt(d))?;
+        check_new_events(events, first, head, named.tasks.len(), named.args.len())
+            .map_err(|d| r.corrupt(d))?;
     }
     Ok(())
 }
@@ -233,10 +240,54 @@ fn read_tasks<R: Read>(
     Ok(())
 }
 
+/// An `ARGS` block's arguments, appended to `args` (those before it).
+fn read_args<R: Read>(
+    r: &Reader<'_, R>,
+    payload: &[u8],
+    args: &mut Vec<[u64; ARG_REGS]>,
+) -> Result<(), TraceFileError> {
+    let corrupt = |detail: String| TraceFileError::Corrupt {
+        path: r.path.to_path_buf(),
+        section: Section::Args,
+        detail,
+    };
+    let (Some(first), Some(n)) = (payload.get(..8), payload.get(8..ARGS_HEADER)) else {
+        return Err(corrupt(format!(
+            "an argument block of {} bytes",
+            payload.len()
+        )));
+    };
+    let first = u64::from_le_bytes(first.try_into().unwrap());
+    let n = u32::from_le_bytes(n.try_into().unwrap()) as usize;
+    if first != args.len() as u64 {
+        return Err(corrupt(format!(
+            "an argument block starts at call {} but {} calls' arguments came before it",
+            first.saturating_add(1),
+            args.len()
+        )));
+    }
+    let records = &payload[ARGS_HEADER..];
+    if n.checked_mul(ARGS_SIZE) != Some(records.len()) {
+        return Err(corrupt(format!(
+            "an argument block of {} bytes does not hold {n} calls' arguments",
+            payload.len()
+        )));
+    }
+    args.reserve(n);
+    for rec in records.chunks_exact(ARGS_SIZE) {
+        let mut a = [0u64; ARG_REGS];
+        for (v, b) in a.iter_mut().zip(rec.chunks_exact(8)) {
+            *v = u64::from_le_bytes(b.try_into().unwrap());
+        }
+        args.push(a);
+    }
+    Ok(())
+}
+
 /// The trace of a file whose writer was killed: the run's facts as known
 /// at the start, counts from the stored events (exact as far as they go),
 /// the callers those events use.
-fn cut_short(head: Body, events: Vec<Event>, tasks: Vec<Task>, blocks: u64) -> Trace {
+fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace {
     let cpus = head.meta.cpus as usize;
     let nfunc = head.functions.len();
     let mut counts = vec![vec![0u64; cpus]; nfunc];
@@ -289,8 +340,8 @@ fn cut_short(head: Body, events: Vec<Event>, tasks: Vec<Task>, blocks: u64) -> T
         returns,
         callers,
         events,
-        tasks,
-        args: Vec::new(),
-        prototypes: Vec::new(),
+        tasks: named.tasks,
+        args: named.args,
+        prototypes: head.prototypes,
     }
 }

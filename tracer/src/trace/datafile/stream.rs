@@ -1,7 +1,9 @@
 //! Writing the data file while the guest runs (format version 8, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, each after a `TASK` block with the guest tasks seen since the
-//! last one (the caller's `write_tasks`), `FOOT` and `END` when it stops. Every block goes out in one
+//! last one (the caller's `write_tasks`) and an `ARGS` block with the
+//! arguments recorded since (`write_args`), `FOOT` and `END` when it
+//! stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
 //! in between): whatever kills vmtrace, the file holds every block written
 //! before, and a reader stops at the last complete one.
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::write::{encode, put_body, put_str};
 use super::{TraceFileError, EVENT_SIZE_V8, MAGIC, VERSION_8};
-use crate::trace::model::{Event, Task, Trace};
+use crate::trace::model::{Event, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};
 
 /// Block tags (4 ASCII bytes read as a little-endian `u32`).
@@ -23,6 +25,8 @@ pub const TAG_FOOT: [u8; 4] = *b"FOOT";
 pub const TAG_END: [u8; 4] = *b"END\0";
 /// Guest tasks (version 8).
 pub const TAG_TASKS: [u8; 4] = *b"TASK";
+/// Entries' arguments (version 8).
+pub const TAG_ARGS: [u8; 4] = *b"ARGS";
 /// The largest block payload: bounds what a corrupt length makes a reader
 /// allocate. A `HEAD` lists every kernel function (Linux 6.12 defconfig:
 /// ~60,000, about 3 MiB); `EVTS` blocks are a recorder's batch.
@@ -34,6 +38,12 @@ pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE_V8;
 /// Bytes of a `TASK` block's entry besides its comm: pid, tgid, the
 /// comm's length.
 pub const TASK_FIXED: usize = 4 + 4 + 4;
+/// Bytes of one call's arguments in an `ARGS` block: six `u64`.
+pub const ARGS_SIZE: usize = ARG_REGS * 8;
+/// An `ARGS` block's header: `u64` first, `u32` n.
+pub const ARGS_HEADER: usize = 8 + 4;
+/// The most calls' arguments one `ARGS` block holds.
+pub const MAX_BLOCK_ARGS: usize = (MAX_BLOCK as usize - ARGS_HEADER) / ARGS_SIZE;
 
 /// A data file being written.
 #[derive(Debug)]
@@ -47,6 +57,8 @@ pub struct DataFile {
     events: u64,
     /// Tasks written (in `TASK` blocks).
     tasks: usize,
+    /// Calls' arguments written (in `ARGS` blocks).
+    args: usize,
     /// A block being assembled (kept to avoid an allocation per block).
     buf: Vec<u8>,
 }
@@ -109,6 +121,7 @@ impl DataFile {
             blocks: 0,
             events: 0,
             tasks: 0,
+            args: 0,
             buf: Vec::new(),
         };
         let mut pre = Vec::with_capacity(20);
@@ -161,9 +174,30 @@ impl DataFile {
         Ok(())
     }
 
+    /// Calls' arguments written so far: the next written get ids
+    /// `args_saved() + 1`...
+    pub fn args_saved(&self) -> usize {
+        self.args
+    }
+
+    /// `ARGS` blocks holding `args`, the next ones (ids `args_saved() +
+    /// 1`...; `session::args::ArgTable::since` gives them). Call it before
+    /// writing the entries that name them: a reader refuses an entry whose
+    /// arguments were not saved before it.
+    pub fn write_args(&mut self, args: &[[u64; ARG_REGS]]) -> io::Result<()> {
+        for (n, payload) in args_payloads(self.args, args) {
+            self.block(TAG_ARGS, &payload)?;
+            self.args += n;
+        }
+        Ok(())
+    }
+
     /// `EVTS` blocks holding `events` (as many as the block size needs).
     pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
         debug_assert!(events.iter().all(|e| e.task as usize <= self.tasks));
+        debug_assert!(events
+            .iter()
+            .all(|e| e.is_return() || e.data <= self.args as u64));
         for chunk in events.chunks(MAX_BLOCK_EVENTS) {
             let mut buf = std::mem::take(&mut self.buf);
             events_payload(chunk, &mut buf);
@@ -237,6 +271,25 @@ pub(super) fn events_payload(events: &[Event], buf: &mut Vec<u8>) {
     for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE_V8).zip(events) {
         encode(e, b);
     }
+}
+
+/// The `ARGS` blocks holding `args`, the first of which follows `first`
+/// saved ones: (calls in it, payload `u64` first, `u32` n, n x six `u64`).
+pub(super) fn args_payloads(
+    first: usize,
+    args: &[[u64; ARG_REGS]],
+) -> impl Iterator<Item = (usize, Vec<u8>)> + '_ {
+    let mut at = first;
+    args.chunks(MAX_BLOCK_ARGS).map(move |chunk| {
+        let mut p = Vec::with_capacity(ARGS_HEADER + chunk.len() * ARGS_SIZE);
+        p.extend_from_slice(&(at as u64).to_le_bytes());
+        p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+        for a in chunk.iter().flatten() {
+            p.extend_from_slice(&a.to_le_bytes());
+        }
+        at += chunk.len();
+        (chunk.len(), p)
+    })
 }
 
 /// The `TASK` blocks holding `tasks`, the first of which follows `first`

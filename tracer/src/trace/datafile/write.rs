@@ -3,6 +3,8 @@
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use super::body::{VALUES_ARGS, VALUES_RETVAL};
+use super::protos::put_prototypes;
 use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, IO_BUFFER, MAGIC, PREAMBLE_SIZE,
@@ -16,14 +18,14 @@ use crate::trace::output_path;
 /// atomically over a regular file or a new path (a temporary file in the
 /// same directory, renamed over it), into a character device, never over
 /// anything else. Version 4, or a version-8 data file when the trace has
-/// guest tasks to keep (see the parent module).
+/// guest tasks, arguments, return values or prototypes to keep (see the
+/// parent module).
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     check(trace).map_err(|(section, detail)| TraceFileError::Invalid {
         path: path.to_path_buf(),
         detail: format!("{section}: {detail}"),
     })?;
-    let tasks = !trace.tasks.is_empty() || !trace.meta.tasks.is_empty();
-    output_path::write(path, |w| match tasks {
+    output_path::write(path, |w| match needs_v8(trace) {
         false => write_to(trace, w),
         true => write_blocks(trace, w),
     })
@@ -32,6 +34,18 @@ pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Whether `trace` has what only version 8 keeps: guest tasks, values.
+fn needs_v8(trace: &Trace) -> bool {
+    let m = &trace.meta;
+    !trace.tasks.is_empty()
+        || !m.tasks.is_empty()
+        || !trace.args.is_empty()
+        || !trace.prototypes.is_empty()
+        || m.args
+        || m.retval
+        || trace.events.iter().any(|e| e.data != 0)
 }
 
 /// Writes the whole file to `out`, front to back (no seeking, so a device
@@ -62,7 +76,7 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
 }
 
 /// A version-8 data file in one go: `HEAD` and `FOOT` both the whole
-/// trace's body, its tasks, its events.
+/// trace's body, its tasks, its arguments, its events.
 fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUFFER, out);
     w.write_all(MAGIC)?;
@@ -73,6 +87,9 @@ fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.write_all(&stream::frame(TAG_HEAD, &body)?)?;
     for (_, payload) in stream::task_payloads(0, &trace.tasks)? {
         w.write_all(&stream::frame(stream::TAG_TASKS, &payload)?)?;
+    }
+    for (_, payload) in stream::args_payloads(0, &trace.args) {
+        w.write_all(&stream::frame(stream::TAG_ARGS, &payload)?)?;
     }
     let mut payload = Vec::new();
     for chunk in trace.events.chunks(stream::MAX_BLOCK_EVENTS) {
@@ -144,6 +161,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     if version >= VERSION_8 {
         put_str(w, &m.tasks)?;
         w.write_all(&m.filtered.to_le_bytes())?;
+        let values =
+            if m.args { VALUES_ARGS } else { 0 } | if m.retval { VALUES_RETVAL } else { 0 };
+        w.write_all(&[values])?;
     }
 
     put_syms(w, &trace.functions)?;
@@ -165,11 +185,15 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
         }
     }
 
-    put_syms(w, &trace.callers)
+    put_syms(w, &trace.callers)?;
+    if version >= VERSION_8 {
+        put_prototypes(w, &trace.prototypes)?;
+    }
+    Ok(())
 }
 
 /// One event record into `b`: `EVENT_SIZE` bytes, or `EVENT_SIZE_V8`
-/// with its task.
+/// with its task and data.
 pub(super) fn encode(e: &Event, b: &mut [u8]) {
     b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
     b[8..16].copy_from_slice(&e.parent.to_le_bytes());
@@ -178,6 +202,7 @@ pub(super) fn encode(e: &Event, b: &mut [u8]) {
     b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
     if b.len() == EVENT_SIZE_V8 {
         b[32..36].copy_from_slice(&e.task.to_le_bytes());
+        b[36..44].copy_from_slice(&e.data.to_le_bytes());
     }
 }
 

@@ -39,6 +39,11 @@
 //!   (CALLER: where execution went back to, named the same way). It has no
 //!   `<-`, so a script that counts `FUNCTION <-CALLER` lines counts calls
 //!   only; the call tree (`--tree`) pairs returns with their calls.
+//! - With `--args`, an entry is `FUNCTION(name=value, ...) <-CALLER`, as
+//!   ftrace's `func-args` option prints it; with `--retval`, a return ends
+//!   with ` ret=VALUE`, as `funcgraph-retval` does (`trace::values`). The
+//!   header says, in one line per function with stored events, what of its
+//!   values cannot be shown (`# not shown: FUNCTION: ...`).
 //!
 //! Every loss is in the header: entries (and returns) counted but not
 //! stored, calls whose record was never committed (`unfinished`). Names are printed through `report::escape`.
@@ -48,6 +53,7 @@ use std::io::{self, BufWriter, Write};
 
 use crate::trace::model::{Event, Trace};
 use crate::trace::report::{escape, Caller};
+use crate::trace::values;
 
 /// Writes every stored event of `trace`, in time order, after a `#`
 /// header (see the module's documentation).
@@ -97,6 +103,7 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     if !m.tasks.is_empty() {
         writeln!(w, "# tasks: {}", escape(&m.tasks))?;
     }
+    values_header(&mut w, trace)?;
     writeln!(w, "#")?;
     // ftrace's record-tgid option: a TGID column.
     let tgid = !trace.tasks.is_empty();
@@ -124,19 +131,51 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
                 None => w.write_all(b"(-------) ")?,
             }
         }
-        write!(w, "[{:03}] {:>12}: {name} ", e.cpu, seconds(e.ts_ns))?;
+        write!(w, "[{:03}] {:>12}: {name}", e.cpu, seconds(e.ts_ns))?;
+        if let Some(args) = values::entry_args(trace, e) {
+            w.write_all(args.as_bytes())?;
+        }
         w.write_all(if e.is_return() {
-            b"returned to "
+            b" returned to "
         } else {
-            b"<-"
+            b" <-"
         })?;
         match Caller::of(trace, e.parent) {
             Caller::Known(s) => w.write_all(escape(&s.name).as_bytes())?,
             Caller::Unknown(ip) => write!(w, "{ip:#x}")?,
         }
+        if e.is_return() {
+            if let Some(v) = values::return_value(trace, e.func, e.data) {
+                write!(w, " ret={v}")?;
+            }
+        }
         w.write_all(b"\n")?;
     }
     w.flush()
+}
+
+/// The values recorded, and once per function with stored events what of
+/// them cannot be shown.
+fn values_header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
+    let Some(what) = values::recorded(trace) else {
+        return Ok(());
+    };
+    let forms = match (trace.meta.args, trace.meta.retval) {
+        (true, true) => "FUNCTION(name=value, ...), ret=VALUE",
+        (true, false) => "FUNCTION(name=value, ...)",
+        _ => "ret=VALUE",
+    };
+    writeln!(w, "# values: {what} ({forms}), by the kernel's BTF")?;
+    let mut stored = vec![false; trace.functions.len()];
+    for e in &trace.events {
+        if let Some(s) = stored.get_mut(e.func as usize) {
+            *s = true;
+        }
+    }
+    for line in values::unshown_lines(trace, |f| stored[f]) {
+        writeln!(w, "# not shown: {line}")?;
+    }
+    Ok(())
 }
 
 /// The task of `e` as ftrace prints it: comm, pid and (0 or unknown:

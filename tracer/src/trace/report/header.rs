@@ -18,6 +18,9 @@ pub(super) fn header(out: &mut String, report: &Report) {
     if let Some(t) = tasks_line(report) {
         lines.push(("tasks", t));
     }
+    if let Some(v) = values_line(report) {
+        lines.push(("values", v));
+    }
     if let Some(g) = &report.graph_summary {
         graph_lines(&mut lines, g);
     }
@@ -128,6 +131,19 @@ fn tasks_line(report: &Report) -> Option<String> {
         write!(s, "; {calls} of other tasks not traced").unwrap();
     }
     Some(s)
+}
+
+/// The values recorded (`--args`, `--retval`), and how many traced
+/// functions BTF describes.
+fn values_line(report: &Report) -> Option<String> {
+    let trace = report.trace;
+    let what = crate::trace::values::recorded(trace)?;
+    let described = trace.prototypes.iter().flatten().count();
+    Some(format!(
+        "{what} recorded; {} of {} traced functions described by the kernel's BTF",
+        thousands(described as u64),
+        thousands(trace.functions.len() as u64)
+    ))
 }
 
 /// Events: in all, stored, dropped and why.

@@ -37,6 +37,11 @@
 //! in ns, us, ms or s; `-` when none of the function's calls returned.
 //! The header says how many calls did not return and why.
 //!
+//! A trace with arguments or return values (`--args`, `--retval`) says in
+//! its header how many traced functions BTF describes, and after the
+//! table, once per shown function, what of its values cannot be shown
+//! (`# not shown: FUNCTION: ...`).
+//!
 //! Only rendering lives here: rows, order, callers and the vCPU filter come
 //! from the `Report` model.
 
@@ -139,6 +144,14 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
         }
     }
     footer(&mut out, report, hidden, opts.percent_limit);
+    let shown: std::collections::HashSet<usize> = rows.iter().map(|r| r.index).collect();
+    let notes = crate::trace::values::unshown_lines(report.trace, |f| shown.contains(&f));
+    if !notes.is_empty() {
+        out.push_str("#\n");
+        for n in notes {
+            writeln!(out, "# not shown: {n}").unwrap();
+        }
+    }
     out
 }
 

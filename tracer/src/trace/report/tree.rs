@@ -25,6 +25,12 @@
 //! another vCPU than its caller (the caller migrated) starts a root in that
 //! vCPU's section, at its own depth.
 //!
+//! With `--args` a call's line shows its arguments as ftrace's
+//! `funcgraph-args` does (`do_sys_open(dfd=-100, ...) {`), and with
+//! `--retval` its return value as `funcgraph-retval` does: on a leaf
+//! `func(); /* ret=-2 (-ENOENT) */`, on a closing line
+//! `} /* func ret=-2 (-ENOENT) */` (`trace::values`).
+//!
 //! A trace that knows its guest tasks (`Trace::tasks`) adds ftrace's
 //! `funcgraph-proc` column, each call's task as `comm-pid` (the comm cut
 //! to 7 characters, `<idle>-0` for the idle tasks, `vcpuN-M` where the task
@@ -60,6 +66,7 @@ use super::escape;
 use super::numbers::format_cpu_list;
 use crate::trace::graph::{End, Frame, Graph};
 use crate::trace::model::Trace;
+use crate::trace::values;
 
 /// What the tree shows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -245,13 +252,19 @@ impl Printer<'_> {
     ) -> io::Result<()> {
         let f = &self.frames[i as usize];
         let name = self.names.get(f.func as usize).map_or("?", |n| &**n);
+        let args = values::args_by_id(self.trace, f.func, f.args);
+        let args = args.as_deref().unwrap_or("()");
         if children[i as usize].iter().any(|&k| self.shown(k, cpu)) {
-            self.line(w, f, None, &format!("{name}() {{"))?;
+            self.line(w, f, None, &format!("{name}{args} {{"))?;
             stack.push((i, 0));
             Ok(())
         } else {
-            let note = note(f).map_or(String::new(), |n| format!(" /* {n} */"));
-            self.line(w, f, f.total_ns(), &format!("{name}();{note}"))
+            let said: Vec<String> = self.ret(f).into_iter().chain(note(f)).collect();
+            let comment = match said.is_empty() {
+                true => String::new(),
+                false => format!(" /* {} */", said.join(", ")),
+            };
+            self.line(w, f, f.total_ns(), &format!("{name}{args};{comment}"))
         }
     }
 
@@ -259,11 +272,21 @@ impl Printer<'_> {
     fn close(&self, w: &mut impl Write, i: u32) -> io::Result<()> {
         let f = &self.frames[i as usize];
         let name = self.names.get(f.func as usize).map_or("?", |n| &**n);
+        let ret = self.ret(f).map_or(String::new(), |r| format!(" {r}"));
         let text = match note(f) {
-            Some(n) => format!("}} /* {name}, {n} */"),
-            None => format!("}} /* {name} */"),
+            Some(n) => format!("}} /* {name}{ret}, {n} */"),
+            None => format!("}} /* {name}{ret} */"),
         };
         self.line(w, f, f.total_ns(), &text)
+    }
+
+    /// `ret=VALUE` of a frame that returned, when return values were
+    /// recorded (and its function's is not `void`).
+    fn ret(&self, f: &Frame) -> Option<String> {
+        if !matches!(f.end, End::Returned { .. }) {
+            return None;
+        }
+        values::return_value(self.trace, f.func, f.ret).map(|v| format!("ret={v}"))
     }
 
     /// ` 0) <duration> |  <indent><text>`, the duration column as ftrace's
