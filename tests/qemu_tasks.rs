@@ -117,3 +117,66 @@ fn attach_names_the_worker_and_filters_by_pid_and_comm() {
     );
     assert_eq!((count(&v), &v["filtered"]), (0, &30.into()), "{v}");
 }
+
+/// `openat` of a missing path, N times by the worker: N calls of
+/// `do_sys_openat2` by the worker, each with the same user pointer as its
+/// `filename` argument (named from the kernel's BTF) and each returning
+/// -2, named `-ENOENT` (`--args --graph --retval`), in exitless mode (the
+/// trampoline records the argument registers and RAX); `--pid` keeps only
+/// the worker's.
+#[test]
+fn attach_records_arguments_and_errno_return_values() {
+    const N: u64 = 60;
+    let (bz, _) = common::linux_61();
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let dir = common::scratch_in("qemu-tasks", "values");
+    let data = dir.join("openat.data");
+    let pid = w.worker.to_string();
+    let args = [
+        "--kernel",
+        s(&bz),
+        "--trace",
+        "do_sys_openat2",
+        "--graph",
+        "--args",
+        "--retval",
+        "--pid",
+        &pid,
+        "-o",
+        s(&data),
+        "-q",
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("exitless"), "{line}");
+    guest.go("openat", N).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let script = std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["script", s(&data)])
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    let text = String::from_utf8_lossy(&script.stdout);
+    let me = format!("{WORKER}-{pid}");
+    let (mut calls, mut returns) = (Vec::new(), 0);
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(l.trim_start().starts_with(&me), "another task: {l}");
+        if let Some(rest) = l.split("do_sys_openat2(").nth(1) {
+            let filename = rest
+                .split(", ")
+                .find_map(|a| a.strip_prefix("filename=0x"))
+                .unwrap_or_else(|| panic!("no filename argument: {l}"));
+            assert!(rest.starts_with("dfd=-100, "), "AT_FDCWD: {l}");
+            calls.push(filename.to_string());
+        } else {
+            assert!(l.ends_with("ret=-2 (-ENOENT)"), "{l}");
+            returns += 1;
+        }
+    }
+    assert_eq!((calls.len() as u64, returns), (N, N), "{text}");
+    assert!(calls.iter().all(|f| f == &calls[0]), "one path: {calls:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

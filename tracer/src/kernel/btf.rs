@@ -11,9 +11,8 @@ use std::path::{Path, PathBuf};
 use btf_rs::{Btf, Type};
 use object::{Object, ObjectSection};
 
+use crate::kernel::prototype::{Param, Prototype, ValueKind, ARG_REGS, RETURN_NOTE};
 use crate::kernel::symbols::KernelImage;
-use crate::trace::model::{Param, Prototype, ValueKind, ARG_REGS};
-use crate::trace::values::RETURN_NOTE;
 
 /// The ELF section pahole writes BTF into (and the kernel links into its
 /// read-only data, between `__start_BTF` and `__stop_BTF`).

@@ -12,6 +12,7 @@ pub mod lowmem;
 pub mod names;
 pub mod payload;
 pub mod percpu;
+pub mod prototype;
 pub mod sites;
 pub mod symbols;
 pub mod task;

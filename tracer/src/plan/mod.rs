@@ -135,7 +135,7 @@ impl Plan {
     /// The prototype of each traced function (parallel to `funcs`, None
     /// where BTF does not describe it), when values are recorded; empty
     /// otherwise (`Trace::prototypes`).
-    pub fn prototypes(&self) -> Vec<Option<crate::trace::model::Prototype>> {
+    pub fn prototypes(&self) -> Vec<Option<crate::kernel::prototype::Prototype>> {
         let Some(btf) = self.btf.as_ref().filter(|_| self.values.any()) else {
             return Vec::new();
         };

@@ -25,9 +25,7 @@ use std::collections::HashMap;
 use crate::kernel::names::escape;
 use crate::trace::model::{Event, Prototype, Trace, ValueKind, ARG_REGS};
 
-/// How a prototype's `unshown` note about the return value starts (the
-/// others are about arguments): `kernel::btf` writes them so.
-pub const RETURN_NOTE: &str = "return value:";
+pub use crate::kernel::prototype::RETURN_NOTE;
 
 /// The largest error code a return value can be (the kernel's
 /// `MAX_ERRNO`: `IS_ERR_VALUE` is -4095..=-1).

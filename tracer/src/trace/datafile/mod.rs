@@ -200,6 +200,8 @@
 //! its end (a write cut short).
 
 mod body;
+mod encode;
+mod header;
 mod protos;
 mod read;
 mod read_v5;

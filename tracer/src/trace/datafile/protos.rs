@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
+use super::encode::put_str;
 use super::reader::Reader;
-use super::write::put_str;
 use super::TraceFileError;
 use crate::trace::model::{Param, Prototype, ValueKind, ARG_REGS};
 

@@ -13,7 +13,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::write::{encode, put_body, put_str};
+use super::encode::{encode, put_str};
+use super::header::put_body;
 use super::{TraceFileError, EVENT_SIZE_V8, MAGIC, VERSION_8};
 use crate::trace::model::{Event, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};

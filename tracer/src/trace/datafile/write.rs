@@ -3,15 +3,14 @@
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
-use super::body::{VALUES_ARGS, VALUES_RETVAL};
-use super::protos::put_prototypes;
+use super::encode::encode;
+use super::header::put_body;
 use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
-    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, IO_BUFFER, MAGIC, PREAMBLE_SIZE,
-    VERSION, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
+    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
+    VERSION_8,
 };
-use crate::kernel::symbols::Symbol;
-use crate::trace::model::{Event, Trace};
+use crate::trace::model::Trace;
 use crate::trace::output_path;
 
 /// Writes `trace` to `path` by the rules of [`crate::trace::output_path`]:
@@ -99,126 +98,4 @@ fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.write_all(&stream::frame(TAG_FOOT, &body)?)?;
     w.write_all(&stream::frame(TAG_END, &[])?)?;
     w.flush()
-}
-
-/// The body of a file of `version` (4, or 5 to 8 for a data file's `HEAD`
-/// and `FOOT` blocks): the header, functions, counts, returns and callers.
-pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
-    let m = &trace.meta;
-    put_str(w, &m.kernel)?;
-    match &m.build_id {
-        Some(b) => {
-            w.write_all(&[1])?;
-            put_str(w, b)?;
-        }
-        None => w.write_all(&[0])?,
-    }
-    w.write_all(&m.cpus.to_le_bytes())?;
-    for v in [
-        m.attach_ns,
-        m.detach_ns,
-        m.sites_patched,
-        m.sites_skipped_init,
-        m.sites_skipped_other,
-        m.attach_window_ns,
-        m.attach_latency_ns,
-        m.events_total,
-        m.events_dropped,
-        m.parent_unreadable,
-    ] {
-        w.write_all(&v.to_le_bytes())?;
-    }
-    put_str(w, &m.stop_reason)?;
-    put_str(w, &m.mode)?;
-    w.write_all(&m.trap_exits.to_le_bytes())?;
-    w.write_all(&[u8::from(m.graph)])?;
-    for v in [m.returns_dropped, m.unhooked, m.tsc_khz] {
-        w.write_all(&v.to_le_bytes())?;
-    }
-    put_str(w, &m.symbols)?;
-    if version >= VERSION_5 {
-        w.write_all(&(m.lost.len() as u32).to_le_bytes())?;
-        for v in &m.lost {
-            w.write_all(&v.to_le_bytes())?;
-        }
-        w.write_all(&[u8::from(m.overwrite)])?;
-        put_str(w, &m.rejected_sites)?;
-        match m.kernel_offset {
-            Some((virt, phys)) => {
-                w.write_all(&[1])?;
-                w.write_all(&virt.to_le_bytes())?;
-                w.write_all(&phys.to_le_bytes())?;
-            }
-            None => w.write_all(&[0])?,
-        }
-    }
-    if version >= VERSION_6 {
-        w.write_all(&m.unfinished.to_le_bytes())?;
-    }
-    if version >= VERSION_7 {
-        put_str(w, &m.vmm)?;
-    }
-    if version >= VERSION_8 {
-        put_str(w, &m.tasks)?;
-        w.write_all(&m.filtered.to_le_bytes())?;
-        let values =
-            if m.args { VALUES_ARGS } else { 0 } | if m.retval { VALUES_RETVAL } else { 0 };
-        w.write_all(&[values])?;
-    }
-
-    put_syms(w, &trace.functions)?;
-
-    w.write_all(&(trace.counts.len() as u32).to_le_bytes())?;
-    w.write_all(&m.cpus.to_le_bytes())?;
-    for row in &trace.counts {
-        for c in row {
-            w.write_all(&c.to_le_bytes())?;
-        }
-    }
-
-    let cols = if m.graph { m.cpus } else { 0 };
-    w.write_all(&(trace.returns.len() as u32).to_le_bytes())?;
-    w.write_all(&cols.to_le_bytes())?;
-    for row in &trace.returns {
-        for c in row {
-            w.write_all(&c.to_le_bytes())?;
-        }
-    }
-
-    put_syms(w, &trace.callers)?;
-    if version >= VERSION_8 {
-        put_prototypes(w, &trace.prototypes)?;
-    }
-    Ok(())
-}
-
-/// One event record into `b`: `EVENT_SIZE` bytes, or `EVENT_SIZE_V8`
-/// with its task and data.
-pub(super) fn encode(e: &Event, b: &mut [u8]) {
-    b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
-    b[8..16].copy_from_slice(&e.parent.to_le_bytes());
-    b[16..24].copy_from_slice(&e.slot.to_le_bytes());
-    b[24..28].copy_from_slice(&e.func.to_le_bytes());
-    b[28..32].copy_from_slice(&e.cpu.to_le_bytes());
-    if b.len() == EVENT_SIZE_V8 {
-        b[32..36].copy_from_slice(&e.task.to_le_bytes());
-        b[36..44].copy_from_slice(&e.data.to_le_bytes());
-    }
-}
-
-pub(super) fn put_str(w: &mut impl Write, s: &str) -> io::Result<()> {
-    let len = u32::try_from(s.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "string longer than 4 GiB"))?;
-    w.write_all(&len.to_le_bytes())?;
-    w.write_all(s.as_bytes())
-}
-
-fn put_syms(w: &mut impl Write, syms: &[Symbol]) -> io::Result<()> {
-    w.write_all(&(syms.len() as u32).to_le_bytes())?;
-    for s in syms {
-        put_str(w, &s.name)?;
-        w.write_all(&s.addr.to_le_bytes())?;
-        w.write_all(&s.size.to_le_bytes())?;
-    }
-    Ok(())
 }
