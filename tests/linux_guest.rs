@@ -283,9 +283,11 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
 /// Each call's task in trap mode, read at the trap: the idle loop's
 /// `tick_nohz_idle_enter` runs only as vCPU N's idle task (pid 0,
 /// `swapper/N`); kthreadd is pid 2 by its name; pid 1 runs first as the boot
-/// CPU's task and then, after its exec, as `init`. The same names come back
-/// from the saved data file through `script`, and from the trace.dat export
-/// through Debian's `trace-cmd report`.
+/// CPU's task and then, after its exec, as `init`. With `--graph --retval`
+/// `kernel_clone` returns the new tasks' pids, which then run as tasks of
+/// the trace. The same names come back from the saved data file through
+/// `script`, and from the trace.dat export through Debian's `trace-cmd
+/// report`.
 #[test]
 fn linux_trap_mode_names_every_calls_task() {
     let dir = std::env::temp_dir().join(format!("vmtrace-linux-tasks-{}", std::process::id()));
@@ -298,6 +300,8 @@ fn linux_trap_mode_names_every_calls_task() {
             "schedule,tick_nohz_idle_enter,kernel_clone",
             "--mode",
             "trap",
+            "--graph",
+            "--retval",
             "-o",
             data.to_str().unwrap(),
             "--export",
@@ -310,18 +314,39 @@ fn linux_trap_mode_names_every_calls_task() {
     check_boot_console(&text, &err, 2);
     let rows = std::fs::read_to_string(&csv).unwrap();
     let mut lines = rows.lines();
-    assert_eq!(
-        lines.next(),
-        Some("ts_ns,cpu,function,addr,parent,caller,pid,tgid,comm")
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column in {header:?}"))
+    };
+    let (c_cpu, c_func, c_kind, c_pid, c_tgid, c_comm, c_ret) = (
+        col("cpu"),
+        col("function"),
+        col("kind"),
+        col("pid"),
+        col("tgid"),
+        col("comm"),
+        col("ret"),
     );
     let (mut idle, mut kthreadd, mut init) = (0, 0, 0);
+    let mut pids = std::collections::HashSet::new();
+    let mut cloned = Vec::new();
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
-        let (cpu, func, pid, tgid, comm) = (f[1], f[2], f[6], f[7], f[8]);
+        let (cpu, func, pid, tgid, comm) = (f[c_cpu], f[c_func], f[c_pid], f[c_tgid], f[c_comm]);
         assert!(
             !pid.is_empty() && !comm.is_empty(),
             "a task unknown: {line}"
         );
+        pids.insert(pid.to_string());
+        if f[c_kind] == "return" {
+            if func == "kernel_clone" {
+                cloned.push(f[c_ret].to_string());
+            }
+            continue;
+        }
         if func == "tick_nohz_idle_enter" {
             assert_eq!((pid, tgid), ("0", "0"), "{line}");
             assert_eq!(comm, format!("swapper/{cpu}"), "{line}");
@@ -339,6 +364,18 @@ fn linux_trap_mode_names_every_calls_task() {
         idle > 0 && kthreadd > 0 && init > 0,
         "{idle} {kthreadd} {init}: {rows}"
     );
+    // Every new task but the last one cloned ran (the last may have been
+    // created as the run ended): its pid is a task of the trace.
+    assert!(cloned.len() > 1, "{cloned:?}");
+    for ret in &cloned[..cloned.len() - 1] {
+        let pid: u32 = ret
+            .parse()
+            .unwrap_or_else(|_| panic!("kernel_clone returned {ret}"));
+        assert!(
+            pid > 2 && pids.contains(ret),
+            "pid {pid} never ran: {pids:?}"
+        );
+    }
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
     assert!(lines.contains("<idle>-0"), "{lines}");

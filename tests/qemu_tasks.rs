@@ -145,7 +145,6 @@ fn attach_records_arguments_and_errno_return_values() {
         &pid,
         "-o",
         s(&data),
-        "-q",
     ];
     let mut a = Attach::start(guest.qmp_socket(), &args);
     let line = a.wait_line("vmtrace: attached to QEMU");

@@ -136,7 +136,8 @@ fn ring_records(plan: &Plan, cpus: usize, pages: usize) -> Result<u64, QemuError
     };
     let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
     let fits = |cap| {
-        RingLayout::new(cpus, sites, Some(cap), plan.graph).is_ok_and(|l| l.ring_bytes <= room)
+        RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
+            .is_ok_and(|l| l.ring_bytes <= room)
     };
     if !fits(MIN_RECORDS) {
         return Err(QemuError::RingsTooBig {

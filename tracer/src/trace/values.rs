@@ -34,6 +34,7 @@ pub const MAX_ERRNO: u64 = 4095;
 /// Linux's error names: asm-generic/errno-base.h and errno.h (1..=133),
 /// and the kernel-internal ones of include/linux/errno.h (512..=530),
 /// which never reach user space but are what kernel functions return.
+// Long: a table, one name a line.
 pub fn errno_name(n: u64) -> Option<&'static str> {
     const USER: [&str; 133] = [
         "EPERM",

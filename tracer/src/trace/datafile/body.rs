@@ -175,6 +175,8 @@ pub(super) fn read_body<R: Read>(
 }
 
 /// The header: the run's facts, as far as the file's `version` has them.
+// Long: one field a line, in the file's order (the format table in the
+// module doc); the version-dependent tails are functions of their own.
 fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta, TraceFileError> {
     r.section = Section::Header;
     let kernel = r.string("kernel")?;

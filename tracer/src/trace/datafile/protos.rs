@@ -63,6 +63,8 @@ pub(super) fn check_prototype(p: &Prototype) -> Result<(), String> {
 }
 
 /// `prototypes` (empty, or one per function) into `w`.
+// Long: the encoding field by field, in the order `read_prototypes` reads
+// it back; kept in one piece so the two can be read side by side.
 pub(super) fn put_prototypes(w: &mut Vec<u8>, prototypes: &[Option<Prototype>]) -> io::Result<()> {
     let too_many =
         |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("over 2^32 {what}"));

@@ -18,6 +18,8 @@ use crate::trace::model::{caller_index, Event, Task, Trace, ARG_REGS};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
 /// a file of `version` (5 to 8).
+// Long: one arm per block tag, each a few lines; the order rules between
+// blocks (what may follow what) read best in one match.
 pub(super) fn load<R: Read>(
     mut r: Reader<'_, R>,
     declared: u64,
