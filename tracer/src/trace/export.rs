@@ -29,16 +29,15 @@
 //! [`file`] is how every output file is written: checked before a run,
 //! replaced atomically, never clobbering what is not a regular file.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
 
 use serde_json::{json, Map, Value};
 
 use crate::kernel::symbols::Symbol;
-use crate::trace::graph::{End, Frame, Graph};
+use crate::trace::graph::{End, Frame};
 use crate::trace::model::Trace;
-use crate::trace::report::{escape, task_rows, Caller, Report, ReportOptions, Row, Sort};
+use crate::trace::report::{task_rows, Caller, Report, ReportOptions, Row, Sort};
 use crate::trace::values;
 
 /// Return values the JSON report keeps per function: the most frequent.
@@ -262,113 +261,6 @@ pub fn write_json(trace: &Trace, w: impl Write) -> io::Result<()> {
     w.flush()
 }
 
-/// A name as a CSV field: control characters escaped (`report::escape`:
-/// a CSV is read in terminals too, and a crafted name must not forge a
-/// row), then quoted if it holds a comma or a double quote (RFC 4180).
-fn csv_field(s: &str) -> Cow<'_, str> {
-    let s = escape(s);
-    if s.contains([',', '"']) {
-        Cow::Owned(format!("\"{}\"", s.replace('"', "\"\"")))
-    } else {
-        s
-    }
-}
-
-/// Writes one row per stored event, in time order, after the header
-/// `ts_ns,cpu,function,addr,parent,caller`:
-///
-/// - `ts_ns`: host `CLOCK_MONOTONIC`, nanoseconds (absolute; the JSON
-///   report's `attach_ns` is the attach time on the same clock);
-/// - `cpu`: vCPU number;
-/// - `function`: the traced function; `addr`: its start address (hex);
-/// - `parent`: the return address in the caller (hex; `0x0` if unreadable);
-/// - `caller`: the function `parent` falls in, empty if unknown.
-///
-/// Function-graph traces hold returns too, and two more columns, last so
-/// that readers of the first six keep working: `kind` (`entry` or
-/// `return`; a return's `parent` is where it returned to) and `slot` (the
-/// guest address of the return-address slot, hex, which matches a return
-/// with its entry on the same guest stack; `0x0`: the return was not
-/// hooked). Entry-only traces keep the six columns.
-///
-/// A trace that knows its guest tasks (`Trace::tasks`) adds three more,
-/// last: `pid`, `tgid` and `comm` of the task that ran the event, empty
-/// when it is not known.
-///
-/// A trace with arguments (`--args`) then adds `args`: an entry's
-/// arguments as ftrace prints them, `(name=value, ...)` (`trace::values`;
-/// empty when not recorded or its function has no prototype); one with
-/// return values (`--retval`) `ret`: a return's value (`-2 (-ENOENT)`;
-/// empty for entries and `void` functions).
-///
-/// Lines end with `\n`; names have their control characters escaped
-/// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
-pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
-    let mut w = BufWriter::with_capacity(1 << 20, w);
-    let graph = trace.meta.graph;
-    let tasks = !trace.tasks.is_empty();
-    w.write_all(if graph {
-        b"ts_ns,cpu,function,addr,parent,caller,kind,slot".as_slice()
-    } else {
-        b"ts_ns,cpu,function,addr,parent,caller".as_slice()
-    })?;
-    let (args, ret) = (trace.meta.args, trace.meta.retval);
-    w.write_all(if tasks {
-        b",pid,tgid,comm".as_slice()
-    } else {
-        b"".as_slice()
-    })?;
-    w.write_all(if args {
-        b",args".as_slice()
-    } else {
-        b"".as_slice()
-    })?;
-    w.write_all(if ret {
-        b",ret\n".as_slice()
-    } else {
-        b"\n".as_slice()
-    })?;
-    let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
-    let comms: Vec<Cow<str>> = trace.tasks.iter().map(|t| csv_field(&t.comm)).collect();
-    // Not through `Report`: it would build the function graph, and this streams.
-    for e in &trace.events {
-        let Some(func) = trace.functions.get(e.func as usize) else {
-            continue;
-        };
-        let caller = match Caller::of(trace, e.parent) {
-            Caller::Known(s) => csv_field(&s.name),
-            Caller::Unknown(_) => Cow::Borrowed(""),
-        };
-        write!(
-            w,
-            "{},{},{},{:#x},{:#x},{}",
-            e.ts_ns, e.cpu, names[e.func as usize], func.addr, e.parent, caller
-        )?;
-        if graph {
-            let kind = if e.is_return() { "return" } else { "entry" };
-            write!(w, ",{kind},{:#x}", e.stack_slot())?;
-        }
-        if tasks {
-            match trace.task_of(e) {
-                Some(t) => write!(w, ",{},{},{}", t.pid, t.tgid, comms[e.task as usize - 1])?,
-                None => w.write_all(b",,,")?,
-            }
-        }
-        if args {
-            let a = values::entry_args(trace, e).unwrap_or_default();
-            write!(w, ",{}", csv_field(&a))?;
-        }
-        if ret {
-            let r = e
-                .is_return()
-                .then(|| values::return_value(trace, e.func, e.data));
-            write!(w, ",{}", csv_field(&r.flatten().unwrap_or_default()))?;
-        }
-        w.write_all(b"\n")?;
-    }
-    w.flush()
-}
-
 /// A JSON string literal, quotes included.
 fn json_str(s: &str) -> String {
     Value::from(s).to_string()
@@ -564,114 +456,13 @@ impl CallerNames {
     }
 }
 
-/// Writes folded stacks (Brendan Gregg's format, read by flamegraph.pl,
-/// inferno and speedscope): one line per distinct call path,
-/// `outer;inner;leaf VALUE`, the value being the self time in ns summed
-/// over the calls with that path, on every vCPU.
-///
-/// Only calls that returned count (a call that did not return has no
-/// duration); a returned call under one that did not return keeps it in
-/// its path. The values add up to the self time of every returned call.
-/// Paths whose self time is 0 are left out. Lines are sorted by path
-/// (byte order). A `;` in a function name would split the frame: it
-/// becomes `_`; control characters (a newline would split the line) are
-/// escaped (`\x0a`, see `report::escape`). Kernel symbols have neither. An
-/// entry-only trace has no returned calls: the output is empty.
-///
-/// A trace that knows its guest tasks starts each path whose task is known
-/// with the task's comm (`swapper` for the idle tasks), as perf's
-/// stackcollapse-perf.pl does with a process's name: `sh;do_sys_open;getname
-/// 1200`.
-pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
-    let mut w = BufWriter::new(w);
-    let g = Graph::build(trace);
-    let names: Vec<String> = trace
-        .functions
-        .iter()
-        .map(|f| escape(&f.name).replace(';', "_"))
-        .collect();
-    const ROOT: u32 = u32::MAX;
-    // Each task's comm is a frame of its own, numbered down from ROOT - 1
-    // (function indices count up from 0).
-    let mut comm_names: Vec<String> = Vec::new();
-    let mut comm_ids: HashMap<String, u32> = HashMap::new();
-    let task_frame: Vec<u32> = trace
-        .tasks
-        .iter()
-        .map(|t| {
-            let comm = if t.pid == 0 {
-                "swapper"
-            } else {
-                t.comm.as_str()
-            };
-            let comm = escape(comm).replace(';', "_");
-            let next = ROOT - 1 - comm_names.len() as u32;
-            *comm_ids.entry(comm).or_insert_with_key(|c| {
-                comm_names.push(c.clone());
-                next
-            })
-        })
-        .collect();
-    let name_of = |func: u32| match (ROOT - 1).checked_sub(func) {
-        Some(k) if (k as usize) < comm_names.len() => comm_names[k as usize].as_str(),
-        _ => names.get(func as usize).map_or("?", String::as_str),
-    };
-    // Each frame's path, as an index into `paths`: (parent path, function).
-    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut paths: Vec<(u32, u32)> = Vec::new();
-    let mut self_ns: Vec<u64> = Vec::new();
-    let mut frame_path: Vec<u32> = Vec::with_capacity(g.frames.len());
-    let mut path_of = |parent: u32, func: u32| {
-        *ids.entry((parent, func)).or_insert_with(|| {
-            paths.push((parent, func));
-            (paths.len() - 1) as u32
-        })
-    };
-    for f in &g.frames {
-        // Parents come before their callees (frames are in entry order).
-        let parent = match f.parent {
-            Some(p) => frame_path[p as usize],
-            None => {
-                let comm = (f.task as usize)
-                    .checked_sub(1)
-                    .and_then(|i| task_frame.get(i).copied());
-                comm.map_or(ROOT, |c| path_of(ROOT, c))
-            }
-        };
-        let id = path_of(parent, f.func);
-        frame_path.push(id);
-        if self_ns.len() <= id as usize {
-            self_ns.resize(id as usize + 1, 0);
-        }
-        if let Some(s) = f.self_ns() {
-            self_ns[id as usize] = self_ns[id as usize].saturating_add(s);
-        }
-    }
-    let mut lines: Vec<(String, u64)> = Vec::new();
-    for (id, &ns) in self_ns.iter().enumerate() {
-        if ns == 0 {
-            continue;
-        }
-        let mut chain = Vec::new();
-        let mut at = id as u32;
-        while at != ROOT {
-            let (parent, func) = paths[at as usize];
-            chain.push(name_of(func));
-            at = parent;
-        }
-        chain.reverse();
-        lines.push((chain.join(";"), ns));
-    }
-    lines.sort();
-    for (path, ns) in lines {
-        writeln!(w, "{path} {ns}")?;
-    }
-    w.flush()
-}
-
+mod csv;
+mod folded;
 pub mod script;
 pub mod tracedat;
 mod tracks;
+pub use csv::write_csv;
+pub use folded::write_folded;
 pub use tracedat::write_tracedat;
 use tracks::Tracks;
 pub use tracks::{IDLE_TID, PID_LIMIT, UNKNOWN_PID};

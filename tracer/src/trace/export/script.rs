@@ -59,6 +59,33 @@ use crate::trace::values;
 /// header (see the module's documentation).
 pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
+    header(&mut w, trace)?;
+    // ftrace's record-tgid option: a TGID column.
+    let tgid = !trace.tasks.is_empty();
+    let (title, bars) = match tgid {
+        true => ("   TGID   ", "     |    "),
+        false => ("", ""),
+    };
+    writeln!(
+        w,
+        "#           TASK-PID    {title} CPU#     TIMESTAMP  FUNCTION"
+    )?;
+    writeln!(w, "#              | |      {bars}   |         |         |")?;
+
+    let names: Vec<Cow<str>> = trace.functions.iter().map(|f| escape(&f.name)).collect();
+    for e in &trace.events {
+        // A corrupt index: the writers of the other formats skip it too.
+        let Some(name) = names.get(e.func as usize) else {
+            continue;
+        };
+        event_line(&mut w, trace, e, name, tgid)?;
+    }
+    w.flush()
+}
+
+/// The header's lines up to the column titles: counts, losses, the
+/// kernel, the attach and detach times, the tasks' source and the values.
+fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     let m = &trace.meta;
     let returns_stored = trace.events.iter().filter(|e| e.is_return()).count() as u64;
     let entries_stored = trace.events.len() as u64 - returns_stored;
@@ -78,8 +105,8 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
              (lines 'FUNCTION returned to CALLER')"
         )?;
     }
-    lost(&mut w, m.events_dropped, "entries")?;
-    lost(&mut w, m.returns_dropped, "returns")?;
+    lost(w, m.events_dropped, "entries")?;
+    lost(w, m.returns_dropped, "returns")?;
     if m.unfinished > 0 {
         let what = if m.graph {
             "records (calls or returns)"
@@ -103,55 +130,46 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
     if !m.tasks.is_empty() {
         writeln!(w, "# tasks: {}", escape(&m.tasks))?;
     }
-    values_header(&mut w, trace)?;
-    writeln!(w, "#")?;
-    // ftrace's record-tgid option: a TGID column.
-    let tgid = !trace.tasks.is_empty();
-    let (title, bars) = match tgid {
-        true => ("   TGID   ", "     |    "),
-        false => ("", ""),
-    };
-    writeln!(
-        w,
-        "#           TASK-PID    {title} CPU#     TIMESTAMP  FUNCTION"
-    )?;
-    writeln!(w, "#              | |      {bars}   |         |         |")?;
+    values_header(w, trace)?;
+    writeln!(w, "#")
+}
 
-    let names: Vec<Cow<str>> = trace.functions.iter().map(|f| escape(&f.name)).collect();
-    for e in &trace.events {
-        // A corrupt index: the writers of the other formats skip it too.
-        let Some(name) = names.get(e.func as usize) else {
-            continue;
-        };
-        let (comm, pid, group) = task_columns(trace, e);
-        write!(w, "{comm:>16}-{pid:<7} ")?;
-        if tgid {
-            match group {
-                Some(g) => write!(w, "({g:>7}) ")?,
-                None => w.write_all(b"(-------) ")?,
-            }
+/// One event's line: task (and with `tgid` its thread group), CPU, time,
+/// function `name` with its arguments, caller, and a return's value.
+fn event_line(
+    w: &mut impl Write,
+    trace: &Trace,
+    e: &Event,
+    name: &str,
+    tgid: bool,
+) -> io::Result<()> {
+    let (comm, pid, group) = task_columns(trace, e);
+    write!(w, "{comm:>16}-{pid:<7} ")?;
+    if tgid {
+        match group {
+            Some(g) => write!(w, "({g:>7}) ")?,
+            None => w.write_all(b"(-------) ")?,
         }
-        write!(w, "[{:03}] {:>12}: {name}", e.cpu, seconds(e.ts_ns))?;
-        if let Some(args) = values::entry_args(trace, e) {
-            w.write_all(args.as_bytes())?;
-        }
-        w.write_all(if e.is_return() {
-            b" returned to "
-        } else {
-            b" <-"
-        })?;
-        match Caller::of(trace, e.parent) {
-            Caller::Known(s) => w.write_all(escape(&s.name).as_bytes())?,
-            Caller::Unknown(ip) => write!(w, "{ip:#x}")?,
-        }
-        if e.is_return() {
-            if let Some(v) = values::return_value(trace, e.func, e.data) {
-                write!(w, " ret={v}")?;
-            }
-        }
-        w.write_all(b"\n")?;
     }
-    w.flush()
+    write!(w, "[{:03}] {:>12}: {name}", e.cpu, seconds(e.ts_ns))?;
+    if let Some(args) = values::entry_args(trace, e) {
+        w.write_all(args.as_bytes())?;
+    }
+    w.write_all(if e.is_return() {
+        b" returned to "
+    } else {
+        b" <-"
+    })?;
+    match Caller::of(trace, e.parent) {
+        Caller::Known(s) => w.write_all(escape(&s.name).as_bytes())?,
+        Caller::Unknown(ip) => write!(w, "{ip:#x}")?,
+    }
+    if e.is_return() {
+        if let Some(v) = values::return_value(trace, e.func, e.data) {
+            write!(w, " ret={v}")?;
+        }
+    }
+    w.write_all(b"\n")
 }
 
 /// The values recorded, and once per function with stored events what of

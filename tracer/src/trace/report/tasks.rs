@@ -164,7 +164,34 @@ pub fn render_tasks(trace: &Trace, opts: &ReportOptions) -> String {
     )
     .unwrap();
     writeln!(out, "#").unwrap();
+    task_table(&mut out, trace, &shown, total, opts);
+    let hidden = rows.len() - shown.len();
+    if hidden > 0 {
+        let n = if hidden == 1 {
+            "task was"
+        } else {
+            "tasks were"
+        };
+        writeln!(
+            out,
+            "#\n# {hidden} {n} hidden: under {}% of the calls (--percent-limit)",
+            opts.percent_limit.unwrap_or(0.0)
+        )
+        .unwrap();
+    }
+    out
+}
 
+/// The report by task's column titles and one row per task of `shown`,
+/// their share of `total` calls, columns sized to fit.
+fn task_table(
+    out: &mut String,
+    trace: &Trace,
+    shown: &[&TaskRow],
+    total: u64,
+    opts: &ReportOptions,
+) {
+    let share = |r: &TaskRow| 100.0 * r.count as f64 / total as f64;
     let labels: Vec<String> = shown.iter().map(|r| r.label()).collect();
     let counts: Vec<String> = shown.iter().map(|r| thousands(r.count)).collect();
     let tgids: Vec<String> = shown
@@ -218,21 +245,6 @@ pub fn render_tasks(trace: &Trace, opts: &ReportOptions) -> String {
         )
         .unwrap();
     }
-    let hidden = rows.len() - shown.len();
-    if hidden > 0 {
-        let n = if hidden == 1 {
-            "task was"
-        } else {
-            "tasks were"
-        };
-        writeln!(
-            out,
-            "#\n# {hidden} {n} hidden: under {}% of the calls (--percent-limit)",
-            opts.percent_limit.unwrap_or(0.0)
-        )
-        .unwrap();
-    }
-    out
 }
 
 /// `f (3), g (1)`: as many of the row's functions as fit in `width`

@@ -144,6 +144,12 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
         }
     }
     footer(&mut out, report, hidden, opts.percent_limit);
+    unshown_notes(&mut out, report, rows);
+    out
+}
+
+/// What of the shown `rows`' values cannot be shown, a line each.
+fn unshown_notes(out: &mut String, report: &Report, rows: &[Row]) {
     let shown: std::collections::HashSet<usize> = rows.iter().map(|r| r.index).collect();
     let notes = crate::trace::values::unshown_lines(report.trace, |f| shown.contains(&f));
     if !notes.is_empty() {
@@ -152,7 +158,6 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
             writeln!(out, "# not shown: {n}").unwrap();
         }
     }
-    out
 }
 
 /// The rows with at least `percent_limit`% of the calls (all without one).

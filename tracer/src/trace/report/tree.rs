@@ -127,44 +127,7 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
         last: Cell::new(None),
     };
 
-    writeln!(w, "# tracer: function_graph (vmtrace)")?;
-    writeln!(w, "#")?;
-    writeln!(w, "# kernel: {}", escape(&trace.meta.kernel))?;
-    let mut shown = format!("# vCPUs: {}", format_cpu_list(&cpus));
-    if cpus.is_empty() {
-        shown = "# vCPUs: none of the requested vCPUs exist".to_string();
-    }
-    if !missing.is_empty() {
-        shown.push_str(&format!(
-            "; ignored {}: not in this trace",
-            format_cpu_list(&missing)
-        ));
-    }
-    writeln!(w, "{shown}")?;
-    if let Some(d) = opts.depth {
-        writeln!(w, "# depth: calls less than {d} levels deep")?;
-    }
-    if opts.threshold_ns > 0 {
-        writeln!(
-            w,
-            "# threshold: calls shorter than {} hidden",
-            human(opts.threshold_ns)
-        )?;
-    }
-    writeln!(w, "#")?;
-    if tasks {
-        writeln!(
-            w,
-            "# CPU  TASK/PID         DURATION                  FUNCTION CALLS"
-        )?;
-        writeln!(
-            w,
-            "# |     |    |         |   |                     |   |   |   |"
-        )?;
-    } else {
-        writeln!(w, "# CPU  DURATION                  FUNCTION CALLS")?;
-        writeln!(w, "# |     |   |                     |   |   |   |")?;
-    }
+    tree_header(&mut w, trace, opts, &cpus, &missing)?;
 
     for &cpu in &cpus {
         writeln!(w, "# vCPU {cpu}")?;
@@ -181,6 +144,56 @@ pub fn write_tree(trace: &Trace, opts: &TreeOptions, w: impl Write) -> io::Resul
         }
     }
     w.flush()
+}
+
+/// The tree's header: the kernel, the vCPUs shown (and those `missing`
+/// from the trace), the depth and threshold, the column titles.
+fn tree_header(
+    w: &mut impl Write,
+    trace: &Trace,
+    opts: &TreeOptions,
+    cpus: &[u32],
+    missing: &[u32],
+) -> io::Result<()> {
+    writeln!(w, "# tracer: function_graph (vmtrace)")?;
+    writeln!(w, "#")?;
+    writeln!(w, "# kernel: {}", escape(&trace.meta.kernel))?;
+    let mut shown = format!("# vCPUs: {}", format_cpu_list(cpus));
+    if cpus.is_empty() {
+        shown = "# vCPUs: none of the requested vCPUs exist".to_string();
+    }
+    if !missing.is_empty() {
+        shown.push_str(&format!(
+            "; ignored {}: not in this trace",
+            format_cpu_list(missing)
+        ));
+    }
+    writeln!(w, "{shown}")?;
+    if let Some(d) = opts.depth {
+        writeln!(w, "# depth: calls less than {d} levels deep")?;
+    }
+    if opts.threshold_ns > 0 {
+        writeln!(
+            w,
+            "# threshold: calls shorter than {} hidden",
+            human(opts.threshold_ns)
+        )?;
+    }
+    writeln!(w, "#")?;
+    if !trace.tasks.is_empty() {
+        writeln!(
+            w,
+            "# CPU  TASK/PID         DURATION                  FUNCTION CALLS"
+        )?;
+        writeln!(
+            w,
+            "# |     |    |         |   |                     |   |   |   |"
+        )?;
+    } else {
+        writeln!(w, "# CPU  DURATION                  FUNCTION CALLS")?;
+        writeln!(w, "# |     |   |                     |   |   |   |")?;
+    }
+    Ok(())
 }
 
 struct Printer<'a> {
