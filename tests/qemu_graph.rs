@@ -62,9 +62,10 @@ fn graph_attach_counts_calls_and_returns_exactly() {
     // Plain first: the graph session after it maps other region pages
     // (its return stubs and frame pool) at other addresses.
     session(&guest, s(&bz), false, 1, 3000);
-    // 6 x 200 calls, 2,400 records: more than the graph's 512-record ring
-    // holds, each batch within it.
-    let j = session(&guest, s(&bz), true, 6, 200);
+    // 12 x 100 calls, 2,400 records: more than the graph's ring holds (256
+    // 64-byte records per vCPU in the guest's free low pages), each batch
+    // within it.
+    let j = session(&guest, s(&bz), true, 12, 100);
     let (g, n) = (&j["graph"], |v: &serde_json::Value| v.as_u64().unwrap());
     // A call whose entry was recorded has its return hooked: returned and
     // recorded, or counted; one whose entry a full ring dropped has not.
