@@ -155,16 +155,15 @@ impl Recorder {
         } else {
             f.ret
         };
-        // Its entry was kept, so the return is (the task cannot change
-        // between them).
-        let (task, _) = self.task_of(trap);
         self.push(Event {
             ts_ns,
             parent,
             slot: slot | RETURN_BIT,
             func: self.index.funcs[site],
             cpu: self.cpu,
-            task,
+            // The call's task, kept in its frame: a call returns in the
+            // task that made it.
+            task: f.task,
             data: if self.retval { trap.rax } else { 0 },
         });
         Ok(())
@@ -179,6 +178,7 @@ impl Recorder {
         slot: u64,
         ret: u64,
         site: usize,
+        task: u32,
     ) -> Option<u64> {
         if ret != graph.trap_va
             && trap
@@ -189,7 +189,11 @@ impl Recorder {
             self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        Some(graph.shadow.push(slot, ret, site as u32, graph.trap_va))
+        Some(
+            graph
+                .shadow
+                .push(slot, ret, site as u32, task, graph.trap_va),
+        )
     }
 }
 
@@ -232,7 +236,7 @@ impl TrapHandler for Recorder {
         let read = trap.space().read_u64(rsp).ok();
         // Hooked whether or not the entry is stored: returns count exactly.
         let (parent, slot) = match (read, self.graph.as_ref()) {
-            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i) {
+            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i, task) {
                 Some(real) => (real, rsp),
                 None => (ret, 0),
             },

@@ -21,11 +21,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// One hooked call: where it really returns, and which site it entered by.
+/// One hooked call: where it really returns, which site it entered by,
+/// and the task that made it (`Event::task`: its return's too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hooked {
     pub ret: u64,
     pub site: u32,
+    pub task: u32,
 }
 
 /// Every live hooked frame of the guest, by return-address slot.
@@ -35,11 +37,11 @@ pub struct ShadowStacks {
 }
 
 impl ShadowStacks {
-    /// Records a hooked entry at `slot`, whose return address was `ret`
-    /// (`ret == hook`: a tail call, stacked on the frame already there).
-    /// Returns the real return address: `ret`, or for a tail call the
-    /// caller's.
-    pub fn push(&self, slot: u64, ret: u64, site: u32, hook: u64) -> u64 {
+    /// Records a hooked entry at `slot` by `task`, whose return address was
+    /// `ret` (`ret == hook`: a tail call, stacked on the frame already
+    /// there). Returns the real return address: `ret`, or for a tail call
+    /// the caller's.
+    pub fn push(&self, slot: u64, ret: u64, site: u32, task: u32, hook: u64) -> u64 {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let frames = slots.entry(slot).or_default();
         let real = if ret == hook {
@@ -48,7 +50,7 @@ impl ShadowStacks {
             frames.clear();
             ret
         };
-        frames.push(Hooked { ret, site });
+        frames.push(Hooked { ret, site, task });
         real
     }
 
@@ -103,29 +105,38 @@ mod tests {
     #[test]
     fn frames_by_slot_tail_calls_and_reused_slots() {
         let s = ShadowStacks::default();
-        assert_eq!(s.push(0x1000, 0xaaaa, 1, HOOK), 0xaaaa);
-        assert_eq!(s.push(0x0f00, 0xbbbb, 2, HOOK), 0xbbbb);
+        assert_eq!(s.push(0x1000, 0xaaaa, 1, 7, HOOK), 0xaaaa);
+        assert_eq!(s.push(0x0f00, 0xbbbb, 2, 0, HOOK), 0xbbbb);
         // A tail call at 0x1000: the real caller is the first frame's.
-        assert_eq!(s.push(0x1000, HOOK, 3, HOOK), 0xaaaa);
+        assert_eq!(s.push(0x1000, HOOK, 3, 0, HOOK), 0xaaaa);
         assert_eq!(s.live(), 3);
         assert_eq!(s.real_below(0x1000, HOOK), Some(0xaaaa));
-        assert_eq!(s.pop(0x1000), Some(Hooked { ret: HOOK, site: 3 }));
+        assert_eq!(
+            s.pop(0x1000),
+            Some(Hooked {
+                ret: HOOK,
+                site: 3,
+                task: 0
+            })
+        );
         assert_eq!(
             s.pop(0x1000),
             Some(Hooked {
                 ret: 0xaaaa,
-                site: 1
+                site: 1,
+                task: 7,
             })
         );
         assert_eq!(s.pop(0x1000), None);
         // 0x0f00 was abandoned; a fresh call at that slot replaces it.
-        assert_eq!(s.push(0x0f00, 0xcccc, 4, HOOK), 0xcccc);
+        assert_eq!(s.push(0x0f00, 0xcccc, 4, 9, HOOK), 0xcccc);
         assert_eq!(s.live(), 1);
         assert_eq!(
             s.pop(0x0f00),
             Some(Hooked {
                 ret: 0xcccc,
-                site: 4
+                site: 4,
+                task: 9,
             })
         );
         assert_eq!(s.live(), 0);

@@ -141,6 +141,14 @@ impl TaskSource {
         if let Some(&seen) = cache.get(&key) {
             return seen;
         }
+        let seen = self.name(space, key);
+        cache.insert(key, seen);
+        seen
+    }
+
+    /// The id of the task `key` names (its tgid read now) and whether the
+    /// filter keeps it; no cache.
+    pub fn name(&self, space: &mut AddressSpace<'_>, key: TaskKey) -> Seen {
         let (task, pid, comm) = key;
         let tgid = read_u32(space, task.wrapping_add(u64::from(self.layout.tgid))).unwrap_or(pid);
         let task = Task {
@@ -148,12 +156,10 @@ impl TaskSource {
             tgid,
             comm: comm_string(&comm),
         };
-        let seen = (
+        (
             self.table.intern(&task),
             self.filter.accepts(pid, &task.comm),
-        );
-        cache.insert(key, seen);
-        seen
+        )
     }
 
     /// What a reader makes of a call whose task it could not read: no id,

@@ -70,7 +70,7 @@ impl DrainTasks {
         }
         let mut space = AddressSpace::new(mem, self.root, self.mode);
         let seen = match self.source.key(&mut space, task) {
-            Some(key) if key.1 == pid => self.source.id(&mut HashMap::new(), &mut space, key),
+            Some(key) if key.1 == pid => self.source.name(&mut space, key),
             _ => {
                 let unknown = Task {
                     pid,
