@@ -92,6 +92,7 @@ pub fn trace() -> Trace {
             func,
             cpu,
             task: 0,
+            stack: 0,
             data: 0,
         })
         .collect();
@@ -125,6 +126,7 @@ pub fn trace() -> Trace {
         tasks: Vec::new(),
         args: Vec::new(),
         prototypes: Vec::new(),
+        stacks: Vec::new(),
     }
 }
 
@@ -143,6 +145,7 @@ pub fn big_trace(n: usize) -> Trace {
             func: (i % 3) as u32,
             cpu: (i % 4) as u32,
             task: 0,
+            stack: 0,
             data: 0,
         })
         .collect();
@@ -279,6 +282,7 @@ pub fn graph_trace() -> Trace {
                 func,
                 cpu,
                 task: 0,
+                stack: 0,
                 data: 0,
             }
         })
@@ -311,6 +315,7 @@ pub fn graph_trace() -> Trace {
         tasks: Vec::new(),
         args: Vec::new(),
         prototypes: Vec::new(),
+        stacks: Vec::new(),
     }
 }
 

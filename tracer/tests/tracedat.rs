@@ -250,6 +250,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
                 func,
                 cpu,
                 task: 0,
+                stack: 0,
                 data: 0,
             }
         })
@@ -270,6 +271,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
         tasks: Vec::new(),
         args: Vec::new(),
         prototypes: Vec::new(),
+        stacks: Vec::new(),
     }
 }
 
@@ -391,6 +393,7 @@ fn four_cpus_one_idle_and_bad_events_skipped() {
             func,
             cpu,
             task: 0,
+            stack: 0,
             data: 0,
         });
     }

@@ -16,4 +16,5 @@ pub mod prototype;
 pub mod sites;
 pub mod symbols;
 pub mod task;
+pub mod unwind;
 pub mod vmlinux;

@@ -301,6 +301,8 @@ impl Tracer {
                 + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
             args: self.plan.values.args,
             retval: self.plan.values.retval,
+            stacks: String::new(),
+            stack_funcs: Vec::new(),
         };
         Trace {
             meta,
@@ -315,6 +317,7 @@ impl Tracer {
             // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
             prototypes: self.prototypes.clone(),
+            stacks: Vec::new(),
         }
     }
 

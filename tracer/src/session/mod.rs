@@ -39,6 +39,7 @@ mod ready;
 pub mod record;
 pub mod region;
 pub mod shadow;
+pub mod stacks;
 pub mod store;
 pub mod tasks;
 pub mod watch;

@@ -164,6 +164,7 @@ impl Recorder {
             // The call's task, kept in its frame: a call returns in the
             // task that made it.
             task: f.task,
+            stack: 0,
             data: if self.retval { trap.rax } else { 0 },
         });
         Ok(())
@@ -265,6 +266,7 @@ impl TrapHandler for Recorder {
             func: self.index.funcs[i],
             cpu: self.cpu,
             task,
+            stack: 0,
             data,
         });
         Ok(())

@@ -382,6 +382,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            stack: 0,
             data: 0,
         }
     }

@@ -29,6 +29,9 @@ pub struct Event {
     /// The guest task that ran it: `Trace::tasks[task - 1]`; 0 when not
     /// known (the kernel has no BTF, or its current task was unreadable).
     pub task: u32,
+    /// An entry at a `--stack` function: its kernel stack,
+    /// `Trace::stacks[stack - 1]`; 0: none recorded.
+    pub stack: u32,
     /// A return (`--retval`): the function's return value, RAX as it
     /// returned. An entry (`--args`): its arguments, `Trace::args[data -
     /// 1]`; 0: none recorded. Otherwise 0.
@@ -156,6 +159,12 @@ pub struct TraceMeta {
     /// `--retval`: returns carry their return value (`Event::data`; 0 is
     /// a value then, not "none").
     pub retval: bool,
+    /// `--stack`: how stacks were unwound ("ORC (...)", "frame pointers
+    /// (...)"); empty: no stacks recorded (or an older file).
+    pub stacks: String,
+    /// The functions whose entries carry stacks (`--stack`), as indices
+    /// into `Trace::functions`.
+    pub stack_funcs: Vec<u32>,
 }
 
 /// The whole trace.
@@ -183,11 +192,22 @@ pub struct Trace {
     /// (parallel to `functions`; None: BTF does not describe it); empty
     /// otherwise.
     pub prototypes: Vec<Option<Prototype>>,
+    /// The distinct kernel stacks entries name (`Event::stack` - 1
+    /// indexes it); their frames' functions are in `callers`.
+    pub stacks: Vec<Stack>,
 }
 
 pub use crate::kernel::prototype::{Param, Prototype, ValueKind, ARG_REGS};
+pub use crate::kernel::unwind::{Stack, StackEnd};
 
 impl Trace {
+    /// The kernel stack of entry `e`, if recorded.
+    pub fn stack_of(&self, e: &Event) -> Option<&Stack> {
+        (e.stack as usize)
+            .checked_sub(1)
+            .and_then(|i| self.stacks.get(i))
+    }
+
     /// The arguments of entry `e`, if recorded.
     pub fn args_of(&self, e: &Event) -> Option<&[u64; ARG_REGS]> {
         if e.is_return() {
@@ -264,6 +284,7 @@ impl Trace {
                 func: func as u32,
                 cpu,
                 task: 0,
+                stack: 0,
                 data: 0,
             });
         }
@@ -289,6 +310,7 @@ impl Trace {
             tasks: Vec::new(),
             args: Vec::new(),
             prototypes: Vec::new(),
+            stacks: Vec::new(),
         }
     }
 }

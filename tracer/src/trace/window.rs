@@ -235,6 +235,7 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
         tasks: trace.tasks.clone(),
         args: trace.args.clone(),
         prototypes: trace.prototypes.clone(),
+        stacks: trace.stacks.clone(),
     }
 }
 
@@ -394,6 +395,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            stack: 0,
             data: 0,
         };
         t.events = vec![

@@ -242,6 +242,7 @@ impl Out {
             func: self.index.funcs[site],
             cpu: cpu as u32,
             task,
+            stack: 0,
             data,
         });
     }

@@ -26,6 +26,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             func: u32_at(24),
             cpu: u32_at(28),
             task: if size == EVENT_SIZE_V8 { u32_at(32) } else { 0 },
+            stack: 0,
             data: if size == EVENT_SIZE_V8 { u64_at(36) } else { 0 },
         }
     } else {
@@ -36,6 +37,7 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
             func: u32_at(16),
             cpu: u32_at(20),
             task: 0,
+            stack: 0,
             data: 0,
         }
     }
@@ -132,6 +134,7 @@ impl Body {
             tasks: named.tasks,
             args: named.args,
             prototypes: self.prototypes,
+            stacks: Vec::new(),
         })
     }
 }
@@ -260,6 +263,8 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         filtered,
         args,
         retval,
+        stacks: String::new(),
+        stack_funcs: Vec::new(),
     };
     Ok(meta)
 }

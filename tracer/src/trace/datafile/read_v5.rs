@@ -345,5 +345,6 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
         tasks: named.tasks,
         args: named.args,
         prototypes: head.prototypes,
+        stacks: Vec::new(),
     }
 }

@@ -255,6 +255,7 @@ mod tests {
             func,
             cpu,
             task: 0,
+            stack: 0,
             data: 0,
         };
         Trace {
@@ -281,6 +282,7 @@ mod tests {
             tasks: Vec::new(),
             args: Vec::new(),
             prototypes: Vec::new(),
+            stacks: Vec::new(),
         }
     }
 

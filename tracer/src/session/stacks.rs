@@ -1,0 +1,137 @@
+//! The kernel stacks of `--stack` calls, shared by the trap recorders that
+//! unwind them and the store that saves them. An entry names its stack by
+//! a small id (1-based: `Event::stack`, 0 = none); equal stacks share one
+//! id (a timer interrupt's stack repeats thousands of times), and the table
+//! only grows, so the store can save the stacks added since it last looked
+//! before the events that name them (as it does tasks, `session::tasks`).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use vmm::gva::AddressSpace;
+
+use crate::kernel::symbols::KernelImage;
+use crate::kernel::unwind::{EntryRegs, ReturnFixup, StackMemory, UnwindCtx, Unwinder};
+use crate::trace::model::Stack;
+
+/// Every distinct stack seen, in first-seen order.
+#[derive(Debug, Default)]
+pub struct StackTable {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    stacks: Vec<Stack>,
+    ids: HashMap<Stack, u32>,
+}
+
+impl StackTable {
+    pub fn new() -> StackTable {
+        StackTable::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The id of `stack` (`Event::stack`), added if new.
+    pub fn intern(&self, stack: Stack) -> u32 {
+        let mut inner = self.lock();
+        if let Some(&id) = inner.ids.get(&stack) {
+            return id;
+        }
+        inner.stacks.push(stack.clone());
+        let id = u32::try_from(inner.stacks.len()).unwrap_or(u32::MAX);
+        inner.ids.insert(stack, id);
+        id
+    }
+
+    /// How many stacks the table holds.
+    pub fn len(&self) -> usize {
+        self.lock().stacks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stacks from index `from` on (ids `from + 1`...).
+    pub fn since(&self, from: usize) -> Vec<Stack> {
+        self.lock().stacks.get(from..).unwrap_or_default().to_vec()
+    }
+
+    /// Every stack, in id order (`Trace::stacks`).
+    pub fn all(&self) -> Vec<Stack> {
+        self.since(0)
+    }
+}
+
+/// A trap's address space as the unwinder reads it.
+pub struct SpaceMemory<'s, 'a>(pub &'s mut AddressSpace<'a>);
+
+impl StackMemory for SpaceMemory<'_, '_> {
+    fn read_u64(&mut self, va: u64) -> Option<u64> {
+        self.0.read_u64(va).ok()
+    }
+}
+
+/// How a session unwinds the stacks of `--stack` calls: the kernel's
+/// unwinder, its text, which sites unwind, the table every recorder
+/// interns into, and the KASLR slide (known at the first attach).
+#[derive(Debug)]
+pub struct StackSource {
+    unwinder: Unwinder,
+    /// Kernel text at link addresses (`UnwindCtx::text`).
+    text: Vec<(u64, u64)>,
+    /// Per site (`SiteIndex` order): does a call there record its stack.
+    sites: Vec<bool>,
+    pub table: std::sync::Arc<StackTable>,
+    slide: OnceLock<i64>,
+}
+
+impl StackSource {
+    pub fn new(
+        unwinder: Unwinder,
+        image: &KernelImage,
+        sites: Vec<bool>,
+        table: std::sync::Arc<StackTable>,
+    ) -> StackSource {
+        let text = [image.text, image.init_text]
+            .into_iter()
+            .flatten()
+            .collect();
+        StackSource {
+            unwinder,
+            text,
+            sites,
+            table,
+            slide: OnceLock::new(),
+        }
+    }
+
+    /// The kernel's KASLR slide, once the first attach has found it.
+    pub fn set_slide(&self, slide: i64) {
+        let _ = self.slide.set(slide);
+    }
+
+    /// Does a call at site `i` record its stack.
+    pub fn at(&self, i: usize) -> bool {
+        self.sites.get(i).copied().unwrap_or(false)
+    }
+
+    /// Unwinds from `regs` through `mem` and interns the stack: its id.
+    pub fn record(
+        &self,
+        regs: EntryRegs,
+        mem: &mut dyn StackMemory,
+        fixup: &dyn ReturnFixup,
+    ) -> u32 {
+        let ctx = UnwindCtx {
+            slide: self.slide.get().copied().unwrap_or(0),
+            text: &self.text,
+            fixup,
+        };
+        self.table.intern(self.unwinder.unwind(regs, mem, &ctx))
+    }
+}
