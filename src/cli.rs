@@ -152,6 +152,12 @@ pub struct RunArgs {
     /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
     #[arg(long, help_heading = "Tracing")]
     pub retval: bool,
+    /// Record the guest's kernel stack at each call of the traced functions
+    /// matching GLOB (comma-separated, repeatable; ftrace's func_stack_trace):
+    /// those calls trap, and vmtrace unwinds the stack with the kernel's ORC
+    /// tables (else frame pointers).
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
+    pub stack: Vec<String>,
 }
 
 /// Where a traced run's results go: the data file, exports, and (through
@@ -337,6 +343,12 @@ pub struct AttachArgs {
     /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
     #[arg(long, help_heading = "Tracing")]
     pub retval: bool,
+    /// Record the guest's kernel stack at each call of the traced functions
+    /// matching GLOB (comma-separated, repeatable; ftrace's func_stack_trace):
+    /// those calls trap, and vmtrace unwinds the stack with the kernel's ORC
+    /// tables (else frame pointers).
+    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
+    pub stack: Vec<String>,
     /// How a traced call reaches vmtrace: vmtrace's trampoline in guest
     /// memory the guest never uses, appending to rings (exitless), a
     /// breakpoint through the gdbstub per call (trap: slow, needs nothing

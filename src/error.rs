@@ -114,6 +114,10 @@ impl From<tracer::plan::PlanError> for InputError {
             PlanError::CommGlob(e) => InputError::CommGlob { why: e.to_string() },
             PlanError::NoTasks { why } => InputError::NoTasks { why },
             PlanError::RetvalNeedsGraph => InputError::RetvalNeedsGraph,
+            PlanError::Stack(tracer::plan::stacks::StackPlanError::NoneTraced { globs }) => {
+                InputError::StackNoneTraced { globs }
+            }
+            PlanError::StackGraphExitless => InputError::StackGraphExitless,
             e => InputError::Plan(e),
         }
     }
@@ -138,6 +142,10 @@ pub enum InputError {
     NeedsGraph { view: &'static str },
     #[error("--retval needs --graph: return values are read at returns, which only the function graph hooks; add --graph")]
     RetvalNeedsGraph,
+    #[error("--stack {globs} matches none of the traced functions; give --stack globs of functions --trace selects")]
+    StackNoneTraced { globs: String },
+    #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
+    StackGraphExitless,
     #[error("{flag} {value} is not a positive number of seconds")]
     Seconds { flag: &'static str, value: f64 },
     #[error(
@@ -332,6 +340,7 @@ impl Words for Flags {
             Input::Notrace => "--notrace",
             // `vmtrace list GLOB...`: positional, named by the command.
             Input::List => "list",
+            Input::Stack => "--stack",
             Input::CmdlineReplace => "--cmdline-replace",
         }
     }

@@ -42,6 +42,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         comm: None,
         args: false,
         retval: false,
+        stack: Vec::new(),
     }
 }
 

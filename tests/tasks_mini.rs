@@ -48,6 +48,7 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
         comm: comm.map(str::to_string),
         args: false,
         retval: false,
+        stack: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     let want = match mode {

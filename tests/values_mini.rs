@@ -104,6 +104,7 @@ fn run(mode: ModeChoice, graph: bool) -> (Trace, String) {
         comm: None,
         args: true,
         retval: graph,
+        stack: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(

@@ -40,6 +40,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         comm: args.comm.clone(),
         args: args.args,
         retval: args.retval,
+        stack: args.stack.clone(),
         graph: args.graph,
         mode: asked,
         ring_events: None,

@@ -139,6 +139,7 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
         (args.graph, "--graph"),
         (args.args, "--args"),
         (args.retval, "--retval"),
+        (!args.stack.is_empty(), "--stack"),
         (!args.pid.is_empty(), "--pid"),
         (args.comm.is_some(), "--comm"),
         (args.duration.is_some(), "--duration"),
@@ -239,6 +240,7 @@ fn plan(
         comm: args.comm.clone(),
         args: args.args,
         retval: args.retval,
+        stack: args.stack.clone(),
         graph: args.graph,
         mode: match args.mode {
             ModeArg::Trap => ModeChoice::Trap,

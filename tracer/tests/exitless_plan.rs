@@ -259,6 +259,7 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         comm: None,
         args: false,
         retval: false,
+        stack: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(plan.mode, Mode::Trap);

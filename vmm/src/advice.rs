@@ -37,6 +37,8 @@ pub enum Input {
     Notrace,
     /// The globs of the functions to list (`tracer::plan::list`).
     List,
+    /// The globs of the traced functions whose stacks to record.
+    Stack,
     /// A command line that replaces the guest's default one.
     CmdlineReplace,
 }
@@ -89,6 +91,7 @@ impl Words for Plain {
             Input::Trace => "trace filter",
             Input::Notrace => "notrace filter",
             Input::List => "list globs",
+            Input::Stack => "stack globs",
             Input::CmdlineReplace => "a replacement command line",
         }
     }

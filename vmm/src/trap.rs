@@ -19,6 +19,9 @@ pub struct Trap<'a> {
     /// accept both.
     pub rip: u64,
     pub rsp: u64,
+    /// RBP: with frame pointers, the caller's frame at a function's entry
+    /// (where a frame-pointer unwind starts).
+    pub rbp: u64,
     /// The GS base (in kernel mode: this CPU's per-CPU area, through which
     /// the kernel reads its current task).
     pub gs_base: u64,
@@ -42,6 +45,7 @@ impl<'a> Trap<'a> {
             cpu,
             rip: regs.rip,
             rsp: regs.rsp,
+            rbp: regs.rbp,
             gs_base: sregs.gs.base,
             args: [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9],
             rax: regs.rax,
@@ -65,6 +69,7 @@ impl<'a> Trap<'a> {
             cpu,
             rip,
             rsp,
+            rbp: 0,
             gs_base: 0,
             args: [0; 6],
             rax: 0,

@@ -167,6 +167,7 @@ fn attach_in(
         comm: None,
         args: false,
         retval: false,
+        stack: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected

@@ -199,6 +199,11 @@ impl Globs {
         Globs::parse(Input::List, "list", args)
     }
 
+    /// The values of repeated `--stack` flags (same syntax as `--trace`).
+    pub fn for_stack(args: &[String]) -> Result<Globs, FilterError> {
+        Globs::parse(Input::Stack, "stack", args)
+    }
+
     fn parse(input: Input, verb: &'static str, args: &[String]) -> Result<Globs, FilterError> {
         let mut positive = Vec::new();
         let mut negative = Vec::new();

@@ -9,6 +9,7 @@ use super::{hookable, Mode, Plan, ValuePlan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::stacks::StackPlan;
 use crate::plan::tasks::TaskFilter;
 use crate::session::exitless::state::Records;
 use crate::session::exitless::state::{Exitless, ExitlessError};
@@ -49,6 +50,9 @@ pub struct Request {
     pub args: bool,
     /// Record each traced call's return value (`--retval`): needs `graph`.
     pub retval: bool,
+    /// Globs of the traced functions whose calls record their kernel
+    /// stack (`--stack`); empty: none.
+    pub stack: Vec<String>,
 }
 
 /// Something the user should be told about the plan, once it is set.
@@ -88,6 +92,12 @@ pub enum PlanError {
     /// has none.
     #[error("arguments and return values are shown by the kernel's BTF, and it has none ({why})")]
     ValuesNeedBtf { why: String },
+    /// `--stack` globs that select nothing traced, or do not compile.
+    #[error(transparent)]
+    Stack(#[from] crate::plan::stacks::StackPlanError),
+    /// Kernel stacks and the function graph asked of exitless mode.
+    #[error("kernel stacks with the function graph are recorded in trap mode only: the unwinder cannot see through exitless return hooks")]
+    StackGraphExitless,
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -123,6 +133,7 @@ impl TracePlan {
             notes.extend(graph(&mut plan, req.linux)?);
         }
         check_patchable(&plan, req)?;
+        plan.stacks = StackPlan::build(&plan, &req.stack)?;
         let mode = choose_mode(&plan, req, &mut notes)?;
         Ok(TracePlan {
             plan,
@@ -225,13 +236,23 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
             Records::of(plan),
         )
     };
+    // Exitless return hooks hide callers from the host's unwinder.
+    let stack_graph = plan.stacks.is_some() && plan.graph;
     match req.mode {
         ModeChoice::Trap => Ok(Mode::Trap),
+        ModeChoice::Exitless if stack_graph => Err(PlanError::StackGraphExitless),
         ModeChoice::Exitless => {
             check()?;
             Ok(Mode::Exitless)
         }
         ModeChoice::Auto if req.emulator_host => Ok(Mode::Trap),
+        ModeChoice::Auto if stack_graph => {
+            notes.push(Note::AutoTrap {
+                why: PlanError::StackGraphExitless.to_string(),
+                remedy: None,
+            });
+            Ok(Mode::Trap)
+        }
         ModeChoice::Auto => match check() {
             Ok(()) => Ok(Mode::Exitless),
             Err(e) => {
@@ -263,6 +284,7 @@ mod tests {
             comm: None,
             args,
             retval,
+            stack: Vec::new(),
         }
     }
 

@@ -6,6 +6,7 @@ mod build;
 pub mod hookable;
 pub mod list;
 pub mod site_index;
+pub mod stacks;
 pub mod tasks;
 
 pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
@@ -67,6 +68,8 @@ pub struct Plan {
     pub btf: Option<Arc<KernelBtf>>,
     /// Which values of traced calls to record.
     pub values: ValuePlan,
+    /// Which calls record their kernel stack, and how (`--stack`).
+    pub stacks: Option<stacks::StackPlan>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -129,6 +132,7 @@ impl Plan {
             tasks,
             btf: btf.ok(),
             values: ValuePlan::default(),
+            stacks: None,
         })
     }
 

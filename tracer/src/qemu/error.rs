@@ -37,6 +37,8 @@ pub enum QemuError {
     NotReady(String),
     #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
     GraphNeedsRoom(String),
+    #[error("kernel stacks are unwound while a breakpoint holds the guest, and exitless calls never stop it: attach in trap mode to record stacks")]
+    StacksNeedTrap,
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]

@@ -274,6 +274,9 @@ impl Connected {
     }
 }
 
+/// Why auto mode traces with breakpoints when stacks are asked.
+const STACKS_AT_BREAKPOINTS: &str = "kernel stacks are unwound at breakpoint stops";
+
 /// A session set up.
 struct Setup {
     tracer: Tracer,
@@ -291,7 +294,18 @@ fn setup(
     // Stopped since the stub connected.
     let first = guest.stop(true)?;
     let offset = kernel_offset(&first, &plan)?;
-    let decided = decide(mode, || room(&first, &plan, offset))?;
+    let decided = match (plan.stacks.is_some(), mode) {
+        // An exitless site never stops the guest, and an unwind needs it
+        // stopped: kernel stacks are unwound at breakpoint stops.
+        (true, ModeChoice::Exitless) => {
+            let _ = first.resume();
+            return Err(QemuError::StacksNeedTrap);
+        }
+        (true, _) => Decision::Trap {
+            why: (mode == ModeChoice::Auto).then(|| STACKS_AT_BREAKPOINTS.into()),
+        },
+        (false, _) => decide(mode, || room(&first, &plan, offset))?,
+    };
     first.resume()?;
     match decided {
         Decision::Exitless(room) => {

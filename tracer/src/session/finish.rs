@@ -184,10 +184,17 @@ impl Tracer {
             Some(Stored::File(f)) => (Vec::new(), Some(f)),
             None => (Vec::new(), None),
         };
+        // In memory, the stacks entries name (a data file has them).
+        let stacks = match (&file, &self.stacks) {
+            (None, Some(src)) => src.table.all(),
+            _ => Vec::new(),
+        };
         let mut seen = std::collections::HashSet::new();
         let mut callers: Vec<Symbol> = Vec::new();
-        for e in &events {
-            if let Some(i) = image.function_index_at(e.parent) {
+        // A return address by its call (one past a noreturn call is the next function).
+        let frames = stacks.iter().flat_map(|s| s.frames.iter().map(|&ip| ip.wrapping_sub(1)));
+        for ip in events.iter().map(|e| e.parent).chain(frames) {
+            if let Some(i) = image.function_index_at(ip) {
                 if seen.insert(i) {
                     callers.push(image.functions[i].clone());
                 }
@@ -208,6 +215,7 @@ impl Tracer {
         trace.callers = callers;
         trace.events = events;
         trace.args = args;
+        trace.stacks = stacks;
         let saved = file.map(|f| {
             let path = f.file.path().to_path_buf();
             let write_err = |source| TraceFileError::Write {
@@ -301,8 +309,8 @@ impl Tracer {
                 + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
             args: self.plan.values.args,
             retval: self.plan.values.retval,
-            stacks: String::new(),
-            stack_funcs: Vec::new(),
+            stacks: self.plan.stacks.as_ref().map(|s| s.note.clone()).unwrap_or_default(),
+            stack_funcs: self.plan.stacks.as_ref().map(|s| s.funcs.clone()).unwrap_or_default(),
         };
         Trace {
             meta,

@@ -25,6 +25,7 @@ use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Surv
 use record::GraphHook;
 use shadow::ShadowStacks;
 use store::{Storage, Stored};
+use stacks::StackSource;
 use tasks::{TaskSource, TaskTable};
 
 pub mod args;
@@ -57,6 +58,38 @@ fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<TaskSource>> {
         Arc::clone(table),
         plan.tasks.filter.clone(),
     )))
+}
+
+/// How a session's `--stack` calls unwind (None: no stacks recorded).
+fn stack_source(plan: &Plan, store: &store::Store) -> Option<Arc<StackSource>> {
+    let sp = plan.stacks.as_ref()?;
+    Some(Arc::new(StackSource::new(
+        sp.unwinder.clone(),
+        &plan.image,
+        sp.sites(&plan.index),
+        store.stacks(),
+    )))
+}
+
+/// Give the recorders what they record besides the call: its task, its
+/// values, its stack.
+fn equip(
+    recs: &mut [record::Recorder],
+    plan: &Plan,
+    tasks: &Option<Arc<TaskSource>>,
+    stacks: &Option<Arc<StackSource>>,
+    args: Arc<args::ArgTable>,
+) {
+    let retval = plan.graph && plan.values.retval;
+    for r in recs {
+        if let Some(src) = tasks {
+            r.record_tasks(Arc::clone(src));
+        }
+        if let Some(src) = stacks {
+            r.record_stacks(Arc::clone(src));
+        }
+        r.record_values(plan.values.args.then(|| Arc::clone(&args)), retval);
+    }
 }
 
 /// With page-table isolation, Linux gives each process a pair of top-level
@@ -106,6 +139,8 @@ pub struct Tracer {
     vmm: String,
     /// How events get their task (None: the kernel's layout is unknown).
     tasks: Option<Arc<TaskSource>>,
+    /// How `--stack` calls unwind (None: no stacks recorded).
+    stacks: Option<Arc<StackSource>>,
     /// The guest tasks events name, shared with the store
     /// (`store::Store::tasks`).
     task_table: Arc<tasks::TaskTable>,
@@ -173,9 +208,15 @@ impl Tracer {
         )?;
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
+        let stacks = stack_source(&plan, &store);
+        let mut recs = recs;
+        // Only `--stack` sites trap in exitless mode: their recorders name
+        // tasks and values as trap mode's do (no function graph here).
+        equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
         let mut t = Tracer::assemble(plan, counters, store.thread, false, (table, args));
         t.tasks = tasks;
+        t.stacks = stacks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -204,19 +245,12 @@ impl Tracer {
         }
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
-        if let Some(src) = &tasks {
-            for r in &mut recs {
-                r.record_tasks(Arc::clone(src));
-            }
-        }
-        let values = plan.values;
-        let retval = plan.graph && values.retval;
+        let stacks = stack_source(&plan, &store);
+        equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
-        for r in &mut recs {
-            r.record_values(values.args.then(|| Arc::clone(&args)), retval);
-        }
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, (table, args));
         t.tasks = tasks;
+        t.stacks = stacks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
@@ -258,6 +292,7 @@ impl Tracer {
             offset: None,
             vmm: String::new(),
             tasks: None,
+            stacks: None,
             task_table: tasks,
             arg_table: args,
         }
@@ -275,6 +310,9 @@ impl Tracer {
         self.plan.index.set_slide(o.virt);
         if let Some(t) = &self.tasks {
             t.set_slide(o);
+        }
+        if let Some(s) = &self.stacks {
+            s.set_slide(o.virt);
         }
         self.offset = Some(o);
     }
@@ -547,7 +585,12 @@ impl Tracer {
         if let Some(ex) = self.exitless.as_mut() {
             let mapped = ex.install(space, ram)?;
             let ex: &Exitless = ex;
+            let stacks = self.stacks.as_deref();
             let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
+                // A `--stack` call traps: its stack is unwound host-side.
+                if stacks.is_some_and(|s| s.at(k)) {
+                    return Ok(patch::TRAP);
+                }
                 ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
                     addr,
                     gpa: 0,

@@ -22,7 +22,9 @@ use vmm::{Trap, TrapError, TrapHandler};
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
 use crate::session::args::ArgTable;
+use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::shadow::ShadowStacks;
+use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
 use crate::session::tasks::{Seen, TaskKey, TaskSource};
 use crate::trace::model::{Event, RETURN_BIT};
@@ -39,6 +41,16 @@ pub use crate::session::counters::{Counters, BATCH};
 pub struct GraphHook {
     pub trap_va: u64,
     pub shadow: ShadowStacks,
+}
+
+impl ReturnFixup for GraphHook {
+    /// A slot holding the return trap: the hooked frame's real return.
+    fn real(&self, slot: u64, value: u64) -> u64 {
+        if value != self.trap_va {
+            return value;
+        }
+        self.shadow.real_below(slot, self.trap_va).unwrap_or(value)
+    }
 }
 
 /// One vCPU's trap handler.
@@ -60,6 +72,8 @@ pub struct Recorder {
     args: Option<Arc<ArgTable>>,
     /// `--retval`: returns carry RAX.
     retval: bool,
+    /// `--stack`: which calls unwind their kernel stack, and how.
+    stacks: Option<Arc<StackSource>>,
 }
 
 impl Recorder {
@@ -67,6 +81,30 @@ impl Recorder {
     pub fn record_values(&mut self, args: Option<Arc<ArgTable>>, retval: bool) {
         self.args = args;
         self.retval = retval;
+    }
+
+    /// Unwind the kernel stack of the calls `source` selects.
+    pub fn record_stacks(&mut self, source: Arc<StackSource>) {
+        self.stacks = Some(source);
+    }
+
+    /// The id of the kernel stack of a call at site `i` (`Event::stack`),
+    /// unwound from the trap's registers; 0 if the site records none.
+    fn stack_of(&self, i: usize, trap: &mut Trap<'_>) -> u32 {
+        let Some(src) = self.stacks.as_ref().filter(|s| s.at(i)) else {
+            return 0;
+        };
+        let regs = EntryRegs {
+            ip: self.index.running_addr(i),
+            sp: trap.rsp,
+            bp: trap.rbp,
+        };
+        // Hooked returns (this call's own among them) read as the real ones.
+        let fixup: &dyn ReturnFixup = match self.graph.as_deref() {
+            Some(graph) => graph,
+            None => &NoFixup,
+        };
+        src.record(regs, &mut SpaceMemory(trap.space()), fixup)
     }
 
     /// Name each event's task (the guest's current task at the trap).
@@ -259,6 +297,7 @@ impl TrapHandler for Recorder {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let data = self.args.as_ref().map_or(0, |t| t.push(trap.args));
+        let stack = self.stack_of(i, trap);
         self.push(Event {
             ts_ns,
             parent,
@@ -266,7 +305,7 @@ impl TrapHandler for Recorder {
             func: self.index.funcs[i],
             cpu: self.cpu,
             task,
-            stack: 0,
+            stack,
             data,
         });
         Ok(())
@@ -323,6 +362,7 @@ pub fn recorders(
             tasks: None,
             args: None,
             retval: false,
+            stacks: None,
         })
         .collect();
     (counters, recs, store)

@@ -34,6 +34,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::kernel::symbols::{function_index_at, Symbol};
 use crate::plan::site_index::SiteIndex;
 use crate::session::args::ArgTable;
+use crate::session::stacks::StackTable;
 use crate::session::counters::{Counters, BATCH};
 use crate::session::tasks::TaskTable;
 use crate::trace::datafile::stream::DataFile;
@@ -133,6 +134,9 @@ pub struct Store {
     tasks: Arc<TaskTable>,
     /// The arguments entries name (`Event::data`), created with the store.
     args: Arc<ArgTable>,
+    /// The kernel stacks entries name (`Event::stack`), created with the
+    /// store.
+    stacks: Arc<StackTable>,
 }
 
 impl Store {
@@ -147,6 +151,12 @@ impl Store {
     /// store thread that saves them.
     pub fn args(&self) -> Arc<ArgTable> {
         Arc::clone(&self.args)
+    }
+
+    /// The table a recorder interns an entry's kernel stack in (its id in
+    /// `Event::stack`), shared with the store thread that saves them.
+    pub fn stacks(&self) -> Arc<StackTable> {
+        Arc::clone(&self.stacks)
     }
 }
 
@@ -173,6 +183,7 @@ pub fn spawn(
     let table = Arc::clone(&tasks);
     let args = Arc::new(ArgTable::new());
     let arg_table = Arc::clone(&args);
+    let stacks = Arc::new(StackTable::new());
     let handle = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || match storage {
@@ -207,6 +218,7 @@ pub fn spawn(
             free,
             tasks,
             args,
+            stacks,
         },
     )
 }

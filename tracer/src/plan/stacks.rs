@@ -1,0 +1,67 @@
+//! Which traced calls record their kernel stack (`--stack GLOB`, ftrace's
+//! `func_stack_trace` for some functions), and how the kernel's stacks are
+//! unwound (`kernel::unwind`: its ORC tables, else frame pointers).
+
+use crate::kernel::filter::{FilterError, Globs};
+use crate::kernel::unwind::Unwinder;
+use crate::plan::site_index::SiteIndex;
+use crate::plan::Plan;
+
+/// The stacks a session records.
+#[derive(Clone, Debug)]
+pub struct StackPlan {
+    /// The functions whose calls record a stack, as indices into
+    /// `Plan::funcs` (`Trace::functions`), ascending.
+    pub funcs: Vec<u32>,
+    pub unwinder: Unwinder,
+    /// How stacks are unwound (`TraceMeta::stacks`).
+    pub note: String,
+}
+
+/// `--stack` globs that name no traced function.
+#[derive(Debug, thiserror::Error)]
+pub enum StackPlanError {
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    #[error("the stack globs {globs} match none of the traced functions; give globs of functions the trace selects")]
+    NoneTraced { globs: String },
+}
+
+impl StackPlan {
+    /// The stacks `globs` select among `plan`'s traced functions; None
+    /// without globs.
+    pub fn build(plan: &Plan, globs: &[String]) -> Result<Option<StackPlan>, StackPlanError> {
+        if globs.is_empty() {
+            return Ok(None);
+        }
+        let globs = Globs::for_stack(globs)?;
+        let image = &plan.image;
+        let funcs: Vec<u32> = plan
+            .funcs
+            .iter()
+            .enumerate()
+            .filter(|&(_, &f)| image.names(f).any(|n| globs.is_match(n)))
+            .map(|(k, _)| k as u32)
+            .collect();
+        if funcs.is_empty() {
+            return Err(StackPlanError::NoneTraced {
+                globs: globs.positive().join(","),
+            });
+        }
+        let (unwinder, note) = Unwinder::for_image(image, plan.btf.as_deref());
+        Ok(Some(StackPlan {
+            funcs,
+            unwinder,
+            note,
+        }))
+    }
+
+    /// Per site of `index`: does a call there record its stack.
+    pub fn sites(&self, index: &SiteIndex) -> Vec<bool> {
+        index
+            .funcs
+            .iter()
+            .map(|f| self.funcs.binary_search(f).is_ok())
+            .collect()
+    }
+}
