@@ -16,6 +16,9 @@
 
 pub mod fp;
 pub mod orc;
+pub mod orc_table;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -69,6 +72,12 @@ pub struct UnwindCtx<'a> {
     /// return address elsewhere ends the stack (`StackEnd::NotText`).
     pub text: &'a [(u64, u64)],
     pub fixup: &'a dyn ReturnFixup,
+}
+
+/// Whether link address `addr` is in one of the `text` ranges.
+pub(crate) fn in_text(text: &[(u64, u64)], addr: u64) -> bool {
+    text.iter()
+        .any(|&(start, end)| (start..end).contains(&addr))
 }
 
 /// Why a stack's frames end where they do. `Bottom` and `User` are
