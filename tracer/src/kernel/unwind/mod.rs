@@ -4,7 +4,7 @@
 //! would find it. Two unwinders, as the kernel has:
 //!
 //! - **ORC** (`orc`): objtool's tables (`.orc_unwind_ip`, `.orc_unwind`),
-//!   read from the image like kallsyms; what distribution kernels use
+//!   read from the image like kallsyms (`orc_table`); what distribution kernels use
 //!   (`CONFIG_UNWINDER_ORC`). Follows interrupt and exception frames
 //!   (`pt_regs`) and stack switches (the IRQ stack).
 //! - **Frame pointers** (`fp`): the RBP chain, for kernels (and the mini
