@@ -226,6 +226,23 @@ impl KernelBtf {
             })
     }
 
+    /// The width in bits of the direct member `member` of `struct ty` when
+    /// it is a bitfield, None when it is not (how the ORC unwinder tells
+    /// `struct orc_entry`'s layouts apart).
+    pub fn bitfield_bits(&self, ty: &str, member: &str) -> Result<Option<u32>, BtfError> {
+        let s = self.strukt(ty)?;
+        let m = s
+            .members
+            .iter()
+            .find(|m| self.btf.resolve_name(*m).is_ok_and(|n| n == member))
+            .ok_or_else(|| BtfError::NoMember {
+                path: self.path.clone(),
+                ty: ty.to_owned(),
+                member: member.to_owned(),
+            })?;
+        Ok(m.bitfield_size().filter(|&bits| bits != 0))
+    }
+
     /// Whether the BTF has a struct named `name`.
     pub fn has_struct(&self, name: &str) -> bool {
         self.strukt(name).is_ok()

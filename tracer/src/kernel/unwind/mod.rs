@@ -4,7 +4,7 @@
 //! would find it. Two unwinders, as the kernel has:
 //!
 //! - **ORC** (`orc`): objtool's tables (`.orc_unwind_ip`, `.orc_unwind`),
-//!   read from the image like kallsyms; what distribution kernels use
+//!   read from the image like kallsyms (`orc_table`); what distribution kernels use
 //!   (`CONFIG_UNWINDER_ORC`). Follows interrupt and exception frames
 //!   (`pt_regs`) and stack switches (the IRQ stack).
 //! - **Frame pointers** (`fp`): the RBP chain, for kernels (and the mini
@@ -16,6 +16,9 @@
 
 pub mod fp;
 pub mod orc;
+pub mod orc_table;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -69,6 +72,12 @@ pub struct UnwindCtx<'a> {
     /// return address elsewhere ends the stack (`StackEnd::NotText`).
     pub text: &'a [(u64, u64)],
     pub fixup: &'a dyn ReturnFixup,
+}
+
+/// Whether link address `addr` is in one of the `text` ranges.
+pub(crate) fn in_text(text: &[(u64, u64)], addr: u64) -> bool {
+    text.iter()
+        .any(|&(start, end)| (start..end).contains(&addr))
 }
 
 /// Why a stack's frames end where they do. `Bottom` and `User` are
