@@ -62,7 +62,10 @@ impl Workloads {
 
 /// stack=1's chains at stack_leaf's entry, by path (README "stack=1").
 const STACK_CHAINS: [(&str, &str); 4] = [
-    ("outer_a", "stack_leaf,stack_mid,stack_outer_a,mini_main,_start"),
+    (
+        "outer_a",
+        "stack_leaf,stack_mid,stack_outer_a,mini_main,_start",
+    ),
     ("outer_b", "stack_leaf,stack_outer_b,mini_main,_start"),
     ("direct", "stack_leaf,mini_main,_start"),
     (
@@ -320,7 +323,13 @@ fn task_counts_in_mode_loop_keep_every_formula() {
     running.finish();
     let console = capture.text();
     assert_eq!(reason, vmm::StopReason::PowerOff(0), "{console}");
-    check_tasks(&console, CPUS, 200, true, Workloads::of("graph=1 args=1 stack=1"));
+    check_tasks(
+        &console,
+        CPUS,
+        200,
+        true,
+        Workloads::of("graph=1 args=1 stack=1"),
+    );
     check_args(&console, &kernel, CPUS);
 }
 
