@@ -45,6 +45,14 @@ MINI_CFLAGS=(
 	-fno-asynchronous-unwind-tables -fcf-protection=none
 	-fno-ipa-sra -fno-optimize-sibling-calls
 	-fno-tree-loop-distribute-patterns # no implicit memset/memcpy calls
+	# Frame pointers, as a kernel built with CONFIG_FRAME_POINTER: vmtrace's
+	# --stack unwinds the mini guest by its RBP chain (it has no ORC
+	# tables). Leaves too where gcc honours it (gcc 12 still omits the frame
+	# of a function that calls nothing; with -pg no traced one is such a
+	# leaf). With -pg -mfentry gcc puts the site (`call __fentry__`, here
+	# its NOP) first, before `push %rbp`, as Linux has it. README "Frame
+	# pointers".
+	-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer
 	-g # DWARF, from which pahole writes the BTF (-g changes no code)
 )
 MINI_LDFLAGS=(-static -nostdlib -z max-page-size=4096 --build-id)

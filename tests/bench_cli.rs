@@ -242,8 +242,8 @@ fn bench_json_has_every_figure() {
         .count();
     assert_eq!(verdicts, 11, "{table}");
     // (j): both first attaches measured, in each fresh guest.
-    assert!(table.contains("(j) first attach of 25 sites"), "{table}");
-    assert_eq!(figures["j_attach_sites"], 25.0, "{text}");
+    assert!(table.contains("(j) first attach of 30 sites"), "{table}");
+    assert_eq!(figures["j_attach_sites"], 30.0, "{text}");
     for k in [
         "j_attach_trap_p50_us",
         "j_attach_exitless_p50_us",
@@ -682,7 +682,7 @@ fn bench_collection_and_letter_run_their_benches() {
         );
     }
     assert!(figures["exits_per_iter"].as_f64().unwrap() > 0.0, "{text}");
-    assert_eq!(figures["j_attach_sites"], 25.0, "{text}");
+    assert_eq!(figures["j_attach_sites"], 30.0, "{text}");
     assert_eq!(figures["j_attach_rounds"], 1.0, "{text}");
     // call/trap's goal, call/exitless's two, attach/modes's.
     assert_eq!(doc["goals"].as_array().unwrap().len(), 4, "{text}");
@@ -703,7 +703,7 @@ fn bench_collection_and_letter_run_their_benches() {
         "{text}"
     );
     assert_eq!(table.matches("\n# ").count(), 4, "{table}");
-    assert!(table.contains("(j) first attach of 25 sites"), "{table}");
+    assert!(table.contains("(j) first attach of 30 sites"), "{table}");
     assert!(!table.contains("(d) pause"), "{table}");
 }
 

@@ -66,14 +66,14 @@ fn without_a_syscall_entry_the_banner_in_the_kernel_map_gives_the_offset() {
     let _ = std::fs::remove_file(&vmlinux);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("vmtrace: attached: 25 sites patched"), "{err}");
+    assert!(err.contains("vmtrace: attached: 30 sites patched"), "{err}");
     assert!(
         err.lines()
             .any(|l| l == "vmtrace: kernel offset: virtual +0x0, physical +0x0 (no KASLR)"),
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(v["sites_patched"], 25, "{v}");
+    assert_eq!(v["sites_patched"], 30, "{v}");
     // Every traced call trapped and was recorded.
     assert!(v["events"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["events"], v["trap_exits"], "{v}");

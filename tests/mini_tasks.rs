@@ -1,8 +1,11 @@
-//! The mini guest's tasks and `args=1` functions (guest/mini/README.md
-//! "Tasks", "args=1"), run without tracing: its per-task counts add up to
-//! its per-CPU counts and are exactly the README's formulas, its tasks are
-//! the README's, its argument and return value sums are what the README's
-//! formulas give; and every build of it carries BTF (a `.BTF` section) and
+//! The mini guest's tasks, `args=1` and `stack=1` functions
+//! (guest/mini/README.md "Tasks", "args=1", "stack=1"), run without
+//! tracing: its per-task counts add up to its per-CPU counts and are
+//! exactly the README's formulas, its tasks are the README's, its argument
+//! and return value sums are what the README's formulas give, its
+//! stack_leaf calls per path are the README's counts and chains (each
+//! checked by the guest against its own frame-pointer chain); and every
+//! build of it carries BTF (a `.BTF` section) and
 //! its per-CPU template in `.data..percpu`, where pahole looks for per-CPU
 //! variables.
 
@@ -36,6 +39,39 @@ const ARGS_FUNCS: [&str; 5] = [
     "args_void",
     "args_struct",
     "args_seven",
+];
+
+/// What a run's command line turns on (guest/mini/README.md).
+#[derive(Clone, Copy)]
+struct Workloads {
+    graph: bool,
+    args: bool,
+    stack: bool,
+}
+
+impl Workloads {
+    fn of(cmdline: &str) -> Self {
+        let on = |w: &str| cmdline.split_whitespace().any(|t| t == w);
+        Workloads {
+            graph: on("graph=1"),
+            args: on("args=1"),
+            stack: on("stack=1"),
+        }
+    }
+}
+
+/// stack=1's chains at stack_leaf's entry, by path (README "stack=1").
+const STACK_CHAINS: [(&str, &str); 4] = [
+    (
+        "outer_a",
+        "stack_leaf,stack_mid,stack_outer_a,mini_main,_start",
+    ),
+    ("outer_b", "stack_leaf,stack_outer_b,mini_main,_start"),
+    ("direct", "stack_leaf,mini_main,_start"),
+    (
+        "recurse",
+        "stack_leaf,stack_recurse,stack_recurse,stack_recurse,mini_main,_start",
+    ),
 ];
 
 /// args_errno(n)'s return value: ERRNO_PATTERN[n % 6].
@@ -97,8 +133,7 @@ fn expected_task_counts(
     cpus: u32,
     n: &BTreeMap<u32, u64>,
     rename: u64,
-    graph: bool,
-    args: bool,
+    on: Workloads,
 ) -> MiniTaskCounts {
     let mut want = BTreeMap::new();
     for cpu in 0..cpus {
@@ -120,7 +155,7 @@ fn expected_task_counts(
                 let even = f != "hrtimer_try_to_cancel" || i % 2 == 0;
                 add(task, f, u64::from(even));
             }
-            if graph {
+            if on.graph {
                 for f in GRAPH_ONCE {
                     add(task, f, 1);
                 }
@@ -129,10 +164,18 @@ fn expected_task_counts(
                 add(task, "graph_abandoned", u64::from(i % 10 == 0));
                 add(task, "graph_long", u64::from(i % 50 == 0));
             }
-            if args {
+            if on.args {
                 for f in ARGS_FUNCS {
                     add(task, f, 1);
                 }
+            }
+            if on.stack {
+                let every = |k: u64| u64::from(i % k == 0);
+                add(task, "stack_outer_a", 1);
+                add(task, "stack_mid", 1);
+                add(task, "stack_outer_b", every(2));
+                add(task, "stack_recurse", 3 * every(8));
+                add(task, "stack_leaf", 1 + every(2) + every(4) + every(8));
             }
         }
         // Before the loop and after it, the idle task is current.
@@ -141,7 +184,7 @@ fn expected_task_counts(
         add(
             &tasks[0],
             "graph_migrate",
-            u64::from(graph && cpu == 0 && cpus >= 2),
+            u64::from(on.graph && cpu == 0 && cpus >= 2),
         );
     }
     want
@@ -150,7 +193,7 @@ fn expected_task_counts(
 /// Check one console: tasks, per-task counts against the per-CPU ones and
 /// the formulas. `iters`: the command line's (which sets the rename), and
 /// in count mode the iterations; in loop mode each CPU's do_idle count is.
-fn check_tasks(console: &str, cpus: u32, iters: u64, loop_mode: bool, graph: bool, args: bool) {
+fn check_tasks(console: &str, cpus: u32, iters: u64, loop_mode: bool, on: Workloads) {
     let (printed, done) = parse_mini_console(console);
     assert_eq!(done, (0..cpus).collect::<Vec<_>>(), "{console}");
     let (counts, tasks) = parse_mini_task_counts(console);
@@ -187,9 +230,10 @@ fn check_tasks(console: &str, cpus: u32, iters: u64, loop_mode: bool, graph: boo
     // And each is its formula.
     assert_eq!(
         counts,
-        expected_task_counts(cpus, &n, rename, graph, args),
+        expected_task_counts(cpus, &n, rename, on),
         "{console}"
     );
+    check_stack(console, &n, on.stack);
 
     // Every function each iteration calls is called by all three tasks.
     let every_iteration = |f: &str| {
@@ -210,41 +254,46 @@ fn check_tasks(console: &str, cpus: u32, iters: u64, loop_mode: bool, graph: boo
     }
 }
 
+/// stack=1's lines: per CPU, each path's stack_leaf calls for its `n`
+/// iterations and its chain; none without stack=1.
+fn check_stack(console: &str, n: &BTreeMap<u32, u64>, stack: bool) {
+    let mut want = BTreeMap::new();
+    for (&cpu, &iters) in n.iter().filter(|_| stack) {
+        for (path, chain) in STACK_CHAINS {
+            let s = MiniStack {
+                calls: mini_stack_expected(path, iters),
+                chain: chain.split(',').map(str::to_string).collect(),
+            };
+            want.insert((cpu, path.to_string()), s);
+        }
+    }
+    assert_eq!(parse_mini_stack(console), want, "{console}");
+    assert_eq!(console.contains("mini: stack"), stack, "{console}");
+}
+
 #[test]
 fn task_counts_add_up_to_the_per_cpu_counts_in_every_build() {
-    for (variant, cpus, cmdline, iters, graph, args) in [
-        ("mini", 2, "iters=100", 100, false, false),
-        ("mini", 3, "iters=101 graph=1 args=1", 101, true, true),
-        (
-            "mini-percpu-addr",
-            3,
-            "iters=50 graph=1 args=1",
-            50,
-            true,
-            true,
-        ),
-        ("mini-rethunk", 2, "iters=30 args=1", 30, false, true),
-        (
-            "mini-noftrace",
-            1,
-            "iters=10 graph=1 args=1",
-            10,
-            true,
-            true,
-        ),
+    for (variant, cpus, cmdline, iters) in [
+        ("mini", 2, "iters=100", 100),
+        ("mini", 3, "iters=101 graph=1 args=1", 101),
+        ("mini", 2, "iters=37 stack=1", 37),
+        ("mini-percpu-addr", 3, "iters=50 graph=1 args=1 stack=1", 50),
+        ("mini-rethunk", 2, "iters=30 args=1 stack=1", 30),
+        ("mini-noftrace", 1, "iters=10 graph=1 args=1 stack=1", 10),
         // mini-b never runs (i = 0, 1), so it is not renamed either.
-        ("mini", 1, "iters=2", 2, false, false),
+        ("mini", 1, "iters=2", 2),
     ] {
         let console = run(&elf(variant), cpus, cmdline);
         println!(
             "{variant} {cmdline}: {} task lines",
             console.matches("mini: task").count()
         );
-        check_tasks(&console, cpus, iters, false, graph, args);
+        let on = Workloads::of(cmdline);
+        check_tasks(&console, cpus, iters, false, on);
         // args lines come with args=1 only.
         assert_eq!(
             console.contains("mini: args"),
-            args,
+            on.args,
             "{variant} {cmdline}: {console}"
         );
     }
@@ -259,7 +308,7 @@ fn task_counts_in_mode_loop_keep_every_formula() {
     let cfg = mini_config(
         &kernel,
         CPUS as u64,
-        "mode=loop iters=200 graph=1 args=1",
+        "mode=loop iters=200 graph=1 args=1 stack=1",
         &capture,
     );
     let vm = vmm::Vm::create(cfg).unwrap();
@@ -274,7 +323,13 @@ fn task_counts_in_mode_loop_keep_every_formula() {
     running.finish();
     let console = capture.text();
     assert_eq!(reason, vmm::StopReason::PowerOff(0), "{console}");
-    check_tasks(&console, CPUS, 200, true, true, true);
+    check_tasks(
+        &console,
+        CPUS,
+        200,
+        true,
+        Workloads::of("graph=1 args=1 stack=1"),
+    );
     check_args(&console, &kernel, CPUS);
 }
 

@@ -48,8 +48,17 @@ _start:
 	/* Its number at gs:[cpu_number] (vmtrace's exitless trampoline reads
 	 * it there, as smp_processor_id() does). */
 	movl	%edi, %gs:cpu_number
+	/* The frame-pointer chain's end (README "Frame pointers"): the C code
+	 * is built with frame pointers, so each C function pushes the RBP it
+	 * was called with; RBP 0 here, before the first C call, makes the
+	 * frame of every C function called from _start hold 0 as its saved
+	 * RBP, where an unwinder walking RBP stops (the return address above
+	 * it is in _start). The VMM leaves RBP undefined; Linux's
+	 * secondary_startup_64 clears it the same way. */
+	xorl	%ebp, %ebp
 	/* Its tasks, its idle task current: before mini_main, whose entry is
-	 * traced. Arguments kept in callee-saved registers across the call. */
+	 * traced. Arguments kept in callee-saved registers across the call
+	 * (RBP too: mini_cpu_init restores it, still 0, for mini_main). */
 	movq	%rdi, %rbx
 	movq	%rsi, %r12
 	movq	%rdx, %r13
@@ -57,7 +66,6 @@ _start:
 	movq	%rbx, %rdi
 	movq	%r12, %rsi
 	movq	%r13, %rdx
-	xorl	%ebp, %ebp
 	call	mini_main		/* does not return */
 .Lpark:
 	cli

@@ -28,7 +28,7 @@
 #define MINI_TASK_IDLE 0
 #define MINI_TASK_A 1
 #define MINI_TASK_B 2
-#define MINI_TASK_FUNCS 26
+#define MINI_TASK_FUNCS 31
 
 /* graph=1 workload (README "graph=1"). Indexes into struct graph_cpu's
  * count[] (at offset 0), in the order the counts are printed; entry.S's
@@ -57,6 +57,16 @@
  * 0.75 ms at 2.7 GHz). */
 #define GRAPH_LONG_EVERY 50
 #define GRAPH_LONG_TICKS 2000000
+
+/* stack=1 workload (README "stack=1"): iteration i calls stack_leaf through
+ * stack_outer_a -> stack_mid every time, through stack_outer_b when
+ * i % STACK_B_EVERY == 0, directly when i % STACK_DIRECT_EVERY == 0 and
+ * through STACK_RECURSE_DEPTH nested stack_recurse frames when
+ * i % STACK_RECURSE_EVERY == 0. */
+#define STACK_B_EVERY 2
+#define STACK_DIRECT_EVERY 4
+#define STACK_RECURSE_EVERY 8
+#define STACK_RECURSE_DEPTH 3
 
 /* struct graph_jmp_buf (entry.S's graph_setjmp/graph_longjmp): byte offsets. */
 #define GJB_RBX 0
@@ -148,6 +158,7 @@ struct mini_cfg {
 	int strio;   /* strio=1: vCPU 0 tests string port I/O (rep outsb / rep insb) */
 	int graph;   /* graph=1: also run the function-graph workload (README) */
 	int args;    /* args=1: also call the argument functions (README "args=1") */
+	int stack;   /* stack=1: also run the known call chains (README "stack=1") */
 };
 
 /* support.c (all notrace) */

@@ -114,6 +114,7 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 	cfg->strio = 0;
 	cfg->graph = 0;
 	cfg->args = 0;
+	cfg->stack = 0;
 	if (!s)
 		return;
 	while (*s) {
@@ -138,6 +139,8 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 			cfg->graph = equals(v, end, "1");
 		else if ((v = after(s, end, "args=")))
 			cfg->args = equals(v, end, "1");
+		else if ((v = after(s, end, "stack=")))
+			cfg->stack = equals(v, end, "1");
 		else if ((v = after(s, end, "end="))) {
 			if (equals(v, end, "triple-fault"))
 				cfg->end = END_TRIPLE_FAULT;

@@ -82,14 +82,26 @@ enum {
 	A_NR
 };
 
+/* stack=1's functions (README "stack=1"), in task-line order. */
+enum {
+	S_stack_leaf,
+	S_stack_mid,
+	S_stack_outer_a,
+	S_stack_outer_b,
+	S_stack_recurse,
+	S_NR
+};
+
 /* Per-task call counters (struct task_struct's mini_calls[T_*]), in
  * the order of the task lines: the workload's, the graph workload's, the
- * args=1 functions, then mini_main and mini_init_setup. */
+ * args=1 functions, the stack=1 functions, then mini_main and
+ * mini_init_setup. */
 enum {
 	T_WORK = 0,		/* + F_* */
 	T_GRAPH = F_NR,		/* + G_* */
 	T_ARGS = F_NR + G_NR,	/* + A_* */
-	T_mini_main = T_ARGS + A_NR,
+	T_STACK = T_ARGS + A_NR, /* + S_* */
+	T_mini_main = T_STACK + S_NR,
 	T_mini_init_setup,
 	T_NR
 };
@@ -101,6 +113,14 @@ static const char *const args_fn_names[A_NR] = {
 	"args_void",
 	"args_struct",
 	"args_seven",
+};
+
+static const char *const stack_fn_names[S_NR] = {
+	"stack_leaf",
+	"stack_mid",
+	"stack_outer_a",
+	"stack_outer_b",
+	"stack_recurse",
 };
 
 /* Each vCPU's tasks: [0] its idle task, [1] mini-a, [2] mini-b. */
@@ -645,6 +665,148 @@ static notrace inline __attribute__((always_inline)) void args_iteration(u64 cpu
 		   ~i, (long)(0 - 7 - i));
 }
 
+/* ---- stack=1: known call chains (README "stack=1") ---------------------- */
+
+/* The paths by which stack_leaf is called, in printed order. */
+enum {
+	P_outer_a,	/* mini_main -> stack_outer_a -> stack_mid -> stack_leaf */
+	P_outer_b,	/* mini_main -> stack_outer_b -> stack_leaf */
+	P_direct,	/* mini_main -> stack_leaf */
+	P_recurse,	/* mini_main -> stack_recurse x STACK_RECURSE_DEPTH -> stack_leaf */
+	P_NR
+};
+
+/* Each path's name and its chain at stack_leaf's entry: stack_leaf, then its
+ * callers, innermost first, down to _start (whose call of mini_main is the
+ * last return address: the frame above holds RBP 0). */
+static const char *const stack_path_names[P_NR] = { "outer_a", "outer_b", "direct", "recurse" };
+static const char *const stack_path_chains[P_NR] = {
+	"stack_leaf,stack_mid,stack_outer_a,mini_main,_start",
+	"stack_leaf,stack_outer_b,mini_main,_start",
+	"stack_leaf,mini_main,_start",
+	"stack_leaf,stack_recurse,stack_recurse,stack_recurse,mini_main,_start",
+};
+_Static_assert(STACK_RECURSE_DEPTH == 3, "stack_path_chains[P_recurse] has 3 stack_recurse");
+/* The return addresses on each chain: its callers (one per comma above). */
+static const u8 stack_path_frames[P_NR] = { 4, 3, 2, 2 + STACK_RECURSE_DEPTH };
+
+/* Per CPU: stack_leaf's calls by path, counted by stack_leaf itself from
+ * the path its caller passed down. */
+struct stack_cpu {
+	u64 leaf[P_NR];
+} __attribute__((aligned(64)));
+
+static struct stack_cpu mini_stack[MINI_MAX_CPUS];
+
+extern const char _stext[], _etext[]; /* mini.ld */
+
+/* Return addresses on the RBP chain from frame fp (a frame: saved RBP at
+ * fp[0], return address at fp[1]) up to the frame whose saved RBP is 0
+ * (mini_main's: entry.S clears RBP), or ~0 if the chain leaves fp's
+ * 16 KiB stack, has a return address outside _stext.._etext or is longer
+ * than 16. */
+static notrace u64 stack_chain_frames(const u64 *fp)
+{
+	u64 stack = (u64)fp & ~(u64)(MINI_STACK_SIZE - 1), n = 0;
+
+	while (fp) {
+		if (((u64)fp & ~(u64)(MINI_STACK_SIZE - 1)) != stack || n == 16)
+			return ~0UL;
+		if (fp[1] < (u64)_stext || fp[1] >= (u64)_etext)
+			return ~0UL;
+		n++;
+		fp = (const u64 *)fp[0];
+	}
+	return n;
+}
+
+/* Not reached while the chains are sound. */
+static notrace noipa __noreturn void stack_chain_broken(unsigned int path, u64 got)
+{
+	print_lock();
+	serial_puts("mini: stack chain broken: path ");
+	serial_puts(stack_path_names[path]);
+	serial_puts(" frames ");
+	serial_putu(got);
+	serial_puts(" want ");
+	serial_putu(stack_path_frames[path]);
+	serial_puts("\n");
+	poweroff(1);
+}
+
+/* Every function here is traced (has a site), built with frame pointers
+ * like the rest (build.sh), and noipa: each edge is a real `call`, so each
+ * chain is exactly as written. stack_leaf checks its own chain on every
+ * call: stack_path_frames[path] return addresses up to RBP 0, else it says
+ * so and powers off with status 1. */
+noipa void stack_leaf(struct stack_cpu *s, unsigned int path)
+{
+	u64 got = stack_chain_frames(__builtin_frame_address(0));
+
+	if (got != stack_path_frames[path])
+		stack_chain_broken(path, got);
+	s->leaf[path]++;
+	task_count(T_STACK + S_stack_leaf);
+}
+
+/* The counts come after the calls, so no call can become a jump. */
+noipa void stack_mid(struct stack_cpu *s)
+{
+	stack_leaf(s, P_outer_a);
+	task_count(T_STACK + S_stack_mid);
+}
+
+noipa void stack_outer_a(struct stack_cpu *s)
+{
+	stack_mid(s);
+	task_count(T_STACK + S_stack_outer_a);
+}
+
+noipa void stack_outer_b(struct stack_cpu *s)
+{
+	stack_leaf(s, P_outer_b);
+	task_count(T_STACK + S_stack_outer_b);
+}
+
+/* n nested frames (n >= 1), the innermost calling stack_leaf. */
+noipa void stack_recurse(struct stack_cpu *s, u64 n)
+{
+	if (n > 1)
+		stack_recurse(s, n - 1);
+	else
+		stack_leaf(s, P_recurse);
+	task_count(T_STACK + S_stack_recurse);
+}
+
+/* One iteration i of the stack workload, after do_idle (and the graph and
+ * args calls). Inlined into mini_main, every chain's outermost caller. */
+static notrace inline __attribute__((always_inline)) void stack_iteration(struct stack_cpu *s, u64 i)
+{
+	stack_outer_a(s);
+	if (i % STACK_B_EVERY == 0)
+		stack_outer_b(s);
+	if (i % STACK_DIRECT_EVERY == 0)
+		stack_leaf(s, P_direct);
+	if (i % STACK_RECURSE_EVERY == 0)
+		stack_recurse(s, STACK_RECURSE_DEPTH);
+}
+
+/* `mini: stack cpu C PATH N CHAIN` (README "stack=1"). */
+static notrace void report_stack(u64 cpu)
+{
+	for (unsigned int p = 0; p < P_NR; p++) {
+		serial_puts("mini: stack cpu ");
+		serial_putu(cpu);
+		serial_puts(" ");
+		serial_puts(stack_path_names[p]);
+		serial_puts(" ");
+		serial_putu(mini_stack[cpu].leaf[p]);
+		serial_puts(" ");
+		serial_puts(stack_path_chains[p]);
+		serial_puts("\n");
+	}
+}
+
 /* ---- calibration --------------------------------------------------------- */
 
 /* Exactly MINI_SPIN_INSNS(n) instructions for n = mini_spin read once:
@@ -720,7 +882,8 @@ static notrace void report_tasks(u64 cpu)
 			for (unsigned int f = 0; f < T_NR; f++) {
 				const char *name = f < T_GRAPH		     ? fn_names[f]
 						   : f < T_ARGS		     ? graph_fn_names[f - T_GRAPH]
-						   : f < T_mini_main	     ? args_fn_names[f - T_ARGS]
+						   : f < T_STACK	     ? args_fn_names[f - T_ARGS]
+						   : f < T_mini_main	     ? stack_fn_names[f - T_STACK]
 						   : f == T_mini_main	     ? "mini_main"
 									     : "mini_init_setup";
 
@@ -799,6 +962,8 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, const struct mini
 	report_tasks(cpu);
 	if (cfg->args)
 		report_args(cpu);
+	if (cfg->stack)
+		report_stack(cpu);
 	serial_puts("mini: cpu ");
 	serial_putu(cpu);
 	serial_puts(" done\n");
@@ -808,13 +973,15 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, const struct mini
 /* The iterations of one vCPU: until mini_stop (loop) or cfg->iters, each
  * run by task i % 3 (t), mini-b renamed once, before the calls of the
  * first of its iterations i >= iters / 2 (README "Tasks"). Inlined with
- * constant loop, graph and args, so each combination is a loop of its own
- * and one without graph=1 or args=1 runs none of their instructions. */
+ * constant loop, graph, args and stack, so each combination is a loop of
+ * its own and one without graph=1, args=1 or stack=1 runs none of their
+ * instructions. */
 static notrace inline __attribute__((always_inline)) void
-workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, const int args)
+workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, const int args, const int stack)
 {
 	struct cpu *c = &mini_cpus[cpu];
 	struct graph_cpu *g = &mini_graph[cpu];
+	struct stack_cpu *s = &mini_stack[cpu];
 	struct task_struct *tasks = mini_tasks[cpu], *t = tasks, *b = &tasks[MINI_TASK_B];
 	u64 rename_at = cfg->iters / 2 + (MINI_TASKS_PER_CPU + MINI_TASK_B - cfg->iters / 2 % 3) % 3;
 	u64 i;
@@ -828,12 +995,31 @@ workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, c
 			graph_iteration(g, i);
 		if (args)
 			args_iteration(cpu, t, i);
+		if (stack)
+			stack_iteration(s, i);
 		if (loop)
 			calibration_spin();
 		t = t == b ? tasks : t + 1;
 	}
 	/* The idle task again for what follows (graph_migrate, the report). */
 	set_current(tasks);
+}
+
+/* workload() with constant graph, args and stack: the combination cfg asks
+ * for. */
+static notrace inline __attribute__((always_inline)) void
+workload_modes(u64 cpu, const struct mini_cfg *cfg, const int loop)
+{
+	switch ((cfg->graph ? 1 : 0) | (cfg->args ? 2 : 0) | (cfg->stack ? 4 : 0)) {
+	case 0: workload(cpu, cfg, loop, 0, 0, 0); break;
+	case 1: workload(cpu, cfg, loop, 1, 0, 0); break;
+	case 2: workload(cpu, cfg, loop, 0, 1, 0); break;
+	case 3: workload(cpu, cfg, loop, 1, 1, 0); break;
+	case 4: workload(cpu, cfg, loop, 0, 0, 1); break;
+	case 5: workload(cpu, cfg, loop, 1, 0, 1); break;
+	case 6: workload(cpu, cfg, loop, 0, 1, 1); break;
+	default: workload(cpu, cfg, loop, 1, 1, 1); break;
+	}
 }
 
 /* Called by entry.S on every vCPU with its own stack, after mini_cpu_init.
@@ -864,25 +1050,10 @@ void mini_main(u64 cpu, const char *cmdline, u64 ncpus)
 	if (cfg.strio && cpu == 0)
 		string_io_selftest();
 
-	if (cfg.loop) {
-		if (cfg.graph && cfg.args)
-			workload(cpu, &cfg, 1, 1, 1);
-		else if (cfg.graph)
-			workload(cpu, &cfg, 1, 1, 0);
-		else if (cfg.args)
-			workload(cpu, &cfg, 1, 0, 1);
-		else
-			workload(cpu, &cfg, 1, 0, 0);
-	} else {
-		if (cfg.graph && cfg.args)
-			workload(cpu, &cfg, 0, 1, 1);
-		else if (cfg.graph)
-			workload(cpu, &cfg, 0, 1, 0);
-		else if (cfg.args)
-			workload(cpu, &cfg, 0, 0, 1);
-		else
-			workload(cpu, &cfg, 0, 0, 0);
-	}
+	if (cfg.loop)
+		workload_modes(cpu, &cfg, 1);
+	else
+		workload_modes(cpu, &cfg, 0);
 	/* Once per run, after the loop: a call that moves from vCPU 0 to 1. */
 	if (cfg.graph && ncpus >= 2) {
 		if (cpu == 0)

@@ -203,6 +203,57 @@ pub fn parse_mini_args(text: &str) -> BTreeMap<(u32, String), MiniArgs> {
     all
 }
 
+/// The paths by which the mini guest's `stack=1` workload calls stack_leaf,
+/// in the order its `mini: stack` lines print them (guest/mini/README.md
+/// "stack=1").
+pub const MINI_STACK_PATHS: [&str; 4] = ["outer_a", "outer_b", "direct", "recurse"];
+
+/// stack_leaf's calls through `path` on one CPU in `iters` iterations of
+/// the `stack=1` workload: outer_a every iteration, outer_b every 2nd,
+/// direct every 4th, recurse every 8th (from iteration 0).
+pub fn mini_stack_expected(path: &str, iters: u64) -> u64 {
+    match path {
+        "outer_a" => iters,
+        "outer_b" => iters.div_ceil(2),
+        "direct" => iters.div_ceil(4),
+        "recurse" => iters.div_ceil(8),
+        _ => panic!("no stack=1 path {path:?}"),
+    }
+}
+
+/// One `stack=1` path on one CPU: stack_leaf's calls through it, and its
+/// chain at stack_leaf's entry, innermost first (stack_leaf, its callers,
+/// ..., mini_main, _start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MiniStack {
+    pub calls: u64,
+    pub chain: Vec<String>,
+}
+
+/// (cpu, path) -> [`MiniStack`], from the mini guest's `mini: stack cpu C
+/// PATH N CHAIN` lines (CHAIN comma-separated; guest/mini/README.md
+/// "stack=1").
+pub fn parse_mini_stack(text: &str) -> BTreeMap<(u32, String), MiniStack> {
+    let mut all = BTreeMap::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let ["mini:", "stack", "cpu", c, path, n, chain] = w.as_slice() else {
+            continue;
+        };
+        let bad = |what: &str| -> ! { panic!("{what} in {line:?}") };
+        let cpu: u32 = c.parse().unwrap_or_else(|_| bad("cpu"));
+        let stack = MiniStack {
+            calls: n.parse().unwrap_or_else(|_| bad("calls")),
+            chain: chain.split(',').map(str::to_string).collect(),
+        };
+        assert!(
+            all.insert((cpu, path.to_string()), stack).is_none(),
+            "{path} twice on cpu {cpu}"
+        );
+    }
+    all
+}
+
 /// A console sink the tests can read.
 #[derive(Clone, Default)]
 pub struct Capture(pub Arc<Mutex<Vec<u8>>>);

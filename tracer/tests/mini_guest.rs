@@ -40,6 +40,12 @@ const MINI_SITES: &[&str] = &[
     "args_void",
     "args_struct",
     "args_seven",
+    // The stack=1 chains (called only with stack=1, but always sites).
+    "stack_leaf",
+    "stack_mid",
+    "stack_outer_a",
+    "stack_outer_b",
+    "stack_recurse",
 ];
 
 /// Functions of the graph=1 workload that are called but have no site.
