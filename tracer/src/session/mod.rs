@@ -112,6 +112,9 @@ pub struct Tracer {
     /// The arguments entries name, shared with the store
     /// (`store::Store::args`).
     arg_table: Arc<args::ArgTable>,
+    /// The kernel stacks entries name, shared with the store
+    /// (`store::Store::stacks`).
+    stack_table: Arc<stacks::StackTable>,
     /// The traced functions' prototypes when values are recorded
     /// (`Plan::prototypes`, looked up once).
     prototypes: Vec<Option<crate::trace::model::Prototype>>,
@@ -174,7 +177,8 @@ impl Tracer {
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let args = store.args();
-        let mut t = Tracer::assemble(plan, counters, store.thread, false, (table, args));
+        let tables = (table, args, store.stacks());
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, tables);
         t.tasks = tasks;
         t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
@@ -215,7 +219,8 @@ impl Tracer {
         for r in &mut recs {
             r.record_values(values.args.then(|| Arc::clone(&args)), retval);
         }
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, (table, args));
+        let tables = (table, args, store.stacks());
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables);
         t.tasks = tasks;
         t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
@@ -236,7 +241,11 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
-        (tasks, args): (Arc<tasks::TaskTable>, Arc<args::ArgTable>),
+        (tasks, args, stacks): (
+            Arc<tasks::TaskTable>,
+            Arc<args::ArgTable>,
+            Arc<stacks::StackTable>,
+        ),
     ) -> Tracer {
         Tracer {
             prototypes: plan.prototypes(),
@@ -260,6 +269,7 @@ impl Tracer {
             tasks: None,
             task_table: tasks,
             arg_table: args,
+            stack_table: stacks,
         }
     }
 

@@ -1,0 +1,373 @@
+//! Kernel stacks (`--stack`) from the store on: saved in the data file
+//! (version 9, `STACK` blocks before the events that name them), read
+//! back whole or cut short, refused when corrupt; and shown by every
+//! output (`report_fixture::stacks_trace`), byte for byte against golden
+//! files (`VMTRACE_BLESS=1` writes them), the lines that matter spelled
+//! out here too.
+
+#[path = "report_fixture.rs"]
+mod fixture;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tracer::kernel::unwind::{Stack, StackEnd};
+use tracer::session::stacks::StackTable;
+use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError};
+use tracer::trace::model::{Event, Trace};
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vmtrace-stacks-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// Compares `got` with the golden file `name`, or writes it when blessing.
+fn check(name: &str, got: &[u8]) {
+    let path = golden_dir().join(name);
+    if std::env::var_os("VMTRACE_BLESS").is_some() {
+        fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (VMTRACE_BLESS=1 writes it)", path.display()));
+    if want != got {
+        let at = want.iter().zip(got).take_while(|(a, b)| a == b).count();
+        panic!(
+            "{name} differs from {} at byte {at}:\n{}",
+            path.display(),
+            String::from_utf8_lossy(&got[at.saturating_sub(200)..got.len().min(at + 200)])
+        );
+    }
+}
+
+fn version_of(path: &Path) -> u32 {
+    let b = fs::read(path).unwrap();
+    u32::from_le_bytes(b[8..12].try_into().unwrap())
+}
+
+/// The blocks of a data file: (offset of the tag, tag, payload range).
+fn blocks(b: &[u8]) -> Vec<(usize, [u8; 4], std::ops::Range<usize>)> {
+    let mut out = Vec::new();
+    let mut at = 20;
+    while at < b.len() {
+        let tag: [u8; 4] = b[at..at + 4].try_into().unwrap();
+        let len = u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
+        out.push((at, tag, at + 8..at + 8 + len));
+        at += 12 + len;
+    }
+    out
+}
+
+/// Writes `v` at `pos` inside the block at `block` and fixes its checksum.
+fn patch(b: &mut [u8], block: usize, payload: std::ops::Range<usize>, pos: usize, v: &[u8]) {
+    b[pos..pos + v.len()].copy_from_slice(v);
+    let crc = crc32fast::hash(&b[block..payload.end]);
+    b[payload.end..payload.end + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn corrupt(path: &Path) -> (Section, String) {
+    match load(path).unwrap_err() {
+        TraceFileError::Corrupt {
+            section, detail, ..
+        } => (section, detail),
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
+fn a_trace_with_stacks_saves_as_version_9_and_reads_back() {
+    let t = fixture::stacks_trace();
+    let path = tmp("stacks.vmtrace");
+    save(&t, &path).unwrap();
+    assert_eq!(version_of(&path), 9);
+    let back = load(&path).unwrap();
+    assert_eq!(back.stacks, fixture::stacks());
+    assert_eq!(back.meta.stacks, fixture::STACKS_NOTE);
+    assert_eq!(
+        back.meta.stack_funcs,
+        [fixture::G_TICK, fixture::G_SCHEDULE]
+    );
+    assert_eq!(back, t);
+    let tick = back
+        .events
+        .iter()
+        .find(|e| e.ts_ns == fixture::ATTACH_NS + 9_000)
+        .unwrap();
+    assert_eq!(back.stack_of(tick).unwrap().end, StackEnd::TooDeep);
+    check("stacks.vmtrace", &fs::read(&path).unwrap());
+
+    // The note alone (stacks asked, none recorded) is kept too.
+    let mut t = fixture::graph_trace();
+    t.meta.stacks = "frame pointers (no .orc_unwind section)".into();
+    save(&t, &path).unwrap();
+    assert_eq!(version_of(&path), 9);
+    assert_eq!(load(&path).unwrap(), t);
+}
+
+/// `golden/tasks.v8.data` and `golden/values.v8.data` were written by the
+/// version-8 writer (before stacks) from the tasks and values fixtures:
+/// they still read as those traces, no stack anywhere.
+#[test]
+fn version_8_data_files_still_read() {
+    for (name, want) in [
+        ("tasks.v8.data", fixture::tasks_trace()),
+        ("values.v8.data", fixture::values_trace()),
+    ] {
+        let path = golden_dir().join(name);
+        assert_eq!(version_of(&path), 8, "{name}");
+        let back = load(&path).unwrap();
+        assert!(back.stacks.is_empty() && back.meta.stacks.is_empty());
+        assert!(back.events.iter().all(|e| e.stack == 0));
+        assert_eq!(back, want, "{name}");
+    }
+}
+
+/// The stack of synthetic entry `i`: 30 distinct ones, first seen over the
+/// run, so that new stacks keep arriving between batches; every fifth
+/// entry has none.
+fn stack_of(i: usize) -> Option<Stack> {
+    if i % 5 == 4 {
+        return None;
+    }
+    let n = (i / 700).min(29) as u64;
+    let k = (i as u64 * 11) % (n + 1);
+    Some(Stack {
+        frames: (0..=k % 7)
+            .map(|d| 0xffff_ffff_8100_0000 + k * 0x100 + d)
+            .collect(),
+        end: if k % 3 == 0 {
+            StackEnd::Bottom
+        } else {
+            StackEnd::Unreadable
+        },
+    })
+}
+
+/// Streams `t` as the store does: each vCPU's events in batches, each
+/// batch's stacks interned first and those new since the last batch
+/// written before it. Returns the table.
+fn stream_with_stacks(t: &mut Trace, path: &Path, complete: bool) -> StackTable {
+    let table = StackTable::new();
+    let mut f = DataFile::create(path).unwrap();
+    let mut head = t.clone();
+    head.events.clear();
+    head.meta.stacks = "frame pointers (test)".into();
+    f.head(&head).unwrap();
+    let n = t.events.len();
+    for cpu in 0..t.meta.cpus {
+        let idx: Vec<usize> = (0..n).filter(|&i| t.events[i].cpu == cpu).collect();
+        for b in idx.chunks(600) {
+            let mut batch = Vec::new();
+            for &i in b {
+                let e = &mut t.events[i];
+                if !e.is_return() {
+                    e.stack = stack_of(i).map_or(0, |s| table.intern(s));
+                }
+                batch.push(*e);
+            }
+            f.write_stacks(&table.since(f.stacks_saved())).unwrap();
+            f.write_events(&batch).unwrap();
+        }
+    }
+    t.stacks = table.all();
+    t.meta.stacks = "frame pointers (test)".into();
+    if complete {
+        f.finish(t).unwrap();
+    }
+    table
+}
+
+#[test]
+fn a_streamed_file_with_stacks_reads_back_with_them() {
+    let mut t = Trace::synthetic(20_000);
+    let path = tmp("stacks.data");
+    let table = stream_with_stacks(&mut t, &path, true);
+    assert_eq!(table.len(), fixture_distinct_stacks(20_000));
+    let back = load(&path).unwrap();
+    assert!(!back.meta.incomplete);
+    assert_eq!(back.stacks, table.all());
+    let mut want = t.events.clone();
+    want.sort_by_key(|e| (e.ts_ns, e.cpu));
+    assert_eq!(back.events, want);
+    assert!(back.events.iter().filter(|e| e.stack != 0).count() > 10_000);
+}
+
+/// The distinct stacks of the first `n` synthetic entries.
+fn fixture_distinct_stacks(n: usize) -> usize {
+    let all: std::collections::HashSet<Stack> = (0..n).filter_map(stack_of).collect();
+    all.len()
+}
+
+/// Killed at any byte: every event kept still has its stack.
+#[test]
+fn a_streamed_file_with_stacks_cut_anywhere_keeps_each_events_stack() {
+    let mut t = Trace::synthetic(20_000);
+    let path = tmp("stacks-whole.data");
+    stream_with_stacks(&mut t, &path, false);
+    let whole = fs::read(&path).unwrap();
+    // Synthetic events have distinct times.
+    let stack_at: std::collections::HashMap<u64, Option<Stack>> = t
+        .events
+        .iter()
+        .map(|e| (e.ts_ns, t.stack_of(e).cloned()))
+        .collect();
+    let cut = tmp("stacks-cut.data");
+    let head_len = u32::from_le_bytes(whole[24..28].try_into().unwrap()) as usize;
+    let head_end = 20 + 12 + head_len;
+    let mut at = whole.len();
+    let mut checked = 0;
+    while at >= head_end {
+        fs::write(&cut, &whole[..at]).unwrap();
+        let back = load(&cut).unwrap_or_else(|e| panic!("cut at {at}: {e}"));
+        assert!(back.meta.incomplete);
+        assert_eq!(back.meta.stacks, "frame pointers (test)");
+        for e in &back.events {
+            assert_eq!(back.stack_of(e).cloned(), stack_at[&e.ts_ns], "cut at {at}");
+            checked += 1;
+        }
+        assert_eq!(back.stacks[..], t.stacks[..back.stacks.len()]);
+        at -= 1 + at / 23;
+    }
+    assert!(checked > 100_000, "{checked}");
+}
+
+/// A file cut short keeps the callers its stacks' frames name (a return
+/// address names the function of the call before it).
+#[test]
+fn a_file_cut_short_keeps_the_callers_of_its_stacks() {
+    let mut t = fixture::stacks_trace();
+    // HEAD's callers: every function of the kernel, some unused.
+    let mut head = t.clone();
+    head.events.clear();
+    head.callers.push(tracer::kernel::symbols::Symbol {
+        name: "unused".into(),
+        addr: 0xffff_ffff_8400_0000,
+        size: 0x10,
+    });
+    let path = tmp("stacks-cut-callers.data");
+    let mut f = DataFile::create(&path).unwrap();
+    f.head(&head).unwrap();
+    // Only the entry of stack 4, whose frames are in no event's parent.
+    t.events.retain(|e| e.stack == 4);
+    for e in &mut t.events {
+        e.parent = 0;
+        e.task = 0;
+        e.slot = 0;
+        e.stack = 1;
+    }
+    f.write_stacks(&fixture::stacks()[3..]).unwrap();
+    f.write_events(&t.events).unwrap();
+    let back = load(&path).unwrap();
+    assert!(back.meta.incomplete);
+    let names: Vec<&str> = back.callers.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["hrtimer_interrupt", "__hrtimer_run_queues"]);
+}
+
+#[test]
+fn a_stack_past_the_saved_ones_is_corruption() {
+    let t = fixture::stacks_trace();
+    let path = tmp("stacks-ok.data");
+    save(&t, &path).unwrap();
+    let good = fs::read(&path).unwrap();
+    let bl = blocks(&good);
+    let tags: Vec<&[u8; 4]> = bl.iter().map(|(_, tag, _)| tag).collect();
+    assert_eq!(
+        tags,
+        [b"HEAD", b"TASK", b"STAK", b"EVTS", b"FOOT", b"END\0"]
+    );
+
+    // The first event (48-byte records after the count: its stack at 36)
+    // names stack 5 of 4.
+    let (start, _, payload) = bl[3].clone();
+    let mut b = good.clone();
+    let at = payload.start + 4 + 36;
+    patch(&mut b, start, payload.clone(), at, &5u32.to_le_bytes());
+    fs::write(&path, &b).unwrap();
+    assert_eq!(
+        corrupt(&path),
+        (
+            Section::Events,
+            "event 0 names stack 5 but 4 are saved before it".into()
+        )
+    );
+
+    // A return naming a stack: event 6 (5,500 ns) is one.
+    let mut b = good.clone();
+    let at = payload.start + 4 + 6 * 48 + 36;
+    patch(&mut b, start, payload.clone(), at, &1u32.to_le_bytes());
+    fs::write(&path, &b).unwrap();
+    assert_eq!(
+        corrupt(&path),
+        (
+            Section::Events,
+            "event 6 is a return but names stack 1".into()
+        )
+    );
+
+    // A stack block that does not follow the stacks before it.
+    let (start, _, payload) = bl[2].clone();
+    let mut b = good.clone();
+    patch(
+        &mut b,
+        start,
+        payload.clone(),
+        payload.start,
+        &1u32.to_le_bytes(),
+    );
+    fs::write(&path, &b).unwrap();
+    let msg = load(&path).unwrap_err().to_string();
+    assert!(
+        msg.ends_with(
+            "corrupt trace file (stacks section): a stack block starts at stack 2 but 0 stacks came before it"
+        ),
+        "{msg}"
+    );
+
+    // An end code StackEnd does not know.
+    let mut b = good.clone();
+    patch(&mut b, start, payload.clone(), payload.start + 8, &[7]);
+    fs::write(&path, &b).unwrap();
+    assert_eq!(
+        corrupt(&path),
+        (Section::Stacks, "stack 1 ends with code 7".into())
+    );
+
+    // More frames than a stack keeps.
+    let mut b = good.clone();
+    patch(
+        &mut b,
+        start,
+        payload.clone(),
+        payload.start + 9,
+        &65u32.to_le_bytes(),
+    );
+    fs::write(&path, &b).unwrap();
+    assert_eq!(
+        corrupt(&path),
+        (Section::Stacks, "stack 1 has 65 frames (at most 64)".into())
+    );
+
+    // A stack function past the functions.
+    let mut t = fixture::stacks_trace();
+    t.meta.stack_funcs.push(8);
+    let e = save(&t, &path).unwrap_err().to_string();
+    assert!(
+        e.ends_with("header: stack function 8 but there are 8 functions"),
+        "{e}"
+    );
+}
+
+/// Events without stacks are unchanged by the new record size: an entry
+/// whose stack is 0 has none, in memory and read back.
+#[test]
+fn entries_without_stacks_have_none() {
+    let t = fixture::stacks_trace();
+    let without: Vec<&Event> = t.events.iter().filter(|e| e.stack == 0).collect();
+    assert_eq!(without.len(), t.events.len() - 5);
+    assert!(without.iter().all(|e| t.stack_of(e).is_none()));
+}
