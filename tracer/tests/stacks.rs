@@ -371,3 +371,53 @@ fn entries_without_stacks_have_none() {
     assert_eq!(without.len(), t.events.len() - 5);
     assert!(without.iter().all(|e| t.stack_of(e).is_none()));
 }
+
+fn script(t: &Trace) -> String {
+    let mut out = Vec::new();
+    tracer::trace::export::script::write_script(t, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// `script`: after each entry with a stack, ftrace's `<stack trace>` line
+/// with the entry's task, CPU and time, one ` => function+0xoffset` per
+/// frame (a frame at a function's end named by the function before; one
+/// in no known function in hex), and a cut stack's reason.
+#[test]
+fn script_prints_each_entrys_stack_after_it() {
+    let t = fixture::stacks_trace();
+    let s = script(&t);
+    check("stacks.script.txt", s.as_bytes());
+    assert!(
+        s.contains(&format!(
+            "\n# stacks: {} (5 entries with a '<stack trace>')\n",
+            fixture::STACKS_NOTE
+        )),
+        "{s}"
+    );
+    let first = "          <idle>-0       (-------) [000]  1000.000001: tick_sched_timer <-__hrtimer_run_queues\n\
+                 \x20         <idle>-0       (-------) [000]  1000.000001: <stack trace>\n\
+                 \x20=> __hrtimer_run_queues+0x30\n\
+                 \x20=> hrtimer_interrupt+0x20\n\
+                 \x20=> sysvec_apic_timer_interrupt+0x10\n\
+                 \x20=> cpu_idle_loop+0x40\n\
+                 \x20         <idle>-0       (-------) [000]  1000.000001: tick_do_update_jiffies64 <-__hrtimer_run_queues\n";
+    assert!(s.contains(first), "{s}");
+    let cut = ": <stack trace>\n => schedule+0x50\n => worker_thread+0x20\n => 0xffffffff83000100\n => ... (cut: too deep)\n";
+    assert!(s.contains(cut), "{s}");
+    let at_end = ": <stack trace>\n => __hrtimer_run_queues+0x38\n => hrtimer_interrupt+0x200\n";
+    assert!(s.contains(at_end), "{s}");
+    assert_eq!(s.matches(": <stack trace>\n").count(), 5);
+    // Entered from user mode: complete, no cut line.
+    let user = ": <stack trace>\n => worker_thread+0x20\n";
+    assert!(s.contains(user), "{s}");
+    assert_eq!(s.matches("(cut: ").count(), 1);
+
+    // Without stacks, nothing changes.
+    let mut plain = t.clone();
+    plain.stacks.clear();
+    plain.meta.stacks.clear();
+    plain.meta.stack_funcs.clear();
+    plain.events.iter_mut().for_each(|e| e.stack = 0);
+    assert_eq!(script(&plain), script(&fixture::tasks_trace()));
+    assert!(!script(&plain).contains("stack"));
+}

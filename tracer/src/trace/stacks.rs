@@ -1,0 +1,80 @@
+//! Kernel stacks (`--stack`) as every output names them: a frame is a
+//! return address, shown as the function of the call it returns to,
+//! `function+0xoffset`, or in hex when no known function holds it.
+//!
+//! The function is looked up at the address minus one, as perf and the
+//! kernel's `%pB` do: a call that is its function's last instruction
+//! returns to the next function's first byte, and the frame belongs to
+//! the caller, not to what follows it. The offset printed is the return
+//! address's own.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use crate::kernel::symbols::Symbol;
+use crate::trace::model::{Stack, Trace};
+use crate::trace::report::escape;
+
+/// One frame of a stack, symbolized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'t> {
+    /// The return address (link address).
+    pub addr: u64,
+    /// The function of the call, if the trace knows it (`Trace::callers`).
+    pub function: Option<&'t Symbol>,
+}
+
+impl<'t> Frame<'t> {
+    /// The frame at return address `addr` of `trace`'s stacks.
+    pub fn of(trace: &'t Trace, addr: u64) -> Frame<'t> {
+        Frame {
+            addr,
+            function: trace.caller_of(addr.saturating_sub(1)),
+        }
+    }
+
+    /// `addr` minus the function's start (0 when it is unknown).
+    pub fn offset(&self) -> u64 {
+        self.function.map_or(0, |f| self.addr - f.addr)
+    }
+
+    /// The function's name through `escape`, None when unknown.
+    pub fn name(&self) -> Option<Cow<'t, str>> {
+        self.function.map(|f| escape(&f.name))
+    }
+
+    /// `function+0xoffset`, or `0xffffffff81234567` when unknown.
+    pub fn label(&self) -> String {
+        match self.name() {
+            Some(n) => format!("{n}+{:#x}", self.offset()),
+            None => format!("{:#x}", self.addr),
+        }
+    }
+}
+
+/// The frames of `stack`, innermost first, symbolized.
+pub fn frames<'t>(trace: &'t Trace, stack: &Stack) -> Vec<Frame<'t>> {
+    stack.frames.iter().map(|&a| Frame::of(trace, a)).collect()
+}
+
+/// How many stored entries name each stack: `[id - 1]` per function, for
+/// the `--stack` functions (`TraceMeta::stack_funcs`), by function.
+pub fn counts_by_function(trace: &Trace) -> HashMap<u32, Vec<(u32, u64)>> {
+    let mut per: HashMap<u32, HashMap<u32, u64>> = HashMap::new();
+    for e in trace.events.iter().filter(|e| e.stack != 0) {
+        *per.entry(e.func).or_default().entry(e.stack).or_default() += 1;
+    }
+    per.into_iter()
+        .map(|(f, ids)| {
+            let mut ids: Vec<(u32, u64)> = ids.into_iter().collect();
+            // Most calls first; ties by id (first seen first).
+            ids.sort_by_key(|&(id, n)| (std::cmp::Reverse(n), id));
+            (f, ids)
+        })
+        .collect()
+}
+
+/// Entries that carry a stack.
+pub fn entries_with_stacks(trace: &Trace) -> u64 {
+    trace.events.iter().filter(|e| e.stack != 0).count() as u64
+}
