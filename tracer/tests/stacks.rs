@@ -421,3 +421,98 @@ fn script_prints_each_entrys_stack_after_it() {
     assert_eq!(script(&plain), script(&fixture::tasks_trace()));
     assert!(!script(&plain).contains("stack"));
 }
+
+fn report(t: &Trace, cpus: Option<Vec<u32>>) -> String {
+    let opts = tracer::trace::report::ReportOptions {
+        cpus,
+        ..tracer::trace::report::ReportOptions::whole_trace()
+    };
+    tracer::trace::report::render(t, &opts)
+}
+
+/// The report's header says how stacks were unwound and how many calls
+/// carry one; its stacks section lists each `--stack` function's stacks,
+/// most calls first, caller first, a cut stack starting with why.
+#[test]
+fn the_report_shows_each_stack_functions_stacks() {
+    let t = fixture::stacks_trace();
+    let r = report(&t, None);
+    check("stacks.txt", r.as_bytes());
+    assert!(
+        r.contains(&format!(
+            "# stacks:       {}; 5 of 12 stored calls carry one, 4 distinct\n",
+            fixture::STACKS_NOTE
+        )),
+        "{r}"
+    );
+    let section = "#\n# kernel stacks (--stack), caller first (perf report -g caller):\n#\n\
+        tick_sched_timer: 4 calls with a stack, 3 distinct\n\
+        \x20  50.00%  2 calls\n\
+        \x20           cpu_idle_loop+0x40\n\
+        \x20           sysvec_apic_timer_interrupt+0x10\n\
+        \x20           hrtimer_interrupt+0x20\n\
+        \x20           __hrtimer_run_queues+0x30\n\
+        \x20           tick_sched_timer\n\
+        \x20  25.00%  1 call\n\
+        \x20           ... (cut: too deep)\n\
+        \x20           0xffffffff83000100\n\
+        \x20           worker_thread+0x20\n\
+        \x20           schedule+0x50\n\
+        \x20           tick_sched_timer\n\
+        \x20  25.00%  1 call\n\
+        \x20           hrtimer_interrupt+0x200\n\
+        \x20           __hrtimer_run_queues+0x38\n\
+        \x20           tick_sched_timer\n\
+        schedule: 1 call with a stack, 1 distinct\n\
+        \x20 100.00%  1 call\n\
+        \x20           worker_thread+0x20\n\
+        \x20           schedule\n";
+    assert!(r.ends_with(section), "{r}");
+
+    // --cpu 1: only vCPU 1's entries count.
+    let r = report(&t, Some(vec![1]));
+    assert!(
+        r.contains("tick_sched_timer: 1 call with a stack, 1 distinct\n  100.00%  1 call\n            ... (cut: too deep)\n"),
+        "{r}"
+    );
+
+    // Without stacks: no line, no section.
+    let r = report(&fixture::tasks_trace(), None);
+    assert!(!r.contains("stack"), "{r}");
+}
+
+/// At most 10 stacks a function, then what the others add up to.
+#[test]
+fn the_report_sums_up_a_functions_stacks_past_ten() {
+    let mut t = fixture::stacks_trace();
+    // 13 distinct stacks for tick_sched_timer's 4 stored calls is not
+    // possible: give every entry of the trace its own stack instead, and
+    // make every function a stack function.
+    t.stacks.clear();
+    let mut n = 0;
+    for e in t.events.iter_mut().filter(|e| !e.is_return()) {
+        n += 1;
+        e.stack = n;
+        t.stacks.push(Stack {
+            frames: vec![0xffff_ffff_8100_1230 + u64::from(n)],
+            end: StackEnd::Bottom,
+        });
+    }
+    // Every entry under one function.
+    let mut counts = vec![vec![0u64; 2]; t.functions.len()];
+    for e in t.events.iter_mut().filter(|e| !e.is_return()) {
+        e.func = fixture::G_TICK;
+        counts[fixture::G_TICK as usize][e.cpu as usize] += 1;
+    }
+    t.counts = counts;
+    let r = report(&t, None);
+    assert!(
+        r.contains("tick_sched_timer: 12 calls with a stack, 12 distinct\n"),
+        "{r}"
+    );
+    assert_eq!(r.matches("    8.33%  1 call\n").count(), 10, "{r}");
+    assert!(
+        r.contains("\n  ... 2 more stacks (2 calls)\nschedule: no stored call with a stack\n"),
+        "{r}"
+    );
+}

@@ -9,7 +9,6 @@
 //! address's own.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{Stack, Trace};
@@ -55,23 +54,6 @@ impl<'t> Frame<'t> {
 /// The frames of `stack`, innermost first, symbolized.
 pub fn frames<'t>(trace: &'t Trace, stack: &Stack) -> Vec<Frame<'t>> {
     stack.frames.iter().map(|&a| Frame::of(trace, a)).collect()
-}
-
-/// How many stored entries name each stack: `[id - 1]` per function, for
-/// the `--stack` functions (`TraceMeta::stack_funcs`), by function.
-pub fn counts_by_function(trace: &Trace) -> HashMap<u32, Vec<(u32, u64)>> {
-    let mut per: HashMap<u32, HashMap<u32, u64>> = HashMap::new();
-    for e in trace.events.iter().filter(|e| e.stack != 0) {
-        *per.entry(e.func).or_default().entry(e.stack).or_default() += 1;
-    }
-    per.into_iter()
-        .map(|(f, ids)| {
-            let mut ids: Vec<(u32, u64)> = ids.into_iter().collect();
-            // Most calls first; ties by id (first seen first).
-            ids.sort_by_key(|&(id, n)| (std::cmp::Reverse(n), id));
-            (f, ids)
-        })
-        .collect()
 }
 
 /// Entries that carry a stack.
