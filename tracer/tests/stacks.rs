@@ -516,3 +516,58 @@ fn the_report_sums_up_a_functions_stacks_past_ten() {
         "{r}"
     );
 }
+
+/// The JSON report: every stack (frames symbolized, how it ends), how they
+/// were unwound, and per stack function its stacks' ids with their calls.
+#[test]
+fn the_json_report_has_the_stacks() {
+    let t = fixture::stacks_trace();
+    let v = tracer::trace::export::to_json(&t);
+    let mut out = Vec::new();
+    tracer::trace::export::write_json(&t, &mut out).unwrap();
+    check("stacks.json", &out);
+    assert_eq!(v["stacks_source"], fixture::STACKS_NOTE);
+    let stacks = v["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 4);
+    assert_eq!(
+        stacks[2],
+        serde_json::json!({
+            "id": 3,
+            "frames": [
+                { "addr": "0xffffffff81001650", "function": "schedule", "offset": 0x50 },
+                { "addr": "0xffffffff82000020", "function": "worker_thread", "offset": 0x20 },
+                { "addr": "0xffffffff83000100", "function": null, "offset": null },
+            ],
+            "end": "too_deep",
+            "complete": false,
+        })
+    );
+    assert_eq!(stacks[3]["frames"][1]["function"], "hrtimer_interrupt");
+    assert_eq!(stacks[3]["frames"][1]["offset"], 0x200);
+    assert_eq!(stacks[1]["end"], "user");
+    assert_eq!(stacks[1]["complete"], true);
+    let f = |name: &str| {
+        v["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        f("tick_sched_timer")["stacks"],
+        serde_json::json!([
+            { "id": 1, "count": 2 },
+            { "id": 3, "count": 1 },
+            { "id": 4, "count": 1 },
+        ])
+    );
+    assert_eq!(
+        f("schedule")["stacks"],
+        serde_json::json!([{ "id": 2, "count": 1 }])
+    );
+    assert!(f("hrtimer_interrupt").get("stacks").is_none());
+    let plain = tracer::trace::export::to_json(&fixture::tasks_trace());
+    assert!(plain.get("stacks").is_none() && plain.get("stacks_source").is_none());
+}
