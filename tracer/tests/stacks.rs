@@ -571,3 +571,83 @@ fn the_json_report_has_the_stacks() {
     let plain = tracer::trace::export::to_json(&fixture::tasks_trace());
     assert!(plain.get("stacks").is_none() && plain.get("stacks_source").is_none());
 }
+
+fn output(f: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> String {
+    let mut out = Vec::new();
+    f(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The CSV's last column, `stack`: frames innermost first, `;`-joined.
+#[test]
+fn the_csv_has_a_stack_column() {
+    let t = fixture::stacks_trace();
+    let csv = output(|w| tracer::trace::export::write_csv(&t, w));
+    check("stacks.csv", csv.as_bytes());
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "ts_ns,cpu,function,addr,parent,caller,kind,slot,pid,tgid,comm,stack"
+    );
+    assert!(
+        csv.contains(",entry,0xffffc90000033fb8,60,57,gdbus,schedule+0x50;worker_thread+0x20;0xffffffff83000100\n"),
+        "{csv}"
+    );
+    assert!(
+        csv.contains(",__hrtimer_run_queues+0x38;hrtimer_interrupt+0x200\n"),
+        "{csv}"
+    );
+    // Entries without a stack, and returns, leave it empty.
+    assert_eq!(csv.lines().filter(|l| l.ends_with(',')).count(), 22 - 5);
+    // Without stacks: no column.
+    let plain = output(|w| tracer::trace::export::write_csv(&fixture::tasks_trace(), w));
+    assert!(!plain.contains("stack"), "{plain}");
+}
+
+/// Folded output: each entry with a stack is `comm;outermost;...;caller;
+/// function COUNT`, on top of a function graph's self-time lines.
+#[test]
+fn folded_output_folds_the_entries_stacks() {
+    let t = fixture::stacks_trace();
+    let folded = output(|w| tracer::trace::export::write_folded(&t, w));
+    check("stacks.folded", folded.as_bytes());
+    assert!(
+        folded.contains("\nswapper;cpu_idle_loop;sysvec_apic_timer_interrupt;hrtimer_interrupt;__hrtimer_run_queues;tick_sched_timer 1\n"),
+        "{folded}"
+    );
+    assert!(
+        folded.starts_with("gdbus;0xffffffff83000100;worker_thread;schedule;tick_sched_timer 1\n"),
+        "{folded}"
+    );
+    assert!(
+        folded.contains("\ngdbus;worker_thread;schedule 1\n"),
+        "{folded}"
+    );
+    // Stack 4's entry has no known task: no comm.
+    assert!(
+        folded.contains("\nhrtimer_interrupt;__hrtimer_run_queues;tick_sched_timer 1\n"),
+        "{folded}"
+    );
+    // The self-time lines stay.
+    assert!(folded.contains("\ngdbus;schedule 31600\n"), "{folded}");
+
+    // An entry-only trace folds its stacks only; two entries with the same
+    // path add up.
+    let mut t = fixture::stacks_trace();
+    t.events.retain(|e| !e.is_return());
+    t.events.iter_mut().for_each(|e| {
+        e.slot = 0;
+        e.task = 0;
+    });
+    t.returns.clear();
+    t.meta.graph = false;
+    t.meta.unhooked = 0;
+    let folded = output(|w| tracer::trace::export::write_folded(&t, w));
+    assert_eq!(
+        folded,
+        "0xffffffff83000100;worker_thread;schedule;tick_sched_timer 1\n\
+         cpu_idle_loop;sysvec_apic_timer_interrupt;hrtimer_interrupt;__hrtimer_run_queues;tick_sched_timer 2\n\
+         hrtimer_interrupt;__hrtimer_run_queues;tick_sched_timer 1\n\
+         worker_thread;schedule 1\n"
+    );
+}
