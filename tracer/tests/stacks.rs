@@ -651,3 +651,91 @@ fn folded_output_folds_the_entries_stacks() {
          worker_thread;schedule 1\n"
     );
 }
+
+/// trace.dat: a `kernel_stack` event after each entry with a stack, which
+/// Debian's `trace-cmd report` prints as ftrace's own (`<stack trace >`,
+/// `=> function (address)` per frame), entry-only and function graph.
+#[test]
+fn trace_cmd_reports_the_kernel_stacks() {
+    for graph in [true, false] {
+        let mut t = fixture::stacks_trace();
+        if !graph {
+            t.events.retain(|e| !e.is_return());
+            t.events.iter_mut().for_each(|e| e.slot = 0);
+            t.returns.clear();
+            t.meta.graph = false;
+            t.meta.unhooked = 0;
+        }
+        let path = tmp(&format!("stacks-{graph}.dat"));
+        let mut bytes = Vec::new();
+        let w = tracer::trace::export::tracedat::write_tracedat_counted(&t, &mut bytes).unwrap();
+        assert_eq!(w.kernel_stack, 5);
+        fs::write(&path, &bytes).unwrap();
+        let out = std::process::Command::new("trace-cmd")
+            .args(["report", "-i"])
+            .arg(&path)
+            .output()
+            .expect("trace-cmd is not installed: `apt-get install trace-cmd`");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
+        assert_eq!(stdout.matches("kernel_stack:").count(), 5, "{stdout}");
+        let want = "<stack trace >\n=> __hrtimer_run_queues (ffffffff81001230)\n\
+                    => hrtimer_interrupt (ffffffff81001020)\n\
+                    => sysvec_apic_timer_interrupt (ffffffff82002010)\n\
+                    => cpu_idle_loop (ffffffff81001840)\n";
+        assert_eq!(stdout.matches(want).count(), 2, "{stdout}");
+        let cut = "<stack trace >\n=> schedule (ffffffff81001650)\n\
+                   => worker_thread (ffffffff82000020)\n";
+        assert!(stdout.contains(cut), "{stdout}");
+        // Each follows its entry, same task, CPU and time.
+        let lines: Vec<&str> = stdout.lines().collect();
+        let i = lines
+            .iter()
+            .position(|l| l.contains("kernel_stack:") && l.contains("gdbus-60"))
+            .unwrap();
+        let time = |l: &str| l.split(':').next().unwrap().to_string();
+        assert!(lines[i - 1].contains("schedule"), "{stdout}");
+        assert_eq!(
+            time(lines[i - 1]),
+            time(lines[i]).replace("kernel_stack", "")
+        );
+        let _ = fs::remove_file(&path);
+    }
+}
+
+/// A stack too long for an event header's `type_len` (over 112 bytes: 12
+/// frames) is written in the long form, which trace-cmd reads whole: here
+/// 64 frames, the most a stack keeps.
+#[test]
+fn trace_cmd_reads_a_64_frame_stack() {
+    let mut t = fixture::stacks_trace();
+    t.stacks[0].frames = (0..64u64).map(|i| fixture::WORKER_THREAD + 1 + i).collect();
+    let path = tmp("stacks-long.dat");
+    let mut bytes = Vec::new();
+    tracer::trace::export::write_tracedat(&t, &mut bytes).unwrap();
+    fs::write(&path, &bytes).unwrap();
+    let out = std::process::Command::new("trace-cmd")
+        .args(["report", "-i"])
+        .arg(&path)
+        .output()
+        .expect("trace-cmd is not installed: `apt-get install trace-cmd`");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut want = String::from("<stack trace >\n");
+    for i in 0..64u64 {
+        want += &format!("=> worker_thread ({:x})\n", fixture::WORKER_THREAD + 1 + i);
+    }
+    assert_eq!(stdout.matches(&want).count(), 2, "{stdout}");
+    // The events after them are still read.
+    assert!(
+        stdout.contains("=> schedule (ffffffff81001650)\n"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("kernel_stack:").count(), 5, "{stdout}");
+    let _ = fs::remove_file(&path);
+}
