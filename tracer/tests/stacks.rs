@@ -140,7 +140,7 @@ fn stack_of(i: usize) -> Option<Stack> {
         frames: (0..=k % 7)
             .map(|d| 0xffff_ffff_8100_0000 + k * 0x100 + d)
             .collect(),
-        end: if k % 3 == 0 {
+        end: if k.is_multiple_of(3) {
             StackEnd::Bottom
         } else {
             StackEnd::Unreadable

@@ -240,7 +240,8 @@ impl Tracer {
             .functions
             .iter()
             .zip(used)
-            .filter_map(|(f, u)| u.then(|| f.clone()))
+            .filter(|&(_, u)| u)
+            .map(|(f, _)| f.clone())
             .collect();
         callers.sort_by_key(|s| s.addr);
         callers

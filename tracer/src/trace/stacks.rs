@@ -16,17 +16,17 @@ use crate::trace::report::escape;
 
 /// One frame of a stack, symbolized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Frame<'t> {
+pub struct StackFrame<'t> {
     /// The return address (link address).
     pub addr: u64,
     /// The function of the call, if the trace knows it (`Trace::callers`).
     pub function: Option<&'t Symbol>,
 }
 
-impl<'t> Frame<'t> {
+impl<'t> StackFrame<'t> {
     /// The frame at return address `addr` of `trace`'s stacks.
-    pub fn of(trace: &'t Trace, addr: u64) -> Frame<'t> {
-        Frame {
+    pub fn of(trace: &'t Trace, addr: u64) -> StackFrame<'t> {
+        StackFrame {
             addr,
             function: trace.caller_of(addr.saturating_sub(1)),
         }
@@ -52,8 +52,12 @@ impl<'t> Frame<'t> {
 }
 
 /// The frames of `stack`, innermost first, symbolized.
-pub fn frames<'t>(trace: &'t Trace, stack: &Stack) -> Vec<Frame<'t>> {
-    stack.frames.iter().map(|&a| Frame::of(trace, a)).collect()
+pub fn frames<'t>(trace: &'t Trace, stack: &Stack) -> Vec<StackFrame<'t>> {
+    stack
+        .frames
+        .iter()
+        .map(|&a| StackFrame::of(trace, a))
+        .collect()
 }
 
 /// Entries that carry a stack.

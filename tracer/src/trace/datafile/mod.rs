@@ -182,10 +182,34 @@
 //! `3` bool, `4` char, `5` pointer, `6` enum (then `u32` index into the
 //! enums). Anything else is corrupt.
 //!
+//! # Version 9: kernel stacks
+//!
+//! Version 9 keeps the kernel stack of `--stack` entries. Its body adds,
+//! after `values`, `str` stacks (how they were unwound; empty without
+//! `--stack`), `u32` n and n `u32` stack functions (indices into the
+//! functions; any not below `nfunc` is corrupt). An event record is 48
+//! bytes: version 8's with `u32 stack` after `task` (`u64 data` then at
+//! 40): the entry's stack, 1-based (the n-th stack of the `STAK` blocks),
+//! `0` for none; a return naming a stack is corrupt. The stacks are in
+//! `STAK` blocks, each
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | first    | `u32`         | stacks saved before this block                         |
+//! | n        | `u32`         | stacks in this block                                   |
+//! | stacks   | n × (`u8` end, `u32` m, m × `u64` frame) | `StackEnd` code (0 to 6), frames innermost first, link addresses, m at most `MAX_FRAMES` |
+//!
+//! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
+//! entries name its stacks, as `TASK` blocks are; a reader must reject a
+//! `STAK` block whose `first` is not the number of stacks before it, an
+//! unknown end code, more than `MAX_FRAMES` frames, and an entry whose
+//! stack is past the stacks saved before its block. Versions 1 to 8 are
+//! still read: their events have stack 0.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`) and no values, else a version-8 data file in one
-//! go: `HEAD`, `TASK`, `ARGS`, `EVTS`, `FOOT`, `END` (version 4 has no
-//! room for them).
+//! `TraceMeta::tasks`), no values and no stacks, else a version-9 data
+//! file in one go: `HEAD`, `TASK`, `ARGS`, `STAK`, `EVTS`, `FOOT`, `END`
+//! (version 4 has no room for them).
 //!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
@@ -241,7 +265,7 @@ pub const VERSION_7: u32 = 7;
 /// The data file written while the guest runs (`stream`): blocks, guest
 /// tasks in `TASK` blocks, 36-byte events naming their task.
 pub const VERSION_8: u32 = 8;
-/// The data file with kernel stacks (`STACK` blocks, 48-byte events naming
+/// The data file with kernel stacks (`STAK` blocks, 48-byte events naming
 /// their stack).
 pub const VERSION_9: u32 = 9;
 /// Size of one event record in versions 3 to 7.
@@ -281,7 +305,7 @@ pub enum Section {
     Args,
     /// The prototypes of a version-8 body.
     Prototypes,
-    /// A version-9 `STACK` block.
+    /// A version-9 `STAK` block.
     Stacks,
 }
 
@@ -418,6 +442,20 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
                 .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
         }
     }
+    check_stacks(trace)?;
+    let counts = Counted {
+        nfunc,
+        cpus,
+        tasks: trace.tasks.len(),
+        args: trace.args.len(),
+        stacks: trace.stacks.len(),
+    };
+    check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
+}
+
+/// The stacks' rules: how many, their frames, the stack functions.
+fn check_stacks(trace: &Trace) -> Result<(), (Section, String)> {
+    let nfunc = trace.functions.len();
     if u32::try_from(trace.stacks.len()).is_err() {
         return Err((
             Section::Stacks,
@@ -449,14 +487,7 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
             format!("stack function {f} but there are {nfunc} functions"),
         ));
     }
-    let counts = Counted {
-        nfunc,
-        cpus,
-        tasks: trace.tasks.len(),
-        args: trace.args.len(),
-        stacks: trace.stacks.len(),
-    };
-    check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
+    Ok(())
 }
 
 /// What events may index: functions, vCPUs, and the tasks, arguments and

@@ -290,7 +290,7 @@ fn read_args<R: Read>(
     Ok(())
 }
 
-/// A `STACK` block's stacks, appended to `stacks` (those before it).
+/// A `STAK` block's stacks, appended to `stacks` (those before it).
 fn read_stacks<R: Read>(
     r: &Reader<'_, R>,
     payload: &[u8],

@@ -2,7 +2,7 @@
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, each after a `TASK` block with the guest tasks seen since the
 //! last one (the caller's `write_tasks`), an `ARGS` block with the
-//! arguments recorded since (`write_args`) and a `STACK` block with the
+//! arguments recorded since (`write_args`) and a `STAK` block with the
 //! kernel stacks unwound since (`write_stacks`), `FOOT` and `END` when it
 //! stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
@@ -63,7 +63,7 @@ pub struct DataFile {
     tasks: usize,
     /// Calls' arguments written (in `ARGS` blocks).
     args: usize,
-    /// Kernel stacks written (in `STACK` blocks).
+    /// Kernel stacks written (in `STAK` blocks).
     stacks: usize,
     /// A block being assembled (kept to avoid an allocation per block).
     buf: Vec<u8>,
@@ -205,10 +205,10 @@ impl DataFile {
         self.stacks
     }
 
-    /// `STACK` blocks holding `stacks`, the next ones (ids `stacks_saved()
-    /// + 1`...; `session::stacks::StackTable::since` gives them). Call it
-    /// before writing the entries that name them: a reader refuses an
-    /// entry whose stack was not saved before it.
+    /// `STAK` blocks holding `stacks`, the next ones (ids from
+    /// `stacks_saved() + 1`; `session::stacks::StackTable::since` gives
+    /// them). Call it before writing the entries that name them: a reader
+    /// refuses an entry whose stack was not saved before it.
     pub fn write_stacks(&mut self, stacks: &[Stack]) -> io::Result<()> {
         for (n, payload) in stack_payloads(self.stacks, stacks)? {
             self.block(TAG_STACKS, &payload)?;
@@ -321,10 +321,10 @@ pub(super) fn args_payloads(
     })
 }
 
-/// Bytes of a `STACK` block's stack besides its frames: end code, count.
+/// Bytes of a `STAK` block's stack besides its frames: end code, count.
 pub const STACK_FIXED: usize = 1 + 4;
 
-/// The `STACK` blocks holding `stacks`, the first of which follows `first`
+/// The `STAK` blocks holding `stacks`, the first of which follows `first`
 /// saved ones: (stacks in it, payload `u32` first, `u32` n, n x (`u8` end,
 /// `u32` frame count, frames `u64`)). A stack has at most `MAX_FRAMES`
 /// frames, so a block always fits one.

@@ -82,7 +82,7 @@ fn stack_lines(trace: &Trace, frames: &FrameNames) -> Vec<(String, u64)> {
             path.push(frames.name_of(c).to_string());
         }
         for &a in stack.frames.iter().rev() {
-            let f = crate::trace::stacks::Frame::of(trace, a);
+            let f = crate::trace::stacks::StackFrame::of(trace, a);
             path.push(match f.function {
                 Some(s) => escape(&s.name).replace(';', "_"),
                 None => format!("{a:#x}"),

@@ -61,7 +61,7 @@ use std::io::{self, BufWriter, Write};
 
 use crate::trace::model::{Event, Trace};
 use crate::trace::report::{escape, Caller};
-use crate::trace::stacks::Frame;
+use crate::trace::stacks::StackFrame;
 use crate::trace::values;
 
 /// Writes every stored event of `trace`, in time order, after a `#`
@@ -206,7 +206,7 @@ fn stack_lines(w: &mut impl Write, trace: &Trace, e: &Event, tgid: bool) -> io::
     prefix(w, trace, e, tgid)?;
     w.write_all(b"<stack trace>\n")?;
     for &a in &stack.frames {
-        writeln!(w, " => {}", Frame::of(trace, a).label())?;
+        writeln!(w, " => {}", StackFrame::of(trace, a).label())?;
     }
     if !stack.end.is_complete() {
         writeln!(w, " => ... (cut: {})", stack.end.describe())?;

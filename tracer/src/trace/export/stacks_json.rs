@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::kernel::unwind::StackEnd;
 use crate::trace::model::Trace;
 use crate::trace::report::stacks::FuncStacks;
-use crate::trace::stacks::Frame;
+use crate::trace::stacks::StackFrame;
 
 /// `end` as the JSON report spells it.
 pub fn end_name(end: StackEnd) -> &'static str {
@@ -39,7 +39,7 @@ pub(super) fn stacks_json(doc: &mut Value, trace: &Trace) {
                 .frames
                 .iter()
                 .map(|&a| {
-                    let f = Frame::of(trace, a);
+                    let f = StackFrame::of(trace, a);
                     json!({
                         "addr": format!("{a:#x}"),
                         "function": f.function.map(|s| &s.name),

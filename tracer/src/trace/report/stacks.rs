@@ -9,7 +9,7 @@ use super::numbers::thousands;
 use super::{escape, Report};
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{Stack, Trace};
-use crate::trace::stacks::Frame;
+use crate::trace::stacks::StackFrame;
 
 /// Stacks the text report shows per function; the rest are summed up.
 pub const STACKS_SHOWN: usize = 10;
@@ -137,7 +137,7 @@ fn write_chain(out: &mut String, trace: &Trace, stack: &Stack, name: &str) {
         writeln!(out, "{INDENT}... (cut: {})", stack.end.describe()).unwrap();
     }
     for &a in stack.frames.iter().rev() {
-        writeln!(out, "{INDENT}{}", Frame::of(trace, a).label()).unwrap();
+        writeln!(out, "{INDENT}{}", StackFrame::of(trace, a).label()).unwrap();
     }
     writeln!(out, "{INDENT}{name}").unwrap();
 }
