@@ -204,7 +204,7 @@ fn export_name(fmt: ExportFormat) -> &'static str {
 /// `dropped`, the text report its `events:` line.)
 fn note_dropped(fmt: ExportFormat, trace: &Trace) {
     let m = &trace.meta;
-    if fmt == ExportFormat::Folded && !m.graph {
+    if fmt == ExportFormat::Folded && !m.graph && trace.stacks.is_empty() {
         note!(
             "vmtrace: the folded stacks are empty: this trace has no returns (trace with --graph)"
         );

@@ -11,7 +11,14 @@ use crate::error::{Error, InputError, Outcome};
 pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
     let cfg = ReportConfig::check(args)?;
     let trace = datafile::load(&cfg.input)?;
-    if let Some(what) = cfg.output.graph_view().filter(|_| !trace.meta.graph) {
+    // Folded stacks of an entry-only trace are its entries' kernel stacks
+    // (`--stack`): only a trace with neither returns nor stacks has none.
+    let folds_stacks = |what: &&str| what.contains("folded") && !trace.stacks.is_empty();
+    if let Some(what) = cfg
+        .output
+        .graph_view()
+        .filter(|w| !trace.meta.graph && !folds_stacks(w))
+    {
         return Err(InputError::NoGraph {
             what,
             path: cfg.input.clone(),

@@ -1,4 +1,4 @@
-//! The data file (format version 8) as `vmtrace record` streams it: read
+//! The data file (format version 9) as `vmtrace record` streams it: read
 //! back whole, read after the writer was killed at any byte, refused when
 //! corrupt in the middle; guest tasks saved before the events that name
 //! them; version 5 and 7 files still read.
@@ -189,7 +189,7 @@ fn a_version_7_data_file_still_reads() {
     assert_eq!(back, want);
 }
 
-/// A trace with guest tasks saves as a version-8 data file (version 4 has
+/// A trace with guest tasks saves as a version-9 data file (version 4 has
 /// no room for them) and reads back as itself; one without stays version 4.
 #[test]
 fn a_trace_with_tasks_saves_and_loads_back() {
@@ -197,7 +197,7 @@ fn a_trace_with_tasks_saves_and_loads_back() {
         let path = tmp("tasks.vmtrace");
         save(&t, &path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 9);
         assert_eq!(load(&path).unwrap(), t);
     }
     // The source alone (no task known) is kept too.

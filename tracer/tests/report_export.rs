@@ -171,8 +171,10 @@ fn report_json_schema_is_a_2020_12_schema() {
 fn report_json_matches_schema_and_counts() {
     let s = schema();
     // Traces with guest tasks too (their other outputs: tests/tasks.rs),
-    // and with arguments and return values (tests/values.rs).
+    // with arguments and return values (tests/values.rs), and with kernel
+    // stacks (tests/stacks.rs).
     let with_tasks = [
+        ("stacks", fixture::stacks_trace()),
         ("tasks", fixture::tasks_trace()),
         ("tasks_entry", fixture::tasks_entry_trace()),
         ("values", fixture::values_trace()),

@@ -381,7 +381,7 @@ fn chrome_events_carry_args_and_ret() {
     assert!(tick[3]["args"].get("args").is_none());
 }
 
-/// The saved trace (a version-8 data file, written in one go) reads back
+/// The saved trace (a version-9 data file, written in one go) reads back
 /// as itself; without values it still saves as version 4.
 #[test]
 fn the_saved_trace_is_byte_identical_and_reads_back() {
@@ -393,7 +393,7 @@ fn the_saved_trace_is_byte_identical_and_reads_back() {
         save(&t, &p).unwrap();
         let bytes = fs::read(&p).unwrap();
         check(golden, &bytes);
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 8);
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 9);
         assert_eq!(load(&p).unwrap(), t);
     }
     let p = tmp("plain.vmtrace");
@@ -547,7 +547,7 @@ fn arguments_past_the_saved_ones_are_corruption() {
     let tags: Vec<&[u8; 4]> = bl.iter().map(|(_, tag, _)| tag).collect();
     assert_eq!(tags, [b"HEAD", b"ARGS", b"EVTS", b"FOOT", b"END\0"]);
 
-    // The first event (44-byte records after the count: its data at 36)
+    // The first event (48-byte records after the count: its data at 40)
     // names arguments 12 of 11.
     let (start, _, payload) = bl[2].clone();
     let mut b = good.clone();
@@ -555,7 +555,7 @@ fn arguments_past_the_saved_ones_are_corruption() {
         &mut b,
         start,
         payload.clone(),
-        payload.start + 4 + 36,
+        payload.start + 4 + 40,
         &12u64.to_le_bytes(),
     );
     fs::write(&path, &b).unwrap();

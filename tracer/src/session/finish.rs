@@ -11,10 +11,11 @@ use crate::kernel::symbols::Symbol;
 use crate::session::args::ArgTable;
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
+use crate::session::stacks::StackTable;
 use crate::session::store::Stored;
 use crate::session::tasks::TaskTable;
 use crate::trace::datafile::TraceFileError;
-use crate::trace::model::{Trace, TraceMeta};
+use crate::trace::model::{Event, Trace, TraceMeta};
 
 impl Tracer {
     /// The guest tasks this session's events name (the store's table):
@@ -28,6 +29,13 @@ impl Tracer {
     /// pushes them here first and puts the id in `Event::data`.
     pub fn arg_table(&self) -> std::sync::Arc<ArgTable> {
         std::sync::Arc::clone(&self.arg_table)
+    }
+
+    /// The kernel stacks this session's entries name (the store's table):
+    /// whoever records an entry's stack (`--stack`) interns it here first
+    /// and puts the id in `Event::stack`.
+    pub fn stack_table(&self) -> std::sync::Arc<StackTable> {
+        std::sync::Arc::clone(&self.stack_table)
     }
 
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
@@ -170,7 +178,6 @@ impl Tracer {
         let stored = self.store.take().and_then(|c| c.join().ok());
         // In memory, the events' arguments (a data file has them).
         let mut args = Vec::new();
-        let image = &self.plan.image;
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
                 args = self.arg_table.all();
@@ -184,38 +191,12 @@ impl Tracer {
             Some(Stored::File(f)) => (Vec::new(), Some(f)),
             None => (Vec::new(), None),
         };
-        // In memory, the stacks entries name (a data file has them).
-        let stacks = match (&file, &self.stacks) {
-            (None, Some(src)) => src.table.all(),
-            _ => Vec::new(),
-        };
-        let mut seen = std::collections::HashSet::new();
-        let mut callers: Vec<Symbol> = Vec::new();
-        // A return address by its call (one past a noreturn call is the next function).
-        let frames = stacks.iter().flat_map(|s| s.frames.iter().map(|&ip| ip.wrapping_sub(1)));
-        for ip in events.iter().map(|e| e.parent).chain(frames) {
-            if let Some(i) = image.function_index_at(ip) {
-                if seen.insert(i) {
-                    callers.push(image.functions[i].clone());
-                }
-            }
-        }
-        if let Some(f) = &file {
-            callers.extend(
-                f.seen
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &s)| s)
-                    .map(|(i, _)| image.functions[i].clone()),
-            );
-        }
-        callers.sort_by_key(|s| s.addr);
         let mut trace = self.trace_now(kernel, stop_reason);
+        let callers = self.callers(&events, &trace, file.as_ref().map(|f| &f.seen[..]));
         trace.meta.trap_exits = trap_exits;
         trace.callers = callers;
         trace.events = events;
         trace.args = args;
-        trace.stacks = stacks;
         let saved = file.map(|f| {
             let path = f.file.path().to_path_buf();
             let write_err = |source| TraceFileError::Write {
@@ -236,6 +217,34 @@ impl Tracer {
             })
         });
         (trace, saved)
+    }
+
+    /// The kernel functions the trace's return addresses fall in, by
+    /// address: the callers of `events` (in memory) or those the store
+    /// `seen` (a data file's), and the functions of every frame of
+    /// `trace`'s stacks (a return address names the function of the call
+    /// before it: the address minus one, for a call that ends its
+    /// function).
+    fn callers(&self, events: &[Event], trace: &Trace, seen: Option<&[bool]>) -> Vec<Symbol> {
+        let image = &self.plan.image;
+        let mut used = seen.map_or_else(|| vec![false; image.functions.len()], <[bool]>::to_vec);
+        let frames = trace.stacks.iter().flat_map(|s| &s.frames);
+        let addrs = events.iter().map(|e| e.parent);
+        for a in addrs.chain(frames.map(|&f| f.saturating_sub(1))) {
+            if let Some(i) = image.function_index_at(a) {
+                used[i] = true;
+            }
+        }
+        // The image's functions are sorted by address.
+        let mut callers: Vec<Symbol> = image
+            .functions
+            .iter()
+            .zip(used)
+            .filter(|&(_, u)| u)
+            .map(|(f, _)| f.clone())
+            .collect();
+        callers.sort_by_key(|s| s.addr);
+        callers
     }
 
     /// The trace as known now, without events or callers: what a data
@@ -325,7 +334,9 @@ impl Tracer {
             // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
             prototypes: self.prototypes.clone(),
-            stacks: Vec::new(),
+            // Every stack so far: in memory the trace's; a data file's
+            // FOOT saves those its events did not name yet.
+            stacks: self.stack_table.all(),
         }
     }
 
@@ -455,6 +466,63 @@ mod tests {
         let back = crate::trace::datafile::load(&path).unwrap();
         assert_eq!(back.tasks, [sh]);
         assert_eq!(back.meta.tasks, from);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The stacks interned in the session's table reach the trace, in
+    /// memory and in the data file, and the functions of their frames are
+    /// callers (a frame at a function's end names the function before).
+    #[test]
+    fn the_trace_has_the_sessions_stacks_and_their_callers() {
+        use crate::kernel::unwind::{Stack, StackEnd};
+        use crate::plan::{Mode, Plan};
+        use crate::session::store::Storage;
+        use crate::session::Recording;
+        use crate::trace::datafile::DataFile;
+        let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        let plan = || Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
+        let image = plan().image;
+        // Two functions next to each other: a frame inside the first, and
+        // one at its very end (the second's first byte).
+        let (f, g) = image
+            .functions
+            .windows(2)
+            .map(|w| (&w[0], &w[1]))
+            .find(|(f, g)| f.addr + f.size == g.addr && f.size > 8)
+            .expect("two adjacent functions");
+        let stack = Stack {
+            frames: vec![f.addr + 5, g.addr],
+            end: StackEnd::Bottom,
+        };
+        let (t, handlers) = Tracer::new(plan(), 1, 1000);
+        assert_eq!(t.stack_table().intern(stack.clone()), 1);
+        drop(handlers);
+        let trace = t.finish(&kernel, "stopped".into());
+        assert_eq!(trace.stacks, std::slice::from_ref(&stack));
+        let names: Vec<&str> = trace.callers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, [f.name.as_str()]);
+
+        let dir = std::env::temp_dir().join(format!("vmtrace-finish-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stacks.data");
+        let rec = Recording {
+            max_events: 1000,
+            storage: Storage::Stream {
+                file: DataFile::create(&path).unwrap(),
+                buffer: 1 << 20,
+            },
+            kernel: kernel.clone(),
+            vmm: String::new(),
+        };
+        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, None, rec).unwrap();
+        t.stack_table().intern(stack.clone());
+        drop(handlers);
+        let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
+        saved.unwrap().unwrap();
+        let back = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(back.stacks, [stack]);
+        assert_eq!(back.callers, trace.callers);
+        assert_eq!(back.callers.len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -147,6 +147,9 @@ pub struct Tracer {
     /// The arguments entries name, shared with the store
     /// (`store::Store::args`).
     arg_table: Arc<args::ArgTable>,
+    /// The kernel stacks entries name, shared with the store
+    /// (`store::Store::stacks`).
+    stack_table: Arc<stacks::StackTable>,
     /// The traced functions' prototypes when values are recorded
     /// (`Plan::prototypes`, looked up once).
     prototypes: Vec<Option<crate::trace::model::Prototype>>,
@@ -214,7 +217,8 @@ impl Tracer {
         // tasks and values as trap mode's do (no function graph here).
         equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
-        let mut t = Tracer::assemble(plan, counters, store.thread, false, (table, args));
+        let tables = (table, args, store.stacks());
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, tables);
         t.tasks = tasks;
         t.stacks = stacks;
         t.exitless = Some(ex);
@@ -248,7 +252,8 @@ impl Tracer {
         let stacks = stack_source(&plan, &store);
         equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, (table, args));
+        let tables = (table, args, store.stacks());
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables);
         t.tasks = tasks;
         t.stacks = stacks;
         t.graph_hook = hook;
@@ -270,7 +275,11 @@ impl Tracer {
         counters: Arc<Counters>,
         store: JoinHandle<Stored>,
         overwrite: bool,
-        (tasks, args): (Arc<tasks::TaskTable>, Arc<args::ArgTable>),
+        (tasks, args, stacks): (
+            Arc<tasks::TaskTable>,
+            Arc<args::ArgTable>,
+            Arc<stacks::StackTable>,
+        ),
     ) -> Tracer {
         Tracer {
             prototypes: plan.prototypes(),
@@ -295,6 +304,7 @@ impl Tracer {
             stacks: None,
             task_table: tasks,
             arg_table: args,
+            stack_table: stacks,
         }
     }
 

@@ -22,6 +22,11 @@
 //! of the table as batches come, keeps those of the events its rings
 //! hold, and numbers them afresh when it writes (the file holds only the
 //! arguments of the events it keeps).
+//!
+//! It owns the kernel stacks of `--stack` entries (`StackTable`,
+//! `Store::stacks`) as it does the tasks: the stacks added since the last
+//! batch go to the file before it (the table only grows, so the flight
+//! recorder's file may hold stacks only dropped events named).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -153,8 +158,9 @@ impl Store {
         Arc::clone(&self.args)
     }
 
-    /// The table a recorder interns an entry's kernel stack in (its id in
-    /// `Event::stack`), shared with the store thread that saves them.
+    /// The table a recorder interns an entry's kernel stack in (before it
+    /// hands the event over, its id in `Event::stack`), shared with the
+    /// store thread that saves them.
     pub fn stacks(&self) -> Arc<StackTable> {
         Arc::clone(&self.stacks)
     }
@@ -184,6 +190,7 @@ pub fn spawn(
     let args = Arc::new(ArgTable::new());
     let arg_table = Arc::clone(&args);
     let stacks = Arc::new(StackTable::new());
+    let stack_table = Arc::clone(&stacks);
     let handle = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || match storage {
@@ -195,6 +202,7 @@ pub fn spawn(
                     error,
                     tasks: &table,
                     args: &arg_table,
+                    stacks: &stack_table,
                 };
                 Stored::File(stream(rx, &free_tx, out, &counters, &fixup))
             }
@@ -205,6 +213,7 @@ pub fn spawn(
                     error,
                     tasks: &table,
                     args: &arg_table,
+                    stacks: &stack_table,
                 };
                 Stored::File(overwrite(rx, &free_tx, out, per_cpu, &counters, &fixup))
             }
@@ -223,13 +232,14 @@ pub fn spawn(
     )
 }
 
-/// The data file being written, its first write error, and the tasks and
-/// arguments it saves before the events that name them.
+/// The data file being written, its first write error, and the tasks,
+/// arguments and stacks it saves before the events that name them.
 struct Out<'a> {
     file: DataFile,
     error: Option<io::Error>,
     tasks: &'a TaskTable,
     args: &'a ArgTable,
+    stacks: &'a StackTable,
 }
 
 impl Out<'_> {
@@ -250,19 +260,21 @@ impl Out<'_> {
         self.args.forget(saved);
     }
 
-    /// Writes `events` after the tasks added since the last write and
-    /// `args`, the next arguments (the flight recorder's, numbered as
-    /// its events name them).
+    /// Writes `events` after the tasks and stacks added since the last
+    /// write and `args`, the next arguments (the flight recorder's,
+    /// numbered as its events name them).
     fn write_with(&mut self, events: &[Event], args: &[[u64; ARG_REGS]], counters: &Counters) {
         if self.error.is_some() {
             counters.lose(events);
             return;
         }
         let new = self.tasks.since(self.file.tasks_saved());
+        let stacks = self.stacks.since(self.file.stacks_saved());
         let r = self
             .file
             .write_tasks(&new)
             .and_then(|()| self.file.write_args(args))
+            .and_then(|()| self.file.write_stacks(&stacks))
             .and_then(|()| self.file.write_events(events));
         if let Err(e) = r {
             counters.lose(events);
@@ -575,6 +587,68 @@ mod tests {
         let t = crate::trace::datafile::load(&path).unwrap();
         assert_eq!(t.events.len(), 1);
         assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Streams entries whose kernel stacks were interned in the store's
+    /// table (the second batch's after the first was sent), then stops
+    /// without the footer: the file holds the stack of every entry it
+    /// keeps, streamed or kept by the flight recorder (`per_cpu` 1).
+    #[test]
+    fn a_file_cut_short_names_its_entries_stacks() {
+        use crate::kernel::unwind::{Stack, StackEnd};
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stack = |f: u64, end| Stack {
+            frames: vec![f, f + 0x100],
+            end,
+        };
+        let (a, b) = (
+            stack(0x1010, StackEnd::Bottom),
+            stack(0x2020, StackEnd::NotText),
+        );
+        for overwrite in [false, true] {
+            let path = dir.join(format!("stacks-{overwrite}.data"));
+            let file = DataFile::create(&path).unwrap();
+            let storage = match overwrite {
+                false => Storage::Stream {
+                    file,
+                    buffer: 1 << 20,
+                },
+                true => Storage::Overwrite { file, per_cpu: 1 },
+            };
+            let fixup = Fixup {
+                index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+                functions: Arc::new(Vec::new()),
+            };
+            let (tx, store) = spawn(storage, Arc::new(Counters::new(1, 1, 100)), fixup);
+            store.head.as_ref().unwrap().send(head()).unwrap();
+            let table = store.stacks();
+            let with = |ts_ns, stack| Event {
+                ts_ns,
+                stack,
+                ..Event::default()
+            };
+            tx.send(vec![with(10, table.intern(a.clone())), with(11, 0)])
+                .unwrap();
+            let second = table.intern(b.clone());
+            tx.send(vec![with(12, second), with(13, table.intern(a.clone()))])
+                .unwrap();
+            drop(tx);
+            let Stored::File(f) = store.thread.join().unwrap() else {
+                panic!("a data file")
+            };
+            assert!(f.error.is_none());
+            assert_eq!(f.file.stacks_saved(), 2);
+            let t = crate::trace::datafile::load(&path).unwrap();
+            assert!(t.meta.incomplete);
+            assert_eq!(t.stacks, [a.clone(), b.clone()]);
+            let got: Vec<Option<&Stack>> = t.events.iter().map(|e| t.stack_of(e)).collect();
+            match overwrite {
+                false => assert_eq!(got, [Some(&a), None, Some(&b), Some(&a)]),
+                true => assert_eq!(got, [Some(&a)]),
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

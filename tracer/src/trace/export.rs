@@ -5,7 +5,9 @@
 //!   (described by [`JSON_SCHEMA`]). Counts are exact; callers come from the
 //!   stored events; function-graph traces add durations, traces with guest
 //!   tasks each task's stored calls (`tasks`), traces with values each
-//!   function's most frequent return values and what cannot be shown.
+//!   function's most frequent return values and what cannot be shown,
+//!   traces with kernel stacks (`--stack`) every distinct stack (`stacks`)
+//!   and each stack function's stacks with their calls.
 //! - **csv**: one row per stored event (see [`write_csv`]), with its guest
 //!   task when the trace has them, and its arguments or return value.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
@@ -55,11 +57,13 @@ pub fn to_json(trace: &Trace) -> Value {
     let m = &trace.meta;
     let report = Report::new(trace, &ReportOptions::whole_trace());
     let returned = values::return_counts(trace, RETURN_VALUES_TOP);
+    let stack_funcs = crate::trace::report::stacks::func_stacks(trace, None);
     let functions: Vec<Value> = report
         .functions()
         .map(|row| {
             let mut v = function_json(&report, row);
             values_json(&mut v, trace, row.index, &returned);
+            stacks_json::function_stacks(&mut v, &stack_funcs, row.index);
             v
         })
         .collect();
@@ -194,6 +198,7 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
         doc["kernel_offset"] = json!({ "virt": virt, "phys": phys });
     }
     tasks_json(doc, trace);
+    stacks_json::stacks_json(doc, trace);
     if m.args || m.retval {
         doc["values"] = json!({ "args": m.args, "retval": m.retval });
     }
@@ -459,6 +464,7 @@ impl CallerNames {
 mod csv;
 mod folded;
 pub mod script;
+mod stacks_json;
 pub mod tracedat;
 mod tracks;
 pub use csv::write_csv;

@@ -1,6 +1,6 @@
 //! What a session leaves: the data file, the trace model, the function
 //! graph, time and vCPU windows, reports and exports, arguments and
-//! return values as printed.
+//! return values and kernel stacks as printed.
 
 pub mod datafile;
 pub mod export;
@@ -8,5 +8,6 @@ pub mod graph;
 pub mod model;
 pub mod output_path;
 pub mod report;
+pub mod stacks;
 pub mod values;
 pub mod window;

@@ -8,17 +8,30 @@ use super::protos::read_prototypes;
 use super::reader::Reader;
 use super::{
     check_callers, check_events, Counted, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8,
-    VERSION, VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
+    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
+    VERSION_9,
 };
 use crate::kernel::symbols::Symbol;
-use crate::trace::model::{Event, Prototype, Task, Trace, TraceMeta, ARG_REGS};
+use crate::trace::model::{Event, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS};
 
-/// One event record of `size` bytes (`EVENT_SIZE_V8`; `EVENT_SIZE`
-/// without the task and data; `EVENT_SIZE_V2` without the slot either).
+/// One event record of `size` bytes (`EVENT_SIZE_V9`; `EVENT_SIZE_V8`
+/// without the stack; `EVENT_SIZE` without the task and data either;
+/// `EVENT_SIZE_V2` without the slot either).
 pub(super) fn decode(b: &[u8], size: usize) -> Event {
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-    if size >= EVENT_SIZE {
+    if size == EVENT_SIZE_V9 {
+        Event {
+            ts_ns: u64_at(0),
+            parent: u64_at(8),
+            slot: u64_at(16),
+            func: u32_at(24),
+            cpu: u32_at(28),
+            task: u32_at(32),
+            stack: u32_at(36),
+            data: u64_at(40),
+        }
+    } else if size >= EVENT_SIZE {
         Event {
             ts_ns: u64_at(0),
             parent: u64_at(8),
@@ -44,21 +57,21 @@ pub(super) fn decode(b: &[u8], size: usize) -> Event {
 }
 
 /// The events from `first` on index the body's functions and vCPUs and
-/// the `ntasks` tasks and `nargs` arguments read before them, and carry a
+/// the tasks, arguments and stacks read before them (`named`), and carry a
 /// slot only in a function-graph trace.
 pub(super) fn check_new_events(
     events: &[Event],
     first: usize,
     body: &Body,
-    ntasks: usize,
-    nargs: usize,
+    named: &Named,
 ) -> Result<(), String> {
     let meta = &body.meta;
     let counted = Counted {
         nfunc: body.functions.len(),
         cpus: meta.cpus as usize,
-        tasks: ntasks,
-        args: nargs,
+        tasks: named.tasks.len(),
+        args: named.args.len(),
+        stacks: named.stacks.len(),
     };
     check_events(&events[first..], first, &counted)?;
     if !meta.graph {
@@ -89,11 +102,12 @@ pub(super) struct Body {
 }
 
 /// What a data file holds besides its bodies and events: the guest tasks
-/// and the entries' arguments (version 8).
+/// and the entries' arguments (version 8), the kernel stacks (version 9).
 #[derive(Default)]
 pub(super) struct Named {
     pub tasks: Vec<Task>,
     pub args: Vec<[u64; ARG_REGS]>,
+    pub stacks: Vec<Stack>,
 }
 
 impl Body {
@@ -134,7 +148,7 @@ impl Body {
             tasks: named.tasks,
             args: named.args,
             prototypes: self.prototypes,
-            stacks: Vec::new(),
+            stacks: named.stacks,
         })
     }
 }
@@ -165,6 +179,17 @@ pub(super) fn read_body<R: Read>(
     } else {
         Vec::new()
     };
+    if let Some(&f) = meta
+        .stack_funcs
+        .iter()
+        .find(|&&f| f as usize >= functions.len())
+    {
+        r.section = Section::Header;
+        return Err(r.corrupt(format!(
+            "stack function {f} but there are {} functions",
+            functions.len()
+        )));
+    }
 
     Ok(Body {
         meta,
@@ -226,6 +251,8 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         filtered,
         args,
         retval,
+        stacks,
+        stack_funcs,
     } = read_late_fields(r, version)?;
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
@@ -263,8 +290,8 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         filtered,
         args,
         retval,
-        stacks: String::new(),
-        stack_funcs: Vec::new(),
+        stacks,
+        stack_funcs,
     };
     Ok(meta)
 }
@@ -277,6 +304,8 @@ struct Late {
     filtered: u64,
     args: bool,
     retval: bool,
+    stacks: String,
+    stack_funcs: Vec<u32>,
 }
 
 /// `values`' bits: arguments recorded, return values recorded.
@@ -286,7 +315,8 @@ pub(super) const VALUES_RETVAL: u8 = 2;
 /// The fields after version 5's: the exitless calls whose record was never
 /// committed (version 6), who ran the guest (version 7), where the guest
 /// tasks came from, the calls the task filter rejected and the values
-/// recorded (version 8).
+/// recorded (version 8), how stacks were unwound and at which functions
+/// (version 9).
 fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late, TraceFileError> {
     let unfinished = if version >= VERSION_6 { r.u64()? } else { 0 };
     let mut string = |since: u32, what: &str| {
@@ -305,6 +335,15 @@ fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late
             "values is {values:#x}: only bits 0 and 1 are known"
         )));
     }
+    let (stacks, stack_funcs) = if version >= VERSION_9 {
+        let note = r.string("stacks")?;
+        let n = r.u32()?;
+        r.need(u64::from(n) * 4, "the stack functions")?;
+        let funcs = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
+        (note, funcs)
+    } else {
+        (String::new(), Vec::new())
+    };
     Ok(Late {
         unfinished,
         vmm,
@@ -312,6 +351,8 @@ fn read_late_fields<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<Late
         filtered,
         args: values & VALUES_ARGS != 0,
         retval: values & VALUES_RETVAL != 0,
+        stacks,
+        stack_funcs,
     })
 }
 

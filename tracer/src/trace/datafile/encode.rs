@@ -3,12 +3,12 @@
 
 use std::io::{self, Write};
 
-use super::EVENT_SIZE_V8;
+use super::{EVENT_SIZE_V8, EVENT_SIZE_V9};
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::Event;
 
-/// One event record into `b`: `EVENT_SIZE` bytes, or `EVENT_SIZE_V8`
-/// with its task and data.
+/// One event record into `b`: `EVENT_SIZE` bytes, `EVENT_SIZE_V8` with
+/// its task and data, or `EVENT_SIZE_V9` with its stack too.
 pub(super) fn encode(e: &Event, b: &mut [u8]) {
     b[0..8].copy_from_slice(&e.ts_ns.to_le_bytes());
     b[8..16].copy_from_slice(&e.parent.to_le_bytes());
@@ -18,6 +18,10 @@ pub(super) fn encode(e: &Event, b: &mut [u8]) {
     if b.len() == EVENT_SIZE_V8 {
         b[32..36].copy_from_slice(&e.task.to_le_bytes());
         b[36..44].copy_from_slice(&e.data.to_le_bytes());
+    } else if b.len() == EVENT_SIZE_V9 {
+        b[32..36].copy_from_slice(&e.task.to_le_bytes());
+        b[36..40].copy_from_slice(&e.stack.to_le_bytes());
+        b[40..48].copy_from_slice(&e.data.to_le_bytes());
     }
 }
 

@@ -7,10 +7,10 @@ use std::io::{self, Write};
 use super::body::{VALUES_ARGS, VALUES_RETVAL};
 use super::encode::{put_str, put_syms};
 use super::protos::put_prototypes;
-use super::{VERSION_5, VERSION_6, VERSION_7, VERSION_8};
+use super::{VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
 use crate::trace::model::{Trace, TraceMeta};
 
-/// The body of a file of `version` (4, or 5 to 8 for a data file's `HEAD`
+/// The body of a file of `version` (4, or 5 to 9 for a data file's `HEAD`
 /// and `FOOT` blocks): the header, functions, counts, returns and callers.
 pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     let m = &trace.meta;
@@ -103,6 +103,13 @@ fn put_meta(m: &TraceMeta, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
         let values =
             if m.args { VALUES_ARGS } else { 0 } | if m.retval { VALUES_RETVAL } else { 0 };
         w.write_all(&[values])?;
+    }
+    if version >= VERSION_9 {
+        put_str(w, &m.stacks)?;
+        w.write_all(&(m.stack_funcs.len() as u32).to_le_bytes())?;
+        for f in &m.stack_funcs {
+            w.write_all(&f.to_le_bytes())?;
+        }
     }
     Ok(())
 }

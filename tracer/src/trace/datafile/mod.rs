@@ -182,10 +182,34 @@
 //! `3` bool, `4` char, `5` pointer, `6` enum (then `u32` index into the
 //! enums). Anything else is corrupt.
 //!
+//! # Version 9: kernel stacks
+//!
+//! Version 9 keeps the kernel stack of `--stack` entries. Its body adds,
+//! after `values`, `str` stacks (how they were unwound; empty without
+//! `--stack`), `u32` n and n `u32` stack functions (indices into the
+//! functions; any not below `nfunc` is corrupt). An event record is 48
+//! bytes: version 8's with `u32 stack` after `task` (`u64 data` then at
+//! 40): the entry's stack, 1-based (the n-th stack of the `STAK` blocks),
+//! `0` for none; a return naming a stack is corrupt. The stacks are in
+//! `STAK` blocks, each
+//!
+//! | Field    | Type          | Notes                                                  |
+//! |----------|---------------|--------------------------------------------------------|
+//! | first    | `u32`         | stacks saved before this block                         |
+//! | n        | `u32`         | stacks in this block                                   |
+//! | stacks   | n × (`u8` end, `u32` m, m × `u64` frame) | `StackEnd` code (0 to 6), frames innermost first, link addresses, m at most `MAX_FRAMES` |
+//!
+//! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
+//! entries name its stacks, as `TASK` blocks are; a reader must reject a
+//! `STAK` block whose `first` is not the number of stacks before it, an
+//! unknown end code, more than `MAX_FRAMES` frames, and an entry whose
+//! stack is past the stacks saved before its block. Versions 1 to 8 are
+//! still read: their events have stack 0.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`) and no values, else a version-8 data file in one
-//! go: `HEAD`, `TASK`, `ARGS`, `EVTS`, `FOOT`, `END` (version 4 has no
-//! room for them).
+//! `TraceMeta::tasks`), no values and no stacks, else a version-9 data
+//! file in one go: `HEAD`, `TASK`, `ARGS`, `STAK`, `EVTS`, `FOOT`, `END`
+//! (version 4 has no room for them).
 //!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
@@ -214,6 +238,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::kernel::symbols::Symbol;
+use crate::kernel::unwind::MAX_FRAMES;
 use crate::trace::model::{Event, Trace};
 
 pub use read::load;
@@ -240,11 +265,17 @@ pub const VERSION_7: u32 = 7;
 /// The data file written while the guest runs (`stream`): blocks, guest
 /// tasks in `TASK` blocks, 36-byte events naming their task.
 pub const VERSION_8: u32 = 8;
+/// The data file with kernel stacks (`STAK` blocks, 48-byte events naming
+/// their stack).
+pub const VERSION_9: u32 = 9;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
 /// `u64 data`.
 pub const EVENT_SIZE_V8: usize = 44;
+/// Size of one event record in version 9: version 8's with `u32 stack`
+/// after the task.
+pub const EVENT_SIZE_V9: usize = 48;
 /// Size of one event record in versions 1 and 2.
 pub const EVENT_SIZE_V2: usize = 24;
 /// Size of the preamble: magic, version, file length.
@@ -274,6 +305,8 @@ pub enum Section {
     Args,
     /// The prototypes of a version-8 body.
     Prototypes,
+    /// A version-9 `STAK` block.
+    Stacks,
 }
 
 impl fmt::Display for Section {
@@ -290,6 +323,7 @@ impl fmt::Display for Section {
             Section::Tasks => "tasks",
             Section::Args => "arguments",
             Section::Prototypes => "prototypes",
+            Section::Stacks => "stacks",
         })
     }
 }
@@ -306,7 +340,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_8})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_9})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },
@@ -408,22 +442,62 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
                 .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
         }
     }
+    check_stacks(trace)?;
     let counts = Counted {
         nfunc,
         cpus,
         tasks: trace.tasks.len(),
         args: trace.args.len(),
+        stacks: trace.stacks.len(),
     };
     check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
 }
 
-/// What events may index: functions, vCPUs, and the tasks and arguments
-/// saved before them (task 0 and arguments 0: none).
+/// The stacks' rules: how many, their frames, the stack functions.
+fn check_stacks(trace: &Trace) -> Result<(), (Section, String)> {
+    let nfunc = trace.functions.len();
+    if u32::try_from(trace.stacks.len()).is_err() {
+        return Err((
+            Section::Stacks,
+            format!("{} stacks (max {})", trace.stacks.len(), u32::MAX),
+        ));
+    }
+    if let Some(s) = trace
+        .stacks
+        .iter()
+        .position(|s| s.frames.len() > MAX_FRAMES)
+    {
+        return Err((
+            Section::Stacks,
+            format!(
+                "stack {} has {} frames (at most {MAX_FRAMES})",
+                s + 1,
+                trace.stacks[s].frames.len()
+            ),
+        ));
+    }
+    if let Some(&f) = trace
+        .meta
+        .stack_funcs
+        .iter()
+        .find(|&&f| f as usize >= nfunc)
+    {
+        return Err((
+            Section::Header,
+            format!("stack function {f} but there are {nfunc} functions"),
+        ));
+    }
+    Ok(())
+}
+
+/// What events may index: functions, vCPUs, and the tasks, arguments and
+/// stacks saved before them (task, arguments and stack 0: none).
 struct Counted {
     nfunc: usize,
     cpus: usize,
     tasks: usize,
     args: usize,
+    stacks: usize,
 }
 
 /// Checks that callers are in address order (lookups bisect them).
@@ -461,6 +535,21 @@ fn check_events(events: &[Event], first: usize, n: &Counted) -> Result<(), Strin
                 "event {} names task {} but {ntasks} tasks are saved before it",
                 first + i,
                 e.task
+            ));
+        }
+        if e.is_return() && e.stack != 0 {
+            return Err(format!(
+                "event {} is a return but names stack {}",
+                first + i,
+                e.stack
+            ));
+        }
+        if e.stack as usize > n.stacks {
+            return Err(format!(
+                "event {} names stack {} but {} are saved before it",
+                first + i,
+                e.stack,
+                n.stacks
             ));
         }
         if !e.is_return() && e.data > n.args as u64 {

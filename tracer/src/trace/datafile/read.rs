@@ -10,7 +10,7 @@ use super::reader::Reader;
 use super::{
     Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2, IO_BUFFER, MAGIC,
     PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_2, VERSION_3, VERSION_5, VERSION_6, VERSION_7,
-    VERSION_8,
+    VERSION_8, VERSION_9,
 };
 use crate::trace::model::{Event, Trace};
 
@@ -90,6 +90,7 @@ fn read_version<R: Read>(r: &mut Reader<'_, R>) -> Result<u32, TraceFileError> {
     let version = r.u32()?;
     if ![
         VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
+        VERSION_9,
     ]
     .contains(&version)
     {
@@ -154,7 +155,7 @@ fn read_events<R: Read>(
                 .chunks_exact(event_size)
                 .map(|b| decode(b, event_size)),
         );
-        check_new_events(&events, first, body, 0, 0).map_err(|d| r.corrupt(d))?;
+        check_new_events(&events, first, body, &Named::default()).map_err(|d| r.corrupt(d))?;
     }
     if r.pos != declared {
         return Err(r.corrupt(format!(

@@ -1,4 +1,4 @@
-//! Reading a data file (format versions 5 to 8, see the parent module):
+//! Reading a data file (format versions 5 to 9, see the parent module):
 //! blocks up to `END`, or up to the last complete block of a file whose
 //! writer was killed.
 
@@ -8,16 +8,18 @@ use super::body::{check_new_events, decode, read_body, Body, Named};
 use super::reader::Reader;
 use super::stream::{
     ARGS_HEADER, ARGS_SIZE, MAX_BLOCK, TAG_ARGS, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD,
-    TAG_TASKS, TASK_FIXED,
+    TAG_STACKS, TAG_TASKS, TASK_FIXED,
 };
 use super::{
-    check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, VERSION_8,
+    check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, EVENT_SIZE_V9,
+    VERSION_8, VERSION_9,
 };
+use crate::kernel::unwind::{StackEnd, MAX_FRAMES};
 use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
-use crate::trace::model::{caller_index, Event, Task, Trace, ARG_REGS};
+use crate::trace::model::{caller_index, Event, Stack, Task, Trace, ARG_REGS};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of
-/// a file of `version` (5 to 8).
+/// a file of `version` (5 to 9).
 // Long: one arm per block tag, each a few lines; the order rules between
 // blocks (what may follow what) read best in one match.
 pub(super) fn load<R: Read>(
@@ -38,10 +40,10 @@ pub(super) fn load<R: Read>(
     let mut blocks = 0u64;
     let mut events: Vec<Event> = Vec::new();
     let mut named = Named::default();
-    let event_size = if version >= VERSION_8 {
-        EVENT_SIZE_V8
-    } else {
-        EVENT_SIZE
+    let event_size = match version {
+        VERSION_9.. => EVENT_SIZE_V9,
+        VERSION_8 => EVENT_SIZE_V8,
+        _ => EVENT_SIZE,
     };
     loop {
         r.section = Section::Block;
@@ -66,6 +68,9 @@ pub(super) fn load<R: Read>(
             }
             TAG_ARGS if version >= VERSION_8 && head.is_some() && foot.is_none() => {
                 read_args(&r, &payload, &mut named.args)?;
+            }
+            TAG_STACKS if version >= VERSION_9 && head.is_some() && foot.is_none() => {
+                read_stacks(&r, &payload, &mut named.stacks)?;
             }
             TAG_FOOT if head.is_some() && foot.is_none() => {
                 foot = Some(body(&r, &payload, version)?)
@@ -192,8 +197,7 @@ fn read_events<R: Read>(
     for chunk in records.chunks(EVENT_CHUNK * size) {
         let first = events.len();
         events.extend(chunk.chunks_exact(size).map(|b| decode(b, size)));
-        check_new_events(events, first, head, named.tasks.len(), named.args.len())
-            .map_err(|d| r.corrupt(d))?;
+        check_new_events(events, first, head, named).map_err(|d| r.corrupt(d))?;
     }
     Ok(())
 }
@@ -286,6 +290,61 @@ fn read_args<R: Read>(
     Ok(())
 }
 
+/// A `STAK` block's stacks, appended to `stacks` (those before it).
+fn read_stacks<R: Read>(
+    r: &Reader<'_, R>,
+    payload: &[u8],
+    stacks: &mut Vec<Stack>,
+) -> Result<(), TraceFileError> {
+    let mut sub = Reader {
+        r: payload,
+        path: r.path,
+        pos: 0,
+        actual: payload.len() as u64,
+        declared: payload.len() as u64,
+        section: Section::Stacks,
+    };
+    let first = sub.u32()? as usize;
+    if first != stacks.len() {
+        return Err(sub.corrupt(format!(
+            "a stack block starts at stack {} but {} stacks came before it",
+            first + 1,
+            stacks.len()
+        )));
+    }
+    let n = sub.u32()?;
+    // Each stack is at least its end code and frame count.
+    sub.need(u64::from(n) * 5, &format!("{n} stacks"))?;
+    if u32::try_from(stacks.len() + n as usize).is_err() {
+        return Err(sub.corrupt(format!(
+            "{} stacks in all (max {})",
+            stacks.len() as u64 + u64::from(n),
+            u32::MAX
+        )));
+    }
+    for _ in 0..n {
+        let code = sub.u8()?;
+        let end = StackEnd::from_u8(code).ok_or_else(|| {
+            sub.corrupt(format!("stack {} ends with code {code}", stacks.len() + 1))
+        })?;
+        let nframes = sub.u32()? as usize;
+        if nframes > MAX_FRAMES {
+            return Err(sub.corrupt(format!(
+                "stack {} has {nframes} frames (at most {MAX_FRAMES})",
+                stacks.len() + 1
+            )));
+        }
+        let frames = (0..nframes)
+            .map(|_| sub.u64())
+            .collect::<Result<Vec<_>, _>>()?;
+        stacks.push(Stack { frames, end });
+    }
+    if sub.pos != sub.actual {
+        return Err(sub.corrupt(format!("{} bytes after the stacks", sub.actual - sub.pos)));
+    }
+    Ok(())
+}
+
 /// The trace of a file whose writer was killed: the run's facts as known
 /// at the start, counts from the stored events (exact as far as they go),
 /// the callers those events use.
@@ -321,10 +380,14 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
         }
         meta.detach_ns = last.ts_ns;
     }
-    // HEAD lists every kernel function as a possible caller: keep those used.
+    // HEAD lists every kernel function as a possible caller: keep those
+    // used, by events and by the stacks' frames (a return address names
+    // the function of the call before it).
     let mut used = vec![false; head.callers.len()];
-    for e in &events {
-        if let Some(i) = caller_index(&head.callers, e.parent) {
+    let frames = named.stacks.iter().flat_map(|s| &s.frames);
+    let addrs = events.iter().map(|e| e.parent);
+    for a in addrs.chain(frames.map(|&f| f.saturating_sub(1))) {
+        if let Some(i) = caller_index(&head.callers, a) {
             used[i] = true;
         }
     }
@@ -345,6 +408,6 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
         tasks: named.tasks,
         args: named.args,
         prototypes: head.prototypes,
-        stacks: Vec::new(),
+        stacks: named.stacks,
     }
 }

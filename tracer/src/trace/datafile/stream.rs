@@ -1,8 +1,9 @@
-//! Writing the data file while the guest runs (format version 8, see the
+//! Writing the data file while the guest runs (format version 9, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, each after a `TASK` block with the guest tasks seen since the
-//! last one (the caller's `write_tasks`) and an `ARGS` block with the
-//! arguments recorded since (`write_args`), `FOOT` and `END` when it
+//! last one (the caller's `write_tasks`), an `ARGS` block with the
+//! arguments recorded since (`write_args`) and a `STAK` block with the
+//! kernel stacks unwound since (`write_stacks`), `FOOT` and `END` when it
 //! stops. Every block goes out in one
 //! `write`, with its checksum, straight to the file (no user-space buffer
 //! in between): whatever kills vmtrace, the file holds every block written
@@ -15,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use super::encode::{encode, put_str};
 use super::header::put_body;
-use super::{TraceFileError, EVENT_SIZE_V8, MAGIC, VERSION_8};
-use crate::trace::model::{Event, Task, Trace, ARG_REGS};
+use super::{TraceFileError, EVENT_SIZE_V9, MAGIC, VERSION_9};
+use crate::trace::model::{Event, Stack, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};
 
 /// Block tags (4 ASCII bytes read as a little-endian `u32`).
@@ -28,6 +29,8 @@ pub const TAG_END: [u8; 4] = *b"END\0";
 pub const TAG_TASKS: [u8; 4] = *b"TASK";
 /// Entries' arguments (version 8).
 pub const TAG_ARGS: [u8; 4] = *b"ARGS";
+/// Kernel stacks (version 9).
+pub const TAG_STACKS: [u8; 4] = *b"STAK";
 /// The largest block payload: bounds what a corrupt length makes a reader
 /// allocate. A `HEAD` lists every kernel function (Linux 6.12 defconfig:
 /// ~60,000, about 3 MiB); `EVTS` blocks are a recorder's batch.
@@ -35,7 +38,7 @@ pub const MAX_BLOCK: u32 = 64 << 20;
 /// Tag and length before the payload, checksum after it.
 pub const BLOCK_OVERHEAD: usize = 4 + 4 + 4;
 /// The most events one `EVTS` block holds (its `u32` count first).
-pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE_V8;
+pub const MAX_BLOCK_EVENTS: usize = (MAX_BLOCK as usize - 4) / EVENT_SIZE_V9;
 /// Bytes of a `TASK` block's entry besides its comm: pid, tgid, the
 /// comm's length.
 pub const TASK_FIXED: usize = 4 + 4 + 4;
@@ -60,6 +63,8 @@ pub struct DataFile {
     tasks: usize,
     /// Calls' arguments written (in `ARGS` blocks).
     args: usize,
+    /// Kernel stacks written (in `STAK` blocks).
+    stacks: usize,
     /// A block being assembled (kept to avoid an allocation per block).
     buf: Vec<u8>,
 }
@@ -123,11 +128,12 @@ impl DataFile {
             events: 0,
             tasks: 0,
             args: 0,
+            stacks: 0,
             buf: Vec::new(),
         };
         let mut pre = Vec::with_capacity(20);
         pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&VERSION_8.to_le_bytes());
+        pre.extend_from_slice(&VERSION_9.to_le_bytes());
         // file_len: unknown while the file grows.
         pre.extend_from_slice(&0u64.to_le_bytes());
         f.out.write_all(&pre).map_err(err)?;
@@ -193,9 +199,28 @@ impl DataFile {
         Ok(())
     }
 
+    /// Kernel stacks written so far: the next written get ids
+    /// `stacks_saved() + 1`...
+    pub fn stacks_saved(&self) -> usize {
+        self.stacks
+    }
+
+    /// `STAK` blocks holding `stacks`, the next ones (ids from
+    /// `stacks_saved() + 1`; `session::stacks::StackTable::since` gives
+    /// them). Call it before writing the entries that name them: a reader
+    /// refuses an entry whose stack was not saved before it.
+    pub fn write_stacks(&mut self, stacks: &[Stack]) -> io::Result<()> {
+        for (n, payload) in stack_payloads(self.stacks, stacks)? {
+            self.block(TAG_STACKS, &payload)?;
+            self.stacks += n;
+        }
+        Ok(())
+    }
+
     /// `EVTS` blocks holding `events` (as many as the block size needs).
     pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
         debug_assert!(events.iter().all(|e| e.task as usize <= self.tasks));
+        debug_assert!(events.iter().all(|e| e.stack as usize <= self.stacks));
         debug_assert!(events
             .iter()
             .all(|e| e.is_return() || e.data <= self.args as u64));
@@ -212,11 +237,14 @@ impl DataFile {
     }
 
     /// The `FOOT` block (`trace` as known at the end; its events are not
-    /// written again), after the tasks of `trace` not written yet (seen,
-    /// in no written event), and `END`: the file is complete.
+    /// written again), after the tasks and stacks of `trace` not written
+    /// yet (seen, in no written event), and `END`: the file is complete.
     pub fn finish(&mut self, trace: &Trace) -> io::Result<()> {
         if let Some(rest) = trace.tasks.get(self.tasks..) {
             self.write_tasks(rest)?;
+        }
+        if let Some(rest) = trace.stacks.get(self.stacks..) {
+            self.write_stacks(rest)?;
         }
         self.body(TAG_FOOT, trace)?;
         self.block(TAG_END, &[])?;
@@ -229,7 +257,7 @@ impl DataFile {
             events: Vec::new(),
             ..trace.clone()
         };
-        put_body(&bare, VERSION_8, &mut payload)?;
+        put_body(&bare, VERSION_9, &mut payload)?;
         self.block(tag, &payload)
     }
 
@@ -268,8 +296,8 @@ pub(super) fn events_payload(events: &[Event], buf: &mut Vec<u8>) {
     buf.clear();
     buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
     let at = buf.len();
-    buf.resize(at + events.len() * EVENT_SIZE_V8, 0);
-    for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE_V8).zip(events) {
+    buf.resize(at + events.len() * EVENT_SIZE_V9, 0);
+    for (b, e) in buf[at..].chunks_exact_mut(EVENT_SIZE_V9).zip(events) {
         encode(e, b);
     }
 }
@@ -291,6 +319,47 @@ pub(super) fn args_payloads(
         at += chunk.len();
         (chunk.len(), p)
     })
+}
+
+/// Bytes of a `STAK` block's stack besides its frames: end code, count.
+pub const STACK_FIXED: usize = 1 + 4;
+
+/// The `STAK` blocks holding `stacks`, the first of which follows `first`
+/// saved ones: (stacks in it, payload `u32` first, `u32` n, n x (`u8` end,
+/// `u32` frame count, frames `u64`)). A stack has at most `MAX_FRAMES`
+/// frames, so a block always fits one.
+pub(super) fn stack_payloads(first: usize, stacks: &[Stack]) -> io::Result<Vec<(usize, Vec<u8>)>> {
+    let too_many = || io::Error::new(io::ErrorKind::InvalidInput, "over 2^32 kernel stacks");
+    let mut blocks = Vec::new();
+    let mut at = first;
+    let mut rest = stacks;
+    while !rest.is_empty() {
+        let mut size = 8;
+        let n = rest
+            .iter()
+            .position(|s| {
+                size += STACK_FIXED + 8 * s.frames.len();
+                size > MAX_BLOCK as usize
+            })
+            .unwrap_or(rest.len())
+            .max(1);
+        let (now, later) = rest.split_at(n);
+        let mut p = Vec::with_capacity(size.min(MAX_BLOCK as usize));
+        p.extend_from_slice(&u32::try_from(at).map_err(|_| too_many())?.to_le_bytes());
+        p.extend_from_slice(&(n as u32).to_le_bytes());
+        for s in now {
+            p.push(s.end as u8);
+            p.extend_from_slice(&(s.frames.len() as u32).to_le_bytes());
+            for f in &s.frames {
+                p.extend_from_slice(&f.to_le_bytes());
+            }
+        }
+        blocks.push((n, p));
+        at += n;
+        rest = later;
+    }
+    u32::try_from(at).map_err(|_| too_many())?;
+    Ok(blocks)
 }
 
 /// The `TASK` blocks holding `tasks`, the first of which follows `first`

@@ -8,7 +8,7 @@ use super::header::put_body;
 use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_8,
+    VERSION_9,
 };
 use crate::trace::model::Trace;
 use crate::trace::output_path;
@@ -16,15 +16,15 @@ use crate::trace::output_path;
 /// Writes `trace` to `path` by the rules of [`crate::trace::output_path`]:
 /// atomically over a regular file or a new path (a temporary file in the
 /// same directory, renamed over it), into a character device, never over
-/// anything else. Version 4, or a version-8 data file when the trace has
-/// guest tasks, arguments, return values or prototypes to keep (see the
-/// parent module).
+/// anything else. Version 4, or a version-9 data file when the trace has
+/// guest tasks, arguments, return values, prototypes or kernel stacks to
+/// keep (see the parent module).
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     check(trace).map_err(|(section, detail)| TraceFileError::Invalid {
         path: path.to_path_buf(),
         detail: format!("{section}: {detail}"),
     })?;
-    output_path::write(path, |w| match needs_v8(trace) {
+    output_path::write(path, |w| match needs_blocks(trace) {
         false => write_to(trace, w),
         true => write_blocks(trace, w),
     })
@@ -35,10 +35,14 @@ pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     })
 }
 
-/// Whether `trace` has what only version 8 keeps: guest tasks, values.
-fn needs_v8(trace: &Trace) -> bool {
+/// Whether `trace` has what only data files (version 8 on) keep: guest
+/// tasks, values, stacks.
+fn needs_blocks(trace: &Trace) -> bool {
     let m = &trace.meta;
-    !trace.tasks.is_empty()
+    !trace.stacks.is_empty()
+        || !m.stacks.is_empty()
+        || !m.stack_funcs.is_empty()
+        || !trace.tasks.is_empty()
         || !m.tasks.is_empty()
         || !trace.args.is_empty()
         || !trace.prototypes.is_empty()
@@ -74,21 +78,24 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.flush()
 }
 
-/// A version-8 data file in one go: `HEAD` and `FOOT` both the whole
-/// trace's body, its tasks, its arguments, its events.
+/// A version-9 data file in one go: `HEAD` and `FOOT` both the whole
+/// trace's body, its tasks, its arguments, its stacks, its events.
 fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUFFER, out);
     w.write_all(MAGIC)?;
-    w.write_all(&VERSION_8.to_le_bytes())?;
+    w.write_all(&VERSION_9.to_le_bytes())?;
     w.write_all(&0u64.to_le_bytes())?;
     let mut body = Vec::new();
-    put_body(trace, VERSION_8, &mut body)?;
+    put_body(trace, VERSION_9, &mut body)?;
     w.write_all(&stream::frame(TAG_HEAD, &body)?)?;
     for (_, payload) in stream::task_payloads(0, &trace.tasks)? {
         w.write_all(&stream::frame(stream::TAG_TASKS, &payload)?)?;
     }
     for (_, payload) in stream::args_payloads(0, &trace.args) {
         w.write_all(&stream::frame(stream::TAG_ARGS, &payload)?)?;
+    }
+    for (_, payload) in stream::stack_payloads(0, &trace.stacks)? {
+        w.write_all(&stream::frame(stream::TAG_STACKS, &payload)?)?;
     }
     let mut payload = Vec::new();
     for chunk in trace.events.chunks(stream::MAX_BLOCK_EVENTS) {

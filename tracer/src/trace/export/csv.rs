@@ -46,6 +46,12 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// return values (`--retval`) `ret`: a return's value (`-2 (-ENOENT)`;
 /// empty for entries and `void` functions).
 ///
+/// A trace with kernel stacks (`--stack`) then adds `stack`: an entry's
+/// stack, its frames as `function+0xoffset` (hex where no known function
+/// holds the return address; `trace::stacks`) joined by `;`, innermost
+/// (the caller) first and outermost last, as recorded; empty when it has
+/// none.
+///
 /// Lines end with `\n`; names have their control characters escaped
 /// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
@@ -68,8 +74,14 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     } else {
         b"".as_slice()
     })?;
+    let stacks = !trace.stacks.is_empty() || !trace.meta.stacks.is_empty();
     w.write_all(if ret {
-        b",ret\n".as_slice()
+        b",ret".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    w.write_all(if stacks {
+        b",stack\n".as_slice()
     } else {
         b"\n".as_slice()
     })?;
@@ -108,6 +120,14 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
                 .is_return()
                 .then(|| values::return_value(trace, e.func, e.data));
             write!(w, ",{}", csv_field(&r.flatten().unwrap_or_default()))?;
+        }
+        if stacks {
+            w.write_all(b",")?;
+            if let Some(s) = trace.stack_of(e) {
+                let frames = crate::trace::stacks::frames(trace, s);
+                let labels: Vec<String> = frames.iter().map(|f| f.label()).collect();
+                w.write_all(csv_field(&labels.join(";")).as_bytes())?;
+            }
         }
         w.write_all(b"\n")?;
     }

@@ -1,5 +1,5 @@
-//! `--format folded`: folded stacks of a function-graph trace (see
-//! [`write_folded`]).
+//! `--format folded`: folded stacks of a function-graph trace, and of the
+//! entries that carry a kernel stack (see [`write_folded`]).
 
 use std::collections::HashMap;
 use std::io::{self, BufWriter, Write};
@@ -26,6 +26,15 @@ use crate::trace::report::escape;
 /// with the task's comm (`swapper` for the idle tasks), as perf's
 /// stackcollapse-perf.pl does with a process's name: `sh;do_sys_open;getname
 /// 1200`.
+///
+/// An entry that carries its kernel stack (`--stack`) is, in any trace, a
+/// line of its own as `perf script | stackcollapse-perf.pl` folds a
+/// sample: `comm;outermost;...;caller;function COUNT`, the frames its
+/// stack's functions outermost first (without offsets; a return address
+/// in no known function in hex), the value the number of stored entries
+/// with that path. In a function-graph trace these lines come on top of
+/// the self-time lines (their values are counts, not ns). Lines whose
+/// path is the same add up.
 pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::new(w);
     let g = Graph::build(trace);
@@ -44,10 +53,45 @@ pub fn write_folded(trace: &Trace, w: impl Write) -> io::Result<()> {
         };
         paths.add_frame(parent, f.func, f.self_ns());
     }
-    for (path, ns) in paths.lines(&frames) {
-        writeln!(w, "{path} {ns}")?;
+    let mut lines = paths.lines(&frames);
+    lines.extend(stack_lines(trace, &frames));
+    lines.sort();
+    let mut lines = lines.into_iter().peekable();
+    while let Some((path, mut n)) = lines.next() {
+        while let Some((_, m)) = lines.next_if(|(p, _)| *p == path) {
+            n = n.saturating_add(m);
+        }
+        writeln!(w, "{path} {n}")?;
     }
     w.flush()
+}
+
+/// The entries that carry a kernel stack, folded by path (comm, frames
+/// outermost first, the function), with how many share each.
+fn stack_lines(trace: &Trace, frames: &FrameNames) -> Vec<(String, u64)> {
+    let mut count: HashMap<String, u64> = HashMap::new();
+    for e in trace.events.iter().filter(|e| !e.is_return()) {
+        let Some(stack) = trace.stack_of(e) else {
+            continue;
+        };
+        let mut path: Vec<String> = Vec::with_capacity(stack.frames.len() + 2);
+        let comm = (e.task as usize)
+            .checked_sub(1)
+            .and_then(|i| frames.task_frame.get(i).copied());
+        if let Some(c) = comm {
+            path.push(frames.name_of(c).to_string());
+        }
+        for &a in stack.frames.iter().rev() {
+            let f = crate::trace::stacks::StackFrame::of(trace, a);
+            path.push(match f.function {
+                Some(s) => escape(&s.name).replace(';', "_"),
+                None => format!("{a:#x}"),
+            });
+        }
+        path.push(frames.name_of(e.func).to_string());
+        *count.entry(path.join(";")).or_default() += 1;
+    }
+    count.into_iter().collect()
 }
 
 /// The path of the outermost frames.

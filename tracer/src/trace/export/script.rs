@@ -44,6 +44,14 @@
 //!   with ` ret=VALUE`, as `funcgraph-retval` does (`trace::values`). The
 //!   header says, in one line per function with stored events, what of its
 //!   values cannot be shown (`# not shown: FUNCTION: ...`).
+//! - With `--stack`, an entry whose kernel stack was recorded is followed
+//!   by that stack as ftrace's `func_stack_trace` option prints it: a line
+//!   with the entry's task, CPU and time and `<stack trace>`, then one
+//!   ` => function+0xoffset` line per frame, innermost (the caller) first
+//!   (`trace::stacks`: a return address outside known functions in hex).
+//!   A stack the unwinder could not follow to its end ends with
+//!   ` => ... (cut: WHY)`. The header says how stacks were unwound
+//!   (`# stacks: ...`).
 //!
 //! Every loss is in the header: entries (and returns) counted but not
 //! stored, calls whose record was never committed (`unfinished`). Names are printed through `report::escape`.
@@ -53,6 +61,7 @@ use std::io::{self, BufWriter, Write};
 
 use crate::trace::model::{Event, Trace};
 use crate::trace::report::{escape, Caller};
+use crate::trace::stacks::StackFrame;
 use crate::trace::values;
 
 /// Writes every stored event of `trace`, in time order, after a `#`
@@ -130,6 +139,14 @@ fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     if !m.tasks.is_empty() {
         writeln!(w, "# tasks: {}", escape(&m.tasks))?;
     }
+    if !m.stacks.is_empty() {
+        writeln!(
+            w,
+            "# stacks: {} ({} entries with a '<stack trace>')",
+            escape(&m.stacks),
+            crate::trace::stacks::entries_with_stacks(trace)
+        )?;
+    }
     values_header(w, trace)?;
     writeln!(w, "#")
 }
@@ -143,15 +160,8 @@ fn event_line(
     name: &str,
     tgid: bool,
 ) -> io::Result<()> {
-    let (comm, pid, group) = task_columns(trace, e);
-    write!(w, "{comm:>16}-{pid:<7} ")?;
-    if tgid {
-        match group {
-            Some(g) => write!(w, "({g:>7}) ")?,
-            None => w.write_all(b"(-------) ")?,
-        }
-    }
-    write!(w, "[{:03}] {:>12}: {name}", e.cpu, seconds(e.ts_ns))?;
+    prefix(w, trace, e, tgid)?;
+    w.write_all(name.as_bytes())?;
     if let Some(args) = values::entry_args(trace, e) {
         w.write_all(args.as_bytes())?;
     }
@@ -169,7 +179,39 @@ fn event_line(
             write!(w, " ret={v}")?;
         }
     }
-    w.write_all(b"\n")
+    w.write_all(b"\n")?;
+    stack_lines(w, trace, e, tgid)
+}
+
+/// A line's task (and with `tgid` its thread group), CPU and time, up to
+/// the function.
+fn prefix(w: &mut impl Write, trace: &Trace, e: &Event, tgid: bool) -> io::Result<()> {
+    let (comm, pid, group) = task_columns(trace, e);
+    write!(w, "{comm:>16}-{pid:<7} ")?;
+    if tgid {
+        match group {
+            Some(g) => write!(w, "({g:>7}) ")?,
+            None => w.write_all(b"(-------) ")?,
+        }
+    }
+    write!(w, "[{:03}] {:>12}: ", e.cpu, seconds(e.ts_ns))
+}
+
+/// The kernel stack of entry `e`, if it has one, as ftrace's
+/// `func_stack_trace` prints it.
+fn stack_lines(w: &mut impl Write, trace: &Trace, e: &Event, tgid: bool) -> io::Result<()> {
+    let Some(stack) = trace.stack_of(e) else {
+        return Ok(());
+    };
+    prefix(w, trace, e, tgid)?;
+    w.write_all(b"<stack trace>\n")?;
+    for &a in &stack.frames {
+        writeln!(w, " => {}", StackFrame::of(trace, a).label())?;
+    }
+    if !stack.end.is_complete() {
+        writeln!(w, " => ... (cut: {})", stack.end.describe())?;
+    }
+    Ok(())
 }
 
 /// The values recorded, and once per function with stored events what of

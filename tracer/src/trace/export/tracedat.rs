@@ -10,6 +10,19 @@
 //! return was stored, so that `trace-cmd report` draws the call tree with
 //! durations.
 //!
+//! An entry that carries its kernel stack (`--stack`) is followed, at the
+//! same time on the same CPU, by a `kernel_stack` event (`TRACE_STACK`), as
+//! the kernel's `func_stack_trace` option writes one: `int size` (frames),
+//! then the return addresses, innermost first, at link addresses like
+//! every address of the file (the kallsyms hold the functions they fall
+//! in: `Trace::callers`). `trace-cmd report` prints it as `<stack trace >`
+//! and a `=> function (address)` line per frame; it names an address by
+//! the symbol at or below it, so a return address at the very end of its
+//! function (a call as its last instruction) reads as the next one. The
+//! record holds as many frames as the stack has (the kernel's does too,
+//! past the 8 its format declares); one over 112 bytes is written with
+//! `type_len` 0 and its length in the word after the header.
+//!
 //! # Layout (version 6)
 //!
 //! Integers are little-endian; `u64` sizes count the bytes that follow.
@@ -106,11 +119,14 @@ pub const TYPE_TIME_EXTEND: u32 = 30;
 /// larger payload needs `type_len` 0 and its length in `array[0]`, which
 /// the events written here never do.
 const TYPE_DATA_MAX: u32 = 28;
+/// The largest payload written: a `kernel_stack` of `MAX_FRAMES` frames.
+const MAX_PAYLOAD: usize = COMMON_SIZE + 8 + 8 * crate::kernel::unwind::MAX_FRAMES;
 /// Ring-buffer events are 4-byte aligned (ring_buffer.c, RB_ALIGNMENT).
 const RB_ALIGNMENT: usize = 4;
 /// Event ids, `enum trace_type` in kernel/trace/trace.h: TRACE_FN,
-/// TRACE_GRAPH_RET, TRACE_GRAPH_ENT.
+/// TRACE_STACK, TRACE_GRAPH_RET, TRACE_GRAPH_ENT.
 pub const ID_FUNCTION: u16 = 1;
+pub const ID_KERNEL_STACK: u16 = 4;
 pub const ID_FUNCGRAPH_EXIT: u16 = 10;
 pub const ID_FUNCGRAPH_ENTRY: u16 = 11;
 /// trace-cmd option ids (trace-cmd-private.h, enum tracecmd_option_id).
@@ -214,6 +230,23 @@ fn funcgraph_exit_format() -> String {
     )
 }
 
+/// `kernel_stack` (trace_entries.h, `FTRACE_STACK_ENTRIES` 8; a record
+/// holds `size` frames, as many as were saved).
+fn kernel_stack_format() -> String {
+    format_file(
+        "kernel_stack",
+        ID_KERNEL_STACK,
+        &[
+            ("int", "size", 8, 4, true),
+            ("unsigned long", "caller[8]", 16, 64, false),
+        ],
+        "\"\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\", \
+         (void *)REC->caller[0], (void *)REC->caller[1], (void *)REC->caller[2], \
+         (void *)REC->caller[3], (void *)REC->caller[4], (void *)REC->caller[5], \
+         (void *)REC->caller[6], (void *)REC->caller[7]",
+    )
+}
+
 /// The common fields of an event of type `id` by pid `pid` (flags and
 /// preempt count 0: vmtrace does not see them).
 fn common(buf: &mut Vec<u8>, id: u16, pid: u32) {
@@ -232,6 +265,8 @@ pub struct TracedatCounts {
     /// entries.
     pub funcgraph_entry: u64,
     pub funcgraph_exit: u64,
+    /// `kernel_stack` events: one after each entry with a stack.
+    pub kernel_stack: u64,
     /// Stored events left out because their vCPU is not below `meta.cpus`.
     pub bad_cpu: u64,
     /// Stored events left out because their function index is out of range.
@@ -261,14 +296,18 @@ impl CpuPages {
         self.last_ts = ts;
     }
 
-    /// Appends an event at `ts` with `payload` (at most 112 bytes, so that
-    /// `type_len` holds its length). Events must come in time order; one
-    /// that does not starts a new page rather than store a wrong time.
+    /// Appends an event at `ts` with `payload` (up to 112 bytes `type_len`
+    /// holds its length; a longer one, at most `MAX_PAYLOAD`, has
+    /// `type_len` 0 and its length, plus 4, in the word after the header:
+    /// rb_update_event). Events must come in time order; one that does
+    /// not starts a new page rather than store a wrong time.
     fn push(&mut self, ts: u64, payload: &[u8]) {
         let len = payload.len().max(1).next_multiple_of(RB_ALIGNMENT);
-        let type_len = (len / RB_ALIGNMENT) as u32;
-        debug_assert!((1..=TYPE_DATA_MAX).contains(&type_len));
-        let size = 4 + len;
+        debug_assert!(len <= MAX_PAYLOAD);
+        let long = len > TYPE_DATA_MAX as usize * RB_ALIGNMENT;
+        let type_len = if long { 0 } else { (len / RB_ALIGNMENT) as u32 };
+        // Header, the long form's length word, the payload.
+        let size = 4 + if long { 4 } else { 0 } + len;
         if self.data.is_empty() || ts < self.last_ts {
             self.new_page(ts);
         }
@@ -293,6 +332,10 @@ impl CpuPages {
         }
         let head = type_len | ((delta as u32) << 5);
         self.data[at..at + 4].copy_from_slice(&head.to_le_bytes());
+        if long {
+            at += 4;
+            self.data[at..at + 4].copy_from_slice(&(len as u32 + 4).to_le_bytes());
+        }
         self.data[at + 4..at + 4 + payload.len()].copy_from_slice(payload);
         self.used += need;
         self.last_ts = ts;
@@ -361,7 +404,7 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     put_text64(&mut h, HEADER_PAGE);
     h.extend_from_slice(b"header_event\0");
     put_text64(&mut h, HEADER_EVENT);
-    let formats = if trace.meta.graph {
+    let mut formats = if trace.meta.graph {
         vec![
             function_format(),
             funcgraph_entry_format(),
@@ -370,6 +413,9 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     } else {
         vec![function_format()]
     };
+    if !trace.stacks.is_empty() {
+        formats.push(kernel_stack_format());
+    }
     h.extend_from_slice(&(formats.len() as u32).to_le_bytes());
     for f in &formats {
         put_text64(&mut h, f);
@@ -496,11 +542,39 @@ impl Out<'_> {
         self.payload = p;
     }
 
+    /// A `kernel_stack` event after entry `e`, if it carries a stack (and
+    /// its vCPU is in range: its entry was written).
+    fn stack(&mut self, e: &crate::trace::model::Event) {
+        let Some(stack) = self.trace.stack_of(e) else {
+            return;
+        };
+        let pid = pid_of(self.trace, e.task, e.cpu);
+        let Some(pages) = self.pages.get_mut(e.cpu as usize) else {
+            return;
+        };
+        if self.trace.functions.get(e.func as usize).is_none() {
+            return;
+        }
+        let frames = &stack.frames[..stack.frames.len().min(crate::kernel::unwind::MAX_FRAMES)];
+        let mut p = std::mem::take(&mut self.payload);
+        p.clear();
+        common(&mut p, ID_KERNEL_STACK, pid);
+        p.extend_from_slice(&(frames.len() as i32).to_le_bytes());
+        p.extend_from_slice(&[0; 4]); // padding: `caller` is 8-aligned
+        for f in frames {
+            p.extend_from_slice(&f.to_le_bytes());
+        }
+        pages.push(e.ts_ns, &p);
+        self.written.kernel_stack += 1;
+        self.payload = p;
+    }
+
     /// One `function` event per stored entry.
     fn functions(&mut self) {
         let trace = self.trace;
         for e in trace.events.iter().filter(|e| !e.is_return()) {
             self.function(e.ts_ns, e.cpu, e.task, e.func, e.parent);
+            self.stack(e);
         }
     }
 
@@ -536,6 +610,7 @@ impl Out<'_> {
                 } else {
                     self.graph(e.ts_ns, e.cpu, e.task, e.func, f.depth, None);
                 }
+                self.stack(e);
             }
         }
     }

@@ -21,6 +21,9 @@ pub(super) fn header(out: &mut String, report: &Report) {
     if let Some(v) = values_line(report) {
         lines.push(("values", v));
     }
+    if let Some(s) = super::stacks::stacks_line(report) {
+        lines.push(("stacks", s));
+    }
     if let Some(g) = &report.graph_summary {
         graph_lines(&mut lines, g);
     }

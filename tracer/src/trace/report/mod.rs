@@ -21,6 +21,7 @@
 pub mod duration;
 mod header;
 mod numbers;
+pub mod stacks;
 pub mod tasks;
 mod text;
 pub mod tree;
