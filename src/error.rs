@@ -117,6 +117,10 @@ impl From<tracer::plan::PlanError> for InputError {
             PlanError::Stack(tracer::plan::stacks::StackPlanError::NoneTraced { globs }) => {
                 InputError::StackNoneTraced { globs }
             }
+            // Worded with the flags, as --trace's are.
+            PlanError::Stack(tracer::plan::stacks::StackPlanError::Filter(e)) => {
+                InputError::Tracer(e.into())
+            }
             PlanError::StackGraphExitless => InputError::StackGraphExitless,
             e => InputError::Plan(e),
         }

@@ -21,13 +21,14 @@ fn run(
     mode: &str,
     cpus: &str,
     duration: &str,
+    extra: &[&str],
 ) -> (std::process::Output, String, String) {
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("vmtrace-612-{mode}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let console = dir.join("console.log");
-    let out = vmtrace(&[
+    let base = [
         "--kernel",
         bz.to_str().unwrap(),
         "--vmlinux",
@@ -48,7 +49,8 @@ fn run(
         console.to_str().unwrap(),
         "--format",
         "json",
-    ]);
+    ];
+    let out = vmtrace(&[&base[..], extra].concat());
     let err = stderr(&out);
     let text = std::fs::read_to_string(&console).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
@@ -69,7 +71,14 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     let Some((bz, vmlinux)) = linux_612() else {
         return;
     };
-    let (out, text, err) = run(&bz, &vmlinux, "trap", "1", "30");
+    let (out, text, err) = run(
+        &bz,
+        &vmlinux,
+        "trap",
+        "1",
+        "30",
+        &["--stack", "hrtimer_run_queues"],
+    );
     assert!(text.contains("Brought up 1 node, 1 CPU"), "{text}");
     let v: serde_json::Value = serde_json::from_str(&stdout(&out))
         .unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(&out)));
@@ -82,6 +91,24 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
         v["events_stored"].as_u64().unwrap() + v["dropped"].as_u64().unwrap(),
         events
     );
+    // 6.12's ORC tables (the 6.4+ entry layout, from its BTF): every
+    // stack of hrtimer_run_queues (the periodic tick's: this 1-vCPU boot
+    // never switches to high resolution) complete, every frame named, and
+    // through the local APIC timer interrupt's entry.
+    let source = v["stacks_source"].as_str().unwrap();
+    assert!(source.contains("Linux 6.4+ layout"), "{source}");
+    let stacks = v["stacks"].as_array().unwrap();
+    assert!(!stacks.is_empty(), "{v}");
+    for s in stacks {
+        assert_eq!(s["complete"], true, "{s}");
+        let f: Vec<&str> = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap_or_else(|| panic!("{s}")))
+            .collect();
+        assert!(f.contains(&"asm_sysvec_apic_timer_interrupt"), "{f:?}");
+    }
 }
 
 #[test]
@@ -89,7 +116,7 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
     let Some((bz, vmlinux)) = linux_612() else {
         return;
     };
-    let (out, text, err) = run(&bz, &vmlinux, "exitless", "4", "60");
+    let (out, text, err) = run(&bz, &vmlinux, "exitless", "4", "60", &[]);
     assert!(err.contains("vmtrace: exitless: trampoline"), "{err}");
     assert!(text.contains("Brought up 1 node, 4 CPUs"), "{text}");
     let v: serde_json::Value = serde_json::from_str(&stdout(&out))

@@ -506,3 +506,140 @@ fn linux_graph_times_the_timer_path_during_boot() {
     let rets: u64 = t.returns[tick].iter().sum();
     assert!(calls - rets <= 2, "{calls} calls, {rets} returns");
 }
+
+/// The functions of a JSON stack's frames, innermost first; each frame
+/// must be named (all symbolized) and the stack complete.
+fn stack_functions(stack: &serde_json::Value) -> Vec<String> {
+    assert_eq!(stack["complete"], true, "{stack}");
+    stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            f["function"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a frame not symbolized: {stack}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// `--stack` on the 6.1 guest, unwound with its ORC tables: every stack of
+/// `hrtimer_interrupt` comes through the timer interrupt's entry
+/// (`__sysvec_apic_timer_interrupt`, `sysvec_apic_timer_interrupt`,
+/// `asm_sysvec_apic_timer_interrupt`, innermost first) and then the
+/// interrupted context, complete (to the bottom of the stack, or user
+/// mode) with every frame symbolized; `__sysvec_apic_timer_interrupt`
+/// traced with `--graph` has its return hooked while hrtimer_interrupt
+/// runs, and the unwinder reads it as the real return. `kernel_clone`'s
+/// stacks are exactly the kernel's three ways to start a task at boot:
+/// rest_init starting init and kthreadd, kthreadd starting every kernel
+/// thread. trace-cmd shows the stacks from the trace.dat export.
+#[test]
+fn linux_stacks_unwind_through_the_timer_interrupt() {
+    let dir = std::env::temp_dir().join(format!("vmtrace-linux-stacks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, dat) = (dir.join("t.json"), dir.join("t.dat"));
+    let (out, text) = boot(
+        2,
+        &[
+            "--trace",
+            "hrtimer_interrupt,__sysvec_apic_timer_interrupt,kernel_clone",
+            "--stack",
+            "hrtimer_interrupt,kernel_clone",
+            "--mode",
+            "trap",
+            "--graph",
+            "--export",
+            &format!("json={}", json.display()),
+            "--export",
+            &format!("trace.dat={}", dat.display()),
+        ],
+    );
+    let err = stderr(&out);
+    check_boot_console(&text, &err, 2);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(
+        v["stacks_source"].as_str().unwrap().starts_with("ORC ("),
+        "{}",
+        v["stacks_source"]
+    );
+    let stacks = v["stacks"].as_array().unwrap();
+    let by_id = |id: &serde_json::Value| {
+        let id = id.as_u64().unwrap() as usize;
+        stack_functions(&stacks[id - 1])
+    };
+    let func = |name: &str| {
+        v["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("{name} traced: {v}"))
+            .clone()
+    };
+    let timer = func("hrtimer_interrupt");
+    let with_stack: u64 = timer["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(with_stack, timer["count"].as_u64().unwrap());
+    for s in timer["stacks"].as_array().unwrap() {
+        let f = by_id(&s["id"]);
+        assert_eq!(
+            f[..3],
+            [
+                "__sysvec_apic_timer_interrupt",
+                "sysvec_apic_timer_interrupt",
+                "asm_sysvec_apic_timer_interrupt"
+            ],
+            "{f:?}"
+        );
+        assert!(f.len() > 3, "the interrupted context: {f:?}");
+    }
+    let clone = func("kernel_clone");
+    let mut chains: Vec<Vec<String>> = clone["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| by_id(&s["id"]))
+        .collect();
+    chains.sort();
+    let boot_chain = [
+        "rest_init",
+        "arch_call_rest_init",
+        "start_kernel",
+        "secondary_startup_64",
+    ];
+    let want: Vec<Vec<String>> = [
+        vec!["kernel_thread", "kthreadd", "ret_from_fork"],
+        [&["kernel_thread"][..], &boot_chain].concat(),
+        [&["user_mode_thread"][..], &boot_chain].concat(),
+    ]
+    .iter()
+    .map(|c| c.iter().map(|s| s.to_string()).collect())
+    .collect();
+    assert_eq!(chains, want);
+    let report = std::process::Command::new("trace-cmd")
+        .arg("report")
+        .arg(&dat)
+        .output()
+        .expect("trace-cmd (Debian's trace-cmd package) must be installed");
+    let shown = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let traces = shown.matches("<stack trace >").count() as u64;
+    let all_with_stack: u64 = with_stack + clone["count"].as_u64().unwrap();
+    assert_eq!(traces, all_with_stack, "{shown}");
+    assert!(
+        shown.contains("=> asm_sysvec_apic_timer_interrupt ("),
+        "{shown}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

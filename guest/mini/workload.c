@@ -700,11 +700,18 @@ static struct stack_cpu mini_stack[MINI_MAX_CPUS];
 
 extern const char _stext[], _etext[]; /* mini.ld */
 
+/* A tracer's function graph (vmtrace --graph) replaces the return address
+ * of each hooked call with its own return hook in the top 8 MiB of the
+ * address space (vmtrace's code region starts at 0xffffffffff800000): such a
+ * frame is still a frame, as the kernel's unwinders map ftrace's return
+ * trampoline back (ftrace_graph_ret_addr). */
+#define TRACER_HOOKS 0xffffffffff800000UL
+
 /* Return addresses on the RBP chain from frame fp (a frame: saved RBP at
  * fp[0], return address at fp[1]) up to the frame whose saved RBP is 0
  * (mini_main's: entry.S clears RBP), or ~0 if the chain leaves fp's
- * 16 KiB stack, has a return address outside _stext.._etext or is longer
- * than 16. */
+ * 16 KiB stack, has a return address outside _stext.._etext (and not a
+ * tracer's return hook) or is longer than 16. */
 static notrace u64 stack_chain_frames(const u64 *fp)
 {
 	u64 stack = (u64)fp & ~(u64)(MINI_STACK_SIZE - 1), n = 0;
@@ -712,7 +719,7 @@ static notrace u64 stack_chain_frames(const u64 *fp)
 	while (fp) {
 		if (((u64)fp & ~(u64)(MINI_STACK_SIZE - 1)) != stack || n == 16)
 			return ~0UL;
-		if (fp[1] < (u64)_stext || fp[1] >= (u64)_etext)
+		if ((fp[1] < (u64)_stext || fp[1] >= (u64)_etext) && fp[1] < TRACER_HOOKS)
 			return ~0UL;
 		n++;
 		fp = (const u64 *)fp[0];
