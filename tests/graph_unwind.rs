@@ -95,15 +95,17 @@ fn list_marks_the_functions_graph_leaves_out() {
 }
 
 /// What the guest's own stack traces show while hooked returns are on its
-/// stacks, on the default 6.1 guest (its unwinder: `CONFIG_UNWINDER_GUESS`,
-/// which prints every kernel text address on the stack, each as `? `).
+/// stacks, on the default 6.1 guest (its unwinder: `CONFIG_UNWINDER_ORC`,
+/// which prints its frames plain and the other kernel text addresses on
+/// the stack as `? `, and stops at a return address outside kernel text).
 /// `--trace kthread,__unwind_start --graph` hooks the return of
 /// `kthread()` (into `ret_from_fork`) in every kernel thread, and leaves
 /// `__unwind_start` out, saying so; `rdinit=` naming no file makes
 /// the kernel panic once it has booted, and `panic_print=1` then prints
-/// every task's stack. Each kernel thread's trace ends at `kthread` without
-/// `ret_from_fork`: that stack word is vmtrace's hook, outside kernel
-/// text, so the printer skips it. The two tasks not started by `kthread()`
+/// every task's stack. Each kernel thread's trace ends at `kthread` (then
+/// at most a stale `? ` word) without `ret_from_fork`: that stack word is
+/// vmtrace's hook, outside kernel text, so ORC stops there and the printer
+/// skips it. The two tasks not started by `kthread()`
 /// (init's `kernel_init` and `kthreadd`) still show `ret_from_fork`.
 #[test]
 fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
