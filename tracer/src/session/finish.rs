@@ -318,8 +318,18 @@ impl Tracer {
                 + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
             args: self.plan.values.args,
             retval: self.plan.values.retval,
-            stacks: self.plan.stacks.as_ref().map(|s| s.note.clone()).unwrap_or_default(),
-            stack_funcs: self.plan.stacks.as_ref().map(|s| s.funcs.clone()).unwrap_or_default(),
+            stacks: self
+                .plan
+                .stacks
+                .as_ref()
+                .map(|s| s.note.clone())
+                .unwrap_or_default(),
+            stack_funcs: self
+                .plan
+                .stacks
+                .as_ref()
+                .map(|s| s.funcs.clone())
+                .unwrap_or_default(),
         };
         Trace {
             meta,

@@ -24,8 +24,8 @@ use exitless::state::{Exitless, ExitlessError, Records, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use record::GraphHook;
 use shadow::ShadowStacks;
-use store::{Storage, Stored};
 use stacks::StackSource;
+use store::{Storage, Stored};
 use tasks::{TaskSource, TaskTable};
 
 pub mod args;

@@ -21,8 +21,8 @@ use vmm::{Trap, TrapError, TrapHandler};
 
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
-use crate::session::args::ArgTable;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
+use crate::session::args::ArgTable;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
