@@ -262,7 +262,7 @@ pub enum InputError {
     #[error("--threshold: {0}")]
     Threshold(String),
     /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
-    #[error("{0}")]
+    #[error("{}", .0.say(&Flags))]
     Qemu(tracer::qemu::session::QemuError),
     /// `--depth` or `--threshold` without `--tree`.
     #[error("{flag} needs --tree (it limits the call tree)")]
@@ -572,6 +572,22 @@ mod tests {
         assert_eq!(e.exit_status(), EXIT_GUEST_FAILED);
         let e: Error = VmError::Cpus(0).into();
         assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+    }
+
+    /// `attach --mode exitless --stack`: bad input, one line naming the
+    /// flag that records stacks; the library says it without flags.
+    #[test]
+    fn stacks_in_exitless_attach_name_trap_mode() {
+        use tracer::qemu::session::QemuError;
+        let problem = "kernel stacks are unwound while a breakpoint holds the guest, and \
+                       exitless calls never stop it";
+        assert_eq!(
+            QemuError::StacksNeedTrap.to_string(),
+            format!("{problem}; trace in trap mode")
+        );
+        let e: Error = InputError::Qemu(QemuError::StacksNeedTrap).into();
+        assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
+        assert_eq!(e.to_string(), format!("{problem}; use --mode trap"));
     }
 
     /// The plan's refusal of return values without the graph, worded with

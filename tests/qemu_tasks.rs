@@ -4,7 +4,8 @@
 //! those N calls by the worker's pid, tgid and comm (`wl-worker`), and
 //! `--pid` and `--comm` keep exactly the calls they name, the others counted
 //! as rejected, in exitless mode (the pid compared by vmtrace's code in the
-//! guest) and in trap mode (through gdbstub breakpoints).
+//! guest) and in trap mode (through gdbstub breakpoints); `--stack` records
+//! each call's kernel stack, the syscall path from user mode, in trap mode.
 
 mod common;
 
@@ -178,4 +179,151 @@ fn attach_records_arguments_and_errno_return_values() {
     assert_eq!((calls.len() as u64, returns), (N, N), "{text}");
     assert!(calls.iter().all(|f| f == &calls[0]), "one path: {calls:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The kernel stack at each entry of `do_sys_openat2` in this guest's 6.1
+/// kernel, innermost first (its callers' return addresses, as its own
+/// `dump_stack()` would list them): `entry_SYSCALL_64` (arch/x86/entry/
+/// entry_64.S, past its inner label `entry_SYSCALL_64_after_hwframe`, a
+/// 0-size symbol) saved the user registers and called `do_syscall_64`,
+/// which (`do_syscall_x64` inlined) called 6.1.192's `x64_sys_call`
+/// (arch/x86/entry/syscall_64.c: a switch on the number), which tail-jumps
+/// to `__x64_sys_openat` (fs/open.c's SYSCALL_DEFINE4(openat)), which
+/// tail-jumps to `do_sys_open`: neither jump leaves a return address, so
+/// neither is in the stack. `do_sys_open` calls `do_sys_openat2`.
+const OPENAT_CHAIN: [&str; 3] = ["do_sys_open", "do_syscall_64", "entry_SYSCALL_64"];
+
+/// The JSON report of a `--stack do_sys_openat2` run in which the worker
+/// made `n` openat calls: exactly those calls, all on one stack, whose
+/// frames are all named, that reached the worker's user-mode registers,
+/// and whose chain is [`OPENAT_CHAIN`]; that stack's frames as `script`
+/// prints them (` => function+0xoffset`).
+fn openat_stacks(v: &serde_json::Value, worker: u64, n: u64) -> Vec<String> {
+    assert_eq!(v["mode"], "trap", "{v}");
+    assert_eq!(v["dropped"], 0, "{v}");
+    assert_eq!(only_task(v), (worker, worker, WORKER.into(), n));
+    let functions = v["functions"].as_array().unwrap();
+    assert_eq!(functions.len(), 1, "{v}");
+    let f = &functions[0];
+    assert_eq!(
+        (&f["name"], &f["count"]),
+        (&"do_sys_openat2".into(), &n.into())
+    );
+    // One path for every call: one stack, carried by each.
+    let used = f["stacks"].as_array().unwrap_or_else(|| panic!("{f}"));
+    assert_eq!(used.len(), 1, "{f}");
+    assert_eq!(used[0]["count"], n, "{f}");
+    let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(stacks.len(), 1, "only the worker's calls: {v}");
+    let st = &stacks[0];
+    assert_eq!((&st["id"], &used[0]["id"]), (&1.into(), &1.into()), "{v}");
+    assert_eq!(
+        (&st["end"], &st["complete"]),
+        (&"user".into(), &true.into())
+    );
+    let frames = st["frames"].as_array().unwrap();
+    let chain: Vec<&str> = frames
+        .iter()
+        .map(|fr| fr["function"].as_str().unwrap_or_else(|| panic!("{fr}")))
+        .collect();
+    assert_eq!(chain, OPENAT_CHAIN, "{st}");
+    frames
+        .iter()
+        .map(|fr| {
+            let off = fr["offset"].as_u64().unwrap();
+            assert!(off > 0, "a return address is past its call: {fr}");
+            format!(" => {}+{off:#x}", fr["function"].as_str().unwrap())
+        })
+        .collect()
+}
+
+/// `--stack do_sys_openat2` under QEMU: the worker's N `openat` calls,
+/// each with the kernel stack unwound at its breakpoint stop (ORC), the
+/// syscall path down to the user-mode registers, in the report and in
+/// `script`; `--mode auto` traces stacks in trap mode and says why;
+/// `--mode exitless` is refused (bad input, one line naming `--mode trap`)
+/// and leaves the guest running.
+#[test]
+fn attach_records_the_kernel_stack_of_each_call() {
+    const N: u64 = 30;
+    let (bz, _) = common::linux_61();
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let worker = u64::from(w.worker);
+    let pid = w.worker.to_string();
+    let stack = [
+        "--kernel",
+        s(&bz),
+        "--format",
+        "json",
+        "--trace",
+        "do_sys_openat2",
+        "--stack",
+        "do_sys_openat2",
+        "--pid",
+        &pid,
+    ];
+
+    let exitless = [&stack[..], &["--mode", "exitless"]].concat();
+    let e = Attach::start(guest.qmp_socket(), &exitless).end();
+    assert_eq!(e.status.code(), Some(2), "{}", e.stderr);
+    assert_eq!(
+        e.stderr,
+        "vmtrace: kernel stacks are unwound while a breakpoint holds the guest, and exitless \
+         calls never stop it; use --mode trap"
+    );
+
+    // Trap mode, with a data file for `script`.
+    let dir = common::scratch_in("qemu-tasks", "stacks");
+    let data = dir.join("openat.data");
+    let trap = [&stack[..], &["--mode", "trap", "-o", s(&data)]].concat();
+    let mut a = Attach::start(guest.qmp_socket(), &trap);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("trap mode"), "{line}");
+    guest.go("openat", N).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let frames = openat_stacks(&e.json(), worker, N);
+
+    // `script`: each entry, then `<stack trace>` and the same frames.
+    let script = std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["script", s(&data)])
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    let text = String::from_utf8_lossy(&script.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let each = 2 + frames.len();
+    assert_eq!(lines.len() as u64, N * each as u64, "{text}");
+    let me = format!("{WORKER}-{pid}");
+    for call in lines.chunks(each) {
+        assert!(call[0].trim_start().starts_with(&me), "{text}");
+        assert!(
+            call[0].ends_with(": do_sys_openat2 <-do_sys_open"),
+            "{text}"
+        );
+        assert!(call[1].trim_start().starts_with(&me), "{text}");
+        assert!(call[1].ends_with(": <stack trace>"), "{text}");
+        assert_eq!(call[2..], frames[..], "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Auto mode: trap mode, for the stacks, said as the reason.
+    let mut a = Attach::start(guest.qmp_socket(), &stack);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("trap mode"), "{line}");
+    let note = a.wait_line("tracing through gdbstub breakpoints instead");
+    assert!(
+        note.starts_with(
+            "vmtrace: kernel stacks are unwound at breakpoint stops: tracing through gdbstub \
+             breakpoints instead"
+        ),
+        "{note}"
+    );
+    guest.go("openat", N).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    openat_stacks(&e.json(), worker, N);
 }

@@ -445,7 +445,7 @@ fn the_report_shows_each_stack_functions_stacks() {
         )),
         "{r}"
     );
-    let section = "#\n# kernel stacks (--stack), caller first (perf report -g caller):\n#\n\
+    let section = "#\n# kernel stacks, caller first (perf report -g caller):\n#\n\
         tick_sched_timer: 4 calls with a stack, 3 distinct\n\
         \x20  50.00%  2 calls\n\
         \x20           cpu_idle_loop+0x40\n\

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
 use super::breakpoints;
 use super::gdb::GdbError;
 use super::qmp::QmpError;
@@ -37,12 +39,43 @@ pub enum QemuError {
     NotReady(String),
     #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
     GraphNeedsRoom(String),
-    #[error("kernel stacks are unwound while a breakpoint holds the guest, and exitless calls never stop it: attach in trap mode to record stacks")]
+    /// Said with its remedy (`Advice`): the CLI names `--mode trap`.
+    #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]
     Hit(#[from] breakpoints::HitError),
-    #[error(transparent)]
+    /// Said in the front end's words (`Advice`), as outside a QEMU.
+    #[error("{}", self.say(&Plain))]
     Tracer(#[from] TracerError),
+}
+
+/// A front end words the remedies and inputs these errors name
+/// (`vmm::advice`); the others' messages are their `Display`.
+impl Advice for QemuError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            QemuError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint holds \
+                                          the guest, and exitless calls never stop it"
+                .into(),
+            QemuError::Tracer(e) => e.problem(w),
+            other => other.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            QemuError::StacksNeedTrap => Some(Remedy::TrapMode),
+            QemuError::Tracer(e) => e.remedy(),
+            _ => None,
+        }
+    }
+
+    fn say(&self, w: &dyn Words) -> String {
+        match self {
+            QemuError::Tracer(e) => e.say(w),
+            other => vmm::advice::join(other.problem(w), other.remedy(), w),
+        }
+    }
 }

@@ -17,6 +17,7 @@ use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 
 use counters::Counters;
+use equip::{boxed, equip, stack_source, task_source};
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
 use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
 use exitless::map::Mapped;
@@ -26,11 +27,12 @@ use record::GraphHook;
 use shadow::ShadowStacks;
 use stacks::StackSource;
 use store::{Storage, Stored};
-use tasks::{TaskSource, TaskTable};
+use tasks::TaskSource;
 
 pub mod args;
 pub mod counters;
 mod driver;
+mod equip;
 pub mod exitless;
 mod finish;
 #[cfg(test)]
@@ -48,49 +50,6 @@ pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Sta
 pub use finish::{Progress, Saved};
 pub use ready::{Attach, NotReady};
 pub use store::Recording;
-
-/// How a session's events get their task, when the plan knows the
-/// kernel's task layout.
-fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<TaskSource>> {
-    let layout = plan.tasks.layout?;
-    Some(Arc::new(TaskSource::new(
-        layout,
-        Arc::clone(table),
-        plan.tasks.filter.clone(),
-    )))
-}
-
-/// How a session's `--stack` calls unwind (None: no stacks recorded).
-fn stack_source(plan: &Plan, store: &store::Store) -> Option<Arc<StackSource>> {
-    let sp = plan.stacks.as_ref()?;
-    Some(Arc::new(StackSource::new(
-        sp.unwinder.clone(),
-        &plan.image,
-        sp.sites(&plan.index),
-        store.stacks(),
-    )))
-}
-
-/// Give the recorders what they record besides the call: its task, its
-/// values, its stack.
-fn equip(
-    recs: &mut [record::Recorder],
-    plan: &Plan,
-    tasks: &Option<Arc<TaskSource>>,
-    stacks: &Option<Arc<StackSource>>,
-    args: Arc<args::ArgTable>,
-) {
-    let retval = plan.graph && plan.values.retval;
-    for r in recs {
-        if let Some(src) = tasks {
-            r.record_tasks(Arc::clone(src));
-        }
-        if let Some(src) = stacks {
-            r.record_stacks(Arc::clone(src));
-        }
-        r.record_values(plan.values.args.then(|| Arc::clone(&args)), retval);
-    }
-}
 
 /// With page-table isolation, Linux gives each process a pair of top-level
 /// tables 8 KiB aligned, the user one 4 KiB above the kernel one, and flips
@@ -654,13 +613,6 @@ fn install_return_trap(
         *installed = true;
     }
     Ok(mapped)
-}
-
-/// The recorders as the vCPU threads take them.
-fn boxed(recs: Vec<record::Recorder>) -> Vec<Box<dyn TrapHandler>> {
-    recs.into_iter()
-        .map(|r| Box::new(r) as Box<dyn TrapHandler>)
-        .collect()
 }
 
 /// The kernel's own page tables, to read and write kernel text and data

@@ -92,7 +92,7 @@ pub(super) fn write_stacks(out: &mut String, report: &Report) {
     if funcs.is_empty() {
         return;
     }
-    out.push_str("#\n# kernel stacks (--stack), caller first (perf report -g caller):\n#\n");
+    out.push_str("#\n# kernel stacks, caller first (perf report -g caller):\n#\n");
     for f in &funcs {
         let name = escape(&f.func.name);
         if f.calls == 0 {

@@ -1,0 +1,65 @@
+//! What the trap recorders record besides the call itself, handed to
+//! them when a session is created: the guest task (`--pid`, `--comm`, or
+//! just naming it), the values (`--args`, `--retval`), the kernel stack
+//! (`--stack`).
+
+use std::sync::Arc;
+
+use vmm::TrapHandler;
+
+use super::args::ArgTable;
+use super::record::Recorder;
+use super::stacks::StackSource;
+use super::store::Store;
+use super::tasks::{TaskSource, TaskTable};
+use crate::plan::Plan;
+
+/// How a session's events get their task, when the plan knows the
+/// kernel's task layout.
+pub(super) fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<TaskSource>> {
+    let layout = plan.tasks.layout?;
+    Some(Arc::new(TaskSource::new(
+        layout,
+        Arc::clone(table),
+        plan.tasks.filter.clone(),
+    )))
+}
+
+/// How a session's `--stack` calls unwind (None: no stacks recorded).
+pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource>> {
+    let sp = plan.stacks.as_ref()?;
+    Some(Arc::new(StackSource::new(
+        sp.unwinder.clone(),
+        &plan.image,
+        sp.sites(&plan.index),
+        store.stacks(),
+    )))
+}
+
+/// Give the recorders what they record besides the call: its task, its
+/// values, its stack.
+pub(super) fn equip(
+    recs: &mut [Recorder],
+    plan: &Plan,
+    tasks: &Option<Arc<TaskSource>>,
+    stacks: &Option<Arc<StackSource>>,
+    args: Arc<ArgTable>,
+) {
+    let retval = plan.graph && plan.values.retval;
+    for r in recs {
+        if let Some(src) = tasks {
+            r.record_tasks(Arc::clone(src));
+        }
+        if let Some(src) = stacks {
+            r.record_stacks(Arc::clone(src));
+        }
+        r.record_values(plan.values.args.then(|| Arc::clone(&args)), retval);
+    }
+}
+
+/// The recorders as the vCPU threads take them.
+pub(super) fn boxed(recs: Vec<Recorder>) -> Vec<Box<dyn TrapHandler>> {
+    recs.into_iter()
+        .map(|r| Box::new(r) as Box<dyn TrapHandler>)
+        .collect()
+}
