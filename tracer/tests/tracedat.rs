@@ -20,7 +20,7 @@ use tracer::trace::export::write_tracedat;
 use tracer::trace::model::{Event, Trace, TraceMeta, RETURN_BIT};
 
 /// One event line of `trace-cmd report`.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 struct Line {
     comm: String,
     pid: u32,
@@ -33,6 +33,7 @@ struct Line {
 }
 
 /// What `trace-cmd report` printed: the `cpus=N` header and the events.
+#[derive(Debug, PartialEq)]
 struct Report {
     cpus: u32,
     lines: Vec<Line>,
@@ -51,12 +52,18 @@ fn scratch(tag: &str) -> PathBuf {
 /// Writes `trace` and runs `trace-cmd report ARGS -i FILE` on it: it must
 /// succeed and say nothing on stderr.
 fn report(trace: &Trace, tag: &str, args: &[&str]) -> Report {
+    parse(&trace_cmd(trace, tag, "report", args))
+}
+
+/// Writes `trace` and runs `trace-cmd COMMAND ARGS -i FILE` on it: it must
+/// succeed and say nothing on stderr. Its stdout.
+fn trace_cmd(trace: &Trace, tag: &str, command: &str, args: &[&str]) -> String {
     let path = scratch(tag);
     let mut bytes = Vec::new();
     write_tracedat(trace, &mut bytes).expect("write_tracedat");
     std::fs::write(&path, &bytes).unwrap();
     let out = Command::new("trace-cmd")
-        .arg("report")
+        .arg(command)
         .args(args)
         .arg("-i")
         .arg(&path)
@@ -73,17 +80,17 @@ fn report(trace: &Trace, tag: &str, args: &[&str]) -> Report {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "trace-cmd report failed ({}) on {}: {stderr}",
+        "trace-cmd {command} failed ({}) on {}: {stderr}",
         out.status,
         path.display()
     );
     assert!(
         stderr.trim().is_empty(),
-        "trace-cmd report complained about {}: {stderr}",
+        "trace-cmd {command} complained about {}: {stderr}",
         path.display()
     );
     let _ = std::fs::remove_file(&path);
-    parse(&stdout)
+    stdout.into_owned()
 }
 
 fn parse(stdout: &str) -> Report {
@@ -774,4 +781,193 @@ fn tasks_are_comm_pid_in_trace_cmd_report() {
             ("gdbus", 60),
         ])
     );
+}
+
+/// The `funcgraph_exit` lines of `trace-cmd report -R ARGS` (raw fields),
+/// as (CPU, fields).
+fn raw_exits(trace: &Trace, tag: &str, args: &[&str]) -> Vec<(u32, String)> {
+    let args = [&["-R"], args].concat();
+    let r = report(trace, tag, &args);
+    r.lines
+        .iter()
+        .filter(|l| l.event == "funcgraph_exit")
+        .map(|l| (l.cpu, l.text.clone()))
+        .collect()
+}
+
+/// A raw `funcgraph_exit` as libtraceevent prints it: `retval` by the
+/// kernel's print fmt (`%lx`: hex, no `0x`), the times in hex, ns.
+fn raw_exit(func: &str, retval: &str, depth: u32, call: u64, ret: u64) -> String {
+    format!(
+        "func={func} retval={retval} depth={depth} overrun=0 calltime={call:#x} rettime={ret:#x}"
+    )
+}
+
+/// `--retval`: each return's value reaches trace-cmd as the `retval` of
+/// Linux 6.5+'s `funcgraph_exit` (CONFIG_FUNCTION_GRAPH_RETVAL), all 64
+/// bits of RAX as recorded (ERR_PTR(-ENOMEM), -EAGAIN in EAX with junk
+/// above, a void function's leftover RAX); the raw fields print it, a
+/// filter on it matches, and the function graph prints as it did without
+/// return values.
+#[test]
+fn return_values_are_funcgraph_exit_retval() {
+    use fixture::ATTACH_NS as T;
+    let t = fixture::values_trace();
+    let exit = |func, retval, depth, call, ret| raw_exit(func, retval, depth, T + call, T + ret);
+    assert_eq!(
+        raw_exits(&t, "retval-raw", &[]),
+        [
+            (
+                1,
+                exit("hrtimer_interrupt", "fffffffffffffff4", 1, 3_000, 5_500)
+            ),
+            (
+                1,
+                exit("__hrtimer_run_queues", "1fffffff5", 1, 7_000, 7_500)
+            ),
+            (1, exit("tick_sched_timer", "1", 1, 9_000, 9_400)),
+            (
+                0,
+                exit("tick_do_update_jiffies64", "dead", 3, 1_400, 16_400)
+            ),
+            (0, exit("tick_sched_timer", "0", 2, 1_300, 16_401)),
+            (0, exit("tick_sched_timer", "7", 2, 16_500, 16_800)),
+            (0, exit("__hrtimer_run_queues", "0", 1, 1_200, 17_000)),
+            (0, exit("schedule", "5555", 0, 8_000, 40_000)),
+            (
+                0,
+                exit("hrtimer_interrupt", "ffff88800abcd000", 0, 1_000, 150_000)
+            ),
+        ]
+    );
+    // A filter compares the field as a number.
+    assert_eq!(
+        raw_exits(
+            &t,
+            "retval-filter",
+            &["-F", "funcgraph_exit: retval == 0xfffffffffffffff4"]
+        ),
+        [(
+            1,
+            exit("hrtimer_interrupt", "fffffffffffffff4", 1, 3_000, 5_500)
+        )]
+    );
+    // The format trace-cmd read is the kernel's.
+    let dump = trace_cmd(&t, "retval-dump", "dump", &["--ftrace-events"]);
+    assert!(dump.contains(
+        "\tfield:unsigned long func;\toffset:8;\tsize:8;\tsigned:0;\n\
+         \tfield:unsigned long retval;\toffset:16;\tsize:8;\tsigned:0;\n\
+         \tfield:int depth;\toffset:24;\tsize:4;\tsigned:1;\n\
+         \tfield:unsigned int overrun;\toffset:28;\tsize:4;\tsigned:0;\n\
+         \tfield:unsigned long long calltime;\toffset:32;\tsize:8;\tsigned:0;\n\
+         \tfield:unsigned long long rettime;\toffset:40;\tsize:8;\tsigned:0;\n\n\
+         print fmt: \"<-- %ps (%d) (start: %llx  end: %llx) over: %d retval: %lx\", \
+         (void *)REC->func, REC->depth, REC->calltime, REC->rettime, REC->depth, REC->retval\n"
+    ));
+    // The graph: what trace-cmd printed for the trace without values.
+    let mut plain = t.clone();
+    plain.meta.retval = false;
+    for args in [&[][..], GRAPH_ARGS] {
+        let r = report(&t, "retval-graph", args);
+        assert_eq!(r, report(&plain, "retval-plain", args), "{args:?}");
+    }
+    let r = report(&t, "retval-graph", GRAPH_ARGS);
+    let entry = |f: &str, depth| Graphed::Entry {
+        func: f.into(),
+        depth,
+    };
+    let exit = |f: &str, depth, ns| Graphed::Exit {
+        func: f.into(),
+        depth,
+        dur: dur(ns),
+    };
+    assert_eq!(
+        graphed(&r)[&1],
+        [
+            entry("cpu_idle_loop", 0),
+            entry("hrtimer_interrupt", 1),
+            exit("hrtimer_interrupt", 1, 2_500),
+            entry("do_exit_thing", 1),
+            entry("__hrtimer_run_queues", 1),
+            exit("__hrtimer_run_queues", 1, 500),
+            entry("schedule", 0),
+            entry("tick_sched_timer", 1),
+            exit("tick_sched_timer", 1, 400),
+        ]
+    );
+}
+
+/// Return values trace-cmd could mistake: -ENOENT in all 64 bits, a value
+/// that is a traced function's address (hex, not its name: the print fmt
+/// says `%lx`), 0 and all ones; an unhooked call in between has no exit.
+#[test]
+fn return_values_by_hand() {
+    let caller = TEXT + 0x10_010;
+    // (ts, func, slot, RAX at a return)
+    let ev = [
+        (1_000u64, 2u32, slot(1, 0), 0u64),
+        (1_100, 3, slot(1, 1), 0),
+        (1_200, 3, slot(1, 1) | RETURN_BIT, 0xffff_ffff_ffff_fffe),
+        (1_300, 1, 0, 0),
+        (1_400, 4, slot(1, 1), 0),
+        (1_450, 0, slot(1, 2), 0),
+        (1_460, 0, slot(1, 2) | RETURN_BIT, u64::MAX),
+        (1_500, 4, slot(1, 1) | RETURN_BIT, TEXT + 0x1000),
+        (1_600, 2, slot(1, 0) | RETURN_BIT, 0),
+    ];
+    let events: Vec<_> = ev.iter().map(|&(ts, f, _, _)| (ts, 0, f, caller)).collect();
+    let mut t = trace_of(1, &events);
+    for (e, &(_, _, slot, rax)) in t.events.iter_mut().zip(&ev) {
+        e.slot = slot;
+        e.data = rax;
+    }
+    t.meta.graph = true;
+    t.meta.retval = true;
+    let exit = |func, retval, depth, call, ret| (0, raw_exit(func, retval, depth, call, ret));
+    assert_eq!(
+        raw_exits(&t, "retval-hand", &[]),
+        [
+            exit("__hrtimer_run_queues", "fffffffffffffffe", 1, 1_100, 1_200),
+            exit(
+                "hrtimer_start_range_ns",
+                "ffffffffffffffff",
+                2,
+                1_450,
+                1_460
+            ),
+            exit("hrtimer_wakeup", "ffffffff81001000", 1, 1_400, 1_500),
+            exit("hrtimer_interrupt", "0", 0, 1_000, 1_600),
+        ]
+    );
+    let mut bytes = Vec::new();
+    let w = write_tracedat_counted(&t, &mut bytes).unwrap();
+    assert_eq!((w.function, w.funcgraph_entry, w.funcgraph_exit), (1, 4, 4));
+}
+
+/// 64-bit FNV-1a, as report_golden.rs digests outputs.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Without `--retval` the file is what it was before return values
+/// (Linux 6.1's `funcgraph_exit`, digests of the files then), whatever
+/// returns' `data` holds.
+#[test]
+fn without_return_values_the_file_is_unchanged() {
+    let mut values = fixture::values_trace();
+    values.meta.retval = false;
+    for (name, t, digest) in [
+        ("graph", fixture::graph_trace(), 0x5867_cfab_ac3b_e0ed),
+        ("values without retval", values, 0x5867_cfab_ac3b_e0ed),
+        ("tasks", fixture::tasks_trace(), 0xad7d_f31d_1941_be26),
+        ("stacks", fixture::stacks_trace(), 0x7187_d419_a130_3de9),
+        ("entries", fixture::trace(), 0x9ad7_4b4a_e0e9_64e2),
+    ] {
+        let mut bytes = Vec::new();
+        write_tracedat(&t, &mut bytes).unwrap();
+        assert_eq!(fnv1a(&bytes), digest, "{name}");
+        assert!(!bytes.windows(6).any(|w| w == b"retval"), "{name}");
+    }
 }

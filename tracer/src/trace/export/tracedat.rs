@@ -8,7 +8,10 @@
 //! the way the kernel's `function_graph` tracer writes one instead: a
 //! `funcgraph_entry` per stored entry and a `funcgraph_exit` per call whose
 //! return was stored, so that `trace-cmd report` draws the call tree with
-//! durations.
+//! durations. With return values (`--retval`) `funcgraph_exit` has the
+//! layout of Linux 6.5+ built with CONFIG_FUNCTION_GRAPH_RETVAL, `unsigned
+//! long retval` after `func`, holding RAX as recorded (all 64 bits, as the
+//! kernel stores it); without, Linux 6.1's.
 //!
 //! An entry that carries its kernel stack (`--stack`) is followed, at the
 //! same time on the same CPU, by a `kernel_stack` event (`TRACE_STACK`), as
@@ -213,21 +216,36 @@ fn funcgraph_entry_format() -> String {
     )
 }
 
-/// `funcgraph_exit` (trace_entries.h, Linux 6.1's layout, no `retval`).
-fn funcgraph_exit_format() -> String {
-    format_file(
-        "funcgraph_exit",
-        ID_FUNCGRAPH_EXIT,
+/// `funcgraph_exit` (trace_entries.h): Linux 6.1's layout, or with
+/// `retval` the layout of Linux 6.5 and later built with
+/// CONFIG_FUNCTION_GRAPH_RETVAL, `retval` after `func`.
+fn funcgraph_exit_format(retval: bool) -> String {
+    let fields: &[Field] = if retval {
+        &[
+            ("unsigned long", "func", 8, 8, false),
+            ("unsigned long", "retval", 16, 8, false),
+            ("int", "depth", 24, 4, true),
+            ("unsigned int", "overrun", 28, 4, false),
+            ("unsigned long long", "calltime", 32, 8, false),
+            ("unsigned long long", "rettime", 40, 8, false),
+        ]
+    } else {
         &[
             ("unsigned long", "func", 8, 8, false),
             ("int", "depth", 16, 4, true),
             ("unsigned int", "overrun", 20, 4, false),
             ("unsigned long long", "calltime", 24, 8, false),
             ("unsigned long long", "rettime", 32, 8, false),
-        ],
+        ]
+    };
+    let print_fmt = if retval {
+        "\"<-- %ps (%d) (start: %llx  end: %llx) over: %d retval: %lx\", (void *)REC->func, \
+         REC->depth, REC->calltime, REC->rettime, REC->depth, REC->retval"
+    } else {
         "\"<-- %ps (%d) (start: %llx  end: %llx) over: %d\", (void *)REC->func, \
-         REC->depth, REC->calltime, REC->rettime, REC->depth",
-    )
+         REC->depth, REC->calltime, REC->rettime, REC->depth"
+    };
+    format_file("funcgraph_exit", ID_FUNCGRAPH_EXIT, fields, print_fmt)
 }
 
 /// `kernel_stack` (trace_entries.h, `FTRACE_STACK_ENTRIES` 8; a record
@@ -365,7 +383,7 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
         trace,
         pages: (0..cpus).map(|_| CpuPages::default()).collect(),
         written: TracedatCounts::default(),
-        payload: Vec::with_capacity(COMMON_SIZE + 32),
+        payload: Vec::with_capacity(COMMON_SIZE + 40),
     };
     if trace.meta.graph {
         out.graph_events();
@@ -408,7 +426,7 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
         vec![
             function_format(),
             funcgraph_entry_format(),
-            funcgraph_exit_format(),
+            funcgraph_exit_format(trace.meta.retval),
         ]
     } else {
         vec![function_format()]
@@ -505,8 +523,9 @@ impl Out<'_> {
         self.payload = p;
     }
 
-    /// A `funcgraph_entry`, or with `ret: Some((calltime, rettime))` a
-    /// `funcgraph_exit`, of `func` at stack depth `depth` by task `task`.
+    /// A `funcgraph_entry`, or with `ret: Some((calltime, rettime,
+    /// retval))` a `funcgraph_exit`, of `func` at stack depth `depth` by
+    /// task `task` (`retval` written in a trace with return values).
     fn graph(
         &mut self,
         ts: u64,
@@ -514,10 +533,11 @@ impl Out<'_> {
         task: u32,
         func: u32,
         depth: u32,
-        ret: Option<(u64, u64)>,
+        ret: Option<(u64, u64, u64)>,
     ) {
         let mut p = std::mem::take(&mut self.payload);
         let pid = pid_of(self.trace, task, cpu);
+        let retval = ret.filter(|_| self.trace.meta.retval).map(|r| r.2);
         if let Some((ip, pages)) = self.target(cpu, func) {
             p.clear();
             let id = if ret.is_some() {
@@ -527,8 +547,11 @@ impl Out<'_> {
             };
             common(&mut p, id, pid);
             p.extend_from_slice(&ip.to_le_bytes());
+            if let Some(retval) = retval {
+                p.extend_from_slice(&retval.to_le_bytes());
+            }
             p.extend_from_slice(&(depth.min(i32::MAX as u32) as i32).to_le_bytes());
-            if let Some((calltime, rettime)) = ret {
+            if let Some((calltime, rettime, _)) = ret {
                 p.extend_from_slice(&0u32.to_le_bytes()); // overrun: none
                 p.extend_from_slice(&calltime.to_le_bytes());
                 p.extend_from_slice(&rettime.to_le_bytes());
@@ -602,7 +625,9 @@ impl Out<'_> {
                     continue;
                 };
                 let f = &g.frames[i as usize];
-                let ret = Some((f.entry_ns, e.ts_ns));
+                // RAX as recorded (`Event::data`), all 64 bits, as the
+                // kernel stores `ftrace_graph_ret.retval`.
+                let ret = Some((f.entry_ns, e.ts_ns, e.data));
                 self.graph(e.ts_ns, e.cpu, e.task, f.func, f.depth, ret);
             } else if let Some(f) = frames.next() {
                 if f.end == End::Unhooked {
