@@ -2,7 +2,7 @@
 //! table (`table`), and the `--json FILE` document (`json`, with each
 //! bench's entry in `benches`); (f)'s and (g)'s part of each is in
 //! `exitless`, (h)'s in `record`, (i)'s in `ftrace`, (j)'s in
-//! `attach_modes`.
+//! `attach_modes`, call/stack's in `stack`.
 
 mod attach_modes;
 mod benches;
@@ -13,13 +13,14 @@ mod json;
 mod methods;
 mod qemu;
 mod record;
+mod stack;
 mod table;
 
 use std::time::Instant;
 
 use super::measure::{
     AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures,
-    Scaling,
+    Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -49,6 +50,8 @@ pub struct Results {
     pub exitless: Option<ExitlessCosts>,
     /// (g): the same with return hooks (`--graph`).
     pub graph: Option<ExitlessCosts>,
+    /// call/stack: a trapped call with its kernel stack, and without.
+    pub stack: Option<StackCosts>,
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
@@ -77,6 +80,7 @@ impl Default for Results {
             handlers: None,
             exitless: None,
             graph: None,
+            stack: None,
             pauses: Vec::new(),
             scaling: None,
             report: None,
@@ -123,11 +127,13 @@ pub struct Run<'a> {
 }
 
 /// The figures by name, as saved in the JSON. Those named `a_`..`e_`,
-/// `h_` and `j_` are the figures (a) to (e), (h) and (j); (f) and (g)
-/// have their own objects (`ExitlessFigures`, `GraphFigures`).
+/// `h_` and `j_` are the figures (a) to (e), (h) and (j), `stack_`
+/// call/stack's; (f) and (g) have their own objects (`ExitlessFigures`,
+/// `GraphFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
     [
         BenchId::CallTrap,
+        BenchId::CallStack,
         BenchId::AttachPause,
         BenchId::AttachScaling,
         BenchId::ReportRender,
@@ -145,6 +151,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
 fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
     match id {
         BenchId::CallTrap => call_figures(r),
+        BenchId::CallStack => r.stack.as_ref().map_or_else(Vec::new, stack::figures),
         BenchId::AttachPause => pause_figures(&r.pauses),
         BenchId::AttachScaling => r.scaling.as_ref().map_or_else(Vec::new, scaling_figures),
         BenchId::ReportRender => match r.report {
@@ -229,10 +236,11 @@ fn scaling_figures(s: &Scaling) -> Vec<(String, f64)> {
 /// The figures not measured (NaN: the host's noise swamped them), by
 /// name, with why.
 fn not_measured(r: &Results) -> Vec<(String, String)> {
+    let stack = r.stack.as_ref().map_or_else(Vec::new, stack::not_measured);
     let Some(why) = &r.calls_not_measured else {
-        return Vec::new();
+        return stack;
     };
-    figures(r)
+    let calls = figures(r)
         .into_iter()
         .filter(|(k, v)| {
             v.is_nan()
@@ -240,8 +248,8 @@ fn not_measured(r: &Results) -> Vec<(String, String)> {
                     .iter()
                     .any(|p| k.starts_with(p))
         })
-        .map(|(k, _)| (k, why.clone()))
-        .collect()
+        .map(|(k, _)| (k, why.clone()));
+    calls.chain(stack).collect()
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Running the benches a `BenchConfig` selects, in the order they have
-//! always run: call/trap, call/exitless, call/graph, attach/pause,
+//! always run: call/trap, call/exitless, call/graph, call/stack, attach/pause,
 //! attach/scaling, record/throughput, report/render, attach/modes, and
 //! last boot/ftrace (minutes of Linux boots).
 
@@ -41,6 +41,19 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         );
         let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, true)?;
         r.graph = Some(costs);
+    }
+    if runs(BenchId::CallStack) {
+        note!(
+            "vmtrace bench: call/stack {} rounds of 3 phases (untraced, trap, trap --stack {}) x \
+             {} iterations ({} vCPU, {})",
+            cfg.rounds,
+            measure::STACK_FUNC,
+            cfg.iters,
+            cfg.cpus,
+            measure::STACK_CMDLINE
+        );
+        let costs = measure::stack_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds)?;
+        r.stack = Some(costs);
     }
     if cfg.counts_only {
         note!("vmtrace bench: --counts-only: call/exitless and call/graph alone");

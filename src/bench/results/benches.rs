@@ -10,6 +10,7 @@ use super::exitless::{ExitlessFigures, GraphFigures};
 use super::ftrace::{FtraceJson, HOW};
 use super::goals::goals_of;
 use super::methods::{method_bench, methods, GoalJson};
+use super::stack::StackFigures;
 use super::{figures_of, max, min, Results, COUNTS_ONLY};
 use crate::bench::median;
 use crate::config::BenchConfig;
@@ -99,6 +100,10 @@ fn entry(id: BenchId, r: &Results, cfg: &BenchConfig) -> BenchEntry {
     let (values, figures) = measured(id, r, cfg);
     let not_measured = match (&figures, id) {
         (Some(_), BenchId::CallTrap) => r.calls_not_measured.clone(),
+        (Some(_), BenchId::CallStack) => r
+            .stack
+            .as_ref()
+            .and_then(|c| StackFigures::new(c).not_measured),
         (Some(_), _) => None,
         (None, _) => Some(why_not(id, r, cfg)),
     };
@@ -197,6 +202,30 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
                     ),
                 ];
                 (values, Some(Figures::Graph(Box::new(f))))
+            }
+            None => (Vec::new(), None),
+        },
+        BenchId::CallStack => match &r.stack {
+            Some(c) => {
+                let f = StackFigures::new(c);
+                let values = vec![
+                    value(
+                        "stack_with_over_without",
+                        f.ratio,
+                        "ratio",
+                        Some(&c.ratios()),
+                    ),
+                    value("stack_with_us_per_call", f.with_us, "µs", Some(&c.with_us())),
+                    value(
+                        "stack_without_us_per_call",
+                        f.without_us,
+                        "µs",
+                        Some(&c.without_us()),
+                    ),
+                    value("stack_frames_mean", c.frames_mean(), "frames", None),
+                    value("stack_exits_per_call", c.exits_per_call(), "exits", None),
+                ];
+                (values, named(r))
             }
             None => (Vec::new(), None),
         },
