@@ -52,7 +52,9 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
             cfg.cpus,
             measure::STACK_CMDLINE
         );
-        let costs = measure::stack_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds)?;
+        let mut costs = measure::stack_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds)?;
+        note!("vmtrace bench: call/stack recorders alone, {HANDLER_TRAPS} traps each");
+        costs.alone = Some(measure::stack_alone(mini(cfg)?)?);
         r.stack = Some(costs);
     }
     if cfg.counts_only {

@@ -11,6 +11,7 @@ mod phases;
 mod qemu;
 mod record;
 mod stack;
+mod stack_alone;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub use ftrace::{
 pub use qemu::{qemu_figures, QemuFigures, K_CALLS, K_GLOBS, K_TRAP_CALLS};
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
 pub use stack::{stack_costs, StackCosts, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
+pub use stack_alone::{stack_alone, StackAlone};
 
 use phases::{wait_calls, IterCounters};
 use vmm::gva::{AddressSpace, PagingMode};

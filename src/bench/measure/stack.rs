@@ -106,6 +106,8 @@ pub struct StackCosts {
     /// Trace-port exits in the stack phases, and the calls traced there.
     pub stack_exits: u64,
     pub stack_calls: u64,
+    /// The recorders timed alone in process (`stack_alone`).
+    pub alone: Option<super::StackAlone>,
 }
 
 impl StackCosts {
@@ -178,7 +180,11 @@ impl Iters {
 }
 
 /// The trap-mode plan for `stack_*`, with `--stack stack_leaf` or without.
-fn plan(image: KernelImage, cpus: usize, stack: bool) -> Result<tracer::plan::Plan, Error> {
+pub(super) fn plan(
+    image: KernelImage,
+    cpus: usize,
+    stack: bool,
+) -> Result<tracer::plan::Plan, Error> {
     let req = Request {
         trace: vec![STACK_GLOB.to_string()],
         notrace: Vec::new(),
@@ -198,7 +204,9 @@ fn plan(image: KernelImage, cpus: usize, stack: bool) -> Result<tracer::plan::Pl
             Vec::new()
         },
     };
-    Ok(TracePlan::build(image, &req).map_err(InputError::from)?.plan)
+    Ok(TracePlan::build(image, &req)
+        .map_err(InputError::from)?
+        .plan)
 }
 
 /// The two tracers; at most one attached at a time.
@@ -280,7 +288,14 @@ pub fn stack_costs(kernel: &Path, cpus: u64, iters: u64, reps: usize) -> Result<
     }
     let sum = |k: usize| traps.iter().map(|t| t[k].load(Ordering::Relaxed)).sum();
     let port_exits: u64 = report.vcpus.iter().map(|v| v.get(ExitKind::Trap)).sum();
-    judge(rounds, &done, [sum(0), sum(1)], port_exits, [&plain, &stacked]).map_err(measure)
+    judge(
+        rounds,
+        &done,
+        [sum(0), sum(1)],
+        port_exits,
+        [&plain, &stacked],
+    )
+    .map_err(measure)
 }
 
 /// The rounds of phases, µs per iteration by phase, and the iterations of
@@ -293,7 +308,11 @@ fn run_phases(
     iters: u64,
     reps: usize,
 ) -> Result<(Vec<[f64; 3]>, Iters), Error> {
-    let map = AddressSpace::new(running.memory(), vmm::layout::PML4_START, PagingMode::Level4);
+    let map = AddressSpace::new(
+        running.memory(),
+        vmm::layout::PML4_START,
+        PagingMode::Level4,
+    );
     let mut counters = IterCounters::new(map, &tracers.plain.plan().image, ncpus, &[])?;
     std::thread::sleep(SETTLE);
     let mut done = Iters::default();
@@ -386,6 +405,7 @@ fn judge(
         distinct: stacked.stacks.len(),
         stack_exits: traps[1],
         stack_calls: calls[1],
+        alone: None,
     })
 }
 
@@ -405,6 +425,7 @@ mod tests {
             distinct: 4,
             stack_exits: 4750,
             stack_calls: 4750,
+            alone: None,
         }
     }
 

@@ -215,7 +215,12 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
                         "ratio",
                         Some(&c.ratios()),
                     ),
-                    value("stack_with_us_per_call", f.with_us, "µs", Some(&c.with_us())),
+                    value(
+                        "stack_with_us_per_call",
+                        f.with_us,
+                        "µs",
+                        Some(&c.with_us()),
+                    ),
                     value(
                         "stack_without_us_per_call",
                         f.without_us,

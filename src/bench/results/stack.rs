@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::super::measure::{StackCosts, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
+use super::super::measure::{StackCosts, HANDLER_TRAPS, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
 use super::super::{fig, median, swamped};
 use super::exitless::{num, num_us};
 use super::table::{write_rows, Row};
@@ -70,8 +70,26 @@ pub fn figures(c: &StackCosts) -> Vec<(String, f64)> {
         ("stack_iter_stack_us", it[2]),
     ]
     .into_iter()
+    .chain(alone(c))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
+}
+
+/// The recorders alone in process, ns per trap: without and with the
+/// stack, and the stack's part.
+fn alone(c: &StackCosts) -> Vec<(&'static str, f64)> {
+    let Some(a) = &c.alone else {
+        return Vec::new();
+    };
+    vec![
+        ("stack_handler_recorder_ns", a.recorder_ns),
+        ("stack_handler_recorder_stack_ns", a.recorder_stack_ns),
+        (
+            "stack_handler_stack_ns",
+            a.recorder_stack_ns - a.recorder_ns,
+        ),
+        ("stack_handler_frames", a.frames as f64),
+    ]
 }
 
 /// The figures not measured (NaN), by name, with why.
@@ -136,6 +154,17 @@ pub fn write(o: &mut String, c: &StackCosts, cfg: &BenchConfig) -> fmt::Result {
         c.stack_exits,
         c.stack_calls
     )?;
+    if let Some(a) = &c.alone {
+        writeln!(
+            o,
+            "  recorder alone in process: {:.0} ns with a {}-frame stack, {:.0} ns without \
+             (the stack: {:.0} ns)",
+            a.recorder_stack_ns,
+            a.frames,
+            a.recorder_ns,
+            a.recorder_stack_ns - a.recorder_ns
+        )?;
+    }
     let it = c.iter_us();
     writeln!(
         o,
@@ -156,6 +185,8 @@ pub fn method() -> String {
          with / without per round; medians over the rounds. Frames per stack: mean over every \
          recorded stack; exits per call: trace-port exits over calls in the stack phases (the \
          run fails unless every exit was one recorded call, and every {STACK_FUNC} call, and \
-         only those, has its stack, unwound to the bottom)"
+         only those, has its stack, unwound to the bottom). Cross-check: each tracer's \
+         recorder timed alone in process, {HANDLER_TRAPS} traps at {STACK_FUNC}'s site on a Trap \
+         over the mini guest's memory (not run) with a 4-frame chain written on its stack"
     )
 }
