@@ -735,7 +735,7 @@ fn bench_collection_and_letter_run_their_benches() {
     let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
     assert_eq!(
         methods,
-        ["(a)", "(b)", "(c)", "(f)", "(g)", "stack", "(j)"],
+        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)", "stack"],
         "{text}"
     );
     assert_stack_counts(figures, &text);

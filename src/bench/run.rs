@@ -43,19 +43,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         r.graph = Some(costs);
     }
     if runs(BenchId::CallStack) {
-        note!(
-            "vmtrace bench: call/stack {} rounds of 3 phases (untraced, trap, trap --stack {}) x \
-             {} iterations ({} vCPU, {})",
-            cfg.rounds,
-            measure::STACK_FUNC,
-            cfg.iters,
-            cfg.cpus,
-            measure::STACK_CMDLINE
-        );
-        let mut costs = measure::stack_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds)?;
-        note!("vmtrace bench: call/stack recorders alone, {HANDLER_TRAPS} traps each");
-        costs.alone = Some(measure::stack_alone(mini(cfg)?)?);
-        r.stack = Some(costs);
+        r.stack = Some(stack_figures(cfg, mini(cfg)?)?);
     }
     if cfg.counts_only {
         note!("vmtrace bench: --counts-only: call/exitless and call/graph alone");
@@ -103,6 +91,23 @@ fn mini(cfg: &BenchConfig) -> Result<&Path, Error> {
     cfg.kernel.as_deref().ok_or_else(|| {
         RuntimeError::Measure("no mini guest for a bench that runs on it".into()).into()
     })
+}
+
+/// call/stack, and its recorders alone.
+fn stack_figures(cfg: &BenchConfig, kernel: &Path) -> Result<measure::StackCosts, Error> {
+    note!(
+        "vmtrace bench: call/stack {} rounds of 3 phases (untraced, trap, trap --stack {}) x {} \
+         iterations ({} vCPU, {})",
+        cfg.rounds,
+        measure::STACK_FUNC,
+        cfg.iters,
+        cfg.cpus,
+        measure::STACK_CMDLINE
+    );
+    let mut costs = measure::stack_costs(kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    note!("vmtrace bench: call/stack recorders alone, {HANDLER_TRAPS} traps each");
+    costs.alone = Some(measure::stack_alone(kernel)?);
+    Ok(costs)
 }
 
 /// call/trap, (a)-(c), and the handlers alone, into `r`: a, b, c are NaN

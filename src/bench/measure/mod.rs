@@ -37,8 +37,8 @@ pub use ftrace::{
 };
 pub use qemu::{qemu_figures, QemuFigures, K_CALLS, K_GLOBS, K_TRAP_CALLS};
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
-pub use stack::{stack_costs, StackCosts, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
-pub use stack_alone::{stack_alone, StackAlone};
+pub use stack::{stack_costs, StackAlone, StackCosts, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
+pub use stack_alone::stack_alone;
 
 use phases::{wait_calls, IterCounters};
 use vmm::gva::{AddressSpace, PagingMode};

@@ -107,7 +107,17 @@ pub struct StackCosts {
     pub stack_exits: u64,
     pub stack_calls: u64,
     /// The recorders timed alone in process (`stack_alone`).
-    pub alone: Option<super::StackAlone>,
+    pub alone: Option<StackAlone>,
+}
+
+/// call/stack's cross-check (`stack_alone`): the recorders alone, ns per
+/// `on_trap`.
+#[derive(Clone, Debug)]
+pub struct StackAlone {
+    pub recorder_ns: f64,
+    pub recorder_stack_ns: f64,
+    /// Frames of the stack the traps unwound.
+    pub frames: usize,
 }
 
 impl StackCosts {

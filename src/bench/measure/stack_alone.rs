@@ -16,7 +16,7 @@ use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Trap, Vm};
 
 use super::calls::HANDLER_TRAPS;
-use super::stack::{plan, STACK_CMDLINE, STACK_FUNC};
+use super::stack::{plan, StackAlone, STACK_CMDLINE, STACK_FUNC};
 use super::{guest_config, MINI_MEM_MIB};
 use crate::error::{Error, RuntimeError};
 
@@ -27,15 +27,6 @@ const CHAIN: [&str; 4] = ["stack_mid", "stack_outer_a", "mini_main", "_start"];
 /// stack page), and the distance between its frames.
 const CHAIN_SP: u64 = 0x800;
 const FRAME_GAP: u64 = 0x40;
-
-/// The recorders alone, ns per `on_trap`.
-#[derive(Clone, Debug)]
-pub struct StackAlone {
-    pub recorder_ns: f64,
-    pub recorder_stack_ns: f64,
-    /// Frames of the stack the traps unwound (`CHAIN`'s).
-    pub frames: usize,
-}
 
 fn measure(m: String) -> Error {
     RuntimeError::Measure(m).into()

@@ -205,35 +205,7 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
             }
             None => (Vec::new(), None),
         },
-        BenchId::CallStack => match &r.stack {
-            Some(c) => {
-                let f = StackFigures::new(c);
-                let values = vec![
-                    value(
-                        "stack_with_over_without",
-                        f.ratio,
-                        "ratio",
-                        Some(&c.ratios()),
-                    ),
-                    value(
-                        "stack_with_us_per_call",
-                        f.with_us,
-                        "µs",
-                        Some(&c.with_us()),
-                    ),
-                    value(
-                        "stack_without_us_per_call",
-                        f.without_us,
-                        "µs",
-                        Some(&c.without_us()),
-                    ),
-                    value("stack_frames_mean", c.frames_mean(), "frames", None),
-                    value("stack_exits_per_call", c.exits_per_call(), "exits", None),
-                ];
-                (values, named(r))
-            }
-            None => (Vec::new(), None),
-        },
+        BenchId::CallStack => stack_values(r),
         BenchId::BootFtrace => boot_values(r, cfg),
         _ => {
             let values = other_values(id, r);
@@ -243,6 +215,38 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
             }
         }
     }
+}
+
+/// call/stack's headline: with over without, both, frames, exits.
+fn stack_values(r: &Results) -> (Vec<Value>, Option<Figures>) {
+    let Some(c) = &r.stack else {
+        return (Vec::new(), None);
+    };
+    let f = StackFigures::new(c);
+    let values = vec![
+        value(
+            "stack_with_over_without",
+            f.ratio,
+            "ratio",
+            Some(&c.ratios()),
+        ),
+        value(
+            "stack_with_us_per_call",
+            f.with_us,
+            "µs",
+            Some(&c.with_us()),
+        ),
+        value(
+            "stack_without_us_per_call",
+            f.without_us,
+            "µs",
+            Some(&c.without_us()),
+        ),
+        value("stack_frames_mean", c.frames_mean(), "frames", None),
+        value("stack_exits_per_call", c.exits_per_call(), "exits", None),
+    ];
+    let figures = Figures::Named(Ordered(figures_of(BenchId::CallStack, r)));
+    (values, Some(figures))
 }
 
 /// boot/ftrace's headline: what each tracer added per call to the boot.

@@ -3,10 +3,12 @@
 
 use std::fmt::{self, Write as _};
 
-use super::super::measure::{StackCosts, HANDLER_TRAPS, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
+use super::super::measure::{
+    StackAlone, StackCosts, HANDLER_TRAPS, STACK_CMDLINE, STACK_FUNC, STACK_GLOB,
+};
 use super::super::{fig, median, swamped};
 use super::exitless::{num, num_us};
-use super::table::{write_rows, Row};
+use super::write_rows;
 use crate::config::BenchConfig;
 
 /// The headline figures, medians over the rounds; NaN where not measured
@@ -70,15 +72,15 @@ pub fn figures(c: &StackCosts) -> Vec<(String, f64)> {
         ("stack_iter_stack_us", it[2]),
     ]
     .into_iter()
-    .chain(alone(c))
+    .chain(alone(c.alone.as_ref()))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
 
 /// The recorders alone in process, ns per trap: without and with the
 /// stack, and the stack's part.
-fn alone(c: &StackCosts) -> Vec<(&'static str, f64)> {
-    let Some(a) = &c.alone else {
+fn alone(a: Option<&StackAlone>) -> Vec<(&'static str, f64)> {
+    let Some(a) = a else {
         return Vec::new();
     };
     vec![
@@ -117,7 +119,7 @@ pub fn write(o: &mut String, c: &StackCosts, cfg: &BenchConfig) -> fmt::Result {
     let f = StackFigures::new(c);
     let (without, with, extra, ratios) = (c.without_us(), c.with_us(), c.extra_us(), c.ratios());
     let range = |v: f64, rounds| (!v.is_nan()).then_some(rounds);
-    let rows: [Row<'_>; 4] = [
+    let rows = [
         (
             "stack_leaf call with its stack / without",
             num(f.ratio, 3),
