@@ -210,6 +210,7 @@ fn bench_json_has_every_figure() {
     assert!(num("exitless_calls") > 0.0, "{text}");
     // 3.5 hrtimer_* calls per mini iteration (phase edges fall inside one).
     assert!((num("calls_per_iter") - 3.5).abs() < 0.1, "{text}");
+    assert_stack_counts(figures, &text);
 
     // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
@@ -229,6 +230,7 @@ fn bench_json_has_every_figure() {
     let methods = doc["methods"].as_object().expect("a methods object");
     for k in [
         "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "loading", "report",
+        "stack",
     ] {
         assert!(methods[k].is_string(), "method {k} in {text}");
     }
@@ -269,7 +271,7 @@ fn bench_json_has_every_figure() {
         assert_eq!(b["values"].as_array().unwrap().is_empty(), boot, "{b}");
         assert_eq!(b["figures"].is_null(), boot, "{b}");
     }
-    let boot = &doc["benches"][8];
+    let boot = &doc["benches"][9];
     assert!(
         boot["not_measured"]
             .as_str()
@@ -278,7 +280,7 @@ fn bench_json_has_every_figure() {
         "{boot}"
     );
     assert_eq!(
-        doc["benches"][4]["figures"]["e_all_sites"],
+        doc["benches"][5]["figures"]["e_all_sites"],
         figures["e_all_sites"]
     );
     // Each section of the table headed by its bench's name and question.
@@ -459,11 +461,32 @@ fn short_benches_pass_their_exact_checks() {
     }
 }
 
+/// call/stack's counts, exact (its times are not asserted): one exit per
+/// call with `--stack`, the guest's four chains (2 to 5 frames; the bench
+/// itself fails unless every stack_leaf call has its stack, unwound to the
+/// bottom), 1.875 stack_leaf calls among 4.75 stack_* calls per iteration.
+fn assert_stack_counts(figures: &serde_json::Map<String, serde_json::Value>, text: &str) {
+    let fig = |k: &str| {
+        figures
+            .get(k)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("figure {k} missing in {text}"))
+    };
+    assert_eq!(fig("stack_exits_per_call"), 1.0, "{text}");
+    assert_eq!(fig("stack_distinct"), 4.0, "{text}");
+    assert!(fig("stack_stacks") > 0.0, "{text}");
+    let frames = fig("stack_frames_mean");
+    assert!((2.0..=5.0).contains(&frames), "{text}");
+    assert!((fig("stack_calls_per_iter") - 4.75).abs() < 0.5, "{text}");
+    assert!((fig("stack_stacks_per_iter") - 1.875).abs() < 0.5, "{text}");
+}
+
 /// Every bench, by collection, as `vmtrace bench list` names them.
-const BENCHES: [&str; 10] = [
+const BENCHES: [&str; 11] = [
     "call/trap",
     "call/exitless",
     "call/graph",
+    "call/stack",
     "attach/pause",
     "attach/scaling",
     "attach/modes",
@@ -500,7 +523,7 @@ fn bench_list_names_every_bench() {
             "{line}"
         );
     }
-    for (field, n) in [("goal:", 10), ("figure:", 10), ("needs:", 10)] {
+    for (field, n) in [("goal:", 11), ("figure:", 11), ("needs:", 11)] {
         let count = list
             .lines()
             .filter(|l| l.trim_start().starts_with(field))
@@ -541,16 +564,22 @@ fn bench_list_names_every_bench() {
         .collect();
     assert_eq!(
         listed,
-        ["call/trap", "call/exitless", "call/graph", "attach/modes"],
+        [
+            "call/trap",
+            "call/exitless",
+            "call/graph",
+            "call/stack",
+            "attach/modes"
+        ],
         "{some}"
     );
     // Its heading counts what it lists (before: "10 benches in 6 collections").
     assert!(
-        some.starts_with("vmtrace bench: 4 of 10 benches, in 2 of 6 collections."),
+        some.starts_with("vmtrace bench: 5 of 11 benches, in 2 of 6 collections."),
         "{some}"
     );
     assert!(
-        list.starts_with("vmtrace bench: 10 of 10 benches, in 6 of 6 collections."),
+        list.starts_with("vmtrace bench: 11 of 11 benches, in 6 of 6 collections."),
         "{list}"
     );
 }
@@ -659,10 +688,16 @@ fn bench_collection_and_letter_run_their_benches() {
     let text = doc.to_string();
     assert_eq!(
         bench_names(&doc),
-        ["call/trap", "call/exitless", "call/graph", "attach/modes"],
+        [
+            "call/trap",
+            "call/exitless",
+            "call/graph",
+            "call/stack",
+            "attach/modes"
+        ],
         "{text}"
     );
-    // call/trap's and attach/modes's figures, nobody else's.
+    // call/trap's, call/stack's and attach/modes's figures, nobody else's.
     let figures = doc["figures"].as_object().unwrap();
     for k in figures.keys() {
         assert!(
@@ -674,6 +709,7 @@ fn bench_collection_and_letter_run_their_benches() {
                 "iter_",
                 "exits_per_iter",
                 "handler_",
+                "stack_",
                 "j_"
             ]
             .iter()
@@ -699,10 +735,11 @@ fn bench_collection_and_letter_run_their_benches() {
     let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
     assert_eq!(
         methods,
-        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)"],
+        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)", "stack"],
         "{text}"
     );
-    assert_eq!(table.matches("\n# ").count(), 4, "{table}");
+    assert_stack_counts(figures, &text);
+    assert_eq!(table.matches("\n# ").count(), 5, "{table}");
     assert!(table.contains("(j) first attach of 30 sites"), "{table}");
     assert!(!table.contains("(d) pause"), "{table}");
 }
@@ -717,7 +754,7 @@ fn bench_refuses_unknown_names() {
         (
             &["bench", "call/nope", "--kernel", kernel],
             "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
-             attach/pause, attach/scaling, attach/modes, record/throughput, report/render, \
+             call/stack, attach/pause, attach/scaling, attach/modes, record/throughput, report/render, \
              boot/ftrace, qemu/attach; collections call, attach, record, report, boot, qemu; all \
              (`vmtrace bench list` says what each measures)",
         ),

@@ -211,7 +211,9 @@
 //! prints them (and writes `--json FILE`).
 //!
 //! The benches by name (`vmtrace bench list`): call/trap (a)-(c),
-//! call/exitless (f), call/graph (g), attach/pause (d), attach/scaling (e)
+//! call/exitless (f), call/graph (g), call/stack (`measure::stack`: a
+//! trapped call with its kernel stack against without, in phases of the
+//! mini guest with `stack=1`, as (a)-(c)), attach/pause (d), attach/scaling (e)
 //! and loading, attach/modes (j), record/throughput (h), report/render
 //! (report), boot/ftrace (i).
 

@@ -2,7 +2,7 @@
 //! table (`table`), and the `--json FILE` document (`json`, with each
 //! bench's entry in `benches`); (f)'s and (g)'s part of each is in
 //! `exitless`, (h)'s in `record`, (i)'s in `ftrace`, (j)'s in
-//! `attach_modes`.
+//! `attach_modes`, call/stack's in `stack`.
 
 mod attach_modes;
 mod benches;
@@ -13,13 +13,14 @@ mod json;
 mod methods;
 mod qemu;
 mod record;
+mod stack;
 mod table;
 
 use std::time::Instant;
 
 use super::measure::{
     AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures,
-    Scaling,
+    Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -49,6 +50,8 @@ pub struct Results {
     pub exitless: Option<ExitlessCosts>,
     /// (g): the same with return hooks (`--graph`).
     pub graph: Option<ExitlessCosts>,
+    /// call/stack: a trapped call with its kernel stack, and without.
+    pub stack: Option<StackCosts>,
     pub pauses: Vec<PauseFigures>,
     /// (e) and loading, if there was a vmlinux.
     pub scaling: Option<Scaling>,
@@ -77,6 +80,7 @@ impl Default for Results {
             handlers: None,
             exitless: None,
             graph: None,
+            stack: None,
             pauses: Vec::new(),
             scaling: None,
             report: None,
@@ -123,11 +127,13 @@ pub struct Run<'a> {
 }
 
 /// The figures by name, as saved in the JSON. Those named `a_`..`e_`,
-/// `h_` and `j_` are the figures (a) to (e), (h) and (j); (f) and (g)
-/// have their own objects (`ExitlessFigures`, `GraphFigures`).
+/// `h_` and `j_` are the figures (a) to (e), (h) and (j), `stack_`
+/// call/stack's; (f) and (g) have their own objects (`ExitlessFigures`,
+/// `GraphFigures`).
 pub fn figures(r: &Results) -> Vec<(String, f64)> {
     [
         BenchId::CallTrap,
+        BenchId::CallStack,
         BenchId::AttachPause,
         BenchId::AttachScaling,
         BenchId::ReportRender,
@@ -145,6 +151,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
 fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
     match id {
         BenchId::CallTrap => call_figures(r),
+        BenchId::CallStack => r.stack.as_ref().map_or_else(Vec::new, stack::figures),
         BenchId::AttachPause => pause_figures(&r.pauses),
         BenchId::AttachScaling => r.scaling.as_ref().map_or_else(Vec::new, scaling_figures),
         BenchId::ReportRender => match r.report {
@@ -229,10 +236,11 @@ fn scaling_figures(s: &Scaling) -> Vec<(String, f64)> {
 /// The figures not measured (NaN: the host's noise swamped them), by
 /// name, with why.
 fn not_measured(r: &Results) -> Vec<(String, String)> {
+    let stack = r.stack.as_ref().map_or_else(Vec::new, stack::not_measured);
     let Some(why) = &r.calls_not_measured else {
-        return Vec::new();
+        return stack;
     };
-    figures(r)
+    let calls = figures(r)
         .into_iter()
         .filter(|(k, v)| {
             v.is_nan()
@@ -240,8 +248,8 @@ fn not_measured(r: &Results) -> Vec<(String, String)> {
                     .iter()
                     .any(|p| k.starts_with(p))
         })
-        .map(|(k, _)| (k, why.clone()))
-        .collect()
+        .map(|(k, _)| (k, why.clone()));
+    calls.chain(stack).collect()
 }
 
 #[cfg(test)]
@@ -318,6 +326,23 @@ mod tests {
                 task_variants: None,
                 trap_exits_per_call: 2.0,
                 counted: Some(vec![[60.0, 460.0, 60.0, 340.0]]),
+            }),
+            // Per call 10 µs without its stack, 12 µs with (4.75 calls and
+            // 1.875 stacks per iteration, 2 µs each).
+            stack: Some(StackCosts {
+                rounds: vec![[10.0, 57.5, 61.25], [10.0, 57.5, 61.25]],
+                calls_per_iter: 4.75,
+                stacks_per_iter: 1.875,
+                stacks: 1875,
+                frames: 6625,
+                distinct: 4,
+                stack_exits: 4750,
+                stack_calls: 4750,
+                alone: Some(super::super::measure::StackAlone {
+                    recorder_ns: 60.0,
+                    recorder_stack_ns: 260.0,
+                    frames: 4,
+                }),
             }),
             pauses: vec![PauseFigures {
                 vcpus: 1,
@@ -702,7 +727,7 @@ mod tests {
     fn counts_only_measures_f_and_g_alone() {
         let mut r = results(false);
         (r.costs, r.handlers, r.report, r.record) = (None, None, None, None);
-        r.attach_modes = None;
+        (r.attach_modes, r.stack) = (None, None);
         (r.a, r.b, r.c) = (f64::NAN, f64::NAN, f64::NAN);
         r.pauses.clear();
         let mut c = cfg(1000, false);
@@ -744,6 +769,7 @@ mod tests {
             "report",
             "(h) recording to disk",
             "(j) attach pause by mode",
+            "call/stack",
         ] {
             assert!(
                 t.contains(&format!(
@@ -753,6 +779,83 @@ mod tests {
             );
         }
         assert!(t.contains("(f) exitless vs. trap"), "{t}");
+    }
+
+    /// call/stack: its `stack_` figures in order, its entry's values, its
+    /// rows; a stack cost lost in the host's noise is not measured, and why.
+    #[test]
+    fn stack_figures_in_json_and_table() {
+        let mut r = results(false);
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let f = &doc["figures"];
+        assert_eq!(f["stack_with_over_without"], 1.2);
+        assert_eq!(f["stack_with_us_per_call"], 12.0);
+        assert_eq!(f["stack_without_us_per_call"], 10.0);
+        assert_eq!(f["stack_extra_us_per_stack"], 2.0);
+        assert_eq!(f["stack_exits_per_call"], 1.0);
+        assert_eq!(f["stack_distinct"], 4.0);
+        assert_eq!(f["stack_iter_stack_us"], 61.25);
+        assert_eq!(f["stack_handler_stack_ns"], 200.0);
+        assert_eq!(f["stack_handler_frames"], 4.0);
+        let frames = f["stack_frames_mean"].as_f64().unwrap();
+        assert!((frames - 53.0 / 15.0).abs() < 1e-12, "{frames}");
+        let at = |k: &str| text.find(&format!("\"{k}\"")).unwrap();
+        assert!(at("c_ratio") < at("stack_with_over_without"));
+        assert!(at("stack_with_over_without") < at("d_1cpu_latency_p50_us"));
+        assert!(at("stack_iter_stack_us") < at("stack_handler_recorder_ns"));
+        assert!(doc["methods"]["stack"].is_string());
+        let b = doc["benches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == "call/stack")
+            .unwrap();
+        assert_eq!(b["measured"], true);
+        assert!(b["goals"].as_array().unwrap().is_empty());
+        assert_eq!(b["values"][0]["key"], "stack_with_over_without");
+        assert_eq!(b["values"][0]["samples"], 2);
+        assert_eq!(b["figures"]["stack_stacks"], 1875.0);
+        let row = |start: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{t}"))
+                .to_string()
+        };
+        assert_eq!(
+            row("stack_leaf call with its stack"),
+            format!(
+                "  {:<44} {:>10}   1.20 .. 1.20",
+                "stack_leaf call with its stack / without", "1.200"
+            )
+        );
+        assert!(
+            row("frames per stack: mean 3.533 over 1875 stacks (4 distinct)")
+                .ends_with("1.0000 (4750 exits in 4750 calls)")
+        );
+        assert_eq!(
+            row("recorder alone in process"),
+            "  recorder alone in process: 260 ns with a 4-frame stack, 60 ns without (the \
+             stack: 200 ns)"
+        );
+
+        // The stack phase no slower than the trap phase: the stack's
+        // cost, and the ratio, not measured; the rest still given.
+        r.stack.as_mut().unwrap().rounds = vec![[10.0, 57.5, 57.0]];
+        let (t, text) = render(&r, GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let why = "the stack phases were not slower than the trap phases (per iteration: -0.50 \
+                   µs): this host's noise swamped the difference; raise --iters or --rounds";
+        for k in [
+            "stack_with_over_without",
+            "stack_with_us_per_call",
+            "stack_extra_us_per_stack",
+        ] {
+            assert!(doc["figures"][k].is_null(), "{k}: {text}");
+            assert_eq!(doc["not_measured"][k], why, "{k}: {text}");
+        }
+        assert_eq!(doc["figures"]["stack_without_us_per_call"], 10.0);
+        assert!(t.contains(&format!("  times not measured: {why}")), "{t}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Running the benches a `BenchConfig` selects, in the order they have
-//! always run: call/trap, call/exitless, call/graph, attach/pause,
+//! always run: call/trap, call/exitless, call/graph, call/stack, attach/pause,
 //! attach/scaling, record/throughput, report/render, attach/modes, and
 //! last boot/ftrace (minutes of Linux boots).
 
@@ -41,6 +41,9 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         );
         let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, true)?;
         r.graph = Some(costs);
+    }
+    if runs(BenchId::CallStack) {
+        r.stack = Some(stack_figures(cfg, mini(cfg)?)?);
     }
     if cfg.counts_only {
         note!("vmtrace bench: --counts-only: call/exitless and call/graph alone");
@@ -88,6 +91,23 @@ fn mini(cfg: &BenchConfig) -> Result<&Path, Error> {
     cfg.kernel.as_deref().ok_or_else(|| {
         RuntimeError::Measure("no mini guest for a bench that runs on it".into()).into()
     })
+}
+
+/// call/stack, and its recorders alone.
+fn stack_figures(cfg: &BenchConfig, kernel: &Path) -> Result<measure::StackCosts, Error> {
+    note!(
+        "vmtrace bench: call/stack {} rounds of 3 phases (untraced, trap, trap --stack {}) x {} \
+         iterations ({} vCPU, {})",
+        cfg.rounds,
+        measure::STACK_FUNC,
+        cfg.iters,
+        cfg.cpus,
+        measure::STACK_CMDLINE
+    );
+    let mut costs = measure::stack_costs(kernel, cfg.cpus, cfg.iters, cfg.rounds)?;
+    note!("vmtrace bench: call/stack recorders alone, {HANDLER_TRAPS} traps each");
+    costs.alone = Some(measure::stack_alone(kernel)?);
+    Ok(costs)
 }
 
 /// call/trap, (a)-(c), and the handlers alone, into `r`: a, b, c are NaN

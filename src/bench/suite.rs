@@ -11,6 +11,7 @@ pub enum BenchId {
     CallTrap,
     CallExitless,
     CallGraph,
+    CallStack,
     AttachPause,
     AttachScaling,
     AttachModes,
@@ -74,7 +75,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 10] = [
+pub const BENCHES: [Bench; 11] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -106,6 +107,16 @@ pub const BENCHES: [Bench; 10] = [
         figure: "exits per hooked call (trap) and guest instructions per hooked call \
                  (exitless), beside call/exitless's entry-only figures",
         unit: "exits, guest instructions per call",
+        needs: Needs::MiniGuest,
+    },
+    Bench {
+        id: BenchId::CallStack,
+        name: "call/stack",
+        aliases: &[],
+        goal: "What does recording the kernel stack (--stack) add to a trapped call?",
+        figure: "host time per stack_leaf call with its stack over without (frame pointers, \
+                 2 to 5 frames), medians over the rounds; frames per stack; exits per call",
+        unit: "ratio (µs both, frames, exits)",
         needs: Needs::MiniGuest,
     },
     Bench {
@@ -338,6 +349,10 @@ mod tests {
     fn names_collections_and_letters_choose_benches_in_order() {
         use BenchId::*;
         assert_eq!(ids(&["call/graph", "a"]), Ok(vec![CallTrap, CallGraph]));
+        assert_eq!(
+            ids(&["call"]),
+            Ok(vec![CallTrap, CallExitless, CallGraph, CallStack])
+        );
         assert_eq!(
             ids(&["attach"]),
             Ok(vec![AttachPause, AttachScaling, AttachModes])

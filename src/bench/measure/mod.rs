@@ -1,7 +1,7 @@
 //! Taking the figures (`results` judges and renders them): the shared run
 //! plumbing, (d) pause, (e) attach window vs. sites, loading and report
-//! times; (a)-(c) are in `calls`, (f) in `exitless`, the phases both run in
-//! `phases`, (h) in `record`, (i) in `ftrace`.
+//! times; (a)-(c) are in `calls`, (f) in `exitless`, call/stack in `stack`,
+//! the phases they run in `phases`, (h) in `record`, (i) in `ftrace`.
 
 mod attach_modes;
 mod calls;
@@ -10,6 +10,8 @@ pub mod ftrace;
 mod phases;
 mod qemu;
 mod record;
+mod stack;
+mod stack_alone;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,6 +37,8 @@ pub use ftrace::{
 };
 pub use qemu::{qemu_figures, QemuFigures, K_CALLS, K_GLOBS, K_TRAP_CALLS};
 pub use record::{record_figures, RecordFigures, PEAK_SLACK};
+pub use stack::{stack_costs, StackAlone, StackCosts, STACK_CMDLINE, STACK_FUNC, STACK_GLOB};
+pub use stack_alone::stack_alone;
 
 use phases::{wait_calls, IterCounters};
 use vmm::gva::{AddressSpace, PagingMode};

@@ -10,6 +10,7 @@ use super::exitless::{ExitlessFigures, GraphFigures};
 use super::ftrace::{FtraceJson, HOW};
 use super::goals::goals_of;
 use super::methods::{method_bench, methods, GoalJson};
+use super::stack::StackFigures;
 use super::{figures_of, max, min, Results, COUNTS_ONLY};
 use crate::bench::median;
 use crate::config::BenchConfig;
@@ -99,6 +100,10 @@ fn entry(id: BenchId, r: &Results, cfg: &BenchConfig) -> BenchEntry {
     let (values, figures) = measured(id, r, cfg);
     let not_measured = match (&figures, id) {
         (Some(_), BenchId::CallTrap) => r.calls_not_measured.clone(),
+        (Some(_), BenchId::CallStack) => r
+            .stack
+            .as_ref()
+            .and_then(|c| StackFigures::new(c).not_measured),
         (Some(_), _) => None,
         (None, _) => Some(why_not(id, r, cfg)),
     };
@@ -200,6 +205,7 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
             }
             None => (Vec::new(), None),
         },
+        BenchId::CallStack => stack_values(r),
         BenchId::BootFtrace => boot_values(r, cfg),
         _ => {
             let values = other_values(id, r);
@@ -209,6 +215,38 @@ fn measured(id: BenchId, r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<
             }
         }
     }
+}
+
+/// call/stack's headline: with over without, both, frames, exits.
+fn stack_values(r: &Results) -> (Vec<Value>, Option<Figures>) {
+    let Some(c) = &r.stack else {
+        return (Vec::new(), None);
+    };
+    let f = StackFigures::new(c);
+    let values = vec![
+        value(
+            "stack_with_over_without",
+            f.ratio,
+            "ratio",
+            Some(&c.ratios()),
+        ),
+        value(
+            "stack_with_us_per_call",
+            f.with_us,
+            "µs",
+            Some(&c.with_us()),
+        ),
+        value(
+            "stack_without_us_per_call",
+            f.without_us,
+            "µs",
+            Some(&c.without_us()),
+        ),
+        value("stack_frames_mean", c.frames_mean(), "frames", None),
+        value("stack_exits_per_call", c.exits_per_call(), "exits", None),
+    ];
+    let figures = Figures::Named(Ordered(figures_of(BenchId::CallStack, r)));
+    (values, Some(figures))
 }
 
 /// boot/ftrace's headline: what each tracer added per call to the boot.

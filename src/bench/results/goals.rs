@@ -17,8 +17,8 @@ const GOAL_LOAD_MS: f64 = 100.0;
 const GOAL_REPORT_S: f64 = 1.0;
 pub const GOAL_REPORT_EVENTS: u64 = 10_000_000;
 
-/// The order the goals have always been printed in (call/graph and
-/// attach/pause have none).
+/// The order the goals have always been printed in (call/graph,
+/// call/stack and attach/pause have none).
 const GOAL_ORDER: [BenchId; 8] = [
     BenchId::CallTrap,
     BenchId::AttachScaling,
@@ -65,7 +65,7 @@ pub fn goals_of(id: BenchId, r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         }],
         // Asked for by name only (it runs QEMU): judged when measured.
         BenchId::QemuAttach => r.qemu.as_ref().map(qemu::goal).into_iter().collect(),
-        BenchId::CallGraph | BenchId::AttachPause => Vec::new(),
+        BenchId::CallGraph | BenchId::CallStack | BenchId::AttachPause => Vec::new(),
     }
 }
 

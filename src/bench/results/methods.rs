@@ -6,7 +6,7 @@ use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 
 use super::super::measure::TRACE_GLOB;
 use super::super::suite::BenchId;
-use super::{attach_modes, exitless, ftrace, qemu, record, Goal};
+use super::{attach_modes, exitless, ftrace, qemu, record, stack, Goal};
 use crate::config::BenchConfig;
 
 #[derive(Serialize)]
@@ -37,6 +37,7 @@ pub fn method_bench(key: &str) -> BenchId {
         "(e)" | "loading" => BenchId::AttachScaling,
         "(f)" => BenchId::CallExitless,
         "(g)" => BenchId::CallGraph,
+        "stack" => BenchId::CallStack,
         "report" => BenchId::ReportRender,
         "(h)" => BenchId::RecordThroughput,
         "(i)" => BenchId::BootFtrace,
@@ -97,6 +98,7 @@ pub fn methods() -> Vec<(&'static str, String)> {
         ),
         ("(f)", exitless::method()),
         ("(g)", exitless::graph_method()),
+        ("stack", stack::method()),
         (
             "loading",
             "KernelImage::load + SiteTable::build of that vmlinux, median of the loads made for (e)"

@@ -11,7 +11,7 @@ use super::super::suite::{bench, BenchId};
 use super::exitless::{num, num_us};
 use super::methods::methods_shown;
 use super::{
-    attach_modes, exitless, ftrace, max, min, qemu, record, Goal, Results, Run, COUNTS_ONLY,
+    attach_modes, exitless, ftrace, max, min, qemu, record, stack, Goal, Results, Run, COUNTS_ONLY,
 };
 use crate::bench::{median, pct};
 use crate::config::BenchConfig;
@@ -72,12 +72,13 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 }
 
 /// The order the benches' sections have always been printed in.
-const TABLE_ORDER: [BenchId; 10] = [
+const TABLE_ORDER: [BenchId; 11] = [
     BenchId::CallTrap,
     BenchId::AttachPause,
     BenchId::AttachScaling,
     BenchId::CallExitless,
     BenchId::CallGraph,
+    BenchId::CallStack,
     BenchId::ReportRender,
     BenchId::RecordThroughput,
     BenchId::AttachModes,
@@ -112,6 +113,10 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
         BenchId::CallGraph => match &r.graph {
             Some(g) => exitless::write_graph(o, g, r.exitless.as_ref(), cfg),
             None => writeln!(o, "(g) function graph: NOT MEASURED"),
+        },
+        BenchId::CallStack => match &r.stack {
+            Some(c) => stack::write(o, c, cfg),
+            None => writeln!(o, "call/stack: NOT MEASURED, {COUNTS_ONLY}"),
         },
         BenchId::ReportRender => match r.report {
             Some((render, json)) => writeln!(
