@@ -257,7 +257,7 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         linux: false,
         pids: Vec::new(),
         comm: None,
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: Vec::new(),
     };

@@ -71,6 +71,15 @@ fn stack_source(plan: &Plan, store: &store::Store) -> Option<Arc<StackSource>> {
     )))
 }
 
+/// Where a session's recorders put entries' arguments, and at which
+/// sites (None: no `--args`).
+fn arg_source(plan: &Plan, table: &Arc<args::ArgTable>) -> Option<args::ArgSource> {
+    Some(args::ArgSource {
+        table: Arc::clone(table),
+        sites: plan.arg_sites()?,
+    })
+}
+
 /// Give the recorders what they record besides the call: its task, its
 /// values, its stack.
 fn equip(
@@ -81,6 +90,7 @@ fn equip(
     args: Arc<args::ArgTable>,
 ) {
     let retval = plan.graph && plan.values.retval;
+    let args = arg_source(plan, &args);
     for r in recs {
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
@@ -88,7 +98,7 @@ fn equip(
         if let Some(src) = stacks {
             r.record_stacks(Arc::clone(src));
         }
-        r.record_values(plan.values.args.then(|| Arc::clone(&args)), retval);
+        r.record_values(args.clone(), retval);
     }
 }
 
@@ -494,7 +504,7 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let values = DrainValues {
-                args: self.plan.values.args.then(|| Arc::clone(&self.arg_table)),
+                args: arg_source(&self.plan, &self.arg_table),
                 retval: self.plan.graph && self.plan.values.retval,
             };
             ex.start_drainer(DrainStart {
