@@ -673,6 +673,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         }
     }
 
@@ -684,6 +685,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         }
     }
 
@@ -1167,6 +1169,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1727,6 +1730,58 @@ mod tests {
                 assert_eq!(r.gpr[0], 0xffff_ffff_ffff_fffe, "RAX kept");
             }
         }
+    }
+
+    /// `--args=GLOB` with per-site bodies: only a selected site's body
+    /// stores the arguments; an unselected site's calls run exactly the
+    /// instructions they run without `--args`, and record none. The shared
+    /// body stores every call's (the drainer keeps the selected sites').
+    #[test]
+    fn only_selected_sites_bodies_store_arguments() {
+        let mut s = with_task(spec(1, 3, 8), &[]);
+        let no_args = generate(&s).unwrap();
+        s.layout = RingLayout::with_args(1, 3, Some(8), false, true).unwrap();
+        s.arg_sites = Some(vec![false, true, false].into());
+        let t = per_site(&s);
+        let plain = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS;
+        assert_eq!(no_args.common_path_instructions(), plain);
+        assert_eq!(t.common_path_instructions(), plain);
+        let paths: Vec<usize> = (0..3).map(|k| t.site_path(k).unwrap().len()).collect();
+        assert_eq!(paths, [plain, plain + ARGS_INSTRUCTIONS, plain]);
+        assert_eq!(t.site_path(2).unwrap().len(), no_args.site_path(2).unwrap().len());
+        // The walker finds the site's return address in either kind of body.
+        for k in 0..3 {
+            let path = t.site_path(k).unwrap();
+            let depth = |i: usize| t.site_return_slot(path[i].ip());
+            let n = path.len();
+            assert_eq!((depth(0), depth(1), depth(2)), (Some(0), Some(8), Some(16)));
+            assert_eq!((depth(n - 2), depth(n - 1)), (Some(8), Some(0)), "site {k}");
+        }
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        run_task(&mem, 0, 77);
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        for k in [0, 1, 2] {
+            let mut r = regs(0);
+            let want = [7, 6, 2, 1, 8, 9].map(|g| r.gpr[g]);
+            let steps = emu.call(&mut r, k, PARENT, &t, &mut no_interrupt);
+            assert_eq!(steps, paths[k as usize], "site {k}");
+            let got = drain(&mut reader, &mem);
+            assert_eq!((got.len(), got[0].1.site), (1, k));
+            // A fresh ring's unselected slot holds zeros, not the registers.
+            let stored = if k == 1 { want } else { [0; 6] };
+            assert_eq!(got[0].1.args, Some(stored), "site {k}");
+        }
+        let shared = shared(&s);
+        assert_eq!(
+            shared.site_path(0).unwrap().len(),
+            COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS
+        );
     }
 
     #[test]
