@@ -128,7 +128,9 @@ mod tests {
             panic!("not a record")
         };
         assert_eq!(r.run.args, ["*"]);
-        let c = parse(&["attach", "--qmp", "q", "--kernel", "k", "--trace", "x", "--args=f"]);
+        let c = parse(&[
+            "attach", "--qmp", "q", "--kernel", "k", "--trace", "x", "--args=f",
+        ]);
         let Some(cli::Command::Attach(a)) = c.command else {
             panic!("not an attach")
         };

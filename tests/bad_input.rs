@@ -218,7 +218,10 @@ fn argument_globs_must_select_traced_functions() {
         "--args '!args_six' only removes functions; add what to args, \
          e.g. --args='*,!args_six'",
     );
-    assert_bad_input(&with(&["--args=args_[x"]), "--args glob 'args_[x' is invalid");
+    assert_bad_input(
+        &with(&["--args=args_[x"]),
+        "--args glob 'args_[x' is invalid",
+    );
     assert_bad_input(
         &["--kernel", k.to_str().unwrap(), "--args=args_six"],
         "--args needs --trace GLOB",

@@ -165,7 +165,9 @@ fn sums(trace: &Trace, with_args: impl Fn(&str) -> bool) -> Sums<i128> {
             assert_eq!((e.data, trace.args_of(e)), (0, None), "{f}'s entry");
             continue;
         }
-        let regs = trace.args_of(e).expect("every selected entry has its arguments");
+        let regs = trace
+            .args_of(e)
+            .expect("every selected entry has its arguments");
         for (name, reg, ty) in params {
             let s = entry.1.entry(name.into()).or_insert((ty, 0));
             s.1 += ty.value(regs[reg]);

@@ -24,6 +24,15 @@ pub struct ArgSource {
 }
 
 impl ArgSource {
+    /// Entries' arguments into `table`, at `sites` (`Plan::arg_sites`;
+    /// None without `--args`: None).
+    pub fn new(table: &Arc<ArgTable>, sites: Option<Arc<[bool]>>) -> Option<ArgSource> {
+        Some(ArgSource {
+            table: Arc::clone(table),
+            sites: sites?,
+        })
+    }
+
     /// The id of a call's arguments at site `site` (`Event::data`), kept;
     /// 0 (none) if the site records none.
     pub fn push_at(&self, site: usize, args: [u64; ARG_REGS]) -> u64 {

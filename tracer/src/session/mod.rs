@@ -71,15 +71,6 @@ fn stack_source(plan: &Plan, store: &store::Store) -> Option<Arc<StackSource>> {
     )))
 }
 
-/// Where a session's recorders put entries' arguments, and at which
-/// sites (None: no `--args`).
-fn arg_source(plan: &Plan, table: &Arc<args::ArgTable>) -> Option<args::ArgSource> {
-    Some(args::ArgSource {
-        table: Arc::clone(table),
-        sites: plan.arg_sites()?,
-    })
-}
-
 /// Give the recorders what they record besides the call: its task, its
 /// values, its stack.
 fn equip(
@@ -90,7 +81,6 @@ fn equip(
     args: Arc<args::ArgTable>,
 ) {
     let retval = plan.graph && plan.values.retval;
-    let args = arg_source(plan, &args);
     for r in recs {
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
@@ -98,7 +88,7 @@ fn equip(
         if let Some(src) = stacks {
             r.record_stacks(Arc::clone(src));
         }
-        r.record_values(args.clone(), retval);
+        r.record_values(args::ArgSource::new(&args, plan.arg_sites()), retval);
     }
 }
 
@@ -504,7 +494,7 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let values = DrainValues {
-                args: arg_source(&self.plan, &self.arg_table),
+                args: args::ArgSource::new(&self.arg_table, self.plan.arg_sites()),
                 retval: self.plan.graph && self.plan.values.retval,
             };
             ex.start_drainer(DrainStart {

@@ -106,7 +106,7 @@ use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
 pub use super::body::{
     TaskCode, ARGS_INSTRUCTIONS, MAX_FILTER_PIDS, RETVAL_INSTRUCTIONS, TASK_INSTRUCTIONS,
 };
-use super::disasm::{format_instruction, walk_common_path};
+use super::disasm::{check_paths, format_instruction, walk_common_path};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
@@ -183,7 +183,23 @@ pub struct TrampolineSpec {
 impl TrampolineSpec {
     /// Does site `k`'s own body store its calls' arguments?
     fn stores_args(&self, k: usize) -> bool {
-        self.layout.args && self.arg_sites.as_ref().is_none_or(|s| s.get(k) == Some(&true))
+        self.layout.args
+            && self
+                .arg_sites
+                .as_ref()
+                .is_none_or(|s| s.get(k) == Some(&true))
+    }
+
+    /// Instructions a recorded call runs in site `k`'s own body.
+    fn body_instructions(&self, k: usize) -> usize {
+        COMMON_PATH_INSTRUCTIONS
+            + self.ret.extra_instructions()
+            + self.task.map_or(0, |t| t.path_instructions())
+            + if self.stores_args(k) {
+                ARGS_INSTRUCTIONS
+            } else {
+                0
+            }
     }
 }
 
@@ -265,7 +281,10 @@ impl Trampoline {
             // order (with `--args=GLOB`, of two lengths).
             Shape::PerSite => {
                 let k = self.stubs.partition_point(|&s| u64::from(s) <= off);
-                let end = self.stubs.get(k).map_or(self.code.len() as u64, |&s| u64::from(s));
+                let end = self
+                    .stubs
+                    .get(k)
+                    .map_or(self.code.len() as u64, |&s| u64::from(s));
                 (u64::from(self.stubs[k.checked_sub(1)?]), end)
             }
         };
@@ -423,7 +442,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     if shape == Shape::PerSite {
-        check_bodies(spec, &code, &stubs)?;
+        check_paths(&code, &stubs, |k| spec.body_instructions(k))?;
     }
     let return_path = match ret_common {
         Some(ret_common) => append_return_stubs(&mut code, ret_common, sites)?,
@@ -598,31 +617,6 @@ fn append_return_stubs(
     code.resize(RET_STUBS_OFF as usize, INT3);
     code.extend_from_slice(&ret_stubs);
     Ok(walk_common_path(code, RET_STUBS_VA)?)
-}
-
-/// The per-site bodies' recorded paths are as long as they must be: site
-/// 0's, and the first site's that differs from it in storing the
-/// arguments (`--args=GLOB`; the bodies differ only in that and in
-/// immediates).
-fn check_bodies(spec: &TrampolineSpec, code: &[u8], stubs: &[u32]) -> Result<(), TrampolineError> {
-    let want = |args: bool| {
-        COMMON_PATH_INSTRUCTIONS
-            + spec.ret.extra_instructions()
-            + spec.task.map_or(0, |t| t.path_instructions())
-            + if args { ARGS_INSTRUCTIONS } else { 0 }
-    };
-    let other = (1..stubs.len()).find(|&k| spec.stores_args(k) != spec.stores_args(0));
-    for k in std::iter::once(0).chain(other) {
-        let va = CODE_VA + u64::from(stubs[k]);
-        let (got, want) = (walk_common_path(code, va)?.len(), want(spec.stores_args(k)));
-        if got != want {
-            return Err(TrampolineError::BrokenPath {
-                va,
-                why: format!("{got} instructions, not {want}"),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The 5 bytes that replace the NOP of the site at `site_va`: `call rel32`
@@ -1748,7 +1742,10 @@ mod tests {
         assert_eq!(t.common_path_instructions(), plain);
         let paths: Vec<usize> = (0..3).map(|k| t.site_path(k).unwrap().len()).collect();
         assert_eq!(paths, [plain, plain + ARGS_INSTRUCTIONS, plain]);
-        assert_eq!(t.site_path(2).unwrap().len(), no_args.site_path(2).unwrap().len());
+        assert_eq!(
+            t.site_path(2).unwrap().len(),
+            no_args.site_path(2).unwrap().len()
+        );
         // The walker finds the site's return address in either kind of body.
         for k in 0..3 {
             let path = t.site_path(k).unwrap();
