@@ -145,9 +145,18 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
     /// Record each traced call's arguments (the six argument registers),
-    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`.
-    #[arg(long, help_heading = "Tracing")]
-    pub args: bool,
+    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`; with
+    /// =GLOB (comma-separated, repeatable; `!GLOB` leaves out) only at calls
+    /// of the traced functions matching.
+    #[arg(
+        long,
+        value_name = "GLOB",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "*",
+        help_heading = "Tracing"
+    )]
+    pub args: Vec<String>,
     /// With --graph: record each return's value (RAX), shown as
     /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
     #[arg(long, help_heading = "Tracing")]
@@ -336,9 +345,18 @@ pub struct AttachArgs {
     #[arg(long, help_heading = "Tracing")]
     pub graph: bool,
     /// Record each traced call's arguments (the six argument registers),
-    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`.
-    #[arg(long, help_heading = "Tracing")]
-    pub args: bool,
+    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`; with
+    /// =GLOB (comma-separated, repeatable; `!GLOB` leaves out) only at calls
+    /// of the traced functions matching.
+    #[arg(
+        long,
+        value_name = "GLOB",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "*",
+        help_heading = "Tracing"
+    )]
+    pub args: Vec<String>,
     /// With --graph: record each return's value (RAX), shown as
     /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
     #[arg(long, help_heading = "Tracing")]

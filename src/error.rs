@@ -121,6 +121,12 @@ impl From<tracer::plan::PlanError> for InputError {
             PlanError::Stack(tracer::plan::stacks::StackPlanError::Filter(e)) => {
                 InputError::Tracer(e.into())
             }
+            PlanError::Args(tracer::plan::args::ArgPlanError::NoneTraced { globs }) => {
+                InputError::ArgsNoneTraced { globs }
+            }
+            PlanError::Args(tracer::plan::args::ArgPlanError::Filter(e)) => {
+                InputError::Tracer(e.into())
+            }
             PlanError::StackGraphExitless => InputError::StackGraphExitless,
             e => InputError::Plan(e),
         }
@@ -148,6 +154,8 @@ pub enum InputError {
     RetvalNeedsGraph,
     #[error("--stack {globs} matches none of the traced functions; give --stack globs of functions --trace selects")]
     StackNoneTraced { globs: String },
+    #[error("--args={globs} matches none of the traced functions; give --args globs of functions --trace selects")]
+    ArgsNoneTraced { globs: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
     StackGraphExitless,
     #[error("{flag} {value} is not a positive number of seconds")]
@@ -345,6 +353,7 @@ impl Words for Flags {
             // `vmtrace list GLOB...`: positional, named by the command.
             Input::List => "list",
             Input::Stack => "--stack",
+            Input::Args => "--args",
             Input::CmdlineReplace => "--cmdline-replace",
         }
     }

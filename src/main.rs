@@ -108,6 +108,38 @@ mod tests {
         }
     }
 
+    /// `--args` alone records every traced function's arguments (`*`), and
+    /// leaves the next flag alone; `--args=GLOB` lists add up.
+    #[test]
+    fn args_parse_alone_and_with_globs() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["vmtrace"];
+            argv.extend_from_slice(args);
+            cli::Cli::try_parse_from(argv).unwrap()
+        };
+        let c = parse(&["--kernel", "k", "--trace", "x", "--args", "--graph"]);
+        assert_eq!((c.run.args, c.run.graph), (vec!["*".to_string()], true));
+        let c = parse(&["--kernel", "k", "--trace", "x", "--args=a,b", "--args=!c"]);
+        assert_eq!(c.run.args, ["a,b", "!c"]);
+        let c = parse(&["--kernel", "k", "--trace", "x"]);
+        assert!(c.run.args.is_empty());
+        let c = parse(&["record", "--kernel", "k", "--trace", "x", "--args"]);
+        let Some(cli::Command::Record(r)) = c.command else {
+            panic!("not a record")
+        };
+        assert_eq!(r.run.args, ["*"]);
+        let c = parse(&[
+            "attach", "--qmp", "q", "--kernel", "k", "--trace", "x", "--args=f",
+        ]);
+        let Some(cli::Command::Attach(a)) = c.command else {
+            panic!("not an attach")
+        };
+        assert_eq!(a.args, ["f"]);
+        // Globs follow `=` only: a separate word is not --args' value.
+        let e = error_of(&["--kernel", "k", "--trace", "x", "--args", "f"]);
+        assert!(e.contains("'f'") && e.contains("--args[=<GLOB>]"), "{e}");
+    }
+
     #[test]
     fn clap_errors_keep_every_meaningful_line() {
         let e = error_of(&["--kernel", "k", "--trac", "x"]);

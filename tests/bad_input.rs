@@ -201,6 +201,33 @@ fn bad_trace_options_are_refused_before_the_guest_boots() {
     );
 }
 
+/// `--args=GLOB` globs must name traced functions, and select some; the
+/// mini guest's `args_*` functions are traced, `hrtimer_*` are not.
+#[test]
+fn argument_globs_must_select_traced_functions() {
+    let k = mini_elf();
+    let base = ["--kernel", k.to_str().unwrap(), "--trace", "args_*"];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    assert_bad_input(
+        &with(&["--args=hrtimer_*"]),
+        "vmtrace: --args=hrtimer_* matches none of the traced functions; \
+         give --args globs of functions --trace selects",
+    );
+    assert_bad_input(
+        &with(&["--args=!args_six"]),
+        "--args '!args_six' only removes functions; add what to args, \
+         e.g. --args='*,!args_six'",
+    );
+    assert_bad_input(
+        &with(&["--args=args_[x"]),
+        "--args glob 'args_[x' is invalid",
+    );
+    assert_bad_input(
+        &["--kernel", k.to_str().unwrap(), "--args=args_six"],
+        "--args needs --trace GLOB",
+    );
+}
+
 /// `--pid` and `--comm` need the kernel's task layout: a bad glob, a kernel
 /// without BTF (the mini guest with its `.BTF` section removed) and more
 /// pids than exitless code compares are refused before the guest boots.

@@ -40,7 +40,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         linux: false,
         pids: Vec::new(),
         comm: None,
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: Vec::new(),
     }

@@ -46,7 +46,7 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
         linux: false,
         pids: pids.to_vec(),
         comm: comm.map(str::to_string),
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: Vec::new(),
     };

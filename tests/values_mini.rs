@@ -3,7 +3,8 @@
 //! they receive and return, per vCPU, and print the sums; vmtrace's recorded
 //! argument registers and return values, read as the C types hold them,
 //! must sum to exactly the same, in trap and exitless modes, with and
-//! without the function graph.
+//! without the function graph; with `--args=args_six`, args_six's entries
+//! alone carry them.
 
 mod common;
 
@@ -87,7 +88,7 @@ fn layout(f: &str) -> (Vec<(&'static str, usize, Ty)>, Option<Ty>) {
     }
 }
 
-fn run(mode: ModeChoice, graph: bool) -> (Trace, String) {
+fn run(mode: ModeChoice, graph: bool, args: &str) -> (Trace, String) {
     let elf = mini_elf();
     let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
     let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
@@ -102,7 +103,7 @@ fn run(mode: ModeChoice, graph: bool) -> (Trace, String) {
         linux: false,
         pids: Vec::new(),
         comm: None,
-        args: true,
+        args: vec![args.to_string()],
         retval: graph,
         stack: Vec::new(),
     };
@@ -143,13 +144,15 @@ impl tracer::session::Observer for Quiet {}
 type Sums<V> = BTreeMap<(u32, String), (u64, BTreeMap<String, V>)>;
 
 /// The guest's sums, rebuilt from the trace: (cpu, function) -> calls and
-/// the sums by name (`ret` for the return values).
-fn sums(trace: &Trace) -> Sums<i128> {
+/// the sums by name (`ret` for the return values). The entries of the
+/// functions `with_args` selects carry arguments, the others none.
+fn sums(trace: &Trace, with_args: impl Fn(&str) -> bool) -> Sums<i128> {
     let mut raw: Sums<(Ty, i128)> = BTreeMap::new();
     for e in &trace.events {
         let f = trace.functions[e.func as usize].name.clone();
         let (params, ret) = layout(&f);
-        let entry = raw.entry((e.cpu, f)).or_default();
+        let selected = with_args(&f);
+        let entry = raw.entry((e.cpu, f.clone())).or_default();
         if e.is_return() {
             if let Some(ty) = ret {
                 let s = entry.1.entry("ret".into()).or_insert((ty, 0));
@@ -158,7 +161,13 @@ fn sums(trace: &Trace) -> Sums<i128> {
             continue;
         }
         entry.0 += 1;
-        let regs = trace.args_of(e).expect("every entry has its arguments");
+        if !selected {
+            assert_eq!((e.data, trace.args_of(e)), (0, None), "{f}'s entry");
+            continue;
+        }
+        let regs = trace
+            .args_of(e)
+            .expect("every selected entry has its arguments");
         for (name, reg, ty) in params {
             let s = entry.1.entry(name.into()).or_insert((ty, 0));
             s.1 += ty.value(regs[reg]);
@@ -173,10 +182,17 @@ fn sums(trace: &Trace) -> Sums<i128> {
 }
 
 fn check(mode: ModeChoice, graph: bool) {
-    let (trace, console) = run(mode, graph);
+    check_selected(mode, graph, "*");
+}
+
+/// `--args=GLOB`: the functions `glob` matches record their arguments
+/// (summed exactly), the others none.
+fn check_selected(mode: ModeChoice, graph: bool, glob: &str) {
+    let (trace, console) = run(mode, graph, glob);
     assert_eq!(trace.meta.events_dropped, 0);
     let guest = parse_mini_args(&console);
-    let got = sums(&trace);
+    let with_args = |f: &str| glob == "*" || f == glob;
+    let got = sums(&trace, with_args);
     assert_eq!(guest.len(), got.len(), "{mode:?}: {got:?}");
     for ((cpu, f), want) in &guest {
         let (calls, sums) = &got[&(*cpu, f.clone())];
@@ -190,9 +206,43 @@ fn check(mode: ModeChoice, graph: bool) {
         }
         // Every argument the guest sums in a register, and (with the graph)
         // the return value, was checked.
-        let shown = layout(f).0.len() + usize::from(graph && layout(f).1.is_some());
+        let args = if with_args(f) { layout(f).0.len() } else { 0 };
+        let shown = args + usize::from(graph && layout(f).1.is_some());
         assert_eq!(sums.len(), shown, "{f}: {sums:?}");
     }
+    if glob != "*" {
+        check_outputs(&trace);
+    }
+}
+
+/// `vmtrace script` and the CSV show `args_six(a=...)` at each of its
+/// entries, and no other function's arguments.
+fn check_outputs(trace: &Trace) {
+    use tracer::trace::export::{script::write_script, write_csv};
+    let entries = |f: &str| {
+        trace
+            .events
+            .iter()
+            .filter(|e| !e.is_return() && trace.functions[e.func as usize].name == f)
+            .count()
+    };
+    let mut script = Vec::new();
+    write_script(trace, &mut script).unwrap();
+    let script = String::from_utf8(script).unwrap();
+    let mut csv = Vec::new();
+    write_csv(trace, &mut csv).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    assert!(entries("args_six") > 0);
+    for text in [&script, &csv] {
+        assert_eq!(text.matches("(a=").count(), entries("args_six"));
+        // The others' first arguments: n, p.key, a1.
+        for other in ["(n=", "(p.", "(a1="] {
+            assert_eq!(text.matches(other).count(), 0, "{other}");
+        }
+    }
+    // The others' entries are named plainly.
+    assert!(entries("args_void") > 0);
+    assert!(script.contains("args_void"));
 }
 
 #[test]
@@ -213,4 +263,21 @@ fn arguments_and_return_values_are_exact_with_the_graph_in_trap_mode() {
 #[test]
 fn arguments_and_return_values_are_exact_with_the_graph_in_exitless_mode() {
     check(ModeChoice::Exitless, true);
+}
+
+#[test]
+fn only_the_selected_functions_arguments_are_recorded_in_trap_mode() {
+    check_selected(ModeChoice::Trap, false, "args_six");
+}
+
+#[test]
+fn only_the_selected_functions_arguments_are_recorded_in_exitless_mode() {
+    check_selected(ModeChoice::Exitless, false, "args_six");
+}
+
+/// The shared body stores every call's arguments; the drainer keeps the
+/// selected sites'.
+#[test]
+fn only_the_selected_functions_arguments_are_kept_with_the_graph_in_exitless_mode() {
+    check_selected(ModeChoice::Exitless, true, "args_six");
 }

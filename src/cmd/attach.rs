@@ -38,7 +38,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
-        args: args.args,
+        args: args.args.clone(),
         retval: args.retval,
         stack: args.stack.clone(),
         graph: args.graph,

@@ -137,7 +137,7 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
     }
     let needs_trace = [
         (args.graph, "--graph"),
-        (args.args, "--args"),
+        (!args.args.is_empty(), "--args"),
         (args.retval, "--retval"),
         (!args.stack.is_empty(), "--stack"),
         (!args.pid.is_empty(), "--pid"),
@@ -238,7 +238,7 @@ fn plan(
         notrace: args.notrace.clone(),
         pids: args.pid.clone(),
         comm: args.comm.clone(),
-        args: args.args,
+        args: args.args.clone(),
         retval: args.retval,
         stack: args.stack.clone(),
         graph: args.graph,

@@ -66,6 +66,7 @@ fn prepare(image: &KernelImage) -> Exitless {
         graph: false,
         tasks: &Default::default(),
         values: Default::default(),
+        arg_sites: None,
     };
     Exitless::prepare(image, 2, 3, Some(16), plain, tx).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -203,6 +204,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
         graph: false,
         tasks: &Default::default(),
         values: Default::default(),
+        arg_sites: None,
     };
     let err = Exitless::check(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));
@@ -257,7 +259,7 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         linux: false,
         pids: Vec::new(),
         comm: None,
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: Vec::new(),
     };

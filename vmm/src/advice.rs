@@ -39,6 +39,8 @@ pub enum Input {
     List,
     /// The globs of the traced functions whose stacks to record.
     Stack,
+    /// The globs of the traced functions whose arguments to record.
+    Args,
     /// A command line that replaces the guest's default one.
     CmdlineReplace,
 }
@@ -92,6 +94,7 @@ impl Words for Plain {
             Input::Notrace => "notrace filter",
             Input::List => "list globs",
             Input::Stack => "stack globs",
+            Input::Args => "argument globs",
             Input::CmdlineReplace => "a replacement command line",
         }
     }

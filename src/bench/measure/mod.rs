@@ -278,6 +278,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 tasks: Default::default(),
                 btf: None,
                 values: Default::default(),
+                arg_funcs: None,
                 stacks: None,
             };
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);

@@ -165,7 +165,7 @@ fn attach_in(
         linux: true,
         pids: Vec::new(),
         comm: None,
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: Vec::new(),
     };

@@ -206,7 +206,7 @@ pub(super) fn plan(
         linux: false,
         pids: Vec::new(),
         comm: None,
-        args: false,
+        args: Vec::new(),
         retval: false,
         stack: if stack {
             vec![STACK_FUNC.to_string()]

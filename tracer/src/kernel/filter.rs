@@ -122,9 +122,11 @@ impl Advice for FilterError {
                 "{} has a '!' without a glob in '{arg}'; write !GLOB, e.g. !hrtimer_wakeup",
                 name(input)
             ),
+            // `--args` takes its globs after `=` only (it may stand alone).
             FilterError::OnlyNegated { input, verb, globs } => format!(
-                "{0} '{globs}' only removes functions; add what to {verb}, e.g. {0} '*,{globs}'",
-                name(input)
+                "{0} '{globs}' only removes functions; add what to {verb}, e.g. {0}{1}'*,{globs}'",
+                name(input),
+                if *input == Input::Args { "=" } else { " " }
             ),
             FilterError::NegatedNotrace { glob } => format!(
                 "{notrace} '{glob}': '!' only works in {trace} (e.g. {trace} '*,{glob}'); \
@@ -202,6 +204,11 @@ impl Globs {
     /// The values of repeated `--stack` flags (same syntax as `--trace`).
     pub fn for_stack(args: &[String]) -> Result<Globs, FilterError> {
         Globs::parse(Input::Stack, "stack", args)
+    }
+
+    /// The values of repeated `--args=GLOB` flags (same syntax as `--trace`).
+    pub fn for_args(args: &[String]) -> Result<Globs, FilterError> {
+        Globs::parse(Input::Args, "args", args)
     }
 
     fn parse(input: Input, verb: &'static str, args: &[String]) -> Result<Globs, FilterError> {

@@ -46,8 +46,10 @@ pub struct Request {
     /// tasks whose comm matches (`--comm`).
     pub pids: Vec<u32>,
     pub comm: Option<String>,
-    /// Record each traced call's arguments (`--args`).
-    pub args: bool,
+    /// Globs of the traced functions whose calls record their arguments
+    /// (`--args=GLOB`; `--args` alone is `*`, every traced function);
+    /// empty: none.
+    pub args: Vec<String>,
     /// Record each traced call's return value (`--retval`): needs `graph`.
     pub retval: bool,
     /// Globs of the traced functions whose calls record their kernel
@@ -92,6 +94,9 @@ pub enum PlanError {
     /// has none.
     #[error("arguments and return values are shown by the kernel's BTF, and it has none ({why})")]
     ValuesNeedBtf { why: String },
+    /// `--args` globs that select nothing traced, or do not compile.
+    #[error(transparent)]
+    Args(#[from] crate::plan::args::ArgPlanError),
     /// `--stack` globs that select nothing traced, or do not compile.
     #[error(transparent)]
     Stack(#[from] crate::plan::stacks::StackPlanError),
@@ -133,6 +138,8 @@ impl TracePlan {
             notes.extend(graph(&mut plan, req.linux)?);
         }
         check_patchable(&plan, req)?;
+        // After the graph, which may leave functions out and renumber them.
+        plan.arg_funcs = crate::plan::args::select(&plan, &req.args)?;
         plan.stacks = StackPlan::build(&plan, &req.stack)?;
         let mode = choose_mode(&plan, req, &mut notes)?;
         Ok(TracePlan {
@@ -149,7 +156,7 @@ impl TracePlan {
 /// BTF.
 fn values(plan: &Plan, req: &Request) -> Result<ValuePlan, PlanError> {
     let values = ValuePlan {
-        args: req.args,
+        args: !req.args.is_empty(),
         retval: req.retval,
     };
     if req.retval && !req.graph {
@@ -282,7 +289,10 @@ mod tests {
             linux: false,
             pids: Vec::new(),
             comm: None,
-            args,
+            args: match args {
+                true => vec!["*".to_string()],
+                false => Vec::new(),
+            },
             retval,
             stack: Vec::new(),
         }
@@ -349,5 +359,54 @@ mod tests {
              (needs pahole, Debian's dwarves))"
         );
         assert!(values(&plan, &request(false, false, false)).is_ok());
+    }
+
+    /// `--args=GLOB` selects the traced functions whose calls record their
+    /// arguments, by site; `--args` alone (`*`) every one; globs naming no
+    /// traced function are refused, naming them.
+    #[test]
+    fn argument_globs_select_traced_functions() {
+        if mini().is_none() {
+            return;
+        }
+        let image = || mini().unwrap();
+        let mut req = request(false, true, false);
+        let all = TracePlan::build(image(), &req).unwrap().plan;
+        let n = all.funcs.len();
+        assert!(n >= 5, "{n} args_* functions");
+        assert_eq!(all.arg_funcs, Some((0..n as u32).collect()));
+        assert!(all.arg_sites().unwrap().iter().all(|&s| s));
+
+        req.args = vec!["args_six,args_nothing".to_string()];
+        let p = TracePlan::build(image(), &req).unwrap().plan;
+        let six = p
+            .funcs
+            .iter()
+            .position(|&f| p.image.functions[f].name == "args_six")
+            .unwrap() as u32;
+        assert_eq!(p.arg_funcs, Some(vec![six]));
+        let sites = p.arg_sites().unwrap();
+        assert_eq!(sites.len(), p.index.funcs.len());
+        for (s, &f) in sites.iter().zip(&p.index.funcs) {
+            assert_eq!(*s, f == six, "site of function {f}");
+        }
+        // Prototypes stay every traced function's.
+        assert_eq!(p.prototypes().len(), n);
+
+        req.args = vec!["*".to_string(), "!args_six".to_string()];
+        let p = TracePlan::build(image(), &req).unwrap().plan;
+        assert_eq!(p.arg_funcs.as_ref().map(Vec::len), Some(n - 1));
+
+        req.args = vec!["schedule,vfs_*".to_string()];
+        let Err(e) = TracePlan::build(image(), &req) else {
+            panic!("argument globs matching nothing traced were planned")
+        };
+        assert_eq!(
+            e.to_string(),
+            "the argument globs schedule,vfs_* match none of the traced functions; \
+             give globs of functions the trace selects"
+        );
+        let plan = Plan::from_image(image(), &["args_*".to_string()], &[]).unwrap();
+        assert_eq!(plan.arg_sites(), None);
     }
 }

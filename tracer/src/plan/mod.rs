@@ -2,6 +2,7 @@
 //! runs: the selected functions and their sites, checked once; and the
 //! function list `vmtrace list` prints (which functions a plan could hook).
 
+pub mod args;
 mod build;
 pub mod hookable;
 pub mod list;
@@ -68,6 +69,10 @@ pub struct Plan {
     pub btf: Option<Arc<KernelBtf>>,
     /// Which values of traced calls to record.
     pub values: ValuePlan,
+    /// With `values.args`: the traced functions whose calls record their
+    /// arguments (indices into `funcs`, ascending: `--args=GLOB`); None:
+    /// every traced function's.
+    pub arg_funcs: Option<Vec<u32>>,
     /// Which calls record their kernel stack, and how (`--stack`).
     pub stacks: Option<stacks::StackPlan>,
 }
@@ -75,7 +80,8 @@ pub struct Plan {
 /// Which values of traced calls a session records (`--args`, `--retval`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ValuePlan {
-    /// Each entry's argument registers (`Trace::args`).
+    /// Entries' argument registers (`Trace::args`): of every traced
+    /// function, or of those `Plan::arg_funcs` selects.
     pub args: bool,
     /// Each return's RAX (function graph only).
     pub retval: bool,
@@ -132,13 +138,31 @@ impl Plan {
             tasks,
             btf: btf.ok(),
             values: ValuePlan::default(),
+            arg_funcs: None,
             stacks: None,
         })
     }
 
+    /// Per site of `index`: does a call there record its arguments; None
+    /// without `--args`.
+    pub fn arg_sites(&self) -> Option<Arc<[bool]>> {
+        if !self.values.args {
+            return None;
+        }
+        let selected = |f: &u32| {
+            self.arg_funcs
+                .as_ref()
+                .is_none_or(|a| a.binary_search(f).is_ok())
+        };
+        Some(self.index.funcs.iter().map(selected).collect())
+    }
+
     /// The prototype of each traced function (parallel to `funcs`, None
     /// where BTF does not describe it), when values are recorded; empty
-    /// otherwise (`Trace::prototypes`).
+    /// otherwise (`Trace::prototypes`). Every traced function's, also with
+    /// `--args=GLOB`: the data file does not say which functions recorded
+    /// arguments (an entry without them shows none), and a function's
+    /// unshown arguments are as unshown when it recorded none.
     pub fn prototypes(&self) -> Vec<Option<crate::kernel::prototype::Prototype>> {
         let Some(btf) = self.btf.as_ref().filter(|_| self.values.any()) else {
             return Vec::new();

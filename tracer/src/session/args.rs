@@ -10,9 +10,38 @@
 //! them out as they come (`drain`), so that memory does not grow with the
 //! run. Ids stay as pushed.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::trace::model::ARG_REGS;
+
+/// Where a recorder (trap or exitless) puts entries' arguments, and at
+/// which sites it does (`Plan::arg_sites`: `--args=GLOB` selects some).
+#[derive(Clone, Debug)]
+pub struct ArgSource {
+    pub table: Arc<ArgTable>,
+    /// Per site: does a call there record its arguments.
+    pub sites: Arc<[bool]>,
+}
+
+impl ArgSource {
+    /// Entries' arguments into `table`, at `sites` (`Plan::arg_sites`;
+    /// None without `--args`: None).
+    pub fn new(table: &Arc<ArgTable>, sites: Option<Arc<[bool]>>) -> Option<ArgSource> {
+        Some(ArgSource {
+            table: Arc::clone(table),
+            sites: sites?,
+        })
+    }
+
+    /// The id of a call's arguments at site `site` (`Event::data`), kept;
+    /// 0 (none) if the site records none.
+    pub fn push_at(&self, site: usize, args: [u64; ARG_REGS]) -> u64 {
+        match self.sites.get(site) {
+            Some(true) => self.table.push(args),
+            _ => 0,
+        }
+    }
+}
 
 /// Every recorded call's arguments not yet forgotten, in the order they
 /// were pushed.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use vmm::TrapHandler;
 
-use super::args::ArgTable;
+use super::args::{ArgSource, ArgTable};
 use super::record::Recorder;
 use super::stacks::StackSource;
 use super::store::Store;
@@ -53,7 +53,7 @@ pub(super) fn equip(
         if let Some(src) = stacks {
             r.record_stacks(Arc::clone(src));
         }
-        r.record_values(plan.values.args.then(|| Arc::clone(&args)), retval);
+        r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
     }
 }
 

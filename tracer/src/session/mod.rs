@@ -453,7 +453,7 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let values = DrainValues {
-                args: self.plan.values.args.then(|| Arc::clone(&self.arg_table)),
+                args: args::ArgSource::new(&self.arg_table, self.plan.arg_sites()),
                 retval: self.plan.graph && self.plan.values.retval,
             };
             ex.start_drainer(DrainStart {

@@ -22,7 +22,7 @@ use vmm::{Trap, TrapError, TrapHandler};
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
-use crate::session::args::ArgTable;
+use crate::session::args::ArgSource;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
@@ -68,8 +68,8 @@ pub struct Recorder {
     /// The guest's tasks, when its kernel's layout is known; with this
     /// recorder's own cache of the ids it has seen.
     tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
-    /// `--args`: where entries' arguments go.
-    args: Option<Arc<ArgTable>>,
+    /// `--args`: where entries' arguments go, and which sites record them.
+    args: Option<ArgSource>,
     /// `--retval`: returns carry RAX.
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
@@ -77,8 +77,9 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Record entries' arguments in `args`, and (`retval`) returns' values.
-    pub fn record_values(&mut self, args: Option<Arc<ArgTable>>, retval: bool) {
+    /// Record entries' arguments (at the sites `args` selects), and
+    /// (`retval`) returns' values.
+    pub fn record_values(&mut self, args: Option<ArgSource>, retval: bool) {
         self.args = args;
         self.retval = retval;
     }
@@ -296,7 +297,7 @@ impl TrapHandler for Recorder {
                 .parent_unreadable
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let data = self.args.as_ref().map_or(0, |t| t.push(trap.args));
+        let data = self.args.as_ref().map_or(0, |a| a.push_at(i, trap.args));
         let stack = self.stack_of(i, trap);
         self.push(Event {
             ts_ns,

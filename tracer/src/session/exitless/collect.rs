@@ -14,7 +14,7 @@ use vmm::pause::GuestClock;
 use super::layout::RingLayout;
 use super::ring::{self, Record, RingError, RingReader};
 use crate::plan::site_index::SiteIndex;
-use crate::session::args::ArgTable;
+use crate::session::args::ArgSource;
 use crate::session::counters::{Counters, BATCH};
 use crate::session::tasks::{Seen, TaskSource};
 use crate::trace::model::{Event, Task};
@@ -36,7 +36,9 @@ pub struct DrainStart {
 /// this table; their records hold them) and returns' values.
 #[derive(Debug, Default)]
 pub struct DrainValues {
-    pub args: Option<Arc<ArgTable>>,
+    /// Only at the sites it selects (`--args=GLOB`): the shared body stores
+    /// every call's arguments, a per-site body only a selected site's.
+    pub args: Option<ArgSource>,
     pub retval: bool,
 }
 
@@ -231,7 +233,7 @@ impl Out {
             self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
         }
         let data = match (&r.args, &self.values.args) {
-            (Some(args), Some(table)) => table.push(*args),
+            (Some(args), Some(source)) => source.push_at(site, *args),
             _ if is_return && self.values.retval => r.ret,
             _ => 0,
         };

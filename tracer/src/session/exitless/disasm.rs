@@ -41,6 +41,29 @@ pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, Bro
     walk_path(code, start, 0)
 }
 
+/// The recorded paths from `starts` (`CODE_VA` offsets of the per-site
+/// bodies) are `want(k)` instructions long: site 0's, and the first site's
+/// whose `want` differs (`--args=GLOB`: the bodies differ only in storing
+/// the arguments or not, and in immediates).
+pub fn check_paths(
+    code: &[u8],
+    starts: &[u32],
+    want: impl Fn(usize) -> usize,
+) -> Result<(), BrokenPath> {
+    let other = (1..starts.len()).find(|&k| want(k) != want(0));
+    for k in std::iter::once(0).chain(other) {
+        let va = CODE_VA + u64::from(starts[k]);
+        let got = walk_common_path(code, va)?.len();
+        if got != want(k) {
+            return Err(BrokenPath {
+                va,
+                why: format!("{got} instructions, not {}", want(k)),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Like `walk_common_path`, but the first `taken` conditional branches are
 /// taken (e.g. 1: the pid filter's rejection, the first branch of a body
 /// with a one-pid filter).

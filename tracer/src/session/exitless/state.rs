@@ -77,11 +77,14 @@ type PerCpuSite = Vec<Vec<u64>>;
 
 /// What each record holds besides the call: the return too (function
 /// graph), the task (and which pids to keep), the values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Records<'a> {
     pub graph: bool,
     pub tasks: &'a TaskPlan,
     pub values: ValuePlan,
+    /// With `values.args`: per site, does it record its calls' arguments
+    /// (`Plan::arg_sites`; None: every site).
+    pub arg_sites: Option<Arc<[bool]>>,
 }
 
 impl<'a> Records<'a> {
@@ -91,6 +94,7 @@ impl<'a> Records<'a> {
             graph: plan.graph,
             tasks: &plan.tasks,
             values: plan.values,
+            arg_sites: plan.arg_sites(),
         }
     }
 }
@@ -108,6 +112,7 @@ fn plan(
         graph,
         tasks,
         values,
+        arg_sites,
     } = what;
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
@@ -137,6 +142,7 @@ fn plan(
         ret: Default::default(),
         task: task_code(tasks, KernelOffset::NONE)?,
         retval: graph && values.retval,
+        arg_sites,
     };
     Ok((generate(&spec)?, spec, cpu_number))
 }
@@ -217,9 +223,10 @@ impl Exitless {
         what: Records<'_>,
         sink: Sender<Vec<Event>>,
     ) -> Result<Exitless, ExitlessError> {
+        let tasks = what.tasks.clone();
         let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, what)?;
         Ok(Exitless {
-            tasks: what.tasks.clone(),
+            tasks,
             removed_filtered: None,
             layout: spec.layout,
             trampoline,
@@ -287,7 +294,7 @@ impl Exitless {
             cpu_number_disp: disp,
             ret,
             task: task_code(&self.tasks, off)?,
-            ..self.spec
+            ..self.spec.clone()
         };
         if spec != self.spec {
             // Displacements and immediates differ; with a return thunk or
@@ -315,13 +322,13 @@ impl Exitless {
         };
         let without = generate(&TrampolineSpec {
             task: None,
-            ..self.spec
+            ..self.spec.clone()
         })?;
         let mut one_pid = task;
         one_pid.npids = 1;
         let filtered = generate(&TrampolineSpec {
             task: Some(one_pid),
-            ..self.spec
+            ..self.spec.clone()
         })?;
         let stub = match filtered.shape {
             trampoline::Shape::PerSite => 0,

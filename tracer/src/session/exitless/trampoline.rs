@@ -106,7 +106,7 @@ use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
 pub use super::body::{
     TaskCode, ARGS_INSTRUCTIONS, MAX_FILTER_PIDS, RETVAL_INSTRUCTIONS, TASK_INSTRUCTIONS,
 };
-use super::disasm::{format_instruction, walk_common_path};
+use super::disasm::{check_paths, format_instruction, walk_common_path};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
@@ -150,7 +150,7 @@ pub enum Shape {
 }
 
 /// What the trampoline is generated for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrampolineSpec {
     pub layout: RingLayout,
     /// The displacement at which `gs:[disp32]` reads the guest kernel's
@@ -173,6 +173,34 @@ pub struct TrampolineSpec {
     /// Function graph: record each return's RAX (`--retval`). (Arguments
     /// go with the layout: `RingLayout::args`.)
     pub retval: bool,
+    /// With `layout.args`, the sites whose calls record their arguments
+    /// (`--args=GLOB`); None: every site's. Only per-site bodies store
+    /// them at some sites: the shared body stores every call's (the
+    /// drainer keeps the selected sites').
+    pub arg_sites: Option<std::sync::Arc<[bool]>>,
+}
+
+impl TrampolineSpec {
+    /// Does site `k`'s own body store its calls' arguments?
+    fn stores_args(&self, k: usize) -> bool {
+        self.layout.args
+            && self
+                .arg_sites
+                .as_ref()
+                .is_none_or(|s| s.get(k) == Some(&true))
+    }
+
+    /// Instructions a recorded call runs in site `k`'s own body.
+    fn body_instructions(&self, k: usize) -> usize {
+        COMMON_PATH_INSTRUCTIONS
+            + self.ret.extra_instructions()
+            + self.task.map_or(0, |t| t.path_instructions())
+            + if self.stores_args(k) {
+                ARGS_INSTRUCTIONS
+            } else {
+                0
+            }
+    }
 }
 
 pub use super::error::TrampolineError;
@@ -189,12 +217,10 @@ pub struct Trampoline {
     /// Offset of what each site calls in `code` (its stub or its body), by
     /// site index.
     stubs: Vec<u32>,
-    /// Bytes of one per-site body (all are alike but for immediates); 0 for
-    /// `Shape::Shared`.
-    body_len: u32,
     /// A recorded call's instructions (ring not full, no retry), decoded
     /// from `code` at their addresses, `ret` included: site 0's body, or the
-    /// shared body (without the stub).
+    /// shared body (without the stub). (With `--args=GLOB` a per-site body
+    /// stores the arguments or not: `site_path`.)
     pub common_path: Vec<Instruction>,
     /// Function graph: a recorded return's instructions, from frame 0's
     /// return stub to the `ret` (empty without the graph).
@@ -243,23 +269,23 @@ impl Trampoline {
     /// code.
     pub fn site_return_slot(&self, rip: u64) -> Option<u64> {
         let first_stub = u64::from(*self.stubs.iter().min()?);
-        let mut off = rip.checked_sub(CODE_VA)?;
+        let off = rip.checked_sub(CODE_VA)?;
         if off >= self.code.len() as u64 {
             return None;
         }
-        // The body to walk, and `off` in it: the shared body, or site 0's
-        // for an offset in any site's body (they are alike).
+        // The body to walk: the shared body, or the site's own.
         let (common, end) = match self.shape {
             Shape::Shared if off >= first_stub => return Some(0),
             Shape::Shared => (u64::from(self.common), first_stub),
+            // The body `off` is in: the bodies follow each other in site
+            // order (with `--args=GLOB`, of two lengths).
             Shape::PerSite => {
-                let len = u64::from(self.body_len);
-                let k = off.checked_sub(first_stub)? / len;
-                if k >= self.stubs.len() as u64 {
-                    return None;
-                }
-                off -= k * len;
-                (first_stub, first_stub + len)
+                let k = self.stubs.partition_point(|&s| u64::from(s) <= off);
+                let end = self
+                    .stubs
+                    .get(k)
+                    .map_or(self.code.len() as u64, |&s| u64::from(s));
+                (u64::from(self.stubs[k.checked_sub(1)?]), end)
             }
         };
         let rip = CODE_VA + off;
@@ -290,6 +316,16 @@ impl Trampoline {
             }
         }
         depth.get(&rip).copied()
+    }
+
+    /// A recorded call's instructions in site `k`'s own body (`Shape::
+    /// PerSite`), or in the shared body (without the stub).
+    pub fn site_path(&self, k: usize) -> Result<Vec<Instruction>, TrampolineError> {
+        let start = match self.shape {
+            Shape::PerSite => self.stubs[k],
+            Shape::Shared => self.common,
+        };
+        Ok(walk_common_path(&self.code, CODE_VA + u64::from(start))?)
     }
 
     /// The common path in Intel syntax, one instruction a line with its
@@ -372,10 +408,9 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         &mut a,
         &fields,
         shape,
-        layout.graph,
+        spec,
         [&mut common, &mut ret_common],
         &mut stubs,
-        sites,
     )
     .map_err(assemble)?;
 
@@ -396,9 +431,9 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         Ok((ip - CODE_VA) as u32)
     };
     let stubs = stubs.iter().map(offset_of).collect::<Result<Vec<_>, _>>()?;
-    let (common, body_len) = match shape {
-        Shape::Shared => (offset_of(&common)?, 0),
-        Shape::PerSite => (stubs[0], body_len(&stubs, result.inner.code_buffer.len())?),
+    let common = match shape {
+        Shape::Shared => offset_of(&common)?,
+        Shape::PerSite => stubs[0],
     };
     let ret_common = match layout.graph {
         true => Some(offset_of(&ret_common)?),
@@ -406,15 +441,8 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     };
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
-    let want = COMMON_PATH_INSTRUCTIONS
-        + spec.ret.extra_instructions()
-        + spec.task.map_or(0, |t| t.path_instructions())
-        + if layout.args { ARGS_INSTRUCTIONS } else { 0 };
-    if shape == Shape::PerSite && common_path.len() != want {
-        return Err(TrampolineError::BrokenPath {
-            va: CODE_VA + u64::from(common),
-            why: format!("{} instructions, not {want}", common_path.len()),
-        });
+    if shape == Shape::PerSite {
+        check_paths(&code, &stubs, |k| spec.body_instructions(k))?;
     }
     let return_path = match ret_common {
         Some(ret_common) => append_return_stubs(&mut code, ret_common, sites)?,
@@ -425,7 +453,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         shape,
         common,
         stubs,
-        body_len,
         common_path,
         return_path,
         locked: spec.preemptible,
@@ -533,20 +560,29 @@ fn emit_code(
     a: &mut CodeAssembler,
     fields: &Fields,
     shape: Shape,
-    graph: bool,
+    spec: &TrampolineSpec,
     [common, ret_common]: [&mut CodeLabel; 2],
     stubs: &mut Vec<CodeLabel>,
-    sites: usize,
 ) -> Result<(), IcedError> {
+    let sites = spec.layout.sites;
     if shape == Shape::PerSite {
         for k in 0..sites {
             let mut body = a.create_label();
-            emit_site_body(a, fields, &mut body, k as u32)?;
+            // A site not selected by `--args=GLOB` stores no arguments: its
+            // calls cost what they cost without `--args`.
+            let f = match spec.stores_args(k) {
+                true => *fields,
+                false => Fields {
+                    rec_args: None,
+                    ..*fields
+                },
+            };
+            emit_site_body(a, &f, &mut body, k as u32)?;
             stubs.push(body);
         }
         return Ok(());
     }
-    if graph {
+    if spec.layout.graph {
         graph_code::emit_entry(a, fields, common)?;
         graph_code::emit_return(a, fields, ret_common)?;
     } else {
@@ -581,33 +617,6 @@ fn append_return_stubs(
     code.resize(RET_STUBS_OFF as usize, INT3);
     code.extend_from_slice(&ret_stubs);
     Ok(walk_common_path(code, RET_STUBS_VA)?)
-}
-
-/// The length of every per-site body, which must be one: `site_return_slot`
-/// reads any body as site 0's (their instructions differ only in
-/// immediates and displacements of fixed width).
-fn body_len(starts: &[u32], code_len: usize) -> Result<u32, TrampolineError> {
-    let len = match starts {
-        [] => 0,
-        // A lone body ends the code.
-        [only] => code_len as u32 - only,
-        [first, second, ..] => second - first,
-    };
-    if let Some(last) = starts.last() {
-        if code_len as u32 - last != len {
-            return Err(TrampolineError::BrokenPath {
-                va: CODE_VA + u64::from(*last),
-                why: format!("the last per-site body is not {len} bytes"),
-            });
-        }
-    }
-    match starts.windows(2).find(|w| w[1] - w[0] != len) {
-        Some(w) => Err(TrampolineError::BrokenPath {
-            va: CODE_VA + u64::from(w[0]),
-            why: format!("a per-site body of {} bytes, not {len}", w[1] - w[0]),
-        }),
-        None => Ok(len),
-    }
 }
 
 /// The 5 bytes that replace the NOP of the site at `site_va`: `call rel32`
@@ -658,6 +667,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         }
     }
 
@@ -669,6 +679,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         }
     }
 
@@ -1152,6 +1163,7 @@ mod tests {
             ret: Return::default(),
             task: None,
             retval: false,
+            arg_sites: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1712,6 +1724,61 @@ mod tests {
                 assert_eq!(r.gpr[0], 0xffff_ffff_ffff_fffe, "RAX kept");
             }
         }
+    }
+
+    /// `--args=GLOB` with per-site bodies: only a selected site's body
+    /// stores the arguments; an unselected site's calls run exactly the
+    /// instructions they run without `--args`, and record none. The shared
+    /// body stores every call's (the drainer keeps the selected sites').
+    #[test]
+    fn only_selected_sites_bodies_store_arguments() {
+        let mut s = with_task(spec(1, 3, 8), &[]);
+        let no_args = generate(&s).unwrap();
+        s.layout = RingLayout::with_args(1, 3, Some(8), false, true).unwrap();
+        s.arg_sites = Some(vec![false, true, false].into());
+        let t = per_site(&s);
+        let plain = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS;
+        assert_eq!(no_args.common_path_instructions(), plain);
+        assert_eq!(t.common_path_instructions(), plain);
+        let paths: Vec<usize> = (0..3).map(|k| t.site_path(k).unwrap().len()).collect();
+        assert_eq!(paths, [plain, plain + ARGS_INSTRUCTIONS, plain]);
+        assert_eq!(
+            t.site_path(2).unwrap().len(),
+            no_args.site_path(2).unwrap().len()
+        );
+        // The walker finds the site's return address in either kind of body.
+        for k in 0..3 {
+            let path = t.site_path(k).unwrap();
+            let depth = |i: usize| t.site_return_slot(path[i].ip());
+            let n = path.len();
+            assert_eq!((depth(0), depth(1), depth(2)), (Some(0), Some(8), Some(16)));
+            assert_eq!((depth(n - 2), depth(n - 1)), (Some(8), Some(0)), "site {k}");
+        }
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        run_task(&mem, 0, 77);
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        for k in [0, 1, 2] {
+            let mut r = regs(0);
+            let want = [7, 6, 2, 1, 8, 9].map(|g| r.gpr[g]);
+            let steps = emu.call(&mut r, k, PARENT, &t, &mut no_interrupt);
+            assert_eq!(steps, paths[k as usize], "site {k}");
+            let got = drain(&mut reader, &mem);
+            assert_eq!((got.len(), got[0].1.site), (1, k));
+            // A fresh ring's unselected slot holds zeros, not the registers.
+            let stored = if k == 1 { want } else { [0; 6] };
+            assert_eq!(got[0].1.args, Some(stored), "site {k}");
+        }
+        let shared = shared(&s);
+        assert_eq!(
+            shared.site_path(0).unwrap().len(),
+            COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS
+        );
     }
 
     #[test]
