@@ -17,7 +17,7 @@ use iced_x86::{
 };
 
 use crate::kernel::symbols::KernelImage;
-pub use tables::{SiteTables, Table, TableError};
+pub use tables::{KernelTable, SiteTables, TableError};
 
 /// Bytes of the jump written at a direct site (`jmp rel32`).
 pub const JUMP_LEN: usize = 5;
@@ -39,7 +39,7 @@ pub enum Refusal {
     /// In `.noinstr.text`: must not be instrumented.
     NoinstrText,
     /// A site of a kernel table is among the displaced bytes.
-    Overlaps { table: Table, at: u64 },
+    Overlaps { table: KernelTable, at: u64 },
     /// A displaced instruction that cannot run elsewhere.
     Unrelocatable { at: u64, insn: String },
     /// A branch lands inside the displaced bytes, past their first.

@@ -12,7 +12,7 @@ use crate::kernel::symbols::KernelImage;
 
 /// A table whose sites a direct entry must leave alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Table {
+pub enum KernelTable {
     /// `__ex_table`: instructions that may fault, with their fixups.
     ExTable,
     /// `.altinstructions`: code replaced at boot by CPU feature.
@@ -29,30 +29,30 @@ pub enum Table {
     Ftrace,
 }
 
-impl Table {
+impl KernelTable {
     /// What one entry is called, in refusals.
     pub fn site(self) -> &'static str {
         match self {
-            Table::ExTable => "exception-table entry",
-            Table::Alternative => "alternative",
-            Table::JumpLabel => "jump label",
-            Table::StaticCall => "static call site",
-            Table::Retpoline => "retpoline site",
-            Table::ReturnThunk => "return-thunk site",
-            Table::Ftrace => "ftrace site",
+            KernelTable::ExTable => "exception-table entry",
+            KernelTable::Alternative => "alternative",
+            KernelTable::JumpLabel => "jump label",
+            KernelTable::StaticCall => "static call site",
+            KernelTable::Retpoline => "retpoline site",
+            KernelTable::ReturnThunk => "return-thunk site",
+            KernelTable::Ftrace => "ftrace site",
         }
     }
 
     /// The summary's key for a refusal by this table.
     pub fn rule(self) -> &'static str {
         match self {
-            Table::ExTable => "ex-table",
-            Table::Alternative => "alternative",
-            Table::JumpLabel => "jump-label",
-            Table::StaticCall => "static-call",
-            Table::Retpoline => "retpoline",
-            Table::ReturnThunk => "return-thunk",
-            Table::Ftrace => "ftrace-site",
+            KernelTable::ExTable => "ex-table",
+            KernelTable::Alternative => "alternative",
+            KernelTable::JumpLabel => "jump-label",
+            KernelTable::StaticCall => "static-call",
+            KernelTable::Retpoline => "retpoline",
+            KernelTable::ReturnThunk => "return-thunk",
+            KernelTable::Ftrace => "ftrace-site",
         }
     }
 }
@@ -61,7 +61,7 @@ impl Table {
 /// first field is an s32 relative to its own address; the layouts are
 /// those of Linux 6.1 and 6.12 (see the `struct` named on each).
 struct Spec {
-    table: Table,
+    table: KernelTable,
     section: &'static str,
     /// The linker script's bounds, when the table sits inside another
     /// output section (`__jump_table` and the static calls are in `.data`).
@@ -74,7 +74,7 @@ struct Spec {
 const SPECS: [Spec; 6] = [
     // struct exception_table_entry { int insn, fixup, data; }
     Spec {
-        table: Table::ExTable,
+        table: KernelTable::ExTable,
         section: "__ex_table",
         bounds: ("__start___ex_table", "__stop___ex_table"),
         sizes: &[12],
@@ -82,34 +82,34 @@ const SPECS: [Spec; 6] = [
     // struct alt_instr { s32 instr_offset; s32 repl_offset; ...;
     //                    u8 instrlen; u8 replacementlen; } __packed
     Spec {
-        table: Table::Alternative,
+        table: KernelTable::Alternative,
         section: ".altinstructions",
         bounds: ("__alt_instructions", "__alt_instructions_end"),
         sizes: &[12, 14],
     },
     // struct jump_entry { s32 code; s32 target; long key; }
     Spec {
-        table: Table::JumpLabel,
+        table: KernelTable::JumpLabel,
         section: "__jump_table",
         bounds: ("__start___jump_table", "__stop___jump_table"),
         sizes: &[16],
     },
     // struct static_call_site { s32 addr; s32 key; }
     Spec {
-        table: Table::StaticCall,
+        table: KernelTable::StaticCall,
         section: ".static_call_sites",
         bounds: ("__start_static_call_sites", "__stop_static_call_sites"),
         sizes: &[8],
     },
     // s32 each
     Spec {
-        table: Table::Retpoline,
+        table: KernelTable::Retpoline,
         section: ".retpoline_sites",
         bounds: ("__retpoline_sites", "__retpoline_sites_end"),
         sizes: &[4],
     },
     Spec {
-        table: Table::ReturnThunk,
+        table: KernelTable::ReturnThunk,
         section: ".return_sites",
         bounds: ("__return_sites", "__return_sites_end"),
         sizes: &[4],
@@ -139,7 +139,7 @@ pub enum TableError {
 #[derive(Debug, Clone, Default)]
 pub struct SiteTables {
     /// `(start, end, table)` sorted by start.
-    sites: Vec<(u64, u64, Table)>,
+    sites: Vec<(u64, u64, KernelTable)>,
     /// `__entry_text_start..__entry_text_end` (else `.entry.text`).
     pub entry_text: Option<(u64, u64)>,
     /// `__noinstr_text_start..__noinstr_text_end` (else `.noinstr.text`).
@@ -179,7 +179,7 @@ impl SiteTables {
             t.read_table(image, spec, addr, (end - addr) as usize)?;
         }
         for &a in &image.mcount_loc {
-            t.insert(Table::Ftrace, a, SITE_LEN as u64);
+            t.insert(KernelTable::Ftrace, a, SITE_LEN as u64);
         }
         t.indirect_thunks = image
             .functions
@@ -195,24 +195,24 @@ impl SiteTables {
     }
 
     /// Adds `len` bytes at `addr` as a site of `table`.
-    pub fn insert(&mut self, table: Table, addr: u64, len: u64) {
+    pub fn insert(&mut self, table: KernelTable, addr: u64, len: u64) {
         let at = self.sites.partition_point(|s| s.0 <= addr);
         self.sites.insert(at, (addr, addr + len.max(1), table));
     }
 
     /// Forgets every site of `table`: e.g. ftrace's, to see what direct
     /// entries would make of an ftrace kernel's functions otherwise.
-    pub fn remove(&mut self, table: Table) {
+    pub fn remove(&mut self, table: KernelTable) {
         self.sites.retain(|s| s.2 != table);
     }
 
     /// How many sites `table` has.
-    pub fn count(&self, table: Table) -> usize {
+    pub fn count(&self, table: KernelTable) -> usize {
         self.sites.iter().filter(|s| s.2 == table).count()
     }
 
     /// The first site overlapping `start..end`, with its address.
-    pub fn overlap(&self, start: u64, end: u64) -> Option<(Table, u64)> {
+    pub fn overlap(&self, start: u64, end: u64) -> Option<(KernelTable, u64)> {
         // Sites are a few bytes long; one starting up to 256 bytes before
         // `start` (an alternative's longest) may still reach into it.
         let from = self.sites.partition_point(|s| s.0 + 256 < start);
@@ -255,7 +255,7 @@ impl SiteTables {
             // second-to-last byte); the others one instruction, which
             // starts inside the displaced bytes if it overlaps them.
             let len = match spec.table {
-                Table::Alternative => u64::from(entry[size - 2]),
+                KernelTable::Alternative => u64::from(entry[size - 2]),
                 _ => 1,
             };
             self.insert(spec.table, code, len);
@@ -268,7 +268,7 @@ impl SiteTables {
 /// its first field (s32, relative to itself) gives; None if `data` is not
 /// whole entries.
 fn entries(addr: u64, data: &[u8], size: usize) -> Option<impl Iterator<Item = (u64, &[u8])>> {
-    (data.len() % size == 0).then(|| {
+    data.len().is_multiple_of(size).then(|| {
         data.chunks_exact(size).enumerate().map(move |(i, e)| {
             let rel = i32::from_le_bytes([e[0], e[1], e[2], e[3]]);
             let at = addr + (i * size) as u64;

@@ -183,13 +183,13 @@ fn rip_relative_operands_are_kept_for_rebasing() {
 fn a_table_site_in_the_displaced_bytes_is_refused() {
     let code = func(&[&PROLOGUE, &EPILOGUE]);
     for table in [
-        Table::ExTable,
-        Table::Alternative,
-        Table::JumpLabel,
-        Table::StaticCall,
-        Table::Retpoline,
-        Table::ReturnThunk,
-        Table::Ftrace,
+        KernelTable::ExTable,
+        KernelTable::Alternative,
+        KernelTable::JumpLabel,
+        KernelTable::StaticCall,
+        KernelTable::Retpoline,
+        KernelTable::ReturnThunk,
+        KernelTable::Ftrace,
     ] {
         let mut tables = SiteTables::default();
         tables.insert(table, BASE + 4, 1);
@@ -205,11 +205,11 @@ fn a_table_site_in_the_displaced_bytes_is_refused() {
     }
     // An alternative that starts before the site and reaches into it.
     let mut tables = SiteTables::default();
-    tables.insert(Table::Alternative, BASE - 2, 3);
+    tables.insert(KernelTable::Alternative, BASE - 2, 3);
     assert_eq!(
         DirectSite::analyze_code(BASE, &code, &tables).unwrap_err(),
         Refusal::Overlaps {
-            table: Table::Alternative,
+            table: KernelTable::Alternative,
             at: 2u64.wrapping_neg()
         }
     );
@@ -218,7 +218,7 @@ fn a_table_site_in_the_displaced_bytes_is_refused() {
 #[test]
 fn refusals_say_their_rule() {
     let r = Refusal::Overlaps {
-        table: Table::ExTable,
+        table: KernelTable::ExTable,
         at: 3,
     };
     assert_eq!(
