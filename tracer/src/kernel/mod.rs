@@ -4,6 +4,7 @@
 
 pub mod btf;
 pub mod bzimage;
+pub mod direct;
 pub mod filter;
 pub mod find;
 pub mod kallsyms;

@@ -249,6 +249,18 @@ fn not_elf_hint(bytes: &[u8]) -> (&'static str, Option<Remedy>) {
 impl KernelImage {
     /// Reads and indexes the ELF file at `path`.
     pub fn load(path: &Path) -> Result<Self, SymbolError> {
+        KernelImage::from_bytes(path, Self::read(path)?)
+    }
+
+    /// Like `load`, but a file with no `__mcount_loc` table (a kernel built
+    /// without ftrace, `mini-noftrace`) loads with `mcount_loc` empty: what
+    /// direct entries (`crate::kernel::direct`) read.
+    pub fn load_without_sites(path: &Path) -> Result<Self, SymbolError> {
+        KernelImage::index(path, Self::read(path)?, false)
+    }
+
+    /// The file's bytes, bounded.
+    fn read(path: &Path) -> Result<std::sync::Arc<Vec<u8>>, SymbolError> {
         let path = path.to_path_buf();
         // Bounded, and never a FIFO or a device (`/dev/zero` would grow
         // without end).
@@ -263,12 +275,22 @@ impl KernelImage {
             source,
         })?;
         drop(file);
-        KernelImage::from_bytes(&path, std::sync::Arc::new(bytes))
+        Ok(std::sync::Arc::new(bytes))
     }
 
     /// Indexes an ELF file already read (`path` names it in messages): a
     /// kernel file opened once (`vmm::boot::KernelFile`) shares its bytes.
     pub fn from_bytes(path: &Path, bytes: std::sync::Arc<Vec<u8>>) -> Result<Self, SymbolError> {
+        KernelImage::index(path, bytes, true)
+    }
+
+    /// `from_bytes`; without `need_sites`, a missing or empty
+    /// `__mcount_loc` leaves `mcount_loc` empty instead of failing.
+    fn index(
+        path: &Path,
+        bytes: std::sync::Arc<Vec<u8>>,
+        need_sites: bool,
+    ) -> Result<Self, SymbolError> {
         let path = path.to_path_buf();
         let file = object::File::parse(bytes.as_slice()).map_err(|source| {
             let (hint, remedy) = not_elf_hint(&bytes);
@@ -331,7 +353,14 @@ impl KernelImage {
             sections,
             bytes,
         };
-        image.mcount_loc = image.read_mcount_loc()?;
+        image.mcount_loc = match image.read_mcount_loc() {
+            Err(SymbolError::NoMcountLoc { .. } | SymbolError::EmptyMcountLoc { .. })
+                if !need_sites =>
+            {
+                Vec::new()
+            }
+            r => r?,
+        };
         Ok(image)
     }
 

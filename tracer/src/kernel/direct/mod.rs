@@ -1,0 +1,312 @@
+//! Direct entries (issue 26), analysis only: whether a function's first
+//! instructions can be displaced by a 5-byte jump to a stub, proved from
+//! the whole function's code and the kernel's tables of special sites, or
+//! the rule that refuses it. Nothing here writes to the guest; the
+//! patching is not written yet. See docs/direct.md.
+
+pub mod tables;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use iced_x86::{
+    Code, Decoder, DecoderError, DecoderOptions, FlowControl, Formatter, Instruction,
+    IntelFormatter, Mnemonic, OpKind,
+};
+
+use crate::kernel::symbols::KernelImage;
+pub use tables::{KernelTable, SiteTables, TableError};
+
+/// Bytes of the jump written at a direct site (`jmp rel32`).
+pub const JUMP_LEN: usize = 5;
+
+/// Why a function gets no direct entry. Offsets (`at`, `from`, `to`) are
+/// from the function's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its size is unknown or its bytes are not in the file.
+    NoCode,
+    /// Fewer than `JUMP_LEN` bytes of instructions after the entry.
+    TooShort { len: usize },
+    /// Bytes that are no instruction.
+    Undecodable { at: u64 },
+    /// The last instruction reaches past the function's end.
+    RunsPastEnd { at: u64 },
+    /// In `.entry.text`: runs before the kernel's state is set up.
+    EntryText,
+    /// In `.noinstr.text`: must not be instrumented.
+    NoinstrText,
+    /// A site of a kernel table is among the displaced bytes.
+    Overlaps { table: KernelTable, at: u64 },
+    /// A displaced instruction that cannot run elsewhere.
+    Unrelocatable { at: u64, insn: String },
+    /// A branch lands inside the displaced bytes, past their first.
+    JumpIntoSite { from: u64, to: u64 },
+    /// A jump through a register or memory (a jump table), whose targets
+    /// cannot be checked.
+    IndirectJump { at: u64 },
+}
+
+impl Refusal {
+    /// The rule's short name, the summary's key.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Refusal::NoCode => "no-code",
+            Refusal::TooShort { .. } => "too-short",
+            Refusal::Undecodable { .. } => "undecodable",
+            Refusal::RunsPastEnd { .. } => "runs-past-end",
+            Refusal::EntryText => "entry-text",
+            Refusal::NoinstrText => "noinstr-text",
+            Refusal::Overlaps { table, .. } => table.rule(),
+            Refusal::Unrelocatable { .. } => "unrelocatable",
+            Refusal::JumpIntoSite { .. } => "jump-into-site",
+            Refusal::IndirectJump { .. } => "indirect-jump",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NoCode => write!(f, "its code is not in the file"),
+            Refusal::TooShort { len } => write!(
+                f,
+                "too short: {len} bytes of instructions, the jump needs {JUMP_LEN}"
+            ),
+            Refusal::Undecodable { at } => write!(f, "no valid instruction at +{at:#x}"),
+            Refusal::RunsPastEnd { at } => {
+                write!(
+                    f,
+                    "the instruction at +{at:#x} runs past the function's end"
+                )
+            }
+            Refusal::EntryText => write!(f, "in entry text"),
+            Refusal::NoinstrText => write!(f, "in noinstr text"),
+            Refusal::Overlaps { table, at } => {
+                write!(f, "{} at +{at:#x} in the displaced bytes", table.site())
+            }
+            Refusal::Unrelocatable { at, insn } => {
+                write!(f, "`{insn}` at +{at:#x} cannot be relocated")
+            }
+            Refusal::JumpIntoSite { from, to } => write!(
+                f,
+                "the branch at +{from:#x} lands at +{to:#x}, inside the displaced bytes"
+            ),
+            Refusal::IndirectJump { at } => {
+                write!(
+                    f,
+                    "indirect jump at +{at:#x}: its targets cannot be checked"
+                )
+            }
+        }
+    }
+}
+
+/// A function's direct entry site, proved safe.
+#[derive(Debug, Clone)]
+pub struct DirectSite {
+    /// Where the jump goes: the function's start, or after its ENDBR64.
+    pub addr: u64,
+    /// Bytes displaced: whole instructions, at least `JUMP_LEN`.
+    pub len: usize,
+    /// The displaced instructions, at their link addresses.
+    pub insns: Vec<Instruction>,
+    /// Some displaced instruction has a RIP-relative memory operand, to be
+    /// rebased where the stub runs it.
+    pub rip_relative: bool,
+}
+
+impl DirectSite {
+    /// Function `func` of `image`'s direct site, or why it has none.
+    pub fn analyze(
+        image: &KernelImage,
+        tables: &SiteTables,
+        func: usize,
+    ) -> Result<DirectSite, Refusal> {
+        let f = &image.functions[func];
+        let within = |r: Option<(u64, u64)>| r.is_some_and(|(s, e)| (s..e).contains(&f.addr));
+        if within(tables.entry_text) {
+            return Err(Refusal::EntryText);
+        }
+        if within(tables.noinstr_text) {
+            return Err(Refusal::NoinstrText);
+        }
+        let code = usize::try_from(f.size)
+            .ok()
+            .filter(|&n| n > 0)
+            .and_then(|n| image.file_bytes(f.addr, n))
+            .ok_or(Refusal::NoCode)?;
+        DirectSite::analyze_code(f.addr, code, tables)
+    }
+
+    /// The direct site of the function whose code is `code` at `addr`.
+    pub fn analyze_code(
+        addr: u64,
+        code: &[u8],
+        tables: &SiteTables,
+    ) -> Result<DirectSite, Refusal> {
+        let insns = decode(addr, code)?;
+        let first = usize::from(insns.first().map(Instruction::code) == Some(Code::Endbr64));
+        let mut len = 0;
+        let displaced: Vec<Instruction> = insns[first..]
+            .iter()
+            .take_while(|i| {
+                let more = len < JUMP_LEN;
+                len += i.len();
+                more
+            })
+            .copied()
+            .collect();
+        let len: usize = displaced.iter().map(Instruction::len).sum();
+        if len < JUMP_LEN {
+            return Err(Refusal::TooShort { len });
+        }
+        let site = DirectSite {
+            addr: displaced[0].ip(),
+            len,
+            rip_relative: displaced.iter().any(Instruction::is_ip_rel_memory_operand),
+            insns: displaced,
+        };
+        let off = |a: u64| a - addr;
+        let end = site.addr + len as u64;
+        if let Some((table, at)) = tables.overlap(site.addr, end) {
+            return Err(Refusal::Overlaps {
+                table,
+                at: at.wrapping_sub(addr),
+            });
+        }
+        for i in &site.insns {
+            if !relocatable(i, site.addr..end) {
+                let insn = format_insn(i);
+                return Err(Refusal::Unrelocatable {
+                    at: off(i.ip()),
+                    insn,
+                });
+            }
+        }
+        for i in &insns {
+            let target = near_target(i);
+            if let Some(to) = target.filter(|t| (site.addr + 1..end).contains(t)) {
+                return Err(Refusal::JumpIntoSite {
+                    from: off(i.ip()),
+                    to: off(to),
+                });
+            }
+            let to_thunk = i.flow_control() != FlowControl::Call
+                && target.is_some_and(|t| {
+                    tables
+                        .indirect_thunks
+                        .iter()
+                        .any(|r| (r.0..r.1).contains(&t))
+                });
+            if i.flow_control() == FlowControl::IndirectBranch || to_thunk {
+                return Err(Refusal::IndirectJump { at: off(i.ip()) });
+            }
+        }
+        Ok(site)
+    }
+}
+
+/// Every instruction of the function `code` at `addr`.
+fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
+    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    let mut insns = Vec::new();
+    while d.can_decode() {
+        let i = d.decode();
+        if i.is_invalid() {
+            let at = i.ip() - addr;
+            return Err(match d.last_error() {
+                DecoderError::NoMoreBytes => Refusal::RunsPastEnd { at },
+                _ => Refusal::Undecodable { at },
+            });
+        }
+        insns.push(i);
+    }
+    Ok(insns)
+}
+
+/// The target of a direct near branch or call.
+fn near_target(i: &Instruction) -> Option<u64> {
+    matches!(
+        i.op0_kind(),
+        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+    )
+    .then(|| i.near_branch_target())
+}
+
+/// Whether a displaced instruction can run in a stub: anything that
+/// continues to the next instruction (RIP-relative operands rebased),
+/// returns, or jumps and calls indirectly; a `jmp`, `jcc` or `call` to
+/// outside the displaced bytes `site` (re-encoded to reach); nothing else
+/// (`loop`, `jrcxz`, `xbegin`, traps, interrupts, system calls).
+fn relocatable(i: &Instruction, site: std::ops::Range<u64>) -> bool {
+    match i.flow_control() {
+        FlowControl::Next | FlowControl::Return => true,
+        FlowControl::IndirectBranch | FlowControl::IndirectCall => true,
+        FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call => {
+            let plain =
+                matches!(i.mnemonic(), Mnemonic::Jmp | Mnemonic::Call) || i.is_jcc_short_or_near();
+            plain && near_target(i).is_some_and(|t| !site.contains(&t))
+        }
+        _ => false,
+    }
+}
+
+/// `i` in Intel syntax, for refusals.
+fn format_insn(i: &Instruction) -> String {
+    let mut s = String::new();
+    IntelFormatter::new().format(i, &mut s);
+    s
+}
+
+/// Direct sites over all functions of an image: how many are safe, and
+/// how many each rule refuses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub functions: usize,
+    pub safe: usize,
+    /// Of the safe ones, those with RIP-relative displaced operands.
+    pub rip_relative: usize,
+    /// Refusals by `Refusal::rule`.
+    pub refused: BTreeMap<&'static str, usize>,
+}
+
+impl Summary {
+    /// Analyzes every function of `image`.
+    pub fn of(image: &KernelImage, tables: &SiteTables) -> Summary {
+        let mut s = Summary {
+            functions: image.functions.len(),
+            ..Summary::default()
+        };
+        for func in 0..image.functions.len() {
+            match DirectSite::analyze(image, tables, func) {
+                Ok(site) => {
+                    s.safe += 1;
+                    s.rip_relative += usize::from(site.rip_relative);
+                }
+                Err(r) => *s.refused.entry(r.rule()).or_default() += 1,
+            }
+        }
+        s
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} functions: {} direct sites safe ({} with RIP-relative operands)",
+            self.functions, self.safe, self.rip_relative
+        )?;
+        let refused: usize = self.refused.values().sum();
+        write!(f, ", {refused} refused")?;
+        let mut by: Vec<_> = self.refused.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (i, (rule, n)) in by.into_iter().enumerate() {
+            write!(f, "{} {rule} {n}", if i == 0 { ":" } else { "," })?;
+        }
+        Ok(())
+    }
+}
