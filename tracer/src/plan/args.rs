@@ -21,14 +21,7 @@ pub fn select(plan: &Plan, globs: &[String]) -> Result<Option<Vec<u32>>, ArgPlan
         return Ok(None);
     }
     let globs = Globs::for_args(globs)?;
-    let image = &plan.image;
-    let funcs: Vec<u32> = plan
-        .funcs
-        .iter()
-        .enumerate()
-        .filter(|&(_, &f)| image.names(f).any(|n| globs.is_match(n)))
-        .map(|(k, _)| k as u32)
-        .collect();
+    let funcs = plan.traced_matching(&globs);
     if funcs.is_empty() {
         return Err(ArgPlanError::NoneTraced {
             globs: globs.positive().join(","),

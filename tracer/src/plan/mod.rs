@@ -157,6 +157,18 @@ impl Plan {
         Some(self.index.funcs.iter().map(selected).collect())
     }
 
+    /// The traced functions any of whose names `globs` select, as indices
+    /// into `funcs` (`Trace::functions`), ascending: what `--stack` and
+    /// `--args=GLOB` choose among.
+    pub fn traced_matching(&self, globs: &crate::kernel::filter::Globs) -> Vec<u32> {
+        self.funcs
+            .iter()
+            .enumerate()
+            .filter(|&(_, &f)| self.image.names(f).any(|n| globs.is_match(n)))
+            .map(|(k, _)| k as u32)
+            .collect()
+    }
+
     /// The prototype of each traced function (parallel to `funcs`, None
     /// where BTF does not describe it), when values are recorded; empty
     /// otherwise (`Trace::prototypes`). Every traced function's, also with

@@ -35,20 +35,13 @@ impl StackPlan {
             return Ok(None);
         }
         let globs = Globs::for_stack(globs)?;
-        let image = &plan.image;
-        let funcs: Vec<u32> = plan
-            .funcs
-            .iter()
-            .enumerate()
-            .filter(|&(_, &f)| image.names(f).any(|n| globs.is_match(n)))
-            .map(|(k, _)| k as u32)
-            .collect();
+        let funcs = plan.traced_matching(&globs);
         if funcs.is_empty() {
             return Err(StackPlanError::NoneTraced {
                 globs: globs.positive().join(","),
             });
         }
-        let (unwinder, note) = Unwinder::for_image(image, plan.btf.as_deref());
+        let (unwinder, note) = Unwinder::for_image(&plan.image, plan.btf.as_deref());
         Ok(Some(StackPlan {
             funcs,
             unwinder,

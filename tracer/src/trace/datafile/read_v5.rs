@@ -202,37 +202,50 @@ fn read_events<R: Read>(
     Ok(())
 }
 
-/// A `TASK` block's tasks, appended to `tasks` (those before it).
-fn read_tasks<R: Read>(
-    r: &Reader<'_, R>,
-    payload: &[u8],
-    tasks: &mut Vec<Task>,
-) -> Result<(), TraceFileError> {
+/// The reader of a `TASK` or `STAK` block's payload and its entry count,
+/// checked: it starts where the `have` entries before it end, and the
+/// entries stay numbered by u32 ids (`Event::task`, `Event::stack`).
+fn table_block<'a, R: Read>(
+    r: &Reader<'a, R>,
+    payload: &'a [u8],
+    section: Section,
+    have: usize,
+    what: &str,
+) -> Result<(Reader<'a, &'a [u8]>, u32), TraceFileError> {
     let mut sub = Reader {
         r: payload,
         path: r.path,
         pos: 0,
         actual: payload.len() as u64,
         declared: payload.len() as u64,
-        section: Section::Tasks,
+        section,
     };
     let first = sub.u32()? as usize;
-    if first != tasks.len() {
+    if first != have {
         return Err(sub.corrupt(format!(
-            "a task block starts at task {} but {} tasks came before it",
-            first + 1,
-            tasks.len()
+            "a {what} block starts at {what} {} but {have} {what}s came before it",
+            first + 1
         )));
     }
     let n = sub.u32()?;
-    sub.need(u64::from(n) * TASK_FIXED as u64, &format!("{n} tasks"))?;
-    if u32::try_from(tasks.len() + n as usize).is_err() {
+    if u32::try_from(have + n as usize).is_err() {
         return Err(sub.corrupt(format!(
-            "{} tasks in all (max {})",
-            tasks.len() as u64 + u64::from(n),
+            "{} {what}s in all (max {})",
+            have as u64 + u64::from(n),
             u32::MAX
         )));
     }
+    Ok((sub, n))
+}
+
+/// A `TASK` block's tasks, appended to `tasks` (those before it).
+fn read_tasks<R: Read>(
+    r: &Reader<'_, R>,
+    payload: &[u8],
+    tasks: &mut Vec<Task>,
+) -> Result<(), TraceFileError> {
+    let (mut sub, n) = table_block(r, payload, Section::Tasks, tasks.len(), "task")?;
+    sub.need(u64::from(n) * TASK_FIXED as u64, &format!("{n} tasks"))?;
     tasks.reserve(n as usize);
     for _ in 0..n {
         let pid = sub.u32()?;
@@ -296,32 +309,9 @@ fn read_stacks<R: Read>(
     payload: &[u8],
     stacks: &mut Vec<Stack>,
 ) -> Result<(), TraceFileError> {
-    let mut sub = Reader {
-        r: payload,
-        path: r.path,
-        pos: 0,
-        actual: payload.len() as u64,
-        declared: payload.len() as u64,
-        section: Section::Stacks,
-    };
-    let first = sub.u32()? as usize;
-    if first != stacks.len() {
-        return Err(sub.corrupt(format!(
-            "a stack block starts at stack {} but {} stacks came before it",
-            first + 1,
-            stacks.len()
-        )));
-    }
-    let n = sub.u32()?;
+    let (mut sub, n) = table_block(r, payload, Section::Stacks, stacks.len(), "stack")?;
     // Each stack is at least its end code and frame count.
     sub.need(u64::from(n) * 5, &format!("{n} stacks"))?;
-    if u32::try_from(stacks.len() + n as usize).is_err() {
-        return Err(sub.corrupt(format!(
-            "{} stacks in all (max {})",
-            stacks.len() as u64 + u64::from(n),
-            u32::MAX
-        )));
-    }
     for _ in 0..n {
         let code = sub.u8()?;
         let end = StackEnd::from_u8(code).ok_or_else(|| {
