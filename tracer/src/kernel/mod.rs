@@ -5,6 +5,7 @@
 pub mod btf;
 pub mod bzimage;
 pub mod direct;
+pub mod dwarf;
 pub mod filter;
 pub mod find;
 pub mod kallsyms;

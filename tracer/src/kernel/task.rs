@@ -3,10 +3,12 @@
 //! current task in a per-CPU variable read through GS (`current` is
 //! `this_cpu_read(current_task)`): `current_task` up to 6.1, the member
 //! `current_task` of per-CPU `struct pcpu_hot` from 6.2 on. The offsets come
-//! from the kernel's BTF, the per-CPU variable from the symbols (else from
-//! BTF's description of the per-CPU section).
+//! from the kernel's BTF, else from its DWARF (`TypeSource`), the per-CPU
+//! variable from the symbols (else from BTF's description of the per-CPU
+//! section).
 
-use crate::kernel::btf::{BtfError, KernelBtf};
+use crate::kernel::btf::{BtfError, KernelBtf, MemberAt};
+use crate::kernel::dwarf::{DwarfError, KernelDwarf};
 use crate::kernel::percpu::PerCpuVar;
 use crate::kernel::symbols::KernelImage;
 
@@ -19,6 +21,42 @@ const CURRENT: [(&str, Option<&str>); 2] = [
     ("current_task", None),             // up to Linux 6.1
     ("pcpu_hot", Some("current_task")), // Linux 6.2 and later
 ];
+
+/// Where the kernel's structure layouts come from: its BTF or its DWARF.
+pub trait TypeSource {
+    /// Where `member` is in `struct ty`.
+    fn member(&self, ty: &str, member: &str) -> Result<MemberAt, TaskLayoutError>;
+    /// The offset of per-CPU variable `name` in the per-CPU section, when
+    /// the source describes it (BTF's DATASEC).
+    fn percpu_offset(&self, name: &str) -> Option<u32>;
+    /// Where, besides the symbols, a per-CPU variable was looked for.
+    fn percpu_where(&self) -> &'static str;
+}
+
+impl TypeSource for KernelBtf {
+    fn member(&self, ty: &str, member: &str) -> Result<MemberAt, TaskLayoutError> {
+        Ok(KernelBtf::member(self, ty, member)?)
+    }
+    fn percpu_offset(&self, name: &str) -> Option<u32> {
+        KernelBtf::percpu_offset(self, name)
+    }
+    fn percpu_where(&self) -> &'static str {
+        "symbols or BTF"
+    }
+}
+
+impl TypeSource for KernelDwarf<'_> {
+    fn member(&self, ty: &str, member: &str) -> Result<MemberAt, TaskLayoutError> {
+        Ok(KernelDwarf::member(self, ty, member)?)
+    }
+    /// A kernel with DWARF is a vmlinux: its symbols name the variable.
+    fn percpu_offset(&self, _: &str) -> Option<u32> {
+        None
+    }
+    fn percpu_where(&self) -> &'static str {
+        "symbols"
+    }
+}
 
 /// How to find the current task of a CPU and read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +76,17 @@ pub struct TaskLayout {
 pub enum TaskLayoutError {
     #[error(transparent)]
     Btf(#[from] BtfError),
+    #[error(transparent)]
+    Dwarf(#[from] DwarfError),
     #[error(
         "{}: no per-CPU current task found (neither `current_task` nor `pcpu_hot` in its \
-         symbols or BTF)",
+         {looked})",
         path.display()
     )]
-    NoCurrent { path: std::path::PathBuf },
+    NoCurrent {
+        path: std::path::PathBuf,
+        looked: &'static str,
+    },
     #[error("{}: task_struct.{member} is {size} bytes, not {want}", path.display())]
     BadSize {
         path: std::path::PathBuf,
@@ -54,8 +97,11 @@ pub enum TaskLayoutError {
 }
 
 impl TaskLayout {
-    /// The layout of the kernel `image` describes, from its BTF.
-    pub fn find(image: &KernelImage, btf: &KernelBtf) -> Result<TaskLayout, TaskLayoutError> {
+    /// The layout of the kernel `image` describes, from its BTF or DWARF.
+    pub fn find<T: TypeSource + ?Sized>(
+        image: &KernelImage,
+        btf: &T,
+    ) -> Result<TaskLayout, TaskLayoutError> {
         let path = || image.path.clone();
         let mut found = None;
         for (var, member) in CURRENT {
@@ -80,8 +126,10 @@ impl TaskLayout {
                 break;
             }
         }
-        let (current_var, current_member) =
-            found.ok_or_else(|| TaskLayoutError::NoCurrent { path: path() })?;
+        let (current_var, current_member) = found.ok_or_else(|| TaskLayoutError::NoCurrent {
+            path: path(),
+            looked: btf.percpu_where(),
+        })?;
         let sized = |member: &'static str, want: u32| -> Result<u32, TaskLayoutError> {
             let at = btf.member("task_struct", member)?;
             if at.size != want {

@@ -1,10 +1,11 @@
 //! Which guest tasks a session names and keeps: the kernel's task layout
-//! (from its BTF), or why events will have no task; and the `--pid` and
+//! (from its BTF, else its DWARF), or why events will have no task; and the `--pid` and
 //! `--comm` filters (trace-cmd's `-P`, ftrace's `set_ftrace_pid`).
 
 use globset::{Glob, GlobMatcher};
 
-use crate::kernel::btf::{BtfError, KernelBtf};
+use crate::kernel::btf::{BtfError, KernelBtf, BTF_SECTION};
+use crate::kernel::dwarf::{DwarfError, KernelDwarf, DWARF_SECTION};
 use crate::kernel::symbols::KernelImage;
 use crate::kernel::task::TaskLayout;
 
@@ -20,22 +21,40 @@ pub struct TaskPlan {
 
 impl TaskPlan {
     /// The task layout of `image`, from its BTF (`KernelBtf::from_image`,
-    /// parsed by the caller, or why there is none).
+    /// parsed by the caller), else from its DWARF when it has no BTF, or
+    /// why there is none.
     pub fn find(image: &KernelImage, btf: Result<&KernelBtf, &BtfError>) -> TaskPlan {
-        let found = btf
-            .map_err(|e| e.to_string())
-            .and_then(|btf| TaskLayout::find(image, btf).map_err(|e| e.to_string()));
+        let found = match btf {
+            Ok(btf) => TaskLayout::find(image, btf).map(|l| (l, "BTF")),
+            Err(BtfError::Missing { .. }) => match KernelDwarf::from_image(image) {
+                Ok(dwarf) => TaskLayout::find(image, &dwarf).map(|l| (l, "DWARF")),
+                Err(DwarfError::Missing { .. }) => {
+                    return TaskPlan::none(format!(
+                        "{} has no BTF ({BTF_SECTION} section) nor DWARF ({DWARF_SECTION}): \
+                         build the kernel with CONFIG_DEBUG_INFO_BTF=y",
+                        image.path.display()
+                    ));
+                }
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => return TaskPlan::none(e.to_string()),
+        };
         match found {
-            Ok(layout) => TaskPlan {
+            Ok((layout, from)) => TaskPlan {
                 layout: Some(layout),
-                note: format!("from the BTF of {}", image.path.display()),
+                note: format!("from the {from} of {}", image.path.display()),
                 filter: TaskFilter::default(),
             },
-            Err(why) => TaskPlan {
-                layout: None,
-                note: format!("none: {why}"),
-                filter: TaskFilter::default(),
-            },
+            Err(why) => TaskPlan::none(why.to_string()),
+        }
+    }
+
+    /// No layout, because of `why`.
+    fn none(why: String) -> TaskPlan {
+        TaskPlan {
+            layout: None,
+            note: format!("none: {why}"),
+            filter: TaskFilter::default(),
         }
     }
 }
