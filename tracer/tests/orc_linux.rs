@@ -315,15 +315,16 @@ fn check_timer_interrupt_stack(image: &KernelImage, t: &OrcTable, u: Unwinder) {
             };
             let s = u.unwind(entry, &mut m, &ctx);
             let mut frames = vec![r1, r2, r3];
-            let end = if user {
-                StackEnd::User
+            let (end, exact) = if user {
+                (StackEnd::User, 0)
             } else {
                 frames.extend([g, bottom]);
-                StackEnd::Bottom
+                // g, the interrupted instruction, is frame 3.
+                (StackEnd::Bottom, 1 << 3)
             };
             assert_eq!(
                 s,
-                Stack { frames, end },
+                Stack { frames, end, exact },
                 "on the IRQ stack: {on_irq}, user: {user}"
             );
         }

@@ -552,6 +552,7 @@ pub fn stacks() -> Vec<tracer::kernel::unwind::Stack> {
     let stack = |frames: &[u64], end| Stack {
         frames: frames.to_vec(),
         end,
+        exact: 0,
     };
     vec![
         stack(

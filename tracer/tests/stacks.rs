@@ -145,6 +145,7 @@ fn stack_of(i: usize) -> Option<Stack> {
         } else {
             StackEnd::Unreadable
         },
+        exact: k & 1,
     })
 }
 
@@ -496,6 +497,7 @@ fn the_report_sums_up_a_functions_stacks_past_ten() {
         t.stacks.push(Stack {
             frames: vec![0xffff_ffff_8100_1230 + u64::from(n)],
             end: StackEnd::Bottom,
+            exact: 0,
         });
     }
     // Every entry under one function.
@@ -738,4 +740,26 @@ fn trace_cmd_reads_a_64_frame_stack() {
     );
     assert_eq!(stdout.matches("kernel_stack:").count(), 5, "{stdout}");
     let _ = fs::remove_file(&path);
+}
+
+/// An interrupt can land on a function's first instruction: that frame
+/// (an interrupted instruction's own address, `Stack::exact`) is named by
+/// the function holding it, not by the byte before it as a return address
+/// is; the mask survives the data file.
+#[test]
+fn an_interrupted_first_instruction_is_named_by_its_own_function() {
+    let mut t = fixture::stacks_trace();
+    // Stack 4's second frame is __hrtimer_run_queues' first byte.
+    let entry = t.events.iter().position(|e| e.stack == 4).unwrap();
+    let before = script(&t);
+    assert!(before.contains(" => hrtimer_interrupt+0x"), "{before}");
+    t.stacks[3].exact = 1 << 1;
+    let after = script(&t);
+    assert!(after.contains(" => __hrtimer_run_queues+0x0\n"), "{after}");
+    let path = tmp("exact.vmtrace");
+    save(&t, &path).unwrap();
+    let back = load(&path).unwrap();
+    assert_eq!(back.stacks[3].exact, 1 << 1);
+    assert_eq!(back.events[entry].stack, 4);
+    assert_eq!(script(&back), after);
 }

@@ -228,9 +228,12 @@ impl Tracer {
     fn callers(&self, events: &[Event], trace: &Trace, seen: Option<&[bool]>) -> Vec<Symbol> {
         let image = &self.plan.image;
         let mut used = seen.map_or_else(|| vec![false; image.functions.len()], <[bool]>::to_vec);
-        let frames = trace.stacks.iter().flat_map(|s| &s.frames);
+        let frames = trace
+            .stacks
+            .iter()
+            .flat_map(|s| (0..s.frames.len()).map(|i| s.lookup_addr(i)));
         let addrs = events.iter().map(|e| e.parent);
-        for a in addrs.chain(frames.map(|&f| f.saturating_sub(1))) {
+        for a in addrs.chain(frames) {
             if let Some(i) = image.function_index_at(a) {
                 used[i] = true;
             }
@@ -503,6 +506,7 @@ mod tests {
         let stack = Stack {
             frames: vec![f.addr + 5, g.addr],
             end: StackEnd::Bottom,
+            exact: 0,
         };
         let (t, handlers) = Tracer::new(plan(), 1, 1000);
         assert_eq!(t.stack_table().intern(stack.clone()), 1);

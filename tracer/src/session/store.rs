@@ -602,6 +602,7 @@ mod tests {
         let stack = |f: u64, end| Stack {
             frames: vec![f, f + 0x100],
             end,
+            exact: 0,
         };
         let (a, b) = (
             stack(0x1010, StackEnd::Bottom),

@@ -5,8 +5,9 @@
 //! The function is looked up at the address minus one, as perf and the
 //! kernel's `%pB` do: a call that is its function's last instruction
 //! returns to the next function's first byte, and the frame belongs to
-//! the caller, not to what follows it. The offset printed is the return
-//! address's own.
+//! the caller, not to what follows it; an interrupted instruction's exact
+//! address (`Stack::is_exact`) is looked up as it is. The offset printed
+//! is the address's own.
 
 use std::borrow::Cow;
 
@@ -24,11 +25,11 @@ pub struct StackFrame<'t> {
 }
 
 impl<'t> StackFrame<'t> {
-    /// The frame at return address `addr` of `trace`'s stacks.
-    pub fn of(trace: &'t Trace, addr: u64) -> StackFrame<'t> {
+    /// Frame `i` of `stack`, one of `trace`'s stacks.
+    pub fn of(trace: &'t Trace, stack: &Stack, i: usize) -> StackFrame<'t> {
         StackFrame {
-            addr,
-            function: trace.caller_of(addr.saturating_sub(1)),
+            addr: stack.frames[i],
+            function: trace.caller_of(stack.lookup_addr(i)),
         }
     }
 
@@ -53,10 +54,8 @@ impl<'t> StackFrame<'t> {
 
 /// The frames of `stack`, innermost first, symbolized.
 pub fn frames<'t>(trace: &'t Trace, stack: &Stack) -> Vec<StackFrame<'t>> {
-    stack
-        .frames
-        .iter()
-        .map(|&a| StackFrame::of(trace, a))
+    (0..stack.frames.len())
+        .map(|i| StackFrame::of(trace, stack, i))
         .collect()
 }
 

@@ -22,28 +22,38 @@ const STACK_SWITCH: u64 = 64 << 10;
 
 /// The stack at a traced function's entry site, by the RBP chain.
 pub fn unwind(regs: EntryRegs, mem: &mut dyn StackMemory, ctx: &UnwindCtx<'_>) -> Stack {
-    let mut frames = Vec::new();
-    let end = match walk(regs, mem, ctx, &mut frames) {
+    let mut stack = Stack::default();
+    stack.end = match walk(regs, mem, ctx, &mut stack) {
         Ok(never) => match never {},
         Err(end) => end,
     };
-    Stack { frames, end }
+    stack
 }
 
 fn read(mem: &mut dyn StackMemory, va: u64) -> Result<u64, StackEnd> {
     mem.read_u64(va).ok_or(StackEnd::Unreadable)
 }
 
-/// Pushes the return address `ip` (running), read from `slot`, as a frame.
-fn push(frames: &mut Vec<u64>, ctx: &UnwindCtx<'_>, slot: u64, ip: u64) -> Result<(), StackEnd> {
+/// Pushes the return address `ip` (running), read from `slot`, as a frame
+/// (`exact`: an interrupted instruction's address instead).
+fn push(
+    stack: &mut Stack,
+    ctx: &UnwindCtx<'_>,
+    slot: u64,
+    ip: u64,
+    exact: bool,
+) -> Result<(), StackEnd> {
     let link = ctx.fixup.real(slot, ip).wrapping_sub(ctx.slide as u64);
     if !super::in_text(ctx.text, link) {
         return Err(StackEnd::NotText);
     }
-    if frames.len() == MAX_FRAMES {
+    if stack.frames.len() == MAX_FRAMES {
         return Err(StackEnd::TooDeep);
     }
-    frames.push(link);
+    if exact {
+        stack.exact |= 1 << stack.frames.len();
+    }
+    stack.frames.push(link);
     Ok(())
 }
 
@@ -52,11 +62,11 @@ fn walk(
     regs: EntryRegs,
     mem: &mut dyn StackMemory,
     ctx: &UnwindCtx<'_>,
-    frames: &mut Vec<u64>,
+    frames: &mut Stack,
 ) -> Result<Infallible, StackEnd> {
     // At the entry site the return address is at sp and bp is still the
     // caller's.
-    push(frames, ctx, regs.sp, read(mem, regs.sp)?)?;
+    push(frames, ctx, regs.sp, read(mem, regs.sp)?, false)?;
     // The next frame must lie at or above the end of the last (the
     // kernel's update_stack_state: it only unwinds up and does not
     // overlap the previous frame).
@@ -76,12 +86,12 @@ fn walk(
                 return Err(StackEnd::User);
             }
             let slot = frame.wrapping_add(pt_regs::IP);
-            push(frames, ctx, slot, read(mem, slot)?)?;
+            push(frames, ctx, slot, read(mem, slot)?, true)?;
             prev_end = frame.wrapping_add(pt_regs::SIZE);
             bp = read(mem, frame.wrapping_add(pt_regs::BP))?;
         } else {
             let slot = frame.wrapping_add(8);
-            push(frames, ctx, slot, read(mem, slot)?)?;
+            push(frames, ctx, slot, read(mem, slot)?, false)?;
             prev_end = frame.wrapping_add(16);
             bp = read(mem, frame)?;
         }

@@ -146,6 +146,32 @@ pub struct Stack {
     /// at link addresses.
     pub frames: Vec<u64>,
     pub end: StackEnd,
+    /// Bit i set: frame i is not a return address but the exact address
+    /// of an interrupted instruction (from a `pt_regs` frame), named by
+    /// the function holding it rather than by the byte before it (an
+    /// interrupt can land on a function's first instruction). At most
+    /// `MAX_FRAMES` (64) frames, so one bit each fits.
+    pub exact: u64,
+}
+
+impl Stack {
+    /// Is frame `i` an interrupted instruction's exact address.
+    pub fn is_exact(&self, i: usize) -> bool {
+        i < 64 && self.exact >> i & 1 == 1
+    }
+
+    /// Frame `i`'s address to name it by: a return address by its call
+    /// (the byte before it: a call that is its function's last
+    /// instruction returns to the next function), an exact address by
+    /// itself.
+    pub fn lookup_addr(&self, i: usize) -> u64 {
+        let a = self.frames[i];
+        if self.is_exact(i) {
+            a
+        } else {
+            a.saturating_sub(1)
+        }
+    }
 }
 
 /// How a kernel's stacks are unwound.

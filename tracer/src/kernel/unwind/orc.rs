@@ -70,6 +70,7 @@ pub fn unwind(
         regs: Regs::default(),
     };
     let mut frames = Vec::new();
+    let mut exact = 0u64;
     let end = loop {
         if let Err(end) = step(t, &mut st, mem, ctx) {
             break end;
@@ -83,9 +84,13 @@ pub fn unwind(
         if frames.len() == MAX_FRAMES {
             break StackEnd::TooDeep;
         }
+        // After a pt_regs step the ip is the interrupted instruction.
+        if st.signal {
+            exact |= 1 << frames.len();
+        }
         frames.push(link);
     };
-    Stack { frames, end }
+    Stack { frames, end, exact }
 }
 
 fn read(mem: &mut dyn StackMemory, va: u64) -> Result<u64, StackEnd> {

@@ -274,6 +274,7 @@ fn call_frames_by_sp_and_bp_to_the_bottom() {
             Stack {
                 frames: vec![B + 0x25, C + 0x40, D + 0x10],
                 end: StackEnd::Bottom,
+                exact: 0,
             },
             "{layout:?}"
         );
@@ -483,7 +484,8 @@ fn orc_stacks_cut_short() {
             s,
             Stack {
                 frames: vec![TEXT + 0x9100],
-                end: StackEnd::NoUnwindInfo
+                end: StackEnd::NoUnwindInfo,
+                exact: 0,
             }
         );
         m.put(sp, run(TEXT + 0x10));
@@ -517,7 +519,8 @@ fn orc_stacks_cut_short() {
         s,
         Stack {
             frames: vec![],
-            end: StackEnd::NoUnwindInfo
+            end: StackEnd::NoUnwindInfo,
+            exact: 0,
         }
     );
 }
@@ -534,14 +537,19 @@ fn new_layout_signal_bit_makes_the_next_lookup_exact() {
     let sp = TASK_STACK + 0x100;
     let mut m = Mem::default();
     m.put(sp, run(B));
-    for (a, want) in [(sig, StackEnd::Bottom), (call(8), StackEnd::NoUnwindInfo)] {
+    // With signal, B is an exact address (looked up and named as itself).
+    for (a, want, exact) in [
+        (sig, StackEnd::Bottom, 1),
+        (call(8), StackEnd::NoUnwindInfo, 0),
+    ] {
         let t = OrcTable::new(OrcLayout::New, vec![(A, a), (B - 0x10, weak), (B, end())]);
         let s = orc::unwind(&t, at_a(sp, 0), &mut m, &ctx(&NoFixup));
         assert_eq!(
             s,
             Stack {
                 frames: vec![B],
-                end: want
+                end: want,
+                exact,
             }
         );
     }
@@ -563,7 +571,8 @@ fn fp_chain_to_the_bottom_and_through_pt_regs() {
         s,
         Stack {
             frames: vec![B + 0x25, C + 0x40, D + 0x10],
-            end: StackEnd::Bottom
+            end: StackEnd::Bottom,
+            exact: 0,
         }
     );
 
@@ -580,10 +589,21 @@ fn fp_chain_to_the_bottom_and_through_pt_regs() {
             .put(f_bp + 8, run(D + 0x10));
         let s = fp::unwind(at_a(sp, b1), &mut m, &ctx(&NoFixup));
         let mut frames = vec![H + 0x15, ENTRY + 0x25];
+        let mut exact = 0;
         if want == StackEnd::Bottom {
             frames.extend([B + 0x31, D + 0x10]);
+            // B + 0x31, the interrupted ip, is frame 2.
+            exact = 1 << 2;
         }
-        assert_eq!(s, Stack { frames, end: want }, "cs {cs:#x}");
+        assert_eq!(
+            s,
+            Stack {
+                frames,
+                end: want,
+                exact
+            },
+            "cs {cs:#x}"
+        );
     }
 }
 
@@ -598,7 +618,8 @@ fn fp_stacks_cut_short() {
         s,
         Stack {
             frames: vec![],
-            end: StackEnd::Unreadable
+            end: StackEnd::Unreadable,
+            exact: 0,
         }
     );
     let mut m = Mem::default();
@@ -609,7 +630,8 @@ fn fp_stacks_cut_short() {
             fp_run(&mut m, bp),
             Stack {
                 frames: vec![B + 1],
-                end: StackEnd::NotMoving
+                end: StackEnd::NotMoving,
+                exact: 0,
             }
         );
     }
@@ -622,7 +644,8 @@ fn fp_stacks_cut_short() {
         fp_run(&mut m, task_bp),
         Stack {
             frames: vec![B + 1, C + 2],
-            end: StackEnd::Bottom
+            end: StackEnd::Bottom,
+            exact: 0,
         }
     );
     // A frame pointing at itself again.
@@ -634,7 +657,8 @@ fn fp_stacks_cut_short() {
         fp_run(&mut m, task_bp),
         Stack {
             frames: vec![B + 1],
-            end: StackEnd::NotText
+            end: StackEnd::NotText,
+            exact: 0,
         }
     );
     // TooDeep: a chain 65 frames long.

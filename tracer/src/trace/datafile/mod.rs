@@ -197,7 +197,7 @@
 //! |----------|---------------|--------------------------------------------------------|
 //! | first    | `u32`         | stacks saved before this block                         |
 //! | n        | `u32`         | stacks in this block                                   |
-//! | stacks   | n × (`u8` end, `u32` m, m × `u64` frame) | `StackEnd` code (0 to 6), frames innermost first, link addresses, m at most `MAX_FRAMES` |
+//! | stacks   | n × (`u8` end, `u32` m, `u64` exact, m × `u64` frame) | `StackEnd` code (0 to 6); bit i of exact: frame i is an interrupted instruction's address, not a return address; frames innermost first, link addresses, m at most `MAX_FRAMES` |
 //!
 //! between `HEAD` and `FOOT`, each before the first `EVTS` block whose
 //! entries name its stacks, as `TASK` blocks are; a reader must reject a

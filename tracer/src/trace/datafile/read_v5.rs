@@ -310,8 +310,11 @@ fn read_stacks<R: Read>(
     stacks: &mut Vec<Stack>,
 ) -> Result<(), TraceFileError> {
     let (mut sub, n) = table_block(r, payload, Section::Stacks, stacks.len(), "stack")?;
-    // Each stack is at least its end code and frame count.
-    sub.need(u64::from(n) * 5, &format!("{n} stacks"))?;
+    // Each stack is at least its end code, frame count and exact mask.
+    sub.need(
+        u64::from(n) * super::stream::STACK_FIXED as u64,
+        &format!("{n} stacks"),
+    )?;
     for _ in 0..n {
         let code = sub.u8()?;
         let end = StackEnd::from_u8(code).ok_or_else(|| {
@@ -324,10 +327,17 @@ fn read_stacks<R: Read>(
                 stacks.len() + 1
             )));
         }
+        let exact = sub.u64()?;
+        if nframes < 64 && exact >> nframes != 0 {
+            return Err(sub.corrupt(format!(
+                "stack {} marks exact frames past its {nframes}",
+                stacks.len() + 1
+            )));
+        }
         let frames = (0..nframes)
             .map(|_| sub.u64())
             .collect::<Result<Vec<_>, _>>()?;
-        stacks.push(Stack { frames, end });
+        stacks.push(Stack { frames, end, exact });
     }
     if sub.pos != sub.actual {
         return Err(sub.corrupt(format!("{} bytes after the stacks", sub.actual - sub.pos)));
@@ -374,9 +384,12 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
     // used, by events and by the stacks' frames (a return address names
     // the function of the call before it).
     let mut used = vec![false; head.callers.len()];
-    let frames = named.stacks.iter().flat_map(|s| &s.frames);
+    let frames = named
+        .stacks
+        .iter()
+        .flat_map(|s| (0..s.frames.len()).map(|i| s.lookup_addr(i)));
     let addrs = events.iter().map(|e| e.parent);
-    for a in addrs.chain(frames.map(|&f| f.saturating_sub(1))) {
+    for a in addrs.chain(frames) {
         if let Some(i) = caller_index(&head.callers, a) {
             used[i] = true;
         }

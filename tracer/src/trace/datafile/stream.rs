@@ -321,8 +321,8 @@ pub(super) fn args_payloads(
     })
 }
 
-/// Bytes of a `STAK` block's stack besides its frames: end code, count.
-pub const STACK_FIXED: usize = 1 + 4;
+/// Bytes of a `STAK` block's stack besides its frames: end code, count, exact mask.
+pub const STACK_FIXED: usize = 1 + 4 + 8;
 
 /// The `STAK` blocks holding `stacks`, the first of which follows `first`
 /// saved ones: (stacks in it, payload `u32` first, `u32` n, n x (`u8` end,
@@ -350,6 +350,7 @@ pub(super) fn stack_payloads(first: usize, stacks: &[Stack]) -> io::Result<Vec<(
         for s in now {
             p.push(s.end as u8);
             p.extend_from_slice(&(s.frames.len() as u32).to_le_bytes());
+            p.extend_from_slice(&s.exact.to_le_bytes());
             for f in &s.frames {
                 p.extend_from_slice(&f.to_le_bytes());
             }

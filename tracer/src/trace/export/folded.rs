@@ -81,8 +81,9 @@ fn stack_lines(trace: &Trace, frames: &FrameNames) -> Vec<(String, u64)> {
         if let Some(c) = comm {
             path.push(frames.name_of(c).to_string());
         }
-        for &a in stack.frames.iter().rev() {
-            let f = crate::trace::stacks::StackFrame::of(trace, a);
+        for i in (0..stack.frames.len()).rev() {
+            let a = stack.frames[i];
+            let f = crate::trace::stacks::StackFrame::of(trace, stack, i);
             path.push(match f.function {
                 Some(s) => escape(&s.name).replace(';', "_"),
                 None => format!("{a:#x}"),

@@ -205,8 +205,8 @@ fn stack_lines(w: &mut impl Write, trace: &Trace, e: &Event, tgid: bool) -> io::
     };
     prefix(w, trace, e, tgid)?;
     w.write_all(b"<stack trace>\n")?;
-    for &a in &stack.frames {
-        writeln!(w, " => {}", StackFrame::of(trace, a).label())?;
+    for i in 0..stack.frames.len() {
+        writeln!(w, " => {}", StackFrame::of(trace, stack, i).label())?;
     }
     if !stack.end.is_complete() {
         writeln!(w, " => ... (cut: {})", stack.end.describe())?;

@@ -35,11 +35,10 @@ pub(super) fn stacks_json(doc: &mut Value, trace: &Trace) {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let frames: Vec<Value> = s
-                .frames
-                .iter()
-                .map(|&a| {
-                    let f = StackFrame::of(trace, a);
+            let frames: Vec<Value> = (0..s.frames.len())
+                .map(|k| {
+                    let f = StackFrame::of(trace, s, k);
+                    let a = f.addr;
                     json!({
                         "addr": format!("{a:#x}"),
                         "function": f.function.map(|s| &s.name),

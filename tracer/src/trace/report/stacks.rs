@@ -136,8 +136,8 @@ fn write_chain(out: &mut String, trace: &Trace, stack: &Stack, name: &str) {
     if !stack.end.is_complete() {
         writeln!(out, "{INDENT}... (cut: {})", stack.end.describe()).unwrap();
     }
-    for &a in stack.frames.iter().rev() {
-        writeln!(out, "{INDENT}{}", StackFrame::of(trace, a).label()).unwrap();
+    for i in (0..stack.frames.len()).rev() {
+        writeln!(out, "{INDENT}{}", StackFrame::of(trace, stack, i).label()).unwrap();
     }
     writeln!(out, "{INDENT}{name}").unwrap();
 }
