@@ -259,9 +259,10 @@ fn task_filters_are_checked_before_the_guest_boots() {
         &args,
         "9 pids to keep; exitless mode's code compares at most 8",
     );
+    // Neither BTF nor DWARF (from either, vmtrace finds the tasks).
     let stripped = scratch().join("mini-no-btf.elf");
     let st = std::process::Command::new("objcopy")
-        .args(["--remove-section", ".BTF"])
+        .args(["--remove-section", ".BTF", "--strip-debug"])
         .arg(&k)
         .arg(&stripped)
         .status()
@@ -272,6 +273,12 @@ fn task_filters_are_checked_before_the_guest_boots() {
     assert_bad_input(
         &args,
         "--pid and --comm need the guest's tasks, and this kernel's are unknown: none: ",
+    );
+    let o = vmtrace(&args);
+    assert!(
+        stderr(&o).contains("has no BTF (.BTF section) nor DWARF (.debug_info)"),
+        "{}",
+        stderr(&o)
     );
     let _ = std::fs::remove_file(&stripped);
 }

@@ -163,9 +163,15 @@ fn values(plan: &Plan, req: &Request) -> Result<ValuePlan, PlanError> {
         return Err(PlanError::RetvalNeedsGraph);
     }
     if values.any() && plan.btf.is_none() {
-        return Err(PlanError::ValuesNeedBtf {
-            why: plan.tasks.note.trim_start_matches("none: ").to_string(),
-        });
+        // Tasks may have come from DWARF: then the BTF is simply missing.
+        let why = match plan.tasks.note.strip_prefix("none: ") {
+            Some(why) => why.to_string(),
+            None => crate::kernel::btf::BtfError::Missing {
+                path: plan.image.path.clone(),
+            }
+            .to_string(),
+        };
+        return Err(PlanError::ValuesNeedBtf { why });
     }
     Ok(values)
 }
@@ -359,6 +365,12 @@ mod tests {
              (needs pahole, Debian's dwarves))"
         );
         assert!(values(&plan, &request(false, false, false)).is_ok());
+        // Tasks from DWARF, no BTF: the values still need BTF, and say so.
+        plan.tasks.note = "from the DWARF of x".into();
+        let e = values(&plan, &request(false, true, false))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no BTF (.BTF section)"), "{e}");
     }
 
     /// `--args=GLOB` selects the traced functions whose calls record their
