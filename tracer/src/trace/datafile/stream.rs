@@ -326,70 +326,64 @@ pub const STACK_FIXED: usize = 1 + 4 + 8;
 
 /// The `STAK` blocks holding `stacks`, the first of which follows `first`
 /// saved ones: (stacks in it, payload `u32` first, `u32` n, n x (`u8` end,
-/// `u32` frame count, frames `u64`)). A stack has at most `MAX_FRAMES`
-/// frames, so a block always fits one.
+/// `u32` frame count, `u64` exact mask, frames `u64`)). A stack has at
+/// most `MAX_FRAMES` frames, so a block always fits one.
 pub(super) fn stack_payloads(first: usize, stacks: &[Stack]) -> io::Result<Vec<(usize, Vec<u8>)>> {
-    let too_many = || io::Error::new(io::ErrorKind::InvalidInput, "over 2^32 kernel stacks");
-    let mut blocks = Vec::new();
-    let mut at = first;
-    let mut rest = stacks;
-    while !rest.is_empty() {
-        let mut size = 8;
-        let n = rest
-            .iter()
-            .position(|s| {
-                size += STACK_FIXED + 8 * s.frames.len();
-                size > MAX_BLOCK as usize
-            })
-            .unwrap_or(rest.len())
-            .max(1);
-        let (now, later) = rest.split_at(n);
-        let mut p = Vec::with_capacity(size.min(MAX_BLOCK as usize));
-        p.extend_from_slice(&u32::try_from(at).map_err(|_| too_many())?.to_le_bytes());
-        p.extend_from_slice(&(n as u32).to_le_bytes());
-        for s in now {
-            p.push(s.end as u8);
-            p.extend_from_slice(&(s.frames.len() as u32).to_le_bytes());
-            p.extend_from_slice(&s.exact.to_le_bytes());
-            for f in &s.frames {
-                p.extend_from_slice(&f.to_le_bytes());
-            }
+    let size = |s: &Stack| STACK_FIXED + 8 * s.frames.len();
+    table_payloads(first, stacks, "kernel stacks", size, |p, s| {
+        p.push(s.end as u8);
+        p.extend_from_slice(&(s.frames.len() as u32).to_le_bytes());
+        p.extend_from_slice(&s.exact.to_le_bytes());
+        for f in &s.frames {
+            p.extend_from_slice(&f.to_le_bytes());
         }
-        blocks.push((n, p));
-        at += n;
-        rest = later;
-    }
-    u32::try_from(at).map_err(|_| too_many())?;
-    Ok(blocks)
+        Ok(())
+    })
 }
 
 /// The `TASK` blocks holding `tasks`, the first of which follows `first`
 /// saved ones, each at most `MAX_BLOCK` bytes: (tasks in it, payload).
 pub(super) fn task_payloads(first: usize, tasks: &[Task]) -> io::Result<Vec<(usize, Vec<u8>)>> {
-    let too_many = || io::Error::new(io::ErrorKind::InvalidInput, "over 2^32 guest tasks");
+    let size = |t: &Task| TASK_FIXED + t.comm.len();
+    table_payloads(first, tasks, "guest tasks", size, |p, t| {
+        p.extend_from_slice(&t.pid.to_le_bytes());
+        p.extend_from_slice(&t.tgid.to_le_bytes());
+        put_str(p, &t.comm)
+    })
+}
+
+/// The blocks of a table (`TASK`, `STAK`) holding `items`, the first of
+/// which follows `first` saved ones: as many items a block as fit in
+/// `MAX_BLOCK` (always one: a single item too large is refused by
+/// `frame`), each payload `u32` first, `u32` n, then the items as `put`
+/// writes them (`size` bytes each).
+fn table_payloads<T>(
+    first: usize,
+    items: &[T],
+    what: &str,
+    size: impl Fn(&T) -> usize,
+    put: impl Fn(&mut Vec<u8>, &T) -> io::Result<()>,
+) -> io::Result<Vec<(usize, Vec<u8>)>> {
+    let too_many = || io::Error::new(io::ErrorKind::InvalidInput, format!("over 2^32 {what}"));
     let mut blocks = Vec::new();
     let mut at = first;
-    let mut rest = tasks;
+    let mut rest = items;
     while !rest.is_empty() {
-        // As many as fit (always one: a single task too large is refused
-        // by `frame`).
-        let mut size = 8;
+        let mut bytes = 8;
         let n = rest
             .iter()
             .position(|t| {
-                size += TASK_FIXED + t.comm.len();
-                size > MAX_BLOCK as usize
+                bytes += size(t);
+                bytes > MAX_BLOCK as usize
             })
             .unwrap_or(rest.len())
             .max(1);
         let (now, later) = rest.split_at(n);
-        let mut p = Vec::with_capacity(size.min(MAX_BLOCK as usize));
+        let mut p = Vec::with_capacity(bytes.min(MAX_BLOCK as usize));
         p.extend_from_slice(&u32::try_from(at).map_err(|_| too_many())?.to_le_bytes());
         p.extend_from_slice(&(n as u32).to_le_bytes());
         for t in now {
-            p.extend_from_slice(&t.pid.to_le_bytes());
-            p.extend_from_slice(&t.tgid.to_le_bytes());
-            put_str(&mut p, &t.comm)?;
+            put(&mut p, t)?;
         }
         blocks.push((n, p));
         at += n;
