@@ -177,8 +177,16 @@ fn the_code_returns_through_the_kernels_return_thunk() {
 /// guest/out/NAME.elf without the symbols `strip`, as kallsyms without
 /// CONFIG_KALLSYMS_ALL gives them (no data symbols), in a file of its own.
 fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
-    let out =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.elf", strip.join("-")));
+    // A file per call: tests running side by side may strip the same
+    // symbols of the same guest, and one must not read the other's file
+    // while objcopy writes it.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}-{call}.elf",
+        strip.join("-"),
+        std::process::id()
+    ));
     let mut cmd = Command::new("objcopy");
     for s in strip {
         cmd.arg(format!("--strip-symbol={s}"));
@@ -186,6 +194,7 @@ fn mini_without(name: &str, strip: &[&str]) -> KernelImage {
     let status = cmd.arg(mini(name)).arg(&out).status().unwrap();
     assert!(status.success(), "objcopy");
     let image = KernelImage::load(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
     for s in strip {
         assert!(image.symbol(s).is_none(), "{s} still there");
     }
