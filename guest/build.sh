@@ -13,6 +13,8 @@
 #   bash guest/build.sh linux [ARGS]   -> runs guest/linux/build.sh ARGS
 #   bash guest/build.sh linux-acpi [ARGS] -> linux/build.sh --variant acpi ARGS,
 #                                      guest/out/linux-acpi/{bzImage,vmlinux,...}
+#   bash guest/build.sh linux-noftrace [ARGS] -> linux/build.sh --variant noftrace ARGS,
+#                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
 #                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
 #
@@ -29,7 +31,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-6.12 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 [ARGS...]" >&2
 	exit 1
 }
 
@@ -193,6 +195,11 @@ linux)
 linux-acpi)
 	# The default guest with ACPI instead of the MP table: guest/out/linux-acpi/.
 	exec bash "$here/linux/build.sh" --variant acpi "$@"
+	;;
+linux-noftrace)
+	# The default guest without ftrace's call sites (no FUNCTION_TRACER):
+	# guest/out/linux-noftrace/, traced through direct entries.
+	exec bash "$here/linux/build.sh" --variant noftrace "$@"
 	;;
 linux-6.12)
 	if [[ -f "$here/linux/build.sh" ]]; then

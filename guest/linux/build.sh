@@ -3,7 +3,7 @@
 # tiny initramfs, cached outside the work tree; with --series 6.12 the same
 # guest from Debian's linux-source-6.12.
 #
-#   guest/linux/build.sh [--series 6.1|6.12] [--variant acpi] [--force]
+#   guest/linux/build.sh [--series 6.1|6.12] [--variant acpi|noftrace] [--force]
 #
 # Outputs (copied into guest/out/ for 6.1, guest/out/linux-<series>/ for any
 # other series, or $VMTRACE_GUEST_OUT):
@@ -44,12 +44,12 @@ while (($#)); do
 		shift
 		;;
 	--variant)
-		(($# >= 2)) || die "--variant needs a value (acpi)"
+		(($# >= 2)) || die "--variant needs a value (acpi, noftrace)"
 		VARIANT=$2
 		shift
 		;;
 	-h | --help) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
-	*) die "unknown argument: $1 (usage: $0 [--series 6.1|6.12] [--variant acpi] [--force])" ;;
+	*) die "unknown argument: $1 (usage: $0 [--series 6.1|6.12] [--variant acpi|noftrace] [--force])" ;;
 	esac
 	shift
 done
@@ -74,7 +74,7 @@ FRAGMENTS=("$HERE/config.fragment")
 # does not make the default guest's next build start over).
 if [[ -n $VARIANT ]]; then
 	[[ $VARIANT =~ ^[a-z0-9]+$ && -f $HERE/config-$VARIANT.fragment ]] ||
-		die "unknown --variant $VARIANT (supported: acpi)"
+		die "unknown --variant $VARIANT (supported: acpi, noftrace)"
 	FRAGMENTS+=("$HERE/config-$VARIANT.fragment")
 	name=linux-$SERIES-$VARIANT
 	[[ $SERIES == 6.1 ]] && name=linux-$VARIANT
@@ -269,9 +269,15 @@ BZIMAGE=$OBJ_DIR/arch/x86/boot/bzImage
 sym_addr() { nm "$VMLINUX" | awk -v s="$1" '$3 == s && !found { print $1; found = 1 }'; }
 start=$(sym_addr __start_mcount_loc)
 stop=$(sym_addr __stop_mcount_loc)
-[[ -n $start && -n $stop ]] || die "vmlinux has no __start_mcount_loc/__stop_mcount_loc (FUNCTION_TRACER/DYNAMIC_FTRACE off?)"
-SITES=$(((16#$stop - 16#$start) / 8))
-((SITES >= 1000)) || die "only $SITES ftrace sites in vmlinux (expected thousands)"
+if [[ $VARIANT == noftrace ]]; then
+	# Built to have none: vmtrace traces it through direct entries.
+	[[ -z $start && -z $stop ]] || die "the noftrace variant has __mcount_loc (FUNCTION_TRACER still on?)"
+	SITES=0
+else
+	[[ -n $start && -n $stop ]] || die "vmlinux has no __start_mcount_loc/__stop_mcount_loc (FUNCTION_TRACER/DYNAMIC_FTRACE off?)"
+	SITES=$(((16#$stop - 16#$start) / 8))
+	((SITES >= 1000)) || die "only $SITES ftrace sites in vmlinux (expected thousands)"
+fi
 KVER=$(strings -n 20 "$VMLINUX" | grep '^Linux version ' | head -n1 || true)
 
 # ---------------------------------------------------------------------------
