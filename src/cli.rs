@@ -167,6 +167,12 @@ pub struct RunArgs {
     /// tables (else frame pointers).
     #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub stack: Vec<String>,
+    /// How traced functions are entered: through their ftrace call sites,
+    /// or directly (their first instructions displaced by a jump to a stub:
+    /// any function, any kernel); auto: ftrace's sites on kernels that have
+    /// them, else direct.
+    #[arg(long, value_enum, default_value_t = EntryArg::Auto, help_heading = "Tracing")]
+    pub entry: EntryArg,
 }
 
 /// Where a traced run's results go: the data file, exports, and (through
@@ -395,6 +401,11 @@ pub struct ListArgs {
     /// Unstripped vmlinux with symbols.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
+    /// Which functions count as traceable: those with an ftrace call site,
+    /// or those whose entry can be displaced safely (direct; each refused
+    /// one is marked with why); auto: ftrace's on kernels that have them.
+    #[arg(long, value_enum, default_value_t = EntryArg::Auto)]
+    pub entry: EntryArg,
 }
 
 /// `--export FMT=FILE`.
@@ -530,6 +541,24 @@ pub enum ModeArg {
     Trap,
     Exitless,
     Auto,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryArg {
+    Ftrace,
+    Direct,
+    Auto,
+}
+
+impl EntryArg {
+    pub fn choice(self) -> tracer::plan::entry::EntryChoice {
+        use tracer::plan::entry::EntryChoice;
+        match self {
+            EntryArg::Ftrace => EntryChoice::Ftrace,
+            EntryArg::Direct => EntryChoice::Direct,
+            EntryArg::Auto => EntryChoice::Auto,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,6 +39,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         args: Vec::new(),
         retval: false,
         stack: vec!["stack_leaf".to_string()],
+        entry: Default::default(),
     }
 }
 

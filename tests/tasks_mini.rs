@@ -49,6 +49,7 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
         args: Vec::new(),
         retval: false,
         stack: Vec::new(),
+        entry: Default::default(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     let want = match mode {

@@ -106,6 +106,7 @@ fn run(mode: ModeChoice, graph: bool, args: &str) -> (Trace, String) {
         args: vec![args.to_string()],
         retval: graph,
         stack: Vec::new(),
+        entry: Default::default(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(

@@ -41,6 +41,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         args: args.args.clone(),
         retval: args.retval,
         stack: args.stack.clone(),
+        entry: tracer::plan::entry::EntryChoice::Ftrace,
         graph: args.graph,
         mode: asked,
         ring_events: None,

@@ -234,6 +234,7 @@ fn say_note(n: &Note) {
             "vmtrace: --mode auto: tracing with traps: {}",
             vmm::advice::join(why.clone(), *remedy, &Flags)
         ),
+        Note::Direct(summary) => note!("vmtrace: direct entries: {summary}"),
     }
 }
 

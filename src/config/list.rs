@@ -52,7 +52,7 @@ pub fn image(kernel: Option<&Path>, vmlinux: Option<&Path>) -> Result<KernelImag
             found.image
         }
         (None, Some(vmlinux)) => {
-            let mut image = KernelImage::load(vmlinux).map_err(TracerError::from)?;
+            let mut image = KernelImage::load_without_sites(vmlinux).map_err(TracerError::from)?;
             image.source = format!("{} (--vmlinux)", vmlinux.display());
             image
         }

@@ -241,6 +241,7 @@ fn plan(
         args: args.args.clone(),
         retval: args.retval,
         stack: args.stack.clone(),
+        entry: args.entry.choice(),
         graph: args.graph,
         mode: match args.mode {
             ModeArg::Trap => ModeChoice::Trap,

@@ -20,6 +20,7 @@ pub enum TracerError {
     Patch(#[from] PatchError),
     Exitless(#[from] ExitlessError),
     Kaslr(#[from] KaslrError),
+    Direct(#[from] crate::plan::entry::DirectPlanError),
 }
 
 /// Each stage's error, said in its own way (`vmm::advice`).
@@ -46,6 +47,7 @@ impl TracerError {
             TracerError::Patch(e) => e,
             TracerError::Exitless(e) => e,
             TracerError::Kaslr(e) => e,
+            TracerError::Direct(e) => e,
         }
     }
 }

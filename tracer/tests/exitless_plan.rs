@@ -67,6 +67,7 @@ fn prepare(image: &KernelImage) -> Exitless {
         tasks: &Default::default(),
         values: Default::default(),
         arg_sites: None,
+        direct: false,
     };
     Exitless::prepare(image, 2, 3, Some(16), plain, tx).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -214,6 +215,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
         tasks: &Default::default(),
         values: Default::default(),
         arg_sites: None,
+        direct: false,
     };
     let err = Exitless::check(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));

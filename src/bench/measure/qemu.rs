@@ -168,6 +168,7 @@ fn attach_in(
         args: Vec::new(),
         retval: false,
         stack: Vec::new(),
+        entry: tracer::plan::entry::EntryChoice::Ftrace,
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected

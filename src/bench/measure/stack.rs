@@ -213,6 +213,7 @@ pub(super) fn plan(
         } else {
             Vec::new()
         },
+        entry: Default::default(),
     };
     Ok(TracePlan::build(image, &req)
         .map_err(InputError::from)?

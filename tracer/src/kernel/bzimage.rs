@@ -38,9 +38,6 @@ pub enum PayloadSymbolError {
     NoFunctions {
         path: PathBuf,
     },
-    NoMcountLoc {
-        path: PathBuf,
-    },
 }
 
 /// This module's own errors say to pass the unstripped vmlinux instead.
@@ -59,11 +56,6 @@ impl Advice for PayloadSymbolError {
             ),
             PayloadSymbolError::NoFunctions { path } => format!(
                 "{}: kallsyms in its payload name no function in the kernel text",
-                path.display()
-            ),
-            PayloadSymbolError::NoMcountLoc { path } => format!(
-                "{}: no __mcount_loc table found in the payload's {MCOUNT_SECTION} (no run of \
-                 ftrace call-site addresses; was it built with CONFIG_DYNAMIC_FTRACE?)",
                 path.display()
             ),
         }
@@ -94,7 +86,8 @@ pub struct PayloadInfo {
     pub layout: kallsyms::Layout,
     /// kallsyms entries, and how many are functions.
     pub kallsyms: usize,
-    /// Where the `__mcount_loc` table was found (virtual addresses).
+    /// Where the `__mcount_loc` table was found (virtual addresses; 0..0:
+    /// none, a kernel built without ftrace).
     pub mcount_loc: (u64, u64),
 }
 
@@ -155,11 +148,14 @@ fn from_payload(
         sections,
         bytes: std::sync::Arc::new(bytes),
     };
-    let no_mcount = || PayloadSymbolError::NoMcountLoc {
-        path: path.to_owned(),
+    // A kernel built without ftrace has none: direct entries trace it
+    // (`--entry`), and the plan names what is missing if ftrace's are asked.
+    let (start, entries) = match mcount_section {
+        Some((offset, len, va)) => {
+            find_mcount_loc(&image, offset, len, va).unwrap_or((0, Vec::new()))
+        }
+        None => (0, Vec::new()),
     };
-    let (offset, len, va) = mcount_section.ok_or_else(no_mcount)?;
-    let (start, entries) = find_mcount_loc(&image, offset, len, va).ok_or_else(no_mcount)?;
     let stop = start + entries.len() as u64 * MCOUNT_ENTRY_SIZE;
     image.mcount_loc = entries;
     let info = PayloadInfo {

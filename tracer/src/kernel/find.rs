@@ -99,7 +99,7 @@ pub fn kernel_image(kernel: &KernelFile, given: Given<'_>) -> Result<Found, Find
         return load_checked(kernel, path, how).map(found);
     }
     if let Some(bytes) = kernel.elf_bytes() {
-        let mut image = KernelImage::from_bytes(kernel.path(), bytes.clone())?;
+        let mut image = KernelImage::from_bytes_without_sites(kernel.path(), bytes.clone())?;
         image.source = format!("{} (the kernel itself)", kernel.path().display());
         return Ok(found(image));
     }
@@ -139,7 +139,7 @@ pub fn kernel_image(kernel: &KernelFile, given: Given<'_>) -> Result<Found, Find
 /// The vmlinux at `path`, checked against the kernel (`how`: where it was
 /// found, for `source`).
 fn load_checked(kernel: &KernelFile, path: &Path, how: &str) -> Result<KernelImage, FindError> {
-    let mut image = KernelImage::load(path)?;
+    let mut image = KernelImage::load_without_sites(path)?;
     check_vmlinux(kernel, path, &image)?;
     image.source = format!("{} ({how})", path.display());
     Ok(image)
@@ -185,7 +185,7 @@ fn check_vmlinux(
             if vmlinux == kernel.path() {
                 return Ok(());
             }
-            let kernel_image = KernelImage::from_bytes(kernel.path(), bytes.clone())?;
+            let kernel_image = KernelImage::from_bytes_without_sites(kernel.path(), bytes.clone())?;
             match (hex(&kernel_image.build_id), hex(&image.build_id)) {
                 (Some(k), Some(v)) if k != v => {
                     return Err(mismatch(format!("build id {v} is not the kernel's {k}")));

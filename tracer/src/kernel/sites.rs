@@ -59,6 +59,9 @@ pub enum SiteKind {
     CallFentry,
     /// Anything else: not a site we recognise, never patch it.
     Other,
+    /// A direct entry's first instructions, as the analysis saw them
+    /// (`crate::session::direct`; `classify` never says so).
+    Entry,
 }
 
 /// Classifies the bytes at `site_addr` (at least `SITE_LEN` of them).

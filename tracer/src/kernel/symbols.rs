@@ -29,7 +29,8 @@ pub const LINUX_BANNER: &str = "linux_banner";
 
 /// Hint appended to every "no usable __mcount_loc" error.
 const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_TRACER=y and \
-                                  CONFIG_DYNAMIC_FTRACE=y; rebuild with them";
+                                  CONFIG_DYNAMIC_FTRACE=y; trace it with --entry direct, or \
+                                  rebuild with them";
 
 /// Why a kernel image could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +258,30 @@ impl KernelImage {
     /// direct entries (`crate::kernel::direct`) read.
     pub fn load_without_sites(path: &Path) -> Result<Self, SymbolError> {
         KernelImage::index(path, Self::read(path)?, false)
+    }
+
+    /// `from_bytes`, but a file with no `__mcount_loc` table loads with
+    /// `mcount_loc` empty (`--entry` decides whether it needs one).
+    pub fn from_bytes_without_sites(
+        path: &Path,
+        bytes: std::sync::Arc<Vec<u8>>,
+    ) -> Result<Self, SymbolError> {
+        KernelImage::index(path, bytes, false)
+    }
+
+    /// Why this image has no ftrace call sites, if it has none: the error
+    /// `load` would have given (None for an image that has them, or whose
+    /// symbols came from kallsyms).
+    pub fn missing_sites(&self) -> Option<SymbolError> {
+        if !self.mcount_loc.is_empty() {
+            return None;
+        }
+        Some(match self.read_mcount_loc() {
+            Err(e) => e,
+            Ok(_) => SymbolError::EmptyMcountLoc {
+                path: self.path.clone(),
+            },
+        })
     }
 
     /// The file's bytes, bounded.

@@ -55,6 +55,8 @@ pub struct Request {
     /// Globs of the traced functions whose calls record their kernel
     /// stack (`--stack`); empty: none.
     pub stack: Vec<String>,
+    /// How the traced functions are entered (`--entry`).
+    pub entry: crate::plan::entry::EntryChoice,
 }
 
 /// Something the user should be told about the plan, once it is set.
@@ -69,6 +71,9 @@ pub enum Note {
     /// Auto mode chose traps because exitless mode cannot be planned: why
     /// (it names no input), and its remedy (`vmm::advice`).
     AutoTrap { why: String, remedy: Option<Remedy> },
+    /// Direct entries: how many functions are safe, and how many each rule
+    /// refused (`DirectPlan::summary`).
+    Direct(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +108,11 @@ pub enum PlanError {
     /// Kernel stacks and the function graph asked of exitless mode.
     #[error("kernel stacks with the function graph are recorded in trap mode only: the unwinder cannot see through exitless return hooks")]
     StackGraphExitless,
+    /// Direct entries on a kernel that can preempt a task anywhere in
+    /// kernel mode: one preempted inside the displaced bytes cannot be
+    /// found from the vCPUs alone.
+    #[error("direct entries are not written into a preemptible kernel ({path} has {symbol}): a task preempted inside a function's first instructions would resume in the middle of the jump; trace it through ftrace (--entry ftrace)")]
+    DirectPreemptible { path: String, symbol: &'static str },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -125,7 +135,12 @@ pub struct TracePlan {
 impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
-        let mut plan = Plan::from_image(image, &req.trace, &req.notrace)?;
+        let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
+        let mut notes = Vec::new();
+        if let Some(direct) = &plan.direct {
+            check_not_preemptible(&plan)?;
+            notes.extend(direct.summary().map(Note::Direct));
+        }
         plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())?;
         if plan.tasks.filter.is_active() && plan.tasks.layout.is_none() {
             return Err(PlanError::NoTasks {
@@ -133,7 +148,6 @@ impl TracePlan {
             });
         }
         plan.values = values(&plan, req)?;
-        let mut notes = Vec::new();
         if req.graph {
             notes.extend(graph(&mut plan, req.linux)?);
         }
@@ -205,6 +219,19 @@ pub fn graph_names(left_out: &[(String, &'static str)]) -> String {
         .map(|(n, why)| format!("{n} ({why})"))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Direct entries are refused on a preemptible kernel (`PlanError::
+/// DirectPreemptible`), told by its `preempt_schedule`.
+fn check_not_preemptible(plan: &Plan) -> Result<(), PlanError> {
+    const PREEMPT_SCHEDULE: &str = crate::session::exitless::symbols::PREEMPT_SCHEDULE;
+    match plan.image.symbol(PREEMPT_SCHEDULE) {
+        Some(_) => Err(PlanError::DirectPreemptible {
+            path: plan.image.path.display().to_string(),
+            symbol: PREEMPT_SCHEDULE,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// A selection whose every site is in init text would boot and trace nothing.
@@ -301,6 +328,7 @@ mod tests {
             },
             retval,
             stack: Vec::new(),
+            entry: Default::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod args;
 mod build;
+pub mod entry;
 pub mod hookable;
 pub mod list;
 pub mod site_index;
@@ -75,6 +76,11 @@ pub struct Plan {
     pub arg_funcs: Option<Vec<u32>>,
     /// Which calls record their kernel stack, and how (`--stack`).
     pub stacks: Option<stacks::StackPlan>,
+    /// How the functions are entered: ftrace's sites, or direct entries.
+    pub entry: entry::Entry,
+    /// Direct entries: each site's displaced instructions (`entry`
+    /// Direct), and the functions refused one.
+    pub direct: Option<Arc<entry::DirectPlan>>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -106,7 +112,29 @@ impl Plan {
         trace: &[String],
         notrace: &[String],
     ) -> Result<Plan, TracerError> {
-        let sites = SiteTable::build(&image)?;
+        Plan::with_entry(image, trace, notrace, entry::EntryChoice::Ftrace)
+    }
+
+    /// `from_image`, entering the functions as `choice` says (`--entry`).
+    pub fn with_entry(
+        image: KernelImage,
+        trace: &[String],
+        notrace: &[String],
+        choice: entry::EntryChoice,
+    ) -> Result<Plan, TracerError> {
+        let entry = choice.resolve(&image);
+        let (sites, direct) = match entry {
+            entry::Entry::Ftrace => {
+                if let Some(e) = image.missing_sites() {
+                    return Err(e.into());
+                }
+                (SiteTable::build(&image)?, None)
+            }
+            entry::Entry::Direct => {
+                let (direct, sites) = entry::DirectPlan::build(&image)?;
+                (sites, Some(direct))
+            }
+        };
         let selected = Filter::new(trace, notrace)?.select(&image, &sites)?;
         let mut funcs: Vec<usize> = Vec::new();
         let mut func_slot = std::collections::HashMap::new();
@@ -140,6 +168,8 @@ impl Plan {
             values: ValuePlan::default(),
             arg_funcs: None,
             stacks: None,
+            entry,
+            direct,
         })
     }
 

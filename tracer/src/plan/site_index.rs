@@ -2,6 +2,9 @@
 //! function, in the running (possibly KASLR-moved) kernel.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use crate::kernel::sites::SITE_LEN;
 
 /// Length of `out imm8, al`: on hosts whose KVM completes the `out` before
 /// exiting (this CI host), RIP is already this far past the site.
@@ -16,6 +19,10 @@ pub struct SiteIndex {
     /// How far the running kernel is from them (KASLR's virtual offset),
     /// set once at the first attach, before any site traps.
     slide: AtomicU64,
+    /// Direct entries: where each site's stub is in vmtrace's code page
+    /// (ascending with the site), set at the first attach, before any
+    /// site is patched. A trapping stub starts with the trap.
+    stubs: OnceLock<Box<[u64]>>,
 }
 
 impl SiteIndex {
@@ -27,6 +34,25 @@ impl SiteIndex {
             addrs: sites.iter().map(|s| s.0).collect(),
             funcs: sites.iter().map(|s| s.1).collect(),
             slide: AtomicU64::new(0),
+            stubs: OnceLock::new(),
+        }
+    }
+
+    /// Direct entries: site k's stub is at `stubs[k]` (ascending). Set once
+    /// (a second attach makes the same stubs); false if different ones
+    /// were set before.
+    pub fn set_stubs(&self, stubs: Box<[u64]>) -> bool {
+        let set = self.stubs.get_or_init(|| stubs.clone());
+        **set == *stubs
+    }
+
+    /// Where the guest resumes after vmtrace handled a trap of site `i`:
+    /// past the trap, at the site (an ftrace site's 3-byte NOP is never
+    /// run) or in its direct stub (the displaced instructions).
+    pub fn resume_addr(&self, i: usize) -> u64 {
+        match self.stubs.get() {
+            Some(stubs) => stubs[i] + SITE_LEN as u64,
+            None => self.running_addr(i) + SITE_LEN as u64,
         }
     }
 
@@ -56,11 +82,16 @@ impl SiteIndex {
     }
 
     /// The site a trap at `rip` came from: RIP at the `out` (bare-metal KVM's
-    /// fast PIO path) or just past it (KVM's emulator). Sites are five bytes
-    /// apart at least, so the two cannot both match.
+    /// fast PIO path) or just past it (KVM's emulator), at the site or, for
+    /// direct entries, at its stub. Sites (and stubs) are five bytes apart
+    /// at least, so the two cannot both match.
     pub fn find(&self, rip: u64) -> Option<usize> {
         // Set before the sites were patched, under the pause that every
         // vCPU's next entry synchronizes with: Relaxed is enough.
+        if let Some(stubs) = self.stubs.get() {
+            let at = |a: u64| stubs.binary_search(&a).ok();
+            return at(rip).or_else(|| at(rip.wrapping_sub(OUT_LEN)));
+        }
         let rip = rip.wrapping_sub(self.slide.load(Ordering::Relaxed));
         self.exact(rip)
             .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))

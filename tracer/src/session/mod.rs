@@ -31,6 +31,7 @@ use tasks::TaskSource;
 
 pub mod args;
 pub mod counters;
+pub mod direct;
 mod driver;
 mod equip;
 pub mod exitless;
@@ -65,6 +66,8 @@ struct Checked<'a> {
     surveyed: patch::Surveyed,
     /// Each vCPU's GS base, where known.
     gs_bases: Vec<(usize, u64)>,
+    /// Direct entries: the sites ready, with their running instructions.
+    direct: Option<direct::attach::DirectChecked>,
 }
 
 /// A tracing session.
@@ -89,6 +92,13 @@ pub struct Tracer {
     graph_hook: Option<Arc<GraphHook>>,
     /// The return trap is in guest memory (trap-mode function graph).
     return_trap_installed: bool,
+    /// Direct entries' sites and stubs (None: ftrace sites).
+    direct: Option<direct::DirectSites>,
+    /// Attaches so far that found a guest context inside a direct site.
+    direct_busy_waits: u32,
+    /// The last direct attach: sites whose text had changed, and sites
+    /// left out because a context stayed inside them.
+    direct_counts: (usize, usize),
     /// The guest TSC's rate, read at attach (0 until then).
     tsc_khz: u64,
     /// Where the kernel runs relative to its vmlinux (KASLR), found at the
@@ -242,6 +252,9 @@ impl Tracer {
     ) -> Tracer {
         Tracer {
             prototypes: plan.prototypes(),
+            direct: direct::DirectSites::of(&plan),
+            direct_busy_waits: 0,
+            direct_counts: (0, 0),
             plan,
             counters,
             store: Some(store),
@@ -436,12 +449,19 @@ impl Tracer {
             Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
             None => None,
         };
-        let (patched, skipped, mapped) =
-            self.write_sites(&mut c.space, c.surveyed, paused.ram())?;
+        let (patched, skipped, mapped) = match c.direct {
+            Some(d) => {
+                let (p, s, m) = self.write_direct(&mut c.space, c.surveyed, d, paused.ram())?;
+                (p, s, self.exitless.is_some().then_some(m))
+            }
+            None => self.write_sites(&mut c.space, c.surveyed, paused.ram())?,
+        };
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
             exitless: mapped,
+            direct_changed: self.direct_counts.0,
+            direct_busy: self.direct_counts.1,
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
@@ -512,7 +532,25 @@ impl Tracer {
                 return Ok(Err(NotReady::FtraceInitRunning));
             }
         }
-        patch::verify_image(&mut space, &self.plan.image, &addrs, off.virt)?;
+        patch::verify_image(
+            &mut space,
+            &self.plan.image,
+            &addrs,
+            off.virt,
+            self.direct.is_some(),
+        )?;
+        if self.direct.is_some() {
+            return Ok(match self.check_direct(&mut space, off, paused)? {
+                Ok((surveyed, d)) => Ok(Checked {
+                    off,
+                    space,
+                    surveyed,
+                    gs_bases,
+                    direct: Some(d),
+                }),
+                Err(why) => Err(why),
+            });
+        }
         let (fentry, calls) = self.call_sites(off);
         let surveyed = match patch::survey(&mut space, fentry, &addrs, calls)? {
             Survey::Ready(s) => s,
@@ -525,6 +563,7 @@ impl Tracer {
             space,
             surveyed,
             gs_bases,
+            direct: None,
         }))
     }
 
@@ -569,7 +608,7 @@ impl Tracer {
             return Ok((sites, skipped, Some(mapped)));
         }
         let mapped = match self.graph_hook.is_some() {
-            true => Some(install_return_trap(space, &mut self.return_trap_installed)?),
+            true => Some(self.install_code_page(space)?),
             false => None,
         };
         let (sites, skipped) = patch::write(space.memory(), surveyed, |_, _| Ok(patch::TRAP))?;
@@ -593,26 +632,29 @@ impl Tracer {
     }
 }
 
-/// Trap-mode function graph: map vmtrace's code page and put the return
-/// trap in it (once: `installed`; it stays until the guest ends, so
-/// hooked returns work after a detach). Mapping first: nothing is written
-/// when the guest's tables refuse it.
-fn install_return_trap(
-    space: &mut AddressSpace<'_>,
-    installed: &mut bool,
-) -> Result<crate::session::exitless::map::Mapped, TracerError> {
-    let mapped = crate::session::exitless::map::map(space).map_err(ExitlessError::from)?;
-    if !*installed {
-        space
-            .memory()
-            .write_slice(
-                &patch::RETURN_TRAP,
-                GuestAddress(CODE_GPA + RETURN_TRAP_OFF),
-            )
-            .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-        *installed = true;
+impl Tracer {
+    /// Trap mode: map vmtrace's code page (direct entries' stubs, the
+    /// function graph's return trap), and with the graph put the return
+    /// trap in it (once; it stays until the guest ends, so hooked returns
+    /// work after a detach). Mapping first: nothing is written when the
+    /// guest's tables refuse it.
+    fn install_code_page(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+    ) -> Result<crate::session::exitless::map::Mapped, TracerError> {
+        let mapped = crate::session::exitless::map::map(space).map_err(ExitlessError::from)?;
+        if self.graph_hook.is_some() && !self.return_trap_installed {
+            space
+                .memory()
+                .write_slice(
+                    &patch::RETURN_TRAP,
+                    GuestAddress(CODE_GPA + RETURN_TRAP_OFF),
+                )
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+            self.return_trap_installed = true;
+        }
+        Ok(mapped)
     }
-    Ok(mapped)
 }
 
 /// The kernel's own page tables, to read and write kernel text and data

@@ -131,6 +131,12 @@ pub struct AttachCounts {
     pub skipped_other: usize,
     /// Exitless mode: how vmtrace's region went into the guest's tables.
     pub exitless: Option<crate::session::exitless::map::Mapped>,
+    /// Direct entries whose first instructions in the running kernel are
+    /// not those the analysis saw: left alone.
+    pub direct_changed: usize,
+    /// Direct entries left out because a guest context stayed inside their
+    /// displaced bytes at every try (`session::direct::contexts`).
+    pub direct_busy: usize,
 }
 
 /// Outcome of one detach.
@@ -146,12 +152,14 @@ pub struct DetachCounts {
 /// Refuses when more than half the sample differs (a few may differ where the
 /// kernel patched its own text, e.g. alternatives or static keys, or KASLR
 /// relocated an absolute address). `sites` are running addresses, `slide`
-/// bytes from the file's (KASLR's virtual offset).
+/// bytes from the file's (KASLR's virtual offset); `direct`: they are
+/// direct entries (any instruction).
 pub fn verify_image(
     space: &mut AddressSpace<'_>,
     image: &KernelImage,
     sites: &[u64],
     slide: i64,
+    direct: bool,
 ) -> Result<(), PatchError> {
     let link = |addr: u64| addr.wrapping_sub(slide as u64);
     let fentry = image
@@ -170,7 +178,11 @@ pub fn verify_image(
             Err(e) => Some(format!("unreadable ({e})")),
             Ok(bytes) => {
                 let body = image.file_bytes(link(addr) + SITE_LEN as u64, VERIFY_BODY_LEN);
-                if classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other
+                // A direct site holds the function's own first
+                // instructions (or vmtrace's jump): only its body is
+                // compared.
+                if !direct
+                    && classify(&bytes[..SITE_LEN], addr, fentry) == SiteKind::Other
                     && bytes[..SITE_LEN] != TRAP
                 {
                     Some(format!("site holds {}", hex(&bytes[..SITE_LEN])))
@@ -267,6 +279,30 @@ pub struct Surveyed {
 }
 
 impl Surveyed {
+    /// Direct entries found ready: (site index, running address, its
+    /// first 5 bytes' place, those bytes); `skipped` others.
+    pub fn entries(found: Vec<(usize, u64, PhysSpan, [u8; SITE_LEN])>, skipped: usize) -> Surveyed {
+        let found = found
+            .into_iter()
+            .map(|(k, addr, span, original)| Found {
+                k,
+                addr,
+                span,
+                original,
+                kind: SiteKind::Entry,
+            })
+            .collect();
+        Surveyed { found, skipped }
+    }
+
+    /// Only the sites `keep(k)` keeps; the others are counted as skipped.
+    pub fn retain(mut self, keep: impl Fn(usize) -> bool) -> Surveyed {
+        let before = self.found.len();
+        self.found.retain(|f| keep(f.k));
+        self.skipped += before - self.found.len();
+        self
+    }
+
     /// The running addresses of the sites found holding the 5-byte NOP
     /// (where moving RIP 5 bytes on is what running the site does), and
     /// how many others were found (unmapped, or holding anything else).

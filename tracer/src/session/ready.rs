@@ -23,6 +23,10 @@ pub enum NotReady {
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
     CallSites { calls: usize, first: u64 },
+    /// A guest context is inside the displaced bytes of `sites` direct
+    /// sites (the first found on vCPU `cpu`, at `at`).
+    #[error("a guest context is inside the first instructions of {sites} direct site(s) (vCPU {cpu} at {at:#x})")]
+    DirectBusy { sites: usize, cpu: usize, at: u64 },
 }
 
 /// One attach attempt.

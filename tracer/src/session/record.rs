@@ -19,7 +19,6 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 use vmm::{Trap, TrapError, TrapHandler};
 
-use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::args::ArgSource;
@@ -259,7 +258,7 @@ impl TrapHandler for Recorder {
                 rip: trap.rip,
             });
         };
-        trap.set_rip(self.index.running_addr(i) + SITE_LEN as u64);
+        trap.set_rip(self.index.resume_addr(i));
         // The task first: a call the task filter rejects is counted only
         // as rejected (not a call of the function, its return not hooked).
         let (task, kept) = self.task_of(trap);

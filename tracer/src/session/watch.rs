@@ -32,6 +32,8 @@ pub enum WatchError {
         "the function graph hooks returns by writing guest memory; watched breakpoints write none"
     )]
     Graph,
+    #[error("direct entries are written into guest text; watched breakpoints write none")]
+    Direct,
     #[error(transparent)]
     Tracer(#[from] TracerError),
 }
@@ -48,6 +50,9 @@ impl Tracer {
         if self.graph_hook.is_some() {
             return Err(WatchError::Graph);
         }
+        if self.direct.is_some() {
+            return Err(WatchError::Direct);
+        }
         match self.check(paused)? {
             Ok(c) => {
                 let (sites, others) = c.surveyed.nops();
@@ -63,7 +68,7 @@ impl Tracer {
         self.attach_counts = AttachCounts {
             patched: sites,
             skipped_other: others,
-            exitless: None,
+            ..AttachCounts::default()
         };
         self.attached_at(paused);
     }

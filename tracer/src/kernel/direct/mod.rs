@@ -1,8 +1,8 @@
-//! Direct entries (issue 26), analysis only: whether a function's first
-//! instructions can be displaced by a 5-byte jump to a stub, proved from
-//! the whole function's code and the kernel's tables of special sites, or
-//! the rule that refuses it. Nothing here writes to the guest; the
-//! patching is not written yet. See docs/direct.md.
+//! Direct entries: whether a function's first instructions can be
+//! displaced by a 5-byte jump to a stub, proved from the whole function's
+//! code and the kernel's tables of special sites, or the rule that refuses
+//! it. Nothing here writes to the guest (`crate::session::direct` does).
+//! See docs/direct.md.
 
 pub mod tables;
 #[cfg(test)]
@@ -116,6 +116,11 @@ pub struct DirectSite {
     /// Some displaced instruction has a RIP-relative memory operand, to be
     /// rebased where the stub runs it.
     pub rip_relative: bool,
+    /// The displaced bytes are the function's ftrace site (`call
+    /// __fentry__` in the file, the 5-byte NOP the kernel's ftrace_init
+    /// makes of it): the stub runs nothing in their place, and `insns` is
+    /// empty.
+    pub ftrace_nop: bool,
 }
 
 impl DirectSite {
@@ -163,15 +168,31 @@ impl DirectSite {
         if len < JUMP_LEN {
             return Err(Refusal::TooShort { len });
         }
-        let site = DirectSite {
-            addr: displaced[0].ip(),
-            len,
-            rip_relative: displaced.iter().any(Instruction::is_ip_rel_memory_operand),
-            insns: displaced,
+        // An ftrace site first (at the entry, or after ENDBR64, as the
+        // compiler puts it) is displaced alone: a NOP once the kernel has
+        // converted it, nothing to run elsewhere.
+        let ftrace_nop = displaced[0].len() == JUMP_LEN && tables.ftrace_at(displaced[0].ip());
+        let site = match ftrace_nop {
+            true => DirectSite {
+                addr: displaced[0].ip(),
+                len: JUMP_LEN,
+                rip_relative: false,
+                insns: Vec::new(),
+                ftrace_nop,
+            },
+            false => DirectSite {
+                addr: displaced[0].ip(),
+                len,
+                rip_relative: displaced.iter().any(Instruction::is_ip_rel_memory_operand),
+                insns: displaced,
+                ftrace_nop,
+            },
         };
-        let off = |a: u64| a - addr;
+        let (len, off) = (site.len, |a: u64| a - addr);
         let end = site.addr + len as u64;
-        if let Some((table, at)) = tables.overlap(site.addr, end) {
+        let other =
+            tables.overlap_except(site.addr, end, ftrace_nop.then_some(KernelTable::Ftrace));
+        if let Some((table, at)) = other {
             return Err(Refusal::Overlaps {
                 table,
                 at: at.wrapping_sub(addr),

@@ -213,13 +213,32 @@ impl SiteTables {
 
     /// The first site overlapping `start..end`, with its address.
     pub fn overlap(&self, start: u64, end: u64) -> Option<(KernelTable, u64)> {
+        self.overlap_except(start, end, None)
+    }
+
+    /// Is there an ftrace site (`__mcount_loc`) at `addr`?
+    pub fn ftrace_at(&self, addr: u64) -> bool {
+        let from = self.sites.partition_point(|s| s.0 < addr);
+        self.sites[from..]
+            .iter()
+            .take_while(|s| s.0 == addr)
+            .any(|s| s.2 == KernelTable::Ftrace)
+    }
+
+    /// `overlap`, not counting the sites of table `except`.
+    pub fn overlap_except(
+        &self,
+        start: u64,
+        end: u64,
+        except: Option<KernelTable>,
+    ) -> Option<(KernelTable, u64)> {
         // Sites are a few bytes long; one starting up to 256 bytes before
         // `start` (an alternative's longest) may still reach into it.
         let from = self.sites.partition_point(|s| s.0 + 256 < start);
         self.sites[from..]
             .iter()
             .take_while(|s| s.0 < end)
-            .find(|s| s.1 > start)
+            .find(|s| s.1 > start && Some(s.2) != except)
             .map(|s| (s.2, s.0))
     }
 

@@ -85,6 +85,9 @@ pub struct Records<'a> {
     /// With `values.args`: per site, does it record its calls' arguments
     /// (`Plan::arg_sites`; None: every site).
     pub arg_sites: Option<Arc<[bool]>>,
+    /// The sites are direct entries: their stubs take the end of the code
+    /// page (`crate::session::direct::reserve`).
+    pub direct: bool,
 }
 
 impl<'a> Records<'a> {
@@ -95,6 +98,7 @@ impl<'a> Records<'a> {
             tasks: &plan.tasks,
             values: plan.values,
             arg_sites: plan.arg_sites(),
+            direct: plan.direct.is_some(),
         }
     }
 }
@@ -113,6 +117,7 @@ fn plan(
         tasks,
         values,
         arg_sites,
+        direct,
     } = what;
     let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
         (Some(s), _) => s.addr,
@@ -143,6 +148,10 @@ fn plan(
         task: task_code(tasks, KernelOffset::NONE)?,
         retval: graph && values.retval,
         arg_sites,
+        reserve: match direct {
+            true => crate::session::direct::reserve(sites),
+            false => 0,
+        },
     };
     Ok((generate(&spec)?, spec, cpu_number))
 }

@@ -178,6 +178,9 @@ pub struct TrampolineSpec {
     /// them at some sites: the shared body stores every call's (the
     /// drainer keeps the selected sites').
     pub arg_sites: Option<std::sync::Arc<[bool]>>,
+    /// Bytes at the end of the code (before the return trap) left for
+    /// direct entries' stubs (`crate::session::direct`).
+    pub reserve: u64,
 }
 
 impl TrampolineSpec {
@@ -419,7 +422,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         .map_err(assemble)?;
     // With the graph, the frames' return stubs fill the end of the page,
     // after trap mode's return trap; without, the page ends at the trap.
-    if result.inner.code_buffer.len() as u64 > RETURN_TRAP_OFF {
+    if result.inner.code_buffer.len() as u64 > RETURN_TRAP_OFF.saturating_sub(spec.reserve) {
         return Err(TrampolineError::TooLong {
             sites,
             len: result.inner.code_buffer.len(),
@@ -668,6 +671,7 @@ mod tests {
             task: None,
             retval: false,
             arg_sites: None,
+            reserve: 0,
         }
     }
 
@@ -680,6 +684,7 @@ mod tests {
             task: None,
             retval: false,
             arg_sites: None,
+            reserve: 0,
         }
     }
 
@@ -1164,6 +1169,7 @@ mod tests {
             task: None,
             retval: false,
             arg_sites: None,
+            reserve: 0,
         };
         let err = generate(&s).unwrap_err();
         assert!(

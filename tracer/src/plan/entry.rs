@@ -1,0 +1,156 @@
+//! How traced functions are entered (`--entry`): through their ftrace
+//! call sites, or directly, by displacing their first instructions
+//! (`crate::kernel::direct`). A direct plan is a `SiteTable` like
+//! ftrace's, one site per function proved safe, so that selection,
+//! listing and the session's site index work alike; the functions refused
+//! keep their reason.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::kernel::direct::{DirectSite, Refusal, SiteTables, TableError};
+use crate::kernel::sites::{Site, SiteError, SiteTable};
+use crate::kernel::symbols::KernelImage;
+
+/// `--entry`, as asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EntryChoice {
+    /// ftrace's call sites only.
+    Ftrace,
+    /// Direct entries, on any kernel.
+    Direct,
+    /// ftrace's call sites on a kernel that has them, else direct entries.
+    #[default]
+    Auto,
+}
+
+impl EntryChoice {
+    /// The entry `self` gives on `image`.
+    pub fn resolve(self, image: &KernelImage) -> Entry {
+        match self {
+            EntryChoice::Ftrace => Entry::Ftrace,
+            EntryChoice::Direct => Entry::Direct,
+            EntryChoice::Auto if image.mcount_loc.is_empty() => Entry::Direct,
+            EntryChoice::Auto => Entry::Ftrace,
+        }
+    }
+}
+
+/// How a plan's functions are entered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Ftrace,
+    Direct,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Ftrace => "ftrace",
+            Entry::Direct => "direct",
+        }
+    }
+}
+
+/// Why direct sites could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectPlanError {
+    #[error(transparent)]
+    Tables(#[from] TableError),
+    #[error("{} has no function whose entry can be displaced safely ({refused} refused); trace it through ftrace (--entry ftrace)", path.display())]
+    NoneSafe {
+        path: std::path::PathBuf,
+        refused: usize,
+    },
+    #[error(transparent)]
+    Sites(#[from] SiteError),
+}
+
+impl vmm::advice::Advice for DirectPlanError {
+    fn problem(&self, w: &dyn vmm::advice::Words) -> String {
+        match self {
+            DirectPlanError::Sites(e) => e.problem(w),
+            e => e.to_string(),
+        }
+    }
+}
+
+/// Every function's direct site, or why it has none.
+#[derive(Debug, Default)]
+pub struct DirectPlan {
+    /// By the site's link address (`SiteIndex::addrs`).
+    pub sites: HashMap<u64, DirectSite>,
+    /// Functions refused, by function index, with why.
+    pub refused: HashMap<usize, Refusal>,
+    /// Refusals by rule (`Refusal::rule`), for the run's summary line.
+    pub by_rule: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl DirectPlan {
+    /// Analyzes every function of `image`; the `SiteTable` of the safe ones.
+    pub fn build(image: &KernelImage) -> Result<(Arc<DirectPlan>, SiteTable), DirectPlanError> {
+        let tables = SiteTables::read(image)?;
+        let mut plan = DirectPlan::default();
+        let mut sites = Vec::new();
+        if u32::try_from(image.functions.len()).is_err() {
+            return Err(SiteError::TooManyFunctions {
+                path: image.path.clone(),
+                count: image.functions.len(),
+            }
+            .into());
+        }
+        for func in 0..image.functions.len() {
+            match DirectSite::analyze(image, &tables, func) {
+                Ok(site) => {
+                    let init = image
+                        .init_text
+                        .is_some_and(|(s, e)| (s..e).contains(&site.addr));
+                    sites.push(Site {
+                        addr: site.addr,
+                        // Fits: checked above.
+                        func: func as u32,
+                        init,
+                    });
+                    plan.sites.insert(site.addr, site);
+                }
+                Err(r) => {
+                    *plan.by_rule.entry(r.rule()).or_default() += 1;
+                    plan.refused.insert(func, r);
+                }
+            }
+        }
+        if sites.is_empty() {
+            return Err(DirectPlanError::NoneSafe {
+                path: image.path.clone(),
+                refused: plan.refused.len(),
+            });
+        }
+        sites.sort_unstable_by_key(|s| s.addr);
+        sites.dedup_by_key(|s| s.addr);
+        let table = SiteTable {
+            entries: sites.len(),
+            sites,
+            rejected: 0,
+            weak: 0,
+            rejected_examples: Vec::new(),
+        };
+        Ok((Arc::new(plan), table))
+    }
+
+    /// "N functions refused a direct entry: rule N, ..." (most first);
+    /// None when none was.
+    pub fn summary(&self) -> Option<String> {
+        let total: usize = self.by_rule.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut by: Vec<_> = self.by_rule.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let rules: Vec<String> = by.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        Some(format!(
+            "{} function(s) safe for a direct entry, {total} refused ({})",
+            self.sites.len(),
+            rules.join(", ")
+        ))
+    }
+}

@@ -1,0 +1,119 @@
+//! A tracer's attach with direct entries: the survey and context check
+//! (reads only), then the writes (code page mapped, stubs, jumps).
+
+use std::sync::Arc;
+
+use vmm::gva::AddressSpace;
+use vmm::{GuestRam, Stopped};
+
+use super::contexts::{self, VcpuRegs};
+use super::{jump_for, keep_stubbed, DirectSurvey, Head, Ready};
+use crate::error::TracerError;
+use crate::kernel::kaslr::KernelOffset;
+use crate::session::exitless::map::Mapped;
+use crate::session::patch::{self, PatchedSite, Surveyed};
+use crate::session::{NotReady, Tracer};
+
+/// Attaches that may find a guest context inside a site's displaced bytes
+/// and wait for the next pause; after them such sites are left out.
+pub const MAX_BUSY_WAITS: u32 = 50;
+
+/// Selector bits 1:0 of CS: the privilege level a vCPU runs at.
+const CS_RPL_MASK: u16 = 3;
+
+/// What an attach's checks found of the direct sites.
+#[derive(Debug, Default)]
+pub struct DirectChecked {
+    pub ready: Vec<Ready>,
+}
+
+impl Tracer {
+    /// The survey of the direct sites under `paused` at `off`, and the
+    /// check that no vCPU context is inside one: the sites to write, or
+    /// why the guest is not ready. Reads only.
+    pub(in crate::session) fn check_direct(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        off: KernelOffset,
+        paused: &dyn Stopped,
+    ) -> Result<Result<(Surveyed, DirectChecked), NotReady>, TracerError> {
+        let (fentry, calls) = self.call_sites(off);
+        let wait = calls == patch::CallSites::Wait;
+        let direct = self.direct.as_ref().expect("a direct tracer");
+        let (surveyed, ready, changed) = match direct.survey(space, off.virt, fentry, wait)? {
+            DirectSurvey::CallSites { calls, first } => {
+                return Ok(Err(NotReady::CallSites { calls, first }))
+            }
+            DirectSurvey::Ready {
+                surveyed,
+                ready,
+                changed,
+            } => (surveyed, ready, changed),
+        };
+        let vcpus: Vec<VcpuRegs> = (0..paused.cpus())
+            .filter_map(|cpu| {
+                let s = paused.snapshot(cpu)?;
+                Some(VcpuRegs {
+                    cpu,
+                    rip: s.regs.rip,
+                    rsp: s.regs.rsp,
+                    user_mode: s.sregs.cs.selector & CS_RPL_MASK == 3,
+                })
+            })
+            .collect();
+        let busy = contexts::find(space, &direct.ranges(off.virt), &vcpus);
+        if let Some(b) = busy.first() {
+            if self.direct_busy_waits < MAX_BUSY_WAITS {
+                self.direct_busy_waits += 1;
+                return Ok(Err(NotReady::DirectBusy {
+                    sites: busy.len(),
+                    cpu: b.cpu,
+                    at: b.at,
+                }));
+            }
+        }
+        let busy_sites: Vec<usize> = busy.iter().map(|b| b.k).collect();
+        let surveyed = surveyed.retain(|k| !busy_sites.contains(&k));
+        let ready = ready
+            .into_iter()
+            .filter(|r| !busy_sites.contains(&r.k))
+            .collect();
+        self.direct_counts = (changed, busy_sites.len());
+        Ok(Ok((surveyed, DirectChecked { ready })))
+    }
+
+    /// The writes of a direct attach: vmtrace's region mapped (and in
+    /// exitless mode installed), every ready site's stub, then the jumps.
+    pub(in crate::session) fn write_direct(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        surveyed: Surveyed,
+        checked: DirectChecked,
+        ram: &Arc<dyn GuestRam>,
+    ) -> Result<(Vec<PatchedSite>, usize, Mapped), TracerError> {
+        let mapped = match self.exitless.as_mut() {
+            Some(ex) => ex.install(space, ram)?,
+            None => self.install_code_page(space)?,
+        };
+        let direct = self.direct.as_ref().expect("a direct tracer");
+        let stacks = self.stacks.as_deref();
+        let ex = self.exitless.as_ref();
+        let head = |k: usize| match ex {
+            // A `--stack` call traps: its stack is unwound host-side.
+            Some(ex) if !stacks.is_some_and(|s| s.at(k)) => {
+                Head::Call(ex.trampoline.stub_va(k as u32))
+            }
+            _ => Head::Trap,
+        };
+        let jumps = direct.write_stubs(space.memory(), &checked.ready, head)?;
+        // Before any jump: traps find their site by the stub's address.
+        // The same at every attach: they depend on the site count only.
+        let same = self.plan.index.set_stubs(direct.stub_vas());
+        debug_assert!(same, "direct stubs moved between attaches");
+        let surveyed = keep_stubbed(surveyed, &jumps);
+        let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
+            jump_for(&jumps, k, addr)
+        })?;
+        Ok((sites, skipped, mapped))
+    }
+}
