@@ -43,6 +43,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         args: Vec::new(),
         retval: false,
         stack: Vec::new(),
+        entry: Default::default(),
     }
 }
 

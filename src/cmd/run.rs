@@ -274,12 +274,22 @@ impl Observer for Status {
         crate::status::clear();
         let skipped_init = tracer.plan().skipped_init;
         let c = &a.counts;
+        let direct = tracer.plan().direct.is_some();
         note!(
-            "vmtrace: attached: {} sites patched, {} skipped ({} in init text, {} not a NOP) in a {} µs pause (latency {} µs){}",
+            "vmtrace: attached: {} {}sites patched, {} skipped ({} in init text, {} {}) in a {} µs pause (latency {} µs){}",
             c.patched,
+            if direct { "direct " } else { "" },
             skipped_init + c.skipped_other,
             skipped_init,
             c.skipped_other,
+            if direct {
+                format!(
+                    "other: {} whose first instructions the running kernel changed, {} with a guest context inside",
+                    c.direct_changed, c.direct_busy
+                )
+            } else {
+                "not a NOP".to_string()
+            },
             a.window.as_micros(),
             a.latency.as_micros(),
             match &a.last_not_ready {

@@ -17,6 +17,8 @@ use crate::error::InputError;
 pub struct ListConfig {
     pub image: KernelImage,
     pub globs: Vec<String>,
+    /// `--entry`: which functions count as traceable.
+    pub entry: tracer::plan::entry::EntryChoice,
 }
 
 impl ListConfig {
@@ -25,6 +27,7 @@ impl ListConfig {
         Ok(ListConfig {
             image,
             globs: args.globs.clone(),
+            entry: args.entry.choice(),
         })
     }
 }

@@ -34,6 +34,7 @@ use crate::kernel::filter::{closest_names, FilterError, Globs};
 use crate::kernel::names::escape;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::entry::DirectPlan;
 use crate::plan::hookable::unhookable;
 
 /// Why a function can be traced or not.
@@ -45,6 +46,9 @@ pub enum Kind {
     InitOnly,
     /// No ftrace call site: notrace, inlined or assembly.
     NoSite,
+    /// Direct entries: its first instructions cannot be displaced safely
+    /// (`Listed::why` says by which rule).
+    Refused,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             Kind::Traceable => "",
             Kind::InitOnly => " [init]",
             Kind::NoSite => " [notrace]",
+            Kind::Refused => " [refused]",
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct Listed<'a> {
     pub name: &'a str,
     pub addr: u64,
     pub kind: Kind,
+    /// `Kind::Refused`: why (`crate::kernel::direct::Refusal`).
+    pub why: Option<String>,
 }
 
 /// The functions a list selects, by name (then address: static functions
@@ -110,6 +117,9 @@ pub struct Listed<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing<'a> {
     pub functions: Vec<Listed<'a>>,
+    /// Listed as direct entries (`--entry direct`): "traceable" means a
+    /// direct site, and the others are refused with a reason.
+    pub direct: bool,
 }
 
 impl<'a> Listing<'a> {
@@ -122,8 +132,33 @@ impl<'a> Listing<'a> {
         sites: &SiteTable,
         globs: &[String],
     ) -> Result<Listing<'a>, ListError> {
+        Listing::build(image, sites, None, globs)
+    }
+
+    /// The listing of direct entries: `sites` those of `direct`, every
+    /// other function refused with its reason.
+    pub fn direct(
+        image: &'a KernelImage,
+        sites: &SiteTable,
+        direct: &DirectPlan,
+        globs: &[String],
+    ) -> Result<Listing<'a>, ListError> {
+        Listing::build(image, sites, Some(direct), globs)
+    }
+
+    fn build(
+        image: &'a KernelImage,
+        sites: &SiteTable,
+        direct: Option<&DirectPlan>,
+        globs: &[String],
+    ) -> Result<Listing<'a>, ListError> {
         let globs = Globs::for_list(globs)?;
-        let mut kinds = vec![Kind::NoSite; image.functions.len()];
+        let none = if direct.is_some() {
+            Kind::Refused
+        } else {
+            Kind::NoSite
+        };
+        let mut kinds = vec![none; image.functions.len()];
         for site in &sites.sites {
             if let Some(k) = kinds.get_mut(site.func as usize) {
                 // A site outside init text wins over one inside.
@@ -146,10 +181,15 @@ impl<'a> Listing<'a> {
                     used[g] = true;
                 }
                 if selected {
+                    let why = direct
+                        .filter(|_| kind == Kind::Refused)
+                        .and_then(|d| d.refused.get(&i))
+                        .map(|r| r.to_string());
                     functions.push(Listed {
                         name,
                         addr: f.addr,
                         kind,
+                        why,
                     });
                 }
             }
@@ -168,7 +208,10 @@ impl<'a> Listing<'a> {
             });
         }
         functions.sort_by(|a, b| a.name.cmp(b.name).then(a.addr.cmp(&b.addr)));
-        Ok(Listing { functions })
+        Ok(Listing {
+            functions,
+            direct: direct.is_some(),
+        })
     }
 
     /// How many listed functions are of `kind`.
@@ -179,6 +222,15 @@ impl<'a> Listing<'a> {
     /// `12 functions: 9 traceable, 1 init-only, 2 without an ftrace site`.
     pub fn summary(&self) -> String {
         let n = self.functions.len();
+        if self.direct {
+            return format!(
+                "{n} function{}: {} traceable by direct entry, {} init-only, {} refused",
+                if n == 1 { "" } else { "s" },
+                self.count(Kind::Traceable),
+                self.count(Kind::InitOnly),
+                self.count(Kind::Refused)
+            );
+        }
         format!(
             "{n} function{}: {} traceable, {} init-only, {} without an ftrace site",
             if n == 1 { "" } else { "s" },
@@ -198,7 +250,11 @@ impl<'a> Listing<'a> {
             } else {
                 ""
             };
-            writeln!(w, "{}{}{graph}", escape(f.name), f.kind.marker())?;
+            let marker = match &f.why {
+                Some(why) => format!(" [refused: {why}]"),
+                None => f.kind.marker().to_string(),
+            };
+            writeln!(w, "{}{marker}{graph}", escape(f.name))?;
         }
         w.flush()
     }

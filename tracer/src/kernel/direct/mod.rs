@@ -38,6 +38,9 @@ pub enum Refusal {
     EntryText,
     /// In `.noinstr.text`: must not be instrumented.
     NoinstrText,
+    /// vmtrace's own guest code runs it (a return thunk, `__fentry__`):
+    /// tracing it would recurse.
+    Recursion,
     /// A site of a kernel table is among the displaced bytes.
     Overlaps { table: KernelTable, at: u64 },
     /// A displaced instruction that cannot run elsewhere.
@@ -59,6 +62,7 @@ impl Refusal {
             Refusal::RunsPastEnd { .. } => "runs-past-end",
             Refusal::EntryText => "entry-text",
             Refusal::NoinstrText => "noinstr-text",
+            Refusal::Recursion => "recursion",
             Refusal::Overlaps { table, .. } => table.rule(),
             Refusal::Unrelocatable { .. } => "unrelocatable",
             Refusal::JumpIntoSite { .. } => "jump-into-site",
@@ -84,6 +88,7 @@ impl fmt::Display for Refusal {
             }
             Refusal::EntryText => write!(f, "in entry text"),
             Refusal::NoinstrText => write!(f, "in noinstr text"),
+            Refusal::Recursion => write!(f, "vmtrace's own code runs it: tracing it would recurse"),
             Refusal::Overlaps { table, at } => {
                 write!(f, "{} at +{at:#x} in the displaced bytes", table.site())
             }
@@ -137,6 +142,9 @@ impl DirectSite {
         }
         if within(tables.noinstr_text) {
             return Err(Refusal::NoinstrText);
+        }
+        if image.names(func).any(runs_vmtrace) {
+            return Err(Refusal::Recursion);
         }
         let code = usize::try_from(f.size)
             .ok()
@@ -228,6 +236,30 @@ impl DirectSite {
         }
         Ok(site)
     }
+}
+
+/// What vmtrace's guest code runs, or the kernel's own function entry
+/// does before it: the return thunks its code returns through (as the
+/// kernel's `__fentry__` does), the retpoline and call-depth thunks, and
+/// `__fentry__` itself. A direct entry in one would call vmtrace again
+/// from vmtrace.
+fn runs_vmtrace(name: &str) -> bool {
+    const NAMES: [&str; 4] = [
+        "__fentry__",
+        "__x86_return_thunk",
+        "__x86_return_skl",
+        "zen_untrain_ret",
+    ];
+    const PREFIXES: [&str; 5] = [
+        "__x86_indirect_",
+        "srso_",
+        "retbleed_",
+        "entry_untrain_ret",
+        "call_depth_",
+    ];
+    NAMES.contains(&name)
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || name.ends_with("_return_thunk")
 }
 
 /// Every instruction of the function `code` at `addr`.
