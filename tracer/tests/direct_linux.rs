@@ -196,6 +196,10 @@ fn mini_without_ftrace() {
     let refused: usize = summary.refused.values().sum();
     assert_eq!(summary.safe + refused, image.functions.len());
     assert!(summary.safe > 40, "{summary}");
+    // direct.S's crafted refusals are the only ones of their rules.
+    for rule in ["ex-table", "jump-into-site"] {
+        assert_eq!(summary.refused.get(rule), Some(&1), "{rule}: {summary}");
+    }
     for name in [
         "hrtimer_try_to_cancel",
         "schedule",
