@@ -105,6 +105,7 @@ build_mini() {
 	trap 'rm -rf "$mini_tmp"' EXIT
 	local tmp="$mini_tmp"
 	"$CC" "${cflags[@]}" -c "$src/entry.S" -o "$tmp/entry.o"
+	"$CC" "${cflags[@]}" -c "$src/direct.S" -o "$tmp/direct.o"
 	"$CC" "${cflags[@]}" -c "$src/workload.c" -o "$tmp/workload.o"
 	"$CC" "${cflags[@]}" -c "$src/support.c" -o "$tmp/support.o"
 	# The link script is preprocessed, as Linux's vmlinux.lds.S is: the
@@ -113,7 +114,7 @@ build_mini() {
 	for f in "${cflags[@]}"; do [[ "$f" == -D* ]] && defines+=("$f"); done
 	"$CC" -E -P -undef -x c -D__ASSEMBLER__ "${defines[@]}" -I "$src" "$src/mini.ld" -o "$tmp/mini.lds"
 	"$LD" "${MINI_LDFLAGS[@]}" -T "$tmp/mini.lds" -o "$tmp/mini.elf" \
-		"$tmp/entry.o" "$tmp/workload.o" "$tmp/support.o"
+		"$tmp/entry.o" "$tmp/workload.o" "$tmp/support.o" "$tmp/direct.o"
 	# BTF from the DWARF, as Linux's CONFIG_DEBUG_INFO_BTF (a .BTF section:
 	# the types, per-CPU variables and function prototypes).
 	pahole -J "$tmp/mini.elf"

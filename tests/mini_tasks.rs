@@ -1,5 +1,5 @@
-//! The mini guest's tasks, `args=1` and `stack=1` functions
-//! (guest/mini/README.md "Tasks", "args=1", "stack=1"), run without
+//! The mini guest's tasks, `args=1`, `stack=1` and `direct=1` functions
+//! (guest/mini/README.md "Tasks", "args=1", "stack=1", "direct=1"), run without
 //! tracing: its per-task counts add up to its per-CPU counts and are
 //! exactly the README's formulas, its tasks are the README's, its argument
 //! and return value sums are what the README's formulas give, its
@@ -47,6 +47,7 @@ struct Workloads {
     graph: bool,
     args: bool,
     stack: bool,
+    direct: bool,
 }
 
 impl Workloads {
@@ -56,6 +57,7 @@ impl Workloads {
             graph: on("graph=1"),
             args: on("args=1"),
             stack: on("stack=1"),
+            direct: on("direct=1"),
         }
     }
 }
@@ -177,6 +179,12 @@ fn expected_task_counts(
                 add(task, "stack_recurse", 3 * every(8));
                 add(task, "stack_leaf", 1 + every(2) + every(4) + every(8));
             }
+            if on.direct {
+                // The k-th every (k + 1)-th iteration (common's formula).
+                for (k, f) in (1..).zip(MINI_DIRECT_FUNCS) {
+                    add(task, f, u64::from(i % k == 0));
+                }
+            }
         }
         // Before the loop and after it, the idle task is current.
         add(&tasks[0], "mini_main", 1);
@@ -280,6 +288,9 @@ fn task_counts_add_up_to_the_per_cpu_counts_in_every_build() {
         ("mini-percpu-addr", 3, "iters=50 graph=1 args=1 stack=1", 50),
         ("mini-rethunk", 2, "iters=30 args=1 stack=1", 30),
         ("mini-noftrace", 1, "iters=10 graph=1 args=1 stack=1", 10),
+        ("mini-noftrace", 2, "iters=61 direct=1", 61),
+        ("mini-rethunk", 1, "iters=20 stack=1 direct=1", 20),
+        ("mini", 2, "iters=30 graph=1 args=1 stack=1 direct=1", 30),
         // mini-b never runs (i = 0, 1), so it is not renamed either.
         ("mini", 1, "iters=2", 2),
     ] {
@@ -290,12 +301,20 @@ fn task_counts_add_up_to_the_per_cpu_counts_in_every_build() {
         );
         let on = Workloads::of(cmdline);
         check_tasks(&console, cpus, iters, false, on);
-        // args lines come with args=1 only.
+        // args lines come with args=1 only, direct=1's counts with it.
         assert_eq!(
             console.contains("mini: args"),
             on.args,
             "{variant} {cmdline}: {console}"
         );
+        let (printed, _) = parse_mini_console(&console);
+        for cpu in 0..cpus {
+            for f in MINI_DIRECT_FUNCS {
+                let want = on.direct.then(|| mini_direct_expected(f, iters));
+                let got = printed.get(&(cpu, f.to_string())).copied();
+                assert_eq!(got, want, "{variant} {cmdline}: {f} on cpu {cpu}");
+            }
+        }
     }
 }
 
@@ -308,7 +327,7 @@ fn task_counts_in_mode_loop_keep_every_formula() {
     let cfg = mini_config(
         &kernel,
         CPUS as u64,
-        "mode=loop iters=200 graph=1 args=1 stack=1",
+        "mode=loop iters=200 graph=1 args=1 stack=1 direct=1",
         &capture,
     );
     let vm = vmm::Vm::create(cfg).unwrap();
@@ -328,7 +347,7 @@ fn task_counts_in_mode_loop_keep_every_formula() {
         CPUS,
         200,
         true,
-        Workloads::of("graph=1 args=1 stack=1"),
+        Workloads::of("graph=1 args=1 stack=1 direct=1"),
     );
     check_args(&console, &kernel, CPUS);
 }

@@ -28,7 +28,7 @@
 #define MINI_TASK_IDLE 0
 #define MINI_TASK_A 1
 #define MINI_TASK_B 2
-#define MINI_TASK_FUNCS 31
+#define MINI_TASK_FUNCS 37
 
 /* graph=1 workload (README "graph=1"). Indexes into struct graph_cpu's
  * count[] (at offset 0), in the order the counts are printed; entry.S's
@@ -67,6 +67,23 @@
 #define STACK_DIRECT_EVERY 4
 #define STACK_RECURSE_EVERY 8
 #define STACK_RECURSE_DEPTH 3
+
+/* direct=1 (README "direct=1"): direct.S's functions, crafted for the
+ * direct-entry rules. Indexes into struct direct_cpu's count[] (at offset
+ * 0, which direct.S increments), in printed order; iteration i calls
+ * function D_k when i % (D_k + 1) == 0: D_k is called ceil(N / (D_k + 1))
+ * times in N iterations. */
+#define D_direct_riprel 0	/* safe: its first instruction is RIP-relative */
+#define D_direct_endbr 1	/* safe: endbr64, then the site at +4 */
+#define D_direct_jcc 2		/* safe: a short jz among the displaced bytes */
+#define D_direct_jump_into 3	/* refused: jump-into-site */
+#define D_direct_table 4	/* refused: indirect-jump (a jump table) */
+#define D_direct_extable 5	/* refused: ex-table (first instruction listed) */
+#define D_NR 6
+/* What direct_riprel's first instruction loads (RIP-relative) and returns. */
+#define DIRECT_RIPREL_MAGIC 0x5eed0f0ddeadbeef
+/* direct_table's jump table: 4 cases, case k returns k. */
+#define DIRECT_TABLE_CASES 4
 
 /* struct graph_jmp_buf (entry.S's graph_setjmp/graph_longjmp): byte offsets. */
 #define GJB_RBX 0
@@ -159,6 +176,7 @@ struct mini_cfg {
 	int graph;   /* graph=1: also run the function-graph workload (README) */
 	int args;    /* args=1: also call the argument functions (README "args=1") */
 	int stack;   /* stack=1: also run the known call chains (README "stack=1") */
+	int direct;  /* direct=1: also call direct.S's functions (README "direct=1") */
 };
 
 /* support.c (all notrace) */
@@ -203,6 +221,21 @@ void graph_longjmp(u64 *jb, int val) __noreturn;
  * them and returns: a context switch between two stacks. */
 void graph_switch(u64 *save, const u64 *load);
 extern u64 mini_task_stack[MINI_STACK_SIZE / 8]; /* 16 KiB, 16 KiB-aligned */
+
+/* ---- direct=1 (direct.S, all notrace: no NOP in any build) --------------- */
+
+/* Per-CPU counts of direct.S's functions, one per vCPU in mini_direct[]. */
+struct direct_cpu {
+	u64 count[D_NR];	/* each function increments its own */
+} __attribute__((aligned(64)));
+
+/* Each counts its call in c->count[D_*] (README "direct=1"). */
+u64 direct_riprel(struct direct_cpu *c);		/* returns DIRECT_RIPREL_MAGIC */
+void direct_endbr(struct direct_cpu *c);
+u64 direct_jcc(struct direct_cpu *c, u64 i);		/* returns i & 1 */
+u64 direct_jump_into(struct direct_cpu *c);		/* returns 2 */
+u64 direct_table(struct direct_cpu *c, u64 i);		/* returns i % DIRECT_TABLE_CASES */
+u64 direct_extable(struct direct_cpu *c);		/* returns its count after the call */
 
 #endif /* !__ASSEMBLER__ */
 

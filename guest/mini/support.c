@@ -115,6 +115,7 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 	cfg->graph = 0;
 	cfg->args = 0;
 	cfg->stack = 0;
+	cfg->direct = 0;
 	if (!s)
 		return;
 	while (*s) {
@@ -141,6 +142,8 @@ notrace void parse_cmdline(const char *s, struct mini_cfg *cfg)
 			cfg->args = equals(v, end, "1");
 		else if ((v = after(s, end, "stack=")))
 			cfg->stack = equals(v, end, "1");
+		else if ((v = after(s, end, "direct=")))
+			cfg->direct = equals(v, end, "1");
 		else if ((v = after(s, end, "end="))) {
 			if (equals(v, end, "triple-fault"))
 				cfg->end = END_TRIPLE_FAULT;

@@ -94,14 +94,15 @@ enum {
 
 /* Per-task call counters (struct task_struct's mini_calls[T_*]), in
  * the order of the task lines: the workload's, the graph workload's, the
- * args=1 functions, the stack=1 functions, then mini_main and
- * mini_init_setup. */
+ * args=1 functions, the stack=1 functions, the direct=1 functions, then
+ * mini_main and mini_init_setup. */
 enum {
 	T_WORK = 0,		/* + F_* */
 	T_GRAPH = F_NR,		/* + G_* */
 	T_ARGS = F_NR + G_NR,	/* + A_* */
 	T_STACK = T_ARGS + A_NR, /* + S_* */
-	T_mini_main = T_STACK + S_NR,
+	T_DIRECT = T_STACK + S_NR, /* + D_* */
+	T_mini_main = T_DIRECT + D_NR,
 	T_mini_init_setup,
 	T_NR
 };
@@ -121,6 +122,16 @@ static const char *const stack_fn_names[S_NR] = {
 	"stack_outer_a",
 	"stack_outer_b",
 	"stack_recurse",
+};
+
+/* direct=1's functions (direct.S; README "direct=1"), in printed order. */
+static const char *const direct_fn_names[D_NR] = {
+	"direct_riprel",
+	"direct_endbr",
+	"direct_jcc",
+	"direct_jump_into",
+	"direct_table",
+	"direct_extable",
 };
 
 /* Each vCPU's tasks: [0] its idle task, [1] mini-a, [2] mini-b. */
@@ -814,6 +825,70 @@ static notrace void report_stack(u64 cpu)
 	}
 }
 
+/* ---- direct=1: functions crafted for direct entries (README "direct=1") -- */
+
+struct direct_cpu mini_direct[MINI_MAX_CPUS];
+
+/* direct.S increments count[D_*] at 8 * D_* from the struct's start. */
+_Static_assert(__builtin_offsetof(struct direct_cpu, count) == 0, "count[] first");
+
+/* Not reached while direct.S's functions run right (as written, or through
+ * a tracer's relocated copy of their first instructions). */
+static notrace noipa __noreturn void direct_bad(unsigned int d, u64 got, u64 want)
+{
+	print_lock();
+	serial_puts("mini: ");
+	serial_puts(direct_fn_names[d]);
+	serial_puts(" bad: returned ");
+	serial_putu(got);
+	serial_puts(" want ");
+	serial_putu(want);
+	serial_puts("\n");
+	poweroff(1);
+}
+
+/* One iteration i of the direct workload: D_k when i % (k + 1) == 0, so
+ * each function has a count of its own (README). Each one's task count
+ * is made here, after it returned (direct.S counts per CPU only), on the
+ * same task. Inlined into mini_main, every call's caller. */
+static notrace inline __attribute__((always_inline)) void direct_iteration(struct direct_cpu *d, u64 i)
+{
+	u64 r;
+
+	r = direct_riprel(d);
+	if (r != DIRECT_RIPREL_MAGIC)
+		direct_bad(D_direct_riprel, r, DIRECT_RIPREL_MAGIC);
+	task_count(T_DIRECT + D_direct_riprel);
+	if (i % (D_direct_endbr + 1) == 0) {
+		direct_endbr(d);
+		task_count(T_DIRECT + D_direct_endbr);
+	}
+	if (i % (D_direct_jcc + 1) == 0) {
+		r = direct_jcc(d, i);
+		if (r != (i & 1))
+			direct_bad(D_direct_jcc, r, i & 1);
+		task_count(T_DIRECT + D_direct_jcc);
+	}
+	if (i % (D_direct_jump_into + 1) == 0) {
+		r = direct_jump_into(d);
+		if (r != 2)
+			direct_bad(D_direct_jump_into, r, 2);
+		task_count(T_DIRECT + D_direct_jump_into);
+	}
+	if (i % (D_direct_table + 1) == 0) {
+		r = direct_table(d, i);
+		if (r != i % DIRECT_TABLE_CASES)
+			direct_bad(D_direct_table, r, i % DIRECT_TABLE_CASES);
+		task_count(T_DIRECT + D_direct_table);
+	}
+	if (i % (D_direct_extable + 1) == 0) {
+		r = direct_extable(d);
+		if (r != d->count[D_direct_extable])
+			direct_bad(D_direct_extable, r, d->count[D_direct_extable]);
+		task_count(T_DIRECT + D_direct_extable);
+	}
+}
+
 /* ---- calibration --------------------------------------------------------- */
 
 /* Exactly MINI_SPIN_INSNS(n) instructions for n = mini_spin read once:
@@ -890,7 +965,8 @@ static notrace void report_tasks(u64 cpu)
 				const char *name = f < T_GRAPH		     ? fn_names[f]
 						   : f < T_ARGS		     ? graph_fn_names[f - T_GRAPH]
 						   : f < T_STACK	     ? args_fn_names[f - T_ARGS]
-						   : f < T_mini_main	     ? stack_fn_names[f - T_STACK]
+						   : f < T_DIRECT	     ? stack_fn_names[f - T_STACK]
+						   : f < T_mini_main	     ? direct_fn_names[f - T_DIRECT]
 						   : f == T_mini_main	     ? "mini_main"
 									     : "mini_init_setup";
 
@@ -966,6 +1042,9 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, const struct mini
 		report_line("mini: stat cpu ", cpu, "graph_long_ticks_max", g->long_ticks_max);
 		report_line("mini: stat cpu ", cpu, "graph_long_outer_ticks_sum", g->long_outer_ticks_sum);
 	}
+	if (cfg->direct)
+		for (int d = 0; d < D_NR; d++)
+			report_line("mini: cpu ", cpu, direct_fn_names[d], mini_direct[cpu].count[d]);
 	report_tasks(cpu);
 	if (cfg->args)
 		report_args(cpu);
@@ -980,15 +1059,17 @@ static notrace void report(struct cpu *c, struct graph_cpu *g, const struct mini
 /* The iterations of one vCPU: until mini_stop (loop) or cfg->iters, each
  * run by task i % 3 (t), mini-b renamed once, before the calls of the
  * first of its iterations i >= iters / 2 (README "Tasks"). Inlined with
- * constant loop, graph, args and stack, so each combination is a loop of
- * its own and one without graph=1, args=1 or stack=1 runs none of their
- * instructions. */
+ * constant loop, graph, args, stack and direct, so each combination is a
+ * loop of its own and one without graph=1, args=1, stack=1 or direct=1
+ * runs none of their instructions. */
 static notrace inline __attribute__((always_inline)) void
-workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, const int args, const int stack)
+workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, const int args, const int stack,
+	 const int direct)
 {
 	struct cpu *c = &mini_cpus[cpu];
 	struct graph_cpu *g = &mini_graph[cpu];
 	struct stack_cpu *s = &mini_stack[cpu];
+	struct direct_cpu *d = &mini_direct[cpu];
 	struct task_struct *tasks = mini_tasks[cpu], *t = tasks, *b = &tasks[MINI_TASK_B];
 	u64 rename_at = cfg->iters / 2 + (MINI_TASKS_PER_CPU + MINI_TASK_B - cfg->iters / 2 % 3) % 3;
 	u64 i;
@@ -1004,6 +1085,8 @@ workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, c
 			args_iteration(cpu, t, i);
 		if (stack)
 			stack_iteration(s, i);
+		if (direct)
+			direct_iteration(d, i);
 		if (loop)
 			calibration_spin();
 		t = t == b ? tasks : t + 1;
@@ -1012,21 +1095,23 @@ workload(u64 cpu, const struct mini_cfg *cfg, const int loop, const int graph, c
 	set_current(tasks);
 }
 
-/* workload() with constant graph, args and stack: the combination cfg asks
- * for. */
+/* workload() with constant graph, args, stack and direct: the
+ * combination cfg asks for. */
 static notrace inline __attribute__((always_inline)) void
 workload_modes(u64 cpu, const struct mini_cfg *cfg, const int loop)
 {
-	switch ((cfg->graph ? 1 : 0) | (cfg->args ? 2 : 0) | (cfg->stack ? 4 : 0)) {
-	case 0: workload(cpu, cfg, loop, 0, 0, 0); break;
-	case 1: workload(cpu, cfg, loop, 1, 0, 0); break;
-	case 2: workload(cpu, cfg, loop, 0, 1, 0); break;
-	case 3: workload(cpu, cfg, loop, 1, 1, 0); break;
-	case 4: workload(cpu, cfg, loop, 0, 0, 1); break;
-	case 5: workload(cpu, cfg, loop, 1, 0, 1); break;
-	case 6: workload(cpu, cfg, loop, 0, 1, 1); break;
-	default: workload(cpu, cfg, loop, 1, 1, 1); break;
+#define W(g, a, s, d)                                             \
+	case (g) | (a) << 1 | (s) << 2 | (d) << 3:                \
+		workload(cpu, cfg, loop, g, a, s, d);             \
+		break
+	switch ((cfg->graph ? 1 : 0) | (cfg->args ? 2 : 0) | (cfg->stack ? 4 : 0) | (cfg->direct ? 8 : 0)) {
+	W(0, 0, 0, 0); W(1, 0, 0, 0); W(0, 1, 0, 0); W(1, 1, 0, 0);
+	W(0, 0, 1, 0); W(1, 0, 1, 0); W(0, 1, 1, 0); W(1, 1, 1, 0);
+	W(0, 0, 0, 1); W(1, 0, 0, 1); W(0, 1, 0, 1); W(1, 1, 0, 1);
+	W(0, 0, 1, 1); W(1, 0, 1, 1); W(0, 1, 1, 1);
+	default: workload(cpu, cfg, loop, 1, 1, 1, 1); break;
 	}
+#undef W
 }
 
 /* Called by entry.S on every vCPU with its own stack, after mini_cpu_init.

@@ -85,6 +85,29 @@ pub fn mini_expected(func: &str, iters: u64) -> u64 {
     }
 }
 
+/// The mini guest's `direct=1` functions (guest/mini/direct.S, README
+/// "direct=1") in the order it prints them: the k-th (from 0) is called in
+/// iterations i with i % (k + 1) == 0. The first three are safe direct
+/// sites; the others are refused (jump-into-site, indirect-jump, ex-table).
+pub const MINI_DIRECT_FUNCS: [&str; 6] = [
+    "direct_riprel",
+    "direct_endbr",
+    "direct_jcc",
+    "direct_jump_into",
+    "direct_table",
+    "direct_extable",
+];
+
+/// A `direct=1` function's calls on one CPU in `iters` iterations:
+/// ceil(iters / (k + 1)) for the k-th of [`MINI_DIRECT_FUNCS`].
+pub fn mini_direct_expected(func: &str, iters: u64) -> u64 {
+    let k = MINI_DIRECT_FUNCS
+        .iter()
+        .position(|f| *f == func)
+        .unwrap_or_else(|| panic!("no direct=1 function {func:?}"));
+    iters.div_ceil(k as u64 + 1)
+}
+
 /// (cpu, function) -> count, from `mini: cpu C FUNC N` lines; plus the CPUs that said `done`.
 pub fn parse_mini_console(text: &str) -> (BTreeMap<(u32, String), u64>, Vec<u32>) {
     let mut counts = BTreeMap::new();

@@ -2,8 +2,8 @@
 //! (exception fixups, alternatives, jump labels, static calls, retpoline
 //! and return-thunk sites, ftrace sites), and the entry and noinstr text
 //! bounds: what a direct entry must not displace. Read from the image
-//! file; a table the kernel does not have (the mini guest has none) is
-//! empty.
+//! file; a table the kernel does not have (the mini guest has only
+//! `__ex_table`) is empty.
 
 use object::{Object, ObjectSection};
 
