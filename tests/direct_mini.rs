@@ -202,3 +202,47 @@ fn on_an_ftrace_kernel_direct_entries_trace_a_notrace_function_too() {
         assert_eq!(names.len(), 2);
     }
 }
+
+/// The functions crafted for the rules (`direct=1`, guest/mini/direct.S):
+/// the safe ones (a RIP-relative first instruction, ENDBR64 first, a short
+/// `je` widened in the stub) are traced exactly, in both modes and with
+/// the graph; the guest checks each one's result, so a bad relocation
+/// stops it. The refused ones are named with their rule.
+#[test]
+fn the_crafted_functions_are_traced_exactly_or_refused_by_rule() {
+    let elf = mini_variant_elf("mini-noftrace");
+    let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
+    let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
+    let plan = TracePlan::build(
+        image,
+        &request(&["direct_*"], ModeChoice::Trap, false, EntryChoice::Auto),
+    );
+    let plan = plan.unwrap().plan;
+    let direct = plan.direct.as_ref().unwrap();
+    let refused = |name: &str| {
+        let f = plan
+            .image
+            .functions
+            .iter()
+            .position(|f| f.name == name)
+            .unwrap();
+        direct.refused[&f].rule()
+    };
+    assert_eq!(refused("direct_jump_into"), "jump-into-site");
+    assert_eq!(refused("direct_table"), "indirect-jump");
+    assert_eq!(refused("direct_extable"), "ex-table");
+    for (mode, graph) in [
+        (ModeChoice::Trap, false),
+        (ModeChoice::Exitless, false),
+        (ModeChoice::Exitless, true),
+    ] {
+        let mut req = request(&["direct_*"], mode, graph, EntryChoice::Auto);
+        // The guest's own report of a wrong result, never called.
+        req.notrace = vec!["direct_bad".to_string()];
+        let mut names = run(&elf, &req, "iters=100 direct=1", |_, f| {
+            panic!("{f} is not counted by the guest")
+        });
+        names.sort();
+        assert_eq!(names, ["direct_endbr", "direct_jcc", "direct_riprel"]);
+    }
+}
