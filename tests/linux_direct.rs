@@ -1,0 +1,191 @@
+//! Direct entries on Linux (docs/direct.md): the default 6.1 guest built
+//! without FUNCTION_TRACER (`guest/build.sh linux-noftrace`, no
+//! `__mcount_loc`) traced through its functions' first instructions, in
+//! both modes on 2 vCPUs; and the ftrace build traced both ways. Slow on
+//! emulating hosts: one guest at a time, each boot ends at init's death.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use common::*;
+
+/// The hrtimers and a scheduler set.
+const SET: &str = "hrtimer_*,schedule,__schedule,pick_next_task_fair,update_curr,\
+                   try_to_wake_up,enqueue_task_fair,dequeue_task_fair";
+
+/// A function called this often in one build's boot is called in the
+/// other's too (calls of rarer ones depend on when the attach came).
+const OFTEN: u64 = 1000;
+
+/// (bzImage, initramfs) of `guest/build.sh NAME`, built (or copied from
+/// the cache) on first use.
+fn guest(name: &str) -> (PathBuf, PathBuf) {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|n| n == name) {
+        let st = std::process::Command::new("bash")
+            .arg(root().join("guest/build.sh"))
+            .arg(name)
+            .status()
+            .unwrap();
+        assert!(st.success(), "guest/build.sh {name} failed");
+        built.push(name.to_string());
+    }
+    let dir = match name {
+        "linux" => root().join("guest/out"),
+        n => root().join("guest/out").join(n),
+    };
+    (dir.join("bzImage"), dir.join("initramfs.cpio.gz"))
+}
+
+/// One guest at a time (two starve each other's ticks on a 2-core host).
+static ONE_GUEST: Mutex<()> = Mutex::new(());
+
+/// Boot `name` on 2 vCPUs tracing `trace` with `extra` options; what
+/// vmtrace said, the console, and the JSON report.
+fn traced(name: &str, trace: &str, extra: &[&str]) -> (String, String, serde_json::Value) {
+    let (kernel, initrd) = guest(name);
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = format!("{}-{name}", std::process::id());
+    let console = std::env::temp_dir().join(format!("vmtrace-direct-{tag}.log"));
+    let json = std::env::temp_dir().join(format!("vmtrace-direct-{tag}.json"));
+    let mut args = vec![
+        "--kernel".to_string(),
+        kernel.display().to_string(),
+        "--initrd".to_string(),
+        initrd.display().to_string(),
+        "--cpus".into(),
+        "2".into(),
+        "--mem".into(),
+        "96".into(),
+        "--timeout".into(),
+        "900".into(),
+        "--console".into(),
+        console.display().to_string(),
+        "--trace".into(),
+        trace.to_string(),
+        "--export".into(),
+        format!("json={}", json.display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = vmtrace(&args);
+    let err = stderr(&out);
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let _ = std::fs::remove_file(&console);
+    let v = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_else(|| panic!("no JSON report: {err}"));
+    let _ = std::fs::remove_file(&json);
+    for line in text.lines() {
+        for bad in [
+            "WARNING:",
+            "BUG:",
+            "Oops",
+            "general protection",
+            "invalid opcode",
+        ] {
+            assert!(
+                !line.contains(bad),
+                "the guest complained: {line}\n{text}\n{err}"
+            );
+        }
+    }
+    assert!(text.contains("Run /init as init process"), "{text}\n{err}");
+    // Every site written was put back (the text is the file's again).
+    let patched = v["sites_patched"].as_u64().unwrap();
+    assert!(
+        err.contains(&format!("detached: {patched} sites restored")),
+        "{err}"
+    );
+    (err, text, v)
+}
+
+/// Calls per function of a JSON report.
+fn counts(v: &serde_json::Value) -> BTreeMap<String, u64> {
+    v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Functions called `OFTEN` in `a` are called in `b`, and the other way.
+fn same_busy_functions(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) {
+    for (x, y) in [(a, b), (b, a)] {
+        for (f, &n) in x.iter().filter(|(_, &n)| n >= OFTEN) {
+            assert!(
+                y.get(f).is_some_and(|&m| m > 0),
+                "{f}: {n} calls, then none\n{a:?}\n{b:?}"
+            );
+        }
+    }
+}
+
+/// The kernel without ftrace, in trap and exitless modes: the timers and
+/// the scheduler traced (the timer interrupt from the APIC vector), the
+/// same busy functions as the ftrace build's boot counts, nothing dropped.
+#[test]
+fn linux_without_ftrace_is_traced_by_direct_entries_in_both_modes() {
+    let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap"]);
+    for mode in ["trap", "exitless"] {
+        let (err, _, v) = traced("linux-noftrace", SET, &["--mode", mode]);
+        assert!(err.contains("vmtrace: direct entries: "), "{err}");
+        assert!(err.contains("direct sites patched"), "{err}");
+        assert_eq!(v["mode"], mode);
+        assert_eq!(v["dropped"].as_u64(), Some(0));
+        let c = counts(&v);
+        for f in ["hrtimer_interrupt", "schedule", "try_to_wake_up"] {
+            assert!(c.get(f).is_some_and(|&n| n > 0), "{f}: {c:?}");
+        }
+        let hrtimer = v["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "hrtimer_interrupt")
+            .unwrap();
+        assert!(
+            hrtimer["callers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["name"].as_str().unwrap().contains("apic_timer_interrupt")),
+            "{hrtimer}"
+        );
+        same_busy_functions(&counts(&ftrace), &c);
+        if mode == "exitless" {
+            assert_eq!(v["trap_exits"].as_u64(), Some(0));
+        }
+    }
+}
+
+/// The ftrace build traced twice, through its ftrace sites and through
+/// direct entries, on the functions ftrace can trace: the same functions;
+/// and `sched_clock_cpu`, `notrace`, traced by direct entries only.
+#[test]
+fn an_ftrace_kernel_traced_by_direct_entries_gives_the_same_functions() {
+    let (_, _, ftrace) = traced(
+        "linux",
+        "hrtimer_*",
+        &["--mode", "trap", "--entry", "ftrace"],
+    );
+    let planned: Vec<String> = counts(&ftrace).into_keys().collect();
+    let mut set = planned.join(",");
+    set.push_str(",sched_clock_cpu");
+    let (err, _, direct) = traced("linux", &set, &["--mode", "trap", "--entry", "direct"]);
+    assert!(err.contains("direct sites patched"), "{err}");
+    let mut c = counts(&direct);
+    assert!(c.remove("sched_clock_cpu").is_some_and(|n| n > 0), "{c:?}");
+    assert_eq!(c.keys().cloned().collect::<Vec<_>>(), planned);
+    same_busy_functions(&counts(&ftrace), &c);
+}
