@@ -76,7 +76,7 @@ fn traced(name: &str, trace: &str, extra: &[&str]) -> (String, String, serde_jso
     let err = stderr(&out);
     let text = std::fs::read_to_string(&console).unwrap_or_default();
     let _ = std::fs::remove_file(&console);
-    let v = std::fs::read_to_string(&json)
+    let v: serde_json::Value = std::fs::read_to_string(&json)
         .ok()
         .and_then(|j| serde_json::from_str(&j).ok())
         .unwrap_or_else(|| panic!("no JSON report: {err}"));
