@@ -18,5 +18,6 @@ pub mod prototype;
 pub mod sites;
 pub mod symbols;
 pub mod task;
+pub mod task_list;
 pub mod unwind;
 pub mod vmlinux;

@@ -9,6 +9,7 @@ use super::{hookable, Mode, Plan, ValuePlan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::task_list::TaskList;
 use crate::plan::stacks::StackPlan;
 use crate::plan::tasks::TaskFilter;
 use crate::session::exitless::state::Records;
@@ -111,8 +112,8 @@ pub enum PlanError {
     /// Direct entries on a kernel that can preempt a task anywhere in
     /// kernel mode: one preempted inside the displaced bytes cannot be
     /// found from the vCPUs alone.
-    #[error("direct entries are not written into a preemptible kernel ({path} has {symbol}): a task preempted inside a function's first instructions would resume in the middle of the jump; trace it through ftrace (--entry ftrace)")]
-    DirectPreemptible { path: String, symbol: &'static str },
+    #[error("direct entries into a preemptible kernel need its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); trace it through ftrace (--entry ftrace)")]
+    DirectPreemptible { path: String, why: String },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -137,8 +138,13 @@ impl TracePlan {
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
         let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
         let mut notes = Vec::new();
-        if let Some(direct) = &plan.direct {
-            check_not_preemptible(&plan)?;
+        if plan.direct.is_some() {
+            let preempted = preempted_tasks(&plan)?;
+            let direct = plan.direct.as_mut().expect("checked");
+            // Not shared yet: the session has not started.
+            std::sync::Arc::get_mut(direct)
+                .expect("the plan's own direct plan")
+                .preempted = preempted;
             notes.extend(direct.summary().map(Note::Direct));
         }
         plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())?;
@@ -221,17 +227,25 @@ pub fn graph_names(left_out: &[(String, &'static str)]) -> String {
         .join("; ")
 }
 
-/// Direct entries are refused on a preemptible kernel (`PlanError::
-/// DirectPreemptible`), told by its `preempt_schedule`.
-fn check_not_preemptible(plan: &Plan) -> Result<(), PlanError> {
+/// Direct entries on a preemptible kernel (one with `preempt_schedule`):
+/// its task list, to find the tasks it preempted in kernel mode; refused
+/// when its BTF does not say where (`PlanError::DirectPreemptible`).
+fn preempted_tasks(plan: &Plan) -> Result<Option<TaskList>, PlanError> {
     const PREEMPT_SCHEDULE: &str = crate::session::exitless::symbols::PREEMPT_SCHEDULE;
-    match plan.image.symbol(PREEMPT_SCHEDULE) {
-        Some(_) => Err(PlanError::DirectPreemptible {
-            path: plan.image.path.display().to_string(),
-            symbol: PREEMPT_SCHEDULE,
-        }),
-        None => Ok(()),
+    if plan.image.symbol(PREEMPT_SCHEDULE).is_none() {
+        return Ok(None);
     }
+    let refuse = |why: String| PlanError::DirectPreemptible {
+        path: plan.image.path.display().to_string(),
+        why,
+    };
+    let btf = plan
+        .btf
+        .as_deref()
+        .ok_or_else(|| refuse(plan.tasks.note.clone()))?;
+    TaskList::find(&plan.image, btf)
+        .map(Some)
+        .map_err(|e| refuse(e.to_string()))
 }
 
 /// A selection whose every site is in init text would boot and trace nothing.

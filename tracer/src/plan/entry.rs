@@ -84,6 +84,9 @@ pub struct DirectPlan {
     pub refused: HashMap<usize, Refusal>,
     /// Refusals by rule (`Refusal::rule`), for the run's summary line.
     pub by_rule: std::collections::BTreeMap<&'static str, usize>,
+    /// On a preemptible kernel, its task list: the stacks of preempted
+    /// tasks are checked at each attach (`session::direct::contexts`).
+    pub preempted: Option<crate::kernel::task_list::TaskList>,
 }
 
 impl DirectPlan {

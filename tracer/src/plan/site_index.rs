@@ -97,3 +97,27 @@ impl SiteIndex {
             .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_sites_trap_in_their_stubs_and_resume_past_the_trap() {
+        let idx = SiteIndex::new(vec![(0x2000, 0), (0x1000, 1)]);
+        idx.set_slide(0x10_0000);
+        assert_eq!(idx.find(0x10_1002), Some(0));
+        assert_eq!(idx.resume_addr(0), 0x10_1005);
+        let stubs: Box<[u64]> = vec![0xffff_ffff_ff9f_0000, 0xffff_ffff_ff9f_0040].into();
+        assert!(idx.set_stubs(stubs.clone()));
+        // Once stubs are set, a trap comes from a stub, at its `out` or
+        // just past it; the site itself no longer traps.
+        assert_eq!(idx.find(0xffff_ffff_ff9f_0040), Some(1));
+        assert_eq!(idx.find(0xffff_ffff_ff9f_0002), Some(0));
+        assert_eq!(idx.find(0x10_1002), None);
+        assert_eq!(idx.resume_addr(1), 0xffff_ffff_ff9f_0045);
+        assert_eq!(idx.running_addr(1), 0x10_2000, "the site stays the function's");
+        assert!(idx.set_stubs(stubs), "the same stubs again");
+        assert!(!idx.set_stubs(vec![0, 64].into()), "other stubs are refused");
+    }
+}

@@ -75,6 +75,10 @@ pub enum PatchError {
     },
     #[error("guest memory at {addr:#x} (guest physical {gpa:#x}) cannot be accessed: {why}")]
     Memory { addr: u64, gpa: u64, why: String },
+    /// Direct entries on a preemptible kernel: its tasks could not be
+    /// walked at any attempt.
+    #[error("{0}: direct entries cannot be proved safe from preempted tasks")]
+    TaskWalk(String),
     #[error(
         "site {addr:#x} (guest physical {gpa:#x}) read back {found} after restoring {original}"
     )]

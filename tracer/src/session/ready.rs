@@ -25,8 +25,11 @@ pub enum NotReady {
     CallSites { calls: usize, first: u64 },
     /// A guest context is inside the displaced bytes of `sites` direct
     /// sites (the first found on vCPU `cpu`, at `at`).
-    #[error("a guest context is inside the first instructions of {sites} direct site(s) (vCPU {cpu} at {at:#x})")]
-    DirectBusy { sites: usize, cpu: usize, at: u64 },
+    #[error("a guest context is inside the first instructions of {sites} direct site(s) ({who} at {at:#x})")]
+    DirectBusy { sites: usize, who: String, at: u64 },
+    /// The task list of a preemptible kernel could not be walked (yet).
+    #[error("{why}")]
+    DirectTasks { why: String },
 }
 
 /// One attach attempt.

@@ -254,3 +254,33 @@ fn the_summary_counts_by_rule() {
          ftrace-site 3, too-short 1"
     );
 }
+
+#[test]
+fn an_ftrace_site_first_is_displaced_alone_as_a_nop() {
+    // `call __fentry__` (the file's form of the site), then the prologue.
+    let call = [0xe8, 0, 0, 0, 0];
+    let code = func(&[&call, &PROLOGUE, &EPILOGUE]);
+    let mut tables = SiteTables::default();
+    tables.insert(KernelTable::Ftrace, BASE, 5);
+    let site = DirectSite::analyze_code(BASE, &code, &tables).unwrap();
+    assert!(site.ftrace_nop);
+    assert_eq!((site.addr, site.len), (BASE, 5));
+    assert!(site.insns.is_empty(), "nothing to run in its place");
+    // After ENDBR64 too; an ftrace site further in is still refused.
+    let code = func(&[&crate::kernel::sites::ENDBR64, &call, &EPILOGUE]);
+    let mut tables = SiteTables::default();
+    tables.insert(KernelTable::Ftrace, BASE + 4, 5);
+    let site = DirectSite::analyze_code(BASE, &code, &tables).unwrap();
+    assert!(site.ftrace_nop);
+    assert_eq!(site.addr, BASE + 4);
+    let code = func(&[&PROLOGUE, &EPILOGUE]);
+    let mut tables = SiteTables::default();
+    tables.insert(KernelTable::Ftrace, BASE + 1, 5);
+    assert_eq!(
+        DirectSite::analyze_code(BASE, &code, &tables).unwrap_err(),
+        Refusal::Overlaps {
+            table: KernelTable::Ftrace,
+            at: 1
+        }
+    );
+}

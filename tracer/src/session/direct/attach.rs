@@ -11,7 +11,7 @@ use super::{jump_for, keep_stubbed, DirectSurvey, Head, Ready};
 use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
 use crate::session::exitless::map::Mapped;
-use crate::session::patch::{self, PatchedSite, Surveyed};
+use crate::session::patch::{self, PatchError, PatchedSite, Surveyed};
 use crate::session::{NotReady, Tracer};
 
 /// Attaches that may find a guest context inside a site's displaced bytes
@@ -61,13 +61,29 @@ impl Tracer {
                 })
             })
             .collect();
-        let busy = contexts::find(space, &direct.ranges(off.virt), &vcpus);
+        // On a preemptible kernel, the stacks of the tasks it may have
+        // preempted in kernel mode too.
+        let stacks = match self.plan.direct.as_ref().and_then(|d| d.preempted) {
+            None => Vec::new(),
+            Some(list) => match contexts::preempted_stacks(space, &list, off.virt) {
+                Ok(sps) => sps,
+                Err(e) if self.direct_busy_waits < MAX_BUSY_WAITS => {
+                    self.direct_busy_waits += 1;
+                    return Ok(Err(NotReady::DirectTasks { why: e.to_string() }));
+                }
+                Err(e) => return Err(PatchError::TaskWalk(e.to_string()).into()),
+            },
+        };
+        let busy = contexts::find(space, &direct.ranges(off.virt), &vcpus, &stacks);
         if let Some(b) = busy.first() {
             if self.direct_busy_waits < MAX_BUSY_WAITS {
                 self.direct_busy_waits += 1;
                 return Ok(Err(NotReady::DirectBusy {
                     sites: busy.len(),
-                    cpu: b.cpu,
+                    who: match b.cpu {
+                        Some(cpu) => format!("vCPU {cpu}"),
+                        None => "a task switched out".to_string(),
+                    },
                     at: b.at,
                 }));
             }

@@ -1,0 +1,64 @@
+//! Where a Linux kernel keeps every task, for a walk of them all from the
+//! host: `init_task`, each process on its `tasks` list, each of its threads
+//! on its signal struct's `thread_head` list (`for_each_process_thread`),
+//! and of each thread its scheduler state and the stack pointer it was
+//! switched out with (`thread.sp`). Offsets from the kernel's BTF.
+
+use crate::kernel::btf::{BtfError, KernelBtf};
+use crate::kernel::symbols::KernelImage;
+
+/// The first task, the list's head (`init/init_task.c`).
+pub const INIT_TASK: &str = "init_task";
+
+/// `TASK_RUNNING` (include/linux/sched.h): runnable, or running.
+pub const TASK_RUNNING: u32 = 0;
+
+/// Offsets into `struct task_struct` and `struct signal_struct`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskList {
+    /// `init_task`'s link address.
+    pub init_task: u64,
+    /// `task_struct.tasks` (a `list_head`: `next` first).
+    pub tasks: u32,
+    /// `task_struct.__state` (`state` before 5.14), its low 32 bits.
+    pub state: u32,
+    /// `task_struct.thread.sp`.
+    pub sp: u32,
+    /// `task_struct.signal` (a pointer).
+    pub signal: u32,
+    /// `signal_struct.thread_head`.
+    pub thread_head: u32,
+    /// `task_struct.thread_node`.
+    pub thread_node: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskListError {
+    #[error("{} has no {INIT_TASK} symbol", path.display())]
+    NoInitTask { path: std::path::PathBuf },
+    #[error(transparent)]
+    Btf(#[from] BtfError),
+}
+
+impl TaskList {
+    /// The layout of `image`'s task list, from its BTF.
+    pub fn find(image: &KernelImage, btf: &KernelBtf) -> Result<TaskList, TaskListError> {
+        let init_task = image
+            .symbol(INIT_TASK)
+            .ok_or_else(|| TaskListError::NoInitTask {
+                path: image.path.clone(),
+            })?
+            .addr;
+        let task = |m: &str| btf.member("task_struct", m).map(|at| at.offset);
+        let state = task("__state").or_else(|_| task("state"))?;
+        Ok(TaskList {
+            init_task,
+            tasks: task("tasks")?,
+            state,
+            sp: task("thread")? + btf.member("thread_struct", "sp")?.offset,
+            signal: task("signal")?,
+            thread_head: btf.member("signal_struct", "thread_head")?.offset,
+            thread_node: task("thread_node")?,
+        })
+    }
+}
