@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use common::*;
 
 /// The hrtimers and a scheduler set.
-const SET: &str = "hrtimer_*,schedule,__schedule,pick_next_task_fair,update_curr,\
+const SET: &str = "hrtimer_*,schedule,pick_next_task_fair,update_curr,\
                    try_to_wake_up,enqueue_task_fair,dequeue_task_fair";
 
 /// A function called this often in one build's boot is called in the
@@ -188,4 +188,47 @@ fn an_ftrace_kernel_traced_by_direct_entries_gives_the_same_functions() {
     assert!(c.remove("sched_clock_cpu").is_some_and(|n| n > 0), "{c:?}");
     assert_eq!(c.keys().cloned().collect::<Vec<_>>(), planned);
     same_busy_functions(&counts(&ftrace), &c);
+}
+
+/// `list` on the kernel without ftrace: from its bzImage alone (kallsyms
+/// gives the functions' ranges) the same functions are traceable by direct
+/// entry as with its vmlinux; `--entry ftrace` is refused in one line.
+#[test]
+fn a_kernel_without_ftrace_lists_from_its_bzimage_alone() {
+    let (kernel, _) = guest("linux-noftrace");
+    let alone = std::env::temp_dir().join(format!("vmtrace-direct-alone-{}", std::process::id()));
+    std::fs::create_dir_all(&alone).unwrap();
+    let copy = alone.join("bzImage");
+    std::fs::copy(&kernel, &copy).unwrap();
+    let traceable = |kernel: &std::path::Path| {
+        let out = vmtrace(&["list", "--kernel", kernel.to_str().unwrap(), "hrtimer_*"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let names: Vec<String> = stdout(&out)
+            .lines()
+            .filter(|l| !l.contains('['))
+            .map(str::to_string)
+            .collect();
+        (names, stderr(&out))
+    };
+    let (with_vmlinux, _) = traceable(&kernel);
+    let (from_kallsyms, err) = traceable(&copy);
+    assert!(err.contains("traceable by direct entry"), "{err}");
+    assert!(err.contains("kallsyms"), "{err}");
+    assert!(with_vmlinux.len() > 10, "{with_vmlinux:?}");
+    assert_eq!(from_kallsyms, with_vmlinux);
+    let out = vmtrace(&[
+        "--kernel",
+        copy.to_str().unwrap(),
+        "--entry",
+        "ftrace",
+        "--trace",
+        "hrtimer_*",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("has no __mcount_loc table") && err.contains("--entry direct"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&alone);
 }

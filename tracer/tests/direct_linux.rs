@@ -137,7 +137,10 @@ fn linux_6_1() {
     // alone is, to be relocated.
     let s = site(&image, &tables, "hrtimer_active").unwrap();
     assert!(s.ftrace_nop && s.insns.is_empty());
-    assert_eq!((s.addr, s.len), (image.symbol("hrtimer_active").unwrap().addr, 5));
+    assert_eq!(
+        (s.addr, s.len),
+        (image.symbol("hrtimer_active").unwrap().addr, 5)
+    );
     let s = site(&image, &no_ftrace, "hrtimer_active").unwrap();
     assert_eq!((s.len, s.insns.len(), s.rip_relative), (5, 1, false));
     let fentry = image.symbol("__fentry__").unwrap().addr;

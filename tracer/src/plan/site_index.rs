@@ -116,8 +116,15 @@ mod tests {
         assert_eq!(idx.find(0xffff_ffff_ff9f_0002), Some(0));
         assert_eq!(idx.find(0x10_1002), None);
         assert_eq!(idx.resume_addr(1), 0xffff_ffff_ff9f_0045);
-        assert_eq!(idx.running_addr(1), 0x10_2000, "the site stays the function's");
+        assert_eq!(
+            idx.running_addr(1),
+            0x10_2000,
+            "the site stays the function's"
+        );
         assert!(idx.set_stubs(stubs), "the same stubs again");
-        assert!(!idx.set_stubs(vec![0, 64].into()), "other stubs are refused");
+        assert!(
+            !idx.set_stubs(vec![0, 64].into()),
+            "other stubs are refused"
+        );
     }
 }
