@@ -142,6 +142,15 @@ fn linux_without_ftrace_is_traced_by_direct_entries_in_both_modes() {
         let (err, _, v) = traced("linux-noftrace", SET, &["--mode", mode]);
         assert!(err.contains("vmtrace: direct entries: "), "{err}");
         assert!(err.contains("direct sites patched"), "{err}");
+        // The kernel's task list was walked at the attach: at least
+        // init_task (the boot CPU's idle task) is always runnable.
+        let checked: u64 = err
+            .split(" runnable tasks' stacks checked")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{err}"));
+        assert!(checked >= 1, "{err}");
         assert_eq!(v["mode"], mode);
         assert_eq!(v["dropped"].as_u64(), Some(0));
         let c = counts(&v);

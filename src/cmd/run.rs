@@ -284,8 +284,9 @@ impl Observer for Status {
             c.skipped_other,
             if direct {
                 format!(
-                    "other: {} whose first instructions the running kernel changed, {} with a guest context inside",
-                    c.direct_changed, c.direct_busy
+                    "other: {} whose first instructions the running kernel changed, {} with a guest \
+                     context inside; {} runnable tasks' stacks checked",
+                    c.direct_changed, c.direct_busy, c.direct_tasks
                 )
             } else {
                 "not a NOP".to_string()

@@ -227,25 +227,25 @@ pub fn graph_names(left_out: &[(String, &'static str)]) -> String {
         .join("; ")
 }
 
-/// Direct entries on a preemptible kernel (one with `preempt_schedule`):
-/// its task list, to find the tasks it preempted in kernel mode; refused
-/// when its BTF does not say where (`PlanError::DirectPreemptible`).
+/// Direct entries: the kernel's task list, to find the tasks it may have
+/// preempted in kernel mode, whenever its BTF says where (a kernel that
+/// cannot preempt has none such, and the walk then only confirms it); a
+/// preemptible kernel (one with `preempt_schedule`) whose BTF does not is
+/// refused (`PlanError::DirectPreemptible`).
 fn preempted_tasks(plan: &Plan) -> Result<Option<TaskList>, PlanError> {
     const PREEMPT_SCHEDULE: &str = crate::session::exitless::symbols::PREEMPT_SCHEDULE;
-    if plan.image.symbol(PREEMPT_SCHEDULE).is_none() {
-        return Ok(None);
-    }
-    let refuse = |why: String| PlanError::DirectPreemptible {
-        path: plan.image.path.display().to_string(),
-        why,
+    let found = match plan.btf.as_deref() {
+        Some(btf) => TaskList::find(&plan.image, btf).map_err(|e| e.to_string()),
+        None => Err(plan.tasks.note.clone()),
     };
-    let btf = plan
-        .btf
-        .as_deref()
-        .ok_or_else(|| refuse(plan.tasks.note.clone()))?;
-    TaskList::find(&plan.image, btf)
-        .map(Some)
-        .map_err(|e| refuse(e.to_string()))
+    match (found, plan.image.symbol(PREEMPT_SCHEDULE)) {
+        (Ok(list), _) => Ok(Some(list)),
+        (Err(_), None) => Ok(None),
+        (Err(why), Some(_)) => Err(PlanError::DirectPreemptible {
+            path: plan.image.path.display().to_string(),
+            why,
+        }),
+    }
 }
 
 /// A selection whose every site is in init text would boot and trace nothing.

@@ -96,9 +96,10 @@ pub struct Tracer {
     direct: Option<direct::DirectSites>,
     /// Attaches so far that found a guest context inside a direct site.
     direct_busy_waits: u32,
-    /// The last direct attach: sites whose text had changed, and sites
-    /// left out because a context stayed inside them.
-    direct_counts: (usize, usize),
+    /// The last direct attach: sites whose text had changed, sites left
+    /// out because a context stayed inside them, runnable tasks' stacks
+    /// checked.
+    direct_counts: (usize, usize, usize),
     /// The guest TSC's rate, read at attach (0 until then).
     tsc_khz: u64,
     /// Where the kernel runs relative to its vmlinux (KASLR), found at the
@@ -254,7 +255,7 @@ impl Tracer {
             prototypes: plan.prototypes(),
             direct: direct::DirectSites::of(&plan),
             direct_busy_waits: 0,
-            direct_counts: (0, 0),
+            direct_counts: (0, 0, 0),
             plan,
             counters,
             store: Some(store),
@@ -473,6 +474,7 @@ impl Tracer {
             exitless: mapped,
             direct_changed: self.direct_counts.0,
             direct_busy: self.direct_counts.1,
+            direct_tasks: self.direct_counts.2,
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {

@@ -144,6 +144,9 @@ pub struct AttachCounts {
     /// Direct entries left out because a guest context stayed inside their
     /// displaced bytes at every try (`session::direct::contexts`).
     pub direct_busy: usize,
+    /// Runnable tasks whose stacks the direct attach checked (tasks the
+    /// kernel may have preempted; the vCPUs' own are checked besides).
+    pub direct_tasks: usize,
 }
 
 /// Outcome of one detach.

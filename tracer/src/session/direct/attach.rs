@@ -94,7 +94,7 @@ impl Tracer {
             .into_iter()
             .filter(|r| !busy_sites.contains(&r.k))
             .collect();
-        self.direct_counts = (changed, busy_sites.len());
+        self.direct_counts = (changed, busy_sites.len(), stacks.len());
         Ok(Ok((surveyed, DirectChecked { ready })))
     }
 
