@@ -273,6 +273,7 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         args: Vec::new(),
         retval: false,
         stack: Vec::new(),
+        entry: Default::default(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(plan.mode, Mode::Trap);

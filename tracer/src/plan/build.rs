@@ -138,9 +138,11 @@ impl TracePlan {
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
         let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
         let mut notes = Vec::new();
-        if plan.direct.is_some() {
-            let preempted = preempted_tasks(&plan)?;
-            let direct = plan.direct.as_mut().expect("checked");
+        let preempted = match plan.direct {
+            Some(_) => preempted_tasks(&plan)?,
+            None => None,
+        };
+        if let Some(direct) = plan.direct.as_mut() {
             // Not shared yet: the session has not started.
             std::sync::Arc::get_mut(direct)
                 .expect("the plan's own direct plan")
