@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::*;
 use tracer::kernel::find::{kernel_image, Given};
-use tracer::plan::entry::{Entry, EntryChoice};
+use tracer::plan::entry::{EntryChoice, EntryKind};
 use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
 use tracer::session::{Observer, Recording, Session};
 
@@ -64,7 +64,7 @@ fn run(elf: &Path, req: &Request, cmdline: &str, want: impl Fn(u32, &str) -> u64
     let kernel = vmm::boot::KernelFile::open(elf).unwrap();
     let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
     let plan = TracePlan::build(image, req).unwrap();
-    assert_eq!(plan.plan.entry, Entry::Direct);
+    assert_eq!(plan.plan.entry, EntryKind::Direct);
     assert!(plan.notes.iter().any(|n| matches!(n, Note::Direct(_))));
     let want_mode = match req.mode {
         ModeChoice::Exitless => Mode::Exitless,

@@ -4,7 +4,7 @@
 
 use tracer::error::TracerError;
 use tracer::kernel::sites::SiteTable;
-use tracer::plan::entry::{DirectPlan, Entry};
+use tracer::plan::entry::{DirectPlan, EntryKind};
 use tracer::plan::list::Listing;
 
 use crate::cli::ListArgs;
@@ -15,14 +15,14 @@ use crate::error::{Error, InputError, Outcome};
 pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
     let cfg = ListConfig::check(args)?;
     let listing = match cfg.entry.resolve(&cfg.image) {
-        Entry::Ftrace => {
+        EntryKind::Ftrace => {
             if let Some(e) = cfg.image.missing_sites() {
                 return Err(InputError::from(TracerError::from(e)).into());
             }
             let sites = SiteTable::build(&cfg.image).map_err(TracerError::from)?;
             Listing::new(&cfg.image, &sites, &cfg.globs)
         }
-        Entry::Direct => {
+        EntryKind::Direct => {
             let (direct, sites) = DirectPlan::build(&cfg.image).map_err(TracerError::from)?;
             Listing::direct(&cfg.image, &sites, &direct, &cfg.globs)
         }

@@ -280,7 +280,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 values: Default::default(),
                 arg_funcs: None,
                 stacks: None,
-                entry: tracer::plan::entry::Entry::Ftrace,
+                entry: tracer::plan::entry::EntryKind::Ftrace,
                 direct: None,
             };
             let (mut tracer, handlers) = Tracer::new(plan, 1, 0);

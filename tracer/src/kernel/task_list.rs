@@ -7,6 +7,12 @@
 use crate::kernel::btf::{BtfError, KernelBtf};
 use crate::kernel::symbols::KernelImage;
 
+/// Defined only by a kernel built with `CONFIG_PREEMPTION`
+/// (kernel/sched/core.c), dynamic preemption included: its tasks can be
+/// preempted anywhere, vmtrace's trampoline and a function's first
+/// instructions too.
+pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
+
 /// The first task, the list's head (`init/init_task.c`).
 pub const INIT_TASK: &str = "init_task";
 

@@ -235,7 +235,7 @@ pub fn graph_names(left_out: &[(String, &'static str)]) -> String {
 /// preemptible kernel (one with `preempt_schedule`) whose BTF does not is
 /// refused (`PlanError::DirectPreemptible`).
 fn preempted_tasks(plan: &Plan) -> Result<Option<TaskList>, PlanError> {
-    const PREEMPT_SCHEDULE: &str = crate::session::exitless::symbols::PREEMPT_SCHEDULE;
+    use crate::kernel::task_list::PREEMPT_SCHEDULE;
     let found = match plan.btf.as_deref() {
         Some(btf) => TaskList::find(&plan.image, btf).map_err(|e| e.to_string()),
         None => Err(plan.tasks.note.clone()),

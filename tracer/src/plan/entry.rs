@@ -26,28 +26,28 @@ pub enum EntryChoice {
 
 impl EntryChoice {
     /// The entry `self` gives on `image`.
-    pub fn resolve(self, image: &KernelImage) -> Entry {
+    pub fn resolve(self, image: &KernelImage) -> EntryKind {
         match self {
-            EntryChoice::Ftrace => Entry::Ftrace,
-            EntryChoice::Direct => Entry::Direct,
-            EntryChoice::Auto if image.mcount_loc.is_empty() => Entry::Direct,
-            EntryChoice::Auto => Entry::Ftrace,
+            EntryChoice::Ftrace => EntryKind::Ftrace,
+            EntryChoice::Direct => EntryKind::Direct,
+            EntryChoice::Auto if image.mcount_loc.is_empty() => EntryKind::Direct,
+            EntryChoice::Auto => EntryKind::Ftrace,
         }
     }
 }
 
 /// How a plan's functions are entered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Entry {
+pub enum EntryKind {
     Ftrace,
     Direct,
 }
 
-impl Entry {
+impl EntryKind {
     pub fn name(self) -> &'static str {
         match self {
-            Entry::Ftrace => "ftrace",
-            Entry::Direct => "direct",
+            EntryKind::Ftrace => "ftrace",
+            EntryKind::Direct => "direct",
         }
     }
 }

@@ -77,7 +77,7 @@ pub struct Plan {
     /// Which calls record their kernel stack, and how (`--stack`).
     pub stacks: Option<stacks::StackPlan>,
     /// How the functions are entered: ftrace's sites, or direct entries.
-    pub entry: entry::Entry,
+    pub entry: entry::EntryKind,
     /// Direct entries: each site's displaced instructions (`entry`
     /// Direct), and the functions refused one.
     pub direct: Option<Arc<entry::DirectPlan>>,
@@ -124,13 +124,13 @@ impl Plan {
     ) -> Result<Plan, TracerError> {
         let entry = choice.resolve(&image);
         let (sites, direct) = match entry {
-            entry::Entry::Ftrace => {
+            entry::EntryKind::Ftrace => {
                 if let Some(e) = image.missing_sites() {
                     return Err(e.into());
                 }
                 (SiteTable::build(&image)?, None)
             }
-            entry::Entry::Direct => {
+            entry::EntryKind::Direct => {
                 let (direct, sites) = entry::DirectPlan::build(&image)?;
                 (sites, Some(direct))
             }

@@ -19,8 +19,7 @@ use crate::trace::model::Trace;
 use counters::Counters;
 use equip::{boxed, equip, stack_source, task_source};
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
-use exitless::layout::{CODE_GPA, RETURN_TRAP_OFF, RETURN_TRAP_VA};
-use exitless::map::Mapped;
+use exitless::layout::RETURN_TRAP_VA;
 use exitless::state::{Exitless, ExitlessError, Records, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use record::GraphHook;
@@ -47,6 +46,7 @@ pub mod stacks;
 pub mod store;
 pub mod tasks;
 pub mod watch;
+mod writes;
 pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
 pub use ready::{Attach, NotReady};
@@ -593,41 +593,6 @@ impl Tracer {
         Ok(self.offset)
     }
 
-    /// The writes of an attach, after every check: vmtrace's region mapped
-    /// (exitless) or its return trap placed (trap-mode graph), then the
-    /// surveyed sites. Returns the sites written, those skipped, and how
-    /// the region was mapped.
-    fn write_sites(
-        &mut self,
-        space: &mut AddressSpace<'_>,
-        surveyed: patch::Surveyed,
-        ram: &Arc<dyn GuestRam>,
-    ) -> Result<(Vec<PatchedSite>, usize, Option<Mapped>), TracerError> {
-        if let Some(ex) = self.exitless.as_mut() {
-            let mapped = ex.install(space, ram)?;
-            let ex: &Exitless = ex;
-            let stacks = self.stacks.as_deref();
-            let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
-                // A `--stack` call traps: its stack is unwound host-side.
-                if stacks.is_some_and(|s| s.at(k)) {
-                    return Ok(patch::TRAP);
-                }
-                ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {
-                    addr,
-                    gpa: 0,
-                    why: e.to_string(),
-                })
-            })?;
-            return Ok((sites, skipped, Some(mapped)));
-        }
-        let mapped = match self.graph_hook.is_some() {
-            true => Some(self.install_code_page(space)?),
-            false => None,
-        };
-        let (sites, skipped) = patch::write(space.memory(), surveyed, |_, _| Ok(patch::TRAP))?;
-        Ok((sites, skipped, mapped))
-    }
-
     /// Hooked frames still waiting for their return (trap-mode graph).
     pub fn frames_live(&self) -> usize {
         self.graph_hook.as_ref().map_or(0, |h| h.shadow.live())
@@ -642,31 +607,6 @@ impl Tracer {
         self.detached.changed += c.changed;
         self.detach_ns = vmm::Trap::now_ns();
         Ok(c)
-    }
-}
-
-impl Tracer {
-    /// Trap mode: map vmtrace's code page (direct entries' stubs, the
-    /// function graph's return trap), and with the graph put the return
-    /// trap in it (once; it stays until the guest ends, so hooked returns
-    /// work after a detach). Mapping first: nothing is written when the
-    /// guest's tables refuse it.
-    fn install_code_page(
-        &mut self,
-        space: &mut AddressSpace<'_>,
-    ) -> Result<crate::session::exitless::map::Mapped, TracerError> {
-        let mapped = crate::session::exitless::map::map(space).map_err(ExitlessError::from)?;
-        if self.graph_hook.is_some() && !self.return_trap_installed {
-            space
-                .memory()
-                .write_slice(
-                    &patch::RETURN_TRAP,
-                    GuestAddress(CODE_GPA + RETURN_TRAP_OFF),
-                )
-                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            self.return_trap_installed = true;
-        }
-        Ok(mapped)
     }
 }
 

@@ -176,30 +176,11 @@ impl DirectSite {
         if len < JUMP_LEN {
             return Err(Refusal::TooShort { len });
         }
-        // An ftrace site first (at the entry, or after ENDBR64, as the
-        // compiler puts it) is displaced alone: a NOP once the kernel has
-        // converted it, nothing to run elsewhere.
-        let ftrace_nop = displaced[0].len() == JUMP_LEN && tables.ftrace_at(displaced[0].ip());
-        let site = match ftrace_nop {
-            true => DirectSite {
-                addr: displaced[0].ip(),
-                len: JUMP_LEN,
-                rip_relative: false,
-                insns: Vec::new(),
-                ftrace_nop,
-            },
-            false => DirectSite {
-                addr: displaced[0].ip(),
-                len,
-                rip_relative: displaced.iter().any(Instruction::is_ip_rel_memory_operand),
-                insns: displaced,
-                ftrace_nop,
-            },
-        };
+        let site = DirectSite::displacing(displaced, len, tables);
         let (len, off) = (site.len, |a: u64| a - addr);
         let end = site.addr + len as u64;
-        let other =
-            tables.overlap_except(site.addr, end, ftrace_nop.then_some(KernelTable::Ftrace));
+        let ftrace = site.ftrace_nop.then_some(KernelTable::Ftrace);
+        let other = tables.overlap_except(site.addr, end, ftrace);
         if let Some((table, at)) = other {
             return Err(Refusal::Overlaps {
                 table,
@@ -260,6 +241,32 @@ fn runs_vmtrace(name: &str) -> bool {
     NAMES.contains(&name)
         || PREFIXES.iter().any(|p| name.starts_with(p))
         || name.ends_with("_return_thunk")
+}
+
+impl DirectSite {
+    /// The site displacing `displaced` (`len` bytes). An ftrace site first
+    /// (at the entry, or after ENDBR64, as the compiler puts it) is
+    /// displaced alone: a NOP once the kernel has converted it, nothing to
+    /// run elsewhere.
+    fn displacing(displaced: Vec<Instruction>, len: usize, tables: &SiteTables) -> DirectSite {
+        let addr = displaced[0].ip();
+        if displaced[0].len() == JUMP_LEN && tables.ftrace_at(addr) {
+            return DirectSite {
+                addr,
+                len: JUMP_LEN,
+                rip_relative: false,
+                insns: Vec::new(),
+                ftrace_nop: true,
+            };
+        }
+        DirectSite {
+            addr,
+            len,
+            rip_relative: displaced.iter().any(Instruction::is_ip_rel_memory_operand),
+            insns: displaced,
+            ftrace_nop: false,
+        }
+    }
 }
 
 /// Every instruction of the function `code` at `addr`.

@@ -46,7 +46,7 @@ pub struct VcpuRegs {
 
 /// A context found inside a site's displaced bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Busy {
+pub struct Inside {
     /// Index of the site (into the ranges given).
     pub k: usize,
     /// The vCPU; None for a task switched out (`stacks`).
@@ -65,7 +65,7 @@ pub fn find(
     ranges: &[(u64, u64)],
     vcpus: &[VcpuRegs],
     stacks: &[u64],
-) -> Vec<Busy> {
+) -> Vec<Inside> {
     let mut sorted: Vec<(u64, u64, usize)> = ranges
         .iter()
         .enumerate()
@@ -80,7 +80,7 @@ pub fn find(
     let mut busy = Vec::new();
     for v in vcpus.iter().filter(|v| !v.user_mode) {
         if let Some(k) = inside(v.rip) {
-            busy.push(Busy {
+            busy.push(Inside {
                 k,
                 cpu: Some(v.cpu),
                 at: v.rip,
@@ -95,7 +95,7 @@ pub fn find(
     for (cpu, sp) in on_cpus.chain(stacks.iter().map(|&sp| (None, sp))) {
         for word in stack_words(space, sp) {
             if let Some(k) = inside(word) {
-                busy.push(Busy {
+                busy.push(Inside {
                     k,
                     cpu,
                     at: word,
@@ -192,7 +192,7 @@ mod tests {
             user_mode,
         };
         let busy = find(&mut space, &ranges, &[v(0, base + 0x102, false)], &[]);
-        let at = |k, cpu, at, on_stack| Busy {
+        let at = |k, cpu, at, on_stack| Inside {
             k,
             cpu,
             at,

@@ -11,10 +11,7 @@ pub const CPU_NUMBER: &str = "cpu_number";
 /// `gs:pcpu_hot+0xc` (checked in the 6.12 guest's code).
 pub const PCPU_HOT: &str = "pcpu_hot";
 pub const PCPU_HOT_CPU_NUMBER: u64 = 12;
-/// Defined only by a kernel built with `CONFIG_PREEMPTION`
-/// (kernel/sched/core.c), dynamic preemption included: its tasks can be
-/// preempted anywhere, the trampoline too.
-pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
+pub use crate::kernel::task_list::PREEMPT_SCHEDULE;
 /// The kernel's table of per-CPU area offsets (`unsigned long
 /// __per_cpu_offset[NR_CPUS]`, arch/x86/kernel/setup_percpu.c): CPU i's
 /// per-CPU variable `v` is at `__per_cpu_offset[i] + &v`.
