@@ -50,6 +50,10 @@ pub enum Refusal {
     /// A jump through a register or memory (a jump table), whose targets
     /// cannot be checked.
     IndirectJump { at: u64 },
+    /// A displaced instruction's RIP-relative operand or branch target
+    /// that a stub in vmtrace's code page (the top 8 MiB of the address
+    /// space) cannot reach with a 32-bit displacement.
+    OutOfReach { at: u64, target: u64 },
 }
 
 impl Refusal {
@@ -67,6 +71,7 @@ impl Refusal {
             Refusal::Unrelocatable { .. } => "unrelocatable",
             Refusal::JumpIntoSite { .. } => "jump-into-site",
             Refusal::IndirectJump { .. } => "indirect-jump",
+            Refusal::OutOfReach { .. } => "out-of-reach",
         }
     }
 }
@@ -98,6 +103,10 @@ impl fmt::Display for Refusal {
             Refusal::JumpIntoSite { from, to } => write!(
                 f,
                 "the branch at +{from:#x} lands at +{to:#x}, inside the displaced bytes"
+            ),
+            Refusal::OutOfReach { at, target } => write!(
+                f,
+                "the instruction at +{at:#x} reaches {target:#x}, too far from vmtrace's stubs"
             ),
             Refusal::IndirectJump { at } => {
                 write!(
@@ -195,6 +204,10 @@ impl DirectSite {
                     insn,
                 });
             }
+            if let Some(target) = rip_target(i).filter(|&t| t < STUB_REACH) {
+                let at = off(i.ip());
+                return Err(Refusal::OutOfReach { at, target });
+            }
         }
         for i in &insns {
             let target = near_target(i);
@@ -285,6 +298,21 @@ fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
         insns.push(i);
     }
     Ok(insns)
+}
+
+/// The lowest address a stub reaches with a 32-bit displacement: vmtrace's
+/// code page is in the top 8 MiB of the address space, and KASLR only
+/// moves the kernel up from its link addresses, so any target at or above
+/// the kernel's top 2 GiB (where the kernel image is linked) is in reach.
+pub const STUB_REACH: u64 = 0xffff_ffff_8000_0000;
+
+/// The address a displaced instruction reaches relative to RIP: its
+/// RIP-relative memory operand, or its branch target.
+fn rip_target(i: &Instruction) -> Option<u64> {
+    if i.is_ip_rel_memory_operand() {
+        return Some(i.ip_rel_memory_address());
+    }
+    near_target(i)
 }
 
 /// The target of a direct near branch or call.

@@ -284,3 +284,15 @@ fn an_ftrace_site_first_is_displaced_alone_as_a_nop() {
         }
     );
 }
+
+#[test]
+fn a_target_out_of_the_stubs_reach_is_refused() {
+    // mov rax, [rip + disp32] reaching below the kernel's top 2 GiB.
+    let low = 0xffff_ffff_7000_0000u64;
+    let disp = (low.wrapping_sub(BASE + 7) as i64) as i32;
+    let d = disp.to_le_bytes();
+    let code = func(&[&[0x48, 0x8b, 0x05, d[0], d[1], d[2], d[3]], &EPILOGUE]);
+    let r = DirectSite::analyze_code(BASE, &code, &SiteTables::default()).unwrap_err();
+    assert_eq!(r, Refusal::OutOfReach { at: 0, target: low });
+    assert_eq!(r.rule(), "out-of-reach");
+}
