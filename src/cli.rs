@@ -506,6 +506,12 @@ pub struct BenchArgs {
     /// the bzImage and initramfs beside it.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
+    /// A distribution's kernel (a bzImage, e.g. Debian's
+    /// /boot/vmlinuz-6.1.0-NN-amd64, or a vmlinux) whose functions
+    /// sites/direct analyzes beside the vmlinux's; without it that figure
+    /// is said not measured.
+    #[arg(long, value_name = "PATH")]
+    pub distro_kernel: Option<PathBuf>,
     /// Boots of the default Linux guest per configuration (untraced, the
     /// guest's own ftrace, vmtrace trap, vmtrace exitless) for boot/ftrace,
     /// vmtrace against ftrace; 0 leaves it out (each boot takes a minute or

@@ -5,6 +5,7 @@
 
 mod attach_modes;
 mod calls;
+mod direct;
 mod exitless;
 pub mod ftrace;
 mod phases;
@@ -29,6 +30,9 @@ use vmm::boot::KernelFile;
 use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
+pub use direct::{
+    attach_direct, direct_sites, DirectAttach, DirectSiteCounts, DIRECT_SITES,
+};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
