@@ -284,7 +284,7 @@ mod tests {
     use super::*;
 
     /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".
-    fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
+    pub(super) fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
         BenchConfig {
             benches: Selection::default_set(false, 0),
             kernel: Some("mini.elf".into()),

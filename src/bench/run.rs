@@ -110,6 +110,13 @@ fn direct_figures(cfg: &BenchConfig, r: &mut Results) -> Result<(), Error> {
         )?;
         r.direct = Some(costs);
     }
+    let direct_linux = runs(BenchId::AttachDirect) || runs(BenchId::SitesDirect);
+    if direct_linux && cfg.vmlinux.is_none() {
+        note!(
+            "vmtrace bench: attach/direct and sites/direct skipped: no guest/out/vmlinux (build \
+             it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
+        );
+    }
     if let (true, Some(v)) = (runs(BenchId::AttachDirect), &cfg.direct_vmlinux) {
         note!(
             "vmtrace bench: attach/direct attach windows of direct sites on {} (loaded, not booted)",

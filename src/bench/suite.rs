@@ -275,9 +275,6 @@ impl Selection {
                 BenchId::BootFtrace => linux_boots > 0,
                 // Runs QEMU: only when named.
                 BenchId::QemuAttach => false,
-                // Direct entries: only when named (call/direct as long as
-                // call/exitless again; the others need a Linux vmlinux).
-                BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect => false,
                 BenchId::CallExitless | BenchId::CallGraph => true,
                 _ => !counts_only,
             })
@@ -352,7 +349,7 @@ pub fn list(ids: &[BenchId]) -> String {
         "vmtrace bench: {} of {} benches, in {collections} of {} collections. `vmtrace bench \
          NAME...` runs the benches named (a collection runs all of its own); no name, or `all`, \
          runs every bench but boot/ftrace, which runs with --linux-boots N, and qemu/attach, \
-         call/direct, attach/direct and sites/direct, which run when named.",
+         which runs when named.",
         shown.count(),
         BENCHES.len(),
         COLLECTIONS.len()
@@ -411,13 +408,13 @@ mod tests {
     }
 
     #[test]
-    fn default_set_is_every_bench_but_the_boots_qemu_and_direct_entries() {
+    fn default_set_is_every_bench_but_the_boots_and_qemu() {
         let all = Selection::default_set(false, 0);
-        assert_eq!(all.ids.len(), BENCHES.len() - 5);
+        assert_eq!(all.ids.len(), BENCHES.len() - 2);
         assert!(!all.runs(BenchId::BootFtrace) && !all.named);
         assert!(!all.runs(BenchId::QemuAttach));
         for id in [BenchId::CallDirect, BenchId::AttachDirect, BenchId::SitesDirect] {
-            assert!(!all.runs(id) && all.shows(id));
+            assert!(all.runs(id));
         }
         assert!(Selection::default_set(false, 3).runs(BenchId::BootFtrace));
         assert_eq!(ids(&["qemu"]), Ok(vec![BenchId::QemuAttach]));

@@ -67,20 +67,9 @@ pub fn stub_count(tracer: &Tracer) -> Result<Option<StubCount>, String> {
     };
     for (k, addr) in plan.index.addrs.iter().enumerate() {
         let site = &direct.sites[addr];
-        let va = sites.stub_va(k);
         // k < the layout's sites: the index is the trampoline's.
         let head = Head::Call(t.stub_va(k as u32));
-        let code = stub::build(site.addr, site.len, &site.insns, head, va)
-            .map_err(|e| e.to_string())?;
-        let mut d = Decoder::with_ip(64, &code, va, DecoderOptions::NONE);
-        let mut n = 0;
-        while d.can_decode() {
-            let _ = d.decode();
-            n += 1;
-        }
-        // The site's own `jmp` to the stub, and the stub less what it
-        // relocates.
-        let around = 1 + n - site.insns.len();
+        let around = around_body(site.addr, site.len, &site.insns, head, sites.stub_va(k))?;
         if k > 0 && around != count.around {
             return Err(format!(
                 "direct stub {k} runs {around} instructions around the body, stub 0 {}",
@@ -91,6 +80,27 @@ pub fn stub_count(tracer: &Tracer) -> Result<Option<StubCount>, String> {
         count.relocated.push(site.insns.len());
     }
     Ok(Some(count))
+}
+
+/// The instructions a call through the stub of the site at `site` (its
+/// `len` bytes displaced: `insns`) runs besides the body `head` calls and
+/// the relocated ones: the site's `jmp`, and the stub (built at `va` as
+/// the attach builds it, decoded) less what it relocates.
+fn around_body(
+    site: u64,
+    len: usize,
+    insns: &[iced_x86::Instruction],
+    head: Head,
+    va: u64,
+) -> Result<usize, String> {
+    let code = stub::build(site, len, insns, head, va).map_err(|e| e.to_string())?;
+    let mut d = Decoder::with_ip(64, &code, va, DecoderOptions::NONE);
+    let mut n = 0;
+    while d.can_decode() {
+        let _ = d.decode();
+        n += 1;
+    }
+    Ok(1 + n - insns.len())
 }
 
 /// attach/direct: the windows, and what they were measured on.
@@ -238,4 +248,48 @@ pub fn direct_sites(label: &'static str, path: &Path) -> Result<DirectSiteCounts
         ftrace_sites,
         analyze_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: u64 = 0xffff_ffff_8100_1000;
+    const STUB: u64 = 0xffff_ffff_ff9f_0000;
+    const BODY: u64 = 0xffff_ffff_ff80_0040;
+
+    fn decode(bytes: &[u8]) -> Vec<iced_x86::Instruction> {
+        let mut d = Decoder::with_ip(64, bytes, SITE, DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode());
+        }
+        v
+    }
+
+    #[test]
+    fn a_direct_call_runs_three_instructions_around_the_body() {
+        // push rbp ; mov rbp, rsp ; push rbx: three relocated.
+        let insns = decode(&[0x55, 0x48, 0x89, 0xe5, 0x53]);
+        assert_eq!(around_body(SITE, 5, &insns, Head::Call(BODY), STUB), Ok(3));
+        // A short branch widened in the stub is still one instruction.
+        let insns = decode(&[0x85, 0xff, 0x74, 0x20, 0x55]);
+        assert_eq!(insns.len(), 3);
+        assert_eq!(around_body(SITE, 5, &insns, Head::Call(BODY), STUB), Ok(3));
+        // An ftrace NOP displaced: nothing relocated, the same three.
+        assert_eq!(around_body(SITE, 5, &[], Head::Call(BODY), STUB), Ok(3));
+        // A trap stub: `out` and the jump back, its NOP never run but in
+        // the code (what call/direct's trap phases run is not counted).
+        assert_eq!(around_body(SITE, 5, &[], Head::Trap, STUB), Ok(4));
+    }
+
+    #[test]
+    fn relocated_mean_over_sites() {
+        let c = StubCount {
+            sites: 4,
+            around: 3,
+            relocated: vec![1, 1, 2, 1],
+        };
+        assert_eq!(c.relocated_mean(), 1.25);
+    }
 }

@@ -165,7 +165,7 @@ pub struct ExitlessCosts {
     pub counted: Option<Vec<[f64; 4]>>,
     /// Direct entries (call/direct): the stubs' instructions, counted in
     /// their code; None for ftrace sites.
-    pub stubs: Option<super::direct::StubCount>,
+    pub stubs: Option<super::StubCount>,
 }
 
 impl ExitlessCosts {

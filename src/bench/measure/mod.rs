@@ -31,7 +31,7 @@ use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSi
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use direct::{
-    attach_direct, direct_sites, DirectAttach, DirectSiteCounts, DIRECT_SITES,
+    attach_direct, direct_sites, DirectAttach, DirectSiteCounts, StubCount, DIRECT_SITES,
 };
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};

@@ -134,7 +134,7 @@ fn why_not(id: BenchId, r: &Results, cfg: &BenchConfig) -> String {
         (BenchId::BootFtrace, _) => format!("not asked for: {HOW}"),
         (BenchId::AttachScaling, _) if !cfg.counts_only => "no vmlinux".into(),
         (BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect, _) => {
-            super::table::not_named(id, cfg)
+            super::table::direct_not_run(id, cfg)
         }
         _ if cfg.counts_only => COUNTS_ONLY.into(),
         _ => "not run".into(),

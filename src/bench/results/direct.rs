@@ -390,3 +390,132 @@ pub fn sites_method() -> String {
      site, and those refused by rule (Refusal::rule); ftrace sites (SiteTable::build) beside"
         .into()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::measure::{AttachFigures, StubCount};
+    use super::*;
+
+    /// 3.5 calls per iteration of `per_call` guest instructions, counted by
+    /// KVM (60 per untraced iteration, the spin's 400 more), 1 µs each.
+    fn costs(per_call: f64, static_instructions: usize, stubs: Option<StubCount>) -> ExitlessCosts {
+        let ex = 60.0 + 3.5 * per_call;
+        ExitlessCosts {
+            rounds: vec![[10.0, 410.0, 45.0, 10.0 + 3.5 * per_call]],
+            calls_per_iter: 3.5,
+            exitless_calls: 700,
+            exitless_traps: 0,
+            static_instructions,
+            task_variants: None,
+            trap_exits_per_call: 1.0,
+            counted: Some(vec![[60.0, 460.0, 60.0, ex]]),
+            stubs,
+        }
+    }
+
+    fn direct(per_call: f64) -> ExitlessCosts {
+        let stubs = StubCount {
+            sites: 4,
+            around: 3,
+            relocated: vec![1, 1, 2, 1],
+        };
+        costs(per_call, 28, Some(stubs))
+    }
+
+    fn find<'a>(f: &'a [(String, f64)], k: &str) -> f64 {
+        f.iter().find(|(x, _)| x == k).map(|(_, v)| *v).unwrap()
+    }
+
+    #[test]
+    fn a_direct_call_beside_an_ftrace_site() {
+        let ftrace = costs(25.0, 25, None);
+        // Counted by KVM in both: 28 - 25.
+        let d = direct(28.0);
+        assert_eq!(more(&d, Some(&ftrace)), (3.0, "counted by KVM"));
+        let f = call_figures(&d, Some(&ftrace));
+        assert_eq!(find(&f, "direct_call_more_than_ftrace"), 3.0);
+        assert_eq!(find(&f, "direct_call_instructions_static"), 28.0);
+        assert_eq!(find(&f, "direct_call_instructions_counted"), 28.0);
+        assert_eq!(find(&f, "direct_call_around_body_static"), 3.0);
+        assert_eq!(find(&f, "direct_call_relocated_per_site"), 1.25);
+        assert_eq!(find(&f, "direct_call_ftrace_instructions_static"), 25.0);
+        assert_eq!(find(&f, "direct_call_exits_per_call"), 0.0);
+        let g = goal(&d, Some(&ftrace));
+        assert_eq!(g.pass, Ok(true));
+        assert!(g.measured.starts_with("3.0 more, counted by KVM"), "{}", g.measured);
+        // Six more: missed.
+        assert_eq!(goal(&direct(31.0), Some(&ftrace)).pass, Ok(false));
+
+        // KVM does not count (the spin not counted): the static figures.
+        let mut d = direct(28.0);
+        d.counted = Some(vec![[0.0, 0.0, 0.0, 1.0]]);
+        assert_eq!(more(&d, Some(&ftrace)), (3.0, "static"));
+        let f = call_figures(&d, Some(&ftrace));
+        assert!(find(&f, "direct_call_instructions_counted").is_nan());
+        // call/exitless not run: the stubs' own count around the body.
+        assert_eq!(more(&d, None), (3.0, "static"));
+        assert!(!call_figures(&d, None)
+            .iter()
+            .any(|(k, _)| k.starts_with("direct_call_ftrace")));
+    }
+
+    #[test]
+    fn attach_goals_on_the_worst_attach() {
+        let w = |n, attach: Vec<f64>| AttachFigures {
+            label: format!("{n}"),
+            sites: n,
+            attach,
+            detach: vec![100.0],
+        };
+        let a = DirectAttach {
+            vmlinux: "vmlinux".into(),
+            safe: 11_029,
+            attach: vec![w(100, vec![1200.0, 700.0]), w(1000, vec![6000.0, 5000.0])],
+        };
+        let g = attach_goals(&a);
+        let pass: Vec<_> = g.iter().map(|g| g.pass.clone()).collect();
+        assert_eq!(pass, [Ok(false), Ok(true)]);
+        assert!(g[0].measured.starts_with("worst 1200.0 µs of 5"), "{}", g[0].measured);
+        let f = attach_figures(&a);
+        assert_eq!(find(&f, "direct_attach_1000_max_us"), 6000.0);
+        assert_eq!(find(&f, "direct_attach_safe_sites"), 11_029.0);
+        // Fewer direct sites than 1,000: that goal not judged.
+        let a = DirectAttach {
+            attach: vec![w(100, vec![500.0])],
+            safe: 400,
+            ..a
+        };
+        let g = attach_goals(&a);
+        assert_eq!(g[0].pass, Ok(true));
+        assert_eq!(g[1].pass, Err("the vmlinux has 400 direct sites".into()));
+    }
+
+    #[test]
+    fn sites_by_kernel_and_rule() {
+        let s = |label, safe| DirectSiteCounts {
+            label,
+            path: "k".into(),
+            functions: 1000,
+            safe,
+            refused: 1000 - safe,
+            by_rule: vec![("indirect-jump", 30), ("too-short", 20)],
+            ftrace_sites: Some(700),
+            analyze_ms: 5.0,
+        };
+        let f = sites_figures(&[s("vmlinux", 950), s("distro kernel", 960)]);
+        assert_eq!(find(&f, "direct_sites_vmlinux_safe"), 950.0);
+        assert_eq!(find(&f, "direct_sites_distro_refused"), 40.0);
+        assert_eq!(find(&f, "direct_sites_distro_refused_indirect_jump"), 30.0);
+        assert_eq!(find(&f, "direct_sites_vmlinux_ftrace_sites"), 700.0);
+        let mut cfg = super::super::tests::cfg(1000, false);
+        let mut o = String::new();
+        write_sites(&mut o, &[s("vmlinux", 950)], &cfg).unwrap();
+        assert!(o.contains("1,000 functions, 950 safe (95.0 %), 50 refused (5.0 %); 700 ftrace sites"), "{o}");
+        assert!(o.contains("    refused by rule: indirect-jump 30, too-short 20\n"), "{o}");
+        assert!(o.contains("distro kernel: not measured: no distro kernel given"), "{o}");
+        cfg.distro_kernel = Some("vmlinuz".into());
+        let mut o = String::new();
+        write_sites(&mut o, &[s("vmlinux", 950)], &cfg).unwrap();
+        assert!(!o.contains("not measured"), "{o}");
+    }
+}

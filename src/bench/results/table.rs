@@ -148,25 +148,27 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
         },
         BenchId::CallDirect => match &r.direct {
             Some(d) => direct::write_call(o, d, r.exitless.as_ref(), cfg),
-            None => writeln!(o, "call/direct: NOT MEASURED, {}", not_named(id, cfg)),
+            None => writeln!(o, "call/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
         },
         BenchId::AttachDirect => match &r.direct_attach {
             Some(a) => direct::write_attach(o, a),
-            None => writeln!(o, "attach/direct: NOT MEASURED, {}", not_named(id, cfg)),
+            None => writeln!(o, "attach/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
         },
         BenchId::SitesDirect => match r.direct_sites.is_empty() {
             false => direct::write_sites(o, &r.direct_sites, cfg),
-            true => writeln!(o, "sites/direct: NOT MEASURED, {}", not_named(id, cfg)),
+            true => writeln!(o, "sites/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
         },
     }
 }
 
-/// Why a bench run only when named was not measured.
-pub(super) fn not_named(id: BenchId, cfg: &BenchConfig) -> String {
-    if cfg.counts_only {
-        COUNTS_ONLY.into()
-    } else {
-        format!("not asked for (vmtrace bench {})", bench(id).name)
+/// Why a direct entries' bench was not measured.
+pub(super) fn direct_not_run(id: BenchId, cfg: &BenchConfig) -> String {
+    match id {
+        _ if cfg.counts_only => COUNTS_ONLY.into(),
+        BenchId::AttachDirect | BenchId::SitesDirect if cfg.vmlinux.is_none() => {
+            "no vmlinux (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)".into()
+        }
+        _ => "not run".into(),
     }
 }
 
