@@ -767,7 +767,16 @@ fn bench_collection_and_letter_run_their_benches() {
     let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
     assert_eq!(
         methods,
-        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)", "call/direct", "stack"],
+        [
+            "(a)",
+            "(b)",
+            "(c)",
+            "(f)",
+            "(g)",
+            "(j)",
+            "call/direct",
+            "stack"
+        ],
         "{text}"
     );
     assert_stack_counts(figures, &text);

@@ -180,9 +180,10 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .as_ref()
             .map_or_else(Vec::new, attach_modes::figures),
         BenchId::QemuAttach => r.qemu.as_ref().map_or_else(Vec::new, qemu::figures),
-        BenchId::CallDirect => r.direct.as_ref().map_or_else(Vec::new, |d| {
-            direct::call_figures(d, r.exitless.as_ref())
-        }),
+        BenchId::CallDirect => r
+            .direct
+            .as_ref()
+            .map_or_else(Vec::new, |d| direct::call_figures(d, r.exitless.as_ref())),
         BenchId::AttachDirect => r
             .direct_attach
             .as_ref()

@@ -31,7 +31,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
             cfg.iters,
             cfg.cpus
         );
-        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, false, EntryChoice::Ftrace)?;
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            false,
+            EntryChoice::Ftrace,
+        )?;
         r.exitless = Some(costs);
     }
     if runs(BenchId::CallGraph) {
@@ -40,7 +47,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
              iterations",
             cfg.iters
         );
-        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, true, EntryChoice::Ftrace)?;
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            true,
+            EntryChoice::Ftrace,
+        )?;
         r.graph = Some(costs);
     }
     if runs(BenchId::CallStack) {
@@ -125,11 +139,18 @@ fn direct_figures(cfg: &BenchConfig, r: &mut Results) -> Result<(), Error> {
         r.direct_attach = Some(measure::attach_direct(v)?);
     }
     if let (true, Some(v)) = (runs(BenchId::SitesDirect), &cfg.vmlinux) {
-        note!("vmtrace bench: sites/direct analyzing every function of {}", v.display());
+        note!(
+            "vmtrace bench: sites/direct analyzing every function of {}",
+            v.display()
+        );
         r.direct_sites.push(measure::direct_sites("vmlinux", v)?);
         if let Some(d) = &cfg.distro_kernel {
-            note!("vmtrace bench: sites/direct analyzing every function of {}", d.display());
-            r.direct_sites.push(measure::direct_sites("distro kernel", d)?);
+            note!(
+                "vmtrace bench: sites/direct analyzing every function of {}",
+                d.display()
+            );
+            r.direct_sites
+                .push(measure::direct_sites("distro kernel", d)?);
         }
     }
     Ok(())

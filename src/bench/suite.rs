@@ -392,7 +392,13 @@ mod tests {
         assert_eq!(ids(&["call/graph", "a"]), Ok(vec![CallTrap, CallGraph]));
         assert_eq!(
             ids(&["call"]),
-            Ok(vec![CallTrap, CallExitless, CallGraph, CallStack, CallDirect])
+            Ok(vec![
+                CallTrap,
+                CallExitless,
+                CallGraph,
+                CallStack,
+                CallDirect
+            ])
         );
         assert_eq!(
             ids(&["attach"]),
@@ -413,7 +419,11 @@ mod tests {
         assert_eq!(all.ids.len(), BENCHES.len() - 2);
         assert!(!all.runs(BenchId::BootFtrace) && !all.named);
         assert!(!all.runs(BenchId::QemuAttach));
-        for id in [BenchId::CallDirect, BenchId::AttachDirect, BenchId::SitesDirect] {
+        for id in [
+            BenchId::CallDirect,
+            BenchId::AttachDirect,
+            BenchId::SitesDirect,
+        ] {
             assert!(all.runs(id));
         }
         assert!(Selection::default_set(false, 3).runs(BenchId::BootFtrace));

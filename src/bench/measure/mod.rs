@@ -30,10 +30,10 @@ use vmm::boot::KernelFile;
 use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSize};
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
+pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use direct::{
     attach_direct, direct_sites, DirectAttach, DirectSiteCounts, StubCount, DIRECT_SITES,
 };
-pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,

@@ -83,7 +83,9 @@ pub fn not_measured(r: &Results) -> Vec<(String, String)> {
     let f = ExitlessFigures::new(d);
     let why = |k: &str| -> Option<String> {
         match k {
-            "direct_call_instructions_counted" => f.guest_instructions_counted_not_available.clone(),
+            "direct_call_instructions_counted" => {
+                f.guest_instructions_counted_not_available.clone()
+            }
             "direct_call_ftrace_instructions_counted" => r
                 .exitless
                 .as_ref()
@@ -127,6 +129,14 @@ pub fn goal(d: &ExitlessCosts, ftrace: Option<&ExitlessCosts>) -> Goal {
     }
 }
 
+/// Instructions per call counted by KVM, median, or "n/a".
+fn counted(c: &ExitlessCosts) -> String {
+    match c.counted_instructions() {
+        Ok(v) => format!("{:.1}", median(&v)),
+        Err(_) => "n/a".into(),
+    }
+}
+
 /// call/direct's section.
 pub fn write_call(
     o: &mut String,
@@ -140,7 +150,10 @@ pub fn write_call(
         .as_ref()
         .map_or_else(String::new, |k| k.display().to_string());
     let Some(s) = &d.stubs else {
-        return writeln!(o, "call/direct: NOT MEASURED, the sites were not direct entries");
+        return writeln!(
+            o,
+            "call/direct: NOT MEASURED, the sites were not direct entries"
+        );
     };
     writeln!(
         o,
@@ -148,10 +161,6 @@ pub fn write_call(
          / trap / exitless phases of {} iterations",
         s.sites, cfg.rounds, cfg.iters
     )?;
-    let counted = |c: &ExitlessCosts| match c.counted_instructions() {
-        Ok(v) => format!("{:.1}", median(&v)),
-        Err(_) => "n/a".into(),
-    };
     writeln!(
         o,
         "  guest instructions per exitless call, static   {} (site jmp, stub call, jump back: {}; \
@@ -174,6 +183,16 @@ pub fn write_call(
         "  guest instructions per exitless call, measured {} (calibrated by the spin)",
         num(f.guest_instructions_per_call, 1)
     )?;
+    write_beside(o, d, ftrace, &f)
+}
+
+/// call/direct's rows beside the ftrace site's, and its exits and times.
+fn write_beside(
+    o: &mut String,
+    d: &ExitlessCosts,
+    ftrace: Option<&ExitlessCosts>,
+    f: &ExitlessFigures,
+) -> fmt::Result {
     match ftrace {
         Some(fc) => writeln!(
             o,
@@ -188,11 +207,7 @@ pub fn write_call(
         )?,
     }
     let (more_by, how) = more(d, ftrace);
-    writeln!(
-        o,
-        "  more than an ftrace site: {} ({how})",
-        num(more_by, 1)
-    )?;
+    writeln!(o, "  more than an ftrace site: {} ({how})", num(more_by, 1))?;
     writeln!(
         o,
         "  exits per call: exitless {:.4} ({} trace-port traps in {} calls), trap {:.3}",
@@ -221,7 +236,10 @@ pub fn attach_figures(a: &DirectAttach) -> Vec<(String, f64)> {
         f.push((format!("direct_attach_{n}_first_us"), w.attach[0]));
         f.push((format!("direct_attach_{n}_p50_us"), median(&w.attach)));
         f.push((format!("direct_attach_{n}_max_us"), max(&w.attach)));
-        f.push((format!("direct_attach_{n}_detach_p50_us"), median(&w.detach)));
+        f.push((
+            format!("direct_attach_{n}_detach_p50_us"),
+            median(&w.detach),
+        ));
     }
     f.push(("direct_attach_safe_sites".into(), a.safe as f64));
     f
@@ -379,7 +397,9 @@ pub fn attach_method() -> String {
          over those `--trace '*'` gets), trap mode, {E_REPS} times each with a detach \
          between: the survey (each site's displaced bytes read and decoded), the vCPU \
          context check, the stubs and the jumps; goals judged on the worst attach",
-        DIRECT_SITES.map(|n| report::thousands(n as u64)).join(" and ")
+        DIRECT_SITES
+            .map(|n| report::thousands(n as u64))
+            .join(" and ")
     )
 }
 
@@ -422,7 +442,7 @@ mod tests {
         costs(per_call, 28, Some(stubs))
     }
 
-    fn find<'a>(f: &'a [(String, f64)], k: &str) -> f64 {
+    fn find(f: &[(String, f64)], k: &str) -> f64 {
         f.iter().find(|(x, _)| x == k).map(|(_, v)| *v).unwrap()
     }
 
@@ -442,7 +462,11 @@ mod tests {
         assert_eq!(find(&f, "direct_call_exits_per_call"), 0.0);
         let g = goal(&d, Some(&ftrace));
         assert_eq!(g.pass, Ok(true));
-        assert!(g.measured.starts_with("3.0 more, counted by KVM"), "{}", g.measured);
+        assert!(
+            g.measured.starts_with("3.0 more, counted by KVM"),
+            "{}",
+            g.measured
+        );
         // Six more: missed.
         assert_eq!(goal(&direct(31.0), Some(&ftrace)).pass, Ok(false));
 
@@ -475,7 +499,11 @@ mod tests {
         let g = attach_goals(&a);
         let pass: Vec<_> = g.iter().map(|g| g.pass.clone()).collect();
         assert_eq!(pass, [Ok(false), Ok(true)]);
-        assert!(g[0].measured.starts_with("worst 1200.0 µs of 5"), "{}", g[0].measured);
+        assert!(
+            g[0].measured.starts_with("worst 1200.0 µs of 5"),
+            "{}",
+            g[0].measured
+        );
         let f = attach_figures(&a);
         assert_eq!(find(&f, "direct_attach_1000_max_us"), 6000.0);
         assert_eq!(find(&f, "direct_attach_safe_sites"), 11_029.0);
@@ -510,9 +538,18 @@ mod tests {
         let mut cfg = super::super::tests::cfg(1000, false);
         let mut o = String::new();
         write_sites(&mut o, &[s("vmlinux", 950)], &cfg).unwrap();
-        assert!(o.contains("1,000 functions, 950 safe (95.0 %), 50 refused (5.0 %); 700 ftrace sites"), "{o}");
-        assert!(o.contains("    refused by rule: indirect-jump 30, too-short 20\n"), "{o}");
-        assert!(o.contains("distro kernel: not measured: no distro kernel given"), "{o}");
+        assert!(
+            o.contains("1,000 functions, 950 safe (95.0 %), 50 refused (5.0 %); 700 ftrace sites"),
+            "{o}"
+        );
+        assert!(
+            o.contains("    refused by rule: indirect-jump 30, too-short 20\n"),
+            "{o}"
+        );
+        assert!(
+            o.contains("distro kernel: not measured: no distro kernel given"),
+            "{o}"
+        );
         cfg.distro_kernel = Some("vmlinuz".into());
         let mut o = String::new();
         write_sites(&mut o, &[s("vmlinux", 950)], &cfg).unwrap();

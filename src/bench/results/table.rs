@@ -152,7 +152,11 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
         },
         BenchId::AttachDirect => match &r.direct_attach {
             Some(a) => direct::write_attach(o, a),
-            None => writeln!(o, "attach/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
+            None => writeln!(
+                o,
+                "attach/direct: NOT MEASURED, {}",
+                direct_not_run(id, cfg)
+            ),
         },
         BenchId::SitesDirect => match r.direct_sites.is_empty() {
             false => direct::write_sites(o, &r.direct_sites, cfg),
