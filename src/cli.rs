@@ -501,9 +501,10 @@ pub struct BenchArgs {
     /// Pauses, and attach/detach cycles, per vCPU count for attach/pause.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub cycles: usize,
-    /// Linux vmlinux for attach/scaling (default: guest/out/vmlinux; left
-    /// out of the default set, with a message, if absent); boot/ftrace boots
-    /// the bzImage and initramfs beside it.
+    /// Linux vmlinux for attach/scaling and sites/direct, and attach/direct
+    /// unless linux-noftrace/vmlinux is beside it (default:
+    /// guest/out/vmlinux; left out of the default set, with a message, if
+    /// absent); boot/ftrace boots the bzImage and initramfs beside it.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
     /// A distribution's kernel (a bzImage, e.g. Debian's
