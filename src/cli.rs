@@ -501,11 +501,18 @@ pub struct BenchArgs {
     /// Pauses, and attach/detach cycles, per vCPU count for attach/pause.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub cycles: usize,
-    /// Linux vmlinux for attach/scaling (default: guest/out/vmlinux; left
-    /// out of the default set, with a message, if absent); boot/ftrace boots
-    /// the bzImage and initramfs beside it.
+    /// Linux vmlinux for attach/scaling and sites/direct, and attach/direct
+    /// unless linux-noftrace/vmlinux is beside it (default:
+    /// guest/out/vmlinux; left out of the default set, with a message, if
+    /// absent); boot/ftrace boots the bzImage and initramfs beside it.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
+    /// A distribution's kernel (a bzImage, e.g. Debian's
+    /// /boot/vmlinuz-6.1.0-NN-amd64, or a vmlinux) whose functions
+    /// sites/direct analyzes beside the vmlinux's; without it that figure
+    /// is said not measured.
+    #[arg(long, value_name = "PATH")]
+    pub distro_kernel: Option<PathBuf>,
     /// Boots of the default Linux guest per configuration (untraced, the
     /// guest's own ftrace, vmtrace trap, vmtrace exitless) for boot/ftrace,
     /// vmtrace against ftrace; 0 leaves it out (each boot takes a minute or

@@ -298,8 +298,12 @@ pub enum InputError {
     UnknownBench { name: String, names: String },
     #[error("--counts-only chooses the benches itself (call/exitless, call/graph); name benches or give --counts-only, not both")]
     CountsOnlyNamed,
-    #[error("bench attach/scaling needs a Linux vmlinux, and {} does not exist; build it with `bash guest/build.sh linux`, or pass --vmlinux PATH", .0.display())]
-    BenchNeedsVmlinux(PathBuf),
+    #[error("bench {bench} needs a Linux vmlinux, and {} does not exist; build it with `bash guest/build.sh linux`, or pass --vmlinux PATH", .path.display())]
+    BenchNeedsVmlinux { bench: &'static str, path: PathBuf },
+    #[error("`bash guest/build.sh mini-noftrace` failed (call/direct's guest, {})", .0.display())]
+    NoftraceBuildFailed(PathBuf),
+    #[error("--distro-kernel {} does not exist", .0.display())]
+    DistroKernelMissing(PathBuf),
     #[error("bench boot/ftrace boots the Linux guest N times in each of 5 configurations: give --linux-boots N")]
     BenchNeedsBoots,
     /// `vmtrace bench --linux-boots N` without the Linux guest to boot.

@@ -214,8 +214,9 @@ fn bench_json_has_every_figure() {
 
     // One verdict per goal, each PASS, MISS or (not judged, saying why) SKIP.
     let goals = doc["goals"].as_array().expect("a goals array");
-    // The tenth and eleventh: (i) and (j).
-    assert_eq!(goals.len(), 11, "{text}");
+    // The tenth and eleventh: (i) and (j); then call/direct's and
+    // attach/direct's two.
+    assert_eq!(goals.len(), 14, "{text}");
     for g in goals {
         let s = g["status"].as_str().unwrap();
         assert!(["PASS", "MISS", "SKIP"].contains(&s), "{g}");
@@ -242,7 +243,30 @@ fn bench_json_has_every_figure() {
             l.starts_with("PASS ") || l.starts_with("MISS ") || l.starts_with("SKIP ")
         })
         .count();
-    assert_eq!(verdicts, 11, "{table}");
+    // With call/direct's and attach/direct's three.
+    assert_eq!(verdicts, 14, "{table}");
+    // call/direct: no exit in its exitless phases; three instructions
+    // around the trampoline's path, in the code.
+    assert_eq!(figures["direct_call_exits_per_call"], 0.0, "{text}");
+    assert_eq!(figures["direct_call_around_body_static"], 3.0, "{text}");
+    assert_eq!(
+        figures["direct_call_instructions_static"].as_f64().unwrap(),
+        ex["guest_instructions_per_call_static"].as_f64().unwrap() + 3.0,
+        "{text}"
+    );
+    // attach/direct and sites/direct on the vmlinux.
+    for k in [
+        "direct_attach_100_max_us",
+        "direct_attach_1000_max_us",
+        "direct_sites_vmlinux_safe",
+        "direct_sites_vmlinux_refused",
+    ] {
+        positive(k);
+    }
+    assert!(
+        table.contains("distro kernel: not measured: no distro kernel given"),
+        "{table}"
+    );
     // (j): both first attaches measured, in each fresh guest.
     assert!(table.contains("(j) first attach of 30 sites"), "{table}");
     assert_eq!(figures["j_attach_sites"], 30.0, "{text}");
@@ -271,7 +295,7 @@ fn bench_json_has_every_figure() {
         assert_eq!(b["values"].as_array().unwrap().is_empty(), boot, "{b}");
         assert_eq!(b["figures"].is_null(), boot, "{b}");
     }
-    let boot = &doc["benches"][9];
+    let boot = &doc["benches"][11];
     assert!(
         boot["not_measured"]
             .as_str()
@@ -280,7 +304,7 @@ fn bench_json_has_every_figure() {
         "{boot}"
     );
     assert_eq!(
-        doc["benches"][5]["figures"]["e_all_sites"],
+        doc["benches"][6]["figures"]["e_all_sites"],
         figures["e_all_sites"]
     );
     // Each section of the table headed by its bench's name and question.
@@ -482,18 +506,21 @@ fn assert_stack_counts(figures: &serde_json::Map<String, serde_json::Value>, tex
 }
 
 /// Every bench, by collection, as `vmtrace bench list` names them.
-const BENCHES: [&str; 11] = [
+const BENCHES: [&str; 14] = [
     "call/trap",
     "call/exitless",
     "call/graph",
     "call/stack",
+    "call/direct",
     "attach/pause",
     "attach/scaling",
     "attach/modes",
+    "attach/direct",
     "record/throughput",
     "report/render",
     "boot/ftrace",
     "qemu/attach",
+    "sites/direct",
 ];
 
 /// The names of the benches in a bench JSON's `benches`, in order.
@@ -523,7 +550,7 @@ fn bench_list_names_every_bench() {
             "{line}"
         );
     }
-    for (field, n) in [("goal:", 11), ("figure:", 11), ("needs:", 11)] {
+    for (field, n) in [("goal:", 14), ("figure:", 14), ("needs:", 14)] {
         let count = list
             .lines()
             .filter(|l| l.trim_start().starts_with(field))
@@ -569,17 +596,18 @@ fn bench_list_names_every_bench() {
             "call/exitless",
             "call/graph",
             "call/stack",
+            "call/direct",
             "attach/modes"
         ],
         "{some}"
     );
     // Its heading counts what it lists (before: "10 benches in 6 collections").
     assert!(
-        some.starts_with("vmtrace bench: 5 of 11 benches, in 2 of 6 collections."),
+        some.starts_with("vmtrace bench: 6 of 14 benches, in 2 of 7 collections."),
         "{some}"
     );
     assert!(
-        list.starts_with("vmtrace bench: 11 of 11 benches, in 6 of 6 collections."),
+        list.starts_with("vmtrace bench: 14 of 14 benches, in 7 of 7 collections."),
         "{list}"
     );
 }
@@ -693,11 +721,13 @@ fn bench_collection_and_letter_run_their_benches() {
             "call/exitless",
             "call/graph",
             "call/stack",
+            "call/direct",
             "attach/modes"
         ],
         "{text}"
     );
-    // call/trap's, call/stack's and attach/modes's figures, nobody else's.
+    // call/trap's, call/stack's, call/direct's and attach/modes's figures,
+    // nobody else's.
     let figures = doc["figures"].as_object().unwrap();
     for k in figures.keys() {
         assert!(
@@ -710,6 +740,7 @@ fn bench_collection_and_letter_run_their_benches() {
                 "exits_per_iter",
                 "handler_",
                 "stack_",
+                "direct_call_",
                 "j_"
             ]
             .iter()
@@ -720,8 +751,9 @@ fn bench_collection_and_letter_run_their_benches() {
     assert!(figures["exits_per_iter"].as_f64().unwrap() > 0.0, "{text}");
     assert_eq!(figures["j_attach_sites"], 30.0, "{text}");
     assert_eq!(figures["j_attach_rounds"], 1.0, "{text}");
-    // call/trap's goal, call/exitless's two, attach/modes's.
-    assert_eq!(doc["goals"].as_array().unwrap().len(), 4, "{text}");
+    // call/trap's goal, call/exitless's two, attach/modes's, call/direct's.
+    assert_eq!(doc["goals"].as_array().unwrap().len(), 5, "{text}");
+    assert_eq!(figures["direct_call_exits_per_call"], 0.0, "{text}");
     let graph = &doc["graph"];
     assert_eq!(
         graph["guest_instructions_per_call_static"], GRAPH_WITH_TASK,
@@ -735,11 +767,20 @@ fn bench_collection_and_letter_run_their_benches() {
     let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
     assert_eq!(
         methods,
-        ["(a)", "(b)", "(c)", "(f)", "(g)", "(j)", "stack"],
+        [
+            "(a)",
+            "(b)",
+            "(c)",
+            "(f)",
+            "(g)",
+            "(j)",
+            "call/direct",
+            "stack"
+        ],
         "{text}"
     );
     assert_stack_counts(figures, &text);
-    assert_eq!(table.matches("\n# ").count(), 5, "{table}");
+    assert_eq!(table.matches("\n# ").count(), 6, "{table}");
     assert!(table.contains("(j) first attach of 30 sites"), "{table}");
     assert!(!table.contains("(d) pause"), "{table}");
 }
@@ -754,9 +795,10 @@ fn bench_refuses_unknown_names() {
         (
             &["bench", "call/nope", "--kernel", kernel],
             "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
-             call/stack, attach/pause, attach/scaling, attach/modes, record/throughput, report/render, \
-             boot/ftrace, qemu/attach; collections call, attach, record, report, boot, qemu; all \
-             (`vmtrace bench list` says what each measures)",
+             call/stack, call/direct, attach/pause, attach/scaling, attach/modes, attach/direct, \
+             record/throughput, report/render, boot/ftrace, qemu/attach, sites/direct; \
+             collections call, attach, record, report, boot, qemu, sites; all (`vmtrace bench \
+             list` says what each measures)",
         ),
         (
             &["bench", "boot/ftrace", "--kernel", kernel],

@@ -215,7 +215,11 @@
 //! trapped call with its kernel stack against without, in phases of the
 //! mini guest with `stack=1`, as (a)-(c)), attach/pause (d), attach/scaling (e)
 //! and loading, attach/modes (j), record/throughput (h), report/render
-//! (report), boot/ftrace (i).
+//! (report), boot/ftrace (i); and direct entries' (`measure::direct`,
+//! docs/benchmarks.md): call/direct ((f) with direct entries on the mini
+//! guest without ftrace), attach/direct ((e) for 100 and 1,000 direct
+//! sites), sites/direct (the functions `DirectPlan::build` proves safe, and
+//! refuses by rule, on the vmlinux and `--distro-kernel`).
 
 pub mod measure;
 pub mod results;

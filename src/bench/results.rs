@@ -6,6 +6,7 @@
 
 mod attach_modes;
 mod benches;
+mod direct;
 mod exitless;
 pub mod ftrace;
 mod goals;
@@ -19,8 +20,8 @@ mod table;
 use std::time::Instant;
 
 use super::measure::{
-    AttachModes, CallCosts, ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures,
-    Scaling, StackCosts,
+    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, ExitlessCosts, HandlerAlone,
+    PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -63,6 +64,12 @@ pub struct Results {
     pub attach_modes: Option<AttachModes>,
     /// (k): `vmtrace attach` on a QEMU guest.
     pub qemu: Option<QemuFigures>,
+    /// call/direct: (f) with direct entries on the mini guest without ftrace.
+    pub direct: Option<ExitlessCosts>,
+    /// attach/direct: attach windows of direct sites.
+    pub direct_attach: Option<DirectAttach>,
+    /// sites/direct: by kernel (the vmlinux, then the distro kernel).
+    pub direct_sites: Vec<DirectSiteCounts>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for.
     pub ftrace: ftrace::Measured,
@@ -87,6 +94,9 @@ impl Default for Results {
             record: None,
             attach_modes: None,
             qemu: None,
+            direct: None,
+            direct_attach: None,
+            direct_sites: Vec::new(),
             ftrace: None,
         }
     }
@@ -140,6 +150,9 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         BenchId::RecordThroughput,
         BenchId::AttachModes,
         BenchId::QemuAttach,
+        BenchId::CallDirect,
+        BenchId::AttachDirect,
+        BenchId::SitesDirect,
     ]
     .into_iter()
     .flat_map(|id| figures_of(id, r))
@@ -167,6 +180,15 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .as_ref()
             .map_or_else(Vec::new, attach_modes::figures),
         BenchId::QemuAttach => r.qemu.as_ref().map_or_else(Vec::new, qemu::figures),
+        BenchId::CallDirect => r
+            .direct
+            .as_ref()
+            .map_or_else(Vec::new, |d| direct::call_figures(d, r.exitless.as_ref())),
+        BenchId::AttachDirect => r
+            .direct_attach
+            .as_ref()
+            .map_or_else(Vec::new, direct::attach_figures),
+        BenchId::SitesDirect => direct::sites_figures(&r.direct_sites),
         BenchId::CallExitless | BenchId::CallGraph | BenchId::BootFtrace => Vec::new(),
     }
 }
@@ -236,7 +258,8 @@ fn scaling_figures(s: &Scaling) -> Vec<(String, f64)> {
 /// The figures not measured (NaN: the host's noise swamped them), by
 /// name, with why.
 fn not_measured(r: &Results) -> Vec<(String, String)> {
-    let stack = r.stack.as_ref().map_or_else(Vec::new, stack::not_measured);
+    let mut stack = r.stack.as_ref().map_or_else(Vec::new, stack::not_measured);
+    stack.extend(direct::not_measured(r));
     let Some(why) = &r.calls_not_measured else {
         return stack;
     };
@@ -262,11 +285,14 @@ mod tests {
     use super::*;
 
     /// The mini guest "mini.elf" and, with `scaling`, the Linux "vmlinux".
-    fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
+    pub(super) fn cfg(report_events: u64, scaling: bool) -> BenchConfig {
         BenchConfig {
             benches: Selection::default_set(false, 0),
             kernel: Some("mini.elf".into()),
             vmlinux: scaling.then(|| "vmlinux".into()),
+            mini_noftrace: None,
+            direct_vmlinux: None,
+            distro_kernel: None,
             json: None,
             iters: 200,
             cpus: 1,
@@ -315,6 +341,7 @@ mod tests {
                 // Counted by KVM: 60 instructions per untraced iteration,
                 // the spin's 400 more, 3.5 x 28 more exitless.
                 counted: Some(vec![[60.0, 460.0, 60.0, 158.0]; 2]),
+                stubs: None,
             }),
             // Per call: trap 20 µs (two exits), exitless 80 instructions.
             graph: Some(ExitlessCosts {
@@ -326,6 +353,7 @@ mod tests {
                 task_variants: None,
                 trap_exits_per_call: 2.0,
                 counted: Some(vec![[60.0, 460.0, 60.0, 340.0]]),
+                stubs: None,
             }),
             // Per call 10 µs without its stack, 12 µs with (4.75 calls and
             // 1.875 stacks per iteration, 2 µs each).
@@ -377,6 +405,9 @@ mod tests {
                 exitless: vec![30.0, 45.0],
             }),
             qemu: None,
+            direct: None,
+            direct_attach: None,
+            direct_sites: Vec::new(),
             ftrace: None,
         }
     }

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use tracer::plan::entry::EntryChoice;
 use tracer::trace::report;
 
 use super::measure::{self, HANDLER_TRAPS, PAUSE_VCPUS};
@@ -30,7 +31,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
             cfg.iters,
             cfg.cpus
         );
-        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, false)?;
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            false,
+            EntryChoice::Ftrace,
+        )?;
         r.exitless = Some(costs);
     }
     if runs(BenchId::CallGraph) {
@@ -39,7 +47,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
              iterations",
             cfg.iters
         );
-        let costs = measure::exitless_costs(mini(cfg)?, cfg.cpus, cfg.iters, cfg.rounds, true)?;
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            true,
+            EntryChoice::Ftrace,
+        )?;
         r.graph = Some(costs);
     }
     if runs(BenchId::CallStack) {
@@ -82,8 +97,63 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         );
         r.qemu = Some(measure::qemu_figures(vmlinux, cfg.rounds)?);
     }
+    direct_figures(cfg, &mut r)?;
     r.ftrace = ftrace_figures(cfg);
     Ok(r)
+}
+
+/// call/direct, attach/direct and sites/direct, those `cfg` selects.
+fn direct_figures(cfg: &BenchConfig, r: &mut Results) -> Result<(), Error> {
+    let runs = |id| cfg.benches.runs(id);
+    if let (true, Some(kernel)) = (runs(BenchId::CallDirect), &cfg.mini_noftrace) {
+        note!(
+            "vmtrace bench: call/direct {} rounds of 4 phases (untraced, spin {}, trap, exitless) \
+             x {} iterations of {}, direct entries",
+            cfg.rounds,
+            measure::SPIN,
+            cfg.iters,
+            kernel.display()
+        );
+        let costs = measure::exitless_costs(
+            kernel,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            false,
+            EntryChoice::Direct,
+        )?;
+        r.direct = Some(costs);
+    }
+    let direct_linux = runs(BenchId::AttachDirect) || runs(BenchId::SitesDirect);
+    if direct_linux && cfg.vmlinux.is_none() {
+        note!(
+            "vmtrace bench: attach/direct and sites/direct skipped: no guest/out/vmlinux (build \
+             it with `bash guest/build.sh linux`, or pass --vmlinux PATH)"
+        );
+    }
+    if let (true, Some(v)) = (runs(BenchId::AttachDirect), &cfg.direct_vmlinux) {
+        note!(
+            "vmtrace bench: attach/direct attach windows of direct sites on {} (loaded, not booted)",
+            v.display()
+        );
+        r.direct_attach = Some(measure::attach_direct(v)?);
+    }
+    if let (true, Some(v)) = (runs(BenchId::SitesDirect), &cfg.vmlinux) {
+        note!(
+            "vmtrace bench: sites/direct analyzing every function of {}",
+            v.display()
+        );
+        r.direct_sites.push(measure::direct_sites("vmlinux", v)?);
+        if let Some(d) = &cfg.distro_kernel {
+            note!(
+                "vmtrace bench: sites/direct analyzing every function of {}",
+                d.display()
+            );
+            r.direct_sites
+                .push(measure::direct_sites("distro kernel", d)?);
+        }
+    }
+    Ok(())
 }
 
 /// The mini guest, which the config holds whenever a bench run needs it.

@@ -12,13 +12,16 @@ pub enum BenchId {
     CallExitless,
     CallGraph,
     CallStack,
+    CallDirect,
     AttachPause,
     AttachScaling,
     AttachModes,
+    AttachDirect,
     RecordThroughput,
     ReportRender,
     BootFtrace,
     QemuAttach,
+    SitesDirect,
 }
 
 /// What a bench runs on.
@@ -27,6 +30,9 @@ pub enum Needs {
     Nothing,
     /// guest/out/mini.elf (`--kernel`), built if missing.
     MiniGuest,
+    /// guest/out/mini-noftrace.elf (the mini guest without ftrace's
+    /// sites), built if missing.
+    MiniNoftrace,
     /// A Linux vmlinux (`--vmlinux`, default guest/out/vmlinux), loaded
     /// into a VM and never run.
     Vmlinux,
@@ -43,6 +49,7 @@ impl Needs {
         match self {
             Needs::Nothing => "nothing (no guest)",
             Needs::MiniGuest => "the mini guest",
+            Needs::MiniNoftrace => "the mini guest built without ftrace (mini-noftrace)",
             Needs::Vmlinux => "a Linux vmlinux (loaded, never booted)",
             Needs::LinuxGuest => "the Linux guest, booted (--linux-boots N)",
             Needs::QemuGuest => {
@@ -75,7 +82,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 11] = [
+pub const BENCHES: [Bench; 14] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -120,6 +127,18 @@ pub const BENCHES: [Bench; 11] = [
         needs: Needs::MiniGuest,
     },
     Bench {
+        id: BenchId::CallDirect,
+        name: "call/direct",
+        aliases: &[],
+        goal: "How many more guest instructions does an exitless direct-entry call cost than \
+               an ftrace site's?",
+        figure: "guest instructions per exitless direct-entry call (counted in the stubs' code; \
+                 by KVM where it emulates ring 0), beside call/exitless's ftrace-site figure; \
+                 exits per call",
+        unit: "guest instructions, exits per call",
+        needs: Needs::MiniNoftrace,
+    },
+    Bench {
         id: BenchId::AttachPause,
         name: "attach/pause",
         aliases: &["d"],
@@ -148,6 +167,16 @@ pub const BENCHES: [Bench; 11] = [
         figure: "first attach's pause, exitless over trap, median over fresh guests",
         unit: "ratio (pauses in µs)",
         needs: Needs::MiniGuest,
+    },
+    Bench {
+        id: BenchId::AttachDirect,
+        name: "attach/direct",
+        aliases: &[],
+        goal: "How long does attaching 100 and 1,000 direct entries stop the guest?",
+        figure: "attach window for 100 and 1,000 direct sites of a Linux vmlinux (first, p50, \
+                 worst)",
+        unit: "µs",
+        needs: Needs::Vmlinux,
     },
     Bench {
         id: BenchId::RecordThroughput,
@@ -191,10 +220,21 @@ pub const BENCHES: [Bench; 11] = [
         unit: "µs (ns per call, events/s)",
         needs: Needs::QemuGuest,
     },
+    Bench {
+        id: BenchId::SitesDirect,
+        name: "sites/direct",
+        aliases: &[],
+        goal: "How many of a kernel's functions can a direct entry trace, and why are the \
+               others refused?",
+        figure: "functions proved safe for a direct entry, and refused by rule, on the 6.1 \
+                 default guest's vmlinux and a distro kernel (--distro-kernel)",
+        unit: "functions",
+        needs: Needs::Vmlinux,
+    },
 ];
 
 /// Each collection and what its benches measure, in `BENCHES`' order.
-pub const COLLECTIONS: [(&str, &str); 6] = [
+pub const COLLECTIONS: [(&str, &str); 7] = [
     ("call", "what one traced call costs"),
     (
         "attach",
@@ -204,6 +244,7 @@ pub const COLLECTIONS: [(&str, &str); 6] = [
     ("report", "reading a trace back"),
     ("boot", "a Linux guest's boot, traced"),
     ("qemu", "a QEMU guest traced by `vmtrace attach`"),
+    ("sites", "which functions a kernel lets vmtrace trace"),
 ];
 
 pub fn bench(id: BenchId) -> &'static Bench {
@@ -351,11 +392,21 @@ mod tests {
         assert_eq!(ids(&["call/graph", "a"]), Ok(vec![CallTrap, CallGraph]));
         assert_eq!(
             ids(&["call"]),
-            Ok(vec![CallTrap, CallExitless, CallGraph, CallStack])
+            Ok(vec![
+                CallTrap,
+                CallExitless,
+                CallGraph,
+                CallStack,
+                CallDirect
+            ])
         );
         assert_eq!(
             ids(&["attach"]),
-            Ok(vec![AttachPause, AttachScaling, AttachModes])
+            Ok(vec![AttachPause, AttachScaling, AttachModes, AttachDirect])
+        );
+        assert_eq!(
+            ids(&["sites", "call/direct"]),
+            Ok(vec![CallDirect, SitesDirect])
         );
         assert_eq!(ids(&["loading", "e"]), Ok(vec![AttachScaling]));
         assert_eq!(ids(&["report", "i"]), Ok(vec![ReportRender, BootFtrace]));
@@ -368,6 +419,13 @@ mod tests {
         assert_eq!(all.ids.len(), BENCHES.len() - 2);
         assert!(!all.runs(BenchId::BootFtrace) && !all.named);
         assert!(!all.runs(BenchId::QemuAttach));
+        for id in [
+            BenchId::CallDirect,
+            BenchId::AttachDirect,
+            BenchId::SitesDirect,
+        ] {
+            assert!(all.runs(id));
+        }
         assert!(Selection::default_set(false, 3).runs(BenchId::BootFtrace));
         assert_eq!(ids(&["qemu"]), Ok(vec![BenchId::QemuAttach]));
         assert_eq!(

@@ -20,6 +20,14 @@ pub struct BenchConfig {
     pub kernel: Option<PathBuf>,
     /// The Linux vmlinux of (e) and the loading figure; None: skipped.
     pub vmlinux: Option<PathBuf>,
+    /// call/direct's mini guest without ftrace; None: not run.
+    pub mini_noftrace: Option<PathBuf>,
+    /// attach/direct's vmlinux: linux-noftrace/vmlinux beside the vmlinux
+    /// if there is one, else the vmlinux itself (direct entries on a
+    /// kernel with ftrace); None: no vmlinux.
+    pub direct_vmlinux: Option<PathBuf>,
+    /// sites/direct's distro kernel (`--distro-kernel`); None: not given.
+    pub distro_kernel: Option<PathBuf>,
     pub json: Option<PathBuf>,
     pub iters: u64,
     pub cpus: u64,
@@ -45,14 +53,34 @@ impl BenchConfig {
         let record_events = at_least_one(args.record_events, "--record-events")?;
         let benches = selection(args)?;
         let vmlinux = linux_vmlinux(args)?;
-        if benches.named && benches.runs(BenchId::AttachScaling) && vmlinux.is_none() {
-            return Err(InputError::BenchNeedsVmlinux(
-                project_root().join("guest/out/vmlinux"),
-            ));
+        let needing = suite::BENCHES
+            .iter()
+            .find(|b| benches.runs(b.id) && b.needs == Needs::Vmlinux);
+        if let (true, Some(b), None) = (benches.named, needing, &vmlinux) {
+            return Err(InputError::BenchNeedsVmlinux {
+                bench: b.name,
+                path: project_root().join("guest/out/vmlinux"),
+            });
         }
         let kernel = match benches.needs(Needs::MiniGuest) {
             true => Some(mini_kernel(args)?),
             false => None,
+        };
+        let mini_noftrace = match benches.needs(Needs::MiniNoftrace) {
+            true => Some(mini_noftrace()?),
+            false => None,
+        };
+        let direct_vmlinux = vmlinux.as_ref().map(|v| {
+            let noftrace = v.with_file_name("linux-noftrace").join("vmlinux");
+            if noftrace.is_file() {
+                noftrace
+            } else {
+                v.clone()
+            }
+        });
+        let distro_kernel = match &args.distro_kernel {
+            Some(p) if !p.is_file() => return Err(InputError::DistroKernelMissing(p.clone())),
+            p => p.clone(),
         };
         let linux = match benches.runs(BenchId::BootFtrace) {
             true => Some(linux_guest(vmlinux.as_deref())?),
@@ -71,6 +99,9 @@ impl BenchConfig {
             benches,
             kernel,
             vmlinux,
+            mini_noftrace,
+            direct_vmlinux,
+            distro_kernel,
             json: args.json.clone(),
             iters,
             cpus,
@@ -199,6 +230,27 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
             .map_err(InputError::BuildRun)?;
         if !st.success() || !kernel.is_file() {
             return Err(InputError::BuildFailed);
+        }
+    }
+    Ok(kernel)
+}
+
+/// guest/out/mini-noftrace.elf, built with guest/build.sh if missing.
+fn mini_noftrace() -> Result<PathBuf, InputError> {
+    let root = project_root();
+    let kernel = root.join("guest/out/mini-noftrace.elf");
+    if !kernel.is_file() {
+        note!(
+            "vmtrace bench: {} is missing; building it",
+            kernel.display()
+        );
+        let st = Command::new("bash")
+            .arg(root.join("guest/build.sh"))
+            .arg("mini-noftrace")
+            .status()
+            .map_err(InputError::BuildRun)?;
+        if !st.success() || !kernel.is_file() {
+            return Err(InputError::NoftraceBuildFailed(kernel));
         }
     }
     Ok(kernel)

@@ -9,8 +9,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use tracer::kernel::symbols::KernelImage;
+use tracer::plan::entry::EntryChoice;
 use tracer::plan::Plan;
-use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
+use tracer::session::exitless::layout::RETURN_TRAP_VA;
 use tracer::session::Tracer;
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};
@@ -35,6 +37,9 @@ const MINI_SPIN: &str = "mini_spin";
 /// (hardware-virtualized KVM), or the phases are too short for the partial
 /// iterations at their edges not to matter.
 pub const SPIN_COUNT_TOLERANCE: f64 = 0.02;
+
+/// Bytes of the return trap's slot (`RET_STUBS_OFF - RETURN_TRAP_OFF`).
+const RETURN_TRAP_LEN: u64 = 16;
 
 /// The phases of (f), in the order of `ExitlessCosts::rounds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,8 +78,9 @@ struct TrapCount {
 
 impl TrapHandler for TrapCount {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
-        // The return trap is in vmtrace's code page; sites are in the kernel.
-        let n = if (CODE_VA..CODE_VA + CODE_LEN).contains(&trap.rip) {
+        // The return trap is at its own place in vmtrace's code page; sites
+        // are in the kernel, or (direct entries) in their stubs in that page.
+        let n = if (RETURN_TRAP_VA..RETURN_TRAP_VA + RETURN_TRAP_LEN).contains(&trap.rip) {
             &self.returns
         } else {
             &self.traps
@@ -157,6 +163,9 @@ pub struct ExitlessCosts {
     /// over all vCPUs' iterations) counted by KVM's emulator, in `PHASES`
     /// order; None where KVM does not count them.
     pub counted: Option<Vec<[f64; 4]>>,
+    /// Direct entries (call/direct): the stubs' instructions, counted in
+    /// their code; None for ftrace sites.
+    pub stubs: Option<super::StubCount>,
 }
 
 impl ExitlessCosts {
@@ -297,6 +306,7 @@ impl ExitlessCosts {
             task_variants: None,
             trap_exits_per_call: tracers.trap_exits as f64 / tracers.trap_calls as f64,
             counted,
+            stubs: None,
         })
     }
 }
@@ -398,8 +408,9 @@ fn check_exits(
 /// Figure set (f): the mini guest in `mode=loop`, phases of `iters`
 /// iterations per vCPU, untraced / spin / trap / exitless in rotating order,
 /// `reps` rounds. With `graph`, figure set (g): the same with both tracers
-/// hooking returns (`--graph`), in a VM of its own. See the `bench` module
-/// documentation.
+/// hooking returns (`--graph`), in a VM of its own. `entry`: the sites
+/// are ftrace's, or direct entries (call/direct, on a kernel without
+/// ftrace). See the `bench` module documentation.
 // Long: one run of the phases, from the VM's creation to the exact counts'
 // judgement; its steps share the two tracers and the VM.
 pub fn exitless_costs(
@@ -408,11 +419,22 @@ pub fn exitless_costs(
     iters: u64,
     reps: usize,
     graph: bool,
+    entry: EntryChoice,
 ) -> Result<ExitlessCosts, Error> {
     let glob = [TRACE_GLOB.to_string()];
-    let mut trap_plan = Plan::new(kernel, &glob, &[])?;
+    let plan = || -> Result<Plan, Error> {
+        Ok(match entry {
+            EntryChoice::Ftrace => Plan::new(kernel, &glob, &[])?,
+            _ => {
+                let image = KernelImage::load_without_sites(kernel)
+                    .map_err(tracer::error::TracerError::from)?;
+                Plan::with_entry(image, &glob, &[], entry)?
+            }
+        })
+    };
+    let mut trap_plan = plan()?;
     let spin = GuestU32::new(&trap_plan.image, MINI_SPIN)?;
-    let mut exitless_plan = Plan::new(kernel, &glob, &[])?;
+    let mut exitless_plan = plan()?;
     trap_plan.graph = graph;
     exitless_plan.graph = graph;
     let vm = Vm::create(mini_config(kernel, cpus)?)?;
@@ -428,6 +450,8 @@ pub fn exitless_costs(
         .map(|t| t.common_path_instructions() + t.return_path.len())
         .ok_or_else(|| RuntimeError::Measure("the exitless tracer has no trampoline".into()))?;
     let task_variants = exitless.task_path_variants();
+    let stubs = super::direct::stub_count(&exitless).map_err(RuntimeError::Measure)?;
+    let static_instructions = static_instructions + stubs.as_ref().map_or(0, |s| s.around);
     let mut tracers = Tracers {
         trap,
         exitless,
@@ -482,6 +506,7 @@ pub fn exitless_costs(
     let mut costs =
         ExitlessCosts::judge(rounds, &phases, tracers, static_instructions).map_err(measure)?;
     costs.task_variants = task_variants;
+    costs.stubs = stubs;
     Ok(costs)
 }
 

@@ -5,6 +5,7 @@
 
 mod attach_modes;
 mod calls;
+mod direct;
 mod exitless;
 pub mod ftrace;
 mod phases;
@@ -30,6 +31,9 @@ use vmm::{NoTracer, Paused, Running, StopReason, TrapHandler, Vm, VmConfig, VmSi
 
 pub use attach_modes::{attach_modes, AttachModes, ATTACH_GLOB};
 pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAPS};
+pub use direct::{
+    attach_direct, direct_sites, DirectAttach, DirectSiteCounts, StubCount, DIRECT_SITES,
+};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,

@@ -133,6 +133,9 @@ fn why_not(id: BenchId, r: &Results, cfg: &BenchConfig) -> String {
         (BenchId::BootFtrace, Some(Err(e))) => format!("failed: {e}"),
         (BenchId::BootFtrace, _) => format!("not asked for: {HOW}"),
         (BenchId::AttachScaling, _) if !cfg.counts_only => "no vmlinux".into(),
+        (BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect, _) => {
+            super::table::direct_not_run(id, cfg)
+        }
         _ if cfg.counts_only => COUNTS_ONLY.into(),
         _ => "not run".into(),
     }
@@ -341,6 +344,9 @@ fn other_values(id: BenchId, r: &Results) -> Vec<Value> {
             }
         }
         BenchId::QemuAttach => v.extend(r.qemu.as_ref().map_or_else(Vec::new, qemu_values)),
+        BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect => {
+            v.extend(direct_values(id, r));
+        }
         _ => {}
     }
     v
@@ -364,4 +370,37 @@ fn qemu_values(q: &QemuFigures) -> Vec<Value> {
         Some(&q.stored_per_s),
     ));
     v
+}
+
+/// The headline of the direct entries' benches: call/direct's instructions
+/// more than an ftrace site's and per call, attach/direct's worst windows,
+/// sites/direct's safe and refused functions.
+fn direct_values(id: BenchId, r: &Results) -> Vec<Value> {
+    let wanted: &[&str] = match id {
+        BenchId::CallDirect => &[
+            "direct_call_more_than_ftrace",
+            "direct_call_instructions_static",
+            "direct_call_instructions_counted",
+            "direct_call_exits_per_call",
+        ],
+        BenchId::AttachDirect => &["direct_attach_100_max_us", "direct_attach_1000_max_us"],
+        _ => &[],
+    };
+    let unit = |k: &str| match k {
+        _ if k.ends_with("_us") => "µs",
+        _ if k.ends_with("exits_per_call") => "exits",
+        _ if k.starts_with("direct_sites_") => "functions",
+        _ => "guest instructions",
+    };
+    figures_of(id, r)
+        .into_iter()
+        .filter(|(k, _)| {
+            wanted.contains(&k.as_str())
+                || (id == BenchId::SitesDirect && (k.ends_with("_safe") || k.ends_with("_refused")))
+        })
+        .map(|(k, x)| {
+            let u = unit(&k);
+            value(k, x, u, None)
+        })
+        .collect()
 }

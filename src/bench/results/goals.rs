@@ -5,7 +5,9 @@ use tracer::trace::report;
 use super::super::measure::E_REPS;
 use super::super::suite::BenchId;
 use super::exitless::{num, num_us};
-use super::{attach_modes, exitless, ftrace, max, qemu, record, Goal, Results, COUNTS_ONLY};
+use super::{
+    attach_modes, direct, exitless, ftrace, max, qemu, record, Goal, Results, COUNTS_ONLY,
+};
 use crate::bench::median;
 use crate::config::BenchConfig;
 
@@ -19,7 +21,7 @@ pub const GOAL_REPORT_EVENTS: u64 = 10_000_000;
 
 /// The order the goals have always been printed in (call/graph,
 /// call/stack and attach/pause have none).
-const GOAL_ORDER: [BenchId; 8] = [
+const GOAL_ORDER: [BenchId; 10] = [
     BenchId::CallTrap,
     BenchId::AttachScaling,
     BenchId::ReportRender,
@@ -28,6 +30,8 @@ const GOAL_ORDER: [BenchId; 8] = [
     BenchId::BootFtrace,
     BenchId::AttachModes,
     BenchId::QemuAttach,
+    BenchId::CallDirect,
+    BenchId::AttachDirect,
 ];
 
 /// The goals of every bench shown: run, or (the default set) said not run.
@@ -65,7 +69,20 @@ pub fn goals_of(id: BenchId, r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         }],
         // Asked for by name only (it runs QEMU): judged when measured.
         BenchId::QemuAttach => r.qemu.as_ref().map(qemu::goal).into_iter().collect(),
-        BenchId::CallGraph | BenchId::CallStack | BenchId::AttachPause => Vec::new(),
+        // Asked for by name only: judged when measured.
+        BenchId::CallDirect => r
+            .direct
+            .as_ref()
+            .map(|d| direct::goal(d, r.exitless.as_ref()))
+            .into_iter()
+            .collect(),
+        BenchId::AttachDirect => r
+            .direct_attach
+            .as_ref()
+            .map_or_else(Vec::new, direct::attach_goals),
+        BenchId::CallGraph | BenchId::CallStack | BenchId::AttachPause | BenchId::SitesDirect => {
+            Vec::new()
+        }
     }
 }
 

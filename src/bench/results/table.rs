@@ -11,7 +11,8 @@ use super::super::suite::{bench, BenchId};
 use super::exitless::{num, num_us};
 use super::methods::methods_shown;
 use super::{
-    attach_modes, exitless, ftrace, max, min, qemu, record, stack, Goal, Results, Run, COUNTS_ONLY,
+    attach_modes, direct, exitless, ftrace, max, min, qemu, record, stack, Goal, Results, Run,
+    COUNTS_ONLY,
 };
 use crate::bench::{median, pct};
 use crate::config::BenchConfig;
@@ -72,7 +73,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 }
 
 /// The order the benches' sections have always been printed in.
-const TABLE_ORDER: [BenchId; 11] = [
+const TABLE_ORDER: [BenchId; 14] = [
     BenchId::CallTrap,
     BenchId::AttachPause,
     BenchId::AttachScaling,
@@ -84,6 +85,9 @@ const TABLE_ORDER: [BenchId; 11] = [
     BenchId::AttachModes,
     BenchId::BootFtrace,
     BenchId::QemuAttach,
+    BenchId::CallDirect,
+    BenchId::AttachDirect,
+    BenchId::SitesDirect,
 ];
 
 /// One bench's section: its figures, or not measured, and why.
@@ -142,6 +146,33 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
                 "(k) vmtrace attach on QEMU: NOT MEASURED, not asked for (vmtrace bench qemu)"
             ),
         },
+        BenchId::CallDirect => match &r.direct {
+            Some(d) => direct::write_call(o, d, r.exitless.as_ref(), cfg),
+            None => writeln!(o, "call/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
+        },
+        BenchId::AttachDirect => match &r.direct_attach {
+            Some(a) => direct::write_attach(o, a),
+            None => writeln!(
+                o,
+                "attach/direct: NOT MEASURED, {}",
+                direct_not_run(id, cfg)
+            ),
+        },
+        BenchId::SitesDirect => match r.direct_sites.is_empty() {
+            false => direct::write_sites(o, &r.direct_sites, cfg),
+            true => writeln!(o, "sites/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
+        },
+    }
+}
+
+/// Why a direct entries' bench was not measured.
+pub(super) fn direct_not_run(id: BenchId, cfg: &BenchConfig) -> String {
+    match id {
+        _ if cfg.counts_only => COUNTS_ONLY.into(),
+        BenchId::AttachDirect | BenchId::SitesDirect if cfg.vmlinux.is_none() => {
+            "no vmlinux (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)".into()
+        }
+        _ => "not run".into(),
     }
 }
 
