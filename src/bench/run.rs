@@ -22,41 +22,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
     if runs(BenchId::CallTrap) {
         call_figures(cfg, mini(cfg)?, &mut r)?;
     }
-    if runs(BenchId::CallExitless) {
-        note!(
-            "vmtrace bench: call/exitless (f) {} rounds of 4 phases (untraced, spin {}, trap, \
-             exitless) x {} iterations ({} vCPU, mode=loop)",
-            cfg.rounds,
-            measure::SPIN,
-            cfg.iters,
-            cfg.cpus
-        );
-        let costs = measure::exitless_costs(
-            mini(cfg)?,
-            cfg.cpus,
-            cfg.iters,
-            cfg.rounds,
-            false,
-            EntryChoice::Ftrace,
-        )?;
-        r.exitless = Some(costs);
-    }
-    if runs(BenchId::CallGraph) {
-        note!(
-            "vmtrace bench: call/graph (g) the same 4 phases with return hooks (--graph) x {} \
-             iterations",
-            cfg.iters
-        );
-        let costs = measure::exitless_costs(
-            mini(cfg)?,
-            cfg.cpus,
-            cfg.iters,
-            cfg.rounds,
-            true,
-            EntryChoice::Ftrace,
-        )?;
-        r.graph = Some(costs);
-    }
+    exitless_figures(cfg, &mut r)?;
     if runs(BenchId::CallStack) {
         r.stack = Some(stack_figures(cfg, mini(cfg)?)?);
     }
@@ -100,6 +66,47 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
     direct_figures(cfg, &mut r)?;
     r.ftrace = ftrace_figures(cfg);
     Ok(r)
+}
+
+/// call/exitless (f) and call/graph (g), those `cfg` selects.
+fn exitless_figures(cfg: &BenchConfig, r: &mut Results) -> Result<(), Error> {
+    let runs = |id| cfg.benches.runs(id);
+    if runs(BenchId::CallExitless) {
+        note!(
+            "vmtrace bench: call/exitless (f) {} rounds of 4 phases (untraced, spin {}, trap, \
+             exitless) x {} iterations ({} vCPU, mode=loop)",
+            cfg.rounds,
+            measure::SPIN,
+            cfg.iters,
+            cfg.cpus
+        );
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            false,
+            EntryChoice::Ftrace,
+        )?;
+        r.exitless = Some(costs);
+    }
+    if runs(BenchId::CallGraph) {
+        note!(
+            "vmtrace bench: call/graph (g) the same 4 phases with return hooks (--graph) x {} \
+             iterations",
+            cfg.iters
+        );
+        let costs = measure::exitless_costs(
+            mini(cfg)?,
+            cfg.cpus,
+            cfg.iters,
+            cfg.rounds,
+            true,
+            EntryChoice::Ftrace,
+        )?;
+        r.graph = Some(costs);
+    }
+    Ok(())
 }
 
 /// call/direct, attach/direct and sites/direct, those `cfg` selects.
