@@ -336,6 +336,8 @@ fn bad_tracer_inputs_are_one_line_errors() {
         &[
             "--kernel",
             noftrace.to_str().unwrap(),
+            "--entry",
+            "ftrace",
             "--trace",
             "hrtimer_*",
         ],
