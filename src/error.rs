@@ -128,6 +128,9 @@ impl From<tracer::plan::PlanError> for InputError {
                 InputError::Tracer(e.into())
             }
             PlanError::StackGraphExitless => InputError::StackGraphExitless,
+            PlanError::DirectPreemptible { path, why } => {
+                InputError::DirectPreemptible { path, why }
+            }
             e => InputError::Plan(e),
         }
     }
@@ -158,6 +161,8 @@ pub enum InputError {
     ArgsNoneTraced { globs: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
     StackGraphExitless,
+    #[error("--entry direct into a preemptible kernel needs its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); use --entry ftrace")]
+    DirectPreemptible { path: String, why: String },
     #[error("{flag} {value} is not a positive number of seconds")]
     Seconds { flag: &'static str, value: f64 },
     #[error(
@@ -382,6 +387,8 @@ impl Words for Flags {
                 "pass the uncompressed vmlinux (or no --vmlinux: vmtrace reads a bzImage's own \
                  symbols)"
             }
+            Remedy::DirectEntries => "trace it with --entry direct, or rebuild it with them",
+            Remedy::FtraceEntries => "trace it with --entry ftrace",
         }
     }
 }

@@ -70,6 +70,10 @@ pub enum Remedy {
     /// Give the uncompressed vmlinux, or the bzImage alone (vmtrace reads a
     /// bzImage's own symbols): a bzImage was given as the vmlinux.
     VmlinuxNotBzImage,
+    /// Trace through direct entries: the kernel has no ftrace call sites.
+    DirectEntries,
+    /// Trace through the kernel's ftrace call sites: direct entries cannot.
+    FtraceEntries,
 }
 
 /// How a front end words inputs and remedies.
@@ -117,6 +121,8 @@ impl Words for Plain {
                 "pass the uncompressed vmlinux (or the bzImage alone: vmtrace reads a bzImage's \
                  own symbols)"
             }
+            Remedy::DirectEntries => "trace it through direct entries, or rebuild it with them",
+            Remedy::FtraceEntries => "trace it through its ftrace call sites",
         }
     }
 }

@@ -29,8 +29,7 @@ pub const LINUX_BANNER: &str = "linux_banner";
 
 /// Hint appended to every "no usable __mcount_loc" error.
 const FTRACE_CONFIG_HINT: &str = "the kernel was not built with CONFIG_FUNCTION_TRACER=y and \
-                                  CONFIG_DYNAMIC_FTRACE=y; trace it with --entry direct, or \
-                                  rebuild with them";
+                                  CONFIG_DYNAMIC_FTRACE=y";
 
 /// Why a kernel image could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +103,9 @@ impl Advice for SymbolError {
             SymbolError::File(e) => e.remedy(),
             SymbolError::NotElf { remedy, .. } => *remedy,
             SymbolError::Stripped { .. } => Some(Remedy::UnstrippedVmlinux),
+            SymbolError::NoMcountLoc { .. } | SymbolError::EmptyMcountLoc { .. } => {
+                Some(Remedy::DirectEntries)
+            }
             _ => None,
         }
     }

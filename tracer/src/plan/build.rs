@@ -112,7 +112,7 @@ pub enum PlanError {
     /// Direct entries on a kernel that can preempt a task anywhere in
     /// kernel mode: one preempted inside the displaced bytes cannot be
     /// found from the vCPUs alone.
-    #[error("direct entries into a preemptible kernel need its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); trace it through ftrace (--entry ftrace)")]
+    #[error("direct entries into a preemptible kernel need its task list, to find the tasks it preempted, and {path}'s is unknown ({why})")]
     DirectPreemptible { path: String, why: String },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]

@@ -57,7 +57,7 @@ impl EntryKind {
 pub enum DirectPlanError {
     #[error(transparent)]
     Tables(#[from] TableError),
-    #[error("{} has no function whose entry can be displaced safely ({refused} refused); trace it through ftrace (--entry ftrace)", path.display())]
+    #[error("{} has no function whose entry can be displaced safely ({refused} refused)", path.display())]
     NoneSafe {
         path: std::path::PathBuf,
         refused: usize,
@@ -71,6 +71,13 @@ impl vmm::advice::Advice for DirectPlanError {
         match self {
             DirectPlanError::Sites(e) => e.problem(w),
             e => e.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<vmm::advice::Remedy> {
+        match self {
+            DirectPlanError::NoneSafe { .. } => Some(vmm::advice::Remedy::FtraceEntries),
+            _ => None,
         }
     }
 }
