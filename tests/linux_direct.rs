@@ -135,71 +135,70 @@ fn same_busy_functions(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) {
     assert!(both >= 4, "{a:?}\n{b:?}");
 }
 
-/// The kernel without ftrace, in trap and exitless modes: the timers and
-/// the scheduler traced (the timer interrupt from the APIC vector), the
-/// same busy functions as the ftrace build's boot counts, nothing dropped.
+/// The ftrace build traced through its ftrace sites, then the build
+/// without ftrace through direct entries in trap and exitless modes: the
+/// timers and the scheduler traced (the timer interrupt from the APIC
+/// vector), the same busy functions as the ftrace build's boot counts,
+/// nothing dropped; then the ftrace build again through direct entries,
+/// on the functions its ftrace sites traced: the same functions, and
+/// `sched_clock_cpu`, `notrace`, traced too. (One test: each boot is a
+/// minute of CI, and the first serves both comparisons.)
 #[test]
-fn linux_without_ftrace_is_traced_by_direct_entries_in_both_modes() {
-    let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap"]);
+fn direct_entries_trace_linux_with_and_without_ftrace() {
+    let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap", "--entry", "ftrace"]);
     for mode in ["trap", "exitless"] {
         let (err, _, v) = traced("linux-noftrace", SET, &["--mode", mode]);
-        assert!(err.contains("vmtrace: direct entries: "), "{err}");
-        assert!(err.contains("direct sites patched"), "{err}");
-        // The kernel's task list was walked at the attach: at least
-        // init_task (the boot CPU's idle task) is always runnable.
-        let checked: u64 = err
-            .split(" runnable tasks' stacks checked")
-            .next()
-            .and_then(|s| s.rsplit(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{err}"));
-        assert!(checked >= 1, "{err}");
-        assert_eq!(v["mode"], mode);
-        assert_eq!(v["dropped"].as_u64(), Some(0));
-        let c = counts(&v);
-        for f in ["hrtimer_interrupt", "schedule", "try_to_wake_up"] {
-            assert!(c.get(f).is_some_and(|&n| n > 0), "{f}: {c:?}");
-        }
-        let hrtimer = v["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["name"] == "hrtimer_interrupt")
-            .unwrap();
-        assert!(
-            hrtimer["callers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c["name"].as_str().unwrap().contains("apic_timer_interrupt")),
-            "{hrtimer}"
-        );
-        same_busy_functions(&counts(&ftrace), &c);
-        if mode == "exitless" {
-            assert_eq!(v["trap_exits"].as_u64(), Some(0));
-        }
+        check_direct_run(&err, &v, mode);
+        same_busy_functions(&counts(&ftrace), &counts(&v));
     }
-}
-
-/// The ftrace build traced twice, through its ftrace sites and through
-/// direct entries, on the functions ftrace can trace: the same functions;
-/// and `sched_clock_cpu`, `notrace`, traced by direct entries only.
-#[test]
-fn an_ftrace_kernel_traced_by_direct_entries_gives_the_same_functions() {
-    let (_, _, ftrace) = traced(
-        "linux",
-        "hrtimer_*",
-        &["--mode", "trap", "--entry", "ftrace"],
-    );
     let planned: Vec<String> = counts(&ftrace).into_keys().collect();
     let mut set = planned.join(",");
     set.push_str(",sched_clock_cpu");
     let (err, _, direct) = traced("linux", &set, &["--mode", "trap", "--entry", "direct"]);
-    assert!(err.contains("direct sites patched"), "{err}");
+    check_direct_run(&err, &direct, "trap");
     let mut c = counts(&direct);
     assert!(c.remove("sched_clock_cpu").is_some_and(|n| n > 0), "{c:?}");
     assert_eq!(c.keys().cloned().collect::<Vec<_>>(), planned);
     same_busy_functions(&counts(&ftrace), &c);
+}
+
+/// What every direct run of `SET` must show: the summary and attach lines,
+/// the task list walked, the mode, nothing dropped, the timers and the
+/// scheduler called, the timer interrupt from the APIC vector.
+fn check_direct_run(err: &str, v: &serde_json::Value, mode: &str) {
+    assert!(err.contains("vmtrace: direct entries: "), "{err}");
+    assert!(err.contains("direct sites patched"), "{err}");
+    // The kernel's task list was walked at the attach: at least init_task
+    // (the boot CPU's idle task) is always runnable.
+    let checked: u64 = err
+        .split(" runnable tasks' stacks checked")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(checked >= 1, "{err}");
+    assert_eq!(v["mode"], mode);
+    assert_eq!(v["dropped"].as_u64(), Some(0));
+    if mode == "exitless" {
+        assert_eq!(v["trap_exits"].as_u64(), Some(0));
+    }
+    let c = counts(v);
+    for f in ["hrtimer_interrupt", "schedule", "try_to_wake_up"] {
+        assert!(c.get(f).is_some_and(|&n| n > 0), "{f}: {c:?}");
+    }
+    let hrtimer = v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "hrtimer_interrupt")
+        .unwrap();
+    let callers = hrtimer["callers"].as_array().unwrap();
+    assert!(
+        callers
+            .iter()
+            .any(|c| c["name"].as_str().unwrap().contains("apic_timer_interrupt")),
+        "{hrtimer}"
+    );
 }
 
 /// `list` on the kernel without ftrace: from its bzImage alone (kallsyms

@@ -13,7 +13,7 @@ use tracer::error::TracerError;
 use tracer::kernel::kaslr::KernelOffset;
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
-use tracer::plan::entry::{DirectPlan, EntryKind, EntryChoice};
+use tracer::plan::entry::{DirectPlan, EntryChoice, EntryKind};
 use tracer::plan::Plan;
 use tracer::session::direct::{stub, DirectSites, Head};
 use tracer::session::record::SiteIndex;
