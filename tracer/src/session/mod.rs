@@ -371,16 +371,8 @@ impl Tracer {
         };
         deltas.into_iter().any(|phys| {
             let o = KernelOffset { virt: 0, phys };
-            if self.direct.is_some() {
-                // Direct entries wait for nothing but the kernel in place:
-                // its first site's bytes where the file has them.
-                return self.plan.index.addrs.first().is_some_and(|&a| {
-                    let file = self.plan.image.file_bytes(a, patch::SITE_BYTES);
-                    let mut b = [0u8; patch::SITE_BYTES];
-                    o.phys_of(a).is_some_and(|gpa| {
-                        mem.read_slice(&mut b, GuestAddress(gpa)).is_ok() && file == Some(&b[..])
-                    })
-                });
+            if let Some(direct) = &self.direct {
+                return direct.in_place(mem, &self.plan.image, |a| o.phys_of(a));
             }
             match self.plan.ftrace_enabled {
                 Some(va) => o

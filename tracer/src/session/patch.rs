@@ -46,9 +46,6 @@ const UD2: [u8; 2] = [0x0f, 0x0b];
 /// stop a guest that ran on (none does: the handler always moves RIP).
 pub const RETURN_TRAP: [u8; 4] = [OUT_IMM8_AL, vmm::layout::TRACE_PORT as u8, UD2[0], UD2[1]];
 
-/// Bytes a site's patch changes (the NOP, or a direct entry's jump).
-pub const SITE_BYTES: usize = SITE_LEN;
-
 /// Sites sampled to check that the vmlinux is the running kernel.
 const VERIFY_SAMPLES: usize = 32;
 /// Bytes after each sampled site compared with the file.

@@ -27,11 +27,15 @@ use vmm::gva::AddressSpace;
 use vmm::GuestRam;
 
 use crate::kernel::direct::DirectSite;
-use crate::kernel::sites::{classify, SiteKind, SITE_LEN};
+use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
+use crate::kernel::symbols::KernelImage;
 use crate::plan::Plan;
 use crate::session::exitless::layout::{CODE_GPA, CODE_VA, RETURN_TRAP_OFF};
 use crate::session::patch::{PatchError, Surveyed};
 pub use stub::{Head, STUB_SLOT};
+
+/// Sites `DirectSites::in_place` looks at.
+const IN_PLACE_SITES: usize = 8;
 
 /// Bytes the stubs of `sites` direct sites take at the end of the code
 /// page, before the return trap.
@@ -99,6 +103,25 @@ impl DirectSites {
     /// Where site k's stub runs.
     pub fn stub_va(&self, k: usize) -> u64 {
         CODE_VA + self.area_off + k as u64 * STUB_SLOT
+    }
+
+    /// Is the kernel in place in `mem` (`phys_of`: where a link address
+    /// is in guest memory)? Direct entries wait for nothing else: one of
+    /// the first sites holds the file's bytes, or the NOP the kernel's
+    /// ftrace_init makes of an ftrace site.
+    pub fn in_place(
+        &self,
+        mem: &dyn GuestRam,
+        image: &KernelImage,
+        phys_of: impl Fn(u64) -> Option<u64>,
+    ) -> bool {
+        self.sites.iter().take(IN_PLACE_SITES).any(|s| {
+            let mut b = [0u8; SITE_LEN];
+            let read = phys_of(s.addr)
+                .is_some_and(|gpa| mem.read_slice(&mut b, GuestAddress(gpa)).is_ok());
+            read && (image.file_bytes(s.addr, SITE_LEN) == Some(&b[..])
+                || (s.ftrace_nop && b == NOP5))
+        })
     }
 
     /// Every stub's address, by site (`SiteIndex::set_stubs`).
