@@ -10,6 +10,7 @@ use crate::error::TracerError;
 use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
 use crate::kernel::task_list::TaskList;
+use crate::plan::entry::MAX_DIRECT_SITES;
 use crate::plan::stacks::StackPlan;
 use crate::plan::tasks::TaskFilter;
 use crate::session::exitless::state::Records;
@@ -114,6 +115,9 @@ pub enum PlanError {
     /// found from the vCPUs alone.
     #[error("direct entries into a preemptible kernel need its task list, to find the tasks it preempted, and {path}'s is unknown ({why})")]
     DirectPreemptible { path: String, why: String },
+    /// More direct sites selected than vmtrace's code page has stubs for.
+    #[error("the selection has {sites} direct sites, and vmtrace's code page holds the stubs of {max}; trace fewer functions")]
+    TooManyDirect { sites: usize, max: usize },
     /// Every selected site is in init text, which is never patched.
     #[error("the selection has no patchable site: its {skipped} site(s) ({examples}) are all in init text, which the kernel frees after boot; trace functions that run after boot")]
     NoPatchableSite { skipped: usize, examples: String },
@@ -160,6 +164,9 @@ impl TracePlan {
             notes.extend(graph(&mut plan, req.linux)?);
         }
         check_patchable(&plan, req)?;
+        if plan.direct.is_some() {
+            direct_sites_fit(plan.index.addrs.len())?;
+        }
         // After the graph, which may leave functions out and renumber them.
         plan.arg_funcs = crate::plan::args::select(&plan, &req.args)?;
         plan.stacks = StackPlan::build(&plan, &req.stack)?;
@@ -247,6 +254,17 @@ fn preempted_tasks(plan: &Plan) -> Result<Option<TaskList>, PlanError> {
             path: plan.image.path.display().to_string(),
             why,
         }),
+    }
+}
+
+/// `sites` direct sites have their stubs in vmtrace's code page.
+fn direct_sites_fit(sites: usize) -> Result<(), PlanError> {
+    match sites > MAX_DIRECT_SITES {
+        true => Err(PlanError::TooManyDirect {
+            sites,
+            max: MAX_DIRECT_SITES,
+        }),
+        false => Ok(()),
     }
 }
 
@@ -464,5 +482,16 @@ mod tests {
         );
         let plan = Plan::from_image(image(), &["args_*".to_string()], &[]).unwrap();
         assert_eq!(plan.arg_sites(), None);
+    }
+
+    #[test]
+    fn direct_sites_beyond_the_code_pages_stubs_are_refused() {
+        assert!(direct_sites_fit(MAX_DIRECT_SITES).is_ok());
+        let e = direct_sites_fit(MAX_DIRECT_SITES + 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the selection has 28001 direct sites, and vmtrace's code page holds the stubs of \
+             28000; trace fewer functions"
+        );
     }
 }

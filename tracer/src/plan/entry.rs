@@ -12,6 +12,11 @@ use crate::kernel::direct::{DirectSite, Refusal, SiteTables, TableError};
 use crate::kernel::sites::{Site, SiteError, SiteTable};
 use crate::kernel::symbols::KernelImage;
 
+/// The most direct sites one session patches: each has a 64-byte stub in
+/// vmtrace's 2 MiB code page, below the function graph's 256 KiB of
+/// return stubs (`session::direct` checks the two agree).
+pub const MAX_DIRECT_SITES: usize = 28_000;
+
 /// `--entry`, as asked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EntryChoice {

@@ -34,6 +34,9 @@ use crate::session::exitless::layout::{CODE_GPA, CODE_VA, RETURN_TRAP_OFF};
 use crate::session::patch::{PatchError, Surveyed};
 pub use stub::{Head, STUB_SLOT};
 
+// Every site a plan may have (`MAX_DIRECT_SITES`) has its stub slot.
+const _: () = assert!(crate::plan::entry::MAX_DIRECT_SITES as u64 * STUB_SLOT <= RETURN_TRAP_OFF);
+
 /// Sites `DirectSites::in_place` looks at.
 const IN_PLACE_SITES: usize = 8;
 
