@@ -246,3 +246,15 @@ fn the_crafted_functions_are_traced_exactly_or_refused_by_rule() {
         assert_eq!(names, ["direct_endbr", "direct_jcc", "direct_riprel"]);
     }
 }
+
+/// A glob that matches only refused functions names each one's reason,
+/// in one line, exit status 2, before any guest runs.
+#[test]
+fn a_refused_function_is_named_with_its_rule() {
+    let elf = mini_variant_elf("mini-noftrace");
+    assert_bad_input(
+        &["--kernel", elf.to_str().unwrap(), "--trace", "halt_forever"],
+        "--trace 'halt_forever' matches no traceable function (halt_forever: refused for a \
+         direct entry: too short: 4 bytes of instructions, the jump needs 5)",
+    );
+}

@@ -81,6 +81,9 @@ pub enum FilterError {
         glob: String,
         /// Functions that match but have no ftrace call site.
         untraceable: Vec<String>,
+        /// With direct entries: why each of `untraceable` was refused one
+        /// (empty: ftrace sites).
+        refused: Vec<String>,
         /// Traceable functions with names close to the glob.
         closest: Vec<String>,
     },
@@ -146,11 +149,12 @@ impl Advice for FilterError {
                 input,
                 glob,
                 untraceable,
+                refused,
                 closest,
             } => format!(
                 "{} '{glob}' matches no traceable function{}",
                 name(input),
-                no_match_detail(untraceable, closest)
+                no_match_detail(untraceable, refused, closest)
             ),
             FilterError::NegatedEverything { globs } => format!(
                 "{trace} '{globs}' removes every function the other {trace} globs select; narrow it"
@@ -162,9 +166,16 @@ impl Advice for FilterError {
     }
 }
 
-fn no_match_detail(untraceable: &[String], closest: &[String]) -> String {
+fn no_match_detail(untraceable: &[String], refused: &[String], closest: &[String]) -> String {
     let mut s = String::new();
-    if !untraceable.is_empty() {
+    if !refused.is_empty() {
+        let why: Vec<String> = untraceable
+            .iter()
+            .zip(refused)
+            .map(|(n, r)| format!("{n}: refused for a direct entry: {r}"))
+            .collect();
+        s.push_str(&format!(" ({})", why.join("; ")));
+    } else if !untraceable.is_empty() {
         let names = untraceable.join(", ");
         s.push_str(&format!(
             " ({names}: no ftrace call site, notrace or inlined?)"
@@ -438,6 +449,7 @@ impl Filter {
             input,
             glob: glob.to_string(),
             untraceable,
+            refused: Vec::new(),
             closest: closest_names(glob, &traceable),
         }
     }

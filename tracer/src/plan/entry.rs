@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::kernel::direct::{DirectSite, Refusal, SiteTables, TableError};
+use crate::kernel::filter::FilterError;
 use crate::kernel::sites::{Site, SiteError, SiteTable};
 use crate::kernel::symbols::KernelImage;
 
@@ -150,6 +151,33 @@ impl DirectPlan {
             rejected_examples: Vec::new(),
         };
         Ok((Arc::new(plan), table))
+    }
+
+    /// `e`, a glob that matched no function with a direct site, with why
+    /// each function it matched was refused one.
+    pub fn name_refusals(&self, image: &KernelImage, e: FilterError) -> FilterError {
+        let FilterError::NoMatch {
+            input,
+            glob,
+            untraceable,
+            closest,
+            ..
+        } = e
+        else {
+            return e;
+        };
+        let why = |name: &String| {
+            let f = image.symbol(name).and_then(|s| image.function_index_at(s.addr));
+            f.and_then(|f| self.refused.get(&f))
+                .map_or_else(|| "no direct site".to_string(), |r| r.to_string())
+        };
+        FilterError::NoMatch {
+            input,
+            glob,
+            refused: untraceable.iter().map(why).collect(),
+            untraceable,
+            closest,
+        }
     }
 
     /// "N functions refused a direct entry: rule N, ..." (most first);

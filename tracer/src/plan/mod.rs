@@ -135,7 +135,12 @@ impl Plan {
                 (sites, Some(direct))
             }
         };
-        let selected = Filter::new(trace, notrace)?.select(&image, &sites)?;
+        let selected = Filter::new(trace, notrace)?
+            .select(&image, &sites)
+            .map_err(|e| match &direct {
+                Some(d) => d.name_refusals(&image, e),
+                None => e,
+            })?;
         let mut funcs: Vec<usize> = Vec::new();
         let mut func_slot = std::collections::HashMap::new();
         let mut targets = Vec::new();
