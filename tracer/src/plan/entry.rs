@@ -167,7 +167,9 @@ impl DirectPlan {
             return e;
         };
         let why = |name: &String| {
-            let f = image.symbol(name).and_then(|s| image.function_index_at(s.addr));
+            let f = image
+                .symbol(name)
+                .and_then(|s| image.function_index_at(s.addr));
             f.and_then(|f| self.refused.get(&f))
                 .map_or_else(|| "no direct site".to_string(), |r| r.to_string())
         };
