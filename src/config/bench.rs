@@ -216,8 +216,17 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
         }
         return Ok(k.clone());
     }
+    built_guest("mini", |_| InputError::BuildFailed)
+}
+
+/// guest/out/NAME.elf, built with `guest/build.sh NAME` if missing;
+/// `failed` words a build that did not make it.
+fn built_guest(
+    name: &str,
+    failed: impl FnOnce(PathBuf) -> InputError,
+) -> Result<PathBuf, InputError> {
     let root = project_root();
-    let kernel = root.join("guest/out/mini.elf");
+    let kernel = root.join(format!("guest/out/{name}.elf"));
     if !kernel.is_file() {
         note!(
             "vmtrace bench: {} is missing; building it",
@@ -225,11 +234,11 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
         );
         let st = Command::new("bash")
             .arg(root.join("guest/build.sh"))
-            .arg("mini")
+            .arg(name)
             .status()
             .map_err(InputError::BuildRun)?;
         if !st.success() || !kernel.is_file() {
-            return Err(InputError::BuildFailed);
+            return Err(failed(kernel));
         }
     }
     Ok(kernel)
@@ -237,23 +246,7 @@ fn mini_kernel(args: &BenchArgs) -> Result<PathBuf, InputError> {
 
 /// guest/out/mini-noftrace.elf, built with guest/build.sh if missing.
 fn mini_noftrace() -> Result<PathBuf, InputError> {
-    let root = project_root();
-    let kernel = root.join("guest/out/mini-noftrace.elf");
-    if !kernel.is_file() {
-        note!(
-            "vmtrace bench: {} is missing; building it",
-            kernel.display()
-        );
-        let st = Command::new("bash")
-            .arg(root.join("guest/build.sh"))
-            .arg("mini-noftrace")
-            .status()
-            .map_err(InputError::BuildRun)?;
-        if !st.success() || !kernel.is_file() {
-            return Err(InputError::NoftraceBuildFailed(kernel));
-        }
-    }
-    Ok(kernel)
+    built_guest("mini-noftrace", InputError::NoftraceBuildFailed)
 }
 
 /// `--vmlinux`, else guest/out/vmlinux if present (attach/scaling's, and

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use iced_x86::{Decoder, DecoderOptions};
 use tracer::error::TracerError;
-use tracer::kernel::kaslr::KernelOffset;
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::entry::{DirectPlan, EntryChoice, EntryKind};
@@ -20,7 +19,7 @@ use tracer::session::record::SiteIndex;
 use tracer::session::Tracer;
 use vmm::{NoTracer, StopReason, TrapHandler, Vm};
 
-use super::{guest_config, time_attaches, AttachFigures, LINUX_MEM_MIB};
+use super::{attach_figures, guest_config, AttachFigures, LINUX_MEM_MIB};
 use crate::error::{Error, RuntimeError};
 
 /// Site counts of attach/direct.
@@ -145,18 +144,7 @@ pub fn attach_direct(vmlinux: &Path) -> Result<DirectAttach, Error> {
             let targets: Vec<(u64, u32)> =
                 all_targets.iter().step_by(step).take(n).copied().collect();
             let plan = direct_plan(load()?, sites.clone(), all_funcs.clone(), targets, &direct);
-            let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
-            drop(handlers);
-            tracer.assume_kernel_offset(KernelOffset::NONE);
-            let mut f = AttachFigures {
-                label: n.to_string(),
-                sites: n,
-                attach: Vec::new(),
-                detach: Vec::new(),
-            };
-            time_attaches(&mut tracer, &paused, &mut f, vmlinux)?;
-            tracer.finish(vmlinux, String::new());
-            figures.push(f);
+            figures.push(attach_figures(plan, n.to_string(), n, &paused, vmlinux)?);
         }
         Ok(())
     })();

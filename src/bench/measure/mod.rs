@@ -287,19 +287,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 entry: tracer::plan::entry::EntryKind::Ftrace,
                 direct: None,
             };
-            let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
-            drop(handlers);
-            // Loaded at its link addresses and never run: no KASLR to find.
-            tracer.assume_kernel_offset(tracer::kernel::kaslr::KernelOffset::NONE);
-            let mut f = AttachFigures {
-                label,
-                sites: n,
-                attach: Vec::new(),
-                detach: Vec::new(),
-            };
-            time_attaches(&mut tracer, &paused, &mut f, vmlinux)?;
-            tracer.finish(vmlinux, String::new());
-            figures.push(f);
+            figures.push(attach_figures(plan, label, n, &paused, vmlinux)?);
         }
         Ok(())
     })();
@@ -317,6 +305,30 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
 
 /// (e) for one site count: `E_REPS` attaches of `f.sites` sites, each
 /// detached; the run fails unless each patches and restores them all.
+/// The attach and detach windows of `plan`'s `n` sites under `paused`,
+/// with a trap-mode tracer of its own: the kernel was loaded at its link
+/// addresses and never run, so there is no KASLR to find.
+pub(super) fn attach_figures(
+    plan: Plan,
+    label: String,
+    n: usize,
+    paused: &Paused<'_>,
+    vmlinux: &Path,
+) -> Result<AttachFigures, Error> {
+    let (mut tracer, handlers) = Tracer::new(plan, 1, 0);
+    drop(handlers);
+    tracer.assume_kernel_offset(tracer::kernel::kaslr::KernelOffset::NONE);
+    let mut f = AttachFigures {
+        label,
+        sites: n,
+        attach: Vec::new(),
+        detach: Vec::new(),
+    };
+    time_attaches(&mut tracer, paused, &mut f, vmlinux)?;
+    tracer.finish(vmlinux, String::new());
+    Ok(f)
+}
+
 fn time_attaches(
     tracer: &mut Tracer,
     paused: &Paused<'_>,
