@@ -466,6 +466,7 @@ pub enum RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer::plan::exitless::error::ExitlessPlanError;
     use tracer::session::exitless::state::ExitlessError;
 
     #[test]
@@ -501,10 +502,12 @@ mod tests {
             "--trace '!x' only removes functions; add what to trace, e.g. --trace '*,!x'"
         );
         // A remedy, through two wrappers.
-        let e = TracerError::from(ExitlessError::CpuNumberOutOfReach {
-            link: 0x10,
-            runtime: 0x20,
-        });
+        let e = TracerError::from(ExitlessError::from(
+            ExitlessPlanError::CpuNumberOutOfReach {
+                link: 0x10,
+                runtime: 0x20,
+            },
+        ));
         assert_eq!(e.remedy(), Some(Remedy::TrapMode));
         let problem = "the guest's `cpu_number` at 0x10 runs at 0x20 (KASLR), out of reach of a \
                        gs:[disp32]";
@@ -598,14 +601,16 @@ mod tests {
     /// flag that records stacks; the library says it without flags.
     #[test]
     fn stacks_in_exitless_attach_name_trap_mode() {
+        use tracer::plan::attach_mode::AttachModeError;
         use tracer::qemu::session::QemuError;
+        let stacks = || QemuError::Mode(AttachModeError::StacksNeedTrap);
         let problem = "kernel stacks are unwound while a breakpoint holds the guest, and \
                        exitless calls never stop it";
         assert_eq!(
-            QemuError::StacksNeedTrap.to_string(),
+            stacks().to_string(),
             format!("{problem}; trace in trap mode")
         );
-        let e: Error = InputError::Qemu(QemuError::StacksNeedTrap).into();
+        let e: Error = InputError::Qemu(stacks()).into();
         assert_eq!(e.exit_status(), EXIT_BAD_INPUT);
         assert_eq!(e.to_string(), format!("{problem}; use --mode trap"));
     }

@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use tracer::session::exitless::trampoline::{
+use tracer::plan::exitless::trampoline::{
     COMMON_PATH_INSTRUCTIONS, GRAPH_ENTRY_INSTRUCTIONS, GRAPH_RETURN_INSTRUCTIONS,
     TASK_INSTRUCTIONS,
 };

@@ -286,9 +286,9 @@ fn auto_mode_picks_traps_where_kvm_emulates_guest_ring_0() {
 /// then the data file did not keep the unfinished count.)
 #[test]
 fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
+    use tracer::plan::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
     use tracer::plan::Mode;
     use tracer::plan::Plan;
-    use tracer::session::exitless::layout::{RingLayout, HEAD_OFF, LIMIT_OFF, RECORD_LEN};
     use tracer::session::store::Storage;
     use tracer::session::{Recording, Tracer};
     use vm_memory::{Bytes, GuestAddress};
@@ -312,7 +312,8 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
         // the data file (version 7) and said in the header and JSON.
         vmm: "a test VMM".into(),
     };
-    let (mut tracer, handlers) = Tracer::create(plan, 1, Mode::Exitless, Some(RING), rec).unwrap();
+    let mode = Mode::exitless(&plan, 1, Some(RING)).unwrap();
+    let (mut tracer, handlers) = Tracer::create(plan, 1, mode, rec).unwrap();
     // Attached before the guest's first instruction: every call traced.
     let running = vm.start(handlers, true).unwrap();
     {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use tracer::kernel::find::{kernel_image, Given};
-use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
+use tracer::plan::{ModeChoice, Note, Request, TracePlan};
 use tracer::session::{Attached, Observer, Progress, Recording, Session, Tracer};
 
 /// What the driver told its observer.
@@ -57,10 +57,10 @@ fn pipeline(mode: ModeChoice, graph: bool) {
     assert!(found.image.source.ends_with("(the kernel itself)"));
     let plan = TracePlan::build(found.image, &request(mode, graph)).unwrap();
     let want = match mode {
-        ModeChoice::Exitless => Mode::Exitless,
-        _ => Mode::Trap,
+        ModeChoice::Exitless => "exitless",
+        _ => "trap",
     };
-    assert_eq!(plan.mode, want);
+    assert_eq!(plan.mode.name(), want);
     assert!(plan
         .notes
         .iter()

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use tracer::kernel::find::{kernel_image, Given};
-use tracer::plan::{Mode, ModeChoice, PlanError, Request, TracePlan};
+use tracer::plan::{ModeChoice, PlanError, Request, TracePlan};
 use tracer::session::{Recording, Session};
 use tracer::trace::model::{StackEnd, Trace};
 
@@ -51,10 +51,10 @@ fn run(mode: ModeChoice, graph: bool) -> (Trace, BTreeMap<(u32, String), MiniSta
     let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
     let plan = TracePlan::build(image, &request(mode, graph)).unwrap();
     let want = match mode {
-        ModeChoice::Exitless => Mode::Exitless,
-        _ => Mode::Trap,
+        ModeChoice::Exitless => "exitless",
+        _ => "trap",
     };
-    assert_eq!(plan.mode, want);
+    assert_eq!(plan.mode.name(), want);
     let capture = Capture::default();
     let cmdline = format!("iters={ITERS} stack=1");
     let mut cfg = mini_config(&elf, u64::from(CPUS), &cmdline, &capture);

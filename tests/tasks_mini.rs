@@ -13,7 +13,7 @@ use std::path::Path;
 
 use common::*;
 use tracer::kernel::find::{kernel_image, Given};
-use tracer::plan::{Mode, ModeChoice, Request, TracePlan};
+use tracer::plan::{ModeChoice, Request, TracePlan};
 use tracer::session::{Recording, Session};
 use tracer::trace::model::Trace;
 
@@ -53,10 +53,10 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
     };
     let plan = TracePlan::build(image, &request).unwrap();
     let want = match mode {
-        ModeChoice::Exitless => Mode::Exitless,
-        _ => Mode::Trap,
+        ModeChoice::Exitless => "exitless",
+        _ => "trap",
     };
-    assert_eq!(plan.mode, want);
+    assert_eq!(plan.mode.name(), want);
     assert!(plan.plan.tasks.layout.is_some(), "{}", plan.plan.tasks.note);
     let capture = Capture::default();
     let mut cfg = mini_config(elf, u64::from(CPUS), CMDLINE, &capture);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use vmm::Stopped;
 
 use common::*;
-use tracer::plan::Mode;
+use tracer::plan::ModeChoice;
 use tracer::plan::Plan;
 use tracer::session::Tracer;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -32,11 +32,11 @@ fn boot(
     cmdline: &str,
     globs: &[&str],
 ) -> (vmm::Running, Tracer, Capture) {
-    boot_in(Mode::Trap, kernel, vmlinux, cpus, cmdline, globs)
+    boot_in(ModeChoice::Trap, kernel, vmlinux, cpus, cmdline, globs)
 }
 
 fn boot_in(
-    mode: Mode,
+    mode: ModeChoice,
     kernel: &Path,
     vmlinux: &Path,
     cpus: usize,
@@ -49,8 +49,8 @@ fn boot_in(
     let plan = Plan::new(vmlinux, &globs, &[]).unwrap();
     let vm = vmm::Vm::create(cfg).unwrap();
     let (tracer, handlers) = match mode {
-        Mode::Trap => Tracer::new(plan, cpus, 10_000_000),
-        Mode::Exitless => Tracer::exitless(plan, cpus, 10_000_000, None).unwrap(),
+        ModeChoice::Trap => Tracer::new(plan, cpus, 10_000_000),
+        _ => Tracer::exitless(plan, cpus, 10_000_000, None).unwrap(),
     };
     let running = vm.start(handlers, true).unwrap();
     (running, tracer, capture)
@@ -120,15 +120,15 @@ fn in_flight_ranges(kernel: &Path, funcs: &[&str]) -> Vec<(u64, u64)> {
 
 #[test]
 fn attach_detach_100_times_accounts_every_call_and_restores_text() {
-    attach_detach_100_times(Mode::Trap);
+    attach_detach_100_times(ModeChoice::Trap);
 }
 
 #[test]
 fn exitless_attach_detach_100_times_accounts_every_call_and_restores_text() {
-    attach_detach_100_times(Mode::Exitless);
+    attach_detach_100_times(ModeChoice::Exitless);
 }
 
-fn attach_detach_100_times(mode: Mode) {
+fn attach_detach_100_times(mode: ModeChoice) {
     const CPUS: usize = 4;
     let kernel = mini_elf();
     let funcs = MINI_FUNCS;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use tracer::kernel::find::{kernel_image, Given};
-use tracer::plan::{Mode, ModeChoice, Request, TracePlan, ValuePlan};
+use tracer::plan::{ModeChoice, Request, TracePlan, ValuePlan};
 use tracer::session::{Recording, Session};
 use tracer::trace::model::Trace;
 
@@ -117,10 +117,10 @@ fn run(mode: ModeChoice, graph: bool, args: &str) -> (Trace, String) {
         }
     );
     let want = match mode {
-        ModeChoice::Exitless => Mode::Exitless,
-        _ => Mode::Trap,
+        ModeChoice::Exitless => "exitless",
+        _ => "trap",
     };
-    assert_eq!(plan.mode, want);
+    assert_eq!(plan.mode.name(), want);
     let capture = Capture::default();
     let mut cfg = mini_config(&elf, u64::from(CPUS), CMDLINE, &capture);
     cfg.kernel = kernel;

@@ -2,7 +2,7 @@
 //! running (the library's `tracer::qemu` session), then detach, leaving it
 //! running as found, and report like a normal run.
 
-use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};
+use tracer::plan::{ModeChoice, Note, Request, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
 use tracer::session::store::Storage;
@@ -56,10 +56,6 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         _ => None,
     });
     plan.notes.retain(|n| !matches!(n, Note::AutoTrap { .. }));
-    let mode = match plan.mode {
-        Mode::Trap => ModeChoice::Trap,
-        Mode::Exitless => asked,
-    };
     let kernel = plan.plan.image.path.clone();
     let mut data = Data::open(output.data.as_ref())?;
     let file = data.file.take().expect("just opened");
@@ -70,12 +66,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
-    let mut s = connected
-        .attach_in(plan.plan, recording, mode)
-        .map_err(|e| {
-            data.discard();
-            InputError::Qemu(e)
-        })?;
+    let mut s = connected.attach_in(plan, recording).map_err(|e| {
+        data.discard();
+        InputError::Qemu(e)
+    })?;
     if let Some(why) = planned.as_ref().or(s.fallback.as_ref()) {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }

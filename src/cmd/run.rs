@@ -319,7 +319,7 @@ impl Observer for Status {
 /// trampoline and rings (and which ring path the trampoline takes), or the
 /// trap-mode graph's return trap.
 fn mapped_line(tracer: &Tracer, m: tracer::session::exitless::map::Mapped) -> String {
-    use tracer::session::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST, RETURN_TRAP_VA};
+    use tracer::plan::exitless::layout::{CODE_VA, PD_COUNT, PD_FIRST, RETURN_TRAP_VA};
     let entries = format!(
         "page-directory entries {PD_FIRST}-{}",
         PD_FIRST + PD_COUNT - 1

@@ -276,6 +276,21 @@ pub fn paths_in(f: &File) -> Vec<(Vec<String>, Vec<String>)> {
 /// Each non-test file of a crate with the modules its paths name (through
 /// re-exports, to the module defining the item) and the paths naming them.
 pub fn uses_of(files: &[File], krate: &str) -> Vec<(usize, Vec<String>, Vec<String>)> {
+    uses(files, krate, false)
+}
+
+/// `uses_of`, and also the module each path names as written when a
+/// re-export stands between it and the item: a file that re-exports is
+/// depended on too (`mod.rs` files re-exporting their children aside).
+pub fn uses_as_written(files: &[File], krate: &str) -> Vec<(usize, Vec<String>, Vec<String>)> {
+    uses(files, krate, true)
+}
+
+fn uses(
+    files: &[File],
+    krate: &str,
+    written: bool,
+) -> Vec<(usize, Vec<String>, Vec<String>)> {
     let home = modules_of(files, krate);
     let modules: BTreeSet<Vec<String>> = home.keys().cloned().collect();
     let reexports = reexports_of(files, krate, &modules);
@@ -285,21 +300,30 @@ pub fn uses_of(files: &[File], krate: &str) -> Vec<(usize, Vec<String>, Vec<Stri
             continue;
         }
         for (cur, p) in paths_in(f) {
-            if let Some(target) = defining_module(&p, &cur, &modules, &reexports, &home, files) {
-                out.push((n, target, p));
+            let Some(target) = defining_module(&p, &cur, &modules, &reexports, &home, files)
+            else {
+                continue;
+            };
+            if written {
+                // A child's item re-exported by its parent names the child.
+                let named = resolve_item(&p, &cur, &modules).map(|(m, _)| m);
+                if let Some(m) = named.filter(|m| *m != target && !target.starts_with(m)) {
+                    out.push((n, m, p.clone()));
+                }
             }
+            out.push((n, target, p));
         }
     }
     out
 }
 
 /// Edges between files of one crate: `a -> b` when `a` names something in
-/// `b` (through `pub use` re-exports to where it is defined), `b` not `a`
-/// itself nor one of its descendants.
+/// `b`, where it is defined or through a `pub use` there (`uses_as_written`),
+/// `b` not `a` itself nor one of its descendants.
 pub fn import_graph(files: &[File], krate: &str) -> BTreeMap<String, BTreeSet<String>> {
     let home = modules_of(files, krate);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (n, target, _) in uses_of(files, krate) {
+    for (n, target, _) in uses_as_written(files, krate) {
         let f = &files[n];
         if target.starts_with(&f.module) {
             continue; // itself or a descendant

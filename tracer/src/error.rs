@@ -8,7 +8,8 @@ use crate::kernel::filter::FilterError;
 use crate::kernel::kaslr::KaslrError;
 use crate::kernel::sites::SiteError;
 use crate::kernel::symbols::SymbolError;
-use crate::session::exitless::state::ExitlessError;
+use crate::plan::exitless::error::ExitlessPlanError;
+use crate::session::exitless::error::ExitlessError;
 use crate::session::patch::PatchError;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,7 @@ pub enum TracerError {
     Filter(#[from] FilterError),
     Patch(#[from] PatchError),
     Exitless(#[from] ExitlessError),
+    ExitlessPlan(#[from] ExitlessPlanError),
     Kaslr(#[from] KaslrError),
     Direct(#[from] crate::plan::entry::DirectPlanError),
 }
@@ -46,6 +48,7 @@ impl TracerError {
             TracerError::Filter(e) => e,
             TracerError::Patch(e) => e,
             TracerError::Exitless(e) => e,
+            TracerError::ExitlessPlan(e) => e,
             TracerError::Kaslr(e) => e,
             TracerError::Direct(e) => e,
         }

@@ -78,7 +78,7 @@ pub const MIN_MEM_MIB: u64 = 32;
 /// hole, and never in the guest's e820 map, so the guest neither uses it
 /// nor knows of it until vmtrace maps it into its page tables.
 pub const PRIVATE_START: u64 = 0x1_0000_0000;
-/// 8 MiB: four 2 MiB pages (see tracer::session::exitless::layout).
+/// 8 MiB: four 2 MiB pages (see tracer::plan::exitless::layout).
 pub const PRIVATE_SIZE: u64 = 8 << 20;
 
 /// COM1 16550 UART.

@@ -128,8 +128,7 @@ pub fn attach_direct(vmlinux: &Path) -> Result<DirectAttach, Error> {
         all.funcs.clone(),
         all.sites.clone(),
     );
-    let direct = all.direct.clone();
-    drop(all);
+    let direct = all.direct;
     let vm = Vm::create(guest_config(vmlinux, 1, LINUX_MEM_MIB, "")?)?;
     let running = vm
         .start(vec![Box::new(NoTracer) as Box<dyn TrapHandler>], true)
@@ -165,7 +164,7 @@ fn direct_plan(
     sites: SiteTable,
     funcs: Vec<usize>,
     targets: Vec<(u64, u32)>,
-    direct: &Option<Arc<DirectPlan>>,
+    direct: &Option<DirectPlan>,
 ) -> Plan {
     Plan {
         image,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::entry::EntryChoice;
+use tracer::plan::exitless::layout::RETURN_TRAP_VA;
 use tracer::plan::Plan;
-use tracer::session::exitless::layout::RETURN_TRAP_VA;
 use tracer::session::Tracer;
 use vmm::exit::ExitKind;
 use vmm::gva::{AddressSpace, PagingMode};

@@ -18,7 +18,7 @@ use tracer::kernel::symbols::KernelImage;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::{Paused, Running};
 
-use tracer::session::exitless::layout::{CODE_LEN, CODE_VA};
+use tracer::plan::exitless::layout::{CODE_LEN, CODE_VA};
 
 use crate::bench::us;
 use crate::error::{Error, InputError, RuntimeError};

@@ -172,7 +172,7 @@ fn attach_in(
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected
-        .attach_in(plan.plan, Recording::memory(u64::MAX), mode)
+        .attach_in(plan, Recording::memory(u64::MAX))
         .map_err(measure_error)
 }
 

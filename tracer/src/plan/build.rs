@@ -5,6 +5,7 @@
 
 use vmm::advice::{Advice, Plain, Remedy};
 
+use super::exitless::error::ExitlessPlanError;
 use super::{hookable, Mode, Plan, ValuePlan};
 use crate::error::TracerError;
 use crate::kernel::filter::Filter;
@@ -13,8 +14,6 @@ use crate::kernel::task_list::TaskList;
 use crate::plan::entry::MAX_DIRECT_SITES;
 use crate::plan::stacks::StackPlan;
 use crate::plan::tasks::TaskFilter;
-use crate::session::exitless::state::Records;
-use crate::session::exitless::state::{Exitless, ExitlessError};
 
 /// How traced calls should reach vmtrace, as asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,17 +122,20 @@ pub enum PlanError {
     NoPatchableSite { skipped: usize, examples: String },
 }
 
-impl From<ExitlessError> for PlanError {
-    fn from(e: ExitlessError) -> PlanError {
+impl From<ExitlessPlanError> for PlanError {
+    fn from(e: ExitlessPlanError) -> PlanError {
         PlanError::Tracer(e.into())
     }
 }
 
-/// A plan ready for a session: the selection, the mode, and what to say.
+/// A plan ready for a session: the selection, the mode (with exitless
+/// mode's code), and what to say.
 pub struct TracePlan {
     pub plan: Plan,
     pub mode: Mode,
-    pub ring_events: Option<u64>,
+    /// The mode asked for: an attach to a running guest settles `mode`
+    /// against the guest's room at its first stop (`attach_mode`).
+    pub asked: ModeChoice,
     pub notes: Vec<Note>,
 }
 
@@ -147,10 +149,7 @@ impl TracePlan {
             None => None,
         };
         if let Some(direct) = plan.direct.as_mut() {
-            // Not shared yet: the session has not started.
-            std::sync::Arc::get_mut(direct)
-                .expect("the plan's own direct plan")
-                .preempted = preempted;
+            direct.preempted = preempted;
             notes.extend(direct.summary().map(Note::Direct));
         }
         plan.tasks.filter = TaskFilter::new(req.pids.clone(), req.comm.as_deref())?;
@@ -174,7 +173,7 @@ impl TracePlan {
         Ok(TracePlan {
             plan,
             mode,
-            ring_events: req.ring_events,
+            asked: req.mode,
             notes,
         })
     }
@@ -295,30 +294,20 @@ fn check_patchable(plan: &Plan, req: &Request) -> Result<(), PlanError> {
     })
 }
 
-/// The mode asked for, checked now (rings that fit, a kernel whose per-CPU
-/// `cpu_number` the trampoline can read); or, for `Auto`, trap on a host
-/// whose KVM emulates guest ring 0 (there a guest instruction costs
-/// ~0.85 µs, so the trampoline's 28 cost ~31 µs against ~5 µs for a trapped
-/// call: `vmtrace bench`), else exitless where it can be planned, else trap.
+/// The mode asked for, its code made now (rings that fit, a kernel whose
+/// per-CPU `cpu_number` the trampoline can read); or, for `Auto`, trap on a
+/// host whose KVM emulates guest ring 0 (there each guest instruction of
+/// the trampoline costs far more than one trapped call's exit: the
+/// figures are in docs/benchmarks.md), else exitless where it can be
+/// planned, else trap.
 fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode, PlanError> {
-    let check = || {
-        Exitless::check(
-            &plan.image,
-            req.cpus,
-            plan.index.addrs.len(),
-            req.ring_events,
-            Records::of(plan),
-        )
-    };
+    let exitless = || Mode::exitless(plan, req.cpus, req.ring_events);
     // Exitless return hooks hide callers from the host's unwinder.
     let stack_graph = plan.stacks.is_some() && plan.graph;
     match req.mode {
         ModeChoice::Trap => Ok(Mode::Trap),
         ModeChoice::Exitless if stack_graph => Err(PlanError::StackGraphExitless),
-        ModeChoice::Exitless => {
-            check()?;
-            Ok(Mode::Exitless)
-        }
+        ModeChoice::Exitless => Ok(exitless()?),
         ModeChoice::Auto if req.emulator_host => Ok(Mode::Trap),
         ModeChoice::Auto if stack_graph => {
             notes.push(Note::AutoTrap {
@@ -327,8 +316,8 @@ fn choose_mode(plan: &Plan, req: &Request, notes: &mut Vec<Note>) -> Result<Mode
             });
             Ok(Mode::Trap)
         }
-        ModeChoice::Auto => match check() {
-            Ok(()) => Ok(Mode::Exitless),
+        ModeChoice::Auto => match exitless() {
+            Ok(mode) => Ok(mode),
             Err(e) => {
                 notes.push(Note::AutoTrap {
                     why: e.problem(&Plain),

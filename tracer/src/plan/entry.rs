@@ -6,7 +6,6 @@
 //! keep their reason.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::kernel::direct::{DirectSite, Refusal, SiteTables, TableError};
 use crate::kernel::filter::FilterError;
@@ -89,7 +88,7 @@ impl vmm::advice::Advice for DirectPlanError {
 }
 
 /// Every function's direct site, or why it has none.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct DirectPlan {
     /// By the site's link address (`SiteIndex::addrs`).
     pub sites: HashMap<u64, DirectSite>,
@@ -104,7 +103,7 @@ pub struct DirectPlan {
 
 impl DirectPlan {
     /// Analyzes every function of `image`; the `SiteTable` of the safe ones.
-    pub fn build(image: &KernelImage) -> Result<(Arc<DirectPlan>, SiteTable), DirectPlanError> {
+    pub fn build(image: &KernelImage) -> Result<(DirectPlan, SiteTable), DirectPlanError> {
         let tables = SiteTables::read(image)?;
         let mut plan = DirectPlan::default();
         let mut sites = Vec::new();
@@ -150,7 +149,7 @@ impl DirectPlan {
             weak: 0,
             rejected_examples: Vec::new(),
         };
-        Ok((Arc::new(plan), table))
+        Ok((plan, table))
     }
 
     /// `e`, a glob that matched no function with a direct site, with why

@@ -3,13 +3,16 @@
 //! function list `vmtrace list` prints (which functions a plan could hook).
 
 pub mod args;
+pub mod attach_mode;
 mod build;
 pub mod entry;
+pub mod exitless;
 pub mod hookable;
 pub mod list;
 pub mod site_index;
 pub mod stacks;
 pub mod tasks;
+pub mod traps;
 
 pub use build::{graph_names, ModeChoice, Note, PlanError, Request, TracePlan};
 
@@ -28,20 +31,33 @@ use crate::plan::site_index::SiteIndex;
 pub const FTRACE_ENABLED: &str = "ftrace_enabled";
 
 /// How a traced call reaches vmtrace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Mode {
     /// Each call exits to vmtrace (`out` to the trace port).
     Trap,
     /// Each call runs vmtrace's trampoline in the guest and appends to a
-    /// ring vmtrace drains: no exit.
-    Exitless,
+    /// ring vmtrace drains: no exit. The code and rings, planned.
+    Exitless(Box<exitless::ExitlessPlan>),
 }
 
 impl Mode {
-    pub fn name(self) -> &'static str {
+    /// Exitless mode for `plan` on `cpus` CPUs, `ring_records` per ring
+    /// (None: as many as fit): its code made now.
+    pub fn exitless(
+        plan: &Plan,
+        cpus: usize,
+        ring_records: Option<u64>,
+    ) -> Result<Mode, exitless::error::ExitlessPlanError> {
+        let sites = plan.index.addrs.len();
+        let what = exitless::Records::of(plan);
+        let code = exitless::ExitlessPlan::build(&plan.image, cpus, sites, ring_records, what)?;
+        Ok(Mode::Exitless(Box::new(code)))
+    }
+
+    pub fn name(&self) -> &'static str {
         match self {
             Mode::Trap => "trap",
-            Mode::Exitless => "exitless",
+            Mode::Exitless(_) => "exitless",
         }
     }
 }
@@ -80,7 +96,7 @@ pub struct Plan {
     pub entry: entry::EntryKind,
     /// Direct entries: each site's displaced instructions (`entry`
     /// Direct), and the functions refused one.
-    pub direct: Option<Arc<entry::DirectPlan>>,
+    pub direct: Option<entry::DirectPlan>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

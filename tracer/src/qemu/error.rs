@@ -9,6 +9,7 @@ use super::gdb::GdbError;
 use super::qmp::QmpError;
 use crate::error::TracerError;
 use crate::kernel::lowmem::LowMemError;
+use crate::plan::attach_mode::AttachModeError;
 use crate::session::watch::WatchError;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,17 +32,14 @@ pub enum QemuError {
     NoRoom(#[from] LowMemError),
     #[error("the guest kernel's tsc_khz is {0}: its TSC rate is unknown, so exitless events cannot be dated")]
     NoTscRate(u32),
-    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
-    RingsTooBig { sites: usize, cpus: usize, kib: u64 },
     #[error("the page-directory entries vmtrace maps its code with are in use, by the guest or by an earlier vmtrace attach that left its code there for function-graph calls that had not returned (it stays until the guest reboots): no exitless attach is possible")]
     RegionLeft,
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
-    #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
-    GraphNeedsRoom(String),
-    /// Said with its remedy (`Advice`): the CLI names `--mode trap`.
+    /// The mode this guest allows does not trace what was asked; said
+    /// with its remedy (`Advice`): the CLI names `--mode trap`.
     #[error("{}", self.say(&Plain))]
-    StacksNeedTrap,
+    Mode(#[from] AttachModeError),
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]
@@ -56,9 +54,7 @@ pub enum QemuError {
 impl Advice for QemuError {
     fn problem(&self, w: &dyn Words) -> String {
         match self {
-            QemuError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint holds \
-                                          the guest, and exitless calls never stop it"
-                .into(),
+            QemuError::Mode(e) => e.problem(w),
             QemuError::Tracer(e) => e.problem(w),
             other => other.to_string(),
         }
@@ -66,7 +62,7 @@ impl Advice for QemuError {
 
     fn remedy(&self) -> Option<Remedy> {
         match self {
-            QemuError::StacksNeedTrap => Some(Remedy::TrapMode),
+            QemuError::Mode(e) => e.remedy(),
             QemuError::Tracer(e) => e.remedy(),
             _ => None,
         }

@@ -15,14 +15,16 @@ use super::breakpoints::{self, Breakpoints};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::mode::{decide, room, Decision, Room};
+use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
-use crate::plan::{Mode, ModeChoice, Plan};
+use crate::plan::attach_mode::{self, Decision, Refused};
+use crate::plan::exitless::ExitlessPlan;
+use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
 use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::patch::DetachCounts;
 use crate::session::watch::Watch;
@@ -31,8 +33,6 @@ use crate::session::{Attach, Recording, Tracer};
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::Trace;
 
-/// Why trap mode has no function graph.
-const TRAP_WRITES_NONE: &str = "trap mode through the gdbstub puts nothing in guest memory";
 /// How long to wait for each QMP or gdbstub reply.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attach attempts while the guest is not ready (its ftrace_init running),
@@ -227,24 +227,17 @@ pub struct QemuSession {
 
 impl Connected {
     /// `attach_in` exitless mode.
-    pub fn attach(self, plan: Plan, rec: Recording) -> Result<QemuSession, QemuError> {
-        self.attach_in(plan, rec, ModeChoice::Exitless)
+    pub fn attach(self, mut plan: TracePlan, rec: Recording) -> Result<QemuSession, QemuError> {
+        plan.asked = ModeChoice::Exitless;
+        self.attach_in(plan, rec)
     }
 
     /// Open the gdbstub (the guest stops), decide the mode (`decide`) and
     /// plan the region from the stopped guest, then attach in a stop of
     /// its own, retrying while the guest is not ready. On error the guest
     /// runs on as found and the stub is closed.
-    pub fn attach_in(
-        self,
-        plan: Plan,
-        rec: Recording,
-        mode: ModeChoice,
-    ) -> Result<QemuSession, QemuError> {
-        if mode == ModeChoice::Trap && plan.graph {
-            // Refused before the guest is stopped at all.
-            return Err(QemuError::GraphNeedsRoom(TRAP_WRITES_NONE.into()));
-        }
+    pub fn attach_in(self, plan: TracePlan, rec: Recording) -> Result<QemuSession, QemuError> {
+        attach_mode::check_early(&plan)?;
         let Connected {
             mut qmp,
             ram,
@@ -253,7 +246,7 @@ impl Connected {
         } = self;
         let (mut guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
         let kernel = rec.kernel.clone();
-        match setup(&mut guest, plan, rec, mode) {
+        match setup(&mut guest, plan, rec) {
             Ok(set) => Ok(QemuSession {
                 qmp,
                 guest,
@@ -274,9 +267,6 @@ impl Connected {
     }
 }
 
-/// Why auto mode traces with breakpoints when stacks are asked.
-const STACKS_AT_BREAKPOINTS: &str = "kernel stacks are unwound at breakpoint stops";
-
 /// A session set up.
 struct Setup {
     tracer: Tracer,
@@ -285,32 +275,32 @@ struct Setup {
     fallback: Option<String>,
 }
 
-fn setup(
-    guest: &mut QemuGuest,
-    plan: Plan,
-    rec: Recording,
-    mode: ModeChoice,
-) -> Result<Setup, QemuError> {
+fn setup(guest: &mut QemuGuest, plan: TracePlan, rec: Recording) -> Result<Setup, QemuError> {
     // Stopped since the stub connected.
     let first = guest.stop(true)?;
-    let offset = kernel_offset(&first, &plan)?;
-    let decided = match (plan.stacks.is_some(), mode) {
-        // An exitless site never stops the guest, and an unwind needs it
-        // stopped: kernel stacks are unwound at breakpoint stops.
-        (true, ModeChoice::Exitless) => {
+    let offset = kernel_offset(&first, &plan.plan)?;
+    let decided = attach_mode::decide(
+        &plan,
+        first.cpus(),
+        || room(&first, &plan.plan, offset),
+        falls_back,
+    );
+    let decided = match decided {
+        Ok(d) => d,
+        Err(e) => {
             let _ = first.resume();
-            return Err(QemuError::StacksNeedTrap);
+            return Err(match e {
+                Refused::Plan(e) => e.into(),
+                Refused::Room(e) => e,
+            });
         }
-        (true, _) => Decision::Trap {
-            why: (mode == ModeChoice::Auto).then(|| STACKS_AT_BREAKPOINTS.into()),
-        },
-        (false, _) => decide(mode, || room(&first, &plan, offset))?,
     };
     first.resume()?;
+    let plan = plan.plan;
     match decided {
-        Decision::Exitless(room) => {
-            let low = room.low.clone();
-            let (tracer, pages) = setup_exitless(guest, plan, rec, room, offset)?;
+        Decision::Exitless(code, found) => {
+            let low = found.low.clone();
+            let (tracer, pages) = setup_exitless(guest, plan, *code, rec, found, offset)?;
             Ok(Setup {
                 tracer,
                 low: Some(low),
@@ -318,9 +308,6 @@ fn setup(
                 fallback: None,
             })
         }
-        Decision::Trap { why } if plan.graph => Err(QemuError::GraphNeedsRoom(
-            why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
-        )),
         Decision::Trap { why } => {
             let (tracer, b) = setup_trap(guest, plan, rec, offset)?;
             Ok(Setup {
@@ -336,13 +323,15 @@ fn setup(
 fn setup_exitless(
     guest: &mut QemuGuest,
     plan: Plan,
+    code: ExitlessPlan,
     rec: Recording,
-    room: Room,
+    room: FreeRoom,
     offset: KernelOffset,
 ) -> Result<(Tracer, Arc<Mutex<RegionPages>>), QemuError> {
     let cpus = guest.cpus();
     let pages = Arc::new(Mutex::new(RegionPages::new(room.low.pages)));
-    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, Mode::Exitless, Some(room.cap), rec)?;
+    let mode = Mode::Exitless(Box::new(code));
+    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, mode, rec)?;
     tracer.assume_kernel_offset(offset);
     tracer.back_region(Arc::clone(&pages));
     guest.set_view(Arc::new(Backed::new(guest.ram(), Arc::clone(&pages))));
@@ -382,7 +371,7 @@ fn setup_trap(
     rec: Recording,
     offset: KernelOffset,
 ) -> Result<(Tracer, Breakpoints), QemuError> {
-    let (mut tracer, handlers) = Tracer::create(plan, guest.cpus(), Mode::Trap, None, rec)?;
+    let (mut tracer, handlers) = Tracer::create(plan, guest.cpus(), Mode::Trap, rec)?;
     tracer.assume_kernel_offset(offset);
     let mut handlers = Some(handlers);
     let mut last = String::new();

@@ -127,9 +127,8 @@ impl Session {
         recording: Recording,
     ) -> Result<Prepared, SessionError> {
         let kernel = recording.kernel.clone();
-        let (tracer, handlers) =
-            Tracer::create(plan.plan, vm.cpus(), plan.mode, plan.ring_events, recording)
-                .map_err(SessionError::Attach)?;
+        let (tracer, handlers) = Tracer::create(plan.plan, vm.cpus(), plan.mode, recording)
+            .map_err(SessionError::Attach)?;
         Ok(Prepared {
             tracer,
             handlers,

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use super::Tracer;
 use crate::error::TracerError;
 use crate::kernel::symbols::Symbol;
+use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::args::ArgTable;
-use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch;
 use crate::session::stacks::StackTable;
 use crate::session::store::Stored;
@@ -291,7 +291,7 @@ impl Tracer {
                 + ring_drops.iter().flatten().sum::<u64>(),
             parent_unreadable: c.parent_unreadable.load(Ordering::Relaxed),
             stop_reason,
-            mode: self.mode().name().into(),
+            mode: self.mode_name().into(),
             // The caller knows the exits (the run report); see `Trace`.
             trap_exits: 0,
             graph: self.plan.graph,
@@ -419,7 +419,8 @@ mod tests {
         let f = &p.image.functions[p.funcs[0]];
         let (name, addr) = (f.name.clone(), f.addr);
         let rec = Recording::memory(1000);
-        let (exitless, _) = Tracer::create(p, 1, Mode::Exitless, None, rec).unwrap();
+        let mode = Mode::exitless(&p, 1, None).unwrap();
+        let (exitless, _) = Tracer::create(p, 1, mode, rec).unwrap();
         assert_eq!(
             exitless.function_at(CODE_VA + 0x1a).as_deref(),
             Some("vmtrace's trampoline+0x1a")
@@ -470,7 +471,7 @@ mod tests {
             kernel: kernel.clone(),
             vmm: String::new(),
         };
-        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, None, rec).unwrap();
+        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, rec).unwrap();
         t.task_table().intern(&sh);
         drop(handlers);
         let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
@@ -528,7 +529,7 @@ mod tests {
             kernel: kernel.clone(),
             vmm: String::new(),
         };
-        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, None, rec).unwrap();
+        let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, rec).unwrap();
         t.stack_table().intern(stack.clone());
         drop(handlers);
         let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
@@ -594,7 +595,7 @@ mod tests {
             kernel: kernel.clone(),
             vmm: String::new(),
         };
-        let (t, handlers) = Tracer::create(plan(both), 1, Mode::Trap, None, rec).unwrap();
+        let (t, handlers) = Tracer::create(plan(both), 1, Mode::Trap, rec).unwrap();
         drop(handlers);
         let (trace, saved) = t.finish_stored(&kernel, "stopped".into(), 0);
         saved.unwrap().unwrap();

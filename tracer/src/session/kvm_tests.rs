@@ -113,7 +113,7 @@ fn a_not_ready_exitless_attach_leaves_guest_memory_untouched() {
 /// drainer, spawned at the stage and started by the attach, drains.
 #[test]
 fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
-    use crate::session::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
+    use crate::plan::exitless::layout::{CODE_GPA, CODE_LEN, DATA_LEN};
     let kernel = mini_elf();
     let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
     let vm = mini_vm(&kernel);
@@ -195,7 +195,7 @@ fn an_exitless_attach_waits_for_alternatives_then_attaches() {
         // Every site of the mini guest after boot (its init text aside).
         assert_eq!(counts.patched, 30);
     }
-    let ret = tracer.exitless.as_ref().unwrap().ret();
+    let ret = tracer.exitless.as_ref().unwrap().plan().ret();
     assert_eq!(ret.thunk, Some(thunk));
     let mem = running.memory().clone();
     running.request_stop(vmm::StopReason::Requested);

@@ -16,11 +16,11 @@ use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
 
+use crate::plan::exitless::layout::RETURN_TRAP_VA;
 use counters::Counters;
 use equip::{boxed, equip, stack_source, task_source};
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
-use exitless::layout::RETURN_TRAP_VA;
-use exitless::state::{Exitless, ExitlessError, Records, Resolved};
+use exitless::state::{Exitless, ExitlessError, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use record::GraphHook;
 use shadow::ShadowStacks;
@@ -128,21 +128,16 @@ pub struct Tracer {
 impl Tracer {
     /// An exitless tracer (`ring_records` per CPU ring, or as many as fit),
     /// and its trap handlers (which then see no trap: any is an error).
-    /// The rings and the code are planned here, before the guest runs.
-    /// Events are kept in memory.
+    /// The rings and the code are planned here (`ExitlessPlan`), before the
+    /// guest runs. Events are kept in memory.
     pub fn exitless(
         plan: Plan,
         ncpus: usize,
         max_events: u64,
         ring_records: Option<u64>,
     ) -> Result<(Tracer, Vec<Box<dyn TrapHandler>>), TracerError> {
-        Tracer::create(
-            plan,
-            ncpus,
-            Mode::Exitless,
-            ring_records,
-            Recording::memory(max_events),
-        )
+        let mode = Mode::exitless(&plan, ncpus, ring_records)?;
+        Tracer::create(plan, ncpus, mode, Recording::memory(max_events))
     }
 
     /// The tracer and one trap handler per vCPU; with `plan.graph`, the
@@ -152,17 +147,18 @@ impl Tracer {
         Tracer::trap(plan, ncpus, Recording::memory(max_events))
     }
 
-    /// A tracer in `mode` recording as `rec` says.
+    /// A tracer in `mode` (with exitless mode's planned code) recording as
+    /// `rec` says.
     pub fn create(
         plan: Plan,
         ncpus: usize,
         mode: Mode,
-        ring_records: Option<u64>,
         rec: Recording,
     ) -> Result<(Tracer, Vec<Box<dyn TrapHandler>>), TracerError> {
-        if mode == Mode::Trap {
-            return Ok(Tracer::trap(plan, ncpus, rec));
-        }
+        let code = match mode {
+            Mode::Trap => return Ok(Tracer::trap(plan, ncpus, rec)),
+            Mode::Exitless(code) => *code,
+        };
         let (counters, recs, store) = record::recorders(
             Arc::clone(&plan.index),
             ncpus,
@@ -170,15 +166,7 @@ impl Tracer {
             rec.storage,
             Arc::new(plan.image.functions.clone()),
         );
-        let sink = recs[0].sink();
-        let ex = Exitless::prepare(
-            &plan.image,
-            ncpus,
-            plan.index.addrs.len(),
-            ring_records,
-            Records::of(&plan),
-            sink,
-        )?;
+        let ex = Exitless::new(code, recs[0].sink());
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let stacks = stack_source(&plan, &store);
@@ -313,18 +301,19 @@ impl Tracer {
     pub fn task_path_variants(&self) -> Option<(usize, usize)> {
         self.exitless
             .as_ref()
-            .and_then(|ex| ex.task_path_variants().ok().flatten())
+            .and_then(|ex| ex.plan().task_path_variants().ok().flatten())
     }
 
     /// The exitless trampoline (exitless mode).
-    pub fn trampoline(&self) -> Option<&crate::session::exitless::trampoline::Trampoline> {
-        self.exitless.as_ref().map(|ex| &ex.trampoline)
+    pub fn trampoline(&self) -> Option<&crate::plan::exitless::trampoline::Trampoline> {
+        self.exitless.as_ref().map(|ex| &ex.plan().trampoline)
     }
 
-    pub fn mode(&self) -> Mode {
+    /// How calls reach vmtrace: "trap" or "exitless" (`Mode::name`).
+    pub fn mode_name(&self) -> &'static str {
         match self.exitless {
-            Some(_) => Mode::Exitless,
-            None => Mode::Trap,
+            Some(_) => "exitless",
+            None => "trap",
         }
     }
 
@@ -422,7 +411,7 @@ impl Tracer {
         let per_cpu_offset = self
             .plan
             .image
-            .symbol(crate::session::exitless::state::PER_CPU_OFFSET)
+            .symbol(crate::plan::exitless::symbols::PER_CPU_OFFSET)
             .map(|s| off.runtime(s.addr));
         if ex.resolve(space, &self.plan.image, off)? == Resolved::AlternativesPending {
             return Ok(Some(NotReady::AlternativesPending));

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use vmm::Stopped;
 
 use super::exitless::backing::RegionPages;
-use super::exitless::layout::{CODE_LEN, CODE_VA};
 use super::exitless::state::ExitlessError;
 use super::{kernel_space, Tracer};
 use crate::error::TracerError;
+use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch::PatchError;
 
 /// Why the region cannot be taken out at this stop.

@@ -10,7 +10,6 @@ use vmm::Stopped;
 use super::patch::{AttachCounts, DetachCounts};
 use super::{NotReady, Tracer};
 use crate::error::TracerError;
-use crate::plan::Mode;
 
 /// The sites to break at, or why the guest is not ready yet.
 #[derive(Debug)]
@@ -44,7 +43,7 @@ impl Tracer {
     /// its offsets, its ftrace_init finished, each site read. Writes
     /// nothing. Trap mode without the function graph only.
     pub fn watch_sites(&mut self, paused: &dyn Stopped) -> Result<Watch, WatchError> {
-        if self.mode() != Mode::Trap {
+        if self.exitless.is_some() {
             return Err(WatchError::Exitless);
         }
         if self.graph_hook.is_some() {

@@ -8,12 +8,12 @@ use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
 use vmm::GuestRam;
 
-use super::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF};
 use super::exitless::map::Mapped;
 use super::exitless::state::{Exitless, ExitlessError};
 use super::patch::{self, PatchError, PatchedSite};
 use super::Tracer;
 use crate::error::TracerError;
+use crate::plan::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF};
 
 impl Tracer {
     /// The writes of an attach, after every check: vmtrace's region mapped

@@ -117,7 +117,7 @@ impl Tracer {
         let head = |k: usize| match ex {
             // A `--stack` call traps: its stack is unwound host-side.
             Some(ex) if !stacks.is_some_and(|s| s.at(k)) => {
-                Head::Call(ex.trampoline.stub_va(k as u32))
+                Head::Call(ex.plan().trampoline.stub_va(k as u32))
             }
             _ => Head::Trap,
         };

@@ -29,22 +29,15 @@ use vmm::GuestRam;
 use crate::kernel::direct::DirectSite;
 use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
 use crate::kernel::symbols::KernelImage;
+use crate::plan::exitless::layout::{
+    direct_stubs_len, CODE_GPA, CODE_VA, RETURN_TRAP_OFF, STUB_SLOT,
+};
 use crate::plan::Plan;
-use crate::session::exitless::layout::{CODE_GPA, CODE_VA, RETURN_TRAP_OFF};
 use crate::session::patch::{PatchError, Surveyed};
-pub use stub::{Head, STUB_SLOT};
-
-// Every site a plan may have (`MAX_DIRECT_SITES`) has its stub slot.
-const _: () = assert!(crate::plan::entry::MAX_DIRECT_SITES as u64 * STUB_SLOT <= RETURN_TRAP_OFF);
+pub use stub::Head;
 
 /// Sites `DirectSites::in_place` looks at.
 const IN_PLACE_SITES: usize = 8;
-
-/// Bytes the stubs of `sites` direct sites take at the end of the code
-/// page, before the return trap.
-pub fn reserve(sites: usize) -> u64 {
-    sites as u64 * STUB_SLOT
-}
 
 /// The direct sites of a session, in site-index order.
 #[derive(Debug)]
@@ -91,7 +84,7 @@ impl DirectSites {
             .iter()
             .map(|a| direct.sites[a].clone())
             .collect();
-        let area_off = RETURN_TRAP_OFF - reserve(sites.len());
+        let area_off = RETURN_TRAP_OFF - direct_stubs_len(sites.len());
         Some(DirectSites { sites, area_off })
     }
 

@@ -21,12 +21,8 @@
 
 use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, IcedError, Instruction, InstructionBlock};
 
-use crate::session::patch::TRAP;
-
-/// Bytes per stub slot: the head (5), the displaced instructions (at most
-/// 15 bytes each, a few of them; a short branch grows to 6) and the jump
-/// back (5), rounded to a cache line.
-pub const STUB_SLOT: u64 = 64;
+use crate::plan::exitless::layout::STUB_SLOT;
+use crate::plan::traps::TRAP;
 
 /// How a stub records its call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,26 +17,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vm_memory::GuestAddress;
 use vmm::{GuestRam, RamError};
 
-use super::layout::{
-    CODE_GPA, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, REGION_GPA, REGION_LEN,
-    RETURN_TRAP_OFF, SPARE_PD_GPA,
+pub use crate::plan::exitless::layout::PAGE;
+use crate::plan::exitless::layout::{
+    CODE_GPA, CODE_SLOTS, DATA_GPA, FRAME_NEXT_OFF, REGION_GPA, REGION_LEN, RETURN_TRAP_OFF,
+    SPARE_PD_GPA, STUB_PAGES, TABLE_SLOTS,
 };
-
-pub const PAGE: u64 = 4096;
-
-/// Region pages before the code: the spare page directory and the page
-/// tables of the three page-directory entries (`map::table_page`).
-pub const TABLE_SLOTS: usize = 4;
-/// Free pages kept for the trampoline's own code (its first pages) before
-/// the function graph's parts.
-pub const CODE_SLOTS: usize = 8;
-/// The function graph's return stubs (and the return trap's page below
-/// them) at the end of the code, and its frame pool (and the counter's
-/// page below it) at the end of the data: pages of each.
-pub const STUB_PAGES: usize = ((CODE_LEN - RETURN_TRAP_OFF) / PAGE) as usize + 1;
-pub const POOL_PAGES: usize = ((DATA_LEN - FRAME_NEXT_OFF).div_ceil(PAGE)) as usize;
-/// Free pages below the rings with the function graph, whatever the code.
-pub const GRAPH_BOTTOM: usize = TABLE_SLOTS + CODE_SLOTS + STUB_PAGES + POOL_PAGES;
 
 /// Which free page backs which page of the region.
 ///
@@ -258,6 +243,7 @@ impl GuestRam for Backed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::exitless::layout::{CODE_LEN, DATA_LEN, GRAPH_BOTTOM};
     use vm_memory::GuestMemoryMmap;
 
     /// 31 free pages, 0x1000..0x20000.

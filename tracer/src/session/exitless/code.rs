@@ -4,8 +4,9 @@
 use vm_memory::GuestAddress;
 use vmm::{GuestRam, RamError};
 
-use super::layout::CODE_GPA;
-use super::trampoline::{self, Trampoline};
+use crate::plan::exitless::layout::CODE_GPA;
+use crate::plan::exitless::trampoline::Trampoline;
+use crate::plan::exitless::{padding, CODE_PAGE};
 
 /// The code, page by page. `sparse` (the region in the guest's own pages,
 /// `backing`): a page of nothing but padding (the gap before the graph's
@@ -20,11 +21,3 @@ pub fn write_code(mem: &dyn GuestRam, t: &Trampoline, sparse: bool) -> Result<()
     }
     Ok(())
 }
-
-/// A page of the code that holds only the padding between its parts.
-pub fn padding(page: &[u8]) -> bool {
-    page.iter().all(|&b| b == trampoline::INT3)
-}
-
-/// `write_code`'s unit.
-pub const CODE_PAGE: usize = 4096;

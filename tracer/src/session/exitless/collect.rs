@@ -11,8 +11,8 @@ use vmm::GuestRam;
 use crossbeam_channel::Sender;
 use vmm::pause::GuestClock;
 
-use super::layout::RingLayout;
 use super::ring::{self, Record, RingError, RingReader};
+use crate::plan::exitless::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
 use crate::session::args::ArgSource;
 use crate::session::counters::{Counters, BATCH};
@@ -321,7 +321,7 @@ impl Drainer {
 /// Function graph: frames of the pool still busy (hooked calls that have
 /// not returned yet).
 pub fn live_frames(mem: &dyn GuestRam) -> Result<usize, RingError> {
-    use super::layout::{DATA_GPA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN};
+    use crate::plan::exitless::layout::{DATA_GPA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN};
     let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
     let gpa = DATA_GPA + FRAMES_OFF;
     mem.read_slice(&mut pool, vm_memory::GuestAddress(gpa))

@@ -8,7 +8,9 @@ use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 use std::sync::Mutex;
 
 use super::backing::{RegionPages, PAGE};
-use super::layout::{CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA};
+use crate::plan::exitless::layout::{
+    CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA,
+};
 
 /// Entry bits (Intel SDM vol. 3A, 4.5): present, writable, page size (a 2 MiB
 /// leaf in a PDE), execute-disable. U/S (bit 2) and G (bit 8) stay clear:
@@ -254,7 +256,7 @@ pub fn unmap(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::exitless::layout::{DATA_VA, PD_FIRST, REGION_GPA, REGION_LEN};
+    use crate::plan::exitless::layout::{DATA_VA, PD_FIRST, REGION_GPA, REGION_LEN};
     use vm_memory::Bytes;
     use vm_memory::GuestMemoryMmap;
     use vmm::gva::PagingMode;

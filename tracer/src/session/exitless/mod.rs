@@ -1,4 +1,6 @@
-//! Exitless tracing: vmtrace's own code and rings inside the guest.
+//! Exitless tracing: vmtrace's own code and rings inside the guest. The
+//! code and the rings' layout are planned (`crate::plan::exitless`); this
+//! module writes, maps, drains and removes them.
 //!
 //! Each selected site becomes `call stub_k` (k: the site's index in the
 //! `SiteIndex`). The stub loads k + 1 and jumps to one common trampoline,
@@ -82,19 +84,10 @@
 //! unfinished.
 
 pub mod backing;
-mod body;
 pub mod code;
 pub mod collect;
-pub mod disasm;
 pub mod error;
-pub mod graph_code;
-pub mod layout;
 pub mod map;
 mod pending;
-pub use crate::kernel::percpu;
-pub mod ret;
 pub mod ring;
 pub mod state;
-pub mod symbols;
-pub mod trampoline;
-pub use layout::*;

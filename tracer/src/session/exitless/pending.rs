@@ -17,7 +17,7 @@ use vmm::GuestRam;
 use crossbeam_channel::Sender;
 
 use super::collect::{DrainStart, Drainer};
-use super::layout::RingLayout;
+use crate::plan::exitless::layout::RingLayout;
 use crate::trace::model::Event;
 
 /// What only the attach's pause knows: how to date the records, and where

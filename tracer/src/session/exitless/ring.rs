@@ -11,7 +11,7 @@ use vmm::GuestRam;
 use vm_memory::GuestAddress;
 use vmm::RamError;
 
-use super::layout::{
+use crate::plan::exitless::layout::{
     RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, REC_ARGS, REC_COMMIT,
     REC_PARENT, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
 };
@@ -450,8 +450,8 @@ impl RingReader {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{DATA_GPA, RECORD_LEN, REGION_GPA, REGION_LEN};
     use super::*;
+    use crate::plan::exitless::layout::{DATA_GPA, RECORD_LEN, REGION_GPA, REGION_LEN};
     use vm_memory::{Bytes, GuestMemoryMmap};
 
     fn memory() -> GuestMemoryMmap {

@@ -1,58 +1,39 @@
-//! One session's exitless machinery: the generated trampoline, the ring
-//! layout, whether they are in the guest yet, and the drainer.
+//! One session's exitless machinery: the planned code and rings
+//! (`crate::plan::exitless::ExitlessPlan`), where they stand in the guest,
+//! and the drainer.
 
 use std::sync::{Arc, Mutex};
-
-use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
 use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
+use vmm::GuestRam;
 
 use super::backing::RegionPages;
-use super::code::{padding, write_code, CODE_PAGE};
-use super::collect::DrainStart;
-use super::collect::{self, DrainError};
-use super::layout::{
-    RingLayout, CODE_LEN, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, MIN_RECORDS, SPARE_PD_GPA,
-};
+use super::code::write_code;
+use super::collect::{self, DrainError, DrainStart};
 use super::map::{self, Mapped};
 use super::pending::PendingDrainer;
-use super::ret::Return;
 use super::ring;
-use super::trampoline::{
-    self, TaskCode, Trampoline, TrampolineError, TrampolineSpec, MAX_FILTER_PIDS,
-};
 use crate::kernel::kaslr::KernelOffset;
-use crate::kernel::percpu::PerCpuVar;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
-use crate::plan::tasks::TaskPlan;
-use crate::plan::ValuePlan;
+use crate::plan::exitless::error::{ExitlessPlanError, TrampolineError};
+use crate::plan::exitless::layout::{RingLayout, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA};
+use crate::plan::exitless::ret::Return;
+use crate::plan::exitless::symbols::{ALTERNATIVES_PATCHED, ITS_RETURN_THUNK};
+use crate::plan::exitless::ExitlessPlan;
 use crate::trace::model::Event;
 
 pub use super::error::ExitlessError;
-pub use super::symbols::{
-    ALTERNATIVES_PATCHED, CPU_NUMBER, ITS_RETURN_THUNK, PCPU_HOT, PCPU_HOT_CPU_NUMBER,
-    PER_CPU_OFFSET, PREEMPT_SCHEDULE, RETURN_THUNK,
-};
 
 /// Exitless state of one tracing session.
 pub struct Exitless {
-    pub layout: RingLayout,
-    pub trampoline: Trampoline,
-    /// What the trampoline was generated for (its CPU number's displacement
-    /// is the link-time one until `resolve`).
-    spec: TrampolineSpec,
-    /// The kernel's CPU number, in its per-CPU layout.
-    cpu_number: PerCpuVar,
-    /// Code written and rings initialised (`stage`), in vmtrace's own slot
-    /// that the guest cannot reach before `install` maps it.
-    staged: bool,
-    /// Mapped into the guest at least once: the code can no longer change
-    /// (a task may still be inside the trampoline from an earlier attach),
-    /// and later attaches reuse code and rings.
-    installed: bool,
+    /// The code and the rings' layout (fitted to the running kernel at
+    /// the first attach: `resolve`).
+    plan: ExitlessPlan,
+    /// Where the region stands in the guest.
+    region: Region,
     /// The events' way to the collector, until the drainer takes it.
     sink: Option<Sender<Vec<Event>>>,
     /// Spawned at `stage`, started at the first attach.
@@ -66,294 +47,93 @@ pub struct Exitless {
     removed_drops: Option<(PerCpuSite, PerCpuSite)>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
-    /// What the code records of tasks, and the pids it keeps.
-    tasks: TaskPlan,
     /// The rings' filtered counters' sum when the region was taken out.
     removed_filtered: Option<u64>,
+}
+
+/// Where vmtrace's region stands in the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Region {
+    /// Nothing written (or taken out again by `remove`).
+    Planned,
+    /// Code written and rings initialised (`stage`), in vmtrace's own slot
+    /// that the guest cannot reach before `install` maps it.
+    Staged,
+    /// Mapped into the guest: the code can no longer change (a task may
+    /// still be inside the trampoline from an earlier attach), and later
+    /// attaches reuse code and rings.
+    Installed,
 }
 
 /// Counts per CPU and site.
 type PerCpuSite = Vec<Vec<u64>>;
 
-/// What each record holds besides the call: the return too (function
-/// graph), the task (and which pids to keep), the values.
-#[derive(Clone, Debug)]
-pub struct Records<'a> {
-    pub graph: bool,
-    pub tasks: &'a TaskPlan,
-    pub values: ValuePlan,
-    /// With `values.args`: per site, does it record its calls' arguments
-    /// (`Plan::arg_sites`; None: every site).
-    pub arg_sites: Option<Arc<[bool]>>,
-    /// The sites are direct entries: their stubs take the end of the code
-    /// page (`crate::session::direct::reserve`).
-    pub direct: bool,
-}
-
-impl<'a> Records<'a> {
-    /// What `plan` asks the records to hold.
-    pub fn of(plan: &'a crate::plan::Plan) -> Records<'a> {
-        Records {
-            graph: plan.graph,
-            tasks: &plan.tasks,
-            values: plan.values,
-            arg_sites: plan.arg_sites(),
-            direct: plan.direct.is_some(),
-        }
-    }
-}
-
-/// The rings and the code for this image, CPU count and site count (at
-/// the kernel's link addresses: `Exitless::resolve` moves them).
-fn plan(
-    image: &KernelImage,
-    cpus: usize,
-    sites: usize,
-    ring_records: Option<u64>,
-    what: Records<'_>,
-) -> Result<(Trampoline, TrampolineSpec, PerCpuVar), ExitlessError> {
-    let Records {
-        graph,
-        tasks,
-        values,
-        arg_sites,
-        direct,
-    } = what;
-    let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
-        (Some(s), _) => s.addr,
-        (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
-        (None, None) => return Err(ExitlessError::NoCpuNumber(image.path.clone())),
-    };
-    let bad = || ExitlessError::BadCpuNumber {
-        path: image.path.clone(),
-        off: addr,
-    };
-    let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
-    // Its compiled returns are thunk jumps, which the kernel may keep or
-    // rewrite once it knows its CPU: read before then, `__fentry__` would
-    // say jump where the kernel returns by `ret` (or the other way), and
-    // only `alternatives_patched` tells when. Refused before the guest runs
-    // (`--mode auto` then traps).
-    if image.symbol(RETURN_THUNK).is_some() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
-        return Err(ExitlessError::AlternativesUnknown {
-            place: image.path.display().to_string(),
-        });
-    }
-    let spec = TrampolineSpec {
-        layout: RingLayout::with_args(cpus, sites, ring_records, graph, values.args)?,
-        cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
-        preemptible: image.symbol(PREEMPT_SCHEDULE).is_some(),
-        // `ret; int3` until `resolve` reads how the kernel returns.
-        ret: Default::default(),
-        task: task_code(tasks, KernelOffset::NONE)?,
-        retval: graph && values.retval,
-        arg_sites,
-        reserve: match direct {
-            true => crate::session::direct::reserve(sites),
-            false => 0,
-        },
-    };
-    Ok((generate(&spec)?, spec, cpu_number))
-}
-
-/// What the code records of tasks for the kernel at `off` (the current
-/// task's displacement moves with KASLR in the 6.15+ per-CPU layout only);
-/// None when the kernel's task layout is unknown.
-fn task_code(tasks: &TaskPlan, off: KernelOffset) -> Result<Option<TaskCode>, ExitlessError> {
-    let Some(layout) = tasks.layout else {
-        return Ok(None);
-    };
-    let pids = &tasks.filter.pids;
-    if pids.len() > MAX_FILTER_PIDS {
-        return Err(ExitlessError::TooManyPids(pids.len()));
-    }
-    let mut code = TaskCode {
-        current_disp: 0,
-        pid_off: layout.pid,
-        pids: [0; MAX_FILTER_PIDS],
-        npids: pids.len(),
-    };
-    code.pids[..pids.len()].copy_from_slice(pids);
-    let disp = layout
-        .current_var
-        .gs_disp(off)
-        .and_then(|d| d.checked_add(i32::try_from(layout.current_member).ok()?))
-        .ok_or(ExitlessError::CpuNumberOutOfReach {
-            link: layout.current_var.link,
-            runtime: off.runtime(layout.current_var.link),
-        })?;
-    code.current_disp = disp;
-    Ok(Some(code))
-}
-
-/// The trampoline for `spec`, if it fits its code page.
-fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessError> {
-    let trampoline = trampoline::generate(spec)?;
-    if trampoline.code.len() as u64 > CODE_LEN {
-        return Err(ExitlessError::CodeTooBig {
-            len: trampoline.code.len(),
-        });
-    }
-    Ok(trampoline)
-}
-
 impl Exitless {
-    /// Can exitless tracing be planned for this image, CPU and site count
-    /// (checked before the guest exists)?
-    pub fn check(
-        image: &KernelImage,
-        cpus: usize,
-        sites: usize,
-        ring_records: Option<u64>,
-        what: Records<'_>,
-    ) -> Result<(), ExitlessError> {
-        plan(image, cpus, sites, ring_records, what).map(|_| ())
-    }
-
-    /// Pages of code the trampoline takes for this image, CPU and site
-    /// count (what a region in the guest's own pages must fit): those not
-    /// all padding, as `write_code` writes them there.
-    pub fn code_pages(
-        image: &KernelImage,
-        cpus: usize,
-        sites: usize,
-        what: Records<'_>,
-    ) -> Result<usize, ExitlessError> {
-        let (t, _, _) = plan(image, cpus, sites, Some(MIN_RECORDS), what)?;
-        Ok(t.code.chunks(CODE_PAGE).filter(|c| !padding(c)).count())
-    }
-
-    /// Plan the rings and generate the code, before the guest runs.
-    pub fn prepare(
-        image: &KernelImage,
-        cpus: usize,
-        sites: usize,
-        ring_records: Option<u64>,
-        what: Records<'_>,
-        sink: Sender<Vec<Event>>,
-    ) -> Result<Exitless, ExitlessError> {
-        let tasks = what.tasks.clone();
-        let (trampoline, spec, cpu_number) = plan(image, cpus, sites, ring_records, what)?;
-        Ok(Exitless {
-            tasks,
-            removed_filtered: None,
-            layout: spec.layout,
-            trampoline,
-            spec,
-            cpu_number,
-            staged: false,
-            installed: false,
+    /// The session's exitless state for `plan`, its events sent to `sink`.
+    pub fn new(plan: ExitlessPlan, sink: Sender<Vec<Event>>) -> Exitless {
+        Exitless {
+            plan,
+            region: Region::Planned,
             sink: Some(sink),
             drainer: None,
             mem: None,
             pages: None,
             removed_drops: None,
             unfinished: 0,
-        })
+            removed_filtered: None,
+        }
+    }
+
+    /// The code and layout this session runs.
+    pub fn plan(&self) -> &ExitlessPlan {
+        &self.plan
+    }
+
+    /// The rings' layout.
+    pub fn layout(&self) -> RingLayout {
+        self.plan.layout()
     }
 
     /// Fit the code to the running kernel before its first install: the
     /// CPU number's displacement where KASLR (`off`) moved it (Linux 6.15+
     /// per-CPU symbols are kernel addresses), and returns as the kernel's
-    /// `__fentry__` returns now (`ret`). `AlternativesPending` while the
-    /// kernel has not yet chosen its return mitigations (nothing changed:
-    /// retry later). Calls after the first install change nothing.
+    /// `__fentry__` returns now (`ExitlessPlan::fit`). `AlternativesPending`
+    /// while the kernel has not yet chosen its return mitigations (nothing
+    /// changed: retry later). Calls after the first install change nothing.
     pub fn resolve(
         &mut self,
         space: &mut AddressSpace<'_>,
         image: &KernelImage,
         off: KernelOffset,
     ) -> Result<Resolved, ExitlessError> {
-        if self.installed {
+        if self.region == Region::Installed {
             return Ok(Resolved::Ready);
         }
-        let disp = self
-            .cpu_number
-            .gs_disp(off)
-            .ok_or(ExitlessError::CpuNumberOutOfReach {
-                link: self.cpu_number.link,
-                runtime: off.runtime(self.cpu_number.link),
-            })?;
+        // The CPU number first: out of reach whatever the returns.
+        let (cpu_number, _) = self.plan.cpu_number();
+        if cpu_number.gs_disp(off).is_none() {
+            return Err(ExitlessPlanError::CpuNumberOutOfReach {
+                link: cpu_number.link,
+                runtime: off.runtime(cpu_number.link),
+            }
+            .into());
+        }
         // Before anything is read: until the kernel applied its
         // alternatives, `__fentry__` and every return site may still change
         // (and `__fentry__` may be a form only seen then).
         if alternatives_pending(space, image, off) {
             return Ok(Resolved::AlternativesPending);
         }
-        let ret = match image.symbol(crate::kernel::sites::FENTRY) {
-            // The mini guest's default build: nothing to follow.
-            None => Return::default(),
-            Some(f) => {
-                let va = off.runtime(f.addr);
-                let code = space.read_array::<FENTRY_READ>(va).map_err(|e| {
-                    ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}"))
-                })?;
-                let its = image.symbol(ITS_RETURN_THUNK).map(|s| off.runtime(s.addr));
-                let ret = Return::from_fentry(&code, va, its)?;
-                // As `plan` refuses, for a thunk known only by its code.
-                if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
-                    return Err(ExitlessError::AlternativesUnknown {
-                        place: format!("the guest's __fentry__ at {va:#x}"),
-                    });
-                }
-                ret
-            }
-        };
-        let spec = TrampolineSpec {
-            cpu_number_disp: disp,
-            ret,
-            task: task_code(&self.tasks, off)?,
-            ..self.spec.clone()
-        };
-        if spec != self.spec {
-            // Displacements and immediates differ; with a return thunk or
-            // depth accounting the bodies are longer, so the sites' targets
-            // are taken from the new code (nothing is patched yet).
-            self.trampoline = generate(&spec)?;
-            self.spec = spec;
+        let ret = fentry_return(space, image, off)?;
+        if self.plan.fit(off, ret)? {
             if let Some(mem) = &self.mem {
                 // Staged before the kernel was known: the new code over it
                 // (a few KiB, still unreachable by the guest).
-                write_code(&**mem, &self.trampoline, self.pages.is_some())
+                write_code(&**mem, &self.plan.trampoline, self.pages.is_some())
                     .map_err(|e| ExitlessError::Memory(e.to_string()))?;
             }
         }
         Ok(Resolved::Ready)
-    }
-
-    /// The guest instructions of this trampoline's paths in other
-    /// configurations, for the bench: a recorded call without the task
-    /// (None when this code records none), and a call that a one-pid filter
-    /// rejects, as the code walked with its first branch taken.
-    pub fn task_path_variants(&self) -> Result<Option<(usize, usize)>, ExitlessError> {
-        let Some(task) = self.spec.task else {
-            return Ok(None);
-        };
-        let without = generate(&TrampolineSpec {
-            task: None,
-            ..self.spec.clone()
-        })?;
-        let mut one_pid = task;
-        one_pid.npids = 1;
-        let filtered = generate(&TrampolineSpec {
-            task: Some(one_pid),
-            ..self.spec.clone()
-        })?;
-        let stub = match filtered.shape {
-            trampoline::Shape::PerSite => 0,
-            trampoline::Shape::Shared => trampoline::STUB_INSTRUCTIONS,
-        };
-        let rejected = super::disasm::walk_path(&filtered.code, filtered.common_va(), 1)
-            .map_err(TrampolineError::from)?;
-        Ok(Some((
-            without.common_path_instructions(),
-            stub + rejected.len(),
-        )))
-    }
-
-    /// How the trampoline returns (after `resolve`).
-    pub fn ret(&self) -> Return {
-        self.spec.ret
     }
 
     /// Write the code, reset the rings and spawn the drainer's thread
@@ -366,29 +146,30 @@ impl Exitless {
     /// code if the running kernel needs other code.
     pub fn stage(&mut self, ram: &Arc<dyn GuestRam>) -> Result<(), ExitlessError> {
         let mem: &dyn GuestRam = &**ram;
-        if self.staged {
+        if self.region != Region::Planned {
             return Ok(());
         }
-        write_code(mem, &self.trampoline, self.pages.is_some())
+        let layout = self.layout();
+        write_code(mem, &self.plan.trampoline, self.pages.is_some())
             .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         // The spare page directory, touched now (a first write to a host
         // page faults it in): `map` fills it in the pause when the guest
         // has none. Unused before the first `map`, which comes after this.
         mem.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
             .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-        ring::init_rings(mem, &self.layout)?;
-        if self.layout.graph {
+        ring::init_rings(mem, &layout)?;
+        if layout.graph {
             // Every frame free, the ticket counter at 0.
             let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];
             mem.write_slice(&pool, GuestAddress(DATA_GPA + FRAME_NEXT_OFF))
                 .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         }
         if let Some(sink) = self.sink.take() {
-            let pending = PendingDrainer::spawn(Arc::clone(ram), self.layout, sink)
+            let pending = PendingDrainer::spawn(Arc::clone(ram), layout, sink)
                 .map_err(ExitlessError::Thread)?;
             self.drainer = Some(pending);
         }
-        self.staged = true;
+        self.region = Region::Staged;
         self.mem = Some(Arc::clone(ram));
         Ok(())
     }
@@ -401,18 +182,18 @@ impl Exitless {
         space: &mut AddressSpace<'_>,
         ram: &Arc<dyn GuestRam>,
     ) -> Result<Mapped, ExitlessError> {
-        let staged = self.staged;
+        let staged = self.region == Region::Staged;
         self.stage(ram)?;
-        if staged && !self.installed && self.pages.is_some() {
+        if staged && self.pages.is_some() {
             // Staged in guest pages while the guest ran, by a path that
             // may bypass the VMM (a QEMU's TCG keeps what it translated
             // from a page written from outside): the code again, now, by
             // the VMM's own writes.
-            write_code(&**ram, &self.trampoline, true)
+            write_code(&**ram, &self.plan.trampoline, true)
                 .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         }
         let mapped = map::map_with(space, self.pages.as_deref())?;
-        self.installed = true;
+        self.region = Region::Installed;
         Ok(mapped)
     }
 
@@ -420,7 +201,7 @@ impl Exitless {
     /// return address is one of vmtrace's return stubs), as the frame pool
     /// says; 0 without the graph or before the first stage.
     pub fn live_frames(&self) -> Result<usize, ExitlessError> {
-        match (&self.mem, self.layout.graph) {
+        match (&self.mem, self.layout().graph) {
             (Some(mem), true) => Ok(collect::live_frames(&**mem)?),
             _ => Ok(0),
         }
@@ -438,7 +219,7 @@ impl Exitless {
     /// the last drain; the caller holds every vCPU stopped and knows that
     /// no context runs in vmtrace's code. Returns the entries cleared.
     pub fn remove(&mut self, space: &mut AddressSpace<'_>) -> Result<usize, ExitlessError> {
-        if !self.installed {
+        if self.region != Region::Installed {
             return Ok(0);
         }
         let cleared = map::unmap(space, self.pages.as_deref())?;
@@ -454,8 +235,7 @@ impl Exitless {
                     .map_err(|e| ExitlessError::Memory(e.to_string()))?;
             }
         }
-        self.installed = false;
-        self.staged = false;
+        self.region = Region::Planned;
         Ok(cleared)
     }
 
@@ -480,8 +260,8 @@ impl Exitless {
     ) -> Result<(), ExitlessError> {
         check_cpu_numbers(
             space,
-            self.spec.cpu_number_disp,
-            self.layout.cpus,
+            self.plan.cpu_number().1,
+            self.layout().cpus,
             gs_bases,
             per_cpu_offset,
         )
@@ -489,7 +269,7 @@ impl Exitless {
 
     /// The bytes site `k` at `addr` becomes: a call to its stub.
     pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
-        trampoline::call_bytes(addr, self.trampoline.stub_va(k as u32))
+        self.plan.site_bytes(k, addr)
     }
 
     /// Start draining (once): events dated by `clock`, counted in `counters`.
@@ -507,7 +287,7 @@ impl Exitless {
             return Ok(d.clone());
         }
         match &self.mem {
-            Some(mem) => Ok(collect::drops(&**mem, &self.layout)?),
+            Some(mem) => Ok(collect::drops(&**mem, &self.layout())?),
             None => Ok(Vec::new()),
         }
     }
@@ -519,7 +299,7 @@ impl Exitless {
             return Ok(r.clone());
         }
         match &self.mem {
-            Some(mem) => Ok(collect::ret_drops(&**mem, &self.layout)?),
+            Some(mem) => Ok(collect::ret_drops(&**mem, &self.layout())?),
             None => Ok(Vec::new()),
         }
     }
@@ -537,8 +317,9 @@ impl Exitless {
             return n;
         }
         let Some(mem) = &self.mem else { return 0 };
-        (0..self.layout.cpus)
-            .filter_map(|cpu| ring::filtered(&**mem, &self.layout, cpu).ok())
+        let layout = self.layout();
+        (0..layout.cpus)
+            .filter_map(|cpu| ring::filtered(&**mem, &layout, cpu).ok())
             .sum()
     }
 
@@ -591,6 +372,32 @@ fn alternatives_pending(
             .map(u32::from_le_bytes)
             == Ok(0)
     })
+}
+
+/// How the kernel running at `off` returns from `__fentry__` (the mini
+/// guest's default build has none: `ret`).
+fn fentry_return(
+    space: &mut AddressSpace<'_>,
+    image: &KernelImage,
+    off: KernelOffset,
+) -> Result<Return, ExitlessError> {
+    let Some(f) = image.symbol(crate::kernel::sites::FENTRY) else {
+        return Ok(Return::default());
+    };
+    let va = off.runtime(f.addr);
+    let code = space
+        .read_array::<FENTRY_READ>(va)
+        .map_err(|e| ExitlessError::Memory(format!("reading __fentry__ at {va:#x}: {e}")))?;
+    let its = image.symbol(ITS_RETURN_THUNK).map(|s| off.runtime(s.addr));
+    let ret = Return::from_fentry(&code, va, its).map_err(ExitlessPlanError::from)?;
+    // As the plan refuses, for a thunk known only by its code.
+    if ret != Return::default() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+        return Err(ExitlessPlanError::AlternativesUnknown {
+            place: format!("the guest's __fentry__ at {va:#x}"),
+        }
+        .into());
+    }
+    Ok(ret)
 }
 
 /// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at

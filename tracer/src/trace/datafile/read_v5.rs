@@ -15,7 +15,7 @@ use super::{
     VERSION_8, VERSION_9,
 };
 use crate::kernel::unwind::{StackEnd, MAX_FRAMES};
-use crate::session::exitless::layout::{CODE_LEN, CODE_VA};
+use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::trace::model::{caller_index, Event, Stack, Task, Trace, ARG_REGS};
 
 /// Reads the blocks after the preamble (`declared`: its `file_len`, 0) of

@@ -82,11 +82,44 @@ pub const FRAMES_OFF: u64 = DATA_LEN - FRAMES * FRAME_LEN;
 /// its stub's address.
 pub const RET_STUBS_OFF: u64 = CODE_LEN - FRAMES * FRAME_LEN;
 pub const RET_STUBS_VA: u64 = CODE_VA + RET_STUBS_OFF;
-/// Trap mode's return trap (`patch::RETURN_TRAP`), just below the return
+/// Trap mode's return trap (`crate::plan::traps::RETURN_TRAP`), just below the return
 /// stubs: never inside any exitless code, so the two can share the page
 /// (the exitless graph image carries the same bytes there).
 pub const RETURN_TRAP_OFF: u64 = RET_STUBS_OFF - 16;
 pub const RETURN_TRAP_VA: u64 = CODE_VA + RETURN_TRAP_OFF;
+
+/// Bytes per direct entry's stub slot (`crate::session::direct::stub`):
+/// the head (5), the displaced instructions (at most 15 bytes each, a few
+/// of them; a short branch grows to 6) and the jump back (5), rounded to a
+/// cache line.
+pub const STUB_SLOT: u64 = 64;
+
+/// Bytes the stubs of `sites` direct sites take at the end of the code
+/// page, before the return trap.
+pub fn direct_stubs_len(sites: usize) -> u64 {
+    sites as u64 * STUB_SLOT
+}
+
+// Every site a plan may have (`MAX_DIRECT_SITES`) has its stub slot.
+const _: () = assert!(crate::plan::entry::MAX_DIRECT_SITES as u64 * STUB_SLOT <= RETURN_TRAP_OFF);
+
+/// 4 KiB: a page, the unit of rings and of the region in free pages of
+/// the guest's own (a running QEMU, which gives vmtrace no memory:
+/// `crate::session::exitless::backing`).
+pub const PAGE: u64 = 4096;
+/// Region pages before the code: the spare page directory and the page
+/// tables of the three page-directory entries (`map::table_page`).
+pub const TABLE_SLOTS: usize = 4;
+/// Free pages kept for the trampoline's own code (its first pages) before
+/// the function graph's parts.
+pub const CODE_SLOTS: usize = 8;
+/// The function graph's return stubs (and the return trap's page below
+/// them) at the end of the code, and its frame pool (and the counter's
+/// page below it) at the end of the data: pages of each.
+pub const STUB_PAGES: usize = ((CODE_LEN - RETURN_TRAP_OFF) / PAGE) as usize + 1;
+pub const POOL_PAGES: usize = ((DATA_LEN - FRAME_NEXT_OFF).div_ceil(PAGE)) as usize;
+/// Free pages below the rings with the function graph, whatever the code.
+pub const GRAPH_BOTTOM: usize = TABLE_SLOTS + CODE_SLOTS + STUB_PAGES + POOL_PAGES;
 
 /// Why a ring layout cannot be made.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -141,7 +174,6 @@ pub struct RingLayout {
     pub args: bool,
 }
 
-const PAGE: u64 = 4096;
 const CACHE_LINE: u64 = 64;
 
 fn align_up(v: u64, to: u64) -> u64 {

@@ -616,7 +616,7 @@ fn append_return_stubs(
     let ret_va = CODE_VA + u64::from(ret_common);
     let ret_stubs = graph_code::return_stubs(ret_va).map_err(assemble)?;
     code.resize(RETURN_TRAP_OFF as usize, INT3);
-    code.extend_from_slice(&crate::session::patch::RETURN_TRAP);
+    code.extend_from_slice(&crate::plan::traps::RETURN_TRAP);
     code.resize(RET_STUBS_OFF as usize, INT3);
     code.extend_from_slice(&ret_stubs);
     Ok(walk_common_path(code, RET_STUBS_VA)?)
@@ -653,8 +653,8 @@ mod tests {
     use super::super::layout::{
         DATA_GPA, DATA_LEN, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA, REGION_LEN,
     };
-    use super::super::ring::{self, Record, RingReader};
     use super::*;
+    use crate::session::exitless::ring::{self, Record, RingReader};
     use iced_x86::{OpKind, Register};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

@@ -1,0 +1,189 @@
+//! The mode of an attach to a guest vmtrace did not boot (a running QEMU),
+//! settled at its first stop from what the guest offers: the mode planned
+//! (`TracePlan::mode`) where the guest has room for vmtrace's code and
+//! rings in pages it never uses, its rings sized to them; else, when auto
+//! mode was asked, trap mode through the stub's breakpoints, saying why.
+
+use vmm::advice::{Advice, Plain, Remedy, Words};
+
+use super::build::{ModeChoice, TracePlan};
+use super::exitless::error::ExitlessPlanError;
+use super::exitless::layout::{
+    RingLayout, CODE_SLOTS, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, STUB_PAGES, TABLE_SLOTS,
+};
+use super::exitless::ExitlessPlan;
+use super::Mode;
+
+/// Why trap mode has no function graph.
+pub const TRAP_WRITES_NONE: &str = "trap mode through the gdbstub puts nothing in guest memory";
+/// Why auto mode traces with breakpoints when stacks are asked.
+pub const STACKS_AT_BREAKPOINTS: &str = "kernel stacks are unwound at breakpoint stops";
+
+/// How the attach traces: exitless with the code sized to the guest's room
+/// (and the room), or through breakpoints (with why, when auto mode fell
+/// back to them).
+#[derive(Debug)]
+pub enum Decision<R> {
+    Exitless(Box<ExitlessPlan>, R),
+    Trap { why: Option<String> },
+}
+
+/// What keeps an attach's mode from being planned.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachModeError {
+    #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
+    GraphNeedsRoom(String),
+    /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
+    #[error("{}", self.say(&Plain))]
+    StacksNeedTrap,
+    #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
+    RingsTooBig { sites: usize, cpus: usize, kib: u64 },
+    /// Said in the front end's words (`Advice`).
+    #[error("{}", self.say(&Plain))]
+    Code(#[from] ExitlessPlanError),
+}
+
+/// A front end words the remedies these errors name (`vmm::advice`).
+impl Advice for AttachModeError {
+    fn problem(&self, w: &dyn Words) -> String {
+        match self {
+            AttachModeError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint \
+                                                holds the guest, and exitless calls never stop it"
+                .into(),
+            AttachModeError::Code(e) => e.problem(w),
+            other => other.to_string(),
+        }
+    }
+
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            AttachModeError::StacksNeedTrap => Some(Remedy::TrapMode),
+            AttachModeError::Code(e) => e.remedy(),
+            _ => None,
+        }
+    }
+}
+
+/// Why an attach's mode cannot be settled: the plan's reason, or the
+/// guest's (`E`) where no fallback applies.
+#[derive(Debug)]
+pub enum Refused<E> {
+    Plan(AttachModeError),
+    Room(E),
+}
+
+impl<E> From<AttachModeError> for Refused<E> {
+    fn from(e: AttachModeError) -> Self {
+        Refused::Plan(e)
+    }
+}
+
+impl<E> From<ExitlessPlanError> for Refused<E> {
+    fn from(e: ExitlessPlanError) -> Self {
+        Refused::Plan(e.into())
+    }
+}
+
+/// What the guest offers exitless mode: `pages` free pages, and whatever
+/// else the session found with them (`R`).
+pub struct Room<R> {
+    pub pages: usize,
+    pub found: R,
+}
+
+/// Refused before the guest is stopped at all: trap mode (asked, or all
+/// this kernel allows) with the function graph, which needs vmtrace's code
+/// in guest memory.
+pub fn check_early(plan: &TracePlan) -> Result<(), AttachModeError> {
+    match (&plan.mode, plan.plan.graph) {
+        (Mode::Trap, true) => Err(AttachModeError::GraphNeedsRoom(TRAP_WRITES_NONE.into())),
+        _ => Ok(()),
+    }
+}
+
+/// The attach's mode from `plan` and the guest's room (`room`, looked at
+/// only when exitless mode is still possible); `falls_back` tells which
+/// of the guest's reasons let auto mode trap instead (rings too big for
+/// the room do).
+pub fn decide<R, E: std::fmt::Display>(
+    plan: &TracePlan,
+    cpus: usize,
+    room: impl FnOnce() -> Result<Room<R>, E>,
+    falls_back: impl Fn(&E) -> bool,
+) -> Result<Decision<R>, Refused<E>> {
+    let auto = plan.asked == ModeChoice::Auto;
+    let decided = match (&plan.mode, plan.plan.stacks.is_some()) {
+        // An exitless site never stops the guest, and an unwind needs it
+        // stopped: kernel stacks are unwound at breakpoint stops.
+        (_, true) if plan.asked == ModeChoice::Exitless => {
+            return Err(AttachModeError::StacksNeedTrap.into())
+        }
+        (_, true) => Decision::Trap {
+            why: auto.then(|| STACKS_AT_BREAKPOINTS.into()),
+        },
+        // Trap asked, or auto mode found this kernel unfit (its note says why).
+        (Mode::Trap, false) => Decision::Trap { why: None },
+        (Mode::Exitless(code), false) => match room() {
+            Ok(r) => match in_guest_pages(code, plan, cpus, r.pages) {
+                Ok(code) => Decision::Exitless(Box::new(code), r.found),
+                Err(e @ AttachModeError::RingsTooBig { .. }) if auto => Decision::Trap {
+                    why: Some(e.to_string()),
+                },
+                Err(e) => return Err(e.into()),
+            },
+            Err(e) if auto && falls_back(&e) => Decision::Trap {
+                why: Some(e.to_string()),
+            },
+            Err(e) => return Err(Refused::Room(e)),
+        },
+    };
+    match decided {
+        Decision::Trap { why } if plan.plan.graph => Err(AttachModeError::GraphNeedsRoom(
+            why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
+        )
+        .into()),
+        d => Ok(d),
+    }
+}
+
+/// `code` with rings of as many records as fit `pages` free pages with its
+/// tables and code (a power of two), for `cpus` CPUs.
+fn in_guest_pages(
+    code: &ExitlessPlan,
+    plan: &TracePlan,
+    cpus: usize,
+    pages: usize,
+) -> Result<ExitlessPlan, AttachModeError> {
+    let plan = &plan.plan;
+    let sites = plan.index.addrs.len();
+    let mut code = code.clone();
+    // The code at its smallest rings: what it takes whatever their size.
+    code.set_ring_records(MIN_RECORDS)?;
+    let code_pages = code.code_pages();
+    // The pages below the rings (`session::exitless::backing`): the tables
+    // and the code; with the function graph, its parts at their fixed places.
+    let bottom = match plan.graph {
+        false => TABLE_SLOTS + code_pages,
+        // (The code's pages count the return stubs' too.)
+        true if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
+        true => pages + 1,
+    };
+    let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
+    let fits = |cap| {
+        RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
+            .is_ok_and(|l| l.ring_bytes <= room)
+    };
+    if !fits(MIN_RECORDS) {
+        return Err(AttachModeError::RingsTooBig {
+            sites,
+            cpus,
+            kib: pages as u64 * PAGE / 1024,
+        });
+    }
+    let mut cap = MIN_RECORDS;
+    while cap < MAX_RECORDS && fits(cap * 2) {
+        cap *= 2;
+    }
+    code.set_ring_records(cap)?;
+    Ok(code)
+}

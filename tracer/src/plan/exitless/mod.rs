@@ -1,0 +1,289 @@
+//! Exitless mode's guest code, planned: the ring layout, the trampoline
+//! (site bodies, function-graph code, return stubs), and how it returns,
+//! generated once with the plan it belongs to (`ExitlessPlan`). The live
+//! session writes, maps, drains and removes it (`crate::session::exitless`,
+//! whose module comment describes the region and the ring protocol).
+
+pub mod body;
+pub mod disasm;
+pub mod error;
+pub mod graph_code;
+pub mod layout;
+pub mod ret;
+pub mod symbols;
+pub mod trampoline;
+
+use std::sync::Arc;
+
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::percpu::PerCpuVar;
+use crate::kernel::sites::SITE_LEN;
+use crate::kernel::symbols::KernelImage;
+use crate::plan::tasks::TaskPlan;
+use crate::plan::{Plan, ValuePlan};
+use error::{ExitlessPlanError, TrampolineError};
+use layout::{direct_stubs_len, RingLayout, CODE_LEN};
+use ret::Return;
+use symbols::{ALTERNATIVES_PATCHED, CPU_NUMBER, PCPU_HOT, PCPU_HOT_CPU_NUMBER, RETURN_THUNK};
+use trampoline::{TaskCode, Trampoline, TrampolineSpec, MAX_FILTER_PIDS};
+
+/// What each record holds besides the call: the return too (function
+/// graph), the task (and which pids to keep), the values.
+#[derive(Clone, Debug)]
+pub struct Records<'a> {
+    pub graph: bool,
+    pub tasks: &'a TaskPlan,
+    pub values: ValuePlan,
+    /// With `values.args`: per site, does it record its calls' arguments
+    /// (`Plan::arg_sites`; None: every site).
+    pub arg_sites: Option<Arc<[bool]>>,
+    /// The sites are direct entries: their stubs take the end of the code
+    /// page (`layout::direct_stubs_len`).
+    pub direct: bool,
+}
+
+impl<'a> Records<'a> {
+    /// What `plan` asks the records to hold.
+    pub fn of(plan: &'a Plan) -> Records<'a> {
+        Records {
+            graph: plan.graph,
+            tasks: &plan.tasks,
+            values: plan.values,
+            arg_sites: plan.arg_sites(),
+            direct: plan.direct.is_some(),
+        }
+    }
+}
+
+/// Exitless mode's guest code and rings for one plan: made once, at the
+/// kernel's link addresses, and fitted to the running kernel at the first
+/// attach (`fit`).
+#[derive(Clone, Debug)]
+pub struct ExitlessPlan {
+    pub trampoline: Trampoline,
+    /// What the trampoline was generated for (its CPU number's displacement
+    /// is the link-time one until `fit`).
+    spec: TrampolineSpec,
+    /// The kernel's CPU number, in its per-CPU layout.
+    cpu_number: PerCpuVar,
+    /// What the code records of tasks, and the pids it keeps.
+    tasks: TaskPlan,
+}
+
+impl ExitlessPlan {
+    /// The rings and the code for this image, CPU count and site count
+    /// (`ring_records` per ring; None: as many as fit).
+    pub fn build(
+        image: &KernelImage,
+        cpus: usize,
+        sites: usize,
+        ring_records: Option<u64>,
+        what: Records<'_>,
+    ) -> Result<ExitlessPlan, ExitlessPlanError> {
+        let Records {
+            graph,
+            tasks,
+            values,
+            arg_sites,
+            direct,
+        } = what;
+        let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
+            (Some(s), _) => s.addr,
+            (None, Some(hot)) => hot.addr.saturating_add(PCPU_HOT_CPU_NUMBER),
+            (None, None) => return Err(ExitlessPlanError::NoCpuNumber(image.path.clone())),
+        };
+        let bad = || ExitlessPlanError::BadCpuNumber {
+            path: image.path.clone(),
+            off: addr,
+        };
+        let cpu_number = PerCpuVar::from_symbol(addr).ok_or_else(bad)?;
+        // Its compiled returns are thunk jumps, which the kernel may keep or
+        // rewrite once it knows its CPU: read before then, `__fentry__` would
+        // say jump where the kernel returns by `ret` (or the other way), and
+        // only `alternatives_patched` tells when. Refused before the guest runs
+        // (`--mode auto` then traps).
+        if image.symbol(RETURN_THUNK).is_some() && image.symbol(ALTERNATIVES_PATCHED).is_none() {
+            return Err(ExitlessPlanError::AlternativesUnknown {
+                place: image.path.display().to_string(),
+            });
+        }
+        let spec = TrampolineSpec {
+            layout: RingLayout::with_args(cpus, sites, ring_records, graph, values.args)?,
+            cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
+            preemptible: image.symbol(symbols::PREEMPT_SCHEDULE).is_some(),
+            // `ret; int3` until `fit` reads how the kernel returns.
+            ret: Default::default(),
+            task: task_code(tasks, KernelOffset::NONE)?,
+            retval: graph && values.retval,
+            arg_sites,
+            reserve: match direct {
+                true => direct_stubs_len(sites),
+                false => 0,
+            },
+        };
+        Ok(ExitlessPlan {
+            trampoline: generate(&spec)?,
+            spec,
+            cpu_number,
+            tasks: tasks.clone(),
+        })
+    }
+
+    /// The same code for rings of `cap` records each (where they must fit
+    /// memory other than vmtrace's own: the guest's free pages).
+    pub fn set_ring_records(&mut self, cap: u64) -> Result<(), ExitlessPlanError> {
+        let l = self.spec.layout;
+        let layout = RingLayout::with_args(l.cpus, l.sites, Some(cap), l.graph, l.args)?;
+        if layout != l {
+            let spec = TrampolineSpec {
+                layout,
+                ..self.spec.clone()
+            };
+            self.trampoline = generate(&spec)?;
+            self.spec = spec;
+        }
+        Ok(())
+    }
+
+    /// The rings' layout.
+    pub fn layout(&self) -> RingLayout {
+        self.spec.layout
+    }
+
+    /// The kernel's per-CPU CPU number, and where the code reads it
+    /// (`gs:[disp]`).
+    pub fn cpu_number(&self) -> (PerCpuVar, i32) {
+        (self.cpu_number, self.spec.cpu_number_disp)
+    }
+
+    /// How the trampoline returns (after `fit`).
+    pub fn ret(&self) -> Return {
+        self.spec.ret
+    }
+
+    /// Pages of code the trampoline takes (what a region in the guest's own
+    /// pages must fit): those not all padding, as the session writes them
+    /// there.
+    pub fn code_pages(&self) -> usize {
+        self.trampoline
+            .code
+            .chunks(CODE_PAGE)
+            .filter(|c| !padding(c))
+            .count()
+    }
+
+    /// Fit the code to the kernel running at `off` whose `__fentry__`
+    /// returns as `ret` does: the CPU number's displacement where KASLR
+    /// moved it (Linux 6.15+ per-CPU symbols are kernel addresses), the
+    /// task's, and the returns. True when the code changed (nothing may be
+    /// patched to it yet: the sites' targets move).
+    pub fn fit(&mut self, off: KernelOffset, ret: Return) -> Result<bool, ExitlessPlanError> {
+        let disp = self
+            .cpu_number
+            .gs_disp(off)
+            .ok_or(ExitlessPlanError::CpuNumberOutOfReach {
+                link: self.cpu_number.link,
+                runtime: off.runtime(self.cpu_number.link),
+            })?;
+        let spec = TrampolineSpec {
+            cpu_number_disp: disp,
+            ret,
+            task: task_code(&self.tasks, off)?,
+            ..self.spec.clone()
+        };
+        if spec == self.spec {
+            return Ok(false);
+        }
+        // Displacements and immediates differ; with a return thunk or
+        // depth accounting the bodies are longer, so the sites' targets
+        // are taken from the new code.
+        self.trampoline = generate(&spec)?;
+        self.spec = spec;
+        Ok(true)
+    }
+
+    /// The guest instructions of this trampoline's paths in other
+    /// configurations, for the bench: a recorded call without the task
+    /// (None when this code records none), and a call that a one-pid filter
+    /// rejects, as the code walked with its first branch taken.
+    pub fn task_path_variants(&self) -> Result<Option<(usize, usize)>, ExitlessPlanError> {
+        let Some(task) = self.spec.task else {
+            return Ok(None);
+        };
+        let without = generate(&TrampolineSpec {
+            task: None,
+            ..self.spec.clone()
+        })?;
+        let mut one_pid = task;
+        one_pid.npids = 1;
+        let filtered = generate(&TrampolineSpec {
+            task: Some(one_pid),
+            ..self.spec.clone()
+        })?;
+        let stub = match filtered.shape {
+            trampoline::Shape::PerSite => 0,
+            trampoline::Shape::Shared => trampoline::STUB_INSTRUCTIONS,
+        };
+        let rejected = disasm::walk_path(&filtered.code, filtered.common_va(), 1)
+            .map_err(TrampolineError::from)?;
+        Ok(Some((
+            without.common_path_instructions(),
+            stub + rejected.len(),
+        )))
+    }
+
+    /// The bytes site `k` at `addr` becomes: a call to its stub.
+    pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
+        trampoline::call_bytes(addr, self.trampoline.stub_va(k as u32))
+    }
+}
+
+/// The unit in which the code is written to guest memory: pages, so that
+/// in guest pages the padding between its parts takes no page.
+pub const CODE_PAGE: usize = 4096;
+
+/// A page of the code that holds only the padding between its parts.
+pub fn padding(page: &[u8]) -> bool {
+    page.iter().all(|&b| b == trampoline::INT3)
+}
+
+/// What the code records of tasks for the kernel at `off` (the current
+/// task's displacement moves with KASLR in the 6.15+ per-CPU layout only);
+/// None when the kernel's task layout is unknown.
+fn task_code(tasks: &TaskPlan, off: KernelOffset) -> Result<Option<TaskCode>, ExitlessPlanError> {
+    let Some(layout) = tasks.layout else {
+        return Ok(None);
+    };
+    let pids = &tasks.filter.pids;
+    if pids.len() > MAX_FILTER_PIDS {
+        return Err(ExitlessPlanError::TooManyPids(pids.len()));
+    }
+    let mut code = TaskCode {
+        current_disp: 0,
+        pid_off: layout.pid,
+        pids: [0; MAX_FILTER_PIDS],
+        npids: pids.len(),
+    };
+    code.pids[..pids.len()].copy_from_slice(pids);
+    let disp = layout
+        .current_var
+        .gs_disp(off)
+        .and_then(|d| d.checked_add(i32::try_from(layout.current_member).ok()?))
+        .ok_or(ExitlessPlanError::CpuNumberOutOfReach {
+            link: layout.current_var.link,
+            runtime: off.runtime(layout.current_var.link),
+        })?;
+    code.current_disp = disp;
+    Ok(Some(code))
+}
+
+/// The trampoline for `spec`, if it fits its code page.
+fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessPlanError> {
+    let trampoline = trampoline::generate(spec)?;
+    if trampoline.code.len() as u64 > CODE_LEN {
+        return Err(ExitlessPlanError::CodeTooBig {
+            len: trampoline.code.len(),
+        });
+    }
+    Ok(trampoline)
+}
