@@ -21,21 +21,21 @@ impl Tracer {
     /// The guest tasks this session's events name (the store's table):
     /// whoever records an event interns its task here first.
     pub fn task_table(&self) -> std::sync::Arc<TaskTable> {
-        std::sync::Arc::clone(&self.task_table)
+        std::sync::Arc::clone(&self.tables.tasks)
     }
 
     /// The arguments this session's entries name (the store's table):
     /// whoever records an entry with its arguments (`plan().values.args`)
     /// pushes them here first and puts the id in `Event::data`.
     pub fn arg_table(&self) -> std::sync::Arc<ArgTable> {
-        std::sync::Arc::clone(&self.arg_table)
+        std::sync::Arc::clone(&self.tables.args)
     }
 
     /// The kernel stacks this session's entries name (the store's table):
     /// whoever records an entry's stack (`--stack`) interns it here first
     /// and puts the id in `Event::stack`.
     pub fn stack_table(&self) -> std::sync::Arc<StackTable> {
-        std::sync::Arc::clone(&self.stack_table)
+        std::sync::Arc::clone(&self.tables.stacks)
     }
 
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
@@ -82,8 +82,8 @@ impl Tracer {
 
     /// Returns counted, not recorded, because their CPU's ring was full.
     fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
-        self.exitless
-            .as_ref()
+        self.reach
+            .exitless()
             .filter(|_| self.plan.graph)
             .and_then(|ex| ex.ret_drops().ok())
             .unwrap_or_default()
@@ -91,8 +91,8 @@ impl Tracer {
 
     /// Calls counted, not recorded, because their CPU's ring was full.
     fn ring_drops(&self) -> Vec<Vec<u64>> {
-        self.exitless
-            .as_ref()
+        self.reach
+            .exitless()
             .and_then(|ex| ex.drops().ok())
             .unwrap_or_default()
     }
@@ -102,7 +102,7 @@ impl Tracer {
     /// (events that could not be drained); `finish` calls it again, which
     /// then does nothing.
     pub fn stop_draining(&mut self) -> Result<(), TracerError> {
-        match self.exitless.as_mut() {
+        match self.reach.exitless_mut() {
             Some(ex) => Ok(ex.finish()?),
             None => Ok(()),
         }
@@ -180,7 +180,7 @@ impl Tracer {
         let mut args = Vec::new();
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
-                args = self.arg_table.all();
+                args = self.tables.args.all();
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
@@ -265,10 +265,10 @@ impl Tracer {
         let ring_drops = self.ring_drops();
         let counts = self.counts_with(&ring_drops);
         let total: u64 = counts.iter().flatten().sum();
-        let detach_ns = if self.detach_ns == 0 && self.attach_ns != 0 {
+        let detach_ns = if self.times.detach_ns == 0 && self.times.attach_ns != 0 {
             vmm::Trap::now_ns()
         } else {
-            self.detach_ns
+            self.times.detach_ns
         };
         let c = &self.counters;
         let lost: Vec<u64> = c.lost.iter().map(|l| l.load(Ordering::Relaxed)).collect();
@@ -279,13 +279,13 @@ impl Tracer {
                 .as_ref()
                 .map(|b| patch::hex(b).replace(' ', "")),
             cpus: self.ncpus() as u32,
-            attach_ns: self.attach_ns,
+            attach_ns: self.times.attach_ns,
             detach_ns,
             sites_patched: self.attach_counts.patched as u64,
             sites_skipped_init: self.plan.skipped_init as u64,
             sites_skipped_other: self.attach_counts.skipped_other as u64,
-            attach_window_ns: self.attach_window.as_nanos() as u64,
-            attach_latency_ns: self.attach_latency.as_nanos() as u64,
+            attach_window_ns: self.times.attach_window.as_nanos() as u64,
+            attach_latency_ns: self.times.attach_latency.as_nanos() as u64,
             events_total: total,
             events_dropped: c.dropped.load(Ordering::Relaxed)
                 + ring_drops.iter().flatten().sum::<u64>(),
@@ -298,7 +298,7 @@ impl Tracer {
             returns_dropped: c.returns_dropped.load(Ordering::Relaxed)
                 + self.ring_ret_drops().iter().flatten().sum::<u64>(),
             unhooked: c.unhooked.load(Ordering::Relaxed),
-            tsc_khz: self.tsc_khz,
+            tsc_khz: self.times.tsc_khz,
             symbols: self.plan.image.source.clone(),
             lost: if lost.iter().any(|&l| l > 0) {
                 lost
@@ -314,11 +314,11 @@ impl Tracer {
             incomplete: false,
             // The run report has them; the caller adds them.
             guest_instructions_emulated: None,
-            unfinished: self.exitless.as_ref().map_or(0, |ex| ex.unfinished()),
+            unfinished: self.reach.exitless().map_or(0, |ex| ex.unfinished()),
             vmm: self.vmm.clone(),
             tasks: self.tasks_note(),
             filtered: c.filtered.load(Ordering::Relaxed)
-                + self.exitless.as_ref().map_or(0, |ex| ex.filtered()),
+                + self.reach.exitless().map_or(0, |ex| ex.filtered()),
             args: self.plan.values.args,
             retval: self.plan.values.retval,
             stacks: self
@@ -343,13 +343,13 @@ impl Tracer {
             events: Vec::new(),
             // Every task seen so far: a data file's HEAD and FOOT save those
             // its events did not name yet.
-            tasks: self.task_table.all(),
+            tasks: self.tables.tasks.all(),
             // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
             prototypes: self.prototypes.clone(),
             // Every stack so far: in memory the trace's; a data file's
             // FOOT saves those its events did not name yet.
-            stacks: self.stack_table.all(),
+            stacks: self.tables.stacks.all(),
         }
     }
 

@@ -195,7 +195,7 @@ fn an_exitless_attach_waits_for_alternatives_then_attaches() {
         // Every site of the mini guest after boot (its init text aside).
         assert_eq!(counts.patched, 30);
     }
-    let ret = tracer.exitless.as_ref().unwrap().plan().ret();
+    let ret = tracer.reach.exitless().unwrap().plan().ret();
     assert_eq!(ret.thunk, Some(thunk));
     let mem = running.memory().clone();
     running.request_stop(vmm::StopReason::Requested);

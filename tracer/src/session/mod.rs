@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 use vmm::GuestRam;
 
 use vm_memory::GuestAddress;
@@ -22,6 +21,7 @@ use equip::{boxed, equip, stack_source, task_source};
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
 use exitless::state::{Exitless, ExitlessError, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
+use reach::{DirectState, Reach, Times};
 use record::GraphHook;
 use shadow::ShadowStacks;
 use stacks::StackSource;
@@ -38,6 +38,7 @@ mod finish;
 #[cfg(test)]
 mod kvm_tests;
 pub mod patch;
+mod reach;
 mod ready;
 pub mod record;
 pub mod region;
@@ -82,26 +83,11 @@ pub struct Tracer {
     pub attach_counts: AttachCounts,
     /// All detaches of this session, added up.
     pub detached: DetachCounts,
-    attach_ns: u64,
-    detach_ns: u64,
-    attach_window: Duration,
-    attach_latency: Duration,
-    /// Exitless mode's trampoline, rings and drainer; None in trap mode.
-    exitless: Option<Exitless>,
-    /// Trap mode's return hooks (function graph).
-    graph_hook: Option<Arc<GraphHook>>,
-    /// The return trap is in guest memory (trap-mode function graph).
-    return_trap_installed: bool,
+    times: Times,
+    /// How calls reach vmtrace, with what only that mode has.
+    reach: Reach,
     /// Direct entries' sites and stubs (None: ftrace sites).
-    direct: Option<direct::DirectSites>,
-    /// Attaches so far that found a guest context inside a direct site.
-    direct_busy_waits: u32,
-    /// The last direct attach: sites whose text had changed, sites left
-    /// out because a context stayed inside them, runnable tasks' stacks
-    /// checked.
-    direct_counts: (usize, usize, usize),
-    /// The guest TSC's rate, read at attach (0 until then).
-    tsc_khz: u64,
+    direct: Option<DirectState>,
     /// Where the kernel runs relative to its vmlinux (KASLR), found at the
     /// first attach attempt that could tell.
     offset: Option<KernelOffset>,
@@ -111,18 +97,19 @@ pub struct Tracer {
     tasks: Option<Arc<TaskSource>>,
     /// How `--stack` calls unwind (None: no stacks recorded).
     stacks: Option<Arc<StackSource>>,
-    /// The guest tasks events name, shared with the store
-    /// (`store::Store::tasks`).
-    task_table: Arc<tasks::TaskTable>,
-    /// The arguments entries name, shared with the store
-    /// (`store::Store::args`).
-    arg_table: Arc<args::ArgTable>,
-    /// The kernel stacks entries name, shared with the store
-    /// (`store::Store::stacks`).
-    stack_table: Arc<stacks::StackTable>,
+    /// The guest tasks, arguments and kernel stacks events name, shared
+    /// with the store (`store::Store::tasks`, `args`, `stacks`).
+    tables: Tables,
     /// The traced functions' prototypes when values are recorded
     /// (`Plan::prototypes`, looked up once).
     prototypes: Vec<Option<crate::trace::model::Prototype>>,
+}
+
+/// The tables events name, shared with the store.
+struct Tables {
+    tasks: Arc<tasks::TaskTable>,
+    args: Arc<args::ArgTable>,
+    stacks: Arc<stacks::StackTable>,
 }
 
 impl Tracer {
@@ -176,10 +163,10 @@ impl Tracer {
         equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
         let tables = (table, args, store.stacks());
-        let mut t = Tracer::assemble(plan, counters, store.thread, false, tables);
+        let reach = Reach::Exitless(Box::new(ex));
+        let mut t = Tracer::assemble(plan, counters, store.thread, false, tables, reach);
         t.tasks = tasks;
         t.stacks = stacks;
-        t.exitless = Some(ex);
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
         Ok((t, boxed(recs)))
@@ -211,10 +198,13 @@ impl Tracer {
         equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
         let tables = (table, args, store.stacks());
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables);
+        let reach = Reach::Trap {
+            graph: hook,
+            return_trap_in: false,
+        };
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables, reach);
         t.tasks = tasks;
         t.stacks = stacks;
-        t.graph_hook = hook;
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
         (t, boxed(recs))
@@ -238,12 +228,11 @@ impl Tracer {
             Arc<args::ArgTable>,
             Arc<stacks::StackTable>,
         ),
+        reach: Reach,
     ) -> Tracer {
         Tracer {
             prototypes: plan.prototypes(),
-            direct: direct::DirectSites::of(&plan),
-            direct_busy_waits: 0,
-            direct_counts: (0, 0, 0),
+            direct: direct::DirectSites::of(&plan).map(DirectState::new),
             plan,
             counters,
             store: Some(store),
@@ -251,21 +240,17 @@ impl Tracer {
             patched: Vec::new(),
             attach_counts: AttachCounts::default(),
             detached: DetachCounts::default(),
-            attach_ns: 0,
-            detach_ns: 0,
-            attach_window: Duration::ZERO,
-            attach_latency: Duration::ZERO,
-            exitless: None,
-            graph_hook: None,
-            return_trap_installed: false,
-            tsc_khz: 0,
+            times: Times::default(),
+            reach,
             offset: None,
             vmm: String::new(),
             tasks: None,
             stacks: None,
-            task_table: tasks,
-            arg_table: args,
-            stack_table: stacks,
+            tables: Tables {
+                tasks,
+                args,
+                stacks,
+            },
         }
     }
 
@@ -299,22 +284,19 @@ impl Tracer {
     /// the task, and of a call a one-pid filter rejects (the bench's
     /// comparisons; `Exitless::task_path_variants`).
     pub fn task_path_variants(&self) -> Option<(usize, usize)> {
-        self.exitless
-            .as_ref()
+        self.reach
+            .exitless()
             .and_then(|ex| ex.plan().task_path_variants().ok().flatten())
     }
 
     /// The exitless trampoline (exitless mode).
     pub fn trampoline(&self) -> Option<&crate::plan::exitless::trampoline::Trampoline> {
-        self.exitless.as_ref().map(|ex| &ex.plan().trampoline)
+        self.reach.exitless().map(|ex| &ex.plan().trampoline)
     }
 
     /// How calls reach vmtrace: "trap" or "exitless" (`Mode::name`).
     pub fn mode_name(&self) -> &'static str {
-        match self.exitless {
-            Some(_) => "exitless",
-            None => "trap",
-        }
+        self.reach.name()
     }
 
     pub fn plan(&self) -> &Plan {
@@ -336,7 +318,7 @@ impl Tracer {
     /// it (`Exitless::stage`). Optional: an attach does it otherwise. Call
     /// it once the guest's memory exists, e.g. right after the VM starts.
     pub fn stage(&mut self, mem: &Arc<dyn GuestRam>) -> Result<(), TracerError> {
-        if let Some(ex) = self.exitless.as_mut() {
+        if let Some(ex) = self.reach.exitless_mut() {
             ex.stage(mem)?;
         }
         Ok(())
@@ -361,7 +343,9 @@ impl Tracer {
         deltas.into_iter().any(|phys| {
             let o = KernelOffset { virt: 0, phys };
             if let Some(direct) = &self.direct {
-                return direct.in_place(mem, &self.plan.image, |a| o.phys_of(a));
+                return direct
+                    .sites
+                    .in_place(mem, &self.plan.image, |a| o.phys_of(a));
             }
             match self.plan.ftrace_enabled {
                 Some(va) => o
@@ -405,7 +389,7 @@ impl Tracer {
         off: KernelOffset,
         gs_bases: &[(usize, u64)],
     ) -> Result<Option<NotReady>, TracerError> {
-        let Some(ex) = self.exitless.as_mut() else {
+        let Some(ex) = self.reach.exitless_mut() else {
             return Ok(None);
         };
         let per_cpu_offset = self
@@ -438,27 +422,28 @@ impl Tracer {
             return Ok(Attach::NotReady(not_ready));
         }
         // Exitless events are dated by the guest's clock: none, no attach.
-        let clock = match self.exitless {
-            Some(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
-            None => None,
+        let clock = match self.reach {
+            Reach::Exitless(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
+            Reach::Trap { .. } => None,
         };
         let (patched, skipped, mapped) = match c.direct {
             Some(d) => {
                 let (p, s, m) = self.write_direct(&mut c.space, c.surveyed, d, paused.ram())?;
-                (p, s, self.exitless.is_some().then_some(m))
+                (p, s, self.reach.exitless().is_some().then_some(m))
             }
             None => self.write_sites(&mut c.space, c.surveyed, paused.ram())?,
         };
+        let direct = self.direct.as_ref().map_or((0, 0, 0), |d| d.counts);
         self.attach_counts = AttachCounts {
             patched: patched.len(),
             skipped_other: skipped,
             exitless: mapped,
-            direct_changed: self.direct_counts.0,
-            direct_busy: self.direct_counts.1,
-            direct_tasks: self.direct_counts.2,
+            direct_changed: direct.0,
+            direct_busy: direct.1,
+            direct_tasks: direct.2,
         };
         self.patched = patched;
-        if let (Some(ex), Some(clock)) = (self.exitless.as_mut(), clock) {
+        if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
             // Task structs are read through the kernel's own tables, as
             // the attach found them (the kernel half every process shares).
             let tasks = self.tasks.as_ref().map(|source| DrainTasks {
@@ -467,7 +452,7 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let values = DrainValues {
-                args: args::ArgSource::new(&self.arg_table, self.plan.arg_sites()),
+                args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites()),
                 retval: self.plan.graph && self.plan.values.retval,
             };
             ex.start_drainer(DrainStart {
@@ -484,10 +469,10 @@ impl Tracer {
 
     /// When and how long the attach's stop was.
     fn attached_at(&mut self, paused: &dyn Stopped) {
-        self.tsc_khz = paused.guest_clock().map_or(0, |c| u64::from(c.tsc_khz));
-        self.attach_ns = vmm::Trap::now_ns();
-        self.attach_window = paused.window();
-        self.attach_latency = paused.latency();
+        self.times.tsc_khz = paused.guest_clock().map_or(0, |c| u64::from(c.tsc_khz));
+        self.times.attach_ns = vmm::Trap::now_ns();
+        self.times.attach_window = paused.window();
+        self.times.attach_latency = paused.latency();
     }
 
     /// What an attach checks under `paused` before it writes anything:
@@ -576,7 +561,7 @@ impl Tracer {
 
     /// Hooked frames still waiting for their return (trap-mode graph).
     pub fn frames_live(&self) -> usize {
-        self.graph_hook.as_ref().map_or(0, |h| h.shadow.live())
+        self.reach.graph_hook().map_or(0, |h| h.shadow.live())
     }
 
     /// Restore every patched site. The guest is paused or stopped.
@@ -586,7 +571,7 @@ impl Tracer {
         self.patched.clear();
         self.detached.restored += c.restored;
         self.detached.changed += c.changed;
-        self.detach_ns = vmm::Trap::now_ns();
+        self.times.detach_ns = vmm::Trap::now_ns();
         Ok(c)
     }
 }

@@ -39,7 +39,7 @@ impl Tracer {
     /// Put the exitless region in `pages` instead of vmtrace's own slot.
     /// Before the first attach; nothing in trap mode.
     pub fn back_region(&mut self, pages: Arc<Mutex<RegionPages>>) {
-        if let Some(ex) = self.exitless.as_mut() {
+        if let Some(ex) = self.reach.exitless_mut() {
             ex.back_region(pages);
         }
     }
@@ -57,7 +57,7 @@ impl Tracer {
         &mut self,
         stopped: &dyn Stopped,
     ) -> Result<Result<usize, Busy>, TracerError> {
-        let Some(ex) = self.exitless.as_mut() else {
+        let Some(ex) = self.reach.exitless_mut() else {
             return Ok(Ok(0));
         };
         for cpu in 0..stopped.cpus() {

@@ -43,10 +43,10 @@ impl Tracer {
     /// its offsets, its ftrace_init finished, each site read. Writes
     /// nothing. Trap mode without the function graph only.
     pub fn watch_sites(&mut self, paused: &dyn Stopped) -> Result<Watch, WatchError> {
-        if self.exitless.is_some() {
+        if self.reach.exitless().is_some() {
             return Err(WatchError::Exitless);
         }
-        if self.graph_hook.is_some() {
+        if self.reach.graph_hook().is_some() {
             return Err(WatchError::Graph);
         }
         if self.direct.is_some() {
@@ -79,7 +79,7 @@ impl Tracer {
             changed: 0,
         };
         self.detached.restored += removed;
-        self.detach_ns = vmm::Trap::now_ns();
+        self.times.detach_ns = vmm::Trap::now_ns();
         c
     }
 }

@@ -11,6 +11,7 @@ use vmm::GuestRam;
 use super::exitless::map::Mapped;
 use super::exitless::state::{Exitless, ExitlessError};
 use super::patch::{self, PatchError, PatchedSite};
+use super::reach::Reach;
 use super::Tracer;
 use crate::error::TracerError;
 use crate::plan::exitless::layout::{CODE_GPA, RETURN_TRAP_OFF};
@@ -26,7 +27,7 @@ impl Tracer {
         surveyed: patch::Surveyed,
         ram: &Arc<dyn GuestRam>,
     ) -> Result<(Vec<PatchedSite>, usize, Option<Mapped>), TracerError> {
-        if let Some(ex) = self.exitless.as_mut() {
+        if let Some(ex) = self.reach.exitless_mut() {
             let mapped = ex.install(space, ram)?;
             let ex: &Exitless = ex;
             let stacks = self.stacks.as_deref();
@@ -43,7 +44,7 @@ impl Tracer {
             })?;
             return Ok((sites, skipped, Some(mapped)));
         }
-        let mapped = match self.graph_hook.is_some() {
+        let mapped = match self.reach.graph_hook().is_some() {
             true => Some(self.install_code_page(space)?),
             false => None,
         };
@@ -61,7 +62,11 @@ impl Tracer {
         space: &mut AddressSpace<'_>,
     ) -> Result<crate::session::exitless::map::Mapped, TracerError> {
         let mapped = crate::session::exitless::map::map(space).map_err(ExitlessError::from)?;
-        if self.graph_hook.is_some() && !self.return_trap_installed {
+        if let Reach::Trap {
+            graph: Some(_),
+            return_trap_in: in_guest @ false,
+        } = &mut self.reach
+        {
             space
                 .memory()
                 .write_slice(
@@ -69,7 +74,7 @@ impl Tracer {
                     GuestAddress(CODE_GPA + RETURN_TRAP_OFF),
                 )
                 .map_err(|e| ExitlessError::Memory(e.to_string()))?;
-            self.return_trap_installed = true;
+            *in_guest = true;
         }
         Ok(mapped)
     }

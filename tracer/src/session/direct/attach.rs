@@ -39,8 +39,8 @@ impl Tracer {
     ) -> Result<Result<(Surveyed, DirectChecked), NotReady>, TracerError> {
         let (fentry, calls) = self.call_sites(off);
         let wait = calls == patch::CallSites::Wait;
-        let direct = self.direct.as_ref().expect("a direct tracer");
-        let (surveyed, ready, changed) = match direct.survey(space, off.virt, fentry, wait)? {
+        let direct = self.direct.as_mut().expect("a direct tracer");
+        let (surveyed, ready, changed) = match direct.sites.survey(space, off.virt, fentry, wait)? {
             DirectSurvey::CallSites { calls, first } => {
                 return Ok(Err(NotReady::CallSites { calls, first }))
             }
@@ -67,17 +67,17 @@ impl Tracer {
             None => Vec::new(),
             Some(list) => match contexts::preempted_stacks(space, &list, off.virt) {
                 Ok(sps) => sps,
-                Err(e) if self.direct_busy_waits < MAX_BUSY_WAITS => {
-                    self.direct_busy_waits += 1;
+                Err(e) if direct.busy_waits < MAX_BUSY_WAITS => {
+                    direct.busy_waits += 1;
                     return Ok(Err(NotReady::DirectTasks { why: e.to_string() }));
                 }
                 Err(e) => return Err(PatchError::TaskWalk(e.to_string()).into()),
             },
         };
-        let busy = contexts::find(space, &direct.ranges(off.virt), &vcpus, &stacks);
+        let busy = contexts::find(space, &direct.sites.ranges(off.virt), &vcpus, &stacks);
         if let Some(b) = busy.first() {
-            if self.direct_busy_waits < MAX_BUSY_WAITS {
-                self.direct_busy_waits += 1;
+            if direct.busy_waits < MAX_BUSY_WAITS {
+                direct.busy_waits += 1;
                 return Ok(Err(NotReady::DirectBusy {
                     sites: busy.len(),
                     who: match b.cpu {
@@ -94,7 +94,7 @@ impl Tracer {
             .into_iter()
             .filter(|r| !busy_sites.contains(&r.k))
             .collect();
-        self.direct_counts = (changed, busy_sites.len(), stacks.len());
+        direct.counts = (changed, busy_sites.len(), stacks.len());
         Ok(Ok((surveyed, DirectChecked { ready })))
     }
 
@@ -107,13 +107,13 @@ impl Tracer {
         checked: DirectChecked,
         ram: &Arc<dyn GuestRam>,
     ) -> Result<(Vec<PatchedSite>, usize, Mapped), TracerError> {
-        let mapped = match self.exitless.as_mut() {
+        let mapped = match self.reach.exitless_mut() {
             Some(ex) => ex.install(space, ram)?,
             None => self.install_code_page(space)?,
         };
-        let direct = self.direct.as_ref().expect("a direct tracer");
+        let direct = &self.direct.as_ref().expect("a direct tracer").sites;
         let stacks = self.stacks.as_deref();
-        let ex = self.exitless.as_ref();
+        let ex = self.reach.exitless();
         let head = |k: usize| match ex {
             // A `--stack` call traps: its stack is unwound host-side.
             Some(ex) if !stacks.is_some_and(|s| s.at(k)) => {
