@@ -187,3 +187,161 @@ fn in_guest_pages(
     code.set_ring_records(cap)?;
     Ok(code)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::symbols::KernelImage;
+    use crate::plan::build::Request;
+
+    /// A plan of the mini guest's `hrtimer_*` on 2 CPUs, as asked.
+    fn plan(asked: ModeChoice, graph: bool, stack: bool) -> Option<TracePlan> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+        if !path.is_file() {
+            eprintln!("SKIPPED: {} is not built", path.display());
+            return None;
+        }
+        let req = Request {
+            trace: vec!["hrtimer_*".into()],
+            notrace: Vec::new(),
+            graph,
+            mode: asked,
+            ring_events: None,
+            cpus: 2,
+            emulator_host: false,
+            linux: true,
+            pids: Vec::new(),
+            comm: None,
+            args: Vec::new(),
+            retval: false,
+            stack: match stack {
+                true => vec!["hrtimer_interrupt".into()],
+                false => Vec::new(),
+            },
+            entry: Default::default(),
+        };
+        Some(TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap())
+    }
+
+    /// The guest's own reason, and whether auto mode falls back on it.
+    #[derive(Debug)]
+    struct Why(&'static str, bool);
+    impl std::fmt::Display for Why {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    fn decided(p: &TracePlan, room: Result<Room<()>, Why>) -> Result<Decision<()>, Refused<Why>> {
+        decide(p, 2, || room, |w: &Why| w.1)
+    }
+
+    const PAGES: usize = 256;
+    fn pages(n: usize) -> Result<Room<()>, Why> {
+        Ok(Room {
+            pages: n,
+            found: (),
+        })
+    }
+
+    #[test]
+    fn exitless_code_is_sized_to_the_guests_free_pages() {
+        let Some(p) = plan(ModeChoice::Auto, false, false) else {
+            return;
+        };
+        let Ok(Decision::Exitless(code, ())) = decided(&p, pages(PAGES)) else {
+            panic!("no exitless decision")
+        };
+        let l = code.layout();
+        // Every ring with its records fits what the code and tables leave.
+        let left = (PAGES - TABLE_SLOTS - code.code_pages()) as u64 * PAGE;
+        assert!(l.cpus as u64 * l.ring_bytes <= left, "{l:?}");
+        assert!(l.cap.is_power_of_two() && l.cap >= MIN_RECORDS);
+        // Twice the records would not fit.
+        let twice = RingLayout::with_args(2, l.sites, Some(l.cap * 2), false, false).unwrap();
+        assert!(2 * twice.ring_bytes > left, "{twice:?}");
+        // Too few pages: auto traps, saying why; exitless asked is refused.
+        let Ok(Decision::Trap { why: Some(why) }) = decided(&p, pages(TABLE_SLOTS + 1)) else {
+            panic!("auto did not fall back")
+        };
+        assert!(
+            why.contains("KiB of guest memory the guest leaves unused"),
+            "{why}"
+        );
+        let p = plan(ModeChoice::Exitless, false, false).unwrap();
+        let e = decided(&p, pages(TABLE_SLOTS + 1)).unwrap_err();
+        assert!(matches!(
+            e,
+            Refused::Plan(AttachModeError::RingsTooBig { .. })
+        ));
+    }
+
+    #[test]
+    fn auto_falls_back_where_the_guest_says_it_may_and_no_further() {
+        let Some(auto) = plan(ModeChoice::Auto, false, false) else {
+            return;
+        };
+        let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, Err(Why("no room", true)))
+        else {
+            panic!("auto did not fall back")
+        };
+        assert_eq!(why, "no room");
+        // A reason without a fallback (a guest still booting) is said.
+        assert!(matches!(
+            decided(&auto, Err(Why("booting", false))),
+            Err(Refused::Room(Why("booting", false)))
+        ));
+        // Exitless asked: no fallback.
+        let exitless = plan(ModeChoice::Exitless, false, false).unwrap();
+        assert!(matches!(
+            decided(&exitless, Err(Why("no room", true))),
+            Err(Refused::Room(_))
+        ));
+        // Trap asked: the guest is not even looked at.
+        let trap = plan(ModeChoice::Trap, false, false).unwrap();
+        let d = decide(
+            &trap,
+            2,
+            || -> Result<Room<()>, Why> { panic!("looked") },
+            |_| true,
+        );
+        assert!(matches!(d, Ok(Decision::Trap { why: None })));
+    }
+
+    #[test]
+    fn stacks_trap_and_the_graph_needs_room() {
+        let Some(auto) = plan(ModeChoice::Auto, false, true) else {
+            return;
+        };
+        let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, pages(PAGES)) else {
+            panic!("stacks in auto mode did not trap")
+        };
+        assert_eq!(why, STACKS_AT_BREAKPOINTS);
+        let exitless = plan(ModeChoice::Exitless, false, true).unwrap();
+        let Err(Refused::Plan(e)) = decided(&exitless, pages(PAGES)) else {
+            panic!("stacks in exitless mode were planned")
+        };
+        assert_eq!(
+            e.to_string(),
+            "kernel stacks are unwound while a breakpoint holds the guest, and exitless calls \
+             never stop it; trace in trap mode"
+        );
+        // The graph: refused before any stop in trap mode, and where auto
+        // falls back, with the fallback's reason.
+        let trap = plan(ModeChoice::Trap, true, false).unwrap();
+        let e = check_early(&trap).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "the function graph needs vmtrace's code in guest memory, and {TRAP_WRITES_NONE}: \
+                 trace without the function graph"
+            )
+        );
+        let auto = plan(ModeChoice::Auto, true, false).unwrap();
+        assert!(check_early(&auto).is_ok());
+        let Err(Refused::Plan(e)) = decided(&auto, Err(Why("no room", true))) else {
+            panic!("the graph in trap mode was planned")
+        };
+        assert!(e.to_string().contains("and no room: trace without"), "{e}");
+    }
+}
