@@ -8,6 +8,7 @@
 
 pub mod breakpoints;
 pub mod clock;
+mod drive;
 pub mod error;
 pub mod gdb;
 pub mod guest;

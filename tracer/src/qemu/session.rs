@@ -5,13 +5,13 @@
 //! its pages, the gdbstub), leaving the guest running as found.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vmm::Stopped;
 
-use super::breakpoints::{self, Breakpoints};
+use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
@@ -23,13 +23,12 @@ use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
-use crate::plan::exitless::ExitlessPlan;
 use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
+use crate::session::backend::{self, Patience, TraceEnd, Waited};
 use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::patch::DetachCounts;
-use crate::session::watch::Watch;
 use crate::session::Saved;
-use crate::session::{Attach, Recording, Tracer};
+use crate::session::{Observer, Recording, Tracer};
 use crate::trace::datafile::TraceFileError;
 use crate::trace::model::Trace;
 
@@ -73,13 +72,6 @@ impl std::fmt::Display for QemuInfo {
             self.qmp.display()
         )
     }
-}
-
-/// Where the gdbstub is: one vmtrace opened through QMP (and closes at
-/// the end), or one the user gave.
-enum Stub {
-    Opened(PathBuf),
-    Given,
 }
 
 /// A QEMU whose monitor answered: what it is and where its RAM is. The
@@ -202,24 +194,13 @@ fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
     }
 }
 
-/// How a QEMU session traces.
-enum Backend {
-    /// vmtrace's region in the guest's free low memory.
-    Exitless { pages: Arc<Mutex<RegionPages>> },
-    /// Breakpoints through the stub.
-    Trap(Breakpoints),
-}
-
 /// A QEMU being traced.
 pub struct QemuSession {
-    qmp: Qmp,
-    guest: QemuGuest,
-    stub: Stub,
+    vm: QemuVm,
     tracer: Tracer,
     pub info: QemuInfo,
     /// The free low memory exitless mode uses (None in trap mode).
     pub low: Option<LowMemory>,
-    backend: Backend,
     /// Why trap mode was chosen where exitless was possible to ask for.
     pub fallback: Option<String>,
     kernel: PathBuf,
@@ -244,23 +225,31 @@ impl Connected {
             gdb,
             info,
         } = self;
-        let (mut guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
+        let (guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
         let kernel = rec.kernel.clone();
-        match setup(&mut guest, plan, rec) {
+        let mut vm = QemuVm {
+            qmp,
+            guest,
+            stub,
+            // Set at the first stop (`setup`).
+            arming: Arming::Trap {
+                handlers: None,
+                breakpoints: None,
+            },
+            tracing: false,
+        };
+        match setup(&mut vm, plan, rec) {
             Ok(set) => Ok(QemuSession {
-                qmp,
-                guest,
-                stub,
+                vm,
                 tracer: set.tracer,
                 info,
                 low: set.low,
-                backend: set.backend,
                 fallback: set.fallback,
                 kernel,
             }),
             Err(e) => {
-                let _ = guest.release();
-                close_stub(&mut qmp, &stub);
+                let _ = vm.guest.release();
+                close_stub(&mut vm.qmp, &vm.stub);
                 Err(e)
             }
         }
@@ -271,13 +260,12 @@ impl Connected {
 struct Setup {
     tracer: Tracer,
     low: Option<LowMemory>,
-    backend: Backend,
     fallback: Option<String>,
 }
 
-fn setup(guest: &mut QemuGuest, plan: TracePlan, rec: Recording) -> Result<Setup, QemuError> {
+fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, QemuError> {
     // Stopped since the stub connected.
-    let first = guest.stop(true)?;
+    let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
     let decided = attach_mode::decide(
         &plan,
@@ -296,103 +284,59 @@ fn setup(guest: &mut QemuGuest, plan: TracePlan, rec: Recording) -> Result<Setup
         }
     };
     first.resume()?;
-    let plan = plan.plan;
-    match decided {
-        Decision::Exitless(code, found) => {
-            let low = found.low.clone();
-            let (tracer, pages) = setup_exitless(guest, plan, *code, rec, found, offset)?;
-            Ok(Setup {
-                tracer,
-                low: Some(low),
-                backend: Backend::Exitless { pages },
-                fallback: None,
-            })
+    let cpus = vm.guest.cpus();
+    let (tracer, low, fallback) = match decided {
+        Decision::Exitless(code, room) => {
+            let mode = Mode::Exitless(code);
+            let (mut tracer, _no_traps) = Tracer::create(plan.plan, cpus, mode, rec)?;
+            tracer.assume_kernel_offset(offset);
+            let low = room.low.clone();
+            exitless_region(vm, &mut tracer, room)?;
+            (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
-            let (tracer, b) = setup_trap(guest, plan, rec, offset)?;
-            Ok(Setup {
-                tracer,
-                low: None,
-                backend: Backend::Trap(b),
-                fallback: why,
-            })
+            let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
+            tracer.assume_kernel_offset(offset);
+            vm.arming = Arming::Trap {
+                handlers: Some(handlers),
+                breakpoints: None,
+            };
+            (tracer, None, why)
         }
+    };
+    let mut tracer = tracer;
+    let patience = Patience {
+        step: RETRY,
+        attempts: Some(ATTEMPTS),
+    };
+    match backend::attach(&mut tracer, vm, patience, &mut Quiet)? {
+        Waited::Attached(_) => Ok(Setup {
+            tracer,
+            low,
+            fallback,
+        }),
+        Waited::GaveUp(last) => Err(QemuError::NotReady(
+            last.map(|w| w.to_string()).unwrap_or_default(),
+        )),
+        // (The stub's waits end nothing before the attach.)
+        Waited::Ended(end) => Err(QemuError::NotReady(EndReason::from(end).to_string())),
     }
 }
 
-fn setup_exitless(
-    guest: &mut QemuGuest,
-    plan: Plan,
-    code: ExitlessPlan,
-    rec: Recording,
-    room: FreeRoom,
-    offset: KernelOffset,
-) -> Result<(Tracer, Arc<Mutex<RegionPages>>), QemuError> {
-    let cpus = guest.cpus();
+/// Exitless mode's region in the guest's free pages, its rings, tables and
+/// pool written while the guest runs (unmapped until the attach): the
+/// attach's stop then only writes the code, the mapping and the sites.
+fn exitless_region(vm: &mut QemuVm, tracer: &mut Tracer, room: FreeRoom) -> Result<(), QemuError> {
     let pages = Arc::new(Mutex::new(RegionPages::new(room.low.pages)));
-    let mode = Mode::Exitless(Box::new(code));
-    let (mut tracer, _no_traps) = Tracer::create(plan, cpus, mode, rec)?;
-    tracer.assume_kernel_offset(offset);
     tracer.back_region(Arc::clone(&pages));
-    guest.set_view(Arc::new(Backed::new(guest.ram(), Arc::clone(&pages))));
-    guest.set_clock(ClockSource {
+    vm.guest
+        .set_view(Arc::new(Backed::new(vm.guest.ram(), Arc::clone(&pages))));
+    vm.guest.set_clock(ClockSource {
         tsc_khz: room.tsc_khz,
     });
-    // Rings, tables and pool written while the guest runs (its free pages,
-    // unmapped until the attach): the attach's stop then only writes the
-    // code, the mapping and the sites.
-    tracer.stage(guest.view())?;
-    let mut last = String::new();
-    for _ in 0..ATTEMPTS {
-        let stop = guest.stop(false)?;
-        match tracer.attach(&stop) {
-            Ok(Attach::Attached(_)) => {
-                stop.resume()?;
-                return Ok((tracer, pages));
-            }
-            Ok(Attach::NotReady(why)) => last = why.to_string(),
-            Err(e) => {
-                // Whatever was written comes out before the error is said.
-                let _ = tracer.detach(&**stop.ram());
-                return Err(e.into());
-            }
-        }
-        stop.resume()?;
-        std::thread::sleep(RETRY);
-    }
-    Err(QemuError::NotReady(last))
-}
-
-/// Trap mode: the sites checked (nothing written), a breakpoint at each,
-/// in one stop, retrying while the guest is not ready.
-fn setup_trap(
-    guest: &mut QemuGuest,
-    plan: Plan,
-    rec: Recording,
-    offset: KernelOffset,
-) -> Result<(Tracer, Breakpoints), QemuError> {
-    let (mut tracer, handlers) = Tracer::create(plan, guest.cpus(), Mode::Trap, rec)?;
-    tracer.assume_kernel_offset(offset);
-    let mut handlers = Some(handlers);
-    let mut last = String::new();
-    for _ in 0..ATTEMPTS {
-        let stop = guest.stop(false)?;
-        match tracer.watch_sites(&stop)? {
-            Watch::Ready { sites, others } => {
-                let hs = handlers.take().unwrap_or_default();
-                let mut b = breakpoints::watch(&mut tracer, &stop, &sites, others, hs)?;
-                if let Err(e) = stop.resume() {
-                    b.finish();
-                    return Err(e.into());
-                }
-                return Ok((tracer, b));
-            }
-            Watch::NotReady(why) => last = why.to_string(),
-        }
-        stop.resume()?;
-        std::thread::sleep(RETRY);
-    }
-    Err(QemuError::NotReady(last))
+    vm.arming = Arming::Exitless { pages };
+    tracer.stage(vm.guest.view())?;
+    Ok(())
 }
 
 /// How a QEMU session ended.
@@ -427,6 +371,24 @@ pub enum EndReason {
     Done,
 }
 
+impl From<TraceEnd> for EndReason {
+    fn from(end: TraceEnd) -> EndReason {
+        match end {
+            TraceEnd::Duration => EndReason::Duration,
+            TraceEnd::Signal(sig) => EndReason::Signal(sig),
+            // A QEMU's guest never stops on its own: its monitor goes.
+            TraceEnd::GuestStopped => EndReason::QemuGone("the guest stopped".into()),
+            TraceEnd::VmmGone(why) => EndReason::QemuGone(why),
+            TraceEnd::Stub(why) => EndReason::Stub(why),
+            TraceEnd::Done => EndReason::Done,
+        }
+    }
+}
+
+/// The QEMU session tells no front end how it goes (`Observer`'s defaults).
+struct Quiet;
+impl Observer for Quiet {}
+
 impl std::fmt::Display for EndReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -457,38 +419,7 @@ impl QemuSession {
     /// `trace`, also until `done` is set (by another thread: e.g. one that
     /// drives the guest's workload while this one serves its hits).
     pub fn trace_until(&mut self, duration: Option<Duration>, done: &AtomicBool) -> EndReason {
-        let start = Instant::now();
-        let mut looked = Instant::now();
-        loop {
-            if let Some(sig) = vmm::run::take_terminate_signal() {
-                return EndReason::Signal(sig);
-            }
-            if done.load(Ordering::Acquire) {
-                return EndReason::Done;
-            }
-            if duration.is_some_and(|d| start.elapsed() >= d) {
-                return EndReason::Duration;
-            }
-            match &mut self.backend {
-                Backend::Exitless { .. } => std::thread::sleep(POLL),
-                Backend::Trap(b) => match b.serve(&self.guest, POLL) {
-                    // Hits keep coming: QMP is asked every POLL, not
-                    // every hit.
-                    Ok(true) if looked.elapsed() < POLL => continue,
-                    Ok(_) => {}
-                    Err(e) => {
-                        return match self.qmp.status() {
-                            Err(gone) => EndReason::QemuGone(gone.to_string()),
-                            Ok(_) => EndReason::Stub(e.to_string()),
-                        }
-                    }
-                },
-            }
-            if let Err(e) = self.qmp.status() {
-                return EndReason::QemuGone(e.to_string());
-            }
-            looked = Instant::now();
-        }
+        backend::trace(&self.tracer, &mut self.vm, duration, done, POLL, &mut Quiet).into()
     }
 
     /// Detach inside one stop, drain, take vmtrace's region out inside
@@ -497,7 +428,7 @@ impl QemuSession {
     /// close the stub vmtrace opened, and finish the trace.
     pub fn end(mut self, reason: &EndReason) -> QemuEnded {
         let gone = matches!(reason, EndReason::QemuGone(_));
-        let trap = matches!(self.backend, Backend::Trap(_));
+        let trap = matches!(self.vm.arming, Arming::Trap { .. });
         let detached = match (gone, trap) {
             (true, _) => Err(QemuError::NotTraceable("the QEMU is gone".into())),
             (false, false) => self.detach_sites(),
@@ -509,11 +440,15 @@ impl QemuSession {
             (false, true) => Ok(0),
             (false, false) => self.remove_region(detached.is_ok()),
         };
-        if let Backend::Trap(b) = &mut self.backend {
+        if let Arming::Trap {
+            breakpoints: Some(b),
+            ..
+        } = &mut self.vm.arming
+        {
             // The store ends once every recorder is gone.
             b.finish();
         }
-        close_stub(&mut self.qmp, &self.stub);
+        close_stub(&mut self.vm.qmp, &self.vm.stub);
         let attached = self.tracer.attach_counts.patched;
         let (summary, saved) = self
             .tracer
@@ -532,21 +467,26 @@ impl QemuSession {
     /// Trap mode's detach: in one stop, record a hit that came just
     /// before it, remove every breakpoint, and hand the guest back.
     fn remove_breakpoints(&mut self) -> Result<DetachCounts, QemuError> {
-        let Backend::Trap(b) = &mut self.backend else {
+        let vm = &mut self.vm;
+        let Arming::Trap {
+            breakpoints: Some(b),
+            ..
+        } = &mut vm.arming
+        else {
             return Ok(DetachCounts::default());
         };
         // Only the reply of the stop below counts.
-        let _ = self.guest.take_last_stop();
-        let stop = self.guest.stop(false)?;
-        let last = self.guest.take_last_stop();
-        let n = b.remove(&self.guest, &stop, last)?;
+        let _ = vm.guest.take_last_stop();
+        let stop = vm.guest.stop(false)?;
+        let last = vm.guest.take_last_stop();
+        let n = b.remove(&vm.guest, &stop, last)?;
         let c = self.tracer.unwatched(n);
         stop.detach()?;
         Ok(c)
     }
 
     fn detach_sites(&mut self) -> Result<DetachCounts, QemuError> {
-        let stop = self.guest.stop(false)?;
+        let stop = self.vm.guest.stop(false)?;
         let c = self.tracer.detach(&**stop.ram())?;
         stop.resume()?;
         Ok(c)
@@ -561,7 +501,7 @@ impl QemuSession {
     fn remove_region(&mut self, sites_out: bool) -> Result<usize, String> {
         for attempt in 1..=ATTEMPTS {
             std::thread::sleep(GRACE);
-            let stop = self.guest.stop(false).map_err(|e| e.to_string())?;
+            let stop = self.vm.guest.stop(false).map_err(|e| e.to_string())?;
             let removed = match sites_out {
                 true => self.tracer.remove_region(&stop),
                 false => {
@@ -590,11 +530,11 @@ impl QemuSession {
     /// Pages of the guest's free memory vmtrace's region used, of all
     /// (None in trap mode).
     pub fn region_pages(&self) -> Option<(usize, usize)> {
-        match &self.backend {
-            Backend::Exitless { pages } => {
+        match &self.vm.arming {
+            Arming::Exitless { pages } => {
                 Some(pages.lock().unwrap_or_else(|e| e.into_inner()).used())
             }
-            Backend::Trap(_) => None,
+            Arming::Trap { .. } => None,
         }
     }
 }

@@ -5,9 +5,9 @@
 //! duration ends (then detach under a pause first), and end: stop the
 //! guest, restore every site whatever happened, drain, and close the trace.
 //!
-//! The guest here is vmtrace's own VMM (`vmm::Running`): a second backend
-//! (a QEMU guest attached through its monitor) gives the same pause, memory
-//! and stop operations to the same driver. The bench's measurements that
+//! The guest here is vmtrace's own VMM (`vmm::Running`); a QEMU guest
+//! attached through its monitor (`crate::qemu::session`) runs through the
+//! same loops (`backend`), the two differing only in their `Backend`. The bench's measurements that
 //! set one tracer against another on one guest drive both tracers
 //! themselves: a session has one.
 //!
@@ -16,16 +16,18 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vmm::GuestRam;
 
 use vmm::advice::{Advice, Words};
 use vmm::boot::Protocol;
 use vmm::{RunReport, Running, StopReason, Stopped, TrapHandler, Vm};
 
-use super::patch::{AttachCounts, DetachCounts};
-use super::{Attach, NotReady, Progress, Recording, Saved, Tracer};
+use super::backend::{self, Attached, Backend, Observer, Patience, TraceEnd, Waited};
+use super::patch::DetachCounts;
+use super::{Attach, NotReady, Recording, Saved, Tracer};
 use crate::error::TracerError;
 use crate::plan::TracePlan;
 use crate::trace::datafile::TraceFileError;
@@ -45,29 +47,6 @@ pub enum SessionError {
     Restore(TracerError),
     #[error("cannot start the guest: {0}")]
     Start(vmm::VmError),
-}
-
-/// What the driver tells its front end while it runs; every method has a
-/// default that does nothing.
-pub trait Observer {
-    /// The guest is booting and not ready yet (called every [`POLL`]).
-    fn waiting(&mut self, _since_start: Duration) {}
-    /// The attach happened.
-    fn attached(&mut self, _attached: &Attached, _tracer: &Tracer) {}
-    /// Tracing (called every [`POLL`]); `left`: of the duration, if any.
-    fn tracing(&mut self, _progress: &Progress, _elapsed: Duration, _left: Option<Duration>) {}
-}
-
-/// What an attach did and found.
-#[derive(Clone, Debug)]
-pub struct Attached {
-    pub counts: AttachCounts,
-    /// How long every vCPU stood still, and how long stopping them took.
-    pub window: Duration,
-    pub latency: Duration,
-    /// Attempts that found the guest not ready, and the last one's reason.
-    pub retries: u32,
-    pub last_not_ready: Option<NotReady>,
 }
 
 /// How the guest starts.
@@ -111,11 +90,17 @@ pub struct Session {
 /// What a session holds while it runs.
 struct Live {
     tracer: Tracer,
-    running: Running,
+    vm: OwnVm,
     mem: Arc<dyn GuestRam>,
+    kernel: PathBuf,
+}
+
+/// vmtrace's own VMM running the guest, as the driver's loops see it
+/// (`backend::Backend`).
+struct OwnVm {
+    running: Running,
     /// The guest does not patch its own sites (direct boot): attach at once.
     attach_now: bool,
-    kernel: PathBuf,
 }
 
 impl Session {
@@ -163,9 +148,11 @@ impl Session {
         Ok(Session {
             live: Some(Live {
                 tracer,
-                running,
+                vm: OwnVm {
+                    running,
+                    attach_now,
+                },
                 mem,
-                attach_now,
                 kernel: kernel.to_owned(),
             }),
         })
@@ -185,13 +172,13 @@ impl Session {
     }
 
     pub fn running(&self) -> &Running {
-        &self.live().running
+        &self.live().vm.running
     }
 
     /// Both at once, for callers that pause the guest themselves.
     pub fn parts(&mut self) -> (&Running, &mut Tracer) {
         let live = self.live_mut();
-        (&live.running, &mut live.tracer)
+        (&live.vm.running, &mut live.tracer)
     }
 
     /// Attach when the guest is ready, trace until it stops or `duration`
@@ -232,99 +219,53 @@ impl Drop for Session {
 }
 
 impl Live {
-    /// Trace until the guest stops or `duration` ends.
+    /// Trace until the guest stops or `duration` ends (then detach under a
+    /// pause first, so the guest never runs half-restored text, and stop
+    /// it).
     fn trace(
         &mut self,
         duration: Option<Duration>,
         observer: &mut dyn Observer,
     ) -> Result<(), SessionError> {
-        let start = Instant::now();
-        loop {
-            if self.running.wait_stop(POLL).is_some() {
-                return Ok(());
-            }
-            if duration.is_some_and(|d| start.elapsed() >= d) {
-                let paused = self.running.pause_all();
-                self.tracer
-                    .detach(paused.memory())
-                    .map_err(SessionError::Restore)?;
-                drop(paused);
-                self.running.request_stop(StopReason::Requested);
-                return Ok(());
-            }
-            let left = duration.map(|d| d.saturating_sub(start.elapsed()));
-            observer.tracing(&self.tracer.progress(), start.elapsed(), left);
+        let never = AtomicBool::new(false);
+        let end = backend::trace(&self.tracer, &mut self.vm, duration, &never, POLL, observer);
+        if end == TraceEnd::Duration {
+            let paused = self.vm.running.pause_all();
+            self.tracer
+                .detach(paused.memory())
+                .map_err(SessionError::Restore)?;
+            drop(paused);
+            self.vm.running.request_stop(StopReason::Requested);
         }
+        Ok(())
     }
 
     /// Attach once the guest's ftrace_init is done (polled), under a pause
     /// only if every selected site agrees; otherwise resume and retry.
     /// Exitless code and rings are written before, not inside the pause.
     fn attach(&mut self, observer: &mut dyn Observer) -> Result<Option<Attached>, SessionError> {
-        let memory = Arc::clone(self.running.ram());
+        let memory = Arc::clone(self.vm.running.ram());
         if let Err(e) = self.tracer.stage(&memory) {
-            self.running.request_stop(StopReason::Requested);
+            self.vm.running.request_stop(StopReason::Requested);
             return Err(SessionError::Attach(e));
         }
-        let (mut retries, mut last_not_ready) = (0u32, None);
-        let booting = Instant::now();
-        loop {
-            if self.attach_now || self.tracer.guest_ready(&*memory) {
-                match self.attach_once(retries, &last_not_ready)? {
-                    Ok(attached) => {
-                        observer.attached(&attached, &self.tracer);
-                        return Ok(Some(attached));
-                    }
-                    Err(why) => {
-                        retries += 1;
-                        last_not_ready = Some(why);
-                    }
-                }
-            }
-            observer.waiting(booting.elapsed());
-            if self.running.wait_stop(POLL).is_some() {
-                return Ok(None);
-            }
+        let patience = Patience {
+            step: POLL,
+            attempts: None,
+        };
+        match backend::attach(&mut self.tracer, &mut self.vm, patience, observer)? {
+            Waited::Attached(a) => Ok(Some(a)),
+            // Only the guest's end ends the wait here.
+            Waited::Ended(_) | Waited::GaveUp(_) => Ok(None),
         }
-    }
-
-    /// One attach under a pause: what it did, or why the guest is not
-    /// ready. A refused attach stops the guest (while still paused).
-    fn attach_once(
-        &mut self,
-        retries: u32,
-        last_not_ready: &Option<NotReady>,
-    ) -> Result<Result<Attached, NotReady>, SessionError> {
-        let paused = self.running.pause_all();
-        let attempt = match self.tracer.attach(&paused) {
-            Ok(a) => a,
-            Err(e) => {
-                self.running.request_stop(StopReason::Requested);
-                return Err(SessionError::Attach(e));
-            }
-        };
-        let c = match attempt {
-            Attach::Attached(c) => c.clone(),
-            Attach::NotReady(why) => return Ok(Err(why)),
-        };
-        let (window, latency) = (paused.window(), paused.latency());
-        drop(paused);
-        Ok(Ok(Attached {
-            counts: c,
-            window,
-            latency,
-            retries,
-            last_not_ready: last_not_ready.clone(),
-        }))
     }
 
     fn end(self, words: &dyn Words) -> Ended {
         let Live {
             mut tracer,
-            running,
+            vm: OwnVm { running, .. },
             mem,
             kernel,
-            ..
         } = self;
         let report = running.finish();
         // What every detach of the run restored, including one at the end
@@ -351,6 +292,41 @@ impl Live {
             summary,
             saved,
         }
+    }
+}
+
+impl Backend for OwnVm {
+    type Error = SessionError;
+
+    /// A kernel that does not patch its own sites is ready at once; Linux
+    /// once its ftrace_init is done, which the tracer polls without a pause.
+    fn looks_ready(&self, tracer: &Tracer) -> bool {
+        self.attach_now || tracer.guest_ready(&**self.running.ram())
+    }
+
+    /// One attach under a pause. A refused attach stops the guest (while
+    /// still paused).
+    fn attach_once(
+        &mut self,
+        tracer: &mut Tracer,
+    ) -> Result<Result<backend::AttachedIn, NotReady>, SessionError> {
+        let paused = self.running.pause_all();
+        let attempt = match tracer.attach(&paused) {
+            Ok(a) => a,
+            Err(e) => {
+                self.running.request_stop(StopReason::Requested);
+                return Err(SessionError::Attach(e));
+            }
+        };
+        let c = match attempt {
+            Attach::Attached(c) => c.clone(),
+            Attach::NotReady(why) => return Ok(Err(why)),
+        };
+        Ok(Ok((c, paused.window(), paused.latency())))
+    }
+
+    fn run_for(&mut self, step: Duration) -> Option<TraceEnd> {
+        self.running.wait_stop(step).map(|_| TraceEnd::GuestStopped)
     }
 }
 

@@ -29,6 +29,7 @@ use store::{Storage, Stored};
 use tasks::TaskSource;
 
 pub mod args;
+pub mod backend;
 pub mod counters;
 pub mod direct;
 mod driver;
@@ -48,7 +49,8 @@ pub mod store;
 pub mod tasks;
 pub mod watch;
 mod writes;
-pub use driver::{Attached, Ended, Observer, Prepared, Session, SessionError, Start};
+pub use backend::{Attached, Observer};
+pub use driver::{Ended, Prepared, Session, SessionError, Start};
 pub use finish::{Progress, Saved};
 pub use ready::{Attach, NotReady};
 pub use store::Recording;
