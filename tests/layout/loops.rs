@@ -286,11 +286,7 @@ pub fn uses_as_written(files: &[File], krate: &str) -> Vec<(usize, Vec<String>, 
     uses(files, krate, true)
 }
 
-fn uses(
-    files: &[File],
-    krate: &str,
-    written: bool,
-) -> Vec<(usize, Vec<String>, Vec<String>)> {
+fn uses(files: &[File], krate: &str, written: bool) -> Vec<(usize, Vec<String>, Vec<String>)> {
     let home = modules_of(files, krate);
     let modules: BTreeSet<Vec<String>> = home.keys().cloned().collect();
     let reexports = reexports_of(files, krate, &modules);
@@ -300,8 +296,7 @@ fn uses(
             continue;
         }
         for (cur, p) in paths_in(f) {
-            let Some(target) = defining_module(&p, &cur, &modules, &reexports, &home, files)
-            else {
+            let Some(target) = defining_module(&p, &cur, &modules, &reexports, &home, files) else {
                 continue;
             };
             if written {
