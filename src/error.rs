@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
+use tracer::advice::{Remedy, TraceInput, TracerAdvice, TracerWords};
 use tracer::error::TracerError;
 use tracer::session::NotReady;
 use tracer::trace::datafile::TraceFileError;
-use vmm::advice::{Advice, Input, Remedy, Words};
+use vmm::advice::{Advice, Input, Words};
 use vmm::boot::BootError;
 use vmm::{StopReason, VmError};
 
@@ -346,8 +347,9 @@ pub enum InputError {
     List(#[from] tracer::plan::list::ListError),
 }
 
-/// The CLI's words for what library errors name (`vmm::advice`): the flag
-/// that gives each input, and each remedy as the flags to use.
+/// The CLI's words for what library errors name (`vmm::advice`,
+/// `tracer::advice`): the flag that gives each input, and each remedy as the
+/// flags to use.
 pub struct Flags;
 
 impl Words for Flags {
@@ -357,13 +359,20 @@ impl Words for Flags {
             Input::Initrd => "--initrd",
             Input::Cpus => "--cpus",
             Input::Mem => "--mem",
-            Input::Trace => "--trace",
-            Input::Notrace => "--notrace",
-            // `vmtrace list GLOB...`: positional, named by the command.
-            Input::List => "list",
-            Input::Stack => "--stack",
-            Input::Args => "--args",
             Input::CmdlineReplace => "--cmdline-replace",
+        }
+    }
+}
+
+impl TracerWords for Flags {
+    fn trace_input(&self, input: TraceInput) -> &'static str {
+        match input {
+            TraceInput::Trace => "--trace",
+            TraceInput::Notrace => "--notrace",
+            // `vmtrace list GLOB...`: positional, named by the command.
+            TraceInput::List => "list",
+            TraceInput::Stack => "--stack",
+            TraceInput::Args => "--args",
         }
     }
 
@@ -479,9 +488,9 @@ mod tests {
         assert!(!failed(StopReason::Requested));
     }
 
-    /// The libraries name no flag (`vmm::advice`): an input's name and a
-    /// remedy are data, which the CLI words with its flags, so users see
-    /// the messages they always did.
+    /// The libraries name no flag (`vmm::advice`, `tracer::advice`): an
+    /// input's name and a remedy are data, which the CLI words with its
+    /// flags, so users see the messages they always did.
     #[test]
     fn library_errors_are_said_with_the_cli_flags() {
         // An input, named.
@@ -558,7 +567,7 @@ mod tests {
     fn a_note_s_remedy_is_said_with_the_cli_flags() {
         let why = "no `cpu_number`".to_string();
         assert_eq!(
-            vmm::advice::join(why, Some(Remedy::TrapModeOrVmlinux), &Flags),
+            tracer::advice::join(why, Some(Remedy::TrapModeOrVmlinux), &Flags),
             "no `cpu_number`; use --mode trap, or give its vmlinux (--vmlinux)"
         );
     }
@@ -582,7 +591,7 @@ mod tests {
         ] {
             let cli = Flags.remedy(r);
             assert!(cli.contains(" --"), "{r:?}: {cli}");
-            let lib = vmm::advice::Plain.remedy(r);
+            let lib = tracer::advice::Plain.remedy(r);
             assert!(!lib.contains("--"), "{r:?}: {lib}");
         }
     }

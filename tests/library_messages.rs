@@ -1,6 +1,7 @@
 //! The libraries' messages name no CLI flag (issue 23): an error says what is
 //! wrong and carries the input it names and its remedy as data
-//! (`vmm::advice`); the CLI words them with its flags (src/error.rs).
+//! (`vmm::advice`, `tracer::advice`); the CLI words them with its flags
+//! (src/error.rs).
 //!
 //! A scan of the code of vmm/src and tracer/src, comments left out: no
 //! string may hold `--` followed by a letter, except the report and list
@@ -85,7 +86,7 @@ fn library_code_names_no_cli_flag() {
     assert!(
         found.is_empty(),
         "library code names CLI flags; say the input or remedy as data \
-         (vmm::advice) and word it in src/error.rs:\n{}",
+         (vmm::advice, tracer::advice) and word it in src/error.rs:\n{}",
         found.join("\n")
     );
     // An entry no line needs any more goes.

@@ -52,7 +52,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
-        Note::AutoTrap { why, remedy } => Some(vmm::advice::join(why.clone(), *remedy, &Flags)),
+        Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),
         _ => None,
     });
     plan.notes.retain(|n| !matches!(n, Note::AutoTrap { .. }));

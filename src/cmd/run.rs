@@ -232,7 +232,7 @@ fn say_note(n: &Note) {
         ),
         Note::AutoTrap { why, remedy } => note!(
             "vmtrace: --mode auto: tracing with traps: {}",
-            vmm::advice::join(why.clone(), *remedy, &Flags)
+            tracer::advice::join(why.clone(), *remedy, &Flags)
         ),
         Note::Direct(summary) => note!("vmtrace: direct entries: {summary}"),
     }

@@ -256,7 +256,7 @@ fn plan(
     let mut plan = TracePlan::build(found.image, &request)?;
     plan.notes.retain(|n| match n {
         Note::AutoTrap { why, remedy } => {
-            let why = vmm::advice::join(why.clone(), *remedy, &crate::error::Flags);
+            let why = tracer::advice::join(why.clone(), *remedy, &crate::error::Flags);
             note!("vmtrace: --mode auto: tracing with traps: {why}");
             false
         }

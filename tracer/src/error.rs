@@ -1,8 +1,8 @@
 //! The tracer's error: any stage's, each said in its own way
-//! (`vmm::advice`). Every stage returns it, so it lives beside them, not in
+//! (`crate::advice`). Every stage returns it, so it lives beside them, not in
 //! one of them.
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use crate::kernel::filter::FilterError;
 use crate::kernel::kaslr::KaslrError;
@@ -25,9 +25,9 @@ pub enum TracerError {
     Direct(#[from] crate::plan::entry::DirectPlanError),
 }
 
-/// Each stage's error, said in its own way (`vmm::advice`).
-impl Advice for TracerError {
-    fn problem(&self, w: &dyn Words) -> String {
+/// Each stage's error, said in its own way (`crate::advice`).
+impl TracerAdvice for TracerError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         self.inner().problem(w)
     }
 
@@ -35,13 +35,13 @@ impl Advice for TracerError {
         self.inner().remedy()
     }
 
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         self.inner().say(w)
     }
 }
 
 impl TracerError {
-    fn inner(&self) -> &dyn Advice {
+    fn inner(&self) -> &dyn TracerAdvice {
         match self {
             TracerError::Symbols(e) => e,
             TracerError::Sites(e) => e,

@@ -16,8 +16,10 @@
 //! [`error::TracerError`] is any stage's error.
 //!
 //! Errors say what is wrong, never which CLI flag: the inputs they name and
-//! the remedies they offer are data a front end words (`vmm::advice`).
+//! the remedies they offer are data a front end words ([`advice`], the
+//! tracer's part of `vmm::advice`).
 
+pub mod advice;
 pub mod error;
 pub mod kernel;
 pub mod plan;

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
+use tracer::advice::{Remedy, TraceInput, TracerAdvice};
 use tracer::kernel::filter::{Filter, FilterError};
 use tracer::kernel::sites::{classify, SiteKind, SiteTable, ENDBR64, NOP5, SITE_LEN};
 use tracer::kernel::symbols::{KernelImage, SymbolError};
-use vmm::advice::{Advice, Input, Remedy};
 
 /// How Linux compiles with CONFIG_DYNAMIC_FTRACE (minus what a freestanding
 /// fixture does not need).
@@ -644,7 +644,7 @@ fn bad_globs_are_rejected_by_name() {
         matches!(
             e,
             FilterError::BadGlob {
-                input: Input::Trace,
+                input: TraceInput::Trace,
                 ..
             }
         ),
@@ -659,7 +659,7 @@ fn bad_globs_are_rejected_by_name() {
         matches!(
             e,
             FilterError::BadGlob {
-                input: Input::Notrace,
+                input: TraceInput::Notrace,
                 ..
             }
         ),
@@ -752,7 +752,7 @@ fn a_notrace_glob_matching_nothing_is_refused_as_ftrace_does() {
     let FilterError::NoMatch { input, glob, .. } = &e else {
         panic!("{e:?}")
     };
-    assert_eq!((*input, glob.as_str()), (Input::Notrace, "nomatch_*"));
+    assert_eq!((*input, glob.as_str()), (TraceInput::Notrace, "nomatch_*"));
     assert!(
         e.to_string()
             .starts_with("notrace filter 'nomatch_*' matches no traceable function"),

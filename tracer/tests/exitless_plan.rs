@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use iced_x86::{Code, Instruction, Mnemonic, Register};
+use tracer::advice::{Remedy, TracerAdvice};
 use tracer::kernel::kaslr::KernelOffset;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::exitless::ret::Return;
 use tracer::plan::exitless::{ExitlessPlan, Records};
 use tracer::session::exitless::state::{Exitless, Resolved};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::advice::{Advice, Remedy};
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::layout::KERNEL_MAP_BASE;
 
@@ -262,7 +262,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
 }
 
 /// `ModeChoice::Auto` on that kernel plans traps and says why, with the
-/// remedy as data for the front end to word (`vmm::advice`), no flag.
+/// remedy as data for the front end to word (`tracer::advice`), no flag.
 #[test]
 fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
     use tracer::plan::{Mode, ModeChoice, Note, Request, TracePlan};

@@ -13,7 +13,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::advice::{join, Advice, Input, Plain, Remedy, Words};
+use crate::advice::{Advice, Input, Plain, Words};
 use crate::boot::{self, BootPlan, Protocol};
 use crate::devices::{Console, Devices};
 use crate::exit::VcpuStats;
@@ -64,7 +64,7 @@ pub enum VmError {
     },
 }
 
-/// The messages that name inputs or offer a remedy (`crate::advice`).
+/// The messages that name inputs (`crate::advice`).
 impl Advice for VmError {
     fn problem(&self, w: &dyn Words) -> String {
         match self {
@@ -80,20 +80,6 @@ impl Advice for VmError {
             ),
             VmError::Boot(e) => e.problem(w),
             e => e.to_string(),
-        }
-    }
-
-    fn remedy(&self) -> Option<Remedy> {
-        match self {
-            VmError::Boot(e) => e.remedy(),
-            _ => None,
-        }
-    }
-
-    fn say(&self, w: &dyn Words) -> String {
-        match self {
-            VmError::Boot(e) => e.say(w),
-            e => join(e.problem(w), e.remedy(), w),
         }
     }
 }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use object::{Object, ObjectSection};
-use vmm::advice::{join, Advice, Plain, Remedy, Words};
 
+use crate::advice::{join, Plain, Remedy, TracerAdvice, TracerWords};
 use crate::kernel::kallsyms::{self, KallsymsEntry, KallsymsError};
 use crate::kernel::payload::Compression;
 use crate::kernel::sites::{classify, site_function, SiteKind, FENTRY, SITE_LEN};
@@ -41,8 +41,8 @@ pub enum PayloadSymbolError {
 }
 
 /// This module's own errors say to pass the unstripped vmlinux instead.
-impl Advice for PayloadSymbolError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for PayloadSymbolError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             PayloadSymbolError::Payload(e) => e.problem(w),
             PayloadSymbolError::Elf(e) => e.problem(w),
@@ -69,7 +69,7 @@ impl Advice for PayloadSymbolError {
         }
     }
 
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         match self {
             PayloadSymbolError::Payload(e) => e.say(w),
             PayloadSymbolError::Elf(e) => e.say(w),

@@ -20,8 +20,8 @@
 //! `crate::plan::list`); `Filter` is `--trace` and `--notrace` together.
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
-use vmm::advice::{Advice, Input, Plain, Words};
 
+use crate::advice::{Plain, TraceInput, TracerAdvice, TracerWords};
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
 
@@ -29,34 +29,34 @@ use crate::kernel::symbols::KernelImage;
 const MAX_SUGGESTIONS: usize = 5;
 
 /// Why filters could not be built or applied. Each names the glob list it
-/// concerns as an `Input` (`Trace`, `Notrace`, `List`), which a front end
-/// words its own way (`vmm::advice`).
+/// concerns as a `TraceInput` (`Trace`, `Notrace`, `List`), which a front end
+/// words its own way (`crate::advice`).
 #[derive(Debug, thiserror::Error)]
 #[error("{}", self.say(&Plain))]
 pub enum FilterError {
     EmptyGlob {
-        input: Input,
+        input: TraceInput,
         arg: String,
     },
     BadGlob {
-        input: Input,
+        input: TraceInput,
         glob: String,
         reason: String,
     },
     UnclosedBrace {
-        input: Input,
+        input: TraceInput,
         arg: String,
     },
     UnopenedBrace {
-        input: Input,
+        input: TraceInput,
         arg: String,
     },
     EmptyNegation {
-        input: Input,
+        input: TraceInput,
         arg: String,
     },
     OnlyNegated {
-        input: Input,
+        input: TraceInput,
         /// What the list selects: "trace", "list".
         verb: &'static str,
         /// The `!glob`s, comma-separated.
@@ -67,17 +67,17 @@ pub enum FilterError {
         glob: String,
     },
     Module {
-        input: Input,
+        input: TraceInput,
         glob: String,
     },
     Command {
-        input: Input,
+        input: TraceInput,
         glob: String,
     },
     NoMatch {
         /// `Trace` or `Notrace`: ftrace refuses a glob that matches
         /// nothing in either file, and so does vmtrace.
-        input: Input,
+        input: TraceInput,
         glob: String,
         /// Functions that match but have no ftrace call site.
         untraceable: Vec<String>,
@@ -96,10 +96,13 @@ pub enum FilterError {
     NothingLeft,
 }
 
-impl Advice for FilterError {
-    fn problem(&self, w: &dyn Words) -> String {
-        let name = |i: &Input| w.input(*i);
-        let (trace, notrace) = (w.input(Input::Trace), w.input(Input::Notrace));
+impl TracerAdvice for FilterError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
+        let name = |i: &TraceInput| w.trace_input(*i);
+        let (trace, notrace) = (
+            w.trace_input(TraceInput::Trace),
+            w.trace_input(TraceInput::Notrace),
+        );
         match self {
             FilterError::EmptyGlob { input, arg } => format!(
                 "{} has an empty glob in '{arg}'; remove the stray comma",
@@ -129,7 +132,7 @@ impl Advice for FilterError {
             FilterError::OnlyNegated { input, verb, globs } => format!(
                 "{0} '{globs}' only removes functions; add what to {verb}, e.g. {0}{1}'*,{globs}'",
                 name(input),
-                if *input == Input::Args { "=" } else { " " }
+                if *input == TraceInput::Args { "=" } else { " " }
             ),
             FilterError::NegatedNotrace { glob } => format!(
                 "{notrace} '{glob}': '!' only works in {trace} (e.g. {trace} '*,{glob}'); \
@@ -203,26 +206,26 @@ pub struct Globs {
 impl Globs {
     /// The values of repeated `--trace` flags, each a comma-separated list.
     pub fn for_trace(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse(Input::Trace, "trace", args)
+        Globs::parse(TraceInput::Trace, "trace", args)
     }
 
     /// The globs given to `vmtrace list` (same syntax as `--trace`; none:
     /// every function). Errors name them `list`.
     pub fn for_list(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse(Input::List, "list", args)
+        Globs::parse(TraceInput::List, "list", args)
     }
 
     /// The values of repeated `--stack` flags (same syntax as `--trace`).
     pub fn for_stack(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse(Input::Stack, "stack", args)
+        Globs::parse(TraceInput::Stack, "stack", args)
     }
 
     /// The values of repeated `--args=GLOB` flags (same syntax as `--trace`).
     pub fn for_args(args: &[String]) -> Result<Globs, FilterError> {
-        Globs::parse(Input::Args, "args", args)
+        Globs::parse(TraceInput::Args, "args", args)
     }
 
-    fn parse(input: Input, verb: &'static str, args: &[String]) -> Result<Globs, FilterError> {
+    fn parse(input: TraceInput, verb: &'static str, args: &[String]) -> Result<Globs, FilterError> {
         let mut positive = Vec::new();
         let mut negative = Vec::new();
         for (arg, glob) in split_globs(input, args)? {
@@ -299,7 +302,7 @@ fn negated(globs: &[String]) -> String {
 }
 
 /// Refuses ftrace syntax vmtrace has no use for: modules and commands.
-fn check_syntax(input: Input, glob: &str) -> Result<(), FilterError> {
+fn check_syntax(input: TraceInput, glob: &str) -> Result<(), FilterError> {
     let err = |module: bool| {
         let glob = glob.to_string();
         if module {
@@ -331,8 +334,8 @@ impl Filter {
     pub fn new(trace: &[String], notrace: &[String]) -> Result<Self, FilterError> {
         let trace = Globs::for_trace(trace)?;
         let mut notrace_globs = Vec::new();
-        for (_, glob) in split_globs(Input::Notrace, notrace)? {
-            check_syntax(Input::Notrace, &glob)?;
+        for (_, glob) in split_globs(TraceInput::Notrace, notrace)? {
+            check_syntax(TraceInput::Notrace, &glob)?;
             if glob.starts_with('!') {
                 return Err(FilterError::NegatedNotrace { glob });
             }
@@ -340,7 +343,7 @@ impl Filter {
         }
         Ok(Filter {
             trace,
-            notrace: glob_set(Input::Notrace, &notrace_globs)?,
+            notrace: glob_set(TraceInput::Notrace, &notrace_globs)?,
             notrace_globs,
         })
     }
@@ -398,10 +401,10 @@ impl Filter {
             }
         }
         if let Some(g) = glob_used.iter().position(|used| !used) {
-            return Err(self.no_match(Input::Trace, &self.trace.positive[g], image, sites));
+            return Err(self.no_match(TraceInput::Trace, &self.trace.positive[g], image, sites));
         }
         if let Some(g) = notrace_used.iter().position(|used| !used) {
-            return Err(self.no_match(Input::Notrace, &self.notrace_globs[g], image, sites));
+            return Err(self.no_match(TraceInput::Notrace, &self.notrace_globs[g], image, sites));
         }
         if selected.is_empty() {
             if !any_traced && !self.trace.negative.is_empty() {
@@ -417,7 +420,7 @@ impl Filter {
     /// The error for an `input` glob that matched no function with a site.
     fn no_match(
         &self,
-        input: Input,
+        input: TraceInput,
         glob: &str,
         image: &KernelImage,
         sites: &SiteTable,
@@ -457,7 +460,7 @@ impl Filter {
 
 /// Splits comma lists into single globs (each with the argument it came
 /// from), but not at a comma inside `{...}` (alternation) or `[...]`.
-fn split_globs(input: Input, args: &[String]) -> Result<Vec<(String, String)>, FilterError> {
+fn split_globs(input: TraceInput, args: &[String]) -> Result<Vec<(String, String)>, FilterError> {
     let mut globs = Vec::new();
     for arg in args {
         let mut push = |glob: &str| {
@@ -533,7 +536,7 @@ fn compile(glob: &str) -> Result<Glob, globset::Error> {
         .build()
 }
 
-fn glob_set(input: Input, globs: &[String]) -> Result<GlobSet, FilterError> {
+fn glob_set(input: TraceInput, globs: &[String]) -> Result<GlobSet, FilterError> {
     let bad = |glob: &str, e: globset::Error| FilterError::BadGlob {
         input,
         glob: glob.to_string(),
@@ -898,7 +901,7 @@ mod tests {
         let got = select(&["hrtimer_*,!hrtimer_{wakeup,cancel}"], &[]).expect("select");
         assert_eq!(got, ["hrtimer_interrupt", "hrtimer_start_range_ns"]);
         // Commas inside a class are not separators either.
-        let split = split_globs(Input::Trace, &strings(&["a[,]b,{c,[}]d},e"])).expect("split");
+        let split = split_globs(TraceInput::Trace, &strings(&["a[,]b,{c,[}]d},e"])).expect("split");
         let globs: Vec<&str> = split.iter().map(|(_, g)| g.as_str()).collect();
         assert_eq!(globs, ["a[,]b", "{c,[}]d}", "e"]);
     }

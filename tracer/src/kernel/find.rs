@@ -8,12 +8,12 @@
 
 use std::path::{Path, PathBuf};
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::boot::{KernelFile, KernelKind};
 
 use super::bzimage::{self, PayloadSymbolError};
 use super::symbols::{KernelImage, SymbolError};
 use super::vmlinux;
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 /// Why the kernel has no usable symbols.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +37,8 @@ pub enum FindError {
 }
 
 /// `NoSymbols` ends with what the bzImage said, remedy included.
-impl Advice for FindError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for FindError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             FindError::Symbols(e) => e.problem(w),
             FindError::NoSymbols { source, .. } => self.no_symbols(source.problem(w)),
@@ -54,7 +54,7 @@ impl Advice for FindError {
         }
     }
 
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         match self {
             FindError::Symbols(e) => e.say(w),
             FindError::NoSymbols { source, .. } => self.no_symbols(source.say(w)),

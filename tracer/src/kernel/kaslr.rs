@@ -37,10 +37,10 @@ use std::fmt;
 use vmm::GuestRam;
 
 use vm_memory::GuestAddress;
-use vmm::advice::{join, Advice, Plain, Remedy, Words};
 use vmm::gva::AddressSpace;
 use vmm::Stopped;
 
+use crate::advice::{join, Plain, Remedy, TracerAdvice, TracerWords};
 use crate::kernel::symbols::KernelImage;
 
 /// The kernel's 64-bit syscall entry (arch/x86/entry/entry_64.S), the
@@ -141,8 +141,8 @@ pub enum KaslrError {
     Fred { why: String },
 }
 
-impl Advice for KaslrError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for KaslrError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         match self {
             KaslrError::BadEntry {
                 lstar,
@@ -182,7 +182,7 @@ impl Advice for KaslrError {
     }
 
     /// `Fred`'s remedy follows after ": ".
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         match self {
             KaslrError::Fred { .. } => {
                 format!(

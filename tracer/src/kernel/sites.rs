@@ -44,8 +44,8 @@ pub enum SiteError {
 }
 
 /// No input to name, no remedy but the message's own.
-impl vmm::advice::Advice for SiteError {
-    fn problem(&self, _: &dyn vmm::advice::Words) -> String {
+impl crate::advice::TracerAdvice for SiteError {
+    fn problem(&self, _: &dyn crate::advice::TracerWords) -> String {
         self.to_string()
     }
 }

@@ -10,7 +10,9 @@ use object::{
     Architecture, BinaryFormat, Object, ObjectSection, ObjectSymbol, SectionFlags, SymbolKind,
     SymbolSection,
 };
-use vmm::advice::{join, Advice, Plain, Remedy, Words};
+use vmm::advice::Advice;
+
+use crate::advice::{join, Plain, Remedy, TracerAdvice, TracerWords};
 
 /// Start of the table of ftrace call-site addresses. The kernel's linker script
 /// (include/asm-generic/vmlinux.lds.h, MCOUNT_REC) brackets `__mcount_loc`
@@ -81,9 +83,10 @@ pub enum SymbolError {
     },
 }
 
-impl Advice for SymbolError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for SymbolError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
+            // The VMM's error, in the VMM's part of the words.
             SymbolError::File(e) => e.problem(w),
             SymbolError::NotElf {
                 path, source, hint, ..
@@ -100,7 +103,6 @@ impl Advice for SymbolError {
 
     fn remedy(&self) -> Option<Remedy> {
         match self {
-            SymbolError::File(e) => e.remedy(),
             SymbolError::NotElf { remedy, .. } => *remedy,
             SymbolError::Stripped { .. } => Some(Remedy::UnstrippedVmlinux),
             SymbolError::NoMcountLoc { .. } | SymbolError::EmptyMcountLoc { .. } => {
@@ -112,9 +114,8 @@ impl Advice for SymbolError {
 
     /// `NotElf`'s remedy follows its hint after ": " ("; it is a bzImage:
     /// pass ...").
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         match self {
-            SymbolError::File(e) => e.say(w),
             SymbolError::NotElf {
                 remedy: Some(r), ..
             } => format!("{}: {}", self.problem(w), w.remedy(*r)),

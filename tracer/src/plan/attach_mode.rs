@@ -4,7 +4,7 @@
 //! rings in pages it never uses, its rings sized to them; else, when auto
 //! mode was asked, trap mode through the stub's breakpoints, saying why.
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
@@ -43,9 +43,9 @@ pub enum AttachModeError {
     Code(#[from] ExitlessPlanError),
 }
 
-/// A front end words the remedies these errors name (`vmm::advice`).
-impl Advice for AttachModeError {
-    fn problem(&self, w: &dyn Words) -> String {
+/// A front end words the remedies these errors name (`crate::advice`).
+impl TracerAdvice for AttachModeError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             AttachModeError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint \
                                                 holds the guest, and exitless calls never stop it"

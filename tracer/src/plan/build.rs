@@ -3,7 +3,7 @@
 //! decided once before the guest runs. What the caller should tell the user
 //! comes back as [`Note`]s; what is wrong as a [`PlanError`].
 
-use vmm::advice::{Advice, Plain, Remedy};
+use crate::advice::{Plain, Remedy, TracerAdvice};
 
 use super::exitless::error::ExitlessPlanError;
 use super::{hookable, Mode, Plan, ValuePlan};
@@ -70,7 +70,7 @@ pub enum Note {
     /// while returns are hooked.
     GraphGuestStacks,
     /// Auto mode chose traps because exitless mode cannot be planned: why
-    /// (it names no input), and its remedy (`vmm::advice`).
+    /// (it names no input), and its remedy (`crate::advice`).
     AutoTrap { why: String, remedy: Option<Remedy> },
     /// Direct entries: how many functions are safe, and how many each rule
     /// refused (`DirectPlan::summary`).

@@ -71,17 +71,17 @@ pub enum DirectPlanError {
     Sites(#[from] SiteError),
 }
 
-impl vmm::advice::Advice for DirectPlanError {
-    fn problem(&self, w: &dyn vmm::advice::Words) -> String {
+impl crate::advice::TracerAdvice for DirectPlanError {
+    fn problem(&self, w: &dyn crate::advice::TracerWords) -> String {
         match self {
             DirectPlanError::Sites(e) => e.problem(w),
             e => e.to_string(),
         }
     }
 
-    fn remedy(&self) -> Option<vmm::advice::Remedy> {
+    fn remedy(&self) -> Option<crate::advice::Remedy> {
         match self {
-            DirectPlanError::NoneSafe { .. } => Some(vmm::advice::Remedy::FtraceEntries),
+            DirectPlanError::NoneSafe { .. } => Some(crate::advice::Remedy::FtraceEntries),
             _ => None,
         }
     }

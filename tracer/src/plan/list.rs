@@ -28,7 +28,7 @@
 
 use std::io::{self, BufWriter, Write};
 
-use vmm::advice::{Advice, Input, Plain, Words};
+use crate::advice::{Plain, TraceInput, TracerAdvice, TracerWords};
 
 use crate::kernel::filter::{closest_names, FilterError, Globs};
 use crate::kernel::names::escape;
@@ -77,8 +77,8 @@ pub enum ListError {
     },
 }
 
-impl Advice for ListError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for ListError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             ListError::Filter(e) => e.problem(w),
             ListError::NoMatch {
@@ -87,7 +87,7 @@ impl Advice for ListError {
                 closest,
             } => format!(
                 "{} '{glob}' matches no function of {image}{}",
-                w.input(Input::List),
+                w.trace_input(TraceInput::List),
                 closest_detail(closest)
             ),
         }

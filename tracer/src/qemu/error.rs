@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use super::breakpoints;
 use super::gdb::GdbError;
@@ -50,9 +50,9 @@ pub enum QemuError {
 }
 
 /// A front end words the remedies and inputs these errors name
-/// (`vmm::advice`); the others' messages are their `Display`.
-impl Advice for QemuError {
-    fn problem(&self, w: &dyn Words) -> String {
+/// (`crate::advice`); the others' messages are their `Display`.
+impl TracerAdvice for QemuError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             QemuError::Mode(e) => e.problem(w),
             QemuError::Tracer(e) => e.problem(w),
@@ -68,10 +68,10 @@ impl Advice for QemuError {
         }
     }
 
-    fn say(&self, w: &dyn Words) -> String {
+    fn say(&self, w: &dyn TracerWords) -> String {
         match self {
             QemuError::Tracer(e) => e.say(w),
-            other => vmm::advice::join(other.problem(w), other.remedy(), w),
+            other => crate::advice::join(other.problem(w), other.remedy(), w),
         }
     }
 }

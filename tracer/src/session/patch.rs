@@ -18,10 +18,10 @@
 //! and no vCPU is ever left between the two instructions.
 
 use vm_memory::GuestAddress;
-use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::GuestRam;
 
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
 use crate::kernel::symbols::KernelImage;
 
@@ -68,8 +68,8 @@ pub enum PatchError {
     },
 }
 
-impl Advice for PatchError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for PatchError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         match self {
             PatchError::Mismatch {
                 path,

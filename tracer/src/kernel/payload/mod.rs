@@ -15,10 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linux_loader::loader::bootparam::setup_header;
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use vmm::advice::Advice;
 use vmm::boot::linux::{check_bzimage, LinuxBootError};
 use vmm::boot::KernelFile;
 use vmm::boot::{open_input, read_input, FileError, KERNEL_MAX_SIZE, VMLINUX_MAX_SIZE};
+
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 /// First boot protocol whose header has `payload_offset`/`payload_length`.
 const PAYLOAD_PROTOCOL: u16 = 0x0208;
@@ -173,9 +175,10 @@ pub enum PayloadError {
 }
 
 /// Every payload error but a file's says to pass the vmlinux instead.
-impl Advice for PayloadError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for PayloadError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
+            // The VMM's error, in the VMM's part of the words.
             PayloadError::File(e) => e.problem(w),
             PayloadError::OldProtocol { path, version } => format!(
                 "{}: boot protocol {version:#06x} has no payload fields (2.08+ needed)",
@@ -228,8 +231,8 @@ impl Advice for PayloadError {
             | PayloadError::UnknownCompression { .. }
             | PayloadError::Corrupt { .. }
             | PayloadError::NotElf { .. } => Some(Remedy::KernelVmlinux),
-            PayloadError::File(e) => e.remedy(),
-            PayloadError::Header(_)
+            PayloadError::File(_)
+            | PayloadError::Header(_)
             | PayloadError::NotBzImage { .. }
             | PayloadError::Read { .. } => None,
         }

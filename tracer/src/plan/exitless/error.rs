@@ -1,7 +1,7 @@
 //! Why exitless mode's guest code cannot be made for a kernel, and what
-//! the user can do about it (`vmm::advice`).
+//! the user can do about it (`crate::advice`).
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use super::body::MAX_FILTER_PIDS;
 use super::disasm::BrokenPath;
@@ -36,8 +36,8 @@ pub enum ExitlessPlanError {
 
 /// Its errors say when the trampoline cannot work with this kernel: traps
 /// can.
-impl Advice for ExitlessPlanError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for ExitlessPlanError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             ExitlessPlanError::NoCpuNumber(path) => format!(
                 "{}: no `{CPU_NUMBER}` or `{PCPU_HOT}` symbol, so vmtrace's trampoline cannot \
@@ -128,8 +128,8 @@ impl From<BrokenPath> for TrampolineError {
     }
 }
 
-impl Advice for TrampolineError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for TrampolineError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         match self {
             TrampolineError::ThunkOutOfReach(va) => {
                 format!(

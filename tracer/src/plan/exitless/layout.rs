@@ -2,7 +2,7 @@
 //! mapping code and the host collector. See the module comment of
 //! `exitless` for the protocol.
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 /// Guest-physical base of vmtrace's own memory slot (the VMM's memory map
 /// places it: above all RAM, never in the guest's e820 map).
@@ -130,8 +130,8 @@ pub enum LayoutError {
     BadCapacity(u64),
 }
 
-impl Advice for LayoutError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for LayoutError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         match self {
             LayoutError::TooBig { cpus, sites, min } => format!(
                 "{cpus} CPUs x {sites} sites do not fit vmtrace's {} MiB of ring memory with at \

@@ -42,7 +42,7 @@
 use iced_x86::code_asm::{qword_ptr, rcx, rsp, CodeAssembler};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, IcedError, Mnemonic, OpKind, Register};
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use super::disasm::format_instruction;
 
@@ -64,8 +64,8 @@ pub enum ReturnError {
     Unknown { va: u64, insn: String },
 }
 
-impl Advice for ReturnError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for ReturnError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         let ReturnError::Unknown { va, insn } = self;
         format!(
             "the guest's __fentry__ at {va:#x} does not end as vmtrace knows (`{insn}`), so it \

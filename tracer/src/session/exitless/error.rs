@@ -1,7 +1,7 @@
 //! Why exitless tracing cannot be attached or read, and what the user can
-//! do about it (`vmm::advice`).
+//! do about it (`crate::advice`).
 
-use vmm::advice::{Advice, Plain, Remedy, Words};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
 use super::collect::DrainError;
 use super::map::MapError;
@@ -41,8 +41,8 @@ pub enum ExitlessError {
 
 /// Its own errors say when the trampoline cannot work with this kernel:
 /// traps can.
-impl Advice for ExitlessError {
-    fn problem(&self, w: &dyn Words) -> String {
+impl TracerAdvice for ExitlessError {
+    fn problem(&self, w: &dyn TracerWords) -> String {
         match self {
             ExitlessError::CpuNumberMismatch {
                 cpu,

@@ -2,12 +2,12 @@
 //! pause, through the guest's own page tables.
 
 use vm_memory::GuestAddress;
-use vmm::advice::{Advice, Plain, Remedy, Words};
 use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 
 use std::sync::Mutex;
 
 use super::backing::{RegionPages, PAGE};
+use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use crate::plan::exitless::layout::{
     CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA,
 };
@@ -47,8 +47,8 @@ pub enum MapError {
     Memory(String),
 }
 
-impl Advice for MapError {
-    fn problem(&self, _: &dyn Words) -> String {
+impl TracerAdvice for MapError {
+    fn problem(&self, _: &dyn TracerWords) -> String {
         match self {
             MapError::SlotInUse {
                 index,
