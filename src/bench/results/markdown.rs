@@ -62,7 +62,7 @@ pub enum MarkdownError {
 
 /// The figures block, parsed.
 #[derive(Debug, PartialEq)]
-pub struct Table {
+pub struct FiguresTable {
     /// The command that measured the figures, on what host, when.
     pub command: String,
     pub host: String,
@@ -100,8 +100,8 @@ pub fn from_json(
     command: &str,
     host: &str,
     date: &str,
-) -> Result<Table, MarkdownError> {
-    let mut t = Table {
+) -> Result<FiguresTable, MarkdownError> {
+    let mut t = FiguresTable {
         command: command.into(),
         host: host.into(),
         date: date.into(),
@@ -213,7 +213,7 @@ fn cell(s: &str) -> String {
 }
 
 /// The figures block, markers included, ending with a newline.
-pub fn render(t: &Table) -> String {
+pub fn render(t: &FiguresTable) -> String {
     let mut o = String::new();
     // Writing to a String cannot fail.
     let _ = write_block(&mut o, t);
@@ -222,7 +222,7 @@ pub fn render(t: &Table) -> String {
 
 /// The figures block, checked to parse back into what renders it again
 /// (what tests/docs_figures.rs asks of docs/benchmarks.md).
-pub fn render_checked(t: &Table) -> Result<String, MarkdownError> {
+pub fn render_checked(t: &FiguresTable) -> Result<String, MarkdownError> {
     let block = render(t);
     let back = parse(&block).map_err(|e| MarkdownError::NotReadBack(Box::new(e)))?;
     match render(&back) == block {
@@ -234,7 +234,7 @@ pub fn render_checked(t: &Table) -> Result<String, MarkdownError> {
     }
 }
 
-fn write_block(o: &mut String, t: &Table) -> std::fmt::Result {
+fn write_block(o: &mut String, t: &FiguresTable) -> std::fmt::Result {
     writeln!(o, "{BEGIN}")?;
     writeln!(o, "- command: `{}`", t.command)?;
     writeln!(o, "- host: {}", t.host)?;
@@ -304,7 +304,7 @@ fn block_range(text: &str) -> Option<(usize, usize)> {
 }
 
 /// The figures block of `text` (a Markdown file), parsed.
-pub fn parse(text: &str) -> Result<Table, MarkdownError> {
+pub fn parse(text: &str) -> Result<FiguresTable, MarkdownError> {
     let (start, end) = block_range(text).ok_or(MarkdownError::NoBlock)?;
     // Line numbers in errors count from the file's first line.
     let first = text[..start].lines().count() + 1;
@@ -354,7 +354,7 @@ pub fn parse(text: &str) -> Result<Table, MarkdownError> {
         }
     }
     p.expect(END)?;
-    Ok(Table {
+    Ok(FiguresTable {
         command,
         host,
         date,
