@@ -89,7 +89,9 @@ fn command() -> String {
 }
 
 /// The host, as far as it bears on the figures: its CPU, how many, its
-/// kernel, and whether its KVM emulates guest ring 0.
+/// kernel, whether its KVM emulates guest ring 0, and how busy it was (the
+/// load averages at the run's end: other work on the host spreads the
+/// times).
 fn host() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -102,7 +104,13 @@ fn host() -> String {
         true => "KVM emulates guest ring 0 (nested, kvm_pvm)",
         false => "hardware-virtualized KVM",
     };
-    format!("{model}, {cpus} CPUs, Linux {}, {kvm}", release.trim())
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "{model}, {cpus} CPUs, Linux {}, {kvm}; load average {} (1, 5, 15 minutes, at the run's end)",
+        release.trim(),
+        load.join(" ")
+    )
 }
 
 /// Today's date, UTC.
