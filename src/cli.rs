@@ -490,6 +490,12 @@ pub struct BenchArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Write the figures as a Markdown table to FILE: each bench's headline
+    /// figures, the goals' verdicts, what was not measured, and the command,
+    /// host and date. A FILE that has a figures block (docs/benchmarks.md)
+    /// gets only that block replaced.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
     /// vCPUs for call/trap, call/exitless, call/graph and attach/modes;
     /// keep at most the host's cores.
     #[arg(long, default_value_t = 1, value_name = "N")]

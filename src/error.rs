@@ -462,6 +462,8 @@ pub enum RuntimeError {
     Trap(vmm::TrapError),
     #[error("cannot write the bench's JSON: {0}")]
     BenchJson(serde_json::Error),
+    #[error("cannot write the bench's Markdown table: {0}")]
+    BenchMarkdown(crate::bench::results::markdown::MarkdownError),
     #[error("the {what} stopped: {}", reason.say(&Flags))]
     GuestStopped {
         what: &'static str,

@@ -867,3 +867,57 @@ fn bench_without_a_guest_needs_no_kernel() {
     );
     assert!(table.contains("(h) recording to disk"), "{table}");
 }
+
+/// `--markdown FILE`: the figures table, into FILE's figures block (the
+/// rest of FILE kept), with the command that made it; `--json` and
+/// `--markdown` naming one file: refused, one line, exit 2.
+#[test]
+fn bench_writes_its_markdown_table_into_a_files_block() {
+    let dir = std::env::temp_dir().join(format!("vmtrace-bench-md-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let md = dir.join("figures.md");
+    let (begin, end) = ("<!-- bench:figures begin -->", "<!-- bench:figures end -->");
+    std::fs::write(
+        &md,
+        format!("# Doc\n\nbefore\n{begin}\nold\n{end}\nafter\n"),
+    )
+    .unwrap();
+    let path = md.to_str().unwrap();
+    let out = vmtrace(&[
+        "bench",
+        "report/render",
+        "--report-events",
+        "1000",
+        "--markdown",
+        path,
+    ]);
+    let text = std::fs::read_to_string(&md).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        text.starts_with(&format!("# Doc\n\nbefore\n{begin}\n")),
+        "{text}"
+    );
+    assert!(text.ends_with(&format!("\n{end}\nafter\n")), "{text}");
+    assert!(!text.contains("\nold\n"), "{text}");
+    let line =
+        format!("- command: `vmtrace bench report/render --report-events 1000 --markdown {path}`");
+    assert!(text.contains(&line), "{text}");
+    assert!(
+        text.contains("\n| `report/render` | `report_render_s` | "),
+        "{text}"
+    );
+    assert!(
+        text.contains("| SKIP: measured with 1,000 events |"),
+        "{text}"
+    );
+
+    let out = vmtrace(&["bench", "report/render", "--json", path, "--markdown", path]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--json and --markdown both name"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -5,9 +5,9 @@
 //!
 //! Everything is measured in one process, one run, so the figures can be
 //! compared with each other even on a host whose KVM distorts absolute times
-//! (see docs/emulating-kvm.md: nested KVM that emulates guest ring 0, ~1 µs per
-//! guest instruction, ~7-10 µs per port-I/O exit). Ratios are what carry over
-//! to other hosts; absolute times do not.
+//! (see docs/emulating-kvm.md: nested KVM that emulates guest ring 0; the
+//! figures of one run are in docs/benchmarks.md). Ratios are what carry
+//! over to other hosts; absolute times do not.
 //!
 //! # Methods
 //!
@@ -117,9 +117,9 @@
 //!
 //! all reported as medians over the rounds; and exits per traced call in
 //! exitless mode = trace-port traps at sites in the exitless phases / calls
-//! in them, goal ≤ 0.01. On a host whose KVM emulates guest ring 0 (~1 µs
-//! per instruction) an exitless call costs more than an exit; `--mode auto`
-//! picks traps there.
+//! in them, goal ≤ 0.01. On a host whose KVM emulates guest ring 0 (every
+//! guest instruction emulated) an exitless call costs more than an exit;
+//! `--mode auto` picks traps there.
 //!
 //! The counts of (f) and (g) are exact, and checked exactly. The guest
 //! counts its own calls (`mini_cpus[cpu].count[f]`, in each function right

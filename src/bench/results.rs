@@ -1,6 +1,7 @@
 //! Judging and presenting the figures: the goals (`goals`), the printed
 //! table (`table`), and the `--json FILE` document (`json`, with each
-//! bench's entry in `benches`); (f)'s and (g)'s part of each is in
+//! bench's entry in `benches`), and the `--markdown FILE` figures table
+//! made from that document (`markdown`); (f)'s and (g)'s part of each is in
 //! `exitless`, (h)'s in `record`, (i)'s in `ftrace`, (j)'s in
 //! `attach_modes`, call/stack's in `stack`.
 
@@ -11,6 +12,7 @@ mod exitless;
 pub mod ftrace;
 mod goals;
 mod json;
+pub mod markdown;
 mod methods;
 mod qemu;
 mod record;
@@ -294,6 +296,7 @@ mod tests {
             direct_vmlinux: None,
             distro_kernel: None,
             json: None,
+            markdown: None,
             iters: 200,
             cpus: 1,
             rounds: 3,
@@ -980,5 +983,79 @@ mod tests {
             )
         );
         assert!(line("loading:").ends_with("(9,585 sites): median 38.0 ms of 2 (38.0 .. 40.0 ms)"));
+    }
+
+    /// `--markdown`: the JSON's headline values and the figures the docs
+    /// cite, the goals, what was not measured; parsed back, rendered the
+    /// same; spliced into a file's block, the rest kept.
+    #[test]
+    fn markdown_table_of_the_json() {
+        let (_, text) = render(&results(false), GOAL_REPORT_EVENTS);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let t = markdown::from_json(&doc, "vmtrace bench --markdown F", "a host", "2026-11-29")
+            .unwrap();
+        let block = markdown::render(&t);
+        let row = |start: &str| {
+            block
+                .lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no {start:?} in\n{block}"))
+        };
+        assert_eq!(
+            row("| `call/trap` | `a_exit"),
+            "| `call/trap` | `a_exit_round_trip_us` | 10.0 | µs | 3: 9.00 .. 11.0 |"
+        );
+        assert_eq!(
+            row("| `call/trap` | `handler_recorder_ns`"),
+            "| `call/trap` | `handler_recorder_ns` | 60.0 | ns |  |"
+        );
+        assert_eq!(
+            row("| `record/throughput` | `h_record_events_per_s`"),
+            "| `record/throughput` | `h_record_events_per_s` | 12,500,000 | events/s |  |"
+        );
+        assert_eq!(
+            row("| `call/exitless` | `us_per_guest_instruction`"),
+            "| `call/exitless` | `us_per_guest_instruction` | 1.00 | µs |  |"
+        );
+        assert!(
+            row("| `call/trap` | cost per").ends_with(" | PASS |"),
+            "{block}"
+        );
+        assert_eq!(row("- `attach/scaling`"), "- `attach/scaling`: no vmlinux");
+        assert!(block.starts_with(&format!(
+            "{}\n- command: `vmtrace bench --markdown F`\n- host: a host\n- date: 2026-11-29\n",
+            markdown::BEGIN
+        )));
+        assert!(block.ends_with(&format!("{}\n", markdown::END)));
+        let parsed = markdown::parse(&block).unwrap();
+        assert_eq!(markdown::render(&parsed), block);
+
+        let file = format!(
+            "# Doc\n\nbefore\n{}\nold\n{}\nafter\n",
+            markdown::BEGIN,
+            markdown::END
+        );
+        let spliced = markdown::splice(&file, &block).unwrap();
+        assert_eq!(spliced, format!("# Doc\n\nbefore\n{block}after\n"));
+        assert_eq!(markdown::splice("no block\n", &block), None);
+    }
+
+    #[test]
+    fn markdown_numbers() {
+        for (v, s) in [
+            (0.0, "0"),
+            (0.575, "0.575"),
+            (0.012_34, "0.0123"),
+            (1.1, "1.10"),
+            (9.999, "10.0"),
+            (28.94, "28.9"),
+            (99.96, "100"),
+            (148.4, "148"),
+            (24_600_000.0, "24,600,000"),
+            (-79.8, "-79.8"),
+            (-1234.0, "-1,234"),
+        ] {
+            assert_eq!(markdown::number(v), s, "{v}");
+        }
     }
 }

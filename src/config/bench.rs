@@ -1,6 +1,7 @@
 //! `vmtrace bench`, checked: the benches named, the mini guest (built if
 //! missing) if they need it, the Linux vmlinux of attach/scaling, the Linux
-//! guest of boot/ftrace, the counts, and a writable `--json FILE`.
+//! guest of boot/ftrace, the counts, and a writable `--json FILE` and
+//! `--markdown FILE`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,6 +30,8 @@ pub struct BenchConfig {
     /// sites/direct's distro kernel (`--distro-kernel`); None: not given.
     pub distro_kernel: Option<PathBuf>,
     pub json: Option<PathBuf>,
+    /// `--markdown FILE`: the figures table.
+    pub markdown: Option<PathBuf>,
     pub iters: u64,
     pub cpus: u64,
     pub rounds: usize,
@@ -86,15 +89,7 @@ impl BenchConfig {
             true => Some(linux_guest(vmlinux.as_deref())?),
             false => None,
         };
-        if let Some(path) = &args.json {
-            // The output-file rules, now, not after minutes of measuring
-            // (and without creating or truncating anything yet).
-            tracer::trace::output_path::check(path).map_err(|source| InputError::Output {
-                flag: "--json",
-                path: path.clone(),
-                source,
-            })?;
-        }
+        check_outputs(args)?;
         Ok(BenchConfig {
             benches,
             kernel,
@@ -103,6 +98,7 @@ impl BenchConfig {
             direct_vmlinux,
             distro_kernel,
             json: args.json.clone(),
+            markdown: args.markdown.clone(),
             iters,
             cpus,
             rounds,
@@ -136,6 +132,27 @@ impl BenchConfig {
         })?;
         Ok(Some(chosen.ids))
     }
+}
+
+/// `--json FILE` and `--markdown FILE` by the output-file rules, now, not
+/// after minutes of measuring (and without creating or truncating anything
+/// yet); not both one file.
+fn check_outputs(args: &BenchArgs) -> Result<(), InputError> {
+    for (flag, path) in [("--json", &args.json), ("--markdown", &args.markdown)] {
+        if let Some(path) = path {
+            tracer::trace::output_path::check(path).map_err(|source| InputError::Output {
+                flag,
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    let files: Vec<(String, &std::path::Path)> =
+        [("--json", &args.json), ("--markdown", &args.markdown)]
+            .into_iter()
+            .filter_map(|(flag, p)| Some((flag.to_string(), p.as_deref()?)))
+            .collect();
+    super::output::distinct(&files)
 }
 
 /// The benches `args` names, or the default set (no name, or `all`
