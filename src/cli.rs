@@ -577,8 +577,13 @@ mod tests {
     /// A run, `record` and `attach` take every tracing flag alike.
     #[test]
     fn run_record_and_attach_share_the_tracing_flags() {
-        let tracing = TraceArgs::augment_args(clap::Command::new("t"));
-        let longs: Vec<&str> = tracing.get_arguments().filter_map(|a| a.get_long()).collect();
+        let mut tracing = TraceArgs::augment_args(clap::Command::new("t"));
+        // (Before clap adds --help.)
+        let longs: Vec<String> = tracing
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        tracing.build();
         assert!(longs.len() >= 14, "{longs:?}");
         let mut cli = Cli::command();
         cli.build();
@@ -587,7 +592,7 @@ mod tests {
             cli.find_subcommand("record").unwrap().clone(),
             cli.find_subcommand("attach").unwrap().clone(),
         ];
-        for long in longs {
+        for long in &longs {
             let want = shown(&tracing, long);
             assert_eq!(want.as_deref().map(|s| s.contains("Tracing")), Some(true));
             for cmd in &commands {

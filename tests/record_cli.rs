@@ -493,10 +493,14 @@ fn tracing_flags(args: &[&str]) -> Vec<String> {
     let out = vmtrace(args);
     ok(&out, "--help");
     let help = String::from_utf8(out.stdout).unwrap();
-    let section = help.split("\nTracing:\n").nth(1).expect("a Tracing section");
-    let section = section.split("\n\n").next().unwrap();
+    let section = help
+        .split("\nTracing:\n")
+        .nth(1)
+        .expect("a Tracing section");
+    // Up to the next heading (flags are indented, long help has blank lines).
     section
         .lines()
+        .take_while(|l| l.is_empty() || l.starts_with(' '))
         .filter_map(|l| l.trim_start().strip_prefix("--"))
         .map(|l| l.split([' ', '[']).next().unwrap().to_string())
         .collect()
@@ -512,7 +516,15 @@ fn run_record_and_attach_list_the_same_tracing_flags() {
     let attach = tracing_flags(&["attach", "--help"]);
     let only_run: Vec<&String> = run.iter().filter(|f| !attach.contains(f)).collect();
     assert_eq!(only_run, ["from-boot", "overwrite"], "{run:?} {attach:?}");
-    for flag in ["trace", "entry", "ring-events", "mode", "args", "stack", "duration"] {
+    for flag in [
+        "trace",
+        "entry",
+        "ring-events",
+        "mode",
+        "args",
+        "stack",
+        "duration",
+    ] {
         assert!(attach.iter().any(|f| f == flag), "--{flag}: {attach:?}");
     }
     assert!(attach.iter().all(|f| run.contains(f)), "{attach:?}");
