@@ -62,3 +62,57 @@ impl TraceArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use tracer::plan::ModeChoice;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn attach(flags: &[&str]) -> TraceArgs {
+        let argv = [
+            "vmtrace", "attach", "--qmp", "q", "--kernel", "k", "--trace", "f",
+        ];
+        match Cli::parse_from(argv.iter().chain(flags)).command {
+            Some(Command::Attach(a)) => a.tracing,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    /// The flags reach the request as a run gives them; attach's keeps
+    /// ftrace's sites and its own auto mode.
+    #[test]
+    fn one_request_for_run_and_attach() {
+        let flags = ["--mode", "exitless", "--graph", "--pid", "1,2", "--args=g"];
+        let t = attach(&flags);
+        let run = t.request(4, true, false);
+        assert_eq!(
+            (run.mode, run.entry),
+            (ModeChoice::Exitless, EntryChoice::Auto)
+        );
+        assert_eq!((run.cpus, run.emulator_host, run.linux), (4, true, false));
+        assert!(run.graph && run.trace == ["f"] && run.pids == [1, 2] && run.args == ["g"]);
+        let a = t.attach_request(2);
+        assert_eq!(
+            (a.entry, a.emulator_host, a.linux),
+            (EntryChoice::Ftrace, false, true)
+        );
+        assert_eq!(
+            (a.mode, a.cpus, a.pids),
+            (ModeChoice::Exitless, 2, run.pids)
+        );
+    }
+
+    #[test]
+    fn attach_refuses_what_it_cannot_honour_and_takes_the_rest() {
+        for ok in [&[][..], &["--entry", "ftrace"], &["--entry", "auto"]] {
+            assert!(attach(ok).check_attach().is_ok(), "{ok:?}");
+        }
+        let e = attach(&["--entry", "direct"]).check_attach().unwrap_err();
+        assert!(e.to_string().starts_with("--entry direct: "), "{e}");
+        let e = attach(&["--ring-events", "64"]).check_attach().unwrap_err();
+        assert!(e.to_string().ends_with("; drop --ring-events"), "{e}");
+    }
+}
