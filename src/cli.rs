@@ -86,6 +86,23 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: bool,
 
+    #[command(flatten)]
+    pub tracing: TraceArgs,
+    /// Patch before the first guest instruction (only for kernels that do not patch their own sites).
+    #[arg(long, help_heading = "Tracing")]
+    pub from_boot: bool,
+    /// Flight recorder: keep only the newest SIZE of events per vCPU (e.g.
+    /// 16M: 524,288 events), in memory, written when the run stops however
+    /// it stops; older ones are counted, not stored (ftrace's overwrite mode).
+    #[arg(long, value_name = "SIZE", help_heading = "Tracing")]
+    pub overwrite: Option<String>,
+}
+
+/// The tracing flags, one set for `vmtrace`, `record` and `attach`: what
+/// to trace, how, and how much to keep. A flag one command cannot honour
+/// yet is refused by it (`config::trace`), never ignored.
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
     /// Trace functions matching GLOB (ftrace glob: * ? [...]); repeatable, comma lists.
     #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub trace: Vec<String>,
@@ -106,12 +123,11 @@ pub struct RunArgs {
     /// the kernel's BTF.
     #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
     pub comm: Option<String>,
-    /// Trace for this many seconds after attaching, then stop the guest.
+    /// Trace for this many seconds after attaching, then stop: a run stops
+    /// the guest, attach detaches and leaves it running (attach's default:
+    /// until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "SECS", help_heading = "Tracing")]
     pub duration: Option<f64>,
-    /// Patch before the first guest instruction (only for kernels that do not patch their own sites).
-    #[arg(long, help_heading = "Tracing")]
-    pub from_boot: bool,
     /// Store at most this many events (default: as many as the disk takes);
     /// counts stay exact beyond it.
     #[arg(long, value_name = "N", help_heading = "Tracing")]
@@ -126,18 +142,17 @@ pub struct RunArgs {
         help_heading = "Tracing"
     )]
     pub buffer: String,
-    /// Flight recorder: keep only the newest SIZE of events per vCPU (e.g.
-    /// 16M: 524,288 events), in memory, written when the run stops however
-    /// it stops; older ones are counted, not stored (ftrace's overwrite mode).
-    #[arg(long, value_name = "SIZE", help_heading = "Tracing")]
-    pub overwrite: Option<String>,
-    /// How a traced call reaches vmtrace: an exit per call (trap), vmtrace's
-    /// trampoline in the guest appending to rings (exitless), or the cheaper
-    /// on this host (auto: trap where KVM emulates guest ring 0, else exitless).
+    /// How a traced call reaches vmtrace: a stop per call (trap: a VM exit;
+    /// under attach a gdbstub breakpoint, slow but needing nothing of the
+    /// guest), or vmtrace's trampoline in the guest appending to rings
+    /// (exitless; under attach in memory the guest never uses). auto: a run
+    /// traps where KVM emulates guest ring 0, else goes exitless; attach
+    /// goes exitless where the guest has such memory, else traps.
     #[arg(long, value_enum, default_value_t = ModeArg::Auto, help_heading = "Tracing")]
     pub mode: ModeArg,
     /// Records per vCPU ring in exitless mode (a power of two; default: as
     /// many as fit). Calls beyond a full ring are counted, not recorded.
+    /// Refused by attach, which fits its rings to the guest's unused memory.
     #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub ring_events: Option<u64>,
     /// Function graph (ftrace's function_graph): hook every traced call's
@@ -170,7 +185,7 @@ pub struct RunArgs {
     /// How traced functions are entered: through their ftrace call sites,
     /// or directly (their first instructions displaced by a jump to a stub:
     /// any function, any kernel); auto: ftrace's sites on kernels that have
-    /// them, else direct.
+    /// them, else direct. attach uses ftrace's sites (direct is refused).
     #[arg(long, value_enum, default_value_t = EntryArg::Auto, help_heading = "Tracing")]
     pub entry: EntryArg,
 }
@@ -298,6 +313,8 @@ pub struct ScriptArgs {
         .multiple(true)
         .args(["kernel", "vmlinux"])
 ))]
+// A run without --trace boots untraced; an attach would do nothing.
+#[command(mut_arg("trace", |a| a.required(true)))]
 pub struct AttachArgs {
     /// The QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`; libvirt
     /// keeps one per domain).
@@ -313,73 +330,8 @@ pub struct AttachArgs {
     /// Unstripped vmlinux with symbols.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
-    /// Trace functions matching GLOB (ftrace glob: * ? [...]); repeatable, comma lists.
-    #[arg(long, value_name = "GLOB", required = true, help_heading = "Tracing")]
-    pub trace: Vec<String>,
-    /// Do not trace functions matching GLOB; repeatable, comma lists.
-    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
-    pub notrace: Vec<String>,
-    /// Keep only the calls of these guest tasks (thread ids, as ftrace's
-    /// set_ftrace_pid and trace-cmd -P); comma lists, repeatable. Needs the
-    /// kernel's BTF.
-    #[arg(
-        long,
-        value_name = "PID",
-        value_delimiter = ',',
-        help_heading = "Tracing"
-    )]
-    pub pid: Vec<u32>,
-    /// Keep only the calls of guest tasks whose comm matches GLOB. Needs
-    /// the kernel's BTF.
-    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
-    pub comm: Option<String>,
-    /// Detach after this many seconds (default: at Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "SECS", help_heading = "Tracing")]
-    pub duration: Option<f64>,
-    /// Store at most this many events; counts stay exact beyond it.
-    #[arg(long, value_name = "N", help_heading = "Tracing")]
-    pub max_events: Option<u64>,
-    /// Memory for events on their way to the data file (e.g. 64M).
-    #[arg(
-        long,
-        value_name = "SIZE",
-        default_value = "64M",
-        help_heading = "Tracing"
-    )]
-    pub buffer: String,
-    /// Function graph: hook every traced call's return too.
-    #[arg(long, help_heading = "Tracing")]
-    pub graph: bool,
-    /// Record each traced call's arguments (the six argument registers),
-    /// shown by name from the kernel's BTF: `func(a=1, b=0x...)`; with
-    /// =GLOB (comma-separated, repeatable; `!GLOB` leaves out) only at calls
-    /// of the traced functions matching.
-    #[arg(
-        long,
-        value_name = "GLOB",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "*",
-        help_heading = "Tracing"
-    )]
-    pub args: Vec<String>,
-    /// With --graph: record each return's value (RAX), shown as
-    /// funcgraph-retval does, errnos by name: `ret=-2 (-ENOENT)`.
-    #[arg(long, help_heading = "Tracing")]
-    pub retval: bool,
-    /// Record the guest's kernel stack at each call of the traced functions
-    /// matching GLOB (comma-separated, repeatable; ftrace's func_stack_trace):
-    /// those calls trap, and vmtrace unwinds the stack with the kernel's ORC
-    /// tables (else frame pointers).
-    #[arg(long, value_name = "GLOB", help_heading = "Tracing")]
-    pub stack: Vec<String>,
-    /// How a traced call reaches vmtrace: vmtrace's trampoline in guest
-    /// memory the guest never uses, appending to rings (exitless), a
-    /// breakpoint through the gdbstub per call (trap: slow, needs nothing
-    /// of the guest), or exitless where the guest has such memory, else
-    /// trap (auto).
-    #[arg(long, value_enum, default_value_t = ModeArg::Auto, help_heading = "Tracing")]
-    pub mode: ModeArg,
+    #[command(flatten)]
+    pub tracing: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -556,6 +508,17 @@ pub enum ModeArg {
     Auto,
 }
 
+impl ModeArg {
+    pub fn choice(self) -> tracer::plan::ModeChoice {
+        use tracer::plan::ModeChoice;
+        match self {
+            ModeArg::Trap => ModeChoice::Trap,
+            ModeArg::Exitless => ModeChoice::Exitless,
+            ModeArg::Auto => ModeChoice::Auto,
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryArg {
     Ftrace,
@@ -595,4 +558,65 @@ pub enum SortKey {
     Avg,
     /// Function-graph traces: longest call first.
     Max,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, CommandFactory};
+
+    use super::*;
+
+    /// Each tracing flag as `--help` shows it: name, heading, value name,
+    /// defaults and help text.
+    fn shown(cmd: &clap::Command, long: &str) -> Option<String> {
+        let a = cmd.get_arguments().find(|a| a.get_long() == Some(long))?;
+        Some(format!(
+            "{long} {:?} {:?} {:?} {:?} {:?}",
+            a.get_help_heading(),
+            a.get_value_names(),
+            a.get_default_values(),
+            a.get_num_args(),
+            a.get_help().map(ToString::to_string),
+        ))
+    }
+
+    /// A run, `record` and `attach` take every tracing flag alike.
+    #[test]
+    fn run_record_and_attach_share_the_tracing_flags() {
+        let mut tracing = TraceArgs::augment_args(clap::Command::new("t"));
+        // (Before clap adds --help.)
+        let longs: Vec<String> = tracing
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        tracing.build();
+        assert!(longs.len() >= 14, "{longs:?}");
+        let mut cli = Cli::command();
+        cli.build();
+        let commands = [
+            cli.clone(),
+            cli.find_subcommand("record").unwrap().clone(),
+            cli.find_subcommand("attach").unwrap().clone(),
+        ];
+        for long in &longs {
+            let want = shown(&tracing, long);
+            assert_eq!(want.as_deref().map(|s| s.contains("Tracing")), Some(true));
+            for cmd in &commands {
+                assert_eq!(shown(cmd, long), want, "{} --{long}", cmd.get_name());
+            }
+        }
+    }
+
+    /// Every help text parses (clap's own checks of the definitions), and
+    /// attach, unlike a run, still needs --trace.
+    #[test]
+    fn help_texts_parse() {
+        Cli::command().debug_assert();
+        let e = Cli::try_parse_from(["vmtrace", "attach", "--qmp", "q", "--kernel", "k"]);
+        assert_eq!(
+            e.unwrap_err().kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert!(Cli::try_parse_from(["vmtrace", "--kernel", "k"]).is_ok());
+    }
 }

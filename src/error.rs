@@ -275,6 +275,12 @@ pub enum InputError {
     NoDataFile(PathBuf),
     #[error("--threshold: {0}")]
     Threshold(String),
+    /// A tracing flag `vmtrace attach` cannot honour yet.
+    #[error("{flag}: vmtrace attach {why}; drop {flag}")]
+    NotOnAttach {
+        flag: &'static str,
+        why: &'static str,
+    },
     /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
     #[error("{}", .0.say(&Flags))]
     Qemu(tracer::qemu::session::QemuError),

@@ -118,23 +118,26 @@ mod tests {
             cli::Cli::try_parse_from(argv).unwrap()
         };
         let c = parse(&["--kernel", "k", "--trace", "x", "--args", "--graph"]);
-        assert_eq!((c.run.args, c.run.graph), (vec!["*".to_string()], true));
+        assert_eq!(
+            (c.run.tracing.args, c.run.tracing.graph),
+            (vec!["*".to_string()], true)
+        );
         let c = parse(&["--kernel", "k", "--trace", "x", "--args=a,b", "--args=!c"]);
-        assert_eq!(c.run.args, ["a,b", "!c"]);
+        assert_eq!(c.run.tracing.args, ["a,b", "!c"]);
         let c = parse(&["--kernel", "k", "--trace", "x"]);
-        assert!(c.run.args.is_empty());
+        assert!(c.run.tracing.args.is_empty());
         let c = parse(&["record", "--kernel", "k", "--trace", "x", "--args"]);
         let Some(cli::Command::Record(r)) = c.command else {
             panic!("not a record")
         };
-        assert_eq!(r.run.args, ["*"]);
+        assert_eq!(r.run.tracing.args, ["*"]);
         let c = parse(&[
             "attach", "--qmp", "q", "--kernel", "k", "--trace", "x", "--args=f",
         ]);
         let Some(cli::Command::Attach(a)) = c.command else {
             panic!("not an attach")
         };
-        assert_eq!(a.args, ["f"]);
+        assert_eq!(a.tracing.args, ["f"]);
         // Globs follow `=` only: a separate word is not --args' value.
         let e = error_of(&["--kernel", "k", "--trace", "x", "--args", "f"]);
         assert!(e.contains("'f'") && e.contains("--args[=<GLOB>]"), "{e}");

@@ -811,3 +811,34 @@ fn a_notrace_glob_matching_nothing_is_refused() {
         "--notrace 'nomatch_*' matches no traceable function",
     );
 }
+
+/// `vmtrace attach` takes a run's tracing flags; those it cannot honour yet
+/// are refused before anything else is checked or opened (neither the
+/// vmlinux nor the QMP socket here exists), and the others get that far.
+#[test]
+fn attach_refuses_the_tracing_flags_it_cannot_honour() {
+    let base = [
+        "attach",
+        "--qmp",
+        "/nonexistent/qmp.sock",
+        "--vmlinux",
+        "/nonexistent/vmlinux",
+        "--trace",
+        "x",
+        "--duration",
+        "0",
+    ];
+    assert_bad_input(
+        &with(&base, &["--entry", "direct"]),
+        "vmtrace: --entry direct: vmtrace attach enters traced functions through their ftrace \
+         call sites only; drop --entry direct",
+    );
+    assert_bad_input(
+        &with(&base, &["--ring-events", "1024"]),
+        "vmtrace: --ring-events: vmtrace attach sizes its rings itself, to the guest's unused \
+         memory; drop --ring-events",
+    );
+    for entry in ["auto", "ftrace"] {
+        assert_bad_input(&with(&base, &["--entry", entry]), "--duration 0");
+    }
+}

@@ -487,3 +487,45 @@ fn trace_cmd_reads_the_trace_dat_with_the_events_script_prints() {
     assert_eq!(theirs, ours, "trace-cmd report:\n{tc_text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The long flags of the `Tracing:` section of `vmtrace ARGS --help`.
+fn tracing_flags(args: &[&str]) -> Vec<String> {
+    let out = vmtrace(args);
+    ok(&out, "--help");
+    let help = String::from_utf8(out.stdout).unwrap();
+    let section = help
+        .split("\nTracing:\n")
+        .nth(1)
+        .expect("a Tracing section");
+    // Up to the next heading (flags are indented, long help has blank lines).
+    section
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with(' '))
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(|l| l.split([' ', '[']).next().unwrap().to_string())
+        .collect()
+}
+
+/// A run, `record` and `attach` take the same tracing flags (issue 33),
+/// attach all but the two that only a guest vmtrace boots has: patching
+/// from the first instruction, and the flight recorder.
+#[test]
+fn run_record_and_attach_list_the_same_tracing_flags() {
+    let run = tracing_flags(&["--help"]);
+    assert_eq!(tracing_flags(&["record", "--help"]), run);
+    let attach = tracing_flags(&["attach", "--help"]);
+    let only_run: Vec<&String> = run.iter().filter(|f| !attach.contains(f)).collect();
+    assert_eq!(only_run, ["from-boot", "overwrite"], "{run:?} {attach:?}");
+    for flag in [
+        "trace",
+        "entry",
+        "ring-events",
+        "mode",
+        "args",
+        "stack",
+        "duration",
+    ] {
+        assert!(attach.iter().any(|f| f == flag), "--{flag}: {attach:?}");
+    }
+    assert!(attach.iter().all(|f| run.contains(f)), "{attach:?}");
+}

@@ -2,13 +2,13 @@
 //! running (the library's `tracer::qemu` session), then detach, leaving it
 //! running as found, and report like a normal run.
 
-use tracer::plan::{ModeChoice, Note, Request, TracePlan};
+use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
 use tracer::session::store::Storage;
 use tracer::session::Recording;
 
-use crate::cli::{AttachArgs, ModeArg};
+use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
 use crate::emit::emit;
@@ -19,8 +19,10 @@ const MIN_BUFFER: u64 =
     2 * (tracer::session::record::BATCH * tracer::trace::datafile::EVENT_SIZE) as u64;
 
 pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
-    let duration = secs(args.duration, "--duration")?;
-    let buffer = size(&args.buffer, "--buffer", MIN_BUFFER)?;
+    let t = &args.tracing;
+    t.check_attach()?;
+    let duration = secs(t.duration, "--duration")?;
+    let buffer = size(&t.buffer, "--buffer", MIN_BUFFER)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
     let gdb = args
@@ -28,27 +30,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
     let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
-    let asked = match args.mode {
-        ModeArg::Trap => ModeChoice::Trap,
-        ModeArg::Exitless => ModeChoice::Exitless,
-        ModeArg::Auto => ModeChoice::Auto,
-    };
-    let request = Request {
-        trace: args.trace.clone(),
-        notrace: args.notrace.clone(),
-        pids: args.pid.clone(),
-        comm: args.comm.clone(),
-        args: args.args.clone(),
-        retval: args.retval,
-        stack: args.stack.clone(),
-        entry: tracer::plan::entry::EntryChoice::Ftrace,
-        graph: args.graph,
-        mode: asked,
-        ring_events: None,
-        cpus: connected.info.cpus,
-        emulator_host: false,
-        linux: true,
-    };
+    let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
@@ -60,7 +42,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let mut data = Data::open(output.data.as_ref())?;
     let file = data.file.take().expect("just opened");
     let recording = Recording {
-        max_events: args.max_events.unwrap_or(u64::MAX),
+        max_events: t.max_events.unwrap_or(u64::MAX),
         storage: Storage::Stream { file, buffer },
         kernel,
         vmm: connected.info.to_string(),

@@ -8,6 +8,7 @@ mod list;
 mod output;
 mod report;
 mod run;
+mod trace;
 
 use std::time::Duration;
 

@@ -8,14 +8,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use tracer::kernel::find::{self, Given};
-use tracer::plan::{ModeChoice, Note, Request, TracePlan};
+use tracer::plan::{Note, TracePlan};
 use vmm::boot::cmdline::{kernel_cmdline, Cmdline};
 use vmm::boot::{BootError, KernelFile};
 use vmm::{VmConfig, VmSize};
 
 use super::output::{self, format_name};
 use super::{secs, Output};
-use crate::cli::{Format, ModeArg, OutputArgs, RunArgs};
+use crate::cli::{Format, OutputArgs, RunArgs};
 use crate::console::Checked;
 use crate::error::InputError;
 
@@ -66,12 +66,13 @@ impl RunConfig {
         if !kernel.is_file() {
             return Err(InputError::KernelMissing(kernel));
         }
-        let traced = !args.trace.is_empty() || !args.notrace.is_empty();
+        let t = &args.tracing;
+        let traced = !t.trace.is_empty() || !t.notrace.is_empty();
         check_flags(args, form, traced)?;
         let size = VmSize::new(args.cpus, args.mem)?;
         let (cpus, mem_mib) = (size.cpus(), size.mem_mib());
         let timeout = secs(args.timeout, "--timeout")?;
-        let duration = secs(args.duration, "--duration")?;
+        let duration = secs(t.duration, "--duration")?;
         let output = outputs(args, out, form, traced)?;
         let console = Console::of(args.console.as_deref());
         check_console(&console, output.as_ref())?;
@@ -95,7 +96,7 @@ impl RunConfig {
         };
         let cmdline = kernel_cmdline(kind, emulator_host, words)?;
 
-        let buffer = super::size(&args.buffer, "--buffer", MIN_BUFFER)?;
+        let buffer = super::size(&t.buffer, "--buffer", MIN_BUFFER)?;
         let overwrite = match &args.overwrite {
             Some(v) => Some(super::size(v, "--overwrite", EVENT_BYTES)? / EVENT_BYTES),
             None => None,
@@ -104,7 +105,7 @@ impl RunConfig {
             Some(output) => Some(TraceConfig {
                 plan: plan(args, &kernel, cpus as usize, emulator_host)?,
                 duration,
-                max_events: args.max_events.unwrap_or(u64::MAX),
+                max_events: t.max_events.unwrap_or(u64::MAX),
                 buffer,
                 overwrite,
                 output,
@@ -135,16 +136,17 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
     if traced {
         return Ok(());
     }
+    let t = &args.tracing;
     let needs_trace = [
-        (args.graph, "--graph"),
-        (!args.args.is_empty(), "--args"),
-        (args.retval, "--retval"),
-        (!args.stack.is_empty(), "--stack"),
-        (!args.pid.is_empty(), "--pid"),
-        (args.comm.is_some(), "--comm"),
-        (args.duration.is_some(), "--duration"),
+        (t.graph, "--graph"),
+        (!t.args.is_empty(), "--args"),
+        (t.retval, "--retval"),
+        (!t.stack.is_empty(), "--stack"),
+        (!t.pid.is_empty(), "--pid"),
+        (t.comm.is_some(), "--comm"),
+        (t.duration.is_some(), "--duration"),
         (args.overwrite.is_some(), "--overwrite"),
-        (args.max_events.is_some(), "--max-events"),
+        (t.max_events.is_some(), "--max-events"),
         (args.from_boot, "--from-boot"),
     ];
     match needs_trace.iter().find(|(given, _)| *given) {
@@ -167,7 +169,7 @@ fn outputs(
     if let Some(view) = output
         .as_ref()
         .and_then(Output::graph_view)
-        .filter(|_| !args.graph)
+        .filter(|_| !args.tracing.graph)
     {
         return Err(InputError::NeedsGraph { view });
     }
@@ -233,26 +235,9 @@ fn plan(
     if let Some(n) = &found.note {
         note!("vmtrace: {n}");
     }
-    let request = Request {
-        trace: args.trace.clone(),
-        notrace: args.notrace.clone(),
-        pids: args.pid.clone(),
-        comm: args.comm.clone(),
-        args: args.args.clone(),
-        retval: args.retval,
-        stack: args.stack.clone(),
-        entry: args.entry.choice(),
-        graph: args.graph,
-        mode: match args.mode {
-            ModeArg::Trap => ModeChoice::Trap,
-            ModeArg::Exitless => ModeChoice::Exitless,
-            ModeArg::Auto => ModeChoice::Auto,
-        },
-        ring_events: args.ring_events,
-        cpus,
-        emulator_host,
-        linux: kernel.kind().is_linux(),
-    };
+    let request = args
+        .tracing
+        .request(cpus, emulator_host, kernel.kind().is_linux());
     let mut plan = TracePlan::build(found.image, &request)?;
     plan.notes.retain(|n| match n {
         Note::AutoTrap { why, remedy } => {

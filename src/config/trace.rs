@@ -1,0 +1,118 @@
+//! The tracing flags that a run, `record` and `attach` share (`TraceArgs`),
+//! as the tracer's `Request`: written once, so that every command asks the
+//! tracer alike.
+
+use tracer::plan::entry::EntryChoice;
+use tracer::plan::Request;
+
+use crate::cli::{EntryArg, TraceArgs};
+use crate::error::InputError;
+
+impl TraceArgs {
+    /// The tracer's request for these flags, on a guest of `cpus` vCPUs;
+    /// `emulator_host`: `vmm::host::emulates_ring0` (auto mode traps there).
+    pub fn request(&self, cpus: usize, emulator_host: bool, linux: bool) -> Request {
+        Request {
+            trace: self.trace.clone(),
+            notrace: self.notrace.clone(),
+            pids: self.pid.clone(),
+            comm: self.comm.clone(),
+            args: self.args.clone(),
+            retval: self.retval,
+            stack: self.stack.clone(),
+            entry: self.entry.choice(),
+            graph: self.graph,
+            mode: self.mode.choice(),
+            ring_events: self.ring_events,
+            cpus,
+            emulator_host,
+            linux,
+        }
+    }
+
+    /// `vmtrace attach`'s request, once `check_attach` passed.
+    pub fn attach_request(&self, cpus: usize) -> Request {
+        Request {
+            // The QEMU session patches ftrace sites only (`auto` included).
+            entry: EntryChoice::Ftrace,
+            // Not this host's KVM: attach's auto mode goes by the guest's
+            // room (`tracer::qemu::mode::decide`).
+            ..self.request(cpus, false, true)
+        }
+    }
+
+    /// The tracing flags `vmtrace attach` cannot honour yet, refused before
+    /// it connects rather than ignored.
+    pub fn check_attach(&self) -> Result<(), InputError> {
+        let refused = [
+            (
+                self.entry == EntryArg::Direct,
+                "--entry direct",
+                "enters traced functions through their ftrace call sites only",
+            ),
+            (
+                self.ring_events.is_some(),
+                "--ring-events",
+                "sizes its rings itself, to the guest's unused memory",
+            ),
+        ];
+        match refused.into_iter().find(|(given, ..)| *given) {
+            Some((_, flag, why)) => Err(InputError::NotOnAttach { flag, why }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use tracer::plan::ModeChoice;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn attach(flags: &[&str]) -> TraceArgs {
+        let argv = [
+            "vmtrace", "attach", "--qmp", "q", "--kernel", "k", "--trace", "f",
+        ];
+        match Cli::parse_from(argv.iter().chain(flags)).command {
+            Some(Command::Attach(a)) => a.tracing,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    /// The flags reach the request as a run gives them; attach's keeps
+    /// ftrace's sites and its own auto mode.
+    #[test]
+    fn one_request_for_run_and_attach() {
+        let flags = ["--mode", "exitless", "--graph", "--pid", "1,2", "--args=g"];
+        let t = attach(&flags);
+        let run = t.request(4, true, false);
+        assert_eq!(
+            (run.mode, run.entry),
+            (ModeChoice::Exitless, EntryChoice::Auto)
+        );
+        assert_eq!((run.cpus, run.emulator_host, run.linux), (4, true, false));
+        assert!(run.graph && run.trace == ["f"] && run.pids == [1, 2] && run.args == ["g"]);
+        let a = t.attach_request(2);
+        assert_eq!(
+            (a.entry, a.emulator_host, a.linux),
+            (EntryChoice::Ftrace, false, true)
+        );
+        assert_eq!(
+            (a.mode, a.cpus, a.pids),
+            (ModeChoice::Exitless, 2, run.pids)
+        );
+    }
+
+    #[test]
+    fn attach_refuses_what_it_cannot_honour_and_takes_the_rest() {
+        for ok in [&[][..], &["--entry", "ftrace"], &["--entry", "auto"]] {
+            assert!(attach(ok).check_attach().is_ok(), "{ok:?}");
+        }
+        let e = attach(&["--entry", "direct"]).check_attach().unwrap_err();
+        assert!(e.to_string().starts_with("--entry direct: "), "{e}");
+        let e = attach(&["--ring-events", "64"]).check_attach().unwrap_err();
+        assert!(e.to_string().ends_with("; drop --ring-events"), "{e}");
+    }
+}
