@@ -155,20 +155,8 @@ fn attach_in(
     let image = tracer::kernel::symbols::KernelImage::load(vmlinux).map_err(measure_error)?;
     let connected = session::connect(&g.qmp(), None).map_err(measure_error)?;
     let request = Request {
-        trace: vec![glob.to_string()],
-        notrace: Vec::new(),
-        graph: false,
-        mode,
-        ring_events: None,
-        cpus: connected.info.cpus,
-        emulator_host: false,
-        linux: true,
-        pids: Vec::new(),
-        comm: None,
-        args: Vec::new(),
-        retval: false,
-        stack: Vec::new(),
         entry: tracer::plan::entry::EntryChoice::Ftrace,
+        ..Request::new(vec![glob.to_string()], mode, connected.info.cpus)
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
     connected

@@ -202,23 +202,12 @@ mod tests {
             return None;
         }
         let req = Request {
-            trace: vec!["hrtimer_*".into()],
-            notrace: Vec::new(),
             graph,
-            mode: asked,
-            ring_events: None,
-            cpus: 2,
-            emulator_host: false,
-            linux: true,
-            pids: Vec::new(),
-            comm: None,
-            args: Vec::new(),
-            retval: false,
             stack: match stack {
                 true => vec!["hrtimer_interrupt".into()],
                 false => Vec::new(),
             },
-            entry: Default::default(),
+            ..Request::new(vec!["hrtimer_*".into()], asked, 2)
         };
         Some(TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap())
     }

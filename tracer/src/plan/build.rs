@@ -60,6 +60,30 @@ pub struct Request {
     pub entry: crate::plan::entry::EntryChoice,
 }
 
+impl Request {
+    /// Trace `trace` on `cpus` CPUs of a Linux guest in `mode`, through
+    /// ftrace's sites where the kernel has them, nothing else asked (no
+    /// graph, values, stacks or task filter).
+    pub fn new(trace: Vec<String>, mode: ModeChoice, cpus: usize) -> Request {
+        Request {
+            trace,
+            notrace: Vec::new(),
+            graph: false,
+            mode,
+            ring_events: None,
+            cpus,
+            emulator_host: false,
+            linux: true,
+            pids: Vec::new(),
+            comm: None,
+            args: Vec::new(),
+            retval: false,
+            stack: Vec::new(),
+            entry: Default::default(),
+        }
+    }
+}
+
 /// Something the user should be told about the plan, once it is set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Note {
