@@ -109,12 +109,16 @@ impl Backend for QemuVm {
             } => {
                 let until = Instant::now() + step;
                 loop {
+                    // (A socket takes no zero timeout: the step is over.)
                     let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
                     match b.serve(&self.guest, left) {
                         // Hits keep coming: QMP is asked every step, not
                         // every hit.
-                        Ok(true) if !left.is_zero() => continue,
-                        Ok(_) => break,
+                        Ok(true) => continue,
+                        Ok(false) => break,
                         Err(e) => {
                             return Some(match self.qmp.status() {
                                 Err(gone) => TraceEnd::VmmGone(gone.to_string()),
