@@ -12,23 +12,16 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
 use common::attach::*;
+use common::guard::*;
 use common::qemu::*;
-use common::{elf_symbol, s, scratch_in};
-use tracer::kernel::symbols::KernelImage;
-use tracer::qemu::procmem::ProcRam;
+use common::{s, scratch_in};
 use tracer::qemu::qmp::Qmp;
 
-/// What a kernel prints when something went wrong.
-const BAD: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel panic"];
-/// The kernel image's virtual base (`__START_KERNEL_map`).
-const KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
-/// Physical KASLR moves the kernel in steps of 2 MiB.
-const KASLR_ALIGN: u64 = 2 << 20;
 /// getpid's function: `__x64_sys_getpid` and `__do_sys_getpid` share an
 /// address, and the report names it by one of them.
 const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
@@ -47,173 +40,6 @@ fn assert_detached(e: &Ended, why: &str) {
         e.stderr
     );
     assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
-}
-
-/// The guest runs on, answers, and its console has no kernel complaint.
-fn assert_runs_on(guest: &QemuGuest, worker: u32) {
-    guest.send_line("ping");
-    guest
-        .wait_for(&format!("workload: pong pid={worker}"), COMMAND_TIMEOUT)
-        .unwrap();
-    guest.go("getpid", 10).unwrap();
-    let console = guest.console();
-    for bad in BAD {
-        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
-    }
-}
-
-/// The guest memory vmtrace may touch: the low MiB (its pages) and the
-/// kernel's text (its sites), read through QMP and /proc/PID/mem while no
-/// vmtrace is connected (QMP serves one client at a time).
-#[derive(PartialEq, Eq)]
-struct Memory {
-    /// Guest-physical address and bytes of each RAM piece.
-    pieces: Vec<(u64, Vec<u8>)>,
-}
-
-/// Where the kernel runs and what to compare, from its vmlinux.
-struct Kernel {
-    vmlinux: PathBuf,
-    /// `_stext`, `_etext` (link addresses).
-    text: (u64, u64),
-    /// `linux_banner`'s link address and bytes.
-    banner: (u64, Vec<u8>),
-}
-
-impl Kernel {
-    fn new(vmlinux: &Path) -> Kernel {
-        let image = KernelImage::load(vmlinux).unwrap();
-        let b = image.symbol("linux_banner").expect("linux_banner");
-        let bytes = image.file_bytes(b.addr, 64).unwrap().to_vec();
-        Kernel {
-            vmlinux: vmlinux.to_owned(),
-            text: (elf_symbol(vmlinux, "_stext"), elf_symbol(vmlinux, "_etext")),
-            banner: (b.addr, bytes),
-        }
-    }
-
-    /// The kernel's physical KASLR offset: the one 2 MiB step at which RAM
-    /// holds its banner.
-    fn phys_offset(&self, ram: &ProcRam) -> u64 {
-        let link = self.banner.0 - KERNEL_MAP;
-        let mut buf = vec![0u8; self.banner.1.len()];
-        let hits: Vec<u64> = (0..128)
-            .map(|i| i * KASLR_ALIGN)
-            .filter(|off| ram.read(link + off, &mut buf).is_ok() && buf == self.banner.1)
-            .collect();
-        assert_eq!(
-            hits.len(),
-            1,
-            "{}'s banner at steps {hits:x?}",
-            self.vmlinux.display()
-        );
-        hits[0]
-    }
-
-    /// Find the kernel in the guest's RAM (through QMP: no vmtrace may be
-    /// connected) and open that RAM for [`Watch::read`].
-    fn watch(&self, qmp_path: &Path) -> Watch {
-        let mut qmp = Qmp::connect(qmp_path, Duration::from_secs(10)).unwrap();
-        let layout = qmp.ram_layout().unwrap();
-        let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
-        let phys = self.phys_offset(&ram);
-        let text = (
-            self.text.0 - KERNEL_MAP + phys,
-            self.text.1 - KERNEL_MAP + phys,
-        );
-        let mut areas = Vec::new();
-        for (start, end) in [(0, LOW), text] {
-            for r in &layout {
-                let (a, b) = (start.max(r.gpa), end.min(r.gpa + r.len));
-                if a < b {
-                    areas.push((a, b));
-                }
-            }
-        }
-        assert!(
-            areas.iter().any(|p| p.0 == text.0),
-            "text {text:x?} not in RAM {layout:?}"
-        );
-        Watch { ram, areas, phys }
-    }
-
-    /// The low MiB and the kernel's text now, and the physical offset.
-    fn read(&self, qmp_path: &Path) -> (Memory, u64) {
-        let w = self.watch(qmp_path);
-        (w.read(), w.phys)
-    }
-}
-
-/// The low MiB vmtrace's pages live in.
-const LOW: u64 = 1 << 20;
-
-/// Guest RAM the kernel's and vmtrace's bytes are in, readable while
-/// vmtrace is attached (/proc/PID/mem, opened before).
-struct Watch {
-    ram: ProcRam,
-    /// Guest-physical `[start, end)` pieces: the low MiB's RAM, the text.
-    areas: Vec<(u64, u64)>,
-    phys: u64,
-}
-
-impl Watch {
-    fn read(&self) -> Memory {
-        let pieces = self
-            .areas
-            .iter()
-            .map(|&(a, b)| {
-                let mut buf = vec![0u8; (b - a) as usize];
-                self.ram.read(a, &mut buf).unwrap();
-                (a, buf)
-            })
-            .collect();
-        Memory { pieces }
-    }
-}
-
-/// Guest-physical addresses whose bytes differ, with both values.
-fn diffs(before: &Memory, after: &Memory) -> Vec<(u64, u8, u8)> {
-    assert_eq!(before.pieces.len(), after.pieces.len());
-    let mut out = Vec::new();
-    for ((gpa, a), (gpb, b)) in before.pieces.iter().zip(&after.pieces) {
-        assert_eq!((gpa, a.len()), (gpb, b.len()));
-        let at = a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y);
-        out.extend(at.map(|(i, (x, y))| (gpa + i as u64, *x, *y)));
-    }
-    out
-}
-
-/// Both reads hold the same bytes; else the first differing addresses.
-fn assert_same(before: &Memory, after: &Memory, when: &str) {
-    let d = diffs(before, after);
-    let first: Vec<String> = d
-        .iter()
-        .take(32)
-        .map(|(at, x, y)| format!("{at:#x}: {x:#04x} -> {y:#04x}"))
-        .collect();
-    assert!(
-        d.is_empty(),
-        "guest memory changed {when} at {} bytes: {}",
-        d.len(),
-        first.join(", ")
-    );
-}
-
-/// No chardev of vmtrace's gdbstub (id `gdb`, its socket) is left in
-/// QEMU. QEMU's first `gdbserver` also makes the stub's monitor chardev
-/// (`#chrN: filename=gdb`), which QEMU keeps for its lifetime and offers no
-/// way to remove: that one may stay.
-fn assert_no_gdbstub(qmp: &Path) {
-    let list = Qmp::connect(qmp, Duration::from_secs(10))
-        .unwrap()
-        .hmp("info chardev")
-        .unwrap();
-    assert!(
-        !list
-            .lines()
-            .any(|l| l.starts_with("gdb:") || l.contains("vmtrace-gdb")),
-        "{list}"
-    );
 }
 
 /// Attach with `args` (`--trace` ...), run `calls` once attached, read

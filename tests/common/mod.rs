@@ -7,6 +7,7 @@ pub mod qemu;
 pub mod qemu_vm;
 // The `vmtrace attach` runs of the QEMU tests (covered by the same allow).
 pub mod attach;
+pub mod guard;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
