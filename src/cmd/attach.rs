@@ -5,8 +5,11 @@
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
+use std::time::{Duration, Instant};
+
+use tracer::session::backend::HeldUp;
 use tracer::session::store::Storage;
-use tracer::session::Recording;
+use tracer::session::{Observer, Progress, Recording};
 
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
@@ -56,10 +59,62 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
-    let reason = s.trace(duration);
-    let ended = s.end(&reason);
+    let mut waits = Waits::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let reason = s.trace_with(duration, &done, &mut waits);
+    let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// How often a wait on QEMU is said again while it lasts.
+const WAIT_SAID_EVERY: Duration = Duration::from_secs(10);
+
+/// Says what keeps vmtrace waiting on the QEMU (a stalled monitor,
+/// someone else's stop): once as it starts, every `WAIT_SAID_EVERY`, and
+/// once as it ends.
+#[derive(Default)]
+struct Waits {
+    /// The wait said last, when it was said, and whether this step saw it.
+    said: Option<(HeldUp, Instant)>,
+    seen: bool,
+}
+
+impl Observer for Waits {
+    fn held_up(&mut self, why: &HeldUp) {
+        self.seen = true;
+        let again = match &self.said {
+            Some((last, at)) => {
+                std::mem::discriminant(last) != std::mem::discriminant(why)
+                    || at.elapsed() >= WAIT_SAID_EVERY
+            }
+            None => true,
+        };
+        if again {
+            match why {
+                HeldUp::Unanswered { since } => note!(
+                    "vmtrace: QEMU has not answered for {:.0} s (its main loop is busy, or its process is stopped); waiting for it",
+                    since.as_secs_f64()
+                ),
+                HeldUp::Stopped { why, since } => note!(
+                    "vmtrace: the VM was stopped by someone else {:.0} s ago ({why}); vmtrace leaves it stopped and waits",
+                    since.as_secs_f64()
+                ),
+            }
+            self.said = Some((why.clone(), Instant::now()));
+        }
+    }
+
+    fn tracing(&mut self, _: &Progress, _: Duration, _: Option<Duration>) {
+        if !std::mem::take(&mut self.seen) {
+            if let Some((last, _)) = self.said.take() {
+                match last {
+                    HeldUp::Unanswered { .. } => note!("vmtrace: QEMU answers again; tracing on"),
+                    HeldUp::Stopped { .. } => note!("vmtrace: the VM runs again; tracing on"),
+                }
+            }
+        }
+    }
 }
 
 fn say_attached(s: &QemuSession) {
@@ -96,14 +151,22 @@ fn report(
         drained,
         summary,
         saved,
+        left_stopped,
     } = ended;
+    let runs_on = match &left_stopped {
+        None => "the guest runs on".to_string(),
+        Some(why) => format!(
+            "the VM stays stopped ({}), as someone else stopped it",
+            tracer::qemu::liveness::RunState::parse(why)
+        ),
+    };
     match (&detached, reason) {
         (Ok(d), _) if trap => note!(
-            "vmtrace: detached ({reason}): {} breakpoints removed; the guest runs on",
+            "vmtrace: detached ({reason}): {} breakpoints removed; {runs_on}",
             d.restored,
         ),
         (Ok(d), _) => note!(
-            "vmtrace: detached ({reason}): {} sites restored{}; the guest runs on",
+            "vmtrace: detached ({reason}): {} sites restored{}; {runs_on}",
             d.restored,
             match &removed {
                 Ok(_) => ", vmtrace's code and page-table entries taken out".to_string(),
@@ -115,6 +178,9 @@ fn report(
         (Err(_), EndReason::QemuGone(_)) => {
             note!("vmtrace: {reason}; kept what was traced until then")
         }
+        (Err(_), EndReason::GuestReset(_)) => note!(
+            "vmtrace: {reason}: the trace ends there; vmtrace wrote nothing to the guest after it (its kernel, and vmtrace's changes, went with the reset)"
+        ),
         (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
     }
     let saved = saved.unwrap_or_else(|| {
@@ -136,7 +202,9 @@ fn report(
     match (drained, reason) {
         // Its RAM went with it: what was not drained yet is what the line
         // above says was not kept.
-        (Err(_), EndReason::QemuGone(_)) | (Ok(()), _) => Ok(Outcome::Clean),
+        (Err(_), EndReason::QemuGone(_) | EndReason::GuestReset(_)) | (Ok(()), _) => {
+            Ok(Outcome::Clean)
+        }
         (Err(e), _) => Err(RuntimeError::Drain(e).into()),
     }
 }

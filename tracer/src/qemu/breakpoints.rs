@@ -29,8 +29,21 @@ pub struct Breakpoints {
     sites: HashSet<u64>,
     /// One per vCPU, in the stub's thread order.
     handlers: Vec<Box<dyn TrapHandler>>,
-    /// Stops that were no hit of vmtrace's (anyone's stop): resumed.
+    /// Traps at no site of vmtrace's: resumed.
     pub other_stops: u64,
+}
+
+/// What one wait for a stop found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// A stop at a breakpoint, recorded; the VM runs again.
+    Hit,
+    /// The VM ran on.
+    Idle,
+    /// The VM stopped for someone else (gdb `signal`: 2 a QMP `stop`, 29
+    /// an I/O error, 14 a watchdog, ...; QEMU's gdb_vm_state_change), and
+    /// stays stopped.
+    NotOurs { signal: u8 },
 }
 
 /// Why a hit could not be handled.
@@ -77,24 +90,32 @@ impl Breakpoints {
     }
 
     /// Waits up to `timeout` for the running VM to stop; records a hit and
-    /// resumes the VM. False if it still runs.
-    pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<bool, HitError> {
+    /// resumes the VM. A stop that is no breakpoint's (a user's `stop`, an
+    /// I/O error, a watchdog: the stop reply's signal says which) is left
+    /// alone: resuming it would undo it.
+    pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<Served, HitError> {
         let Some(hit) = guest.wait_hit(timeout)? else {
-            return Ok(false);
+            return Ok(Served::Idle);
         };
+        if hit.reply.signal != SIGTRAP {
+            let signal = hit.reply.signal;
+            hit.hold();
+            return Ok(Served::NotOurs { signal });
+        }
         let moved = match hit.cpu {
-            Some(cpu) if hit.reply.signal == SIGTRAP => {
+            Some(cpu) => {
                 let snap = hit.snapshot(cpu)?;
                 self.record(cpu, &snap, &**hit.ram())?
             }
-            _ => None,
+            None => None,
         };
         if moved.is_none() {
+            // A trap at no site of vmtrace's (one just removed): resumed.
             self.other_stops += 1;
         }
         // The vCPU moved past the site as the VM resumes: one packet.
         hit.resume(moved.flatten())?;
-        Ok(true)
+        Ok(Served::Hit)
     }
 
     /// A hit on `cpu` (registers `snap`): to its recorder, which finds the

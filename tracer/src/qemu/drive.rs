@@ -1,7 +1,9 @@
 //! A QEMU as the session driver's loops see it (`session::backend`): each
 //! attach attempt in a stop through its gdbstub, and while tracing, its
-//! breakpoint hits served (trap mode), its monitor asked whether it still
-//! runs, and the termination signals taken.
+//! breakpoint hits served (trap mode), the termination signals taken, and
+//! its monitor asked how the VM is: gone only when QEMU's process is (or
+//! its monitor closed), stalled while the monitor does not answer, held
+//! while someone else stops it, and reset when its machine was.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -9,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use vmm::{Stopped, TrapHandler};
 
-use super::breakpoints::{self, Breakpoints};
+use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
 use super::guest::QemuGuest;
-use super::qmp::Qmp;
-use crate::session::backend::{AttachedIn, Backend, TraceEnd};
+use super::liveness::{QemuProcess, RunState};
+use super::qmp::{Qmp, QmpError};
+use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
@@ -46,7 +49,116 @@ pub(super) struct QemuVm {
     /// Attached: from here on a wait also serves hits, asks the monitor
     /// and takes the termination signals.
     pub(super) tracing: bool,
+    pub(super) process: QemuProcess,
+    /// Since when the monitor has not answered.
+    pub(super) unanswered: Option<Instant>,
+    /// Someone else's stop of the VM (QEMU's run state), and since when.
+    pub(super) held: Option<(String, Instant)>,
 }
+
+impl QemuVm {
+    pub(super) fn new(qmp: Qmp, guest: QemuGuest, stub: Stub, pid: u32) -> QemuVm {
+        QemuVm {
+            qmp,
+            guest,
+            stub,
+            // Set at the first stop (`setup`).
+            arming: Arming::Trap {
+                handlers: None,
+                breakpoints: None,
+            },
+            tracing: false,
+            process: QemuProcess::watch(pid),
+            unanswered: None,
+            held: None,
+        }
+    }
+
+    /// How the VM is now, from its monitor: None while QEMU runs on (a
+    /// stalled monitor is waited out, someone else's stop noted), else why
+    /// tracing must end. A late answer is never taken for a later
+    /// command's (QMP ids).
+    pub(super) fn look(&mut self) -> Option<TraceEnd> {
+        if self.process.is_gone() {
+            return Some(TraceEnd::VmmGone("its process exited".into()));
+        }
+        let status = self.qmp.status();
+        let events = self.qmp.take_events();
+        if let Some(why) = events
+            .reset
+            .or(events.shutdown.filter(|w| w != "guest-reset" && w != "host-qmp-quit"))
+        {
+            // Before anything else can write: the drainer's next word would
+            // land in the firmware's or the next kernel's memory.
+            self.guest.seal();
+            return Some(TraceEnd::GuestReset(why));
+        }
+        if events.suspend {
+            return Some(TraceEnd::Suspended);
+        }
+        match status {
+            Ok(s) => {
+                self.unanswered = None;
+                self.note_state(RunState::parse(&s));
+                None
+            }
+            Err(QmpError::Closed { .. }) => {
+                Some(TraceEnd::VmmGone("QEMU closed its monitor socket".into()))
+            }
+            // Busy, stopped or slow, but there: waited out.
+            Err(_) => {
+                self.unanswered.get_or_insert_with(Instant::now);
+                None
+            }
+        }
+    }
+
+    /// Track someone else's stop: running again, it ends. Exitless, a
+    /// stopped VM (vmtrace holds no stop while tracing) is someone else's;
+    /// in trap mode the stub's stop replies say whose a stop is (a VM
+    /// stopped at a breakpoint is vmtrace's, its hit not served yet).
+    fn note_state(&mut self, state: RunState) {
+        let exitless = matches!(self.arming, Arming::Exitless { .. });
+        match state {
+            RunState::Running => {
+                if self.held.take().is_some() {
+                    // (Trap mode: the stub's next stop reply is a new stop.)
+                    self.guest.runs_again();
+                }
+            }
+            RunState::Stopped(why) => {
+                if exitless && self.held.is_none() {
+                    self.held = Some((why, Instant::now()));
+                }
+            }
+        }
+    }
+
+    /// Does QEMU still run? (Its process, through the pidfd.)
+    pub(super) fn alive(&self) -> bool {
+        !self.process.is_gone()
+    }
+
+    /// The VM's run state before a stop of vmtrace's, asked until QEMU
+    /// answers (while it lives): someone else's stop is then worked inside
+    /// and left alone.
+    pub(super) fn state_patient(
+        &mut self,
+        on_wait: &mut dyn FnMut(&HeldUp),
+    ) -> Result<RunState, QemuError> {
+        let since = Instant::now();
+        loop {
+            match self.qmp.status() {
+                Ok(s) => return Ok(RunState::parse(&s)),
+                Err(QmpError::Timeout { .. }) if self.alive() => on_wait(&HeldUp::Unanswered {
+                    since: since.elapsed(),
+                }),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 
 impl Backend for QemuVm {
     type Error = QemuError;
@@ -106,7 +218,7 @@ impl Backend for QemuVm {
             Arming::Trap {
                 breakpoints: Some(b),
                 ..
-            } => {
+            } if self.held.is_none() => {
                 let until = Instant::now() + step;
                 loop {
                     // (A socket takes no zero timeout: the step is over.)
@@ -117,12 +229,17 @@ impl Backend for QemuVm {
                     match b.serve(&self.guest, left) {
                         // Hits keep coming: QMP is asked every step, not
                         // every hit.
-                        Ok(true) => continue,
-                        Ok(false) => break,
+                        Ok(Served::Hit) => continue,
+                        Ok(Served::Idle) => break,
+                        Ok(Served::NotOurs { signal }) => {
+                            let why = format!("gdb signal {signal}");
+                            self.held = Some((why, Instant::now()));
+                            break;
+                        }
                         Err(e) => {
-                            return Some(match self.qmp.status() {
-                                Err(gone) => TraceEnd::VmmGone(gone.to_string()),
-                                Ok(_) => TraceEnd::Stub(e.to_string()),
+                            return Some(match self.look() {
+                                Some(end) => end,
+                                None => TraceEnd::Stub(e.to_string()),
                             })
                         }
                     }
@@ -130,9 +247,18 @@ impl Backend for QemuVm {
             }
             _ => std::thread::sleep(step),
         }
-        self.qmp
-            .status()
-            .err()
-            .map(|e| TraceEnd::VmmGone(e.to_string()))
+        self.look()
+    }
+
+    fn held_up(&self) -> Option<HeldUp> {
+        if let Some(t) = self.unanswered {
+            return Some(HeldUp::Unanswered {
+                since: t.elapsed(),
+            });
+        }
+        self.held.as_ref().map(|(why, t)| HeldUp::Stopped {
+            why: why.clone(),
+            since: t.elapsed(),
+        })
     }
 }

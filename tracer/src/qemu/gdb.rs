@@ -301,7 +301,7 @@ impl Gdb {
         }
     }
 
-    fn write_raw(&mut self, b: &[u8], cmd: &str) -> Result<(), GdbError> {
+    pub(super) fn write_raw(&mut self, b: &[u8], cmd: &str) -> Result<(), GdbError> {
         self.stream.write_all(b).map_err(|e| self.io_error(cmd, e))
     }
 
@@ -369,17 +369,7 @@ impl Gdb {
     /// packet only while stopped: a byte received while running only stops
     /// it, so every other command needs a stopped VM.
     pub fn stop(&mut self) -> Result<(), GdbError> {
-        self.write_raw(&[0x03], "interrupt")?;
-        self.running = false;
-        self.send(b"qC", "qC")?;
-        loop {
-            let p = self.recv("interrupt")?;
-            if !Self::is_stop(&p) {
-                return Ok(());
-            }
-            self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
-            self.selected = None;
-        }
+        self.stop_waiting(&mut || false)
     }
 
     /// The last stop reply seen.

@@ -26,6 +26,9 @@ pub struct QemuRam {
     mem: ProcRam,
     stub: Arc<Mutex<Gdb>>,
     stopped: AtomicBool,
+    /// The guest was reset (or shut down): its memory is no longer the
+    /// traced kernel's, and vmtrace writes nothing more to it.
+    sealed: AtomicBool,
 }
 
 impl QemuRam {
@@ -34,6 +37,7 @@ impl QemuRam {
             mem,
             stub,
             stopped: AtomicBool::new(false),
+            sealed: AtomicBool::new(false),
         }
     }
 
@@ -60,6 +64,13 @@ impl GuestRam for QemuRam {
         self.mem.read(addr.0, buf).map_err(ram_error(addr.0, len))
     }
     fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        if self.sealed.load(Ordering::Acquire) {
+            return Err(RamError::new(
+                addr.0,
+                data.len(),
+                "the guest was reset: vmtrace writes nothing more to its memory",
+            ));
+        }
         // Under the stub's lock: stops and resumes change `stopped` under
         // it too, so a write that sees the guest stopped reaches the stub
         // before anyone resumes it (a running stub refuses writes).
@@ -123,6 +134,9 @@ pub struct QemuStop<'a> {
     since: Instant,
     latency: Duration,
     resumed: bool,
+    /// Someone else's stop (a user's `stop`, an I/O error, S3) that
+    /// vmtrace works inside: never resumed by vmtrace.
+    held: bool,
 }
 
 /// kvm_regs/kvm_sregs are the tracer's register files (`VcpuSnapshot`):
@@ -222,11 +236,32 @@ impl QemuGuest {
     /// Stop every vCPU (already stopped right after the stub connected)
     /// and read their registers.
     pub fn stop(&self, already: bool) -> Result<QemuStop<'_>, GdbError> {
+        self.stop_with(already, false, &mut || false)
+    }
+
+    /// Stop every vCPU, waiting for the stub's answer for as long as
+    /// `wait_on` says (a stalled QEMU answers late, and a second interrupt
+    /// would leave a second answer behind); `held`: the VM is stopped by
+    /// someone else, and this stop never resumes it.
+    pub fn stop_patient(
+        &self,
+        held: bool,
+        wait_on: &mut dyn FnMut() -> bool,
+    ) -> Result<QemuStop<'_>, GdbError> {
+        self.stop_with(false, held, wait_on)
+    }
+
+    fn stop_with(
+        &self,
+        already: bool,
+        held: bool,
+        wait_on: &mut dyn FnMut() -> bool,
+    ) -> Result<QemuStop<'_>, GdbError> {
         let start = Instant::now();
         {
             let mut stub = self.stub();
             if !already {
-                stub.stop()?;
+                stub.stop_waiting(wait_on)?;
             }
             self.ram.stopped.store(true, Ordering::Release);
         }
@@ -237,6 +272,7 @@ impl QemuGuest {
             since: Instant::now(),
             latency,
             resumed: false,
+            held,
         };
         // The TSC is not among the stub's registers: the rate from the
         // guest kernel, the anchor from the first record drained
@@ -323,6 +359,13 @@ impl Hit<'_> {
         &self.guest.view
     }
 
+    /// Leave the VM stopped: the stop was not vmtrace's (a user's `stop`,
+    /// an I/O error), and is not vmtrace's to undo.
+    pub fn hold(mut self) {
+        self.resumed = true;
+        self.guest.ram.stopped.store(false, Ordering::Release);
+    }
+
     /// Let the VM run again; with `pc`, the stopping vCPU from there.
     pub fn resume(mut self, pc: Option<u64>) -> Result<(), GdbError> {
         self.resumed = true;
@@ -351,6 +394,17 @@ impl QemuGuest {
     pub fn release(&self) -> Result<(), GdbError> {
         self.stop(false)?.detach()
     }
+
+    /// Write nothing more to guest memory (the guest was reset).
+    pub fn seal(&self) {
+        self.ram.sealed.store(true, Ordering::Release);
+    }
+
+    /// Someone else resumed the VM after a stop vmtrace held (a user's
+    /// `cont`): the stub's next stop reply is the next stop.
+    pub fn runs_again(&self) {
+        self.stub().runs_again();
+    }
 }
 
 impl QemuStop<'_> {
@@ -363,15 +417,28 @@ impl QemuStop<'_> {
         let mut s = self.guest.stub();
         self.guest.ram.stopped.store(false, Ordering::Release);
         s.phys_mode(false)?;
-        s.detach()
+        match self.held {
+            // QEMU's `D` resumes the VM (gdb_continue): inside someone
+            // else's stop the stub is left by closing it instead.
+            true => Ok(()),
+            false => s.detach(),
+        }
     }
 
-    /// Let the guest run again.
+    /// Let the guest run again (inside someone else's stop: leave it).
     pub fn resume(mut self) -> Result<(), GdbError> {
         self.resumed = true;
         let mut s = self.guest.stub();
         self.guest.ram.stopped.store(false, Ordering::Release);
-        s.resume()
+        match self.held {
+            true => Ok(()),
+            false => s.resume(),
+        }
+    }
+
+    /// Someone else's stop, which vmtrace never resumes.
+    pub fn is_held(&self) -> bool {
+        self.held
     }
 
     /// A breakpoint at guest-virtual `addr`, QEMU's own (guest memory
@@ -388,7 +455,7 @@ impl QemuStop<'_> {
 
 impl Drop for QemuStop<'_> {
     fn drop(&mut self) {
-        if !self.resumed {
+        if !self.resumed && !self.held {
             let mut s = self.guest.stub();
             self.guest.ram.stopped.store(false, Ordering::Release);
             // A stub that cannot resume the guest is gone with its QEMU.

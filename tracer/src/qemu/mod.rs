@@ -13,6 +13,7 @@ pub mod error;
 pub mod gdb;
 pub mod guest;
 pub mod layout;
+pub mod liveness;
 pub mod mode;
 pub mod procmem;
 pub mod qmp;

@@ -107,11 +107,21 @@ pub struct QemuCpu {
 }
 
 /// The asynchronous events seen between replies that say the VM changed state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QmpEvents {
     pub stop: bool,
     pub resume: bool,
-    pub shutdown: bool,
+    /// `SHUTDOWN`, with its reason (`guest-shutdown`, `guest-reset`,
+    /// `host-qmp-quit`, ...): a guest's reboot is a `guest-reset`
+    /// shutdown and then a `RESET` (QEMU's -no-reboot off).
+    pub shutdown: Option<String>,
+    /// `RESET`: the machine was reset (a reboot, `system_reset`, a triple
+    /// fault): the guest's memory is no longer the traced kernel's.
+    pub reset: Option<String>,
+    /// `SUSPEND`: the guest entered S3; its firmware runs at the wake-up.
+    pub suspend: bool,
+    /// `GUEST_PANICKED` (a pvpanic device).
+    pub panicked: bool,
 }
 
 /// QEMU's gdbstub as its chardev "gdb" shows it (`query-chardev`).
@@ -294,7 +304,7 @@ impl Qmp {
             })?;
             let v: Value = serde_json::from_str(&line).map_err(|_| self.reply(cmd, &line))?;
             if let Some(ev) = v.get("event").and_then(Value::as_str) {
-                self.note_event(ev);
+                self.note_event(ev, &v["data"]);
             } else if let Some(r) = v.get("return") {
                 return Ok(r.clone());
             } else if let Some(e) = v.get("error") {
@@ -310,11 +320,15 @@ impl Qmp {
         }
     }
 
-    fn note_event(&mut self, ev: &str) {
+    fn note_event(&mut self, ev: &str, data: &Value) {
+        let reason = || data["reason"].as_str().unwrap_or("unknown").to_string();
         match ev {
             "STOP" => self.events.stop = true,
             "RESUME" => self.events.resume = true,
-            "SHUTDOWN" => self.events.shutdown = true,
+            "SHUTDOWN" => self.events.shutdown = Some(reason()),
+            "RESET" => self.events.reset = Some(reason()),
+            "SUSPEND" | "SUSPEND_DISK" => self.events.suspend = true,
+            "GUEST_PANICKED" => self.events.panicked = true,
             _ => {}
         }
     }

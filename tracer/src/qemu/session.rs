@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm::Stopped;
 
@@ -15,6 +15,7 @@ use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::liveness::{QemuProcess, RunState};
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
@@ -24,7 +25,7 @@ use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
 use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
-use crate::session::backend::{self, Patience, TraceEnd, Waited};
+use crate::session::backend::{self, HeldUp, Patience, TraceEnd, Waited};
 use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::patch::DetachCounts;
 use crate::session::Saved;
@@ -227,17 +228,7 @@ impl Connected {
         } = self;
         let (guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
         let kernel = rec.kernel.clone();
-        let mut vm = QemuVm {
-            qmp,
-            guest,
-            stub,
-            // Set at the first stop (`setup`).
-            arming: Arming::Trap {
-                handlers: None,
-                breakpoints: None,
-            },
-            tracing: false,
-        };
+        let mut vm = QemuVm::new(qmp, guest, stub, info.pid);
         match setup(&mut vm, plan, rec) {
             Ok(set) => Ok(QemuSession {
                 vm,
@@ -355,6 +346,9 @@ pub struct QemuEnded {
     pub drained: Result<(), TracerError>,
     pub summary: Trace,
     pub saved: Option<Result<Saved, TraceFileError>>,
+    /// Someone else's stop vmtrace detached inside and left (QEMU's run
+    /// state): the VM stays stopped.
+    pub left_stopped: Option<String>,
 }
 
 /// Why a trace ended.
@@ -367,6 +361,11 @@ pub enum EndReason {
     /// The gdbstub failed while tracing through its breakpoints (QEMU
     /// still answers its monitor).
     Stub(String),
+    /// The machine was reset or shut down (QEMU's reason): the trace ends
+    /// there, and vmtrace writes nothing more to the guest.
+    GuestReset(String),
+    /// The guest suspended to RAM (S3): vmtrace detaches inside that stop.
+    Suspended,
     /// The caller said so (`QemuSession::trace_until`).
     Done,
 }
@@ -380,9 +379,48 @@ impl From<TraceEnd> for EndReason {
             TraceEnd::GuestStopped => EndReason::QemuGone("the guest stopped".into()),
             TraceEnd::VmmGone(why) => EndReason::QemuGone(why),
             TraceEnd::Stub(why) => EndReason::Stub(why),
+            TraceEnd::GuestReset(why) => EndReason::GuestReset(why),
+            TraceEnd::Suspended => EndReason::Suspended,
             TraceEnd::Done => EndReason::Done,
         }
     }
+}
+
+/// Whose the VM's stop will be: vmtrace's when the VM runs, else (someone
+/// else stopped it) that stop, never resumed (true). A stalled QEMU is
+/// waited for while its process lives.
+fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, QemuError> {
+    let state = vm.state_patient(&mut |w| observer.held_up(w))?;
+    Ok(match state {
+        RunState::Running => false,
+        RunState::Stopped(why) => {
+            if vm.held.is_none() {
+                vm.held = Some((why, Instant::now()));
+            }
+            true
+        }
+    })
+}
+
+/// A stop of every vCPU for the detach (`held`: see `held_for_end`),
+/// waiting for a stalled QEMU's stub while the QEMU lives.
+fn stop_for_end<'a>(
+    guest: &'a QemuGuest,
+    process: &QemuProcess,
+    held: bool,
+    observer: &mut dyn Observer,
+) -> Result<QemuStop<'a>, QemuError> {
+    let since = Instant::now();
+    let mut wait_on = || {
+        let alive = !process.is_gone();
+        if alive {
+            observer.held_up(&HeldUp::Unanswered {
+                since: since.elapsed(),
+            });
+        }
+        alive
+    };
+    Ok(guest.stop_patient(held, &mut wait_on)?)
 }
 
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).
@@ -396,6 +434,8 @@ impl std::fmt::Display for EndReason {
             EndReason::Signal(sig) => write!(f, "signal {sig}"),
             EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
             EndReason::Stub(why) => write!(f, "the gdbstub failed: {why}"),
+            EndReason::GuestReset(why) => write!(f, "the guest was reset ({why})"),
+            EndReason::Suspended => write!(f, "the guest suspended to RAM (S3)"),
             EndReason::Done => write!(f, "done"),
         }
     }
@@ -419,26 +459,58 @@ impl QemuSession {
     /// `trace`, also until `done` is set (by another thread: e.g. one that
     /// drives the guest's workload while this one serves its hits).
     pub fn trace_until(&mut self, duration: Option<Duration>, done: &AtomicBool) -> EndReason {
-        backend::trace(&self.tracer, &mut self.vm, duration, done, POLL, &mut Quiet).into()
+        self.trace_with(duration, done, &mut Quiet)
     }
 
-    /// Detach inside one stop, drain, take vmtrace's region out inside
-    /// another (after a grace period) and hand the guest back to QEMU from
-    /// it (trap mode: remove the breakpoints and hand it back in one stop),
-    /// close the stub vmtrace opened, and finish the trace.
-    pub fn end(mut self, reason: &EndReason) -> QemuEnded {
-        let gone = matches!(reason, EndReason::QemuGone(_));
+    /// `trace_until`, telling `observer` how it goes (and what keeps it
+    /// waiting: a stalled QEMU, someone else's stop).
+    pub fn trace_with(
+        &mut self,
+        duration: Option<Duration>,
+        done: &AtomicBool,
+        observer: &mut dyn Observer,
+    ) -> EndReason {
+        backend::trace(&self.tracer, &mut self.vm, duration, done, POLL, observer).into()
+    }
+
+    /// Detach inside one stop, take vmtrace's region out inside another
+    /// (after a grace period, the rings drained a last time in it) and
+    /// hand the guest back to QEMU from it (trap mode: remove the
+    /// breakpoints and hand it back in one stop), close the stub vmtrace
+    /// opened, and finish the trace. A stalled QEMU is waited for; a VM
+    /// someone else stopped is worked on inside that stop and left
+    /// stopped; a reset guest, or a QEMU gone, is not written to.
+    pub fn end(self, reason: &EndReason) -> QemuEnded {
+        self.end_with(reason, &mut Quiet)
+    }
+
+    /// `end`, telling `observer` what keeps it waiting.
+    pub fn end_with(mut self, reason: &EndReason, observer: &mut dyn Observer) -> QemuEnded {
         let trap = matches!(self.vm.arming, Arming::Trap { .. });
-        let detached = match (gone, trap) {
-            (true, _) => Err(QemuError::NotTraceable("the QEMU is gone".into())),
-            (false, false) => self.detach_sites(),
-            (false, true) => self.remove_breakpoints(),
+        let untouchable = match reason {
+            EndReason::QemuGone(_) => Some("the QEMU is gone"),
+            EndReason::GuestReset(_) => {
+                Some("the guest was reset: its memory is no longer the traced kernel's")
+            }
+            _ if !self.vm.alive() => Some("the QEMU is gone"),
+            _ => None,
         };
-        let drained = self.tracer.stop_draining();
-        let removed = match (gone, trap) {
-            (true, _) => Err("the QEMU is gone".into()),
-            (false, true) => Ok(0),
-            (false, false) => self.remove_region(detached.is_ok()),
+        let (detached, removed, drained) = match untouchable {
+            Some(why) => (
+                Err(QemuError::NotTraceable(why.into())),
+                Err(why.to_string()),
+                self.tracer.stop_draining(),
+            ),
+            None if trap => (
+                self.remove_breakpoints(observer),
+                Ok(0),
+                self.tracer.stop_draining(),
+            ),
+            None => {
+                let detached = self.detach_sites(observer);
+                let (removed, drained) = self.remove_region(detached.is_ok(), observer);
+                (detached, removed, drained)
+            }
         };
         if let Arming::Trap {
             breakpoints: Some(b),
@@ -448,12 +520,16 @@ impl QemuSession {
             // The store ends once every recorder is gone.
             b.finish();
         }
-        close_stub(&mut self.vm.qmp, &self.vm.stub);
+        if untouchable.is_none() {
+            close_stub(&mut self.vm.qmp, &self.vm.stub);
+        }
         let attached = self.tracer.attach_counts.patched;
+        let left_stopped = self.vm.held.take().map(|(why, _)| why);
         let (summary, saved) = self
             .tracer
             .finish_stored(&self.kernel, reason.to_string(), 0);
         QemuEnded {
+            left_stopped,
             detached,
             removed,
             attached,
@@ -466,27 +542,40 @@ impl QemuSession {
 
     /// Trap mode's detach: in one stop, record a hit that came just
     /// before it, remove every breakpoint, and hand the guest back.
-    fn remove_breakpoints(&mut self) -> Result<DetachCounts, QemuError> {
-        let vm = &mut self.vm;
+    fn remove_breakpoints(
+        &mut self,
+        observer: &mut dyn Observer,
+    ) -> Result<DetachCounts, QemuError> {
+        if !matches!(
+            self.vm.arming,
+            Arming::Trap {
+                breakpoints: Some(_),
+                ..
+            }
+        ) {
+            return Ok(DetachCounts::default());
+        }
+        // Only the reply of the stop below counts.
+        let _ = self.vm.guest.take_last_stop();
+        let held = held_for_end(&mut self.vm, observer)?;
+        let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
+        let last = self.vm.guest.take_last_stop();
         let Arming::Trap {
             breakpoints: Some(b),
             ..
-        } = &mut vm.arming
+        } = &mut self.vm.arming
         else {
-            return Ok(DetachCounts::default());
+            unreachable!("checked above");
         };
-        // Only the reply of the stop below counts.
-        let _ = vm.guest.take_last_stop();
-        let stop = vm.guest.stop(false)?;
-        let last = vm.guest.take_last_stop();
-        let n = b.remove(&vm.guest, &stop, last)?;
+        let n = b.remove(&self.vm.guest, &stop, last)?;
         let c = self.tracer.unwatched(n);
         stop.detach()?;
         Ok(c)
     }
 
-    fn detach_sites(&mut self) -> Result<DetachCounts, QemuError> {
-        let stop = self.vm.guest.stop(false)?;
+    fn detach_sites(&mut self, observer: &mut dyn Observer) -> Result<DetachCounts, QemuError> {
+        let held = held_for_end(&mut self.vm, observer)?;
+        let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         let c = self.tracer.detach(&**stop.ram())?;
         stop.resume()?;
         Ok(c)
@@ -494,37 +583,73 @@ impl QemuSession {
 
     /// Take the region out once no vCPU runs in it and (function graph)
     /// no hooked call has yet to return through it, trying for
-    /// `ATTEMPTS` x `GRACE`; then hand the guest back to QEMU from that
-    /// last stop. Never while a site may still lead there (`sites_out`
-    /// false: the detach failed). Returns the entries cleared, or why the
-    /// region stays.
-    fn remove_region(&mut self, sites_out: bool) -> Result<usize, String> {
+    /// `ATTEMPTS` x `GRACE`; drain the rings a last time in that stop
+    /// (calls in flight at the detach have finished by then), then hand
+    /// the guest back to QEMU from it. Never while a site may still lead
+    /// there (`sites_out` false: the detach failed); inside someone
+    /// else's stop, once (the guest does not run to leave vmtrace's code).
+    /// Returns the entries cleared, or why the region stays, and how the
+    /// last drain went.
+    fn remove_region(
+        &mut self,
+        sites_out: bool,
+        observer: &mut dyn Observer,
+    ) -> (Result<usize, String>, Result<(), TracerError>) {
+        if !sites_out {
+            let drained = self.tracer.stop_draining();
+            if let Ok(held) = held_for_end(&mut self.vm, observer) {
+                if let Ok(stop) = stop_for_end(&self.vm.guest, &self.vm.process, held, observer) {
+                    let _ = stop.detach();
+                }
+            }
+            let why = "the sites could not all be restored, and may lead to it";
+            return (Err(why.into()), drained);
+        }
         for attempt in 1..=ATTEMPTS {
             std::thread::sleep(GRACE);
-            let stop = self.vm.guest.stop(false).map_err(|e| e.to_string())?;
-            let removed = match sites_out {
-                true => self.tracer.remove_region(&stop),
-                false => {
+            let stop = match held_for_end(&mut self.vm, observer)
+                .and_then(|held| stop_for_end(&self.vm.guest, &self.vm.process, held, observer))
+            {
+                Ok(s) => s,
+                Err(e) => return (Err(e.to_string()), self.tracer.stop_draining()),
+            };
+            let busy = match self.tracer.region_busy(&stop) {
+                Ok(b) => b,
+                Err(e) => {
                     let _ = stop.detach();
-                    return Err("the sites could not all be restored, and may lead to it".into());
+                    return (Err(e.to_string()), self.tracer.stop_draining());
                 }
             };
-            let why = match removed {
-                Ok(Ok(n)) => {
-                    stop.detach().map_err(|e| e.to_string())?;
-                    return Ok(n);
-                }
-                Ok(Err(_)) if attempt < ATTEMPTS => {
-                    stop.resume().map_err(|e| e.to_string())?;
+            match busy {
+                Some(_) if attempt < ATTEMPTS && !stop.is_held() => {
+                    if let Err(e) = stop.resume() {
+                        return (Err(e.to_string()), self.tracer.stop_draining());
+                    }
                     continue;
                 }
-                Ok(Err(busy)) => busy.to_string(),
-                Err(e) => e.to_string(),
+                Some(busy) => {
+                    let _ = stop.detach();
+                    let why = match self.vm.held.is_some() {
+                        true => format!(
+                            "{busy}, and the VM is stopped by someone else: `vmtrace detach` takes it out once it runs"
+                        ),
+                        false => busy.to_string(),
+                    };
+                    return (Err(why), self.tracer.stop_draining());
+                }
+                None => {}
+            }
+            // Nothing runs vmtrace's code: every record is in the rings.
+            let drained = self.tracer.stop_draining();
+            let removed = match self.tracer.remove_region(&stop) {
+                Ok(Ok(n)) => Ok(n),
+                Ok(Err(busy)) => Err(busy.to_string()),
+                Err(e) => Err(e.to_string()),
             };
-            let _ = stop.detach();
-            return Err(why);
+            let detached = stop.detach().map_err(|e| e.to_string());
+            return (removed.and_then(|n| detached.map(|()| n)), drained);
         }
-        Err("no stop".into())
+        (Err("no stop".into()), self.tracer.stop_draining())
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all

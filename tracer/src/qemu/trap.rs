@@ -66,6 +66,35 @@ impl Gdb {
         Ok(())
     }
 
+    /// Interrupt the VM (`^C`, then `qC` to know where the answer ends)
+    /// and wait for the answer as long as `wait_on` says after each
+    /// timeout: a stalled QEMU answers late, and a second interrupt would
+    /// leave a second answer to be taken for the next command's.
+    pub fn stop_waiting(&mut self, wait_on: &mut dyn FnMut() -> bool) -> Result<(), GdbError> {
+        self.write_raw(&[0x03], "interrupt")?;
+        self.running = false;
+        self.send(b"qC", "qC")?;
+        loop {
+            match self.recv("interrupt") {
+                Ok(p) if Self::is_stop(&p) => {
+                    self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
+                    self.selected = None;
+                }
+                Ok(_) => return Ok(()),
+                Err(GdbError::Timeout { .. }) if wait_on() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The VM runs again by someone else's hand (a QMP `cont` after a
+    /// stop vmtrace left alone).
+    pub fn runs_again(&mut self) {
+        self.running = true;
+        self.selected = None;
+    }
+
+
     /// After `resume`, waits up to `timeout` for the VM to stop (a
     /// breakpoint, a QMP `stop`): its stop reply, or None when it still runs.
     pub fn wait_stop(&mut self, timeout: Duration) -> Result<Option<StopReply>, GdbError> {

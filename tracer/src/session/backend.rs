@@ -21,6 +21,20 @@ pub trait Observer {
     fn attached(&mut self, _attached: &Attached, _tracer: &Tracer) {}
     /// Tracing (called every [`POLL`]); `left`: of the duration, if any.
     fn tracing(&mut self, _progress: &Progress, _elapsed: Duration, _left: Option<Duration>) {}
+    /// The guest's VMM keeps vmtrace waiting (called every [`POLL`] while
+    /// it does): vmtrace waits it out.
+    fn held_up(&mut self, _why: &HeldUp) {}
+}
+
+/// Why vmtrace waits on a VMM that is still there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeldUp {
+    /// Its monitor has not answered for `since` (its main loop is busy, or
+    /// its process is stopped).
+    Unanswered { since: Duration },
+    /// Someone else stopped the VM `since` ago, for `why` (QEMU's run
+    /// state): vmtrace leaves that stop alone.
+    Stopped { why: String, since: Duration },
 }
 
 /// What an attach did and found.
@@ -61,6 +75,12 @@ pub trait Backend {
     /// of vmtrace (a QEMU's breakpoint hits); why tracing must end, once it
     /// must.
     fn run_for(&mut self, step: Duration) -> Option<TraceEnd>;
+
+    /// What keeps vmtrace waiting now, if anything (a stalled or stopped
+    /// VMM); nothing by default.
+    fn held_up(&self) -> Option<HeldUp> {
+        None
+    }
 }
 
 /// Why tracing ended.
@@ -77,6 +97,11 @@ pub enum TraceEnd {
     /// The debugger stub failed while serving breakpoints (the VMM still
     /// answers its monitor).
     Stub(String),
+    /// The guest was reset or shut down (the VMM says why): its memory is
+    /// no longer the traced kernel's.
+    GuestReset(String),
+    /// The guest suspended to RAM (S3): its firmware runs at the wake-up.
+    Suspended,
     /// The caller said so.
     Done,
 }
@@ -159,6 +184,9 @@ pub fn trace<B: Backend>(
         }
         if let Some(end) = guest.run_for(step) {
             return end;
+        }
+        if let Some(why) = guest.held_up() {
+            observer.held_up(&why);
         }
         let left = duration.map(|d| d.saturating_sub(start.elapsed()));
         observer.tracing(&tracer.progress(), start.elapsed(), left);

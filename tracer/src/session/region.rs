@@ -57,26 +57,36 @@ impl Tracer {
         &mut self,
         stopped: &dyn Stopped,
     ) -> Result<Result<usize, Busy>, TracerError> {
+        if let Some(busy) = self.region_busy(stopped)? {
+            return Ok(Err(busy));
+        }
         let Some(ex) = self.reach.exitless_mut() else {
             return Ok(Ok(0));
         };
-        for cpu in 0..stopped.cpus() {
-            if let Some(s) = stopped.snapshot(cpu) {
-                let rip = s.regs.rip;
-                if (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
-                    return Ok(Err(Busy::InCode { cpu, rip }));
-                }
-            }
-        }
-        let frames = ex.live_frames()?;
-        if frames > 0 {
-            return Ok(Err(Busy::FramesLive { frames }));
-        }
         let mut space =
             kernel_space(stopped.vcpu_spaces(), &[CODE_VA]).ok_or(PatchError::NoPaging)?;
         let cleared = ex
             .remove(&mut space)
             .map_err(|e: ExitlessError| TracerError::from(e))?;
         Ok(Ok(cleared))
+    }
+
+    /// Why the region cannot be taken out at this stop (`remove_region`),
+    /// if it cannot: the caller drains the rings for the last time when it
+    /// can, before their pages are given back.
+    pub fn region_busy(&self, stopped: &dyn Stopped) -> Result<Option<Busy>, TracerError> {
+        let Some(ex) = self.reach.exitless() else {
+            return Ok(None);
+        };
+        for cpu in 0..stopped.cpus() {
+            if let Some(s) = stopped.snapshot(cpu) {
+                let rip = s.regs.rip;
+                if (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
+                    return Ok(Some(Busy::InCode { cpu, rip }));
+                }
+            }
+        }
+        let frames = ex.live_frames()?;
+        Ok((frames > 0).then_some(Busy::FramesLive { frames }))
     }
 }
