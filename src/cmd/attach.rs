@@ -2,10 +2,10 @@
 //! running (the library's `tracer::qemu` session), then detach, leaving it
 //! running as found, and report like a normal run.
 
+use std::time::{Duration, Instant};
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
-use std::time::{Duration, Instant};
 
 use tracer::session::backend::HeldUp;
 use tracer::session::store::Storage;

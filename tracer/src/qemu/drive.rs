@@ -84,9 +84,9 @@ impl QemuVm {
         }
         let status = self.qmp.status();
         let events = self.qmp.take_events();
-        if let Some(why) = events
-            .reset
-            .or(events.shutdown.filter(|w| w != "guest-reset" && w != "host-qmp-quit"))
+        if let Some(why) = events.reset.or(events
+            .shutdown
+            .filter(|w| w != "guest-reset" && w != "host-qmp-quit"))
         {
             // Before anything else can write: the drainer's next word would
             // land in the firmware's or the next kernel's memory.
@@ -158,7 +158,6 @@ impl QemuVm {
         }
     }
 }
-
 
 impl Backend for QemuVm {
     type Error = QemuError;
@@ -252,9 +251,7 @@ impl Backend for QemuVm {
 
     fn held_up(&self) -> Option<HeldUp> {
         if let Some(t) = self.unanswered {
-            return Some(HeldUp::Unanswered {
-                since: t.elapsed(),
-            });
+            return Some(HeldUp::Unanswered { since: t.elapsed() });
         }
         self.held.as_ref().map(|(why, t)| HeldUp::Stopped {
             why: why.clone(),

@@ -8,7 +8,6 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-
 /// A QEMU process watched through a pidfd (Linux 5.3).
 #[derive(Debug)]
 pub struct QemuProcess {

@@ -520,7 +520,8 @@ impl QemuSession {
             // The store ends once every recorder is gone.
             b.finish();
         }
-        if untouchable.is_none() {
+        if !matches!(reason, EndReason::QemuGone(_)) {
+            // (QMP only: nothing written to the guest.)
             close_stub(&mut self.vm.qmp, &self.vm.stub);
         }
         let attached = self.tracer.attach_counts.patched;

@@ -94,7 +94,6 @@ impl Gdb {
         self.selected = None;
     }
 
-
     /// After `resume`, waits up to `timeout` for the VM to stop (a
     /// breakpoint, a QMP `stop`): its stop reply, or None when it still runs.
     pub fn wait_stop(&mut self, timeout: Duration) -> Result<Option<StopReply>, GdbError> {

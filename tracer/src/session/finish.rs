@@ -263,6 +263,13 @@ impl Tracer {
             .collect();
         // Read from guest memory once: counts and the dropped total agree.
         let ring_drops = self.ring_drops();
+        let stop_reason = match self.reach.exitless().is_some_and(|ex| ex.drops_stale()) {
+            true => format!(
+                "{stop_reason}; guest memory was unreadable at the end: the dropped counts are \
+                 the last ones read (within a status interval of the end)"
+            ),
+            false => stop_reason,
+        };
         let counts = self.counts_with(&ring_drops);
         let total: u64 = counts.iter().flatten().sum();
         let detach_ns = if self.times.detach_ns == 0 && self.times.attach_ns != 0 {

@@ -49,6 +49,11 @@ pub struct Exitless {
     unfinished: u64,
     /// The rings' filtered counters' sum when the region was taken out.
     removed_filtered: Option<u64>,
+    /// The drop counters as last read (calls, returns), for when guest
+    /// memory can no longer be read (its QEMU gone): never reported as 0.
+    last_drops: Mutex<(Option<PerCpuSite>, Option<PerCpuSite>)>,
+    /// A count was answered from `last_drops`.
+    drops_stale: std::sync::atomic::AtomicBool,
 }
 
 /// Where vmtrace's region stands in the guest.
@@ -81,6 +86,8 @@ impl Exitless {
             removed_drops: None,
             unfinished: 0,
             removed_filtered: None,
+            last_drops: Mutex::new((None, None)),
+            drops_stale: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -281,27 +288,65 @@ impl Exitless {
     }
 
     /// Calls counted in the guest but not recorded (full rings), per CPU and
-    /// site; empty before the first install.
+    /// site; empty before the first install. Guest memory unreadable (its
+    /// QEMU gone), the counts as last read (`drops_stale`).
     pub fn drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
         if let Some((d, _)) = &self.removed_drops {
             return Ok(d.clone());
         }
         match &self.mem {
-            Some(mem) => Ok(collect::drops(&**mem, &self.layout())?),
+            Some(mem) => {
+                let read = collect::drops(&**mem, &self.layout()).map_err(ExitlessError::from);
+                self.remembered(read, |l| &mut l.0)
+            }
             None => Ok(Vec::new()),
         }
     }
 
     /// Returns counted in the guest but not recorded (full rings), per CPU
-    /// and site; empty before the first install.
+    /// and site; empty before the first install. As `drops`.
     pub fn ret_drops(&self) -> Result<Vec<Vec<u64>>, ExitlessError> {
         if let Some((_, r)) = &self.removed_drops {
             return Ok(r.clone());
         }
         match &self.mem {
-            Some(mem) => Ok(collect::ret_drops(&**mem, &self.layout())?),
+            Some(mem) => {
+                let read = collect::ret_drops(&**mem, &self.layout()).map_err(ExitlessError::from);
+                self.remembered(read, |l| &mut l.1)
+            }
             None => Ok(Vec::new()),
         }
+    }
+
+    /// `read` kept as the last count in `slot`; a failed read answered with
+    /// the last count, if any (and `drops_stale` set).
+    fn remembered(
+        &self,
+        read: Result<PerCpuSite, ExitlessError>,
+        slot: impl FnOnce(&mut (Option<PerCpuSite>, Option<PerCpuSite>)) -> &mut Option<PerCpuSite>,
+    ) -> Result<PerCpuSite, ExitlessError> {
+        let mut last = self.last_drops.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = slot(&mut last);
+        match read {
+            Ok(d) => {
+                *kept = Some(d.clone());
+                Ok(d)
+            }
+            Err(e) => match kept {
+                Some(d) => {
+                    self.drops_stale
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    Ok(d.clone())
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Were some drop counts the last ones read, not the final ones (guest
+    /// memory unreadable at the end)?
+    pub fn drops_stale(&self) -> bool {
+        self.drops_stale.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Calls whose record the last drain found reserved and never

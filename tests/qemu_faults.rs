@@ -1,0 +1,226 @@
+//! What QEMU or its user does to a VM while vmtrace traces it, against
+//! real QEMU/TCG guests (tests/common/qemu.rs): a QEMU stalled (SIGSTOP)
+//! is waited out, never taken for gone; a stop someone else makes (a QMP
+//! `stop` from a second monitor) is never undone, and a detach inside it
+//! leaves the VM stopped; a machine reset ends the trace, which keeps the
+//! calls before it, and the guest boots again cleanly. Each case checks
+//! that the guest lives, that the bytes vmtrace may write are as before
+//! (where the kernel still runs), that the console has no complaint, and
+//! vmtrace's exit status and message.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::attach::*;
+use common::guard::*;
+use common::qemu::*;
+use common::s;
+use tracer::qemu::qmp::Qmp;
+
+/// getpid's function: `__x64_sys_getpid` and `__do_sys_getpid` share an
+/// address, and the report names it by one of them.
+const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
+
+/// Longer than vmtrace waits for one QMP reply (10 s): the stall the
+/// issue measured.
+const STALL: Duration = Duration::from_secs(15);
+
+/// A second QMP monitor, the VM's user's (QEMU serves one client per
+/// monitor; vmtrace holds the first).
+struct UserMonitor {
+    path: PathBuf,
+}
+
+impl UserMonitor {
+    fn new() -> UserMonitor {
+        // Short: unix socket paths are limited to 107 bytes.
+        let path = std::env::temp_dir().join(format!("vmtrace-user-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        UserMonitor { path }
+    }
+
+    /// QEMU's arguments for it.
+    fn args(&self) -> Vec<String> {
+        vec![
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", self.path.display()),
+        ]
+    }
+
+    fn qmp(&self) -> Qmp {
+        Qmp::connect(&self.path, Duration::from_secs(60)).unwrap()
+    }
+
+    fn run(&self, cmd: &str) {
+        self.qmp().execute(cmd, None).unwrap();
+    }
+
+    fn status(&self) -> String {
+        self.qmp().status().unwrap()
+    }
+}
+
+impl Drop for UserMonitor {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn boot_with(user: &UserMonitor) -> (QemuGuest, Workload) {
+    let guest = QemuGuest::boot(QemuOpts {
+        qemu_args: user.args(),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    (guest, w)
+}
+
+/// `vmtrace attach` tracing getpid in `mode`, attached.
+fn attach(qmp: &Path, bz: &Path, mode: &str) -> Attach {
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--trace",
+        "__x64_sys_getpid",
+        "--mode",
+        mode,
+    ];
+    let mut a = Attach::start(qmp, &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    a
+}
+
+/// A clean detach with `calls` getpid calls counted.
+fn assert_counted(e: &Ended, calls: u64) {
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(e.stderr.contains("vmtrace: detached ("), "{}", e.stderr);
+    assert_eq!(count_of(&e.counts(), &GETPID), calls, "{}", e.stdout);
+    assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on the test's own QEMU child.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// QEMU stopped (SIGSTOP) longer than a QMP reply may take, mid-trace, in
+/// both modes: vmtrace says it waits, traces on once QEMU runs again, and
+/// detaches as usual; the calls made after are all counted.
+#[test]
+fn a_stalled_qemu_is_waited_out_then_detached() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    for mode in ["exitless", "trap"] {
+        let mut a = attach(qmp, &bz, mode);
+        signal(guest.pid(), libc::SIGSTOP);
+        a.wait_line("vmtrace: QEMU has not answered for");
+        let stalled = Instant::now();
+        while stalled.elapsed() < STALL {
+            thread::sleep(Duration::from_millis(200));
+        }
+        signal(guest.pid(), libc::SIGCONT);
+        a.wait_line("vmtrace: QEMU answers again");
+        guest.go("getpid", 100).unwrap();
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert_counted(&e, 100);
+        assert!(!e.stderr.contains("went away"), "{mode}: {}", e.stderr);
+        let (after, _) = kernel.read(qmp);
+        assert_same(&before, &after, &format!("by a {mode} trace over a stall"));
+        assert_no_gdbstub(qmp);
+        assert_runs_on(&guest, w.worker);
+    }
+}
+
+/// A user's `stop` from a second monitor while vmtrace traces: vmtrace
+/// never resumes it, says so, and traces on after the user's `cont`; a
+/// detach inside a user's stop leaves the VM stopped, its memory as found.
+#[test]
+fn someone_elses_stop_is_never_undone() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let user = UserMonitor::new();
+    let (guest, w) = boot_with(&user);
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    for mode in ["exitless", "trap"] {
+        let mut a = attach(qmp, &bz, mode);
+        user.run("stop");
+        a.wait_line("vmtrace: the VM was stopped by someone else");
+        thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            user.status(),
+            "paused",
+            "{mode}: vmtrace resumed the user's stop"
+        );
+        user.run("cont");
+        a.wait_line("vmtrace: the VM runs again");
+        guest.go("getpid", 50).unwrap();
+
+        // The detach inside the user's next stop.
+        // (Whether or not vmtrace saw it before the signal: the detach asks.)
+        user.run("stop");
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert_counted(&e, 50);
+        assert!(
+            e.stderr
+                .contains("the VM stays stopped (paused (QMP stop))"),
+            "{mode}: {}",
+            e.stderr
+        );
+        assert_eq!(user.status(), "paused", "{mode}: resumed at the detach");
+        let (after, _) = kernel.read(qmp);
+        assert_same(
+            &before,
+            &after,
+            &format!("by a {mode} detach in a user's stop"),
+        );
+        assert_no_gdbstub(qmp);
+        user.run("cont");
+        assert_runs_on(&guest, w.worker);
+    }
+}
+
+/// `system_reset` mid-trace: the trace ends at the reset and says so,
+/// with the calls before it; vmtrace writes nothing after, and the guest
+/// boots again cleanly.
+#[test]
+fn a_reset_ends_the_trace_and_the_guest_boots_again() {
+    let (bz, _) = common::linux_61();
+    let user = UserMonitor::new();
+    let (guest, _) = boot_with(&user);
+    let a = attach(guest.qmp_socket(), &bz, "exitless");
+    guest.go("getpid", 30).unwrap();
+    user.run("system_reset");
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains("vmtrace: the guest was reset (")
+            && e.stderr.contains("the trace ends there"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(count_of(&e.counts(), &GETPID), 30, "{}", e.stdout);
+    assert!(
+        e.json()["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("reset")),
+        "{}",
+        e.stdout
+    );
+    // It boots again, to its workload, without a complaint.
+    let w = guest.wait_ready().unwrap();
+    assert_runs_on(&guest, w.worker);
+    // The stub vmtrace opened is closed even so.
+    assert_no_gdbstub(guest.qmp_socket());
+}
