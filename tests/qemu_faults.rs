@@ -69,9 +69,11 @@ impl Drop for UserMonitor {
     }
 }
 
-fn boot_with(user: &UserMonitor) -> (QemuGuest, Workload) {
+fn boot_with(user: &UserMonitor, more: &[&str]) -> (QemuGuest, Workload) {
+    let mut qemu_args = user.args();
+    qemu_args.extend(more.iter().map(|a| a.to_string()));
     let guest = QemuGuest::boot(QemuOpts {
-        qemu_args: user.args(),
+        qemu_args,
         ..QemuOpts::linux()
     });
     let w = guest.wait_ready().unwrap();
@@ -149,7 +151,7 @@ fn someone_elses_stop_is_never_undone() {
     let (bz, vmlinux) = common::linux_61();
     let kernel = Kernel::new(&vmlinux);
     let user = UserMonitor::new();
-    let (guest, w) = boot_with(&user);
+    let (guest, w) = boot_with(&user, &[]);
     let qmp = guest.qmp_socket();
     let (before, _) = kernel.read(qmp);
     for mode in ["exitless", "trap"] {
@@ -198,7 +200,8 @@ fn someone_elses_stop_is_never_undone() {
 fn a_reset_ends_the_trace_and_the_guest_boots_again() {
     let (bz, _) = common::linux_61();
     let user = UserMonitor::new();
-    let (guest, _) = boot_with(&user);
+    // (The harness's -no-reboot would make a reset a power-off.)
+    let (guest, _) = boot_with(&user, &["-action", "reboot=reset"]);
     let a = attach(guest.qmp_socket(), &bz, "exitless");
     guest.go("getpid", 30).unwrap();
     user.run("system_reset");
