@@ -75,7 +75,8 @@ impl Gdb {
                 what: "waiting for a stop while the VM is stopped".into(),
             });
         }
-        self.read_timeout(Some(timeout))?;
+        // One deadline for the wait, however the peer drips its bytes.
+        self.arm_for(timeout);
         let got = loop {
             match self.recv("a stop") {
                 Ok(p) if Self::is_stop(&p) => break Ok(Some(p)),
@@ -91,7 +92,6 @@ impl Gdb {
                 Err(e) => break Err(e),
             }
         };
-        self.read_timeout(Some(self.timeout))?;
         let Some(p) = got? else { return Ok(None) };
         let text = String::from_utf8_lossy(&p).into_owned();
         self.running = false;
