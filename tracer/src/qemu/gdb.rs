@@ -9,7 +9,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use super::regs::X86Regs;
 use super::regs::{includes, le_value, parse_regs, RegMap};
@@ -69,6 +69,25 @@ pub enum GdbError {
     Running { addr: String, cmd: String },
     #[error("gdbstub {addr}: {what}")]
     Target { addr: String, what: String },
+    #[error(
+        "gdbstub {addr}: a packet longer than {limit} bytes came in reply to {cmd} (QEMU's are \
+         far shorter): the peer is not QEMU's gdbstub, or it misbehaves"
+    )]
+    TooLong {
+        addr: String,
+        cmd: String,
+        limit: usize,
+    },
+    #[error(
+        "gdbstub {addr}: more than {limit} {what} came in reply to {cmd}: the peer is not \
+         QEMU's gdbstub, or it misbehaves"
+    )]
+    Flood {
+        addr: String,
+        cmd: String,
+        limit: usize,
+        what: &'static str,
+    },
 }
 
 trait ReadWrite: Read + Write + Send {}
@@ -104,12 +123,33 @@ pub struct Gdb {
     phys: bool,
     /// Resumed by this client (QEMU takes no packet while the VM runs).
     pub(super) running: bool,
+    /// When the exchange under way gives up waiting (`arm`): one deadline
+    /// for all its reads, however the peer drips its bytes.
+    deadline: Option<Instant>,
+    /// An operation of several exchanges (`within`) ends by then.
+    hold: Option<Instant>,
     /// The thread `g` and `P` act on when known (`Hg`, a breakpoint's stop).
     pub(super) selected: Option<ThreadId>,
 }
 
 /// `m` packets a read keeps in flight.
 const READ_AHEAD: usize = 4;
+/// The largest `PacketSize` taken from `qSupported` (QEMU's is 4096, its
+/// MAX_PACKET_LENGTH in gdbstub/gdbstub.c): reads and writes are sized by it.
+const MAX_PACKET_SIZE: usize = 0x4000;
+/// The longest packet taken: well above any reply to what vmtrace asks
+/// (`m` of half a packet size in hex, `g` of x86_64, a target description
+/// chunk), so that a packet without `#` ends in an error.
+pub const MAX_PACKET: usize = 4 * MAX_PACKET_SIZE;
+/// Packets skipped while one reply is awaited: stop replies (one per stop)
+/// and `O` console output (QEMU's `qRcmd` sends some).
+const MAX_SKIPPED: usize = 64;
+/// Packets that may come while an ack is awaited (a stop reply at most).
+const MAX_PENDING: usize = 16;
+/// Threads (vCPUs) taken from the stub: above QEMU's largest x86 machine.
+const MAX_THREADS: usize = 8192;
+/// Bytes of one target description file (QEMU's x86_64 ones are a few KiB).
+const MAX_XML: usize = 1 << 20;
 
 fn bytes_text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -157,6 +197,8 @@ impl Gdb {
             phys: false,
             running: false,
             selected: None,
+            deadline: None,
+            hold: None,
         };
         match gdb.negotiate() {
             Ok(()) => Ok(gdb),
@@ -167,6 +209,10 @@ impl Gdb {
     }
 
     fn negotiate(&mut self) -> Result<(), GdbError> {
+        self.within(Self::features)
+    }
+
+    fn features(&mut self) -> Result<(), GdbError> {
         let r = self.command("qSupported:multiprocess+;xmlRegisters=i386")?;
         let mut f = Features {
             packet_size: 400,
@@ -174,7 +220,9 @@ impl Gdb {
         };
         for item in r.split(';') {
             if let Some(n) = item.strip_prefix("PacketSize=") {
-                f.packet_size = usize::from_str_radix(n, 16).unwrap_or(400).max(64);
+                f.packet_size = usize::from_str_radix(n, 16)
+                    .unwrap_or(400)
+                    .clamp(64, MAX_PACKET_SIZE);
             }
             match item {
                 "multiprocess+" => f.multiprocess = true,
@@ -188,6 +236,32 @@ impl Gdb {
             self.ack_mode = false;
         }
         Ok(())
+    }
+
+    /// Starts an exchange: its reads end by `timeout` from now (or by the
+    /// deadline of the operation it is part of, if sooner).
+    pub(super) fn arm(&mut self) {
+        self.arm_for(self.timeout);
+    }
+
+    /// `arm` for `wait` instead of the reply timeout.
+    pub(super) fn arm_for(&mut self, wait: Duration) {
+        let d = Instant::now() + wait;
+        self.deadline = Some(self.hold.map_or(d, |h| h.min(d)));
+    }
+
+    /// Runs `op`, an operation of several exchanges, within one reply
+    /// timeout in all (a nested one keeps the outer deadline).
+    fn within<T>(
+        &mut self,
+        op: impl FnOnce(&mut Self) -> Result<T, GdbError>,
+    ) -> Result<T, GdbError> {
+        let outer = self.hold;
+        let d = Instant::now() + self.timeout;
+        self.hold = Some(outer.map_or(d, |h| h.min(d)));
+        let r = op(self);
+        self.hold = outer;
+        r
     }
 
     /// Sets the stream's read timeout (None: wait forever).
@@ -224,6 +298,7 @@ impl Gdb {
 
     /// Sends one packet; in ack mode, waits for its `+` (and resends on `-`).
     pub(super) fn send(&mut self, data: &[u8], cmd: &str) -> Result<(), GdbError> {
+        self.arm();
         let framed = rsp::frame(data);
         'resend: for _ in 0..5 {
             self.write_raw(&framed, cmd)?;
@@ -244,6 +319,9 @@ impl Gdb {
                     Some(b'$') => match rsp::take_packet(&mut self.buf, &mut 0) {
                         Some(Ok(p)) => {
                             self.write_raw(b"+", cmd)?;
+                            if self.pending.len() >= MAX_PENDING {
+                                return Err(self.flood(cmd, MAX_PENDING, "packets before an ack"));
+                            }
                             self.pending.push_back(p);
                         }
                         Some(Err(())) => self.write_raw(b"-", cmd)?,
@@ -261,8 +339,26 @@ impl Gdb {
         })
     }
 
-    /// Reads more bytes from the stub into the buffer.
+    /// Reads more bytes from the stub into the buffer, by the exchange's
+    /// deadline. Called only when the buffer holds no whole packet: what it
+    /// holds is the start of one, bounded by `MAX_PACKET`.
     fn fill(&mut self, cmd: &str) -> Result<(), GdbError> {
+        if self.buf.len() > MAX_PACKET {
+            return Err(GdbError::TooLong {
+                addr: self.addr.clone(),
+                cmd: cmd.into(),
+                limit: MAX_PACKET,
+            });
+        }
+        let left = match self.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => self.timeout,
+        };
+        // (A socket takes no zero timeout: the time is up.)
+        if left.is_zero() {
+            return Err(self.io_error(cmd, ErrorKind::TimedOut.into()));
+        }
+        self.read_timeout(Some(left))?;
         let mut chunk = [0u8; 16384];
         let n = self
             .stream
@@ -310,6 +406,20 @@ impl Gdb {
         matches!(p.first(), Some(b'T' | b'S' | b'W' | b'X'))
     }
 
+    /// Whether a packet is console output (`O` and hex; not `OK`).
+    fn is_console(p: &[u8]) -> bool {
+        p.len() > 1 && p[0] == b'O' && p[1..].iter().all(u8::is_ascii_hexdigit)
+    }
+
+    fn flood(&self, cmd: &str, limit: usize, what: &'static str) -> GdbError {
+        GdbError::Flood {
+            addr: self.addr.clone(),
+            cmd: cmd.into(),
+            limit,
+            what,
+        }
+    }
+
     /// Sends `cmd` and returns its reply; stop replies that arrive first
     /// are noted and skipped.
     pub fn command(&mut self, cmd: &str) -> Result<String, GdbError> {
@@ -329,17 +439,22 @@ impl Gdb {
         self.reply(name)
     }
 
-    /// The next reply that is not a stop reply.
-    fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
-        loop {
+    /// The next reply that is not a stop reply or console output
+    /// (`MAX_SKIPPED` of those at most).
+    pub(super) fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
+        for _ in 0..=MAX_SKIPPED {
             let p = self.recv(name)?;
             if Self::is_stop(&p) {
                 self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
                 self.selected = None;
                 continue;
             }
+            if Self::is_console(&p) {
+                continue;
+            }
             return Ok(p);
         }
+        Err(self.flood(name, MAX_SKIPPED, "stop replies or console packets"))
     }
 
     pub(super) fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {
@@ -402,8 +517,13 @@ impl Gdb {
         self.expect_ok(&cmd)
     }
 
-    /// The threads (vCPUs), in the stub's order.
+    /// The threads (vCPUs), in the stub's order: `MAX_THREADS` at most,
+    /// within one reply timeout.
     pub fn threads(&mut self) -> Result<Vec<ThreadId>, GdbError> {
+        self.within(Self::thread_list)
+    }
+
+    fn thread_list(&mut self) -> Result<Vec<ThreadId>, GdbError> {
         let mut out = Vec::new();
         let mut cmd = "qfThreadInfo";
         loop {
@@ -415,6 +535,9 @@ impl Gdb {
                 return Err(self.failed(cmd, r));
             };
             for t in list.split(',') {
+                if out.len() >= MAX_THREADS {
+                    return Err(self.flood(cmd, MAX_THREADS, "threads"));
+                }
                 out.push(ThreadId::parse(t).ok_or_else(|| GdbError::Reply {
                     addr: self.addr.clone(),
                     cmd: cmd.into(),
@@ -499,8 +622,13 @@ impl Gdb {
         }
     }
 
-    /// The register map from target.xml and the files it includes.
+    /// The register map from target.xml and the files it includes, within
+    /// one reply timeout.
     fn read_regmap(&mut self) -> Result<RegMap, GdbError> {
+        self.within(Self::regmap_files)
+    }
+
+    fn regmap_files(&mut self) -> Result<RegMap, GdbError> {
         if !self.features.xfer_features {
             return Err(self.target_error("gives no target description (qXfer:features)".into()));
         }
@@ -538,6 +666,9 @@ impl Gdb {
                 _ => return Err(self.failed(&cmd, String::from_utf8_lossy(&r).into())),
             };
             out.extend(rsp::unescape(data));
+            if out.len() > MAX_XML {
+                return Err(self.flood(&cmd, MAX_XML, "bytes of target description"));
+            }
             if !more {
                 return Ok(String::from_utf8_lossy(&out).into_owned());
             }
@@ -588,6 +719,7 @@ impl Gdb {
                 let at = base + (j * chunk) as u64;
                 out.extend(rsp::frame(format!("m{at:x},{:x}", piece.len()).as_bytes()));
             }
+            self.arm();
             self.write_raw(&out, "m")?;
             for (j, piece) in batch.chunks_mut(chunk).enumerate() {
                 let r = self.reply("m")?;

@@ -2,7 +2,7 @@
 //! interfaces it ships with. [`qmp`] talks to its monitor (version, PID,
 //! vCPUs, the RAM layout, opening its gdbstub), [`gdb`] to its gdbstub
 //! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
-//! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
+//! guest RAM through /proc/PID/mem while the guest runs; [`lines`] reads its lines within bounds, [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
 //! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
 
@@ -14,6 +14,7 @@ pub mod gdb;
 pub mod guest;
 pub mod layout;
 pub mod liveness;
+mod lines;
 pub mod mode;
 pub mod procmem;
 pub mod qmp;

@@ -6,16 +6,17 @@
 //! is accepted by the kernel but QEMU sends it no greeting, so a greeting
 //! that does not come within the timeout means "busy" (or a silent peer).
 
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::gdb::GdbAddr;
+use super::lines::{LineError, LineReader};
 
 pub use super::layout::RamRange;
 use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks};
@@ -73,6 +74,25 @@ pub enum QmpError {
         cmd: String,
         msg: String,
     },
+    #[error(
+        "QMP socket {path}: the peer sent a line longer than {limit} bytes (QEMU's replies are \
+         far shorter): it is not QEMU's QMP, or QEMU misbehaves"
+    )]
+    TooLong { path: PathBuf, limit: usize },
+    #[error(
+        "QMP socket {path}: {count} replies to other commands came instead of the reply to {cmd}: \
+         the peer is not QEMU's QMP, or another client shares the connection"
+    )]
+    Stray {
+        path: PathBuf,
+        cmd: String,
+        count: usize,
+    },
+    #[error(
+        "QMP socket {path}: the connection is out of step since an earlier error ({why}); \
+         connect again"
+    )]
+    Broken { path: PathBuf, why: String },
 }
 
 /// QEMU's version, from the greeting.
@@ -167,14 +187,27 @@ impl GdbServer {
     }
 }
 
+/// The longest line taken from QMP: far above any real reply (`info mtree
+/// -f` of a big VM is tens of KiB), so that a peer's endless line ends in
+/// an error, not in all of vmtrace's memory.
+pub const MAX_LINE: usize = 1 << 20;
+/// Replies to other commands skipped while one command's reply is awaited
+/// (late replies to commands that timed out: one each at most).
+const MAX_STRAY: usize = 16;
+
 /// A connected QMP client in command mode.
 pub struct Qmp {
     path: PathBuf,
-    reader: BufReader<UnixStream>,
+    reader: LineReader,
     writer: UnixStream,
     timeout: Duration,
     version: QemuVersion,
     events: QmpEvents,
+    /// The `id` the next command carries: its reply echoes it (QMP's `id`
+    /// member), so a late reply is never taken for another command's.
+    next_id: u64,
+    /// Why the stream is out of step (a line cut off), if it is.
+    broken: Option<String>,
 }
 
 impl Qmp {
@@ -194,11 +227,12 @@ impl Qmp {
             },
         })?;
         let io = |source| QmpError::Io { path: p(), source };
-        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        // A peer that reads nothing cannot hold a command's write either.
+        stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let writer = stream.try_clone().map_err(io)?;
         let mut qmp = Qmp {
             path: p(),
-            reader: BufReader::new(stream),
+            reader: LineReader::new(stream, MAX_LINE),
             writer,
             timeout,
             version: QemuVersion {
@@ -208,6 +242,8 @@ impl Qmp {
                 package: String::new(),
             },
             events: QmpEvents::default(),
+            next_id: 1,
+            broken: None,
         };
         qmp.version = qmp.greeting()?;
         qmp.execute("qmp_capabilities", None)?;
@@ -216,9 +252,12 @@ impl Qmp {
 
     /// Reads the `{"QMP": {"version": ...}}` greeting.
     fn greeting(&mut self) -> Result<QemuVersion, QmpError> {
-        let line = match self.read_line() {
+        let deadline = Instant::now() + self.timeout;
+        let line = match self.read_line(deadline, "the greeting") {
             Ok(l) => l,
-            Err(QmpError::Timeout { .. }) => {
+            // Nothing at all: QEMU serves another client. Part of a line
+            // is a peer that talks, slowly or endlessly: not busy.
+            Err(QmpError::Timeout { .. }) if !self.reader.partial() => {
                 return Err(QmpError::Busy {
                     path: self.path.clone(),
                     secs: self.timeout.as_secs_f64(),
@@ -252,60 +291,93 @@ impl Qmp {
         }
     }
 
-    /// One line from QEMU; EOF is QEMU gone.
-    fn read_line(&mut self) -> Result<String, QmpError> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => Err(QmpError::Closed {
-                path: self.path.clone(),
+    /// One line from QEMU, whole by `deadline` (`cmd` awaits it); EOF is
+    /// QEMU gone. A line past `MAX_LINE` leaves the stream out of step.
+    fn read_line(&mut self, deadline: Instant, cmd: &str) -> Result<String, QmpError> {
+        let path = || self.path.clone();
+        if let Some(why) = &self.broken {
+            return Err(QmpError::Broken {
+                path: path(),
+                why: why.clone(),
+            });
+        }
+        match self.reader.line(deadline) {
+            Ok(l) => Ok(String::from_utf8_lossy(&l).into_owned()),
+            Err(LineError::Timeout) => Err(QmpError::Timeout {
+                path: path(),
+                cmd: cmd.into(),
+                secs: self.timeout.as_secs_f64(),
             }),
-            Ok(_) => Ok(line),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                Err(QmpError::Timeout {
-                    path: self.path.clone(),
-                    cmd: "greeting".into(),
-                    secs: self.timeout.as_secs_f64(),
+            Err(LineError::Closed) => Err(QmpError::Closed { path: path() }),
+            Err(LineError::TooLong) => {
+                self.broken = Some(format!("a line longer than {MAX_LINE} bytes"));
+                Err(QmpError::TooLong {
+                    path: path(),
+                    limit: MAX_LINE,
                 })
             }
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => Err(QmpError::Closed {
-                path: self.path.clone(),
-            }),
-            Err(source) => Err(QmpError::Io {
-                path: self.path.clone(),
+            Err(LineError::Io(source)) => Err(QmpError::Io {
+                path: path(),
                 source,
             }),
         }
     }
 
-    /// Runs a QMP command and returns its `return` value; events that arrive
-    /// before the reply are noted (`events`) and skipped.
+    /// Runs a QMP command and returns its `return` value, waiting for it
+    /// `timeout` in all. Its reply is the one that echoes the command's
+    /// fresh `id`: a late reply to an earlier command that timed out is
+    /// skipped (`MAX_STRAY` at most). Events that arrive before the reply
+    /// are noted (`events`) and skipped.
     pub fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
-        let mut msg = json!({ "execute": cmd });
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut msg = json!({ "execute": cmd, "id": id });
         if let Some(a) = args {
             msg["arguments"] = a;
         }
         let mut text = msg.to_string();
         text.push('\n');
         let path = self.path.clone();
+        if let Some(why) = &self.broken {
+            return Err(QmpError::Broken {
+                path,
+                why: why.clone(),
+            });
+        }
         self.writer
             .write_all(text.as_bytes())
             .map_err(|source| match source.kind() {
                 ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => QmpError::Closed { path },
-                _ => QmpError::Io { path, source },
-            })?;
-        loop {
-            let line = self.read_line().map_err(|e| match e {
-                QmpError::Timeout { path, secs, .. } => QmpError::Timeout {
+                ErrorKind::WouldBlock | ErrorKind::TimedOut => QmpError::Timeout {
                     path,
                     cmd: cmd.into(),
-                    secs,
+                    secs: self.timeout.as_secs_f64(),
                 },
-                e => e,
+                _ => QmpError::Io { path, source },
             })?;
+        let deadline = Instant::now() + self.timeout;
+        let mut stray = 0;
+        loop {
+            let line = self.read_line(deadline, cmd)?;
             let v: Value = serde_json::from_str(&line).map_err(|_| self.reply(cmd, &line))?;
             if let Some(ev) = v.get("event").and_then(Value::as_str) {
                 self.note_event(ev, &v["data"]);
-            } else if let Some(r) = v.get("return") {
+                continue;
+            }
+            if v.get("id") != Some(&json!(id)) {
+                // A reply to another command (one that timed out), or one
+                // without an id (QEMU echoes every id it is given).
+                stray += 1;
+                if stray > MAX_STRAY {
+                    return Err(QmpError::Stray {
+                        path: self.path.clone(),
+                        cmd: cmd.into(),
+                        count: stray,
+                    });
+                }
+                continue;
+            }
+            if let Some(r) = v.get("return") {
                 return Ok(r.clone());
             } else if let Some(e) = v.get("error") {
                 return Err(QmpError::Command {

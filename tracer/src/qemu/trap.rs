@@ -71,17 +71,15 @@ impl Gdb {
     /// timeout: a stalled QEMU answers late, and a second interrupt would
     /// leave a second answer to be taken for the next command's.
     pub fn stop_waiting(&mut self, wait_on: &mut dyn FnMut() -> bool) -> Result<(), GdbError> {
+        self.arm();
         self.write_raw(&[0x03], "interrupt")?;
         self.running = false;
         self.send(b"qC", "qC")?;
         loop {
-            match self.recv("interrupt") {
-                Ok(p) if Self::is_stop(&p) => {
-                    self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
-                    self.selected = None;
-                }
+            // qC's answer, once the stop replies before it are noted.
+            match self.reply("interrupt") {
                 Ok(_) => return Ok(()),
-                Err(GdbError::Timeout { .. }) if wait_on() => continue,
+                Err(GdbError::Timeout { .. }) if wait_on() => self.arm(),
                 Err(e) => return Err(e),
             }
         }
@@ -103,7 +101,8 @@ impl Gdb {
                 what: "waiting for a stop while the VM is stopped".into(),
             });
         }
-        self.read_timeout(Some(timeout))?;
+        // One deadline for the wait, however the peer drips its bytes.
+        self.arm_for(timeout);
         let got = loop {
             match self.recv("a stop") {
                 Ok(p) if Self::is_stop(&p) => break Ok(Some(p)),
@@ -119,7 +118,6 @@ impl Gdb {
                 Err(e) => break Err(e),
             }
         };
-        self.read_timeout(Some(self.timeout))?;
         let Some(p) = got? else { return Ok(None) };
         let text = String::from_utf8_lossy(&p).into_owned();
         self.running = false;
