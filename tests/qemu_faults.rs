@@ -154,7 +154,7 @@ fn someone_elses_stop_is_never_undone() {
     let (guest, w) = boot_with(&user, &[]);
     let qmp = guest.qmp_socket();
     let (before, _) = kernel.read(qmp);
-    for mode in ["exitless", "trap"] {
+    for mode in ["trap", "exitless"] {
         let mut a = attach(qmp, &bz, mode);
         user.run("stop");
         a.wait_line("vmtrace: the VM was stopped by someone else");

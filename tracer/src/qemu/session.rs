@@ -394,9 +394,9 @@ fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, Qe
     Ok(match state {
         RunState::Running => false,
         RunState::Stopped(why) => {
-            if vm.held.is_none() {
-                vm.held = Some((why, Instant::now()));
-            }
+            // QEMU's reason, not the stub's signal; since when it was seen.
+            let since = vm.held.take().map_or_else(Instant::now, |(_, t)| t);
+            vm.held = Some((why, since));
             true
         }
     })
