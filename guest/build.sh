@@ -17,6 +17,10 @@
 #                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
 #                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
+#   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map}:
+#                                      Debian's own 6.12 cloud kernel, not built but
+#                                      downloaded (a distribution kernel: KASLR, IBT,
+#                                      return thunks, ITS, call-depth tracking)
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its
@@ -31,7 +35,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 [ARGS...]" >&2
 	exit 1
 }
 
@@ -176,6 +180,49 @@ build_workload() {
 	echo "guest/build.sh: built guest/out/workload.cpio.gz (/init $(stat -c %s "$tmp/init") bytes)" >&2
 }
 
+# The Debian kernel package the distribution-kernel tests boot: this one
+# when the archive still has it, else the newest of its series (the archive
+# keeps only the latest security update).
+DEBIAN_KERNEL="${DEBIAN_KERNEL:-linux-image-6.12.117+deb12-cloud-amd64-unsigned}"
+DEBIAN_KERNEL_SERIES='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
+
+# guest/out/debian-6.12/: the vmlinuz, config and System.map of Debian's
+# cloud kernel package, downloaded once into ~/.cache/vmtrace/debian/.
+fetch_debian_kernel() {
+	local dst="$out/debian-6.12" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
+	local pkg="$DEBIAN_KERNEL"
+	if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+		apt-get update -q >/dev/null 2>&1 || true
+	fi
+	if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+		pkg="$(apt-cache pkgnames linux-image-6.12 | grep -E "$DEBIAN_KERNEL_SERIES" | sort -V | tail -1)"
+		if [[ -z "$pkg" ]]; then
+			echo "guest/build.sh: no Debian 6.12 cloud kernel package in the apt sources; add bookworm-security (or bookworm-backports) to them" >&2
+			exit 2
+		fi
+		echo "guest/build.sh: $DEBIAN_KERNEL is gone from the archive; using $pkg" >&2
+	fi
+	local unpacked="$cache/$pkg"
+	if [[ ! -d "$unpacked" ]]; then
+		mkdir -p "$cache"
+		debian_tmp="$(mktemp -d "$cache/.$pkg.XXXXXX")"
+		trap 'rm -rf "$debian_tmp"' EXIT
+		(cd "$debian_tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || {
+			echo "guest/build.sh: apt-get download $pkg failed" >&2
+			exit 2
+		}
+		dpkg-deb -x "$debian_tmp"/*.deb "$debian_tmp/x"
+		mkdir -p "$debian_tmp/boot"
+		cp "$debian_tmp"/x/boot/vmlinuz-* "$debian_tmp/boot/vmlinuz"
+		cp "$debian_tmp"/x/boot/config-* "$debian_tmp/boot/config"
+		cp "$debian_tmp"/x/boot/System.map-* "$debian_tmp/boot/System.map"
+		mv "$debian_tmp/boot" "$unpacked"
+		echo "guest/build.sh: downloaded $pkg" >&2
+	fi
+	mkdir -p "$dst"
+	cp -f "$unpacked"/vmlinuz "$unpacked"/config "$unpacked"/System.map "$dst/"
+}
+
 [[ $# -ge 1 ]] || usage
 target="$1"
 shift
@@ -208,6 +255,9 @@ linux-6.12)
 	fi
 	echo "guest/build.sh: guest/linux/build.sh does not exist (the linux guest is not set up yet)" >&2
 	exit 1
+	;;
+debian-6.12)
+	fetch_debian_kernel
 	;;
 *)
 	usage

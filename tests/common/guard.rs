@@ -61,6 +61,22 @@ impl Kernel {
         }
     }
 
+    /// From a bzImage alone (its kallsyms), as vmtrace reads it.
+    pub fn from_bzimage(bz: &Path) -> Kernel {
+        let file = vmm::boot::KernelFile::open(bz).unwrap();
+        let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
+            .unwrap()
+            .image;
+        let b = image.symbol("linux_banner").expect("linux_banner");
+        let bytes = image.file_bytes(b.addr, 64).unwrap().to_vec();
+        let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
+        Kernel {
+            vmlinux: bz.to_owned(),
+            text: (sym("_stext"), sym("_etext")),
+            banner: (b.addr, bytes),
+        }
+    }
+
     /// The kernel's physical KASLR offset: the one 2 MiB step at which RAM
     /// holds its banner.
     pub fn phys_offset(&self, ram: &ProcRam) -> u64 {

@@ -96,6 +96,15 @@ pub fn linux_acpi_bzimage() -> PathBuf {
     bz
 }
 
+/// guest/out/debian-6.12/vmlinuz: Debian's own 6.12 cloud kernel, a
+/// distribution kernel vmtrace's tests did not build (downloaded once per
+/// test binary; cached in ~/.cache/vmtrace/debian).
+pub fn debian_612() -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| guest_build("debian-6.12"));
+    root().join("guest/out/debian-6.12/vmlinuz")
+}
+
 fn guest_build(what: &str) {
     let st = Command::new("bash")
         .arg(root().join("guest/build.sh"))

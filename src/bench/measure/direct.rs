@@ -182,6 +182,7 @@ fn direct_plan(
         stacks: None,
         entry: EntryKind::Direct,
         direct: direct.clone(),
+        boot_patched: Default::default(),
     }
 }
 

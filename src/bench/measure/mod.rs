@@ -286,6 +286,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 stacks: None,
                 entry: tracer::plan::entry::EntryKind::Ftrace,
                 direct: None,
+                boot_patched: Default::default(),
             };
             figures.push(attach_figures(plan, label, n, &paused, vmlinux)?);
         }

@@ -2,6 +2,7 @@
 //! their sources, ftrace call sites, function filters, KASLR offsets, and
 //! how kernel names are printed.
 
+pub mod boot_patched;
 pub mod btf;
 pub mod bzimage;
 pub mod direct;

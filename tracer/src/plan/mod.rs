@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::TracerError;
+use crate::kernel::boot_patched::BootPatched;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::filter::Filter;
 use crate::kernel::sites::SiteTable;
@@ -97,6 +98,9 @@ pub struct Plan {
     /// Direct entries: each site's displaced instructions (`entry`
     /// Direct), and the functions refused one.
     pub direct: Option<entry::DirectPlan>,
+    /// The text the kernel rewrites itself (`boot_patched`), read at the
+    /// first attach.
+    pub boot_patched: std::sync::OnceLock<BootPatched>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -191,7 +195,16 @@ impl Plan {
             stacks: None,
             entry,
             direct,
+            boot_patched: Default::default(),
         })
+    }
+
+    /// The text the kernel rewrites itself, which comparing the running
+    /// text with the file skips; none when its tables cannot be read (the
+    /// comparison then tolerates what it always did).
+    pub fn boot_patched(&self) -> &BootPatched {
+        self.boot_patched
+            .get_or_init(|| BootPatched::read(&self.image).unwrap_or_default())
     }
 
     /// Per site of `index`: does a call there record its arguments; None

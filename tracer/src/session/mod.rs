@@ -516,6 +516,7 @@ impl Tracer {
         patch::verify_image(
             &mut space,
             &self.plan.image,
+            self.plan.boot_patched(),
             &addrs,
             off.virt,
             self.direct.is_some(),

@@ -17,12 +17,15 @@
 //! The trap handler resumes the guest at site + 5, so the 3-byte NOP never runs
 //! and no vCPU is ever left between the two instructions.
 
+use iced_x86::{Decoder, DecoderOptions, OpKind};
 use vm_memory::GuestAddress;
 use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::GuestRam;
 
 use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
+
+use crate::kernel::boot_patched::BootPatched;
 use crate::kernel::symbols::KernelImage;
 
 pub use crate::plan::traps::{RETURN_TRAP, TRAP};
@@ -136,15 +139,17 @@ pub struct DetachCounts {
 }
 
 /// Check that guest text matches the file at a sample of sites: each site
-/// holds a NOP or `call __fentry__`, and the bytes after it are the file's.
-/// Refuses when more than half the sample differs (a few may differ where the
-/// kernel patched its own text, e.g. alternatives or static keys, or KASLR
-/// relocated an absolute address). `sites` are running addresses, `slide`
-/// bytes from the file's (KASLR's virtual offset); `direct`: they are
-/// direct entries (any instruction).
+/// holds a NOP or `call __fentry__`, and the bytes after it are the file's,
+/// but for those the kernel rewrites itself (`patched`: alternatives,
+/// retpoline, return-thunk and call-depth sites, sealed `endbr64`s, jump
+/// labels, static calls). Refuses when more than half the sample differs (a
+/// few may differ where KASLR relocated an absolute address). `sites` are
+/// running addresses, `slide` bytes from the file's (KASLR's virtual
+/// offset); `direct`: they are direct entries (any instruction).
 pub fn verify_image(
     space: &mut AddressSpace<'_>,
     image: &KernelImage,
+    patched: &BootPatched,
     sites: &[u64],
     slide: i64,
     direct: bool,
@@ -174,7 +179,16 @@ pub fn verify_image(
                     && bytes[..SITE_LEN] != TRAP
                 {
                     Some(format!("site holds {}", hex(&bytes[..SITE_LEN])))
-                } else if body.is_some_and(|b| b != &bytes[SITE_LEN..]) {
+                } else if body.is_some_and(|b| {
+                    let body_at = link(addr) + SITE_LEN as u64;
+                    let relocated = relocatable(b, body_at);
+                    b.iter()
+                        .zip(&bytes[SITE_LEN..])
+                        .enumerate()
+                        .any(|(i, (f, r))| {
+                            f != r && !relocated[i] && !patched.covers(body_at + i as u64)
+                        })
+                }) {
                     Some("function body differs from the file".to_string())
                 } else {
                     None
@@ -201,6 +215,49 @@ pub fn verify_image(
         });
     }
     Ok(())
+}
+
+/// The kernel's own addresses start here when sign-extended from 32 bits
+/// (`__START_KERNEL_map`): an operand at or above it is an absolute kernel
+/// address, which KASLR relocates.
+const KERNEL_ABS: u64 = 0xffff_ffff_8000_0000;
+
+/// Which bytes of `code` (at link address `at`) KASLR may have changed:
+/// displacements and immediates that hold kernel addresses (absolute, or
+/// RIP-relative to per-CPU data, which KASLR's inverse relocations move).
+/// Opcodes, registers and the other operands must match the file.
+fn relocatable(code: &[u8], at: u64) -> Vec<bool> {
+    let mut out = vec![false; code.len()];
+    let mut d = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
+    while d.can_decode() {
+        let start = (d.ip() - at) as usize;
+        let insn = d.decode();
+        if insn.is_invalid() {
+            break;
+        }
+        let offs = d.get_constant_offsets(&insn);
+        let mut mask = |off: usize, size: usize| {
+            for b in out.iter_mut().skip(start + off).take(size) {
+                *b = true;
+            }
+        };
+        let kernel = |v: u64| v >= KERNEL_ABS;
+        if offs.has_displacement()
+            && (insn.is_ip_rel_memory_operand() || kernel(insn.memory_displacement64()))
+        {
+            mask(offs.displacement_offset(), offs.displacement_size());
+        }
+        let imm = (0..insn.op_count()).find(|&i| {
+            matches!(
+                insn.op_kind(i),
+                OpKind::Immediate32 | OpKind::Immediate64 | OpKind::Immediate32to64
+            )
+        });
+        if offs.has_immediate() && imm.is_some_and(|i| kernel(insn.immediate(i))) {
+            mask(offs.immediate_offset(), offs.immediate_size());
+        }
+    }
+    out
 }
 
 pub fn hex(b: &[u8]) -> String {

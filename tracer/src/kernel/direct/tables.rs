@@ -25,6 +25,12 @@ pub enum KernelTable {
     Retpoline,
     /// `.return_sites`: jumps to the return thunk.
     ReturnThunk,
+    /// `.call_sites`: direct calls redirected at boot for call depth
+    /// tracking (6.2+, `CALL_DEPTH_TRACKING`).
+    CallDepth,
+    /// `.ibt_endbr_seal`: `endbr64`s of functions never called indirectly,
+    /// sealed (made NOPs) at boot with IBT.
+    EndbrSeal,
     /// `__mcount_loc`: ftrace call sites.
     Ftrace,
 }
@@ -39,6 +45,8 @@ impl KernelTable {
             KernelTable::StaticCall => "static call site",
             KernelTable::Retpoline => "retpoline site",
             KernelTable::ReturnThunk => "return-thunk site",
+            KernelTable::CallDepth => "call-depth call site",
+            KernelTable::EndbrSeal => "sealed endbr",
             KernelTable::Ftrace => "ftrace site",
         }
     }
@@ -52,6 +60,8 @@ impl KernelTable {
             KernelTable::StaticCall => "static-call",
             KernelTable::Retpoline => "retpoline",
             KernelTable::ReturnThunk => "return-thunk",
+            KernelTable::CallDepth => "call-depth",
+            KernelTable::EndbrSeal => "endbr-seal",
             KernelTable::Ftrace => "ftrace-site",
         }
     }
@@ -71,7 +81,7 @@ struct Spec {
     sizes: &'static [usize],
 }
 
-const SPECS: [Spec; 6] = [
+const SPECS: [Spec; 8] = [
     // struct exception_table_entry { int insn, fixup, data; }
     Spec {
         table: KernelTable::ExTable,
@@ -112,6 +122,18 @@ const SPECS: [Spec; 6] = [
         table: KernelTable::ReturnThunk,
         section: ".return_sites",
         bounds: ("__return_sites", "__return_sites_end"),
+        sizes: &[4],
+    },
+    Spec {
+        table: KernelTable::CallDepth,
+        section: ".call_sites",
+        bounds: ("__call_sites", "__call_sites_end"),
+        sizes: &[4],
+    },
+    Spec {
+        table: KernelTable::EndbrSeal,
+        section: ".ibt_endbr_seal",
+        bounds: ("__ibt_endbr_seal", "__ibt_endbr_seal_end"),
         sizes: &[4],
     },
 ];
@@ -172,11 +194,22 @@ impl SiteTables {
             ),
             ..SiteTables::default()
         };
+        // Code outside the kernel's text proper holds sites too (a return
+        // thunk's jump in `.altinstr_replacement` or `.altinstr_aux`).
+        let code: Vec<(u64, u64)> = file
+            .as_ref()
+            .map(|f| {
+                f.sections()
+                    .filter(|s| s.kind() == object::SectionKind::Text)
+                    .map(|s| (s.address(), s.address() + s.size()))
+                    .collect()
+            })
+            .unwrap_or_default();
         for spec in &SPECS {
             let Some((addr, end)) = bounds(spec.bounds.0, spec.bounds.1, spec.section) else {
                 continue;
             };
-            t.read_table(image, spec, addr, (end - addr) as usize)?;
+            t.read_table(image, &code, spec, addr, (end - addr) as usize)?;
         }
         for &a in &image.mcount_loc {
             t.insert(KernelTable::Ftrace, a, SITE_LEN as u64);
@@ -204,6 +237,12 @@ impl SiteTables {
     /// entries would make of an ftrace kernel's functions otherwise.
     pub fn remove(&mut self, table: KernelTable) {
         self.sites.retain(|s| s.2 != table);
+    }
+
+    /// Every site: `(start, end, table)`, sorted by start; a site of a
+    /// table other than the alternatives is its instruction's first byte.
+    pub fn sites(&self) -> &[(u64, u64, KernelTable)] {
+        &self.sites
     }
 
     /// How many sites `table` has.
@@ -247,6 +286,7 @@ impl SiteTables {
     fn read_table(
         &mut self,
         image: &KernelImage,
+        code: &[(u64, u64)],
         spec: &Spec,
         addr: u64,
         len: usize,
@@ -266,7 +306,8 @@ impl SiteTables {
             .sizes
             .iter()
             .find(|&&size| {
-                entries(addr, data, size).is_some_and(|mut e| e.all(|(c, _)| in_code(image, c)))
+                entries(addr, data, size)
+                    .is_some_and(|mut e| e.all(|(c, _)| in_code(image, code, c)))
             })
             .ok_or_else(malformed)?;
         for (code, entry) in entries(addr, data, size).ok_or_else(malformed)? {
@@ -296,8 +337,12 @@ fn entries(addr: u64, data: &[u8], size: usize) -> Option<impl Iterator<Item = (
     })
 }
 
-/// Whether `addr` is in the kernel's code: a function, or the (init) text.
-fn in_code(image: &KernelImage, addr: u64) -> bool {
+/// Whether `addr` is in the kernel's code: a function, the (init) text, or
+/// another section of code (`code`).
+fn in_code(image: &KernelImage, code: &[(u64, u64)], addr: u64) -> bool {
     let within = |r: Option<(u64, u64)>| r.is_some_and(|(s, e)| (s..e).contains(&addr));
-    image.function_at(addr).is_some() || within(image.text) || within(image.init_text)
+    image.function_at(addr).is_some()
+        || within(image.text)
+        || within(image.init_text)
+        || code.iter().any(|&(s, e)| (s..e).contains(&addr))
 }
