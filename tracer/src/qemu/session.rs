@@ -520,10 +520,9 @@ impl QemuSession {
             // The store ends once every recorder is gone.
             b.finish();
         }
-        if !matches!(reason, EndReason::QemuGone(_)) {
-            // (QMP only: nothing written to the guest.)
-            close_stub(&mut self.vm.qmp, &self.vm.stub);
-        }
+        // (QMP only, nothing written to the guest; with QEMU gone, only its
+        // socket file is left to remove.)
+        close_stub(&mut self.vm.qmp, &self.vm.stub);
         let attached = self.tracer.attach_counts.patched;
         let left_stopped = self.vm.held.take().map(|(why, _)| why);
         let (summary, saved) = self
