@@ -18,6 +18,7 @@ use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
+use super::stub::{self, StubError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
@@ -122,37 +123,71 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
 }
 
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the
-/// guest as a debugger connects.
+/// guest as a debugger connects. Only while no debugger is connected to
+/// QEMU's stub, and the given one must be QEMU's (`stub`); vmtrace's own
+/// listens in a private directory. Once connected, QMP must show the
+/// connection; any error from there lets the guest go (a dropped client
+/// detaches, and `let_go` asks QMP) before the stub is closed.
 fn open_stub(
     qmp: &mut Qmp,
     given: Option<GdbAddr>,
     ram: ProcRam,
-    pid: u32,
 ) -> Result<(QemuGuest, Stub), QemuError> {
-    let (addr, stub) = match given {
-        Some(a) => (a, Stub::Given),
+    let qemus = stub::check_free(qmp)?;
+    let (addr, opened) = match given {
+        Some(a) => {
+            stub::check_given(&a, qemus.as_ref())?;
+            (a, Stub::Given)
+        }
         None => {
-            let path =
-                std::env::temp_dir().join(format!("vmtrace-gdb-{}-{pid}.sock", std::process::id()));
-            let _ = std::fs::remove_file(&path);
-            qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", path.display()))?;
+            let path = stub::private_dir(qmp.uid()?)?.join(stub::SOCKET);
+            let spec = format!("unix:{},server=on,wait=off", path.display());
+            if let Err(e) = qmp.open_gdbserver(&spec) {
+                stub::remove_private(&path);
+                return Err(e.into());
+            }
             (GdbAddr::Unix(path.clone()), Stub::Opened(path))
         }
     };
-    match Gdb::connect(&addr, REPLY_TIMEOUT).and_then(|g| QemuGuest::new(g, ram)) {
-        Ok(g) => Ok((g, stub)),
-        Err(e) => {
-            close_stub(qmp, &stub);
-            Err(e.into())
-        }
+    let gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
+        Ok(g) => g,
+        Err(e) => return Err(let_go(qmp, &opened, e.into())),
+    };
+    let own = matches!(opened, Stub::Opened(_));
+    if let Err(e) = stub::confirm(qmp, &addr, own) {
+        // (Detaches: QEMU resumes the guest.)
+        drop(gdb);
+        return Err(let_go(qmp, &opened, e));
+    }
+    match QemuGuest::new(gdb, ram) {
+        Ok(g) => Ok((g, opened)),
+        // The client was dropped, detaching.
+        Err(e) => Err(let_go(qmp, &opened, e.into())),
     }
 }
 
-/// Close the gdbstub vmtrace opened (nothing for one the user gave).
+/// Close the gdbstub vmtrace opened (nothing for one the user gave) and
+/// its private directory.
 fn close_stub(qmp: &mut Qmp, stub: &Stub) {
     if let Stub::Opened(path) = stub {
         let _ = qmp.close_gdbserver();
-        let _ = std::fs::remove_file(path);
+        stub::remove_private(path);
+    }
+}
+
+/// After an error past the stub's connect, once its client let go: close
+/// the stub, and make sure through QMP that the guest runs (QEMU 7.2 does
+/// not resume it when the connection closes); if it cannot, `error` says
+/// that it stays paused and how to continue it.
+fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError) -> QemuError {
+    close_stub(qmp, opened);
+    match stub::let_go(qmp) {
+        None => error,
+        Some(why) => StubError::LeftPaused {
+            error: error.to_string(),
+            why,
+        }
+        .into(),
     }
 }
 
@@ -225,7 +260,7 @@ impl Connected {
             gdb,
             info,
         } = self;
-        let (guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
+        let (guest, stub) = open_stub(&mut qmp, gdb, ram)?;
         let kernel = rec.kernel.clone();
         let mut vm = QemuVm {
             qmp,
@@ -249,8 +284,7 @@ impl Connected {
             }),
             Err(e) => {
                 let _ = vm.guest.release();
-                close_stub(&mut vm.qmp, &vm.stub);
-                Err(e)
+                Err(let_go(&mut vm.qmp, &vm.stub, e))
             }
         }
     }
