@@ -3,7 +3,8 @@
 //! run; a debugger already connected is never joined nor displaced (one
 //! line, exit 2, the guest running, the debugger's connection intact); a
 //! `--gdb` that is not QEMU's stub is never connected to; vmtrace's own
-//! stub listens in a private 0700 directory, gone after; an error after
+//! stub listens in a private 0700 directory, gone after (the user's stub
+//! it replaced reopened); an error after
 //! the stub connected (a vmlinux of another kernel) leaves the guest
 //! running. One boot runs every check, in sequence.
 
@@ -117,10 +118,9 @@ fn the_gdbstub_is_private_and_never_shared() {
     refused(q, &bz, &["--gdb", s(&fake_sock)], "is not QEMU's");
     let e = fake.accept().expect_err("no connection");
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
-    qmp(q).close_gdbserver().unwrap();
 
     // vmtrace's own stub: in a private 0700 directory while attached,
-    // gone after.
+    // gone after; the user's stub it replaced is back.
     let a = Attach::start(q, &["--kernel", s(&bz), "--trace", "__x64_sys_getpid"]).attached();
     let sock = gdb_socket(&a);
     let dir = sock.parent().unwrap().to_path_buf();
@@ -139,6 +139,12 @@ fn the_gdbstub_is_private_and_never_shared() {
     let e = a.end();
     assert!(e.status.success(), "{}", e.stderr);
     assert!(!dir.exists(), "{} left behind", dir.display());
+    let back = qmp(q).gdbserver().unwrap().expect("the user's stub");
+    assert_eq!((back.addr, back.connected), (Some(user.clone()), false));
+    let g = Gdb::connect(&user, TIMEOUT).unwrap();
+    drop(g);
+    assert_eq!(status(q), "running");
+    qmp(q).close_gdbserver().unwrap();
     assert_no_gdbstub(q);
 
     // An error after the stub connected and stopped the guest: another

@@ -3,7 +3,6 @@
 //! breakpoint hits served (trap mode), its monitor asked whether it still
 //! runs, and the termination signals taken.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,9 +18,9 @@ use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
 
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at
-/// the end), or one the user gave.
+/// the end, reopening the one it replaced), or one the user gave.
 pub(super) enum Stub {
-    Opened(PathBuf),
+    Opened(super::stub::OwnStub),
     Given,
 }
 

@@ -141,12 +141,26 @@ fn open_stub(
         }
         None => {
             let path = stub::private_dir(qmp.uid()?)?.join(stub::SOCKET);
+            // Reopened at the end: the user's stub (-s) stays theirs.
+            let replaced = qemus.as_ref().and_then(|s| stub::reopen_spec(&s.filename));
+            // QEMU 7.2 cannot replace an open stub ("duplicate yank
+            // instance"): it is closed first.
+            if qemus.is_some() {
+                if let Err(e) = qmp.close_gdbserver() {
+                    stub::remove_private(&path);
+                    return Err(e.into());
+                }
+            }
+            let own = stub::OwnStub {
+                socket: path.clone(),
+                replaced,
+            };
             let spec = format!("unix:{},server=on,wait=off", path.display());
             if let Err(e) = qmp.open_gdbserver(&spec) {
-                stub::remove_private(&path);
+                close_stub(qmp, &Stub::Opened(own));
                 return Err(e.into());
             }
-            (GdbAddr::Unix(path.clone()), Stub::Opened(path))
+            (GdbAddr::Unix(path), Stub::Opened(own))
         }
     };
     let gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
@@ -167,11 +181,14 @@ fn open_stub(
 }
 
 /// Close the gdbstub vmtrace opened (nothing for one the user gave) and
-/// its private directory.
+/// its private directory; reopen the stub it replaced, if any.
 fn close_stub(qmp: &mut Qmp, stub: &Stub) {
-    if let Stub::Opened(path) = stub {
+    if let Stub::Opened(own) = stub {
         let _ = qmp.close_gdbserver();
-        stub::remove_private(path);
+        stub::remove_private(&own.socket);
+        if let Some(spec) = &own.replaced {
+            let _ = qmp.open_gdbserver(spec);
+        }
     }
 }
 

@@ -52,6 +52,29 @@ pub enum StubError {
     LeftPaused { error: String, why: String },
 }
 
+/// vmtrace's own stub: its socket, and how to reopen the stub it closed to
+/// open its own (QEMU has one gdbstub).
+pub struct OwnStub {
+    pub socket: PathBuf,
+    pub replaced: Option<String>,
+}
+
+/// The `gdbserver` argument that reopens the stub QEMU shows as
+/// `filename`, for a TCP or unix one (None for others: pty, stdio...).
+/// QEMU adds `server=on,wait=off` to a TCP device itself (gdbstub.c's
+/// gdbserver_start), and must be told so for a unix one.
+pub fn reopen_spec(filename: &str) -> Option<String> {
+    let rest = filename.strip_prefix("disconnected:").unwrap_or(filename);
+    let spec = rest.split(" <-> ").next()?.split(',').next()?;
+    if spec.starts_with("tcp:") {
+        Some(spec.to_string())
+    } else if spec.starts_with("unix:") {
+        Some(format!("{spec},server=on,wait=off"))
+    } else {
+        None
+    }
+}
+
 /// QEMU's gdbstub, if one is open, refused if a debugger is connected.
 pub fn check_free(qmp: &mut Qmp) -> Result<Option<GdbServer>, QemuError> {
     match qmp.gdbserver()? {
@@ -247,6 +270,15 @@ mod tests {
     #[test]
     fn the_stub_given_must_be_qemus() {
         let unix = GdbServer::parse("disconnected:unix:/tmp/q/g.sock,server=on");
+        assert_eq!(
+            reopen_spec(&unix.filename).as_deref(),
+            Some("unix:/tmp/q/g.sock,server=on,wait=off")
+        );
+        assert_eq!(
+            reopen_spec("tcp:0.0.0.0:1234,server=on <-> 127.0.0.1:4242").as_deref(),
+            Some("tcp:0.0.0.0:1234")
+        );
+        assert_eq!(reopen_spec("pty:/dev/pts/3"), None);
         let ok = |g: &str, s: &GdbServer| check_given(&g.parse().unwrap(), Some(s)).is_ok();
         assert!(ok("/tmp/q/g.sock", &unix));
         assert!(!ok("/tmp/q/other.sock", &unix));
