@@ -1,6 +1,7 @@
 //! The gdbstub under `vmtrace attach` against a real QEMU/TCG guest (issue
 //! 34, item 9): a client dropped while it holds the guest stopped lets it
-//! run; a debugger already connected is never joined nor displaced (one
+//! run, even one that found the stub busy and that QEMU lets in later; a
+//! debugger already connected is never joined nor displaced (one
 //! line, exit 2, the guest running, the debugger's connection intact); a
 //! `--gdb` that is not QEMU's stub is never connected to; vmtrace's own
 //! stub listens in a private 0700 directory, gone after (the user's stub
@@ -14,17 +15,19 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::attach::{gdb_socket, Attach};
 use common::guard::{assert_no_gdbstub, assert_runs_on};
 use common::qemu::{linux_acpi_bzimage, QemuGuest, QemuOpts};
 use common::{s, wait_bounded};
-use tracer::qemu::gdb::{Gdb, GdbAddr};
+use tracer::qemu::gdb::{Gdb, GdbAddr, GdbError};
 use tracer::qemu::qmp::Qmp;
 use tracer::qemu::stub;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a queued stub connection is given to be let in and served.
+const SETTLE: Duration = Duration::from_secs(2);
 
 fn qmp(path: &Path) -> Qmp {
     Qmp::connect(path, TIMEOUT).unwrap()
@@ -91,6 +94,43 @@ fn the_gdbstub_is_private_and_never_shared() {
     assert_eq!(m.status().unwrap(), "paused", "a debugger's connect stops");
     drop(g);
     assert_eq!(m.status().unwrap(), "running", "the dropped client let go");
+    drop(m);
+
+    // A connect that finds the stub busy waits in its accept queue; QEMU
+    // lets it in once the debugger before it goes, and stops the guest
+    // then. The client dropped at the busy error wrote its detach into
+    // that connection: QEMU reads it and resumes the guest.
+    let mut first = Gdb::connect(&user, TIMEOUT).unwrap();
+    first.resume().unwrap();
+    match Gdb::connect(&user, Duration::from_millis(500)) {
+        Err(GdbError::Busy { .. }) => {}
+        Err(e) => panic!("a second connect: {e}"),
+        Ok(_) => panic!("a second connect was served"),
+    }
+    first.stop().unwrap();
+    let mut m = qmp(q);
+    let _ = m.take_events();
+    first.detach().unwrap();
+    drop(first);
+    // The queued connection let in: its STOP, then the guest running
+    // (a hang guard, not a time bound).
+    let detached = Instant::now();
+    let deadline = detached + Duration::from_secs(60);
+    let mut stopped = false;
+    loop {
+        let st = m.status().unwrap();
+        stopped |= m.take_events().stop;
+        // (QEMU lets the queued connection in soon after: a settling
+        // time, not a bound.)
+        if stopped && st == "running" && detached.elapsed() > SETTLE {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status {st}, QEMU let the queued connection in: {stopped}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     drop(m);
 
     // Another debugger on the user's stub, the guest running under it.
