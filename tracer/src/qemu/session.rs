@@ -13,7 +13,7 @@ use vmm::Stopped;
 
 use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
-use super::gdb::{Gdb, GdbAddr};
+use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
@@ -163,20 +163,26 @@ fn open_stub(
             (GdbAddr::Unix(path), Stub::Opened(own))
         }
     };
-    let gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
+    let mut gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
         Ok(g) => g,
-        Err(e) => return Err(let_go(qmp, &opened, e.into())),
+        Err(e) => {
+            // Not let in (no connection, or queued behind another: its
+            // drop wrote the detach there): the guest was not stopped.
+            let held = !matches!(e, GdbError::Connect { .. } | GdbError::Busy { .. });
+            return Err(let_go(qmp, &opened, e.into(), held));
+        }
     };
     let own = matches!(opened, Stub::Opened(_));
     if let Err(e) = stub::confirm(qmp, &addr, own) {
-        // (Detaches: QEMU resumes the guest.)
+        // Detaching, QEMU resumes the guest.
+        let held = gdb.detach().is_err();
         drop(gdb);
-        return Err(let_go(qmp, &opened, e));
+        return Err(let_go(qmp, &opened, e, held));
     }
     match QemuGuest::new(gdb, ram) {
         Ok(g) => Ok((g, opened)),
-        // The client was dropped, detaching.
-        Err(e) => Err(let_go(qmp, &opened, e.into())),
+        // The client was dropped, detaching (whether it could is unknown).
+        Err(e) => Err(let_go(qmp, &opened, e.into(), true)),
     }
 }
 
@@ -193,11 +199,16 @@ fn close_stub(qmp: &mut Qmp, stub: &Stub) {
 }
 
 /// After an error past the stub's connect, once its client let go: close
-/// the stub, and make sure through QMP that the guest runs (QEMU 7.2 does
-/// not resume it when the connection closes); if it cannot, `error` says
-/// that it stays paused and how to continue it.
-fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError) -> QemuError {
+/// the stub; if the client may still have held the guest stopped (`held`:
+/// its detach failed or is unknown), make sure through QMP that the guest
+/// runs (QEMU 7.2 does not resume it when the connection closes), and if
+/// it cannot, `error` says that it stays paused and how to continue it. A
+/// guest the client let go is never continued: a pause then is not ours.
+fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError, held: bool) -> QemuError {
     close_stub(qmp, opened);
+    if !held {
+        return error;
+    }
     match stub::let_go(qmp) {
         None => error,
         Some(why) => StubError::LeftPaused {
@@ -300,8 +311,8 @@ impl Connected {
                 kernel,
             }),
             Err(e) => {
-                let _ = vm.guest.release();
-                Err(let_go(&mut vm.qmp, &vm.stub, e))
+                let held = vm.guest.release().is_err();
+                Err(let_go(&mut vm.qmp, &vm.stub, e, held))
             }
         }
     }
