@@ -86,6 +86,13 @@ fn attach(dir: &Path, qmp: &Path, args: &[&str]) -> Run {
 /// Exit 2 with one `vmtrace: ` line holding `needle`, within 15 s, in
 /// bounded memory.
 fn assert_refused(run: &Run, needle: &str) {
+    eprintln!(
+        "vmtrace: exit {} after {:.1?}, peak RSS {} KiB: {}",
+        run.code,
+        run.took,
+        run.max_rss_kb,
+        run.stderr.trim_end()
+    );
     let lines: Vec<&str> = run.stderr.lines().collect();
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert_eq!(lines.len(), 1, "one line: {}", run.stderr);
@@ -253,6 +260,7 @@ fn gdb_error<T: std::fmt::Debug>(
     let e = rx
         .recv_timeout(HANG)
         .unwrap_or_else(|_| panic!("{name}: the client hung"));
+    eprintln!("{name}: after {:.1?}: {e}", start.elapsed());
     assert!(
         start.elapsed() < ERROR_WITHIN,
         "{name}: {e} after {:?}",

@@ -55,7 +55,7 @@ fn trace_calls(
 ) -> (Ended, Option<Memory>) {
     let base = ["--kernel", s(kernel), "--format", "json"];
     let a = Attach::start(guest.qmp_socket(), &[&base[..], args].concat()).attached();
-    let gdb = gdb_socket(&a, guest.pid());
+    let gdb = gdb_socket(&a);
     assert_eq!(gdb.exists(), !args.contains(&"--gdb"), "{}", gdb.display());
     for (syscall, n, _) in calls {
         guest.go(syscall, *n).unwrap();
@@ -338,7 +338,6 @@ fn qemu_killed_mid_trace_keeps_what_was_traced() {
     let (bz, _) = common::linux_61();
     let mut guest = QemuGuest::boot(QemuOpts::linux());
     let w = guest.wait_ready().unwrap();
-    let qemu = guest.pid();
     let a = Attach::start(
         guest.qmp_socket(),
         &[
@@ -351,7 +350,7 @@ fn qemu_killed_mid_trace_keeps_what_was_traced() {
         ],
     )
     .attached();
-    let gdb = gdb_socket(&a, qemu);
+    let gdb = gdb_socket(&a);
     guest.go("getpid", 100).unwrap();
     guest.send_line("ping");
     guest

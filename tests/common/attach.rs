@@ -11,6 +11,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::s;
+use tracer::qemu::stub;
 
 /// A hang guard for a vmtrace run (far above any run's time).
 const HANG: Duration = Duration::from_secs(300);
@@ -176,7 +177,32 @@ impl Drop for Attach {
     }
 }
 
-/// The gdbstub socket vmtrace opens for `attach` (session.rs's name).
-pub fn gdb_socket(vmtrace: &Attach, qemu: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("vmtrace-gdb-{}-{qemu}.sock", vmtrace.child.id()))
+/// The gdbstub socket vmtrace opened for `attach`: `gdb.sock` in its
+/// private directory, `vmtrace-gdb-PID-XXXXXX` (tracer::qemu::stub) in
+/// $XDG_RUNTIME_DIR or the temporary directory; a path that does not
+/// exist when it opened none (`--gdb`).
+pub fn gdb_socket(vmtrace: &Attach) -> PathBuf {
+    let prefix = format!("{}{}-", stub::DIR_PREFIX, vmtrace.child.id());
+    let bases = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([std::env::temp_dir()]);
+    let mut found = Vec::new();
+    for base in bases {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(e.path());
+            }
+        }
+    }
+    assert!(found.len() <= 1, "one private directory: {found:?}");
+    match found.pop() {
+        Some(dir) => dir.join(stub::SOCKET),
+        None => std::env::temp_dir()
+            .join(format!("{prefix}none"))
+            .join(stub::SOCKET),
+    }
 }

@@ -5,7 +5,6 @@
 //! its monitor closed), stalled while the monitor does not answer, held
 //! while someone else stops it, and reset when its machine was.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,9 +21,9 @@ use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
 
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at
-/// the end), or one the user gave.
+/// the end, reopening the one it replaced), or one the user gave.
 pub(super) enum Stub {
-    Opened(PathBuf),
+    Opened(super::stub::OwnStub),
     Given,
 }
 

@@ -20,6 +20,8 @@ pub enum QemuError {
     Gdb(#[from] GdbError),
     #[error(transparent)]
     Ram(#[from] super::procmem::ProcMemError),
+    #[error(transparent)]
+    Stub(#[from] super::stub::StubError),
     #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
     NotRunning { qmp: PathBuf, status: String },
     #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]

@@ -4,7 +4,9 @@
 //! QEMU stops the VM when a client connects, and sends a stop reply for any
 //! stop (a QMP `stop` too) while one is connected; stop replies that arrive
 //! when another reply is awaited are noted and skipped. A client that goes
-//! without detaching leaves the VM stopped.
+//! without detaching leaves the VM stopped (QEMU 7.2 does not resume it when
+//! the connection closes): dropping a client that holds the VM stopped
+//! detaches it.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -128,6 +130,10 @@ pub struct Gdb {
     deadline: Option<Instant>,
     /// An operation of several exchanges (`within`) ends by then.
     hold: Option<Instant>,
+    /// `D` was answered: QEMU resumed the VM and holds nothing for us.
+    detached: bool,
+    /// The process `D` names in multiprocess mode (from the thread list).
+    process: u64,
     /// The thread `g` and `P` act on when known (`Hg`, a breakpoint's stop).
     pub(super) selected: Option<ThreadId>,
 }
@@ -150,6 +156,9 @@ const MAX_PENDING: usize = 16;
 const MAX_THREADS: usize = 8192;
 /// Bytes of one target description file (QEMU's x86_64 ones are a few KiB).
 const MAX_XML: usize = 1 << 20;
+/// How long a client being dropped waits for its `D`'s reply: QEMU answers
+/// at once; a hostile peer must not hold the drop.
+const DROP_WAIT: Duration = Duration::from_secs(1);
 
 fn bytes_text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -199,6 +208,8 @@ impl Gdb {
             selected: None,
             deadline: None,
             hold: None,
+            detached: false,
+            process: 1,
         };
         match gdb.negotiate() {
             Ok(()) => Ok(gdb),
@@ -506,15 +517,37 @@ impl Gdb {
         if self.running {
             self.stop()?;
         }
-        let cmd = match self.features.multiprocess {
+        if self.features.multiprocess {
             // QEMU's multiprocess mode wants the process: the one of a thread.
-            true => {
-                let pid = self.threads()?.first().and_then(|t| t.pid).unwrap_or(1);
-                format!("D;{pid:x}")
-            }
+            self.process = self.threads()?.first().and_then(|t| t.pid).unwrap_or(1);
+        }
+        self.send_detach()
+    }
+
+    fn send_detach(&mut self) -> Result<(), GdbError> {
+        // Before the features are known (a drop after a failed connect),
+        // QEMU took the multiprocess mode vmtrace's qSupported asks for.
+        let unknown = self.features.packet_size == 0;
+        let cmd = match self.features.multiprocess || unknown {
+            true => format!("D;{:x}", self.process),
             false => "D".into(),
         };
-        self.expect_ok(&cmd)
+        self.expect_ok(&cmd)?;
+        self.detached = true;
+        Ok(())
+    }
+
+    /// Let go of a VM someone else stopped without resuming it: no `D`
+    /// (QEMU's resumes the VM) now or when the client is dropped; closing
+    /// the connection leaves QEMU's run state as it is.
+    pub fn leave_stopped(&mut self) {
+        self.detached = true;
+    }
+
+    /// Whether this client holds the VM stopped: connected (QEMU stopped
+    /// it then) and neither resumed nor detached since.
+    pub fn holds_stopped(&self) -> bool {
+        !self.running && !self.detached
     }
 
     /// The threads (vCPUs), in the stub's order: `MAX_THREADS` at most,
@@ -524,7 +557,7 @@ impl Gdb {
     }
 
     fn thread_list(&mut self) -> Result<Vec<ThreadId>, GdbError> {
-        let mut out = Vec::new();
+        let mut out: Vec<ThreadId> = Vec::new();
         let mut cmd = "qfThreadInfo";
         loop {
             let r = self.command(cmd)?;
@@ -543,6 +576,9 @@ impl Gdb {
                     cmd: cmd.into(),
                     reply: r.clone(),
                 })?);
+            }
+            if let Some(pid) = out.first().and_then(|t| t.pid) {
+                self.process = pid;
             }
             cmd = "qsThreadInfo";
         }
@@ -767,6 +803,20 @@ impl Gdb {
             done += n;
         }
         Ok(())
+    }
+}
+
+impl Drop for Gdb {
+    /// A client that holds the VM stopped detaches, so that QEMU resumes
+    /// it: an error between the connect (which stopped the VM) and the
+    /// end must not leave the guest paused. Never while the VM runs: any
+    /// byte QEMU's stub receives then stops it.
+    fn drop(&mut self) {
+        if self.holds_stopped() {
+            self.timeout = DROP_WAIT;
+            self.hold = None;
+            let _ = self.send_detach();
+        }
     }
 }
 

@@ -420,7 +420,10 @@ impl QemuStop<'_> {
         match self.held {
             // QEMU's `D` resumes the VM (gdb_continue): inside someone
             // else's stop the stub is left by closing it instead.
-            true => Ok(()),
+            true => {
+                s.leave_stopped();
+                Ok(())
+            }
             false => s.detach(),
         }
     }

@@ -4,7 +4,8 @@
 //! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`lines`] reads its lines within bounds, [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
-//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
+//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client, [`stub`] takes
+//! the stub only where no one else can hold it.
 
 pub mod breakpoints;
 pub mod clock;
@@ -21,4 +22,5 @@ pub mod qmp;
 pub mod regs;
 pub mod rsp;
 pub mod session;
+pub mod stub;
 pub mod trap;

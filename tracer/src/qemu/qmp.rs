@@ -425,6 +425,15 @@ impl Qmp {
 
     /// QEMU's process id, from the socket's peer credentials.
     pub fn pid(&self) -> Result<u32, QmpError> {
+        Ok(self.peer()?.pid as u32)
+    }
+
+    /// The user QEMU runs as, from the socket's peer credentials.
+    pub fn uid(&self) -> Result<u32, QmpError> {
+        Ok(self.peer()?.uid)
+    }
+
+    fn peer(&self) -> Result<libc::ucred, QmpError> {
         let mut cred = libc::ucred {
             pid: 0,
             uid: 0,
@@ -448,7 +457,7 @@ impl Qmp {
                 source: std::io::Error::last_os_error(),
             });
         }
-        Ok(cred.pid as u32)
+        Ok(cred)
     }
 
     /// QEMU's version, as its greeting gave it.

@@ -13,12 +13,13 @@ use vmm::Stopped;
 
 use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
-use super::gdb::{Gdb, GdbAddr};
+use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::liveness::{QemuProcess, RunState};
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
+use super::stub::{self, StubError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
@@ -123,37 +124,99 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
 }
 
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the
-/// guest as a debugger connects.
+/// guest as a debugger connects. Only while no debugger is connected to
+/// QEMU's stub, and the given one must be QEMU's (`stub`); vmtrace's own
+/// listens in a private directory. Once connected, QMP must show the
+/// connection; any error from there lets the guest go (a dropped client
+/// detaches, and `let_go` asks QMP) before the stub is closed.
 fn open_stub(
     qmp: &mut Qmp,
     given: Option<GdbAddr>,
     ram: ProcRam,
-    pid: u32,
 ) -> Result<(QemuGuest, Stub), QemuError> {
-    let (addr, stub) = match given {
-        Some(a) => (a, Stub::Given),
+    let qemus = stub::check_free(qmp)?;
+    let (addr, opened) = match given {
+        Some(a) => {
+            stub::check_given(&a, qemus.as_ref())?;
+            (a, Stub::Given)
+        }
         None => {
-            let path =
-                std::env::temp_dir().join(format!("vmtrace-gdb-{}-{pid}.sock", std::process::id()));
-            let _ = std::fs::remove_file(&path);
-            qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", path.display()))?;
-            (GdbAddr::Unix(path.clone()), Stub::Opened(path))
+            let path = stub::private_dir(qmp.uid()?)?.join(stub::SOCKET);
+            // Reopened at the end: the user's stub (-s) stays theirs.
+            let replaced = qemus.as_ref().and_then(|s| stub::reopen_spec(&s.filename));
+            // QEMU 7.2 cannot replace an open stub ("duplicate yank
+            // instance"): it is closed first.
+            if qemus.is_some() {
+                if let Err(e) = qmp.close_gdbserver() {
+                    stub::remove_private(&path);
+                    return Err(e.into());
+                }
+            }
+            let own = stub::OwnStub {
+                socket: path.clone(),
+                replaced,
+            };
+            let spec = format!("unix:{},server=on,wait=off", path.display());
+            if let Err(e) = qmp.open_gdbserver(&spec) {
+                close_stub(qmp, &Stub::Opened(own));
+                return Err(e.into());
+            }
+            (GdbAddr::Unix(path), Stub::Opened(own))
         }
     };
-    match Gdb::connect(&addr, REPLY_TIMEOUT).and_then(|g| QemuGuest::new(g, ram)) {
-        Ok(g) => Ok((g, stub)),
+    let mut gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
+        Ok(g) => g,
         Err(e) => {
-            close_stub(qmp, &stub);
-            Err(e.into())
+            // Not let in (no connection, or queued behind another: its
+            // drop wrote the detach there): the guest was not stopped.
+            let held = !matches!(e, GdbError::Connect { .. } | GdbError::Busy { .. });
+            return Err(let_go(qmp, &opened, e.into(), held));
+        }
+    };
+    let own = matches!(opened, Stub::Opened(_));
+    if let Err(e) = stub::confirm(qmp, &addr, own) {
+        // Detaching, QEMU resumes the guest.
+        let held = gdb.detach().is_err();
+        drop(gdb);
+        return Err(let_go(qmp, &opened, e, held));
+    }
+    match QemuGuest::new(gdb, ram) {
+        Ok(g) => Ok((g, opened)),
+        // The client was dropped, detaching (whether it could is unknown).
+        Err(e) => Err(let_go(qmp, &opened, e.into(), true)),
+    }
+}
+
+/// Close the gdbstub vmtrace opened (nothing for one the user gave) and
+/// its private directory; reopen the stub it replaced, if any.
+fn close_stub(qmp: &mut Qmp, stub: &Stub) {
+    if let Stub::Opened(own) = stub {
+        let _ = qmp.close_gdbserver();
+        stub::remove_private(&own.socket);
+        if let Some(spec) = &own.replaced {
+            let _ = qmp.open_gdbserver(spec);
         }
     }
 }
 
-/// Close the gdbstub vmtrace opened (nothing for one the user gave).
-fn close_stub(qmp: &mut Qmp, stub: &Stub) {
-    if let Stub::Opened(path) = stub {
-        let _ = qmp.close_gdbserver();
-        let _ = std::fs::remove_file(path);
+/// After an error past the stub's connect, once its client let go: close
+/// the stub; if the client may still have held the guest stopped (`held`:
+/// its detach failed or is unknown), make sure through QMP that the guest
+/// runs (QEMU 7.2 does not resume it when the connection closes), and if
+/// it cannot, `error` says that it stays paused and how to continue it. A
+/// guest the client let go is never continued: a pause then is not ours.
+fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError, held: bool) -> QemuError {
+    close_stub(qmp, opened);
+    if !held {
+        return error;
+    }
+    match stub::let_go(qmp) {
+        None => error,
+        Some(why) => StubError::LeftPaused {
+            error: error.to_string(),
+            why,
+        }
+        .into(),
     }
 }
 
@@ -226,7 +289,7 @@ impl Connected {
             gdb,
             info,
         } = self;
-        let (guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
+        let (guest, stub) = open_stub(&mut qmp, gdb, ram)?;
         let kernel = rec.kernel.clone();
         let mut vm = QemuVm::new(qmp, guest, stub, info.pid);
         match setup(&mut vm, plan, rec) {
@@ -239,9 +302,8 @@ impl Connected {
                 kernel,
             }),
             Err(e) => {
-                let _ = vm.guest.release();
-                close_stub(&mut vm.qmp, &vm.stub);
-                Err(e)
+                let held = vm.guest.release().is_err();
+                Err(let_go(&mut vm.qmp, &vm.stub, e, held))
             }
         }
     }
