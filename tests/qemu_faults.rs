@@ -227,3 +227,55 @@ fn a_reset_ends_the_trace_and_the_guest_boots_again() {
     // The stub vmtrace opened is closed even so.
     assert_no_gdbstub(guest.qmp_socket());
 }
+
+/// The guest suspends to RAM mid-trace (Debian's kernel has ACPI S3; the
+/// test guests do not): the trace ends there, vmtrace detaches inside the
+/// suspended state without waking the machine, its memory is as found, and
+/// the guest wakes (QMP `system_wakeup`) and runs on.
+#[test]
+fn a_suspend_ends_the_trace_with_a_detach_inside_it() {
+    let bz = debian_612();
+    let kernel = Kernel::from_bzimage(&bz);
+    let user = UserMonitor::new();
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        qemu_args: user.args(),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let watch = kernel.watch(qmp);
+    let before = watch.read();
+    let a = attach(qmp, &bz, "exitless");
+    guest.go("getpid", 20).unwrap();
+    let during = watch.read();
+    guest.send_line("suspend");
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr
+            .contains("vmtrace: detached (the guest suspended to RAM (S3)): 1 sites restored"),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        e.stderr
+            .contains("the VM stays stopped (stopped by QEMU (suspended))"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(count_of(&e.counts(), &GETPID), 20, "{}", e.stdout);
+    assert_eq!(user.status(), "suspended", "vmtrace woke the guest");
+    // The guest's own suspend changed its text (jump labels) and its
+    // wake-up data: only vmtrace's bytes are compared.
+    assert_restored(&before, &during, &watch.read(), "by a detach in S3");
+    assert_no_gdbstub(qmp);
+    user.run("system_wakeup");
+    guest
+        .wait_for(
+            &format!("workload: resumed 0 pid={}", w.worker),
+            COMMAND_TIMEOUT,
+        )
+        .unwrap();
+    assert_runs_on(&guest, w.worker);
+}

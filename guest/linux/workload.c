@@ -20,6 +20,10 @@
  *   go openat N    openat(2) of a missing path N times (each ENOENT)
  *                                        -> workload: done openat N pid=W
  *   ping                                 -> workload: pong pid=W
+ *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
+ *                  first); returns once the machine woke up
+ *                                        -> workload: resumed R pid=W (R: 0, or
+ *                                           the write's negative errno)
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
  *                                        -> workload: quit power-off|restart
@@ -237,6 +241,20 @@ static void __attribute__((noreturn)) quit(void)
 		sys0(SYS_pause);
 }
 
+/* `suspend`: 0 once woken, or the failing system call's negative errno. */
+static long suspend_to_ram(void)
+{
+	long fd, r;
+
+	sys6(SYS_mount, (long)"sysfs", (long)"/sys", (long)"sysfs", 0, 0, 0);
+	fd = sys3(SYS_open, (long)"/sys/power/state", O_RDWR, 0);
+	if (fd < 0)
+		return fd;
+	r = sys3(SYS_write, fd, (long)"mem", 3);
+	sys3(SYS_close, fd, 0, 0);
+	return r < 0 ? r : 0;
+}
+
 static void run_command(char *text, long pid)
 {
 	struct line l = { .len = 0 };
@@ -250,6 +268,16 @@ static void run_command(char *text, long pid)
 		quit();
 	if (n == 1 && streq(w[0], "ping")) {
 		put(&l, "workload: pong pid=");
+		put_num(&l, pid);
+		emit(&l);
+		return;
+	}
+	if (n == 1 && streq(w[0], "suspend")) {
+		long r = suspend_to_ram();
+
+		put(&l, "workload: resumed ");
+		put_num(&l, r);
+		put(&l, " pid=");
 		put_num(&l, pid);
 		emit(&l);
 		return;
@@ -269,7 +297,7 @@ static void run_command(char *text, long pid)
 		emit(&l);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, ping, quit)");
+	say("error unknown command (go getpid|getppid|openat N, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

@@ -200,3 +200,24 @@ pub fn assert_no_gdbstub(qmp: &Path) {
         "{list}"
     );
 }
+
+/// Every byte that differed while vmtrace was attached (`during`: its pages,
+/// its sites) is as `before` again in `after`; bytes the guest itself
+/// changed meanwhile (a suspend's jump labels, its wake-up data) are not
+/// vmtrace's and may differ.
+pub fn assert_restored(before: &Memory, during: &Memory, after: &Memory, when: &str) {
+    let touched: std::collections::BTreeSet<u64> =
+        diffs(before, during).into_iter().map(|d| d.0).collect();
+    assert!(!touched.is_empty(), "vmtrace's bytes unseen while attached");
+    let left: Vec<String> = diffs(before, after)
+        .into_iter()
+        .filter(|d| touched.contains(&d.0))
+        .take(32)
+        .map(|(at, x, y)| format!("{at:#x}: {x:#04x} -> {y:#04x}"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "vmtrace's bytes not restored {when}: {}",
+        left.join(", ")
+    );
+}
