@@ -48,6 +48,9 @@ pub enum Command {
     /// Trace a QEMU guest that is already running, through its QMP socket
     /// (and its gdbstub, opened on demand); it runs on when vmtrace detaches.
     Attach(Box<AttachArgs>),
+    /// Take out what a vmtrace that did not detach (killed, crashed) left
+    /// in a QEMU: its sites, code and rings, breakpoints and gdbstub.
+    Detach(DetachArgs),
 }
 
 /// Boot a guest and (optionally) trace it.
@@ -334,6 +337,14 @@ pub struct AttachArgs {
     pub tracing: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `vmtrace detach`: the QEMU to repair.
+#[derive(Args, Debug, Clone)]
+pub struct DetachArgs {
+    /// The QEMU's QMP socket, as given to `vmtrace attach`.
+    #[arg(long, value_name = "SOCKET")]
+    pub qmp: PathBuf,
 }
 
 #[derive(Args, Debug, Clone)]

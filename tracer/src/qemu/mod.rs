@@ -4,7 +4,8 @@
 //! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
-//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client.
+//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client; [`journal`] keeps on the host
+//! what an attach changes, and [`repair`] undoes what a killed vmtrace left.
 
 pub mod breakpoints;
 pub mod clock;
@@ -12,11 +13,13 @@ mod drive;
 pub mod error;
 pub mod gdb;
 pub mod guest;
+pub mod journal;
 pub mod layout;
 pub mod mode;
 pub mod procmem;
 pub mod qmp;
 pub mod regs;
+pub mod repair;
 pub mod rsp;
 pub mod session;
 pub mod trap;

@@ -15,9 +15,11 @@ use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::journal::Journal;
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
+use super::repair;
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
@@ -87,6 +89,16 @@ pub struct Connected {
 /// `gdb`, or one vmtrace opens at `attach`.
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
     let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    // What a vmtrace that did not detach left comes first: it explains a
+    // guest frozen at a breakpoint, and nothing may be added to it.
+    let pid = qmp.pid()?;
+    let left = repair::leftovers(&mut qmp, pid)?;
+    if !left.is_empty() {
+        return Err(QemuError::Leftover {
+            qmp: qmp_path.to_owned(),
+            what: left.describe(),
+        });
+    }
     // The gdbstub resumes the guest whenever it lets it go: a paused one
     // (by its user, or started with -S) would not stay paused.
     let status = qmp.status()?;
@@ -96,7 +108,6 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
             status,
         });
     }
-    let pid = qmp.pid()?;
     let accel = qmp.accel()?;
     let cpus = qmp.cpus()?.len();
     if cpus == 0 {
@@ -204,6 +215,9 @@ pub struct QemuSession {
     /// Why trap mode was chosen where exitless was possible to ask for.
     pub fallback: Option<String>,
     kernel: PathBuf,
+    /// What this attach may have changed, on the host until the detach
+    /// gave it all back (`super::journal`).
+    journal: Option<Journal>,
 }
 
 impl Connected {
@@ -225,7 +239,16 @@ impl Connected {
             gdb,
             info,
         } = self;
-        let (guest, stub) = open_stub(&mut qmp, gdb, ram, info.pid)?;
+        // Before the stub stops the guest: a vmtrace killed from here on
+        // leaves a journal naming what to undo.
+        let mut journal = Journal::begin(info.pid, &info.qmp, gdb.as_ref().map(|g| g.to_string()))?;
+        let (guest, stub) = match open_stub(&mut qmp, gdb, ram, info.pid) {
+            Ok(opened) => opened,
+            Err(e) => {
+                journal.remove();
+                return Err(e);
+            }
+        };
         let kernel = rec.kernel.clone();
         let mut vm = QemuVm {
             qmp,
@@ -238,7 +261,7 @@ impl Connected {
             },
             tracing: false,
         };
-        match setup(&mut vm, plan, rec) {
+        match setup(&mut vm, plan, rec, &mut journal) {
             Ok(set) => Ok(QemuSession {
                 vm,
                 tracer: set.tracer,
@@ -246,10 +269,16 @@ impl Connected {
                 low: set.low,
                 fallback: set.fallback,
                 kernel,
+                journal: Some(journal),
             }),
             Err(e) => {
-                let _ = vm.guest.release();
+                // Whatever was written (staged pages, an entry, a site) goes
+                // back as the journal says, and the guest is handed back.
+                let gave = repair::give_back(&vm.guest, &journal.record);
                 close_stub(&mut vm.qmp, &vm.stub);
+                if gave.is_ok_and(|g| !g.incomplete) {
+                    journal.remove();
+                }
                 Err(e)
             }
         }
@@ -263,7 +292,12 @@ struct Setup {
     fallback: Option<String>,
 }
 
-fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, QemuError> {
+fn setup(
+    vm: &mut QemuVm,
+    plan: TracePlan,
+    rec: Recording,
+    journal: &mut Journal,
+) -> Result<Setup, QemuError> {
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
@@ -284,6 +318,14 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
         }
     };
     first.resume()?;
+    // Every site the attach may write, as it will find them.
+    let sites: Vec<(u64, u64)> = plan
+        .plan
+        .index
+        .addrs
+        .iter()
+        .filter_map(|&a| Some((offset.runtime(a), offset.phys_of(a)?)))
+        .collect();
     let cpus = vm.guest.cpus();
     let (tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
@@ -291,10 +333,12 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
             let (mut tracer, _no_traps) = Tracer::create(plan.plan, cpus, mode, rec)?;
             tracer.assume_kernel_offset(offset);
             let low = room.low.clone();
+            journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites)?;
             exitless_region(vm, &mut tracer, room)?;
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
+            journal.arm_trap(sites.iter().map(|s| s.0).collect())?;
             let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
             tracer.assume_kernel_offset(offset);
             vm.arming = Arming::Trap {
@@ -449,6 +493,12 @@ impl QemuSession {
             b.finish();
         }
         close_stub(&mut self.vm.qmp, &self.vm.stub);
+        // All given back (or the QEMU gone with it): nothing to repair.
+        if gone || (detached.is_ok() && removed.is_ok()) {
+            if let Some(j) = self.journal.take() {
+                j.remove();
+            }
+        }
         let attached = self.tracer.attach_counts.patched;
         let (summary, saved) = self
             .tracer

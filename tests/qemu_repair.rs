@@ -1,0 +1,273 @@
+//! A VM a vmtrace left behind can always be repaired (issue 34): a
+//! `vmtrace attach` killed with SIGKILL mid-trace, in trap mode, exitless
+//! and exitless with `--graph`, then `vmtrace detach --qmp`: the guest is
+//! alive, every byte vmtrace may have written is as before the attach, no
+//! gdbstub is left, and the exit status and lines are right. Until the
+//! repair the next attach refuses and names it; after it an attach works
+//! again. An attach refused after it staged its pages gives them back.
+//! One QEMU/TCG guest per test function, reused across its cases; no test
+//! asserts a time.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::attach::*;
+use common::guard::*;
+use common::qemu::*;
+use common::s;
+use tracer::qemu::qmp::Qmp;
+
+/// A hang guard for a frozen guest to show as frozen (far above the time a
+/// TCG guest takes to reach its next traced call).
+const FREEZE: Duration = Duration::from_secs(120);
+
+/// `vmtrace detach --qmp QMP`, bounded.
+fn detach(qmp: &Path) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["detach", "--qmp", s(qmp)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vmtrace detach");
+    let out = common::wait_bounded(child);
+    eprintln!("  [detach] {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The repair found and undid something, and says the VM is as vmtrace
+/// would leave it.
+fn assert_repaired(o: &Output, needles: &[&str]) {
+    let err = text(o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("vmtrace: repaired; the VM is as vmtrace would leave it"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "{n:?} in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Nothing left: the repair says so and exits 0.
+fn assert_nothing_left(qmp: &Path) {
+    let o = detach(qmp);
+    let err = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "vmtrace: nothing of vmtrace's found; the VM is as vmtrace would leave it"
+    );
+}
+
+/// An attach on a VM with leftovers: refused in one line naming them and
+/// the repair (exit 2).
+fn assert_attach_refused(qmp: &Path, bz: &Path, needles: &[&str]) {
+    let e = Attach::start(
+        qmp,
+        &[
+            "--kernel",
+            s(bz),
+            "--trace",
+            "__x64_sys_getpid",
+            "--duration",
+            "1",
+        ],
+    )
+    .end();
+    assert_eq!(e.status.code(), Some(2), "{}", e.stderr);
+    assert_eq!(e.stderr.trim_end().lines().count(), 1, "{}", e.stderr);
+    let repair = format!("vmtrace detach --qmp {}", qmp.display());
+    assert!(e.stderr.contains(&repair), "{repair:?} in {}", e.stderr);
+    for n in needles {
+        assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
+    }
+}
+
+/// Start `vmtrace attach ARGS` and wait for its `attached` line.
+fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {
+    let base = ["--kernel", s(bz), "--format", "json"];
+    let mut a = Attach::start(qmp, &[&base[..], args].concat());
+    a.wait_line("vmtrace: attached to QEMU");
+    a
+}
+
+/// A traced attach that detaches cleanly: the repair left nothing in its way.
+fn attach_works(guest: &QemuGuest, bz: &Path, args: &[&str]) {
+    let a = attached(
+        guest.qmp_socket(),
+        bz,
+        &[&["--trace", "__x64_sys_getpid"][..], args].concat(),
+    );
+    guest.go("getpid", 5).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains("vmtrace: detached (signal 2)"),
+        "{}",
+        e.stderr
+    );
+}
+
+fn status(qmp: &Path) -> String {
+    Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .status()
+        .unwrap()
+}
+
+#[test]
+fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    assert_nothing_left(qmp);
+
+    let a = attached(
+        qmp,
+        &bz,
+        &["--mode", "trap", "--trace", "__x64_sys_getppid"],
+    );
+    guest.go("getppid", 3).unwrap();
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
+    // The breakpoints stay with QEMU: the next traced call freezes the
+    // guest, paused (debug), with nobody to resume it.
+    guest.send_line("go getppid 1");
+    let deadline = Instant::now() + FREEZE;
+    while status(qmp) != "debug" {
+        assert!(Instant::now() < deadline, "the guest never froze");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_attach_refused(
+        qmp,
+        &bz,
+        &[
+            "trap mode: ",
+            "frozen at one of its breakpoints (status paused (debug))",
+        ],
+    );
+    assert_eq!(status(qmp), "debug", "the refusal resumed nothing");
+
+    let o = detach(qmp);
+    assert_repaired(
+        &o,
+        &[
+            "vmtrace: closed vmtrace's gdbstub",
+            "removed vmtrace's breakpoints",
+            "runs again",
+            "removed vmtrace's journal",
+        ],
+    );
+    guest
+        .wait_for("workload: done getppid 1 ", COMMAND_TIMEOUT)
+        .unwrap();
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "after a killed trap-mode attach and the repair",
+    );
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+    attach_works(&guest, &bz, &["--mode", "trap"]);
+    assert_runs_on(&guest, w.worker);
+}
+
+#[test]
+fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+
+    for graph in [false, true] {
+        let mut args = vec!["--mode", "exitless", "--trace", "__x64_sys_getppid"];
+        if graph {
+            args.push("--graph");
+        }
+        let a = attached(qmp, &bz, &args);
+        guest.go("getppid", 3).unwrap();
+        a.signal(libc::SIGKILL);
+        let _ = a.end();
+        // vmtrace's code stays in place, its rings fill, the calls beyond
+        // are counted: the guest runs on without it.
+        guest.go("getppid", 20_000).unwrap();
+        assert_runs_on(&guest, w.worker);
+        assert_attach_refused(qmp, &bz, &["exitless: "]);
+
+        let o = detach(qmp);
+        assert_repaired(
+            &o,
+            &[
+                "vmtrace: closed vmtrace's gdbstub",
+                " sites restored",
+                "page-directory entries cleared",
+                "unused low pages given their bytes back",
+                "the guest runs on",
+            ],
+        );
+        assert_runs_on(&guest, w.worker);
+        let (after, _) = kernel.read(qmp);
+        let when = format!("after a killed exitless attach (graph {graph}) and the repair");
+        assert_same(&before, &after, &when);
+        assert_no_gdbstub(qmp);
+        assert_nothing_left(qmp);
+    }
+    attach_works(&guest, &bz, &["--mode", "exitless"]);
+    assert_runs_on(&guest, w.worker);
+}
+
+/// Issue 34, item 7: a guest whose ftrace is switched off is never ready
+/// (`ftrace_enabled` stays 0), and the attach gives up after it staged its
+/// code and rings in the guest's free pages: they get their bytes back.
+#[test]
+fn an_attach_refused_after_staging_gives_every_byte_back() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts {
+        append: "sysctl.kernel.ftrace_enabled=0".into(),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let e = Attach::start(
+        qmp,
+        &[
+            "--kernel",
+            s(&bz),
+            "--mode",
+            "exitless",
+            "--trace",
+            "__x64_sys_getpid",
+        ],
+    )
+    .end();
+    assert_eq!(e.status.code(), Some(2), "{}", e.stderr);
+    assert!(
+        e.stderr.contains("the guest was never ready to attach"),
+        "{}",
+        e.stderr
+    );
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by an attach refused after staging");
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+}
