@@ -38,7 +38,7 @@ pub enum QemuError {
     Journal(#[from] super::journal::JournalError),
     #[error("vmtrace pid {vmtrace} is attached to the QEMU at {qmp}: one vmtrace at a time")]
     InUse { qmp: PathBuf, vmtrace: u32 },
-    #[error("a vmtrace that did not detach left {what} in the QEMU at {qmp}: repair it first with `vmtrace detach --qmp {qmp}`")]
+    #[error("vmtrace left {what} in the QEMU at {qmp} (killed, or unable to take everything out at its detach): repair it first with `vmtrace detach --qmp {qmp}`")]
     Leftover { qmp: PathBuf, what: String },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),

@@ -56,7 +56,7 @@ pub enum Armed {
 /// A site vmtrace may patch: its running address, where its bytes are
 /// in guest memory, and what they were (hex).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Site {
+pub struct JournaledSite {
     pub va: u64,
     pub gpa: u64,
     pub original: String,
@@ -64,14 +64,14 @@ pub struct Site {
 
 /// A free guest page vmtrace may write to, and its bytes before (hex).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Page {
+pub struct JournaledPage {
     pub gpa: u64,
     pub original: String,
 }
 
 /// What one `vmtrace attach` may have changed in one QEMU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
+pub struct JournalRecord {
     pub version: u32,
     pub vmtrace_pid: u32,
     /// /proc/PID/stat's start time: a reused pid is another process.
@@ -86,16 +86,16 @@ pub struct Record {
     /// Trap mode: the breakpoints' addresses.
     pub breakpoints: Vec<u64>,
     /// Exitless mode: every site it may patch.
-    pub sites: Vec<Site>,
+    pub sites: Vec<JournaledSite>,
     /// Exitless mode: every free page it may write.
-    pub pages: Vec<Page>,
+    pub pages: Vec<JournaledPage>,
 }
 
 /// A journal on disk.
 #[derive(Debug)]
 pub struct Journal {
     pub path: PathBuf,
-    pub record: Record,
+    pub record: JournalRecord,
 }
 
 /// Where journals go: `$VMTRACE_JOURNAL_DIR`, else
@@ -159,7 +159,7 @@ impl Journal {
         let qemu_start = start_time(qemu_pid).unwrap_or(0);
         let journal = Journal {
             path: path_for(qemu_pid, qemu_start),
-            record: Record {
+            record: JournalRecord {
                 version: VERSION,
                 vmtrace_pid: me,
                 vmtrace_start: start_time(me).unwrap_or(0),
@@ -190,10 +190,11 @@ impl Journal {
                 })
             }
         };
-        let record: Record = serde_json::from_str(&text).map_err(|e| JournalError::Read {
-            path: path.clone(),
-            why: e.to_string(),
-        })?;
+        let record: JournalRecord =
+            serde_json::from_str(&text).map_err(|e| JournalError::Read {
+                path: path.clone(),
+                why: e.to_string(),
+            })?;
         if record.version != VERSION {
             return Err(JournalError::Read {
                 path,
@@ -269,7 +270,7 @@ impl Journal {
         self.record.pages = pages
             .iter()
             .map(|&gpa| {
-                Ok(Page {
+                Ok(JournaledPage {
                     gpa,
                     original: read(gpa, PAGE as usize)?,
                 })
@@ -278,7 +279,7 @@ impl Journal {
         self.record.sites = sites
             .iter()
             .map(|&(va, gpa)| {
-                Ok(Site {
+                Ok(JournaledSite {
                     va,
                     gpa,
                     original: read(gpa, SITE_LEN)?,

@@ -25,15 +25,16 @@ use vmm::Stopped;
 use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
-use super::journal::{unhex, Armed, Journal, Record};
+use super::journal::{unhex, Armed, Journal, JournalRecord};
 use super::procmem::ProcRam;
 use super::qmp::{GdbServer, Qmp};
-use super::session::REPLY_TIMEOUT;
 use crate::plan::exitless::layout::{
     CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
     PD_COUNT,
 };
 
+/// How long to wait for each QMP or gdbstub reply (as an attach does).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `query-status`'s status of a guest stopped by the gdbstub (QEMU's
 /// RUN_STATE_DEBUG): with no debugger connected, it froze at a breakpoint.
 const STATUS_DEBUG: &str = "debug";
@@ -250,7 +251,7 @@ impl OwnStub {
 fn in_stops(
     guest: &QemuGuest,
     already: bool,
-    record: Option<&Record>,
+    record: Option<&JournalRecord>,
     frozen: bool,
     out: &mut Repaired,
 ) -> Result<(), QemuError> {
@@ -282,7 +283,7 @@ fn in_stops(
 /// connected, the guest running): everything the journal names given
 /// back as a repair would, and the guest handed back to QEMU. Says what
 /// could not be.
-pub fn give_back(guest: &QemuGuest, record: &Record) -> Result<Repaired, QemuError> {
+pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
     in_stops(guest, false, Some(record), false, &mut out)?;
     Ok(out)
@@ -291,7 +292,11 @@ pub fn give_back(guest: &QemuGuest, record: &Record) -> Result<Repaired, QemuErr
 /// Each journaled site that holds vmtrace's call (a `call` into its code)
 /// gets its bytes back; one that holds anything else is not vmtrace's to
 /// touch.
-fn restore_sites(stop: &QemuStop<'_>, r: &Record, out: &mut Repaired) -> Result<(), QemuError> {
+fn restore_sites(
+    stop: &QemuStop<'_>,
+    r: &JournalRecord,
+    out: &mut Repaired,
+) -> Result<(), QemuError> {
     let ram = stop.ram();
     let (mut restored, mut as_found, mut other) = (0, 0, Vec::new());
     for s in &r.sites {
@@ -338,7 +343,7 @@ fn is_call_into_code(va: u64, bytes: &[u8; 5]) -> bool {
 /// and give its pages back. The region stays when that never happens.
 fn region_stop<'g>(
     guest: &'g QemuGuest,
-    r: &Record,
+    r: &JournalRecord,
     out: &mut Repaired,
 ) -> Result<QemuStop<'g>, QemuError> {
     let mut attempt = 0;
@@ -387,7 +392,11 @@ fn busy(stop: &QemuStop<'_>) -> Option<String> {
 
 /// Clear the page-directory entries that point at one of vmtrace's pages
 /// as vmtrace wrote them, then give every page its bytes back.
-fn take_region_out(stop: &QemuStop<'_>, r: &Record, out: &mut Repaired) -> Result<(), QemuError> {
+fn take_region_out(
+    stop: &QemuStop<'_>,
+    r: &JournalRecord,
+    out: &mut Repaired,
+) -> Result<(), QemuError> {
     let pages: Vec<(u64, Vec<u8>)> = r
         .pages
         .iter()
