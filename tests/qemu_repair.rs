@@ -18,6 +18,7 @@ use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
+use tracer::qemu::journal;
 use tracer::qemu::qmp::Qmp;
 
 /// A hang guard for a frozen guest to show as frozen (far above the time a
@@ -118,6 +119,14 @@ fn attach_works(guest: &QemuGuest, bz: &Path, args: &[&str]) {
     );
 }
 
+/// The journal `vmtrace attach` keeps for this guest's QEMU.
+fn journal_of(guest: &QemuGuest) -> std::path::PathBuf {
+    let start = journal::start_time(guest.pid()).unwrap();
+    let path = journal::path_for(guest.pid(), start);
+    assert!(path.is_file(), "{}", path.display());
+    path
+}
+
 fn status(qmp: &Path) -> String {
     Qmp::connect(qmp, Duration::from_secs(10))
         .unwrap()
@@ -210,12 +219,33 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
         guest.go("getppid", 20_000).unwrap();
         assert_runs_on(&guest, w.worker);
         assert_attach_refused(qmp, &bz, &["exitless: "]);
+        if !graph {
+            // Without its journal the repair cannot know the sites or the
+            // pages' bytes: it says so, leaves them, and exits 1.
+            let journal = journal_of(&guest);
+            let aside = journal.with_extension("aside");
+            std::fs::rename(&journal, &aside).unwrap();
+            let o = detach(qmp);
+            assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+            assert!(
+                text(&o).contains("page-directory entries), but no journal says which sites"),
+                "{}",
+                text(&o)
+            );
+            assert_runs_on(&guest, w.worker);
+            std::fs::rename(&aside, &journal).unwrap();
+        }
 
         let o = detach(qmp);
+        // (The journal-less try above closed the stub already.)
+        let stub = match graph {
+            true => "vmtrace: closed vmtrace's gdbstub",
+            false => "the guest runs on",
+        };
         assert_repaired(
             &o,
             &[
-                "vmtrace: closed vmtrace's gdbstub",
+                stub,
                 " sites restored",
                 "page-directory entries cleared",
                 "unused low pages given their bytes back",
@@ -268,6 +298,33 @@ fn an_attach_refused_after_staging_gives_every_byte_back() {
     assert_runs_on(&guest, w.worker);
     let (after, _) = kernel.read(qmp);
     assert_same(&before, &after, "by an attach refused after staging");
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+
+    // Killed while it waits for that guest (staged, between attempts):
+    // the repair gives the pages back.
+    let a = Attach::start(
+        qmp,
+        &[
+            "--kernel",
+            s(&bz),
+            "--mode",
+            "exitless",
+            "--trace",
+            "__x64_sys_getpid",
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
+    assert_repaired(&detach(qmp), &["the guest runs on"]);
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "by an attach killed after staging, and the repair",
+    );
     assert_no_gdbstub(qmp);
     assert_nothing_left(qmp);
 }

@@ -45,6 +45,8 @@ const TABLE: u64 = 0b11;
 const ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
 /// An entry's physical address bits (bits 12..52).
 const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
+/// vmtrace's pages are in the guest's first MiB (`kernel::lowmem`).
+const LOW_MIB: u64 = 1 << 20;
 /// A `call rel32`: what vmtrace writes at an exitless site.
 const CALL: u8 = 0xe8;
 /// Between two stops the guest runs this long, for a vCPU to leave
@@ -155,7 +157,11 @@ pub fn repair(qmp_path: &Path) -> Result<Repaired, QemuError> {
     let pid = qmp.pid()?;
     let found = leftovers(&mut qmp, pid)?;
     let mut out = Repaired::default();
-    if found.is_empty() {
+    // Nothing QMP or the journal shows: still, a region whose journal is
+    // gone would be in the guest's tables. Looked for in a stop of the
+    // repair's own stub, unless the stub is somebody's.
+    let look = found.is_empty();
+    if look && qmp.gdbserver()?.is_some() {
         out.nothing = true;
         return Ok(out);
     }
@@ -197,6 +203,12 @@ pub fn repair(qmp_path: &Path) -> Result<Repaired, QemuError> {
         own.close(&mut qmp);
     }
     result?;
+    if look && !out.incomplete {
+        return Ok(Repaired {
+            nothing: true,
+            ..Repaired::default()
+        });
+    }
     match (found.journal, out.incomplete) {
         (Some(j), false) => {
             out.did(format!("removed vmtrace's journal {}", j.path.display()));
@@ -263,6 +275,15 @@ fn in_stops(
         restore_sites(&stop, r, out)?;
         stop.resume()?;
         stop = region_stop(guest, r, out)?;
+    }
+    if !exitless {
+        let left = left_mapped(&stop);
+        if left > 0 {
+            out.failed(format!(
+                "vmtrace's code and rings are mapped ({left} page-directory entries), but no journal \
+                 says which sites call them or what its pages held: left in place"
+            ));
+        }
     }
     let breakpoints = record.map_or(0, |r| r.breakpoints.len());
     stop.detach()?;
@@ -388,6 +409,21 @@ fn busy(stop: &QemuStop<'_>) -> Option<String> {
         .filter(|f| f[busy.clone()] != [0; 4])
         .count();
     (live > 0).then(|| format!("{live} hooked calls have not returned, and return through it"))
+}
+
+/// vmtrace's region entries of a vmtrace whose journal is gone: those of
+/// 508-510 that point at a table in the low MiB its pages come from, as
+/// vmtrace writes them.
+fn left_mapped(stop: &QemuStop<'_>) -> usize {
+    let Some(space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) else {
+        return 0;
+    };
+    (0..PD_COUNT as u64)
+        .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
+        .filter(|e| {
+            e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB
+        })
+        .count()
 }
 
 /// Clear the page-directory entries that point at one of vmtrace's pages
