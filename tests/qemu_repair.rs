@@ -4,7 +4,8 @@
 //! alive, every byte vmtrace may have written is as before the attach, no
 //! gdbstub is left, and the exit status and lines are right. Until the
 //! repair the next attach refuses and names it; after it an attach works
-//! again. An attach refused after it staged its pages gives them back.
+//! again. The attach's guardian repairs the VM itself when only the attach
+//! is killed. An attach refused after it staged its pages gives them back.
 //! One QEMU/TCG guest per test function, reused across its cases; no test
 //! asserts a time.
 
@@ -127,6 +128,25 @@ fn journal_of(guest: &QemuGuest) -> std::path::PathBuf {
     path
 }
 
+/// SIGKILL `vmtrace attach` and its guardian (as when the OOM killer or a
+/// cgroup kill takes both): the VM waits for `vmtrace detach`.
+fn kill_with_guardian(a: Attach) {
+    let pid = a.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let guardians: Vec<i32> = children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(guardians.len(), 1, "one guardian: {children:?}");
+    for g in guardians {
+        // SAFETY: kill(2) of the attach's own child, before the attach
+        // (its parent) is killed: it cannot have been reaped and reused.
+        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
+    }
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
+}
+
 fn status(qmp: &Path) -> String {
     Qmp::connect(qmp, Duration::from_secs(10))
         .unwrap()
@@ -144,14 +164,34 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
     let (before, _) = kernel.read(qmp);
     assert_nothing_left(qmp);
 
-    let a = attached(
-        qmp,
-        &bz,
-        &["--mode", "trap", "--trace", "__x64_sys_getppid"],
-    );
+    // Its guardian repairs the VM as soon as the attach is gone: the
+    // guest never freezes.
+    let trap = ["--mode", "trap", "--trace", "__x64_sys_getppid"];
+    let a = attached(qmp, &bz, &trap);
     guest.go("getppid", 3).unwrap();
     a.signal(libc::SIGKILL);
-    let _ = a.end();
+    let e = a.end();
+    for n in [
+        "its guardian repairs the VM",
+        "removed vmtrace's breakpoints",
+        "vmtrace: repaired; the VM is as vmtrace would leave it",
+    ] {
+        assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
+    }
+    guest.go("getppid", 1).unwrap();
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "after a killed trap-mode attach, by its guardian",
+    );
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+
+    let a = attached(qmp, &bz, &trap);
+    guest.go("getppid", 3).unwrap();
+    kill_with_guardian(a);
     // The breakpoints stay with QEMU: the next traced call freezes the
     // guest, paused (debug), with nobody to resume it.
     guest.send_line("go getppid 1");
@@ -212,8 +252,7 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
         }
         let a = attached(qmp, &bz, &args);
         guest.go("getppid", 3).unwrap();
-        a.signal(libc::SIGKILL);
-        let _ = a.end();
+        kill_with_guardian(a);
         // vmtrace's code stays in place, its rings fill, the calls beyond
         // are counted: the guest runs on without it.
         guest.go("getppid", 20_000).unwrap();
@@ -315,8 +354,7 @@ fn an_attach_refused_after_staging_gives_every_byte_back() {
         ],
     );
     std::thread::sleep(Duration::from_secs(3));
-    a.signal(libc::SIGKILL);
-    let _ = a.end();
+    kill_with_guardian(a);
     assert_repaired(&detach(qmp), &["the guest runs on"]);
     assert_runs_on(&guest, w.worker);
     let (after, _) = kernel.read(qmp);

@@ -4,6 +4,7 @@
 mod attach;
 mod bench;
 mod detach;
+mod guard;
 mod list;
 mod record;
 mod report;
@@ -24,6 +25,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
         Some(Command::Bench(args)) => bench::main(&args),
         Some(Command::Attach(args)) => attach::main(&args),
         Some(Command::Detach(args)) => detach::main(&args),
+        Some(Command::Guard(args)) => guard::main(&args),
         None => run::main(&cli.run, &cli.output, Form::OneShot),
     }
 }

@@ -156,6 +156,29 @@ pub fn repair(qmp_path: &Path) -> Result<Repaired, QemuError> {
     let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
     let pid = qmp.pid()?;
     let found = leftovers(&mut qmp, pid)?;
+    repair_found(qmp, pid, found)
+}
+
+/// `repair` of the QEMU `qemu_pid`, only when the journal of the vmtrace
+/// `writer` says it did not finish (None otherwise, QMP and the guest
+/// untouched): what the guardian of an attach runs once that attach is
+/// gone.
+pub fn repair_journaled(
+    qmp_path: &Path,
+    qemu_pid: u32,
+    writer: u32,
+) -> Result<Option<Repaired>, QemuError> {
+    match Journal::find(qemu_pid)? {
+        Some(j) if j.record.vmtrace_pid == writer => {}
+        // Cleanly detached, or another vmtrace's since.
+        _ => return Ok(None),
+    }
+    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    let found = leftovers(&mut qmp, qemu_pid)?;
+    repair_found(qmp, qemu_pid, found).map(Some)
+}
+
+fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
     // Nothing QMP or the journal shows: still, a region whose journal is
     // gone would be in the guest's tables. Looked for in a stop of the
