@@ -366,3 +366,90 @@ fn an_attach_refused_after_staging_gives_every_byte_back() {
     assert_no_gdbstub(qmp);
     assert_nothing_left(qmp);
 }
+
+/// Wait until `journal` exists and `pred` holds of its text (a hang guard
+/// only: vmtrace writes it within its attach).
+fn journal_says(journal: &Path, pred: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + FREEZE;
+    loop {
+        if std::fs::read_to_string(journal).is_ok_and(|t| pred(&t)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never said it",
+            journal.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL at the attach (as soon as the journal exists, or names the
+/// mode: the stub opening, the pages staged, the breakpoints set) and at
+/// the detach (around the end of a one-second trace), each followed by the
+/// repair. Whatever the moment, the VM ends as found.
+#[test]
+fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let journal = journal::path_for(guest.pid(), journal::start_time(guest.pid()).unwrap());
+
+    let cases: [(&str, &str); 4] = [
+        ("exitless", "\"armed\":\"connecting\""),
+        ("exitless", "\"armed\":\"exitless\""),
+        ("trap", "\"armed\":\"connecting\""),
+        ("trap", "\"armed\":\"trap\""),
+    ];
+    for (mode, moment) in cases {
+        let a = Attach::start(
+            qmp,
+            &[
+                "--kernel",
+                s(&bz),
+                "--mode",
+                mode,
+                "--trace",
+                "__x64_sys_getppid",
+            ],
+        );
+        journal_says(&journal, |t| t.contains(moment));
+        kill_with_guardian(a);
+        let o = detach(qmp);
+        let when = format!("killed at the attach ({mode}, journal {moment})");
+        assert_eq!(o.status.code(), Some(0), "{when}: {}", text(&o));
+        assert_runs_on(&guest, w.worker);
+        let (after, _) = kernel.read(qmp);
+        assert_same(&before, &after, &when);
+        assert_no_gdbstub(qmp);
+        assert_nothing_left(qmp);
+    }
+
+    for late in [0u64, 40, 80] {
+        let a = attached(
+            qmp,
+            &bz,
+            &[
+                "--mode",
+                "exitless",
+                "--trace",
+                "__x64_sys_getppid",
+                "--duration",
+                "1",
+            ],
+        );
+        std::thread::sleep(Duration::from_millis(1000 + late));
+        kill_with_guardian(a);
+        let o = detach(qmp);
+        let when = format!("killed at the detach (+{late} ms)");
+        assert_eq!(o.status.code(), Some(0), "{when}: {}", text(&o));
+        assert_runs_on(&guest, w.worker);
+        let (after, _) = kernel.read(qmp);
+        assert_same(&before, &after, &when);
+        assert_no_gdbstub(qmp);
+        assert_nothing_left(qmp);
+    }
+}
