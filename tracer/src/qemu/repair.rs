@@ -98,9 +98,25 @@ impl Leftovers {
     }
 }
 
-/// Is this gdbstub one vmtrace opened (its socket's name says so)?
+/// How the sockets of the stubs vmtrace opens are named: an attach's
+/// (`session::open_stub`: the file, or the private directory it is in)
+/// and a repair's (its directory).
+const STUB_NAMES: [&str; 2] = ["vmtrace-gdb-", "vmtrace-repair-"];
+
+/// Is this gdbstub one vmtrace opened (its socket's name says so)? Only
+/// asked when no journal says which stub is vmtrace's.
 fn is_vmtraces(s: &GdbServer) -> bool {
-    matches!(&s.addr, Some(GdbAddr::Unix(p)) if p.to_string_lossy().contains("vmtrace"))
+    let Some(GdbAddr::Unix(p)) = &s.addr else {
+        return false;
+    };
+    let named = |n: Option<&std::ffi::OsStr>| {
+        n.is_some_and(|n| {
+            STUB_NAMES
+                .iter()
+                .any(|v| n.to_string_lossy().starts_with(v))
+        })
+    };
+    named(p.file_name()) || named(p.parent().and_then(|d| d.file_name()))
 }
 
 /// What a vmtrace that is gone left in the QEMU `pid` at `qmp`; an error
@@ -533,7 +549,12 @@ mod tests {
     fn only_vmtraces_stub_is_taken_for_a_leftover() {
         let s = GdbServer::parse("disconnected:unix:/tmp/vmtrace-gdb-42-7.sock,server=on");
         assert!(is_vmtraces(&s));
+        let s = GdbServer::parse("disconnected:unix:/tmp/vmtrace-repair-9-ab/gdb.sock,server=on");
+        assert!(is_vmtraces(&s));
         let s = GdbServer::parse("disconnected:tcp:0.0.0.0:1234,server=on");
+        assert!(!is_vmtraces(&s));
+        // A user's socket in a directory of theirs that says vmtrace.
+        let s = GdbServer::parse("disconnected:unix:/tmp/vmtrace-qemu-4-0/gdb.sock,server=on");
         assert!(!is_vmtraces(&s));
         assert!(Leftovers::default().is_empty());
     }
