@@ -120,11 +120,23 @@ pub fn dir() -> PathBuf {
 /// A process's start time (clock ticks after boot, /proc/PID/stat field
 /// 22), None when it is gone.
 pub fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|(_, start)| start)
+}
+
+/// A process's state letter (field 3) and start time (field 22).
+fn stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields count from
     // after its last ')', which ends field 2.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.nth(18)?.parse().ok()?))
+}
+
+/// Does the process `pid` started at `start` still run? A zombie (killed,
+/// not yet reaped by its parent) does not: its files are closed.
+fn runs(pid: u32, start: u64) -> bool {
+    stat(pid).is_some_and(|(state, s)| s == start && !matches!(state, 'Z' | 'X'))
 }
 
 /// The journal of the QEMU with `pid`, started at `start`.
@@ -211,8 +223,7 @@ impl Journal {
     /// leftover: that vmtrace will detach)?
     pub fn writer_alive(&self) -> bool {
         let r = &self.record;
-        r.vmtrace_pid != std::process::id()
-            && start_time(r.vmtrace_pid).is_some_and(|s| s == r.vmtrace_start)
+        r.vmtrace_pid != std::process::id() && runs(r.vmtrace_pid, r.vmtrace_start)
     }
 
     /// Write the record, durably: a temporary file fsynced, renamed over
@@ -314,6 +325,27 @@ mod tests {
         assert!(me > 0);
         assert_eq!(start_time(std::process::id()), Some(me));
         assert_eq!(start_time(u32::MAX), None);
+        assert!(runs(std::process::id(), me));
+        assert!(!runs(std::process::id(), me + 1));
+    }
+
+    #[test]
+    fn a_killed_process_not_yet_reaped_does_not_run() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = start_time(pid).unwrap();
+        assert!(runs(pid, start));
+        child.kill().unwrap();
+        // A zombie until waited for: /proc still lists it.
+        while stat(pid).is_some_and(|(state, _)| state != 'Z') {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(start_time(pid), Some(start));
+        assert!(!runs(pid, start));
+        child.wait().unwrap();
     }
 
     #[test]
