@@ -300,6 +300,51 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
     }
     attach_works(&guest, &bz, &["--mode", "exitless"]);
     assert_runs_on(&guest, w.worker);
+
+    // The attach alone killed: its guardian takes its code out.
+    let graph = [
+        "--mode",
+        "exitless",
+        "--graph",
+        "--trace",
+        "__x64_sys_getppid",
+    ];
+    let a = attached(qmp, &bz, &graph);
+    guest.go("getppid", 3).unwrap();
+    a.signal(libc::SIGKILL);
+    let e = a.end();
+    for n in [
+        "its guardian repairs the VM",
+        "page-directory entries cleared",
+        "vmtrace: repaired; the VM is as vmtrace would leave it",
+    ] {
+        assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
+    }
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "after a killed --graph attach, by its guardian",
+    );
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+}
+
+/// Bad input: one line, exit status 2, no panic.
+#[test]
+fn detach_of_a_bad_socket_is_refused_in_one_line() {
+    let dir = common::scratch_in("repair", "bad");
+    let missing = dir.join("no.sock");
+    let o = detach(&missing);
+    let err = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("vmtrace: ") && err.contains("no.sock"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 /// Issue 34, item 7: a guest whose ftrace is switched off is never ready

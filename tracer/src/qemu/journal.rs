@@ -139,6 +139,28 @@ fn runs(pid: u32, start: u64) -> bool {
     stat(pid).is_some_and(|(state, s)| s == start && !matches!(state, 'Z' | 'X'))
 }
 
+/// Remove the journals of QEMUs that are gone (nothing left to repair in
+/// them), so that the directory holds only what may matter.
+fn forget_gone() {
+    let Ok(entries) = fs::read_dir(dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some((pid, start)) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("qemu-")?.strip_suffix(".json"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        if start_time(pid) != Some(start) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 /// The journal of the QEMU with `pid`, started at `start`.
 pub fn path_for(pid: u32, start: u64) -> PathBuf {
     dir().join(format!("qemu-{pid}-{start}.json"))
@@ -186,6 +208,7 @@ impl Journal {
             },
         };
         journal.save()?;
+        forget_gone();
         Ok(journal)
     }
 
@@ -355,7 +378,12 @@ mod tests {
         std::env::set_var(DIR_ENV, &tmp);
         // This process stands in for the QEMU.
         let qemu = std::process::id();
+        // A gone QEMU's journal goes at the next begin.
+        fs::DirBuilder::new().mode(0o700).create(&tmp).unwrap();
+        let gone = path_for(u32::MAX, 1);
+        fs::write(&gone, "{}").unwrap();
         let mut j = Journal::begin(qemu, Path::new("/q.sock"), None).unwrap();
+        assert!(!gone.exists());
         j.record.armed = Armed::Trap;
         j.record.breakpoints = vec![0xffff_ffff_8100_0000];
         j.save().unwrap();
