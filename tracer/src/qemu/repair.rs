@@ -237,6 +237,7 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
         .and_then(|guest| {
             let record = found.journal.as_ref().map(|j| &j.record);
             in_stops(&guest, true, record, found.frozen, &mut out)
+                .and_then(|stop| orphan_region(stop, exitless(record), &mut out))
         });
     if let Some(own) = own {
         own.close(&mut qmp);
@@ -297,35 +298,23 @@ impl OwnStub {
 }
 
 /// The repair inside the guest: sites in a first stop, the region in a
-/// later one, and the detach that takes every breakpoint out and lets the
+/// later one, returned: its detach takes every breakpoint out and lets the
 /// guest run.
-fn in_stops(
-    guest: &QemuGuest,
+fn in_stops<'g>(
+    guest: &'g QemuGuest,
     already: bool,
     record: Option<&JournalRecord>,
     frozen: bool,
     out: &mut Repaired,
-) -> Result<(), QemuError> {
-    let exitless = record.is_some_and(|r| r.armed == Armed::Exitless);
+) -> Result<QemuStop<'g>, QemuError> {
     // (Stopped since the stub connected, when `already`.)
     let mut stop = guest.stop(already)?;
-    if exitless {
-        let r = record.expect("exitless");
+    if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
         restore_sites(&stop, r, out)?;
         stop.resume()?;
         stop = region_stop(guest, r, out)?;
     }
-    if !exitless {
-        let left = left_mapped(&stop);
-        if left > 0 {
-            out.failed(format!(
-                "vmtrace's code and rings are mapped ({left} page-directory entries), but no journal \
-                 says which sites call them or what its pages held: left in place"
-            ));
-        }
-    }
     let breakpoints = record.map_or(0, |r| r.breakpoints.len());
-    stop.detach()?;
     match (record.map(|r| r.armed), frozen) {
         (Some(Armed::Trap), true) => out.did(format!(
             "removed vmtrace's breakpoints (at up to {breakpoints} sites); the guest, frozen at one (paused (debug)), runs again"
@@ -336,6 +325,29 @@ fn in_stops(
         (_, true) => out.did("removed a breakpoint the guest was frozen at (paused (debug)); it runs again".into()),
         _ => out.did("the guest runs on".into()),
     }
+    Ok(stop)
+}
+
+/// Was the journaled attach exitless?
+fn exitless(record: Option<&JournalRecord>) -> bool {
+    record.is_some_and(|r| r.armed == Armed::Exitless)
+}
+
+/// The repair's last stop: a region no journal names (its journal gone,
+/// or that of an earlier attach) is said, and left; then the stub detaches
+/// (every breakpoint out, the guest running).
+fn orphan_region(stop: QemuStop<'_>, journaled: bool, out: &mut Repaired) -> Result<(), QemuError> {
+    let left = match journaled {
+        true => 0,
+        false => left_mapped(&stop),
+    };
+    stop.detach()?;
+    if left > 0 {
+        out.failed(format!(
+            "vmtrace's code and rings are mapped ({left} page-directory entries), but no journal \
+             says which sites call them or what its pages held: left in place"
+        ));
+    }
     Ok(())
 }
 
@@ -345,7 +357,7 @@ fn in_stops(
 /// could not be.
 pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
-    in_stops(guest, false, Some(record), false, &mut out)?;
+    in_stops(guest, false, Some(record), false, &mut out)?.detach()?;
     Ok(out)
 }
 
