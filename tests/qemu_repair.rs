@@ -331,6 +331,56 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
     assert_nothing_left(qmp);
 }
 
+/// A hooked call that has not returned keeps vmtrace's code in place: a
+/// detach leaves it (and its journal), and so does a repair while the call
+/// sleeps (exit 1, saying why); once it returned, the repair takes it out.
+#[test]
+fn a_region_a_hooked_call_returns_through_goes_once_the_call_returned() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_read", "--graph"]);
+    // The worker leaves the read it slept in (begun before the attach),
+    // answers, and sleeps in a hooked one.
+    guest.send_line("ping");
+    guest
+        .wait_for(&format!("workload: pong pid={}", w.worker), COMMAND_TIMEOUT)
+        .unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(
+        e.stderr.contains("1 hooked calls had not returned"),
+        "{}",
+        e.stderr
+    );
+    assert_attach_refused(qmp, &bz, &["exitless: "]);
+
+    let o = detach(qmp);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    for n in [
+        "vmtrace's code and rings left mapped: 1 hooked calls have not returned",
+        "kept vmtrace's journal",
+    ] {
+        assert!(text(&o).contains(n), "{n:?} in {}", text(&o));
+    }
+    // The read returns (through vmtrace's code), the worker answers.
+    guest.send_line("ping");
+    guest.wait_for("workload: pong", COMMAND_TIMEOUT).unwrap();
+    assert_repaired(&detach(qmp), &["page-directory entries cleared"]);
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "after a region left for a hooked call, and the repair",
+    );
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+}
+
 /// Bad input: one line, exit status 2, no panic.
 #[test]
 fn detach_of_a_bad_socket_is_refused_in_one_line() {
