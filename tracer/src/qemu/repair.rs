@@ -11,7 +11,7 @@
 //! and only once no vCPU runs in its code and (function graph) no hooked
 //! call has yet to return through it; then every page given back its
 //! bytes. QEMU 7.2 removes every breakpoint and resumes the guest when a
-//! debugger detaches (gdbstub.c, handle_detach ->
+//! debugger detaches (gdbstub/gdbstub.c: handle_detach ->
 //! gdb_process_breakpoint_remove_all, gdb_continue), whichever stub set
 //! them: that is how trap mode's breakpoints go.
 
