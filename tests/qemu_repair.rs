@@ -259,19 +259,29 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
         assert_runs_on(&guest, w.worker);
         assert_attach_refused(qmp, &bz, &["exitless: "]);
         if !graph {
-            // Without its journal the repair cannot know the sites or the
-            // pages' bytes: it says so, leaves them, and exits 1.
+            // Without its journal the repair goes by vmtrace's marker in
+            // the guest: the sites and the entries go back, the pages'
+            // bytes cannot (exit 1, said).
             let journal = journal_of(&guest);
             let aside = journal.with_extension("aside");
             std::fs::rename(&journal, &aside).unwrap();
+            assert_attach_refused(
+                qmp,
+                &bz,
+                &["its code and rings (its marker at guest-physical"],
+            );
             let o = detach(qmp);
             assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-            assert!(
-                text(&o).contains("page-directory entries), but no journal says which sites"),
-                "{}",
-                text(&o)
-            );
+            for n in [
+                "1 sites restored",
+                "3 page-directory entries cleared",
+                "may hold what vmtrace wrote: what they held before is in its journal only",
+            ] {
+                assert!(text(&o).contains(n), "{n:?} in {}", text(&o));
+            }
             assert_runs_on(&guest, w.worker);
+            // The marker is cleared: nothing is left to find but the pages.
+            assert_nothing_left(qmp);
             std::fs::rename(&aside, &journal).unwrap();
         }
 

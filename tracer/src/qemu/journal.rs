@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
-use crate::kernel::sites::SITE_LEN;
+use super::marker::Marker;
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::sites::{NOP5, SITE_LEN};
 use crate::plan::exitless::layout::PAGE;
 
 /// The journal's format; a file of another version is said, not guessed.
@@ -135,7 +137,7 @@ fn stat(pid: u32) -> Option<(char, u64)> {
 
 /// Does the process `pid` started at `start` still run? A zombie (killed,
 /// not yet reaped by its parent) does not: its files are closed.
-fn runs(pid: u32, start: u64) -> bool {
+pub fn runs(pid: u32, start: u64) -> bool {
     stat(pid).is_some_and(|(state, s)| s == start && !matches!(state, 'Z' | 'X'))
 }
 
@@ -322,6 +324,56 @@ impl Journal {
             .collect::<Result<_, JournalError>>()?;
         self.record.armed = Armed::Exitless;
         self.save()
+    }
+
+    /// What the guest's marker says of this attach (`super::marker`).
+    pub fn marker(&self, offset: KernelOffset) -> Marker {
+        let r = &self.record;
+        Marker {
+            vmtrace_pid: r.vmtrace_pid,
+            vmtrace_start: r.vmtrace_start,
+            qemu_pid: r.qemu_pid,
+            offset,
+            pages: r.pages.iter().map(|p| p.gpa).collect(),
+            sites: r.sites.iter().map(|s| s.va).collect(),
+            truncated: false,
+        }
+    }
+
+    /// The record a repair works from when only the guest's marker is
+    /// left: the sites' bytes are the kernel's NOP (vmtrace patches no
+    /// other), the pages' bytes unknown ("").
+    pub fn from_marker(m: &Marker) -> JournalRecord {
+        JournalRecord {
+            version: VERSION,
+            vmtrace_pid: m.vmtrace_pid,
+            vmtrace_start: m.vmtrace_start,
+            qemu_pid: m.qemu_pid,
+            qemu_start: 0,
+            qmp: PathBuf::new(),
+            stub_given: None,
+            armed: Armed::Exitless,
+            breakpoints: Vec::new(),
+            sites: m
+                .sites
+                .iter()
+                .filter_map(|&va| {
+                    Some(JournaledSite {
+                        va,
+                        gpa: m.site_gpa(va)?,
+                        original: hex(&NOP5),
+                    })
+                })
+                .collect(),
+            pages: m
+                .pages
+                .iter()
+                .map(|&gpa| JournaledPage {
+                    gpa,
+                    original: String::new(),
+                })
+                .collect(),
+        }
     }
 
     /// Everything is given back: the journal goes.

@@ -5,7 +5,8 @@
 //! guest RAM through /proc/PID/mem while the guest runs; [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
 //! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client; [`journal`] keeps on the host
-//! what an attach changes, and [`repair`] undoes what a killed vmtrace left.
+//! what an attach changes, [`marker`] says in the guest whose region it is,
+//! and [`repair`] undoes what a killed vmtrace left.
 
 pub mod breakpoints;
 pub mod clock;
@@ -15,6 +16,7 @@ pub mod gdb;
 pub mod guest;
 pub mod journal;
 pub mod layout;
+pub mod marker;
 pub mod mode;
 pub mod procmem;
 pub mod qmp;

@@ -25,7 +25,8 @@ use vmm::Stopped;
 use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
-use super::journal::{unhex, Armed, Journal, JournalRecord};
+use super::journal::{self, unhex, Armed, Journal, JournalRecord};
+use super::marker::{self, Marker, MAGIC};
 use super::procmem::ProcRam;
 use super::qmp::{GdbServer, Qmp};
 use crate::plan::exitless::layout::{
@@ -63,11 +64,13 @@ pub struct Leftovers {
     pub stub: Option<GdbServer>,
     /// The guest froze at a breakpoint with no debugger left.
     pub frozen: bool,
+    /// vmtrace's marker in the guest (`super::marker`), and where.
+    pub marker: Option<(u64, Marker)>,
 }
 
 impl Leftovers {
     pub fn is_empty(&self) -> bool {
-        self.journal.is_none() && self.stub.is_none() && !self.frozen
+        self.journal.is_none() && self.stub.is_none() && !self.frozen && self.marker.is_none()
     }
 
     /// One clause naming each.
@@ -84,6 +87,13 @@ impl Leftovers {
                     Armed::Connecting => "attaching".to_string(),
                 },
                 j.path.display()
+            ));
+        }
+        if let (None, Some((gpa, m))) = (&self.journal, &self.marker) {
+            what.push(format!(
+                "its code and rings (its marker at guest-physical {gpa:#x}: vmtrace pid {}, {} sites)",
+                m.vmtrace_pid,
+                m.sites.len()
             ));
         }
         if let Some(s) = &self.stub {
@@ -131,6 +141,17 @@ pub fn leftovers(qmp: &mut Qmp, pid: u32) -> Result<Leftovers, QemuError> {
             });
         }
     }
+    // The marker, read while the guest runs (its RAM through /proc).
+    let ram = ProcRam::open(pid, &qmp.ram_layout()?)?;
+    let marker = marker::find(|gpa, buf| ram.read(gpa, buf).is_ok());
+    if let Some((_, m)) = &marker {
+        if journal.is_none() && journal::runs(m.vmtrace_pid, m.vmtrace_start) {
+            return Err(QemuError::InUse {
+                qmp: qmp.path().to_owned(),
+                vmtrace: m.vmtrace_pid,
+            });
+        }
+    }
     let given = journal.as_ref().and_then(|j| j.record.stub_given.clone());
     let server = qmp.gdbserver()?;
     // A connected stub is somebody's debugger (a live vmtrace has a
@@ -143,6 +164,7 @@ pub fn leftovers(qmp: &mut Qmp, pid: u32) -> Result<Leftovers, QemuError> {
         journal,
         stub,
         frozen,
+        marker,
     })
 }
 
@@ -204,39 +226,17 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
         out.nothing = true;
         return Ok(out);
     }
-    let given = found
-        .journal
-        .as_ref()
-        .and_then(|j| j.record.stub_given.clone());
-    if let Some(s) = &found.stub {
-        // QEMU keeps one gdbstub: vmtrace's own goes, a fresh one of the
-        // repair's takes its place (breakpoints stay with the vCPUs).
-        qmp.close_gdbserver()?;
-        if let Some(GdbAddr::Unix(p)) = &s.addr {
-            let _ = std::fs::remove_file(p);
-        }
-        out.did(format!("closed vmtrace's gdbstub ({})", s.filename));
-    }
+    let (addr, own) = stub_for(&mut qmp, &found, &mut out)?;
     let ram = ProcRam::open(pid, &qmp.ram_layout()?)?;
-    // The user's stub (given to the attach, or open beside it) is used and
-    // kept; otherwise the repair opens its own.
-    let theirs = match (&found.stub, given.as_deref()) {
-        (None, None) => qmp.gdbserver()?.and_then(|s| s.addr),
-        (_, given) => given.map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {})),
-    };
-    let (addr, own) = match theirs {
-        Some(a) => (a, None),
-        None => {
-            let own = OwnStub::open(&mut qmp)?;
-            (GdbAddr::Unix(own.socket.clone()), Some(own))
-        }
-    };
     let result = Gdb::connect(&addr, REPLY_TIMEOUT)
         .and_then(|g| QemuGuest::new(g, ram))
         .map_err(QemuError::from)
         .and_then(|guest| {
+            let from_marker = marker_record(&found);
             let record = found.journal.as_ref().map(|j| &j.record);
+            let record = record.or(from_marker.as_ref());
             in_stops(&guest, true, record, found.frozen, &mut out)
+                .and_then(|stop| unmark(stop, &found, &mut out))
                 .and_then(|stop| orphan_region(stop, exitless(record), &mut out))
         });
     if let Some(own) = own {
@@ -261,6 +261,52 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
         (None, _) => {}
     }
     Ok(out)
+}
+
+/// The stub the repair works through: vmtrace's own closed (QEMU keeps
+/// one gdbstub; breakpoints stay with the vCPUs), the user's (given to
+/// the attach, or open beside it) used and kept, else one of the repair's.
+fn stub_for(
+    qmp: &mut Qmp,
+    found: &Leftovers,
+    out: &mut Repaired,
+) -> Result<(GdbAddr, Option<OwnStub>), QemuError> {
+    if let Some(s) = &found.stub {
+        qmp.close_gdbserver()?;
+        if let Some(GdbAddr::Unix(p)) = &s.addr {
+            let _ = std::fs::remove_file(p);
+        }
+        out.did(format!("closed vmtrace's gdbstub ({})", s.filename));
+    }
+    let given = found
+        .journal
+        .as_ref()
+        .and_then(|j| j.record.stub_given.as_deref());
+    let theirs = match (&found.stub, given) {
+        (None, None) => qmp.gdbserver()?.and_then(|s| s.addr),
+        (_, given) => given.map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {})),
+    };
+    Ok(match theirs {
+        Some(a) => (a, None),
+        None => {
+            let own = OwnStub::open(qmp)?;
+            (GdbAddr::Unix(own.socket.clone()), Some(own))
+        }
+    })
+}
+
+/// Without its journal, what the marker says the attach wrote (not what
+/// the pages held).
+fn marker_record(found: &Leftovers) -> Option<JournalRecord> {
+    let (None, Some((_, m))) = (&found.journal, &found.marker) else {
+        return None;
+    };
+    let mut r = Journal::from_marker(m);
+    if m.truncated {
+        // Sites it does not name may call the region: it stays.
+        r.pages.clear();
+    }
+    Some(r)
 }
 
 /// The repair's own stub, on a socket in a 0700 directory of its own.
@@ -324,6 +370,32 @@ fn in_stops<'g>(
         )),
         (_, true) => out.did("removed a breakpoint the guest was frozen at (paused (debug)); it runs again".into()),
         _ => out.did("the guest runs on".into()),
+    }
+    Ok(stop)
+}
+
+/// A marker the journal-less repair went by: its magic cleared once the
+/// region is out (the page's other bytes are what vmtrace wrote, and stay:
+/// what they were is in the journal only), or a marker that lists only
+/// some sites said.
+fn unmark<'g>(
+    stop: QemuStop<'g>,
+    found: &Leftovers,
+    out: &mut Repaired,
+) -> Result<QemuStop<'g>, QemuError> {
+    let (None, Some((gpa, m))) = (&found.journal, &found.marker) else {
+        return Ok(stop);
+    };
+    if m.truncated {
+        out.failed(format!(
+            "vmtrace's marker names only {} of the sites it patched: the others may still call its code",
+            m.sites.len()
+        ));
+    }
+    if left_mapped(&stop) == 0 {
+        stop.ram()
+            .write_slice(&[0u8; MAGIC.len()], GuestAddress(*gpa))
+            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
     }
     Ok(stop)
 }
@@ -491,7 +563,7 @@ fn take_region_out(
         .filter(|(_, b)| b.len() == PAGE as usize)
         .collect();
     let ours = |v: u64| {
-        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && pages.iter().any(|(g, _)| *g == v & ADDR_MASK)
+        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && r.pages.iter().any(|p| p.gpa == v & ADDR_MASK)
     };
     let mut cleared = 0;
     if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
@@ -511,8 +583,15 @@ fn take_region_out(
     }
     out.did(format!(
         "{cleared} page-directory entries cleared, {given} of the guest's {} unused low pages given their bytes back",
-        pages.len()
+        r.pages.len()
     ));
+    let unknown = r.pages.len() - pages.len();
+    if unknown > 0 {
+        out.failed(format!(
+            "{unknown} of the guest's unused low pages may hold what vmtrace wrote: what they held \
+             before is in its journal only (the guest does not use them)"
+        ));
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use vm_memory::GuestAddress;
 use vmm::Stopped;
 
 use super::drive::{Arming, QemuVm, Stub};
@@ -16,6 +17,7 @@ pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::journal::Journal;
+use super::marker::MARKER_GPA;
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
@@ -335,6 +337,12 @@ fn setup(
             let low = room.low.clone();
             journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites)?;
             exitless_region(vm, &mut tracer, room)?;
+            // Staged: the region says whose it is (`super::marker`).
+            let marker = journal.marker(offset);
+            vm.guest
+                .view()
+                .write_slice(&marker.encode(), GuestAddress(MARKER_GPA))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
