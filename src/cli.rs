@@ -48,6 +48,13 @@ pub enum Command {
     /// Trace a QEMU guest that is already running, through its QMP socket
     /// (and its gdbstub, opened on demand); it runs on when vmtrace detaches.
     Attach(Box<AttachArgs>),
+    /// Take out what a vmtrace that did not detach (killed, crashed) left
+    /// in a QEMU: its sites, code and rings, breakpoints and gdbstub.
+    Detach(DetachArgs),
+    /// (Internal) The guardian an attach starts: repairs the VM when that
+    /// attach dies without detaching.
+    #[command(hide = true)]
+    Guard(GuardArgs),
 }
 
 /// Boot a guest and (optionally) trace it.
@@ -334,6 +341,25 @@ pub struct AttachArgs {
     pub tracing: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `vmtrace detach`: the QEMU to repair.
+#[derive(Args, Debug, Clone)]
+pub struct DetachArgs {
+    /// The QEMU's QMP socket, as given to `vmtrace attach`.
+    #[arg(long, value_name = "SOCKET")]
+    pub qmp: PathBuf,
+}
+
+/// The guardian of an attach (`cmd::guard`).
+#[derive(Args, Debug, Clone)]
+pub struct GuardArgs {
+    #[arg(long)]
+    pub qmp: PathBuf,
+    #[arg(long)]
+    pub qemu_pid: u32,
+    #[arg(long)]
+    pub attach_pid: u32,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -11,6 +11,7 @@ use tracer::session::backend::HeldUp;
 use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
+use super::guard;
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
@@ -33,6 +34,12 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
     let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
+    // Held until this process ends, however it ends (`guard`).
+    let _guardian = guard::spawn(&args.qmp, connected.info.pid)
+        .map_err(|e| {
+            note!("vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `vmtrace detach --qmp {}`", args.qmp.display());
+        })
+        .ok();
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.

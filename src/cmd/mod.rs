@@ -3,6 +3,8 @@
 
 mod attach;
 mod bench;
+mod detach;
+mod guard;
 mod list;
 mod record;
 mod report;
@@ -22,6 +24,8 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
         Some(Command::List(args)) => list::main(&args),
         Some(Command::Bench(args)) => bench::main(&args),
         Some(Command::Attach(args)) => attach::main(&args),
+        Some(Command::Detach(args)) => detach::main(&args),
+        Some(Command::Guard(args)) => guard::main(&args),
         None => run::main(&cli.run, &cli.output, Form::OneShot),
     }
 }

@@ -36,6 +36,12 @@ pub enum QemuError {
     NoTscRate(u32),
     #[error("the page-directory entries vmtrace maps its code with are in use, by the guest or by an earlier vmtrace attach that left its code there for function-graph calls that had not returned (it stays until the guest reboots): no exitless attach is possible")]
     RegionLeft,
+    #[error(transparent)]
+    Journal(#[from] super::journal::JournalError),
+    #[error("vmtrace pid {vmtrace} is attached to the QEMU at {qmp}: one vmtrace at a time")]
+    InUse { qmp: PathBuf, vmtrace: u32 },
+    #[error("vmtrace left {what} in the QEMU at {qmp} (killed, or unable to take everything out at its detach): repair it first with `vmtrace detach --qmp {qmp}`")]
+    Leftover { qmp: PathBuf, what: String },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
     /// The mode this guest allows does not trace what was asked; said

@@ -5,7 +5,10 @@
 //! guest RAM through /proc/PID/mem while the guest runs; [`lines`] reads its lines within bounds, [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
 //! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client, [`stub`] takes
-//! the stub only where no one else can hold it.
+//! the stub only where no one else can hold it; [`liveness`] tells a QEMU
+//! gone from a stalled one and whose a stop is; [`journal`] keeps on the host
+//! what an attach changes, [`marker`] says in the guest whose region it is,
+//! and [`repair`] undoes what a killed vmtrace left.
 
 pub mod breakpoints;
 pub mod clock;
@@ -13,13 +16,16 @@ mod drive;
 pub mod error;
 pub mod gdb;
 pub mod guest;
+pub mod journal;
 pub mod layout;
 mod lines;
 pub mod liveness;
+pub mod marker;
 pub mod mode;
 pub mod procmem;
 pub mod qmp;
 pub mod regs;
+pub mod repair;
 pub mod rsp;
 pub mod session;
 pub mod stub;

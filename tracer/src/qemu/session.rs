@@ -9,16 +9,20 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use vm_memory::GuestAddress;
 use vmm::Stopped;
 
 use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::journal::Journal;
 use super::liveness::{QemuProcess, RunState};
+use super::marker::MARKER_GPA;
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
+use super::repair;
 use super::stub::{self, StubError};
 use crate::error::TracerError;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
@@ -89,6 +93,16 @@ pub struct Connected {
 /// `gdb`, or one vmtrace opens at `attach`.
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
     let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    // What a vmtrace that did not detach left comes first: it explains a
+    // guest frozen at a breakpoint, and nothing may be added to it.
+    let pid = qmp.pid()?;
+    let left = repair::leftovers(&mut qmp, pid)?;
+    if !left.is_empty() {
+        return Err(QemuError::Leftover {
+            qmp: qmp_path.to_owned(),
+            what: left.describe(),
+        });
+    }
     // The gdbstub resumes the guest whenever it lets it go: a paused one
     // (by its user, or started with -S) would not stay paused.
     let status = qmp.status()?;
@@ -98,7 +112,6 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
             status,
         });
     }
-    let pid = qmp.pid()?;
     let accel = qmp.accel()?;
     let cpus = qmp.cpus()?.len();
     if cpus == 0 {
@@ -268,6 +281,9 @@ pub struct QemuSession {
     /// Why trap mode was chosen where exitless was possible to ask for.
     pub fallback: Option<String>,
     kernel: PathBuf,
+    /// What this attach may have changed, on the host until the detach
+    /// gave it all back (`super::journal`).
+    journal: Option<Journal>,
 }
 
 impl Connected {
@@ -289,10 +305,19 @@ impl Connected {
             gdb,
             info,
         } = self;
-        let (guest, stub) = open_stub(&mut qmp, gdb, ram)?;
+        // Before the stub stops the guest: a vmtrace killed from here on
+        // leaves a journal naming what to undo.
+        let mut journal = Journal::begin(info.pid, &info.qmp, gdb.as_ref().map(|g| g.to_string()))?;
+        let (guest, stub) = match open_stub(&mut qmp, gdb, ram) {
+            Ok(opened) => opened,
+            Err(e) => {
+                journal.remove();
+                return Err(e);
+            }
+        };
         let kernel = rec.kernel.clone();
         let mut vm = QemuVm::new(qmp, guest, stub, info.pid);
-        match setup(&mut vm, plan, rec) {
+        match setup(&mut vm, plan, rec, &mut journal) {
             Ok(set) => Ok(QemuSession {
                 vm,
                 tracer: set.tracer,
@@ -300,10 +325,16 @@ impl Connected {
                 low: set.low,
                 fallback: set.fallback,
                 kernel,
+                journal: Some(journal),
             }),
             Err(e) => {
-                let held = vm.guest.release().is_err();
-                Err(let_go(&mut vm.qmp, &vm.stub, e, held))
+                // Whatever was written (staged pages, an entry, a site) goes
+                // back as the journal says, and the guest is handed back.
+                let gave = repair::give_back(&vm.guest, &journal.record);
+                if gave.as_ref().is_ok_and(|g| !g.incomplete) {
+                    journal.remove();
+                }
+                Err(let_go(&mut vm.qmp, &vm.stub, e, gave.is_err()))
             }
         }
     }
@@ -316,7 +347,12 @@ struct Setup {
     fallback: Option<String>,
 }
 
-fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, QemuError> {
+fn setup(
+    vm: &mut QemuVm,
+    plan: TracePlan,
+    rec: Recording,
+    journal: &mut Journal,
+) -> Result<Setup, QemuError> {
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
@@ -337,6 +373,14 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
         }
     };
     first.resume()?;
+    // Every site the attach may write, as it will find them.
+    let sites: Vec<(u64, u64)> = plan
+        .plan
+        .index
+        .addrs
+        .iter()
+        .filter_map(|&a| Some((offset.runtime(a), offset.phys_of(a)?)))
+        .collect();
     let cpus = vm.guest.cpus();
     let (tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
@@ -344,10 +388,18 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
             let (mut tracer, _no_traps) = Tracer::create(plan.plan, cpus, mode, rec)?;
             tracer.assume_kernel_offset(offset);
             let low = room.low.clone();
+            journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites)?;
             exitless_region(vm, &mut tracer, room)?;
+            // Staged: the region says whose it is (`super::marker`).
+            let marker = journal.marker(offset);
+            vm.guest
+                .view()
+                .write_slice(&marker.encode(), GuestAddress(MARKER_GPA))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
+            journal.arm_trap(sites.iter().map(|s| s.0).collect())?;
             let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
             tracer.assume_kernel_offset(offset);
             vm.arming = Arming::Trap {
@@ -585,6 +637,13 @@ impl QemuSession {
         // (QMP only, nothing written to the guest; with QEMU gone, only its
         // socket file is left to remove.)
         close_stub(&mut self.vm.qmp, &self.vm.stub);
+        // All given back (or the QEMU, or the guest's memory, gone with
+        // it): nothing to repair.
+        if untouchable.is_some() || (detached.is_ok() && removed.is_ok()) {
+            if let Some(j) = self.journal.take() {
+                j.remove();
+            }
+        }
         let attached = self.tracer.attach_counts.patched;
         let left_stopped = self.vm.held.take().map(|(why, _)| why);
         let (summary, saved) = self

@@ -1,0 +1,26 @@
+//! `vmtrace detach --qmp SOCKET`: take out what a vmtrace that did not
+//! detach (killed, out of memory, crashed) left in a QEMU (the library's
+//! `tracer::qemu::repair`), saying in one line per thing what it did.
+
+use tracer::qemu::repair;
+
+use crate::cli::DetachArgs;
+use crate::error::{Error, InputError, Outcome};
+
+pub fn main(args: &DetachArgs) -> Result<Outcome, Error> {
+    let done = repair::repair(&args.qmp).map_err(InputError::Qemu)?;
+    if done.nothing {
+        note!("vmtrace: nothing of vmtrace's found; the VM is as vmtrace would leave it");
+        return Ok(Outcome::Clean);
+    }
+    for line in &done.lines {
+        note!("vmtrace: {line}");
+    }
+    match done.incomplete {
+        false => {
+            note!("vmtrace: repaired; the VM is as vmtrace would leave it");
+            Ok(Outcome::Clean)
+        }
+        true => Ok(Outcome::GuestFailed),
+    }
+}

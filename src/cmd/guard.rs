@@ -1,0 +1,66 @@
+//! The guardian of a `vmtrace attach`: a second vmtrace process that
+//! repairs the VM (`tracer::qemu::repair`) when the attach dies without
+//! detaching (SIGKILL, out of memory, a crash), so that a trap-mode guest
+//! never freezes at a breakpoint nobody serves. The attach holds the
+//! write end of a pipe that is the guardian's stdin: the kernel closes it
+//! however the attach ends, and the guardian then looks for the attach's
+//! journal. A clean detach removed it: the guardian exits, untouched.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+
+use tracer::qemu::repair;
+
+use crate::cli::GuardArgs;
+use crate::error::{Error, InputError, Outcome};
+
+/// The hidden subcommand's name.
+pub const GUARD: &str = "guard";
+
+/// Start the guardian of this attach to the QEMU `qemu_pid` at `qmp`. It
+/// lives until this process ends (its stdin's pipe closes): keep the
+/// returned child until then.
+pub fn spawn(qmp: &std::path::Path, qemu_pid: u32) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    Command::new(std::env::current_exe()?)
+        .arg(GUARD)
+        .arg("--qmp")
+        .arg(qmp)
+        .arg("--qemu-pid")
+        .arg(qemu_pid.to_string())
+        .arg("--attach-pid")
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        // Its own process group: a Ctrl-C at the terminal, meant for the
+        // attach (which then detaches), does not end its guardian.
+        .process_group(0)
+        .spawn()
+}
+
+pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
+    // Until the attach is gone: EOF (or an error) on the pipe.
+    let mut sink = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    let done = repair::repair_journaled(&args.qmp, args.qemu_pid, args.attach_pid)
+        .map_err(InputError::Qemu)?;
+    let Some(done) = done else {
+        return Ok(Outcome::Clean);
+    };
+    note!(
+        "vmtrace: the attach (pid {}) ended without detaching; its guardian repairs the VM:",
+        args.attach_pid
+    );
+    for line in &done.lines {
+        note!("vmtrace: {line}");
+    }
+    match done.incomplete {
+        false => {
+            note!("vmtrace: repaired; the VM is as vmtrace would leave it");
+            Ok(Outcome::Clean)
+        }
+        true => Ok(Outcome::GuestFailed),
+    }
+}
