@@ -13,8 +13,8 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use super::regs::RegMap;
 pub use super::regs::X86Regs;
-use super::regs::{includes, le_value, parse_regs, RegMap};
 use super::rsp;
 pub use super::rsp::{GdbAddr, ThreadId};
 
@@ -97,16 +97,16 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// What `qSupported` said.
 #[derive(Clone, Debug, Default)]
-struct Features {
-    packet_size: usize,
+pub(super) struct Features {
+    pub(super) packet_size: usize,
     multiprocess: bool,
-    xfer_features: bool,
+    pub(super) xfer_features: bool,
     no_ack: bool,
 }
 
 /// A connected gdbstub client.
 pub struct Gdb {
-    addr: String,
+    pub(super) addr: String,
     stream: Box<dyn ReadWrite>,
     /// Sets the stream's read timeout (a second handle on it).
     set_timeout: Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>,
@@ -115,14 +115,14 @@ pub struct Gdb {
     pending: std::collections::VecDeque<Vec<u8>>,
     ack_mode: bool,
     pub(super) timeout: Duration,
-    features: Features,
+    pub(super) features: Features,
     /// `X` works (None until tried).
-    binary_write: Option<bool>,
-    regmap: Option<RegMap>,
+    pub(super) binary_write: Option<bool>,
+    pub(super) regmap: Option<RegMap>,
     /// The last stop reply seen.
     pub(super) last_stop: Option<String>,
     /// Whether memory addresses are guest-physical.
-    phys: bool,
+    pub(super) phys: bool,
     /// Resumed by this client (QEMU takes no packet while the VM runs).
     pub(super) running: bool,
     /// When the exchange under way gives up waiting (`arm`): one deadline
@@ -133,13 +133,11 @@ pub struct Gdb {
     /// `D` was answered: QEMU resumed the VM and holds nothing for us.
     detached: bool,
     /// The process `D` names in multiprocess mode (from the thread list).
-    process: u64,
+    pub(super) process: u64,
     /// The thread `g` and `P` act on when known (`Hg`, a breakpoint's stop).
     pub(super) selected: Option<ThreadId>,
 }
 
-/// `m` packets a read keeps in flight.
-const READ_AHEAD: usize = 4;
 /// The largest `PacketSize` taken from `qSupported` (QEMU's is 4096, its
 /// MAX_PACKET_LENGTH in gdbstub/gdbstub.c): reads and writes are sized by it.
 const MAX_PACKET_SIZE: usize = 0x4000;
@@ -152,20 +150,16 @@ pub const MAX_PACKET: usize = 4 * MAX_PACKET_SIZE;
 const MAX_SKIPPED: usize = 64;
 /// Packets that may come while an ack is awaited (a stop reply at most).
 const MAX_PENDING: usize = 16;
-/// Threads (vCPUs) taken from the stub: above QEMU's largest x86 machine.
-const MAX_THREADS: usize = 8192;
-/// Bytes of one target description file (QEMU's x86_64 ones are a few KiB).
-const MAX_XML: usize = 1 << 20;
 /// How long a client being dropped waits for its `D`'s reply: QEMU answers
 /// at once; a hostile peer must not hold the drop.
 const DROP_WAIT: Duration = Duration::from_secs(1);
 
-fn bytes_text(b: &[u8]) -> String {
+pub(super) fn bytes_text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// Bytes of a packet besides its data: `$`, `#cs` and a command's head.
-const PACKET_OVERHEAD: usize = 32;
+pub(super) const PACKET_OVERHEAD: usize = 32;
 
 impl Gdb {
     /// Connects to the stub at `addr` and negotiates features; `timeout`
@@ -263,7 +257,7 @@ impl Gdb {
 
     /// Runs `op`, an operation of several exchanges, within one reply
     /// timeout in all (a nested one keeps the outer deadline).
-    fn within<T>(
+    pub(super) fn within<T>(
         &mut self,
         op: impl FnOnce(&mut Self) -> Result<T, GdbError>,
     ) -> Result<T, GdbError> {
@@ -422,7 +416,7 @@ impl Gdb {
         p.len() > 1 && p[0] == b'O' && p[1..].iter().all(u8::is_ascii_hexdigit)
     }
 
-    fn flood(&self, cmd: &str, limit: usize, what: &'static str) -> GdbError {
+    pub(super) fn flood(&self, cmd: &str, limit: usize, what: &'static str) -> GdbError {
         GdbError::Flood {
             addr: self.addr.clone(),
             cmd: cmd.into(),
@@ -439,7 +433,7 @@ impl Gdb {
     }
 
     /// `command` with binary data; `name` names it in errors.
-    fn command_bytes(&mut self, data: &[u8], name: &str) -> Result<Vec<u8>, GdbError> {
+    pub(super) fn command_bytes(&mut self, data: &[u8], name: &str) -> Result<Vec<u8>, GdbError> {
         if self.running {
             return Err(GdbError::Running {
                 addr: self.addr.clone(),
@@ -476,7 +470,7 @@ impl Gdb {
         Err(self.failed(cmd, r))
     }
 
-    fn failed(&self, cmd: &str, reply: String) -> GdbError {
+    pub(super) fn failed(&self, cmd: &str, reply: String) -> GdbError {
         let reply = if reply.is_empty() {
             "not supported by this stub".into()
         } else {
@@ -550,100 +544,7 @@ impl Gdb {
         !self.running && !self.detached
     }
 
-    /// The threads (vCPUs), in the stub's order: `MAX_THREADS` at most,
-    /// within one reply timeout.
-    pub fn threads(&mut self) -> Result<Vec<ThreadId>, GdbError> {
-        self.within(Self::thread_list)
-    }
-
-    fn thread_list(&mut self) -> Result<Vec<ThreadId>, GdbError> {
-        let mut out: Vec<ThreadId> = Vec::new();
-        let mut cmd = "qfThreadInfo";
-        loop {
-            let r = self.command(cmd)?;
-            let Some(list) = r.strip_prefix('m') else {
-                if r == "l" {
-                    return Ok(out);
-                }
-                return Err(self.failed(cmd, r));
-            };
-            for t in list.split(',') {
-                if out.len() >= MAX_THREADS {
-                    return Err(self.flood(cmd, MAX_THREADS, "threads"));
-                }
-                out.push(ThreadId::parse(t).ok_or_else(|| GdbError::Reply {
-                    addr: self.addr.clone(),
-                    cmd: cmd.into(),
-                    reply: r.clone(),
-                })?);
-            }
-            if let Some(pid) = out.first().and_then(|t| t.pid) {
-                self.process = pid;
-            }
-            cmd = "qsThreadInfo";
-        }
-    }
-
-    /// Selects `thread` for `g`, every time: any stop (a QMP `stop` too)
-    /// makes QEMU select the stopping vCPU behind the client's back.
-    fn select(&mut self, thread: ThreadId) -> Result<(), GdbError> {
-        if self.selected == Some(thread) {
-            return Ok(());
-        }
-        self.expect_ok(&format!("Hg{thread}"))?;
-        self.selected = Some(thread);
-        Ok(())
-    }
-
-    /// `thread`'s registers, placed by the stub's target description.
-    pub fn regs(&mut self, thread: ThreadId) -> Result<X86Regs, GdbError> {
-        if self.regmap.is_none() {
-            self.regmap = Some(self.read_regmap()?);
-        }
-        self.select(thread)?;
-        let g = self.command("g")?;
-        let data = rsp::from_hex(g.as_bytes()).ok_or_else(|| self.reply_error("g", &g))?;
-        let map = self.regmap.clone().unwrap_or_default();
-        let mut regs = X86Regs::default();
-        for (name, field) in regs.fields_mut() {
-            let Some((desc, off)) = map.find(name) else {
-                return Err(self.target_error(format!("no register {name} in its description")));
-            };
-            let size = desc.bits.div_ceil(8) as usize;
-            *field = match data.get(*off..off + size) {
-                Some(b) => le_value(b),
-                // Not in `g`: ask for it alone.
-                None => {
-                    let cmd = format!("p{:x}", desc.regnum);
-                    let r = self.command(&cmd)?;
-                    let b = rsp::from_hex(r.as_bytes())
-                        .filter(|b| b.len() == size)
-                        .ok_or_else(|| self.reply_error(&cmd, &r))?;
-                    le_value(&b)
-                }
-            };
-        }
-        Ok(regs)
-    }
-
-    /// Sets `thread`'s register `name` (as the target description names
-    /// it: "rip", "eflags", "cs", ...) with `P`.
-    pub fn set_reg(&mut self, thread: ThreadId, name: &str, value: u64) -> Result<(), GdbError> {
-        if self.regmap.is_none() {
-            self.regmap = Some(self.read_regmap()?);
-        }
-        let map = self.regmap.as_ref().and_then(|m| m.find(name)).cloned();
-        let Some((desc, _)) = map else {
-            return Err(self.target_error(format!("no register {name} in its description")));
-        };
-        let size = desc.bits.div_ceil(8) as usize;
-        let mut bytes = value.to_le_bytes().to_vec();
-        bytes.resize(size, 0);
-        self.select(thread)?;
-        self.expect_ok(&format!("P{:x}={}", desc.regnum, rsp::to_hex(&bytes)))
-    }
-
-    fn reply_error(&self, cmd: &str, reply: &str) -> GdbError {
+    pub(super) fn reply_error(&self, cmd: &str, reply: &str) -> GdbError {
         GdbError::Reply {
             addr: self.addr.clone(),
             cmd: cmd.into(),
@@ -651,158 +552,11 @@ impl Gdb {
         }
     }
 
-    fn target_error(&self, what: String) -> GdbError {
+    pub(super) fn target_error(&self, what: String) -> GdbError {
         GdbError::Target {
             addr: self.addr.clone(),
             what,
         }
-    }
-
-    /// The register map from target.xml and the files it includes, within
-    /// one reply timeout.
-    fn read_regmap(&mut self) -> Result<RegMap, GdbError> {
-        self.within(Self::regmap_files)
-    }
-
-    fn regmap_files(&mut self) -> Result<RegMap, GdbError> {
-        if !self.features.xfer_features {
-            return Err(self.target_error("gives no target description (qXfer:features)".into()));
-        }
-        let mut todo = vec!["target.xml".to_string()];
-        let mut regs = Vec::new();
-        let mut next = 0;
-        let mut seen = 0;
-        while let Some(file) = todo.pop() {
-            seen += 1;
-            if seen > 32 {
-                return Err(self.target_error("target description includes too many files".into()));
-            }
-            let xml = self.xfer_features(&file)?;
-            regs.extend(parse_regs(&xml, &mut next).map_err(|e| self.target_error(e))?);
-            // In document order: the registers' default numbers follow it.
-            todo.extend(includes(&xml).into_iter().rev());
-        }
-        Ok(RegMap::new(regs))
-    }
-
-    /// One file of the target description.
-    fn xfer_features(&mut self, file: &str) -> Result<String, GdbError> {
-        let mut out = Vec::new();
-        let chunk = self
-            .features
-            .packet_size
-            .saturating_sub(PACKET_OVERHEAD)
-            .max(64);
-        loop {
-            let cmd = format!("qXfer:features:read:{file}:{:x},{chunk:x}", out.len());
-            let r = self.command_bytes(cmd.as_bytes(), &cmd)?;
-            let (more, data) = match r.first() {
-                Some(b'm') => (true, &r[1..]),
-                Some(b'l') => (false, &r[1..]),
-                _ => return Err(self.failed(&cmd, String::from_utf8_lossy(&r).into())),
-            };
-            out.extend(rsp::unescape(data));
-            if out.len() > MAX_XML {
-                return Err(self.flood(&cmd, MAX_XML, "bytes of target description"));
-            }
-            if !more {
-                return Ok(String::from_utf8_lossy(&out).into_owned());
-            }
-        }
-    }
-
-    /// Makes memory addresses guest-physical (true) or virtual (false):
-    /// QEMU's `Qqemu.PhyMemMode`.
-    pub fn phys_mode(&mut self, on: bool) -> Result<(), GdbError> {
-        self.expect_ok(&format!("Qqemu.PhyMemMode:{}", u8::from(on)))?;
-        self.phys = on;
-        Ok(())
-    }
-
-    fn mem_error(&self, op: &'static str, len: usize, at: u64, reply: String) -> GdbError {
-        GdbError::Memory {
-            addr: self.addr.clone(),
-            op,
-            len,
-            addr_kind: if self.phys {
-                "guest-physical"
-            } else {
-                "guest-virtual"
-            },
-            at,
-            reply,
-        }
-    }
-
-    /// Reads `buf.len()` bytes at `addr` (`m`, in packet-sized pieces).
-    pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), GdbError> {
-        // Two hex digits a byte in the reply, as gdb sizes its reads
-        // (QEMU answers at most half its packet size).
-        let chunk = (self.features.packet_size / 2).max(16);
-        if self.running {
-            return Err(GdbError::Running {
-                addr: self.addr.clone(),
-                cmd: "m".into(),
-            });
-        }
-        // Several packets in flight: the stub answers in order, and a
-        // socket does not garble (its acks are skipped, never awaited).
-        for batch in buf.chunks_mut(chunk * READ_AHEAD).enumerate() {
-            let (i, batch) = batch;
-            let base = addr + (i * chunk * READ_AHEAD) as u64;
-            let mut out = Vec::new();
-            for (j, piece) in batch.chunks(chunk).enumerate() {
-                let at = base + (j * chunk) as u64;
-                out.extend(rsp::frame(format!("m{at:x},{:x}", piece.len()).as_bytes()));
-            }
-            self.arm();
-            self.write_raw(&out, "m")?;
-            for (j, piece) in batch.chunks_mut(chunk).enumerate() {
-                let r = self.reply("m")?;
-                match rsp::from_hex(&r) {
-                    Some(b) if b.len() == piece.len() => piece.copy_from_slice(&b),
-                    _ => {
-                        let at = base + (j * chunk) as u64;
-                        let e = self.mem_error("read", piece.len(), at, bytes_text(&r));
-                        // The rest of the batch's replies, not to leave them queued.
-                        for _ in j + 1..batch.len().div_ceil(chunk) {
-                            self.reply("m")?;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes `data` at `addr` (`X` when the stub takes it, else `M`).
-    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), GdbError> {
-        if self.binary_write.is_none() {
-            let r = self.command_bytes(format!("X{addr:x},0:").as_bytes(), "X")?;
-            self.binary_write = Some(r == b"OK");
-        }
-        let binary = self.binary_write == Some(true);
-        // Escaped binary may double a byte; hex always does.
-        let chunk = (self.features.packet_size.saturating_sub(PACKET_OVERHEAD) / 2).max(16);
-        let mut done = 0;
-        while done < data.len() {
-            let n = chunk.min(data.len() - done);
-            let at = addr + done as u64;
-            let piece = &data[done..done + n];
-            let mut pkt = format!("{}{at:x},{n:x}:", if binary { 'X' } else { 'M' }).into_bytes();
-            if binary {
-                pkt.extend(rsp::escape(piece));
-            } else {
-                pkt.extend(rsp::to_hex(piece).into_bytes());
-            }
-            let r = self.command_bytes(&pkt, "write")?;
-            if r != b"OK" {
-                return Err(self.mem_error("write", n, at, String::from_utf8_lossy(&r).into()));
-            }
-            done += n;
-        }
-        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod breakpoints;
 pub mod clock;
 mod drive;
+pub mod ending;
 pub mod error;
 pub mod gdb;
 pub mod guest;
@@ -29,4 +30,6 @@ pub mod repair;
 pub mod rsp;
 pub mod session;
 pub mod stub;
+mod stub_memory;
 pub mod trap;
+mod vcpus;

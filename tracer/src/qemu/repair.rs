@@ -22,6 +22,9 @@ use vm_memory::GuestAddress;
 use vmm::gva::{AddressSpace, Level};
 use vmm::Stopped;
 
+// Between two stops the guest runs as long as at a detach (for a vCPU to
+// leave vmtrace's code), as many times.
+use super::ending::{GRACE, REMOVE_ATTEMPTS as ATTEMPTS};
 use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
@@ -50,10 +53,6 @@ const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
 const LOW_MIB: u64 = 1 << 20;
 /// A `call rel32`: what vmtrace writes at an exitless site.
 const CALL: u8 = 0xe8;
-/// Between two stops the guest runs this long, for a vCPU to leave
-/// vmtrace's code (as a detach does); tries before the region is left.
-const GRACE: Duration = Duration::from_millis(50);
-const ATTEMPTS: u32 = 100;
 
 /// What a killed vmtrace left in a QEMU, as the attach's check sees it
 /// without stopping the guest.

@@ -7,36 +7,32 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vm_memory::GuestAddress;
 use vmm::Stopped;
 
 use super::drive::{Arming, QemuVm, Stub};
+use super::ending::Detach;
+pub use super::ending::{EndReason, QemuEnded};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::journal::Journal;
-use super::liveness::{QemuProcess, RunState};
 use super::marker::MARKER_GPA;
 use super::mode::{falls_back, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
 use super::repair;
-use super::stub::{self, StubError};
-use crate::error::TracerError;
+use super::stub::{self, GdbStubError};
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
 use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
-use crate::session::backend::{self, HeldUp, Patience, TraceEnd, Waited};
+use crate::session::backend::{self, Patience, Waited};
 use crate::session::exitless::backing::{Backed, RegionPages};
-use crate::session::patch::DetachCounts;
-use crate::session::Saved;
 use crate::session::{Observer, Recording, Tracer};
-use crate::trace::datafile::TraceFileError;
-use crate::trace::model::Trace;
 
 /// How long to wait for each QMP or gdbstub reply.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,9 +40,6 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `RETRY` apart.
 const ATTEMPTS: u32 = 100;
 const RETRY: Duration = Duration::from_millis(100);
-/// After the sites are restored: the guest runs this long before vmtrace's
-/// code is taken out, so that any context interrupted inside it finishes.
-const GRACE: Duration = Duration::from_millis(50);
 /// The kernel image's virtual area: `__START_KERNEL_map` and its size with
 /// KASLR (arch/x86/include/asm/page_64_types.h).
 const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
@@ -191,7 +184,7 @@ fn open_stub(
         // Detaching, QEMU resumes the guest.
         let held = gdb.detach().is_err();
         drop(gdb);
-        return Err(let_go(qmp, &opened, e, held));
+        return Err(let_go(qmp, &opened, e.into(), held));
     }
     match QemuGuest::new(gdb, ram) {
         Ok(g) => Ok((g, opened)),
@@ -202,7 +195,7 @@ fn open_stub(
 
 /// Close the gdbstub vmtrace opened (nothing for one the user gave) and
 /// its private directory; reopen the stub it replaced, if any.
-fn close_stub(qmp: &mut Qmp, stub: &Stub) {
+pub(super) fn close_stub(qmp: &mut Qmp, stub: &Stub) {
     if let Stub::Opened(own) = stub {
         let _ = qmp.close_gdbserver();
         stub::remove_private(&own.socket);
@@ -225,7 +218,7 @@ fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError, held: bool) -> QemuErr
     }
     match stub::let_go(qmp) {
         None => error,
-        Some(why) => StubError::LeftPaused {
+        Some(why) => GdbStubError::LeftPaused {
             error: error.to_string(),
             why,
         }
@@ -273,17 +266,17 @@ fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
 
 /// A QEMU being traced.
 pub struct QemuSession {
-    vm: QemuVm,
-    tracer: Tracer,
+    pub(super) vm: QemuVm,
+    pub(super) tracer: Tracer,
     pub info: QemuInfo,
     /// The free low memory exitless mode uses (None in trap mode).
     pub low: Option<LowMemory>,
     /// Why trap mode was chosen where exitless was possible to ask for.
     pub fallback: Option<String>,
-    kernel: PathBuf,
+    pub(super) kernel: PathBuf,
     /// What this attach may have changed, on the host until the detach
     /// gave it all back (`super::journal`).
-    journal: Option<Journal>,
+    pub(super) journal: Option<Journal>,
 }
 
 impl Connected {
@@ -444,116 +437,9 @@ fn exitless_region(vm: &mut QemuVm, tracer: &mut Tracer, room: FreeRoom) -> Resu
     Ok(())
 }
 
-/// How a QEMU session ended.
-pub struct QemuEnded {
-    /// What the detach restored, or why it could not.
-    pub detached: Result<DetachCounts, QemuError>,
-    /// vmtrace's page-table entries taken out, or why its region stays
-    /// (the QEMU was gone, a hooked call never returned, ...); trap mode
-    /// has none (0).
-    pub removed: Result<usize, String>,
-    /// Sites patched (or breakpoints set) at the attach.
-    pub attached: usize,
-    /// Traced through breakpoints: no region was there to take out.
-    pub trap: bool,
-    /// An error draining the rings (the counts stay exact).
-    pub drained: Result<(), TracerError>,
-    pub summary: Trace,
-    pub saved: Option<Result<Saved, TraceFileError>>,
-    /// Someone else's stop vmtrace detached inside and left (QEMU's run
-    /// state): the VM stays stopped.
-    pub left_stopped: Option<String>,
-}
-
-/// Why a trace ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EndReason {
-    Duration,
-    Signal(i32),
-    /// QEMU closed its sockets (it quit or was killed).
-    QemuGone(String),
-    /// The gdbstub failed while tracing through its breakpoints (QEMU
-    /// still answers its monitor).
-    Stub(String),
-    /// The machine was reset or shut down (QEMU's reason): the trace ends
-    /// there, and vmtrace writes nothing more to the guest.
-    GuestReset(String),
-    /// The guest suspended to RAM (S3): vmtrace detaches inside that stop.
-    Suspended,
-    /// The caller said so (`QemuSession::trace_until`).
-    Done,
-}
-
-impl From<TraceEnd> for EndReason {
-    fn from(end: TraceEnd) -> EndReason {
-        match end {
-            TraceEnd::Duration => EndReason::Duration,
-            TraceEnd::Signal(sig) => EndReason::Signal(sig),
-            // A QEMU's guest never stops on its own: its monitor goes.
-            TraceEnd::GuestStopped => EndReason::QemuGone("the guest stopped".into()),
-            TraceEnd::VmmGone(why) => EndReason::QemuGone(why),
-            TraceEnd::Stub(why) => EndReason::Stub(why),
-            TraceEnd::GuestReset(why) => EndReason::GuestReset(why),
-            TraceEnd::Suspended => EndReason::Suspended,
-            TraceEnd::Done => EndReason::Done,
-        }
-    }
-}
-
-/// Whose the VM's stop will be: vmtrace's when the VM runs, else (someone
-/// else stopped it) that stop, never resumed (true). A stalled QEMU is
-/// waited for while its process lives.
-fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, QemuError> {
-    let state = vm.state_patient(&mut |w| observer.held_up(w))?;
-    Ok(match state {
-        RunState::Running => false,
-        RunState::Stopped(why) => {
-            // QEMU's reason, not the stub's signal; since when it was seen.
-            let since = vm.held.take().map_or_else(Instant::now, |(_, t)| t);
-            vm.held = Some((why, since));
-            true
-        }
-    })
-}
-
-/// A stop of every vCPU for the detach (`held`: see `held_for_end`),
-/// waiting for a stalled QEMU's stub while the QEMU lives.
-fn stop_for_end<'a>(
-    guest: &'a QemuGuest,
-    process: &QemuProcess,
-    held: bool,
-    observer: &mut dyn Observer,
-) -> Result<QemuStop<'a>, QemuError> {
-    let since = Instant::now();
-    let mut wait_on = || {
-        let alive = !process.is_gone();
-        if alive {
-            observer.held_up(&HeldUp::Unanswered {
-                since: since.elapsed(),
-            });
-        }
-        alive
-    };
-    Ok(guest.stop_patient(held, &mut wait_on)?)
-}
-
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).
-struct Quiet;
+pub(super) struct Quiet;
 impl Observer for Quiet {}
-
-impl std::fmt::Display for EndReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EndReason::Duration => write!(f, "duration elapsed"),
-            EndReason::Signal(sig) => write!(f, "signal {sig}"),
-            EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
-            EndReason::Stub(why) => write!(f, "the gdbstub failed: {why}"),
-            EndReason::GuestReset(why) => write!(f, "the guest was reset ({why})"),
-            EndReason::Suspended => write!(f, "the guest suspended to RAM (S3)"),
-            EndReason::Done => write!(f, "done"),
-        }
-    }
-}
 
 /// How often the trace loop looks at the clock, the signals and the QEMU.
 const POLL: Duration = Duration::from_millis(50);
@@ -616,13 +502,15 @@ impl QemuSession {
                 self.tracer.stop_draining(),
             ),
             None if trap => (
-                self.remove_breakpoints(observer),
+                self.detach_parts().remove_breakpoints(observer),
                 Ok(0),
                 self.tracer.stop_draining(),
             ),
             None => {
-                let detached = self.detach_sites(observer);
-                let (removed, drained) = self.remove_region(detached.is_ok(), observer);
+                let detached = self.detach_parts().detach_sites(observer);
+                let (removed, drained) = self
+                    .detach_parts()
+                    .remove_region(detached.is_ok(), observer);
                 (detached, removed, drained)
             }
         };
@@ -661,116 +549,11 @@ impl QemuSession {
         }
     }
 
-    /// Trap mode's detach: in one stop, record a hit that came just
-    /// before it, remove every breakpoint, and hand the guest back.
-    fn remove_breakpoints(
-        &mut self,
-        observer: &mut dyn Observer,
-    ) -> Result<DetachCounts, QemuError> {
-        if !matches!(
-            self.vm.arming,
-            Arming::Trap {
-                breakpoints: Some(_),
-                ..
-            }
-        ) {
-            return Ok(DetachCounts::default());
+    fn detach_parts(&mut self) -> Detach<'_> {
+        Detach {
+            vm: &mut self.vm,
+            tracer: &mut self.tracer,
         }
-        // Only the reply of the stop below counts.
-        let _ = self.vm.guest.take_last_stop();
-        let held = held_for_end(&mut self.vm, observer)?;
-        let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
-        let last = self.vm.guest.take_last_stop();
-        let Arming::Trap {
-            breakpoints: Some(b),
-            ..
-        } = &mut self.vm.arming
-        else {
-            unreachable!("checked above");
-        };
-        let n = b.remove(&self.vm.guest, &stop, last)?;
-        let c = self.tracer.unwatched(n);
-        stop.detach()?;
-        Ok(c)
-    }
-
-    fn detach_sites(&mut self, observer: &mut dyn Observer) -> Result<DetachCounts, QemuError> {
-        let held = held_for_end(&mut self.vm, observer)?;
-        let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
-        let c = self.tracer.detach(&**stop.ram())?;
-        stop.resume()?;
-        Ok(c)
-    }
-
-    /// Take the region out once no vCPU runs in it and (function graph)
-    /// no hooked call has yet to return through it, trying for
-    /// `ATTEMPTS` x `GRACE`; drain the rings a last time in that stop
-    /// (calls in flight at the detach have finished by then), then hand
-    /// the guest back to QEMU from it. Never while a site may still lead
-    /// there (`sites_out` false: the detach failed); inside someone
-    /// else's stop, once (the guest does not run to leave vmtrace's code).
-    /// Returns the entries cleared, or why the region stays, and how the
-    /// last drain went.
-    fn remove_region(
-        &mut self,
-        sites_out: bool,
-        observer: &mut dyn Observer,
-    ) -> (Result<usize, String>, Result<(), TracerError>) {
-        if !sites_out {
-            let drained = self.tracer.stop_draining();
-            if let Ok(held) = held_for_end(&mut self.vm, observer) {
-                if let Ok(stop) = stop_for_end(&self.vm.guest, &self.vm.process, held, observer) {
-                    let _ = stop.detach();
-                }
-            }
-            let why = "the sites could not all be restored, and may lead to it";
-            return (Err(why.into()), drained);
-        }
-        for attempt in 1..=ATTEMPTS {
-            std::thread::sleep(GRACE);
-            let stop = match held_for_end(&mut self.vm, observer)
-                .and_then(|held| stop_for_end(&self.vm.guest, &self.vm.process, held, observer))
-            {
-                Ok(s) => s,
-                Err(e) => return (Err(e.to_string()), self.tracer.stop_draining()),
-            };
-            let busy = match self.tracer.region_busy(&stop) {
-                Ok(b) => b,
-                Err(e) => {
-                    let _ = stop.detach();
-                    return (Err(e.to_string()), self.tracer.stop_draining());
-                }
-            };
-            match busy {
-                Some(_) if attempt < ATTEMPTS && !stop.is_held() => {
-                    if let Err(e) = stop.resume() {
-                        return (Err(e.to_string()), self.tracer.stop_draining());
-                    }
-                    continue;
-                }
-                Some(busy) => {
-                    let _ = stop.detach();
-                    let why = match self.vm.held.is_some() {
-                        true => format!(
-                            "{busy}, and the VM is stopped by someone else: `vmtrace detach` takes it out once it runs"
-                        ),
-                        false => busy.to_string(),
-                    };
-                    return (Err(why), self.tracer.stop_draining());
-                }
-                None => {}
-            }
-            // Nothing runs vmtrace's code: every record is in the rings.
-            let drained = self.tracer.stop_draining();
-            let removed = match self.tracer.remove_region(&stop) {
-                Ok(Ok(n)) => Ok(n),
-                Ok(Err(busy)) => Err(busy.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            let detached = stop.detach().map_err(|e| e.to_string());
-            return (removed.and_then(|n| detached.map(|()| n)), drained);
-        }
-        (Err("no stop".into()), self.tracer.stop_draining())
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all

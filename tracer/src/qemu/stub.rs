@@ -12,7 +12,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use super::error::QemuError;
 use super::gdb::GdbAddr;
 use super::qmp::{GdbServer, Qmp, QmpError};
 
@@ -23,7 +22,9 @@ pub const SOCKET: &str = "gdb.sock";
 pub const DIR_PREFIX: &str = "vmtrace-gdb-";
 
 #[derive(Debug, thiserror::Error)]
-pub enum StubError {
+pub enum GdbStubError {
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
     #[error(
         "QEMU's gdbstub ({filename}) already has a debugger connected: QEMU serves one at a \
          time, and another connection would pause the guest when QEMU lets it in; detach it \
@@ -76,20 +77,19 @@ pub fn reopen_spec(filename: &str) -> Option<String> {
 }
 
 /// QEMU's gdbstub, if one is open, refused if a debugger is connected.
-pub fn check_free(qmp: &mut Qmp) -> Result<Option<GdbServer>, QemuError> {
+pub fn check_free(qmp: &mut Qmp) -> Result<Option<GdbServer>, GdbStubError> {
     match qmp.gdbserver()? {
-        Some(s) if s.connected => Err(StubError::InUse {
+        Some(s) if s.connected => Err(GdbStubError::InUse {
             filename: s.filename,
-        }
-        .into()),
+        }),
         s => Ok(s),
     }
 }
 
 /// The stub given is QEMU's stub: the same socket path, or the same port
 /// on an address of the host it listens on.
-pub fn check_given(given: &GdbAddr, qemu: Option<&GdbServer>) -> Result<(), StubError> {
-    let refuse = |qemu: String| StubError::NotQemus {
+pub fn check_given(given: &GdbAddr, qemu: Option<&GdbServer>) -> Result<(), GdbStubError> {
+    let refuse = |qemu: String| GdbStubError::NotQemus {
         given: given.to_string(),
         qemu,
     };
@@ -145,7 +145,7 @@ fn tcp_listen(filename: &str) -> Option<(String, u16)> {
 /// usable, else in the temporary directory, with mkdtemp (mode 0700, a
 /// random name nobody can have made first). A QEMU running as another
 /// user than root's vmtrace gets the directory, to make its socket in.
-pub fn private_dir(qemu_uid: u32) -> Result<PathBuf, StubError> {
+pub fn private_dir(qemu_uid: u32) -> Result<PathBuf, GdbStubError> {
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .filter(|d| d.is_absolute() && d.is_dir());
@@ -159,9 +159,9 @@ pub fn private_dir(qemu_uid: u32) -> Result<PathBuf, StubError> {
     Err(last.expect("the temporary directory was tried"))
 }
 
-fn mkdtemp(base: &Path) -> Result<PathBuf, StubError> {
+fn mkdtemp(base: &Path) -> Result<PathBuf, GdbStubError> {
     let template = base.join(format!("{DIR_PREFIX}{}-XXXXXX", std::process::id()));
-    let err = |source| StubError::Dir {
+    let err = |source| GdbStubError::Dir {
         dir: base.to_path_buf(),
         source,
     };
@@ -180,7 +180,7 @@ fn mkdtemp(base: &Path) -> Result<PathBuf, StubError> {
 
 /// Gives `dir` to QEMU's user when vmtrace runs as root and QEMU does not:
 /// QEMU makes the socket in it (root reaches it regardless).
-fn hand_to(dir: PathBuf, qemu_uid: u32) -> Result<PathBuf, StubError> {
+fn hand_to(dir: PathBuf, qemu_uid: u32) -> Result<PathBuf, GdbStubError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || qemu_uid == 0 {
         return Ok(dir);
@@ -191,7 +191,7 @@ fn hand_to(dir: PathBuf, qemu_uid: u32) -> Result<PathBuf, StubError> {
     if unsafe { libc::chown(c.as_ptr(), qemu_uid, u32::MAX) } != 0 {
         let source = std::io::Error::last_os_error();
         let _ = std::fs::remove_dir(&dir);
-        return Err(StubError::Dir { dir, source });
+        return Err(GdbStubError::Dir { dir, source });
     }
     Ok(dir)
 }
@@ -214,7 +214,7 @@ pub fn remove_private(socket: &Path) {
 /// After vmtrace connected to `addr`: QMP shows QEMU's stub connected, and
 /// for vmtrace's own stub, listening on its socket (so that the one
 /// connection is vmtrace's: no one else can reach the private directory).
-pub fn confirm(qmp: &mut Qmp, addr: &GdbAddr, own: bool) -> Result<(), QemuError> {
+pub fn confirm(qmp: &mut Qmp, addr: &GdbAddr, own: bool) -> Result<(), GdbStubError> {
     let now = qmp.gdbserver()?;
     let ok = now
         .as_ref()
@@ -222,11 +222,10 @@ pub fn confirm(qmp: &mut Qmp, addr: &GdbAddr, own: bool) -> Result<(), QemuError
     if ok {
         return Ok(());
     }
-    Err(StubError::NotOurs {
+    Err(GdbStubError::NotOurs {
         filename: now.map_or_else(|| "none open".into(), |s| s.filename),
         addr: addr.to_string(),
-    }
-    .into())
+    })
 }
 
 /// Why the guest stays paused after an error past the connect, if it does:
