@@ -13,14 +13,19 @@ pub fn main(args: &DetachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: nothing of vmtrace's found; the VM is as vmtrace would leave it");
         return Ok(Outcome::Clean);
     }
+    Ok(say(&done))
+}
+
+/// Say what a repair did, one line per thing, and how it ended.
+pub fn say(done: &repair::Repaired) -> Outcome {
     for line in &done.lines {
         note!("vmtrace: {line}");
     }
     match done.incomplete {
         false => {
             note!("vmtrace: repaired; the VM is as vmtrace would leave it");
-            Ok(Outcome::Clean)
+            Outcome::Clean
         }
-        true => Ok(Outcome::GuestFailed),
+        true => Outcome::GuestFailed,
     }
 }

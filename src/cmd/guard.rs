@@ -53,14 +53,5 @@ pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
         "vmtrace: the attach (pid {}) ended without detaching; its guardian repairs the VM:",
         args.attach_pid
     );
-    for line in &done.lines {
-        note!("vmtrace: {line}");
-    }
-    match done.incomplete {
-        false => {
-            note!("vmtrace: repaired; the VM is as vmtrace would leave it");
-            Ok(Outcome::Clean)
-        }
-        true => Ok(Outcome::GuestFailed),
-    }
+    Ok(super::detach::say(&done))
 }
