@@ -15,7 +15,7 @@ use super::drive::{Arming, QemuVm, Stub};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
-use super::mode::{falls_back, room, FreeRoom};
+use super::mode::{falls_back, ring_cpus, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
 use crate::error::TracerError;
@@ -267,12 +267,9 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
-    let decided = attach_mode::decide(
-        &plan,
-        first.cpus(),
-        || room(&first, &plan.plan, offset),
-        falls_back,
-    );
+    // Exitless mode's rings: one per CPU the guest kernel may use.
+    let cpus = ring_cpus(&first, &plan.plan, offset, first.cpus());
+    let decided = attach_mode::decide(&plan, cpus, || room(&first, &plan.plan, offset), falls_back);
     let decided = match decided {
         Ok(d) => d,
         Err(e) => {
@@ -284,7 +281,6 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
         }
     };
     first.resume()?;
-    let cpus = vm.guest.cpus();
     let (tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
             let mode = Mode::Exitless(code);
@@ -295,6 +291,7 @@ fn setup(vm: &mut QemuVm, plan: TracePlan, rec: Recording) -> Result<Setup, Qemu
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
+            let cpus = vm.guest.cpus();
             let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
             tracer.assume_kernel_offset(offset);
             vm.arming = Arming::Trap {

@@ -11,6 +11,7 @@ use vmm::gva::AddressSpace;
 use vmm::{Stopped, TrapHandler, VcpuSpace};
 
 use crate::error::TracerError;
+use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
@@ -402,7 +403,10 @@ impl Tracer {
         if ex.resolve(space, &self.plan.image, off)? == Resolved::AlternativesPending {
             return Ok(Some(NotReady::AlternativesPending));
         }
-        ex.check_cpu_numbers(space, gs_bases, per_cpu_offset)?;
+        // The guest's own CPUs (not the hypervisor's vCPUs: `nosmp`,
+        // `maxcpus=`, a CPU offline).
+        let cpus = GuestCpus::read(space, &self.plan.image, off).map_err(ExitlessError::from)?;
+        ex.check_cpu_numbers(space, gs_bases, per_cpu_offset, cpus.as_ref())?;
         Ok(None)
     }
 

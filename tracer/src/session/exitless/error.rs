@@ -23,6 +23,8 @@ pub enum ExitlessError {
     #[error("{}", self.say(&Plain))]
     Map(#[from] MapError),
     #[error(transparent)]
+    Cpus(#[from] crate::kernel::cpus::CpusError),
+    #[error(transparent)]
     Ring(#[from] RingError),
     #[error(transparent)]
     Drain(#[from] DrainError),
@@ -50,8 +52,9 @@ impl TracerAdvice for ExitlessError {
                 off,
                 cpus,
             } => format!(
-                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the \
-                 guest has {cpus} vCPUs): the symbols do not describe this kernel's per-CPU layout"
+                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} \
+                 (vmtrace has rings for {cpus} CPUs): the symbols do not describe this \
+                 kernel's per-CPU layout"
             ),
             ExitlessError::Plan(e) => e.problem(w),
             ExitlessError::Map(e) => e.problem(w),

@@ -15,6 +15,7 @@ use super::collect::{self, DrainError, DrainStart};
 use super::map::{self, Mapped};
 use super::pending::PendingDrainer;
 use super::ring;
+use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
@@ -240,30 +241,37 @@ impl Exitless {
     }
 
     /// Does every CPU's per-CPU CPU number read as one where the trampoline
-    /// will read it? The trampoline does not bounds-check the number (it
-    /// indexes the rings with it), so an attach is refused unless:
+    /// will read it? The trampoline indexes the rings with it (a number past
+    /// them is only counted as dropped: `body::emit_reserve`), so a number
+    /// that is not the CPU's own means the symbols describe another per-CPU
+    /// layout, and the attach is refused unless:
     ///
     /// - through each parked vCPU's GS base (`gs_bases`: (vCPU, GS base) of
-    ///   those at CPL 0), the number is below the vCPU count; a GS base whose
-    ///   area is not mapped (a vCPU on the entry path, before `swapgs`) tells
-    ///   nothing and is skipped;
+    ///   those at CPL 0), the number has a ring; a GS base whose area is not
+    ///   mapped (a vCPU on the entry path, before `swapgs`) tells nothing and
+    ///   is skipped;
     /// - through the kernel's `__per_cpu_offset` table (`per_cpu_offset`: its
     ///   runtime address, when the symbols have it), CPU i's number reads i
-    ///   for every i below the vCPU count, or 0 for a CPU the kernel has not
-    ///   set up (its entry still points at the per-CPU template). This also
-    ///   covers the CPUs that are not running yet at an early attach.
+    ///   for every CPU the guest has (`cpus`: its possible CPUs, read from
+    ///   the kernel; without them, every CPU with a ring), or 0 for a CPU the
+    ///   kernel has not set up yet (its entry still points at the per-CPU
+    ///   template). This also covers the CPUs not running yet at an early
+    ///   attach, and those offline. A CPU the guest does not have is never
+    ///   set up, and its entry points at the template the kernel freed after
+    ///   boot: not read.
     pub fn check_cpu_numbers(
         &self,
         space: &mut AddressSpace<'_>,
         gs_bases: &[(usize, u64)],
         per_cpu_offset: Option<u64>,
+        cpus: Option<&GuestCpus>,
     ) -> Result<(), ExitlessError> {
         check_cpu_numbers(
             space,
             self.plan.cpu_number().1,
             self.layout().cpus,
             gs_bases,
-            per_cpu_offset,
+            per_cpu_offset.map(|table| (table, cpus)),
         )
     }
 
@@ -400,23 +408,24 @@ fn fentry_return(
     Ok(ret)
 }
 
-/// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
+/// `Exitless::check_cpu_numbers`, for `rings` rings and a CPU number at
 /// `gs:[disp]`: GS base + the sign-extended `disp` in either per-CPU layout
 /// (`percpu`; from 6.15 a CPU not set up has a 0 entry, so it reads the
-/// template in the image, whose number is 0, as before 6.15).
+/// template in the image, whose number is 0, as before 6.15). `table`: the
+/// `__per_cpu_offset` table's address and the guest's own CPUs, if known.
 fn check_cpu_numbers(
     space: &mut AddressSpace<'_>,
     disp: i32,
-    cpus: usize,
+    rings: usize,
     gs_bases: &[(usize, u64)],
-    per_cpu_offset: Option<u64>,
+    table: Option<(u64, Option<&GuestCpus>)>,
 ) -> Result<(), ExitlessError> {
     let off = i64::from(disp) as u64;
     let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
         cpu,
         value,
         off,
-        cpus,
+        cpus: rings,
     };
     let read_number = |space: &mut AddressSpace<'_>, base: u64| {
         space
@@ -429,14 +438,19 @@ fn check_cpu_numbers(
             continue;
         }
         match read_number(space, base) {
-            Some(value) if value as usize >= cpus => return Err(mismatch(cpu, value)),
+            Some(value) if value as usize >= rings => return Err(mismatch(cpu, value)),
             _ => {}
         }
     }
-    let Some(table) = per_cpu_offset else {
+    let Some((table, guest)) = table else {
         return Ok(());
     };
-    for cpu in 0..cpus {
+    // The CPUs whose per-CPU area the kernel set up: its possible ones.
+    let (last, has): (usize, Box<dyn Fn(usize) -> bool>) = match guest {
+        Some(g) => (g.nr_cpu_ids, Box::new(|cpu| g.possible(cpu))),
+        None => (rings, Box::new(|_| true)),
+    };
+    for cpu in (0..last).filter(|&cpu| has(cpu)) {
         let entry = table.wrapping_add(cpu as u64 * 8);
         let Ok(base) = space.read_array::<8>(entry).map(u64::from_le_bytes) else {
             continue;
@@ -494,8 +508,24 @@ mod tests {
     }
 
     fn check(mem: &GuestMemoryMmap, cpus: usize, gs: &[(usize, u64)], table: bool) -> String {
+        check_guest(mem, cpus, gs, table, None)
+    }
+
+    fn check_guest(
+        mem: &GuestMemoryMmap,
+        cpus: usize,
+        gs: &[(usize, u64)],
+        table: bool,
+        guest: Option<&GuestCpus>,
+    ) -> String {
         let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
-        match check_cpu_numbers(&mut space, OFF, cpus, gs, table.then_some(TABLE_VA)) {
+        match check_cpu_numbers(
+            &mut space,
+            OFF,
+            cpus,
+            gs,
+            table.then_some((TABLE_VA, guest)),
+        ) {
             Ok(()) => "ok".into(),
             Err(e) => e.to_string(),
         }
@@ -521,7 +551,7 @@ mod tests {
         let err = check(&mem, 4, &[(0, area(0)), (1, area(1))], false);
         assert!(
             err.starts_with(
-                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (the guest has 4 vCPUs)"
+                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (vmtrace has rings for 4 CPUs)"
             ),
             "{err}"
         );
@@ -540,5 +570,32 @@ mod tests {
         assert!(err.contains("reads 1515870810"), "{err}");
         // Without the table, only the running CPUs are checked.
         assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
+    }
+
+    /// A CPU QEMU runs but the guest does not have (`nosmp`, `maxcpus=`
+    /// without CPU hotplug, `nr_cpus=`): its `__per_cpu_offset` entry points
+    /// at the freed template, which reads 0xcccccccc. Checked against the
+    /// guest's possible CPUs it is not read; against QEMU's vCPUs it was.
+    #[test]
+    fn only_the_cpus_the_guest_has_are_read_through_the_table() {
+        let mem = guest(&[0, 0xcccc_cccc], 1);
+        // The freed template: what CPU 1's entry points at.
+        mem.write_obj(0xcccc_ccccu32, GuestAddress(TEMPLATE + OFF as u64))
+            .unwrap();
+        let gs = [(0, area(0)), (1, 0)];
+        let err = check(&mem, 2, &gs, true);
+        assert!(
+            err.contains("CPU 1's per-CPU CPU number reads 3435973836"),
+            "{err}"
+        );
+        let one = GuestCpus::new(1, vec![true, false], vec![true, false]);
+        assert_eq!(check_guest(&mem, 2, &gs, true, Some(&one)), "ok");
+        // A possible CPU that is offline (`maxcpus=1`) is set up: read.
+        let mem = guest(&[0, 1], 2);
+        let offline = GuestCpus::new(2, vec![true, true], vec![true, false]);
+        assert_eq!(check_guest(&mem, 2, &gs, true, Some(&offline)), "ok");
+        let mem = guest(&[0, 5], 2);
+        let err = check_guest(&mem, 2, &gs, true, Some(&offline));
+        assert!(err.contains("CPU 1's per-CPU CPU number reads 5"), "{err}");
     }
 }
