@@ -73,8 +73,8 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::body::{
-    emit_args, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_reserve,
-    emit_retval, emit_task, Fields,
+    emit_args, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_no_ring,
+    emit_reserve, emit_retval, emit_task, Fields,
 };
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
@@ -103,7 +103,8 @@ pub(super) fn emit_entry(
     // A call the pid filter rejects is neither recorded nor hooked.
     let mut rejected = a.create_label();
     emit_filter(a, f, rejected)?;
-    emit_reserve(a, f, full)?;
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed second of four: at [rsp + 16]; rcx and rsi are still
     // the caller's (the frame claim below takes them).
@@ -141,6 +142,7 @@ pub(super) fn emit_entry(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
     // no record, no hook.
@@ -177,7 +179,8 @@ pub(super) fn emit_return(
     a.mov(rcx, qword_ptr(r11 + (frames + FRAME_RET as i64)))?;
     a.mov(esi, dword_ptr(r11 + (frames + FRAME_SITE as i64)))?;
     a.mov(dword_ptr(r11 + (frames + FRAME_BUSY as i64)), 0u32)?;
-    emit_reserve(a, f, full)?;
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     // The task returning is the one that called (its entry passed any
     // filter).
     emit_task(a, f)?;
@@ -194,6 +197,7 @@ pub(super) fn emit_return(
     a.pop(rax)?;
     // Back to O, as ftrace's return_to_handler goes (`ret::emit_graph_ret`).
     emit_graph_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
     emit_count(a, f, qword_ptr(r10 + rsi * 8 + f.ret_drops))?;
