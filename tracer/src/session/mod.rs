@@ -450,11 +450,12 @@ impl Tracer {
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
-            // Task structs are read through the kernel's own tables, as
-            // the attach found them (the kernel half every process shares).
+            // Task structs are read through the kernel's own tables (the
+            // kernel half every process shares): its `init_top_pgt`, not
+            // the CR3 of a process that may exit while the guest runs.
             let tasks = self.tasks.as_ref().map(|source| DrainTasks {
                 source: Arc::clone(source),
-                root: c.space.root(),
+                root: tasks::kernel_root(&c.space, &self.plan.image, c.off),
                 mode: c.space.mode(),
             });
             let values = DrainValues {
