@@ -27,7 +27,8 @@
  *   rename N       N times: rename the worker (prctl PR_SET_NAME, wl-r0,
  *                  wl-r1, ...), then getpid(2) once; then wl-worker again
  *                                        -> workload: renamed N pid=W
- *   spawn N        fork a child that calls getpid(2) N times and exits; reap it
+ *   spawn N        fork a child (named wl-child) that calls getpid(2) N times
+ *                  and exits; reap it
  *                                        -> workload: spawned N pid=W
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
@@ -285,6 +286,7 @@ static long spawn(long count)
 	long i, child = sys0(SYS_fork);
 
 	if (child == 0) {
+		sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
 		for (i = 0; i < count; i++)
 			sys0(SYS_getpid);
 		sys3(SYS_exit, 0, 0, 0);
