@@ -407,6 +407,8 @@ impl Tracer {
         // `maxcpus=`, a CPU offline).
         let cpus = GuestCpus::read(space, &self.plan.image, off).map_err(ExitlessError::from)?;
         ex.check_cpu_numbers(space, gs_bases, per_cpu_offset, cpus.as_ref())?;
+        let linux = self.plan.image.linux;
+        ex.check_current_tasks(space, gs_bases, per_cpu_offset, (cpus.as_ref(), linux))?;
         Ok(None)
     }
 

@@ -23,7 +23,7 @@ use crate::plan::exitless::error::{ExitlessPlanError, TrampolineError};
 use crate::plan::exitless::layout::{RingLayout, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA};
 use crate::plan::exitless::ret::Return;
 use crate::plan::exitless::symbols::{ALTERNATIVES_PATCHED, ITS_RETURN_THUNK};
-use crate::plan::exitless::ExitlessPlan;
+use crate::plan::exitless::{ExitlessPlan, TaskReads};
 use crate::trace::model::Event;
 
 pub use super::error::ExitlessError;
@@ -275,6 +275,49 @@ impl Exitless {
         )
     }
 
+    /// Does the current task read as a task where the trampoline will read
+    /// it, on every CPU? The code reads `gs:[current]` and then that task's
+    /// pid on every traced call (NMIs included), without a check: a
+    /// misread layout would fault in the guest at each one. So, like the CPU
+    /// number (`check_cpu_numbers`), through each kernel-mode vCPU's GS
+    /// base and each possible CPU's `__per_cpu_offset` entry, the current
+    /// task must be a kernel address whose pid is a pid (at most the
+    /// kernel's `PID_MAX_LIMIT`) and whose comm is a name (NUL-terminated,
+    /// not empty, no control character). Nothing to check when the code
+    /// records no task. `linux`: Linux points every CPU's current task at
+    /// a task from the start (`init_task`); another kernel (the mini
+    /// guest) may have none (0) on a CPU not started yet, which tells
+    /// nothing.
+    pub fn check_current_tasks(
+        &self,
+        space: &mut AddressSpace<'_>,
+        gs_bases: &[(usize, u64)],
+        per_cpu_offset: Option<u64>,
+        (cpus, linux): (Option<&GuestCpus>, bool),
+    ) -> Result<(), ExitlessError> {
+        let Some(reads) = self.plan.task_reads() else {
+            return Ok(());
+        };
+        let rings = self.layout().cpus;
+        let mut bases: Vec<(usize, u64)> =
+            gs_bases.iter().copied().filter(|&(_, b)| b != 0).collect();
+        if let Some(table) = per_cpu_offset {
+            let (last, has): (usize, Box<dyn Fn(usize) -> bool>) = match cpus {
+                Some(g) => (g.nr_cpu_ids, Box::new(|cpu| g.possible(cpu))),
+                None => (rings, Box::new(|_| true)),
+            };
+            for cpu in (0..last).filter(|&cpu| has(cpu)) {
+                if let Ok(base) = space.read_u64(table.wrapping_add(cpu as u64 * 8)) {
+                    bases.push((cpu, base));
+                }
+            }
+        }
+        for (cpu, base) in bases {
+            check_current_task(space, reads, (cpu, base), linux)?;
+        }
+        Ok(())
+    }
+
     /// The bytes site `k` at `addr` becomes: a call to its stub.
     pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
         self.plan.site_bytes(k, addr)
@@ -463,6 +506,59 @@ fn check_cpu_numbers(
     Ok(())
 }
 
+/// The most pids a 64-bit kernel hands out (include/linux/threads.h
+/// `PID_MAX_LIMIT`: 4M).
+const PID_MAX_LIMIT: u32 = 4 * 1024 * 1024;
+/// Linux's kernel half starts here (4-level paging; 5-level starts lower).
+const KERNEL_HALF: u64 = 0xff00_0000_0000_0000;
+
+/// `Exitless::check_current_tasks` for CPU `cpu`'s per-CPU area at `base`.
+/// A current pointer that cannot be read (an area not mapped: a vCPU on
+/// the entry path, before `swapgs`) tells nothing, nor one of 0 outside
+/// Linux (`linux`); one that reads must lead to a task.
+fn check_current_task(
+    space: &mut AddressSpace<'_>,
+    reads: TaskReads,
+    (cpu, base): (usize, u64),
+    linux: bool,
+) -> Result<(), ExitlessError> {
+    let at = base.wrapping_add(i64::from(reads.current_disp) as u64);
+    let task = match space.read_u64(at) {
+        Ok(0) if !linux => return Ok(()),
+        Ok(task) => task,
+        Err(_) => return Ok(()),
+    };
+    let bad = |why: String| ExitlessError::NotATask {
+        cpu,
+        off: i64::from(reads.current_disp) as u64,
+        task,
+        why,
+    };
+    if task < KERNEL_HALF {
+        return Err(bad("not a kernel address".into()));
+    }
+    let pid = space
+        .read_array::<4>(task.wrapping_add(u64::from(reads.pid_off)))
+        .map(u32::from_le_bytes)
+        .map_err(|e| bad(format!("its pid cannot be read ({e})")))?;
+    if pid > PID_MAX_LIMIT {
+        return Err(bad(format!("its pid reads {pid}")));
+    }
+    let mut comm = [0u8; crate::kernel::task::COMM_LEN];
+    space
+        .read(task.wrapping_add(u64::from(reads.comm_off)), &mut comm)
+        .map_err(|e| bad(format!("its comm cannot be read ({e})")))?;
+    let name = comm.split(|&b| b == 0).next().unwrap_or_default();
+    let named = name.len() < comm.len() && !name.is_empty();
+    if !named || name.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return Err(bad(format!(
+            "its comm reads {:?}",
+            String::from_utf8_lossy(&comm)
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,5 +693,75 @@ mod tests {
         let mem = guest(&[0, 5], 2);
         let err = check_guest(&mem, 2, &gs, true, Some(&offline));
         assert!(err.contains("CPU 1's per-CPU CPU number reads 5"), "{err}");
+    }
+
+    /// A task at 9 MiB (through the kernel map) that CPU 0's current
+    /// pointer, at per-CPU offset 0x40, names: pid 42 at 0x10, comm at 0x20.
+    fn task_guest(comm: &[u8]) -> (GuestMemoryMmap, u64) {
+        let mem = memory();
+        let task_gpa = 0x90_0000u64;
+        let task = vmm::layout::KERNEL_MAP_BASE + task_gpa;
+        mem.write_obj(task, GuestAddress(area(0) + 0x40)).unwrap();
+        mem.write_obj(42u32, GuestAddress(task_gpa + 0x10)).unwrap();
+        mem.write_slice(comm, GuestAddress(task_gpa + 0x20))
+            .unwrap();
+        mem.write_obj(0xdead_beef_u32, GuestAddress(task_gpa + 0x30))
+            .unwrap();
+        (mem, task)
+    }
+
+    fn current_check(mem: &GuestMemoryMmap, reads: TaskReads, linux: bool) -> String {
+        let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
+        match check_current_task(&mut space, reads, (0, area(0)), linux) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// The current task and its pid, as the trampoline will read them on
+    /// every call, read first at the attach: a layout that does not
+    /// describe the kernel (another build's offsets) is refused in one line
+    /// before anything is patched.
+    #[test]
+    fn a_current_task_that_is_not_a_task_is_refused() {
+        let (mem, _) = task_guest(b"wl-worker\0");
+        let good = TaskReads {
+            current_disp: 0x40,
+            pid_off: 0x10,
+            comm_off: 0x20,
+        };
+        assert_eq!(current_check(&mem, good, true), "ok");
+        // Another current offset: 0, not a task on Linux (the mini guest's
+        // CPUs not started have none yet).
+        let off = TaskReads {
+            current_disp: 0x48,
+            ..good
+        };
+        let err = current_check(&mem, off, true);
+        assert!(
+            err.starts_with(
+                "CPU 0's current task at per-CPU offset 0x48 reads 0x0, which is not a task \
+                 (not a kernel address)"
+            ),
+            "{err}"
+        );
+        assert_eq!(current_check(&mem, off, false), "ok");
+        // Another pid offset: 0xdeadbeef is no pid.
+        let pid = TaskReads {
+            pid_off: 0x30,
+            ..good
+        };
+        let err = current_check(&mem, pid, true);
+        assert!(err.contains("(its pid reads 3735928559)"), "{err}");
+        // Another comm offset, or a comm that is no name.
+        let comm = TaskReads {
+            comm_off: 0x2a,
+            ..good
+        };
+        assert!(current_check(&mem, comm, true).contains("its comm reads"));
+        let (mem, _) = task_guest(b"\x01\x02garbage\0");
+        assert!(current_check(&mem, good, true).contains("its comm reads"));
+        let (mem, _) = task_guest(&[b'x'; 16]);
+        assert!(current_check(&mem, good, true).contains("its comm reads"));
     }
 }
