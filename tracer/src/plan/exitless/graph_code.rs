@@ -26,6 +26,7 @@
 //!         mov [rsp + 40], rax               ; the function now returns to stub j
 //! commit: rdtsc; <store tsc>; mov [r10 + rec.commit], r11d
 //! out:    pop rsi; pop rcx; pop rdx; pop rax; ret; int3   ; or as `ret`
+//! no_ring: xor r10d, r10d                  ; a CPU without a ring: ring 0's counter
 //! full:   lock inc qword [r10 + r11 * 8 + drops - 8]; jmp out
 //! nohook: mov qword [r10 + rec.slot], 0; jmp commit
 //! ```
@@ -49,6 +50,7 @@
 //! rop:    mov [rsp], rcx                     ; O in its slot
 //!         ret; int3                          ; back to the caller, as if never hooked
 //!                                            ; (or as `ret::emit_graph_ret`)
+//! rno_ring: xor r10d, r10d
 //! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
 //! ```
 //!

@@ -9,8 +9,8 @@
 //!   about 112 bytes a site, up to about 16,000 sites): site k's 5-byte NOP
 //!   becomes `call body_k`, and body k is the common part below with k + 1
 //!   as immediates (`mov dword [r10 + rec + REC_COMMIT], k + 1`, and
-//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 21 instructions a
-//!   recorded call, 12 a dropped one. What ftrace does with per-ops
+//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 23 instructions a
+//!   recorded call, 14 a dropped one. What ftrace does with per-ops
 //!   trampolines, one step further: nothing in the body is looked up.
 //! - **Shared** (`Shape::Shared`: more sites, and always with the function
 //!   graph): site k calls a stub, which jumps to one shared body,
@@ -29,6 +29,8 @@
 //! common: push rax
 //!         push rdx
 //!         mov r10d, gs:[cpu_number]
+//!         cmp r10d, cpus          ; a CPU without a ring (after the attach)
+//!         jae no_ring
 //!         imul r10, r10, ring_bytes
 //!         mov rax, [r10 + R + HEAD_OFF]
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
@@ -47,14 +49,15 @@
 //! out:    pop rdx
 //!         pop rax
 //!         ret                ; and int3, or as the kernel returns (`ret`)
+//! no_ring: xor r10d, r10d   ; counted in ring 0's counter
 //! full:   lock inc qword [r10 + R + DROPS_OFF - 8 + r11 * 8]
 //!         jmp out
 //! ```
 //!
 //! A recorded call (ring not full, no retry) executes
-//! `SHARED_PATH_INSTRUCTIONS` = 23 instructions through a stub, stub and
-//! `ret` included (a dropped call 14), and `COMMON_PATH_INSTRUCTIONS` = 21 in
-//! a per-site body (dropped: 12, `DROP_PATH_INSTRUCTIONS`).
+//! `SHARED_PATH_INSTRUCTIONS` = 25 instructions through a stub, stub and
+//! `ret` included (a dropped call 16), and `COMMON_PATH_INSTRUCTIONS` = 23 in
+//! a per-site body (dropped: 14, `DROP_PATH_INSTRUCTIONS`).
 //!
 //! Registers: at a function's entry r10 and r11 are free (Linux's own
 //! `ftrace_caller` saves only rax, rcx, rdx, rsi, rdi, r8 and r9, the
@@ -66,8 +69,7 @@
 //! clobbered, as by any call; DF is never touched. The kernel is built with
 //! `-mno-red-zone`, so the pushes overwrite nothing live below rsp.
 //!
-//! Why it is this short (it was 28 instructions through a stub before):
-//!
+//! Why it is this short (it was 28 through a stub; then issue 34 added 2):
 //! - The commit is the site itself (k + 1, never 0) rather than a sequence
 //!   number: the host zeroes a record's commit word when it reads it, before
 //!   it frees the slot, so a non-zero word always belongs to this lap. No
@@ -75,26 +77,21 @@
 //!   commit are one store.
 //! - `head` and `limit` count bytes, so the reserved head becomes the slot's
 //!   offset with one `and` (no shift).
-//! - The CPU number is not bounds-checked in the guest; the attach checks it
-//!   instead, where this code reads it (see `body::emit_reserve`).
 //!
-//! Two decisions that differ from the first draft of the protocol:
-//!
+//! And two decisions that differ from the first draft of the protocol:
 //! - On a preemptible kernel (`CONFIG_PREEMPTION`, dynamic preemption
-//!   included: `TrampolineSpec::preemptible`) the reservation is
-//!   `lock cmpxchg` and the drop counter `lock inc`. The protocol's "only
-//!   this CPU writes its ring" holds for interrupts and NMIs but not there:
-//!   the task can be preempted after reading its CPU number and migrated,
-//!   and then finishes its reservation on another CPU while the ring's own
-//!   CPU writes it too; a plain `cmpxchg` is not atomic against another
-//!   CPU, so two calls could reserve the same slot. On a kernel that cannot
-//!   preempt (the default guest's), both go without the lock prefix, as the
-//!   kernel's own ring buffer uses `local_t`: one instruction is atomic
-//!   against this CPU's interrupts, and the lock (a full barrier on x86)
-//!   would be most of the path's cost on hardware. The instruction count is
-//!   the same either way; the emulating host runs both (docs/emulating-kvm.md).
+//!   included: `TrampolineSpec::preemptible`) the reservation is `lock
+//!   cmpxchg`: the task can be preempted after reading its CPU number and
+//!   migrated, and finish its reservation on another CPU while the ring's
+//!   own CPU writes it too. On a kernel that cannot preempt (the default
+//!   guest's) it has no lock prefix, as the kernel's own ring buffer uses
+//!   `local_t`: one instruction is atomic against this CPU's interrupts,
+//!   and the lock (a full barrier on x86) would be most of the path's cost
+//!   on hardware. The instruction count is the same either way.
 //! - A reservation that finds the ring full counts the call per site in the
-//!   guest (`lock inc`), so records + drops = calls, exactly.
+//!   guest, so records + drops = calls, exactly. A CPU number with no ring
+//!   counts it in ring 0's counter (`body::emit_reserve`): the counters are
+//!   always `lock`ed, off the recorded path.
 
 use iced_x86::code_asm::{r11d, CodeAssembler, CodeLabel};
 use iced_x86::{
@@ -499,14 +496,11 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let task = task_fields(spec)?;
-    // `cmp r10d, imm32`: the rings' count.
-    let cpus = u32::try_from(layout.cpus)
-        .ok()
-        .filter(|&n| i32::try_from(n).is_ok())
-        .ok_or_else(|| layout_error(layout, "more CPUs than an imm32"))?;
+    let cpus = i32::try_from(layout.cpus).map_err(|_| layout_error(layout, "CPUs past imm32"))?;
     Ok(Fields {
         cpu_number_disp: spec.cpu_number_disp,
-        cpus,
+        // `cmp r10d, imm32`: checked above.
+        cpus: cpus as u32,
         ret: spec.ret,
         locked: spec.preemptible,
         ring_bytes,
