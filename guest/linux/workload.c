@@ -24,6 +24,16 @@
  *                  first); returns once the machine woke up
  *                                        -> workload: resumed R pid=W (R: 0, or
  *                                           the write's negative errno)
+ *   online CPU     bring CPU online (1 to /sys/devices/system/cpu/cpuCPU/online,
+ *                  sysfs mounted first)  -> workload: online CPU pid=W
+ *   pin CPU        run the worker on CPU only (sched_setaffinity)
+ *                                        -> workload: pinned CPU pid=W
+ *   rename N       N times: rename the worker (prctl PR_SET_NAME, wl-r0,
+ *                  wl-r1, ...), then getpid(2) once; then wl-worker again
+ *                                        -> workload: renamed N pid=W
+ *   spawn N        fork a child (named wl-child) that calls getpid(2) N times
+ *                  and exits; reap it
+ *                                        -> workload: spawned N pid=W
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
  *                                        -> workload: quit power-off|restart
@@ -45,6 +55,8 @@
 #define SYS_prctl 157
 #define SYS_mount 165
 #define SYS_reboot 169
+#define SYS_exit 60
+#define SYS_sched_setaffinity 203
 #define SYS_openat 257
 
 #define O_RDONLY 0
@@ -218,6 +230,76 @@ static int run_go(const char *name, long count, long *unexpected)
 	return 0;
 }
 
+/* Mount sysfs at /sys, once (a second mount fails with EBUSY: harmless). */
+static void mount_sysfs(void)
+{
+	sys6(SYS_mount, (long)"sysfs", (long)"/sys", (long)"sysfs", 0, 0, 0);
+}
+
+/* `online CPU`: 0, or the failing system call's negative errno. */
+static long cpu_online(long cpu)
+{
+	struct line path = { .len = 0 };
+	long fd, r;
+
+	mount_sysfs();
+	put(&path, "/sys/devices/system/cpu/cpu");
+	put_num(&path, cpu);
+	put(&path, "/online");
+	path.buf[path.len] = 0;
+	fd = sys3(SYS_open, (long)path.buf, O_RDWR, 0);
+	if (fd < 0)
+		return fd;
+	r = sys3(SYS_write, fd, (long)"1", 1);
+	sys3(SYS_close, fd, 0, 0);
+	return r < 0 ? r : 0;
+}
+
+/* `pin CPU`: the worker on CPU only; 0 or a negative errno. */
+static long pin(long cpu)
+{
+	unsigned long mask[16] = { 0 };
+
+	if (cpu >= (long)(sizeof(mask) * 8))
+		return -22;
+	mask[cpu / 64] = 1UL << (cpu % 64);
+	return sys3(SYS_sched_setaffinity, 0, sizeof(mask), (long)mask);
+}
+
+/* `rename N`: N names, one getpid(2) under each, then the worker's own. */
+static void rename_loop(long count)
+{
+	struct line name;
+	long i;
+
+	for (i = 0; i < count; i++) {
+		name.len = 0;
+		put(&name, "wl-r");
+		put_num(&name, i);
+		name.buf[name.len] = 0;
+		sys6(SYS_prctl, PR_SET_NAME, (long)name.buf, 0, 0, 0, 0);
+		sys0(SYS_getpid);
+	}
+	sys6(SYS_prctl, PR_SET_NAME, (long)WORKER_COMM, 0, 0, 0, 0);
+}
+
+/* `spawn N`: a short-lived child that calls getpid(2) N times; its pid. */
+static long spawn(long count)
+{
+	int status;
+	long i, child = sys0(SYS_fork);
+
+	if (child == 0) {
+		sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
+		for (i = 0; i < count; i++)
+			sys0(SYS_getpid);
+		sys3(SYS_exit, 0, 0, 0);
+	}
+	if (child > 0)
+		sys6(SYS_wait4, child, (long)&status, 0, 0, 0, 0);
+	return child;
+}
+
 /* Power off when the kernel can (ACPI), else restart; never returns. */
 static void __attribute__((noreturn)) quit(void)
 {
@@ -228,7 +310,7 @@ static void __attribute__((noreturn)) quit(void)
 	 * stops every CPU and leaves QEMU running; a restart ends QEMU instead
 	 * (-no-reboot). /sys/firmware/acpi exists only when ACPI is up.
 	 */
-	sys6(SYS_mount, (long)"sysfs", (long)"/sys", (long)"sysfs", 0, 0, 0);
+	mount_sysfs();
 	fd = sys3(SYS_open, (long)"/sys/firmware/acpi", O_RDONLY | O_DIRECTORY, 0);
 	if (fd >= 0) {
 		sys3(SYS_close, fd, 0, 0);
@@ -246,13 +328,29 @@ static long suspend_to_ram(void)
 {
 	long fd, r;
 
-	sys6(SYS_mount, (long)"sysfs", (long)"/sys", (long)"sysfs", 0, 0, 0);
+	mount_sysfs();
 	fd = sys3(SYS_open, (long)"/sys/power/state", O_RDWR, 0);
 	if (fd < 0)
 		return fd;
 	r = sys3(SYS_write, fd, (long)"mem", 3);
 	sys3(SYS_close, fd, 0, 0);
 	return r < 0 ? r : 0;
+}
+
+/* `workload: WHAT N pid=W`, or `workload: error WHAT N failed: errno E`. */
+static void reply(struct line *l, const char *what, long n, long err, long pid)
+{
+	put(l, err ? "workload: error " : "workload: ");
+	put(l, what);
+	put_num(l, n);
+	if (err) {
+		put(l, " failed: errno ");
+		put_num(l, -err);
+	} else {
+		put(l, " pid=");
+		put_num(l, pid);
+	}
+	emit(l);
 }
 
 static void run_command(char *text, long pid)
@@ -297,7 +395,27 @@ static void run_command(char *text, long pid)
 		emit(&l);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, ping, suspend, quit)");
+	count = n == 2 ? parse_count(w[1]) : -1;
+	if (count >= 0 && streq(w[0], "online")) {
+		reply(&l, "online ", count, cpu_online(count), pid);
+		return;
+	}
+	if (count >= 0 && streq(w[0], "pin")) {
+		reply(&l, "pinned ", count, pin(count), pid);
+		return;
+	}
+	if (count >= 0 && streq(w[0], "rename")) {
+		rename_loop(count);
+		reply(&l, "renamed ", count, 0, pid);
+		return;
+	}
+	if (count >= 0 && streq(w[0], "spawn")) {
+		long child = spawn(count);
+
+		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
+		return;
+	}
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

@@ -1,10 +1,11 @@
 //! What is read from the kernel image before the guest runs: symbols and
-//! their sources, ftrace call sites, function filters, KASLR offsets, and
-//! how kernel names are printed.
+//! their sources, ftrace call sites, function filters, KASLR offsets, the
+//! running kernel's CPUs, and how kernel names are printed.
 
 pub mod boot_patched;
 pub mod btf;
 pub mod bzimage;
+pub mod cpus;
 pub mod direct;
 pub mod dwarf;
 pub mod filter;

@@ -1,5 +1,6 @@
 //! What a QEMU guest offers exitless mode, found at the first stop: its
-//! free low memory for vmtrace's code and rings, and its TSC rate. The
+//! free low memory for vmtrace's code and rings, its TSC rate, and the CPUs
+//! its kernel may run on (one ring each). The
 //! mode itself is a plan step (`crate::plan::attach_mode`); this module
 //! says which of the guest's reasons let auto mode fall back to trap mode.
 
@@ -8,6 +9,7 @@ use vmm::Stopped;
 
 use super::error::QemuError;
 use super::guest::QemuStop;
+use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::symbols::KernelImage;
@@ -61,6 +63,24 @@ pub fn room(
         pages: low.pages.len(),
         found: FreeRoom { low, tsc_khz },
     })
+}
+
+/// How many CPUs the rings are for: every CPU number the guest kernel may
+/// ever use (`nr_cpu_ids`: its possible CPUs, offline and hot-pluggable
+/// ones included), and at least QEMU's `vcpus`. A CPU the guest brings
+/// online later, or QEMU hot-adds, then finds its ring. QEMU's count when
+/// the kernel's CPU variables cannot be read (not in the symbols, or not
+/// readable yet): the attach reads them again under its stop and refuses
+/// what cannot be this kernel's (`Tracer::attach`), and trap mode needs
+/// none of it.
+pub fn ring_cpus(stop: &QemuStop<'_>, plan: &Plan, offset: KernelOffset, vcpus: usize) -> usize {
+    let Ok(mut space) = kernel_space(stop, &plan.image, offset) else {
+        return vcpus;
+    };
+    match GuestCpus::read(&mut space, &plan.image, offset) {
+        Ok(Some(g)) => g.nr_cpu_ids.max(vcpus),
+        _ => vcpus,
+    }
 }
 
 /// Errors that leave exitless mode no room in this guest (and trap mode

@@ -20,7 +20,7 @@ use super::gdb::{Gdb, GdbAddr, GdbError};
 use super::guest::{ClockSource, QemuGuest, QemuStop};
 use super::journal::Journal;
 use super::marker::MARKER_GPA;
-use super::mode::{falls_back, room, FreeRoom};
+use super::mode::{falls_back, ring_cpus, room, FreeRoom};
 use super::procmem::ProcRam;
 use super::qmp::{QemuVersion, Qmp};
 use super::repair;
@@ -349,12 +349,9 @@ fn setup(
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
-    let decided = attach_mode::decide(
-        &plan,
-        first.cpus(),
-        || room(&first, &plan.plan, offset),
-        falls_back,
-    );
+    // Exitless mode's rings: one per CPU the guest kernel may use.
+    let cpus = ring_cpus(&first, &plan.plan, offset, first.cpus());
+    let decided = attach_mode::decide(&plan, cpus, || room(&first, &plan.plan, offset), falls_back);
     let decided = match decided {
         Ok(d) => d,
         Err(e) => {
@@ -374,7 +371,6 @@ fn setup(
         .iter()
         .filter_map(|&a| Some((offset.runtime(a), offset.phys_of(a)?)))
         .collect();
-    let cpus = vm.guest.cpus();
     let (tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
             let mode = Mode::Exitless(code);
@@ -393,6 +389,7 @@ fn setup(
         }
         Decision::Trap { why } => {
             journal.arm_trap(sites.iter().map(|s| s.0).collect())?;
+            let cpus = vm.guest.cpus();
             let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
             tracer.assume_kernel_offset(offset);
             vm.arming = Arming::Trap {

@@ -364,10 +364,18 @@ impl Tracer {
     /// why there are none.
     fn tasks_note(&self) -> String {
         let f = &self.plan.tasks.filter;
-        if f.is_active() {
+        let note = if f.is_active() {
             format!("{}; kept only {}", self.plan.tasks.note, f.describe())
         } else {
             self.plan.tasks.note.clone()
+        };
+        // A guest that met more tasks than the table holds (`MAX_TASKS`).
+        match self.tables.tasks.overflow() {
+            0 => note,
+            n => format!(
+                "{note}; {n} tasks met past the first {} are not named",
+                crate::session::tasks::MAX_TASKS
+            ),
         }
     }
 

@@ -11,6 +11,7 @@ use vmm::gva::AddressSpace;
 use vmm::{Stopped, TrapHandler, VcpuSpace};
 
 use crate::error::TracerError;
+use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::{Mode, Plan};
 use crate::trace::model::Trace;
@@ -402,7 +403,12 @@ impl Tracer {
         if ex.resolve(space, &self.plan.image, off)? == Resolved::AlternativesPending {
             return Ok(Some(NotReady::AlternativesPending));
         }
-        ex.check_cpu_numbers(space, gs_bases, per_cpu_offset)?;
+        // The guest's own CPUs (not the hypervisor's vCPUs: `nosmp`,
+        // `maxcpus=`, a CPU offline).
+        let cpus = GuestCpus::read(space, &self.plan.image, off).map_err(ExitlessError::from)?;
+        ex.check_cpu_numbers(space, gs_bases, per_cpu_offset, cpus.as_ref())?;
+        let linux = self.plan.image.linux;
+        ex.check_current_tasks(space, gs_bases, per_cpu_offset, (cpus.as_ref(), linux))?;
         Ok(None)
     }
 
@@ -446,11 +452,12 @@ impl Tracer {
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
-            // Task structs are read through the kernel's own tables, as
-            // the attach found them (the kernel half every process shares).
+            // Task structs are read through the kernel's own tables (the
+            // kernel half every process shares): its `init_top_pgt`, not
+            // the CR3 of a process that may exit while the guest runs.
             let tasks = self.tasks.as_ref().map(|source| DrainTasks {
                 source: Arc::clone(source),
-                root: c.space.root(),
+                root: tasks::kernel_root(&c.space, &self.plan.image, c.off),
                 mode: c.space.mode(),
             });
             let values = DrainValues {

@@ -116,6 +116,14 @@ impl Recorder {
     /// tasks are not recorded or it cannot be read), and whether the task
     /// filter keeps the call.
     fn task_of(&mut self, trap: &mut Trap<'_>) -> Seen {
+        if self.tasks.is_none() {
+            return (0, true);
+        }
+        // A task is added to the table only if an event may be stored.
+        if self.reserved == 0 {
+            self.reserve();
+        }
+        let store = self.reserved > 0;
         let Some((source, cache)) = self.tasks.as_mut() else {
             return (0, true);
         };
@@ -124,7 +132,10 @@ impl Recorder {
         source
             .current(space, gs_base)
             .and_then(|task| source.key(space, task))
-            .map_or_else(|| source.unreadable(), |key| source.id(cache, space, key))
+            .map_or_else(
+                || source.unreadable(),
+                |key| source.id(cache, space, key, store),
+            )
     }
 
     fn reserve(&mut self) {

@@ -4,12 +4,15 @@
 
 use std::sync::{Arc, Mutex};
 
+use vmm::gva::AddressSpace;
 use vmm::Stopped;
 
+use super::direct::contexts::{self, VcpuRegs};
 use super::exitless::backing::RegionPages;
 use super::exitless::state::ExitlessError;
 use super::{kernel_space, Tracer};
 use crate::error::TracerError;
+use crate::kernel::task_list::{TaskList, PREEMPT_SCHEDULE};
 use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch::PatchError;
 
@@ -21,6 +24,10 @@ pub enum Busy {
     /// Function graph: `frames` hooked calls have not returned: they
     /// return into vmtrace's code (a task asleep in a traced function).
     FramesLive { frames: usize },
+    /// On a preemptible kernel: a context will return to `at`, in
+    /// vmtrace's code, from the stack of vCPU `cpu` or (None) of a task
+    /// preempted and switched out there.
+    OnStack { cpu: Option<usize>, at: u64 },
 }
 
 impl std::fmt::Display for Busy {
@@ -30,6 +37,13 @@ impl std::fmt::Display for Busy {
             Busy::FramesLive { frames } => write!(
                 f,
                 "{frames} hooked calls had not returned, and return through it"
+            ),
+            Busy::OnStack { cpu: Some(cpu), at } => {
+                write!(f, "vCPU {cpu}'s stack returns into it (to {at:#x})")
+            }
+            Busy::OnStack { cpu: None, at } => write!(
+                f,
+                "a task preempted inside it stayed there (it returns to {at:#x})"
             ),
         }
     }
@@ -48,11 +62,15 @@ impl Tracer {
     /// its page-table entries cleared, its pages given back what they held.
     /// Refused (nothing written) while a stopped vCPU runs vmtrace's code,
     /// or (function graph) a hooked call has yet to return through it:
-    /// resume, let them leave, and stop again. A context interrupted inside that code is
-    /// not seen here: the caller lets the guest run between the detach and
-    /// this (an interrupt handler returns long before; on a kernel that
-    /// preempts there, a task may not, which is why vmtrace's own VMM
-    /// never takes its region out).
+    /// resume, let them leave, and stop again. On a kernel that preempts
+    /// tasks in kernel mode, also while a context will return into it: a
+    /// word of a kernel-mode vCPU's stack, or of the stack of a task
+    /// preempted and switched out (a walk of the kernel's task list, as
+    /// direct entries do: `direct::contexts`), that is an address in
+    /// vmtrace's code. A context interrupted inside that code on a kernel
+    /// that cannot preempt is not looked for: the caller lets the guest run
+    /// between the detach and this, and an interrupt handler returns long
+    /// before. (vmtrace's own VMM never takes its region out.)
     pub fn remove_region(
         &mut self,
         stopped: &dyn Stopped,
@@ -72,8 +90,10 @@ impl Tracer {
     }
 
     /// Why the region cannot be taken out at this stop (`remove_region`),
-    /// if it cannot: the caller drains the rings for the last time when it
-    /// can, before their pages are given back.
+    /// if it cannot: a vCPU in its code, a hooked call yet to return, or (a
+    /// preemptible kernel) a context whose stack returns into it. The
+    /// caller drains the rings for the last time when it can, before their
+    /// pages are given back.
     pub fn region_busy(&self, stopped: &dyn Stopped) -> Result<Option<Busy>, TracerError> {
         let Some(ex) = self.reach.exitless() else {
             return Ok(None);
@@ -87,6 +107,124 @@ impl Tracer {
             }
         }
         let frames = ex.live_frames()?;
-        Ok((frames > 0).then_some(Busy::FramesLive { frames }))
+        if frames > 0 {
+            return Ok(Some(Busy::FramesLive { frames }));
+        }
+        if self.plan.image.symbol(PREEMPT_SCHEDULE).is_none() {
+            return Ok(None);
+        }
+        let mut space =
+            kernel_space(stopped.vcpu_spaces(), &[CODE_VA]).ok_or(PatchError::NoPaging)?;
+        let slide = self.offset.map_or(0, |o| o.virt);
+        let list = self
+            .plan
+            .btf
+            .as_deref()
+            .map(|btf| TaskList::find(&self.plan.image, btf))
+            .transpose()
+            .map_err(|e| PatchError::TaskWalk(e.to_string()))?
+            .ok_or_else(|| PatchError::TaskWalk("the kernel has no BTF".into()))?;
+        returns_into_code(&mut space, stopped, &list, slide)
+    }
+}
+
+/// The segment selector's privilege bits: 3 in user mode.
+const CS_RPL_MASK: u16 = 3;
+
+/// The first context (a kernel-mode vCPU, or a task switched out while
+/// runnable, as preemption leaves it) that returns into vmtrace's code:
+/// a word of its stack, from its stack pointer up, in the code page.
+pub fn returns_into_code(
+    space: &mut AddressSpace<'_>,
+    stopped: &dyn Stopped,
+    list: &TaskList,
+    slide: i64,
+) -> Result<Option<Busy>, TracerError> {
+    let vcpus: Vec<VcpuRegs> = (0..stopped.cpus())
+        .filter_map(|cpu| {
+            let s = stopped.snapshot(cpu)?;
+            Some(VcpuRegs {
+                cpu,
+                rip: s.regs.rip,
+                rsp: s.regs.rsp,
+                user_mode: s.sregs.cs.selector & CS_RPL_MASK == 3,
+            })
+        })
+        .collect();
+    let stacks = contexts::preempted_stacks(space, list, slide)
+        .map_err(|e| PatchError::TaskWalk(e.to_string()))?;
+    Ok(inside_code(space, &vcpus, &stacks))
+}
+
+/// `returns_into_code` for these vCPUs and saved stack pointers.
+fn inside_code(space: &mut AddressSpace<'_>, vcpus: &[VcpuRegs], stacks: &[u64]) -> Option<Busy> {
+    // `contexts::find` takes a range's first byte as outside it.
+    let code = [(CODE_VA - 1, CODE_VA + CODE_LEN)];
+    contexts::find(space, &code, vcpus, stacks)
+        .first()
+        .map(|i| Busy::OnStack {
+            cpu: i.cpu,
+            at: i.at,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vmm::gva::PagingMode;
+
+    /// A task preempted inside the trampoline (its interrupted context,
+    /// with a RIP in vmtrace's code, on its stack) keeps the region; so
+    /// does a kernel-mode vCPU whose stack returns there. A stack without
+    /// such a word, or a vCPU in user mode, does not.
+    #[test]
+    fn a_task_preempted_inside_the_code_keeps_the_region() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        // Two 16 KiB stacks, identity-mapped: the task's and the vCPU's.
+        let (task_sp, vcpu_sp) = (0x20_3f00u64, 0x30_3f00u64);
+        let in_code = CODE_VA + 0x1234;
+        let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let vcpu = |user_mode| VcpuRegs {
+            cpu: 1,
+            rip: 0xffff_ffff_8100_0000,
+            rsp: vcpu_sp,
+            user_mode,
+        };
+        assert_eq!(inside_code(&mut space, &[vcpu(false)], &[task_sp]), None);
+        // The task's saved frame: the interrupted RIP, 0x40 above its SP.
+        mem.write_obj(in_code, GuestAddress(task_sp + 0x40))
+            .unwrap();
+        assert_eq!(
+            inside_code(&mut space, &[vcpu(false)], &[task_sp]),
+            Some(Busy::OnStack {
+                cpu: None,
+                at: in_code
+            })
+        );
+        let busy = Busy::OnStack {
+            cpu: None,
+            at: in_code,
+        };
+        assert!(busy.to_string().starts_with("a task preempted inside it"));
+        // The code's last byte counts, the byte past it does not.
+        mem.write_obj(CODE_VA + CODE_LEN, GuestAddress(task_sp + 0x40))
+            .unwrap();
+        assert_eq!(inside_code(&mut space, &[], &[task_sp]), None);
+        mem.write_obj(CODE_VA, GuestAddress(task_sp + 0x40))
+            .unwrap();
+        assert!(inside_code(&mut space, &[], &[task_sp]).is_some());
+        // A vCPU in kernel mode whose stack returns into the code.
+        mem.write_obj(in_code, GuestAddress(vcpu_sp + 8)).unwrap();
+        let found = inside_code(&mut space, &[vcpu(false)], &[]);
+        assert_eq!(
+            found,
+            Some(Busy::OnStack {
+                cpu: Some(1),
+                at: in_code
+            })
+        );
+        assert_eq!(inside_code(&mut space, &[vcpu(true)], &[]), None);
     }
 }

@@ -4,6 +4,13 @@
 //! `Event::task`, 0 = unknown) so that events stay fixed-size; the table
 //! grows only, so an id never changes meaning, and the store can save the
 //! entries added since it last looked before the events that use them.
+//!
+//! What the guest does decides what is met (a thread renaming itself in a
+//! loop is a new task at each name), so the table holds only tasks an
+//! event is stored for: a task the filter rejects (`--pid`, `--comm`), or
+//! met once the event budget (`--max-events`) is spent, is not added; and
+//! it holds at most `MAX_TASKS`: beyond, events name no task and the
+//! tasks left out are counted (`TaskTable::overflow`, in the report).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,16 +22,32 @@ use crate::kernel::task::{comm_string, TaskLayout, COMM_LEN};
 use crate::plan::tasks::TaskFilter;
 use crate::trace::model::Task;
 
+/// Most tasks a table holds: far more than the threads of a real guest
+/// over a trace (each rename or exec of one is another), and a bound on
+/// what a guest that renames threads in a loop costs the host (a few MB).
+pub const MAX_TASKS: usize = 1 << 16;
+
 /// Every distinct task (pid, tgid, comm) seen, in first-seen order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TaskTable {
     inner: Mutex<Inner>,
+    /// Most tasks held (`MAX_TASKS`, smaller in tests).
+    most: usize,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     tasks: Vec<Task>,
     ids: HashMap<Task, u32>,
+    /// Distinct tasks not added because the table was full (a task met
+    /// again is counted again: a bound on them, not their number).
+    overflow: u64,
+}
+
+impl Default for TaskTable {
+    fn default() -> Self {
+        TaskTable::with_most(MAX_TASKS)
+    }
 }
 
 impl TaskTable {
@@ -32,17 +55,39 @@ impl TaskTable {
         TaskTable::default()
     }
 
-    /// The id of `task` (`Event::task`), added if new. Callers keep their
-    /// own cache in front of it: this takes a lock.
+    /// A table of at most `most` tasks.
+    pub fn with_most(most: usize) -> TaskTable {
+        TaskTable {
+            inner: Mutex::default(),
+            most,
+        }
+    }
+
+    /// The id of `task` (`Event::task`), added if new; 0 (no task) when the
+    /// table is full, counted (`overflow`). Callers keep their own cache in
+    /// front of it: this takes a lock.
     pub fn intern(&self, task: &Task) -> u32 {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&id) = inner.ids.get(task) {
             return id;
         }
+        if inner.tasks.len() >= self.most {
+            inner.overflow += 1;
+            return 0;
+        }
         inner.tasks.push(task.clone());
         let id = u32::try_from(inner.tasks.len()).unwrap_or(u32::MAX);
         inner.ids.insert(task.clone(), id);
         id
+    }
+
+    /// Tasks not added because the table was full (each reader's cache
+    /// asks once per task it meets).
+    pub fn overflow(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .overflow
     }
 
     /// How many tasks the table holds.
@@ -131,41 +176,83 @@ impl TaskSource {
 
     /// The id of the task `key` names and whether the filter keeps it,
     /// reading its tgid when it is new to `cache` (each reader's own, in
-    /// front of the shared table's lock).
+    /// front of the shared table's lock). `store`: an event will be stored
+    /// for it (the budget is not spent); else a new task is not added (id
+    /// 0), nor cached.
     pub fn id(
         &self,
         cache: &mut HashMap<TaskKey, Seen>,
         space: &mut AddressSpace<'_>,
         key: TaskKey,
+        store: bool,
     ) -> Seen {
         if let Some(&seen) = cache.get(&key) {
             return seen;
         }
-        let seen = self.name(space, key);
-        cache.insert(key, seen);
+        let seen = self.name(space, key, store);
+        if store || !seen.1 {
+            cache.insert(key, seen);
+        }
         seen
     }
 
     /// The id of the task `key` names (its tgid read now) and whether the
-    /// filter keeps it; no cache.
-    pub fn name(&self, space: &mut AddressSpace<'_>, key: TaskKey) -> Seen {
+    /// filter keeps it; no cache. A task the filter rejects, or met when
+    /// no event will be stored (`store` false), is not added to the table
+    /// (id 0).
+    pub fn name(&self, space: &mut AddressSpace<'_>, key: TaskKey, store: bool) -> Seen {
         let (task, pid, comm) = key;
+        let comm = comm_string(&comm);
+        if !self.filter.accepts(pid, &comm) {
+            return (0, false);
+        }
+        if !store {
+            return (0, true);
+        }
         let tgid = read_u32(space, task.wrapping_add(u64::from(self.layout.tgid))).unwrap_or(pid);
-        let task = Task {
-            pid,
-            tgid,
-            comm: comm_string(&comm),
-        };
-        (
-            self.table.intern(&task),
-            self.filter.accepts(pid, &task.comm),
-        )
+        let task = Task { pid, tgid, comm };
+        (self.table.intern(&task), true)
     }
 
     /// What a reader makes of a call whose task it could not read: no id,
     /// kept only when nothing is filtered.
     pub fn unreadable(&self) -> Seen {
         (0, !self.filter.is_active())
+    }
+}
+
+/// The kernel's own top-level page table on x86-64 (`swapper_pg_dir` is
+/// its alias): the one `init_mm` runs on, which lives as long as the
+/// kernel (arch/x86/kernel/head_64.S).
+pub const KERNEL_PGD: &str = "init_top_pgt";
+
+/// The first task's `task_struct`, in kernel data: what both tables must
+/// map alike (`kernel_root`).
+const INIT_TASK: &str = "init_task";
+
+/// A root to read tasks through while the guest runs, in place of `space`'s
+/// (some vCPU's CR3 at the attach: a process's page tables, freed and
+/// reused once that process exits, after which every read through it is
+/// garbage): the kernel's own `init_top_pgt`, at its physical address,
+/// when the symbols have it and it maps `init_task` where `space` does.
+/// Every process shares its kernel half, where task structs are. Else
+/// `space`'s own root.
+pub fn kernel_root(
+    space: &AddressSpace<'_>,
+    image: &crate::kernel::symbols::KernelImage,
+    off: KernelOffset,
+) -> u64 {
+    let (Some(pgd), Some(init)) = (image.symbol(KERNEL_PGD), image.symbol(INIT_TASK)) else {
+        return space.root();
+    };
+    let Some(root) = off.phys_of(pgd.addr) else {
+        return space.root();
+    };
+    let probe = off.runtime(init.addr);
+    let kernel = space.with_root(root);
+    match (kernel.translate(probe), space.translate(probe)) {
+        (Ok(a), Ok(b)) if a.gpa == b.gpa => root,
+        _ => space.root(),
     }
 }
 
@@ -185,6 +272,19 @@ mod tests {
             tgid: pid,
             comm: comm.into(),
         }
+    }
+
+    #[test]
+    fn the_table_holds_at_most_its_bound_and_counts_the_others() {
+        let t = TaskTable::with_most(3);
+        for i in 0..10u32 {
+            let id = t.intern(&task(7, &format!("wl-r{i}")));
+            assert_eq!(id, if i < 3 { i + 1 } else { 0 });
+        }
+        assert_eq!((t.len(), t.overflow()), (3, 7));
+        // A task it holds keeps its id.
+        assert_eq!(t.intern(&task(7, "wl-r1")), 2);
+        assert_eq!(MAX_TASKS, 65_536);
     }
 
     #[test]

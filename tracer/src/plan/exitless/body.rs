@@ -18,10 +18,11 @@ use super::ret::{emit_ret, Return};
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fields {
     pub cpu_number_disp: i32,
+    /// The rings: a CPU number at or past this has none (`emit_ring`).
+    pub cpus: u32,
     /// How the code returns (`ret`).
     pub ret: Return,
-    /// Lock the ring's reservation and drop counters (`TrampolineSpec::
-    /// preemptible`).
+    /// Lock the ring's reservation (`TrampolineSpec::preemptible`).
     pub locked: bool,
     pub ring_bytes: i32,
     /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
@@ -172,11 +173,20 @@ pub(super) fn emit_filter(
     Ok(())
 }
 
-/// Count a call the filter rejected in this CPU's ring (clobbers r10),
-/// locked as the drop counters are.
+/// Count a call the filter rejected in this CPU's ring (ring 0's for a
+/// CPU without one: `emit_reserve`), clobbers r10.
 pub(super) fn emit_count_filtered(a: &mut CodeAssembler, f: &Fields) -> Result<(), IcedError> {
     let Some(t) = f.task else { return Ok(()) };
+    let mut ring = a.create_label();
+    // r10 = this CPU's number.
     a.mov(r10d, dword_ptr(f.cpu_number_disp).gs())?;
+    // Below the rings' count (unsigned): its own ring.
+    a.cmp(r10d, f.cpus)?;
+    a.jb(ring)?;
+    // No ring: ring 0's counter (the lock makes it safe to share).
+    a.xor(r10d, r10d)?;
+    a.set_label(&mut ring)?;
+    // r10 = the ring's offset from DATA_VA.
     a.imul_3(r10, r10, f.ring_bytes)?;
     emit_count(a, f, qword_ptr(r10 + t.filtered))
 }
@@ -197,19 +207,30 @@ fn emit_rejected(a: &mut CodeAssembler, f: &Fields, at: &mut CodeLabel) -> Resul
 /// from `DATA_VA`; a full ring jumps to `full` with r10 = the ring's offset.
 /// Uses r10, rax and rdx.
 ///
-/// The CPU number is not bounds-checked here: the kernel keeps it below
-/// `nr_cpu_ids` (at most the vCPUs, one ring each), and every attach reads
-/// it where this code does, through each kernel-mode vCPU's GS base and at
-/// each possible CPU's `__per_cpu_offset`, and refuses to patch a site if
-/// one is not the CPU's own number (`Exitless::check_cpu_numbers`).
+/// A CPU without a ring (its number at or past the rings' count: a CPU the
+/// guest brought up after the attach beyond the CPUs it said it may have,
+/// or a misread layout) jumps to `no_ring` instead, which the caller places
+/// just before `full` (`emit_no_ring`): its call is counted as a full
+/// ring's, in ring 0's counter for the site, which is why the counters are
+/// always `lock`ed (another CPU than ring 0's may increment them). Two
+/// instructions on every call (`cmp`, `jae`): the guard for what the guest
+/// does after the attach. The attach reads the number where this code
+/// does, through each kernel-mode vCPU's GS base and at each possible CPU's
+/// `__per_cpu_offset`, and refuses to patch a site if one is not the CPU's
+/// own number (`Exitless::check_cpu_numbers`); and the rings are made for
+/// every CPU number the guest kernel may use (its `nr_cpu_ids`).
 pub(super) fn emit_reserve(
     a: &mut CodeAssembler,
     f: &Fields,
     full: CodeLabel,
+    no_ring: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut retry = a.create_label();
     // r10 = this CPU's number, the kernel's own per-CPU `cpu_number`.
     a.mov(r10d, dword_ptr(f.cpu_number_disp).gs())?;
+    // Not below the rings' count (unsigned): no ring of its own.
+    a.cmp(r10d, f.cpus)?;
+    a.jae(no_ring)?;
     // r10 = offset of this CPU's ring from DATA_VA.
     a.imul_3(r10, r10, f.ring_bytes)?;
     // rax = head, the byte offset of the next record to reserve.
@@ -237,18 +258,27 @@ pub(super) fn emit_reserve(
     Ok(())
 }
 
-/// Count one call not recorded: `inc` of the drop counter at `counter`,
-/// locked on a preemptible kernel as the reservation is.
+/// `emit_reserve`'s `no_ring`, placed right before the caller's `full`
+/// (it falls through into it): r10 = 0, ring 0's offset, whose counter
+/// for the site counts the call.
+pub(super) fn emit_no_ring(
+    a: &mut CodeAssembler,
+    no_ring: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(no_ring)?;
+    a.xor(r10d, r10d)
+}
+
+/// Count one call not recorded: `lock inc` of the counter at `counter`.
+/// Always locked, unlike the reservation: a CPU without a ring counts in
+/// ring 0's counters, which ring 0's CPU increments too (`emit_reserve`).
+/// Off the recorded path, so the lock costs a recorded call nothing.
 pub(super) fn emit_count(
     a: &mut CodeAssembler,
-    f: &Fields,
+    _f: &Fields,
     counter: AsmMemoryOperand,
 ) -> Result<(), IcedError> {
-    if f.locked {
-        a.lock().inc(counter)
-    } else {
-        a.inc(counter)
-    }
+    a.lock().inc(counter)
 }
 
 /// Store the guest TSC in the record at r10 (clobbers eax and edx).
@@ -292,8 +322,9 @@ pub(super) fn emit_entry(
     a.push(rdx)?;
     let mut rejected = a.create_label();
     emit_filter(a, f, rejected)?;
-    // r10 = the record (or full).
-    emit_reserve(a, f, full)?;
+    // r10 = the record (or full, or no ring).
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed last: at [rsp].
     emit_args(a, f, 0)?;
@@ -309,10 +340,10 @@ pub(super) fn emit_entry(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1 (r11 = k + 1; f.drops is 8 below drops[0]),
-    // locked for the same reason as the reservation; then leave without a
-    // record.
+    // Ring full (or none): drops[k] += 1 (r11 = k + 1; f.drops is 8 below
+    // drops[0]), locked; then leave without a record.
     emit_count(a, f, qword_ptr(r10 + r11 * 8 + f.drops))?;
     a.jmp(out)?;
     emit_rejected(a, f, &mut rejected)?;
@@ -336,8 +367,9 @@ pub(super) fn emit_site_body(
     a.push(rdx)?;
     let mut rejected = a.create_label();
     emit_filter(a, f, rejected)?;
-    // r10 = the record (or full).
-    emit_reserve(a, f, full)?;
+    // r10 = the record (or full, or no ring).
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     emit_args(a, f, 0)?;
     // rax = the parent, [rsp + 24]; record.parent = rax.
@@ -350,9 +382,10 @@ pub(super) fn emit_site_body(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
-    // Ring full: drops[k] += 1 (f.drops is 8 below drops[0]), locked as the
-    // reservation is; then leave without a record.
+    // Ring full (or none): drops[k] += 1 (f.drops is 8 below drops[0]),
+    // locked; then leave without a record.
     emit_count(a, f, qword_ptr(r10 + (f.drops + 8 * (i64::from(k) + 1))))?;
     a.jmp(out)?;
     emit_rejected(a, f, &mut rejected)?;

@@ -26,6 +26,7 @@
 //!         mov [rsp + 40], rax               ; the function now returns to stub j
 //! commit: rdtsc; <store tsc>; mov [r10 + rec.commit], r11d
 //! out:    pop rsi; pop rcx; pop rdx; pop rax; ret; int3   ; or as `ret`
+//! no_ring: xor r10d, r10d                  ; a CPU without a ring: ring 0's counter
 //! full:   lock inc qword [r10 + r11 * 8 + drops - 8]; jmp out
 //! nohook: mov qword [r10 + rec.slot], 0; jmp commit
 //! ```
@@ -49,6 +50,7 @@
 //! rop:    mov [rsp], rcx                     ; O in its slot
 //!         ret; int3                          ; back to the caller, as if never hooked
 //!                                            ; (or as `ret::emit_graph_ret`)
+//! rno_ring: xor r10d, r10d
 //! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
 //! ```
 //!
@@ -73,8 +75,8 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::body::{
-    emit_args, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_reserve,
-    emit_retval, emit_task, Fields,
+    emit_args, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_no_ring,
+    emit_reserve, emit_retval, emit_task, Fields,
 };
 use super::layout::{
     DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, FRAME_NEXT_OFF, FRAME_RET, FRAME_SITE,
@@ -103,7 +105,8 @@ pub(super) fn emit_entry(
     // A call the pid filter rejects is neither recorded nor hooked.
     let mut rejected = a.create_label();
     emit_filter(a, f, rejected)?;
-    emit_reserve(a, f, full)?;
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed second of four: at [rsp + 16]; rcx and rsi are still
     // the caller's (the frame claim below takes them).
@@ -141,6 +144,7 @@ pub(super) fn emit_entry(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
     // no record, no hook.
@@ -177,7 +181,8 @@ pub(super) fn emit_return(
     a.mov(rcx, qword_ptr(r11 + (frames + FRAME_RET as i64)))?;
     a.mov(esi, dword_ptr(r11 + (frames + FRAME_SITE as i64)))?;
     a.mov(dword_ptr(r11 + (frames + FRAME_BUSY as i64)), 0u32)?;
-    emit_reserve(a, f, full)?;
+    let mut no_ring = a.create_label();
+    emit_reserve(a, f, full, no_ring)?;
     // The task returning is the one that called (its entry passed any
     // filter).
     emit_task(a, f)?;
@@ -194,6 +199,7 @@ pub(super) fn emit_return(
     a.pop(rax)?;
     // Back to O, as ftrace's return_to_handler goes (`ret::emit_graph_ret`).
     emit_graph_ret(a, f.ret)?;
+    emit_no_ring(a, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
     emit_count(a, f, qword_ptr(r10 + rsi * 8 + f.ret_drops))?;

@@ -156,6 +156,19 @@ impl ExitlessPlan {
         (self.cpu_number, self.spec.cpu_number_disp)
     }
 
+    /// Where the code reads the current task and its pid, and where that
+    /// task's comm is: `gs:[current_disp]`, then `[task + pid_off]`; the
+    /// attach reads them there first (`Exitless::check_current_tasks`).
+    /// None when the code records no task.
+    pub fn task_reads(&self) -> Option<TaskReads> {
+        let code = self.spec.task?;
+        Some(TaskReads {
+            current_disp: code.current_disp,
+            pid_off: code.pid_off,
+            comm_off: self.tasks.layout?.comm,
+        })
+    }
+
     /// How the trampoline returns (after `fit`).
     pub fn ret(&self) -> Return {
         self.spec.ret
@@ -236,6 +249,17 @@ impl ExitlessPlan {
     pub fn site_bytes(&self, k: usize, addr: u64) -> Result<[u8; SITE_LEN], TrampolineError> {
         trampoline::call_bytes(addr, self.trampoline.stub_va(k as u32))
     }
+}
+
+/// Where the trampoline reads the current task (`ExitlessPlan::task_reads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskReads {
+    /// `gs:[current_disp]` is the current task's `task_struct` address.
+    pub current_disp: i32,
+    /// `task_struct.pid`'s offset.
+    pub pid_off: u32,
+    /// `task_struct.comm`'s offset.
+    pub comm_off: u32,
 }
 
 /// The unit in which the code is written to guest memory: pages, so that

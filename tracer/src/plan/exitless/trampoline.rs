@@ -9,8 +9,8 @@
 //!   about 112 bytes a site, up to about 16,000 sites): site k's 5-byte NOP
 //!   becomes `call body_k`, and body k is the common part below with k + 1
 //!   as immediates (`mov dword [r10 + rec + REC_COMMIT], k + 1`, and
-//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 21 instructions a
-//!   recorded call, 12 a dropped one. What ftrace does with per-ops
+//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 23 instructions a
+//!   recorded call, 14 a dropped one. What ftrace does with per-ops
 //!   trampolines, one step further: nothing in the body is looked up.
 //! - **Shared** (`Shape::Shared`: more sites, and always with the function
 //!   graph): site k calls a stub, which jumps to one shared body,
@@ -29,6 +29,8 @@
 //! common: push rax
 //!         push rdx
 //!         mov r10d, gs:[cpu_number]
+//!         cmp r10d, cpus          ; a CPU without a ring (after the attach)
+//!         jae no_ring
 //!         imul r10, r10, ring_bytes
 //!         mov rax, [r10 + R + HEAD_OFF]
 //! retry:  cmp rax, [r10 + R + LIMIT_OFF]
@@ -47,14 +49,15 @@
 //! out:    pop rdx
 //!         pop rax
 //!         ret                ; and int3, or as the kernel returns (`ret`)
+//! no_ring: xor r10d, r10d   ; counted in ring 0's counter
 //! full:   lock inc qword [r10 + R + DROPS_OFF - 8 + r11 * 8]
 //!         jmp out
 //! ```
 //!
 //! A recorded call (ring not full, no retry) executes
-//! `SHARED_PATH_INSTRUCTIONS` = 23 instructions through a stub, stub and
-//! `ret` included (a dropped call 14), and `COMMON_PATH_INSTRUCTIONS` = 21 in
-//! a per-site body (dropped: 12, `DROP_PATH_INSTRUCTIONS`).
+//! `SHARED_PATH_INSTRUCTIONS` = 25 instructions through a stub, stub and
+//! `ret` included (a dropped call 16), and `COMMON_PATH_INSTRUCTIONS` = 23 in
+//! a per-site body (dropped: 14, `DROP_PATH_INSTRUCTIONS`).
 //!
 //! Registers: at a function's entry r10 and r11 are free (Linux's own
 //! `ftrace_caller` saves only rax, rcx, rdx, rsi, rdi, r8 and r9, the
@@ -66,8 +69,7 @@
 //! clobbered, as by any call; DF is never touched. The kernel is built with
 //! `-mno-red-zone`, so the pushes overwrite nothing live below rsp.
 //!
-//! Why it is this short (it was 28 instructions through a stub before):
-//!
+//! Why it is this short (it was 28 through a stub; then issue 34 added 2):
 //! - The commit is the site itself (k + 1, never 0) rather than a sequence
 //!   number: the host zeroes a record's commit word when it reads it, before
 //!   it frees the slot, so a non-zero word always belongs to this lap. No
@@ -75,26 +77,21 @@
 //!   commit are one store.
 //! - `head` and `limit` count bytes, so the reserved head becomes the slot's
 //!   offset with one `and` (no shift).
-//! - The CPU number is not bounds-checked in the guest; the attach checks it
-//!   instead, where this code reads it (see `body::emit_reserve`).
 //!
-//! Two decisions that differ from the first draft of the protocol:
-//!
+//! And two decisions that differ from the first draft of the protocol:
 //! - On a preemptible kernel (`CONFIG_PREEMPTION`, dynamic preemption
-//!   included: `TrampolineSpec::preemptible`) the reservation is
-//!   `lock cmpxchg` and the drop counter `lock inc`. The protocol's "only
-//!   this CPU writes its ring" holds for interrupts and NMIs but not there:
-//!   the task can be preempted after reading its CPU number and migrated,
-//!   and then finishes its reservation on another CPU while the ring's own
-//!   CPU writes it too; a plain `cmpxchg` is not atomic against another
-//!   CPU, so two calls could reserve the same slot. On a kernel that cannot
-//!   preempt (the default guest's), both go without the lock prefix, as the
-//!   kernel's own ring buffer uses `local_t`: one instruction is atomic
-//!   against this CPU's interrupts, and the lock (a full barrier on x86)
-//!   would be most of the path's cost on hardware. The instruction count is
-//!   the same either way; the emulating host runs both (docs/emulating-kvm.md).
+//!   included: `TrampolineSpec::preemptible`) the reservation is `lock
+//!   cmpxchg`: the task can be preempted after reading its CPU number and
+//!   migrated, and finish its reservation on another CPU while the ring's
+//!   own CPU writes it too. On a kernel that cannot preempt (the default
+//!   guest's) it has no lock prefix, as the kernel's own ring buffer uses
+//!   `local_t`: one instruction is atomic against this CPU's interrupts,
+//!   and the lock (a full barrier on x86) would be most of the path's cost
+//!   on hardware. The instruction count is the same either way.
 //! - A reservation that finds the ring full counts the call per site in the
-//!   guest (`lock inc`), so records + drops = calls, exactly.
+//!   guest, so records + drops = calls, exactly. A CPU number with no ring
+//!   counts it in ring 0's counter (`body::emit_reserve`): the counters are
+//!   always `lock`ed, off the recorded path.
 
 use iced_x86::code_asm::{r11d, CodeAssembler, CodeLabel};
 use iced_x86::{
@@ -118,10 +115,10 @@ use super::ret::Return;
 /// Instructions a recorded call executes in a site's own body (`Shape::
 /// PerSite`), from its first to its `ret` (ring not full, no reservation
 /// retry).
-pub const COMMON_PATH_INSTRUCTIONS: usize = 21;
+pub const COMMON_PATH_INSTRUCTIONS: usize = 23;
 /// Instructions a call executes there when its ring is full (counted as
 /// dropped).
-pub const DROP_PATH_INSTRUCTIONS: usize = 12;
+pub const DROP_PATH_INSTRUCTIONS: usize = 14;
 /// The same through a stub and the shared body (`Shape::Shared`): the
 /// stub's two instructions more.
 pub const SHARED_PATH_INSTRUCTIONS: usize = COMMON_PATH_INSTRUCTIONS + STUB_INSTRUCTIONS;
@@ -130,11 +127,11 @@ pub const SHARED_DROP_PATH_INSTRUCTIONS: usize = DROP_PATH_INSTRUCTIONS + STUB_I
 pub const STUB_INSTRUCTIONS: usize = 2;
 /// Function graph: instructions of a recorded and hooked entry, stub and
 /// `ret` included (`graph_code`'s entry path).
-pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 41;
+pub const GRAPH_ENTRY_INSTRUCTIONS: usize = 43;
 /// Function graph: instructions of a recorded return, from the frame's
 /// return stub to the `ret` into the caller (`call; mov [rsp], rcx; ret`
 /// at its end, as ftrace's return_to_handler).
-pub const GRAPH_RETURN_INSTRUCTIONS: usize = 30;
+pub const GRAPH_RETURN_INSTRUCTIONS: usize = 32;
 
 /// How the sites reach the code that records them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -499,8 +496,11 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
     }
     let rec = |field: u64| ring_disp(layout, layout.records_off + field);
     let task = task_fields(spec)?;
+    let cpus = i32::try_from(layout.cpus).map_err(|_| layout_error(layout, "CPUs past imm32"))?;
     Ok(Fields {
         cpu_number_disp: spec.cpu_number_disp,
+        // `cmp r10d, imm32`: checked above.
+        cpus: cpus as u32,
         ret: spec.ret,
         locked: spec.preemptible,
         ring_bytes,
@@ -876,11 +876,11 @@ mod tests {
     }
 
     #[test]
-    fn a_recorded_call_is_21_instructions_in_the_documented_order() {
+    fn a_recorded_call_is_23_instructions_in_the_documented_order() {
         use Mnemonic::*;
         let body = [
-            Push, Push, Mov, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov, Rdtsc,
-            Mov, Mov, Mov, Pop, Pop, Ret,
+            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
+            Rdtsc, Mov, Mov, Mov, Pop, Pop, Ret,
         ];
         let t = per_site(&spec(2, 3, 16));
         assert_eq!(mnemonics(&t.common_path), body);
@@ -915,15 +915,19 @@ mod tests {
     }
 
     #[test]
-    fn the_drop_path_is_12_instructions_or_14_through_a_stub() {
+    fn the_drop_path_is_14_instructions_or_16_through_a_stub() {
         for (t, want) in [
             (per_site(&spec(1, 1, 2)), DROP_PATH_INSTRUCTIONS),
             (shared(&spec(1, 1, 2)), SHARED_DROP_PATH_INSTRUCTIONS),
         ] {
-            // Take the `jae full` after the limit check instead of falling
-            // through.
+            // Take the `jae full` after the limit check (the second `jae`:
+            // the first is the CPU's bound check) instead of falling through.
             let path = &t.common_path;
-            let jae_full = path.iter().find(|i| i.mnemonic() == Mnemonic::Jae).unwrap();
+            let jae_full = path
+                .iter()
+                .filter(|i| i.mnemonic() == Mnemonic::Jae)
+                .nth(1)
+                .unwrap();
             let rest = walk_common_path(&t.code, jae_full.near_branch_target()).unwrap();
             let upto = path.iter().position(|i| i.ip() == jae_full.ip()).unwrap() + 1;
             let stub = t.common_path_instructions() - path.len();
@@ -1018,7 +1022,8 @@ mod tests {
         let t = generate(&spec(2, 10, 8)).unwrap();
         use Mnemonic::*;
         let allowed = [
-            Push, Pop, Mov, Cmp, Jae, Jne, Jmp, Imul, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret, Inc,
+            Push, Pop, Mov, Cmp, Jae, Jb, Jne, Jmp, Imul, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret,
+            Inc, Xor,
         ];
         let forbidden = [
             Rdtscp, Rdpid, Xgetbv, Int, Int1, Into, Cmpxchg16b, Cmpxchg8b, Vmcall, Cpuid, Hlt, Std,
@@ -1060,8 +1065,9 @@ mod tests {
     }
 
     /// A kernel that cannot preempt a task inside the trampoline gets the
-    /// rings' reservation and counters without a lock prefix, in every
-    /// shape; the graph's frame pool, shared by all CPUs, stays locked.
+    /// rings' reservation without a lock prefix, in every shape; the drop
+    /// counters (which a CPU without a ring shares with ring 0's CPU) and
+    /// the graph's frame pool, shared by all CPUs, stay locked.
     #[test]
     fn an_unpreemptible_kernel_gets_unlocked_ring_instructions() {
         let unlocked = |s: TrampolineSpec| TrampolineSpec {
@@ -1075,9 +1081,7 @@ mod tests {
         ] {
             let end = (RETURN_TRAP_OFF as usize).min(t.code.len());
             let all = decode_all(&t.code[..end]);
-            let ring = all
-                .iter()
-                .filter(|i| matches!(i.mnemonic(), Mnemonic::Cmpxchg | Mnemonic::Inc));
+            let of = |m: Mnemonic| all.iter().filter(move |i| i.mnemonic() == m);
             // A reservation and a drop counter per body: three sites' own,
             // the shared one, the graph's entry and return.
             let bodies = match (t.shape, t.return_path.is_empty()) {
@@ -1085,8 +1089,15 @@ mod tests {
                 (Shape::Shared, true) => 1,
                 (Shape::Shared, false) => 2,
             };
-            assert_eq!(ring.clone().count(), 2 * bodies, "{:?}", t.shape);
-            assert!(ring.clone().all(|i| !i.has_lock_prefix()), "{:?}", t.shape);
+            assert_eq!(of(Mnemonic::Cmpxchg).count(), bodies, "{:?}", t.shape);
+            assert_eq!(of(Mnemonic::Inc).count(), bodies, "{:?}", t.shape);
+            let plain = of(Mnemonic::Cmpxchg).all(|i| !i.has_lock_prefix());
+            assert!(plain, "{:?}", t.shape);
+            assert!(
+                of(Mnemonic::Inc).all(|i| i.has_lock_prefix()),
+                "{:?}",
+                t.shape
+            );
             for i in all.iter().filter(|i| i.mnemonic() == Mnemonic::Xadd) {
                 assert!(i.has_lock_prefix(), "the frame ticket must stay locked");
             }
@@ -1418,6 +1429,18 @@ mod tests {
                         r.rip = i.near_branch_target();
                     }
                 }
+                // The filtered counter's bound check.
+                Jb => {
+                    if flags(r).0 {
+                        r.rip = i.near_branch_target();
+                    }
+                }
+                // A CPU without a ring: r10d = 0 (xor reg, reg only).
+                Xor => {
+                    assert_eq!(i.op0_register(), i.op1_register());
+                    self.set(r, &i, 0, 0);
+                    r.flags = None;
+                }
                 Jne => {
                     if !flags(r).1 {
                         r.rip = i.near_branch_target();
@@ -1629,13 +1652,13 @@ mod tests {
             assert_eq!(got.len(), 1);
             assert_eq!(got[0].1.pid, 9);
             // A pid not kept: no record, one call counted as rejected, in
-            // the 12 instructions of issue 25's goal with one pid (two more
-            // per further pid).
+            // 14 instructions with one pid (two more per further pid):
+            // issue 25's 12, and the CPU number's bound check (issue 34).
             run_task(&mem, 0, 8);
             let mut r = regs(0);
             let before = r.clone();
             let steps = emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
-            assert_eq!(steps, 10 + 2 * pids.len());
+            assert_eq!(steps, 12 + 2 * pids.len());
             for reg in (0..16).filter(|&g| g != R10 && g != R11) {
                 assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
             }
@@ -1823,6 +1846,102 @@ mod tests {
         // Per site: records + drops = calls (each drain saw sites 0,1,0,1).
         assert_eq!(drops[0] + 6, calls[0]);
         assert_eq!(drops[1] + 6, calls[1]);
+    }
+
+    /// A CPU whose number has no ring (brought up after the attach past the
+    /// CPUs the rings were made for; or a number read wrong): its calls
+    /// write nothing past the rings. Each is counted as dropped in ring 0's
+    /// counter for its site, entry or return, in every shape and with the
+    /// function graph (not hooked), its pid filter's rejections in ring 0's
+    /// filtered counter; registers are preserved.
+    #[test]
+    fn emulated_cpu_without_a_ring_counts_its_calls_as_dropped() {
+        // CPU 2 reads 2 with 2 rings; CPU 3 the freed template's 0xcccccccc.
+        let numbers = [0, 1, 2, 0xcccc_cccc];
+        let plain = spec(2, 3, 4);
+        for (s, t) in [
+            (plain.clone(), per_site(&plain)),
+            (plain.clone(), shared(&plain)),
+            (
+                graph_spec(2, 3, 16),
+                generate(&graph_spec(2, 3, 16)).unwrap(),
+            ),
+        ] {
+            let mem = memory(&numbers);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 7,
+            };
+            let mut reader = RingReader::new(s.layout);
+            for cpu in [2u32, 3] {
+                let mut r = regs(cpu);
+                let before = r.clone();
+                let slot = r.gpr[RSP] - 8;
+                let steps = emu.call(&mut r, 1, PARENT, &t, &mut no_interrupt);
+                for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                    assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+                }
+                // Not hooked: the parent's return address is still there.
+                assert_eq!(emu.read(slot, 8), PARENT, "{:?}", t.shape);
+                // push, push, (graph: two more), mov, cmp, jae, xor, lock
+                // inc, jmp, pops, ret: shorter than a full ring's drop.
+                assert!(steps < t.common_path_instructions(), "{steps}");
+            }
+            assert!(drain(&mut reader, &mem).is_empty(), "{:?}", t.shape);
+            assert_eq!(ring::drops(&mem, &s.layout, 0).unwrap(), [0, 2, 0]);
+            assert_eq!(ring::drops(&mem, &s.layout, 1).unwrap(), [0, 0, 0]);
+            // The CPUs with rings still record.
+            let mut r = regs(1);
+            emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].0, 1);
+        }
+        // A hooked call that returns on a CPU without a ring: its return is
+        // counted as dropped, in ring 0's return counter, and it returns.
+        let s = graph_spec(2, 3, 16);
+        let t = generate(&s).unwrap();
+        let mem = memory(&numbers);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 7,
+        };
+        let mut r = regs(1);
+        let slot = r.gpr[RSP] - 8;
+        emu.call(&mut r, 2, PARENT, &t, &mut no_interrupt);
+        let hook = emu.read(slot, 8);
+        assert!(hook >= RET_STUBS_VA, "hooked: {hook:#x}");
+        // The function returns on CPU 2 (migrated), into the hook.
+        let mut r2 = regs(2);
+        r2.gpr[RSP] = slot + 8;
+        r2.gpr[0] = 0x5eed;
+        r2.rip = hook;
+        let mut steps = 0;
+        while r2.rip != PARENT {
+            emu.step(&mut r2);
+            steps += 1;
+            assert!(steps < 1000, "runaway return");
+        }
+        assert_eq!(r2.gpr[0], 0x5eed, "the return value");
+        assert_eq!(ring::ret_drops(&mem, &s.layout, 0).unwrap(), [0, 0, 1]);
+        // The pid filter's rejections on a CPU without a ring: ring 0's.
+        let s = with_task(spec(2, 3, 4), &[9]);
+        let t = per_site(&s);
+        let mem = memory(&numbers);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 7,
+        };
+        run_task(&mem, 3, 8);
+        let mut r = regs(3);
+        emu.call(&mut r, 0, PARENT, &t, &mut no_interrupt);
+        assert_eq!(ring::filtered(&mem, &s.layout, 0).unwrap(), 1);
     }
 
     /// An interrupt before every instruction of a call runs a nested traced
@@ -2131,8 +2250,8 @@ mod tests {
     fn a_recorded_call_returns_through_the_kernels_thunk() {
         use Mnemonic::*;
         let body = [
-            Push, Push, Mov, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov, Rdtsc,
-            Mov, Mov, Mov, Pop, Pop,
+            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
+            Rdtsc, Mov, Mov, Mov, Pop, Pop,
         ];
         for depth in [false, true] {
             let s = with_ret(spec(2, 3, 16), depth);

@@ -63,7 +63,17 @@ impl DrainTasks {
     /// and the drain shows its new name); a `task_struct` that no longer
     /// holds that pid (freed, reused) gives comm `<...>`, as trace-cmd
     /// prints an unknown one.
-    fn seen(&self, mem: &dyn GuestRam, cache: &mut SeenTasks, task: u64, pid: u32) -> Seen {
+    ///
+    /// `store`: an event will be stored for it (the budget is not spent);
+    /// else a task new to the table is not added to it (id 0), nor cached.
+    /// A task the filter rejects is never added.
+    fn seen(
+        &self,
+        mem: &dyn GuestRam,
+        cache: &mut SeenTasks,
+        (task, pid): (u64, u32),
+        store: bool,
+    ) -> Seen {
         if task == 0 {
             return self.source.unreadable();
         }
@@ -72,18 +82,22 @@ impl DrainTasks {
         }
         let mut space = AddressSpace::new(mem, self.root, self.mode);
         let seen = match self.source.key(&mut space, task) {
-            Some(key) if key.1 == pid => self.source.name(&mut space, key),
+            Some(key) if key.1 == pid => self.source.name(&mut space, key, store),
             _ => {
                 let unknown = Task {
                     pid,
                     tgid: pid,
                     comm: "<...>".into(),
                 };
-                let keep = self.source.filter.accepts(pid, &unknown.comm);
-                (self.source.table.intern(&unknown), keep)
+                match self.source.filter.accepts(pid, &unknown.comm) {
+                    true if store => (self.source.table.intern(&unknown), true),
+                    keep => (0, keep),
+                }
             }
         };
-        cache.insert((task, pid), seen);
+        if store || !seen.1 {
+            cache.insert((task, pid), seen);
+        }
         seen
     }
 }
@@ -186,8 +200,13 @@ impl Out {
     fn record(&mut self, mem: &dyn GuestRam, cpu: usize, r: Record) {
         // The task first: a call the filter rejects (`--comm`; the guest
         // code already dropped the pids not kept) is in no count.
+        if self.tasks.is_some() && self.reserved == 0 {
+            // Whether an event may be stored, before a task is added.
+            self.reserved = self.counters.reserve(BATCH);
+        }
+        let store = self.reserved > 0;
         let (task, kept) = match self.tasks.as_mut() {
-            Some((t, cache)) => t.seen(mem, cache, r.task, r.pid),
+            Some((t, cache)) => t.seen(mem, cache, (r.task, r.pid), store),
             None => (0, true),
         };
         let is_return = r.slot & crate::trace::model::RETURN_BIT != 0;

@@ -21,7 +21,16 @@ pub enum ExitlessError {
         cpus: usize,
     },
     #[error("{}", self.say(&Plain))]
+    NotATask {
+        cpu: usize,
+        off: u64,
+        task: u64,
+        why: String,
+    },
+    #[error("{}", self.say(&Plain))]
     Map(#[from] MapError),
+    #[error(transparent)]
+    Cpus(#[from] crate::kernel::cpus::CpusError),
     #[error(transparent)]
     Ring(#[from] RingError),
     #[error(transparent)]
@@ -50,8 +59,19 @@ impl TracerAdvice for ExitlessError {
                 off,
                 cpus,
             } => format!(
-                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} (the \
-                 guest has {cpus} vCPUs): the symbols do not describe this kernel's per-CPU layout"
+                "CPU {cpu}'s per-CPU CPU number reads {value} at per-CPU offset {off:#x} \
+                 (vmtrace has rings for {cpus} CPUs): the symbols do not describe this \
+                 kernel's per-CPU layout"
+            ),
+            ExitlessError::NotATask {
+                cpu,
+                off,
+                task,
+                why,
+            } => format!(
+                "CPU {cpu}'s current task at per-CPU offset {off:#x} reads {task:#x}, which is \
+                 not a task ({why}): the symbols do not describe this kernel's task layout, \
+                 which vmtrace's code would read at every traced call"
             ),
             ExitlessError::Plan(e) => e.problem(w),
             ExitlessError::Map(e) => e.problem(w),
@@ -61,7 +81,9 @@ impl TracerAdvice for ExitlessError {
 
     fn remedy(&self) -> Option<Remedy> {
         match self {
-            ExitlessError::CpuNumberMismatch { .. } => Some(Remedy::TrapMode),
+            ExitlessError::CpuNumberMismatch { .. } | ExitlessError::NotATask { .. } => {
+                Some(Remedy::TrapMode)
+            }
             ExitlessError::Plan(e) => e.remedy(),
             ExitlessError::Map(e) => e.remedy(),
             _ => None,

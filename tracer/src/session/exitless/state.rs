@@ -15,6 +15,7 @@ use super::collect::{self, DrainError, DrainStart};
 use super::map::{self, Mapped};
 use super::pending::PendingDrainer;
 use super::ring;
+use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
@@ -22,7 +23,7 @@ use crate::plan::exitless::error::{ExitlessPlanError, TrampolineError};
 use crate::plan::exitless::layout::{RingLayout, DATA_GPA, DATA_LEN, FRAME_NEXT_OFF, SPARE_PD_GPA};
 use crate::plan::exitless::ret::Return;
 use crate::plan::exitless::symbols::{ALTERNATIVES_PATCHED, ITS_RETURN_THUNK};
-use crate::plan::exitless::ExitlessPlan;
+use crate::plan::exitless::{ExitlessPlan, TaskReads};
 use crate::trace::model::Event;
 
 pub use super::error::ExitlessError;
@@ -247,31 +248,81 @@ impl Exitless {
     }
 
     /// Does every CPU's per-CPU CPU number read as one where the trampoline
-    /// will read it? The trampoline does not bounds-check the number (it
-    /// indexes the rings with it), so an attach is refused unless:
+    /// will read it? The trampoline indexes the rings with it (a number past
+    /// them is only counted as dropped: `body::emit_reserve`), so a number
+    /// that is not the CPU's own means the symbols describe another per-CPU
+    /// layout, and the attach is refused unless:
     ///
     /// - through each parked vCPU's GS base (`gs_bases`: (vCPU, GS base) of
-    ///   those at CPL 0), the number is below the vCPU count; a GS base whose
-    ///   area is not mapped (a vCPU on the entry path, before `swapgs`) tells
-    ///   nothing and is skipped;
+    ///   those at CPL 0), the number has a ring; a GS base whose area is not
+    ///   mapped (a vCPU on the entry path, before `swapgs`) tells nothing and
+    ///   is skipped;
     /// - through the kernel's `__per_cpu_offset` table (`per_cpu_offset`: its
     ///   runtime address, when the symbols have it), CPU i's number reads i
-    ///   for every i below the vCPU count, or 0 for a CPU the kernel has not
-    ///   set up (its entry still points at the per-CPU template). This also
-    ///   covers the CPUs that are not running yet at an early attach.
+    ///   for every CPU the guest has (`cpus`: its possible CPUs, read from
+    ///   the kernel; without them, every CPU with a ring), or 0 for a CPU the
+    ///   kernel has not set up yet (its entry still points at the per-CPU
+    ///   template). This also covers the CPUs not running yet at an early
+    ///   attach, and those offline. A CPU the guest does not have is never
+    ///   set up, and its entry points at the template the kernel freed after
+    ///   boot: not read.
     pub fn check_cpu_numbers(
         &self,
         space: &mut AddressSpace<'_>,
         gs_bases: &[(usize, u64)],
         per_cpu_offset: Option<u64>,
+        cpus: Option<&GuestCpus>,
     ) -> Result<(), ExitlessError> {
         check_cpu_numbers(
             space,
             self.plan.cpu_number().1,
             self.layout().cpus,
             gs_bases,
-            per_cpu_offset,
+            per_cpu_offset.map(|table| (table, cpus)),
         )
+    }
+
+    /// Does the current task read as a task where the trampoline will read
+    /// it, on every CPU? The code reads `gs:[current]` and then that task's
+    /// pid on every traced call (NMIs included), without a check: a
+    /// misread layout would fault in the guest at each one. So, like the CPU
+    /// number (`check_cpu_numbers`), through each kernel-mode vCPU's GS
+    /// base and each possible CPU's `__per_cpu_offset` entry, the current
+    /// task must be a kernel address whose pid is a pid (at most the
+    /// kernel's `PID_MAX_LIMIT`) and whose comm is a name (NUL-terminated,
+    /// not empty, no control character). Nothing to check when the code
+    /// records no task. `linux`: Linux points every CPU's current task at
+    /// a task from the start (`init_task`); another kernel (the mini
+    /// guest) may have none (0) on a CPU not started yet, which tells
+    /// nothing.
+    pub fn check_current_tasks(
+        &self,
+        space: &mut AddressSpace<'_>,
+        gs_bases: &[(usize, u64)],
+        per_cpu_offset: Option<u64>,
+        (cpus, linux): (Option<&GuestCpus>, bool),
+    ) -> Result<(), ExitlessError> {
+        let Some(reads) = self.plan.task_reads() else {
+            return Ok(());
+        };
+        let rings = self.layout().cpus;
+        let mut bases: Vec<(usize, u64)> =
+            gs_bases.iter().copied().filter(|&(_, b)| b != 0).collect();
+        if let Some(table) = per_cpu_offset {
+            let (last, has): (usize, Box<dyn Fn(usize) -> bool>) = match cpus {
+                Some(g) => (g.nr_cpu_ids, Box::new(|cpu| g.possible(cpu))),
+                None => (rings, Box::new(|_| true)),
+            };
+            for cpu in (0..last).filter(|&cpu| has(cpu)) {
+                if let Ok(base) = space.read_u64(table.wrapping_add(cpu as u64 * 8)) {
+                    bases.push((cpu, base));
+                }
+            }
+        }
+        for (cpu, base) in bases {
+            check_current_task(space, reads, (cpu, base), linux)?;
+        }
+        Ok(())
     }
 
     /// The bytes site `k` at `addr` becomes: a call to its stub.
@@ -445,23 +496,24 @@ fn fentry_return(
     Ok(ret)
 }
 
-/// `Exitless::check_cpu_numbers`, for `cpus` CPUs whose number is at
+/// `Exitless::check_cpu_numbers`, for `rings` rings and a CPU number at
 /// `gs:[disp]`: GS base + the sign-extended `disp` in either per-CPU layout
 /// (`percpu`; from 6.15 a CPU not set up has a 0 entry, so it reads the
-/// template in the image, whose number is 0, as before 6.15).
+/// template in the image, whose number is 0, as before 6.15). `table`: the
+/// `__per_cpu_offset` table's address and the guest's own CPUs, if known.
 fn check_cpu_numbers(
     space: &mut AddressSpace<'_>,
     disp: i32,
-    cpus: usize,
+    rings: usize,
     gs_bases: &[(usize, u64)],
-    per_cpu_offset: Option<u64>,
+    table: Option<(u64, Option<&GuestCpus>)>,
 ) -> Result<(), ExitlessError> {
     let off = i64::from(disp) as u64;
     let mismatch = |cpu, value| ExitlessError::CpuNumberMismatch {
         cpu,
         value,
         off,
-        cpus,
+        cpus: rings,
     };
     let read_number = |space: &mut AddressSpace<'_>, base: u64| {
         space
@@ -474,14 +526,19 @@ fn check_cpu_numbers(
             continue;
         }
         match read_number(space, base) {
-            Some(value) if value as usize >= cpus => return Err(mismatch(cpu, value)),
+            Some(value) if value as usize >= rings => return Err(mismatch(cpu, value)),
             _ => {}
         }
     }
-    let Some(table) = per_cpu_offset else {
+    let Some((table, guest)) = table else {
         return Ok(());
     };
-    for cpu in 0..cpus {
+    // The CPUs whose per-CPU area the kernel set up: its possible ones.
+    let (last, has): (usize, Box<dyn Fn(usize) -> bool>) = match guest {
+        Some(g) => (g.nr_cpu_ids, Box::new(|cpu| g.possible(cpu))),
+        None => (rings, Box::new(|_| true)),
+    };
+    for cpu in (0..last).filter(|&cpu| has(cpu)) {
         let entry = table.wrapping_add(cpu as u64 * 8);
         let Ok(base) = space.read_array::<8>(entry).map(u64::from_le_bytes) else {
             continue;
@@ -490,6 +547,59 @@ fn check_cpu_numbers(
             Some(value) if value as usize != cpu && value != 0 => return Err(mismatch(cpu, value)),
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// The most pids a 64-bit kernel hands out (include/linux/threads.h
+/// `PID_MAX_LIMIT`: 4M).
+const PID_MAX_LIMIT: u32 = 4 * 1024 * 1024;
+/// Linux's kernel half starts here (4-level paging; 5-level starts lower).
+const KERNEL_HALF: u64 = 0xff00_0000_0000_0000;
+
+/// `Exitless::check_current_tasks` for CPU `cpu`'s per-CPU area at `base`.
+/// A current pointer that cannot be read (an area not mapped: a vCPU on
+/// the entry path, before `swapgs`) tells nothing, nor one of 0 outside
+/// Linux (`linux`); one that reads must lead to a task.
+fn check_current_task(
+    space: &mut AddressSpace<'_>,
+    reads: TaskReads,
+    (cpu, base): (usize, u64),
+    linux: bool,
+) -> Result<(), ExitlessError> {
+    let at = base.wrapping_add(i64::from(reads.current_disp) as u64);
+    let task = match space.read_u64(at) {
+        Ok(0) if !linux => return Ok(()),
+        Ok(task) => task,
+        Err(_) => return Ok(()),
+    };
+    let bad = |why: String| ExitlessError::NotATask {
+        cpu,
+        off: i64::from(reads.current_disp) as u64,
+        task,
+        why,
+    };
+    if task < KERNEL_HALF {
+        return Err(bad("not a kernel address".into()));
+    }
+    let pid = space
+        .read_array::<4>(task.wrapping_add(u64::from(reads.pid_off)))
+        .map(u32::from_le_bytes)
+        .map_err(|e| bad(format!("its pid cannot be read ({e})")))?;
+    if pid > PID_MAX_LIMIT {
+        return Err(bad(format!("its pid reads {pid}")));
+    }
+    let mut comm = [0u8; crate::kernel::task::COMM_LEN];
+    space
+        .read(task.wrapping_add(u64::from(reads.comm_off)), &mut comm)
+        .map_err(|e| bad(format!("its comm cannot be read ({e})")))?;
+    let name = comm.split(|&b| b == 0).next().unwrap_or_default();
+    let named = name.len() < comm.len() && !name.is_empty();
+    if !named || name.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return Err(bad(format!(
+            "its comm reads {:?}",
+            String::from_utf8_lossy(&comm)
+        )));
     }
     Ok(())
 }
@@ -539,8 +649,24 @@ mod tests {
     }
 
     fn check(mem: &GuestMemoryMmap, cpus: usize, gs: &[(usize, u64)], table: bool) -> String {
+        check_guest(mem, cpus, gs, table, None)
+    }
+
+    fn check_guest(
+        mem: &GuestMemoryMmap,
+        cpus: usize,
+        gs: &[(usize, u64)],
+        table: bool,
+        guest: Option<&GuestCpus>,
+    ) -> String {
         let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
-        match check_cpu_numbers(&mut space, OFF, cpus, gs, table.then_some(TABLE_VA)) {
+        match check_cpu_numbers(
+            &mut space,
+            OFF,
+            cpus,
+            gs,
+            table.then_some((TABLE_VA, guest)),
+        ) {
             Ok(()) => "ok".into(),
             Err(e) => e.to_string(),
         }
@@ -566,7 +692,7 @@ mod tests {
         let err = check(&mem, 4, &[(0, area(0)), (1, area(1))], false);
         assert!(
             err.starts_with(
-                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (the guest has 4 vCPUs)"
+                "CPU 1's per-CPU CPU number reads 4 at per-CPU offset 0x20 (vmtrace has rings for 4 CPUs)"
             ),
             "{err}"
         );
@@ -585,5 +711,102 @@ mod tests {
         assert!(err.contains("reads 1515870810"), "{err}");
         // Without the table, only the running CPUs are checked.
         assert_eq!(check(&mem, 2, &[(0, area(0))], false), "ok");
+    }
+
+    /// A CPU QEMU runs but the guest does not have (`nosmp`, `maxcpus=`
+    /// without CPU hotplug, `nr_cpus=`): its `__per_cpu_offset` entry points
+    /// at the freed template, which reads 0xcccccccc. Checked against the
+    /// guest's possible CPUs it is not read; against QEMU's vCPUs it was.
+    #[test]
+    fn only_the_cpus_the_guest_has_are_read_through_the_table() {
+        let mem = guest(&[0, 0xcccc_cccc], 1);
+        // The freed template: what CPU 1's entry points at.
+        mem.write_obj(0xcccc_ccccu32, GuestAddress(TEMPLATE + OFF as u64))
+            .unwrap();
+        let gs = [(0, area(0)), (1, 0)];
+        let err = check(&mem, 2, &gs, true);
+        assert!(
+            err.contains("CPU 1's per-CPU CPU number reads 3435973836"),
+            "{err}"
+        );
+        let one = GuestCpus::new(1, vec![true, false], vec![true, false]);
+        assert_eq!(check_guest(&mem, 2, &gs, true, Some(&one)), "ok");
+        // A possible CPU that is offline (`maxcpus=1`) is set up: read.
+        let mem = guest(&[0, 1], 2);
+        let offline = GuestCpus::new(2, vec![true, true], vec![true, false]);
+        assert_eq!(check_guest(&mem, 2, &gs, true, Some(&offline)), "ok");
+        let mem = guest(&[0, 5], 2);
+        let err = check_guest(&mem, 2, &gs, true, Some(&offline));
+        assert!(err.contains("CPU 1's per-CPU CPU number reads 5"), "{err}");
+    }
+
+    /// A task at 9 MiB (through the kernel map) that CPU 0's current
+    /// pointer, at per-CPU offset 0x40, names: pid 42 at 0x10, comm at 0x20.
+    fn task_guest(comm: &[u8]) -> (GuestMemoryMmap, u64) {
+        let mem = memory();
+        let task_gpa = 0x90_0000u64;
+        let task = vmm::layout::KERNEL_MAP_BASE + task_gpa;
+        mem.write_obj(task, GuestAddress(area(0) + 0x40)).unwrap();
+        mem.write_obj(42u32, GuestAddress(task_gpa + 0x10)).unwrap();
+        mem.write_slice(comm, GuestAddress(task_gpa + 0x20))
+            .unwrap();
+        mem.write_obj(0xdead_beef_u32, GuestAddress(task_gpa + 0x30))
+            .unwrap();
+        (mem, task)
+    }
+
+    fn current_check(mem: &GuestMemoryMmap, reads: TaskReads, linux: bool) -> String {
+        let mut space = AddressSpace::new(mem, vmm::layout::PML4_START, PagingMode::Level4);
+        match check_current_task(&mut space, reads, (0, area(0)), linux) {
+            Ok(()) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// The current task and its pid, as the trampoline will read them on
+    /// every call, read first at the attach: a layout that does not
+    /// describe the kernel (another build's offsets) is refused in one line
+    /// before anything is patched.
+    #[test]
+    fn a_current_task_that_is_not_a_task_is_refused() {
+        let (mem, _) = task_guest(b"wl-worker\0");
+        let good = TaskReads {
+            current_disp: 0x40,
+            pid_off: 0x10,
+            comm_off: 0x20,
+        };
+        assert_eq!(current_check(&mem, good, true), "ok");
+        // Another current offset: 0, not a task on Linux (the mini guest's
+        // CPUs not started have none yet).
+        let off = TaskReads {
+            current_disp: 0x48,
+            ..good
+        };
+        let err = current_check(&mem, off, true);
+        assert!(
+            err.starts_with(
+                "CPU 0's current task at per-CPU offset 0x48 reads 0x0, which is not a task \
+                 (not a kernel address)"
+            ),
+            "{err}"
+        );
+        assert_eq!(current_check(&mem, off, false), "ok");
+        // Another pid offset: 0xdeadbeef is no pid.
+        let pid = TaskReads {
+            pid_off: 0x30,
+            ..good
+        };
+        let err = current_check(&mem, pid, true);
+        assert!(err.contains("(its pid reads 3735928559)"), "{err}");
+        // Another comm offset, or a comm that is no name.
+        let comm = TaskReads {
+            comm_off: 0x2a,
+            ..good
+        };
+        assert!(current_check(&mem, comm, true).contains("its comm reads"));
+        let (mem, _) = task_guest(b"\x01\x02garbage\0");
+        assert!(current_check(&mem, good, true).contains("its comm reads"));
+        let (mem, _) = task_guest(&[b'x'; 16]);
+        assert!(current_check(&mem, good, true).contains("its comm reads"));
     }
 }
