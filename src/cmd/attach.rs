@@ -5,6 +5,7 @@
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
+use tracer::session::guest_ftrace;
 use tracer::session::store::Storage;
 use tracer::session::Recording;
 
@@ -56,6 +57,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
+    for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
+        note!("{line}");
+    }
     let reason = s.trace(duration);
     let ended = s.end(&reason);
     data.end_on_terminate();
@@ -116,6 +120,13 @@ fn report(
             note!("vmtrace: {reason}; kept what was traced until then")
         }
         (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
+    }
+    if let Some(line) = detached
+        .as_ref()
+        .ok()
+        .and_then(|d| guest_ftrace::detach_line(&d.guest_ftrace))
+    {
+        note!("{line}");
     }
     let saved = saved.unwrap_or_else(|| {
         Err(tracer::trace::datafile::TraceFileError::Invalid {

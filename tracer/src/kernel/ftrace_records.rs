@@ -346,6 +346,10 @@ pub enum KeptWhy {
     OpsRegistered,
     /// The guest held `ftrace_lock`: it is changing its records.
     LockHeld,
+    /// A site did not get its NOP back (the guest changed it).
+    SiteChanged,
+    /// The guest's words could not be read.
+    Unreadable,
 }
 
 impl std::fmt::Display for KeptWhy {
@@ -353,6 +357,8 @@ impl std::fmt::Display for KeptWhy {
         f.write_str(match self {
             KeptWhy::OpsRegistered => "its ftrace was in use at the detach",
             KeptWhy::LockHeld => "it was changing its ftrace at the detach",
+            KeptWhy::SiteChanged => "their sites were changed by the guest and left alone",
+            KeptWhy::Unreadable => "its ftrace's words could not be read at the detach",
         })
     }
 }
@@ -368,11 +374,17 @@ pub struct Reenabled {
 
 impl Excluded {
     /// Set the flag on every record (under the attach's stop, the locks
-    /// found free).
+    /// found free); on an error, none stays set.
     pub fn disable(&self, mem: &dyn GuestRam) -> Result<(), FtraceRecordsError> {
-        for &(_, gpa) in &self.records {
-            let flags = load(mem, gpa)?;
-            store(mem, gpa, flags | self.disabled)?;
+        for (i, &(_, gpa)) in self.records.iter().enumerate() {
+            if let Err(e) = load(mem, gpa).and_then(|f| store(mem, gpa, f | self.disabled)) {
+                let done = Excluded {
+                    records: self.records[..i].to_vec(),
+                    ..self.clone()
+                };
+                let _ = done.undo(mem);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -409,9 +421,20 @@ impl Excluded {
                 done.cleared += 1;
             } else {
                 done.kept += 1;
+                done.why = Some(KeptWhy::SiteChanged);
             }
         }
         Ok(done)
+    }
+
+    /// Clear the flag set by `disable` in the same stop (an attach that
+    /// failed after it).
+    pub fn undo(&self, mem: &dyn GuestRam) -> Result<(), FtraceRecordsError> {
+        for &(_, gpa) in &self.records {
+            let flags = load(mem, gpa)?;
+            store(mem, gpa, flags & !self.disabled)?;
+        }
+        Ok(())
     }
 }
 
@@ -609,6 +632,7 @@ mod tests {
         // A site not given back its NOP: the flag stays on it.
         let kept = ex.reenable(&mem, |_| false).unwrap();
         assert_eq!((kept.cleared, kept.kept), (0, 1));
+        assert_eq!(kept.why, Some(KeptWhy::SiteChanged));
         // Idle: cleared, the other flags as they were.
         let done = ex.reenable(&mem, |s| s == a).unwrap();
         assert_eq!((done.cleared, done.kept, done.why), (1, 0, None));
