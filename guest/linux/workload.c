@@ -308,7 +308,7 @@ static int starts(const char *s, const char *p)
 static void run_ftrace(char **w, int n)
 {
 	static char text[256 * 1024];
-	struct line l = { .len = 0 }, pat = { .len = 0 };
+	struct line l = { .len = 0 }, pat = { .len = 0 }, name = { .len = 0 };
 	long r, len, i, hits = 0, taken = 0;
 	int k;
 
@@ -324,7 +324,15 @@ static void run_ftrace(char **w, int n)
 		tracefs_write("set_ftrace_filter", "", O_TRUNC);
 		tracefs_write("trace", "", O_TRUNC);
 		for (k = 2; k < n; k++) {
-			r = tracefs_write("set_ftrace_filter", w[k], 0);
+			/*
+			 * With its blank the name is matched in write(2), which
+			 * says if it failed; without, only at close, silently.
+			 */
+			name.len = 0;
+			put(&name, w[k]);
+			put(&name, "\n");
+			name.buf[name.len] = 0;
+			r = tracefs_write("set_ftrace_filter", name.buf, 0);
 			taken += r == 0;
 			put(&l, " ");
 			put(&l, w[k]);

@@ -37,7 +37,8 @@ type Written = (Vec<PatchedSite>, usize, Option<Mapped>, Guarded);
 /// How far a tracer can keep the guest's ftrace off its sites.
 #[derive(Debug)]
 pub enum Guard {
-    /// The kernel has no ftrace (no `__fentry__`): nothing to keep off.
+    /// The kernel has no ftrace of its own (not Linux, or no
+    /// `__fentry__`): nothing to keep off.
     NoFtrace,
     /// Its records can be found and marked.
     Records(FtraceRecords),
@@ -69,7 +70,7 @@ impl Guard {
     /// From the plan's kernel, before any stop (reading the flags from
     /// BTF scans all its types).
     pub fn of(plan: &Plan) -> Guard {
-        if plan.image.symbol(FENTRY).is_none() {
+        if !plan.image.linux || plan.image.symbol(FENTRY).is_none() {
             return Guard::NoFtrace;
         }
         match FtraceRecords::find(&plan.image, plan.btf.as_deref()) {
@@ -101,17 +102,19 @@ impl Guard {
             Ok(None) => {}
             Err(e) => return Ok((surveyed, Staged::unguarded(Some(e.to_string())))),
         }
-        let writable = surveyed.writable();
-        let addrs: Vec<u64> = writable.iter().map(|&(_, a)| a).collect();
+        let sites = surveyed.sites();
+        let addrs: Vec<u64> = sites.iter().map(|&(_, a, _)| a).collect();
         let staged = r.records_of(space, off, &addrs).and_then(|found| {
             let mut records = Vec::new();
             let mut in_use = Vec::new();
-            for (&(k, site), rec) in writable.iter().zip(found) {
+            for (&(k, site, written), rec) in sites.iter().zip(found) {
                 let Some(rec) = rec else { continue };
                 match r.layout.use_of(rec.flags) {
+                    // Its site calls the guest's tracer (not written
+                    // anyway), or is about to.
                     RecordUse::InUse => in_use.push(k),
-                    RecordUse::Disabled => {}
-                    RecordUse::Free => records.push((site, gpa(space, rec.flags_va)?)),
+                    RecordUse::Free if written => records.push((site, gpa(space, rec.flags_va)?)),
+                    RecordUse::Free | RecordUse::Disabled => {}
                 }
             }
             let words: DetachWords = r.detach_words(space, off)?;
@@ -247,13 +250,11 @@ pub fn reenable(
     mem: &dyn GuestRam,
     restored: impl Fn(u64) -> bool,
 ) -> Reenabled {
-    excluded
-        .reenable(mem, restored)
-        .unwrap_or_else(|_| Reenabled {
-            cleared: 0,
-            kept: excluded.records.len(),
-            why: Some(KeptWhy::Unreadable),
-        })
+    excluded.reenable(mem, restored).unwrap_or(Reenabled {
+        cleared: 0,
+        kept: excluded.records.len(),
+        why: Some(KeptWhy::Unreadable),
+    })
 }
 
 /// The lines an attach says about the guest's ftrace.

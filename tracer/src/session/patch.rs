@@ -303,13 +303,12 @@ impl Surveyed {
         self
     }
 
-    /// (site index, running address) of every site `write` would write
-    /// (all but those holding something else).
-    pub fn writable(&self) -> Vec<(usize, u64)> {
+    /// (site index, running address, would `write` write it: all but
+    /// those holding something else) of every site found.
+    pub fn sites(&self) -> Vec<(usize, u64, bool)> {
         self.found
             .iter()
-            .filter(|f| f.kind != SiteKind::Other)
-            .map(|f| (f.k, f.addr))
+            .map(|f| (f.k, f.addr, f.kind != SiteKind::Other))
             .collect()
     }
 
