@@ -19,6 +19,17 @@
  *   go getppid N   getppid(2) N times    -> workload: done getppid N pid=W
  *   go openat N    openat(2) of a missing path N times (each ENOENT)
  *                                        -> workload: done openat N pid=W
+ *   ftrace on F [G]  the guest's own function tracer on F (and G): tracefs
+ *                  mounted if needed, the trace cleared, set_ftrace_filter
+ *                  written one function at a time (each one's result, 0 or
+ *                  -errno), then current_tracer = function if any was taken
+ *                                        -> workload: ftrace on F=0 G=-22 tracer=0
+ *   ftrace off     current_tracer = nop, set_ftrace_filter emptied
+ *                                        -> workload: ftrace off tracer=0 filter=0
+ *   ftrace hits F  the lines of F's calls in the trace
+ *                                        -> workload: ftrace hits F N
+ *   ftrace enabled the functions in enabled_functions
+ *                                        -> workload: ftrace enabled F G
  *   ping                                 -> workload: pong pid=W
  *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
  *                  first); returns once the machine woke up
@@ -60,7 +71,9 @@
 #define SYS_openat 257
 
 #define O_RDONLY 0
+#define O_WRONLY 01
 #define O_RDWR 02
+#define O_TRUNC 01000
 #define O_NOCTTY 0400
 #define O_DIRECTORY 0200000
 #define AT_FDCWD -100
@@ -85,6 +98,7 @@
 #define ECHOKE 0004000
 
 #define WORKER_COMM "wl-worker"
+#define TRACEFS "/sys/kernel/tracing/"
 #define MISSING_PATH "/vmtrace-workload-missing"
 
 /* The kernel's struct termios (asm-generic/termbits.h), what TCGETS fills. */
@@ -300,6 +314,168 @@ static long spawn(long count)
 	return child;
 }
 
+static unsigned long len_of(const char *s)
+{
+	unsigned long n = 0;
+
+	while (s[n])
+		n++;
+	return n;
+}
+
+/* tracefs at /sys/kernel/tracing (sysfs under it), mounted once. */
+static long tracefs_mount(void)
+{
+	static int mounted;
+	long r;
+
+	if (mounted)
+		return 0;
+	mount_sysfs();
+	r = sys6(SYS_mount, (long)"nodev", (long)TRACEFS, (long)"tracefs", 0, 0, 0);
+	if (r == 0)
+		mounted = 1;
+	return r;
+}
+
+/* Open tracefs file `name` with `flags`: the fd, or -errno. */
+static long tracefs_open(const char *name, long flags)
+{
+	struct line path = { .len = 0 };
+
+	put(&path, TRACEFS);
+	put(&path, name);
+	path.buf[path.len] = 0;
+	return sys3(SYS_open, (long)path.buf, flags, 0);
+}
+
+/* Write `text` (may be empty) to tracefs file `name`: 0 or -errno. */
+static long tracefs_write(const char *name, const char *text, long flags)
+{
+	long fd = tracefs_open(name, O_WRONLY | flags), r = 0;
+
+	if (fd < 0)
+		return fd;
+	if (*text)
+		r = sys3(SYS_write, fd, (long)text, len_of(text));
+	sys3(SYS_close, fd, 0, 0);
+	return r < 0 ? r : 0;
+}
+
+/* Read tracefs file `name` whole (what fits): its length, or -errno. */
+static long tracefs_read(const char *name, char *buf, long size)
+{
+	long fd = tracefs_open(name, O_RDONLY), got, used = 0;
+
+	if (fd < 0)
+		return fd;
+	while (used < size - 1) {
+		got = sys3(SYS_read, fd, (long)(buf + used), size - 1 - used);
+		if (got == -EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		used += got;
+	}
+	sys3(SYS_close, fd, 0, 0);
+	buf[used] = 0;
+	return used;
+}
+
+/* Does `s` start with `p`? */
+static int starts(const char *s, const char *p)
+{
+	while (*p && *s == *p)
+		s++, p++;
+	return !*p;
+}
+
+/* `ftrace ...` (w[1..n-1]): the guest's own function tracer. */
+static void run_ftrace(char **w, int n)
+{
+	static char text[256 * 1024];
+	struct line l = { .len = 0 }, pat = { .len = 0 }, name = { .len = 0 };
+	long r, len, i, hits = 0, taken = 0;
+	int k;
+
+	r = tracefs_mount();
+	if (r < 0) {
+		put(&l, "workload: error mounting tracefs: ");
+		put_num(&l, r);
+		emit(&l);
+		return;
+	}
+	if (n >= 3 && n <= 4 && streq(w[1], "on")) {
+		put(&l, "workload: ftrace on");
+		tracefs_write("set_ftrace_filter", "", O_TRUNC);
+		tracefs_write("trace", "", O_TRUNC);
+		for (k = 2; k < n; k++) {
+			/*
+			 * With its blank the name is matched in write(2), which
+			 * says if it failed; without, only at close, silently.
+			 */
+			name.len = 0;
+			put(&name, w[k]);
+			put(&name, "\n");
+			name.buf[name.len] = 0;
+			r = tracefs_write("set_ftrace_filter", name.buf, 0);
+			taken += r == 0;
+			put(&l, " ");
+			put(&l, w[k]);
+			put(&l, "=");
+			put_num(&l, r);
+		}
+		/* No function taken: an empty filter would trace every function. */
+		put(&l, " tracer=");
+		if (taken)
+			put_num(&l, tracefs_write("current_tracer", "function", O_TRUNC));
+		else
+			put(&l, "off");
+		emit(&l);
+		return;
+	}
+	if (n == 2 && streq(w[1], "off")) {
+		put(&l, "workload: ftrace off tracer=");
+		put_num(&l, tracefs_write("current_tracer", "nop", O_TRUNC));
+		put(&l, " filter=");
+		put_num(&l, tracefs_write("set_ftrace_filter", "", O_TRUNC));
+		emit(&l);
+		return;
+	}
+	if (n == 3 && streq(w[1], "hits")) {
+		len = tracefs_read("trace", text, sizeof(text));
+		/* A function tracer line: "...: F <-CALLER". */
+		put(&pat, ": ");
+		put(&pat, w[2]);
+		put(&pat, " <-");
+		pat.buf[pat.len] = 0;
+		for (i = 0; i < len; i++)
+			hits += starts(text + i, pat.buf);
+		put(&l, "workload: ftrace hits ");
+		put(&l, w[2]);
+		put(&l, " ");
+		put_num(&l, len < 0 ? len : hits);
+		emit(&l);
+		return;
+	}
+	if (n == 2 && streq(w[1], "enabled")) {
+		len = tracefs_read("enabled_functions", text, sizeof(text));
+		put(&l, "workload: ftrace enabled");
+		/* The first word of each line. */
+		for (i = 0; i < len; i++) {
+			if (i > 0 && text[i - 1] != '\n')
+				continue;
+			put(&l, " ");
+			while (i < len && text[i] != ' ' && text[i] != '\t' && text[i] != '\n')
+				l.buf[l.len < sizeof(l.buf) - 2 ? l.len++ : l.len] = text[i++];
+			i--;
+		}
+		emit(&l);
+		return;
+	}
+	say("error unknown command (ftrace on F [G], off, hits F, enabled)");
+}
+
 /* Power off when the kernel can (ACPI), else restart; never returns. */
 static void __attribute__((noreturn)) quit(void)
 {
@@ -356,9 +532,9 @@ static void reply(struct line *l, const char *what, long n, long err, long pid)
 static void run_command(char *text, long pid)
 {
 	struct line l = { .len = 0 };
-	char *w[3];
+	char *w[4];
 	long count, unexpected;
-	int n = split(text, w, 3);
+	int n = split(text, w, 4);
 
 	if (n == 0)
 		return;
@@ -378,6 +554,10 @@ static void run_command(char *text, long pid)
 		put(&l, " pid=");
 		put_num(&l, pid);
 		emit(&l);
+		return;
+	}
+	if (n <= 4 && streq(w[0], "ftrace")) {
+		run_ftrace(w, n);
 		return;
 	}
 	count = n == 3 ? parse_count(w[2]) : -1;
@@ -415,7 +595,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, ftrace ..., ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

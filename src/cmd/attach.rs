@@ -8,6 +8,7 @@ use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
 
 use tracer::session::backend::HeldUp;
+use tracer::session::guest_ftrace;
 use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
@@ -66,6 +67,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
+    for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
+        note!("{line}");
+    }
     let mut waits = Waits::default();
     let done = std::sync::atomic::AtomicBool::new(false);
     let reason = s.trace_with(duration, &done, &mut waits);
@@ -189,6 +193,13 @@ fn report(
             "vmtrace: {reason}: the trace ends there; vmtrace wrote nothing to the guest after it (its kernel, and vmtrace's changes, went with the reset)"
         ),
         (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
+    }
+    if let Some(line) = detached
+        .as_ref()
+        .ok()
+        .and_then(|d| guest_ftrace::detach_line(&d.guest_ftrace))
+    {
+        note!("{line}");
     }
     let saved = saved.unwrap_or_else(|| {
         Err(tracer::trace::datafile::TraceFileError::Invalid {

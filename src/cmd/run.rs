@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tracer::plan::Note;
+use tracer::session::guest_ftrace;
 use tracer::session::store::Storage;
 use tracer::session::{
     Attached, Ended, Observer, Progress, Recording, Session, SessionError, Tracer,
@@ -152,6 +153,10 @@ fn report_end(
         summary,
         saved,
     } = ended;
+    let ftrace_line = detached
+        .as_ref()
+        .ok()
+        .and_then(|d| guest_ftrace::detach_line(&d.guest_ftrace));
     match detached {
         Ok(d) if attached > 0 => note!(
             "vmtrace: detached: {} sites restored{}",
@@ -164,6 +169,9 @@ fn report_end(
         ),
         Ok(_) => {}
         Err(e) => return Err(RuntimeError::Restore(e).into()),
+    }
+    if let Some(line) = ftrace_line {
+        note!("{line}");
     }
     let outcome = stopped(&report, stats, &|rip| places.get(&rip).cloned());
     if attached == 0 {
@@ -298,6 +306,9 @@ impl Observer for Status {
                 None => String::new(),
             }
         );
+        for line in guest_ftrace::attach_lines(&c.guest_ftrace) {
+            note!("{line}");
+        }
         if let Some(m) = c.exitless {
             note!("vmtrace: {}", mapped_line(tracer, m));
         }

@@ -243,6 +243,33 @@ impl KernelBtf {
         Ok(m.bitfield_size().filter(|&bits| bits != 0))
     }
 
+    /// The size in bytes of `struct name` (e.g. to step through an array
+    /// of them).
+    pub fn struct_size(&self, name: &str) -> Result<u32, BtfError> {
+        let s = self.strukt(name)?;
+        u32::try_from(s.size()).map_err(|_| self.broken(format!("struct {name}'s size")))
+    }
+
+    /// Every enumerator, with its value, of the enum (named or not) that
+    /// declares enumerator `name`: e.g. the kernel's anonymous `enum {
+    /// FTRACE_FL_... }` as this build has it. Scans every type: call it
+    /// before a guest stop, not in one.
+    pub fn enum_declaring(&self, name: &str) -> Option<Vec<(String, u64)>> {
+        let named = |n: &dyn btf_rs::BtfType| self.btf.resolve_name(n).unwrap_or_default();
+        (1u32..)
+            .map_while(|id| self.btf.resolve_type_by_id(id).ok())
+            .map(|t| match t {
+                Type::Enum(e) => e
+                    .members
+                    .iter()
+                    .map(|m| (named(m), u64::from(m.val())))
+                    .collect(),
+                Type::Enum64(e) => e.members.iter().map(|m| (named(m), m.val())).collect(),
+                _ => Vec::new(),
+            })
+            .find(|members| members.iter().any(|(n, _)| n == name))
+    }
+
     /// Whether the BTF has a struct named `name`.
     pub fn has_struct(&self, name: &str) -> bool {
         self.strukt(name).is_ok()

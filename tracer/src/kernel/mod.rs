@@ -10,6 +10,7 @@ pub mod direct;
 pub mod dwarf;
 pub mod filter;
 pub mod find;
+pub mod ftrace_records;
 pub mod kallsyms;
 pub mod kaslr;
 pub mod lowmem;

@@ -37,6 +37,7 @@ mod driver;
 mod equip;
 pub mod exitless;
 mod finish;
+pub mod guest_ftrace;
 #[cfg(test)]
 mod kvm_tests;
 pub mod patch;
@@ -106,6 +107,10 @@ pub struct Tracer {
     /// The traced functions' prototypes when values are recorded
     /// (`Plan::prototypes`, looked up once).
     prototypes: Vec<Option<crate::trace::model::Prototype>>,
+    /// How the guest's own ftrace is kept off the patched sites, and the
+    /// records the attach marked (`guest_ftrace`).
+    guest_ftrace: guest_ftrace::Guard,
+    excluded: Option<crate::kernel::ftrace_records::Excluded>,
 }
 
 /// The tables events name, shared with the store.
@@ -235,6 +240,8 @@ impl Tracer {
     ) -> Tracer {
         Tracer {
             prototypes: plan.prototypes(),
+            guest_ftrace: guest_ftrace::Guard::of(&plan),
+            excluded: None,
             direct: direct::DirectSites::of(&plan).map(DirectState::new),
             plan,
             counters,
@@ -434,13 +441,11 @@ impl Tracer {
             Reach::Exitless(_) => Some(paused.guest_clock().ok_or(ExitlessError::NoClock)?),
             Reach::Trap { .. } => None,
         };
-        let (patched, skipped, mapped) = match c.direct {
-            Some(d) => {
-                let (p, s, m) = self.write_direct(&mut c.space, c.surveyed, d, paused.ram())?;
-                (p, s, self.reach.exitless().is_some().then_some(m))
-            }
-            None => self.write_sites(&mut c.space, c.surveyed, paused.ram())?,
-        };
+        let (patched, skipped, mapped, guarded) =
+            match self.write_guarded(&mut c.space, c.off, c.surveyed, c.direct, paused.ram())? {
+                Ok(w) => w,
+                Err(not_ready) => return Ok(Attach::NotReady(not_ready)),
+            };
         let direct = self.direct.as_ref().map_or((0, 0, 0), |d| d.counts);
         self.attach_counts = AttachCounts {
             patched: patched.len(),
@@ -449,6 +454,7 @@ impl Tracer {
             direct_changed: direct.0,
             direct_busy: direct.1,
             direct_tasks: direct.2,
+            guest_ftrace: guarded,
         };
         self.patched = patched;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
@@ -577,7 +583,8 @@ impl Tracer {
     /// Restore every patched site. The guest is paused or stopped.
     /// Returns what this detach did; `detached` adds up all of them.
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
-        let c = patch::detach(mem, &self.patched)?;
+        let mut c = patch::detach(mem, &self.patched)?;
+        c.guest_ftrace = self.reenable_guest_ftrace(mem);
         self.patched.clear();
         self.detached.restored += c.restored;
         self.detached.changed += c.changed;

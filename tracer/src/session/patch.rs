@@ -110,6 +110,13 @@ pub struct PatchedSite {
     pub written: [u8; SITE_LEN],
 }
 
+impl PatchedSite {
+    /// Does the site hold its original bytes (a detach restored it)?
+    pub fn holds_original(&self, mem: &dyn GuestRam) -> bool {
+        read_span(mem, self.addr, &self.span).is_ok_and(|b| b == self.original)
+    }
+}
+
 /// Outcome of one attach. Sites in init text are never tried: the plan
 /// counts them (`Plan::skipped_init`).
 #[derive(Clone, Debug, Default)]
@@ -128,6 +135,9 @@ pub struct AttachCounts {
     /// Runnable tasks whose stacks the direct attach checked (tasks the
     /// kernel may have preempted; the vCPUs' own are checked besides).
     pub direct_tasks: usize,
+    /// What the attach did to keep the guest's own ftrace off the sites
+    /// (`session::guest_ftrace`).
+    pub guest_ftrace: crate::session::guest_ftrace::Guarded,
 }
 
 /// Outcome of one detach.
@@ -136,6 +146,8 @@ pub struct DetachCounts {
     pub restored: usize,
     /// Sites whose trap had been overwritten by someone else: left alone.
     pub changed: usize,
+    /// The guest ftrace's records of the sites, given back to it or not.
+    pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
 }
 
 /// Check that guest text matches the file at a sample of sites: each site
@@ -346,6 +358,15 @@ impl Surveyed {
         self.found.retain(|f| keep(f.k));
         self.skipped += before - self.found.len();
         self
+    }
+
+    /// (site index, running address, would `write` write it: all but
+    /// those holding something else) of every site found.
+    pub fn sites(&self) -> Vec<(usize, u64, bool)> {
+        self.found
+            .iter()
+            .map(|f| (f.k, f.addr, f.kind != SiteKind::Other))
+            .collect()
     }
 
     /// The running addresses of the sites found holding the 5-byte NOP

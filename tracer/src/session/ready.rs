@@ -27,6 +27,10 @@ pub enum NotReady {
     /// sites (the first found on vCPU `cpu`, at `at`).
     #[error("a guest context is inside the first instructions of {sites} direct site(s) ({who} at {at:#x})")]
     DirectBusy { sites: usize, who: String, at: u64 },
+    /// The guest holds `lock` (`ftrace_lock` or `text_mutex`): it is
+    /// changing its ftrace records or its text (`guest_ftrace`).
+    #[error("the guest holds its {lock}: it is changing its ftrace or its text")]
+    GuestFtraceBusy { lock: &'static str },
     /// The task list of a preemptible kernel could not be walked (yet).
     #[error("{why}")]
     DirectTasks { why: String },

@@ -76,7 +76,7 @@ impl Tracer {
     pub fn unwatched(&mut self, removed: usize) -> DetachCounts {
         let c = DetachCounts {
             restored: removed,
-            changed: 0,
+            ..DetachCounts::default()
         };
         self.detached.restored += removed;
         self.times.detach_ns = vmm::Trap::now_ns();
