@@ -42,8 +42,8 @@
  *   rename N       N times: rename the worker (prctl PR_SET_NAME, wl-r0,
  *                  wl-r1, ...), then getpid(2) once; then wl-worker again
  *                                        -> workload: renamed N pid=W
- *   spawn N        fork a child (named wl-child) that calls getpid(2) N times
- *                  and exits; reap it
+ *   spawn N [K]    fork K children (1 to 8, default 1; named wl-child) that
+ *                  each call getpid(2) N times and exit; reap them
  *                                        -> workload: spawned N pid=W
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
@@ -298,19 +298,28 @@ static void rename_loop(long count)
 }
 
 /* `spawn N`: a short-lived child that calls getpid(2) N times; its pid. */
-static long spawn(long count)
+static long spawn(long count, long kids)
 {
 	int status;
-	long i, child = sys0(SYS_fork);
+	long i, k, child = 0, pids[8];
 
-	if (child == 0) {
-		sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
-		for (i = 0; i < count; i++)
-			sys0(SYS_getpid);
-		sys3(SYS_exit, 0, 0, 0);
+	if (kids < 1 || kids > 8)
+		return -22;
+	for (k = 0; k < kids; k++) {
+		child = sys0(SYS_fork);
+		if (child == 0) {
+			sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
+			for (i = 0; i < count; i++)
+				sys0(SYS_getpid);
+			sys3(SYS_exit, 0, 0, 0);
+		}
+		pids[k] = child;
+		if (child < 0)
+			break;
 	}
-	if (child > 0)
-		sys6(SYS_wait4, child, (long)&status, 0, 0, 0, 0);
+	/* Reaped once all run: K of them compete for the CPUs meanwhile. */
+	for (i = 0; i < k; i++)
+		sys6(SYS_wait4, pids[i], (long)&status, 0, 0, 0, 0);
 	return child;
 }
 
@@ -589,8 +598,14 @@ static void run_command(char *text, long pid)
 		reply(&l, "renamed ", count, 0, pid);
 		return;
 	}
+	if (n == 3 && streq(w[0], "spawn") && parse_count(w[1]) >= 0 && parse_count(w[2]) >= 0) {
+		long child = spawn(parse_count(w[1]), parse_count(w[2]));
+
+		reply(&l, "spawned ", parse_count(w[1]), child < 0 ? child : 0, pid);
+		return;
+	}
 	if (count >= 0 && streq(w[0], "spawn")) {
-		long child = spawn(count);
+		long child = spawn(count, 1);
 
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
