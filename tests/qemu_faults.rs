@@ -58,10 +58,6 @@ impl UserMonitor {
         self.qmp().execute(cmd, None).unwrap();
     }
 
-    fn run_with(&self, cmd: &str, args: serde_json::Value) {
-        self.qmp().execute(cmd, Some(args)).unwrap();
-    }
-
     fn status(&self) -> String {
         self.qmp().status().unwrap()
     }
@@ -281,60 +277,5 @@ fn a_suspend_ends_the_trace_with_a_detach_inside_it() {
             COMMAND_TIMEOUT,
         )
         .unwrap();
-    assert_runs_on(&guest, w.worker);
-}
-
-/// A vCPU hot-added mid-trace (`-smp 1,maxcpus=2`, QMP `device_add`; Debian's
-/// kernel has ACPI CPU hotplug, the test guests do not), brought online and
-/// the worker pinned to it: its calls are traced on a ring of its own
-/// (rings for every possible CPU), exactly, and vmtrace's bytes restored.
-#[test]
-fn a_vcpu_hot_added_mid_trace_is_traced_on_its_own_ring() {
-    let bz = debian_612();
-    let kernel = Kernel::from_bzimage(&bz);
-    let user = UserMonitor::new();
-    let mut qemu_args = user.args();
-    qemu_args.extend(["-smp".to_string(), "1,maxcpus=2".to_string()]);
-    let guest = QemuGuest::boot(QemuOpts {
-        kernel: bz.clone(),
-        cpus: 1,
-        qemu_args,
-        ..QemuOpts::linux()
-    });
-    let w = guest.wait_ready().unwrap();
-    let qmp = guest.qmp_socket();
-    let watch = kernel.watch(qmp);
-    let before = watch.read();
-    let a = attach(qmp, &bz, "exitless");
-    guest.go("getpid", 100).unwrap();
-    let during = watch.read();
-    user.run_with(
-        "device_add",
-        serde_json::json!({
-            "driver": "qemu64-x86_64-cpu", "id": "cpu1",
-            "socket-id": 1, "core-id": 0, "thread-id": 0
-        }),
-    );
-    for (cmd, answer) in [("online 1", "online 1 "), ("pin 1", "pinned 1 ")] {
-        guest.send_line(cmd);
-        let line = guest
-            .wait_for(&format!("workload: {answer}"), COMMAND_TIMEOUT)
-            .unwrap();
-        assert!(!line.contains("error"), "{cmd}: {line}");
-    }
-    guest.go("getpid", 50).unwrap();
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert_counted(&e, 150);
-    let per_cpu = &e.json()["functions"][0]["per_cpu"];
-    assert_eq!(
-        (per_cpu["0"].as_u64(), per_cpu["1"].as_u64()),
-        (Some(100), Some(50)),
-        "{per_cpu}"
-    );
-    // The kernel rewrote its own text for a second CPU (SMP alternatives):
-    // only vmtrace's bytes are compared.
-    assert_restored(&before, &during, &watch.read(), "by a trace over a hot-add");
-    assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
 }
