@@ -282,7 +282,7 @@ pub enum InputError {
         why: &'static str,
     },
     /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
-    #[error("{}", .0.say(&Flags))]
+    #[error("{}", qemu_says(.0))]
     Qemu(tracer::qemu::session::QemuError),
     /// `--depth` or `--threshold` without `--tree`.
     #[error("{flag} needs --tree (it limits the call tree)")]
@@ -478,6 +478,18 @@ pub enum RuntimeError {
     /// A bench measurement came out unusable; the message says which and why.
     #[error("{0}")]
     Measure(String),
+}
+
+/// A QEMU's refusal in the CLI's words: what a vmtrace left names the
+/// command that repairs it.
+fn qemu_says(e: &tracer::qemu::session::QemuError) -> String {
+    use tracer::qemu::session::QemuError;
+    match e {
+        QemuError::Leftover { qmp, .. } => {
+            format!("{e} with `vmtrace detach --qmp {}`", qmp.display())
+        }
+        e => e.say(&Flags),
+    }
 }
 
 #[cfg(test)]

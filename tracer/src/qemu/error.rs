@@ -40,7 +40,8 @@ pub enum QemuError {
     Journal(#[from] super::journal::JournalError),
     #[error("vmtrace pid {vmtrace} is attached to the QEMU at {qmp}: one vmtrace at a time")]
     InUse { qmp: PathBuf, vmtrace: u32 },
-    #[error("vmtrace left {what} in the QEMU at {qmp} (killed, or unable to take everything out at its detach): repair it first with `vmtrace detach --qmp {qmp}`")]
+    /// A front end names its repair command (the CLI: `vmtrace detach`).
+    #[error("vmtrace left {what} in the QEMU at {qmp} (killed, or unable to take everything out at its detach): repair it first", qmp = .qmp.display())]
     Leftover { qmp: PathBuf, what: String },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
