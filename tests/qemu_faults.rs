@@ -36,8 +36,13 @@ struct UserMonitor {
 
 impl UserMonitor {
     fn new() -> UserMonitor {
-        // Short: unix socket paths are limited to 107 bytes.
-        let path = std::env::temp_dir().join(format!("vmtrace-user-{}.sock", std::process::id()));
+        // One per test: the tests of this file run on threads of one
+        // process (their guests one at a time). Short: unix socket paths
+        // are limited to 107 bytes.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("vmtrace-user-{}-{n}.sock", std::process::id());
+        let path = std::env::temp_dir().join(name);
         let _ = std::fs::remove_file(&path);
         UserMonitor { path }
     }
