@@ -128,9 +128,6 @@ impl Tracer {
     }
 }
 
-/// The segment selector's privilege bits: 3 in user mode.
-const CS_RPL_MASK: u16 = 3;
-
 /// The first context (a kernel-mode vCPU, or a task switched out while
 /// runnable, as preemption leaves it) that returns into vmtrace's code:
 /// a word of its stack, from its stack pointer up, in the code page.
@@ -140,17 +137,7 @@ pub fn returns_into_code(
     list: &TaskList,
     slide: i64,
 ) -> Result<Option<Busy>, TracerError> {
-    let vcpus: Vec<VcpuRegs> = (0..stopped.cpus())
-        .filter_map(|cpu| {
-            let s = stopped.snapshot(cpu)?;
-            Some(VcpuRegs {
-                cpu,
-                rip: s.regs.rip,
-                rsp: s.regs.rsp,
-                user_mode: s.sregs.cs.selector & CS_RPL_MASK == 3,
-            })
-        })
-        .collect();
+    let vcpus = VcpuRegs::of(stopped);
     let stacks = contexts::preempted_stacks(space, list, slide)
         .map_err(|e| PatchError::TaskWalk(e.to_string()))?;
     Ok(inside_code(space, &vcpus, &stacks))

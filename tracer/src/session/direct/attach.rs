@@ -18,9 +18,6 @@ use crate::session::{NotReady, Tracer};
 /// and wait for the next pause; after them such sites are left out.
 pub const MAX_BUSY_WAITS: u32 = 50;
 
-/// Selector bits 1:0 of CS: the privilege level a vCPU runs at.
-const CS_RPL_MASK: u16 = 3;
-
 /// What an attach's checks found of the direct sites.
 #[derive(Debug, Default)]
 pub struct DirectChecked {
@@ -50,17 +47,7 @@ impl Tracer {
                 changed,
             } => (surveyed, ready, changed),
         };
-        let vcpus: Vec<VcpuRegs> = (0..paused.cpus())
-            .filter_map(|cpu| {
-                let s = paused.snapshot(cpu)?;
-                Some(VcpuRegs {
-                    cpu,
-                    rip: s.regs.rip,
-                    rsp: s.regs.rsp,
-                    user_mode: s.sregs.cs.selector & CS_RPL_MASK == 3,
-                })
-            })
-            .collect();
+        let vcpus = VcpuRegs::of(paused);
         // On a preemptible kernel, the stacks of the tasks it may have
         // preempted in kernel mode too.
         let stacks = match self.plan.direct.as_ref().and_then(|d| d.preempted) {

@@ -44,6 +44,26 @@ pub struct VcpuRegs {
     pub user_mode: bool,
 }
 
+/// Selector bits 1:0 of CS: the privilege level a vCPU runs at.
+const CS_RPL_MASK: u16 = 3;
+
+impl VcpuRegs {
+    /// Every stopped vCPU whose registers are known.
+    pub fn of(stopped: &dyn vmm::Stopped) -> Vec<VcpuRegs> {
+        (0..stopped.cpus())
+            .filter_map(|cpu| {
+                let s = stopped.snapshot(cpu)?;
+                Some(VcpuRegs {
+                    cpu,
+                    rip: s.regs.rip,
+                    rsp: s.regs.rsp,
+                    user_mode: s.sregs.cs.selector & CS_RPL_MASK == 3,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A context found inside a site's displaced bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inside {
