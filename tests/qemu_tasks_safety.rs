@@ -86,6 +86,11 @@ fn comm_still_matches_after_the_process_seen_at_the_attach_exits() {
 /// saves) stays empty: a rejected task is never added. With one every name
 /// matches and `--max-events 100`, it holds at most the 100 tasks of the
 /// events stored. Before, each name was added (N tasks).
+///
+/// The host reads a task's comm when it drains the record (docs/tasks.md),
+/// and the worker takes its own name back after the loop: a drain that
+/// lags the loop (a loaded host) names the last calls `wl-worker`. So the
+/// matching filter is `wl-*`, which every name the worker has matches.
 #[test]
 fn a_thread_renamed_in_a_loop_adds_no_task_it_does_not_store() {
     let (bz, _) = common::linux_61();
@@ -114,7 +119,7 @@ fn a_thread_renamed_in_a_loop_adds_no_task_it_does_not_store() {
     );
 
     let (e, trace) = rename(
-        &["--comm", "wl-r*", "--max-events", "100"],
+        &["--comm", "wl-*", "--max-events", "100"],
         &dir.join("capped.data"),
     );
     let v = e.json();
@@ -126,7 +131,7 @@ fn a_thread_renamed_in_a_loop_adds_no_task_it_does_not_store() {
         trace.tasks.len()
     );
     assert!(
-        trace.tasks.iter().all(|t| t.comm.starts_with("wl-r")),
+        trace.tasks.iter().all(|t| t.comm.starts_with("wl-")),
         "{:?}",
         trace.tasks
     );
