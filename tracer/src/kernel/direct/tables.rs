@@ -390,17 +390,19 @@ impl SiteTables {
             let len = (end - addr) as usize;
             t.read_table(image, &code, spec, addr, len, &mut links)?;
         }
-        let pv = bounds(
-            paravirt::BOUNDS.0,
-            paravirt::BOUNDS.1,
-            paravirt::SECTION,
-        );
+        let pv = bounds(paravirt::BOUNDS.0, paravirt::BOUNDS.1, paravirt::SECTION);
         if let Some((addr, end)) = pv {
             for (site, len) in paravirt::read(image, &code, addr, end)? {
                 t.sites.push((site, site + len, KernelTable::Paravirt));
             }
         }
         t.add_trampolines(image);
+        // objtool lists `call __fentry__` among the call sites, but the
+        // kernel never redirects it (6.12's arch/x86/kernel/callthunks.c
+        // skip_addr): ftrace owns it.
+        let ftrace: std::collections::HashSet<u64> = image.mcount_loc.iter().copied().collect();
+        t.sites
+            .retain(|s| s.2 != KernelTable::CallDepth || !ftrace.contains(&s.0));
         for &a in &image.mcount_loc {
             t.sites.push((a, a + SITE_LEN as u64, KernelTable::Ftrace));
         }
@@ -575,11 +577,7 @@ impl SiteTables {
 /// Each entry of `size` bytes of a table at `addr`: the code address its
 /// first field (s32, relative to itself) gives, the entry's own address
 /// and bytes; None if `data` is not whole entries.
-fn entries(
-    addr: u64,
-    data: &[u8],
-    size: usize,
-) -> Option<impl Iterator<Item = (u64, u64, &[u8])>> {
+fn entries(addr: u64, data: &[u8], size: usize) -> Option<impl Iterator<Item = (u64, u64, &[u8])>> {
     data.len().is_multiple_of(size).then(|| {
         data.chunks_exact(size).enumerate().map(move |(i, e)| {
             let rel = i32::from_le_bytes([e[0], e[1], e[2], e[3]]);

@@ -99,7 +99,8 @@ impl BranchTargets {
     ) -> BranchTargets {
         let funcs = &image.functions;
         let near = |t: u64| {
-            function_index_at(funcs, t).is_some_and(|j| (1..=SITE_REACH).contains(&(t - funcs[j].addr)))
+            function_index_at(funcs, t)
+                .is_some_and(|j| (1..=SITE_REACH).contains(&(t - funcs[j].addr)))
         };
         let mut raw: Vec<(u64, BranchSource, u64)> = Vec::new();
         let mut keep = |t: u64, source, from| {
@@ -122,7 +123,11 @@ impl BranchTargets {
             // recompute_jump and call fixup).
             let inside = repl..repl + u64::from(rlen);
             branches(repl, code, |_, t| {
-                let t = if inside.contains(&t) { site + (t - repl) } else { t };
+                let t = if inside.contains(&t) {
+                    site + (t - repl)
+                } else {
+                    t
+                };
                 keep(t, BranchSource::Alternative, site);
             });
         }
