@@ -85,6 +85,12 @@ impl BranchTargets {
         self.branches.get(i).filter(|b| b.target < end)
     }
 
+    /// From branches already known (tests).
+    pub fn from_branches(mut branches: Vec<ForeignBranch>) -> BranchTargets {
+        branches.sort_unstable_by_key(|b| b.target);
+        BranchTargets { branches }
+    }
+
     /// Every branch kept, sorted by target.
     pub fn branches(&self) -> &[ForeignBranch] {
         &self.branches

@@ -266,3 +266,59 @@ fn branches_from_elsewhere_are_collected() {
         );
     }
 }
+
+#[test]
+fn a_branch_from_elsewhere_into_the_displaced_bytes_is_refused() {
+    const BASE: u64 = 0xffff_ffff_8100_0000;
+    // push rbp; mov rbp,rsp; push rbx: 5 bytes displaced; pop rbx; pop rbp; ret
+    let code = [0x55, 0x48, 0x89, 0xe5, 0x53, 0x5b, 0x5d, 0xc3];
+    for (source, rule, text) in [
+        (
+            BranchSource::ExFixup,
+            "ex-table-fixup",
+            "the exception fixup of f+0x9",
+        ),
+        (
+            BranchSource::JumpLabel,
+            "jump-label-target",
+            "the jump label at f+0x9",
+        ),
+        (
+            BranchSource::Alternative,
+            "alternative-branch",
+            "a branch of the alternative at f+0x9",
+        ),
+        (
+            BranchSource::Outside,
+            "branch-from-outside",
+            "the branch at f+0x9",
+        ),
+    ] {
+        let tables = |to: u64| SiteTables {
+            targets: BranchTargets::from_branches(vec![ForeignBranch {
+                target: BASE + to,
+                source,
+                from: "f+0x9".into(),
+            }]),
+            ..SiteTables::default()
+        };
+        let r = DirectSite::analyze_code(BASE, &code, &tables(1)).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::BranchInto {
+                source,
+                from: "f+0x9".into(),
+                to: 1
+            }
+        );
+        assert_eq!(r.rule(), rule);
+        assert_eq!(
+            r.to_string(),
+            format!("{text} lands at +0x1, inside the displaced bytes")
+        );
+        // At the first displaced byte, or just past them: fine.
+        for to in [0, 5] {
+            assert!(DirectSite::analyze_code(BASE, &code, &tables(to)).is_ok());
+        }
+    }
+}
