@@ -322,3 +322,22 @@ fn a_branch_from_elsewhere_into_the_displaced_bytes_is_refused() {
         }
     }
 }
+
+#[test]
+fn each_new_table_refuses_by_its_rule() {
+    const BASE: u64 = 0xffff_ffff_8100_0000;
+    let code = [0x55, 0x48, 0x89, 0xe5, 0x53, 0x5b, 0x5d, 0xc3];
+    for (table, rule) in [
+        (KernelTable::Paravirt, "paravirt"),
+        (KernelTable::SmpLock, "smp-lock"),
+        (KernelTable::CallDepth, "call-site"),
+        (KernelTable::CfiSite, "cfi-site"),
+        (KernelTable::StaticCallTramp, "static-call-trampoline"),
+    ] {
+        let mut tables = SiteTables::default();
+        tables.insert(table, BASE + 2, 1);
+        let r = DirectSite::analyze_code(BASE, &code, &tables).unwrap_err();
+        assert_eq!(r, Refusal::Overlaps { table, at: 2 });
+        assert_eq!(r.rule(), rule);
+    }
+}
