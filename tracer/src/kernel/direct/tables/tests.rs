@@ -168,6 +168,12 @@ fn static_call_sites_are_found_without_their_table() {
     };
     assert!(sites(&elf.tables).len() > 100);
     assert_eq!(sites(&bz.tables), sites(&elf.tables));
+    // sched_clock begins `jmp __SCT__pv_sched_clock`: static_call_update
+    // rewrites it.
+    for l in [elf, bz] {
+        let r = l.refusal("sched_clock");
+        assert_eq!(r, overlaps(KernelTable::StaticCall, 0));
+    }
 }
 
 #[test]
