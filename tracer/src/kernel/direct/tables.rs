@@ -119,10 +119,9 @@ pub enum TableError {
         sizes: &'static [usize],
     },
     #[error(
-        "{}: the kernel has {what} (it has {evidence}), but the image does not say where \
+        "{}: the kernel has {what}s (it has {evidence}), but the image does not say where \
          its {section} table is ({start}/{stop}: kallsyms names data only with \
-         CONFIG_KALLSYMS_ALL); without it no direct entry can be proved safe: pass the \
-         kernel's vmlinux",
+         CONFIG_KALLSYMS_ALL); without it no direct entry can be proved safe",
         path.display()
     )]
     NotFound {

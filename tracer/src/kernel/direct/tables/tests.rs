@@ -197,7 +197,16 @@ fn a_jump_table_the_image_does_not_locate_is_an_error() {
             ..
         }
     ));
-    assert!(e.to_string().contains("pass the kernel's vmlinux"), "{e}");
+    assert!(
+        e.to_string().contains("no direct entry can be proved"),
+        "{e}"
+    );
+    // The plan says what to pass instead.
+    let e = crate::plan::entry::DirectPlanError::Tables(e);
+    assert_eq!(
+        crate::advice::TracerAdvice::remedy(&e),
+        Some(crate::advice::Remedy::UnstrippedKernelVmlinux)
+    );
     // What the running-kernel check masks is read all the same.
     assert!(!BootPatched::read(&image).unwrap().is_empty());
 }
