@@ -3,8 +3,7 @@
 //! sites, retpoline and return-thunk sites (ITS included), call-depth call
 //! sites, CFI preambles and sealed `endbr64`s, and its LOCK prefixes on one
 //! CPU; later its jump labels, static calls and their trampolines
-//! (`direct::tables` reads
-//! the tables that list them). Comparing the running text with the file
+//! (`direct::tables` reads the tables that list them). Comparing the running text with the file
 //! (is this the kernel's very build?) skips these bytes: a distribution
 //! kernel rewrites thousands of them, in nearly every function.
 
@@ -27,8 +26,8 @@ impl BootPatched {
     /// alternative its `instrlen`, a paravirt site its `len`, a CFI
     /// preamble or trampoline what the kernel rewrites of it, any other
     /// site its instruction (decoded from the file; a LOCK prefix's, the
-    /// whole locked instruction). ftrace's own sites are not included (vmtrace checks
-    /// those itself).
+    /// whole locked instruction). ftrace's own sites are not included
+    /// (vmtrace checks those itself).
     pub fn read(image: &KernelImage) -> Result<BootPatched, TableError> {
         let tables = SiteTables::read_patch_sites(image)?;
         let mut ranges: Vec<(u64, u64)> = tables
