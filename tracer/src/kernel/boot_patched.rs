@@ -3,9 +3,10 @@
 //! sites, retpoline and return-thunk sites (ITS included), call-depth call
 //! sites, CFI preambles and sealed `endbr64`s, and its LOCK prefixes on one
 //! CPU; later its jump labels, static calls and their trampolines
-//! (`direct::tables` reads the tables that list them). Comparing the running text with the file
-//! (is this the kernel's very build?) skips these bytes: a distribution
-//! kernel rewrites thousands of them, in nearly every function.
+//! (`direct::tables` reads the tables that list them). Comparing the
+//! running text with the file (is this the kernel's very build?) skips
+//! these bytes: a distribution kernel rewrites thousands of them, in nearly
+//! every function.
 
 use iced_x86::{Decoder, DecoderOptions};
 
