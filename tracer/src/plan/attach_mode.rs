@@ -9,7 +9,8 @@ use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
 use super::exitless::layout::{
-    RingLayout, CODE_SLOTS, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, STUB_PAGES, TABLE_SLOTS,
+    direct_stubs_len, RingLayout, CODE_SLOTS, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE,
+    RETURN_TRAP_OFF, STUB_PAGES, TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
 use super::Mode;
@@ -167,7 +168,7 @@ fn in_guest_pages(
         // (The code's pages count the return stubs' too.)
         true if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
         true => pages + 1,
-    };
+    } + direct_stub_pages(plan.direct.as_ref().map_or(0, |_| sites), plan.graph);
     let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
     let fits = |cap| {
         RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
@@ -186,6 +187,20 @@ fn in_guest_pages(
     }
     code.set_ring_records(cap)?;
     Ok(code)
+}
+
+/// Pages the stubs of `sites` direct entries take below the return trap
+/// (`direct_stubs_len`), beyond the return trap's own page, which the
+/// function graph's parts count already.
+fn direct_stub_pages(sites: usize, graph: bool) -> usize {
+    if sites == 0 {
+        return 0;
+    }
+    let first = (RETURN_TRAP_OFF - direct_stubs_len(sites)) / PAGE;
+    let last = (RETURN_TRAP_OFF - 1) / PAGE;
+    let touched = (last - first + 1) as usize;
+    let trap_page = RETURN_TRAP_OFF / PAGE == last;
+    touched - usize::from(graph && trap_page)
 }
 
 #[cfg(test)]
@@ -263,6 +278,22 @@ mod tests {
             e,
             Refused::Plan(AttachModeError::RingsTooBig { .. })
         ));
+    }
+
+    #[test]
+    fn direct_stubs_take_pages_of_their_own() {
+        // The return trap sits 16 bytes below a page's end: one stub shares
+        // its page, which only the function graph counts already.
+        assert_eq!(RETURN_TRAP_OFF % PAGE, PAGE - 16);
+        assert_eq!(direct_stub_pages(0, false), 0);
+        assert_eq!(direct_stub_pages(1, false), 1);
+        assert_eq!(direct_stub_pages(1, true), 0);
+        // 64 stubs of 64 bytes: a page, straddling two.
+        assert_eq!(direct_stub_pages(64, false), 2);
+        assert_eq!(direct_stub_pages(64, true), 1);
+        // 1,000 direct entries: 62.5 KiB of stubs, 58.5 KiB below the
+        // return trap's page.
+        assert_eq!(direct_stub_pages(1000, true), 15);
     }
 
     #[test]
