@@ -51,8 +51,14 @@ const ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
 const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
 /// vmtrace's pages are in the guest's first MiB (`kernel::lowmem`).
 const LOW_MIB: u64 = 1 << 20;
-/// A `call rel32`: what vmtrace writes at an exitless site.
+/// A `call rel32`: what vmtrace writes at an exitless ftrace site.
 const CALL: u8 = 0xe8;
+/// A `jmp rel32`: what vmtrace writes at a direct entry (to its stub,
+/// `session::direct::stub`).
+const JMP: u8 = 0xe9;
+/// A direct stub's head (its `call` into the trampoline) is 5 bytes; the
+/// stub of a site that held the ftrace NOP jumps back right after it.
+const STUB_HEAD: u64 = 5;
 
 /// What a killed vmtrace left in a QEMU, as the attach's check sees it
 /// without stopping the guest.
@@ -355,9 +361,19 @@ fn in_stops<'g>(
     // (Stopped since the stub connected, when `already`.)
     let mut stop = guest.stop(already)?;
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
-        restore_sites(&stop, r, out)?;
+        let stuck = restore_sites(&stop, r, out)?;
         stop.resume()?;
-        stop = region_stop(guest, r, out)?;
+        // A direct entry still jumping to its stub needs vmtrace's code.
+        stop = match stuck {
+            0 => region_stop(guest, r, out)?,
+            n => {
+                out.failed(format!(
+                    "{n} direct entries jump into vmtrace's code and no journal holds their \
+                     first bytes: they and vmtrace's code and rings are left in place"
+                ));
+                guest.stop(false)?
+            }
+        };
     }
     let breakpoints = record.map_or(0, |r| r.breakpoints.len());
     match (record.map(|r| r.armed), frozen) {
@@ -432,16 +448,22 @@ pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, 
     Ok(out)
 }
 
-/// Each journaled site that holds vmtrace's call (a `call` into its code)
-/// gets its bytes back; one that holds anything else is not vmtrace's to
-/// touch.
+/// Each journaled site that holds vmtrace's call or jump (a `call` or a
+/// direct entry's `jmp` into its code) gets its bytes back; one that holds
+/// anything else is not vmtrace's to touch. Without the journal (`r` from
+/// the marker, whose sites' bytes are the NOP) a direct entry's first
+/// bytes are known only when its stub ran nothing in their place (it
+/// displaced the ftrace NOP): the others stay, and their count is returned.
 fn restore_sites(
     stop: &QemuStop<'_>,
     r: &JournalRecord,
     out: &mut Repaired,
-) -> Result<(), QemuError> {
+) -> Result<usize, QemuError> {
     let ram = stop.ram();
-    let (mut restored, mut as_found, mut other) = (0, 0, Vec::new());
+    // (`Journal::from_marker` knows no start time of QEMU's.)
+    let from_marker = r.qemu_start == 0;
+    let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[CODE_VA]);
+    let (mut restored, mut as_found, mut other, mut stuck) = (0, 0, Vec::new(), 0);
     for s in &r.sites {
         let Some(original) = unhex(&s.original).filter(|o| o.len() == 5) else {
             other.push(s.va);
@@ -450,9 +472,17 @@ fn restore_sites(
         let mut now = [0u8; 5];
         ram.read_slice(&mut now, GuestAddress(s.gpa))
             .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        let known = match into_code(s.va, &now) {
+            Some((JMP, stub)) if from_marker => space
+                .as_mut()
+                .is_some_and(|sp| stub_runs_nothing(sp, s.va, stub)),
+            _ => true,
+        };
         if now[..] == original[..] {
             as_found += 1;
-        } else if is_call_into_code(s.va, &now) {
+        } else if !known {
+            stuck += 1;
+        } else if into_code(s.va, &now).is_some() {
             ram.write_slice(&original, GuestAddress(s.gpa))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             restored += 1;
@@ -471,14 +501,31 @@ fn restore_sites(
             other[0]
         ));
     }
-    Ok(())
+    Ok(stuck)
 }
 
-/// Does `bytes` at `va` call into vmtrace's code?
-fn is_call_into_code(va: u64, bytes: &[u8; 5]) -> bool {
+/// If `bytes` at `va` are vmtrace's `call` or `jmp` into its code: the
+/// opcode and the target.
+fn into_code(va: u64, bytes: &[u8; 5]) -> Option<(u8, u64)> {
     let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
     let target = va.wrapping_add(5).wrapping_add_signed(rel.into());
-    bytes[0] == CALL && (CODE_VA..CODE_VA + CODE_LEN).contains(&target)
+    ((bytes[0] == CALL || bytes[0] == JMP) && (CODE_VA..CODE_VA + CODE_LEN).contains(&target))
+        .then_some((bytes[0], target))
+}
+
+/// Does the direct stub at `stub` of the site at `va` only record and jump
+/// back (`jmp va + 5` after its head): the site held the ftrace NOP?
+fn stub_runs_nothing(space: &mut vmm::gva::AddressSpace<'_>, va: u64, stub: u64) -> bool {
+    let Ok(back) = space.read_array::<5>(stub + STUB_HEAD) else {
+        return false;
+    };
+    into_target(stub + STUB_HEAD, &back) == Some(va + 5)
+}
+
+/// The target of a `jmp rel32` at `va`.
+fn into_target(va: u64, bytes: &[u8; 5]) -> Option<u64> {
+    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    (bytes[0] == JMP).then(|| va.wrapping_add(5).wrapping_add_signed(rel.into()))
 }
 
 /// Stop until no vCPU runs in vmtrace's code and no hooked call has yet
@@ -620,7 +667,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_site_is_vmtraces_only_when_it_calls_into_its_code() {
+    fn a_site_is_vmtraces_only_when_it_calls_or_jumps_into_its_code() {
         let va = 0xffff_ffff_8100_0000u64;
         let call = |target: u64| {
             let rel = target.wrapping_sub(va + 5) as i64 as i32;
@@ -628,11 +675,20 @@ mod tests {
             b[1..].copy_from_slice(&rel.to_le_bytes());
             b
         };
-        assert!(is_call_into_code(va, &call(CODE_VA + 0x40)));
-        assert!(!is_call_into_code(va, &call(CODE_VA + CODE_LEN)));
+        assert_eq!(
+            into_code(va, &call(CODE_VA + 0x40)),
+            Some((CALL, CODE_VA + 0x40))
+        );
+        assert!(into_code(va, &call(CODE_VA + CODE_LEN)).is_none());
         // ftrace's own call (ftrace_caller, in kernel text) is the guest's.
-        assert!(!is_call_into_code(va, &call(va + 0x1000)));
-        assert!(!is_call_into_code(va, &[0x0f, 0x1f, 0x44, 0, 0]));
+        assert!(into_code(va, &call(va + 0x1000)).is_none());
+        assert!(into_code(va, &[0x0f, 0x1f, 0x44, 0, 0]).is_none());
+        // A direct entry's jump to its stub is vmtrace's too.
+        let mut jmp = call(CODE_VA + 0x1c0);
+        jmp[0] = JMP;
+        assert_eq!(into_code(va, &jmp), Some((JMP, CODE_VA + 0x1c0)));
+        assert_eq!(into_target(va, &jmp), Some(CODE_VA + 0x1c0));
+        assert_eq!(into_target(va, &call(CODE_VA)), None);
     }
 
     #[test]
