@@ -9,8 +9,8 @@ use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
 use super::exitless::layout::{
-    direct_stubs_len, RingLayout, CODE_SLOTS, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE,
-    RETURN_TRAP_OFF, STUB_PAGES, TABLE_SLOTS,
+    direct_stubs_len, RingLayout, CODE_SLOTS, DIRECT_STUB_PAGES, GRAPH_BOTTOM, MAX_RECORDS,
+    MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES, STUB_SLOT, TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
 use super::Mode;
@@ -37,6 +37,8 @@ pub enum AttachModeError {
     /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
     #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
+    #[error("{sites} direct entries with the function graph: its return stubs and frames take the guest's unused memory their stubs would need, and leave room for {most}; trace fewer functions, or without the function graph")]
+    DirectWithGraph { sites: usize, most: usize },
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
     RingsTooBig { sites: usize, cpus: usize, kib: u64 },
     /// Said in the front end's words (`Advice`).
@@ -163,12 +165,27 @@ fn in_guest_pages(
     let code_pages = code.code_pages();
     // The pages below the rings (`session::exitless::backing`): the tables
     // and the code; with the function graph, its parts at their fixed places.
-    let bottom = match plan.graph {
-        false => TABLE_SLOTS + code_pages,
+    // Direct entries' stubs: in the return trap's page, and below it in
+    // the return stubs' slots from the last down (`backing::slot`).
+    let direct = plan.direct.as_ref().map(|_| direct_stub_pages(sites));
+    let bottom = match (plan.graph, direct) {
+        (true, Some(below)) if below > 0 => {
+            return Err(AttachModeError::DirectWithGraph {
+                sites,
+                most: direct_with_graph(),
+            })
+        }
+        (false, None) => TABLE_SLOTS + code_pages,
+        // The code from the bottom, the stubs down from the return trap's
+        // page, the last of the graph's code slots (`backing::slot`).
+        (false, Some(below)) if code_pages + below <= CODE_SLOTS + DIRECT_STUB_PAGES => {
+            TABLE_SLOTS + CODE_SLOTS + STUB_PAGES
+        }
+        (false, Some(_)) => pages + 1,
         // (The code's pages count the return stubs' too.)
-        true if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
-        true => pages + 1,
-    } + direct_stub_pages(plan.direct.as_ref().map_or(0, |_| sites), plan.graph);
+        (true, _) if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
+        (true, _) => pages + 1,
+    };
     let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
     let fits = |cap| {
         RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
@@ -189,18 +206,17 @@ fn in_guest_pages(
     Ok(code)
 }
 
-/// Pages the stubs of `sites` direct entries take below the return trap
-/// (`direct_stubs_len`), beyond the return trap's own page, which the
-/// function graph's parts count already.
-fn direct_stub_pages(sites: usize, graph: bool) -> usize {
-    if sites == 0 {
-        return 0;
-    }
-    let first = (RETURN_TRAP_OFF - direct_stubs_len(sites)) / PAGE;
-    let last = (RETURN_TRAP_OFF - 1) / PAGE;
-    let touched = (last - first + 1) as usize;
-    let trap_page = RETURN_TRAP_OFF / PAGE == last;
-    touched - usize::from(graph && trap_page)
+/// Pages the stubs of `sites` direct entries take below the return trap's
+/// page (`direct_stubs_len`; the last stubs share that page).
+fn direct_stub_pages(sites: usize) -> usize {
+    let trap_page = RETURN_TRAP_OFF / PAGE;
+    (trap_page - (RETURN_TRAP_OFF - direct_stubs_len(sites)) / PAGE) as usize
+}
+
+/// Direct entries whose stubs fit the return trap's page: all the function
+/// graph leaves them in the guest's free pages.
+fn direct_with_graph() -> usize {
+    ((RETURN_TRAP_OFF % PAGE) / STUB_SLOT) as usize
 }
 
 #[cfg(test)]
@@ -282,18 +298,15 @@ mod tests {
 
     #[test]
     fn direct_stubs_take_pages_of_their_own() {
-        // The return trap sits 16 bytes below a page's end: one stub shares
-        // its page, which only the function graph counts already.
+        // The return trap sits 16 bytes below a page's end: 63 stubs share
+        // its page; the function graph leaves them no other.
         assert_eq!(RETURN_TRAP_OFF % PAGE, PAGE - 16);
-        assert_eq!(direct_stub_pages(0, false), 0);
-        assert_eq!(direct_stub_pages(1, false), 1);
-        assert_eq!(direct_stub_pages(1, true), 0);
-        // 64 stubs of 64 bytes: a page, straddling two.
-        assert_eq!(direct_stub_pages(64, false), 2);
-        assert_eq!(direct_stub_pages(64, true), 1);
-        // 1,000 direct entries: 62.5 KiB of stubs, 58.5 KiB below the
+        assert_eq!(direct_with_graph(), 63);
+        assert_eq!(direct_stub_pages(63), 0);
+        assert_eq!(direct_stub_pages(64), 1);
+        // 1,000 direct entries: 62.5 KiB of stubs, 59 KiB below the
         // return trap's page.
-        assert_eq!(direct_stub_pages(1000, true), 15);
+        assert_eq!(direct_stub_pages(1000), 15);
     }
 
     #[test]
