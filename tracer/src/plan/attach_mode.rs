@@ -37,6 +37,8 @@ pub enum AttachModeError {
     /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
     #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
+    #[error("direct entries jump to stubs in vmtrace's code in guest memory, and {0}: trace in exitless mode, or with --entry ftrace")]
+    DirectNeedsRoom(String),
     #[error("{sites} direct entries with the function graph: its return stubs and frames take the guest's unused memory their stubs would need, and leave room for {most}; trace fewer functions, or without the function graph")]
     DirectWithGraph { sites: usize, most: usize },
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
@@ -99,6 +101,9 @@ pub struct Room<R> {
 /// in guest memory.
 pub fn check_early(plan: &TracePlan) -> Result<(), AttachModeError> {
     match (&plan.mode, plan.plan.graph) {
+        (Mode::Trap, _) if plan.plan.direct.is_some() => {
+            Err(AttachModeError::DirectNeedsRoom(TRAP_WRITES_NONE.into()))
+        }
         (Mode::Trap, true) => Err(AttachModeError::GraphNeedsRoom(TRAP_WRITES_NONE.into())),
         _ => Ok(()),
     }
@@ -141,6 +146,9 @@ pub fn decide<R, E: std::fmt::Display>(
         },
     };
     match decided {
+        Decision::Trap { why } if plan.plan.direct.is_some() => Err(
+            AttachModeError::DirectNeedsRoom(why.unwrap_or_else(|| TRAP_WRITES_NONE.into())).into(),
+        ),
         Decision::Trap { why } if plan.plan.graph => Err(AttachModeError::GraphNeedsRoom(
             why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
         )
@@ -293,6 +301,43 @@ mod tests {
         assert!(matches!(
             e,
             Refused::Plan(AttachModeError::RingsTooBig { .. })
+        ));
+    }
+
+    #[test]
+    fn direct_entries_need_room_trap_mode_is_refused() {
+        let Some(_) = plan(ModeChoice::Auto, false, false) else {
+            return;
+        };
+        let direct = |asked| {
+            let req = Request {
+                entry: crate::plan::entry::EntryChoice::Direct,
+                ..Request::new(vec!["hrtimer_*".into()], asked, 2)
+            };
+            let path =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+            TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap()
+        };
+        let e = check_early(&direct(ModeChoice::Trap))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "direct entries jump to stubs in vmtrace's code in guest memory, and \
+                 {TRAP_WRITES_NONE}: trace in exitless mode, or with --entry ftrace"
+            )
+        );
+        // Where auto mode would fall back: refused, with the guest's reason.
+        let auto = direct(ModeChoice::Auto);
+        assert!(check_early(&auto).is_ok());
+        let Err(Refused::Plan(e)) = decided(&auto, Err(Why("no room", true))) else {
+            panic!("a direct plan fell back to trap mode")
+        };
+        assert!(matches!(e, AttachModeError::DirectNeedsRoom(w) if w == "no room"));
+        assert!(matches!(
+            decided(&auto, pages(PAGES)),
+            Ok(Decision::Exitless(..))
         ));
     }
 
