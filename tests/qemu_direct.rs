@@ -5,7 +5,7 @@
 //! on timers and calling getppid and openat, competing with the worker for
 //! the vCPU, so that the scheduler preempts them anywhere: in the kernel,
 //! in vmtrace's stubs, trampoline and return hook) while vmtrace attaches
-//! and detaches direct entries, ten times: 1,086 functions without the
+//! and detaches direct entries, ten times: over 1,000 functions without the
 //! function graph, and 56 with it (all its room in the guest's free pages
 //! leaves direct entries). Each cycle: getpid's calls counted exactly, the
 //! code taken out only once no task is inside it (a preempted task never
@@ -25,9 +25,10 @@ const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
 
 /// More than 1,000 functions of Debian's 6.12 cloud kernel, busy ones
 /// among them (system calls, forks, timers, the scheduler's clocks).
-const MANY: &str = "__x64_sys_*,do_*,vfs_*,ksys_*,copy_*,tick_*,hrtimer_*,ktime_*";
-/// Direct entries patched by `MANY` (the report's `sites_patched`).
-const MANY_SITES: u64 = 1086;
+const MANY: &str = "__x64_sys_*,do_*,vfs_*,ksys_*,copy_*,find_*,tick_*,hrtimer_*,ktime_*";
+/// Direct entries `MANY` patches at least (the report's `sites_patched`:
+/// 1,192 with the rules of this writing).
+const MANY_SITES: u64 = 1000;
 /// What fits the function graph in the guest's 604 KiB of free low memory
 /// (its frame pool and return stubs take 520 KiB, and leave direct
 /// entries the 63 stubs of the return trap's page): the get* system calls
@@ -81,7 +82,8 @@ fn direct_entries_attach_and_detach_under_load() {
             e.stderr
         );
         if graph.is_empty() {
-            assert_eq!(e.json()["sites_patched"], MANY_SITES, "{when}");
+            let patched = e.json()["sites_patched"].as_u64().unwrap();
+            assert!(patched >= MANY_SITES, "{when}: {patched} sites patched");
         }
         assert_eq!(
             count_of(&e.counts(), &GETPID),
