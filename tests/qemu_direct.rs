@@ -119,3 +119,42 @@ fn first_complaint(console: &str) -> &str {
         .get(from..(at + 8000).min(console.len()))
         .unwrap_or(console)
 }
+
+/// What a direct attach cannot do is refused in one line (exit 2) before
+/// anything is written, the guest running on as found: trap mode (its
+/// stubs would need vmtrace's code in guest memory), and more direct
+/// entries with the function graph than its room leaves (63). The
+/// project's 6.1 guest, `hrtimer_*` and the system calls.
+#[test]
+fn what_a_direct_attach_cannot_do_is_refused_in_one_line() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let base = ["--kernel", s(&bz), "--entry", "direct", "--duration", "1"];
+    for (args, said) in [
+        (
+            &["--mode", "trap", "--trace", "hrtimer_*"][..],
+            "direct entries jump to stubs in vmtrace's code in guest memory, and trap mode \
+             through the gdbstub puts nothing in guest memory: trace in exitless mode, or with \
+             --entry ftrace",
+        ),
+        (
+            &["--graph", "--trace", "__x64_sys_*"][..],
+            "direct entries with the function graph: its return stubs and frames take the \
+             guest's unused memory their stubs would need, and leave room for 63; trace fewer \
+             functions, or without the function graph",
+        ),
+    ] {
+        let e = Attach::start(qmp, &[&base[..], args].concat()).end();
+        assert_eq!(e.status.code(), Some(2), "{args:?}: {}", e.stderr);
+        let last = e.stderr.trim_end().lines().last().unwrap_or_default();
+        assert!(last.contains(said), "{args:?}: {}", e.stderr);
+        assert_no_gdbstub(qmp);
+    }
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by refused direct attaches");
+    assert_runs_on(&guest, w.worker);
+}
