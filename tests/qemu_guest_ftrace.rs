@@ -187,3 +187,55 @@ fn the_guests_own_function_tracer_works_around_an_attach() {
     assert_guest_traces(&guest, pid, "getpid");
     assert_runs_on(&guest, w.worker);
 }
+
+/// Issue 35, item 5: a direct entry that displaces a function's ftrace NOP
+/// puts vmtrace's jump where the guest's ftrace expects its NOP, so its
+/// record is marked as an ftrace site's is: the guest's tracer refuses
+/// getpid while vmtrace traces it by direct entry (no `ftrace bug` when it
+/// is turned on), traces getppid beside it, and has getpid back after the
+/// detach.
+#[test]
+fn a_direct_entry_over_the_ftrace_nop_is_kept_from_the_guests_ftrace() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (pid, ppid) = (ftrace_name(&guest, GETPID), ftrace_name(&guest, GETPPID));
+    assert_guest_traces(&guest, ppid, "getppid");
+    let (before, _) = kernel.read(qmp);
+    let args = [
+        "--kernel",
+        s(&bz),
+        "--format",
+        "json",
+        "--entry",
+        "direct",
+        "--trace",
+        "__x64_sys_getpid",
+    ];
+    let a = Attach::start(qmp, &args).attached();
+    let on = ftrace(&guest, &format!("on {pid} {ppid}"));
+    assert_eq!(
+        on,
+        format!("workload: ftrace on {pid}={EXCLUDED} {ppid}=0 tracer=0")
+    );
+    guest.go("getpid", 60).unwrap();
+    guest.go("getppid", 11).unwrap();
+    assert_hits(&guest, ppid, 11);
+    assert_hits(&guest, pid, 0);
+    assert_eq!(
+        ftrace(&guest, "off"),
+        "workload: ftrace off tracer=0 filter=0"
+    );
+    let e = detach(a);
+    assert_eq!(count_of(&e.counts(), &GETPID), 60, "{}", e.stdout);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "by a direct entry the guest's ftrace ran beside",
+    );
+    assert_guest_traces(&guest, pid, "getpid");
+    assert_runs_on(&guest, w.worker);
+}

@@ -608,3 +608,64 @@ fn a_repair_leaves_a_vm_its_user_paused_paused() {
         assert_nothing_left(qmp);
     }
 }
+
+/// A killed attach of direct entries (issue 35): getppid's displaces its
+/// ftrace NOP, `sched_clock_cpu`'s (notrace) its first instructions; each
+/// holds a `jmp` to its stub. Without the journal the repair gives back
+/// only the one whose bytes it can tell (its stub ran nothing in their
+/// place: the NOP) and leaves the other with vmtrace's code (exit 1); with
+/// the journal everything goes back, every byte as found.
+#[test]
+fn a_killed_direct_attach_is_repaired_from_its_journal() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let args = [
+        "--mode",
+        "exitless",
+        "--entry",
+        "direct",
+        "--trace",
+        "__x64_sys_getppid,sched_clock_cpu",
+    ];
+    let a = attached(qmp, &bz, &args);
+    guest.go("getppid", 3).unwrap();
+    kill_with_guardian(a);
+    guest.go("getppid", 2_000).unwrap();
+    assert_runs_on(&guest, w.worker);
+
+    let journal = journal_of(&guest);
+    let aside = journal.with_extension("aside");
+    std::fs::rename(&journal, &aside).unwrap();
+    let o = detach(qmp);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    for n in [
+        "1 sites restored (0 of 2 were as found)",
+        "1 direct entries jump into vmtrace's code and no journal holds their first bytes",
+    ] {
+        assert!(text(&o).contains(n), "{n:?} in {}", text(&o));
+    }
+    assert_runs_on(&guest, w.worker);
+    std::fs::rename(&aside, &journal).unwrap();
+
+    let o = detach(qmp);
+    assert_repaired(
+        &o,
+        &[
+            "1 sites restored (1 of 2 were as found)",
+            "page-directory entries cleared",
+            "unused low pages given their bytes back",
+        ],
+    );
+    assert_runs_on(&guest, w.worker);
+    let (after, _) = kernel.read(qmp);
+    assert_same(
+        &before,
+        &after,
+        "after a killed direct attach and the repair",
+    );
+    assert_no_gdbstub(qmp);
+}

@@ -45,6 +45,12 @@
  *   spawn N [K]    fork K children (1 to 8, default 1; named wl-child) that
  *                  each call getpid(2) N times and exit; reap them
  *                                        -> workload: spawned N pid=W
+ *   busy K         fork K background tasks (1 to 8, named wl-busy) that loop
+ *                  until the guest ends: each round forks a child that exits at
+ *                  once and reaps it, sleeps 1 ms (nanosleep: a timer), calls
+ *                  getppid(2) and openat(2) of a missing path; never getpid(2),
+ *                  so that `go getpid N` stays exact beside them
+ *                                        -> workload: busy K pid=W
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
  *                                        -> workload: quit power-off|restart
@@ -59,6 +65,7 @@
 #define SYS_ioctl 16
 #define SYS_dup2 33
 #define SYS_pause 34
+#define SYS_nanosleep 35
 #define SYS_getpid 39
 #define SYS_fork 57
 #define SYS_wait4 61
@@ -321,6 +328,38 @@ static long spawn(long count, long kids)
 	for (i = 0; i < k; i++)
 		sys6(SYS_wait4, pids[i], (long)&status, 0, 0, 0, 0);
 	return child;
+}
+
+/* `busy K`: K tasks forking, sleeping and calling, until the guest ends. */
+static long busy(long kids)
+{
+	struct { long sec, nsec; } ms = { 0, 1000000 };
+	int status;
+	long k, child, grandchild;
+
+	if (kids < 1 || kids > 8)
+		return -22;
+	for (k = 0; k < kids; k++) {
+		child = sys0(SYS_fork);
+		if (child < 0)
+			return child;
+		if (child > 0)
+			continue;
+		sys6(SYS_prctl, PR_SET_NAME, (long)"wl-busy", 0, 0, 0, 0);
+		for (;;) {
+			grandchild = sys0(SYS_fork);
+			if (grandchild == 0)
+				sys3(SYS_exit, 0, 0, 0);
+			if (grandchild > 0)
+				sys6(SYS_wait4, grandchild, (long)&status, 0, 0, 0, 0);
+			sys3(SYS_nanosleep, (long)&ms, 0, 0);
+			sys0(SYS_getppid);
+			child = sys6(SYS_openat, AT_FDCWD, (long)MISSING_PATH, O_RDONLY, 0, 0, 0);
+			if (child >= 0)
+				sys3(SYS_close, child, 0, 0);
+		}
+	}
+	return 0;
 }
 
 static unsigned long len_of(const char *s)
@@ -598,6 +637,10 @@ static void run_command(char *text, long pid)
 		reply(&l, "renamed ", count, 0, pid);
 		return;
 	}
+	if (count >= 0 && streq(w[0], "busy")) {
+		reply(&l, "busy ", count, busy(count), pid);
+		return;
+	}
 	if (n == 3 && streq(w[0], "spawn") && parse_count(w[1]) >= 0 && parse_count(w[2]) >= 0) {
 		long child = spawn(parse_count(w[1]), parse_count(w[2]));
 
@@ -610,7 +653,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, ftrace ..., ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

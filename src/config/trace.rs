@@ -2,10 +2,9 @@
 //! as the tracer's `Request`: written once, so that every command asks the
 //! tracer alike.
 
-use tracer::plan::entry::EntryChoice;
 use tracer::plan::Request;
 
-use crate::cli::{EntryArg, TraceArgs};
+use crate::cli::TraceArgs;
 use crate::error::InputError;
 
 impl TraceArgs {
@@ -32,30 +31,19 @@ impl TraceArgs {
 
     /// `vmtrace attach`'s request, once `check_attach` passed.
     pub fn attach_request(&self, cpus: usize) -> Request {
-        Request {
-            // The QEMU session patches ftrace sites only (`auto` included).
-            entry: EntryChoice::Ftrace,
-            // Not this host's KVM: attach's auto mode goes by the guest's
-            // room (`tracer::qemu::mode::decide`).
-            ..self.request(cpus, false, true)
-        }
+        // Not this host's KVM: attach's auto mode goes by the guest's
+        // room (`tracer::qemu::mode::decide`).
+        self.request(cpus, false, true)
     }
 
     /// The tracing flags `vmtrace attach` cannot honour yet, refused before
     /// it connects rather than ignored.
     pub fn check_attach(&self) -> Result<(), InputError> {
-        let refused = [
-            (
-                self.entry == EntryArg::Direct,
-                "--entry direct",
-                "enters traced functions through their ftrace call sites only",
-            ),
-            (
-                self.ring_events.is_some(),
-                "--ring-events",
-                "sizes its rings itself, to the guest's unused memory",
-            ),
-        ];
+        let refused = [(
+            self.ring_events.is_some(),
+            "--ring-events",
+            "sizes its rings itself, to the guest's unused memory",
+        )];
         match refused.into_iter().find(|(given, ..)| *given) {
             Some((_, flag, why)) => Err(InputError::NotOnAttach { flag, why }),
             None => Ok(()),
@@ -66,6 +54,7 @@ impl TraceArgs {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use tracer::plan::entry::EntryChoice;
     use tracer::plan::ModeChoice;
 
     use super::*;
@@ -81,8 +70,8 @@ mod tests {
         }
     }
 
-    /// The flags reach the request as a run gives them; attach's keeps
-    /// ftrace's sites and its own auto mode.
+    /// The flags reach the request as a run gives them, `--entry`
+    /// included; attach keeps its own auto mode.
     #[test]
     fn one_request_for_run_and_attach() {
         let flags = ["--mode", "exitless", "--graph", "--pid", "1,2", "--args=g"];
@@ -97,7 +86,7 @@ mod tests {
         let a = t.attach_request(2);
         assert_eq!(
             (a.entry, a.emulator_host, a.linux),
-            (EntryChoice::Ftrace, false, true)
+            (EntryChoice::Auto, false, true)
         );
         assert_eq!(
             (a.mode, a.cpus, a.pids),
@@ -107,11 +96,15 @@ mod tests {
 
     #[test]
     fn attach_refuses_what_it_cannot_honour_and_takes_the_rest() {
-        for ok in [&[][..], &["--entry", "ftrace"], &["--entry", "auto"]] {
-            assert!(attach(ok).check_attach().is_ok(), "{ok:?}");
+        for entry in ["ftrace", "direct", "auto"] {
+            let ok = ["--entry", entry];
+            assert!(attach(&ok).check_attach().is_ok(), "{ok:?}");
+            assert_eq!(
+                attach(&ok).attach_request(1).entry,
+                attach(&ok).entry.choice()
+            );
         }
-        let e = attach(&["--entry", "direct"]).check_attach().unwrap_err();
-        assert!(e.to_string().starts_with("--entry direct: "), "{e}");
+        assert!(attach(&[]).check_attach().is_ok());
         let e = attach(&["--ring-events", "64"]).check_attach().unwrap_err();
         assert!(e.to_string().ends_with("; drop --ring-events"), "{e}");
     }

@@ -9,7 +9,8 @@ use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
 use super::exitless::layout::{
-    RingLayout, CODE_SLOTS, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, STUB_PAGES, TABLE_SLOTS,
+    direct_stubs_len, RingLayout, CODE_SLOTS, DIRECT_STUB_PAGES, GRAPH_BOTTOM, MAX_RECORDS,
+    MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES, STUB_SLOT, TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
 use super::Mode;
@@ -36,6 +37,10 @@ pub enum AttachModeError {
     /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
     #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
+    #[error("direct entries jump to stubs in vmtrace's code in guest memory, and {0}: trace in exitless mode, or with --entry ftrace")]
+    DirectNeedsRoom(String),
+    #[error("{sites} direct entries with the function graph: its return stubs and frames take the guest's unused memory their stubs would need, and leave room for {most}; trace fewer functions, or without the function graph")]
+    DirectWithGraph { sites: usize, most: usize },
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
     RingsTooBig { sites: usize, cpus: usize, kib: u64 },
     /// Said in the front end's words (`Advice`).
@@ -96,6 +101,9 @@ pub struct Room<R> {
 /// in guest memory.
 pub fn check_early(plan: &TracePlan) -> Result<(), AttachModeError> {
     match (&plan.mode, plan.plan.graph) {
+        (Mode::Trap, _) if plan.plan.direct.is_some() => {
+            Err(AttachModeError::DirectNeedsRoom(TRAP_WRITES_NONE.into()))
+        }
         (Mode::Trap, true) => Err(AttachModeError::GraphNeedsRoom(TRAP_WRITES_NONE.into())),
         _ => Ok(()),
     }
@@ -138,6 +146,9 @@ pub fn decide<R, E: std::fmt::Display>(
         },
     };
     match decided {
+        Decision::Trap { why } if plan.plan.direct.is_some() => Err(
+            AttachModeError::DirectNeedsRoom(why.unwrap_or_else(|| TRAP_WRITES_NONE.into())).into(),
+        ),
         Decision::Trap { why } if plan.plan.graph => Err(AttachModeError::GraphNeedsRoom(
             why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
         )
@@ -162,11 +173,26 @@ fn in_guest_pages(
     let code_pages = code.code_pages();
     // The pages below the rings (`session::exitless::backing`): the tables
     // and the code; with the function graph, its parts at their fixed places.
-    let bottom = match plan.graph {
-        false => TABLE_SLOTS + code_pages,
+    // Direct entries' stubs: in the return trap's page, and below it in
+    // the return stubs' slots from the last down (`backing::slot`).
+    let direct = plan.direct.as_ref().map(|_| direct_stub_pages(sites));
+    let bottom = match (plan.graph, direct) {
+        (true, Some(below)) if below > 0 => {
+            return Err(AttachModeError::DirectWithGraph {
+                sites,
+                most: direct_with_graph(),
+            })
+        }
+        (false, None) => TABLE_SLOTS + code_pages,
+        // The code from the bottom, the stubs down from the return trap's
+        // page, the last of the graph's code slots (`backing::slot`).
+        (false, Some(below)) if code_pages + below <= CODE_SLOTS + DIRECT_STUB_PAGES => {
+            TABLE_SLOTS + CODE_SLOTS + STUB_PAGES
+        }
+        (false, Some(_)) => pages + 1,
         // (The code's pages count the return stubs' too.)
-        true if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
-        true => pages + 1,
+        (true, _) if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
+        (true, _) => pages + 1,
     };
     let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
     let fits = |cap| {
@@ -189,6 +215,19 @@ fn in_guest_pages(
     // has more CPU numbers than QEMU has vCPUs).
     code.set_rings(cpus, cap)?;
     Ok(code)
+}
+
+/// Pages the stubs of `sites` direct entries take below the return trap's
+/// page (`direct_stubs_len`; the last stubs share that page).
+fn direct_stub_pages(sites: usize) -> usize {
+    let trap_page = RETURN_TRAP_OFF / PAGE;
+    (trap_page - (RETURN_TRAP_OFF - direct_stubs_len(sites)) / PAGE) as usize
+}
+
+/// Direct entries whose stubs fit the return trap's page: all the function
+/// graph leaves them in the guest's free pages.
+fn direct_with_graph() -> usize {
+    ((RETURN_TRAP_OFF % PAGE) / STUB_SLOT) as usize
 }
 
 #[cfg(test)]
@@ -282,6 +321,56 @@ mod tests {
             e,
             Refused::Plan(AttachModeError::RingsTooBig { .. })
         ));
+    }
+
+    #[test]
+    fn direct_entries_need_room_trap_mode_is_refused() {
+        let Some(_) = plan(ModeChoice::Auto, false, false) else {
+            return;
+        };
+        let direct = |asked| {
+            let req = Request {
+                entry: crate::plan::entry::EntryChoice::Direct,
+                ..Request::new(vec!["hrtimer_*".into()], asked, 2)
+            };
+            let path =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
+            TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap()
+        };
+        let e = check_early(&direct(ModeChoice::Trap))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "direct entries jump to stubs in vmtrace's code in guest memory, and \
+                 {TRAP_WRITES_NONE}: trace in exitless mode, or with --entry ftrace"
+            )
+        );
+        // Where auto mode would fall back: refused, with the guest's reason.
+        let auto = direct(ModeChoice::Auto);
+        assert!(check_early(&auto).is_ok());
+        let Err(Refused::Plan(e)) = decided(&auto, Err(Why("no room", true))) else {
+            panic!("a direct plan fell back to trap mode")
+        };
+        assert!(matches!(e, AttachModeError::DirectNeedsRoom(w) if w == "no room"));
+        assert!(matches!(
+            decided(&auto, pages(PAGES)),
+            Ok(Decision::Exitless(..))
+        ));
+    }
+
+    #[test]
+    fn direct_stubs_take_pages_of_their_own() {
+        // The return trap sits 16 bytes below a page's end: 63 stubs share
+        // its page; the function graph leaves them no other.
+        assert_eq!(RETURN_TRAP_OFF % PAGE, PAGE - 16);
+        assert_eq!(direct_with_graph(), 63);
+        assert_eq!(direct_stub_pages(63), 0);
+        assert_eq!(direct_stub_pages(64), 1);
+        // 1,000 direct entries: 62.5 KiB of stubs, 59 KiB below the
+        // return trap's page.
+        assert_eq!(direct_stub_pages(1000), 15);
     }
 
     #[test]

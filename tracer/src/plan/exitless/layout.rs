@@ -117,6 +117,11 @@ pub const CODE_SLOTS: usize = 8;
 /// them) at the end of the code, and its frame pool (and the counter's
 /// page below it) at the end of the data: pages of each.
 pub const STUB_PAGES: usize = ((CODE_LEN - RETURN_TRAP_OFF) / PAGE) as usize + 1;
+/// In free pages of the guest's own (a running QEMU), direct entries'
+/// stubs below the return trap's page take the slots of the graph's
+/// return stubs, from the last down: this many pages (about 4,100 stubs
+/// with those in the return trap's page), and none with the graph.
+pub const DIRECT_STUB_PAGES: usize = STUB_PAGES - 1;
 pub const POOL_PAGES: usize = ((DATA_LEN - FRAME_NEXT_OFF).div_ceil(PAGE)) as usize;
 /// Free pages below the rings with the function graph, whatever the code.
 pub const GRAPH_BOTTOM: usize = TABLE_SLOTS + CODE_SLOTS + STUB_PAGES + POOL_PAGES;

@@ -360,12 +360,20 @@ fn in_stops<'g>(
     // (Stopped since the stub connected, when `already`.)
     let mut stop = guest.stop_in(already, held.is_some())?;
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
-        restore_sites(&stop, r, out)?;
-        stop = match held {
-            Some(status) => region_held(stop, r, status, out)?,
-            None => {
+        let stuck = restore_sites(&stop, r, out)?;
+        stop = match (stuck, held) {
+            (0, Some(status)) => region_held(stop, r, status, out)?,
+            (0, None) => {
                 stop.resume()?;
                 region_stop(guest, r, out)?
+            }
+            // A direct entry still jumping to its stub needs vmtrace's code.
+            (n, _) => {
+                out.failed(format!(
+                    "{n} direct entries jump into vmtrace's code and no journal holds their \
+                     first bytes: they and vmtrace's code and rings are left in place"
+                ));
+                stop
             }
         };
     }
@@ -462,12 +470,12 @@ pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, 
 
 #[cfg(test)]
 mod tests {
-    use super::region::{is_call_into_code, CALL};
+    use super::region::{into_code, into_target, CALL, JMP};
     use super::*;
     use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 
     #[test]
-    fn a_site_is_vmtraces_only_when_it_calls_into_its_code() {
+    fn a_site_is_vmtraces_only_when_it_calls_or_jumps_into_its_code() {
         let va = 0xffff_ffff_8100_0000u64;
         let call = |target: u64| {
             let rel = target.wrapping_sub(va + 5) as i64 as i32;
@@ -475,11 +483,20 @@ mod tests {
             b[1..].copy_from_slice(&rel.to_le_bytes());
             b
         };
-        assert!(is_call_into_code(va, &call(CODE_VA + 0x40)));
-        assert!(!is_call_into_code(va, &call(CODE_VA + CODE_LEN)));
+        assert_eq!(
+            into_code(va, &call(CODE_VA + 0x40)),
+            Some((CALL, CODE_VA + 0x40))
+        );
+        assert!(into_code(va, &call(CODE_VA + CODE_LEN)).is_none());
         // ftrace's own call (ftrace_caller, in kernel text) is the guest's.
-        assert!(!is_call_into_code(va, &call(va + 0x1000)));
-        assert!(!is_call_into_code(va, &[0x0f, 0x1f, 0x44, 0, 0]));
+        assert!(into_code(va, &call(va + 0x1000)).is_none());
+        assert!(into_code(va, &[0x0f, 0x1f, 0x44, 0, 0]).is_none());
+        // A direct entry's jump to its stub is vmtrace's too.
+        let mut jmp = call(CODE_VA + 0x1c0);
+        jmp[0] = JMP;
+        assert_eq!(into_code(va, &jmp), Some((JMP, CODE_VA + 0x1c0)));
+        assert_eq!(into_target(va, &jmp), Some(CODE_VA + 0x1c0));
+        assert_eq!(into_target(va, &call(CODE_VA)), None);
     }
 
     #[test]

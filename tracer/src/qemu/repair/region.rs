@@ -29,17 +29,29 @@ const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
 const LOW_MIB: u64 = 1 << 20;
 /// A `call rel32`: what vmtrace writes at an exitless site.
 pub(super) const CALL: u8 = 0xe8;
+/// A `jmp rel32`: what vmtrace writes at a direct entry (to its stub,
+/// `session::direct::stub`).
+pub(super) const JMP: u8 = 0xe9;
+/// A direct stub's head (its `call` into the trampoline) is 5 bytes; the
+/// stub of a site that held the ftrace NOP jumps back right after it.
+const STUB_HEAD: u64 = 5;
 
-/// Each journaled site that holds vmtrace's call (a `call` into its code)
-/// gets its bytes back; one that holds anything else is not vmtrace's to
-/// touch.
+/// Each journaled site that holds vmtrace's call or jump (a `call` or a
+/// direct entry's `jmp` into its code) gets its bytes back; one that holds
+/// anything else is not vmtrace's to touch. Without the journal (`r` from
+/// the marker, whose sites' bytes are the NOP) a direct entry's first
+/// bytes are known only when its stub ran nothing in their place (it
+/// displaced the ftrace NOP): the others stay, and their count is returned.
 pub(super) fn restore_sites(
     stop: &QemuStop<'_>,
     r: &JournalRecord,
     out: &mut Repaired,
-) -> Result<(), QemuError> {
+) -> Result<usize, QemuError> {
     let ram = stop.ram();
-    let (mut restored, mut as_found, mut other) = (0, 0, Vec::new());
+    // (`Journal::from_marker` knows no start time of QEMU's.)
+    let from_marker = r.qemu_start == 0;
+    let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[CODE_VA]);
+    let (mut restored, mut as_found, mut other, mut stuck) = (0, 0, Vec::new(), 0);
     for s in &r.sites {
         let Some(original) = unhex(&s.original).filter(|o| o.len() == 5) else {
             other.push(s.va);
@@ -48,9 +60,17 @@ pub(super) fn restore_sites(
         let mut now = [0u8; 5];
         ram.read_slice(&mut now, GuestAddress(s.gpa))
             .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        let known = match into_code(s.va, &now) {
+            Some((JMP, stub)) if from_marker => space
+                .as_mut()
+                .is_some_and(|sp| stub_runs_nothing(sp, s.va, stub)),
+            _ => true,
+        };
         if now[..] == original[..] {
             as_found += 1;
-        } else if is_call_into_code(s.va, &now) {
+        } else if !known {
+            stuck += 1;
+        } else if into_code(s.va, &now).is_some() {
             ram.write_slice(&original, GuestAddress(s.gpa))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             restored += 1;
@@ -69,14 +89,31 @@ pub(super) fn restore_sites(
             other[0]
         ));
     }
-    Ok(())
+    Ok(stuck)
 }
 
-/// Does `bytes` at `va` call into vmtrace's code?
-pub(super) fn is_call_into_code(va: u64, bytes: &[u8; 5]) -> bool {
+/// If `bytes` at `va` are vmtrace's `call` or `jmp` into its code: the
+/// opcode and the target.
+pub(super) fn into_code(va: u64, bytes: &[u8; 5]) -> Option<(u8, u64)> {
     let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
     let target = va.wrapping_add(5).wrapping_add_signed(rel.into());
-    bytes[0] == CALL && (CODE_VA..CODE_VA + CODE_LEN).contains(&target)
+    ((bytes[0] == CALL || bytes[0] == JMP) && (CODE_VA..CODE_VA + CODE_LEN).contains(&target))
+        .then_some((bytes[0], target))
+}
+
+/// Does the direct stub at `stub` of the site at `va` only record and jump
+/// back (`jmp va + 5` after its head): the site held the ftrace NOP?
+fn stub_runs_nothing(space: &mut vmm::gva::AddressSpace<'_>, va: u64, stub: u64) -> bool {
+    let Ok(back) = space.read_array::<5>(stub + STUB_HEAD) else {
+        return false;
+    };
+    into_target(stub + STUB_HEAD, &back) == Some(va + 5)
+}
+
+/// The target of a `jmp rel32` at `va`.
+pub(super) fn into_target(va: u64, bytes: &[u8; 5]) -> Option<u64> {
+    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    (bytes[0] == JMP).then(|| va.wrapping_add(5).wrapping_add_signed(rel.into()))
 }
 
 /// Stop until no vCPU runs in vmtrace's code and no hooked call has yet

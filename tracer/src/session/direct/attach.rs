@@ -109,6 +109,11 @@ impl Tracer {
             _ => Head::Trap,
         };
         let jumps = direct.write_stubs(space.memory(), &checked.ready, head)?;
+        // In a QEMU's free pages, the stubs' pages were backed just now.
+        let mapped = match ex {
+            Some(ex) => ex.map_backed(space)?.unwrap_or(mapped),
+            None => mapped,
+        };
         // Before any jump: traps find their site by the stub's address.
         // The same at every attach: they depend on the site count only.
         let same = self.plan.index.set_stubs(direct.stub_vas());

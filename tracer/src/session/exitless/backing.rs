@@ -19,8 +19,8 @@ use vmm::{GuestRam, RamError};
 
 pub use crate::plan::exitless::layout::PAGE;
 use crate::plan::exitless::layout::{
-    CODE_GPA, CODE_SLOTS, DATA_GPA, FRAME_NEXT_OFF, REGION_GPA, REGION_LEN, RETURN_TRAP_OFF,
-    SPARE_PD_GPA, STUB_PAGES, TABLE_SLOTS,
+    CODE_GPA, CODE_SLOTS, DATA_GPA, DIRECT_STUB_PAGES, FRAME_NEXT_OFF, REGION_GPA, REGION_LEN,
+    RETURN_TRAP_OFF, SPARE_PD_GPA, STUB_PAGES, TABLE_SLOTS,
 };
 
 /// Which free page backs which page of the region.
@@ -63,10 +63,19 @@ fn slot(page: u64, n: usize) -> Option<usize> {
         };
     }
     let c = in_pages(CODE_GPA);
-    let stubs = (RETURN_TRAP_OFF / PAGE) as usize;
-    match c >= stubs {
-        true => Some(TABLE_SLOTS + CODE_SLOTS + c - stubs),
-        false => Some(TABLE_SLOTS + c),
+    let trap = (RETURN_TRAP_OFF / PAGE) as usize;
+    // The function graph's code slots: its return stubs, then the return
+    // trap's page, the last (direct entries' stubs share that page).
+    let graph = TABLE_SLOTS + CODE_SLOTS;
+    match c.cmp(&trap) {
+        std::cmp::Ordering::Greater => Some(graph + c - trap - 1),
+        std::cmp::Ordering::Equal => Some(graph + STUB_PAGES - 1),
+        // Direct entries' stubs below the return trap's page: the return
+        // stubs' slots, from the last down (`DIRECT_STUB_PAGES`).
+        std::cmp::Ordering::Less if c + DIRECT_STUB_PAGES >= trap => {
+            Some(graph + STUB_PAGES - 1 - (trap - c))
+        }
+        std::cmp::Ordering::Less => Some(TABLE_SLOTS + c),
     }
 }
 
@@ -261,13 +270,27 @@ mod tests {
         assert_eq!(slot(CODE_GPA + PAGE, n), Some(5));
         assert_eq!(slot(DATA_GPA, n), Some(30));
         assert_eq!(slot(DATA_GPA + 2 * PAGE, n), Some(28));
-        // The graph's return stubs and frame pool: fixed, after CODE_SLOTS.
-        assert_eq!(slot(CODE_GPA + RETURN_TRAP_OFF, n), Some(4 + CODE_SLOTS));
+        // The graph's return stubs and frame pool: fixed, after CODE_SLOTS;
+        // the return trap's page last.
+        let graph = 4 + CODE_SLOTS;
+        assert_eq!(
+            slot(CODE_GPA + RETURN_TRAP_OFF, n),
+            Some(graph + STUB_PAGES - 1)
+        );
+        assert_eq!(slot(CODE_GPA + RETURN_TRAP_OFF + PAGE, n), Some(graph));
         assert_eq!(
             slot(CODE_GPA + CODE_LEN - PAGE, n),
-            Some(4 + CODE_SLOTS + STUB_PAGES - 1)
+            Some(graph + STUB_PAGES - 2)
         );
         assert_eq!(slot(DATA_GPA + DATA_LEN - PAGE, n), Some(GRAPH_BOTTOM - 1));
+        // Direct entries' stubs below the return trap's page: the return
+        // stubs' slots from the last down.
+        let below = CODE_GPA + RETURN_TRAP_OFF - PAGE;
+        assert_eq!(slot(below, n), Some(graph + STUB_PAGES - 2));
+        let lowest = CODE_GPA + RETURN_TRAP_OFF - DIRECT_STUB_PAGES as u64 * PAGE;
+        assert_eq!(slot(lowest, n), Some(graph));
+        let code = (lowest - PAGE - CODE_GPA) / PAGE;
+        assert_eq!(slot(lowest - PAGE, n), Some(4 + code as usize));
     }
 
     #[test]

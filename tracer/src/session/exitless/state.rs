@@ -205,6 +205,20 @@ impl Exitless {
         Ok(mapped)
     }
 
+    /// With the region in guest pages: map it again, so that the pages
+    /// backed since `install` (direct entries' stubs, written after it)
+    /// are mapped too (`map::map_with` maps the pages backed when it runs).
+    /// None in vmtrace's own slot, which maps everything.
+    pub fn map_backed(
+        &self,
+        space: &mut AddressSpace<'_>,
+    ) -> Result<Option<Mapped>, ExitlessError> {
+        match self.pages.as_deref() {
+            Some(pages) => Ok(Some(map::map_with(space, Some(pages))?)),
+            None => Ok(None),
+        }
+    }
+
     /// Function graph: hooked calls that have not returned yet (their
     /// return address is one of vmtrace's return stubs), as the frame pool
     /// says; 0 without the graph or before the first stage.
