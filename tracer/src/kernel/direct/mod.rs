@@ -4,6 +4,7 @@
 //! it. Nothing here writes to the guest (`crate::session::direct` does).
 //! See docs/direct.md.
 
+pub mod entries;
 pub mod tables;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ use iced_x86::{
 };
 
 use crate::kernel::symbols::KernelImage;
+pub use entries::NotEntry;
 pub use tables::{KernelTable, SiteTables, TableError};
 
 /// Bytes of the jump written at a direct site (`jmp rel32`).
@@ -54,6 +56,12 @@ pub enum Refusal {
     /// that a stub in vmtrace's code page (the top 8 MiB of the address
     /// space) cannot reach with a 32-bit displacement.
     OutOfReach { at: u64, target: u64 },
+    // Issue 35, entries: what is entered, and calls among the displaced.
+    /// Not a function entry (`entries`): no return address at `[rsp]`.
+    NotEntry { why: NotEntry },
+    /// A displaced call (2 to 4 bytes when indirect) followed by another
+    /// displaced instruction: its return address would be inside the jump.
+    CallNotLast { at: u64 },
 }
 
 impl Refusal {
@@ -72,6 +80,8 @@ impl Refusal {
             Refusal::JumpIntoSite { .. } => "jump-into-site",
             Refusal::IndirectJump { .. } => "indirect-jump",
             Refusal::OutOfReach { .. } => "out-of-reach",
+            Refusal::NotEntry { .. } => "not-entry",
+            Refusal::CallNotLast { .. } => "call-not-last",
         }
     }
 }
@@ -114,6 +124,12 @@ impl fmt::Display for Refusal {
                     "indirect jump at +{at:#x}: its targets cannot be checked"
                 )
             }
+            Refusal::NotEntry { why } => write!(f, "not a function entry: {why}"),
+            Refusal::CallNotLast { at } => write!(
+                f,
+                "the call at +{at:#x} is not the last displaced instruction: \
+                 it would return into the jump"
+            ),
         }
     }
 }
@@ -155,7 +171,10 @@ impl DirectSite {
         if image.names(func).any(runs_vmtrace) {
             return Err(Refusal::Recursion);
         }
-        let code = usize::try_from(f.size)
+        if let Some(why) = image.not_entry(func) {
+            return Err(Refusal::NotEntry { why });
+        }
+        let code = usize::try_from(image.entry_extent(func))
             .ok()
             .filter(|&n| n > 0)
             .and_then(|n| image.file_bytes(f.addr, n))
@@ -196,7 +215,12 @@ impl DirectSite {
                 at: at.wrapping_sub(addr),
             });
         }
+        let last = site.insns.last().map(Instruction::ip);
         for i in &site.insns {
+            // A `call` (not `syscall`, which iced counts as one too).
+            if i.mnemonic() == Mnemonic::Call && Some(i.ip()) != last {
+                return Err(Refusal::CallNotLast { at: off(i.ip()) });
+            }
             if !relocatable(i, site.addr..end) {
                 let insn = format_insn(i);
                 return Err(Refusal::Unrelocatable {
@@ -204,7 +228,7 @@ impl DirectSite {
                     insn,
                 });
             }
-            if let Some(target) = rip_target(i).filter(|&t| t < STUB_REACH) {
+            if let Some(target) = rip_target(i).filter(|&t| !stub_reaches(t)) {
                 let at = off(i.ip());
                 return Err(Refusal::OutOfReach { at, target });
             }
@@ -300,11 +324,29 @@ fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
     Ok(insns)
 }
 
-/// The lowest address a stub reaches with a 32-bit displacement: vmtrace's
-/// code page is in the top 8 MiB of the address space, and KASLR only
-/// moves the kernel up from its link addresses, so any target at or above
-/// the kernel's top 2 GiB (where the kernel image is linked) is in reach.
+/// Where vmtrace's stubs are: its code page, in the top 8 MiB of the
+/// address space (`crate::plan::exitless::layout::CODE_VA`).
+const STUBS_FROM: u64 = 0u64.wrapping_sub(8 << 20);
+
+/// The farthest forward a 32-bit displacement reaches from the end of
+/// an instruction: 2 GiB - 1.
+const REL32_REACH: u64 = i32::MAX as u64;
+
+/// The lowest address at the top of the address space that a stub
+/// reaches with a 32-bit displacement: the kernel's top 2 GiB (where the
+/// kernel image is linked; KASLR only moves it up from there).
 pub const STUB_REACH: u64 = 0xffff_ffff_8000_0000;
+
+/// Whether a stub reaches `target` with a RIP-relative 32-bit
+/// displacement. The displacement is added modulo 2^64, so from the top
+/// 8 MiB a stub also reaches the bottom of the address space by wrapping
+/// past 0: a per-CPU variable's operand `gs:[rip + var]`, whose target is
+/// the variable's small offset in the per-CPU area, is one.
+pub fn stub_reaches(target: u64) -> bool {
+    // From the lowest stub, the farthest a wrapped target can be.
+    let wrapped = target.wrapping_sub(STUBS_FROM);
+    target >= STUB_REACH || wrapped <= REL32_REACH
+}
 
 /// The address a displaced instruction reaches relative to RIP: its
 /// RIP-relative memory operand, or its branch target.
@@ -332,7 +374,10 @@ fn near_target(i: &Instruction) -> Option<u64> {
 fn relocatable(i: &Instruction, site: std::ops::Range<u64>) -> bool {
     match i.flow_control() {
         FlowControl::Next | FlowControl::Return => true,
-        FlowControl::IndirectBranch | FlowControl::IndirectCall => true,
+        FlowControl::IndirectBranch => true,
+        // A near `call r/m64` only (`crate::session::direct::stub` turns it
+        // into a `jmp r/m64`), never a far call.
+        FlowControl::IndirectCall => i.code() == Code::Call_rm64,
         FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call => {
             let plain =
                 matches!(i.mnemonic(), Mnemonic::Jmp | Mnemonic::Call) || i.is_jcc_short_or_near();
