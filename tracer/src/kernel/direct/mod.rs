@@ -5,6 +5,8 @@
 //! See docs/direct.md.
 
 pub mod entries;
+#[cfg(test)]
+mod real_tests;
 pub mod tables;
 #[cfg(test)]
 mod tests;
