@@ -153,16 +153,18 @@ impl KernelImage {
     /// preambles), so that a branch from past an inner label is seen.
     pub fn entry_extent(&self, func: usize) -> u64 {
         let f = &self.functions[func];
-        let mut end = f.addr + f.size;
         if self.typed.is_some() {
             return f.size;
         }
+        let mut end = f.addr + f.size;
         for (next, g) in self.functions.iter().enumerate().skip(func + 1) {
-            if g.addr != end || g.size == 0 || self.not_entry(next).is_none() {
-                break;
-            }
-            // Another function's cold code is no part of this one.
-            if self.not_entry(next) == Some(NotEntry::Cold) {
+            // Contiguous (no other symbol between), no entry, and not
+            // another function's cold code.
+            let inner = matches!(
+                self.not_entry(next),
+                Some(NotEntry::Preamble | NotEntry::Unproved)
+            );
+            if g.addr != end || g.size == 0 || !inner {
                 break;
             }
             end = g.addr + g.size;
