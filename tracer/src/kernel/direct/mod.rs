@@ -56,7 +56,8 @@ pub enum Refusal {
     IndirectJump { at: u64 },
     /// A displaced instruction's RIP-relative operand or branch target
     /// that a stub in vmtrace's code page (the top 8 MiB of the address
-    /// space) cannot reach with a 32-bit displacement.
+    /// space) cannot reach with a 32-bit displacement, even by wrapping
+    /// past 0 (`stub_reaches`).
     OutOfReach { at: u64, target: u64 },
     // Issue 35, entries: what is entered, and calls among the displaced.
     /// Not a function entry (`entries`): no return address at `[rsp]`.
@@ -329,6 +330,7 @@ fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
 /// Where vmtrace's stubs are: its code page, in the top 8 MiB of the
 /// address space (`crate::plan::exitless::layout::CODE_VA`).
 const STUBS_FROM: u64 = 0u64.wrapping_sub(8 << 20);
+const _: () = assert!(crate::plan::exitless::layout::CODE_VA >= STUBS_FROM);
 
 /// The farthest forward a 32-bit displacement reaches from the end of
 /// an instruction: 2 GiB - 1.
