@@ -53,12 +53,20 @@ fn noftrace() -> Option<&'static (KernelImage, SiteTables)> {
 }
 
 /// A Debian kernel, without its tables: the entry rules come before
-/// any table's (and reading 6.12's takes long).
+/// any table's (and reading 6.12's takes long). Downloaded on first use
+/// (`guest/build.sh debian-SERIES`, cached in ~/.cache/vmtrace/debian), as
+/// the QEMU tests do (tests/common/qemu.rs).
 fn debian(series: &'static str) -> Loaded {
-    let p = out(
-        &format!("debian-{series}/vmlinuz"),
-        &format!("debian-{series}"),
-    )?;
+    let build = format!("debian-{series}");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    if !root.join(format!("guest/out/{build}/vmlinuz")).is_file() {
+        let st = std::process::Command::new("bash")
+            .arg(root.join("guest/build.sh"))
+            .arg(&build)
+            .status();
+        eprintln!("guest/build.sh {build}: {st:?}");
+    }
+    let p = out(&format!("{build}/vmlinuz"), &build)?;
     let image = crate::kernel::bzimage::load(&p).unwrap().0;
     Some((image, SiteTables::default()))
 }
