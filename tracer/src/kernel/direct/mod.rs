@@ -182,7 +182,8 @@ impl DirectSite {
             .filter(|&n| n > 0)
             .and_then(|n| image.file_bytes(f.addr, n))
             .ok_or(Refusal::NoCode)?;
-        DirectSite::analyze_code(f.addr, code, tables)
+        let own = usize::try_from(f.size).unwrap_or(usize::MAX);
+        DirectSite::analyze_within(f.addr, code, own, tables)
     }
 
     /// The direct site of the function whose code is `code` at `addr`.
@@ -191,13 +192,28 @@ impl DirectSite {
         code: &[u8],
         tables: &SiteTables,
     ) -> Result<DirectSite, Refusal> {
+        DirectSite::analyze_within(addr, code, code.len(), tables)
+    }
+
+    /// `analyze_code` of a function whose own bytes are the first `own` of
+    /// `code`, the rest read for its branches only (`entry_extent`): the
+    /// displaced bytes never reach past its own into the next symbol's,
+    /// which other code may enter (a label jumped to, padding that
+    /// call-depth tracking or FineIBT runs before a function).
+    fn analyze_within(
+        addr: u64,
+        code: &[u8],
+        own: usize,
+        tables: &SiteTables,
+    ) -> Result<DirectSite, Refusal> {
         let insns = decode(addr, code)?;
         let first = usize::from(insns.first().map(Instruction::code) == Some(Code::Endbr64));
+        let own_end = addr.saturating_add(own as u64);
         let mut len = 0;
         let displaced: Vec<Instruction> = insns[first..]
             .iter()
             .take_while(|i| {
-                let more = len < JUMP_LEN;
+                let more = len < JUMP_LEN && i.next_ip() <= own_end;
                 len += i.len();
                 more
             })

@@ -81,6 +81,17 @@ fn debian_612() -> Option<&'static (KernelImage, SiteTables)> {
     IMAGE.get_or_init(|| debian("6.12")).as_ref()
 }
 
+/// The noftrace build's bzImage alone: kallsyms, no ftrace sites.
+fn noftrace_bzimage() -> Option<&'static (KernelImage, SiteTables)> {
+    static IMAGE: OnceLock<Loaded> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let p = out("linux-noftrace/bzImage", "linux-noftrace")?;
+            Some(with_tables(crate::kernel::bzimage::load(&p).unwrap().0))
+        })
+        .as_ref()
+}
+
 fn index(image: &KernelImage, name: &str) -> usize {
     image
         .functions
@@ -175,6 +186,23 @@ fn preambles_and_inner_labels_are_no_entries() {
         .unwrap()
         .1;
     assert_eq!(image.functions[f].addr + extent, next.addr, "{}", next.name);
+}
+
+/// From kallsyms a function is read on over the symbols after it that
+/// are no entries, for its branches; its displaced bytes stay its own.
+/// `mach_reboot_fixups` is a lone `ret`, and `machine_power_off` after it
+/// (called through `pm_power_off`) cannot be proved an entry there: a
+/// jump over both would be entered in its middle.
+#[test]
+fn displaced_bytes_stay_in_their_own_symbol() {
+    let Some(l) = noftrace_bzimage() else { return };
+    let f = index(&l.0, "mach_reboot_fixups");
+    assert_eq!(l.0.functions[f].size, 1);
+    assert!(l.0.entry_extent(f) > 1);
+    assert_eq!(
+        site(l, "mach_reboot_fixups").unwrap_err(),
+        Refusal::TooShort { len: 1 }
+    );
 }
 
 /// `call *(%rdi)` and `call *0x8(%rdi)` first, another instruction
