@@ -22,8 +22,9 @@
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
 #   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
-#                                      Debian's 6.1 cloud kernel, downloaded (GCC's
-#                                      `.cold` fragments, which 6.12's has none of)
+#                                      bookworm's own 6.1 cloud kernel, downloaded (it
+#                                      takes a hot-added vCPU under TCG: 6.12 does not;
+#                                      it has GCC's `.cold` fragments: 6.12's has none)
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its
@@ -183,19 +184,18 @@ build_workload() {
 	echo "guest/build.sh: built guest/out/workload.cpio.gz (/init $(stat -c %s "$tmp/init") bytes)" >&2
 }
 
-# The Debian kernel package the distribution-kernel tests boot: this one
-# when the archive still has it, else the newest of its series (the archive
-# keeps only the latest security update).
-DEBIAN_KERNEL="${DEBIAN_KERNEL:-linux-image-6.12.117+deb12-cloud-amd64-unsigned}"
-DEBIAN_KERNEL_SERIES='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
-# The same for Debian 12's own 6.1 series.
+# The Debian kernel packages the distribution-kernel tests boot: these
+# when the archive still has them, else the newest of their series (the
+# archive keeps only the latest security update). 6.12 (bookworm-security
+# and backports) and bookworm's own 6.1.
+DEBIAN_KERNEL_612="${DEBIAN_KERNEL_612:-linux-image-6.12.117+deb12-cloud-amd64-unsigned}"
+DEBIAN_SERIES_612='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
 DEBIAN_KERNEL_61="${DEBIAN_KERNEL_61:-linux-image-6.1.0-57-cloud-amd64-unsigned}"
-DEBIAN_KERNEL_61_SERIES='^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$'
+DEBIAN_SERIES_61='^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$'
 
 # guest/out/debian-SERIES/: the vmlinuz, config and System.map of Debian's
-# cloud kernel package PKG (else the newest matching the regex SERIES_RE),
-# downloaded once into ~/.cache/vmtrace/debian/.
-# Usage: fetch_debian_kernel SERIES PKG SERIES_RE
+# cloud kernel package PKG (or the newest matching SERIES_RE), downloaded
+# once into ~/.cache/vmtrace/debian/.
 fetch_debian_kernel() {
 	local series="$1" pkg="$2" series_re="$3"
 	local dst="$out/debian-$series" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
@@ -203,12 +203,13 @@ fetch_debian_kernel() {
 		apt-get update -q >/dev/null 2>&1 || true
 	fi
 	if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+		local wanted="$pkg"
 		pkg="$(apt-cache pkgnames "linux-image-$series" | grep -E "$series_re" | sort -V | tail -1)"
 		if [[ -z "$pkg" ]]; then
-			echo "guest/build.sh: no Debian $series cloud kernel package in the apt sources; add bookworm-security (or bookworm-backports) to them" >&2
+			echo "guest/build.sh: no Debian $series cloud kernel package in the apt sources; add bookworm, bookworm-security (or bookworm-backports) to them" >&2
 			exit 2
 		fi
-		echo "guest/build.sh: $2 is gone from the archive; using $pkg" >&2
+		echo "guest/build.sh: $wanted is gone from the archive; using $pkg" >&2
 	fi
 	local unpacked="$cache/$pkg"
 	if [[ ! -d "$unpacked" ]]; then
@@ -265,10 +266,10 @@ linux-6.12)
 	exit 1
 	;;
 debian-6.12)
-	fetch_debian_kernel 6.12 "$DEBIAN_KERNEL" "$DEBIAN_KERNEL_SERIES"
+	fetch_debian_kernel 6.12 "$DEBIAN_KERNEL_612" "$DEBIAN_SERIES_612"
 	;;
 debian-6.1)
-	fetch_debian_kernel 6.1 "$DEBIAN_KERNEL_61" "$DEBIAN_KERNEL_61_SERIES"
+	fetch_debian_kernel 6.1 "$DEBIAN_KERNEL_61" "$DEBIAN_SERIES_61"
 	;;
 *)
 	usage

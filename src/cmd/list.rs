@@ -14,7 +14,6 @@ use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
     let cfg = ListConfig::check(args)?;
-    let mut by_rule = None;
     let listing = match cfg.entry.resolve(&cfg.image) {
         EntryKind::Ftrace => {
             if let Some(e) = cfg.image.missing_sites() {
@@ -25,16 +24,11 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
         }
         EntryKind::Direct => {
             let (direct, sites) = DirectPlan::build(&cfg.image).map_err(TracerError::from)?;
-            // Over the whole kernel, as a run says it: by rule.
-            by_rule = direct.summary();
             Listing::direct(&cfg.image, &sites, &direct, &cfg.globs)
         }
     }
     .map_err(InputError::from)?;
     to_stdout("list", |w| listing.write(w))?;
-    if let Some(summary) = by_rule {
-        note!("vmtrace: direct entries: {summary}");
-    }
     note!(
         "vmtrace: {} (symbols: {})",
         listing.summary(),

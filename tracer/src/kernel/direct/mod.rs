@@ -21,7 +21,7 @@ use iced_x86::{
 
 use crate::kernel::symbols::KernelImage;
 pub use entries::NotEntry;
-pub use tables::{KernelTable, SiteTables, TableError};
+pub use tables::{BranchSource, KernelTable, SiteTables, TableError};
 
 /// Bytes of the jump written at a direct site (`jmp rel32`).
 pub const JUMP_LEN: usize = 5;
@@ -59,7 +59,15 @@ pub enum Refusal {
     /// space) cannot reach with a 32-bit displacement, even by wrapping
     /// past 0 (`stub_reaches`).
     OutOfReach { at: u64, target: u64 },
-    // Issue 35, entries: what is entered, and calls among the displaced.
+    // Issue 35 (tables).
+    /// A branch from elsewhere (a table's, another function's) lands
+    /// inside the displaced bytes, past their first: `from` names it.
+    BranchInto {
+        source: BranchSource,
+        from: String,
+        to: u64,
+    },
+    // Issue 35 (entries): what is entered, and calls among the displaced.
     /// Not a function entry (`entries`): no return address at `[rsp]`.
     NotEntry { why: NotEntry },
     /// A displaced call (2 to 4 bytes when indirect) followed by another
@@ -83,6 +91,7 @@ impl Refusal {
             Refusal::JumpIntoSite { .. } => "jump-into-site",
             Refusal::IndirectJump { .. } => "indirect-jump",
             Refusal::OutOfReach { .. } => "out-of-reach",
+            Refusal::BranchInto { source, .. } => source.rule(),
             Refusal::NotEntry { .. } => "not-entry",
             Refusal::CallNotLast { .. } => "call-not-last",
         }
@@ -127,6 +136,11 @@ impl fmt::Display for Refusal {
                     "indirect jump at +{at:#x}: its targets cannot be checked"
                 )
             }
+            Refusal::BranchInto { source, from, to } => write!(
+                f,
+                "{} {from} lands at +{to:#x}, inside the displaced bytes",
+                source.what()
+            ),
             Refusal::NotEntry { why } => write!(f, "not a function entry: {why}"),
             Refusal::CallNotLast { at } => write!(
                 f,
@@ -270,6 +284,13 @@ impl DirectSite {
             if i.flow_control() == FlowControl::IndirectBranch || to_thunk {
                 return Err(Refusal::IndirectJump { at: off(i.ip()) });
             }
+        }
+        if let Some(b) = tables.targets.landing_in(site.addr + 1, end) {
+            return Err(Refusal::BranchInto {
+                source: b.source,
+                from: b.from.clone(),
+                to: off(b.target),
+            });
         }
         Ok(site)
     }
