@@ -23,7 +23,8 @@
 #                                      return thunks, ITS, call-depth tracking)
 #   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
-#                                      takes a hot-added vCPU under TCG: 6.12 does not)
+#                                      takes a hot-added vCPU under TCG: 6.12 does not;
+#                                      it has GCC's `.cold` fragments: 6.12's has none)
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its

@@ -46,7 +46,16 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
 /// Trace `stack_*` recording `stack_leaf`'s stacks: the trace, the guest's
 /// own chains and counts, and the run's trap exits.
 fn run(mode: ModeChoice, graph: bool) -> (Trace, BTreeMap<(u32, String), MiniStack>, u64) {
-    let elf = mini_elf();
+    run_on(&mini_elf(), mode, graph)
+}
+
+/// `run` on the mini guest built as `elf`.
+fn run_on(
+    elf: &std::path::Path,
+    mode: ModeChoice,
+    graph: bool,
+) -> (Trace, BTreeMap<(u32, String), MiniStack>, u64) {
+    let elf = elf.to_path_buf();
     let kernel = vmm::boot::KernelFile::open(&elf).unwrap();
     let image = kernel_image(&kernel, Given::Nothing).unwrap().image;
     let plan = TracePlan::build(image, &request(mode, graph)).unwrap();
@@ -131,6 +140,19 @@ fn trap_mode_unwinds_every_stack_exactly() {
         .position(|f| f.name == "stack_leaf")
         .unwrap();
     assert_eq!(t.meta.stack_funcs, [leaf as u32]);
+}
+
+/// Without ftrace (mini-noftrace), direct entries: `stack_outer_a`'s
+/// displaced bytes end in `call stack_mid`, which its stub runs as a push
+/// of the return address in place (stack_outer_a + 9) and a jump, so the
+/// frames below it unwind as without vmtrace: a return address in
+/// vmtrace's page would be unnamed, and the guest's own walk would not
+/// find its chain.
+#[test]
+fn a_displaced_call_returns_into_its_function() {
+    let (t, guest, _) = run_on(&mini_variant_elf("mini-noftrace"), ModeChoice::Trap, false);
+    assert_eq!(t.meta.events_dropped, 0);
+    assert_eq!(chains(&t, &guest), guest_counts(&guest));
 }
 
 /// With the function graph every traced caller on the chain (stack_mid,

@@ -144,6 +144,9 @@ fn from_payload(
         source,
         // kallsyms: a Linux kernel.
         linux: true,
+        // kallsyms has no symbol types.
+        typed: None,
+        entries: std::sync::OnceLock::new(),
         symbols,
         sections,
         bytes: std::sync::Arc::new(bytes),

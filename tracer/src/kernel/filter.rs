@@ -695,6 +695,8 @@ pub(crate) mod testing {
             text: Some((TEXT, TEXT + 0x10_0000)),
             source: "test".into(),
             linux: true,
+            typed: None,
+            entries: Default::default(),
             symbols: Default::default(),
             sections: Vec::new(),
             bytes: Default::default(),

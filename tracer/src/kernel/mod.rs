@@ -5,6 +5,7 @@
 pub mod boot_patched;
 pub mod btf;
 pub mod bzimage;
+pub mod calls;
 pub mod cpus;
 pub mod direct;
 pub mod dwarf;

@@ -167,6 +167,13 @@ pub struct KernelImage {
     /// own ftrace sites at boot (`call __fentry__` to NOP), so a site that
     /// still holds the call is not vmtrace's to patch yet.
     pub linux: bool,
+    /// Per function (an index into `functions`), whether one of its names
+    /// is a typed function symbol (STT_FUNC); None when the symbols came
+    /// from kallsyms, which has no types (`crate::kernel::direct::entries`).
+    pub typed: Option<Vec<bool>>,
+    /// Which functions are entered by a call, found on first use
+    /// (`crate::kernel::direct::entries`).
+    pub(crate) entries: std::sync::OnceLock<crate::kernel::direct::entries::Entries>,
     /// Every named defined symbol; on name clashes, a global beats a local.
     pub(crate) symbols: HashMap<String, Symbol>,
     /// Allocated sections with file data, sorted by `vaddr`.
@@ -177,6 +184,9 @@ pub struct KernelImage {
 /// Symbols by name, functions by address, and their aliases (the fields of
 /// `KernelImage` of those names), as a symbol table gives them.
 pub(crate) type Indexed = (HashMap<String, Symbol>, Vec<Symbol>, Vec<(usize, String)>);
+
+/// `Indexed` of a symbol table, with `KernelImage::typed`.
+type IndexedTyped = (Indexed, Vec<bool>);
 
 /// A candidate for `functions`, with what decides between aliases.
 struct FuncCandidate {
@@ -347,7 +357,7 @@ impl KernelImage {
             .map(<[u8]>::to_vec);
 
         let (sections, executable) = index_sections(&file, &path, bytes.len())?;
-        let (symbols, functions, aliases) = index_symbols(&file, &executable);
+        let ((symbols, functions, aliases), typed) = index_symbols(&file, &executable);
         if symbols.is_empty() {
             return Err(SymbolError::Stripped { path });
         }
@@ -377,6 +387,8 @@ impl KernelImage {
             text,
             source,
             linux,
+            typed: Some(typed),
+            entries: std::sync::OnceLock::new(),
             symbols,
             sections,
             bytes,
@@ -528,16 +540,18 @@ pub(crate) fn index_sections(
 }
 
 /// All named defined symbols by name, the functions sorted by address, and
-/// their aliases (`KernelImage::aliases`).
+/// their aliases (`KernelImage::aliases`); and whether each function is
+/// typed (`KernelImage::typed`).
 ///
 /// Functions are STT_FUNC symbols, plus untyped symbols with a size in an
 /// executable section (Linux's SYM_CODE asm entry points). Where several share
 /// an address (aliases), the first in the kernel's kallsyms order
 /// ([`kallsyms_order`]) names the function, as the kernel itself names it;
 /// the others are its aliases.
-fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
+fn index_symbols(file: &object::File, executable: &[bool]) -> IndexedTyped {
     let mut symbols: HashMap<String, (Symbol, bool)> = HashMap::new();
     let mut candidates = Vec::new();
+    let mut typed_at = std::collections::HashSet::new();
     for sym in file.symbols() {
         let Ok(name) = sym.name() else { continue };
         if name.is_empty() || sym.is_undefined() {
@@ -558,6 +572,9 @@ fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
             _ => false,
         };
         let typed = sym.kind() == SymbolKind::Text;
+        if typed && in_text {
+            typed_at.insert(symbol.addr);
+        }
         if (typed && in_text) || (sym.kind() == SymbolKind::Unknown && in_text && sym.size() > 0) {
             candidates.push(FuncCandidate {
                 sym: symbol.clone(),
@@ -579,8 +596,12 @@ fn index_symbols(file: &object::File, executable: &[bool]) -> Indexed {
             .then_with(|| kallsyms_order((&a.sym.name, a.weak), (&b.sym.name, b.weak)))
     });
     let (functions, aliases) = group_aliases(candidates.into_iter().map(|c| c.sym));
+    let typed = functions
+        .iter()
+        .map(|f| typed_at.contains(&f.addr))
+        .collect();
     let symbols = symbols.into_iter().map(|(k, (s, _))| (k, s)).collect();
-    (symbols, functions, aliases)
+    ((symbols, functions, aliases), typed)
 }
 
 /// Functions one per address, the first of each address kept (`symbols`

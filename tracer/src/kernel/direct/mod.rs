@@ -4,6 +4,9 @@
 //! it. Nothing here writes to the guest (`crate::session::direct` does).
 //! See docs/direct.md.
 
+pub mod entries;
+#[cfg(test)]
+mod real_tests;
 pub mod tables;
 #[cfg(test)]
 mod tests;
@@ -17,6 +20,7 @@ use iced_x86::{
 };
 
 use crate::kernel::symbols::KernelImage;
+pub use entries::NotEntry;
 pub use tables::{BranchSource, KernelTable, SiteTables, TableError};
 
 /// Bytes of the jump written at a direct site (`jmp rel32`).
@@ -52,7 +56,8 @@ pub enum Refusal {
     IndirectJump { at: u64 },
     /// A displaced instruction's RIP-relative operand or branch target
     /// that a stub in vmtrace's code page (the top 8 MiB of the address
-    /// space) cannot reach with a 32-bit displacement.
+    /// space) cannot reach with a 32-bit displacement, even by wrapping
+    /// past 0 (`stub_reaches`).
     OutOfReach { at: u64, target: u64 },
     // Issue 35 (tables).
     /// A branch from elsewhere (a table's, another function's) lands
@@ -62,6 +67,12 @@ pub enum Refusal {
         from: String,
         to: u64,
     },
+    // Issue 35 (entries): what is entered, and calls among the displaced.
+    /// Not a function entry (`entries`): no return address at `[rsp]`.
+    NotEntry { why: NotEntry },
+    /// A displaced call (2 to 4 bytes when indirect) followed by another
+    /// displaced instruction: its return address would be inside the jump.
+    CallNotLast { at: u64 },
 }
 
 impl Refusal {
@@ -81,6 +92,8 @@ impl Refusal {
             Refusal::IndirectJump { .. } => "indirect-jump",
             Refusal::OutOfReach { .. } => "out-of-reach",
             Refusal::BranchInto { source, .. } => source.rule(),
+            Refusal::NotEntry { .. } => "not-entry",
+            Refusal::CallNotLast { .. } => "call-not-last",
         }
     }
 }
@@ -128,6 +141,12 @@ impl fmt::Display for Refusal {
                 "{} {from} lands at +{to:#x}, inside the displaced bytes",
                 source.what()
             ),
+            Refusal::NotEntry { why } => write!(f, "not a function entry: {why}"),
+            Refusal::CallNotLast { at } => write!(
+                f,
+                "the call at +{at:#x} is not the last displaced instruction: \
+                 it would return into the jump"
+            ),
         }
     }
 }
@@ -169,12 +188,16 @@ impl DirectSite {
         if image.names(func).any(runs_vmtrace) {
             return Err(Refusal::Recursion);
         }
-        let code = usize::try_from(f.size)
+        if let Some(why) = image.not_entry(func) {
+            return Err(Refusal::NotEntry { why });
+        }
+        let code = usize::try_from(image.entry_extent(func))
             .ok()
             .filter(|&n| n > 0)
             .and_then(|n| image.file_bytes(f.addr, n))
             .ok_or(Refusal::NoCode)?;
-        DirectSite::analyze_code(f.addr, code, tables)
+        let own = usize::try_from(f.size).unwrap_or(usize::MAX);
+        DirectSite::analyze_within(f.addr, code, own, tables)
     }
 
     /// The direct site of the function whose code is `code` at `addr`.
@@ -183,13 +206,28 @@ impl DirectSite {
         code: &[u8],
         tables: &SiteTables,
     ) -> Result<DirectSite, Refusal> {
+        DirectSite::analyze_within(addr, code, code.len(), tables)
+    }
+
+    /// `analyze_code` of a function whose own bytes are the first `own` of
+    /// `code`, the rest read for its branches only (`entry_extent`): the
+    /// displaced bytes never reach past its own into the next symbol's,
+    /// which other code may enter (a label jumped to, padding that
+    /// call-depth tracking or FineIBT runs before a function).
+    fn analyze_within(
+        addr: u64,
+        code: &[u8],
+        own: usize,
+        tables: &SiteTables,
+    ) -> Result<DirectSite, Refusal> {
         let insns = decode(addr, code)?;
         let first = usize::from(insns.first().map(Instruction::code) == Some(Code::Endbr64));
+        let own_end = addr.saturating_add(own as u64);
         let mut len = 0;
         let displaced: Vec<Instruction> = insns[first..]
             .iter()
             .take_while(|i| {
-                let more = len < JUMP_LEN;
+                let more = len < JUMP_LEN && i.next_ip() <= own_end;
                 len += i.len();
                 more
             })
@@ -210,7 +248,12 @@ impl DirectSite {
                 at: at.wrapping_sub(addr),
             });
         }
+        let last = site.insns.last().map(Instruction::ip);
         for i in &site.insns {
+            // A `call` (not `syscall`, which iced counts as one too).
+            if i.mnemonic() == Mnemonic::Call && Some(i.ip()) != last {
+                return Err(Refusal::CallNotLast { at: off(i.ip()) });
+            }
             if !relocatable(i, site.addr..end) {
                 let insn = format_insn(i);
                 return Err(Refusal::Unrelocatable {
@@ -218,7 +261,7 @@ impl DirectSite {
                     insn,
                 });
             }
-            if let Some(target) = rip_target(i).filter(|&t| t < STUB_REACH) {
+            if let Some(target) = rip_target(i).filter(|&t| !stub_reaches(t)) {
                 let at = off(i.ip());
                 return Err(Refusal::OutOfReach { at, target });
             }
@@ -321,11 +364,30 @@ fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
     Ok(insns)
 }
 
-/// The lowest address a stub reaches with a 32-bit displacement: vmtrace's
-/// code page is in the top 8 MiB of the address space, and KASLR only
-/// moves the kernel up from its link addresses, so any target at or above
-/// the kernel's top 2 GiB (where the kernel image is linked) is in reach.
+/// Where vmtrace's stubs are: its code page, in the top 8 MiB of the
+/// address space (`crate::plan::exitless::layout::CODE_VA`).
+const STUBS_FROM: u64 = 0u64.wrapping_sub(8 << 20);
+const _: () = assert!(crate::plan::exitless::layout::CODE_VA >= STUBS_FROM);
+
+/// The farthest forward a 32-bit displacement reaches from the end of
+/// an instruction: 2 GiB - 1.
+const REL32_REACH: u64 = i32::MAX as u64;
+
+/// The lowest address at the top of the address space that a stub
+/// reaches with a 32-bit displacement: the kernel's top 2 GiB (where the
+/// kernel image is linked; KASLR only moves it up from there).
 pub const STUB_REACH: u64 = 0xffff_ffff_8000_0000;
+
+/// Whether a stub reaches `target` with a RIP-relative 32-bit
+/// displacement. The displacement is added modulo 2^64, so from the top
+/// 8 MiB a stub also reaches the bottom of the address space by wrapping
+/// past 0: a per-CPU variable's operand `gs:[rip + var]`, whose target is
+/// the variable's small offset in the per-CPU area, is one.
+pub fn stub_reaches(target: u64) -> bool {
+    // From the lowest stub, the farthest a wrapped target can be.
+    let wrapped = target.wrapping_sub(STUBS_FROM);
+    target >= STUB_REACH || wrapped <= REL32_REACH
+}
 
 /// The address a displaced instruction reaches relative to RIP: its
 /// RIP-relative memory operand, or its branch target.
@@ -353,7 +415,10 @@ fn near_target(i: &Instruction) -> Option<u64> {
 fn relocatable(i: &Instruction, site: std::ops::Range<u64>) -> bool {
     match i.flow_control() {
         FlowControl::Next | FlowControl::Return => true,
-        FlowControl::IndirectBranch | FlowControl::IndirectCall => true,
+        FlowControl::IndirectBranch => true,
+        // A near `call r/m64` only (`crate::session::direct::stub` turns it
+        // into a `jmp r/m64`), never a far call.
+        FlowControl::IndirectCall => i.code() == Code::Call_rm64,
         FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call => {
             let plain =
                 matches!(i.mnemonic(), Mnemonic::Jmp | Mnemonic::Call) || i.is_jcc_short_or_near();

@@ -296,3 +296,36 @@ fn a_target_out_of_the_stubs_reach_is_refused() {
     assert_eq!(r, Refusal::OutOfReach { at: 0, target: low });
     assert_eq!(r.rule(), "out-of-reach");
 }
+
+#[test]
+fn a_displaced_call_must_be_the_last() {
+    // call [rdi] (2 bytes), then mov rax,[rdi+8]: the call's return
+    // address, +2, would be inside the jump.
+    let code = [0xff, 0x17, 0x48, 0x8b, 0x47, 0x08, 0xc3];
+    assert_eq!(analyze(&code).unwrap_err(), Refusal::CallNotLast { at: 0 });
+    // push rbp; call rel32: the call last, its return address past them.
+    let code = func(&[&[0x55, 0xe8, 0, 0x10, 0, 0], &EPILOGUE]);
+    assert!(analyze(&code).is_ok());
+    // syscall is no call (iced's flow control counts it as one).
+    let code = func(&[&[0x0f, 0x05], &PROLOGUE, &EPILOGUE]);
+    assert!(matches!(
+        analyze(&code).unwrap_err(),
+        Refusal::Unrelocatable { at: 0, .. }
+    ));
+}
+
+#[test]
+fn low_targets_are_reached_by_wrapping() {
+    // gs: mov rax, [rip + disp32] (8 bytes) reaching `target`.
+    let load = |target: u64| {
+        let d = (target.wrapping_sub(BASE + 8) as u32).to_le_bytes();
+        func(&[&[0x65, 0x48, 0x8b, 0x05, d[0], d[1], d[2], d[3]], &EPILOGUE])
+    };
+    // A per-CPU variable's offset: reached from the top 8 MiB past 0.
+    assert!(analyze(&load(0x1abc0)).unwrap().rip_relative);
+    // 2 GiB - 8 MiB and above: not from the lowest stub (kernel text
+    // cannot reach that far either); below the top 2 GiB, neither.
+    let far = 0x7f80_0000;
+    assert!(stub_reaches(far - 1) && !stub_reaches(far));
+    assert!(stub_reaches(STUB_REACH) && !stub_reaches(STUB_REACH - 1));
+}
