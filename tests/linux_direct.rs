@@ -234,7 +234,7 @@ fn a_kernel_without_ftrace_lists_from_its_bzimage_alone() {
     let not_entry = |name: &str| {
         alone_out.lines().any(|l| {
             l.strip_prefix(name).is_some_and(|r| {
-                r.starts_with(" [refused: not a function entry: no call targets it")
+                r.starts_with(" [refused (not-entry): not a function entry: no call targets it")
             })
         })
     };

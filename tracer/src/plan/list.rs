@@ -265,9 +265,10 @@ impl<'a> Listing<'a> {
             } else {
                 ""
             };
-            let marker = match &f.why {
-                Some(why) => format!(" [refused: {why}]"),
-                None => f.kind.marker().to_string(),
+            let marker = match (&f.why, f.rule) {
+                (Some(why), Some(rule)) => format!(" [refused ({rule}): {why}]"),
+                (Some(why), None) => format!(" [refused: {why}]"),
+                (None, _) => f.kind.marker().to_string(),
             };
             writeln!(w, "{}{marker}{graph}", escape(f.name))?;
         }
