@@ -39,7 +39,7 @@ pub mod exitless;
 mod finish;
 pub mod guest_ftrace;
 #[cfg(test)]
-mod kvm_tests;
+pub(in crate::session) mod kvm_tests;
 pub mod patch;
 mod reach;
 mod ready;
@@ -535,6 +535,13 @@ impl Tracer {
             self.direct.is_some(),
         )?;
         if self.direct.is_some() {
+            // The kernel rewrites its text by address when it applies its
+            // alternatives and paravirt calls (apply_alternatives and
+            // apply_paravirt, arch/x86/kernel/alternative.c): a jump written
+            // before would be overwritten, or cut. Every mode waits.
+            if exitless::state::alternatives_pending(&mut space, &self.plan.image, off) {
+                return Ok(Err(NotReady::AlternativesPending));
+            }
             return Ok(match self.check_direct(&mut space, off, paused)? {
                 Ok((surveyed, d)) => Ok(Checked {
                     off,

@@ -15,10 +15,10 @@ pub enum NotReady {
     /// unknown (`kaslr`).
     #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
     KernelOffsetUnknown,
-    /// The guest kernel has not applied its alternatives yet, so how its
+    /// The guest kernel has not applied its alternatives yet: how its
     /// returns will go (return thunks) is not settled (`exitless::state::
-    /// Resolved`).
-    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): its return thunk is not chosen")]
+    /// Resolved`), and it may still rewrite the text of direct sites.
+    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): it may still rewrite its text and choose its return thunk")]
     AlternativesPending,
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]

@@ -19,6 +19,8 @@
 
 pub mod attach;
 pub mod contexts;
+#[cfg(test)]
+mod kvm_tests;
 pub mod stub;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction};
