@@ -111,6 +111,9 @@ pub struct Tracer {
     /// records the attach marked (`guest_ftrace`).
     guest_ftrace: guest_ftrace::Guard,
     excluded: Option<crate::kernel::ftrace_records::Excluded>,
+    /// Where the kernel's stacks are: the context checks of direct
+    /// entries and of the region's removal (`direct::contexts`).
+    stack_layout: crate::kernel::stack_bounds::StackLayout,
 }
 
 /// The tables events name, shared with the store.
@@ -243,6 +246,10 @@ impl Tracer {
             guest_ftrace: guest_ftrace::Guard::of(&plan),
             excluded: None,
             direct: direct::DirectSites::of(&plan).map(DirectState::new),
+            stack_layout: crate::kernel::stack_bounds::StackLayout::find(
+                &plan.image,
+                plan.btf.as_deref(),
+            ),
             plan,
             counters,
             store: Some(store),

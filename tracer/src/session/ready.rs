@@ -31,6 +31,10 @@ pub enum NotReady {
     /// changing its ftrace records or its text (`guest_ftrace`).
     #[error("the guest holds its {lock}: it is changing its ftrace or its text")]
     GuestFtraceBusy { lock: &'static str },
+    /// A page of a stack that `who` is on could not be read (at `at`): a
+    /// context inside a direct site cannot be ruled out.
+    #[error("a guest stack page cannot be read ({who} at {at:#x}): a context inside a direct site cannot be ruled out")]
+    DirectStackUnreadable { who: String, at: u64 },
     /// The task list of a preemptible kernel could not be walked (yet).
     #[error("{why}")]
     DirectTasks { why: String },
