@@ -103,15 +103,20 @@ pub fn find(
         .map(|(k, &(s, e))| (s, e, k))
         .collect();
     sorted.sort_unstable();
+    // Most stack words are no text address: one compare rules them out.
+    let lo = sorted.first().map_or(u64::MAX, |r| r.0);
+    let hi = sorted.iter().map(|r| r.1).max().unwrap_or(0);
     let inside = |a: u64| {
+        if a <= lo || a >= hi {
+            return None;
+        }
         let i = sorted.partition_point(|r| r.0 < a).checked_sub(1)?;
         let (s, e, k) = sorted[i];
         (a > s && a < e).then_some(k)
     };
     let mut found = Found::default();
     let scan = |space: &mut AddressSpace<'_>, found: &mut Found, cpu, from, top, strict: bool| {
-        let (words, bad) = stack_words(space, from, top);
-        for word in words {
+        let bad = stack_words(space, from, top, |word| {
             if let Some(k) = inside(word) {
                 found.inside.push(Inside {
                     k,
@@ -120,7 +125,7 @@ pub fn find(
                     on_stack: true,
                 });
             }
-        }
+        });
         if let (Some(at), true) = (bad, strict) {
             found.unreadable.get_or_insert(Unreadable { cpu, at });
         }
@@ -185,25 +190,30 @@ pub fn find(
     found
 }
 
-/// The words from `from` to `top`, and the first address of the first page
-/// that could not be read, where the words stop.
-fn stack_words(space: &mut AddressSpace<'_>, from: u64, top: u64) -> (Vec<u64>, Option<u64>) {
+/// Each word from `from` to `top`, given to `word`, page by page; the
+/// first address of the first page that could not be read, where the
+/// words stop.
+fn stack_words(
+    space: &mut AddressSpace<'_>,
+    from: u64,
+    top: u64,
+    mut word: impl FnMut(u64),
+) -> Option<u64> {
     const PAGE: u64 = 4096;
-    let mut words = Vec::new();
+    let mut buf = [0u8; PAGE as usize];
     let mut at = from & !7;
     while at < top {
         let end = ((at | (PAGE - 1)) + 1).min(top);
-        let mut buf = vec![0u8; (end - at) as usize];
-        if space.read(at, &mut buf).is_err() {
-            return (words, Some(at));
+        let chunk = &mut buf[..(end - at) as usize];
+        if space.read(at, chunk).is_err() {
+            return Some(at);
         }
-        words.extend(
-            buf.chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8"))),
-        );
+        for c in chunk.chunks_exact(8) {
+            word(u64::from_le_bytes(c.try_into().expect("8")));
+        }
         at = end;
     }
-    (words, None)
+    None
 }
 
 #[cfg(test)]
