@@ -151,7 +151,8 @@ fn direct_entries_trace_linux_with_and_without_ftrace() {
     let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap", "--entry", "ftrace"]);
     let trap = by_hand("linux-noftrace", SET);
     same_busy_functions(&counts(&ftrace), &trap);
-    let extra = ["--mode", "exitless", "--graph", "--args", ARGS];
+    let args = format!("--args={ARGS}");
+    let extra = ["--mode", "exitless", "--graph", &args];
     let (err, _, v) = traced("linux-noftrace", SET, &extra);
     check_direct_run(&err, &v, "exitless");
     check_graph_and_args(&v);
