@@ -21,6 +21,9 @@
 #                                      Debian's own 6.12 cloud kernel, not built but
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
+#   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
+#                                      bookworm's own 6.1 cloud kernel, downloaded (it
+#                                      takes a hot-added vCPU under TCG: 6.12 does not)
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its
@@ -35,7 +38,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 | debian-6.1 [ARGS...]" >&2
 	exit 1
 }
 
@@ -180,27 +183,32 @@ build_workload() {
 	echo "guest/build.sh: built guest/out/workload.cpio.gz (/init $(stat -c %s "$tmp/init") bytes)" >&2
 }
 
-# The Debian kernel package the distribution-kernel tests boot: this one
-# when the archive still has it, else the newest of its series (the archive
-# keeps only the latest security update).
-DEBIAN_KERNEL="${DEBIAN_KERNEL:-linux-image-6.12.117+deb12-cloud-amd64-unsigned}"
-DEBIAN_KERNEL_SERIES='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
+# The Debian kernel packages the distribution-kernel tests boot: these
+# when the archive still has them, else the newest of their series (the
+# archive keeps only the latest security update). 6.12 (bookworm-security
+# and backports) and bookworm's own 6.1.
+DEBIAN_KERNEL_612="${DEBIAN_KERNEL_612:-linux-image-6.12.117+deb12-cloud-amd64-unsigned}"
+DEBIAN_SERIES_612='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
+DEBIAN_KERNEL_61="${DEBIAN_KERNEL_61:-linux-image-6.1.0-57-cloud-amd64-unsigned}"
+DEBIAN_SERIES_61='^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$'
 
-# guest/out/debian-6.12/: the vmlinuz, config and System.map of Debian's
-# cloud kernel package, downloaded once into ~/.cache/vmtrace/debian/.
+# guest/out/debian-SERIES/: the vmlinuz, config and System.map of Debian's
+# cloud kernel package PKG (or the newest matching SERIES_RE), downloaded
+# once into ~/.cache/vmtrace/debian/.
 fetch_debian_kernel() {
-	local dst="$out/debian-6.12" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
-	local pkg="$DEBIAN_KERNEL"
+	local series="$1" pkg="$2" series_re="$3"
+	local dst="$out/debian-$series" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
 	if ! apt-cache show "$pkg" >/dev/null 2>&1; then
 		apt-get update -q >/dev/null 2>&1 || true
 	fi
 	if ! apt-cache show "$pkg" >/dev/null 2>&1; then
-		pkg="$(apt-cache pkgnames linux-image-6.12 | grep -E "$DEBIAN_KERNEL_SERIES" | sort -V | tail -1)"
+		local wanted="$pkg"
+		pkg="$(apt-cache pkgnames "linux-image-$series" | grep -E "$series_re" | sort -V | tail -1)"
 		if [[ -z "$pkg" ]]; then
-			echo "guest/build.sh: no Debian 6.12 cloud kernel package in the apt sources; add bookworm-security (or bookworm-backports) to them" >&2
+			echo "guest/build.sh: no Debian $series cloud kernel package in the apt sources; add bookworm, bookworm-security (or bookworm-backports) to them" >&2
 			exit 2
 		fi
-		echo "guest/build.sh: $DEBIAN_KERNEL is gone from the archive; using $pkg" >&2
+		echo "guest/build.sh: $wanted is gone from the archive; using $pkg" >&2
 	fi
 	local unpacked="$cache/$pkg"
 	if [[ ! -d "$unpacked" ]]; then
@@ -257,7 +265,10 @@ linux-6.12)
 	exit 1
 	;;
 debian-6.12)
-	fetch_debian_kernel
+	fetch_debian_kernel 6.12 "$DEBIAN_KERNEL_612" "$DEBIAN_SERIES_612"
+	;;
+debian-6.1)
+	fetch_debian_kernel 6.1 "$DEBIAN_KERNEL_61" "$DEBIAN_SERIES_61"
 	;;
 *)
 	usage

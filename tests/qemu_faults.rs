@@ -63,6 +63,24 @@ impl UserMonitor {
         self.qmp().execute(cmd, None).unwrap();
     }
 
+    fn run_with(&self, cmd: &str, args: serde_json::Value) {
+        self.qmp().execute(cmd, Some(args)).unwrap();
+    }
+
+    /// `device_add` of the first vCPU slot QEMU has free
+    /// (`query-hotpluggable-cpus`: the slots without a `qom-path`).
+    fn add_vcpu(&self, id: &str) {
+        let slots = self.qmp().execute("query-hotpluggable-cpus", None).unwrap();
+        let free = slots
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s.get("qom-path").is_none()))
+            .unwrap_or_else(|| panic!("no free vCPU slot: {slots}"));
+        let mut args = free["props"].clone();
+        args["driver"] = free["type"].clone();
+        args["id"] = id.into();
+        self.run_with("device_add", args);
+    }
+
     fn status(&self) -> String {
         self.qmp().status().unwrap()
     }
@@ -282,5 +300,61 @@ fn a_suspend_ends_the_trace_with_a_detach_inside_it() {
             COMMAND_TIMEOUT,
         )
         .unwrap();
+    assert_runs_on(&guest, w.worker);
+}
+
+/// A vCPU hot-added mid-trace (`-smp 1,maxcpus=2`, QMP `device_add`;
+/// bookworm's 6.1 kernel has ACPI CPU hotplug and, unlike 6.12, takes
+/// QEMU's disabled MADT entries for hot-pluggable CPUs under TCG; the
+/// project's guests have no ACPI CPU hotplug), brought online and
+/// the worker pinned to it: its calls are traced on a ring of its own
+/// (rings for every possible CPU), exactly, and vmtrace's bytes restored.
+#[test]
+fn a_vcpu_hot_added_mid_trace_is_traced_on_its_own_ring() {
+    let bz = debian_61();
+    let kernel = Kernel::from_bzimage(&bz);
+    let user = UserMonitor::new();
+    let mut qemu_args = user.args();
+    qemu_args.extend(["-smp".to_string(), "1,maxcpus=2".to_string()]);
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        cpus: 1,
+        qemu_args,
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let watch = kernel.watch(qmp);
+    let before = watch.read();
+    let a = attach(qmp, &bz, "exitless");
+    guest.go("getpid", 100).unwrap();
+    let during = watch.read();
+    user.add_vcpu("cpu1");
+    // The kernel's ACPI handler registers the CPU (its sysfs node), then
+    // says so (drivers/acpi/acpi_processor.c: acpi_processor_hotadd_init).
+    guest
+        .wait_for("CPU1 has been hot-added", COMMAND_TIMEOUT)
+        .unwrap();
+    for (cmd, answer) in [("online 1", "online 1 "), ("pin 1", "pinned 1 ")] {
+        guest.send_line(cmd);
+        let line = guest
+            .wait_for(&format!("workload: {answer}"), COMMAND_TIMEOUT)
+            .unwrap();
+        assert!(!line.contains("error"), "{cmd}: {line}");
+    }
+    guest.go("getpid", 50).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert_counted(&e, 150);
+    let per_cpu = &e.json()["functions"][0]["per_cpu"];
+    assert_eq!(
+        (per_cpu["0"].as_u64(), per_cpu["1"].as_u64()),
+        (Some(100), Some(50)),
+        "{per_cpu}"
+    );
+    // The kernel rewrote its own text for a second CPU (SMP alternatives):
+    // only vmtrace's bytes are compared.
+    assert_restored(&before, &during, &watch.read(), "by a trace over a hot-add");
+    assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
 }

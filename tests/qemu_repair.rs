@@ -558,3 +558,53 @@ fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
         assert_nothing_left(qmp);
     }
 }
+
+/// A VM its user paused (QMP `stop`) after vmtrace and its guardian were
+/// killed, trap mode and exitless: `vmtrace detach` repairs it inside that
+/// pause and leaves it paused (a gdbstub detach would resume it). Once the
+/// user continues it, it runs as found: no breakpoint left to freeze at,
+/// every byte as before.
+#[test]
+fn a_repair_leaves_a_vm_its_user_paused_paused() {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(QemuOpts::linux());
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let (before, _) = kernel.read(qmp);
+    let user = |cmd: &str| {
+        Qmp::connect(qmp, Duration::from_secs(10))
+            .unwrap()
+            .execute(cmd, None)
+            .unwrap();
+    };
+    for mode in ["trap", "exitless"] {
+        let a = attached(qmp, &bz, &["--mode", mode, "--trace", "__x64_sys_getppid"]);
+        guest.go("getppid", 3).unwrap();
+        kill_with_guardian(a);
+        user("stop");
+        assert_eq!(status(qmp), "paused", "{mode}");
+        let o = detach(qmp);
+        assert_repaired(
+            &o,
+            &[
+                "the VM stays paused, as someone left it",
+                "removed vmtrace's journal",
+            ],
+        );
+        assert_eq!(status(qmp), "paused", "{mode}: the repair resumed the VM");
+        user("cont");
+        // Trap mode: a breakpoint left would freeze this call.
+        guest.go("getppid", 1).unwrap();
+        assert_eq!(status(qmp), "running", "{mode}");
+        assert_runs_on(&guest, w.worker);
+        let (after, _) = kernel.read(qmp);
+        assert_same(
+            &before,
+            &after,
+            &format!("after a {mode} repair in a paused VM"),
+        );
+        assert_no_gdbstub(qmp);
+        assert_nothing_left(qmp);
+    }
+}

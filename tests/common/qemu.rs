@@ -105,6 +105,16 @@ pub fn debian_612() -> PathBuf {
     root().join("guest/out/debian-6.12/vmlinuz")
 }
 
+/// guest/out/debian-6.1/vmlinuz: bookworm's own 6.1 cloud kernel
+/// (downloaded once per test binary; cached in ~/.cache/vmtrace/debian).
+/// Unlike 6.12 it counts QEMU's disabled MADT entries as hot-pluggable CPUs
+/// under TCG (6.12 does so only under a hypervisor it knows).
+pub fn debian_61() -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| guest_build("debian-6.1"));
+    root().join("guest/out/debian-6.1/vmlinuz")
+}
+
 fn guest_build(what: &str) {
     let st = Command::new("bash")
         .arg(root().join("guest/build.sh"))

@@ -1,10 +1,12 @@
 //! The kernel text the running kernel no longer holds as the file does,
-//! because the kernel rewrote it itself: at boot its alternatives, retpoline
-//! and return-thunk sites (ITS included), call-depth call sites and sealed
-//! `endbr64`s; later its jump labels and static calls (`direct::tables` reads
-//! the tables that list them). Comparing the running text with the file
-//! (is this the kernel's very build?) skips these bytes: a distribution
-//! kernel rewrites thousands of them, in nearly every function.
+//! because the kernel rewrote it itself: at boot its alternatives, paravirt
+//! sites, retpoline and return-thunk sites (ITS included), call-depth call
+//! sites, CFI preambles and sealed `endbr64`s, and its LOCK prefixes on one
+//! CPU; later its jump labels, static calls and their trampolines
+//! (`direct::tables` reads the tables that list them). Comparing the
+//! running text with the file (is this the kernel's very build?) skips
+//! these bytes: a distribution kernel rewrites thousands of them, in nearly
+//! every function.
 
 use iced_x86::{Decoder, DecoderOptions};
 
@@ -22,17 +24,22 @@ const MAX_INSN: usize = 15;
 
 impl BootPatched {
     /// Every site of the kernel's patch tables as the bytes it covers: an
-    /// alternative its `instrlen`, any other site its instruction (decoded
-    /// from the file). ftrace's own sites are not included (vmtrace checks
-    /// those itself).
+    /// alternative its `instrlen`, a paravirt site its `len`, a CFI
+    /// preamble or trampoline what the kernel rewrites of it, any other
+    /// site its instruction (decoded from the file; a LOCK prefix's, the
+    /// whole locked instruction). ftrace's own sites are not included
+    /// (vmtrace checks those itself).
     pub fn read(image: &KernelImage) -> Result<BootPatched, TableError> {
-        let tables = SiteTables::read(image)?;
+        let tables = SiteTables::read_patch_sites(image)?;
         let mut ranges: Vec<(u64, u64)> = tables
             .sites()
             .iter()
             .filter(|s| s.2 != KernelTable::Ftrace && s.2 != KernelTable::ExTable)
             .map(|&(start, end, table)| match table {
-                KernelTable::Alternative => (start, end),
+                KernelTable::Alternative
+                | KernelTable::Paravirt
+                | KernelTable::CfiSite
+                | KernelTable::StaticCallTramp => (start, end),
                 _ => (start, start + insn_len(image, start)),
             })
             .collect();

@@ -158,7 +158,7 @@ fn in_guest_pages(
     let sites = plan.index.addrs.len();
     let mut code = code.clone();
     // The code at its smallest rings: what it takes whatever their size.
-    code.set_ring_records(MIN_RECORDS)?;
+    code.set_rings(cpus, MIN_RECORDS)?;
     let code_pages = code.code_pages();
     // The pages below the rings (`session::exitless::backing`): the tables
     // and the code; with the function graph, its parts at their fixed places.
@@ -184,7 +184,10 @@ fn in_guest_pages(
     while cap < MAX_RECORDS && fits(cap * 2) {
         cap *= 2;
     }
-    code.set_ring_records(cap)?;
+    // The code's own bound check and ring stride: `cpus` rings, not the
+    // vCPUs the plan was made for (a guest with CPUs to hot-add or online
+    // has more CPU numbers than QEMU has vCPUs).
+    code.set_rings(cpus, cap)?;
     Ok(code)
 }
 
@@ -231,6 +234,22 @@ mod tests {
             pages: n,
             found: (),
         })
+    }
+
+    /// A guest whose kernel may use more CPU numbers than QEMU has vCPUs
+    /// (`-smp 1,maxcpus=2`, CPUs offline): the code's rings and its bound
+    /// check are for all of them, not for the vCPUs the plan was made for.
+    /// (Before, the plan's 2 stayed, and a CPU hot-added later counted its
+    /// calls as ring 0's drops.)
+    #[test]
+    fn exitless_code_has_a_ring_for_every_cpu_number_the_guest_may_use() {
+        let Some(p) = plan(ModeChoice::Exitless, false, false) else {
+            return;
+        };
+        let Ok(Decision::Exitless(code, ())) = decide(&p, 4, || pages(PAGES), |w: &Why| w.1) else {
+            panic!("no exitless decision")
+        };
+        assert_eq!(code.layout().cpus, 4);
     }
 
     #[test]

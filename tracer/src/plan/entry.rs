@@ -82,6 +82,9 @@ impl crate::advice::TracerAdvice for DirectPlanError {
     fn remedy(&self) -> Option<crate::advice::Remedy> {
         match self {
             DirectPlanError::NoneSafe { .. } => Some(crate::advice::Remedy::FtraceEntries),
+            DirectPlanError::Tables(TableError::NotFound { .. }) => {
+                Some(crate::advice::Remedy::UnstrippedKernelVmlinux)
+            }
             _ => None,
         }
     }

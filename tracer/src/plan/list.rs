@@ -110,6 +110,8 @@ pub struct Listed<'a> {
     pub kind: Kind,
     /// `Kind::Refused`: why (`crate::kernel::direct::Refusal`).
     pub why: Option<String>,
+    /// `Kind::Refused`: the rule that refused it (`Refusal::rule`).
+    pub rule: Option<&'static str>,
 }
 
 /// The functions a list selects, by name (then address: static functions
@@ -181,15 +183,15 @@ impl<'a> Listing<'a> {
                     used[g] = true;
                 }
                 if selected {
-                    let why = direct
+                    let refusal = direct
                         .filter(|_| kind == Kind::Refused)
-                        .and_then(|d| d.refused.get(&i))
-                        .map(|r| r.to_string());
+                        .and_then(|d| d.refused.get(&i));
                     functions.push(Listed {
                         name,
                         addr: f.addr,
                         kind,
-                        why,
+                        why: refusal.map(|r| r.to_string()),
+                        rule: refusal.map(|r| r.rule()),
                     });
                 }
             }
@@ -219,16 +221,29 @@ impl<'a> Listing<'a> {
         self.functions.iter().filter(|f| f.kind == kind).count()
     }
 
-    /// `12 functions: 9 traceable, 1 init-only, 2 without an ftrace site`.
+    /// `12 functions: 9 traceable, 1 init-only, 2 without an ftrace site`;
+    /// direct entries: `... 2 refused (too-short 1, paravirt 1)`, by rule.
     pub fn summary(&self) -> String {
         let n = self.functions.len();
         if self.direct {
+            let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+            for rule in self.functions.iter().filter_map(|f| f.rule) {
+                *by.entry(rule).or_default() += 1;
+            }
+            let mut by: Vec<_> = by.into_iter().collect();
+            by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            let rules: Vec<String> = by.iter().map(|(r, n)| format!("{r} {n}")).collect();
             return format!(
-                "{n} function{}: {} traceable by direct entry, {} init-only, {} refused",
+                "{n} function{}: {} traceable by direct entry, {} init-only, {} refused{}",
                 if n == 1 { "" } else { "s" },
                 self.count(Kind::Traceable),
                 self.count(Kind::InitOnly),
-                self.count(Kind::Refused)
+                self.count(Kind::Refused),
+                if rules.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", rules.join(", "))
+                }
             );
         }
         format!(
@@ -298,6 +313,31 @@ mod tests {
         assert_eq!(
             l.summary(),
             "7 functions: 3 traceable, 2 init-only, 2 without an ftrace site"
+        );
+    }
+
+    #[test]
+    fn the_direct_summary_counts_refusals_by_rule() {
+        let f = |name, kind, rule: Option<&'static str>| Listed {
+            name,
+            addr: 0,
+            kind,
+            why: rule.map(str::to_string),
+            rule,
+        };
+        let l = Listing {
+            functions: vec![
+                f("a", Kind::Traceable, None),
+                f("b", Kind::Refused, Some("paravirt")),
+                f("c", Kind::Refused, Some("smp-lock")),
+                f("d", Kind::Refused, Some("smp-lock")),
+            ],
+            direct: true,
+        };
+        assert_eq!(
+            l.summary(),
+            "4 functions: 1 traceable by direct entry, 0 init-only, 3 refused \
+             (smp-lock 2, paravirt 1)"
         );
     }
 

@@ -3,6 +3,7 @@
 //! that QEMU drops translations of code it changes), and stops of every
 //! vCPU through the gdbstub's all-stop, each with the vCPUs' registers.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -116,6 +117,27 @@ pub struct ClockSource {
     pub tsc_khz: u32,
 }
 
+/// A file that exists while vmtrace holds the VM stopped itself (its
+/// stub connecting, an interrupt), beside the attach's journal: QEMU's
+/// status says `paused` both after a user's `stop` and after an attach
+/// killed inside a stop of its own, and only the second is the repair's
+/// to resume. Someone else's stop (`held`) is never marked. A few stops per
+/// attach (trap mode's breakpoint hits are not among them: QEMU says
+/// `debug` for those), each an open and an unlink.
+pub struct StopMark(pub PathBuf);
+
+impl StopMark {
+    /// vmtrace stops the VM (`true`) or lets it run again. A mark that
+    /// cannot be made only leaves the repair to take the stop for a user's
+    /// (the VM left paused, said).
+    pub fn set(&self, stopped: bool) {
+        let _ = match stopped {
+            true => std::fs::File::create(&self.0).map(drop),
+            false => std::fs::remove_file(&self.0),
+        };
+    }
+}
+
 /// The QEMU's vCPUs as the stub names them, and its RAM.
 pub struct QemuGuest {
     stub: Arc<Mutex<Gdb>>,
@@ -125,6 +147,8 @@ pub struct QemuGuest {
     view: Arc<dyn GuestRam>,
     threads: Vec<ThreadId>,
     clock: Option<ClockSource>,
+    /// An attach's (`StopMark`); a repair's guest has none.
+    stop_mark: Option<StopMark>,
 }
 
 /// Every vCPU of a QEMU stopped by its gdbstub; dropping it resumes them.
@@ -201,6 +225,7 @@ impl QemuGuest {
             ram,
             threads,
             clock: None,
+            stop_mark: None,
         })
     }
 
@@ -225,6 +250,17 @@ impl QemuGuest {
     }
 
     /// Date exitless events by the guest's TSC at `tsc_khz`.
+    /// Mark vmtrace's own stops of this guest at `mark` (`StopMark`).
+    pub fn set_stop_mark(&mut self, mark: StopMark) {
+        self.stop_mark = Some(mark);
+    }
+
+    fn own_stop(&self, stopped: bool) {
+        if let Some(m) = &self.stop_mark {
+            m.set(stopped);
+        }
+    }
+
     pub fn set_clock(&mut self, c: ClockSource) {
         self.clock = Some(c);
     }
@@ -237,6 +273,13 @@ impl QemuGuest {
     /// and read their registers.
     pub fn stop(&self, already: bool) -> Result<QemuStop<'_>, GdbError> {
         self.stop_with(already, false, &mut || false)
+    }
+
+    /// Stop every vCPU (`already`: the stub stopped them as it connected);
+    /// `held`: the VM is stopped by someone else, and this stop never
+    /// resumes it.
+    pub fn stop_in(&self, already: bool, held: bool) -> Result<QemuStop<'_>, GdbError> {
+        self.stop_with(already, held, &mut || false)
     }
 
     /// Stop every vCPU, waiting for the stub's answer for as long as
@@ -258,6 +301,10 @@ impl QemuGuest {
         wait_on: &mut dyn FnMut() -> bool,
     ) -> Result<QemuStop<'_>, GdbError> {
         let start = Instant::now();
+        if !held {
+            // Before the interrupt: a kill after it is never missed.
+            self.own_stop(true);
+        }
         {
             let mut stub = self.stub();
             if !already {
@@ -424,7 +471,11 @@ impl QemuStop<'_> {
                 s.leave_stopped();
                 Ok(())
             }
-            false => s.detach(),
+            false => {
+                s.detach()?;
+                self.guest.own_stop(false);
+                Ok(())
+            }
         }
     }
 
@@ -435,7 +486,11 @@ impl QemuStop<'_> {
         self.guest.ram.stopped.store(false, Ordering::Release);
         match self.held {
             true => Ok(()),
-            false => s.resume(),
+            false => {
+                s.resume()?;
+                self.guest.own_stop(false);
+                Ok(())
+            }
         }
     }
 
@@ -462,7 +517,9 @@ impl Drop for QemuStop<'_> {
             let mut s = self.guest.stub();
             self.guest.ram.stopped.store(false, Ordering::Release);
             // A stub that cannot resume the guest is gone with its QEMU.
-            let _ = s.resume();
+            if s.resume().is_ok() {
+                self.guest.own_stop(false);
+            }
         }
     }
 }

@@ -168,6 +168,15 @@ pub fn path_for(pid: u32, start: u64) -> PathBuf {
     dir().join(format!("qemu-{pid}-{start}.json"))
 }
 
+/// The stop mark's extension, in place of the journal's `json`.
+const STOP_MARK_EXT: &str = "stopped";
+
+/// The stop mark (`Journal::stop_mark`) of an attach to the QEMU `pid`,
+/// whether or not its journal is still there.
+pub fn stop_mark_of(pid: u32) -> PathBuf {
+    path_for(pid, start_time(pid).unwrap_or(0)).with_extension(STOP_MARK_EXT)
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -378,7 +387,14 @@ impl Journal {
 
     /// Everything is given back: the journal goes.
     pub fn remove(self) {
+        let _ = fs::remove_file(self.stop_mark());
         let _ = fs::remove_file(&self.path);
+    }
+
+    /// Where the attach marks its own stops of the VM
+    /// (`super::guest::StopMark`): beside the journal.
+    pub fn stop_mark(&self) -> PathBuf {
+        self.path.with_extension(STOP_MARK_EXT)
     }
 }
 

@@ -17,7 +17,7 @@ use super::ending::Detach;
 pub use super::ending::{EndReason, QemuEnded};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr, GdbError};
-use super::guest::{ClockSource, QemuGuest, QemuStop};
+use super::guest::{ClockSource, QemuGuest, QemuStop, StopMark};
 use super::journal::Journal;
 use super::marker::MARKER_GPA;
 use super::mode::{falls_back, ring_cpus, room, FreeRoom};
@@ -139,6 +139,7 @@ fn open_stub(
     qmp: &mut Qmp,
     given: Option<GdbAddr>,
     ram: ProcRam,
+    mark: StopMark,
 ) -> Result<(QemuGuest, Stub), QemuError> {
     let qemus = stub::check_free(qmp)?;
     let (addr, opened) = match given {
@@ -170,9 +171,12 @@ fn open_stub(
             (GdbAddr::Unix(path), Stub::Opened(own))
         }
     };
+    // QEMU stops the VM as the stub's client connects.
+    mark.set(true);
     let mut gdb = match Gdb::connect(&addr, REPLY_TIMEOUT) {
         Ok(g) => g,
         Err(e) => {
+            mark.set(false);
             // Not let in (no connection, or queued behind another: its
             // drop wrote the detach there): the guest was not stopped.
             let held = !matches!(e, GdbError::Connect { .. } | GdbError::Busy { .. });
@@ -187,7 +191,10 @@ fn open_stub(
         return Err(let_go(qmp, &opened, e.into(), held));
     }
     match QemuGuest::new(gdb, ram) {
-        Ok(g) => Ok((g, opened)),
+        Ok(mut g) => {
+            g.set_stop_mark(mark);
+            Ok((g, opened))
+        }
         // The client was dropped, detaching (whether it could is unknown).
         Err(e) => Err(let_go(qmp, &opened, e.into(), true)),
     }
@@ -301,7 +308,8 @@ impl Connected {
         // Before the stub stops the guest: a vmtrace killed from here on
         // leaves a journal naming what to undo.
         let mut journal = Journal::begin(info.pid, &info.qmp, gdb.as_ref().map(|g| g.to_string()))?;
-        let (guest, stub) = match open_stub(&mut qmp, gdb, ram) {
+        let mark = StopMark(journal.stop_mark());
+        let (guest, stub) = match open_stub(&mut qmp, gdb, ram, mark) {
             Ok(opened) => opened,
             Err(e) => {
                 journal.remove();

@@ -153,8 +153,8 @@ pub struct DetachCounts {
 /// Check that guest text matches the file at a sample of sites: each site
 /// holds a NOP or `call __fentry__`, and the bytes after it are the file's,
 /// but for those the kernel rewrites itself (`patched`: alternatives,
-/// retpoline, return-thunk and call-depth sites, sealed `endbr64`s, jump
-/// labels, static calls). Refuses when more than half the sample differs (a
+/// paravirt, retpoline, return-thunk, call-depth and CFI sites, LOCK
+/// prefixes, sealed `endbr64`s, jump labels, static calls and trampolines). Refuses when more than half the sample differs (a
 /// few may differ where KASLR relocated an absolute address). `sites` are
 /// running addresses, `slide` bytes from the file's (KASLR's virtual
 /// offset); `direct`: they are direct entries (any instruction).

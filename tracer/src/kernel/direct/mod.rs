@@ -17,7 +17,7 @@ use iced_x86::{
 };
 
 use crate::kernel::symbols::KernelImage;
-pub use tables::{KernelTable, SiteTables, TableError};
+pub use tables::{BranchSource, KernelTable, SiteTables, TableError};
 
 /// Bytes of the jump written at a direct site (`jmp rel32`).
 pub const JUMP_LEN: usize = 5;
@@ -54,6 +54,14 @@ pub enum Refusal {
     /// that a stub in vmtrace's code page (the top 8 MiB of the address
     /// space) cannot reach with a 32-bit displacement.
     OutOfReach { at: u64, target: u64 },
+    // Issue 35 (tables).
+    /// A branch from elsewhere (a table's, another function's) lands
+    /// inside the displaced bytes, past their first: `from` names it.
+    BranchInto {
+        source: BranchSource,
+        from: String,
+        to: u64,
+    },
 }
 
 impl Refusal {
@@ -72,6 +80,7 @@ impl Refusal {
             Refusal::JumpIntoSite { .. } => "jump-into-site",
             Refusal::IndirectJump { .. } => "indirect-jump",
             Refusal::OutOfReach { .. } => "out-of-reach",
+            Refusal::BranchInto { source, .. } => source.rule(),
         }
     }
 }
@@ -114,6 +123,11 @@ impl fmt::Display for Refusal {
                     "indirect jump at +{at:#x}: its targets cannot be checked"
                 )
             }
+            Refusal::BranchInto { source, from, to } => write!(
+                f,
+                "{} {from} lands at +{to:#x}, inside the displaced bytes",
+                source.what()
+            ),
         }
     }
 }
@@ -227,6 +241,13 @@ impl DirectSite {
             if i.flow_control() == FlowControl::IndirectBranch || to_thunk {
                 return Err(Refusal::IndirectJump { at: off(i.ip()) });
             }
+        }
+        if let Some(b) = tables.targets.landing_in(site.addr + 1, end) {
+            return Err(Refusal::BranchInto {
+                source: b.source,
+                from: b.from.clone(),
+                to: off(b.target),
+            });
         }
         Ok(site)
     }

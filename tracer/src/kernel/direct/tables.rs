@@ -1,11 +1,26 @@
 //! The kernel's tables of code it patches or treats specially at run time
-//! (exception fixups, alternatives, jump labels, static calls, retpoline
-//! and return-thunk sites, ftrace sites), and the entry and noinstr text
-//! bounds: what a direct entry must not displace. Read from the image
-//! file; a table the kernel does not have (the mini guest has only
-//! `__ex_table`) is empty.
+//! (exception fixups, alternatives, paravirt sites, LOCK prefixes, jump
+//! labels, static calls and their trampolines, retpoline, return-thunk,
+//! call-depth and CFI sites, ftrace sites), the entry and noinstr text
+//! bounds, and every branch from elsewhere that lands near a function's
+//! entry (`targets`): what a direct entry must not displace. Read from the
+//! image file; a table the kernel does not have (the mini guest has only
+//! `__ex_table`) is empty, and one it has but the file does not locate is
+//! an error (`TableError::NotFound`).
+
+mod paravirt;
+mod specs;
+mod targets;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
 
 use object::{Object, ObjectSection};
+
+pub use specs::TRAMP_PREFIX;
+use specs::{Spec, CFI_PREAMBLE_LEN, SPECS, TRAMP_PATCH_LEN};
+pub use targets::{BranchSource, BranchTargets, ForeignBranch};
 
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
@@ -33,6 +48,18 @@ pub enum KernelTable {
     EndbrSeal,
     /// `__mcount_loc`: ftrace call sites.
     Ftrace,
+    // Issue 35 (tables): what the kernel also rewrites at boot or at run time.
+    /// `.parainstructions` (up to 6.7; 6.8+ makes them alternatives):
+    /// paravirt calls replaced at boot (`apply_paravirt`).
+    Paravirt,
+    /// `.smp_locks`: LOCK prefixes turned into DS prefixes and back when
+    /// CPUs go and come (`alternatives_smp_lock`/`_unlock`).
+    SmpLock,
+    /// `.cfi_sites` (6.2+, FineIBT): kCFI preambles rewritten at boot.
+    CfiSite,
+    /// A static call trampoline (`__SCT__*`, `.static_call_tramp_key`):
+    /// its jump is rewritten by every `static_call_update`.
+    StaticCallTramp,
 }
 
 impl KernelTable {
@@ -48,6 +75,10 @@ impl KernelTable {
             KernelTable::CallDepth => "call-depth call site",
             KernelTable::EndbrSeal => "sealed endbr",
             KernelTable::Ftrace => "ftrace site",
+            KernelTable::Paravirt => "paravirt call site",
+            KernelTable::SmpLock => "LOCK prefix (.smp_locks)",
+            KernelTable::CfiSite => "CFI preamble",
+            KernelTable::StaticCallTramp => "static call trampoline",
         }
     }
 
@@ -60,83 +91,16 @@ impl KernelTable {
             KernelTable::StaticCall => "static-call",
             KernelTable::Retpoline => "retpoline",
             KernelTable::ReturnThunk => "return-thunk",
-            KernelTable::CallDepth => "call-depth",
+            KernelTable::CallDepth => "call-site",
             KernelTable::EndbrSeal => "endbr-seal",
             KernelTable::Ftrace => "ftrace-site",
+            KernelTable::Paravirt => "paravirt",
+            KernelTable::SmpLock => "smp-lock",
+            KernelTable::CfiSite => "cfi-site",
+            KernelTable::StaticCallTramp => "static-call-trampoline",
         }
     }
 }
-
-/// Where a table sits in vmlinux and how its entries read. Every table's
-/// first field is an s32 relative to its own address; the layouts are
-/// those of Linux 6.1 and 6.12 (see the `struct` named on each).
-struct Spec {
-    table: KernelTable,
-    section: &'static str,
-    /// The linker script's bounds, when the table sits inside another
-    /// output section (`__jump_table` and the static calls are in `.data`).
-    bounds: (&'static str, &'static str),
-    /// Candidate entry sizes: `struct alt_instr` grew from 12 bytes (6.1)
-    /// to 14 (6.3+: `ft_flags`); the right one is told by the entries.
-    sizes: &'static [usize],
-}
-
-const SPECS: [Spec; 8] = [
-    // struct exception_table_entry { int insn, fixup, data; }
-    Spec {
-        table: KernelTable::ExTable,
-        section: "__ex_table",
-        bounds: ("__start___ex_table", "__stop___ex_table"),
-        sizes: &[12],
-    },
-    // struct alt_instr { s32 instr_offset; s32 repl_offset; ...;
-    //                    u8 instrlen; u8 replacementlen; } __packed
-    Spec {
-        table: KernelTable::Alternative,
-        section: ".altinstructions",
-        bounds: ("__alt_instructions", "__alt_instructions_end"),
-        sizes: &[12, 14],
-    },
-    // struct jump_entry { s32 code; s32 target; long key; }
-    Spec {
-        table: KernelTable::JumpLabel,
-        section: "__jump_table",
-        bounds: ("__start___jump_table", "__stop___jump_table"),
-        sizes: &[16],
-    },
-    // struct static_call_site { s32 addr; s32 key; }
-    Spec {
-        table: KernelTable::StaticCall,
-        section: ".static_call_sites",
-        bounds: ("__start_static_call_sites", "__stop_static_call_sites"),
-        sizes: &[8],
-    },
-    // s32 each
-    Spec {
-        table: KernelTable::Retpoline,
-        section: ".retpoline_sites",
-        bounds: ("__retpoline_sites", "__retpoline_sites_end"),
-        sizes: &[4],
-    },
-    Spec {
-        table: KernelTable::ReturnThunk,
-        section: ".return_sites",
-        bounds: ("__return_sites", "__return_sites_end"),
-        sizes: &[4],
-    },
-    Spec {
-        table: KernelTable::CallDepth,
-        section: ".call_sites",
-        bounds: ("__call_sites", "__call_sites_end"),
-        sizes: &[4],
-    },
-    Spec {
-        table: KernelTable::EndbrSeal,
-        section: ".ibt_endbr_seal",
-        bounds: ("__ibt_endbr_seal", "__ibt_endbr_seal_end"),
-        sizes: &[4],
-    },
-];
 
 /// A table that is there but cannot be read as its entries.
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +118,20 @@ pub enum TableError {
         len: usize,
         sizes: &'static [usize],
     },
+    #[error(
+        "{}: the kernel has {what}s (it has {evidence}), but the image does not say where \
+         its {section} table is ({start}/{stop}: kallsyms names data only with \
+         CONFIG_KALLSYMS_ALL); without it no direct entry can be proved safe",
+        path.display()
+    )]
+    NotFound {
+        path: std::path::PathBuf,
+        what: &'static str,
+        evidence: &'static str,
+        section: &'static str,
+        start: &'static str,
+        stop: &'static str,
+    },
 }
 
 /// Every site of every table as code ranges, and the text a direct entry
@@ -169,11 +147,48 @@ pub struct SiteTables {
     /// The retpoline thunks (`__x86_indirect_thunk_*`, and 6.12's
     /// `__x86_indirect_jump_thunk_*`): a jump to one is an indirect jump.
     pub indirect_thunks: Vec<(u64, u64)>,
+    /// Branches from elsewhere (tables, other functions) that land near a
+    /// function's entry: `read` fills it, `read_patch_sites` does not.
+    pub targets: BranchTargets,
+}
+
+/// What the tables say besides their sites, for `targets`: each
+/// exception fixup, jump label target and alternative replacement.
+#[derive(Debug, Default)]
+pub(crate) struct TableLinks {
+    /// `(faulting instruction, fixup)`.
+    pub fixups: Vec<(u64, u64)>,
+    /// `(jump label site, its jump's target)`.
+    pub jumps: Vec<(u64, u64)>,
+    /// `(site, instrlen, replacement, replacementlen)`.
+    pub alts: Vec<(u64, u8, u64, u8)>,
+    /// The image's sections of code: `(name, start, end)`.
+    pub code: Vec<(String, u64, u64)>,
 }
 
 impl SiteTables {
-    /// Reads every table of `image`; missing ones are empty.
+    /// Reads every table of `image`, and decodes its whole text for the
+    /// branches from elsewhere (`targets`). A table the kernel has but the
+    /// image does not locate is an error: without it nothing can be proved.
     pub fn read(image: &KernelImage) -> Result<SiteTables, TableError> {
+        let (mut t, links) = SiteTables::read_tables(image, true)?;
+        t.targets = BranchTargets::collect(image, &links, &mut t);
+        t.sites.sort_unstable();
+        Ok(t)
+    }
+
+    /// The tables' sites only (no decoding), a table not located being
+    /// empty: the bytes the kernel may have rewritten (`BootPatched`).
+    pub fn read_patch_sites(image: &KernelImage) -> Result<SiteTables, TableError> {
+        SiteTables::read_tables(image, false).map(|(t, _)| t)
+    }
+
+    /// Every table's sites, sorted; `strict`: a table not located on a
+    /// kernel that has it is an error.
+    fn read_tables(
+        image: &KernelImage,
+        strict: bool,
+    ) -> Result<(SiteTables, TableLinks), TableError> {
         let file = object::File::parse(image.bytes.as_slice()).ok();
         let bounds = |start: &str, stop: &str, section: &str| match (
             image.symbol(start),
@@ -196,23 +211,55 @@ impl SiteTables {
         };
         // Code outside the kernel's text proper holds sites too (a return
         // thunk's jump in `.altinstr_replacement` or `.altinstr_aux`).
-        let code: Vec<(u64, u64)> = file
-            .as_ref()
-            .map(|f| {
-                f.sections()
-                    .filter(|s| s.kind() == object::SectionKind::Text)
-                    .map(|s| (s.address(), s.address() + s.size()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut links = TableLinks {
+            code: file
+                .as_ref()
+                .map(|f| {
+                    f.sections()
+                        .filter(|s| s.kind() == object::SectionKind::Text)
+                        .map(|s| {
+                            let name = s.name().unwrap_or_default().to_string();
+                            (name, s.address(), s.address() + s.size())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            ..TableLinks::default()
+        };
+        let code: Vec<(u64, u64)> = links.code.iter().map(|c| (c.1, c.2)).collect();
         for spec in &SPECS {
             let Some((addr, end)) = bounds(spec.bounds.0, spec.bounds.1, spec.section) else {
+                let evidence = spec.evidence.filter(|&e| image.symbol(e).is_some());
+                if let Some(evidence) = evidence.filter(|_| strict) {
+                    return Err(TableError::NotFound {
+                        path: image.path.clone(),
+                        what: spec.table.site(),
+                        evidence,
+                        section: spec.section,
+                        start: spec.bounds.0,
+                        stop: spec.bounds.1,
+                    });
+                }
                 continue;
             };
-            t.read_table(image, &code, spec, addr, (end - addr) as usize)?;
+            let len = (end - addr) as usize;
+            t.read_table(image, &code, spec, addr, len, &mut links)?;
         }
+        let pv = bounds(paravirt::BOUNDS.0, paravirt::BOUNDS.1, paravirt::SECTION);
+        if let Some((addr, end)) = pv {
+            for (site, len) in paravirt::read(image, &code, addr, end)? {
+                t.sites.push((site, site + len, KernelTable::Paravirt));
+            }
+        }
+        t.add_trampolines(image);
+        // objtool lists `call __fentry__` among the call sites, but the
+        // kernel never redirects it (6.12's arch/x86/kernel/callthunks.c
+        // skip_addr): ftrace owns it.
+        let ftrace: std::collections::HashSet<u64> = image.mcount_loc.iter().copied().collect();
+        t.sites
+            .retain(|s| s.2 != KernelTable::CallDepth || !ftrace.contains(&s.0));
         for &a in &image.mcount_loc {
-            t.insert(KernelTable::Ftrace, a, SITE_LEN as u64);
+            t.sites.push((a, a + SITE_LEN as u64, KernelTable::Ftrace));
         }
         t.indirect_thunks = image
             .functions
@@ -224,7 +271,42 @@ impl SiteTables {
             .map(|f| (f.addr, f.addr + f.size.max(1)))
             .collect();
         t.sites.sort_unstable();
-        Ok(t)
+        Ok((t, links))
+    }
+
+    /// Every static call trampoline, by its `__SCT__` name (kallsyms has
+    /// them: they are text) besides `.static_call_tramp_key`'s.
+    fn add_trampolines(&mut self, image: &KernelImage) {
+        let known: BTreeSet<u64> = self
+            .sites
+            .iter()
+            .filter(|s| s.2 == KernelTable::StaticCallTramp)
+            .map(|s| s.0)
+            .collect();
+        let named: BTreeSet<u64> = image
+            .symbols
+            .iter()
+            .filter(|(name, _)| name.starts_with(TRAMP_PREFIX))
+            .map(|(_, s)| s.addr)
+            .filter(|a| !known.contains(a))
+            .collect();
+        for a in named {
+            let site = (a, a + TRAMP_PATCH_LEN, KernelTable::StaticCallTramp);
+            self.sites.push(site);
+        }
+    }
+
+    /// The static call trampolines' addresses, sorted.
+    pub fn trampolines(&self) -> Vec<u64> {
+        let mut t: Vec<u64> = self
+            .sites
+            .iter()
+            .filter(|s| s.2 == KernelTable::StaticCallTramp)
+            .map(|s| s.0)
+            .collect();
+        t.sort_unstable();
+        t.dedup();
+        t
     }
 
     /// Adds `len` bytes at `addr` as a site of `table`.
@@ -282,7 +364,8 @@ impl SiteTables {
     }
 
     /// Reads one table of `len` bytes at `addr` (entries' code addresses
-    /// are relative to the entry).
+    /// are relative to the entry), unsorted; what else its entries say
+    /// goes to `links`.
     fn read_table(
         &mut self,
         image: &KernelImage,
@@ -290,6 +373,7 @@ impl SiteTables {
         spec: &Spec,
         addr: u64,
         len: usize,
+        links: &mut TableLinks,
     ) -> Result<(), TableError> {
         let malformed = || TableError::Malformed {
             path: image.path.clone(),
@@ -302,44 +386,65 @@ impl SiteTables {
             return Ok(());
         }
         let data = image.file_bytes(addr, len).ok_or_else(malformed)?;
+        let real = |e: &[u8]| !spec.padded || e[..4] != [0; 4];
         let size = *spec
             .sizes
             .iter()
             .find(|&&size| {
-                entries(addr, data, size)
-                    .is_some_and(|mut e| e.all(|(c, _)| in_code(image, code, c)))
+                entries(addr, data, size).is_some_and(|mut e| {
+                    e.all(|(c, _, entry)| !real(entry) || in_code(image, code, c))
+                })
             })
             .ok_or_else(malformed)?;
-        for (code, entry) in entries(addr, data, size).ok_or_else(malformed)? {
+        let entries = entries(addr, data, size).ok_or_else(malformed)?;
+        for (code, at, entry) in entries.filter(|e| real(e.2)) {
+            // The second field, where a table has one, is an s32 relative
+            // to itself too.
+            let second = || {
+                let rel = i32::from_le_bytes([entry[4], entry[5], entry[6], entry[7]]);
+                (at + 4).wrapping_add_signed(i64::from(rel))
+            };
             // An alternative covers `instrlen` bytes (its entry's
-            // second-to-last byte); the others one instruction, which
-            // starts inside the displaced bytes if it overlaps them.
+            // second-to-last byte), a CFI site its preamble; the others
+            // one instruction, which starts inside the displaced bytes if
+            // it overlaps them.
             let len = match spec.table {
                 KernelTable::Alternative => u64::from(entry[size - 2]),
+                KernelTable::CfiSite => CFI_PREAMBLE_LEN,
+                KernelTable::StaticCallTramp => TRAMP_PATCH_LEN,
                 _ => 1,
             };
-            self.insert(spec.table, code, len);
+            match spec.table {
+                KernelTable::ExTable => links.fixups.push((code, second())),
+                KernelTable::JumpLabel => links.jumps.push((code, second())),
+                KernelTable::Alternative => {
+                    let (ilen, rlen) = (entry[size - 2], entry[size - 1]);
+                    links.alts.push((code, ilen, second(), rlen));
+                }
+                _ => {}
+            }
+            self.sites.push((code, code + len.max(1), spec.table));
         }
         Ok(())
     }
 }
 
-/// Each entry of `size` bytes of a table at `addr` with the code address
-/// its first field (s32, relative to itself) gives; None if `data` is not
-/// whole entries.
-fn entries(addr: u64, data: &[u8], size: usize) -> Option<impl Iterator<Item = (u64, &[u8])>> {
+/// Each entry of `size` bytes of a table at `addr`: the code address its
+/// first field (s32, relative to itself) gives, the entry's own address
+/// and bytes; None if `data` is not whole entries.
+fn entries(addr: u64, data: &[u8], size: usize) -> Option<impl Iterator<Item = (u64, u64, &[u8])>> {
     data.len().is_multiple_of(size).then(|| {
         data.chunks_exact(size).enumerate().map(move |(i, e)| {
             let rel = i32::from_le_bytes([e[0], e[1], e[2], e[3]]);
             let at = addr + (i * size) as u64;
-            (at.wrapping_add_signed(i64::from(rel)), e)
+            (at.wrapping_add_signed(i64::from(rel)), at, e)
         })
     })
 }
 
 /// Whether `addr` is in the kernel's code: a function, the (init) text, or
 /// another section of code (`code`).
-fn in_code(image: &KernelImage, code: &[(u64, u64)], addr: u64) -> bool {
+pub(crate) fn in_code(image: &KernelImage, code: &[(u64, u64)], addr: u64) -> bool {
     let within = |r: Option<(u64, u64)>| r.is_some_and(|(s, e)| (s..e).contains(&addr));
     image.function_at(addr).is_some()
         || within(image.text)

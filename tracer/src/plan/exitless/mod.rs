@@ -129,11 +129,13 @@ impl ExitlessPlan {
         })
     }
 
-    /// The same code for rings of `cap` records each (where they must fit
-    /// memory other than vmtrace's own: the guest's free pages).
-    pub fn set_ring_records(&mut self, cap: u64) -> Result<(), ExitlessPlanError> {
+    /// The same code for `cpus` rings of `cap` records each (where they
+    /// must fit memory other than vmtrace's own, the guest's free pages,
+    /// and be there for every CPU number the guest kernel may use, which
+    /// only the running guest tells).
+    pub fn set_rings(&mut self, cpus: usize, cap: u64) -> Result<(), ExitlessPlanError> {
         let l = self.spec.layout;
-        let layout = RingLayout::with_args(l.cpus, l.sites, Some(cap), l.graph, l.args)?;
+        let layout = RingLayout::with_args(cpus, l.sites, Some(cap), l.graph, l.args)?;
         if layout != l {
             let spec = TrampolineSpec {
                 layout,

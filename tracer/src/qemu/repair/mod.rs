@@ -15,44 +15,33 @@
 //! gdb_process_breakpoint_remove_all, gdb_continue), whichever stub set
 //! them: that is how trap mode's breakpoints go.
 
+mod region;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vm_memory::GuestAddress;
-use vmm::gva::{AddressSpace, Level};
 use vmm::Stopped;
 
-// Between two stops the guest runs as long as at a detach (for a vCPU to
-// leave vmtrace's code), as many times.
-use super::ending::{GRACE, REMOVE_ATTEMPTS as ATTEMPTS};
 use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
-use super::journal::{self, unhex, Armed, Journal, JournalRecord};
+use super::journal::{self, Armed, Journal, JournalRecord};
 use super::marker::{self, Marker, MAGIC};
 use super::procmem::ProcRam;
 use super::qmp::{GdbServer, Qmp};
-use crate::plan::exitless::layout::{
-    CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
-    PD_COUNT,
-};
+use region::{left_mapped, region_held, region_stop, restore_sites};
 
 /// How long to wait for each QMP or gdbstub reply (as an attach does).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `query-status`'s status of a guest stopped by the gdbstub (QEMU's
 /// RUN_STATE_DEBUG): with no debugger connected, it froze at a breakpoint.
 const STATUS_DEBUG: &str = "debug";
-/// A page-table entry's present and writable bits, as vmtrace writes its
-/// table entries (`session::exitless::map`), and the accessed and dirty
-/// bits the CPU may add.
-const TABLE: u64 = 0b11;
-const ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
-/// An entry's physical address bits (bits 12..52).
-const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
-/// vmtrace's pages are in the guest's first MiB (`kernel::lowmem`).
-const LOW_MIB: u64 = 1 << 20;
-/// A `call rel32`: what vmtrace writes at an exitless site.
-const CALL: u8 = 0xe8;
+/// `query-status`'s status of a guest stopped by a QMP `stop`, or by a
+/// gdbstub client's connect or interrupt.
+const STATUS_PAUSED: &str = "paused";
+/// `query-status`'s status of a guest that runs.
+const STATUS_RUNNING: &str = "running";
 
 /// What a killed vmtrace left in a QEMU, as the attach's check sees it
 /// without stopping the guest.
@@ -63,6 +52,9 @@ pub struct Leftovers {
     pub stub: Option<GdbServer>,
     /// The guest froze at a breakpoint with no debugger left.
     pub frozen: bool,
+    /// The VM's status when someone else holds it stopped (`paused` after
+    /// a QMP `stop`, `suspended`, ...): the repair leaves it so.
+    pub held: Option<String>,
     /// vmtrace's marker in the guest (`super::marker`), and where.
     pub marker: Option<(u64, Marker)>,
 }
@@ -156,13 +148,19 @@ pub fn leftovers(qmp: &mut Qmp, pid: u32) -> Result<Leftovers, QemuError> {
     // A connected stub is somebody's debugger (a live vmtrace has a
     // journal), and a guest it stopped is not frozen.
     let connected = server.as_ref().is_some_and(|s| s.connected);
-    let frozen = !connected && qmp.status()? == STATUS_DEBUG;
+    let status = qmp.status()?;
+    let frozen = !connected && status == STATUS_DEBUG;
+    // `paused` by a vmtrace killed inside a stop of its own (it marked
+    // it), or by someone else, whose stop the repair keeps.
+    let own_stop = status == STATUS_PAUSED && journal::stop_mark_of(pid).exists();
+    let held = (status != STATUS_RUNNING && status != STATUS_DEBUG && !own_stop).then_some(status);
     let stub = server
         .filter(|s| !s.connected && (is_vmtraces(s) || (journal.is_some() && given.is_none())));
     Ok(Leftovers {
         journal,
         stub,
         frozen,
+        held,
         marker,
     })
 }
@@ -234,7 +232,8 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
             let from_marker = marker_record(&found);
             let record = found.journal.as_ref().map(|j| &j.record);
             let record = record.or(from_marker.as_ref());
-            in_stops(&guest, true, record, found.frozen, &mut out)
+            let held = found.held.as_deref();
+            in_stops(&guest, true, record, found.frozen, held, &mut out)
                 .and_then(|stop| unmark(stop, &found, &mut out))
                 .and_then(|stop| orphan_region(stop, exitless(record), &mut out))
         });
@@ -242,6 +241,8 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
         own.close(&mut qmp);
     }
     result?;
+    // The VM runs again (or stays in someone else's stop, unmarked).
+    let _ = std::fs::remove_file(journal::stop_mark_of(pid));
     if look && !out.incomplete {
         return Ok(Repaired {
             nothing: true,
@@ -344,33 +345,60 @@ impl OwnStub {
 
 /// The repair inside the guest: sites in a first stop, the region in a
 /// later one, returned: its detach takes every breakpoint out and lets the
-/// guest run.
+/// guest run. In a VM someone else holds stopped (`held`: its status), all
+/// is done in one stop that never resumes it: the breakpoints the journal
+/// names are taken out one by one (a detach would resume the VM), and a
+/// region a task is still inside stays for a later repair.
 fn in_stops<'g>(
     guest: &'g QemuGuest,
     already: bool,
     record: Option<&JournalRecord>,
     frozen: bool,
+    held: Option<&str>,
     out: &mut Repaired,
 ) -> Result<QemuStop<'g>, QemuError> {
     // (Stopped since the stub connected, when `already`.)
-    let mut stop = guest.stop(already)?;
+    let mut stop = guest.stop_in(already, held.is_some())?;
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
         restore_sites(&stop, r, out)?;
-        stop.resume()?;
-        stop = region_stop(guest, r, out)?;
+        stop = match held {
+            Some(status) => region_held(stop, r, status, out)?,
+            None => {
+                stop.resume()?;
+                region_stop(guest, r, out)?
+            }
+        };
     }
     let breakpoints = record.map_or(0, |r| r.breakpoints.len());
-    match (record.map(|r| r.armed), frozen) {
-        (Some(Armed::Trap), true) => out.did(format!(
+    match (record.map(|r| r.armed), frozen, held) {
+        (Some(Armed::Trap), _, Some(status)) => {
+            for &addr in record.map_or(&[][..], |r| &r.breakpoints[..]) {
+                clear_breakpoint(&stop, addr)?;
+            }
+            out.did(format!(
+                "removed vmtrace's breakpoints (at up to {breakpoints} sites); the VM stays {status}, as someone left it"
+            ))
+        }
+        (_, _, Some(status)) => out.did(format!("the VM stays {status}, as someone left it")),
+        (Some(Armed::Trap), true, None) => out.did(format!(
             "removed vmtrace's breakpoints (at up to {breakpoints} sites); the guest, frozen at one (paused (debug)), runs again"
         )),
-        (Some(Armed::Trap), false) => out.did(format!(
+        (Some(Armed::Trap), false, None) => out.did(format!(
             "removed vmtrace's breakpoints (at up to {breakpoints} sites); the guest runs on"
         )),
-        (_, true) => out.did("removed a breakpoint the guest was frozen at (paused (debug)); it runs again".into()),
+        (_, true, None) => out.did("removed a breakpoint the guest was frozen at (paused (debug)); it runs again".into()),
         _ => out.did("the guest runs on".into()),
     }
     Ok(stop)
+}
+
+/// Takes out the breakpoint at `addr`; one that is not set (the journal
+/// names every site it might arm) is no error, a broken stub is.
+fn clear_breakpoint(stop: &QemuStop<'_>, addr: u64) -> Result<(), QemuError> {
+    match stop.clear_breakpoint(addr) {
+        Ok(()) | Err(crate::qemu::gdb::GdbError::Reply { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A marker the journal-less repair went by: its magic cleared once the
@@ -428,196 +456,15 @@ fn orphan_region(stop: QemuStop<'_>, journaled: bool, out: &mut Repaired) -> Res
 /// could not be.
 pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
-    in_stops(guest, false, Some(record), false, &mut out)?.detach()?;
+    in_stops(guest, false, Some(record), false, None, &mut out)?.detach()?;
     Ok(out)
-}
-
-/// Each journaled site that holds vmtrace's call (a `call` into its code)
-/// gets its bytes back; one that holds anything else is not vmtrace's to
-/// touch.
-fn restore_sites(
-    stop: &QemuStop<'_>,
-    r: &JournalRecord,
-    out: &mut Repaired,
-) -> Result<(), QemuError> {
-    let ram = stop.ram();
-    let (mut restored, mut as_found, mut other) = (0, 0, Vec::new());
-    for s in &r.sites {
-        let Some(original) = unhex(&s.original).filter(|o| o.len() == 5) else {
-            other.push(s.va);
-            continue;
-        };
-        let mut now = [0u8; 5];
-        ram.read_slice(&mut now, GuestAddress(s.gpa))
-            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-        if now[..] == original[..] {
-            as_found += 1;
-        } else if is_call_into_code(s.va, &now) {
-            ram.write_slice(&original, GuestAddress(s.gpa))
-                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-            restored += 1;
-        } else {
-            other.push(s.va);
-        }
-    }
-    out.did(format!(
-        "{restored} sites restored ({as_found} of {} were as found)",
-        r.sites.len()
-    ));
-    if !other.is_empty() {
-        out.failed(format!(
-            "{} sites hold neither their bytes nor vmtrace's call, left as they are (first at {:#x})",
-            other.len(),
-            other[0]
-        ));
-    }
-    Ok(())
-}
-
-/// Does `bytes` at `va` call into vmtrace's code?
-fn is_call_into_code(va: u64, bytes: &[u8; 5]) -> bool {
-    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-    let target = va.wrapping_add(5).wrapping_add_signed(rel.into());
-    bytes[0] == CALL && (CODE_VA..CODE_VA + CODE_LEN).contains(&target)
-}
-
-/// Stop until no vCPU runs in vmtrace's code and no hooked call has yet
-/// to return through it, then (in that stop, returned) clear its entries
-/// and give its pages back. The region stays when that never happens.
-fn region_stop<'g>(
-    guest: &'g QemuGuest,
-    r: &JournalRecord,
-    out: &mut Repaired,
-) -> Result<QemuStop<'g>, QemuError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        std::thread::sleep(GRACE);
-        let stop = guest.stop(false)?;
-        match busy(&stop) {
-            Some(_) if attempt < ATTEMPTS => {
-                stop.resume()?;
-                continue;
-            }
-            Some(why) => {
-                out.failed(format!(
-                    "vmtrace's code and rings left mapped: {why}; run vmtrace detach again later"
-                ));
-                return Ok(stop);
-            }
-            None => {
-                take_region_out(&stop, r, out)?;
-                return Ok(stop);
-            }
-        }
-    }
-}
-
-/// Why the region cannot go at this stop, if it cannot.
-fn busy(stop: &QemuStop<'_>) -> Option<String> {
-    for cpu in 0..stop.cpus() {
-        let rip = stop.snapshot(cpu)?.regs.rip;
-        if (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
-            return Some(format!("vCPU {cpu} runs in it (at {rip:#x})"));
-        }
-    }
-    let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[])?;
-    let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
-    // No frame pool mapped: no function graph.
-    space.read(DATA_VA + FRAMES_OFF, &mut pool).ok()?;
-    let busy = FRAME_BUSY as usize..FRAME_BUSY as usize + 4;
-    let live = pool
-        .chunks_exact(FRAME_LEN as usize)
-        .filter(|f| f[busy.clone()] != [0; 4])
-        .count();
-    (live > 0).then(|| format!("{live} hooked calls have not returned, and return through it"))
-}
-
-/// vmtrace's region entries of a vmtrace whose journal is gone: those of
-/// 508-510 that point at a table in the low MiB its pages come from, as
-/// vmtrace writes them.
-fn left_mapped(stop: &QemuStop<'_>) -> usize {
-    let Some(space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) else {
-        return 0;
-    };
-    (0..PD_COUNT as u64)
-        .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
-        .filter(|e| {
-            e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB
-        })
-        .count()
-}
-
-/// Clear the page-directory entries that point at one of vmtrace's pages
-/// as vmtrace wrote them, then give every page its bytes back.
-fn take_region_out(
-    stop: &QemuStop<'_>,
-    r: &JournalRecord,
-    out: &mut Repaired,
-) -> Result<(), QemuError> {
-    let pages: Vec<(u64, Vec<u8>)> = r
-        .pages
-        .iter()
-        .filter_map(|p| Some((p.gpa, unhex(&p.original)?)))
-        .filter(|(_, b)| b.len() == PAGE as usize)
-        .collect();
-    let ours = |v: u64| {
-        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && r.pages.iter().any(|p| p.gpa == v & ADDR_MASK)
-    };
-    let mut cleared = 0;
-    if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
-        cleared = clear_entries(&mut space, ours)?;
-    }
-    let ram = stop.ram();
-    let mut given = 0;
-    for (gpa, was) in &pages {
-        let mut now = vec![0u8; was.len()];
-        ram.read_slice(&mut now, GuestAddress(*gpa))
-            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-        if now != *was {
-            ram.write_slice(was, GuestAddress(*gpa))
-                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-            given += 1;
-        }
-    }
-    out.did(format!(
-        "{cleared} page-directory entries cleared, {given} of the guest's {} unused low pages given their bytes back",
-        r.pages.len()
-    ));
-    let unknown = r.pages.len() - pages.len();
-    if unknown > 0 {
-        out.failed(format!(
-            "{unknown} of the guest's unused low pages may hold what vmtrace wrote: what they held \
-             before is in its journal only (the guest does not use them)"
-        ));
-    }
-    Ok(())
-}
-
-/// Clear each of the region's entries `ours` accepts; returns how many.
-fn clear_entries(
-    space: &mut AddressSpace<'_>,
-    ours: impl Fn(u64) -> bool,
-) -> Result<usize, QemuError> {
-    let mut cleared = 0;
-    for i in 0..PD_COUNT as u64 {
-        let va = CODE_VA + i * LARGE_PAGE;
-        let Ok(e) = space.entry(va, Level::Pd) else {
-            continue;
-        };
-        if !e.is_empty() && ours(e.value) {
-            space
-                .set_entry(&e, 0)
-                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-            cleared += 1;
-        }
-    }
-    Ok(cleared)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::region::{is_call_into_code, CALL};
     use super::*;
+    use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 
     #[test]
     fn a_site_is_vmtraces_only_when_it_calls_into_its_code() {

@@ -1,0 +1,232 @@
+//! The guest side of a repair: vmtrace's exitless sites given their bytes
+//! back, and its region (page-directory entries and low pages) taken out
+//! once nothing runs in it.
+
+use vm_memory::GuestAddress;
+use vmm::gva::{AddressSpace, Level};
+use vmm::Stopped;
+
+// Between two stops the guest runs as long as at a detach (for a vCPU to
+// leave vmtrace's code), as many times.
+use super::super::ending::{GRACE, REMOVE_ATTEMPTS as ATTEMPTS};
+use super::super::error::QemuError;
+use super::super::guest::{QemuGuest, QemuStop};
+use super::super::journal::{unhex, JournalRecord};
+use super::Repaired;
+use crate::plan::exitless::layout::{
+    CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
+    PD_COUNT,
+};
+
+/// A page-table entry's present and writable bits, as vmtrace writes its
+/// table entries (`session::exitless::map`), and the accessed and dirty
+/// bits the CPU may add.
+const TABLE: u64 = 0b11;
+const ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
+/// An entry's physical address bits (bits 12..52).
+const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
+/// vmtrace's pages are in the guest's first MiB (`kernel::lowmem`).
+const LOW_MIB: u64 = 1 << 20;
+/// A `call rel32`: what vmtrace writes at an exitless site.
+pub(super) const CALL: u8 = 0xe8;
+
+/// Each journaled site that holds vmtrace's call (a `call` into its code)
+/// gets its bytes back; one that holds anything else is not vmtrace's to
+/// touch.
+pub(super) fn restore_sites(
+    stop: &QemuStop<'_>,
+    r: &JournalRecord,
+    out: &mut Repaired,
+) -> Result<(), QemuError> {
+    let ram = stop.ram();
+    let (mut restored, mut as_found, mut other) = (0, 0, Vec::new());
+    for s in &r.sites {
+        let Some(original) = unhex(&s.original).filter(|o| o.len() == 5) else {
+            other.push(s.va);
+            continue;
+        };
+        let mut now = [0u8; 5];
+        ram.read_slice(&mut now, GuestAddress(s.gpa))
+            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        if now[..] == original[..] {
+            as_found += 1;
+        } else if is_call_into_code(s.va, &now) {
+            ram.write_slice(&original, GuestAddress(s.gpa))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            restored += 1;
+        } else {
+            other.push(s.va);
+        }
+    }
+    out.did(format!(
+        "{restored} sites restored ({as_found} of {} were as found)",
+        r.sites.len()
+    ));
+    if !other.is_empty() {
+        out.failed(format!(
+            "{} sites hold neither their bytes nor vmtrace's call, left as they are (first at {:#x})",
+            other.len(),
+            other[0]
+        ));
+    }
+    Ok(())
+}
+
+/// Does `bytes` at `va` call into vmtrace's code?
+pub(super) fn is_call_into_code(va: u64, bytes: &[u8; 5]) -> bool {
+    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    let target = va.wrapping_add(5).wrapping_add_signed(rel.into());
+    bytes[0] == CALL && (CODE_VA..CODE_VA + CODE_LEN).contains(&target)
+}
+
+/// Stop until no vCPU runs in vmtrace's code and no hooked call has yet
+/// to return through it, then (in that stop, returned) clear its entries
+/// and give its pages back. The region stays when that never happens.
+pub(super) fn region_stop<'g>(
+    guest: &'g QemuGuest,
+    r: &JournalRecord,
+    out: &mut Repaired,
+) -> Result<QemuStop<'g>, QemuError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        std::thread::sleep(GRACE);
+        let stop = guest.stop(false)?;
+        match busy(&stop) {
+            Some(_) if attempt < ATTEMPTS => {
+                stop.resume()?;
+                continue;
+            }
+            Some(why) => {
+                out.failed(format!(
+                    "vmtrace's code and rings left mapped: {why}; run vmtrace detach again later"
+                ));
+                return Ok(stop);
+            }
+            None => {
+                take_region_out(&stop, r, out)?;
+                return Ok(stop);
+            }
+        }
+    }
+}
+
+/// The region of a VM someone else holds stopped: taken out in this stop,
+/// or left for a repair once the VM runs (a task inside it cannot leave
+/// while the VM is stopped).
+pub(super) fn region_held<'g>(
+    stop: QemuStop<'g>,
+    r: &JournalRecord,
+    status: &str,
+    out: &mut Repaired,
+) -> Result<QemuStop<'g>, QemuError> {
+    match busy(&stop) {
+        Some(why) => out.failed(format!(
+            "vmtrace's code and rings left mapped: {why}, and the VM is {status}; run vmtrace detach again once it runs"
+        )),
+        None => take_region_out(&stop, r, out)?,
+    }
+    Ok(stop)
+}
+
+/// Why the region cannot go at this stop, if it cannot.
+fn busy(stop: &QemuStop<'_>) -> Option<String> {
+    for cpu in 0..stop.cpus() {
+        let rip = stop.snapshot(cpu)?.regs.rip;
+        if (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
+            return Some(format!("vCPU {cpu} runs in it (at {rip:#x})"));
+        }
+    }
+    let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[])?;
+    let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
+    // No frame pool mapped: no function graph.
+    space.read(DATA_VA + FRAMES_OFF, &mut pool).ok()?;
+    let busy = FRAME_BUSY as usize..FRAME_BUSY as usize + 4;
+    let live = pool
+        .chunks_exact(FRAME_LEN as usize)
+        .filter(|f| f[busy.clone()] != [0; 4])
+        .count();
+    (live > 0).then(|| format!("{live} hooked calls have not returned, and return through it"))
+}
+
+/// vmtrace's region entries of a vmtrace whose journal is gone: those of
+/// 508-510 that point at a table in the low MiB its pages come from, as
+/// vmtrace writes them.
+pub(super) fn left_mapped(stop: &QemuStop<'_>) -> usize {
+    let Some(space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) else {
+        return 0;
+    };
+    (0..PD_COUNT as u64)
+        .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
+        .filter(|e| {
+            e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB
+        })
+        .count()
+}
+
+/// Clear the page-directory entries that point at one of vmtrace's pages
+/// as vmtrace wrote them, then give every page its bytes back.
+fn take_region_out(
+    stop: &QemuStop<'_>,
+    r: &JournalRecord,
+    out: &mut Repaired,
+) -> Result<(), QemuError> {
+    let pages: Vec<(u64, Vec<u8>)> = r
+        .pages
+        .iter()
+        .filter_map(|p| Some((p.gpa, unhex(&p.original)?)))
+        .filter(|(_, b)| b.len() == PAGE as usize)
+        .collect();
+    let ours = |v: u64| {
+        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && r.pages.iter().any(|p| p.gpa == v & ADDR_MASK)
+    };
+    let mut cleared = 0;
+    if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
+        cleared = clear_entries(&mut space, ours)?;
+    }
+    let ram = stop.ram();
+    let mut given = 0;
+    for (gpa, was) in &pages {
+        let mut now = vec![0u8; was.len()];
+        ram.read_slice(&mut now, GuestAddress(*gpa))
+            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        if now != *was {
+            ram.write_slice(was, GuestAddress(*gpa))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            given += 1;
+        }
+    }
+    out.did(format!(
+        "{cleared} page-directory entries cleared, {given} of the guest's {} unused low pages given their bytes back",
+        r.pages.len()
+    ));
+    let unknown = r.pages.len() - pages.len();
+    if unknown > 0 {
+        out.failed(format!(
+            "{unknown} of the guest's unused low pages may hold what vmtrace wrote: what they held \
+             before is in its journal only (the guest does not use them)"
+        ));
+    }
+    Ok(())
+}
+
+/// Clear each of the region's entries `ours` accepts; returns how many.
+fn clear_entries(
+    space: &mut AddressSpace<'_>,
+    ours: impl Fn(u64) -> bool,
+) -> Result<usize, QemuError> {
+    let mut cleared = 0;
+    for i in 0..PD_COUNT as u64 {
+        let va = CODE_VA + i * LARGE_PAGE;
+        let Ok(e) = space.entry(va, Level::Pd) else {
+            continue;
+        };
+        if !e.is_empty() && ours(e.value) {
+            space
+                .set_entry(&e, 0)
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            cleared += 1;
+        }
+    }
+    Ok(cleared)
+}
