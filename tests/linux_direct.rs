@@ -188,8 +188,9 @@ fn check_graph_and_args(v: &serde_json::Value) {
     assert!(f["total_ns"].as_u64().is_some(), "{f}");
 }
 
-/// With `--stack STACK`: STACK's calls have stacks, unwound through the
-/// scheduler's callers.
+/// With `--stack STACK`: STACK's calls have stacks, each named from its
+/// caller (the innermost frame) outwards, the most frequent one unwound
+/// to the bottom of its stack.
 fn check_stacks(v: &serde_json::Value) {
     let f = function(v, STACK);
     let ids = f["stacks"].as_array().unwrap_or_else(|| panic!("{f}"));
@@ -197,8 +198,9 @@ fn check_stacks(v: &serde_json::Value) {
     let stacks = v["stacks"].as_array().unwrap();
     let first = &stacks[ids[0]["id"].as_u64().unwrap() as usize - 1];
     let frames = first["frames"].as_array().unwrap();
-    assert_eq!(frames[0]["function"], STACK, "{first}");
     assert!(frames.len() >= 2, "{first}");
+    assert!(frames.iter().all(|f| f["function"].is_string()), "{first}");
+    assert_eq!(first["complete"], true, "{first}");
 }
 
 /// Function `name` of a JSON report.
@@ -384,6 +386,10 @@ fn by_hand(name: &str, trace: &str) -> BTreeMap<String, u64> {
         .filter(|(_, (a, b))| a != b)
         .map(|(i, (a, b))| format!("{:#x}: {a:#04x} -> {b:#04x}", text.0 + i as u64))
         .collect();
+    eprintln!(
+        "linux_direct: {patched} sites patched; {} bytes of text compared after the detach",
+        before.len()
+    );
     assert!(
         differ.is_empty(),
         "{} bytes of the kernel text differ after the detach: {:?}",
