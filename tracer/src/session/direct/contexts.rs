@@ -31,6 +31,11 @@ pub struct VcpuRegs {
 /// runs at.
 const CS_RPL_MASK: u64 = 3;
 
+/// EFER.LMA (Intel SDM vol. 3, 2.2.1): long mode active. A vCPU without it
+/// runs no kernel code yet (an application processor waiting for its
+/// start-up IPI, in real mode with RSP 0).
+const EFER_LMA: u64 = 1 << 10;
+
 /// Stacks followed from a vCPU's: NMI over #DB over an IRQ over a task.
 const MAX_LINKS: usize = 4;
 
@@ -40,11 +45,15 @@ const FRAME_RSP: u64 = 16;
 const FRAME_CS: u64 = 32;
 
 impl VcpuRegs {
-    /// Every stopped vCPU whose registers are known.
+    /// Every stopped vCPU whose registers are known and that runs in
+    /// long mode.
     pub fn of(stopped: &dyn vmm::Stopped) -> Vec<VcpuRegs> {
         (0..stopped.cpus())
             .filter_map(|cpu| {
                 let s = stopped.snapshot(cpu)?;
+                if s.sregs.efer & EFER_LMA == 0 {
+                    return None;
+                }
                 Some(VcpuRegs {
                     cpu,
                     rip: s.regs.rip,
@@ -147,6 +156,10 @@ pub fn find(
         let cpu = Some(v.cpu);
         let mut sp = v.rsp;
         for _ in 0..MAX_LINKS {
+            // No stack (yet): nothing of the kernel's on it.
+            if sp == 0 {
+                break;
+            }
             let next = match stacks.window(sp) {
                 Window::Task { top } => {
                     scan(space, &mut found, cpu, sp, top, strict);
@@ -368,6 +381,10 @@ mod tests {
             ..stacks()
         };
         let found = find(&mut space, &RANGES, &cpu0, &entry, &[]);
+        assert_eq!(found, Found::default());
+        // A vCPU with no stack yet (RSP 0) has nothing on it.
+        let cpu0 = [v(0, MAP + 0x100_0000, 0, false)];
+        let found = find(&mut space, &RANGES, &cpu0, &stacks(), &[]);
         assert_eq!(found, Found::default());
     }
 }
