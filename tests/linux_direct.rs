@@ -135,31 +135,82 @@ fn same_busy_functions(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) {
     assert!(both >= 4, "{a:?}\n{b:?}");
 }
 
-/// The ftrace build traced through its ftrace sites, then the build
-/// without ftrace through direct entries in trap and exitless modes: the
-/// timers and the scheduler traced (the timer interrupt from the APIC
-/// vector), the same busy functions as the ftrace build's boot counts,
-/// nothing dropped; then the ftrace build again through direct entries,
-/// on the functions its ftrace sites traced: the same functions, and
-/// `sched_clock_cpu`, `notrace`, traced too. (One test: each boot is a
-/// minute of CI, and the first serves both comparisons.)
+/// The ftrace build traced through its ftrace sites; then the build
+/// without ftrace through direct entries in trap mode (by hand, with the
+/// function graph, arguments and stacks, the whole kernel text compared
+/// byte for byte: `by_hand`) and in exitless mode (with the function graph
+/// and arguments): the timers and the scheduler traced (the timer
+/// interrupt from the APIC vector), the same busy functions as the ftrace
+/// build's boot counts, nothing dropped; then the ftrace build again
+/// through direct entries with stacks, on the functions its ftrace sites
+/// traced: the same functions, and `sched_clock_cpu`, `notrace`, traced
+/// too. (One test: each boot is a minute of CI, and the first serves
+/// both comparisons.)
 #[test]
 fn direct_entries_trace_linux_with_and_without_ftrace() {
     let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap", "--entry", "ftrace"]);
-    for mode in ["trap", "exitless"] {
-        let (err, _, v) = traced("linux-noftrace", SET, &["--mode", mode]);
-        check_direct_run(&err, &v, mode);
-        same_busy_functions(&counts(&ftrace), &counts(&v));
-    }
+    let trap = by_hand("linux-noftrace", SET);
+    same_busy_functions(&counts(&ftrace), &trap);
+    let args = format!("--args={ARGS}");
+    let extra = ["--mode", "exitless", "--graph", &args];
+    let (err, _, v) = traced("linux-noftrace", SET, &extra);
+    check_direct_run(&err, &v, "exitless");
+    check_graph_and_args(&v);
+    same_busy_functions(&counts(&ftrace), &counts(&v));
     let planned: Vec<String> = counts(&ftrace).into_keys().collect();
     let mut set = planned.join(",");
     set.push_str(",sched_clock_cpu");
-    let (err, _, direct) = traced("linux", &set, &["--mode", "trap", "--entry", "direct"]);
+    let extra = ["--mode", "trap", "--entry", "direct", "--stack", STACK];
+    let (err, _, direct) = traced("linux", &set, &extra);
     check_direct_run(&err, &direct, "trap");
+    check_stacks(&direct);
     let mut c = counts(&direct);
     assert!(c.remove("sched_clock_cpu").is_some_and(|n| n > 0), "{c:?}");
     assert_eq!(c.keys().cloned().collect::<Vec<_>>(), planned);
     same_busy_functions(&counts(&ftrace), &c);
+}
+
+/// Traced with `--args`: a function of `SET` with a prototype in BTF.
+const ARGS: &str = "hrtimer_start_range_ns";
+/// Traced with `--stack`.
+const STACK: &str = "schedule";
+
+/// With `--graph` and `--args ARGS`: returns hooked (every function's
+/// durations; hrtimer_interrupt's calls all return), nothing lost, ARGS
+/// has its prototype (the JSON says what of it cannot be shown, if any).
+fn check_graph_and_args(v: &serde_json::Value) {
+    let graph = &v["graph"];
+    assert!(graph["returns"].as_u64().is_some_and(|n| n > 0), "{graph}");
+    assert_eq!(graph["returns_dropped"].as_u64(), Some(0), "{graph}");
+    assert_eq!(v["values"]["args"], true, "{v}");
+    let f = function(v, "hrtimer_interrupt");
+    assert!(f["returns"].as_u64().is_some_and(|n| n > 0), "{f}");
+    assert!(f["total_ns"].as_u64().is_some(), "{f}");
+}
+
+/// With `--stack STACK`: STACK's calls have stacks, each named from its
+/// caller (the innermost frame) outwards, some unwound to the bottom of
+/// their stack.
+fn check_stacks(v: &serde_json::Value) {
+    let f = function(v, STACK);
+    let ids = f["stacks"].as_array().unwrap_or_else(|| panic!("{f}"));
+    let stacks = v["stacks"].as_array().unwrap();
+    let of = |id: &serde_json::Value| &stacks[id["id"].as_u64().unwrap() as usize - 1];
+    let first = of(ids.first().unwrap_or_else(|| panic!("{f}")));
+    let frames = first["frames"].as_array().unwrap();
+    assert!(frames.len() >= 2, "{first}");
+    assert!(frames.iter().all(|f| f["function"].is_string()), "{first}");
+    assert!(ids.iter().any(|id| of(id)["complete"] == true), "{f}");
+}
+
+/// Function `name` of a JSON report.
+fn function<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no {name}"))
 }
 
 /// What every direct run of `SET` must show: the summary and attach lines,
@@ -169,9 +220,9 @@ fn check_direct_run(err: &str, v: &serde_json::Value, mode: &str) {
     assert!(err.contains("vmtrace: direct entries: "), "{err}");
     assert!(err.contains("direct sites patched"), "{err}");
     // The kernel's task list was walked at the attach: at least init_task
-    // (the boot CPU's idle task) is always runnable.
+    // (the boot CPU's idle task) has a stack.
     let checked: u64 = err
-        .split(" runnable tasks' stacks checked")
+        .split(" tasks' stacks checked")
         .next()
         .and_then(|s| s.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
@@ -186,12 +237,7 @@ fn check_direct_run(err: &str, v: &serde_json::Value, mode: &str) {
     for f in ["hrtimer_interrupt", "schedule", "try_to_wake_up"] {
         assert!(c.get(f).is_some_and(|&n| n > 0), "{f}: {c:?}");
     }
-    let hrtimer = v["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["name"] == "hrtimer_interrupt")
-        .unwrap();
+    let hrtimer = function(v, "hrtimer_interrupt");
     let callers = hrtimer["callers"].as_array().unwrap();
     assert!(
         callers
@@ -262,4 +308,163 @@ fn a_kernel_without_ftrace_lists_from_its_bzimage_alone() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&alone);
+}
+
+/// Boot `name` on 2 vCPUs and trace `trace` by direct entries in trap mode
+/// with the function graph, `--args ARGS` and `--stack STACK`, through the
+/// library: attached as a run attaches (`guest_ready` polled, the attach
+/// retried at each pause that finds the guest not ready), but with the
+/// kernel's whole text read under the very pause that patches it. After the
+/// guest's end and the detach, every byte of that text is as it was then.
+/// Checks what `check_direct_run` checks; returns the calls per function.
+fn by_hand(name: &str, trace: &str) -> BTreeMap<String, u64> {
+    use std::time::Duration;
+    use tracer::kernel::find::{kernel_image, Given};
+    use tracer::kernel::kaslr::{detect, Detected};
+    use tracer::plan::entry::EntryChoice;
+    use tracer::plan::{ModeChoice, Request, TracePlan};
+    use tracer::session::{Attach, Recording, Tracer};
+    use vm_memory::{Bytes, GuestAddress};
+    use vmm::boot::cmdline::{kernel_cmdline, Cmdline};
+
+    let (kernel, initrd) = guest(name);
+    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    let file = vmm::boot::KernelFile::open(&kernel).unwrap();
+    let emulator_host = vmm::host::emulates_ring0();
+    let cmdline = kernel_cmdline(file.kind(), emulator_host, Cmdline::Append(&[])).unwrap();
+    let image = kernel_image(&file, Given::Nothing).unwrap().image;
+    let req = Request {
+        trace: trace.split(',').map(str::to_string).collect(),
+        notrace: Vec::new(),
+        graph: true,
+        mode: ModeChoice::Trap,
+        ring_events: None,
+        cpus: 2,
+        emulator_host,
+        linux: true,
+        pids: Vec::new(),
+        comm: None,
+        args: vec![ARGS.to_string()],
+        retval: false,
+        stack: vec![STACK.to_string()],
+        entry: EntryChoice::Auto,
+    };
+    let plan = TracePlan::build(image, &req).unwrap();
+    let sym = |n: &str| plan.plan.image.symbol(n).unwrap().addr;
+    let text = (sym("_stext"), sym("_etext"));
+    let console = Capture::default();
+    let vm = vmm::Vm::create(vmm::VmConfig {
+        kernel: file,
+        initrd: Some(initrd),
+        size: vmm::VmSize::new(2, 96).unwrap(),
+        cmdline,
+        console: Box::new(console.clone()),
+        timeout: Some(Duration::from_secs(900)),
+        hide_hypercalls: emulator_host,
+    })
+    .unwrap();
+    let rec = Recording::memory(50_000_000);
+    let (mut tracer, handlers) = Tracer::create(plan.plan, 2, plan.mode, rec).unwrap();
+    let running = vm.start(handlers, false).unwrap();
+    let mem = running.memory().clone();
+    let read_text = |gpa: u64| {
+        let mut b = vec![0u8; (text.1 - text.0) as usize];
+        mem.read_slice(&mut b, GuestAddress(gpa)).unwrap();
+        b
+    };
+    let (before, text_gpa) = loop {
+        if let Some(stop) = running.wait_stop(Duration::from_millis(50)) {
+            panic!(
+                "the guest ended before the attach: {stop}\n{}",
+                console.text()
+            );
+        }
+        if !tracer.guest_ready(&**running.ram()) {
+            continue;
+        }
+        let paused = running.pause_all();
+        let Ok(Detected::Offset(o)) = detect(&paused, &tracer.plan().image) else {
+            continue;
+        };
+        let gpa = o.phys_of(text.0).unwrap();
+        let before = read_text(gpa);
+        if let Attach::Attached(_) = tracer.attach(&paused).unwrap() {
+            break (before, gpa);
+        }
+    };
+    let patched = tracer.attach_counts.patched;
+    assert!(patched > 0);
+    let stop = running.wait();
+    running.finish();
+    let detached = tracer.detach(&mem).unwrap();
+    assert_eq!((detached.restored, detached.changed), (patched, 0));
+    let after = read_text(text_gpa);
+    let differ: Vec<String> = before
+        .iter()
+        .zip(&after)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, (a, b))| format!("{:#x}: {a:#04x} -> {b:#04x}", text.0 + i as u64))
+        .collect();
+    eprintln!(
+        "linux_direct: {patched} sites patched; {} bytes of text compared after the detach",
+        before.len()
+    );
+    assert!(
+        differ.is_empty(),
+        "{} bytes of the kernel text differ after the detach: {:?}",
+        differ.len(),
+        &differ[..differ.len().min(16)]
+    );
+    let text_out = console.text();
+    for bad in [
+        "WARNING:",
+        "BUG:",
+        "Oops",
+        "general protection",
+        "invalid opcode",
+    ] {
+        assert!(!text_out.contains(bad), "the guest complained:\n{text_out}");
+    }
+    assert!(text_out.contains("Run /init as init process"), "{text_out}");
+    let trace = tracer.finish(&kernel, stop.to_string());
+    assert_eq!(trace.meta.events_dropped, 0);
+    let index = |f: &str| trace.functions.iter().position(|x| x.name == f);
+    let calls = |f: &str| index(f).map_or(0, |i| trace.counts[i].iter().sum::<u64>());
+    for f in [
+        "hrtimer_interrupt",
+        "schedule",
+        "try_to_wake_up",
+        ARGS,
+        STACK,
+    ] {
+        assert!(calls(f) > 0, "{f}");
+    }
+    // Every function's returns hooked; the timer interrupt's all return.
+    let hrtimer = index("hrtimer_interrupt").unwrap();
+    assert!(trace.returns[hrtimer].iter().sum::<u64>() > 0);
+    // ARGS's entries carry its arguments, STACK's their stacks, unwound
+    // past their caller; no other function's do.
+    let (args, stack) = (index(ARGS).unwrap() as u32, index(STACK).unwrap() as u32);
+    let entries = trace.events.iter().filter(|e| e.slot & 1 == 0);
+    for e in entries {
+        assert_eq!(trace.args_of(e).is_some(), e.func == args, "{e:?}");
+        if e.func != stack {
+            assert_eq!(e.stack, 0, "{e:?}");
+        }
+    }
+    let stacks: Vec<_> = trace
+        .events
+        .iter()
+        .filter(|e| e.func == stack && e.slot & 1 == 0)
+        .filter_map(|e| trace.stack_of(e))
+        .collect();
+    assert!(!stacks.is_empty());
+    assert!(stacks.iter().any(|s| s.frames.len() >= 2), "{stacks:?}");
+    trace
+        .functions
+        .iter()
+        .zip(&trace.counts)
+        .map(|(f, c)| (f.name.clone(), c.iter().sum()))
+        .collect()
 }

@@ -293,7 +293,7 @@ impl Observer for Status {
             if direct {
                 format!(
                     "other: {} whose first instructions the running kernel changed, {} with a guest \
-                     context inside; {} runnable tasks' stacks checked",
+                     context inside; {} tasks' stacks checked",
                     c.direct_changed, c.direct_busy, c.direct_tasks
                 )
             } else {

@@ -20,6 +20,7 @@ pub mod payload;
 pub mod percpu;
 pub mod prototype;
 pub mod sites;
+pub mod stack_bounds;
 pub mod symbols;
 pub mod task;
 pub mod task_list;

@@ -1,8 +1,9 @@
 //! Where a Linux kernel keeps every task, for a walk of them all from the
 //! host: `init_task`, each process on its `tasks` list, each of its threads
 //! on its signal struct's `thread_head` list (`for_each_process_thread`),
-//! and of each thread its scheduler state and the stack pointer it was
-//! switched out with (`thread.sp`). Offsets from the kernel's BTF.
+//! and of each thread its stack (`stack`, NULL once an exited task's stack
+//! is freed: kernel/fork.c, release_task_stack) and the stack pointer it
+//! was switched out with (`thread.sp`). Offsets from the kernel's BTF.
 
 use crate::kernel::btf::{BtfError, KernelBtf};
 use crate::kernel::symbols::KernelImage;
@@ -16,9 +17,6 @@ pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
 /// The first task, the list's head (`init/init_task.c`).
 pub const INIT_TASK: &str = "init_task";
 
-/// `TASK_RUNNING` (include/linux/sched.h): runnable, or running.
-pub const TASK_RUNNING: u32 = 0;
-
 /// Offsets into `struct task_struct` and `struct signal_struct`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskList {
@@ -26,8 +24,8 @@ pub struct TaskList {
     pub init_task: u64,
     /// `task_struct.tasks` (a `list_head`: `next` first).
     pub tasks: u32,
-    /// `task_struct.__state` (`state` before 5.14), its low 32 bits.
-    pub state: u32,
+    /// `task_struct.stack` (a pointer to its lowest byte).
+    pub stack: u32,
     /// `task_struct.thread.sp`.
     pub sp: u32,
     /// `task_struct.signal` (a pointer).
@@ -56,11 +54,10 @@ impl TaskList {
             })?
             .addr;
         let task = |m: &str| btf.member("task_struct", m).map(|at| at.offset);
-        let state = task("__state").or_else(|_| task("state"))?;
         Ok(TaskList {
             init_task,
             tasks: task("tasks")?,
-            state,
+            stack: task("stack")?,
             sp: task("thread")? + btf.member("thread_struct", "sp")?.offset,
             signal: task("signal")?,
             thread_head: btf.member("signal_struct", "thread_head")?.offset,

@@ -25,7 +25,23 @@ fn mini_elf() -> PathBuf {
     root.join("guest/out/mini.elf")
 }
 
-fn mini_vm(kernel: &Path) -> vmm::Vm {
+/// guest/out/NAME.elf of a variant of the mini guest (`guest/build.sh NAME`).
+pub(in crate::session) fn mini_variant(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("bash")
+        .args(["guest/build.sh", name])
+        .current_dir(&root)
+        .output()
+        .expect("cannot run bash guest/build.sh");
+    assert!(
+        out.status.success(),
+        "guest/build.sh {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(format!("guest/out/{name}.elf"))
+}
+
+pub(in crate::session) fn mini_vm(kernel: &Path) -> vmm::Vm {
     vmm::Vm::create(vmm::VmConfig {
         kernel: vmm::boot::KernelFile::open(kernel).unwrap(),
         initrd: None,
@@ -39,7 +55,7 @@ fn mini_vm(kernel: &Path) -> vmm::Vm {
 }
 
 /// Every byte of guest memory, vmtrace's own slot included.
-fn all_bytes(mem: &GuestMemoryMmap) -> Vec<u8> {
+pub(in crate::session) fn all_bytes(mem: &GuestMemoryMmap) -> Vec<u8> {
     let mut out = Vec::new();
     for r in mem.iter() {
         let mut b = vec![0u8; r.len() as usize];
@@ -153,18 +169,7 @@ fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
 /// it attaches, returning through the thunk.
 #[test]
 fn an_exitless_attach_waits_for_alternatives_then_attaches() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new("bash")
-        .args(["guest/build.sh", "mini-rethunk"])
-        .current_dir(&root)
-        .output()
-        .expect("cannot run bash guest/build.sh mini-rethunk");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let kernel = root.join("guest/out/mini-rethunk.elf");
+    let kernel = mini_variant("mini-rethunk");
     let plan = Plan::new(&kernel, &["*".to_string()], &[]).unwrap();
     let flag = plan.image.symbol("alternatives_patched").unwrap().addr;
     let thunk = plan.image.symbol("__x86_return_thunk").unwrap().addr;

@@ -39,7 +39,7 @@ pub mod exitless;
 mod finish;
 pub mod guest_ftrace;
 #[cfg(test)]
-mod kvm_tests;
+pub(in crate::session) mod kvm_tests;
 pub mod patch;
 mod reach;
 mod ready;
@@ -111,6 +111,9 @@ pub struct Tracer {
     /// records the attach marked (`guest_ftrace`).
     guest_ftrace: guest_ftrace::Guard,
     excluded: Option<crate::kernel::ftrace_records::Excluded>,
+    /// Where the kernel's stacks are: the context checks of direct
+    /// entries and of the region's removal (`direct::contexts`).
+    stack_layout: crate::kernel::stack_bounds::StackLayout,
 }
 
 /// The tables events name, shared with the store.
@@ -243,6 +246,10 @@ impl Tracer {
             guest_ftrace: guest_ftrace::Guard::of(&plan),
             excluded: None,
             direct: direct::DirectSites::of(&plan).map(DirectState::new),
+            stack_layout: crate::kernel::stack_bounds::StackLayout::find(
+                &plan.image,
+                plan.btf.as_deref(),
+            ),
             plan,
             counters,
             store: Some(store),
@@ -535,6 +542,13 @@ impl Tracer {
             self.direct.is_some(),
         )?;
         if self.direct.is_some() {
+            // The kernel rewrites its text by address when it applies its
+            // alternatives and paravirt calls (apply_alternatives and
+            // apply_paravirt, arch/x86/kernel/alternative.c): a jump written
+            // before would be overwritten, or cut. Every mode waits.
+            if exitless::state::alternatives_pending(&mut space, &self.plan.image, off) {
+                return Ok(Err(NotReady::AlternativesPending));
+            }
             return Ok(match self.check_direct(&mut space, off, paused)? {
                 Ok((surveyed, d)) => Ok(Checked {
                     off,

@@ -132,8 +132,8 @@ pub struct AttachCounts {
     /// Direct entries left out because a guest context stayed inside their
     /// displaced bytes at every try (`session::direct::contexts`).
     pub direct_busy: usize,
-    /// Runnable tasks whose stacks the direct attach checked (tasks the
-    /// kernel may have preempted; the vCPUs' own are checked besides).
+    /// Tasks whose stacks the direct attach checked (every task with a
+    /// stack, on a preemptible kernel; the vCPUs' own are checked besides).
     pub direct_tasks: usize,
     /// What the attach did to keep the guest's own ftrace off the sites
     /// (`session::guest_ftrace`).

@@ -61,7 +61,7 @@ pub(super) struct DirectState {
     /// Attaches so far that found a guest context inside a direct site.
     pub(super) busy_waits: u32,
     /// The last attach: sites whose text had changed, sites left out
-    /// because a context stayed inside them, runnable tasks' stacks checked.
+    /// because a context stayed inside them, tasks' stacks checked.
     pub(super) counts: (usize, usize, usize),
 }
 

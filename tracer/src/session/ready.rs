@@ -15,10 +15,10 @@ pub enum NotReady {
     /// unknown (`kaslr`).
     #[error("the guest kernel has not set its syscall entry nor mapped its banner yet: its KASLR offset is unknown")]
     KernelOffsetUnknown,
-    /// The guest kernel has not applied its alternatives yet, so how its
+    /// The guest kernel has not applied its alternatives yet: how its
     /// returns will go (return thunks) is not settled (`exitless::state::
-    /// Resolved`).
-    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): its return thunk is not chosen")]
+    /// Resolved`), and it may still rewrite the text of direct sites.
+    #[error("the guest kernel has not applied its alternatives yet (alternatives_patched is 0): it may still rewrite its text and choose its return thunk")]
     AlternativesPending,
     /// `calls` selected sites still hold `call __fentry__` (the first at `first`).
     #[error("{calls} selected sites still call __fentry__ (the first at {first:#x}): the guest's ftrace_init has not converted them yet")]
@@ -31,6 +31,10 @@ pub enum NotReady {
     /// changing its ftrace records or its text (`guest_ftrace`).
     #[error("the guest holds its {lock}: it is changing its ftrace or its text")]
     GuestFtraceBusy { lock: &'static str },
+    /// A page of a stack that `who` is on could not be read (at `at`): a
+    /// context inside a direct site cannot be ruled out.
+    #[error("a guest stack page cannot be read ({who} at {at:#x}): a context inside a direct site cannot be ruled out")]
+    DirectStackUnreadable { who: String, at: u64 },
     /// The task list of a preemptible kernel could not be walked (yet).
     #[error("{why}")]
     DirectTasks { why: String },

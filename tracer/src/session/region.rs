@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 use vmm::gva::AddressSpace;
 use vmm::Stopped;
 
-use super::direct::contexts::{self, VcpuRegs};
+use super::direct::contexts::{self, Stacks, TaskStack, VcpuRegs};
 use super::exitless::backing::RegionPages;
 use super::exitless::state::ExitlessError;
 use super::{kernel_space, Tracer};
 use crate::error::TracerError;
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::stack_bounds::StackLayout;
 use crate::kernel::task_list::{TaskList, PREEMPT_SCHEDULE};
 use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
 use crate::session::patch::PatchError;
@@ -115,7 +117,7 @@ impl Tracer {
         }
         let mut space =
             kernel_space(stopped.vcpu_spaces(), &[CODE_VA]).ok_or(PatchError::NoPaging)?;
-        let slide = self.offset.map_or(0, |o| o.virt);
+        let off = self.offset.unwrap_or_default();
         let list = self
             .plan
             .btf
@@ -124,30 +126,39 @@ impl Tracer {
             .transpose()
             .map_err(|e| PatchError::TaskWalk(e.to_string()))?
             .ok_or_else(|| PatchError::TaskWalk("the kernel has no BTF".into()))?;
-        returns_into_code(&mut space, stopped, &list, slide)
+        returns_into_code(&mut space, stopped, &list, &self.stack_layout, off)
     }
 }
 
-/// The first context (a kernel-mode vCPU, or a task switched out while
-/// runnable, as preemption leaves it) that returns into vmtrace's code:
-/// a word of its stack, from its stack pointer up, in the code page.
+/// The first context (a kernel-mode vCPU, or a task switched out, as
+/// preemption leaves it) that returns into vmtrace's code: a word of its
+/// stacks (`contexts::find`), from its stack pointer up, in the code page.
+/// The kernel runs at `off`, its stacks laid out as `layout` says.
 pub fn returns_into_code(
     space: &mut AddressSpace<'_>,
     stopped: &dyn Stopped,
     list: &TaskList,
-    slide: i64,
+    layout: &StackLayout,
+    off: KernelOffset,
 ) -> Result<Option<Busy>, TracerError> {
     let vcpus = VcpuRegs::of(stopped);
-    let stacks = contexts::preempted_stacks(space, list, slide)
+    let stacks = Stacks::read(space, layout, off, stopped.cpus());
+    let tasks = contexts::task_stacks(space, list, off.virt)
         .map_err(|e| PatchError::TaskWalk(e.to_string()))?;
-    Ok(inside_code(space, &vcpus, &stacks))
+    Ok(inside_code(space, &vcpus, &stacks, &tasks))
 }
 
-/// `returns_into_code` for these vCPUs and saved stack pointers.
-fn inside_code(space: &mut AddressSpace<'_>, vcpus: &[VcpuRegs], stacks: &[u64]) -> Option<Busy> {
+/// `returns_into_code` for these vCPUs, stacks and tasks.
+fn inside_code(
+    space: &mut AddressSpace<'_>,
+    vcpus: &[VcpuRegs],
+    stacks: &Stacks,
+    tasks: &[TaskStack],
+) -> Option<Busy> {
     // `contexts::find` takes a range's first byte as outside it.
     let code = [(CODE_VA - 1, CODE_VA + CODE_LEN)];
-    contexts::find(space, &code, vcpus, stacks)
+    contexts::find(space, &code, vcpus, stacks, tasks)
+        .inside
         .first()
         .map(|i| Busy::OnStack {
             cpu: i.cpu,
@@ -173,18 +184,30 @@ mod tests {
         let (task_sp, vcpu_sp) = (0x20_3f00u64, 0x30_3f00u64);
         let in_code = CODE_VA + 0x1234;
         let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let stacks = Stacks {
+            thread_size: 16 << 10,
+            ..Stacks::default()
+        };
+        let task = [TaskStack {
+            sp: task_sp,
+            base: task_sp & !0x3fff,
+        }];
+        let inside_code =
+            |space: &mut AddressSpace<'_>, vcpus: &[VcpuRegs], tasks: &[TaskStack]| {
+                inside_code(space, vcpus, &stacks, tasks)
+            };
         let vcpu = |user_mode| VcpuRegs {
             cpu: 1,
             rip: 0xffff_ffff_8100_0000,
             rsp: vcpu_sp,
             user_mode,
         };
-        assert_eq!(inside_code(&mut space, &[vcpu(false)], &[task_sp]), None);
+        assert_eq!(inside_code(&mut space, &[vcpu(false)], &task), None);
         // The task's saved frame: the interrupted RIP, 0x40 above its SP.
         mem.write_obj(in_code, GuestAddress(task_sp + 0x40))
             .unwrap();
         assert_eq!(
-            inside_code(&mut space, &[vcpu(false)], &[task_sp]),
+            inside_code(&mut space, &[vcpu(false)], &task),
             Some(Busy::OnStack {
                 cpu: None,
                 at: in_code
@@ -198,10 +221,10 @@ mod tests {
         // The code's last byte counts, the byte past it does not.
         mem.write_obj(CODE_VA + CODE_LEN, GuestAddress(task_sp + 0x40))
             .unwrap();
-        assert_eq!(inside_code(&mut space, &[], &[task_sp]), None);
+        assert_eq!(inside_code(&mut space, &[], &task), None);
         mem.write_obj(CODE_VA, GuestAddress(task_sp + 0x40))
             .unwrap();
-        assert!(inside_code(&mut space, &[], &[task_sp]).is_some());
+        assert!(inside_code(&mut space, &[], &task).is_some());
         // A vCPU in kernel mode whose stack returns into the code.
         mem.write_obj(in_code, GuestAddress(vcpu_sp + 8)).unwrap();
         let found = inside_code(&mut space, &[vcpu(false)], &[]);

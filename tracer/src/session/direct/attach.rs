@@ -6,7 +6,7 @@ use std::sync::Arc;
 use vmm::gva::AddressSpace;
 use vmm::{GuestRam, Stopped};
 
-use super::contexts::{self, VcpuRegs};
+use super::contexts::{self, Stacks, VcpuRegs};
 use super::{jump_for, keep_stubbed, DirectSurvey, Head, Ready};
 use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
@@ -26,8 +26,8 @@ pub struct DirectChecked {
 
 impl Tracer {
     /// The survey of the direct sites under `paused` at `off`, and the
-    /// check that no vCPU context is inside one: the sites to write, or
-    /// why the guest is not ready. Reads only.
+    /// check that no guest context is inside one (`contexts`): the sites
+    /// to write, or why the guest is not ready. Reads only.
     pub(in crate::session) fn check_direct(
         &mut self,
         space: &mut AddressSpace<'_>,
@@ -48,12 +48,13 @@ impl Tracer {
             } => (surveyed, ready, changed),
         };
         let vcpus = VcpuRegs::of(paused);
-        // On a preemptible kernel, the stacks of the tasks it may have
+        let stacks = Stacks::read(space, &self.stack_layout, off, paused.cpus());
+        // On a preemptible kernel, the stacks of every task it may have
         // preempted in kernel mode too.
-        let stacks = match self.plan.direct.as_ref().and_then(|d| d.preempted) {
+        let tasks = match self.plan.direct.as_ref().and_then(|d| d.preempted) {
             None => Vec::new(),
-            Some(list) => match contexts::preempted_stacks(space, &list, off.virt) {
-                Ok(sps) => sps,
+            Some(list) => match contexts::task_stacks(space, &list, off.virt) {
+                Ok(t) => t,
                 Err(e) if direct.busy_waits < MAX_BUSY_WAITS => {
                     direct.busy_waits += 1;
                     return Ok(Err(NotReady::DirectTasks { why: e.to_string() }));
@@ -61,27 +62,42 @@ impl Tracer {
                 Err(e) => return Err(PatchError::TaskWalk(e.to_string()).into()),
             },
         };
-        let busy = contexts::find(space, &direct.sites.ranges(off.virt), &vcpus, &stacks);
-        if let Some(b) = busy.first() {
-            if direct.busy_waits < MAX_BUSY_WAITS {
+        let ranges = direct.sites.ranges(off.virt);
+        let found = contexts::find(space, &ranges, &vcpus, &stacks, &tasks);
+        let who = |cpu: Option<usize>| match cpu {
+            Some(cpu) => format!("vCPU {cpu}"),
+            None => "a task switched out".to_string(),
+        };
+        if direct.busy_waits < MAX_BUSY_WAITS {
+            if let Some(u) = found.unreadable {
+                direct.busy_waits += 1;
+                return Ok(Err(NotReady::DirectStackUnreadable {
+                    who: who(u.cpu),
+                    at: u.at,
+                }));
+            }
+            if let Some(b) = found.inside.first() {
                 direct.busy_waits += 1;
                 return Ok(Err(NotReady::DirectBusy {
-                    sites: busy.len(),
-                    who: match b.cpu {
-                        Some(cpu) => format!("vCPU {cpu}"),
-                        None => "a task switched out".to_string(),
-                    },
+                    sites: found.inside.len(),
+                    who: who(b.cpu),
                     at: b.at,
                 }));
             }
         }
-        let busy_sites: Vec<usize> = busy.iter().map(|b| b.k).collect();
+        // Out of waits: a site with a context inside is left out, and
+        // every site when a stack could not be read.
+        let busy = match found.unreadable {
+            Some(_) => (0..ranges.len()).collect(),
+            None => found.inside.iter().map(|b| b.k).collect(),
+        };
+        let busy_sites: std::collections::BTreeSet<usize> = busy;
         let surveyed = surveyed.retain(|k| !busy_sites.contains(&k));
         let ready = ready
             .into_iter()
             .filter(|r| !busy_sites.contains(&r.k))
             .collect();
-        direct.counts = (changed, busy_sites.len(), stacks.len());
+        direct.counts = (changed, busy_sites.len(), tasks.len());
         Ok(Ok((surveyed, DirectChecked { ready })))
     }
 

@@ -19,7 +19,11 @@
 
 pub mod attach;
 pub mod contexts;
+#[cfg(test)]
+mod kvm_tests;
+pub mod stack_windows;
 pub mod stub;
+pub mod task_walk;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction};
 use vm_memory::GuestAddress;

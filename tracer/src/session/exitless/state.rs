@@ -471,7 +471,7 @@ pub enum Resolved {
 const FENTRY_READ: usize = 48;
 
 /// Has a kernel with `alternatives_patched` not set it yet?
-fn alternatives_pending(
+pub(in crate::session) fn alternatives_pending(
     space: &mut AddressSpace<'_>,
     image: &KernelImage,
     off: KernelOffset,
