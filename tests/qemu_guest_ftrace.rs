@@ -115,6 +115,37 @@ fn detach(a: Attach) -> Ended {
     e
 }
 
+/// vmtrace attached with `args` (tracing getpid) while the guest's own
+/// function tracer is turned on for getpid and getppid (`names`, its
+/// names for them): it may not have getpid (vmtrace's: excluded), has
+/// getppid; `calls` of each are made, the guest's tracer sees exactly the
+/// getppid ones, is turned off, and vmtrace detaches having counted every
+/// getpid.
+fn beside_the_guests_ftrace(
+    guest: &QemuGuest,
+    args: &[&str],
+    (pid, ppid): (&str, &str),
+    (getpids, getppids): (u64, u64),
+) -> Ended {
+    let a = Attach::start(guest.qmp_socket(), args).attached();
+    let on = ftrace(guest, &format!("on {pid} {ppid}"));
+    assert_eq!(
+        on,
+        format!("workload: ftrace on {pid}={EXCLUDED} {ppid}=0 tracer=0")
+    );
+    guest.go("getpid", getpids).unwrap();
+    guest.go("getppid", getppids).unwrap();
+    assert_hits(guest, ppid, getppids);
+    assert_hits(guest, pid, 0);
+    assert_eq!(
+        ftrace(guest, "off"),
+        "workload: ftrace off tracer=0 filter=0"
+    );
+    let e = detach(a);
+    assert_eq!(count_of(&e.counts(), &GETPID), getpids, "{}", e.stdout);
+    e
+}
+
 #[test]
 fn the_guests_own_function_tracer_works_around_an_attach() {
     let (bz, vmlinux) = common::linux_61();
@@ -131,23 +162,9 @@ fn the_guests_own_function_tracer_works_around_an_attach() {
 
     // The guest's tracer on while vmtrace traces getpid: it may not have
     // getpid (vmtrace's), has getppid; off again before the detach.
-    let a = Attach::start(qmp, &[&base[..], &["--trace", "__x64_sys_getpid"]].concat()).attached();
-    let on = ftrace(&guest, &format!("on {pid} {ppid}"));
-    assert_eq!(
-        on,
-        format!("workload: ftrace on {pid}={EXCLUDED} {ppid}=0 tracer=0")
-    );
-    guest.go("getpid", 300).unwrap();
-    guest.go("getppid", 20).unwrap();
-    assert_hits(&guest, ppid, 20);
-    assert_hits(&guest, pid, 0);
-    assert_eq!(
-        ftrace(&guest, "off"),
-        "workload: ftrace off tracer=0 filter=0"
-    );
-    let e = detach(a);
+    let args = [&base[..], &["--trace", "__x64_sys_getpid"]].concat();
+    let e = beside_the_guests_ftrace(&guest, &args, (pid, ppid), (300, 20));
     let counts = e.counts();
-    assert_eq!(count_of(&counts, &GETPID), 300, "{counts:?}");
     assert_eq!(counts.len(), 1, "{counts:?}");
     let (after, _) = kernel.read(qmp);
     assert_same(&before, &after, "by an attach the guest's ftrace ran under");
@@ -214,22 +231,7 @@ fn a_direct_entry_over_the_ftrace_nop_is_kept_from_the_guests_ftrace() {
         "--trace",
         "__x64_sys_getpid",
     ];
-    let a = Attach::start(qmp, &args).attached();
-    let on = ftrace(&guest, &format!("on {pid} {ppid}"));
-    assert_eq!(
-        on,
-        format!("workload: ftrace on {pid}={EXCLUDED} {ppid}=0 tracer=0")
-    );
-    guest.go("getpid", 60).unwrap();
-    guest.go("getppid", 11).unwrap();
-    assert_hits(&guest, ppid, 11);
-    assert_hits(&guest, pid, 0);
-    assert_eq!(
-        ftrace(&guest, "off"),
-        "workload: ftrace off tracer=0 filter=0"
-    );
-    let e = detach(a);
-    assert_eq!(count_of(&e.counts(), &GETPID), 60, "{}", e.stdout);
+    beside_the_guests_ftrace(&guest, &args, (pid, ppid), (60, 11));
     let (after, _) = kernel.read(qmp);
     assert_same(
         &before,

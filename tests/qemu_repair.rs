@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,26 @@ fn kill_with_guardian(a: Attach) {
     let _ = a.end();
 }
 
+/// The default guest booted (`opts`), its worker, and its kernel's bytes
+/// before anything was attached.
+fn boot(opts: QemuOpts) -> (PathBuf, Kernel, QemuGuest, Workload, Memory) {
+    let (bz, vmlinux) = common::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(opts);
+    let w = guest.wait_ready().unwrap();
+    let (before, _) = kernel.read(guest.qmp_socket());
+    (bz, kernel, guest, w, before)
+}
+
+/// Every byte vmtrace may write is as `before`, no gdbstub is left and
+/// nothing of vmtrace's is found: the VM as found.
+fn assert_as_found(kernel: &Kernel, qmp: &Path, before: &Memory, when: &str) {
+    let (after, _) = kernel.read(qmp);
+    assert_same(before, &after, when);
+    assert_no_gdbstub(qmp);
+    assert_nothing_left(qmp);
+}
+
 fn status(qmp: &Path) -> String {
     Qmp::connect(qmp, Duration::from_secs(10))
         .unwrap()
@@ -156,12 +176,8 @@ fn status(qmp: &Path) -> String {
 
 #[test]
 fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     assert_nothing_left(qmp);
 
     // Its guardian repairs the VM as soon as the attach is gone: the
@@ -180,14 +196,12 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
     }
     guest.go("getppid", 1).unwrap();
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "after a killed trap-mode attach, by its guardian",
     );
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
 
     let a = attached(qmp, &bz, &trap);
     guest.go("getppid", 3).unwrap();
@@ -224,26 +238,20 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
         .wait_for("workload: done getppid 1 ", COMMAND_TIMEOUT)
         .unwrap();
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "after a killed trap-mode attach and the repair",
     );
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
     attach_works(&guest, &bz, &["--mode", "trap"]);
     assert_runs_on(&guest, w.worker);
 }
 
 #[test]
 fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
 
     for graph in [false, true] {
         let mut args = vec!["--mode", "exitless", "--trace", "__x64_sys_getppid"];
@@ -302,11 +310,8 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
             ],
         );
         assert_runs_on(&guest, w.worker);
-        let (after, _) = kernel.read(qmp);
         let when = format!("after a killed exitless attach (graph {graph}) and the repair");
-        assert_same(&before, &after, &when);
-        assert_no_gdbstub(qmp);
-        assert_nothing_left(qmp);
+        assert_as_found(&kernel, qmp, &before, &when);
     }
     attach_works(&guest, &bz, &["--mode", "exitless"]);
     assert_runs_on(&guest, w.worker);
@@ -331,14 +336,12 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
         assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
     }
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "after a killed --graph attach, by its guardian",
     );
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
 }
 
 /// A hooked call that has not returned keeps vmtrace's code in place: a
@@ -346,12 +349,8 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
 /// sleeps (exit 1, saying why); once it returned, the repair takes it out.
 #[test]
 fn a_region_a_hooked_call_returns_through_goes_once_the_call_returned() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let a = attached(qmp, &bz, &["--trace", "__x64_sys_read", "--graph"]);
     // The worker leaves the read it slept in (begun before the attach),
     // answers, and sleeps in a hooked one.
@@ -381,14 +380,12 @@ fn a_region_a_hooked_call_returns_through_goes_once_the_call_returned() {
     guest.wait_for("workload: pong", COMMAND_TIMEOUT).unwrap();
     assert_repaired(&detach(qmp), &["page-directory entries cleared"]);
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "after a region left for a hooked call, and the repair",
     );
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
 }
 
 /// Bad input: one line, exit status 2, no panic.
@@ -412,15 +409,11 @@ fn detach_of_a_bad_socket_is_refused_in_one_line() {
 /// code and rings in the guest's free pages: they get their bytes back.
 #[test]
 fn an_attach_refused_after_staging_gives_every_byte_back() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts {
+    let (bz, kernel, guest, w, before) = boot(QemuOpts {
         append: "sysctl.kernel.ftrace_enabled=0".into(),
         ..QemuOpts::linux()
     });
-    let w = guest.wait_ready().unwrap();
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let e = Attach::start(
         qmp,
         &[
@@ -440,10 +433,7 @@ fn an_attach_refused_after_staging_gives_every_byte_back() {
         e.stderr
     );
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(&before, &after, "by an attach refused after staging");
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
+    assert_as_found(&kernel, qmp, &before, "by an attach refused after staging");
 
     // Killed while it waits for that guest (staged, between attempts):
     // the repair gives the pages back.
@@ -462,14 +452,12 @@ fn an_attach_refused_after_staging_gives_every_byte_back() {
     kill_with_guardian(a);
     assert_repaired(&detach(qmp), &["the guest runs on"]);
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "by an attach killed after staging, and the repair",
     );
-    assert_no_gdbstub(qmp);
-    assert_nothing_left(qmp);
 }
 
 /// Wait until `journal` exists and `pred` holds of its text (a hang guard
@@ -495,12 +483,8 @@ fn journal_says(journal: &Path, pred: impl Fn(&str) -> bool) {
 /// repair. Whatever the moment, the VM ends as found.
 #[test]
 fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let journal = journal::path_for(guest.pid(), journal::start_time(guest.pid()).unwrap());
 
     let cases: [(&str, &str); 4] = [
@@ -527,10 +511,7 @@ fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
         let when = format!("killed at the attach ({mode}, journal {moment})");
         assert_eq!(o.status.code(), Some(0), "{when}: {}", text(&o));
         assert_runs_on(&guest, w.worker);
-        let (after, _) = kernel.read(qmp);
-        assert_same(&before, &after, &when);
-        assert_no_gdbstub(qmp);
-        assert_nothing_left(qmp);
+        assert_as_found(&kernel, qmp, &before, &when);
     }
 
     for late in [0u64, 40, 80] {
@@ -552,10 +533,7 @@ fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
         let when = format!("killed at the detach (+{late} ms)");
         assert_eq!(o.status.code(), Some(0), "{when}: {}", text(&o));
         assert_runs_on(&guest, w.worker);
-        let (after, _) = kernel.read(qmp);
-        assert_same(&before, &after, &when);
-        assert_no_gdbstub(qmp);
-        assert_nothing_left(qmp);
+        assert_as_found(&kernel, qmp, &before, &when);
     }
 }
 
@@ -566,12 +544,8 @@ fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
 /// every byte as before.
 #[test]
 fn a_repair_leaves_a_vm_its_user_paused_paused() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let user = |cmd: &str| {
         Qmp::connect(qmp, Duration::from_secs(10))
             .unwrap()
@@ -598,14 +572,12 @@ fn a_repair_leaves_a_vm_its_user_paused_paused() {
         guest.go("getppid", 1).unwrap();
         assert_eq!(status(qmp), "running", "{mode}");
         assert_runs_on(&guest, w.worker);
-        let (after, _) = kernel.read(qmp);
-        assert_same(
+        assert_as_found(
+            &kernel,
+            qmp,
             &before,
-            &after,
             &format!("after a {mode} repair in a paused VM"),
         );
-        assert_no_gdbstub(qmp);
-        assert_nothing_left(qmp);
     }
 }
 
@@ -617,12 +589,8 @@ fn a_repair_leaves_a_vm_its_user_paused_paused() {
 /// the journal everything goes back, every byte as found.
 #[test]
 fn a_killed_direct_attach_is_repaired_from_its_journal() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let args = [
         "--mode",
         "exitless",
@@ -661,11 +629,10 @@ fn a_killed_direct_attach_is_repaired_from_its_journal() {
         ],
     );
     assert_runs_on(&guest, w.worker);
-    let (after, _) = kernel.read(qmp);
-    assert_same(
+    assert_as_found(
+        &kernel,
+        qmp,
         &before,
-        &after,
         "after a killed direct attach and the repair",
     );
-    assert_no_gdbstub(qmp);
 }

@@ -162,6 +162,37 @@ fn a_staged_exitless_attach_leaves_code_and_rings_alone_in_its_pause() {
     assert!(trace.meta.events_total > 0, "nothing drained");
 }
 
+/// An attach while the guest's `alternatives_patched` (at `flag`) is 0
+/// waits, writing no guest memory; with it 1, it attaches: the sites
+/// patched. (`what`: the case, for the messages.)
+pub(in crate::session) fn attach_once_alternatives_are_in(
+    running: &vmm::Running,
+    tracer: &mut Tracer,
+    flag: GuestAddress,
+    what: &str,
+) -> usize {
+    {
+        let paused = running.pause_all();
+        let mem = paused.memory().clone();
+        mem.write_obj(0u32, flag).unwrap();
+        let before = all_bytes(&mem);
+        let attempt = tracer.attach(&paused).unwrap();
+        assert!(
+            matches!(attempt, Attach::NotReady(NotReady::AlternativesPending)),
+            "{what}: {attempt:?}"
+        );
+        assert!(
+            before == all_bytes(&mem),
+            "{what}: a waiting attach wrote guest memory"
+        );
+        assert!(!tracer.is_attached());
+    }
+    let paused = running.pause_all();
+    paused.memory().write_obj(1u32, flag).unwrap();
+    let counts = tracer.attach(&paused).unwrap().attached().unwrap();
+    counts.patched
+}
+
 /// The mini guest built with return thunks, whose `__fentry__` is ten NOPs
 /// then `jmp __x86_return_thunk`, as a kernel with call depth tracking has it
 /// before it applies its alternatives: with `alternatives_patched` at 0 the
@@ -177,29 +208,9 @@ fn an_exitless_attach_waits_for_alternatives_then_attaches() {
     let vm = mini_vm(&kernel);
     let (mut tracer, handlers) = Tracer::exitless(plan, vm.cpus(), 1000, None).unwrap();
     let running = vm.start(handlers, true).unwrap();
-    {
-        let paused = running.pause_all();
-        let mem = paused.memory().clone();
-        mem.write_obj(0u32, flag_gpa).unwrap();
-        let before = all_bytes(&mem);
-        let attempt = tracer.attach(&paused).unwrap();
-        assert!(
-            matches!(attempt, Attach::NotReady(NotReady::AlternativesPending)),
-            "{attempt:?}"
-        );
-        assert!(
-            before == all_bytes(&mem),
-            "a waiting attach wrote guest memory"
-        );
-        assert!(!tracer.is_attached());
-    }
-    {
-        let paused = running.pause_all();
-        paused.memory().write_obj(1u32, flag_gpa).unwrap();
-        let counts = tracer.attach(&paused).unwrap().attached().unwrap();
-        // Every site of the mini guest after boot (its init text aside).
-        assert_eq!(counts.patched, 30);
-    }
+    let patched = attach_once_alternatives_are_in(&running, &mut tracer, flag_gpa, "exitless");
+    // Every site of the mini guest after boot (its init text aside).
+    assert_eq!(patched, 30);
     let ret = tracer.reach.exitless().unwrap().plan().ret();
     assert_eq!(ret.thunk, Some(thunk));
     let mem = running.memory().clone();

@@ -7,7 +7,9 @@ use crate::kernel::find::{kernel_image, Given};
 use crate::kernel::symbols::KernelImage;
 use crate::plan::entry::EntryChoice;
 use crate::plan::Plan;
-use crate::session::kvm_tests::{all_bytes, mini_variant, mini_vm};
+use crate::session::kvm_tests::{
+    all_bytes, attach_once_alternatives_are_in, mini_variant, mini_vm,
+};
 use crate::session::{Attach, NotReady, Tracer};
 
 /// The mini guest built with return thunks and `alternatives_patched`
@@ -32,28 +34,9 @@ fn a_direct_attach_waits_for_alternatives_in_every_mode() {
             false => Tracer::new(plan, vm.cpus(), 1000),
         };
         let running = vm.start(handlers, true).unwrap();
-        {
-            let paused = running.pause_all();
-            let mem = paused.memory().clone();
-            mem.write_obj(0u32, flag_gpa).unwrap();
-            let before = all_bytes(&mem);
-            let attempt = tracer.attach(&paused).unwrap();
-            assert!(
-                matches!(attempt, Attach::NotReady(NotReady::AlternativesPending)),
-                "exitless {exitless}: {attempt:?}"
-            );
-            assert!(
-                before == all_bytes(&mem),
-                "exitless {exitless}: a waiting attach wrote guest memory"
-            );
-            assert!(!tracer.is_attached());
-        }
-        {
-            let paused = running.pause_all();
-            paused.memory().write_obj(1u32, flag_gpa).unwrap();
-            let counts = tracer.attach(&paused).unwrap().attached().unwrap();
-            assert_eq!(counts.patched, sites, "exitless {exitless}");
-        }
+        let what = format!("exitless {exitless}");
+        let patched = attach_once_alternatives_are_in(&running, &mut tracer, flag_gpa, &what);
+        assert_eq!(patched, sites, "{what}");
         let mem = running.memory().clone();
         running.request_stop(vmm::StopReason::Requested);
         running.finish();
