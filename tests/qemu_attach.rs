@@ -290,12 +290,8 @@ fn bad_sockets_are_refused_in_one_line() {
 
 #[test]
 fn bad_attaches_leave_the_guest_untouched() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
 
     // Another kernel's symbols: refused before anything is written.
     let acpi = linux_acpi_bzimage().with_file_name("vmlinux");

@@ -127,12 +127,8 @@ fn first_complaint(console: &str) -> &str {
 /// project's 6.1 guest, `hrtimer_*` and the system calls.
 #[test]
 fn what_a_direct_attach_cannot_do_is_refused_in_one_line() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     let base = ["--kernel", s(&bz), "--entry", "direct", "--duration", "1"];
     for (args, said) in [
         (

@@ -138,12 +138,8 @@ fn signal(pid: u32, sig: libc::c_int) {
 /// detaches as usual; the calls made after are all counted.
 #[test]
 fn a_stalled_qemu_is_waited_out_then_detached() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
-    let (before, _) = kernel.read(qmp);
     for mode in ["exitless", "trap"] {
         let mut a = attach(qmp, &bz, mode);
         signal(guest.pid(), libc::SIGSTOP);

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -147,17 +147,6 @@ fn kill_with_guardian(a: Attach) {
     let _ = a.end();
 }
 
-/// The default guest booted (`opts`), its worker, and its kernel's bytes
-/// before anything was attached.
-fn boot(opts: QemuOpts) -> (PathBuf, Kernel, QemuGuest, Workload, Memory) {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(opts);
-    let w = guest.wait_ready().unwrap();
-    let (before, _) = kernel.read(guest.qmp_socket());
-    (bz, kernel, guest, w, before)
-}
-
 /// Every byte vmtrace may write is as `before`, no gdbstub is left and
 /// nothing of vmtrace's is found: the VM as found.
 fn assert_as_found(kernel: &Kernel, qmp: &Path, before: &Memory, when: &str) {
@@ -176,7 +165,7 @@ fn status(qmp: &Path) -> String {
 
 #[test]
 fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     assert_nothing_left(qmp);
 
@@ -250,7 +239,7 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
 
 #[test]
 fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
 
     for graph in [false, true] {
@@ -349,7 +338,7 @@ fn a_killed_exitless_attach_leaves_the_guest_running_until_the_repair() {
 /// sleeps (exit 1, saying why); once it returned, the repair takes it out.
 #[test]
 fn a_region_a_hooked_call_returns_through_goes_once_the_call_returned() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let a = attached(qmp, &bz, &["--trace", "__x64_sys_read", "--graph"]);
     // The worker leaves the read it slept in (begun before the attach),
@@ -409,7 +398,7 @@ fn detach_of_a_bad_socket_is_refused_in_one_line() {
 /// code and rings in the guest's free pages: they get their bytes back.
 #[test]
 fn an_attach_refused_after_staging_gives_every_byte_back() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts {
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts {
         append: "sysctl.kernel.ftrace_enabled=0".into(),
         ..QemuOpts::linux()
     });
@@ -483,7 +472,7 @@ fn journal_says(journal: &Path, pred: impl Fn(&str) -> bool) {
 /// repair. Whatever the moment, the VM ends as found.
 #[test]
 fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let journal = journal::path_for(guest.pid(), journal::start_time(guest.pid()).unwrap());
 
@@ -544,7 +533,7 @@ fn a_kill_at_the_attach_or_at_the_detach_is_repaired() {
 /// every byte as before.
 #[test]
 fn a_repair_leaves_a_vm_its_user_paused_paused() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let user = |cmd: &str| {
         Qmp::connect(qmp, Duration::from_secs(10))
@@ -589,7 +578,7 @@ fn a_repair_leaves_a_vm_its_user_paused_paused() {
 /// the journal everything goes back, every byte as found.
 #[test]
 fn a_killed_direct_attach_is_repaired_from_its_journal() {
-    let (bz, kernel, guest, w, before) = boot(QemuOpts::linux());
+    let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let args = [
         "--mode",

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::elf_symbol;
-use super::qemu::{QemuGuest, COMMAND_TIMEOUT};
+use super::qemu::{QemuGuest, QemuOpts, Workload, COMMAND_TIMEOUT};
 use tracer::kernel::symbols::KernelImage;
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
@@ -18,6 +18,18 @@ pub const BAD: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel pa
 pub const KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
 /// Physical KASLR moves the kernel in steps of 2 MiB.
 pub const KASLR_ALIGN: u64 = 2 << 20;
+/// The project's 6.1 guest booted in QEMU (`opts`), its worker ready, and
+/// the bytes of its kernel vmtrace may write, read before any attach: the
+/// bzImage to attach with, the kernel, the guest, its workload, the bytes.
+pub fn boot_linux(opts: QemuOpts) -> (PathBuf, Kernel, QemuGuest, Workload, Memory) {
+    let (bz, vmlinux) = super::linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let guest = QemuGuest::boot(opts);
+    let w = guest.wait_ready().unwrap();
+    let (before, _) = kernel.read(guest.qmp_socket());
+    (bz, kernel, guest, w, before)
+}
+
 /// The guest runs on, answers, and its console has no kernel complaint.
 pub fn assert_runs_on(guest: &QemuGuest, worker: u32) {
     guest.send_line("ping");
