@@ -192,7 +192,7 @@ pub struct TraceArgs {
     /// How traced functions are entered: through their ftrace call sites,
     /// or directly (their first instructions displaced by a jump to a stub:
     /// any function, any kernel); auto: ftrace's sites on kernels that have
-    /// them, else direct. attach uses ftrace's sites (direct is refused).
+    /// them, else direct. attach takes direct entries in exitless mode only.
     #[arg(long, value_enum, default_value_t = EntryArg::Auto, help_heading = "Tracing")]
     pub entry: EntryArg,
 }

@@ -13,10 +13,12 @@ use tracer::error::TracerError;
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::entry::{DirectPlan, EntryChoice, EntryKind};
+use tracer::plan::exitless::symbols::ALTERNATIVES_PATCHED;
 use tracer::plan::Plan;
 use tracer::session::direct::{stub, DirectSites, Head};
 use tracer::session::record::SiteIndex;
 use tracer::session::Tracer;
+use vm_memory::{Bytes, GuestAddress};
 use vmm::{NoTracer, StopReason, TrapHandler, Vm};
 
 use super::{attach_figures, guest_config, AttachFigures, LINUX_MEM_MIB};
@@ -136,6 +138,9 @@ pub fn attach_direct(vmlinux: &Path) -> Result<DirectAttach, Error> {
     // Held for the whole measurement: this guest never runs, its vCPU
     // stays at the kernel's entry (the attach checks its registers).
     let paused = running.pause_all();
+    // A direct attach waits for the kernel's alternatives: this one stands
+    // for a booted kernel, which has applied them.
+    alternatives_applied(&all.image, &paused)?;
     let mut figures = Vec::new();
     let result = (|| -> Result<(), Error> {
         for n in DIRECT_SITES.into_iter().filter(|&n| n <= all_targets.len()) {
@@ -156,6 +161,25 @@ pub fn attach_direct(vmlinux: &Path) -> Result<DirectAttach, Error> {
         safe: all_targets.len(),
         attach: figures,
     })
+}
+
+/// Sets the never-booted kernel's `alternatives_patched`, as its boot
+/// would have (a kernel without the flag has nothing to wait for).
+fn alternatives_applied(image: &KernelImage, paused: &vmm::Paused<'_>) -> Result<(), Error> {
+    let Some(flag) = image.symbol(ALTERNATIVES_PATCHED) else {
+        return Ok(());
+    };
+    let measure = |what: String| Error::from(RuntimeError::Measure(what));
+    let gpa = vmm::layout::kernel_virt_to_phys(flag.addr).ok_or_else(|| {
+        measure(format!(
+            "{ALTERNATIVES_PATCHED} at {:#x} is not in the kernel's mapping",
+            flag.addr
+        ))
+    })?;
+    paused
+        .memory()
+        .write_obj(1u32, GuestAddress(gpa))
+        .map_err(|e| measure(format!("writing {ALTERNATIVES_PATCHED} at {gpa:#x}: {e}")))
 }
 
 /// A trap-mode direct plan of `targets` (site, function slot) alone.
