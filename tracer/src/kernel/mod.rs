@@ -16,6 +16,7 @@ pub mod kallsyms;
 pub mod kaslr;
 pub mod lowmem;
 pub mod names;
+pub mod not_entry;
 pub mod payload;
 pub mod percpu;
 pub mod prototype;

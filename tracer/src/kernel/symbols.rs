@@ -173,7 +173,7 @@ pub struct KernelImage {
     pub typed: Option<Vec<bool>>,
     /// Which functions are entered by a call, found on first use
     /// (`crate::kernel::direct::entries`).
-    pub(crate) entries: std::sync::OnceLock<crate::kernel::direct::entries::Entries>,
+    pub(crate) entries: std::sync::OnceLock<crate::kernel::not_entry::Entries>,
     /// Every named defined symbol; on name clashes, a global beats a local.
     pub(crate) symbols: HashMap<String, Symbol>,
     /// Allocated sections with file data, sorted by `vaddr`.

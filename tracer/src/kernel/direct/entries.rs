@@ -26,82 +26,37 @@
 //! `__cfi_` preambles (objtool's and clang's, before a function) are no
 //! entries.
 
-use std::fmt;
-
+pub use crate::kernel::not_entry::{Entries, NotEntry};
 use crate::kernel::symbols::KernelImage;
 
-/// Why a symbol is no function entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotEntry {
-    /// GCC's `foo.cold` (or `foo.cold.N`): the unlikely part of `foo`,
-    /// reached by jumps from it.
-    Cold,
-    /// A `__pfx_` or `__cfi_` preamble: padding or a type hash before a
-    /// function, never run as one.
-    Preamble,
-    /// An ELF vmlinux's untyped symbol (an assembly label) no call targets.
-    Untyped,
-    /// A kallsyms symbol no call targets, without an ftrace site or a
-    /// `__pfx_` symbol.
-    Unproved,
-}
-
-impl fmt::Display for NotEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            NotEntry::Cold => "a `.cold` fragment, which its function jumps to",
-            NotEntry::Preamble => "a preamble before a function (`__pfx_`, `__cfi_`)",
-            NotEntry::Untyped => "an untyped assembly label that no call targets",
-            NotEntry::Unproved => {
-                "no call targets it, and it has no ftrace site or `__pfx_` symbol \
-                 (kallsyms has no symbol types)"
+/// The verdict on every function of `image`.
+pub fn entries_of(image: &KernelImage) -> Entries {
+    let calls = crate::kernel::calls::call_targets(image);
+    let mut ftrace = image.mcount_loc.clone();
+    ftrace.sort_unstable();
+    let has = |v: &[u64], a: u64| v.binary_search(&a).is_ok();
+    let not = (0..image.functions.len())
+        .map(|func| {
+            let f = &image.functions[func];
+            if let Some(why) = by_name(&f.name) {
+                return Some(why);
+            }
+            let after_endbr = f.addr + ENDBR64_LEN;
+            let proved = has(&calls, f.addr)
+                || has(&ftrace, f.addr)
+                || has(&ftrace, after_endbr)
+                || match &image.typed {
+                    Some(typed) => typed[func],
+                    None => has_prefix_symbol(image, func),
+                };
+            match (proved, image.typed.is_some()) {
+                (true, _) => None,
+                (false, true) => Some(NotEntry::Untyped),
+                (false, false) => Some(NotEntry::Unproved),
             }
         })
-    }
-}
-
-/// Each function's verdict, found once per image (`KernelImage::entries`).
-#[derive(Debug, Default)]
-pub struct Entries {
-    /// By function index: None for an entry.
-    not: Vec<Option<NotEntry>>,
-}
-
-impl Entries {
-    /// The verdict on every function of `image`.
-    pub fn of(image: &KernelImage) -> Entries {
-        let calls = crate::kernel::calls::call_targets(image);
-        let mut ftrace = image.mcount_loc.clone();
-        ftrace.sort_unstable();
-        let has = |v: &[u64], a: u64| v.binary_search(&a).is_ok();
-        let not = (0..image.functions.len())
-            .map(|func| {
-                let f = &image.functions[func];
-                if let Some(why) = by_name(&f.name) {
-                    return Some(why);
-                }
-                let after_endbr = f.addr + ENDBR64_LEN;
-                let proved = has(&calls, f.addr)
-                    || has(&ftrace, f.addr)
-                    || has(&ftrace, after_endbr)
-                    || match &image.typed {
-                        Some(typed) => typed[func],
-                        None => has_prefix_symbol(image, func),
-                    };
-                match (proved, image.typed.is_some()) {
-                    (true, _) => None,
-                    (false, true) => Some(NotEntry::Untyped),
-                    (false, false) => Some(NotEntry::Unproved),
-                }
-            })
-            .collect();
-        Entries { not }
-    }
-
-    /// Why function `func` is no entry (None: it is one).
-    pub fn not_entry(&self, func: usize) -> Option<NotEntry> {
-        self.not.get(func).copied().flatten()
-    }
+        .collect();
+    Entries { not }
 }
 
 /// Bytes of ENDBR64, which a function's ftrace site follows under IBT.
@@ -143,7 +98,7 @@ impl KernelImage {
     /// once for every function on first use.
     pub fn not_entry(&self, func: usize) -> Option<NotEntry> {
         self.entries
-            .get_or_init(|| Entries::of(self))
+            .get_or_init(|| entries_of(self))
             .not_entry(func)
     }
 

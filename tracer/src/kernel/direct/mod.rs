@@ -365,9 +365,8 @@ fn decode(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, Refusal> {
 }
 
 /// Where vmtrace's stubs are: its code page, in the top 8 MiB of the
-/// address space (`crate::plan::exitless::layout::CODE_VA`).
-const STUBS_FROM: u64 = 0u64.wrapping_sub(8 << 20);
-const _: () = assert!(crate::plan::exitless::layout::CODE_VA >= STUBS_FROM);
+/// address space (the plan's `CODE_VA`, which checks it is).
+pub const STUBS_FROM: u64 = 0u64.wrapping_sub(8 << 20);
 
 /// The farthest forward a 32-bit displacement reaches from the end of
 /// an instruction: 2 GiB - 1.

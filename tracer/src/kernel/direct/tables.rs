@@ -212,18 +212,7 @@ impl SiteTables {
         // Code outside the kernel's text proper holds sites too (a return
         // thunk's jump in `.altinstr_replacement` or `.altinstr_aux`).
         let mut links = TableLinks {
-            code: file
-                .as_ref()
-                .map(|f| {
-                    f.sections()
-                        .filter(|s| s.kind() == object::SectionKind::Text)
-                        .map(|s| {
-                            let name = s.name().unwrap_or_default().to_string();
-                            (name, s.address(), s.address() + s.size())
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            code: file.as_ref().map(text_sections).unwrap_or_default(),
             ..TableLinks::default()
         };
         let code: Vec<(u64, u64)> = links.code.iter().map(|c| (c.1, c.2)).collect();
@@ -427,6 +416,18 @@ impl SiteTables {
         }
         Ok(())
     }
+}
+
+/// Every code section of `file`: (name, start, end).
+fn text_sections(file: &object::File<'_>) -> Vec<(String, u64, u64)> {
+    use object::{Object, ObjectSection};
+    file.sections()
+        .filter(|s| s.kind() == object::SectionKind::Text)
+        .map(|s| {
+            let name = s.name().unwrap_or_default().to_string();
+            (name, s.address(), s.address() + s.size())
+        })
+        .collect()
 }
 
 /// Each entry of `size` bytes of a table at `addr`: the code address its

@@ -15,6 +15,8 @@ pub const LARGE_PAGE: u64 = 2 << 20;
 
 /// Where the code is mapped: page-directory entry 508 of the top 1 GiB.
 pub const CODE_VA: u64 = 0xffff_ffff_ff80_0000;
+// Direct entries' reach rule assumes the stubs in the top 8 MiB.
+const _: () = assert!(CODE_VA >= crate::kernel::direct::STUBS_FROM);
 /// Code: the first 2 MiB of the region.
 pub const CODE_GPA: u64 = REGION_GPA;
 pub const CODE_LEN: u64 = LARGE_PAGE;

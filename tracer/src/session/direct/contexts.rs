@@ -14,7 +14,7 @@
 
 use vmm::gva::AddressSpace;
 
-pub use super::stack_windows::{Stacks, Window};
+pub use super::stack_windows::{StackWindow, Stacks};
 pub use super::task_walk::{task_stacks, TaskStack, WalkError, MAX_TASKS};
 
 /// A vCPU as the check needs it.
@@ -88,7 +88,7 @@ pub struct Unreadable {
 
 /// What the check found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Found {
+pub struct SiteContexts {
     pub inside: Vec<Inside>,
     /// The first stack page that could not be read: then no site is
     /// known to be clear.
@@ -105,43 +105,12 @@ pub fn find(
     vcpus: &[VcpuRegs],
     stacks: &Stacks,
     tasks: &[TaskStack],
-) -> Found {
-    let mut sorted: Vec<(u64, u64, usize)> = ranges
-        .iter()
-        .enumerate()
-        .map(|(k, &(s, e))| (s, e, k))
-        .collect();
-    sorted.sort_unstable();
-    // Most stack words are no text address: one compare rules them out.
-    let lo = sorted.first().map_or(u64::MAX, |r| r.0);
-    let hi = sorted.iter().map(|r| r.1).max().unwrap_or(0);
-    let inside = |a: u64| {
-        if a <= lo || a >= hi {
-            return None;
-        }
-        let i = sorted.partition_point(|r| r.0 < a).checked_sub(1)?;
-        let (s, e, k) = sorted[i];
-        (a > s && a < e).then_some(k)
-    };
-    let mut found = Found::default();
-    let scan = |space: &mut AddressSpace<'_>, found: &mut Found, cpu, from, top, strict: bool| {
-        let bad = stack_words(space, from, top, |word| {
-            if let Some(k) = inside(word) {
-                found.inside.push(Inside {
-                    k,
-                    cpu,
-                    at: word,
-                    on_stack: true,
-                });
-            }
-        });
-        if let (Some(at), true) = (bad, strict) {
-            found.unreadable.get_or_insert(Unreadable { cpu, at });
-        }
-    };
+) -> SiteContexts {
+    let spans = Spans::new(ranges);
+    let mut found = SiteContexts::default();
     let mut rips = Vec::new();
     for v in vcpus.iter().filter(|v| !v.user_mode) {
-        if let Some(k) = inside(v.rip) {
+        if let Some(k) = spans.inside(v.rip) {
             rips.push(Inside {
                 k,
                 cpu: Some(v.cpu),
@@ -149,46 +118,7 @@ pub fn find(
                 on_stack: false,
             });
         }
-        // On its way in or out of the kernel a vCPU may run on a stack
-        // that is none of the kernel's: what it cannot read there is not
-        // the kernel's either.
-        let strict = !stacks.in_entry_text(v.rip);
-        let cpu = Some(v.cpu);
-        let mut sp = v.rsp;
-        for _ in 0..MAX_LINKS {
-            // No stack (yet): nothing of the kernel's on it.
-            if sp == 0 {
-                break;
-            }
-            let next = match stacks.window(sp) {
-                Window::Task { top } => {
-                    scan(space, &mut found, cpu, sp, top, strict);
-                    break;
-                }
-                Window::Irq { top } => {
-                    scan(space, &mut found, cpu, sp, top, strict);
-                    space.read_u64(top - 8).ok()
-                }
-                Window::Exception { top } => {
-                    scan(space, &mut found, cpu, sp, top, strict);
-                    // A frame from user mode ends the chain.
-                    match space.read_u64(top - FRAME_CS) {
-                        Ok(cs) if cs & CS_RPL_MASK != 0 => break,
-                        Ok(_) => space.read_u64(top - FRAME_RSP).ok(),
-                        Err(_) => None,
-                    }
-                }
-            };
-            match next {
-                Some(n) => sp = n,
-                None => {
-                    if strict {
-                        found.unreadable.get_or_insert(Unreadable { cpu, at: sp });
-                    }
-                    break;
-                }
-            }
-        }
+        scan_vcpu(space, &spans, stacks, v, &mut found);
     }
     for t in tasks {
         let top = t.base.wrapping_add(stacks.thread_size);
@@ -196,11 +126,121 @@ pub fn find(
             true => t.sp,
             false => t.base,
         };
-        scan(space, &mut found, None, from, top, true);
+        scan(space, &spans, &mut found, None, (from, top), true);
     }
     rips.append(&mut found.inside);
     found.inside = rips;
     found
+}
+
+/// The sites' displaced bytes, sorted by start, with the span of them all.
+struct Spans {
+    /// `(start, end, site)`.
+    sorted: Vec<(u64, u64, usize)>,
+    lo: u64,
+    hi: u64,
+}
+
+impl Spans {
+    fn new(ranges: &[(u64, u64)]) -> Spans {
+        let mut sorted: Vec<(u64, u64, usize)> = ranges
+            .iter()
+            .enumerate()
+            .map(|(k, &(s, e))| (s, e, k))
+            .collect();
+        sorted.sort_unstable();
+        let lo = sorted.first().map_or(u64::MAX, |r| r.0);
+        let hi = sorted.iter().map(|r| r.1).max().unwrap_or(0);
+        Spans { sorted, lo, hi }
+    }
+
+    /// The site whose displaced bytes `a` is inside, past their first.
+    fn inside(&self, a: u64) -> Option<usize> {
+        // Most stack words are no text address: one compare rules them out.
+        if a <= self.lo || a >= self.hi {
+            return None;
+        }
+        let i = self.sorted.partition_point(|r| r.0 < a).checked_sub(1)?;
+        let (s, e, k) = self.sorted[i];
+        (a > s && a < e).then_some(k)
+    }
+}
+
+/// Every word from `from` to `top` that is inside a site, into `found`;
+/// an unreadable page too when `strict`.
+fn scan(
+    space: &mut AddressSpace<'_>,
+    spans: &Spans,
+    found: &mut SiteContexts,
+    cpu: Option<usize>,
+    (from, top): (u64, u64),
+    strict: bool,
+) {
+    let bad = stack_words(space, from, top, |word| {
+        if let Some(k) = spans.inside(word) {
+            found.inside.push(Inside {
+                k,
+                cpu,
+                at: word,
+                on_stack: true,
+            });
+        }
+    });
+    if let (Some(at), true) = (bad, strict) {
+        found.unreadable.get_or_insert(Unreadable { cpu, at });
+    }
+}
+
+/// vCPU `v`'s stacks: the one its RSP is on, then through each IRQ
+/// stack's link or exception frame the stack it interrupted, to the task
+/// stack.
+fn scan_vcpu(
+    space: &mut AddressSpace<'_>,
+    spans: &Spans,
+    stacks: &Stacks,
+    v: &VcpuRegs,
+    found: &mut SiteContexts,
+) {
+    // On its way in or out of the kernel a vCPU may run on a stack that
+    // is none of the kernel's: what it cannot read there is not the
+    // kernel's either.
+    let strict = !stacks.in_entry_text(v.rip);
+    let cpu = Some(v.cpu);
+    let mut sp = v.rsp;
+    for _ in 0..MAX_LINKS {
+        // No stack (yet): nothing of the kernel's on it.
+        if sp == 0 {
+            return;
+        }
+        let next = match stacks.window(sp) {
+            StackWindow::Task { top } => {
+                scan(space, spans, found, cpu, (sp, top), strict);
+                return;
+            }
+            StackWindow::Irq { top } => {
+                scan(space, spans, found, cpu, (sp, top), strict);
+                space.read_u64(top - 8).ok()
+            }
+            StackWindow::Exception { top } => {
+                scan(space, spans, found, cpu, (sp, top), strict);
+                // A frame from user mode ends the chain.
+                match space.read_u64(top - FRAME_CS) {
+                    Ok(cs) if cs & CS_RPL_MASK != 0 => return,
+                    Ok(_) => space.read_u64(top - FRAME_RSP).ok(),
+                    Err(_) => None,
+                }
+            }
+        };
+        match next {
+            Some(n) => sp = n,
+            None => {
+                if strict {
+                    found.unreadable.get_or_insert(Unreadable { cpu, at: sp });
+                }
+                return;
+            }
+        }
+    }
 }
 
 /// Each word from `from` to `top`, given to `word`, page by page; the
@@ -310,7 +350,7 @@ mod tests {
             v(1, BASE + 0x103, rsp, true),
         ];
         let found = find(&mut space, &RANGES[..1], &vcpus, &s, &[]);
-        assert_eq!(found, Found::default());
+        assert_eq!(found, SiteContexts::default());
     }
 
     /// A vCPU in an interrupt handler on its IRQ stack (page-aligned, as
@@ -350,7 +390,7 @@ mod tests {
         assert_eq!(found.inside, [at(0, Some(0), BASE + 0x104, true)]);
         put(&mem, ex_top - 32, 0x33);
         let found = find(&mut space, &RANGES, &cpu0, &s, &[]);
-        assert_eq!(found, Found::default());
+        assert_eq!(found, SiteContexts::default());
     }
 
     /// A stack page that cannot be read may hold a context inside any
@@ -381,10 +421,10 @@ mod tests {
             ..stacks()
         };
         let found = find(&mut space, &RANGES, &cpu0, &entry, &[]);
-        assert_eq!(found, Found::default());
+        assert_eq!(found, SiteContexts::default());
         // A vCPU with no stack yet (RSP 0) has nothing on it.
         let cpu0 = [v(0, MAP + 0x100_0000, 0, false)];
         let found = find(&mut space, &RANGES, &cpu0, &stacks(), &[]);
-        assert_eq!(found, Found::default());
+        assert_eq!(found, SiteContexts::default());
     }
 }

@@ -12,7 +12,7 @@ use crate::kernel::stack_bounds::StackLayout;
 
 /// The stack a stack pointer is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Window {
+pub enum StackWindow {
     /// A CPU's IRQ stack: the word at `top - 8` is the stack pointer it
     /// came from (`call_on_stack`, arch/x86/include/asm/irq_stack.h).
     Irq { top: u64 },
@@ -86,16 +86,16 @@ impl Stacks {
     }
 
     /// The stack `sp` is on.
-    pub fn window(&self, sp: u64) -> Window {
+    pub fn window(&self, sp: u64) -> StackWindow {
         let on = |r: &&(u64, u64)| sp >= r.0 && sp < r.1;
         if let Some(&(_, top)) = self.irq.iter().find(on) {
-            return Window::Irq { top };
+            return StackWindow::Irq { top };
         }
         if let Some(&(_, top)) = self.exception.iter().find(on) {
-            return Window::Exception { top };
+            return StackWindow::Exception { top };
         }
         let top = (sp & !(self.thread_size - 1)).wrapping_add(self.thread_size);
-        Window::Task { top }
+        StackWindow::Task { top }
     }
 
     /// Is `rip` in entry text, where a vCPU may still run on a stack
@@ -120,20 +120,20 @@ mod tests {
         };
         assert_eq!(
             s.window(0xffff_c900_0000_8ff0),
-            Window::Irq {
+            StackWindow::Irq {
                 top: 0xffff_c900_0000_9000
             }
         );
         assert_eq!(
             s.window(0xffff_fe00_0000_2000),
-            Window::Exception {
+            StackWindow::Exception {
                 top: 0xffff_fe00_0000_3000
             }
         );
         // KASAN's 32 KiB task stacks, aligned to their size.
         assert_eq!(
             s.window(0xffff_c900_0001_0008),
-            Window::Task {
+            StackWindow::Task {
                 top: 0xffff_c900_0001_8000
             }
         );

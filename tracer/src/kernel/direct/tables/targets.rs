@@ -120,23 +120,7 @@ impl BranchTargets {
         for &(site, target) in &links.jumps {
             keep(target, BranchSource::JumpLabel, site);
         }
-        for &(site, _, repl, rlen) in &links.alts {
-            let Some(code) = image.file_bytes(repl, usize::from(rlen)) else {
-                continue;
-            };
-            // A branch inside the replacement lands where it is copied to;
-            // one out of it keeps its target (6.12's apply_relocation, 6.1's
-            // recompute_jump and call fixup).
-            let inside = repl..repl + u64::from(rlen);
-            branches(repl, code, |_, t| {
-                let t = if inside.contains(&t) {
-                    site + (t - repl)
-                } else {
-                    t
-                };
-                keep(t, BranchSource::Alternative, site);
-            });
-        }
+        from_alternatives(image, links, &mut keep);
         let tramps = tables.trampolines();
         let known: HashSet<u64> = tables
             .sites
@@ -189,6 +173,32 @@ impl BranchTargets {
             })
             .collect();
         BranchTargets { branches }
+    }
+}
+
+/// Each branch in an alternative's replacement, given to `keep` as
+/// `(target, source, the site it is patched into)`.
+fn from_alternatives(
+    image: &KernelImage,
+    links: &TableLinks,
+    keep: &mut dyn FnMut(u64, BranchSource, u64),
+) {
+    for &(site, _, repl, rlen) in &links.alts {
+        let Some(code) = image.file_bytes(repl, usize::from(rlen)) else {
+            continue;
+        };
+        // A branch inside the replacement lands where it is copied to;
+        // one out of it keeps its target (6.12's apply_relocation, 6.1's
+        // recompute_jump and call fixup).
+        let inside = repl..repl + u64::from(rlen);
+        branches(repl, code, |_, t| {
+            let t = if inside.contains(&t) {
+                site + (t - repl)
+            } else {
+                t
+            };
+            keep(t, BranchSource::Alternative, site);
+        });
     }
 }
 
