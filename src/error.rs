@@ -404,6 +404,7 @@ impl TracerWords for Flags {
             }
             Remedy::DirectEntries => "trace it with --entry direct, or rebuild it with them",
             Remedy::FtraceEntries => "trace it with --entry ftrace",
+            Remedy::ExitlessModeOrFtraceEntries => "use --mode exitless, or --entry ftrace",
         }
     }
 }

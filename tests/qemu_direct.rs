@@ -134,8 +134,8 @@ fn what_a_direct_attach_cannot_do_is_refused_in_one_line() {
         (
             &["--mode", "trap", "--trace", "hrtimer_*"][..],
             "direct entries jump to stubs in vmtrace's code in guest memory, and trap mode \
-             through the gdbstub puts nothing in guest memory: trace in exitless mode, or with \
-             --entry ftrace",
+             through the gdbstub puts nothing in guest memory; use --mode exitless, or --entry \
+             ftrace",
         ),
         (
             &["--graph", "--trace", "__x64_sys_*"][..],

@@ -68,6 +68,9 @@ pub enum Remedy {
     DirectEntries,
     /// Trace through the kernel's ftrace call sites: direct entries cannot.
     FtraceEntries,
+    /// Trace in exitless mode, or through ftrace's call sites: direct
+    /// entries need vmtrace's code in guest memory, which this mode lacks.
+    ExitlessModeOrFtraceEntries,
 }
 
 /// How a front end words the tracer's inputs and remedies, besides the
@@ -110,6 +113,9 @@ impl TracerWords for Plain {
             }
             Remedy::DirectEntries => "trace it through direct entries, or rebuild it with them",
             Remedy::FtraceEntries => "trace it through its ftrace call sites",
+            Remedy::ExitlessModeOrFtraceEntries => {
+                "trace in exitless mode, or through ftrace's call sites"
+            }
         }
     }
 }

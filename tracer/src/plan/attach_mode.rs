@@ -37,7 +37,9 @@ pub enum AttachModeError {
     /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
     #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
-    #[error("direct entries jump to stubs in vmtrace's code in guest memory, and {0}: trace in exitless mode, or with --entry ftrace")]
+    /// Direct entries where vmtrace's code cannot be in guest memory (the
+    /// reason); said with its remedy (`Advice`).
+    #[error("{}", self.say(&Plain))]
     DirectNeedsRoom(String),
     #[error("{sites} direct entries with the function graph: its return stubs and frames take the guest's unused memory their stubs would need, and leave room for {most}; trace fewer functions, or without the function graph")]
     DirectWithGraph { sites: usize, most: usize },
@@ -55,6 +57,9 @@ impl TracerAdvice for AttachModeError {
             AttachModeError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint \
                                                 holds the guest, and exitless calls never stop it"
                 .into(),
+            AttachModeError::DirectNeedsRoom(why) => {
+                format!("direct entries jump to stubs in vmtrace's code in guest memory, and {why}")
+            }
             AttachModeError::Code(e) => e.problem(w),
             other => other.to_string(),
         }
@@ -63,6 +68,7 @@ impl TracerAdvice for AttachModeError {
     fn remedy(&self) -> Option<Remedy> {
         match self {
             AttachModeError::StacksNeedTrap => Some(Remedy::TrapMode),
+            AttachModeError::DirectNeedsRoom(_) => Some(Remedy::ExitlessModeOrFtraceEntries),
             AttachModeError::Code(e) => e.remedy(),
             _ => None,
         }
@@ -344,7 +350,7 @@ mod tests {
             e,
             format!(
                 "direct entries jump to stubs in vmtrace's code in guest memory, and \
-                 {TRAP_WRITES_NONE}: trace in exitless mode, or with --entry ftrace"
+                 {TRAP_WRITES_NONE}; trace in exitless mode, or through ftrace's call sites"
             )
         );
         // Where auto mode would fall back: refused, with the guest's reason.
