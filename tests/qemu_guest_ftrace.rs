@@ -146,17 +146,30 @@ fn beside_the_guests_ftrace(
     e
 }
 
-#[test]
-fn the_guests_own_function_tracer_works_around_an_attach() {
+/// The 6.1 guest booted with its own tracer turned on and off once (the
+/// guest's ftrace settles its own code, ftrace_caller's call, as it stays
+/// after any later use) and tracing getppid: the bzImage, the kernel, the
+/// guest, its workload, and the guest's names for getpid and getppid.
+fn settled_guest() -> (
+    std::path::PathBuf,
+    Kernel,
+    QemuGuest,
+    Workload,
+    (&'static str, &'static str),
+) {
     let (bz, vmlinux) = common::linux_61();
     let kernel = Kernel::new(&vmlinux);
     let guest = QemuGuest::boot(QemuOpts::linux());
     let w = guest.wait_ready().unwrap();
-    let qmp = guest.qmp_socket();
-    // Once on and off first: the guest's ftrace settles its own code
-    // (ftrace_caller's call) as it stays after any later use.
     let (pid, ppid) = (ftrace_name(&guest, GETPID), ftrace_name(&guest, GETPPID));
     assert_guest_traces(&guest, ppid, "getppid");
+    (bz, kernel, guest, w, (pid, ppid))
+}
+
+#[test]
+fn the_guests_own_function_tracer_works_around_an_attach() {
+    let (bz, kernel, guest, w, (pid, ppid)) = settled_guest();
+    let qmp = guest.qmp_socket();
     let (before, _) = kernel.read(qmp);
     let base = ["--kernel", s(&bz), "--format", "json"];
 
@@ -213,13 +226,8 @@ fn the_guests_own_function_tracer_works_around_an_attach() {
 /// detach.
 #[test]
 fn a_direct_entry_over_the_ftrace_nop_is_kept_from_the_guests_ftrace() {
-    let (bz, vmlinux) = common::linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let guest = QemuGuest::boot(QemuOpts::linux());
-    let w = guest.wait_ready().unwrap();
+    let (bz, kernel, guest, w, (pid, ppid)) = settled_guest();
     let qmp = guest.qmp_socket();
-    let (pid, ppid) = (ftrace_name(&guest, GETPID), ftrace_name(&guest, GETPPID));
-    assert_guest_traces(&guest, ppid, "getppid");
     let (before, _) = kernel.read(qmp);
     let args = [
         "--kernel",
