@@ -1,0 +1,306 @@
+//! A QEMU that libvirt runs, reached through libvirt rather than through a
+//! QMP socket of its own: libvirtd holds the domain's `monitor.sock` for the
+//! domain's whole life, so QMP commands go through libvirt-qemu's monitor
+//! passthrough (`virDomainQemuMonitorCommand`, which libvirt records as the
+//! domain's `custom-monitor` taint), and QEMU's PID, vCPUs and state come
+//! from libvirt and /proc.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::error::ErrorNumber;
+
+use super::procs::{cmdline, process_uid, processes};
+
+/// libvirt's system-wide QEMU driver, where the host's domains are.
+pub const DEFAULT_URI: &str = "qemu:///system";
+
+/// What can go wrong reaching a domain through libvirt, each naming the
+/// connection URI or the domain.
+#[derive(Debug, thiserror::Error)]
+pub enum LibvirtError {
+    #[error("libvirt at {uri} is not reachable (is libvirtd running?): {msg}")]
+    Unreachable { uri: String, msg: String },
+    #[error(
+        "libvirt at {uri} refused the connection: {msg} (run as root, or as a member of the \
+         libvirt group)"
+    )]
+    Denied { uri: String, msg: String },
+    #[error(
+        "libvirt at {uri} is its {driver} driver, not QEMU's: vmtrace attaches to QEMU domains \
+         only (qemu:///system, qemu:///session)"
+    )]
+    NotQemu { uri: String, driver: String },
+    #[error("libvirt at {uri} has no domain named {name:?} (virsh list --all names them)")]
+    NoDomain { uri: String, name: String },
+    #[error(
+        "libvirt domain {name} is not running (its state is {state}): vmtrace attaches to \
+         running guests only, and would leave this one running; start or resume it first"
+    )]
+    NotRunning { name: String, state: String },
+    #[error("libvirt domain {name}: cannot find its QEMU process: {why}")]
+    NoProcess { name: String, why: String },
+    #[error(
+        "libvirt domain {name}: QMP {cmd} through libvirt's monitor passthrough failed: {msg}"
+    )]
+    Passthrough {
+        name: String,
+        cmd: String,
+        msg: String,
+    },
+    #[error("libvirt domain {name}: QMP {cmd} failed: {class}: {desc}")]
+    Command {
+        name: String,
+        cmd: String,
+        class: String,
+        desc: String,
+    },
+    #[error("libvirt domain {name}: unexpected reply to QMP {cmd}: {what}")]
+    Reply {
+        name: String,
+        cmd: String,
+        what: String,
+    },
+    #[error("libvirt domain {name}: {what}: {msg}")]
+    Libvirt {
+        name: String,
+        what: &'static str,
+        msg: String,
+    },
+}
+
+/// Opens a connection to libvirt at `uri`, refused unless it is QEMU's
+/// driver. libvirt's default error handler (which prints every error to
+/// stderr) is silenced: its errors come back as values.
+pub fn connect(uri: &str) -> Result<Connect, LibvirtError> {
+    virt::error::clear_error_callback();
+    let conn = Connect::open(Some(uri)).map_err(|e| open_error(uri, &e))?;
+    let driver = conn.get_type().unwrap_or_default();
+    if !driver.eq_ignore_ascii_case("QEMU") {
+        return Err(LibvirtError::NotQemu {
+            uri: uri.into(),
+            driver: if driver.is_empty() {
+                "unknown".into()
+            } else {
+                driver
+            },
+        });
+    }
+    Ok(conn)
+}
+
+/// Why a connection could not be opened: refused (authentication, access
+/// control, the socket's permissions), a driver libvirt lacks, or no
+/// daemon at all.
+fn open_error(uri: &str, e: &virt::error::Error) -> LibvirtError {
+    let msg = e.message().to_string();
+    let denied = matches!(
+        e.code(),
+        ErrorNumber::AuthFailed
+            | ErrorNumber::AuthUnavailable
+            | ErrorNumber::AccessDenied
+            | ErrorNumber::OperationDenied
+    ) || msg.contains("Permission denied");
+    if denied {
+        return LibvirtError::Denied {
+            uri: uri.into(),
+            msg,
+        };
+    }
+    // "no connection driver available for lxc:///": libvirt knows no such
+    // driver here, which is not QEMU's either.
+    if msg.contains("no connection driver available") && !scheme(uri).starts_with("qemu") {
+        return LibvirtError::NotQemu {
+            uri: uri.into(),
+            driver: format!("{} (not available here)", scheme(uri)),
+        };
+    }
+    LibvirtError::Unreachable {
+        uri: uri.into(),
+        msg,
+    }
+}
+
+/// The driver part of a libvirt URI: `qemu` of `qemu+ssh://host/system`.
+fn scheme(uri: &str) -> &str {
+    uri.split(':').next().unwrap_or(uri)
+}
+
+/// A domain's state as `virsh domstate` words it.
+pub fn state_name(state: virt::sys::virDomainState) -> &'static str {
+    match state {
+        virt::sys::VIR_DOMAIN_RUNNING => "running",
+        virt::sys::VIR_DOMAIN_BLOCKED => "idle",
+        virt::sys::VIR_DOMAIN_PAUSED => "paused",
+        virt::sys::VIR_DOMAIN_SHUTDOWN => "in shutdown",
+        virt::sys::VIR_DOMAIN_SHUTOFF => "shut off",
+        virt::sys::VIR_DOMAIN_CRASHED => "crashed",
+        virt::sys::VIR_DOMAIN_PMSUSPENDED => "pmsuspended",
+        _ => "no state",
+    }
+}
+
+/// A running QEMU domain, its QMP reached through libvirt.
+pub struct LibvirtDomain {
+    /// Held for the domain's handle (libvirt frees it with the connection).
+    _conn: Connect,
+    dom: Domain,
+    pub uri: String,
+    pub name: String,
+    /// QEMU's process, as /proc shows it (`qemu_pid`).
+    pub pid: u32,
+}
+
+impl LibvirtDomain {
+    /// The running domain `name` of the libvirt at `uri`, and its QEMU.
+    pub fn open(uri: &str, name: &str) -> Result<LibvirtDomain, LibvirtError> {
+        let conn = connect(uri)?;
+        let dom = Domain::lookup_by_name(&conn, name).map_err(|e| match e.code() {
+            ErrorNumber::NoDomain => LibvirtError::NoDomain {
+                uri: uri.into(),
+                name: name.into(),
+            },
+            _ => libvirt(name, "looking it up", &e),
+        })?;
+        let (state, _) = dom
+            .get_state()
+            .map_err(|e| libvirt(name, "reading its state", &e))?;
+        if state != virt::sys::VIR_DOMAIN_RUNNING {
+            return Err(LibvirtError::NotRunning {
+                name: name.into(),
+                state: state_name(state).into(),
+            });
+        }
+        let uuid = dom
+            .get_uuid_string()
+            .map_err(|e| libvirt(name, "reading its UUID", &e))?;
+        let pid = qemu_pid(name, &uuid).map_err(|why| LibvirtError::NoProcess {
+            name: name.into(),
+            why,
+        })?;
+        Ok(LibvirtDomain {
+            _conn: conn,
+            dom,
+            uri: uri.into(),
+            name: name.into(),
+            pid,
+        })
+    }
+
+    /// One QMP command through libvirt's passthrough, its `return` value.
+    /// libvirt sends it on the domain's monitor and waits for the reply
+    /// (its own monitor timeout); QEMU's asynchronous events stay
+    /// libvirt's.
+    pub fn execute(&self, cmd: &str, args: Option<Value>) -> Result<Value, LibvirtError> {
+        let mut msg = json!({ "execute": cmd });
+        if let Some(a) = args {
+            msg["arguments"] = a;
+        }
+        let flags = virt::sys::VIR_DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT;
+        let text = self
+            .dom
+            .qemu_monitor_command(&msg.to_string(), flags)
+            .map_err(|e| LibvirtError::Passthrough {
+                name: self.name.clone(),
+                cmd: cmd.into(),
+                msg: e.message().to_string(),
+            })?;
+        let reply = |what: &str| LibvirtError::Reply {
+            name: self.name.clone(),
+            cmd: cmd.into(),
+            what: what.chars().take(60).collect(),
+        };
+        let v: Value = serde_json::from_str(&text).map_err(|_| reply(&text))?;
+        if let Some(r) = v.get("return") {
+            return Ok(r.clone());
+        }
+        match v.get("error") {
+            Some(e) => Err(LibvirtError::Command {
+                name: self.name.clone(),
+                cmd: cmd.into(),
+                class: e["class"].as_str().unwrap_or("?").into(),
+                desc: e["desc"].as_str().unwrap_or("?").into(),
+            }),
+            None => Err(reply(&text)),
+        }
+    }
+
+    /// The domain's state now, as libvirt has it.
+    pub fn state(&self) -> Result<&'static str, LibvirtError> {
+        let (s, _) = self
+            .dom
+            .get_state()
+            .map_err(|e| libvirt(&self.name, "reading its state", &e))?;
+        Ok(state_name(s))
+    }
+
+    /// The domain's vCPUs, as libvirt counts them.
+    pub fn vcpus(&self) -> Result<u32, LibvirtError> {
+        let info = self
+            .dom
+            .get_info()
+            .map_err(|e| libvirt(&self.name, "reading its info", &e))?;
+        Ok(info.nr_virt_cpu)
+    }
+
+    /// The user QEMU runs as (libvirt's `user` in qemu.conf), from /proc.
+    pub fn uid(&self) -> Result<u32, LibvirtError> {
+        process_uid(self.pid).ok_or_else(|| LibvirtError::NoProcess {
+            name: self.name.clone(),
+            why: format!("/proc/{} has no Uid line (the process is gone?)", self.pid),
+        })
+    }
+
+    /// The domain's own directory under libvirt's state directory
+    /// (`/var/lib/libvirt/qemu/domain-ID-NAME`): a place QEMU may write
+    /// under libvirt's confinement (its user, its AppArmor profile). None
+    /// when there is none (a session daemon keeps it elsewhere).
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        let id = self.dom.get_id()?;
+        // libvirt shortens the name to 20 characters (virDomainDefGetShortName).
+        let short: String = self.name.chars().take(20).collect();
+        let dir = Path::new("/var/lib/libvirt/qemu").join(format!("domain-{id}-{short}"));
+        dir.is_dir().then_some(dir)
+    }
+}
+
+fn libvirt(name: &str, what: &'static str, e: &virt::error::Error) -> LibvirtError {
+    LibvirtError::Libvirt {
+        name: name.into(),
+        what,
+        msg: e.message().to_string(),
+    }
+}
+
+/// The QEMU process of the domain with `uuid`: the one libvirt's pid file
+/// names (`/run/libvirt/qemu/NAME.pid`), checked against its command line
+/// (`-uuid UUID`), else the one /proc shows with that `-uuid`.
+fn qemu_pid(name: &str, uuid: &str) -> Result<u32, String> {
+    let pid_file = Path::new("/run/libvirt/qemu").join(format!("{name}.pid"));
+    if let Some(pid) = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    {
+        if cmdline(pid).is_some_and(|a| has_uuid(&a, uuid)) {
+            return Ok(pid);
+        }
+    }
+    let found: Vec<u32> = processes()
+        .filter(|&p| cmdline(p).is_some_and(|a| has_uuid(&a, uuid)))
+        .collect();
+    match found.as_slice() {
+        [pid] => Ok(*pid),
+        [] => Err(format!(
+            "no process runs with -uuid {uuid} ({} names none)",
+            pid_file.display()
+        )),
+        many => Err(format!("several processes run with -uuid {uuid}: {many:?}")),
+    }
+}
+
+fn has_uuid(args: &[String], uuid: &str) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "-uuid" && w[1].eq_ignore_ascii_case(uuid))
+}
