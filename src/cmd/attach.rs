@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
-use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
+use tracer::qemu::libvirt::LibvirtDomain;
+use tracer::qemu::session::{self, EndReason, QemuEnded, QemuError, QemuSession};
 
 use tracer::session::backend::HeldUp;
 use tracer::session::guest_ftrace;
@@ -34,13 +35,15 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .gdb
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
-    let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
+    let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
-    let _guardian = guard::spawn(&args.qmp, connected.info.pid)
-        .map_err(|e| {
-            note!("vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `vmtrace detach --qmp {}`", args.qmp.display());
-        })
-        .ok();
+    let _guardian = args.qmp.as_ref().and_then(|qmp| {
+        guard::spawn(qmp, connected.info.pid)
+            .map_err(|e| {
+                note!("vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `vmtrace detach --qmp {}`", qmp.display());
+            })
+            .ok()
+    });
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
@@ -76,6 +79,19 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,
+/// or the one at a QMP socket.
+fn connect(args: &AttachArgs, gdb: Option<GdbAddr>) -> Result<session::Connected, QemuError> {
+    match (&args.domain, &args.qmp) {
+        (Some(name), _) => {
+            let domain = LibvirtDomain::open(&args.connect, name)?;
+            session::connect_domain(domain, gdb)
+        }
+        (None, Some(qmp)) => session::connect(qmp, gdb),
+        (None, None) => unreachable!("clap requires --domain or --qmp"),
+    }
 }
 
 /// How often a wait on QEMU is said again while it lasts.

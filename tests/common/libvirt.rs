@@ -211,6 +211,43 @@ impl Drop for LibvirtGuest {
     }
 }
 
+/// A persistent domain defined and never started (shut off); undefined on
+/// drop.
+pub struct DefinedDomain {
+    dom: Option<Domain>,
+    pub name: String,
+}
+
+impl DefinedDomain {
+    /// Define the default guest's domain under a unique name, without
+    /// starting it (its files need not exist until a start).
+    pub fn define(what: &str) -> DefinedDomain {
+        let name = unique_name(what);
+        let dir = std::env::temp_dir().join(&name);
+        let xml = domain_xml(&name, &dir, 1, &dir.join("serial.sock"));
+        let dom = Domain::define_xml(&connect(), &xml)
+            .unwrap_or_else(|e| panic!("libvirt did not define domain {name}: {e}"));
+        DefinedDomain {
+            dom: Some(dom),
+            name,
+        }
+    }
+
+    /// Its state as libvirt says it ("shut off").
+    pub fn state(&self) -> String {
+        let (s, _) = self.dom.as_ref().expect("defined").get_state().unwrap();
+        tracer::qemu::libvirt::state_name(s).to_string()
+    }
+}
+
+impl Drop for DefinedDomain {
+    fn drop(&mut self) {
+        if let Some(d) = self.dom.take() {
+            let _ = d.undefine();
+        }
+    }
+}
+
 /// Run `virsh -c URI ARGS...`.
 pub fn virsh(args: &[&str]) -> Output {
     Command::new("virsh")

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use virt::connect::Connect;
 use virt::domain::Domain;
-use virt::error::ErrorNumber;
+use virt::error::{ErrorDomain, ErrorNumber};
 
 use super::procs::{cmdline, process_uid, processes};
 
@@ -29,11 +29,11 @@ pub enum LibvirtError {
     )]
     Denied { uri: String, msg: String },
     #[error(
-        "libvirt at {uri} is its {driver} driver, not QEMU's: vmtrace attaches to QEMU domains \
-         only (qemu:///system, qemu:///session)"
+        "libvirt at {uri} {what}, not QEMU's: vmtrace attaches to QEMU domains only \
+         (qemu:///system, qemu:///session)"
     )]
-    NotQemu { uri: String, driver: String },
-    #[error("libvirt at {uri} has no domain named {name:?} (virsh list --all names them)")]
+    NotQemu { uri: String, what: String },
+    #[error("libvirt at {uri} has no domain named {name:?}")]
     NoDomain { uri: String, name: String },
     #[error(
         "libvirt domain {name} is not running (its state is {state}): vmtrace attaches to \
@@ -81,11 +81,7 @@ pub fn connect(uri: &str) -> Result<Connect, LibvirtError> {
     if !driver.eq_ignore_ascii_case("QEMU") {
         return Err(LibvirtError::NotQemu {
             uri: uri.into(),
-            driver: if driver.is_empty() {
-                "unknown".into()
-            } else {
-                driver
-            },
+            what: format!("is its {driver} driver"),
         });
     }
     Ok(conn)
@@ -102,19 +98,27 @@ fn open_error(uri: &str, e: &virt::error::Error) -> LibvirtError {
             | ErrorNumber::AuthUnavailable
             | ErrorNumber::AccessDenied
             | ErrorNumber::OperationDenied
-    ) || msg.contains("Permission denied");
+    ) || msg.contains("Permission denied")
+        // The daemon's authorization of a non-root client (polkit, over
+        // D-Bus) failed: it does not let this user manage domains.
+        || matches!(
+            e.domain(),
+            ErrorDomain::Polkit | ErrorDomain::Auth | ErrorDomain::Dbus
+        );
     if denied {
         return LibvirtError::Denied {
             uri: uri.into(),
             msg,
         };
     }
-    // "no connection driver available for lxc:///": libvirt knows no such
-    // driver here, which is not QEMU's either.
-    if msg.contains("no connection driver available") && !scheme(uri).starts_with("qemu") {
+    // A URI of another driver (lxc:///, xen:///) whose driver is absent
+    // or inactive here ("no connection driver available", "libxenlight
+    // state driver is not active"): not QEMU's either way.
+    let driver = scheme(uri);
+    if !driver.is_empty() && driver != "qemu" {
         return LibvirtError::NotQemu {
             uri: uri.into(),
-            driver: format!("{} (not available here)", scheme(uri)),
+            what: format!("names the {driver} driver (not available here: {msg})"),
         };
     }
     LibvirtError::Unreachable {
@@ -123,9 +127,11 @@ fn open_error(uri: &str, e: &virt::error::Error) -> LibvirtError {
     }
 }
 
-/// The driver part of a libvirt URI: `qemu` of `qemu+ssh://host/system`.
+/// The driver part of a libvirt URI: `qemu` of `qemu+ssh://host/system`
+/// (empty for none: libvirt's default).
 fn scheme(uri: &str) -> &str {
-    uri.split(':').next().unwrap_or(uri)
+    let s = uri.split_once(':').map_or("", |(s, _)| s);
+    s.split('+').next().unwrap_or(s)
 }
 
 /// A domain's state as `virsh domstate` words it.
@@ -303,4 +309,79 @@ fn qemu_pid(name: &str, uuid: &str) -> Result<u32, String> {
 fn has_uuid(args: &[String], uuid: &str) -> bool {
     args.windows(2)
         .any(|w| w[0] == "-uuid" && w[1].eq_ignore_ascii_case(uuid))
+}
+
+/// A domain as `vmtrace vms` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainSummary {
+    pub name: String,
+    /// As `virsh domstate` words it.
+    pub state: &'static str,
+    pub vcpus: u32,
+    pub memory_kib: u64,
+    /// The kernel it boots directly (its XML's `<os><kernel>`), if any.
+    pub kernel: Option<PathBuf>,
+    pub uuid: String,
+}
+
+/// Every domain (running or not) of the libvirt at `uri`, by name.
+pub fn domains(uri: &str) -> Result<Vec<DomainSummary>, LibvirtError> {
+    let conn = connect(uri)?;
+    let all = conn
+        .list_all_domains(0)
+        .map_err(|e| LibvirtError::Unreachable {
+            uri: uri.into(),
+            msg: e.message().to_string(),
+        })?;
+    let mut out = Vec::with_capacity(all.len());
+    for dom in all {
+        // A domain undefined meanwhile is left out.
+        let (Ok(name), Ok(info), Ok(uuid)) =
+            (dom.get_name(), dom.get_info(), dom.get_uuid_string())
+        else {
+            continue;
+        };
+        let xml = dom.get_xml_desc(0).unwrap_or_default();
+        out.push(DomainSummary {
+            name,
+            state: state_name(info.state),
+            vcpus: info.nr_virt_cpu,
+            memory_kib: info.memory,
+            kernel: element_text(&xml, "kernel").map(PathBuf::from),
+            uuid,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The text of the first `<tag>...</tag>` of a libvirt XML document (its
+/// `<kernel>` holds a path and nothing else; libvirt escapes `&` and `<`).
+fn element_text(xml: &str, tag: &str) -> Option<String> {
+    let start = xml.find(&format!("<{tag}>"))? + tag.len() + 2;
+    let end = start + xml[start..].find(&format!("</{tag}>"))?;
+    let raw = xml[start..end].trim();
+    let text = raw
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&apos;", "'")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&");
+    (!text.is_empty()).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_domains_kernel_from_its_xml() {
+        let xml = "<domain type='qemu'><os><type>hvm</type>\
+                   <kernel>/var/lib/a&amp;b/bzImage</kernel><initrd>/x</initrd></os></domain>";
+        assert_eq!(
+            element_text(xml, "kernel").as_deref(),
+            Some("/var/lib/a&b/bzImage")
+        );
+        assert_eq!(element_text("<domain><os/></domain>", "kernel"), None);
+    }
 }

@@ -36,7 +36,7 @@ pub fn process_uid(pid: u32) -> Option<u32> {
 
 /// A QEMU process found in /proc.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QemuProcess {
+pub struct HostQemu {
     pub pid: u32,
     /// Its QMP unix sockets, from its command line (`-qmp unix:PATH`, or a
     /// `-chardev socket,path=PATH` that a `-mon ...,mode=control` uses).
@@ -51,8 +51,8 @@ pub struct QemuProcess {
 }
 
 /// Every QEMU system emulator running on the host that this user can see.
-pub fn qemu_processes() -> Vec<QemuProcess> {
-    let mut found: Vec<QemuProcess> = processes()
+pub fn qemu_processes() -> Vec<HostQemu> {
+    let mut found: Vec<HostQemu> = processes()
         .filter_map(|pid| parse_qemu(pid, &cmdline(pid)?))
         .collect();
     found.sort_by_key(|q| q.pid);
@@ -61,7 +61,7 @@ pub fn qemu_processes() -> Vec<QemuProcess> {
 
 /// What a QEMU's arguments say, or None if `args` is not a QEMU system
 /// emulator's.
-pub fn parse_qemu(pid: u32, args: &[String]) -> Option<QemuProcess> {
+pub fn parse_qemu(pid: u32, args: &[String]) -> Option<HostQemu> {
     let prog = args.first()?;
     let base = prog.rsplit('/').next().unwrap_or(prog);
     if !base.starts_with("qemu-system-") && base != "qemu-kvm" {
@@ -109,7 +109,7 @@ pub fn parse_qemu(pid: u32, args: &[String]) -> Option<QemuProcess> {
         .iter()
         .find(|(o, _)| *o == "uuid")
         .map(|(_, v)| v.to_string());
-    Some(QemuProcess {
+    Some(HostQemu {
         pid,
         qmp,
         accel,

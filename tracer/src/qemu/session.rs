@@ -129,6 +129,18 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
     })
 }
 
+/// Connect to the QEMU of a libvirt domain, its monitor reached through
+/// libvirt (`super::libvirt`).
+pub fn connect_domain(
+    domain: super::libvirt::LibvirtDomain,
+    _gdb: Option<GdbAddr>,
+) -> Result<Connected, QemuError> {
+    Err(QemuError::NotTraceable(format!(
+        "libvirt domain {}: QMP through libvirt is not plugged in yet",
+        domain.name
+    )))
+}
+
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the
 /// guest as a debugger connects. Only while no debugger is connected to
 /// QEMU's stub, and the given one must be QEMU's (`stub`); vmtrace's own
