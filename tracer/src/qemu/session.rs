@@ -21,8 +21,10 @@ use super::guest::{ClockSource, QemuGuest, QemuStop, StopMark};
 use super::journal::Journal;
 use super::marker::MARKER_GPA;
 use super::mode::{falls_back, ring_cpus, room, FreeRoom};
+use super::monitor::Monitor;
 use super::procmem::ProcRam;
-use super::qmp::{QemuVersion, Qmp};
+use super::qmp::QemuVersion;
+use super::queries::Queries;
 use super::repair;
 use super::stub::{self, GdbStubError};
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
@@ -76,23 +78,41 @@ impl std::fmt::Display for QemuInfo {
 /// A QEMU whose monitor answered: what it is and where its RAM is. The
 /// guest runs on untouched until `attach`.
 pub struct Connected {
-    qmp: Qmp,
+    qmp: Monitor,
     ram: ProcRam,
     gdb: Option<GdbAddr>,
     pub info: QemuInfo,
 }
 
 /// Connect to the QEMU whose QMP socket is `qmp_path`; its gdbstub will be
-/// `gdb`, or one vmtrace opens at `attach`.
+/// `gdb`, or one vmtrace opens at `attach`. The socket is held for short
+/// bursts only (`super::monitor`).
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
-    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
+    connect_monitor(super::burst::connect(qmp_path, REPLY_TIMEOUT)?, gdb)
+}
+
+/// `connect`, through any monitor transport (`super::monitor`): the
+/// checks at connect in one burst.
+pub fn connect_monitor(mut qmp: Monitor, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
+    let (ram, info) = qmp.burst(look_at)?;
+    Ok(Connected {
+        qmp,
+        ram,
+        gdb,
+        info,
+    })
+}
+
+/// What an attach checks first, and where the guest's RAM is.
+fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
+    let qmp_path = qmp.path().to_owned();
     // What a vmtrace that did not detach left comes first: it explains a
     // guest frozen at a breakpoint, and nothing may be added to it.
-    let pid = qmp.pid()?;
-    let left = repair::leftovers(&mut qmp, pid)?;
+    let pid = qmp.pid();
+    let left = repair::leftovers(qmp, pid)?;
     if !left.is_empty() {
         return Err(QemuError::Leftover {
-            qmp: qmp_path.to_owned(),
+            qmp: qmp_path,
             what: left.describe(),
         });
     }
@@ -101,16 +121,14 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
     let status = qmp.status()?;
     if status != "running" {
         return Err(QemuError::NotRunning {
-            qmp: qmp_path.to_owned(),
+            qmp: qmp_path,
             status,
         });
     }
     let accel = qmp.accel()?;
     let cpus = qmp.cpus()?.len();
     if cpus == 0 {
-        return Err(QemuError::NoVcpus {
-            qmp: qmp_path.to_owned(),
-        });
+        return Err(QemuError::NoVcpus { qmp: qmp_path });
     }
     let layout = qmp.ram_layout()?;
     let ram = ProcRam::open(pid, &layout)?;
@@ -118,15 +136,10 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
         version: qmp.version().clone(),
         pid,
         accel,
-        qmp: qmp_path.to_owned(),
+        qmp: qmp_path,
         cpus,
     };
-    Ok(Connected {
-        qmp,
-        ram,
-        gdb,
-        info,
-    })
+    Ok((ram, info))
 }
 
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the
@@ -136,7 +149,7 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
 /// connection; any error from there lets the guest go (a dropped client
 /// detaches, and `let_go` asks QMP) before the stub is closed.
 fn open_stub(
-    qmp: &mut Qmp,
+    qmp: &mut Monitor,
     given: Option<GdbAddr>,
     ram: ProcRam,
     mark: StopMark,
@@ -148,7 +161,7 @@ fn open_stub(
             (a, Stub::Given)
         }
         None => {
-            let path = stub::private_dir(qmp.uid()?)?.join(stub::SOCKET);
+            let path = stub::private_dir(qmp.uid())?.join(stub::SOCKET);
             // Reopened at the end: the user's stub (-s) stays theirs.
             let replaced = qemus.as_ref().and_then(|s| stub::reopen_spec(&s.filename));
             // QEMU 7.2 cannot replace an open stub ("duplicate yank
@@ -202,7 +215,7 @@ fn open_stub(
 
 /// Close the gdbstub vmtrace opened (nothing for one the user gave) and
 /// its private directory; reopen the stub it replaced, if any.
-pub(super) fn close_stub(qmp: &mut Qmp, stub: &Stub) {
+pub(super) fn close_stub(qmp: &mut Monitor, stub: &Stub) {
     if let Stub::Opened(own) = stub {
         let _ = qmp.close_gdbserver();
         stub::remove_private(&own.socket);
@@ -218,7 +231,7 @@ pub(super) fn close_stub(qmp: &mut Qmp, stub: &Stub) {
 /// runs (QEMU 7.2 does not resume it when the connection closes), and if
 /// it cannot, `error` says that it stays paused and how to continue it. A
 /// guest the client let go is never continued: a pause then is not ours.
-fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError, held: bool) -> QemuError {
+fn let_go(qmp: &mut Monitor, opened: &Stub, error: QemuError, held: bool) -> QemuError {
     close_stub(qmp, opened);
     if !held {
         return error;
