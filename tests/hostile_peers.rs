@@ -19,6 +19,7 @@ use peers::{drip, flood, GdbPeer, Peer, QmpPeer};
 use serde_json::json;
 use tracer::qemu::gdb::{Gdb, GdbAddr, GdbError, ThreadId};
 use tracer::qemu::qmp::{Qmp, QmpError};
+use tracer::qemu::queries::Queries;
 
 /// What the issue allows for an error from a hostile peer.
 const ERROR_WITHIN: Duration = Duration::from_secs(15);

@@ -19,6 +19,7 @@ use common::guard::*;
 use common::qemu::*;
 use common::s;
 use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
 
 /// getpid's function: `__x64_sys_getpid` and `__do_sys_getpid` share an
 /// address, and the report names it by one of them.

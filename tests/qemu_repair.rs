@@ -21,6 +21,7 @@ use common::qemu::*;
 use common::s;
 use tracer::qemu::journal;
 use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
 
 /// A hang guard for a frozen guest to show as frozen (far above the time a
 /// TCG guest takes to reach its next traced call).

@@ -23,6 +23,7 @@ use common::qemu::{linux_acpi_bzimage, QemuGuest, QemuOpts};
 use common::{s, wait_bounded};
 use tracer::qemu::gdb::{Gdb, GdbAddr, GdbError};
 use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
 use tracer::qemu::stub;
 
 const TIMEOUT: Duration = Duration::from_secs(10);

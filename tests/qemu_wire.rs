@@ -19,6 +19,7 @@ use common::{elf_symbol, scratch_in};
 use tracer::qemu::gdb::{Gdb, GdbAddr, ThreadId};
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::{Qmp, QmpError};
+use tracer::qemu::queries::Queries;
 
 /// Linux's __START_KERNEL_map: the kernel image's virtual base.
 const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;

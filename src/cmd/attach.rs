@@ -146,8 +146,12 @@ impl Observer for Waits {
 
 fn say_attached(s: &QemuSession) {
     let i = &s.info;
+    let domain = i
+        .domain
+        .as_ref()
+        .map_or_else(String::new, |d| format!("libvirt domain {d}: "));
     let qemu = format!(
-        "vmtrace: attached to QEMU {}.{}.{} (pid {}, {}, {} vCPUs)",
+        "vmtrace: attached to {domain}QEMU {}.{}.{} (pid {}, {}, {} vCPUs)",
         i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
     let sites = s.tracer().attach_counts.patched;

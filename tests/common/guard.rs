@@ -11,6 +11,7 @@ use super::qemu::{QemuGuest, QemuOpts, Workload, COMMAND_TIMEOUT};
 use tracer::kernel::symbols::KernelImage;
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::{Qmp, RamRange};
+use tracer::qemu::queries::Queries;
 
 /// What a kernel prints when something went wrong.
 pub const BAD: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel panic"];

@@ -14,7 +14,9 @@ use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
-use super::qmp::{Qmp, QmpError};
+use super::monitor::Monitor;
+use super::qmp::QmpError;
+use super::queries::Queries;
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
@@ -41,7 +43,7 @@ pub(super) enum Arming {
 
 /// A QEMU whose guest a session traces.
 pub(super) struct QemuVm {
-    pub(super) qmp: Qmp,
+    pub(super) qmp: Monitor,
     pub(super) guest: QemuGuest,
     pub(super) stub: Stub,
     pub(super) arming: Arming,
@@ -56,7 +58,7 @@ pub(super) struct QemuVm {
 }
 
 impl QemuVm {
-    pub(super) fn new(qmp: Qmp, guest: QemuGuest, stub: Stub, pid: u32) -> QemuVm {
+    pub(super) fn new(qmp: Monitor, guest: QemuGuest, stub: Stub, pid: u32) -> QemuVm {
         QemuVm {
             qmp,
             guest,

@@ -1,5 +1,6 @@
 //! The QEMU backend's wire layer: a running QEMU reached through the
-//! interfaces it ships with. [`qmp`] talks to its monitor (version, PID,
+//! interfaces it ships with. [`qmp`] talks to its monitor over one connection,
+//! [`monitor`] per burst over any transport ([`queries`]: version, PID,
 //! vCPUs, the RAM layout, opening its gdbstub), [`gdb`] to its gdbstub
 //! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`lines`] reads its lines within bounds, [`layout`] parses
@@ -13,6 +14,7 @@
 //! the host's QEMU processes and their QMP sockets in /proc.
 
 pub mod breakpoints;
+pub mod burst;
 pub mod clock;
 mod drive;
 pub mod ending;
@@ -22,13 +24,16 @@ pub mod guest;
 pub mod journal;
 pub mod layout;
 pub mod libvirt;
+pub mod libvirt_monitor;
 mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
+pub mod monitor;
 pub mod procmem;
 pub mod procs;
 pub mod qmp;
+pub mod queries;
 pub mod regs;
 pub mod repair;
 pub mod rsp;

@@ -19,7 +19,6 @@ use super::gdb::GdbAddr;
 use super::lines::{LineError, LineReader};
 
 pub use super::layout::RamRange;
-use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks};
 
 /// A QMP error, each naming the socket.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +88,11 @@ pub enum QmpError {
         count: usize,
     },
     #[error(
+        "QMP socket {path}: another QEMU answers it now (pid {now}; the traced QEMU is pid {was}, \
+         or was until it exited): a QEMU restarted behind the same socket is another VM"
+    )]
+    Replaced { path: PathBuf, was: u32, now: u32 },
+    #[error(
         "QMP socket {path}: the connection is out of step since an earlier error ({why}); \
          connect again"
     )]
@@ -142,6 +146,18 @@ pub struct QmpEvents {
     pub suspend: bool,
     /// `GUEST_PANICKED` (a pvpanic device).
     pub panicked: bool,
+}
+
+impl QmpEvents {
+    /// Adds the events of `later` (a later burst's).
+    pub fn merge(&mut self, later: QmpEvents) {
+        self.stop |= later.stop;
+        self.resume |= later.resume;
+        self.shutdown = later.shutdown.or(self.shutdown.take());
+        self.reset = later.reset.or(self.reset.take());
+        self.suspend |= later.suspend;
+        self.panicked |= later.panicked;
+    }
 }
 
 /// QEMU's gdbstub as its chardev "gdb" shows it (`query-chardev`).
@@ -464,138 +480,10 @@ impl Qmp {
     pub fn version(&self) -> &QemuVersion {
         &self.version
     }
-
-    /// "kvm" when KVM is enabled, else "tcg".
-    pub fn accel(&mut self) -> Result<&'static str, QmpError> {
-        let r = self.execute("query-kvm", None)?;
-        Ok(if r["enabled"].as_bool() == Some(true) {
-            "kvm"
-        } else {
-            "tcg"
-        })
-    }
-
-    /// The run state: "running", "paused", "prelaunch", "shutdown", ...
-    pub fn status(&mut self) -> Result<String, QmpError> {
-        let r = self.execute("query-status", None)?;
-        r["status"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| self.reply("query-status", &r.to_string()))
-    }
-
-    /// The vCPUs, by index.
-    pub fn cpus(&mut self) -> Result<Vec<QemuCpu>, QmpError> {
-        let r = self.execute("query-cpus-fast", None)?;
-        let list = r
-            .as_array()
-            .ok_or_else(|| self.reply("query-cpus-fast", &r.to_string()))?;
-        let mut cpus = Vec::with_capacity(list.len());
-        for c in list {
-            let (Some(index), Some(thread_id)) = (c["cpu-index"].as_u64(), c["thread-id"].as_u64())
-            else {
-                return Err(self.reply("query-cpus-fast", &c.to_string()));
-            };
-            cpus.push(QemuCpu {
-                index: index as u32,
-                thread_id: thread_id as u32,
-                qom_path: c["qom-path"].as_str().unwrap_or("").into(),
-                target: c["target"].as_str().unwrap_or("").into(),
-            });
-        }
-        cpus.sort_by_key(|c| c.index);
-        Ok(cpus)
-    }
-
-    /// Runs an HMP command and returns its text. HMP reports failure in
-    /// that text; callers that know the command check it.
-    pub fn hmp(&mut self, cmd: &str) -> Result<String, QmpError> {
-        let r = self.execute(
-            "human-monitor-command",
-            Some(json!({ "command-line": cmd })),
-        )?;
-        let text = r
-            .as_str()
-            .ok_or_else(|| self.reply("human-monitor-command", &r.to_string()))?;
-        if let Some(rest) = text.strip_prefix("unknown command:") {
-            return Err(self.hmp_error(cmd, &format!("unknown command:{rest}")));
-        }
-        Ok(text.to_string())
-    }
-
-    fn hmp_error(&self, cmd: &str, text: &str) -> QmpError {
-        let msg: Vec<&str> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        QmpError::Hmp {
-            path: self.path.clone(),
-            cmd: cmd.into(),
-            msg: msg.join("; "),
-        }
-    }
-
-    /// Guest-physical RAM (not ROM, not device memory) and where it is
-    /// mapped in QEMU's process.
-    pub fn ram_layout(&mut self) -> Result<Vec<RamRange>, QmpError> {
-        let mut cmd = "info mtree -f -o";
-        let mut mtree = self.hmp(cmd)?;
-        if !mtree.contains("FlatView") {
-            // A QEMU without `-o` (owners): device RAM is then kept too.
-            cmd = "info mtree -f";
-            mtree = self.hmp(cmd)?;
-        }
-        let flat = parse_flat_ram(&mtree).map_err(|e| self.hmp_error(cmd, &e))?;
-        let blocks_text = self.hmp("info ramblock")?;
-        let blocks = parse_ramblocks(&blocks_text);
-        let mut hvas = Vec::with_capacity(flat.len());
-        for r in &flat {
-            let cmd = format!("gpa2hva {:#x}", r.gpa);
-            let text = self.hmp(&cmd)?;
-            hvas.push(parse_gpa2hva(&text).map_err(|e| self.hmp_error(&cmd, &e))?);
-        }
-        join_layout(&flat, &hvas, &blocks).map_err(|e| self.hmp_error("info ramblock", &e))
-    }
-
-    /// Opens QEMU's gdbstub on `spec` (a chardev: `unix:PATH,server=on,wait=off`,
-    /// `tcp::PORT`).
-    pub fn open_gdbserver(&mut self, spec: &str) -> Result<(), QmpError> {
-        let cmd = format!("gdbserver {spec}");
-        let text = self.hmp(&cmd)?;
-        if text.trim_start().starts_with("Waiting for gdb connection") {
-            Ok(())
-        } else {
-            Err(self.hmp_error(&cmd, &text))
-        }
-    }
-
-    /// QEMU's gdbstub, if one is open (`-s`, `-gdb` or `gdbserver`).
-    pub fn gdbserver(&mut self) -> Result<Option<GdbServer>, QmpError> {
-        let r = self.execute("query-chardev", None)?;
-        let list = r
-            .as_array()
-            .ok_or_else(|| self.reply("query-chardev", &r.to_string()))?;
-        Ok(list
-            .iter()
-            .find(|c| c["label"] == "gdb")
-            .and_then(|c| c["filename"].as_str())
-            .map(GdbServer::parse))
-    }
-
-    /// Closes QEMU's gdbstub (`gdbserver none`).
-    pub fn close_gdbserver(&mut self) -> Result<(), QmpError> {
-        let text = self.hmp("gdbserver none")?;
-        if text.trim_start().starts_with("Disabled gdbserver") {
-            Ok(())
-        } else {
-            Err(self.hmp_error("gdbserver none", &text))
-        }
-    }
 }
 
 /// A peer's text, shortened for a one-line error.
-fn short(s: &str) -> String {
+pub(super) fn short(s: &str) -> String {
     let s = s.trim();
     let mut out: String = s.chars().take(60).collect();
     if out.len() < s.len() {

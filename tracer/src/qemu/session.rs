@@ -21,8 +21,10 @@ use super::guest::{ClockSource, QemuGuest, QemuStop, StopMark};
 use super::journal::Journal;
 use super::marker::MARKER_GPA;
 use super::mode::{falls_back, ring_cpus, room, FreeRoom};
+use super::monitor::Monitor;
 use super::procmem::ProcRam;
-use super::qmp::{QemuVersion, Qmp};
+use super::qmp::QemuVersion;
+use super::queries::Queries;
 use super::repair;
 use super::stub::{self, GdbStubError};
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
@@ -53,74 +55,47 @@ pub struct QemuInfo {
     pub accel: &'static str,
     pub qmp: PathBuf,
     pub cpus: usize,
+    /// The libvirt domain it runs ("NAME (URI)"), reached through libvirt.
+    pub domain: Option<String>,
 }
 
 impl std::fmt::Display for QemuInfo {
-    /// "QEMU 7.2.22 (Debian 1:7.2+dfsg-7), pid 4242, kvm, QMP /run/q.sock"
+    /// "QEMU 7.2.22 (Debian 1:7.2+dfsg-7), pid 4242, kvm, QMP /run/q.sock",
+    /// or "..., libvirt domain vm1 (qemu:///system)"
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = &self.version;
         write!(f, "QEMU {}.{}.{}", v.major, v.minor, v.micro)?;
         if !v.package.trim().is_empty() {
             write!(f, " ({})", v.package.trim())?;
         }
-        write!(
-            f,
-            ", pid {}, {}, QMP {}",
-            self.pid,
-            self.accel,
-            self.qmp.display()
-        )
+        write!(f, ", pid {}, {}, ", self.pid, self.accel)?;
+        match &self.domain {
+            Some(d) => write!(f, "libvirt domain {d}"),
+            None => write!(f, "QMP {}", self.qmp.display()),
+        }
     }
 }
 
 /// A QEMU whose monitor answered: what it is and where its RAM is. The
 /// guest runs on untouched until `attach`.
 pub struct Connected {
-    qmp: Qmp,
+    qmp: Monitor,
     ram: ProcRam,
     gdb: Option<GdbAddr>,
     pub info: QemuInfo,
 }
 
 /// Connect to the QEMU whose QMP socket is `qmp_path`; its gdbstub will be
-/// `gdb`, or one vmtrace opens at `attach`.
+/// `gdb`, or one vmtrace opens at `attach`. The socket is held for short
+/// bursts only (`super::monitor`).
 pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
-    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
-    // What a vmtrace that did not detach left comes first: it explains a
-    // guest frozen at a breakpoint, and nothing may be added to it.
-    let pid = qmp.pid()?;
-    let left = repair::leftovers(&mut qmp, pid)?;
-    if !left.is_empty() {
-        return Err(QemuError::Leftover {
-            qmp: qmp_path.to_owned(),
-            what: left.describe(),
-        });
-    }
-    // The gdbstub resumes the guest whenever it lets it go: a paused one
-    // (by its user, or started with -S) would not stay paused.
-    let status = qmp.status()?;
-    if status != "running" {
-        return Err(QemuError::NotRunning {
-            qmp: qmp_path.to_owned(),
-            status,
-        });
-    }
-    let accel = qmp.accel()?;
-    let cpus = qmp.cpus()?.len();
-    if cpus == 0 {
-        return Err(QemuError::NoVcpus {
-            qmp: qmp_path.to_owned(),
-        });
-    }
-    let layout = qmp.ram_layout()?;
-    let ram = ProcRam::open(pid, &layout)?;
-    let info = QemuInfo {
-        version: qmp.version().clone(),
-        pid,
-        accel,
-        qmp: qmp_path.to_owned(),
-        cpus,
-    };
+    connect_monitor(super::burst::connect(qmp_path, REPLY_TIMEOUT)?, gdb)
+}
+
+/// `connect`, through any monitor transport (`super::monitor`): the
+/// checks at connect in one burst.
+pub fn connect_monitor(mut qmp: Monitor, gdb: Option<GdbAddr>) -> Result<Connected, QemuError> {
+    let (ram, info) = qmp.burst(look_at)?;
     Ok(Connected {
         qmp,
         ram,
@@ -129,16 +104,56 @@ pub fn connect(qmp_path: &Path, gdb: Option<GdbAddr>) -> Result<Connected, QemuE
     })
 }
 
-/// Connect to the QEMU of a libvirt domain, its monitor reached through
-/// libvirt (`super::libvirt`).
+/// What an attach checks first, and where the guest's RAM is.
+fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
+    let qmp_path = qmp.path().to_owned();
+    // What a vmtrace that did not detach left comes first: it explains a
+    // guest frozen at a breakpoint, and nothing may be added to it.
+    let pid = qmp.pid();
+    let left = repair::leftovers(qmp, pid)?;
+    if !left.is_empty() {
+        return Err(QemuError::Leftover {
+            qmp: qmp_path,
+            what: left.describe(),
+        });
+    }
+    // The gdbstub resumes the guest whenever it lets it go: a paused one
+    // (by its user, or started with -S) would not stay paused.
+    let status = qmp.status()?;
+    if status != "running" {
+        return Err(QemuError::NotRunning {
+            qmp: qmp_path,
+            status,
+        });
+    }
+    let accel = qmp.accel()?;
+    let cpus = qmp.cpus()?.len();
+    if cpus == 0 {
+        return Err(QemuError::NoVcpus { qmp: qmp_path });
+    }
+    let layout = qmp.ram_layout()?;
+    let ram = ProcRam::open(pid, &layout)?;
+    let info = QemuInfo {
+        version: qmp.version().clone(),
+        pid,
+        accel,
+        qmp: qmp_path,
+        cpus,
+        domain: None,
+    };
+    Ok((ram, info))
+}
+
+/// Connect to the QEMU of a running libvirt domain, its monitor reached
+/// through libvirt (`super::libvirt_monitor`).
 pub fn connect_domain(
     domain: super::libvirt::LibvirtDomain,
-    _gdb: Option<GdbAddr>,
+    gdb: Option<GdbAddr>,
 ) -> Result<Connected, QemuError> {
-    Err(QemuError::NotTraceable(format!(
-        "libvirt domain {}: QMP through libvirt is not plugged in yet",
-        domain.name
-    )))
+    let name = format!("{} ({})", domain.name, domain.uri);
+    let mut connected = connect_monitor(super::libvirt_monitor::monitor(domain)?, gdb)?;
+    connected.info.domain = Some(name);
+    Ok(connected)
 }
 
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the
@@ -148,7 +163,7 @@ pub fn connect_domain(
 /// connection; any error from there lets the guest go (a dropped client
 /// detaches, and `let_go` asks QMP) before the stub is closed.
 fn open_stub(
-    qmp: &mut Qmp,
+    qmp: &mut Monitor,
     given: Option<GdbAddr>,
     ram: ProcRam,
     mark: StopMark,
@@ -160,7 +175,7 @@ fn open_stub(
             (a, Stub::Given)
         }
         None => {
-            let path = stub::private_dir(qmp.uid()?)?.join(stub::SOCKET);
+            let path = stub::private_dir(qmp.uid())?.join(stub::SOCKET);
             // Reopened at the end: the user's stub (-s) stays theirs.
             let replaced = qemus.as_ref().and_then(|s| stub::reopen_spec(&s.filename));
             // QEMU 7.2 cannot replace an open stub ("duplicate yank
@@ -214,7 +229,7 @@ fn open_stub(
 
 /// Close the gdbstub vmtrace opened (nothing for one the user gave) and
 /// its private directory; reopen the stub it replaced, if any.
-pub(super) fn close_stub(qmp: &mut Qmp, stub: &Stub) {
+pub(super) fn close_stub(qmp: &mut Monitor, stub: &Stub) {
     if let Stub::Opened(own) = stub {
         let _ = qmp.close_gdbserver();
         stub::remove_private(&own.socket);
@@ -230,7 +245,7 @@ pub(super) fn close_stub(qmp: &mut Qmp, stub: &Stub) {
 /// runs (QEMU 7.2 does not resume it when the connection closes), and if
 /// it cannot, `error` says that it stays paused and how to continue it. A
 /// guest the client let go is never continued: a pause then is not ours.
-fn let_go(qmp: &mut Qmp, opened: &Stub, error: QemuError, held: bool) -> QemuError {
+fn let_go(qmp: &mut Monitor, opened: &Stub, error: QemuError, held: bool) -> QemuError {
     close_stub(qmp, opened);
     if !held {
         return error;

@@ -13,7 +13,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use super::gdb::GdbAddr;
-use super::qmp::{GdbServer, Qmp, QmpError};
+use super::qmp::{GdbServer, QmpError};
+use super::queries::Queries;
 
 /// The socket's name in vmtrace's private directory.
 pub const SOCKET: &str = "gdb.sock";
@@ -77,7 +78,7 @@ pub fn reopen_spec(filename: &str) -> Option<String> {
 }
 
 /// QEMU's gdbstub, if one is open, refused if a debugger is connected.
-pub fn check_free(qmp: &mut Qmp) -> Result<Option<GdbServer>, GdbStubError> {
+pub fn check_free(qmp: &mut dyn Queries) -> Result<Option<GdbServer>, GdbStubError> {
     match qmp.gdbserver()? {
         Some(s) if s.connected => Err(GdbStubError::InUse {
             filename: s.filename,
@@ -214,7 +215,7 @@ pub fn remove_private(socket: &Path) {
 /// After vmtrace connected to `addr`: QMP shows QEMU's stub connected, and
 /// for vmtrace's own stub, listening on its socket (so that the one
 /// connection is vmtrace's: no one else can reach the private directory).
-pub fn confirm(qmp: &mut Qmp, addr: &GdbAddr, own: bool) -> Result<(), GdbStubError> {
+pub fn confirm(qmp: &mut dyn Queries, addr: &GdbAddr, own: bool) -> Result<(), GdbStubError> {
     let now = qmp.gdbserver()?;
     let ok = now
         .as_ref()
@@ -231,7 +232,7 @@ pub fn confirm(qmp: &mut Qmp, addr: &GdbAddr, own: bool) -> Result<(), GdbStubEr
 /// Why the guest stays paused after an error past the connect, if it does:
 /// the stub's client could not detach, so QMP is asked, and a guest paused
 /// (by the connection) is continued through QMP.
-pub fn let_go(qmp: &mut Qmp) -> Option<String> {
+pub fn let_go(qmp: &mut dyn Queries) -> Option<String> {
     match qmp.status() {
         Ok(s) if s == "paused" => match qmp.execute("cont", None) {
             Ok(_) => None,

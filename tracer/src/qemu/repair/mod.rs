@@ -28,8 +28,10 @@ use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
 use super::journal::{self, Armed, Journal, JournalRecord};
 use super::marker::{self, Marker, MAGIC};
+use super::monitor::Monitor;
 use super::procmem::ProcRam;
-use super::qmp::{GdbServer, Qmp};
+use super::qmp::GdbServer;
+use super::queries::Queries;
 use region::{left_mapped, region_held, region_stop, restore_sites};
 
 /// How long to wait for each QMP or gdbstub reply (as an attach does).
@@ -122,7 +124,7 @@ fn is_vmtraces(s: &GdbServer) -> bool {
 
 /// What a vmtrace that is gone left in the QEMU `pid` at `qmp`; an error
 /// when another vmtrace still runs on it.
-pub fn leftovers(qmp: &mut Qmp, pid: u32) -> Result<Leftovers, QemuError> {
+pub fn leftovers(qmp: &mut Monitor, pid: u32) -> Result<Leftovers, QemuError> {
     let journal = super::journal::Journal::find(pid)?;
     if let Some(j) = &journal {
         if j.writer_alive() {
@@ -188,9 +190,9 @@ impl Repaired {
 
 /// Find and take out what a killed vmtrace left in the QEMU at `qmp_path`.
 pub fn repair(qmp_path: &Path) -> Result<Repaired, QemuError> {
-    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
-    let pid = qmp.pid()?;
-    let found = leftovers(&mut qmp, pid)?;
+    let mut qmp = super::burst::connect(qmp_path, REPLY_TIMEOUT)?;
+    let pid = qmp.pid();
+    let found = qmp.burst(|m| leftovers(m, pid))?;
     repair_found(qmp, pid, found)
 }
 
@@ -208,12 +210,12 @@ pub fn repair_journaled(
         // Cleanly detached, or another vmtrace's since.
         _ => return Ok(None),
     }
-    let mut qmp = Qmp::connect(qmp_path, REPLY_TIMEOUT)?;
-    let found = leftovers(&mut qmp, qemu_pid)?;
+    let mut qmp = super::burst::connect(qmp_path, REPLY_TIMEOUT)?;
+    let found = qmp.burst(|m| leftovers(m, qemu_pid))?;
     repair_found(qmp, qemu_pid, found).map(Some)
 }
 
-fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, QemuError> {
+fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
     // Nothing QMP or the journal shows: still, a region whose journal is
     // gone would be in the guest's tables. Looked for in a stop of the
@@ -267,7 +269,7 @@ fn repair_found(mut qmp: Qmp, pid: u32, found: Leftovers) -> Result<Repaired, Qe
 /// one gdbstub; breakpoints stay with the vCPUs), the user's (given to
 /// the attach, or open beside it) used and kept, else one of the repair's.
 fn stub_for(
-    qmp: &mut Qmp,
+    qmp: &mut Monitor,
     found: &Leftovers,
     out: &mut Repaired,
 ) -> Result<(GdbAddr, Option<OwnStub>), QemuError> {
@@ -316,7 +318,7 @@ struct OwnStub {
 }
 
 impl OwnStub {
-    fn open(qmp: &mut Qmp) -> Result<OwnStub, QemuError> {
+    fn open(qmp: &mut Monitor) -> Result<OwnStub, QemuError> {
         use std::os::unix::fs::DirBuilderExt;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -336,7 +338,7 @@ impl OwnStub {
         Ok(OwnStub { dir, socket })
     }
 
-    fn close(self, qmp: &mut Qmp) {
+    fn close(self, qmp: &mut Monitor) {
         let _ = qmp.close_gdbserver();
         let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_dir(&self.dir);

@@ -1,0 +1,111 @@
+//! QEMU's QMP socket as a [`Transport`]: one connection per burst
+//! (connect, greeting, `qmp_capabilities`, the commands, close), so that
+//! QEMU's monitor, which serves one client at a time, is free between
+//! bursts for Proxmox's `qm`, a user's `socat` or any other client. Each
+//! connection checks that the same QEMU answers (the socket's peer
+//! credentials and its process's start time): a QEMU restarted behind the
+//! same path is another VM.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::monitor::{process_start, Monitor, QemuIdentity, Transport};
+use super::qmp::{Qmp, QmpError, QmpEvents};
+
+/// The monitor behind QEMU's QMP socket at `path`: it connects once to
+/// learn which QEMU it is, then per burst; `timeout` bounds the greeting
+/// (a socket another client holds is waited for that long) and every
+/// reply.
+pub fn connect(path: &Path, timeout: Duration) -> Result<Monitor, QmpError> {
+    Ok(Monitor::new(Box::new(QmpSocket::open(path, timeout)?)))
+}
+
+/// A QMP socket reached per burst.
+pub struct QmpSocket {
+    path: PathBuf,
+    /// Bounds the greeting (a socket another client holds: `QmpError::Busy`
+    /// once it passes) and every reply.
+    timeout: Duration,
+    identity: QemuIdentity,
+    /// The burst's connection, if one is open.
+    conn: Option<Qmp>,
+    /// Events of bursts since `take_events`.
+    events: QmpEvents,
+}
+
+impl QmpSocket {
+    /// Connects once to learn which QEMU serves `path` (that first burst
+    /// stays open until the first `end_burst`).
+    pub fn open(path: &Path, timeout: Duration) -> Result<QmpSocket, QmpError> {
+        let qmp = Qmp::connect(path, timeout)?;
+        let pid = qmp.pid()?;
+        let identity = QemuIdentity {
+            pid,
+            uid: qmp.uid()?,
+            started: process_start(pid).ok_or_else(|| QmpError::Io {
+                path: path.to_owned(),
+                source: std::io::Error::other(format!("QEMU's process {pid} has no /proc entry")),
+            })?,
+            version: qmp.version().clone(),
+        };
+        Ok(QmpSocket {
+            path: path.to_owned(),
+            timeout,
+            identity,
+            conn: Some(qmp),
+            events: QmpEvents::default(),
+        })
+    }
+
+    /// The burst's connection: a new one checked to reach the same QEMU.
+    fn conn(&mut self) -> Result<&mut Qmp, QmpError> {
+        if self.conn.is_none() {
+            let qmp = Qmp::connect(&self.path, self.timeout)?;
+            let pid = qmp.pid()?;
+            if !self.identity.same_process(pid) {
+                return Err(QmpError::Replaced {
+                    path: self.path.clone(),
+                    was: self.identity.pid,
+                    now: pid,
+                });
+            }
+            self.conn = Some(qmp);
+        }
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+}
+
+impl Transport for QmpSocket {
+    fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
+        let out = self.conn()?.execute(cmd, args);
+        if let Err(QmpError::Closed { .. } | QmpError::Broken { .. }) = &out {
+            // A connection out of step is not used again: the next
+            // command opens another.
+            self.end_burst();
+        }
+        out
+    }
+
+    fn end_burst(&mut self) {
+        if let Some(mut qmp) = self.conn.take() {
+            self.events.merge(qmp.take_events());
+        }
+    }
+
+    fn take_events(&mut self) -> QmpEvents {
+        if let Some(qmp) = &mut self.conn {
+            self.events.merge(qmp.take_events());
+        }
+        std::mem::take(&mut self.events)
+    }
+
+    fn identity(&self) -> &QemuIdentity {
+        &self.identity
+    }
+
+    fn place(&self) -> &Path {
+        &self.path
+    }
+}
