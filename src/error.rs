@@ -281,6 +281,13 @@ pub enum InputError {
         flag: &'static str,
         why: &'static str,
     },
+    /// `vmtrace attach --qmp` given libvirt's own monitor of a domain.
+    #[error(
+        "{} is libvirt's monitor of domain {domain}, which libvirtd holds for the domain's \
+         whole life; attach with --domain {domain} (and --connect URI for another libvirt)",
+        .path.display()
+    )]
+    LibvirtMonitor { path: PathBuf, domain: String },
     /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
     #[error("{}", qemu_says(.0))]
     Qemu(tracer::qemu::session::QemuError),

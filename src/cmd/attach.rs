@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
-use tracer::qemu::libvirt::LibvirtDomain;
+use tracer::qemu::libvirt::{self, LibvirtDomain};
 use tracer::qemu::session::{self, EndReason, QemuEnded, QemuError, QemuSession};
 
 use tracer::session::backend::HeldUp;
@@ -35,6 +35,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .gdb
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
+    if let Some(domain) = args.qmp.as_deref().and_then(libvirt::monitor_owner) {
+        let path = args.qmp.clone().expect("checked");
+        return Err(InputError::LibvirtMonitor { path, domain }.into());
+    }
     let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
     let _guardian = args.qmp.as_ref().and_then(|qmp| {

@@ -259,6 +259,11 @@ impl LibvirtDomain {
         })
     }
 
+    /// libvirt's id of the running domain.
+    pub fn id(&self) -> Option<u32> {
+        self.dom.get_id()
+    }
+
     /// The domain's own directory under libvirt's state directory
     /// (`/var/lib/libvirt/qemu/domain-ID-NAME`): a place QEMU may write
     /// under libvirt's confinement (its user, its AppArmor profile). None
@@ -309,6 +314,19 @@ fn qemu_pid(name: &str, uuid: &str) -> Result<u32, String> {
 fn has_uuid(args: &[String], uuid: &str) -> bool {
     args.windows(2)
         .any(|w| w[0] == "-uuid" && w[1].eq_ignore_ascii_case(uuid))
+}
+
+/// The domain whose libvirt monitor socket `path` is, if it is one:
+/// libvirt keeps each running domain's QMP socket as `monitor.sock` in
+/// the domain's directory, `domain-ID-NAME` (NAME shortened to 20
+/// characters), and holds it for the domain's whole life.
+pub fn monitor_owner(path: &Path) -> Option<String> {
+    if path.file_name()? != "monitor.sock" {
+        return None;
+    }
+    let dir = path.parent()?.file_name()?.to_str()?;
+    let (id, name) = dir.strip_prefix("domain-")?.split_once('-')?;
+    (id.parse::<u32>().is_ok() && !name.is_empty()).then(|| name.to_string())
 }
 
 /// A domain as `vmtrace vms` lists it.
@@ -383,5 +401,20 @@ mod tests {
             Some("/var/lib/a&b/bzImage")
         );
         assert_eq!(element_text("<domain><os/></domain>", "kernel"), None);
+    }
+
+    #[test]
+    fn libvirts_monitor_sockets_name_their_domain() {
+        let owner = |p: &str| monitor_owner(Path::new(p));
+        assert_eq!(
+            owner("/var/lib/libvirt/qemu/domain-3-web-1/monitor.sock").as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(
+            owner("/var/lib/libvirt/qemu/domain-3-web-1/other.sock"),
+            None
+        );
+        assert_eq!(owner("/tmp/vm/monitor.sock"), None);
+        assert_eq!(owner("/tmp/domain-x-y/monitor.sock"), None);
     }
 }
