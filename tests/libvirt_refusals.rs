@@ -96,3 +96,34 @@ fn a_user_libvirt_refuses_is_told_so() {
         "{err}"
     );
 }
+
+/// With no libvirt to ask, `vmtrace vms` still lists the QEMUs it finds
+/// (exit status 0) and says in one line that libvirt was not reachable.
+#[test]
+fn vms_without_libvirt_says_so_in_one_line() {
+    let uri = "qemu:///system?socket=/nonexistent/libvirt-sock";
+    let out = common::vmtrace(&["vms", "--connect", uri]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "vmtrace: no libvirt domains listed: libvirt at {uri} is not reachable"
+        )),
+        "{err}"
+    );
+    let text = common::stdout(&out);
+    assert!(
+        text.starts_with(&format!("libvirt domains ({uri}): not reachable: ")),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nQEMU processes with a QMP socket: "),
+        "{text}"
+    );
+    let out = common::vmtrace(&["vms", "--connect", uri, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&out)).unwrap();
+    assert!(v["libvirt"]["domains"].is_null(), "{v}");
+    assert!(v["libvirt"]["error"].as_str().is_some(), "{v}");
+    assert!(v["qemus"].is_array(), "{v}");
+}
