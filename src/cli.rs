@@ -358,8 +358,14 @@ pub struct AttachArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DetachArgs {
     /// The QEMU's QMP socket, as given to `vmtrace attach`.
-    #[arg(long, value_name = "SOCKET")]
-    pub qmp: PathBuf,
+    #[arg(long, value_name = "SOCKET", required_unless_present = "domain")]
+    pub qmp: Option<PathBuf>,
+    /// The libvirt domain, as given to `vmtrace attach`.
+    #[arg(long, value_name = "NAME", conflicts_with = "qmp")]
+    pub domain: Option<String>,
+    /// libvirt's connection URI for --domain.
+    #[arg(long, value_name = "URI", requires = "domain", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
 }
 
 /// `vmtrace vms`: where to look, how to print.
@@ -384,7 +390,11 @@ pub enum VmsFormat {
 #[derive(Args, Debug, Clone)]
 pub struct GuardArgs {
     #[arg(long)]
-    pub qmp: PathBuf,
+    pub qmp: Option<PathBuf>,
+    #[arg(long)]
+    pub domain: Option<String>,
+    #[arg(long, default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
     #[arg(long)]
     pub qemu_pid: u32,
     #[arg(long)]

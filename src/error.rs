@@ -493,9 +493,10 @@ pub enum RuntimeError {
 fn qemu_says(e: &tracer::qemu::session::QemuError) -> String {
     use tracer::qemu::session::QemuError;
     match e {
-        QemuError::Leftover { qmp, .. } => {
-            format!("{e} with `vmtrace detach --qmp {}`", qmp.display())
-        }
+        QemuError::Leftover { qmp, .. } => match tracer::qemu::libvirt_monitor::domain_of(qmp) {
+            Some(domain) => format!("{e} with `vmtrace detach --domain {domain}`"),
+            None => format!("{e} with `vmtrace detach --qmp {}`", qmp.display()),
+        },
         e => e.say(&Flags),
     }
 }

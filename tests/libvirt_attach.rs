@@ -11,7 +11,9 @@
 mod common;
 
 use common::attach::{count_of, Attach};
-use common::guard::{assert_same, diffs, Kernel, BAD, LOW};
+use std::path::Path;
+
+use common::guard::{assert_same, diffs, Kernel, Memory, Watch, BAD, LOW};
 use common::libvirt::{virsh, LibvirtGuest, URI};
 use common::qemu::{QemuGuest, QemuOpts};
 use common::{assert_bad_input, linux_61, s, stdout};
@@ -195,4 +197,82 @@ fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
     for bad in BAD {
         assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
     }
+
+    killed_attaches_are_repaired(&guest, &bz, &watch, &before);
+}
+
+/// `vmtrace attach --domain` killed: in trap mode its guardian repairs the
+/// domain at once (it never freezes at a breakpoint); exitless, with its
+/// guardian killed too, `vmtrace detach --domain` takes vmtrace's region
+/// out (its stub made where libvirt's QEMU user can). Each time the
+/// domain runs on with its memory as found.
+fn killed_attaches_are_repaired(guest: &LibvirtGuest, bz: &Path, watch: &Watch, before: &Memory) {
+    let trap = ["--mode", "trap", "--trace", "__x64_sys_getppid"];
+    let mut a = Attach::start_domain(guest.name(), &[&["--kernel", s(bz)][..], &trap].concat());
+    let line = a.wait_line("vmtrace: attached to ");
+    assert!(line.contains("trap mode"), "{line}");
+    guest.console.go("getppid", 3).unwrap();
+    a.signal(libc::SIGKILL);
+    let e = a.end();
+    for n in [
+        "its guardian repairs the VM",
+        "removed vmtrace's breakpoints",
+        "vmtrace: repaired; the VM is as vmtrace would leave it",
+    ] {
+        assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
+    }
+    guest.console.go("getppid", 1).unwrap();
+    assert_same(
+        before,
+        &watch.read(),
+        "after a killed trap-mode attach, by its guardian",
+    );
+
+    let a = Attach::start_domain(
+        guest.name(),
+        &["--kernel", s(bz), "--trace", "__x64_sys_getpid"],
+    );
+    let a = a.attached();
+    guest.console.go("getpid", 3).unwrap();
+    kill_with_guardian(a);
+    assert!(
+        !diffs(before, &watch.read()).is_empty(),
+        "vmtrace's region unseen"
+    );
+    let out = common::vmtrace(&["detach", "--domain", guest.name()]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.trim_end()
+            .ends_with("vmtrace: repaired; the VM is as vmtrace would leave it"),
+        "{err}"
+    );
+    guest.console.go("getpid", 1).unwrap();
+    assert_same(before, &watch.read(), "after vmtrace detach --domain");
+    assert_no_gdbstub(guest);
+    let out = common::vmtrace(&["detach", "--domain", guest.name()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        common::stderr(&out).contains("nothing of vmtrace's found"),
+        "{out:?}"
+    );
+}
+
+/// SIGKILL `vmtrace attach` and its guardian: the VM waits for `vmtrace
+/// detach`.
+fn kill_with_guardian(a: Attach) {
+    let pid = a.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let guardians: Vec<i32> = children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(guardians.len(), 1, "one guardian: {children:?}");
+    for g in guardians {
+        // SAFETY: kill(2) of the attach's own child, before the attach
+        // (its parent) is killed: it cannot have been reaped and reused.
+        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
+    }
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
 }

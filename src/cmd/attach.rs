@@ -14,6 +14,7 @@ use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
 use super::guard;
+use super::target::Target;
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
@@ -41,13 +42,15 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     }
     let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
-    let _guardian = args.qmp.as_ref().and_then(|qmp| {
-        guard::spawn(qmp, connected.info.pid)
-            .map_err(|e| {
-                note!("vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `vmtrace detach --qmp {}`", qmp.display());
-            })
-            .ok()
-    });
+    let target = Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let _guardian = guard::spawn(target, connected.info.pid)
+        .map_err(|e| {
+            note!(
+                "vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `{}`",
+                target.detach_command()
+            );
+        })
+        .ok();
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
@@ -88,13 +91,11 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
 /// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,
 /// or the one at a QMP socket.
 fn connect(args: &AttachArgs, gdb: Option<GdbAddr>) -> Result<session::Connected, QemuError> {
-    match (&args.domain, &args.qmp) {
-        (Some(name), _) => {
-            let domain = LibvirtDomain::open(&args.connect, name)?;
-            session::connect_domain(domain, gdb)
+    match Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect) {
+        Target::Domain { name, uri } => {
+            session::connect_domain(LibvirtDomain::open(uri, name)?, gdb)
         }
-        (None, Some(qmp)) => session::connect(qmp, gdb),
-        (None, None) => unreachable!("clap requires --domain or --qmp"),
+        Target::Qmp(qmp) => session::connect(qmp, gdb),
     }
 }
 

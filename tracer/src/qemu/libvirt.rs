@@ -162,6 +162,26 @@ pub struct LibvirtDomain {
 impl LibvirtDomain {
     /// The running domain `name` of the libvirt at `uri`, and its QEMU.
     pub fn open(uri: &str, name: &str) -> Result<LibvirtDomain, LibvirtError> {
+        LibvirtDomain::open_in(uri, name, &[virt::sys::VIR_DOMAIN_RUNNING])
+    }
+
+    /// The domain `name` while it has a QEMU, running or stopped (paused,
+    /// or frozen at a breakpoint): what a repair works on.
+    pub fn open_active(uri: &str, name: &str) -> Result<LibvirtDomain, LibvirtError> {
+        use virt::sys::{VIR_DOMAIN_BLOCKED, VIR_DOMAIN_PAUSED, VIR_DOMAIN_RUNNING};
+        LibvirtDomain::open_in(
+            uri,
+            name,
+            &[VIR_DOMAIN_RUNNING, VIR_DOMAIN_PAUSED, VIR_DOMAIN_BLOCKED],
+        )
+    }
+
+    /// The domain `name`, refused unless in one of the `states`.
+    fn open_in(
+        uri: &str,
+        name: &str,
+        states: &[virt::sys::virDomainState],
+    ) -> Result<LibvirtDomain, LibvirtError> {
         let conn = connect(uri)?;
         let dom = Domain::lookup_by_name(&conn, name).map_err(|e| match e.code() {
             ErrorNumber::NoDomain => LibvirtError::NoDomain {
@@ -173,7 +193,7 @@ impl LibvirtDomain {
         let (state, _) = dom
             .get_state()
             .map_err(|e| libvirt(name, "reading its state", &e))?;
-        if state != virt::sys::VIR_DOMAIN_RUNNING {
+        if !states.contains(&state) {
             return Err(LibvirtError::NotRunning {
                 name: name.into(),
                 state: state_name(state).into(),

@@ -18,6 +18,14 @@ pub fn monitor(domain: LibvirtDomain) -> Result<Monitor, LibvirtError> {
     Ok(Monitor::new(Box::new(DomainMonitor::new(domain)?)))
 }
 
+/// What a domain's monitor names it by in errors (its `place`).
+const PLACE_PREFIX: &str = "libvirt domain ";
+
+/// The domain a monitor's place names, if it is a domain's.
+pub fn domain_of(place: &Path) -> Option<&str> {
+    place.to_str()?.strip_prefix(PLACE_PREFIX)
+}
+
 /// A domain's QMP, through libvirt.
 pub struct DomainMonitor {
     domain: LibvirtDomain,
@@ -49,7 +57,7 @@ impl DomainMonitor {
             },
         };
         Ok(DomainMonitor {
-            place: PathBuf::from(format!("libvirt domain {}", domain.name)),
+            place: PathBuf::from(format!("{PLACE_PREFIX}{}", domain.name)),
             domain,
             identity,
         })
