@@ -14,7 +14,7 @@ use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
 use super::guard;
-use super::target::Target;
+use super::vm_target::VmTarget;
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
@@ -42,7 +42,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     }
     let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
-    let target = Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let _guardian = guard::spawn(target, connected.info.pid)
         .map_err(|e| {
             note!(
@@ -91,11 +91,11 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
 /// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,
 /// or the one at a QMP socket.
 fn connect(args: &AttachArgs, gdb: Option<GdbAddr>) -> Result<session::Connected, QemuError> {
-    match Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect) {
-        Target::Domain { name, uri } => {
+    match VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect) {
+        VmTarget::Domain { name, uri } => {
             session::connect_domain(LibvirtDomain::open(uri, name)?, gdb)
         }
-        Target::Qmp(qmp) => session::connect(qmp, gdb),
+        VmTarget::Qmp(qmp) => session::connect(qmp, gdb),
     }
 }
 

@@ -4,12 +4,12 @@
 
 use tracer::qemu::repair;
 
-use super::target::Target;
+use super::vm_target::VmTarget;
 use crate::cli::DetachArgs;
 use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &DetachArgs) -> Result<Outcome, Error> {
-    let target = Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let monitor = target.monitor().map_err(InputError::Qemu)?;
     let done = repair::repair_monitor(monitor).map_err(InputError::Qemu)?;
     if done.nothing {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 
 use tracer::qemu::repair;
 
-use super::target::Target;
+use super::vm_target::VmTarget;
 use crate::cli::GuardArgs;
 use crate::error::{Error, InputError, Outcome};
 
@@ -21,7 +21,7 @@ pub const GUARD: &str = "guard";
 /// Start the guardian of this attach to the QEMU `qemu_pid`, `target`. It
 /// lives until this process ends (its stdin's pipe closes): keep the
 /// returned child until then.
-pub fn spawn(target: Target<'_>, qemu_pid: u32) -> std::io::Result<Child> {
+pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     Command::new(std::env::current_exe()?)
         .arg(GUARD)
@@ -44,7 +44,7 @@ pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
     while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-    let target = Target::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let done = repair::repair_journaled_with(|| target.monitor(), args.qemu_pid, args.attach_pid)
         .map_err(InputError::Qemu)?;
     let Some(done) = done else {

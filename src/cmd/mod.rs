@@ -10,7 +10,7 @@ mod record;
 mod report;
 pub(crate) mod run;
 mod script;
-mod target;
+mod vm_target;
 mod vms;
 mod vms_model;
 mod vms_view;

@@ -13,17 +13,17 @@ use tracer::qemu::session::{QemuError, REPLY_TIMEOUT};
 
 /// A QEMU, as the user named it.
 #[derive(Clone, Copy, Debug)]
-pub enum Target<'a> {
+pub enum VmTarget<'a> {
     Qmp(&'a Path),
     Domain { name: &'a str, uri: &'a str },
 }
 
-impl<'a> Target<'a> {
+impl<'a> VmTarget<'a> {
     /// From the arguments (clap requires one of `qmp` and `domain`).
-    pub fn of(qmp: Option<&'a Path>, domain: Option<&'a str>, uri: &'a str) -> Target<'a> {
+    pub fn of(qmp: Option<&'a Path>, domain: Option<&'a str>, uri: &'a str) -> VmTarget<'a> {
         match (domain, qmp) {
-            (Some(name), _) => Target::Domain { name, uri },
-            (None, Some(q)) => Target::Qmp(q),
+            (Some(name), _) => VmTarget::Domain { name, uri },
+            (None, Some(q)) => VmTarget::Qmp(q),
             (None, None) => unreachable!("clap requires --qmp or --domain"),
         }
     }
@@ -31,8 +31,8 @@ impl<'a> Target<'a> {
     /// The arguments that name it again (for `vmtrace detach`, the guardian).
     pub fn args(&self) -> Vec<OsString> {
         match self {
-            Target::Qmp(q) => vec!["--qmp".into(), q.as_os_str().to_owned()],
-            Target::Domain { name, uri } => {
+            VmTarget::Qmp(q) => vec!["--qmp".into(), q.as_os_str().to_owned()],
+            VmTarget::Domain { name, uri } => {
                 let mut a: Vec<OsString> = vec!["--domain".into(), (*name).into()];
                 if *uri != libvirt::DEFAULT_URI {
                     a.extend(["--connect".into(), (*uri).into()]);
@@ -55,8 +55,8 @@ impl<'a> Target<'a> {
     /// Its monitor, for a repair: a domain running or stopped.
     pub fn monitor(&self) -> Result<Monitor, QemuError> {
         match self {
-            Target::Qmp(q) => Ok(burst::connect(q, REPLY_TIMEOUT)?),
-            Target::Domain { name, uri } => {
+            VmTarget::Qmp(q) => Ok(burst::connect(q, REPLY_TIMEOUT)?),
+            VmTarget::Domain { name, uri } => {
                 let d = LibvirtDomain::open_active(uri, name)?;
                 Ok(libvirt_monitor::monitor(d)?)
             }
