@@ -48,8 +48,11 @@ use tracer::qemu::gdb::{Gdb, GdbAddr};
 use tracer::qemu::guest::{QemuGuest as Stub, QemuStop};
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
-use tracer::session::direct::contexts::{self, Inside, SiteContexts, StackWindow, Stacks, VcpuRegs};
+use tracer::session::direct::contexts::{
+    self, Inside, SiteContexts, StackWindow, Stacks, VcpuRegs,
+};
 use tracer::session::direct::DirectSites;
+use tracer::session::{Attach as Attempt, NotReady, Tracer};
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::Stopped;
 
@@ -96,9 +99,9 @@ fn noftrace_guest() -> (PathBuf, PathBuf) {
 }
 
 /// What the check needs of the kernel: the site's displaced range, where
-/// its stacks are, its symbols.
+/// its stacks are; and a tracer of that site, for its attach.
 struct Subject {
-    plan: Plan,
+    tracer: Tracer,
     layout: StackLayout,
     ranges: Vec<(u64, u64)>,
     f: u64,
@@ -115,8 +118,9 @@ impl Subject {
         let ranges = DirectSites::of(&plan).unwrap().ranges(0);
         let f = plan.image.symbol(F).unwrap().addr;
         assert_eq!(ranges, [(f, f + PAST)], "{F}'s displaced bytes");
+        let (tracer, _) = Tracer::new(plan, 1, 1000);
         Subject {
-            plan,
+            tracer,
             layout,
             ranges,
             f,
@@ -124,10 +128,11 @@ impl Subject {
     }
 
     fn sym(&self, name: &str) -> u64 {
-        self.plan.image.symbol(name).unwrap().addr
+        self.tracer.plan().image.symbol(name).unwrap().addr
     }
 
-    /// The check of an attach under `stop`, and the stacks it saw.
+    /// The check of an attach under `stop`, the stacks it saw, and the
+    /// page-table root it read them through.
     fn check(&self, stop: &QemuStop<'_>) -> (SiteContexts, Stacks, u64) {
         let cr3 = stop.snapshot(0).unwrap().sregs.cr3;
         let ram = stop.ram();
@@ -136,6 +141,22 @@ impl Subject {
         let vcpus = VcpuRegs::of(stop);
         let found = contexts::find(&mut space, &self.ranges, &vcpus, &stacks, &[]);
         (found, stacks, cr3)
+    }
+
+    /// The tracer's whole attach under `stop`, called only once the check
+    /// found the context inside (else it would write): it waits, saying
+    /// where.
+    fn attach_waits(&mut self, stop: &QemuStop<'_>, at: u64) {
+        let attempt = self.tracer.attach(stop).unwrap();
+        let want = NotReady::DirectBusy {
+            sites: 1,
+            who: "vCPU 0".into(),
+            at,
+        };
+        assert!(
+            matches!(&attempt, Attempt::NotReady(why) if *why == want),
+            "{attempt:?}"
+        );
     }
 }
 
@@ -167,7 +188,7 @@ fn rip(stop: &QemuStop<'_>) -> u64 {
 #[test]
 fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     let (bz, vmlinux) = noftrace_guest();
-    let subject = Subject::new(&vmlinux);
+    let mut subject = Subject::new(&vmlinux);
     let (inside, past) = (subject.f + INSIDE, subject.f + PAST);
     let kernel = Kernel::from_bzimage(&bz);
     let guest = QemuGuest::boot(QemuOpts {
@@ -197,11 +218,17 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     let mut tries = 0;
     let regs = loop {
         tries += 1;
-        assert!(tries <= TRIES, "no IRQ taken at {F}+{INSIDE} in {TRIES} tries");
+        assert!(
+            tries <= TRIES,
+            "no IRQ taken at {F}+{INSIDE} in {TRIES} tries"
+        );
         stop = run_to(&stub, stop);
         assert_eq!(rip(&stop), inside);
         let flags = stop.snapshot(0).unwrap().regs.rflags;
-        assert!(flags & IF != 0, "interrupts off at {F}+{INSIDE}: {flags:#x}");
+        assert!(
+            flags & IF != 0,
+            "interrupts off at {F}+{INSIDE}: {flags:#x}"
+        );
         stop.clear_breakpoint(inside).unwrap();
         for h in irq_handlers {
             stop.set_breakpoint(h).unwrap();
@@ -244,6 +271,7 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     };
     assert_eq!(found.inside, [want], "{found:x?}");
     assert_eq!(found.unreadable, None);
+    subject.attach_waits(&stop, inside);
     // Only through the IRQ stack's link: taken for a task stack, the IRQ
     // stack alone holds no such context.
     let blind = Stacks {
@@ -288,6 +316,7 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     assert!(!found.inside.is_empty());
     assert!(found.inside.iter().all(|i| *i == want), "{found:x?}");
     assert_eq!(found.unreadable, None);
+    subject.attach_waits(&stop, inside);
     stop.set_breakpoint(past).unwrap();
     stop = run_to(&stub, stop);
     assert_eq!(rip(&stop), past);
@@ -344,7 +373,7 @@ fn wait_irr(qmp: &mut Qmp) {
             .find(|l| l.starts_with("IRR"))
             .unwrap_or_else(|| panic!("no IRR in {text}"));
         if !irr.contains("(none)") {
-            eprintln!("{text}");
+            eprintln!("{irr}");
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
