@@ -189,7 +189,6 @@ fn rip(stop: &QemuStop<'_>) -> u64 {
 fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     let (bz, vmlinux) = noftrace_guest();
     let mut subject = Subject::new(&vmlinux);
-    let (inside, past) = (subject.f + INSIDE, subject.f + PAST);
     let kernel = Kernel::from_bzimage(&bz);
     let guest = QemuGuest::boot(QemuOpts {
         kernel: bz.clone(),
@@ -209,119 +208,11 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     // QEMU stops the VM as the stub connects.
     let gdb = Gdb::connect(&GdbAddr::Unix(sock), TIMEOUT).unwrap();
     let stub = Stub::new(gdb, ram).unwrap();
-    let mut stop = stub.stop(true).unwrap();
-    stop.set_breakpoint(inside).unwrap();
+    let stop = stub.stop(true).unwrap();
+    stop.set_breakpoint(subject.f + INSIDE).unwrap();
     guest.send_line(&format!("go getpid {LOOP}"));
-
-    // An IRQ taken at +2, its handler stopped on the IRQ stack.
-    let irq_handlers = IRQ_HANDLERS.map(|h| subject.sym(h));
-    let mut tries = 0;
-    let regs = loop {
-        tries += 1;
-        assert!(
-            tries <= TRIES,
-            "no IRQ taken at {F}+{INSIDE} in {TRIES} tries"
-        );
-        stop = run_to(&stub, stop);
-        assert_eq!(rip(&stop), inside);
-        let flags = stop.snapshot(0).unwrap().regs.rflags;
-        assert!(
-            flags & IF != 0,
-            "interrupts off at {F}+{INSIDE}: {flags:#x}"
-        );
-        stop.clear_breakpoint(inside).unwrap();
-        for h in irq_handlers {
-            stop.set_breakpoint(h).unwrap();
-        }
-        // A line on the console: the 8250 raises its IRQ, pending in the
-        // vCPU's local APIC until the VM runs. Blanks, which the worker
-        // skips, as many as fill the receive FIFO to Linux's trigger level
-        // of 8 bytes (UART_FCR_R_TRIG_10): fewer would raise it only at
-        // the FIFO's timeout, a timer on the virtual clock, which is
-        // stopped with the VM (QEMU's hw/char/serial.c).
-        guest.send_line(BLANKS);
-        wait_irr(&mut qmp);
-        stop = run_to(&stub, stop);
-        let at = rip(&stop);
-        assert!(irq_handlers.contains(&at), "stopped at {at:#x}");
-        for h in irq_handlers {
-            stop.clear_breakpoint(h).unwrap();
-        }
-        let (_, _, cr3) = subject.check(&stop);
-        // The handler's argument: the interrupted context's registers.
-        let regs = stop.snapshot(0).unwrap().regs.rdi;
-        let ip = word(&stop, cr3, regs + PT_REGS_IP);
-        eprintln!("try {tries}: handler {at:#x} over {ip:#x}");
-        if ip == inside {
-            break regs;
-        }
-        stop.set_breakpoint(inside).unwrap();
-    };
-    let (found, stacks, cr3) = subject.check(&stop);
-    let rsp = stop.snapshot(0).unwrap().regs.rsp;
-    assert!(
-        matches!(stacks.window(rsp), StackWindow::Irq { .. }),
-        "RSP {rsp:#x} not on an IRQ stack: {stacks:x?}"
-    );
-    let want = Inside {
-        k: 0,
-        cpu: Some(0),
-        at: inside,
-        on_stack: true,
-    };
-    assert_eq!(found.inside, [want], "{found:x?}");
-    assert_eq!(found.unreadable, None);
-    subject.attach_waits(&stop, inside);
-    // Only through the IRQ stack's link: taken for a task stack, the IRQ
-    // stack alone holds no such context.
-    let blind = Stacks {
-        irq: Vec::new(),
-        ..stacks.clone()
-    };
-    let mut space = AddressSpace::new(&**stop.ram(), cr3, PagingMode::Level4);
-    let vcpus = VcpuRegs::of(&stop);
-    let without = contexts::find(&mut space, &subject.ranges, &vcpus, &blind, &[]);
-    assert!(without.inside.is_empty(), "{without:x?}");
-    let task_sp = word(&stop, cr3, regs + PT_REGS_SP);
-
-    // The handler returns, the call goes on past the displaced bytes: clean.
-    stop.set_breakpoint(past).unwrap();
-    stop = run_to(&stub, stop);
-    assert_eq!(rip(&stop), past);
-    assert_eq!(stop.snapshot(0).unwrap().regs.rsp, task_sp, "the same call");
-    assert_eq!(subject.check(&stop).0, SiteContexts::default());
-    stop.clear_breakpoint(past).unwrap();
-
-    // An NMI taken at +2, its handler stopped on the NMI stack.
-    stop.set_breakpoint(inside).unwrap();
-    stop = run_to(&stub, stop);
-    assert_eq!(rip(&stop), inside);
-    stop.clear_breakpoint(inside).unwrap();
-    let nmi = subject.sym(NMI_HANDLER);
-    stop.set_breakpoint(nmi).unwrap();
-    qmp.execute("inject-nmi", None).unwrap();
-    stop = run_to(&stub, stop);
-    assert_eq!(rip(&stop), nmi);
-    stop.clear_breakpoint(nmi).unwrap();
-    let (found, stacks, cr3) = subject.check(&stop);
-    let regs = stop.snapshot(0).unwrap().regs.rdi;
-    assert_eq!(word(&stop, cr3, regs + PT_REGS_IP), inside);
-    let rsp = stop.snapshot(0).unwrap().regs.rsp;
-    assert!(
-        matches!(stacks.window(rsp), StackWindow::Exception { .. }),
-        "RSP {rsp:#x} not on an exception stack: {stacks:x?}"
-    );
-    // The CPU's frame, and the entry code's copies of it (entry_64.S's
-    // nested-NMI frames, pt_regs), all on the NMI stack.
-    assert!(!found.inside.is_empty());
-    assert!(found.inside.iter().all(|i| *i == want), "{found:x?}");
-    assert_eq!(found.unreadable, None);
-    subject.attach_waits(&stop, inside);
-    stop.set_breakpoint(past).unwrap();
-    stop = run_to(&stub, stop);
-    assert_eq!(rip(&stop), past);
-    assert_eq!(subject.check(&stop).0, SiteContexts::default());
-    stop.clear_breakpoint(past).unwrap();
+    let stop = irq_over_inside(&mut subject, &stub, stop, &guest, &mut qmp);
+    let stop = nmi_over_inside(&mut subject, &stub, stop, &mut qmp);
 
     // Let go: the stub closed, the guest runs on.
     stop.detach().unwrap();
@@ -341,16 +232,8 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     assert_same(&before, &after, "after the stops");
 
     // And a real direct attach counts exactly.
-    let args = [
-        "--kernel",
-        s(&bz),
-        "--entry",
-        "direct",
-        "--format",
-        "json",
-        "--trace",
-        F,
-    ];
+    let args = ["--kernel", s(&bz), "--entry", "direct"];
+    let args = [&args[..], &["--format", "json", "--trace", F]].concat();
     let a = Attach::start(qmp_path, &args).attached();
     guest.go("getpid", 100).unwrap();
     a.signal(libc::SIGINT);
@@ -361,6 +244,152 @@ fn an_interrupt_over_a_context_inside_the_displaced_bytes_is_found() {
     assert_same(&before, &after, "after the attach");
     assert_no_gdbstub(qmp_path);
     assert_runs_on(&guest, w.worker);
+}
+
+/// The context the check must find: the interrupted RIP, on a stack.
+fn interrupted(subject: &Subject) -> Inside {
+    Inside {
+        k: 0,
+        cpu: Some(0),
+        at: subject.f + INSIDE,
+        on_stack: true,
+    }
+}
+
+/// From a stop with a breakpoint at +2: an IRQ's handler stopped on the
+/// IRQ stack over a context at +2, the check and the attach there, then
+/// the same call past the displaced bytes (the stop returned is there).
+fn irq_over_inside<'a>(
+    subject: &mut Subject,
+    stub: &'a Stub,
+    stop: QemuStop<'a>,
+    guest: &QemuGuest,
+    qmp: &mut Qmp,
+) -> QemuStop<'a> {
+    let (stop, regs) = irq_at_inside(subject, stub, stop, guest, qmp);
+    let (found, stacks, cr3) = subject.check(&stop);
+    let rsp = stop.snapshot(0).unwrap().regs.rsp;
+    assert!(
+        matches!(stacks.window(rsp), StackWindow::Irq { .. }),
+        "RSP {rsp:#x} not on an IRQ stack: {stacks:x?}"
+    );
+    assert_eq!(found.inside, [interrupted(subject)], "{found:x?}");
+    assert_eq!(found.unreadable, None);
+    subject.attach_waits(&stop, subject.f + INSIDE);
+    // Only through the IRQ stack's link: taken for a task stack, the IRQ
+    // stack alone holds no such context.
+    let blind = Stacks {
+        irq: Vec::new(),
+        ..stacks.clone()
+    };
+    let mut space = AddressSpace::new(&**stop.ram(), cr3, PagingMode::Level4);
+    let vcpus = VcpuRegs::of(&stop);
+    let without = contexts::find(&mut space, &subject.ranges, &vcpus, &blind, &[]);
+    assert!(without.inside.is_empty(), "{without:x?}");
+    let task_sp = word(&stop, cr3, regs + PT_REGS_SP);
+    let stop = past_is_clean(subject, stub, stop);
+    assert_eq!(stop.snapshot(0).unwrap().regs.rsp, task_sp, "the same call");
+    stop
+}
+
+/// Stops at +2 and makes an IRQ pending there until one is taken at +2:
+/// the stop in its handler, and the handler's `pt_regs`.
+fn irq_at_inside<'a>(
+    subject: &Subject,
+    stub: &'a Stub,
+    mut stop: QemuStop<'a>,
+    guest: &QemuGuest,
+    qmp: &mut Qmp,
+) -> (QemuStop<'a>, u64) {
+    let inside = subject.f + INSIDE;
+    let irq_handlers = IRQ_HANDLERS.map(|h| subject.sym(h));
+    for tries in 1..=TRIES {
+        stop = run_to(stub, stop);
+        assert_eq!(rip(&stop), inside);
+        let flags = stop.snapshot(0).unwrap().regs.rflags;
+        assert!(
+            flags & IF != 0,
+            "interrupts off at {F}+{INSIDE}: {flags:#x}"
+        );
+        stop.clear_breakpoint(inside).unwrap();
+        for h in irq_handlers {
+            stop.set_breakpoint(h).unwrap();
+        }
+        // A line on the console: the 8250 raises its IRQ, pending in the
+        // vCPU's local APIC until the VM runs. Blanks, which the worker
+        // skips, as many as fill the receive FIFO to Linux's trigger level
+        // of 8 bytes (UART_FCR_R_TRIG_10): fewer would raise it only at
+        // the FIFO's timeout, a timer on the virtual clock, which is
+        // stopped with the VM (QEMU's hw/char/serial.c).
+        guest.send_line(BLANKS);
+        wait_irr(qmp);
+        stop = run_to(stub, stop);
+        let at = rip(&stop);
+        assert!(irq_handlers.contains(&at), "stopped at {at:#x}");
+        for h in irq_handlers {
+            stop.clear_breakpoint(h).unwrap();
+        }
+        let cr3 = stop.snapshot(0).unwrap().sregs.cr3;
+        // The handler's argument: the interrupted context's registers.
+        let regs = stop.snapshot(0).unwrap().regs.rdi;
+        let ip = word(&stop, cr3, regs + PT_REGS_IP);
+        eprintln!("try {tries}: handler {at:#x} over {ip:#x}");
+        if ip == inside {
+            return (stop, regs);
+        }
+        stop.set_breakpoint(inside).unwrap();
+    }
+    panic!("no IRQ taken at {F}+{INSIDE} in {TRIES} tries");
+}
+
+/// From a stop past the displaced bytes: an NMI's handler stopped on the
+/// NMI stack over a context at +2, the check and the attach there, then
+/// the same call past the displaced bytes again.
+fn nmi_over_inside<'a>(
+    subject: &mut Subject,
+    stub: &'a Stub,
+    mut stop: QemuStop<'a>,
+    qmp: &mut Qmp,
+) -> QemuStop<'a> {
+    let inside = subject.f + INSIDE;
+    stop.set_breakpoint(inside).unwrap();
+    stop = run_to(stub, stop);
+    assert_eq!(rip(&stop), inside);
+    stop.clear_breakpoint(inside).unwrap();
+    let nmi = subject.sym(NMI_HANDLER);
+    stop.set_breakpoint(nmi).unwrap();
+    // Pending at once (QEMU's x86_nmi: the local APIC's NMI), taken first.
+    qmp.execute("inject-nmi", None).unwrap();
+    stop = run_to(stub, stop);
+    assert_eq!(rip(&stop), nmi);
+    stop.clear_breakpoint(nmi).unwrap();
+    let (found, stacks, cr3) = subject.check(&stop);
+    let regs = stop.snapshot(0).unwrap().regs.rdi;
+    assert_eq!(word(&stop, cr3, regs + PT_REGS_IP), inside);
+    let rsp = stop.snapshot(0).unwrap().regs.rsp;
+    assert!(
+        matches!(stacks.window(rsp), StackWindow::Exception { .. }),
+        "RSP {rsp:#x} not on an exception stack: {stacks:x?}"
+    );
+    // The CPU's frame, and the entry code's copies of it (entry_64.S's
+    // nested-NMI frames, pt_regs), all on the NMI stack: one site.
+    assert!(found.inside.len() > 1, "{found:x?}");
+    let want = interrupted(subject);
+    assert!(found.inside.iter().all(|i| *i == want), "{found:x?}");
+    assert_eq!(found.unreadable, None);
+    subject.attach_waits(&stop, inside);
+    past_is_clean(subject, stub, stop)
+}
+
+/// Runs to the instruction past the displaced bytes: no context inside.
+fn past_is_clean<'a>(subject: &Subject, stub: &'a Stub, stop: QemuStop<'a>) -> QemuStop<'a> {
+    let past = subject.f + PAST;
+    stop.set_breakpoint(past).unwrap();
+    let stop = run_to(stub, stop);
+    assert_eq!(rip(&stop), past);
+    assert_eq!(subject.check(&stop).0, SiteContexts::default());
+    stop.clear_breakpoint(past).unwrap();
+    stop
 }
 
 /// Until the vCPU's local APIC holds a requested interrupt (QEMU's `info
