@@ -18,7 +18,9 @@
 //! registers as an attach reads them) finds that context: from the IRQ
 //! stack only through the link at its top to the task stack (without the
 //! IRQ stack's bounds it finds nothing), from the NMI stack in the frame
-//! the CPU pushed. Once the handler has returned and the same call is past
+//! the CPU pushed and the entry code's copies of it. The tracer's own
+//! attach, in that stop, waits (`DirectBusy`: one site, vCPU 0, +2) and
+//! writes nothing (every byte is compared after). Once the handler has returned and the same call is past
 //! the displaced bytes, the check finds nothing. The stub closed, the guest
 //! runs on (the getpid loop ends with its count, the kernel saw the NMI),
 //! memory as found; then `vmtrace attach --entry direct` traces
