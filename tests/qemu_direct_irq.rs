@@ -7,7 +7,7 @@
 //!
 //! Through a gdbstub of the test's own (QMP `gdbserver`, QEMU's breakpoints:
 //! guest memory unwritten), the worker's getpid is stopped at +2, and an
-//! interrupt made pending there: a byte on the serial console (the 8250's
+//! interrupt made pending there: a line on the serial console (the 8250's
 //! IRQ, or the timer's if it comes first), then QMP `inject-nmi`. Each is
 //! taken before the instruction at +2 runs, and the vCPU is stopped in its
 //! handler: on the CPU's IRQ stack (`__common_interrupt`,
@@ -20,11 +20,12 @@
 //! IRQ stack's bounds it finds nothing), from the NMI stack in the frame
 //! the CPU pushed and the entry code's copies of it. The tracer's own
 //! attach, in that stop, waits (`DirectBusy`: one site, vCPU 0, +2) and
-//! writes nothing (every byte is compared after). Once the handler has returned and the same call is past
-//! the displaced bytes, the check finds nothing. The stub closed, the guest
-//! runs on (the getpid loop ends with its count, the kernel saw the NMI),
-//! memory as found; then `vmtrace attach --entry direct` traces
-//! `__x64_sys_getpid` and counts the worker's calls exactly.
+//! writes nothing (every byte is compared after). Once the handler has
+//! returned and the same call is past the displaced bytes, the check finds
+//! nothing. The stub closed, the guest runs on (the getpid loop ends with
+//! its count, the kernel saw the NMI), memory as found; then `vmtrace
+//! attach --entry direct` traces `__x64_sys_getpid` and counts the worker's
+//! calls exactly.
 //!
 //! On this kernel (`PREEMPT_NONE`, as the project's guests all are) no task
 //! is ever switched out with an interrupted context on its stack: the task
