@@ -18,7 +18,9 @@
 //! registers as an attach reads them) finds that context: from the IRQ
 //! stack only through the link at its top to the task stack (without the
 //! IRQ stack's bounds it finds nothing), from the NMI stack in the frame
-//! the CPU pushed and the entry code's copies of it. The tracer's own
+//! the CPU pushed and the entry code's copies of it; and with an NMI taken
+//! over the IRQ handler, through the chain NMI stack, IRQ stack, task
+//! stack (again nothing without the IRQ stack's bounds). The tracer's own
 //! attach, in that stop, waits (`DirectBusy`: one site, vCPU 0, +2) and
 //! writes nothing (every byte is compared after). Once the handler has
 //! returned and the same call is past the displaced bytes, the check finds
@@ -290,8 +292,43 @@ fn irq_over_inside<'a>(
     let without = contexts::find(&mut space, &subject.ranges, &vcpus, &blind, &[]);
     assert!(without.inside.is_empty(), "{without:x?}");
     let task_sp = word(&stop, cr3, regs + PT_REGS_SP);
+    let stop = nmi_over_irq(subject, stub, stop, qmp);
     let stop = past_is_clean(subject, stub, stop);
     assert_eq!(stop.snapshot(0).unwrap().regs.rsp, task_sp, "the same call");
+    stop
+}
+
+/// From a stop at an IRQ handler's entry over a context at +2: an NMI
+/// taken there, its handler stopped. The check follows the NMI stack's
+/// frame to the IRQ stack, and its link to the task stack, where the
+/// context at +2 is: found, and only through both.
+fn nmi_over_irq<'a>(
+    subject: &mut Subject,
+    stub: &'a Stub,
+    stop: QemuStop<'a>,
+    qmp: &mut Qmp,
+) -> QemuStop<'a> {
+    let handler = rip(&stop);
+    let nmi = subject.sym(NMI_HANDLER);
+    stop.set_breakpoint(nmi).unwrap();
+    qmp.execute("inject-nmi", None).unwrap();
+    let stop = run_to(stub, stop);
+    assert_eq!(rip(&stop), nmi);
+    stop.clear_breakpoint(nmi).unwrap();
+    let (found, stacks, cr3) = subject.check(&stop);
+    let regs = stop.snapshot(0).unwrap().regs.rdi;
+    assert_eq!(word(&stop, cr3, regs + PT_REGS_IP), handler);
+    assert_eq!(found.inside, [interrupted(subject)], "{found:x?}");
+    assert_eq!(found.unreadable, None);
+    subject.attach_waits(&stop, subject.f + INSIDE);
+    let blind = Stacks {
+        irq: Vec::new(),
+        ..stacks
+    };
+    let mut space = AddressSpace::new(&**stop.ram(), cr3, PagingMode::Level4);
+    let vcpus = VcpuRegs::of(&stop);
+    let without = contexts::find(&mut space, &subject.ranges, &vcpus, &blind, &[]);
+    assert!(without.inside.is_empty(), "{without:x?}");
     stop
 }
 
