@@ -29,7 +29,7 @@
 //! attach --entry direct` traces `__x64_sys_getpid` and counts the worker's
 //! calls exactly.
 //!
-//! On this kernel (`PREEMPT_NONE`, as the project's guests all are) no task
+//! On this kernel (`PREEMPT_NONE`, as tinyconfig's: the project's guests) no task
 //! is ever switched out with an interrupted context on its stack: the task
 //! case is Debian's (`tests/qemu_direct.rs` runs its attach under load), and
 //! the crafted `contexts` unit tests.
@@ -81,8 +81,8 @@ const PT_REGS_SP: u64 = 19 * 8;
 const IF: u64 = 1 << 9;
 /// getpid calls the worker makes while the test stops it.
 const LOOP: u64 = 200_000;
-/// Tries at stopping an IRQ exactly at +2 (the timer's may come at another
-/// place first: then the next call is stopped).
+/// Tries at stopping an IRQ exactly at +2: one made pending there is taken
+/// there; a guard against one the vCPU would hold back.
 const TRIES: u32 = 20;
 /// A line of blanks: 16 bytes with its newline, the 8250's FIFO.
 const BLANKS: &str = "               ";
@@ -182,6 +182,8 @@ fn run_to<'a>(stub: &'a Stub, stop: QemuStop<'a>) -> QemuStop<'a> {
         .unwrap()
         .unwrap_or_else(|| panic!("no breakpoint hit within {HANG:?}"));
     assert_eq!(hit.reply.signal, 5, "{:?}", hit.reply);
+    // Kept stopped (a hit resumes when dropped), as a stop of every vCPU
+    // with their registers, which is what an attach works in.
     hit.hold();
     stub.stop(true).unwrap()
 }
