@@ -29,10 +29,10 @@
 //! attach --entry direct` traces `__x64_sys_getpid` and counts the worker's
 //! calls exactly.
 //!
-//! On this kernel (`PREEMPT_NONE`, as tinyconfig's: the project's guests) no task
-//! is ever switched out with an interrupted context on its stack: the task
-//! case is Debian's (`tests/qemu_direct.rs` runs its attach under load), and
-//! the crafted `contexts` unit tests.
+//! On this kernel (`PREEMPT_NONE`, tinyconfig's, as on all the project's
+//! guests) no task is ever switched out with an interrupted context on its
+//! stack: the task case is Debian's (`tests/qemu_direct.rs` runs its attach
+//! under load), and the crafted `contexts` unit tests.
 
 mod common;
 
