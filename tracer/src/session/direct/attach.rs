@@ -79,7 +79,7 @@ impl Tracer {
             if let Some(b) = found.inside.first() {
                 direct.busy_waits += 1;
                 return Ok(Err(NotReady::DirectBusy {
-                    sites: found.inside.len(),
+                    sites: found.busy_sites().len(),
                     who: who(b.cpu),
                     at: b.at,
                 }));
@@ -87,11 +87,10 @@ impl Tracer {
         }
         // Out of waits: a site with a context inside is left out, and
         // every site when a stack could not be read.
-        let busy = match found.unreadable {
+        let busy_sites: std::collections::BTreeSet<usize> = match found.unreadable {
             Some(_) => (0..ranges.len()).collect(),
-            None => found.inside.iter().map(|b| b.k).collect(),
+            None => found.busy_sites(),
         };
-        let busy_sites: std::collections::BTreeSet<usize> = busy;
         let surveyed = surveyed.retain(|k| !busy_sites.contains(&k));
         let ready = ready
             .into_iter()

@@ -95,6 +95,14 @@ pub struct SiteContexts {
     pub unreadable: Option<Unreadable>,
 }
 
+impl SiteContexts {
+    /// The sites some context is inside, each once: one site may hold
+    /// several (an NMI's frame and the entry code's copies of it).
+    pub fn busy_sites(&self) -> std::collections::BTreeSet<usize> {
+        self.inside.iter().map(|i| i.k).collect()
+    }
+}
+
 /// The sites of `ranges` (running `(start, end)` of each site's displaced
 /// bytes, by site) that some context of `vcpus`, on the stacks they are
 /// on (`stacks`), or on the stacks of the tasks switched out (`tasks`), is
@@ -337,6 +345,13 @@ mod tests {
             ]
         );
         assert_eq!(found.unreadable, None);
+        assert_eq!(found.busy_sites().len(), 2);
+        // Two contexts inside one site: one site.
+        put(&mem, rsp + 0x20, BASE + 0x104);
+        let found = find(&mut space, &RANGES, &cpu0, &s, &[]);
+        assert_eq!(found.inside.len(), 3);
+        assert_eq!(found.busy_sites().into_iter().collect::<Vec<_>>(), [0, 1]);
+        put(&mem, rsp + 0x20, 0);
         // A task switched out with its stack at RSP: found the same way.
         let task = TaskStack {
             sp: rsp,

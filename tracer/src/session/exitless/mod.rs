@@ -90,4 +90,5 @@ pub mod error;
 pub mod map;
 mod pending;
 pub mod ring;
+mod span;
 pub mod state;

@@ -17,27 +17,8 @@ use crate::plan::exitless::layout::{
 };
 use crate::trace::model::ARG_REGS;
 
-/// One traced call, as the trampoline recorded it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Record {
-    /// The guest's TSC at the call.
-    pub tsc: u64,
-    /// The traced function's return address (its caller).
-    pub parent: u64,
-    /// The site's index in the `SiteIndex`.
-    pub site: u32,
-    /// Function graph: the return address's stack slot, bit 0 set for a
-    /// return; 0 for an unhooked entry (and always without the graph).
-    pub slot: u64,
-    /// The current task's `task_struct` address and pid at the call; 0
-    /// and 0 when tasks are not recorded.
-    pub task: u64,
-    pub pid: u32,
-    /// A return's RAX (function graph with `--retval`; else 0).
-    pub ret: u64,
-    /// An entry's argument registers (records with arguments; else None).
-    pub args: Option<[u64; ARG_REGS]>,
-}
+pub use super::span::Record;
+use super::span::{clear_records, MemFault, Span};
 
 /// Why a ring cannot be set up or read.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +47,16 @@ fn field(layout: &RingLayout, cpu: usize, off: u64) -> u64 {
 
 fn memory_error(what: &'static str, cpu: usize, gpa: u64) -> impl FnOnce(RamError) -> RingError {
     move |source| RingError::Memory {
+        what,
+        cpu,
+        gpa,
+        source,
+    }
+}
+
+/// A bulk access's failure (`span`), as `cpu`'s ring's error.
+fn fault(cpu: usize, (what, gpa, source): MemFault) -> RingError {
+    RingError::Memory {
         what,
         cpu,
         gpa,
@@ -200,6 +191,10 @@ pub struct RingReader {
     /// Per CPU, slots reserved and never committed (`drain_final`).
     unfinished: Vec<u64>,
     stall: Duration,
+    /// The bulk read's buffers, and zeros to clear with (kept between
+    /// drains).
+    span: Span,
+    zeros: Vec<u8>,
 }
 
 impl RingReader {
@@ -218,6 +213,8 @@ impl RingReader {
             unfinished: vec![0; layout.cpus],
             layout,
             stall,
+            span: Span::default(),
+            zeros: Vec::new(),
         }
     }
 
@@ -309,32 +306,14 @@ impl RingReader {
         self.skipped[cpu] = kept;
         // At most one ring's worth past the oldest slot not read: the guest
         // cannot reserve beyond the limit; this also bounds the loop
-        // against a guest that scribbles on its rings.
-        let mut reserved = None;
-        while self.tails[cpu] < floor + self.layout.cap {
-            let index = self.tails[cpu];
-            if self.read_slot(mem, cpu, index, &mut f)? {
-                self.tails[cpu] = index + 1;
-                continue;
-            }
-            // Not committed: not reserved yet (the end), or reserved. The
-            // head, read once and only here (Acquire: a slot below it is
-            // reserved), tells which.
-            let head = match reserved {
-                Some(h) => h,
-                None => *reserved.insert(head(mem, &self.layout, cpu)?),
-            };
-            if index >= head {
+        // against a guest that scribbles on its rings. The head (Acquire:
+        // every slot below it is reserved) bounds the span read in bulk.
+        let head = head(mem, &self.layout, cpu)?;
+        let end = head.min(floor + self.layout.cap);
+        while self.tails[cpu] < end {
+            if !self.drain_span(mem, cpu, end, last, &mut f)? {
                 break;
             }
-            if last {
-                self.unfinished[cpu] += 1;
-            } else if self.stalled_long(cpu, index) {
-                self.skipped[cpu].push(index);
-            } else {
-                break;
-            }
-            self.tails[cpu] = index + 1;
         }
         if self.floor(cpu) != floor {
             // Free the slots read. Release: every read above happens before
@@ -346,6 +325,53 @@ impl RingReader {
                 .map_err(memory_error("moving the limit", cpu, gpa))?;
         }
         Ok((self.consumed[cpu] - before) as usize)
+    }
+
+    /// Reads the records from `cpu`'s tail towards `end` in one bulk read
+    /// (`Span`), passes the committed ones to `f` in order, and clears
+    /// them; a reserved slot not committed stops it (false), is read past
+    /// once stalled, or (`last`) is counted unfinished. True while there
+    /// may be more to read before `end`.
+    fn drain_span(
+        &mut self,
+        mem: &dyn GuestRam,
+        cpu: usize,
+        end: u64,
+        last: bool,
+        f: &mut impl FnMut(usize, Record),
+    ) -> Result<bool, RingError> {
+        let from = self.tails[cpu];
+        let mut span = std::mem::take(&mut self.span);
+        span.read(mem, &self.layout, cpu, from, end)
+            .map_err(|f| fault(cpu, f))?;
+        // Runs of records read, cleared after (one write each).
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut more = true;
+        while self.tails[cpu] < span.end() {
+            let index = self.tails[cpu];
+            if let Some(r) = span.record(index, self.layout.args) {
+                f(cpu, r);
+                self.consumed[cpu] += 1;
+                match runs.last_mut() {
+                    Some((start, n)) if *start + *n == index => *n += 1,
+                    _ => runs.push((index, 1)),
+                }
+            } else if last {
+                self.unfinished[cpu] += 1;
+            } else if self.stalled_long(cpu, index) {
+                self.skipped[cpu].push(index);
+            } else {
+                more = false;
+                break;
+            }
+            self.tails[cpu] = index + 1;
+        }
+        self.span = span;
+        for (start, n) in runs {
+            clear_records(mem, &self.layout, cpu, start, n, &mut self.zeros)
+                .map_err(|f| fault(cpu, f))?;
+        }
+        Ok(more)
     }
 
     /// The oldest slot of `cpu`'s ring not read yet: the limit is one ring
@@ -867,7 +893,7 @@ mod tests {
         let err = reader.drain(&mem, |_, _| {}).unwrap_err();
         assert!(
             err.to_string()
-                .starts_with("reading a record's commit of CPU 0's ring"),
+                .starts_with("reading the head of CPU 0's ring"),
             "{err}"
         );
         let too_big = RingLayout {
@@ -879,5 +905,102 @@ mod tests {
             init_rings(&memory(), &too_big),
             Err(RingError::TooBig { .. })
         ));
+    }
+
+    /// Guest memory that counts the calls made into it, and whose first
+    /// bulk read of records, when `torn`, copies the fields of the records
+    /// it finds committed as zero: a copy that read them before the
+    /// writer stored them, and the commit after.
+    struct Counted<'a> {
+        mem: &'a GuestMemoryMmap,
+        calls: std::sync::atomic::AtomicUsize,
+        torn: std::sync::atomic::AtomicBool,
+    }
+
+    impl GuestRam for Counted<'_> {
+        fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            GuestRam::read_bytes(self.mem, buf, addr)?;
+            if self.torn.swap(false, Ordering::Relaxed) {
+                for r in buf.chunks_mut(RECORD_LEN as usize) {
+                    r[REC_TSC as usize..].fill(0);
+                }
+            }
+            Ok(())
+        }
+        fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            GuestRam::write_bytes(self.mem, data, addr)
+        }
+        fn load_u32(&self, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.mem.load_u32(addr, order)
+        }
+        fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.mem.load_u64(addr, order)
+        }
+        fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.mem.store_u32(v, addr, order)
+        }
+        fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.mem.store_u64(v, addr, order)
+        }
+        fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+            self.mem.contains(addr, len)
+        }
+    }
+
+    fn counted(mem: &GuestMemoryMmap) -> Counted<'_> {
+        Counted {
+            mem,
+            calls: Default::default(),
+            torn: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_drain_reads_a_ring_in_a_few_accesses_however_many_records() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 1, Some(4096), false).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        let mut reader = RingReader::new(layout);
+        // Twice round the ring, the second lap's span wrapping.
+        for lap in 0..2u64 {
+            let n = if lap == 0 { 3000 } else { 4000 };
+            for k in 0..n {
+                assert!(w.call(0, rec(lap * 10_000 + k, 0)));
+            }
+            let c = counted(&mem);
+            let mut got = Vec::new();
+            reader.drain(&c, |_, r| got.push(r)).unwrap();
+            let want: Vec<_> = (0..n).map(|k| rec(lap * 10_000 + k, 0)).collect();
+            assert_eq!(got, want, "lap {lap}");
+            // The head; two reads of the span and one write clearing it,
+            // each in two pieces where it wraps; the limit.
+            let calls = c.calls.load(Ordering::Relaxed);
+            assert!(calls <= 8, "lap {lap}: {calls} accesses for {n} records");
+        }
+        assert_eq!(reader.consumed(0), 7000);
+    }
+
+    #[test]
+    fn a_record_seen_committed_takes_its_fields_from_a_later_read() {
+        let mem = memory();
+        let layout = RingLayout::new(1, 2, Some(16), false).unwrap();
+        init_rings(&mem, &layout).unwrap();
+        let w = Writer { mem: &mem, layout };
+        for n in 0..3 {
+            assert!(w.call(0, rec(n, 1)));
+        }
+        let c = counted(&mem);
+        c.torn.store(true, Ordering::Relaxed);
+        let mut reader = RingReader::new(layout);
+        let mut got = Vec::new();
+        reader.drain(&c, |_, r| got.push(r)).unwrap();
+        assert_eq!(got, (0..3).map(|n| rec(n, 1)).collect::<Vec<_>>());
     }
 }
