@@ -208,6 +208,8 @@ impl Drop for LibvirtGuest {
     fn drop(&mut self) {
         self.destroy();
         let _ = std::fs::remove_dir_all(&self.dir);
+        // virtlogd's log of the transient domain, kept by libvirt after it.
+        let _ = std::fs::remove_file(format!("/var/log/libvirt/qemu/{}.log", self.name));
     }
 }
 
