@@ -283,18 +283,6 @@ impl LibvirtDomain {
     pub fn id(&self) -> Option<u32> {
         self.dom.get_id()
     }
-
-    /// The domain's own directory under libvirt's state directory
-    /// (`/var/lib/libvirt/qemu/domain-ID-NAME`): a place QEMU may write
-    /// under libvirt's confinement (its user, its AppArmor profile). None
-    /// when there is none (a session daemon keeps it elsewhere).
-    pub fn state_dir(&self) -> Option<PathBuf> {
-        let id = self.dom.get_id()?;
-        // libvirt shortens the name to 20 characters (virDomainDefGetShortName).
-        let short: String = self.name.chars().take(20).collect();
-        let dir = Path::new("/var/lib/libvirt/qemu").join(format!("domain-{id}-{short}"));
-        dir.is_dir().then_some(dir)
-    }
 }
 
 fn libvirt(name: &str, what: &'static str, e: &virt::error::Error) -> LibvirtError {
