@@ -31,6 +31,7 @@ pub mod qmp;
 pub mod queries;
 pub mod regs;
 pub mod repair;
+pub mod reset;
 pub mod rsp;
 pub mod session;
 pub mod stub;
