@@ -17,7 +17,7 @@ use super::liveness::{QemuProcess, RunState};
 use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
-use super::reset::{self, CpuView, Seen, Verdict};
+use super::reset::{self, CpuView, LookSeen, Verdict};
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
@@ -115,7 +115,7 @@ impl QemuVm {
             }
         };
         let cpu0 = regs.as_deref().and_then(CpuView::parse);
-        let seen = Seen {
+        let seen = LookSeen {
             status: &status,
             events: &events,
             cpu0: cpu0.as_ref(),

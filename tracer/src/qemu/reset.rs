@@ -71,7 +71,7 @@ impl CpuView {
 
 /// What a look saw: QEMU's run state, the events of its burst (if any
 /// came during it), CPU 0.
-pub struct Seen<'a> {
+pub struct LookSeen<'a> {
     pub status: &'a str,
     pub events: &'a QmpEvents,
     pub cpu0: Option<&'a CpuView>,
@@ -95,7 +95,7 @@ pub enum Verdict {
 /// The decision: from what a look saw to go on, reset or suspended.
 /// `image`: where the traced kernel's image runs (None when unknown);
 /// `suspected`: the last look's verdict was `Suspect`.
-pub fn judge(seen: &Seen<'_>, image: Option<&Range<u64>>, suspected: bool) -> Verdict {
+pub fn judge(seen: &LookSeen<'_>, image: Option<&Range<u64>>, suspected: bool) -> Verdict {
     let ev = seen.events;
     let shutdown = ev
         .shutdown
@@ -191,7 +191,7 @@ mod tests {
         regs: Option<&str>,
     ) -> Verdict {
         let cpu = regs.map(|r| CpuView::parse(r).unwrap());
-        let seen = Seen {
+        let seen = LookSeen {
             status,
             events: &events,
             cpu0: cpu.as_ref(),
@@ -276,7 +276,7 @@ mod tests {
         );
         // Without the image's bounds, only the firmware is told.
         let cpu = CpuView::parse(&next).unwrap();
-        let seen = Seen {
+        let seen = LookSeen {
             status: "running",
             events: &none(),
             cpu0: Some(&cpu),
