@@ -18,10 +18,8 @@
 //! - at CPL 0, code in the kernel image's area (`__START_KERNEL_map`, 1
 //!   GiB) but outside the traced kernel's image: another kernel.
 //!
-//! Measured on QEMU 7.2/TCG, the default guest: after `system_reset` the
-//! firmware ran (paging off) from 5 ms to 0.77 s, the decompressor to
-//! 0.99 s, then the next kernel; after a guest triple fault, 20 ms to 0.48
-//! s and 0.54 s. A look every 50 ms sees the firmware first.
+//! Watched on QEMU 7.2/TCG (docs/attach.md), the firmware's paging-off
+//! phase after a reset or a triple fault outlasts many 50 ms looks.
 
 use std::ops::Range;
 
