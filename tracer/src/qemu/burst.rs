@@ -59,10 +59,11 @@ impl QmpSocket {
         })
     }
 
-    /// The burst's connection: a new one checked to reach the same QEMU.
-    fn conn(&mut self) -> Result<&mut Qmp, QmpError> {
+    /// The burst's connection: a new one (waiting `wait` for a socket
+    /// another client holds) checked to reach the same QEMU.
+    fn conn(&mut self, wait: Duration) -> Result<&mut Qmp, QmpError> {
         if self.conn.is_none() {
-            let qmp = Qmp::connect(&self.path, self.timeout)?;
+            let qmp = Qmp::connect_waiting(&self.path, wait, self.timeout)?;
             let pid = qmp.pid()?;
             if !self.identity.same_process(pid) {
                 return Err(QmpError::Replaced {
@@ -79,7 +80,7 @@ impl QmpSocket {
 
 impl Transport for QmpSocket {
     fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
-        let out = self.conn()?.execute(cmd, args);
+        let out = self.conn(self.timeout)?.execute(cmd, args);
         if let Err(QmpError::Closed { .. } | QmpError::Broken { .. }) = &out {
             // A connection out of step is not used again: the next
             // command opens another.
@@ -92,6 +93,10 @@ impl Transport for QmpSocket {
         if let Some(mut qmp) = self.conn.take() {
             self.events.merge(qmp.take_events());
         }
+    }
+
+    fn open_within(&mut self, wait: Duration) -> Result<(), QmpError> {
+        self.conn(wait).map(|_| ())
     }
 
     fn take_events(&mut self) -> QmpEvents {

@@ -23,6 +23,12 @@ use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
 
+/// How long a look waits for QMP's socket while another client holds it
+/// (Proxmox's `qm`, a user's `socat`): not the trace loop's whole step
+/// (trap mode serves no hit meanwhile); a look not let in is a look
+/// unanswered, waited out like a stalled QEMU.
+const LOOK_WAIT: Duration = Duration::from_millis(100);
+
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at
 /// the end, reopening the one it replaced), or one the user gave.
 pub(super) enum Stub {
@@ -92,12 +98,15 @@ impl QemuVm {
         if self.process.is_gone() {
             return Some(TraceEnd::VmmGone("its process exited".into()));
         }
-        let (status, regs) = self.qmp.burst(|m| {
-            let status = m.status();
+        let looked = self.qmp.burst_within(LOOK_WAIT, |m| {
+            let status = m.status()?;
             // (Its failure is no sign: the run state decides then.)
-            let regs = status.is_ok().then(|| m.hmp("info registers").ok());
-            (status, regs.flatten())
+            Ok((status, m.hmp("info registers").ok()))
         });
+        let (status, regs) = match looked {
+            Ok((s, r)) => (Ok(s), r),
+            Err(e) => (Err(e), None),
+        };
         let events = self.qmp.take_events();
         let status = match status {
             Ok(s) => s,

@@ -37,4 +37,5 @@ pub mod session;
 pub mod stub;
 mod stub_memory;
 pub mod trap;
+mod unix_connect;
 mod vcpus;
