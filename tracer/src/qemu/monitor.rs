@@ -21,7 +21,12 @@
 //! - `take_events` returns the QMP events seen since the last call (a
 //!   transport that sees none returns none: the session does not need
 //!   them, `super::reset` says why);
-//! - `place` names it in errors.
+//! - `place` names it in errors;
+//! - `open_within` (optional) opens the burst's connection with a short
+//!   wait, for the trace loop's looks.
+//!
+//! Errors are `QmpError`s; a transport whose failures none of its
+//! variants says adds one there (naming what it talks to).
 //!
 //! Then build `Monitor::new(Box::new(your_transport))` (as
 //! `super::burst::connect` does for a QMP socket) and hand it to
