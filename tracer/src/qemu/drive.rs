@@ -29,6 +29,10 @@ use crate::session::{Attach, NotReady, Tracer};
 /// unanswered, waited out like a stalled QEMU.
 const LOOK_WAIT: Duration = Duration::from_millis(100);
 
+/// How long looks go unanswered before it is said (a QMP reply's
+/// timeout, `session::REPLY_TIMEOUT`).
+const UNANSWERED_SAID: Duration = Duration::from_secs(10);
+
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at
 /// the end, reopening the one it replaced), or one the user gave.
 pub(super) enum Stub {
@@ -288,7 +292,10 @@ impl Backend for QemuVm {
     }
 
     fn held_up(&self) -> Option<HeldUp> {
-        if let Some(t) = self.unanswered {
+        // A look not let in for a moment (another client's command) is not
+        // worth a word: only a monitor silent for as long as one reply may
+        // take is.
+        if let Some(t) = self.unanswered.filter(|t| t.elapsed() >= UNANSWERED_SAID) {
             return Some(HeldUp::Unanswered { since: t.elapsed() });
         }
         self.held.as_ref().map(|(why, t)| HeldUp::Stopped {
