@@ -94,10 +94,7 @@ impl Transport for DomainMonitor {
                     path: self.place.clone(),
                 }
             }
-            e => QmpError::Io {
-                path: self.place.clone(),
-                source: std::io::Error::other(e.to_string()),
-            },
+            e => QmpError::Libvirt(Box::new(e)),
         })
     }
 
