@@ -6,7 +6,9 @@
 //! workload's getpid calls exactly while `virsh` still works on the domain
 //! (libvirt keeps its monitor: vmtrace's commands go through it); after
 //! the detach the domain runs on, answers, and its low MiB and kernel text
-//! are byte for byte as found, vmtrace's gdbstub gone.
+//! are byte for byte as found, vmtrace's gdbstub gone. Killed attaches are
+//! repaired (by the guardian, by `vmtrace detach --domain`), and a reset
+//! (`virsh reset`) ends a trace.
 
 mod common;
 
@@ -199,6 +201,38 @@ fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
     }
 
     killed_attaches_are_repaired(&guest, &bz, &watch, &before);
+    a_reset_ends_the_trace(&guest, &bz);
+}
+
+/// `virsh reset` mid-trace (libvirt's `system_reset`; QEMU's events are
+/// libvirtd's, so vmtrace tells it from CPU 0's state): the trace ends
+/// there with the calls before it, and the domain boots again.
+fn a_reset_ends_the_trace(guest: &LibvirtGuest, bz: &Path) {
+    let a = Attach::start_domain(
+        guest.name(),
+        &[
+            "--kernel",
+            s(bz),
+            "--format",
+            "json",
+            "--trace",
+            "__x64_sys_getpid",
+        ],
+    );
+    let a = a.attached();
+    guest.console.go("getpid", 30).unwrap();
+    virsh_ok(&["reset", guest.name()]);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains("vmtrace: the guest was reset (")
+            && e.stderr.contains("the trace ends there"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(count_of(&e.counts(), &GETPID), 30, "{}", e.stdout);
+    guest.console.wait_ready().unwrap();
+    assert_eq!(guest.state(), "running");
 }
 
 /// `vmtrace attach --domain` killed: in trap mode its guardian repairs the

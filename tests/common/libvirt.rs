@@ -65,7 +65,6 @@ pub fn domain_xml(name: &str, dir: &Path, cpus: u32, serial: &Path) -> String {
   </os>
   <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model>
     <topology sockets='{cpus}' dies='1' cores='1' threads='1'/></cpu>
-  <on_reboot>destroy</on_reboot>
   <devices>
     <serial type='unix'><source mode='connect' path='{serial}'/><target port='0'/></serial>
     <memballoon model='none'/>
