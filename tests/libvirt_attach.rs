@@ -91,18 +91,9 @@ fn assert_listed(guest: &LibvirtGuest, plain: &QemuGuest) {
     );
 }
 
-#[test]
-fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
-    let (bz, vmlinux) = linux_61();
-    let kernel = Kernel::new(&vmlinux);
-    let (guest, w) = LibvirtGuest::boot("attach", 2);
-
-    // Listed, beside a plain QEMU (its QMP socket is there once it starts).
-    let plain = QemuGuest::boot(QemuOpts::linux());
-    assert_listed(&guest, &plain);
-    drop(plain);
-
-    // libvirt's monitor socket is libvirtd's: refused at once, with the fix.
+/// libvirt's monitor socket is libvirtd's: `--qmp` on it is refused at
+/// once, naming `--domain`.
+fn monitor_sock_is_refused(guest: &LibvirtGuest, bz: &Path) {
     let id = guest.libvirt().id().expect("running");
     let dir = std::fs::read_dir("/var/lib/libvirt/qemu")
         .unwrap()
@@ -124,12 +115,45 @@ fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
             "--qmp",
             s(&monitor),
             "--kernel",
-            s(&bz),
+            s(bz),
             "--trace",
             "x",
         ],
         &format!("is libvirt's monitor of domain {short}, which libvirtd holds"),
     );
+}
+
+/// No gdbstub of vmtrace's is left, and the domain runs on, answers, and
+/// its kernel said nothing bad.
+fn assert_runs_on(guest: &LibvirtGuest, worker: u32) {
+    assert_no_gdbstub(guest);
+    assert_eq!(guest.state(), "running");
+    guest.console.send_line("ping");
+    guest
+        .console
+        .wait_for(
+            &format!("workload: pong pid={}", worker),
+            common::qemu::COMMAND_TIMEOUT,
+        )
+        .unwrap();
+    let console = guest.console.text();
+    for bad in BAD {
+        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
+    }
+}
+
+#[test]
+fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
+    let (bz, vmlinux) = linux_61();
+    let kernel = Kernel::new(&vmlinux);
+    let (guest, w) = LibvirtGuest::boot("attach", 2);
+
+    // Listed, beside a plain QEMU (its QMP socket is there once it starts).
+    let plain = QemuGuest::boot(QemuOpts::linux());
+    assert_listed(&guest, &plain);
+    drop(plain);
+
+    monitor_sock_is_refused(&guest, &bz);
 
     let watch = kernel.watch_ram(&guest.ram_layout(), guest.pid());
     let before = watch.read();
@@ -185,20 +209,7 @@ fn a_domain_is_listed_traced_by_name_exactly_and_left_as_found() {
         &watch.read(),
         "by an attach by name and its detach",
     );
-    assert_no_gdbstub(&guest);
-    assert_eq!(guest.state(), "running");
-    guest.console.send_line("ping");
-    guest
-        .console
-        .wait_for(
-            &format!("workload: pong pid={}", w.worker),
-            common::qemu::COMMAND_TIMEOUT,
-        )
-        .unwrap();
-    let console = guest.console.text();
-    for bad in BAD {
-        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
-    }
+    assert_runs_on(&guest, w.worker);
 
     killed_attaches_are_repaired(&guest, &bz, &watch, &before);
     a_reset_ends_the_trace(&guest, &bz);
