@@ -50,6 +50,13 @@ pub enum EventError {
         start: u64,
         stop: u64,
     },
+    #[error("event glob '{glob}' matches no event of {}{}", path.display(), closest_detail(closest))]
+    NoMatch {
+        glob: String,
+        path: PathBuf,
+        /// Event names close to the glob.
+        closest: Vec<String>,
+    },
     #[error("{}: event {index} of the array (at {call:#x}) cannot be read: {what}", path.display())]
     BadEvent {
         path: PathBuf,
@@ -57,6 +64,14 @@ pub enum EventError {
         call: u64,
         what: &'static str,
     },
+}
+
+/// "; closest: a, b", or nothing.
+fn closest_detail(closest: &[String]) -> String {
+    match closest.is_empty() {
+        true => String::new(),
+        false => format!("; closest: {}", closest.join(", ")),
+    }
 }
 
 /// What kind of event, by how the kernel defines it.
@@ -134,6 +149,8 @@ impl KernelEvent {
 /// Every event of a kernel, in the array's order.
 #[derive(Clone, Debug)]
 pub struct EventTable {
+    /// The kernel image it was read from.
+    pub path: PathBuf,
     pub events: Vec<KernelEvent>,
     /// Where the array lies (link-time addresses).
     pub array: (u64, u64),

@@ -11,6 +11,9 @@ use crate::kernel::events::{
 };
 use crate::kernel::symbols::KernelImage;
 
+/// What the array points to (a kernel without event tracing has none).
+const TRACE_EVENT_CALL: &str = "trace_event_call";
+
 /// An event as the array gives it, before its arguments are looked up.
 struct RawEvent {
     system: String,
@@ -73,6 +76,11 @@ fn read_call(
 impl EventTable {
     /// Every event of the kernel `image`, with `btf` its types.
     pub fn read(image: &KernelImage, btf: &KernelBtf) -> Result<EventTable, EventError> {
+        if !btf.has_struct(TRACE_EVENT_CALL) {
+            return Err(EventError::NoArray {
+                path: image.path.clone(),
+            });
+        }
         let l = EventLayout::from_btf(btf)?;
         let syscall_init = image.symbol(SYSCALL_RAW_INIT).map(|s| s.addr);
         let path = || image.path.clone();
@@ -123,6 +131,7 @@ impl EventTable {
             })
             .collect();
         Ok(EventTable {
+            path: path(),
             events,
             array,
             scanned,

@@ -6,7 +6,8 @@
 
 use globset::{Glob, GlobBuilder, GlobMatcher};
 
-use crate::kernel::events::KernelEvent;
+use crate::kernel::events::{EventError, EventTable, KernelEvent};
+use crate::kernel::filter::closest_names;
 
 /// Why event globs could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +23,8 @@ pub enum EventGlobError {
 /// One glob, split at its ':'.
 #[derive(Debug, Clone)]
 struct EventGlob {
+    /// As written.
+    text: String,
     system: Option<GlobMatcher>,
     name: GlobMatcher,
 }
@@ -75,10 +78,12 @@ impl EventGlobs {
                         })
                     }
                     Some((s, n)) => EventGlob {
+                        text: text.to_owned(),
                         system: Some(compile(if s.is_empty() { "*" } else { s })?),
                         name: compile(if n.is_empty() { "*" } else { n })?,
                     },
                     None => EventGlob {
+                        text: text.to_owned(),
                         system: None,
                         name: compile(text)?,
                     },
@@ -96,5 +101,24 @@ impl EventGlobs {
     pub fn is_match(&self, e: &KernelEvent) -> bool {
         (self.positive.is_empty() || self.positive.iter().any(|g| g.is_match(e)))
             && !self.negative.iter().any(|g| g.is_match(e))
+    }
+}
+
+impl EventTable {
+    /// The listed events `globs` select, in the array's order; an error
+    /// names the first glob that selects none, with the closest names.
+    pub fn select(&self, globs: &EventGlobs) -> Result<Vec<&KernelEvent>, EventError> {
+        for g in &globs.positive {
+            if !self.listed().any(|e| g.is_match(e)) {
+                let names: Vec<String> = self.listed().map(KernelEvent::full_name).collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                return Err(EventError::NoMatch {
+                    glob: g.text.clone(),
+                    path: self.path.clone(),
+                    closest: closest_names(&g.text, &names),
+                });
+            }
+        }
+        Ok(self.listed().filter(|e| globs.is_match(e)).collect())
     }
 }
