@@ -56,4 +56,13 @@ fn bad_event_globs_and_kernels_without_events_are_refused() {
     );
     let mini = mini_elf();
     assert_bad_input(&["list", "-e", "--kernel", s(&mini)], "no event array");
+    // Without BTF the structures' layouts are unknown: said, not guessed.
+    let no_btf = std::env::temp_dir().join(format!("vmtrace-nobtf-{}.elf", std::process::id()));
+    let st = std::process::Command::new("objcopy")
+        .args(["--remove-section=.BTF", s(&mini), s(&no_btf)])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_bad_input(&["list", "-e", "--kernel", s(&no_btf)], "has no BTF");
+    let _ = std::fs::remove_file(&no_btf);
 }
