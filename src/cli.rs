@@ -387,7 +387,7 @@ pub struct ListArgs {
     /// List the kernel's events (tracepoints, as ftrace names them:
     /// SUBSYS:NAME, with their arguments) instead of its functions; GLOBs
     /// as ftrace's set_event reads them (sched:*, *:*switch*, sched_switch).
-    #[arg(short = 'e', long = "events")]
+    #[arg(short = 'e', long = "events", conflicts_with = "entry")]
     pub events: bool,
 }
 
