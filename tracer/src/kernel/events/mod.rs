@@ -8,7 +8,7 @@
 //! addresses. Each event keeps where its tracepoint, static key and
 //! `__traceiter_NAME` are, and its arguments as C declares them.
 
-pub(crate) mod decl;
+mod decl;
 mod image_data;
 mod layout;
 mod read;

@@ -1,7 +1,5 @@
 //! Reading the event array entry by entry (see the module above).
 
-use std::collections::HashSet;
-
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::image_data::{self, c_string, word, word32};
 use crate::kernel::events::layout::EventLayout;
@@ -192,10 +190,5 @@ impl EventTable {
     /// The listed events (those tracefs `available_events` names).
     pub fn listed(&self) -> impl Iterator<Item = &KernelEvent> {
         self.events.iter().filter(|e| e.listed)
-    }
-
-    /// The subsystems of the listed events.
-    pub fn systems(&self) -> HashSet<&str> {
-        self.listed().map(|e| e.system.as_str()).collect()
     }
 }
