@@ -10,27 +10,54 @@
 //! flushes its translations at every breakpoint stop (gdb_vm_state_change
 //! up to QEMU 10), about 0.7 ms a call here; but it needs nothing of the
 //! guest.
+//!
+//! Direct entries break at the function's first byte, whose instruction is
+//! real: after the hit is recorded the vCPU is stepped over it alone
+//! (`super::step`): two stops a call. With the function graph, each entry's
+//! frame waits for its return at a breakpoint on the return address
+//! (`super::frames`): one more stop per call (and a step where another
+//! frame still waits on that address).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use vmm::{Trap, TrapHandler};
 
+use super::frames::{Changes, Frames};
 use super::gdb::GdbError;
 use super::guest::{QemuGuest, QemuStop};
+use super::step::{BreakOps, Stepped, SIGTRAP};
 use super::trap::StopReply;
+use crate::session::record::Recorder;
+use crate::session::watch::WatchKind;
 use crate::session::Tracer;
-
-/// SIGTRAP: a breakpoint's stop.
-const SIGTRAP: u8 = 5;
 
 /// The breakpoints set, and the recorders their hits go to.
 pub struct Breakpoints {
     sites: HashSet<u64>,
+    kind: WatchKind,
     /// One per vCPU, in the stub's thread order.
-    handlers: Vec<Box<dyn TrapHandler>>,
+    handlers: Vec<Recorder>,
+    /// Function graph: frames waiting for their returns, and the return
+    /// breakpoints they need (`super::frames`).
+    frames: Frames,
+    /// A vCPU whose step someone else's stop cut short before the
+    /// instruction ran, and where: its next hit there is the same call.
+    restep: HashMap<usize, u64>,
     /// Traps at no site of vmtrace's: resumed.
     pub other_stops: u64,
+    /// Steps over a breakpoint (direct entries, return addresses).
+    pub steps: u64,
+}
+
+/// How the VM goes on after a hit was handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Resume, the vCPU moved to this address if given (an ftrace NOP
+    /// skipped).
+    Resume(Option<u64>),
+    /// Step the vCPU over the real instruction at this breakpoint first.
+    Step(u64),
 }
 
 /// What one wait for a stop found.
@@ -61,7 +88,8 @@ impl Breakpoints {
     pub fn set(
         stop: &QemuStop<'_>,
         sites: &[u64],
-        handlers: Vec<Box<dyn TrapHandler>>,
+        kind: WatchKind,
+        handlers: Vec<Recorder>,
     ) -> Result<Breakpoints, GdbError> {
         let mut set = HashSet::with_capacity(sites.len());
         for &a in sites {
@@ -75,12 +103,16 @@ impl Breakpoints {
         }
         Ok(Breakpoints {
             sites: set,
+            kind,
             handlers,
+            frames: Frames::default(),
+            restep: HashMap::new(),
             other_stops: 0,
+            steps: 0,
         })
     }
 
-    /// Breakpoints set.
+    /// Breakpoints set at sites.
     pub fn len(&self) -> usize {
         self.sites.len()
     }
@@ -89,10 +121,16 @@ impl Breakpoints {
         self.sites.is_empty()
     }
 
+    /// The function graph's frames (what waits, what was dropped).
+    pub fn frames(&self) -> &Frames {
+        &self.frames
+    }
+
     /// Waits up to `timeout` for the running VM to stop; records a hit and
-    /// resumes the VM. A stop that is no breakpoint's (a user's `stop`, an
-    /// I/O error, a watchdog: the stop reply's signal says which) is left
-    /// alone: resuming it would undo it.
+    /// resumes the VM (after stepping the vCPU over a real instruction).
+    /// A stop that is no breakpoint's (a user's `stop`, an I/O error, a
+    /// watchdog: the stop reply's signal says which) is left alone:
+    /// resuming it would undo it; so is one that comes during a step.
     pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<Served, HitError> {
         let Some(hit) = guest.wait_hit(timeout)? else {
             return Ok(Served::Idle);
@@ -102,48 +140,109 @@ impl Breakpoints {
             hit.hold();
             return Ok(Served::NotOurs { signal });
         }
-        let moved = match hit.cpu {
-            Some(cpu) => {
-                let snap = hit.snapshot(cpu)?;
-                self.record(cpu, &snap, &**hit.ram())?
-            }
-            None => None,
-        };
-        if moved.is_none() {
-            // A trap at no site of vmtrace's (one just removed): resumed.
+        let Some(cpu) = hit.cpu else {
             self.other_stops += 1;
+            hit.resume(None)?;
+            return Ok(Served::Hit);
+        };
+        let snap = hit.snapshot(cpu)?;
+        let ram = std::sync::Arc::clone(hit.ram());
+        match self.handle(cpu, &snap, &*ram, &hit)? {
+            // One packet: the vCPU moved past the site as the VM resumes.
+            Next::Resume(pc) => hit.resume(pc)?,
+            Next::Step(addr) => {
+                self.steps += 1;
+                match hit.step_over(cpu, addr)? {
+                    Stepped::Moved => hit.resume(None)?,
+                    Stepped::Stayed => {
+                        self.restep.insert(cpu, addr);
+                        hit.resume(None)?
+                    }
+                    Stepped::Stopped { signal, moved } => {
+                        if !moved {
+                            self.restep.insert(cpu, addr);
+                        }
+                        hit.hold();
+                        return Ok(Served::NotOurs { signal });
+                    }
+                }
+            }
         }
-        // The vCPU moved past the site as the VM resumes: one packet.
-        hit.resume(moved.flatten())?;
         Ok(Served::Hit)
     }
 
-    /// A hit on `cpu` (registers `snap`): to its recorder, which finds the
-    /// site by RIP (at the site: trap mode's "at the out"), counts it,
-    /// reads the caller at [RSP], and says where to resume (past the
-    /// site). None if RIP is at no breakpoint of vmtrace's; else the RIP
-    /// to resume at, if the recorder moved it.
-    fn record(
+    /// A hit on `cpu` (registers `snap`), breakpoints changed through
+    /// `ops`: a return the graph waits for (recorded with RAX), an entry
+    /// (to its recorder, which counts it and reads the caller at [RSP]; its
+    /// frame then waits), or neither (resumed). Says how to go on.
+    fn handle(
         &mut self,
         cpu: usize,
         snap: &vmm::pause::VcpuSnapshot,
         ram: &dyn vmm::GuestRam,
-    ) -> Result<Option<Option<u64>>, HitError> {
-        if !self.sites.contains(&snap.regs.rip) {
-            return Ok(None);
+        ops: &dyn BreakOps,
+    ) -> Result<Next, HitError> {
+        let rip = snap.regs.rip;
+        if self.restep.remove(&cpu) == Some(rip) {
+            // Recorded at the hit whose step was cut short.
+            return Ok(Next::Step(rip));
+        }
+        let at_return = self.frames.breaks_at(rip) && !self.sites.contains(&rip);
+        if at_return {
+            let (done, ch) = self.frames.returned(rip, snap.regs.rsp);
+            if let Some(h) = self.handlers.get_mut(cpu) {
+                for f in &done {
+                    h.on_frame_return(&f.entered, snap.regs.rax);
+                }
+            }
+            self.apply(ch, ops)?;
+        }
+        if !self.sites.contains(&rip) {
+            return Ok(match (at_return, self.frames.breaks_at(rip)) {
+                (true, true) => Next::Step(rip),
+                (true, false) => Next::Resume(None),
+                (false, _) => {
+                    // A trap at no breakpoint of vmtrace's (one just removed).
+                    self.other_stops += 1;
+                    Next::Resume(None)
+                }
+            });
         }
         let Some(h) = self.handlers.get_mut(cpu) else {
-            return Ok(None);
+            return Ok(Next::Resume(None));
         };
         let mut trap = Trap::new(cpu, &snap.regs, &snap.sregs, ram);
         h.on_trap(&mut trap)?;
-        Ok(Some(trap.new_rip()))
+        let moved = trap.new_rip();
+        if let Some(e) = h.take_entered() {
+            let ch = self.frames.enter(e, cpu);
+            self.apply(ch, ops)?;
+        }
+        Ok(match self.kind.direct {
+            // The function's real first instruction: stepped.
+            true => Next::Step(rip),
+            // The ftrace NOP: skipped, as running it would.
+            false => Next::Resume(moved),
+        })
+    }
+
+    /// Set and clear the return breakpoints `ch` says (not at a site: the
+    /// site's own breakpoint stays, and stops there anyway).
+    fn apply(&self, ch: Changes, ops: &dyn BreakOps) -> Result<(), GdbError> {
+        for a in ch.set.into_iter().filter(|a| !self.sites.contains(a)) {
+            ops.set(a)?;
+        }
+        for a in ch.clear.into_iter().filter(|a| !self.sites.contains(a)) {
+            ops.clear(a)?;
+        }
+        Ok(())
     }
 
     /// Inside vmtrace's own final stop: a hit that came just before it (its
-    /// stop reply was the stop's) is recorded as any other; then every
-    /// breakpoint is removed, the recorders flushed and dropped. Returns
-    /// the breakpoints removed.
+    /// stop reply was the stop's) is recorded as any other (not moved:
+    /// with the breakpoints gone the vCPU runs its instruction); then every
+    /// breakpoint, at sites and at returns, is removed, the recorders
+    /// flushed and dropped. Returns the breakpoints removed at sites.
     pub fn remove(
         &mut self,
         guest: &QemuGuest,
@@ -155,9 +254,14 @@ impl Breakpoints {
             .and_then(|r| guest.cpu_of(r.thread?));
         if let Some(cpu) = hit {
             if let Some(snap) = vmm::Stopped::snapshot(stop, cpu) {
-                // Not moved: with the breakpoints gone it runs the NOP.
-                self.record(cpu, &snap, &**vmm::Stopped::ram(stop))?;
+                self.handle(cpu, &snap, &**vmm::Stopped::ram(stop), stop)?;
             }
+        }
+        // Frames left open: their returns are never seen (the graph says
+        // so from the events, as of the exitless graph's).
+        let (returns, _open) = self.frames.take_all();
+        for a in returns.into_iter().filter(|a| !self.sites.contains(a)) {
+            stop.clear_breakpoint(a)?;
         }
         let mut removed = 0;
         for &a in &self.sites {
@@ -185,9 +289,9 @@ pub fn watch(
     stop: &QemuStop<'_>,
     sites: &[u64],
     others: usize,
-    handlers: Vec<Box<dyn TrapHandler>>,
+    handlers: Vec<Recorder>,
 ) -> Result<Breakpoints, GdbError> {
-    let b = Breakpoints::set(stop, sites, handlers)?;
+    let b = Breakpoints::set(stop, sites, tracer.watch_kind(), handlers)?;
     tracer.watching(b.len(), others, stop);
     Ok(b)
 }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vmm::{Stopped, TrapHandler};
+use vmm::Stopped;
 
 use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
@@ -34,8 +34,8 @@ pub(super) enum Arming {
     /// Breakpoints through the stub: the trap handlers until the attach
     /// sets the breakpoints, which serve them from then on.
     Trap {
-        handlers: Option<Vec<Box<dyn TrapHandler>>>,
-        breakpoints: Option<Breakpoints>,
+        handlers: Option<Vec<crate::session::record::Recorder>>,
+        breakpoints: Option<Box<Breakpoints>>,
     },
 }
 
@@ -192,7 +192,7 @@ impl Backend for QemuVm {
                         b.finish();
                         return Err(e.into());
                     }
-                    *breakpoints = Some(b);
+                    *breakpoints = Some(Box::new(b));
                     self.tracing = true;
                     return Ok(Ok(t));
                 }

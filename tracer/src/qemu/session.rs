@@ -398,7 +398,7 @@ fn setup(
         Decision::Trap { why } => {
             journal.arm_trap(sites.iter().map(|s| s.0).collect())?;
             let cpus = vm.guest.cpus();
-            let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
+            let (mut tracer, handlers) = Tracer::watched(plan.plan, cpus, rec);
             tracer.assume_kernel_offset(offset);
             vm.arming = Arming::Trap {
                 handlers: Some(handlers),

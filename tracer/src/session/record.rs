@@ -52,6 +52,18 @@ impl ReturnFixup for GraphHook {
     }
 }
 
+/// An entry whose return a debugger's breakpoint is to catch (the
+/// function graph under a gdbstub, where nothing is written: `hook` would
+/// write): the site, the return address's slot (RSP at the entry), the
+/// return address, the call's task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entered {
+    pub site: u32,
+    pub slot: u64,
+    pub ret: u64,
+    pub task: u32,
+}
+
 /// One vCPU's trap handler.
 pub struct Recorder {
     cpu: u32,
@@ -73,6 +85,10 @@ pub struct Recorder {
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
     stacks: Option<Arc<StackSource>>,
+    /// Returns caught by the caller's breakpoints (`Entered`), not hooked.
+    frames: bool,
+    /// The last entry whose return is to be caught, for the caller.
+    entered: Option<Entered>,
 }
 
 impl Recorder {
@@ -151,6 +167,42 @@ impl Recorder {
     /// Hook returns too (trap-mode function graph).
     pub fn hook_returns(&mut self, graph: Arc<GraphHook>) {
         self.graph = Some(graph);
+    }
+
+    /// The function graph with nothing written: each entry's frame is
+    /// left for the caller (`take_entered`), who catches its return and
+    /// gives it back (`on_frame_return`).
+    pub fn frames_by_breakpoints(&mut self) {
+        self.frames = true;
+    }
+
+    /// The frame of the last entry handled, if its return is to be caught.
+    pub fn take_entered(&mut self) -> Option<Entered> {
+        self.entered.take()
+    }
+
+    /// The return of frame `f` (`take_entered`) was caught, RAX `rax`.
+    pub fn on_frame_return(&mut self, f: &Entered, rax: u64) {
+        let ts_ns = Trap::now_ns();
+        let site = f.site as usize;
+        let c = &self.counters.returns[self.cpu as usize][site];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if !self.take_budget() {
+            self.counters
+                .returns_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.push(Event {
+            ts_ns,
+            parent: f.ret,
+            slot: f.slot | RETURN_BIT,
+            func: self.index.funcs[site],
+            cpu: self.cpu,
+            task: f.task,
+            stack: 0,
+            data: if self.retval { rax } else { 0 },
+        });
     }
 
     /// Takes one event from the budget; false if none is left.
@@ -249,6 +301,7 @@ impl Recorder {
 
 impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        self.entered = None;
         let site = self.index.find(trap.rip);
         if site.is_none()
             && self
@@ -290,9 +343,18 @@ impl TrapHandler for Recorder {
                 Some(real) => (real, rsp),
                 None => (ret, 0),
             },
+            (Some(ret), None) if self.frames => {
+                self.entered = Some(Entered {
+                    site: i as u32,
+                    slot: rsp,
+                    ret,
+                    task,
+                });
+                (ret, rsp)
+            }
             (Some(ret), None) => (ret, 0),
             (None, graph) => {
-                if graph.is_some() {
+                if graph.is_some() || self.frames {
                     self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
                 }
                 (0, 0)
@@ -374,6 +436,8 @@ pub fn recorders(
             args: None,
             retval: false,
             stacks: None,
+            frames: false,
+            entered: None,
         })
         .collect();
     (counters, recs, store)
