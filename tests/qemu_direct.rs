@@ -202,20 +202,17 @@ fn what_a_direct_attach_cannot_do_is_refused_in_one_line() {
     let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let base = ["--kernel", s(&bz), "--entry", "direct", "--duration", "1"];
-    for (args, said) in [(
-        &["--mode", "exitless", "--graph", "--trace", "__x64_sys_*"][..],
-        "direct entries with the function graph: its return stubs and frames take the \
-             guest's unused memory their stubs would need, and leave room for 63; trace fewer \
-             functions, or without the function graph",
-    )] {
-        let e = Attach::start(qmp, &[&base[..], args].concat()).end();
-        assert_eq!(e.status.code(), Some(2), "{args:?}: {}", e.stderr);
-        let last = e.stderr.trim_end().lines().last().unwrap_or_default();
-        assert!(last.contains(said), "{args:?}: {}", e.stderr);
-        assert_no_gdbstub(qmp);
-    }
+    let args = ["--mode", "exitless", "--graph", "--trace", "__x64_sys_*"];
+    let said = "direct entries with the function graph: its return stubs and frames take the \
+                guest's unused memory their stubs would need, and leave room for 63; trace \
+                fewer functions, or without the function graph";
+    let e = Attach::start(qmp, &[&base[..], &args[..]].concat()).end();
+    assert_eq!(e.status.code(), Some(2), "{args:?}: {}", e.stderr);
+    let last = e.stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains(said), "{args:?}: {}", e.stderr);
+    assert_no_gdbstub(qmp);
     let (after, _) = kernel.read(qmp);
-    assert_same(&before, &after, "by refused direct attaches");
+    assert_same(&before, &after, "by a refused direct attach");
     // Auto mode: trap mode where exitless mode has no room.
     let args = ["--format", "json", "--graph", "--trace", "__x64_sys_*"];
     let mut a = Attach::start(qmp, &[&base[..4], &args[..]].concat());
