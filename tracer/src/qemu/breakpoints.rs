@@ -26,6 +26,7 @@ use vmm::{Trap, TrapHandler};
 use super::frames::{Changes, Frames};
 use super::gdb::GdbError;
 use super::guest::{QemuGuest, QemuStop};
+use super::journal::{JournalError, ReturnJournal};
 use super::step::{BreakOps, Stepped, SIGTRAP};
 use super::trap::StopReply;
 use crate::session::record::Recorder;
@@ -48,6 +49,9 @@ pub struct Breakpoints {
     pub other_stops: u64,
     /// Steps over a breakpoint (direct entries, return addresses).
     pub steps: u64,
+    /// Names each return address before its breakpoint is set (for the
+    /// repair of a killed vmtrace inside someone else's stop).
+    journal: Option<ReturnJournal>,
 }
 
 /// How the VM goes on after a hit was handled.
@@ -80,6 +84,8 @@ pub enum HitError {
     Gdb(#[from] GdbError),
     #[error(transparent)]
     Trap(#[from] vmm::TrapError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
 
 impl Breakpoints {
@@ -109,6 +115,7 @@ impl Breakpoints {
             restep: HashMap::new(),
             other_stops: 0,
             steps: 0,
+            journal: None,
         })
     }
 
@@ -226,10 +233,19 @@ impl Breakpoints {
         })
     }
 
+    /// Name the return breakpoints set from now on in `journal`.
+    pub fn journal_returns(&mut self, journal: ReturnJournal) {
+        self.journal = Some(journal);
+    }
+
     /// Set and clear the return breakpoints `ch` says (not at a site: the
-    /// site's own breakpoint stays, and stops there anyway).
-    fn apply(&self, ch: Changes, ops: &dyn BreakOps) -> Result<(), GdbError> {
+    /// site's own breakpoint stays, and stops there anyway); each set one
+    /// journaled first.
+    fn apply(&mut self, ch: Changes, ops: &dyn BreakOps) -> Result<(), HitError> {
         for a in ch.set.into_iter().filter(|a| !self.sites.contains(a)) {
+            if let Some(j) = &mut self.journal {
+                j.add(a)?;
+            }
             ops.set(a)?;
         }
         for a in ch.clear.into_iter().filter(|a| !self.sites.contains(a)) {
@@ -290,8 +306,12 @@ pub fn watch(
     sites: &[u64],
     others: usize,
     handlers: Vec<Recorder>,
+    journal: Option<ReturnJournal>,
 ) -> Result<Breakpoints, GdbError> {
-    let b = Breakpoints::set(stop, sites, tracer.watch_kind(), handlers)?;
+    let mut b = Breakpoints::set(stop, sites, tracer.watch_kind(), handlers)?;
+    if let Some(j) = journal {
+        b.journal_returns(j);
+    }
     tracer.watching(b.len(), others, stop);
     Ok(b)
 }

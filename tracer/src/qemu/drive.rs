@@ -36,6 +36,8 @@ pub(super) enum Arming {
     Trap {
         handlers: Option<Vec<crate::session::record::Recorder>>,
         breakpoints: Option<Box<Breakpoints>>,
+        /// With the function graph: where return breakpoints are named.
+        journal: Option<Box<super::journal::ReturnJournal>>,
     },
 }
 
@@ -65,6 +67,7 @@ impl QemuVm {
             arming: Arming::Trap {
                 handlers: None,
                 breakpoints: None,
+                journal: None,
             },
             tracing: false,
             process: QemuProcess::watch(pid),
@@ -183,10 +186,12 @@ impl Backend for QemuVm {
             Arming::Trap {
                 handlers,
                 breakpoints,
+                journal,
             } => match tracer.watch_sites(&stop)? {
                 Watch::Ready { sites, others } => {
                     let hs = handlers.take().unwrap_or_default();
-                    let mut b = breakpoints::watch(tracer, &stop, &sites, others, hs)?;
+                    let j = journal.take().map(|j| *j);
+                    let mut b = breakpoints::watch(tracer, &stop, &sites, others, hs, j)?;
                     let t = times(tracer);
                     if let Err(e) = stop.resume() {
                         b.finish();

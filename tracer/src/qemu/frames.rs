@@ -37,7 +37,7 @@ const STACK_WINDOW: u64 = 16 << 10;
 
 /// One entry waiting for its return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Frame {
+pub struct Waiting {
     pub entered: Entered,
     /// The vCPU it entered on (a task may return on another).
     pub cpu: usize,
@@ -55,7 +55,7 @@ pub struct Changes {
 /// The frames waiting, by slot, and the return breakpoints they need.
 #[derive(Debug, Default)]
 pub struct Frames {
-    by_slot: BTreeMap<u64, Vec<Frame>>,
+    by_slot: BTreeMap<u64, Vec<Waiting>>,
     /// Frames waiting on each return address (its breakpoint is set while
     /// this is above 0).
     waiting: HashMap<u64, u32>,
@@ -89,7 +89,7 @@ impl Frames {
         let mut ch = Changes::default();
         self.drop_deeper(e.slot, &mut ch);
         let at = self.by_slot.remove(&e.slot).unwrap_or_default();
-        let (mut keep, gone): (Vec<Frame>, Vec<Frame>) =
+        let (mut keep, gone): (Vec<Waiting>, Vec<Waiting>) =
             at.into_iter().partition(|f| f.entered.ret == e.ret);
         for f in gone {
             self.forget(&f, &mut ch);
@@ -101,7 +101,7 @@ impl Frames {
         if self.live >= MAX_FRAMES {
             self.full += 1;
         } else {
-            keep.push(Frame { entered: e, cpu });
+            keep.push(Waiting { entered: e, cpu });
             self.live += 1;
             let n = self.waiting.entry(e.ret).or_insert(0);
             *n += 1;
@@ -124,7 +124,7 @@ impl Frames {
     /// A stop at return breakpoint `rip` with `rsp`: the frames it returns
     /// (innermost first; empty if none waited), and the breakpoints no
     /// frame needs any more.
-    pub fn returned(&mut self, rip: u64, rsp: u64) -> (Vec<Frame>, Changes) {
+    pub fn returned(&mut self, rip: u64, rsp: u64) -> (Vec<Waiting>, Changes) {
         let mut ch = Changes::default();
         let slot = rsp.wrapping_sub(8);
         let ours = self
@@ -167,8 +167,8 @@ impl Frames {
         }
     }
 
-    /// Frame `f` (already out of `by_slot`) will never return.
-    fn forget(&mut self, f: &Frame, ch: &mut Changes) {
+    /// Waiting `f` (already out of `by_slot`) will never return.
+    fn forget(&mut self, f: &Waiting, ch: &mut Changes) {
         self.stale += 1;
         self.live -= 1;
         self.release(f.entered.ret, ch);

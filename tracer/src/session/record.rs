@@ -299,6 +299,41 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    /// The caller at [RSP] of a call at site `i` by `task`, with the
+    /// function graph its return followed: (parent, the return address's
+    /// slot, 0 if its return is not followed); None if unreadable.
+    fn caller(&mut self, trap: &mut Trap<'_>, i: usize, task: u32) -> Option<(u64, u64)> {
+        // Through the trap's own view: the guest may have remapped the stack
+        // page since the last trap (a freed and reused vmalloc stack).
+        let rsp = trap.rsp;
+        let read = trap.space().read_u64(rsp).ok();
+        // Hooked whether or not the entry is stored: returns count exactly.
+        match (read, self.graph.as_ref()) {
+            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i, task) {
+                Some(real) => Some((real, rsp)),
+                None => Some((ret, 0)),
+            },
+            (Some(ret), None) if self.frames => {
+                self.entered = Some(Entered {
+                    site: i as u32,
+                    slot: rsp,
+                    ret,
+                    task,
+                });
+                Some((ret, rsp))
+            }
+            (Some(ret), None) => Some((ret, 0)),
+            (None, graph) => {
+                if graph.is_some() || self.frames {
+                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+                }
+                None
+            }
+        }
+    }
+}
+
 impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
         self.entered = None;
@@ -333,33 +368,8 @@ impl TrapHandler for Recorder {
         let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        // Through the trap's own view: the guest may have remapped the stack
-        // page since the last trap (a freed and reused vmalloc stack).
-        let rsp = trap.rsp;
-        let read = trap.space().read_u64(rsp).ok();
-        // Hooked whether or not the entry is stored: returns count exactly.
-        let (parent, slot) = match (read, self.graph.as_ref()) {
-            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i, task) {
-                Some(real) => (real, rsp),
-                None => (ret, 0),
-            },
-            (Some(ret), None) if self.frames => {
-                self.entered = Some(Entered {
-                    site: i as u32,
-                    slot: rsp,
-                    ret,
-                    task,
-                });
-                (ret, rsp)
-            }
-            (Some(ret), None) => (ret, 0),
-            (None, graph) => {
-                if graph.is_some() || self.frames {
-                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
-                }
-                (0, 0)
-            }
-        };
+        let read = self.caller(trap, i, task);
+        let (parent, slot) = read.unwrap_or((0, 0));
         if !self.take_budget() {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
