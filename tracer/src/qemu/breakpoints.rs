@@ -222,7 +222,11 @@ impl Breakpoints {
         h.on_trap(&mut trap)?;
         let moved = trap.new_rip();
         if let Some(e) = h.take_entered() {
+            let full = self.frames.full;
             let ch = self.frames.enter(e, cpu);
+            if self.frames.full > full {
+                h.not_followed();
+            }
             self.apply(ch, ops)?;
         }
         Ok(match self.kind.direct {

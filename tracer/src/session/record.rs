@@ -181,6 +181,12 @@ impl Recorder {
         self.entered.take()
     }
 
+    /// The caller could not follow the return of the last entry (its
+    /// frames were full): counted as a return not hooked.
+    pub fn not_followed(&self) {
+        self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The return of frame `f` (`take_entered`) was caught, RAX `rax`.
     pub fn on_frame_return(&mut self, f: &Entered, rax: u64) {
         let ts_ns = Trap::now_ns();
