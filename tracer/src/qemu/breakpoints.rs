@@ -319,3 +319,119 @@ pub fn watch(
     tracer.watching(b.len(), others, stop);
     Ok(b)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+    use crate::session::record::{recorders, SiteIndex};
+    use crate::session::store::{Storage, Stored};
+    use crate::trace::model::RETURN_BIT;
+
+    const SITE: u64 = 0xffff_ffff_8100_0000;
+    /// The traced function's caller: its return address.
+    const RET: u64 = 0xffff_ffff_8100_2345;
+    /// RSP at the entry: the kernel map's 2 MiB page at physical 20 MiB.
+    const RSP: u64 = 0xffff_ffff_8140_0ff8;
+
+    /// Breakpoints set and cleared, in order.
+    #[derive(Default)]
+    struct Ops(RefCell<Vec<(char, u64)>>);
+    impl BreakOps for Ops {
+        fn set(&self, addr: u64) -> Result<(), GdbError> {
+            self.0.borrow_mut().push(('Z', addr));
+            Ok(())
+        }
+        fn clear(&self, addr: u64) -> Result<(), GdbError> {
+            self.0.borrow_mut().push(('z', addr));
+            Ok(())
+        }
+    }
+
+    fn snap(rip: u64, rsp: u64, rax: u64) -> vmm::pause::VcpuSnapshot {
+        let mut s = vmm::pause::VcpuSnapshot {
+            regs: Default::default(),
+            sregs: Default::default(),
+            clock: None,
+            syscall_entry: None,
+        };
+        (s.regs.rip, s.regs.rsp, s.regs.rax) = (rip, rsp, rax);
+        s.sregs.cr3 = vmm::layout::PML4_START;
+        s
+    }
+
+    /// A hit at a direct entry is recorded, its vCPU stepped, its return
+    /// breakpoint set; the return (RSP one slot up) recorded with RAX and
+    /// its breakpoint cleared without a step; a later stop there (the
+    /// breakpoint gone) resumed; a step someone else's stop cut short is
+    /// stepped again, not recorded twice; an ftrace site is skipped.
+    #[test]
+    fn hits_are_recorded_stepped_and_their_returns_matched() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem.write_obj(RET, GuestAddress(0x140_0ff8)).unwrap();
+        let index = Arc::new(SiteIndex::new(vec![(SITE, 0)]));
+        let (counters, mut recs, store) =
+            recorders(index, 1, 100, Storage::Memory, Arc::new(Vec::new()));
+        recs[0].frames_by_breakpoints();
+        recs[0].record_values(None, true);
+        let kind = WatchKind {
+            direct: true,
+            returns: true,
+        };
+        let mut b = Breakpoints {
+            sites: [SITE].into(),
+            kind,
+            handlers: recs,
+            frames: Frames::default(),
+            restep: HashMap::new(),
+            other_stops: 0,
+            steps: 0,
+            journal: None,
+        };
+        let ops = Ops::default();
+        let hit =
+            |b: &mut Breakpoints, rip, rsp, rax| b.handle(0, &snap(rip, rsp, rax), &mem, &ops);
+        assert_eq!(hit(&mut b, SITE, RSP, 0).unwrap(), Next::Step(SITE));
+        assert_eq!(*ops.0.borrow(), [('Z', RET)]);
+        assert_eq!(b.frames().live(), 1);
+        // Another path through RET (RSP elsewhere): stepped, not recorded.
+        assert_eq!(hit(&mut b, RET, RSP + 0x100, 7).unwrap(), Next::Step(RET));
+        assert_eq!(b.frames().unmatched, 1);
+        // The return.
+        assert_eq!(hit(&mut b, RET, RSP + 8, 42).unwrap(), Next::Resume(None));
+        assert_eq!(*ops.0.borrow(), [('Z', RET), ('z', RET)]);
+        // The breakpoint gone: a stop there is no one's.
+        assert_eq!(hit(&mut b, RET, RSP + 8, 0).unwrap(), Next::Resume(None));
+        assert_eq!(b.other_stops, 1);
+        // A step cut short at the site: stepped again, not recorded.
+        b.restep.insert(0, SITE);
+        assert_eq!(hit(&mut b, SITE, RSP, 0).unwrap(), Next::Step(SITE));
+        assert_eq!(counters.counts[0][0].load(Ordering::Relaxed), 1);
+        assert_eq!(counters.returns[0][0].load(Ordering::Relaxed), 1);
+        // An ftrace site: its NOP skipped as the VM resumes.
+        b.kind.direct = false;
+        let next = hit(&mut b, SITE, RSP, 0).unwrap();
+        assert_eq!(next, Next::Resume(Some(SITE + 5)));
+        b.finish();
+        let Stored::Memory(events) = store.thread.join().unwrap() else {
+            panic!("kept in memory")
+        };
+        let ret = events.iter().find(|e| e.slot & RETURN_BIT != 0).unwrap();
+        assert_eq!(
+            (ret.slot, ret.parent, ret.data),
+            (RSP | RETURN_BIT, RET, 42)
+        );
+        let entries: Vec<u64> = events
+            .iter()
+            .filter(|e| e.slot & RETURN_BIT == 0)
+            .map(|e| e.slot)
+            .collect();
+        assert_eq!(entries, [RSP, RSP]);
+    }
+}
