@@ -92,13 +92,6 @@ pub struct Room<R> {
     pub found: R,
 }
 
-/// Refused before the guest is stopped at all: nothing any more (trap
-/// mode takes direct entries and the function graph through breakpoints
-/// alone); kept as the place such a refusal goes.
-pub fn check_early(_plan: &TracePlan) -> Result<(), AttachModeError> {
-    Ok(())
-}
-
 /// The attach's mode from `plan` and the guest's room (`room`, looked at
 /// only when exitless mode is still possible); `falls_back` tells which
 /// of the guest's reasons let auto mode trap instead (rings too big for
@@ -328,7 +321,6 @@ mod tests {
         };
         for graph in [false, true] {
             let trap = direct(ModeChoice::Trap, graph);
-            assert!(check_early(&trap).is_ok());
             let d = decide(
                 &trap,
                 2,
@@ -338,7 +330,6 @@ mod tests {
             assert!(matches!(d, Ok(Decision::Trap { why: None })), "{d:?}");
             // Where auto mode falls back: trap mode, with the guest's reason.
             let auto = direct(ModeChoice::Auto, graph);
-            assert!(check_early(&auto).is_ok());
             let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, Err(Why("no room", true)))
             else {
                 panic!("a direct plan did not fall back to trap mode")
@@ -417,7 +408,10 @@ mod tests {
         // The graph in trap mode: breakpoints at the returns (refused
         // before: `GraphNeedsRoom`), asked or where auto falls back.
         let trap = plan(ModeChoice::Trap, true, false).unwrap();
-        assert!(check_early(&trap).is_ok());
+        assert!(matches!(
+            decided(&trap, pages(PAGES)),
+            Ok(Decision::Trap { why: None })
+        ));
         let auto = plan(ModeChoice::Auto, true, false).unwrap();
         let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, Err(Why("no room", true)))
         else {

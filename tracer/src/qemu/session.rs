@@ -298,7 +298,6 @@ impl Connected {
     /// its own, retrying while the guest is not ready. On error the guest
     /// runs on as found and the stub is closed.
     pub fn attach_in(self, plan: TracePlan, rec: Recording) -> Result<QemuSession, QemuError> {
-        attach_mode::check_early(&plan)?;
         let Connected {
             mut qmp,
             ram,
