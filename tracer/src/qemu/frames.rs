@@ -11,10 +11,12 @@
 //! Frames that never return (a task that exits inside one, a frame an
 //! exception fixup unwinds) must not pile up nor be matched by a later
 //! stack at the same place. So frames are dropped, counted as `stale`:
-//! - deeper than an entry or a return seen on the same stack: a kernel
+//! - deeper than an entry or a return seen on the same stack: a task's
 //!   stack is `THREAD_SIZE`-aligned (16 KiB or more), so a 16 KiB-aligned
-//!   window holds slots of one stack only, and the stack has since been
-//!   popped above them;
+//!   window holds slots of that stack only, and the stack has since been
+//!   popped above them. (IRQ and exception stacks are mapped page by page:
+//!   a window may hold the end of a neighbour, whose frame is then dropped
+//!   too: its return is not seen, never matched wrongly.)
 //! - at an entry's own slot with another return address (that slot now
 //!   holds another call's return address).
 //!
