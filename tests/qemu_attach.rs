@@ -155,8 +155,8 @@ fn attach_counts_exactly_restores_memory_and_attaches_again() {
 
 /// Trap mode through the gdbstub (`--mode trap`): a breakpoint of QEMU's
 /// own at each site, each hit a stop; guest memory is never written (not
-/// even while attached), counts are exact, the guest runs on. The function
-/// graph, which needs vmtrace's code in guest memory, is refused first.
+/// even while attached), counts are exact, the guest runs on. (The
+/// function graph in trap mode: tests/qemu_graph.rs.)
 #[test]
 fn trap_mode_counts_exactly_through_gdbstub_breakpoints() {
     let (bz, vmlinux) = common::linux_61();
@@ -166,12 +166,6 @@ fn trap_mode_counts_exactly_through_gdbstub_breakpoints() {
     let qmp = guest.qmp_socket();
     let watch = kernel.watch(qmp);
     let before = watch.read();
-    refused(
-        qmp,
-        &["--kernel", s(&bz), "--mode", "trap", "--graph"],
-        "the function graph needs vmtrace's code in guest memory",
-    );
-
     let trace = "__x64_sys_getpid,__x64_sys_openat";
     let args = ["--kernel", s(&bz), "--format", "json", "--mode", "trap"];
     let mut a = Attach::start(qmp, &[&args[..], &["--trace", trace]].concat());

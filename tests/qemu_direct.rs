@@ -7,10 +7,14 @@
 //! in vmtrace's stubs, trampoline and return hook) while vmtrace attaches
 //! and detaches direct entries, ten times: over 1,000 functions without the
 //! function graph, and 56 with it (all its room in the guest's free pages
-//! leaves direct entries). Each cycle: getpid's calls counted exactly, the
-//! code taken out only once no task is inside it (a preempted task never
-//! returns into removed code), no kernel complaint on the console, every
-//! byte of the kernel's text and of the low MiB as found.
+//! leaves direct entries); then ten times in trap mode, over the same
+//! 1,000 functions with the function graph (breakpoints at the entries and
+//! at the return addresses: nothing written, so nothing to fit). Each
+//! cycle: getpid's calls (and in trap mode its returns) counted exactly,
+//! the code taken out only once no task is inside it (a preempted task
+//! never returns into removed code), no kernel complaint on the console,
+//! every byte of the kernel's text and of the low MiB as found, the stub
+//! gone.
 
 mod common;
 
@@ -35,8 +39,18 @@ const MANY_SITES: u64 = 1000;
 /// (the busy tasks' getppid among them) and the high-resolution timers.
 const GRAPH: &str = "__x64_sys_get*,hrtimer_*";
 
-/// Attach/detach cycles, each kind in turn.
+/// Exitless attach/detach cycles, each kind in turn.
 const CYCLES: u64 = 10;
+/// Trap-mode cycles (`--graph` over `MANY`).
+const TRAP_CYCLES: u64 = 10;
+
+/// One cycle's kind.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Exitless,
+    ExitlessGraph,
+    TrapGraph,
+}
 
 #[test]
 fn direct_entries_attach_and_detach_under_load() {
@@ -53,44 +67,9 @@ fn direct_entries_attach_and_detach_under_load() {
     let (before, _) = kernel.read(qmp);
     guest.send_line("busy 2");
     guest.wait_for("workload: busy 2", COMMAND_TIMEOUT).unwrap();
-    for cycle in 0..CYCLES {
-        let (glob, graph) = match cycle % 2 {
-            0 => (MANY, &[][..]),
-            _ => (GRAPH, &["--graph"][..]),
-        };
-        let when = format!("cycle {cycle} {glob} {graph:?}");
-        let args = [
-            &["--kernel", s(&bz), "--entry", "direct", "--format", "json"][..],
-            &["--mode", "exitless", "--trace", glob],
-            graph,
-        ]
-        .concat();
-        let mut a = Attach::start(qmp, &args);
-        let line = a.wait_line("vmtrace: attached to QEMU");
-        assert!(line.contains("exitless"), "{when}: {line}");
-        let calls = 50 + 7 * cycle;
-        if let Err(e) = guest.go("getpid", calls) {
-            panic!("{when}: {e}\n{}", first_complaint(&guest.console()));
-        }
-        a.signal(libc::SIGINT);
-        let e = a.end();
-        assert!(e.status.success(), "{when}: {}: {}", e.status, e.stderr);
-        assert!(
-            e.stderr
-                .contains("vmtrace's code and page-table entries taken out"),
-            "{when}: {}",
-            e.stderr
-        );
-        if graph.is_empty() {
-            let patched = e.json()["sites_patched"].as_u64().unwrap();
-            assert!(patched >= MANY_SITES, "{when}: {patched} sites patched");
-        }
-        assert_eq!(
-            count_of(&e.counts(), &GETPID),
-            calls,
-            "{when}: {}",
-            e.stdout
-        );
+    let one = |cycle: u64, kind: Kind| {
+        let when = format!("cycle {cycle} {}", kind.name());
+        let e = attach_cycle(&guest, qmp, &bz, kind, cycle, &when);
         let console = guest.console();
         for bad in BAD {
             assert!(
@@ -101,9 +80,101 @@ fn direct_entries_attach_and_detach_under_load() {
         }
         let (after, _) = kernel.read(qmp);
         assert_same(&before, &after, &when);
+        assert_no_gdbstub(qmp);
+        e
+    };
+    for cycle in 0..CYCLES {
+        match cycle % 2 {
+            0 => one(cycle, Kind::Exitless),
+            _ => one(cycle, Kind::ExitlessGraph),
+        };
     }
-    assert_no_gdbstub(qmp);
+    for cycle in 0..TRAP_CYCLES {
+        one(cycle, Kind::TrapGraph);
+    }
     assert_runs_on(&guest, w.worker);
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Exitless => "exitless",
+            Kind::ExitlessGraph => "exitless --graph",
+            Kind::TrapGraph => "trap --graph",
+        }
+    }
+}
+
+/// One attach, `go getpid` while attached, and the detach, checked.
+fn attach_cycle(
+    guest: &QemuGuest,
+    qmp: &std::path::Path,
+    bz: &std::path::Path,
+    kind: Kind,
+    cycle: u64,
+    when: &str,
+) -> Ended {
+    let (mode, glob, graph) = match kind {
+        Kind::Exitless => ("exitless", MANY, &[][..]),
+        Kind::ExitlessGraph => ("exitless", GRAPH, &["--graph"][..]),
+        Kind::TrapGraph => ("trap", MANY, &["--graph"][..]),
+    };
+    let args = [
+        &["--kernel", s(bz), "--entry", "direct", "--format", "json"][..],
+        &["--mode", mode, "--trace", glob],
+        graph,
+    ]
+    .concat();
+    let mut a = Attach::start(qmp, &args);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    let said = match kind {
+        Kind::TrapGraph => "function entries (direct) and at each return address awaited",
+        _ => "exitless",
+    };
+    assert!(line.contains(said), "{when}: {line}");
+    // Every call of a trap-mode cycle stops the VM (twice, and its return
+    // once more): fewer of them.
+    let calls = match kind {
+        Kind::TrapGraph => 20 + cycle,
+        _ => 50 + 7 * cycle,
+    };
+    if let Err(e) = guest.go("getpid", calls) {
+        panic!("{when}: {e}\n{}", first_complaint(&guest.console()));
+    }
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{when}: {}: {}", e.status, e.stderr);
+    let detached = match kind {
+        Kind::TrapGraph => "breakpoints removed; the guest runs on",
+        _ => "vmtrace's code and page-table entries taken out",
+    };
+    assert!(e.stderr.contains(detached), "{when}: {}", e.stderr);
+    if kind != Kind::ExitlessGraph {
+        let patched = e.json()["sites_patched"].as_u64().unwrap();
+        assert!(patched >= MANY_SITES, "{when}: {patched} sites patched");
+    }
+    assert_eq!(
+        count_of(&e.counts(), &GETPID),
+        calls,
+        "{when}: {}",
+        e.stdout
+    );
+    if kind == Kind::TrapGraph {
+        assert_eq!(returns_of(&e, &GETPID), calls, "{when}: {}", e.stdout);
+    }
+    e
+}
+
+/// The returns the report counts for the functions `names` name.
+fn returns_of(e: &Ended, names: &[&str]) -> u64 {
+    let j = e.json();
+    j["functions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| names.contains(&f["name"].as_str().unwrap_or_default()))
+        .map(|f| f["returns"].as_u64().unwrap_or(0))
+        .sum()
 }
 
 /// The console from a little before the kernel's first complaint on.
@@ -121,36 +192,41 @@ fn first_complaint(console: &str) -> &str {
 }
 
 /// What a direct attach cannot do is refused in one line (exit 2) before
-/// anything is written, the guest running on as found: trap mode (its
-/// stubs would need vmtrace's code in guest memory), and more direct
-/// entries with the function graph than its room leaves (63). The
-/// project's 6.1 guest, `hrtimer_*` and the system calls.
+/// anything is written, the guest running on as found: in exitless mode,
+/// more direct entries with the function graph than its room leaves (63).
+/// Auto mode traces them in trap mode instead, saying why, with exact
+/// counts of calls and returns (it was refused before: trap mode had no
+/// direct entries). The project's 6.1 guest and its system calls.
 #[test]
 fn what_a_direct_attach_cannot_do_is_refused_in_one_line() {
     let (bz, kernel, guest, w, before) = boot_linux(QemuOpts::linux());
     let qmp = guest.qmp_socket();
     let base = ["--kernel", s(&bz), "--entry", "direct", "--duration", "1"];
-    for (args, said) in [
-        (
-            &["--mode", "trap", "--trace", "hrtimer_*"][..],
-            "direct entries jump to stubs in vmtrace's code in guest memory, and trap mode \
-             through the gdbstub puts nothing in guest memory; use --mode exitless, or --entry \
-             ftrace",
-        ),
-        (
-            &["--graph", "--trace", "__x64_sys_*"][..],
-            "direct entries with the function graph: its return stubs and frames take the \
-             guest's unused memory their stubs would need, and leave room for 63; trace fewer \
-             functions, or without the function graph",
-        ),
-    ] {
-        let e = Attach::start(qmp, &[&base[..], args].concat()).end();
-        assert_eq!(e.status.code(), Some(2), "{args:?}: {}", e.stderr);
-        let last = e.stderr.trim_end().lines().last().unwrap_or_default();
-        assert!(last.contains(said), "{args:?}: {}", e.stderr);
-        assert_no_gdbstub(qmp);
-    }
+    let args = ["--mode", "exitless", "--graph", "--trace", "__x64_sys_*"];
+    let said = "direct entries with the function graph: its return stubs and frames take the \
+                guest's unused memory their stubs would need, and leave room for 63; trace \
+                fewer functions, or without the function graph";
+    let e = Attach::start(qmp, &[&base[..], &args[..]].concat()).end();
+    assert_eq!(e.status.code(), Some(2), "{args:?}: {}", e.stderr);
+    let last = e.stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains(said), "{args:?}: {}", e.stderr);
+    assert_no_gdbstub(qmp);
     let (after, _) = kernel.read(qmp);
-    assert_same(&before, &after, "by refused direct attaches");
+    assert_same(&before, &after, "by a refused direct attach");
+    // Auto mode: trap mode where exitless mode has no room.
+    let args = ["--format", "json", "--graph", "--trace", "__x64_sys_*"];
+    let mut a = Attach::start(qmp, &[&base[..4], &args[..]].concat());
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("function entries (direct) and at each return address awaited (function graph), trap mode"), "{line}");
+    guest.go("getpid", 30).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(e.stderr.contains("leave room for 63"), "{}", e.stderr);
+    assert_eq!(count_of(&e.counts(), &GETPID), 30, "{}", e.stdout);
+    assert_eq!(returns_of(&e, &GETPID), 30, "{}", e.stdout);
+    let (after, _) = kernel.read(qmp);
+    assert_same(&before, &after, "by a direct attach in trap mode");
+    assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
 }

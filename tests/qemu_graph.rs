@@ -58,7 +58,7 @@ fn session(guest: &QemuGuest, bz: &str, graph: bool, batches: u64, n: u64) -> se
 fn graph_attach_counts_calls_and_returns_exactly() {
     let (bz, _) = common::linux_61();
     let guest = QemuGuest::boot(QemuOpts::linux());
-    guest.wait_ready().unwrap();
+    let w = guest.wait_ready().unwrap();
     // Plain first: the graph session after it maps other region pages
     // (its return stubs and frame pool) at other addresses.
     session(&guest, s(&bz), false, 1, 3000);
@@ -87,6 +87,52 @@ fn graph_attach_counts_calls_and_returns_exactly() {
     session(&guest, s(&bz), false, 1, 500);
     guest.send_line("ping");
     guest.wait_for("workload: pong", COMMAND_TIMEOUT).unwrap();
+    same_graph_in_trap_mode(&guest, s(&bz), w.worker);
+}
+
+/// The function graph in trap mode (a breakpoint at each return address
+/// awaited: nothing written) gives what the exitless graph gives: the
+/// same calls and returns of getpid, each returning the worker's pid.
+/// (Refused before: the graph needed vmtrace's code in guest memory.)
+fn same_graph_in_trap_mode(guest: &QemuGuest, bz: &str, pid: u32) {
+    let getpid = |mode: &str| {
+        let args = [
+            "--kernel", bz, "--mode", mode, "--graph", "--retval", "--format", "json",
+        ];
+        let mut a = Attach::start(
+            guest.qmp_socket(),
+            &[&args[..], &["--trace", "__x64_sys_getpid"]].concat(),
+        );
+        a.wait_line("vmtrace: attached to QEMU");
+        guest.go("getpid", 40).unwrap();
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+        let j = e.json();
+        let f = j["functions"]
+            .as_array()
+            .and_then(|fs| {
+                fs.iter()
+                    .find(|f| GETPID.contains(&f["name"].as_str().unwrap_or_default()))
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("{mode}: no getpid in {j}"));
+        let values = f["return_values"].clone();
+        (
+            f["count"].clone(),
+            f["returns"].clone(),
+            values,
+            j["graph"]["unmatched_returns"].clone(),
+        )
+    };
+    let exitless = getpid("exitless");
+    let trap = getpid("trap");
+    assert_eq!(trap, exitless);
+    let want = serde_json::json!([{ "count": 40, "value": pid.to_string() }]);
+    assert_eq!(
+        (&trap.0, &trap.1, &trap.2, &trap.3),
+        (&40.into(), &40.into(), &want, &0.into())
+    );
 }
 
 /// A function-graph call still in flight at the detach (the worker asleep

@@ -165,10 +165,21 @@ fn say_attached(s: &QemuSession) {
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code and rings in {used} of the guest's {free} unused low pages"
         ),
-        None => note!(
-            "{qemu}: a gdbstub breakpoint at each of {sites} sites, trap mode; \
-             guest memory unwritten"
-        ),
+        None => {
+            let kind = s.tracer().watch_kind();
+            let at = match kind.direct {
+                true => "function entries (direct)",
+                false => "sites",
+            };
+            let returns = match kind.returns {
+                true => " and at each return address awaited (function graph)",
+                false => "",
+            };
+            note!(
+                "{qemu}: a gdbstub breakpoint at each of {sites} {at}{returns}, trap mode; \
+                 guest memory unwritten"
+            )
+        }
     }
 }
 

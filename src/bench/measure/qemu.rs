@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tracer::plan::entry::EntryChoice;
 use tracer::plan::{ModeChoice, Request, TracePlan};
 use tracer::qemu::session::{self, QemuSession};
 use tracer::session::Recording;
@@ -42,6 +43,18 @@ pub struct QemuFigures {
     /// calls timed the same way.
     pub trap_ns: Vec<f64>,
     pub trap_untraced_ns: Vec<f64>,
+    /// ... trap mode with direct entries (a breakpoint at the entry, the
+    /// vCPU stepped over its first instruction), and trap mode's function
+    /// graph on the ftrace site (a breakpoint at the return address too).
+    pub trap_direct_ns: Vec<f64>,
+    pub trap_graph_ns: Vec<f64>,
+}
+
+/// How a trap-mode bench attach traces.
+#[derive(Clone, Copy)]
+struct TrapHow {
+    entry: EntryChoice,
+    graph: bool,
 }
 
 /// A QEMU with the workload guest, killed on drop.
@@ -143,7 +156,11 @@ impl Guest {
 
 /// Attach to the guest tracing `glob`, exitless.
 fn attach(g: &Guest, vmlinux: &Path, glob: &str) -> Result<QemuSession, Error> {
-    attach_in(g, vmlinux, glob, ModeChoice::Exitless)
+    let how = TrapHow {
+        entry: EntryChoice::Ftrace,
+        graph: false,
+    };
+    attach_in(g, vmlinux, glob, ModeChoice::Exitless, how)
 }
 
 fn attach_in(
@@ -151,11 +168,13 @@ fn attach_in(
     vmlinux: &Path,
     glob: &str,
     mode: ModeChoice,
+    how: TrapHow,
 ) -> Result<QemuSession, Error> {
     let image = tracer::kernel::symbols::KernelImage::load(vmlinux).map_err(measure_error)?;
     let connected = session::connect(&g.qmp(), None).map_err(measure_error)?;
     let request = Request {
-        entry: tracer::plan::entry::EntryChoice::Ftrace,
+        entry: how.entry,
+        graph: how.graph,
         ..Request::new(vec![glob.to_string()], mode, connected.info.cpus)
     };
     let plan = TracePlan::build(image, &request).map_err(measure_error)?;
@@ -166,8 +185,8 @@ fn attach_in(
 
 /// ns per call of `go getpid K_TRAP_CALLS` in trap mode: the session
 /// serves the breakpoints on a thread of its own while the guest runs.
-fn trap_call_ns(g: &mut Guest, vmlinux: &Path) -> Result<f64, Error> {
-    let mut s = attach_in(g, vmlinux, K_GLOBS[0], ModeChoice::Trap)?;
+fn trap_call_ns(g: &mut Guest, vmlinux: &Path, how: TrapHow) -> Result<f64, Error> {
+    let mut s = attach_in(g, vmlinux, K_GLOBS[0], ModeChoice::Trap, how)?;
     let done = std::sync::atomic::AtomicBool::new(false);
     let took = std::thread::scope(|scope| {
         let served = scope.spawn(|| s.trace_until(None, &done));
@@ -218,7 +237,14 @@ pub fn qemu_figures(vmlinux: &Path, rounds: usize) -> Result<QemuFigures, Error>
         let untraced = g.go(K_TRAP_CALLS)?;
         f.trap_untraced_ns
             .push(untraced.as_nanos() as f64 / K_TRAP_CALLS as f64);
-        f.trap_ns.push(trap_call_ns(&mut g, vmlinux)?);
+        let how = |entry, graph| TrapHow { entry, graph };
+        let ftrace = how(EntryChoice::Ftrace, false);
+        f.trap_ns.push(trap_call_ns(&mut g, vmlinux, ftrace)?);
+        let direct = how(EntryChoice::Direct, false);
+        f.trap_direct_ns
+            .push(trap_call_ns(&mut g, vmlinux, direct)?);
+        let graph = how(EntryChoice::Ftrace, true);
+        f.trap_graph_ns.push(trap_call_ns(&mut g, vmlinux, graph)?);
     }
     Ok(f)
 }

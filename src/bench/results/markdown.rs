@@ -44,6 +44,8 @@ const MORE: &[(&str, &str, &str)] = &[
     ("call/stack", "stack_handler_recorder_ns", "ns"),
     ("record/throughput", "h_record_mb_per_s", "MB/s"),
     ("qemu/attach", "k_trap_ns_per_call", "ns"),
+    ("qemu/attach", "k_trap_direct_ns_per_call", "ns"),
+    ("qemu/attach", "k_trap_graph_ns_per_call", "ns"),
     ("qemu/attach", "k_stored_share", "ratio"),
 ];
 

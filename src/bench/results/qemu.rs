@@ -27,6 +27,11 @@ pub fn figures(r: &QemuFigures) -> Vec<(String, f64)> {
         "k_trap_untraced_ns_per_call".into(),
         median(&r.trap_untraced_ns),
     ));
+    v.push((
+        "k_trap_direct_ns_per_call".into(),
+        median(&r.trap_direct_ns),
+    ));
+    v.push(("k_trap_graph_ns_per_call".into(), median(&r.trap_graph_ns)));
     v
 }
 
@@ -82,6 +87,13 @@ pub fn write(o: &mut String, r: &QemuFigures) -> fmt::Result {
          ({:.0} ns untraced)",
         median(&r.trap_ns) / 1e3,
         median(&r.trap_untraced_ns)
+    )?;
+    writeln!(
+        o,
+        "    ... with direct entries (a hit and a step): {:.0} µs per call; with the function \
+         graph (an entry and a return): {:.0} µs per call",
+        median(&r.trap_direct_ns) / 1e3,
+        median(&r.trap_graph_ns) / 1e3
     )
 }
 
@@ -91,7 +103,9 @@ pub fn method() -> String {
          per round: an exitless attach and detach for each of {K_GLOBS:?} (the report's pause \
          window), then `go getpid {K_CALLS}` untraced and traced (host time from the command to \
          its done line); then `go getpid {K_TRAP_CALLS}` untraced and in trap mode (a gdbstub \
-         breakpoint per site: each call stops the guest). TCG runs guest code far from KVM's \
+         breakpoint per site: each call stops the guest), then in trap mode with a direct entry \
+         (the vCPU stepped over the first instruction) and with the function graph (a \
+         breakpoint at the return address). TCG runs guest code far from KVM's \
          speed: the pause is the gdbstub's round trips, which a QEMU/KVM guest pays alike; the \
          per-call cost is TCG's"
     )
@@ -115,6 +129,8 @@ mod tests {
             stored_share: vec![0.1, 0.2, 0.3],
             trap_ns: vec![700_000.0, 800_000.0, 900_000.0],
             trap_untraced_ns: vec![900.0, 1000.0, 1100.0],
+            trap_direct_ns: vec![1_400_000.0, 1_500_000.0, 1_600_000.0],
+            trap_graph_ns: vec![1_500_000.0, 1_600_000.0, 1_700_000.0],
         }
     }
 
@@ -125,8 +141,14 @@ mod tests {
         assert_eq!(f[0], ("k_attach_1_sites_p50_us".into(), 1200.0));
         assert_eq!(f[1], ("k_attach_102_sites_p50_us".into(), 11_000.0));
         assert_eq!(f[3], ("k_exitless_ns_per_call".into(), 520.0));
+        assert!(f.contains(&("k_trap_direct_ns_per_call".into(), 1_500_000.0)));
+        assert!(f.contains(&("k_trap_graph_ns_per_call".into(), 1_600_000.0)));
         let mut o = String::new();
         write(&mut o, &r).unwrap();
+        assert!(
+            o.contains("with direct entries (a hit and a step): 1500 µs per call; with the function graph (an entry and a return): 1600 µs per call"),
+            "{o}"
+        );
         assert!(
             o.contains("attach pause, 102 sites (--trace 'hrtimer_*,tick_*'): 11.0 ms"),
             "{o}"

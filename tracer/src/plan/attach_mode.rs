@@ -3,6 +3,8 @@
 //! (`TracePlan::mode`) where the guest has room for vmtrace's code and
 //! rings in pages it never uses, its rings sized to them; else, when auto
 //! mode was asked, trap mode through the stub's breakpoints, saying why.
+//! Trap mode takes direct entries and the function graph too, through
+//! breakpoints alone (`crate::qemu::breakpoints`): nothing is written.
 
 use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 
@@ -15,8 +17,6 @@ use super::exitless::layout::{
 use super::exitless::ExitlessPlan;
 use super::Mode;
 
-/// Why trap mode has no function graph.
-pub const TRAP_WRITES_NONE: &str = "trap mode through the gdbstub puts nothing in guest memory";
 /// Why auto mode traces with breakpoints when stacks are asked.
 pub const STACKS_AT_BREAKPOINTS: &str = "kernel stacks are unwound at breakpoint stops";
 
@@ -32,15 +32,9 @@ pub enum Decision<R> {
 /// What keeps an attach's mode from being planned.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachModeError {
-    #[error("the function graph needs vmtrace's code in guest memory, and {0}: trace without the function graph")]
-    GraphNeedsRoom(String),
     /// Kernel stacks asked of exitless mode; said with its remedy (`Advice`).
     #[error("{}", self.say(&Plain))]
     StacksNeedTrap,
-    /// Direct entries where vmtrace's code cannot be in guest memory (the
-    /// reason); said with its remedy (`Advice`).
-    #[error("{}", self.say(&Plain))]
-    DirectNeedsRoom(String),
     #[error("{sites} direct entries with the function graph: its return stubs and frames take the guest's unused memory their stubs would need, and leave room for {most}; trace fewer functions, or without the function graph")]
     DirectWithGraph { sites: usize, most: usize },
     #[error("{sites} sites on {cpus} CPUs need more than the {kib} KiB of guest memory the guest leaves unused; trace fewer functions")]
@@ -57,9 +51,6 @@ impl TracerAdvice for AttachModeError {
             AttachModeError::StacksNeedTrap => "kernel stacks are unwound while a breakpoint \
                                                 holds the guest, and exitless calls never stop it"
                 .into(),
-            AttachModeError::DirectNeedsRoom(why) => {
-                format!("direct entries jump to stubs in vmtrace's code in guest memory, and {why}")
-            }
             AttachModeError::Code(e) => e.problem(w),
             other => other.to_string(),
         }
@@ -68,7 +59,6 @@ impl TracerAdvice for AttachModeError {
     fn remedy(&self) -> Option<Remedy> {
         match self {
             AttachModeError::StacksNeedTrap => Some(Remedy::TrapMode),
-            AttachModeError::DirectNeedsRoom(_) => Some(Remedy::ExitlessModeOrFtraceEntries),
             AttachModeError::Code(e) => e.remedy(),
             _ => None,
         }
@@ -102,19 +92,6 @@ pub struct Room<R> {
     pub found: R,
 }
 
-/// Refused before the guest is stopped at all: trap mode (asked, or all
-/// this kernel allows) with the function graph, which needs vmtrace's code
-/// in guest memory.
-pub fn check_early(plan: &TracePlan) -> Result<(), AttachModeError> {
-    match (&plan.mode, plan.plan.graph) {
-        (Mode::Trap, _) if plan.plan.direct.is_some() => {
-            Err(AttachModeError::DirectNeedsRoom(TRAP_WRITES_NONE.into()))
-        }
-        (Mode::Trap, true) => Err(AttachModeError::GraphNeedsRoom(TRAP_WRITES_NONE.into())),
-        _ => Ok(()),
-    }
-}
-
 /// The attach's mode from `plan` and the guest's room (`room`, looked at
 /// only when exitless mode is still possible); `falls_back` tells which
 /// of the guest's reasons let auto mode trap instead (rings too big for
@@ -140,7 +117,11 @@ pub fn decide<R, E: std::fmt::Display>(
         (Mode::Exitless(code), false) => match room() {
             Ok(r) => match in_guest_pages(code, plan, cpus, r.pages) {
                 Ok(code) => Decision::Exitless(Box::new(code), r.found),
-                Err(e @ AttachModeError::RingsTooBig { .. }) if auto => Decision::Trap {
+                // Too much for the room: breakpoints need none.
+                Err(
+                    e @ (AttachModeError::RingsTooBig { .. }
+                    | AttachModeError::DirectWithGraph { .. }),
+                ) if auto => Decision::Trap {
                     why: Some(e.to_string()),
                 },
                 Err(e) => return Err(e.into()),
@@ -151,16 +132,7 @@ pub fn decide<R, E: std::fmt::Display>(
             Err(e) => return Err(Refused::Room(e)),
         },
     };
-    match decided {
-        Decision::Trap { why } if plan.plan.direct.is_some() => Err(
-            AttachModeError::DirectNeedsRoom(why.unwrap_or_else(|| TRAP_WRITES_NONE.into())).into(),
-        ),
-        Decision::Trap { why } if plan.plan.graph => Err(AttachModeError::GraphNeedsRoom(
-            why.unwrap_or_else(|| TRAP_WRITES_NONE.into()),
-        )
-        .into()),
-        d => Ok(d),
-    }
+    Ok(decided)
 }
 
 /// `code` with rings of as many records as fit `pages` free pages with its
@@ -329,41 +301,45 @@ mod tests {
         ));
     }
 
+    /// Direct entries in trap mode: breakpoints at the functions' entries,
+    /// nothing written; asked, or where auto mode falls back. (Refused
+    /// before: `DirectNeedsRoom`.)
     #[test]
-    fn direct_entries_need_room_trap_mode_is_refused() {
+    fn direct_entries_trap_where_there_is_no_room() {
         let Some(_) = plan(ModeChoice::Auto, false, false) else {
             return;
         };
-        let direct = |asked| {
+        let direct = |asked, graph| {
             let req = Request {
                 entry: crate::plan::entry::EntryChoice::Direct,
+                graph,
                 ..Request::new(vec!["hrtimer_*".into()], asked, 2)
             };
             let path =
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/mini.elf");
             TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap()
         };
-        let e = check_early(&direct(ModeChoice::Trap))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            format!(
-                "direct entries jump to stubs in vmtrace's code in guest memory, and \
-                 {TRAP_WRITES_NONE}; trace in exitless mode, or through ftrace's call sites"
-            )
-        );
-        // Where auto mode would fall back: refused, with the guest's reason.
-        let auto = direct(ModeChoice::Auto);
-        assert!(check_early(&auto).is_ok());
-        let Err(Refused::Plan(e)) = decided(&auto, Err(Why("no room", true))) else {
-            panic!("a direct plan fell back to trap mode")
-        };
-        assert!(matches!(e, AttachModeError::DirectNeedsRoom(w) if w == "no room"));
-        assert!(matches!(
-            decided(&auto, pages(PAGES)),
-            Ok(Decision::Exitless(..))
-        ));
+        for graph in [false, true] {
+            let trap = direct(ModeChoice::Trap, graph);
+            let d = decide(
+                &trap,
+                2,
+                || -> Result<Room<()>, Why> { panic!("looked") },
+                |_| true,
+            );
+            assert!(matches!(d, Ok(Decision::Trap { why: None })), "{d:?}");
+            // Where auto mode falls back: trap mode, with the guest's reason.
+            let auto = direct(ModeChoice::Auto, graph);
+            let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, Err(Why("no room", true)))
+            else {
+                panic!("a direct plan did not fall back to trap mode")
+            };
+            assert_eq!(why, "no room");
+            assert!(matches!(
+                decided(&auto, pages(PAGES)),
+                Ok(Decision::Exitless(..))
+            ));
+        }
     }
 
     #[test]
@@ -412,7 +388,7 @@ mod tests {
     }
 
     #[test]
-    fn stacks_trap_and_the_graph_needs_room() {
+    fn stacks_trap_and_the_graph_traps_without_room() {
         let Some(auto) = plan(ModeChoice::Auto, false, true) else {
             return;
         };
@@ -429,22 +405,18 @@ mod tests {
             "kernel stacks are unwound while a breakpoint holds the guest, and exitless calls \
              never stop it; trace in trap mode"
         );
-        // The graph: refused before any stop in trap mode, and where auto
-        // falls back, with the fallback's reason.
+        // The graph in trap mode: breakpoints at the returns (refused
+        // before: `GraphNeedsRoom`), asked or where auto falls back.
         let trap = plan(ModeChoice::Trap, true, false).unwrap();
-        let e = check_early(&trap).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            format!(
-                "the function graph needs vmtrace's code in guest memory, and {TRAP_WRITES_NONE}: \
-                 trace without the function graph"
-            )
-        );
+        assert!(matches!(
+            decided(&trap, pages(PAGES)),
+            Ok(Decision::Trap { why: None })
+        ));
         let auto = plan(ModeChoice::Auto, true, false).unwrap();
-        assert!(check_early(&auto).is_ok());
-        let Err(Refused::Plan(e)) = decided(&auto, Err(Why("no room", true))) else {
-            panic!("the graph in trap mode was planned")
+        let Ok(Decision::Trap { why: Some(why) }) = decided(&auto, Err(Why("no room", true)))
+        else {
+            panic!("the graph in auto mode did not fall back to trap mode")
         };
-        assert!(e.to_string().contains("and no room: trace without"), "{e}");
+        assert_eq!(why, "no room");
     }
 }

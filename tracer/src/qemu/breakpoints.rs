@@ -10,27 +10,58 @@
 //! flushes its translations at every breakpoint stop (gdb_vm_state_change
 //! up to QEMU 10), about 0.7 ms a call here; but it needs nothing of the
 //! guest.
+//!
+//! Direct entries break at the function's first byte, whose instruction is
+//! real: after the hit is recorded the vCPU is stepped over it alone
+//! (`super::step`): two stops a call. With the function graph, each entry's
+//! frame waits for its return at a breakpoint on the return address
+//! (`super::frames`): one more stop per call (and a step where another
+//! frame still waits on that address).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use vmm::{Trap, TrapHandler};
 
+use super::frames::{Changes, Frames};
 use super::gdb::GdbError;
 use super::guest::{QemuGuest, QemuStop};
+use super::journal::{JournalError, ReturnJournal};
+use super::step::{BreakOps, Stepped, SIGTRAP};
 use super::trap::StopReply;
+use crate::session::record::Recorder;
+use crate::session::watch::WatchKind;
 use crate::session::Tracer;
-
-/// SIGTRAP: a breakpoint's stop.
-const SIGTRAP: u8 = 5;
 
 /// The breakpoints set, and the recorders their hits go to.
 pub struct Breakpoints {
     sites: HashSet<u64>,
+    kind: WatchKind,
     /// One per vCPU, in the stub's thread order.
-    handlers: Vec<Box<dyn TrapHandler>>,
+    handlers: Vec<Recorder>,
+    /// Function graph: frames waiting for their returns, and the return
+    /// breakpoints they need (`super::frames`).
+    frames: Frames,
+    /// A vCPU whose step someone else's stop cut short before the
+    /// instruction ran, and where: its next hit there is the same call.
+    restep: HashMap<usize, u64>,
     /// Traps at no site of vmtrace's: resumed.
     pub other_stops: u64,
+    /// Steps over a breakpoint (direct entries, return addresses).
+    pub steps: u64,
+    /// Names each return address before its breakpoint is set (for the
+    /// repair of a killed vmtrace inside someone else's stop).
+    journal: Option<ReturnJournal>,
+}
+
+/// How the VM goes on after a hit was handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Resume, the vCPU moved to this address if given (an ftrace NOP
+    /// skipped).
+    Resume(Option<u64>),
+    /// Step the vCPU over the real instruction at this breakpoint first.
+    Step(u64),
 }
 
 /// What one wait for a stop found.
@@ -53,6 +84,8 @@ pub enum HitError {
     Gdb(#[from] GdbError),
     #[error(transparent)]
     Trap(#[from] vmm::TrapError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
 
 impl Breakpoints {
@@ -61,7 +94,8 @@ impl Breakpoints {
     pub fn set(
         stop: &QemuStop<'_>,
         sites: &[u64],
-        handlers: Vec<Box<dyn TrapHandler>>,
+        kind: WatchKind,
+        handlers: Vec<Recorder>,
     ) -> Result<Breakpoints, GdbError> {
         let mut set = HashSet::with_capacity(sites.len());
         for &a in sites {
@@ -75,12 +109,17 @@ impl Breakpoints {
         }
         Ok(Breakpoints {
             sites: set,
+            kind,
             handlers,
+            frames: Frames::default(),
+            restep: HashMap::new(),
             other_stops: 0,
+            steps: 0,
+            journal: None,
         })
     }
 
-    /// Breakpoints set.
+    /// Breakpoints set at sites.
     pub fn len(&self) -> usize {
         self.sites.len()
     }
@@ -89,10 +128,16 @@ impl Breakpoints {
         self.sites.is_empty()
     }
 
+    /// The function graph's frames (what waits, what was dropped).
+    pub fn frames(&self) -> &Frames {
+        &self.frames
+    }
+
     /// Waits up to `timeout` for the running VM to stop; records a hit and
-    /// resumes the VM. A stop that is no breakpoint's (a user's `stop`, an
-    /// I/O error, a watchdog: the stop reply's signal says which) is left
-    /// alone: resuming it would undo it.
+    /// resumes the VM (after stepping the vCPU over a real instruction).
+    /// A stop that is no breakpoint's (a user's `stop`, an I/O error, a
+    /// watchdog: the stop reply's signal says which) is left alone:
+    /// resuming it would undo it; so is one that comes during a step.
     pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<Served, HitError> {
         let Some(hit) = guest.wait_hit(timeout)? else {
             return Ok(Served::Idle);
@@ -102,48 +147,122 @@ impl Breakpoints {
             hit.hold();
             return Ok(Served::NotOurs { signal });
         }
-        let moved = match hit.cpu {
-            Some(cpu) => {
-                let snap = hit.snapshot(cpu)?;
-                self.record(cpu, &snap, &**hit.ram())?
-            }
-            None => None,
-        };
-        if moved.is_none() {
-            // A trap at no site of vmtrace's (one just removed): resumed.
+        let Some(cpu) = hit.cpu else {
             self.other_stops += 1;
+            hit.resume(None)?;
+            return Ok(Served::Hit);
+        };
+        let snap = hit.snapshot(cpu)?;
+        let ram = std::sync::Arc::clone(hit.ram());
+        match self.handle(cpu, &snap, &*ram, &hit)? {
+            // One packet: the vCPU moved past the site as the VM resumes.
+            Next::Resume(pc) => hit.resume(pc)?,
+            Next::Step(addr) => {
+                self.steps += 1;
+                match hit.step_over(cpu, addr)? {
+                    Stepped::Moved => hit.resume(None)?,
+                    Stepped::Stayed => {
+                        self.restep.insert(cpu, addr);
+                        hit.resume(None)?
+                    }
+                    Stepped::Stopped { signal, moved } => {
+                        if !moved {
+                            self.restep.insert(cpu, addr);
+                        }
+                        hit.hold();
+                        return Ok(Served::NotOurs { signal });
+                    }
+                }
+            }
         }
-        // The vCPU moved past the site as the VM resumes: one packet.
-        hit.resume(moved.flatten())?;
         Ok(Served::Hit)
     }
 
-    /// A hit on `cpu` (registers `snap`): to its recorder, which finds the
-    /// site by RIP (at the site: trap mode's "at the out"), counts it,
-    /// reads the caller at [RSP], and says where to resume (past the
-    /// site). None if RIP is at no breakpoint of vmtrace's; else the RIP
-    /// to resume at, if the recorder moved it.
-    fn record(
+    /// A hit on `cpu` (registers `snap`), breakpoints changed through
+    /// `ops`: a return the graph waits for (recorded with RAX), an entry
+    /// (to its recorder, which counts it and reads the caller at [RSP]; its
+    /// frame then waits), or neither (resumed). Says how to go on.
+    fn handle(
         &mut self,
         cpu: usize,
         snap: &vmm::pause::VcpuSnapshot,
         ram: &dyn vmm::GuestRam,
-    ) -> Result<Option<Option<u64>>, HitError> {
-        if !self.sites.contains(&snap.regs.rip) {
-            return Ok(None);
+        ops: &dyn BreakOps,
+    ) -> Result<Next, HitError> {
+        let rip = snap.regs.rip;
+        if self.restep.remove(&cpu) == Some(rip) {
+            // Recorded at the hit whose step was cut short.
+            return Ok(Next::Step(rip));
+        }
+        let at_return = self.frames.breaks_at(rip) && !self.sites.contains(&rip);
+        if at_return {
+            let (done, ch) = self.frames.returned(rip, snap.regs.rsp);
+            if let Some(h) = self.handlers.get_mut(cpu) {
+                for f in &done {
+                    h.on_frame_return(&f.entered, snap.regs.rax);
+                }
+            }
+            self.apply(ch, ops)?;
+        }
+        if !self.sites.contains(&rip) {
+            return Ok(match (at_return, self.frames.breaks_at(rip)) {
+                (true, true) => Next::Step(rip),
+                (true, false) => Next::Resume(None),
+                (false, _) => {
+                    // A trap at no breakpoint of vmtrace's (one just removed).
+                    self.other_stops += 1;
+                    Next::Resume(None)
+                }
+            });
         }
         let Some(h) = self.handlers.get_mut(cpu) else {
-            return Ok(None);
+            return Ok(Next::Resume(None));
         };
         let mut trap = Trap::new(cpu, &snap.regs, &snap.sregs, ram);
         h.on_trap(&mut trap)?;
-        Ok(Some(trap.new_rip()))
+        let moved = trap.new_rip();
+        if let Some(e) = h.take_entered() {
+            let full = self.frames.full;
+            let ch = self.frames.enter(e, cpu);
+            if self.frames.full > full {
+                h.not_followed();
+            }
+            self.apply(ch, ops)?;
+        }
+        Ok(match self.kind.direct {
+            // The function's real first instruction: stepped.
+            true => Next::Step(rip),
+            // The ftrace NOP: skipped, as running it would.
+            false => Next::Resume(moved),
+        })
+    }
+
+    /// Name the return breakpoints set from now on in `journal`.
+    pub fn journal_returns(&mut self, journal: ReturnJournal) {
+        self.journal = Some(journal);
+    }
+
+    /// Set and clear the return breakpoints `ch` says (not at a site: the
+    /// site's own breakpoint stays, and stops there anyway); each set one
+    /// journaled first.
+    fn apply(&mut self, ch: Changes, ops: &dyn BreakOps) -> Result<(), HitError> {
+        for a in ch.set.into_iter().filter(|a| !self.sites.contains(a)) {
+            if let Some(j) = &mut self.journal {
+                j.add(a)?;
+            }
+            ops.set(a)?;
+        }
+        for a in ch.clear.into_iter().filter(|a| !self.sites.contains(a)) {
+            ops.clear(a)?;
+        }
+        Ok(())
     }
 
     /// Inside vmtrace's own final stop: a hit that came just before it (its
-    /// stop reply was the stop's) is recorded as any other; then every
-    /// breakpoint is removed, the recorders flushed and dropped. Returns
-    /// the breakpoints removed.
+    /// stop reply was the stop's) is recorded as any other (not moved:
+    /// with the breakpoints gone the vCPU runs its instruction); then every
+    /// breakpoint, at sites and at returns, is removed, the recorders
+    /// flushed and dropped. Returns the breakpoints removed at sites.
     pub fn remove(
         &mut self,
         guest: &QemuGuest,
@@ -155,9 +274,14 @@ impl Breakpoints {
             .and_then(|r| guest.cpu_of(r.thread?));
         if let Some(cpu) = hit {
             if let Some(snap) = vmm::Stopped::snapshot(stop, cpu) {
-                // Not moved: with the breakpoints gone it runs the NOP.
-                self.record(cpu, &snap, &**vmm::Stopped::ram(stop))?;
+                self.handle(cpu, &snap, &**vmm::Stopped::ram(stop), stop)?;
             }
+        }
+        // Frames left open: their returns are never seen (the graph says
+        // so from the events, as of the exitless graph's).
+        let (returns, _open) = self.frames.take_all();
+        for a in returns.into_iter().filter(|a| !self.sites.contains(a)) {
+            stop.clear_breakpoint(a)?;
         }
         let mut removed = 0;
         for &a in &self.sites {
@@ -185,9 +309,129 @@ pub fn watch(
     stop: &QemuStop<'_>,
     sites: &[u64],
     others: usize,
-    handlers: Vec<Box<dyn TrapHandler>>,
+    handlers: Vec<Recorder>,
+    journal: Option<ReturnJournal>,
 ) -> Result<Breakpoints, GdbError> {
-    let b = Breakpoints::set(stop, sites, handlers)?;
+    let mut b = Breakpoints::set(stop, sites, tracer.watch_kind(), handlers)?;
+    if let Some(j) = journal {
+        b.journal_returns(j);
+    }
     tracer.watching(b.len(), others, stop);
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+    use crate::session::record::{recorders, SiteIndex};
+    use crate::session::store::{Storage, Stored};
+    use crate::trace::model::RETURN_BIT;
+
+    const SITE: u64 = 0xffff_ffff_8100_0000;
+    /// The traced function's caller: its return address.
+    const RET: u64 = 0xffff_ffff_8100_2345;
+    /// RSP at the entry: the kernel map's 2 MiB page at physical 20 MiB.
+    const RSP: u64 = 0xffff_ffff_8140_0ff8;
+
+    /// Breakpoints set and cleared, in order.
+    #[derive(Default)]
+    struct Ops(RefCell<Vec<(char, u64)>>);
+    impl BreakOps for Ops {
+        fn set(&self, addr: u64) -> Result<(), GdbError> {
+            self.0.borrow_mut().push(('Z', addr));
+            Ok(())
+        }
+        fn clear(&self, addr: u64) -> Result<(), GdbError> {
+            self.0.borrow_mut().push(('z', addr));
+            Ok(())
+        }
+    }
+
+    fn snap(rip: u64, rsp: u64, rax: u64) -> vmm::pause::VcpuSnapshot {
+        let mut s = vmm::pause::VcpuSnapshot {
+            regs: Default::default(),
+            sregs: Default::default(),
+            clock: None,
+            syscall_entry: None,
+        };
+        (s.regs.rip, s.regs.rsp, s.regs.rax) = (rip, rsp, rax);
+        s.sregs.cr3 = vmm::layout::PML4_START;
+        s
+    }
+
+    /// A hit at a direct entry is recorded, its vCPU stepped, its return
+    /// breakpoint set; the return (RSP one slot up) recorded with RAX and
+    /// its breakpoint cleared without a step; a later stop there (the
+    /// breakpoint gone) resumed; a step someone else's stop cut short is
+    /// stepped again, not recorded twice; an ftrace site is skipped.
+    #[test]
+    fn hits_are_recorded_stepped_and_their_returns_matched() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        mem.write_obj(RET, GuestAddress(0x140_0ff8)).unwrap();
+        let index = Arc::new(SiteIndex::new(vec![(SITE, 0)]));
+        let (counters, mut recs, store) =
+            recorders(index, 1, 100, Storage::Memory, Arc::new(Vec::new()));
+        recs[0].frames_by_breakpoints();
+        recs[0].record_values(None, true);
+        let kind = WatchKind {
+            direct: true,
+            returns: true,
+        };
+        let mut b = Breakpoints {
+            sites: [SITE].into(),
+            kind,
+            handlers: recs,
+            frames: Frames::default(),
+            restep: HashMap::new(),
+            other_stops: 0,
+            steps: 0,
+            journal: None,
+        };
+        let ops = Ops::default();
+        let hit =
+            |b: &mut Breakpoints, rip, rsp, rax| b.handle(0, &snap(rip, rsp, rax), &mem, &ops);
+        assert_eq!(hit(&mut b, SITE, RSP, 0).unwrap(), Next::Step(SITE));
+        assert_eq!(*ops.0.borrow(), [('Z', RET)]);
+        assert_eq!(b.frames().live(), 1);
+        // Another path through RET (RSP elsewhere): stepped, not recorded.
+        assert_eq!(hit(&mut b, RET, RSP + 0x100, 7).unwrap(), Next::Step(RET));
+        assert_eq!(b.frames().unmatched, 1);
+        // The return.
+        assert_eq!(hit(&mut b, RET, RSP + 8, 42).unwrap(), Next::Resume(None));
+        assert_eq!(*ops.0.borrow(), [('Z', RET), ('z', RET)]);
+        // The breakpoint gone: a stop there is no one's.
+        assert_eq!(hit(&mut b, RET, RSP + 8, 0).unwrap(), Next::Resume(None));
+        assert_eq!(b.other_stops, 1);
+        // A step cut short at the site: stepped again, not recorded.
+        b.restep.insert(0, SITE);
+        assert_eq!(hit(&mut b, SITE, RSP, 0).unwrap(), Next::Step(SITE));
+        assert_eq!(counters.counts[0][0].load(Ordering::Relaxed), 1);
+        assert_eq!(counters.returns[0][0].load(Ordering::Relaxed), 1);
+        // An ftrace site: its NOP skipped as the VM resumes.
+        b.kind.direct = false;
+        let next = hit(&mut b, SITE, RSP, 0).unwrap();
+        assert_eq!(next, Next::Resume(Some(SITE + 5)));
+        b.finish();
+        let Stored::Memory(events) = store.thread.join().unwrap() else {
+            panic!("kept in memory")
+        };
+        let ret = events.iter().find(|e| e.slot & RETURN_BIT != 0).unwrap();
+        assert_eq!(
+            (ret.slot, ret.parent, ret.data),
+            (RSP | RETURN_BIT, RET, 42)
+        );
+        let entries: Vec<u64> = events
+            .iter()
+            .filter(|e| e.slot & RETURN_BIT == 0)
+            .map(|e| e.slot)
+            .collect();
+        assert_eq!(entries, [RSP, RSP]);
+    }
 }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vmm::{Stopped, TrapHandler};
+use vmm::Stopped;
 
 use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
@@ -47,8 +47,10 @@ pub(super) enum Arming {
     /// Breakpoints through the stub: the trap handlers until the attach
     /// sets the breakpoints, which serve them from then on.
     Trap {
-        handlers: Option<Vec<Box<dyn TrapHandler>>>,
-        breakpoints: Option<Breakpoints>,
+        handlers: Option<Vec<crate::session::record::Recorder>>,
+        breakpoints: Option<Box<Breakpoints>>,
+        /// With the function graph: where return breakpoints are named.
+        journal: Option<Box<super::journal::ReturnJournal>>,
     },
 }
 
@@ -83,6 +85,7 @@ impl QemuVm {
             arming: Arming::Trap {
                 handlers: None,
                 breakpoints: None,
+                journal: None,
             },
             tracing: false,
             process: QemuProcess::watch(pid),
@@ -226,16 +229,18 @@ impl Backend for QemuVm {
             Arming::Trap {
                 handlers,
                 breakpoints,
+                journal,
             } => match tracer.watch_sites(&stop)? {
                 Watch::Ready { sites, others } => {
                     let hs = handlers.take().unwrap_or_default();
-                    let mut b = breakpoints::watch(tracer, &stop, &sites, others, hs)?;
+                    let j = journal.take().map(|j| *j);
+                    let mut b = breakpoints::watch(tracer, &stop, &sites, others, hs, j)?;
                     let t = times(tracer);
                     if let Err(e) = stop.resume() {
                         b.finish();
                         return Err(e.into());
                     }
-                    *breakpoints = Some(b);
+                    *breakpoints = Some(Box::new(b));
                     self.tracing = true;
                     return Ok(Ok(t));
                 }

@@ -85,8 +85,13 @@ impl From<TraceEnd> for EndReason {
 /// waited for while its process lives.
 fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, QemuError> {
     let state = vm.state_patient(&mut |w| observer.held_up(w))?;
+    let trap = matches!(vm.arming, Arming::Trap { .. });
     Ok(match state {
         RunState::Running => false,
+        // Trap mode: a breakpoint's stop not served yet (or a step's) is
+        // vmtrace's own; only its stub stops a VM in `debug`. (A busy
+        // traced function made this the common case at a detach.)
+        RunState::Stopped(why) if trap && why == "debug" && vm.held.is_none() => false,
         RunState::Stopped(why) => {
             // QEMU's reason, not the stub's signal; since when it was seen.
             let since = vm.held.take().map_or_else(Instant::now, |(_, t)| t);

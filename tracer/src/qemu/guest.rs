@@ -265,7 +265,7 @@ impl QemuGuest {
         self.clock = Some(c);
     }
 
-    fn stub(&self) -> MutexGuard<'_, Gdb> {
+    pub(super) fn stub(&self) -> MutexGuard<'_, Gdb> {
         self.stub.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -336,7 +336,7 @@ impl QemuGuest {
 /// The VM stopped at a breakpoint (all-stop: every vCPU); dropping it
 /// resumes the VM.
 pub struct Hit<'a> {
-    guest: &'a QemuGuest,
+    pub(super) guest: &'a QemuGuest,
     /// The stop reply.
     pub reply: StopReply,
     /// The vCPU the reply names (its index in the stub's thread list).
@@ -365,7 +365,7 @@ impl QemuGuest {
     }
 
     /// The vCPUs' thread ids, in vCPU order.
-    fn thread(&self, cpu: usize) -> Result<ThreadId, GdbError> {
+    pub(super) fn thread(&self, cpu: usize) -> Result<ThreadId, GdbError> {
         self.threads
             .get(cpu)
             .copied()

@@ -297,6 +297,19 @@ impl Journal {
         self.save()
     }
 
+    /// Trap mode's function graph: the journal's writer from here on, for
+    /// the return breakpoints set while tracing (`ReturnJournal::add`).
+    /// This journal is not saved again (only removed at the end).
+    pub fn for_returns(&self) -> ReturnJournal {
+        ReturnJournal {
+            journal: Journal {
+                path: self.path.clone(),
+                record: self.record.clone(),
+            },
+            named: self.record.breakpoints.iter().copied().collect(),
+        }
+    }
+
     /// Exitless mode, about to write into the free `pages` and patch
     /// `sites` ((running address, guest-physical address) each): what they
     /// hold now, read from `ram` while the guest runs.
@@ -398,6 +411,26 @@ impl Journal {
     }
 }
 
+/// The journal of a trap-mode attach with the function graph: each
+/// return address a breakpoint is set at is named before it is set, once
+/// (a repair takes out breakpoints that are no longer set as no error).
+#[derive(Debug)]
+pub struct ReturnJournal {
+    journal: Journal,
+    named: std::collections::HashSet<u64>,
+}
+
+impl ReturnJournal {
+    /// Name `addr` among the breakpoints, durably, unless already named.
+    pub fn add(&mut self, addr: u64) -> Result<(), JournalError> {
+        if self.named.insert(addr) {
+            self.journal.record.breakpoints.push(addr);
+            self.journal.save()?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,6 +495,20 @@ mod tests {
         assert_eq!(found.record, j.record);
         // Written by this very process: not another vmtrace still running.
         assert!(!found.writer_alive());
+        // Trap mode's graph: each return address named once, durably.
+        let mut returns = j.for_returns();
+        for a in [
+            0xffff_ffff_8100_1234,
+            0xffff_ffff_8100_0000,
+            0xffff_ffff_8100_1234,
+        ] {
+            returns.add(a).unwrap();
+        }
+        let found = Journal::find(qemu).unwrap().unwrap();
+        assert_eq!(
+            found.record.breakpoints,
+            [0xffff_ffff_8100_0000, 0xffff_ffff_8100_1234]
+        );
         j.remove();
         assert!(Journal::find(qemu).unwrap().is_none());
         let _ = fs::remove_dir_all(&tmp);

@@ -5,7 +5,7 @@
 //! (all-stop, registers, coherent guest memory), [`procmem`] reads and writes its
 //! guest RAM through /proc/PID/mem while the guest runs; [`lines`] reads its lines within bounds, [`layout`] parses
 //! the monitor's texts about RAM, [`regs`] the stub's target description,
-//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client, [`stub`] takes
+//! [`rsp`] the stub's encodings; [`trap`] adds breakpoints to the stub client, [`step`] steps a vCPU over one, [`frames`] keeps the function graph's frames in trap mode, [`stub`] takes
 //! the stub only where no one else can hold it; [`liveness`] tells a QEMU
 //! gone from a stalled one and whose a stop is; [`journal`] keeps on the host
 //! what an attach changes, [`marker`] says in the guest whose region it is,
@@ -19,6 +19,7 @@ pub mod clock;
 mod drive;
 pub mod ending;
 pub mod error;
+pub mod frames;
 pub mod gdb;
 pub mod guest;
 pub mod journal;
@@ -39,6 +40,7 @@ pub mod repair;
 pub mod reset;
 pub mod rsp;
 pub mod session;
+pub mod step;
 pub mod stub;
 mod stub_memory;
 pub mod trap;

@@ -333,7 +333,6 @@ impl Connected {
     /// its own, retrying while the guest is not ready. On error the guest
     /// runs on as found and the stub is closed.
     pub fn attach_in(self, plan: TracePlan, rec: Recording) -> Result<QemuSession, QemuError> {
-        attach_mode::check_early(&plan)?;
         let Connected {
             mut qmp,
             ram,
@@ -434,11 +433,13 @@ fn setup(
         Decision::Trap { why } => {
             journal.arm_trap(sites.iter().map(|s| s.0).collect())?;
             let cpus = vm.guest.cpus();
-            let (mut tracer, handlers) = Tracer::create(plan.plan, cpus, Mode::Trap, rec)?;
+            let (mut tracer, handlers) = Tracer::watched(plan.plan, cpus, rec);
             tracer.assume_kernel_offset(offset);
+            let returns = tracer.watch_kind().returns;
             vm.arming = Arming::Trap {
                 handlers: Some(handlers),
                 breakpoints: None,
+                journal: returns.then(|| Box::new(journal.for_returns())),
             };
             (tracer, None, why)
         }

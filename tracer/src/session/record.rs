@@ -52,6 +52,18 @@ impl ReturnFixup for GraphHook {
     }
 }
 
+/// An entry whose return a debugger's breakpoint is to catch (the
+/// function graph under a gdbstub, where nothing is written: `hook` would
+/// write): the site, the return address's slot (RSP at the entry), the
+/// return address, the call's task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entered {
+    pub site: u32,
+    pub slot: u64,
+    pub ret: u64,
+    pub task: u32,
+}
+
 /// One vCPU's trap handler.
 pub struct Recorder {
     cpu: u32,
@@ -73,6 +85,10 @@ pub struct Recorder {
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
     stacks: Option<Arc<StackSource>>,
+    /// Returns caught by the caller's breakpoints (`Entered`), not hooked.
+    frames: bool,
+    /// The last entry whose return is to be caught, for the caller.
+    entered: Option<Entered>,
 }
 
 impl Recorder {
@@ -151,6 +167,48 @@ impl Recorder {
     /// Hook returns too (trap-mode function graph).
     pub fn hook_returns(&mut self, graph: Arc<GraphHook>) {
         self.graph = Some(graph);
+    }
+
+    /// The function graph with nothing written: each entry's frame is
+    /// left for the caller (`take_entered`), who catches its return and
+    /// gives it back (`on_frame_return`).
+    pub fn frames_by_breakpoints(&mut self) {
+        self.frames = true;
+    }
+
+    /// The frame of the last entry handled, if its return is to be caught.
+    pub fn take_entered(&mut self) -> Option<Entered> {
+        self.entered.take()
+    }
+
+    /// The caller could not follow the return of the last entry (its
+    /// frames were full): counted as a return not hooked.
+    pub fn not_followed(&self) {
+        self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The return of frame `f` (`take_entered`) was caught, RAX `rax`.
+    pub fn on_frame_return(&mut self, f: &Entered, rax: u64) {
+        let ts_ns = Trap::now_ns();
+        let site = f.site as usize;
+        let c = &self.counters.returns[self.cpu as usize][site];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if !self.take_budget() {
+            self.counters
+                .returns_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.push(Event {
+            ts_ns,
+            parent: f.ret,
+            slot: f.slot | RETURN_BIT,
+            func: self.index.funcs[site],
+            cpu: self.cpu,
+            task: f.task,
+            stack: 0,
+            data: if self.retval { rax } else { 0 },
+        });
     }
 
     /// Takes one event from the budget; false if none is left.
@@ -247,8 +305,44 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    /// The caller at [RSP] of a call at site `i` by `task`, with the
+    /// function graph its return followed: (parent, the return address's
+    /// slot, 0 if its return is not followed); None if unreadable.
+    fn caller(&mut self, trap: &mut Trap<'_>, i: usize, task: u32) -> Option<(u64, u64)> {
+        // Through the trap's own view: the guest may have remapped the stack
+        // page since the last trap (a freed and reused vmalloc stack).
+        let rsp = trap.rsp;
+        let read = trap.space().read_u64(rsp).ok();
+        // Hooked whether or not the entry is stored: returns count exactly.
+        match (read, self.graph.as_ref()) {
+            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i, task) {
+                Some(real) => Some((real, rsp)),
+                None => Some((ret, 0)),
+            },
+            (Some(ret), None) if self.frames => {
+                self.entered = Some(Entered {
+                    site: i as u32,
+                    slot: rsp,
+                    ret,
+                    task,
+                });
+                Some((ret, rsp))
+            }
+            (Some(ret), None) => Some((ret, 0)),
+            (None, graph) => {
+                if graph.is_some() || self.frames {
+                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
+                }
+                None
+            }
+        }
+    }
+}
+
 impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        self.entered = None;
         let site = self.index.find(trap.rip);
         if site.is_none()
             && self
@@ -280,24 +374,8 @@ impl TrapHandler for Recorder {
         let c = &self.counters.counts[self.cpu as usize][i];
         // Single writer: a plain load and store, no locked instruction.
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        // Through the trap's own view: the guest may have remapped the stack
-        // page since the last trap (a freed and reused vmalloc stack).
-        let rsp = trap.rsp;
-        let read = trap.space().read_u64(rsp).ok();
-        // Hooked whether or not the entry is stored: returns count exactly.
-        let (parent, slot) = match (read, self.graph.as_ref()) {
-            (Some(ret), Some(graph)) => match self.hook(graph, trap, rsp, ret, i, task) {
-                Some(real) => (real, rsp),
-                None => (ret, 0),
-            },
-            (Some(ret), None) => (ret, 0),
-            (None, graph) => {
-                if graph.is_some() {
-                    self.counters.unhooked.fetch_add(1, Ordering::Relaxed);
-                }
-                (0, 0)
-            }
-        };
+        let read = self.caller(trap, i, task);
+        let (parent, slot) = read.unwrap_or((0, 0));
         if !self.take_budget() {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
@@ -374,6 +452,8 @@ pub fn recorders(
             args: None,
             retval: false,
             stacks: None,
+            frames: false,
+            entered: None,
         })
         .collect();
     (counters, recs, store)

@@ -4,12 +4,24 @@
 //! nothing is written to the guest; the breakpoints are set and removed by
 //! the caller, and each hit goes to the trap-mode recorders
 //! (`record::Recorder`) as a trap at the site.
+//!
+//! Direct entries break at the function's entry (the caller steps the real
+//! first instruction); the function graph leaves each entry's frame to the
+//! caller (`Recorder::frames_by_breakpoints`), whose breakpoint at the
+//! return address catches the return: no return address is rewritten.
+
+use std::sync::Arc;
 
 use vmm::Stopped;
 
+use super::equip::{equip, stack_source, task_source};
 use super::patch::{AttachCounts, DetachCounts};
-use super::{NotReady, Tracer};
+use super::reach::Reach;
+use super::record::{self, Recorder};
+use super::store::Storage;
+use super::{NotReady, Recording, Tracer};
 use crate::error::TracerError;
+use crate::plan::Plan;
 
 /// The sites to break at, or why the guest is not ready yet.
 #[derive(Debug)]
@@ -31,17 +43,69 @@ pub enum WatchError {
         "the function graph hooks returns by writing guest memory; watched breakpoints write none"
     )]
     Graph,
-    #[error("direct entries are written into guest text; watched breakpoints write none")]
-    Direct,
     #[error(transparent)]
     Tracer(#[from] TracerError),
 }
 
+/// What the breakpoints of a watched tracer are (`Tracer::watched`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchKind {
+    /// At functions' entries (direct): the real first instruction is
+    /// stepped, not skipped.
+    pub direct: bool,
+    /// Function graph: returns caught at their return addresses.
+    pub returns: bool,
+}
+
 impl Tracer {
+    /// A trap-mode tracer whose recorders write nothing to the guest
+    /// (breakpoints of a debugger's: `watch_sites`): with `plan.graph`,
+    /// each entry's frame is left to the caller (`Recorder::take_entered`).
+    pub fn watched(plan: Plan, ncpus: usize, rec: Recording) -> (Tracer, Vec<Recorder>) {
+        let overwrite = matches!(rec.storage, Storage::Overwrite { .. });
+        let (counters, mut recs, store) = record::recorders(
+            Arc::clone(&plan.index),
+            ncpus,
+            rec.max_events,
+            rec.storage,
+            Arc::new(plan.image.functions.clone()),
+        );
+        if plan.graph {
+            for r in &mut recs {
+                r.frames_by_breakpoints();
+            }
+        }
+        let table = store.tasks();
+        let tasks = task_source(&plan, &table);
+        let stacks = stack_source(&plan, &store);
+        equip(&mut recs, &plan, &tasks, &stacks, store.args());
+        let tables = (table, store.args(), store.stacks());
+        let reach = Reach::Trap {
+            graph: None,
+            return_trap_in: false,
+        };
+        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables, reach);
+        t.tasks = tasks;
+        t.stacks = stacks;
+        t.vmm = rec.vmm.clone();
+        t.send_head(store.head, &rec.kernel);
+        (t, recs)
+    }
+
+    /// What this tracer's breakpoints are.
+    pub fn watch_kind(&self) -> WatchKind {
+        WatchKind {
+            direct: self.direct.is_some(),
+            returns: self.plan.graph,
+        }
+    }
+
     /// The sites to break at under `paused` (every vCPU stopped), found
     /// and checked as `attach` checks the sites it patches: the kernel and
-    /// its offsets, its ftrace_init finished, each site read. Writes
-    /// nothing. Trap mode without the function graph only.
+    /// its offsets, its ftrace_init finished, each site read; direct
+    /// entries with every rule an attach applies (conservatively: the
+    /// displacement rules too, though nothing is displaced). Writes
+    /// nothing. Trap mode through `watched` only.
     pub fn watch_sites(&mut self, paused: &dyn Stopped) -> Result<Watch, WatchError> {
         if self.reach.exitless().is_some() {
             return Err(WatchError::Exitless);
@@ -49,14 +113,18 @@ impl Tracer {
         if self.reach.graph_hook().is_some() {
             return Err(WatchError::Graph);
         }
-        if self.direct.is_some() {
-            return Err(WatchError::Direct);
-        }
         match self.check(paused)? {
-            Ok(c) => {
-                let (sites, others) = c.surveyed.nops();
-                Ok(Watch::Ready { sites, others })
-            }
+            Ok(c) => match c.direct {
+                Some(d) => {
+                    let sites: Vec<u64> = d.ready.iter().map(|r| r.addr).collect();
+                    let others = self.plan.index.addrs.len() - sites.len();
+                    Ok(Watch::Ready { sites, others })
+                }
+                None => {
+                    let (sites, others) = c.surveyed.nops();
+                    Ok(Watch::Ready { sites, others })
+                }
+            },
             Err(why) => Ok(Watch::NotReady(why)),
         }
     }
