@@ -379,6 +379,7 @@ impl TracerWords for Flags {
             TraceInput::List => "list",
             TraceInput::Stack => "--stack",
             TraceInput::Args => "--args",
+            TraceInput::Symbols => "--sym",
         }
     }
 

@@ -139,6 +139,9 @@ fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     if !m.tasks.is_empty() {
         writeln!(w, "# tasks: {}", escape(&m.tasks))?;
     }
+    if !m.shown.is_empty() {
+        writeln!(w, "# filter: {}", escape(&m.shown))?;
+    }
     if !m.stacks.is_empty() {
         writeln!(
             w,
