@@ -9,6 +9,10 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+mod shown;
+
+pub use shown::{FieldArg, ShownArgs};
+
 /// The data file `record` writes and `report`/`script` read by default.
 pub const DEFAULT_DATA: &str = "vmtrace.data";
 
@@ -290,6 +294,10 @@ pub struct InputArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(after_help = "Examples:\n  \
+    vmtrace report --by task\n  \
+    vmtrace report --comm 'kworker/*' --sym 'hrtimer_*'\n  \
+    vmtrace report --pid 57 --tree")]
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: InputArgs,
@@ -302,14 +310,33 @@ pub struct ReportArgs {
     pub export: Vec<ExportArg>,
     #[command(flatten)]
     pub view: ViewArgs,
+    #[command(flatten)]
+    pub shown: ShownArgs,
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(after_help = "Examples:\n  \
+    vmtrace script | head\n  \
+    vmtrace script --tid 1002 -F time,cpu,func,caller\n  \
+    vmtrace script --sym 'do_sys_*' -F comm,tid,func,args")]
 pub struct ScriptArgs {
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
     pub window: WindowArgs,
+    #[command(flatten)]
+    pub shown: ShownArgs,
+    /// Print only these fields of each event, in this order, as perf
+    /// script -F (a field the trace did not record is refused); comma
+    /// lists, repeatable.
+    #[arg(
+        short = 'F',
+        long = "fields",
+        value_name = "FIELD",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub fields: Vec<FieldArg>,
 }
 
 /// `vmtrace attach`: a running QEMU, what to trace in it, where results go.

@@ -467,6 +467,7 @@ impl CallerNames {
 mod csv;
 mod folded;
 pub mod script;
+pub mod script_fields;
 mod stacks_json;
 pub mod tracedat;
 mod tracks;

@@ -8,7 +8,7 @@
 //! (`crate::trace::window`): its stored events that pass, its counts and
 //! returns recomputed from them (so counts are of stored events), the
 //! tasks and stacks those events name and no others. `TraceMeta::shown`
-//! says what was kept and of how many stored events, and what the whole
+//! says what was kept and of how many stored calls, and what the whole
 //! trace did not store, so that no header claims the calls left out were
 //! not made.
 //!
@@ -158,19 +158,21 @@ impl TraceFilter {
         let mut part = recount(trace, events);
         part.tasks = compact(&trace.tasks, part.events.iter_mut().map(|e| &mut e.task));
         part.stacks = compact(&trace.stacks, part.events.iter_mut().map(|e| &mut e.stack));
-        part.meta.shown = shown_note(trace, part.events.len(), label);
+        part.meta.shown = shown_note(trace, part.meta.events_total, label);
         Ok(part)
     }
 }
 
-/// `LABEL (12 of 1,800 stored events shown; ...)`: what the filter kept,
-/// and what the whole trace counted but did not store.
-fn shown_note(trace: &Trace, kept: usize, label: &str) -> String {
+/// `LABEL (12 of 1,800 stored calls shown; ...)`: what the filter kept
+/// (calls: entries, as the `events:` line counts them; a call's return
+/// goes with it), and what the whole trace counted but did not store.
+fn shown_note(trace: &Trace, kept: u64, label: &str) -> String {
     let m = &trace.meta;
+    let stored = trace.events.iter().filter(|e| !e.is_return()).count();
     let mut note = format!(
-        "{label} ({} of {} stored events shown; counts are of those",
-        thousands(kept as u64),
-        thousands(trace.events.len() as u64)
+        "{label} ({} of {} stored calls shown; counts are of those",
+        thousands(kept),
+        thousands(stored as u64)
     );
     if m.events_dropped > 0 {
         note.push_str(&format!(
@@ -355,7 +357,7 @@ mod tests {
         assert!(r.events.is_empty() && r.tasks.is_empty());
         assert_eq!(
             r.meta.shown,
-            "none (0 of 9 stored events shown; counts are of those)"
+            "none (0 of 7 stored calls shown; counts are of those)"
         );
     }
 
@@ -384,7 +386,7 @@ mod tests {
         t.meta.events_total = 1_207;
         t.meta.events_dropped = 1_200;
         let r = filter(&[], &[57], &[], &[]).apply(&t, "tgid 57").unwrap();
-        let want = "tgid 57 (5 of 9 stored events shown; counts are of those; the whole trace \
+        let want = "tgid 57 (3 of 7 stored calls shown; counts are of those; the whole trace \
                     counted 1,207 calls, 1,200 of them not stored)";
         assert_eq!(r.meta.shown, want);
         assert_eq!((r.meta.events_total, r.meta.events_dropped), (3, 0));

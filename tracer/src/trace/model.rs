@@ -155,7 +155,7 @@ pub struct TraceMeta {
     /// no event.
     pub filtered: u64,
     /// A trace filtered after recording (`crate::trace::filter`): what the
-    /// filter kept and how many of the stored events, said in every
+    /// filter kept and how many of the stored calls, said in every
     /// header; empty: not filtered. Never saved (a data file holds what
     /// was recorded).
     pub shown: String,
