@@ -126,9 +126,7 @@ impl Shown {
         if !args.comm.is_empty() {
             task_flags.insert(0, "--comm");
         }
-        if !args.sym.is_empty() {
-            label.push(format!("--sym {}", args.sym.join(",")));
-        }
+        label.extend(args.sym.iter().map(|g| format!("--sym {g}")));
         Ok(Shown {
             filter,
             label: label.join(" "),
