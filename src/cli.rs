@@ -334,7 +334,8 @@ pub struct ScriptArgs {
         long = "fields",
         value_name = "FIELD",
         value_enum,
-        value_delimiter = ','
+        value_delimiter = ',',
+        help_heading = "Output"
     )]
     pub fields: Vec<FieldArg>,
 }

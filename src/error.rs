@@ -418,12 +418,6 @@ impl InputError {
     }
 }
 
-impl From<tracer::trace::filter::TraceFilterError> for InputError {
-    fn from(e: tracer::trace::filter::TraceFilterError) -> InputError {
-        InputError::shown(e, &[], std::path::Path::new(""))
-    }
-}
-
 /// The CLI's words for what library errors name (`vmm::advice`,
 /// `tracer::advice`): the flag that gives each input, and each remedy as the
 /// flags to use.

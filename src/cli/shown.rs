@@ -38,7 +38,9 @@ pub enum FieldArg {
     Pid,
     /// Its thread id (the kernel's pid).
     Tid,
+    /// The vCPU, `[001]`.
     Cpu,
+    /// The host's CLOCK_MONOTONIC, `1234.567890:`.
     Time,
     /// The function (a return's: `FUNCTION returned`).
     Func,

@@ -113,7 +113,9 @@ pub struct Shown {
 
 impl Shown {
     fn check(args: &ShownArgs) -> Result<Shown, InputError> {
-        let filter = TraceFilter::new(&args.comm, &args.pid, &args.tid, &args.sym)?;
+        // Only globs can be wrong before the trace is read (no path yet).
+        let filter = TraceFilter::new(&args.comm, &args.pid, &args.tid, &args.sym)
+            .map_err(|e| InputError::shown(e, &[], Path::new("")))?;
         let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let mut label: Vec<String> = args.comm.iter().map(|g| format!("--comm {g}")).collect();
         let mut task_flags = Vec::new();
