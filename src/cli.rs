@@ -412,6 +412,11 @@ pub struct ListArgs {
     /// one is marked with why); auto: ftrace's on kernels that have them.
     #[arg(long, value_enum, default_value_t = EntryArg::Auto)]
     pub entry: EntryArg,
+    /// List the kernel's events (tracepoints, as ftrace names them:
+    /// SUBSYS:NAME, with their arguments) instead of its functions; GLOBs
+    /// as ftrace's set_event reads them (sched:*, *:*switch*, sched_switch).
+    #[arg(short = 'e', long = "events", conflicts_with = "entry")]
+    pub events: bool,
 }
 
 /// `--export FMT=FILE`.

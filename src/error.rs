@@ -374,6 +374,10 @@ pub enum InputError {
     NotReady(#[from] NotReady),
     #[error("{}", .0.say(&Flags))]
     List(#[from] tracer::plan::list::ListError),
+    #[error(transparent)]
+    Events(#[from] tracer::kernel::events::EventError),
+    #[error("{0}; write SYSTEM:EVENT globs such as sched:* or *:*switch*")]
+    EventGlob(#[from] tracer::kernel::events::EventGlobError),
 }
 
 /// What a trace lacks for a `-F` field, and how to record it.

@@ -53,6 +53,7 @@ use tracer::qemu::gdb::{Gdb, GdbAddr};
 use tracer::qemu::guest::{QemuGuest as Stub, QemuStop};
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
 use tracer::session::direct::contexts::{
     self, Inside, SiteContexts, StackWindow, Stacks, VcpuRegs,
 };

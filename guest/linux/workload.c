@@ -30,6 +30,10 @@
  *                                        -> workload: ftrace hits F N
  *   ftrace enabled the functions in enabled_functions
  *                                        -> workload: ftrace enabled F G
+ *   ftrace events  the events the kernel lists (available_events), one
+ *                  line each, then their count
+ *                                        -> workload: event S:E ...
+ *                                           workload: events N
  *   ping                                 -> workload: pong pid=W
  *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
  *                  first); returns once the machine woke up
@@ -521,7 +525,24 @@ static void run_ftrace(char **w, int n)
 		emit(&l);
 		return;
 	}
-	say("error unknown command (ftrace on F [G], off, hits F, enabled)");
+	if (n == 2 && streq(w[1], "events")) {
+		len = tracefs_read("available_events", text, sizeof(text));
+		/* One console line per event: "SYSTEM:EVENT\n" each. */
+		for (i = 0; i < len; i++) {
+			if (i > 0 && text[i - 1] != '\n')
+				continue;
+			put(&l, "workload: event ");
+			while (i < len && text[i] != '\n')
+				l.buf[l.len < sizeof(l.buf) - 2 ? l.len++ : l.len] = text[i++];
+			emit(&l);
+			hits++;
+		}
+		put(&l, "workload: events ");
+		put_num(&l, len < 0 ? len : hits);
+		emit(&l);
+		return;
+	}
+	say("error unknown command (ftrace on F [G], off, hits F, enabled, events)");
 }
 
 /* Power off when the kernel can (ACPI), else restart; never returns. */

@@ -1,8 +1,11 @@
 //! `vmtrace list [GLOB...]`: the kernel's functions, traceable or not and
-//! why (`tracer::plan::list`), on stdout; the summary on stderr, so that the list
-//! pipes. No guest is booted.
+//! why (`tracer::plan::list`), or with `-e` its events
+//! (`tracer::kernel::events`), on stdout; the summary on stderr, so that
+//! the list pipes. No guest is booted.
 
 use tracer::error::TracerError;
+use tracer::kernel::btf::KernelBtf;
+use tracer::kernel::events::{EventError, EventGlobs, EventTable};
 use tracer::kernel::sites::SiteTable;
 use tracer::plan::entry::{DirectPlan, EntryKind};
 use tracer::plan::list::Listing;
@@ -14,6 +17,9 @@ use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
     let cfg = ListConfig::check(args)?;
+    if cfg.events {
+        return events(&cfg);
+    }
     let listing = match cfg.entry.resolve(&cfg.image) {
         EntryKind::Ftrace => {
             if let Some(e) = cfg.image.missing_sites() {
@@ -32,6 +38,44 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
     note!(
         "vmtrace: {} (symbols: {})",
         listing.summary(),
+        cfg.image.source
+    );
+    Ok(Outcome::Clean)
+}
+
+/// `list -e`: one line per event the kernel lists, `SYSTEM:NAME (ARGS)`,
+/// sorted by name as tracefs' `available_events` is not (it follows the
+/// kernel's array); the counts on stderr.
+fn events(cfg: &ListConfig) -> Result<Outcome, Error> {
+    let globs = EventGlobs::parse(&cfg.globs).map_err(InputError::from)?;
+    let btf =
+        KernelBtf::from_image(&cfg.image).map_err(|e| InputError::from(EventError::from(e)))?;
+    let table = EventTable::read(&cfg.image, &btf).map_err(InputError::from)?;
+    let mut chosen = table.select(&globs).map_err(InputError::from)?;
+    chosen.sort_by_key(|e| e.full_name());
+    to_stdout("list", |w| {
+        for e in &chosen {
+            match e.signature().as_str() {
+                "" => writeln!(w, "{}", e.full_name())?,
+                sig => writeln!(w, "{} {sig}", e.full_name())?,
+            }
+        }
+        Ok(())
+    })?;
+    let systems: std::collections::BTreeSet<&str> =
+        chosen.iter().map(|e| e.system.as_str()).collect();
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let listed = table.listed().count();
+    let unlisted = table.events.len() - listed;
+    let why = match table.syscalls_checked {
+        true => "the ftrace system's formats, syscalls outside its syscall table",
+        false => "the ftrace system's formats",
+    };
+    note!(
+        "vmtrace: {} in {}, of the {listed} the kernel lists ({unlisted} more in its table \
+         it does not: {why}) (symbols: {})",
+        plural(chosen.len(), "event"),
+        plural(systems.len(), "subsystem"),
         cfg.image.source
     );
     Ok(Outcome::Clean)

@@ -19,6 +19,8 @@ pub struct ListConfig {
     pub globs: Vec<String>,
     /// `--entry`: which functions count as traceable.
     pub entry: tracer::plan::entry::EntryChoice,
+    /// `-e`: list events, not functions.
+    pub events: bool,
 }
 
 impl ListConfig {
@@ -28,6 +30,7 @@ impl ListConfig {
             image,
             globs: args.globs.clone(),
             entry: args.entry.choice(),
+            events: args.events,
         })
     }
 }

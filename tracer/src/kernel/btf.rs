@@ -123,6 +123,12 @@ impl KernelBtf {
         &self.path
     }
 
+    /// The parsed types themselves, for readers of whole declarations
+    /// (`crate::kernel::events::decl`).
+    pub(crate) fn types(&self) -> &Btf {
+        &self.btf
+    }
+
     fn broken(&self, what: impl Into<String>) -> BtfError {
         BtfError::Broken {
             path: self.path.clone(),

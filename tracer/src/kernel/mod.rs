@@ -9,6 +9,7 @@ pub mod calls;
 pub mod cpus;
 pub mod direct;
 pub mod dwarf;
+pub mod events;
 pub mod filter;
 pub mod find;
 pub mod ftrace_records;

@@ -59,10 +59,11 @@ impl QmpSocket {
         })
     }
 
-    /// The burst's connection: a new one checked to reach the same QEMU.
-    fn conn(&mut self) -> Result<&mut Qmp, QmpError> {
+    /// The burst's connection: a new one (waiting `wait` for a socket
+    /// another client holds) checked to reach the same QEMU.
+    fn conn(&mut self, wait: Duration) -> Result<&mut Qmp, QmpError> {
         if self.conn.is_none() {
-            let qmp = Qmp::connect(&self.path, self.timeout)?;
+            let qmp = Qmp::connect_waiting(&self.path, wait, self.timeout)?;
             let pid = qmp.pid()?;
             if !self.identity.same_process(pid) {
                 return Err(QmpError::Replaced {
@@ -79,7 +80,7 @@ impl QmpSocket {
 
 impl Transport for QmpSocket {
     fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
-        let out = self.conn()?.execute(cmd, args);
+        let out = self.conn(self.timeout)?.execute(cmd, args);
         if let Err(QmpError::Closed { .. } | QmpError::Broken { .. }) = &out {
             // A connection out of step is not used again: the next
             // command opens another.
@@ -92,6 +93,10 @@ impl Transport for QmpSocket {
         if let Some(mut qmp) = self.conn.take() {
             self.events.merge(qmp.take_events());
         }
+    }
+
+    fn open_within(&mut self, wait: Duration) -> Result<(), QmpError> {
+        self.conn(wait).map(|_| ())
     }
 
     fn take_events(&mut self) -> QmpEvents {
@@ -107,5 +112,69 @@ impl Transport for QmpSocket {
 
     fn place(&self) -> &Path {
         &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qemu::queries::Queries;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A fake QEMU that greets its first `greeted` connections, one at a
+    /// time as QEMU does, answering every command `running`; it counts
+    /// them.
+    fn fake(path: &Path, greeted: usize) -> Arc<AtomicUsize> {
+        let _ = std::fs::remove_file(path);
+        let l = UnixListener::bind(path).unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for s in l.incoming().take(greeted) {
+                let s = s.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut out = s.try_clone().unwrap();
+                writeln!(out, r#"{{"QMP": {{"version": {{"qemu": {{"major": 7, "minor": 2, "micro": 0}}, "package": ""}}}}}}"#).unwrap();
+                for line in BufReader::new(s).lines() {
+                    let Ok(line) = line else { break };
+                    let cmd: Value = serde_json::from_str(&line).unwrap();
+                    let reply =
+                        serde_json::json!({"return": {"status": "running"}, "id": cmd["id"]});
+                    if writeln!(out, "{reply}").is_err() {
+                        break;
+                    }
+                }
+            }
+            // Then it greets no one: the socket looks held.
+            std::thread::sleep(Duration::from_secs(30));
+            drop(l);
+        });
+        seen
+    }
+
+    #[test]
+    fn each_burst_is_a_connection_of_its_own_and_a_held_socket_is_busy() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-burst-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let path = dir.join("qmp.sock");
+        let seen = fake(&path, 3);
+        let mut m = connect(&path, Duration::from_secs(10)).unwrap();
+        assert_eq!(m.pid(), std::process::id());
+        // The first command still uses the connection that learned the
+        // pid; each later one, or each burst, connects anew.
+        assert_eq!(m.status().unwrap(), "running");
+        assert_eq!(m.status().unwrap(), "running");
+        let two = m.burst(|m| (m.status().unwrap(), m.status().unwrap()));
+        assert_eq!(two.0, two.1);
+        assert_eq!(seen.load(Ordering::SeqCst), 3);
+        // The fourth is never greeted: Busy, after the wait.
+        let e = m
+            .burst_within(Duration::from_millis(200), |m| m.status())
+            .unwrap_err();
+        assert!(matches!(e, QmpError::Busy { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

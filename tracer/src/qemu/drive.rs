@@ -17,10 +17,21 @@ use super::liveness::{QemuProcess, RunState};
 use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
+use super::reset::{self, CpuView, LookSeen, Verdict};
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
+
+/// How long a look waits for QMP's socket while another client holds it
+/// (Proxmox's `qm`, a user's `socat`): not the trace loop's whole step
+/// (trap mode serves no hit meanwhile); a look not let in is a look
+/// unanswered, waited out like a stalled QEMU.
+const LOOK_WAIT: Duration = Duration::from_millis(100);
+
+/// How long looks go unanswered before it is said (a QMP reply's
+/// timeout, `session::REPLY_TIMEOUT`).
+const UNANSWERED_SAID: Duration = Duration::from_secs(10);
 
 /// Where the gdbstub is: one vmtrace opened through QMP (and closes at
 /// the end, reopening the one it replaced), or one the user gave.
@@ -55,6 +66,11 @@ pub(super) struct QemuVm {
     pub(super) unanswered: Option<Instant>,
     /// Someone else's stop of the VM (QEMU's run state), and since when.
     pub(super) held: Option<(String, Instant)>,
+    /// Where the traced kernel's image runs (set at the attach's first
+    /// stop), for `reset::judge`.
+    pub(super) image: Option<std::ops::Range<u64>>,
+    /// The last look's verdict was `reset::Verdict::Suspect`.
+    suspected: bool,
 }
 
 impl QemuVm {
@@ -72,10 +88,13 @@ impl QemuVm {
             process: QemuProcess::watch(pid),
             unanswered: None,
             held: None,
+            image: None,
+            suspected: false,
         }
     }
 
-    /// How the VM is now, from its monitor: None while QEMU runs on (a
+    /// How the VM is now, from its monitor (one burst: the run state and
+    /// CPU 0's registers, `super::reset`): None while QEMU runs on (a
     /// stalled monitor is waited out, someone else's stop noted), else why
     /// tracing must end. A late answer is never taken for a later
     /// command's (QMP ids).
@@ -83,32 +102,51 @@ impl QemuVm {
         if self.process.is_gone() {
             return Some(TraceEnd::VmmGone("its process exited".into()));
         }
-        let status = self.qmp.status();
+        let looked = self.qmp.burst_within(LOOK_WAIT, |m| {
+            let status = m.status()?;
+            // (Its failure is no sign: the run state decides then.)
+            Ok((status, m.hmp("info registers").ok()))
+        });
+        let (status, regs) = match looked {
+            Ok((s, r)) => (Ok(s), r),
+            Err(e) => (Err(e), None),
+        };
         let events = self.qmp.take_events();
-        if let Some(why) = events.reset.or(events
-            .shutdown
-            .filter(|w| w != "guest-reset" && w != "host-qmp-quit"))
-        {
-            // Before anything else can write: the drainer's next word would
-            // land in the firmware's or the next kernel's memory.
-            self.guest.seal();
-            return Some(TraceEnd::GuestReset(why));
-        }
-        if events.suspend {
-            return Some(TraceEnd::Suspended);
-        }
-        match status {
-            Ok(s) => {
-                self.unanswered = None;
-                self.note_state(RunState::parse(&s));
-                None
-            }
+        let status = match status {
+            Ok(s) => s,
             Err(QmpError::Closed { .. }) => {
-                Some(TraceEnd::VmmGone("QEMU closed its monitor socket".into()))
+                return Some(TraceEnd::VmmGone("QEMU closed its monitor socket".into()))
             }
-            // Busy, stopped or slow, but there: waited out.
+            Err(e @ QmpError::Replaced { .. }) => {
+                return Some(TraceEnd::MonitorLost(e.to_string()))
+            }
+            // Busy, stopped or slow, but there: waited out. (Events seen
+            // in the burst still count.)
             Err(_) => {
                 self.unanswered.get_or_insert_with(Instant::now);
+                String::new()
+            }
+        };
+        let cpu0 = regs.as_deref().and_then(CpuView::parse);
+        let seen = LookSeen {
+            status: &status,
+            events: &events,
+            cpu0: cpu0.as_ref(),
+        };
+        let verdict = reset::judge(&seen, self.image.as_ref(), self.suspected);
+        self.suspected = matches!(verdict, Verdict::Suspect(_));
+        match verdict {
+            Verdict::Reset(why) => {
+                // Before anything else can write: the drainer's next word
+                // would land in the firmware's or the next kernel's memory.
+                self.guest.seal();
+                Some(TraceEnd::GuestReset(why))
+            }
+            Verdict::Suspended => Some(TraceEnd::Suspended),
+            _ if status.is_empty() => None,
+            Verdict::GoOn(state) | Verdict::Suspect(state) => {
+                self.unanswered = None;
+                self.note_state(state);
                 None
             }
         }
@@ -154,6 +192,9 @@ impl QemuVm {
                 Err(QmpError::Timeout { .. }) if self.alive() => on_wait(&HeldUp::Unanswered {
                     since: since.elapsed(),
                 }),
+                // Another QEMU took the socket's path while this one runs
+                // on: its stub (held) says how it is, as for any stop.
+                Err(QmpError::Replaced { .. }) if self.alive() => return Ok(RunState::Running),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -251,7 +292,10 @@ impl Backend for QemuVm {
     }
 
     fn held_up(&self) -> Option<HeldUp> {
-        if let Some(t) = self.unanswered {
+        // A look not let in for a moment (another client's command) is not
+        // worth a word: only a monitor silent for as long as one reply may
+        // take is.
+        if let Some(t) = self.unanswered.filter(|t| t.elapsed() >= UNANSWERED_SAID) {
             return Some(HeldUp::Unanswered { since: t.elapsed() });
         }
         self.held.as_ref().map(|(why, t)| HeldUp::Stopped {

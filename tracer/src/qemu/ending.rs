@@ -51,6 +51,9 @@ pub enum EndReason {
     /// The gdbstub failed while tracing through its breakpoints (QEMU
     /// still answers its monitor).
     Stub(String),
+    /// Another QEMU answers at the QMP socket's path (the error says
+    /// which): the QEMU traced is detached through its gdbstub.
+    MonitorReplaced(String),
     /// The machine was reset or shut down (QEMU's reason): the trace ends
     /// there, and vmtrace writes nothing more to the guest.
     GuestReset(String),
@@ -69,6 +72,7 @@ impl From<TraceEnd> for EndReason {
             TraceEnd::GuestStopped => EndReason::QemuGone("the guest stopped".into()),
             TraceEnd::VmmGone(why) => EndReason::QemuGone(why),
             TraceEnd::Stub(why) => EndReason::Stub(why),
+            TraceEnd::MonitorLost(why) => EndReason::MonitorReplaced(why),
             TraceEnd::GuestReset(why) => EndReason::GuestReset(why),
             TraceEnd::Suspended => EndReason::Suspended,
             TraceEnd::Done => EndReason::Done,
@@ -120,6 +124,7 @@ impl std::fmt::Display for EndReason {
             EndReason::Signal(sig) => write!(f, "signal {sig}"),
             EndReason::QemuGone(why) => write!(f, "QEMU went away: {why}"),
             EndReason::Stub(why) => write!(f, "the gdbstub failed: {why}"),
+            EndReason::MonitorReplaced(why) => write!(f, "{why}"),
             EndReason::GuestReset(why) => write!(f, "the guest was reset ({why})"),
             EndReason::Suspended => write!(f, "the guest suspended to RAM (S3)"),
             EndReason::Done => write!(f, "done"),

@@ -21,13 +21,19 @@
 //! - `take_events` returns the QMP events seen since the last call (a
 //!   transport that sees none returns none: the session does not need
 //!   them, `super::reset` says why);
-//! - `place` names it in errors.
+//! - `place` names it in errors;
+//! - `open_within` (optional) opens the burst's connection with a short
+//!   wait, for the trace loop's looks.
+//!
+//! Errors are `QmpError`s; a transport whose failures none of its
+//! variants says adds one there (naming what it talks to).
 //!
 //! Then build `Monitor::new(Box::new(your_transport))` (as
 //! `super::burst::connect` does for a QMP socket) and hand it to
 //! `session::connect_monitor`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -71,6 +77,13 @@ pub trait Transport: Send {
     fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError>;
     /// The burst is over: let go of what it holds.
     fn end_burst(&mut self);
+    /// Opens the burst's connection now, if it has none, waiting at most
+    /// `wait` for a monitor another client holds (`QmpError::Busy`). A
+    /// transport without a connection of its own has nothing to do.
+    fn open_within(&mut self, wait: Duration) -> Result<(), QmpError> {
+        let _ = wait;
+        Ok(())
+    }
     /// The QMP events seen since the last call.
     fn take_events(&mut self) -> QmpEvents;
     /// The QEMU found when the transport was made.
@@ -104,6 +117,20 @@ impl Monitor {
             self.transport.end_burst();
         }
         out
+    }
+
+    /// `burst`, its connection opened first, waiting at most `wait` for a
+    /// monitor another client holds: a look that must not hold up the
+    /// trace loop (`QmpError::Busy` then).
+    pub fn burst_within<T>(
+        &mut self,
+        wait: Duration,
+        f: impl FnOnce(&mut Monitor) -> Result<T, QmpError>,
+    ) -> Result<T, QmpError> {
+        self.burst(|m| {
+            m.transport.open_within(wait)?;
+            f(m)
+        })
     }
 
     /// The QMP events seen since the last call (only those that came

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::gdb::GdbAddr;
 use super::lines::{LineError, LineReader};
+use super::unix_connect::connect_within;
 
 pub use super::layout::RamRange;
 
@@ -119,17 +119,6 @@ impl std::fmt::Display for QemuVersion {
     }
 }
 
-/// One vCPU, from `query-cpus-fast`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QemuCpu {
-    /// QEMU's cpu_index: the gdbstub's thread id minus one.
-    pub index: u32,
-    /// The host thread running it (a TCG thread under MTTCG, a KVM vCPU thread).
-    pub thread_id: u32,
-    pub qom_path: String,
-    pub target: String,
-}
-
 /// The asynchronous events seen between replies that say the VM changed state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QmpEvents {
@@ -160,49 +149,6 @@ impl QmpEvents {
     }
 }
 
-/// QEMU's gdbstub as its chardev "gdb" shows it (`query-chardev`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GdbServer {
-    /// Where to connect, when it listens on a unix or TCP socket (a TCP
-    /// stub on every address is reached on 127.0.0.1).
-    pub addr: Option<GdbAddr>,
-    /// A debugger is connected: the stub serves one at a time.
-    pub connected: bool,
-    /// QEMU's description, e.g. `disconnected:tcp:0.0.0.0:1234,server=on`.
-    pub filename: String,
-}
-
-impl GdbServer {
-    /// From the chardev's filename: `[disconnected:]unix:PATH,server=on` or
-    /// `[disconnected:]tcp:HOST:PORT,server=on[ <-> PEER]`.
-    pub fn parse(filename: &str) -> GdbServer {
-        let (connected, rest) = match filename.strip_prefix("disconnected:") {
-            Some(r) => (false, r),
-            None => (true, filename),
-        };
-        let spec = rest.split(" <-> ").next().unwrap_or("");
-        let spec = spec.split(',').next().unwrap_or("");
-        let addr = if let Some(p) = spec.strip_prefix("unix:") {
-            Some(GdbAddr::Unix(PathBuf::from(p)))
-        } else if let Some((host, port)) =
-            spec.strip_prefix("tcp:").and_then(|t| t.rsplit_once(':'))
-        {
-            let host = match host {
-                "" | "0.0.0.0" | "::" | "[::]" => "127.0.0.1",
-                h => h,
-            };
-            Some(GdbAddr::Tcp(format!("{host}:{port}")))
-        } else {
-            None
-        };
-        GdbServer {
-            addr,
-            connected,
-            filename: filename.to_string(),
-        }
-    }
-}
-
 /// The longest line taken from QMP: far above any real reply (`info mtree
 /// -f` of a big VM is tens of KiB), so that a peer's endless line ends in
 /// an error, not in all of vmtrace's memory.
@@ -228,14 +174,30 @@ pub struct Qmp {
 
 impl Qmp {
     /// Connects to QEMU's QMP socket at `path`, reads the greeting and enters
-    /// command mode; `timeout` bounds the greeting and every reply.
+    /// command mode; `timeout` bounds the connect and the greeting (a
+    /// socket another client holds: `Busy`) and every reply.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
+        Qmp::connect_waiting(path, timeout, timeout)
+    }
+
+    /// `connect`, waiting `wait` for a socket another client holds (its
+    /// connect and greeting), `timeout` for every reply.
+    pub fn connect_waiting(
+        path: &Path,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Qmp, QmpError> {
         let p = || path.to_path_buf();
-        let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+        let stream = connect_within(path, wait).map_err(|e| match e.kind() {
             ErrorKind::NotFound => QmpError::NoSocket { path: p() },
             ErrorKind::ConnectionRefused => match std::fs::metadata(path) {
                 Ok(m) if !m.file_type().is_socket() => QmpError::NotSocket { path: p() },
                 _ => QmpError::Refused { path: p() },
+            },
+            // Its listen queue full: QEMU serves other clients.
+            ErrorKind::WouldBlock => QmpError::Busy {
+                path: p(),
+                secs: wait.as_secs_f64(),
             },
             _ => QmpError::Connect {
                 path: p(),
@@ -261,14 +223,14 @@ impl Qmp {
             next_id: 1,
             broken: None,
         };
-        qmp.version = qmp.greeting()?;
+        qmp.version = qmp.greeting(wait)?;
         qmp.execute("qmp_capabilities", None)?;
         Ok(qmp)
     }
 
     /// Reads the `{"QMP": {"version": ...}}` greeting.
-    fn greeting(&mut self) -> Result<QemuVersion, QmpError> {
-        let deadline = Instant::now() + self.timeout;
+    fn greeting(&mut self, wait: Duration) -> Result<QemuVersion, QmpError> {
+        let deadline = Instant::now() + wait;
         let line = match self.read_line(deadline, "the greeting") {
             Ok(l) => l,
             // Nothing at all: QEMU serves another client. Part of a line
@@ -276,7 +238,7 @@ impl Qmp {
             Err(QmpError::Timeout { .. }) if !self.reader.partial() => {
                 return Err(QmpError::Busy {
                     path: self.path.clone(),
-                    secs: self.timeout.as_secs_f64(),
+                    secs: wait.as_secs_f64(),
                 })
             }
             Err(QmpError::Closed { .. }) => return Err(self.not_qemu("nothing".into())),
@@ -490,25 +452,4 @@ pub(super) fn short(s: &str) -> String {
         out.push_str("...");
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The "gdb" chardev's filenames of QEMU 7.2, captured.
-    #[test]
-    fn gdbserver_chardevs() {
-        let g = GdbServer::parse("disconnected:tcp:0.0.0.0:1234,server=on");
-        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
-        assert!(!g.connected);
-        let g = GdbServer::parse("tcp:127.0.0.1:1234,server=on <-> 127.0.0.1:49228");
-        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
-        assert!(g.connected);
-        let g = GdbServer::parse("disconnected:unix:/tmp/qw/g6.sock,server=on");
-        assert_eq!(g.addr, Some(GdbAddr::Unix("/tmp/qw/g6.sock".into())));
-        assert!(!g.connected);
-        assert!(GdbServer::parse("unix:/tmp/qw/g6.sock,server=on").connected);
-        assert_eq!(GdbServer::parse("pty:/dev/pts/3").addr, None);
-    }
 }

@@ -4,12 +4,67 @@
 //! a connection per burst ([`super::monitor::Monitor`] over a QMP socket),
 //! or another transport behind a `Monitor`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use super::gdb::GdbAddr;
 use super::layout::{join_layout, parse_flat_ram, parse_gpa2hva, parse_ramblocks, RamRange};
-use super::qmp::{short, GdbServer, QemuCpu, Qmp, QmpError};
+use super::qmp::{short, Qmp, QmpError};
+
+/// One vCPU, from `query-cpus-fast`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QemuCpu {
+    /// QEMU's cpu_index: the gdbstub's thread id minus one.
+    pub index: u32,
+    /// The host thread running it (a TCG thread under MTTCG, a KVM vCPU thread).
+    pub thread_id: u32,
+    pub qom_path: String,
+    pub target: String,
+}
+
+/// QEMU's gdbstub as its chardev "gdb" shows it (`query-chardev`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GdbServer {
+    /// Where to connect, when it listens on a unix or TCP socket (a TCP
+    /// stub on every address is reached on 127.0.0.1).
+    pub addr: Option<GdbAddr>,
+    /// A debugger is connected: the stub serves one at a time.
+    pub connected: bool,
+    /// QEMU's description, e.g. `disconnected:tcp:0.0.0.0:1234,server=on`.
+    pub filename: String,
+}
+
+impl GdbServer {
+    /// From the chardev's filename: `[disconnected:]unix:PATH,server=on` or
+    /// `[disconnected:]tcp:HOST:PORT,server=on[ <-> PEER]`.
+    pub fn parse(filename: &str) -> GdbServer {
+        let (connected, rest) = match filename.strip_prefix("disconnected:") {
+            Some(r) => (false, r),
+            None => (true, filename),
+        };
+        let spec = rest.split(" <-> ").next().unwrap_or("");
+        let spec = spec.split(',').next().unwrap_or("");
+        let addr = if let Some(p) = spec.strip_prefix("unix:") {
+            Some(GdbAddr::Unix(PathBuf::from(p)))
+        } else if let Some((host, port)) =
+            spec.strip_prefix("tcp:").and_then(|t| t.rsplit_once(':'))
+        {
+            let host = match host {
+                "" | "0.0.0.0" | "::" | "[::]" => "127.0.0.1",
+                h => h,
+            };
+            Some(GdbAddr::Tcp(format!("{host}:{port}")))
+        } else {
+            None
+        };
+        GdbServer {
+            addr,
+            connected,
+            filename: filename.to_string(),
+        }
+    }
+}
 
 /// A way to run one QMP command on a QEMU; the queries come with it.
 pub trait Queries {
@@ -165,5 +220,26 @@ fn hmp_error(q: &(impl Queries + ?Sized), cmd: &str, text: &str) -> QmpError {
         path: q.place().to_path_buf(),
         cmd: cmd.into(),
         msg: msg.join("; "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The "gdb" chardev's filenames of QEMU 7.2, captured.
+    #[test]
+    fn gdbserver_chardevs() {
+        let g = GdbServer::parse("disconnected:tcp:0.0.0.0:1234,server=on");
+        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
+        assert!(!g.connected);
+        let g = GdbServer::parse("tcp:127.0.0.1:1234,server=on <-> 127.0.0.1:49228");
+        assert_eq!(g.addr, Some(GdbAddr::Tcp("127.0.0.1:1234".into())));
+        assert!(g.connected);
+        let g = GdbServer::parse("disconnected:unix:/tmp/qw/g6.sock,server=on");
+        assert_eq!(g.addr, Some(GdbAddr::Unix("/tmp/qw/g6.sock".into())));
+        assert!(!g.connected);
+        assert!(GdbServer::parse("unix:/tmp/qw/g6.sock,server=on").connected);
+        assert_eq!(GdbServer::parse("pty:/dev/pts/3").addr, None);
     }
 }

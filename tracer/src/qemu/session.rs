@@ -255,6 +255,14 @@ fn kernel_offset(stop: &QemuStop<'_>, plan: &Plan) -> Result<KernelOffset, QemuE
     }
 }
 
+/// Where the running kernel's image is (`_text` to `_end`), if its
+/// symbols say.
+fn image_span(image: &KernelImage, offset: KernelOffset) -> Option<std::ops::Range<u64>> {
+    let start = image.symbol("_text")?.addr;
+    let end = image.symbol("_end")?.addr;
+    Some(offset.runtime(start)..offset.runtime(end))
+}
+
 /// Why the kernel's banner was found nowhere: a kernel runs (its image's
 /// virtual area maps memory) but not this one, or none runs yet. The
 /// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
@@ -370,6 +378,7 @@ fn setup(
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
+    vm.image = image_span(&plan.plan.image, offset);
     // Exitless mode's rings: one per CPU the guest kernel may use.
     let cpus = ring_cpus(&first, &plan.plan, offset, first.cpus());
     let decided = attach_mode::decide(&plan, cpus, || room(&first, &plan.plan, offset), falls_back);

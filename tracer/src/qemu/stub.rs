@@ -13,8 +13,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use super::gdb::GdbAddr;
-use super::qmp::{GdbServer, QmpError};
-use super::queries::Queries;
+use super::qmp::QmpError;
+use super::queries::{GdbServer, Queries};
 
 /// The socket's name in vmtrace's private directory.
 pub const SOCKET: &str = "gdb.sock";

@@ -97,6 +97,10 @@ pub enum TraceEnd {
     /// The debugger stub failed while serving breakpoints (the VMM still
     /// answers its monitor).
     Stub(String),
+    /// The VMM's monitor now answers for another VMM (one restarted
+    /// behind the same socket path): the VMM traced is worked on through
+    /// its debugger stub only.
+    MonitorLost(String),
     /// The guest was reset or shut down (the VMM says why): its memory is
     /// no longer the traced kernel's.
     GuestReset(String),

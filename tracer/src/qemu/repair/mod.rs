@@ -30,8 +30,7 @@ use super::journal::{self, Armed, Journal, JournalRecord};
 use super::marker::{self, Marker, MAGIC};
 use super::monitor::Monitor;
 use super::procmem::ProcRam;
-use super::qmp::GdbServer;
-use super::queries::Queries;
+use super::queries::{GdbServer, Queries};
 use region::{left_mapped, region_held, region_stop, restore_sites};
 
 /// How long to wait for each QMP or gdbstub reply (as an attach does).
