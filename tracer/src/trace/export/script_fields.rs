@@ -153,3 +153,107 @@ fn stack_lines(w: &mut impl Write, trace: &Trace, e: &Event) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::symbols::Symbol;
+    use crate::trace::model::{Task, TraceMeta, RETURN_BIT};
+
+    fn sym(name: &str, addr: u64) -> Symbol {
+        Symbol {
+            name: name.into(),
+            addr,
+            size: 0x100,
+        }
+    }
+
+    /// An entry of sh (57) on vCPU 1 and its return, and an entry of no
+    /// known task on vCPU 0.
+    fn trace() -> Trace {
+        let ev = |ts_ns, cpu, task, slot| Event {
+            ts_ns,
+            parent: 0x9010,
+            slot,
+            func: 0,
+            cpu,
+            task,
+            stack: 0,
+            data: 0,
+        };
+        Trace {
+            meta: TraceMeta {
+                cpus: 2,
+                events_total: 2,
+                graph: true,
+                ..TraceMeta::default()
+            },
+            functions: vec![sym("schedule", 0x1000)],
+            counts: vec![vec![1, 1]],
+            returns: vec![vec![0, 1]],
+            callers: vec![sym("do_idle", 0x9000)],
+            events: vec![
+                ev(1_234_567_890_123, 1, 1, 0x100),
+                ev(1_234_567_899_999, 1, 1, 0x100 | RETURN_BIT),
+                ev(1_235_000_000_000, 0, 0, 0x200),
+            ],
+            tasks: vec![Task {
+                pid: 58,
+                tgid: 57,
+                comm: "sh".into(),
+            }],
+            ..Trace::default()
+        }
+    }
+
+    fn lines(t: &Trace, fields: &[ScriptField]) -> Vec<String> {
+        let mut out = Vec::new();
+        write_script_fields(t, fields, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn fields_in_the_order_asked() {
+        use ScriptField::*;
+        let t = trace();
+        assert_eq!(
+            lines(&t, &[Comm, Pid, Tid, Cpu, Time, Func, Caller]),
+            [
+                "              sh      57      58 [001]  1234.567890: schedule <-do_idle",
+                "              sh      57      58 [001]  1234.567899: schedule returned to do_idle",
+                "           vcpu0       -       1 [000]  1235.000000: schedule <-do_idle",
+            ]
+        );
+        assert_eq!(
+            lines(&t, &[Caller, Tid]),
+            [
+                "<-do_idle      58",
+                "to do_idle      58",
+                "<-do_idle       1"
+            ]
+        );
+        // Nothing to show for any event: empty lines, one per event.
+        assert_eq!(lines(&t, &[Retval]), ["", "", ""]);
+    }
+
+    #[test]
+    fn what_the_trace_did_not_record_is_missing() {
+        use ScriptField::*;
+        let mut t = trace();
+        for f in [Comm, Pid, Tid, Cpu, Time, Func, Caller] {
+            assert_eq!(f.check(&t), Ok(()), "{f:?}");
+        }
+        assert_eq!(Args.check(&t), Err(FieldMissing::Args));
+        assert_eq!(Retval.check(&t), Err(FieldMissing::Retval));
+        assert_eq!(Stack.check(&t), Err(FieldMissing::Stacks));
+        t.meta.args = true;
+        t.meta.retval = true;
+        assert_eq!((Args.check(&t), Retval.check(&t)), (Ok(()), Ok(())));
+        t.tasks.clear();
+        assert_eq!(Tid.check(&t), Err(FieldMissing::Tasks));
+    }
+}
