@@ -246,6 +246,16 @@ fn every_view_says_the_filter_and_shows_only_its_events() {
             assert_eq!(cols[1], calls.to_string(), "{row}");
         }
     }
+    // The exports: of the same events (CSV: a row per entry and return).
+    let csv = recorded().full.with_extension("csv");
+    let export = format!("csv={}", csv.display());
+    run("report", &["--comm", "mini-b*", "--export", &export]);
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(rows.lines().count() as u64, 1 + 2 * n);
+    assert!(
+        rows.lines().skip(1).all(|r| r.contains(",mini-b")),
+        "{rows}"
+    );
     // The call tree and the script: the line, and no other task.
     let tree = run("report", &["--comm", "mini-b*", "--tree"]);
     assert!(tree.contains(&format!("\n# filter: {note}\n")), "{tree}");
