@@ -22,7 +22,7 @@ use globset::GlobMatcher;
 
 use crate::kernel::filter::{FilterError, Globs};
 use crate::plan::tasks::{comm_glob, CommGlobError};
-use crate::trace::model::{Event, Trace};
+use crate::trace::model::{Event, Task, Trace};
 use crate::trace::report::thousands;
 use crate::trace::window::recount;
 
@@ -112,22 +112,8 @@ impl TraceFilter {
         parts.join("; ")
     }
 
-    /// Whether `e` of `trace` is kept.
-    fn keeps(&self, trace: &Trace, e: &Event) -> bool {
-        if let Some(f) = &self.functions {
-            let Some(func) = trace.functions.get(e.func as usize) else {
-                return false;
-            };
-            if !f.is_match(&func.name) {
-                return false;
-            }
-        }
-        if !self.by_task() {
-            return true;
-        }
-        let Some(t) = trace.task_of(e) else {
-            return false;
-        };
+    /// Whether the calls of task `t` are kept (by the task filters).
+    fn keeps_task(&self, t: &Task) -> bool {
         (self.comms.is_empty() || self.comms.iter().any(|(_, m)| m.is_match(&t.comm)))
             && (self.tgids.is_empty() || self.tgids.contains(&t.tgid))
             && (self.pids.is_empty() || self.pids.contains(&t.pid))
@@ -148,11 +134,21 @@ impl TraceFilter {
             };
             return Err(TraceFilterError::NoTasks { why });
         }
-        let nfunc = trace.functions.len();
+        // Each glob once per function and task, not once per event.
+        let func_kept: Vec<bool> = trace
+            .functions
+            .iter()
+            .map(|f| self.functions.as_ref().is_none_or(|g| g.is_match(&f.name)))
+            .collect();
+        let task_kept: Vec<bool> = trace.tasks.iter().map(|t| self.keeps_task(t)).collect();
+        let kept = |table: &[bool], i: Option<usize>| i.and_then(|i| table.get(i)) == Some(&true);
         let events: Vec<Event> = trace
             .events
             .iter()
-            .filter(|e| (e.func as usize) < nfunc && self.keeps(trace, e))
+            .filter(|e| {
+                kept(&func_kept, Some(e.func as usize))
+                    && (!self.by_task() || kept(&task_kept, (e.task as usize).checked_sub(1)))
+            })
             .copied()
             .collect();
         let mut part = recount(trace, events);
@@ -219,7 +215,7 @@ fn compact<'e, T: Clone>(all: &[T], ids: impl Iterator<Item = &'e mut u32>) -> V
 mod tests {
     use super::*;
     use crate::kernel::symbols::Symbol;
-    use crate::trace::model::{Task, TraceMeta, RETURN_BIT};
+    use crate::trace::model::{TraceMeta, RETURN_BIT};
     use crate::trace::report::{render, ReportOptions};
 
     fn sym(name: &str, addr: u64) -> Symbol {
