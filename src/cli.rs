@@ -55,6 +55,9 @@ pub enum Command {
     /// Take out what a vmtrace that did not detach (killed, crashed) left
     /// in a QEMU: its sites, code and rings, breakpoints and gdbstub.
     Detach(DetachArgs),
+    /// List the VMs on this host vmtrace can attach to (libvirt domains,
+    /// QEMUs with a QMP socket), each with the command that attaches to it.
+    Vms(VmsArgs),
     /// (Internal) The guardian an attach starts: repairs the VM when that
     /// attach dies without detaching.
     #[command(hide = true)]
@@ -351,10 +354,18 @@ pub struct ScriptArgs {
 // A run without --trace boots untraced; an attach would do nothing.
 #[command(mut_arg("trace", |a| a.required(true)))]
 pub struct AttachArgs {
-    /// The QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`; libvirt
-    /// keeps one per domain).
-    #[arg(long, value_name = "SOCKET")]
-    pub qmp: PathBuf,
+    /// The libvirt domain to trace, by name (`virsh list`): vmtrace talks to
+    /// its QEMU through libvirt.
+    #[arg(long, value_name = "NAME", required_unless_present = "qmp")]
+    pub domain: Option<String>,
+    /// libvirt's connection URI for --domain.
+    #[arg(long, value_name = "URI", requires = "domain", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
+    /// The QMP socket of a QEMU started by hand (`-qmp
+    /// unix:PATH,server=on,wait=off`; for a libvirt domain use --domain:
+    /// libvirtd holds its monitor.sock).
+    #[arg(long, value_name = "SOCKET", conflicts_with = "domain")]
+    pub qmp: Option<PathBuf>,
     /// Use the QEMU's gdbstub at SOCKET or HOST:PORT (default: vmtrace opens
     /// one through QMP and closes it when it detaches).
     #[arg(long, value_name = "SOCKET|HOST:PORT")]
@@ -375,15 +386,43 @@ pub struct AttachArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DetachArgs {
     /// The QEMU's QMP socket, as given to `vmtrace attach`.
-    #[arg(long, value_name = "SOCKET")]
-    pub qmp: PathBuf,
+    #[arg(long, value_name = "SOCKET", required_unless_present = "domain")]
+    pub qmp: Option<PathBuf>,
+    /// The libvirt domain, as given to `vmtrace attach`.
+    #[arg(long, value_name = "NAME", conflicts_with = "qmp")]
+    pub domain: Option<String>,
+    /// libvirt's connection URI for --domain.
+    #[arg(long, value_name = "URI", requires = "domain", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
+}
+
+/// `vmtrace vms`: where to look, how to print.
+#[derive(Args, Debug, Clone)]
+pub struct VmsArgs {
+    /// libvirt's connection URI.
+    #[arg(long, value_name = "URI", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
+    /// text (a table), or json.
+    #[arg(long, value_enum, default_value_t = VmsFormat::Text)]
+    pub format: VmsFormat,
+}
+
+/// What `vmtrace vms` prints.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmsFormat {
+    Text,
+    Json,
 }
 
 /// The guardian of an attach (`cmd::guard`).
 #[derive(Args, Debug, Clone)]
 pub struct GuardArgs {
     #[arg(long)]
-    pub qmp: PathBuf,
+    pub qmp: Option<PathBuf>,
+    #[arg(long)]
+    pub domain: Option<String>,
+    #[arg(long, default_value = tracer::qemu::libvirt::DEFAULT_URI)]
+    pub connect: String,
     #[arg(long)]
     pub qemu_pid: u32,
     #[arg(long)]

@@ -281,6 +281,13 @@ pub enum InputError {
         flag: &'static str,
         why: &'static str,
     },
+    /// `vmtrace attach --qmp` given libvirt's own monitor of a domain.
+    #[error(
+        "{} is libvirt's monitor of domain {domain}, which libvirtd holds for the domain's \
+         whole life; attach with --domain {domain} (and --connect URI for another libvirt)",
+        .path.display()
+    )]
+    LibvirtMonitor { path: PathBuf, domain: String },
     /// `vmtrace attach`: the QEMU, its sockets or its guest refused.
     #[error("{}", qemu_says(.0))]
     Qemu(tracer::qemu::session::QemuError),
@@ -556,9 +563,10 @@ pub enum RuntimeError {
 fn qemu_says(e: &tracer::qemu::session::QemuError) -> String {
     use tracer::qemu::session::QemuError;
     match e {
-        QemuError::Leftover { qmp, .. } => {
-            format!("{e} with `vmtrace detach --qmp {}`", qmp.display())
-        }
+        QemuError::Leftover { qmp, .. } => match tracer::qemu::libvirt_monitor::domain_of(qmp) {
+            Some(domain) => format!("{e} with `vmtrace detach --domain {domain}`"),
+            None => format!("{e} with `vmtrace detach --qmp {}`", qmp.display()),
+        },
         e => e.say(&Flags),
     }
 }

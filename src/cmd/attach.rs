@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
-use tracer::qemu::session::{self, EndReason, QemuEnded, QemuSession};
+use tracer::qemu::libvirt::{self, LibvirtDomain};
+use tracer::qemu::session::{self, EndReason, QemuEnded, QemuError, QemuSession};
 
 use tracer::session::backend::HeldUp;
 use tracer::session::guest_ftrace;
@@ -13,6 +14,7 @@ use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
 use super::guard;
+use super::vm_target::VmTarget;
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
@@ -34,11 +36,19 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         .gdb
         .as_deref()
         .map(|g| g.parse::<GdbAddr>().unwrap_or_else(|e| match e {}));
-    let connected = session::connect(&args.qmp, gdb).map_err(InputError::Qemu)?;
+    if let Some(domain) = args.qmp.as_deref().and_then(libvirt::monitor_owner) {
+        let path = args.qmp.clone().expect("checked");
+        return Err(InputError::LibvirtMonitor { path, domain }.into());
+    }
+    let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
-    let _guardian = guard::spawn(&args.qmp, connected.info.pid)
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let _guardian = guard::spawn(target, connected.info.pid)
         .map_err(|e| {
-            note!("vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `vmtrace detach --qmp {}`", args.qmp.display());
+            note!(
+                "vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `{}`",
+                target.detach_command()
+            );
         })
         .ok();
     let request = t.attach_request(connected.info.cpus);
@@ -76,6 +86,17 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,
+/// or the one at a QMP socket.
+fn connect(args: &AttachArgs, gdb: Option<GdbAddr>) -> Result<session::Connected, QemuError> {
+    match VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect) {
+        VmTarget::Domain { name, uri } => {
+            session::connect_domain(LibvirtDomain::open(uri, name)?, gdb)
+        }
+        VmTarget::Qmp(qmp) => session::connect(qmp, gdb),
+    }
 }
 
 /// How often a wait on QEMU is said again while it lasts.
@@ -130,8 +151,12 @@ impl Observer for Waits {
 
 fn say_attached(s: &QemuSession) {
     let i = &s.info;
+    let domain = i
+        .domain
+        .as_ref()
+        .map_or_else(String::new, |d| format!("libvirt domain {d}: "));
     let qemu = format!(
-        "vmtrace: attached to QEMU {}.{}.{} (pid {}, {}, {} vCPUs)",
+        "vmtrace: attached to {domain}QEMU {}.{}.{} (pid {}, {}, {} vCPUs)",
         i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
     let sites = s.tracer().attach_counts.patched;

@@ -1,14 +1,17 @@
-//! `vmtrace detach --qmp SOCKET`: take out what a vmtrace that did not
+//! `vmtrace detach --qmp SOCKET` (or `--domain NAME`): take out what a vmtrace that did not
 //! detach (killed, out of memory, crashed) left in a QEMU (the library's
 //! `tracer::qemu::repair`), saying in one line per thing what it did.
 
 use tracer::qemu::repair;
 
+use super::vm_target::VmTarget;
 use crate::cli::DetachArgs;
 use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &DetachArgs) -> Result<Outcome, Error> {
-    let done = repair::repair(&args.qmp).map_err(InputError::Qemu)?;
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let monitor = target.monitor().map_err(InputError::Qemu)?;
+    let done = repair::repair_monitor(monitor).map_err(InputError::Qemu)?;
     if done.nothing {
         note!("vmtrace: nothing of vmtrace's found; the VM is as vmtrace would leave it");
         return Ok(Outcome::Clean);

@@ -11,21 +11,21 @@ use std::process::{Child, Command, Stdio};
 
 use tracer::qemu::repair;
 
+use super::vm_target::VmTarget;
 use crate::cli::GuardArgs;
 use crate::error::{Error, InputError, Outcome};
 
 /// The hidden subcommand's name.
 pub const GUARD: &str = "guard";
 
-/// Start the guardian of this attach to the QEMU `qemu_pid` at `qmp`. It
+/// Start the guardian of this attach to the QEMU `qemu_pid`, `target`. It
 /// lives until this process ends (its stdin's pipe closes): keep the
 /// returned child until then.
-pub fn spawn(qmp: &std::path::Path, qemu_pid: u32) -> std::io::Result<Child> {
+pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     Command::new(std::env::current_exe()?)
         .arg(GUARD)
-        .arg("--qmp")
-        .arg(qmp)
+        .args(target.args())
         .arg("--qemu-pid")
         .arg(qemu_pid.to_string())
         .arg("--attach-pid")
@@ -44,7 +44,8 @@ pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
     while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-    let done = repair::repair_journaled(&args.qmp, args.qemu_pid, args.attach_pid)
+    let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
+    let done = repair::repair_journaled_with(|| target.monitor(), args.qemu_pid, args.attach_pid)
         .map_err(InputError::Qemu)?;
     let Some(done) = done else {
         return Ok(Outcome::Clean);

@@ -10,6 +10,10 @@ mod record;
 mod report;
 pub(crate) mod run;
 mod script;
+mod vm_target;
+mod vms;
+mod vms_model;
+mod vms_view;
 
 use crate::cli::{Cli, Command};
 use crate::config::Form;
@@ -26,6 +30,7 @@ pub fn dispatch(cli: Cli) -> Result<Outcome, Error> {
         Some(Command::Attach(args)) => attach::main(&args),
         Some(Command::Detach(args)) => detach::main(&args),
         Some(Command::Guard(args)) => guard::main(&args),
+        Some(Command::Vms(args)) => vms::main(&args),
         None => run::main(&cli.run, &cli.output, Form::OneShot),
     }
 }

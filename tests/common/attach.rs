@@ -73,8 +73,20 @@ pub fn count_of(counts: &BTreeMap<String, u64>, names: &[&str]) -> u64 {
 impl Attach {
     /// Start `vmtrace attach --qmp QMP ARGS... -q`.
     pub fn start(qmp: &Path, args: &[&str]) -> Attach {
+        Attach::spawn(&["--qmp", s(qmp)], args)
+    }
+
+    /// Start `vmtrace attach --domain NAME ARGS... -q` (libvirt's default
+    /// URI).
+    pub fn start_domain(name: &str, args: &[&str]) -> Attach {
+        Attach::spawn(&["--domain", name], args)
+    }
+
+    fn spawn(target: &[&str], args: &[&str]) -> Attach {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-            .args(["attach", "--qmp", s(qmp), "-q"])
+            .arg("attach")
+            .args(target)
+            .arg("-q")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -137,7 +149,8 @@ impl Attach {
     }
 
     pub fn attached(mut self) -> Attach {
-        let line = self.wait_line("vmtrace: attached to QEMU");
+        // "to QEMU ...", or "to libvirt domain NAME (URI): QEMU ...".
+        let line = self.wait_line("vmtrace: attached to ");
         assert!(line.contains("exitless"), "{line}");
         self
     }

@@ -10,7 +10,7 @@ use super::elf_symbol;
 use super::qemu::{QemuGuest, QemuOpts, Workload, COMMAND_TIMEOUT};
 use tracer::kernel::symbols::KernelImage;
 use tracer::qemu::procmem::ProcRam;
-use tracer::qemu::qmp::Qmp;
+use tracer::qemu::qmp::{Qmp, RamRange};
 use tracer::qemu::queries::Queries;
 
 /// What a kernel prints when something went wrong.
@@ -113,7 +113,13 @@ impl Kernel {
     pub fn watch(&self, qmp_path: &Path) -> Watch {
         let mut qmp = Qmp::connect(qmp_path, Duration::from_secs(10)).unwrap();
         let layout = qmp.ram_layout().unwrap();
-        let ram = ProcRam::open(qmp.pid().unwrap(), &layout).unwrap();
+        self.watch_ram(&layout, qmp.pid().unwrap())
+    }
+
+    /// [`Kernel::watch`] of the QEMU `pid` whose RAM is at `layout` (a
+    /// libvirt domain's: its monitor is libvirt's).
+    pub fn watch_ram(&self, layout: &[RamRange], pid: u32) -> Watch {
+        let ram = ProcRam::open(pid, layout).unwrap();
         let phys = self.phys_offset(&ram);
         let text = (
             self.text.0 - KERNEL_MAP + phys,
@@ -121,7 +127,7 @@ impl Kernel {
         );
         let mut areas = Vec::new();
         for (start, end) in [(0, LOW), text] {
-            for r in &layout {
+            for r in layout {
                 let (a, b) = (start.max(r.gpa), end.min(r.gpa + r.len));
                 if a < b {
                     areas.push((a, b));

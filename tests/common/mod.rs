@@ -3,6 +3,8 @@
 
 // The QEMU guests of the attach tests; the allow above covers it too, so the
 // test binaries that boot no QEMU compile it without warnings.
+pub mod console;
+pub mod libvirt;
 pub mod qemu;
 pub mod qemu_vm;
 // The `vmtrace attach` runs of the QEMU tests (covered by the same allow).

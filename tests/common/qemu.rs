@@ -10,14 +10,15 @@
 //! One guest at a time per test binary (a TCG guest with 2 vCPUs takes both
 //! cores here): [`QemuGuest::boot`] waits until the previous guest is dropped.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Condvar, Mutex, Once};
-use std::thread::{self, JoinHandle, ThreadId};
+use std::sync::{Condvar, Mutex, Once};
+use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
+use super::console::{tail, SerialConsole};
 use super::{linux_61, root};
 
 /// A hang guard for a boot to the workload's ready line (TCG boots take
@@ -151,18 +152,6 @@ impl Workload {
     }
 }
 
-/// The console so far and how far [`QemuGuest::wait_for`] has read.
-#[derive(Default)]
-struct Console {
-    bytes: Vec<u8>,
-    /// Byte offset after the last line a `wait_for` matched.
-    cursor: usize,
-    /// The serial socket closed (QEMU exited).
-    closed: bool,
-}
-
-type Shared = Arc<(Mutex<Console>, Condvar)>;
-
 /// A running QEMU; dropping it kills QEMU and removes its temporary
 /// directory (sockets).
 pub struct QemuGuest {
@@ -170,9 +159,7 @@ pub struct QemuGuest {
     status: Option<ExitStatus>,
     dir: PathBuf,
     qmp: PathBuf,
-    serial: UnixStream,
-    console: Shared,
-    reader: Option<JoinHandle<()>>,
+    serial: SerialConsole,
     _one: OneGuest,
 }
 
@@ -231,16 +218,12 @@ impl QemuGuest {
                 panic!("QEMU did not start: {e}; its stderr: {}", err.trim_end());
             }
         };
-        let console: Shared = Arc::default();
-        let reader = spawn_reader(serial.try_clone().expect("clone serial socket"), &console);
         QemuGuest {
             child,
             status: None,
             dir,
             qmp,
-            serial,
-            console,
-            reader: Some(reader),
+            serial: SerialConsole::new(serial, "QEMU exited"),
             _one: one,
         }
     }
@@ -262,66 +245,30 @@ impl QemuGuest {
     }
 
     /// The first whole console line containing `pattern` after the line the
-    /// previous `wait_for` matched (expect-style: wait in the order the
-    /// lines come), without its line end. Err (with the console's tail) if
-    /// QEMU exits or `timeout` passes first.
+    /// previous `wait_for` matched ([`SerialConsole::wait_for`]).
     pub fn wait_for(&self, pattern: &str, timeout: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + timeout;
-        let (lock, cond) = &*self.console;
-        let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            while let Some(nl) = c.bytes[c.cursor..].iter().position(|&b| b == b'\n') {
-                let line = String::from_utf8_lossy(&c.bytes[c.cursor..c.cursor + nl]);
-                let line = line.trim_end_matches('\r').to_string();
-                c.cursor += nl + 1;
-                if line.contains(pattern) {
-                    return Ok(line);
-                }
-            }
-            let now = Instant::now();
-            if c.closed || now >= deadline {
-                let why = if c.closed { "QEMU exited" } else { "timed out" };
-                let text = String::from_utf8_lossy(&c.bytes).into_owned();
-                return Err(format!(
-                    "{why} waiting for {pattern:?} on the console; its end:\n{}",
-                    tail(&text, 40)
-                ));
-            }
-            c = cond
-                .wait_timeout(c, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.serial.wait_for(pattern, timeout)
     }
 
     /// Wait for the workload's ready line ([`BOOT_TIMEOUT`]).
     pub fn wait_ready(&self) -> Result<Workload, String> {
-        let line = self.wait_for("workload: ready ", BOOT_TIMEOUT)?;
-        Workload::parse(&line).ok_or_else(|| format!("not a ready line: {line:?}"))
+        self.serial.wait_ready()
     }
 
     /// Type `line` and a newline into the guest's console.
     pub fn send_line(&self, line: &str) {
-        let mut s = &self.serial;
-        s.write_all(format!("{line}\n").as_bytes())
-            .unwrap_or_else(|e| panic!("write {line:?} to the guest's serial port: {e}"));
+        self.serial.send_line(line)
     }
 
-    /// Make the worker call `syscall` (getpid, getppid, openat) `n` times
-    /// and wait for its `done` line, which is returned.
+    /// Make the worker call `syscall` `n` times and wait for its `done`
+    /// line ([`SerialConsole::go`]).
     pub fn go(&self, syscall: &str, n: u64) -> Result<String, String> {
-        self.send_line(&format!("go {syscall} {n}"));
-        let line = self.wait_for(&format!("workload: done {syscall} {n} "), COMMAND_TIMEOUT)?;
-        if line.contains("unexpected=") {
-            return Err(format!("the workload saw unexpected results: {line}"));
-        }
-        Ok(line)
+        self.serial.go(syscall, n)
     }
 
     /// All console output so far (`\r\n` as the guest's tty wrote it).
     pub fn console(&self) -> String {
-        let c = self.console.0.lock().unwrap_or_else(|e| e.into_inner());
-        String::from_utf8_lossy(&c.bytes).into_owned()
+        self.serial.text()
     }
 
     /// Kill QEMU (SIGKILL) and reap it.
@@ -366,10 +313,7 @@ impl QemuGuest {
 impl Drop for QemuGuest {
     fn drop(&mut self) {
         self.kill();
-        let _ = self.serial.shutdown(std::net::Shutdown::Both);
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
+        self.serial.close();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -378,12 +322,6 @@ impl Drop for QemuGuest {
 fn stderr_file(dir: &Path) -> std::fs::File {
     let path = dir.join("qemu.stderr");
     std::fs::File::create(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
-}
-
-/// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// /tmp/vmtrace-qemu-PID-N (short: unix socket paths are limited to 107 bytes).
@@ -427,29 +365,6 @@ fn accept_serial(
         }
         thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A thread that keeps everything QEMU's serial port sends.
-fn spawn_reader(mut serial: UnixStream, console: &Shared) -> JoinHandle<()> {
-    let console = Arc::clone(console);
-    thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        let (lock, cond) = &*console;
-        loop {
-            let n = match serial.read(&mut buf) {
-                Ok(0) | Err(_) => 0,
-                Ok(n) => n,
-            };
-            let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
-            if n == 0 {
-                c.closed = true;
-                cond.notify_all();
-                return;
-            }
-            c.bytes.extend_from_slice(&buf[..n]);
-            cond.notify_all();
-        }
-    })
 }
 
 /// The right to run the one QEMU guest of this test binary.

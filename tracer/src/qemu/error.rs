@@ -22,6 +22,8 @@ pub enum QemuError {
     Ram(#[from] super::procmem::ProcMemError),
     #[error(transparent)]
     Stub(#[from] super::stub::GdbStubError),
+    #[error(transparent)]
+    Libvirt(#[from] super::libvirt::LibvirtError),
     #[error("the guest of the QEMU at {qmp} is not running (its status is {status}): vmtrace attaches to running guests only, and would leave this one running; continue it first (QMP cont)")]
     NotRunning { qmp: PathBuf, status: String },
     #[error("the QEMU at {qmp} has no vCPU the gdbstub lists")]

@@ -9,7 +9,9 @@
 //! the stub only where no one else can hold it; [`liveness`] tells a QEMU
 //! gone from a stalled one and whose a stop is; [`journal`] keeps on the host
 //! what an attach changes, [`marker`] says in the guest whose region it is,
-//! and [`repair`] undoes what a killed vmtrace left.
+//! and [`repair`] undoes what a killed vmtrace left. [`libvirt`] reaches a
+//! domain's QEMU through libvirt (its monitor passthrough), [`procs`] finds
+//! the host's QEMU processes and their QMP sockets in /proc.
 
 pub mod breakpoints;
 pub mod burst;
@@ -21,12 +23,15 @@ pub mod gdb;
 pub mod guest;
 pub mod journal;
 pub mod layout;
+pub mod libvirt;
+pub mod libvirt_monitor;
 mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
 pub mod monitor;
 pub mod procmem;
+pub mod procs;
 pub mod qmp;
 pub mod queries;
 pub mod regs;

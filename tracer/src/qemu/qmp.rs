@@ -97,6 +97,10 @@ pub enum QmpError {
          connect again"
     )]
     Broken { path: PathBuf, why: String },
+    /// A libvirt domain's monitor (`super::libvirt_monitor`): libvirt's
+    /// error, naming the domain.
+    #[error(transparent)]
+    Libvirt(Box<super::libvirt::LibvirtError>),
 }
 
 /// QEMU's version, from the greeting.

@@ -55,23 +55,24 @@ pub struct QemuInfo {
     pub accel: &'static str,
     pub qmp: PathBuf,
     pub cpus: usize,
+    /// The libvirt domain it runs ("NAME (URI)"), reached through libvirt.
+    pub domain: Option<String>,
 }
 
 impl std::fmt::Display for QemuInfo {
-    /// "QEMU 7.2.22 (Debian 1:7.2+dfsg-7), pid 4242, kvm, QMP /run/q.sock"
+    /// "QEMU 7.2.22 (Debian 1:7.2+dfsg-7), pid 4242, kvm, QMP /run/q.sock",
+    /// or "..., libvirt domain vm1 (qemu:///system)"
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let v = &self.version;
         write!(f, "QEMU {}.{}.{}", v.major, v.minor, v.micro)?;
         if !v.package.trim().is_empty() {
             write!(f, " ({})", v.package.trim())?;
         }
-        write!(
-            f,
-            ", pid {}, {}, QMP {}",
-            self.pid,
-            self.accel,
-            self.qmp.display()
-        )
+        write!(f, ", pid {}, {}, ", self.pid, self.accel)?;
+        match &self.domain {
+            Some(d) => write!(f, "libvirt domain {d}"),
+            None => write!(f, "QMP {}", self.qmp.display()),
+        }
     }
 }
 
@@ -138,8 +139,21 @@ fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
         accel,
         qmp: qmp_path,
         cpus,
+        domain: None,
     };
     Ok((ram, info))
+}
+
+/// Connect to the QEMU of a running libvirt domain, its monitor reached
+/// through libvirt (`super::libvirt_monitor`).
+pub fn connect_domain(
+    domain: super::libvirt::LibvirtDomain,
+    gdb: Option<GdbAddr>,
+) -> Result<Connected, QemuError> {
+    let name = format!("{} ({})", domain.name, domain.uri);
+    let mut connected = connect_monitor(super::libvirt_monitor::monitor(domain)?, gdb)?;
+    connected.info.domain = Some(name);
+    Ok(connected)
 }
 
 /// Open (or take the given) gdbstub and connect to it: QEMU stops the

@@ -181,7 +181,7 @@ fn mkdtemp(base: &Path) -> Result<PathBuf, GdbStubError> {
 
 /// Gives `dir` to QEMU's user when vmtrace runs as root and QEMU does not:
 /// QEMU makes the socket in it (root reaches it regardless).
-fn hand_to(dir: PathBuf, qemu_uid: u32) -> Result<PathBuf, GdbStubError> {
+pub fn hand_to(dir: PathBuf, qemu_uid: u32) -> Result<PathBuf, GdbStubError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || qemu_uid == 0 {
         return Ok(dir);

@@ -189,7 +189,12 @@ impl Repaired {
 
 /// Find and take out what a killed vmtrace left in the QEMU at `qmp_path`.
 pub fn repair(qmp_path: &Path) -> Result<Repaired, QemuError> {
-    let mut qmp = super::burst::connect(qmp_path, REPLY_TIMEOUT)?;
+    repair_monitor(super::burst::connect(qmp_path, REPLY_TIMEOUT)?)
+}
+
+/// `repair` of the QEMU whose monitor is `qmp` (any transport: a libvirt
+/// domain's too).
+pub fn repair_monitor(mut qmp: Monitor) -> Result<Repaired, QemuError> {
     let pid = qmp.pid();
     let found = qmp.burst(|m| leftovers(m, pid))?;
     repair_found(qmp, pid, found)
@@ -204,12 +209,23 @@ pub fn repair_journaled(
     qemu_pid: u32,
     writer: u32,
 ) -> Result<Option<Repaired>, QemuError> {
+    let open = || Ok(super::burst::connect(qmp_path, REPLY_TIMEOUT)?);
+    repair_journaled_with(open, qemu_pid, writer)
+}
+
+/// `repair_journaled`, its monitor opened by `open` (only when there is
+/// something to repair).
+pub fn repair_journaled_with(
+    open: impl FnOnce() -> Result<Monitor, QemuError>,
+    qemu_pid: u32,
+    writer: u32,
+) -> Result<Option<Repaired>, QemuError> {
     match Journal::find(qemu_pid)? {
         Some(j) if j.record.vmtrace_pid == writer => {}
         // Cleanly detached, or another vmtrace's since.
         _ => return Ok(None),
     }
-    let mut qmp = super::burst::connect(qmp_path, REPLY_TIMEOUT)?;
+    let mut qmp = open()?;
     let found = qmp.burst(|m| leftovers(m, qemu_pid))?;
     repair_found(qmp, qemu_pid, found).map(Some)
 }
@@ -328,6 +344,8 @@ impl OwnStub {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| QemuError::NotTraceable(format!("{}: {e}", dir.display())))?;
+        // A QEMU of another user (libvirt's) makes its socket there too.
+        let dir = super::stub::hand_to(dir, qmp.uid())?;
         let socket = dir.join("gdb.sock");
         if let Err(e) = qmp.open_gdbserver(&format!("unix:{},server=on,wait=off", socket.display()))
         {
