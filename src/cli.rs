@@ -11,7 +11,7 @@ use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 mod shown;
 
-pub use shown::{FieldArg, ShownArgs};
+pub use shown::{FieldArg, FieldsArgs, ShownArgs};
 
 /// The data file `record` writes and `report`/`script` read by default.
 pub const DEFAULT_DATA: &str = "vmtrace.data";
@@ -297,10 +297,7 @@ pub struct InputArgs {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(after_help = "Examples:\n  \
-    vmtrace report --by task\n  \
-    vmtrace report --comm 'kworker/*' --sym 'hrtimer_*'\n  \
-    vmtrace report --pid 57 --tree")]
+#[command(after_help = shown::REPORT_EXAMPLES)]
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: InputArgs,
@@ -318,10 +315,7 @@ pub struct ReportArgs {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(after_help = "Examples:\n  \
-    vmtrace script | head\n  \
-    vmtrace script --tid 1002 -F time,cpu,func,caller\n  \
-    vmtrace script --sym 'do_sys_*' -F comm,tid,func,args")]
+#[command(after_help = shown::SCRIPT_EXAMPLES)]
 pub struct ScriptArgs {
     #[command(flatten)]
     pub input: InputArgs,
@@ -329,18 +323,8 @@ pub struct ScriptArgs {
     pub window: WindowArgs,
     #[command(flatten)]
     pub shown: ShownArgs,
-    /// Print only these fields of each event, in this order, as perf
-    /// script -F (a field the trace did not record is refused); comma
-    /// lists, repeatable.
-    #[arg(
-        short = 'F',
-        long = "fields",
-        value_name = "FIELD",
-        value_enum,
-        value_delimiter = ',',
-        help_heading = "Output"
-    )]
-    pub fields: Vec<FieldArg>,
+    #[command(flatten)]
+    pub fields: FieldsArgs,
 }
 
 /// `vmtrace attach`: a running QEMU, what to trace in it, where results go.

@@ -29,6 +29,35 @@ pub struct ShownArgs {
     pub sym: Vec<String>,
 }
 
+/// `report --help`'s examples.
+pub const REPORT_EXAMPLES: &str = "Examples:
+  vmtrace report --by task
+  vmtrace report --comm 'kworker/*' --sym 'hrtimer_*'
+  vmtrace report --pid 57 --tree";
+
+/// `script --help`'s examples.
+pub const SCRIPT_EXAMPLES: &str = "Examples:
+  vmtrace script | head
+  vmtrace script --tid 1002 -F time,cpu,func,caller
+  vmtrace script --sym 'do_sys_*' -F comm,tid,func,args";
+
+/// `script -F`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct FieldsArgs {
+    /// Print only these fields of each event, in this order, as perf
+    /// script -F (a field the trace did not record is refused); comma
+    /// lists, repeatable.
+    #[arg(
+        short = 'F',
+        long = "fields",
+        value_name = "FIELD",
+        value_enum,
+        value_delimiter = ',',
+        help_heading = "Output"
+    )]
+    pub fields: Vec<FieldArg>,
+}
+
 /// A field of `script -F`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldArg {

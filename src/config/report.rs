@@ -80,7 +80,7 @@ impl ScriptConfig {
             input: input(&args.input)?,
             window,
             shown,
-            fields: args.fields.clone(),
+            fields: args.fields.fields.clone(),
         })
     }
 
