@@ -9,6 +9,10 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+mod shown;
+
+pub use shown::{FieldArg, FieldsArgs, ShownArgs};
+
 /// The data file `record` writes and `report`/`script` read by default.
 pub const DEFAULT_DATA: &str = "vmtrace.data";
 
@@ -293,6 +297,7 @@ pub struct InputArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(after_help = shown::REPORT_EXAMPLES)]
 pub struct ReportArgs {
     #[command(flatten)]
     pub input: InputArgs,
@@ -305,14 +310,21 @@ pub struct ReportArgs {
     pub export: Vec<ExportArg>,
     #[command(flatten)]
     pub view: ViewArgs,
+    #[command(flatten)]
+    pub shown: ShownArgs,
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(after_help = shown::SCRIPT_EXAMPLES)]
 pub struct ScriptArgs {
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
     pub window: WindowArgs,
+    #[command(flatten)]
+    pub shown: ShownArgs,
+    #[command(flatten)]
+    pub fields: FieldsArgs,
 }
 
 /// `vmtrace attach`: a running QEMU, what to trace in it, where results go.

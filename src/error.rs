@@ -350,6 +350,29 @@ pub enum InputError {
     Plan(tracer::plan::PlanError),
     #[error("--comm: {why}; use *, ? and [...] as in --trace")]
     CommGlob { why: String },
+    /// `report`/`script` `--comm`, `--pid`, `--tid` of a trace without tasks.
+    #[error(
+        "{flags}: {} names no guest task ({why}); filter it with --sym, or record it again \
+         from a kernel with BTF, whose events name their tasks",
+        path.display()
+    )]
+    ShownNoTasks {
+        flags: String,
+        path: PathBuf,
+        why: String,
+    },
+    /// `script -F FIELD` of a trace recorded without what it shows.
+    #[error(
+        "-F {field}: {} {}; drop {field} from -F, or record {}",
+        path.display(),
+        field_lacks(*missing).0,
+        field_lacks(*missing).1
+    )]
+    FieldMissing {
+        field: String,
+        path: PathBuf,
+        missing: tracer::trace::export::script_fields::FieldMissing,
+    },
     #[error("--pid and --comm need the guest's tasks, and this kernel's are unknown: {why}")]
     NoTasks { why: String },
     #[error(transparent)]
@@ -362,6 +385,48 @@ pub enum InputError {
     Events(#[from] tracer::kernel::events::EventError),
     #[error("{0}; write SYSTEM:EVENT globs such as sched:* or *:*switch*")]
     EventGlob(#[from] tracer::kernel::events::EventGlobError),
+}
+
+/// What a trace lacks for a `-F` field, and how to record it.
+fn field_lacks(
+    missing: tracer::trace::export::script_fields::FieldMissing,
+) -> (&'static str, &'static str) {
+    use tracer::trace::export::script_fields::FieldMissing as M;
+    match missing {
+        M::Tasks => (
+            "names no guest task (its kernel has no BTF)",
+            "from a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y)",
+        ),
+        M::Args => ("has no arguments (recorded without --args)", "with --args"),
+        M::Retval => (
+            "has no return values (recorded without --retval)",
+            "with --graph --retval",
+        ),
+        M::Stacks => (
+            "has no kernel stacks (recorded without --stack)",
+            "with --stack GLOB",
+        ),
+    }
+}
+
+impl InputError {
+    /// A filter after recording that failed, worded with its flags.
+    pub fn shown(
+        e: tracer::trace::filter::TraceFilterError,
+        task_flags: &[&str],
+        path: &std::path::Path,
+    ) -> InputError {
+        use tracer::trace::filter::TraceFilterError as E;
+        match e {
+            E::Comm(e) => InputError::CommGlob { why: e.to_string() },
+            E::Functions(e) => InputError::Tracer(e.into()),
+            E::NoTasks { why } => InputError::ShownNoTasks {
+                flags: task_flags.join(", "),
+                path: path.to_path_buf(),
+                why,
+            },
+        }
+    }
 }
 
 /// The CLI's words for what library errors name (`vmm::advice`,
@@ -390,6 +455,7 @@ impl TracerWords for Flags {
             TraceInput::List => "list",
             TraceInput::Stack => "--stack",
             TraceInput::Args => "--args",
+            TraceInput::Symbols => "--sym",
         }
     }
 

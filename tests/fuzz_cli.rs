@@ -156,7 +156,8 @@ fn seed_data(dir: &Path) -> Vec<u8> {
 }
 
 /// Mutated data files through `report` (text, `-g`, `--tree`, JSON, every
-/// export) and `script`.
+/// export) and `script`, some filtered after recording (`--pid`, `--comm`,
+/// `--sym`, `-F`).
 #[test]
 fn report_script_and_every_export_of_mutated_data_files() {
     let dir = scratch("data");
@@ -183,11 +184,22 @@ fn report_script_and_every_export_of_mutated_data_files() {
         }
         for args in [
             &["report", fs][..],
-            &["report", fs, "-g", "--sort", "total"][..],
+            &["report", fs, "-g", "--sort", "total", "--pid", "0,1001"][..],
             &["report", fs, "--tree", "--depth", "3"][..],
             &["report", fs, "--format", "json"][..],
             &all[..],
-            &["script", fs, "--cpu", "1"][..],
+            &[
+                "script",
+                fs,
+                "--cpu",
+                "1",
+                "--comm",
+                "mini-*",
+                "--sym",
+                "*,!do_idle",
+                "-F",
+                "comm,tid,func,caller",
+            ][..],
             &["script", fs][..],
         ] {
             tally[check(&run(&dir, args), args, case)] += 1;

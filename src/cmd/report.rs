@@ -1,5 +1,6 @@
 //! `vmtrace report [FILE]`: the report of a saved trace on stdout, in any
-//! `--format`, and its exports, each of the part `--time`/`--cpu` select.
+//! `--format`, and its exports, each of the part `--time`/`--cpu` select,
+//! of the events `--comm`/`--pid`/`--tid`/`--sym` keep.
 
 use tracer::trace::datafile;
 
@@ -25,6 +26,7 @@ pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
         }
         .into());
     }
+    let trace = cfg.shown.apply(trace, &cfg.input)?;
     emit(&trace, &cfg.output, None)?;
     Ok(Outcome::Clean)
 }

@@ -37,6 +37,9 @@ pub enum TraceInput {
     Stack,
     /// The globs of the traced functions whose arguments to record.
     Args,
+    /// The globs of the traced functions whose events a saved trace's
+    /// views show (`crate::trace::filter`).
+    Symbols,
 }
 
 /// What the user can do about an error.
@@ -90,6 +93,7 @@ impl TracerWords for Plain {
             TraceInput::List => "list globs",
             TraceInput::Stack => "stack globs",
             TraceInput::Args => "argument globs",
+            TraceInput::Symbols => "symbol filter",
         }
     }
 

@@ -125,6 +125,11 @@ fn traces() -> Vec<(&'static str, Trace)> {
     streamed.meta.incomplete = true;
     streamed.meta.rejected_sites = "2 __mcount_loc entries not at a function entry".into();
     streamed.meta.kernel_offset = Some((0x3b80_0000, -0x20_0000));
+    // Filtered after recording: the tasks and stacks of its events, `shown`.
+    let filtered = tracer::trace::filter::TraceFilter::new(&["sh*".into()], &[], &[], &[])
+        .and_then(|f| f.apply(&fixture::tasks_trace(), "comm sh*"))
+        .unwrap();
+    assert!(!filtered.meta.shown.is_empty());
     vec![
         ("fixture", fixture::trace()),
         ("empty", Trace::default()),
@@ -132,6 +137,7 @@ fn traces() -> Vec<(&'static str, Trace)> {
         ("big", fixture::big_trace(10_000)),
         ("graph", fixture::graph_trace()),
         ("streamed", streamed),
+        ("filtered", filtered),
     ]
 }
 

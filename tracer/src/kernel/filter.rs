@@ -220,6 +220,12 @@ impl Globs {
         Globs::parse(TraceInput::Stack, "stack", args)
     }
 
+    /// The function globs that filter a saved trace's events (same syntax
+    /// as `--trace`; `crate::trace::filter`).
+    pub fn for_symbols(args: &[String]) -> Result<Globs, FilterError> {
+        Globs::parse(TraceInput::Symbols, "show", args)
+    }
+
     /// The values of repeated `--args=GLOB` flags (same syntax as `--trace`).
     pub fn for_args(args: &[String]) -> Result<Globs, FilterError> {
         Globs::parse(TraceInput::Args, "args", args)

@@ -79,17 +79,21 @@ pub struct CommGlobError {
     source: globset::Error,
 }
 
+/// A comm glob compiled: the one place of its rules, for the recording's
+/// task filter and the filters after recording (`crate::trace::filter`).
+pub fn comm_glob(g: &str) -> Result<GlobMatcher, CommGlobError> {
+    Glob::new(g)
+        .map(|m| m.compile_matcher())
+        .map_err(|source| CommGlobError {
+            glob: g.to_owned(),
+            source,
+        })
+}
+
 impl TaskFilter {
     pub fn new(pids: Vec<u32>, comm: Option<&str>) -> Result<TaskFilter, CommGlobError> {
         let comm = comm
-            .map(|g| {
-                Glob::new(g)
-                    .map(|m| (g.to_owned(), m.compile_matcher()))
-                    .map_err(|source| CommGlobError {
-                        glob: g.to_owned(),
-                        source,
-                    })
-            })
+            .map(|g| comm_glob(g).map(|m| (g.to_owned(), m)))
             .transpose()?;
         Ok(TaskFilter { pids, comm })
     }

@@ -326,6 +326,7 @@ impl Tracer {
             tasks: self.tasks_note(),
             filtered: c.filtered.load(Ordering::Relaxed)
                 + self.reach.exitless().map_or(0, |ex| ex.filtered()),
+            shown: String::new(),
             args: self.plan.values.args,
             retval: self.plan.values.retval,
             stacks: self

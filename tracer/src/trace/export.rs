@@ -183,6 +183,9 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if !m.rejected_sites.is_empty() {
         doc["rejected_sites"] = json!(m.rejected_sites);
     }
+    if !m.shown.is_empty() {
+        doc["shown"] = json!(m.shown);
+    }
     if let Some(per_cpu) = &m.guest_instructions_emulated {
         let by_cpu: Map<String, Value> = per_cpu
             .iter()
@@ -464,6 +467,7 @@ impl CallerNames {
 mod csv;
 mod folded;
 pub mod script;
+pub mod script_fields;
 mod stacks_json;
 pub mod tracedat;
 mod tracks;

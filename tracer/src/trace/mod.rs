@@ -1,9 +1,10 @@
 //! What a session leaves: the data file, the trace model, the function
-//! graph, time and vCPU windows, reports and exports, arguments and
+//! graph, time and vCPU windows, filters after recording, reports and exports, arguments and
 //! return values and kernel stacks as printed.
 
 pub mod datafile;
 pub mod export;
+pub mod filter;
 pub mod graph;
 pub mod model;
 pub mod output_path;

@@ -154,6 +154,11 @@ pub struct TraceMeta {
     /// Calls the task filter (`--pid`, `--comm`) rejected: in no count,
     /// no event.
     pub filtered: u64,
+    /// A trace filtered after recording (`crate::trace::filter`): what the
+    /// filter kept and how many of the stored calls, said in every
+    /// header; empty: not filtered. Never saved (a data file holds what
+    /// was recorded).
+    pub shown: String,
     /// `--args`: entries carry their arguments (`Event::data`).
     pub args: bool,
     /// `--retval`: returns carry their return value (`Event::data`; 0 is

@@ -175,9 +175,28 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
     }
     let m = &trace.meta;
     let (start, end) = window.time.unwrap_or((None, None));
-    let nfunc = trace.functions.len();
-    let events = events_inside(trace, window);
+    let mut part = recount(trace, events_inside(trace, window));
+    let duration = m.detach_ns.saturating_sub(m.attach_ns);
+    let from = start.map_or(0, |s| s.min(duration));
+    let to = end.map_or(duration, |e| e.min(duration)).max(from);
+    let note = window_note(window, m);
+    part.meta.attach_ns = m.attach_ns.saturating_add(from);
+    part.meta.detach_ns = m.attach_ns.saturating_add(to);
+    part.meta.stop_reason = if m.stop_reason.is_empty() {
+        note
+    } else {
+        format!("{}; {note}", m.stop_reason)
+    };
+    part
+}
 
+/// `trace` with only `events` (some of its stored events, of known
+/// functions), its counts and returns recomputed from them: exact for
+/// those events, none dropped. The run's facts are kept as they were; a
+/// window and a filter (`crate::trace::filter`) each say what they cut.
+pub(crate) fn recount(trace: &Trace, events: Vec<Event>) -> Trace {
+    let m = &trace.meta;
+    let nfunc = trace.functions.len();
     let with_returns = m.graph || !trace.returns.is_empty();
     let ncpus = m.cpus as usize;
     let mut counts = vec![vec![0u64; ncpus]; nfunc];
@@ -205,26 +224,14 @@ pub fn restrict(trace: &Trace, window: &Window) -> Trace {
             row[cpu] += 1;
         }
     }
-
-    let duration = m.detach_ns.saturating_sub(m.attach_ns);
-    let from = start.map_or(0, |s| s.min(duration));
-    let to = end.map_or(duration, |e| e.min(duration)).max(from);
-    let note = window_note(window, m);
     let mut meta = m.clone();
-    meta.attach_ns = m.attach_ns.saturating_add(from);
-    meta.detach_ns = m.attach_ns.saturating_add(to);
     meta.events_total = entries;
     meta.events_dropped = 0;
     meta.returns_dropped = 0;
-    // Part of the dropped events (per vCPU), which the window has none of.
+    // Part of the dropped events (per vCPU), which the part has none of.
     meta.lost.clear();
     meta.parent_unreadable = unreadable;
     meta.unhooked = if m.graph { unhooked } else { m.unhooked };
-    meta.stop_reason = if m.stop_reason.is_empty() {
-        note
-    } else {
-        format!("{}; {note}", m.stop_reason)
-    };
     Trace {
         meta,
         functions: trace.functions.clone(),

@@ -288,6 +288,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         vmm,
         tasks,
         filtered,
+        shown: String::new(),
         args,
         retval,
         stacks,

@@ -94,7 +94,7 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
 
 /// The header's lines up to the column titles: counts, losses, the
 /// kernel, the attach and detach times, the tasks' source and the values.
-fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
+pub(super) fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     let m = &trace.meta;
     let returns_stored = trace.events.iter().filter(|e| e.is_return()).count() as u64;
     let entries_stored = trace.events.len() as u64 - returns_stored;
@@ -138,6 +138,9 @@ fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     )?;
     if !m.tasks.is_empty() {
         writeln!(w, "# tasks: {}", escape(&m.tasks))?;
+    }
+    if !m.shown.is_empty() {
+        writeln!(w, "# filter: {}", escape(&m.shown))?;
     }
     if !m.stacks.is_empty() {
         writeln!(
@@ -240,7 +243,7 @@ fn values_header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
 
 /// The task of `e` as ftrace prints it: comm, pid and (0 or unknown:
 /// None) tgid; the vCPU's pseudo task when the task is unknown.
-fn task_columns<'t>(trace: &'t Trace, e: &Event) -> (Cow<'t, str>, u64, Option<u32>) {
+pub(super) fn task_columns<'t>(trace: &'t Trace, e: &Event) -> (Cow<'t, str>, u64, Option<u32>) {
     match trace.task_of(e) {
         // ftrace names every idle task `<idle>` (trace_find_cmdline).
         Some(t) if t.pid == 0 => (Cow::Borrowed("<idle>"), 0, None),
@@ -271,7 +274,7 @@ fn lost(w: &mut impl Write, n: u64, what: &str) -> io::Result<()> {
 
 /// `1234.567890`: ns as seconds, truncated to microseconds (ftrace's
 /// `%5lu.%06lu`).
-fn seconds(ns: u64) -> String {
+pub(super) fn seconds(ns: u64) -> String {
     format!("{:5}.{:06}", ns / 1_000_000_000, ns % 1_000_000_000 / 1_000)
 }
 

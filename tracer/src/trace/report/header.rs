@@ -15,6 +15,14 @@ pub(super) fn header(out: &mut String, report: &Report) {
         // After the build id: what the names below were read from.
         lines.insert(2, ("symbols", escape(&m.symbols).into_owned()));
     }
+    if !m.shown.is_empty() {
+        // Right under the counts it restricts.
+        let at = lines
+            .iter()
+            .position(|(k, _)| *k == "events")
+            .map_or(0, |i| i + 1);
+        lines.insert(at, ("filter", escape(&m.shown).into_owned()));
+    }
     if let Some(t) = tasks_line(report) {
         lines.push(("tasks", t));
     }

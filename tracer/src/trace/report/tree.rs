@@ -169,6 +169,9 @@ fn tree_header(
         ));
     }
     writeln!(w, "{shown}")?;
+    if !trace.meta.shown.is_empty() {
+        writeln!(w, "# filter: {}", escape(&trace.meta.shown))?;
+    }
     if let Some(d) = opts.depth {
         writeln!(w, "# depth: calls less than {d} levels deep")?;
     }
