@@ -22,6 +22,7 @@ use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
+use tracer::qemu::journal;
 
 /// getpid's function: `__x64_sys_getpid` and `__do_sys_getpid` share an
 /// address, and the report names it by one of them.
@@ -132,6 +133,19 @@ fn attach_cycle(
         _ => "exitless",
     };
     assert!(line.contains(said), "{when}: {line}");
+    if kind != Kind::TrapGraph {
+        // A preemptible kernel: the journal keeps how a repair walks its
+        // tasks, to keep the code while a task switched out inside it
+        // would return there.
+        let start = journal::start_time(guest.pid()).unwrap();
+        let text = std::fs::read_to_string(journal::path_for(guest.pid(), start)).unwrap();
+        let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            record["tasks"]["thread_size"].as_u64().unwrap_or(0) >= 16 << 10,
+            "{when}: the journal keeps no task walk: {}",
+            record["tasks"]
+        );
+    }
     // Every call of a trap-mode cycle stops the VM (twice, and its return
     // once more): fewer of them.
     let calls = match kind {

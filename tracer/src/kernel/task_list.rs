@@ -18,7 +18,7 @@ pub const PREEMPT_SCHEDULE: &str = "preempt_schedule";
 pub const INIT_TASK: &str = "init_task";
 
 /// Offsets into `struct task_struct` and `struct signal_struct`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskList {
     /// `init_task`'s link address.
     pub init_task: u64,

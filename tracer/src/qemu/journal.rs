@@ -23,6 +23,7 @@ use super::marker::Marker;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::{NOP5, SITE_LEN};
 use crate::plan::exitless::layout::PAGE;
+use crate::session::region::TaskScan;
 
 /// The journal's format; a file of another version is said, not guessed.
 pub const VERSION: u32 = 1;
@@ -91,6 +92,12 @@ pub struct JournalRecord {
     pub sites: Vec<JournaledSite>,
     /// Exitless mode: every free page it may write.
     pub pages: Vec<JournaledPage>,
+    /// Exitless mode on a kernel that preempts tasks in kernel mode: how
+    /// the repair walks its tasks, to keep vmtrace's code while a task
+    /// switched out inside it would return there. (Absent from journals
+    /// written before it, and from the guest's marker.)
+    #[serde(default)]
+    pub tasks: Option<TaskScan>,
 }
 
 /// A journal on disk.
@@ -216,6 +223,7 @@ impl Journal {
                 breakpoints: Vec::new(),
                 sites: Vec::new(),
                 pages: Vec::new(),
+                tasks: None,
             },
         };
         journal.save()?;
@@ -318,7 +326,9 @@ impl Journal {
         ram: &dyn GuestRam,
         pages: &[u64],
         sites: &[(u64, u64)],
+        tasks: Option<TaskScan>,
     ) -> Result<(), JournalError> {
+        self.record.tasks = tasks;
         let read = |gpa: u64, len: usize| {
             let mut b = vec![0u8; len];
             ram.read_slice(&mut b, GuestAddress(gpa))
@@ -395,6 +405,7 @@ impl Journal {
                     original: String::new(),
                 })
                 .collect(),
+            tasks: None,
         }
     }
 

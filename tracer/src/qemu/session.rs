@@ -420,7 +420,7 @@ fn setup(
             let (mut tracer, _no_traps) = Tracer::create(plan.plan, cpus, mode, rec)?;
             tracer.assume_kernel_offset(offset);
             let low = room.low.clone();
-            journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites)?;
+            journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites, tracer.task_scan())?;
             exitless_region(vm, &mut tracer, room)?;
             // Staged: the region says whose it is (`super::marker`).
             let marker = journal.marker(offset);

@@ -91,6 +91,21 @@ impl Tracer {
         Ok(Ok(cleared))
     }
 
+    /// What a repair without the kernel's image needs to look for tasks
+    /// switched out inside vmtrace's code (`returns_into_code_of`): the
+    /// task list's layout, the stack size and where the kernel runs. None
+    /// on a kernel that cannot preempt a task in kernel mode (no task is
+    /// ever switched out there), or without BTF (no layout).
+    pub fn task_scan(&self) -> Option<TaskScan> {
+        self.plan.image.symbol(PREEMPT_SCHEDULE)?;
+        let list = TaskList::find(&self.plan.image, self.plan.btf.as_deref()?).ok()?;
+        Some(TaskScan {
+            list,
+            thread_size: self.stack_layout.thread_size,
+            slide: self.offset.unwrap_or_default().virt,
+        })
+    }
+
     /// Why the region cannot be taken out at this stop (`remove_region`),
     /// if it cannot: a vCPU in its code, a hooked call yet to return, or (a
     /// preemptible kernel) a context whose stack returns into it. The
@@ -146,6 +161,33 @@ pub fn returns_into_code(
     let tasks = contexts::task_stacks(space, list, off.virt)
         .map_err(|e| PatchError::TaskWalk(e.to_string()))?;
     Ok(inside_code(space, &vcpus, &stacks, &tasks))
+}
+
+/// The tasks of a preemptible kernel as a repair walks them, from what the
+/// attach kept of its image (`Tracer::task_scan`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskScan {
+    pub list: TaskList,
+    /// `THREAD_SIZE`.
+    pub thread_size: u64,
+    /// The kernel's virtual offset from its link addresses (KASLR).
+    pub slide: i64,
+}
+
+/// `returns_into_code` for a repair, which has no stack layout: every
+/// kernel-mode vCPU's stack (as a task stack: up to its `THREAD_SIZE`
+/// boundary) and every task's, walked as `scan` says.
+pub fn returns_into_code_of(
+    space: &mut AddressSpace<'_>,
+    vcpus: &[VcpuRegs],
+    scan: &TaskScan,
+) -> Result<Option<Busy>, contexts::WalkError> {
+    let stacks = Stacks {
+        thread_size: scan.thread_size,
+        ..Stacks::default()
+    };
+    let tasks = contexts::task_stacks(space, &scan.list, scan.slide)?;
+    Ok(inside_code(space, vcpus, &stacks, &tasks))
 }
 
 /// `returns_into_code` for these vCPUs, stacks and tasks.
@@ -236,5 +278,54 @@ mod tests {
             })
         );
         assert_eq!(inside_code(&mut space, &[vcpu(true)], &[]), None);
+    }
+
+    /// The repair's walk, from the journal alone: a task switched out with
+    /// vmtrace's code on its stack keeps the region; a list it cannot walk
+    /// is an error (the repair then keeps the region too).
+    #[test]
+    fn a_repair_finds_a_task_switched_out_inside_the_code_from_its_journal() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let (base, phys) = (0xffff_ffff_8100_0000u64, 0x100_0000u64);
+        let put = |va: u64, v: u64| mem.write_obj(v, GuestAddress(phys + (va - base))).unwrap();
+        // init_task alone, one thread, its stack identity-mapped low.
+        let scan = TaskScan {
+            list: TaskList {
+                init_task: base,
+                tasks: 0x10,
+                stack: 0x18,
+                sp: 0x80,
+                signal: 0x20,
+                thread_head: 0x8,
+                thread_node: 0x30,
+            },
+            thread_size: 16 << 10,
+            slide: 0,
+        };
+        let signal = base + 0x10000;
+        put(base + 0x10, base + 0x10);
+        put(base + 0x20, signal);
+        put(signal + 0x8, base + 0x30);
+        put(base + 0x30, signal + 0x8);
+        let (stack, sp) = (0x20_0000u64, 0x20_3f00u64);
+        put(base + 0x18, stack);
+        put(base + 0x80, sp);
+        let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        assert_eq!(returns_into_code_of(&mut space, &[], &scan).unwrap(), None);
+        let in_code = CODE_VA + 0x40;
+        mem.write_obj(in_code, GuestAddress(sp + 0x40)).unwrap();
+        assert_eq!(
+            returns_into_code_of(&mut space, &[], &scan).unwrap(),
+            Some(Busy::OnStack {
+                cpu: None,
+                at: in_code
+            })
+        );
+        // The journal keeps it as JSON.
+        let text = serde_json::to_string(&scan).unwrap();
+        assert_eq!(serde_json::from_str::<TaskScan>(&text).unwrap(), scan);
+        put(base + 0x10, 0xffff_8000_dead_0000);
+        assert!(returns_into_code_of(&mut space, &[], &scan).is_err());
     }
 }

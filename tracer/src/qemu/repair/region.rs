@@ -17,6 +17,8 @@ use crate::plan::exitless::layout::{
     CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
     PD_COUNT,
 };
+use crate::session::direct::contexts::VcpuRegs;
+use crate::session::region::returns_into_code_of;
 
 /// A page-table entry's present and writable bits, as vmtrace writes its
 /// table entries (`session::exitless::map`), and the accessed and dirty
@@ -129,7 +131,7 @@ pub(super) fn region_stop<'g>(
         attempt += 1;
         std::thread::sleep(GRACE);
         let stop = guest.stop(false)?;
-        match busy(&stop) {
+        match busy(&stop, r) {
             Some(_) if attempt < ATTEMPTS => {
                 stop.resume()?;
                 continue;
@@ -157,7 +159,7 @@ pub(super) fn region_held<'g>(
     status: &str,
     out: &mut Repaired,
 ) -> Result<QemuStop<'g>, QemuError> {
-    match busy(&stop) {
+    match busy(&stop, r) {
         Some(why) => out.failed(format!(
             "vmtrace's code and rings left mapped: {why}, and the VM is {status}; run vmtrace detach again once it runs"
         )),
@@ -166,8 +168,12 @@ pub(super) fn region_held<'g>(
     Ok(stop)
 }
 
-/// Why the region cannot go at this stop, if it cannot.
-fn busy(stop: &QemuStop<'_>) -> Option<String> {
+/// Why the region cannot go at this stop, if it cannot: a vCPU in its
+/// code, a hooked call yet to return through it, or (a preemptible kernel
+/// whose task walk the journal kept) a context whose stack returns into
+/// it: a task switched out inside the trampoline or a stub. A walk that
+/// fails keeps the region: such a task cannot be ruled out.
+fn busy(stop: &QemuStop<'_>, r: &JournalRecord) -> Option<String> {
     for cpu in 0..stop.cpus() {
         let rip = stop.snapshot(cpu)?.regs.rip;
         if (CODE_VA..CODE_VA + CODE_LEN).contains(&rip) {
@@ -177,13 +183,26 @@ fn busy(stop: &QemuStop<'_>) -> Option<String> {
     let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[])?;
     let mut pool = vec![0u8; (FRAMES * FRAME_LEN) as usize];
     // No frame pool mapped: no function graph.
-    space.read(DATA_VA + FRAMES_OFF, &mut pool).ok()?;
-    let busy = FRAME_BUSY as usize..FRAME_BUSY as usize + 4;
-    let live = pool
-        .chunks_exact(FRAME_LEN as usize)
-        .filter(|f| f[busy.clone()] != [0; 4])
-        .count();
-    (live > 0).then(|| format!("{live} hooked calls have not returned, and return through it"))
+    if space.read(DATA_VA + FRAMES_OFF, &mut pool).is_ok() {
+        let busy = FRAME_BUSY as usize..FRAME_BUSY as usize + 4;
+        let live = pool
+            .chunks_exact(FRAME_LEN as usize)
+            .filter(|f| f[busy.clone()] != [0; 4])
+            .count();
+        if live > 0 {
+            return Some(format!(
+                "{live} hooked calls have not returned, and return through it"
+            ));
+        }
+    }
+    let scan = r.tasks.as_ref()?;
+    let vcpus = VcpuRegs::of(stop);
+    match returns_into_code_of(&mut space, &vcpus, scan) {
+        Ok(found) => found.map(|b| b.to_string()),
+        Err(e) => Some(format!(
+            "{e}, so a task switched out inside it cannot be ruled out"
+        )),
+    }
 }
 
 /// vmtrace's region entries of a vmtrace whose journal is gone: those of
