@@ -40,6 +40,7 @@ impl Outcome {
             StopReason::PowerOff(0)
             | StopReason::AcpiPowerOff
             | StopReason::Requested
+            | StopReason::DurationReached
             | StopReason::Signal(_) => Outcome::Clean,
             _ => Outcome::GuestFailed,
         }
@@ -442,6 +443,7 @@ impl Words for Flags {
             Input::Cpus => "--cpus",
             Input::Mem => "--mem",
             Input::CmdlineReplace => "--cmdline-replace",
+            Input::Duration => "--duration",
         }
     }
 }

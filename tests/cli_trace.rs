@@ -227,7 +227,10 @@ fn duration_detaches_under_a_pause_and_stops() {
     ]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("stopped on request"), "{err}");
+    assert!(
+        err.contains("vmtrace: stopped: --duration reached ("),
+        "{err}"
+    );
     assert!(err.contains("4 sites restored"), "{err}");
 }
 

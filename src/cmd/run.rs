@@ -80,6 +80,8 @@ fn stop_line(
                 .unwrap_or_default();
             format!("after {secs:.2} s{place}: {}", reason.say(&Flags))
         }
+        // "stopped: --duration reached (50.02 s)".
+        StopReason::DurationReached => format!("{} ({secs:.2} s)", reason.say(&Flags)),
         reason => format!("{reason} after {secs:.2} s"),
     }
 }
@@ -385,6 +387,19 @@ mod tests {
         assert_eq!(
             stop_line(&StopReason::PowerOff(0), Duration::from_millis(300), &named),
             "guest powered off (status 0) after 0.30 s"
+        );
+        // The trace's own end, in the flag's words; the library's plain.
+        assert_eq!(
+            stop_line(
+                &StopReason::DurationReached,
+                Duration::from_millis(50_020),
+                &named
+            ),
+            "stopped: --duration reached (50.02 s)"
+        );
+        assert_eq!(
+            StopReason::DurationReached.to_string(),
+            "stopped: the trace's duration reached"
         );
     }
 }

@@ -33,6 +33,8 @@ pub enum Input {
     Mem,
     /// A command line that replaces the guest's default one.
     CmdlineReplace,
+    /// How long the guest is traced before it is stopped.
+    Duration,
 }
 
 /// How a front end words the inputs.
@@ -52,6 +54,7 @@ impl Words for Plain {
             Input::Cpus => "vCPU count",
             Input::Mem => "memory size",
             Input::CmdlineReplace => "a replacement command line",
+            Input::Duration => "the trace's duration",
         }
     }
 }

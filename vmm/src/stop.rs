@@ -8,7 +8,7 @@ use kvm_bindings::{
     KVM_SYSTEM_EVENT_SHUTDOWN, KVM_SYSTEM_EVENT_SUSPEND, KVM_SYSTEM_EVENT_WAKEUP,
 };
 
-use crate::advice::{Advice, Words};
+use crate::advice::{Advice, Input, Plain, Words};
 use crate::assist::AssistError;
 use crate::trap::TrapError;
 
@@ -31,8 +31,10 @@ pub enum StopReason {
     Timeout(Duration),
     /// SIGINT, SIGTERM or SIGHUP.
     Signal(i32),
-    /// The host side asked the guest to stop (e.g. `--duration`).
+    /// The host side asked the guest to stop.
     Requested,
+    /// The trace's duration ran out, and the host stopped the guest.
+    DurationReached,
     /// A vCPU could not go on.
     Error(VcpuError),
 }
@@ -62,6 +64,7 @@ impl fmt::Display for StopReason {
                 }
             ),
             StopReason::Requested => write!(f, "stopped on request"),
+            StopReason::DurationReached => f.write_str(&self.problem(&Plain)),
             StopReason::Error(e) => write!(f, "{e}"),
         }
     }
@@ -86,6 +89,9 @@ impl Advice for StopReason {
     fn problem(&self, w: &dyn Words) -> String {
         match self {
             StopReason::Error(e) => e.problem(w),
+            StopReason::DurationReached => {
+                format!("stopped: {} reached", w.input(Input::Duration))
+            }
             r => r.to_string(),
         }
     }

@@ -235,7 +235,7 @@ impl Live {
                 .detach(paused.memory())
                 .map_err(SessionError::Restore)?;
             drop(paused);
-            self.vm.running.request_stop(StopReason::Requested);
+            self.vm.running.request_stop(StopReason::DurationReached);
         }
         Ok(())
     }
