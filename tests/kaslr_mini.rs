@@ -67,6 +67,13 @@ fn without_a_syscall_entry_the_banner_in_the_kernel_map_gives_the_offset() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("vmtrace: attached: 30 sites patched"), "{err}");
+    // The attach line says when, plainly (no "attempts ... not ready").
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("vmtrace: attached: "))
+        .unwrap();
+    assert!(line.contains(" s after boot"), "{line}");
+    assert!(!line.contains("attempts"), "{line}");
     assert!(
         err.lines()
             .any(|l| l == "vmtrace: kernel offset: virtual +0x0, physical +0x0 (no KASLR)"),

@@ -253,6 +253,8 @@ fn say_note(n: &Note) {
 struct Status {
     draw: bool,
     last: Instant,
+    /// When the guest started (the attach says how long after).
+    started: Instant,
 }
 
 impl Status {
@@ -260,6 +262,7 @@ impl Status {
         Status {
             draw,
             last: Instant::now(),
+            started: Instant::now(),
         }
     }
 
@@ -286,7 +289,7 @@ impl Observer for Status {
         let c = &a.counts;
         let direct = tracer.plan().direct.is_some();
         note!(
-            "vmtrace: attached: {} {}sites patched, {} skipped ({} in init text, {} {}) in a {} µs pause (latency {} µs){}",
+            "vmtrace: attached: {} {}sites patched, {} skipped ({} in init text, {} {}) in a {} µs pause (latency {} µs), {:.1} s after boot{}",
             c.patched,
             if direct { "direct " } else { "" },
             skipped_init + c.skipped_other,
@@ -303,8 +306,9 @@ impl Observer for Status {
             },
             a.window.as_micros(),
             a.latency.as_micros(),
+            self.started.elapsed().as_secs_f64(),
             match &a.last_not_ready {
-                Some(why) => format!(", after {} attempts found the guest not ready (the last: {why})", a.retries),
+                Some(why) => format!(", after {}", why.waited_for()),
                 None => String::new(),
             }
         );

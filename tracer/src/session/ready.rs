@@ -40,6 +40,26 @@ pub enum NotReady {
     DirectTasks { why: String },
 }
 
+impl NotReady {
+    /// What the attach waited for, once it no longer waits for it: "the
+    /// guest's ftrace_init", said after "attached after".
+    pub fn waited_for(&self) -> String {
+        match self {
+            NotReady::FtraceInitRunning | NotReady::CallSites { .. } => {
+                "the guest's ftrace_init".into()
+            }
+            NotReady::KernelOffsetUnknown => {
+                "the guest kernel's syscall entry (its KASLR offset)".into()
+            }
+            NotReady::AlternativesPending => "the guest kernel's alternatives".into(),
+            NotReady::DirectBusy { .. } => "no guest context inside a direct site".into(),
+            NotReady::GuestFtraceBusy { lock } => format!("the guest's {lock}"),
+            NotReady::DirectStackUnreadable { .. } => "readable guest stacks".into(),
+            NotReady::DirectTasks { .. } => "the guest's task list".into(),
+        }
+    }
+}
+
 /// One attach attempt.
 #[derive(Debug)]
 pub enum Attach<'a> {
