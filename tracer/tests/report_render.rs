@@ -98,7 +98,7 @@ fn report_header_has_every_fact_of_the_run() {
     has("stopped", "duration elapsed");
     has("callers", "1 call's return address was unreadable");
     assert!(
-        out.contains("# 2 traced functions were not called\n"),
+        out.contains("# 2 traced functions were not called: uncalled_a, uncalled_b\n"),
         "{out}"
     );
 

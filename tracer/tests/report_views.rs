@@ -116,7 +116,7 @@ fn percent_limit_hides_small_functions_and_says_so() {
         "{limited}"
     );
     // The uncalled ones are still counted apart.
-    assert!(limited.contains("# 2 traced functions were not called\n"));
+    assert!(limited.contains("# 2 traced functions were not called: "));
     // No limit, or one nothing is under: no such line.
     let zero = ReportOptions {
         percent_limit: Some(0.0),

@@ -21,7 +21,7 @@
 //!    19.94%  1,000    500 /     0 /   500 /     0  do_idle
 //! ...
 //! #
-//! # 2 traced functions were not called
+//! # 2 traced functions were not called: hrtimer_cancel, tick_nohz_idle_exit
 //! ```
 //!
 //! Shares are of the shown rows (after `--cpu`). With more than four vCPUs
@@ -207,8 +207,32 @@ fn footer(out: &mut String, report: &Report, hidden: usize, percent_limit: Optio
         } else {
             "functions were"
         };
-        writeln!(out, "#\n# {uncalled} traced {n} not called{on}").unwrap();
+        writeln!(
+            out,
+            "#\n# {uncalled} traced {n} not called{on}: {}",
+            uncalled_names(&report.uncalled)
+        )
+        .unwrap();
     }
+}
+
+/// Uncalled functions named in the footer at most.
+const UNCALLED_NAMED: usize = 5;
+
+/// The first `UNCALLED_NAMED` uncalled functions by name, and how many more.
+fn uncalled_names(rows: &[Row]) -> String {
+    let names: Vec<_> = rows
+        .iter()
+        .take(UNCALLED_NAMED)
+        .map(|r| escape(&r.func.name))
+        .collect();
+    let more = rows.len().saturating_sub(UNCALLED_NAMED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{}{more}", names.join(", "))
 }
 
 /// The duration columns of a function-graph trace: returns, total, self,
@@ -402,4 +426,38 @@ fn truncate(s: &str, max: usize) -> String {
     let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
     t.push('…');
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::symbols::Symbol;
+
+    #[test]
+    fn the_footer_names_a_few_uncalled_functions_and_counts_the_rest() {
+        let syms: Vec<Symbol> = (0..7)
+            .map(|i| Symbol {
+                name: format!("f{i}"),
+                addr: 0x1000 * i,
+                size: 16,
+            })
+            .collect();
+        let rows: Vec<Row> = syms
+            .iter()
+            .enumerate()
+            .map(|(index, func)| Row {
+                func,
+                index,
+                per_cpu: vec![0],
+                total: 0,
+                busiest: 0,
+                callers: Vec::new(),
+                returns: 0,
+                durations: None,
+                not_returned: 0,
+            })
+            .collect();
+        assert_eq!(uncalled_names(&rows[..2]), "f0, f1");
+        assert_eq!(uncalled_names(&rows), "f0, f1, f2, f3, f4 and 2 more");
+    }
 }
