@@ -270,7 +270,7 @@ fn report_graph_tree_nesting_depth_and_threshold() {
     // --cpu 1 and a vCPU the trace lacks.
     let c1 = tree(Some(2), 1_000, Some(vec![1, 5]));
     assert!(
-        c1.contains("# vCPUs: 1; ignored 5: not in this trace\n"),
+        c1.contains("# vCPUs: 1 (1); ignored 5: not in this trace\n"),
         "{c1}"
     );
     assert!(!c1.contains("# vCPU 0\n"), "{c1}");

@@ -158,7 +158,8 @@ fn tree_header(
     writeln!(w, "# tracer: function_graph (vmtrace)")?;
     writeln!(w, "#")?;
     writeln!(w, "# kernel: {}", escape(&trace.meta.kernel))?;
-    let mut shown = format!("# vCPUs: {}", format_cpu_list(cpus));
+    // A count, then which: "vCPUs: 0" alone would read as none.
+    let mut shown = format!("# vCPUs: {} ({})", cpus.len(), format_cpu_list(cpus));
     if cpus.is_empty() {
         shown = "# vCPUs: none of the requested vCPUs exist".to_string();
     }
