@@ -110,6 +110,13 @@ fn report_header_has_every_fact_of_the_run() {
     assert!(out.contains("# build id: none\n"), "{out}");
     assert!(out.contains("# rate:     n/a"), "{out}");
     assert!(!out.contains("unreadable"), "{out}");
+
+    // Under another VMM (an attach) there is no trace port: no exit count.
+    let mut t = fixture::trace();
+    t.meta.vmm = "QEMU 7.2.0 (pid 4242, tcg; QMP /run/qemu.sock)".into();
+    let out = render(&t, &ReportOptions::default());
+    assert!(out.contains("# mode:     trap\n"), "{out}");
+    assert!(!out.contains("trap exits"), "{out}");
 }
 
 #[test]

@@ -89,18 +89,7 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
             ),
             ("events", events_line(m, report.entries_stored)),
             ("rate", rate),
-            (
-                "mode",
-                format!(
-                    "{} ({} trap exits)",
-                    if m.mode.is_empty() {
-                        "unknown".into()
-                    } else {
-                        escape(&m.mode)
-                    },
-                    thousands(m.trap_exits)
-                ),
-            ),
+            ("mode", mode_line(m)),
             (
                 "attach",
                 format!(
@@ -158,6 +147,22 @@ fn values_line(report: &Report) -> Option<String> {
 }
 
 /// Events: in all, stored, dropped and why.
+/// The mode, with the exits at the trace port where vmtrace's own VMM ran
+/// the guest: under another VMM (`vmtrace attach`) there is no such port,
+/// and a count of 0 would claim what was never measured.
+fn mode_line(m: &TraceMeta) -> String {
+    let mode = if m.mode.is_empty() {
+        "unknown".into()
+    } else {
+        escape(&m.mode)
+    };
+    if m.vmm.is_empty() {
+        format!("{mode} ({} trap exits)", thousands(m.trap_exits))
+    } else {
+        mode.into_owned()
+    }
+}
+
 fn events_line(m: &TraceMeta, stored: u64) -> String {
     format!(
         "{} total, {} stored, {} dropped{}",
