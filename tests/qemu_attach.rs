@@ -192,6 +192,8 @@ fn trap_mode_counts_exactly_through_gdbstub_breakpoints() {
         (&"trap".into(), &0.into()),
         "{v}"
     );
+    // The header names the file given, not the vmlinux beside it.
+    assert_eq!(v["kernel"], s(&bz), "{v}");
     assert_same(&before, &watch.read(), "by a trap-mode attach");
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);

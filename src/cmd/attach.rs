@@ -59,7 +59,14 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         _ => None,
     });
     plan.notes.retain(|n| !matches!(n, Note::AutoTrap { .. }));
-    let kernel = plan.plan.image.path.clone();
+    // The header names the file given (the bzImage the guest runs), not
+    // the vmlinux found beside it for its symbols (the header says where
+    // the symbols came from).
+    let kernel = args
+        .kernel
+        .clone()
+        .or_else(|| args.vmlinux.clone())
+        .unwrap_or_else(|| plan.plan.image.path.clone());
     let mut data = Data::open(output.data.as_ref())?;
     let file = data.file.take().expect("just opened");
     let recording = Recording {
