@@ -50,7 +50,9 @@ pub enum Command {
     /// Measure the cost of tracing (`vmtrace bench list`: the benches).
     Bench(BenchArgs),
     /// Trace a QEMU guest that is already running, through its QMP socket
-    /// (and its gdbstub, opened on demand); it runs on when vmtrace detaches.
+    /// or its libvirt domain (and its gdbstub, opened on demand); it runs
+    /// on when vmtrace detaches. Needs root, or QEMU's user with access to
+    /// its sockets and /proc/PID/mem (ptrace).
     Attach(Box<AttachArgs>),
     /// Take out what a vmtrace that did not detach (killed, crashed) left
     /// in a QEMU: its sites, code and rings, breakpoints and gdbstub.
@@ -199,7 +201,8 @@ pub struct TraceArgs {
     /// How traced functions are entered: through their ftrace call sites,
     /// or directly (their first instructions displaced by a jump to a stub:
     /// any function, any kernel); auto: ftrace's sites on kernels that have
-    /// them, else direct. attach takes direct entries in exitless mode only.
+    /// them, else direct. Under attach in trap mode, a direct entry is a
+    /// breakpoint at the function itself (nothing written).
     #[arg(long, value_enum, default_value_t = EntryArg::Auto, help_heading = "Tracing")]
     pub entry: EntryArg,
 }
