@@ -20,6 +20,10 @@ const HANG: Duration = Duration::from_secs(300);
 /// at the end. Dropping it kills it.
 pub struct Attach {
     pub child: Child,
+    /// When it was started: a private directory older than this is another
+    /// process's that had the same pid (pids wrap; a killed vmtrace leaves
+    /// its directory).
+    started: std::time::SystemTime,
     lines: Arc<(Mutex<Vec<String>>, Condvar)>,
     err: Option<JoinHandle<()>>,
     out: Option<JoinHandle<String>>,
@@ -83,6 +87,7 @@ impl Attach {
     }
 
     fn spawn(target: &[&str], args: &[&str]) -> Attach {
+        let started = std::time::SystemTime::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
             .arg("attach")
             .args(target)
@@ -112,6 +117,7 @@ impl Attach {
         });
         Attach {
             child,
+            started,
             lines,
             err: Some(err),
             out: Some(out),
@@ -206,7 +212,16 @@ pub fn gdb_socket(vmtrace: &Attach) -> PathBuf {
             continue;
         };
         for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let made = e
+                .metadata()
+                .ok()
+                .filter(|m| m.is_dir())
+                .and_then(|m| m.modified().ok());
+            // (A second of slack for the file system's coarse clock.)
+            let since = vmtrace.started - std::time::Duration::from_secs(1);
+            if e.file_name().to_string_lossy().starts_with(&prefix)
+                && made.is_some_and(|t| t >= since)
+            {
                 found.push(e.path());
             }
         }
