@@ -143,7 +143,8 @@ fn looping_session(max_events: u64) -> (std::path::PathBuf, Session) {
 }
 
 /// A duration ends the session: detached under a pause first, then the
-/// guest stopped on request (the mini guest in `mode=loop` never ends).
+/// guest stopped as the duration ran out (the mini guest in `mode=loop`
+/// never ends).
 #[test]
 fn a_duration_detaches_then_stops_the_guest() {
     let (_, mut session) = looping_session(10_000_000);
@@ -158,7 +159,7 @@ fn a_duration_detaches_then_stops_the_guest() {
         "detached before the guest stopped"
     );
     let ended = session.end(&vmm::advice::Plain);
-    assert_eq!(ended.report.reason, vmm::StopReason::Requested);
+    assert_eq!(ended.report.reason, vmm::StopReason::DurationReached);
     let calls: u64 = ended.summary.counts.iter().flatten().sum();
     assert!(calls > 0, "the loop was traced");
     assert_eq!(ended.summary.events.len() as u64, calls);
