@@ -23,7 +23,7 @@ use exitless::collect::{DrainStart, DrainTasks, DrainValues};
 use exitless::state::{Exitless, ExitlessError, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use reach::{DirectState, Reach, Times};
-use record::GraphHook;
+use record::{GraphHook, Recorder};
 use shadow::ShadowStacks;
 use stacks::StackSource;
 use store::{Storage, Stored};
@@ -184,6 +184,31 @@ impl Tracer {
     }
 
     fn trap(plan: Plan, ncpus: usize, rec: Recording) -> (Tracer, Vec<Box<dyn TrapHandler>>) {
+        let (t, recs) = Tracer::trap_with(plan, ncpus, rec, |plan, recs| {
+            let hook = plan.graph.then(|| {
+                Arc::new(GraphHook {
+                    trap_va: RETURN_TRAP_VA,
+                    shadow: ShadowStacks::default(),
+                })
+            });
+            if let Some(hook) = &hook {
+                for r in recs {
+                    r.hook_returns(Arc::clone(hook));
+                }
+            }
+            hook
+        });
+        (t, boxed(recs))
+    }
+
+    /// A trap-mode tracer and its recorders; `returns` readies them for
+    /// the graph as the mode catches returns (the return trap's hook, if any).
+    fn trap_with(
+        plan: Plan,
+        ncpus: usize,
+        rec: Recording,
+        returns: impl FnOnce(&Plan, &mut [Recorder]) -> Option<Arc<GraphHook>>,
+    ) -> (Tracer, Vec<Recorder>) {
         let overwrite = matches!(rec.storage, Storage::Overwrite { .. });
         let (counters, mut recs, store) = record::recorders(
             Arc::clone(&plan.index),
@@ -192,23 +217,12 @@ impl Tracer {
             rec.storage,
             Arc::new(plan.image.functions.clone()),
         );
-        let hook = plan.graph.then(|| {
-            Arc::new(GraphHook {
-                trap_va: RETURN_TRAP_VA,
-                shadow: ShadowStacks::default(),
-            })
-        });
-        if let Some(hook) = &hook {
-            for r in &mut recs {
-                r.hook_returns(Arc::clone(hook));
-            }
-        }
+        let hook = returns(&plan, &mut recs);
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let stacks = stack_source(&plan, &store);
         equip(&mut recs, &plan, &tasks, &stacks, store.args());
-        let args = store.args();
-        let tables = (table, args, store.stacks());
+        let tables = (table, store.args(), store.stacks());
         let reach = Reach::Trap {
             graph: hook,
             return_trap_in: false,
@@ -218,7 +232,7 @@ impl Tracer {
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
         t.send_head(store.head, &rec.kernel);
-        (t, boxed(recs))
+        (t, recs)
     }
 
     /// Hand the data file's `HEAD` to the store thread (with a data file).

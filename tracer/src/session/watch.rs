@@ -10,15 +10,10 @@
 //! caller (`Recorder::frames_by_breakpoints`), whose breakpoint at the
 //! return address catches the return: no return address is rewritten.
 
-use std::sync::Arc;
-
 use vmm::Stopped;
 
-use super::equip::{equip, stack_source, task_source};
 use super::patch::{AttachCounts, DetachCounts};
-use super::reach::Reach;
-use super::record::{self, Recorder};
-use super::store::Storage;
+use super::record::Recorder;
 use super::{NotReady, Recording, Tracer};
 use crate::error::TracerError;
 use crate::plan::Plan;
@@ -62,34 +57,14 @@ impl Tracer {
     /// (breakpoints of a debugger's: `watch_sites`): with `plan.graph`,
     /// each entry's frame is left to the caller (`Recorder::take_entered`).
     pub fn watched(plan: Plan, ncpus: usize, rec: Recording) -> (Tracer, Vec<Recorder>) {
-        let overwrite = matches!(rec.storage, Storage::Overwrite { .. });
-        let (counters, mut recs, store) = record::recorders(
-            Arc::clone(&plan.index),
-            ncpus,
-            rec.max_events,
-            rec.storage,
-            Arc::new(plan.image.functions.clone()),
-        );
-        if plan.graph {
-            for r in &mut recs {
-                r.frames_by_breakpoints();
+        Tracer::trap_with(plan, ncpus, rec, |plan, recs| {
+            if plan.graph {
+                for r in recs {
+                    r.frames_by_breakpoints();
+                }
             }
-        }
-        let table = store.tasks();
-        let tasks = task_source(&plan, &table);
-        let stacks = stack_source(&plan, &store);
-        equip(&mut recs, &plan, &tasks, &stacks, store.args());
-        let tables = (table, store.args(), store.stacks());
-        let reach = Reach::Trap {
-            graph: None,
-            return_trap_in: false,
-        };
-        let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables, reach);
-        t.tasks = tasks;
-        t.stacks = stacks;
-        t.vmm = rec.vmm.clone();
-        t.send_head(store.head, &rec.kernel);
-        (t, recs)
+            None
+        })
     }
 
     /// What this tracer's breakpoints are.
