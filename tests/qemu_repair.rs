@@ -174,9 +174,20 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
     // guest never freezes.
     let trap = ["--mode", "trap", "--trace", "__x64_sys_getppid"];
     let a = attached(qmp, &bz, &trap);
+    let private = gdb_socket(&a).parent().unwrap().to_path_buf();
+    assert!(
+        private.is_dir(),
+        "{} is the attach's stub directory",
+        private.display()
+    );
     guest.go("getppid", 3).unwrap();
     a.signal(libc::SIGKILL);
     let e = a.end();
+    assert!(
+        !private.exists(),
+        "the guardian removed {}",
+        private.display()
+    );
     for n in [
         "its guardian repairs the VM",
         "removed vmtrace's breakpoints",
@@ -194,8 +205,14 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
     );
 
     let a = attached(qmp, &bz, &trap);
+    let private = gdb_socket(&a).parent().unwrap().to_path_buf();
     guest.go("getppid", 3).unwrap();
     kill_with_guardian(a);
+    assert!(
+        private.is_dir(),
+        "a killed attach leaves {}",
+        private.display()
+    );
     // The breakpoints stay with QEMU: the next traced call freezes the
     // guest, paused (debug), with nobody to resume it.
     guest.send_line("go getppid 1");
@@ -223,6 +240,11 @@ fn a_killed_trap_mode_attach_freezes_the_guest_until_the_repair() {
             "runs again",
             "removed vmtrace's journal",
         ],
+    );
+    assert!(
+        !private.exists(),
+        "the repair removed {}",
+        private.display()
     );
     guest
         .wait_for("workload: done getppid 1 ", COMMAND_TIMEOUT)

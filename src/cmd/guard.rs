@@ -9,7 +9,9 @@
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 
-use tracer::qemu::repair;
+use std::time::{Duration, Instant};
+
+use tracer::qemu::{journal, repair};
 
 use super::vm_target::VmTarget;
 use crate::cli::GuardArgs;
@@ -17,6 +19,11 @@ use crate::error::{Error, InputError, Outcome};
 
 /// The hidden subcommand's name.
 pub const GUARD: &str = "guard";
+
+/// How long the attach may take to exit once its pipe closed (a process
+/// stuck in uninterruptible sleep while exiting, e.g. on a dead NFS
+/// mount, can take longer: the repair then says it still runs).
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Start the guardian of this attach to the QEMU `qemu_pid`, `target`. It
 /// lives until this process ends (its stdin's pipe closes): keep the
@@ -44,6 +51,12 @@ pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
     while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    // The pipe closes as the attach exits, a moment before the kernel
+    // shows it exited: until then the repair would take it for alive.
+    let deadline = Instant::now() + EXIT_WAIT;
+    while !journal::exited(args.attach_pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let done = repair::repair_journaled_with(|| target.monitor(), args.qemu_pid, args.attach_pid)
         .map_err(InputError::Qemu)?;

@@ -148,6 +148,19 @@ pub fn runs(pid: u32, start: u64) -> bool {
     stat(pid).is_some_and(|(state, s)| s == start && !matches!(state, 'Z' | 'X'))
 }
 
+/// Has the process `pid` exited (gone, or a zombie)? Its files are closed
+/// a moment before it becomes a zombie (the kernel's do_exit closes them
+/// before exit_notify), so a pipe's EOF alone does not tell.
+pub fn exited(pid: u32) -> bool {
+    stat(pid).is_none_or(|(state, _)| matches!(state, 'Z' | 'X'))
+}
+
+/// Does another process than the one `pid` started at `start` have that
+/// pid now (pids wrap)?
+pub fn pid_reused(pid: u32, start: u64) -> bool {
+    stat(pid).is_some_and(|(state, s)| s != start && !matches!(state, 'Z' | 'X'))
+}
+
 /// Remove the journals of QEMUs that are gone (nothing left to repair in
 /// them), so that the directory holds only what may matter.
 fn forget_gone() {

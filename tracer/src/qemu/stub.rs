@@ -212,6 +212,34 @@ pub fn remove_private(socket: &Path) {
     }
 }
 
+/// Removes the private directories a vmtrace `pid` that is gone left
+/// (killed before its detach removed them). The caller checks that no
+/// other process has that pid now: pids wrap, and a live vmtrace's
+/// directory carries its pid too. Only an empty directory, or one holding
+/// nothing but the stub's socket, is removed. Returns what was removed.
+pub fn remove_dead_dirs(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{DIR_PREFIX}{pid}-");
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+    let mut removed = Vec::new();
+    for base in runtime.into_iter().chain([std::env::temp_dir()]) {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let named = e.file_name().to_string_lossy().starts_with(&prefix);
+            if !named || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let dir = e.path();
+            let _ = std::fs::remove_file(dir.join(SOCKET));
+            if std::fs::remove_dir(&dir).is_ok() {
+                removed.push(dir);
+            }
+        }
+    }
+    removed
+}
+
 /// After vmtrace connected to `addr`: QMP shows QEMU's stub connected, and
 /// for vmtrace's own stub, listening on its socket (so that the one
 /// connection is vmtrace's: no one else can reach the private directory).
@@ -248,6 +276,30 @@ pub fn let_go(qmp: &mut dyn Queries) -> Option<String> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_dead_vmtraces_directories_go_and_nothing_else() {
+        // A pid no process has now: a child that was reaped.
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let _ = { child }.wait();
+        let base = std::env::temp_dir();
+        let empty = base.join(format!("{DIR_PREFIX}{pid}-aaaaaa"));
+        let socket = base.join(format!("{DIR_PREFIX}{pid}-bbbbbb"));
+        let other = base.join(format!("{DIR_PREFIX}{pid}-cccccc"));
+        let alive = base.join(format!("{DIR_PREFIX}{}-dddddd", std::process::id()));
+        for d in [&empty, &socket, &other, &alive] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(socket.join(SOCKET), b"").unwrap();
+        std::fs::write(other.join("notes"), b"someone's").unwrap();
+        let mut removed = remove_dead_dirs(pid);
+        removed.sort();
+        assert_eq!(removed, vec![empty.clone(), socket.clone()]);
+        assert!(other.join("notes").exists() && alive.is_dir());
+        std::fs::remove_dir_all(&other).unwrap();
+        std::fs::remove_dir_all(&alive).unwrap();
+    }
 
     #[test]
     fn a_private_directory_is_0700_and_fresh_each_time() {

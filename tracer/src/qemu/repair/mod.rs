@@ -268,6 +268,15 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
     }
     match (found.journal, out.incomplete) {
         (Some(j), false) => {
+            let (pid, start) = (j.record.vmtrace_pid, j.record.vmtrace_start);
+            if !journal::pid_reused(pid, start) {
+                for dir in super::stub::remove_dead_dirs(pid) {
+                    out.did(format!(
+                        "removed vmtrace's gdbstub directory {}",
+                        dir.display()
+                    ));
+                }
+            }
             out.did(format!("removed vmtrace's journal {}", j.path.display()));
             j.remove();
         }
@@ -291,7 +300,7 @@ fn stub_for(
     if let Some(s) = &found.stub {
         qmp.close_gdbserver()?;
         if let Some(GdbAddr::Unix(p)) = &s.addr {
-            let _ = std::fs::remove_file(p);
+            super::stub::remove_private(p);
         }
         out.did(format!("closed vmtrace's gdbstub ({})", s.filename));
     }
