@@ -11,6 +11,7 @@ use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
     let cfg = ReportConfig::check(args)?;
+    crate::recorded::say_on_terminal(&cfg.input);
     let trace = datafile::load(&cfg.input)?;
     // Folded stacks of an entry-only trace are its entries' kernel stacks
     // (`--stack`): only a trace with neither returns nor stacks has none.

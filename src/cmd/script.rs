@@ -12,6 +12,7 @@ use crate::error::{Error, Outcome};
 
 pub fn main(args: &ScriptArgs) -> Result<Outcome, Error> {
     let cfg = ScriptConfig::check(args)?;
+    crate::recorded::say_on_terminal(&cfg.input);
     let trace = datafile::load(&cfg.input)?;
     let fields = cfg.fields_of(&trace)?;
     let trace = cfg.shown.apply(trace, &cfg.input)?;

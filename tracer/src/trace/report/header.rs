@@ -103,7 +103,10 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
                 if m.stop_reason.is_empty() {
                     "unknown".to_string()
                 } else {
-                    escape(&m.stop_reason).into_owned()
+                    // The label says it: "--duration reached", not
+                    // "stopped: stopped: --duration reached".
+                    let reason = m.stop_reason.strip_prefix("stopped: ");
+                    escape(reason.unwrap_or(&m.stop_reason)).into_owned()
                 },
             ),
         ])
