@@ -169,6 +169,12 @@ fn the_pages_qemu_recipe_boots_and_its_attach_counts_exactly() {
     let mut qemu = Qemu::start(&qemu_args);
     let (ready, at) = qemu.wait_for("workload: ready", 0, BOOT_TIMEOUT);
     assert!(ready.contains("pid=1"), "{ready}");
+    // `-smp N,sockets=N`: the guest, without ACPI, runs on all N (with a
+    // plain `-smp N`, on one).
+    let smp = qemu_args.iter().position(|a| a == "-smp").expect("-smp");
+    let cpus = qemu_args[smp + 1].split(',').next().unwrap();
+    let (up, _) = qemu.wait_for("smp: Brought up", 0, COMMAND_TIMEOUT);
+    assert!(up.trim_end().ends_with(&format!(" {cpus} CPUs")), "{up}");
     // The page's attach, with the fresh socket and a JSON report.
     let at_qmp = attach_args.iter().position(|a| a == "--qmp").unwrap();
     assert_eq!(attach_args[at_qmp + 1], DOC_QMP);
