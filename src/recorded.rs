@@ -18,15 +18,19 @@ pub fn when(path: &Path) -> Option<String> {
     Some(format!("{}, {}", utc(written)?, ago_words(ago)))
 }
 
-/// On a terminal, before a saved trace is read: which file, written when
-/// (a file of an earlier run than the one just watched is no surprise).
-pub fn say_on_terminal(path: &Path) {
+/// On a terminal, before a saved trace is shown: which file, of which
+/// kernel, written when (a file of an earlier run than the one just
+/// watched is no surprise).
+pub fn say_on_terminal(path: &Path, kernel: &str) {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return;
     }
     if let Some(when) = when(path) {
-        note!("vmtrace: reading {}, written {when}", path.display());
+        note!(
+            "vmtrace: reading {}: a trace of {kernel}, written {when}",
+            path.display()
+        );
     }
 }
 

@@ -274,6 +274,31 @@ fn a_run_that_saves_nothing_says_the_data_file_is_an_earlier_runs() {
         ) && (last.ends_with(" UTC, just now") || last.ends_with(" s ago")),
         "{err}"
     );
+    // `report` on a terminal (script(1) gives it one) says first which file
+    // it reads, of which kernel, and when it was written; off a terminal,
+    // nothing (stderr stays the report's errors alone).
+    let on_tty = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{} report", env!("CARGO_BIN_EXE_vmtrace")),
+            "/dev/null",
+        ])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1), util-linux's");
+    let text = String::from_utf8_lossy(&on_tty.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "vmtrace: reading vmtrace.data: a trace of {}, written 20",
+            s(&k)
+        )),
+        "{text}"
+    );
+    let off_tty = vmtrace_in(&dir, &["report"]);
+    assert!(off_tty.status.success());
+    assert_eq!(stderr(&off_tty), "");
     let mut saved = run.to_vec();
     saved.extend(["-o", "run.data"]);
     let o = vmtrace_in(&dir, &saved);
