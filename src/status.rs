@@ -76,8 +76,41 @@ impl Held {
 /// The guest console's unfinished line on stderr.
 static HELD: Mutex<Held> = Mutex::new(Held(Vec::new()));
 
+/// The guest console's unfinished line on stdout (`--console -`, where
+/// the report follows it).
+static HELD_OUT: Mutex<Held> = Mutex::new(Held(Vec::new()));
+
 fn held() -> std::sync::MutexGuard<'static, Held> {
     HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn held_out() -> std::sync::MutexGuard<'static, Held> {
+    HELD_OUT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes out `lines` on stdout.
+fn console_stdout(lines: Option<Vec<u8>>) -> io::Result<()> {
+    let Some(lines) = lines else { return Ok(()) };
+    let mut out = io::stdout().lock();
+    out.write_all(&lines)?;
+    out.flush()
+}
+
+/// The guest console on stdout (`--console -`), a whole line at a time:
+/// the report that follows starts a line of its own.
+pub struct ConsoleOnStdout;
+
+impl Write for ConsoleOnStdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let lines = held_out().lines(buf);
+        console_stdout(lines)?;
+        Ok(buf.len())
+    }
+
+    /// As for stderr: the unfinished line stays held.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Writes out `lines` under a status line.
@@ -108,6 +141,8 @@ impl Write for ConsoleOnStderr {
 pub fn end_console() {
     let rest = held().rest();
     let _ = console_out(rest);
+    let rest = held_out().rest();
+    let _ = console_stdout(rest);
 }
 
 /// While the guest boots: what vmtrace waits for.

@@ -256,7 +256,7 @@ fn open_console_writer(console: Console<'_>) -> Result<Box<dyn Write + Send>, In
     Ok(match console {
         // Whole lines: status::ConsoleOnStderr holds the unfinished one.
         Console::Stderr => Box::new(Checked::new(crate::status::ConsoleOnStderr, "stderr")),
-        Console::Stdout => Box::new(Checked::new(LineWriter::new(std::io::stdout()), "stdout")),
+        Console::Stdout => Box::new(Checked::new(crate::status::ConsoleOnStdout, "stdout")),
         Console::None => Box::new(std::io::sink()),
         Console::File(path) => Box::new(Checked::new(
             LineWriter::new(open_console(path)?),
