@@ -13,7 +13,8 @@
 //! and flushes each byte as the guest sends it, and vmtrace's own lines
 //! (the attach, notes, the end) would otherwise land inside a console line
 //! the guest was still sending. The unfinished line waits for its newline
-//! (or the run's end: [`end_console`]).
+//! (or the run's end: [`end_console`]); so does the console on stdout
+//! (`--console -`), where the report follows it.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
