@@ -240,7 +240,7 @@ fn file_problems(ex: &Example, page: Option<&str>) -> Vec<String> {
                     "{}: {f}, but the page never says `guest/build.sh {target}`",
                     ex.place
                 ));
-            } else if !root().join(f).exists() && !(build(target) && root().join(f).exists()) {
+            } else if !(root().join(f).exists() || (build(target) && root().join(f).exists())) {
                 out.push(format!(
                     "{}: {f} is not made by `guest/build.sh {target}`",
                     ex.place
