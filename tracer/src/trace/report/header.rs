@@ -349,3 +349,23 @@ fn graph_lines(lines: &mut Vec<(&str, String)>, g: &GraphSummary) {
 fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::trace::model::Trace;
+    use crate::trace::report::{render, ReportOptions};
+
+    /// The label says "stopped": the reason after it does not say it again.
+    #[test]
+    fn the_stopped_line_says_stopped_once() {
+        let mut t = Trace::synthetic(10);
+        t.meta.stop_reason = "stopped: the trace's duration reached".into();
+        let text = render(&t, &ReportOptions::default());
+        let line = text.lines().find(|l| l.starts_with("# stopped:")).unwrap();
+        assert!(line.ends_with(" the trace's duration reached"), "{line}");
+        assert_eq!(line.matches("stopped").count(), 1, "{line}");
+        t.meta.stop_reason = "guest powered off (status 0)".into();
+        let text = render(&t, &ReportOptions::default());
+        assert!(text.contains(" guest powered off (status 0)\n"), "{text}");
+    }
+}
