@@ -5,7 +5,7 @@
 /// `vmtrace --help`: a run without a command.
 pub const RUN: &str = "Examples:
   vmtrace --kernel guest/out/bzImage --trace 'hrtimer_*' --duration 20
-  vmtrace --kernel guest/out/bzImage --trace 'hrtimer_interrupt' --graph --tree --duration 20
+  vmtrace --kernel guest/out/bzImage --trace 'update_process_times,scheduler_tick' --graph --tree --duration 20
   vmtrace --kernel guest/out/bzImage --trace 'schedule' --comm 'kworker/*' -o sched.data --duration 20
   vmtrace --kernel guest/out/mini.elf --cpus 2 --trace 'hrtimer_*' --format json
 
