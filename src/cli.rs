@@ -9,8 +9,12 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+mod examples;
+mod export_arg;
 mod shown;
 
+use export_arg::parse_export;
+pub use export_arg::{ExportArg, ExportFormat};
 pub use shown::{FieldArg, FieldsArgs, ShownArgs};
 
 /// The data file `record` writes and `report`/`script` read by default.
@@ -25,7 +29,8 @@ pub const DEFAULT_DATA: &str = "vmtrace.data";
         Without a command: boot the guest and, with --trace, record and print the report \
         (-o FILE also saves the trace). `vmtrace record` saves the trace to vmtrace.data \
         for `vmtrace report` and `vmtrace script`.",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    after_help = examples::RUN
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -40,25 +45,31 @@ pub struct Cli {
 pub enum Command {
     /// Boot the guest, trace it and save the trace to a data file
     /// (vmtrace.data, the previous one kept as vmtrace.data.old); no report.
+    #[command(after_help = examples::RECORD)]
     Record(Box<RecordArgs>),
     /// Print the report of a saved trace (default: vmtrace.data), or export it.
     Report(ReportArgs),
     /// Print every event of a saved trace (default: vmtrace.data), one line each.
     Script(ScriptArgs),
     /// List the traceable functions of a kernel (no guest is booted).
+    #[command(after_help = examples::LIST)]
     List(ListArgs),
     /// Measure the cost of tracing (`vmtrace bench list`: the benches).
+    #[command(after_help = examples::BENCH)]
     Bench(BenchArgs),
     /// Trace a QEMU guest that is already running, through its QMP socket
     /// or its libvirt domain (and its gdbstub, opened on demand); it runs
     /// on when vmtrace detaches. Needs root, or QEMU's user with access to
     /// its sockets and /proc/PID/mem (ptrace).
+    #[command(after_help = examples::ATTACH)]
     Attach(Box<AttachArgs>),
     /// Take out what a vmtrace that did not detach (killed, crashed) left
     /// in a QEMU: its sites, code and rings, breakpoints and gdbstub.
+    #[command(after_help = examples::DETACH)]
     Detach(DetachArgs),
     /// List the VMs on this host vmtrace can attach to (libvirt domains,
     /// QEMUs with a QMP socket), each with the command that attaches to it.
+    #[command(after_help = examples::VMS)]
     Vms(VmsArgs),
     /// (Internal) The guardian an attach starts: repairs the VM when that
     /// attach dies without detaching.
@@ -443,66 +454,6 @@ pub struct ListArgs {
     /// as ftrace's set_event reads them (sched:*, *:*switch*, sched_switch).
     #[arg(short = 'e', long = "events", conflicts_with = "entry")]
     pub events: bool,
-}
-
-/// `--export FMT=FILE`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExportArg {
-    pub format: ExportFormat,
-    pub path: PathBuf,
-}
-
-/// What `--export` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExportFormat {
-    Json,
-    Csv,
-    Chrome,
-    Folded,
-    /// trace-cmd's trace.dat, for KernelShark and `trace-cmd report`.
-    TraceDat,
-}
-
-impl ExportFormat {
-    pub const ALL: [ExportFormat; 5] = [
-        ExportFormat::Json,
-        ExportFormat::Csv,
-        ExportFormat::Chrome,
-        ExportFormat::Folded,
-        ExportFormat::TraceDat,
-    ];
-
-    /// As typed in `--export FMT=FILE`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ExportFormat::Json => "json",
-            ExportFormat::Csv => "csv",
-            ExportFormat::Chrome => "chrome",
-            ExportFormat::Folded => "folded",
-            ExportFormat::TraceDat => "trace.dat",
-        }
-    }
-}
-
-/// `FMT=FILE`, e.g. `json=trace.json`.
-fn parse_export(s: &str) -> Result<ExportArg, String> {
-    let formats = ExportFormat::ALL.map(ExportFormat::name).join(", ");
-    let Some((fmt, path)) = s.split_once('=') else {
-        return Err(format!(
-            "expected FMT=FILE (e.g. json=trace.json); FMT is one of {formats}"
-        ));
-    };
-    let format = ExportFormat::ALL
-        .into_iter()
-        .find(|f| f.name() == fmt)
-        .ok_or_else(|| format!("unknown format '{fmt}'; use one of {formats}"))?;
-    if path.is_empty() {
-        return Err(format!("no FILE after '{fmt}='"));
-    }
-    Ok(ExportArg {
-        format,
-        path: PathBuf::from(path),
-    })
 }
 
 #[derive(Args, Debug, Clone)]

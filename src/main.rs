@@ -20,6 +20,7 @@ mod datafile;
 mod datalock;
 mod emit;
 mod error;
+mod recorded;
 mod stats;
 mod status;
 
@@ -27,6 +28,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// Set: parse the command line, then exit (0, or 2 as for any bad input).
+const PARSE_ONLY: &str = "VMTRACE_PARSE_ONLY";
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
@@ -49,6 +53,11 @@ fn main() -> ExitCode {
             return ExitCode::from(error::EXIT_BAD_INPUT);
         }
     };
+    // tests/docs_examples.rs checks every documented command line against
+    // this parser without running it (no user-facing flag for that).
+    if std::env::var_os(PARSE_ONLY).is_some() {
+        return ExitCode::SUCCESS;
+    }
     match cmd::dispatch(cli) {
         Ok(outcome) => ExitCode::from(outcome.exit_status()),
         Err(e) => {

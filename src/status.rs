@@ -8,9 +8,17 @@
 //! by vmtrace's controller, so whatever draws the line must also be told
 //! when console text goes out. [`ConsoleOnStderr`] erases the status line
 //! before console text; the next redraw puts it back under it.
+//!
+//! The console goes out a whole line at a time: the serial device writes
+//! and flushes each byte as the guest sends it, and vmtrace's own lines
+//! (the attach, notes, the end) would otherwise land inside a console line
+//! the guest was still sending. The unfinished line waits for its newline
+//! (or the run's end: [`end_console`]); so does the console on stdout
+//! (`--console -`), where the report follows it.
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tracer::session::Progress;
@@ -36,18 +44,106 @@ pub fn draw(line: &str) {
     SHOWN.store(true, Ordering::Relaxed);
 }
 
-/// The guest console on stderr, under a status line.
+/// A console line longer than this goes out in pieces (a guest that never
+/// ends its line must not grow vmtrace's memory).
+const HELD_MAX: usize = 4096;
+
+/// The console's bytes not yet written: its unfinished line.
+#[derive(Default)]
+struct Held(Vec<u8>);
+
+impl Held {
+    /// Add `buf`; the whole lines it completes, to write now.
+    fn lines(&mut self, buf: &[u8]) -> Option<Vec<u8>> {
+        self.0.extend_from_slice(buf);
+        match self.0.iter().rposition(|&b| b == b'\n') {
+            Some(end) => Some(self.0.drain(..=end).collect()),
+            None if self.0.len() >= HELD_MAX => self.rest(),
+            None => None,
+        }
+    }
+
+    /// The unfinished line, ended with a newline (the run's end).
+    fn rest(&mut self) -> Option<Vec<u8>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut rest = std::mem::take(&mut self.0);
+        rest.push(b'\n');
+        Some(rest)
+    }
+}
+
+/// The guest console's unfinished line on stderr.
+static HELD: Mutex<Held> = Mutex::new(Held(Vec::new()));
+
+/// The guest console's unfinished line on stdout (`--console -`, where
+/// the report follows it).
+static HELD_OUT: Mutex<Held> = Mutex::new(Held(Vec::new()));
+
+fn held() -> std::sync::MutexGuard<'static, Held> {
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn held_out() -> std::sync::MutexGuard<'static, Held> {
+    HELD_OUT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes out `lines` on stdout.
+fn console_stdout(lines: Option<Vec<u8>>) -> io::Result<()> {
+    let Some(lines) = lines else { return Ok(()) };
+    let mut out = io::stdout().lock();
+    out.write_all(&lines)?;
+    out.flush()
+}
+
+/// The guest console on stdout (`--console -`), a whole line at a time:
+/// the report that follows starts a line of its own.
+pub struct ConsoleOnStdout;
+
+impl Write for ConsoleOnStdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let lines = held_out().lines(buf);
+        console_stdout(lines)?;
+        Ok(buf.len())
+    }
+
+    /// As for stderr: the unfinished line stays held.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes out `lines` under a status line.
+fn console_out(lines: Option<Vec<u8>>) -> io::Result<()> {
+    let Some(lines) = lines else { return Ok(()) };
+    clear();
+    io::stderr().lock().write_all(&lines)
+}
+
+/// The guest console on stderr, under a status line, a whole line at a
+/// time.
 pub struct ConsoleOnStderr;
 
 impl Write for ConsoleOnStderr {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        clear();
-        io::stderr().write(buf)
+        let lines = held().lines(buf);
+        console_out(lines)?;
+        Ok(buf.len())
     }
 
+    /// The unfinished line stays held: a flush comes after every byte.
     fn flush(&mut self) -> io::Result<()> {
-        io::stderr().flush()
+        Ok(())
     }
+}
+
+/// At the run's end: the console's unfinished line, on a line of its own.
+pub fn end_console() {
+    let rest = held().rest();
+    let _ = console_out(rest);
+    let rest = held_out().rest();
+    let _ = console_stdout(rest);
 }
 
 /// While the guest boots: what vmtrace waits for.
@@ -81,6 +177,24 @@ pub fn tracing(p: &Progress, elapsed: Duration, left: Option<Duration>) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A console line goes out whole, however the guest's bytes come: never
+    /// cut by vmtrace's lines.
+    #[test]
+    fn console_lines_go_out_whole() {
+        let mut h = Held::default();
+        assert_eq!(h.lines(b"[    1.0] he"), None);
+        assert_eq!(h.lines(b"l"), None);
+        assert_eq!(
+            h.lines(b"lo\n[    2.0] two\n[    3"),
+            Some(b"[    1.0] hello\n[    2.0] two\n".to_vec())
+        );
+        assert_eq!(h.rest(), Some(b"[    3\n".to_vec()));
+        assert_eq!(h.rest(), None);
+        let long = vec![b'x'; HELD_MAX];
+        assert_eq!(h.lines(&long[..HELD_MAX - 1]), None);
+        assert_eq!(h.lines(b"y").map(|l| l.len()), Some(HELD_MAX + 1));
+    }
 
     #[test]
     fn lines_have_separators_stored_dropped_and_time_left() {

@@ -199,3 +199,110 @@ fn stats_after_sigterm_say_where_each_vcpu_stopped() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The guest console on stderr (the default) and vmtrace's own lines never
+/// share a line (issue 39): the serial device sends the console a byte at a
+/// time, and vmtrace's attach and mapping lines come while the guest
+/// prints. Every console line is whole (the mini guest's counts parse, for
+/// both vCPUs), and every vmtrace line starts its own.
+#[test]
+fn console_lines_and_vmtrace_lines_never_share_a_line() {
+    let k = mini_elf();
+    let o = vmtrace(&[
+        "--kernel",
+        s(&k),
+        "--cpus",
+        "2",
+        "--trace",
+        "hrtimer_*",
+        "--mode",
+        "exitless",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("\nvmtrace: attached") || err.starts_with("vmtrace: attached"));
+    for line in err.lines() {
+        let theirs = line.contains("mini:");
+        let ours = line.contains("vmtrace: ");
+        assert!(
+            !ours || (!theirs && line.starts_with("vmtrace: ")),
+            "a shared line: {line:?}\n{err}"
+        );
+    }
+    let (counts, done) = parse_mini_console(&err);
+    assert_eq!(done, vec![0, 1], "{err}");
+    for cpu in 0..2 {
+        for f in MINI_FUNCS.iter().filter(|f| f.starts_with("hrtimer_")) {
+            assert!(counts.contains_key(&(cpu, f.to_string())), "{f} {err}");
+        }
+    }
+}
+
+/// A run without `-o` saves nothing, as `perf trace` (issue 39, item 4):
+/// where a `vmtrace.data` is beside it, the run says it was not saved and
+/// that file is an earlier run's (and when it was written), so that a
+/// `vmtrace report` after it is no surprise; with `-o`, or with no data
+/// file there, it says nothing of the kind.
+#[test]
+fn a_run_that_saves_nothing_says_the_data_file_is_an_earlier_runs() {
+    let k = mini_elf();
+    let dir = scratch("unsaved");
+    let run = [
+        "--kernel",
+        s(&k),
+        "--trace",
+        "hrtimer_*",
+        "--console",
+        "none",
+    ];
+    let o = vmtrace_in(&dir, &run);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not saved"), "{}", stderr(&o));
+    assert!(!dir.join("vmtrace.data").exists());
+    let mut record = vec!["record"];
+    record.extend(run);
+    let o = vmtrace_in(&dir, &record);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = vmtrace_in(&dir, &run);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "vmtrace: this run's trace was not saved (-o FILE saves it, as `vmtrace record` does); \
+             vmtrace.data here is an earlier run's, written 20"
+        ) && (last.ends_with(" UTC, just now") || last.ends_with(" s ago")),
+        "{err}"
+    );
+    // `report` on a terminal (script(1) gives it one) says first which file
+    // it reads, of which kernel, and when it was written; off a terminal,
+    // nothing (stderr stays the report's errors alone).
+    let on_tty = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{} report", env!("CARGO_BIN_EXE_vmtrace")),
+            "/dev/null",
+        ])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1), util-linux's");
+    let text = String::from_utf8_lossy(&on_tty.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "vmtrace: reading vmtrace.data: a trace of {}, written 20",
+            s(&k)
+        )),
+        "{text}"
+    );
+    let off_tty = vmtrace_in(&dir, &["report"]);
+    assert!(off_tty.status.success());
+    assert_eq!(stderr(&off_tty), "");
+    let mut saved = run.to_vec();
+    saved.extend(["-o", "run.data"]);
+    let o = vmtrace_in(&dir, &saved);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not saved"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

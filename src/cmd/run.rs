@@ -47,6 +47,7 @@ fn untraced(vm: Vm, stats: bool) -> Result<Outcome, Error> {
 /// Say why and when the guest stopped (and, with `--stats`, how it ran);
 /// `function` names the kernel function at a guest address, if it can.
 fn stopped(report: &RunReport, stats: bool, function: &dyn Fn(u64) -> Option<String>) -> Outcome {
+    crate::status::end_console();
     note!(
         "vmtrace: {}",
         stop_line(&report.reason, report.elapsed, function)
@@ -134,6 +135,8 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
     let result = session.trace(duration, &mut status);
     crate::status::clear();
     let ended = session.end(&Flags);
+    // The guest is stopped: its last console line, before vmtrace's.
+    crate::status::end_console();
     data.end_on_terminate();
     result.map_err(session_error)?;
     report_end(ended, stats, data, &output)
@@ -202,20 +205,33 @@ fn report_end(
     trace.meta.guest_instructions_emulated = report.guest_instructions_emulated();
     let streamed = data.finish(saved, &summary);
     emit(&trace, output, streamed)?;
-    if summary.meta.unfinished > 0 {
-        // Said on stderr too: `record` prints no report.
-        let what = match summary.meta.graph {
+    if let Some(line) = output
+        .data
+        .is_none()
+        .then(crate::recorded::unsaved_line)
+        .flatten()
+    {
+        note!("vmtrace: {line}");
+    }
+    say_unfinished(&summary.meta);
+    drained.map_err(RuntimeError::Drain)?;
+    Ok(outcome)
+}
+
+/// Exitless records the guest never finished, said on stderr too: `record`
+/// prints no report.
+fn say_unfinished(meta: &tracer::trace::model::TraceMeta) {
+    if meta.unfinished > 0 {
+        let what = match meta.graph {
             true => "records (calls or returns)",
             false => "calls",
         };
         note!(
             "vmtrace: {} {what} reserved a record in vmtrace's rings that was never committed (the \
              guest stopped mid-record): not in the counts, which stay exact for every other call",
-            summary.meta.unfinished
+            meta.unfinished
         );
     }
-    drained.map_err(RuntimeError::Drain)?;
-    Ok(outcome)
 }
 
 /// A session error is the user's (nothing was written to the guest) or a

@@ -254,11 +254,9 @@ fn plan(
 /// said at the end of the run.
 fn open_console_writer(console: Console<'_>) -> Result<Box<dyn Write + Send>, InputError> {
     Ok(match console {
-        Console::Stderr => Box::new(Checked::new(
-            LineWriter::new(crate::status::ConsoleOnStderr),
-            "stderr",
-        )),
-        Console::Stdout => Box::new(Checked::new(LineWriter::new(std::io::stdout()), "stdout")),
+        // Whole lines: status::ConsoleOnStderr holds the unfinished one.
+        Console::Stderr => Box::new(Checked::new(crate::status::ConsoleOnStderr, "stderr")),
+        Console::Stdout => Box::new(Checked::new(crate::status::ConsoleOnStdout, "stdout")),
         Console::None => Box::new(std::io::sink()),
         Console::File(path) => Box::new(Checked::new(
             LineWriter::new(open_console(path)?),

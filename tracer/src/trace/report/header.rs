@@ -103,7 +103,10 @@ fn run_lines(report: &Report) -> Vec<(&'static str, String)> {
                 if m.stop_reason.is_empty() {
                     "unknown".to_string()
                 } else {
-                    escape(&m.stop_reason).into_owned()
+                    // The label says it: "--duration reached", not
+                    // "stopped: stopped: --duration reached".
+                    let reason = m.stop_reason.strip_prefix("stopped: ");
+                    escape(reason.unwrap_or(&m.stop_reason)).into_owned()
                 },
             ),
         ])
@@ -345,4 +348,24 @@ fn graph_lines(lines: &mut Vec<(&str, String)>, g: &GraphSummary) {
 /// `1 call`, `2,000 calls`.
 fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::trace::model::Trace;
+    use crate::trace::report::{render, ReportOptions};
+
+    /// The label says "stopped": the reason after it does not say it again.
+    #[test]
+    fn the_stopped_line_says_stopped_once() {
+        let mut t = Trace::synthetic(10);
+        t.meta.stop_reason = "stopped: the trace's duration reached".into();
+        let text = render(&t, &ReportOptions::default());
+        let line = text.lines().find(|l| l.starts_with("# stopped:")).unwrap();
+        assert!(line.ends_with(" the trace's duration reached"), "{line}");
+        assert_eq!(line.matches("stopped").count(), 1, "{line}");
+        t.meta.stop_reason = "guest powered off (status 0)".into();
+        let text = render(&t, &ReportOptions::default());
+        assert!(text.contains(" guest powered off (status 0)\n"), "{text}");
+    }
 }

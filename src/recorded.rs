@@ -1,0 +1,106 @@
+//! When a saved trace was written, in words: `report` and `script` say it
+//! first on a terminal, and a run that saved nothing says that the
+//! `vmtrace.data` beside it is an earlier run's (a run without a command
+//! saves its trace only with `-o FILE`, as `perf trace` saves nothing;
+//! `vmtrace record` saves it, as `perf record` does).
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `2026-11-29 16:02:11 UTC, 12 min ago`: when `path` was last written
+/// (its modification time: a data file is written to its end when the
+/// run stops), or None if it cannot be read.
+pub fn when(path: &Path) -> Option<String> {
+    let written = std::fs::metadata(path).ok()?.modified().ok()?;
+    let ago = SystemTime::now()
+        .duration_since(written)
+        .unwrap_or_default();
+    Some(format!("{}, {}", utc(written)?, ago_words(ago)))
+}
+
+/// On a terminal, before a saved trace is shown: which file, of which
+/// kernel, written when (a file of an earlier run than the one just
+/// watched is no surprise).
+pub fn say_on_terminal(path: &Path, kernel: &str) {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return;
+    }
+    if let Some(when) = when(path) {
+        note!(
+            "vmtrace: reading {}: a trace of {kernel}, written {when}",
+            path.display()
+        );
+    }
+}
+
+/// After a run that saved nothing: the data file `report` would read, if
+/// there is one here, is an earlier run's.
+pub fn unsaved_line() -> Option<String> {
+    let default = Path::new(crate::cli::DEFAULT_DATA);
+    let when = when(default).filter(|_| default.is_file())?;
+    Some(format!(
+        "this run's trace was not saved (-o FILE saves it, as `vmtrace record` does); {} here \
+         is an earlier run's, written {when}",
+        default.display()
+    ))
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`.
+fn utc(t: SystemTime) -> Option<String> {
+    let secs = t.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    Some(format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    ))
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, chrono's and C++20's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// `just now`, `40 s ago`, `12 min ago`, `3 h ago`, `2 days ago`.
+fn ago_words(d: Duration) -> String {
+    match d.as_secs() {
+        0..=4 => "just now".into(),
+        s @ 5..=119 => format!("{s} s ago"),
+        s @ 120..=7_199 => format!("{} min ago", s / 60),
+        s @ 7_200..=172_799 => format!("{} h ago", s / 3600),
+        s => format!("{} days ago", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_ages_in_words() {
+        assert_eq!(utc(UNIX_EPOCH).unwrap(), "1970-01-01 00:00:00 UTC");
+        // 2026-11-29 16:02:11 UTC, and a leap day.
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_968_131);
+        assert_eq!(utc(t).unwrap(), "2026-11-29 16:02:11 UTC");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(utc(leap).unwrap(), "2000-02-29 00:00:00 UTC");
+        assert_eq!(ago_words(Duration::from_secs(2)), "just now");
+        assert_eq!(ago_words(Duration::from_secs(40)), "40 s ago");
+        assert_eq!(ago_words(Duration::from_secs(12 * 60 + 5)), "12 min ago");
+        assert_eq!(ago_words(Duration::from_secs(3 * 3600)), "3 h ago");
+        assert_eq!(ago_words(Duration::from_secs(5 * 86_400)), "5 days ago");
+    }
+}
