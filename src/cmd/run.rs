@@ -81,8 +81,9 @@ fn stop_line(
                 .unwrap_or_default();
             format!("after {secs:.2} s{place}: {}", reason.say(&Flags))
         }
-        // "stopped: --duration reached (50.02 s)".
-        StopReason::DurationReached => format!("{} ({secs:.2} s)", reason.say(&Flags)),
+        // "stopped: --duration reached (50.02 s after boot)": the time is
+        // the run's, the duration counts from the attach.
+        StopReason::DurationReached => format!("{} ({secs:.2} s after boot)", reason.say(&Flags)),
         reason => format!("{reason} after {secs:.2} s"),
     }
 }
@@ -415,7 +416,7 @@ mod tests {
                 Duration::from_millis(50_020),
                 &named
             ),
-            "stopped: --duration reached (50.02 s)"
+            "stopped: --duration reached (50.02 s after boot)"
         );
         assert_eq!(
             StopReason::DurationReached.to_string(),
