@@ -48,30 +48,13 @@ pub fn unsaved_line() -> Option<String> {
 
 /// `YYYY-MM-DD HH:MM:SS UTC`.
 fn utc(t: SystemTime) -> Option<String> {
-    let secs = t.duration_since(UNIX_EPOCH).ok()?.as_secs();
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
+    t.duration_since(UNIX_EPOCH).ok()?;
+    // humantime's RFC 3339 form, `2026-11-29T16:02:11Z`, in words.
+    let rfc = humantime::format_rfc3339_seconds(t).to_string();
     Some(format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
+        "{} UTC",
+        rfc.trim_end_matches('Z').replacen('T', " ", 1)
     ))
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`, chrono's and C++20's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// `just now`, `40 s ago`, `12 min ago`, `3 h ago`, `2 days ago`.
