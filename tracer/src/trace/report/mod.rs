@@ -18,6 +18,7 @@
 //! crafted: every text rendering prints them through [`escape`], so that a
 //! name cannot end a line, forge one, or drive the terminal.
 
+mod drops;
 pub mod duration;
 mod header;
 mod numbers;
