@@ -185,7 +185,8 @@ pub struct TraceMeta {
 pub struct DropCauses {
     /// Exitless, per vCPU: calls and returns for which vmtrace's code in
     /// the guest found no free slot in that vCPU's ring (the rings' drop
-    /// counters). Empty: none.
+    /// counters). Empty: none. vCPU 0's also holds the calls of a CPU
+    /// past the rings, which the code counts in ring 0's counters.
     pub ring_full: Vec<u64>,
     /// Of `ring_full`: those while the drain held a ring's slots behind a
     /// record reserved and not committed yet (its writer interrupted or
