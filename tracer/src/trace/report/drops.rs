@@ -7,7 +7,7 @@ use crate::trace::model::TraceMeta;
 
 /// The causes of the trace's dropped events, or None when no cause was
 /// counted (and no ring was sized down).
-pub(super) fn drops_line(m: &TraceMeta) -> Option<String> {
+pub fn drops_line(m: &TraceMeta) -> Option<String> {
     let d = &m.drops;
     if d.is_empty() {
         return None;

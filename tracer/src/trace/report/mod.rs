@@ -20,6 +20,7 @@
 
 mod drops;
 pub mod duration;
+pub use drops::drops_line;
 mod header;
 mod numbers;
 pub mod stacks;
