@@ -53,3 +53,31 @@ impl HeldDrops {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drop counters (a CPU's sum) as passes read them: counted only
+    /// from the pass that found the ring held to the first that found it
+    /// free again; a free ring's counters are never read.
+    #[test]
+    fn counts_the_drops_while_held_only() {
+        let mut h = HeldDrops::new(2);
+        let read = |n: u64| move || Ok::<_, ()>(n);
+        let never = || -> Result<u64, ()> { panic!("read while free") };
+        h.note(0, false, never).unwrap();
+        // Held at 10 drops (those before are the ring's size's)...
+        h.note(0, true, read(10)).unwrap();
+        h.note(0, true, read(15)).unwrap();
+        // ... free again at 18: 8 while held.
+        h.note(0, false, read(18)).unwrap();
+        h.note(0, false, never).unwrap();
+        assert_eq!(h.total(), 8);
+        // CPU 1 held from 0 to 4; a CPU without a ring is left alone.
+        h.note(1, true, read(0)).unwrap();
+        h.note(1, false, read(4)).unwrap();
+        h.note(2, true, never).unwrap();
+        assert_eq!(h.total(), 12);
+    }
+}
