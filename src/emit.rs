@@ -27,7 +27,7 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use tracer::trace::model::Trace;
+use tracer::trace::model::{Trace, TraceMeta};
 use tracer::trace::output_path::{self, Target};
 use tracer::trace::{export, report};
 
@@ -198,6 +198,28 @@ fn export_name(fmt: ExportFormat) -> &'static str {
     }
 }
 
+/// Why events were not stored: the causes the trace counted
+/// (`TraceMeta::drops`, the writer's losses); a trace from an older file
+/// counted none, so the possible ones are said.
+fn drop_causes(m: &TraceMeta) -> String {
+    let d = &m.drops;
+    let lost: u64 = m.lost.iter().sum();
+    let why: Vec<String> = [
+        (d.ring_full_total(), "found their exitless ring full"),
+        (d.over_budget, "over --max-events"),
+        (d.overwritten, "overwritten (--overwrite)"),
+        (lost, "lost: the data file's writer fell behind"),
+    ]
+    .into_iter()
+    .filter(|&(n, _)| n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    match why.is_empty() {
+        true => "over --max-events, or a full exitless ring".into(),
+        false => why.join(", "),
+    }
+}
+
 /// CSV rows and trace.dat records are stored events only, a trace viewer
 /// shows what it has, and folded stacks only the calls whose entry and
 /// return were stored: say on stderr how many events they miss. (JSON has
@@ -221,10 +243,11 @@ fn note_dropped(fmt: ExportFormat, trace: &Trace) {
         String::new()
     };
     note!(
-        "vmtrace: the {} holds {entries} of {} events: {}{returns} were counted but not stored (over --max-events, or a full exitless ring){}",
+        "vmtrace: the {} holds {entries} of {} events: {}{returns} were counted but not stored ({}){}",
         export_name(fmt),
         m.events_total,
         m.events_dropped,
+        drop_causes(m),
         match fmt {
             ExportFormat::Chrome => " (its otherData says so too)",
             ExportFormat::Folded => "; calls without a stored entry and return are not in it",

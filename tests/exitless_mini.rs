@@ -185,6 +185,24 @@ fn a_ring_too_small_records_some_and_counts_every_call() {
     assert!(dropped > 0, "the ring overflowed: {v}");
     assert!(stored > 0, "and some calls were recorded: {v}");
     assert_eq!(stored + dropped, events);
+    // Every drop's cause: a full ring, counted by vmtrace's code in the
+    // guest per vCPU; those of each vCPU are its calls not stored, exactly
+    // (the guest's own counts, less the CSV rows of that vCPU, below).
+    let d = &v["drops"];
+    let full: Vec<u64> = d["ring_full"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{d}"))
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(full.len(), 2, "{d}");
+    assert_eq!(full.iter().sum::<u64>(), dropped, "{d}");
+    assert_eq!((&d["ring_asked"], &d["ring_given"]), (&4.into(), &4.into()));
+    assert_eq!(
+        (&d["over_budget"], &d["overwritten"]),
+        (&0.into(), &0.into())
+    );
+    assert!(d["held"].as_u64().unwrap() <= dropped, "{d}");
 
     // The same through a saved trace: each stored event is one CSV row.
     let kernel = mini_elf();
@@ -226,6 +244,24 @@ fn a_ring_too_small_records_some_and_counts_every_call() {
         v["events"].as_u64().unwrap()
     );
     assert_eq!(v["mode"], "exitless");
+    // Per vCPU, exactly: its calls (the guest's own counts, which the
+    // file's per-vCPU counts equal) = its stored rows + its ring-full drops.
+    let text = stdout(&csv);
+    for cpu in 0..2u64 {
+        let calls: u64 = v["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["per_cpu"][cpu.to_string().as_str()].as_u64().unwrap())
+            .sum();
+        let stored = text
+            .lines()
+            .skip(1)
+            .filter(|l| l.split(',').nth(1) == Some(&cpu.to_string()))
+            .count() as u64;
+        let full = v["drops"]["ring_full"][cpu as usize].as_u64().unwrap();
+        assert_eq!(stored + full, calls, "vCPU {cpu}: {}", v["drops"]);
+    }
 }
 
 #[test]
@@ -393,6 +429,14 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
     assert!(t.meta.events_dropped > 0, "{:?}", t.meta);
     assert!(stored > RING, "{stored} records");
     assert_eq!(stored + t.meta.events_dropped, calls);
+    // Their cause, from the data file (version 10): the ring full, and of
+    // those, the drops while the drain was held at the reserved slot (all
+    // of them after it; any before were the drain's speed's).
+    let d = &t.meta.drops;
+    assert_eq!(d.ring_full.len(), 1, "{d:?}");
+    assert_eq!(d.ring_full_total(), t.meta.events_dropped, "{d:?}");
+    assert!(d.held > 0 && d.held <= d.ring_full_total(), "{d:?}");
+    assert_eq!((d.ring_asked, d.ring_given), (RING, RING));
     // Said in the report's header, from the data file, by `vmtrace report`.
     let data_s = data.to_str().unwrap();
     let text = stdout(&vmtrace(&["report", data_s]));

@@ -648,6 +648,10 @@ fn dropped_events_are_reported_in_csv_and_chrome() {
     assert_eq!(v["events_stored"], 10);
     assert_eq!(dropped, total - 10);
     assert!(dropped > 0);
+    // Each one's cause: over the event budget (counted by the recorders),
+    // none for another cause.
+    assert_eq!(v["drops"]["over_budget"], dropped, "{}", v["drops"]);
+    assert_eq!(v["drops"]["ring_full"], serde_json::json!([]));
     let said = format!("holds 10 of {total} events: {dropped} were counted but not stored");
 
     // CSV: the data unchanged (header and 10 rows), the loss on stderr.

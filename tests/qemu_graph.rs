@@ -83,6 +83,14 @@ fn graph_attach_counts_calls_and_returns_exactly() {
     assert_eq!(g["unmatched_returns"], 0, "{j}");
     assert_eq!(g["mismatched_returns"], 0, "{j}");
     assert_eq!(g["running"], 0, "{j}");
+    // The rings were sized down to the guest's free low pages (said, with
+    // the size asked), and every call or return not stored was counted
+    // by vmtrace's code in the guest as finding its ring full.
+    let d = &j["drops"];
+    assert!(n(&d["ring_given"]) < n(&d["ring_asked"]), "{d}");
+    let full: u64 = d["ring_full"].as_array().unwrap().iter().map(n).sum();
+    assert_eq!(full, n(&j["dropped"]) + n(&g["returns_dropped"]), "{d}");
+    assert_eq!(n(&d["over_budget"]), 0, "{d}");
     // And plain again: the graph's pages gave back what they held.
     session(&guest, s(&bz), false, 1, 500);
     guest.send_line("ping");

@@ -213,6 +213,10 @@ fn overwrite_keeps_exactly_the_newest_events() {
         vf["events"].as_u64().unwrap() - 1024
     );
     assert_eq!(vr["overwrite"].as_bool(), Some(true));
+    // Their cause, counted as each was pushed out; the full run's none.
+    assert_eq!(vr["drops"]["overwritten"], vr["dropped"], "{}", vr["drops"]);
+    assert_eq!(vr["drops"]["over_budget"], 0);
+    assert!(vf.get("drops").is_none(), "{}", vf["drops"]);
     let o = vmtrace(&["report", ring.to_str().unwrap()]);
     assert!(
         stdout(&o).contains("the oldest, overwritten"),

@@ -80,11 +80,11 @@ fn corrupt(path: &Path) -> (Section, String) {
 }
 
 #[test]
-fn a_trace_with_stacks_saves_as_version_9_and_reads_back() {
+fn a_trace_with_stacks_saves_as_version_10_and_reads_back() {
     let t = fixture::stacks_trace();
     let path = tmp("stacks.vmtrace");
     save(&t, &path).unwrap();
-    assert_eq!(version_of(&path), 9);
+    assert_eq!(version_of(&path), 10);
     let back = load(&path).unwrap();
     assert_eq!(back.stacks, fixture::stacks());
     assert_eq!(back.meta.stacks, fixture::STACKS_NOTE);
@@ -105,7 +105,7 @@ fn a_trace_with_stacks_saves_as_version_9_and_reads_back() {
     let mut t = fixture::graph_trace();
     t.meta.stacks = "frame pointers (no .orc_unwind section)".into();
     save(&t, &path).unwrap();
-    assert_eq!(version_of(&path), 9);
+    assert_eq!(version_of(&path), 10);
     assert_eq!(load(&path).unwrap(), t);
 }
 

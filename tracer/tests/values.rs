@@ -393,7 +393,7 @@ fn the_saved_trace_is_byte_identical_and_reads_back() {
         save(&t, &p).unwrap();
         let bytes = fs::read(&p).unwrap();
         check(golden, &bytes);
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 9);
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
         assert_eq!(load(&p).unwrap(), t);
     }
     let p = tmp("plain.vmtrace");

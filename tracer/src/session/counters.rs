@@ -31,6 +31,12 @@ pub struct Counters {
     /// data file's writer fell behind, or the disk refused them. Also in
     /// `dropped` / `returns_dropped`.
     pub lost: Box<[AtomicU64]>,
+    /// Events (entries and returns) over `--max-events`. Also in
+    /// `dropped` / `returns_dropped`.
+    pub over_budget: AtomicU64,
+    /// Stored events overwritten by newer ones (`--overwrite`). Also in
+    /// `dropped` / `returns_dropped`.
+    pub overwritten: AtomicU64,
 }
 
 impl Counters {
@@ -51,6 +57,8 @@ impl Counters {
             parent_unreadable: AtomicU64::new(0),
             filtered: AtomicU64::new(0),
             lost: (0..ncpus).map(|_| AtomicU64::new(0)).collect(),
+            over_budget: AtomicU64::new(0),
+            overwritten: AtomicU64::new(0),
         }
     }
 
@@ -63,6 +71,19 @@ impl Counters {
             &self.dropped
         };
         c.fetch_add(1, Ordering::Relaxed);
+        self.overwritten.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An event (a return if `is_return`) counted, not stored: the
+    /// `--max-events` budget is spent.
+    pub fn over_budget(&self, is_return: bool) {
+        let c = if is_return {
+            &self.returns_dropped
+        } else {
+            &self.dropped
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.over_budget.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A batch that could not be kept (see `lost`): three atomic adds per

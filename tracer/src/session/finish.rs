@@ -81,7 +81,7 @@ impl Tracer {
     }
 
     /// Returns counted, not recorded, because their CPU's ring was full.
-    fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
+    pub(super) fn ring_ret_drops(&self) -> Vec<Vec<u64>> {
         self.reach
             .exitless()
             .filter(|_| self.plan.graph)
@@ -341,6 +341,7 @@ impl Tracer {
                 .as_ref()
                 .map(|s| s.funcs.clone())
                 .unwrap_or_default(),
+            drops: self.drop_causes(&ring_drops),
         };
         Trace {
             meta,

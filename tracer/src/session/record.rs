@@ -194,9 +194,7 @@ impl Recorder {
         let c = &self.counters.returns[self.cpu as usize][site];
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if !self.take_budget() {
-            self.counters
-                .returns_dropped
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.over_budget(true);
             return;
         }
         self.push(Event {
@@ -249,9 +247,7 @@ impl Recorder {
         let c = &self.counters.returns[self.cpu as usize][site];
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if !self.take_budget() {
-            self.counters
-                .returns_dropped
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.over_budget(true);
             return Ok(());
         }
         let parent = if f.ret == graph.trap_va {
@@ -377,7 +373,7 @@ impl TrapHandler for Recorder {
         let read = self.caller(trap, i, task);
         let (parent, slot) = read.unwrap_or((0, 0));
         if !self.take_budget() {
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            self.counters.over_budget(false);
             return Ok(());
         }
         if read.is_none() {

@@ -167,6 +167,17 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if !m.lost.is_empty() {
         doc["lost"] = json!(m.lost);
     }
+    if !m.drops.is_empty() {
+        let d = &m.drops;
+        doc["drops"] = json!({
+            "ring_full": d.ring_full,
+            "held": d.held,
+            "ring_asked": d.ring_asked,
+            "ring_given": d.ring_given,
+            "over_budget": d.over_budget,
+            "overwritten": d.overwritten,
+        });
+    }
     if m.overwrite {
         doc["overwrite"] = json!(true);
     }

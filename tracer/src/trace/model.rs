@@ -170,6 +170,59 @@ pub struct TraceMeta {
     /// The functions whose entries carry stacks (`--stack`), as indices
     /// into `Trace::functions`.
     pub stack_funcs: Vec<u32>,
+    /// Why events counted were not stored, cause by cause (empty: nothing
+    /// dropped, or an older file).
+    pub drops: DropCauses,
+}
+
+/// Why events counted were not stored: each cause counted where it
+/// happens (vmtrace's code in the guest, the drain, the recorders, the
+/// data file's writer). Events (entries and returns), by cause. Each is
+/// also in `TraceMeta::events_dropped` / `returns_dropped`, except what
+/// `TraceMeta::lost` and `unhooked` already say (the writer's losses; the
+/// returns never hooked).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DropCauses {
+    /// Exitless, per vCPU: calls and returns for which vmtrace's code in
+    /// the guest found no free slot in that vCPU's ring (the rings' drop
+    /// counters). Empty: none. vCPU 0's also holds the calls of a CPU
+    /// past the rings, which the code counts in ring 0's counters.
+    pub ring_full: Vec<u64>,
+    /// Of `ring_full`: those while the drain held a ring's slots behind a
+    /// record reserved and not committed yet (its writer interrupted or
+    /// preempted: the drain's stall rule keeps that slot from reuse), not
+    /// because the drain read too slowly.
+    pub held: u64,
+    /// Records per ring asked (`--buffer`, or what vmtrace's own region
+    /// holds) and given: fewer given when the rings had to fit the guest's
+    /// free pages below 1 MiB (`vmtrace attach`). Both 0: not sized down.
+    pub ring_asked: u64,
+    pub ring_given: u64,
+    /// Entries and returns over `--max-events`.
+    pub over_budget: u64,
+    /// Entries and returns overwritten by newer ones (`--overwrite`).
+    pub overwritten: u64,
+}
+
+impl DropCauses {
+    /// Every ring-full drop.
+    pub fn ring_full_total(&self) -> u64 {
+        self.ring_full.iter().sum()
+    }
+
+    /// Nothing to say: no drop counted by cause, no ring sized down.
+    pub fn is_empty(&self) -> bool {
+        self.ring_full_total() == 0
+            && self.held == 0
+            && self.over_budget == 0
+            && self.overwritten == 0
+            && self.ring_given >= self.ring_asked
+    }
+
+    /// The rings were given fewer records than asked.
+    pub fn capped(&self) -> bool {
+        self.ring_given < self.ring_asked
+    }
 }
 
 /// The whole trace.

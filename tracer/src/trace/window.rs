@@ -230,6 +230,7 @@ pub(crate) fn recount(trace: &Trace, events: Vec<Event>) -> Trace {
     meta.returns_dropped = 0;
     // Part of the dropped events (per vCPU), which the part has none of.
     meta.lost.clear();
+    meta.drops = Default::default();
     meta.parent_unreadable = unreadable;
     meta.unhooked = if m.graph { unhooked } else { m.unhooked };
     Trace {

@@ -68,6 +68,9 @@ pub struct ExitlessPlan {
     cpu_number: PerCpuVar,
     /// What the code records of tasks, and the pids it keeps.
     tasks: TaskPlan,
+    /// Records per ring the plan asked for, before `set_rings` fitted them
+    /// to memory other than vmtrace's own.
+    asked: u64,
 }
 
 impl ExitlessPlan {
@@ -122,6 +125,7 @@ impl ExitlessPlan {
             },
         };
         Ok(ExitlessPlan {
+            asked: spec.layout.cap,
             trampoline: generate(&spec)?,
             spec,
             cpu_number,
@@ -145,6 +149,12 @@ impl ExitlessPlan {
             self.spec = spec;
         }
         Ok(())
+    }
+
+    /// Records per ring asked for (`--buffer`, or what vmtrace's own
+    /// region holds): `layout().cap` unless `set_rings` gave fewer.
+    pub fn asked_records(&self) -> u64 {
+        self.asked
     }
 
     /// The rings' layout.

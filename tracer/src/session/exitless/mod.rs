@@ -87,6 +87,7 @@ pub mod backing;
 pub mod code;
 pub mod collect;
 pub mod error;
+mod held;
 pub mod map;
 mod pending;
 pub mod ring;

@@ -17,6 +17,7 @@ use crate::plan::exitless::layout::{
 };
 use crate::trace::model::ARG_REGS;
 
+use super::held::HeldDrops;
 pub use super::span::Record;
 use super::span::{clear_records, MemFault, Span};
 
@@ -170,6 +171,11 @@ pub fn head(mem: &dyn GuestRam, layout: &RingLayout, cpu: usize) -> Result<u64, 
 /// kernel; an interrupt between them lasts microseconds).
 pub const STALL: Duration = Duration::from_millis(10);
 
+/// How long the drain stops at a reserved slot before the drops behind
+/// it count as the drain's own (`held_drops`): an interrupt between the
+/// writer's reservation and its commit lasts microseconds.
+pub const HELD: Duration = Duration::from_millis(1);
+
 /// Drains the rings of one attach, each record exactly once, in order
 /// except for a record whose slot the drain read past while it was
 /// reserved (`STALL`): that one comes when it commits. Made for rings that
@@ -195,6 +201,8 @@ pub struct RingReader {
     /// drains).
     span: Span,
     zeros: Vec<u8>,
+    /// The ring-full drops while a ring's drain was held (`held`).
+    held: HeldDrops,
 }
 
 impl RingReader {
@@ -215,6 +223,7 @@ impl RingReader {
             stall,
             span: Span::default(),
             zeros: Vec::new(),
+            held: HeldDrops::new(layout.cpus),
         }
     }
 
@@ -236,6 +245,13 @@ impl RingReader {
     /// committed: calls whose writer stopped between the two.
     pub fn unfinished(&self, cpu: usize) -> u64 {
         self.unfinished.get(cpu).copied().unwrap_or(0)
+    }
+
+    /// Ring-full drops (calls and returns) counted while the drain was
+    /// held at a reserved record, all CPUs: the stall rule's, not the
+    /// drain's speed's.
+    pub fn held_drops(&self) -> u64 {
+        self.held.total()
     }
 
     /// Passes every committed record not read yet to `f(cpu, record)`,
@@ -324,6 +340,19 @@ impl RingReader {
             mem.store(limit, GuestAddress(gpa), Ordering::Release)
                 .map_err(memory_error("moving the limit", cpu, gpa))?;
         }
+        // Held: stopped at a reserved slot for `HELD` already, or a slot
+        // read past still keeps the limit back. (A writer between its
+        // reservation and its commit for less is merely in progress: the
+        // drops then are the ring's size's. The last drain holds nothing.)
+        let stopped = matches!(self.stalled[cpu],
+            Some((i, since)) if i == self.tails[cpu] && since.elapsed() >= HELD);
+        let held = !last && (stopped || !self.skipped[cpu].is_empty());
+        let layout = &self.layout;
+        self.held.note(cpu, held, || {
+            let calls: u64 = drops(mem, layout, cpu)?.iter().sum();
+            let returns: u64 = ret_drops(mem, layout, cpu)?.iter().sum();
+            Ok::<_, RingError>(calls + returns)
+        })?;
         Ok((self.consumed[cpu] - before) as usize)
     }
 

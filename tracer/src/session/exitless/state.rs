@@ -48,6 +48,8 @@ pub struct Exitless {
     removed_drops: Option<(PerCpuSite, PerCpuSite)>,
     /// Slots the last drain found reserved and never committed.
     unfinished: u64,
+    /// Ring-full drops while a ring's drain was held at a reserved record.
+    held_drops: u64,
     /// The rings' filtered counters' sum when the region was taken out.
     removed_filtered: Option<u64>,
     /// The drop counters as last read (calls, returns), for when guest
@@ -86,6 +88,7 @@ impl Exitless {
             pages: None,
             removed_drops: None,
             unfinished: 0,
+            held_drops: 0,
             removed_filtered: None,
             last_drops: Mutex::new((None, None)),
             drops_stale: std::sync::atomic::AtomicBool::new(false),
@@ -420,6 +423,18 @@ impl Exitless {
         self.unfinished
     }
 
+    /// Ring-full drops (calls and returns) while the drain was held at a
+    /// reserved record, not behind (0 before `finish`).
+    pub fn held_drops(&self) -> u64 {
+        self.held_drops
+    }
+
+    /// Records per ring asked (the plan's) and given (fitted to the
+    /// guest's memory, `ExitlessPlan::set_rings`).
+    pub fn ring_records(&self) -> (u64, u64) {
+        (self.plan.asked_records(), self.layout().cap)
+    }
+
     /// Calls the guest code's pid filter rejected, all CPUs (0 before the
     /// first install, or when a ring cannot be read).
     pub fn filtered(&self) -> u64 {
@@ -447,6 +462,7 @@ impl Exitless {
         let stats = std::sync::Arc::clone(&d.stats);
         d.finish()?;
         self.unfinished = stats.unfinished.load(std::sync::atomic::Ordering::Relaxed);
+        self.held_drops = stats.held.load(std::sync::atomic::Ordering::Relaxed);
         match stats.bad_records.load(std::sync::atomic::Ordering::Relaxed) {
             0 => Ok(()),
             n => Err(ExitlessError::BadRecords(n)),

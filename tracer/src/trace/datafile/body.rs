@@ -8,11 +8,11 @@ use super::protos::read_prototypes;
 use super::reader::Reader;
 use super::{
     check_callers, check_events, Counted, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8,
-    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
-    VERSION_9,
+    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_10, VERSION_3, VERSION_5, VERSION_6, VERSION_7,
+    VERSION_8, VERSION_9,
 };
 use crate::kernel::symbols::Symbol;
-use crate::trace::model::{Event, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS};
+use crate::trace::model::{DropCauses, Event, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS};
 
 /// One event record of `size` bytes (`EVENT_SIZE_V9`; `EVENT_SIZE_V8`
 /// without the stack; `EVENT_SIZE` without the task and data either;
@@ -254,6 +254,11 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         stacks,
         stack_funcs,
     } = read_late_fields(r, version)?;
+    let drops = if version >= VERSION_10 {
+        read_drop_causes(r, cpus)?
+    } else {
+        DropCauses::default()
+    };
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
         kernel,
@@ -293,8 +298,33 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         retval,
         stacks,
         stack_funcs,
+        drops,
     };
     Ok(meta)
+}
+
+/// Version 10's `DropCauses`: n is 0 or `cpus`.
+fn read_drop_causes<R: Read>(
+    r: &mut Reader<'_, R>,
+    cpus: u32,
+) -> Result<DropCauses, TraceFileError> {
+    let n = r.u32()?;
+    if n != 0 && n != cpus {
+        return Err(r.corrupt(format!(
+            "ring-full drops for {n} vCPUs in a trace of {cpus}"
+        )));
+    }
+    r.need(u64::from(n) * 8 + 5 * 8, "the drop causes")?;
+    let ring_full = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+    let mut next = || r.u64();
+    Ok(DropCauses {
+        ring_full,
+        held: next()?,
+        ring_asked: next()?,
+        ring_given: next()?,
+        over_budget: next()?,
+        overwritten: next()?,
+    })
 }
 
 /// The header's fields after version 5's (see `TraceMeta`).

@@ -7,8 +7,8 @@ use std::io::{self, Write};
 use super::body::{VALUES_ARGS, VALUES_RETVAL};
 use super::encode::{put_str, put_syms};
 use super::protos::put_prototypes;
-use super::{VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
-use crate::trace::model::{Trace, TraceMeta};
+use super::{VERSION_10, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
+use crate::trace::model::{DropCauses, Trace, TraceMeta};
 
 /// The body of a file of `version` (4, or 5 to 9 for a data file's `HEAD`
 /// and `FOOT` blocks): the header, functions, counts, returns and callers.
@@ -110,6 +110,24 @@ fn put_meta(m: &TraceMeta, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
         for f in &m.stack_funcs {
             w.write_all(&f.to_le_bytes())?;
         }
+    }
+    if version >= VERSION_10 {
+        put_drops(&m.drops, w)?;
+    }
+    Ok(())
+}
+
+/// Version 10's `DropCauses`.
+fn put_drops(d: &DropCauses, w: &mut Vec<u8>) -> io::Result<()> {
+    w.write_all(&(d.ring_full.len() as u32).to_le_bytes())?;
+    for v in d.ring_full.iter().chain([
+        &d.held,
+        &d.ring_asked,
+        &d.ring_given,
+        &d.over_budget,
+        &d.overwritten,
+    ]) {
+        w.write_all(&v.to_le_bytes())?;
     }
     Ok(())
 }

@@ -206,8 +206,21 @@
 //! stack is past the stacks saved before its block. Versions 1 to 8 are
 //! still read: their events have stack 0.
 //!
+//! # Version 10: why events were dropped
+//!
+//! Version 10's body adds, after the stack functions, why the events
+//! counted were not stored (`DropCauses`): `u32` n then n `u64` (per vCPU,
+//! the calls and returns vmtrace's code in the guest found no free ring
+//! slot for; n is 0 or `cpus`), then `u64` held (of those, while the drain
+//! was held at a record reserved and not committed), `u64` ring_asked and
+//! `u64` ring_given (records per ring; given below asked: the rings were
+//! sized down to fit the guest's free low memory; both 0 when not
+//! exitless), `u64` over_budget (over `--max-events`) and `u64`
+//! overwritten (`--overwrite`). Versions 1 to 9 are still read: they say
+//! no cause.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`), no values and no stacks, else a version-9 data
+//! `TraceMeta::tasks`), no values and no stacks, else a version-10 data
 //! file in one go: `HEAD`, `TASK`, `ARGS`, `STAK`, `EVTS`, `FOOT`, `END`
 //! (version 4 has no room for them).
 //!
@@ -268,6 +281,8 @@ pub const VERSION_8: u32 = 8;
 /// The data file with kernel stacks (`STAK` blocks, 48-byte events naming
 /// their stack).
 pub const VERSION_9: u32 = 9;
+/// The data file that says why events were dropped (`DropCauses`).
+pub const VERSION_10: u32 = 10;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
@@ -340,7 +355,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_9})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_10})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

@@ -8,7 +8,7 @@ use super::header::put_body;
 use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
     check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_9,
+    VERSION_10,
 };
 use crate::trace::model::Trace;
 use crate::trace::output_path;
@@ -83,10 +83,10 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
 fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUFFER, out);
     w.write_all(MAGIC)?;
-    w.write_all(&VERSION_9.to_le_bytes())?;
+    w.write_all(&VERSION_10.to_le_bytes())?;
     w.write_all(&0u64.to_le_bytes())?;
     let mut body = Vec::new();
-    put_body(trace, VERSION_9, &mut body)?;
+    put_body(trace, VERSION_10, &mut body)?;
     w.write_all(&stream::frame(TAG_HEAD, &body)?)?;
     for (_, payload) in stream::task_payloads(0, &trace.tasks)? {
         w.write_all(&stream::frame(stream::TAG_TASKS, &payload)?)?;

@@ -116,6 +116,10 @@ pub(super) fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     }
     lost(w, m.events_dropped, "entries")?;
     lost(w, m.returns_dropped, "returns")?;
+    if let Some(why) = crate::trace::report::drops_line(m) {
+        // The report's line, cause by cause.
+        writeln!(w, "# drops: {why}")?;
+    }
     if m.unfinished > 0 {
         let what = if m.graph {
             "records (calls or returns)"

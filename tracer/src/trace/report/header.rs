@@ -184,6 +184,9 @@ fn events_line(m: &TraceMeta, stored: u64) -> String {
 
 /// Losses and facts said at the run, never only there.
 fn loss_lines(lines: &mut Vec<(&str, String)>, m: &TraceMeta) {
+    if let Some(why) = super::drops::drops_line(m) {
+        lines.push(("drops", why));
+    }
     if m.lost.iter().any(|&n| n > 0) {
         let per_cpu: Vec<String> = m.lost.iter().map(|&n| thousands(n)).collect();
         lines.push((

@@ -18,7 +18,9 @@
 //! crafted: every text rendering prints them through [`escape`], so that a
 //! name cannot end a line, forge one, or drive the terminal.
 
+mod drops;
 pub mod duration;
+pub use drops::drops_line;
 mod header;
 mod numbers;
 pub mod stacks;
