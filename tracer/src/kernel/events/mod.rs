@@ -10,6 +10,7 @@
 
 mod decl;
 mod image_data;
+pub mod jump_sites;
 mod layout;
 mod read;
 mod select;
