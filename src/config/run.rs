@@ -67,7 +67,7 @@ impl RunConfig {
             return Err(InputError::KernelMissing(kernel));
         }
         let t = &args.tracing;
-        let traced = !t.trace.is_empty() || !t.notrace.is_empty();
+        let traced = !t.trace.is_empty() || !t.notrace.is_empty() || !t.event.is_empty();
         check_flags(args, form, traced)?;
         let size = VmSize::new(args.cpus, args.mem)?;
         let (cpus, mem_mib) = (size.cpus(), size.mem_mib());

@@ -242,6 +242,14 @@ impl Breakpoints {
         self.journal = Some(journal);
     }
 
+    /// The events' call sites made jumps after the attach: kept in each
+    /// later save of the return journal.
+    pub fn name_jumps(&mut self, jumps: &[super::journal::JournaledJump]) {
+        if let Some(j) = self.journal.as_mut() {
+            j.name_jumps(jumps);
+        }
+    }
+
     /// Set and clear the return breakpoints `ch` says (not at a site: the
     /// site's own breakpoint stays, and stops there anyway); each set one
     /// journaled first.

@@ -382,12 +382,15 @@ struct Setup {
     fallback: Option<String>,
 }
 
+// Long: one attach's steps in their order, each a call or a short match:
+// the first stop, the mode, the tracer for it, the attach, the events.
 fn setup(
     vm: &mut QemuVm,
     plan: TracePlan,
     rec: Recording,
     journal: &mut Journal,
 ) -> Result<Setup, QemuError> {
+    let events = plan.plan.events.clone();
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
@@ -450,17 +453,40 @@ fn setup(
         attempts: Some(ATTEMPTS),
     };
     match backend::attach(&mut tracer, vm, patience, &mut Quiet)? {
-        Waited::Attached(_) => Ok(Setup {
-            tracer,
-            low,
-            fallback,
-        }),
+        Waited::Attached(_) => {
+            enable_events(vm, &events, offset, journal)?;
+            Ok(Setup {
+                tracer,
+                low,
+                fallback,
+            })
+        }
         Waited::GaveUp(last) => Err(QemuError::NotReady(
             last.map(|w| w.to_string()).unwrap_or_default(),
         )),
         // (The stub's waits end nothing before the attach.)
         Waited::Ended(end) => Err(QemuError::NotReady(EndReason::from(end).to_string())),
     }
+}
+
+/// The events' call sites made jumps, once the attach is in place, and
+/// named wherever the journal is written from now on.
+fn enable_events(
+    vm: &mut QemuVm,
+    events: &crate::plan::events::EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+) -> Result<(), QemuError> {
+    super::event_sites::enable(&vm.guest, events, offset, journal)?;
+    vm.jumps = journal.record.jumps.clone();
+    if let Arming::Trap {
+        breakpoints: Some(b),
+        ..
+    } = &mut vm.arming
+    {
+        b.name_jumps(&vm.jumps);
+    }
+    Ok(())
 }
 
 /// Exitless mode's region in the guest's free pages, its rings, tables and

@@ -1,0 +1,77 @@
+//! `vmtrace attach -e`: the kernel's tracepoints enabled from the host in
+//! Debian's 6.12 cloud kernel (jump labels, KASLR, static calls) under
+//! QEMU/TCG with the workload: while attached, each selected event's call
+//! site holds vmtrace's jump (the kernel's own JMP, over its NOP); after the
+//! detach the kernel's text is as found, the guest runs on, and its
+//! console has no BUG or WARNING (jump_label's checks). Trap mode, whose
+//! only writes to the guest are those jumps.
+
+mod common;
+
+use std::time::Duration;
+
+use common::attach::*;
+use common::guard::*;
+use common::qemu::*;
+use common::s;
+
+/// The first byte of the kernel's NOPs and of the JMP of the same length
+/// (arch/x86/kernel/jump_label.c: `0f 1f 44 00 00` / `e9 rel32`,
+/// `66 90` / `eb rel8`).
+const NOP_TO_JMP: [(u8, u8); 2] = [(0x0f, 0xe9), (0x66, 0xeb)];
+
+#[test]
+fn event_sites_are_jumps_while_attached_and_nops_after() {
+    let bz = debian_612();
+    let kernel = Kernel::from_bzimage(&bz);
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let watch = kernel.watch(qmp);
+    let before = watch.read();
+    let args = [
+        "--kernel",
+        s(&bz),
+        "--format",
+        "json",
+        "-e",
+        "sched:sched_process_fork,task:task_rename",
+        "--mode",
+        "trap",
+    ];
+    let mut a = Attach::start(qmp, &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    let during = watch.read();
+    // The events' code runs with the sites enabled: forks and renames.
+    guest.send_line("spawn 1 3");
+    guest
+        .wait_for("workload: spawned 1", Duration::from_secs(60))
+        .unwrap();
+    guest.send_line("rename 2");
+    guest
+        .wait_for("workload: renamed 2", Duration::from_secs(60))
+        .unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    // One call site each (kernel_clone, __set_task_comm): a NOP made a JMP.
+    let changed = diffs(&before, &during);
+    let opcodes = changed.iter().filter(|d| NOP_TO_JMP.contains(&(d.1, d.2)));
+    assert_eq!(opcodes.count(), 2, "{changed:x?}");
+    assert!(changed.len() <= 2 * 5, "{changed:x?}");
+    let counts = e.counts();
+    for f in ["__traceiter_sched_process_fork", "__traceiter_task_rename"] {
+        assert!(counts.contains_key(f), "{f}: {}", e.stdout);
+    }
+    assert_same(&before, &watch.read(), "by a trace of events");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+    let console = guest.console();
+    assert!(
+        !console.contains("BUG") && !console.contains("WARNING"),
+        "{console}"
+    );
+}

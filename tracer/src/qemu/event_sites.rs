@@ -1,0 +1,150 @@
+//! The traced events' call sites in a QEMU guest: their NOPs made jumps in
+//! a stop of vmtrace's once it has attached, and the NOPs put back at the
+//! detach (and by `vmtrace detach`'s repair, from the journal).
+//!
+//! The guest's own `static_key_enable` of an event vmtrace enabled would
+//! find vmtrace's jump where it expects its NOP, and BUG
+//! (arch/x86/kernel/jump_label.c `__jump_label_patch`): a key the guest
+//! has enabled (its `enabled` count above 0) is refused at the attach, and
+//! the guest must not enable the event while vmtrace traces it
+//! (docs/events.md). The key's count is never written: once vmtrace
+//! detaches, the guest's perf or ftrace enable the event as ever.
+
+use vm_memory::GuestAddress;
+use vmm::{GuestRam, Stopped};
+
+use super::error::QemuError;
+use super::guest::QemuStop;
+use super::journal::{hex, unhex, Journal, JournaledJump};
+use crate::kernel::kaslr::KernelOffset;
+use crate::plan::events::EventPlan;
+
+/// What putting the NOPs back found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JumpsRestored {
+    /// Jumps made NOPs again.
+    pub restored: usize,
+    /// Sites already their NOP.
+    pub as_found: usize,
+    /// Sites holding neither (left alone).
+    pub other: usize,
+}
+
+impl std::fmt::Display for JumpsRestored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} event call sites given back their NOP ({} were as found, {} hold neither and are left alone)",
+            self.restored, self.as_found, self.other
+        )
+    }
+}
+
+fn read(ram: &dyn GuestRam, gpa: u64, len: usize) -> Result<Vec<u8>, QemuError> {
+    let mut b = vec![0u8; len];
+    ram.read_slice(&mut b, GuestAddress(gpa))
+        .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+    Ok(b)
+}
+
+/// Every planned call site as it will be written, checked in `stop`: each
+/// key's count 0 (the guest has not enabled the event), each site its NOP.
+pub(super) fn check(
+    stop: &QemuStop<'_>,
+    events: &EventPlan,
+    offset: KernelOffset,
+) -> Result<Vec<JournaledJump>, QemuError> {
+    let ram = &**stop.ram();
+    let phys = |va: u64, what: &str| {
+        offset.phys_of(va).ok_or_else(|| {
+            QemuError::NotTraceable(format!("{what} at {va:#x} is outside the kernel's image"))
+        })
+    };
+    let mut jumps = Vec::new();
+    for e in &events.events {
+        // struct static_key { atomic_t enabled; ... } (include/linux/jump_label.h).
+        let count = read(ram, phys(e.key, "a static key")?, 4)?;
+        let count = i32::from_le_bytes([count[0], count[1], count[2], count[3]]);
+        if count != 0 {
+            return Err(QemuError::EventEnabled {
+                event: e.full_name(),
+                count,
+            });
+        }
+        for s in &e.sites {
+            let gpa = phys(s.code, "an event's call site")?;
+            let now = read(ram, gpa, s.nop.len())?;
+            if now != s.nop {
+                return Err(QemuError::EventSite {
+                    event: e.full_name(),
+                    va: offset.runtime(s.code),
+                    found: hex(&now),
+                });
+            }
+            jumps.push(JournaledJump {
+                va: offset.runtime(s.code),
+                gpa,
+                nop: hex(&s.nop),
+                jump: hex(&s.jump),
+            });
+        }
+    }
+    Ok(jumps)
+}
+
+/// Enables the events' call sites in a stop of their own, the journal
+/// naming them before the first is written.
+pub(super) fn enable(
+    guest: &super::guest::QemuGuest,
+    events: &EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+) -> Result<usize, QemuError> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let stop = guest.stop(false)?;
+    let jumps = match check(&stop, events, offset) {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = stop.resume();
+            return Err(e);
+        }
+    };
+    if let Err(e) = journal.arm_jumps(jumps.clone()) {
+        let _ = stop.resume();
+        return Err(e.into());
+    }
+    for j in &jumps {
+        let bytes = unhex(&j.jump).unwrap_or_default();
+        if let Err(e) = stop.ram().write_slice(&bytes, GuestAddress(j.gpa)) {
+            let _ = stop.resume();
+            return Err(QemuError::NotTraceable(e.to_string()));
+        }
+    }
+    stop.resume()?;
+    Ok(jumps.len())
+}
+
+/// Puts each site's NOP back where vmtrace's jump is, in `stop`.
+pub fn restore(stop: &QemuStop<'_>, jumps: &[JournaledJump]) -> Result<JumpsRestored, QemuError> {
+    let ram = &**stop.ram();
+    let mut out = JumpsRestored::default();
+    for j in jumps {
+        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+            out.other += 1;
+            continue;
+        };
+        let now = read(ram, j.gpa, nop.len())?;
+        if now == nop {
+            out.as_found += 1;
+        } else if now == jump {
+            ram.write_slice(&nop, GuestAddress(j.gpa))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            out.restored += 1;
+        } else {
+            out.other += 1;
+        }
+    }
+    Ok(out)
+}
