@@ -44,6 +44,8 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     ];
     let mut a = Attach::start(qmp, &args);
     a.wait_line("vmtrace: attached to QEMU");
+    let line = a.wait_line("call sites of the events enabled");
+    assert!(line.starts_with("vmtrace: 2 call sites"), "{line}");
     let during = watch.read();
     // The events' code runs with the sites enabled: forks and renames.
     guest.send_line("spawn 1 3");

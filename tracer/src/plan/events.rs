@@ -44,6 +44,12 @@ pub struct PlannedEvent {
     pub iterator: u64,
     /// Its call sites, NOPs in the image.
     pub sites: Vec<JumpSite>,
+    /// The kernel calls it through a static call (`__SCT__tp_func_NAME`,
+    /// CONFIG_HAVE_STATIC_CALL): its enabled branch then tests `tp->funcs`
+    /// first and calls `__traceiter_NAME` only when a probe is registered
+    /// (include/linux/tracepoint.h `__DO_TRACE_CALL`), so an enabled site
+    /// alone records nothing.
+    pub static_call: bool,
 }
 
 impl PlannedEvent {
@@ -96,9 +102,19 @@ impl EventPlan {
                 key,
                 iterator,
                 sites,
+                static_call: image
+                    .symbol(&format!("__SCT__tp_func_{}", e.name))
+                    .is_some(),
             });
         }
         Ok(EventPlan { events })
+    }
+
+    /// The events whose `__traceiter_NAME` only a guest's probe makes
+    /// called (`PlannedEvent::static_call`).
+    pub fn behind_static_calls(&self) -> Vec<String> {
+        let e = self.events.iter().filter(|e| e.static_call);
+        e.map(PlannedEvent::full_name).collect()
     }
 
     pub fn is_empty(&self) -> bool {

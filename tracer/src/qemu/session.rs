@@ -517,6 +517,11 @@ impl QemuSession {
         &self.tracer
     }
 
+    /// The events' call sites vmtrace enabled (`super::event_sites`).
+    pub fn event_sites(&self) -> usize {
+        self.vm.jumps.len()
+    }
+
     /// Trace until `duration` (if any), a termination signal, or the QEMU
     /// going away; in trap mode, serving breakpoint hits meanwhile (no hit
     /// is served outside this call: the guest waits at its first one).
