@@ -76,7 +76,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
-    let silent = plan.plan.events.behind_static_calls();
+    let events = plan.plan.events.clone();
     let mut s = connected.attach_in(plan, recording).map_err(|e| {
         data.discard();
         InputError::Qemu(e)
@@ -85,7 +85,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
-    say_events(&s, &silent);
+    say_events(&s, &events.behind_static_calls(s.traps()));
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }

@@ -6,6 +6,7 @@
 //! (`crate::kernel::events::jump_sites`).
 
 use crate::kernel::btf::KernelBtf;
+use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
@@ -50,6 +51,12 @@ pub struct PlannedEvent {
     /// (include/linux/tracepoint.h `__DO_TRACE_CALL`), so an enabled site
     /// alone records nothing.
     pub static_call: bool,
+    /// With `static_call`: each site's `tp->funcs` test, which a trap
+    /// makes pass for vmtrace alone (`enabled_branch`); fewer than the
+    /// sites when some do not decode as expected.
+    pub tests: Vec<FuncsTest>,
+    /// `tp->funcs` (link-time address).
+    pub funcs: u64,
 }
 
 impl PlannedEvent {
@@ -80,6 +87,11 @@ impl EventPlan {
         let btf = KernelBtf::from_image(image).map_err(EventError::from)?;
         let table = EventTable::read(image, &btf)?;
         let entries = jump_sites::entries(image)?;
+        // `struct tracepoint`'s `funcs` (include/linux/tracepoint-defs.h).
+        let tp_funcs = btf
+            .member("tracepoint", "funcs")
+            .map(|m| u64::from(m.offset))
+            .map_err(EventError::from)?;
         let mut events = Vec::new();
         for e in table.select(&globs)? {
             let full = e.full_name();
@@ -96,25 +108,41 @@ impl EventPlan {
                 });
             };
             let sites = jump_sites::event_sites(image, &entries, &full, key)?;
+            let static_call = image
+                .symbol(&format!("__SCT__tp_func_{}", e.name))
+                .is_some();
+            let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
+            let tests = match static_call {
+                true => sites
+                    .iter()
+                    .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
+                    .collect(),
+                false => Vec::new(),
+            };
             events.push(PlannedEvent {
                 system: e.system.clone(),
                 name: e.name.clone(),
                 key,
                 iterator,
                 sites,
-                static_call: image
-                    .symbol(&format!("__SCT__tp_func_{}", e.name))
-                    .is_some(),
+                static_call,
+                tests,
+                funcs,
             });
         }
         Ok(EventPlan { events })
     }
 
     /// The events whose `__traceiter_NAME` only a guest's probe makes
-    /// called (`PlannedEvent::static_call`).
-    pub fn behind_static_calls(&self) -> Vec<String> {
-        let e = self.events.iter().filter(|e| e.static_call);
-        e.map(PlannedEvent::full_name).collect()
+    /// called (`PlannedEvent::static_call`): all of them in exitless mode,
+    /// in trap mode those with a site whose test cannot be trapped.
+    pub fn behind_static_calls(&self, trap: bool) -> Vec<String> {
+        let silent = |e: &&PlannedEvent| e.static_call && (!trap || e.tests.len() < e.sites.len());
+        self.events
+            .iter()
+            .filter(silent)
+            .map(PlannedEvent::full_name)
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {

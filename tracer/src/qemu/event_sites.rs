@@ -13,6 +13,7 @@
 use vm_memory::GuestAddress;
 use vmm::{GuestRam, Stopped};
 
+use super::breakpoints::{Breakpoints, FuncsSkip};
 use super::error::QemuError;
 use super::guest::QemuStop;
 use super::journal::{hex, unhex, Journal, JournaledJump};
@@ -92,37 +93,78 @@ pub(super) fn check(
     Ok(jumps)
 }
 
+/// Each event's `tp->funcs` tests, as trap mode passes them (running
+/// addresses); none for an event any of whose sites has no such test.
+pub(super) fn skips(events: &EventPlan, offset: KernelOffset) -> Vec<FuncsSkip> {
+    let whole = events
+        .events
+        .iter()
+        .filter(|e| e.static_call && e.tests.len() == e.sites.len());
+    whole
+        .flat_map(|e| e.tests.iter().map(move |t| (e, t)))
+        .map(|(e, t)| FuncsSkip {
+            test: offset.runtime(t.test),
+            after_je: offset.runtime(t.after_je),
+            reg: t.reg.clone(),
+            value: offset.runtime(e.funcs) - 8,
+        })
+        .collect()
+}
+
 /// Enables the events' call sites in a stop of their own, the journal
-/// naming them before the first is written.
+/// naming them (and, in trap mode, the breakpoints at their `tp->funcs`
+/// tests, set first) before the first is written.
 pub(super) fn enable(
     guest: &super::guest::QemuGuest,
     events: &EventPlan,
     offset: KernelOffset,
     journal: &mut Journal,
+    breakpoints: Option<&mut Breakpoints>,
 ) -> Result<usize, QemuError> {
     if events.is_empty() {
         return Ok(0);
     }
     let stop = guest.stop(false)?;
-    let jumps = match check(&stop, events, offset) {
-        Ok(j) => j,
+    match write(&stop, events, offset, journal, breakpoints) {
+        Ok(n) => {
+            stop.resume()?;
+            Ok(n)
+        }
         Err(e) => {
             let _ = stop.resume();
-            return Err(e);
+            Err(e)
         }
+    }
+}
+
+fn write(
+    stop: &QemuStop<'_>,
+    events: &EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+    breakpoints: Option<&mut Breakpoints>,
+) -> Result<usize, QemuError> {
+    let jumps = check(stop, events, offset)?;
+    let skips = match breakpoints.is_some() {
+        true => skips(events, offset),
+        false => Vec::new(),
     };
-    if let Err(e) = journal.arm_jumps(jumps.clone()) {
-        let _ = stop.resume();
-        return Err(e.into());
+    journal
+        .record
+        .breakpoints
+        .extend(skips.iter().map(|k| k.test));
+    journal.arm_jumps(jumps.clone())?;
+    if let Some(b) = breakpoints {
+        // (Its saves from here on keep the jumps.)
+        b.name_jumps(&jumps);
+        b.add_skips(stop, skips)?;
     }
     for j in &jumps {
         let bytes = unhex(&j.jump).unwrap_or_default();
-        if let Err(e) = stop.ram().write_slice(&bytes, GuestAddress(j.gpa)) {
-            let _ = stop.resume();
-            return Err(QemuError::NotTraceable(e.to_string()));
-        }
+        stop.ram()
+            .write_slice(&bytes, GuestAddress(j.gpa))
+            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
     }
-    stop.resume()?;
     Ok(jumps.len())
 }
 

@@ -477,15 +477,15 @@ fn enable_events(
     offset: KernelOffset,
     journal: &mut Journal,
 ) -> Result<(), QemuError> {
-    super::event_sites::enable(&vm.guest, events, offset, journal)?;
+    let breakpoints = match &mut vm.arming {
+        Arming::Trap {
+            breakpoints: Some(b),
+            ..
+        } => Some(&mut **b),
+        _ => None,
+    };
+    super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
     vm.jumps = journal.record.jumps.clone();
-    if let Arming::Trap {
-        breakpoints: Some(b),
-        ..
-    } = &mut vm.arming
-    {
-        b.name_jumps(&vm.jumps);
-    }
     Ok(())
 }
 
@@ -515,6 +515,11 @@ const POLL: Duration = Duration::from_millis(50);
 impl QemuSession {
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
+    }
+
+    /// Whether calls reach vmtrace through breakpoints (trap mode).
+    pub fn traps(&self) -> bool {
+        matches!(self.vm.arming, Arming::Trap { .. })
     }
 
     /// The events' call sites vmtrace enabled (`super::event_sites`).

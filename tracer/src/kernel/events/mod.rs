@@ -9,6 +9,7 @@
 //! `__traceiter_NAME` are, and its arguments as C declares them.
 
 mod decl;
+pub mod enabled_branch;
 mod image_data;
 pub mod jump_sites;
 mod layout;

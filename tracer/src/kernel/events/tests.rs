@@ -182,7 +182,14 @@ fn common_events_have_nop_sites_and_traced_iterators() {
             let e = event(&t, full);
             let sites = jump_sites::event_sites(&image, &entries, full, e.key.unwrap())
                 .unwrap_or_else(|err| panic!("{rel}: {err}"));
+            let btf = KernelBtf::from_image(&image).unwrap();
+            let funcs = e.tracepoint.unwrap()
+                + u64::from(btf.member("tracepoint", "funcs").unwrap().offset);
             for s in &sites {
+                // Static calls: the `tp->funcs` test a trap makes pass.
+                let t = super::enabled_branch::funcs_test(&image, s.target, funcs)
+                    .unwrap_or_else(|| panic!("{rel} {full}: no funcs test after {:#x}", s.target));
+                assert!(t.test > s.target && t.after_je > t.test, "{rel} {full}");
                 let f = image.function_at(s.code).unwrap();
                 assert_eq!(
                     image.function_at(s.target).unwrap().addr,
