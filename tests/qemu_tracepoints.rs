@@ -5,8 +5,9 @@
 //! mode passes its `tp->funcs` test; exactly one `sched_process_fork` per
 //! fork and one `task_rename` per rename; after the detach the kernel's
 //! text is as found, the guest runs on, and its console has no BUG or
-//! WARNING (jump_label's checks). Trap mode, whose only writes to the
-//! guest are those jumps.
+//! WARNING (jump_label's checks); a killed attach's guardian restores them
+//! from the journal. Trap mode (auto mode's choice for such events), whose
+//! only writes to the guest are those jumps.
 
 mod common;
 
@@ -44,11 +45,12 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         // The workload's tasks only: the guest's kernel threads fork too.
         "--comm",
         "wl-*",
-        "--mode",
-        "trap",
     ];
     let mut a = Attach::start(qmp, &args);
-    a.wait_line("vmtrace: attached to QEMU");
+    // Auto mode: breakpoints pass the events' `tp->funcs` tests.
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("trap mode"), "{line}");
+    a.wait_line("kernel with static calls are recorded at breakpoint stops");
     let line = a.wait_line("call sites of the events enabled");
     assert!(line.starts_with("vmtrace: 2 call sites"), "{line}");
     let during = watch.read();
@@ -77,6 +79,25 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let rename = count_of(&counts, &["__traceiter_task_rename"]);
     assert_eq!((fork, rename), (3, 3 + 2 + 1), "{}", e.stdout);
     assert_same(&before, &watch.read(), "by a trace of events");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+    // Killed while attached: its guardian gives the sites back their NOPs
+    // from the journal, and takes the breakpoints out.
+    let mut a = Attach::start(qmp, &args);
+    a.wait_line("call sites of the events enabled");
+    a.signal(libc::SIGKILL);
+    let e = a.end();
+    for n in [
+        "2 event call sites given back their NOP",
+        "vmtrace: repaired; the VM is as vmtrace would leave it",
+    ] {
+        assert!(e.stderr.contains(n), "{n:?} in {}", e.stderr);
+    }
+    assert_same(
+        &before,
+        &watch.read(),
+        "after a killed attach, by its guardian",
+    );
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
     let console = guest.console();
