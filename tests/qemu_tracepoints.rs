@@ -6,7 +6,8 @@
 //! fork and one `task_rename` per rename; after the detach the kernel's
 //! text is as found, the guest runs on, and its console has no BUG or
 //! WARNING (jump_label's checks); a killed attach's guardian restores them
-//! from the journal. Trap mode (auto mode's choice for such events), whose
+//! from the journal; the guest enabling and disabling a traced event itself
+//! meanwhile keeps working. Trap mode (auto mode's choice for such events), whose
 //! only writes to the guest are those jumps.
 
 mod common;
@@ -99,6 +100,34 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         "after a killed attach, by its guardian",
     );
     assert_no_gdbstub(qmp);
+    assert_runs_on(&guest, w.worker);
+    // The guest enables a traced event itself, and disables it: its
+    // jump_label finds its own NOP each time (vmtrace gives the site back
+    // at the kernel's patching), and the detach leaves what it did.
+    let mut a = Attach::start(qmp, &args);
+    let line = a.wait_line("call sites of the events enabled");
+    assert!(line.contains("the guest may enable these events"), "{line}");
+    for on in ["1", "0"] {
+        guest.send_line(&format!("ftrace event sched:sched_process_fork {on}"));
+        guest
+            .wait_for(
+                "workload: ftrace event sched:sched_process_fork=0",
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        guest.send_line("spawn 1 1");
+        guest
+            .wait_for("workload: spawned 1", Duration::from_secs(60))
+            .unwrap();
+    }
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_same(
+        &before,
+        &watch.read(),
+        "after the guest enabled an event itself",
+    );
     assert_runs_on(&guest, w.worker);
     let console = guest.console();
     assert!(

@@ -100,8 +100,13 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
 /// What `-e` enabled, and what it cannot record yet.
 fn say_events(s: &QemuSession, silent: &[String]) {
     if s.event_sites() > 0 {
+        // Trap mode gives a site back to the guest as it enables its event.
+        let meanwhile = match s.traps() {
+            true => "the guest may enable these events itself meanwhile",
+            false => "do not enable these events in the guest meanwhile (its jump_label would BUG)",
+        };
         note!(
-            "vmtrace: {} call sites of the events enabled (the kernel's jumps, given back their NOPs at the detach); do not enable these events in the guest meanwhile (its jump_label would BUG)",
+            "vmtrace: {} call sites of the events enabled (the kernel's jumps, given back their NOPs at the detach); {meanwhile}",
             s.event_sites()
         );
     }

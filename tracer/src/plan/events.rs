@@ -11,6 +11,10 @@ use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
 
+/// Where x86's jump_label checks and patches each site of a key being
+/// enabled (arch/x86/kernel/jump_label.c), after boot.
+const GUARD: &str = "arch_jump_label_transform_queue";
+
 /// Why the events asked cannot be traced.
 #[derive(Debug, thiserror::Error)]
 pub enum EventPlanError {
@@ -74,6 +78,10 @@ impl PlannedEvent {
 #[derive(Clone, Debug, Default)]
 pub struct EventPlan {
     pub events: Vec<PlannedEvent>,
+    /// `arch_jump_label_transform_queue` (link-time), where the guest's own
+    /// enabling of a key checks each site for its NOP: trap mode gives
+    /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
+    pub guard: Option<u64>,
 }
 
 impl EventPlan {
@@ -130,7 +138,8 @@ impl EventPlan {
                 funcs,
             });
         }
-        Ok(EventPlan { events })
+        let guard = image.symbol(GUARD).map(|s| s.addr);
+        Ok(EventPlan { events, guard })
     }
 
     /// The events whose `__traceiter_NAME` only a guest's probe makes

@@ -56,6 +56,13 @@ pub struct Breakpoints {
     /// at each, the register tested and what it is given when NULL, and
     /// where the vCPU goes on (past the `je`).
     skips: HashMap<u64, FuncsSkip>,
+    /// `arch_jump_label_transform_queue`'s address, and the events' call
+    /// sites by their `__jump_table` entries: the guest enabling one of
+    /// them finds its NOP there again, not vmtrace's jump (which would BUG).
+    guard: Option<(u64, crate::kernel::kaslr::KernelOffset)>,
+    guarded: HashMap<u64, super::journal::JournaledJump>,
+    /// Sites the guest took over (enabled their event itself).
+    pub taken_over: usize,
 }
 
 /// One `tp->funcs` test, as the trap at it passes it (running addresses).
@@ -101,6 +108,8 @@ pub enum HitError {
     Trap(#[from] vmm::TrapError),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error("cannot give an event's call site back to the guest: {0}")]
+    Site(String),
 }
 
 impl Breakpoints {
@@ -132,6 +141,9 @@ impl Breakpoints {
             steps: 0,
             journal: None,
             skips: HashMap::new(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
         })
     }
 
@@ -214,6 +226,10 @@ impl Breakpoints {
             }
             return Ok(Next::Resume(Some(k.after_je)));
         }
+        if let Some((_, offset)) = self.guard.filter(|g| g.0 == rip) {
+            self.give_to_guest(snap.regs.rdi, offset, ram)?;
+            return Ok(Next::Step(rip));
+        }
         if self.restep.remove(&cpu) == Some(rip) {
             // Recorded at the hit whose step was cut short.
             return Ok(Next::Step(rip));
@@ -272,6 +288,58 @@ impl Breakpoints {
         if let Some(j) = self.journal.as_mut() {
             j.name_jumps(jumps);
         }
+    }
+
+    /// A breakpoint (already journaled) at `at`, the kernel's
+    /// `arch_jump_label_transform_queue`, guarding `jumps` (by their
+    /// running addresses: the kernel sorted its table at boot, so an
+    /// entry is known by the code it names).
+    pub fn guard(
+        &mut self,
+        stop: &QemuStop<'_>,
+        at: u64,
+        offset: crate::kernel::kaslr::KernelOffset,
+        jumps: &[super::journal::JournaledJump],
+    ) -> Result<(), HitError> {
+        stop.set_breakpoint(at)?;
+        self.guard = Some((at, offset));
+        self.guarded = jumps.iter().map(|j| (j.va, j.clone())).collect();
+        Ok(())
+    }
+
+    /// The guest patches the site of the `__jump_table` entry at `entry`
+    /// (`struct jump_entry { s32 code; ... }`, in the kernel's image): if
+    /// it is one of vmtrace's, its NOP goes back first, and the site is the
+    /// guest's from then on (the detach leaves it: its key is counted).
+    fn give_to_guest(
+        &mut self,
+        entry: u64,
+        offset: crate::kernel::kaslr::KernelOffset,
+        ram: &dyn vmm::GuestRam,
+    ) -> Result<(), HitError> {
+        let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
+        let Some(gpa) = offset.phys_of(offset.link(entry)) else {
+            return Ok(());
+        };
+        let mut rel = [0u8; 4];
+        ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
+            .map_err(ram_err)?;
+        let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
+        let Some(j) = self.guarded.remove(&code) else {
+            return Ok(());
+        };
+        let unhex = super::journal::unhex;
+        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+            return Ok(());
+        };
+        let mut now = vec![0u8; nop.len()];
+        let addr = vm_memory::GuestAddress(j.gpa);
+        ram.read_slice(&mut now, addr).map_err(ram_err)?;
+        if now == jump {
+            ram.write_slice(&nop, addr).map_err(ram_err)?;
+            self.taken_over += 1;
+        }
+        Ok(())
     }
 
     /// Breakpoints at the events' `tp->funcs` tests (already journaled),
@@ -334,6 +402,9 @@ impl Breakpoints {
         }
         for (a, _) in self.skips.drain() {
             stop.clear_breakpoint(a)?;
+        }
+        if let Some((g, _)) = self.guard.take() {
+            stop.clear_breakpoint(g)?;
         }
         let mut removed = 0;
         for &a in &self.sites {
@@ -472,6 +543,9 @@ mod tests {
             steps: 0,
             journal: None,
             skips: HashMap::new(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
         };
         let ops = Ops::default();
         let hit =
@@ -540,6 +614,9 @@ mod tests {
             steps: 0,
             journal: None,
             skips: [(test, skip)].into(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
         };
         let ops = Ops::default();
         let next = b.handle(0, &snap(test, RSP, 0), &mem, &ops).unwrap();

@@ -29,14 +29,16 @@ pub struct JumpsRestored {
     pub as_found: usize,
     /// Sites holding neither (left alone).
     pub other: usize,
+    /// Sites whose key the guest has enabled since: its own jumps, left.
+    pub guests: usize,
 }
 
 impl std::fmt::Display for JumpsRestored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} event call sites given back their NOP ({} were as found, {} hold neither and are left alone)",
-            self.restored, self.as_found, self.other
+            "{} event call sites given back their NOP ({} were as found, {} hold neither and are left alone, {} are the guest's own: it enabled their event since)",
+            self.restored, self.as_found, self.other, self.guests
         )
     }
 }
@@ -72,6 +74,7 @@ pub(super) fn check(
                 count,
             });
         }
+        let key_gpa = phys(e.key, "a static key")?;
         for s in &e.sites {
             let gpa = phys(s.code, "an event's call site")?;
             let now = read(ram, gpa, s.nop.len())?;
@@ -87,6 +90,7 @@ pub(super) fn check(
                 gpa,
                 nop: hex(&s.nop),
                 jump: hex(&s.jump),
+                key_gpa,
             });
         }
     }
@@ -153,11 +157,17 @@ fn write(
         .record
         .breakpoints
         .extend(skips.iter().map(|k| k.test));
+    let guard = events.guard.filter(|_| breakpoints.is_some());
+    let guard = guard.map(|g| offset.runtime(g));
+    journal.record.breakpoints.extend(guard);
     journal.arm_jumps(jumps.clone())?;
     if let Some(b) = breakpoints {
         // (Its saves from here on keep the jumps.)
         b.name_jumps(&jumps);
         b.add_skips(stop, skips)?;
+        if let Some(g) = guard {
+            b.guard(stop, g, offset, &jumps)?;
+        }
     }
     for j in &jumps {
         let bytes = unhex(&j.jump).unwrap_or_default();
@@ -178,7 +188,13 @@ pub fn restore(stop: &QemuStop<'_>, jumps: &[JournaledJump]) -> Result<JumpsRest
             continue;
         };
         let now = read(ram, j.gpa, nop.len())?;
-        if now == nop {
+        let count = match j.key_gpa {
+            0 => 0,
+            gpa => read(ram, gpa, 4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))?,
+        };
+        if count != 0 {
+            out.guests += 1;
+        } else if now == nop {
             out.as_found += 1;
         } else if now == jump {
             ram.write_slice(&nop, GuestAddress(j.gpa))

@@ -74,6 +74,11 @@ pub struct JournaledJump {
     pub gpa: u64,
     pub nop: String,
     pub jump: String,
+    /// Where its static key's `enabled` count is: a site whose key the
+    /// guest has enabled since holds the guest's own jump, and is left
+    /// alone. (0: not known.)
+    #[serde(default)]
+    pub key_gpa: u64,
 }
 
 /// A free guest page vmtrace may write to, and its bytes before (hex).

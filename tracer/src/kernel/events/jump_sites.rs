@@ -78,6 +78,18 @@ pub enum JumpSiteError {
     },
 }
 
+/// One `struct jump_entry`, resolved (link-time addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JumpEntry {
+    /// Where the entry itself is in the image (the kernel sorts its table
+    /// at boot: a running entry is known by the code it names).
+    pub at: u64,
+    pub code: u64,
+    pub target: u64,
+    /// The key's address with its flag bits.
+    pub key: u64,
+}
+
 /// One call site of an event: link-time addresses, and the bytes there
 /// while disabled and once enabled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,9 +102,8 @@ pub struct JumpSite {
     pub jump: Vec<u8>,
 }
 
-/// Every `__jump_table` entry as `(code, target, key with its flag bits)`,
-/// link-time addresses; empty when the kernel has no jump labels.
-pub fn entries(image: &KernelImage) -> Result<Vec<(u64, u64, u64)>, JumpSiteError> {
+/// Every `__jump_table` entry; empty when the kernel has no jump labels.
+pub fn entries(image: &KernelImage) -> Result<Vec<JumpEntry>, JumpSiteError> {
     let bounds = match (image.symbol(START), image.symbol(STOP)) {
         (Some(s), Some(e)) if s.addr <= e.addr => Some((s.addr, e.addr)),
         _ => object::File::parse(image.bytes.as_slice())
@@ -118,7 +129,12 @@ pub fn entries(image: &KernelImage) -> Result<Vec<(u64, u64, u64)>, JumpSiteErro
         };
         let code = at.wrapping_add(w0 as u32 as i32 as i64 as u64);
         let target = (at + 4).wrapping_add((w0 >> 32) as u32 as i32 as i64 as u64);
-        out.push((code, target, (at + 8).wrapping_add(key)));
+        out.push(JumpEntry {
+            at,
+            code,
+            target,
+            key: (at + 8).wrapping_add(key),
+        });
         at += ENTRY;
     }
     Ok(out)
@@ -128,7 +144,7 @@ pub fn entries(image: &KernelImage) -> Result<Vec<(u64, u64, u64)>, JumpSiteErro
 /// kernel's, the branch unlikely, none in init text (freed after boot).
 pub fn event_sites(
     image: &KernelImage,
-    table: &[(u64, u64, u64)],
+    table: &[JumpEntry],
     event: &str,
     key: u64,
 ) -> Result<Vec<JumpSite>, JumpSiteError> {
@@ -138,7 +154,8 @@ pub fn event_sites(
         });
     }
     let mut sites = Vec::new();
-    for &(code, target, flagged) in table.iter().filter(|e| e.2 & !3 == key) {
+    for e in table.iter().filter(|e| e.key & !3 == key) {
+        let (code, target, flagged) = (e.code, e.target, e.key);
         if image.init_text.is_some_and(|(s, e)| (s..e).contains(&code)) {
             continue;
         }
