@@ -12,10 +12,12 @@ use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 mod examples;
 mod export_arg;
 mod shown;
+mod vms;
 
 use export_arg::parse_export;
 pub use export_arg::{ExportArg, ExportFormat};
 pub use shown::{FieldArg, FieldsArgs, ShownArgs};
+pub use vms::{VmsArgs, VmsFormat};
 
 /// The data file `record` writes and `report`/`script` read by default.
 pub const DEFAULT_DATA: &str = "vmtrace.data";
@@ -216,6 +218,16 @@ pub struct TraceArgs {
     /// breakpoint at the function itself (nothing written).
     #[arg(long, value_enum, default_value_t = EntryArg::Auto, help_heading = "Tracing")]
     pub entry: EntryArg,
+    /// Trace the kernel's events matching SYSTEM:NAME (ftrace's set_event
+    /// globs: `sched:*`; `vmtrace list -e` lists them), alone or beside
+    /// --trace; repeatable, comma lists (docs/events.md).
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "EVENT",
+        help_heading = "Tracing"
+    )]
+    pub event: Vec<String>,
 }
 
 /// Where a traced run's results go: the data file, exports, and (through
@@ -350,7 +362,7 @@ pub struct ScriptArgs {
         .args(["kernel", "vmlinux"])
 ))]
 // A run without --trace boots untraced; an attach would do nothing.
-#[command(mut_arg("trace", |a| a.required(true)))]
+#[command(mut_arg("trace", |a| a.required_unless_present("event")))]
 pub struct AttachArgs {
     /// The libvirt domain to trace, by name (`virsh list`): vmtrace talks to
     /// its QEMU through libvirt.
@@ -392,24 +404,6 @@ pub struct DetachArgs {
     /// libvirt's connection URI for --domain.
     #[arg(long, value_name = "URI", requires = "domain", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
     pub connect: String,
-}
-
-/// `vmtrace vms`: where to look, how to print.
-#[derive(Args, Debug, Clone)]
-pub struct VmsArgs {
-    /// libvirt's connection URI.
-    #[arg(long, value_name = "URI", default_value = tracer::qemu::libvirt::DEFAULT_URI)]
-    pub connect: String,
-    /// text (a table), or json.
-    #[arg(long, value_enum, default_value_t = VmsFormat::Text)]
-    pub format: VmsFormat,
-}
-
-/// What `vmtrace vms` prints.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VmsFormat {
-    Text,
-    Json,
 }
 
 /// The guardian of an attach (`cmd::guard`).
@@ -654,5 +648,9 @@ mod tests {
             clap::error::ErrorKind::MissingRequiredArgument
         );
         assert!(Cli::try_parse_from(["vmtrace", "--kernel", "k"]).is_ok());
+        let events = [
+            "vmtrace", "attach", "--qmp", "q", "--kernel", "k", "-e", "sched:*",
+        ];
+        assert!(Cli::try_parse_from(events).is_ok());
     }
 }

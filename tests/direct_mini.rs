@@ -36,6 +36,7 @@ fn request(trace: &[&str], mode: ModeChoice, graph: bool, entry: EntryChoice) ->
         retval: false,
         stack: Vec::new(),
         entry,
+        events: Vec::new(),
     }
 }
 

@@ -44,6 +44,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         retval: false,
         stack: Vec::new(),
         entry: Default::default(),
+        events: Vec::new(),
     }
 }
 

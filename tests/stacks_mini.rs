@@ -40,6 +40,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         retval: false,
         stack: vec!["stack_leaf".to_string()],
         entry: Default::default(),
+        events: Vec::new(),
     }
 }
 

@@ -107,6 +107,7 @@ fn run(mode: ModeChoice, graph: bool, args: &str) -> (Trace, String) {
         retval: graph,
         stack: Vec::new(),
         entry: Default::default(),
+        events: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(

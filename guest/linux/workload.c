@@ -34,6 +34,10 @@
  *                  line each, then their count
  *                                        -> workload: event S:E ...
  *                                           workload: events N
+ *   ftrace event S:E 1|0  enable (1) or disable (0) event S:E in the
+ *                  guest's own tracer (events/S/E/enable)
+ *                                        -> workload: ftrace event S:E=R (R: 0,
+ *                                           or the write's negative errno)
  *   ping                                 -> workload: pong pid=W
  *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
  *                  first); returns once the machine woke up
@@ -542,7 +546,23 @@ static void run_ftrace(char **w, int n)
 		emit(&l);
 		return;
 	}
-	say("error unknown command (ftrace on F [G], off, hits F, enabled, events)");
+	if (n == 4 && streq(w[1], "event") && (streq(w[3], "0") || streq(w[3], "1"))) {
+		/* S:E, as available_events names it: events/S/E/enable. */
+		put(&name, "events/");
+		put(&name, w[2]);
+		for (i = 0; i < (long)name.len; i++)
+			if (name.buf[i] == ':')
+				name.buf[i] = '/';
+		put(&name, "/enable");
+		name.buf[name.len] = 0;
+		put(&l, "workload: ftrace event ");
+		put(&l, w[2]);
+		put(&l, "=");
+		put_num(&l, tracefs_write(name.buf, w[3], O_TRUNC));
+		emit(&l);
+		return;
+	}
+	say("error unknown command (ftrace on F [G], off, hits F, enabled, events, event S:E 1|0)");
 }
 
 /* Power off when the kernel can (ACPI), else restart; never returns. */

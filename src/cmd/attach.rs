@@ -76,6 +76,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         vmm: connected.info.to_string(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
+    let events = plan.plan.events.clone();
     let mut s = connected.attach_in(plan, recording).map_err(|e| {
         data.discard();
         InputError::Qemu(e)
@@ -84,6 +85,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
+    say_events(&s, &events.behind_static_calls(s.traps()));
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
@@ -93,6 +95,27 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// What `-e` enabled, and what it cannot record yet.
+fn say_events(s: &QemuSession, silent: &[String]) {
+    if s.event_sites() > 0 {
+        // Trap mode gives a site back to the guest as it enables its event.
+        let meanwhile = match s.traps() {
+            true => "the guest may enable these events itself meanwhile",
+            false => "do not enable these events in the guest meanwhile (its jump_label would BUG)",
+        };
+        note!(
+            "vmtrace: {} call sites of the events enabled (the kernel's jumps, given back their NOPs at the detach); {meanwhile}",
+            s.event_sites()
+        );
+    }
+    if !silent.is_empty() {
+        note!(
+            "vmtrace: not recorded yet: {} (this kernel's static calls reach __traceiter_NAME only while a probe is registered in the guest; docs/events.md)",
+            silent.join(", ")
+        );
+    }
 }
 
 /// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,
@@ -182,10 +205,12 @@ fn say_attached(s: &QemuSession) {
                 true => " and at each return address awaited (function graph)",
                 false => "",
             };
-            note!(
-                "{qemu}: a gdbstub breakpoint at each of {sites} {at}{returns}, trap mode; \
-                 guest memory unwritten"
-            )
+            // (`say_events` names the events' call sites it wrote.)
+            let unwritten = match s.event_sites() {
+                0 => "; guest memory unwritten",
+                _ => "",
+            };
+            note!("{qemu}: a gdbstub breakpoint at each of {sites} {at}{returns}, trap mode{unwritten}")
         }
     }
 }

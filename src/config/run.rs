@@ -67,7 +67,7 @@ impl RunConfig {
             return Err(InputError::KernelMissing(kernel));
         }
         let t = &args.tracing;
-        let traced = !t.trace.is_empty() || !t.notrace.is_empty();
+        let traced = !t.trace.is_empty() || !t.notrace.is_empty() || !t.event.is_empty();
         check_flags(args, form, traced)?;
         let size = VmSize::new(args.cpus, args.mem)?;
         let (cpus, mem_mib) = (size.cpus(), size.mem_mib());
@@ -133,10 +133,16 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
     if form == Form::Record && !traced {
         return Err(InputError::RecordNeedsTrace);
     }
+    let t = &args.tracing;
+    if !t.event.is_empty() {
+        return Err(InputError::NotOnRun {
+            flag: "-e/--event",
+            why: "the own VMM does not enable event call sites yet (vmtrace attach does)",
+        });
+    }
     if traced {
         return Ok(());
     }
-    let t = &args.tracing;
     let needs_trace = [
         (t.graph, "--graph"),
         (!t.args.is_empty(), "--args"),

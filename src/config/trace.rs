@@ -20,6 +20,7 @@ impl TraceArgs {
             retval: self.retval,
             stack: self.stack.clone(),
             entry: self.entry.choice(),
+            events: self.event.clone(),
             graph: self.graph,
             mode: self.mode.choice(),
             ring_events: self.ring_events,

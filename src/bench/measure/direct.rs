@@ -207,6 +207,7 @@ fn direct_plan(
         entry: EntryKind::Direct,
         direct: direct.clone(),
         boot_patched: Default::default(),
+        events: Default::default(),
     }
 }
 

@@ -287,6 +287,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 entry: tracer::plan::entry::EntryKind::Ftrace,
                 direct: None,
                 boot_patched: Default::default(),
+                events: Default::default(),
             };
             figures.push(attach_figures(plan, label, n, &paused, vmlinux)?);
         }

@@ -214,6 +214,7 @@ pub(super) fn plan(
             Vec::new()
         },
         entry: Default::default(),
+        events: Vec::new(),
     };
     Ok(TracePlan::build(image, &req)
         .map_err(InputError::from)?

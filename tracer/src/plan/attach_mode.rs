@@ -17,6 +17,10 @@ use super::exitless::layout::{
 use super::exitless::ExitlessPlan;
 use super::Mode;
 
+/// Why auto mode traps for events behind static calls.
+const EVENTS_AT_BREAKPOINTS: &str =
+    "the events of a kernel with static calls are recorded at breakpoint stops";
+
 /// Why auto mode traces with breakpoints when stacks are asked.
 pub const STACKS_AT_BREAKPOINTS: &str = "kernel stacks are unwound at breakpoint stops";
 
@@ -103,6 +107,14 @@ pub fn decide<R, E: std::fmt::Display>(
     falls_back: impl Fn(&E) -> bool,
 ) -> Result<Decision<R>, Refused<E>> {
     let auto = plan.asked == ModeChoice::Auto;
+    // Events behind static calls are recorded only where a breakpoint
+    // passes their `tp->funcs` test (`kernel::events::enabled_branch`).
+    let events = !plan.plan.events.behind_static_calls(false).is_empty();
+    if auto && events && plan.plan.stacks.is_none() {
+        return Ok(Decision::Trap {
+            why: Some(EVENTS_AT_BREAKPOINTS.into()),
+        });
+    }
     let decided = match (&plan.mode, plan.plan.stacks.is_some()) {
         // An exitless site never stops the guest, and an unwind needs it
         // stopped: kernel stacks are unwound at breakpoint stops.

@@ -12,6 +12,7 @@ use crate::kernel::filter::Filter;
 use crate::kernel::symbols::KernelImage;
 use crate::kernel::task_list::TaskList;
 use crate::plan::entry::MAX_DIRECT_SITES;
+use crate::plan::events::EventPlan;
 use crate::plan::stacks::StackPlan;
 use crate::plan::tasks::TaskFilter;
 
@@ -58,6 +59,8 @@ pub struct Request {
     pub stack: Vec<String>,
     /// How the traced functions are entered (`--entry`).
     pub entry: crate::plan::entry::EntryChoice,
+    /// Event globs to trace (`-e`, ftrace's set_event syntax); empty: none.
+    pub events: Vec<String>,
 }
 
 impl Request {
@@ -80,7 +83,18 @@ impl Request {
             retval: false,
             stack: Vec::new(),
             entry: Default::default(),
+            events: Vec::new(),
         }
+    }
+
+    /// This request with the events' `__traceiter_NAME` traced, with their
+    /// arguments (the events' fields come from them).
+    fn with_events(&self, events: &EventPlan) -> Request {
+        let mut req = self.clone();
+        let names = events.iterator_names();
+        req.trace.extend(names.iter().cloned());
+        req.args.extend(names);
+        req
     }
 }
 
@@ -105,6 +119,9 @@ pub enum Note {
 pub enum PlanError {
     #[error(transparent)]
     Tracer(#[from] TracerError),
+    /// The events asked (`Request::events`) cannot be traced.
+    #[error(transparent)]
+    Events(#[from] crate::plan::events::EventPlanError),
     /// The comm glob to keep does not compile.
     #[error(transparent)]
     CommGlob(#[from] crate::plan::tasks::CommGlobError),
@@ -166,7 +183,10 @@ pub struct TracePlan {
 impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
+        let events = EventPlan::build(&image, &req.events)?;
+        let req = &req.with_events(&events);
         let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
+        plan.events = events;
         let mut notes = Vec::new();
         let preempted = match plan.direct {
             Some(_) => preempted_tasks(&plan)?,
@@ -376,6 +396,7 @@ mod tests {
             retval,
             stack: Vec::new(),
             entry: Default::default(),
+            events: Vec::new(),
         }
     }
 

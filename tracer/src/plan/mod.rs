@@ -6,6 +6,7 @@ pub mod args;
 pub mod attach_mode;
 mod build;
 pub mod entry;
+pub mod events;
 pub mod exitless;
 pub mod hookable;
 pub mod list;
@@ -101,6 +102,9 @@ pub struct Plan {
     /// The text the kernel rewrites itself (`boot_patched`), read at the
     /// first attach.
     pub boot_patched: std::sync::OnceLock<BootPatched>,
+    /// The events traced (`-e`): their call sites to enable, their
+    /// `__traceiter_NAME` among `funcs`.
+    pub events: events::EventPlan,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -196,6 +200,7 @@ impl Plan {
             entry,
             direct,
             boot_patched: Default::default(),
+            events: Default::default(),
         })
     }
 

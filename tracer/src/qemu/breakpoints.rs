@@ -52,6 +52,28 @@ pub struct Breakpoints {
     /// Names each return address before its breakpoint is set (for the
     /// repair of a killed vmtrace inside someone else's stop).
     journal: Option<ReturnJournal>,
+    /// Traced events' `tp->funcs` tests (`kernel::events::enabled_branch`):
+    /// at each, the register tested and what it is given when NULL, and
+    /// where the vCPU goes on (past the `je`).
+    skips: HashMap<u64, FuncsSkip>,
+    /// `arch_jump_label_transform_queue`'s address, and the events' call
+    /// sites by their `__jump_table` entries: the guest enabling one of
+    /// them finds its NOP there again, not vmtrace's jump (which would BUG).
+    guard: Option<(u64, crate::kernel::kaslr::KernelOffset)>,
+    guarded: HashMap<u64, super::journal::JournaledJump>,
+    /// Sites the guest took over (enabled their event itself).
+    pub taken_over: usize,
+}
+
+/// One `tp->funcs` test, as the trap at it passes it (running addresses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncsSkip {
+    pub test: u64,
+    pub after_je: u64,
+    /// The register tested (gdb's name), and its value for vmtrace's
+    /// call: 8 bytes before `tp->funcs`, so that `__data` reads NULL.
+    pub reg: String,
+    pub value: u64,
 }
 
 /// How the VM goes on after a hit was handled.
@@ -86,6 +108,8 @@ pub enum HitError {
     Trap(#[from] vmm::TrapError),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error("cannot give an event's call site back to the guest: {0}")]
+    Site(String),
 }
 
 impl Breakpoints {
@@ -116,6 +140,10 @@ impl Breakpoints {
             other_stops: 0,
             steps: 0,
             journal: None,
+            skips: HashMap::new(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
         })
     }
 
@@ -190,6 +218,18 @@ impl Breakpoints {
         ops: &dyn BreakOps,
     ) -> Result<Next, HitError> {
         let rip = snap.regs.rip;
+        if let Some(k) = self.skips.get(&rip) {
+            // A NULL `tp->funcs` (no probe of the guest's) made vmtrace's
+            // pointer; either way the `je` is not taken.
+            if gpr(&snap.regs, &k.reg) == Some(0) {
+                ops.set_reg(cpu, &k.reg, k.value)?;
+            }
+            return Ok(Next::Resume(Some(k.after_je)));
+        }
+        if let Some((_, offset)) = self.guard.filter(|g| g.0 == rip) {
+            self.give_to_guest(snap.regs.rdi, offset, ram)?;
+            return Ok(Next::Step(rip));
+        }
         if self.restep.remove(&cpu) == Some(rip) {
             // Recorded at the hit whose step was cut short.
             return Ok(Next::Step(rip));
@@ -242,6 +282,83 @@ impl Breakpoints {
         self.journal = Some(journal);
     }
 
+    /// The events' call sites made jumps after the attach: kept in each
+    /// later save of the return journal.
+    pub fn name_jumps(&mut self, jumps: &[super::journal::JournaledJump]) {
+        if let Some(j) = self.journal.as_mut() {
+            j.name_jumps(jumps);
+        }
+    }
+
+    /// A breakpoint (already journaled) at `at`, the kernel's
+    /// `arch_jump_label_transform_queue`, guarding `jumps` (by their
+    /// running addresses: the kernel sorted its table at boot, so an
+    /// entry is known by the code it names).
+    pub fn guard(
+        &mut self,
+        stop: &QemuStop<'_>,
+        at: u64,
+        offset: crate::kernel::kaslr::KernelOffset,
+        jumps: &[super::journal::JournaledJump],
+    ) -> Result<(), HitError> {
+        stop.set_breakpoint(at)?;
+        self.guard = Some((at, offset));
+        self.guarded = jumps.iter().map(|j| (j.va, j.clone())).collect();
+        Ok(())
+    }
+
+    /// The guest patches the site of the `__jump_table` entry at `entry`
+    /// (`struct jump_entry { s32 code; ... }`, in the kernel's image): if
+    /// it is one of vmtrace's, its NOP goes back first, and the site is the
+    /// guest's from then on (the detach leaves it: its key is counted).
+    fn give_to_guest(
+        &mut self,
+        entry: u64,
+        offset: crate::kernel::kaslr::KernelOffset,
+        ram: &dyn vmm::GuestRam,
+    ) -> Result<(), HitError> {
+        let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
+        let Some(gpa) = offset.phys_of(offset.link(entry)) else {
+            return Ok(());
+        };
+        let mut rel = [0u8; 4];
+        ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
+            .map_err(ram_err)?;
+        let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
+        let Some(j) = self.guarded.remove(&code) else {
+            return Ok(());
+        };
+        let unhex = super::journal::unhex;
+        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+            return Ok(());
+        };
+        let mut now = vec![0u8; nop.len()];
+        let addr = vm_memory::GuestAddress(j.gpa);
+        ram.read_slice(&mut now, addr).map_err(ram_err)?;
+        if now == jump {
+            ram.write_slice(&nop, addr).map_err(ram_err)?;
+            self.taken_over += 1;
+        }
+        Ok(())
+    }
+
+    /// Breakpoints at the events' `tp->funcs` tests (already journaled),
+    /// set in `stop`.
+    pub fn add_skips(
+        &mut self,
+        stop: &QemuStop<'_>,
+        skips: Vec<FuncsSkip>,
+    ) -> Result<(), HitError> {
+        for k in skips {
+            if let Some(j) = self.journal.as_mut() {
+                j.add(k.test)?;
+            }
+            stop.set_breakpoint(k.test)?;
+            self.skips.insert(k.test, k);
+        }
+        Ok(())
+    }
+
     /// Set and clear the return breakpoints `ch` says (not at a site: the
     /// site's own breakpoint stays, and stops there anyway); each set one
     /// journaled first.
@@ -283,6 +400,12 @@ impl Breakpoints {
         for a in returns.into_iter().filter(|a| !self.sites.contains(a)) {
             stop.clear_breakpoint(a)?;
         }
+        for (a, _) in self.skips.drain() {
+            stop.clear_breakpoint(a)?;
+        }
+        if let Some((g, _)) = self.guard.take() {
+            stop.clear_breakpoint(g)?;
+        }
         let mut removed = 0;
         for &a in &self.sites {
             stop.clear_breakpoint(a)?;
@@ -300,6 +423,28 @@ impl Breakpoints {
         }
         self.handlers.clear();
     }
+}
+
+/// General register `name` (gdb's name) of `r`.
+fn gpr(r: &kvm_bindings::kvm_regs, name: &str) -> Option<u64> {
+    Some(match name {
+        "rax" => r.rax,
+        "rbx" => r.rbx,
+        "rcx" => r.rcx,
+        "rdx" => r.rdx,
+        "rsi" => r.rsi,
+        "rdi" => r.rdi,
+        "rbp" => r.rbp,
+        "r8" => r.r8,
+        "r9" => r.r9,
+        "r10" => r.r10,
+        "r11" => r.r11,
+        "r12" => r.r12,
+        "r13" => r.r13,
+        "r14" => r.r14,
+        "r15" => r.r15,
+        _ => return None,
+    })
 }
 
 /// Set the breakpoints of `tracer`'s watched sites (`Tracer::watch_sites`)
@@ -351,6 +496,10 @@ mod tests {
             self.0.borrow_mut().push(('z', addr));
             Ok(())
         }
+        fn set_reg(&self, _: usize, _: &str, value: u64) -> Result<(), GdbError> {
+            self.0.borrow_mut().push(('P', value));
+            Ok(())
+        }
     }
 
     fn snap(rip: u64, rsp: u64, rax: u64) -> vmm::pause::VcpuSnapshot {
@@ -393,6 +542,10 @@ mod tests {
             other_stops: 0,
             steps: 0,
             journal: None,
+            skips: HashMap::new(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
         };
         let ops = Ops::default();
         let hit =
@@ -433,5 +586,46 @@ mod tests {
             .map(|e| e.slot)
             .collect();
         assert_eq!(entries, [RSP, RSP]);
+    }
+
+    /// A trap at an event's `tp->funcs` test moves the vCPU past its `je`,
+    /// giving the register vmtrace's pointer only when it is NULL (no
+    /// probe of the guest's); no recorder sees it.
+    #[test]
+    fn a_funcs_test_is_passed_and_nothing_recorded() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let test = SITE + 0x40;
+        let skip = FuncsSkip {
+            test,
+            after_je: test + 5,
+            reg: "rax".into(),
+            value: 0xffff_ffff_82e3_2f40,
+        };
+        let mut b = Breakpoints {
+            sites: [SITE].into(),
+            kind: WatchKind {
+                direct: false,
+                returns: false,
+            },
+            handlers: Vec::new(),
+            frames: Frames::default(),
+            restep: HashMap::new(),
+            other_stops: 0,
+            steps: 0,
+            journal: None,
+            skips: [(test, skip)].into(),
+            guard: None,
+            guarded: HashMap::new(),
+            taken_over: 0,
+        };
+        let ops = Ops::default();
+        let next = b.handle(0, &snap(test, RSP, 0), &mem, &ops).unwrap();
+        assert_eq!(next, Next::Resume(Some(test + 5)));
+        assert_eq!(*ops.0.borrow(), [('P', 0xffff_ffff_82e3_2f40)]);
+        // A probe's array (not NULL) is left to the guest.
+        let next = b.handle(0, &snap(test, RSP, 0x1000), &mem, &ops).unwrap();
+        assert_eq!(next, Next::Resume(Some(test + 5)));
+        assert_eq!(ops.0.borrow().len(), 1);
+        assert_eq!(b.other_stops, 0);
     }
 }

@@ -73,6 +73,9 @@ pub(super) struct QemuVm {
     pub(super) image: Option<std::ops::Range<u64>>,
     /// The last look's verdict was `reset::Verdict::Suspect`.
     suspected: bool,
+    /// The events' call sites vmtrace made jumps (`super::event_sites`),
+    /// given back their NOPs at the detach.
+    pub(super) jumps: Vec<super::journal::JournaledJump>,
 }
 
 impl QemuVm {
@@ -93,6 +96,7 @@ impl QemuVm {
             held: None,
             image: None,
             suspected: false,
+            jumps: Vec::new(),
         }
     }
 

@@ -170,6 +170,7 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         let last = self.vm.guest.take_last_stop();
+        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let Arming::Trap {
             breakpoints: Some(b),
             ..
@@ -189,6 +190,7 @@ impl Detach<'_> {
     ) -> Result<DetachCounts, QemuError> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
+        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let c = self.tracer.detach(&**stop.ram())?;
         stop.resume()?;
         Ok(c)

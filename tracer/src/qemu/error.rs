@@ -45,6 +45,14 @@ pub enum QemuError {
     /// A front end names its repair command (the CLI: `vmtrace detach`).
     #[error("vmtrace left {what} in the QEMU at {qmp} (killed, or unable to take everything out at its detach): repair it first", qmp = .qmp.display())]
     Leftover { qmp: PathBuf, what: String },
+    #[error("the guest has enabled event {event} itself (its static key's count is {count}): vmtrace would write over the kernel's own jumps; disable it in the guest (perf, ftrace) or trace it there")]
+    EventEnabled { event: String, count: i32 },
+    #[error("a call site of event {event} at {va:#x} holds {found}, not the NOP the image has: the guest changed it; nothing was written")]
+    EventSite {
+        event: String,
+        va: u64,
+        found: String,
+    },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
     /// The mode this guest allows does not trace what was asked; said

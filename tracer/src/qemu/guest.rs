@@ -494,6 +494,12 @@ impl QemuStop<'_> {
         }
     }
 
+    /// Sets vCPU `cpu`'s register `name` (gdb's name) in this stop.
+    pub(super) fn set_vcpu_reg(&self, cpu: usize, name: &str, value: u64) -> Result<(), GdbError> {
+        let t = self.guest.thread(cpu)?;
+        self.guest.stub().set_reg(t, name, value)
+    }
+
     /// Someone else's stop, which vmtrace never resumes.
     pub fn is_held(&self) -> bool {
         self.held

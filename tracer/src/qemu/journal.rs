@@ -65,6 +65,22 @@ pub struct JournaledSite {
     pub original: String,
 }
 
+/// One call site vmtrace enables: its running address, where its bytes
+/// are in guest memory, and the NOP and jump (hex) it holds before and
+/// while vmtrace traces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournaledJump {
+    pub va: u64,
+    pub gpa: u64,
+    pub nop: String,
+    pub jump: String,
+    /// Where its static key's `enabled` count is: a site whose key the
+    /// guest has enabled since holds the guest's own jump, and is left
+    /// alone. (0: not known.)
+    #[serde(default)]
+    pub key_gpa: u64,
+}
+
 /// A free guest page vmtrace may write to, and its bytes before (hex).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournaledPage {
@@ -98,6 +114,10 @@ pub struct JournalRecord {
     /// written before it, and from the guest's marker.)
     #[serde(default)]
     pub tasks: Option<TaskScan>,
+    /// Events' call sites vmtrace made jumps (any mode; absent from
+    /// journals written before events were traced).
+    #[serde(default)]
+    pub jumps: Vec<JournaledJump>,
 }
 
 /// A journal on disk.
@@ -237,6 +257,7 @@ impl Journal {
                 sites: Vec::new(),
                 pages: Vec::new(),
                 tasks: None,
+                jumps: Vec::new(),
             },
         };
         journal.save()?;
@@ -315,6 +336,12 @@ impl Journal {
     pub fn arm_trap(&mut self, sites: Vec<u64>) -> Result<(), JournalError> {
         self.record.armed = Armed::Trap;
         self.record.breakpoints = sites;
+        self.save()
+    }
+
+    /// About to make the events' call sites `jumps` jumps.
+    pub fn arm_jumps(&mut self, jumps: Vec<JournaledJump>) -> Result<(), JournalError> {
+        self.record.jumps = jumps;
         self.save()
     }
 
@@ -419,6 +446,7 @@ impl Journal {
                 })
                 .collect(),
             tasks: None,
+            jumps: Vec::new(),
         }
     }
 
@@ -452,6 +480,12 @@ impl ReturnJournal {
             self.journal.save()?;
         }
         Ok(())
+    }
+
+    /// The events' call sites made jumps since this writer was made: kept
+    /// in each later save.
+    pub fn name_jumps(&mut self, jumps: &[JournaledJump]) {
+        self.journal.record.jumps = jumps.to_vec();
     }
 }
 

@@ -19,6 +19,7 @@ pub mod clock;
 mod drive;
 pub mod ending;
 pub mod error;
+pub mod event_sites;
 pub mod frames;
 pub mod gdb;
 pub mod guest;

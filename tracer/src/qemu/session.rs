@@ -382,12 +382,15 @@ struct Setup {
     fallback: Option<String>,
 }
 
+// Long: one attach's steps in their order, each a call or a short match:
+// the first stop, the mode, the tracer for it, the attach, the events.
 fn setup(
     vm: &mut QemuVm,
     plan: TracePlan,
     rec: Recording,
     journal: &mut Journal,
 ) -> Result<Setup, QemuError> {
+    let events = plan.plan.events.clone();
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
@@ -450,17 +453,40 @@ fn setup(
         attempts: Some(ATTEMPTS),
     };
     match backend::attach(&mut tracer, vm, patience, &mut Quiet)? {
-        Waited::Attached(_) => Ok(Setup {
-            tracer,
-            low,
-            fallback,
-        }),
+        Waited::Attached(_) => {
+            enable_events(vm, &events, offset, journal)?;
+            Ok(Setup {
+                tracer,
+                low,
+                fallback,
+            })
+        }
         Waited::GaveUp(last) => Err(QemuError::NotReady(
             last.map(|w| w.to_string()).unwrap_or_default(),
         )),
         // (The stub's waits end nothing before the attach.)
         Waited::Ended(end) => Err(QemuError::NotReady(EndReason::from(end).to_string())),
     }
+}
+
+/// The events' call sites made jumps, once the attach is in place, and
+/// named wherever the journal is written from now on.
+fn enable_events(
+    vm: &mut QemuVm,
+    events: &crate::plan::events::EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+) -> Result<(), QemuError> {
+    let breakpoints = match &mut vm.arming {
+        Arming::Trap {
+            breakpoints: Some(b),
+            ..
+        } => Some(&mut **b),
+        _ => None,
+    };
+    super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
+    vm.jumps = journal.record.jumps.clone();
+    Ok(())
 }
 
 /// Exitless mode's region in the guest's free pages, its rings, tables and
@@ -489,6 +515,16 @@ const POLL: Duration = Duration::from_millis(50);
 impl QemuSession {
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
+    }
+
+    /// Whether calls reach vmtrace through breakpoints (trap mode).
+    pub fn traps(&self) -> bool {
+        matches!(self.vm.arming, Arming::Trap { .. })
+    }
+
+    /// The events' call sites vmtrace enabled (`super::event_sites`).
+    pub fn event_sites(&self) -> usize {
+        self.vm.jumps.len()
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU

@@ -66,6 +66,8 @@ impl Gdb {
 pub trait BreakOps {
     fn set(&self, addr: u64) -> Result<(), GdbError>;
     fn clear(&self, addr: u64) -> Result<(), GdbError>;
+    /// Sets vCPU `cpu`'s register `name` (gdb's name: `rax`).
+    fn set_reg(&self, cpu: usize, name: &str, value: u64) -> Result<(), GdbError>;
 }
 
 impl BreakOps for Hit<'_> {
@@ -75,6 +77,10 @@ impl BreakOps for Hit<'_> {
     fn clear(&self, addr: u64) -> Result<(), GdbError> {
         self.guest.stub().clear_breakpoint(addr)
     }
+    fn set_reg(&self, cpu: usize, name: &str, value: u64) -> Result<(), GdbError> {
+        let t = self.guest.thread(cpu)?;
+        self.guest.stub().set_reg(t, name, value)
+    }
 }
 
 impl BreakOps for QemuStop<'_> {
@@ -83,6 +89,9 @@ impl BreakOps for QemuStop<'_> {
     }
     fn clear(&self, addr: u64) -> Result<(), GdbError> {
         self.clear_breakpoint(addr)
+    }
+    fn set_reg(&self, cpu: usize, name: &str, value: u64) -> Result<(), GdbError> {
+        self.set_vcpu_reg(cpu, name, value)
     }
 }
 

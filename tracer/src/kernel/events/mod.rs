@@ -9,7 +9,9 @@
 //! `__traceiter_NAME` are, and its arguments as C declares them.
 
 mod decl;
+pub mod enabled_branch;
 mod image_data;
+pub mod jump_sites;
 mod layout;
 mod read;
 mod select;

@@ -144,3 +144,68 @@ fn globs_select_as_set_event_does() {
     assert!(EventGlobs::parse(&["a:b:c".into()]).is_err());
     assert!(EventGlobs::parse(&["sched:,".into()]).is_err());
 }
+
+/// Each common event's call sites in real kernels: the kernel's NOPs in
+/// its text, each jumping (once enabled) within its own function, and its
+/// `__traceiter_NAME` an ftrace site (as `available_filter_functions`
+/// lists it), so that vmtrace records it like a function.
+#[test]
+fn common_events_have_nop_sites_and_traced_iterators() {
+    use crate::kernel::events::jump_sites;
+    let common = [
+        "sched:sched_switch",
+        "sched:sched_wakeup",
+        "sched:sched_process_fork",
+        "task:task_rename",
+    ];
+    for rel in [
+        "debian-6.12/vmlinuz",
+        "debian-6.1/vmlinuz",
+        "linux-6.12/bzImage",
+    ] {
+        let Some(image) = bzimage(rel) else {
+            continue;
+        };
+        let t = table(&image);
+        let entries = jump_sites::entries(&image).unwrap();
+        if rel.starts_with("linux-") {
+            // The project's guest (tinyconfig) has no CONFIG_JUMP_LABEL.
+            let key = event(&t, common[0]).key.unwrap();
+            let err = jump_sites::event_sites(&image, &entries, common[0], key);
+            assert!(matches!(
+                err,
+                Err(jump_sites::JumpSiteError::NoJumpLabels { .. })
+            ));
+            continue;
+        }
+        for full in common {
+            let e = event(&t, full);
+            let sites = jump_sites::event_sites(&image, &entries, full, e.key.unwrap())
+                .unwrap_or_else(|err| panic!("{rel}: {err}"));
+            let btf = KernelBtf::from_image(&image).unwrap();
+            let funcs = e.tracepoint.unwrap()
+                + u64::from(btf.member("tracepoint", "funcs").unwrap().offset);
+            for s in &sites {
+                // Static calls: the `tp->funcs` test a trap makes pass.
+                let t = super::enabled_branch::funcs_test(&image, s.target, funcs)
+                    .unwrap_or_else(|| panic!("{rel} {full}: no funcs test after {:#x}", s.target));
+                assert!(t.test > s.target && t.after_je > t.test, "{rel} {full}");
+                let f = image.function_at(s.code).unwrap();
+                assert_eq!(
+                    image.function_at(s.target).unwrap().addr,
+                    f.addr,
+                    "{rel} {full}"
+                );
+                assert_eq!(image.file_bytes(s.code, s.nop.len()).unwrap(), s.nop);
+            }
+            let iter = e.iterator.unwrap();
+            let f = image.function_at(iter).unwrap();
+            assert_eq!(f.addr, iter);
+            assert!(
+                image.mcount_loc.iter().any(|&m| m >= iter && m < iter + 16),
+                "{rel}: __traceiter of {full} has no ftrace site"
+            );
+            eprintln!("{rel} {full}: {} sites", sites.len());
+        }
+    }
+}

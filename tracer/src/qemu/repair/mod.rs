@@ -387,6 +387,9 @@ fn in_stops<'g>(
 ) -> Result<QemuStop<'g>, QemuError> {
     // (Stopped since the stub connected, when `already`.)
     let mut stop = guest.stop_in(already, held.is_some())?;
+    if let Some(r) = record.filter(|r| !r.jumps.is_empty()) {
+        out.did(crate::qemu::event_sites::restore(&stop, &r.jumps)?.to_string());
+    }
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
         let stuck = restore_sites(&stop, r, out)?;
         stop = match (stuck, held) {

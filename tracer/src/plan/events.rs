@@ -1,0 +1,181 @@
+//! The events to trace (`-e sched:sched_switch`): each selected tracepoint
+//! event's call sites to enable (its `__jump_table` NOPs, made jumps under
+//! vmtrace's stop) and its `__traceiter_NAME`, which the plan then traces
+//! like a function with its arguments: with no probe registered in the
+//! guest the enabled branch calls it and it returns at once
+//! (`crate::kernel::events::jump_sites`).
+
+use crate::kernel::btf::KernelBtf;
+use crate::kernel::events::enabled_branch::{self, FuncsTest};
+use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
+use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
+use crate::kernel::symbols::KernelImage;
+
+/// Where x86's jump_label checks and patches each site of a key being
+/// enabled (arch/x86/kernel/jump_label.c), after boot.
+const GUARD: &str = "arch_jump_label_transform_queue";
+
+/// Why the events asked cannot be traced.
+#[derive(Debug, thiserror::Error)]
+pub enum EventPlanError {
+    #[error(transparent)]
+    Glob(#[from] EventGlobError),
+    #[error(transparent)]
+    Table(#[from] EventError),
+    #[error(transparent)]
+    Sites(#[from] JumpSiteError),
+    #[error(
+        "{}: event {event} is not a tracepoint of its own ({kind}); only tracepoint events \
+         can be traced so far",
+        path.display()
+    )]
+    NotTracepoint {
+        path: std::path::PathBuf,
+        event: String,
+        kind: &'static str,
+    },
+}
+
+/// One event to trace.
+#[derive(Clone, Debug)]
+pub struct PlannedEvent {
+    /// `sched`, `sched_switch`.
+    pub system: String,
+    pub name: String,
+    /// Its static key (link-time address): its `enabled` count says
+    /// whether the guest has enabled the event itself.
+    pub key: u64,
+    /// `__traceiter_NAME` (link-time address).
+    pub iterator: u64,
+    /// Its call sites, NOPs in the image.
+    pub sites: Vec<JumpSite>,
+    /// The kernel calls it through a static call (`__SCT__tp_func_NAME`,
+    /// CONFIG_HAVE_STATIC_CALL): its enabled branch then tests `tp->funcs`
+    /// first and calls `__traceiter_NAME` only when a probe is registered
+    /// (include/linux/tracepoint.h `__DO_TRACE_CALL`), so an enabled site
+    /// alone records nothing.
+    pub static_call: bool,
+    /// With `static_call`: each site's `tp->funcs` test, which a trap
+    /// makes pass for vmtrace alone (`enabled_branch`); fewer than the
+    /// sites when some do not decode as expected.
+    pub tests: Vec<FuncsTest>,
+    /// `tp->funcs` (link-time address).
+    pub funcs: u64,
+}
+
+impl PlannedEvent {
+    /// `__traceiter_sched_switch`: the function traced for it.
+    pub fn iterator_name(&self) -> String {
+        format!("__traceiter_{}", self.name)
+    }
+
+    pub fn full_name(&self) -> String {
+        format!("{}:{}", self.system, self.name)
+    }
+}
+
+/// The events a plan traces.
+#[derive(Clone, Debug, Default)]
+pub struct EventPlan {
+    pub events: Vec<PlannedEvent>,
+    /// `arch_jump_label_transform_queue` (link-time), where the guest's own
+    /// enabling of a key checks each site for its NOP: trap mode gives
+    /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
+    pub guard: Option<u64>,
+}
+
+impl EventPlan {
+    /// The events of `image` that `globs` select, each with its call
+    /// sites checked; empty `globs`: none.
+    pub fn build(image: &KernelImage, globs: &[String]) -> Result<EventPlan, EventPlanError> {
+        if globs.is_empty() {
+            return Ok(EventPlan::default());
+        }
+        let globs = EventGlobs::parse(globs)?;
+        let btf = KernelBtf::from_image(image).map_err(EventError::from)?;
+        let table = EventTable::read(image, &btf)?;
+        let entries = jump_sites::entries(image)?;
+        // `struct tracepoint`'s `funcs` (include/linux/tracepoint-defs.h).
+        let tp_funcs = btf
+            .member("tracepoint", "funcs")
+            .map(|m| u64::from(m.offset))
+            .map_err(EventError::from)?;
+        let mut events = Vec::new();
+        for e in table.select(&globs)? {
+            let full = e.full_name();
+            let (Some(key), Some(iterator), EventKind::Tracepoint) = (e.key, e.iterator, e.kind)
+            else {
+                let kind = match e.kind {
+                    EventKind::Syscall => "a syscall event, called from raw_syscalls",
+                    _ => "a format only",
+                };
+                return Err(EventPlanError::NotTracepoint {
+                    path: image.path.clone(),
+                    event: full,
+                    kind,
+                });
+            };
+            let sites = jump_sites::event_sites(image, &entries, &full, key)?;
+            let static_call = image
+                .symbol(&format!("__SCT__tp_func_{}", e.name))
+                .is_some();
+            let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
+            let tests = match static_call {
+                true => sites
+                    .iter()
+                    .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
+                    .collect(),
+                false => Vec::new(),
+            };
+            events.push(PlannedEvent {
+                system: e.system.clone(),
+                name: e.name.clone(),
+                key,
+                iterator,
+                sites,
+                static_call,
+                tests,
+                funcs,
+            });
+        }
+        let guard = image.symbol(GUARD).map(|s| s.addr);
+        Ok(EventPlan { events, guard })
+    }
+
+    /// The events whose `__traceiter_NAME` only a guest's probe makes
+    /// called (`PlannedEvent::static_call`): all of them in exitless mode,
+    /// in trap mode those with a site whose test cannot be trapped.
+    pub fn behind_static_calls(&self, trap: bool) -> Vec<String> {
+        let silent = |e: &&PlannedEvent| e.static_call && (!trap || e.tests.len() < e.sites.len());
+        self.events
+            .iter()
+            .filter(silent)
+            .map(PlannedEvent::full_name)
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The functions to trace for them (`__traceiter_NAME` each).
+    pub fn iterator_names(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .map(PlannedEvent::iterator_name)
+            .collect()
+    }
+
+    /// Every call site to enable, with its event's key.
+    pub fn sites(&self) -> impl Iterator<Item = (&PlannedEvent, &JumpSite)> {
+        self.events
+            .iter()
+            .flat_map(|e| e.sites.iter().map(move |s| (e, s)))
+    }
+
+    /// The event whose `__traceiter_NAME` is named `func`.
+    pub fn by_iterator(&self, func: &str) -> Option<&PlannedEvent> {
+        let name = func.strip_prefix("__traceiter_")?;
+        self.events.iter().find(|e| e.name == name)
+    }
+}

@@ -1,0 +1,208 @@
+//! The traced events' call sites in a QEMU guest: their NOPs made jumps in
+//! a stop of vmtrace's once it has attached, and the NOPs put back at the
+//! detach (and by `vmtrace detach`'s repair, from the journal).
+//!
+//! The guest's own `static_key_enable` of an event vmtrace enabled would
+//! find vmtrace's jump where it expects its NOP, and BUG
+//! (arch/x86/kernel/jump_label.c `__jump_label_patch`): a key the guest
+//! has enabled (its `enabled` count above 0) is refused at the attach, and
+//! the guest must not enable the event while vmtrace traces it
+//! (docs/events.md). The key's count is never written: once vmtrace
+//! detaches, the guest's perf or ftrace enable the event as ever.
+
+use vm_memory::GuestAddress;
+use vmm::{GuestRam, Stopped};
+
+use super::breakpoints::{Breakpoints, FuncsSkip};
+use super::error::QemuError;
+use super::guest::QemuStop;
+use super::journal::{hex, unhex, Journal, JournaledJump};
+use crate::kernel::kaslr::KernelOffset;
+use crate::plan::events::EventPlan;
+
+/// What putting the NOPs back found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JumpsRestored {
+    /// Jumps made NOPs again.
+    pub restored: usize,
+    /// Sites already their NOP.
+    pub as_found: usize,
+    /// Sites holding neither (left alone).
+    pub other: usize,
+    /// Sites whose key the guest has enabled since: its own jumps, left.
+    pub guests: usize,
+}
+
+impl std::fmt::Display for JumpsRestored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} event call sites given back their NOP ({} were as found, {} hold neither and are left alone, {} are the guest's own: it enabled their event since)",
+            self.restored, self.as_found, self.other, self.guests
+        )
+    }
+}
+
+fn read(ram: &dyn GuestRam, gpa: u64, len: usize) -> Result<Vec<u8>, QemuError> {
+    let mut b = vec![0u8; len];
+    ram.read_slice(&mut b, GuestAddress(gpa))
+        .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+    Ok(b)
+}
+
+/// Every planned call site as it will be written, checked in `stop`: each
+/// key's count 0 (the guest has not enabled the event), each site its NOP.
+pub(super) fn check(
+    stop: &QemuStop<'_>,
+    events: &EventPlan,
+    offset: KernelOffset,
+) -> Result<Vec<JournaledJump>, QemuError> {
+    let ram = &**stop.ram();
+    let phys = |va: u64, what: &str| {
+        offset.phys_of(va).ok_or_else(|| {
+            QemuError::NotTraceable(format!("{what} at {va:#x} is outside the kernel's image"))
+        })
+    };
+    let mut jumps = Vec::new();
+    for e in &events.events {
+        // struct static_key { atomic_t enabled; ... } (include/linux/jump_label.h).
+        let count = read(ram, phys(e.key, "a static key")?, 4)?;
+        let count = i32::from_le_bytes([count[0], count[1], count[2], count[3]]);
+        if count != 0 {
+            return Err(QemuError::EventEnabled {
+                event: e.full_name(),
+                count,
+            });
+        }
+        let key_gpa = phys(e.key, "a static key")?;
+        for s in &e.sites {
+            let gpa = phys(s.code, "an event's call site")?;
+            let now = read(ram, gpa, s.nop.len())?;
+            if now != s.nop {
+                return Err(QemuError::EventSite {
+                    event: e.full_name(),
+                    va: offset.runtime(s.code),
+                    found: hex(&now),
+                });
+            }
+            jumps.push(JournaledJump {
+                va: offset.runtime(s.code),
+                gpa,
+                nop: hex(&s.nop),
+                jump: hex(&s.jump),
+                key_gpa,
+            });
+        }
+    }
+    Ok(jumps)
+}
+
+/// Each event's `tp->funcs` tests, as trap mode passes them (running
+/// addresses); none for an event any of whose sites has no such test.
+pub(super) fn skips(events: &EventPlan, offset: KernelOffset) -> Vec<FuncsSkip> {
+    let whole = events
+        .events
+        .iter()
+        .filter(|e| e.static_call && e.tests.len() == e.sites.len());
+    whole
+        .flat_map(|e| e.tests.iter().map(move |t| (e, t)))
+        .map(|(e, t)| FuncsSkip {
+            test: offset.runtime(t.test),
+            after_je: offset.runtime(t.after_je),
+            reg: t.reg.clone(),
+            value: offset.runtime(e.funcs) - 8,
+        })
+        .collect()
+}
+
+/// Enables the events' call sites in a stop of their own, the journal
+/// naming them (and, in trap mode, the breakpoints at their `tp->funcs`
+/// tests, set first) before the first is written.
+pub(super) fn enable(
+    guest: &super::guest::QemuGuest,
+    events: &EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+    breakpoints: Option<&mut Breakpoints>,
+) -> Result<usize, QemuError> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let stop = guest.stop(false)?;
+    match write(&stop, events, offset, journal, breakpoints) {
+        Ok(n) => {
+            stop.resume()?;
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = stop.resume();
+            Err(e)
+        }
+    }
+}
+
+fn write(
+    stop: &QemuStop<'_>,
+    events: &EventPlan,
+    offset: KernelOffset,
+    journal: &mut Journal,
+    breakpoints: Option<&mut Breakpoints>,
+) -> Result<usize, QemuError> {
+    let jumps = check(stop, events, offset)?;
+    let skips = match breakpoints.is_some() {
+        true => skips(events, offset),
+        false => Vec::new(),
+    };
+    journal
+        .record
+        .breakpoints
+        .extend(skips.iter().map(|k| k.test));
+    let guard = events.guard.filter(|_| breakpoints.is_some());
+    let guard = guard.map(|g| offset.runtime(g));
+    journal.record.breakpoints.extend(guard);
+    journal.arm_jumps(jumps.clone())?;
+    if let Some(b) = breakpoints {
+        // (Its saves from here on keep the jumps.)
+        b.name_jumps(&jumps);
+        b.add_skips(stop, skips)?;
+        if let Some(g) = guard {
+            b.guard(stop, g, offset, &jumps)?;
+        }
+    }
+    for j in &jumps {
+        let bytes = unhex(&j.jump).unwrap_or_default();
+        stop.ram()
+            .write_slice(&bytes, GuestAddress(j.gpa))
+            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+    }
+    Ok(jumps.len())
+}
+
+/// Puts each site's NOP back where vmtrace's jump is, in `stop`.
+pub fn restore(stop: &QemuStop<'_>, jumps: &[JournaledJump]) -> Result<JumpsRestored, QemuError> {
+    let ram = &**stop.ram();
+    let mut out = JumpsRestored::default();
+    for j in jumps {
+        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+            out.other += 1;
+            continue;
+        };
+        let now = read(ram, j.gpa, nop.len())?;
+        let count = match j.key_gpa {
+            0 => 0,
+            gpa => read(ram, gpa, 4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))?,
+        };
+        if count != 0 {
+            out.guests += 1;
+        } else if now == nop {
+            out.as_found += 1;
+        } else if now == jump {
+            ram.write_slice(&nop, GuestAddress(j.gpa))
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            out.restored += 1;
+        } else {
+            out.other += 1;
+        }
+    }
+    Ok(out)
+}
