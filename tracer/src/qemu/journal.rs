@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
+use super::ivshmem::SharedNames;
 use super::marker::Marker;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::{NOP5, SITE_LEN};
@@ -98,6 +99,10 @@ pub struct JournalRecord {
     /// written before it, and from the guest's marker.)
     #[serde(default)]
     pub tasks: Option<TaskScan>,
+    /// The ring device and its backend and file (`super::ivshmem`),
+    /// written before they are added: the repair takes them out.
+    #[serde(default)]
+    pub shared: Option<SharedNames>,
 }
 
 /// A journal on disk.
@@ -224,6 +229,7 @@ impl Journal {
                 sites: Vec::new(),
                 pages: Vec::new(),
                 tasks: None,
+                shared: None,
             },
         };
         journal.save()?;
@@ -296,6 +302,12 @@ impl Journal {
         fs::rename(&tmp, &self.path).map_err(err)?;
         File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
         Ok(())
+    }
+
+    /// The ring device about to be added (None: taken out again).
+    pub fn set_shared(&mut self, shared: Option<SharedNames>) -> Result<(), JournalError> {
+        self.record.shared = shared;
+        self.save()
     }
 
     /// Trap mode, about to set breakpoints at `sites` (running addresses).
@@ -406,6 +418,7 @@ impl Journal {
                 })
                 .collect(),
             tasks: None,
+            shared: None,
         }
     }
 
