@@ -167,12 +167,18 @@ fn say_attached(s: &QemuSession) {
         i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
     let sites = s.tracer().attach_counts.patched;
-    match s.region_pages() {
-        Some((used, free)) => note!(
+    match (s.region_pages(), s.ring_device()) {
+        (Some((used, free)), Some((gpa, size))) => note!(
+            "{qemu}: {sites} sites patched, exitless; \
+             vmtrace's code in {used} of the guest's {free} unused low pages, \
+             its rings in a hot-plugged ivshmem device ({} MiB at {gpa:#x}, removed at the detach)",
+            size >> 20
+        ),
+        (Some((used, free)), None) => note!(
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code and rings in {used} of the guest's {free} unused low pages"
         ),
-        None => {
+        (None, _) => {
             let kind = s.tracer().watch_kind();
             let at = match kind.direct {
                 true => "function entries (direct)",

@@ -612,6 +612,19 @@ impl QemuSession {
         }
     }
 
+    /// The ring device's memory: its guest-physical address and size
+    /// (None without one).
+    pub fn ring_device(&self) -> Option<(u64, u64)> {
+        match &self.vm.arming {
+            Arming::Exitless { pages } => pages
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .own_data()
+                .map(|gpa| (gpa, ring_device::SIZE)),
+            Arming::Trap { .. } => None,
+        }
+    }
+
     /// Pages of the guest's free memory vmtrace's region used, of all
     /// (None in trap mode).
     pub fn region_pages(&self) -> Option<(usize, usize)> {

@@ -155,6 +155,11 @@ impl RegionPages {
         self.original.iter().map(|(&r, b)| (r, b.clone())).collect()
     }
 
+    /// Where vmtrace's own memory for the data window is, if it has some.
+    pub fn own_data(&self) -> Option<u64> {
+        self.own_data
+    }
+
     /// Free pages given out so far, and in all.
     pub fn used(&self) -> (usize, usize) {
         (self.taken.len(), self.free.len())
