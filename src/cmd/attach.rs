@@ -196,6 +196,15 @@ fn say_attached(s: &QemuSession) {
     }
 }
 
+/// The ring device left in the VM, and why (`QemuEnded::ring_device`).
+fn say_ring_device(left: Option<String>) {
+    if let Some(why) = left {
+        note!(
+            "vmtrace: its ring device stays in the VM ({why}): `vmtrace detach` removes it once the guest runs"
+        );
+    }
+}
+
 /// Say how the detach went, then report and save what was traced.
 fn report(
     ended: QemuEnded,
@@ -212,6 +221,7 @@ fn report(
         summary,
         saved,
         left_stopped,
+        ring_device,
     } = ended;
     let runs_on = match &left_stopped {
         None => "the guest runs on".to_string(),
@@ -243,6 +253,7 @@ fn report(
         ),
         (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
     }
+    say_ring_device(ring_device);
     if let Some(line) = detached
         .as_ref()
         .ok()

@@ -559,11 +559,10 @@ impl QemuSession {
         // socket file is left to remove.)
         close_stub(&mut self.vm.qmp, &self.vm.stub);
         let out = untouchable.is_some() || (detached.is_ok() && removed.is_ok());
-        let unplugged = self.unplug_rings(out, untouchable == Some(QEMU_GONE));
-        let removed = removed.and_then(|n| unplugged.clone().map(|()| n));
+        let ring_device = self.unplug_rings(out, untouchable == Some(QEMU_GONE)).err();
         // All given back (or the QEMU, or the guest's memory, gone with
         // it): nothing to repair.
-        if out && unplugged.is_ok() {
+        if out && ring_device.is_none() {
             if let Some(j) = self.journal.take() {
                 j.remove();
             }
@@ -574,6 +573,7 @@ impl QemuSession {
             .tracer
             .finish_stored(&self.kernel, reason.to_string(), 0);
         QemuEnded {
+            ring_device,
             left_stopped,
             detached,
             removed,
@@ -588,13 +588,19 @@ impl QemuSession {
     /// Take the ring device out once nothing maps it (`out`: the region
     /// is out of the guest, or its memory is no longer the traced
     /// kernel's); with the QEMU `gone`, only its file. A region left in
-    /// the guest keeps it, with the journal, for the repair.
+    /// the guest keeps it, with the journal, for the repair; so does a VM
+    /// someone else holds stopped (its guest cannot eject the device, and
+    /// vmtrace does not resume it). Err: why it stays.
     fn unplug_rings(&mut self, out: bool, gone: bool) -> Result<(), String> {
         let Some(j) = self.journal.as_mut() else {
             return Ok(());
         };
         match (&j.record.shared, gone, out) {
-            (None, _, _) | (_, false, false) => Ok(()),
+            (None, _, _) => Ok(()),
+            (Some(_), false, false) => Err("vmtrace's region stays in the guest".into()),
+            (Some(_), false, true) if self.vm.held.is_some() => {
+                Err("the VM is stopped: its guest cannot eject it".into())
+            }
             (Some(names), true, _) => {
                 let _ = std::fs::remove_file(&names.path);
                 Ok(())

@@ -265,7 +265,12 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
     // The VM runs again (or stays in someone else's stop, unmarked).
     let _ = std::fs::remove_file(journal::stop_mark_of(pid));
     let shared = found.journal.as_ref().and_then(|j| j.record.shared.clone());
-    if let (Some(names), false) = (shared, out.incomplete) {
+    if let (Some(_), Some(held)) = (&shared, &found.held) {
+        // Its guest cannot eject it, and the repair does not resume it.
+        out.failed(format!(
+            "kept vmtrace's ring device while the VM is stopped ({held})"
+        ));
+    } else if let (Some(names), false) = (shared, out.incomplete) {
         // The region is out of the guest: its ring device may go.
         match qmp.burst(|m| ivshmem::unplug(m, &names)) {
             Ok(()) => out.did(format!(
