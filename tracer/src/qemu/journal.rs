@@ -517,6 +517,17 @@ mod tests {
         assert_eq!(mode(&tmp), 0o700);
         let found = Journal::find(qemu).unwrap().unwrap();
         assert_eq!(found.record, j.record);
+        // The ring device, named before it is added, is found again; a
+        // journal written before the field was there has none.
+        let names = SharedNames::new(7, qemu, 4 << 20);
+        j.set_shared(Some(names.clone())).unwrap();
+        let found = Journal::find(qemu).unwrap().unwrap();
+        assert_eq!(found.record.shared, Some(names));
+        let mut old = serde_json::to_value(&found.record).unwrap();
+        old.as_object_mut().unwrap().remove("shared");
+        let old: JournalRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(old.shared, None);
+        j.set_shared(None).unwrap();
         // Written by this very process: not another vmtrace still running.
         assert!(!found.writer_alive());
         // Trap mode's graph: each return address named once, durably.
