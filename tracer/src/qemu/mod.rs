@@ -11,7 +11,9 @@
 //! what an attach changes, [`marker`] says in the guest whose region it is,
 //! and [`repair`] undoes what a killed vmtrace left. [`libvirt`] reaches a
 //! domain's QEMU through libvirt (its monitor passthrough), [`procs`] finds
-//! the host's QEMU processes and their QMP sockets in /proc.
+//! the host's QEMU processes and their QMP sockets in /proc. [`ivshmem`]
+//! hot-plugs the ring device (rings in memory of vmtrace's own) on guests
+//! that take it.
 
 pub mod breakpoints;
 pub mod burst;
