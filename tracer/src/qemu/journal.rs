@@ -154,7 +154,8 @@ pub fn runs(pid: u32, start: u64) -> bool {
 }
 
 /// Remove the journals of QEMUs that are gone (nothing left to repair in
-/// them), so that the directory holds only what may matter.
+/// them), and the ring files they name, so that the directory holds only
+/// what may matter.
 fn forget_gone() {
     let Ok(entries) = fs::read_dir(dir()) else {
         return;
@@ -170,6 +171,13 @@ fn forget_gone() {
             continue;
         };
         if start_time(pid) != Some(start) {
+            // Its ring device's file too: the QEMU that mapped it is gone.
+            let record = fs::read_to_string(e.path())
+                .ok()
+                .and_then(|t| serde_json::from_str::<JournalRecord>(&t).ok());
+            if let Some(shared) = record.and_then(|r| r.shared) {
+                let _ = fs::remove_file(shared.path);
+            }
             let _ = fs::remove_file(e.path());
         }
     }
@@ -507,8 +515,20 @@ mod tests {
         fs::DirBuilder::new().mode(0o700).create(&tmp).unwrap();
         let gone = path_for(u32::MAX, 1);
         fs::write(&gone, "{}").unwrap();
+        // One whose ring device stayed (its VM stopped) names the file.
+        let ring = tmp.join("ring");
+        fs::write(&ring, "").unwrap();
+        let mut left = Journal::begin(qemu, Path::new("/q.sock"), None).unwrap();
+        left.record.shared = Some(SharedNames {
+            path: ring.clone(),
+            ..SharedNames::new(7, u32::MAX, 4 << 20)
+        });
+        let left_gone = path_for(u32::MAX, 2);
+        fs::write(&left_gone, serde_json::to_string(&left.record).unwrap()).unwrap();
+        left.remove();
         let mut j = Journal::begin(qemu, Path::new("/q.sock"), None).unwrap();
         assert!(!gone.exists());
+        assert!(!left_gone.exists() && !ring.exists());
         j.record.armed = Armed::Trap;
         j.record.breakpoints = vec![0xffff_ffff_8100_0000];
         j.save().unwrap();
