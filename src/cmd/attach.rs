@@ -190,12 +190,18 @@ fn say_attached(s: &QemuSession) {
         i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
     let sites = s.tracer().attach_counts.patched;
-    match s.region_pages() {
-        Some((used, free)) => note!(
+    match (s.region_pages(), s.ring_device()) {
+        (Some((used, free)), Some((gpa, size))) => note!(
+            "{qemu}: {sites} sites patched, exitless; \
+             vmtrace's code in {used} of the guest's {free} unused low pages, \
+             its rings in a hot-plugged ivshmem device ({} MiB at {gpa:#x}, removed at the detach)",
+            size >> 20
+        ),
+        (Some((used, free)), None) => note!(
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code and rings in {used} of the guest's {free} unused low pages"
         ),
-        None => {
+        (None, _) => {
             let kind = s.tracer().watch_kind();
             let at = match kind.direct {
                 true => "function entries (direct)",
@@ -215,6 +221,15 @@ fn say_attached(s: &QemuSession) {
     }
 }
 
+/// The ring device left in the VM, and why (`QemuEnded::ring_device`).
+fn say_ring_device(left: Option<String>) {
+    if let Some(why) = left {
+        note!(
+            "vmtrace: its ring device stays in the VM ({why}): `vmtrace detach` removes it once the guest runs"
+        );
+    }
+}
+
 /// Say how the detach went, then report and save what was traced.
 fn report(
     ended: QemuEnded,
@@ -231,6 +246,7 @@ fn report(
         summary,
         saved,
         left_stopped,
+        ring_device,
     } = ended;
     let runs_on = match &left_stopped {
         None => "the guest runs on".to_string(),
@@ -262,6 +278,7 @@ fn report(
         ),
         (Err(e), _) => return Err(RuntimeError::Detach(e.to_string()).into()),
     }
+    say_ring_device(ring_device);
     if let Some(line) = detached
         .as_ref()
         .ok()

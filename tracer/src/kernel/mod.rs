@@ -19,6 +19,7 @@ pub mod lowmem;
 pub mod names;
 pub mod not_entry;
 pub mod payload;
+pub mod pci_hotplug;
 pub mod percpu;
 pub mod prototype;
 pub mod sites;

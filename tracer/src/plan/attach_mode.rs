@@ -11,8 +11,9 @@ use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
 use super::exitless::layout::{
-    direct_stubs_len, RingLayout, CODE_SLOTS, DIRECT_STUB_PAGES, GRAPH_BOTTOM, MAX_RECORDS,
-    MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES, STUB_SLOT, TABLE_SLOTS,
+    direct_stubs_len, RingLayout, CODE_SLOTS, DATA_LEN, DIRECT_STUB_PAGES, FRAME_NEXT_OFF,
+    GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES, STUB_SLOT,
+    TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
 use super::Mode;
@@ -90,9 +91,12 @@ impl<E> From<ExitlessPlanError> for Refused<E> {
 }
 
 /// What the guest offers exitless mode: `pages` free pages, and whatever
-/// else the session found with them (`R`).
+/// else the session found with them (`R`); with `own_rings`, memory of
+/// vmtrace's own for the whole data window (`DATA_LEN`) besides, where
+/// the rings go instead of the free pages.
 pub struct Room<R> {
     pub pages: usize,
+    pub own_rings: bool,
     pub found: R,
 }
 
@@ -127,7 +131,7 @@ pub fn decide<R, E: std::fmt::Display>(
         // Trap asked, or auto mode found this kernel unfit (its note says why).
         (Mode::Trap, false) => Decision::Trap { why: None },
         (Mode::Exitless(code), false) => match room() {
-            Ok(r) => match in_guest_pages(code, plan, cpus, r.pages) {
+            Ok(r) => match in_guest_pages(code, plan, cpus, r.pages, r.own_rings) {
                 Ok(code) => Decision::Exitless(Box::new(code), r.found),
                 // Too much for the room: breakpoints need none.
                 Err(
@@ -148,12 +152,15 @@ pub fn decide<R, E: std::fmt::Display>(
 }
 
 /// `code` with rings of as many records as fit `pages` free pages with its
-/// tables and code (a power of two), for `cpus` CPUs.
+/// tables and code (a power of two), for `cpus` CPUs; with `own_rings`,
+/// the tables and code in the free pages and the rings as many as fit the
+/// data window, as in vmtrace's own VMM.
 fn in_guest_pages(
     code: &ExitlessPlan,
     plan: &TracePlan,
     cpus: usize,
     pages: usize,
+    own_rings: bool,
 ) -> Result<ExitlessPlan, AttachModeError> {
     let plan = &plan.plan;
     let sites = plan.index.addrs.len();
@@ -184,7 +191,12 @@ fn in_guest_pages(
         (true, _) if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
         (true, _) => pages + 1,
     };
-    let room = pages.saturating_sub(bottom) as u64 * PAGE / cpus.max(1) as u64;
+    let room = match own_rings {
+        // The code must still fit the free pages.
+        true if bottom <= pages => own_rings_len(plan.graph),
+        true => 0,
+        false => pages.saturating_sub(bottom) as u64 * PAGE,
+    } / cpus.max(1) as u64;
     let fits = |cap| {
         RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
             .is_ok_and(|l| l.ring_bytes <= room)
@@ -207,6 +219,15 @@ fn in_guest_pages(
     Ok(code)
 }
 
+/// Bytes of the data window the rings may take when it is memory of
+/// vmtrace's own: all of it, less the function graph's frame pool.
+fn own_rings_len(graph: bool) -> u64 {
+    match graph {
+        true => FRAME_NEXT_OFF,
+        false => DATA_LEN,
+    }
+}
+
 /// Pages the stubs of `sites` direct entries take below the return trap's
 /// page (`direct_stubs_len`; the last stubs share that page).
 fn direct_stub_pages(sites: usize) -> usize {
@@ -225,6 +246,7 @@ mod tests {
     use super::*;
     use crate::kernel::symbols::KernelImage;
     use crate::plan::build::Request;
+    use crate::plan::exitless::layout::RECORD_LEN;
 
     /// A plan of the mini guest's `hrtimer_*` on 2 CPUs, as asked.
     fn plan(asked: ModeChoice, graph: bool, stack: bool) -> Option<TracePlan> {
@@ -261,8 +283,38 @@ mod tests {
     fn pages(n: usize) -> Result<Room<()>, Why> {
         Ok(Room {
             pages: n,
+            own_rings: false,
             found: (),
         })
+    }
+
+    /// Rings in memory of vmtrace's own (an ivshmem BAR): as large as the
+    /// data window allows, as in vmtrace's own VMM, whatever the free
+    /// pages; the code must still fit those.
+    #[test]
+    fn own_ring_memory_sizes_rings_to_the_data_window() {
+        let Some(p) = plan(ModeChoice::Exitless, false, false) else {
+            return;
+        };
+        let own = |n| {
+            Ok(Room {
+                pages: n,
+                own_rings: true,
+                found: (),
+            })
+        };
+        let Ok(Decision::Exitless(code, ())) = decided(&p, own(PAGES)) else {
+            panic!("no exitless decision")
+        };
+        let l = code.layout();
+        let vmm = RingLayout::with_args(2, l.sites, None, false, false).unwrap();
+        assert_eq!(l.cap, vmm.cap);
+        assert!(l.cap * RECORD_LEN > 512 << 10, "{l:?}");
+        // Code and tables need the free pages still.
+        assert!(matches!(
+            decided(&p, own(TABLE_SLOTS + code.code_pages() - 1)).unwrap_err(),
+            Refused::Plan(AttachModeError::RingsTooBig { .. })
+        ));
     }
 
     /// A guest whose kernel may use more CPU numbers than QEMU has vCPUs

@@ -39,6 +39,9 @@ pub struct QemuEnded {
     /// Someone else's stop vmtrace detached inside and left (QEMU's run
     /// state): the VM stays stopped.
     pub left_stopped: Option<String>,
+    /// Why the ring device (`super::ivshmem`) stays in the VM, its journal
+    /// kept for the repair; None when there was none or it is gone.
+    pub ring_device: Option<String>,
 }
 
 /// Why a trace ended.

@@ -40,6 +40,8 @@ pub enum QemuError {
     RegionLeft,
     #[error(transparent)]
     Journal(#[from] super::journal::JournalError),
+    #[error("vmtrace's ring device: {0}")]
+    RingDevice(#[from] super::ivshmem::IvshmemError),
     #[error("vmtrace pid {vmtrace} is attached to the QEMU at {qmp}: one vmtrace at a time")]
     InUse { qmp: PathBuf, vmtrace: u32 },
     /// A front end names its repair command (the CLI: `vmtrace detach`).

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
+use super::ivshmem::SharedNames;
 use super::marker::Marker;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::{NOP5, SITE_LEN};
@@ -118,6 +119,10 @@ pub struct JournalRecord {
     /// journals written before events were traced).
     #[serde(default)]
     pub jumps: Vec<JournaledJump>,
+    /// The ring device and its backend and file (`super::ivshmem`),
+    /// written before they are added: the repair takes them out.
+    #[serde(default)]
+    pub shared: Option<SharedNames>,
 }
 
 /// A journal on disk.
@@ -182,7 +187,8 @@ pub fn pid_reused(pid: u32, start: u64) -> bool {
 }
 
 /// Remove the journals of QEMUs that are gone (nothing left to repair in
-/// them), so that the directory holds only what may matter.
+/// them), and the ring files they name, so that the directory holds only
+/// what may matter.
 fn forget_gone() {
     let Ok(entries) = fs::read_dir(dir()) else {
         return;
@@ -198,6 +204,13 @@ fn forget_gone() {
             continue;
         };
         if start_time(pid) != Some(start) {
+            // Its ring device's file too: the QEMU that mapped it is gone.
+            let record = fs::read_to_string(e.path())
+                .ok()
+                .and_then(|t| serde_json::from_str::<JournalRecord>(&t).ok());
+            if let Some(shared) = record.and_then(|r| r.shared) {
+                let _ = fs::remove_file(shared.path);
+            }
             let _ = fs::remove_file(e.path());
         }
     }
@@ -258,6 +271,7 @@ impl Journal {
                 pages: Vec::new(),
                 tasks: None,
                 jumps: Vec::new(),
+                shared: None,
             },
         };
         journal.save()?;
@@ -330,6 +344,12 @@ impl Journal {
         fs::rename(&tmp, &self.path).map_err(err)?;
         File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
         Ok(())
+    }
+
+    /// The ring device about to be added (None: taken out again).
+    pub fn set_shared(&mut self, shared: Option<SharedNames>) -> Result<(), JournalError> {
+        self.record.shared = shared;
+        self.save()
     }
 
     /// Trap mode, about to set breakpoints at `sites` (running addresses).
@@ -447,6 +467,7 @@ impl Journal {
                 .collect(),
             tasks: None,
             jumps: Vec::new(),
+            shared: None,
         }
     }
 
@@ -541,8 +562,20 @@ mod tests {
         fs::DirBuilder::new().mode(0o700).create(&tmp).unwrap();
         let gone = path_for(u32::MAX, 1);
         fs::write(&gone, "{}").unwrap();
+        // One whose ring device stayed (its VM stopped) names the file.
+        let ring = tmp.join("ring");
+        fs::write(&ring, "").unwrap();
+        let mut left = Journal::begin(qemu, Path::new("/q.sock"), None).unwrap();
+        left.record.shared = Some(SharedNames {
+            path: ring.clone(),
+            ..SharedNames::new(7, u32::MAX, 4 << 20)
+        });
+        let left_gone = path_for(u32::MAX, 2);
+        fs::write(&left_gone, serde_json::to_string(&left.record).unwrap()).unwrap();
+        left.remove();
         let mut j = Journal::begin(qemu, Path::new("/q.sock"), None).unwrap();
         assert!(!gone.exists());
+        assert!(!left_gone.exists() && !ring.exists());
         j.record.armed = Armed::Trap;
         j.record.breakpoints = vec![0xffff_ffff_8100_0000];
         j.save().unwrap();
@@ -551,6 +584,17 @@ mod tests {
         assert_eq!(mode(&tmp), 0o700);
         let found = Journal::find(qemu).unwrap().unwrap();
         assert_eq!(found.record, j.record);
+        // The ring device, named before it is added, is found again; a
+        // journal written before the field was there has none.
+        let names = SharedNames::new(7, qemu, 4 << 20);
+        j.set_shared(Some(names.clone())).unwrap();
+        let found = Journal::find(qemu).unwrap().unwrap();
+        assert_eq!(found.record.shared, Some(names));
+        let mut old = serde_json::to_value(&found.record).unwrap();
+        old.as_object_mut().unwrap().remove("shared");
+        let old: JournalRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(old.shared, None);
+        j.set_shared(None).unwrap();
         // Written by this very process: not another vmtrace still running.
         assert!(!found.writer_alive());
         // Trap mode's graph: each return address named once, durably.

@@ -11,7 +11,9 @@
 //! what an attach changes, [`marker`] says in the guest whose region it is,
 //! and [`repair`] undoes what a killed vmtrace left. [`libvirt`] reaches a
 //! domain's QEMU through libvirt (its monitor passthrough), [`procs`] finds
-//! the host's QEMU processes and their QMP sockets in /proc.
+//! the host's QEMU processes and their QMP sockets in /proc. [`ivshmem`]
+//! hot-plugs the ring device (rings in memory of vmtrace's own) on guests
+//! that take it.
 
 pub mod breakpoints;
 pub mod burst;
@@ -23,6 +25,7 @@ pub mod event_sites;
 pub mod frames;
 pub mod gdb;
 pub mod guest;
+pub mod ivshmem;
 pub mod journal;
 pub mod layout;
 pub mod libvirt;
@@ -39,8 +42,10 @@ pub mod queries;
 pub mod regs;
 pub mod repair;
 pub mod reset;
+mod ring_device;
 pub mod rsp;
 pub mod session;
+mod staging;
 pub mod step;
 pub mod stub;
 mod stub_memory;

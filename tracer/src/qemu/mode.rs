@@ -12,6 +12,7 @@ use super::guest::QemuStop;
 use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
+use crate::kernel::pci_hotplug;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::Room;
 use crate::plan::exitless::layout::{CODE_VA, LARGE_PAGE, PD_COUNT};
@@ -19,10 +20,12 @@ use crate::plan::Plan;
 
 /// Where exitless mode's region can live and how fast the guest's TSC
 /// runs, from the first stop.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct FreeRoom {
     pub low: LowMemory,
     pub tsc_khz: u32,
+    /// The rings are sized to the ring device, to be plugged.
+    pub own_rings: bool,
 }
 
 /// Room for exitless mode in the stopped guest: its free low memory and
@@ -59,9 +62,18 @@ pub fn room(
     if tsc_khz == 0 {
         return Err(QemuError::NoTscRate(tsc_khz));
     }
+    // A kernel that takes a hot-plugged PCI device gets the ring device
+    // (`super::ivshmem`), plugged once the guest runs again; one that
+    // cannot would never let it go (QEMU waits for the guest's eject).
+    let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
     Ok(Room {
         pages: low.pages.len(),
-        found: FreeRoom { low, tsc_khz },
+        own_rings,
+        found: FreeRoom {
+            low,
+            tsc_khz,
+            own_rings,
+        },
     })
 }
 

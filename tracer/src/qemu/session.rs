@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vm_memory::GuestAddress;
@@ -17,15 +16,17 @@ use super::ending::Detach;
 pub use super::ending::{EndReason, QemuEnded};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr, GdbError};
-use super::guest::{ClockSource, QemuGuest, QemuStop, StopMark};
+use super::guest::{QemuGuest, QemuStop, StopMark};
 use super::journal::Journal;
 use super::marker::MARKER_GPA;
-use super::mode::{falls_back, ring_cpus, room, FreeRoom};
+use super::mode::{falls_back, ring_cpus, room};
 use super::monitor::Monitor;
 use super::procmem::ProcRam;
 use super::qmp::QemuVersion;
 use super::queries::Queries;
 use super::repair;
+use super::ring_device;
+use super::staging::{exitless_region, ring_memory};
 use super::stub::{self, GdbStubError};
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::kernel::lowmem::LowMemory;
@@ -33,7 +34,6 @@ use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
 use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
 use crate::session::backend::{self, Patience, Waited};
-use crate::session::exitless::backing::{Backed, RegionPages};
 use crate::session::{Observer, Recording, Tracer};
 
 /// How long to wait for each QMP or gdbstub reply.
@@ -364,12 +364,16 @@ impl Connected {
             }),
             Err(e) => {
                 // Whatever was written (staged pages, an entry, a site) goes
-                // back as the journal says, and the guest is handed back.
+                // back as the journal says, and the guest is handed back;
+                // then the ring device goes (the guest ejects it).
                 let gave = repair::give_back(&vm.guest, &journal.record);
-                if gave.as_ref().is_ok_and(|g| !g.incomplete) {
+                let e = let_go(&mut vm.qmp, &vm.stub, e, gave.is_err());
+                let gave = gave.is_ok_and(|g| !g.incomplete)
+                    && ring_device::unplug(&mut vm.qmp, &mut journal).is_ok();
+                if gave {
                     journal.remove();
                 }
-                Err(let_go(&mut vm.qmp, &vm.stub, e, gave.is_err()))
+                Err(e)
             }
         }
     }
@@ -409,6 +413,7 @@ fn setup(
         }
     };
     first.resume()?;
+    let (decided, shared) = ring_memory(vm, journal, &plan, cpus, decided)?;
     // Every site the attach may write, as it will find them.
     let sites: Vec<(u64, u64)> = plan
         .plan
@@ -417,14 +422,14 @@ fn setup(
         .iter()
         .filter_map(|&a| Some((offset.runtime(a), offset.phys_of(a)?)))
         .collect();
-    let (tracer, low, fallback) = match decided {
+    let (mut tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
             let mode = Mode::Exitless(code);
             let (mut tracer, _no_traps) = Tracer::create(plan.plan, cpus, mode, rec)?;
             tracer.assume_kernel_offset(offset);
             let low = room.low.clone();
             journal.arm_exitless(&*vm.guest.ram(), &low.pages, &sites, tracer.task_scan())?;
-            exitless_region(vm, &mut tracer, room)?;
+            exitless_region(vm, &mut tracer, room, shared)?;
             // Staged: the region says whose it is (`super::marker`).
             let marker = journal.marker(offset);
             vm.guest
@@ -447,7 +452,6 @@ fn setup(
             (tracer, None, why)
         }
     };
-    let mut tracer = tracer;
     let patience = Patience {
         step: RETRY,
         attempts: Some(ATTEMPTS),
@@ -489,25 +493,12 @@ fn enable_events(
     Ok(())
 }
 
-/// Exitless mode's region in the guest's free pages, its rings, tables and
-/// pool written while the guest runs (unmapped until the attach): the
-/// attach's stop then only writes the code, the mapping and the sites.
-fn exitless_region(vm: &mut QemuVm, tracer: &mut Tracer, room: FreeRoom) -> Result<(), QemuError> {
-    let pages = Arc::new(Mutex::new(RegionPages::new(room.low.pages)));
-    tracer.back_region(Arc::clone(&pages));
-    vm.guest
-        .set_view(Arc::new(Backed::new(vm.guest.ram(), Arc::clone(&pages))));
-    vm.guest.set_clock(ClockSource {
-        tsc_khz: room.tsc_khz,
-    });
-    vm.arming = Arming::Exitless { pages };
-    tracer.stage(vm.guest.view())?;
-    Ok(())
-}
-
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).
 pub(super) struct Quiet;
 impl Observer for Quiet {}
+
+/// Why nothing is written to a QEMU that exited.
+const QEMU_GONE: &str = "the QEMU is gone";
 
 /// How often the trace loop looks at the clock, the signals and the QEMU.
 const POLL: Duration = Duration::from_millis(50);
@@ -566,11 +557,11 @@ impl QemuSession {
     pub fn end_with(mut self, reason: &EndReason, observer: &mut dyn Observer) -> QemuEnded {
         let trap = matches!(self.vm.arming, Arming::Trap { .. });
         let untouchable = match reason {
-            EndReason::QemuGone(_) => Some("the QEMU is gone"),
+            EndReason::QemuGone(_) => Some(QEMU_GONE),
             EndReason::GuestReset(_) => {
                 Some("the guest was reset: its memory is no longer the traced kernel's")
             }
-            _ if !self.vm.alive() => Some("the QEMU is gone"),
+            _ if !self.vm.alive() => Some(QEMU_GONE),
             _ => None,
         };
         let (detached, removed, drained) = match untouchable {
@@ -603,9 +594,11 @@ impl QemuSession {
         // (QMP only, nothing written to the guest; with QEMU gone, only its
         // socket file is left to remove.)
         close_stub(&mut self.vm.qmp, &self.vm.stub);
+        let out = untouchable.is_some() || (detached.is_ok() && removed.is_ok());
+        let ring_device = self.unplug_rings(out, untouchable == Some(QEMU_GONE)).err();
         // All given back (or the QEMU, or the guest's memory, gone with
         // it): nothing to repair.
-        if untouchable.is_some() || (detached.is_ok() && removed.is_ok()) {
+        if out && ring_device.is_none() {
             if let Some(j) = self.journal.take() {
                 j.remove();
             }
@@ -616,6 +609,7 @@ impl QemuSession {
             .tracer
             .finish_stored(&self.kernel, reason.to_string(), 0);
         QemuEnded {
+            ring_device,
             left_stopped,
             detached,
             removed,
@@ -627,10 +621,49 @@ impl QemuSession {
         }
     }
 
+    /// Take the ring device out once nothing maps it (`out`: the region
+    /// is out of the guest, or its memory is no longer the traced
+    /// kernel's); with the QEMU `gone`, only its file. A region left in
+    /// the guest keeps it, with the journal, for the repair; so does a VM
+    /// someone else holds stopped (its guest cannot eject the device, and
+    /// vmtrace does not resume it). Err: why it stays.
+    fn unplug_rings(&mut self, out: bool, gone: bool) -> Result<(), String> {
+        let Some(j) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        match (&j.record.shared, gone, out) {
+            (None, _, _) => Ok(()),
+            (Some(_), false, false) => Err("vmtrace's region stays in the guest".into()),
+            (Some(_), false, true) if self.vm.held.is_some() => {
+                Err("the VM is stopped: its guest cannot eject it".into())
+            }
+            (Some(names), true, _) => {
+                let _ = std::fs::remove_file(&names.path);
+                Ok(())
+            }
+            (Some(_), false, true) => {
+                ring_device::unplug(&mut self.vm.qmp, j).map_err(|e| e.to_string())
+            }
+        }
+    }
+
     fn detach_parts(&mut self) -> Detach<'_> {
         Detach {
             vm: &mut self.vm,
             tracer: &mut self.tracer,
+        }
+    }
+
+    /// The ring device's memory: its guest-physical address and size
+    /// (None without one).
+    pub fn ring_device(&self) -> Option<(u64, u64)> {
+        match &self.vm.arming {
+            Arming::Exitless { pages } => pages
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .own_data()
+                .map(|gpa| (gpa, ring_device::SIZE)),
+            Arming::Trap { .. } => None,
         }
     }
 

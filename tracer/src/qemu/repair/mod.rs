@@ -26,6 +26,7 @@ use vmm::Stopped;
 use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr};
 use super::guest::{QemuGuest, QemuStop};
+use super::ivshmem;
 use super::journal::{self, Armed, Journal, JournalRecord};
 use super::marker::{self, Marker, MAGIC};
 use super::monitor::Monitor;
@@ -80,6 +81,9 @@ impl Leftovers {
                 },
                 j.path.display()
             ));
+            if let Some(s) = &r.shared {
+                what.push(format!("its ring device {}", s.device));
+            }
         }
         if let (None, Some((gpa, m))) = (&self.journal, &self.marker) {
             what.push(format!(
@@ -260,6 +264,23 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
     result?;
     // The VM runs again (or stays in someone else's stop, unmarked).
     let _ = std::fs::remove_file(journal::stop_mark_of(pid));
+    let shared = found.journal.as_ref().and_then(|j| j.record.shared.clone());
+    if let (Some(_), Some(held)) = (&shared, &found.held) {
+        // Its guest cannot eject it, and the repair does not resume it.
+        out.failed(format!(
+            "kept vmtrace's ring device while the VM is stopped ({held})"
+        ));
+    } else if let (Some(names), false) = (shared, out.incomplete) {
+        // The region is out of the guest: its ring device may go.
+        match qmp.burst(|m| ivshmem::unplug(m, &names)) {
+            Ok(()) => out.did(format!(
+                "removed vmtrace's ring device {} and its file {}",
+                names.device,
+                names.path.display()
+            )),
+            Err(e) => out.failed(format!("kept vmtrace's ring device: {e}")),
+        }
+    }
     if look && !out.incomplete {
         return Ok(Repaired {
             nothing: true,

@@ -44,6 +44,10 @@ pub struct RegionPages {
     taken: BTreeMap<usize, u64>,
     /// Each backing page's bytes before vmtrace's first write to it.
     original: BTreeMap<u64, Vec<u8>>,
+    /// Guest-physical memory of vmtrace's own behind the whole data window
+    /// (a QEMU device's BAR: `crate::qemu::ivshmem`), if any: the data
+    /// pages map onto it one to one, nothing of the guest's is kept.
+    own_data: Option<u64>,
 }
 
 /// Where region page `page` goes among the free pages, of `n` (None: past
@@ -90,6 +94,15 @@ impl RegionPages {
         }
     }
 
+    /// `new`, with the data window (`DATA_GPA..+DATA_LEN`: the rings and
+    /// the function graph's frames) in vmtrace's own memory at `gpa`.
+    pub fn with_own_data(free: Vec<u64>, gpa: u64) -> RegionPages {
+        RegionPages {
+            own_data: Some(gpa),
+            ..RegionPages::new(free)
+        }
+    }
+
     /// The page behind region page `page`, if it has one.
     pub fn real(&self, page: u64) -> Option<u64> {
         self.backed.get(&page).copied()
@@ -99,6 +112,14 @@ impl RegionPages {
     /// `ram`) if it has none.
     fn back(&mut self, page: u64, ram: &dyn GuestRam) -> Result<u64, RamError> {
         if let Some(&real) = self.backed.get(&page) {
+            return Ok(real);
+        }
+        if let Some(base) = self
+            .own_data
+            .filter(|_| (DATA_GPA..SPARE_PD_GPA).contains(&page))
+        {
+            let real = base + (page - DATA_GPA);
+            self.backed.insert(page, real);
             return Ok(real);
         }
         let full = || {
@@ -134,9 +155,14 @@ impl RegionPages {
         self.original.iter().map(|(&r, b)| (r, b.clone())).collect()
     }
 
-    /// Pages given out so far, and in all.
+    /// Where vmtrace's own memory for the data window is, if it has some.
+    pub fn own_data(&self) -> Option<u64> {
+        self.own_data
+    }
+
+    /// Free pages given out so far, and in all.
     pub fn used(&self) -> (usize, usize) {
-        (self.backed.len(), self.free.len())
+        (self.taken.len(), self.free.len())
     }
 }
 
@@ -144,6 +170,10 @@ impl RegionPages {
 pub struct Backed {
     inner: Arc<dyn GuestRam>,
     pages: Arc<Mutex<RegionPages>>,
+    /// vmtrace's own mapping of its own memory (`RegionPages::with_own_data`)
+    /// at the guest-physical addresses the guest sees it at: the rings are
+    /// read and written there, a memory access, not through `inner`.
+    own: Option<Arc<dyn GuestRam>>,
 }
 
 fn in_region(gpa: u64) -> bool {
@@ -152,7 +182,31 @@ fn in_region(gpa: u64) -> bool {
 
 impl Backed {
     pub fn new(inner: Arc<dyn GuestRam>, pages: Arc<Mutex<RegionPages>>) -> Backed {
-        Backed { inner, pages }
+        Backed {
+            inner,
+            pages,
+            own: None,
+        }
+    }
+
+    /// `new`, with `own` holding the memory `pages`' data window is in.
+    pub fn with_own(
+        inner: Arc<dyn GuestRam>,
+        pages: Arc<Mutex<RegionPages>>,
+        own: Arc<dyn GuestRam>,
+    ) -> Backed {
+        Backed {
+            own: Some(own),
+            ..Backed::new(inner, pages)
+        }
+    }
+
+    /// Where guest-physical `real` (`len` bytes) is read and written.
+    fn mem(&self, real: u64, len: usize) -> &dyn GuestRam {
+        match &self.own {
+            Some(own) if own.contains(GuestAddress(real), len) => &**own,
+            _ => &*self.inner,
+        }
     }
 
     fn pages(&self) -> MutexGuard<'_, RegionPages> {
@@ -208,7 +262,7 @@ impl GuestRam for Backed {
         for (off, n, real) in self.pieces(addr.0, buf.len(), false)? {
             match real {
                 Some(r) => self
-                    .inner
+                    .mem(r, n)
                     .read_slice(&mut buf[off..off + n], GuestAddress(r))?,
                 None => buf[off..off + n].fill(0),
             }
@@ -219,30 +273,30 @@ impl GuestRam for Backed {
         for (off, n, real) in self.pieces(addr.0, data.len(), true)? {
             // Backed: `pieces` gave every region page a page.
             let r = real.unwrap_or(addr.0 + off as u64);
-            self.inner
+            self.mem(r, n)
                 .write_slice(&data[off..off + n], GuestAddress(r))?;
         }
         Ok(())
     }
     fn load_u32(&self, addr: GuestAddress, order: Ordering) -> Result<u32, RamError> {
         match self.word(addr, 4, false)? {
-            Some(r) => self.inner.load_u32(GuestAddress(r), order),
+            Some(r) => self.mem(r, 4).load_u32(GuestAddress(r), order),
             None => Ok(0),
         }
     }
     fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError> {
         match self.word(addr, 8, false)? {
-            Some(r) => self.inner.load_u64(GuestAddress(r), order),
+            Some(r) => self.mem(r, 8).load_u64(GuestAddress(r), order),
             None => Ok(0),
         }
     }
     fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
         let r = self.word(addr, 4, true)?.unwrap_or(addr.0);
-        self.inner.store_u32(v, GuestAddress(r), order)
+        self.mem(r, 4).store_u32(v, GuestAddress(r), order)
     }
     fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError> {
         let r = self.word(addr, 8, true)?.unwrap_or(addr.0);
-        self.inner.store_u64(v, GuestAddress(r), order)
+        self.mem(r, 8).store_u64(v, GuestAddress(r), order)
     }
     fn contains(&self, addr: GuestAddress, len: usize) -> bool {
         in_region(addr.0) || self.inner.contains(addr, len)
@@ -338,5 +392,45 @@ mod tests {
             .write_obj(1u8, GuestAddress(DATA_GPA + 25 * PAGE))
             .unwrap_err();
         assert!(e.why.contains("more than the 124 KiB"), "{e}");
+    }
+
+    /// The data window in memory of vmtrace's own (an ivshmem BAR): ring
+    /// accesses go to that mapping, one to one, and take no free page; the
+    /// code still takes free pages.
+    #[test]
+    fn own_data_memory_takes_the_rings_one_to_one() {
+        let bar = 0x1_0000_0000u64;
+        let low = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let own = GuestMemoryMmap::from_ranges(&[(GuestAddress(bar), DATA_LEN as usize)]).unwrap();
+        let pages = Arc::new(Mutex::new(RegionPages::with_own_data(free(), bar)));
+        let ram: &dyn GuestRam = &Backed::with_own(
+            Arc::new(low.clone()),
+            Arc::clone(&pages),
+            Arc::new(own.clone()),
+        );
+        ram.store(
+            7u64,
+            GuestAddress(DATA_GPA + 3 * PAGE + 8),
+            Ordering::Release,
+        )
+        .unwrap();
+        let at = GuestAddress(bar + 3 * PAGE + 8);
+        assert_eq!(vm_memory::Bytes::read_obj::<u64>(&own, at).unwrap(), 7);
+        // The frame pool too, past what free pages would hold.
+        ram.write_slice(&[5; 8], GuestAddress(DATA_GPA + DATA_LEN - 8))
+            .unwrap();
+        let end = GuestAddress(bar + DATA_LEN - 8);
+        assert_eq!(
+            vm_memory::Bytes::read_obj::<u64>(&own, end).unwrap(),
+            0x0505_0505_0505_0505
+        );
+        ram.write_obj(1u8, GuestAddress(REGION_GPA)).unwrap();
+        assert_eq!(pages.lock().unwrap().used(), (1, 31));
+        assert!(pages
+            .lock()
+            .unwrap()
+            .originals()
+            .iter()
+            .all(|(r, _)| *r < 1 << 20));
     }
 }

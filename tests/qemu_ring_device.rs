@@ -1,0 +1,167 @@
+//! Rings in memory of vmtrace's own on a guest with ACPI PCI hot-plug
+//! (issue 40): Debian's 6.12 cloud kernel in QEMU's `pc` machine gets an
+//! `ivshmem-plain` device for the attach, its BAR mapped as the rings, and
+//! loses it at the detach. One boot for every check: `--trace '*'`
+//! exitless with exact counts, `--graph` keeping every return of a burst,
+//! and a killed attach whose device and file `vmtrace detach` removes.
+//! After each: the low MiB and the text as found, `info pci` as before,
+//! no ring file left on the host.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::attach::*;
+use common::guard::*;
+use common::qemu::*;
+use common::s;
+use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
+
+/// getpid's function, by either of the names sharing its address.
+const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
+/// How the attach names its device, and how the attached line says so.
+const DEVICE: &str = "vmtrace-ivshmem-";
+const SAID: &str = "its rings in a hot-plugged ivshmem device";
+
+fn info_pci(qmp: &Path) -> String {
+    Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .hmp("info pci")
+        .unwrap()
+}
+
+/// The ring files of vmtrace's for the QEMU `pid` on this host.
+fn ring_files(pid: u32) -> Vec<String> {
+    let prefix = format!("vmtrace-rings-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Attached exitless, the rings in the device: QEMU lists it meanwhile.
+fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {
+    let base = ["--kernel", s(bz), "--format", "json", "--mode", "exitless"];
+    let mut a = Attach::start(qmp, &[&base[..], args].concat());
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains(SAID), "{line}");
+    assert!(info_pci(qmp).contains(DEVICE), "{}", info_pci(qmp));
+    a
+}
+
+fn detach(qmp: &Path) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["detach", "--qmp", s(qmp)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vmtrace detach");
+    common::wait_bounded(child)
+}
+
+/// SIGKILL the attach's guardian, then the attach: nothing repairs the VM
+/// until `vmtrace detach`.
+fn kill_with_guardian(a: Attach) {
+    let pid = a.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    for g in children.split_whitespace() {
+        let g: i32 = g.parse().unwrap();
+        // SAFETY: kill(2) of the attach's own child, before the attach
+        // (its parent) is killed: it cannot have been reaped and reused.
+        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
+    }
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
+}
+
+/// A guest as found: its bytes, its PCI devices, the host's files.
+struct Found<'a> {
+    kernel: Kernel,
+    qmp: &'a Path,
+    pid: u32,
+    memory: Memory,
+    pci: String,
+}
+
+impl Found<'_> {
+    fn assert_as_found(&self, when: &str) {
+        let (after, _) = self.kernel.read(self.qmp);
+        assert_same(&self.memory, &after, when);
+        assert_eq!(info_pci(self.qmp), self.pci, "{when}");
+        assert_eq!(ring_files(self.pid), Vec::<String>::new(), "{when}");
+        assert_no_gdbstub(self.qmp);
+    }
+}
+
+#[test]
+fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
+    let bz = debian_612();
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let qmp = guest.qmp_socket();
+    let kernel = Kernel::from_bzimage(&bz);
+    let (memory, _) = kernel.read(qmp);
+    let pid = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .pid()
+        .unwrap();
+    let found = Found {
+        kernel,
+        qmp,
+        pid,
+        memory,
+        pci: info_pci(qmp),
+    };
+
+    // Every function, exitless: refused before for room (`RingsTooBig`).
+    let a = attached(qmp, &bz, &["--trace", "*"]);
+    guest.go("getpid", 500).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let j = e.json();
+    assert!(
+        j["sites_patched"].as_u64().unwrap() > 30_000,
+        "{}",
+        e.stderr
+    );
+    // Counted exactly (stored, or counted only when a ring was full).
+    assert_eq!(count_of(&e.counts(), &GETPID), 500, "{}", e.stderr);
+    found.assert_as_found("after an exitless trace of every function");
+
+    // The function graph on a burst of 500 calls: every return kept
+    // (the low pages' graph rings held 256 records).
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid", "--graph"]);
+    guest.go("getpid", 500).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let j = e.json();
+    assert_eq!(j["dropped"], 0, "{j}");
+    assert_eq!(j["events_stored"], 500, "{j}");
+    assert_eq!(j["graph"]["returns_stored"], 500, "{j}");
+    assert_eq!(j["graph"]["returns_dropped"], 0, "{j}");
+    found.assert_as_found("after an exitless graph trace");
+
+    // Killed with its guardian: the journal names the device, the repair
+    // takes it and its file out.
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"]);
+    kill_with_guardian(a);
+    assert_eq!(ring_files(pid).len(), 1);
+    let o = detach(qmp);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("removed vmtrace's ring device"), "{err}");
+    found.assert_as_found("after a killed attach and vmtrace detach");
+    assert_runs_on(&guest, w.worker);
+}
