@@ -16,6 +16,7 @@ pub mod ftrace_records;
 pub mod kallsyms;
 pub mod kaslr;
 pub mod lowmem;
+pub mod modules;
 pub mod names;
 pub mod not_entry;
 pub mod payload;
