@@ -5,15 +5,20 @@
 //! guest/build.sh vmt-test). The workload loads it with finit_module;
 //! `tracer::kernel::modules` finds it in the guest's memory (name, text,
 //! functions, ftrace sites, each site the NOP the kernel left there);
-//! once unloaded, it is gone from the list.
+//! `vmtrace attach --trace 'vmt_*'` (and `'*:mod:vmt_test'`) traces its
+//! functions, named `vmt_hit [vmt_test]`, exactly, in exitless and trap
+//! modes, and leaves its text as found; once unloaded, it is gone from the
+//! list. One boot for all (about 25 s of QEMU/TCG).
 
 mod common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
+use common::s;
 use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::find::{kernel_image, Given};
 use tracer::kernel::modules::{loaded, LoadedModule, ModuleLayout};
@@ -165,6 +170,60 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         let mut bytes = [0u8; 5];
         space.read(sites[0], &mut bytes).unwrap();
         assert_eq!(bytes, NOP5, "{f}'s site {:#x}", sites[0]);
+    }
+
+    let text = |space: &mut AddressSpace<'_>| {
+        let mut b = vec![0u8; (m.text.end - m.text.start) as usize];
+        space.read(m.text.start, &mut b).unwrap();
+        b
+    };
+    let found = text(&mut space);
+    for (mode, glob, k) in [("exitless", "vmt_*", 300), ("trap", "*:mod:vmt_test", 40)] {
+        let args = [
+            "--kernel",
+            s(&bz),
+            "--format",
+            "json",
+            "--trace",
+            glob,
+            "--mode",
+            mode,
+        ];
+        let mut a = Attach::start(guest.qmp_socket(), &args);
+        let line = a.wait_line("vmtrace: attached to QEMU");
+        assert!(line.contains(mode), "{line}");
+        command(&guest, &format!("vmt {k}"), &format!("vmt {k}"), w.worker);
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+        assert!(
+            e.stderr.contains("1 loaded module in the guest"),
+            "{}",
+            e.stderr
+        );
+        let counts = e.counts();
+        assert_eq!(
+            counts.get("vmt_hit [vmt_test]"),
+            Some(&k),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(
+            counts.get("vmt_batch [vmt_test]"),
+            Some(&1),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(
+            counts.get("vmt_write [vmt_test]"),
+            Some(&1),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+        assert_eq!(
+            text(&mut space),
+            found,
+            "{mode}: the module's text after the trace"
+        );
+        assert_no_gdbstub(guest.qmp_socket());
     }
 
     command(&guest, "rmmod vmt_test", "rmmod 0", w.worker);

@@ -51,6 +51,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
             );
         })
         .ok();
+    let mut image = image;
+    add_modules(&connected, &mut image);
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
@@ -93,6 +95,24 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// The guest's loaded modules added to `image`, so that `--trace` selects
+/// their functions too (`name [module]`); said on stderr. A kernel whose
+/// modules cannot be read is traced without them, and the line says why.
+fn add_modules(connected: &session::Connected, image: &mut tracer::kernel::symbols::KernelImage) {
+    match connected.modules(image) {
+        Ok(None) => {}
+        Ok(Some(m)) => {
+            let functions = image.add_modules(&m.list, m.offset);
+            note!(
+                "vmtrace: {} loaded module{} in the guest ({functions} functions)",
+                m.list.len(),
+                if m.list.len() == 1 { "" } else { "s" }
+            );
+        }
+        Err(e) => note!("vmtrace: the guest's modules are not traced: {e}"),
+    }
 }
 
 /// The QEMU to trace: a libvirt domain's (`--domain`), through libvirt,

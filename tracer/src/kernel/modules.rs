@@ -43,6 +43,8 @@ pub enum ModuleError {
     NoModules { path: std::path::PathBuf },
     #[error("the kernel's modules cannot be read without its BTF: {0}")]
     Btf(#[from] BtfError),
+    #[error("cannot find the kernel's modules: {0}")]
+    Unlocated(String),
     #[error("reading the module list at {addr:#x}: {source}")]
     Read {
         addr: u64,
