@@ -7,8 +7,9 @@
 //! functions, ftrace sites, each site the NOP the kernel left there);
 //! `vmtrace attach --trace 'vmt_*'` (and `'*:mod:vmt_test'`) traces its
 //! functions, named `vmt_hit [vmt_test]`, exactly, in exitless and trap
-//! modes, and leaves its text as found; once unloaded, it is gone from the
-//! list. One boot for all (about 25 s of QEMU/TCG).
+//! modes, and leaves its text as found; unloaded during a trace, its sites
+//! are left alone at the detach (its text is freed), and it is gone from
+//! the list. One boot for all (about 25 s of QEMU/TCG).
 
 mod common;
 
@@ -226,7 +227,29 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         assert_no_gdbstub(guest.qmp_socket());
     }
 
+    // Unloaded during an exitless trace: its calls until then counted, its
+    // sites (in freed text) left alone at the detach and said so.
+    let args = ["--kernel", s(&bz), "--format", "json", "--trace", "vmt_*"];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(&guest, "vmt 5", "vmt 5", w.worker);
     command(&guest, "rmmod vmt_test", "rmmod 0", w.worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_eq!(
+        e.counts().get("vmt_hit [vmt_test]"),
+        Some(&5),
+        "{}",
+        e.stdout
+    );
+    assert!(
+        e.stderr
+            .contains("3 in modules the guest unloaded during the trace left alone"),
+        "{}",
+        e.stderr
+    );
+    assert_no_gdbstub(guest.qmp_socket());
     let (after, _) = modules.read();
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);

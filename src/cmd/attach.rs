@@ -104,7 +104,7 @@ fn add_modules(connected: &session::Connected, image: &mut tracer::kernel::symbo
     match connected.modules(image) {
         Ok(None) => {}
         Ok(Some(m)) => {
-            let functions = image.add_modules(&m.list, m.offset);
+            let functions = image.add_modules(&m.list, m.layout, m.offset);
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
                 m.list.len(),
@@ -240,8 +240,9 @@ fn report(
             d.restored,
         ),
         (Ok(d), _) => note!(
-            "vmtrace: detached ({reason}): {} sites restored{}; {runs_on}",
+            "vmtrace: detached ({reason}): {} sites restored{}{}; {runs_on}",
             d.restored,
+            super::run::left_alone(d),
             match &removed {
                 Ok(_) => ", vmtrace's code and page-table entries taken out".to_string(),
                 Err(why) => format!(

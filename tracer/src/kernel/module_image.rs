@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::kernel::image_module::ImageModule;
+use crate::kernel::image_module::{ImageModule, ModuleLayout};
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::modules::LoadedModule;
 use crate::kernel::symbols::{FileSection, KernelImage, Symbol};
@@ -33,6 +33,7 @@ impl KernelImage {
     pub fn add_modules(
         &mut self,
         modules: &[(LoadedModule, Vec<u8>)],
+        layout: ModuleLayout,
         offset: KernelOffset,
     ) -> usize {
         let slide = offset.virt;
@@ -66,6 +67,7 @@ impl KernelImage {
                 text: m.text.clone(),
                 virt: offset.virt,
                 phys: offset.phys,
+                layout,
             });
         }
         added

@@ -12,6 +12,8 @@ use std::ops::Range;
 use vmm::gva::{AddressSpace, GvaError};
 
 use crate::kernel::btf::{BtfError, KernelBtf};
+pub use crate::kernel::image_module::ModuleLayout;
+use crate::kernel::image_module::TextAt;
 use crate::kernel::symbols::KernelImage;
 
 /// The list of loaded modules, the walk's head (kernel/module/main.c).
@@ -60,33 +62,6 @@ pub enum ModuleError {
         what: &'static str,
         count: u64,
     },
-}
-
-/// Where a module's text is described, by kernel version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TextAt {
-    /// Linux 6.4+: `mem[MOD_TEXT]`, a `struct module_memory` (`base`,
-    /// `size`): `at` the element's offset in `struct module`.
-    Memory { at: u32, base: u32, size: u32 },
-    /// Before: `core_layout` (`base`, and `text_size` of its `size`).
-    Layout { at: u32, base: u32, text_size: u32 },
-}
-
-/// Offsets into `struct module` and its parts, from the kernel's BTF.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ModuleLayout {
-    /// `modules`' link address.
-    pub head: u64,
-    state: u32,
-    list: u32,
-    name: u32,
-    text: TextAt,
-    kallsyms: u32,
-    symtab: u32,
-    num_symtab: u32,
-    strtab: u32,
-    ftrace_callsites: u32,
-    num_ftrace_callsites: u32,
 }
 
 /// One function of a module, from its own symbol table.
@@ -329,4 +304,44 @@ fn read_functions(
     }
     out.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
     Ok(out)
+}
+
+/// The kernel's top page table (arch/x86/kernel/head_64.S): its kernel
+/// half, modules included, is every task's.
+pub const INIT_TOP_PGT: &str = "init_top_pgt";
+
+/// The kernel's own address space: `init_top_pgt` at the physical KASLR
+/// offset `phys` (4-level paging, as x86-64 Linux runs without LA57).
+pub fn kernel_space<'m>(
+    ram: &'m dyn vmm::GuestRam,
+    image: &KernelImage,
+    phys: i64,
+) -> Option<AddressSpace<'m>> {
+    let pgt = vmm::layout::kernel_virt_to_phys(image.symbol(INIT_TOP_PGT)?.addr)?;
+    let root = pgt.wrapping_add(phys as u64);
+    Some(AddressSpace::new(ram, root, vmm::gva::PagingMode::Level4))
+}
+
+/// Which of the modules `image` holds are still loaded where they were
+/// read (same `struct module`, name and text), one flag each: a module
+/// unloaded since has its text freed, and nothing may be written there.
+pub fn still_loaded(
+    ram: &dyn vmm::GuestRam,
+    image: &KernelImage,
+) -> Result<Vec<bool>, ModuleError> {
+    let Some(first) = image.modules.first() else {
+        return Ok(Vec::new());
+    };
+    let mut space = kernel_space(ram, image, first.phys)
+        .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
+    let head = first.layout.head.wrapping_add(first.virt as u64);
+    let now = loaded(&mut space, &first.layout, head)?;
+    Ok(image
+        .modules
+        .iter()
+        .map(|m| {
+            now.iter()
+                .any(|n| n.name == m.name && n.addr == m.addr && n.text == m.text)
+        })
+        .collect())
 }

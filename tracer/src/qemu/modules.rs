@@ -19,11 +19,12 @@ use vmm::{GuestRam, RamError};
 use super::procmem::ProcRam;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
-use crate::kernel::modules::{loaded, LoadedModule, ModuleError, ModuleLayout, MODULES};
+use crate::kernel::modules::{
+    kernel_space, loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, INIT_TOP_PGT,
+    MODULES,
+};
 use crate::kernel::symbols::KernelImage;
 
-/// The kernel's top page table (arch/x86/kernel/head_64.S).
-pub const INIT_TOP_PGT: &str = "init_top_pgt";
 /// Virtual KASLR moves the image within its 1 GiB mapping.
 const VIRT_STEPS: u64 = (1 << 30) / KASLR_ALIGN;
 
@@ -70,6 +71,7 @@ impl GuestRam for ReadOnlyRam<'_> {
 /// runs.
 pub struct GuestModules {
     pub list: Vec<(LoadedModule, Vec<u8>)>,
+    pub layout: ModuleLayout,
     pub offset: KernelOffset,
 }
 
@@ -151,7 +153,11 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
             })?;
         list.push((m, text));
     }
-    Ok(Some(GuestModules { list, offset }))
+    Ok(Some(GuestModules {
+        list,
+        layout: walk.layout,
+        offset,
+    }))
 }
 
 /// In the attach's stop: the modules `image` holds are still loaded where
@@ -174,20 +180,17 @@ pub fn confirm(
             "the kernel's KASLR offsets differ from those its modules were read with".into(),
         );
     }
-    let walk = Walk::of(image, offset.phys)
-        .map_err(|e| e.to_string())?
-        .ok_or("the kernel has no module list")?;
-    let now = walk.list(ram, offset.virt).map_err(|e| e.to_string())?;
-    for m in &image.modules {
-        if !now
-            .iter()
-            .any(|n| n.name == m.name && n.addr == m.addr && n.text == m.text)
-        {
-            return Err(format!(
-                "module {} was unloaded or reloaded while vmtrace read it; attach again",
-                m.name
-            ));
-        }
+    let loaded = still_loaded(ram, image).map_err(|e| e.to_string())?;
+    if let Some(m) = image
+        .modules
+        .iter()
+        .zip(loaded)
+        .find_map(|(m, l)| (!l).then_some(m))
+    {
+        return Err(format!(
+            "module {} was unloaded or reloaded while vmtrace read it; attach again",
+            m.name
+        ));
     }
     Ok(())
 }
@@ -200,8 +203,6 @@ pub fn module_phys(
     offset: KernelOffset,
     va: u64,
 ) -> Option<u64> {
-    let pgt = vmm::layout::kernel_virt_to_phys(image.symbol(INIT_TOP_PGT)?.addr)?;
-    let root = pgt.wrapping_add(offset.phys as u64);
-    let space = AddressSpace::new(ram, root, PagingMode::Level4);
+    let space = kernel_space(ram, image, offset.phys)?;
     space.translate(va).ok().map(|t| t.gpa)
 }
