@@ -179,8 +179,13 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         b
     };
     let found = text(&mut space);
-    for (mode, glob, k) in [("exitless", "vmt_*", 300), ("trap", "*:mod:vmt_test", 40)] {
-        let args = [
+    for (mode, glob, k, graph) in [
+        ("exitless", "vmt_*", 300, false),
+        // Within the graph ring the guest's free low pages hold: 2 x (K + 2) records.
+        ("exitless", "vmt_*", 50, true),
+        ("trap", "*:mod:vmt_test", 40, false),
+    ] {
+        let mut args = vec![
             "--kernel",
             s(&bz),
             "--format",
@@ -190,6 +195,9 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
             "--mode",
             mode,
         ];
+        if graph {
+            args.push("--graph");
+        }
         let mut a = Attach::start(guest.qmp_socket(), &args);
         let line = a.wait_line("vmtrace: attached to QEMU");
         assert!(line.contains(mode), "{line}");
@@ -219,6 +227,11 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
             "{mode}: {counts:?}"
         );
         assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+        if graph {
+            // Every call returned through its hook: vmt_hit's, vmt_batch's,
+            // vmt_write's.
+            assert_eq!(e.json()["graph"]["returns"], k + 2, "{}", e.stdout);
+        }
         assert_eq!(
             text(&mut space),
             found,
