@@ -240,6 +240,30 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         assert_no_gdbstub(guest.qmp_socket());
     }
 
+    // Listed as ftrace lists it, by name or by `:mod:`, once each.
+    for glob in ["vmt_*", "*:mod:vmt_test"] {
+        let o = common::vmtrace(&[
+            "list",
+            "--qmp",
+            s(guest.qmp_socket()),
+            "--kernel",
+            s(&bz),
+            glob,
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let out = common::stdout(&o);
+        let lines: Vec<&str> = out.lines().collect();
+        for want in [
+            "vmt_hit [vmt_test]",
+            "vmt_batch [vmt_test]",
+            "vmt_write [vmt_test]",
+            "vmt_exit [vmt_test] [notrace]",
+        ] {
+            assert!(lines.contains(&want), "{glob}: {want:?} not in:\n{out}");
+        }
+        assert!(!lines.contains(&"vmt_hit"), "{glob}: {out}");
+    }
+
     // Unloaded during an exitless trace: its calls until then counted, its
     // sites (in freed text) left alone at the detach and said so.
     let args = ["--kernel", s(&bz), "--format", "json", "--trace", "vmt_*"];
