@@ -24,6 +24,9 @@ pub const MODULE_NAME_LEN: usize = 56;
 /// (`MODULE_STATE_UNFORMED`): its fields are not filled yet, and the
 /// kernel's own walks (kallsyms, ftrace) skip it too.
 const MODULE_STATE_UNFORMED: u32 = 3;
+/// `MODULE_STATE_GOING`: being unloaded (or its init failed), its text
+/// about to be freed: never a module to patch.
+const MODULE_STATE_GOING: u32 = 2;
 /// Size of one `Elf64_Sym` (`st_name` u32, `st_info`, `st_other`,
 /// `st_shndx` u16, `st_value` u64, `st_size` u64).
 const ELF64_SYM_SIZE: u64 = 24;
@@ -187,7 +190,7 @@ impl Reader<'_, '_> {
 
 /// Every module on the list whose head is at `head` (the link address
 /// in `layout` moved by the kernel's virtual KASLR offset), in list order
-/// (the newest first), but those still being set up. Read while the
+/// (the newest first), but those still being set up or going away. Read while the
 /// guest is stopped, or while no module loads or unloads.
 pub fn loaded(
     space: &mut AddressSpace<'_>,
@@ -202,7 +205,8 @@ pub fn loaded(
             return Err(ModuleError::TooLong { head });
         }
         let module = link - u64::from(layout.list);
-        if r.u32(module + u64::from(layout.state))? != MODULE_STATE_UNFORMED {
+        let state = r.u32(module + u64::from(layout.state))?;
+        if state != MODULE_STATE_UNFORMED && state != MODULE_STATE_GOING {
             out.push(read_module(&mut r, layout, module)?);
         }
         link = r.u64(link)?;
