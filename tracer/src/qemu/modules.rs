@@ -110,6 +110,9 @@ impl Walk {
 /// The modules of the kernel `image` as the guest has them now, read
 /// while it runs. None: a kernel without modules.
 pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, ModuleError> {
+    if image.symbol(MODULES).is_none() {
+        return Ok(None);
+    }
     let ram = ReadOnlyRam(ram);
     let phys = match phys_candidates(&ram, image).as_deref() {
         Some([one]) => *one,
