@@ -21,6 +21,9 @@
 #                                      Debian's own 6.12 cloud kernel, not built but
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
+#   bash guest/build.sh vmt-test       -> guest/out/debian-6.12/{vmt_test.ko,workload-vmt.cpio.gz}:
+#                                      the test module built against Debian 6.12's
+#                                      headers, and the workload initramfs with it
 #   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
 #                                      takes a hot-added vCPU under TCG: 6.12 does not;
@@ -39,7 +42,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 | debian-6.1 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 | vmt-test | debian-6.1 [ARGS...]" >&2
 	exit 1
 }
 
@@ -230,6 +233,62 @@ fetch_debian_kernel() {
 	fi
 	mkdir -p "$dst"
 	cp -f "$unpacked"/vmlinuz "$unpacked"/config "$unpacked"/System.map "$dst/"
+	# The package's name: build_vmt_test takes the headers of the same one.
+	echo "$pkg" >"$dst/package"
+}
+
+# guest/out/debian-6.12/{vmt_test.ko,workload-vmt.cpio.gz}: the test module
+# (guest/linux/vmt_test) built against the headers of the Debian 6.12 kernel
+# fetched above (its linux-headers, -common and linux-kbuild packages,
+# downloaded once into ~/.cache/vmtrace/debian/) with the host's gcc-12 (the
+# compiler Debian built it with), and the workload initramfs with
+# /vmt_test.ko appended as a second cpio (the kernel unpacks both). The
+# module is unsigned: this kernel loads it (no MODULE_SIG_FORCE, lockdown
+# off) and marks itself tainted (E).
+build_vmt_test() {
+	fetch_debian_kernel 6.12 "$DEBIAN_KERNEL_612" "$DEBIAN_SERIES_612"
+	local dst="$out/debian-6.12" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
+	local pkg release version
+	pkg="$(cat "$dst/package")"
+	release="${pkg#linux-image-}"
+	release="${release%-unsigned}"     # 6.12.117+deb12-cloud-amd64
+	version="${release%-cloud-amd64}"  # 6.12.117+deb12
+	local headers="$cache/linux-headers-$release"
+	if [[ ! -d "$headers" ]]; then
+		mkdir -p "$cache"
+		vmt_tmp="$(mktemp -d "$cache/.headers.XXXXXX")"
+		trap 'rm -rf "$vmt_tmp" "${workload_tmp:-}"' EXIT
+		(cd "$vmt_tmp" && apt-get download -q "linux-headers-$release" \
+			"linux-headers-$version-common" "linux-kbuild-$version" >/dev/null 2>&1) || {
+			echo "guest/build.sh: apt-get download of linux-headers-$release failed" >&2
+			exit 2
+		}
+		for deb in "$vmt_tmp"/*.deb; do dpkg-deb -x "$deb" "$vmt_tmp/x"; done
+		# Its Makefile includes the -common one by absolute path (/usr/src).
+		sed -i 's|^include /usr/src/|include $(dir $(lastword $(MAKEFILE_LIST)))../|' \
+			"$vmt_tmp/x/usr/src/linux-headers-$release/Makefile"
+		mv "$vmt_tmp/x" "$headers"
+		echo "guest/build.sh: downloaded linux-headers-$release" >&2
+	fi
+	local src="$here/linux/vmt_test" ko="$dst/vmt_test.ko" cpio="$dst/workload-vmt.cpio.gz"
+	build_workload
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" ]]; then
+		return
+	fi
+	vmt_tmp="$(mktemp -d "$out/.vmt_test.XXXXXX")"
+	trap 'rm -rf "$vmt_tmp" "${workload_tmp:-}"' EXIT
+	cp "$src/vmt_test.c" "$src/Kbuild" "$vmt_tmp/"
+	make -s -C "$headers/usr/src/linux-headers-$release" M="$vmt_tmp" modules >&2
+	cp "$vmt_tmp/vmt_test.ko" "$ko.tmp" && mv -f "$ko.tmp" "$ko"
+	{
+		cat "$out/workload.cpio.gz"
+		{
+			cpio_entry vmt_test.ko $((0100644)) "$ko"
+			cpio_entry TRAILER!!! 0
+		} | gzip -9 -n
+	} >"$cpio.tmp"
+	mv -f "$cpio.tmp" "$cpio"
+	echo "guest/build.sh: built $ko and $cpio" >&2
 }
 
 [[ $# -ge 1 ]] || usage
@@ -267,6 +326,9 @@ linux-6.12)
 	;;
 debian-6.12)
 	fetch_debian_kernel 6.12 "$DEBIAN_KERNEL_612" "$DEBIAN_SERIES_612"
+	;;
+vmt-test)
+	build_vmt_test
 	;;
 debian-6.1)
 	fetch_debian_kernel 6.1 "$DEBIAN_KERNEL_61" "$DEBIAN_SERIES_61"

@@ -62,6 +62,14 @@
  *   quit           power off (ACPI) or, with no ACPI, restart: under QEMU
  *                  -no-reboot either one ends QEMU with exit status 0
  *                                        -> workload: quit power-off|restart
+ *   insmod PATH    load the module file PATH (finit_module(2), no
+ *                  parameters)           -> workload: insmod 0 pid=W (or
+ *                                           workload: error insmod 0 failed: errno E)
+ *   rmmod NAME     unload module NAME (delete_module(2), O_NONBLOCK)
+ *                                        -> workload: rmmod 0 pid=W (or error)
+ *   vmt K          write K to /proc/vmt_test (procfs mounted first): the
+ *                  test module (guest/linux/vmt_test) calls vmt_hit() K times
+ *                                        -> workload: vmt K pid=W (or error)
  * Anything else: `workload: error ...`. Nothing is printed unasked (no
  * heartbeat), so the console stays quiet while a test traces.
  */
@@ -84,6 +92,8 @@
 #define SYS_exit 60
 #define SYS_sched_setaffinity 203
 #define SYS_openat 257
+#define SYS_delete_module 176
+#define SYS_finit_module 313
 
 #define O_RDONLY 0
 #define O_WRONLY 01
@@ -618,6 +628,41 @@ static void reply(struct line *l, const char *what, long n, long err, long pid)
 	emit(l);
 }
 
+/* Module commands (insmod PATH, rmmod NAME, vmt K): 1 if `w` was one. */
+static int run_module(char **w, int n, long pid)
+{
+	struct line l = { .len = 0 };
+	long fd, r, k;
+
+	if (n != 2)
+		return 0;
+	if (streq(w[0], "insmod")) {
+		fd = sys3(SYS_open, (long)w[1], O_RDONLY, 0);
+		r = fd < 0 ? fd : sys3(SYS_finit_module, fd, (long)"", 0);
+		if (fd >= 0)
+			sys3(SYS_close, fd, 0, 0);
+		reply(&l, "insmod ", 0, r, pid);
+		return 1;
+	}
+	if (streq(w[0], "rmmod")) {
+		/* O_NONBLOCK (04000): fail at once if the module is in use. */
+		reply(&l, "rmmod ", 0, sys3(SYS_delete_module, (long)w[1], 04000, 0), pid);
+		return 1;
+	}
+	k = parse_count(w[1]);
+	if (k >= 0 && streq(w[0], "vmt")) {
+		/* procfs, mounted at the first `vmt` (EBUSY after: ignored). */
+		sys6(SYS_mount, (long)"proc", (long)"/proc", (long)"proc", 0, 0, 0);
+		fd = sys3(SYS_open, (long)"/proc/vmt_test", O_WRONLY, 0);
+		r = fd < 0 ? fd : sys3(SYS_write, fd, (long)w[1], len_of(w[1]));
+		if (fd >= 0)
+			sys3(SYS_close, fd, 0, 0);
+		reply(&l, "vmt ", k, r < 0 ? r : 0, pid);
+		return 1;
+	}
+	return 0;
+}
+
 static void run_command(char *text, long pid)
 {
 	struct line l = { .len = 0 };
@@ -649,6 +694,8 @@ static void run_command(char *text, long pid)
 		run_ftrace(w, n);
 		return;
 	}
+	if (run_module(w, n, pid))
+		return;
 	count = n == 3 ? parse_count(w[2]) : -1;
 	if (n == 3 && streq(w[0], "go") && count >= 0 && run_go(w[1], count, &unexpected) == 0) {
 		put(&l, "workload: done ");
@@ -694,7 +741,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

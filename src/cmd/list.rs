@@ -7,8 +7,10 @@ use tracer::error::TracerError;
 use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::events::{EventError, EventGlobs, EventTable};
 use tracer::kernel::sites::SiteTable;
+use tracer::kernel::symbols::KernelImage;
 use tracer::plan::entry::{DirectPlan, EntryKind};
 use tracer::plan::list::Listing;
+use tracer::qemu::session;
 
 use crate::cli::ListArgs;
 use crate::config::ListConfig;
@@ -16,9 +18,12 @@ use crate::emit::to_stdout;
 use crate::error::{Error, InputError, Outcome};
 
 pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
-    let cfg = ListConfig::check(args)?;
+    let mut cfg = ListConfig::check(args)?;
     if cfg.events {
         return events(&cfg);
+    }
+    if let Some(qmp) = args.qmp.as_deref() {
+        add_modules(qmp, &mut cfg.image)?;
     }
     let listing = match cfg.entry.resolve(&cfg.image) {
         EntryKind::Ftrace => {
@@ -34,6 +39,7 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
         }
     }
     .map_err(InputError::from)?;
+    let listing = module_names_only(listing, &cfg.image);
     to_stdout("list", |w| listing.write(w))?;
     note!(
         "vmtrace: {} (symbols: {})",
@@ -41,6 +47,38 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
         cfg.image.source
     );
     Ok(Outcome::Clean)
+}
+
+/// The guest's loaded modules at `qmp` added to `image` (said on stderr).
+fn add_modules(qmp: &std::path::Path, image: &mut KernelImage) -> Result<(), Error> {
+    let connected = session::connect(qmp, None).map_err(InputError::Qemu)?;
+    match connected.modules(image) {
+        Ok(Some(m)) => {
+            let functions = image.add_modules(&m.list, m.layout, m.offset);
+            note!(
+                "vmtrace: {} loaded module{} in the guest ({functions} functions)",
+                m.list.len(),
+                if m.list.len() == 1 { "" } else { "s" }
+            );
+        }
+        Ok(None) => note!("vmtrace: the guest's kernel has no modules"),
+        Err(e) => note!("vmtrace: the guest's modules are not listed: {e}"),
+    }
+    Ok(())
+}
+
+/// A module's function listed once, as `function [module]` (as ftrace's
+/// available_filter_functions), not under its bare name too (an alias
+/// `--trace` matches).
+fn module_names_only<'a>(mut listing: Listing<'a>, image: &KernelImage) -> Listing<'a> {
+    listing.functions.retain(|f| {
+        f.name.ends_with(']')
+            || !image
+                .modules
+                .iter()
+                .any(|m| m.text.contains(&f.addr.wrapping_add(m.virt as u64)))
+    });
+    listing
 }
 
 /// `list -e`: one line per event the kernel lists, `SYSTEM:NAME (ARGS)`,

@@ -167,11 +167,7 @@ fn report_end(
         Ok(d) if attached > 0 => note!(
             "vmtrace: detached: {} sites restored{}",
             d.restored,
-            if d.changed > 0 {
-                format!(", {} changed by the guest and left alone", d.changed)
-            } else {
-                String::new()
-            }
+            left_alone(&d)
         ),
         Ok(_) => {}
         Err(e) => return Err(RuntimeError::Restore(e).into()),
@@ -237,6 +233,25 @@ fn say_unfinished(meta: &tracer::trace::model::TraceMeta) {
 
 /// A session error is the user's (nothing was written to the guest) or a
 /// failure to restore.
+/// What a detach left alone, after its count of sites restored: sites the
+/// guest changed, sites of modules it unloaded (their text freed).
+pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
+    let mut s = String::new();
+    if d.changed > 0 {
+        s.push_str(&format!(
+            ", {} changed by the guest and left alone",
+            d.changed
+        ));
+    }
+    if d.module_gone > 0 {
+        s.push_str(&format!(
+            ", {} in modules the guest unloaded during the trace left alone (their memory freed)",
+            d.module_gone
+        ));
+    }
+    s
+}
+
 fn session_error(e: SessionError) -> Error {
     match e {
         SessionError::Attach(e) => InputError::Tracer(e).into(),

@@ -42,6 +42,8 @@ pub struct QemuOpts {
     pub append: String,
     /// Added to QEMU's arguments (e.g. a memory backend).
     pub qemu_args: Vec<String>,
+    /// The initramfs (`-initrd`); None: the workload's.
+    pub initrd: Option<PathBuf>,
 }
 
 impl QemuOpts {
@@ -53,6 +55,7 @@ impl QemuOpts {
             cpus: 2,
             append: String::new(),
             qemu_args: Vec::new(),
+            initrd: None,
         }
     }
 
@@ -104,6 +107,15 @@ pub fn debian_612() -> PathBuf {
     static BUILD: Once = Once::new();
     BUILD.call_once(|| guest_build("debian-6.12"));
     root().join("guest/out/debian-6.12/vmlinuz")
+}
+
+/// guest/out/debian-6.12/workload-vmt.cpio.gz: the workload initramfs with
+/// /vmt_test.ko, the test module built against Debian 6.12's headers
+/// (guest/build.sh vmt-test; the headers are cached in ~/.cache/vmtrace).
+pub fn vmt_test_initramfs() -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| guest_build("vmt-test"));
+    root().join("guest/out/debian-6.12/workload-vmt.cpio.gz")
 }
 
 /// guest/out/debian-6.1/vmlinuz: bookworm's own 6.1 cloud kernel
@@ -168,7 +180,7 @@ impl QemuGuest {
     /// has connected its serial port and opened its QMP socket (the guest
     /// is booting: wait for [`QemuGuest::wait_ready`]).
     pub fn boot(opts: QemuOpts) -> QemuGuest {
-        let initrd = workload_initramfs();
+        let initrd = opts.initrd.clone().unwrap_or_else(workload_initramfs);
         assert!(
             opts.kernel.is_file(),
             "no kernel at {}",

@@ -700,7 +700,10 @@ fn negation_and_braces_select_like_ftrace() {
     assert!(select(&["schedule,!no_such_function"], &[]).is_ok());
     let e = select(&["!schedule"], &[]).expect_err("only negated");
     assert!(matches!(e, FilterError::OnlyNegated { .. }), "{e:?}");
+    // The image alone has no module's functions: a module glob matches none.
     let e = select(&[":mod:ext4"], &[]).expect_err("module");
+    assert!(matches!(e, FilterError::NoMatch { .. }), "{e:?}");
+    let e = select(&[":mod:"], &[]).expect_err("no module");
     assert!(matches!(e, FilterError::Module { .. }), "{e:?}");
 }
 

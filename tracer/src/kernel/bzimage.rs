@@ -150,6 +150,7 @@ fn from_payload(
         symbols,
         sections,
         bytes: std::sync::Arc::new(bytes),
+        modules: Vec::new(),
     };
     // A kernel built without ftrace has none: direct entries trace it
     // (`--entry`), and the plan names what is missing if ftrace's are asked.

@@ -12,9 +12,12 @@
 //!   `!glob` always wins. A `--trace` of `!glob`s alone is refused (ftrace
 //!   would remove them from an empty set: nothing to trace), and so is `!` in
 //!   `--notrace`;
-//! - ftrace's module syntax (`:mod:NAME`, `glob:mod:NAME`) and function
-//!   commands (`func:traceon`, ...) are refused by name: vmtrace traces the
-//!   kernel image (vmlinux) only.
+//! - ftrace's module syntax: `glob:mod:NAME` selects the functions of
+//!   module NAME (a glob too) that glob matches, `:mod:NAME` all of them.
+//!   A module's function is named `function [module]`, as ftrace lists it
+//!   (`crate::kernel::module_image`), with its bare name as an alias, so a
+//!   plain glob selects it too. Function commands (`func:traceon`, ...) are
+//!   refused by name.
 //!
 //! `Globs` is one such list (also what `vmtrace list` takes, see
 //! `crate::plan::list`); `Filter` is `--trace` and `--notrace` together.
@@ -22,6 +25,7 @@
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::advice::{Plain, TraceInput, TracerAdvice, TracerWords};
+use crate::kernel::glob_syntax::{self, module_glob, NotGlob};
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
 
@@ -139,8 +143,8 @@ impl TracerAdvice for FilterError {
                  give {notrace} the functions not to trace"
             ),
             FilterError::Module { input, glob } => format!(
-                "{} '{glob}': modules are not supported yet; vmtrace traces the kernel image \
-                 (vmlinux) only",
+                "{} '{glob}': no module named after ':mod:'; write FUNCTION_GLOB:mod:MODULE \
+                 (e.g. '*:mod:virtio_blk')",
                 name(input)
             ),
             FilterError::Command { input, glob } => format!(
@@ -307,22 +311,20 @@ fn negated(globs: &[String]) -> String {
         .join(",")
 }
 
-/// Refuses ftrace syntax vmtrace has no use for: modules and commands.
+/// Refuses ftrace syntax vmtrace has no use for (commands) and a `:mod:`
+/// without a module (`glob_syntax::check`).
 fn check_syntax(input: TraceInput, glob: &str) -> Result<(), FilterError> {
-    let err = |module: bool| {
-        let glob = glob.to_string();
-        if module {
-            FilterError::Module { input, glob }
-        } else {
-            FilterError::Command { input, glob }
-        }
-    };
-    // Kernel function names never hold a ':'.
-    match glob.find(':') {
-        None => Ok(()),
-        Some(i) if glob[i..].starts_with(":mod:") => Err(err(true)),
-        Some(_) => Err(err(false)),
-    }
+    let glob_ = || glob.to_string();
+    glob_syntax::check(glob).map_err(|r| match r {
+        NotGlob::Module => FilterError::Module {
+            input,
+            glob: glob_(),
+        },
+        NotGlob::Command => FilterError::Command {
+            input,
+            glob: glob_(),
+        },
+    })
 }
 
 /// `--trace` / `--notrace` globs over function names.
@@ -550,7 +552,7 @@ fn glob_set(input: TraceInput, globs: &[String]) -> Result<GlobSet, FilterError>
     };
     let mut builder = GlobSetBuilder::new();
     for glob in globs {
-        builder.add(compile(glob).map_err(|e| bad(glob, e))?);
+        builder.add(compile(&module_glob(glob)).map_err(|e| bad(glob, e))?);
     }
     builder.build().map_err(|e| bad(&globs.join(","), e))
 }
@@ -706,6 +708,7 @@ pub(crate) mod testing {
             symbols: Default::default(),
             sections: Vec::new(),
             bytes: Default::default(),
+            modules: Vec::new(),
         };
         let table = SiteTable {
             entries: sites.len(),
@@ -866,12 +869,11 @@ mod tests {
     }
 
     #[test]
-    fn modules_and_commands_are_refused() {
+    fn a_mod_without_a_module_and_commands_are_refused() {
         for (list, glob) in [
-            ("trace filter", ":mod:ext4"),
-            ("trace filter", "ext4_*:mod:ext4"),
-            ("trace filter", "!ext4_*:mod:ext4"),
-            ("notrace filter", "*:mod:kvm"),
+            ("trace filter", ":mod:"),
+            ("trace filter", "ext4_*:mod:"),
+            ("notrace filter", "*:mod:a:b"),
         ] {
             let (t, n) = if list == "trace filter" {
                 (vec![glob], vec![])
@@ -883,13 +885,31 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "{list} '{glob}': modules are not supported yet; vmtrace traces the \
-                     kernel image (vmlinux) only"
+                    "{list} '{glob}': no module named after ':mod:'; write \
+                     FUNCTION_GLOB:mod:MODULE (e.g. '*:mod:virtio_blk')"
                 )
             );
         }
         let e = filter(&["schedule:traceon"], &[]).expect_err("command");
         assert!(matches!(e, FilterError::Command { .. }), "{e:?}");
+    }
+
+    /// `G:mod:M` selects module M's functions (named `F [M]`) that G
+    /// matches; a plain glob matches the full name or (through its alias)
+    /// the bare one, never a kernel function of another name.
+    #[test]
+    fn mod_globs_select_a_modules_functions() {
+        let g = |globs: &[&str]| Globs::for_trace(&strings(globs)).unwrap();
+        let all = g(&[":mod:vmt_test"]);
+        assert!(all.is_match("vmt_hit [vmt_test]"));
+        assert!(!all.is_match("vmt_hit"));
+        assert!(!all.is_match("vmt_hit [vmt_other]"));
+        let some = g(&["vmt_h*:mod:vmt_*"]);
+        assert!(some.is_match("vmt_hit [vmt_other]"));
+        assert!(!some.is_match("vmt_batch [vmt_test]"));
+        let not = g(&["*:mod:vmt_test,!vmt_hit:mod:vmt_test"]);
+        assert!(not.is_match("vmt_batch [vmt_test]"));
+        assert!(!not.is_match("vmt_hit [vmt_test]"));
     }
 
     #[test]

@@ -179,6 +179,9 @@ pub struct KernelImage {
     /// Allocated sections with file data, sorted by `vaddr`.
     pub(crate) sections: Vec<FileSection>,
     pub(crate) bytes: std::sync::Arc<Vec<u8>>,
+    /// The running guest's modules whose functions were added
+    /// (`crate::kernel::module_image`); none from a file alone.
+    pub modules: Vec<crate::kernel::image_module::ImageModule>,
 }
 
 /// Symbols by name, functions by address, and their aliases (the fields of
@@ -392,6 +395,7 @@ impl KernelImage {
             symbols,
             sections,
             bytes,
+            modules: Vec::new(),
         };
         image.mcount_loc = match image.read_mcount_loc() {
             Err(SymbolError::NoMcountLoc { .. } | SymbolError::EmptyMcountLoc { .. })

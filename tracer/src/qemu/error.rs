@@ -30,6 +30,8 @@ pub enum QemuError {
     NoVcpus { qmp: PathBuf },
     #[error("cannot find the running kernel in the guest: {0}")]
     NotTraceable(String),
+    #[error("the guest's modules changed before the attach: {0}")]
+    ModulesChanged(String),
     #[error("the guest runs another kernel than {path}: its banner ({banner:?}) is nowhere in the guest kernel's mapping; give the running kernel's vmlinux or bzImage")]
     OtherKernel { path: PathBuf, banner: String },
     #[error("no guest memory is free for vmtrace's code and rings: {0}")]

@@ -245,6 +245,9 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// The kernel image's mapping (`KERNEL_IMAGE_SIZE`): modules are above.
+const IMAGE_MAP: u64 = 1 << 30;
+
 impl Journal {
     /// A journal for the QEMU `qemu_pid` reached at `qmp`, written before
     /// anything of the guest's is touched (the stub not yet opened).
@@ -421,14 +424,24 @@ impl Journal {
     /// What the guest's marker says of this attach (`super::marker`).
     pub fn marker(&self, offset: KernelOffset) -> Marker {
         let r = &self.record;
+        let image_sites: Vec<u64> = r
+            .sites
+            .iter()
+            .map(|s| s.va)
+            .filter(|&va| vmm::layout::kernel_virt_to_phys(va).is_some_and(|p| p < IMAGE_MAP))
+            .collect();
         Marker {
             vmtrace_pid: r.vmtrace_pid,
             vmtrace_start: r.vmtrace_start,
             qemu_pid: r.qemu_pid,
             offset,
             pages: r.pages.iter().map(|p| p.gpa).collect(),
-            sites: r.sites.iter().map(|s| s.va).collect(),
-            truncated: false,
+            // Only the image's sites: the marker finds a site's page by the
+            // image's linear mapping, which a module's text is not in
+            // (`super::modules`); with one left out, a repair from the
+            // marker alone leaves the region in place.
+            sites: image_sites.clone(),
+            truncated: image_sites.len() < r.sites.len(),
         }
     }
 

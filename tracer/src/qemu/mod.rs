@@ -34,6 +34,7 @@ mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
+pub mod modules;
 pub mod monitor;
 pub mod procmem;
 pub mod procs;

@@ -322,6 +322,15 @@ pub struct QemuSession {
 }
 
 impl Connected {
+    /// The guest kernel's loaded modules, read while it runs (None: a
+    /// kernel without modules), to add to `image` before the plan.
+    pub fn modules(
+        &self,
+        image: &KernelImage,
+    ) -> Result<Option<super::modules::GuestModules>, crate::kernel::modules::ModuleError> {
+        super::modules::read(&self.ram, image)
+    }
+
     /// `attach_in` exitless mode.
     pub fn attach(self, mut plan: TracePlan, rec: Recording) -> Result<QemuSession, QemuError> {
         plan.asked = ModeChoice::Exitless;
@@ -398,6 +407,10 @@ fn setup(
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
+    if let Err(why) = super::modules::confirm(&*vm.guest.ram(), &plan.plan.image, offset) {
+        let _ = first.resume();
+        return Err(QemuError::ModulesChanged(why));
+    }
     vm.image = image_span(&plan.plan.image, offset);
     // Exitless mode's rings: one per CPU the guest kernel may use.
     let cpus = ring_cpus(&first, &plan.plan, offset, first.cpus());
@@ -414,14 +427,7 @@ fn setup(
     };
     first.resume()?;
     let (decided, shared) = ring_memory(vm, journal, &plan, cpus, decided)?;
-    // Every site the attach may write, as it will find them.
-    let sites: Vec<(u64, u64)> = plan
-        .plan
-        .index
-        .addrs
-        .iter()
-        .filter_map(|&a| Some((offset.runtime(a), offset.phys_of(a)?)))
-        .collect();
+    let sites = site_addresses(vm, &plan.plan, offset);
     let (mut tracer, low, fallback) = match decided {
         Decision::Exitless(code, room) => {
             let mode = Mode::Exitless(code);
@@ -491,6 +497,25 @@ fn enable_events(
     super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
     vm.jumps = journal.record.jumps.clone();
     Ok(())
+}
+
+/// Every site the attach may write, as it will find them (running and
+/// guest-physical address): a module's through the kernel's page tables
+/// (its text is not in the image's linear mapping).
+fn site_addresses(vm: &QemuVm, plan: &Plan, offset: KernelOffset) -> Vec<(u64, u64)> {
+    let ram = vm.guest.ram();
+    let image = &plan.image;
+    plan.index
+        .addrs
+        .iter()
+        .filter_map(|&a| {
+            let va = offset.runtime(a);
+            match image.module_at(va) {
+                Some(_) => Some((va, super::modules::module_phys(&*ram, image, offset, va)?)),
+                None => Some((va, offset.phys_of(a)?)),
+            }
+        })
+        .collect()
 }
 
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).

@@ -40,6 +40,7 @@ mod finish;
 pub mod guest_ftrace;
 #[cfg(test)]
 pub(in crate::session) mod kvm_tests;
+pub mod module_sites;
 pub mod patch;
 mod reach;
 mod ready;
@@ -608,10 +609,9 @@ impl Tracer {
         self.reach.graph_hook().map_or(0, |h| h.shadow.live())
     }
 
-    /// Restore every patched site. The guest is paused or stopped.
-    /// Returns what this detach did; `detached` adds up all of them.
+    /// Restore every patched site (`module_sites`), the guest paused or stopped: `detached` adds up.
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
-        let mut c = patch::detach(mem, &self.patched)?;
+        let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
         c.guest_ftrace = self.reenable_guest_ftrace(mem);
         self.patched.clear();
         self.detached.restored += c.restored;

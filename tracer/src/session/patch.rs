@@ -146,6 +146,9 @@ pub struct DetachCounts {
     pub restored: usize,
     /// Sites whose trap had been overwritten by someone else: left alone.
     pub changed: usize,
+    /// Sites of modules the guest unloaded during the trace: their text
+    /// is freed, never written (`crate::kernel::modules::still_loaded`).
+    pub module_gone: usize,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
 }

@@ -1,0 +1,293 @@
+//! Kernel modules in a running guest (issue 37): Debian's 6.12 cloud kernel
+//! in QEMU/TCG, given as its vmlinuz alone (symbols from its kallsyms,
+//! layouts from its BTF), with the workload initramfs carrying vmtrace's
+//! test module (guest/linux/vmt_test, built against Debian's headers by
+//! guest/build.sh vmt-test). The workload loads it with finit_module;
+//! `tracer::kernel::modules` finds it in the guest's memory (name, text,
+//! functions, ftrace sites, each site the NOP the kernel left there);
+//! `vmtrace attach --trace 'vmt_*'` (and `'*:mod:vmt_test'`) traces its
+//! functions, named `vmt_hit [vmt_test]`, exactly, in exitless and trap
+//! modes, and leaves its text as found; unloaded during a trace, its sites
+//! are left alone at the detach (its text is freed), and it is gone from
+//! the list. One boot for all (about 25 s of QEMU/TCG).
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::attach::*;
+use common::guard::*;
+use common::qemu::*;
+use common::s;
+use tracer::kernel::btf::KernelBtf;
+use tracer::kernel::find::{kernel_image, Given};
+use tracer::kernel::modules::{loaded, LoadedModule, ModuleLayout};
+use tracer::qemu::procmem::ProcRam;
+use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
+use vm_memory::GuestAddress;
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::{GuestRam, RamError};
+
+/// The 5-byte NOP the kernel leaves at an ftrace site it does not trace
+/// (x86's `ftrace_nop_replace`, `x86_nops[5]`).
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+/// The kernel's top page table (arch/x86/kernel/head_64.S): kernel and
+/// module mappings are the same in every task's.
+const INIT_TOP_PGT: &str = "init_top_pgt";
+
+/// Guest RAM read through QEMU's /proc/PID/mem while the guest runs:
+/// enough for a page-table walk (`AddressSpace`); this test writes nothing.
+struct ReadOnly(ProcRam);
+
+impl GuestRam for ReadOnly {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        self.0
+            .read(addr.0, buf)
+            .map_err(|e| RamError::new(addr.0, buf.len(), e))
+    }
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, data.len(), "read-only"))
+    }
+    fn load_u32(&self, addr: GuestAddress, _: Ordering) -> Result<u32, RamError> {
+        let mut b = [0u8; 4];
+        self.read_bytes(&mut b, addr)?;
+        Ok(u32::from_le_bytes(b))
+    }
+    fn load_u64(&self, addr: GuestAddress, _: Ordering) -> Result<u64, RamError> {
+        let mut b = [0u8; 8];
+        self.read_bytes(&mut b, addr)?;
+        Ok(u64::from_le_bytes(b))
+    }
+    fn store_u32(&self, _: u32, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, 4, "read-only"))
+    }
+    fn store_u64(&self, _: u64, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, 8, "read-only"))
+    }
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+        self.0.read(addr.0, &mut vec![0u8; len]).is_ok()
+    }
+}
+
+/// The guest's modules, read from its memory as vmtrace reads them.
+struct Modules {
+    ram: ReadOnly,
+    root: u64,
+    layout: ModuleLayout,
+    /// `modules`' address in the running kernel (KASLR applied).
+    head: u64,
+}
+
+impl Modules {
+    fn open(guest: &QemuGuest, kernel: &Kernel, bz: &std::path::Path) -> Modules {
+        let file = vmm::boot::KernelFile::open(bz).unwrap();
+        let image = kernel_image(&file, Given::Nothing).unwrap().image;
+        let btf = KernelBtf::from_image(&image).unwrap();
+        let layout = ModuleLayout::find(&image, &btf).unwrap();
+        let mut qmp = Qmp::connect(guest.qmp_socket(), Duration::from_secs(10)).unwrap();
+        let ram = ReadOnly(ProcRam::open(qmp.pid().unwrap(), &qmp.ram_layout().unwrap()).unwrap());
+        let phys = kernel.phys_offset(&ram.0);
+        let pa = |link: u64| link - KERNEL_MAP + phys;
+        let root = pa(image.symbol(INIT_TOP_PGT).expect(INIT_TOP_PGT).addr);
+        // The virtual KASLR offset: the one 2 MiB step at which the
+        // kernel's tables map `modules` where it is in RAM.
+        let space = AddressSpace::new(&ram, root, PagingMode::Level4);
+        let steps: Vec<u64> = (0..512u64)
+            .map(|i| layout.head + i * KASLR_ALIGN)
+            .filter(|&va| space.translate(va).is_ok_and(|t| t.gpa == pa(layout.head)))
+            .collect();
+        assert_eq!(steps.len(), 1, "modules mapped at {steps:x?}");
+        Modules {
+            head: steps[0],
+            ram,
+            root,
+            layout,
+        }
+    }
+
+    fn read(&self) -> (Vec<LoadedModule>, AddressSpace<'_>) {
+        let mut space = AddressSpace::new(&self.ram, self.root, PagingMode::Level4);
+        let list = loaded(&mut space, &self.layout, self.head).unwrap();
+        (list, space)
+    }
+}
+
+/// Send the workload `line`; its answer must be `workload: REPLY
+/// pid=WORKER` (an error line names REPLY too, and fails at once).
+fn command(guest: &QemuGuest, line: &str, reply: &str, worker: u32) {
+    guest.send_line(line);
+    let got = guest.wait_for(reply, COMMAND_TIMEOUT).unwrap();
+    let want = format!("workload: {reply} pid={worker}");
+    assert!(got.contains(&want), "{line}: {got}");
+}
+
+#[test]
+fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
+    let bz = debian_612();
+    let kernel = Kernel::from_bzimage(&bz);
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        initrd: Some(vmt_test_initramfs()),
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let modules = Modules::open(&guest, &kernel, &bz);
+    let (before, _) = modules.read();
+    assert!(before.iter().all(|m| m.name != "vmt_test"), "{before:?}");
+    command(&guest, "insmod /vmt_test.ko", "insmod 0", w.worker);
+    command(&guest, "vmt 7", "vmt 7", w.worker);
+
+    let (list, mut space) = modules.read();
+    assert_eq!(list.len(), before.len() + 1, "{list:?}");
+    // The newest module is the list's first.
+    let m = &list[0];
+    assert_eq!(m.name, "vmt_test", "{list:?}");
+    assert!(m.text.start < m.text.end, "{m:?}");
+    let names: Vec<&str> = m.functions.iter().map(|f| f.name.as_str()).collect();
+    for f in ["vmt_hit", "vmt_batch", "vmt_write"] {
+        assert!(names.contains(&f), "{f} not in {names:?}");
+    }
+    // One site per traceable function (init and exit code aside), each in
+    // its function's first instructions (after an `endbr64` under IBT)
+    // and a NOP now.
+    for f in ["vmt_hit", "vmt_batch", "vmt_write"] {
+        let func = m.functions.iter().find(|x| x.name == f).unwrap();
+        let sites: Vec<u64> = m
+            .sites
+            .iter()
+            .copied()
+            .filter(|&s| m.function_at(s) == Some(func))
+            .collect();
+        assert_eq!(
+            sites.len(),
+            1,
+            "{f} at {:#x}: sites {:x?}",
+            func.addr,
+            m.sites
+        );
+        assert!(sites[0] - func.addr <= 4, "{f}: site {:#x}", sites[0]);
+        let mut bytes = [0u8; 5];
+        space.read(sites[0], &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "{f}'s site {:#x}", sites[0]);
+    }
+
+    let text = |space: &mut AddressSpace<'_>| {
+        let mut b = vec![0u8; (m.text.end - m.text.start) as usize];
+        space.read(m.text.start, &mut b).unwrap();
+        b
+    };
+    let found = text(&mut space);
+    for (mode, glob, k, graph) in [
+        ("exitless", "vmt_*", 300, false),
+        // Within the graph ring the guest's free low pages hold: 2 x (K + 2) records.
+        ("exitless", "vmt_*", 50, true),
+        ("trap", "*:mod:vmt_test", 40, false),
+    ] {
+        let mut args = vec![
+            "--kernel",
+            s(&bz),
+            "--format",
+            "json",
+            "--trace",
+            glob,
+            "--mode",
+            mode,
+        ];
+        if graph {
+            args.push("--graph");
+        }
+        let mut a = Attach::start(guest.qmp_socket(), &args);
+        let line = a.wait_line("vmtrace: attached to QEMU");
+        assert!(line.contains(mode), "{line}");
+        command(&guest, &format!("vmt {k}"), &format!("vmt {k}"), w.worker);
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+        assert!(
+            e.stderr.contains("1 loaded module in the guest"),
+            "{}",
+            e.stderr
+        );
+        let counts = e.counts();
+        assert_eq!(
+            counts.get("vmt_hit [vmt_test]"),
+            Some(&k),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(
+            counts.get("vmt_batch [vmt_test]"),
+            Some(&1),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(
+            counts.get("vmt_write [vmt_test]"),
+            Some(&1),
+            "{mode}: {counts:?}"
+        );
+        assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+        if graph {
+            // Every call returned through its hook: vmt_hit's, vmt_batch's,
+            // vmt_write's.
+            assert_eq!(e.json()["graph"]["returns"], k + 2, "{}", e.stdout);
+        }
+        assert_eq!(
+            text(&mut space),
+            found,
+            "{mode}: the module's text after the trace"
+        );
+        assert_no_gdbstub(guest.qmp_socket());
+    }
+
+    // Listed as ftrace lists it, by name or by `:mod:`, once each.
+    for glob in ["vmt_*", "*:mod:vmt_test"] {
+        let o = common::vmtrace(&[
+            "list",
+            "--qmp",
+            s(guest.qmp_socket()),
+            "--kernel",
+            s(&bz),
+            glob,
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let out = common::stdout(&o);
+        let lines: Vec<&str> = out.lines().collect();
+        for want in [
+            "vmt_hit [vmt_test]",
+            "vmt_batch [vmt_test]",
+            "vmt_write [vmt_test]",
+            "vmt_exit [vmt_test] [notrace]",
+        ] {
+            assert!(lines.contains(&want), "{glob}: {want:?} not in:\n{out}");
+        }
+        assert!(!lines.contains(&"vmt_hit"), "{glob}: {out}");
+    }
+
+    // Unloaded during an exitless trace: its calls until then counted, its
+    // sites (in freed text) left alone at the detach and said so.
+    let args = ["--kernel", s(&bz), "--format", "json", "--trace", "vmt_*"];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(&guest, "vmt 5", "vmt 5", w.worker);
+    command(&guest, "rmmod vmt_test", "rmmod 0", w.worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_eq!(
+        e.counts().get("vmt_hit [vmt_test]"),
+        Some(&5),
+        "{}",
+        e.stdout
+    );
+    assert!(
+        e.stderr
+            .contains("3 in modules the guest unloaded during the trace left alone"),
+        "{}",
+        e.stderr
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+    let (after, _) = modules.read();
+    assert_eq!(after, before);
+    assert_runs_on(&guest, w.worker);
+}

@@ -1,0 +1,49 @@
+//! A running guest's module whose functions a kernel image holds
+//! (`crate::kernel::module_image` adds them): what the attach checks is
+//! still loaded where it was read, and how to walk the module list
+//! (`crate::kernel::modules` reads it).
+
+use std::ops::Range;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageModule {
+    pub name: String,
+    /// Its `struct module`'s running address.
+    pub addr: u64,
+    /// Its text's running addresses.
+    pub text: Range<u64>,
+    /// The kernel's virtual and physical KASLR offsets when it was read
+    /// (its functions' link addresses in the image are `virt` below their
+    /// running ones).
+    pub virt: i64,
+    pub phys: i64,
+    /// How the module list was walked (to walk it again).
+    pub layout: ModuleLayout,
+}
+
+/// Where a module's text is described, by kernel version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TextAt {
+    /// Linux 6.4+: `mem[MOD_TEXT]`, a `struct module_memory` (`base`,
+    /// `size`): `at` the element's offset in `struct module`.
+    Memory { at: u32, base: u32, size: u32 },
+    /// Before: `core_layout` (`base`, and `text_size` of its `size`).
+    Layout { at: u32, base: u32, text_size: u32 },
+}
+
+/// Offsets into `struct module` and its parts, from the kernel's BTF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleLayout {
+    /// `modules`' link address.
+    pub head: u64,
+    pub(crate) state: u32,
+    pub(crate) list: u32,
+    pub(crate) name: u32,
+    pub(crate) text: TextAt,
+    pub(crate) kallsyms: u32,
+    pub(crate) symtab: u32,
+    pub(crate) num_symtab: u32,
+    pub(crate) strtab: u32,
+    pub(crate) ftrace_callsites: u32,
+    pub(crate) num_ftrace_callsites: u32,
+}

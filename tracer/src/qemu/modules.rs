@@ -1,0 +1,211 @@
+//! The loaded modules of the kernel a QEMU runs, read before the attach
+//! plans (the plan selects among their functions) while the guest runs,
+//! through /proc/PID/mem, and confirmed in the attach's first stop: the
+//! same modules at the same addresses, or the attach is refused (a
+//! module unloaded in between would have its freed text patched).
+//!
+//! No vCPU's registers are at hand before the stub stops the guest, so the
+//! walk uses the kernel's own top page table (`init_top_pgt`, whose
+//! kernel half every task's tables share: modules and the image are
+//! mapped there) at the physical KASLR offset the banner gives, and finds
+//! the virtual offset as the one 2 MiB step that maps `modules` there.
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::GuestAddress;
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::{GuestRam, RamError};
+
+use super::procmem::ProcRam;
+use crate::kernel::btf::KernelBtf;
+use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
+use crate::kernel::modules::{
+    kernel_space, loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, INIT_TOP_PGT,
+    MODULES,
+};
+use crate::kernel::symbols::KernelImage;
+
+/// Virtual KASLR moves the image within its 1 GiB mapping.
+const VIRT_STEPS: u64 = (1 << 30) / KASLR_ALIGN;
+
+/// A QEMU's RAM through /proc/PID/mem, for reads only (a page-table walk
+/// while the guest runs: nothing is written before the attach's stop).
+pub struct ReadOnlyRam<'a>(pub &'a ProcRam);
+
+impl GuestRam for ReadOnlyRam<'_> {
+    fn read_bytes(&self, buf: &mut [u8], addr: GuestAddress) -> Result<(), RamError> {
+        let len = buf.len();
+        self.0
+            .read(addr.0, buf)
+            .map_err(|e| RamError::new(addr.0, len, e))
+    }
+    fn write_bytes(&self, data: &[u8], addr: GuestAddress) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, data.len(), "read-only"))
+    }
+    fn load_u32(&self, addr: GuestAddress, _: Ordering) -> Result<u32, RamError> {
+        self.0
+            .load_u32(addr.0)
+            .map_err(|e| RamError::new(addr.0, 4, e))
+    }
+    fn load_u64(&self, addr: GuestAddress, _: Ordering) -> Result<u64, RamError> {
+        self.0
+            .load_u64(addr.0)
+            .map_err(|e| RamError::new(addr.0, 8, e))
+    }
+    fn store_u32(&self, _: u32, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, 4, "read-only"))
+    }
+    fn store_u64(&self, _: u64, addr: GuestAddress, _: Ordering) -> Result<(), RamError> {
+        Err(RamError::new(addr.0, 8, "read-only"))
+    }
+    fn contains(&self, addr: GuestAddress, len: usize) -> bool {
+        let end = addr.0.saturating_add(len as u64);
+        self.0
+            .ranges()
+            .iter()
+            .any(|r| addr.0 >= r.gpa && end <= r.gpa + r.len)
+    }
+}
+
+/// The guest's modules, each with its text's bytes, and where the kernel
+/// runs.
+pub struct GuestModules {
+    pub list: Vec<(LoadedModule, Vec<u8>)>,
+    pub layout: ModuleLayout,
+    pub offset: KernelOffset,
+}
+
+/// Where a kernel's module list is and how to walk it.
+struct Walk {
+    layout: ModuleLayout,
+    root: u64,
+}
+
+impl Walk {
+    /// None: the kernel has no modules (`CONFIG_MODULES` off).
+    fn of(image: &KernelImage, phys: i64) -> Result<Option<Walk>, ModuleError> {
+        if image.symbol(MODULES).is_none() {
+            return Ok(None);
+        }
+        let btf = KernelBtf::from_image(image)?;
+        let layout = ModuleLayout::find(image, &btf)?;
+        let pgt = image
+            .symbol(INIT_TOP_PGT)
+            .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
+            .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
+        let root = pgt.wrapping_add(phys as u64);
+        Ok(Some(Walk { layout, root }))
+    }
+
+    fn space<'m>(&self, ram: &'m dyn GuestRam) -> AddressSpace<'m> {
+        AddressSpace::new(ram, self.root, PagingMode::Level4)
+    }
+
+    fn list(&self, ram: &dyn GuestRam, virt: i64) -> Result<Vec<LoadedModule>, ModuleError> {
+        let head = self.layout.head.wrapping_add(virt as u64);
+        loaded(&mut self.space(ram), &self.layout, head)
+    }
+}
+
+/// The modules of the kernel `image` as the guest has them now, read
+/// while it runs. None: a kernel without modules.
+pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, ModuleError> {
+    if image.symbol(MODULES).is_none() {
+        return Ok(None);
+    }
+    let ram = ReadOnlyRam(ram);
+    let phys = match phys_candidates(&ram, image).as_deref() {
+        Some([one]) => *one,
+        other => {
+            return Err(ModuleError::Unlocated(format!(
+                "the kernel's banner is at {} places in RAM",
+                other.map_or(0, |o| o.len())
+            )))
+        }
+    };
+    let Some(walk) = Walk::of(image, phys)? else {
+        return Ok(None);
+    };
+    let head = walk.layout.head;
+    let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
+    let space = walk.space(&ram);
+    let steps: Vec<u64> = (0..VIRT_STEPS)
+        .filter(|i| {
+            let va = head + i * KASLR_ALIGN;
+            space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
+        })
+        .collect();
+    let [step] = steps[..] else {
+        return Err(ModuleError::Unlocated(format!(
+            "{MODULES} is mapped at {} places",
+            steps.len()
+        )));
+    };
+    let offset = KernelOffset {
+        virt: (step * KASLR_ALIGN) as i64,
+        phys,
+    };
+    let mut list = Vec::new();
+    for m in walk.list(&ram, offset.virt)? {
+        let mut text = vec![0u8; (m.text.end - m.text.start) as usize];
+        walk.space(&ram)
+            .read(m.text.start, &mut text)
+            .map_err(|source| ModuleError::Read {
+                addr: m.text.start,
+                source,
+            })?;
+        list.push((m, text));
+    }
+    Ok(Some(GuestModules {
+        list,
+        layout: walk.layout,
+        offset,
+    }))
+}
+
+/// In the attach's stop: the modules `image` holds are still loaded where
+/// they were read, and the kernel runs at the `offset` they were read
+/// with; else why not.
+pub fn confirm(
+    ram: &dyn GuestRam,
+    image: &KernelImage,
+    offset: KernelOffset,
+) -> Result<(), String> {
+    if image.modules.is_empty() {
+        return Ok(());
+    }
+    if image
+        .modules
+        .iter()
+        .any(|m| m.virt != offset.virt || m.phys != offset.phys)
+    {
+        return Err(
+            "the kernel's KASLR offsets differ from those its modules were read with".into(),
+        );
+    }
+    let loaded = still_loaded(ram, image).map_err(|e| e.to_string())?;
+    if let Some(m) = image
+        .modules
+        .iter()
+        .zip(loaded)
+        .find_map(|(m, l)| (!l).then_some(m))
+    {
+        return Err(format!(
+            "module {} was unloaded or reloaded while vmtrace read it; attach again",
+            m.name
+        ));
+    }
+    Ok(())
+}
+
+/// The guest-physical address of running address `va` in a module's text
+/// (the image's own are at `offset.phys_of`).
+pub fn module_phys(
+    ram: &dyn GuestRam,
+    image: &KernelImage,
+    offset: KernelOffset,
+    va: u64,
+) -> Option<u64> {
+    let space = kernel_space(ram, image, offset.phys)?;
+    space.translate(va).ok().map(|t| t.gpa)
+}
