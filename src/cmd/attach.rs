@@ -250,6 +250,17 @@ fn say_ring_device(left: Option<String>) {
     }
 }
 
+/// How the detach left the VM: running, or in someone else's stop.
+fn runs_on(left_stopped: Option<&str>) -> String {
+    match left_stopped {
+        None => "the guest runs on".to_string(),
+        Some(why) => format!(
+            "the VM stays stopped ({}), as someone else stopped it",
+            tracer::qemu::liveness::RunState::parse(why)
+        ),
+    }
+}
+
 /// Say how the detach went, then report and save what was traced.
 fn report(
     ended: QemuEnded,
@@ -268,13 +279,7 @@ fn report(
         left_stopped,
         ring_device,
     } = ended;
-    let runs_on = match &left_stopped {
-        None => "the guest runs on".to_string(),
-        Some(why) => format!(
-            "the VM stays stopped ({}), as someone else stopped it",
-            tracer::qemu::liveness::RunState::parse(why)
-        ),
-    };
+    let runs_on = runs_on(left_stopped.as_deref());
     match (&detached, reason) {
         (Ok(d), _) if trap => note!(
             "vmtrace: detached ({reason}): {} breakpoints removed; {runs_on}",

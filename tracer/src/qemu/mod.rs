@@ -27,6 +27,7 @@ pub mod gdb;
 pub mod guest;
 pub mod ivshmem;
 pub mod journal;
+mod kernel_at;
 pub mod layout;
 pub mod libvirt;
 pub mod libvirt_monitor;

@@ -16,8 +16,9 @@ use super::ending::Detach;
 pub use super::ending::{EndReason, QemuEnded};
 pub use super::error::QemuError;
 use super::gdb::{Gdb, GdbAddr, GdbError};
-use super::guest::{QemuGuest, QemuStop, StopMark};
+use super::guest::{QemuGuest, StopMark};
 use super::journal::Journal;
+use super::kernel_at::{image_span, kernel_offset, site_addresses};
 use super::marker::MARKER_GPA;
 use super::mode::{falls_back, ring_cpus, room};
 use super::monitor::Monitor;
@@ -28,11 +29,11 @@ use super::repair;
 use super::ring_device;
 use super::staging::{exitless_region, ring_memory};
 use super::stub::{self, GdbStubError};
-use crate::kernel::kaslr::{self, Detected, KernelOffset};
+use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
-use crate::plan::{Mode, ModeChoice, Plan, TracePlan};
+use crate::plan::{Mode, ModeChoice, TracePlan};
 use crate::session::backend::{self, Patience, Waited};
 use crate::session::{Observer, Recording, Tracer};
 
@@ -42,10 +43,6 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `RETRY` apart.
 const ATTEMPTS: u32 = 100;
 const RETRY: Duration = Duration::from_millis(100);
-/// The kernel image's virtual area: `__START_KERNEL_map` and its size with
-/// KASLR (arch/x86/include/asm/page_64_types.h).
-const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
-const KERNEL_IMAGE_SIZE: u64 = 1 << 30;
 
 /// The QEMU traced, for the report's header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -260,52 +257,6 @@ fn let_go(qmp: &mut Monitor, opened: &Stub, error: QemuError, held: bool) -> Qem
     }
 }
 
-/// Where the kernel runs (KASLR), from the first stop.
-fn kernel_offset(stop: &QemuStop<'_>, plan: &Plan) -> Result<KernelOffset, QemuError> {
-    match kaslr::detect(stop, &plan.image) {
-        Ok(Detected::Offset(o)) => Ok(o),
-        Ok(_) => Err(not_found(stop, &plan.image)),
-        Err(e) => Err(QemuError::NotTraceable(e.to_string())),
-    }
-}
-
-/// Where the running kernel's image is (`_text` to `_end`), if its
-/// symbols say.
-fn image_span(image: &KernelImage, offset: KernelOffset) -> Option<std::ops::Range<u64>> {
-    let start = image.symbol("_text")?.addr;
-    let end = image.symbol("_end")?.addr;
-    Some(offset.runtime(start)..offset.runtime(end))
-}
-
-/// Why the kernel's banner was found nowhere: a kernel runs (its image's
-/// virtual area maps memory) but not this one, or none runs yet. The
-/// running kernel maps at least 2 MiB there, so one of the 2 MiB steps
-/// lands in it.
-fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
-    // Any paged vCPU's tables: the kernel's image area is in every one.
-    let mapped = stop.vcpu_spaces().into_iter().any(|mut v| {
-        (0..KERNEL_IMAGE_SIZE / kaslr::KASLR_ALIGN).any(|i| {
-            v.space
-                .gpa(KERNEL_MAP_BASE + i * kaslr::KASLR_ALIGN)
-                .is_ok()
-        })
-    });
-    let banner = image
-        .symbol(kaslr::BANNER)
-        .and_then(|b| image.file_bytes(b.addr, usize::try_from(b.size).ok()?));
-    match (mapped, banner) {
-        (true, Some(b)) => QemuError::OtherKernel {
-            path: image.path.clone(),
-            banner: String::from_utf8_lossy(b)
-                .trim_end_matches(['\0', '\n'])
-                .to_string(),
-        },
-        _ => QemuError::NotTraceable(
-            "no vCPU runs with the kernel's page tables, and its banner is not mapped (still in firmware or early boot?)".into(),
-        ),
-    }
-}
-
 /// A QEMU being traced.
 pub struct QemuSession {
     pub(super) vm: QemuVm,
@@ -497,25 +448,6 @@ fn enable_events(
     super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
     vm.jumps = journal.record.jumps.clone();
     Ok(())
-}
-
-/// Every site the attach may write, as it will find them (running and
-/// guest-physical address): a module's through the kernel's page tables
-/// (its text is not in the image's linear mapping).
-fn site_addresses(vm: &QemuVm, plan: &Plan, offset: KernelOffset) -> Vec<(u64, u64)> {
-    let ram = vm.guest.ram();
-    let image = &plan.image;
-    plan.index
-        .addrs
-        .iter()
-        .filter_map(|&a| {
-            let va = offset.runtime(a);
-            match image.module_at(va) {
-                Some(_) => Some((va, super::modules::module_phys(&*ram, image, offset, va)?)),
-                None => Some((va, offset.phys_of(a)?)),
-            }
-        })
-        .collect()
 }
 
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).
