@@ -1,10 +1,14 @@
 //! Every event of a QEMU guest kept (issue 40, item 3): under `vmtrace
-//! attach` (real QEMU/TCG, the workload guest of tests/common/qemu.rs),
-//! `--graph --retval --comm 'wl-*'` while the worker makes 500 `openat`
-//! calls stores every call and every return, each return with its value
-//! (-2, ENOENT: the path is missing), on 2 and on 4 vCPUs; and the README's
-//! attach example (`--trace '__x64_sys_*' --duration`) drops nothing. A
-//! drop would name its cause in the report (`drops`), asserted empty here.
+//! attach` (real QEMU/TCG, Debian's 6.12 cloud kernel with the workload
+//! initramfs: a distribution guest, whose ACPI PCI hot-plug takes
+//! vmtrace's ring device), `--graph --retval --comm 'wl-*'` while the
+//! worker makes 500 `openat` calls stores every call and every return,
+//! each return with its value (-2, ENOENT: the path is missing), on 2 and
+//! on 4 vCPUs; and the README's attach example (`--trace '__x64_sys_*'
+//! --duration`) drops nothing. A drop would name its cause in the report
+//! (`drops`), asserted empty here. The rings hold the whole burst, so no
+//! assertion here depends on how soon the host runs the drainer (on the
+//! default guest's low-memory rings it did: a busy host dropped calls).
 
 mod common;
 
@@ -19,8 +23,9 @@ const N: u64 = 500;
 /// worker's N openat calls; then (on the first guest only) the README's
 /// example on the same boot.
 fn keeps_every_openat(cpus: u32, readme: bool) {
-    let (bz, _) = common::linux_61();
+    let bz = debian_612();
     let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
         cpus,
         ..QemuOpts::linux()
     });
@@ -45,6 +50,11 @@ fn keeps_every_openat(cpus: u32, readme: bool) {
     let v = e.json();
     let g = &v["graph"];
     assert_eq!(v["mode"], "exitless", "{v}");
+    assert!(
+        e.stderr.contains("hot-plugged ivshmem device"),
+        "{}",
+        e.stderr
+    );
     // The worker's calls, all stored; nothing dropped, for any cause.
     assert_eq!(
         (&v["events"], &v["events_stored"], &v["dropped"]),
@@ -78,8 +88,7 @@ fn keeps_every_openat(cpus: u32, readme: bool) {
     }
 }
 
-/// No drop counted for any cause (`drops` says at most that the rings were
-/// sized down to fit the guest's low memory).
+/// No drop counted for any cause.
 fn no_drop_counted(v: &serde_json::Value) {
     let d = &v["drops"];
     if d.is_null() {
@@ -89,7 +98,6 @@ fn no_drop_counted(v: &serde_json::Value) {
     for cause in ["held", "over_budget", "overwritten"] {
         assert_eq!(d[cause], 0, "{cause}: {d}");
     }
-    assert!(d["ring_given"].as_u64() < d["ring_asked"].as_u64(), "{d}");
 }
 
 /// The one task the report names (the worker), with its calls.
