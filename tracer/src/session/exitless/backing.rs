@@ -48,6 +48,10 @@ pub struct RegionPages {
     /// (a QEMU device's BAR: `crate::qemu::ivshmem`), if any: the data
     /// pages map onto it one to one, nothing of the guest's is kept.
     own_data: Option<u64>,
+    /// Guest-physical memory of vmtrace's own behind the whole region, if
+    /// any (no guest page is known unused): every page maps onto it one
+    /// to one, the data window `own_data` inside it.
+    own_region: Option<u64>,
 }
 
 /// Where region page `page` goes among the free pages, of `n` (None: past
@@ -103,6 +107,16 @@ impl RegionPages {
         }
     }
 
+    /// The whole region (code, tables, data window) in vmtrace's own
+    /// memory at `gpa`, `REGION_LEN` bytes: no guest page used.
+    pub fn with_own_region(gpa: u64) -> RegionPages {
+        RegionPages {
+            own_data: Some(gpa + (DATA_GPA - REGION_GPA)),
+            own_region: Some(gpa),
+            ..RegionPages::default()
+        }
+    }
+
     /// The page behind region page `page`, if it has one.
     pub fn real(&self, page: u64) -> Option<u64> {
         self.backed.get(&page).copied()
@@ -112,6 +126,11 @@ impl RegionPages {
     /// `ram`) if it has none.
     fn back(&mut self, page: u64, ram: &dyn GuestRam) -> Result<u64, RamError> {
         if let Some(&real) = self.backed.get(&page) {
+            return Ok(real);
+        }
+        if let Some(base) = self.own_region {
+            let real = base + (page - REGION_GPA);
+            self.backed.insert(page, real);
             return Ok(real);
         }
         if let Some(base) = self
@@ -158,6 +177,11 @@ impl RegionPages {
     /// Where vmtrace's own memory for the data window is, if it has some.
     pub fn own_data(&self) -> Option<u64> {
         self.own_data
+    }
+
+    /// Where vmtrace's own memory for the whole region is, if it has some.
+    pub fn own_region(&self) -> Option<u64> {
+        self.own_region
     }
 
     /// Free pages given out so far, and in all.
