@@ -92,7 +92,11 @@ fn a_510_guest_is_traced_in_trap_mode_and_exitless() {
         &[&base[..], &["__x64_sys_getpid", "--mode", "exitless"]].concat(),
     );
     let line = a.wait_line("vmtrace: attached to QEMU");
-    assert!(line.contains("ivshmem"), "{line}");
+    assert!(
+        line.contains("code and rings in a hot-plugged ivshmem device")
+            && line.contains("no guest page used"),
+        "{line}"
+    );
     assert!(info_pci(qmp).contains(DEVICE));
     guest.go("getpid", 500).unwrap();
     a.signal(libc::SIGINT);
