@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::attach::*;
@@ -28,6 +29,44 @@ fn info_pci(qmp: &Path) -> String {
         .unwrap()
         .hmp("info pci")
         .unwrap()
+}
+
+/// The ring files of vmtrace's for the QEMU `pid` on this host.
+fn ring_files(pid: u32) -> Vec<String> {
+    let prefix = format!("vmtrace-rings-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn detach(qmp: &Path) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["detach", "--qmp", s(qmp)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vmtrace detach");
+    common::wait_bounded(child)
+}
+
+/// SIGKILL the attach's guardian, then the attach: nothing repairs the VM
+/// until `vmtrace detach`.
+fn kill_with_guardian(a: Attach) {
+    let pid = a.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    for g in children.split_whitespace() {
+        let g: i32 = g.parse().unwrap();
+        // SAFETY: kill(2) of the attach's own child, before the attach
+        // (its parent) is killed: it cannot have been reaped and reused.
+        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
+    }
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
 }
 
 /// Every function with an ftrace site is listed traceable: the sites are
@@ -107,4 +146,47 @@ fn a_510_guest_is_traced_in_trap_mode_and_exitless() {
     assert_same(&memory, &after, "after an exitless trace");
     assert_eq!(info_pci(qmp), pci, "the ring device is gone");
     assert_no_gdbstub(qmp);
+
+    // The function graph: its return stubs in the device too, every
+    // return of a 500-call burst kept.
+    let exitless = ["--mode", "exitless", "--graph"];
+    let mut a = Attach::start(
+        qmp,
+        &[&base[..], &["__x64_sys_getpid"], &exitless[..]].concat(),
+    );
+    a.wait_line("vmtrace: attached to QEMU");
+    guest.go("getpid", 500).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let j = e.json();
+    assert_eq!(j["events_stored"], 500, "{j}");
+    assert_eq!(j["graph"]["returns_stored"], 500, "{j}");
+    let (after, _) = kernel.read(qmp);
+    assert_same(&memory, &after, "after an exitless graph trace");
+    assert_eq!(info_pci(qmp), pci);
+
+    // Killed with its guardian: `vmtrace detach` takes the region out of
+    // the page tables (its tables in the device) and the device away.
+    let pid = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .pid()
+        .unwrap();
+    let mut a = Attach::start(
+        qmp,
+        &[&base[..], &["__x64_sys_getpid", "--mode", "exitless"]].concat(),
+    );
+    a.wait_line("vmtrace: attached to QEMU");
+    kill_with_guardian(a);
+    assert_eq!(ring_files(pid).len(), 1);
+    let o = detach(qmp);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("removed vmtrace's ring device"), "{err}");
+    let (after, _) = kernel.read(qmp);
+    assert_same(&memory, &after, "after a killed attach and vmtrace detach");
+    assert_eq!(info_pci(qmp), pci);
+    assert_eq!(ring_files(pid), Vec::<String>::new());
+    assert_no_gdbstub(qmp);
+    guest.go("getpid", 10).unwrap();
 }
