@@ -457,4 +457,30 @@ mod tests {
             .iter()
             .all(|(r, _)| *r < 1 << 20));
     }
+
+    /// The whole region in memory of vmtrace's own (a kernel before 5.13,
+    /// no page known free): code, data window and tables one to one in
+    /// it, the guest's RAM never written nor kept.
+    #[test]
+    fn own_region_memory_takes_every_page_one_to_one() {
+        let bar = 0x1_0000_0000u64;
+        let low = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let own =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(bar), REGION_LEN as usize)]).unwrap();
+        let pages = Arc::new(Mutex::new(RegionPages::with_own_region(bar)));
+        let ram: &dyn GuestRam = &Backed::with_own(
+            Arc::new(low.clone()),
+            Arc::clone(&pages),
+            Arc::new(own.clone()),
+        );
+        for (gpa, v) in [(CODE_GPA + 8, 1u64), (DATA_GPA + 16, 2), (SPARE_PD_GPA, 3)] {
+            ram.write_obj(v, GuestAddress(gpa)).unwrap();
+            let at = GuestAddress(bar + (gpa - REGION_GPA));
+            assert_eq!(vm_memory::Bytes::read_obj::<u64>(&own, at).unwrap(), v);
+        }
+        let p = pages.lock().unwrap();
+        assert_eq!(p.used(), (0, 0));
+        assert!(p.originals().is_empty());
+        assert_eq!(p.own_data(), Some(bar + (DATA_GPA - REGION_GPA)));
+    }
 }
