@@ -28,6 +28,11 @@
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
 #                                      takes a hot-added vCPU under TCG: 6.12 does not;
 #                                      it has GCC's `.cold` fragments: 6.12's has none)
+#   bash guest/build.sh debian-5.10    -> guest/out/debian-5.10/{vmlinuz,config,System.map}:
+#                                      bullseye's own 5.10 cloud kernel (before 5.13: no
+#                                      free low MiB proven), fetched with curl through
+#                                      bullseye's Packages index (not in the apt sources)
+#                                      and checked against its SHA256
 #
 # Environment: CC (default gcc), LD (default ld), FORCE=1 rebuilds even when
 # the output is up to date. Safe to run concurrently: each run builds in its
@@ -42,7 +47,7 @@ CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
 usage() {
-	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 | vmt-test | debian-6.1 [ARGS...]" >&2
+	echo "usage: guest/build.sh mini | mini-noftrace | mini-percpu-addr | mini-rethunk | workload | linux | linux-acpi | linux-noftrace | linux-6.12 | debian-6.12 | vmt-test | debian-6.1 | debian-5.10 [ARGS...]" >&2
 	exit 1
 }
 
@@ -196,6 +201,71 @@ DEBIAN_SERIES_612='^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$'
 DEBIAN_KERNEL_61="${DEBIAN_KERNEL_61:-linux-image-6.1.0-57-cloud-amd64-unsigned}"
 DEBIAN_SERIES_61='^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$'
 
+DEBIAN_KERNEL_510="${DEBIAN_KERNEL_510:-linux-image-5.10.0-32-cloud-amd64-unsigned}"
+DEBIAN_SERIES_510='^linux-image-5\.10\.0-[0-9]+-cloud-amd64-unsigned$'
+DEBIAN_INDEX_510="${DEBIAN_INDEX_510:-http://deb.debian.org/debian/dists/bullseye/main/binary-amd64/Packages.xz}"
+DEBIAN_POOL="${DEBIAN_POOL:-http://deb.debian.org/debian}"
+
+# Unpacks the .deb in DIR into DIR/boot/{vmlinuz,config,System.map}.
+unpack_debian_kernel() {
+	local dir="$1"
+	dpkg-deb -x "$dir"/*.deb "$dir/x"
+	mkdir -p "$dir/boot"
+	cp "$dir"/x/boot/vmlinuz-* "$dir/boot/vmlinuz"
+	cp "$dir"/x/boot/config-* "$dir/boot/config"
+	cp "$dir"/x/boot/System.map-* "$dir/boot/System.map"
+}
+
+# guest/out/debian-SERIES/ for a release missing from the apt sources
+# (bullseye): the package PKG (or the newest matching SERIES_RE) found in
+# the Packages index at INDEX, downloaded with curl and checked against the
+# index's SHA256, cached as fetch_debian_kernel does.
+fetch_debian_kernel_by_index() {
+	local series="$1" pkg="$2" series_re="$3" index="$4"
+	local dst="$out/debian-$series" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
+	local unpacked="$cache/$pkg"
+	if [[ ! -d "$unpacked" ]]; then
+		mkdir -p "$cache"
+		debian_tmp="$(mktemp -d "$cache/.$pkg.XXXXXX")"
+		trap 'rm -rf "$debian_tmp"' EXIT
+		curl -fsSL -o "$debian_tmp/Packages.xz" "$index" || {
+			echo "guest/build.sh: cannot fetch $index" >&2
+			exit 2
+		}
+		# Package, Filename and SHA256 of each stanza, one line each.
+		local stanzas entry
+		stanzas="$(xz -dc "$debian_tmp/Packages.xz" | awk '
+			/^Package: /{p=$2} /^Filename: /{f=$2} /^SHA256: /{h=$2}
+			/^$/{if (p != "") print p, f, h; p=""; f=""; h=""}')"
+		entry="$(awk -v p="$pkg" '$1 == p' <<<"$stanzas" | tail -1)"
+		if [[ -z "$entry" ]]; then
+			entry="$(awk '{print}' <<<"$stanzas" | grep -E "^${series_re%\$} " | sort -V | tail -1 || true)"
+			[[ -n "$entry" ]] || {
+				echo "guest/build.sh: no Debian $series cloud kernel package in $index" >&2
+				exit 2
+			}
+			echo "guest/build.sh: $pkg is gone from the archive; using ${entry%% *}" >&2
+			pkg="${entry%% *}"
+			unpacked="$cache/$pkg"
+		fi
+		local file sum
+		read -r _ file sum <<<"$entry"
+		curl -fsSL -o "$debian_tmp/${file##*/}" "$DEBIAN_POOL/$file" || {
+			echo "guest/build.sh: cannot fetch $DEBIAN_POOL/$file" >&2
+			exit 2
+		}
+		echo "$sum  $debian_tmp/${file##*/}" | sha256sum -c --quiet - || {
+			echo "guest/build.sh: $file does not match the SHA256 in $index" >&2
+			exit 2
+		}
+		unpack_debian_kernel "$debian_tmp"
+		mv "$debian_tmp/boot" "$unpacked"
+		echo "guest/build.sh: downloaded $pkg" >&2
+	fi
+	mkdir -p "$dst"
+	cp -f "$unpacked"/vmlinuz "$unpacked"/config "$unpacked"/System.map "$dst/"
+}
+
 # guest/out/debian-SERIES/: the vmlinuz, config and System.map of Debian's
 # cloud kernel package PKG (or the newest matching SERIES_RE), downloaded
 # once into ~/.cache/vmtrace/debian/.
@@ -332,6 +402,9 @@ vmt-test)
 	;;
 debian-6.1)
 	fetch_debian_kernel 6.1 "$DEBIAN_KERNEL_61" "$DEBIAN_SERIES_61"
+	;;
+debian-5.10)
+	fetch_debian_kernel_by_index 5.10 "$DEBIAN_KERNEL_510" "$DEBIAN_SERIES_510" "$DEBIAN_INDEX_510"
 	;;
 *)
 	usage

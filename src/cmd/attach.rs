@@ -211,6 +211,13 @@ fn say_attached(s: &QemuSession) {
     );
     let sites = s.tracer().attach_counts.patched;
     match (s.region_pages(), s.ring_device()) {
+        // No guest page known unused (a kernel before 5.13): all in the device.
+        (Some((0, 0)), Some((gpa, size))) => note!(
+            "{qemu}: {sites} sites patched, exitless; \
+             vmtrace's code and rings in a hot-plugged ivshmem device \
+             ({} MiB at {gpa:#x}, removed at the detach), no guest page used",
+            size >> 20
+        ),
         (Some((used, free)), Some((gpa, size))) => note!(
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code in {used} of the guest's {free} unused low pages, \

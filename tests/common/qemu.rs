@@ -128,6 +128,16 @@ pub fn debian_61() -> PathBuf {
     root().join("guest/out/debian-6.1/vmlinuz")
 }
 
+/// guest/out/debian-5.10/vmlinuz: bullseye's own 5.10 cloud kernel
+/// (downloaded once per test binary; cached in ~/.cache/vmtrace/debian).
+/// Before 5.13: its low MiB is not known unused, and its `__mcount_loc`
+/// table is not sorted at build time.
+pub fn debian_510() -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| guest_build("debian-5.10"));
+    root().join("guest/out/debian-5.10/vmlinuz")
+}
+
 fn guest_build(what: &str) {
     let st = Command::new("bash")
         .arg(root().join("guest/build.sh"))

@@ -306,13 +306,16 @@ fn index_kallsyms(entries: &[KallsymsEntry]) -> Indexed {
 }
 
 /// The `__mcount_loc` table in the section at file offset `offset` (`len`
-/// bytes, virtual address `va`): the run of 8-byte-aligned words, strictly
-/// ascending (scripts/sorttable sorts the table at build time,
-/// BUILDTIME_MCOUNT_SORT) and each inside the kernel text, that holds the
-/// most ftrace call sites (a function's entry, or entry + 4 behind
-/// `endbr64`, holding a 5-byte NOP or `call __fentry__`); most of its
+/// bytes, virtual address `va`): the run of 8-byte-aligned words each
+/// inside the kernel text that holds the most ftrace call sites (a
+/// function's entry, or entry + 4 behind `endbr64`, holding a 5-byte NOP or
+/// `call __fentry__`), trimmed to its first and last site; most of its
 /// entries must be sites (a few are stale: overridden weak functions).
-/// Nothing else in init data is a long sorted list of such addresses.
+/// The run need not ascend: scripts/sorttable sorts the table at build
+/// time only since 5.15 (BUILDTIME_MCOUNT_SORT, later made the default);
+/// before, it is each object's own sorted list in link order (Debian's 5.10
+/// has 1,350 descents in its 33,982 entries) and ftrace_init sorts it at
+/// boot. Nothing else in init data is a long list of such addresses.
 /// Entries the build zeroed (sorted first) are left out, as `SiteTable`
 /// ignores them anyway: the table found ends at `__stop_mcount_loc` and
 /// starts at its first non-zero entry, which tests/linux_symbols.rs checks
@@ -352,7 +355,7 @@ fn find_mcount_loc(
     for (i, &w) in words.iter().enumerate().chain([(words.len(), &0)]) {
         let inside = i < words.len() && in_text(w);
         if let Some((start, sites)) = run {
-            if inside && words[i - 1] < w {
+            if inside {
                 run = Some((start, sites + usize::from(is_site(w))));
                 continue;
             }
@@ -363,6 +366,9 @@ fn find_mcount_loc(
         run = inside.then(|| (i, usize::from(is_site(w))));
     }
     let (s, e, sites) = best?;
+    // Text addresses next to the table (another table's) are no sites.
+    let s = (s..e).find(|&i| is_site(words[i]))?;
+    let e = (s..e).rfind(|&i| is_site(words[i]))? + 1;
     if sites == 0 || sites * 2 < e - s {
         return None;
     }

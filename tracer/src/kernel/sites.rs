@@ -10,6 +10,17 @@ pub const SITE_LEN: usize = 5;
 /// The kernel's ideal x86 5-byte NOP (`nopl 0x0(%rax,%rax,1)`, x86_nops[5]),
 /// also what `gcc -mnop-mcount` and objtool put at a site in the file.
 pub const NOP5: [u8; SITE_LEN] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+/// The 5-byte NOP ftrace_init writes at a site before 5.13 on a CPU without
+/// `nopl` in its ideal NOPs (`K8_NOP5_ATOMIC`, arch/x86/include/asm/nops.h
+/// of 5.10: AMD family 0xf, as QEMU's default `qemu64` CPU says it is);
+/// 5.13 made `NOP5` the only one (x86_nops).
+pub const K8_NOP5: [u8; SITE_LEN] = [0x66, 0x66, 0x66, 0x66, 0x90];
+
+/// Whether `bytes` are a 5-byte NOP the kernel writes at a disabled site.
+pub fn is_kernel_nop5(bytes: &[u8]) -> bool {
+    bytes == NOP5 || bytes == K8_NOP5
+}
+
 /// `endbr64`: with IBT (-fcf-protection) it precedes the site at a function's
 /// entry, so the site is at function start + 4.
 pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
@@ -76,8 +87,8 @@ pub fn classify(bytes: &[u8], site_addr: u64, fentry_addr: Option<u64>) -> SiteK
         return SiteKind::Other;
     }
     match insn.code() {
-        // Other 5-byte NOP encodings exist; the kernel only ever writes NOP5.
-        Code::Nop_rm32 if bytes == NOP5 => SiteKind::Nop,
+        // Other 5-byte NOP encodings exist; the kernel only ever writes these.
+        _ if is_kernel_nop5(bytes) => SiteKind::Nop,
         Code::Call_rel32_64 if Some(insn.near_branch64()) == fentry_addr => SiteKind::CallFentry,
         _ => SiteKind::Other,
     }
@@ -313,6 +324,15 @@ mod tests {
     fn nop5_is_nop() {
         assert_eq!(classify(&NOP5, SITE, None), SiteKind::Nop);
         assert_eq!(classify(&NOP5, SITE, Some(FENTRY_ADDR)), SiteKind::Nop);
+    }
+
+    /// 5.10's NOP on an AMD family 0xf CPU (QEMU's `qemu64`) is one too.
+    #[test]
+    fn k8_nop5_is_nop() {
+        assert_eq!(classify(&K8_NOP5, SITE, Some(FENTRY_ADDR)), SiteKind::Nop);
+        // Four NOPs of 66 90, 90 are not one 5-byte instruction.
+        let split = [0x66, 0x90, 0x66, 0x90, 0x90];
+        assert_eq!(classify(&split, SITE, None), SiteKind::Other);
     }
 
     #[test]

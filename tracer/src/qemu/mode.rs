@@ -15,7 +15,10 @@ use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::pci_hotplug;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::Room;
-use crate::plan::exitless::layout::{CODE_VA, LARGE_PAGE, PD_COUNT};
+use crate::plan::exitless::layout::{CODE_VA, LARGE_PAGE, PAGE, PD_COUNT, REGION_LEN};
+
+/// The region's pages, all in the ring device when it holds the code too.
+const REGION_PAGES: usize = (REGION_LEN / PAGE) as usize;
 use crate::plan::Plan;
 
 /// Where exitless mode's region can live and how fast the guest's TSC
@@ -26,6 +29,9 @@ pub struct FreeRoom {
     pub tsc_khz: u32,
     /// The rings are sized to the ring device, to be plugged.
     pub own_rings: bool,
+    /// The code and tables go in the ring device too: no guest page is
+    /// known unused (a kernel before 5.13 keeps no low MiB to itself).
+    pub own_code: bool,
 }
 
 /// Room for exitless mode in the stopped guest: its free low memory and
@@ -45,7 +51,24 @@ pub fn room(
     if left {
         return Err(QemuError::RegionLeft);
     }
-    let low = lowmem::find(&mut space, &plan.image, offset)?;
+    // A kernel that takes a hot-plugged PCI device gets the ring device
+    // (`super::ivshmem`), plugged once the guest runs again; one that
+    // cannot would never let it go (QEMU waits for the guest's eject).
+    let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
+    let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
+        Ok(low) => (low, false),
+        // Before 5.13 no guest page is known unused: the whole region
+        // (code, tables, rings) in the device, the guest's pages untouched.
+        Err(LowMemError::TooOld(major, minor)) if own_rings => (
+            LowMemory {
+                pages: Vec::new(),
+                trampoline: (0, 0),
+                version: (major, minor),
+            },
+            true,
+        ),
+        Err(e) => return Err(e.into()),
+    };
     let tsc_khz = match plan.image.symbol("tsc_khz") {
         Some(s) => space
             .read_array::<4>(offset.runtime(s.addr))
@@ -62,17 +85,18 @@ pub fn room(
     if tsc_khz == 0 {
         return Err(QemuError::NoTscRate(tsc_khz));
     }
-    // A kernel that takes a hot-plugged PCI device gets the ring device
-    // (`super::ivshmem`), plugged once the guest runs again; one that
-    // cannot would never let it go (QEMU waits for the guest's eject).
-    let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
     Ok(Room {
-        pages: low.pages.len(),
+        // The device's pages below the data window hold the code.
+        pages: match own_code {
+            true => REGION_PAGES,
+            false => low.pages.len(),
+        },
         own_rings,
         found: FreeRoom {
             low,
             tsc_khz,
             own_rings,
+            own_code,
         },
     })
 }

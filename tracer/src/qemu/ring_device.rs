@@ -11,15 +11,20 @@ use super::error::QemuError;
 use super::ivshmem::{self, IvshmemError, SharedNames, SharedRings};
 use super::journal::Journal;
 use super::monitor::Monitor;
-use crate::plan::exitless::layout::DATA_LEN;
+use crate::plan::exitless::layout::{DATA_LEN, REGION_LEN};
 
 /// The device's memory: the whole data window, which the rings and the
 /// function graph's frames take (`crate::plan::attach_mode`'s own rings).
 pub const SIZE: u64 = DATA_LEN;
+/// The device's memory when it holds the whole region, code and tables
+/// too (a guest with no page known unused): a power of two, as ivshmem's
+/// BAR must be.
+pub const SIZE_WITH_CODE: u64 = REGION_LEN;
 
 /// Journal, then plug the ring device into the QEMU `qmp` reaches.
-pub fn plug(qmp: &mut Monitor, journal: &mut Journal) -> Result<SharedRings, QemuError> {
-    let names = SharedNames::new(std::process::id(), journal.record.qemu_pid, SIZE);
+/// `size`: `SIZE`, or `SIZE_WITH_CODE`.
+pub fn plug(qmp: &mut Monitor, journal: &mut Journal, size: u64) -> Result<SharedRings, QemuError> {
+    let names = SharedNames::new(std::process::id(), journal.record.qemu_pid, size);
     journal.set_shared(Some(names.clone()))?;
     match qmp.burst(|m| ivshmem::plug(m, &names)) {
         Ok(s) => Ok(s),

@@ -615,11 +615,13 @@ impl QemuSession {
     /// (None without one).
     pub fn ring_device(&self) -> Option<(u64, u64)> {
         match &self.vm.arming {
-            Arming::Exitless { pages } => pages
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .own_data()
-                .map(|gpa| (gpa, ring_device::SIZE)),
+            Arming::Exitless { pages } => {
+                let pages = pages.lock().unwrap_or_else(|e| e.into_inner());
+                match pages.own_region() {
+                    Some(gpa) => Some((gpa, ring_device::SIZE_WITH_CODE)),
+                    None => pages.own_data().map(|gpa| (gpa, ring_device::SIZE)),
+                }
+            }
             Arming::Trap { .. } => None,
         }
     }

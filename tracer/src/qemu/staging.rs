@@ -30,7 +30,11 @@ pub(super) fn ring_memory(
         Decision::Exitless(_, ref room) if room.own_rings => room.clone(),
         d => return Ok((d, None)),
     };
-    let device = match ring_device::plug(&mut vm.qmp, journal) {
+    let size = match room.own_code {
+        true => ring_device::SIZE_WITH_CODE,
+        false => ring_device::SIZE,
+    };
+    let device = match ring_device::plug(&mut vm.qmp, journal, size) {
         Ok(s) => return Ok((decided, Some(s))),
         Err(e) => e.to_string(),
     };
@@ -39,6 +43,7 @@ pub(super) fn ring_memory(
         own_rings: false,
         found: FreeRoom {
             own_rings: false,
+            own_code: false,
             ..room
         },
     };
@@ -67,7 +72,10 @@ pub(super) fn exitless_region(
 ) -> Result<(), QemuError> {
     let (pages, view) = match shared {
         Some(s) => {
-            let pages = RegionPages::with_own_data(room.low.pages, s.gpa);
+            let pages = match room.own_code {
+                true => RegionPages::with_own_region(s.gpa),
+                false => RegionPages::with_own_data(room.low.pages, s.gpa),
+            };
             let pages = Arc::new(Mutex::new(pages));
             let own = ring_device::own_memory(&s);
             let view = Backed::with_own(vm.guest.ram(), Arc::clone(&pages), own);

@@ -23,7 +23,7 @@ use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::GuestRam;
 
 use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
-use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
+use crate::kernel::sites::{classify, is_kernel_nop5, SiteKind, SITE_LEN};
 
 use crate::kernel::boot_patched::BootPatched;
 use crate::kernel::symbols::KernelImage;
@@ -551,12 +551,13 @@ fn write_span(
 /// plain NOP yet? Used to wait for the guest's own ftrace_init.
 pub fn is_nop(mem: &dyn GuestRam, gpa: u64) -> bool {
     let mut b = [0u8; SITE_LEN];
-    mem.read_slice(&mut b, GuestAddress(gpa)).is_ok() && b == NOP5
+    mem.read_slice(&mut b, GuestAddress(gpa)).is_ok() && is_kernel_nop5(&b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::sites::NOP5;
     use iced_x86::{Decoder, DecoderOptions, Mnemonic};
     use vm_memory::{Bytes, GuestMemoryMmap};
     use vmm::gva::PagingMode;

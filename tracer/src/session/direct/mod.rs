@@ -31,7 +31,7 @@ use vmm::gva::AddressSpace;
 use vmm::GuestRam;
 
 use crate::kernel::direct::DirectSite;
-use crate::kernel::sites::{classify, SiteKind, NOP5, SITE_LEN};
+use crate::kernel::sites::{classify, is_kernel_nop5, SiteKind, SITE_LEN};
 use crate::kernel::symbols::KernelImage;
 use crate::plan::exitless::layout::{
     direct_stubs_len, CODE_GPA, CODE_VA, RETURN_TRAP_OFF, STUB_SLOT,
@@ -120,7 +120,7 @@ impl DirectSites {
             let read = phys_of(s.addr)
                 .is_some_and(|gpa| mem.read_slice(&mut b, GuestAddress(gpa)).is_ok());
             read && (image.file_bytes(s.addr, SITE_LEN) == Some(&b[..])
-                || (s.ftrace_nop && b == NOP5))
+                || (s.ftrace_nop && is_kernel_nop5(&b)))
         })
     }
 

@@ -48,6 +48,10 @@ pub struct RegionPages {
     /// (a QEMU device's BAR: `crate::qemu::ivshmem`), if any: the data
     /// pages map onto it one to one, nothing of the guest's is kept.
     own_data: Option<u64>,
+    /// Guest-physical memory of vmtrace's own behind the whole region, if
+    /// any (no guest page is known unused): every page maps onto it one
+    /// to one, the data window `own_data` inside it.
+    own_region: Option<u64>,
 }
 
 /// Where region page `page` goes among the free pages, of `n` (None: past
@@ -103,6 +107,16 @@ impl RegionPages {
         }
     }
 
+    /// The whole region (code, tables, data window) in vmtrace's own
+    /// memory at `gpa`, `REGION_LEN` bytes: no guest page used.
+    pub fn with_own_region(gpa: u64) -> RegionPages {
+        RegionPages {
+            own_data: Some(gpa + (DATA_GPA - REGION_GPA)),
+            own_region: Some(gpa),
+            ..RegionPages::default()
+        }
+    }
+
     /// The page behind region page `page`, if it has one.
     pub fn real(&self, page: u64) -> Option<u64> {
         self.backed.get(&page).copied()
@@ -112,6 +126,11 @@ impl RegionPages {
     /// `ram`) if it has none.
     fn back(&mut self, page: u64, ram: &dyn GuestRam) -> Result<u64, RamError> {
         if let Some(&real) = self.backed.get(&page) {
+            return Ok(real);
+        }
+        if let Some(base) = self.own_region {
+            let real = base + (page - REGION_GPA);
+            self.backed.insert(page, real);
             return Ok(real);
         }
         if let Some(base) = self
@@ -158,6 +177,11 @@ impl RegionPages {
     /// Where vmtrace's own memory for the data window is, if it has some.
     pub fn own_data(&self) -> Option<u64> {
         self.own_data
+    }
+
+    /// Where vmtrace's own memory for the whole region is, if it has some.
+    pub fn own_region(&self) -> Option<u64> {
+        self.own_region
     }
 
     /// Free pages given out so far, and in all.
@@ -432,5 +456,31 @@ mod tests {
             .originals()
             .iter()
             .all(|(r, _)| *r < 1 << 20));
+    }
+
+    /// The whole region in memory of vmtrace's own (a kernel before 5.13,
+    /// no page known free): code, data window and tables one to one in
+    /// it, the guest's RAM never written nor kept.
+    #[test]
+    fn own_region_memory_takes_every_page_one_to_one() {
+        let bar = 0x1_0000_0000u64;
+        let low = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let own =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(bar), REGION_LEN as usize)]).unwrap();
+        let pages = Arc::new(Mutex::new(RegionPages::with_own_region(bar)));
+        let ram: &dyn GuestRam = &Backed::with_own(
+            Arc::new(low.clone()),
+            Arc::clone(&pages),
+            Arc::new(own.clone()),
+        );
+        for (gpa, v) in [(CODE_GPA + 8, 1u64), (DATA_GPA + 16, 2), (SPARE_PD_GPA, 3)] {
+            ram.write_obj(v, GuestAddress(gpa)).unwrap();
+            let at = GuestAddress(bar + (gpa - REGION_GPA));
+            assert_eq!(vm_memory::Bytes::read_obj::<u64>(&own, at).unwrap(), v);
+        }
+        let p = pages.lock().unwrap();
+        assert_eq!(p.used(), (0, 0));
+        assert!(p.originals().is_empty());
+        assert_eq!(p.own_data(), Some(bar + (DATA_GPA - REGION_GPA)));
     }
 }
