@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::attach::{count_of, Attach};
+use common::attach::{count_of, kill_with_guardian, Attach};
 use std::path::Path;
 
 use common::guard::{assert_same, diffs, Kernel, Memory, Watch, BAD, LOW};
@@ -301,23 +301,4 @@ fn killed_attaches_are_repaired(guest: &LibvirtGuest, bz: &Path, watch: &Watch, 
         common::stderr(&out).contains("nothing of vmtrace's found"),
         "{out:?}"
     );
-}
-
-/// SIGKILL `vmtrace attach` and its guardian: the VM waits for `vmtrace
-/// detach`.
-fn kill_with_guardian(a: Attach) {
-    let pid = a.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let guardians: Vec<i32> = children
-        .split_whitespace()
-        .map(|c| c.parse().unwrap())
-        .collect();
-    assert_eq!(guardians.len(), 1, "one guardian: {children:?}");
-    for g in guardians {
-        // SAFETY: kill(2) of the attach's own child, before the attach
-        // (its parent) is killed: it cannot have been reaped and reused.
-        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
-    }
-    a.signal(libc::SIGKILL);
-    let _ = a.end();
 }

@@ -9,7 +9,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::attach::*;
@@ -41,32 +40,6 @@ fn ring_files(pid: u32) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn detach(qmp: &Path) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-        .args(["detach", "--qmp", s(qmp)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vmtrace detach");
-    common::wait_bounded(child)
-}
-
-/// SIGKILL the attach's guardian, then the attach: nothing repairs the VM
-/// until `vmtrace detach`.
-fn kill_with_guardian(a: Attach) {
-    let pid = a.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    for g in children.split_whitespace() {
-        let g: i32 = g.parse().unwrap();
-        // SAFETY: kill(2) of the attach's own child, before the attach
-        // (its parent) is killed: it cannot have been reaped and reused.
-        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
-    }
-    a.signal(libc::SIGKILL);
-    let _ = a.end();
 }
 
 /// Every function with an ftrace site is listed traceable: the sites are

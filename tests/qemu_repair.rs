@@ -12,7 +12,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::attach::*;
@@ -26,20 +26,6 @@ use tracer::qemu::queries::Queries;
 /// A hang guard for a frozen guest to show as frozen (far above the time a
 /// TCG guest takes to reach its next traced call).
 const FREEZE: Duration = Duration::from_secs(120);
-
-/// `vmtrace detach --qmp QMP`, bounded.
-fn detach(qmp: &Path) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-        .args(["detach", "--qmp", s(qmp)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vmtrace detach");
-    let out = common::wait_bounded(child);
-    eprintln!("  [detach] {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -127,25 +113,6 @@ fn journal_of(guest: &QemuGuest) -> std::path::PathBuf {
     let path = journal::path_for(guest.pid(), start);
     assert!(path.is_file(), "{}", path.display());
     path
-}
-
-/// SIGKILL `vmtrace attach` and its guardian (as when the OOM killer or a
-/// cgroup kill takes both): the VM waits for `vmtrace detach`.
-fn kill_with_guardian(a: Attach) {
-    let pid = a.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let guardians: Vec<i32> = children
-        .split_whitespace()
-        .map(|c| c.parse().unwrap())
-        .collect();
-    assert_eq!(guardians.len(), 1, "one guardian: {children:?}");
-    for g in guardians {
-        // SAFETY: kill(2) of the attach's own child, before the attach
-        // (its parent) is killed: it cannot have been reaped and reused.
-        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
-    }
-    a.signal(libc::SIGKILL);
-    let _ = a.end();
 }
 
 /// Every byte vmtrace may write is as `before`, no gdbstub is left and

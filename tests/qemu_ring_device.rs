@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::attach::*;
@@ -53,32 +52,6 @@ fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {
     assert!(line.contains(SAID), "{line}");
     assert!(info_pci(qmp).contains(DEVICE), "{}", info_pci(qmp));
     a
-}
-
-fn detach(qmp: &Path) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
-        .args(["detach", "--qmp", s(qmp)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vmtrace detach");
-    common::wait_bounded(child)
-}
-
-/// SIGKILL the attach's guardian, then the attach: nothing repairs the VM
-/// until `vmtrace detach`.
-fn kill_with_guardian(a: Attach) {
-    let pid = a.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    for g in children.split_whitespace() {
-        let g: i32 = g.parse().unwrap();
-        // SAFETY: kill(2) of the attach's own child, before the attach
-        // (its parent) is killed: it cannot have been reaped and reused.
-        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
-    }
-    a.signal(libc::SIGKILL);
-    let _ = a.end();
 }
 
 /// A guest as found: its bytes, its PCI devices, the host's files.

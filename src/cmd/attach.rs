@@ -13,8 +13,8 @@ use tracer::session::guest_ftrace;
 use tracer::session::store::Storage;
 use tracer::session::{Observer, Progress, Recording};
 
-use super::guard;
 use super::vm_target::VmTarget;
+use super::{guard, guest_modules};
 use crate::cli::AttachArgs;
 use crate::config::{kernel_image, secs, size, Output};
 use crate::datafile::Data;
@@ -52,7 +52,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         })
         .ok();
     let mut image = image;
-    add_modules(&connected, &mut image);
+    guest_modules::add(&connected, &mut image, Some("traced"));
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
     // Auto mode found exitless mode impossible for this kernel already.
@@ -117,24 +117,6 @@ fn say_events(s: &QemuSession, silent: &[String]) {
             "vmtrace: not recorded yet: {} (this kernel's static calls reach __traceiter_NAME only while a probe is registered in the guest; docs/events.md)",
             silent.join(", ")
         );
-    }
-}
-
-/// The guest's loaded modules added to `image`, so that `--trace` selects
-/// their functions too (`name [module]`); said on stderr. A kernel whose
-/// modules cannot be read is traced without them, and the line says why.
-fn add_modules(connected: &session::Connected, image: &mut tracer::kernel::symbols::KernelImage) {
-    match connected.modules(image) {
-        Ok(None) => {}
-        Ok(Some(m)) => {
-            let functions = image.add_modules(&m.list, m.layout, m.offset);
-            note!(
-                "vmtrace: {} loaded module{} in the guest ({functions} functions)",
-                m.list.len(),
-                if m.list.len() == 1 { "" } else { "s" }
-            );
-        }
-        Err(e) => note!("vmtrace: the guest's modules are not traced: {e}"),
     }
 }
 

@@ -52,18 +52,7 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
 /// The guest's loaded modules at `qmp` added to `image` (said on stderr).
 fn add_modules(qmp: &std::path::Path, image: &mut KernelImage) -> Result<(), Error> {
     let connected = session::connect(qmp, None).map_err(InputError::Qemu)?;
-    match connected.modules(image) {
-        Ok(Some(m)) => {
-            let functions = image.add_modules(&m.list, m.layout, m.offset);
-            note!(
-                "vmtrace: {} loaded module{} in the guest ({functions} functions)",
-                m.list.len(),
-                if m.list.len() == 1 { "" } else { "s" }
-            );
-        }
-        Ok(None) => note!("vmtrace: the guest's kernel has no modules"),
-        Err(e) => note!("vmtrace: the guest's modules are not listed: {e}"),
-    }
+    super::guest_modules::add(&connected, image, None);
     Ok(())
 }
 

@@ -5,6 +5,7 @@ mod attach;
 mod bench;
 mod detach;
 mod guard;
+mod guest_modules;
 mod list;
 mod record;
 mod report;

@@ -234,3 +234,36 @@ pub fn gdb_socket(vmtrace: &Attach) -> PathBuf {
             .join(stub::SOCKET),
     }
 }
+
+/// `vmtrace detach --qmp QMP`, bounded; its stderr echoed for the log.
+pub fn detach(qmp: &Path) -> std::process::Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["detach", "--qmp", s(qmp)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vmtrace detach");
+    let out = super::wait_bounded(child);
+    eprintln!("  [detach] {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// SIGKILL `vmtrace attach` and its one guardian (as when the OOM killer
+/// or a cgroup kill takes both): the VM waits for `vmtrace detach`.
+pub fn kill_with_guardian(a: Attach) {
+    let pid = a.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let guardians: Vec<i32> = children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(guardians.len(), 1, "one guardian: {children:?}");
+    for g in guardians {
+        // SAFETY: kill(2) of the attach's own child, before the attach
+        // (its parent) is killed: it cannot have been reaped and reused.
+        assert_eq!(unsafe { libc::kill(g, libc::SIGKILL) }, 0);
+    }
+    a.signal(libc::SIGKILL);
+    let _ = a.end();
+}
