@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::attach::*;
@@ -16,31 +15,11 @@ use common::guard::*;
 use common::qemu::*;
 use common::{s, stderr, stdout, vmtrace};
 use tracer::qemu::qmp::Qmp;
-use tracer::qemu::queries::Queries;
 
 /// getpid's function, by either of the names sharing its address.
 const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
 /// How the attach names its ring device.
 const DEVICE: &str = "vmtrace-ivshmem-";
-
-fn info_pci(qmp: &Path) -> String {
-    Qmp::connect(qmp, Duration::from_secs(10))
-        .unwrap()
-        .hmp("info pci")
-        .unwrap()
-}
-
-/// The ring files of vmtrace's for the QEMU `pid` on this host.
-fn ring_files(pid: u32) -> Vec<String> {
-    let prefix = format!("vmtrace-rings-{pid}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Every function with an ftrace site is listed traceable: the sites are
 /// the whole table (33,982 in 5.10.0-32; 534 when only its first sorted

@@ -17,32 +17,12 @@ use common::guard::*;
 use common::qemu::*;
 use common::s;
 use tracer::qemu::qmp::Qmp;
-use tracer::qemu::queries::Queries;
 
 /// getpid's function, by either of the names sharing its address.
 const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
 /// How the attach names its device, and how the attached line says so.
 const DEVICE: &str = "vmtrace-ivshmem-";
 const SAID: &str = "its rings in a hot-plugged ivshmem device";
-
-fn info_pci(qmp: &Path) -> String {
-    Qmp::connect(qmp, Duration::from_secs(10))
-        .unwrap()
-        .hmp("info pci")
-        .unwrap()
-}
-
-/// The ring files of vmtrace's for the QEMU `pid` on this host.
-fn ring_files(pid: u32) -> Vec<String> {
-    let prefix = format!("vmtrace-rings-{pid}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Attached exitless, the rings in the device: QEMU lists it meanwhile.
 fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::console::{tail, SerialConsole};
 use super::{linux_61, root};
+use tracer::qemu::queries::Queries;
 
 /// A hang guard for a boot to the workload's ready line (TCG boots take
 /// seconds to a minute here; no test asserts a time).
@@ -415,4 +416,25 @@ impl Drop for OneGuest {
         *ONE.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
         ONE.1.notify_all();
     }
+}
+
+/// HMP `info pci` of the QEMU at `qmp`: the devices, to compare before and
+/// after an attach that hot-plugs its ring device.
+pub fn info_pci(qmp: &Path) -> String {
+    tracer::qemu::qmp::Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .hmp("info pci")
+        .unwrap()
+}
+
+/// The ring device files of vmtrace's for the QEMU `pid` on this host.
+pub fn ring_files(pid: u32) -> Vec<String> {
+    let prefix = format!("vmtrace-rings-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
 }
