@@ -5,12 +5,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::Instant;
 use vmm::GuestRam;
 
 use crossbeam_channel::Sender;
 use vmm::pause::GuestClock;
 
+use super::pace::{run_soon, Pace};
 use super::ring::{self, Record, RingError, RingReader};
 use crate::plan::exitless::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
@@ -101,18 +102,6 @@ impl DrainTasks {
         seen
     }
 }
-
-/// How long the drainer sleeps when every ring was empty, long after the
-/// last record.
-const IDLE: Duration = Duration::from_millis(1);
-/// How long it sleeps when every ring was empty within `BURST` of a pass
-/// that found records: a burst's calls come microseconds apart, and a
-/// ring in the guest's free low memory (64 records per vCPU with
-/// `--graph` on 4 vCPUs) fills within a millisecond under TCG, so a
-/// millisecond's sleep between two of its calls lost most of a burst.
-const BURST_IDLE: Duration = Duration::from_micros(50);
-/// How long after the last record the drainer keeps `BURST_IDLE`.
-const BURST: Duration = Duration::from_millis(50);
 
 /// What the drainer shares with the tracer.
 #[derive(Debug, Default)]
@@ -278,44 +267,6 @@ impl Out {
     }
 }
 
-/// The drainer's nice value where it cannot be real-time (`run_soon`).
-const DRAIN_NICE: libc::c_int = -10;
-
-/// Let the calling thread (the drainer) run as soon as it wakes, where the
-/// host allows it (root, or CAP_SYS_NICE): `SCHED_RR` at the lowest
-/// real-time priority, else nice `DRAIN_NICE`, else as it is (the drops
-/// that costs are counted and said). A ring in the guest's free low memory
-/// holds a few milliseconds of calls (64 records per vCPU with `--graph`
-/// on 4 vCPUs: 32 `openat` calls, 3.6 ms under TCG), and on a busy host
-/// a CFS thread waited longer than that for a CPU after its sleep, at
-/// nice -10 too (other sessions' autogroups share the CPUs fairly): 500
-/// calls gave 17 to 404 drops in 5 of 6 runs beside a build, none in 4 of
-/// 4 as `SCHED_RR`. Its work is the guest's calls' records; it sleeps
-/// whenever the rings are empty, and the kernel's real-time throttling
-/// (`sched_rt_runtime_us`) keeps CPU time for everything else.
-fn run_soon() {
-    let rr = libc::sched_param { sched_priority: 1 };
-    // SAFETY: sched_setscheduler only reads `rr` (pid 0: the calling
-    // thread); gettid has no arguments; setpriority only reads its
-    // arguments (PRIO_PROCESS with a thread id sets that thread's nice
-    // value, setpriority(2) NOTES).
-    unsafe {
-        if libc::sched_setscheduler(0, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &rr) != 0 {
-            let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, DRAIN_NICE);
-        }
-    }
-}
-
-/// The sleep after a pass that found every ring empty, `last_record`
-/// being when a pass last found records.
-fn idle(last_record: Option<std::time::Instant>) -> Duration {
-    match last_record {
-        Some(t) if t.elapsed() < BURST => BURST_IDLE,
-        _ => IDLE,
-    }
-}
-
 impl Drainer {
     /// Start draining `layout`'s rings in `mem` (already initialised).
     pub fn start(
@@ -333,6 +284,7 @@ impl Drainer {
         } = go;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(DrainStats::default());
+        let cap = layout.cap;
         let mut pass = Pass {
             mem,
             reader: RingReader::new(layout),
@@ -353,21 +305,23 @@ impl Drainer {
         let handle = std::thread::Builder::new()
             .name("ring-drainer".into())
             .spawn(move || {
-                run_soon();
-                let mut last_record = None;
+                let mut pace = Pace::new(cap, Instant::now());
+                let mut urgent = false;
                 loop {
                     // Read the flag first: a pass after it was set sees
                     // every record the stopped guest committed.
                     let stopping = flag.load(Ordering::Acquire);
+                    let started = Instant::now();
                     let n = pass.run(stopping)?;
                     if stopping {
                         return Ok(());
                     }
-                    if n > 0 {
-                        last_record = Some(std::time::Instant::now());
-                    } else {
-                        std::thread::sleep(idle(last_record));
+                    let next = pace.after_pass(started, n);
+                    if next.urgent != urgent {
+                        urgent = next.urgent;
+                        run_soon(urgent);
                     }
+                    std::thread::sleep(next.sleep);
                 }
             })
             .expect("spawn the ring drainer thread");

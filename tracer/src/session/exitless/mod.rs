@@ -89,6 +89,7 @@ pub mod collect;
 pub mod error;
 mod held;
 pub mod map;
+mod pace;
 mod pending;
 pub mod ring;
 mod span;
