@@ -9,7 +9,9 @@
 //! functions, named `vmt_hit [vmt_test]`, exactly, in exitless and trap
 //! modes, and leaves its text as found; unloaded during a trace, its sites
 //! are left alone at the detach (its text is freed), and it is gone from
-//! the list. One boot for all (about 25 s of QEMU/TCG).
+//! the list; in trap mode, unloaded and loaded again 20 times, it is
+//! followed (each cycle's calls counted). One boot for all (about 25 s of
+//! QEMU/TCG).
 
 mod common;
 
@@ -264,6 +266,13 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         assert!(!lines.contains(&"vmt_hit"), "{glob}: {out}");
     }
 
+    // Unloaded and loaded again 20 times during a trap-mode trace (one
+    // console round trip: `vmtcycles`, each cycle K calls, the unload and
+    // the load): every cycle's calls counted, the module's breakpoints
+    // removed at each unload (before its text is freed) and set again at
+    // each load (before its init runs).
+    cycles_in_trap_mode(&guest, &bz, m, w.worker, &modules);
+
     // Unloaded during an exitless trace: its calls until then counted, its
     // sites (in freed text) left alone at the detach and said so.
     let args = ["--kernel", s(&bz), "--format", "json", "--trace", "vmt_*"];
@@ -290,4 +299,79 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     let (after, _) = modules.read();
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);
+}
+
+/// `vmtcycles 20 K` under a trap-mode trace of `vmt_*`, the module
+/// `first` loaded at the attach: exactly 20 x K hits, the unloads and loads
+/// said, the module at the end (loaded at a new address) the attach's
+/// functions with their sites NOPs as the kernel left them, and no
+/// `BUG:`/`WARNING:`/`Oops` on the console.
+fn cycles_in_trap_mode(
+    guest: &QemuGuest,
+    bz: &std::path::Path,
+    first: &LoadedModule,
+    worker: u32,
+    modules: &Modules,
+) {
+    const CYCLES: u64 = 20;
+    const K: u64 = 5;
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--trace",
+        "vmt_*",
+        "--mode",
+        "trap",
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
+    command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let counts = e.counts();
+    for (f, n) in [
+        ("vmt_hit", CYCLES * K),
+        ("vmt_batch", CYCLES),
+        ("vmt_write", CYCLES),
+    ] {
+        assert_eq!(
+            counts.get(&format!("{f} [vmt_test]")),
+            Some(&n),
+            "{f}: {counts:?}"
+        );
+    }
+    assert!(
+        e.stderr.contains(&format!(
+            "a traced module went away {CYCLES} times (its breakpoints removed before its memory \
+             was freed) and came back {CYCLES} times (traced again)"
+        )),
+        "{}",
+        e.stderr
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+    let console = guest.console();
+    for bad in ["BUG:", "WARNING:", "Oops"] {
+        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
+    }
+    let (list, mut space) = modules.read();
+    let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    let shape = |m: &LoadedModule| {
+        let f: Vec<_> = m
+            .functions
+            .iter()
+            .map(|f| (&f.name, f.addr - m.text.start, f.size))
+            .collect();
+        let s: Vec<_> = m.sites.iter().map(|s| s - m.text.start).collect();
+        format!("{f:?} {s:?}")
+    };
+    assert_eq!(shape(now), shape(first));
+    for &site in &now.sites {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "site {site:#x} after {CYCLES} cycles");
+    }
 }

@@ -70,6 +70,10 @@
  *   vmt K          write K to /proc/vmt_test (procfs mounted first): the
  *                  test module (guest/linux/vmt_test) calls vmt_hit() K times
  *                                        -> workload: vmt K pid=W (or error)
+ *   vmtcycles N K PATH  N times: vmt K, rmmod vmt_test, insmod PATH (the
+ *                  module loaded before and after; one round trip for
+ *                  all)                  -> workload: vmtcycles N pid=W (or
+ *                                           error at the first failure)
  * Anything else: `workload: error ...`. Nothing is printed unasked (no
  * heartbeat), so the console stays quiet while a test traces.
  */
@@ -628,20 +632,64 @@ static void reply(struct line *l, const char *what, long n, long err, long pid)
 	emit(l);
 }
 
-/* Module commands (insmod PATH, rmmod NAME, vmt K): 1 if `w` was one. */
+/* Write K (decimal `k`) to /proc/vmt_test: the write's result. */
+static long vmt_write(const char *k)
+{
+	long fd, r;
+
+	/* procfs, mounted at the first `vmt` (EBUSY after: ignored). */
+	sys6(SYS_mount, (long)"proc", (long)"/proc", (long)"proc", 0, 0, 0);
+	fd = sys3(SYS_open, (long)"/proc/vmt_test", O_WRONLY, 0);
+	r = fd < 0 ? fd : sys3(SYS_write, fd, (long)k, len_of(k));
+	if (fd >= 0)
+		sys3(SYS_close, fd, 0, 0);
+	return r;
+}
+
+/* finit_module(2) of the file at `path`: 0 or -errno. */
+static long load_module(const char *path)
+{
+	long fd = sys3(SYS_open, (long)path, O_RDONLY, 0);
+	long r = fd < 0 ? fd : sys3(SYS_finit_module, fd, (long)"", 0);
+
+	if (fd >= 0)
+		sys3(SYS_close, fd, 0, 0);
+	return r;
+}
+
+/* vmtcycles N K PATH: N times the calls, the unload and the load again. */
+static void run_cycles(char **w, long pid)
+{
+	struct line l = { .len = 0 };
+	long n = parse_count(w[1]), i, r = 0;
+
+	for (i = 0; r >= 0 && i < n; i++) {
+		r = vmt_write(w[2]);
+		/* O_NONBLOCK (04000): fail at once if the module is in use. */
+		if (r >= 0)
+			r = sys3(SYS_delete_module, (long)"vmt_test", 04000, 0);
+		if (r >= 0)
+			r = load_module(w[3]);
+	}
+	reply(&l, "vmtcycles ", n, r < 0 ? r : 0, pid);
+}
+
+/* Module commands (insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH): 1
+ * if `w` was one. */
 static int run_module(char **w, int n, long pid)
 {
 	struct line l = { .len = 0 };
-	long fd, r, k;
+	long r, k;
 
+	if (n == 4 && streq(w[0], "vmtcycles") && parse_count(w[1]) >= 0 &&
+	    parse_count(w[2]) >= 0) {
+		run_cycles(w, pid);
+		return 1;
+	}
 	if (n != 2)
 		return 0;
 	if (streq(w[0], "insmod")) {
-		fd = sys3(SYS_open, (long)w[1], O_RDONLY, 0);
-		r = fd < 0 ? fd : sys3(SYS_finit_module, fd, (long)"", 0);
-		if (fd >= 0)
-			sys3(SYS_close, fd, 0, 0);
-		reply(&l, "insmod ", 0, r, pid);
+		reply(&l, "insmod ", 0, load_module(w[1]), pid);
 		return 1;
 	}
 	if (streq(w[0], "rmmod")) {
@@ -651,12 +699,7 @@ static int run_module(char **w, int n, long pid)
 	}
 	k = parse_count(w[1]);
 	if (k >= 0 && streq(w[0], "vmt")) {
-		/* procfs, mounted at the first `vmt` (EBUSY after: ignored). */
-		sys6(SYS_mount, (long)"proc", (long)"/proc", (long)"proc", 0, 0, 0);
-		fd = sys3(SYS_open, (long)"/proc/vmt_test", O_WRONLY, 0);
-		r = fd < 0 ? fd : sys3(SYS_write, fd, (long)w[1], len_of(w[1]));
-		if (fd >= 0)
-			sys3(SYS_close, fd, 0, 0);
+		r = vmt_write(w[1]);
 		reply(&l, "vmt ", k, r < 0 ? r : 0, pid);
 		return 1;
 	}
@@ -741,7 +784,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

@@ -271,8 +271,9 @@ fn report(
     let runs_on = runs_on(left_stopped.as_deref());
     match (&detached, reason) {
         (Ok(d), _) if trap => note!(
-            "vmtrace: detached ({reason}): {} breakpoints removed; {runs_on}",
+            "vmtrace: detached ({reason}): {} breakpoints removed{}; {runs_on}",
             d.restored,
+            super::run::left_alone(d),
         ),
         (Ok(d), _) => note!(
             "vmtrace: detached ({reason}): {} sites restored{}{}; {runs_on}",

@@ -243,6 +243,18 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
             d.changed
         ));
     }
+    if d.module_unloads > 0 {
+        s.push_str(&format!(
+            "; a traced module went away {} times (its breakpoints removed before its memory was \
+             freed) and came back {} times (traced again{})",
+            d.module_unloads,
+            d.module_reloads,
+            match d.module_untraced {
+                0 => String::new(),
+                n => format!(", but {n} sites whose code changed"),
+            }
+        ));
+    }
     if d.module_gone > 0 {
         s.push_str(&format!(
             ", {} in modules the guest unloaded during the trace left alone (their memory freed)",

@@ -214,6 +214,17 @@ pub fn loaded(
     Ok(out)
 }
 
+/// The `struct module` at `module`, read as the list's (a module the
+/// kernel is loading, in its load path's stop: its text, symbols and
+/// sites are in place by then).
+pub fn module_at(
+    space: &mut AddressSpace<'_>,
+    layout: &ModuleLayout,
+    module: u64,
+) -> Result<LoadedModule, ModuleError> {
+    read_module(&mut Reader { space }, layout, module)
+}
+
 /// One `struct module` at `module`.
 fn read_module(
     r: &mut Reader<'_, '_>,

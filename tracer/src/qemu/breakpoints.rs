@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use vmm::{Trap, TrapHandler};
 
+mod hooks;
+
 use super::frames::{Changes, Frames};
 use super::gdb::GdbError;
 use super::guest::{QemuGuest, QemuStop};
@@ -63,6 +65,11 @@ pub struct Breakpoints {
     guarded: HashMap<u64, super::journal::JournaledJump>,
     /// Sites the guest took over (enabled their event itself).
     pub taken_over: usize,
+    /// Breakpoints in the module load and free paths, and the sites of
+    /// traced modules loaded again, each with the attach-time site (the
+    /// plan's) it stands for (`super::module_hooks`).
+    hooks: Option<super::module_hooks::ModuleHooks>,
+    moved: HashMap<u64, u64>,
 }
 
 /// One `tp->funcs` test, as the trap at it passes it (running addresses).
@@ -110,6 +117,8 @@ pub enum HitError {
     Journal(#[from] JournalError),
     #[error("cannot give an event's call site back to the guest: {0}")]
     Site(String),
+    #[error(transparent)]
+    Module(#[from] super::module_hooks::HookError),
 }
 
 impl Breakpoints {
@@ -144,6 +153,8 @@ impl Breakpoints {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            hooks: None,
+            moved: HashMap::new(),
         })
     }
 
@@ -230,6 +241,14 @@ impl Breakpoints {
             self.give_to_guest(snap.regs.rdi, offset, ram)?;
             return Ok(Next::Step(rip));
         }
+        if self
+            .hooks
+            .as_ref()
+            .is_some_and(|k| k.load == rip || k.free == rip)
+        {
+            self.module_hook(rip, snap.regs.rdi, ram, ops)?;
+            return Ok(Next::Step(rip));
+        }
         if self.restep.remove(&cpu) == Some(rip) {
             // Recorded at the hit whose step was cut short.
             return Ok(Next::Step(rip));
@@ -258,9 +277,15 @@ impl Breakpoints {
         let Some(h) = self.handlers.get_mut(cpu) else {
             return Ok(Next::Resume(None));
         };
-        let mut trap = Trap::new(cpu, &snap.regs, &snap.sregs, ram);
+        // A reloaded module's site is recorded as the attach's it stands for.
+        let at = self.moved.get(&rip).copied().unwrap_or(rip);
+        let regs = kvm_bindings::kvm_regs {
+            rip: at,
+            ..snap.regs
+        };
+        let mut trap = Trap::new(cpu, &regs, &snap.sregs, ram);
         h.on_trap(&mut trap)?;
-        let moved = trap.new_rip();
+        let moved = trap.new_rip().map(|a| a.wrapping_add(rip.wrapping_sub(at)));
         if let Some(e) = h.take_entered() {
             let full = self.frames.full;
             let ch = self.frames.enter(e, cpu);
@@ -406,6 +431,10 @@ impl Breakpoints {
         if let Some((g, _)) = self.guard.take() {
             stop.clear_breakpoint(g)?;
         }
+        if let Some(k) = &self.hooks {
+            stop.clear_breakpoint(k.load)?;
+            stop.clear_breakpoint(k.free)?;
+        }
         let mut removed = 0;
         for &a in &self.sites {
             stop.clear_breakpoint(a)?;
@@ -460,6 +489,19 @@ pub fn watch(
     let mut b = Breakpoints::set(stop, sites, tracer.watch_kind(), handlers)?;
     if let Some(j) = journal {
         b.journal_returns(j);
+    }
+    // Without the hooks an unloaded module's breakpoints stay (on freed
+    // text) until the detach, as before them: only the stub's own errors
+    // end the attach.
+    let virt = tracer.plan().index.slide();
+    if let Err(HitError::Gdb(e)) = b.hook_modules(stop, &tracer.plan().image, virt) {
+        {
+            for &a in &b.sites {
+                let _ = stop.clear_breakpoint(a);
+            }
+            b.finish();
+            return Err(e);
+        }
     }
     tracer.watching(b.len(), others, stop);
     Ok(b)
@@ -546,6 +588,8 @@ mod tests {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            hooks: None,
+            moved: HashMap::new(),
         };
         let ops = Ops::default();
         let hit =
@@ -617,6 +661,8 @@ mod tests {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            hooks: None,
+            moved: HashMap::new(),
         };
         let ops = Ops::default();
         let next = b.handle(0, &snap(test, RSP, 0), &mem, &ops).unwrap();

@@ -182,7 +182,13 @@ impl Detach<'_> {
             unreachable!("checked above");
         };
         let n = b.remove(&self.vm.guest, &stop, last)?;
-        let c = self.tracer.unwatched(n);
+        let (unloads, reloads, untraced) = b.module_cycles();
+        let c = DetachCounts {
+            module_unloads: unloads,
+            module_reloads: reloads,
+            module_untraced: untraced,
+            ..self.tracer.unwatched(n)
+        };
         stop.detach()?;
         Ok(c)
     }

@@ -400,11 +400,11 @@ fn setup(
             let cpus = vm.guest.cpus();
             let (mut tracer, handlers) = Tracer::watched(plan.plan, cpus, rec);
             tracer.assume_kernel_offset(offset);
-            let returns = tracer.watch_kind().returns;
             vm.arming = Arming::Trap {
                 handlers: Some(handlers),
                 breakpoints: None,
-                journal: returns.then(|| Box::new(journal.for_returns())),
+                // (Also names the breakpoints of modules loaded meanwhile.)
+                journal: Some(Box::new(journal.for_returns())),
             };
             (tracer, None, why)
         }

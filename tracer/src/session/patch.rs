@@ -149,6 +149,12 @@ pub struct DetachCounts {
     /// Sites of modules the guest unloaded during the trace: their text
     /// is freed, never written (`crate::kernel::modules::still_loaded`).
     pub module_gone: usize,
+    /// Trap mode: how often a traced module went away (its breakpoints
+    /// removed before its text was freed) and came back (traced again),
+    /// and its sites not traced again (their code differed).
+    pub module_unloads: usize,
+    pub module_reloads: usize,
+    pub module_untraced: usize,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
 }

@@ -1,0 +1,67 @@
+//! Trap mode's breakpoints follow the traced modules the guest unloads and
+//! loads again (`crate::qemu::module_hooks` says where and why).
+
+use super::{BreakOps, Breakpoints, HitError, QemuStop};
+use crate::qemu::module_hooks::ModuleHooks;
+
+impl Breakpoints {
+    /// Breakpoints (journaled first) at the module load and free paths,
+    /// when a module's sites are traced (`super::module_hooks`).
+    pub fn hook_modules(
+        &mut self,
+        stop: &QemuStop<'_>,
+        image: &crate::kernel::symbols::KernelImage,
+        virt: i64,
+    ) -> Result<(), HitError> {
+        let ram = std::sync::Arc::clone(vmm::Stopped::ram(stop));
+        let found = ModuleHooks::new(image, virt, &*ram, &self.sites)?;
+        let Some(hooks) = found else { return Ok(()) };
+        for a in [hooks.load, hooks.free] {
+            if let Some(j) = self.journal.as_mut() {
+                j.add(a)?;
+            }
+            stop.set_breakpoint(a)?;
+        }
+        self.hooks = Some(hooks);
+        Ok(())
+    }
+
+    /// A traced module loads (its sites' breakpoints set, journaled first)
+    /// or goes away (removed, before its text is freed).
+    pub(super) fn module_hook(
+        &mut self,
+        rip: u64,
+        module: u64,
+        ram: &dyn vmm::GuestRam,
+        ops: &dyn BreakOps,
+    ) -> Result<(), HitError> {
+        let Some(k) = self.hooks.as_mut() else {
+            return Ok(());
+        };
+        if rip == k.load {
+            for (new, at) in k.loading(ram, module)? {
+                if let Some(j) = self.journal.as_mut() {
+                    j.add(new)?;
+                }
+                ops.set(new)?;
+                self.sites.insert(new);
+                self.moved.insert(new, at);
+            }
+        } else {
+            for a in k.freeing(module) {
+                ops.clear(a)?;
+                self.sites.remove(&a);
+                self.moved.remove(&a);
+            }
+        }
+        Ok(())
+    }
+
+    /// Traced modules the guest unloaded, and loaded again, during the
+    /// trace; and sites of those loaded again left untraced.
+    pub fn module_cycles(&self) -> (usize, usize, usize) {
+        self.hooks
+            .as_ref()
+            .map_or((0, 0, 0), |k| (k.unloads, k.loads, k.untraced))
+    }
+}

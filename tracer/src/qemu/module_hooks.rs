@@ -1,0 +1,277 @@
+//! Trap mode's breakpoints in the guest kernel's module load and free
+//! paths (issue 37): a module traced at the attach that the guest unloads
+//! has its breakpoints removed before its text is freed, and loaded again
+//! it is traced again, from before its init runs, at its new address.
+//!
+//! The load hook is `ftrace_module_enable` (kernel/trace/ftrace.c), which
+//! `prepare_coming_module` (kernel/module/main.c) calls once the module's
+//! text is final (read-only, its ftrace sites NOPs since
+//! `ftrace_module_init`), before its init runs: where ftrace itself
+//! enables a coming module's sites. The free hook is `ftrace_release_mod`,
+//! called by `delete_module` (and a failed load) before `free_module`
+//! frees the text. Both take the `struct module *` in RDI.
+//!
+//! A module reloaded is traced again only when its code is the attach's:
+//! each traced function by name and size, its site at the same offset
+//! with the same bytes. Its hits are recorded as the attach-time site's
+//! (the plan's functions are fixed at the attach); a module the plan
+//! never saw is not traced (nothing in the plan to count it in).
+
+use std::collections::HashSet;
+
+use vmm::gva::{AddressSpace, PagingMode};
+use vmm::GuestRam;
+
+use crate::kernel::modules::{module_at, LoadedModule, ModuleError, INIT_TOP_PGT};
+use crate::kernel::sites::SITE_LEN;
+use crate::kernel::symbols::KernelImage;
+
+/// Where the kernel's module loader has the module's code final and its
+/// init not run yet.
+pub const LOAD_HOOK: &str = "ftrace_module_enable";
+/// Where a module goes away, its text still there.
+pub const FREE_HOOK: &str = "ftrace_release_mod";
+
+/// Why a module at a hook could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("reading the module at {addr:#x} in the kernel's load path: {source}")]
+    Read {
+        addr: u64,
+        #[source]
+        source: ModuleError,
+    },
+    #[error("the kernel's page table (`init_top_pgt`) is not in its symbols")]
+    NoPageTable,
+}
+
+/// One traced site of a module, as found at the attach.
+#[derive(Clone, Debug)]
+struct AttachSite {
+    function: String,
+    size: u64,
+    /// From the function's start.
+    offset: u64,
+    /// Its running address at the attach (the plan's).
+    addr: u64,
+    bytes: [u8; SITE_LEN],
+}
+
+/// A module with traced sites, and where it is loaded now.
+#[derive(Debug)]
+struct Traced {
+    name: String,
+    sites: Vec<AttachSite>,
+    /// Its `struct module` now, and its sites there, each with the
+    /// attach-time site it stands for; None while unloaded.
+    now: Option<(u64, Vec<(u64, u64)>)>,
+}
+
+/// The load and free hooks' addresses, and the traced modules.
+#[derive(Debug)]
+pub struct ModuleHooks {
+    pub load: u64,
+    pub free: u64,
+    /// The kernel's top page table (`init_top_pgt`), guest-physical.
+    root: u64,
+    traced: Vec<Traced>,
+    image_layout: crate::kernel::modules::ModuleLayout,
+    /// Traced modules the guest unloaded, and loaded again.
+    pub unloads: usize,
+    pub loads: usize,
+    /// Sites of a module loaded again that were not traced: its code
+    /// differs from the attach's there.
+    pub untraced: usize,
+}
+
+impl ModuleHooks {
+    /// The hooks for the modules of `image` that hold some of `sites`
+    /// (running addresses), read from `ram` in the attach's stop. None:
+    /// no module site is traced, or the kernel lacks a hook.
+    pub fn new(
+        image: &KernelImage,
+        virt: i64,
+        ram: &dyn GuestRam,
+        sites: &HashSet<u64>,
+    ) -> Result<Option<ModuleHooks>, HookError> {
+        let (Some(first), Some(load), Some(free)) = (
+            image.modules.first(),
+            image.symbol(LOAD_HOOK),
+            image.symbol(FREE_HOOK),
+        ) else {
+            return Ok(None);
+        };
+        let run = |link: u64| link.wrapping_add(virt as u64);
+        let (load, free) = (run(load.addr), run(free.addr));
+        if sites.contains(&load) || sites.contains(&free) {
+            // Its own breakpoint is the site's: not both.
+            return Ok(None);
+        }
+        let root = image
+            .symbol(INIT_TOP_PGT)
+            .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
+            .ok_or(HookError::NoPageTable)?
+            .wrapping_add(first.phys as u64);
+        let mut space = AddressSpace::new(ram, root, PagingMode::Level4);
+        let mut traced = Vec::new();
+        for m in &image.modules {
+            let read =
+                module_at(&mut space, &m.layout, m.addr).map_err(|source| HookError::Read {
+                    addr: m.addr,
+                    source,
+                })?;
+            let mut at_attach = Vec::new();
+            for &s in read.sites.iter().filter(|s| sites.contains(s)) {
+                let Some(f) = read.function_at(s) else {
+                    continue;
+                };
+                let mut bytes = [0u8; SITE_LEN];
+                if space.read(s, &mut bytes).is_err() {
+                    continue;
+                }
+                at_attach.push(AttachSite {
+                    function: f.name.clone(),
+                    size: f.size,
+                    offset: s - f.addr,
+                    addr: s,
+                    bytes,
+                });
+            }
+            if !at_attach.is_empty() {
+                let now = at_attach.iter().map(|s| (s.addr, s.addr)).collect();
+                traced.push(Traced {
+                    name: read.name,
+                    sites: at_attach,
+                    now: Some((m.addr, now)),
+                });
+            }
+        }
+        if traced.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ModuleHooks {
+            load,
+            free,
+            root,
+            traced,
+            image_layout: first.layout,
+            unloads: 0,
+            loads: 0,
+            untraced: 0,
+        }))
+    }
+
+    /// The guest loads the module at `module` (the load hook's RDI): if it
+    /// is a traced one, now unloaded, its sites at their new addresses,
+    /// each with the attach-time site it stands for, checked as the
+    /// attach's (same function, same offset, same bytes).
+    pub fn loading(
+        &mut self,
+        ram: &dyn GuestRam,
+        module: u64,
+    ) -> Result<Vec<(u64, u64)>, HookError> {
+        let mut space = AddressSpace::new(ram, self.root, PagingMode::Level4);
+        let read = module_at(&mut space, &self.image_layout, module).map_err(|source| {
+            HookError::Read {
+                addr: module,
+                source,
+            }
+        })?;
+        let Some(t) = self
+            .traced
+            .iter_mut()
+            .find(|t| t.name == read.name && t.now.is_none())
+        else {
+            return Ok(Vec::new());
+        };
+        let mut pairs = Vec::new();
+        for s in &t.sites {
+            match same_site(&read, s, &mut |a, b| space.read(a, b).is_ok()) {
+                Some(new) => pairs.push((new, s.addr)),
+                None => self.untraced += 1,
+            }
+        }
+        t.now = Some((module, pairs.clone()));
+        self.loads += 1;
+        Ok(pairs)
+    }
+
+    /// The guest frees the module at `module` (the free hook's RDI): the
+    /// breakpoints of its sites to remove, if it is a traced one.
+    pub fn freeing(&mut self, module: u64) -> Vec<u64> {
+        let Some(t) = self
+            .traced
+            .iter_mut()
+            .find(|t| t.now.as_ref().is_some_and(|n| n.0 == module))
+        else {
+            return Vec::new();
+        };
+        self.unloads += 1;
+        let (_, pairs) = t.now.take().expect("found above");
+        pairs.into_iter().map(|p| p.0).collect()
+    }
+}
+
+/// Where `site` is in the module `read`, if its function is there with
+/// the same size and the site holds the same bytes (`read_at` reads the
+/// guest).
+fn same_site(
+    read: &LoadedModule,
+    site: &AttachSite,
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> bool,
+) -> Option<u64> {
+    let f = read
+        .functions
+        .iter()
+        .find(|f| f.name == site.function && f.size == site.size)?;
+    let at = f.addr + site.offset;
+    if read.sites.binary_search(&at).is_err() {
+        return None;
+    }
+    let mut bytes = [0u8; SITE_LEN];
+    (read_at(at, &mut bytes) && bytes == site.bytes).then_some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::modules::ModuleFunction;
+
+    fn module(base: u64) -> LoadedModule {
+        LoadedModule {
+            name: "vmt_test".into(),
+            addr: 0xffff_ffff_c000_0000,
+            text: base..base + 0x100,
+            functions: vec![ModuleFunction {
+                name: "vmt_hit".into(),
+                addr: base + 0x10,
+                size: 0x20,
+            }],
+            sites: vec![base + 0x14],
+        }
+    }
+
+    #[test]
+    fn a_reloaded_site_is_found_at_its_offset_only_with_the_same_bytes() {
+        let site = AttachSite {
+            function: "vmt_hit".into(),
+            size: 0x20,
+            offset: 4,
+            addr: 0x1014,
+            bytes: [0x0f, 0x1f, 0x44, 0x00, 0x00],
+        };
+        let nop = &mut |_: u64, b: &mut [u8]| {
+            b.copy_from_slice(&[0x0f, 0x1f, 0x44, 0x00, 0x00]);
+            true
+        };
+        assert_eq!(same_site(&module(0x5000), &site, nop), Some(0x5014));
+        let call = &mut |_: u64, b: &mut [u8]| {
+            b.copy_from_slice(&[0xe8, 0, 0, 0, 0]);
+            true
+        };
+        assert_eq!(same_site(&module(0x5000), &site, call), None);
+        let mut bigger = module(0x5000);
+        bigger.functions[0].size = 0x30;
+        assert_eq!(same_site(&bigger, &site, nop), None);
+    }
+}
