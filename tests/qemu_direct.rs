@@ -257,7 +257,8 @@ fn first_complaint(console: &str) -> &str {
 
 /// What a direct attach cannot do is refused in one line (exit 2) before
 /// anything is written, the guest running on as found: in exitless mode,
-/// more direct entries with the function graph than its room leaves (63).
+/// more direct entries with the function graph than its room leaves (63;
+/// the project's guest takes no ring device, which would hold them).
 /// Auto mode traces them in trap mode instead, saying why, with exact
 /// counts of calls and returns (it was refused before: trap mode had no
 /// direct entries). The project's 6.1 guest and its system calls.
