@@ -16,7 +16,7 @@ use super::exitless::layout::{
     TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
-use super::Mode;
+use super::{Mode, Plan};
 
 /// Why auto mode traps for events behind static calls.
 const EVENTS_AT_BREAKPOINTS: &str =
@@ -93,10 +93,12 @@ impl<E> From<ExitlessPlanError> for Refused<E> {
 /// What the guest offers exitless mode: `pages` free pages, and whatever
 /// else the session found with them (`R`); with `own_rings`, memory of
 /// vmtrace's own for the whole data window (`DATA_LEN`) besides, where
-/// the rings go instead of the free pages.
+/// the rings go instead of the free pages; with `own_code`, for the whole
+/// region (code and tables too), laid out as in vmtrace's own VMM.
 pub struct Room<R> {
     pub pages: usize,
     pub own_rings: bool,
+    pub own_code: bool,
     pub found: R,
 }
 
@@ -131,7 +133,7 @@ pub fn decide<R, E: std::fmt::Display>(
         // Trap asked, or auto mode found this kernel unfit (its note says why).
         (Mode::Trap, false) => Decision::Trap { why: None },
         (Mode::Exitless(code), false) => match room() {
-            Ok(r) => match in_guest_pages(code, plan, cpus, r.pages, r.own_rings) {
+            Ok(r) => match in_guest_pages(code, plan, cpus, &r) {
                 Ok(code) => Decision::Exitless(Box::new(code), r.found),
                 // Too much for the room: breakpoints need none.
                 Err(
@@ -151,17 +153,18 @@ pub fn decide<R, E: std::fmt::Display>(
     Ok(decided)
 }
 
-/// `code` with rings of as many records as fit `pages` free pages with its
-/// tables and code (a power of two), for `cpus` CPUs; with `own_rings`,
-/// the tables and code in the free pages and the rings as many as fit the
-/// data window, as in vmtrace's own VMM.
-fn in_guest_pages(
+/// `code` with rings of as many records as fit the room's free pages with
+/// its tables and code (a power of two), for `cpus` CPUs; with
+/// `own_rings`, the tables and code in the free pages (or, `own_code`, in
+/// vmtrace's own memory too) and the rings as many as fit the data window,
+/// as in vmtrace's own VMM.
+fn in_guest_pages<R>(
     code: &ExitlessPlan,
     plan: &TracePlan,
     cpus: usize,
-    pages: usize,
-    own_rings: bool,
+    room: &Room<R>,
 ) -> Result<ExitlessPlan, AttachModeError> {
+    let (pages, own_rings) = (room.pages, room.own_rings);
     let plan = &plan.plan;
     let sites = plan.index.addrs.len();
     let mut code = code.clone();
@@ -174,6 +177,9 @@ fn in_guest_pages(
     // the return stubs' slots from the last down (`backing::slot`).
     let direct = plan.direct.as_ref().map(|_| direct_stub_pages(sites));
     let bottom = match (plan.graph, direct) {
+        // The whole region in vmtrace's own memory: every part at its
+        // place, as in vmtrace's own VMM.
+        _ if room.own_code => 0,
         (true, Some(below)) if below > 0 => {
             return Err(AttachModeError::DirectWithGraph {
                 sites,
@@ -226,6 +232,14 @@ fn own_rings_len(graph: bool) -> u64 {
         true => FRAME_NEXT_OFF,
         false => DATA_LEN,
     }
+}
+
+/// Whether `plan`'s code needs the whole region in memory of vmtrace's own
+/// (the ring device, holding the code too): direct entries with the
+/// function graph, more of them than the return trap's page holds (the
+/// graph's return stubs and frames take the free pages' other slots).
+pub fn code_needs_own_memory(plan: &Plan) -> bool {
+    plan.graph && plan.direct.is_some() && direct_stub_pages(plan.index.addrs.len()) > 0
 }
 
 /// Pages the stubs of `sites` direct entries take below the return trap's
@@ -284,6 +298,7 @@ mod tests {
         Ok(Room {
             pages: n,
             own_rings: false,
+            own_code: false,
             found: (),
         })
     }
@@ -300,6 +315,7 @@ mod tests {
             Ok(Room {
                 pages: n,
                 own_rings: true,
+                own_code: false,
                 found: (),
             })
         };
@@ -404,6 +420,55 @@ mod tests {
                 Ok(Decision::Exitless(..))
             ));
         }
+    }
+
+    /// Direct entries with the function graph, more than the free pages
+    /// leave them: refused there (`DirectWithGraph`), planned when the
+    /// whole region is in memory of vmtrace's own (the ring device), with
+    /// the rings as large as the data window less the frame pool.
+    #[test]
+    fn direct_entries_with_the_graph_take_the_whole_region_in_own_memory() {
+        // The 6.1 guest: more direct sites than the mini guest's 62.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/vmlinux");
+        if !path.is_file() {
+            eprintln!("SKIPPED: {} is not built", path.display());
+            return;
+        }
+        let req = Request {
+            entry: crate::plan::entry::EntryChoice::Direct,
+            graph: true,
+            ..Request::new(vec!["__x64_sys_*".into()], ModeChoice::Exitless, 2)
+        };
+        let p = TracePlan::build(KernelImage::load(&path).unwrap(), &req).unwrap();
+        let sites = p.plan.index.addrs.len();
+        assert!(sites > direct_with_graph(), "{sites} sites");
+        assert!(code_needs_own_memory(&p.plan));
+        let room = |own_code| {
+            Ok(Room {
+                pages: PAGES,
+                own_rings: own_code,
+                own_code,
+                found: (),
+            })
+        };
+        assert!(matches!(
+            decided(&p, room(false)).unwrap_err(),
+            Refused::Plan(AttachModeError::DirectWithGraph { .. })
+        ));
+        let Ok(Decision::Exitless(code, ())) = decided(&p, room(true)) else {
+            panic!("no exitless decision with the region in own memory")
+        };
+        let l = code.layout();
+        assert_eq!(l.sites, sites);
+        assert!(2 * l.ring_bytes <= FRAME_NEXT_OFF, "{l:?}");
+        // Without the graph, or with a few direct entries, the free pages do.
+        let few = Request {
+            entry: crate::plan::entry::EntryChoice::Direct,
+            graph: true,
+            ..Request::new(vec!["hrtimer_*".into()], ModeChoice::Exitless, 2)
+        };
+        let few = TracePlan::build(KernelImage::load(&path).unwrap(), &few).unwrap();
+        assert!(!code_needs_own_memory(&few.plan));
     }
 
     #[test]

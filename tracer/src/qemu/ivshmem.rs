@@ -81,6 +81,11 @@ pub struct SharedNames {
     /// The file behind the backend.
     pub path: PathBuf,
     pub size: u64,
+    /// Where the guest sees the device's memory, once plugged: a repair
+    /// knows vmtrace's page-table entries into it (its tables there when
+    /// it holds the code) by it.
+    #[serde(default)]
+    pub gpa: Option<u64>,
 }
 
 impl SharedNames {
@@ -97,6 +102,7 @@ impl SharedNames {
             device: format!("vmtrace-ivshmem-{pid}"),
             path: dir.join(format!("vmtrace-rings-{qemu_pid}-{pid}")),
             size,
+            gpa: None,
         }
     }
 }

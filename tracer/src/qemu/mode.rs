@@ -14,7 +14,7 @@ use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::pci_hotplug;
 use crate::kernel::symbols::KernelImage;
-use crate::plan::attach_mode::Room;
+use crate::plan::attach_mode::{self, Room};
 use crate::plan::exitless::layout::{CODE_VA, LARGE_PAGE, PAGE, PD_COUNT, REGION_LEN};
 
 /// The region's pages, all in the ring device when it holds the code too.
@@ -56,6 +56,15 @@ pub fn room(
     // cannot would never let it go (QEMU waits for the guest's eject).
     let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
     let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
+        // Direct entries with the function graph, more than the free pages
+        // leave them: the whole region in the device, as before 5.13.
+        Ok(low) if own_rings && attach_mode::code_needs_own_memory(plan) => (
+            LowMemory {
+                pages: Vec::new(),
+                ..low
+            },
+            true,
+        ),
         Ok(low) => (low, false),
         // Before 5.13 no guest page is known unused: the whole region
         // (code, tables, rings) in the device, the guest's pages untouched.
@@ -92,6 +101,7 @@ pub fn room(
             false => low.pages.len(),
         },
         own_rings,
+        own_code,
         found: FreeRoom {
             low,
             tsc_khz,

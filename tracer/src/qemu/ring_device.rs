@@ -27,7 +27,19 @@ pub fn plug(qmp: &mut Monitor, journal: &mut Journal, size: u64) -> Result<Share
     let names = SharedNames::new(std::process::id(), journal.record.qemu_pid, size);
     journal.set_shared(Some(names.clone()))?;
     match qmp.burst(|m| ivshmem::plug(m, &names)) {
-        Ok(s) => Ok(s),
+        Ok(s) => {
+            // Where it is, for a repair to know the entries into it.
+            let placed = SharedNames {
+                gpa: Some(s.gpa),
+                ..names
+            };
+            if let Err(e) = journal.set_shared(Some(placed)) {
+                let _ = qmp.burst(|m| ivshmem::unplug(m, &s.names));
+                let _ = journal.set_shared(None);
+                return Err(e.into());
+            }
+            Ok(s)
+        }
         Err(e) => {
             // `plug` took out what it added.
             journal.set_shared(None)?;

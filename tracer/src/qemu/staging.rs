@@ -41,6 +41,7 @@ pub(super) fn ring_memory(
     let low = Room {
         pages: room.low.pages.len(),
         own_rings: false,
+        own_code: false,
         found: FreeRoom {
             own_rings: false,
             own_code: false,

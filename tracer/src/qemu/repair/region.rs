@@ -233,8 +233,17 @@ fn take_region_out(
         .filter_map(|p| Some((p.gpa, unhex(&p.original)?)))
         .filter(|(_, b)| b.len() == PAGE as usize)
         .collect();
+    // The tables are in the free pages, or in the ring device when it
+    // holds the code: out of the page tables before the device goes.
+    let device = r
+        .shared
+        .as_ref()
+        .and_then(|s| Some(s.gpa?..s.gpa? + s.size));
     let ours = |v: u64| {
-        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && r.pages.iter().any(|p| p.gpa == v & ADDR_MASK)
+        let table = v & ADDR_MASK;
+        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE
+            && (r.pages.iter().any(|p| p.gpa == table)
+                || device.as_ref().is_some_and(|d| d.contains(&table)))
     };
     let mut cleared = 0;
     if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
