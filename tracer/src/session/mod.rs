@@ -32,6 +32,7 @@ pub mod args;
 pub mod backend;
 pub mod counters;
 pub mod direct;
+pub mod event_fields;
 mod driver;
 mod drop_causes;
 mod equip;
