@@ -47,8 +47,8 @@ pub(super) fn equip(
 ) {
     let retval = plan.graph && plan.values.retval;
     // (Not kept in the trace yet: the data file has no place for them.)
-    let table = std::sync::Arc::new(super::event_fields::FieldTable::default());
-    let fields = super::event_fields::FieldSource::new(plan, &table);
+    let table = std::sync::Arc::new(super::record::event_fields::FieldTable::default());
+    let fields = super::record::event_fields::FieldSource::new(plan, &table);
     for r in recs {
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));

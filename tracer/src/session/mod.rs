@@ -32,7 +32,6 @@ pub mod args;
 pub mod backend;
 pub mod counters;
 pub mod direct;
-pub mod event_fields;
 mod driver;
 mod drop_causes;
 mod equip;

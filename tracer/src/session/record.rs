@@ -12,6 +12,8 @@
 //! shared `ShadowStacks`), and the return trap records the return and
 //! resumes the guest at the real return address.
 
+pub mod event_fields;
+
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -82,7 +84,7 @@ pub struct Recorder {
     /// `--args`: where entries' arguments go, and which sites record them.
     args: Option<ArgSource>,
     /// `-e`: the events' fields, read at their entries.
-    fields: Option<crate::session::event_fields::FieldSource>,
+    fields: Option<crate::session::record::event_fields::FieldSource>,
     /// `--retval`: returns carry RAX.
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
@@ -102,7 +104,10 @@ impl Recorder {
     }
 
     /// Read the traced events' fields at their entries (`-e`).
-    pub fn record_fields(&mut self, fields: Option<crate::session::event_fields::FieldSource>) {
+    pub fn record_fields(
+        &mut self,
+        fields: Option<crate::session::record::event_fields::FieldSource>,
+    ) {
         self.fields = fields;
     }
 
