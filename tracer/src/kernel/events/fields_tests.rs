@@ -7,17 +7,24 @@ use super::super::field_values::{read_fields, render, state_letters, switch_stat
 use super::*;
 use crate::kernel::events::EventTable;
 
-fn debian_612() -> Option<(EventTable, FieldOffsets)> {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/debian-6.12/vmlinuz");
-    if !p.is_file() {
-        eprintln!("SKIPPED: {} is not built", p.display());
-        return None;
-    }
-    let image = crate::kernel::bzimage::load(&p).unwrap().0;
-    let btf = KernelBtf::from_image(&image).unwrap();
-    let off = FieldOffsets::find(&btf).unwrap();
-    Some((EventTable::read(&image, &btf).unwrap(), off))
+/// Debian 6.12's events and offsets, loaded once for the tests here (a
+/// bzImage's payload and BTF take seconds to read).
+fn debian_612() -> Option<&'static (EventTable, FieldOffsets)> {
+    static LOADED: std::sync::OnceLock<Option<(EventTable, FieldOffsets)>> =
+        std::sync::OnceLock::new();
+    let load = || {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../guest/out/debian-6.12/vmlinuz");
+        if !p.is_file() {
+            eprintln!("SKIPPED: {} is not built", p.display());
+            return None;
+        }
+        let image = crate::kernel::bzimage::load(&p).unwrap().0;
+        let btf = KernelBtf::from_image(&image).unwrap();
+        let off = FieldOffsets::find(&btf).unwrap();
+        Some((EventTable::read(&image, &btf).unwrap(), off))
+    };
+    LOADED.get_or_init(load).as_ref()
 }
 
 fn format(t: &EventTable, full: &str) -> EventFormat {
@@ -63,7 +70,7 @@ fn covered_events_have_ftraces_fields_and_others_their_arguments() {
     };
     // Not at the start, and apart.
     assert!(off.comm > 0 && off.pid > 0 && off.comm != off.pid && off.cpu.is_some());
-    let s = format(&t, "sched:sched_switch");
+    let s = format(t, "sched:sched_switch");
     assert!(s.covered);
     assert_eq!(
         names(&s),
@@ -77,12 +84,12 @@ fn covered_events_have_ftraces_fields_and_others_their_arguments() {
             "next_prio"
         ]
     );
-    let fork = format(&t, "sched:sched_process_fork");
+    let fork = format(t, "sched:sched_process_fork");
     assert_eq!(
         names(&fork),
         ["parent_comm", "parent_pid", "child_comm", "child_pid"]
     );
-    let rename = format(&t, "task:task_rename");
+    let rename = format(t, "task:task_rename");
     assert_eq!(
         names(&rename),
         ["pid", "oldcomm", "newcomm", "oom_score_adj"]
@@ -94,10 +101,10 @@ fn covered_events_have_ftraces_fields_and_others_their_arguments() {
         "sched:sched_process_exit",
         "task:task_newtask",
     ] {
-        assert!(format(&t, e).covered, "{e}");
+        assert!(format(t, e).covered, "{e}");
     }
     // Not covered: its arguments, by name and type.
-    let irq = format(&t, "irq:irq_handler_entry");
+    let irq = format(t, "irq:irq_handler_entry");
     assert!(!irq.covered);
     assert_eq!(names(&irq), ["irq", "action"]);
     assert_eq!(
@@ -113,18 +120,18 @@ fn sched_switch_reads_both_tasks_as_ftrace_prints_them() {
     };
     let (prev, next) = (0xffff_8880_0100_0000u64, 0xffff_8880_0200_0000u64);
     let mut m = Mem(HashMap::new());
-    m.task(&off, prev, "wl-worker", 73, 120);
-    m.task(&off, next, "swapper/1", 0, 120);
-    let f = format(&t, "sched:sched_switch");
+    m.task(off, prev, "wl-worker", 73, 120);
+    m.task(off, next, "swapper/1", 0, 120);
+    let f = format(t, "sched:sched_switch");
     // preempt, prev, next, prev_state (TASK_INTERRUPTIBLE).
-    let v = read_fields(&f, &[0, prev, next, 1], &off, &mut |va, b| m.read(va, b));
+    let v = read_fields(&f, &[0, prev, next, 1], off, &mut |va, b| m.read(va, b));
     assert_eq!(
         render(&f, &v),
         "prev_comm=wl-worker prev_pid=73 prev_prio=120 prev_state=S ==> \
          next_comm=swapper/1 next_pid=0 next_prio=120"
     );
     // A task not mapped: its fields say so, the others are read.
-    let v = read_fields(&f, &[1, prev, 0x1000, 0], &off, &mut |va, b| m.read(va, b));
+    let v = read_fields(&f, &[1, prev, 0x1000, 0], off, &mut |va, b| m.read(va, b));
     assert_eq!(
         render(&f, &v),
         "prev_comm=wl-worker prev_pid=73 prev_prio=120 prev_state=R+ ==> \
