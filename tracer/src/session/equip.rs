@@ -46,9 +46,6 @@ pub(super) fn equip(
     args: Arc<ArgTable>,
 ) {
     let retval = plan.graph && plan.values.retval;
-    // (Not kept in the trace yet: the data file has no place for them.)
-    let table = std::sync::Arc::new(super::record::event_fields::FieldTable::default());
-    let fields = super::record::event_fields::FieldSource::new(plan, &table);
     for r in recs {
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
@@ -57,7 +54,6 @@ pub(super) fn equip(
             r.record_stacks(Arc::clone(src));
         }
         r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
-        r.record_fields(fields.clone());
     }
 }
 
