@@ -7,6 +7,7 @@
 
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
+use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
@@ -61,6 +62,9 @@ pub struct PlannedEvent {
     pub tests: Vec<FuncsTest>,
     /// `tp->funcs` (link-time address).
     pub funcs: u64,
+    /// Its fields by name (`kernel::events::fields`); None when BTF does
+    /// not give its arguments.
+    pub format: Option<EventFormat>,
 }
 
 impl PlannedEvent {
@@ -82,6 +86,9 @@ pub struct EventPlan {
     /// enabling of a key checks each site for its NOP: trap mode gives
     /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
     pub guard: Option<u64>,
+    /// Where the covered events' fields are read (None: BTF lacks a
+    /// structure member they need; the fields then read as unknown).
+    pub offsets: Option<FieldOffsets>,
 }
 
 impl EventPlan {
@@ -136,10 +143,16 @@ impl EventPlan {
                 static_call,
                 tests,
                 funcs,
+                format: EventFormat::of(e),
             });
         }
         let guard = image.symbol(GUARD).map(|s| s.addr);
-        Ok(EventPlan { events, guard })
+        let offsets = FieldOffsets::find(&btf).ok();
+        Ok(EventPlan {
+            events,
+            guard,
+            offsets,
+        })
     }
 
     /// The events whose `__traceiter_NAME` only a guest's probe makes

@@ -10,6 +10,8 @@
 
 mod decl;
 pub mod enabled_branch;
+pub mod field_values;
+pub mod fields;
 mod image_data;
 pub mod jump_sites;
 mod layout;

@@ -1,0 +1,279 @@
+//! An event's fields by name, as ftrace prints them: for the common events
+//! (`covered`), the fields their `TP_fast_assign` computes, from the
+//! arguments and the structures they point to (task_struct offsets from
+//! BTF), read on the host while the event is valid; for every other
+//! tracepoint, its arguments by name and type (BTF's `btf_trace_NAME`), as
+//! raw values. Formats and states follow include/trace/events/sched.h and
+//! task.h of Linux 6.12.
+
+use crate::kernel::btf::{BtfError, KernelBtf};
+
+use super::{EventArg, KernelEvent};
+
+/// `TASK_COMM_LEN` (include/linux/sched.h).
+pub(super) const COMM_LEN: usize = 16;
+/// Longest string field read (a `bprm->filename`): ftrace's `__string`
+/// copies the whole name; vmtrace bounds it.
+pub(super) const MAX_STR: usize = 256;
+
+/// Where the covered events' fields are in the kernel's structures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldOffsets {
+    /// In `struct task_struct`.
+    pub comm: u32,
+    pub pid: u32,
+    pub tgid: u32,
+    pub prio: u32,
+    pub exit_state: u32,
+    /// `thread_info.cpu` (task_cpu() with CONFIG_THREAD_INFO_IN_TASK).
+    pub cpu: Option<u32>,
+    /// `task_struct.signal`, and `signal_struct.oom_score_adj` in it.
+    pub signal: u32,
+    pub oom_score_adj: u32,
+    /// `linux_binprm.filename`.
+    pub filename: u32,
+}
+
+impl FieldOffsets {
+    /// The offsets the kernel's BTF gives.
+    pub fn find(btf: &KernelBtf) -> Result<FieldOffsets, BtfError> {
+        let task = |m: &str| btf.member("task_struct", m).map(|a| a.offset);
+        let cpu = match (
+            btf.member("task_struct", "thread_info"),
+            btf.member("thread_info", "cpu"),
+        ) {
+            (Ok(t), Ok(c)) => Some(t.offset + c.offset),
+            _ => None,
+        };
+        Ok(FieldOffsets {
+            comm: task("comm")?,
+            pid: task("pid")?,
+            tgid: task("tgid")?,
+            prio: task("prio")?,
+            exit_state: task("exit_state")?,
+            cpu,
+            signal: task("signal")?,
+            oom_score_adj: btf.member("signal_struct", "oom_score_adj")?.offset,
+            filename: btf.member("linux_binprm", "filename")?.offset,
+        })
+    }
+}
+
+/// What of a task a field holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskField {
+    Comm,
+    Pid,
+    Tgid,
+    Prio,
+    Cpu,
+    /// `task->signal->oom_score_adj`.
+    OomScoreAdj,
+}
+
+/// Where a field's value comes from; `usize`s index the event's arguments
+/// (after the probe's `void *__data`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The argument itself.
+    Arg(usize),
+    /// A member of the task the argument points to.
+    Task(usize, TaskField),
+    /// The NUL-terminated string the argument points to.
+    Str(usize),
+    /// `bprm->filename` of the `struct linux_binprm *` argument.
+    Filename(usize),
+    /// sched_switch's `prev_state` (sched.h `__trace_sched_switch_state`):
+    /// from `preempt`, `prev_state` and `prev->exit_state`.
+    SwitchState {
+        preempt: usize,
+        state: usize,
+        prev: usize,
+    },
+}
+
+/// How a field is printed (the event's `TP_printk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Print {
+    /// Signed decimal of the low 32 bits (`int`, `pid_t`, `short`).
+    Int,
+    /// Signed decimal of 64 bits (`long`).
+    Long,
+    /// Unsigned decimal.
+    Unsigned,
+    /// Hex with `0x` (pointers, flags).
+    Hex,
+    /// `true` / `false`.
+    Bool,
+    /// `%03d` (`target_cpu`).
+    Cpu,
+    /// A string.
+    Str,
+    /// A task state letter (`S`, `D`, `R+`...).
+    State,
+}
+
+/// One field: its name, its C type (as ftrace's format names it), where
+/// it comes from and how it is printed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub ty: String,
+    pub source: Source,
+    pub print: Print,
+}
+
+/// An event's fields, in ftrace's order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventFormat {
+    /// `sched:sched_switch`.
+    pub event: String,
+    pub fields: Vec<Field>,
+    /// The fields are ftrace's (`covered`); else the arguments, raw.
+    pub covered: bool,
+}
+
+/// A field's value as read at the event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldValue {
+    Int(i64),
+    Str(String),
+    /// Its memory could not be read (not mapped, or past the bound).
+    Unread,
+}
+
+fn field(name: &str, ty: &str, source: Source, print: Print) -> Field {
+    Field {
+        name: name.into(),
+        ty: ty.into(),
+        source,
+        print,
+    }
+}
+
+/// `PREFIXcomm`, `PREFIXpid` (and `PREFIXprio`) of the task argument `arg`.
+fn task_fields(arg: usize, prefix: &str, prio: bool) -> Vec<Field> {
+    let mut f = vec![
+        field(
+            &format!("{prefix}comm"),
+            "char[16]",
+            Source::Task(arg, TaskField::Comm),
+            Print::Str,
+        ),
+        field(
+            &format!("{prefix}pid"),
+            "pid_t",
+            Source::Task(arg, TaskField::Pid),
+            Print::Int,
+        ),
+    ];
+    if prio {
+        f.push(field(
+            &format!("{prefix}prio"),
+            "int",
+            Source::Task(arg, TaskField::Prio),
+            Print::Int,
+        ));
+    }
+    f
+}
+
+/// The covered events' fields, as sched.h and task.h assign and print them
+/// (by the event's name and its arguments' names, so that a kernel whose
+/// prototype differs falls back to the raw arguments).
+fn covered(name: &str, args: &[&str]) -> Option<Vec<Field>> {
+    use Source::*;
+    use TaskField::*;
+    Some(match (name, args) {
+        ("sched_switch", ["preempt", "prev", "next", "prev_state"]) => {
+            let mut f = task_fields(1, "prev_", true);
+            f.push(field(
+                "prev_state",
+                "long",
+                SwitchState {
+                    preempt: 0,
+                    state: 3,
+                    prev: 1,
+                },
+                Print::State,
+            ));
+            f.extend(task_fields(2, "next_", true));
+            f
+        }
+        ("sched_wakeup" | "sched_waking" | "sched_wakeup_new", ["p"]) => {
+            let mut f = task_fields(0, "", true);
+            f.push(field("target_cpu", "int", Task(0, Cpu), Print::Cpu));
+            f
+        }
+        ("sched_process_exit" | "sched_process_free" | "sched_wait_task", ["p"]) => {
+            task_fields(0, "", true)
+        }
+        ("sched_process_fork", ["parent", "child"]) => {
+            let mut f = task_fields(0, "parent_", false);
+            f.extend(task_fields(1, "child_", false));
+            f
+        }
+        ("sched_process_exec", ["p", "old_pid", "bprm"]) => vec![
+            field("filename", "__data_loc char[]", Filename(2), Print::Str),
+            field("pid", "pid_t", Task(0, Pid), Print::Int),
+            field("old_pid", "pid_t", Arg(1), Print::Int),
+        ],
+        ("task_newtask", ["task", "clone_flags"]) => vec![
+            field("pid", "pid_t", Task(0, Pid), Print::Int),
+            field("comm", "char[16]", Task(0, Comm), Print::Str),
+            field("clone_flags", "unsigned long", Arg(1), Print::Hex),
+            field("oom_score_adj", "short", Task(0, OomScoreAdj), Print::Int),
+        ],
+        ("task_rename", ["task", "comm"]) => vec![
+            field("pid", "pid_t", Task(0, Pid), Print::Int),
+            field("oldcomm", "char[16]", Task(0, Comm), Print::Str),
+            field("newcomm", "char[16]", Str(1), Print::Str),
+            field("oom_score_adj", "short", Task(0, OomScoreAdj), Print::Int),
+        ],
+        _ => return None,
+    })
+}
+
+/// How an argument of C type `ty` prints raw.
+fn raw_print(ty: &str) -> Print {
+    let t = ty.trim_start_matches("const ");
+    if t.ends_with('*') {
+        return Print::Hex;
+    }
+    match t {
+        "bool" | "_Bool" => Print::Bool,
+        "long" | "long int" | "s64" | "ssize_t" | "loff_t" | "long long" => Print::Long,
+        "int" | "short" | "char" | "s32" | "s16" | "s8" | "pid_t" | "signed char" => Print::Int,
+        _ => Print::Unsigned,
+    }
+}
+
+impl EventFormat {
+    /// The format of `event` (None: its arguments are unknown).
+    pub fn of(event: &KernelEvent) -> Option<EventFormat> {
+        let args: &[EventArg] = event.args.as_deref()?;
+        let names: Vec<&str> = args.iter().map(|a| a.name.as_str()).collect();
+        let (fields, covered) = match covered(&event.name, &names) {
+            Some(f) => (f, true),
+            None => {
+                let raw = args.iter().enumerate();
+                let f = raw.map(|(i, a)| field(&a.name, &a.ty, Source::Arg(i), raw_print(&a.ty)));
+                (f.collect(), false)
+            }
+        };
+        Some(EventFormat {
+            event: event.full_name(),
+            fields,
+            covered,
+        })
+    }
+
+    /// The event's name alone (`sched_switch`).
+    pub fn name(&self) -> &str {
+        self.event.split_once(':').map_or(&self.event, |(_, n)| n)
+    }
+}
+
+#[cfg(test)]
+#[path = "fields_tests.rs"]
+mod tests;

@@ -1,0 +1,172 @@
+//! The traced events' fields (`-e`), read by whoever records an entry of
+//! an event's `__traceiter_NAME` while the vCPU is stopped there (the
+//! event's arguments and the structures they point to are valid then), and
+//! kept by the entry's arguments id (`Event::data`), as `session::args`
+//! keeps the arguments.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use vmm::gva::AddressSpace;
+
+use crate::kernel::events::field_values::read_fields;
+use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
+use crate::plan::Plan;
+
+/// The fields of each recorded event, by its arguments id.
+#[derive(Debug, Default)]
+pub struct FieldTable {
+    inner: Mutex<HashMap<u64, Vec<FieldValue>>>,
+}
+
+impl FieldTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<FieldValue>>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The fields of the entry whose arguments id is `data`.
+    pub fn get(&self, data: u64) -> Option<Vec<FieldValue>> {
+        self.lock().get(&data).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which sites are events', their formats, and where their values go.
+#[derive(Clone, Debug)]
+pub struct FieldSource {
+    /// Per site (`Plan::index`): its event's format, None for a function.
+    formats: Arc<[Option<Arc<EventFormat>>]>,
+    offsets: FieldOffsets,
+    pub table: Arc<FieldTable>,
+}
+
+impl FieldSource {
+    /// The plan's events' formats by site; None when it traces no event or
+    /// BTF lacks the offsets.
+    pub fn new(plan: &Plan, table: &Arc<FieldTable>) -> Option<FieldSource> {
+        let offsets = plan.events.offsets?;
+        let by_func = |f: &u32| {
+            let func = plan.funcs.get(*f as usize)?;
+            let mut names = plan.image.names(*func);
+            let e = names.find_map(|n| plan.events.by_iterator(n))?;
+            e.format.clone().map(Arc::new)
+        };
+        let formats: Arc<[_]> = plan.index.funcs.iter().map(by_func).collect();
+        formats.iter().any(Option::is_some).then(|| FieldSource {
+            formats,
+            offsets,
+            table: Arc::clone(table),
+        })
+    }
+
+    /// At an entry of site `site` whose arguments id is `data` (0: none
+    /// kept, nothing to key the fields by), registers `args` (RDI, the
+    /// probe's `__data`, first): its event's fields, read through `space`.
+    pub fn record(&self, site: usize, data: u64, args: &[u64; 6], space: &mut AddressSpace<'_>) {
+        let Some(Some(format)) = self.formats.get(site) else {
+            return;
+        };
+        if data == 0 {
+            return;
+        }
+        let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
+        let values = read_fields(format, &args[1..], &self.offsets, &mut read);
+        self.table.lock().insert(data, values);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vmm::gva::PagingMode;
+
+    use super::*;
+    use crate::kernel::events::fields::EventFormat;
+    use crate::kernel::events::{EventArg, EventKind, KernelEvent};
+
+    /// The kernel map of `setup_page_tables`: virtual 0xffffffff80000000 +
+    /// physical.
+    const KMAP: u64 = 0xffff_ffff_8000_0000;
+    /// The top 1 GiB, which it leaves unmapped.
+    const UNMAPPED: u64 = 0xffff_ffff_c000_0000;
+
+    fn task_rename() -> EventFormat {
+        let arg = |ty: &str, name: &str| EventArg {
+            ty: ty.into(),
+            name: name.into(),
+        };
+        EventFormat::of(&KernelEvent {
+            system: "task".into(),
+            name: "task_rename".into(),
+            kind: EventKind::Tracepoint,
+            call: 0,
+            tracepoint: None,
+            key: None,
+            iterator: None,
+            args: Some(vec![
+                arg("struct task_struct *", "task"),
+                arg("const char *", "comm"),
+            ]),
+            listed: true,
+        })
+        .unwrap()
+    }
+
+    /// An entry at an event's site keeps its fields, read through the
+    /// guest's page tables, by its arguments id; one at a function's site,
+    /// or without an id, keeps none; an unmapped pointer reads as unread.
+    #[test]
+    fn an_events_entry_keeps_its_fields_by_its_arguments_id() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let off = FieldOffsets {
+            comm: 0x10,
+            pid: 0x20,
+            tgid: 0x24,
+            prio: 0x28,
+            exit_state: 0x2c,
+            cpu: Some(0x30),
+            signal: 0x38,
+            oom_score_adj: 0x8,
+            filename: 0,
+        };
+        let (task, signal, name) = (0x100_0000u64, 0x100_1000u64, 0x100_2000u64);
+        mem.write_slice(b"wl-worker\0", GuestAddress(task + 0x10))
+            .unwrap();
+        mem.write_obj(73u32, GuestAddress(task + 0x20)).unwrap();
+        mem.write_obj(KMAP + signal, GuestAddress(task + 0x38))
+            .unwrap();
+        mem.write_obj(-1000i16, GuestAddress(signal + 8)).unwrap();
+        mem.write_slice(b"wl-child\0", GuestAddress(name)).unwrap();
+        let table = Arc::new(FieldTable::default());
+        let src = FieldSource {
+            formats: vec![None, Some(Arc::new(task_rename()))].into(),
+            offsets: off,
+            table: Arc::clone(&table),
+        };
+        let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let regs = [0, KMAP + task, KMAP + name, 0, 0, 0];
+        src.record(1, 5, &regs, &mut space);
+        src.record(0, 6, &regs, &mut space);
+        src.record(1, 0, &regs, &mut space);
+        // The name at an address no page maps.
+        src.record(1, 7, &[0, KMAP + task, UNMAPPED, 0, 0, 0], &mut space);
+        assert_eq!(table.len(), 2);
+        let s = |v: &str| FieldValue::Str(v.into());
+        let want = [
+            FieldValue::Int(73),
+            s("wl-worker"),
+            s("wl-child"),
+            FieldValue::Int(-1000),
+        ];
+        assert_eq!(table.get(5).unwrap(), want);
+        assert_eq!(table.get(7).unwrap()[2], FieldValue::Unread);
+    }
+}
