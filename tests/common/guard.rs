@@ -203,6 +203,77 @@ pub fn assert_same(before: &Memory, after: &Memory, when: &str) {
     );
 }
 
+/// The x86 NOPs a kernel's jump label holds while its key is off
+/// (`arch/x86/kernel/jump_label.c`: 2- or 5-byte, P6 or K8 form).
+const LABEL_NOPS: [&[u8]; 3] = [
+    &[0x66, 0x90],
+    &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+    &[0x66, 0x66, 0x66, 0x66, 0x90],
+];
+
+/// Whether the bytes at `i` of `piece` (guest-physical `gpa`) changed as
+/// the guest's own static key changes them: a label NOP in one read and a
+/// `jmp` of the same length in the other, landing inside the same piece
+/// (the kernel's text). vmtrace's own jumps (direct entries) land in its
+/// region far above the text, so a jump left by vmtrace is never taken
+/// for the guest's.
+fn guest_label_at(a: &[u8], b: &[u8], i: usize) -> Option<usize> {
+    let (len, text) = (a.len(), a.len() as i64);
+    LABEL_NOPS.iter().find_map(|nop| {
+        let n = nop.len();
+        let end = i + n;
+        if end > len {
+            return None;
+        }
+        let (x, y) = (&a[i..end], &b[i..end]);
+        let jump = if x == *nop { y } else if y == *nop { x } else { return None };
+        let rel = match (n, jump[0]) {
+            (2, 0xeb) => i64::from(jump[1] as i8),
+            (5, 0xe9) => i64::from(i32::from_le_bytes(jump[1..5].try_into().unwrap())),
+            _ => return None,
+        };
+        let target = (end as i64) + rel;
+        (0..text).contains(&target).then_some(n)
+    })
+}
+
+/// `assert_same`, but for the guest's own static-key flips meanwhile
+/// (`guest_label_at`): a loaded host can make a guest change a key (its
+/// clocksource watchdog, for one) while vmtrace is attached, and those
+/// bytes are not vmtrace's. Returns how many label sites the guest flipped.
+pub fn assert_same_but_guest_labels(before: &Memory, after: &Memory, when: &str) -> usize {
+    let mut flipped = 0;
+    let mut left = Vec::new();
+    for ((gpa, a), (_, b)) in before.pieces.iter().zip(&after.pieces) {
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] == b[i] {
+                i += 1;
+                continue;
+            }
+            // The site may start a few bytes before the first difference.
+            let site = (i.saturating_sub(4)..=i).find_map(|s| Some((s, guest_label_at(a, b, s)?)));
+            match site {
+                Some((s, n)) if s + n > i => {
+                    flipped += 1;
+                    i = s + n;
+                }
+                _ => {
+                    left.push(format!("{:#x}: {:#04x} -> {:#04x}", gpa + i as u64, a[i], b[i]));
+                    i += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "guest memory changed {when} at {} bytes: {}",
+        left.len(),
+        left.iter().take(32).cloned().collect::<Vec<_>>().join(", ")
+    );
+    flipped
+}
+
 /// No chardev of vmtrace's gdbstub (id `gdb`, its socket) is left in
 /// QEMU. QEMU's first `gdbserver` also makes the stub's monitor chardev
 /// (`#chrN: filename=gdb`), which QEMU keeps for its lifetime and offers no
