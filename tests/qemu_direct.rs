@@ -313,9 +313,15 @@ fn the_guests_own_label_flips_are_told_from_vmtraces_jumps() {
     let mut flipped = found.clone();
     flipped[8..13].copy_from_slice(&[0xe9, 0x10, 0x00, 0x00, 0x00]);
     flipped[20..22].copy_from_slice(&[0xeb, 0x04]);
-    assert_eq!(assert_same_but_guest_labels(&before, &text(&flipped), "flipped"), 2);
+    assert_eq!(
+        assert_same_but_guest_labels(&before, &text(&flipped), "flipped"),
+        2
+    );
     // And back: the key turned off again.
-    assert_eq!(assert_same_but_guest_labels(&text(&flipped), &before, "back"), 2);
+    assert_eq!(
+        assert_same_but_guest_labels(&text(&flipped), &before, "back"),
+        2
+    );
     let mut left = found.clone();
     left[8..13].copy_from_slice(&[0xe9, 0x00, 0x00, 0x80, 0x7e]);
     let outside = std::panic::catch_unwind(|| {

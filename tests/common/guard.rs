@@ -226,7 +226,13 @@ fn guest_label_at(a: &[u8], b: &[u8], i: usize) -> Option<usize> {
             return None;
         }
         let (x, y) = (&a[i..end], &b[i..end]);
-        let jump = if x == *nop { y } else if y == *nop { x } else { return None };
+        let jump = if x == *nop {
+            y
+        } else if y == *nop {
+            x
+        } else {
+            return None;
+        };
         let rel = match (n, jump[0]) {
             (2, 0xeb) => i64::from(jump[1] as i8),
             (5, 0xe9) => i64::from(i32::from_le_bytes(jump[1..5].try_into().unwrap())),
@@ -259,7 +265,12 @@ pub fn assert_same_but_guest_labels(before: &Memory, after: &Memory, when: &str)
                     i = s + n;
                 }
                 _ => {
-                    left.push(format!("{:#x}: {:#04x} -> {:#04x}", gpa + i as u64, a[i], b[i]));
+                    left.push(format!(
+                        "{:#x}: {:#04x} -> {:#04x}",
+                        gpa + i as u64,
+                        a[i],
+                        b[i]
+                    ));
                     i += 1;
                 }
             }
