@@ -81,6 +81,10 @@ pub struct SharedNames {
     /// The file behind the backend.
     pub path: PathBuf,
     pub size: u64,
+    /// Where the guest put its memory, once it did (journaled again then):
+    /// a repair clears the 2 MiB entries that map it.
+    #[serde(default)]
+    pub gpa: Option<u64>,
 }
 
 impl SharedNames {
@@ -97,6 +101,7 @@ impl SharedNames {
             device: format!("vmtrace-ivshmem-{pid}"),
             path: dir.join(format!("vmtrace-rings-{qemu_pid}-{pid}")),
             size,
+            gpa: None,
         }
     }
 }
@@ -143,7 +148,10 @@ pub fn plug(
     });
     match mapped {
         Ok(mem) => Ok(SharedRings {
-            names: names.clone(),
+            names: SharedNames {
+                gpa: Some(gpa),
+                ..names.clone()
+            },
             gpa,
             mem,
         }),

@@ -27,7 +27,15 @@ pub fn plug(qmp: &mut Monitor, journal: &mut Journal, size: u64) -> Result<Share
     let names = SharedNames::new(std::process::id(), journal.record.qemu_pid, size);
     journal.set_shared(Some(names.clone()))?;
     match qmp.burst(|m| ivshmem::plug(m, &names)) {
-        Ok(s) => Ok(s),
+        Ok(s) => {
+            // Its address too, for a repair's rule (`repair::region`);
+            // unjournaled, it must not stay.
+            if let Err(e) = journal.set_shared(Some(s.names.clone())) {
+                let _ = qmp.burst(|m| ivshmem::unplug(m, &s.names));
+                return Err(e.into());
+            }
+            Ok(s)
+        }
         Err(e) => {
             // `plug` took out what it added.
             journal.set_shared(None)?;
