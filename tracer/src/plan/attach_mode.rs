@@ -167,6 +167,16 @@ fn in_guest_pages(
     let mut code = code.clone();
     // The code at its smallest rings: what it takes whatever their size.
     code.set_rings(cpus, MIN_RECORDS)?;
+    if !plan.graph && plan.direct.is_none() {
+        // Bodies per site too many for the free pages: the shared body.
+        let rings = match own_rings {
+            true => 0,
+            false => code.layout().ring_bytes as usize * cpus / PAGE as usize,
+        };
+        if TABLE_SLOTS + code.code_pages() + rings > pages {
+            code.compact()?;
+        }
+    }
     let code_pages = code.code_pages();
     // The pages below the rings (`session::exitless::backing`): the tables
     // and the code; with the function graph, its parts at their fixed places.
