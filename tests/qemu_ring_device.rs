@@ -3,7 +3,8 @@
 //! `ivshmem-plain` device for the attach, its BAR mapped as the rings, and
 //! loses it at the detach. One boot for every check: `--trace '*'`
 //! exitless with exact counts, `--graph` keeping every return of a burst,
-//! and a killed attach whose device and file `vmtrace detach` removes.
+//! and a killed attach whose device and file `vmtrace detach` removes
+//! (its rings mapped with 2 MiB entries, which the repair clears).
 //! After each: the low MiB and the text as found, `info pci` as before,
 //! no ring file left on the host.
 
@@ -32,6 +33,20 @@ fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {
     assert!(line.contains(SAID), "{line}");
     assert!(info_pci(qmp).contains(DEVICE), "{}", info_pci(qmp));
     a
+}
+
+/// The kernel's page directory of its top 1 GiB (head_64.S), whose
+/// entries 508-510 vmtrace maps its region with.
+const TOP_PD: &str = "level2_fixmap_pgt";
+
+/// Entries 508-510 of the kernel's `TOP_PD` at link address `pd`, read
+/// through `w`'s RAM (no stop: vmtrace may hold the gdbstub).
+fn region_entries(w: &Watch, pd: u64) -> [u64; 3] {
+    let mut b = [0u8; 24];
+    w.ram
+        .read(pd - KERNEL_MAP + w.phys + 508 * 8, &mut b)
+        .unwrap();
+    [0, 1, 2].map(|i| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()))
 }
 
 /// A guest as found: its bytes, its PCI devices, the host's files.
@@ -64,6 +79,13 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
     let qmp = guest.qmp_socket();
     let kernel = Kernel::from_bzimage(&bz);
     let (memory, _) = kernel.read(qmp);
+    let file = vmm::boot::KernelFile::open(&bz).unwrap();
+    let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
+        .unwrap()
+        .image;
+    let pd = image.symbol(TOP_PD).expect(TOP_PD).addr;
+    let watch = kernel.watch(qmp);
+    let entries = region_entries(&watch, pd);
     let pid = Qmp::connect(qmp, Duration::from_secs(10))
         .unwrap()
         .pid()
@@ -111,10 +133,29 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
     let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"]);
     kill_with_guardian(a);
     assert_eq!(ring_files(pid).len(), 1);
+    // The data window's two entries: 2 MiB pages onto the device, present,
+    // writable, not executable (bits 0, 1, 7, 63).
+    let mapped = region_entries(&watch, pd);
+    for e in &mapped[1..] {
+        assert_eq!(
+            e & (1 | 2 | 0x80 | 1 << 63),
+            1 | 2 | 0x80 | 1 << 63,
+            "{mapped:x?}"
+        );
+    }
+    assert_eq!(
+        mapped[2] & !0xfff & !(1 << 63),
+        (mapped[1] & !0xfff & !(1 << 63)) + (2 << 20)
+    );
     let o = detach(qmp);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("removed vmtrace's ring device"), "{err}");
     found.assert_as_found("after a killed attach and vmtrace detach");
+    assert_eq!(
+        region_entries(&watch, pd),
+        entries,
+        "the kernel's page directory"
+    );
     assert_runs_on(&guest, w.worker);
 }

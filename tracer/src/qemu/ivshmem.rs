@@ -81,9 +81,9 @@ pub struct SharedNames {
     /// The file behind the backend.
     pub path: PathBuf,
     pub size: u64,
-    /// Where the guest sees the device's memory, once plugged: a repair
-    /// knows vmtrace's page-table entries into it (its tables there when
-    /// it holds the code) by it.
+    /// Where the guest put its memory, once it did (journaled again then):
+    /// a repair clears vmtrace's entries into it (the rings' 2 MiB entries,
+    /// and its page tables there when the device holds the code).
     #[serde(default)]
     pub gpa: Option<u64>,
 }
@@ -149,7 +149,10 @@ pub fn plug(
     });
     match mapped {
         Ok(mem) => Ok(SharedRings {
-            names: names.clone(),
+            names: SharedNames {
+                gpa: Some(gpa),
+                ..names.clone()
+            },
             gpa,
             mem,
         }),

@@ -28,12 +28,9 @@ pub fn plug(qmp: &mut Monitor, journal: &mut Journal, size: u64) -> Result<Share
     journal.set_shared(Some(names.clone()))?;
     match qmp.burst(|m| ivshmem::plug(m, &names)) {
         Ok(s) => {
-            // Where it is, for a repair to know the entries into it.
-            let placed = SharedNames {
-                gpa: Some(s.gpa),
-                ..names
-            };
-            if let Err(e) = journal.set_shared(Some(placed)) {
+            // Its address too, for a repair's rule (`repair::region`);
+            // unjournaled, it must not stay.
+            if let Err(e) = journal.set_shared(Some(s.names.clone())) {
                 let _ = qmp.burst(|m| ivshmem::unplug(m, &s.names));
                 let _ = journal.set_shared(None);
                 return Err(e.into());

@@ -71,6 +71,9 @@ pub struct ExitlessPlan {
     /// Records per ring the plan asked for, before `set_rings` fitted them
     /// to memory other than vmtrace's own.
     asked: u64,
+    /// The shared body and a stub per site, even where per-site bodies fit
+    /// the code page (`compact`): a guest's few free pages.
+    compact: bool,
 }
 
 impl ExitlessPlan {
@@ -126,10 +129,11 @@ impl ExitlessPlan {
         };
         Ok(ExitlessPlan {
             asked: spec.layout.cap,
-            trampoline: generate(&spec)?,
+            trampoline: generate(&spec, false)?,
             spec,
             cpu_number,
             tasks: tasks.clone(),
+            compact: false,
         })
     }
 
@@ -145,8 +149,20 @@ impl ExitlessPlan {
                 layout,
                 ..self.spec.clone()
             };
-            self.trampoline = generate(&spec)?;
+            self.trampoline = generate(&spec, self.compact)?;
             self.spec = spec;
+        }
+        Ok(())
+    }
+
+    /// The same code in its smallest shape: one shared body and a stub per
+    /// site (a few instructions more per call) instead of a body per site,
+    /// for memory that holds no more (the default guest's free low pages
+    /// hold 152 pages; `--trace '*'`'s 9,865 bodies took 359).
+    pub fn compact(&mut self) -> Result<(), ExitlessPlanError> {
+        if !self.compact {
+            self.trampoline = generate(&self.spec, true)?;
+            self.compact = true;
         }
         Ok(())
     }
@@ -222,7 +238,7 @@ impl ExitlessPlan {
         // Displacements and immediates differ; with a return thunk or
         // depth accounting the bodies are longer, so the sites' targets
         // are taken from the new code.
-        self.trampoline = generate(&spec)?;
+        self.trampoline = generate(&spec, self.compact)?;
         self.spec = spec;
         Ok(true)
     }
@@ -235,16 +251,22 @@ impl ExitlessPlan {
         let Some(task) = self.spec.task else {
             return Ok(None);
         };
-        let without = generate(&TrampolineSpec {
-            task: None,
-            ..self.spec.clone()
-        })?;
+        let without = generate(
+            &TrampolineSpec {
+                task: None,
+                ..self.spec.clone()
+            },
+            self.compact,
+        )?;
         let mut one_pid = task;
         one_pid.npids = 1;
-        let filtered = generate(&TrampolineSpec {
-            task: Some(one_pid),
-            ..self.spec.clone()
-        })?;
+        let filtered = generate(
+            &TrampolineSpec {
+                task: Some(one_pid),
+                ..self.spec.clone()
+            },
+            self.compact,
+        )?;
         let stub = match filtered.shape {
             trampoline::Shape::PerSite => 0,
             trampoline::Shape::Shared => trampoline::STUB_INSTRUCTIONS,
@@ -313,9 +335,13 @@ fn task_code(tasks: &TaskPlan, off: KernelOffset) -> Result<Option<TaskCode>, Ex
     Ok(Some(code))
 }
 
-/// The trampoline for `spec`, if it fits its code page.
-fn generate(spec: &TrampolineSpec) -> Result<Trampoline, ExitlessPlanError> {
-    let trampoline = trampoline::generate(spec)?;
+/// The trampoline for `spec` (in the shared shape when `compact`), if it
+/// fits its code page.
+fn generate(spec: &TrampolineSpec, compact: bool) -> Result<Trampoline, ExitlessPlanError> {
+    let trampoline = match compact {
+        true => trampoline::generate_shaped(spec, trampoline::Shape::Shared)?,
+        false => trampoline::generate(spec)?,
+    };
     if trampoline.code.len() as u64 > CODE_LEN {
         return Err(ExitlessPlanError::CodeTooBig {
             len: trampoline.code.len(),

@@ -25,6 +25,10 @@ use crate::session::region::returns_into_code_of;
 /// bits the CPU may add.
 const TABLE: u64 = 0b11;
 const ACCESSED_DIRTY: u64 = (1 << 5) | (1 << 6);
+/// A present 2 MiB leaf (page size), writable, not executable.
+const LEAF: u64 = 1 | (1 << 7);
+const WRITABLE: u64 = 1 << 1;
+const NO_EXEC: u64 = 1 << 63;
 /// An entry's physical address bits (bits 12..52).
 const ADDR_MASK: u64 = ((1 << 52) - 1) & !0xfff;
 /// vmtrace's pages are in the guest's first MiB (`kernel::lowmem`).
@@ -234,16 +238,15 @@ fn take_region_out(
         .filter(|(_, b)| b.len() == PAGE as usize)
         .collect();
     // The tables are in the free pages, or in the ring device when it
-    // holds the code: out of the page tables before the device goes.
-    let device = r
-        .shared
-        .as_ref()
-        .and_then(|s| Some(s.gpa?..s.gpa? + s.size));
+    // holds the code; the rings' 2 MiB entries map the device itself. All
+    // out of the page tables before the device goes.
+    let device = r.shared.as_ref().and_then(|s| Some((s.gpa?, s.size)));
     let ours = |v: u64| {
-        let table = v & ADDR_MASK;
-        v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE
-            && (r.pages.iter().any(|p| p.gpa == table)
-                || device.as_ref().is_some_and(|d| d.contains(&table)))
+        let at = v & ADDR_MASK;
+        let table = v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE
+            && (r.pages.iter().any(|p| p.gpa == at)
+                || device.is_some_and(|(gpa, size)| (gpa..gpa + size).contains(&at)));
+        table || device.is_some_and(|d| maps_device(v, d))
     };
     let mut cleared = 0;
     if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
@@ -275,6 +278,16 @@ fn take_region_out(
     Ok(())
 }
 
+/// Is `v` a 2 MiB entry as vmtrace writes them (`session::exitless::map`:
+/// code read-only, data writable and maybe not executable) onto the ring
+/// device at `(gpa, size)`?
+fn maps_device(v: u64, (gpa, size): (u64, u64)) -> bool {
+    let flags = v & !ACCESSED_DIRTY & !ADDR_MASK;
+    let addr = v & ADDR_MASK;
+    [LEAF, LEAF | WRITABLE, LEAF | WRITABLE | NO_EXEC].contains(&flags)
+        && (gpa..gpa.saturating_add(size)).contains(&addr)
+}
+
 /// Clear each of the region's entries `ours` accepts; returns how many.
 fn clear_entries(
     space: &mut AddressSpace<'_>,
@@ -294,4 +307,21 @@ fn clear_entries(
         }
     }
     Ok(cleared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_2_mib_entry_is_vmtraces_only_onto_its_device() {
+        let dev = (0x1_0000_0000, 4 << 20);
+        let data = 0x1_0020_0000 | LEAF | WRITABLE | NO_EXEC | ACCESSED_DIRTY;
+        assert!(maps_device(data, dev));
+        assert!(maps_device(0x1_0000_0000 | LEAF, dev));
+        // Past the device, a user page, a table: not vmtrace's.
+        assert!(!maps_device(0x1_0040_0000 | LEAF | WRITABLE, dev));
+        assert!(!maps_device(0x1_0000_0000 | LEAF | WRITABLE | 4, dev));
+        assert!(!maps_device(0x1_0000_0000 | TABLE, dev));
+    }
 }

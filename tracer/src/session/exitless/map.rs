@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::backing::{RegionPages, PAGE};
 use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use crate::plan::exitless::layout::{
-    CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, SPARE_PD_GPA,
+    CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, REGION_GPA, SPARE_PD_GPA,
 };
 
 /// Entry bits (Intel SDM vol. 3A, 4.5): present, writable, page size (a 2 MiB
@@ -206,6 +206,11 @@ fn page_tables(
             0 => PTE_PRESENT,
             _ => PTE_PRESENT | PTE_WRITABLE | xd,
         };
+        let large = large_leaf(&lock(pages), i, leaf);
+        if let Some(large) = large {
+            *e = large;
+            continue;
+        }
         let mut table = [0u8; PAGE as usize];
         for (j, slot) in table.chunks_exact_mut(8).enumerate() {
             if let Some(r) = lock(pages).real(base + j as u64 * PAGE) {
@@ -219,6 +224,35 @@ fn page_tables(
         *e = real(Some(pages), table_page(i))? | TABLE;
     }
     Ok(out)
+}
+
+/// Entry `i` as one 2 MiB leaf (`leaf`'s bits) where its 2 MiB are all in
+/// vmtrace's own memory (a QEMU device's BAR), 2 MiB-aligned there: no
+/// page table to write, and one TLB entry for 512 pages. Code and tables
+/// in the guest's free pages, or memory of its own that is not aligned,
+/// keep 4 KiB entries.
+fn large_leaf(pages: &RegionPages, i: usize, leaf: u64) -> Option<u64> {
+    let base = CODE_GPA + i as u64 * LARGE_PAGE;
+    let real = match (pages.own_region(), pages.own_data()) {
+        (Some(region), _) => region + (base - REGION_GPA),
+        (None, Some(data)) if base >= DATA_GPA => data + (base - DATA_GPA),
+        _ => return None,
+    };
+    (real % LARGE_PAGE == 0).then_some(real | leaf | PTE_PS)
+}
+
+/// The entry `map_with` wrote for entry `i` with the region in `pages`.
+fn written(pages: &Mutex<RegionPages>, i: usize, nx: bool) -> Result<u64, MapError> {
+    let leaf = match i {
+        0 => PTE_PRESENT,
+        _ => PTE_PRESENT | PTE_WRITABLE | if nx { PTE_XD } else { 0 },
+    };
+    // (The lock is let go before `real` takes it again.)
+    let large = large_leaf(&lock(pages), i, leaf);
+    match large {
+        Some(large) => Ok(large),
+        None => Ok(real(Some(pages), table_page(i))? | TABLE),
+    }
 }
 
 /// Undo `map_with`: clear the entries that hold what vmtrace wrote (and
@@ -239,7 +273,7 @@ pub fn unmap(
         let e = space.entry(va, Level::Pd).map_err(walk(va))?;
         let want = match pages {
             None => leaves(space.nx_enabled())[i],
-            Some(_) => real(pages, table_page(i))? | TABLE,
+            Some(p) => written(p, i, space.nx_enabled())?,
         };
         if !e.is_empty() && ours(e.value, want) {
             space.set_entry(&e, 0).map_err(walk(va))?;
@@ -445,5 +479,40 @@ mod tests {
         let fix: u64 = mem.read_obj(GuestAddress(pd + 506 * 8)).unwrap();
         assert_eq!(fix, (0x40_0000 + 506 * 0x1000) | TABLE);
         assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 0);
+    }
+
+    #[test]
+    fn own_memory_2_mib_aligned_is_mapped_with_2_mib_entries() {
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        // The data window in the region's own memory (a device's BAR).
+        let own = DATA_GPA;
+        let pages = Arc::new(Mutex::new(RegionPages::with_own_data(free, own)));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
+        let mut s =
+            AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true);
+        map_with(&mut s, Some(&pages)).unwrap();
+        for i in 1..PD_COUNT as u64 {
+            let e: u64 = mem
+                .read_obj(GuestAddress(pd + (PD_FIRST as u64 + i) * 8))
+                .unwrap();
+            let want = (own + (i - 1) * LARGE_PAGE) | PTE_PRESENT | PTE_WRITABLE | PTE_PS | PTE_XD;
+            assert_eq!(e, want, "entry {i}");
+        }
+        // Every data page mapped, written or not; the code page by page.
+        let last = DATA_VA + 2 * LARGE_PAGE - 1;
+        assert_eq!(s.translate(last).unwrap().gpa, own + 2 * LARGE_PAGE - 1);
+        assert_eq!(s.translate(CODE_VA + 2).unwrap().gpa, 0x5002);
+        assert!(map_with(&mut s, Some(&pages)).unwrap().reused);
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 3);
+        // Not 2 MiB-aligned: 4 KiB entries.
+        let odd = RegionPages::with_own_data(vec![], own + PAGE);
+        assert_eq!(large_leaf(&odd, 1, PTE_PRESENT), None);
+        assert_eq!(large_leaf(&odd, 0, PTE_PRESENT), None);
     }
 }
