@@ -1,6 +1,7 @@
 //! One guest address space: a root table and a paging mode over guest
-//! memory, with a small translation cache. The one way vmtrace reaches guest
-//! memory by virtual address (trap path, patcher, readiness check, benches).
+//! memory, with a small translation cache (4 KiB pieces, and huge pages
+//! whole). The one way vmtrace reaches guest memory by virtual address
+//! (trap path, patcher, readiness check, benches).
 //!
 //! Like a hardware TLB the cache is not coherent with the guest's page
 //! tables, so an `AddressSpace` lives only as long as they cannot change:
@@ -23,6 +24,11 @@ const CR0_PG: u64 = 1 << 31;
 const EFER_NXE: u64 = 1 << 11;
 /// Direct-mapped cache slots; a power of two so the slot is a mask.
 const CACHE_SLOTS: usize = 16;
+/// Huge pages (2 MiB, 1 GiB) remembered whole: a trap's reads (the per-CPU
+/// current task, its `task_struct`, the stack) often fall in one or two of
+/// a kernel's huge pages, each of which would otherwise cost a walk per
+/// 4 KiB piece.
+const HUGE_SLOTS: usize = 2;
 
 /// One cached 4 KiB translation: virtual page number to the guest-physical
 /// base of that 4 KiB piece (of a huge page: the piece holding it).
@@ -30,6 +36,15 @@ const CACHE_SLOTS: usize = 16;
 struct Cached {
     vpn: u64,
     page_gpa: u64,
+}
+
+/// One cached huge-page translation: the page's virtual and guest-physical
+/// bases, and its size.
+#[derive(Clone, Copy, Debug)]
+struct Huge {
+    va: u64,
+    gpa: u64,
+    size: u64,
 }
 
 /// Guest memory as one address space sees it.
@@ -43,6 +58,9 @@ pub struct AddressSpace<'m> {
     /// EFER.NXE was set in the vCPU this space came from.
     nx: bool,
     cache: [Option<Cached>; CACHE_SLOTS],
+    huge: [Option<Huge>; HUGE_SLOTS],
+    /// The huge slot the next huge page replaces (round robin).
+    next_huge: usize,
 }
 
 impl<'m> AddressSpace<'m> {
@@ -53,6 +71,8 @@ impl<'m> AddressSpace<'m> {
             mode,
             nx: false,
             cache: [None; CACHE_SLOTS],
+            huge: [None; HUGE_SLOTS],
+            next_huge: 0,
         }
     }
 
@@ -98,6 +118,7 @@ impl<'m> AddressSpace<'m> {
     /// changed).
     pub fn flush(&mut self) {
         self.cache = [None; CACHE_SLOTS];
+        self.huge = [None; HUGE_SLOTS];
     }
 
     /// Walks the tables for `gva` (uncached; see `gpa` for the cached form).
@@ -112,11 +133,25 @@ impl<'m> AddressSpace<'m> {
         if let Some(c) = self.cache[slot].filter(|c| c.vpn == vpn) {
             return Ok(c.page_gpa | (gva & PAGE_OFFSET_MASK));
         }
+        let mut huge = self.huge.iter().flatten();
+        if let Some(h) = huge.find(|h| gva.wrapping_sub(h.va) < h.size) {
+            return Ok(h.gpa + (gva - h.va));
+        }
         let t = self.translate(gva)?;
-        self.cache[slot] = Some(Cached {
-            vpn,
-            page_gpa: t.gpa & !PAGE_OFFSET_MASK,
-        });
+        if t.page_size > PAGE_SIZE_4K {
+            let off = gva & (t.page_size - 1);
+            self.huge[self.next_huge] = Some(Huge {
+                va: gva - off,
+                gpa: t.gpa - off,
+                size: t.page_size,
+            });
+            self.next_huge = (self.next_huge + 1) % HUGE_SLOTS;
+        } else {
+            self.cache[slot] = Some(Cached {
+                vpn,
+                page_gpa: t.gpa & !PAGE_OFFSET_MASK,
+            });
+        }
         Ok(t.gpa)
     }
 
@@ -140,6 +175,15 @@ impl<'m> AddressSpace<'m> {
 
     /// Reads `buf.len()` bytes at `gva`, across pages.
     pub fn read(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), GvaError> {
+        // Within one 4 KiB page (the trap path's reads): no span to build,
+        // so no allocation per read.
+        if !buf.is_empty() && (gva & PAGE_OFFSET_MASK) + buf.len() as u64 <= PAGE_SIZE_4K {
+            let gpa = self.gpa(gva)?;
+            return self
+                .mem
+                .read_slice(buf, GuestAddress(gpa))
+                .map_err(|_| GvaError::PageOutsideRam { gva, gpa });
+        }
         self.span(gva, buf.len())?.read(self.mem, buf)
     }
 
@@ -297,5 +341,76 @@ impl PhysSpan {
             at += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::{Bytes, GuestMemoryMmap};
+
+    use super::*;
+    use crate::layout::{PD_START, PML4_START};
+
+    /// The boot page tables: the kernel map's 2 MiB pages over RAM.
+    fn guest() -> GuestMemoryMmap {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        crate::boot::regs::setup_page_tables(&mem).unwrap();
+        mem
+    }
+
+    const KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
+
+    /// Point the kernel map's 2 MiB page `page` (physical 2 MiB * `page`)
+    /// at physical `to`.
+    fn remap(mem: &GuestMemoryMmap, page: u64, to: u64) {
+        let pde = GuestAddress(PD_START + page * 8);
+        let flags = mem.read_obj::<u64>(pde).unwrap() & 0xfff;
+        mem.write_obj(to | flags, pde).unwrap();
+    }
+
+    #[test]
+    fn a_huge_page_is_cached_whole_for_the_view_and_dropped_by_flush() {
+        let mem = guest();
+        // Two 4 KiB pieces of the 2 MiB page at physical 20 MiB, and the
+        // same offsets in the page at 32 MiB.
+        let (old, new) = (0x140_0000u64, 0x200_0000u64);
+        for (base, v) in [(old, 0xaaaa_u64), (new, 0xbbbb)] {
+            mem.write_obj(v, GuestAddress(base + 0x10)).unwrap();
+            mem.write_obj(v + 1, GuestAddress(base + 0x5_0010)).unwrap();
+        }
+        let mut view = AddressSpace::new(&mem, PML4_START, PagingMode::Level4);
+        assert_eq!(view.read_u64(KERNEL_MAP + old + 0x10).unwrap(), 0xaaaa);
+        remap(&mem, old >> 21, new);
+        // Another 4 KiB piece of the same huge page: translated by the
+        // view's cache (as a TLB would), not by a new walk.
+        assert_eq!(view.read_u64(KERNEL_MAP + old + 0x5_0010).unwrap(), 0xaaab);
+        view.flush();
+        assert_eq!(view.read_u64(KERNEL_MAP + old + 0x10).unwrap(), 0xbbbb);
+        // A trap's fresh view walks the tables as they are now.
+        remap(&mem, old >> 21, old);
+        let mut fresh = AddressSpace::new(&mem, PML4_START, PagingMode::Level4);
+        assert_eq!(fresh.read_u64(KERNEL_MAP + old + 0x5_0010).unwrap(), 0xaaab);
+    }
+
+    #[test]
+    fn reads_within_and_across_pages_and_outside_ram() {
+        let mem = guest();
+        let at = 0x30_0ffcu64;
+        mem.write_slice(&[1, 2, 3, 4, 5, 6, 7, 8], GuestAddress(at))
+            .unwrap();
+        let mut view = AddressSpace::new(&mem, PML4_START, PagingMode::Level4);
+        // Across a 4 KiB boundary (a span), and within one page.
+        assert_eq!(
+            view.read_array::<8>(KERNEL_MAP + at).unwrap(),
+            [1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        assert_eq!(view.read_array::<4>(KERNEL_MAP + at).unwrap(), [1, 2, 3, 4]);
+        assert_eq!(view.read_array::<0>(KERNEL_MAP + at).unwrap(), []);
+        // Mapped by the tables, past the end of RAM: an error naming it.
+        let past = 0x3ff_fff8u64 + 0x10_0000;
+        assert!(matches!(
+            view.read_u64(KERNEL_MAP + past),
+            Err(GvaError::PageOutsideRam { .. })
+        ));
     }
 }
