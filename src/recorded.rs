@@ -1,11 +1,15 @@
-//! When a saved trace was written, in words: `report` and `script` say it
-//! first on a terminal, and a run that saved nothing says that the
-//! `vmtrace.data` beside it is an earlier run's (a run without a command
-//! saves its trace only with `-o FILE`, as `perf trace` saves nothing;
-//! `vmtrace record` saves it, as `perf record` does).
+//! When a saved trace was written, in words, and the command line that
+//! recorded it: `report` and `script` say them first on a terminal, and a
+//! run that saved nothing says that the `vmtrace.data` beside it is an
+//! earlier run's (a run without a command saves its trace only with `-o
+//! FILE`, as `perf trace` saves nothing; `vmtrace record` saves it, as
+//! `perf record` does).
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tracer::trace::cmdline::shell_line;
+use tracer::trace::model::TraceMeta;
 
 /// `2026-11-29 16:02:11 UTC, 12 min ago`: when `path` was last written
 /// (its modification time: a data file is written to its end when the
@@ -19,17 +23,22 @@ pub fn when(path: &Path) -> Option<String> {
 }
 
 /// On a terminal, before a saved trace is shown: which file, of which
-/// kernel, written when (a file of an earlier run than the one just
-/// watched is no surprise).
-pub fn say_on_terminal(path: &Path, kernel: &str) {
+/// kernel, written when, by which command line when the file kept it (a
+/// file of an earlier run than the one just watched is no surprise).
+pub fn say_on_terminal(path: &Path, meta: &TraceMeta) {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return;
     }
     if let Some(when) = when(path) {
+        let by = match meta.cmdline.is_empty() {
+            true => String::new(),
+            false => format!("; command line: {}", shell_line(&meta.cmdline)),
+        };
         note!(
-            "vmtrace: reading {}: a trace of {kernel}, written {when}",
-            path.display()
+            "vmtrace: reading {}: a trace of {}, written {when}{by}",
+            path.display(),
+            meta.kernel
         );
     }
 }
@@ -44,6 +53,14 @@ pub fn unsaved_line() -> Option<String> {
          is an earlier run's, written {when}",
         default.display()
     ))
+}
+
+/// This process's command line, argv as given, for the data file to keep
+/// (an argument that is not UTF-8 with U+FFFD for its bad bytes).
+pub fn argv() -> Vec<String> {
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// `YYYY-MM-DD HH:MM:SS UTC`.

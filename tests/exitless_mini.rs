@@ -347,6 +347,7 @@ fn a_record_reserved_and_never_committed_at_the_end_loses_no_count() {
         // Who ran the guest, as `vmtrace attach` names its QEMU: kept in
         // the data file (version 7) and said in the header and JSON.
         vmm: "a test VMM".into(),
+        cmdline: Vec::new(),
     };
     let mode = Mode::exitless(&plan, 1, Some(RING)).unwrap();
     let (mut tracer, handlers) = Tracer::create(plan, 1, mode, rec).unwrap();

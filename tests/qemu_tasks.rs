@@ -178,6 +178,20 @@ fn attach_records_arguments_and_errno_return_values() {
     }
     assert_eq!((calls.len() as u64, returns), (N, N), "{text}");
     assert!(calls.iter().all(|f| f == &calls[0]), "one path: {calls:?}");
+    // `attach -o` keeps its command line in the data file, as `record`
+    // does (tests/record_cli.rs checks how it is shown).
+    let json = std::process::Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+        .args(["report", s(&data), "--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let head = [env!("CARGO_BIN_EXE_vmtrace"), "attach", "--qmp"];
+    let argv: Vec<&str> = head
+        .into_iter()
+        .chain([s(guest.qmp_socket()), "-q"])
+        .chain(args)
+        .collect();
+    assert_eq!(v["cmdline"], serde_json::json!(argv));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -261,29 +261,27 @@ fn a_second_record_keeps_the_first_as_old() {
 fn one_run_gives_the_data_file_and_every_export() {
     let dir = scratch("exports");
     let kernel = mini_elf();
-    let o = vmtrace_in(
-        &dir,
-        &[
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--cpus",
-            "2",
-            "--cmdline",
-            "iters=200",
-            "--trace",
-            TRACE,
-            "-o",
-            "t.data",
-            "--export",
-            "json=t.json",
-            "--export",
-            "csv=t.csv",
-            "--export",
-            "chrome=chrome.json",
-            "--export",
-            "trace.dat=trace.dat",
-        ],
-    );
+    let args = [
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--cpus",
+        "2",
+        "--cmdline",
+        "iters=200",
+        "--trace",
+        TRACE,
+        "-o",
+        "t.data",
+        "--export",
+        "json=t.json",
+        "--export",
+        "csv=it's a.csv",
+        "--export",
+        "chrome=chrome.json",
+        "--export",
+        "trace.dat=trace.dat",
+    ];
+    let o = vmtrace_in(&dir, &args);
     ok(&o, "one-shot with exports");
     // The one-shot form still prints the report; the console is on stderr.
     assert!(stdout(&o).starts_with("# vmtrace report"), "{}", stdout(&o));
@@ -299,7 +297,7 @@ fn one_run_gives_the_data_file_and_every_export() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("t.json")).unwrap()).unwrap();
     assert_exact(&v, 2, 200);
     let events = 2 * calls(200);
-    let csv = std::fs::read_to_string(dir.join("t.csv")).unwrap();
+    let csv = std::fs::read_to_string(dir.join("it's a.csv")).unwrap();
     assert_eq!(csv.lines().count() as u64, events + 1);
     let chrome: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("chrome.json")).unwrap()).unwrap();
@@ -322,12 +320,21 @@ fn one_run_gives_the_data_file_and_every_export() {
         .unwrap()
         .remove("guest_instructions_emulated");
     assert_eq!(json(&offline), live);
+    let argv: Vec<&str> = [env!("CARGO_BIN_EXE_vmtrace")]
+        .into_iter()
+        .chain(args)
+        .collect();
+    the_command_line_is_kept(&dir, "t.data", &argv);
+    assert_eq!(v["cmdline"], serde_json::json!(argv));
 
     // `record` takes exports too; `report` exports what --cpu selects.
     record(&dir, 2, 50, &["--export", "json=r.json"]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
     assert_exact(&v, 2, 50);
+    let argv = &v["cmdline"].as_array().unwrap()[1..];
+    assert_eq!(argv[0], "record");
+    assert_eq!(argv[argv.len() - 2..], ["--export", "json=r.json"]);
     let o = vmtrace_in(
         &dir,
         &["report", "--cpu", "0", "--export", "json=cpu0.json"],
@@ -338,6 +345,44 @@ fn one_run_gives_the_data_file_and_every_export() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("cpu0.json")).unwrap()).unwrap();
     assert_eq!(v["events"].as_u64(), Some(calls(50)));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The data file `file` in `dir` keeps `argv`, the command line that
+/// recorded it (issue 39): exactly in the JSON report; in the report's and
+/// script's headers and in trace.dat's VERSION option (which `trace-cmd
+/// report --version` prints) as one line that a shell reads back into
+/// the same arguments.
+fn the_command_line_is_kept(dir: &Path, file: &str, argv: &[&str]) {
+    let o = vmtrace_in(dir, &["report", file, "--format", "json"]);
+    ok(&o, "report --format json");
+    assert_eq!(json(&o)["cmdline"], serde_json::json!(argv));
+    let o = vmtrace_in(dir, &["report", file]);
+    ok(&o, "report");
+    let report = stdout(&o);
+    let line = report
+        .lines()
+        .find_map(|l| l.strip_prefix("# cmdline:"))
+        .unwrap_or_else(|| panic!("no cmdline in the header: {report}"))
+        .trim_start();
+    assert!(report.lines().nth(2).unwrap().starts_with("# cmdline:"));
+    let sh = std::process::Command::new("sh")
+        .args(["-c", &format!("printf '%s\\n' {line}")])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&sh).lines().collect::<Vec<_>>(), argv, "{line}");
+    let o = vmtrace_in(dir, &["script", file]);
+    ok(&o, "script");
+    let want = format!("# cmdline: {line}");
+    assert!(stdout(&o).lines().any(|l| l == want), "{}", stdout(&o));
+    let o = vmtrace_in(dir, &["report", file, "--export", "trace.dat=cmdline.dat"]);
+    ok(&o, "report --export trace.dat");
+    let tc = std::process::Command::new("trace-cmd")
+        .args(["report", "--version", "-i"])
+        .arg(dir.join("cmdline.dat"))
+        .output()
+        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
+    let version = format!("vmtrace {} (cmdline: {line})", env!("CARGO_PKG_VERSION"));
+    assert!(stdout(&tc).lines().any(|l| l == version), "{}", stdout(&tc));
 }
 
 #[test]

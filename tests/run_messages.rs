@@ -275,8 +275,9 @@ fn a_run_that_saves_nothing_says_the_data_file_is_an_earlier_runs() {
         "{err}"
     );
     // `report` on a terminal (script(1) gives it one) says first which file
-    // it reads, of which kernel, and when it was written; off a terminal,
-    // nothing (stderr stays the report's errors alone).
+    // it reads, of which kernel, when it was written and by which command
+    // line; off a terminal, nothing (stderr stays the report's errors
+    // alone).
     let on_tty = Command::new("script")
         .args([
             "-qec",
@@ -296,6 +297,13 @@ fn a_run_that_saves_nothing_says_the_data_file_is_an_earlier_runs() {
         )),
         "{text}"
     );
+    // ... and by which command line (the data file keeps it).
+    let by = format!(
+        "; command line: {} record --kernel {} --trace 'hrtimer_*' --console none",
+        env!("CARGO_BIN_EXE_vmtrace"),
+        s(&k)
+    );
+    assert!(first.trim_end().ends_with(&by), "{text}");
     let off_tty = vmtrace_in(&dir, &["report"]);
     assert!(off_tty.status.success());
     assert_eq!(stderr(&off_tty), "");

@@ -76,6 +76,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         storage: Storage::Stream { file, buffer },
         kernel,
         vmm: connected.info.to_string(),
+        cmdline: crate::recorded::argv(),
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
     let events = plan.plan.events.clone();

@@ -12,7 +12,7 @@ use crate::error::{Error, InputError, Outcome};
 pub fn main(args: &ReportArgs) -> Result<Outcome, Error> {
     let cfg = ReportConfig::check(args)?;
     let trace = datafile::load(&cfg.input)?;
-    crate::recorded::say_on_terminal(&cfg.input, &trace.meta.kernel);
+    crate::recorded::say_on_terminal(&cfg.input, &trace.meta);
     // Folded stacks of an entry-only trace are its entries' kernel stacks
     // (`--stack`): only a trace with neither returns nor stacks has none.
     let folds_stacks = |what: &&str| what.contains("folded") && !trace.stacks.is_empty();

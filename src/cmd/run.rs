@@ -120,6 +120,7 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
         storage,
         kernel: kernel.to_owned(),
         vmm: String::new(),
+        cmdline: crate::recorded::argv(),
     };
     let notes = plan.notes.clone();
     let prepared = Session::prepare(plan, &vm, recording).map_err(|e| {

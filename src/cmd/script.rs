@@ -13,7 +13,7 @@ use crate::error::{Error, Outcome};
 pub fn main(args: &ScriptArgs) -> Result<Outcome, Error> {
     let cfg = ScriptConfig::check(args)?;
     let trace = datafile::load(&cfg.input)?;
-    crate::recorded::say_on_terminal(&cfg.input, &trace.meta.kernel);
+    crate::recorded::say_on_terminal(&cfg.input, &trace.meta);
     let fields = cfg.fields_of(&trace)?;
     let trace = cfg.shown.apply(trace, &cfg.input)?;
     let trace = match &cfg.window {

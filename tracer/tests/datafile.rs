@@ -1,8 +1,8 @@
-//! The data file (format version 10) as `vmtrace record` streams it: read
+//! The data file (format version 11) as `vmtrace record` streams it: read
 //! back whole, read after the writer was killed at any byte, refused when
 //! corrupt in the middle; guest tasks saved before the events that name
-//! them; why events were dropped kept; version 5, 7 and 9 files still
-//! read.
+//! them; why events were dropped and the command line kept; version 5, 7,
+//! 9 and 10 files still read.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 mod fixture;
 
 use tracer::session::tasks::TaskTable;
-use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError};
+use tracer::trace::cmdline::{MAX_ARGS, MAX_ARG_BYTES};
+use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError, DATA_VERSION};
 use tracer::trace::model::{DropCauses, Event, Task, Trace};
 
 fn tmp(name: &str) -> PathBuf {
@@ -190,15 +191,18 @@ fn a_version_7_data_file_still_reads() {
     assert_eq!(back, want);
 }
 
-/// A trace with guest tasks saves as a version-10 data file (version 4 has
-/// no room for them) and reads back as itself; one without stays version 4.
+/// A trace with guest tasks saves as a data file (version 4 has no room
+/// for them) and reads back as itself; one without stays version 4.
 #[test]
 fn a_trace_with_tasks_saves_and_loads_back() {
     for t in [fixture::tasks_trace(), fixture::tasks_entry_trace()] {
         let path = tmp("tasks.vmtrace");
         save(&t, &path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            DATA_VERSION
+        );
         assert_eq!(load(&path).unwrap(), t);
     }
     // The source alone (no task known) is kept too.
@@ -413,4 +417,68 @@ fn a_version_9_data_file_still_reads() {
         (2100, 215, 1885)
     );
     assert_eq!(back.meta.drops, DropCauses::default());
+}
+
+/// `golden/mini.v10.data` was recorded by the version-10 writer (vmtrace
+/// before this format kept the command line): `vmtrace record --kernel
+/// guest/out/mini.elf --cpus 2 --cmdline iters=40 --trace
+/// 'hrtimer_*,__hrtimer_run_queues' --mode exitless --ring-events 4`: 360
+/// calls, 231 stored, the others dropped for a full ring. It still reads,
+/// its drop causes too, with no command line.
+#[test]
+fn a_version_10_data_file_still_reads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mini.v10.data");
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+    let back = load(&path).unwrap();
+    let m = &back.meta;
+    assert_eq!(
+        (m.events_total, back.events.len(), m.events_dropped),
+        (360, 231, 129)
+    );
+    assert_eq!(
+        (m.drops.ring_full.as_slice(), m.drops.held),
+        (&[36, 93][..], 1)
+    );
+    assert!(m.cmdline.is_empty(), "{:?}", m.cmdline);
+}
+
+/// The command line (version 11) is kept argument by argument, exactly,
+/// in a file saved whole and in one streamed; a trace with nothing else
+/// of a data file's is saved as one for it.
+#[test]
+fn the_command_line_saves_and_loads_back() {
+    let mut t = fixture::trace();
+    let argv = [
+        "vmtrace",
+        "--trace",
+        "hrtimer_*",
+        "-o",
+        "my trace.data",
+        "it's $HOME",
+        "",
+        "a\nnew\nline",
+        "\u{e9}t\u{e9}",
+    ];
+    t.meta.cmdline = argv.iter().map(|a| a.to_string()).collect();
+    let path = tmp("cmdline.vmtrace");
+    save(&t, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        DATA_VERSION
+    );
+    assert_eq!(load(&path).unwrap(), t);
+    let mut tasks = fixture::tasks_trace();
+    tasks.meta.cmdline = t.meta.cmdline.clone();
+    let streamed = tmp("cmdline.data");
+    write(&tasks, &streamed, 3, true);
+    assert_eq!(load(&streamed).unwrap(), tasks);
+    // Past the bounds: what fits is kept, and says it was cut.
+    t.meta.cmdline = vec!["x".repeat(MAX_ARG_BYTES + 1); MAX_ARGS + 1];
+    save(&t, &path).unwrap();
+    let back = load(&path).unwrap().meta.cmdline;
+    assert_eq!(back.len(), MAX_ARGS);
+    assert!(back[0].len() <= MAX_ARG_BYTES && back[0].ends_with("[...]"));
+    assert_eq!(back[MAX_ARGS - 1], "[2 more arguments]");
 }

@@ -118,8 +118,18 @@ fn traces() -> Vec<(&'static str, Trace)> {
     weird.meta.kernel = "C:\\kernel \"quoted\"".into();
     weird.meta.build_id = None;
     // What a streamed run can add: losses, the flight recorder, a file
-    // cut short, rejected sites, KASLR offsets.
+    // cut short, rejected sites, KASLR offsets, the command line.
     let mut streamed = fixture::trace();
+    streamed.meta.cmdline = [
+        "vmtrace",
+        "record",
+        "--trace",
+        "hrtimer_*",
+        "-o",
+        "a b.data",
+    ]
+    .map(String::from)
+    .to_vec();
     streamed.meta.lost = vec![3, 0, 1, 0];
     streamed.meta.overwrite = true;
     streamed.meta.incomplete = true;
@@ -304,6 +314,8 @@ fn report_json_says_losses_and_offsets_only_when_there_are_some() {
     assert_eq!(v["kernel_offset"]["virt"], 0x3b80_0000);
     assert_eq!(v["kernel_offset"]["phys"], -0x20_0000);
     assert!(v["rejected_sites"].as_str().unwrap().starts_with("2 "));
+    // argv as recorded, each argument whole (not the shell line).
+    assert_eq!(v["cmdline"], serde_json::json!(t.meta.cmdline));
     let plain = to_json(&fixture::trace());
     for k in [
         "lost",
@@ -311,6 +323,7 @@ fn report_json_says_losses_and_offsets_only_when_there_are_some() {
         "incomplete",
         "kernel_offset",
         "rejected_sites",
+        "cmdline",
     ] {
         assert!(plain.get(k).is_none(), "{k}");
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tracer::trace::datafile::{
-    load, save, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V2, MAGIC, VERSION,
+    load, save, Section, TraceFileError, DATA_VERSION, EVENT_SIZE, EVENT_SIZE_V2, MAGIC, VERSION,
 };
 use tracer::trace::model::Trace;
 use tracer::trace::report::{render, render_tree, ReportOptions, Sort, TreeOptions};
@@ -487,7 +487,7 @@ fn report_tracefile_bad_magic() {
 fn report_tracefile_unsupported_version() {
     let t = fixture::trace();
     let mut b = saved_bytes(&t);
-    for v in [0, 11, u32::MAX] {
+    for v in [0, DATA_VERSION + 1, u32::MAX] {
         put_u32(&mut b, 8, v);
         let e = load_bytes("version", &b).unwrap_err();
         assert!(
@@ -499,7 +499,10 @@ fn report_tracefile_unsupported_version() {
             msg.contains(&format!("unsupported trace format version {v}")),
             "{msg}"
         );
-        assert!(msg.contains("reads versions 1 to 10"), "{msg}");
+        assert!(
+            msg.contains(&format!("reads versions 1 to {DATA_VERSION}")),
+            "{msg}"
+        );
     }
     // Versions 4, 3, 2 and 1 are read.
     put_u32(&mut b, 8, 4);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use tracer::kernel::unwind::{Stack, StackEnd};
 use tracer::session::stacks::StackTable;
-use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError};
+use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError, DATA_VERSION};
 use tracer::trace::model::{Event, Trace};
 
 fn tmp(name: &str) -> PathBuf {
@@ -80,11 +80,11 @@ fn corrupt(path: &Path) -> (Section, String) {
 }
 
 #[test]
-fn a_trace_with_stacks_saves_as_version_10_and_reads_back() {
+fn a_trace_with_stacks_saves_as_a_data_file_and_reads_back() {
     let t = fixture::stacks_trace();
     let path = tmp("stacks.vmtrace");
     save(&t, &path).unwrap();
-    assert_eq!(version_of(&path), 10);
+    assert_eq!(version_of(&path), DATA_VERSION);
     let back = load(&path).unwrap();
     assert_eq!(back.stacks, fixture::stacks());
     assert_eq!(back.meta.stacks, fixture::STACKS_NOTE);
@@ -105,7 +105,7 @@ fn a_trace_with_stacks_saves_as_version_10_and_reads_back() {
     let mut t = fixture::graph_trace();
     t.meta.stacks = "frame pointers (no .orc_unwind section)".into();
     save(&t, &path).unwrap();
-    assert_eq!(version_of(&path), 10);
+    assert_eq!(version_of(&path), DATA_VERSION);
     assert_eq!(load(&path).unwrap(), t);
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tracer::session::args::ArgTable;
-use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError};
+use tracer::trace::datafile::{load, save, DataFile, Section, TraceFileError, DATA_VERSION};
 use tracer::trace::export::script::write_script;
 use tracer::trace::export::{to_json, write_chrome, write_csv};
 use tracer::trace::model::{Trace, ARG_REGS};
@@ -381,7 +381,7 @@ fn chrome_events_carry_args_and_ret() {
     assert!(tick[3]["args"].get("args").is_none());
 }
 
-/// The saved trace (a version-9 data file, written in one go) reads back
+/// The saved trace (a data file, written in one go) reads back
 /// as itself; without values it still saves as version 4.
 #[test]
 fn the_saved_trace_is_byte_identical_and_reads_back() {
@@ -393,7 +393,10 @@ fn the_saved_trace_is_byte_identical_and_reads_back() {
         save(&t, &p).unwrap();
         let bytes = fs::read(&p).unwrap();
         check(golden, &bytes);
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            DATA_VERSION
+        );
         assert_eq!(load(&p).unwrap(), t);
     }
     let p = tmp("plain.vmtrace");

@@ -342,6 +342,7 @@ impl Tracer {
                 .map(|s| s.funcs.clone())
                 .unwrap_or_default(),
             drops: self.drop_causes(&ring_drops),
+            cmdline: self.cmdline.clone(),
         };
         Trace {
             meta,
@@ -388,6 +389,14 @@ impl Tracer {
         let mut t = self.trace_now(kernel, String::new());
         t.callers = self.plan.image.functions.clone();
         t
+    }
+
+    /// Hand the data file's `HEAD` to the store thread (with a data file).
+    pub(super) fn send_head(&self, head: Option<crossbeam_channel::Sender<Trace>>, kernel: &Path) {
+        if let Some(tx) = head {
+            // The store thread waits for it; it outlives this call.
+            let _ = tx.send(self.head(kernel));
+        }
     }
 }
 
@@ -487,6 +496,7 @@ mod tests {
             },
             kernel: kernel.clone(),
             vmm: String::new(),
+            cmdline: Vec::new(),
         };
         let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, rec).unwrap();
         t.task_table().intern(&sh);
@@ -545,6 +555,7 @@ mod tests {
             },
             kernel: kernel.clone(),
             vmm: String::new(),
+            cmdline: Vec::new(),
         };
         let (t, handlers) = Tracer::create(plan(), 1, Mode::Trap, rec).unwrap();
         t.stack_table().intern(stack.clone());
@@ -611,6 +622,7 @@ mod tests {
             },
             kernel: kernel.clone(),
             vmm: String::new(),
+            cmdline: Vec::new(),
         };
         let (t, handlers) = Tracer::create(plan(both), 1, Mode::Trap, rec).unwrap();
         drop(handlers);

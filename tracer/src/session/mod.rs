@@ -1,7 +1,6 @@
 //! One tracing session over a running guest: plan the sites, attach (patch
 //! under a pause), detach (restore), and turn what was recorded into a Trace.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use vmm::GuestRam;
@@ -15,7 +14,6 @@ use crate::kernel::cpus::GuestCpus;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
 use crate::plan::exitless::layout::RETURN_TRAP_VA;
 use crate::plan::{Mode, Plan};
-use crate::trace::model::Trace;
 use counters::Counters;
 use equip::{boxed, equip, stack_source, task_source};
 use exitless::collect::{DrainStart, DrainTasks, DrainValues};
@@ -98,6 +96,8 @@ pub struct Tracer {
     offset: Option<KernelOffset>,
     /// Who runs the guest, when not vmtrace's own VMM (`Recording::vmm`).
     vmm: String,
+    /// The command line that asked for the recording (`Recording::cmdline`).
+    cmdline: Vec<String>,
     /// How events get their task (None: the kernel's layout is unknown).
     tasks: Option<Arc<TaskSource>>,
     /// How `--stack` calls unwind (None: no stacks recorded).
@@ -180,6 +180,7 @@ impl Tracer {
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
+        t.cmdline = rec.cmdline.clone();
         t.send_head(store.head, &rec.kernel);
         Ok((t, boxed(recs)))
     }
@@ -232,16 +233,9 @@ impl Tracer {
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
+        t.cmdline = rec.cmdline.clone();
         t.send_head(store.head, &rec.kernel);
         (t, recs)
-    }
-
-    /// Hand the data file's `HEAD` to the store thread (with a data file).
-    fn send_head(&self, head: Option<crossbeam_channel::Sender<Trace>>, kernel: &Path) {
-        if let Some(tx) = head {
-            // The store thread waits for it; it outlives this call.
-            let _ = tx.send(self.head(kernel));
-        }
     }
 
     fn assemble(
@@ -276,6 +270,7 @@ impl Tracer {
             reach,
             offset: None,
             vmm: String::new(),
+            cmdline: Vec::new(),
             tasks: None,
             stacks: None,
             tables: Tables {

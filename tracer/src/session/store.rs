@@ -439,6 +439,9 @@ pub struct Recording {
     /// Who runs the guest, when not vmtrace's own VMM (e.g. the QEMU of
     /// `vmtrace attach`); empty otherwise. Named in the trace.
     pub vmm: String,
+    /// The command line that asked for the recording (argv as given);
+    /// kept in the data file.
+    pub cmdline: Vec<String>,
 }
 
 impl Recording {
@@ -449,6 +452,7 @@ impl Recording {
             storage: Storage::Memory,
             kernel: PathBuf::new(),
             vmm: String::new(),
+            cmdline: Vec::new(),
         }
     }
 }

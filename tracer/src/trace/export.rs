@@ -187,6 +187,9 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if !m.vmm.is_empty() {
         doc["vmm"] = json!(m.vmm);
     }
+    if !m.cmdline.is_empty() {
+        doc["cmdline"] = json!(m.cmdline);
+    }
     if m.unfinished > 0 {
         // Calls not in `events`: their function is unknown.
         doc["unfinished"] = json!(m.unfinished);

@@ -2,6 +2,7 @@
 //! graph, time and vCPU windows, filters after recording, reports and exports, arguments and
 //! return values and kernel stacks as printed.
 
+pub mod cmdline;
 pub mod datafile;
 pub mod export;
 pub mod filter;

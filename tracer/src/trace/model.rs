@@ -173,6 +173,10 @@ pub struct TraceMeta {
     /// Why events counted were not stored, cause by cause (empty: nothing
     /// dropped, or an older file).
     pub drops: DropCauses,
+    /// The command line that recorded the trace, argv as given (see
+    /// `crate::trace::cmdline`); empty: not known (an older file, or a
+    /// trace built without one).
+    pub cmdline: Vec<String>,
 }
 
 /// Why events counted were not stored: each cause counted where it

@@ -4,12 +4,13 @@
 
 use std::io::Read;
 
+use super::cmdline::read_cmdline;
 use super::protos::read_prototypes;
 use super::reader::Reader;
 use super::{
     check_callers, check_events, Counted, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8,
-    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_10, VERSION_3, VERSION_5, VERSION_6, VERSION_7,
-    VERSION_8, VERSION_9,
+    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_10, VERSION_11, VERSION_3, VERSION_5, VERSION_6,
+    VERSION_7, VERSION_8, VERSION_9,
 };
 use crate::kernel::symbols::Symbol;
 use crate::trace::model::{DropCauses, Event, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS};
@@ -259,6 +260,10 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
     } else {
         DropCauses::default()
     };
+    let cmdline = match version >= VERSION_11 {
+        true => read_cmdline(r)?,
+        false => Vec::new(),
+    };
     check_header_counts(r, &v)?;
     let meta = TraceMeta {
         kernel,
@@ -299,6 +304,7 @@ fn read_header<R: Read>(r: &mut Reader<'_, R>, version: u32) -> Result<TraceMeta
         stacks,
         stack_funcs,
         drops,
+        cmdline,
     };
     Ok(meta)
 }

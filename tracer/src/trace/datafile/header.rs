@@ -5,12 +5,13 @@
 use std::io::{self, Write};
 
 use super::body::{VALUES_ARGS, VALUES_RETVAL};
+use super::cmdline::put_cmdline;
 use super::encode::{put_str, put_syms};
 use super::protos::put_prototypes;
-use super::{VERSION_10, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
+use super::{VERSION_10, VERSION_11, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
 use crate::trace::model::{DropCauses, Trace, TraceMeta};
 
-/// The body of a file of `version` (4, or 5 to 9 for a data file's `HEAD`
+/// The body of a file of `version` (4, or 5 on for a data file's `HEAD`
 /// and `FOOT` blocks): the header, functions, counts, returns and callers.
 pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     let m = &trace.meta;
@@ -113,6 +114,9 @@ fn put_meta(m: &TraceMeta, version: u32, w: &mut Vec<u8>) -> io::Result<()> {
     }
     if version >= VERSION_10 {
         put_drops(&m.drops, w)?;
+    }
+    if version >= VERSION_11 {
+        put_cmdline(&m.cmdline, w)?;
     }
     Ok(())
 }

@@ -219,10 +219,21 @@
 //! overwritten (`--overwrite`). Versions 1 to 9 are still read: they say
 //! no cause.
 //!
+//! # Version 11: the command line
+//!
+//! Version 11's body adds, after the drop causes, the command line that
+//! recorded the trace (`TraceMeta::cmdline`): `u32` n then n `str`, argv
+//! as given (an argument that was not UTF-8 has U+FFFD in place of its
+//! bad bytes), `vmtrace` first. At most `cmdline::MAX_ARGS` arguments of
+//! at most `cmdline::MAX_ARG_BYTES` bytes each (the writer cuts a longer
+//! one, ending it in `[...]`, and replaces the arguments past the last
+//! kept by `[N more arguments]`); more is corrupt. n is 0 when not known.
+//! Versions 1 to 10 are still read: their command line is not known.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
-//! `TraceMeta::tasks`), no values and no stacks, else a version-10 data
-//! file in one go: `HEAD`, `TASK`, `ARGS`, `STAK`, `EVTS`, `FOOT`, `END`
-//! (version 4 has no room for them).
+//! `TraceMeta::tasks`), no values, no stacks and no command line, else a
+//! data file of `DATA_VERSION` in one go: `HEAD`, `TASK`, `ARGS`, `STAK`,
+//! `EVTS`, `FOOT`, `END` (version 4 has no room for them).
 //!
 //! Version 5 is still read: it is version 6 without `unfinished`. (A new
 //! version rather than an optional field after the callers: every byte of
@@ -237,6 +248,7 @@
 //! its end (a write cut short).
 
 mod body;
+mod cmdline;
 mod encode;
 mod header;
 mod protos;
@@ -281,8 +293,14 @@ pub const VERSION_8: u32 = 8;
 /// The data file with kernel stacks (`STAK` blocks, 48-byte events naming
 /// their stack).
 pub const VERSION_9: u32 = 9;
-/// The data file that says why events were dropped (`DropCauses`).
+/// The data file that says why events were dropped (`DropCauses`), still
+/// read.
 pub const VERSION_10: u32 = 10;
+/// The data file that keeps the command line that recorded it.
+pub const VERSION_11: u32 = 11;
+/// The data file's version that `stream` and `save` write: the newest
+/// (each new version changes this line).
+pub const DATA_VERSION: u32 = VERSION_11;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
@@ -355,7 +373,7 @@ pub enum TraceFileError {
     Write { path: PathBuf, source: io::Error },
     #[error("{} is not a vmtrace trace (bad magic); expected a file saved with vmtrace -o", path.display())]
     BadMagic { path: PathBuf },
-    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {VERSION_10})", path.display())]
+    #[error("{}: unsupported trace format version {version} (this vmtrace reads versions {VERSION_1} to {DATA_VERSION})", path.display())]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{}: truncated trace file (ends inside the {section} section); was the save interrupted?", path.display())]
     Truncated { path: PathBuf, section: Section },

@@ -1,4 +1,4 @@
-//! Writing the data file while the guest runs (format version 9, see the
+//! Writing the data file while the guest runs (format `DATA_VERSION`, see the
 //! parent module): a `HEAD` block before the run, `EVTS` blocks as events
 //! arrive, each after a `TASK` block with the guest tasks seen since the
 //! last one (the caller's `write_tasks`), an `ARGS` block with the
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::encode::{encode, put_str};
 use super::header::put_body;
-use super::{TraceFileError, EVENT_SIZE_V9, MAGIC, VERSION_10};
+use super::{TraceFileError, DATA_VERSION, EVENT_SIZE_V9, MAGIC};
 use crate::trace::model::{Event, Stack, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};
 
@@ -133,7 +133,7 @@ impl DataFile {
         };
         let mut pre = Vec::with_capacity(20);
         pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&VERSION_10.to_le_bytes());
+        pre.extend_from_slice(&DATA_VERSION.to_le_bytes());
         // file_len: unknown while the file grows.
         pre.extend_from_slice(&0u64.to_le_bytes());
         f.out.write_all(&pre).map_err(err)?;
@@ -257,7 +257,7 @@ impl DataFile {
             events: Vec::new(),
             ..trace.clone()
         };
-        put_body(&bare, VERSION_10, &mut payload)?;
+        put_body(&bare, DATA_VERSION, &mut payload)?;
         self.block(tag, &payload)
     }
 

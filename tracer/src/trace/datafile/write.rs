@@ -7,8 +7,8 @@ use super::encode::encode;
 use super::header::put_body;
 use super::stream::{self, TAG_END, TAG_FOOT, TAG_HEAD};
 use super::{
-    check, TraceFileError, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE, VERSION,
-    VERSION_10,
+    check, TraceFileError, DATA_VERSION, EVENT_CHUNK, EVENT_SIZE, IO_BUFFER, MAGIC, PREAMBLE_SIZE,
+    VERSION,
 };
 use crate::trace::model::Trace;
 use crate::trace::output_path;
@@ -16,9 +16,9 @@ use crate::trace::output_path;
 /// Writes `trace` to `path` by the rules of [`crate::trace::output_path`]:
 /// atomically over a regular file or a new path (a temporary file in the
 /// same directory, renamed over it), into a character device, never over
-/// anything else. Version 4, or a version-9 data file when the trace has
-/// guest tasks, arguments, return values, prototypes or kernel stacks to
-/// keep (see the parent module).
+/// anything else. Version 4, or a data file (`DATA_VERSION`) when the
+/// trace has guest tasks, arguments, return values, prototypes, kernel
+/// stacks or its command line to keep (see the parent module).
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
     check(trace).map_err(|(section, detail)| TraceFileError::Invalid {
         path: path.to_path_buf(),
@@ -36,7 +36,7 @@ pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceFileError> {
 }
 
 /// Whether `trace` has what only data files (version 8 on) keep: guest
-/// tasks, values, stacks.
+/// tasks, values, stacks, the command line.
 fn needs_blocks(trace: &Trace) -> bool {
     let m = &trace.meta;
     !trace.stacks.is_empty()
@@ -49,6 +49,7 @@ fn needs_blocks(trace: &Trace) -> bool {
         || m.args
         || m.retval
         || trace.events.iter().any(|e| e.data != 0)
+        || !m.cmdline.is_empty()
 }
 
 /// Writes the whole file to `out`, front to back (no seeking, so a device
@@ -78,15 +79,15 @@ fn write_to(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     w.flush()
 }
 
-/// A version-9 data file in one go: `HEAD` and `FOOT` both the whole
+/// A data file (`DATA_VERSION`) in one go: `HEAD` and `FOOT` both the whole
 /// trace's body, its tasks, its arguments, its stacks, its events.
 fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUFFER, out);
     w.write_all(MAGIC)?;
-    w.write_all(&VERSION_10.to_le_bytes())?;
+    w.write_all(&DATA_VERSION.to_le_bytes())?;
     w.write_all(&0u64.to_le_bytes())?;
     let mut body = Vec::new();
-    put_body(trace, VERSION_10, &mut body)?;
+    put_body(trace, DATA_VERSION, &mut body)?;
     w.write_all(&stream::frame(TAG_HEAD, &body)?)?;
     for (_, payload) in stream::task_payloads(0, &trace.tasks)? {
         w.write_all(&stream::frame(stream::TAG_TASKS, &payload)?)?;

@@ -59,6 +59,7 @@
 use std::borrow::Cow;
 use std::io::{self, BufWriter, Write};
 
+use crate::trace::cmdline::shell_line;
 use crate::trace::model::{Event, Trace};
 use crate::trace::report::{escape, Caller};
 use crate::trace::stacks::StackFrame;
@@ -93,7 +94,7 @@ pub fn write_script(trace: &Trace, w: &mut dyn Write) -> io::Result<()> {
 }
 
 /// The header's lines up to the column titles: counts, losses, the
-/// kernel, the attach and detach times, the tasks' source and the values.
+/// command line, the kernel, the attach and detach times, the tasks' source and the values.
 pub(super) fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
     let m = &trace.meta;
     let returns_stored = trace.events.iter().filter(|e| e.is_return()).count() as u64;
@@ -132,6 +133,9 @@ pub(super) fn header(w: &mut impl Write, trace: &Trace) -> io::Result<()> {
              committed (the run ended mid-record); function unknown, not in entries-written",
             m.unfinished
         )?;
+    }
+    if !m.cmdline.is_empty() {
+        writeln!(w, "# cmdline: {}", shell_line(&m.cmdline))?;
     }
     writeln!(
         w,

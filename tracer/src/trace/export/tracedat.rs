@@ -44,7 +44,7 @@
 //! | printk formats  | `u32` 0                                                               |
 //! | cmdlines        | `u64` size, `saved_cmdlines` lines `pid comm` (below)                 |
 //! | cpus            | `u32` number of vCPUs                                                 |
-//! | options         | `options  \0`, option `TRACECLOCK` (`[mono]`), `u16` 0 (done)         |
+//! | options         | `options  \0`, option `TRACECLOCK` (`[mono]`), `VERSION` (`options`), `u16` 0 |
 //! | flyrecord       | `flyrecord\0`, per CPU `u64` offset + `u64` size, `u64` size + `[mono]` |
 //! | padding         | zeros up to the next page boundary                                    |
 //! | CPU data        | per CPU, page-aligned: whole ring-buffer pages (below)                |
@@ -94,6 +94,7 @@ use crate::trace::graph::{End, Graph};
 use crate::trace::model::Trace;
 
 mod names;
+mod options;
 use names::{cmdlines, kallsyms, pid_of};
 pub use names::{PID_BASE, UNKNOWN_PID_BASE, UNKNOWN_SYMBOL};
 
@@ -132,9 +133,6 @@ pub const ID_FUNCTION: u16 = 1;
 pub const ID_KERNEL_STACK: u16 = 4;
 pub const ID_FUNCGRAPH_EXIT: u16 = 10;
 pub const ID_FUNCGRAPH_ENTRY: u16 = 11;
-/// trace-cmd option ids (trace-cmd-private.h, enum tracecmd_option_id).
-const OPTION_DONE: u16 = 0;
-const OPTION_TRACECLOCK: u16 = 4;
 /// ftrace's clock that reads CLOCK_MONOTONIC (kernel/trace/trace.c, trace_clocks).
 const TRACE_CLOCK: &str = "[mono]";
 /// The most CPUs a file may have: Linux's largest NR_CPUS on x86-64
@@ -452,13 +450,7 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     put_text64(&mut h, &cmdlines(trace));
     h.extend_from_slice(&cpus.to_le_bytes());
     h.extend_from_slice(b"options  \0");
-    h.extend_from_slice(&OPTION_TRACECLOCK.to_le_bytes());
-    // The option holds the trace_clock file's text, the current clock in
-    // brackets; NUL-terminated as trace-cmd record writes it.
-    h.extend_from_slice(&(TRACE_CLOCK.len() as u32 + 1).to_le_bytes());
-    h.extend_from_slice(TRACE_CLOCK.as_bytes());
-    h.push(0);
-    h.extend_from_slice(&OPTION_DONE.to_le_bytes());
+    options::put_options(&mut h, trace);
     h.extend_from_slice(b"flyrecord\0");
     // The CPU data starts at the first page boundary after the header: the
     // offsets table (16 bytes a CPU) and the clock come first.

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::numbers::{format_cpu_list, thousands};
 use super::{escape, GraphSummary, Report};
+use crate::trace::cmdline::shell_line;
 use crate::trace::model::TraceMeta;
 
 /// The `#` header: the facts of the run.
@@ -38,6 +39,10 @@ pub(super) fn header(out: &mut String, report: &Report) {
     loss_lines(&mut lines, m);
     if report.filtered {
         lines.push(("--cpu", cpu_line(report)));
+    }
+    if !m.cmdline.is_empty() {
+        // First, as perf's header has it: what recorded all that follows.
+        lines.insert(0, ("cmdline", shell_line(&m.cmdline)));
     }
     let key_w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     out.push_str("# vmtrace report\n#\n");
