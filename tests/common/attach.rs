@@ -249,6 +249,16 @@ pub fn detach(qmp: &Path) -> std::process::Output {
     out
 }
 
+/// `vmtrace detach` after a killed attach that had plugged the ring
+/// device: it succeeds and says it removed the device. Its stderr.
+pub fn detach_removes_ring_device(qmp: &Path) -> String {
+    let o = detach(qmp);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("removed vmtrace's ring device"), "{err}");
+    err
+}
+
 /// SIGKILL `vmtrace attach` and its one guardian (as when the OOM killer
 /// or a cgroup kill takes both): the VM waits for `vmtrace detach`.
 pub fn kill_with_guardian(a: Attach) {

@@ -20,6 +20,12 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// The format version a data file at `path` was written in.
+fn version_of(path: &Path) -> u32 {
+    let bytes = std::fs::read(path).unwrap();
+    u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+}
+
 /// What the session writes as `HEAD`: no counts yet, every function a
 /// possible caller.
 fn head_of(t: &Trace) -> Trace {
@@ -87,8 +93,7 @@ fn a_complete_data_file_reads_back_as_the_trace() {
 #[test]
 fn a_version_5_data_file_still_reads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/graph.v5.data");
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 5);
+    assert_eq!(version_of(&path), 5);
     let mut want = fixture::graph_trace();
     want.meta.lost = vec![0; want.meta.cpus as usize];
     want.meta.lost[1] = 7;
@@ -176,8 +181,7 @@ fn an_empty_data_file_says_it_is_truncated() {
 #[test]
 fn a_version_7_data_file_still_reads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/graph.v7.data");
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 7);
+    assert_eq!(version_of(&path), 7);
     let mut want = fixture::graph_trace();
     want.meta.lost = vec![0; want.meta.cpus as usize];
     want.meta.lost[1] = 7;
@@ -198,11 +202,7 @@ fn a_trace_with_tasks_saves_and_loads_back() {
     for t in [fixture::tasks_trace(), fixture::tasks_entry_trace()] {
         let path = tmp("tasks.vmtrace");
         save(&t, &path).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(
-            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
-            DATA_VERSION
-        );
+        assert_eq!(version_of(&path), DATA_VERSION);
         assert_eq!(load(&path).unwrap(), t);
     }
     // The source alone (no task known) is kept too.
@@ -212,8 +212,7 @@ fn a_trace_with_tasks_saves_and_loads_back() {
     save(&t, &path).unwrap();
     assert_eq!(load(&path).unwrap(), t);
     save(&fixture::graph_trace(), &path).unwrap();
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 4);
+    assert_eq!(version_of(&path), 4);
 }
 
 /// The task of synthetic event `i`: 40 tasks, first seen over the run, so
@@ -405,8 +404,7 @@ fn the_causes_of_drops_save_and_load_back() {
 #[test]
 fn a_version_9_data_file_still_reads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mini.v9.data");
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 9);
+    assert_eq!(version_of(&path), 9);
     let back = load(&path).unwrap();
     assert_eq!(
         (
@@ -428,8 +426,7 @@ fn a_version_9_data_file_still_reads() {
 #[test]
 fn a_version_10_data_file_still_reads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mini.v10.data");
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 10);
+    assert_eq!(version_of(&path), 10);
     let back = load(&path).unwrap();
     let m = &back.meta;
     assert_eq!(
@@ -463,11 +460,7 @@ fn the_command_line_saves_and_loads_back() {
     t.meta.cmdline = argv.iter().map(|a| a.to_string()).collect();
     let path = tmp("cmdline.vmtrace");
     save(&t, &path).unwrap();
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(
-        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
-        DATA_VERSION
-    );
+    assert_eq!(version_of(&path), DATA_VERSION);
     assert_eq!(load(&path).unwrap(), t);
     let mut tasks = fixture::tasks_trace();
     tasks.meta.cmdline = t.meta.cmdline.clone();
