@@ -272,6 +272,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // removed at each unload (before its text is freed) and set again at
     // each load (before its init runs).
     cycles_in_trap_mode(&guest, &bz, m, w.worker, &modules);
+    killed_after_a_reload(&guest, &bz, w.worker, &modules);
 
     // Unloaded during an exitless trace: its calls until then counted, its
     // sites (in freed text) left alone at the detach and said so.
@@ -373,5 +374,29 @@ fn cycles_in_trap_mode(
         let mut bytes = [0u8; 5];
         space.read(site, &mut bytes).unwrap();
         assert_eq!(bytes, NOP5, "site {site:#x} after {CYCLES} cycles");
+    }
+}
+
+/// A trap-mode attach of `vmt_*` killed with its guardian after the
+/// module went and came back (its load and unload hooks set, the reloaded
+/// module's breakpoints journaled): `vmtrace detach` leaves no gdbstub,
+/// the module's sites NOPs, and its calls run on (a breakpoint left with
+/// no debugger would stop the guest at the first).
+fn killed_after_a_reload(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
+    let args = ["--kernel", s(bz), "--trace", "vmt_*", "--mode", "trap"];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);
+    kill_with_guardian(a);
+    let o = detach(guest.qmp_socket());
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert_no_gdbstub(guest.qmp_socket());
+    command(guest, "vmt 3", "vmt 3", worker);
+    let (list, mut space) = modules.read();
+    let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    for &site in &now.sites {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "site {site:#x} after the repair");
     }
 }
