@@ -397,3 +397,40 @@ fn a_dripped_gdb_reply_times_out() {
     );
     assert!(matches!(e, GdbError::Timeout { .. }), "{e}");
 }
+
+/// An event before the greeting, as QEMU 7.2 sends one emitted while the
+/// connection opens (its monitor still in the last client's command mode):
+/// read past, and the connection made. A peer sending only events is no
+/// QEMU.
+#[test]
+fn events_before_the_greeting_are_read_past_a_few_only() {
+    const EVENT: &str =
+        r#"{"timestamp": {"seconds": 1795990551, "microseconds": 427981}, "event": "RESUME"}"#;
+    let dir = scratch_in("hostile", "qmp-early-event");
+    let peer = Peer::listen(&dir.join("qmp.sock"), |mut s| {
+        use std::io::Write;
+        writeln!(s, "{EVENT}").unwrap();
+        let mut q = QmpPeer::greet(s);
+        while let Some(cmd) = q.command() {
+            q.reply(&cmd, json!({}));
+        }
+    });
+    let qmp = Qmp::connect(&peer.path, Duration::from_secs(5));
+    assert!(qmp.is_ok(), "{:?}", qmp.err());
+    drop(qmp);
+    peer.join();
+    let peer = Peer::listen(&dir.join("events.sock"), |mut s| {
+        use std::io::Write;
+        for _ in 0..64 {
+            if writeln!(s, "{EVENT}").is_err() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    match Qmp::connect(&peer.path, Duration::from_secs(5)) {
+        Err(e @ QmpError::NotQemu { .. }) => assert!(e.to_string().contains("timestamp"), "{e}"),
+        other => panic!("a peer of events alone: {:?}", other.err()),
+    }
+    peer.join();
+}

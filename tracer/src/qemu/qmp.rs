@@ -103,6 +103,9 @@ pub enum QmpError {
     Libvirt(Box<super::libvirt::LibvirtError>),
 }
 
+/// Events read past before a greeting (`Qmp::greeting`).
+const MAX_EARLY_EVENTS: usize = 16;
+
 /// QEMU's version, from the greeting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QemuVersion {
@@ -235,18 +238,19 @@ impl Qmp {
     /// Reads the `{"QMP": {"version": ...}}` greeting.
     fn greeting(&mut self, wait: Duration) -> Result<QemuVersion, QmpError> {
         let deadline = Instant::now() + wait;
-        let line = match self.read_line(deadline, "the greeting") {
-            Ok(l) => l,
-            // Nothing at all: QEMU serves another client. Part of a line
-            // is a peer that talks, slowly or endlessly: not busy.
-            Err(QmpError::Timeout { .. }) if !self.reader.partial() => {
-                return Err(QmpError::Busy {
-                    path: self.path.clone(),
-                    secs: wait.as_secs_f64(),
-                })
+        let mut events = 0;
+        let line = loop {
+            let line = self.greeting_line(deadline, wait)?;
+            // An event QEMU emitted as this client connected, before its
+            // greeting: QEMU 7.2 sends events to a monitor left in command
+            // mode by the client before, until the new connection's open
+            // is handled (monitor/qmp.c). Seen after a trap-mode detach's
+            // debug stops. A few are skipped; a peer that only sends
+            // events is no QEMU.
+            match serde_json::from_str::<Value>(&line) {
+                Ok(v) if v.get("event").is_some() && events < MAX_EARLY_EVENTS => events += 1,
+                _ => break line,
             }
-            Err(QmpError::Closed { .. }) => return Err(self.not_qemu("nothing".into())),
-            Err(e) => return Err(e),
         };
         let v: Value = serde_json::from_str(&line).map_err(|_| self.not_qemu(short(&line)))?;
         let version = v
@@ -264,6 +268,21 @@ impl Qmp {
             micro: num("micro"),
             package: version["package"].as_str().unwrap_or("").trim().to_string(),
         })
+    }
+
+    /// One line while waiting for the greeting.
+    fn greeting_line(&mut self, deadline: Instant, wait: Duration) -> Result<String, QmpError> {
+        match self.read_line(deadline, "the greeting") {
+            Ok(l) => Ok(l),
+            // Nothing at all: QEMU serves another client. Part of a line
+            // is a peer that talks, slowly or endlessly: not busy.
+            Err(QmpError::Timeout { .. }) if !self.reader.partial() => Err(QmpError::Busy {
+                path: self.path.clone(),
+                secs: wait.as_secs_f64(),
+            }),
+            Err(QmpError::Closed { .. }) => Err(self.not_qemu("nothing".into())),
+            Err(e) => Err(e),
+        }
     }
 
     fn not_qemu(&self, got: String) -> QmpError {
