@@ -83,8 +83,6 @@ pub struct Recorder {
     tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
     /// `--args`: where entries' arguments go, and which sites record them.
     args: Option<ArgSource>,
-    /// `-e`: the events' fields, read at their entries.
-    fields: Option<crate::session::record::event_fields::FieldSource>,
     /// `--retval`: returns carry RAX.
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
@@ -101,14 +99,6 @@ impl Recorder {
     pub fn record_values(&mut self, args: Option<ArgSource>, retval: bool) {
         self.args = args;
         self.retval = retval;
-    }
-
-    /// Read the traced events' fields at their entries (`-e`).
-    pub fn record_fields(
-        &mut self,
-        fields: Option<crate::session::record::event_fields::FieldSource>,
-    ) {
-        self.fields = fields;
     }
 
     /// Unwind the kernel stack of the calls `source` selects.
@@ -394,10 +384,6 @@ impl TrapHandler for Recorder {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let data = self.args.as_ref().map_or(0, |a| a.push_at(i, trap.args));
-        if let Some(f) = &self.fields {
-            let args = trap.args;
-            f.record(i, data, &args, trap.space());
-        }
         let stack = self.stack_of(i, trap);
         self.push(Event {
             ts_ns,
@@ -462,7 +448,6 @@ pub fn recorders(
             graph: None,
             tasks: None,
             args: None,
-            fields: None,
             retval: false,
             stacks: None,
             frames: false,
