@@ -43,6 +43,17 @@ self="${BASH_SOURCE[0]}"
 [[ "$self" == */* ]] || self="./$self"
 here="$(cd "${self%/*}" && pwd)"
 out="$here/out"
+
+# Copies an unpacked Debian kernel's files into DST, each renamed into place:
+# a test reading guest/out while another test's run copies them never sees
+# a half-written file.
+install_unpacked() {
+	local f
+	for f in vmlinuz config System.map; do
+		cp -f "$1/$f" "$2/.$f.tmp.$$"
+		mv -f "$2/.$f.tmp.$$" "$2/$f"
+	done
+}
 CC="${CC:-gcc}"
 LD="${LD:-ld}"
 
@@ -263,7 +274,7 @@ fetch_debian_kernel_by_index() {
 		echo "guest/build.sh: downloaded $pkg" >&2
 	fi
 	mkdir -p "$dst"
-	cp -f "$unpacked"/vmlinuz "$unpacked"/config "$unpacked"/System.map "$dst/"
+	install_unpacked "$unpacked" "$dst"
 }
 
 # guest/out/debian-SERIES/: the vmlinuz, config and System.map of Debian's
@@ -302,7 +313,7 @@ fetch_debian_kernel() {
 		echo "guest/build.sh: downloaded $pkg" >&2
 	fi
 	mkdir -p "$dst"
-	cp -f "$unpacked"/vmlinuz "$unpacked"/config "$unpacked"/System.map "$dst/"
+	install_unpacked "$unpacked" "$dst"
 	# The package's name: build_vmt_test takes the headers of the same one.
 	echo "$pkg" >"$dst/package"
 }
