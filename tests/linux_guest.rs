@@ -122,8 +122,8 @@ fn check_boot_console(text: &str, err: &str, cpus: u32) {
 /// How a boot run with `--stats` ends, on any vCPU count: with the init's
 /// power-off, or with the panic that follows init's death on hosts where
 /// user space cannot run; and, where the host emulates guest ring 0, the
-/// kernel's alternatives self-test's int3 carried by the assist. The 2- and
-/// 4-vCPU boots of the traced tests below check it too (one boot serves
+/// kernel's alternatives self-test's int3 carried by the assist. The 1-, 2-
+/// and 4-vCPU boots of the traced tests below check it (one boot serves
 /// both checks: Linux boots are most of CI's time).
 fn check_run_end(err: &str) {
     assert!(
@@ -135,14 +135,6 @@ fn check_run_end(err: &str) {
     if std::path::Path::new("/sys/module/kvm_pvm").exists() {
         assert!(err.contains("emulation assist `int3`"), "{err}");
     }
-}
-
-#[test]
-fn linux_boots_with_one_vcpu() {
-    let (out, text) = boot(1, &["--stats"]);
-    let err = stderr(&out);
-    check_boot_console(&text, &err, 1);
-    check_run_end(&err);
 }
 
 /// The README's main job (`--cpus 2 --mem 96 --console FILE --trace
@@ -280,25 +272,26 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
     }
 }
 
-/// Each call's task in trap mode, read at the trap: the idle loop's
-/// `tick_nohz_idle_enter` runs only as vCPU N's idle task (pid 0,
-/// `swapper/N`); kthreadd is pid 2 by its name; pid 1 runs first as the boot
-/// CPU's task (`swapper/0`) and, once it has exec'd, as `init` (whether it
-/// makes a traced call before the boot ends is timing). With `--graph --retval`
-/// `kernel_clone` returns the new tasks' pids, which then run as tasks of
-/// the trace. The same names come back from the saved data file through
-/// `script`, and from the trace.dat export through Debian's `trace-cmd
-/// report`.
+/// Trap mode with the graph, return values and stacks, in one boot (Linux
+/// boots are most of CI's time): each call's task (`check_tasks`) and the
+/// kernel stacks unwound with ORC (`check_stacks`).
 #[test]
-fn linux_trap_mode_names_every_calls_task() {
-    let dir = std::env::temp_dir().join(format!("vmtrace-linux-tasks-{}", std::process::id()));
+fn linux_trap_mode_names_tasks_and_unwinds_stacks() {
+    let dir = std::env::temp_dir().join(format!("vmtrace-linux-trap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (csv, data, dat) = (dir.join("t.csv"), dir.join("t.data"), dir.join("t.dat"));
+    let (csv, data, dat, json) = (
+        dir.join("t.csv"),
+        dir.join("t.data"),
+        dir.join("t.dat"),
+        dir.join("t.json"),
+    );
     let (out, text) = boot(
         2,
         &[
             "--trace",
-            "schedule,tick_nohz_idle_enter,kernel_clone",
+            "schedule,tick_nohz_idle_enter,kernel_clone,hrtimer_interrupt,__sysvec_apic_timer_interrupt",
+            "--stack",
+            "hrtimer_interrupt,kernel_clone",
             "--mode",
             "trap",
             "--graph",
@@ -309,11 +302,44 @@ fn linux_trap_mode_names_every_calls_task() {
             &format!("csv={}", csv.display()),
             "--export",
             &format!("trace.dat={}", dat.display()),
+            "--export",
+            &format!("json={}", json.display()),
         ],
     );
     let err = stderr(&out);
     check_boot_console(&text, &err, 2);
-    let rows = std::fs::read_to_string(&csv).unwrap();
+    let shown = trace_cmd_report(&dat);
+    check_tasks(&csv, &data, &shown);
+    check_stacks(&json, &shown);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Debian's `trace-cmd report` of a trace.dat export.
+fn trace_cmd_report(dat: &std::path::Path) -> String {
+    let report = std::process::Command::new("trace-cmd")
+        .arg("report")
+        .arg(dat)
+        .output()
+        .expect("trace-cmd (Debian's trace-cmd package) must be installed");
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    String::from_utf8_lossy(&report.stdout).into_owned()
+}
+
+/// Each call's task in trap mode, read at the trap: the idle loop's
+/// `tick_nohz_idle_enter` runs only as vCPU N's idle task (pid 0,
+/// `swapper/N`); kthreadd is pid 2 by its name; pid 1 runs first as the boot
+/// CPU's task (`swapper/0`) and, once it has exec'd, as `init` (whether it
+/// makes a traced call before the boot ends is timing). With `--graph --retval`
+/// `kernel_clone` returns the new tasks' pids, which then run as tasks of
+/// the trace. The same names come back from the saved data file through
+/// `script`, and from the trace.dat export through Debian's `trace-cmd
+/// report`.
+fn check_tasks(csv: &std::path::Path, data: &std::path::Path, shown: &str) {
+    let rows = std::fs::read_to_string(csv).unwrap();
     let mut lines = rows.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     let col = |name: &str| {
@@ -384,20 +410,8 @@ fn linux_trap_mode_names_every_calls_task() {
     let lines = stdout(&script);
     assert!(lines.contains("<idle>-0"), "{lines}");
     assert!(lines.contains("kthreadd-2 "), "{lines}");
-    let report = std::process::Command::new("trace-cmd")
-        .arg("report")
-        .arg(&dat)
-        .output()
-        .expect("trace-cmd (Debian's trace-cmd package) must be installed");
-    let shown = String::from_utf8_lossy(&report.stdout);
-    assert!(
-        report.status.success(),
-        "{}",
-        String::from_utf8_lossy(&report.stderr)
-    );
     assert!(shown.contains("kthreadd-2 "), "{shown}");
     assert!(shown.contains("<idle>-0 "), "{shown}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every traceable function (`--trace '*'`): thousands of sites patched
@@ -441,10 +455,12 @@ fn linux_every_function_traced_during_boot() {
 }
 
 /// The function graph on Linux (`--graph`, trap mode on this host), on the
-/// vmlinux ELF booted with the 64-bit protocol: the timer path's returns
-/// hooked during boot. Each returned call nests where
+/// vmlinux ELF booted with the 64-bit protocol on one vCPU: the timer path's
+/// returns hooked during boot. Each returned call nests where
 /// the kernel calls it, returns match calls but for the few in flight when
-/// the guest stopped, and the guest boots on untroubled.
+/// the guest stopped, and the guest boots on untroubled. This boot is also
+/// the 64-bit protocol's and the one-vCPU boot check (one boot for all:
+/// Linux boots are most of CI's time).
 #[test]
 fn linux_graph_times_the_timer_path_during_boot() {
     use tracer::trace::graph::{End, Graph};
@@ -452,24 +468,23 @@ fn linux_graph_times_the_timer_path_during_boot() {
         "vmtrace-linux-graph-{}.vmtrace",
         std::process::id()
     ));
-    // The vmlinux ELF, booted with the 64-bit protocol: this boot is also
-    // that protocol's boot check (one boot for both: Linux boots are most
-    // of CI's time).
     linux();
     let vmlinux = root().join("guest/out/vmlinux");
     let (out, text) = boot_kernel(
         &vmlinux,
-        2,
+        1,
         &[
             "--trace",
             "hrtimer_interrupt,__hrtimer_run_queues,tick_sched_timer",
             "--graph",
+            "--stats",
             "-o",
             path.to_str().unwrap(),
         ],
     );
     let err = stderr(&out);
-    check_boot_console(&text, &err, 2);
+    check_boot_console(&text, &err, 1);
+    check_run_end(&err);
     let t = tracer::trace::datafile::load(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     assert!(t.meta.graph);
@@ -483,7 +498,7 @@ fn linux_graph_times_the_timer_path_during_boot() {
         match f.end {
             End::Returned { .. } => returned += 1,
             // Still running when the guest stopped: at most one timer
-            // path per vCPU.
+            // path (one vCPU).
             End::Running => {}
             e => panic!("{} ended {e:?}", name(f.func)),
         }
@@ -499,7 +514,7 @@ fn linux_graph_times_the_timer_path_during_boot() {
         }
     }
     let running = g.frames.len() - returned;
-    assert!(running <= 2 * 3, "{running} calls never returned");
+    assert!(running <= 3, "{running} calls never returned");
     let tick = t
         .functions
         .iter()
@@ -540,31 +555,9 @@ fn stack_functions(stack: &serde_json::Value) -> Vec<String> {
 /// stacks are exactly the kernel's three ways to start a task at boot:
 /// rest_init starting init and kthreadd, kthreadd starting every kernel
 /// thread. trace-cmd shows the stacks from the trace.dat export.
-#[test]
-fn linux_stacks_unwind_through_the_timer_interrupt() {
-    let dir = std::env::temp_dir().join(format!("vmtrace-linux-stacks-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json, dat) = (dir.join("t.json"), dir.join("t.dat"));
-    let (out, text) = boot(
-        2,
-        &[
-            "--trace",
-            "hrtimer_interrupt,__sysvec_apic_timer_interrupt,kernel_clone",
-            "--stack",
-            "hrtimer_interrupt,kernel_clone",
-            "--mode",
-            "trap",
-            "--graph",
-            "--export",
-            &format!("json={}", json.display()),
-            "--export",
-            &format!("trace.dat={}", dat.display()),
-        ],
-    );
-    let err = stderr(&out);
-    check_boot_console(&text, &err, 2);
+fn check_stacks(json: &std::path::Path, shown: &str) {
     let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     assert!(
         v["stacks_source"].as_str().unwrap().starts_with("ORC ("),
         "{}",
@@ -632,17 +625,6 @@ fn linux_stacks_unwind_through_the_timer_interrupt() {
     .map(|c| c.iter().map(|s| s.to_string()).collect())
     .collect();
     assert_eq!(chains, want);
-    let report = std::process::Command::new("trace-cmd")
-        .arg("report")
-        .arg(&dat)
-        .output()
-        .expect("trace-cmd (Debian's trace-cmd package) must be installed");
-    let shown = String::from_utf8_lossy(&report.stdout);
-    assert!(
-        report.status.success(),
-        "{}",
-        String::from_utf8_lossy(&report.stderr)
-    );
     let traces = shown.matches("<stack trace >").count() as u64;
     let all_with_stack: u64 = with_stack + clone["count"].as_u64().unwrap();
     assert_eq!(traces, all_with_stack, "{shown}");
@@ -650,5 +632,4 @@ fn linux_stacks_unwind_through_the_timer_interrupt() {
         shown.contains("=> asm_sysvec_apic_timer_interrupt ("),
         "{shown}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
