@@ -1,4 +1,4 @@
-//! Linux 6.12 on 1 and 4 vCPUs (2 are in symbols_linux.rs): traced with
+//! Linux 6.12 on 1 and 4 vCPUs (2 are in linux_612_alone.rs): traced with
 //! traps on one, exitless on four, where its CPU number lives in
 //! `pcpu_hot` (6.2 and later), which vmtrace's trampoline reads, and every
 //! vCPU comes up (ACPI MADT and MP table both offered).
@@ -14,7 +14,7 @@ static ONE_GUEST: Mutex<()> = Mutex::new(());
 
 /// Boot the 6.12 guest traced with `hrtimer_*` in `mode` on `cpus` vCPUs for
 /// `duration` seconds after the attach (6.12 boots slowly on the emulating
-/// host, as in symbols_linux.rs); returns the run, its console and stderr.
+/// host, as in linux_612_alone.rs); returns the run, its console and stderr.
 fn run(
     bz: &std::path::Path,
     vmlinux: &std::path::Path,
