@@ -314,6 +314,18 @@ fn device_ids(pci: &Value) -> Vec<String> {
     out
 }
 
+/// QOM property `property` of the object at `path`, as a string (a
+/// link's is the target's path).
+fn qom_string(
+    q: &mut (impl Queries + ?Sized),
+    path: &str,
+    property: &str,
+) -> Result<String, IvshmemError> {
+    let args = json!({ "path": path, "property": property });
+    refused(q.execute("qom-get", Some(args)), "qom-get")
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+}
+
 /// A ring device of vmtrace's that QEMU lists, found without the journal
 /// that named it (lost, or kept on another host), with the pid of the
 /// vmtrace that added it: its id and BAR 2 from `query-pci`, its memory
@@ -336,13 +348,8 @@ pub fn find_leftover(
         .and_then(|r| r.iter().find(|r| r["bar"].as_u64() == Some(2)))
         .and_then(|r| r["size"].as_u64())
         .unwrap_or(0);
-    let qom = |q: &mut (impl Queries + ?Sized), path: &str, property: &str| {
-        let args = json!({ "path": path, "property": property });
-        refused(q.execute("qom-get", Some(args)), "qom-get")
-            .map(|v| v.as_str().unwrap_or_default().to_string())
-    };
-    let memdev = qom(q, &format!("/machine/peripheral/{device}"), "memdev")?;
-    let path = qom(q, &memdev, "mem-path")?;
+    let memdev = qom_string(q, &format!("/machine/peripheral/{device}"), "memdev")?;
+    let path = qom_string(q, &memdev, "mem-path")?;
     let object = memdev.rsplit('/').next().unwrap_or_default().to_string();
     Ok(Some((
         pid,

@@ -309,27 +309,7 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
     result?;
     // The VM runs again (or stays in someone else's stop, unmarked).
     let _ = std::fs::remove_file(journal::stop_mark_of(pid));
-    let journaled = found.journal.as_ref().and_then(|j| j.record.shared.clone());
-    let shared = journaled.or_else(|| found.device.clone());
-    // Out of the page tables, the device may go, even where the pages'
-    // bytes could not be given back (a repair by the marker).
-    let out_of_tables = out.region_out || !out.incomplete;
-    if let (Some(_), Some(held)) = (&shared, &found.held) {
-        // Its guest cannot eject it, and the repair does not resume it.
-        out.failed(format!(
-            "kept vmtrace's ring device while the VM is stopped ({held})"
-        ));
-    } else if let (Some(names), true) = (shared, out_of_tables) {
-        // The region is out of the guest: its ring device may go.
-        match qmp.burst(|m| ivshmem::unplug(m, &names)) {
-            Ok(()) => out.did(format!(
-                "removed vmtrace's ring device {} and its file {}",
-                names.device,
-                names.path.display()
-            )),
-            Err(e) => out.failed(format!("kept vmtrace's ring device: {e}")),
-        }
-    }
+    remove_device(&mut qmp, &found, &mut out);
     if look && !out.incomplete {
         return Ok(Repaired {
             nothing: true,
@@ -357,6 +337,33 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
         (None, _) => {}
     }
     Ok(out)
+}
+
+/// The ring device (the journal's, or one QEMU shows that no journal
+/// names) removed once the region is out of the guest's page tables, even
+/// where the pages' bytes could not be given back (a repair by the
+/// marker); kept while someone else holds the VM stopped (its guest
+/// cannot eject it, and the repair does not resume it).
+fn remove_device(qmp: &mut Monitor, found: &Leftovers, out: &mut Repaired) {
+    let journaled = found.journal.as_ref().and_then(|j| j.record.shared.clone());
+    let shared = journaled.or_else(|| found.device.clone());
+    let out_of_tables = out.region_out || !out.incomplete;
+    if let (Some(_), Some(held)) = (&shared, &found.held) {
+        // Its guest cannot eject it, and the repair does not resume it.
+        out.failed(format!(
+            "kept vmtrace's ring device while the VM is stopped ({held})"
+        ));
+    } else if let (Some(names), true) = (shared, out_of_tables) {
+        // The region is out of the guest: its ring device may go.
+        match qmp.burst(|m| ivshmem::unplug(m, &names)) {
+            Ok(()) => out.did(format!(
+                "removed vmtrace's ring device {} and its file {}",
+                names.device,
+                names.path.display()
+            )),
+            Err(e) => out.failed(format!("kept vmtrace's ring device: {e}")),
+        }
+    }
 }
 
 /// The stub the repair works through: vmtrace's own closed (QEMU keeps
