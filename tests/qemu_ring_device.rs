@@ -4,7 +4,8 @@
 //! loses it at the detach. One boot for every check: `--trace '*'`
 //! exitless with exact counts, `--graph` keeping every return of a burst,
 //! and a killed attach whose device and file `vmtrace detach` removes
-//! (its rings mapped with 2 MiB entries, which the repair clears).
+//! (its rings mapped with 2 MiB entries, which the repair clears), first
+//! without its journal (the device found through QEMU), then with it.
 //! After each: the low MiB and the text as found, `info pci` as before,
 //! no ring file left on the host.
 
@@ -17,6 +18,7 @@ use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
+use tracer::qemu::journal;
 use tracer::qemu::qmp::Qmp;
 
 /// getpid's function, by either of the names sharing its address.
@@ -147,6 +149,29 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
         mapped[2] & !0xfff & !(1 << 63),
         (mapped[1] & !0xfff & !(1 << 63)) + (2 << 20)
     );
+    // Its journal lost: the repair goes by vmtrace's marker in the guest
+    // and finds the device through QEMU (`query-pci`, its id), clears the
+    // entries onto it and removes it; the low pages' bytes are in the
+    // journal only (exit 1, said).
+    let start = journal::start_time(pid).unwrap();
+    let path = journal::path_for(pid, start);
+    let aside = path.with_extension("aside");
+    std::fs::rename(&path, &aside).unwrap();
+    let o = detach(qmp);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for n in [
+        "1 sites restored",
+        "3 page-directory entries cleared",
+        "removed vmtrace's ring device",
+    ] {
+        assert!(err.contains(n), "{n:?} in {err}");
+    }
+    assert_eq!(region_entries(&watch, pd), entries, "without the journal");
+    assert_eq!(info_pci(qmp), found.pci, "without the journal");
+    assert_eq!(ring_files(pid), Vec::<String>::new(), "without the journal");
+    // With the journal back, the pages get their bytes back too.
+    std::fs::rename(&aside, &path).unwrap();
     detach_removes_ring_device(qmp);
     found.assert_as_found("after a killed attach and vmtrace detach");
     assert_eq!(

@@ -281,13 +281,86 @@ fn assigned(q: &mut (impl Queries + ?Sized), names: &SharedNames) -> Result<u64,
 
 /// BAR 2's address of device `id` anywhere in `query-pci`'s answer.
 fn bar2(pci: &Value, id: &str) -> Option<u64> {
-    let dev = find_device(pci, id)?;
+    bar2_of(find_device(pci, id)?)
+}
+
+/// BAR 2's address of a device of `query-pci`, once assigned.
+fn bar2_of(dev: &Value) -> Option<u64> {
     let bar = dev["regions"]
         .as_array()?
         .iter()
         .find(|r| r["bar"].as_u64() == Some(2))?;
     // Unassigned: -1 (PCI_BAR_UNMAPPED), which is no u64 here; 0 too.
     bar["address"].as_u64().filter(|&a| a != 0 && a != u64::MAX)
+}
+
+/// How `SharedNames::new` begins a device's id: then vmtrace's pid.
+const DEVICE_PREFIX: &str = "vmtrace-ivshmem-";
+
+/// The ids of the devices on any bus, bridges' buses included.
+fn device_ids(pci: &Value) -> Vec<String> {
+    fn walk(devices: &Value, out: &mut Vec<String>) {
+        for d in devices.as_array().into_iter().flatten() {
+            if let Some(id) = d["qdev_id"].as_str().filter(|s| !s.is_empty()) {
+                out.push(id.to_string());
+            }
+            walk(&d["pci_bridge"]["devices"], out);
+        }
+    }
+    let mut out = Vec::new();
+    for b in pci.as_array().into_iter().flatten() {
+        walk(&b["devices"], &mut out);
+    }
+    out
+}
+
+/// QOM property `property` of the object at `path`, as a string (a
+/// link's is the target's path).
+fn qom_string(
+    q: &mut (impl Queries + ?Sized),
+    path: &str,
+    property: &str,
+) -> Result<String, IvshmemError> {
+    let args = json!({ "path": path, "property": property });
+    refused(q.execute("qom-get", Some(args)), "qom-get")
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+}
+
+/// A ring device of vmtrace's that QEMU lists, found without the journal
+/// that named it (lost, or kept on another host), with the pid of the
+/// vmtrace that added it: its id and BAR 2 from `query-pci`, its memory
+/// backend and file from QOM (the device's `memdev` link, the backend's
+/// `mem-path`; hw/misc/ivshmem.c, backends/hostmem-file.c). None when
+/// QEMU lists none.
+pub fn find_leftover(
+    q: &mut (impl Queries + ?Sized),
+) -> Result<Option<(u32, SharedNames)>, IvshmemError> {
+    let pci = q.execute("query-pci", None)?;
+    let Some((pid, device)) = device_ids(&pci).into_iter().find_map(|id| {
+        let pid = id.strip_prefix(DEVICE_PREFIX)?.parse::<u32>().ok()?;
+        Some((pid, id))
+    }) else {
+        return Ok(None);
+    };
+    let dev = find_device(&pci, &device).unwrap_or(&Value::Null);
+    let size = dev["regions"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["bar"].as_u64() == Some(2)))
+        .and_then(|r| r["size"].as_u64())
+        .unwrap_or(0);
+    let memdev = qom_string(q, &format!("/machine/peripheral/{device}"), "memdev")?;
+    let path = qom_string(q, &memdev, "mem-path")?;
+    let object = memdev.rsplit('/').next().unwrap_or_default().to_string();
+    Ok(Some((
+        pid,
+        SharedNames {
+            object,
+            gpa: bar2_of(dev),
+            device,
+            path: PathBuf::from(path),
+            size,
+        },
+    )))
 }
 
 /// Device `id` on any bus, bridges' buses included.
@@ -384,6 +457,19 @@ mod tests {
             Some(0x1_0000_0000)
         );
         assert_eq!(bar2(&pci(0x1_0000_0000), "other"), None);
+    }
+
+    #[test]
+    fn a_leftover_device_is_found_by_its_id_on_any_bus() {
+        let mut p = pci(0x1_0000_0000);
+        let ids = device_ids(&p);
+        assert_eq!(ids, ["vmtrace-ivshmem-7"]);
+        let dev = find_device(&p, &ids[0]).unwrap();
+        assert_eq!(bar2_of(dev), Some(0x1_0000_0000));
+        // Behind a root port (q35).
+        let inner = p[0]["devices"][1].take();
+        p[0]["devices"][1] = json!({ "qdev_id": "pci.1", "pci_bridge": { "devices": [inner] } });
+        assert_eq!(device_ids(&p), ["pci.1", "vmtrace-ivshmem-7"]);
     }
 
     #[test]

@@ -24,7 +24,9 @@ pub(super) struct Fields {
     pub ret: Return,
     /// Lock the ring's reservation (`TrampolineSpec::preemptible`).
     pub locked: bool,
-    pub ring_bytes: i32,
+    /// Where the table of the rings' addresses is (`RING_TABLE_VA`: a
+    /// sign-extended imm32), one u64 per CPU.
+    pub ring_table: i64,
     /// `cap * RECORD_LEN - 1`: a byte head to its slot's offset.
     pub slot_mask: u32,
     pub head: i64,
@@ -186,8 +188,8 @@ pub(super) fn emit_count_filtered(a: &mut CodeAssembler, f: &Fields) -> Result<(
     // No ring: ring 0's counter (the lock makes it safe to share).
     a.xor(r10d, r10d)?;
     a.set_label(&mut ring)?;
-    // r10 = the ring's offset from DATA_VA.
-    a.imul_3(r10, r10, f.ring_bytes)?;
+    // r10 = the ring's address.
+    a.mov(r10, qword_ptr(r10 * 8 + f.ring_table))?;
     emit_count(a, f, qword_ptr(r10 + t.filtered))
 }
 
@@ -203,8 +205,9 @@ fn emit_rejected(a: &mut CodeAssembler, f: &Fields, at: &mut CodeLabel) -> Resul
     emit_ret(a, f.ret)
 }
 
-/// Reserve a record in this CPU's ring: on success r10 = the record's offset
-/// from `DATA_VA`; a full ring jumps to `full` with r10 = the ring's offset.
+/// Reserve a record in this CPU's ring: on success r10 = the record's
+/// address less `records_off`; a full ring jumps to `full` with r10 = the
+/// ring's address.
 /// Uses r10, rax and rdx.
 ///
 /// A CPU without a ring (its number at or past the rings' count: a CPU the
@@ -231,8 +234,10 @@ pub(super) fn emit_reserve(
     // Not below the rings' count (unsigned): no ring of its own.
     a.cmp(r10d, f.cpus)?;
     a.jae(no_ring)?;
-    // r10 = offset of this CPU's ring from DATA_VA.
-    a.imul_3(r10, r10, f.ring_bytes)?;
+    // r10 = this CPU's ring's address, from the table: one load, as the
+    // multiply it replaced was one instruction (rings anywhere in the
+    // address space, not only a sign-extended imm32 from the code).
+    a.mov(r10, qword_ptr(r10 * 8 + f.ring_table))?;
     // rax = head, the byte offset of the next record to reserve.
     a.mov(rax, qword_ptr(r10 + f.head))?;
     a.set_label(&mut retry)?;
@@ -259,14 +264,15 @@ pub(super) fn emit_reserve(
 }
 
 /// `emit_reserve`'s `no_ring`, placed right before the caller's `full`
-/// (it falls through into it): r10 = 0, ring 0's offset, whose counter
-/// for the site counts the call.
+/// (it falls through into it): r10 = ring 0's address, whose counter for
+/// the site counts the call.
 pub(super) fn emit_no_ring(
     a: &mut CodeAssembler,
+    f: &Fields,
     no_ring: &mut CodeLabel,
 ) -> Result<(), IcedError> {
     a.set_label(no_ring)?;
-    a.xor(r10d, r10d)
+    a.mov(r10, qword_ptr(f.ring_table))
 }
 
 /// Count one call not recorded: `lock inc` of the counter at `counter`.
@@ -340,7 +346,7 @@ pub(super) fn emit_entry(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
-    emit_no_ring(a, &mut no_ring)?;
+    emit_no_ring(a, f, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full (or none): drops[k] += 1 (r11 = k + 1; f.drops is 8 below
     // drops[0]), locked; then leave without a record.
@@ -382,7 +388,7 @@ pub(super) fn emit_site_body(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
-    emit_no_ring(a, &mut no_ring)?;
+    emit_no_ring(a, f, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full (or none): drops[k] += 1 (f.drops is 8 below drops[0]),
     // locked; then leave without a record.

@@ -26,7 +26,7 @@
 //!         mov [rsp + 40], rax               ; the function now returns to stub j
 //! commit: rdtsc; <store tsc>; mov [r10 + rec.commit], r11d
 //! out:    pop rsi; pop rcx; pop rdx; pop rax; ret; int3   ; or as `ret`
-//! no_ring: xor r10d, r10d                  ; a CPU without a ring: ring 0's counter
+//! no_ring: mov r10, [RING_TABLE_VA]        ; a CPU without a ring: ring 0's counter
 //! full:   lock inc qword [r10 + r11 * 8 + drops - 8]; jmp out
 //! nohook: mov qword [r10 + rec.slot], 0; jmp commit
 //! ```
@@ -50,7 +50,7 @@
 //! rop:    mov [rsp], rcx                     ; O in its slot
 //!         ret; int3                          ; back to the caller, as if never hooked
 //!                                            ; (or as `ret::emit_graph_ret`)
-//! rno_ring: xor r10d, r10d
+//! rno_ring: mov r10, [RING_TABLE_VA]
 //! rfull:  lock inc qword [r10 + rsi * 8 + ret_drops - 8]; jmp rout
 //! ```
 //!
@@ -144,7 +144,7 @@ pub(super) fn emit_entry(
     a.pop(rdx)?;
     a.pop(rax)?;
     emit_ret(a, f.ret)?;
-    emit_no_ring(a, &mut no_ring)?;
+    emit_no_ring(a, f, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: drops[k] += 1 (r11 = k + 1, f.drops 8 below drops[0]);
     // no record, no hook.
@@ -199,7 +199,7 @@ pub(super) fn emit_return(
     a.pop(rax)?;
     // Back to O, as ftrace's return_to_handler goes (`ret::emit_graph_ret`).
     emit_graph_ret(a, f.ret)?;
-    emit_no_ring(a, &mut no_ring)?;
+    emit_no_ring(a, f, &mut no_ring)?;
     a.set_label(&mut full)?;
     // Ring full: ret_drops[k] += 1 (rsi = k + 1, f.ret_drops 8 below).
     emit_count(a, f, qword_ptr(r10 + rsi * 8 + f.ret_drops))?;

@@ -15,6 +15,10 @@ pub const LARGE_PAGE: u64 = 2 << 20;
 
 /// Where the code is mapped: page-directory entry 508 of the top 1 GiB.
 pub const CODE_VA: u64 = 0xffff_ffff_ff80_0000;
+/// Where the code reads each CPU's ring's address (`RingLayout::table`):
+/// a u64 per CPU at the start of the code page, before the first
+/// instruction, read-only as the code is.
+pub const RING_TABLE_VA: u64 = CODE_VA;
 // Direct entries' reach rule assumes the stubs in the top 8 MiB.
 const _: () = assert!(CODE_VA >= crate::kernel::direct::STUBS_FROM);
 /// Code: the first 2 MiB of the region.
@@ -179,6 +183,12 @@ pub struct RingLayout {
     pub ring_bytes: u64,
     /// Records hold the call's arguments (`RECORD_LEN_ARGS` bytes each).
     pub args: bool,
+    /// Guest-virtual and guest-physical address of ring 0 (the others
+    /// follow, `ring_bytes` apart): the data window (`DATA_VA`, `DATA_GPA`)
+    /// unless `placed` elsewhere. The code reads each ring's address from a
+    /// table (`RING_TABLE_VA`), so the rings may be anywhere.
+    pub va: u64,
+    pub gpa: u64,
 }
 
 const CACHE_LINE: u64 = 64;
@@ -247,7 +257,15 @@ impl RingLayout {
             records_off,
             ring_bytes,
             args,
+            va: DATA_VA,
+            gpa: DATA_GPA,
         })
+    }
+
+    /// The same rings with ring 0 at guest-virtual `va` and guest-physical
+    /// `gpa`.
+    pub fn placed(self, va: u64, gpa: u64) -> RingLayout {
+        RingLayout { va, gpa, ..self }
     }
 
     /// Bytes per record.
@@ -259,12 +277,17 @@ impl RingLayout {
         }
     }
 
+    /// The rings' table (`RING_TABLE_VA`): each CPU's ring's address.
+    pub fn table(&self) -> Vec<u64> {
+        (0..self.cpus).map(|cpu| self.ring_va(cpu)).collect()
+    }
+
     /// Guest-virtual and guest-physical address of CPU `cpu`'s ring.
     pub fn ring_va(&self, cpu: usize) -> u64 {
-        DATA_VA + cpu as u64 * self.ring_bytes
+        self.va + cpu as u64 * self.ring_bytes
     }
     pub fn ring_gpa(&self, cpu: usize) -> u64 {
-        DATA_GPA + cpu as u64 * self.ring_bytes
+        self.gpa + cpu as u64 * self.ring_bytes
     }
 
     /// Offset in a ring of the per-site counters of returns not recorded

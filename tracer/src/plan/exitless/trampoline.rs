@@ -9,7 +9,7 @@
 //!   about 112 bytes a site, up to about 16,000 sites): site k's 5-byte NOP
 //!   becomes `call body_k`, and body k is the common part below with k + 1
 //!   as immediates (`mov dword [r10 + rec + REC_COMMIT], k + 1`, and
-//!   `lock inc qword [r10 + R + DROPS_OFF + 8 * k]`): 23 instructions a
+//!   `lock inc qword [r10 + DROPS_OFF + 8 * k]`): 23 instructions a
 //!   recorded call, 14 a dropped one. What ftrace does with per-ops
 //!   trampolines, one step further: nothing in the body is looked up.
 //! - **Shared** (`Shape::Shared`: more sites, and always with the function
@@ -21,9 +21,9 @@
 //! ```
 //!
 //! At the body `[rsp]` is the site + 5 and `[rsp + 8]` the traced function's
-//! own return address (the parent). The shared body (`R` = `DATA_VA`, the
-//! rings' sign-extended imm32 displacement; `rec` = `R + records_off`;
-//! `head` and `limit` count bytes):
+//! own return address (the parent). The shared body (`rec` = `records_off`;
+//! `head` and `limit` count bytes; `RING_TABLE_VA` the table of each CPU's
+//! ring's address, a u64 each, at the start of the code page):
 //!
 //! ```text
 //! common: push rax
@@ -31,12 +31,12 @@
 //!         mov r10d, gs:[cpu_number]
 //!         cmp r10d, cpus          ; a CPU without a ring (after the attach)
 //!         jae no_ring
-//!         imul r10, r10, ring_bytes
-//!         mov rax, [r10 + R + HEAD_OFF]
-//! retry:  cmp rax, [r10 + R + LIMIT_OFF]
+//!         mov r10, [r10 * 8 + RING_TABLE_VA]
+//!         mov rax, [r10 + HEAD_OFF]
+//! retry:  cmp rax, [r10 + LIMIT_OFF]
 //!         jae full
 //!         lea rdx, [rax + RECORD_LEN]
-//!         lock cmpxchg [r10 + R + HEAD_OFF], rdx   ; lock: preemptible kernels
+//!         lock cmpxchg [r10 + HEAD_OFF], rdx   ; lock: preemptible kernels
 //!         jne retry
 //!         and eax, cap * RECORD_LEN - 1
 //!         add r10, rax
@@ -49,8 +49,8 @@
 //! out:    pop rdx
 //!         pop rax
 //!         ret                ; and int3, or as the kernel returns (`ret`)
-//! no_ring: xor r10d, r10d   ; counted in ring 0's counter
-//! full:   lock inc qword [r10 + R + DROPS_OFF - 8 + r11 * 8]
+//! no_ring: mov r10, [RING_TABLE_VA]   ; counted in ring 0's counter
+//! full:   lock inc qword [r10 + DROPS_OFF - 8 + r11 * 8]
 //!         jmp out
 //! ```
 //!
@@ -106,9 +106,9 @@ pub use super::body::{
 use super::disasm::{check_paths, format_instruction, walk_common_path};
 use super::graph_code;
 use super::layout::{
-    RingLayout, CODE_LEN, CODE_VA, DATA_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF,
-    RECORD_LEN, RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT,
-    REC_TASK, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA,
+    RingLayout, CODE_LEN, CODE_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN,
+    RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_TASK,
+    REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA, RING_TABLE_VA,
 };
 use super::ret::Return;
 
@@ -210,6 +210,9 @@ pub use super::error::TrampolineError;
 pub struct Trampoline {
     /// The machine code, placed at `CODE_VA` (at most `CODE_LEN` bytes).
     pub code: Vec<u8>,
+    /// Bytes of the rings' table at the start of `code` (`RING_TABLE_VA`),
+    /// before the first instruction.
+    pub table: u32,
     pub shape: Shape,
     /// Offset of the shared body in `code` (`Shape::Shared`; with per-site
     /// bodies, site 0's).
@@ -344,18 +347,11 @@ impl Trampoline {
     }
 }
 
-/// A displacement from r10 (the ring base, then the slot base) to a field at
-/// `off` in the ring: `DATA_VA + off` as the sign-extended imm32 the
-/// instruction carries.
+/// A displacement from r10 (the ring's address, then the slot's less
+/// `records_off`) to a field at `off` in the ring: a sign-extended imm32.
 fn ring_disp(layout: &RingLayout, off: u64) -> Result<i64, TrampolineError> {
-    let disp = DATA_VA.wrapping_add(off) as i64;
-    if i32::try_from(disp).is_err() {
-        return Err(layout_error(
-            layout,
-            "a field is not a sign-extended imm32 away from DATA_VA",
-        ));
-    }
-    Ok(disp)
+    let far = |_| layout_error(layout, "a field is not an imm32 away from its ring");
+    i32::try_from(off).map(i64::from).map_err(far)
 }
 
 fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
@@ -403,6 +399,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut common = a.create_label();
     let mut ret_common = a.create_label();
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
+    a.dq(&layout.table()).map_err(assemble)?;
 
     emit_code(
         &mut a,
@@ -450,6 +447,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     };
     Ok(Trampoline {
         code,
+        table: (layout.cpus * 8) as u32,
         shape,
         common,
         stubs,
@@ -472,9 +470,6 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
             return Err(TrampolineError::ThunkOutOfReach(thunk));
         }
     }
-    // `imul r10, r10, imm32`: the ring size must be a positive imm32.
-    let ring_bytes = i32::try_from(layout.ring_bytes)
-        .map_err(|_| layout_error(layout, "a ring larger than an imm32"))?;
     // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
     // below 2^31.
     if !layout.cap.is_power_of_two() {
@@ -503,7 +498,8 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         cpus: cpus as u32,
         ret: spec.ret,
         locked: spec.preemptible,
-        ring_bytes,
+        // `[r10 * 8 + disp32]`: CODE_VA is a sign-extended imm32.
+        ring_table: RING_TABLE_VA as i64,
         slot_mask,
         head: ring_disp(layout, HEAD_OFF)?,
         limit: ring_disp(layout, LIMIT_OFF)?,
@@ -651,7 +647,8 @@ pub fn call_bytes(site_va: u64, target_va: u64) -> Result<[u8; 5], TrampolineErr
 #[cfg(test)]
 mod tests {
     use super::super::layout::{
-        DATA_GPA, DATA_LEN, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA, REGION_LEN,
+        DATA_GPA, DATA_LEN, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA,
+        REGION_LEN,
     };
     use super::*;
     use crate::session::exitless::ring::{self, Record, RingReader};
@@ -745,8 +742,11 @@ mod tests {
         }
     }
 
-    fn decode_all(code: &[u8]) -> Vec<Instruction> {
-        let mut decoder = Decoder::with_ip(64, code, CODE_VA, DecoderOptions::NONE);
+    /// The instructions of `code`, past the rings' table's `table` bytes.
+    fn decode_all(code: &[u8], table: u32) -> Vec<Instruction> {
+        let from = table as usize;
+        let va = CODE_VA + u64::from(table);
+        let mut decoder = Decoder::with_ip(64, &code[from..], va, DecoderOptions::NONE);
         decoder.iter().collect()
     }
 
@@ -758,14 +758,14 @@ mod tests {
     /// instruction; returns the instruction boundaries.
     fn decodes_whole(t: &Trampoline) -> std::collections::HashSet<u64> {
         assert!(t.code.len() as u64 <= CODE_LEN);
-        let all = decode_all(&t.code);
+        let all = decode_all(&t.code, t.table);
         assert!(
             all.iter().all(|i| !i.is_invalid()),
             "invalid instruction in the code"
         );
-        // The decoder consumed every byte, and instruction boundaries tile
-        // the code exactly.
-        let mut expect = CODE_VA;
+        // The decoder consumed every byte after the table, and instruction
+        // boundaries tile the code exactly.
+        let mut expect = CODE_VA + u64::from(t.table);
         for i in &all {
             assert_eq!(i.ip(), expect);
             expect = i.next_ip();
@@ -813,7 +813,7 @@ mod tests {
         let t = per_site(&s);
         let boundaries = decodes_whole(&t);
         assert_eq!(t.sites(), 100);
-        let drops = DATA_VA + DROPS_OFF;
+        let drops = DROPS_OFF;
         let body0 = walk_common_path(&t.code, t.stub_va(0)).unwrap();
         for k in 0..100u32 {
             let va = t.stub_va(k);
@@ -823,7 +823,7 @@ mod tests {
             } else {
                 CODE_VA + t.code.len() as u64
             };
-            let insns: Vec<Instruction> = decode_all(&t.code)
+            let insns: Vec<Instruction> = decode_all(&t.code, t.table)
                 .into_iter()
                 .filter(|i| (va..end).contains(&i.ip()))
                 .collect();
@@ -879,7 +879,7 @@ mod tests {
     fn a_recorded_call_is_23_instructions_in_the_documented_order() {
         use Mnemonic::*;
         let body = [
-            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
+            Push, Push, Mov, Cmp, Jae, Mov, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
             Rdtsc, Mov, Mov, Mov, Pop, Pop, Ret,
         ];
         let t = per_site(&spec(2, 3, 16));
@@ -944,7 +944,8 @@ mod tests {
     fn ring_fields_use_the_layout_displacements() {
         let s = spec(3, 50, 1024);
         let l = s.layout;
-        let d = |off: u64| DATA_VA.wrapping_add(off);
+        // Displacements from the ring's address (r10).
+        let d = |off: u64| off;
         let rec = |f: u64| d(l.records_off + f);
         use Mnemonic::*;
         let n = Register::None;
@@ -973,7 +974,7 @@ mod tests {
                 ),
             };
             let mut seen = Vec::new();
-            for i in decode_all(&t.code)
+            for i in decode_all(&t.code, t.table)
                 .iter()
                 .filter(|i| i.ip() >= start && i.ip() < end)
             {
@@ -996,8 +997,17 @@ mod tests {
                                 (24, 8)
                             );
                         }
+                        // The ring's address from the rings' table (ring
+                        // 0's for a CPU without one).
+                        Register::None if i.segment_prefix() != Register::GS => {
+                            assert_eq!(i.memory_displacement64(), RING_TABLE_VA);
+                            assert_eq!(i.memory_size().size(), 8);
+                            assert!(matches!(
+                                (i.memory_index(), i.memory_index_scale()),
+                                (Register::R10, 8) | (Register::None, _)
+                            ));
+                        }
                         Register::None => {
-                            assert_eq!(i.segment_prefix(), Register::GS);
                             assert_eq!(i.memory_displacement64(), CPU_NUMBER_OFF as u64);
                             assert_eq!(i.memory_size().size(), 4);
                         }
@@ -1022,14 +1032,14 @@ mod tests {
         let t = generate(&spec(2, 10, 8)).unwrap();
         use Mnemonic::*;
         let allowed = [
-            Push, Pop, Mov, Cmp, Jae, Jb, Jne, Jmp, Imul, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret,
-            Inc, Xor,
+            Push, Pop, Mov, Cmp, Jae, Jb, Jne, Jmp, Lea, Cmpxchg, And, Shl, Add, Rdtsc, Ret, Inc,
+            Xor,
         ];
         let forbidden = [
             Rdtscp, Rdpid, Xgetbv, Int, Int1, Into, Cmpxchg16b, Cmpxchg8b, Vmcall, Cpuid, Hlt, Std,
             Cld, Ud2, Syscall, Sysret, Iretq,
         ];
-        let all = decode_all(&t.code);
+        let all = decode_all(&t.code, t.table);
         // int3 (which the emulating host cannot run) only right after a
         // `ret`, where it never runs: it stops straight-line speculation.
         // And every `ret` has one.
@@ -1080,7 +1090,7 @@ mod tests {
             generate(&unlocked(graph_spec(2, 3, 16))).unwrap(),
         ] {
             let end = (RETURN_TRAP_OFF as usize).min(t.code.len());
-            let all = decode_all(&t.code[..end]);
+            let all = decode_all(&t.code[..end], t.table);
             let of = |m: Mnemonic| all.iter().filter(move |i| i.mnemonic() == m);
             // A reservation and a drop counter per body: three sites' own,
             // the shared one, the graph's entry and return.
@@ -1173,6 +1183,8 @@ mod tests {
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
                 args: false,
+                va: DATA_VA,
+                gpa: DATA_GPA,
             },
             cpu_number_disp: 0,
             preemptible: true,
@@ -1254,6 +1266,9 @@ mod tests {
             let len = len as u64;
             if (DATA_VA..DATA_VA + DATA_LEN - len + 1).contains(&va) {
                 GuestAddress(DATA_GPA + (va - DATA_VA))
+            } else if (HIGH_RINGS_VA..HIGH_RINGS_VA + DATA_LEN - len + 1).contains(&va) {
+                // Rings placed far from the code: the same memory.
+                GuestAddress(DATA_GPA + (va - HIGH_RINGS_VA))
             } else if va + len <= RAM_LEN {
                 GuestAddress(va)
             } else {
@@ -1262,6 +1277,13 @@ mod tests {
         }
         fn read(&self, va: u64, len: usize) -> u64 {
             let mut b = [0u8; 8];
+            // The code page (its rings' table), read-only.
+            let code = CODE_VA..CODE_VA + self.code.len() as u64;
+            if code.contains(&va) && code.contains(&(va + len as u64 - 1)) {
+                let off = (va - CODE_VA) as usize;
+                b[..len].copy_from_slice(&self.code[off..off + len]);
+                return u64::from_le_bytes(b);
+            }
             self.mem
                 .read_slice(&mut b[..len], Self::gpa(va, len))
                 .unwrap();
@@ -1519,6 +1541,46 @@ mod tests {
         let mut out = Vec::new();
         reader.drain(mem, |cpu, rec| out.push((cpu, rec))).unwrap();
         out
+    }
+
+    /// Rings anywhere in the address space (`RingLayout::placed`): the
+    /// code reads each ring's address from its table, 64-bit, in as many
+    /// instructions as with the rings beside the code.
+    const HIGH_RINGS_VA: u64 = 0xffff_ffff_0000_0000;
+
+    #[test]
+    fn emulated_call_records_into_rings_placed_far_from_the_code() {
+        for graph in [false, true] {
+            let mut s = match graph {
+                true => graph_spec(2, 3, 4),
+                false => spec(2, 3, 4),
+            };
+            s.layout = s.layout.placed(HIGH_RINGS_VA, DATA_GPA);
+            let t = generate(&s).unwrap();
+            let table: Vec<u64> = t.code[..16]
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(table, [HIGH_RINGS_VA, HIGH_RINGS_VA + s.layout.ring_bytes]);
+            assert!(i32::try_from(HIGH_RINGS_VA as i64).is_err());
+            let mem = memory(&[0, 1]);
+            ring::init_rings(&mem, &s.layout).unwrap();
+            let mut emu = Emu {
+                mem: &mem,
+                code: &t.code,
+                tsc: 9,
+            };
+            let mut reader = RingReader::new(s.layout);
+            let mut r = regs(1);
+            let steps = emu.call(&mut r, 2, PARENT, &t, &mut no_interrupt);
+            if !graph {
+                // Unchanged: the table's load took the multiply's place.
+                assert_eq!(steps, COMMON_PATH_INSTRUCTIONS);
+            }
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 1, "graph {graph}");
+            assert_eq!((got[0].0, got[0].1.site, got[0].1.parent), (1, 2, PARENT));
+        }
     }
 
     #[test]
@@ -2250,7 +2312,7 @@ mod tests {
     fn a_recorded_call_returns_through_the_kernels_thunk() {
         use Mnemonic::*;
         let body = [
-            Push, Push, Mov, Cmp, Jae, Imul, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
+            Push, Push, Mov, Cmp, Jae, Mov, Mov, Cmp, Jae, Lea, Cmpxchg, Jne, And, Add, Mov, Mov,
             Rdtsc, Mov, Mov, Mov, Pop, Pop,
         ];
         for depth in [false, true] {
@@ -2276,7 +2338,9 @@ mod tests {
                 };
                 assert_eq!(t.common_path_instructions(), base + usize::from(depth));
                 // No bare ret is left anywhere in the code.
-                assert!(decode_all(&t.code).iter().all(|i| i.mnemonic() != Ret));
+                assert!(decode_all(&t.code, t.table)
+                    .iter()
+                    .all(|i| i.mnemonic() != Ret));
             }
         }
         // Out of reach of a rel32 from the code page: refused, never an

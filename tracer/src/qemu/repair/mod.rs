@@ -59,11 +59,18 @@ pub struct Leftovers {
     pub held: Option<String>,
     /// vmtrace's marker in the guest (`super::marker`), and where.
     pub marker: Option<(u64, Marker)>,
+    /// A ring device of vmtrace's no journal names (its journal lost, or
+    /// another host's), as QEMU shows it.
+    pub device: Option<ivshmem::SharedNames>,
 }
 
 impl Leftovers {
     pub fn is_empty(&self) -> bool {
-        self.journal.is_none() && self.stub.is_none() && !self.frozen && self.marker.is_none()
+        self.journal.is_none()
+            && self.stub.is_none()
+            && !self.frozen
+            && self.marker.is_none()
+            && self.device.is_none()
     }
 
     /// One clause naming each.
@@ -90,6 +97,12 @@ impl Leftovers {
                 "its code and rings (its marker at guest-physical {gpa:#x}: vmtrace pid {}, {} sites)",
                 m.vmtrace_pid,
                 m.sites.len()
+            ));
+        }
+        if let Some(d) = &self.device {
+            what.push(format!(
+                "its ring device {} (no journal names it)",
+                d.device
             ));
         }
         if let Some(s) = &self.stub {
@@ -148,6 +161,10 @@ pub fn leftovers(qmp: &mut Monitor, pid: u32) -> Result<Leftovers, QemuError> {
             });
         }
     }
+    let device = match &journal {
+        Some(_) => None,
+        None => leftover_device(qmp)?,
+    };
     let given = journal.as_ref().and_then(|j| j.record.stub_given.clone());
     let server = qmp.gdbserver()?;
     // A connected stub is somebody's debugger (a live vmtrace has a
@@ -167,7 +184,25 @@ pub fn leftovers(qmp: &mut Monitor, pid: u32) -> Result<Leftovers, QemuError> {
         frozen,
         held,
         marker,
+        device,
     })
+}
+
+/// A ring device of vmtrace's QEMU lists with no journal naming it; an
+/// error when the vmtrace that added it (its pid in the device's id)
+/// still runs: its journal is elsewhere (another journal directory).
+fn leftover_device(qmp: &mut Monitor) -> Result<Option<ivshmem::SharedNames>, QemuError> {
+    let Some((vmtrace, names)) = ivshmem::find_leftover(qmp)? else {
+        return Ok(None);
+    };
+    let comm = std::fs::read_to_string(format!("/proc/{vmtrace}/comm")).unwrap_or_default();
+    if comm.trim_end() == "vmtrace" && !journal::exited(vmtrace) {
+        return Err(QemuError::InUse {
+            qmp: qmp.path().to_owned(),
+            vmtrace,
+        });
+    }
+    Ok(Some(names))
 }
 
 /// What a repair did, one line each, and whether the VM is as vmtrace
@@ -179,6 +214,9 @@ pub struct Repaired {
     pub incomplete: bool,
     /// Nothing of vmtrace's was found.
     pub nothing: bool,
+    /// The region's entries are out of the guest's page tables (its ring
+    /// device, if any, may go even when its pages' bytes could not).
+    pub region_out: bool,
 }
 
 impl Repaired {
@@ -250,13 +288,20 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
         .and_then(|g| QemuGuest::new(g, ram))
         .map_err(QemuError::from)
         .and_then(|guest| {
-            let from_marker = marker_record(&found);
+            let mut from_marker = marker_record(&found);
+            if let Some(r) = from_marker.as_mut() {
+                // Its rings' entries map the device QEMU shows.
+                r.shared = found.device.clone();
+            }
             let record = found.journal.as_ref().map(|j| &j.record);
             let record = record.or(from_marker.as_ref());
             let held = found.held.as_deref();
             in_stops(&guest, true, record, found.frozen, held, &mut out)
                 .and_then(|stop| unmark(stop, &found, &mut out))
-                .and_then(|stop| orphan_region(stop, exitless(record), &mut out))
+                .and_then(|stop| {
+                    let device = found.device.as_ref();
+                    orphan_region(stop, exitless(record), device, &mut out)
+                })
         });
     if let Some(own) = own {
         own.close(&mut qmp);
@@ -264,23 +309,7 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
     result?;
     // The VM runs again (or stays in someone else's stop, unmarked).
     let _ = std::fs::remove_file(journal::stop_mark_of(pid));
-    let shared = found.journal.as_ref().and_then(|j| j.record.shared.clone());
-    if let (Some(_), Some(held)) = (&shared, &found.held) {
-        // Its guest cannot eject it, and the repair does not resume it.
-        out.failed(format!(
-            "kept vmtrace's ring device while the VM is stopped ({held})"
-        ));
-    } else if let (Some(names), false) = (shared, out.incomplete) {
-        // The region is out of the guest: its ring device may go.
-        match qmp.burst(|m| ivshmem::unplug(m, &names)) {
-            Ok(()) => out.did(format!(
-                "removed vmtrace's ring device {} and its file {}",
-                names.device,
-                names.path.display()
-            )),
-            Err(e) => out.failed(format!("kept vmtrace's ring device: {e}")),
-        }
-    }
+    remove_device(&mut qmp, &found, &mut out);
     if look && !out.incomplete {
         return Ok(Repaired {
             nothing: true,
@@ -308,6 +337,33 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
         (None, _) => {}
     }
     Ok(out)
+}
+
+/// The ring device (the journal's, or one QEMU shows that no journal
+/// names) removed once the region is out of the guest's page tables, even
+/// where the pages' bytes could not be given back (a repair by the
+/// marker); kept while someone else holds the VM stopped (its guest
+/// cannot eject it, and the repair does not resume it).
+fn remove_device(qmp: &mut Monitor, found: &Leftovers, out: &mut Repaired) {
+    let journaled = found.journal.as_ref().and_then(|j| j.record.shared.clone());
+    let shared = journaled.or_else(|| found.device.clone());
+    let out_of_tables = out.region_out || !out.incomplete;
+    if let (Some(_), Some(held)) = (&shared, &found.held) {
+        // Its guest cannot eject it, and the repair does not resume it.
+        out.failed(format!(
+            "kept vmtrace's ring device while the VM is stopped ({held})"
+        ));
+    } else if let (Some(names), true) = (shared, out_of_tables) {
+        // The region is out of the guest: its ring device may go.
+        match qmp.burst(|m| ivshmem::unplug(m, &names)) {
+            Ok(()) => out.did(format!(
+                "removed vmtrace's ring device {} and its file {}",
+                names.device,
+                names.path.display()
+            )),
+            Err(e) => out.failed(format!("kept vmtrace's ring device: {e}")),
+        }
+    }
 }
 
 /// The stub the repair works through: vmtrace's own closed (QEMU keeps
@@ -479,7 +535,7 @@ fn unmark<'g>(
             m.sites.len()
         ));
     }
-    if left_mapped(&stop) == 0 {
+    if left_mapped(&stop, found.device.as_ref()) == 0 {
         stop.ram()
             .write_slice(&[0u8; MAGIC.len()], GuestAddress(*gpa))
             .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
@@ -495,10 +551,15 @@ fn exitless(record: Option<&JournalRecord>) -> bool {
 /// The repair's last stop: a region no journal names (its journal gone,
 /// or that of an earlier attach) is said, and left; then the stub detaches
 /// (every breakpoint out, the guest running).
-fn orphan_region(stop: QemuStop<'_>, journaled: bool, out: &mut Repaired) -> Result<(), QemuError> {
+fn orphan_region(
+    stop: QemuStop<'_>,
+    journaled: bool,
+    device: Option<&ivshmem::SharedNames>,
+    out: &mut Repaired,
+) -> Result<(), QemuError> {
     let left = match journaled {
         true => 0,
-        false => left_mapped(&stop),
+        false => left_mapped(&stop, device),
     };
     stop.detach()?;
     if left > 0 {

@@ -11,6 +11,7 @@ use vmm::Stopped;
 use super::super::ending::{GRACE, REMOVE_ATTEMPTS as ATTEMPTS};
 use super::super::error::QemuError;
 use super::super::guest::{QemuGuest, QemuStop};
+use super::super::ivshmem::SharedNames;
 use super::super::journal::{unhex, JournalRecord};
 use super::Repaired;
 use crate::plan::exitless::layout::{
@@ -210,16 +211,20 @@ fn busy(stop: &QemuStop<'_>, r: &JournalRecord) -> Option<String> {
 }
 
 /// vmtrace's region entries of a vmtrace whose journal is gone: those of
-/// 508-510 that point at a table in the low MiB its pages come from, as
-/// vmtrace writes them.
-pub(super) fn left_mapped(stop: &QemuStop<'_>) -> usize {
+/// 508-510 that point at a table in the low MiB its pages come from, or
+/// (`device`: a ring device QEMU shows) map that device, as vmtrace
+/// writes them.
+pub(super) fn left_mapped(stop: &QemuStop<'_>, device: Option<&SharedNames>) -> usize {
     let Some(space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) else {
         return 0;
     };
+    let device = device.and_then(|d| Some((d.gpa?, d.size)));
     (0..PD_COUNT as u64)
         .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
         .filter(|e| {
-            e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB
+            let low_table =
+                e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB;
+            low_table || device.is_some_and(|d| maps_device(e.value, d))
         })
         .count()
 }
@@ -264,6 +269,7 @@ fn take_region_out(
             given += 1;
         }
     }
+    out.region_out = true;
     out.did(format!(
         "{cleared} page-directory entries cleared, {given} of the guest's {} unused low pages given their bytes back",
         r.pages.len()
