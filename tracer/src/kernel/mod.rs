@@ -19,6 +19,7 @@ pub mod kallsyms;
 pub mod kaslr;
 pub mod lowmem;
 pub mod module_image;
+pub mod module_orc;
 pub mod modules;
 pub mod names;
 pub mod not_entry;
