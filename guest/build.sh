@@ -29,7 +29,8 @@
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
 #                                      takes a hot-added vCPU under TCG: 6.12 does not;
 #                                      it has GCC's `.cold` fragments: 6.12's has none)
-#   bash guest/build.sh debian-5.10    -> guest/out/debian-5.10/{vmlinuz,config,System.map}:
+#   bash guest/build.sh debian-5.10    -> guest/out/debian-5.10/{vmlinuz,config,System.map,
+#                                      binfmt_misc.ko,workload-mod.cpio.gz}:
 #                                      bullseye's own 5.10 cloud kernel (before 5.13: no
 #                                      free low MiB proven), fetched with curl through
 #                                      bullseye's Packages index (not in the apt sources)
@@ -374,6 +375,27 @@ build_vmt_test() {
 	echo "guest/build.sh: built $ko and $cpio" >&2
 }
 
+# DIR/workload-mod.cpio.gz: the workload initramfs with DIR/binfmt_misc.ko
+# (the Debian kernel's own module, unpack_debian_kernel) appended,
+# executable (the workload's `exec N PATH` runs it: ENOEXEC, its
+# load_misc_binary called once each).
+build_workload_with_binfmt_misc() {
+	local dir="$1" cpio="$1/workload-mod.cpio.gz"
+	build_workload
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$out/workload.cpio.gz" &&
+		"$cpio" -nt "$dir/binfmt_misc.ko" ]]; then
+		return
+	fi
+	{
+		cat "$out/workload.cpio.gz"
+		{
+			cpio_entry binfmt_misc.ko $((0100755)) "$dir/binfmt_misc.ko"
+			cpio_entry TRAILER!!! 0
+		} | gzip -9 -n
+	} >"$cpio.tmp"
+	mv -f "$cpio.tmp" "$cpio"
+}
+
 [[ $# -ge 1 ]] || usage
 target="$1"
 shift
@@ -418,6 +440,7 @@ debian-6.1)
 	;;
 debian-5.10)
 	fetch_debian_kernel_by_index 5.10 "$DEBIAN_KERNEL_510" "$DEBIAN_SERIES_510" "$DEBIAN_INDEX_510"
+	build_workload_with_binfmt_misc "$out/debian-5.10"
 	;;
 *)
 	usage
