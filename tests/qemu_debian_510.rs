@@ -152,7 +152,7 @@ fn a_510_guest_is_traced_in_trap_mode_and_exitless() {
 /// its `load_misc_binary`, the first binary format execve tries, exactly
 /// once per `execve` of a file no format takes (the .ko itself).
 fn a_510_module_is_traced_by_name(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
-    const N: u64 = 20;
+    const N: u64 = 5;
     let ask = |line: &str, reply: &str| {
         guest.send_line(line);
         let got = guest.wait_for(reply, COMMAND_TIMEOUT).unwrap();

@@ -427,7 +427,7 @@ fn killed_after_a_reload(guest: &QemuGuest, bz: &std::path::Path, worker: u32, m
 /// vmlinuz alone and its symbols from the guest's memory: exactly once per
 /// `execve` of a file no format takes (the .ko itself). Unloaded after.
 fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
-    const N: u64 = 30;
+    const N: u64 = 10;
     command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
     for (mode, glob) in [
         ("exitless", "load_misc_binary"),
