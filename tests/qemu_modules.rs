@@ -25,6 +25,7 @@ use common::qemu::*;
 use common::s;
 use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::find::{kernel_image, Given};
+use tracer::kernel::module_build_id::{ko_build_id, loaded_build_id, NotesLayout};
 use tracer::kernel::modules::{loaded, LoadedModule, ModuleLayout};
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
@@ -79,6 +80,8 @@ struct Modules {
     ram: ReadOnly,
     root: u64,
     layout: ModuleLayout,
+    /// Where a module's notes are (its build id).
+    notes: NotesLayout,
     /// `modules`' address in the running kernel (KASLR applied).
     head: u64,
 }
@@ -103,6 +106,7 @@ impl Modules {
             .collect();
         assert_eq!(steps.len(), 1, "modules mapped at {steps:x?}");
         Modules {
+            notes: NotesLayout::find(&btf).expect("notes_attrs in BTF"),
             head: steps[0],
             ram,
             root,
@@ -190,6 +194,17 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         space.read(sites[0], &mut bytes).unwrap();
         assert_eq!(bytes, NOP5, "{f}'s site {:#x}", sites[0]);
     }
+
+    // Its build id, from its notes in the guest's memory, is the file's
+    // (what matches a host's .ko to the loaded module).
+    let ko = bz.with_file_name("vmt_test.ko");
+    let file_id = ko_build_id(&ko)
+        .unwrap()
+        .expect("vmt_test.ko has a build id");
+    let id = loaded_build_id(&mut space, &modules.notes, m).unwrap();
+    assert_eq!(id.as_ref(), Some(&file_id), "{}", ko.display());
+    let other = ko_build_id(&bz.with_file_name("binfmt_misc.ko")).unwrap();
+    assert!(other.is_some() && other != id, "{other:x?}");
 
     let text = |space: &mut AddressSpace<'_>| {
         let mut b = vec![0u8; (m.text.end - m.text.start) as usize];
