@@ -17,18 +17,20 @@
 #                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
 #                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
-#   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map}:
+#   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map,binfmt_misc.ko}:
 #                                      Debian's own 6.12 cloud kernel, not built but
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
 #   bash guest/build.sh vmt-test       -> guest/out/debian-6.12/{vmt_test.ko,workload-vmt.cpio.gz}:
 #                                      the test module built against Debian 6.12's
-#                                      headers, and the workload initramfs with it
+#                                      headers, and the workload initramfs with it and
+#                                      the package's own binfmt_misc.ko
 #   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
 #                                      takes a hot-added vCPU under TCG: 6.12 does not;
 #                                      it has GCC's `.cold` fragments: 6.12's has none)
-#   bash guest/build.sh debian-5.10    -> guest/out/debian-5.10/{vmlinuz,config,System.map}:
+#   bash guest/build.sh debian-5.10    -> guest/out/debian-5.10/{vmlinuz,config,System.map,
+#                                      binfmt_misc.ko,workload-mod.cpio.gz}:
 #                                      bullseye's own 5.10 cloud kernel (before 5.13: no
 #                                      free low MiB proven), fetched with curl through
 #                                      bullseye's Packages index (not in the apt sources)
@@ -47,12 +49,16 @@ out="$here/out"
 # Copies an unpacked Debian kernel's files into DST, each renamed into place:
 # a test reading guest/out while another test's run copies them never sees
 # a half-written file.
+# binfmt_misc.ko keeps its time: build_vmt_test rebuilds the initramfs when
+# it is newer.
 install_unpacked() {
 	local f
 	for f in vmlinuz config System.map; do
 		cp -f "$1/$f" "$2/.$f.tmp.$$"
 		mv -f "$2/.$f.tmp.$$" "$2/$f"
 	done
+	cp -fp "$1/binfmt_misc.ko" "$2/.binfmt_misc.ko.tmp.$$"
+	mv -f "$2/.binfmt_misc.ko.tmp.$$" "$2/binfmt_misc.ko"
 }
 CC="${CC:-gcc}"
 LD="${LD:-ld}"
@@ -217,14 +223,22 @@ DEBIAN_SERIES_510='^linux-image-5\.10\.0-[0-9]+-cloud-amd64-unsigned$'
 DEBIAN_INDEX_510="${DEBIAN_INDEX_510:-http://deb.debian.org/debian/dists/bullseye/main/binary-amd64/Packages.xz}"
 DEBIAN_POOL="${DEBIAN_POOL:-http://deb.debian.org/debian}"
 
-# Unpacks the .deb in DIR into DIR/boot/{vmlinuz,config,System.map}.
+# Unpacks the .deb in DIR into DIR/boot/{vmlinuz,config,System.map}, and
+# DIR/boot/binfmt_misc.ko: the package's own module the modules tests load
+# (no hardware to find; its load_misc_binary runs at each execve),
+# uncompressed (the workload's finit_module passes no flags).
 unpack_debian_kernel() {
-	local dir="$1"
+	local dir="$1" ko
 	dpkg-deb -x "$dir"/*.deb "$dir/x"
 	mkdir -p "$dir/boot"
 	cp "$dir"/x/boot/vmlinuz-* "$dir/boot/vmlinuz"
 	cp "$dir"/x/boot/config-* "$dir/boot/config"
 	cp "$dir"/x/boot/System.map-* "$dir/boot/System.map"
+	ko="$(echo "$dir"/x/lib/modules/*/kernel/fs/binfmt_misc.ko*)"
+	case "$ko" in
+	*.xz) xz -dc "$ko" >"$dir/boot/binfmt_misc.ko" ;;
+	*) cp "$ko" "$dir/boot/binfmt_misc.ko" ;;
+	esac
 }
 
 # guest/out/debian-SERIES/ for a release missing from the apt sources
@@ -235,7 +249,7 @@ fetch_debian_kernel_by_index() {
 	local series="$1" pkg="$2" series_re="$3" index="$4"
 	local dst="$out/debian-$series" cache="${XDG_CACHE_HOME:-$HOME/.cache}/vmtrace/debian"
 	local unpacked="$cache/$pkg"
-	if [[ ! -d "$unpacked" ]]; then
+	if [[ ! -f "$unpacked/binfmt_misc.ko" ]]; then
 		mkdir -p "$cache"
 		debian_tmp="$(mktemp -d "$cache/.$pkg.XXXXXX")"
 		trap 'rm -rf "$debian_tmp"' EXIT
@@ -270,7 +284,7 @@ fetch_debian_kernel_by_index() {
 			exit 2
 		}
 		unpack_debian_kernel "$debian_tmp"
-		mv "$debian_tmp/boot" "$unpacked"
+		rm -rf "$unpacked" && mv "$debian_tmp/boot" "$unpacked"
 		echo "guest/build.sh: downloaded $pkg" >&2
 	fi
 	mkdir -p "$dst"
@@ -296,7 +310,7 @@ fetch_debian_kernel() {
 		echo "guest/build.sh: $wanted is gone from the archive; using $pkg" >&2
 	fi
 	local unpacked="$cache/$pkg"
-	if [[ ! -d "$unpacked" ]]; then
+	if [[ ! -f "$unpacked/binfmt_misc.ko" ]]; then
 		mkdir -p "$cache"
 		debian_tmp="$(mktemp -d "$cache/.$pkg.XXXXXX")"
 		trap 'rm -rf "$debian_tmp"' EXIT
@@ -304,12 +318,8 @@ fetch_debian_kernel() {
 			echo "guest/build.sh: apt-get download $pkg failed" >&2
 			exit 2
 		}
-		dpkg-deb -x "$debian_tmp"/*.deb "$debian_tmp/x"
-		mkdir -p "$debian_tmp/boot"
-		cp "$debian_tmp"/x/boot/vmlinuz-* "$debian_tmp/boot/vmlinuz"
-		cp "$debian_tmp"/x/boot/config-* "$debian_tmp/boot/config"
-		cp "$debian_tmp"/x/boot/System.map-* "$debian_tmp/boot/System.map"
-		mv "$debian_tmp/boot" "$unpacked"
+		unpack_debian_kernel "$debian_tmp"
+		rm -rf "$unpacked" && mv "$debian_tmp/boot" "$unpacked"
 		echo "guest/build.sh: downloaded $pkg" >&2
 	fi
 	mkdir -p "$dst"
@@ -353,7 +363,8 @@ build_vmt_test() {
 	fi
 	local src="$here/linux/vmt_test" ko="$dst/vmt_test.ko" cpio="$dst/workload-vmt.cpio.gz"
 	build_workload
-	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" ]]; then
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" &&
+		"$cpio" -nt "$dst/binfmt_misc.ko" ]]; then
 		return
 	fi
 	vmt_tmp="$(mktemp -d "$out/.vmt_test.XXXXXX")"
@@ -365,11 +376,35 @@ build_vmt_test() {
 		cat "$out/workload.cpio.gz"
 		{
 			cpio_entry vmt_test.ko $((0100644)) "$ko"
+			# Executable: the workload's `exec N PATH` runs it (ENOEXEC,
+			# load_misc_binary called once each).
+			cpio_entry binfmt_misc.ko $((0100755)) "$dst/binfmt_misc.ko"
 			cpio_entry TRAILER!!! 0
 		} | gzip -9 -n
 	} >"$cpio.tmp"
 	mv -f "$cpio.tmp" "$cpio"
 	echo "guest/build.sh: built $ko and $cpio" >&2
+}
+
+# DIR/workload-mod.cpio.gz: the workload initramfs with DIR/binfmt_misc.ko
+# (the Debian kernel's own module, unpack_debian_kernel) appended,
+# executable (the workload's `exec N PATH` runs it: ENOEXEC, its
+# load_misc_binary called once each).
+build_workload_with_binfmt_misc() {
+	local dir="$1" cpio="$1/workload-mod.cpio.gz"
+	build_workload
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$out/workload.cpio.gz" &&
+		"$cpio" -nt "$dir/binfmt_misc.ko" ]]; then
+		return
+	fi
+	{
+		cat "$out/workload.cpio.gz"
+		{
+			cpio_entry binfmt_misc.ko $((0100755)) "$dir/binfmt_misc.ko"
+			cpio_entry TRAILER!!! 0
+		} | gzip -9 -n
+	} >"$cpio.tmp"
+	mv -f "$cpio.tmp" "$cpio"
 }
 
 [[ $# -ge 1 ]] || usage
@@ -416,6 +451,7 @@ debian-6.1)
 	;;
 debian-5.10)
 	fetch_debian_kernel_by_index 5.10 "$DEBIAN_KERNEL_510" "$DEBIAN_SERIES_510" "$DEBIAN_INDEX_510"
+	build_workload_with_binfmt_misc "$out/debian-5.10"
 	;;
 *)
 	usage

@@ -4,7 +4,8 @@
 //! time, as 6.1's and 6.12's are: vmtrace must still find all of it.
 //! `list` needs no guest; the attaches share one boot: trap mode with
 //! exact counts, then exitless, each leaving the low MiB and the text as
-//! found.
+//! found; then a module of the kernel's own package (binfmt_misc), read
+//! with 5.10's `struct module` and traced by name.
 
 mod common;
 
@@ -53,9 +54,12 @@ fn a_510_guest_is_traced_in_trap_mode_and_exitless() {
     let bz = debian_510();
     let guest = QemuGuest::boot(QemuOpts {
         kernel: bz.clone(),
+        // The workload with the kernel's own binfmt_misc.ko (guest/build.sh
+        // debian-5.10), for the module check at the end.
+        initrd: Some(common::root().join("guest/out/debian-5.10/workload-mod.cpio.gz")),
         ..QemuOpts::linux()
     });
-    let _w = guest.wait_ready().unwrap();
+    let w = guest.wait_ready().unwrap();
     let qmp = guest.qmp_socket();
     let kernel = Kernel::from_bzimage(&bz);
     let (memory, _) = kernel.read(qmp);
@@ -138,4 +142,50 @@ fn a_510_guest_is_traced_in_trap_mode_and_exitless() {
     assert_eq!(ring_files(pid), Vec::<String>::new());
     assert_no_gdbstub(qmp);
     guest.go("getpid", 10).unwrap();
+
+    a_510_module_is_traced_by_name(&guest, &bz, w.worker);
+}
+
+/// A module of Debian's own 5.10 package, binfmt_misc, loaded: read from
+/// the guest's memory with 5.10's `struct module` (its text in
+/// `core_layout`, before 6.4's `mem[]`) and traced by name in trap mode:
+/// its `load_misc_binary`, the first binary format execve tries, exactly
+/// once per `execve` of a file no format takes (the .ko itself).
+fn a_510_module_is_traced_by_name(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+    const N: u64 = 5;
+    let ask = |line: &str, reply: &str| {
+        guest.send_line(line);
+        let got = guest.wait_for(reply, COMMAND_TIMEOUT).unwrap();
+        let want = format!("workload: {reply} pid={worker}");
+        assert!(got.contains(&want), "{line}: {got}");
+    };
+    ask("insmod /binfmt_misc.ko", "insmod 0");
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--trace",
+        "load_misc_binary",
+        "--mode",
+        "trap",
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    ask(&format!("exec {N} /binfmt_misc.ko"), &format!("exec {N}"));
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains("1 loaded module in the guest"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(
+        e.counts().get("load_misc_binary [binfmt_misc]"),
+        Some(&N),
+        "{}",
+        e.stdout
+    );
+    assert_no_gdbstub(guest.qmp_socket());
 }

@@ -98,6 +98,7 @@
 #define SYS_openat 257
 #define SYS_delete_module 176
 #define SYS_finit_module 313
+#define SYS_execve 59
 
 #define O_RDONLY 0
 #define O_WRONLY 01
@@ -108,6 +109,7 @@
 #define AT_FDCWD -100
 #define ENOENT 2
 #define EINTR 4
+#define ENOEXEC 8
 #define ECHILD 10
 #define TCGETS 0x5401
 #define TCSETS 0x5402
@@ -674,8 +676,26 @@ static void run_cycles(char **w, long pid)
 	reply(&l, "vmtcycles ", n, r < 0 ? r : 0, pid);
 }
 
-/* Module commands (insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH): 1
- * if `w` was one. */
+/* exec N PATH: N execve(2)s of PATH, a file no binary format takes (a .ko,
+ * ELF but not an executable): each fails with ENOEXEC after every format's
+ * load_binary ran once (binfmt_misc's too, when loaded). 0, or the first
+ * other result. */
+static long exec_n(long n, const char *path)
+{
+	char *argv[] = { (char *)path, 0 };
+	char *envp[] = { 0 };
+	long i, r;
+
+	for (i = 0; i < n; i++) {
+		r = sys3(SYS_execve, (long)path, (long)argv, (long)envp);
+		if (r != -ENOEXEC)
+			return r;
+	}
+	return 0;
+}
+
+/* Module commands (insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH,
+ * exec N PATH): 1 if `w` was one. */
 static int run_module(char **w, int n, long pid)
 {
 	struct line l = { .len = 0 };
@@ -684,6 +704,10 @@ static int run_module(char **w, int n, long pid)
 	if (n == 4 && streq(w[0], "vmtcycles") && parse_count(w[1]) >= 0 &&
 	    parse_count(w[2]) >= 0) {
 		run_cycles(w, pid);
+		return 1;
+	}
+	if (n == 3 && streq(w[0], "exec") && parse_count(w[1]) >= 0) {
+		reply(&l, "exec ", parse_count(w[1]), exec_n(parse_count(w[1]), w[2]), pid);
 		return 1;
 	}
 	if (n != 2)
@@ -784,7 +808,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, exec N PATH, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

@@ -12,6 +12,9 @@ pub(super) fn add(connected: &Connected, image: &mut KernelImage, traced: Option
     match connected.modules(image) {
         Ok(Some(m)) => {
             let functions = image.add_modules(&m.list, m.layout, m.offset);
+            for (addr, orc) in m.orc {
+                image.set_module_orc(addr, orc);
+            }
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
                 m.list.len(),

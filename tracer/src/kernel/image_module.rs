@@ -19,6 +19,9 @@ pub struct ImageModule {
     pub phys: i64,
     /// How the module list was walked (to walk it again).
     pub layout: ModuleLayout,
+    /// Its ORC entries in its text, at running addresses
+    /// (`crate::kernel::module_orc`); empty when not read.
+    pub orc: crate::kernel::module_orc::ModuleOrc,
 }
 
 /// Where a module's text is described, by kernel version.

@@ -68,6 +68,7 @@ impl KernelImage {
                 virt: offset.virt,
                 phys: offset.phys,
                 layout,
+                orc: Vec::new(),
             });
         }
         added
@@ -105,6 +106,14 @@ impl KernelImage {
             i += same;
         }
         added
+    }
+
+    /// The ORC entries of the module whose `struct module` is at `addr`
+    /// (`--stack` unwinds through its functions with them).
+    pub fn set_module_orc(&mut self, addr: u64, orc: crate::kernel::module_orc::ModuleOrc) {
+        if let Some(m) = self.modules.iter_mut().find(|m| m.addr == addr) {
+            m.orc = orc;
+        }
     }
 
     /// The module whose text holds running address `addr`, if one does.

@@ -19,6 +19,7 @@ use vmm::{GuestRam, RamError};
 use super::procmem::ProcRam;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
+use crate::kernel::module_orc::{read_orc, ModuleOrc, ModuleOrcLayout};
 use crate::kernel::modules::{
     kernel_space, loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, INIT_TOP_PGT,
     MODULES,
@@ -73,11 +74,15 @@ pub struct GuestModules {
     pub list: Vec<(LoadedModule, Vec<u8>)>,
     pub layout: ModuleLayout,
     pub offset: KernelOffset,
+    /// Each module's ORC entries (its `struct module`'s address, running
+    /// addresses), when the kernel keeps them.
+    pub orc: Vec<(u64, ModuleOrc)>,
 }
 
 /// Where a kernel's module list is and how to walk it.
 struct Walk {
     layout: ModuleLayout,
+    orc: Option<ModuleOrcLayout>,
     root: u64,
 }
 
@@ -94,7 +99,8 @@ impl Walk {
             .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
         let root = pgt.wrapping_add(phys as u64);
-        Ok(Some(Walk { layout, root }))
+        let orc = ModuleOrcLayout::find(&btf);
+        Ok(Some(Walk { layout, orc, root }))
     }
 
     fn space<'m>(&self, ram: &'m dyn GuestRam) -> AddressSpace<'m> {
@@ -146,7 +152,11 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         phys,
     };
     let mut list = Vec::new();
+    let mut orc = Vec::new();
     for m in walk.list(&ram, offset.virt)? {
+        if let Some(l) = &walk.orc {
+            orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
+        }
         let mut text = vec![0u8; (m.text.end - m.text.start) as usize];
         walk.space(&ram)
             .read(m.text.start, &mut text)
@@ -160,6 +170,7 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         list,
         layout: walk.layout,
         offset,
+        orc,
     }))
 }
 

@@ -97,9 +97,14 @@ impl StackSource {
         sites: Vec<bool>,
         table: std::sync::Arc<StackTable>,
     ) -> StackSource {
+        let modules = image.modules.iter().map(|m| {
+            let link = |a: u64| a.wrapping_sub(m.virt as u64);
+            (link(m.text.start), link(m.text.end))
+        });
         let text = [image.text, image.init_text]
             .into_iter()
             .flatten()
+            .chain(modules)
             .collect();
         StackSource {
             unwinder,

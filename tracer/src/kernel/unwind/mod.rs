@@ -190,6 +190,13 @@ impl Unwinder {
     ) -> (Unwinder, String) {
         match orc::OrcTable::from_image(image, btf) {
             Ok(t) => {
+                // Loaded modules' entries join the kernel's, at the link
+                // addresses their functions have in the image.
+                let t = t.with_entries(image.modules.iter().flat_map(|m| {
+                    m.orc
+                        .iter()
+                        .map(move |&(ip, raw)| (ip.wrapping_sub(m.virt as u64), raw))
+                }));
                 let note = format!("ORC ({} entries, {})", t.len(), t.layout_name());
                 (Unwinder::Orc(Arc::new(t)), note)
             }

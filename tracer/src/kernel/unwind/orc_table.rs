@@ -253,6 +253,22 @@ impl OrcTable {
         }
     }
 
+    /// This table and `extra` (link address, raw entry) pairs, decoded in
+    /// its layout (a module's tables are in its kernel's).
+    pub fn with_entries(
+        self,
+        extra: impl IntoIterator<Item = (u64, [u8; ORC_ENTRY_SIZE])>,
+    ) -> OrcTable {
+        let layout = self.layout;
+        let mut extra = extra.into_iter().peekable();
+        if extra.peek().is_none() {
+            return self;
+        }
+        let mut pairs: Vec<(u64, OrcEntry)> = self.ips.into_iter().zip(self.entries).collect();
+        pairs.extend(extra.map(|(ip, raw)| (ip, layout.decode(raw))));
+        OrcTable::new(layout, pairs)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -556,3 +556,4 @@ fn new_layout_signal_bit_makes_the_next_lookup_exact() {
 }
 
 mod frame_pointer;
+mod module;
