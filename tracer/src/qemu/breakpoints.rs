@@ -277,8 +277,12 @@ impl Breakpoints {
         let Some(h) = self.handlers.get_mut(cpu) else {
             return Ok(Next::Resume(None));
         };
-        // A reloaded module's site is recorded as the attach's it stands for.
-        let at = self.moved.get(&rip).copied().unwrap_or(rip);
+        // A reloaded module's site is recorded as the attach's it stands
+        // for (no lookup on the per-hit path while no module moved).
+        let at = match self.moved.is_empty() {
+            true => rip,
+            false => self.moved.get(&rip).copied().unwrap_or(rip),
+        };
         let regs = kvm_bindings::kvm_regs {
             rip: at,
             ..snap.regs
