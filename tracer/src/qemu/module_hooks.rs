@@ -37,7 +37,11 @@ pub const FREE_HOOK: &str = "ftrace_release_mod";
 /// the modules' unloads and loads would go unseen.
 pub fn traced_hook(plan: &crate::plan::Plan) -> Option<String> {
     let image = &plan.image;
-    let name = |f: u32| image.functions.get(f as usize).map(|s| s.name.as_str());
+    // (A site's function is a slot of the plan's `funcs`.)
+    let name = |slot: u32| {
+        let f = *plan.funcs.get(slot as usize)?;
+        image.functions.get(f).map(|s| s.name.as_str())
+    };
     // (Link addresses: a module's are `virt` below its running ones.)
     let module_traced = image.modules.iter().any(|m| {
         let text = m.text.start.wrapping_sub(m.virt as u64)..m.text.end.wrapping_sub(m.virt as u64);
