@@ -403,6 +403,14 @@ fn cycles(
             e.stdout
         );
     }
+    // Every site vmtrace wrote was given back by vmtrace: none found
+    // changed at the detach.
+    let detached = e.stderr.lines().find(|l| l.contains("detached"));
+    assert!(
+        detached.is_some_and(|l| !l.contains("changed by the guest")),
+        "{}",
+        e.stderr
+    );
     let how = match mode {
         "trap" => "its breakpoints removed".to_string(),
         _ => format!("its sites restored, {} in all,", CYCLES * 3),

@@ -201,6 +201,9 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         super::event_sites::restore(&stop, &self.vm.jumps)?;
+        if let Some(f) = self.vm.follow.as_ref() {
+            self.tracer.forget_sites(f.given_back());
+        }
         let mut c = self.tracer.detach(&**stop.ram())?;
         if let Some(f) = self.vm.follow.as_mut() {
             let since = f
@@ -208,8 +211,6 @@ impl Detach<'_> {
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
             c.module_restored = f.restored;
-            // Restored at their unloads, not left alone.
-            c.module_gone = 0;
             c.restored += since;
         }
         stop.resume()?;

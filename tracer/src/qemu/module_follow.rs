@@ -59,6 +59,8 @@ pub struct ModuleFollow {
     written: Vec<Rewritten>,
     /// Sites given their bytes back at an unload.
     pub restored: usize,
+    /// The attach's sites among them (the tracer's detach must forget).
+    given_back: Vec<u64>,
     journal: Option<Journal>,
 }
 
@@ -96,6 +98,7 @@ impl ModuleFollow {
             at_attach,
             written: Vec::new(),
             restored: 0,
+            given_back: Vec::new(),
             journal,
         })
     }
@@ -106,6 +109,12 @@ impl ModuleFollow {
         if let Some(j) = self.journal.as_mut() {
             j.record.jumps = jumps.to_vec();
         }
+    }
+
+    /// The attach's sites given back at an unload: the tracer's detach
+    /// leaves them (`Tracer::forget_sites`).
+    pub fn given_back(&self) -> &[u64] {
+        &self.given_back
     }
 
     /// Traced modules unloaded, loaded again, and sites of those loaded
@@ -159,7 +168,10 @@ impl ModuleFollow {
         for va in self.hooks.freeing(module) {
             let site = match self.written.iter().position(|w| w.va == va) {
                 Some(i) => Some(self.written.swap_remove(i)),
-                None => self.attach_site(&mut space, va),
+                None => {
+                    self.given_back.push(va);
+                    self.attach_site(&mut space, va)
+                }
             };
             let Some(w) = site else { continue };
             if restore(ram, &w)? {
