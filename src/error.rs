@@ -161,6 +161,8 @@ pub enum InputError {
     StackNoneTraced { globs: String },
     #[error("--args={globs} matches none of the traced functions; give --args globs of functions --trace selects")]
     ArgsNoneTraced { globs: String },
+    #[error("--trace selects {name}, where vmtrace follows the guest's modules through their unloads and loads, with modules' functions; leave it out (--trace '!{name}') or trace it alone")]
+    ModuleHookTraced { name: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
     StackGraphExitless,
     #[error("--entry direct into a preemptible kernel needs its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); use --entry ftrace")]

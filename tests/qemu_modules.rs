@@ -9,10 +9,10 @@
 //! functions, named `vmt_hit [vmt_test]`, exactly, in exitless and trap
 //! modes, and leaves its text as found; unloaded during a trace, its sites
 //! are left alone at the detach (its text is freed), and it is gone from
-//! the list; in trap mode, unloaded and loaded again 20 times, it is
-//! followed (each cycle's calls counted). Debian's own binfmt_misc.ko,
-//! from the kernel's package, is traced the same way (by name and by
-//! `:mod:`). One boot for all (about 25 s of QEMU/TCG).
+//! the list; in trap, exitless and exitless `--graph` modes, unloaded and
+//! loaded again 20 times, it is followed (each cycle's calls counted).
+//! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
+//! same way (by name and by `:mod:`). One boot for all.
 
 mod common;
 
@@ -300,16 +300,23 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     module_stacks(&guest, &bz, w.worker);
     distribution_module(&guest, &bz, w.worker);
 
-    // Unloaded and loaded again 20 times during a trap-mode trace (one
+    // Unloaded and loaded again 20 times during a trace in each mode (one
     // console round trip: `vmtcycles`, each cycle K calls, the unload and
     // the load): every cycle's calls counted, the module's breakpoints
-    // removed at each unload (before its text is freed) and set again at
-    // each load (before its init runs).
-    cycles_in_trap_mode(&guest, &bz, m, w.worker, &modules);
-    killed_after_a_reload(&guest, &bz, w.worker, &modules);
+    // removed (exitless: its sites restored) at each unload, before its
+    // text is freed, and set (written) again at each load, before its init
+    // runs.
+    module_hook_traced(&guest, &bz);
+    for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
+        cycles(&guest, &bz, m, w.worker, &modules, mode, graph);
+    }
+    for mode in ["trap", "exitless"] {
+        killed_after_a_reload(&guest, &bz, w.worker, &modules, mode);
+    }
 
     // Unloaded during an exitless trace: its calls until then counted, its
-    // sites (in freed text) left alone at the detach and said so.
+    // sites restored at the unload (before its text is freed), none left
+    // for the detach, and said so.
     let args = ["--kernel", s(&bz), "--format", "json", "--trace", "vmt_*"];
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
@@ -325,8 +332,10 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         e.stdout
     );
     assert!(
-        e.stderr
-            .contains("3 in modules the guest unloaded during the trace left alone"),
+        e.stderr.contains(
+            "a traced module went away 1 times (its sites restored, 3 in all, before its memory \
+             was freed) and came back 0 times"
+        ),
         "{}",
         e.stderr
     );
@@ -336,21 +345,58 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     assert_runs_on(&guest, w.worker);
 }
 
-/// `vmtcycles 20 K` under a trap-mode trace of `vmt_*`, the module
-/// `first` loaded at the attach: exactly 20 x K hits, the unloads and loads
-/// said, the module at the end (loaded at a new address) the attach's
+/// Tracing a function of the kernel's module load path where vmtrace
+/// follows modules (`ftrace_module_enable`, by direct entry: the kernel's
+/// ftrace code has no ftrace sites) with a module's function: refused in
+/// one line, exit status 2, before the guest is touched (no gdbstub left).
+fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
+    let o = common::vmtrace(&[
+        "attach",
+        "--qmp",
+        s(guest.qmp_socket()),
+        "--kernel",
+        s(bz),
+        "--entry",
+        "direct",
+        "--trace",
+        "vmt_hit,ftrace_module_enable",
+    ]);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    // One line, the last (after the kernel's and the modules' notes).
+    let refused: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("ftrace_module_enable"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{err}");
+    assert_eq!(err.lines().last(), Some(refused[0]), "{err}");
+    assert!(
+        refused[0]
+            .starts_with("vmtrace: --trace selects ftrace_module_enable, where vmtrace follows"),
+        "{err}"
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+}
+
+/// `vmtcycles 20 K` under a trace of `vmt_*` in `mode` (exitless: with
+/// the function graph if `graph`), the module `first` loaded at the
+/// attach: exactly 20 x K hits (and each call's return with the graph),
+/// the unloads and loads said (exitless: its 3 sites restored at each
+/// unload), the module at the end (loaded at a new address) the attach's
 /// functions with their sites NOPs as the kernel left them, and no
 /// `BUG:`/`WARNING:`/`Oops` on the console.
-fn cycles_in_trap_mode(
+fn cycles(
     guest: &QemuGuest,
     bz: &std::path::Path,
     first: &LoadedModule,
     worker: u32,
     modules: &Modules,
+    mode: &str,
+    graph: bool,
 ) {
     const CYCLES: u64 = 20;
     const K: u64 = 5;
-    let args = [
+    let mut args = vec![
         "--kernel",
         s(bz),
         "--format",
@@ -358,15 +404,18 @@ fn cycles_in_trap_mode(
         "--trace",
         "vmt_*",
         "--mode",
-        "trap",
+        mode,
     ];
+    if graph {
+        args.push("--graph");
+    }
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
     command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
     a.signal(libc::SIGINT);
     let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
     let counts = e.counts();
     for (f, n) in [
         ("vmt_hit", CYCLES * K),
@@ -376,15 +425,36 @@ fn cycles_in_trap_mode(
         assert_eq!(
             counts.get(&format!("{f} [vmt_test]")),
             Some(&n),
-            "{f}: {counts:?}"
+            "{mode} {graph}: {f}: {counts:?}"
         );
     }
+    assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+    if graph {
+        assert_eq!(
+            e.json()["graph"]["returns"],
+            CYCLES * (K + 2),
+            "{}",
+            e.stdout
+        );
+    }
+    // Every site vmtrace wrote was given back by vmtrace: none found
+    // changed at the detach.
+    let detached = e.stderr.lines().find(|l| l.contains("detached"));
+    assert!(
+        detached.is_some_and(|l| !l.contains("changed by the guest")),
+        "{}",
+        e.stderr
+    );
+    let how = match mode {
+        "trap" => "its breakpoints removed".to_string(),
+        _ => format!("its sites restored, {} in all,", CYCLES * 3),
+    };
     assert!(
         e.stderr.contains(&format!(
-            "a traced module went away {CYCLES} times (its breakpoints removed before its memory \
-             was freed) and came back {CYCLES} times (traced again)"
+            "a traced module went away {CYCLES} times ({how} before its memory was freed) and \
+             came back {CYCLES} times (traced again)"
         )),
-        "{}",
+        "{mode}: {}",
         e.stderr
     );
     assert_no_gdbstub(guest.qmp_socket());
@@ -411,13 +481,20 @@ fn cycles_in_trap_mode(
     }
 }
 
-/// A trap-mode attach of `vmt_*` killed with its guardian after the
+/// An attach of `vmt_*` in `mode` killed with its guardian after the
 /// module went and came back (its load and unload hooks set, the reloaded
-/// module's breakpoints journaled): `vmtrace detach` leaves no gdbstub,
-/// the module's sites NOPs, and its calls run on (a breakpoint left with
-/// no debugger would stop the guest at the first).
-fn killed_after_a_reload(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
-    let args = ["--kernel", s(bz), "--trace", "vmt_*", "--mode", "trap"];
+/// module's breakpoints, or exitless its sites, journaled): `vmtrace
+/// detach` leaves no gdbstub, the module's sites NOPs, and its calls run
+/// on (a breakpoint left with no debugger would stop the guest at the
+/// first; a call left to vmtrace's code taken out would crash it).
+fn killed_after_a_reload(
+    guest: &QemuGuest,
+    bz: &std::path::Path,
+    worker: u32,
+    modules: &Modules,
+    mode: &str,
+) {
+    let args = ["--kernel", s(bz), "--trace", "vmt_*", "--mode", mode];
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);

@@ -55,6 +55,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     guest_modules::add(&connected, &mut image, Some("traced"));
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    if let Some(name) = tracer::qemu::module_hooks::traced_hook(&plan.plan) {
+        return Err(InputError::ModuleHookTraced { name }.into());
+    }
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),

@@ -245,9 +245,13 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
         ));
     }
     if d.module_unloads > 0 {
+        let how = match d.module_restored {
+            0 => "its breakpoints removed".to_string(),
+            n => format!("its sites restored, {n} in all,"),
+        };
         s.push_str(&format!(
-            "; a traced module went away {} times (its breakpoints removed before its memory was \
-             freed) and came back {} times (traced again{})",
+            "; a traced module went away {} times ({how} before its memory was freed) and came \
+             back {} times (traced again{})",
             d.module_unloads,
             d.module_reloads,
             match d.module_untraced {

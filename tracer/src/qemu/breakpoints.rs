@@ -274,11 +274,10 @@ impl Breakpoints {
                 }
             });
         }
+        let at = self.planned_site(rip);
         let Some(h) = self.handlers.get_mut(cpu) else {
             return Ok(Next::Resume(None));
         };
-        // A reloaded module's site is recorded as the attach's it stands for.
-        let at = self.moved.get(&rip).copied().unwrap_or(rip);
         let regs = kvm_bindings::kvm_regs {
             rip: at,
             ..snap.regs
@@ -300,6 +299,16 @@ impl Breakpoints {
             // The ftrace NOP: skipped, as running it would.
             false => Next::Resume(moved),
         })
+    }
+
+    /// The attach's site that the site at `rip` stands for: itself, or
+    /// for a reloaded module's, the attach's (no lookup on the per-hit
+    /// path while no module moved).
+    fn planned_site(&self, rip: u64) -> u64 {
+        match self.moved.is_empty() {
+            true => rip,
+            false => self.moved.get(&rip).copied().unwrap_or(rip),
+        }
     }
 
     /// Name the return breakpoints set from now on in `journal`.

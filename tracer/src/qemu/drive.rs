@@ -14,6 +14,8 @@ use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
+use super::module_follow::ModuleFollow;
+use super::module_hooks::ModuleHooks;
 use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
@@ -76,6 +78,11 @@ pub(super) struct QemuVm {
     /// The events' call sites vmtrace made jumps (`super::event_sites`),
     /// given back their NOPs at the detach.
     pub(super) jumps: Vec<super::journal::JournaledJump>,
+    /// Exitless mode: the hooks that follow a traced module through its
+    /// unloads and loads (`super::module_follow`), and the journal they
+    /// name what they write in until the attach hands it to them.
+    pub(super) follow: Option<Box<ModuleFollow>>,
+    pub(super) follow_journal: Option<super::journal::Journal>,
 }
 
 impl QemuVm {
@@ -97,6 +104,8 @@ impl QemuVm {
             image: None,
             suspected: false,
             jumps: Vec::new(),
+            follow: None,
+            follow_journal: None,
         }
     }
 
@@ -173,7 +182,8 @@ impl QemuVm {
                 }
             }
             RunState::Stopped(why) => {
-                if exitless && self.held.is_none() {
+                // (Followed modules: the stub's replies say, as in trap mode.)
+                if exitless && self.follow.is_none() && self.held.is_none() {
                     self.held = Some((why, Instant::now()));
                 }
             }
@@ -208,6 +218,46 @@ impl QemuVm {
     }
 }
 
+impl QemuVm {
+    /// Exitless mode: the module hooks' stops served for `step`.
+    fn serve_hooks(&mut self, step: Duration) -> Option<TraceEnd> {
+        let f = self.follow.as_mut()?;
+        let until = Instant::now() + step;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match f.serve(&self.guest, left) {
+                Ok(Served::Hit) => continue,
+                Ok(Served::Idle) => return None,
+                Ok(Served::NotOurs { signal }) => {
+                    self.held = Some((format!("gdb signal {signal}"), Instant::now()));
+                    return None;
+                }
+                Err(e) => return Some(self.look().unwrap_or(TraceEnd::Stub(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// The hooks for the traced module sites of `tracer`'s plan, read under
+/// `stop` (None: no module site traced, or its modules unreadable).
+fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<ModuleHooks> {
+    let plan = tracer.plan();
+    let virt = plan.index.slide();
+    let sites = plan
+        .index
+        .addrs
+        .iter()
+        .map(|&a| a.wrapping_add(virt as u64))
+        .collect();
+    let ram = Arc::clone(vmm::Stopped::ram(stop));
+    ModuleHooks::new(&plan.image, virt, &*ram, &sites)
+        .ok()
+        .flatten()
+}
+
 impl Backend for QemuVm {
     type Error = QemuError;
 
@@ -221,15 +271,27 @@ impl Backend for QemuVm {
         let stop = self.guest.stop(false)?;
         let times = |t: &Tracer| (t.attach_counts.clone(), stop.window(), stop.latency());
         let attached = match &mut self.arming {
-            Arming::Exitless { .. } => match tracer.attach(&stop) {
-                Ok(Attach::Attached(_)) => Ok(times(tracer)),
-                Ok(Attach::NotReady(why)) => Err(why),
-                Err(e) => {
-                    // Whatever was written comes out before the error is said.
-                    let _ = tracer.detach(&**stop.ram());
-                    return Err(e.into());
+            Arming::Exitless { .. } => {
+                // Read before the attach writes the sites.
+                let hooks = module_hooks(&stop, tracer);
+                match tracer.attach(&stop) {
+                    Ok(Attach::Attached(_)) => {
+                        if let Some(h) = hooks {
+                            // Not followed (the stub's error said): an unloaded
+                            // module's sites are left alone at the detach.
+                            let j = self.follow_journal.take();
+                            self.follow = ModuleFollow::start(h, &stop, j).ok().map(Box::new);
+                        }
+                        Ok(times(tracer))
+                    }
+                    Ok(Attach::NotReady(why)) => Err(why),
+                    Err(e) => {
+                        // Whatever was written comes out before the error is said.
+                        let _ = tracer.detach(&**stop.ram());
+                        return Err(e.into());
+                    }
                 }
-            },
+            }
             Arming::Trap {
                 handlers,
                 breakpoints,
@@ -293,6 +355,11 @@ impl Backend for QemuVm {
                             })
                         }
                     }
+                }
+            }
+            Arming::Exitless { .. } if self.held.is_none() && self.follow.is_some() => {
+                if let Some(end) = self.serve_hooks(step) {
+                    return Some(end);
                 }
             }
             _ => std::thread::sleep(step),

@@ -88,7 +88,8 @@ impl From<TraceEnd> for EndReason {
 /// waited for while its process lives.
 fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, QemuError> {
     let state = vm.state_patient(&mut |w| observer.held_up(w))?;
-    let trap = matches!(vm.arming, Arming::Trap { .. });
+    // (Followed modules: the hooks' stops are vmtrace's, as in trap mode.)
+    let trap = matches!(vm.arming, Arming::Trap { .. }) || vm.follow.is_some();
     Ok(match state {
         RunState::Running => false,
         // Trap mode: a breakpoint's stop not served yet (or a step's) is
@@ -200,7 +201,18 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         super::event_sites::restore(&stop, &self.vm.jumps)?;
-        let c = self.tracer.detach(&**stop.ram())?;
+        if let Some(f) = self.vm.follow.as_ref() {
+            self.tracer.forget_sites(f.given_back());
+        }
+        let mut c = self.tracer.detach(&**stop.ram())?;
+        if let Some(f) = self.vm.follow.as_mut() {
+            let since = f
+                .detach(&stop)
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
+            c.module_restored = f.restored;
+            c.restored += since;
+        }
         stop.resume()?;
         Ok(c)
     }

@@ -35,6 +35,7 @@ mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
+pub mod module_follow;
 pub mod module_hooks;
 pub mod modules;
 pub mod monitor;

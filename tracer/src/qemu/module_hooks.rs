@@ -32,6 +32,30 @@ pub const LOAD_HOOK: &str = "ftrace_module_enable";
 /// Where a module goes away, its text still there.
 pub const FREE_HOOK: &str = "ftrace_release_mod";
 
+/// The hook the plan traces, if it also traces a module's function:
+/// vmtrace's breakpoint there would be the site's (or its jump's), and
+/// the modules' unloads and loads would go unseen.
+pub fn traced_hook(plan: &crate::plan::Plan) -> Option<String> {
+    let image = &plan.image;
+    // (A site's function is a slot of the plan's `funcs`.)
+    let name = |slot: u32| {
+        let f = *plan.funcs.get(slot as usize)?;
+        image.functions.get(f).map(|s| s.name.as_str())
+    };
+    // (Link addresses: a module's are `virt` below its running ones.)
+    let module_traced = image.modules.iter().any(|m| {
+        let text = m.text.start.wrapping_sub(m.virt as u64)..m.text.end.wrapping_sub(m.virt as u64);
+        plan.index.addrs.iter().any(|a| text.contains(a))
+    });
+    let hook = plan
+        .index
+        .funcs
+        .iter()
+        .filter_map(|&f| name(f))
+        .find(|&n| n == LOAD_HOOK || n == FREE_HOOK)?;
+    module_traced.then(|| hook.to_string())
+}
+
 /// Why a module at a hook could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
@@ -159,6 +183,21 @@ impl ModuleHooks {
             loads: 0,
             untraced: 0,
         }))
+    }
+
+    /// The kernel's top page table (guest-physical): module text is
+    /// reached through it.
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// Each traced module site as found at the attach (running address),
+    /// with the bytes it held then.
+    pub fn attach_sites(&self) -> Vec<(u64, [u8; SITE_LEN])> {
+        self.traced
+            .iter()
+            .flat_map(|t| t.sites.iter().map(|s| (s.addr, s.bytes)))
+            .collect()
     }
 
     /// The guest loads the module at `module` (the load hook's RDI): if it

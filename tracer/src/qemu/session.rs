@@ -393,6 +393,11 @@ fn setup(
                 .view()
                 .write_slice(&marker.encode(), GuestAddress(MARKER_GPA))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            // Its copy for the module hooks (`super::module_follow`).
+            vm.follow_journal = Some(Journal {
+                path: journal.path.clone(),
+                record: journal.record.clone(),
+            });
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
@@ -447,6 +452,9 @@ fn enable_events(
     };
     super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
     vm.jumps = journal.record.jumps.clone();
+    if let Some(f) = vm.follow.as_mut() {
+        f.name_jumps(&vm.jumps);
+    }
     Ok(())
 }
 

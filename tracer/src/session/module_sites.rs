@@ -44,3 +44,12 @@ pub fn detach(
         ..patch::detach(mem, patched)?
     })
 }
+
+impl crate::session::Tracer {
+    /// Sites at `addrs` given their bytes back by someone else (a
+    /// module's, at its unload, `crate::qemu::module_follow`): no longer
+    /// the detach's, whose text may since be freed.
+    pub fn forget_sites(&mut self, addrs: &[u64]) {
+        self.patched.retain(|s| !addrs.contains(&s.addr));
+    }
+}

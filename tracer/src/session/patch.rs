@@ -155,6 +155,8 @@ pub struct DetachCounts {
     pub module_unloads: usize,
     pub module_reloads: usize,
     pub module_untraced: usize,
+    /// Exitless mode: sites given their bytes back at those unloads.
+    pub module_restored: usize,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
 }

@@ -1,0 +1,299 @@
+//! Exitless mode follows a traced module through unloads and loads, with
+//! trap mode's two breakpoints (`super::module_hooks` says where and why),
+//! each hit handled with the VM stopped and the vCPU then stepped over the
+//! real instruction there. At the free hook the module's sites get back
+//! the bytes they held at the attach (counted) before its text is freed;
+//! at the load hook each site found again gets a call to the stub of the
+//! attach's site (journaled first), so its calls land in the attach's
+//! site index and count as the plan's function: no stub or ring slot is
+//! added. A site straddling two pages is not followed (the journal keeps
+//! one physical address a site).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmm::gva::{AddressSpace, PagingMode, PhysSpan};
+use vmm::GuestRam;
+
+use super::breakpoints::Served;
+use super::gdb::GdbError;
+use super::guest::{QemuGuest, QemuStop};
+use super::journal::{hex, Journal, JournalError, JournaledJump, JournaledSite};
+use super::module_hooks::{HookError, ModuleHooks};
+use super::step::{Stepped, SIGTRAP};
+use crate::kernel::sites::SITE_LEN;
+use crate::plan::exitless::trampoline::call_bytes;
+
+/// `call rel32`'s opcode.
+const CALL: u8 = 0xe8;
+
+/// Why a module's sites could not be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
+    #[error(transparent)]
+    Hook(#[from] HookError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("module site {addr:#x}: {why}")]
+    Site { addr: u64, why: String },
+}
+
+/// A site written at a load hook: where, and what it held and holds.
+#[derive(Debug)]
+struct Rewritten {
+    va: u64,
+    span: PhysSpan,
+    original: [u8; SITE_LEN],
+    call: [u8; SITE_LEN],
+}
+
+/// The hooks of an exitless attach, and the module sites written since.
+pub struct ModuleFollow {
+    hooks: ModuleHooks,
+    /// Each traced module site at the attach: its bytes then, and the
+    /// stub its call goes to.
+    at_attach: HashMap<u64, ([u8; SITE_LEN], u64)>,
+    written: Vec<Rewritten>,
+    /// Sites given their bytes back at an unload.
+    pub restored: usize,
+    /// The attach's sites among them (the tracer's detach must forget).
+    given_back: Vec<u64>,
+    journal: Option<Journal>,
+}
+
+impl ModuleFollow {
+    /// Under the attach's stop, once its sites are written: the stub each
+    /// traced module site of `hooks` calls now, and the two breakpoints
+    /// (named in `journal` first). On an error, none is left set.
+    pub fn start(
+        hooks: ModuleHooks,
+        stop: &QemuStop<'_>,
+        mut journal: Option<Journal>,
+    ) -> Result<ModuleFollow, FollowError> {
+        let ram = Arc::clone(vmm::Stopped::ram(stop));
+        let mut space = AddressSpace::new(&*ram, hooks.root(), PagingMode::Level4);
+        let mut at_attach = HashMap::new();
+        for (va, bytes) in hooks.attach_sites() {
+            let mut now = [0u8; SITE_LEN];
+            if space.read(va, &mut now).is_ok() {
+                if let Some(stub) = call_target(va, &now) {
+                    at_attach.insert(va, (bytes, stub));
+                }
+            }
+        }
+        if let Some(j) = journal.as_mut() {
+            j.record.breakpoints.extend([hooks.load, hooks.free]);
+            j.save()?;
+        }
+        stop.set_breakpoint(hooks.load)?;
+        if let Err(e) = stop.set_breakpoint(hooks.free) {
+            let _ = stop.clear_breakpoint(hooks.load);
+            return Err(e.into());
+        }
+        Ok(ModuleFollow {
+            hooks,
+            at_attach,
+            written: Vec::new(),
+            restored: 0,
+            given_back: Vec::new(),
+            journal,
+        })
+    }
+
+    /// The events' call sites made jumps after the attach: kept in each
+    /// later save of the journal.
+    pub fn name_jumps(&mut self, jumps: &[JournaledJump]) {
+        if let Some(j) = self.journal.as_mut() {
+            j.record.jumps = jumps.to_vec();
+        }
+    }
+
+    /// The attach's sites given back at an unload: the tracer's detach
+    /// leaves them (`Tracer::forget_sites`).
+    pub fn given_back(&self) -> &[u64] {
+        &self.given_back
+    }
+
+    /// Traced modules unloaded, loaded again, and sites of those loaded
+    /// again left untraced.
+    pub fn cycles(&self) -> (usize, usize, usize) {
+        (self.hooks.unloads, self.hooks.loads, self.hooks.untraced)
+    }
+
+    /// Waits up to `timeout` for the VM to stop: a hook's stop is handled
+    /// and the VM resumed; any other stop is left alone (someone else's).
+    pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<Served, FollowError> {
+        let Some(hit) = guest.wait_hit(timeout)? else {
+            return Ok(Served::Idle);
+        };
+        let signal = hit.reply.signal;
+        let (SIGTRAP, Some(cpu)) = (signal, hit.cpu) else {
+            hit.hold();
+            return Ok(Served::NotOurs { signal });
+        };
+        let regs = hit.snapshot(cpu)?.regs;
+        if regs.rip != self.hooks.load && regs.rip != self.hooks.free {
+            hit.hold();
+            return Ok(Served::NotOurs { signal });
+        }
+        let ram = Arc::clone(hit.ram());
+        self.handle(regs.rip, regs.rdi, &*ram)?;
+        // Handled twice, a hook finds nothing more to do: a step cut
+        // short needs no memory of it.
+        match hit.step_over(cpu, regs.rip)? {
+            Stepped::Moved | Stepped::Stayed => hit.resume(None)?,
+            Stepped::Stopped { signal, .. } => {
+                hit.hold();
+                return Ok(Served::NotOurs { signal });
+            }
+        }
+        Ok(Served::Hit)
+    }
+
+    /// The hook at `rip` for the `struct module` at `module`.
+    fn handle(&mut self, rip: u64, module: u64, ram: &dyn GuestRam) -> Result<(), FollowError> {
+        let mut space = AddressSpace::new(ram, self.hooks.root(), PagingMode::Level4);
+        if rip == self.hooks.load {
+            for (new, at) in self.hooks.loading(ram, module)? {
+                match self.at_attach.get(&at) {
+                    Some(&(_, stub)) => self.rewrite(&mut space, new, stub)?,
+                    None => self.hooks.untraced += 1,
+                }
+            }
+            return Ok(());
+        }
+        for va in self.hooks.freeing(module) {
+            let site = match self.written.iter().position(|w| w.va == va) {
+                Some(i) => Some(self.written.swap_remove(i)),
+                None => {
+                    self.given_back.push(va);
+                    self.attach_site(&mut space, va)
+                }
+            };
+            let Some(w) = site else { continue };
+            if restore(ram, &w)? {
+                self.restored += 1;
+            }
+            self.unjournal(va)?;
+        }
+        Ok(())
+    }
+
+    /// An attach-time site as vmtrace wrote it.
+    fn attach_site(&self, space: &mut AddressSpace<'_>, va: u64) -> Option<Rewritten> {
+        let &(original, stub) = self.at_attach.get(&va)?;
+        Some(Rewritten {
+            va,
+            span: space.span(va, SITE_LEN).ok()?,
+            original,
+            call: call_bytes(va, stub).ok()?,
+        })
+    }
+
+    /// The reloaded module's site at `va` calls `stub`, journaled first.
+    fn rewrite(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        va: u64,
+        stub: u64,
+    ) -> Result<(), FollowError> {
+        let site = |why: String| FollowError::Site { addr: va, why };
+        let span = space.span(va, SITE_LEN).map_err(|e| site(e.to_string()))?;
+        let end = space
+            .translate(va + SITE_LEN as u64 - 1)
+            .ok()
+            .map(|t| t.gpa);
+        if end != Some(span.start() + SITE_LEN as u64 - 1) {
+            self.hooks.untraced += 1;
+            return Ok(());
+        }
+        let call = call_bytes(va, stub).map_err(|e| site(e.to_string()))?;
+        let mut original = [0u8; SITE_LEN];
+        let mem = space.memory();
+        span.read(mem, &mut original)
+            .map_err(|e| site(e.to_string()))?;
+        if let Some(j) = self.journal.as_mut() {
+            j.record.sites.push(JournaledSite {
+                va,
+                gpa: span.start(),
+                original: hex(&original),
+            });
+            j.save()?;
+        }
+        span.write(mem, &call).map_err(|e| site(e.to_string()))?;
+        self.written.push(Rewritten {
+            va,
+            span,
+            original,
+            call,
+        });
+        Ok(())
+    }
+
+    /// The site at `va` given back: no longer the repair's.
+    fn unjournal(&mut self, va: u64) -> Result<(), FollowError> {
+        if let Some(j) = self.journal.as_mut() {
+            j.record.sites.retain(|s| s.va != va);
+            j.save()?;
+        }
+        Ok(())
+    }
+
+    /// Inside the detach's stop: the breakpoints out, and every site
+    /// written since the attach that still holds vmtrace's call given its
+    /// bytes back. Returns how many.
+    pub fn detach(&mut self, stop: &QemuStop<'_>) -> Result<usize, FollowError> {
+        stop.clear_breakpoint(self.hooks.load)?;
+        stop.clear_breakpoint(self.hooks.free)?;
+        let ram = Arc::clone(vmm::Stopped::ram(stop));
+        let mut n = 0;
+        for w in std::mem::take(&mut self.written) {
+            if restore(&*ram, &w)? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Where a `call rel32` at `va` goes, if `bytes` are one.
+fn call_target(va: u64, bytes: &[u8; SITE_LEN]) -> Option<u64> {
+    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    (bytes[0] == CALL).then(|| {
+        va.wrapping_add(SITE_LEN as u64)
+            .wrapping_add_signed(rel.into())
+    })
+}
+
+/// `w`'s original bytes back, if it still holds vmtrace's call (anything
+/// else is not vmtrace's to touch).
+fn restore(ram: &dyn GuestRam, w: &Rewritten) -> Result<bool, FollowError> {
+    let site = |e: vmm::gva::GvaError| FollowError::Site {
+        addr: w.va,
+        why: e.to_string(),
+    };
+    let mut now = [0u8; SITE_LEN];
+    w.span.read(ram, &mut now).map_err(site)?;
+    if now != w.call {
+        return Ok(false);
+    }
+    w.span.write(ram, &w.original).map_err(site)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_read_back_to_its_target_and_anything_else_is_not() {
+        let site = 0xffff_ffff_c000_1014;
+        let stub = 0xffff_ffff_ff80_0040;
+        let call = call_bytes(site, stub).unwrap();
+        assert_eq!(call_target(site, &call), Some(stub));
+        assert_eq!(call_target(site, &[0x0f, 0x1f, 0x44, 0, 0]), None);
+    }
+}
