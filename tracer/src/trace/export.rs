@@ -360,6 +360,10 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
             if let Some(a) = values::entry_args(trace, e) {
                 write!(w, ",\"args\":{}", json_str(&a))?;
             }
+            if let Some(line) = trace.event_line(e) {
+                // An event (`-e`): its fields as ftrace prints them.
+                write!(w, ",\"event\":{}", json_str(&line))?;
+            }
             w.write_all(b"}}")?;
         }
     }

@@ -11,7 +11,7 @@ use tracer::kernel::events::{EventArg, EventKind, KernelEvent};
 use tracer::kernel::symbols::Symbol;
 use tracer::trace::datafile::{load, save, DATA_VERSION};
 use tracer::trace::export::script::write_script;
-use tracer::trace::export::{to_json, write_csv};
+use tracer::trace::export::{to_json, write_chrome, write_csv};
 use tracer::trace::model::{Event, Task, Trace, TraceMeta};
 use tracer::trace::report::{render, ReportOptions};
 
@@ -218,6 +218,21 @@ fn csv_and_json_have_the_fields_by_name() {
     let fork = &ev[1]["records"][1]["fields"];
     assert!(fork["child_pid"].is_null(), "{fork}");
     assert_eq!(ev[1]["tasks"][0]["count"], 2);
+    // Chrome: each event's instant carries its line.
+    let chrome = text(|w| write_chrome(&t, w));
+    let doc: serde_json::Value = serde_json::from_str(&chrome).unwrap();
+    let lines: Vec<&str> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["args"]["event"].as_str())
+        .collect();
+    assert_eq!(lines.len(), 4, "{chrome}");
+    assert!(
+        lines[1].starts_with("sched_switch: prev_comm=wl-worker prev_pid=73"),
+        "{}",
+        lines[1]
+    );
 }
 
 /// Saved as version 12, byte for byte, and read back whole; the golden
