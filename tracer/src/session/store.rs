@@ -691,6 +691,11 @@ mod tests {
         }
     }
 
+    /// An event's fields, told apart by `n`.
+    fn fields(n: i64) -> Vec<FieldValue> {
+        vec![FieldValue::Int(n), FieldValue::Str(format!("wl-{n}"))]
+    }
+
     /// Records three batches through a store whose every entry's arguments
     /// were pushed to its table first, and stops without the footer (as a
     /// killed recording does); returns the table, and the trace read back.
@@ -716,8 +721,9 @@ mod tests {
         let one = args.push(a(10));
         tx.send(vec![entry(10, one, false), entry(11, u64::MAX, true)])
             .unwrap();
-        let two = args.push(a(20));
-        let three = args.push(a(30));
+        // Two entries of events (`-e`), their fields kept with the arguments.
+        let two = args.push_with(a(20), Some(fields(20)));
+        let three = args.push_with(a(30), Some(fields(30)));
         tx.send(vec![entry(12, two, false), entry(13, 0, false)])
             .unwrap();
         tx.send(vec![entry(14, three, false), entry(15, 5, true)])
@@ -746,8 +752,10 @@ mod tests {
         assert!(t.meta.incomplete);
         // Written and forgotten: the table keeps none.
         assert_eq!(table.len(), 3);
-        assert!(table.since(0).is_empty());
+        assert!(table.since(0).is_empty() && table.all_fields().is_empty());
         assert_eq!(t.args, [a(10), a(20), a(30)]);
+        let kept = [(2, fields(20)), (3, fields(30))];
+        assert_eq!(t.fields.values, kept.into_iter().collect());
         let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
             .events
             .iter()
@@ -771,6 +779,8 @@ mod tests {
         let (table, t) = record_with_args(|file| Storage::Overwrite { file, per_cpu: 3 }, &path);
         assert!(table.since(0).is_empty());
         assert_eq!(t.args, [a(30)]);
+        // Its fields under its new id.
+        assert_eq!(t.fields.values, [(1, fields(30))].into_iter().collect());
         let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
             .events
             .iter()
