@@ -3,7 +3,10 @@
 //! QEMU/TCG with the workload: while attached, each selected event's call
 //! site holds vmtrace's jump (the kernel's own JMP, over its NOP) and trap
 //! mode passes its `tp->funcs` test; exactly one `sched_process_fork` per
-//! fork and one `task_rename` per rename; after the detach the kernel's
+//! fork and one `task_rename` per rename, their fields as ftrace computes
+//! them (child pids those the guest prints), and `sched_switch` lines in
+//! `script` and the JSON report whose fields are the tasks that switched;
+//! after the detach the kernel's
 //! text is as found, the guest runs on, and its console has no BUG or
 //! WARNING (jump_label's checks); a killed attach's guardian restores them
 //! from the journal; the guest enabling and disabling a traced event itself
@@ -73,10 +76,6 @@ fn check_fork_and_rename_fields(doc: &serde_json::Value, worker: u32, printed: &
     }
 }
 
-fn kernel_args(bz: &std::path::Path) -> Vec<String> {
-    vec!["--kernel".into(), s(bz).into()]
-}
-
 /// ftrace's task state letters of sched_switch's `prev_state`.
 const STATES: [&str; 10] = ["R", "R+", "S", "D", "T", "t", "X", "Z", "P", "I"];
 
@@ -88,26 +87,13 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
     line[at + name.len() + 2..].split(' ').next().unwrap()
 }
 
-/// `-e sched:sched_switch` into a data file, shown by `script` and the
-/// JSON report: each line as ftrace prints it, its `prev` the task that
-/// ran the event, the next switch on that CPU from the task this one
-/// switched to, `prev_state` one of ftrace's letters; the worker among
-/// the tasks, by its pid and comm.
-fn check_sched_switch(guest: &QemuGuest, kernel: &[String], worker: u32) {
-    let dir = common::scratch_in("tp-switch", "data");
-    let data = dir.join("switch.vmtrace");
-    let mut args: Vec<&str> = kernel.iter().map(String::as_str).collect();
-    args.extend(["-e", "sched:sched_switch", "--mode", "trap", "-o", s(&data)]);
-    let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("call sites of the events enabled");
-    guest.send_line("forks 2");
-    guest
-        .wait_for("workload: forked 2 pids=", Duration::from_secs(60))
-        .unwrap();
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
-    let script = common::vmtrace(&["script", s(&data)]);
+/// `-e sched:sched_switch` (every task's) in data file `data`, shown by
+/// `script` and the JSON report: each line as ftrace prints it, its
+/// `prev` the task that ran the event, the next switch on that CPU from
+/// the task this one switched to, `prev_state` one of ftrace's letters;
+/// the worker among the tasks, by its pid and comm.
+fn check_sched_switch(data: &std::path::Path, worker: u32) {
+    let script = common::vmtrace(&["script", s(data)]);
     let text = common::stdout(&script);
     let lines: Vec<&str> = text
         .lines()
@@ -136,14 +122,13 @@ fn check_sched_switch(guest: &QemuGuest, kernel: &[String], worker: u32) {
         worker_seen |= prev_pid == worker.to_string() && prev_comm == "wl-worker";
     }
     assert!(worker_seen, "{text}");
-    let report = common::vmtrace(&["report", s(&data), "--format", "json"]);
+    let report = common::vmtrace(&["report", s(data), "--format", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&common::stdout(&report)).unwrap();
     let switches = records(&doc, "sched:sched_switch");
     assert_eq!(switches.len(), lines.len());
     for r in switches {
         assert_eq!(r["pid"], r["fields"]["prev_pid"], "{r}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -232,7 +217,18 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     assert_runs_on(&guest, w.worker);
     // The guest enables a traced event itself, and disables it: its
     // jump_label finds its own NOP each time (vmtrace gives the site back
-    // at the kernel's patching), and the detach leaves what it did.
+    // at the kernel's patching), and the detach leaves what it did. Every
+    // task's sched_switch beside them, into a data file (one attach less).
+    let dir = common::scratch_in("tp-switch", "data");
+    let data = dir.join("switch.vmtrace");
+    let args = [
+        "--kernel",
+        s(&bz),
+        "-e",
+        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "-o",
+        s(&data),
+    ];
     let mut a = Attach::start(qmp, &args);
     let line = a.wait_line("call sites of the events enabled");
     assert!(line.contains("the guest may enable these events"), "{line}");
@@ -258,8 +254,8 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         "after the guest enabled an event itself",
     );
     assert_runs_on(&guest, w.worker);
-    check_sched_switch(&guest, &kernel_args(&bz), w.worker);
-    assert_same(&before, &watch.read(), "after a trace of sched_switch");
+    check_sched_switch(&data, w.worker);
+    let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
     assert!(
         !console.contains("BUG") && !console.contains("WARNING"),
