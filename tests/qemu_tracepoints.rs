@@ -3,7 +3,10 @@
 //! QEMU/TCG with the workload: while attached, each selected event's call
 //! site holds vmtrace's jump (the kernel's own JMP, over its NOP) and trap
 //! mode passes its `tp->funcs` test; exactly one `sched_process_fork` per
-//! fork and one `task_rename` per rename; after the detach the kernel's
+//! fork and one `task_rename` per rename, their fields as ftrace computes
+//! them (child pids those the guest prints), and `sched_switch` lines in
+//! `script` and the JSON report whose fields are the tasks that switched;
+//! after the detach the kernel's
 //! text is as found, the guest runs on, and its console has no BUG or
 //! WARNING (jump_label's checks); a killed attach's guardian restores them
 //! from the journal; the guest enabling and disabling a traced event itself
@@ -23,6 +26,110 @@ use common::s;
 /// (arch/x86/kernel/jump_label.c: `0f 1f 44 00 00` / `e9 rel32`,
 /// `66 90` / `eb rel8`).
 const NOP_TO_JMP: [(u8, u8); 2] = [(0x0f, 0xe9), (0x66, 0xeb)];
+
+/// The pids of `workload: forked K pids=P1,P2,... pid=W`.
+fn forked_pids(line: &str) -> Vec<u64> {
+    let list = line
+        .split("pids=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    list.split(',').map(|p| p.parse().unwrap()).collect()
+}
+
+/// The JSON report's records of `event` (`trace_events`).
+fn records<'a>(doc: &'a serde_json::Value, event: &str) -> &'a Vec<serde_json::Value> {
+    let events = doc["trace_events"].as_array().expect("trace_events");
+    let e = events.iter().find(|e| e["event"] == event).expect(event);
+    e["records"].as_array().unwrap()
+}
+
+/// The fields of sched_process_fork and task_rename, as ftrace computes
+/// them: one fork per child, the worker its parent, the children's pids
+/// those the guest printed (its last three forks); one rename to
+/// `wl-child` per child, by the child itself.
+fn check_fork_and_rename_fields(doc: &serde_json::Value, worker: u32, printed: &[u64]) {
+    let forks = records(doc, "sched:sched_process_fork");
+    assert_eq!(forks.len(), 6, "{forks:?}");
+    for f in forks {
+        let v = &f["fields"];
+        assert_eq!(v["parent_pid"], worker, "{f}");
+        assert_eq!(v["parent_comm"], "wl-worker", "{f}");
+        assert_eq!(v["child_comm"], "wl-worker", "{f}");
+    }
+    let children: Vec<u64> = forks[3..]
+        .iter()
+        .map(|f| f["fields"]["child_pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(children, printed, "{forks:?}");
+    let renames = records(doc, "task:task_rename");
+    for &child in printed {
+        let by: Vec<_> = renames
+            .iter()
+            .filter(|r| r["fields"]["pid"].as_u64() == Some(child))
+            .collect();
+        assert_eq!(by.len(), 1, "{renames:?}");
+        assert_eq!(by[0]["fields"]["newcomm"], "wl-child", "{by:?}");
+        assert_eq!(by[0]["fields"]["oldcomm"], "wl-worker", "{by:?}");
+    }
+}
+
+/// ftrace's task state letters of sched_switch's `prev_state`.
+const STATES: [&str; 10] = ["R", "R+", "S", "D", "T", "t", "X", "Z", "P", "I"];
+
+/// `name=value` of a script line's fields.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let at = line
+        .find(&format!(" {name}="))
+        .unwrap_or_else(|| panic!("{name} in {line}"));
+    line[at + name.len() + 2..].split(' ').next().unwrap()
+}
+
+/// `-e sched:sched_switch` (every task's) in data file `data`, shown by
+/// `script` and the JSON report: each line as ftrace prints it, its
+/// `prev` the task that ran the event, the next switch on that CPU from
+/// the task this one switched to, `prev_state` one of ftrace's letters;
+/// the worker among the tasks, by its pid and comm.
+fn check_sched_switch(data: &std::path::Path, worker: u32) {
+    let script = common::vmtrace(&["script", s(data)]);
+    let text = common::stdout(&script);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(": sched_switch: "))
+        .collect();
+    assert!(lines.len() >= 4, "{text}");
+    // By CPU: the task each switch went to.
+    let mut next_on: std::collections::HashMap<String, String> = Default::default();
+    let mut worker_seen = false;
+    for l in &lines {
+        let task = l.trim_start().split(' ').next().unwrap();
+        let at = l.find(" [").unwrap();
+        let cpu = l[at..at + 6].to_string();
+        let (prev_pid, prev_comm) = (field(l, "prev_pid"), field(l, "prev_comm"));
+        let running = match prev_pid {
+            "0" => "<idle>-0".to_string(),
+            pid => format!("{prev_comm}-{pid}"),
+        };
+        assert_eq!(task, running, "{l}");
+        assert!(STATES.contains(&field(l, "prev_state")), "{l}");
+        if let Some(want) = next_on.get(&cpu) {
+            assert_eq!(prev_pid, want, "{l}");
+        }
+        assert!(l.contains(" ==> next_comm="), "{l}");
+        next_on.insert(cpu, field(l, "next_pid").to_string());
+        worker_seen |= prev_pid == worker.to_string() && prev_comm == "wl-worker";
+    }
+    assert!(worker_seen, "{text}");
+    let report = common::vmtrace(&["report", s(data), "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&common::stdout(&report)).unwrap();
+    let switches = records(&doc, "sched:sched_switch");
+    assert_eq!(switches.len(), lines.len());
+    for r in switches {
+        assert_eq!(r["pid"], r["fields"]["prev_pid"], "{r}");
+    }
+}
 
 #[test]
 fn event_sites_are_jumps_while_attached_and_nops_after() {
@@ -64,6 +171,12 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     guest
         .wait_for("workload: renamed 2", Duration::from_secs(60))
         .unwrap();
+    // Three more children, whose pids the guest prints.
+    guest.send_line("forks 3");
+    let line = guest
+        .wait_for("workload: forked 3 pids=", Duration::from_secs(60))
+        .unwrap();
+    let printed = forked_pids(&line);
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
@@ -78,7 +191,8 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let counts = e.counts();
     let fork = count_of(&counts, &["__traceiter_sched_process_fork"]);
     let rename = count_of(&counts, &["__traceiter_task_rename"]);
-    assert_eq!((fork, rename), (3, 3 + 2 + 1), "{}", e.stdout);
+    assert_eq!((fork, rename), (3 + 3, 3 + 2 + 1 + 3), "{}", e.stdout);
+    check_fork_and_rename_fields(&e.json(), w.worker, &printed);
     assert_same(&before, &watch.read(), "by a trace of events");
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
@@ -103,7 +217,18 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     assert_runs_on(&guest, w.worker);
     // The guest enables a traced event itself, and disables it: its
     // jump_label finds its own NOP each time (vmtrace gives the site back
-    // at the kernel's patching), and the detach leaves what it did.
+    // at the kernel's patching), and the detach leaves what it did. Every
+    // task's sched_switch beside them, into a data file (one attach less).
+    let dir = common::scratch_in("tp-switch", "data");
+    let data = dir.join("switch.vmtrace");
+    let args = [
+        "--kernel",
+        s(&bz),
+        "-e",
+        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "-o",
+        s(&data),
+    ];
     let mut a = Attach::start(qmp, &args);
     let line = a.wait_line("call sites of the events enabled");
     assert!(line.contains("the guest may enable these events"), "{line}");
@@ -129,6 +254,8 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         "after the guest enabled an event itself",
     );
     assert_runs_on(&guest, w.worker);
+    check_sched_switch(&data, w.worker);
+    let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
     assert!(
         !console.contains("BUG") && !console.contains("WARNING"),

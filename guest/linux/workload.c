@@ -53,6 +53,9 @@
  *   spawn N [K]    fork K children (1 to 8, default 1; named wl-child) that
  *                  each call getpid(2) N times and exit; reap them
  *                                        -> workload: spawned N pid=W
+ *   forks K        fork K children (1 to 8, named wl-child, as spawn's) that
+ *                  exit at once; reap them; their pids in fork order
+ *                                        -> workload: forked K pids=P1,P2,... pid=W
  *   busy K         fork K background tasks (1 to 8, named wl-busy) that loop
  *                  until the guest ends: each round forks a child that exits at
  *                  once and reaps it, sleeps 1 ms (nanosleep: a timer), calls
@@ -352,6 +355,47 @@ static long spawn(long count, long kids)
 	for (i = 0; i < k; i++)
 		sys6(SYS_wait4, pids[i], (long)&status, 0, 0, 0, 0);
 	return child;
+}
+
+static void reply(struct line *l, const char *what, long n, long err, long pid);
+
+/* `forks K`: K children that rename themselves and exit; their pids said. */
+static void forks(struct line *l, long kids, long pid)
+{
+	int status;
+	long k, n = 0, pids[8];
+
+	if (kids < 1 || kids > 8) {
+		reply(l, "forked ", kids, -22, pid);
+		return;
+	}
+	for (k = 0; k < kids; k++) {
+		pids[k] = sys0(SYS_fork);
+		if (pids[k] == 0) {
+			sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
+			sys3(SYS_exit, 0, 0, 0);
+		}
+		if (pids[k] < 0) {
+			reply(l, "forked ", kids, pids[k], pid);
+			break;
+		}
+		n++;
+	}
+	for (k = 0; k < n; k++)
+		sys6(SYS_wait4, pids[k], (long)&status, 0, 0, 0, 0);
+	if (n < kids)
+		return;
+	put(l, "workload: forked ");
+	put_num(l, kids);
+	put(l, " pids=");
+	for (k = 0; k < n; k++) {
+		if (k)
+			put(l, ",");
+		put_num(l, pids[k]);
+	}
+	put(l, " pid=");
+	put_num(l, pid);
+	emit(l);
 }
 
 /* `busy K`: K tasks forking, sleeping and calling, until the guest ends. */
@@ -792,6 +836,10 @@ static void run_command(char *text, long pid)
 		reply(&l, "renamed ", count, 0, pid);
 		return;
 	}
+	if (count >= 0 && streq(w[0], "forks")) {
+		forks(&l, count, pid);
+		return;
+	}
 	if (count >= 0 && streq(w[0], "busy")) {
 		reply(&l, "busy ", count, busy(count), pid);
 		return;
@@ -808,7 +856,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, exec N PATH, ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, forks K, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, exec N PATH, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */

@@ -127,6 +127,7 @@ pub fn trace() -> Trace {
         args: Vec::new(),
         prototypes: Vec::new(),
         stacks: Vec::new(),
+        fields: Default::default(),
     }
 }
 
@@ -316,6 +317,7 @@ pub fn graph_trace() -> Trace {
         args: Vec::new(),
         prototypes: Vec::new(),
         stacks: Vec::new(),
+        fields: Default::default(),
     }
 }
 

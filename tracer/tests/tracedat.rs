@@ -279,6 +279,7 @@ fn trace_of(cpus: u32, events: &[(u64, u32, u32, u64)]) -> Trace {
         args: Vec::new(),
         prototypes: Vec::new(),
         stacks: Vec::new(),
+        fields: Default::default(),
     }
 }
 

@@ -9,9 +9,15 @@
 //! to the data file forgets them (`forget`), and the flight recorder takes
 //! them out as they come (`drain`), so that memory does not grow with the
 //! run. Ids stay as pushed.
+//!
+//! An event's entry (`-e`) also keeps its fields here, by the same id
+//! (`session::record::event_fields`), forgotten and drained with its
+//! arguments.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::trace::fields::FieldValue;
 use crate::trace::model::ARG_REGS;
 
 /// Where a recorder (trap or exitless) puts entries' arguments, and at
@@ -36,8 +42,19 @@ impl ArgSource {
     /// The id of a call's arguments at site `site` (`Event::data`), kept;
     /// 0 (none) if the site records none.
     pub fn push_at(&self, site: usize, args: [u64; ARG_REGS]) -> u64 {
+        self.push_with_fields(site, args, None)
+    }
+
+    /// `push_at`, an event's `fields` (if any) kept with the arguments in
+    /// one step, so that the store never saves one without the other.
+    pub fn push_with_fields(
+        &self,
+        site: usize,
+        args: [u64; ARG_REGS],
+        fields: Option<Vec<FieldValue>>,
+    ) -> u64 {
         match self.sites.get(site) {
-            Some(true) => self.table.push(args),
+            Some(true) => self.table.push_with(args, fields),
             _ => 0,
         }
     }
@@ -55,6 +72,8 @@ struct Kept {
     /// Arguments forgotten: the first kept has id `base + 1`.
     base: usize,
     args: Vec<[u64; ARG_REGS]>,
+    /// Event entries' fields by their arguments' id, those not forgotten.
+    fields: BTreeMap<u64, Vec<FieldValue>>,
 }
 
 impl ArgTable {
@@ -68,9 +87,18 @@ impl ArgTable {
 
     /// Keeps one call's argument registers; its id (`Event::data`).
     pub fn push(&self, args: [u64; ARG_REGS]) -> u64 {
+        self.push_with(args, None)
+    }
+
+    /// `push`, with an event's fields (`-e`) under the same id.
+    pub fn push_with(&self, args: [u64; ARG_REGS], fields: Option<Vec<FieldValue>>) -> u64 {
         let mut k = self.lock();
         k.args.push(args);
-        (k.base + k.args.len()) as u64
+        let id = (k.base + k.args.len()) as u64;
+        if let Some(f) = fields {
+            k.fields.insert(id, f);
+        }
+        id
     }
 
     /// Arguments pushed so far (the last id given), forgotten ones included.
@@ -106,6 +134,30 @@ impl ArgTable {
         let n = upto.saturating_sub(k.base).min(k.args.len());
         k.args.drain(..n);
         k.base += n;
+        let first_kept = k.base as u64 + 1;
+        let keep = k.fields.split_off(&first_kept);
+        k.fields = keep;
+    }
+
+    /// The fields of the entries whose ids follow `from` (those not
+    /// forgotten), in id order.
+    pub fn fields_since(&self, from: usize) -> Vec<(u64, Vec<FieldValue>)> {
+        let k = self.lock();
+        let after = k.fields.range(from as u64 + 1..);
+        // (Pushed with their arguments: `since` gave those.)
+        after.map(|(id, v)| (*id, v.clone())).collect()
+    }
+
+    /// Every entry's fields kept, by id (`Trace::fields`): complete when
+    /// none were forgotten (events kept in memory).
+    pub fn all_fields(&self) -> BTreeMap<u64, Vec<FieldValue>> {
+        self.lock().fields.clone()
+    }
+
+    /// Takes every entry's fields kept (the flight recorder's, as it
+    /// takes their arguments: `drain`).
+    pub fn drain_fields(&self) -> BTreeMap<u64, Vec<FieldValue>> {
+        std::mem::take(&mut self.lock().fields)
     }
 
     /// Takes every argument kept: the index of the first (its id is one

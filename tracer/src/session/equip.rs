@@ -8,6 +8,7 @@ use std::sync::Arc;
 use vmm::TrapHandler;
 
 use super::args::{ArgSource, ArgTable};
+use super::record::event_fields::FieldSource;
 use super::record::Recorder;
 use super::stacks::StackSource;
 use super::store::Store;
@@ -54,6 +55,7 @@ pub(super) fn equip(
             r.record_stacks(Arc::clone(src));
         }
         r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
+        r.record_fields(FieldSource::new(plan));
     }
 }
 

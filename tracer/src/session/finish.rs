@@ -38,6 +38,21 @@ impl Tracer {
         std::sync::Arc::clone(&self.tables.stacks)
     }
 
+    /// The traced events' formats by function (`EventFields::formats`),
+    /// when their fields are recorded (BTF gave the offsets); else none.
+    fn event_formats(&self) -> Vec<Option<crate::trace::fields::EventFormat>> {
+        let plan = &self.plan;
+        if plan.events.is_empty() || plan.events.offsets.is_none() {
+            return Vec::new();
+        }
+        let of = |f: &usize| {
+            let mut names = plan.image.names(*f);
+            let e = names.find_map(|n| plan.events.by_iterator(n))?;
+            e.format.clone()
+        };
+        plan.funcs.iter().map(of).collect()
+    }
+
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
     /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
@@ -178,9 +193,11 @@ impl Tracer {
         let stored = self.store.take().and_then(|c| c.join().ok());
         // In memory, the events' arguments (a data file has them).
         let mut args = Vec::new();
+        let mut fields = Default::default();
         let (events, file) = match stored {
             Some(Stored::Memory(mut events)) => {
                 args = self.tables.args.all();
+                fields = self.tables.args.all_fields();
                 // (Callers are at link addresses already: the store's Fixup.)
                 if self.plan.graph {
                     // Tail callees found vmtrace's hook as their return address.
@@ -197,6 +214,7 @@ impl Tracer {
         trace.callers = callers;
         trace.events = events;
         trace.args = args;
+        trace.fields.values = fields;
         let saved = file.map(|f| {
             let path = f.file.path().to_path_buf();
             let write_err = |source| TraceFileError::Write {
@@ -360,6 +378,12 @@ impl Tracer {
             // Every stack so far: in memory the trace's; a data file's
             // FOOT saves those its events did not name yet.
             stacks: self.tables.stacks.all(),
+            // The events' formats; a data file's blocks, or `finish_stored`
+            // in memory, have their values.
+            fields: crate::trace::fields::EventFields {
+                formats: self.event_formats(),
+                values: Default::default(),
+            },
         }
     }
 

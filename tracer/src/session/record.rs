@@ -83,6 +83,8 @@ pub struct Recorder {
     tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
     /// `--args`: where entries' arguments go, and which sites record them.
     args: Option<ArgSource>,
+    /// `-e`: the events' fields, read at their entries.
+    fields: Option<event_fields::FieldSource>,
     /// `--retval`: returns carry RAX.
     retval: bool,
     /// `--stack`: which calls unwind their kernel stack, and how.
@@ -99,6 +101,11 @@ impl Recorder {
     pub fn record_values(&mut self, args: Option<ArgSource>, retval: bool) {
         self.args = args;
         self.retval = retval;
+    }
+
+    /// Read the traced events' fields at their entries (`-e`).
+    pub fn record_fields(&mut self, fields: Option<event_fields::FieldSource>) {
+        self.fields = fields;
     }
 
     /// Unwind the kernel stack of the calls `source` selects.
@@ -383,7 +390,18 @@ impl TrapHandler for Recorder {
                 .parent_unreadable
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let data = self.args.as_ref().map_or(0, |a| a.push_at(i, trap.args));
+        // An event's fields (a lookup by site for the others).
+        let fields = match &self.fields {
+            Some(f) => {
+                let regs = trap.args;
+                f.read(i, &regs, trap.space())
+            }
+            None => None,
+        };
+        let data = self
+            .args
+            .as_ref()
+            .map_or(0, |a| a.push_with_fields(i, trap.args, fields));
         let stack = self.stack_of(i, trap);
         self.push(Event {
             ts_ns,
@@ -448,6 +466,7 @@ pub fn recorders(
             graph: None,
             tasks: None,
             args: None,
+            fields: None,
             retval: false,
             stacks: None,
             frames: false,

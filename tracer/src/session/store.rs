@@ -44,6 +44,7 @@ use crate::session::stacks::StackTable;
 use crate::session::tasks::TaskTable;
 use crate::trace::datafile::stream::DataFile;
 use crate::trace::datafile::EVENT_SIZE;
+use crate::trace::fields::FieldValue;
 use crate::trace::model::{Event, Trace, ARG_REGS};
 
 /// Batches the flight recorder's queue holds: it only moves events into
@@ -247,11 +248,14 @@ impl Out<'_> {
     /// tasks and the arguments added since the last write: their events
     /// may name them. The arguments written are forgotten.
     fn write(&mut self, events: &[Event], counters: &Counters) {
-        let args = match self.error {
-            None => self.args.since(self.file.args_saved()),
-            Some(_) => Vec::new(),
+        let (args, fields) = match self.error {
+            None => {
+                let saved = self.file.args_saved();
+                (self.args.since(saved), self.args.fields_since(saved))
+            }
+            Some(_) => (Vec::new(), Vec::new()),
         };
-        self.write_with(events, &args, counters);
+        self.write_with(events, &args, &fields, counters);
         // After an error nothing more is written: nothing to keep.
         let saved = match self.error {
             None => self.file.args_saved(),
@@ -262,8 +266,14 @@ impl Out<'_> {
 
     /// Writes `events` after the tasks and stacks added since the last
     /// write and `args`, the next arguments (the flight recorder's,
-    /// numbered as its events name them).
-    fn write_with(&mut self, events: &[Event], args: &[[u64; ARG_REGS]], counters: &Counters) {
+    /// numbered as its events name them), with their events' `fields`.
+    fn write_with(
+        &mut self,
+        events: &[Event],
+        args: &[[u64; ARG_REGS]],
+        fields: &[(u64, Vec<FieldValue>)],
+        counters: &Counters,
+    ) {
         if self.error.is_some() {
             counters.lose(events);
             return;
@@ -274,6 +284,7 @@ impl Out<'_> {
             .file
             .write_tasks(&new)
             .and_then(|()| self.file.write_args(args))
+            .and_then(|()| self.file.write_fields(fields))
             .and_then(|()| self.file.write_stacks(&stacks))
             .and_then(|()| self.file.write_events(events));
         if let Err(e) = r {
@@ -380,18 +391,23 @@ fn overwrite(
             if out.error.is_none() {
                 fixup.apply(&mut part, &mut seen);
             }
-            let args = pending.renumber(&mut part, out.file.args_saved());
-            out.write_with(&part, &args, counters);
+            let (args, fields) = pending.renumber(&mut part, out.file.args_saved());
+            out.write_with(&part, &args, &fields, counters);
         }
     }
     out.stored(seen)
 }
 
-/// The flight recorder's arguments: those of the events its rings hold
-/// (and of events still on their way; those of events lost on the way,
-/// a full queue, stay until the end), by their id in the table.
+/// The flight recorder's arguments (and events' fields): those of the
+/// events its rings hold (and of events still on their way; those of
+/// events lost on the way, a full queue, stay until the end), by their id
+/// in the table.
 #[derive(Default)]
-struct Pending(HashMap<u64, [u64; ARG_REGS]>);
+struct Pending(HashMap<u64, [u64; ARG_REGS]>, HashMap<u64, Vec<FieldValue>>);
+
+/// The arguments and fields of the flight recorder's events, numbered
+/// as the file will name them.
+type Renumbered = (Vec<[u64; ARG_REGS]>, Vec<(u64, Vec<FieldValue>)>);
 
 impl Pending {
     /// Takes the arguments pushed since the last call out of the table.
@@ -402,30 +418,38 @@ impl Pending {
                 .enumerate()
                 .map(|(i, a)| ((first + i + 1) as u64, a)),
         );
+        self.1.extend(table.drain_fields());
     }
 
     /// Forgets the arguments of `e`, pushed out of its ring.
     fn drop_of(&mut self, e: &Event) {
         if !e.is_return() && e.data != 0 {
             self.0.remove(&e.data);
+            self.1.remove(&e.data);
         }
     }
 
     /// The arguments of `events`' entries, in order, each entry's id
-    /// renumbered to follow the `saved` ones already in the file.
-    fn renumber(&mut self, events: &mut [Event], saved: usize) -> Vec<[u64; ARG_REGS]> {
+    /// renumbered to follow the `saved` ones already in the file; and
+    /// their fields by the new ids.
+    fn renumber(&mut self, events: &mut [Event], saved: usize) -> Renumbered {
         let mut args = Vec::new();
+        let mut fields = Vec::new();
         for e in events.iter_mut().filter(|e| !e.is_return() && e.data != 0) {
             match self.0.remove(&e.data) {
                 Some(a) => {
                     args.push(a);
-                    e.data = (saved + args.len()) as u64;
+                    let id = (saved + args.len()) as u64;
+                    if let Some(f) = self.1.remove(&e.data) {
+                        fields.push((id, f));
+                    }
+                    e.data = id;
                 }
                 // Not recorded (cannot happen: pushed before the event).
                 None => e.data = 0,
             }
         }
-        args
+        (args, fields)
     }
 }
 
@@ -667,6 +691,11 @@ mod tests {
         }
     }
 
+    /// An event's fields, told apart by `n`.
+    fn fields(n: i64) -> Vec<FieldValue> {
+        vec![FieldValue::Int(n), FieldValue::Str(format!("wl-{n}"))]
+    }
+
     /// Records three batches through a store whose every entry's arguments
     /// were pushed to its table first, and stops without the footer (as a
     /// killed recording does); returns the table, and the trace read back.
@@ -692,8 +721,9 @@ mod tests {
         let one = args.push(a(10));
         tx.send(vec![entry(10, one, false), entry(11, u64::MAX, true)])
             .unwrap();
-        let two = args.push(a(20));
-        let three = args.push(a(30));
+        // Two entries of events (`-e`), their fields kept with the arguments.
+        let two = args.push_with(a(20), Some(fields(20)));
+        let three = args.push_with(a(30), Some(fields(30)));
         tx.send(vec![entry(12, two, false), entry(13, 0, false)])
             .unwrap();
         tx.send(vec![entry(14, three, false), entry(15, 5, true)])
@@ -722,8 +752,10 @@ mod tests {
         assert!(t.meta.incomplete);
         // Written and forgotten: the table keeps none.
         assert_eq!(table.len(), 3);
-        assert!(table.since(0).is_empty());
+        assert!(table.since(0).is_empty() && table.all_fields().is_empty());
         assert_eq!(t.args, [a(10), a(20), a(30)]);
+        let kept = [(2, fields(20)), (3, fields(30))];
+        assert_eq!(t.fields.values, kept.into_iter().collect());
         let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
             .events
             .iter()
@@ -747,6 +779,8 @@ mod tests {
         let (table, t) = record_with_args(|file| Storage::Overwrite { file, per_cpu: 3 }, &path);
         assert!(table.since(0).is_empty());
         assert_eq!(t.args, [a(30)]);
+        // Its fields under its new id.
+        assert_eq!(t.fields.values, [(1, fields(30))].into_iter().collect());
         let got: Vec<(u64, Option<[u64; ARG_REGS]>, u64)> = t
             .events
             .iter()

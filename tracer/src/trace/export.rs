@@ -7,7 +7,9 @@
 //!   tasks each task's stored calls (`tasks`), traces with values each
 //!   function's most frequent return values and what cannot be shown,
 //!   traces with kernel stacks (`--stack`) every distinct stack (`stacks`)
-//!   and each stack function's stacks with their calls.
+//!   and each stack function's stacks with their calls, traces of events
+//!   (`-e`) each event's count, stored records per task and each record's
+//!   fields by name (`trace_events`).
 //! - **csv**: one row per stored event (see [`write_csv`]), with its guest
 //!   task when the trace has them, and its arguments or return value.
 //! - **chrome**: Chrome trace-event JSON, for Perfetto UI (ui.perfetto.dev)
@@ -216,6 +218,7 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     }
     tasks_json(doc, trace);
     stacks_json::stacks_json(doc, trace);
+    events_json::events_json(doc, trace);
     if m.args || m.retval {
         doc["values"] = json!({ "args": m.args, "retval": m.retval });
     }
@@ -357,6 +360,10 @@ pub fn write_chrome(trace: &Trace, w: impl Write) -> io::Result<()> {
             if let Some(a) = values::entry_args(trace, e) {
                 write!(w, ",\"args\":{}", json_str(&a))?;
             }
+            if let Some(line) = trace.event_line(e) {
+                // An event (`-e`): its fields as ftrace prints them.
+                write!(w, ",\"event\":{}", json_str(&line))?;
+            }
             w.write_all(b"}}")?;
         }
     }
@@ -479,6 +486,7 @@ impl CallerNames {
 }
 
 mod csv;
+mod events_json;
 mod folded;
 pub mod script;
 pub mod script_fields;

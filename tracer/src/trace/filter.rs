@@ -293,6 +293,7 @@ mod tests {
                 end: crate::trace::model::StackEnd::Bottom,
                 exact: 0,
             }],
+            fields: Default::default(),
         }
     }
 

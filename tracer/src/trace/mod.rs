@@ -5,6 +5,7 @@
 pub mod cmdline;
 pub mod datafile;
 pub mod export;
+pub mod fields;
 pub mod filter;
 pub mod graph;
 pub mod model;

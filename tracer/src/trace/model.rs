@@ -257,8 +257,12 @@ pub struct Trace {
     /// The distinct kernel stacks entries name (`Event::stack` - 1
     /// indexes it); their frames' functions are in `callers`.
     pub stacks: Vec<Stack>,
+    /// `-e`: the traced events' formats and each event entry's fields
+    /// (read through `crate::trace::fields`).
+    pub fields: EventFields,
 }
 
+use crate::kernel::events::fields::{EventFormat, FieldValue};
 pub use crate::kernel::prototype::{Param, Prototype, ValueKind, ARG_REGS};
 pub use crate::kernel::unwind::{Stack, StackEnd};
 
@@ -373,7 +377,32 @@ impl Trace {
             args: Vec::new(),
             prototypes: Vec::new(),
             stacks: Vec::new(),
+            fields: EventFields::default(),
         }
+    }
+}
+
+/// The events' formats and their recorded values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventFields {
+    /// Per traced function (parallel to `Trace::functions`): the format of
+    /// the event whose `__traceiter_NAME` it is, None for a function.
+    /// Empty: no event's fields recorded.
+    pub formats: Vec<Option<EventFormat>>,
+    /// Each event entry's values, in its format's field order, by its
+    /// arguments id.
+    pub values: std::collections::BTreeMap<u64, Vec<FieldValue>>,
+}
+
+impl EventFields {
+    /// No format and no value.
+    pub fn is_empty(&self) -> bool {
+        self.formats.is_empty() && self.values.is_empty()
+    }
+
+    /// The format of function `func`'s event, if it is one.
+    pub fn format(&self, func: u32) -> Option<&EventFormat> {
+        self.formats.get(func as usize)?.as_ref()
     }
 }
 

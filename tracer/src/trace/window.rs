@@ -244,6 +244,7 @@ pub(crate) fn recount(trace: &Trace, events: Vec<Event>) -> Trace {
         args: trace.args.clone(),
         prototypes: trace.prototypes.clone(),
         stacks: trace.stacks.clone(),
+        fields: trace.fields.clone(),
     }
 }
 

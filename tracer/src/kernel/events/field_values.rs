@@ -174,6 +174,7 @@ pub fn print_value(print: Print, v: &FieldValue) -> String {
         Print::Long => n.to_string(),
         Print::Unsigned => (n as u64).to_string(),
         Print::Hex => format!("{:#x}", n as u64),
+        Print::BareHex => format!("{:x}", n as u64),
         Print::Bool => (n & 1 != 0).to_string(),
         Print::Cpu => format!("{:03}", n as i32),
         Print::Str => n.to_string(),
@@ -192,7 +193,7 @@ pub fn render(format: &EventFormat, values: &[FieldValue]) -> String {
         if format.covered && f.name == "next_comm" {
             out.push_str("==> ");
         }
-        out.push_str(&f.name);
+        out.push_str(&f.label);
         out.push('=');
         out.push_str(&print_value(f.print, v));
     }

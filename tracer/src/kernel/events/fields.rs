@@ -101,8 +101,10 @@ pub enum Print {
     Long,
     /// Unsigned decimal.
     Unsigned,
-    /// Hex with `0x` (pointers, flags).
+    /// Hex with `0x` (pointers).
     Hex,
+    /// Hex without `0x` (`%lx`: task_newtask's `clone_flags`).
+    BareHex,
     /// `true` / `false`.
     Bool,
     /// `%03d` (`target_cpu`).
@@ -118,6 +120,9 @@ pub enum Print {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: String,
+    /// What `TP_printk` prints before its `=`: the name, but for
+    /// sched_process_fork's parent (`comm=`, `pid=`).
+    pub label: String,
     pub ty: String,
     pub source: Source,
     pub print: Print,
@@ -145,6 +150,7 @@ pub enum FieldValue {
 fn field(name: &str, ty: &str, source: Source, print: Print) -> Field {
     Field {
         name: name.into(),
+        label: name.into(),
         ty: ty.into(),
         source,
         print,
@@ -209,7 +215,11 @@ fn covered(name: &str, args: &[&str]) -> Option<Vec<Field>> {
             task_fields(0, "", true)
         }
         ("sched_process_fork", ["parent", "child"]) => {
+            // TP_printk("comm=%s pid=%d child_comm=%s child_pid=%d").
             let mut f = task_fields(0, "parent_", false);
+            for p in &mut f {
+                p.label = p.name.trim_start_matches("parent_").into();
+            }
             f.extend(task_fields(1, "child_", false));
             f
         }
@@ -221,7 +231,8 @@ fn covered(name: &str, args: &[&str]) -> Option<Vec<Field>> {
         ("task_newtask", ["task", "clone_flags"]) => vec![
             field("pid", "pid_t", Task(0, Pid), Print::Int),
             field("comm", "char[16]", Task(0, Comm), Print::Str),
-            field("clone_flags", "unsigned long", Arg(1), Print::Hex),
+            // `%lx`: no `0x`.
+            field("clone_flags", "unsigned long", Arg(1), Print::BareHex),
             field("oom_score_adj", "short", Task(0, OomScoreAdj), Print::Int),
         ],
         ("task_rename", ["task", "comm"]) => vec![

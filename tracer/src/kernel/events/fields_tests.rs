@@ -89,6 +89,29 @@ fn covered_events_have_ftraces_fields_and_others_their_arguments() {
         names(&fork),
         ["parent_comm", "parent_pid", "child_comm", "child_pid"]
     );
+    // As ftrace prints it (sched.h's TP_printk).
+    let values = [
+        FieldValue::Str("wl-worker".into()),
+        FieldValue::Int(73),
+        FieldValue::Str("wl-worker".into()),
+        FieldValue::Int(80),
+    ];
+    assert_eq!(
+        render(&fork, &values),
+        "comm=wl-worker pid=73 child_comm=wl-worker child_pid=80"
+    );
+    let newtask = format(t, "task:task_newtask");
+    let values = [
+        FieldValue::Int(80),
+        FieldValue::Str("wl-worker".into()),
+        FieldValue::Int(0x1200011),
+        FieldValue::Int(0),
+    ];
+    // task.h: `clone_flags=%lx`.
+    assert_eq!(
+        render(&newtask, &values),
+        "pid=80 comm=wl-worker clone_flags=1200011 oom_score_adj=0"
+    );
     let rename = format(t, "task:task_rename");
     assert_eq!(
         names(&rename),

@@ -1,11 +1,10 @@
 //! The traced events' fields (`-e`), read by whoever records an entry of
 //! an event's `__traceiter_NAME` while the vCPU is stopped there (the
 //! event's arguments and the structures they point to are valid then), and
-//! kept by the entry's arguments id (`Event::data`), as `session::args`
-//! keeps the arguments.
+//! kept by the entry's arguments id (`Event::data`) in the arguments'
+//! table (`session::args`), which the store saves them from.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use vmm::gva::AddressSpace;
 
@@ -13,44 +12,18 @@ use crate::kernel::events::field_values::read_fields;
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
 use crate::plan::Plan;
 
-/// The fields of each recorded event, by its arguments id.
-#[derive(Debug, Default)]
-pub struct FieldTable {
-    inner: Mutex<HashMap<u64, Vec<FieldValue>>>,
-}
-
-impl FieldTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<FieldValue>>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The fields of the entry whose arguments id is `data`.
-    pub fn get(&self, data: u64) -> Option<Vec<FieldValue>> {
-        self.lock().get(&data).cloned()
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Which sites are events', their formats, and where their values go.
 #[derive(Clone, Debug)]
 pub struct FieldSource {
     /// Per site (`Plan::index`): its event's format, None for a function.
     formats: Arc<[Option<Arc<EventFormat>>]>,
     offsets: FieldOffsets,
-    pub table: Arc<FieldTable>,
 }
 
 impl FieldSource {
     /// The plan's events' formats by site; None when it traces no event or
     /// BTF lacks the offsets.
-    pub fn new(plan: &Plan, table: &Arc<FieldTable>) -> Option<FieldSource> {
+    pub fn new(plan: &Plan) -> Option<FieldSource> {
         let offsets = plan.events.offsets?;
         let by_func = |f: &u32| {
             let func = plan.funcs.get(*f as usize)?;
@@ -59,26 +32,22 @@ impl FieldSource {
             e.format.clone().map(Arc::new)
         };
         let formats: Arc<[_]> = plan.index.funcs.iter().map(by_func).collect();
-        formats.iter().any(Option::is_some).then(|| FieldSource {
-            formats,
-            offsets,
-            table: Arc::clone(table),
-        })
+        let any = formats.iter().any(Option::is_some);
+        any.then_some(FieldSource { formats, offsets })
     }
 
-    /// At an entry of site `site` whose arguments id is `data` (0: none
-    /// kept, nothing to key the fields by), registers `args` (RDI, the
-    /// probe's `__data`, first): its event's fields, read through `space`.
-    pub fn record(&self, site: usize, data: u64, args: &[u64; 6], space: &mut AddressSpace<'_>) {
-        let Some(Some(format)) = self.formats.get(site) else {
-            return;
-        };
-        if data == 0 {
-            return;
-        }
+    /// At an entry of site `site`, registers `args` (RDI, the probe's
+    /// `__data`, first): its event's fields, read through `space`; None
+    /// at a function's site.
+    pub fn read(
+        &self,
+        site: usize,
+        args: &[u64; 6],
+        space: &mut AddressSpace<'_>,
+    ) -> Option<Vec<FieldValue>> {
+        let format = self.formats.get(site)?.as_ref()?;
         let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
-        let values = read_fields(format, &args[1..], &self.offsets, &mut read);
-        self.table.lock().insert(data, values);
+        Some(read_fields(format, &args[1..], &self.offsets, &mut read))
     }
 }
 
@@ -88,8 +57,9 @@ mod tests {
     use vmm::gva::PagingMode;
 
     use super::*;
-    use crate::kernel::events::fields::EventFormat;
+    use crate::kernel::events::fields::{EventFormat, FieldValue};
     use crate::kernel::events::{EventArg, EventKind, KernelEvent};
+    use crate::session::args::{ArgSource, ArgTable};
 
     /// The kernel map of `setup_page_tables`: virtual 0xffffffff80000000 +
     /// physical.
@@ -120,8 +90,8 @@ mod tests {
     }
 
     /// An entry at an event's site keeps its fields, read through the
-    /// guest's page tables, by its arguments id; one at a function's site,
-    /// or without an id, keeps none; an unmapped pointer reads as unread.
+    /// guest's page tables, by its arguments id; one at a function's site
+    /// keeps none; an unmapped pointer reads as unread.
     #[test]
     fn an_events_entry_keeps_its_fields_by_its_arguments_id() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
@@ -145,20 +115,24 @@ mod tests {
             .unwrap();
         mem.write_obj(-1000i16, GuestAddress(signal + 8)).unwrap();
         mem.write_slice(b"wl-child\0", GuestAddress(name)).unwrap();
-        let table = Arc::new(FieldTable::default());
         let src = FieldSource {
             formats: vec![None, Some(Arc::new(task_rename()))].into(),
             offsets: off,
-            table: Arc::clone(&table),
         };
+        let table = Arc::new(ArgTable::new());
+        let args = ArgSource::new(&table, Some(vec![true, true].into())).unwrap();
         let mut space = AddressSpace::new(&mem, vmm::layout::PML4_START, PagingMode::Level4);
+        let mut entry = |site: usize, regs: [u64; 6]| {
+            let fields = src.read(site, &regs, &mut space);
+            args.push_with_fields(site, regs, fields)
+        };
         let regs = [0, KMAP + task, KMAP + name, 0, 0, 0];
-        src.record(1, 5, &regs, &mut space);
-        src.record(0, 6, &regs, &mut space);
-        src.record(1, 0, &regs, &mut space);
+        assert_eq!(entry(1, regs), 1);
+        assert_eq!(entry(0, regs), 2);
         // The name at an address no page maps.
-        src.record(1, 7, &[0, KMAP + task, UNMAPPED, 0, 0, 0], &mut space);
-        assert_eq!(table.len(), 2);
+        assert_eq!(entry(1, [0, KMAP + task, UNMAPPED, 0, 0, 0]), 3);
+        let kept = table.all_fields();
+        assert_eq!(kept.len(), 2);
         let s = |v: &str| FieldValue::Str(v.into());
         let want = [
             FieldValue::Int(73),
@@ -166,7 +140,10 @@ mod tests {
             s("wl-child"),
             FieldValue::Int(-1000),
         ];
-        assert_eq!(table.get(5).unwrap(), want);
-        assert_eq!(table.get(7).unwrap()[2], FieldValue::Unread);
+        assert_eq!(kept[&1], want);
+        assert_eq!(kept[&3][2], FieldValue::Unread);
+        // Saved: forgotten with their arguments.
+        table.forget(1);
+        assert_eq!(table.fields_since(0).len(), 1);
     }
 }

@@ -9,11 +9,14 @@ use super::protos::read_prototypes;
 use super::reader::Reader;
 use super::{
     check_callers, check_events, Counted, Section, TraceFileError, EVENT_SIZE, EVENT_SIZE_V8,
-    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_10, VERSION_11, VERSION_3, VERSION_5, VERSION_6,
-    VERSION_7, VERSION_8, VERSION_9,
+    EVENT_SIZE_V9, VERSION, VERSION_1, VERSION_10, VERSION_11, VERSION_12, VERSION_3, VERSION_5,
+    VERSION_6, VERSION_7, VERSION_8, VERSION_9,
 };
 use crate::kernel::symbols::Symbol;
-use crate::trace::model::{DropCauses, Event, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS};
+use crate::trace::fields::{EventFormat, FieldValue};
+use crate::trace::model::{
+    DropCauses, Event, EventFields, Prototype, Stack, Task, Trace, TraceMeta, ARG_REGS,
+};
 
 /// One event record of `size` bytes (`EVENT_SIZE_V9`; `EVENT_SIZE_V8`
 /// without the stack; `EVENT_SIZE` without the task and data either;
@@ -100,6 +103,8 @@ pub(super) struct Body {
     pub callers: Vec<Symbol>,
     /// The traced functions' prototypes (version 8; empty: none saved).
     pub prototypes: Vec<Option<Prototype>>,
+    /// The traced events' formats by function (version 12; empty: none).
+    pub formats: Vec<Option<EventFormat>>,
 }
 
 /// What a data file holds besides its bodies and events: the guest tasks
@@ -109,6 +114,8 @@ pub(super) struct Named {
     pub tasks: Vec<Task>,
     pub args: Vec<[u64; ARG_REGS]>,
     pub stacks: Vec<Stack>,
+    /// Event entries' fields by arguments id (version 12, `FLDS` blocks).
+    pub fields: std::collections::BTreeMap<u64, Vec<FieldValue>>,
 }
 
 impl Body {
@@ -150,6 +157,10 @@ impl Body {
             args: named.args,
             prototypes: self.prototypes,
             stacks: named.stacks,
+            fields: EventFields {
+                formats: self.formats,
+                values: named.fields,
+            },
         })
     }
 }
@@ -192,6 +203,10 @@ pub(super) fn read_body<R: Read>(
         )));
     }
 
+    let formats = match version >= VERSION_12 {
+        true => super::fields::read_formats(r, functions.len())?,
+        false => Vec::new(),
+    };
     Ok(Body {
         meta,
         functions,
@@ -200,6 +215,7 @@ pub(super) fn read_body<R: Read>(
         returns_total,
         callers,
         prototypes,
+        formats,
     })
 }
 

@@ -8,7 +8,9 @@ use super::body::{VALUES_ARGS, VALUES_RETVAL};
 use super::cmdline::put_cmdline;
 use super::encode::{put_str, put_syms};
 use super::protos::put_prototypes;
-use super::{VERSION_10, VERSION_11, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9};
+use super::{
+    VERSION_10, VERSION_11, VERSION_12, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9,
+};
 use crate::trace::model::{DropCauses, Trace, TraceMeta};
 
 /// The body of a file of `version` (4, or 5 on for a data file's `HEAD`
@@ -39,6 +41,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     put_syms(w, &trace.callers)?;
     if version >= VERSION_8 {
         put_prototypes(w, &trace.prototypes)?;
+    }
+    if version >= VERSION_12 {
+        super::fields::put_formats(w, &trace.fields.formats)?;
     }
     Ok(())
 }

@@ -230,6 +230,26 @@
 //! kept by `[N more arguments]`); more is corrupt. n is 0 when not known.
 //! Versions 1 to 10 are still read: their command line is not known.
 //!
+//! # Version 12: the traced events' fields
+//!
+//! Version 12 keeps the fields of the traced events (`-e`): an event is
+//! recorded as its `__traceiter_NAME` function, with its arguments (an
+//! `ARGS` entry), and its fields as ftrace's format names them. The body
+//! adds, after the prototypes, the events' formats: `u32` n (0: no event
+//! traced), then n × (`u32` function (index into the functions, each
+//! once), `str` event (`sched:sched_switch`), `u8` covered (1: the fields
+//! are ftrace's; 0: the event's arguments, raw), `u32` m (at most 64),
+//! m × (`str` name, `str` label (what ftrace prints before `=`), `str` C
+//! type, `u8` print: 0 int, 1 long, 2 unsigned, 3 hex with `0x`, 4 bool,
+//! 5 CPU (`%03d`), 6 string, 7 task state letters, 8 hex without `0x`)). The
+//! values are in `FLDS` blocks, each `u32` n, then n × (`u64` arguments
+//! id, `u32` m (at most 64), m values, each a `u8` tag: `0` then `u64`
+//! (an integer, two's complement), `1` then `str`, `2` (not readable in
+//! the guest at the event: printed `?`)), after the `ARGS` block of those
+//! ids; an id of 0, past the arguments saved before the block, or given
+//! twice is corrupt. Versions 1 to 11 are still read: they have no
+//! fields.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
 //! data file of `DATA_VERSION` in one go: `HEAD`, `TASK`, `ARGS`, `STAK`,
@@ -250,6 +270,7 @@
 mod body;
 mod cmdline;
 mod encode;
+mod fields;
 mod header;
 mod protos;
 mod read;
@@ -298,9 +319,11 @@ pub const VERSION_9: u32 = 9;
 pub const VERSION_10: u32 = 10;
 /// The data file that keeps the command line that recorded it.
 pub const VERSION_11: u32 = 11;
+/// The data file that keeps the traced events' fields (`FLDS` blocks).
+pub const VERSION_12: u32 = 12;
 /// The data file's version that `stream` and `save` write: the newest
 /// (each new version changes this line).
-pub const DATA_VERSION: u32 = VERSION_11;
+pub const DATA_VERSION: u32 = VERSION_12;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
@@ -340,6 +363,8 @@ pub enum Section {
     Prototypes,
     /// A version-9 `STAK` block.
     Stacks,
+    /// Version 12's event formats, or a `FLDS` block.
+    Fields,
 }
 
 impl fmt::Display for Section {
@@ -357,6 +382,7 @@ impl fmt::Display for Section {
             Section::Args => "arguments",
             Section::Prototypes => "prototypes",
             Section::Stacks => "stacks",
+            Section::Fields => "event fields",
         })
     }
 }
@@ -475,7 +501,7 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
                 .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
         }
     }
-    check_stacks(trace)?;
+    check_stacks(trace).and_then(|()| check_fields(trace))?;
     let counts = Counted {
         nfunc,
         cpus,
@@ -484,6 +510,26 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
         stacks: trace.stacks.len(),
     };
     check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
+}
+
+/// The events' fields' rules: a format per function or none, values of
+/// saved arguments only.
+fn check_fields(trace: &Trace) -> Result<(), (Section, String)> {
+    let (f, nfunc) = (&trace.fields, trace.functions.len());
+    if !f.formats.is_empty() && f.formats.len() != nfunc {
+        return Err((
+            Section::Fields,
+            format!("{} event formats for {nfunc} functions", f.formats.len()),
+        ));
+    }
+    let args = trace.args.len() as u64;
+    match f.values.keys().find(|&&id| id == 0 || id > args) {
+        Some(id) => Err((
+            Section::Fields,
+            format!("fields of arguments {id} but {args} are saved"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The stacks' rules: how many, their frames, the stack functions.

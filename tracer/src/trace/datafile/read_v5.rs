@@ -5,6 +5,7 @@
 use std::io::Read;
 
 use super::body::{check_new_events, decode, read_body, Body, Named};
+use super::fields::{read_fields_block, TAG_FIELDS};
 use super::reader::Reader;
 use super::stream::{
     ARGS_HEADER, ARGS_SIZE, MAX_BLOCK, TAG_ARGS, TAG_END, TAG_EVENTS, TAG_FOOT, TAG_HEAD,
@@ -12,7 +13,7 @@ use super::stream::{
 };
 use super::{
     check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, EVENT_SIZE_V9,
-    VERSION_8, VERSION_9,
+    VERSION_12, VERSION_8, VERSION_9,
 };
 use crate::kernel::unwind::{StackEnd, MAX_FRAMES};
 use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
@@ -71,6 +72,10 @@ pub(super) fn load<R: Read>(
             }
             TAG_STACKS if version >= VERSION_9 && head.is_some() && foot.is_none() => {
                 read_stacks(&r, &payload, &mut named.stacks)?;
+            }
+            TAG_FIELDS if version >= VERSION_12 && head.is_some() && foot.is_none() => {
+                let args = named.args.len();
+                read_fields_block(&r, &payload, args, &mut named.fields)?;
             }
             TAG_FOOT if head.is_some() && foot.is_none() => {
                 foot = Some(body(&r, &payload, version)?)
@@ -412,5 +417,9 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
         args: named.args,
         prototypes: head.prototypes,
         stacks: named.stacks,
+        fields: crate::trace::model::EventFields {
+            formats: head.formats,
+            values: named.fields,
+        },
     }
 }

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use super::encode::{encode, put_str};
 use super::header::put_body;
 use super::{TraceFileError, DATA_VERSION, EVENT_SIZE_V9, MAGIC};
+use crate::trace::fields::FieldValue;
 use crate::trace::model::{Event, Stack, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};
 
@@ -195,6 +196,17 @@ impl DataFile {
         for (n, payload) in args_payloads(self.args, args) {
             self.block(TAG_ARGS, &payload)?;
             self.args += n;
+        }
+        Ok(())
+    }
+
+    /// `FLDS` blocks holding event entries' fields by their arguments id,
+    /// after the `ARGS` blocks of those ids: a reader refuses fields of
+    /// arguments not saved before them.
+    pub fn write_fields(&mut self, fields: &[(u64, Vec<FieldValue>)]) -> io::Result<()> {
+        let entries = fields.iter().map(|(id, v)| (*id, v.as_slice()));
+        for payload in super::fields::fields_payloads(entries)? {
+            self.block(super::fields::TAG_FIELDS, &payload)?;
         }
         Ok(())
     }

@@ -50,6 +50,7 @@ fn needs_blocks(trace: &Trace) -> bool {
         || m.retval
         || trace.events.iter().any(|e| e.data != 0)
         || !m.cmdline.is_empty()
+        || !trace.fields.is_empty()
 }
 
 /// Writes the whole file to `out`, front to back (no seeking, so a device
@@ -94,6 +95,11 @@ fn write_blocks(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
     }
     for (_, payload) in stream::args_payloads(0, &trace.args) {
         w.write_all(&stream::frame(stream::TAG_ARGS, &payload)?)?;
+    }
+    let values = trace.fields.values.iter();
+    let values = values.map(|(id, v)| (*id, v.as_slice()));
+    for payload in super::fields::fields_payloads(values)? {
+        w.write_all(&stream::frame(super::fields::TAG_FIELDS, &payload)?)?;
     }
     for (_, payload) in stream::stack_payloads(0, &trace.stacks)? {
         w.write_all(&stream::frame(stream::TAG_STACKS, &payload)?)?;

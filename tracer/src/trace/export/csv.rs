@@ -19,6 +19,60 @@ fn csv_field(s: &str) -> Cow<'_, str> {
     }
 }
 
+/// The header line; which optional columns follow the first ones:
+/// arguments, return values, stacks, events' fields.
+fn header(w: &mut impl Write, trace: &Trace) -> io::Result<(bool, bool, bool, bool)> {
+    let graph = trace.meta.graph;
+    let tasks = !trace.tasks.is_empty();
+    w.write_all(if graph {
+        b"ts_ns,cpu,function,addr,parent,caller,kind,slot".as_slice()
+    } else {
+        b"ts_ns,cpu,function,addr,parent,caller".as_slice()
+    })?;
+    let (args, ret) = (trace.meta.args, trace.meta.retval);
+    w.write_all(if tasks {
+        b",pid,tgid,comm".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    w.write_all(if args {
+        b",args".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    let stacks = !trace.stacks.is_empty() || !trace.meta.stacks.is_empty();
+    w.write_all(if ret {
+        b",ret".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    w.write_all(if stacks {
+        b",stack".as_slice()
+    } else {
+        b"".as_slice()
+    })?;
+    let fields = !trace.fields.formats.is_empty();
+    w.write_all(if fields {
+        b",event,fields\n".as_slice()
+    } else {
+        b"\n".as_slice()
+    })?;
+    Ok((args, ret, stacks, fields))
+}
+
+/// An event entry's `event` and `fields` columns (empty for other rows).
+fn event_columns(
+    w: &mut impl Write,
+    trace: &Trace,
+    e: &crate::trace::model::Event,
+) -> io::Result<()> {
+    let (Some(name), Some(fields)) = (trace.event_name(e.func), trace.named_fields(e)) else {
+        return w.write_all(b",,");
+    };
+    let pairs: Vec<String> = fields.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    write!(w, ",{},{}", csv_field(name), csv_field(&pairs.join(" ")))
+}
+
 /// Writes one row per stored event, in time order, after the header
 /// `ts_ns,cpu,function,addr,parent,caller`:
 ///
@@ -52,39 +106,18 @@ fn csv_field(s: &str) -> Cow<'_, str> {
 /// (the caller) first and outermost last, as recorded; empty when it has
 /// none.
 ///
+/// A trace with events' fields (`-e`) then adds `event` and `fields`:
+/// an event entry's name (`sched:sched_switch`) and its fields by name,
+/// `name=value` each as ftrace prints the value, space-separated
+/// (`prev_comm=sh prev_pid=57 ...`); both empty for other rows.
+///
 /// Lines end with `\n`; names have their control characters escaped
 /// (`\x0a`, see `report::escape`) and are quoted per RFC 4180 when needed.
 pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(1 << 20, w);
     let graph = trace.meta.graph;
     let tasks = !trace.tasks.is_empty();
-    w.write_all(if graph {
-        b"ts_ns,cpu,function,addr,parent,caller,kind,slot".as_slice()
-    } else {
-        b"ts_ns,cpu,function,addr,parent,caller".as_slice()
-    })?;
-    let (args, ret) = (trace.meta.args, trace.meta.retval);
-    w.write_all(if tasks {
-        b",pid,tgid,comm".as_slice()
-    } else {
-        b"".as_slice()
-    })?;
-    w.write_all(if args {
-        b",args".as_slice()
-    } else {
-        b"".as_slice()
-    })?;
-    let stacks = !trace.stacks.is_empty() || !trace.meta.stacks.is_empty();
-    w.write_all(if ret {
-        b",ret".as_slice()
-    } else {
-        b"".as_slice()
-    })?;
-    w.write_all(if stacks {
-        b",stack\n".as_slice()
-    } else {
-        b"\n".as_slice()
-    })?;
+    let (args, ret, stacks, fields) = header(&mut w, trace)?;
     let names: Vec<Cow<str>> = trace.functions.iter().map(|f| csv_field(&f.name)).collect();
     let comms: Vec<Cow<str>> = trace.tasks.iter().map(|t| csv_field(&t.comm)).collect();
     // Not through `Report`: it would build the function graph, and this streams.
@@ -128,6 +161,9 @@ pub fn write_csv(trace: &Trace, w: impl Write) -> io::Result<()> {
                 let labels: Vec<String> = frames.iter().map(|f| f.label()).collect();
                 w.write_all(csv_field(&labels.join(";")).as_bytes())?;
             }
+        }
+        if fields {
+            event_columns(&mut w, trace, e)?;
         }
         w.write_all(b"\n")?;
     }

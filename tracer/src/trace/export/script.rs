@@ -53,6 +53,11 @@
 //!   ` => ... (cut: WHY)`. The header says how stacks were unwound
 //!   (`# stacks: ...`).
 //!
+//! - With `-e`, an event's entry whose fields were recorded is the line
+//!   ftrace prints for the event, `EVENT: FIELDS` after the task, CPU and
+//!   time (`sched_switch: prev_comm=sh prev_pid=57 ... ==> next_comm=...`,
+//!   `trace::fields`), instead of its `__traceiter_NAME` call.
+//!
 //! Every loss is in the header: entries (and returns) counted but not
 //! stored, calls whose record was never committed (`unfinished`). Names are printed through `report::escape`.
 
@@ -172,6 +177,12 @@ fn event_line(
     tgid: bool,
 ) -> io::Result<()> {
     prefix(w, trace, e, tgid)?;
+    if let Some(line) = trace.event_line(e) {
+        // An event's entry (`-e`): as ftrace prints the event.
+        w.write_all(line.as_bytes())?;
+        w.write_all(b"\n")?;
+        return stack_lines(w, trace, e, tgid);
+    }
     w.write_all(name.as_bytes())?;
     if let Some(args) = values::entry_args(trace, e) {
         w.write_all(args.as_bytes())?;
@@ -336,6 +347,7 @@ mod tests {
             args: Vec::new(),
             prototypes: Vec::new(),
             stacks: Vec::new(),
+            fields: Default::default(),
         }
     }
 

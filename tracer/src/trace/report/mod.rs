@@ -20,6 +20,7 @@
 
 mod drops;
 pub mod duration;
+mod events;
 pub use drops::drops_line;
 mod header;
 mod numbers;

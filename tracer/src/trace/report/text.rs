@@ -146,6 +146,7 @@ fn write_report(report: &Report, opts: &ReportOptions) -> String {
     footer(&mut out, report, hidden, opts.percent_limit);
     unshown_notes(&mut out, report, rows);
     super::stacks::write_stacks(&mut out, report);
+    super::events::write_events(&mut out, report);
     out
 }
 
