@@ -55,6 +55,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     guest_modules::add(&connected, &mut image, Some("traced"));
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    plan.plan
+        .events
+        .attachable(&plan.plan.image.path)
+        .map_err(|e| InputError::from(tracer::plan::PlanError::from(e)))?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),

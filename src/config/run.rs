@@ -134,12 +134,6 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
         return Err(InputError::RecordNeedsTrace);
     }
     let t = &args.tracing;
-    if !t.event.is_empty() {
-        return Err(InputError::NotOnRun {
-            flag: "-e/--event",
-            why: "the own VMM does not enable event call sites yet (vmtrace attach does)",
-        });
-    }
     if traced {
         return Ok(());
     }

@@ -33,6 +33,7 @@ pub mod direct;
 mod driver;
 mod drop_causes;
 mod equip;
+pub mod event_keys;
 pub mod exitless;
 mod finish;
 pub mod guest_ftrace;
@@ -115,6 +116,8 @@ pub struct Tracer {
     /// Where the kernel's stacks are: the context checks of direct
     /// entries and of the region's removal (`direct::contexts`).
     stack_layout: crate::kernel::stack_bounds::StackLayout,
+    /// `-e`: the keys whose counts the attach set (`event_keys`).
+    event_keys: Vec<event_keys::SetKey>,
 }
 
 /// The tables events name, shared with the store.
@@ -278,6 +281,7 @@ impl Tracer {
                 args,
                 stacks,
             },
+            event_keys: Vec::new(),
         }
     }
 
@@ -472,8 +476,11 @@ impl Tracer {
             direct_busy: direct.1,
             direct_tasks: direct.2,
             guest_ftrace: guarded,
+            event_tests: 0,
+            event_keys: 0,
         };
         self.patched = patched;
+        self.enable_events(&mut c.space, c.off, paused.ram())?;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
             // Task structs are read through the kernel's own tables (the
             // kernel half every process shares): its `init_top_pgt`, not
@@ -497,6 +504,32 @@ impl Tracer {
         }
         self.attached_at(paused);
         Ok(Attach::Attached(&self.attach_counts))
+    }
+
+    /// `-e` on a kernel without jump labels (`event_keys`), after every
+    /// other site is written: on an error every site is given back.
+    fn enable_events(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        off: KernelOffset,
+        ram: &Arc<dyn GuestRam>,
+    ) -> Result<(), TracerError> {
+        let Some(traps) = event_keys::TestTraps::of(&self.plan.events) else {
+            return Ok(());
+        };
+        match event_keys::enable(space, off, &self.plan.events, &traps) {
+            Ok((sites, keys)) => {
+                self.attach_counts.event_tests = sites.len();
+                self.attach_counts.event_keys = keys.len();
+                self.patched.extend(sites);
+                self.event_keys = keys;
+                Ok(())
+            }
+            Err(e) => {
+                self.detach(&**ram)?;
+                Err(e.into())
+            }
+        }
     }
 
     /// When and how long the attach's stop was.
@@ -608,6 +641,7 @@ impl Tracer {
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
         let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
         c.guest_ftrace = self.reenable_guest_ftrace(mem);
+        c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
         self.patched.clear();
         self.detached.restored += c.restored;
         self.detached.changed += c.changed;

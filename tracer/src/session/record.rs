@@ -24,6 +24,7 @@ use vmm::{Trap, TrapError, TrapHandler};
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::args::ArgSource;
+use crate::session::event_keys::TestTraps;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
@@ -91,6 +92,8 @@ pub struct Recorder {
     frames: bool,
     /// The last entry whose return is to be caught, for the caller.
     entered: Option<Entered>,
+    /// `-e` on the own VMM: the events' `tp->funcs` tests, passed.
+    event_tests: Option<Arc<TestTraps>>,
 }
 
 impl Recorder {
@@ -99,6 +102,11 @@ impl Recorder {
     pub fn record_values(&mut self, args: Option<ArgSource>, retval: bool) {
         self.args = args;
         self.retval = retval;
+    }
+
+    /// Pass the events' `tp->funcs` tests that trap (`event_keys`).
+    pub fn pass_event_tests(&mut self, tests: Arc<TestTraps>) {
+        self.event_tests = Some(tests);
     }
 
     /// Unwind the kernel stack of the calls `source` selects.
@@ -342,6 +350,15 @@ impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
         self.entered = None;
         let site = self.index.find(trap.rip);
+        let slide = self.index.slide();
+        if site.is_none()
+            && self
+                .event_tests
+                .as_ref()
+                .is_some_and(|t| t.pass(trap, slide))
+        {
+            return Ok(());
+        }
         if site.is_none()
             && self
                 .graph
@@ -452,6 +469,7 @@ pub fn recorders(
             stacks: None,
             frames: false,
             entered: None,
+            event_tests: None,
         })
         .collect();
     (counters, recs, store)
