@@ -288,7 +288,8 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
 /// `kernel_clone` returns the new tasks' pids, which then run as tasks of
 /// the trace. The same names come back from the saved data file through
 /// `script`, and from the trace.dat export through Debian's `trace-cmd
-/// report`.
+/// report`. The same boot has `-e sched:sched_switch,sched:sched_wakeup`
+/// (`check_sched_events`).
 #[test]
 fn linux_trap_mode_names_every_calls_task() {
     let dir = std::env::temp_dir().join(format!("vmtrace-linux-tasks-{}", std::process::id()));
@@ -299,6 +300,8 @@ fn linux_trap_mode_names_every_calls_task() {
         &[
             "--trace",
             "schedule,tick_nohz_idle_enter,kernel_clone",
+            "-e",
+            "sched:sched_switch,sched:sched_wakeup",
             "--mode",
             "trap",
             "--graph",
@@ -382,6 +385,7 @@ fn linux_trap_mode_names_every_calls_task() {
     }
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
+    check_sched_events(&lines, &err);
     assert!(lines.contains("<idle>-0"), "{lines}");
     assert!(lines.contains("kthreadd-2 "), "{lines}");
     let report = std::process::Command::new("trace-cmd")
@@ -651,4 +655,80 @@ fn linux_stacks_unwind_through_the_timer_interrupt() {
         "{shown}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The number before `after` in `text` (`attached: 5 sites patched`).
+fn count_before(text: &str, after: &str) -> usize {
+    let head = &text[..text
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?}: {text}"))];
+    let n = head.rsplit(|c: char| !c.is_ascii_digit()).next().unwrap();
+    n.parse()
+        .unwrap_or_else(|_| panic!("no count before {after:?}: {text}"))
+}
+
+/// `-e sched:sched_switch,sched:sched_wakeup` on the own VMM (a kernel
+/// without jump labels: docs/events.md): both events recorded, each
+/// `sched_switch`'s `next` is the task of the next event on its vCPU
+/// (past the iterator's own return): the task a `prev` argument names is
+/// known from the switches it made, each recorded with its task; every
+/// `prev_state` is a task state (below TASK_STATE_MAX, 0x10000 in 6.1);
+/// and the detach gave back every site (the tests with the ftrace sites,
+/// each read back) and every key's count.
+fn check_sched_events(script: &str, err: &str) {
+    let keys = count_before(err, " enabled (their keys' counts set to 1)");
+    let tests = count_before(err, " tp->funcs tests trapped");
+    let patched = count_before(err, " sites patched");
+    assert_eq!((keys, tests), (2, 2), "{err}");
+    assert_eq!(
+        count_before(err, " sites restored"),
+        patched + tests,
+        "{err}"
+    );
+    assert_eq!(
+        count_before(err, " event keys' counts set back"),
+        2,
+        "{err}"
+    );
+    // (cpu, pid, what) of each line, in order.
+    let events: Vec<(&str, &str, &str)> = script
+        .lines()
+        .filter_map(|l| {
+            let (head, rest) = l.split_once(") [")?;
+            let task = head.split('(').next()?.trim();
+            let pid = task.rsplit_once('-')?.1;
+            let (cpu, rest) = rest.split_once(']')?;
+            Some((cpu, pid, rest.split_once(": ")?.1))
+        })
+        .collect();
+    let arg = |what: &str, name: &str| -> String {
+        let at = what.find(&format!(" {name}=")).unwrap() + name.len() + 2;
+        what[at..].split([',', ')']).next().unwrap().to_string()
+    };
+    let switch = "__traceiter_sched_switch(";
+    let wakeups = events
+        .iter()
+        .filter(|e| e.2.starts_with("__traceiter_sched_wakeup("))
+        .count();
+    let mut pid_of = std::collections::HashMap::new();
+    for (_, pid, what) in events.iter().filter(|e| e.2.starts_with(switch)) {
+        pid_of.insert(arg(what, "prev"), *pid);
+        let state: u64 = arg(what, "prev_state").parse().unwrap();
+        assert!(state < 0x10000, "prev_state {state}: {what}");
+    }
+    let mut checked = 0;
+    for (i, (cpu, _, what)) in events.iter().enumerate() {
+        if !what.starts_with(switch) {
+            continue;
+        }
+        let next = events[i + 1..]
+            .iter()
+            .filter(|e| e.0 == *cpu)
+            .find(|e| !e.2.starts_with("__traceiter_sched_switch returned"));
+        if let (Some(next), Some(pid)) = (next, pid_of.get(&arg(what, "next"))) {
+            assert_eq!(next.1, *pid, "after {what} on vCPU {cpu}: {next:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 10 && wakeups > 0, "{checked} {wakeups}: {script}");
 }

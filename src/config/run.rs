@@ -239,6 +239,10 @@ fn plan(
         .tracing
         .request(cpus, emulator_host, kernel.kind().is_linux());
     let mut plan = TracePlan::build(found.image, &request)?;
+    plan.plan
+        .events
+        .on_own_vmm(&plan.plan.image.path)
+        .map_err(tracer::plan::PlanError::from)?;
     plan.notes.retain(|n| match n {
         Note::AutoTrap { why, remedy } => {
             let why = tracer::advice::join(why.clone(), *remedy, &crate::error::Flags);

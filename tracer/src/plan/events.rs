@@ -36,6 +36,12 @@ pub enum EventPlanError {
         event: String,
         kind: &'static str,
     },
+    #[error(
+        "{}: the kernel has jump labels, whose event call sites vmtrace's own VMM does not \
+         enable yet (an attach to the kernel running in QEMU does)",
+        path.display()
+    )]
+    JumpLabelsOnOwnVmm { path: std::path::PathBuf },
 }
 
 /// One event to trace.
@@ -82,11 +88,11 @@ impl PlannedEvent {
 /// Without jump labels: each static-call event's `tp->funcs` tests, found
 /// in the text (`kernel::events::counted`).
 fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
-    let wanted: Vec<counted::Wanted> = events
+    let wanted: Vec<counted::CountedEvent> = events
         .iter()
         .map(|e| {
             let sct = image.symbol(&format!("__SCT__tp_func_{}", e.name));
-            counted::Wanted {
+            counted::CountedEvent {
                 funcs: e.funcs,
                 callees: sct
                     .map(|s| s.addr)
@@ -211,6 +217,17 @@ impl EventPlan {
 
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
+    }
+
+    /// Can the own VMM enable them? Only on a kernel without jump labels
+    /// so far (`crate::session::event_keys`).
+    pub fn on_own_vmm(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
+        match !self.counted_keys && !self.is_empty() {
+            true => Err(EventPlanError::JumpLabelsOnOwnVmm {
+                path: path.to_path_buf(),
+            }),
+            false => Ok(()),
+        }
     }
 
     /// Can `vmtrace attach` enable them? Not on a kernel without jump

@@ -21,6 +21,8 @@ use vmm::gva::AddressSpace;
 use vmm::{GuestRam, Trap};
 
 use super::patch::{self, PatchError, PatchedSite, Surveyed};
+use super::Tracer;
+use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::events::EventPlan;
@@ -102,6 +104,34 @@ impl TestTraps {
         }
         trap.set_rip(t.after_je.wrapping_add_signed(slide));
         true
+    }
+}
+
+impl Tracer {
+    /// `-e` on a kernel without jump labels (`event_keys`), after every
+    /// other site is written: on an error every site is given back.
+    pub(super) fn enable_events(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        off: KernelOffset,
+        ram: &Arc<dyn GuestRam>,
+    ) -> Result<(), TracerError> {
+        let Some(traps) = TestTraps::of(&self.plan.events) else {
+            return Ok(());
+        };
+        match enable(space, off, &self.plan.events, &traps) {
+            Ok((sites, keys)) => {
+                self.attach_counts.event_tests = sites.len();
+                self.attach_counts.event_keys = keys.len();
+                self.patched.extend(sites);
+                self.event_keys = keys;
+                Ok(())
+            }
+            Err(e) => {
+                self.detach(&**ram)?;
+                Err(e.into())
+            }
+        }
     }
 }
 
@@ -220,4 +250,51 @@ fn write(mem: &dyn GuestRam, gpa: u64, v: u32) -> Result<(), PatchError> {
             gpa,
             why: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use vm_memory::GuestMemoryMmap;
+    use vmm::gva::PagingMode;
+
+    #[test]
+    fn a_trapped_test_is_out_and_nop_before_the_je_as_it_was() {
+        // `test rax,rax; je +0x15`, as in 6.1's `__schedule`.
+        let b = trapped([0x48, 0x85, 0xc0, 0x74, 0x15]);
+        let mut d = Decoder::with_ip(64, &b, 0x1000, DecoderOptions::NONE);
+        let out = d.decode();
+        assert_eq!(out.mnemonic(), Mnemonic::Out);
+        assert_eq!(out.immediate8(), vmm::layout::TRACE_PORT as u8);
+        assert_eq!(d.decode().mnemonic(), Mnemonic::Nop);
+        let je = d.decode();
+        assert_eq!(
+            (je.mnemonic(), je.near_branch_target()),
+            (Mnemonic::Je, 0x101a)
+        );
+    }
+
+    #[test]
+    fn a_trap_at_a_test_makes_funcs_read_null_and_moves_past_the_je() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let t = TestTrap {
+            test: 0xffff_ffff_8100_0100,
+            after_je: 0xffff_ffff_8100_0105,
+            funcs: 0xffff_ffff_8180_0038,
+        };
+        let traps = TestTraps { traps: vec![t] };
+        let slide = 0x1360_0000i64;
+        // KVM leaves RIP at the `out` or past it: both are the test's.
+        for past in [0, OUT_LEN] {
+            let rip = t.test + slide as u64 + past;
+            let mut trap = Trap::for_bench(0, rip, 0, 0, PagingMode::Level4, &mem);
+            assert!(traps.pass(&mut trap, slide));
+            assert_eq!(trap.new_rax(), Some(t.funcs + slide as u64 - 8));
+            assert_eq!(trap.new_rip(), Some(t.after_je + slide as u64));
+        }
+        let mut trap = Trap::for_bench(0, t.test + 1, 0, 0, PagingMode::Level4, &mem);
+        assert!(!traps.pass(&mut trap, 0));
+        assert_eq!((trap.new_rax(), trap.new_rip()), (None, None));
+    }
 }

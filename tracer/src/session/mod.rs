@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use vmm::GuestRam;
 
-use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
 use vmm::{Stopped, TrapHandler, VcpuSpace};
 
@@ -355,44 +354,6 @@ impl Tracer {
         Ok(())
     }
 
-    /// Has the guest finished its own ftrace_init? Polled without a pause
-    /// through the kernel's fixed physical mapping; only a hint: `attach`
-    /// checks again, and every selected site, under the pause. With the
-    /// kernel's `ftrace_enabled` known, that flag (set once every site is a
-    /// NOP); without it, every selected site must hold a NOP.
-    pub fn guest_ready(&self, mem: &dyn GuestRam) -> bool {
-        // Where the kernel image is in guest RAM: known after the first
-        // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
-        let deltas = match self.offset {
-            Some(o) => vec![o.phys],
-            None => match kaslr::phys_candidates(mem, &self.plan.image) {
-                Some(found) => found,
-                // Nothing to find the image by: let the pause tell.
-                None => return true,
-            },
-        };
-        deltas.into_iter().any(|phys| {
-            let o = KernelOffset { virt: 0, phys };
-            if let Some(direct) = &self.direct {
-                return direct
-                    .sites
-                    .in_place(mem, &self.plan.image, |a| o.phys_of(a));
-            }
-            match self.plan.ftrace_enabled {
-                Some(va) => o
-                    .phys_of(va)
-                    .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
-                    .is_some_and(|v| v != 0),
-                None => self
-                    .plan
-                    .index
-                    .addrs
-                    .iter()
-                    .all(|&a| o.phys_of(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
-            }
-        })
-    }
-
     /// Where `__fentry__` runs, and what to do with sites still calling it.
     fn call_sites(&self, off: KernelOffset) -> (Option<u64>, CallSites) {
         let fentry = self
@@ -504,32 +465,6 @@ impl Tracer {
         }
         self.attached_at(paused);
         Ok(Attach::Attached(&self.attach_counts))
-    }
-
-    /// `-e` on a kernel without jump labels (`event_keys`), after every
-    /// other site is written: on an error every site is given back.
-    fn enable_events(
-        &mut self,
-        space: &mut AddressSpace<'_>,
-        off: KernelOffset,
-        ram: &Arc<dyn GuestRam>,
-    ) -> Result<(), TracerError> {
-        let Some(traps) = event_keys::TestTraps::of(&self.plan.events) else {
-            return Ok(());
-        };
-        match event_keys::enable(space, off, &self.plan.events, &traps) {
-            Ok((sites, keys)) => {
-                self.attach_counts.event_tests = sites.len();
-                self.attach_counts.event_keys = keys.len();
-                self.patched.extend(sites);
-                self.event_keys = keys;
-                Ok(())
-            }
-            Err(e) => {
-                self.detach(&**ram)?;
-                Err(e.into())
-            }
-        }
     }
 
     /// When and how long the attach's stop was.
@@ -645,6 +580,7 @@ impl Tracer {
         self.patched.clear();
         self.detached.restored += c.restored;
         self.detached.changed += c.changed;
+        self.detached.event_keys += c.event_keys;
         self.times.detach_ns = vmm::Trap::now_ns();
         Ok(c)
     }
@@ -683,6 +619,7 @@ pub fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option
 mod tests {
     use super::*;
     use vm_memory::Bytes;
+    use vm_memory::GuestAddress;
     use vm_memory::GuestMemoryMmap;
 
     /// A parked vCPU, in user mode or not, with `cr3` loaded.

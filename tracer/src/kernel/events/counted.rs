@@ -19,7 +19,7 @@ use crate::kernel::symbols::KernelImage;
 const LOAD_LEN: u64 = 7;
 
 /// One event to look for: its `tp->funcs` and what its call may reach.
-pub struct Wanted {
+pub struct CountedEvent {
     pub funcs: u64,
     /// `__SCT__tp_func_NAME` and `__traceiter_NAME` (link-time).
     pub callees: Vec<u64>,
@@ -27,7 +27,7 @@ pub struct Wanted {
 
 /// Each wanted event's `tp->funcs` tests in the kernel's text (outside
 /// init text), in `wanted`'s order.
-pub fn funcs_tests(image: &KernelImage, wanted: &[Wanted]) -> Vec<Vec<FuncsTest>> {
+pub fn funcs_tests(image: &KernelImage, wanted: &[CountedEvent]) -> Vec<Vec<FuncsTest>> {
     let mut out = vec![Vec::new(); wanted.len()];
     let Some((start, end)) = image.text else {
         return out;
