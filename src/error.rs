@@ -284,11 +284,6 @@ pub enum InputError {
         flag: &'static str,
         why: &'static str,
     },
-    #[error("{flag} is not on a run or record yet: {why}; drop {flag}, or trace the guest in QEMU with vmtrace attach")]
-    NotOnRun {
-        flag: &'static str,
-        why: &'static str,
-    },
     /// `vmtrace attach --qmp` given libvirt's own monitor of a domain.
     #[error(
         "{} is libvirt's monitor of domain {domain}, which libvirtd holds for the domain's \

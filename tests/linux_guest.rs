@@ -272,9 +272,10 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
     }
 }
 
-/// Trap mode with the graph, return values and stacks, in one boot (Linux
-/// boots are most of CI's time): each call's task (`check_tasks`) and the
-/// kernel stacks unwound with ORC (`check_stacks`).
+/// Trap mode with the graph, return values, stacks and events, in one
+/// boot (Linux boots are most of CI's time): each call's task
+/// (`check_tasks`), the kernel stacks unwound with ORC (`check_stacks`), and
+/// `-e sched:sched_switch,sched:sched_wakeup` (`check_sched_events`).
 #[test]
 fn linux_trap_mode_names_tasks_and_unwinds_stacks() {
     let dir = std::env::temp_dir().join(format!("vmtrace-linux-trap-{}", std::process::id()));
@@ -292,6 +293,8 @@ fn linux_trap_mode_names_tasks_and_unwinds_stacks() {
             "schedule,tick_nohz_idle_enter,kernel_clone,hrtimer_interrupt,__sysvec_apic_timer_interrupt",
             "--stack",
             "hrtimer_interrupt,kernel_clone",
+            "-e",
+            "sched:sched_switch,sched:sched_wakeup",
             "--mode",
             "trap",
             "--graph",
@@ -309,7 +312,7 @@ fn linux_trap_mode_names_tasks_and_unwinds_stacks() {
     let err = stderr(&out);
     check_boot_console(&text, &err, 2);
     let shown = trace_cmd_report(&dat);
-    check_tasks(&csv, &data, &shown);
+    check_tasks(&csv, &data, &shown, &err);
     check_stacks(&json, &shown);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -338,7 +341,7 @@ fn trace_cmd_report(dat: &std::path::Path) -> String {
 /// the trace. The same names come back from the saved data file through
 /// `script`, and from the trace.dat export through Debian's `trace-cmd
 /// report`.
-fn check_tasks(csv: &std::path::Path, data: &std::path::Path, shown: &str) {
+fn check_tasks(csv: &std::path::Path, data: &std::path::Path, shown: &str, err: &str) {
     let rows = std::fs::read_to_string(csv).unwrap();
     let mut lines = rows.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
@@ -408,6 +411,7 @@ fn check_tasks(csv: &std::path::Path, data: &std::path::Path, shown: &str) {
     }
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
+    check_sched_events(&lines, err);
     assert!(lines.contains("<idle>-0"), "{lines}");
     assert!(lines.contains("kthreadd-2 "), "{lines}");
     assert!(shown.contains("kthreadd-2 "), "{shown}");
@@ -632,4 +636,89 @@ fn check_stacks(json: &std::path::Path, shown: &str) {
         shown.contains("=> asm_sysvec_apic_timer_interrupt ("),
         "{shown}"
     );
+}
+
+/// The number before `after` in `text` (`attached: 5 sites patched`).
+fn count_before(text: &str, after: &str) -> usize {
+    let head = &text[..text
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?}: {text}"))];
+    let n = head.rsplit(|c: char| !c.is_ascii_digit()).next().unwrap();
+    n.parse()
+        .unwrap_or_else(|_| panic!("no count before {after:?}: {text}"))
+}
+
+/// `-e sched:sched_switch,sched:sched_wakeup` on the own VMM (a kernel
+/// without jump labels: docs/events.md), printed by `script` as ftrace
+/// prints them: both events recorded; each `sched_switch` made by its
+/// `prev_pid`, with a `prev_state` of ftrace's letters, and its
+/// `next_pid` the task of the next event on its vCPU (past the iterator's
+/// own return); and the detach gave back every site (the tests with the
+/// ftrace sites, each read back) and every key's count.
+fn check_sched_events(script: &str, err: &str) {
+    let keys = count_before(err, " enabled (their keys' counts set to 1)");
+    let tests = count_before(err, " tp->funcs tests trapped");
+    let patched = count_before(err, " sites patched");
+    assert_eq!((keys, tests), (2, 2), "{err}");
+    assert_eq!(
+        count_before(err, " sites restored"),
+        patched + tests,
+        "{err}"
+    );
+    assert_eq!(
+        count_before(err, " event keys' counts set back"),
+        2,
+        "{err}"
+    );
+    // (cpu, pid, what) of each line, in order.
+    let events: Vec<(&str, &str, &str)> = script
+        .lines()
+        .filter_map(|l| {
+            let (head, rest) = l.split_once(") [")?;
+            let task = head.split('(').next()?.trim();
+            let pid = task.rsplit_once('-')?.1;
+            let (cpu, rest) = rest.split_once(']')?;
+            Some((cpu, pid, rest.split_once(": ")?.1))
+        })
+        .collect();
+    let field = |what: &str, name: &str| -> String {
+        let at = what
+            .find(&format!(" {name}="))
+            .unwrap_or_else(|| panic!("no {name}: {what}"));
+        what[at + name.len() + 2..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let wakeups = events
+        .iter()
+        .filter(|e| e.2.starts_with("sched_wakeup: "))
+        .count();
+    let mut checked = 0;
+    for (i, (cpu, pid, what)) in events.iter().enumerate() {
+        let Some(fields) = what.strip_prefix("sched_switch:") else {
+            continue;
+        };
+        assert_eq!(field(fields, "prev_pid"), *pid, "{what}");
+        let state = field(fields, "prev_state");
+        assert!(
+            !state.is_empty() && state.chars().all(|c| "RSDTtXZPIN|+".contains(c)),
+            "prev_state {state}: {what}"
+        );
+        assert!(!field(fields, "next_comm").is_empty(), "{what}");
+        let next = events[i + 1..]
+            .iter()
+            .filter(|e| e.0 == *cpu)
+            .find(|e| !e.2.starts_with("__traceiter_sched_switch returned"));
+        if let Some(next) = next {
+            assert_eq!(
+                next.1,
+                field(fields, "next_pid"),
+                "after {what} on vCPU {cpu}: {next:?}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 10 && wakeups > 0, "{checked} {wakeups}: {script}");
 }

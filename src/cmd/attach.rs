@@ -58,6 +58,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     if let Some(name) = tracer::qemu::module_hooks::traced_hook(&plan.plan) {
         return Err(InputError::ModuleHookTraced { name }.into());
     }
+    plan.plan
+        .events
+        .attachable(&plan.plan.image.path)
+        .map_err(|e| InputError::from(tracer::plan::PlanError::from(e)))?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),

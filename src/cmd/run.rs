@@ -166,9 +166,13 @@ fn report_end(
         .and_then(|d| guest_ftrace::detach_line(&d.guest_ftrace));
     match detached {
         Ok(d) if attached > 0 => note!(
-            "vmtrace: detached: {} sites restored{}",
+            "vmtrace: detached: {} sites restored{}{}",
             d.restored,
-            left_alone(&d)
+            left_alone(&d),
+            match d.event_keys {
+                0 => String::new(),
+                n => format!(", {n} event keys' counts set back to 0"),
+            }
         ),
         Ok(_) => {}
         Err(e) => return Err(RuntimeError::Restore(e).into()),
@@ -363,6 +367,15 @@ impl Observer for Status {
         );
         for line in guest_ftrace::attach_lines(&c.guest_ftrace) {
             note!("{line}");
+        }
+        if c.event_keys > 0 {
+            // docs/events.md: the own VMM sets the keys' counts.
+            note!(
+                "vmtrace: events: {} enabled (their keys' counts set to 1), {} tp->funcs tests \
+                 trapped; an event the guest enables itself meanwhile is recorded no more",
+                c.event_keys,
+                c.event_tests
+            );
         }
         if let Some(m) = c.exitless {
             note!("vmtrace: {}", mapped_line(tracer, m));

@@ -134,12 +134,6 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
         return Err(InputError::RecordNeedsTrace);
     }
     let t = &args.tracing;
-    if !t.event.is_empty() {
-        return Err(InputError::NotOnRun {
-            flag: "-e/--event",
-            why: "the own VMM does not enable event call sites yet (vmtrace attach does)",
-        });
-    }
     if traced {
         return Ok(());
     }
@@ -245,6 +239,10 @@ fn plan(
         .tracing
         .request(cpus, emulator_host, kernel.kind().is_linux());
     let mut plan = TracePlan::build(found.image, &request)?;
+    plan.plan
+        .events
+        .on_own_vmm(&plan.plan.image.path)
+        .map_err(tracer::plan::PlanError::from)?;
     plan.notes.retain(|n| match n {
         Note::AutoTrap { why, remedy } => {
             let why = tracer::advice::join(why.clone(), *remedy, &crate::error::Flags);

@@ -35,6 +35,7 @@ pub struct Trap<'a> {
     /// translation outlives the exit it was made for.
     space: AddressSpace<'a>,
     new_rip: Option<u64>,
+    new_rax: Option<u64>,
 }
 
 impl<'a> Trap<'a> {
@@ -51,6 +52,7 @@ impl<'a> Trap<'a> {
             rax: regs.rax,
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
+            new_rax: None,
         }
     }
 
@@ -75,6 +77,7 @@ impl<'a> Trap<'a> {
             rax: 0,
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
+            new_rax: None,
         }
     }
 
@@ -91,6 +94,17 @@ impl<'a> Trap<'a> {
     /// Where the handler moved RIP, if it did.
     pub fn new_rip(&self) -> Option<u64> {
         self.new_rip
+    }
+
+    /// Resume the guest with RAX set to `rax` (an event's `tp->funcs`
+    /// test passed for vmtrace: `tracer::kernel::events::enabled_branch`).
+    pub fn set_rax(&mut self, rax: u64) {
+        self.new_rax = Some(rax);
+    }
+
+    /// The RAX the handler set, if it did.
+    pub fn new_rax(&self) -> Option<u64> {
+        self.new_rax
     }
 
     /// Host monotonic time in nanoseconds, the clock events are stamped with.

@@ -124,8 +124,13 @@ impl VcpuThread {
         let sync = self.fd.sync_regs_mut();
         let mut trap = Trap::new(self.cpu, &sync.regs, &sync.sregs, &self.shared.mem);
         self.handler.on_trap(&mut trap)?;
+        if let Some(rax) = trap.new_rax() {
+            sync.regs.rax = rax;
+        }
         if let Some(rip) = trap.new_rip() {
             sync.regs.rip = rip;
+        }
+        if trap.new_rip().is_some() || trap.new_rax().is_some() {
             // KVM copies the run page's registers in at the next KVM_RUN,
             // before it completes the `out`; with RIP changed it does not
             // advance RIP again (complete_fast_pio_out checks the linear RIP).

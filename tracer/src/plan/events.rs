@@ -6,6 +6,7 @@
 //! (`crate::kernel::events::jump_sites`).
 
 use crate::kernel::btf::KernelBtf;
+use crate::kernel::events::counted;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
@@ -35,6 +36,12 @@ pub enum EventPlanError {
         event: String,
         kind: &'static str,
     },
+    #[error(
+        "{}: the kernel has jump labels, whose event call sites vmtrace's own VMM does not \
+         enable yet (an attach to the kernel running in QEMU does)",
+        path.display()
+    )]
+    JumpLabelsOnOwnVmm { path: std::path::PathBuf },
 }
 
 /// One event to trace.
@@ -78,6 +85,30 @@ impl PlannedEvent {
     }
 }
 
+/// Without jump labels: each static-call event's `tp->funcs` tests, found
+/// in the text (`kernel::events::counted`).
+fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
+    let wanted: Vec<counted::CountedEvent> = events
+        .iter()
+        .map(|e| {
+            let sct = image.symbol(&format!("__SCT__tp_func_{}", e.name));
+            counted::CountedEvent {
+                funcs: e.funcs,
+                callees: sct
+                    .map(|s| s.addr)
+                    .into_iter()
+                    .chain([e.iterator])
+                    .collect(),
+            }
+        })
+        .collect();
+    for (e, tests) in events.iter_mut().zip(counted::funcs_tests(image, &wanted)) {
+        if e.static_call {
+            e.tests = tests;
+        }
+    }
+}
+
 /// The events a plan traces.
 #[derive(Clone, Debug, Default)]
 pub struct EventPlan {
@@ -89,6 +120,11 @@ pub struct EventPlan {
     /// Where the covered events' fields are read (None: BTF lacks a
     /// structure member they need; the fields then read as unknown).
     pub offsets: Option<FieldOffsets>,
+    /// The kernel has no jump labels (`kernel::events::counted`): its call
+    /// sites test each key's `enabled` count, which only the own VMM sets
+    /// (`crate::session::event_keys`); the events have no `sites`, and
+    /// their `tests` were found in the text.
+    pub counted_keys: bool,
 }
 
 impl EventPlan {
@@ -102,6 +138,7 @@ impl EventPlan {
         let btf = KernelBtf::from_image(image).map_err(EventError::from)?;
         let table = EventTable::read(image, &btf)?;
         let entries = jump_sites::entries(image)?;
+        let counted_keys = entries.is_empty();
         // `struct tracepoint`'s `funcs` (include/linux/tracepoint-defs.h).
         let tp_funcs = btf
             .member("tracepoint", "funcs")
@@ -122,17 +159,21 @@ impl EventPlan {
                     kind,
                 });
             };
-            let sites = jump_sites::event_sites(image, &entries, &full, key)?;
+            let sites = match counted_keys {
+                true => Vec::new(),
+                false => jump_sites::event_sites(image, &entries, &full, key)?,
+            };
             let static_call = image
                 .symbol(&format!("__SCT__tp_func_{}", e.name))
                 .is_some();
             let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
-            let tests = match static_call {
-                true => sites
+            let tests = match (static_call, counted_keys) {
+                (true, false) => sites
                     .iter()
                     .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
                     .collect(),
-                false => Vec::new(),
+                // Found below, in one pass over the text for all events.
+                (true, true) | (false, _) => Vec::new(),
             };
             events.push(PlannedEvent {
                 system: e.system.clone(),
@@ -146,12 +187,16 @@ impl EventPlan {
                 format: EventFormat::of(e),
             });
         }
+        if counted_keys {
+            find_counted_tests(image, &mut events);
+        }
         let guard = image.symbol(GUARD).map(|s| s.addr);
         let offsets = FieldOffsets::find(&btf).ok();
         Ok(EventPlan {
             events,
             guard,
             offsets,
+            counted_keys,
         })
     }
 
@@ -159,7 +204,10 @@ impl EventPlan {
     /// called (`PlannedEvent::static_call`): all of them in exitless mode,
     /// in trap mode those with a site whose test cannot be trapped.
     pub fn behind_static_calls(&self, trap: bool) -> Vec<String> {
-        let silent = |e: &&PlannedEvent| e.static_call && (!trap || e.tests.len() < e.sites.len());
+        // Without jump labels the sites are the tests found (none: silent).
+        let silent = |e: &&PlannedEvent| {
+            e.static_call && (!trap || e.tests.is_empty() || e.tests.len() < e.sites.len())
+        };
         self.events
             .iter()
             .filter(silent)
@@ -169,6 +217,30 @@ impl EventPlan {
 
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
+    }
+
+    /// Can the own VMM enable them? Only on a kernel without jump labels
+    /// so far (`crate::session::event_keys`).
+    pub fn on_own_vmm(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
+        match !self.counted_keys && !self.is_empty() {
+            true => Err(EventPlanError::JumpLabelsOnOwnVmm {
+                path: path.to_path_buf(),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Can `vmtrace attach` enable them? Not on a kernel without jump
+    /// labels: there only the own VMM, which owns the guest, sets the
+    /// keys' counts (`crate::session::event_keys`).
+    pub fn attachable(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
+        match self.counted_keys && !self.is_empty() {
+            true => Err(JumpSiteError::NoJumpLabels {
+                path: path.to_path_buf(),
+            }
+            .into()),
+            false => Ok(()),
+        }
     }
 
     /// The functions to trace for them (`__traceiter_NAME` each).

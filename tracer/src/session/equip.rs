@@ -47,7 +47,11 @@ pub(super) fn equip(
     args: Arc<ArgTable>,
 ) {
     let retval = plan.graph && plan.values.retval;
+    let event_tests = super::event_keys::TestTraps::of(&plan.events);
     for r in recs {
+        if let Some(t) = &event_tests {
+            r.pass_event_tests(Arc::clone(t));
+        }
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
         }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use vmm::GuestRam;
 
-use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
 use vmm::{Stopped, TrapHandler, VcpuSpace};
 
@@ -33,6 +32,7 @@ pub mod direct;
 mod driver;
 mod drop_causes;
 mod equip;
+pub mod event_keys;
 pub mod exitless;
 mod finish;
 pub mod guest_ftrace;
@@ -115,6 +115,8 @@ pub struct Tracer {
     /// Where the kernel's stacks are: the context checks of direct
     /// entries and of the region's removal (`direct::contexts`).
     stack_layout: crate::kernel::stack_bounds::StackLayout,
+    /// `-e`: the keys whose counts the attach set (`event_keys`).
+    event_keys: Vec<event_keys::SetKey>,
 }
 
 /// The tables events name, shared with the store.
@@ -278,6 +280,7 @@ impl Tracer {
                 args,
                 stacks,
             },
+            event_keys: Vec::new(),
         }
     }
 
@@ -349,44 +352,6 @@ impl Tracer {
             ex.stage(mem)?;
         }
         Ok(())
-    }
-
-    /// Has the guest finished its own ftrace_init? Polled without a pause
-    /// through the kernel's fixed physical mapping; only a hint: `attach`
-    /// checks again, and every selected site, under the pause. With the
-    /// kernel's `ftrace_enabled` known, that flag (set once every site is a
-    /// NOP); without it, every selected site must hold a NOP.
-    pub fn guest_ready(&self, mem: &dyn GuestRam) -> bool {
-        // Where the kernel image is in guest RAM: known after the first
-        // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
-        let deltas = match self.offset {
-            Some(o) => vec![o.phys],
-            None => match kaslr::phys_candidates(mem, &self.plan.image) {
-                Some(found) => found,
-                // Nothing to find the image by: let the pause tell.
-                None => return true,
-            },
-        };
-        deltas.into_iter().any(|phys| {
-            let o = KernelOffset { virt: 0, phys };
-            if let Some(direct) = &self.direct {
-                return direct
-                    .sites
-                    .in_place(mem, &self.plan.image, |a| o.phys_of(a));
-            }
-            match self.plan.ftrace_enabled {
-                Some(va) => o
-                    .phys_of(va)
-                    .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
-                    .is_some_and(|v| v != 0),
-                None => self
-                    .plan
-                    .index
-                    .addrs
-                    .iter()
-                    .all(|&a| o.phys_of(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
-            }
-        })
     }
 
     /// Where `__fentry__` runs, and what to do with sites still calling it.
@@ -472,8 +437,11 @@ impl Tracer {
             direct_busy: direct.1,
             direct_tasks: direct.2,
             guest_ftrace: guarded,
+            event_tests: 0,
+            event_keys: 0,
         };
         self.patched = patched;
+        self.enable_events(&mut c.space, c.off, paused.ram())?;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
             // Task structs are read through the kernel's own tables (the
             // kernel half every process shares): its `init_top_pgt`, not
@@ -608,9 +576,11 @@ impl Tracer {
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
         let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
         c.guest_ftrace = self.reenable_guest_ftrace(mem);
+        c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
         self.patched.clear();
         self.detached.restored += c.restored;
         self.detached.changed += c.changed;
+        self.detached.event_keys += c.event_keys;
         self.times.detach_ns = vmm::Trap::now_ns();
         Ok(c)
     }
@@ -649,6 +619,7 @@ pub fn kernel_space<'m>(mut vcpus: Vec<VcpuSpace<'m>>, probes: &[u64]) -> Option
 mod tests {
     use super::*;
     use vm_memory::Bytes;
+    use vm_memory::GuestAddress;
     use vm_memory::GuestMemoryMmap;
 
     /// A parked vCPU, in user mode or not, with `cr3` loaded.

@@ -61,6 +61,15 @@ pub enum PatchError {
     #[error("{0}: direct entries cannot be proved safe from preempted tasks")]
     TaskWalk(String),
     #[error(
+        "event {event}: its static key at {addr:#x} has an enabled count of {count}: the \
+         guest traces the event itself, and vmtrace leaves its key to it"
+    )]
+    EventKeyEnabled {
+        event: String,
+        addr: u64,
+        count: u32,
+    },
+    #[error(
         "site {addr:#x} (guest physical {gpa:#x}) read back {found} after restoring {original}"
     )]
     RestoreFailed {
@@ -138,6 +147,10 @@ pub struct AttachCounts {
     /// What the attach did to keep the guest's own ftrace off the sites
     /// (`session::guest_ftrace`).
     pub guest_ftrace: crate::session::guest_ftrace::Guarded,
+    /// `-e` on the own VMM: the `tp->funcs` tests trapped, and the keys
+    /// whose counts were set (`session::event_keys`).
+    pub event_tests: usize,
+    pub event_keys: usize,
 }
 
 /// Outcome of one detach.
@@ -159,6 +172,8 @@ pub struct DetachCounts {
     pub module_restored: usize,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
+    /// `-e` on the own VMM: the keys' counts set back to 0.
+    pub event_keys: usize,
 }
 
 /// Check that guest text matches the file at a sample of sites: each site

@@ -1,7 +1,12 @@
 //! What an attach attempt gives: attached, or why not yet (the guest is
 //! resumed as it was and the attach tried again).
 
-use crate::session::patch::AttachCounts;
+use vm_memory::GuestAddress;
+use vmm::GuestRam;
+
+use crate::kernel::kaslr::{self, KernelOffset};
+use crate::session::patch::{self, AttachCounts};
+use crate::session::Tracer;
 
 /// Why an attach attempt wrote nothing; the guest is resumed and the attach
 /// retried.
@@ -74,5 +79,45 @@ impl<'a> Attach<'a> {
             Attach::Attached(c) => Ok(c),
             Attach::NotReady(why) => Err(why),
         }
+    }
+}
+
+impl Tracer {
+    /// Has the guest finished its own ftrace_init? Polled without a pause
+    /// through the kernel's fixed physical mapping; only a hint: `attach`
+    /// checks again, and every selected site, under the pause. With the
+    /// kernel's `ftrace_enabled` known, that flag (set once every site is a
+    /// NOP); without it, every selected site must hold a NOP.
+    pub fn guest_ready(&self, mem: &dyn GuestRam) -> bool {
+        // Where the kernel image is in guest RAM: known after the first
+        // attach attempt, looked for before it (KASLR moves it; kaslr.rs).
+        let deltas = match self.offset {
+            Some(o) => vec![o.phys],
+            None => match kaslr::phys_candidates(mem, &self.plan.image) {
+                Some(found) => found,
+                // Nothing to find the image by: let the pause tell.
+                None => return true,
+            },
+        };
+        deltas.into_iter().any(|phys| {
+            let o = KernelOffset { virt: 0, phys };
+            if let Some(direct) = &self.direct {
+                return direct
+                    .sites
+                    .in_place(mem, &self.plan.image, |a| o.phys_of(a));
+            }
+            match self.plan.ftrace_enabled {
+                Some(va) => o
+                    .phys_of(va)
+                    .and_then(|gpa| mem.read_obj::<u32>(GuestAddress(gpa)).ok())
+                    .is_some_and(|v| v != 0),
+                None => self
+                    .plan
+                    .index
+                    .addrs
+                    .iter()
+                    .all(|&a| o.phys_of(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
+            }
+        })
     }
 }

@@ -24,6 +24,7 @@ use vmm::{Trap, TrapError, TrapHandler};
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::args::ArgSource;
+use crate::session::event_keys::TestTraps;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
@@ -93,6 +94,8 @@ pub struct Recorder {
     frames: bool,
     /// The last entry whose return is to be caught, for the caller.
     entered: Option<Entered>,
+    /// `-e` on the own VMM: the events' `tp->funcs` tests, passed.
+    event_tests: Option<Arc<TestTraps>>,
 }
 
 impl Recorder {
@@ -106,6 +109,11 @@ impl Recorder {
     /// Read the traced events' fields at their entries (`-e`).
     pub fn record_fields(&mut self, fields: Option<event_fields::FieldSource>) {
         self.fields = fields;
+    }
+
+    /// Pass the events' `tp->funcs` tests that trap (`event_keys`).
+    pub fn pass_event_tests(&mut self, tests: Arc<TestTraps>) {
+        self.event_tests = Some(tests);
     }
 
     /// Unwind the kernel stack of the calls `source` selects.
@@ -349,6 +357,15 @@ impl TrapHandler for Recorder {
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
         self.entered = None;
         let site = self.index.find(trap.rip);
+        let slide = self.index.slide();
+        if site.is_none()
+            && self
+                .event_tests
+                .as_ref()
+                .is_some_and(|t| t.pass(trap, slide))
+        {
+            return Ok(());
+        }
         if site.is_none()
             && self
                 .graph
@@ -471,6 +488,7 @@ pub fn recorders(
             stacks: None,
             frames: false,
             entered: None,
+            event_tests: None,
         })
         .collect();
     (counters, recs, store)

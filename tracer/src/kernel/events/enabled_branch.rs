@@ -36,6 +36,8 @@ pub struct FuncsTest {
     pub after_je: u64,
     /// R, as gdb's target description names it (`rax`).
     pub reg: String,
+    /// What the call after it calls (None: an indirect call).
+    pub callee: Option<u64>,
 }
 
 fn decode(image: &KernelImage, at: u64) -> Option<Instruction> {
@@ -79,23 +81,24 @@ pub fn funcs_test(image: &KernelImage, target: u64, funcs: u64) -> Option<FuncsT
     if !tests_reg || je.mnemonic() != Mnemonic::Je {
         return None;
     }
-    flags_dead_until_call(image, je.next_ip())?;
+    let call = flags_dead_until_call(image, je.next_ip())?;
     Some(FuncsTest {
         test: test.ip(),
         after_je: je.next_ip(),
         reg: format!("{reg:?}").to_lowercase(),
+        callee: (call.op0_kind() == OpKind::NearBranch64).then(|| call.near_branch_target()),
     })
 }
 
 /// From `at` to the first call, no instruction reads the flags before one
 /// writes them (the trap skips the `test` that set them), and no branch
-/// leaves the way.
-fn flags_dead_until_call(image: &KernelImage, mut at: u64) -> Option<()> {
+/// leaves the way; the call.
+fn flags_dead_until_call(image: &KernelImage, mut at: u64) -> Option<Instruction> {
     let mut written = false;
     for _ in 0..MAX_TO_CALL {
         let i = decode(image, at)?;
         if i.mnemonic() == Mnemonic::Call {
-            return Some(());
+            return Some(i);
         }
         if i.is_jcc_short_or_near() || i.is_jmp_short_or_near() || i.mnemonic() == Mnemonic::Ret {
             return None;

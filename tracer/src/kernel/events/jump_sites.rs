@@ -66,7 +66,8 @@ pub enum JumpSiteError {
     },
     #[error(
         "{}: the kernel has no jump labels (built without CONFIG_JUMP_LABEL): its \
-         tracepoints test their keys' counts, which vmtrace leaves to the guest",
+         tracepoints test their keys' counts, which only vmtrace's own VMM sets (it owns \
+         the guest), never an attach",
         path.display()
     )]
     NoJumpLabels { path: std::path::PathBuf },

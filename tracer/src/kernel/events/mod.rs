@@ -8,6 +8,7 @@
 //! addresses. Each event keeps where its tracepoint, static key and
 //! `__traceiter_NAME` are, and its arguments as C declares them.
 
+pub mod counted;
 mod decl;
 pub mod enabled_branch;
 pub mod field_values;

@@ -209,3 +209,39 @@ fn common_events_have_nop_sites_and_traced_iterators() {
         }
     }
 }
+
+/// The project's guests (no jump labels, static calls): each event's
+/// `tp->funcs` tests are found in the text, testing RAX before a call of
+/// the event's static call, never in `__traceiter_NAME` itself (whose
+/// own load walks the probes); `sched_switch`'s is in `__schedule`.
+#[test]
+fn guests_without_jump_labels_have_their_funcs_tests_found_in_the_text() {
+    use crate::plan::events::EventPlan;
+    for rel in ["bzImage", "linux-6.12/bzImage"] {
+        let Some(image) = bzimage(rel) else {
+            continue;
+        };
+        let globs = ["sched:sched_switch,sched:sched_wakeup".to_string()];
+        let plan = EventPlan::build(&image, &globs).unwrap();
+        assert!(plan.counted_keys, "{rel}");
+        assert!(plan.attachable(&image.path).is_err(), "{rel}");
+        for e in &plan.events {
+            let sct = image.symbol(&format!("__SCT__tp_func_{}", e.name)).unwrap();
+            assert!(e.static_call && e.sites.is_empty(), "{rel} {}", e.name);
+            assert!(!e.tests.is_empty(), "{rel} {}: no funcs test", e.name);
+            for t in &e.tests {
+                assert_eq!(t.reg, "rax", "{rel} {} at {:#x}", e.name, t.test);
+                assert_eq!(t.callee, Some(sct.addr), "{rel} {}", e.name);
+                let f = image.function_at(t.test).unwrap();
+                assert!(!f.name.starts_with("__traceiter_"), "{rel} {}", f.name);
+                assert_eq!(image.file_bytes(t.test, 3).unwrap(), [0x48, 0x85, 0xc0]);
+            }
+            let in_schedule = e
+                .tests
+                .iter()
+                .any(|t| image.function_at(t.test).unwrap().name == "__schedule");
+            assert_eq!(in_schedule, e.name == "sched_switch", "{rel} {}", e.name);
+            eprintln!("{rel} {}: {} tests", e.full_name(), e.tests.len());
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! `-e` on the own VMM, on a kernel without jump labels (the project's
+//! guests): there each inlined `trace_NAME()` reads its key's `enabled`
+//! count and, with static calls, then tests `tp->funcs`
+//! (`crate::kernel::events::counted`). The own VMM owns the guest from its
+//! first instruction, so under the attach's stop vmtrace sets each
+//! traced event's count to 1 (refused when the guest has set it) and puts
+//! its trap (`out`, as at an ftrace site: `crate::session::patch`) over
+//! each `test rax, rax` of `tp->funcs`. The trap passes the test as a
+//! breakpoint does under `vmtrace attach` (`enabled_branch`): RAX NULL
+//! becomes the address 8 bytes before `tp->funcs`, so `__data` reads
+//! NULL, and the vCPU resumes past the `je`, where the call reaches
+//! `__traceiter_NAME`, whose own ftrace site records the event. At the
+//! detach the tests get their bytes back with every other site, and each
+//! count still 1 with no probe in `tp->funcs` is set back to 0; a count
+//! the guest changed meanwhile (its own perf or ftrace) is left to it.
+
+use std::sync::Arc;
+
+use vm_memory::GuestAddress;
+use vmm::gva::AddressSpace;
+use vmm::{GuestRam, Trap};
+
+use super::patch::{self, PatchError, PatchedSite, Surveyed};
+use super::Tracer;
+use crate::error::TracerError;
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::sites::SITE_LEN;
+use crate::plan::events::EventPlan;
+use crate::plan::site_index::OUT_LEN;
+
+/// `test rax, rax`: the only register the trap can set (`Trap::set_rax`).
+const TEST_RAX: [u8; 3] = [0x48, 0x85, 0xc0];
+/// A `nop` after the 2-byte `out`, over the test's last byte.
+const NOP1: u8 = 0x90;
+
+/// One `tp->funcs` test that traps (link-time addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TestTrap {
+    pub test: u64,
+    pub after_je: u64,
+    pub funcs: u64,
+}
+
+/// The tests the recorders pass, sorted by address.
+#[derive(Debug, Default)]
+pub struct TestTraps {
+    traps: Vec<TestTrap>,
+}
+
+impl TestTraps {
+    /// The tests of `plan`'s events when the kernel has no jump labels
+    /// (else none: jump-label events are `vmtrace attach`'s); only those
+    /// testing RAX.
+    pub fn of(plan: &EventPlan) -> Option<Arc<TestTraps>> {
+        if !plan.counted_keys || plan.is_empty() {
+            return None;
+        }
+        let mut traps: Vec<TestTrap> = plan
+            .events
+            .iter()
+            .flat_map(|e| e.tests.iter().map(move |t| (e, t)))
+            .filter(|(_, t)| t.reg == "rax")
+            .map(|(e, t)| TestTrap {
+                test: t.test,
+                after_je: t.after_je,
+                funcs: e.funcs,
+            })
+            .collect();
+        traps.sort_unstable_by_key(|t| t.test);
+        traps.dedup_by_key(|t| t.test);
+        Some(Arc::new(TestTraps { traps }))
+    }
+
+    pub fn len(&self) -> usize {
+        self.traps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.traps.is_empty()
+    }
+
+    /// The test a trap at link-time `rip` came from: at its `out` or
+    /// just past it (`SiteIndex::find`).
+    fn find(&self, rip: u64) -> Option<&TestTrap> {
+        let at = |a: u64| {
+            self.traps
+                .binary_search_by_key(&a, |t| t.test)
+                .ok()
+                .map(|i| &self.traps[i])
+        };
+        at(rip).or_else(|| at(rip.wrapping_sub(OUT_LEN)))
+    }
+
+    /// Pass the test a trap came from, if it came from one (`slide`: the
+    /// running kernel's KASLR offset): RAX NULL made `tp->funcs - 8`, the
+    /// vCPU moved past the `je`. A probe of the guest's (RAX not NULL)
+    /// is called as the kernel would.
+    pub fn pass(&self, trap: &mut Trap<'_>, slide: i64) -> bool {
+        let Some(t) = self.find(trap.rip.wrapping_sub(slide as u64)) else {
+            return false;
+        };
+        if trap.rax == 0 {
+            trap.set_rax(t.funcs.wrapping_add_signed(slide).wrapping_sub(8));
+        }
+        trap.set_rip(t.after_je.wrapping_add_signed(slide));
+        true
+    }
+}
+
+impl Tracer {
+    /// `-e` on a kernel without jump labels (`event_keys`), after every
+    /// other site is written: on an error every site is given back.
+    pub(super) fn enable_events(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        off: KernelOffset,
+        ram: &Arc<dyn GuestRam>,
+    ) -> Result<(), TracerError> {
+        let Some(traps) = TestTraps::of(&self.plan.events) else {
+            return Ok(());
+        };
+        match enable(space, off, &self.plan.events, &traps) {
+            Ok((sites, keys)) => {
+                self.attach_counts.event_tests = sites.len();
+                self.attach_counts.event_keys = keys.len();
+                self.patched.extend(sites);
+                self.event_keys = keys;
+                Ok(())
+            }
+            Err(e) => {
+                self.detach(&**ram)?;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// A key vmtrace set: where its count and its `tp->funcs` are.
+#[derive(Clone, Debug)]
+pub struct SetKey {
+    count_gpa: u64,
+    funcs_gpa: u64,
+}
+
+/// The attach's writes for the events, under its stop, after every other
+/// site's: the traps over the tests, then the counts. Nothing written
+/// when a key's count is not 0 (the guest's own).
+pub fn enable(
+    space: &mut AddressSpace<'_>,
+    off: KernelOffset,
+    plan: &EventPlan,
+    traps: &TestTraps,
+) -> Result<(Vec<PatchedSite>, Vec<SetKey>), PatchError> {
+    let mut keys = Vec::new();
+    for e in plan.events.iter() {
+        let (key, funcs) = (off.runtime(e.key), off.runtime(e.funcs));
+        let gpa = |space: &mut AddressSpace<'_>, va: u64| {
+            space.gpa(va).map_err(|err| PatchError::Memory {
+                addr: va,
+                gpa: 0,
+                why: err.to_string(),
+            })
+        };
+        let (count_gpa, funcs_gpa) = (gpa(space, key)?, gpa(space, funcs)?);
+        let count: u32 = read(space.memory(), key, count_gpa)?;
+        if count != 0 {
+            return Err(PatchError::EventKeyEnabled {
+                event: e.full_name(),
+                addr: key,
+                count,
+            });
+        }
+        keys.push(SetKey {
+            count_gpa,
+            funcs_gpa,
+        });
+    }
+    let mut found = Vec::new();
+    let mut written = vec![[0u8; SITE_LEN]; traps.traps.len()];
+    for (k, t) in traps.traps.iter().enumerate() {
+        let addr = off.runtime(t.test);
+        let span = space
+            .span(addr, SITE_LEN)
+            .map_err(|err| PatchError::Memory {
+                addr,
+                gpa: 0,
+                why: err.to_string(),
+            })?;
+        let mut original = [0u8; SITE_LEN];
+        span.read(space.memory(), &mut original)
+            .map_err(|err| PatchError::Memory {
+                addr,
+                gpa: span.start(),
+                why: err.to_string(),
+            })?;
+        // The running text must be the image's test (else the kernel is
+        // not the planned one, or changed its text): left alone.
+        if original[..TEST_RAX.len()] == TEST_RAX {
+            written[k] = trapped(original);
+            found.push((k, addr, span, original));
+        }
+    }
+    let (sites, _) = patch::write(space.memory(), Surveyed::entries(found, 0), |k, _| {
+        Ok(written[k])
+    })?;
+    for k in &keys {
+        write(space.memory(), k.count_gpa, 1u32)?;
+    }
+    Ok((sites, keys))
+}
+
+/// Give back each count still 1 with no probe of the guest's; returns
+/// how many.
+pub fn restore(mem: &dyn GuestRam, keys: &[SetKey]) -> usize {
+    keys.iter()
+        .filter(|k| {
+            let count = mem.read_obj::<u32>(GuestAddress(k.count_gpa)).ok();
+            let funcs = mem.read_obj::<u64>(GuestAddress(k.funcs_gpa)).ok();
+            count == Some(1)
+                && funcs == Some(0)
+                && mem.write_obj(0u32, GuestAddress(k.count_gpa)).is_ok()
+        })
+        .count()
+}
+
+/// The test's 5 bytes as written: the trap's `out`, a `nop` over the
+/// test's last byte, and the two bytes after the test (the `je`'s) as
+/// they are: a context interrupted between the test and the `je`
+/// returns to the `je` unchanged.
+fn trapped(original: [u8; SITE_LEN]) -> [u8; SITE_LEN] {
+    let mut b = original;
+    b[..OUT_LEN as usize].copy_from_slice(&patch::TRAP[..OUT_LEN as usize]);
+    b[OUT_LEN as usize] = NOP1;
+    b
+}
+
+fn read(mem: &dyn GuestRam, addr: u64, gpa: u64) -> Result<u32, PatchError> {
+    mem.read_obj::<u32>(GuestAddress(gpa))
+        .map_err(|e| PatchError::Memory {
+            addr,
+            gpa,
+            why: e.to_string(),
+        })
+}
+
+fn write(mem: &dyn GuestRam, gpa: u64, v: u32) -> Result<(), PatchError> {
+    mem.write_obj(v, GuestAddress(gpa))
+        .map_err(|e| PatchError::Memory {
+            addr: 0,
+            gpa,
+            why: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    use vm_memory::GuestMemoryMmap;
+    use vmm::gva::PagingMode;
+
+    #[test]
+    fn a_trapped_test_is_out_and_nop_before_the_je_as_it_was() {
+        // `test rax,rax; je +0x15`, as in 6.1's `__schedule`.
+        let b = trapped([0x48, 0x85, 0xc0, 0x74, 0x15]);
+        let mut d = Decoder::with_ip(64, &b, 0x1000, DecoderOptions::NONE);
+        let out = d.decode();
+        assert_eq!(out.mnemonic(), Mnemonic::Out);
+        assert_eq!(out.immediate8(), vmm::layout::TRACE_PORT as u8);
+        assert_eq!(d.decode().mnemonic(), Mnemonic::Nop);
+        let je = d.decode();
+        assert_eq!(
+            (je.mnemonic(), je.near_branch_target()),
+            (Mnemonic::Je, 0x101a)
+        );
+    }
+
+    #[test]
+    fn a_trap_at_a_test_makes_funcs_read_null_and_moves_past_the_je() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let t = TestTrap {
+            test: 0xffff_ffff_8100_0100,
+            after_je: 0xffff_ffff_8100_0105,
+            funcs: 0xffff_ffff_8180_0038,
+        };
+        let traps = TestTraps { traps: vec![t] };
+        let slide = 0x1360_0000i64;
+        // KVM leaves RIP at the `out` or past it: both are the test's.
+        for past in [0, OUT_LEN] {
+            let rip = t.test + slide as u64 + past;
+            let mut trap = Trap::for_bench(0, rip, 0, 0, PagingMode::Level4, &mem);
+            assert!(traps.pass(&mut trap, slide));
+            assert_eq!(trap.new_rax(), Some(t.funcs + slide as u64 - 8));
+            assert_eq!(trap.new_rip(), Some(t.after_je + slide as u64));
+        }
+        let mut trap = Trap::for_bench(0, t.test + 1, 0, 0, PagingMode::Level4, &mem);
+        assert!(!traps.pass(&mut trap, 0));
+        assert_eq!((trap.new_rax(), trap.new_rip()), (None, None));
+    }
+}
