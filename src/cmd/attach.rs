@@ -55,13 +55,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     guest_modules::add(&connected, &mut image, Some("traced"));
     let request = t.attach_request(connected.info.cpus);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
-    if let Some(name) = tracer::qemu::module_hooks::traced_hook(&plan.plan) {
-        return Err(InputError::ModuleHookTraced { name }.into());
-    }
-    plan.plan
-        .events
-        .attachable(&plan.plan.image.path)
-        .map_err(|e| InputError::from(tracer::plan::PlanError::from(e)))?;
+    check_attachable(&plan)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),
@@ -105,6 +99,19 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// What the plan asks that an attach refuses before it touches the VM: the
+/// module hooks traced (vmtrace follows modules there), events on a kernel
+/// whose event sites `attach` cannot enable.
+fn check_attachable(plan: &TracePlan) -> Result<(), InputError> {
+    if let Some(name) = tracer::qemu::module_hooks::traced_hook(&plan.plan) {
+        return Err(InputError::ModuleHookTraced { name });
+    }
+    plan.plan
+        .events
+        .attachable(&plan.plan.image.path)
+        .map_err(|e| InputError::from(tracer::plan::PlanError::from(e)))
 }
 
 /// What `-e` enabled, and what it cannot record yet.
