@@ -65,6 +65,8 @@ fn traced(name: &str, trace: &str, extra: &[&str]) -> (String, String, serde_jso
         "900".into(),
         "--console".into(),
         console.display().to_string(),
+        "--cmdline".into(),
+        TEST_BOOT_CMDLINE.into(),
         "--trace".into(),
         trace.to_string(),
         "--export".into(),
@@ -331,7 +333,12 @@ fn by_hand(name: &str, trace: &str) -> BTreeMap<String, u64> {
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let file = vmm::boot::KernelFile::open(&kernel).unwrap();
     let emulator_host = vmm::host::emulates_ring0();
-    let cmdline = kernel_cmdline(file.kind(), emulator_host, Cmdline::Append(&[])).unwrap();
+    let cmdline = kernel_cmdline(
+        file.kind(),
+        emulator_host,
+        Cmdline::Append(&[TEST_BOOT_CMDLINE.to_string()]),
+    )
+    .unwrap();
     let image = kernel_image(&file, Given::Nothing).unwrap().image;
     let req = Request {
         trace: trace.split(',').map(str::to_string).collect(),

@@ -39,7 +39,8 @@ static ONE_GUEST: Mutex<()> = Mutex::new(());
 /// emulating hosts; on others the tiny init powers off).
 fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
     let (kernel, _) = linux();
-    boot_kernel(&kernel, cpus, extra)
+    let extra = [&["--cmdline", TEST_BOOT_CMDLINE], extra].concat();
+    boot_kernel(&kernel, cpus, &extra)
 }
 
 fn boot_kernel(
@@ -143,7 +144,10 @@ fn check_run_end(err: &str) {
 #[test]
 fn linux_readme_main_job_traces_hrtimers_during_boot() {
     let saved = std::env::temp_dir().join(format!("vmtrace-linux-{}.vmtrace", std::process::id()));
-    let (out, text) = boot(
+    // The README's flags only (no `TEST_BOOT_CMDLINE`).
+    let (kernel, _) = linux();
+    let (out, text) = boot_kernel(
+        &kernel,
         2,
         &["--trace", "hrtimer_*", "-g", "-o", saved.to_str().unwrap()],
     );
@@ -478,6 +482,8 @@ fn linux_graph_times_the_timer_path_during_boot() {
         &vmlinux,
         1,
         &[
+            "--cmdline",
+            TEST_BOOT_CMDLINE,
             "--trace",
             "hrtimer_interrupt,__hrtimer_run_queues,tick_sched_timer",
             "--graph",
