@@ -145,6 +145,16 @@ fn command(guest: &QemuGuest, line: &str, reply: &str, worker: u32) {
     assert!(got.contains(&want), "{line}: {got}");
 }
 
+/// The guest's own ftrace (the workload's `ftrace ...` commands): its
+/// reply line.
+fn guest_ftrace(guest: &QemuGuest, command: &str) -> String {
+    guest.send_line(&format!("ftrace {command}"));
+    let word = command.split(' ').next().unwrap();
+    guest
+        .wait_for(&format!("workload: ftrace {word}"), COMMAND_TIMEOUT)
+        .unwrap()
+}
+
 #[test]
 fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     let bz = debian_612();
@@ -413,9 +423,28 @@ fn cycles(
     a.wait_line("vmtrace: attached to QEMU");
     let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
     command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
+    // Exitless: the reloaded module's records are marked as the attach's
+    // are, so the guest's own ftrace refuses vmt_hit while vmtrace's call
+    // is at its site (it would find it there: `ftrace bug`).
+    let guests_ftrace = mode == "exitless" && !graph;
+    if guests_ftrace {
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=-22 tracer=off");
+    }
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+    assert!(!e.stderr.contains("stay excluded"), "{}", e.stderr);
+    if guests_ftrace {
+        // Given back at the detach: the guest's ftrace traces it again.
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=0 tracer=0");
+        let enabled = guest_ftrace(guest, "enabled");
+        assert_eq!(enabled, "workload: ftrace enabled vmt_hit");
+        command(guest, "vmt 3", "vmt 3", worker);
+        let off = guest_ftrace(guest, "off");
+        assert_eq!(off, "workload: ftrace off tracer=0 filter=0");
+    }
     let counts = e.counts();
     for (f, n) in [
         ("vmt_hit", CYCLES * K),
@@ -459,7 +488,7 @@ fn cycles(
     );
     assert_no_gdbstub(guest.qmp_socket());
     let console = guest.console();
-    for bad in ["BUG:", "WARNING:", "Oops"] {
+    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
         assert!(!console.contains(bad), "{bad} on the console:\n{console}");
     }
     let (list, mut space) = modules.read();

@@ -258,16 +258,31 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
              back {} times (traced again{})",
             d.module_unloads,
             d.module_reloads,
-            match d.module_untraced {
-                0 => String::new(),
-                n => format!(", but {n} sites whose code changed"),
-            }
+            untraced_sites(d)
         ));
     }
     if d.module_gone > 0 {
         s.push_str(&format!(
             ", {} in modules the guest unloaded during the trace left alone (their memory freed)",
             d.module_gone
+        ));
+    }
+    s
+}
+
+/// The sites of a module loaded again that were left untraced, and why.
+fn untraced_sites(d: &tracer::session::patch::DetachCounts) -> String {
+    let mut s = String::new();
+    if d.module_untraced > 0 {
+        s.push_str(&format!(
+            ", but {} sites whose code changed",
+            d.module_untraced
+        ));
+    }
+    if d.module_in_use > 0 {
+        s.push_str(&format!(
+            ", but {} sites the guest's own ftrace used",
+            d.module_in_use
         ));
     }
     s

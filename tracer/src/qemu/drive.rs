@@ -16,6 +16,7 @@ use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
 use super::module_follow::ModuleFollow;
 use super::module_hooks::ModuleHooks;
+use super::module_marks::Marks;
 use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
@@ -258,6 +259,13 @@ fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<Mo
         .flatten()
 }
 
+/// The guest's ftrace records, to mark a reloaded module's as the attach
+/// marked its sites' (None where it could not).
+fn marks_of(tracer: &Tracer) -> Option<Marks> {
+    let records = tracer.ftrace_records()?.clone();
+    Some(Marks::new(records, tracer.kernel_offset()?))
+}
+
 impl Backend for QemuVm {
     type Error = QemuError;
 
@@ -280,7 +288,9 @@ impl Backend for QemuVm {
                             // Not followed (the stub's error said): an unloaded
                             // module's sites are left alone at the detach.
                             let j = self.follow_journal.take();
-                            self.follow = ModuleFollow::start(h, &stop, j).ok().map(Box::new);
+                            let marks = marks_of(tracer);
+                            self.follow =
+                                ModuleFollow::start(h, &stop, j, marks).ok().map(Box::new);
                         }
                         Ok(times(tracer))
                     }

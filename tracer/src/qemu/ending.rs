@@ -206,12 +206,17 @@ impl Detach<'_> {
         }
         let mut c = self.tracer.detach(&**stop.ram())?;
         if let Some(f) = self.vm.follow.as_mut() {
-            let since = f
+            let (since, records) = f
                 .detach(&stop)
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
             c.module_restored = f.restored;
+            c.module_in_use = f.in_use;
             c.restored += since;
+            let g = &mut c.guest_ftrace;
+            g.cleared += records.cleared;
+            g.kept += records.kept;
+            g.why = g.why.or(records.why);
         }
         stop.resume()?;
         Ok(c)

@@ -22,7 +22,7 @@ use vmm::GuestRam;
 use super::ivshmem::SharedNames;
 use super::marker::Marker;
 use crate::kernel::kaslr::KernelOffset;
-use crate::kernel::sites::{NOP5, SITE_LEN};
+use crate::kernel::sites::NOP5;
 use crate::plan::exitless::layout::PAGE;
 use crate::session::region::TaskScan;
 
@@ -64,6 +64,11 @@ pub struct JournaledSite {
     pub va: u64,
     pub gpa: u64,
     pub original: String,
+    /// A site straddling two pages (module text is mapped page by page):
+    /// where its bytes past `gpa`'s page are (`super::site_span`). Absent
+    /// for a site in one page, and from journals written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<u64>,
 }
 
 /// One call site vmtrace enables: its running address, where its bytes
@@ -382,13 +387,14 @@ impl Journal {
     }
 
     /// Exitless mode, about to write into the free `pages` and patch
-    /// `sites` ((running address, guest-physical address) each): what they
+    /// `sites` ((running address, guest-physical address, that of its
+    /// bytes past the first page if it straddles two) each): what they
     /// hold now, read from `ram` while the guest runs.
     pub fn arm_exitless(
         &mut self,
         ram: &dyn GuestRam,
         pages: &[u64],
-        sites: &[(u64, u64)],
+        sites: &[(u64, u64, Option<u64>)],
         tasks: Option<TaskScan>,
     ) -> Result<(), JournalError> {
         self.record.tasks = tasks;
@@ -409,12 +415,16 @@ impl Journal {
             .collect::<Result<_, JournalError>>()?;
         self.record.sites = sites
             .iter()
-            .map(|&(va, gpa)| {
-                Ok(JournaledSite {
+            .map(|&(va, gpa, tail)| {
+                let mut site = JournaledSite {
                     va,
                     gpa,
-                    original: read(gpa, SITE_LEN)?,
-                })
+                    original: String::new(),
+                    tail,
+                };
+                let bytes = site.read(ram).map_err(JournalError::Guest)?;
+                site.original = hex(&bytes);
+                Ok(site)
             })
             .collect::<Result<_, JournalError>>()?;
         self.record.armed = Armed::Exitless;
@@ -467,6 +477,8 @@ impl Journal {
                         va,
                         gpa: m.site_gpa(va)?,
                         original: hex(&NOP5),
+                        // (The image's linear mapping: one run.)
+                        tail: None,
                     })
                 })
                 .collect(),

@@ -8,7 +8,9 @@ use super::drive::QemuVm;
 use super::error::QemuError;
 use super::guest::QemuStop;
 use crate::kernel::kaslr::{self, Detected, KernelOffset};
+use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::exitless::layout::PAGE;
 use crate::plan::Plan;
 
 /// The kernel image's virtual area: `__START_KERNEL_map` and its size with
@@ -66,20 +68,51 @@ fn not_found(stop: &QemuStop<'_>, image: &KernelImage) -> QemuError {
 }
 
 /// Every site the attach may write, as it will find them (running and
-/// guest-physical address): a module's through the kernel's page tables
-/// (its text is not in the image's linear mapping).
-pub(super) fn site_addresses(vm: &QemuVm, plan: &Plan, offset: KernelOffset) -> Vec<(u64, u64)> {
+/// guest-physical address, and where its bytes past the first page are
+/// when it straddles two): a module's through the kernel's page tables
+/// (its text is not in the image's linear mapping, and is mapped page by
+/// page).
+pub(super) fn site_addresses(
+    vm: &QemuVm,
+    plan: &Plan,
+    offset: KernelOffset,
+) -> Vec<(u64, u64, Option<u64>)> {
     let ram = vm.guest.ram();
     let image = &plan.image;
+    let phys = |va: u64| super::modules::module_phys(&*ram, image, offset, va);
     plan.index
         .addrs
         .iter()
         .filter_map(|&a| {
             let va = offset.runtime(a);
             match image.module_at(va) {
-                Some(_) => Some((va, super::modules::module_phys(&*ram, image, offset, va)?)),
-                None => Some((va, offset.phys_of(a)?)),
+                Some(_) => Some((va, phys(va)?, tail_of(va, phys)?)),
+                None => Some((va, offset.phys_of(a)?, None)),
             }
         })
         .collect()
+}
+
+/// Where the bytes of the site at `va` past its first page are (`phys`
+/// translates): `Some(None)` for a site within one page, None when its
+/// second page is not mapped.
+fn tail_of(va: u64, phys: impl Fn(u64) -> Option<u64>) -> Option<Option<u64>> {
+    let next = (va | (PAGE - 1)) + 1;
+    match next - va < SITE_LEN as u64 {
+        true => phys(next).map(Some),
+        false => Some(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_has_a_tail_only_across_a_page_boundary() {
+        let phys = |va: u64| (va >= 0x2000).then_some(va + 0x10_0000);
+        assert_eq!(tail_of(0x1ffb, phys), Some(None), "ends at the page's end");
+        assert_eq!(tail_of(0x1ffc, phys), Some(Some(0x10_2000)));
+        assert_eq!(tail_of(0xffc, phys), None, "its second page unmapped");
+    }
 }

@@ -2,12 +2,15 @@
 //! trap mode's two breakpoints (`super::module_hooks` says where and why),
 //! each hit handled with the VM stopped and the vCPU then stepped over the
 //! real instruction there. At the free hook the module's sites get back
-//! the bytes they held at the attach (counted) before its text is freed;
-//! at the load hook each site found again gets a call to the stub of the
-//! attach's site (journaled first), so its calls land in the attach's
-//! site index and count as the plan's function: no stub or ring slot is
-//! added. A site straddling two pages is not followed (the journal keeps
-//! one physical address a site).
+//! the bytes they held at the attach (counted) before its text is freed.
+//! At the load hook the module is read and a one-shot breakpoint set at
+//! the hook's return (journaled); there, once the guest's ftrace has
+//! enabled the module's records, each site found again whose record the
+//! guest does not use gets its record marked (`super::module_marks`) and
+//! a call to the stub of the attach's site (journaled first), so its
+//! calls land in the attach's site index and count as the plan's
+//! function: no stub or ring slot is added. A site straddling two pages
+//! is written in both (`super::site_span`), under the stop.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,8 +24,12 @@ use super::gdb::GdbError;
 use super::guest::{QemuGuest, QemuStop};
 use super::journal::{hex, Journal, JournalError, JournaledJump, JournaledSite};
 use super::module_hooks::{HookError, ModuleHooks};
+use super::module_marks::{Judged, Marks};
+use super::step::BreakOps;
 use super::step::{Stepped, SIGTRAP};
+use crate::kernel::ftrace_records::Reenabled;
 use crate::kernel::sites::SITE_LEN;
+use crate::plan::exitless::layout::PAGE;
 use crate::plan::exitless::trampoline::call_bytes;
 
 /// `call rel32`'s opcode.
@@ -50,6 +57,16 @@ struct Rewritten {
     call: [u8; SITE_LEN],
 }
 
+/// A traced module being loaded: the load hook's return, where its sites
+/// are written, and the stack pointer there (the hook's frame popped).
+#[derive(Debug)]
+struct Coming {
+    ret: u64,
+    rsp: u64,
+    /// Each site found again, and the stub its call goes to.
+    sites: Vec<(u64, u64)>,
+}
+
 /// The hooks of an exitless attach, and the module sites written since.
 pub struct ModuleFollow {
     hooks: ModuleHooks,
@@ -62,16 +79,26 @@ pub struct ModuleFollow {
     /// The attach's sites among them (the tracer's detach must forget).
     given_back: Vec<u64>,
     journal: Option<Journal>,
+    /// Modules between the load hook and its return.
+    coming: Vec<Coming>,
+    /// The guest's ftrace records marked at loads; None where the attach
+    /// could not mark them either (it said why).
+    marks: Option<Marks>,
+    /// Sites of modules loaded again left untraced because the guest's
+    /// own ftrace used them (or was changing its records) at the load.
+    pub in_use: usize,
 }
 
 impl ModuleFollow {
     /// Under the attach's stop, once its sites are written: the stub each
     /// traced module site of `hooks` calls now, and the two breakpoints
-    /// (named in `journal` first). On an error, none is left set.
+    /// (named in `journal` first). `marks`: the guest's ftrace records,
+    /// where the attach marked its own. On an error, none is left set.
     pub fn start(
         hooks: ModuleHooks,
         stop: &QemuStop<'_>,
         mut journal: Option<Journal>,
+        marks: Option<Marks>,
     ) -> Result<ModuleFollow, FollowError> {
         let ram = Arc::clone(vmm::Stopped::ram(stop));
         let mut space = AddressSpace::new(&*ram, hooks.root(), PagingMode::Level4);
@@ -100,6 +127,9 @@ impl ModuleFollow {
             restored: 0,
             given_back: Vec::new(),
             journal,
+            coming: Vec::new(),
+            marks,
+            in_use: 0,
         })
     }
 
@@ -135,15 +165,27 @@ impl ModuleFollow {
             return Ok(Served::NotOurs { signal });
         };
         let regs = hit.snapshot(cpu)?.regs;
-        if regs.rip != self.hooks.load && regs.rip != self.hooks.free {
+        let rip = regs.rip;
+        let returning = |c: &Vec<Coming>| c.iter().any(|c| c.ret == rip);
+        let ram = Arc::clone(hit.ram());
+        if rip == self.hooks.load || rip == self.hooks.free {
+            self.handle(rip, regs.rdi, regs.rsp, &*ram, &hit)?;
+        } else if returning(&self.coming) {
+            self.returned(rip, regs.rsp, &*ram)?;
+            if !returning(&self.coming) {
+                // One-shot: out, and the vCPU runs on from here.
+                hit.clear(rip)?;
+                self.unjournal_breakpoint(rip)?;
+                hit.resume(None)?;
+                return Ok(Served::Hit);
+            }
+        } else {
             hit.hold();
             return Ok(Served::NotOurs { signal });
         }
-        let ram = Arc::clone(hit.ram());
-        self.handle(regs.rip, regs.rdi, &*ram)?;
         // Handled twice, a hook finds nothing more to do: a step cut
         // short needs no memory of it.
-        match hit.step_over(cpu, regs.rip)? {
+        match hit.step_over(cpu, rip)? {
             Stepped::Moved | Stepped::Stayed => hit.resume(None)?,
             Stepped::Stopped { signal, .. } => {
                 hit.hold();
@@ -153,19 +195,50 @@ impl ModuleFollow {
         Ok(Served::Hit)
     }
 
-    /// The hook at `rip` for the `struct module` at `module`.
-    fn handle(&mut self, rip: u64, module: u64, ram: &dyn GuestRam) -> Result<(), FollowError> {
+    /// The hook at `rip` for the `struct module` at `module`, the vCPU's
+    /// stack at `rsp` (the hook's return address on top).
+    fn handle(
+        &mut self,
+        rip: u64,
+        module: u64,
+        rsp: u64,
+        ram: &dyn GuestRam,
+        hit: &dyn BreakOps,
+    ) -> Result<(), FollowError> {
         let mut space = AddressSpace::new(ram, self.hooks.root(), PagingMode::Level4);
         if rip == self.hooks.load {
+            let mut sites = Vec::new();
             for (new, at) in self.hooks.loading(ram, module)? {
                 match self.at_attach.get(&at) {
-                    Some(&(_, stub)) => self.rewrite(&mut space, new, stub)?,
+                    Some(&(_, stub)) => sites.push((new, stub)),
                     None => self.hooks.untraced += 1,
                 }
             }
+            if sites.is_empty() {
+                return Ok(());
+            }
+            let ret = space.read_u64(rsp).map_err(|e| FollowError::Site {
+                addr: rsp,
+                why: format!("the load hook's return address: {e}"),
+            })?;
+            if !self.coming.iter().any(|c| c.ret == ret) {
+                if let Some(j) = self.journal.as_mut() {
+                    j.record.breakpoints.push(ret);
+                    j.save()?;
+                }
+                hit.set(ret)?;
+            }
+            self.coming.push(Coming {
+                ret,
+                rsp: rsp + 8,
+                sites,
+            });
             return Ok(());
         }
         for va in self.hooks.freeing(module) {
+            if let Some(m) = self.marks.as_mut() {
+                m.forget(va);
+            }
             let site = match self.written.iter().position(|w| w.va == va) {
                 Some(i) => Some(self.written.swap_remove(i)),
                 None => {
@@ -178,6 +251,44 @@ impl ModuleFollow {
                 self.restored += 1;
             }
             self.unjournal(va)?;
+        }
+        Ok(())
+    }
+
+    /// The load hook returned at `rip` with the stack at `rsp`: the
+    /// coming module's sites, judged by their records now, written.
+    fn returned(&mut self, rip: u64, rsp: u64, ram: &dyn GuestRam) -> Result<(), FollowError> {
+        let Some(i) = self
+            .coming
+            .iter()
+            .position(|c| c.ret == rip && c.rsp == rsp)
+        else {
+            // Another path through that address: nothing of ours.
+            return Ok(());
+        };
+        let c = self.coming.swap_remove(i);
+        let mut space = AddressSpace::new(ram, self.hooks.root(), PagingMode::Level4);
+        let vas: Vec<u64> = c.sites.iter().map(|s| s.0).collect();
+        let judged = match self.marks.as_ref() {
+            Some(m) => m.judge(&mut space, &vas),
+            None => vec![Judged::Write; vas.len()],
+        };
+        for ((va, stub), j) in c.sites.into_iter().zip(judged) {
+            let site = |why: String| FollowError::Site { addr: va, why };
+            match (j, self.marks.as_mut()) {
+                (Judged::InUse, _) => {
+                    self.in_use += 1;
+                    continue;
+                }
+                (Judged::Mark(gpa), Some(m)) => m.mark(ram, va, gpa).map_err(site)?,
+                _ => {}
+            }
+            if let Err(e) = self.rewrite(&mut space, va, stub) {
+                if let Some(m) = self.marks.as_mut() {
+                    let _ = m.unmark(ram, va);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -201,25 +312,25 @@ impl ModuleFollow {
         stub: u64,
     ) -> Result<(), FollowError> {
         let site = |why: String| FollowError::Site { addr: va, why };
+        // (Across two pages, a piece in each: the stop keeps the guest
+        // from running either half-written.)
         let span = space.span(va, SITE_LEN).map_err(|e| site(e.to_string()))?;
-        let end = space
-            .translate(va + SITE_LEN as u64 - 1)
-            .ok()
-            .map(|t| t.gpa);
-        if end != Some(span.start() + SITE_LEN as u64 - 1) {
-            self.hooks.untraced += 1;
-            return Ok(());
-        }
         let call = call_bytes(va, stub).map_err(|e| site(e.to_string()))?;
         let mut original = [0u8; SITE_LEN];
         let mem = space.memory();
         span.read(mem, &mut original)
             .map_err(|e| site(e.to_string()))?;
         if let Some(j) = self.journal.as_mut() {
+            let next = (va | (PAGE - 1)) + 1;
+            let tail = match next - va < SITE_LEN as u64 {
+                true => Some(space.gpa(next).map_err(|e| site(e.to_string()))?),
+                false => None,
+            };
             j.record.sites.push(JournaledSite {
                 va,
                 gpa: span.start(),
                 original: hex(&original),
+                tail,
             });
             j.save()?;
         }
@@ -233,6 +344,15 @@ impl ModuleFollow {
         Ok(())
     }
 
+    /// The load hook's return at `ret` is no longer a breakpoint.
+    fn unjournal_breakpoint(&mut self, ret: u64) -> Result<(), FollowError> {
+        if let Some(j) = self.journal.as_mut() {
+            j.record.breakpoints.retain(|&b| b != ret);
+            j.save()?;
+        }
+        Ok(())
+    }
+
     /// The site at `va` given back: no longer the repair's.
     fn unjournal(&mut self, va: u64) -> Result<(), FollowError> {
         if let Some(j) = self.journal.as_mut() {
@@ -242,20 +362,34 @@ impl ModuleFollow {
         Ok(())
     }
 
-    /// Inside the detach's stop: the breakpoints out, and every site
-    /// written since the attach that still holds vmtrace's call given its
-    /// bytes back. Returns how many.
-    pub fn detach(&mut self, stop: &QemuStop<'_>) -> Result<usize, FollowError> {
+    /// Inside the detach's stop: the breakpoints out, every site written
+    /// since the attach that still holds vmtrace's call given its bytes
+    /// back, and their records in the guest's ftrace as the attach's are
+    /// (`Marks::give_back`). Returns how many sites, and the records.
+    pub fn detach(&mut self, stop: &QemuStop<'_>) -> Result<(usize, Reenabled), FollowError> {
         stop.clear_breakpoint(self.hooks.load)?;
         stop.clear_breakpoint(self.hooks.free)?;
+        let mut rets: Vec<u64> = self.coming.drain(..).map(|c| c.ret).collect();
+        rets.sort_unstable();
+        rets.dedup();
+        for ret in rets {
+            stop.clear_breakpoint(ret)?;
+        }
         let ram = Arc::clone(vmm::Stopped::ram(stop));
-        let mut n = 0;
+        let mut restored = std::collections::HashSet::new();
         for w in std::mem::take(&mut self.written) {
             if restore(&*ram, &w)? {
-                n += 1;
+                restored.insert(w.va);
             }
         }
-        Ok(n)
+        let records = match self.marks.as_mut() {
+            Some(m) => {
+                let mut space = AddressSpace::new(&*ram, self.hooks.root(), PagingMode::Level4);
+                m.give_back(&mut space, |site| restored.contains(&site))
+            }
+            None => Reenabled::default(),
+        };
+        Ok((restored.len(), records))
     }
 }
 

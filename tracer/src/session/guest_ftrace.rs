@@ -177,6 +177,16 @@ fn gpa(
 }
 
 impl Tracer {
+    /// The guest's ftrace records as its kernel lays them out, when they
+    /// can be marked: a module's loaded later are marked the same way
+    /// (`crate::qemu::module_marks`).
+    pub fn ftrace_records(&self) -> Option<&FtraceRecords> {
+        match &self.guest_ftrace {
+            Guard::Records(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Under the attach's stop, every check done: the guest's ftrace kept
     /// off the sites (its records marked before the sites are written,
     /// unmarked again if writing them fails), then the sites written.
@@ -250,11 +260,18 @@ pub fn reenable(
     mem: &dyn GuestRam,
     restored: impl Fn(u64) -> bool,
 ) -> Reenabled {
-    excluded.reenable(mem, restored).unwrap_or(Reenabled {
+    excluded
+        .reenable(mem, restored)
+        .unwrap_or(unreadable(excluded.records.len()))
+}
+
+/// `n` records kept disabled: the guest's words could not be read.
+pub fn unreadable(n: usize) -> Reenabled {
+    Reenabled {
         cleared: 0,
-        kept: excluded.records.len(),
+        kept: n,
         why: Some(KeptWhy::Unreadable),
-    })
+    }
 }
 
 /// The lines an attach says about the guest's ftrace.

@@ -48,8 +48,13 @@ pub fn detach(
 impl crate::session::Tracer {
     /// Sites at `addrs` given their bytes back by someone else (a
     /// module's, at its unload, `crate::qemu::module_follow`): no longer
-    /// the detach's, whose text may since be freed.
+    /// the detach's, whose text may since be freed. Their records in the
+    /// guest's ftrace went with the module (`ftrace_release_mod` frees
+    /// them): never written again, nor counted as kept.
     pub fn forget_sites(&mut self, addrs: &[u64]) {
         self.patched.retain(|s| !addrs.contains(&s.addr));
+        if let Some(ex) = self.excluded.as_mut() {
+            ex.records.retain(|(site, _)| !addrs.contains(site));
+        }
     }
 }

@@ -168,6 +168,9 @@ pub struct DetachCounts {
     pub module_unloads: usize,
     pub module_reloads: usize,
     pub module_untraced: usize,
+    /// Exitless mode: sites of a module loaded again left untraced, the
+    /// guest's own ftrace using them (or changing its records) then.
+    pub module_in_use: usize,
     /// Exitless mode: sites given their bytes back at those unloads.
     pub module_restored: usize,
     /// The guest ftrace's records of the sites, given back to it or not.

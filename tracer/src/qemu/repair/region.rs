@@ -14,6 +14,7 @@ use super::super::guest::{QemuGuest, QemuStop};
 use super::super::ivshmem::SharedNames;
 use super::super::journal::{unhex, JournalRecord};
 use super::Repaired;
+use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::{
     CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
     PD_COUNT,
@@ -60,26 +61,25 @@ pub(super) fn restore_sites(
     let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[CODE_VA]);
     let (mut restored, mut as_found, mut other, mut stuck) = (0, 0, Vec::new(), 0);
     for s in &r.sites {
-        let Some(original) = unhex(&s.original).filter(|o| o.len() == 5) else {
+        let original = unhex(&s.original).and_then(|o| <[u8; SITE_LEN]>::try_from(o).ok());
+        let Some(original) = original else {
             other.push(s.va);
             continue;
         };
-        let mut now = [0u8; 5];
-        ram.read_slice(&mut now, GuestAddress(s.gpa))
-            .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        let now = s.read(&**ram).map_err(QemuError::NotTraceable)?;
         let known = match into_code(s.va, &now) {
             Some((JMP, stub)) if from_marker => space
                 .as_mut()
                 .is_some_and(|sp| stub_runs_nothing(sp, s.va, stub)),
             _ => true,
         };
-        if now[..] == original[..] {
+        if now == original {
             as_found += 1;
         } else if !known {
             stuck += 1;
         } else if into_code(s.va, &now).is_some() {
-            ram.write_slice(&original, GuestAddress(s.gpa))
-                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+            s.write(&**ram, &original)
+                .map_err(QemuError::NotTraceable)?;
             restored += 1;
         } else {
             other.push(s.va);
