@@ -14,7 +14,6 @@
 
 pub mod event_fields;
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -28,7 +27,7 @@ use crate::session::event_keys::TestTraps;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
-use crate::session::tasks::{Seen, TaskKey, TaskSource};
+use crate::session::tasks::{Seen, TaskCache, TaskSource};
 use crate::trace::model::{Event, RETURN_BIT};
 
 // What the recorders share with the store and the exitless drainer, in
@@ -81,7 +80,7 @@ pub struct Recorder {
     graph: Option<Arc<GraphHook>>,
     /// The guest's tasks, when its kernel's layout is known; with this
     /// recorder's own cache of the ids it has seen.
-    tasks: Option<(Arc<TaskSource>, HashMap<TaskKey, Seen>)>,
+    tasks: Option<(Arc<TaskSource>, TaskCache)>,
     /// `--args`: where entries' arguments go, and which sites record them.
     args: Option<ArgSource>,
     /// `-e`: the events' fields, read at their entries.
@@ -142,7 +141,7 @@ impl Recorder {
 
     /// Name each event's task (the guest's current task at the trap).
     pub fn record_tasks(&mut self, source: Arc<TaskSource>) {
-        self.tasks = Some((source, HashMap::new()));
+        self.tasks = Some((source, TaskCache::default()));
     }
 
     /// The id of the task the trapped vCPU runs (`Event::task`: 0 if

@@ -138,6 +138,42 @@ pub struct TaskSource {
 /// keeps its calls.
 pub type Seen = (u32, bool);
 
+/// A reader's own cache of the tasks it has named: the few it met last
+/// in front, compared in place (a CPU runs a handful of tasks trap after
+/// trap, and hashing the key was a tenth of a trap's handler), the rest
+/// by key.
+#[derive(Debug, Default)]
+pub struct TaskCache {
+    recent: [Option<(TaskKey, Seen)>; RECENT_TASKS],
+    /// Where the next task met is put in `recent` (round robin).
+    next: usize,
+    seen: HashMap<TaskKey, Seen>,
+}
+
+/// Tasks a reader keeps in front of its map.
+const RECENT_TASKS: usize = 8;
+
+impl TaskCache {
+    fn get(&mut self, key: &TaskKey) -> Option<Seen> {
+        if let Some((_, seen)) = self.recent.iter().flatten().find(|(k, _)| k == key) {
+            return Some(*seen);
+        }
+        let seen = *self.seen.get(key)?;
+        self.remember(*key, seen);
+        Some(seen)
+    }
+
+    fn insert(&mut self, key: TaskKey, seen: Seen) {
+        self.seen.insert(key, seen);
+        self.remember(key, seen);
+    }
+
+    fn remember(&mut self, key: TaskKey, seen: Seen) {
+        self.recent[self.next] = Some((key, seen));
+        self.next = (self.next + 1) % RECENT_TASKS;
+    }
+}
+
 impl TaskSource {
     pub fn new(layout: TaskLayout, table: Arc<TaskTable>, filter: TaskFilter) -> TaskSource {
         TaskSource {
@@ -181,12 +217,12 @@ impl TaskSource {
     /// 0), nor cached.
     pub fn id(
         &self,
-        cache: &mut HashMap<TaskKey, Seen>,
+        cache: &mut TaskCache,
         space: &mut AddressSpace<'_>,
         key: TaskKey,
         store: bool,
     ) -> Seen {
-        if let Some(&seen) = cache.get(&key) {
+        if let Some(seen) = cache.get(&key) {
             return seen;
         }
         let seen = self.name(space, key, store);
