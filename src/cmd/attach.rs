@@ -89,7 +89,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
-    say_events(&s, &events.behind_static_calls(s.traps()));
+    say_events(&s, &events.behind_static_calls());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
@@ -125,6 +125,12 @@ fn say_events(s: &QemuSession, silent: &[String]) {
         note!(
             "vmtrace: {} call sites of the events enabled (the kernel's jumps, given back their NOPs at the detach); {meanwhile}",
             s.event_sites()
+        );
+    }
+    if s.funcs_loads() > 0 {
+        note!(
+            "vmtrace: {} tp->funcs loads of the events read tp->iterator instead (this kernel's static calls then reach __traceiter_NAME, traced without a stop; given back at the detach)",
+            s.funcs_loads()
         );
     }
     if !silent.is_empty() {

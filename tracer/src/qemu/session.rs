@@ -480,7 +480,17 @@ impl QemuSession {
 
     /// The events' call sites vmtrace enabled (`super::event_sites`).
     pub fn event_sites(&self) -> usize {
-        self.vm.jumps.len()
+        self.vm.jumps.len() - self.funcs_loads()
+    }
+
+    /// The events' `tp->funcs` loads exitless mode redirected
+    /// (`super::funcs_loads`): journaled with the jumps.
+    pub fn funcs_loads(&self) -> usize {
+        let is_nop = |j: &&super::journal::JournaledJump| {
+            let nop = super::journal::unhex(&j.nop).unwrap_or_default();
+            crate::kernel::events::jump_sites::nop_at(&nop, j.va).is_ok()
+        };
+        self.vm.jumps.iter().filter(|j| !is_nop(j)).count()
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU

@@ -49,6 +49,25 @@ impl FieldSource {
         let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
         Some(read_fields(format, &args[1..], &self.offsets, &mut read))
     }
+
+    /// `read`, later than the event (exitless mode's drain, the guest
+    /// running on): the fields that do not last past the event
+    /// (`EventFormat::lasts`) are not read, and show as unread.
+    pub fn read_later(
+        &self,
+        site: usize,
+        args: &[u64; 6],
+        space: &mut AddressSpace<'_>,
+    ) -> Option<Vec<FieldValue>> {
+        let format = self.formats.get(site)?.as_ref()?;
+        let mut values = self.read(site, args, space)?;
+        for (i, v) in values.iter_mut().enumerate() {
+            if !format.lasts(i) {
+                *v = FieldValue::Unread;
+            }
+        }
+        Some(values)
+    }
 }
 
 #[cfg(test)]
