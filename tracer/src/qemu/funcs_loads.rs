@@ -74,6 +74,17 @@ pub(super) fn plan(
     Ok(out)
 }
 
+/// Of the journaled `jumps`: (call sites, loads), known by their bytes
+/// before (a site's are the kernel's NOP).
+pub(super) fn split(jumps: &[JournaledJump]) -> (usize, usize) {
+    let is_nop = |j: &&JournaledJump| {
+        let nop = super::journal::unhex(&j.nop).unwrap_or_default();
+        crate::kernel::events::jump_sites::nop_at(&nop, j.va).is_ok()
+    };
+    let sites = jumps.iter().filter(is_nop).count();
+    (sites, jumps.len() - sites)
+}
+
 fn read(ram: &dyn GuestRam, gpa: u64, b: &mut [u8]) -> Result<(), QemuError> {
     ram.read_slice(b, GuestAddress(gpa))
         .map_err(|e| QemuError::NotTraceable(e.to_string()))

@@ -478,19 +478,10 @@ impl QemuSession {
         matches!(self.vm.arming, Arming::Trap { .. })
     }
 
-    /// The events' call sites vmtrace enabled (`super::event_sites`).
-    pub fn event_sites(&self) -> usize {
-        self.vm.jumps.len() - self.funcs_loads()
-    }
-
-    /// The events' `tp->funcs` loads exitless mode redirected
-    /// (`super::funcs_loads`): journaled with the jumps.
-    pub fn funcs_loads(&self) -> usize {
-        let is_nop = |j: &&super::journal::JournaledJump| {
-            let nop = super::journal::unhex(&j.nop).unwrap_or_default();
-            crate::kernel::events::jump_sites::nop_at(&nop, j.va).is_ok()
-        };
-        self.vm.jumps.iter().filter(|j| !is_nop(j)).count()
+    /// The events' call sites vmtrace enabled (`super::event_sites`), and
+    /// its `tp->funcs` loads redirected (`super::funcs_loads`).
+    pub fn event_sites(&self) -> (usize, usize) {
+        super::funcs_loads::split(&self.vm.jumps)
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU

@@ -452,12 +452,11 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let root = tasks::kernel_root(&c.space, &self.plan.image, c.off);
-            let fields =
-                record::event_fields::FieldSource::new(&self.plan).map(|source| DrainFields {
-                    source,
-                    root,
-                    mode: c.space.mode(),
-                });
+            let fields = equip::field_source(&self.plan).map(|source| DrainFields {
+                source,
+                root,
+                mode: c.space.mode(),
+            });
             let values = DrainValues {
                 args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites()),
                 retval: self.plan.graph && self.plan.values.retval,

@@ -10,7 +10,6 @@ use vmm::gva::AddressSpace;
 
 use crate::kernel::events::field_values::read_fields;
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
-use crate::plan::Plan;
 
 /// Which sites are events', their formats, and where their values go.
 #[derive(Clone, Debug)]
@@ -21,17 +20,12 @@ pub struct FieldSource {
 }
 
 impl FieldSource {
-    /// The plan's events' formats by site; None when it traces no event or
-    /// BTF lacks the offsets.
-    pub fn new(plan: &Plan) -> Option<FieldSource> {
-        let offsets = plan.events.offsets?;
-        let by_func = |f: &u32| {
-            let func = plan.funcs.get(*f as usize)?;
-            let mut names = plan.image.names(*func);
-            let e = names.find_map(|n| plan.events.by_iterator(n))?;
-            e.format.clone().map(Arc::new)
-        };
-        let formats: Arc<[_]> = plan.index.funcs.iter().map(by_func).collect();
+    /// Site `k`'s event's format at `formats[k]` (None: a function's);
+    /// None when no site is an event's.
+    pub fn of(
+        formats: Arc<[Option<Arc<EventFormat>>]>,
+        offsets: FieldOffsets,
+    ) -> Option<FieldSource> {
         let any = formats.iter().any(Option::is_some);
         any.then_some(FieldSource { formats, offsets })
     }
