@@ -57,7 +57,7 @@ pub enum QemuError {
         va: u64,
         found: String,
     },
-    #[error("the tp->funcs load of event {event} at {va:#x} is {why}: the running kernel's code is not the image's; nothing was written (--mode trap passes the event's test with a breakpoint)")]
+    #[error("the tp->funcs load of event {event} at {va:#x} is {why}: the running kernel's code is not the image's; nothing was written (trap mode passes the event's test with a breakpoint)")]
     EventLoad { event: String, va: u64, why: String },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
