@@ -255,10 +255,109 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     );
     assert_runs_on(&guest, w.worker);
     check_sched_switch(&data, w.worker);
+    exitless_events(&guest, &kernel, &bz, &data, w.worker);
     let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
     assert!(
         !console.contains("BUG") && !console.contains("WARNING"),
         "{console}"
     );
+}
+
+/// The number before `what` in `line` (`vmtrace: 3 call sites ...`).
+fn count_in(line: &str, what: &str) -> usize {
+    let at = line
+        .find(what)
+        .unwrap_or_else(|| panic!("{what} in {line}"));
+    let n = line[..at].trim_end().rsplit(' ').next().unwrap();
+    n.parse().unwrap_or_else(|_| panic!("{n} in {line}"))
+}
+
+/// `--mode exitless -e`: each enabled site's `tp->funcs` load made to
+/// read `tp->iterator` (no breakpoint, no stop per event), the events
+/// recorded by the exitless trampoline with their tasks and fields: one
+/// `sched_process_fork` per fork, its child pid the one the guest printed,
+/// one `task_rename` per child (its names, which do not last past the
+/// event, unread), `sched_switch` as in trap mode; the kernel's text as
+/// found after the detach.
+fn exitless_events(
+    guest: &QemuGuest,
+    kernel: &Kernel,
+    bz: &std::path::Path,
+    data: &std::path::Path,
+    worker: u32,
+) {
+    let qmp = guest.qmp_socket();
+    let watch = kernel.watch(qmp);
+    let before = watch.read();
+    let _ = std::fs::remove_file(data);
+    let args = [
+        "--kernel",
+        s(bz),
+        "--mode",
+        "exitless",
+        "-e",
+        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "-o",
+        s(data),
+    ];
+    let mut a = Attach::start(qmp, &args);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("exitless"), "{line}");
+    let sites = count_in(
+        &a.wait_line("call sites of the events enabled"),
+        "call sites",
+    );
+    let line = a.wait_line("tp->funcs loads of the events read tp->iterator");
+    assert_eq!(count_in(&line, "tp->funcs loads"), sites, "{line}");
+    // Each site's NOP a JMP, each load's displacement changed: nothing else
+    // of the kernel's text.
+    let during = watch.read();
+    let text = diffs(&before, &during);
+    let text: Vec<_> = text.iter().filter(|d| d.0 >= LOW).collect();
+    let jumps = text.iter().filter(|d| NOP_TO_JMP.contains(&(d.1, d.2)));
+    assert_eq!(jumps.count(), sites, "{text:x?}");
+    assert!(text.len() <= sites * (5 + 4), "{text:x?}");
+    guest.send_line("forks 3");
+    let line = guest
+        .wait_for("workload: forked 3 pids=", Duration::from_secs(60))
+        .unwrap();
+    let printed = forked_pids(&line);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(!e.stderr.contains("not recorded yet"), "{}", e.stderr);
+    let report = common::vmtrace(&["report", s(data), "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&common::stdout(&report)).unwrap();
+    assert_eq!(doc["mode"], "exitless", "{doc}");
+    assert_eq!(doc["dropped"], 0, "{doc}");
+    let forks: Vec<_> = records(&doc, "sched:sched_process_fork")
+        .iter()
+        .filter(|f| f["fields"]["parent_pid"] == worker)
+        .collect();
+    let children: Vec<u64> = forks
+        .iter()
+        .map(|f| f["fields"]["child_pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(children, printed, "{forks:?}");
+    for f in &forks {
+        assert_eq!(f["pid"], worker, "{f}");
+        assert_eq!(f["fields"]["parent_comm"], "wl-worker", "{f}");
+    }
+    let renames = records(&doc, "task:task_rename");
+    for &child in &printed {
+        let by: Vec<_> = renames
+            .iter()
+            .filter(|r| r["fields"]["pid"].as_u64() == Some(child))
+            .collect();
+        assert_eq!(by.len(), 1, "{renames:?}");
+        assert_eq!(by[0]["pid"], child, "{by:?}");
+    }
+    for r in records(&doc, "sched:sched_switch") {
+        assert_eq!(r["pid"], r["fields"]["prev_pid"], "{r}");
+    }
+    check_sched_switch(data, worker);
+    assert_same(&before, &watch.read(), "after an exitless trace of events");
+    assert_no_gdbstub(qmp);
+    assert_runs_on(guest, worker);
 }

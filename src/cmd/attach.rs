@@ -89,7 +89,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
-    say_events(&s, &events.behind_static_calls(s.traps()));
+    say_events(&s, &events.behind_static_calls());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
@@ -116,7 +116,8 @@ fn check_attachable(plan: &TracePlan) -> Result<(), InputError> {
 
 /// What `-e` enabled, and what it cannot record yet.
 fn say_events(s: &QemuSession, silent: &[String]) {
-    if s.event_sites() > 0 {
+    let (sites, loads) = s.event_sites();
+    if sites > 0 {
         // Trap mode gives a site back to the guest as it enables its event.
         let meanwhile = match s.traps() {
             true => "the guest may enable these events itself meanwhile",
@@ -124,7 +125,12 @@ fn say_events(s: &QemuSession, silent: &[String]) {
         };
         note!(
             "vmtrace: {} call sites of the events enabled (the kernel's jumps, given back their NOPs at the detach); {meanwhile}",
-            s.event_sites()
+            sites
+        );
+    }
+    if loads > 0 {
+        note!(
+            "vmtrace: {loads} tp->funcs loads of the events read tp->iterator instead (this kernel's static calls then reach __traceiter_NAME, traced without a stop; given back at the detach)"
         );
     }
     if !silent.is_empty() {
@@ -237,7 +243,7 @@ fn say_attached(s: &QemuSession) {
             };
             // (`say_events` names the events' call sites it wrote.)
             let unwritten = match s.event_sites() {
-                0 => "; guest memory unwritten",
+                (0, 0) => "; guest memory unwritten",
                 _ => "",
             };
             note!("{qemu}: a gdbstub breakpoint at each of {sites} {at}{returns}, trap mode{unwritten}")

@@ -385,9 +385,18 @@ impl Observer for Status {
         }
         if c.event_keys > 0 {
             // docs/events.md: the own VMM sets the keys' counts.
+            let (tests, meanwhile) = match c.exitless.is_some() {
+                true => (
+                    "tp->funcs loads made to read tp->iterator",
+                    "the guest must not enable them itself meanwhile",
+                ),
+                false => (
+                    "tp->funcs tests trapped",
+                    "an event the guest enables itself meanwhile is recorded no more",
+                ),
+            };
             note!(
-                "vmtrace: events: {} enabled (their keys' counts set to 1), {} tp->funcs tests \
-                 trapped; an event the guest enables itself meanwhile is recorded no more",
+                "vmtrace: events: {} enabled (their keys' counts set to 1), {} {tests}; {meanwhile}",
                 c.event_keys,
                 c.event_tests
             );

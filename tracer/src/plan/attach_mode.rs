@@ -113,9 +113,11 @@ pub fn decide<R, E: std::fmt::Display>(
     falls_back: impl Fn(&E) -> bool,
 ) -> Result<Decision<R>, Refused<E>> {
     let auto = plan.asked == ModeChoice::Auto;
-    // Events behind static calls are recorded only where a breakpoint
-    // passes their `tp->funcs` test (`kernel::events::enabled_branch`).
-    let events = !plan.plan.events.behind_static_calls(false).is_empty();
+    // Events behind static calls: auto mode passes their `tp->funcs` tests
+    // with breakpoints (`kernel::events::enabled_branch`), where the guest
+    // may enable the events itself meanwhile; exitless mode, asked, makes
+    // their loads read another cell, and the guest must not.
+    let events = plan.plan.events.any_static_call();
     if auto && events && plan.plan.stacks.is_none() {
         return Ok(Decision::Trap {
             why: Some(EVENTS_AT_BREAKPOINTS.into()),

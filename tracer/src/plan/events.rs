@@ -69,6 +69,10 @@ pub struct PlannedEvent {
     pub tests: Vec<FuncsTest>,
     /// `tp->funcs` (link-time address).
     pub funcs: u64,
+    /// `tp->iterator` (link-time address): it holds `__traceiter_NAME`'s
+    /// address, never NULL, the cell exitless mode's `tp->funcs` loads read
+    /// instead (`crate::qemu::funcs_loads`).
+    pub iterator_cell: u64,
     /// Its fields by name (`kernel::events::fields`); None when BTF does
     /// not give its arguments.
     pub format: Option<EventFormat>,
@@ -144,6 +148,10 @@ impl EventPlan {
             .member("tracepoint", "funcs")
             .map(|m| u64::from(m.offset))
             .map_err(EventError::from)?;
+        let tp_iterator = btf
+            .member("tracepoint", "iterator")
+            .map(|m| u64::from(m.offset))
+            .map_err(EventError::from)?;
         let mut events = Vec::new();
         for e in table.select(&globs)? {
             let full = e.full_name();
@@ -167,6 +175,7 @@ impl EventPlan {
                 .symbol(&format!("__SCT__tp_func_{}", e.name))
                 .is_some();
             let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
+            let iterator_cell = tp_iterator + e.tracepoint.unwrap_or_default();
             let tests = match (static_call, counted_keys) {
                 (true, false) => sites
                     .iter()
@@ -184,6 +193,7 @@ impl EventPlan {
                 static_call,
                 tests,
                 funcs,
+                iterator_cell,
                 format: EventFormat::of(e),
             });
         }
@@ -201,12 +211,13 @@ impl EventPlan {
     }
 
     /// The events whose `__traceiter_NAME` only a guest's probe makes
-    /// called (`PlannedEvent::static_call`): all of them in exitless mode,
-    /// in trap mode those with a site whose test cannot be trapped.
-    pub fn behind_static_calls(&self, trap: bool) -> Vec<String> {
+    /// called (`PlannedEvent::static_call`) because a site's `tp->funcs`
+    /// test was not found: trap mode passes the tests with a breakpoint,
+    /// exitless mode by making their loads read `tp->iterator`.
+    pub fn behind_static_calls(&self) -> Vec<String> {
         // Without jump labels the sites are the tests found (none: silent).
         let silent = |e: &&PlannedEvent| {
-            e.static_call && (!trap || e.tests.is_empty() || e.tests.len() < e.sites.len())
+            e.static_call && (e.tests.is_empty() || e.tests.len() < e.sites.len())
         };
         self.events
             .iter()
@@ -217,6 +228,12 @@ impl EventPlan {
 
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
+    }
+
+    /// Whether any event is called through a static call (its `tp->funcs`
+    /// tests are passed by vmtrace).
+    pub fn any_static_call(&self) -> bool {
+        self.events.iter().any(|e| e.static_call)
     }
 
     /// Can the own VMM enable them? Only on a kernel without jump labels

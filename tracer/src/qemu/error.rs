@@ -57,6 +57,8 @@ pub enum QemuError {
         va: u64,
         found: String,
     },
+    #[error("the tp->funcs load of event {event} at {va:#x} is {why}: the running kernel's code is not the image's; nothing was written (trap mode passes the event's test with a breakpoint)")]
+    EventLoad { event: String, va: u64, why: String },
     #[error("the guest was never ready to attach ({0})")]
     NotReady(String),
     /// The mode this guest allows does not trace what was asked; said

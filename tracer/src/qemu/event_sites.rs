@@ -31,6 +31,9 @@ pub struct JumpsRestored {
     pub other: usize,
     /// Sites whose key the guest has enabled since: its own jumps, left.
     pub guests: usize,
+    /// Of `restored`: exitless mode's `tp->funcs` loads given back their
+    /// displacement (`super::funcs_loads`).
+    pub loads: usize,
 }
 
 impl std::fmt::Display for JumpsRestored {
@@ -38,8 +41,15 @@ impl std::fmt::Display for JumpsRestored {
         write!(
             f,
             "{} event call sites given back their NOP ({} were as found, {} hold neither and are left alone, {} are the guest's own: it enabled their event since)",
-            self.restored, self.as_found, self.other, self.guests
-        )
+            self.restored - self.loads,
+            self.as_found,
+            self.other,
+            self.guests
+        )?;
+        match self.loads {
+            0 => Ok(()),
+            n => write!(f, "; {n} tp->funcs loads given back their address"),
+        }
     }
 }
 
@@ -148,7 +158,11 @@ fn write(
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
 ) -> Result<usize, QemuError> {
-    let jumps = check(stop, events, offset)?;
+    let mut jumps = check(stop, events, offset)?;
+    if breakpoints.is_none() {
+        // Exitless: no breakpoint passes the `tp->funcs` tests.
+        jumps.extend(super::funcs_loads::plan(stop, events, offset)?);
+    }
     let skips = match breakpoints.is_some() {
         true => skips(events, offset),
         false => Vec::new(),
@@ -200,6 +214,8 @@ pub fn restore(stop: &QemuStop<'_>, jumps: &[JournaledJump]) -> Result<JumpsRest
             ram.write_slice(&nop, GuestAddress(j.gpa))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             out.restored += 1;
+            let is_nop = crate::kernel::events::jump_sites::nop_at(&nop, j.va).is_ok();
+            out.loads += usize::from(!is_nop);
         } else {
             out.other += 1;
         }

@@ -23,6 +23,7 @@ pub mod ending;
 pub mod error;
 pub mod event_sites;
 pub mod frames;
+mod funcs_loads;
 pub mod gdb;
 pub mod guest;
 pub mod ivshmem;

@@ -478,9 +478,10 @@ impl QemuSession {
         matches!(self.vm.arming, Arming::Trap { .. })
     }
 
-    /// The events' call sites vmtrace enabled (`super::event_sites`).
-    pub fn event_sites(&self) -> usize {
-        self.vm.jumps.len()
+    /// The events' call sites vmtrace enabled (`super::event_sites`), and
+    /// its `tp->funcs` loads redirected (`super::funcs_loads`).
+    pub fn event_sites(&self) -> (usize, usize) {
+        super::funcs_loads::split(&self.vm.jumps)
     }
 
     /// Trace until `duration` (if any), a termination signal, or the QEMU

@@ -26,6 +26,19 @@ pub(super) fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<Tas
     )))
 }
 
+/// The plan's events' formats by site (`session::record::event_fields`);
+/// None when it traces no event or BTF lacks the offsets.
+pub(super) fn field_source(plan: &Plan) -> Option<FieldSource> {
+    let offsets = plan.events.offsets?;
+    let by_func = |f: &u32| {
+        let func = plan.funcs.get(*f as usize)?;
+        let mut names = plan.image.names(*func);
+        let e = names.find_map(|n| plan.events.by_iterator(n))?;
+        e.format.clone().map(Arc::new)
+    };
+    FieldSource::of(plan.index.funcs.iter().map(by_func).collect(), offsets)
+}
+
 /// How a session's `--stack` calls unwind (None: no stacks recorded).
 pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource>> {
     let sp = plan.stacks.as_ref()?;
@@ -59,7 +72,7 @@ pub(super) fn equip(
             r.record_stacks(Arc::clone(src));
         }
         r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
-        r.record_fields(FieldSource::new(plan));
+        r.record_fields(field_source(plan));
     }
 }
 

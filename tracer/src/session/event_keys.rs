@@ -17,12 +17,13 @@
 use std::sync::Arc;
 
 use vm_memory::GuestAddress;
-use vmm::gva::AddressSpace;
+use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::{GuestRam, Trap};
 
 use super::patch::{self, PatchError, PatchedSite, Surveyed};
 use super::Tracer;
 use crate::error::TracerError;
+use crate::kernel::events::enabled_branch::redirect_load;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::events::EventPlan;
@@ -32,6 +33,9 @@ use crate::plan::site_index::OUT_LEN;
 const TEST_RAX: [u8; 3] = [0x48, 0x85, 0xc0];
 /// A `nop` after the 2-byte `out`, over the test's last byte.
 const NOP1: u8 = 0x90;
+/// The bytes of a `mov r64, [rip + disp32]` before its ModRM: REX.W, 8B.
+/// The 5 after them (ModRM, disp32) are the site written.
+const LOAD_HEAD: u64 = 2;
 
 /// One `tp->funcs` test that traps (link-time addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +123,8 @@ impl Tracer {
         let Some(traps) = TestTraps::of(&self.plan.events) else {
             return Ok(());
         };
-        match enable(space, off, &self.plan.events, &traps) {
+        let exitless = self.reach.exitless().is_some();
+        match enable(space, off, &self.plan.events, &traps, exitless) {
             Ok((sites, keys)) => {
                 self.attach_counts.event_tests = sites.len();
                 self.attach_counts.event_keys = keys.len();
@@ -143,13 +148,15 @@ pub struct SetKey {
 }
 
 /// The attach's writes for the events, under its stop, after every other
-/// site's: the traps over the tests, then the counts. Nothing written
-/// when a key's count is not 0 (the guest's own).
+/// site's: the traps over the tests (`exitless`: the loads of `tp->funcs`
+/// made to read `tp->iterator` instead, `redirected_loads`), then the
+/// counts. Nothing written when a key's count is not 0 (the guest's own).
 pub fn enable(
     space: &mut AddressSpace<'_>,
     off: KernelOffset,
     plan: &EventPlan,
     traps: &TestTraps,
+    exitless: bool,
 ) -> Result<(Vec<PatchedSite>, Vec<SetKey>), PatchError> {
     let mut keys = Vec::new();
     for e in plan.events.iter() {
@@ -175,31 +182,10 @@ pub fn enable(
             funcs_gpa,
         });
     }
-    let mut found = Vec::new();
-    let mut written = vec![[0u8; SITE_LEN]; traps.traps.len()];
-    for (k, t) in traps.traps.iter().enumerate() {
-        let addr = off.runtime(t.test);
-        let span = space
-            .span(addr, SITE_LEN)
-            .map_err(|err| PatchError::Memory {
-                addr,
-                gpa: 0,
-                why: err.to_string(),
-            })?;
-        let mut original = [0u8; SITE_LEN];
-        span.read(space.memory(), &mut original)
-            .map_err(|err| PatchError::Memory {
-                addr,
-                gpa: span.start(),
-                why: err.to_string(),
-            })?;
-        // The running text must be the image's test (else the kernel is
-        // not the planned one, or changed its text): left alone.
-        if original[..TEST_RAX.len()] == TEST_RAX {
-            written[k] = trapped(original);
-            found.push((k, addr, span, original));
-        }
-    }
+    let (found, written) = match exitless {
+        true => redirected_loads(space, off, plan)?,
+        false => trapped_tests(space, off, traps)?,
+    };
     let (sites, _) = patch::write(space.memory(), Surveyed::entries(found, 0), |k, _| {
         Ok(written[k])
     })?;
@@ -207,6 +193,95 @@ pub fn enable(
         write(space.memory(), k.count_gpa, 1u32)?;
     }
     Ok((sites, keys))
+}
+
+/// Sites to write (index, running address, place, bytes there) and what
+/// each gets.
+type Found = (
+    Vec<(usize, u64, PhysSpan, [u8; SITE_LEN])>,
+    Vec<[u8; SITE_LEN]>,
+);
+
+/// The 5 bytes at `addr` in the running kernel, and where they are.
+fn bytes_at(
+    space: &mut AddressSpace<'_>,
+    addr: u64,
+) -> Result<(PhysSpan, [u8; SITE_LEN]), PatchError> {
+    let span = space
+        .span(addr, SITE_LEN)
+        .map_err(|err| PatchError::Memory {
+            addr,
+            gpa: 0,
+            why: err.to_string(),
+        })?;
+    let mut original = [0u8; SITE_LEN];
+    span.read(space.memory(), &mut original)
+        .map_err(|err| PatchError::Memory {
+            addr,
+            gpa: span.start(),
+            why: err.to_string(),
+        })?;
+    Ok((span, original))
+}
+
+/// Trap mode: each test of RAX, its trap's bytes (`trapped`).
+fn trapped_tests(
+    space: &mut AddressSpace<'_>,
+    off: KernelOffset,
+    traps: &TestTraps,
+) -> Result<Found, PatchError> {
+    let mut found = Vec::new();
+    let mut written = vec![[0u8; SITE_LEN]; traps.traps.len()];
+    for (k, t) in traps.traps.iter().enumerate() {
+        let addr = off.runtime(t.test);
+        let (span, original) = bytes_at(space, addr)?;
+        // The running text must be the image's test (else the kernel is
+        // not the planned one, or changed its text): left alone.
+        if original[..TEST_RAX.len()] == TEST_RAX {
+            written[k] = trapped(original);
+            found.push((k, addr, span, original));
+        }
+    }
+    Ok((found, written))
+}
+
+/// Exitless mode, no exit per event: each test's load of `tp->funcs`
+/// (`mov R, [rip + disp32]`, 7 bytes: REX, 8B, ModRM, disp32) made to
+/// read `tp->iterator`, which holds `__traceiter_NAME`'s address, never
+/// NULL (as `vmtrace attach` does, `crate::qemu::funcs_loads`): the test
+/// passes, whatever register it tests, and the call reaches
+/// `__traceiter_NAME`, recorded by the trampoline at its site. The 5 bytes
+/// written are the load's last (ModRM and displacement), of which only
+/// the displacement changes; a load that does not read so is left alone.
+fn redirected_loads(
+    space: &mut AddressSpace<'_>,
+    off: KernelOffset,
+    plan: &EventPlan,
+) -> Result<Found, PatchError> {
+    let loads = plan
+        .events
+        .iter()
+        .flat_map(|e| e.tests.iter().map(move |t| (e, t)));
+    let (mut found, mut written) = (Vec::new(), Vec::new());
+    for (e, t) in loads {
+        let addr = off.runtime(t.load);
+        let (_, head) = bytes_at(space, addr)?;
+        let (span, original) = bytes_at(space, addr + LOAD_HEAD)?;
+        let mut insn = head[..LOAD_HEAD as usize].to_vec();
+        insn.extend_from_slice(&original);
+        let (from, to) = (off.runtime(e.funcs), off.runtime(e.iterator_cell));
+        let Ok(new) = redirect_load(&insn, addr, from, to) else {
+            continue;
+        };
+        if new.len() != insn.len() || new[..LOAD_HEAD as usize] != insn[..LOAD_HEAD as usize] {
+            continue;
+        }
+        let mut bytes = [0u8; SITE_LEN];
+        bytes.copy_from_slice(&new[LOAD_HEAD as usize..]);
+        found.push((written.len(), addr + LOAD_HEAD, span, original));
+        written.push(bytes);
+    }
+    Ok((found, written))
 }
 
 /// Give back each count still 1 with no probe of the guest's; returns

@@ -15,7 +15,7 @@ use crate::plan::exitless::layout::RETURN_TRAP_VA;
 use crate::plan::{Mode, Plan};
 use counters::Counters;
 use equip::{boxed, equip, stack_source, task_source};
-use exitless::collect::{DrainStart, DrainTasks, DrainValues};
+use exitless::collect::{DrainFields, DrainStart, DrainTasks, DrainValues};
 use exitless::state::{Exitless, ExitlessError, Resolved};
 use patch::{AttachCounts, CallSites, DetachCounts, PatchError, PatchedSite, Survey};
 use reach::{DirectState, Reach, Times};
@@ -451,9 +451,16 @@ impl Tracer {
                 root: tasks::kernel_root(&c.space, &self.plan.image, c.off),
                 mode: c.space.mode(),
             });
+            let root = tasks::kernel_root(&c.space, &self.plan.image, c.off);
+            let fields = equip::field_source(&self.plan).map(|source| DrainFields {
+                source,
+                root,
+                mode: c.space.mode(),
+            });
             let values = DrainValues {
                 args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites()),
                 retval: self.plan.graph && self.plan.values.retval,
+                fields,
             };
             ex.start_drainer(DrainStart {
                 clock,

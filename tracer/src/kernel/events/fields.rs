@@ -279,6 +279,21 @@ impl EventFormat {
         })
     }
 
+    /// Whether field `i` can still be read after the event, from the host
+    /// while the guest runs on (exitless mode's drain): not a string the
+    /// event's caller points to (a buffer on its stack, or freed once the
+    /// event's work is done), nor task_rename's `oldcomm` (the kernel
+    /// copies the new name over it right after the event,
+    /// fs/exec.c `__set_task_comm`). Task members read later show the
+    /// task as it is then (a name, a priority changed since).
+    pub fn lasts(&self, i: usize) -> bool {
+        let Some(f) = self.fields.get(i) else {
+            return false;
+        };
+        let renamed = self.name() == "task_rename" && f.name == "oldcomm";
+        !renamed && !matches!(f.source, Source::Str(_) | Source::Filename(_))
+    }
+
     /// The event's name alone (`sched_switch`).
     pub fn name(&self) -> &str {
         self.event.split_once(':').map_or(&self.event, |(_, n)| n)

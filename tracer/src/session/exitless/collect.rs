@@ -17,6 +17,7 @@ use crate::plan::exitless::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
 use crate::session::args::ArgSource;
 use crate::session::counters::{Counters, BATCH};
+use crate::session::record::event_fields::FieldSource;
 use crate::session::tasks::{Seen, TaskSource};
 use crate::trace::model::{Event, Task};
 use std::collections::HashMap;
@@ -41,6 +42,20 @@ pub struct DrainValues {
     /// every call's arguments, a per-site body only a selected site's.
     pub args: Option<ArgSource>,
     pub retval: bool,
+    /// The traced events' fields (`-e`), read as each record is drained.
+    pub fields: Option<DrainFields>,
+}
+
+/// How the drainer reads an event's fields: from the record's arguments,
+/// through the kernel's page tables (root and mode), after the event
+/// (`FieldSource::read_later`: what does not last past it shows unread).
+/// A record is drained within about a millisecond of its event (`pace`):
+/// the tasks an event names are alive then.
+#[derive(Debug)]
+pub struct DrainFields {
+    pub source: FieldSource,
+    pub root: u64,
+    pub mode: PagingMode,
 }
 
 /// The tasks one drain pass met: (`task_struct` address, pid) to id and
@@ -250,7 +265,13 @@ impl Out {
             self.clock.anchor_at(r.tsc, vmm::Trap::now_ns());
         }
         let data = match (&r.args, &self.values.args) {
-            (Some(args), Some(source)) => source.push_at(site, *args),
+            (Some(args), Some(source)) => {
+                let fields = self.values.fields.as_ref().and_then(|f| {
+                    let mut space = AddressSpace::new(mem, f.root, f.mode);
+                    f.source.read_later(site, args, &mut space)
+                });
+                source.push_with_fields(site, *args, fields)
+            }
             _ if is_return && self.values.retval => r.ret,
             _ => 0,
         };

@@ -10,7 +10,6 @@ use vmm::gva::AddressSpace;
 
 use crate::kernel::events::field_values::read_fields;
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
-use crate::plan::Plan;
 
 /// Which sites are events', their formats, and where their values go.
 #[derive(Clone, Debug)]
@@ -21,17 +20,12 @@ pub struct FieldSource {
 }
 
 impl FieldSource {
-    /// The plan's events' formats by site; None when it traces no event or
-    /// BTF lacks the offsets.
-    pub fn new(plan: &Plan) -> Option<FieldSource> {
-        let offsets = plan.events.offsets?;
-        let by_func = |f: &u32| {
-            let func = plan.funcs.get(*f as usize)?;
-            let mut names = plan.image.names(*func);
-            let e = names.find_map(|n| plan.events.by_iterator(n))?;
-            e.format.clone().map(Arc::new)
-        };
-        let formats: Arc<[_]> = plan.index.funcs.iter().map(by_func).collect();
+    /// Site `k`'s event's format at `formats[k]` (None: a function's);
+    /// None when no site is an event's.
+    pub fn of(
+        formats: Arc<[Option<Arc<EventFormat>>]>,
+        offsets: FieldOffsets,
+    ) -> Option<FieldSource> {
         let any = formats.iter().any(Option::is_some);
         any.then_some(FieldSource { formats, offsets })
     }
@@ -48,6 +42,25 @@ impl FieldSource {
         let format = self.formats.get(site)?.as_ref()?;
         let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
         Some(read_fields(format, &args[1..], &self.offsets, &mut read))
+    }
+
+    /// `read`, later than the event (exitless mode's drain, the guest
+    /// running on): the fields that do not last past the event
+    /// (`EventFormat::lasts`) are not read, and show as unread.
+    pub fn read_later(
+        &self,
+        site: usize,
+        args: &[u64; 6],
+        space: &mut AddressSpace<'_>,
+    ) -> Option<Vec<FieldValue>> {
+        let format = self.formats.get(site)?.as_ref()?;
+        let mut values = self.read(site, args, space)?;
+        for (i, v) in values.iter_mut().enumerate() {
+            if !format.lasts(i) {
+                *v = FieldValue::Unread;
+            }
+        }
+        Some(values)
     }
 }
 
