@@ -46,7 +46,7 @@ pub mod queries;
 pub mod regs;
 pub mod repair;
 pub mod reset;
-mod ring_device;
+pub mod ring_device;
 pub mod rsp;
 pub mod session;
 mod staging;

@@ -9,7 +9,9 @@ use vmm::Stopped;
 
 use super::error::QemuError;
 use super::guest::QemuStop;
+use super::ring_device;
 use crate::kernel::cpus::GuestCpus;
+use crate::kernel::high_rings;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::pci_hotplug;
@@ -32,6 +34,13 @@ pub struct FreeRoom {
     /// The code and tables go in the ring device too: no guest page is
     /// known unused (a kernel before 5.13 keeps no low MiB to itself).
     pub own_code: bool,
+    /// With `own_rings`: the device's size when its rings go past the data
+    /// window, at entry 508 (`crate::kernel::high_rings`; sized by
+    /// `--buffer`, `super::ring_device::size_for`); None: the rings share
+    /// the data window (`ring_device::SIZE`, `SIZE_WITH_CODE`).
+    pub high: Option<u64>,
+    /// The guest enabled NX (the rings' entries are not executable).
+    pub nx: bool,
 }
 
 /// Room for exitless mode in the stopped guest: its free low memory and
@@ -40,6 +49,7 @@ pub fn room(
     stop: &QemuStop<'_>,
     plan: &Plan,
     offset: KernelOffset,
+    device: u64,
 ) -> Result<Room<FreeRoom>, QemuError> {
     let mut space = kernel_space(stop, &plan.image, offset)?;
     // A region an earlier attach had to leave (calls that had not
@@ -55,6 +65,11 @@ pub fn room(
     // (`super::ivshmem`), plugged once the guest runs again; one that
     // cannot would never let it go (QEMU waits for the guest's eject).
     let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
+    // Rings past the data window, where the kernel leaves entry 508 alone.
+    let btf = plan.btf.as_deref();
+    let high = (own_rings
+        && high_rings::entry_508_free(&mut space, &plan.image, btf, offset).is_ok())
+    .then(|| ring_device::size_for(device));
     let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
         // Direct entries with the function graph, more than the free pages
         // leave them: the whole region in the device, as before 5.13.
@@ -102,11 +117,14 @@ pub fn room(
         },
         own_rings,
         own_code,
+        ring_area: high.map_or(0, ring_device::ring_area),
         found: FreeRoom {
             low,
             tsc_khz,
             own_rings,
             own_code,
+            high,
+            nx: space.nx_enabled(),
         },
     })
 }
