@@ -220,13 +220,7 @@ fn in_guest_pages<R>(
         true => 0,
         false => pages.saturating_sub(bottom) as u64 * PAGE,
     } / cpus.max(1) as u64;
-    let fits = |cap| {
-        let l = match high {
-            true => RingLayout::high(cpus, sites, cap, plan.graph, plan.values.args, area),
-            false => RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args),
-        };
-        l.is_ok_and(|l| l.ring_bytes <= room)
-    };
+    let fits = |cap| ring_fits(plan, cpus, cap, high.then_some(area), room);
     if !fits(MIN_RECORDS) {
         return Err(AttachModeError::RingsTooBig {
             sites,
@@ -246,6 +240,17 @@ fn in_guest_pages<R>(
         false => code.set_rings(cpus, cap)?,
     }
     Ok(code)
+}
+
+/// Do `cpus` rings of `cap` records for `plan` fit `room` bytes each: in
+/// the data window, or past it in `high` bytes (`RingLayout::high`)?
+fn ring_fits(plan: &Plan, cpus: usize, cap: u64, high: Option<u64>, room: u64) -> bool {
+    let (sites, graph, args) = (plan.index.addrs.len(), plan.graph, plan.values.args);
+    let l = match high {
+        Some(area) => RingLayout::high(cpus, sites, cap, graph, args, area),
+        None => RingLayout::with_args(cpus, sites, Some(cap), graph, args),
+    };
+    l.is_ok_and(|l| l.ring_bytes <= room)
 }
 
 /// Bytes of the data window the rings may take when it is memory of

@@ -65,11 +65,7 @@ pub fn room(
     // (`super::ivshmem`), plugged once the guest runs again; one that
     // cannot would never let it go (QEMU waits for the guest's eject).
     let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
-    // Rings past the data window, where the kernel leaves entry 508 alone.
-    let btf = plan.btf.as_deref();
-    let high = (own_rings
-        && high_rings::entry_508_free(&mut space, &plan.image, btf, offset).is_ok())
-    .then(|| ring_device::size_for(device));
+    let high = high_device(&mut space, plan, offset, own_rings.then_some(device));
     let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
         // Direct entries with the function graph, more than the free pages
         // leave them: the whole region in the device, as before 5.13.
@@ -127,6 +123,21 @@ pub fn room(
             nx: space.nx_enabled(),
         },
     })
+}
+
+/// The ring device's size for `device` bytes asked (None: no device),
+/// when its rings may go past the data window: where the kernel leaves
+/// entry 508 alone.
+fn high_device(
+    space: &mut AddressSpace<'_>,
+    plan: &Plan,
+    offset: KernelOffset,
+    device: Option<u64>,
+) -> Option<u64> {
+    let device = device?;
+    let btf = plan.btf.as_deref();
+    high_rings::entry_508_free(space, &plan.image, btf, offset).ok()?;
+    Some(ring_device::size_for(device))
 }
 
 /// How many CPUs the rings are for: every CPU number the guest kernel may
