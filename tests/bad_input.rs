@@ -837,4 +837,11 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     for entry in ["auto", "ftrace", "direct"] {
         assert_bad_input(&with(&base, &["--entry", entry]), "--duration 0");
     }
+    // `--buffer` sizes the ring device, whose rings one 1 GiB entry maps.
+    let five = base.map(|a| if a == "0" { "5" } else { a });
+    assert_bad_input(
+        &with(&five, &["--buffer", "2G"]),
+        "--buffer \"2G\": more than 1G, the most vmtrace attach maps for its rings",
+    );
+    assert_bad_input(&with(&five, &["--buffer", "1G"]), "/nonexistent");
 }

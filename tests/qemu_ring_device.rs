@@ -6,8 +6,13 @@
 //! and a killed attach whose device and file `vmtrace detach` removes
 //! (its rings mapped with 2 MiB entries, which the repair clears), first
 //! without its journal (the device found through QEMU), then with it.
+//! The device is sized by `--buffer` (64 MiB by default), its rings past
+//! the data window, mapped through the kernel's empty page-upper-directory
+//! entry 508 onto a page directory in the device; a 40,000-call graph
+//! burst on `--buffer 32M` (80,000 records on one CPU, five times the old
+//! 4 MiB device's 16,384 per ring) is stored whole.
 //! After each: the low MiB and the text as found, `info pci` as before,
-//! no ring file left on the host.
+//! no ring file left on the host, entry 508 empty again.
 
 mod common;
 
@@ -21,20 +26,37 @@ use common::s;
 use tracer::qemu::journal;
 use tracer::qemu::qmp::Qmp;
 
+/// Calls of the graph burst: twice as many records on one CPU.
+const BURST: u64 = 40_000;
 /// getpid's function, by either of the names sharing its address.
 const GETPID: [&str; 2] = ["__do_sys_getpid", "__x64_sys_getpid"];
 /// How the attach names its device, and how the attached line says so.
 const DEVICE: &str = "vmtrace-ivshmem-";
 const SAID: &str = "its rings in a hot-plugged ivshmem device";
 
-/// Attached exitless, the rings in the device: QEMU lists it meanwhile.
-fn attached(qmp: &Path, bz: &Path, args: &[&str]) -> Attach {
+/// Attached exitless, the rings in a device of `mib` MiB: QEMU lists it
+/// meanwhile.
+fn attached(qmp: &Path, bz: &Path, args: &[&str], mib: u64) -> Attach {
     let base = ["--kernel", s(bz), "--format", "json", "--mode", "exitless"];
     let mut a = Attach::start(qmp, &[&base[..], args].concat());
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains(SAID), "{line}");
+    assert!(line.contains(&format!("({mib} MiB at 0x")), "{line}");
     assert!(info_pci(qmp).contains(DEVICE), "{}", info_pci(qmp));
     a
+}
+
+/// The kernel's page-upper directory of its top 512 GiB (head_64.S),
+/// whose empty entry 508 maps rings past the data window.
+const TOP_PUD: &str = "level3_kernel_pgt";
+
+/// Entry 508 of `TOP_PUD` at link address `pud`, read through `w`'s RAM.
+fn high_entry(w: &Watch, pud: u64) -> u64 {
+    let mut b = [0u8; 8];
+    w.ram
+        .read(pud - KERNEL_MAP + w.phys + 508 * 8, &mut b)
+        .unwrap();
+    u64::from_le_bytes(b)
 }
 
 /// The kernel's page directory of its top 1 GiB (head_64.S), whose
@@ -88,6 +110,12 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
     let pd = image.symbol(TOP_PD).expect(TOP_PD).addr;
     let watch = kernel.watch(qmp);
     let entries = region_entries(&watch, pd);
+    let pud = image.symbol(TOP_PUD).expect(TOP_PUD).addr;
+    assert_eq!(
+        high_entry(&watch, pud),
+        0,
+        "entry 508 as the kernel keeps it"
+    );
     let pid = Qmp::connect(qmp, Duration::from_secs(10))
         .unwrap()
         .pid()
@@ -101,7 +129,7 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
     };
 
     // Every function, exitless: refused before for room (`RingsTooBig`).
-    let a = attached(qmp, &bz, &["--trace", "*"]);
+    let a = attached(qmp, &bz, &["--trace", "*"], 64);
     guest.go("getpid", 500).unwrap();
     a.signal(libc::SIGINT);
     let e = a.end();
@@ -116,38 +144,45 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
     assert_eq!(count_of(&e.counts(), &GETPID), 500, "{}", e.stderr);
     found.assert_as_found("after an exitless trace of every function");
 
-    // The function graph on a burst of 500 calls: every return kept
-    // (the low pages' graph rings held 256 records).
-    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid", "--graph"]);
-    guest.go("getpid", 500).unwrap();
+    // The function graph on a burst of 40,000 calls, 80,000 records on
+    // one CPU: every return kept (the low pages' graph rings held 256
+    // records, the 4 MiB device's 16,384), in a device `--buffer` sized.
+    let args = ["--trace", "__x64_sys_getpid", "--graph", "--buffer", "32M"];
+    let a = attached(qmp, &bz, &args, 32);
+    guest.go("getpid", BURST).unwrap();
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
     let j = e.json();
     assert_eq!(j["dropped"], 0, "{j}");
-    assert_eq!(j["events_stored"], 500, "{j}");
-    assert_eq!(j["graph"]["returns_stored"], 500, "{j}");
+    assert_eq!(j["events_stored"], BURST, "{j}");
+    assert_eq!(j["graph"]["returns_stored"], BURST, "{j}");
     assert_eq!(j["graph"]["returns_dropped"], 0, "{j}");
+    assert_eq!(high_entry(&watch, pud), 0, "entry 508 after the detach");
     found.assert_as_found("after an exitless graph trace");
 
     // Killed with its guardian: the journal names the device, the repair
     // takes it and its file out.
-    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"]);
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
     kill_with_guardian(a);
     assert_eq!(ring_files(pid).len(), 1);
-    // The data window's two entries: 2 MiB pages onto the device, present,
-    // writable, not executable (bits 0, 1, 7, 63).
+    // The data window's frame-pool entry: a 2 MiB page onto the device,
+    // present, writable, not executable (bits 0, 1, 7, 63); its rings-only
+    // entry 509 unused, the rings past the window.
     let mapped = region_entries(&watch, pd);
-    for e in &mapped[1..] {
-        assert_eq!(
-            e & (1 | 2 | 0x80 | 1 << 63),
-            1 | 2 | 0x80 | 1 << 63,
-            "{mapped:x?}"
-        );
-    }
-    assert_eq!(
-        mapped[2] & !0xfff & !(1 << 63),
-        (mapped[1] & !0xfff & !(1 << 63)) + (2 << 20)
+    assert_eq!(mapped[1], 0, "{mapped:x?}");
+    let leaf = 1 | 2 | 0x80 | 1 << 63;
+    assert_eq!(mapped[2] & leaf, leaf, "{mapped:x?}");
+    // Entry 508: a table (present, writable, no page size) in the 64 MiB
+    // device, whose data window starts 2 MiB in: the frame-pool entry maps
+    // the device's 4-6 MiB.
+    let device = (mapped[2] & !0xfff & !(1 << 63)) - (4 << 20);
+    let high = high_entry(&watch, pud);
+    assert_eq!(high & (1 | 2 | 0x80), 1 | 2, "{high:#x}");
+    let at = high & !0xfff & !(1 << 63);
+    assert!(
+        (device..device + (64 << 20)).contains(&at),
+        "{high:#x} {device:#x}"
     );
     // Its journal lost: the repair goes by vmtrace's marker in the guest
     // and finds the device through QEMU (`query-pci`, its id), clears the
@@ -168,6 +203,7 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
         assert!(err.contains(n), "{n:?} in {err}");
     }
     assert_eq!(region_entries(&watch, pd), entries, "without the journal");
+    assert_eq!(high_entry(&watch, pud), 0, "entry 508 without the journal");
     assert_eq!(info_pci(qmp), found.pci, "without the journal");
     assert_eq!(ring_files(pid), Vec::<String>::new(), "without the journal");
     // With the journal back, the pages get their bytes back too.
@@ -179,5 +215,6 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
         entries,
         "the kernel's page directory"
     );
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
     assert_runs_on(&guest, w.worker);
 }

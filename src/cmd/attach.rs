@@ -29,7 +29,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let t = &args.tracing;
     t.check_attach()?;
     let duration = secs(t.duration, "--duration")?;
-    let buffer = size(&t.buffer, "--buffer", MIN_BUFFER)?;
+    let buffer = buffer_size(&t.buffer)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
     let gdb = args
@@ -99,6 +99,25 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// `--buffer`, which also sizes the ring device of a guest that takes one
+/// (`tracer::qemu::ring_device::size_for`): its rings are mapped through
+/// one 1 GiB entry, so no more than that.
+fn buffer_size(value: &str) -> Result<u64, InputError> {
+    let buffer = size(value, "--buffer", MIN_BUFFER)?;
+    let most = tracer::qemu::ring_device::MAX_SIZED;
+    if buffer > most {
+        return Err(InputError::Size {
+            flag: "--buffer",
+            value: value.to_string(),
+            why: format!(
+                "more than {}G, the most vmtrace attach maps for its rings",
+                most >> 30
+            ),
+        });
+    }
+    Ok(buffer)
 }
 
 /// What the plan asks that an attach refuses before it touches the VM: the

@@ -72,7 +72,9 @@ pub fn write(o: &mut String, r: &QemuFigures) -> fmt::Result {
     let (u, e) = (median(&r.untraced_ns), median(&r.exitless_ns));
     writeln!(
         o,
-        "    getpid x {K_CALLS}: {u:.0} ns per call untraced, {e:.0} ns exitless (+{:.0} ns)",
+        "    getpid x {K_CALLS} (on {}): {u:.0} ns per call untraced, {e:.0} ns exitless \
+         (+{:.0} ns)",
+        r.burst_guest,
         e - u
     )?;
     writeln!(
@@ -101,8 +103,11 @@ pub fn method() -> String {
     format!(
         "the Linux guest beside the vmlinux in QEMU (TCG, 2 vCPUs) with the workload initramfs; \
          per round: an exitless attach and detach for each of {K_GLOBS:?} (the report's pause \
-         window), then `go getpid {K_CALLS}` untraced and traced (host time from the command to \
-         its done line); then `go getpid {K_TRAP_CALLS}` untraced and in trap mode (a gdbstub \
+         window), then `go getpid {K_CALLS}` untraced and traced exitless, the session's trace \
+         loop running (host time from the command to its done line), on Debian's 6.12 cloud \
+         kernel in a second QEMU where guest/out/debian-6.12 holds it (its ACPI PCI hot-plug \
+         takes the ring device: rings sized by the default --buffer, 64 MiB), else on the \
+         same guest; then `go getpid {K_TRAP_CALLS}` untraced and in trap mode (a gdbstub \
          breakpoint per site: each call stops the guest), then in trap mode with a direct entry \
          (the vCPU stepped over the first instruction) and with the function graph (a \
          breakpoint at the return address). TCG runs guest code far from KVM's \
@@ -118,6 +123,7 @@ mod tests {
     fn figures_of_three_rounds() -> QemuFigures {
         QemuFigures {
             qemu: "QEMU 7.2.22, pid 1, tcg, QMP /q".into(),
+            burst_guest: "guest/out/debian-6.12/vmlinuz".into(),
             sites: vec![1, 102],
             pause_us: vec![
                 vec![1000.0, 1200.0, 1400.0],

@@ -14,6 +14,7 @@ pub mod filter;
 pub mod find;
 pub mod ftrace_records;
 pub mod glob_syntax;
+pub mod high_rings;
 pub mod image_module;
 pub mod kallsyms;
 pub mod kaslr;

@@ -99,6 +99,10 @@ pub struct Room<R> {
     pub pages: usize,
     pub own_rings: bool,
     pub own_code: bool,
+    /// With `own_rings`: bytes of vmtrace's own memory for the rings alone,
+    /// mapped at `HIGH_RINGS_VA` (`RingLayout::high`); 0: the rings share
+    /// the data window with the frame pool.
+    pub ring_area: u64,
     pub found: R,
 }
 
@@ -209,16 +213,16 @@ fn in_guest_pages<R>(
         (true, _) if code_pages.saturating_sub(STUB_PAGES) <= CODE_SLOTS => GRAPH_BOTTOM,
         (true, _) => pages + 1,
     };
+    let high = own_rings && room.ring_area > 0;
+    let area = room.ring_area;
     let room = match own_rings {
         // The code must still fit the free pages.
+        true if bottom <= pages && high => area,
         true if bottom <= pages => own_rings_len(plan.graph),
         true => 0,
         false => pages.saturating_sub(bottom) as u64 * PAGE,
     } / cpus.max(1) as u64;
-    let fits = |cap| {
-        RingLayout::with_args(cpus, sites, Some(cap), plan.graph, plan.values.args)
-            .is_ok_and(|l| l.ring_bytes <= room)
-    };
+    let fits = |cap| ring_fits(plan, cpus, cap, high.then_some(area), room);
     if !fits(MIN_RECORDS) {
         return Err(AttachModeError::RingsTooBig {
             sites,
@@ -233,8 +237,22 @@ fn in_guest_pages<R>(
     // The code's own bound check and ring stride: `cpus` rings, not the
     // vCPUs the plan was made for (a guest with CPUs to hot-add or online
     // has more CPU numbers than QEMU has vCPUs).
-    code.set_rings(cpus, cap)?;
+    match high {
+        true => code.set_high_rings(cpus, cap, area)?,
+        false => code.set_rings(cpus, cap)?,
+    }
     Ok(code)
+}
+
+/// Do `cpus` rings of `cap` records for `plan` fit `room` bytes each: in
+/// the data window, or past it in `high` bytes (`RingLayout::high`)?
+fn ring_fits(plan: &Plan, cpus: usize, cap: u64, high: Option<u64>, room: u64) -> bool {
+    let (sites, graph, args) = (plan.index.addrs.len(), plan.graph, plan.values.args);
+    let l = match high {
+        Some(area) => RingLayout::high(cpus, sites, cap, graph, args, area),
+        None => RingLayout::with_args(cpus, sites, Some(cap), graph, args),
+    };
+    l.is_ok_and(|l| l.ring_bytes <= room)
 }
 
 /// Bytes of the data window the rings may take when it is memory of
@@ -311,6 +329,7 @@ mod tests {
             pages: n,
             own_rings: false,
             own_code: false,
+            ring_area: 0,
             found: (),
         })
     }
@@ -328,6 +347,7 @@ mod tests {
                 pages: n,
                 own_rings: true,
                 own_code: false,
+                ring_area: 0,
                 found: (),
             })
         };
@@ -460,6 +480,7 @@ mod tests {
                 pages: PAGES,
                 own_rings: own_code,
                 own_code,
+                ring_area: 0,
                 found: (),
             })
         };

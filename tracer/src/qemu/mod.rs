@@ -48,7 +48,7 @@ pub mod queries;
 pub mod regs;
 pub mod repair;
 pub mod reset;
-mod ring_device;
+pub mod ring_device;
 pub mod rsp;
 pub mod session;
 mod site_span;

@@ -9,7 +9,9 @@ use vmm::Stopped;
 
 use super::error::QemuError;
 use super::guest::QemuStop;
+use super::ring_device;
 use crate::kernel::cpus::GuestCpus;
+use crate::kernel::high_rings;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::pci_hotplug;
@@ -32,6 +34,13 @@ pub struct FreeRoom {
     /// The code and tables go in the ring device too: no guest page is
     /// known unused (a kernel before 5.13 keeps no low MiB to itself).
     pub own_code: bool,
+    /// With `own_rings`: the device's size when its rings go past the data
+    /// window, at entry 508 (`crate::kernel::high_rings`; sized by
+    /// `--buffer`, `super::ring_device::size_for`); None: the rings share
+    /// the data window (`ring_device::SIZE`, `SIZE_WITH_CODE`).
+    pub high: Option<u64>,
+    /// The guest enabled NX (the rings' entries are not executable).
+    pub nx: bool,
 }
 
 /// Room for exitless mode in the stopped guest: its free low memory and
@@ -40,6 +49,7 @@ pub fn room(
     stop: &QemuStop<'_>,
     plan: &Plan,
     offset: KernelOffset,
+    device: u64,
 ) -> Result<Room<FreeRoom>, QemuError> {
     let mut space = kernel_space(stop, &plan.image, offset)?;
     // A region an earlier attach had to leave (calls that had not
@@ -55,6 +65,7 @@ pub fn room(
     // (`super::ivshmem`), plugged once the guest runs again; one that
     // cannot would never let it go (QEMU waits for the guest's eject).
     let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
+    let high = high_device(&mut space, plan, offset, own_rings.then_some(device));
     let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
         // Direct entries with the function graph, more than the free pages
         // leave them: the whole region in the device, as before 5.13.
@@ -102,13 +113,31 @@ pub fn room(
         },
         own_rings,
         own_code,
+        ring_area: high.map_or(0, ring_device::ring_area),
         found: FreeRoom {
             low,
             tsc_khz,
             own_rings,
             own_code,
+            high,
+            nx: space.nx_enabled(),
         },
     })
+}
+
+/// The ring device's size for `device` bytes asked (None: no device),
+/// when its rings may go past the data window: where the kernel leaves
+/// entry 508 alone.
+fn high_device(
+    space: &mut AddressSpace<'_>,
+    plan: &Plan,
+    offset: KernelOffset,
+    device: Option<u64>,
+) -> Option<u64> {
+    let device = device?;
+    let btf = plan.btf.as_deref();
+    high_rings::entry_508_free(space, &plan.image, btf, offset).ok()?;
+    Some(ring_device::size_for(device))
 }
 
 /// How many CPUs the rings are for: every CPU number the guest kernel may

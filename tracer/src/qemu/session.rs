@@ -35,6 +35,7 @@ use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
 use crate::plan::{Mode, ModeChoice, TracePlan};
 use crate::session::backend::{self, Patience, Waited};
+use crate::session::store::Storage;
 use crate::session::{Observer, Recording, Tracer};
 
 /// How long to wait for each QMP or gdbstub reply.
@@ -365,7 +366,13 @@ fn setup(
     vm.image = image_span(&plan.plan.image, offset);
     // Exitless mode's rings: one per CPU the guest kernel may use.
     let cpus = ring_cpus(&first, &plan.plan, offset, first.cpus());
-    let decided = attach_mode::decide(&plan, cpus, || room(&first, &plan.plan, offset), falls_back);
+    // The ring device's size, from `--buffer` where the rings may have it.
+    let device = match &rec.storage {
+        Storage::Stream { buffer, .. } => *buffer,
+        _ => ring_device::DEFAULT_SIZED,
+    };
+    let room = || room(&first, &plan.plan, offset, device);
+    let decided = attach_mode::decide(&plan, cpus, room, falls_back);
     let decided = match decided {
         Ok(d) => d,
         Err(e) => {
@@ -623,16 +630,8 @@ impl QemuSession {
     /// The ring device's memory: its guest-physical address and size
     /// (None without one).
     pub fn ring_device(&self) -> Option<(u64, u64)> {
-        match &self.vm.arming {
-            Arming::Exitless { pages } => {
-                let pages = pages.lock().unwrap_or_else(|e| e.into_inner());
-                match pages.own_region() {
-                    Some(gpa) => Some((gpa, ring_device::SIZE_WITH_CODE)),
-                    None => pages.own_data().map(|gpa| (gpa, ring_device::SIZE)),
-                }
-            }
-            Arming::Trap { .. } => None,
-        }
+        let shared = self.journal.as_ref()?.record.shared.as_ref()?;
+        Some((shared.gpa?, shared.size))
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all

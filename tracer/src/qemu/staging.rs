@@ -30,21 +30,34 @@ pub(super) fn ring_memory(
         Decision::Exitless(_, ref room) if room.own_rings => room.clone(),
         d => return Ok((d, None)),
     };
-    let size = match room.own_code {
-        true => ring_device::SIZE_WITH_CODE,
-        false => ring_device::SIZE,
+    let size = match (room.high, room.own_code) {
+        (Some(size), _) => size,
+        (None, true) => ring_device::SIZE_WITH_CODE,
+        (None, false) => ring_device::SIZE,
     };
     let device = match ring_device::plug(&mut vm.qmp, journal, size) {
-        Ok(s) => return Ok((decided, Some(s))),
+        Ok(s) => {
+            let decided = match decided {
+                // The rings' memory is there now: past the region's layout.
+                Decision::Exitless(mut code, room) if room.high.is_some() => {
+                    code.place_rings(s.gpa + ring_device::RINGS_OFF);
+                    Decision::Exitless(code, room)
+                }
+                d => d,
+            };
+            return Ok((decided, Some(s)));
+        }
         Err(e) => e.to_string(),
     };
     let low = Room {
         pages: room.low.pages.len(),
         own_rings: false,
         own_code: false,
+        ring_area: 0,
         found: FreeRoom {
             own_rings: false,
             own_code: false,
+            high: None,
             ..room
         },
     };
@@ -73,9 +86,12 @@ pub(super) fn exitless_region(
 ) -> Result<(), QemuError> {
     let (pages, view) = match shared {
         Some(s) => {
-            let pages = match room.own_code {
-                true => RegionPages::with_own_region(s.gpa),
-                false => RegionPages::with_own_data(room.low.pages, s.gpa),
+            let pages = match (room.high, room.own_code) {
+                (Some(size), own_code) => {
+                    ring_device::sized_pages(room.low.pages, s.gpa, size, own_code, room.nx)
+                }
+                (None, true) => RegionPages::with_own_region(s.gpa),
+                (None, false) => RegionPages::with_own_data(room.low.pages, s.gpa),
             };
             let pages = Arc::new(Mutex::new(pages));
             let own = ring_device::own_memory(&s);

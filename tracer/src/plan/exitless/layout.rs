@@ -35,6 +35,20 @@ pub const SPARE_PD_GPA: u64 = DATA_GPA + DATA_LEN;
 pub const PD_FIRST: usize = 508;
 pub const PD_COUNT: usize = 3;
 
+/// Rings larger than the data window (a ring device sized by `--buffer`,
+/// `crate::qemu::ring_device`): page-upper-directory entry 508 of the
+/// kernel's top 512 GiB, `0xffffffff00000000`, which Linux leaves empty
+/// (Documentation/x86/x86_64/mm.rst: an unused hole between the EFI
+/// region's top and the kernel text; `level3_kernel_pgt` fills only 510
+/// and 511), gets a page directory of vmtrace's own whose 2 MiB entries
+/// map the rings. The code reads each ring's 64-bit address from its
+/// table, so the rings need not be within a disp32 of it.
+pub const HIGH_RINGS_VA: u64 = crate::kernel::high_rings::HIGH_RINGS_VA;
+/// The page-upper-directory entry of `HIGH_RINGS_VA`.
+pub const HIGH_RINGS_PUD: usize = 508;
+/// Most bytes of rings there: the 1 GiB entry 508 maps.
+pub const HIGH_RINGS_MAX: u64 = 1 << 30;
+
 /// Ring header fields: `head` and `limit` on cache lines of their own (the
 /// guest writes one, the host the other). Both count bytes of records
 /// (index * `RECORD_LEN`), so the trampoline turns a reserved head into its
@@ -218,10 +232,45 @@ impl RingLayout {
         graph: bool,
         args: bool,
     ) -> Result<RingLayout, LayoutError> {
+        let rings_len = if graph { FRAME_NEXT_OFF } else { DATA_LEN };
+        RingLayout::within(cpus, sites, records, graph, args, rings_len)
+    }
+
+    /// Rings of `cap` records at `HIGH_RINGS_VA`, all `cpus` of them in
+    /// `area` bytes (at most `HIGH_RINGS_MAX`); their guest-physical
+    /// address is set once the memory is there (`placed`). The function
+    /// graph's frame pool stays in the data window.
+    pub fn high(
+        cpus: usize,
+        sites: usize,
+        cap: u64,
+        graph: bool,
+        args: bool,
+        area: u64,
+    ) -> Result<RingLayout, LayoutError> {
+        let l = RingLayout::within(
+            cpus,
+            sites,
+            Some(cap),
+            graph,
+            args,
+            area.min(HIGH_RINGS_MAX),
+        )?;
+        Ok(l.placed(HIGH_RINGS_VA, 0))
+    }
+
+    /// `with_args`, the rings in `rings_len` bytes.
+    fn within(
+        cpus: usize,
+        sites: usize,
+        records: Option<u64>,
+        graph: bool,
+        args: bool,
+        rings_len: u64,
+    ) -> Result<RingLayout, LayoutError> {
         let record_len = if args { RECORD_LEN_ARGS } else { RECORD_LEN };
         let counters = if graph { 2 } else { 1 };
         let records_off = align_up(DROPS_OFF + counters * sites as u64 * 8, CACHE_LINE);
-        let rings_len = if graph { FRAME_NEXT_OFF } else { DATA_LEN };
         let per_ring = rings_len / cpus.max(1) as u64;
         let cap = match records {
             Some(n) if !n.is_power_of_two() || !(MIN_RECORDS..=MAX_RECORDS).contains(&n) => {
@@ -266,6 +315,16 @@ impl RingLayout {
     /// `gpa`.
     pub fn placed(self, va: u64, gpa: u64) -> RingLayout {
         RingLayout { va, gpa, ..self }
+    }
+
+    /// The rings are at `HIGH_RINGS_VA` (`high`), not in the data window.
+    pub fn is_high(&self) -> bool {
+        self.va == HIGH_RINGS_VA
+    }
+
+    /// Bytes all the rings take.
+    pub fn rings_len(&self) -> u64 {
+        self.ring_bytes * self.cpus as u64
     }
 
     /// Bytes per record.
@@ -340,6 +399,23 @@ mod tests {
         assert_eq!(g.ret_drops_off(), 128 + 80);
         assert!(g.ring_bytes * 4 <= FRAME_NEXT_OFF);
         assert!(g.cap.is_power_of_two() && g.cap >= 8 * 1024);
+    }
+
+    #[test]
+    fn high_rings_take_their_area_and_refuse_what_does_not_fit() {
+        // 56 MiB for 2 CPUs: 16 MiB rings, past the data window's 4 MiB.
+        let l = RingLayout::high(2, 10, 1 << 18, true, false, 56 << 20).unwrap();
+        assert!(l.is_high() && l.va == HIGH_RINGS_VA);
+        assert_eq!(l.ring_va(1), HIGH_RINGS_VA + l.ring_bytes);
+        assert!(l.rings_len() <= 56 << 20 && l.rings_len() > DATA_LEN);
+        assert!(matches!(
+            RingLayout::high(4, 10, 1 << 18, false, false, 56 << 20),
+            Err(LayoutError::TooBig { .. })
+        ));
+        // Never past entry 508's 1 GiB, whatever the area.
+        assert!(RingLayout::high(2, 1, 1 << 24, false, false, 4 << 30).is_err());
+        assert_eq!((HIGH_RINGS_VA >> 30) & 511, 508);
+        assert_eq!(l.placed(l.va, 0x1_0080_0000).ring_gpa(0), 0x1_0080_0000);
     }
 
     #[test]

@@ -144,7 +144,32 @@ impl ExitlessPlan {
     pub fn set_rings(&mut self, cpus: usize, cap: u64) -> Result<(), ExitlessPlanError> {
         let l = self.spec.layout;
         let layout = RingLayout::with_args(cpus, l.sites, Some(cap), l.graph, l.args)?;
-        if layout != l {
+        self.regenerate(layout)
+    }
+
+    /// The same code for `cpus` rings of `cap` records at `HIGH_RINGS_VA`,
+    /// in `area` bytes of memory of vmtrace's own (`RingLayout::high`);
+    /// `place_rings` says where that memory is once it is there.
+    pub fn set_high_rings(
+        &mut self,
+        cpus: usize,
+        cap: u64,
+        area: u64,
+    ) -> Result<(), ExitlessPlanError> {
+        let l = self.spec.layout;
+        let layout = RingLayout::high(cpus, l.sites, cap, l.graph, l.args, area)?;
+        self.regenerate(layout)
+    }
+
+    /// The high rings' guest-physical address (the code reads only their
+    /// virtual ones: nothing is generated again).
+    pub fn place_rings(&mut self, gpa: u64) {
+        let l = self.spec.layout;
+        self.spec.layout = l.placed(l.va, gpa);
+    }
+
+    fn regenerate(&mut self, layout: RingLayout) -> Result<(), ExitlessPlanError> {
+        if layout != self.spec.layout {
             let spec = TrampolineSpec {
                 layout,
                 ..self.spec.clone()

@@ -16,8 +16,8 @@ use super::super::journal::{unhex, JournalRecord};
 use super::Repaired;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::{
-    CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, LARGE_PAGE, PAGE,
-    PD_COUNT,
+    CODE_LEN, CODE_VA, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, HIGH_RINGS_VA,
+    LARGE_PAGE, PAGE, PD_COUNT,
 };
 use crate::session::direct::contexts::VcpuRegs;
 use crate::session::region::returns_into_code_of;
@@ -219,14 +219,25 @@ pub(super) fn left_mapped(stop: &QemuStop<'_>, device: Option<&SharedNames>) -> 
         return 0;
     };
     let device = device.and_then(|d| Some((d.gpa?, d.size)));
-    (0..PD_COUNT as u64)
+    let region = (0..PD_COUNT as u64)
         .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
         .filter(|e| {
             let low_table =
                 e.value & !ACCESSED_DIRTY & !ADDR_MASK == TABLE && e.value & ADDR_MASK < LOW_MIB;
             low_table || device.is_some_and(|d| maps_device(e.value, d))
         })
-        .count()
+        .count();
+    let high = space
+        .entry(HIGH_RINGS_VA, Level::Pdpt)
+        .is_ok_and(|e| device.is_some_and(|d| table_in_device(e.value, d)));
+    region + usize::from(high)
+}
+
+/// Is `v` a table entry as vmtrace writes them, onto a table in the ring
+/// device at `(gpa, size)` (entry 508's page directory, in the device)?
+fn table_in_device(v: u64, (gpa, size): (u64, u64)) -> bool {
+    v & !ACCESSED_DIRTY & !ADDR_MASK == TABLE
+        && (gpa..gpa.saturating_add(size)).contains(&(v & ADDR_MASK))
 }
 
 /// Clear the page-directory entries that point at one of vmtrace's pages
@@ -300,9 +311,12 @@ fn clear_entries(
     ours: impl Fn(u64) -> bool,
 ) -> Result<usize, QemuError> {
     let mut cleared = 0;
-    for i in 0..PD_COUNT as u64 {
-        let va = CODE_VA + i * LARGE_PAGE;
-        let Ok(e) = space.entry(va, Level::Pd) else {
+    // The rings' entry 508 (onto a directory in the device), then the
+    // region's page-directory entries.
+    let entries = std::iter::once((HIGH_RINGS_VA, Level::Pdpt))
+        .chain((0..PD_COUNT as u64).map(|i| (CODE_VA + i * LARGE_PAGE, Level::Pd)));
+    for (va, level) in entries {
+        let Ok(e) = space.entry(va, level) else {
             continue;
         };
         if !e.is_empty() && ours(e.value) {

@@ -52,6 +52,23 @@ pub struct RegionPages {
     /// any (no guest page is known unused): every page maps onto it one
     /// to one, the data window `own_data` inside it.
     own_region: Option<u64>,
+    /// Rings of their own past the data window, if any (`HighRings`).
+    high: Option<HighRings>,
+}
+
+/// Rings in vmtrace's own memory mapped at `HIGH_RINGS_VA`
+/// (`crate::plan::exitless::layout::RingLayout::high`): the page directory
+/// vmtrace fills for page-upper-directory entry 508, and the rings its
+/// 2 MiB entries map, both in that memory (a ring device's BAR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HighRings {
+    /// Guest-physical address of the page directory (a 4 KiB page).
+    pub pd: u64,
+    /// Guest-physical address of the rings (2 MiB-aligned), and their bytes.
+    pub rings: u64,
+    pub len: u64,
+    /// The guest enabled NX: the rings' entries are not executable.
+    pub nx: bool,
 }
 
 /// Where region page `page` goes among the free pages, of `n` (None: past
@@ -115,6 +132,19 @@ impl RegionPages {
             own_region: Some(gpa),
             ..RegionPages::default()
         }
+    }
+
+    /// The same, with rings of their own past the data window (`high`).
+    pub fn with_high(self, high: HighRings) -> RegionPages {
+        RegionPages {
+            high: Some(high),
+            ..self
+        }
+    }
+
+    /// The rings of their own past the data window, if any.
+    pub fn high(&self) -> Option<HighRings> {
+        self.high
     }
 
     /// The page behind region page `page`, if it has one.
@@ -323,7 +353,9 @@ impl GuestRam for Backed {
         self.mem(r, 8).store_u64(v, GuestAddress(r), order)
     }
     fn contains(&self, addr: GuestAddress, len: usize) -> bool {
-        in_region(addr.0) || self.inner.contains(addr, len)
+        in_region(addr.0)
+            || self.own.as_ref().is_some_and(|o| o.contains(addr, len))
+            || self.inner.contains(addr, len)
     }
 }
 

@@ -6,10 +6,11 @@ use vmm::gva::{AddressSpace, Entry, GvaError, Level};
 
 use std::sync::Mutex;
 
-use super::backing::{RegionPages, PAGE};
+use super::backing::{HighRings, RegionPages, PAGE};
 use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use crate::plan::exitless::layout::{
-    CODE_GPA, CODE_VA, DATA_GPA, LARGE_PAGE, PD_COUNT, REGION_GPA, SPARE_PD_GPA,
+    CODE_GPA, CODE_VA, DATA_GPA, HIGH_RINGS_PUD, HIGH_RINGS_VA, LARGE_PAGE, PD_COUNT, REGION_GPA,
+    SPARE_PD_GPA,
 };
 
 /// Entry bits (Intel SDM vol. 3A, 4.5): present, writable, page size (a 2 MiB
@@ -141,6 +142,26 @@ pub fn map_with(
     } else if pdpte.value & PTE_PS != 0 {
         return Err(MapError::HugePage { va: CODE_VA });
     }
+    let high = pages.and_then(|p| lock(p).high());
+    // Rings past the data window: entry 508 of the top page-upper
+    // directory, empty (or vmtrace's already), checked before any write.
+    let high_entry = match high {
+        Some(h) => {
+            let e = space
+                .entry(HIGH_RINGS_VA, Level::Pdpt)
+                .map_err(walk(HIGH_RINGS_VA))?;
+            if !e.is_empty() && !ours(e.value, h.pd | TABLE) {
+                return Err(MapError::SlotInUse {
+                    index: HIGH_RINGS_PUD,
+                    va: HIGH_RINGS_VA,
+                    gpa: e.gpa,
+                    value: e.value,
+                });
+            }
+            Some((e, h.pd | TABLE))
+        }
+        None => None,
+    };
     let want = match pages {
         None => leaves(space.nx_enabled()),
         Some(p) => page_tables(space, p, space.nx_enabled())?,
@@ -164,6 +185,11 @@ pub fn map_with(
         if !ours(e.value, w) {
             space.set_entry(e, w).map_err(walk(CODE_VA))?;
         }
+    }
+    // Its page directory was written with the rings, before the stop
+    // (`high_directory`): one entry here.
+    if let Some((e, w)) = high_entry.filter(|(e, w)| !ours(e.value, *w)) {
+        space.set_entry(&e, w).map_err(walk(HIGH_RINGS_VA))?;
     }
     Ok(Mapped { own_pd, reused })
 }
@@ -200,7 +226,11 @@ fn page_tables(
 ) -> Result<[u64; PD_COUNT], MapError> {
     let xd = if nx { PTE_XD } else { 0 };
     let mut out = [0; PD_COUNT];
+    let skip = rings_only_entry(&lock(pages));
     for (i, e) in out.iter_mut().enumerate() {
+        if skip == Some(i) {
+            continue;
+        }
         let base = CODE_GPA + i as u64 * LARGE_PAGE;
         let leaf = match i {
             0 => PTE_PRESENT,
@@ -241,8 +271,31 @@ fn large_leaf(pages: &RegionPages, i: usize, leaf: u64) -> Option<u64> {
     (real % LARGE_PAGE == 0).then_some(real | leaf | PTE_PS)
 }
 
+/// The entry of the data window that holds rings only (509: the frame
+/// pool is in 510), left empty when the rings are past the window.
+fn rings_only_entry(pages: &RegionPages) -> Option<usize> {
+    pages.high().map(|_| 1)
+}
+
+/// The page directory of entry 508 (`HighRings`): a 2 MiB entry per 2 MiB
+/// of rings, present, writable, supervisor-only, not global, and not
+/// executable where the guest enabled NX; the rest empty.
+pub fn high_directory(h: &HighRings) -> Vec<u8> {
+    let xd = if h.nx { PTE_XD } else { 0 };
+    let mut pd = vec![0u8; PAGE as usize];
+    let n = h.len.div_ceil(LARGE_PAGE) as usize;
+    for (i, slot) in pd.chunks_exact_mut(8).take(n).enumerate() {
+        let leaf = (h.rings + i as u64 * LARGE_PAGE) | PTE_PRESENT | PTE_WRITABLE | PTE_PS | xd;
+        slot.copy_from_slice(&leaf.to_le_bytes());
+    }
+    pd
+}
+
 /// The entry `map_with` wrote for entry `i` with the region in `pages`.
 fn written(pages: &Mutex<RegionPages>, i: usize, nx: bool) -> Result<u64, MapError> {
+    if rings_only_entry(&lock(pages)) == Some(i) {
+        return Ok(0);
+    }
     let leaf = match i {
         0 => PTE_PRESENT,
         _ => PTE_PRESENT | PTE_WRITABLE | if nx { PTE_XD } else { 0 },
@@ -263,11 +316,20 @@ pub fn unmap(
     pages: Option<&Mutex<RegionPages>>,
 ) -> Result<usize, MapError> {
     let walk = |va| move |source| MapError::Walk { va, source };
+    let mut cleared = 0;
+    if let Some(h) = pages.and_then(|p| lock(p).high()) {
+        let e = space
+            .entry(HIGH_RINGS_VA, Level::Pdpt)
+            .map_err(walk(HIGH_RINGS_VA))?;
+        if !e.is_empty() && ours(e.value, h.pd | TABLE) {
+            space.set_entry(&e, 0).map_err(walk(HIGH_RINGS_VA))?;
+            cleared += 1;
+        }
+    }
     let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
     if pdpte.value & PTE_PRESENT == 0 || pdpte.value & PTE_PS != 0 {
-        return Ok(0);
+        return Ok(cleared);
     }
-    let mut cleared = 0;
     for i in 0..PD_COUNT {
         let va = CODE_VA + i as u64 * LARGE_PAGE;
         let e = space.entry(va, Level::Pd).map_err(walk(va))?;
@@ -514,5 +576,60 @@ mod tests {
         let odd = RegionPages::with_own_data(vec![], own + PAGE);
         assert_eq!(large_leaf(&odd, 1, PTE_PRESENT), None);
         assert_eq!(large_leaf(&odd, 0, PTE_PRESENT), None);
+    }
+
+    /// Rings past the data window (a ring device sized by `--buffer`):
+    /// entry 508 of the top page-upper directory points at their page
+    /// directory, whose 2 MiB entries map them; the data window's
+    /// rings-only entry stays empty; all cleared again.
+    #[test]
+    fn high_rings_are_mapped_through_entry_508_and_unmapped() {
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        // A 16 MiB "device" at 32 MiB: the data window 2 MiB in, the
+        // rings' directory in the spare 2 MiB, the rings from 8 MiB.
+        let dev = 32 << 20;
+        let high = HighRings {
+            pd: dev + (6 << 20) + 4 * PAGE,
+            rings: dev + (8 << 20),
+            len: 8 << 20,
+            nx: true,
+        };
+        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
+        let pages = Arc::new(Mutex::new(pages));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
+        ram.write_slice(&high_directory(&high), GuestAddress(high.pd))
+            .unwrap();
+        let pud = vmm::layout::PDPT_HIGH_START + HIGH_RINGS_PUD as u64 * 8;
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(pud)).unwrap(), 0);
+        let mut s =
+            AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true);
+        map_with(&mut s, Some(&pages)).unwrap();
+        assert_eq!(
+            mem.read_obj::<u64>(GuestAddress(pud)).unwrap(),
+            high.pd | TABLE
+        );
+        let at = HIGH_RINGS_VA + (5 << 20) + 9;
+        assert_eq!(s.translate(at).unwrap().gpa, high.rings + (5 << 20) + 9);
+        assert!(s.translate(HIGH_RINGS_VA + high.len).is_err());
+        let e = |i: u64| mem.read_obj::<u64>(GuestAddress(pd + (PD_FIRST as u64 + i) * 8));
+        assert_eq!(e(1).unwrap(), 0, "the rings-only entry 509");
+        assert_ne!(e(2).unwrap(), 0, "the frame pool's 510");
+        assert!(map_with(&mut s, Some(&pages)).unwrap().reused);
+        // Entry 508 held by someone else: refused, nothing written.
+        mem.write_obj(0x7000u64 | TABLE, GuestAddress(pud)).unwrap();
+        assert!(matches!(
+            map_with(&mut s, Some(&pages)),
+            Err(MapError::SlotInUse { index: 508, .. })
+        ));
+        mem.write_obj(high.pd | TABLE, GuestAddress(pud)).unwrap();
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 3);
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(pud)).unwrap(), 0);
+        assert!((0..PD_COUNT as u64).all(|i| e(i).unwrap() == 0));
     }
 }

@@ -12,8 +12,8 @@ use vm_memory::GuestAddress;
 use vmm::RamError;
 
 use crate::plan::exitless::layout::{
-    RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, REC_ARGS, REC_COMMIT,
-    REC_PARENT, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
+    RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, HIGH_RINGS_MAX, LIMIT_OFF, REC_ARGS,
+    REC_COMMIT, REC_PARENT, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
 };
 use crate::trace::model::ARG_REGS;
 
@@ -81,7 +81,11 @@ fn check_cpu(layout: &RingLayout, cpu: usize) -> Result<(), RingError> {
 /// nothing committed), and `limit` = `cap` records (the whole ring free).
 pub fn init_rings(mem: &dyn GuestRam, layout: &RingLayout) -> Result<(), RingError> {
     let total = (layout.cpus as u64).checked_mul(layout.ring_bytes);
-    if total.is_none_or(|t| t > DATA_LEN) {
+    let most = match layout.is_high() {
+        true => HIGH_RINGS_MAX,
+        false => DATA_LEN,
+    };
+    if total.is_none_or(|t| t > most) {
         return Err(RingError::TooBig {
             cpus: layout.cpus,
             ring_bytes: layout.ring_bytes,
@@ -90,11 +94,18 @@ pub fn init_rings(mem: &dyn GuestRam, layout: &RingLayout) -> Result<(), RingErr
     // Zero in chunks: a ring can be megabytes.
     const CHUNK: u64 = 64 << 10;
     let zeros = vec![0u8; CHUNK.min(layout.ring_bytes) as usize];
+    // Rings past the data window are in a ring device's fresh file, all
+    // zeros already: only its header words are written (and its pages
+    // taken as the rings fill, not here).
+    let zeroed = match layout.is_high() {
+        true => layout.records_off,
+        false => layout.ring_bytes,
+    };
     for cpu in 0..layout.cpus {
         let base = layout.ring_gpa(cpu);
         let mut off = 0;
-        while off < layout.ring_bytes {
-            let len = (layout.ring_bytes - off).min(CHUNK) as usize;
+        while off < zeroed {
+            let len = (zeroed - off).min(CHUNK) as usize;
             mem.write_slice(&zeros[..len], GuestAddress(base + off))
                 .map_err(memory_error("zeroing", cpu, base + off))?;
             off += len as u64;

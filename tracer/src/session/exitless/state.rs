@@ -169,6 +169,16 @@ impl Exitless {
         mem.write_slice(&[0u8; 4096], GuestAddress(SPARE_PD_GPA))
             .map_err(|e| ExitlessError::Memory(e.to_string()))?;
         ring::init_rings(mem, &layout)?;
+        let high = self
+            .pages
+            .as_deref()
+            .and_then(|p| p.lock().unwrap_or_else(|e| e.into_inner()).high());
+        if let Some(h) = high {
+            // Entry 508's page directory, in vmtrace's own memory: `map`
+            // only points the entry at it, in the pause.
+            mem.write_slice(&map::high_directory(&h), GuestAddress(h.pd))
+                .map_err(|e| ExitlessError::Memory(e.to_string()))?;
+        }
         if layout.graph {
             // Every frame free, the ticket counter at 0.
             let pool = vec![0u8; (DATA_LEN - FRAME_NEXT_OFF) as usize];

@@ -1,6 +1,9 @@
 //! The report's line on why events were dropped (`DropCauses`), e.g.
-//! `234 counted only: ring full on vCPU 1: 200, vCPU 3: 34 (rings of 128
-//! records, 8,192 asked: the guest's free low memory holds no more)`.
+//! `234 counted only: ring full ... on vCPU 1: 200, vCPU 3: 34; 214 of
+//! them with the drain behind; 20 of them while the drain was held ...;
+//! rings of 128 records, 8,192 asked: the guest's free low memory holds no
+//! more`: the ring full because the drain was behind or held, or the rings
+//! capped.
 
 use super::numbers::thousands;
 use crate::trace::model::TraceMeta;
@@ -26,6 +29,15 @@ pub fn drops_line(m: &TraceMeta) -> Option<String> {
             "ring full (no free slot for the guest's record) on {}",
             per_cpu.join(", ")
         );
+        // Of those: the drain read too slowly, or waited at a slot its
+        // writer had reserved and not filled yet.
+        let behind = full.saturating_sub(d.held);
+        if behind > 0 {
+            s.push_str(&format!(
+                "; {} of them with the drain behind",
+                thousands(behind)
+            ));
+        }
         if d.held > 0 {
             s.push_str(&format!(
                 "; {} of them while the drain was held at a record not committed yet",
@@ -90,7 +102,8 @@ mod tests {
         assert_eq!(
             drops_line(&m).unwrap(),
             "234 counted only: ring full (no free slot for the guest's record) on vCPU 1: 200, \
-             vCPU 3: 34; 20 of them while the drain was held at a record not committed yet; \
+             vCPU 3: 34; 214 of them with the drain behind; 20 of them while the drain was held \
+             at a record not committed yet; \
              rings of 128 records, 8,192 asked: the guest's free low memory holds no more"
         );
         m.drops = DropCauses {
