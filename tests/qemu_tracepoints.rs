@@ -131,6 +131,61 @@ fn check_sched_switch(data: &std::path::Path, worker: u32) {
     }
 }
 
+/// Each event line's `EVENT: fields` part (after the task, CPU and time)
+/// of `text`, one of `events`, sorted.
+fn event_parts(text: &str, events: &[&str]) -> Vec<String> {
+    let mut parts: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let at = events
+                .iter()
+                .filter_map(|e| l.find(&format!(": {e}:")))
+                .min()?;
+            let (name, fields) = l[at + 2..].split_once(':')?;
+            Some(format!("{name}: {}", fields.trim()))
+        })
+        .collect();
+    parts.sort();
+    parts
+}
+
+/// trace.dat from data file `data` (`report --export`), read by Debian's
+/// `trace-cmd report -N` (no plugins: its sched plugin prints switches its
+/// own short way): every event line has the fields `script` prints
+/// for the same event, each of the four events there.
+fn check_trace_cmd_report(data: &std::path::Path, dir: &std::path::Path) {
+    let dat = dir.join("events.dat");
+    let arg = format!("trace.dat={}", dat.display());
+    let o = common::vmtrace(&["report", s(data), "--export", &arg]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tc = std::process::Command::new("trace-cmd")
+        .args(["report", "-N", "-i"])
+        .arg(&dat)
+        .output()
+        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
+    let stderr = String::from_utf8_lossy(&tc.stderr);
+    assert!(tc.status.success() && stderr.trim().is_empty(), "{stderr}");
+    let events = [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_process_fork",
+        "task_rename",
+    ];
+    let report = event_parts(&String::from_utf8_lossy(&tc.stdout), &events);
+    let script = event_parts(
+        &common::stdout(&common::vmtrace(&["script", s(data)])),
+        &events,
+    );
+    assert_eq!(report, script);
+    for e in events {
+        let n = report
+            .iter()
+            .filter(|l| l.starts_with(&format!("{e}: ")))
+            .count();
+        assert!(n > 0, "no {e} in {report:?}");
+    }
+}
+
 #[test]
 fn event_sites_are_jumps_while_attached_and_nops_after() {
     let bz = debian_612();
@@ -225,7 +280,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         "--kernel",
         s(&bz),
         "-e",
-        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "sched:sched_switch,sched:sched_wakeup,sched:sched_process_fork,task:task_rename",
         "-o",
         s(&data),
     ];
@@ -255,6 +310,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     );
     assert_runs_on(&guest, w.worker);
     check_sched_switch(&data, w.worker);
+    check_trace_cmd_report(&data, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
     assert!(

@@ -250,6 +250,15 @@
 //! twice is corrupt. Versions 1 to 11 are still read: they have no
 //! fields.
 //!
+//! # Version 13: the events' ftrace formats
+//!
+//! Version 13 adds, after each event format's fields, the event's record
+//! as the kernel's tracefs `format` lays it out (for trace.dat): `u8` 0
+//! (not known), or 1 then `u16` id (the guest's `call->event.type`; 0:
+//! not known), `str` print format, `u32` k (at most 64), k × (`str` C
+//! type, `str` name, `u32` offset, `u32` size, `u8` signed (0 or 1)).
+//! Versions 1 to 12 are still read: their events have no ftrace format.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
 //! data file of `DATA_VERSION` in one go: `HEAD`, `TASK`, `ARGS`, `STAK`,
@@ -321,9 +330,11 @@ pub const VERSION_10: u32 = 10;
 pub const VERSION_11: u32 = 11;
 /// The data file that keeps the traced events' fields (`FLDS` blocks).
 pub const VERSION_12: u32 = 12;
+/// The data file that keeps each event's ftrace record layout (for trace.dat).
+pub const VERSION_13: u32 = 13;
 /// The data file's version that `stream` and `save` write: the newest
 /// (each new version changes this line).
-pub const DATA_VERSION: u32 = VERSION_12;
+pub const DATA_VERSION: u32 = VERSION_13;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
