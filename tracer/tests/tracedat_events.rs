@@ -109,6 +109,47 @@ fn every_tracepoints_format_is_read_from_the_image() {
     );
 }
 
+/// Debian's 6.12 cloud kernel, from its bzImage alone (the image the QEMU
+/// tests attach to): every tracepoint's format read too, and
+/// sched_switch's comms unsigned (Linux 6.2 and later build with
+/// `-funsigned-char`), as its tracefs prints them.
+#[test]
+fn debian_612_formats_from_its_bzimage() {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest/out/debian-6.12/vmlinuz");
+    if !p.is_file() {
+        eprintln!(
+            "SKIPPED: {} is not built; run `bash guest/build.sh debian-6.12`",
+            p.display()
+        );
+        return;
+    }
+    let image = tracer::kernel::bzimage::load(&p).unwrap().0;
+    let btf = KernelBtf::from_image(&image).unwrap();
+    let table = EventTable::read(&image, &btf).unwrap();
+    let tracepoints = table.listed().filter(|e| e.kind == EventKind::Tracepoint);
+    let (mut read, mut unread) = (0, Vec::new());
+    for e in tracepoints {
+        match ftrace_format::read(&image, &btf, e) {
+            Some(f) if e.name == "sched_switch" => {
+                assert_eq!(
+                    field_lines(&f)[..2],
+                    [
+                        "field:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;",
+                        "field:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;",
+                    ]
+                );
+                read += 1;
+            }
+            Some(_) => read += 1,
+            None => unread.push(e.full_name()),
+        }
+    }
+    assert!(
+        read > 500 && unread.is_empty(),
+        "{read} read; not: {unread:?}"
+    );
+}
+
 /// A trace of events with their fields, on two vCPUs: one event of each
 /// name (its arguments and values given), then the task that ran it.
 struct Recorded<'a> {

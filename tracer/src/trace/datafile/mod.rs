@@ -248,16 +248,10 @@
 //! the guest at the event: printed `?`)), after the `ARGS` block of those
 //! ids; an id of 0, past the arguments saved before the block, or given
 //! twice is corrupt. Versions 1 to 11 are still read: they have no
-//! fields.
-//!
-//! # Version 13: the events' ftrace formats
-//!
-//! Version 13 adds, after each event format's fields, the event's record
-//! as the kernel's tracefs `format` lays it out (for trace.dat): `u8` 0
-//! (not known), or 1 then `u16` id (the guest's `call->event.type`; 0:
-//! not known), `str` print format, `u32` k (at most 64), k × (`str` C
-//! type, `str` name, `u32` offset, `u32` size, `u8` signed (0 or 1)).
-//! Versions 1 to 12 are still read: their events have no ftrace format.
+//! fields. Version 13 adds, after each event format's fields, its ftrace
+//! record layout (trace.dat's): `u8` 0, or 1, `u16` id, `str` print
+//! format, `u32` k (at most 64), k × (`str` type, `str` name, `u32`
+//! offset, `u32` size, `u8` signed). Version 12 is still read, with none.
 //!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
@@ -330,7 +324,7 @@ pub const VERSION_10: u32 = 10;
 pub const VERSION_11: u32 = 11;
 /// The data file that keeps the traced events' fields (`FLDS` blocks).
 pub const VERSION_12: u32 = 12;
-/// The data file that keeps each event's ftrace record layout (for trace.dat).
+/// The data file with the events' ftrace formats (for trace.dat).
 pub const VERSION_13: u32 = 13;
 /// The data file's version that `stream` and `save` write: the newest
 /// (each new version changes this line).
