@@ -5,8 +5,9 @@
 //! mode passes its `tp->funcs` test; exactly one `sched_process_fork` per
 //! fork and one `task_rename` per rename, their fields as ftrace computes
 //! them (child pids those the guest prints), and `sched_switch` lines in
-//! `script` and the JSON report whose fields are the tasks that switched;
-//! after the detach the kernel's
+//! `script` and the JSON report whose fields are the tasks that switched,
+//! and Debian's `trace-cmd report` of the trace.dat export printing each
+//! event's fields as `script` does; after the detach the kernel's
 //! text is as found, the guest runs on, and its console has no BUG or
 //! WARNING (jump_label's checks); a killed attach's guardian restores them
 //! from the journal; the guest enabling and disabling a traced event itself
@@ -131,6 +132,61 @@ fn check_sched_switch(data: &std::path::Path, worker: u32) {
     }
 }
 
+/// Each event line's `EVENT: fields` part (after the task, CPU and time)
+/// of `text`, one of `events`, sorted.
+fn event_parts(text: &str, events: &[&str]) -> Vec<String> {
+    let mut parts: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let at = events
+                .iter()
+                .filter_map(|e| l.find(&format!(": {e}:")))
+                .min()?;
+            let (name, fields) = l[at + 2..].split_once(':')?;
+            Some(format!("{name}: {}", fields.trim()))
+        })
+        .collect();
+    parts.sort();
+    parts
+}
+
+/// trace.dat from data file `data` (`report --export`), read by Debian's
+/// `trace-cmd report -N` (no plugins: its sched plugin prints switches its
+/// own short way): every event line has the fields `script` prints
+/// for the same event, and the events `present` are there.
+fn check_trace_cmd_report(data: &std::path::Path, present: &[&str]) {
+    let dat = data.with_extension("dat");
+    let arg = format!("trace.dat={}", dat.display());
+    let o = common::vmtrace(&["report", s(data), "--export", &arg]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tc = std::process::Command::new("trace-cmd")
+        .args(["report", "-N", "-i"])
+        .arg(&dat)
+        .output()
+        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
+    let stderr = String::from_utf8_lossy(&tc.stderr);
+    assert!(tc.status.success() && stderr.trim().is_empty(), "{stderr}");
+    let events = [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_process_fork",
+        "task_rename",
+    ];
+    let report = event_parts(&String::from_utf8_lossy(&tc.stdout), &events);
+    let script = event_parts(
+        &common::stdout(&common::vmtrace(&["script", s(data)])),
+        &events,
+    );
+    assert_eq!(report, script);
+    for e in present {
+        let n = report
+            .iter()
+            .filter(|l| l.starts_with(&format!("{e}: ")))
+            .count();
+        assert!(n > 0, "no {e} in {report:?}");
+    }
+}
+
 #[test]
 fn event_sites_are_jumps_while_attached_and_nops_after() {
     let bz = debian_612();
@@ -143,9 +199,13 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let qmp = guest.qmp_socket();
     let watch = kernel.watch(qmp);
     let before = watch.read();
+    let dir = common::scratch_in("tp-switch", "data");
+    let forks = dir.join("forks.vmtrace");
     let args = [
         "--kernel",
         s(&bz),
+        "-o",
+        s(&forks),
         "--format",
         "json",
         "-e",
@@ -193,6 +253,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let rename = count_of(&counts, &["__traceiter_task_rename"]);
     assert_eq!((fork, rename), (3 + 3, 3 + 2 + 1 + 3), "{}", e.stdout);
     check_fork_and_rename_fields(&e.json(), w.worker, &printed);
+    check_trace_cmd_report(&forks, &["sched_process_fork", "task_rename"]);
     assert_same(&before, &watch.read(), "by a trace of events");
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
@@ -218,14 +279,14 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     // The guest enables a traced event itself, and disables it: its
     // jump_label finds its own NOP each time (vmtrace gives the site back
     // at the kernel's patching), and the detach leaves what it did. Every
-    // task's sched_switch beside them, into a data file (one attach less).
-    let dir = common::scratch_in("tp-switch", "data");
+    // task's sched_switch and sched_wakeup beside them, into a data file
+    // (one attach less).
     let data = dir.join("switch.vmtrace");
     let args = [
         "--kernel",
         s(&bz),
         "-e",
-        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "sched:sched_switch,sched:sched_wakeup,sched:sched_process_fork,task:task_rename",
         "-o",
         s(&data),
     ];
@@ -255,6 +316,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     );
     assert_runs_on(&guest, w.worker);
     check_sched_switch(&data, w.worker);
+    check_trace_cmd_report(&data, &["sched_switch", "sched_wakeup", "task_rename"]);
     exitless_events(&guest, &kernel, &bz, &data, w.worker);
     let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();

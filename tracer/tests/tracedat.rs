@@ -414,6 +414,7 @@ fn four_cpus_one_idle_and_bad_events_skipped() {
             funcgraph_entry: 0,
             funcgraph_exit: 0,
             kernel_stack: 0,
+            events: 0,
             bad_cpu: 2,
             bad_func: 1,
             pages: w.pages,

@@ -30,12 +30,17 @@ pub struct Trap<'a> {
     pub args: [u64; 6],
     /// RAX: a function's return value at its return.
     pub rax: u64,
+    /// The 16 general-purpose registers in the x86 encoding's order (RAX,
+    /// RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8 ... R15): what an instruction's
+    /// register number names.
+    pub gprs: [u64; 16],
     /// Guest memory as this vCPU sees it now. Built afresh for each trap:
     /// the guest runs between traps and may remap any page, so no
     /// translation outlives the exit it was made for.
     space: AddressSpace<'a>,
     new_rip: Option<u64>,
-    new_rax: Option<u64>,
+    /// A register to set (its number in `gprs`) and its value.
+    new_gpr: Option<(usize, u64)>,
 }
 
 impl<'a> Trap<'a> {
@@ -50,9 +55,13 @@ impl<'a> Trap<'a> {
             gs_base: sregs.gs.base,
             args: [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9],
             rax: regs.rax,
+            gprs: [
+                regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi,
+                regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+            ],
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
-            new_rax: None,
+            new_gpr: None,
         }
     }
 
@@ -75,9 +84,10 @@ impl<'a> Trap<'a> {
             gs_base: 0,
             args: [0; 6],
             rax: 0,
+            gprs: [0; 16],
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
-            new_rax: None,
+            new_gpr: None,
         }
     }
 
@@ -96,15 +106,19 @@ impl<'a> Trap<'a> {
         self.new_rip
     }
 
-    /// Resume the guest with RAX set to `rax` (an event's `tp->funcs`
-    /// test passed for vmtrace: `tracer::kernel::events::enabled_branch`).
-    pub fn set_rax(&mut self, rax: u64) {
-        self.new_rax = Some(rax);
+    /// Resume the guest with general-purpose register `n` (its number in
+    /// `gprs`; 16 and over are ignored) set to `value` (an event's
+    /// `tp->funcs` test passed for vmtrace:
+    /// `tracer::kernel::events::enabled_branch`).
+    pub fn set_gpr(&mut self, n: usize, value: u64) {
+        if n < self.gprs.len() {
+            self.new_gpr = Some((n, value));
+        }
     }
 
-    /// The RAX the handler set, if it did.
-    pub fn new_rax(&self) -> Option<u64> {
-        self.new_rax
+    /// The register the handler set and its value, if it did.
+    pub fn new_gpr(&self) -> Option<(usize, u64)> {
+        self.new_gpr
     }
 
     /// Host monotonic time in nanoseconds, the clock events are stamped with.

@@ -124,13 +124,21 @@ impl VcpuThread {
         let sync = self.fd.sync_regs_mut();
         let mut trap = Trap::new(self.cpu, &sync.regs, &sync.sregs, &self.shared.mem);
         self.handler.on_trap(&mut trap)?;
-        if let Some(rax) = trap.new_rax() {
-            sync.regs.rax = rax;
+        if let Some((n, value)) = trap.new_gpr() {
+            let r = &mut sync.regs;
+            let gpr = [
+                &mut r.rax, &mut r.rcx, &mut r.rdx, &mut r.rbx, &mut r.rsp, &mut r.rbp, &mut r.rsi,
+                &mut r.rdi, &mut r.r8, &mut r.r9, &mut r.r10, &mut r.r11, &mut r.r12, &mut r.r13,
+                &mut r.r14, &mut r.r15,
+            ];
+            if let Some(g) = gpr.into_iter().nth(n) {
+                *g = value;
+            }
         }
         if let Some(rip) = trap.new_rip() {
             sync.regs.rip = rip;
         }
-        if trap.new_rip().is_some() || trap.new_rax().is_some() {
+        if trap.new_rip().is_some() || trap.new_gpr().is_some() {
             // KVM copies the run page's registers in at the next KVM_RUN,
             // before it completes the `out`; with RIP changed it does not
             // advance RIP again (complete_fast_pio_out checks the linear RIP).

@@ -6,10 +6,10 @@
 //! (`crate::kernel::events::jump_sites`).
 
 use crate::kernel::btf::KernelBtf;
-use crate::kernel::events::counted;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
+use crate::kernel::events::{counted, ftrace_format};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
 
@@ -194,7 +194,10 @@ impl EventPlan {
                 tests,
                 funcs,
                 iterator_cell,
-                format: EventFormat::of(e),
+                format: EventFormat::of(e).map(|f| EventFormat {
+                    ftrace: ftrace_format::read(image, &btf, e),
+                    ..f
+                }),
             });
         }
         if counted_keys {

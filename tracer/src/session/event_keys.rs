@@ -5,8 +5,9 @@
 //! first instruction, so under the attach's stop vmtrace sets each
 //! traced event's count to 1 (refused when the guest has set it) and puts
 //! its trap (`out`, as at an ftrace site: `crate::session::patch`) over
-//! each `test rax, rax` of `tp->funcs`. The trap passes the test as a
-//! breakpoint does under `vmtrace attach` (`enabled_branch`): RAX NULL
+//! each `test R, R` of `tp->funcs` (R any 64-bit register: the compiler
+//! picks it). The trap passes the test as a breakpoint does under `vmtrace
+//! attach` (`enabled_branch`): R NULL
 //! becomes the address 8 bytes before `tp->funcs`, so `__data` reads
 //! NULL, and the vCPU resumes past the `je`, where the call reaches
 //! `__traceiter_NAME`, whose own ftrace site records the event. At the
@@ -29,8 +30,24 @@ use crate::kernel::sites::SITE_LEN;
 use crate::plan::events::EventPlan;
 use crate::plan::site_index::OUT_LEN;
 
-/// `test rax, rax`: the only register the trap can set (`Trap::set_rax`).
-const TEST_RAX: [u8; 3] = [0x48, 0x85, 0xc0];
+/// `test r64, r64` of one register: REX.W (with R and B for R8-R15),
+/// `85`, then ModRM mod 11 with the register in both fields.
+const REX_W: u8 = 0x48;
+const REX_RB: u8 = 0x05;
+const TEST_OPCODE: u8 = 0x85;
+const MODRM_REGS: u8 = 0xc0;
+/// The general-purpose registers by their number in the encoding
+/// (`Trap::gprs`), as `FuncsTest::reg` names them.
+pub(crate) const GPRS: [&str; 16] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15",
+];
+
+/// The 3 bytes of `test R, R` for register number `n`.
+pub(crate) fn test_bytes(n: u8) -> [u8; 3] {
+    let rex = REX_W | if n >= 8 { REX_RB } else { 0 };
+    [rex, TEST_OPCODE, MODRM_REGS | (n & 7) << 3 | (n & 7)]
+}
 /// A `nop` after the 2-byte `out`, over the test's last byte.
 const NOP1: u8 = 0x90;
 /// The bytes of a `mov r64, [rip + disp32]` before its ModRM: REX.W, 8B.
@@ -43,6 +60,8 @@ pub struct TestTrap {
     pub test: u64,
     pub after_je: u64,
     pub funcs: u64,
+    /// The register tested, by its number (`Trap::gprs`).
+    pub reg: u8,
 }
 
 /// The tests the recorders pass, sorted by address.
@@ -53,8 +72,7 @@ pub struct TestTraps {
 
 impl TestTraps {
     /// The tests of `plan`'s events when the kernel has no jump labels
-    /// (else none: jump-label events are `vmtrace attach`'s); only those
-    /// testing RAX.
+    /// (else none: jump-label events are `vmtrace attach`'s).
     pub fn of(plan: &EventPlan) -> Option<Arc<TestTraps>> {
         if !plan.counted_keys || plan.is_empty() {
             return None;
@@ -63,11 +81,13 @@ impl TestTraps {
             .events
             .iter()
             .flat_map(|e| e.tests.iter().map(move |t| (e, t)))
-            .filter(|(_, t)| t.reg == "rax")
-            .map(|(e, t)| TestTrap {
-                test: t.test,
-                after_je: t.after_je,
-                funcs: e.funcs,
+            .filter_map(|(e, t)| {
+                Some(TestTrap {
+                    test: t.test,
+                    after_je: t.after_je,
+                    funcs: e.funcs,
+                    reg: GPRS.iter().position(|&r| r == t.reg)? as u8,
+                })
             })
             .collect();
         traps.sort_unstable_by_key(|t| t.test);
@@ -96,15 +116,16 @@ impl TestTraps {
     }
 
     /// Pass the test a trap came from, if it came from one (`slide`: the
-    /// running kernel's KASLR offset): RAX NULL made `tp->funcs - 8`, the
-    /// vCPU moved past the `je`. A probe of the guest's (RAX not NULL)
-    /// is called as the kernel would.
+    /// running kernel's KASLR offset): the tested register NULL made
+    /// `tp->funcs - 8`, the vCPU moved past the `je`. A probe of the
+    /// guest's (the register not NULL) is called as the kernel would.
     pub fn pass(&self, trap: &mut Trap<'_>, slide: i64) -> bool {
         let Some(t) = self.find(trap.rip.wrapping_sub(slide as u64)) else {
             return false;
         };
-        if trap.rax == 0 {
-            trap.set_rax(t.funcs.wrapping_add_signed(slide).wrapping_sub(8));
+        let reg = usize::from(t.reg);
+        if trap.gprs[reg] == 0 {
+            trap.set_gpr(reg, t.funcs.wrapping_add_signed(slide).wrapping_sub(8));
         }
         trap.set_rip(t.after_je.wrapping_add_signed(slide));
         true
@@ -224,7 +245,7 @@ fn bytes_at(
     Ok((span, original))
 }
 
-/// Trap mode: each test of RAX, its trap's bytes (`trapped`).
+/// Trap mode: each test (`test R, R` of its register), its trap's bytes (`trapped`).
 fn trapped_tests(
     space: &mut AddressSpace<'_>,
     off: KernelOffset,
@@ -237,7 +258,7 @@ fn trapped_tests(
         let (span, original) = bytes_at(space, addr)?;
         // The running text must be the image's test (else the kernel is
         // not the planned one, or changed its text): left alone.
-        if original[..TEST_RAX.len()] == TEST_RAX {
+        if original[..3] == test_bytes(t.reg) {
             written[k] = trapped(original);
             found.push((k, addr, span, original));
         }
@@ -351,12 +372,46 @@ mod tests {
     }
 
     #[test]
+    fn test_bytes_are_each_registers_test() {
+        for (n, name) in GPRS.iter().enumerate() {
+            let b = test_bytes(n as u8);
+            let i = Decoder::with_ip(64, &b, 0, DecoderOptions::NONE).decode();
+            assert_eq!(i.len(), 3, "{name}");
+            assert_eq!(i.mnemonic(), Mnemonic::Test, "{name}");
+            let reg = format!("{:?}", i.op0_register()).to_lowercase();
+            assert_eq!((reg.as_str(), i.op1_register()), (*name, i.op0_register()));
+        }
+    }
+
+    #[test]
+    fn a_test_of_another_register_is_passed_in_that_register() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let t = TestTrap {
+            test: 0xffff_ffff_8100_0100,
+            after_je: 0xffff_ffff_8100_0105,
+            funcs: 0xffff_ffff_8180_0038,
+            reg: 12,
+        };
+        let traps = TestTraps { traps: vec![t] };
+        let mut trap = Trap::for_bench(0, t.test, 0, 0, PagingMode::Level4, &mem);
+        assert!(traps.pass(&mut trap, 0));
+        assert_eq!(trap.new_gpr(), Some((12, t.funcs - 8)));
+        // A probe of the guest's in R12: left to be called.
+        let mut trap = Trap::for_bench(0, t.test, 0, 0, PagingMode::Level4, &mem);
+        trap.gprs[12] = 0xffff_8880_0000_1000;
+        assert!(traps.pass(&mut trap, 0));
+        assert_eq!(trap.new_gpr(), None);
+        assert_eq!(trap.new_rip(), Some(t.after_je));
+    }
+
+    #[test]
     fn a_trap_at_a_test_makes_funcs_read_null_and_moves_past_the_je() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let t = TestTrap {
             test: 0xffff_ffff_8100_0100,
             after_je: 0xffff_ffff_8100_0105,
             funcs: 0xffff_ffff_8180_0038,
+            reg: 0,
         };
         let traps = TestTraps { traps: vec![t] };
         let slide = 0x1360_0000i64;
@@ -365,11 +420,11 @@ mod tests {
             let rip = t.test + slide as u64 + past;
             let mut trap = Trap::for_bench(0, rip, 0, 0, PagingMode::Level4, &mem);
             assert!(traps.pass(&mut trap, slide));
-            assert_eq!(trap.new_rax(), Some(t.funcs + slide as u64 - 8));
+            assert_eq!(trap.new_gpr(), Some((0, t.funcs + slide as u64 - 8)));
             assert_eq!(trap.new_rip(), Some(t.after_je + slide as u64));
         }
         let mut trap = Trap::for_bench(0, t.test + 1, 0, 0, PagingMode::Level4, &mem);
         assert!(!traps.pass(&mut trap, 0));
-        assert_eq!((trap.new_rax(), trap.new_rip()), (None, None));
+        assert_eq!((trap.new_gpr(), trap.new_rip()), (None, None));
     }
 }

@@ -2,11 +2,12 @@
 //! whose entries of `__traceiter_sched_switch` and
 //! `__traceiter_sched_process_fork` carry their fields: script lines as
 //! ftrace prints the events, CSV and JSON fields by name, and the data
-//! file (version 12, `FLDS` blocks), byte for byte against golden files
+//! file (version 13: `FLDS` blocks, ftrace formats), byte for byte against golden files
 //! (`VMTRACE_BLESS=1` writes them) and read back; its golden file read as
 //! a reader of a later version will.
 
 use tracer::kernel::events::fields::{EventFormat, FieldValue};
+use tracer::kernel::events::ftrace_format::{FtraceField, FtraceFormat};
 use tracer::kernel::events::{EventArg, EventKind, KernelEvent};
 use tracer::kernel::symbols::Symbol;
 use tracer::trace::datafile::{load, save, DATA_VERSION};
@@ -50,7 +51,27 @@ pub fn events_trace() -> Trace {
             ("unsigned int", "prev_state"),
         ],
     );
-    let fork = format("sched_process_fork", &[(task, "parent"), (task, "child")]);
+    let mut fork = format("sched_process_fork", &[(task, "parent"), (task, "child")]);
+    // Its record as Linux 6.12's tracefs lays it out (for trace.dat).
+    let field = |ty: &str, name: &str, offset, size, signed| FtraceField {
+        ty: ty.into(),
+        name: name.into(),
+        offset,
+        size,
+        signed,
+    };
+    fork.ftrace = Some(FtraceFormat {
+        id: 0,
+        fields: vec![
+            field("char[16]", "parent_comm", 8, 16, false),
+            field("pid_t", "parent_pid", 24, 4, true),
+            field("char[16]", "child_comm", 28, 16, false),
+            field("pid_t", "child_pid", 44, 4, true),
+        ],
+        print_fmt: "\"comm=%s pid=%d child_comm=%s child_pid=%d\", REC->parent_comm, \
+                    REC->parent_pid, REC->child_comm, REC->child_pid"
+            .into(),
+    });
     let sym = |name: &str, addr: u64| Symbol {
         name: name.into(),
         addr,
@@ -235,8 +256,8 @@ fn csv_and_json_have_the_fields_by_name() {
     );
 }
 
-/// Saved as version 12, byte for byte, and read back whole; the golden
-/// file reads back as the trace.
+/// Saved as version 13, byte for byte, and read back whole (the fork's
+/// ftrace format too); the golden file reads back as the trace.
 #[test]
 fn the_data_file_keeps_the_fields() {
     let t = events_trace();
@@ -247,14 +268,39 @@ fn the_data_file_keeps_the_fields() {
         u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
         DATA_VERSION
     );
-    check("events.v12.data", &bytes);
-    let back = load(&golden_dir().join("events.v12.data")).unwrap();
+    check("events.v13.data", &bytes);
+    let back = load(&golden_dir().join("events.v13.data")).unwrap();
     assert_eq!(back.fields.values, t.fields.values);
+    assert_eq!(
+        back.fields.formats[1].as_ref().unwrap().ftrace,
+        t.fields.formats[1].as_ref().unwrap().ftrace
+    );
     let lines =
         |t: &Trace| -> Vec<Option<String>> { t.events.iter().map(|e| t.event_line(e)).collect() };
     assert_eq!(lines(&back), lines(&t));
     assert_eq!(back.event_name(1), Some("sched:sched_process_fork"));
     assert_eq!(load(&path).unwrap().fields.values, t.fields.values);
+}
+
+/// `golden/events.v12.data` was saved by the version-12 writer (before
+/// the events' ftrace formats) from `events_trace`: it still reads, its
+/// values and lines as that trace's, with no ftrace format.
+#[test]
+fn a_version_12_data_file_still_reads() {
+    let path = golden_dir().join("events.v12.data");
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 12);
+    let (back, t) = (load(&path).unwrap(), events_trace());
+    assert_eq!(back.fields.values, t.fields.values);
+    let lines =
+        |t: &Trace| -> Vec<Option<String>> { t.events.iter().map(|e| t.event_line(e)).collect() };
+    assert_eq!(lines(&back), lines(&t));
+    assert!(back
+        .fields
+        .formats
+        .iter()
+        .flatten()
+        .all(|f| f.ftrace.is_none()));
 }
 
 /// `golden/values.v11.data` was saved by the version-11 writer (vmtrace

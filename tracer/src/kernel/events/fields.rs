@@ -136,6 +136,9 @@ pub struct EventFormat {
     pub fields: Vec<Field>,
     /// The fields are ftrace's (`covered`); else the arguments, raw.
     pub covered: bool,
+    /// The event's record as the kernel's tracefs `format` lays it out,
+    /// when the image holds it (trace.dat writes it).
+    pub ftrace: Option<super::ftrace_format::FtraceFormat>,
 }
 
 /// A field's value as read at the event.
@@ -276,6 +279,7 @@ impl EventFormat {
             event: event.full_name(),
             fields,
             covered,
+            ftrace: None,
         })
     }
 

@@ -34,6 +34,11 @@ pub(crate) fn word32(image: &KernelImage, vaddr: u64) -> Option<u32> {
 /// The NUL-terminated string at `vaddr`, if the file holds it whole within
 /// `MAX_STRING` bytes and it is UTF-8.
 pub(crate) fn c_string(image: &KernelImage, vaddr: u64) -> Option<String> {
+    c_string_max(image, vaddr, MAX_STRING)
+}
+
+/// [`c_string`] of at most `max` bytes.
+pub(crate) fn c_string_max(image: &KernelImage, vaddr: u64, max: usize) -> Option<String> {
     let i = image
         .sections
         .partition_point(|s| s.vaddr <= vaddr)
@@ -41,7 +46,7 @@ pub(crate) fn c_string(image: &KernelImage, vaddr: u64) -> Option<String> {
     let s = image.sections[i];
     let rel = vaddr.checked_sub(s.vaddr)?;
     let left = usize::try_from(s.size.checked_sub(rel)?).ok()?;
-    let bytes = image.file_bytes(vaddr, left.min(MAX_STRING))?;
+    let bytes = image.file_bytes(vaddr, left.min(max))?;
     let end = bytes.iter().position(|&b| b == 0)?;
     String::from_utf8(bytes[..end].to_vec()).ok()
 }

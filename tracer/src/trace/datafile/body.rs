@@ -204,7 +204,7 @@ pub(super) fn read_body<R: Read>(
     }
 
     let formats = match version >= VERSION_12 {
-        true => super::fields::read_formats(r, functions.len())?,
+        true => super::fields::read_formats(r, functions.len(), version)?,
         false => Vec::new(),
     };
     Ok(Body {

@@ -7,8 +7,9 @@ use std::io::{self, Write};
 
 use super::encode::put_str;
 use super::reader::Reader;
-use super::{Section, TraceFileError};
+use super::{Section, TraceFileError, VERSION_13};
 use crate::kernel::events::fields::Source;
+use crate::kernel::events::ftrace_format::{FtraceField, FtraceFormat};
 use crate::trace::fields::{EventFormat, Field, FieldValue, Print};
 
 /// Block tag of event entries' field values.
@@ -44,7 +45,11 @@ fn too_many(what: &str) -> io::Error {
 /// The formats of the traced functions that are events: `u32` n, then n
 /// × (`u32` function, `str` event, `u8` covered, `u32` m, m × (`str`
 /// name, `str` type, `u8` print)).
-pub(super) fn put_formats(w: &mut Vec<u8>, formats: &[Option<EventFormat>]) -> io::Result<()> {
+pub(super) fn put_formats(
+    w: &mut Vec<u8>,
+    formats: &[Option<EventFormat>],
+    version: u32,
+) -> io::Result<()> {
     let some: Vec<(usize, &EventFormat)> = formats
         .iter()
         .enumerate()
@@ -68,8 +73,78 @@ pub(super) fn put_formats(w: &mut Vec<u8>, formats: &[Option<EventFormat>]) -> i
             let code = PRINTS.iter().position(|&p| p == field.print).unwrap_or(0);
             w.push(code as u8);
         }
+        if version >= VERSION_13 {
+            put_ftrace(w, f.ftrace.as_ref())?;
+        }
     }
     Ok(())
+}
+
+/// Version 13's ftrace format of an event (see the parent module).
+fn put_ftrace(w: &mut Vec<u8>, f: Option<&FtraceFormat>) -> io::Result<()> {
+    let Some(f) = f else {
+        w.push(0);
+        return Ok(());
+    };
+    w.push(1);
+    w.write_all(&f.id.to_le_bytes())?;
+    put_str(w, &f.print_fmt)?;
+    let k = u32::try_from(f.fields.len())
+        .ok()
+        .filter(|&k| k <= MAX_FIELDS)
+        .ok_or_else(|| too_many("ftrace fields in an event"))?;
+    w.write_all(&k.to_le_bytes())?;
+    for field in &f.fields {
+        put_str(w, &field.ty)?;
+        put_str(w, &field.name)?;
+        w.write_all(&field.offset.to_le_bytes())?;
+        w.write_all(&field.size.to_le_bytes())?;
+        w.push(u8::from(field.signed));
+    }
+    Ok(())
+}
+
+/// What `put_ftrace` wrote, for event `event`.
+fn read_ftrace<R: io::Read>(
+    r: &mut Reader<'_, R>,
+    event: &str,
+) -> Result<Option<FtraceFormat>, TraceFileError> {
+    match r.u8()? {
+        0 => return Ok(None),
+        1 => {}
+        b => return Err(r.corrupt(format!("event {event}: ftrace format flag {b}"))),
+    }
+    let id = r.u16()?;
+    let print_fmt = r.string("an event's print format")?;
+    let k = r.u32()?;
+    if k > MAX_FIELDS {
+        return Err(r.corrupt(format!(
+            "event {event} has {k} ftrace fields (at most {MAX_FIELDS})"
+        )));
+    }
+    let mut fields = Vec::with_capacity(k as usize);
+    for _ in 0..k {
+        let ty = r.string("an ftrace field's type")?;
+        let name = r.string("an ftrace field's name")?;
+        let (offset, size) = (r.u32()?, r.u32()?);
+        let signed = match r.u8()? {
+            0 => false,
+            1 => true,
+            b => return Err(r.corrupt(format!("field {name} of {event}: signed is {b}"))),
+        };
+        fields.push(FtraceField {
+            ty,
+            name,
+            offset,
+            size,
+            signed,
+        });
+    }
+    Ok(Some(FtraceFormat {
+        id,
+        fields,
+        print_fmt,
+    }))
 }
 
 /// The formats `put_formats` wrote, by function (`nfunc` of them; empty
@@ -78,6 +153,7 @@ pub(super) fn put_formats(w: &mut Vec<u8>, formats: &[Option<EventFormat>]) -> i
 pub(super) fn read_formats<R: io::Read>(
     r: &mut Reader<'_, R>,
     nfunc: usize,
+    version: u32,
 ) -> Result<Vec<Option<EventFormat>>, TraceFileError> {
     r.section = Section::Fields;
     let n = r.u32()? as usize;
@@ -126,10 +202,15 @@ pub(super) fn read_formats<R: io::Read>(
                 print,
             });
         }
+        let ftrace = match version >= VERSION_13 {
+            true => read_ftrace(r, &event)?,
+            false => None,
+        };
         formats[func] = Some(EventFormat {
             event,
             fields,
             covered,
+            ftrace,
         });
     }
     Ok(formats)

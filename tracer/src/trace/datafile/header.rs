@@ -43,7 +43,7 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
         put_prototypes(w, &trace.prototypes)?;
     }
     if version >= VERSION_12 {
-        super::fields::put_formats(w, &trace.fields.formats)?;
+        super::fields::put_formats(w, &trace.fields.formats, version)?;
     }
     Ok(())
 }

@@ -248,7 +248,10 @@
 //! the guest at the event: printed `?`)), after the `ARGS` block of those
 //! ids; an id of 0, past the arguments saved before the block, or given
 //! twice is corrupt. Versions 1 to 11 are still read: they have no
-//! fields.
+//! fields. Version 13 adds, after each event format's fields, its ftrace
+//! record layout (trace.dat's): `u8` 0, or 1, `u16` id, `str` print
+//! format, `u32` k (at most 64), k × (`str` type, `str` name, `u32`
+//! offset, `u32` size, `u8` signed). Version 12 is still read, with none.
 //!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
@@ -321,9 +324,11 @@ pub const VERSION_10: u32 = 10;
 pub const VERSION_11: u32 = 11;
 /// The data file that keeps the traced events' fields (`FLDS` blocks).
 pub const VERSION_12: u32 = 12;
+/// The data file with the events' ftrace formats (for trace.dat).
+pub const VERSION_13: u32 = 13;
 /// The data file's version that `stream` and `save` write: the newest
 /// (each new version changes this line).
-pub const DATA_VERSION: u32 = VERSION_12;
+pub const DATA_VERSION: u32 = VERSION_13;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and

@@ -79,6 +79,12 @@ impl<R: Read> Reader<'_, R> {
         Ok(b[0])
     }
 
+    pub(super) fn u16(&mut self) -> Result<u16, TraceFileError> {
+        let mut b = [0u8; 2];
+        self.bytes(&mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
     pub(super) fn u32(&mut self) -> Result<u32, TraceFileError> {
         let mut b = [0u8; 4];
         self.bytes(&mut b)?;

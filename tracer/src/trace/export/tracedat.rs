@@ -39,7 +39,7 @@
 //! | header_page     | `header_page\0`, `u64` size, tracefs `events/header_page` text        |
 //! | header_event    | `header_event\0`, `u64` size, tracefs `events/header_event` text      |
 //! | ftrace formats  | `u32` count, then per event `u64` size + its `format` file text       |
-//! | event systems   | `u32` 0 (no tracepoint systems)                                       |
+//! | event systems   | `u32` count, per system its name, `u32` count, its events' `format`s (`events`) |
 //! | kallsyms        | `u32` size, `/proc/kallsyms`-style lines `%016x t name`               |
 //! | printk formats  | `u32` 0                                                               |
 //! | cmdlines        | `u64` size, `saved_cmdlines` lines `pid comm` (below)                 |
@@ -87,14 +87,16 @@
 //! blanks become `_`, control characters `\xNN`.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use crate::trace::graph::{End, Graph};
 use crate::trace::model::Trace;
 
+mod events;
+mod formats;
 mod names;
 mod options;
+use formats::*;
 use names::{cmdlines, kallsyms, pid_of};
 pub use names::{PID_BASE, UNKNOWN_PID_BASE, UNKNOWN_SYMBOL};
 
@@ -139,130 +141,6 @@ const TRACE_CLOCK: &str = "[mono]";
 /// (MAXSMP). More is a corrupt trace, refused before allocating per CPU.
 pub const MAX_CPUS: u32 = 8192;
 
-/// `events/header_page` of a 64-bit kernel (ring_buffer_print_page_header).
-const HEADER_PAGE: &str = "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n\
-\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n\
-\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n\
-\tfield: char data;\toffset:16;\tsize:4080;\tsigned:1;\n";
-
-/// `events/header_event` (ring_buffer_print_entry_header).
-const HEADER_EVENT: &str = "# compressed entry header\n\
-\ttype_len    :    5 bits\n\
-\ttime_delta  :   27 bits\n\
-\tarray       :   32 bits\n\
-\n\
-\tpadding     : type == 29\n\
-\ttime_extend : type == 30\n\
-\ttime_stamp : type == 31\n\
-\tdata max type_len  == 28\n";
-
-/// A field of an event's format: type, name, offset, size, signed.
-type Field = (&'static str, &'static str, u32, u32, bool);
-
-/// The common fields of every event (kernel/trace/trace_events.c,
-/// trace_define_common_fields).
-const COMMON_FIELDS: [Field; 4] = [
-    ("unsigned short", "common_type", 0, 2, false),
-    ("unsigned char", "common_flags", 2, 1, false),
-    ("unsigned char", "common_preempt_count", 3, 1, false),
-    ("int", "common_pid", 4, 4, true),
-];
-/// Size of the common fields.
-const COMMON_SIZE: usize = 8;
-
-/// An ftrace event's `format` file (trace_events.c, f_show).
-fn format_file(name: &str, id: u16, fields: &[Field], print_fmt: &str) -> String {
-    let mut s = format!("name: {name}\nID: {id}\nformat:\n");
-    let field = |s: &mut String, &(ty, name, offset, size, signed): &Field| {
-        let signed = u8::from(signed);
-        let _ = writeln!(
-            s,
-            "\tfield:{ty} {name};\toffset:{offset};\tsize:{size};\tsigned:{signed};"
-        );
-    };
-    COMMON_FIELDS.iter().for_each(|f| field(&mut s, f));
-    // f_show puts a blank line between the common and the event's fields.
-    s.push('\n');
-    fields.iter().for_each(|f| field(&mut s, f));
-    let _ = write!(s, "\nprint fmt: {print_fmt}\n");
-    s
-}
-
-/// The `function` event's format (kernel/trace/trace_entries.h, `function`).
-fn function_format() -> String {
-    format_file(
-        "function",
-        ID_FUNCTION,
-        &[
-            ("unsigned long", "ip", 8, 8, false),
-            ("unsigned long", "parent_ip", 16, 8, false),
-        ],
-        "\" %ps <-- %ps\", (void *)REC->ip, (void *)REC->parent_ip",
-    )
-}
-
-/// `funcgraph_entry` (trace_entries.h; packed: `func` then `depth`).
-fn funcgraph_entry_format() -> String {
-    format_file(
-        "funcgraph_entry",
-        ID_FUNCGRAPH_ENTRY,
-        &[
-            ("unsigned long", "func", 8, 8, false),
-            ("int", "depth", 16, 4, true),
-        ],
-        "\"--> %ps (%d)\", (void *)REC->func, REC->depth",
-    )
-}
-
-/// `funcgraph_exit` (trace_entries.h): Linux 6.1's layout, or with
-/// `retval` the layout of Linux 6.5 and later built with
-/// CONFIG_FUNCTION_GRAPH_RETVAL, `retval` after `func`.
-fn funcgraph_exit_format(retval: bool) -> String {
-    let fields: &[Field] = if retval {
-        &[
-            ("unsigned long", "func", 8, 8, false),
-            ("unsigned long", "retval", 16, 8, false),
-            ("int", "depth", 24, 4, true),
-            ("unsigned int", "overrun", 28, 4, false),
-            ("unsigned long long", "calltime", 32, 8, false),
-            ("unsigned long long", "rettime", 40, 8, false),
-        ]
-    } else {
-        &[
-            ("unsigned long", "func", 8, 8, false),
-            ("int", "depth", 16, 4, true),
-            ("unsigned int", "overrun", 20, 4, false),
-            ("unsigned long long", "calltime", 24, 8, false),
-            ("unsigned long long", "rettime", 32, 8, false),
-        ]
-    };
-    let print_fmt = if retval {
-        "\"<-- %ps (%d) (start: %llx  end: %llx) over: %d retval: %lx\", (void *)REC->func, \
-         REC->depth, REC->calltime, REC->rettime, REC->depth, REC->retval"
-    } else {
-        "\"<-- %ps (%d) (start: %llx  end: %llx) over: %d\", (void *)REC->func, \
-         REC->depth, REC->calltime, REC->rettime, REC->depth"
-    };
-    format_file("funcgraph_exit", ID_FUNCGRAPH_EXIT, fields, print_fmt)
-}
-
-/// `kernel_stack` (trace_entries.h, `FTRACE_STACK_ENTRIES` 8; a record
-/// holds `size` frames, as many as were saved).
-fn kernel_stack_format() -> String {
-    format_file(
-        "kernel_stack",
-        ID_KERNEL_STACK,
-        &[
-            ("int", "size", 8, 4, true),
-            ("unsigned long", "caller[8]", 16, 64, false),
-        ],
-        "\"\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\\t=> %ps\\n\", \
-         (void *)REC->caller[0], (void *)REC->caller[1], (void *)REC->caller[2], \
-         (void *)REC->caller[3], (void *)REC->caller[4], (void *)REC->caller[5], \
-         (void *)REC->caller[6], (void *)REC->caller[7]",
-    )
-}
-
 /// The common fields of an event of type `id` by pid `pid` (flags and
 /// preempt count 0: vmtrace does not see them).
 fn common(buf: &mut Vec<u8>, id: u16, pid: u32) {
@@ -283,6 +161,8 @@ pub struct TracedatCounts {
     pub funcgraph_exit: u64,
     /// `kernel_stack` events: one after each entry with a stack.
     pub kernel_stack: u64,
+    /// Traced events' records (`-e`), one per event entry.
+    pub events: u64,
     /// Stored events left out because their vCPU is not below `meta.cpus`.
     pub bad_cpu: u64,
     /// Stored events left out because their function index is out of range.
@@ -382,6 +262,7 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
         pages: (0..cpus).map(|_| CpuPages::default()).collect(),
         written: TracedatCounts::default(),
         payload: Vec::with_capacity(COMMON_SIZE + 40),
+        events: events::EventRecords::new(trace),
     };
     if trace.meta.graph {
         out.graph_events();
@@ -389,14 +270,17 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
         out.functions();
     }
     let Out {
-        pages, mut written, ..
+        pages,
+        mut written,
+        events,
+        ..
     } = out;
     written.pages = pages
         .iter()
         .map(|p| (p.data.len() / PAGE_SIZE) as u64)
         .sum();
 
-    let h = file_header(trace, &pages)?;
+    let h = file_header(trace, &pages, &events)?;
     w.write_all(&h)?;
     for p in &pages {
         w.write_all(&p.data)?;
@@ -407,7 +291,11 @@ pub fn write_tracedat_counted(trace: &Trace, w: &mut dyn Write) -> io::Result<Tr
 
 /// Everything before the CPU data: the headers, event formats, kallsyms,
 /// options and the offsets of each CPU's pages, padded to a page.
-fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
+fn file_header(
+    trace: &Trace,
+    pages: &[CpuPages],
+    events: &events::EventRecords,
+) -> io::Result<Vec<u8>> {
     let cpus = trace.meta.cpus;
     let mut h: Vec<u8> = Vec::with_capacity(PAGE_SIZE);
     h.extend_from_slice(&MAGIC);
@@ -436,7 +324,7 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     for f in &formats {
         put_text64(&mut h, f);
     }
-    h.extend_from_slice(&0u32.to_le_bytes()); // event systems
+    put_systems(&mut h, &events.systems);
     let syms = kallsyms(trace);
     let syms_len = u32::try_from(syms.len()).map_err(|_| {
         io::Error::new(
@@ -469,6 +357,20 @@ fn file_header(trace: &Trace, pages: &[CpuPages]) -> io::Result<Vec<u8>> {
     Ok(h)
 }
 
+/// The event systems: `u32` count, then each system's name (NUL ended),
+/// `u32` count and its events' formats (`u64` length and text each).
+fn put_systems(h: &mut Vec<u8>, systems: &std::collections::BTreeMap<String, Vec<String>>) {
+    h.extend_from_slice(&(systems.len() as u32).to_le_bytes());
+    for (name, formats) in systems {
+        h.extend_from_slice(name.as_bytes());
+        h.push(0);
+        h.extend_from_slice(&(formats.len() as u32).to_le_bytes());
+        for f in formats {
+            put_text64(h, f);
+        }
+    }
+}
+
 /// Appends `u64` length and `text`.
 fn put_text64(h: &mut Vec<u8>, text: &str) {
     h.extend_from_slice(&(text.len() as u64).to_le_bytes());
@@ -482,6 +384,8 @@ struct Out<'a> {
     written: TracedatCounts,
     /// The record being built (reused).
     payload: Vec<u8>,
+    /// The traced events' formats and records.
+    events: events::EventRecords,
 }
 
 impl Out<'_> {
@@ -499,18 +403,27 @@ impl Out<'_> {
         Some((f.addr, pages))
     }
 
-    /// A `function` event: `func` called from return address `parent`
-    /// by task `task`.
-    fn function(&mut self, ts: u64, cpu: u32, task: u32, func: u32, parent: u64) {
+    /// A `function` event: entry `e`, its function called from return
+    /// address `e.parent` by its task; or, for a traced event's entry
+    /// (`-e`), the event's record.
+    fn function(&mut self, e: &crate::trace::model::Event) {
         let mut p = std::mem::take(&mut self.payload);
-        let pid = pid_of(self.trace, task, cpu);
-        if let Some((ip, pages)) = self.target(cpu, func) {
-            p.clear();
-            common(&mut p, ID_FUNCTION, pid);
-            p.extend_from_slice(&ip.to_le_bytes());
-            p.extend_from_slice(&parent.to_le_bytes());
-            pages.push(ts, &p);
-            self.written.function += 1;
+        let (ts, func) = (e.ts_ns, e.func);
+        let pid = pid_of(self.trace, e.task, e.cpu);
+        let values = self.trace.fields_of(e).map_or(&[][..], |(_, v)| v);
+        let event = self.events.record(func, values, pid, &mut p);
+        if let Some((ip, pages)) = self.target(e.cpu, func) {
+            if event {
+                pages.push(ts, &p);
+                self.written.events += 1;
+            } else {
+                p.clear();
+                common(&mut p, ID_FUNCTION, pid);
+                p.extend_from_slice(&ip.to_le_bytes());
+                p.extend_from_slice(&e.parent.to_le_bytes());
+                pages.push(ts, &p);
+                self.written.function += 1;
+            }
         }
         self.payload = p;
     }
@@ -588,7 +501,7 @@ impl Out<'_> {
     fn functions(&mut self) {
         let trace = self.trace;
         for e in trace.events.iter().filter(|e| !e.is_return()) {
-            self.function(e.ts_ns, e.cpu, e.task, e.func, e.parent);
+            self.function(e);
             self.stack(e);
         }
     }
@@ -617,13 +530,16 @@ impl Out<'_> {
                     continue;
                 };
                 let f = &g.frames[i as usize];
+                if self.events.is_event(f.func) {
+                    continue; // its entry was the event's record
+                }
                 // RAX as recorded (`Event::data`), all 64 bits, as the
                 // kernel stores `ftrace_graph_ret.retval`.
                 let ret = Some((f.entry_ns, e.ts_ns, e.data));
                 self.graph(e.ts_ns, e.cpu, e.task, f.func, f.depth, ret);
             } else if let Some(f) = frames.next() {
-                if f.end == End::Unhooked {
-                    self.function(e.ts_ns, e.cpu, e.task, e.func, e.parent);
+                if f.end == End::Unhooked || self.events.is_event(e.func) {
+                    self.function(e);
                 } else {
                     self.graph(e.ts_ns, e.cpu, e.task, e.func, f.depth, None);
                 }
