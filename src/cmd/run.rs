@@ -384,8 +384,10 @@ impl Observer for Status {
             note!("{line}");
         }
         if c.event_keys > 0 {
-            // docs/events.md: the own VMM sets the keys' counts.
-            let (tests, meanwhile) = match c.exitless.is_some() {
+            // docs/events.md: the own VMM sets the keys' counts. By the
+            // mode, not by `c.exitless`: trap mode's graph maps its return
+            // trap too.
+            let (tests, meanwhile) = match tracer.trampoline().is_some() {
                 true => (
                     "tp->funcs loads made to read tp->iterator",
                     "the guest must not enable them itself meanwhile",
