@@ -114,6 +114,18 @@ pub fn read_fields(
     off: &FieldOffsets,
     read: &mut Reader<'_>,
 ) -> Vec<FieldValue> {
+    read_fields_where(format, args, off, read, |_| true)
+}
+
+/// `read_fields`, but only the fields `wanted` names by their index; the
+/// others are not read at all and show as unread.
+pub fn read_fields_where(
+    format: &EventFormat,
+    args: &[u64],
+    off: &FieldOffsets,
+    read: &mut Reader<'_>,
+    wanted: impl Fn(usize) -> bool,
+) -> Vec<FieldValue> {
     let arg = |i: usize| args.get(i).copied().unwrap_or(0);
     let one = |s: Source, read: &mut Reader<'_>| match s {
         Source::Arg(i) => FieldValue::Int(arg(i) as i64),
@@ -140,7 +152,15 @@ pub fn read_fields(
             FieldValue::Int(s as i64)
         }
     };
-    format.fields.iter().map(|f| one(f.source, read)).collect()
+    format
+        .fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match wanted(i) {
+            true => one(f.source, read),
+            false => FieldValue::Unread,
+        })
+        .collect()
 }
 
 /// `S`, `D|T`, `R`, `R+` (sched_switch's `TP_printk`).

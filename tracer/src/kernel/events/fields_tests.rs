@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use super::super::field_values::{read_fields, render, state_letters, switch_state};
+use super::super::field_values::{
+    read_fields, read_fields_where, render, state_letters, switch_state,
+};
 use super::*;
 use crate::kernel::events::EventTable;
 
@@ -177,4 +179,36 @@ fn switch_states_are_ftraces() {
         let s = switch_state(preempt, state, exit);
         assert_eq!(state_letters(s), want, "{preempt} {state:#x} {exit:#x}");
     }
+}
+
+#[test]
+fn a_later_read_leaves_what_does_not_last_unread_and_untouched() {
+    let Some((t, off)) = debian_612() else {
+        return;
+    };
+    let (task, name) = (0xffff_8880_0100_0000u64, 0xffff_8880_0300_0000u64);
+    let mut m = Mem(HashMap::new());
+    m.task(off, task, "wl-worker", 73, 120);
+    let rename = format(t, "task:task_rename");
+    let mut touched = Vec::new();
+    let v = read_fields_where(
+        &rename,
+        &[task, name],
+        off,
+        &mut |va, b| {
+            touched.push(va);
+            m.read(va, b)
+        },
+        |i| rename.lasts(i),
+    );
+    // pid and oom_score_adj read; oldcomm (the task's comm, overwritten
+    // right after the event) and newcomm (the caller's buffer) not read.
+    assert_eq!(v[1], FieldValue::Unread);
+    assert_eq!(v[2], FieldValue::Unread);
+    assert_eq!(v[0], FieldValue::Int(73));
+    let comm = task + u64::from(off.comm);
+    assert!(
+        touched.iter().all(|&va| va != comm && va != name),
+        "read {touched:x?}"
+    );
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use vmm::gva::AddressSpace;
 
-use crate::kernel::events::field_values::read_fields;
+use crate::kernel::events::field_values::{read_fields, read_fields_where};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
 
 /// Which sites are events', their formats, and where their values go.
@@ -54,13 +54,15 @@ impl FieldSource {
         space: &mut AddressSpace<'_>,
     ) -> Option<Vec<FieldValue>> {
         let format = self.formats.get(site)?.as_ref()?;
-        let mut values = self.read(site, args, space)?;
-        for (i, v) in values.iter_mut().enumerate() {
-            if !format.lasts(i) {
-                *v = FieldValue::Unread;
-            }
-        }
-        Some(values)
+        let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
+        let lasting = |i: usize| format.lasts(i);
+        Some(read_fields_where(
+            format,
+            &args[1..],
+            &self.offsets,
+            &mut read,
+            lasting,
+        ))
     }
 }
 
