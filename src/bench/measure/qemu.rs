@@ -1,5 +1,5 @@
-//! (k) `vmtrace attach` on a QEMU guest: the attach's pause for one site
-//! and for about a hundred, and what an exitless call costs the guest
+//! (k) `vmtrace attach` on a QEMU guest: the attach's pause for one site,
+//! for about a hundred and for all, and what an exitless call costs the guest
 //! against an untraced one. The guest is the default Linux guest in QEMU
 //! (TCG) with the workload initramfs, whose worker makes N `getpid` calls
 //! when the console says `go getpid N`.
@@ -17,8 +17,9 @@ use tracer::session::Recording;
 
 use crate::error::{Error, RuntimeError};
 
-/// The globs whose attach is timed: one site, and about a hundred.
-pub const K_GLOBS: [&str; 2] = ["__x64_sys_getpid", "hrtimer_*,tick_*"];
+/// The globs whose attach is timed: one site, about a hundred, and every
+/// site of the kernel.
+pub const K_GLOBS: [&str; 3] = ["__x64_sys_getpid", "hrtimer_*,tick_*", "*"];
 /// `getpid` calls per timed command.
 pub const K_CALLS: u64 = 200_000;
 /// ... in trap mode, where each call stops the guest.
