@@ -360,6 +360,12 @@ fn qemu_values(q: &QemuFigures) -> Vec<Value> {
         let key = format!("k_attach_{sites}_sites_p50_us");
         v.push(value(key, median(p), "µs", Some(p)));
     }
+    v.push(value(
+        "k_burst_attach_p50_us",
+        median(&q.burst_pause_us),
+        "µs",
+        Some(&q.burst_pause_us),
+    ));
     let per_call = |k: &str, x: &Vec<f64>| value(k, median(x), "ns", Some(x));
     v.push(per_call("k_untraced_ns_per_call", &q.untraced_ns));
     v.push(per_call("k_exitless_ns_per_call", &q.exitless_ns));

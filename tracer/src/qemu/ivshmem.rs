@@ -14,6 +14,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -90,7 +91,16 @@ pub struct SharedNames {
 
 impl SharedNames {
     /// Names for vmtrace `pid`'s attach to QEMU `qemu_pid`, `size` bytes.
+    /// A process's later attaches get names of their own (`-N` after the
+    /// pid): QEMU frees a removed device's memory block after the fact, and
+    /// aborts (the whole VM gone) when a new one of the same name comes
+    /// meanwhile ("RAMBlock ... already registered").
     pub fn new(pid: u32, qemu_pid: u32, size: u64) -> SharedNames {
+        static ATTACHES: AtomicU32 = AtomicU32::new(0);
+        let pid = match ATTACHES.fetch_add(1, Ordering::Relaxed) {
+            0 => pid.to_string(),
+            n => format!("{pid}-{n}"),
+        };
         // tmpfs where there is one: the file is memory, never written back.
         let dir = Path::new("/dev/shm");
         let dir = match dir.is_dir() {
@@ -294,7 +304,8 @@ fn bar2_of(dev: &Value) -> Option<u64> {
     bar["address"].as_u64().filter(|&a| a != 0 && a != u64::MAX)
 }
 
-/// How `SharedNames::new` begins a device's id: then vmtrace's pid.
+/// How `SharedNames::new` begins a device's id: then vmtrace's pid (and
+/// `-N` for its process's later attaches).
 const DEVICE_PREFIX: &str = "vmtrace-ivshmem-";
 
 /// The ids of the devices on any bus, bridges' buses included.
@@ -337,7 +348,7 @@ pub fn find_leftover(
 ) -> Result<Option<(u32, SharedNames)>, IvshmemError> {
     let pci = q.execute("query-pci", None)?;
     let Some((pid, device)) = device_ids(&pci).into_iter().find_map(|id| {
-        let pid = id.strip_prefix(DEVICE_PREFIX)?.parse::<u32>().ok()?;
+        let pid = adder_of(&id)?;
         Some((pid, id))
     }) else {
         return Ok(None);
@@ -361,6 +372,12 @@ pub fn find_leftover(
             size,
         },
     )))
+}
+
+/// The pid of the vmtrace that named device `id`, if vmtrace did.
+fn adder_of(id: &str) -> Option<u32> {
+    let rest = id.strip_prefix(DEVICE_PREFIX)?;
+    rest.split('-').next()?.parse().ok()
 }
 
 /// Device `id` on any bus, bridges' buses included.
@@ -473,6 +490,24 @@ mod tests {
     }
 
     #[test]
+    fn each_attach_of_a_process_names_its_device_anew() {
+        let (a, b) = (
+            SharedNames::new(7, 9, 4 << 20),
+            SharedNames::new(7, 9, 4 << 20),
+        );
+        assert_ne!(a.object, b.object);
+        assert_ne!(a.device, b.device);
+        assert_ne!(a.path, b.path);
+        assert_eq!(
+            (adder_of(&a.device), adder_of(&b.device)),
+            (Some(7), Some(7))
+        );
+        assert_eq!(adder_of("vmtrace-ivshmem-7-2"), Some(7));
+        assert_eq!(adder_of("vmtrace-ivshmem-x"), None);
+        assert_eq!(adder_of("pci.1"), None);
+    }
+
+    #[test]
     fn machine_and_ports() {
         let mut q35 = pci(-1);
         q35[0]["devices"][0]["id"]["device"] = json!(Q35_MCH);
@@ -498,9 +533,12 @@ mod tests {
                 "FlatView #1\n AS \"memory\", root: system\n Root memory region: system\n{line}\n"
             )
         };
-        let ok = view("  0000000100000000-00000001003fffff (prio 1, ram): vmtrace-rings-7 owner:{obj path=/objects/vmtrace-rings-7}");
+        // (The object's name: `vmtrace-rings-7`, or `-7-N` when another
+        // test of this process named one first.)
+        let o = &names.object;
+        let ok = view(&format!("  0000000100000000-00000001003fffff (prio 1, ram): {o} owner:{{obj path=/objects/{o}}}"));
         assert_eq!(only_ours(&ok, 0x1_0000_0000, &names), Ok(()));
-        let half = view("  0000000100000000-00000001001fffff (prio 1, ram): vmtrace-rings-7 owner:{obj path=/objects/vmtrace-rings-7}");
+        let half = view(&format!("  0000000100000000-00000001001fffff (prio 1, ram): {o} owner:{{obj path=/objects/{o}}}"));
         assert!(only_ours(&half, 0x1_0000_0000, &names).is_err());
         let other = view("  0000000100000000-00000001003fffff (prio 0, ram): pc.ram @00000000c0000000 owner:{obj path=/objects/pc.ram}");
         assert!(only_ours(&other, 0x1_0000_0000, &names)
