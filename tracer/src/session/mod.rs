@@ -252,6 +252,11 @@ impl Tracer {
         ),
         reach: Reach,
     ) -> Tracer {
+        // What the kernel rewrote of its own text at boot, read from the
+        // image now rather than at its first use, inside the attach's
+        // pause (`check`): on a distribution kernel that read was most of
+        // the pause.
+        plan.boot_patched();
         Tracer {
             prototypes: plan.prototypes(),
             guest_ftrace: guest_ftrace::Guard::of(&plan),
