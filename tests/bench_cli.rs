@@ -921,3 +921,60 @@ fn bench_writes_its_markdown_table_into_a_files_block() {
         stderr(&out)
     );
 }
+
+/// `bench qemu` on real QEMU/TCG guests, two rounds: each round attaches
+/// four times to the default guest and twice to Debian's 6.12 (whose
+/// attach plugs the ring device) from one process, as any program using
+/// the library may (a second attach once made QEMU abort: the device's
+/// memory block named as the one just removed). Every attach's pause is
+/// there, `*` attached every site, and the bursts kept every call (the
+/// rings hold a whole burst: no drain speed is assumed). No time asserted.
+#[test]
+fn bench_qemu_attaches_again_and_again_from_one_process() {
+    let vmlinux = linux_vmlinux();
+    // The bursts' guest (fetched, or from the cache).
+    let st = std::process::Command::new("bash")
+        .arg(root().join("guest/build.sh"))
+        .arg("debian-6.12")
+        .status()
+        .expect("run guest/build.sh debian-6.12");
+    assert!(st.success(), "guest/build.sh debian-6.12 failed");
+    let v = vmlinux.to_str().unwrap();
+    let (doc, text) = bench_json("qemu", &["qemu", "--rounds", "2", "--vmlinux", v]);
+    let b = doc["benches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "qemu/attach")
+        .expect("qemu/attach in the JSON");
+    assert_eq!(b["measured"], true, "{text}");
+    let f = b["figures"].as_object().unwrap();
+    let pauses: Vec<(&String, f64)> = f
+        .iter()
+        .filter(|(k, _)| k.starts_with("k_attach_") && k.ends_with("_sites_p50_us"))
+        .map(|(k, v)| (k, v.as_f64().unwrap()))
+        .collect();
+    assert_eq!(pauses.len(), 3, "{f:?}");
+    let sites: Vec<u64> = pauses
+        .iter()
+        .map(|(k, _)| {
+            k["k_attach_".len()..]
+                .split('_')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    // `*`: every site of the vmlinux's `__mcount_loc`, far above the others.
+    assert!(
+        sites.contains(&1) && sites.iter().any(|&n| n > 5_000),
+        "{sites:?}"
+    );
+    for (k, p) in &pauses {
+        assert!(*p > 0.0, "{k}: {p}");
+    }
+    assert!(f["k_burst_attach_p50_us"].as_f64().unwrap() > 0.0, "{f:?}");
+    assert_eq!(f["k_stored_share"].as_f64(), Some(1.0), "{text}");
+    assert!(text.contains("debian-6.12/vmlinuz"), "{text}");
+}

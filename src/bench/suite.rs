@@ -215,7 +215,7 @@ pub const BENCHES: [Bench; 14] = [
         aliases: &[],
         goal: "How long does `vmtrace attach` stop a QEMU guest, and what does an exitless \
                call cost it?",
-        figure: "attach pause for 1 and ~100 sites; ns per getpid call untraced and exitless; \
+        figure: "attach pause for 1, ~100 and all sites, and of an attach that plugs the ring device; ns per getpid call untraced and exitless; \
                  events stored per second of the bursts",
         unit: "µs (ns per call, events/s)",
         needs: Needs::QemuGuest,
