@@ -50,6 +50,13 @@ pub trait GuestRam: Send + Sync {
     fn load_u64(&self, addr: GuestAddress, order: Ordering) -> Result<u64, RamError>;
     fn store_u32(&self, v: u32, addr: GuestAddress, order: Ordering) -> Result<(), RamError>;
     fn store_u64(&self, v: u64, addr: GuestAddress, order: Ordering) -> Result<(), RamError>;
+    /// `store_u64` of a word that is data, never code, written while every
+    /// vCPU is stopped (vmtrace's marks in the guest's ftrace records): a
+    /// backend that writes through a slower path to keep translated code
+    /// coherent (QEMU's gdbstub, under TCG) may store this one directly.
+    fn store_data_u64(&self, v: u64, addr: GuestAddress) -> Result<(), RamError> {
+        self.store_u64(v, addr, Ordering::SeqCst)
+    }
     /// Are the `len` bytes at `addr` all guest RAM?
     fn contains(&self, addr: GuestAddress, len: usize) -> bool;
 }

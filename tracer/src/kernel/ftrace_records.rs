@@ -475,7 +475,7 @@ fn load(mem: &dyn GuestRam, gpa: u64) -> Result<u64, FtraceRecordsError> {
 }
 
 fn store(mem: &dyn GuestRam, gpa: u64, v: u64) -> Result<(), FtraceRecordsError> {
-    mem.store_u64(v, GuestAddress(gpa), Ordering::SeqCst)
+    mem.store_data_u64(v, GuestAddress(gpa))
         .map_err(|e| FtraceRecordsError::Read {
             what: "ftrace word (write)",
             va: gpa,

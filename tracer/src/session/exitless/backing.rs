@@ -352,6 +352,10 @@ impl GuestRam for Backed {
         let r = self.word(addr, 8, true)?.unwrap_or(addr.0);
         self.mem(r, 8).store_u64(v, GuestAddress(r), order)
     }
+    fn store_data_u64(&self, v: u64, addr: GuestAddress) -> Result<(), RamError> {
+        let r = self.word(addr, 8, true)?.unwrap_or(addr.0);
+        self.mem(r, 8).store_data_u64(v, GuestAddress(r))
+    }
     fn contains(&self, addr: GuestAddress, len: usize) -> bool {
         in_region(addr.0)
             || self.own.as_ref().is_some_and(|o| o.contains(addr, len))
