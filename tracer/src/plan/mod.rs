@@ -2,6 +2,7 @@
 //! runs: the selected functions and their sites, checked once; and the
 //! function list `vmtrace list` prints (which functions a plan could hook).
 
+pub mod added_sites;
 pub mod args;
 pub mod attach_mode;
 mod build;
