@@ -8,6 +8,9 @@
 //! site number follows the plan's sites (`SiteIndex::find`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::kernel::symbols::Symbol;
 
 /// The spare slots of one plan.
 #[derive(Debug, Default)]
@@ -19,6 +22,9 @@ pub struct AddedSites {
     used: AtomicUsize,
     /// The trace function of slot 0: the plan's function count.
     first_func: u32,
+    /// Each used slot's function (`function [module]`, its address and
+    /// size when it came); never read by the trap path.
+    functions: Mutex<Vec<Symbol>>,
 }
 
 impl AddedSites {
@@ -28,6 +34,7 @@ impl AddedSites {
             addrs: (0..n).map(|_| AtomicU64::new(0)).collect(),
             used: AtomicUsize::new(0),
             first_func,
+            functions: Mutex::new(Vec::new()),
         }
     }
 
@@ -41,17 +48,29 @@ impl AddedSites {
         self.used.load(Ordering::Acquire)
     }
 
-    /// A new function's site at running address `addr`: its slot, None
-    /// when every slot is taken. Called by one thread only, before the
-    /// site is written in the guest.
-    pub fn add(&self, addr: u64) -> Option<usize> {
+    /// A new function, `function`, its site at running address `addr`:
+    /// its slot, None when every slot is taken. Called by one thread only,
+    /// before the site is written in the guest.
+    pub fn add(&self, addr: u64, function: Symbol) -> Option<usize> {
         let k = self.used.load(Ordering::Relaxed);
         let slot = self.addrs.get(k)?;
         slot.store(addr, Ordering::Relaxed);
+        self.functions_now().push(function);
         // Publishes the address with the count: a trap path that sees
         // slot k used sees its address.
         self.used.store(k + 1, Ordering::Release);
         Some(k)
+    }
+
+    /// The functions added so far, slot by slot: those the trace names
+    /// after the plan's.
+    pub fn functions(&self) -> Vec<Symbol> {
+        self.functions_now().clone()
+    }
+
+    fn functions_now(&self) -> std::sync::MutexGuard<'_, Vec<Symbol>> {
+        // A panic elsewhere while holding it left a whole Vec.
+        self.functions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Slot `k`'s module loaded again at `addr`, or gone (0): called with
@@ -63,6 +82,11 @@ impl AddedSites {
     /// The running address of slot `k`'s site (0: not loaded).
     pub fn addr(&self, k: usize) -> u64 {
         self.addrs[k].load(Ordering::Acquire)
+    }
+
+    /// The trace function of slot 0: the plan's function count.
+    pub fn first_func(&self) -> u32 {
+        self.first_func
     }
 
     /// The trace function of slot `k`.

@@ -61,6 +61,12 @@ impl SiteIndex {
         self.addrs.len() + self.added.capacity()
     }
 
+    /// Sites so far, the plan's and those added: per-site tables are
+    /// read up to here.
+    pub fn live(&self) -> usize {
+        self.addrs.len() + self.added.used()
+    }
+
     /// The traced function (index into the trace's functions) of site `i`.
     pub fn func(&self, i: usize) -> u32 {
         match i.checked_sub(self.addrs.len()) {
@@ -186,7 +192,18 @@ mod tests {
         assert_eq!(idx.capacity(), 4);
         let module = 0xffff_ffff_c000_0014;
         assert_eq!(idx.find(module), None, "nothing added yet");
-        assert_eq!(idx.added().add(module), Some(0));
+        let sym = |name: &str, addr| crate::kernel::symbols::Symbol {
+            name: name.into(),
+            addr,
+            size: 0x40,
+        };
+        assert_eq!(idx.live(), 2);
+        assert_eq!(
+            idx.added()
+                .add(module, sym("vmt_hit [vmt_test]", module - 4)),
+            Some(0)
+        );
+        assert_eq!(idx.live(), 3);
         // At the site or just past its `out`; running addresses, not slid.
         assert_eq!(idx.find(module), Some(2));
         assert_eq!(idx.find(module + OUT_LEN), Some(2));
@@ -200,9 +217,25 @@ mod tests {
         assert_eq!(idx.find(module), None);
         idx.added().set(0, module + 0x8000);
         assert_eq!(idx.find(module + 0x8000), Some(2));
-        assert_eq!(idx.added().add(0xffff_ffff_c001_0000), Some(1));
+        let other = 0xffff_ffff_c001_0000;
+        assert_eq!(
+            idx.added().add(other, sym("vmt_batch [vmt_test]", other)),
+            Some(1)
+        );
         assert_eq!(idx.func(3), 6);
-        assert_eq!(idx.added().add(0xffff_ffff_c002_0000), None, "full");
+        let third = 0xffff_ffff_c002_0000;
+        assert_eq!(
+            idx.added().add(third, sym("x [vmt_test]", third)),
+            None,
+            "full"
+        );
         assert_eq!(idx.added().used(), 2);
+        let names: Vec<String> = idx
+            .added()
+            .functions()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["vmt_hit [vmt_test]", "vmt_batch [vmt_test]"]);
     }
 }
