@@ -6,9 +6,128 @@
 //! `function [module]` as the attach's modules are, its site written
 //! before any of the module's code runs.
 
+use std::sync::Arc;
+
 use crate::kernel::filter::Filter;
 use crate::kernel::module_image::module_function_name;
-use crate::kernel::modules::LoadedModule;
+use crate::kernel::modules::{LoadedModule, ModuleLayout};
+use crate::kernel::symbols::Symbol;
+use crate::plan::site_index::SiteIndex;
+use crate::plan::ComingModules;
+
+/// The modules first loaded during the trace, and their traced sites.
+#[derive(Debug)]
+pub struct FirstLoads {
+    /// The selection as given (`:mod:` globs of modules not loaded at the
+    /// attach included).
+    filter: Filter,
+    index: Arc<SiteIndex>,
+    /// How to walk the guest's module list, and the kernel's physical
+    /// KASLR offset (its page table's place).
+    walk: (ModuleLayout, i64),
+    modules: Vec<Coming>,
+    /// Traced functions that found no spare slot (more than reserved).
+    pub unslotted: usize,
+}
+
+/// A module first loaded during the trace.
+#[derive(Debug)]
+struct Coming {
+    name: String,
+    /// Each traced function's slot (`AddedSites`) and name.
+    slots: Vec<(usize, String)>,
+    /// Its `struct module` while loaded.
+    now: Option<u64>,
+}
+
+impl FirstLoads {
+    pub fn new(coming: &ComingModules, index: Arc<SiteIndex>) -> FirstLoads {
+        FirstLoads {
+            filter: coming.selection.clone(),
+            index,
+            walk: (coming.layout, coming.phys),
+            modules: Vec::new(),
+            unslotted: 0,
+        }
+    }
+
+    /// The guest loads `read` (a module the attach did not find), its
+    /// `struct module` at `module`: the sites of its selected functions,
+    /// each given a slot (the same again when it comes back), before any
+    /// is written in the guest.
+    pub fn loading(&mut self, read: &LoadedModule, module: u64) -> Vec<u64> {
+        let selected = selected_functions(read, &self.filter);
+        let added = self.index.added();
+        let c = match self.modules.iter().position(|c| c.name == read.name) {
+            Some(i) => &mut self.modules[i],
+            None => {
+                self.modules.push(Coming {
+                    name: read.name.clone(),
+                    slots: Vec::new(),
+                    now: None,
+                });
+                self.modules.last_mut().expect("just pushed")
+            }
+        };
+        let mut sites = Vec::new();
+        for f in selected {
+            let slot = match c.slots.iter().find(|(_, n)| *n == f.name) {
+                Some(&(k, _)) => {
+                    added.set(k, f.site);
+                    Some(k)
+                }
+                None => {
+                    let sym = Symbol {
+                        name: f.name.clone(),
+                        addr: f.addr,
+                        size: f.size,
+                    };
+                    let k = added.add(f.site, sym);
+                    if let Some(k) = k {
+                        c.slots.push((k, f.name));
+                    }
+                    k
+                }
+            };
+            match slot {
+                Some(_) => sites.push(f.site),
+                None => self.unslotted += 1,
+            }
+        }
+        c.now = Some(module);
+        sites
+    }
+
+    /// The guest frees the module at `module`: the sites to take out
+    /// before its text goes, if it is one first loaded during the trace.
+    pub fn freeing(&mut self, module: u64) -> Vec<u64> {
+        let Some(c) = self.modules.iter_mut().find(|c| c.now == Some(module)) else {
+            return Vec::new();
+        };
+        c.now = None;
+        let added = self.index.added();
+        let mut sites = Vec::new();
+        for &(k, _) in &c.slots {
+            let a = added.addr(k);
+            if a != 0 {
+                sites.push(a);
+                added.set(k, 0);
+            }
+        }
+        sites
+    }
+
+    /// How to walk the guest's module list, and the kernel's physical
+    /// KASLR offset.
+    pub fn walk(&self) -> (ModuleLayout, i64) {
+        self.walk
+    }
+
+    /// Modules first loaded during the trace (each name once).
+    pub fn modules(&self) -> usize {
+        self.modules.len()
+    }
+}
 
 /// A traced function of a module first loaded during the trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
