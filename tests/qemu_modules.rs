@@ -10,7 +10,9 @@
 //! modes, and leaves its text as found; unloaded during a trace, its sites
 //! are left alone at the detach (its text is freed), and it is gone from
 //! the list; in trap, exitless and exitless `--graph` modes, unloaded and
-//! loaded again 20 times, it is followed (each cycle's calls counted).
+//! loaded again 20 times, it is followed (each cycle's calls counted);
+//! first loaded during a trap-mode trace (`vmt_*:mod:vmt_test` waiting for
+//! it), it is traced from its load, through 20 more cycles, exactly.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
 //! same way (by name and by `:mod:`). One boot for all.
 
