@@ -10,7 +10,9 @@
 //! modes, and leaves its text as found; unloaded during a trace, its sites
 //! are left alone at the detach (its text is freed), and it is gone from
 //! the list; in trap, exitless and exitless `--graph` modes, unloaded and
-//! loaded again 20 times, it is followed (each cycle's calls counted).
+//! loaded again 20 times, it is followed (each cycle's calls counted);
+//! first loaded during a trap-mode trace (`vmt_*:mod:vmt_test` waiting for
+//! it), it is traced from its load, through 20 more cycles, exactly.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
 //! same way (by name and by `:mod:`). One boot for all.
 
@@ -353,6 +355,71 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     let (after, _) = modules.read();
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);
+
+    first_load_trap(&guest, &bz, w.worker, &modules);
+    let (after, _) = modules.read();
+    assert_eq!(after, before);
+}
+
+/// A module first loaded during a trap-mode trace: `vmt_*:mod:vmt_test`
+/// waits for it (said), the workload loads it, then `vmtcycles 20 K`
+/// (K calls, the unload, the load again), then unloads it: exactly
+/// 20 x K hits, named `vmt_hit [vmt_test]`, its breakpoints taken out at
+/// each unload and set again at each load, its sites the kernel's NOPs
+/// at the last load, no gdbstub left and nothing on the console.
+fn first_load_trap(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
+    const CYCLES: u64 = 20;
+    const K: u64 = 5;
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--mode",
+        "trap",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
+    command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
+    let (list, mut space) = modules.read();
+    let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    for &site in &now.sites {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "site {site:#x} after {CYCLES} cycles");
+    }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(
+        e.stderr.contains(
+            "vmtrace: 'vmt_*:mod:vmt_test': no such module loaded yet; its functions are traced \
+             when the guest loads it"
+        ),
+        "{}",
+        e.stderr
+    );
+    let counts = e.counts();
+    for (f, n) in [
+        ("vmt_hit", CYCLES * K),
+        ("vmt_batch", CYCLES),
+        ("vmt_write", CYCLES),
+    ] {
+        let name = format!("{f} [vmt_test]");
+        assert_eq!(counts.get(&name), Some(&n), "{f}: {counts:?}");
+    }
+    assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+    assert_no_gdbstub(guest.qmp_socket());
+    let console = guest.console();
+    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
+        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
+    }
+    assert_runs_on(guest, worker);
 }
 
 /// Tracing a function of the kernel's module load path where vmtrace

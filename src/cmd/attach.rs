@@ -52,9 +52,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         })
         .ok();
     let mut image = image;
-    guest_modules::add(&connected, &mut image, Some("traced"));
-    let request = t.attach_request(connected.info.cpus);
-    let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    let walk = guest_modules::add(&connected, &mut image, Some("traced"));
+    let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;
     check_attachable(&plan)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
@@ -89,6 +88,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
+    if let Some(globs) = waiting {
+        say_waiting(&s, &globs);
+    }
     say_events(&s, &events.behind_static_calls());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
@@ -218,6 +220,37 @@ impl Observer for Waits {
                 }
             }
         }
+    }
+}
+
+/// The plan of `request`, its `:mod:` globs of modules not loaded yet
+/// kept for the modules the guest loads during the trace (returned, to
+/// say).
+fn plan_waiting(
+    image: tracer::kernel::symbols::KernelImage,
+    mut request: tracer::plan::Request,
+    walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
+    let waiting = guest_modules::waiting(&mut request, &image, walk);
+    let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    let waiting = waiting.map(|(coming, globs)| {
+        plan.plan.reserve_added(coming, guest_modules::ADDED_SITES);
+        globs
+    });
+    Ok((plan, waiting))
+}
+
+/// Says which `:mod:` globs wait for their module, and whether this
+/// attach follows it (trap mode does).
+fn say_waiting(s: &QemuSession, globs: &[String]) {
+    let globs = globs.join(",");
+    match s.traps() {
+        true => note!(
+            "vmtrace: '{globs}': no such module loaded yet; its functions are traced when the guest loads it"
+        ),
+        false => note!(
+            "vmtrace: '{globs}': no such module loaded yet, and exitless mode does not trace a module first loaded during the trace yet (--mode trap does)"
+        ),
     }
 }
 

@@ -1,14 +1,27 @@
 //! The guest's loaded modules, read from a running QEMU guest and added
 //! to the kernel image, so that `--trace` and `list` see their functions
-//! (`name [module]`); said on stderr.
+//! (`name [module]`); said on stderr. And the `:mod:` globs of modules
+//! not loaded yet, which an attach keeps for the modules that come.
 
+use tracer::kernel::filter::{Filter, Globs};
 use tracer::kernel::symbols::KernelImage;
+use tracer::plan::{ComingModules, Request};
 use tracer::qemu::session::Connected;
+
+/// Functions of modules first loaded during a trace that get sites of
+/// their own (more are counted and left untraced): as many as a large
+/// driver's that a `:mod:` glob would take whole.
+pub(super) const ADDED_SITES: usize = 4096;
 
 /// Add the modules `connected`'s guest has loaded to `image`, and say how
 /// many. `traced`: an attach (Some("traced")) goes on without them and
 /// says only why; `list` (None) also says when the kernel has none.
-pub(super) fn add(connected: &Connected, image: &mut KernelImage, traced: Option<&str>) {
+/// Returns how to walk the guest's modules (None: it has none).
+pub(super) fn add(
+    connected: &Connected,
+    image: &mut KernelImage,
+    traced: Option<&str>,
+) -> Option<(tracer::kernel::modules::ModuleLayout, i64)> {
     match connected.modules(image) {
         Ok(Some(m)) => {
             let functions = image.add_modules(&m.list, m.layout, m.offset);
@@ -20,12 +33,59 @@ pub(super) fn add(connected: &Connected, image: &mut KernelImage, traced: Option
                 m.list.len(),
                 if m.list.len() == 1 { "" } else { "s" }
             );
+            Some((m.layout, m.offset.phys))
         }
-        Ok(None) if traced.is_none() => note!("vmtrace: the guest's kernel has no modules"),
-        Ok(None) => {}
-        Err(e) => note!(
-            "vmtrace: the guest's modules are not {}: {e}",
-            traced.unwrap_or("listed")
-        ),
+        Ok(None) if traced.is_none() => {
+            note!("vmtrace: the guest's kernel has no modules");
+            None
+        }
+        Ok(None) => None,
+        Err(e) => {
+            note!(
+                "vmtrace: the guest's modules are not {}: {e}",
+                traced.unwrap_or("listed")
+            );
+            None
+        }
     }
+}
+
+/// The `--trace` globs `GLOB:mod:MODULE` whose MODULE names no module of
+/// `image` (not loaded yet), taken out of `request` for the plan (each
+/// other glob must still match) and kept, with the whole selection, for
+/// the modules the guest loads during the trace, as ftrace keeps them.
+/// None: no such glob, or the kernel's modules cannot be walked.
+pub(super) fn waiting(
+    request: &mut Request,
+    image: &KernelImage,
+    walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+) -> Option<(ComingModules, Vec<String>)> {
+    let (layout, phys) = walk?;
+    let globs = Globs::for_trace(&request.trace).ok()?;
+    let loaded = |module: &str| {
+        let m = Globs::for_list(&[module.to_string()]).ok();
+        m.is_some_and(|m| image.modules.iter().any(|l| m.is_match(&l.name)))
+    };
+    let (waiting, kept): (Vec<String>, Vec<String>) = globs
+        .positive()
+        .iter()
+        .cloned()
+        .partition(|g| g.split_once(":mod:").is_some_and(|(_, m)| !loaded(m)));
+    if waiting.is_empty() || kept.is_empty() {
+        // Nothing else to trace now: the plan says so, as before.
+        return None;
+    }
+    let selection = Filter::new(&request.trace, &request.notrace).ok()?;
+    let negated = globs.negative().iter().map(|g| format!("!{g}"));
+    request.trace = vec![kept
+        .into_iter()
+        .chain(negated)
+        .collect::<Vec<_>>()
+        .join(",")];
+    let coming = ComingModules {
+        selection,
+        layout,
+        phys,
+    };
+    Some((coming, waiting))
 }

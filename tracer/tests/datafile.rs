@@ -2,7 +2,8 @@
 //! back whole, read after the writer was killed at any byte, refused when
 //! corrupt in the middle; guest tasks saved before the events that name
 //! them; why events were dropped and the command line kept; version 5, 7,
-//! 9 and 10 files still read.
+//! 9 and 10 files still read; functions added during the trace (`FUNC`
+//! blocks, version 14) named before the events that name them.
 
 use std::path::{Path, PathBuf};
 
@@ -474,4 +475,153 @@ fn the_command_line_saves_and_loads_back() {
     assert_eq!(back.len(), MAX_ARGS);
     assert!(back[0].len() <= MAX_ARG_BYTES && back[0].ends_with("[...]"));
     assert_eq!(back[MAX_ARGS - 1], "[2 more arguments]");
+}
+
+/// A module first loaded during the trace: `t` with its last `added`
+/// functions renamed as a module's, and its events split in two halves,
+/// the functions added only in the second (as the trap path meets them).
+fn with_added_functions(added: usize) -> (Trace, usize) {
+    let mut t = Trace::synthetic(20_000);
+    let known = t.functions.len() - added;
+    for (i, f) in t.functions[known..].iter_mut().enumerate() {
+        f.name = format!("vmt_fn{i} [vmt_test]");
+        f.addr = 0xffff_ffff_c000_0000 + i as u64 * 0x40;
+    }
+    // Events of the added functions come after the first half only.
+    let half = t.events[t.events.len() / 2].ts_ns;
+    t.events
+        .retain(|e| (e.func as usize) < known || e.ts_ns >= half);
+    // (The synthetic trace favours small indices: calls given to them.)
+    for (k, e) in t.events.iter_mut().enumerate() {
+        if e.ts_ns >= half && k % 37 == 0 {
+            e.func = (known + k % added) as u32;
+        }
+    }
+    for row in &mut t.counts {
+        row.iter_mut().for_each(|c| *c = 0);
+    }
+    for e in &t.events {
+        t.counts[e.func as usize][e.cpu as usize] += 1;
+    }
+    t.meta.events_total = t.events.len() as u64;
+    (t, known)
+}
+
+/// Writes `t` as the store does when functions come during the trace:
+/// `HEAD` with the first `known`, then events in time order in batches,
+/// each batch after a `FUNC` block with the functions it first names.
+fn write_with_added(t: &Trace, known: usize, path: &Path, complete: bool) {
+    let mut head = head_of(t);
+    head.functions.truncate(known);
+    head.counts.truncate(known);
+    let mut f = DataFile::create(path).unwrap();
+    f.head(&head).unwrap();
+    assert_eq!(f.funcs_saved(), known);
+    for batch in t.events.chunks(500) {
+        let need = batch.iter().map(|e| e.func as usize + 1).max().unwrap();
+        if need > f.funcs_saved() {
+            let from = f.funcs_saved();
+            f.write_functions(&t.functions[from..need]).unwrap();
+        }
+        f.write_events(batch).unwrap();
+    }
+    if complete {
+        f.finish(t).unwrap();
+    }
+}
+
+#[test]
+fn functions_added_during_the_trace_read_back_named() {
+    let (t, known) = with_added_functions(3);
+    let path = tmp("added.data");
+    write_with_added(&t, known, &path, true);
+    assert_eq!(version_of(&path), DATA_VERSION);
+    let b = std::fs::read(&path).unwrap();
+    let funcs = blocks(&b)
+        .iter()
+        .filter(|(_, tag, _)| tag == b"FUNC")
+        .count();
+    assert!((1..=3).contains(&funcs), "{funcs} FUNC blocks");
+    let back = load(&path).unwrap();
+    assert!(!back.meta.incomplete);
+    assert_eq!(back.functions, t.functions);
+    assert_eq!(back.counts, t.counts);
+    assert_eq!(back.events.len(), t.events.len());
+    let added: u64 = back.counts[known..].iter().flatten().sum();
+    assert!(added > 0);
+    assert_eq!(back.functions[known].name, "vmt_fn0 [vmt_test]");
+}
+
+#[test]
+fn a_file_with_functions_added_cut_anywhere_names_each_kept_events_function() {
+    let (t, known) = with_added_functions(3);
+    let path = tmp("added-whole.data");
+    write_with_added(&t, known, &path, false);
+    let whole = std::fs::read(&path).unwrap();
+    let cut = tmp("added-cut.data");
+    let (mut at, mut saw_added) = (whole.len(), false);
+    while at > 40 {
+        std::fs::write(&cut, &whole[..at]).unwrap();
+        match load(&cut) {
+            Ok(back) => {
+                assert!(back.meta.incomplete);
+                // The functions named are HEAD's and a prefix of the added.
+                assert_eq!(back.functions[..], t.functions[..back.functions.len()]);
+                assert!(back.functions.len() >= known);
+                assert!(back
+                    .events
+                    .iter()
+                    .all(|e| (e.func as usize) < back.functions.len()));
+                assert_eq!(back.counts.len(), back.functions.len());
+                saw_added |= back.functions.len() > known;
+            }
+            Err(TraceFileError::Truncated { .. }) => {}
+            Err(e) => panic!("cut at {at}: {e}"),
+        }
+        at -= 1 + at / 19;
+    }
+    assert!(saw_added);
+}
+
+#[test]
+fn an_event_of_a_function_not_yet_added_is_corruption() {
+    let (t, known) = with_added_functions(1);
+    let path = tmp("added-bad.data");
+    write_with_added(&t, known, &path, true);
+    let good = std::fs::read(&path).unwrap();
+    let bl = blocks(&good);
+    let at = bl.iter().position(|(_, tag, _)| tag == b"FUNC").unwrap();
+
+    // The FUNC block's `first` off by one.
+    let (start, _, payload) = bl[at].clone();
+    let mut b = good.clone();
+    patch(
+        &mut b,
+        start,
+        payload.clone(),
+        payload.start,
+        known as u32 + 1,
+    );
+    std::fs::write(&path, &b).unwrap();
+    let msg = load(&path).unwrap_err().to_string();
+    assert!(
+        msg.ends_with(&format!(
+            "corrupt trace file (functions section): a function block starts at function {} but {known} came before it",
+            known + 1
+        )),
+        "{msg}"
+    );
+
+    // The FUNC block taken out: an event after it names the function
+    // it added, past those named.
+    let mut b = good.clone();
+    b.drain(start..payload.end + 4);
+    std::fs::write(&path, &b).unwrap();
+    let msg = load(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!(
+            "function index {known} but there are {known} functions"
+        )),
+        "{msg}"
+    );
 }

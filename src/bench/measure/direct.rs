@@ -208,6 +208,7 @@ fn direct_plan(
         direct: direct.clone(),
         boot_patched: Default::default(),
         events: Default::default(),
+        coming: None,
     }
 }
 

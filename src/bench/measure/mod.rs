@@ -288,6 +288,7 @@ pub fn attach_scaling(vmlinux: &Path) -> Result<Scaling, Error> {
                 direct: None,
                 boot_patched: Default::default(),
                 events: Default::default(),
+                coming: None,
             };
             figures.push(attach_figures(plan, label, n, &paused, vmlinux)?);
         }

@@ -219,18 +219,17 @@ impl Globs {
         Globs::parse(TraceInput::List, "list", args)
     }
 
-    /// The values of repeated `--stack` flags (same syntax as `--trace`).
+    /// `--stack`'s values (same syntax as `--trace`).
     pub fn for_stack(args: &[String]) -> Result<Globs, FilterError> {
         Globs::parse(TraceInput::Stack, "stack", args)
     }
 
-    /// The function globs that filter a saved trace's events (same syntax
-    /// as `--trace`; `crate::trace::filter`).
+    /// The globs that filter a saved trace's events (`crate::trace::filter`).
     pub fn for_symbols(args: &[String]) -> Result<Globs, FilterError> {
         Globs::parse(TraceInput::Symbols, "show", args)
     }
 
-    /// The values of repeated `--args=GLOB` flags (same syntax as `--trace`).
+    /// `--args=GLOB`'s values (same syntax as `--trace`).
     pub fn for_args(args: &[String]) -> Result<Globs, FilterError> {
         Globs::parse(TraceInput::Args, "args", args)
     }
@@ -304,11 +303,8 @@ impl Globs {
 
 /// `!a,!b`.
 fn negated(globs: &[String]) -> String {
-    globs
-        .iter()
-        .map(|g| format!("!{g}"))
-        .collect::<Vec<_>>()
-        .join(",")
+    let each: Vec<String> = globs.iter().map(|g| format!("!{g}")).collect();
+    each.join(",")
 }
 
 /// Refuses ftrace syntax vmtrace has no use for (commands) and a `:mod:`
@@ -364,6 +360,11 @@ impl Filter {
     /// Whether function `name` is selected (whatever its sites).
     pub fn is_match(&self, name: &str) -> bool {
         self.trace.is_match(name) && !self.notrace.is_match(name)
+    }
+
+    /// Whether a `!glob` or `--notrace` removes function `name`.
+    pub fn removes(&self, name: &str) -> bool {
+        self.trace.negative_set.is_match(name) || self.notrace.is_match(name)
     }
 
     /// Indices into `sites.sites` of the sites whose function matches. Every

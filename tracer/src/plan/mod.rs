@@ -2,6 +2,7 @@
 //! runs: the selected functions and their sites, checked once; and the
 //! function list `vmtrace list` prints (which functions a plan could hook).
 
+pub mod added_sites;
 pub mod args;
 pub mod attach_mode;
 mod build;
@@ -105,6 +106,20 @@ pub struct Plan {
     /// The events traced (`-e`): their call sites to enable, their
     /// `__traceiter_NAME` among `funcs`.
     pub events: events::EventPlan,
+    /// `vmtrace attach`: the modules the guest first loads during the
+    /// trace (`reserve_added`); None: not followed.
+    pub coming: Option<ComingModules>,
+}
+
+/// What following the modules first loaded during a trace needs.
+#[derive(Clone, Debug)]
+pub struct ComingModules {
+    /// The selection as given (`:mod:` globs of modules not loaded then).
+    pub selection: Filter,
+    /// How to walk the guest's module list.
+    pub layout: crate::kernel::modules::ModuleLayout,
+    /// The kernel's physical KASLR offset.
+    pub phys: i64,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -201,7 +216,18 @@ impl Plan {
             direct,
             boot_patched: Default::default(),
             events: Default::default(),
+            coming: None,
         })
+    }
+
+    /// Follow the modules the guest first loads during the trace: their
+    /// functions that `coming.selection` takes get up to `slots` sites of their
+    /// own (`added_sites`). Before the attach (the index is made again).
+    pub fn reserve_added(&mut self, coming: ComingModules, slots: usize) {
+        let sites = self.index.sites().collect();
+        let first = self.funcs.len() as u32;
+        self.index = Arc::new(SiteIndex::new(sites).with_added(slots, first));
+        self.coming = Some(coming);
     }
 
     /// The text the kernel rewrites itself, which comparing the running

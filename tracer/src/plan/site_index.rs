@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::kernel::sites::SITE_LEN;
+use crate::plan::added_sites::AddedSites;
 
 /// Length of `out imm8, al`: on hosts whose KVM completes the `out` before
 /// exiting (this CI host), RIP is already this far past the site.
@@ -23,6 +24,9 @@ pub struct SiteIndex {
     /// (ascending with the site), set at the first attach, before any
     /// site is patched. A trapping stub starts with the trap.
     stubs: OnceLock<Box<[u64]>>,
+    /// Sites added during the trace (a module first loaded), numbered
+    /// after `addrs`; none unless reserved (`with_added`).
+    added: AddedSites,
 }
 
 impl SiteIndex {
@@ -35,6 +39,39 @@ impl SiteIndex {
             funcs: sites.iter().map(|s| s.1).collect(),
             slide: AtomicU64::new(0),
             stubs: OnceLock::new(),
+            added: AddedSites::default(),
+        }
+    }
+
+    /// With `n` slots for sites added during the trace, their functions
+    /// numbered from `first_func` (the plan's function count).
+    pub fn with_added(mut self, n: usize, first_func: u32) -> Self {
+        self.added = AddedSites::new(n, first_func);
+        self
+    }
+
+    /// The sites added during the trace.
+    pub fn added(&self) -> &AddedSites {
+        &self.added
+    }
+
+    /// Sites, the plan's and the slots for those added: what per-site
+    /// tables are sized by.
+    pub fn capacity(&self) -> usize {
+        self.addrs.len() + self.added.capacity()
+    }
+
+    /// Sites so far, the plan's and those added: per-site tables are
+    /// read up to here.
+    pub fn live(&self) -> usize {
+        self.addrs.len() + self.added.used()
+    }
+
+    /// The traced function (index into the trace's functions) of site `i`.
+    pub fn func(&self, i: usize) -> u32 {
+        match i.checked_sub(self.addrs.len()) {
+            None => self.funcs[i],
+            Some(k) => self.added.func(k),
         }
     }
 
@@ -50,6 +87,9 @@ impl SiteIndex {
     /// past the trap, at the site (an ftrace site's 3-byte NOP is never
     /// run) or in its direct stub (the displaced instructions).
     pub fn resume_addr(&self, i: usize) -> u64 {
+        if i >= self.addrs.len() {
+            return self.running_addr(i) + SITE_LEN as u64;
+        }
         match self.stubs.get() {
             Some(stubs) => stubs[i] + SITE_LEN as u64,
             None => self.running_addr(i) + SITE_LEN as u64,
@@ -67,9 +107,13 @@ impl SiteIndex {
         self.slide.load(Ordering::Relaxed) as i64
     }
 
-    /// Where site `i` is in the running kernel.
+    /// Where site `i` is in the running kernel (an added site: 0 while
+    /// its module is not loaded).
     pub fn running_addr(&self, i: usize) -> u64 {
-        self.addrs[i].wrapping_add(self.slide.load(Ordering::Relaxed))
+        match i.checked_sub(self.addrs.len()) {
+            None => self.addrs[i].wrapping_add(self.slide.load(Ordering::Relaxed)),
+            Some(k) => self.added.addr(k),
+        }
     }
 
     /// (address, function) of every site, in address order.
@@ -83,9 +127,22 @@ impl SiteIndex {
 
     /// The site a trap at `rip` came from: RIP at the `out` (bare-metal KVM's
     /// fast PIO path) or just past it (KVM's emulator), at the site or, for
-    /// direct entries, at its stub. Sites (and stubs) are five bytes apart
+    /// direct entries, at its stub; or at a site added during the trace
+    /// (numbered after the plan's). Sites (and stubs) are five bytes apart
     /// at least, so the two cannot both match.
     pub fn find(&self, rip: u64) -> Option<usize> {
+        self.find_planned(rip).or_else(|| {
+            // Only once a module came: one atomic load on a miss before.
+            if self.added.used() == 0 {
+                return None;
+            }
+            let k = self.added.find(rip);
+            let k = k.or_else(|| self.added.find(rip.wrapping_sub(OUT_LEN)))?;
+            Some(self.addrs.len() + k)
+        })
+    }
+
+    fn find_planned(&self, rip: u64) -> Option<usize> {
         // Set before the sites were patched, under the pause that every
         // vCPU's next entry synchronizes with: Relaxed is enough.
         if let Some(stubs) = self.stubs.get() {
@@ -126,5 +183,59 @@ mod tests {
             !idx.set_stubs(vec![0, 64].into()),
             "other stubs are refused"
         );
+    }
+
+    #[test]
+    fn sites_added_during_the_trace_follow_the_plans_with_functions_of_their_own() {
+        let idx = SiteIndex::new(vec![(0x1000, 0), (0x2000, 1)]).with_added(2, 5);
+        idx.set_slide(0x10_0000);
+        assert_eq!(idx.capacity(), 4);
+        let module = 0xffff_ffff_c000_0014;
+        assert_eq!(idx.find(module), None, "nothing added yet");
+        let sym = |name: &str, addr| crate::kernel::symbols::Symbol {
+            name: name.into(),
+            addr,
+            size: 0x40,
+        };
+        assert_eq!(idx.live(), 2);
+        assert_eq!(
+            idx.added()
+                .add(module, sym("vmt_hit [vmt_test]", module - 4)),
+            Some(0)
+        );
+        assert_eq!(idx.live(), 3);
+        // At the site or just past its `out`; running addresses, not slid.
+        assert_eq!(idx.find(module), Some(2));
+        assert_eq!(idx.find(module + OUT_LEN), Some(2));
+        assert_eq!(idx.func(2), 5);
+        assert_eq!(idx.func(1), 1, "the plan's sites keep theirs");
+        assert_eq!(idx.running_addr(2), module);
+        assert_eq!(idx.resume_addr(2), module + SITE_LEN as u64);
+        assert_eq!(idx.find(0x10_2000), Some(1));
+        // Unloaded, then loaded again elsewhere: the same slot.
+        idx.added().set(0, 0);
+        assert_eq!(idx.find(module), None);
+        idx.added().set(0, module + 0x8000);
+        assert_eq!(idx.find(module + 0x8000), Some(2));
+        let other = 0xffff_ffff_c001_0000;
+        assert_eq!(
+            idx.added().add(other, sym("vmt_batch [vmt_test]", other)),
+            Some(1)
+        );
+        assert_eq!(idx.func(3), 6);
+        let third = 0xffff_ffff_c002_0000;
+        assert_eq!(
+            idx.added().add(third, sym("x [vmt_test]", third)),
+            None,
+            "full"
+        );
+        assert_eq!(idx.added().used(), 2);
+        let names: Vec<String> = idx
+            .added()
+            .functions()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["vmt_hit [vmt_test]", "vmt_batch [vmt_test]"]);
     }
 }

@@ -502,8 +502,7 @@ pub fn watch(
     // Without the hooks an unloaded module's breakpoints stay (on freed
     // text) until the detach, as before them: only the stub's own errors
     // end the attach.
-    let virt = tracer.plan().index.slide();
-    if let Err(HitError::Gdb(e)) = b.hook_modules(stop, &tracer.plan().image, virt) {
+    if let Err(HitError::Gdb(e)) = b.hook_modules(stop, tracer.plan()) {
         {
             for &a in &b.sites {
                 let _ = stop.clear_breakpoint(a);

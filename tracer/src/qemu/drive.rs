@@ -254,7 +254,7 @@ fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<Mo
         .map(|&a| a.wrapping_add(virt as u64))
         .collect();
     let ram = Arc::clone(vmm::Stopped::ram(stop));
-    ModuleHooks::new(&plan.image, virt, &*ram, &sites)
+    ModuleHooks::new(&plan.image, virt, &*ram, &sites, None)
         .ok()
         .flatten()
 }

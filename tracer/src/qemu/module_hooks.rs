@@ -106,23 +106,30 @@ pub struct ModuleHooks {
     /// Sites of a module loaded again that were not traced: its code
     /// differs from the attach's there.
     pub untraced: usize,
+    /// Modules first loaded during the trace, traced by the selection
+    /// (`super::module_added`); None: their functions are not traced.
+    pub first: Option<super::module_added::FirstLoads>,
 }
 
 impl ModuleHooks {
     /// The hooks for the modules of `image` that hold some of `sites`
-    /// (running addresses), read from `ram` in the attach's stop. None:
-    /// no module site is traced, or the kernel lacks a hook.
+    /// (running addresses), read from `ram` in the attach's stop, and
+    /// with `coming`, the modules first loaded during the trace. None: no
+    /// module site is traced and none may come, or the kernel lacks a hook.
     pub fn new(
         image: &KernelImage,
         virt: i64,
         ram: &dyn GuestRam,
         sites: &HashSet<u64>,
+        coming: Option<super::module_added::FirstLoads>,
     ) -> Result<Option<ModuleHooks>, HookError> {
-        let (Some(first), Some(load), Some(free)) = (
-            image.modules.first(),
-            image.symbol(LOAD_HOOK),
-            image.symbol(FREE_HOOK),
-        ) else {
+        // How to walk the module list: as a module found at the attach
+        // was read, or as the attach would have (none loaded then).
+        let walk = image.modules.first().map(|m| (m.layout, m.phys));
+        let walk = walk.or_else(|| coming.as_ref().map(|c| c.walk()));
+        let (Some((layout, phys)), Some(load), Some(free)) =
+            (walk, image.symbol(LOAD_HOOK), image.symbol(FREE_HOOK))
+        else {
             return Ok(None);
         };
         let run = |link: u64| link.wrapping_add(virt as u64);
@@ -135,7 +142,7 @@ impl ModuleHooks {
             .symbol(INIT_TOP_PGT)
             .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
             .ok_or(HookError::NoPageTable)?
-            .wrapping_add(first.phys as u64);
+            .wrapping_add(phys as u64);
         let mut space = AddressSpace::new(ram, root, PagingMode::Level4);
         let mut traced = Vec::new();
         for m in &image.modules {
@@ -170,7 +177,7 @@ impl ModuleHooks {
                 });
             }
         }
-        if traced.is_empty() {
+        if traced.is_empty() && coming.is_none() {
             return Ok(None);
         }
         Ok(Some(ModuleHooks {
@@ -178,10 +185,11 @@ impl ModuleHooks {
             free,
             root,
             traced,
-            image_layout: first.layout,
+            image_layout: layout,
             unloads: 0,
             loads: 0,
             untraced: 0,
+            first: coming,
         }))
     }
 
@@ -221,7 +229,13 @@ impl ModuleHooks {
             .iter_mut()
             .find(|t| t.name == read.name && t.now.is_none())
         else {
-            return Ok(Vec::new());
+            if self.traced.iter().any(|t| t.name == read.name) {
+                return Ok(Vec::new());
+            }
+            // Each site stands for itself: its own slot in the index.
+            let first = self.first.as_mut();
+            let sites = first.map(|f| f.loading(&read, module)).unwrap_or_default();
+            return Ok(sites.into_iter().map(|s| (s, s)).collect());
         };
         let mut pairs = Vec::new();
         for s in &t.sites {
@@ -243,7 +257,8 @@ impl ModuleHooks {
             .iter_mut()
             .find(|t| t.now.as_ref().is_some_and(|n| n.0 == module))
         else {
-            return Vec::new();
+            let first = self.first.as_mut();
+            return first.map(|f| f.freeing(module)).unwrap_or_default();
         };
         self.unloads += 1;
         let (_, pairs) = t.now.take().expect("found above");

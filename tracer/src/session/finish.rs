@@ -53,6 +53,12 @@ impl Tracer {
         plan.funcs.iter().map(of).collect()
     }
 
+    /// The trace's functions: the plan's, then those a module first
+    /// loaded during the trace added.
+    fn nfuncs(&self) -> usize {
+        self.plan.funcs.len() + self.plan.index.added().used()
+    }
+
     /// Exact calls so far, per traced function and vCPU: recorded, plus (in
     /// exitless mode) counted in the guest when a ring was full.
     pub fn counts(&self) -> Vec<Vec<u64>> {
@@ -61,15 +67,15 @@ impl Tracer {
 
     /// `counts`, with the full-ring drops (per CPU and site) already read.
     fn counts_with(&self, ring_drops: &[Vec<u64>]) -> Vec<Vec<u64>> {
-        let mut counts = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        let mut counts = vec![vec![0u64; self.ncpus()]; self.nfuncs()];
         for (cpu, per_site) in self.counters.counts.iter().enumerate() {
-            for (i, c) in per_site.iter().enumerate() {
-                counts[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+            for (i, c) in per_site.iter().enumerate().take(self.plan.index.live()) {
+                counts[self.plan.index.func(i) as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
         for (cpu, per_site) in ring_drops.iter().enumerate() {
             for (i, d) in per_site.iter().enumerate() {
-                counts[self.plan.index.funcs[i] as usize][cpu] += d;
+                counts[self.plan.index.func(i) as usize][cpu] += d;
             }
         }
         counts
@@ -81,15 +87,15 @@ impl Tracer {
         if !self.plan.graph {
             return Vec::new();
         }
-        let mut returns = vec![vec![0u64; self.ncpus()]; self.plan.funcs.len()];
+        let mut returns = vec![vec![0u64; self.ncpus()]; self.nfuncs()];
         for (cpu, per_site) in self.counters.returns.iter().enumerate() {
-            for (i, c) in per_site.iter().enumerate() {
-                returns[self.plan.index.funcs[i] as usize][cpu] += c.load(Ordering::Relaxed);
+            for (i, c) in per_site.iter().enumerate().take(self.plan.index.live()) {
+                returns[self.plan.index.func(i) as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
         for (cpu, per_site) in self.ring_ret_drops().iter().enumerate() {
             for (i, d) in per_site.iter().enumerate() {
-                returns[self.plan.index.funcs[i] as usize][cpu] += d;
+                returns[self.plan.index.func(i) as usize][cpu] += d;
             }
         }
         returns
@@ -273,12 +279,14 @@ impl Tracer {
     // Long: most of it is `TraceMeta`'s literal, one run fact a line.
     fn trace_now(&self, kernel: &Path, stop_reason: String) -> Trace {
         let image = &self.plan.image;
-        let functions: Vec<Symbol> = self
+        let mut functions: Vec<Symbol> = self
             .plan
             .funcs
             .iter()
             .map(|&f| image.functions[f].clone())
             .collect();
+        // A module first loaded during the trace: its functions after.
+        functions.extend(self.plan.index.added().functions());
         // Read from guest memory once: counts and the dropped total agree.
         let ring_drops = self.ring_drops();
         let stop_reason = match self.reach.exitless().is_some_and(|ex| ex.drops_stale()) {
@@ -364,7 +372,6 @@ impl Tracer {
         };
         Trace {
             meta,
-            functions,
             counts,
             returns: self.returns(),
             callers: Vec::new(),
@@ -374,16 +381,17 @@ impl Tracer {
             tasks: self.tables.tasks.all(),
             // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
-            prototypes: self.prototypes.clone(),
+            prototypes: padded(self.prototypes.clone(), functions.len()),
             // Every stack so far: in memory the trace's; a data file's
             // FOOT saves those its events did not name yet.
             stacks: self.tables.stacks.all(),
             // The events' formats; a data file's blocks, or `finish_stored`
             // in memory, have their values.
             fields: crate::trace::fields::EventFields {
-                formats: self.event_formats(),
+                formats: padded(self.event_formats(), functions.len()),
                 values: Default::default(),
             },
+            functions,
         }
     }
 
@@ -449,6 +457,15 @@ pub struct Saved {
     pub path: PathBuf,
     pub bytes: u64,
     pub events: u64,
+}
+
+/// A per-function table (`Option`s; empty: none kept) as long as the
+/// trace's `n` functions: a function added during the trace has none.
+fn padded<T>(mut per_func: Vec<Option<T>>, n: usize) -> Vec<Option<T>> {
+    if !per_func.is_empty() {
+        per_func.resize_with(n, || None);
+    }
+    per_func
 }
 
 #[cfg(test)]

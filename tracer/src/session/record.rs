@@ -217,7 +217,7 @@ impl Recorder {
             ts_ns,
             parent: f.ret,
             slot: f.slot | RETURN_BIT,
-            func: self.index.funcs[site],
+            func: self.index.func(site),
             cpu: self.cpu,
             task: f.task,
             stack: 0,
@@ -278,7 +278,7 @@ impl Recorder {
             ts_ns,
             parent,
             slot: slot | RETURN_BIT,
-            func: self.index.funcs[site],
+            func: self.index.func(site),
             cpu: self.cpu,
             // The call's task, kept in its frame: a call returns in the
             // task that made it.
@@ -423,7 +423,7 @@ impl TrapHandler for Recorder {
             ts_ns,
             parent,
             slot,
-            func: self.index.funcs[i],
+            func: self.index.func(i),
             cpu: self.cpu,
             task,
             stack,
@@ -463,7 +463,8 @@ pub fn recorders(
     storage: Storage,
     functions: Arc<Vec<Symbol>>,
 ) -> (Arc<Counters>, Vec<Recorder>, store::Store) {
-    let nsites = index.addrs.len();
+    // Room for the sites a module first loaded during the trace adds.
+    let nsites = index.capacity();
     let counters = Arc::new(Counters::new(ncpus, nsites, max_events));
     let fixup = store::Fixup {
         index: Arc::clone(&index),
@@ -542,5 +543,46 @@ mod tests {
         };
         let parents: Vec<u64> = events.iter().map(|e| e.parent).collect();
         assert_eq!(parents, [0xaaaa, 0xbbbb]);
+    }
+
+    /// A module first loaded during the trace: its site, added to a slot
+    /// reserved at the plan, traps as the plan's do and records its own
+    /// function (numbered after the plan's), counted at its own site.
+    #[test]
+    fn a_site_added_during_the_trace_records_its_own_function() {
+        use vm_memory::{GuestAddress, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        vmm::boot::regs::setup_page_tables(&mem).unwrap();
+        let (planned, added) = (0xffff_ffff_8100_0000u64, 0xffff_ffff_8120_0000u64);
+        let rsp = 0xffff_ffff_8140_0ff8u64;
+        let index = Arc::new(SiteIndex::new(vec![(planned, 0)]).with_added(4, 1));
+        let (counters, mut recs, store) = recorders(
+            Arc::clone(&index),
+            1,
+            100,
+            Storage::Memory,
+            Arc::new(Vec::new()),
+        );
+        let function = Symbol {
+            name: "vmt_hit [vmt_test]".into(),
+            addr: added - 4,
+            size: 0x40,
+        };
+        assert_eq!(index.added().add(added, function), Some(0));
+        let (cr3, mode) = (vmm::layout::PML4_START, vmm::gva::PagingMode::Level4);
+        let past_out = added + crate::plan::site_index::OUT_LEN;
+        for rip in [planned, added, past_out] {
+            let mut trap = Trap::for_bench(0, rip, rsp, cr3, mode, &mem);
+            recs[0].on_trap(&mut trap).unwrap();
+        }
+        recs[0].flush();
+        drop(recs);
+        let store::Stored::Memory(events) = store.thread.join().unwrap() else {
+            panic!("kept in memory")
+        };
+        let funcs: Vec<u32> = events.iter().map(|e| e.func).collect();
+        assert_eq!(funcs, [0, 1, 1]);
+        let counted = |site: usize| counters.counts[0][site].load(Ordering::Relaxed);
+        assert_eq!((counted(0), counted(1)), (1, 2));
     }
 }

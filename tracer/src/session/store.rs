@@ -201,6 +201,7 @@ pub fn spawn(
                 let out = Out {
                     file,
                     error,
+                    index: Arc::clone(&fixup.index),
                     tasks: &table,
                     args: &arg_table,
                     stacks: &stack_table,
@@ -212,6 +213,7 @@ pub fn spawn(
                 let out = Out {
                     file,
                     error,
+                    index: Arc::clone(&fixup.index),
                     tasks: &table,
                     args: &arg_table,
                     stacks: &stack_table,
@@ -238,6 +240,9 @@ pub fn spawn(
 struct Out<'a> {
     file: DataFile,
     error: Option<io::Error>,
+    /// The sites, and the functions added during the trace (a module
+    /// first loaded), which go in the file before the events naming them.
+    index: Arc<SiteIndex>,
     tasks: &'a TaskTable,
     args: &'a ArgTable,
     stacks: &'a StackTable,
@@ -281,8 +286,8 @@ impl Out<'_> {
         let new = self.tasks.since(self.file.tasks_saved());
         let stacks = self.stacks.since(self.file.stacks_saved());
         let r = self
-            .file
-            .write_tasks(&new)
+            .write_added()
+            .and_then(|()| self.file.write_tasks(&new))
             .and_then(|()| self.file.write_args(args))
             .and_then(|()| self.file.write_fields(fields))
             .and_then(|()| self.file.write_stacks(&stacks))
@@ -291,6 +296,21 @@ impl Out<'_> {
             counters.lose(events);
             self.error = Some(e);
         }
+    }
+
+    /// The functions added during the trace since the last write (a `FUNC`
+    /// block): events may name them.
+    fn write_added(&mut self) -> io::Result<()> {
+        let added = self.index.added();
+        let saved = self
+            .file
+            .funcs_saved()
+            .checked_sub(added.first_func() as usize);
+        let Some(saved) = saved.filter(|&s| added.used() > s) else {
+            return Ok(());
+        };
+        let functions = added.functions();
+        self.file.write_functions(&functions[saved..])
     }
 
     fn stored(self, seen: Vec<bool>) -> FileStored {
@@ -615,6 +635,55 @@ mod tests {
         let t = crate::trace::datafile::load(&path).unwrap();
         assert_eq!(t.events.len(), 1);
         assert_eq!(t.task_of(&t.events[0]), Some(&task(0, "swapper/0")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A module first loaded during the trace: the function its site adds
+    /// goes in the file (a `FUNC` block) before the first event naming it,
+    /// so a recording cut short still names it.
+    #[test]
+    fn a_function_added_during_the_trace_is_named_before_its_events() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-add-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("added.data");
+        let file = DataFile::create(&path).unwrap();
+        let counters = Arc::new(Counters::new(1, 2, 100));
+        let index = Arc::new(SiteIndex::new(vec![(0x1000, 0)]).with_added(1, 1));
+        let fixup = Fixup {
+            index: Arc::clone(&index),
+            functions: Arc::new(Vec::new()),
+        };
+        let storage = Storage::Stream {
+            file,
+            buffer: 1 << 20,
+        };
+        let (tx, store) = spawn(storage, counters, fixup);
+        store.head.as_ref().unwrap().send(head()).unwrap();
+        tx.send(vec![event(10, 0)]).unwrap();
+        let hit = Symbol {
+            name: "vmt_hit [vmt_test]".into(),
+            addr: 0xffff_ffff_c000_0000,
+            size: 0x40,
+        };
+        index.added().add(0xffff_ffff_c000_0004, hit).unwrap();
+        let added = Event {
+            func: 1,
+            ..event(11, 0)
+        };
+        tx.send(vec![added]).unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert!(t.meta.incomplete);
+        let names: Vec<&str> = t
+            .events
+            .iter()
+            .map(|e| t.functions[e.func as usize].name.as_str())
+            .collect();
+        assert_eq!(names, ["f", "vmt_hit [vmt_test]"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -2,6 +2,7 @@
 //! loads again (`crate::qemu::module_hooks` says where and why).
 
 use super::{BreakOps, Breakpoints, HitError, QemuStop};
+use crate::qemu::module_added::FirstLoads;
 use crate::qemu::module_hooks::ModuleHooks;
 
 impl Breakpoints {
@@ -10,11 +11,17 @@ impl Breakpoints {
     pub fn hook_modules(
         &mut self,
         stop: &QemuStop<'_>,
-        image: &crate::kernel::symbols::KernelImage,
-        virt: i64,
+        plan: &crate::plan::Plan,
     ) -> Result<(), HitError> {
         let ram = std::sync::Arc::clone(vmm::Stopped::ram(stop));
-        let found = ModuleHooks::new(image, virt, &*ram, &self.sites)?;
+        let (image, virt) = (&plan.image, plan.index.slide());
+        // Modules first loaded during the trace, when slots were kept.
+        let coming = plan
+            .coming
+            .as_ref()
+            .filter(|_| plan.index.added().capacity() > 0);
+        let coming = coming.map(|c| FirstLoads::new(c, std::sync::Arc::clone(&plan.index)));
+        let found = ModuleHooks::new(image, virt, &*ram, &self.sites, coming)?;
         let Some(hooks) = found else { return Ok(()) };
         for a in [hooks.load, hooks.free] {
             if let Some(j) = self.journal.as_mut() {
@@ -49,6 +56,7 @@ impl Breakpoints {
             }
         } else {
             for a in k.freeing(module) {
+                // (A removed breakpoint that was never set is no error.)
                 ops.clear(a)?;
                 self.sites.remove(&a);
                 self.moved.remove(&a);

@@ -279,7 +279,7 @@ impl Out {
             slot: r.slot,
             ts_ns: self.clock.host_ns(r.tsc),
             parent: r.parent,
-            func: self.index.funcs[site],
+            func: self.index.func(site),
             cpu: cpu as u32,
             task,
             stack: 0,

@@ -252,6 +252,8 @@
 //! record layout (trace.dat's): `u8` 0, or 1, `u16` id, `str` print
 //! format, `u32` k (at most 64), k × (`str` type, `str` name, `u32`
 //! offset, `u32` size, `u8` signed). Version 12 is still read, with none.
+//! Version 14 adds `FUNC` blocks: functions added during the trace
+//! ([`added`], a module first loaded then).
 //!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
@@ -270,6 +272,7 @@
 //! checksum fails is corruption, unless it is the file's last and runs to
 //! its end (a write cut short).
 
+mod added;
 mod body;
 mod cmdline;
 mod encode;
@@ -314,11 +317,9 @@ pub const VERSION_7: u32 = 7;
 /// The data file written while the guest runs (`stream`): blocks, guest
 /// tasks in `TASK` blocks, 36-byte events naming their task.
 pub const VERSION_8: u32 = 8;
-/// The data file with kernel stacks (`STAK` blocks, 48-byte events naming
-/// their stack).
+/// The data file with kernel stacks (`STAK` blocks, 48-byte events).
 pub const VERSION_9: u32 = 9;
-/// The data file that says why events were dropped (`DropCauses`), still
-/// read.
+/// The data file that says why events were dropped (`DropCauses`).
 pub const VERSION_10: u32 = 10;
 /// The data file that keeps the command line that recorded it.
 pub const VERSION_11: u32 = 11;
@@ -326,9 +327,10 @@ pub const VERSION_11: u32 = 11;
 pub const VERSION_12: u32 = 12;
 /// The data file with the events' ftrace formats (for trace.dat).
 pub const VERSION_13: u32 = 13;
-/// The data file's version that `stream` and `save` write: the newest
-/// (each new version changes this line).
-pub const DATA_VERSION: u32 = VERSION_13;
+/// The data file with functions added during the trace (`added`).
+pub const VERSION_14: u32 = 14;
+/// The version `stream` and `save` write: the newest.
+pub const DATA_VERSION: u32 = VERSION_14;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
@@ -486,10 +488,8 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
     }
     check_callers(&trace.callers).map_err(|d| (Section::Callers, d))?;
     if u32::try_from(trace.tasks.len()).is_err() {
-        return Err((
-            Section::Tasks,
-            format!("{} tasks (max {})", trace.tasks.len(), u32::MAX),
-        ));
+        let n = trace.tasks.len();
+        return Err((Section::Tasks, format!("{n} tasks (max {})", u32::MAX)));
     }
     if !trace.prototypes.is_empty() && trace.prototypes.len() != nfunc {
         return Err((

@@ -1,9 +1,10 @@
-//! Reading a data file (format versions 5 to 9, see the parent module):
+//! Reading a data file (format versions 5 to 14, see the parent module):
 //! blocks up to `END`, or up to the last complete block of a file whose
 //! writer was killed.
 
 use std::io::Read;
 
+use super::added::{read_funcs_block, TAG_FUNCS};
 use super::body::{check_new_events, decode, read_body, Body, Named};
 use super::fields::{read_fields_block, TAG_FIELDS};
 use super::reader::Reader;
@@ -13,7 +14,7 @@ use super::stream::{
 };
 use super::{
     check_callers, Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V8, EVENT_SIZE_V9,
-    VERSION_12, VERSION_8, VERSION_9,
+    VERSION_12, VERSION_14, VERSION_8, VERSION_9,
 };
 use crate::kernel::unwind::{StackEnd, MAX_FRAMES};
 use crate::plan::exitless::layout::{CODE_LEN, CODE_VA};
@@ -69,6 +70,16 @@ pub(super) fn load<R: Read>(
             }
             TAG_ARGS if version >= VERSION_8 && head.is_some() && foot.is_none() => {
                 read_args(&r, &payload, &mut named.args)?;
+            }
+            TAG_FUNCS if version >= VERSION_14 && foot.is_none() => {
+                let Some(h) = head.as_mut() else {
+                    return Err(r.corrupt("functions added before HEAD".into()));
+                };
+                read_funcs_block(&r, &payload, &mut h.functions)?;
+                if !h.prototypes.is_empty() {
+                    // An added function has no prototype: its values raw.
+                    h.prototypes.resize(h.functions.len(), None);
+                }
             }
             TAG_STACKS if version >= VERSION_9 && head.is_some() && foot.is_none() => {
                 read_stacks(&r, &payload, &mut named.stacks)?;

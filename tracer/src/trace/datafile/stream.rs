@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use super::encode::{encode, put_str};
 use super::header::put_body;
 use super::{TraceFileError, DATA_VERSION, EVENT_SIZE_V9, MAGIC};
+use crate::kernel::symbols::Symbol;
 use crate::trace::fields::FieldValue;
 use crate::trace::model::{Event, Stack, Task, Trace, ARG_REGS};
 use crate::trace::output_path::{self, Target};
@@ -66,6 +67,8 @@ pub struct DataFile {
     args: usize,
     /// Kernel stacks written (in `STAK` blocks).
     stacks: usize,
+    /// Functions named (in `HEAD`, then `FUNC` blocks).
+    funcs: usize,
     /// A block being assembled (kept to avoid an allocation per block).
     buf: Vec<u8>,
 }
@@ -130,6 +133,7 @@ impl DataFile {
             tasks: 0,
             args: 0,
             stacks: 0,
+            funcs: 0,
             buf: Vec::new(),
         };
         let mut pre = Vec::with_capacity(20);
@@ -167,7 +171,28 @@ impl DataFile {
     /// its tasks, if it has any yet.
     pub fn head(&mut self, trace: &Trace) -> io::Result<()> {
         self.body(TAG_HEAD, trace)?;
+        self.funcs = trace.functions.len();
         self.write_tasks(&trace.tasks)
+    }
+
+    /// Functions named so far (`HEAD`'s and those added): the next added
+    /// is function `funcs_saved()`.
+    pub fn funcs_saved(&self) -> usize {
+        self.funcs
+    }
+
+    /// A `FUNC` block adding `funcs` (traced functions that came during
+    /// the trace: a module first loaded) after those named so far. Call it
+    /// before writing events that name them: a reader refuses an event
+    /// whose function was not named before it.
+    pub fn write_functions(&mut self, funcs: &[Symbol]) -> io::Result<()> {
+        if funcs.is_empty() {
+            return Ok(());
+        }
+        let payload = super::added::funcs_payload(self.funcs, funcs)?;
+        self.block(super::added::TAG_FUNCS, &payload)?;
+        self.funcs += funcs.len();
+        Ok(())
     }
 
     /// `TASK` blocks holding `tasks`, the next ones (ids `tasks_saved() +
@@ -231,6 +256,7 @@ impl DataFile {
 
     /// `EVTS` blocks holding `events` (as many as the block size needs).
     pub fn write_events(&mut self, events: &[Event]) -> io::Result<()> {
+        debug_assert!(events.iter().all(|e| (e.func as usize) < self.funcs));
         debug_assert!(events.iter().all(|e| e.task as usize <= self.tasks));
         debug_assert!(events.iter().all(|e| e.stack as usize <= self.stacks));
         debug_assert!(events
@@ -249,9 +275,12 @@ impl DataFile {
     }
 
     /// The `FOOT` block (`trace` as known at the end; its events are not
-    /// written again), after the tasks and stacks of `trace` not written
-    /// yet (seen, in no written event), and `END`: the file is complete.
+    /// written again), after the functions added, tasks and stacks of
+    /// `trace` not written yet (seen, in no written event), and `END`: the file is complete.
     pub fn finish(&mut self, trace: &Trace) -> io::Result<()> {
+        if let Some(rest) = trace.functions.get(self.funcs..) {
+            self.write_functions(rest)?;
+        }
         if let Some(rest) = trace.tasks.get(self.tasks..) {
             self.write_tasks(rest)?;
         }

@@ -1,0 +1,104 @@
+//! Sites added during the trace (issue 37): the functions of a kernel
+//! module the guest first loads while `vmtrace attach` traces it, which
+//! the plan, made before, could not list. Slots are reserved when the
+//! plan is made and filled, in order, from the module load hook (one
+//! thread, the VM stopped); every vCPU's trap path reads them without a
+//! lock. Slot k is the site of function `first_func + k` of the trace
+//! (one ftrace site per function), added after the plan's functions; its
+//! site number follows the plan's sites (`SiteIndex::find`).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::kernel::symbols::Symbol;
+
+/// The spare slots of one plan.
+#[derive(Debug, Default)]
+pub struct AddedSites {
+    /// Running address of each slot's site; 0 while its module is not
+    /// loaded (unloaded after it came).
+    addrs: Box<[AtomicU64]>,
+    /// Slots filled so far (the next one given is `used`).
+    used: AtomicUsize,
+    /// The trace function of slot 0: the plan's function count.
+    first_func: u32,
+    /// Each used slot's function (`function [module]`, its address and
+    /// size when it came); never read by the trap path.
+    functions: Mutex<Vec<Symbol>>,
+}
+
+impl AddedSites {
+    /// `n` spare slots, for functions numbered from `first_func`.
+    pub fn new(n: usize, first_func: u32) -> AddedSites {
+        AddedSites {
+            addrs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            used: AtomicUsize::new(0),
+            first_func,
+            functions: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Slots reserved.
+    pub fn capacity(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Slots filled so far: functions added to the trace.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// A new function, `function`, its site at running address `addr`:
+    /// its slot, None when every slot is taken. Called by one thread only,
+    /// before the site is written in the guest.
+    pub fn add(&self, addr: u64, function: Symbol) -> Option<usize> {
+        let k = self.used.load(Ordering::Relaxed);
+        let slot = self.addrs.get(k)?;
+        slot.store(addr, Ordering::Relaxed);
+        self.functions_now().push(function);
+        // Publishes the address with the count: a trap path that sees
+        // slot k used sees its address.
+        self.used.store(k + 1, Ordering::Release);
+        Some(k)
+    }
+
+    /// The functions added so far, slot by slot: those the trace names
+    /// after the plan's.
+    pub fn functions(&self) -> Vec<Symbol> {
+        self.functions_now().clone()
+    }
+
+    fn functions_now(&self) -> std::sync::MutexGuard<'_, Vec<Symbol>> {
+        // A panic elsewhere while holding it left a whole Vec.
+        self.functions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Slot `k`'s module loaded again at `addr`, or gone (0): called with
+    /// its site not written in the guest.
+    pub fn set(&self, k: usize, addr: u64) {
+        self.addrs[k].store(addr, Ordering::Release);
+    }
+
+    /// The running address of slot `k`'s site (0: not loaded).
+    pub fn addr(&self, k: usize) -> u64 {
+        self.addrs[k].load(Ordering::Acquire)
+    }
+
+    /// The trace function of slot 0: the plan's function count.
+    pub fn first_func(&self) -> u32 {
+        self.first_func
+    }
+
+    /// The trace function of slot `k`.
+    pub fn func(&self, k: usize) -> u32 {
+        self.first_func + k as u32
+    }
+
+    /// The slot whose site is at running address `addr`.
+    pub fn find(&self, addr: u64) -> Option<usize> {
+        if addr == 0 {
+            return None;
+        }
+        (0..self.used()).find(|&k| self.addr(k) == addr)
+    }
+}

@@ -1,0 +1,244 @@
+//! A module the guest first loads during the trace (issue 37): which of
+//! its functions the selection traces, as ftrace enables a coming
+//! module's functions that `set_ftrace_filter` names (`:mod:` included).
+//! Read at the load hook (`super::module_hooks::LOAD_HOOK`), each becomes
+//! a function added to the trace (`crate::plan::added_sites`), named
+//! `function [module]` as the attach's modules are, its site written
+//! before any of the module's code runs.
+
+use std::sync::Arc;
+
+use crate::kernel::filter::Filter;
+use crate::kernel::module_image::module_function_name;
+use crate::kernel::modules::{LoadedModule, ModuleLayout};
+use crate::kernel::symbols::Symbol;
+use crate::plan::site_index::SiteIndex;
+use crate::plan::ComingModules;
+
+/// The modules first loaded during the trace, and their traced sites.
+#[derive(Debug)]
+pub struct FirstLoads {
+    /// The selection as given (`:mod:` globs of modules not loaded at the
+    /// attach included).
+    filter: Filter,
+    index: Arc<SiteIndex>,
+    /// How to walk the guest's module list, and the kernel's physical
+    /// KASLR offset (its page table's place).
+    walk: (ModuleLayout, i64),
+    modules: Vec<Coming>,
+    /// Traced functions that found no spare slot (more than reserved).
+    pub unslotted: usize,
+}
+
+/// A module first loaded during the trace.
+#[derive(Debug)]
+struct Coming {
+    name: String,
+    /// Each traced function's slot (`AddedSites`) and name.
+    slots: Vec<(usize, String)>,
+    /// Its `struct module` while loaded.
+    now: Option<u64>,
+}
+
+impl FirstLoads {
+    pub fn new(coming: &ComingModules, index: Arc<SiteIndex>) -> FirstLoads {
+        FirstLoads {
+            filter: coming.selection.clone(),
+            index,
+            walk: (coming.layout, coming.phys),
+            modules: Vec::new(),
+            unslotted: 0,
+        }
+    }
+
+    /// The guest loads `read` (a module the attach did not find), its
+    /// `struct module` at `module`: the sites of its selected functions,
+    /// each given a slot (the same again when it comes back), before any
+    /// is written in the guest.
+    pub fn loading(&mut self, read: &LoadedModule, module: u64) -> Vec<u64> {
+        let selected = selected_functions(read, &self.filter);
+        let added = self.index.added();
+        let c = match self.modules.iter().position(|c| c.name == read.name) {
+            Some(i) => &mut self.modules[i],
+            None => {
+                self.modules.push(Coming {
+                    name: read.name.clone(),
+                    slots: Vec::new(),
+                    now: None,
+                });
+                self.modules.last_mut().expect("just pushed")
+            }
+        };
+        let mut sites = Vec::new();
+        for f in selected {
+            let slot = match c.slots.iter().find(|(_, n)| *n == f.name) {
+                Some(&(k, _)) => {
+                    added.set(k, f.site);
+                    Some(k)
+                }
+                None => {
+                    let sym = Symbol {
+                        name: f.name.clone(),
+                        addr: f.addr,
+                        size: f.size,
+                    };
+                    let k = added.add(f.site, sym);
+                    if let Some(k) = k {
+                        c.slots.push((k, f.name));
+                    }
+                    k
+                }
+            };
+            match slot {
+                Some(_) => sites.push(f.site),
+                None => self.unslotted += 1,
+            }
+        }
+        c.now = Some(module);
+        sites
+    }
+
+    /// The guest frees the module at `module`: the sites to take out
+    /// before its text goes, if it is one first loaded during the trace.
+    pub fn freeing(&mut self, module: u64) -> Vec<u64> {
+        let Some(c) = self.modules.iter_mut().find(|c| c.now == Some(module)) else {
+            return Vec::new();
+        };
+        c.now = None;
+        let added = self.index.added();
+        let mut sites = Vec::new();
+        for &(k, _) in &c.slots {
+            let a = added.addr(k);
+            if a != 0 {
+                sites.push(a);
+                added.set(k, 0);
+            }
+        }
+        sites
+    }
+
+    /// How to walk the guest's module list, and the kernel's physical
+    /// KASLR offset.
+    pub fn walk(&self) -> (ModuleLayout, i64) {
+        self.walk
+    }
+
+    /// Modules first loaded during the trace (each name once).
+    pub fn modules(&self) -> usize {
+        self.modules.len()
+    }
+}
+
+/// A traced function of a module first loaded during the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddedFunction {
+    /// `function [module]`.
+    pub name: String,
+    /// Running address and size.
+    pub addr: u64,
+    pub size: u64,
+    /// Its ftrace site (running address).
+    pub site: u64,
+}
+
+/// The functions of `module` with an ftrace site that `filter` selects
+/// (by `function [module]` or the bare name), in address order.
+pub fn selected_functions(module: &LoadedModule, filter: &Filter) -> Vec<AddedFunction> {
+    let mut out: Vec<AddedFunction> = Vec::new();
+    for &site in &module.sites {
+        let Some(f) = module.function_at(site) else {
+            continue;
+        };
+        // One site per function: a second would count its calls twice.
+        if out.last().is_some_and(|a| a.addr == f.addr) {
+            continue;
+        }
+        let name = module_function_name(&f.name, &module.name);
+        if selects(filter, &[&name, &f.name]) {
+            out.push(AddedFunction {
+                name,
+                addr: f.addr,
+                size: f.size,
+                site,
+            });
+        }
+    }
+    out
+}
+
+/// Whether a function known by `names` (`function [module]` and its bare
+/// name) is selected, as `Filter::select` judges a site's function at the
+/// attach: by any name, removed (`!glob`, `--notrace`) by any.
+fn selects(filter: &Filter, names: &[&str]) -> bool {
+    let (trace, mut hits) = (filter.trace(), Vec::new());
+    let positive = trace.is_empty()
+        || names.iter().any(|n| {
+            // Sets `hits` to the positive globs it matches, removed or not.
+            trace.matches_into(n, &mut hits);
+            !hits.is_empty()
+        });
+    positive && !names.iter().any(|n| filter.removes(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::modules::ModuleFunction;
+
+    fn function(name: &str, addr: u64) -> ModuleFunction {
+        ModuleFunction {
+            name: name.into(),
+            addr,
+            size: 0x40,
+        }
+    }
+
+    #[test]
+    fn a_first_loaded_modules_functions_are_chosen_by_the_selection() {
+        let base = 0xffff_ffff_c000_0000;
+        let module = LoadedModule {
+            name: "vmt_test".into(),
+            addr: base + 0x1000,
+            text: base..base + 0x200,
+            functions: vec![
+                function("vmt_batch", base),
+                function("vmt_hit", base + 0x40),
+                function("vmt_write", base + 0x80),
+                // No site: not traceable.
+                function("vmt_notrace", base + 0xc0),
+            ],
+            sites: vec![base + 4, base + 0x44, base + 0x84],
+        };
+        let names = |trace: &[&str]| {
+            let trace: Vec<String> = trace.iter().map(|s| s.to_string()).collect();
+            let f = Filter::new(&trace, &[]).unwrap();
+            selected_functions(&module, &f)
+                .into_iter()
+                .map(|a| (a.name, a.site - base))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&["vmt_hit"]), [("vmt_hit [vmt_test]".into(), 0x44)]);
+        assert_eq!(names(&["*:mod:vmt_test"]).len(), 3);
+        assert_eq!(names(&["vmt_*,!vmt_batch"]).len(), 2);
+        assert!(names(&["*:mod:other"]).is_empty());
+        assert!(names(&["vmt_notrace"]).is_empty());
+        assert!(names(&["hrtimer_*"]).is_empty());
+    }
+
+    /// Judged as the attach judges a site's function: by its full or bare
+    /// name, `!glob` and `--notrace` by either.
+    #[test]
+    fn a_function_added_during_the_trace_is_selected_as_at_the_attach() {
+        let f = |trace: &[&str], notrace: &[&str]| {
+            let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            Filter::new(&v(trace), &v(notrace)).unwrap()
+        };
+        let names = ["vmt_hit [vmt_test]", "vmt_hit"];
+        assert!(selects(&f(&["vmt_*"], &[]), &names));
+        assert!(selects(&f(&["*:mod:vmt_test"], &[]), &names));
+        assert!(!selects(&f(&["*:mod:other"], &[]), &names));
+        assert!(!selects(&f(&["vmt_*,!vmt_hit"], &[]), &names));
+        assert!(!selects(&f(&["*:mod:vmt_test,!vmt_hit"], &[]), &names));
+        assert!(!selects(&f(&["*:mod:vmt_test"], &["vmt_hit"]), &names));
+    }
+}
