@@ -144,23 +144,11 @@ pub fn map_with(
     }
     let high = pages.and_then(|p| lock(p).high());
     // Rings past the data window: entry 508 of the top page-upper
-    // directory, empty (or vmtrace's already), checked before any write.
-    let high_entry = match high {
-        Some(h) => {
-            let e = space
-                .entry(HIGH_RINGS_VA, Level::Pdpt)
-                .map_err(walk(HIGH_RINGS_VA))?;
-            if !e.is_empty() && !ours(e.value, h.pd | TABLE) {
-                return Err(MapError::SlotInUse {
-                    index: HIGH_RINGS_PUD,
-                    va: HIGH_RINGS_VA,
-                    gpa: e.gpa,
-                    value: e.value,
-                });
-            }
-            Some((e, h.pd | TABLE))
-        }
-        None => None,
+    // directory, empty (or vmtrace's already), checked before any write;
+    // in the UEFI runtime services' own copy of that directory too.
+    let high_entries = match high {
+        Some(h) => high_entries(space, &h)?,
+        None => Vec::new(),
     };
     let want = match pages {
         None => leaves(space.nx_enabled()),
@@ -187,11 +175,54 @@ pub fn map_with(
         }
     }
     // Its page directory was written with the rings, before the stop
-    // (`high_directory`): one entry here.
-    if let Some((e, w)) = high_entry.filter(|(e, w)| !ours(e.value, *w)) {
-        space.set_entry(&e, w).map_err(walk(HIGH_RINGS_VA))?;
+    // (`high_directory`): one entry here (and one in EFI's table).
+    if let Some(h) = high {
+        let w = high_entry_value(&h);
+        for (root, e) in high_entries.iter().filter(|(_, e)| !ours(e.value, w)) {
+            match *root == space.root() {
+                true => space.set_entry(e, w),
+                false => space.with_root(*root).set_entry(e, w),
+            }
+            .map_err(walk(HIGH_RINGS_VA))?;
+        }
     }
     Ok(Mapped { own_pd, reused })
+}
+
+/// What entry 508 holds once mapped: a table, the rings' page directory.
+fn high_entry_value(h: &HighRings) -> u64 {
+    h.pd | TABLE
+}
+
+/// Entry 508 of the kernel's page-upper directory of its top 512 GiB, and
+/// of the UEFI runtime services' copy if `h` names one: (the root walked,
+/// the entry), each empty or vmtrace's already; else refused.
+fn high_entries(space: &AddressSpace<'_>, h: &HighRings) -> Result<Vec<(u64, Entry)>, MapError> {
+    let walk = |source| MapError::Walk {
+        va: HIGH_RINGS_VA,
+        source,
+    };
+    let roots = std::iter::once(space.root()).chain(h.efi.map(|e| e.root));
+    let mut out = Vec::new();
+    for root in roots {
+        let e = space
+            .with_root(root)
+            .entry(HIGH_RINGS_VA, Level::Pdpt)
+            .map_err(walk)?;
+        if !e.is_empty() && !ours(e.value, high_entry_value(h)) {
+            return Err(MapError::SlotInUse {
+                index: HIGH_RINGS_PUD,
+                va: HIGH_RINGS_VA,
+                gpa: e.gpa,
+                value: e.value,
+            });
+        }
+        // One table for both (never so in Linux): written once.
+        if out.iter().all(|(_, o): &(u64, Entry)| o.gpa != e.gpa) {
+            out.push((root, e));
+        }
+    }
+    Ok(out)
 }
 
 /// The guest-physical page behind region page `page` (itself without
@@ -318,12 +349,21 @@ pub fn unmap(
     let walk = |va| move |source| MapError::Walk { va, source };
     let mut cleared = 0;
     if let Some(h) = pages.and_then(|p| lock(p).high()) {
-        let e = space
-            .entry(HIGH_RINGS_VA, Level::Pdpt)
-            .map_err(walk(HIGH_RINGS_VA))?;
-        if !e.is_empty() && ours(e.value, h.pd | TABLE) {
-            space.set_entry(&e, 0).map_err(walk(HIGH_RINGS_VA))?;
-            cleared += 1;
+        // The kernel's entry 508, and the UEFI page tables' copy.
+        let roots = std::iter::once(space.root()).chain(h.efi.map(|e| e.root));
+        for root in roots.collect::<Vec<_>>() {
+            let e = space
+                .with_root(root)
+                .entry(HIGH_RINGS_VA, Level::Pdpt)
+                .map_err(walk(HIGH_RINGS_VA))?;
+            if !e.is_empty() && ours(e.value, high_entry_value(&h)) {
+                match root == space.root() {
+                    true => space.set_entry(&e, 0),
+                    false => space.with_root(root).set_entry(&e, 0),
+                }
+                .map_err(walk(HIGH_RINGS_VA))?;
+                cleared += 1;
+            }
         }
     }
     let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
@@ -597,6 +637,7 @@ mod tests {
             rings: dev + (8 << 20),
             len: 8 << 20,
             nx: true,
+            efi: None,
         };
         let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
         let pages = Arc::new(Mutex::new(pages));
