@@ -673,4 +673,63 @@ mod tests {
         assert_eq!(mem.read_obj::<u64>(GuestAddress(pud)).unwrap(), 0);
         assert!((0..PD_COUNT as u64).all(|i| e(i).unwrap() == 0));
     }
+
+    /// A guest booted by UEFI: its runtime services' top page-upper
+    /// directory is a copy of the kernel's (efi_64.c), so entry 508 is
+    /// written in both and cleared in both; one held in the copy refuses.
+    #[test]
+    fn high_rings_are_mapped_in_the_efi_tables_too() {
+        use crate::kernel::high_rings::EfiTable;
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        with_fixmap_pd(&mem);
+        // EFI's root and its own copy of the top PUD, as efi_64.c makes them.
+        let (efi_root, efi_pud) = (0x50_0000u64, 0x50_1000u64);
+        let mut page = [0u8; 4096];
+        for (from, to) in [
+            (vmm::layout::PML4_START, efi_root),
+            (vmm::layout::PDPT_HIGH_START, efi_pud),
+        ] {
+            mem.read_slice(&mut page, GuestAddress(from)).unwrap();
+            mem.write_slice(&page, GuestAddress(to)).unwrap();
+        }
+        mem.write_obj(efi_pud | TABLE, GuestAddress(efi_root + 511 * 8))
+            .unwrap();
+        let dev = 32 << 20;
+        let high = HighRings {
+            pd: dev + (6 << 20) + 4 * PAGE,
+            rings: dev + (8 << 20),
+            len: 8 << 20,
+            nx: true,
+            efi: Some(EfiTable { root: efi_root }),
+        };
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
+        let pages = Arc::new(Mutex::new(pages));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        ram.write_slice(&high_directory(&high), GuestAddress(high.pd))
+            .unwrap();
+        let kernel = vmm::layout::PDPT_HIGH_START + HIGH_RINGS_PUD as u64 * 8;
+        let efi = efi_pud + HIGH_RINGS_PUD as u64 * 8;
+        let at = |gpa| mem.read_obj::<u64>(GuestAddress(gpa)).unwrap();
+        let mut s =
+            AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true);
+        // Held in EFI's copy: refused, the kernel's left empty.
+        mem.write_obj(0x7000u64 | TABLE, GuestAddress(efi)).unwrap();
+        assert!(matches!(
+            map_with(&mut s, Some(&pages)),
+            Err(MapError::SlotInUse { index: 508, .. })
+        ));
+        assert_eq!(at(kernel), 0);
+        mem.write_obj(0u64, GuestAddress(efi)).unwrap();
+        map_with(&mut s, Some(&pages)).unwrap();
+        assert_eq!((at(kernel), at(efi)), (high.pd | TABLE, high.pd | TABLE));
+        let mut e = s.with_root(efi_root);
+        let ring = HIGH_RINGS_VA + (3 << 20);
+        assert_eq!(e.gpa(ring).unwrap(), high.rings + (3 << 20));
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 4);
+        assert_eq!((at(kernel), at(efi)), (0, 0));
+    }
 }
