@@ -181,7 +181,8 @@ pub struct TraceArgs {
     pub mode: ModeArg,
     /// Records per vCPU ring in exitless mode (a power of two; default: as
     /// many as fit). Calls beyond a full ring are counted, not recorded.
-    /// Refused by attach, which fits its rings to the guest's unused memory.
+    /// Refused by attach, which sizes its rings by --buffer (a ring device,
+    /// 16M to 1G) or fits them to the guest's unused low memory.
     #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub ring_events: Option<u64>,
     /// Function graph (ftrace's function_graph): hook every traced call's
@@ -517,6 +518,10 @@ pub struct BenchArgs {
     /// directory.
     #[arg(long, default_value_t = 100_000_000, value_name = "N")]
     pub record_events: u64,
+    /// Events qemu/drain drains from its rings to a data file in the
+    /// temporary directory, in each VMM's memory.
+    #[arg(long, default_value_t = 20_000_000, value_name = "N")]
+    pub drain_events: u64,
     /// Measure only call/exitless and call/graph (f, g), whose instruction
     /// and call counts do not depend on the host's timing (and boot/ftrace
     /// with --linux-boots); the other benches are said not measured.

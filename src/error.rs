@@ -279,10 +279,12 @@ pub enum InputError {
     #[error("--threshold: {0}")]
     Threshold(String),
     /// A tracing flag `vmtrace attach` cannot honour yet.
-    #[error("{flag}: vmtrace attach {why}; drop {flag}")]
+    #[error("{flag}: vmtrace attach {why}; drop {flag}{instead}")]
     NotOnAttach {
         flag: &'static str,
         why: &'static str,
+        /// What to give instead, after the drop.
+        instead: &'static str,
     },
     /// `vmtrace attach --qmp` given libvirt's own monitor of a domain.
     #[error(

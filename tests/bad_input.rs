@@ -830,8 +830,10 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     ];
     assert_bad_input(
         &with(&base, &["--ring-events", "1024"]),
-        "vmtrace: --ring-events: vmtrace attach sizes its rings itself, to the guest's unused \
-         memory; drop --ring-events",
+        "vmtrace: --ring-events: vmtrace attach sizes its rings itself: a ring device as large as \
+         --buffer (16M to 1G) where the guest takes a hot-plugged PCI device, else the guest's \
+         unused low memory; drop --ring-events; for larger rings give --buffer (e.g. --buffer \
+         256M)",
     );
     // Every entry kind is taken (issue 35: direct entries under attach).
     for entry in ["auto", "ftrace", "direct"] {

@@ -287,10 +287,10 @@ fn bench_json_has_every_figure() {
     assert_eq!(ex["linux_boots"], 0, "{text}");
     assert!(ex["ftrace_guest_instructions_per_call"].is_null(), "{text}");
     // Every bench has its entry, by name: all measured but boot/ftrace
-    // and qemu/attach (asked for by name or --linux-boots only).
+    // and the qemu benches (asked for by name or --linux-boots only).
     assert_eq!(bench_names(&doc), BENCHES, "{text}");
     for b in doc["benches"].as_array().unwrap() {
-        let boot = b["name"] == "boot/ftrace" || b["name"] == "qemu/attach";
+        let boot = b["name"] == "boot/ftrace" || b["name"].as_str().unwrap().starts_with("qemu/");
         assert_eq!(b["measured"], !boot, "{b}");
         assert_eq!(b["values"].as_array().unwrap().is_empty(), boot, "{b}");
         assert_eq!(b["figures"].is_null(), boot, "{b}");
@@ -506,7 +506,7 @@ fn assert_stack_counts(figures: &serde_json::Map<String, serde_json::Value>, tex
 }
 
 /// Every bench, by collection, as `vmtrace bench list` names them.
-const BENCHES: [&str; 14] = [
+const BENCHES: [&str; 15] = [
     "call/trap",
     "call/exitless",
     "call/graph",
@@ -520,6 +520,7 @@ const BENCHES: [&str; 14] = [
     "report/render",
     "boot/ftrace",
     "qemu/attach",
+    "qemu/drain",
     "sites/direct",
 ];
 
@@ -550,7 +551,7 @@ fn bench_list_names_every_bench() {
             "{line}"
         );
     }
-    for (field, n) in [("goal:", 14), ("figure:", 14), ("needs:", 14)] {
+    for (field, n) in [("goal:", 15), ("figure:", 15), ("needs:", 15)] {
         let count = list
             .lines()
             .filter(|l| l.trim_start().starts_with(field))
@@ -603,11 +604,11 @@ fn bench_list_names_every_bench() {
     );
     // Its heading counts what it lists (before: "10 benches in 6 collections").
     assert!(
-        some.starts_with("vmtrace bench: 6 of 14 benches, in 2 of 7 collections."),
+        some.starts_with("vmtrace bench: 6 of 15 benches, in 2 of 7 collections."),
         "{some}"
     );
     assert!(
-        list.starts_with("vmtrace bench: 14 of 14 benches, in 7 of 7 collections."),
+        list.starts_with("vmtrace bench: 15 of 15 benches, in 7 of 7 collections."),
         "{list}"
     );
 }
@@ -796,7 +797,8 @@ fn bench_refuses_unknown_names() {
             &["bench", "call/nope", "--kernel", kernel],
             "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
              call/stack, call/direct, attach/pause, attach/scaling, attach/modes, attach/direct, \
-             record/throughput, report/render, boot/ftrace, qemu/attach, sites/direct; \
+             record/throughput, report/render, boot/ftrace, qemu/attach, qemu/drain, \
+             sites/direct; \
              collections call, attach, record, report, boot, qemu, sites; all (`vmtrace bench \
              list` says what each measures)",
         ),
@@ -977,4 +979,42 @@ fn bench_qemu_attaches_again_and_again_from_one_process() {
     assert!(f["k_burst_attach_p50_us"].as_f64().unwrap() > 0.0, "{f:?}");
     assert_eq!(f["k_stored_share"].as_f64(), Some(1.0), "{text}");
     assert!(text.contains("debian-6.12/vmlinuz"), "{text}");
+}
+
+/// qemu/drain: the one exitless drainer, from rings that host threads
+/// fill at memory speed to a data file, in a QEMU ring device's memory and
+/// in the own VMM's, in one run: every event counted and stored (the bench
+/// fails otherwise), both rates given; no time asserted.
+#[test]
+fn bench_drain_runs_in_both_memories() {
+    let (doc, table) = bench_json("bench-drain", &["qemu/drain", "--drain-events", "200000"]);
+    let text = doc.to_string();
+    assert_eq!(bench_names(&doc), ["qemu/drain"], "{text}");
+    assert_eq!(doc["drain_events"], 200_000, "{text}");
+    let fig = |k: &str| {
+        doc["figures"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} in {text}"))
+    };
+    // The attach's default device (64 MiB) gives 2 rings of 262,144
+    // records; the own VMM's 4 MiB, 2 of 16,384.
+    for (memory, cap) in [("ring_device", 262_144.0), ("own_vmm", 16_384.0)] {
+        assert!(fig(&format!("drain_{memory}_events_per_s")) > 0.0, "{text}");
+        assert_eq!(fig(&format!("drain_{memory}_events")), 200_000.0, "{text}");
+        assert_eq!(fig(&format!("drain_{memory}_records_per_ring")), cap);
+    }
+    assert!(fig("drain_ring_device_over_own_vmm") > 0.0, "{text}");
+    let goals = doc["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 2, "{text}");
+    assert!(goals[0]["goal"]
+        .as_str()
+        .unwrap()
+        .starts_with("drain, QEMU's ring device: >= 10 M events/s"));
+    let b = &doc["benches"][0];
+    assert_eq!(b["needs"], "nothing (no guest)", "{text}");
+    assert_eq!(b["values"].as_array().unwrap().len(), 2, "{text}");
+    assert!(
+        table.contains("qemu/drain: the exitless drainer"),
+        "{table}"
+    );
 }

@@ -37,13 +37,18 @@ const SAID: &str = "its rings in a hot-plugged ivshmem device";
 /// Attached exitless, the rings in a device of `mib` MiB: QEMU lists it
 /// meanwhile.
 fn attached(qmp: &Path, bz: &Path, args: &[&str], mib: u64) -> Attach {
+    attached_said(qmp, bz, args, mib).0
+}
+
+/// `attached`, with its attach line.
+fn attached_said(qmp: &Path, bz: &Path, args: &[&str], mib: u64) -> (Attach, String) {
     let base = ["--kernel", s(bz), "--format", "json", "--mode", "exitless"];
     let mut a = Attach::start(qmp, &[&base[..], args].concat());
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains(SAID), "{line}");
     assert!(line.contains(&format!("({mib} MiB at 0x")), "{line}");
     assert!(info_pci(qmp).contains(DEVICE), "{}", info_pci(qmp));
-    a
+    (a, line)
 }
 
 /// The kernel's page-upper directory of its top 512 GiB (head_64.S),
@@ -216,5 +221,109 @@ fn an_acpi_guest_gets_ring_memory_of_its_own_for_the_attach_only() {
         "the kernel's page directory"
     );
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
+    assert_runs_on(&guest, w.worker);
+}
+
+/// OVMF's firmware (Debian's `ovmf` package), to boot a guest by UEFI.
+const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// Physical address bits of a page-table entry (bits 12-51).
+const ADDR: u64 = 0x000f_ffff_ffff_f000;
+
+/// Entry 508 of the UEFI runtime services' own page-upper directory of
+/// the top 512 GiB: `efi_mm.pgd` (a direct-map address, less
+/// `page_offset_base`), its entry 511 (4-level paging: QEMU's TCG CPU has
+/// no LA57), that directory's entry 508.
+fn efi_high_entry(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64) -> u64 {
+    let word = |gpa: u64| {
+        let mut b = [0u8; 8];
+        w.ram.read(gpa, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    };
+    let kernel_data = |link: u64| link - KERNEL_MAP + w.phys;
+    let pgd = word(kernel_data(efi_mm_pgd));
+    assert_ne!(pgd, 0, "efi_mm.pgd: a guest booted by UEFI has one");
+    let root = pgd - word(kernel_data(page_offset_base));
+    let pud = word(root + 511 * 8) & ADDR;
+    word(pud + 508 * 8)
+}
+
+/// A guest booted by UEFI (OVMF, Debian 6.12 through its EFI stub) keeps
+/// its runtime services' page tables (`efi_mm`), whose top page-upper
+/// directory copied the kernel's entries 508-511 at boot: the attach
+/// writes entry 508 there too (the line says so), a 40,000-call burst on
+/// one CPU is stored whole (the old 4 MiB device held 16,384 records per
+/// ring), and the detach, and `vmtrace detach` after a kill, clear it in
+/// both tables; the guest runs on as found.
+#[test]
+fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
+    let bz = debian_612();
+    let vars = std::env::temp_dir().join(format!("vmtrace-ovmf-vars-{}.fd", std::process::id()));
+    std::fs::copy(OVMF_VARS, &vars).expect("Debian's ovmf package (apt-get install ovmf)");
+    let pflash = |file: &str, ro: &str| format!("if=pflash,format=raw,{ro}file={file}");
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.clone(),
+        qemu_args: vec![
+            "-drive".into(),
+            pflash(OVMF_CODE, "readonly=on,"),
+            "-drive".into(),
+            pflash(vars.to_str().unwrap(), ""),
+        ],
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let _ = std::fs::remove_file(&vars);
+    let qmp = guest.qmp_socket();
+    let kernel = Kernel::from_bzimage(&bz);
+    let (memory, _) = kernel.read(qmp);
+    let file = vmm::boot::KernelFile::open(&bz).unwrap();
+    let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
+        .unwrap()
+        .image;
+    let btf = tracer::kernel::btf::KernelBtf::from_image(&image).unwrap();
+    let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
+    let efi_pgd = sym("efi_mm") + u64::from(btf.member("mm_struct", "pgd").unwrap().offset);
+    let base = sym("page_offset_base");
+    let pud = sym(TOP_PUD);
+    let watch = kernel.watch(qmp);
+    assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's entry 508");
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
+    let pid = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .pid()
+        .unwrap();
+    let found = Found {
+        kernel,
+        qmp,
+        pid,
+        memory,
+        pci: info_pci(qmp),
+    };
+
+    let (a, line) = attached_said(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
+    let efi = "its rings also mapped in the UEFI runtime services' page tables";
+    assert!(line.contains(efi), "{line}");
+    let high = high_entry(&watch, pud);
+    assert_ne!(high, 0);
+    assert_eq!(efi_high_entry(&watch, efi_pgd, base), high, "both tables");
+    guest.go("getpid", BURST).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let j = e.json();
+    assert_eq!(j["dropped"], 0, "{j}");
+    assert_eq!(j["events_stored"], BURST, "{j}");
+    assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's, after");
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's, after");
+    found.assert_as_found("after an exitless trace of a UEFI guest");
+
+    // Killed with its guardian: `vmtrace detach` clears both by the journal.
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
+    kill_with_guardian(a);
+    assert_ne!(efi_high_entry(&watch, efi_pgd, base), 0, "left by the kill");
+    detach_removes_ring_device(qmp);
+    assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's, repaired");
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's, repaired");
+    found.assert_as_found("after a killed attach on a UEFI guest and vmtrace detach");
     assert_runs_on(&guest, w.worker);
 }

@@ -8,6 +8,7 @@
 mod attach_modes;
 mod benches;
 mod direct;
+mod drain;
 mod exitless;
 pub mod ftrace;
 mod goals;
@@ -22,8 +23,8 @@ mod table;
 use std::time::Instant;
 
 use super::measure::{
-    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, ExitlessCosts, HandlerAlone,
-    PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
+    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, DrainFigures, ExitlessCosts,
+    HandlerAlone, PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -66,6 +67,8 @@ pub struct Results {
     pub attach_modes: Option<AttachModes>,
     /// (k): `vmtrace attach` on a QEMU guest.
     pub qemu: Option<QemuFigures>,
+    /// qemu/drain: the exitless drainer's own ceiling, in each VMM's memory.
+    pub drain: Option<DrainFigures>,
     /// call/direct: (f) with direct entries on the mini guest without ftrace.
     pub direct: Option<ExitlessCosts>,
     /// attach/direct: attach windows of direct sites.
@@ -96,6 +99,7 @@ impl Default for Results {
             record: None,
             attach_modes: None,
             qemu: None,
+            drain: None,
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),
@@ -152,6 +156,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         BenchId::RecordThroughput,
         BenchId::AttachModes,
         BenchId::QemuAttach,
+        BenchId::QemuDrain,
         BenchId::CallDirect,
         BenchId::AttachDirect,
         BenchId::SitesDirect,
@@ -182,6 +187,7 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .as_ref()
             .map_or_else(Vec::new, attach_modes::figures),
         BenchId::QemuAttach => r.qemu.as_ref().map_or_else(Vec::new, qemu::figures),
+        BenchId::QemuDrain => r.drain.as_ref().map_or_else(Vec::new, drain::figures),
         BenchId::CallDirect => r
             .direct
             .as_ref()
@@ -303,6 +309,7 @@ mod tests {
             cycles: 2,
             report_events,
             record_events: 100_000_000,
+            drain_events: 20_000_000,
             linux_boots: 0,
             linux: None,
             counts_only: false,
@@ -408,6 +415,7 @@ mod tests {
                 exitless: vec![30.0, 45.0],
             }),
             qemu: None,
+            drain: None,
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),

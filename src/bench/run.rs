@@ -63,6 +63,15 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         );
         r.qemu = Some(measure::qemu_figures(vmlinux, cfg.rounds)?);
     }
+    if runs(BenchId::QemuDrain) {
+        note!(
+            "vmtrace bench: qemu/drain draining {} events from rings filled at memory speed to a \
+             data file in {}, in a ring device's memory and in the own VMM's",
+            report::thousands(cfg.drain_events),
+            std::env::temp_dir().display()
+        );
+        r.drain = Some(measure::drain_figures(cfg.drain_events)?);
+    }
     direct_figures(cfg, &mut r)?;
     r.ftrace = ftrace_figures(cfg);
     Ok(r)

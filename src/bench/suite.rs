@@ -21,6 +21,7 @@ pub enum BenchId {
     ReportRender,
     BootFtrace,
     QemuAttach,
+    QemuDrain,
     SitesDirect,
 }
 
@@ -82,7 +83,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 14] = [
+pub const BENCHES: [Bench; 15] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -221,6 +222,17 @@ pub const BENCHES: [Bench; 14] = [
         needs: Needs::QemuGuest,
     },
     Bench {
+        id: BenchId::QemuDrain,
+        name: "qemu/drain",
+        aliases: &[],
+        goal: "How many events per second does the exitless drainer itself take from its \
+               rings to a data file, in a QEMU's ring device and in the own VMM's memory?",
+        figure: "events drained and stored per second, rings filled at memory speed by host \
+                 threads, in each VMM's memory (same run, same drainer)",
+        unit: "events/s",
+        needs: Needs::Nothing,
+    },
+    Bench {
         id: BenchId::SitesDirect,
         name: "sites/direct",
         aliases: &[],
@@ -273,8 +285,9 @@ impl Selection {
             .map(|b| b.id)
             .filter(|&id| match id {
                 BenchId::BootFtrace => linux_boots > 0,
-                // Runs QEMU: only when named.
-                BenchId::QemuAttach => false,
+                // Runs QEMU, or (qemu/drain) writes gigabytes to measure
+                // what it drains: only when named.
+                BenchId::QemuAttach | BenchId::QemuDrain => false,
                 BenchId::CallExitless | BenchId::CallGraph => true,
                 _ => !counts_only,
             })
@@ -348,8 +361,8 @@ pub fn list(ids: &[BenchId]) -> String {
         o,
         "vmtrace bench: {} of {} benches, in {collections} of {} collections. `vmtrace bench \
          NAME...` runs the benches named (a collection runs all of its own); no name, or `all`, \
-         runs every bench but boot/ftrace, which runs with --linux-boots N, and qemu/attach, \
-         which runs when named.",
+         runs every bench but boot/ftrace, which runs with --linux-boots N, and the qemu \
+         benches, which run when named.",
         shown.count(),
         BENCHES.len(),
         COLLECTIONS.len()
@@ -416,9 +429,9 @@ mod tests {
     #[test]
     fn default_set_is_every_bench_but_the_boots_and_qemu() {
         let all = Selection::default_set(false, 0);
-        assert_eq!(all.ids.len(), BENCHES.len() - 2);
+        assert_eq!(all.ids.len(), BENCHES.len() - 3);
         assert!(!all.runs(BenchId::BootFtrace) && !all.named);
-        assert!(!all.runs(BenchId::QemuAttach));
+        assert!(!all.runs(BenchId::QemuAttach) && !all.runs(BenchId::QemuDrain));
         for id in [
             BenchId::CallDirect,
             BenchId::AttachDirect,
@@ -427,7 +440,10 @@ mod tests {
             assert!(all.runs(id));
         }
         assert!(Selection::default_set(false, 3).runs(BenchId::BootFtrace));
-        assert_eq!(ids(&["qemu"]), Ok(vec![BenchId::QemuAttach]));
+        assert_eq!(
+            ids(&["qemu"]),
+            Ok(vec![BenchId::QemuAttach, BenchId::QemuDrain])
+        );
         assert_eq!(
             Selection::default_set(true, 0).ids,
             [BenchId::CallExitless, BenchId::CallGraph]

@@ -265,18 +265,26 @@ fn say_attached(s: &QemuSession) {
         i.version.major, i.version.minor, i.version.micro, i.pid, i.accel, i.cpus,
     );
     let sites = s.tracer().attach_counts.patched;
-    match (s.region_pages(), s.ring_device()) {
+    // A guest booted by UEFI: entry 508 in its runtime services' tables too.
+    let device = s.ring_device();
+    let efi = device.and_then(|d| d.2).map_or_else(String::new, |e| {
+        format!(
+            "; its rings also mapped in the UEFI runtime services' page tables (at {:#x})",
+            e.root
+        )
+    });
+    match (s.region_pages(), device.map(|(gpa, size, _)| (gpa, size))) {
         // No guest page known unused (a kernel before 5.13): all in the device.
         (Some((0, 0)), Some((gpa, size))) => note!(
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code and rings in a hot-plugged ivshmem device \
-             ({} MiB at {gpa:#x}, removed at the detach), no guest page used",
+             ({} MiB at {gpa:#x}, removed at the detach), no guest page used{efi}",
             size >> 20
         ),
         (Some((used, free)), Some((gpa, size))) => note!(
             "{qemu}: {sites} sites patched, exitless; \
              vmtrace's code in {used} of the guest's {free} unused low pages, \
-             its rings in a hot-plugged ivshmem device ({} MiB at {gpa:#x}, removed at the detach)",
+             its rings in a hot-plugged ivshmem device ({} MiB at {gpa:#x}, removed at the detach){efi}",
             size >> 20
         ),
         (Some((used, free)), None) => note!(

@@ -39,6 +39,8 @@ pub struct BenchConfig {
     pub report_events: u64,
     /// Events streamed to a data file for (h).
     pub record_events: u64,
+    /// Events qemu/drain drains to a data file, per memory.
+    pub drain_events: u64,
     /// Boots per configuration for (i) (0: skipped), and the Linux guest.
     pub linux_boots: usize,
     pub linux: Option<LinuxGuest>,
@@ -54,6 +56,7 @@ impl BenchConfig {
         let cycles = at_least_one(args.cycles, "--cycles")?;
         let report_events = at_least_one(args.report_events, "--report-events")?;
         let record_events = at_least_one(args.record_events, "--record-events")?;
+        let drain_events = at_least_one(args.drain_events, "--drain-events")?;
         let benches = selection(args)?;
         let vmlinux = linux_vmlinux(args)?;
         let needing = suite::BENCHES
@@ -105,6 +108,7 @@ impl BenchConfig {
             cycles,
             report_events,
             record_events,
+            drain_events,
             linux_boots: args.linux_boots,
             linux,
             counts_only: args.counts_only,

@@ -43,10 +43,12 @@ impl TraceArgs {
         let refused = [(
             self.ring_events.is_some(),
             "--ring-events",
-            "sizes its rings itself, to the guest's unused memory",
+            "sizes its rings itself: a ring device as large as --buffer (16M to 1G) where the \
+             guest takes a hot-plugged PCI device, else the guest's unused low memory",
+            "; for larger rings give --buffer (e.g. --buffer 256M)",
         )];
         match refused.into_iter().find(|(given, ..)| *given) {
-            Some((_, flag, why)) => Err(InputError::NotOnAttach { flag, why }),
+            Some((_, flag, why, instead)) => Err(InputError::NotOnAttach { flag, why, instead }),
             None => Ok(()),
         }
     }

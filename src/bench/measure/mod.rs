@@ -6,6 +6,8 @@
 mod attach_modes;
 mod calls;
 mod direct;
+mod drain;
+mod drain_producer;
 mod exitless;
 pub mod ftrace;
 mod phases;
@@ -34,6 +36,7 @@ pub use calls::{call_costs, handler_alone, CallCosts, HandlerAlone, HANDLER_TRAP
 pub use direct::{
     attach_direct, direct_sites, DirectAttach, DirectSiteCounts, StubCount, DIRECT_SITES,
 };
+pub use drain::{drain_figures, DrainFigures, DrainMemory, DrainRun, DRAIN_CPUS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,

@@ -92,7 +92,7 @@ impl RecordFigures {
 }
 
 /// The data file, deleted however the measurement ends.
-struct TempFile(PathBuf);
+pub(super) struct TempFile(pub(super) PathBuf);
 
 impl Drop for TempFile {
     fn drop(&mut self) {
@@ -193,7 +193,7 @@ fn sync(path: &Path) -> std::io::Result<f64> {
 /// between the vCPUs): resent, so making events costs nothing; and the
 /// functions the store moves each caller to, as in a run (the synthetic
 /// callers stand in for the kernel's functions).
-fn templates(ncpus: usize) -> (Vec<Vec<Event>>, Vec<Symbol>) {
+pub(super) fn templates(ncpus: usize) -> (Vec<Vec<Event>>, Vec<Symbol>) {
     let shape = Trace::synthetic((BATCH * ncpus) as u64);
     let templates: Vec<Vec<Event>> = (0..SYNTH_CPUS)
         .map(|cpu| {

@@ -344,12 +344,26 @@ fn other_values(id: BenchId, r: &Results) -> Vec<Value> {
             }
         }
         BenchId::QemuAttach => v.extend(r.qemu.as_ref().map_or_else(Vec::new, qemu_values)),
+        BenchId::QemuDrain => v.extend(drain_values(r)),
         BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect => {
             v.extend(direct_values(id, r));
         }
         _ => {}
     }
     v
+}
+
+/// qemu/drain's values: each memory's events drained per second.
+fn drain_values(r: &Results) -> Vec<Value> {
+    let figures = r
+        .drain
+        .as_ref()
+        .map_or_else(Vec::new, super::drain::figures);
+    (figures
+        .into_iter()
+        .filter(|(k, _)| k.ends_with("_events_per_s")))
+    .map(|(k, x)| value(k, x, "events/s", None))
+    .collect()
 }
 
 /// (k)'s values: the attach pauses, the costs per call, the events stored.

@@ -6,7 +6,7 @@ use super::super::measure::E_REPS;
 use super::super::suite::BenchId;
 use super::exitless::{num, num_us};
 use super::{
-    attach_modes, direct, exitless, ftrace, max, qemu, record, Goal, Results, COUNTS_ONLY,
+    attach_modes, direct, drain, exitless, ftrace, max, qemu, record, Goal, Results, COUNTS_ONLY,
 };
 use crate::bench::median;
 use crate::config::BenchConfig;
@@ -21,7 +21,7 @@ pub const GOAL_REPORT_EVENTS: u64 = 10_000_000;
 
 /// The order the goals have always been printed in (call/graph,
 /// call/stack and attach/pause have none).
-const GOAL_ORDER: [BenchId; 10] = [
+const GOAL_ORDER: [BenchId; 11] = [
     BenchId::CallTrap,
     BenchId::AttachScaling,
     BenchId::ReportRender,
@@ -30,6 +30,7 @@ const GOAL_ORDER: [BenchId; 10] = [
     BenchId::BootFtrace,
     BenchId::AttachModes,
     BenchId::QemuAttach,
+    BenchId::QemuDrain,
     BenchId::CallDirect,
     BenchId::AttachDirect,
 ];
@@ -69,6 +70,7 @@ pub fn goals_of(id: BenchId, r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
         }],
         // Asked for by name only (it runs QEMU): judged when measured.
         BenchId::QemuAttach => r.qemu.as_ref().map(qemu::goal).into_iter().collect(),
+        BenchId::QemuDrain => r.drain.as_ref().map_or_else(Vec::new, drain::goals),
         // Asked for by name only: judged when measured.
         BenchId::CallDirect => r
             .direct

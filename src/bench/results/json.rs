@@ -28,6 +28,7 @@ struct BenchJson<'a> {
     cycles: usize,
     report_events: u64,
     record_events: u64,
+    drain_events: u64,
     /// `--counts-only`: (a)-(e), (h) and the report figure not measured.
     counts_only: bool,
     /// A non-finite figure is written as null: one not measured (in
@@ -84,6 +85,7 @@ pub fn json(r: &Results, goals: &[Goal], run: &Run<'_>) -> serde_json::Result<St
         cycles: cfg.cycles,
         report_events: cfg.report_events,
         record_events: cfg.record_events,
+        drain_events: cfg.drain_events,
         counts_only: cfg.counts_only,
         figures: &figures(r),
         not_measured: &not_measured(r),

@@ -6,7 +6,7 @@ use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 
 use super::super::measure::TRACE_GLOB;
 use super::super::suite::BenchId;
-use super::{attach_modes, direct, exitless, ftrace, qemu, record, stack, Goal};
+use super::{attach_modes, direct, drain, exitless, ftrace, qemu, record, stack, Goal};
 use crate::config::BenchConfig;
 
 #[derive(Serialize)]
@@ -42,6 +42,7 @@ pub fn method_bench(key: &str) -> BenchId {
         "(h)" => BenchId::RecordThroughput,
         "(i)" => BenchId::BootFtrace,
         "(k)" => BenchId::QemuAttach,
+        "qemu/drain" => BenchId::QemuDrain,
         "call/direct" => BenchId::CallDirect,
         "attach/direct" => BenchId::AttachDirect,
         "sites/direct" => BenchId::SitesDirect,
@@ -118,6 +119,7 @@ pub fn methods() -> Vec<(&'static str, String)> {
         ("(i)", ftrace::method()),
         ("(j)", attach_modes::method()),
         ("(k)", qemu::method()),
+        ("qemu/drain", drain::method()),
         ("call/direct", direct::call_method()),
         ("attach/direct", direct::attach_method()),
         ("sites/direct", direct::sites_method()),

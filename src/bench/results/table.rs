@@ -11,8 +11,8 @@ use super::super::suite::{bench, BenchId};
 use super::exitless::{num, num_us};
 use super::methods::methods_shown;
 use super::{
-    attach_modes, direct, exitless, ftrace, max, min, qemu, record, stack, Goal, Results, Run,
-    COUNTS_ONLY,
+    attach_modes, direct, drain, exitless, ftrace, max, min, qemu, record, stack, Goal, Results,
+    Run, COUNTS_ONLY,
 };
 use crate::bench::{median, pct};
 use crate::config::BenchConfig;
@@ -73,7 +73,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 }
 
 /// The order the benches' sections have always been printed in.
-const TABLE_ORDER: [BenchId; 14] = [
+const TABLE_ORDER: [BenchId; 15] = [
     BenchId::CallTrap,
     BenchId::AttachPause,
     BenchId::AttachScaling,
@@ -85,6 +85,7 @@ const TABLE_ORDER: [BenchId; 14] = [
     BenchId::AttachModes,
     BenchId::BootFtrace,
     BenchId::QemuAttach,
+    BenchId::QemuDrain,
     BenchId::CallDirect,
     BenchId::AttachDirect,
     BenchId::SitesDirect,
@@ -144,6 +145,13 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
             None => writeln!(
                 o,
                 "(k) vmtrace attach on QEMU: NOT MEASURED, not asked for (vmtrace bench qemu)"
+            ),
+        },
+        BenchId::QemuDrain => match &r.drain {
+            Some(d) => drain::write(o, d),
+            None => writeln!(
+                o,
+                "qemu/drain: NOT MEASURED, not asked for (vmtrace bench qemu/drain)"
             ),
         },
         BenchId::CallDirect => match &r.direct {

@@ -24,6 +24,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use super::layout::parse_flat_ram;
 use super::qmp::QmpError;
 use super::queries::Queries;
+use crate::kernel::high_rings::EfiTable;
 
 /// How long the guest may take to assign the BAR (it takes well under a
 /// second under TCG), and to eject the device at the end.
@@ -87,6 +88,10 @@ pub struct SharedNames {
     /// and its page tables there when the device holds the code).
     #[serde(default)]
     pub gpa: Option<u64>,
+    /// The UEFI runtime services' page tables, whose entry 508 maps the
+    /// rings too (a guest booted by UEFI): a repair clears it there too.
+    #[serde(default)]
+    pub efi: Option<EfiTable>,
 }
 
 impl SharedNames {
@@ -113,6 +118,7 @@ impl SharedNames {
             path: dir.join(format!("vmtrace-rings-{qemu_pid}-{pid}")),
             size,
             gpa: None,
+            efi: None,
         }
     }
 }
@@ -370,6 +376,8 @@ pub fn find_leftover(
             device,
             path: PathBuf::from(path),
             size,
+            // Not known without the journal (a repair by the marker).
+            efi: None,
         },
     )))
 }

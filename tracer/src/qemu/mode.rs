@@ -11,7 +11,7 @@ use super::error::QemuError;
 use super::guest::QemuStop;
 use super::ring_device;
 use crate::kernel::cpus::GuestCpus;
-use crate::kernel::high_rings;
+use crate::kernel::high_rings::{self, EfiTable};
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::{self, LowMemError, LowMemory};
 use crate::kernel::pci_hotplug;
@@ -39,6 +39,9 @@ pub struct FreeRoom {
     /// `--buffer`, `super::ring_device::size_for`); None: the rings share
     /// the data window (`ring_device::SIZE`, `SIZE_WITH_CODE`).
     pub high: Option<u64>,
+    /// With `high`: the UEFI runtime services' page tables, whose entry 508
+    /// is written and cleared with the kernel's (a guest booted by UEFI).
+    pub efi: Option<EfiTable>,
     /// The guest enabled NX (the rings' entries are not executable).
     pub nx: bool,
 }
@@ -65,7 +68,7 @@ pub fn room(
     // (`super::ivshmem`), plugged once the guest runs again; one that
     // cannot would never let it go (QEMU waits for the guest's eject).
     let own_rings = pci_hotplug::acpi_pci_hotplug(&mut space, &plan.image, offset).is_ok();
-    let high = high_device(&mut space, plan, offset, own_rings.then_some(device));
+    let (high, efi) = high_device(&mut space, plan, offset, own_rings.then_some(device));
     let (low, own_code) = match lowmem::find(&mut space, &plan.image, offset) {
         // Direct entries with the function graph, more than the free pages
         // leave them: the whole region in the device, as before 5.13.
@@ -120,6 +123,7 @@ pub fn room(
             own_rings,
             own_code,
             high,
+            efi,
             nx: space.nx_enabled(),
         },
     })
@@ -127,17 +131,22 @@ pub fn room(
 
 /// The ring device's size for `device` bytes asked (None: no device),
 /// when its rings may go past the data window: where the kernel leaves
-/// entry 508 alone.
+/// entry 508 alone; with the EFI page table whose entry 508 is set with
+/// the kernel's, if it has one.
 fn high_device(
     space: &mut AddressSpace<'_>,
     plan: &Plan,
     offset: KernelOffset,
     device: Option<u64>,
-) -> Option<u64> {
-    let device = device?;
+) -> (Option<u64>, Option<EfiTable>) {
+    let Some(device) = device else {
+        return (None, None);
+    };
     let btf = plan.btf.as_deref();
-    high_rings::entry_508_free(space, &plan.image, btf, offset).ok()?;
-    Some(ring_device::size_for(device))
+    match high_rings::entry_508_free(space, &plan.image, btf, offset) {
+        Ok(efi) => (Some(ring_device::size_for(device)), efi),
+        Err(_) => (None, None),
+    }
 }
 
 /// How many CPUs the rings are for: every CPU number the guest kernel may

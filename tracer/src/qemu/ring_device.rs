@@ -11,6 +11,7 @@ use super::error::QemuError;
 use super::ivshmem::{self, IvshmemError, SharedNames, SharedRings};
 use super::journal::Journal;
 use super::monitor::Monitor;
+use crate::kernel::high_rings::EfiTable;
 use crate::plan::exitless::layout::{
     DATA_GPA, DATA_LEN, HIGH_RINGS_MAX, LARGE_PAGE, PAGE, REGION_GPA, REGION_LEN,
 };
@@ -63,26 +64,50 @@ fn high_pd(size: u64) -> u64 {
     size - PAGE
 }
 
-/// The region's pages with a device sized by `--buffer` at `gpa`: the
-/// whole region in it (`own_code`), or its data window (the code in the
-/// guest's `free` pages); the rings past them, at `HIGH_RINGS_VA`.
-pub fn sized_pages(free: Vec<u64>, gpa: u64, size: u64, own_code: bool, nx: bool) -> RegionPages {
+/// A device sized by `--buffer`, where the guest put it, and how its
+/// rings are mapped.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    pub gpa: u64,
+    pub size: u64,
+    /// The guest enabled NX: the rings are not executable.
+    pub nx: bool,
+    /// The UEFI runtime services' page tables, mapped alike.
+    pub efi: Option<EfiTable>,
+}
+
+/// The region's pages with a device sized by `--buffer` `at`: the whole
+/// region in it (`own_code`), or its data window (the code in the guest's
+/// `free` pages); the rings past them, at `HIGH_RINGS_VA`.
+pub fn sized_pages(free: Vec<u64>, at: Placed, own_code: bool) -> RegionPages {
+    let gpa = at.gpa;
     let pages = match own_code {
         true => RegionPages::with_own_region(gpa),
         false => RegionPages::with_own_data(free, gpa + (DATA_GPA - REGION_GPA)),
     };
     pages.with_high(HighRings {
-        pd: gpa + high_pd(size),
+        pd: gpa + high_pd(at.size),
         rings: gpa + RINGS_OFF,
-        len: ring_area(size),
-        nx,
+        len: ring_area(at.size),
+        nx: at.nx,
+        efi: at.efi,
     })
 }
 
 /// Journal, then plug the ring device into the QEMU `qmp` reaches.
-/// `size`: `SIZE`, or `SIZE_WITH_CODE`.
-pub fn plug(qmp: &mut Monitor, journal: &mut Journal, size: u64) -> Result<SharedRings, QemuError> {
-    let names = SharedNames::new(std::process::id(), journal.record.qemu_pid, size);
+/// `size`: `SIZE`, `SIZE_WITH_CODE`, or `size_for`'s; `efi`: the UEFI page
+/// tables whose entry 508 will map its rings too (journaled with it, for
+/// a repair).
+pub fn plug(
+    qmp: &mut Monitor,
+    journal: &mut Journal,
+    size: u64,
+    efi: Option<EfiTable>,
+) -> Result<SharedRings, QemuError> {
+    let names = SharedNames {
+        efi,
+        ..SharedNames::new(std::process::id(), journal.record.qemu_pid, size)
+    };
     journal.set_shared(Some(names.clone()))?;
     match qmp.burst(|m| ivshmem::plug(m, &names)) {
         Ok(s) => {
@@ -132,7 +157,13 @@ mod tests {
         assert_eq!(size_for(u64::MAX), MAX_SIZED);
         assert_eq!(ring_area(DEFAULT_SIZED), 54 << 20);
         // The directory is past the rings and the region.
-        let p = sized_pages(vec![], 1 << 32, DEFAULT_SIZED, false, true);
+        let at = Placed {
+            gpa: 1 << 32,
+            size: DEFAULT_SIZED,
+            nx: true,
+            efi: None,
+        };
+        let p = sized_pages(vec![], at, false);
         let h = p.high().unwrap();
         assert_eq!(h.rings, (1 << 32) + RINGS_OFF);
         assert_eq!(h.pd, (1 << 32) + DEFAULT_SIZED - PAGE);

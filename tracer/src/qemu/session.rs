@@ -29,6 +29,7 @@ use super::repair;
 use super::ring_device;
 use super::staging::{exitless_region, ring_memory};
 use super::stub::{self, GdbStubError};
+use crate::kernel::high_rings::EfiTable;
 use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
@@ -627,11 +628,11 @@ impl QemuSession {
         }
     }
 
-    /// The ring device's memory: its guest-physical address and size
-    /// (None without one).
-    pub fn ring_device(&self) -> Option<(u64, u64)> {
+    /// The ring device (None without one): its memory's guest-physical
+    /// address and size, and the UEFI page tables mapping its rings too.
+    pub fn ring_device(&self) -> Option<(u64, u64, Option<EfiTable>)> {
         let shared = self.journal.as_ref()?.record.shared.as_ref()?;
-        Some((shared.gpa?, shared.size))
+        Some((shared.gpa?, shared.size, shared.efi))
     }
 
     /// Pages of the guest's free memory vmtrace's region used, of all

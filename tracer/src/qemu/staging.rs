@@ -35,7 +35,8 @@ pub(super) fn ring_memory(
         (None, true) => ring_device::SIZE_WITH_CODE,
         (None, false) => ring_device::SIZE,
     };
-    let device = match ring_device::plug(&mut vm.qmp, journal, size) {
+    let efi = room.high.and(room.efi);
+    let device = match ring_device::plug(&mut vm.qmp, journal, size, efi) {
         Ok(s) => {
             let decided = match decided {
                 // The rings' memory is there now: past the region's layout.
@@ -58,6 +59,7 @@ pub(super) fn ring_memory(
             own_rings: false,
             own_code: false,
             high: None,
+            efi: None,
             ..room
         },
     };
@@ -88,7 +90,13 @@ pub(super) fn exitless_region(
         Some(s) => {
             let pages = match (room.high, room.own_code) {
                 (Some(size), own_code) => {
-                    ring_device::sized_pages(room.low.pages, s.gpa, size, own_code, room.nx)
+                    let at = ring_device::Placed {
+                        gpa: s.gpa,
+                        size,
+                        nx: room.nx,
+                        efi: room.efi,
+                    };
+                    ring_device::sized_pages(room.low.pages, at, own_code)
                 }
                 (None, true) => RegionPages::with_own_region(s.gpa),
                 (None, false) => RegionPages::with_own_data(room.low.pages, s.gpa),

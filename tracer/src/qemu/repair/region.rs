@@ -266,7 +266,14 @@ fn take_region_out(
     };
     let mut cleared = 0;
     if let Some(mut space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) {
+        // The UEFI runtime services' page tables too, whose entry 508 the
+        // attach set with the kernel's (journaled with the device).
+        let efi = r.shared.as_ref().and_then(|s| s.efi);
+        let mut efi_space = efi.map(|e| space.with_root(e.root));
         cleared = clear_entries(&mut space, ours)?;
+        if let Some(s) = efi_space.as_mut() {
+            cleared += clear_entries(s, ours)?;
+        }
     }
     let ram = stop.ram();
     let mut given = 0;

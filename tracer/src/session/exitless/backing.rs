@@ -15,6 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vm_memory::GuestAddress;
+
+use crate::kernel::high_rings::EfiTable;
 use vmm::{GuestRam, RamError};
 
 pub use crate::plan::exitless::layout::PAGE;
@@ -69,6 +71,9 @@ pub struct HighRings {
     pub len: u64,
     /// The guest enabled NX: the rings' entries are not executable.
     pub nx: bool,
+    /// The UEFI runtime services' page tables, whose entry 508 is set and
+    /// cleared with the kernel's (`crate::kernel::high_rings`).
+    pub efi: Option<EfiTable>,
 }
 
 /// Where region page `page` goes among the free pages, of `n` (None: past

@@ -144,23 +144,11 @@ pub fn map_with(
     }
     let high = pages.and_then(|p| lock(p).high());
     // Rings past the data window: entry 508 of the top page-upper
-    // directory, empty (or vmtrace's already), checked before any write.
-    let high_entry = match high {
-        Some(h) => {
-            let e = space
-                .entry(HIGH_RINGS_VA, Level::Pdpt)
-                .map_err(walk(HIGH_RINGS_VA))?;
-            if !e.is_empty() && !ours(e.value, h.pd | TABLE) {
-                return Err(MapError::SlotInUse {
-                    index: HIGH_RINGS_PUD,
-                    va: HIGH_RINGS_VA,
-                    gpa: e.gpa,
-                    value: e.value,
-                });
-            }
-            Some((e, h.pd | TABLE))
-        }
-        None => None,
+    // directory, empty (or vmtrace's already), checked before any write;
+    // in the UEFI runtime services' own copy of that directory too.
+    let high_entries = match high {
+        Some(h) => high_entries(space, &h)?,
+        None => Vec::new(),
     };
     let want = match pages {
         None => leaves(space.nx_enabled()),
@@ -187,11 +175,54 @@ pub fn map_with(
         }
     }
     // Its page directory was written with the rings, before the stop
-    // (`high_directory`): one entry here.
-    if let Some((e, w)) = high_entry.filter(|(e, w)| !ours(e.value, *w)) {
-        space.set_entry(&e, w).map_err(walk(HIGH_RINGS_VA))?;
+    // (`high_directory`): one entry here (and one in EFI's table).
+    if let Some(h) = high {
+        let w = high_entry_value(&h);
+        for (root, e) in high_entries.iter().filter(|(_, e)| !ours(e.value, w)) {
+            match *root == space.root() {
+                true => space.set_entry(e, w),
+                false => space.with_root(*root).set_entry(e, w),
+            }
+            .map_err(walk(HIGH_RINGS_VA))?;
+        }
     }
     Ok(Mapped { own_pd, reused })
+}
+
+/// What entry 508 holds once mapped: a table, the rings' page directory.
+fn high_entry_value(h: &HighRings) -> u64 {
+    h.pd | TABLE
+}
+
+/// Entry 508 of the kernel's page-upper directory of its top 512 GiB, and
+/// of the UEFI runtime services' copy if `h` names one: (the root walked,
+/// the entry), each empty or vmtrace's already; else refused.
+fn high_entries(space: &AddressSpace<'_>, h: &HighRings) -> Result<Vec<(u64, Entry)>, MapError> {
+    let walk = |source| MapError::Walk {
+        va: HIGH_RINGS_VA,
+        source,
+    };
+    let roots = std::iter::once(space.root()).chain(h.efi.map(|e| e.root));
+    let mut out = Vec::new();
+    for root in roots {
+        let e = space
+            .with_root(root)
+            .entry(HIGH_RINGS_VA, Level::Pdpt)
+            .map_err(walk)?;
+        if !e.is_empty() && !ours(e.value, high_entry_value(h)) {
+            return Err(MapError::SlotInUse {
+                index: HIGH_RINGS_PUD,
+                va: HIGH_RINGS_VA,
+                gpa: e.gpa,
+                value: e.value,
+            });
+        }
+        // One table for both (never so in Linux): written once.
+        if out.iter().all(|(_, o): &(u64, Entry)| o.gpa != e.gpa) {
+            out.push((root, e));
+        }
+    }
+    Ok(out)
 }
 
 /// The guest-physical page behind region page `page` (itself without
@@ -318,12 +349,21 @@ pub fn unmap(
     let walk = |va| move |source| MapError::Walk { va, source };
     let mut cleared = 0;
     if let Some(h) = pages.and_then(|p| lock(p).high()) {
-        let e = space
-            .entry(HIGH_RINGS_VA, Level::Pdpt)
-            .map_err(walk(HIGH_RINGS_VA))?;
-        if !e.is_empty() && ours(e.value, h.pd | TABLE) {
-            space.set_entry(&e, 0).map_err(walk(HIGH_RINGS_VA))?;
-            cleared += 1;
+        // The kernel's entry 508, and the UEFI page tables' copy.
+        let roots = std::iter::once(space.root()).chain(h.efi.map(|e| e.root));
+        for root in roots.collect::<Vec<_>>() {
+            let e = space
+                .with_root(root)
+                .entry(HIGH_RINGS_VA, Level::Pdpt)
+                .map_err(walk(HIGH_RINGS_VA))?;
+            if !e.is_empty() && ours(e.value, high_entry_value(&h)) {
+                match root == space.root() {
+                    true => space.set_entry(&e, 0),
+                    false => space.with_root(root).set_entry(&e, 0),
+                }
+                .map_err(walk(HIGH_RINGS_VA))?;
+                cleared += 1;
+            }
         }
     }
     let pdpte = space.entry(CODE_VA, Level::Pdpt).map_err(walk(CODE_VA))?;
@@ -597,6 +637,7 @@ mod tests {
             rings: dev + (8 << 20),
             len: 8 << 20,
             nx: true,
+            efi: None,
         };
         let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
         let pages = Arc::new(Mutex::new(pages));
@@ -631,5 +672,64 @@ mod tests {
         assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 3);
         assert_eq!(mem.read_obj::<u64>(GuestAddress(pud)).unwrap(), 0);
         assert!((0..PD_COUNT as u64).all(|i| e(i).unwrap() == 0));
+    }
+
+    /// A guest booted by UEFI: its runtime services' top page-upper
+    /// directory is a copy of the kernel's (efi_64.c), so entry 508 is
+    /// written in both and cleared in both; one held in the copy refuses.
+    #[test]
+    fn high_rings_are_mapped_in_the_efi_tables_too() {
+        use crate::kernel::high_rings::EfiTable;
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        with_fixmap_pd(&mem);
+        // EFI's root and its own copy of the top PUD, as efi_64.c makes them.
+        let (efi_root, efi_pud) = (0x50_0000u64, 0x50_1000u64);
+        let mut page = [0u8; 4096];
+        for (from, to) in [
+            (vmm::layout::PML4_START, efi_root),
+            (vmm::layout::PDPT_HIGH_START, efi_pud),
+        ] {
+            mem.read_slice(&mut page, GuestAddress(from)).unwrap();
+            mem.write_slice(&page, GuestAddress(to)).unwrap();
+        }
+        mem.write_obj(efi_pud | TABLE, GuestAddress(efi_root + 511 * 8))
+            .unwrap();
+        let dev = 32 << 20;
+        let high = HighRings {
+            pd: dev + (6 << 20) + 4 * PAGE,
+            rings: dev + (8 << 20),
+            len: 8 << 20,
+            nx: true,
+            efi: Some(EfiTable { root: efi_root }),
+        };
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
+        let pages = Arc::new(Mutex::new(pages));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        ram.write_slice(&high_directory(&high), GuestAddress(high.pd))
+            .unwrap();
+        let kernel = vmm::layout::PDPT_HIGH_START + HIGH_RINGS_PUD as u64 * 8;
+        let efi = efi_pud + HIGH_RINGS_PUD as u64 * 8;
+        let at = |gpa| mem.read_obj::<u64>(GuestAddress(gpa)).unwrap();
+        let mut s =
+            AddressSpace::new(ram, vmm::layout::PML4_START, PagingMode::Level4).with_nx(true);
+        // Held in EFI's copy: refused, the kernel's left empty.
+        mem.write_obj(0x7000u64 | TABLE, GuestAddress(efi)).unwrap();
+        assert!(matches!(
+            map_with(&mut s, Some(&pages)),
+            Err(MapError::SlotInUse { index: 508, .. })
+        ));
+        assert_eq!(at(kernel), 0);
+        mem.write_obj(0u64, GuestAddress(efi)).unwrap();
+        map_with(&mut s, Some(&pages)).unwrap();
+        assert_eq!((at(kernel), at(efi)), (high.pd | TABLE, high.pd | TABLE));
+        let mut e = s.with_root(efi_root);
+        let ring = HIGH_RINGS_VA + (3 << 20);
+        assert_eq!(e.gpa(ring).unwrap(), high.rings + (3 << 20));
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 4);
+        assert_eq!((at(kernel), at(efi)), (0, 0));
     }
 }
