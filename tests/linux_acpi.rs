@@ -46,6 +46,7 @@ fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
     let console =
         std::env::temp_dir().join(format!("vmtrace-acpi{cpus}-{}.log", std::process::id()));
     let cpus_s = cpus.to_string();
+    let cmdline = format!("{REFSCALE_SHORT} {TEST_BOOT_CMDLINE}");
     let mut args = vec![
         "--kernel",
         kernel.to_str().unwrap(),
@@ -60,7 +61,7 @@ fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
         "--console",
         console.to_str().unwrap(),
         "--cmdline",
-        REFSCALE_SHORT,
+        &cmdline,
     ];
     args.extend_from_slice(extra);
     let out = vmtrace(&args);
