@@ -46,7 +46,6 @@ fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
     let console =
         std::env::temp_dir().join(format!("vmtrace-acpi{cpus}-{}.log", std::process::id()));
     let cpus_s = cpus.to_string();
-    let cmdline = format!("{REFSCALE_SHORT} {TEST_BOOT_CMDLINE}");
     let mut args = vec![
         "--kernel",
         kernel.to_str().unwrap(),
@@ -61,7 +60,7 @@ fn boot(cpus: u32, extra: &[&str]) -> (std::process::Output, String) {
         "--console",
         console.to_str().unwrap(),
         "--cmdline",
-        &cmdline,
+        REFSCALE_SHORT,
     ];
     args.extend_from_slice(extra);
     let out = vmtrace(&args);
