@@ -1,7 +1,8 @@
 //! Direct entries on Linux (docs/direct.md): the default 6.1 guest built
 //! without FUNCTION_TRACER (`guest/build.sh linux-noftrace`, no
 //! `__mcount_loc`) traced through its functions' first instructions, in
-//! both modes on 2 vCPUs; and the ftrace build traced both ways. Slow on
+//! both modes on 2 vCPUs; and the ftrace build traced by direct entries on
+//! the functions its ftrace sites trace. Slow on
 //! emulating hosts: one guest at a time, each boot ends at init's death.
 
 mod common;
@@ -137,39 +138,53 @@ fn same_busy_functions(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) {
     assert!(both >= 4, "{a:?}\n{b:?}");
 }
 
-/// The ftrace build traced through its ftrace sites; then the build
-/// without ftrace through direct entries in trap mode (by hand, with the
-/// function graph, arguments and stacks, the whole kernel text compared
-/// byte for byte: `by_hand`) and in exitless mode (with the function graph
-/// and arguments): the timers and the scheduler traced (the timer
-/// interrupt from the APIC vector), the same busy functions as the ftrace
-/// build's boot counts, nothing dropped; then the ftrace build again
-/// through direct entries with stacks, on the functions its ftrace sites
-/// traced: the same functions, and `sched_clock_cpu`, `notrace`, traced
-/// too. (One test: each boot is a minute of CI, and the first serves
-/// both comparisons.)
+/// The ftrace build through direct entries in trap mode with stacks, on
+/// the functions its ftrace sites trace (its plan with `--entry ftrace`):
+/// the same functions, and `sched_clock_cpu`, `notrace`, traced too; then
+/// the build without ftrace through direct entries in trap mode (by hand,
+/// with the function graph, arguments and stacks, the whole kernel text
+/// compared byte for byte: `by_hand`) and in exitless mode (with the
+/// function graph and arguments): the timers and the scheduler traced (the
+/// timer interrupt from the APIC vector), the same busy functions as the
+/// ftrace build's boot counts, nothing dropped. (One test: each boot is a
+/// minute or two of CI, and the first serves both comparisons; the ftrace
+/// sites' own boot is linux_guest.rs's.)
 #[test]
 fn direct_entries_trace_linux_with_and_without_ftrace() {
-    let (_, _, ftrace) = traced("linux", SET, &["--mode", "trap", "--entry", "ftrace"]);
-    let trap = by_hand("linux-noftrace", SET);
-    same_busy_functions(&counts(&ftrace), &trap);
-    let args = format!("--args={ARGS}");
-    let extra = ["--mode", "exitless", "--graph", &args];
-    let (err, _, v) = traced("linux-noftrace", SET, &extra);
-    check_direct_run(&err, &v, "exitless");
-    check_graph_and_args(&v);
-    same_busy_functions(&counts(&ftrace), &counts(&v));
-    let planned: Vec<String> = counts(&ftrace).into_keys().collect();
+    let planned = ftrace_plan(SET);
     let mut set = planned.join(",");
     set.push_str(",sched_clock_cpu");
     let extra = ["--mode", "trap", "--entry", "direct", "--stack", STACK];
     let (err, _, direct) = traced("linux", &set, &extra);
     check_direct_run(&err, &direct, "trap");
     check_stacks(&direct);
-    let mut c = counts(&direct);
-    assert!(c.remove("sched_clock_cpu").is_some_and(|n| n > 0), "{c:?}");
-    assert_eq!(c.keys().cloned().collect::<Vec<_>>(), planned);
-    same_busy_functions(&counts(&ftrace), &c);
+    let mut ftrace_build = counts(&direct);
+    let clock = ftrace_build.remove("sched_clock_cpu");
+    assert!(clock.is_some_and(|n| n > 0), "{ftrace_build:?}");
+    let traced_names: Vec<String> = ftrace_build.keys().cloned().collect();
+    assert_eq!(traced_names, planned);
+    let trap = by_hand("linux-noftrace", SET);
+    same_busy_functions(&ftrace_build, &trap);
+    let args = format!("--args={ARGS}");
+    let extra = ["--mode", "exitless", "--graph", &args];
+    let (err, _, v) = traced("linux-noftrace", SET, &extra);
+    check_direct_run(&err, &v, "exitless");
+    check_graph_and_args(&v);
+    same_busy_functions(&ftrace_build, &counts(&v));
+}
+
+/// The functions the ftrace build's sites trace of `set` (the plan a run
+/// with `--entry ftrace` makes), by name, sorted.
+fn ftrace_plan(set: &str) -> Vec<String> {
+    guest("linux");
+    let vmlinux = root().join("guest/out/vmlinux");
+    let plan = tracer::plan::Plan::new(&vmlinux, &[set.to_string()], &[]).unwrap();
+    let names: std::collections::BTreeSet<String> = plan
+        .funcs
+        .iter()
+        .map(|&f| plan.image.functions[f].name.clone())
+        .collect();
+    names.into_iter().collect()
 }
 
 /// Traced with `--args`: a function of `SET` with a prototype in BTF.

@@ -113,6 +113,7 @@ fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
     let initrd = root().join("guest/out/initramfs.cpio.gz");
     let console = std::env::temp_dir().join(format!("vmtrace-unwind-{}.log", std::process::id()));
     let saved = std::env::temp_dir().join(format!("vmtrace-unwind-{}.vmtrace", std::process::id()));
+    let cmdline = format!("panic_print=1 rdinit=/nonexistent {TEST_BOOT_CMDLINE}");
     let o = vmtrace(&[
         "--kernel",
         bz.to_str().unwrap(),
@@ -125,7 +126,7 @@ fn linux_graph_stack_traces_leave_out_the_hooked_callers() {
         "--timeout",
         "600",
         "--cmdline",
-        "panic_print=1 rdinit=/nonexistent",
+        &cmdline,
         "--console",
         console.to_str().unwrap(),
         "--trace",
