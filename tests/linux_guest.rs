@@ -229,6 +229,8 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
         &[
             "--trace",
             "hrtimer_*",
+            "-e",
+            "sched:sched_switch,sched:sched_wakeup",
             "--mode",
             "exitless",
             "--stats",
@@ -249,6 +251,7 @@ fn linux_exitless_traces_hrtimers_with_no_trap_exit() {
     check_hrtimer_callers(&v);
     assert_eq!(v["mode"], "exitless");
     assert_eq!(v["trap_exits"].as_u64(), Some(0));
+    check_exitless_sched_events(&v, &err);
     assert_eq!(v["events_stored"], v["events"]);
     // The trampoline recorded each call's task: every one known, and the
     // timers of the idle loop run as each vCPU's idle task.
@@ -656,6 +659,76 @@ fn count_before(text: &str, after: &str) -> usize {
     let n = head.rsplit(|c: char| !c.is_ascii_digit()).next().unwrap();
     n.parse()
         .unwrap_or_else(|_| panic!("no count before {after:?}: {text}"))
+}
+
+/// `-e sched:sched_switch,sched:sched_wakeup` on the own VMM in exitless
+/// mode: the `tp->funcs` loads made to read `tp->iterator` (no exit per
+/// event: the run's trap exits are 0), both events recorded by the
+/// trampoline with their tasks and fields (JSON `trace_events`): each
+/// `sched_switch` made by its `prev_pid`, `prev_state` one of ftrace's
+/// letters, its `next_pid` the task of the next event on its vCPU; every
+/// site and key given back at the detach.
+fn check_exitless_sched_events(v: &serde_json::Value, err: &str) {
+    let keys = count_before(err, " enabled (their keys' counts set to 1)");
+    let loads = count_before(err, " tp->funcs loads made to read tp->iterator");
+    assert_eq!(keys, 2, "{err}");
+    assert!(loads >= 2, "{err}");
+    let patched = count_before(err, " sites patched");
+    assert_eq!(
+        count_before(err, " sites restored"),
+        patched + loads,
+        "{err}"
+    );
+    assert_eq!(
+        count_before(err, " event keys' counts set back"),
+        2,
+        "{err}"
+    );
+    let events = v["trace_events"].as_array().expect("trace_events");
+    let of = |name: &str| -> Vec<serde_json::Value> {
+        let e = events.iter().find(|e| e["event"] == name).expect(name);
+        e["records"].as_array().unwrap().clone()
+    };
+    let (switches, wakeups) = (of("sched:sched_switch"), of("sched:sched_wakeup"));
+    // Both events' records, by vCPU, in time order.
+    let mut all: Vec<(u64, u64, bool, &serde_json::Value)> = switches
+        .iter()
+        .map(|r| {
+            (
+                r["cpu"].as_u64().unwrap(),
+                r["ts_ns"].as_u64().unwrap(),
+                true,
+                r,
+            )
+        })
+        .chain(wakeups.iter().map(|r| {
+            (
+                r["cpu"].as_u64().unwrap(),
+                r["ts_ns"].as_u64().unwrap(),
+                false,
+                r,
+            )
+        }))
+        .collect();
+    all.sort_by_key(|e| (e.0, e.1));
+    let mut checked = 0;
+    for (i, (cpu, _, switch, r)) in all.iter().enumerate() {
+        if !switch {
+            continue;
+        }
+        let f = &r["fields"];
+        assert_eq!(r["pid"], f["prev_pid"], "{r}");
+        let state = f["prev_state"].as_str().unwrap_or_default();
+        assert!(
+            !state.is_empty() && state.chars().all(|c| "RSDTtXZPIN|+".contains(c)),
+            "prev_state {state}: {r}"
+        );
+        if let Some(next) = all.get(i + 1).filter(|n| n.0 == *cpu) {
+            assert_eq!(next.3["pid"], f["next_pid"], "after {r}: {}", next.3);
+            checked += 1;
+        }
+    }
+    assert!(checked > 10 && !wakeups.is_empty(), "{checked}: {v}");
 }
 
 /// `-e sched:sched_switch,sched:sched_wakeup` on the own VMM (a kernel

@@ -140,24 +140,39 @@ impl ArgTable {
     }
 
     /// The fields of the entries whose ids follow `from` (those not
-    /// forgotten), in id order.
+    /// forgotten), in id order. Alone, for readers of fields only: a
+    /// writer of both takes them with their arguments (`since_with_fields`).
     pub fn fields_since(&self, from: usize) -> Vec<(u64, Vec<FieldValue>)> {
         let k = self.lock();
         let after = k.fields.range(from as u64 + 1..);
-        // (Pushed with their arguments: `since` gave those.)
         after.map(|(id, v)| (*id, v.clone())).collect()
+    }
+
+    /// `since(from)` and `fields_since(from)` under one lock: the fields
+    /// are exactly those of the arguments returned. Taken in two locks, an
+    /// entry pushed between them (a ring drainer or a recorder runs beside
+    /// the store) had its fields taken without its arguments, and a data
+    /// file then held fields before the arguments they name, which its
+    /// reader refuses.
+    #[allow(clippy::type_complexity)]
+    pub fn since_with_fields(
+        &self,
+        from: usize,
+    ) -> (Vec<[u64; ARG_REGS]>, Vec<(u64, Vec<FieldValue>)>) {
+        let k = self.lock();
+        let args = k
+            .args
+            .get(from.saturating_sub(k.base)..)
+            .unwrap_or_default()
+            .to_vec();
+        let fields = k.fields.range(from as u64 + 1..);
+        (args, fields.map(|(id, v)| (*id, v.clone())).collect())
     }
 
     /// Every entry's fields kept, by id (`Trace::fields`): complete when
     /// none were forgotten (events kept in memory).
     pub fn all_fields(&self) -> BTreeMap<u64, Vec<FieldValue>> {
         self.lock().fields.clone()
-    }
-
-    /// Takes every entry's fields kept (the flight recorder's, as it
-    /// takes their arguments: `drain`).
-    pub fn drain_fields(&self) -> BTreeMap<u64, Vec<FieldValue>> {
-        std::mem::take(&mut self.lock().fields)
     }
 
     /// Takes every argument kept: the index of the first (its id is one
@@ -168,6 +183,20 @@ impl ArgTable {
         let args = std::mem::take(&mut k.args);
         k.base += args.len();
         (first, args)
+    }
+
+    /// `drain`, and every entry's fields kept with them, under one lock
+    /// (the flight recorder's; as `since_with_fields`): the fields taken
+    /// are those of the arguments taken.
+    #[allow(clippy::type_complexity)]
+    pub fn drain_with_fields(
+        &self,
+    ) -> (usize, Vec<[u64; ARG_REGS]>, BTreeMap<u64, Vec<FieldValue>>) {
+        let mut k = self.lock();
+        let first = k.base;
+        let args = std::mem::take(&mut k.args);
+        k.base += args.len();
+        (first, args, std::mem::take(&mut k.fields))
     }
 }
 

@@ -255,8 +255,9 @@ impl Out<'_> {
     fn write(&mut self, events: &[Event], counters: &Counters) {
         let (args, fields) = match self.error {
             None => {
-                let saved = self.file.args_saved();
-                (self.args.since(saved), self.args.fields_since(saved))
+                // Both in one lock: an entry pushed meanwhile comes with
+                // its fields in the next write, never its fields alone.
+                self.args.since_with_fields(self.file.args_saved())
             }
             Some(_) => (Vec::new(), Vec::new()),
         };
@@ -432,13 +433,13 @@ type Renumbered = (Vec<[u64; ARG_REGS]>, Vec<(u64, Vec<FieldValue>)>);
 impl Pending {
     /// Takes the arguments pushed since the last call out of the table.
     fn take(&mut self, table: &ArgTable) {
-        let (first, args) = table.drain();
+        let (first, args, fields) = table.drain_with_fields();
         self.0.extend(
             args.into_iter()
                 .enumerate()
                 .map(|(i, a)| ((first + i + 1) as u64, a)),
         );
-        self.1.extend(table.drain_fields());
+        self.1.extend(fields);
     }
 
     /// Forgets the arguments of `e`, pushed out of its ring.
@@ -760,6 +761,9 @@ mod tests {
         }
     }
 
+    /// Event entries' fields by their arguments id, as the table gives them.
+    type Fields = Vec<(u64, Vec<FieldValue>)>;
+
     /// An event's fields, told apart by `n`.
     fn fields(n: i64) -> Vec<FieldValue> {
         vec![FieldValue::Int(n), FieldValue::Str(format!("wl-{n}"))]
@@ -803,6 +807,125 @@ mod tests {
         };
         assert!(f.error.is_none());
         (args, crate::trace::datafile::load(path).unwrap())
+    }
+
+    /// The store's two reads of the table, as it made them before, with
+    /// an entry pushed between them (a drainer runs beside the store):
+    /// the second entry's fields are written before its arguments, and
+    /// the file's reader refuses them (`vmtrace run` then reported the
+    /// counts alone, no event: `linux_guest`'s empty callers). Read in
+    /// one lock, the same interleaving writes them after.
+    #[test]
+    fn fields_taken_apart_from_their_arguments_make_a_file_no_reader_takes() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-split-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut h = head();
+        h.meta.args = true;
+        let write = |path: &std::path::Path, batches: &[(Vec<[u64; ARG_REGS]>, Fields)]| {
+            let mut file = DataFile::create(path).unwrap();
+            file.head(&h).unwrap();
+            for (args, fields) in batches {
+                file.write_args(args).unwrap();
+                file.write_fields(fields).unwrap();
+            }
+            let events: Vec<Event> = (1..=2)
+                .map(|i| Event {
+                    ts_ns: i,
+                    data: i,
+                    ..Event::default()
+                })
+                .collect();
+            file.write_events(&events).unwrap();
+            crate::trace::datafile::load(path)
+        };
+        let a = |i: u64| [i; ARG_REGS];
+        // Before: `since`, the push, then `fields_since`.
+        let table = ArgTable::new();
+        table.push_with(a(1), Some(fields(1)));
+        let args = table.since(0);
+        table.push_with(a(2), Some(fields(2)));
+        let first = (args, table.fields_since(0));
+        table.forget(1);
+        let second = (table.since(1), table.fields_since(1));
+        let e = write(&dir.join("split.data"), &[first, second]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("fields of arguments 2, but 1 are saved"),
+            "{e}"
+        );
+        // Now: one read, the push before or after it.
+        let table = ArgTable::new();
+        table.push_with(a(1), Some(fields(1)));
+        let first = table.since_with_fields(0);
+        table.push_with(a(2), Some(fields(2)));
+        table.forget(1);
+        let second = table.since_with_fields(1);
+        let t = write(&dir.join("whole.data"), &[first, second]).unwrap();
+        let want = [(1, fields(1)), (2, fields(2))];
+        assert_eq!(t.fields.values, want.into_iter().collect());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The fault that emptied `linux_guest`'s exitless `-e` reports: the
+    /// store took an entry's fields without its arguments when the entry
+    /// was pushed between its two reads of the table (the drainer runs
+    /// beside it), and the file's reader refused the fields. A pusher
+    /// thread races the store's writes here: the file reads back whole,
+    /// every entry's fields under its arguments.
+    #[test]
+    fn fields_pushed_while_the_store_writes_stay_after_their_arguments() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-store-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("race.data");
+        let file = DataFile::create(&path).unwrap();
+        let counters = Arc::new(Counters::new(1, 1, 100));
+        let fixup = Fixup {
+            index: Arc::new(SiteIndex::new(vec![(0x1000, 0)])),
+            functions: Arc::new(Vec::new()),
+        };
+        let storage = Storage::Stream {
+            file,
+            buffer: 1 << 20,
+        };
+        let (tx, store) = spawn(storage, counters, fixup);
+        let mut h = head();
+        h.meta.args = true;
+        store.head.as_ref().unwrap().send(h).unwrap();
+        let args = store.args();
+        // The pusher pushes as a drainer does, while empty batches make the
+        // store write again and again; the entries go last, in one batch.
+        const N: u64 = 100_000;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pushed = Arc::clone(&done);
+        let pusher = std::thread::spawn(move || {
+            for i in 1..=N {
+                args.push_with([i; ARG_REGS], Some(fields(i as i64)));
+            }
+            pushed.store(true, std::sync::atomic::Ordering::Release);
+        });
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            tx.send(Vec::new()).unwrap();
+        }
+        pusher.join().unwrap();
+        let events = (1..=N).map(|i| Event {
+            ts_ns: i,
+            data: i,
+            ..Event::default()
+        });
+        tx.send(events.collect()).unwrap();
+        drop(tx);
+        let Stored::File(f) = store.thread.join().unwrap() else {
+            panic!("a data file")
+        };
+        assert!(f.error.is_none());
+        let t = crate::trace::datafile::load(&path).unwrap();
+        assert_eq!(t.args.len() as u64, N);
+        assert_eq!(t.fields.values.len() as u64, N);
+        assert!(t
+            .events
+            .iter()
+            .all(|e| t.fields.values[&e.data] == fields(e.ts_ns as i64)));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
