@@ -181,6 +181,7 @@ impl Attach {
         self.err.take().unwrap().join().unwrap();
         let stdout = self.out.take().unwrap().join().unwrap();
         let stderr = self.lines.0.lock().unwrap().join("\n");
+        super::read_back(&stderr);
         Ended {
             status,
             stdout,

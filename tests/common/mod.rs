@@ -54,10 +54,23 @@ pub fn mini_variant_elf(name: &str) -> PathBuf {
 
 /// Run the vmtrace binary.
 pub fn vmtrace(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+    let o = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
         .args(args)
         .output()
-        .expect("run vmtrace")
+        .expect("run vmtrace");
+    read_back(&stderr(&o));
+    o
+}
+
+/// A run's data file, which vmtrace wrote itself, must read back: when it
+/// does not, `run` and `attach` go on with the counts alone and say so on
+/// stderr, a fault of vmtrace's whatever the test asserts next (an event
+/// entry's fields once reached the file before its arguments).
+pub fn read_back(stderr: &str) {
+    assert!(
+        !stderr.contains("the report has the counts only"),
+        "vmtrace could not read back its own data file:\n{stderr}"
+    );
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -370,11 +383,13 @@ pub fn assert_bad_input(args: &[&str], needle: &str) {
 
 /// Run the vmtrace binary in `dir` (where `record` writes vmtrace.data).
 pub fn vmtrace_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vmtrace"))
+    let o = Command::new(env!("CARGO_BIN_EXE_vmtrace"))
         .args(args)
         .current_dir(dir)
         .output()
-        .expect("run vmtrace")
+        .expect("run vmtrace");
+    read_back(&stderr(&o));
+    o
 }
 
 /// Run vmtrace with `--export json=FILE` added; its output (the guest
@@ -472,7 +487,11 @@ pub fn wait_bounded(child: Child) -> Output {
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(o) => o.unwrap(),
+        Ok(o) => {
+            let o = o.unwrap();
+            read_back(&stderr(&o));
+            o
+        }
         Err(_) => {
             // SAFETY: kill(2) on our own child's pid.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
