@@ -109,6 +109,15 @@ mod tests {
         }
         assert!(attach(&[]).check_attach().is_ok());
         let e = attach(&["--ring-events", "64"]).check_attach().unwrap_err();
-        assert!(e.to_string().ends_with("; drop --ring-events"), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("--ring-events: vmtrace attach sizes its rings itself"),
+            "{e}"
+        );
+        assert!(
+            e.contains("; drop --ring-events; for larger rings give --buffer"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 }

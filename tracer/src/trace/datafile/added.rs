@@ -44,14 +44,7 @@ pub(super) fn read_funcs_block(
     payload: &[u8],
     functions: &mut Vec<Symbol>,
 ) -> Result<(), TraceFileError> {
-    let mut sub = Reader {
-        r: payload,
-        path: r.path,
-        pos: 0,
-        actual: payload.len() as u64,
-        declared: payload.len() as u64,
-        section: Section::Functions,
-    };
+    let mut sub = Reader::block(r, payload, Section::Functions);
     let first = sub.u32()? as usize;
     if first != functions.len() {
         return Err(sub.corrupt(format!(

@@ -271,14 +271,7 @@ pub(super) fn read_fields_block<R: io::Read>(
     args: usize,
     fields: &mut BTreeMap<u64, Vec<FieldValue>>,
 ) -> Result<(), TraceFileError> {
-    let mut sub = Reader {
-        r: payload,
-        path: r.path,
-        pos: 0,
-        actual: payload.len() as u64,
-        declared: payload.len() as u64,
-        section: Section::Fields,
-    };
+    let mut sub = Reader::block(r, payload, Section::Fields);
     let n = sub.u32()?;
     // Each entry is at least its id and count.
     sub.need(u64::from(n) * 12, &format!("{n} events' fields"))?;

@@ -175,14 +175,7 @@ fn next_block<R: Read>(
 
 /// A `HEAD` or `FOOT` block's body.
 fn body<R: Read>(r: &Reader<'_, R>, payload: &[u8], version: u32) -> Result<Body, TraceFileError> {
-    let mut sub = Reader {
-        r: payload,
-        path: r.path,
-        pos: 0,
-        actual: payload.len() as u64,
-        declared: payload.len() as u64,
-        section: Section::Header,
-    };
+    let mut sub = Reader::block(r, payload, Section::Header);
     let b = read_body(&mut sub, version)?;
     if sub.pos != sub.actual {
         return Err(sub.corrupt(format!("{} bytes after the callers", sub.actual - sub.pos)));
@@ -228,14 +221,7 @@ fn table_block<'a, R: Read>(
     have: usize,
     what: &str,
 ) -> Result<(Reader<'a, &'a [u8]>, u32), TraceFileError> {
-    let mut sub = Reader {
-        r: payload,
-        path: r.path,
-        pos: 0,
-        actual: payload.len() as u64,
-        declared: payload.len() as u64,
-        section,
-    };
+    let mut sub = Reader::block(r, payload, section);
     let first = sub.u32()? as usize;
     if first != have {
         return Err(sub.corrupt(format!(

@@ -25,6 +25,21 @@ pub(super) struct Reader<'p, R> {
     pub section: Section,
 }
 
+impl<'p, 'x> Reader<'p, &'x [u8]> {
+    /// A reader of one block's `payload` (its checksum checked), in
+    /// `section` of the file `parent` reads.
+    pub(super) fn block<R>(parent: &Reader<'p, R>, payload: &'x [u8], section: Section) -> Self {
+        Reader {
+            r: payload,
+            path: parent.path,
+            pos: 0,
+            actual: payload.len() as u64,
+            declared: payload.len() as u64,
+            section,
+        }
+    }
+}
+
 impl<R: Read> Reader<'_, R> {
     pub(super) fn truncated(&self) -> TraceFileError {
         TraceFileError::Truncated {
