@@ -7,6 +7,8 @@
 //! tables, so an `AddressSpace` lives only as long as they cannot change:
 //! for one trap (built from that exit's registers), or for one pause.
 
+use std::sync::atomic::Ordering;
+
 use kvm_bindings::kvm_sregs;
 use vm_memory::GuestAddress;
 
@@ -196,6 +198,15 @@ impl<'m> AddressSpace<'m> {
 
     /// Reads a little-endian u64 at `gva` (e.g. a return address at RSP).
     pub fn read_u64(&mut self, gva: u64) -> Result<u64, GvaError> {
+        // Aligned (a return address, a pointer): one word load, which
+        // never crosses a page.
+        if gva.is_multiple_of(8) {
+            let gpa = self.gpa(gva)?;
+            return self
+                .mem
+                .load_u64(GuestAddress(gpa), Ordering::Relaxed)
+                .map_err(|_| GvaError::PageOutsideRam { gva, gpa });
+        }
         self.read_array::<8>(gva).map(u64::from_le_bytes)
     }
 
