@@ -121,10 +121,6 @@ impl SiteIndex {
         self.addrs.iter().copied().zip(self.funcs.iter().copied())
     }
 
-    fn exact(&self, addr: u64) -> Option<usize> {
-        self.addrs.binary_search(&addr).ok()
-    }
-
     /// The site a trap at `rip` came from: RIP at the `out` (bare-metal KVM's
     /// fast PIO path) or just past it (KVM's emulator), at the site or, for
     /// direct entries, at its stub; or at a site added during the trace
@@ -146,18 +142,54 @@ impl SiteIndex {
         // Set before the sites were patched, under the pause that every
         // vCPU's next entry synchronizes with: Relaxed is enough.
         if let Some(stubs) = self.stubs.get() {
-            let at = |a: u64| stubs.binary_search(&a).ok();
-            return at(rip).or_else(|| at(rip.wrapping_sub(OUT_LEN)));
+            return at_or_past(stubs, rip);
         }
-        let rip = rip.wrapping_sub(self.slide.load(Ordering::Relaxed));
-        self.exact(rip)
-            .or_else(|| self.exact(rip.wrapping_sub(OUT_LEN)))
+        at_or_past(
+            &self.addrs,
+            rip.wrapping_sub(self.slide.load(Ordering::Relaxed)),
+        )
     }
+}
+
+/// The entry of sorted `addrs` that is `rip` or `OUT_LEN` before it, by one
+/// binary search (a trap's handler searched twice before): entries are
+/// five bytes apart at least, so the greatest at or below `rip` is the
+/// only candidate.
+fn at_or_past(addrs: &[u64], rip: u64) -> Option<usize> {
+    let k = addrs.partition_point(|&a| a <= rip).checked_sub(1)?;
+    let a = addrs[k];
+    (a == rip || a == rip.wrapping_sub(OUT_LEN)).then_some(k)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trap_is_found_at_its_site_or_just_past_the_out_and_nowhere_else() {
+        let idx = SiteIndex::new(vec![(0x1000, 0), (0x1005, 1), (0x2000, 2)]);
+        let found = |rip| idx.find(rip);
+        assert_eq!(found(0x1000), Some(0));
+        assert_eq!(found(0x1002), Some(0));
+        assert_eq!(found(0x1005), Some(1));
+        assert_eq!(found(0x1007), Some(1));
+        assert_eq!(found(0x2002), Some(2));
+        for rip in [
+            0,
+            1,
+            0xfff,
+            0x1001,
+            0x1003,
+            0x1006,
+            0x1008,
+            0x1fff,
+            0x2001,
+            0x2003,
+            u64::MAX,
+        ] {
+            assert_eq!(found(rip), None, "{rip:#x}");
+        }
+    }
 
     #[test]
     fn direct_sites_trap_in_their_stubs_and_resume_past_the_trap() {
