@@ -253,8 +253,9 @@ fn efi_high_entry(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64) -> u64 {
 /// directory copied the kernel's entries 508-511 at boot: the attach
 /// writes entry 508 there too (the line says so), a 40,000-call burst on
 /// one CPU is stored whole (the old 4 MiB device held 16,384 records per
-/// ring), and the detach, and `vmtrace detach` after a kill, clear it in
-/// both tables; the guest runs on as found.
+/// ring), and the detach, and `vmtrace detach` after a kill (without its
+/// journal, then with it), clear it in both tables; the guest runs on as
+/// found.
 #[test]
 fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
     let bz = debian_612();
@@ -317,10 +318,38 @@ fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's, after");
     found.assert_as_found("after an exitless trace of a UEFI guest");
 
-    // Killed with its guardian: `vmtrace detach` clears both by the journal.
+    // Killed with its guardian, its journal lost: `vmtrace detach` goes by
+    // the marker in the guest, which names EFI's tables too (the repair
+    // has no kernel to find `efi_mm` with), and clears both entries (exit
+    // 1: the low pages' bytes are in the journal only).
     let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
     kill_with_guardian(a);
-    assert_ne!(efi_high_entry(&watch, efi_pgd, base), 0, "left by the kill");
+    let left = efi_high_entry(&watch, efi_pgd, base);
+    assert_ne!(left, 0, "left by the kill");
+    assert_eq!(high_entry(&watch, pud), left, "both tables, after the kill");
+    let start = journal::start_time(pid).unwrap();
+    let path = journal::path_for(pid, start);
+    let aside = path.with_extension("aside");
+    std::fs::rename(&path, &aside).unwrap();
+    let o = detach(qmp);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for n in [
+        "1 sites restored",
+        "4 page-directory entries cleared",
+        "removed vmtrace's ring device",
+    ] {
+        assert!(err.contains(n), "{n:?} in {err}");
+    }
+    assert_eq!(
+        efi_high_entry(&watch, efi_pgd, base),
+        0,
+        "EFI's, no journal"
+    );
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's, no journal");
+    assert_runs_on(&guest, w.worker);
+    // With the journal back, the pages get their bytes back too.
+    std::fs::rename(&aside, &path).unwrap();
     detach_removes_ring_device(qmp);
     assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's, repaired");
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's, repaired");

@@ -62,7 +62,7 @@ fn resolve(ex: &mut Exitless, image: &KernelImage, off: KernelOffset) -> Resolve
 }
 
 fn prepare(image: &KernelImage) -> Exitless {
-    let (tx, _rx) = crossbeam_channel::unbounded();
+    let (tx, _rx) = crossbeam_channel::unbounded::<Vec<tracer::trace::model::Event>>();
     let plain = Records {
         graph: false,
         tasks: &Default::default(),
@@ -72,7 +72,7 @@ fn prepare(image: &KernelImage) -> Exitless {
     };
     Exitless::new(
         ExitlessPlan::build(image, 2, 3, Some(16), plain).unwrap_or_else(|e| panic!("{e}")),
-        tx,
+        tx.into(),
     )
 }
 

@@ -59,6 +59,17 @@ pub trait GuestRam: Send + Sync {
     }
     /// Are the `len` bytes at `addr` all guest RAM?
     fn contains(&self, addr: GuestAddress, len: usize) -> bool;
+    /// Does `read_bytes` of the `len` bytes at `addr` (8-byte aligned)
+    /// load each aligned word once, in address order, with x86's load
+    /// ordering (no load passes an older one)? Then a word read is as an
+    /// acquire of the words before it: a ring record's commit word, first
+    /// in the record, read set proves the fields after it written (the
+    /// guest stores them before it). False unless the memory is mapped
+    /// here (`/proc/PID/mem` copies as the kernel likes).
+    fn reads_in_order(&self, addr: GuestAddress, len: usize) -> bool {
+        let _ = (addr, len);
+        false
+    }
 }
 
 impl std::fmt::Debug for dyn GuestRam + '_ {
@@ -173,6 +184,12 @@ impl GuestRam for GuestMemoryMmap {
     }
     fn contains(&self, addr: GuestAddress, len: usize) -> bool {
         GuestMemory::check_range(self, addr, len, Permissions::Write)
+    }
+    fn reads_in_order(&self, addr: GuestAddress, len: usize) -> bool {
+        // `read_bytes` of one mapped region, word-aligned: `volatile_copy`'s
+        // aligned words, ascending (volatile: the compiler keeps their order).
+        cfg!(target_arch = "x86_64")
+            && host_span(self, addr, len).is_some_and(|p| p.align_offset(8) == 0)
     }
 }
 

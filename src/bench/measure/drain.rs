@@ -15,16 +15,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
 use tracer::plan::exitless::layout::{RingLayout, HIGH_RINGS_VA, MAX_RECORDS, MIN_RECORDS};
 use tracer::qemu::ring_device::{self, DEFAULT_SIZED, RINGS_OFF};
 use tracer::session::exitless::backing::Backed;
-use tracer::session::exitless::collect::{self, DrainStart, DrainValues, Drainer};
+use tracer::session::exitless::collect::{self, DrainStart, DrainValues, Drainer, Sink};
 use tracer::session::exitless::ring::init_rings;
 use tracer::session::record::{self, Counters, SiteIndex};
 use tracer::session::store::{Storage, Store, Stored};
 use tracer::trace::datafile::stream::DataFile;
-use tracer::trace::model::{Event, Trace};
+use tracer::trace::model::Trace;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm::pause::GuestClock;
 use vmm::GuestRam;
@@ -213,7 +212,7 @@ fn own_vmm_memory(sites: usize) -> Result<Memory, Error> {
 }
 
 /// A store's counters, the sender the drainer hands batches to, the store.
-type Streaming = (Arc<Counters>, Sender<Vec<Event>>, Store);
+type Streaming = (Arc<Counters>, Sink, Store);
 
 /// The store `vmtrace record` streams through, to a data file at `path`.
 fn store_to(
@@ -233,10 +232,14 @@ fn store_to(
         storage,
         Arc::new(functions),
     );
-    let sink = recs
+    let tx = recs
         .first()
         .map(record::Recorder::sink)
         .ok_or_else(|| measure_error("no recorder"))?;
+    let sink = Sink {
+        tx,
+        free: Some(store.free.clone()),
+    };
     drop(recs);
     if let Some(head) = store.head.take() {
         let _ = head.send(Trace::synthetic(0));

@@ -31,6 +31,7 @@ pub mod percpu;
 pub mod prototype;
 pub mod sites;
 pub mod stack_bounds;
+pub mod symbol_index;
 pub mod symbols;
 pub mod task;
 pub mod task_list;

@@ -452,6 +452,7 @@ impl Journal {
             // marker alone leaves the region in place.
             sites: image_sites.clone(),
             truncated: image_sites.len() < r.sites.len(),
+            efi_root: r.shared.as_ref().and_then(|s| s.efi).map(|e| e.root),
         }
     }
 

@@ -10,6 +10,11 @@
 //! without one the attach overwrites it with the directory (zeros first),
 //! which only loses the marker. A detach gives the page its bytes back,
 //! marker gone.
+//!
+//! On a guest booted through UEFI it also names the runtime services' page
+//! tables (`efi_mm.pgd`, which the attach found through the kernel's BTF)
+//! whose entry 508 the attach set with the kernel's: the repair has no
+//! kernel file to find them with, and clears that entry there too.
 
 use crate::kernel::kaslr::KernelOffset;
 use crate::plan::exitless::layout::{PAGE, SPARE_PD_GPA};
@@ -22,6 +27,10 @@ pub const MARKER_GPA: u64 = SPARE_PD_GPA;
 /// Fixed fields after the magic, then the pages (u32 page numbers), then
 /// the sites (u32: running address minus `KERNEL_MAP_BASE`).
 const HEADER: usize = 64;
+/// Where the fixed fields keep the UEFI page tables' page number (0: none;
+/// a u32 page number reaches 16 TiB of guest-physical memory). Markers
+/// written before it have 0 there.
+const EFI_AT: usize = 60;
 /// The kernel image's virtual base (`__START_KERNEL_map`): sites are kept
 /// as u32 offsets from it (the image spans at most 1 GiB).
 const KERNEL_MAP_BASE: u64 = vmm::layout::KERNEL_MAP_BASE;
@@ -42,6 +51,9 @@ pub struct Marker {
     pub sites: Vec<u64>,
     /// More sites than fit: those past `sites` are not named.
     pub truncated: bool,
+    /// The UEFI runtime services' top-level page table (guest-physical),
+    /// whose entry 508 maps the rings too (a guest booted through UEFI).
+    pub efi_root: Option<u64>,
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -69,6 +81,8 @@ impl Marker {
         b[48..52].copy_from_slice(&(pages as u32).to_le_bytes());
         b[52..56].copy_from_slice(&(sites as u32).to_le_bytes());
         b[56..60].copy_from_slice(&u32::from(truncated).to_le_bytes());
+        let efi = self.efi_root.and_then(|r| u32::try_from(r / PAGE).ok());
+        b[EFI_AT..EFI_AT + 4].copy_from_slice(&efi.unwrap_or(0).to_le_bytes());
         let words = self.pages[..pages]
             .iter()
             .map(|&p| (p / PAGE) as u32)
@@ -107,6 +121,7 @@ impl Marker {
                 .map(|i| Some(KERNEL_MAP_BASE + u64::from(word(i)?)))
                 .collect::<Option<_>>()?,
             truncated: u32_at(b, 56)? != 0,
+            efi_root: Some(u64::from(u32_at(b, EFI_AT)?) * PAGE).filter(|&r| r != 0),
         })
     }
 
@@ -148,6 +163,7 @@ mod tests {
                 .map(|i| 0xffff_ffff_ae00_0000 + i * 16)
                 .collect(),
             truncated: false,
+            efi_root: None,
         }
     }
 
@@ -163,5 +179,11 @@ mod tests {
         assert_eq!(back.pages, big.pages);
         // Not a marker: nothing.
         assert_eq!(Marker::decode(&[0u8; 4096]), None);
+        // A UEFI guest's: its runtime services' page tables too.
+        let efi = Marker {
+            efi_root: Some(0x7e6_5000),
+            ..marker(3)
+        };
+        assert_eq!(Marker::decode(&efi.encode()), Some(efi));
     }
 }

@@ -167,7 +167,11 @@ impl Tracer {
             rec.storage,
             Arc::new(plan.image.functions.clone()),
         );
-        let ex = Exitless::new(code, recs[0].sink());
+        let sink = exitless::collect::Sink {
+            tx: recs[0].sink(),
+            free: Some(store.free.clone()),
+        };
+        let ex = Exitless::new(code, sink);
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let stacks = stack_source(&plan, &store);

@@ -36,7 +36,8 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::kernel::symbols::{function_index_at, Symbol};
+use crate::kernel::symbol_index::SymbolIndex;
+use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
 use crate::session::args::ArgTable;
 use crate::session::counters::{Counters, BATCH};
@@ -110,13 +111,19 @@ pub struct Fixup {
 }
 
 impl Fixup {
-    /// Each event's caller at its link address, when a function is there;
-    /// marks that function in `seen`.
-    fn apply(&self, events: &mut [Event], seen: &mut [bool]) {
+    /// The functions indexed for `apply` (made once, by the store thread).
+    fn lookup(&self) -> SymbolIndex {
+        SymbolIndex::new(&self.functions)
+    }
+
+    /// Each event's caller at its link address, when a function is there
+    /// (found through `lookup`, this fixup's); marks that function in
+    /// `seen`.
+    fn apply(&self, lookup: &SymbolIndex, events: &mut [Event], seen: &mut [bool]) {
         let slide = self.index.slide();
         for e in events {
             let link = e.parent.wrapping_sub(slide as u64);
-            if let Some(i) = function_index_at(&self.functions, link) {
+            if let Some(i) = lookup.at(link) {
                 e.parent = link;
                 seen[i] = true;
             }
@@ -344,8 +351,9 @@ fn collect(rx: Receiver<Vec<Event>>, fixup: &Fixup) -> Vec<Event> {
     let mut events = Vec::new();
     // The caller functions are found again from the events at the end.
     let mut seen = vec![false; fixup.functions.len()];
+    let lookup = fixup.lookup();
     for mut batch in rx {
-        fixup.apply(&mut batch, &mut seen);
+        fixup.apply(&lookup, &mut batch, &mut seen);
         events.extend_from_slice(&batch);
     }
     events.sort_by_key(|e| (e.ts_ns, e.cpu));
@@ -361,9 +369,10 @@ fn stream(
     fixup: &Fixup,
 ) -> FileStored {
     let mut seen = vec![false; fixup.functions.len()];
+    let lookup = fixup.lookup();
     for mut batch in rx {
         if out.error.is_none() {
-            fixup.apply(&mut batch, &mut seen);
+            fixup.apply(&lookup, &mut batch, &mut seen);
         }
         out.write(&batch, counters);
         recycle(free, batch);
@@ -405,12 +414,13 @@ fn overwrite(
     }
     pending.take(out.args);
     let mut seen = vec![false; fixup.functions.len()];
+    let lookup = fixup.lookup();
     for ring in rings {
         let (a, b) = ring.as_slices();
         for part in [a, b] {
             let mut part = part.to_vec();
             if out.error.is_none() {
-                fixup.apply(&mut part, &mut seen);
+                fixup.apply(&lookup, &mut part, &mut seen);
             }
             let (args, fields) = pending.renumber(&mut part, out.file.args_saved());
             out.write_with(&part, &args, &fields, counters);
@@ -535,7 +545,7 @@ mod tests {
                 ..Event::default()
             },
         ];
-        fixup.apply(&mut ev, &mut seen);
+        fixup.apply(&fixup.lookup(), &mut ev, &mut seen);
         assert_eq!(ev[0].parent, 0x2010);
         assert_eq!(ev[1].parent, 0x5555);
         assert_eq!(seen, [true]);

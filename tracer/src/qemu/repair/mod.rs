@@ -32,6 +32,7 @@ use super::marker::{self, Marker, MAGIC};
 use super::monitor::Monitor;
 use super::procmem::ProcRam;
 use super::queries::{GdbServer, Queries};
+use crate::kernel::high_rings::EfiTable;
 use region::{left_mapped, region_held, region_stop, restore_sites};
 
 /// How long to wait for each QMP or gdbstub reply (as an attach does).
@@ -290,8 +291,9 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
         .and_then(|guest| {
             let mut from_marker = marker_record(&found);
             if let Some(r) = from_marker.as_mut() {
-                // Its rings' entries map the device QEMU shows.
-                r.shared = found.device.clone();
+                // Its rings' entries map the device QEMU shows, in the
+                // UEFI page tables the marker names too.
+                r.shared = device_of_marker(&found);
             }
             let record = found.journal.as_ref().map(|j| &j.record);
             let record = record.or(from_marker.as_ref());
@@ -299,8 +301,8 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
             in_stops(&guest, true, record, found.frozen, held, &mut out)
                 .and_then(|stop| unmark(stop, &found, &mut out))
                 .and_then(|stop| {
-                    let device = found.device.as_ref();
-                    orphan_region(stop, exitless(record), device, &mut out)
+                    let device = device_of_marker(&found);
+                    orphan_region(stop, exitless(record), device.as_ref(), &mut out)
                 })
         });
     if let Some(own) = own {
@@ -410,6 +412,18 @@ fn marker_record(found: &Leftovers) -> Option<JournalRecord> {
         r.pages.clear();
     }
     Some(r)
+}
+
+/// Without its journal, the ring device QEMU shows, with the UEFI page
+/// tables whose entry 508 the marker says the attach set (the repair has
+/// no kernel to find `efi_mm` with; the entry there is cleared only if it
+/// points into that device, as the kernel's).
+fn device_of_marker(found: &Leftovers) -> Option<ivshmem::SharedNames> {
+    let efi = found.marker.as_ref().and_then(|(_, m)| m.efi_root);
+    found.device.clone().map(|d| ivshmem::SharedNames {
+        efi: efi.map(|root| EfiTable { root }),
+        ..d
+    })
 }
 
 /// The repair's own stub, on a socket in a 0700 directory of its own.
@@ -535,7 +549,7 @@ fn unmark<'g>(
             m.sites.len()
         ));
     }
-    if left_mapped(&stop, found.device.as_ref()) == 0 {
+    if left_mapped(&stop, device_of_marker(found).as_ref()) == 0 {
         stop.ram()
             .write_slice(&[0u8; MAGIC.len()], GuestAddress(*gpa))
             .map_err(|e| QemuError::NotTraceable(e.to_string()))?;

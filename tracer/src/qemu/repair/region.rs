@@ -213,12 +213,18 @@ fn busy(stop: &QemuStop<'_>, r: &JournalRecord) -> Option<String> {
 /// vmtrace's region entries of a vmtrace whose journal is gone: those of
 /// 508-510 that point at a table in the low MiB its pages come from, or
 /// (`device`: a ring device QEMU shows) map that device, as vmtrace
-/// writes them.
+/// writes them; and entry 508 onto the device in the kernel's tables and
+/// in the UEFI ones the device names.
 pub(super) fn left_mapped(stop: &QemuStop<'_>, device: Option<&SharedNames>) -> usize {
     let Some(space) = crate::session::kernel_space(stop.vcpu_spaces(), &[]) else {
         return 0;
     };
+    let efi = device.and_then(|d| d.efi).map(|e| space.with_root(e.root));
     let device = device.and_then(|d| Some((d.gpa?, d.size)));
+    let high = |s: &AddressSpace<'_>| {
+        s.entry(HIGH_RINGS_VA, Level::Pdpt)
+            .is_ok_and(|e| device.is_some_and(|d| table_in_device(e.value, d)))
+    };
     let region = (0..PD_COUNT as u64)
         .filter_map(|i| space.entry(CODE_VA + i * LARGE_PAGE, Level::Pd).ok())
         .filter(|e| {
@@ -227,10 +233,7 @@ pub(super) fn left_mapped(stop: &QemuStop<'_>, device: Option<&SharedNames>) -> 
             low_table || device.is_some_and(|d| maps_device(e.value, d))
         })
         .count();
-    let high = space
-        .entry(HIGH_RINGS_VA, Level::Pdpt)
-        .is_ok_and(|e| device.is_some_and(|d| table_in_device(e.value, d)));
-    region + usize::from(high)
+    region + usize::from(high(&space)) + usize::from(efi.as_ref().is_some_and(high))
 }
 
 /// Is `v` a table entry as vmtrace writes them, onto a table in the ring

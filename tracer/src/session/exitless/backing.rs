@@ -366,6 +366,13 @@ impl GuestRam for Backed {
             || self.own.as_ref().is_some_and(|o| o.contains(addr, len))
             || self.inner.contains(addr, len)
     }
+    fn reads_in_order(&self, addr: GuestAddress, len: usize) -> bool {
+        // Past the region (the rings of a ring device): where `read_bytes`
+        // reads them. Region pages are translated page by page: no.
+        !in_region(addr.0)
+            && !in_region(addr.0.saturating_add(len as u64).saturating_sub(1))
+            && self.mem(addr.0, len).reads_in_order(addr, len)
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use vmm::GuestRam;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use vmm::pause::GuestClock;
 
 use super::pace::{run_soon, Pace};
@@ -56,6 +56,21 @@ pub struct DrainFields {
     pub source: FieldSource,
     pub root: u64,
     pub mode: PagingMode,
+}
+
+/// Where the drainer hands its batches of events (the store), and where
+/// the store hands emptied ones back, to be filled again before any is
+/// allocated (as a recorder does): a fresh batch each time faulted in its
+/// pages, a twentieth of the drain's time (`perf record`).
+pub struct Sink {
+    pub tx: Sender<Vec<Event>>,
+    pub free: Option<Receiver<Vec<Event>>>,
+}
+
+impl From<Sender<Vec<Event>>> for Sink {
+    fn from(tx: Sender<Vec<Event>>) -> Sink {
+        Sink { tx, free: None }
+    }
 }
 
 /// The tasks one drain pass met: (`task_struct` address, pid) to id and
@@ -163,7 +178,7 @@ struct Out {
     clock: GuestClock,
     counters: Arc<Counters>,
     index: Arc<SiteIndex>,
-    sink: Sender<Vec<Event>>,
+    sink: Sink,
     stats: Arc<DrainStats>,
     buf: Vec<Event>,
     /// Events this drainer may still store without touching the budget.
@@ -209,9 +224,11 @@ impl Out {
     /// Hand the buffered events to the collector.
     fn flush(&mut self) {
         if !self.buf.is_empty() {
-            let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(BATCH));
+            let next = (self.sink.free.as_ref().and_then(|f| f.try_recv().ok()))
+                .unwrap_or_else(|| Vec::with_capacity(BATCH));
+            let batch = std::mem::replace(&mut self.buf, next);
             // The collector only goes away after every sender is dropped.
-            let _ = self.sink.send(batch);
+            let _ = self.sink.tx.send(batch);
         }
     }
 
@@ -285,6 +302,14 @@ impl Out {
             stack: 0,
             data,
         });
+        // A batch at a time, as a recorder hands them over: a pass over
+        // rings of 262,144 records made batches of megabytes (each grown
+        // by doubling into fresh pages, then copied whole into one
+        // block), and the store's queue, counted in batches, held far
+        // more than its buffer.
+        if self.buf.len() >= BATCH {
+            self.flush();
+        }
     }
 }
 
@@ -293,7 +318,7 @@ impl Drainer {
     pub fn start(
         mem: Arc<dyn GuestRam>,
         layout: RingLayout,
-        sink: Sender<Vec<Event>>,
+        sink: Sink,
         go: DrainStart,
     ) -> Drainer {
         let DrainStart {

@@ -14,11 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use vmm::GuestRam;
 
-use crossbeam_channel::Sender;
-
-use super::collect::{DrainStart, Drainer};
+use super::collect::{DrainStart, Drainer, Sink};
 use crate::plan::exitless::layout::RingLayout;
-use crate::trace::model::Event;
 
 /// What only the attach's pause knows: how to date the records, and where
 /// to count them.
@@ -90,7 +87,7 @@ impl PendingDrainer {
     pub fn spawn(
         mem: Arc<dyn GuestRam>,
         layout: RingLayout,
-        sink: Sender<Vec<Event>>,
+        sink: Sink,
     ) -> std::io::Result<PendingDrainer> {
         let slot = Arc::new(Slot::<Go>::default());
         let seen = Arc::clone(&slot);
@@ -156,8 +153,8 @@ mod tests {
     fn a_drainer_never_started_ends_and_lets_the_collector_finish() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let layout = RingLayout::new(1, 4, None, false).unwrap();
-        let (sink, events) = crossbeam_channel::unbounded();
-        let pending = PendingDrainer::spawn(Arc::new(mem), layout, sink).unwrap();
+        let (sink, events) = crossbeam_channel::unbounded::<Vec<crate::trace::model::Event>>();
+        let pending = PendingDrainer::spawn(Arc::new(mem), layout, sink.into()).unwrap();
         assert!(matches!(pending.join(), Ok(None)));
         // Its sender is gone with it: the collector sees the end.
         assert!(events.recv().is_err());
@@ -179,8 +176,8 @@ mod tests {
     fn a_pending_drainer_dropped_without_join_ends_its_thread() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let layout = RingLayout::new(1, 4, None, false).unwrap();
-        let (sink, events) = crossbeam_channel::unbounded();
-        drop(PendingDrainer::spawn(Arc::new(mem), layout, sink).unwrap());
+        let (sink, events) = crossbeam_channel::unbounded::<Vec<crate::trace::model::Event>>();
+        drop(PendingDrainer::spawn(Arc::new(mem), layout, sink.into()).unwrap());
         // The thread ended and dropped its sender. (The timeout only keeps
         // a failing test from hanging: a thread left polling never ends.)
         assert_eq!(

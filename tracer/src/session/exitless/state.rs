@@ -4,14 +4,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::Sender;
 use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
 use vmm::GuestRam;
 
 use super::backing::RegionPages;
 use super::code::write_code;
-use super::collect::{self, DrainError, DrainStart};
+use super::collect::{self, DrainError, DrainStart, Sink};
 use super::map::{self, Mapped};
 use super::pending::PendingDrainer;
 use super::ring;
@@ -24,7 +23,6 @@ use crate::plan::exitless::layout::{RingLayout, DATA_GPA, DATA_LEN, FRAME_NEXT_O
 use crate::plan::exitless::ret::Return;
 use crate::plan::exitless::symbols::{ALTERNATIVES_PATCHED, ITS_RETURN_THUNK};
 use crate::plan::exitless::{ExitlessPlan, TaskReads};
-use crate::trace::model::Event;
 
 pub use super::error::ExitlessError;
 
@@ -36,7 +34,7 @@ pub struct Exitless {
     /// Where the region stands in the guest.
     region: Region,
     /// The events' way to the collector, until the drainer takes it.
-    sink: Option<Sender<Vec<Event>>>,
+    sink: Option<Sink>,
     /// Spawned at `stage`, started at the first attach.
     drainer: Option<PendingDrainer>,
     mem: Option<Arc<dyn GuestRam>>,
@@ -78,7 +76,7 @@ type PerCpuSite = Vec<Vec<u64>>;
 
 impl Exitless {
     /// The session's exitless state for `plan`, its events sent to `sink`.
-    pub fn new(plan: ExitlessPlan, sink: Sender<Vec<Event>>) -> Exitless {
+    pub fn new(plan: ExitlessPlan, sink: Sink) -> Exitless {
         Exitless {
             plan,
             region: Region::Planned,

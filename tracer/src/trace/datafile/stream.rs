@@ -69,7 +69,8 @@ pub struct DataFile {
     stacks: usize,
     /// Functions named (in `HEAD`, then `FUNC` blocks).
     funcs: usize,
-    /// A block being assembled (kept to avoid an allocation per block).
+    /// An `EVTS` block being assembled and framed (kept to avoid an
+    /// allocation per block).
     buf: Vec<u8>,
 }
 
@@ -264,12 +265,13 @@ impl DataFile {
         debug_assert!(events
             .iter()
             .all(|e| e.is_return() || e.data <= self.args as u64));
+        debug_assert!(4 + MAX_BLOCK_EVENTS * EVENT_SIZE_V9 <= MAX_BLOCK as usize);
         for chunk in events.chunks(MAX_BLOCK_EVENTS) {
-            let mut buf = std::mem::take(&mut self.buf);
-            events_payload(chunk, &mut buf);
-            let r = self.block(TAG_EVENTS, &buf);
-            self.buf = buf;
-            r?;
+            // The block assembled in place, framed there, and written from
+            // there: no copy of the payload into a frame of its own.
+            events_block(chunk, &mut self.buf);
+            self.out.write_all(&self.buf)?;
+            self.bytes += self.buf.len() as u64;
             self.blocks += 1;
             self.events += chunk.len() as u64;
         }
@@ -331,6 +333,24 @@ pub(super) fn frame(tag: [u8; 4], payload: &[u8]) -> io::Result<Vec<u8>> {
     let crc = crc32fast::hash(&frame);
     frame.extend_from_slice(&crc.to_le_bytes());
     Ok(frame)
+}
+
+/// A whole `EVTS` block of `events` (at most `MAX_BLOCK_EVENTS`) into
+/// `buf`, as `frame` makes one: tag, length, payload, CRC-32 of all three.
+fn events_block(events: &[Event], buf: &mut Vec<u8>) {
+    const HEAD: usize = 8;
+    buf.clear();
+    buf.extend_from_slice(&TAG_EVENTS);
+    let len = 4 + events.len() * EVENT_SIZE_V9;
+    // At most MAX_BLOCK (the chunks' size): it fits a u32.
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
+    buf.resize(HEAD + len, 0);
+    for (b, e) in buf[HEAD + 4..].chunks_exact_mut(EVENT_SIZE_V9).zip(events) {
+        encode(e, b);
+    }
+    let crc = crc32fast::hash(buf);
+    buf.extend_from_slice(&crc.to_le_bytes());
 }
 
 /// An `EVTS` block's payload (at most `MAX_BLOCK_EVENTS` events) into
@@ -439,6 +459,26 @@ fn table_payloads<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The block framed in place is the block `frame` makes of the payload.
+    #[test]
+    fn an_events_block_framed_in_place_is_the_framed_payload() {
+        let events: Vec<Event> = (0..5u64)
+            .map(|i| Event {
+                ts_ns: i * 10,
+                parent: 0xffff_ffff_8100_0000 + i,
+                func: i as u32,
+                cpu: (i % 2) as u32,
+                data: i,
+                ..Event::default()
+            })
+            .collect();
+        let mut payload = Vec::new();
+        events_payload(&events, &mut payload);
+        let mut block = vec![1, 2, 3];
+        events_block(&events, &mut block);
+        assert_eq!(block, frame(TAG_EVENTS, &payload).unwrap());
+    }
 
     /// What was opened is checked, not what the path was before: a FIFO
     /// (opened without blocking) is refused; a regular file is kept, its
