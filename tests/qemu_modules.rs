@@ -369,11 +369,12 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
 /// A module first loaded during a trace in `mode` (exitless: with the
 /// function graph if `graph`): `vmt_*:mod:vmt_test` waits for it (said),
 /// the workload loads it, then `vmtcycles 20 K` (K calls, the unload, the
-/// load again), then unloads it: exactly 20 x K hits, named `vmt_hit
-/// [vmt_test]` (with the graph, every return too), its breakpoints taken
-/// out (exitless: its sites restored) at each unload and set (written)
-/// again at each load, its sites the kernel's NOPs at the last load, the
-/// comings and goings said, no gdbstub left and nothing on the console.
+/// load again): exactly 20 x K hits, named `vmt_hit [vmt_test]` (with
+/// the graph, every return too), its breakpoints taken out (exitless: its
+/// sites restored) at each unload and set (written, its ftrace records
+/// marked) again at each load, the comings and goings said; after the
+/// detach its sites the kernel's NOPs (its records the guest's ftrace's
+/// again), no gdbstub left and nothing on the console; unloaded after.
 fn first_load(
     guest: &QemuGuest,
     bz: &std::path::Path,
@@ -405,18 +406,39 @@ fn first_load(
     command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
     let (list, mut space) = modules.read();
     let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    let sites = traced_sites(now);
     if mode == "exitless" {
         // Written at the load: each traced site a call into vmtrace's code.
-        for site in traced_sites(now) {
+        for &site in &sites {
             let mut bytes = [0u8; 5];
             space.read(site, &mut bytes).unwrap();
             assert_eq!(bytes[0], 0xe8, "site {site:#x} at the last load");
         }
     }
-    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    // Exitless: its records marked as the attach's are, so the guest's
+    // own ftrace refuses vmt_hit while vmtrace's call is at its site.
+    let guests_ftrace = mode == "exitless" && !graph;
+    if guests_ftrace {
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=-22 tracer=off");
+    }
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+    let (_, mut space) = modules.read();
+    for &site in &sites {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "site {site:#x} after the detach");
+    }
+    if guests_ftrace {
+        // Given back at the detach: the guest's ftrace traces it again.
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=0 tracer=0");
+        let off = guest_ftrace(guest, "off");
+        assert_eq!(off, "workload: ftrace off tracer=0 filter=0");
+    }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
     assert!(
         e.stderr.contains(
             "vmtrace: 'vmt_*:mod:vmt_test': no such module loaded yet; its functions are traced \
@@ -445,17 +467,20 @@ fn first_load(
         let getppid = counts.get("__x64_sys_getppid").copied().unwrap_or(0);
         assert_eq!(returns, CYCLES * (K + 2) + getppid, "{}", e.stdout);
     }
-    // Loaded 21 times (the first, then once a cycle), unloaded 21 times.
-    let how = match mode {
-        "trap" => "its breakpoints removed".to_string(),
-        _ => format!("its sites restored, {} in all,", (CYCLES + 1) * 3),
+    // Loaded 21 times (the first, then once a cycle), unloaded 20 times;
+    // exitless, its 3 sites and getppid's restored at the detach.
+    let (how, restored) = match mode {
+        "trap" => ("its breakpoints removed".to_string(), String::new()),
+        _ => (
+            format!("its sites restored, {} in all,", CYCLES * 3),
+            "4 sites restored; ".to_string(),
+        ),
     };
     assert!(
         e.stderr.contains(&format!(
-            "a traced module went away {} times ({how} before its memory was freed) and came \
-             back {CYCLES} times (traced again); 1 module first loaded during the trace, traced \
-             from its load",
-            CYCLES + 1
+            "{restored}a traced module went away {CYCLES} times ({how} before its memory was \
+             freed) and came back {CYCLES} times (traced again); 1 module first loaded during the \
+             trace, traced from its load"
         )),
         "{mode}: {}",
         e.stderr

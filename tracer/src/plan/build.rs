@@ -462,12 +462,17 @@ mod tests {
                 panic!("trap mode planned")
             };
             assert_eq!(code.trampoline.sites(), planned);
+            let records_off = code.layout().records_off;
             p.reserve_added(coming(), 4096, &req).unwrap();
             assert_eq!(p.plan.exitless_added(), EXITLESS_ADDED);
             let Mode::Exitless(code) = &p.mode else {
                 panic!("trap mode planned")
             };
             let t = &code.trampoline;
+            // A drop counter each in every ring (two with the graph).
+            let counters = if graph { 2 } else { 1 };
+            let grown = code.layout().records_off - records_off;
+            assert_eq!(grown, counters * 8 * EXITLESS_ADDED as u64);
             assert_eq!(t.sites(), planned + EXITLESS_ADDED);
             assert_eq!(code.layout().sites, planned + EXITLESS_ADDED);
             let stubs: std::collections::HashSet<u64> =
