@@ -11,8 +11,10 @@
 //! are left alone at the detach (its text is freed), and it is gone from
 //! the list; in trap, exitless and exitless `--graph` modes, unloaded and
 //! loaded again 20 times, it is followed (each cycle's calls counted);
-//! first loaded during a trap-mode trace (`vmt_*:mod:vmt_test` waiting for
-//! it), it is traced from its load, through 20 more cycles, exactly.
+//! first loaded during a trace (`vmt_*:mod:vmt_test` waiting for it) in
+//! trap, exitless and exitless `--graph` modes, it is traced from its
+//! load, through 20 more cycles, exactly; an exitless attach killed after
+//! such a load is repaired by `vmtrace detach`.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
 //! same way (by name and by `:mod:`). One boot for all.
 
@@ -356,46 +358,87 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);
 
-    first_load_trap(&guest, &bz, w.worker, &modules);
+    for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
+        first_load(&guest, &bz, w.worker, &modules, mode, graph);
+    }
+    killed_after_a_first_load(&guest, &bz, w.worker, &modules);
     let (after, _) = modules.read();
     assert_eq!(after, before);
 }
 
-/// A module first loaded during a trap-mode trace: `vmt_*:mod:vmt_test`
-/// waits for it (said), the workload loads it, then `vmtcycles 20 K`
-/// (K calls, the unload, the load again), then unloads it: exactly
-/// 20 x K hits, named `vmt_hit [vmt_test]`, its breakpoints taken out at
-/// each unload and set again at each load, its sites the kernel's NOPs
-/// at the last load, no gdbstub left and nothing on the console.
-fn first_load_trap(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
+/// A module first loaded during a trace in `mode` (exitless: with the
+/// function graph if `graph`): `vmt_*:mod:vmt_test` waits for it (said),
+/// the workload loads it, then `vmtcycles 20 K` (K calls, the unload, the
+/// load again): exactly 20 x K hits, named `vmt_hit [vmt_test]` (with
+/// the graph, every return too), its breakpoints taken out (exitless: its
+/// sites restored) at each unload and set (written, its ftrace records
+/// marked) again at each load, the comings and goings said; after the
+/// detach its sites the kernel's NOPs (its records the guest's ftrace's
+/// again), no gdbstub left and nothing on the console; unloaded after.
+fn first_load(
+    guest: &QemuGuest,
+    bz: &std::path::Path,
+    worker: u32,
+    modules: &Modules,
+    mode: &str,
+    graph: bool,
+) {
     const CYCLES: u64 = 20;
     const K: u64 = 5;
-    let args = [
+    let mut args = vec![
         "--kernel",
         s(bz),
         "--format",
         "json",
         "--mode",
-        "trap",
+        mode,
         "--trace",
         "vmt_*:mod:vmt_test,__x64_sys_getppid",
     ];
+    if graph {
+        args.push("--graph");
+    }
     let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("vmtrace: attached to QEMU");
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains(mode), "{line}");
     command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
     let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
     command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
     let (list, mut space) = modules.read();
     let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
-    for &site in &now.sites {
-        let mut bytes = [0u8; 5];
-        space.read(site, &mut bytes).unwrap();
-        assert_eq!(bytes, NOP5, "site {site:#x} after {CYCLES} cycles");
+    let sites = traced_sites(now);
+    if mode == "exitless" {
+        // Written at the load: each traced site a call into vmtrace's code.
+        for &site in &sites {
+            let mut bytes = [0u8; 5];
+            space.read(site, &mut bytes).unwrap();
+            assert_eq!(bytes[0], 0xe8, "site {site:#x} at the last load");
+        }
     }
-    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    // Exitless: its records marked as the attach's are, so the guest's
+    // own ftrace refuses vmt_hit while vmtrace's call is at its site.
+    let guests_ftrace = mode == "exitless" && !graph;
+    if guests_ftrace {
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=-22 tracer=off");
+    }
     a.signal(libc::SIGINT);
     let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+    let (_, mut space) = modules.read();
+    for &site in &sites {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        assert_eq!(bytes, NOP5, "site {site:#x} after the detach");
+    }
+    if guests_ftrace {
+        // Given back at the detach: the guest's ftrace traces it again.
+        let on = guest_ftrace(guest, "on vmt_hit");
+        assert_eq!(on, "workload: ftrace on vmt_hit=0 tracer=0");
+        let off = guest_ftrace(guest, "off");
+        assert_eq!(off, "workload: ftrace off tracer=0 filter=0");
+    }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
     assert!(
         e.stderr.contains(
             "vmtrace: 'vmt_*:mod:vmt_test': no such module loaded yet; its functions are traced \
@@ -411,10 +454,106 @@ fn first_load_trap(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules
         ("vmt_write", CYCLES),
     ] {
         let name = format!("{f} [vmt_test]");
-        assert_eq!(counts.get(&name), Some(&n), "{f}: {counts:?}");
+        assert_eq!(
+            counts.get(&name),
+            Some(&n),
+            "{mode} {graph}: {f}: {counts:?}"
+        );
     }
     assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+    if graph {
+        // Every call returned through its hook (none of getppid's here).
+        let returns = e.json()["graph"]["returns"].as_u64().unwrap();
+        let getppid = counts.get("__x64_sys_getppid").copied().unwrap_or(0);
+        assert_eq!(returns, CYCLES * (K + 2) + getppid, "{}", e.stdout);
+    }
+    // Loaded 21 times (the first, then once a cycle), unloaded 20 times;
+    // exitless, its 3 sites and getppid's restored at the detach.
+    let (how, restored) = match mode {
+        "trap" => ("its breakpoints removed".to_string(), String::new()),
+        _ => (
+            format!("its sites restored, {} in all,", CYCLES * 3),
+            "4 sites restored; ".to_string(),
+        ),
+    };
+    assert!(
+        e.stderr.contains(&format!(
+            "{restored}a traced module went away {CYCLES} times ({how} before its memory was \
+             freed) and came back {CYCLES} times (traced again); 1 module first loaded during the \
+             trace, traced from its load"
+        )),
+        "{mode}: {}",
+        e.stderr
+    );
     assert_no_gdbstub(guest.qmp_socket());
+    let console = guest.console();
+    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
+        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
+    }
+    assert_runs_on(guest, worker);
+}
+
+/// The sites of `vmt_test`'s functions that `vmt_*` traces.
+fn traced_sites(m: &LoadedModule) -> Vec<u64> {
+    let traced = |s: &u64| {
+        let f = m.function_at(*s);
+        f.is_some_and(|f| ["vmt_hit", "vmt_batch", "vmt_write"].contains(&f.name.as_str()))
+    };
+    let sites: Vec<u64> = m.sites.iter().copied().filter(traced).collect();
+    assert_eq!(sites.len(), 3, "{m:?}");
+    sites
+}
+
+/// An exitless attach waiting for `vmt_test`, killed (SIGKILL, with its
+/// guardian) once the module's first load wrote its sites (journaled):
+/// `vmtrace detach` leaves no gdbstub, the module's sites the kernel's
+/// NOPs, and its calls run on; unloaded after.
+fn killed_after_a_first_load(
+    guest: &QemuGuest,
+    bz: &std::path::Path,
+    worker: u32,
+    modules: &Modules,
+) {
+    let args = [
+        "--kernel",
+        s(bz),
+        "--mode",
+        "exitless",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    let (list, mut space) = modules.read();
+    let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    let sites = traced_sites(now);
+    let read = |space: &mut AddressSpace<'_>, site: u64| {
+        let mut bytes = [0u8; 5];
+        space.read(site, &mut bytes).unwrap();
+        bytes
+    };
+    for &site in &sites {
+        assert_eq!(
+            read(&mut space, site)[0],
+            0xe8,
+            "site {site:#x} after the load"
+        );
+    }
+    kill_with_guardian(a);
+    let o = detach(guest.qmp_socket());
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert_no_gdbstub(guest.qmp_socket());
+    command(guest, "vmt 3", "vmt 3", worker);
+    let (_, mut space) = modules.read();
+    for &site in &sites {
+        assert_eq!(
+            read(&mut space, site),
+            NOP5,
+            "site {site:#x} after the repair"
+        );
+    }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
     let console = guest.console();
     for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
         assert!(!console.contains(bad), "{bad} on the console:\n{console}");

@@ -89,7 +89,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     }
     say_attached(&s);
     if let Some(globs) = waiting {
-        say_waiting(&s, &globs);
+        say_waiting(&globs);
     }
     say_events(&s, &events.behind_static_calls());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
@@ -233,25 +233,20 @@ fn plan_waiting(
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
     let waiting = guest_modules::waiting(&mut request, &image, walk);
     let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
-    let waiting = waiting.map(|(coming, globs)| {
-        plan.plan.reserve_added(coming, guest_modules::ADDED_SITES);
-        globs
-    });
-    Ok((plan, waiting))
+    let Some((coming, globs)) = waiting else {
+        return Ok((plan, None));
+    };
+    plan.reserve_added(coming, guest_modules::ADDED_SITES, &request)
+        .map_err(InputError::from)?;
+    Ok((plan, Some(globs)))
 }
 
-/// Says which `:mod:` globs wait for their module, and whether this
-/// attach follows it (trap mode does).
-fn say_waiting(s: &QemuSession, globs: &[String]) {
+/// Says which `:mod:` globs wait for their module.
+fn say_waiting(globs: &[String]) {
     let globs = globs.join(",");
-    match s.traps() {
-        true => note!(
-            "vmtrace: '{globs}': no such module loaded yet; its functions are traced when the guest loads it"
-        ),
-        false => note!(
-            "vmtrace: '{globs}': no such module loaded yet, and exitless mode does not trace a module first loaded during the trace yet (--mode trap does)"
-        ),
-    }
+    note!(
+        "vmtrace: '{globs}': no such module loaded yet; its functions are traced when the guest loads it"
+    );
 }
 
 fn say_attached(s: &QemuSession) {

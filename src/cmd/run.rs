@@ -261,6 +261,20 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
             untraced_sites(d)
         ));
     }
+    if d.module_first > 0 {
+        s.push_str(&format!(
+            "; {} module{} first loaded during the trace, traced from {} load",
+            d.module_first,
+            if d.module_first == 1 { "" } else { "s" },
+            if d.module_first == 1 { "its" } else { "their" },
+        ));
+        if d.module_unslotted > 0 {
+            s.push_str(&format!(
+                " (but {} function loads past vmtrace's spare sites left untraced)",
+                d.module_unslotted
+            ));
+        }
+    }
     if d.module_gone > 0 {
         s.push_str(&format!(
             ", {} in modules the guest unloaded during the trace left alone (their memory freed)",

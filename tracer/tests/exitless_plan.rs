@@ -69,6 +69,7 @@ fn prepare(image: &KernelImage) -> Exitless {
         values: Default::default(),
         arg_sites: None,
         direct: false,
+        added: 0,
     };
     Exitless::new(
         ExitlessPlan::build(image, 2, 3, Some(16), plain).unwrap_or_else(|e| panic!("{e}")),
@@ -226,6 +227,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
         values: Default::default(),
         arg_sites: None,
         direct: false,
+        added: 0,
     };
     let err = ExitlessPlan::build(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));

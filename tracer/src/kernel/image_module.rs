@@ -50,3 +50,27 @@ pub struct ModuleLayout {
     pub(crate) ftrace_callsites: u32,
     pub(crate) num_ftrace_callsites: u32,
 }
+
+#[cfg(test)]
+impl ModuleLayout {
+    /// A layout for tests that never walk a guest's modules.
+    pub(crate) fn unused() -> ModuleLayout {
+        ModuleLayout {
+            head: 0,
+            state: 0,
+            list: 0,
+            name: 0,
+            text: TextAt::Memory {
+                at: 0,
+                base: 0,
+                size: 8,
+            },
+            kallsyms: 0,
+            symtab: 0,
+            num_symtab: 0,
+            strtab: 0,
+            ftrace_callsites: 0,
+            num_ftrace_callsites: 0,
+        }
+    }
+}

@@ -12,6 +12,15 @@ use std::sync::Mutex;
 
 use crate::kernel::symbols::Symbol;
 
+/// Spare slots exitless mode's code has (of those reserved): each takes a
+/// site body (110 to 150 bytes of code, or a stub of a few bytes where
+/// the code is in the shared shape) and a drop counter (two with the
+/// function graph) in every ring, in the guest's few free pages. 256 is
+/// a large driver's traced functions, for 8 or 9 pages of bodies and
+/// 2 KiB of counters a ring; a function past them is left untraced and
+/// counted.
+pub const EXITLESS_ADDED: usize = 256;
+
 /// The spare slots of one plan.
 #[derive(Debug, Default)]
 pub struct AddedSites {

@@ -223,6 +223,25 @@ impl TracePlan {
     }
 }
 
+impl TracePlan {
+    /// Follow the modules the guest first loads during the trace
+    /// (`Plan::reserve_added`); exitless mode's code is made again with
+    /// their spare sites (`Plan::exitless_added`). `req`: the request the
+    /// plan was built from.
+    pub fn reserve_added(
+        &mut self,
+        coming: super::ComingModules,
+        slots: usize,
+        req: &Request,
+    ) -> Result<(), PlanError> {
+        self.plan.reserve_added(coming, slots);
+        if matches!(self.mode, Mode::Exitless(_)) {
+            self.mode = choose_mode(&self.plan, req, &mut self.notes)?;
+        }
+        Ok(())
+    }
+}
+
 /// The values to record, checked: return values are read at returns,
 /// which only the function graph hooks; values are shown by the kernel's
 /// BTF.
@@ -410,6 +429,66 @@ mod tests {
             return None;
         }
         Some(KernelImage::load(&path).unwrap())
+    }
+
+    /// What following modules first loaded during the trace needs (its
+    /// layout is never walked here).
+    fn coming() -> super::super::ComingModules {
+        super::super::ComingModules {
+            selection: Filter::new(&["*:mod:m".to_string()], &[]).unwrap(),
+            layout: crate::kernel::image_module::ModuleLayout::unused(),
+            phys: 0,
+        }
+    }
+
+    /// Exitless mode's code is made again with the spare sites of the
+    /// modules first loaded during the trace, at most `EXITLESS_ADDED` of
+    /// those reserved: each with a body of its own (a recorded call as
+    /// short as a planned site's) and its drop counters; with the graph,
+    /// a stub to the shared body as every site.
+    #[test]
+    fn exitless_code_has_the_spare_sites() {
+        use crate::plan::added_sites::EXITLESS_ADDED;
+        use crate::plan::exitless::trampoline::{Shape, COMMON_PATH_INSTRUCTIONS};
+        if mini().is_none() {
+            return;
+        }
+        for graph in [false, true] {
+            let mut req = request(graph, false, false);
+            req.mode = ModeChoice::Exitless;
+            let mut p = TracePlan::build(mini().unwrap(), &req).unwrap();
+            let planned = p.plan.index.addrs.len();
+            let Mode::Exitless(code) = &p.mode else {
+                panic!("trap mode planned")
+            };
+            assert_eq!(code.trampoline.sites(), planned);
+            let records_off = code.layout().records_off;
+            p.reserve_added(coming(), 4096, &req).unwrap();
+            assert_eq!(p.plan.exitless_added(), EXITLESS_ADDED);
+            let Mode::Exitless(code) = &p.mode else {
+                panic!("trap mode planned")
+            };
+            let t = &code.trampoline;
+            // A drop counter each in every ring (two with the graph).
+            let counters = if graph { 2 } else { 1 };
+            let grown = code.layout().records_off - records_off;
+            assert_eq!(grown, counters * 8 * EXITLESS_ADDED as u64);
+            assert_eq!(t.sites(), planned + EXITLESS_ADDED);
+            assert_eq!(code.layout().sites, planned + EXITLESS_ADDED);
+            let stubs: std::collections::HashSet<u64> =
+                (0..t.sites()).map(|k| t.stub_va(k as u32)).collect();
+            assert_eq!(stubs.len(), t.sites(), "each site its own entry");
+            let last = t.sites() - 1;
+            match graph {
+                true => assert_eq!(t.shape, Shape::Shared),
+                false => {
+                    assert_eq!(t.shape, Shape::PerSite);
+                    let path = |k| t.site_path(k).unwrap().len();
+                    assert_eq!(path(last), path(0));
+                    assert!(path(0) >= COMMON_PATH_INSTRUCTIONS);
+                }
+            }
+        }
     }
 
     /// The values asked reach the plan; return values need the function

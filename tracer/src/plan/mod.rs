@@ -230,6 +230,13 @@ impl Plan {
         self.coming = Some(coming);
     }
 
+    /// Spare sites exitless mode's code has for functions added during the
+    /// trace: those reserved, at most `added_sites::EXITLESS_ADDED`.
+    pub fn exitless_added(&self) -> usize {
+        let reserved = self.index.added().capacity();
+        reserved.min(added_sites::EXITLESS_ADDED)
+    }
+
     /// The text the kernel rewrites itself, which comparing the running
     /// text with the file skips; none when its tables cannot be read (the
     /// comparison then tolerates what it always did).

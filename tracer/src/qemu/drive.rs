@@ -14,6 +14,7 @@ use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
+use super::module_added::FirstLoads;
 use super::module_follow::ModuleFollow;
 use super::module_hooks::ModuleHooks;
 use super::module_marks::Marks;
@@ -242,8 +243,9 @@ impl QemuVm {
     }
 }
 
-/// The hooks for the traced module sites of `tracer`'s plan, read under
-/// `stop` (None: no module site traced, or its modules unreadable).
+/// The hooks for the traced module sites of `tracer`'s plan, and for the
+/// modules first loaded during the trace (when slots were kept), read
+/// under `stop` (None: none to follow, or its modules unreadable).
 fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<ModuleHooks> {
     let plan = tracer.plan();
     let virt = plan.index.slide();
@@ -254,9 +256,21 @@ fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<Mo
         .map(|&a| a.wrapping_add(virt as u64))
         .collect();
     let ram = Arc::clone(vmm::Stopped::ram(stop));
-    ModuleHooks::new(&plan.image, virt, &*ram, &sites, None)
+    let coming = plan.coming.as_ref().filter(|_| plan.exitless_added() > 0);
+    let coming = coming.map(|c| FirstLoads::new(c, Arc::clone(&plan.index)));
+    ModuleHooks::new(&plan.image, virt, &*ram, &sites, coming)
         .ok()
         .flatten()
+}
+
+/// What each spare site of `tracer`'s exitless code calls, by slot (none
+/// without the code).
+fn added_stubs(tracer: &Tracer) -> Vec<u64> {
+    let Some(t) = tracer.trampoline() else {
+        return Vec::new();
+    };
+    let planned = tracer.plan().index.addrs.len();
+    (planned..t.sites()).map(|k| t.stub_va(k as u32)).collect()
 }
 
 /// The guest's ftrace records, to mark a reloaded module's as the attach
@@ -289,8 +303,10 @@ impl Backend for QemuVm {
                             // module's sites are left alone at the detach.
                             let j = self.follow_journal.take();
                             let marks = marks_of(tracer);
-                            self.follow =
-                                ModuleFollow::start(h, &stop, j, marks).ok().map(Box::new);
+                            let stubs = added_stubs(tracer);
+                            self.follow = ModuleFollow::start(h, &stop, j, marks, stubs)
+                                .ok()
+                                .map(Box::new);
                         }
                         Ok(times(tracer))
                     }

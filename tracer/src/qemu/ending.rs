@@ -184,10 +184,13 @@ impl Detach<'_> {
         };
         let n = b.remove(&self.vm.guest, &stop, last)?;
         let (unloads, reloads, untraced) = b.module_cycles();
+        let (first, unslotted) = b.modules_first_loaded();
         let c = DetachCounts {
             module_unloads: unloads,
             module_reloads: reloads,
             module_untraced: untraced,
+            module_first: first,
+            module_unslotted: unslotted,
             ..self.tracer.unwatched(n)
         };
         stop.detach()?;
@@ -210,6 +213,7 @@ impl Detach<'_> {
                 .detach(&stop)
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
+            (c.module_first, c.module_unslotted) = f.first_loaded();
             c.module_restored = f.restored;
             c.module_in_use = f.in_use;
             c.restored += since;

@@ -26,8 +26,14 @@ pub struct FirstLoads {
     /// KASLR offset (its page table's place).
     walk: (ModuleLayout, i64),
     modules: Vec<Coming>,
+    /// Slots this session's code has (exitless mode's spare sites may be
+    /// fewer than those reserved: `crate::plan::Plan::exitless_added`).
+    limit: usize,
     /// Traced functions that found no spare slot (more than reserved).
     pub unslotted: usize,
+    /// Loads of these modules after their first, and their unloads.
+    pub again: usize,
+    pub gone: usize,
 }
 
 /// A module first loaded during the trace.
@@ -47,8 +53,21 @@ impl FirstLoads {
             index,
             walk: (coming.layout, coming.phys),
             modules: Vec::new(),
+            limit: usize::MAX,
             unslotted: 0,
+            again: 0,
+            gone: 0,
         }
+    }
+
+    /// Give at most `n` slots (the spare sites of exitless mode's code).
+    pub fn limit_to(&mut self, n: usize) {
+        self.limit = n;
+    }
+
+    /// The slot of the added site at running address `addr`.
+    pub fn slot_of(&self, addr: u64) -> Option<usize> {
+        self.index.added().find(addr)
     }
 
     /// The guest loads `read` (a module the attach did not find), its
@@ -59,7 +78,12 @@ impl FirstLoads {
         let selected = selected_functions(read, &self.filter);
         let added = self.index.added();
         let c = match self.modules.iter().position(|c| c.name == read.name) {
-            Some(i) => &mut self.modules[i],
+            Some(i) => {
+                self.again += 1;
+                &mut self.modules[i]
+            }
+            // A module the selection takes nothing of is not followed.
+            None if selected.is_empty() => return Vec::new(),
             None => {
                 self.modules.push(Coming {
                     name: read.name.clone(),
@@ -76,10 +100,13 @@ impl FirstLoads {
                     added.set(k, f.site);
                     Some(k)
                 }
+                None if added.used() >= self.limit => None,
                 None => {
+                    // At a link address, as the attach's modules' functions
+                    // (their running address less the KASLR offset).
                     let sym = Symbol {
                         name: f.name.clone(),
-                        addr: f.addr,
+                        addr: f.addr.wrapping_sub(self.index.slide() as u64),
                         size: f.size,
                     };
                     let k = added.add(f.site, sym);
@@ -105,6 +132,7 @@ impl FirstLoads {
             return Vec::new();
         };
         c.now = None;
+        self.gone += 1;
         let added = self.index.added();
         let mut sites = Vec::new();
         for &(k, _) in &c.slots {
@@ -223,6 +251,57 @@ mod tests {
         assert!(names(&["*:mod:other"]).is_empty());
         assert!(names(&["vmt_notrace"]).is_empty());
         assert!(names(&["hrtimer_*"]).is_empty());
+    }
+
+    /// Slots are given up to the limit (exitless mode's spare sites), the
+    /// rest counted; the functions are named at link addresses; a
+    /// module's later loads keep its slots, and its loads and unloads
+    /// are counted.
+    #[test]
+    fn a_first_loaded_module_gets_slots_up_to_the_limit_and_is_counted() {
+        let base = 0xffff_ffff_c000_0000;
+        let slide = 0x2000_0000;
+        let index = SiteIndex::new(vec![(0xffff_ffff_8100_0000, 0)]).with_added(8, 1);
+        index.set_slide(slide);
+        let index = Arc::new(index);
+        let coming = ComingModules {
+            selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
+            layout: crate::kernel::modules::ModuleLayout::unused(),
+            phys: 0,
+        };
+        let mut first = FirstLoads::new(&coming, Arc::clone(&index));
+        first.limit_to(2);
+        let module = |at: u64| LoadedModule {
+            name: "vmt_test".into(),
+            addr: at + 0x1000,
+            text: at..at + 0x200,
+            functions: vec![
+                function("vmt_batch", at),
+                function("vmt_hit", at + 0x40),
+                function("vmt_write", at + 0x80),
+            ],
+            sites: vec![at + 4, at + 0x44, at + 0x84],
+        };
+        let m = module(base);
+        assert_eq!(first.loading(&m, m.addr), [base + 4, base + 0x44]);
+        assert_eq!(first.unslotted, 1);
+        assert_eq!(first.slot_of(base + 0x44), Some(1));
+        let named = index.added().functions();
+        assert_eq!(named[0].addr, base.wrapping_sub(slide as u64));
+        assert_eq!(first.freeing(m.addr), [base + 4, base + 0x44]);
+        let again = module(base + 0x10000);
+        let sites = first.loading(&again, again.addr);
+        assert_eq!(sites, [base + 0x10004, base + 0x10044]);
+        assert_eq!(first.slot_of(base + 0x10004), Some(0));
+        assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
+        // A module the selection takes nothing of is not followed.
+        let other = LoadedModule {
+            name: "other".into(),
+            ..module(base + 0x20000)
+        };
+        assert!(first.loading(&other, other.addr).is_empty());
+        assert!(first.freeing(other.addr).is_empty());
+        assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
     }
 
     /// Judged as the attach judges a site's function: by its full or bare

@@ -9,7 +9,10 @@
 //! guest does not use gets its record marked (`super::module_marks`) and
 //! a call to the stub of the attach's site (journaled first), so its
 //! calls land in the attach's site index and count as the plan's
-//! function: no stub or ring slot is added. A site straddling two pages
+//! function: no stub or ring slot is added. A module first loaded during
+//! the trace (`super::module_added`) is written the same way, each of its
+//! traced functions' sites a call to the body of a spare site of the
+//! code (`crate::plan::added_sites`), its own. A site straddling two pages
 //! is written in both (`super::site_span`), under the stop.
 
 use std::collections::HashMap;
@@ -87,19 +90,29 @@ pub struct ModuleFollow {
     /// Sites of modules loaded again left untraced because the guest's
     /// own ftrace used them (or was changing its records) at the load.
     pub in_use: usize,
+    /// What each spare site calls (its body or stub in vmtrace's code),
+    /// by slot: where a function of a module first loaded during the
+    /// trace lands (`crate::plan::added_sites`).
+    added_stubs: Vec<u64>,
 }
 
 impl ModuleFollow {
     /// Under the attach's stop, once its sites are written: the stub each
     /// traced module site of `hooks` calls now, and the two breakpoints
     /// (named in `journal` first). `marks`: the guest's ftrace records,
-    /// where the attach marked its own. On an error, none is left set.
+    /// where the attach marked its own. `added_stubs`: what each spare
+    /// site of the code calls, for the modules first loaded (no more
+    /// slots are given). On an error, none is left set.
     pub fn start(
-        hooks: ModuleHooks,
+        mut hooks: ModuleHooks,
         stop: &QemuStop<'_>,
         mut journal: Option<Journal>,
         marks: Option<Marks>,
+        added_stubs: Vec<u64>,
     ) -> Result<ModuleFollow, FollowError> {
+        if let Some(f) = hooks.first.as_mut() {
+            f.limit_to(added_stubs.len());
+        }
         let ram = Arc::clone(vmm::Stopped::ram(stop));
         let mut space = AddressSpace::new(&*ram, hooks.root(), PagingMode::Level4);
         let mut at_attach = HashMap::new();
@@ -130,6 +143,7 @@ impl ModuleFollow {
             coming: Vec::new(),
             marks,
             in_use: 0,
+            added_stubs,
         })
     }
 
@@ -148,9 +162,25 @@ impl ModuleFollow {
     }
 
     /// Traced modules unloaded, loaded again, and sites of those loaded
-    /// again left untraced.
+    /// again left untraced (`ModuleHooks::cycles`).
     pub fn cycles(&self) -> (usize, usize, usize) {
-        (self.hooks.unloads, self.hooks.loads, self.hooks.untraced)
+        self.hooks.cycles()
+    }
+
+    /// Modules first loaded during the trace and traced, and their
+    /// functions' loads left untraced for want of a slot.
+    pub fn first_loaded(&self) -> (usize, usize) {
+        self.hooks.first_loaded()
+    }
+
+    /// What the site at `new` (standing for the attach's site `at`, or
+    /// for itself: a module first loaded) calls.
+    fn stub_for(&self, new: u64, at: u64) -> Option<u64> {
+        if let Some(&(_, stub)) = self.at_attach.get(&at) {
+            return Some(stub);
+        }
+        let k = self.hooks.first.as_ref()?.slot_of(new)?;
+        self.added_stubs.get(k).copied()
     }
 
     /// Waits up to `timeout` for the VM to stop: a hook's stop is handled
@@ -209,8 +239,8 @@ impl ModuleFollow {
         if rip == self.hooks.load {
             let mut sites = Vec::new();
             for (new, at) in self.hooks.loading(ram, module)? {
-                match self.at_attach.get(&at) {
-                    Some(&(_, stub)) => sites.push((new, stub)),
+                match self.stub_for(new, at) {
+                    Some(stub) => sites.push((new, stub)),
                     None => self.hooks.untraced += 1,
                 }
             }
@@ -241,6 +271,9 @@ impl ModuleFollow {
             }
             let site = match self.written.iter().position(|w| w.va == va) {
                 Some(i) => Some(self.written.swap_remove(i)),
+                // (A first-loaded module's site left to the guest's
+                // ftrace at its load is neither.)
+                None if !self.at_attach.contains_key(&va) => None,
                 None => {
                     self.given_back.push(va);
                     self.attach_site(&mut space, va)

@@ -193,6 +193,25 @@ impl ModuleHooks {
         }))
     }
 
+    /// Traced modules the guest unloaded, and loaded again (those first
+    /// loaded during the trace included, their first load aside); sites
+    /// of those loaded again left untraced (their code changed).
+    pub fn cycles(&self) -> (usize, usize, usize) {
+        let f = self.first.as_ref();
+        (
+            self.unloads + f.map_or(0, |f| f.gone),
+            self.loads + f.map_or(0, |f| f.again),
+            self.untraced,
+        )
+    }
+
+    /// Modules first loaded during the trace and traced, and their
+    /// functions' loads left untraced for want of a slot.
+    pub fn first_loaded(&self) -> (usize, usize) {
+        let f = self.first.as_ref();
+        f.map_or((0, 0), |f| (f.modules(), f.unslotted))
+    }
+
     /// The kernel's top page table (guest-physical): module text is
     /// reached through it.
     pub fn root(&self) -> u64 {

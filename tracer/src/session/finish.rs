@@ -73,8 +73,9 @@ impl Tracer {
                 counts[self.plan.index.func(i) as usize][cpu] += c.load(Ordering::Relaxed);
             }
         }
+        // (Spare sites not given out have no function yet, and no calls.)
         for (cpu, per_site) in ring_drops.iter().enumerate() {
-            for (i, d) in per_site.iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate().take(self.plan.index.live()) {
                 counts[self.plan.index.func(i) as usize][cpu] += d;
             }
         }
@@ -94,7 +95,7 @@ impl Tracer {
             }
         }
         for (cpu, per_site) in self.ring_ret_drops().iter().enumerate() {
-            for (i, d) in per_site.iter().enumerate() {
+            for (i, d) in per_site.iter().enumerate().take(self.plan.index.live()) {
                 returns[self.plan.index.func(i) as usize][cpu] += d;
             }
         }

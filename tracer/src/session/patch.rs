@@ -173,6 +173,11 @@ pub struct DetachCounts {
     pub module_in_use: usize,
     /// Exitless mode: sites given their bytes back at those unloads.
     pub module_restored: usize,
+    /// Modules first loaded during the trace and traced (their unloads
+    /// and later loads counted with the others'), and their functions'
+    /// loads left untraced for want of a spare slot.
+    pub module_first: usize,
+    pub module_unslotted: usize,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
     /// `-e` on the own VMM: the keys' counts set back to 0.

@@ -40,6 +40,10 @@ pub struct Records<'a> {
     /// The sites are direct entries: their stubs take the end of the code
     /// page (`layout::direct_stubs_len`).
     pub direct: bool,
+    /// Spare sites after the plan's, for the functions of modules first
+    /// loaded during the trace (`crate::plan::added_sites`): each gets
+    /// what a planned site gets, its body (or stub) and drop counters.
+    pub added: usize,
 }
 
 impl<'a> Records<'a> {
@@ -51,6 +55,7 @@ impl<'a> Records<'a> {
             values: plan.values,
             arg_sites: plan.arg_sites(),
             direct: plan.direct.is_some(),
+            added: plan.exitless_added(),
         }
     }
 }
@@ -78,7 +83,8 @@ pub struct ExitlessPlan {
 
 impl ExitlessPlan {
     /// The rings and the code for this image, CPU count and site count
-    /// (`ring_records` per ring; None: as many as fit).
+    /// (`ring_records` per ring; None: as many as fit), and `what.added`
+    /// spare sites after those.
     pub fn build(
         image: &KernelImage,
         cpus: usize,
@@ -92,6 +98,7 @@ impl ExitlessPlan {
             values,
             arg_sites,
             direct,
+            added,
         } = what;
         let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
             (Some(s), _) => s.addr,
@@ -114,7 +121,7 @@ impl ExitlessPlan {
             });
         }
         let spec = TrampolineSpec {
-            layout: RingLayout::with_args(cpus, sites, ring_records, graph, values.args)?,
+            layout: RingLayout::with_args(cpus, sites + added, ring_records, graph, values.args)?,
             cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
             preemptible: image.symbol(symbols::PREEMPT_SCHEDULE).is_some(),
             // `ret; int3` until `fit` reads how the kernel returns.

@@ -66,10 +66,15 @@ impl Breakpoints {
     }
 
     /// Traced modules the guest unloaded, and loaded again, during the
-    /// trace; and sites of those loaded again left untraced.
+    /// trace; and sites of those loaded again left untraced
+    /// (`ModuleHooks::cycles`).
     pub fn module_cycles(&self) -> (usize, usize, usize) {
-        self.hooks
-            .as_ref()
-            .map_or((0, 0, 0), |k| (k.unloads, k.loads, k.untraced))
+        self.hooks.as_ref().map_or((0, 0, 0), |k| k.cycles())
+    }
+
+    /// Modules first loaded during the trace and traced, and their
+    /// functions' loads left untraced for want of a slot.
+    pub fn modules_first_loaded(&self) -> (usize, usize) {
+        self.hooks.as_ref().map_or((0, 0), |k| k.first_loaded())
     }
 }
