@@ -341,36 +341,16 @@ impl Breakpoints {
         Ok(())
     }
 
-    /// The guest patches the site of the `__jump_table` entry at `entry`
-    /// (`struct jump_entry { s32 code; ... }`, in the kernel's image): if
-    /// it is one of vmtrace's, its NOP goes back first, and the site is the
-    /// guest's from then on (the detach leaves it: its key is counted).
+    /// The guest patches the site of the `__jump_table` entry at `entry`:
+    /// if it is one of vmtrace's, its NOP goes back first, and the site is
+    /// the guest's from then on (the detach leaves it: its key is counted).
     fn give_to_guest(
         &mut self,
         entry: u64,
         offset: crate::kernel::kaslr::KernelOffset,
         ram: &dyn vmm::GuestRam,
     ) -> Result<(), HitError> {
-        let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
-        let Some(gpa) = offset.phys_of(offset.link(entry)) else {
-            return Ok(());
-        };
-        let mut rel = [0u8; 4];
-        ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
-            .map_err(ram_err)?;
-        let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
-        let Some(j) = self.guarded.remove(&code) else {
-            return Ok(());
-        };
-        let unhex = super::journal::unhex;
-        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
-            return Ok(());
-        };
-        let mut now = vec![0u8; nop.len()];
-        let addr = vm_memory::GuestAddress(j.gpa);
-        ram.read_slice(&mut now, addr).map_err(ram_err)?;
-        if now == jump {
-            ram.write_slice(&nop, addr).map_err(ram_err)?;
+        if give_to_guest(entry, offset, &mut self.guarded, ram)? {
             self.taken_over += 1;
         }
         Ok(())
@@ -461,6 +441,42 @@ impl Breakpoints {
         }
         self.handlers.clear();
     }
+}
+
+/// The guest patches the site of the `__jump_table` entry at `entry`
+/// (`struct jump_entry { s32 code; ... }`, in the kernel's image; the
+/// kernel sorted its table at boot, so an entry is known by the code it
+/// names): if it is one of `guarded` holding vmtrace's jump, its NOP goes
+/// back first, and it leaves `guarded`. Returns whether it was given.
+pub(super) fn give_to_guest(
+    entry: u64,
+    offset: crate::kernel::kaslr::KernelOffset,
+    guarded: &mut HashMap<u64, super::journal::JournaledJump>,
+    ram: &dyn vmm::GuestRam,
+) -> Result<bool, HitError> {
+    let unhex = super::journal::unhex;
+    let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
+    let Some(gpa) = offset.phys_of(offset.link(entry)) else {
+        return Ok(false);
+    };
+    let mut rel = [0u8; 4];
+    ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
+        .map_err(ram_err)?;
+    let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
+    let Some(j) = guarded.remove(&code) else {
+        return Ok(false);
+    };
+    let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+        return Ok(false);
+    };
+    let mut now = vec![0u8; nop.len()];
+    let addr = vm_memory::GuestAddress(j.gpa);
+    ram.read_slice(&mut now, addr).map_err(ram_err)?;
+    if now != jump {
+        return Ok(false);
+    }
+    ram.write_slice(&nop, addr).map_err(ram_err)?;
+    Ok(true)
 }
 
 /// General register `name` (gdb's name) of `r`.

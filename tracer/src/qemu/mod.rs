@@ -21,6 +21,7 @@ pub mod clock;
 mod drive;
 pub mod ending;
 pub mod error;
+pub mod event_guard;
 pub mod event_sites;
 pub mod frames;
 mod funcs_loads;
