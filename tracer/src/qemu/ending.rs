@@ -174,7 +174,6 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         let last = self.vm.guest.take_last_stop();
-        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let Arming::Trap {
             breakpoints: Some(b),
             ..
@@ -182,7 +181,11 @@ impl Detach<'_> {
         else {
             unreachable!("checked above");
         };
+        // The guard's hit just before the stop served and every site still
+        // vmtrace's given its NOP (`super::guarded_sites`) before the
+        // count-checking restore, as the exitless detach does.
         let n = b.remove(&self.vm.guest, &stop, last)?;
+        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let (unloads, reloads, untraced) = b.module_cycles();
         let c = DetachCounts {
             module_unloads: unloads,

@@ -29,10 +29,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
-use super::breakpoints::{give_to_guest, HitError, Served};
+use super::breakpoints::{site_err, HitError, Served};
+use super::guarded_sites::{give_back_all, give_to_guest};
 use super::guest::{Hit, QemuGuest, QemuStop};
 use super::journal::{unhex, JournaledJump};
 use super::step::{BreakOps, Stepped, SIGTRAP};
@@ -157,21 +157,7 @@ impl EventGuard {
         for a in self.breakpoints() {
             stop.clear_breakpoint(a)?;
         }
-        let mut given = 0;
-        for j in std::mem::take(&mut self.guarded).into_values() {
-            let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
-                continue;
-            };
-            let mut now = vec![0u8; nop.len()];
-            let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
-            ram.read_slice(&mut now, GuestAddress(j.gpa))
-                .map_err(ram_err)?;
-            if now == jump {
-                ram.write_slice(&nop, GuestAddress(j.gpa))
-                    .map_err(ram_err)?;
-                given += 1;
-            }
-        }
+        let given = give_back_all(&mut self.guarded, &*ram).map_err(site_err)?;
         Ok(given)
     }
 
@@ -189,7 +175,7 @@ impl EventGuard {
         ops: &dyn BreakOps,
     ) -> Result<(), HitError> {
         if self.jump_queue == Some(regs.rip) {
-            if give_to_guest(regs.rdi, self.offset, &mut self.guarded, ram)? {
+            if give_to_guest(regs.rdi, self.offset, &mut self.guarded, ram).map_err(site_err)? {
                 self.taken_over += 1;
             }
         } else if self.static_update == Some(regs.rip) {
@@ -232,7 +218,7 @@ fn is_site(j: &JournaledJump) -> bool {
 mod tests {
     use std::cell::RefCell;
 
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
     use crate::qemu::gdb::GdbError;

@@ -26,6 +26,7 @@ pub mod event_sites;
 pub mod frames;
 mod funcs_loads;
 pub mod gdb;
+mod guarded_sites;
 pub mod guest;
 pub mod ivshmem;
 pub mod journal;
