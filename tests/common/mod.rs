@@ -501,7 +501,25 @@ pub fn wait_bounded(child: Child) -> Output {
 }
 
 /// Appended to the command line of the own VMM's Linux test boots
-/// (`--cmdline`): the guest's BPF kfunc registration (`kfunc_init`, a late
-/// initcall) parses the kernel's whole BTF, a third of the 6.1 guest's
-/// emulated boot on emulating hosts; nothing the tests check needs it.
-pub const TEST_BOOT_CMDLINE: &str = "initcall_blacklist=kfunc_init";
+/// (`--cmdline`): work of the guest's boot that nothing the tests check
+/// needs, skipped (every guest instruction is emulated on emulating hosts;
+/// docs/benchmarks.md, CI's Linux lane, has the figures):
+/// - `ftrace_check_for_weak_functions` queues a scan of every ftrace
+///   record, a kallsyms lookup each, under `ftrace_lock`
+///   (kernel/trace/ftrace.c): it disables the records of overridden
+///   `__weak` functions for the guest's own ftrace, which no test uses,
+///   and vmtrace leaves those sites out itself (`tracer::kernel::sites`).
+///   On one vCPU it held the CPU for a third of the boot, and the next
+///   initcall (`oom_init`'s `kthread_run`) waited behind it;
+/// - `kfunc_init` (a late initcall), the BPF kfunc registration, parses the
+///   kernel's whole BTF;
+/// - `trace_eval_init` queues the rewrite of every event's print format
+///   (its enum names made numbers) and `tracer_init_tracefs` the guest's
+///   tracefs files (kernel/trace/trace.c): vmtrace reads event formats from
+///   the kernel image and needs no tracefs (without the first the second
+///   runs inline: both are skipped);
+/// - `rodata=off`: no `mark_rodata_ro` (the page attributes of the
+///   kernel's text and data, set just before init); vmtrace writes the
+///   text through guest-physical memory, which they do not guard.
+pub const TEST_BOOT_CMDLINE: &str = "initcall_blacklist=ftrace_check_for_weak_functions,\
+     kfunc_init,trace_eval_init,tracer_init_tracefs rodata=off";
