@@ -23,7 +23,7 @@ impl Observer for Seen {
     fn attached(&mut self, a: &Attached, _tracer: &Tracer) {
         self.attached.push(a.clone());
     }
-    fn tracing(&mut self, _p: &dyn Fn() -> Progress, _elapsed: Duration, _left: Option<Duration>) {
+    fn tracing(&mut self, _p: &Progress, _elapsed: Duration, _left: Option<Duration>) {
         self.tracing += 1;
     }
 }

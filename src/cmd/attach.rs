@@ -222,7 +222,7 @@ impl Observer for Waits {
         }
     }
 
-    fn tracing(&mut self, _: &dyn Fn() -> Progress, _: Duration, _: Option<Duration>) {
+    fn tracing(&mut self, _: &Progress, _: Duration, _: Option<Duration>) {
         if !std::mem::take(&mut self.seen) {
             if let Some((last, _)) = self.said.take() {
                 match last {

@@ -427,14 +427,9 @@ impl Observer for Status {
         self.last = Instant::now();
     }
 
-    fn tracing(
-        &mut self,
-        progress: &dyn Fn() -> Progress,
-        elapsed: Duration,
-        left: Option<Duration>,
-    ) {
+    fn tracing(&mut self, progress: &Progress, elapsed: Duration, left: Option<Duration>) {
         if self.due() {
-            crate::status::draw(&crate::status::tracing(&progress(), elapsed, left));
+            crate::status::draw(&crate::status::tracing(progress, elapsed, left));
         }
     }
 }

@@ -20,17 +20,7 @@ pub trait Observer {
     /// The attach happened.
     fn attached(&mut self, _attached: &Attached, _tracer: &Tracer) {}
     /// Tracing (called every [`POLL`]); `left`: of the duration, if any.
-    /// `progress` sums every site's counters of every vCPU (exitless mode
-    /// also reads the rings' drop counters from guest memory): called only
-    /// when shown, since with `--trace '*'` on 4 vCPUs, 50 times a second,
-    /// it took more of a CPU than the work it reported on.
-    fn tracing(
-        &mut self,
-        _progress: &dyn Fn() -> Progress,
-        _elapsed: Duration,
-        _left: Option<Duration>,
-    ) {
-    }
+    fn tracing(&mut self, _progress: &Progress, _elapsed: Duration, _left: Option<Duration>) {}
     /// The guest's VMM keeps vmtrace waiting (called every [`POLL`] while
     /// it does): vmtrace waits it out.
     fn held_up(&mut self, _why: &HeldUp) {}
@@ -203,6 +193,6 @@ pub fn trace<B: Backend>(
             observer.held_up(&why);
         }
         let left = duration.map(|d| d.saturating_sub(start.elapsed()));
-        observer.tracing(&|| tracer.progress(), start.elapsed(), left);
+        observer.tracing(&tracer.progress(), start.elapsed(), left);
     }
 }
