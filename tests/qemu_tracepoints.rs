@@ -23,6 +23,12 @@ use common::guard::*;
 use common::qemu::*;
 use common::s;
 
+/// How long one workload command may take. Under TCG on a shared host, with
+/// every sched_switch and sched_wakeup stopping the guest in trap mode, a
+/// step that takes seconds alone took over a minute beside CI's other
+/// lane; only a hang should use all of this.
+const GUEST_STEP: Duration = Duration::from_secs(300);
+
 /// The first byte of the kernel's NOPs and of the JMP of the same length
 /// (arch/x86/kernel/jump_label.c: `0f 1f 44 00 00` / `e9 rel32`,
 /// `66 90` / `eb rel8`).
@@ -224,17 +230,13 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let during = watch.read();
     // The events' code runs with the sites enabled: forks and renames.
     guest.send_line("spawn 1 3");
-    guest
-        .wait_for("workload: spawned 1", Duration::from_secs(60))
-        .unwrap();
+    guest.wait_for("workload: spawned 1", GUEST_STEP).unwrap();
     guest.send_line("rename 2");
-    guest
-        .wait_for("workload: renamed 2", Duration::from_secs(60))
-        .unwrap();
+    guest.wait_for("workload: renamed 2", GUEST_STEP).unwrap();
     // Three more children, whose pids the guest prints.
     guest.send_line("forks 3");
     let line = guest
-        .wait_for("workload: forked 3 pids=", Duration::from_secs(60))
+        .wait_for("workload: forked 3 pids=", GUEST_STEP)
         .unwrap();
     let printed = forked_pids(&line);
     a.signal(libc::SIGINT);
@@ -298,13 +300,11 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         guest
             .wait_for(
                 "workload: ftrace event sched:sched_process_fork=0",
-                Duration::from_secs(60),
+                GUEST_STEP,
             )
             .unwrap();
         guest.send_line("spawn 1 1");
-        guest
-            .wait_for("workload: spawned 1", Duration::from_secs(60))
-            .unwrap();
+        guest.wait_for("workload: spawned 1", GUEST_STEP).unwrap();
     }
     a.signal(libc::SIGINT);
     let e = a.end();
@@ -380,7 +380,7 @@ fn exitless_events(
     assert!(text.len() <= sites * (5 + 4), "{text:x?}");
     guest.send_line("forks 3");
     let line = guest
-        .wait_for("workload: forked 3 pids=", Duration::from_secs(60))
+        .wait_for("workload: forked 3 pids=", GUEST_STEP)
         .unwrap();
     let mut printed = forked_pids(&line);
     // The guest enables a traced event itself: the guard gives its site
@@ -391,12 +391,12 @@ fn exitless_events(
     guest
         .wait_for(
             "workload: ftrace event sched:sched_process_fork=0",
-            Duration::from_secs(60),
+            GUEST_STEP,
         )
         .unwrap();
     guest.send_line("forks 3");
     let line = guest
-        .wait_for("workload: forked 3 pids=", Duration::from_secs(60))
+        .wait_for("workload: forked 3 pids=", GUEST_STEP)
         .unwrap();
     printed.extend(forked_pids(&line));
     a.signal(libc::SIGINT);
@@ -416,7 +416,7 @@ fn exitless_events(
     guest
         .wait_for(
             "workload: ftrace event sched:sched_process_fork=0",
-            Duration::from_secs(60),
+            GUEST_STEP,
         )
         .unwrap();
     let report = common::vmtrace(&["report", s(data), "--format", "json"]);
