@@ -9,7 +9,6 @@ mod attach_modes;
 mod benches;
 mod direct;
 mod drain;
-mod events;
 mod exitless;
 pub mod ftrace;
 mod goals;
@@ -24,8 +23,8 @@ mod table;
 use std::time::Instant;
 
 use super::measure::{
-    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, DrainFigures, EventCosts,
-    ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
+    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, DrainFigures, ExitlessCosts,
+    HandlerAlone, PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -76,8 +75,6 @@ pub struct Results {
     pub direct_attach: Option<DirectAttach>,
     /// sites/direct: by kernel (the vmlinux, then the distro kernel).
     pub direct_sites: Vec<DirectSiteCounts>,
-    /// events/cost, if there was a vmlinux.
-    pub events: Option<EventCosts>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for.
     pub ftrace: ftrace::Measured,
@@ -106,7 +103,6 @@ impl Default for Results {
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),
-            events: None,
             ftrace: None,
         }
     }
@@ -164,7 +160,6 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         BenchId::CallDirect,
         BenchId::AttachDirect,
         BenchId::SitesDirect,
-        BenchId::EventsCost,
     ]
     .into_iter()
     .flat_map(|id| figures_of(id, r))
@@ -202,7 +197,6 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .as_ref()
             .map_or_else(Vec::new, direct::attach_figures),
         BenchId::SitesDirect => direct::sites_figures(&r.direct_sites),
-        BenchId::EventsCost => r.events.as_ref().map_or_else(Vec::new, events::figures),
         BenchId::CallExitless | BenchId::CallGraph | BenchId::BootFtrace => Vec::new(),
     }
 }
@@ -425,7 +419,6 @@ mod tests {
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),
-            events: None,
             ftrace: None,
         }
     }

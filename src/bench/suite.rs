@@ -23,7 +23,6 @@ pub enum BenchId {
     QemuAttach,
     QemuDrain,
     SitesDirect,
-    EventsCost,
 }
 
 /// What a bench runs on.
@@ -84,7 +83,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 16] = [
+pub const BENCHES: [Bench; 15] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -244,22 +243,10 @@ pub const BENCHES: [Bench; 16] = [
         unit: "functions",
         needs: Needs::Vmlinux,
     },
-    Bench {
-        id: BenchId::EventsCost,
-        name: "events/cost",
-        aliases: &[],
-        goal: "How many guest instructions does an exitless event (-e) cost, beside a traced \
-               function entry?",
-        figure: "guest instructions per exitless sched_switch and sched_wakeup: a function \
-                 entry's (vmtrace's trampoline) plus the event's path in the kernel's text, \
-                 counted in the code of the 6.1 default guest's vmlinux, never run",
-        unit: "guest instructions",
-        needs: Needs::Vmlinux,
-    },
 ];
 
 /// Each collection and what its benches measure, in `BENCHES`' order.
-pub const COLLECTIONS: [(&str, &str); 8] = [
+pub const COLLECTIONS: [(&str, &str); 7] = [
     ("call", "what one traced call costs"),
     (
         "attach",
@@ -270,7 +257,6 @@ pub const COLLECTIONS: [(&str, &str); 8] = [
     ("boot", "a Linux guest's boot, traced"),
     ("qemu", "a QEMU guest traced by `vmtrace attach`"),
     ("sites", "which functions a kernel lets vmtrace trace"),
-    ("events", "what a kernel event (-e) costs"),
 ];
 
 pub fn bench(id: BenchId) -> &'static Bench {
@@ -450,7 +436,6 @@ mod tests {
             BenchId::CallDirect,
             BenchId::AttachDirect,
             BenchId::SitesDirect,
-            BenchId::EventsCost,
         ] {
             assert!(all.runs(id));
         }
