@@ -221,22 +221,28 @@ mod tests {
         }
     }
 
+    /// vmt_test loaded at `at`: vmt_batch, vmt_hit and vmt_write with
+    /// sites, and any `more` functions without one (not traceable).
+    fn vmt_test(at: u64, more: &[(&str, u64)]) -> LoadedModule {
+        let mut functions = vec![
+            function("vmt_batch", at),
+            function("vmt_hit", at + 0x40),
+            function("vmt_write", at + 0x80),
+        ];
+        functions.extend(more.iter().map(|&(n, off)| function(n, at + off)));
+        LoadedModule {
+            name: "vmt_test".into(),
+            addr: at + 0x1000,
+            text: at..at + 0x200,
+            functions,
+            sites: vec![at + 4, at + 0x44, at + 0x84],
+        }
+    }
+
     #[test]
     fn a_first_loaded_modules_functions_are_chosen_by_the_selection() {
         let base = 0xffff_ffff_c000_0000;
-        let module = LoadedModule {
-            name: "vmt_test".into(),
-            addr: base + 0x1000,
-            text: base..base + 0x200,
-            functions: vec![
-                function("vmt_batch", base),
-                function("vmt_hit", base + 0x40),
-                function("vmt_write", base + 0x80),
-                // No site: not traceable.
-                function("vmt_notrace", base + 0xc0),
-            ],
-            sites: vec![base + 4, base + 0x44, base + 0x84],
-        };
+        let module = vmt_test(base, &[("vmt_notrace", 0xc0)]);
         let names = |trace: &[&str]| {
             let trace: Vec<String> = trace.iter().map(|s| s.to_string()).collect();
             let f = Filter::new(&trace, &[]).unwrap();
@@ -271,17 +277,7 @@ mod tests {
         };
         let mut first = FirstLoads::new(&coming, Arc::clone(&index));
         first.limit_to(2);
-        let module = |at: u64| LoadedModule {
-            name: "vmt_test".into(),
-            addr: at + 0x1000,
-            text: at..at + 0x200,
-            functions: vec![
-                function("vmt_batch", at),
-                function("vmt_hit", at + 0x40),
-                function("vmt_write", at + 0x80),
-            ],
-            sites: vec![at + 4, at + 0x44, at + 0x84],
-        };
+        let module = |at: u64| vmt_test(at, &[]);
         let m = module(base);
         assert_eq!(first.loading(&m, m.addr), [base + 4, base + 0x44]);
         assert_eq!(first.unslotted, 1);
