@@ -12,7 +12,7 @@ use super::goals::goals_of;
 use super::methods::{method_bench, methods, GoalJson};
 use super::stack::StackFigures;
 use super::{figures_of, max, min, Results, COUNTS_ONLY};
-use crate::bench::median;
+use crate::bench::{fig, median};
 use crate::config::BenchConfig;
 
 /// One bench's entry.
@@ -104,6 +104,10 @@ fn entry(id: BenchId, r: &Results, cfg: &BenchConfig) -> BenchEntry {
             .stack
             .as_ref()
             .and_then(|c| StackFigures::new(c).not_measured),
+        (Some(_), BenchId::BootFtrace) => match &r.ftrace {
+            Some(Ok(f)) => super::ftrace::swamped(f),
+            _ => None,
+        },
         (Some(_), _) => None,
         (None, _) => Some(why_not(id, r, cfg)),
     };
@@ -258,7 +262,9 @@ fn boot_values(r: &Results, cfg: &BenchConfig) -> (Vec<Value>, Option<Figures>) 
         return (Vec::new(), None);
     };
     let unit = "guest instructions per call";
-    let added = |key: &str, v: Vec<f64>| value(key, median(&v), unit, Some(&v));
+    // Not measured (NaN) where the boots' variation swamped it
+    // (`ftrace::swamped`).
+    let added = |key: &str, v: Vec<f64>| value(key, fig(median(&v)), unit, Some(&v));
     let values = vec![
         added(
             "exitless_guest_instructions_per_call_boot",

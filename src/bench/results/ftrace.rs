@@ -11,7 +11,7 @@ use super::super::measure::{
     BootConfig, FtraceFigures, BOOT_CONFIGS, FTRACE_CMDLINE, FTRACE_GLOB, FTRACE_SETUP_CMDLINE,
 };
 use super::{max, min, Goal};
-use crate::bench::median;
+use crate::bench::{fig, median};
 
 /// (i) as measured: None, not asked for (`--linux-boots 0`); Err, failed.
 pub type Measured = Option<Result<FtraceFigures, String>>;
@@ -46,18 +46,54 @@ pub struct FtraceJson {
     /// Why (i) failed (absent unless it did).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub linux_boot_failed: Option<String>,
+    /// Why the per-call instruction figures are null: the boots' own
+    /// variation swamped what a tracer added (absent when measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linux_boot_not_measured: Option<String>,
+}
+
+/// Why the per-call instruction figures cannot be given: a tracer that
+/// added nothing or less than nothing to a boot (median over the rounds)
+/// means the untraced boots' own variation swamped it; None when each is
+/// positive.
+pub fn swamped(f: &FtraceFigures) -> Option<String> {
+    let lost: Vec<String> = [
+        (
+            "exitless",
+            median(&f.added_instructions(BootConfig::Exitless)),
+        ),
+        ("trap", median(&f.added_instructions(BootConfig::Trap))),
+        ("ftrace less its setup", median(&f.ftrace_less_setup())),
+    ]
+    .iter()
+    .filter(|(_, v)| fig(*v).is_nan())
+    .map(|(what, v)| format!("{what} {v:+.1}"))
+    .collect();
+    (!lost.is_empty()).then(|| {
+        let (_, spread) = f.untraced_spread();
+        format!(
+            "a tracer added no instructions per call to the boot ({}): the boots' own \
+             variation (untraced boots {:.1} per call apart over {} rounds) swamped it; raise \
+             --linux-boots",
+            lost.join(", "),
+            spread / f.calls as f64,
+            f.rounds
+        )
+    })
 }
 
 impl FtraceJson {
     pub fn new(m: &Measured, boots: usize) -> Self {
         let f = m.as_ref().and_then(|r| r.as_ref().ok());
+        // Instructions per call are null where the boots' variation
+        // swamped them (`swamped`); times are as measured.
         let per_call = |c, us: bool| {
             f.map(|f: &FtraceFigures| {
-                median(&if us {
-                    f.added_us(c)
+                if us {
+                    median(&f.added_us(c))
                 } else {
-                    f.added_instructions(c)
-                })
+                    fig(median(&f.added_instructions(c)))
+                }
             })
         };
         FtraceJson {
@@ -65,7 +101,7 @@ impl FtraceJson {
             linux_boot_calls: f.map(|f| f.calls),
             ftrace_guest_instructions_per_call: per_call(BootConfig::Ftrace, false),
             ftrace_guest_instructions_per_call_less_setup: f
-                .map(|f| median(&f.ftrace_less_setup())),
+                .map(|f| fig(median(&f.ftrace_less_setup()))),
             ftrace_setup_guest_instructions_per_call: per_call(BootConfig::FtraceSetup, false),
             exitless_guest_instructions_per_call_boot: per_call(BootConfig::Exitless, false),
             trap_guest_instructions_per_call_boot: per_call(BootConfig::Trap, false),
@@ -75,6 +111,7 @@ impl FtraceJson {
             linux_boot_untraced_instructions: f.map(|f| f.untraced_spread().0),
             linux_boot_untraced_instructions_spread: f.map(|f| f.untraced_spread().1),
             linux_boot_failed: m.as_ref().and_then(|r| r.as_ref().err().cloned()),
+            linux_boot_not_measured: f.and_then(swamped),
         }
     }
 }
@@ -104,7 +141,10 @@ pub fn goal(m: &Measured) -> Goal {
                     f.rounds,
                     report::thousands(f.calls)
                 ),
-                pass: Ok(ex < ft),
+                pass: match swamped(f) {
+                    Some(why) => Err(format!("not measured: {why}")),
+                    None => Ok(ex < ft),
+                },
             }
         }
     }
@@ -226,6 +266,11 @@ mod tests {
     use crate::bench::measure::ftrace::Boot;
 
     fn figures() -> FtraceFigures {
+        figures_with(460_000)
+    }
+
+    /// Two rounds whose exitless boots added `exitless` instructions.
+    fn figures_with(exitless: i64) -> FtraceFigures {
         let mut boots = Vec::new();
         for (r, base, t) in [(0, 80_000_000u64, 70.0), (1, 80_120_000, 71.0)] {
             for (c, add, dt) in [
@@ -233,12 +278,12 @@ mod tests {
                 (BootConfig::Ftrace, 6_000_000, 8.0),
                 (BootConfig::FtraceSetup, 2_000_000, 2.0),
                 (BootConfig::Trap, 10_000, 0.2),
-                (BootConfig::Exitless, 460_000, 0.5),
+                (BootConfig::Exitless, exitless, 0.5),
             ] {
                 boots.push(Boot {
                     config: c,
                     round: r,
-                    instructions: base + add,
+                    instructions: base.checked_add_signed(add).unwrap(),
                     seconds: t + dt,
                     calls: matches!(c, BootConfig::Trap | BootConfig::Exitless).then_some(20_000),
                     trap_exits: match c {
@@ -353,13 +398,38 @@ mod tests {
         write(&mut t, &failed).unwrap();
         assert!(t.contains("FAILED: the guest complained"), "{t}");
 
-        // ftrace cheaper than exitless: missed.
+        // ftrace cheaper than exitless (10 less its setup against 23): missed.
         let mut f = figures();
         for b in f.boots.iter_mut() {
             if b.config == BootConfig::Ftrace {
-                b.instructions -= 5_999_000;
+                b.instructions -= 3_800_000;
             }
         }
         assert_eq!(goal(&Some(Ok(f))).status(), "MISS");
+    }
+
+    #[test]
+    fn a_boot_figure_the_variation_swamped_is_not_measured() {
+        // The exitless boots ran fewer instructions than the untraced ones:
+        // the boots' own variation, not vmtrace's cost.
+        let m: Measured = Some(Ok(figures_with(-4_000_000)));
+        let j = serde_json::to_value(FtraceJson::new(&m, 2)).unwrap();
+        assert!(
+            j["exitless_guest_instructions_per_call_boot"].is_null(),
+            "{j}"
+        );
+        assert_eq!(j["trap_guest_instructions_per_call_boot"], 0.5);
+        assert_eq!(j["ftrace_guest_instructions_per_call_less_setup"], 200.0);
+        let why = j["linux_boot_not_measured"].as_str().unwrap();
+        assert!(
+            why.contains("exitless -200.0") && why.contains("raise --linux-boots"),
+            "{why}"
+        );
+        let g = goal(&m);
+        assert_eq!(g.status(), "SKIP");
+        assert!(format!("{:?}", g.pass).contains("not measured: a tracer added"));
+        // Measured figures keep their verdict and carry no reason.
+        let ok = serde_json::to_value(FtraceJson::new(&Some(Ok(figures())), 2)).unwrap();
+        assert!(ok.get("linux_boot_not_measured").is_none());
     }
 }
