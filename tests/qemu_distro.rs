@@ -203,10 +203,11 @@ impl La57 {
         assert_no_gdbstub(qmp);
     }
 
-    /// `vmtrace attach` of `trace` in `mode`, attached: its attach line.
-    fn attach(&self, mode: &str, trace: &str) -> (Attach, String) {
+    /// `vmtrace attach` of `trace` in `mode` (`more` arguments too),
+    /// attached: its attach line.
+    fn attach(&self, mode: &str, trace: &str, more: &[&str]) -> (Attach, String) {
         let args = ["--kernel", s(&self.bz), "--format", "json"];
-        let args = [&args[..], &["--trace", trace, "--mode", mode]].concat();
+        let args = [&args[..], &["--trace", trace, "--mode", mode], more].concat();
         let mut a = Attach::start(self.qmp(), &args);
         let line = a.wait_line("vmtrace: attached to QEMU");
         assert!(line.contains(mode), "{line}");
@@ -215,8 +216,11 @@ impl La57 {
 
     /// An attach in `mode` whose line says `where_`: getpid and the
     /// module's `vmt_hit` counted exactly, nothing dropped, all as found.
+    /// Only the worker's calls are kept (`--comm`): each call's task is
+    /// read through the PML5 (its `task_struct` in the moved direct map).
     fn traced_exactly(&self, mode: &str, where_: &str) {
-        let (a, line) = self.attach(mode, "__x64_sys_getpid,vmt_hit");
+        let comm = ["--comm", WORKER_COMM];
+        let (a, line) = self.attach(mode, "__x64_sys_getpid,vmt_hit", &comm);
         assert!(line.contains(where_), "{line}");
         self.guest.go("getpid", LA57_CALLS).unwrap();
         self.guest.send_line(&format!("vmt {LA57_HITS}"));
@@ -237,7 +241,7 @@ impl La57 {
     /// An exitless attach of `trace` killed with its guardian: its code's
     /// page-directory entry left present in the kernel's table.
     fn killed(&self, trace: &str) -> Vec<u64> {
-        let (a, _) = self.attach("exitless", trace);
+        let (a, _) = self.attach("exitless", trace, &[]);
         kill_with_guardian(a);
         let left = top_entries(self.qmp(), &self.image, &self.kernel);
         assert_eq!(left[1] & 1, 1, "{left:x?}");
