@@ -5,16 +5,19 @@
 //! tracking, and so rewrites its own text at boot in nearly every function:
 //! the check that the file is the running kernel's must allow for that
 //! (it refused this kernel). Exact counts, memory as found, in both modes.
+//! And the same kernel with 5-level paging (QEMU's CPU with LA57): trap
+//! and exitless modes, rings in the ring device or in the low pages, a
+//! module's functions, repairs, all as found (issue 40).
 
 mod common;
+
+use std::path::Path;
+use std::time::Duration;
 
 use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
-use std::path::Path;
-use std::time::Duration;
-
 use tracer::kernel::symbols::KernelImage;
 use tracer::qemu::journal;
 use tracer::qemu::procmem::ProcRam;
