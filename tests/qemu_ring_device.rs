@@ -25,6 +25,7 @@ use common::qemu::*;
 use common::s;
 use tracer::qemu::journal;
 use tracer::qemu::qmp::Qmp;
+use tracer::qemu::queries::Queries;
 
 /// Calls of the graph burst: twice as many records on one CPU.
 const BURST: u64 = 40_000;
@@ -232,9 +233,16 @@ const ADDR: u64 = 0x000f_ffff_ffff_f000;
 
 /// Entry 508 of the UEFI runtime services' own page-upper directory of
 /// the top 512 GiB: `efi_mm.pgd` (a direct-map address, less
-/// `page_offset_base`), its entry 511 (4-level paging: QEMU's TCG CPU has
-/// no LA57), that directory's entry 508.
+/// `page_offset_base`), its entry 511 (QEMU's default TCG CPU has no LA57:
+/// 4-level paging), that directory's entry 508.
 fn efi_high_entry(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64) -> u64 {
+    efi_entry_508(w, efi_mm_pgd, page_offset_base, 4)
+}
+
+/// `efi_high_entry` with `levels` levels of paging: with 5, `efi_mm.pgd`
+/// is a PML5 whose entry 511 leads to EFI's own P4D, whose entry 511
+/// leads to that directory.
+fn efi_entry_508(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64, levels: u32) -> u64 {
     let word = |gpa: u64| {
         let mut b = [0u8; 8];
         w.ram.read(gpa, &mut b).unwrap();
@@ -243,9 +251,34 @@ fn efi_high_entry(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64) -> u64 {
     let kernel_data = |link: u64| link - KERNEL_MAP + w.phys;
     let pgd = word(kernel_data(efi_mm_pgd));
     assert_ne!(pgd, 0, "efi_mm.pgd: a guest booted by UEFI has one");
-    let root = pgd - word(kernel_data(page_offset_base));
-    let pud = word(root + 511 * 8) & ADDR;
-    word(pud + 508 * 8)
+    let mut table = pgd - word(kernel_data(page_offset_base));
+    for _ in 3..levels {
+        table = word(table + 511 * 8) & ADDR;
+    }
+    word(table + 508 * 8)
+}
+
+/// A guest booted by UEFI (OVMF with Debian's `ovmf` vars), with
+/// `qemu_args` more: its QEMU and its workload.
+fn boot_uefi(bz: &Path, qemu_args: &[&str]) -> (QemuGuest, common::qemu::Workload) {
+    let vars = std::env::temp_dir().join(format!("vmtrace-ovmf-vars-{}.fd", std::process::id()));
+    std::fs::copy(OVMF_VARS, &vars).expect("Debian's ovmf package (apt-get install ovmf)");
+    let pflash = |file: &str, ro: &str| format!("if=pflash,format=raw,{ro}file={file}");
+    let mut args = vec![
+        "-drive".into(),
+        pflash(OVMF_CODE, "readonly=on,"),
+        "-drive".into(),
+        pflash(vars.to_str().unwrap(), ""),
+    ];
+    args.extend(qemu_args.iter().map(|a| a.to_string()));
+    let guest = QemuGuest::boot(QemuOpts {
+        kernel: bz.to_owned(),
+        qemu_args: args,
+        ..QemuOpts::linux()
+    });
+    let w = guest.wait_ready().unwrap();
+    let _ = std::fs::remove_file(&vars);
+    (guest, w)
 }
 
 /// A guest booted by UEFI (OVMF, Debian 6.12 through its EFI stub) keeps
@@ -259,21 +292,7 @@ fn efi_high_entry(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64) -> u64 {
 #[test]
 fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
     let bz = debian_612();
-    let vars = std::env::temp_dir().join(format!("vmtrace-ovmf-vars-{}.fd", std::process::id()));
-    std::fs::copy(OVMF_VARS, &vars).expect("Debian's ovmf package (apt-get install ovmf)");
-    let pflash = |file: &str, ro: &str| format!("if=pflash,format=raw,{ro}file={file}");
-    let guest = QemuGuest::boot(QemuOpts {
-        kernel: bz.clone(),
-        qemu_args: vec![
-            "-drive".into(),
-            pflash(OVMF_CODE, "readonly=on,"),
-            "-drive".into(),
-            pflash(vars.to_str().unwrap(), ""),
-        ],
-        ..QemuOpts::linux()
-    });
-    let w = guest.wait_ready().unwrap();
-    let _ = std::fs::remove_file(&vars);
+    let (guest, w) = boot_uefi(&bz, &[]);
     let qmp = guest.qmp_socket();
     let kernel = Kernel::from_bzimage(&bz);
     let (memory, _) = kernel.read(qmp);
@@ -354,5 +373,81 @@ fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
     assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's, repaired");
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's, repaired");
     found.assert_as_found("after a killed attach on a UEFI guest and vmtrace detach");
+    assert_runs_on(&guest, w.worker);
+}
+
+/// CR4.LA57 (bit 12): 5-level paging.
+const CR4_LA57: u64 = 1 << 12;
+
+/// 5-level paging (CR4.LA57, QEMU's `max` CPU) on a guest booted by UEFI:
+/// `efi_mm`'s PML5 has a P4D of its own under entry 511
+/// (`efi_alloc_page_tables`), whose entry 511 is EFI's own copy of the
+/// page-upper directory. The attach writes entry 508 there too (the line
+/// says so), through the two P4Ds; 300 getpid calls counted exactly; the
+/// detach, and `vmtrace detach` after a kill, clear it in both tables.
+#[test]
+fn a_five_level_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
+    let bz = debian_612();
+    let (guest, w) = boot_uefi(&bz, &["-cpu", "max,+la57"]);
+    let qmp = guest.qmp_socket();
+    let cr4s = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .hmp("info registers -a")
+        .unwrap();
+    let cr4s: Vec<u64> = cr4s
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("CR4="))
+        .map(|v| u64::from_str_radix(v, 16).unwrap())
+        .collect();
+    assert_eq!(cr4s.len(), 2, "{cr4s:x?}");
+    assert!(cr4s.iter().all(|c| c & CR4_LA57 != 0), "{cr4s:x?}");
+    let kernel = Kernel::from_bzimage(&bz);
+    let (memory, _) = kernel.read(qmp);
+    let file = vmm::boot::KernelFile::open(&bz).unwrap();
+    let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
+        .unwrap()
+        .image;
+    let btf = tracer::kernel::btf::KernelBtf::from_image(&image).unwrap();
+    let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
+    let efi_pgd = sym("efi_mm") + u64::from(btf.member("mm_struct", "pgd").unwrap().offset);
+    let base = sym("page_offset_base");
+    let pud = sym(TOP_PUD);
+    let watch = kernel.watch(qmp);
+    let efi = || efi_entry_508(&watch, efi_pgd, base, 5);
+    assert_eq!(efi(), 0, "EFI's entry 508");
+    assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
+    let pid = Qmp::connect(qmp, Duration::from_secs(10))
+        .unwrap()
+        .pid()
+        .unwrap();
+    let found = Found {
+        kernel,
+        qmp,
+        pid,
+        memory,
+        pci: info_pci(qmp),
+    };
+    let (a, line) = attached_said(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
+    let said = "its rings also mapped in the UEFI runtime services' page tables";
+    assert!(line.contains(said), "{line}");
+    let high = high_entry(&watch, pud);
+    assert_ne!(high, 0);
+    assert_eq!(efi(), high, "both tables");
+    guest.go("getpid", 300).unwrap();
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_eq!(count_of(&e.counts(), &GETPID), 300, "{}", e.stderr);
+    assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+    assert_eq!((efi(), high_entry(&watch, pud)), (0, 0), "after");
+    found.assert_as_found("after an exitless trace of a 5-level UEFI guest");
+    let a = attached(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
+    kill_with_guardian(a);
+    let left = efi();
+    assert_ne!(left, 0, "left by the kill");
+    assert_eq!(high_entry(&watch, pud), left, "both tables, after the kill");
+    detach_removes_ring_device(qmp);
+    assert_eq!((efi(), high_entry(&watch, pud)), (0, 0), "repaired");
+    found.assert_as_found("after a killed attach on a 5-level UEFI guest and vmtrace detach");
     assert_runs_on(&guest, w.worker);
 }

@@ -35,5 +35,6 @@ pub mod symbol_index;
 pub mod symbols;
 pub mod task;
 pub mod task_list;
+pub mod top_table;
 pub mod unwind;
 pub mod vmlinux;

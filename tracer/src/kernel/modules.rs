@@ -14,7 +14,9 @@ use vmm::gva::{AddressSpace, GvaError};
 use crate::kernel::btf::{BtfError, KernelBtf};
 pub use crate::kernel::image_module::ModuleLayout;
 use crate::kernel::image_module::TextAt;
+use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::top_table::{kernel_space, INIT_TOP_PGT};
 
 /// The list of loaded modules, the walk's head (kernel/module/main.c).
 pub const MODULES: &str = "modules";
@@ -321,22 +323,6 @@ fn read_functions(
     Ok(out)
 }
 
-/// The kernel's top page table (arch/x86/kernel/head_64.S): its kernel
-/// half, modules included, is every task's.
-pub const INIT_TOP_PGT: &str = "init_top_pgt";
-
-/// The kernel's own address space: `init_top_pgt` at the physical KASLR
-/// offset `phys` (4-level paging, as x86-64 Linux runs without LA57).
-pub fn kernel_space<'m>(
-    ram: &'m dyn vmm::GuestRam,
-    image: &KernelImage,
-    phys: i64,
-) -> Option<AddressSpace<'m>> {
-    let pgt = vmm::layout::kernel_virt_to_phys(image.symbol(INIT_TOP_PGT)?.addr)?;
-    let root = pgt.wrapping_add(phys as u64);
-    Some(AddressSpace::new(ram, root, vmm::gva::PagingMode::Level4))
-}
-
 /// Which of the modules `image` holds are still loaded where they were
 /// read (same `struct module`, name and text), one flag each: a module
 /// unloaded since has its text freed, and nothing may be written there.
@@ -347,8 +333,12 @@ pub fn still_loaded(
     let Some(first) = image.modules.first() else {
         return Ok(Vec::new());
     };
-    let mut space = kernel_space(ram, image, first.phys)
-        .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
+    let offset = KernelOffset {
+        virt: first.virt,
+        phys: first.phys,
+    };
+    let mut space = kernel_space(ram, image, offset)
+        .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} does not map the kernel")))?;
     let head = first.layout.head.wrapping_add(first.virt as u64);
     let now = loaded(&mut space, &first.layout, head)?;
     Ok(image

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vmm::gva::{AddressSpace, PagingMode, PhysSpan};
+use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::GuestRam;
 
 use super::breakpoints::Served;
@@ -114,7 +114,7 @@ impl ModuleFollow {
             f.limit_to(added_stubs.len());
         }
         let ram = Arc::clone(vmm::Stopped::ram(stop));
-        let mut space = AddressSpace::new(&*ram, hooks.root(), PagingMode::Level4);
+        let mut space = hooks.space(&*ram);
         let mut at_attach = HashMap::new();
         for (va, bytes) in hooks.attach_sites() {
             let mut now = [0u8; SITE_LEN];
@@ -235,7 +235,7 @@ impl ModuleFollow {
         ram: &dyn GuestRam,
         hit: &dyn BreakOps,
     ) -> Result<(), FollowError> {
-        let mut space = AddressSpace::new(ram, self.hooks.root(), PagingMode::Level4);
+        let mut space = self.hooks.space(ram);
         if rip == self.hooks.load {
             let mut sites = Vec::new();
             for (new, at) in self.hooks.loading(ram, module)? {
@@ -300,7 +300,7 @@ impl ModuleFollow {
             return Ok(());
         };
         let c = self.coming.swap_remove(i);
-        let mut space = AddressSpace::new(ram, self.hooks.root(), PagingMode::Level4);
+        let mut space = self.hooks.space(ram);
         let vas: Vec<u64> = c.sites.iter().map(|s| s.0).collect();
         let judged = match self.marks.as_ref() {
             Some(m) => m.judge(&mut space, &vas),
@@ -417,7 +417,7 @@ impl ModuleFollow {
         }
         let records = match self.marks.as_mut() {
             Some(m) => {
-                let mut space = AddressSpace::new(&*ram, self.hooks.root(), PagingMode::Level4);
+                let mut space = self.hooks.space(&*ram);
                 m.give_back(&mut space, |site| restored.contains(&site))
             }
             None => Reenabled::default(),

@@ -22,9 +22,11 @@ use std::collections::HashSet;
 use vmm::gva::{AddressSpace, PagingMode};
 use vmm::GuestRam;
 
-use crate::kernel::modules::{module_at, LoadedModule, ModuleError, INIT_TOP_PGT};
+use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::modules::{module_at, LoadedModule, ModuleError};
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::top_table;
 
 /// Where the kernel's module loader has the module's code final and its
 /// init not run yet.
@@ -65,7 +67,7 @@ pub enum HookError {
         #[source]
         source: ModuleError,
     },
-    #[error("the kernel's page table (`init_top_pgt`) is not in its symbols")]
+    #[error("the kernel's page table (`init_top_pgt`) is not in its symbols, or does not map the kernel")]
     NoPageTable,
 }
 
@@ -98,6 +100,8 @@ pub struct ModuleHooks {
     pub free: u64,
     /// The kernel's top page table (`init_top_pgt`), guest-physical.
     root: u64,
+    /// The paging mode the kernel runs in (4- or 5-level).
+    mode: PagingMode,
     traced: Vec<Traced>,
     image_layout: crate::kernel::modules::ModuleLayout,
     /// Traced modules the guest unloaded, and loaded again.
@@ -138,12 +142,9 @@ impl ModuleHooks {
             // Its own breakpoint is the site's: not both.
             return Ok(None);
         }
-        let root = image
-            .symbol(INIT_TOP_PGT)
-            .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
-            .ok_or(HookError::NoPageTable)?
-            .wrapping_add(phys as u64);
-        let mut space = AddressSpace::new(ram, root, PagingMode::Level4);
+        let mut space = top_table::kernel_space(ram, image, KernelOffset { virt, phys })
+            .ok_or(HookError::NoPageTable)?;
+        let (root, mode) = (space.root(), space.mode());
         let mut traced = Vec::new();
         for m in &image.modules {
             let read =
@@ -184,6 +185,7 @@ impl ModuleHooks {
             load,
             free,
             root,
+            mode,
             traced,
             image_layout: layout,
             unloads: 0,
@@ -212,10 +214,10 @@ impl ModuleHooks {
         f.map_or((0, 0), |f| (f.modules(), f.unslotted))
     }
 
-    /// The kernel's top page table (guest-physical): module text is
-    /// reached through it.
-    pub fn root(&self) -> u64 {
-        self.root
+    /// The kernel's own address space (its top page table, in its paging
+    /// mode): module text is reached through it.
+    pub fn space<'m>(&self, ram: &'m dyn GuestRam) -> AddressSpace<'m> {
+        AddressSpace::new(ram, self.root, self.mode)
     }
 
     /// Each traced module site as found at the attach (running address),
@@ -236,7 +238,7 @@ impl ModuleHooks {
         ram: &dyn GuestRam,
         module: u64,
     ) -> Result<Vec<(u64, u64)>, HookError> {
-        let mut space = AddressSpace::new(ram, self.root, PagingMode::Level4);
+        let mut space = self.space(ram);
         let read = module_at(&mut space, &self.image_layout, module).map_err(|source| {
             HookError::Read {
                 addr: module,

@@ -8,7 +8,9 @@
 //! walk uses the kernel's own top page table (`init_top_pgt`, whose
 //! kernel half every task's tables share: modules and the image are
 //! mapped there) at the physical KASLR offset the banner gives, and finds
-//! the virtual offset as the one 2 MiB step that maps `modules` there.
+//! the virtual offset and the paging mode (4- or 5-level: CR4 is not at
+//! hand either) as the one 2 MiB step and mode that map `modules` there
+//! (`crate::kernel::top_table`).
 
 use std::sync::atomic::Ordering;
 
@@ -21,10 +23,10 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
 use crate::kernel::module_orc::{read_orc, ModuleOrc, ModuleOrcLayout};
 use crate::kernel::modules::{
-    kernel_space, loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, INIT_TOP_PGT,
-    MODULES,
+    loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, MODULES,
 };
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::top_table::{self, kernel_space, INIT_TOP_PGT, KERNEL_PAGING_MODES};
 
 /// Virtual KASLR moves the image within its 1 GiB mapping.
 const VIRT_STEPS: u64 = (1 << 30) / KASLR_ALIGN;
@@ -84,6 +86,8 @@ struct Walk {
     layout: ModuleLayout,
     orc: Option<ModuleOrcLayout>,
     root: u64,
+    /// 4- or 5-level: found with the virtual offset (`read`).
+    mode: PagingMode,
 }
 
 impl Walk {
@@ -94,17 +98,19 @@ impl Walk {
         }
         let btf = KernelBtf::from_image(image)?;
         let layout = ModuleLayout::find(image, &btf)?;
-        let pgt = image
-            .symbol(INIT_TOP_PGT)
-            .and_then(|s| vmm::layout::kernel_virt_to_phys(s.addr))
+        let root = top_table::root(image, phys)
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
-        let root = pgt.wrapping_add(phys as u64);
         let orc = ModuleOrcLayout::find(&btf);
-        Ok(Some(Walk { layout, orc, root }))
+        Ok(Some(Walk {
+            layout,
+            orc,
+            root,
+            mode: PagingMode::Level4,
+        }))
     }
 
     fn space<'m>(&self, ram: &'m dyn GuestRam) -> AddressSpace<'m> {
-        AddressSpace::new(ram, self.root, PagingMode::Level4)
+        AddressSpace::new(ram, self.root, self.mode)
     }
 
     fn list(&self, ram: &dyn GuestRam, virt: i64) -> Result<Vec<LoadedModule>, ModuleError> {
@@ -129,24 +135,32 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
             )))
         }
     };
-    let Some(walk) = Walk::of(image, phys)? else {
+    let Some(mut walk) = Walk::of(image, phys)? else {
         return Ok(None);
     };
     let head = walk.layout.head;
     let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
-    let space = walk.space(&ram);
-    let steps: Vec<u64> = (0..VIRT_STEPS)
-        .filter(|i| {
-            let va = head + i * KASLR_ALIGN;
-            space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
+    // Each paging mode's steps: a 5-level table read as 4-level (or the
+    // reverse) maps nothing of the image.
+    let found: Vec<(PagingMode, u64)> = KERNEL_PAGING_MODES
+        .into_iter()
+        .flat_map(|mode| {
+            let space = AddressSpace::new(&ram, walk.root, mode);
+            (0..VIRT_STEPS)
+                .filter(move |i| {
+                    let va = head + i * KASLR_ALIGN;
+                    space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
+                })
+                .map(move |i| (mode, i))
         })
         .collect();
-    let [step] = steps[..] else {
+    let [(mode, step)] = found[..] else {
         return Err(ModuleError::Unlocated(format!(
             "{MODULES} is mapped at {} places",
-            steps.len()
+            found.len()
         )));
     };
+    walk.mode = mode;
     let offset = KernelOffset {
         virt: (step * KASLR_ALIGN) as i64,
         phys,
@@ -217,6 +231,6 @@ pub fn module_phys(
     offset: KernelOffset,
     va: u64,
 ) -> Option<u64> {
-    let space = kernel_space(ram, image, offset.phys)?;
+    let space = kernel_space(ram, image, offset)?;
     space.translate(va).ok().map(|t| t.gpa)
 }

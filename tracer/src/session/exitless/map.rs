@@ -732,4 +732,79 @@ mod tests {
         assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 4);
         assert_eq!((at(kernel), at(efi)), (0, 0));
     }
+
+    /// 5-level paging (CR4.LA57): the kernel's top table is a PML5 whose
+    /// entry 511 leads to its P4D (`level4_kernel_pgt`), whose entry 511
+    /// leads to the same page-upper directory as with 4 levels; a guest
+    /// booted by UEFI has a PML5 of its own for the runtime services with a
+    /// P4D of its own below entry 511 (efi_64.c, `efi_alloc_page_tables`),
+    /// whose entry 511 leads to EFI's own copy of that directory. The same
+    /// walk reaches the kernel's directories and EFI's copy: the region's
+    /// entries go into the kernel's fixmap directory, and entry 508 into
+    /// both page-upper directories, through the two P4Ds; all cleared.
+    #[test]
+    fn five_level_tables_get_the_region_and_entry_508_in_both_tables() {
+        use crate::kernel::high_rings::EfiTable;
+        use crate::session::exitless::backing::Backed;
+        use std::sync::Arc;
+        let mem = memory();
+        let pd = with_fixmap_pd(&mem);
+        // The boot PML4 serves as the kernel's P4D under a PML5 of its own.
+        let pml5 = 0x51_0000u64;
+        let (efi_pml5, efi_p4d, efi_pud) = (0x50_0000u64, 0x50_2000u64, 0x50_1000u64);
+        let mut page = [0u8; 4096];
+        for (from, to) in [
+            (vmm::layout::PML4_START, efi_p4d),
+            (vmm::layout::PDPT_HIGH_START, efi_pud),
+        ] {
+            mem.read_slice(&mut page, GuestAddress(from)).unwrap();
+            mem.write_slice(&page, GuestAddress(to)).unwrap();
+        }
+        for (table, entry) in [
+            (pml5, vmm::layout::PML4_START),
+            (efi_pml5, efi_p4d),
+            (efi_p4d, efi_pud),
+        ] {
+            mem.write_obj(entry | TABLE, GuestAddress(table + 511 * 8))
+                .unwrap();
+        }
+        let dev = 32 << 20;
+        let high = HighRings {
+            pd: dev + (6 << 20) + 4 * PAGE,
+            rings: dev + (8 << 20),
+            len: 8 << 20,
+            nx: true,
+            efi: Some(EfiTable { root: efi_pml5 }),
+        };
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
+        let pages = Arc::new(Mutex::new(pages));
+        let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
+        let ram: &dyn vmm::GuestRam = &ram;
+        ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
+        ram.write_slice(&high_directory(&high), GuestAddress(high.pd))
+            .unwrap();
+        let kernel = vmm::layout::PDPT_HIGH_START + HIGH_RINGS_PUD as u64 * 8;
+        let efi = efi_pud + HIGH_RINGS_PUD as u64 * 8;
+        let at = |gpa| mem.read_obj::<u64>(GuestAddress(gpa)).unwrap();
+        let mut s = AddressSpace::new(ram, pml5, PagingMode::Level5).with_nx(true);
+        map_with(&mut s, Some(&pages)).unwrap();
+        assert_eq!((at(kernel), at(efi)), (high.pd | TABLE, high.pd | TABLE));
+        assert_ne!(at(pd + PD_FIRST as u64 * 8), 0, "the code's entry");
+        let mut b = [0u8; 4];
+        s.read(CODE_VA, &mut b).unwrap();
+        assert_eq!(&b, b"code");
+        let ring = HIGH_RINGS_VA + (3 << 20);
+        for root in [pml5, efi_pml5] {
+            let mut t = s.with_root(root);
+            assert_eq!(t.gpa(ring).unwrap(), high.rings + (3 << 20), "{root:#x}");
+        }
+        // Read as 4-level, the PML5 does not map the rings.
+        let flat = AddressSpace::new(ram, pml5, PagingMode::Level4);
+        assert!(flat.translate(ring).is_err());
+        assert!(map_with(&mut s, Some(&pages)).unwrap().reused);
+        assert_eq!(unmap(&mut s, Some(&pages)).unwrap(), 4);
+        assert_eq!((at(kernel), at(efi)), (0, 0));
+        assert!((0..PD_COUNT as u64).all(|i| at(pd + (PD_FIRST as u64 + i) * 8) == 0));
+    }
 }

@@ -592,7 +592,10 @@ fn check_cpu_numbers(
 /// The most pids a 64-bit kernel hands out (include/linux/threads.h
 /// `PID_MAX_LIMIT`: 4M).
 const PID_MAX_LIMIT: u32 = 4 * 1024 * 1024;
-/// Linux's kernel half starts here (4-level paging; 5-level starts lower).
+/// Linux's kernel half starts here with 5-level paging (its direct map at
+/// 0xff11000000000000 and up: Documentation/arch/x86/x86_64/mm.rst); with
+/// 4-level paging at 0xffff800000000000, the addresses between not
+/// canonical: a task (in the direct map) is above it in either mode.
 const KERNEL_HALF: u64 = 0xff00_0000_0000_0000;
 
 /// `Exitless::check_current_tasks` for CPU `cpu`'s per-CPU area at `base`.
