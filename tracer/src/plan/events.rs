@@ -17,6 +17,12 @@ use crate::kernel::symbols::KernelImage;
 /// enabled (arch/x86/kernel/jump_label.c), after boot.
 const GUARD: &str = "arch_jump_label_transform_queue";
 
+/// Where a static call is pointed at a new function, after boot
+/// (kernel/static_call_inline.c `__static_call_update(key, tramp, func)`):
+/// the guest registering a probe on a tracepoint points the event's static
+/// call at it there (kernel/tracepoint.c `tracepoint_update_call`).
+const STATIC_CALL_GUARD: &str = "__static_call_update";
+
 /// Why the events asked cannot be traced.
 #[derive(Debug, thiserror::Error)]
 pub enum EventPlanError {
@@ -63,6 +69,9 @@ pub struct PlannedEvent {
     /// (include/linux/tracepoint.h `__DO_TRACE_CALL`), so an enabled site
     /// alone records nothing.
     pub static_call: bool,
+    /// With `static_call`: its trampoline `__SCT__tp_func_NAME` (link-time
+    /// address), which names it at `__static_call_update`.
+    pub tramp: Option<u64>,
     /// With `static_call`: each site's `tp->funcs` test, which a trap
     /// makes pass for vmtrace alone (`enabled_branch`); fewer than the
     /// sites when some do not decode as expected.
@@ -121,6 +130,10 @@ pub struct EventPlan {
     /// enabling of a key checks each site for its NOP: trap mode gives
     /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
     pub guard: Option<u64>,
+    /// `__static_call_update` (link-time), where the guest's registering of
+    /// a probe points an event's static call at it: exitless mode keeps it
+    /// on `__traceiter_NAME` there (`crate::qemu::event_guard`).
+    pub static_call_guard: Option<u64>,
     /// Where the covered events' fields are read (None: BTF lacks a
     /// structure member they need; the fields then read as unknown).
     pub offsets: Option<FieldOffsets>,
@@ -171,12 +184,12 @@ impl EventPlan {
                 true => Vec::new(),
                 false => jump_sites::event_sites(image, &entries, &full, key)?,
             };
-            let static_call = image
+            let tramp = image
                 .symbol(&format!("__SCT__tp_func_{}", e.name))
-                .is_some();
+                .map(|s| s.addr);
             let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
             let iterator_cell = tp_iterator + e.tracepoint.unwrap_or_default();
-            let tests = match (static_call, counted_keys) {
+            let tests = match (tramp.is_some(), counted_keys) {
                 (true, false) => sites
                     .iter()
                     .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
@@ -190,7 +203,8 @@ impl EventPlan {
                 key,
                 iterator,
                 sites,
-                static_call,
+                static_call: tramp.is_some(),
+                tramp,
                 tests,
                 funcs,
                 iterator_cell,
@@ -208,6 +222,7 @@ impl EventPlan {
         Ok(EventPlan {
             events,
             guard,
+            static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
             offsets,
             counted_keys,
         })

@@ -121,6 +121,11 @@ pub enum HitError {
     Module(#[from] super::module_hooks::HookError),
 }
 
+/// Guest memory unreadable at a guarded event site.
+pub(super) fn site_err(e: vmm::RamError) -> HitError {
+    HitError::Site(e.to_string())
+}
+
 impl Breakpoints {
     /// Set a breakpoint at each of `sites` inside `stop`; on an error, the
     /// ones set are removed again.
@@ -341,36 +346,18 @@ impl Breakpoints {
         Ok(())
     }
 
-    /// The guest patches the site of the `__jump_table` entry at `entry`
-    /// (`struct jump_entry { s32 code; ... }`, in the kernel's image): if
-    /// it is one of vmtrace's, its NOP goes back first, and the site is the
-    /// guest's from then on (the detach leaves it: its key is counted).
+    /// The guest patches the site of the `__jump_table` entry at `entry`:
+    /// if it is one of vmtrace's, its NOP goes back first, and the site is
+    /// the guest's from then on (the detach leaves it: its key is counted).
     fn give_to_guest(
         &mut self,
         entry: u64,
         offset: crate::kernel::kaslr::KernelOffset,
         ram: &dyn vmm::GuestRam,
     ) -> Result<(), HitError> {
-        let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
-        let Some(gpa) = offset.phys_of(offset.link(entry)) else {
-            return Ok(());
-        };
-        let mut rel = [0u8; 4];
-        ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
-            .map_err(ram_err)?;
-        let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
-        let Some(j) = self.guarded.remove(&code) else {
-            return Ok(());
-        };
-        let unhex = super::journal::unhex;
-        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
-            return Ok(());
-        };
-        let mut now = vec![0u8; nop.len()];
-        let addr = vm_memory::GuestAddress(j.gpa);
-        ram.read_slice(&mut now, addr).map_err(ram_err)?;
-        if now == jump {
-            ram.write_slice(&nop, addr).map_err(ram_err)?;
+        if super::guarded_sites::give_to_guest(entry, offset, &mut self.guarded, ram)
+            .map_err(site_err)?
+        {
             self.taken_over += 1;
         }
         Ok(())
@@ -412,8 +399,10 @@ impl Breakpoints {
     /// Inside vmtrace's own final stop: a hit that came just before it (its
     /// stop reply was the stop's) is recorded as any other (not moved:
     /// with the breakpoints gone the vCPU runs its instruction); then every
-    /// breakpoint, at sites and at returns, is removed, the recorders
-    /// flushed and dropped. Returns the breakpoints removed at sites.
+    /// breakpoint, at sites and at returns, is removed, every guarded event
+    /// site still vmtrace's given its NOP (`super::guarded_sites`), the
+    /// recorders flushed and dropped. Returns the breakpoints removed at
+    /// sites.
     pub fn remove(
         &mut self,
         guest: &QemuGuest,
@@ -440,6 +429,9 @@ impl Breakpoints {
         if let Some((g, _)) = self.guard.take() {
             stop.clear_breakpoint(g)?;
         }
+        // Whatever their key's count: see `super::guarded_sites`.
+        let ram = std::sync::Arc::clone(vmm::Stopped::ram(stop));
+        super::guarded_sites::give_back_all(&mut self.guarded, &*ram).map_err(site_err)?;
         if let Some(k) = &self.hooks {
             stop.clear_breakpoint(k.load)?;
             stop.clear_breakpoint(k.free)?;
