@@ -302,8 +302,8 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
     assert_same(&before, &watch.read(), "after the sched_switch attach");
     // The guest enables a traced event itself, and disables it: its
-    // jump_label finds its own NOP each time (vmtrace gives the site back
-    // at the kernel's patching), and the detach leaves what it did.
+    // jump_label finds the jump it writes, then its own (vmtrace's call
+    // for its site returns at once), and the detach leaves what it did.
     let fork_data = dir.join("fork.vmtrace");
     let args = [
         "--kernel",

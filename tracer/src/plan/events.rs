@@ -127,8 +127,9 @@ fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
 pub struct EventPlan {
     pub events: Vec<PlannedEvent>,
     /// `arch_jump_label_transform_queue` (link-time), where the guest's own
-    /// enabling of a key checks each site for its NOP: trap mode gives
-    /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
+    /// enabling of a key checks each site for its NOP: attach makes the
+    /// call return at once there for vmtrace's sites, which hold the
+    /// kernel's own jump (`crate::qemu::guarded_sites`).
     pub guard: Option<u64>,
     /// `__static_call_update` (link-time), where the guest's registering of
     /// a probe points an event's static call at it: exitless mode keeps it

@@ -6,9 +6,11 @@
 //! - At `arch_jump_label_transform_queue(entry, type)`, where the kernel
 //!   checks each site of a key it enables for its NOP before patching it
 //!   (arch/x86/kernel/jump_label.c `__jump_label_patch`, which BUGs on
-//!   anything else): a site of vmtrace's gets its NOP back first, and is the
+//!   anything else): for a site of vmtrace's, whose jump is the kernel's
+//!   own, the call returns at once, the site untouched (never its NOP in
+//!   between, when the event would go unrecorded), and the site is the
 //!   guest's from then on (its key is counted: the detach leaves it), as
-//!   trap mode does (`super::breakpoints`).
+//!   trap mode does (`super::guarded_sites`).
 //! - At `__static_call_update(key, tramp, func)` (kernel/static_call_inline.c),
 //!   where registering the first probe points the event's static call at
 //!   that probe (kernel/tracepoint.c `tracepoint_update_call`, before the
@@ -29,10 +31,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use vmm::pause::VcpuSnapshot;
 use vmm::GuestRam;
 
 use super::breakpoints::{site_err, HitError, Served};
-use super::guarded_sites::{give_back_all, give_to_guest};
+use super::guarded_sites::{give_back_all, serve_queue, Queued};
 use super::guest::{Hit, QemuGuest, QemuStop};
 use super::journal::{unhex, JournaledJump};
 use super::step::{BreakOps, Stepped, SIGTRAP};
@@ -131,7 +134,8 @@ impl EventGuard {
 
     /// In the detach's stop: a hit of the guard's that came just before it
     /// (its stop reply was the stop's: `last`) handled, so the vCPU runs
-    /// on as served (the breakpoint gone, it runs its instruction); then
+    /// on as served (the breakpoint gone, it runs its instruction, or
+    /// returns from the function as its registers were set); then
     /// the breakpoints out, and each site still vmtrace's given its NOP,
     /// whatever its key's count: one the guest is enabling (its count -1
     /// meanwhile, kernel/jump_label.c `static_key_enable_cpuslocked`) may
@@ -150,7 +154,7 @@ impl EventGuard {
         if let Some(cpu) = hit {
             if let Some(snap) = vmm::Stopped::snapshot(stop, cpu) {
                 if self.owns(snap.regs.rip) {
-                    self.handle(cpu, &snap.regs, &*ram, stop)?;
+                    self.handle(cpu, &snap, &*ram, stop)?;
                 }
             }
         }
@@ -166,19 +170,24 @@ impl EventGuard {
         self.jump_queue == Some(rip) || self.static_update == Some(rip)
     }
 
-    /// The guard's hit at `regs.rip` on `cpu`, in the hit's stop.
+    /// The guard's hit on `cpu` (registers `snap`), in the hit's stop.
+    /// Returns whether the vCPU was made to return from the function
+    /// (`super::guarded_sites::Queued::Returned`): its registers then say
+    /// where it goes on, and it is not stepped.
     pub fn handle(
         &mut self,
         cpu: usize,
-        regs: &kvm_bindings::kvm_regs,
+        snap: &VcpuSnapshot,
         ram: &dyn GuestRam,
         ops: &dyn BreakOps,
-    ) -> Result<(), HitError> {
+    ) -> Result<bool, HitError> {
+        let regs = &snap.regs;
         if self.jump_queue == Some(regs.rip) {
-            if give_to_guest(regs.rdi, self.offset, &mut self.guarded, ram).map_err(site_err)? {
-                self.taken_over += 1;
-            }
-        } else if self.static_update == Some(regs.rip) {
+            let q = serve_queue(cpu, snap, self.offset, &mut self.guarded, ram, ops)?;
+            self.taken_over += usize::from(q != Queued::NotOurs);
+            return Ok(q == Queued::Returned);
+        }
+        if self.static_update == Some(regs.rip) {
             // (tramp, func): the second and third arguments.
             if let Some(&it) = self.iterators.get(&regs.rsi) {
                 if regs.rdx != it {
@@ -187,16 +196,20 @@ impl EventGuard {
                 }
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The hit `hit` (a SIGTRAP on `cpu` at `rip`, the guard's) handled, the
-    /// vCPU stepped over the function's first instruction, the VM resumed.
+    /// vCPU stepped over the function's first instruction (unless made to
+    /// return from it), the VM resumed.
     pub fn serve_hit(&mut self, hit: Hit<'_>, cpu: usize) -> Result<Served, HitError> {
-        let regs = hit.snapshot(cpu)?.regs;
+        let snap = hit.snapshot(cpu)?;
         let ram = Arc::clone(hit.ram());
-        self.handle(cpu, &regs, &*ram, &hit)?;
-        match hit.step_over(cpu, regs.rip)? {
+        if self.handle(cpu, &snap, &*ram, &hit)? {
+            hit.resume(None)?;
+            return Ok(Served::Hit);
+        }
+        match hit.step_over(cpu, snap.regs.rip)? {
             Stepped::Moved | Stepped::Stayed => hit.resume(None)?,
             Stepped::Stopped { signal, .. } => {
                 hit.hold();
@@ -260,16 +273,22 @@ mod tests {
             kept: 0,
         };
         let ops = Ops::default();
-        let regs = |rsi, rdx| kvm_bindings::kvm_regs {
-            rip: UPDATE,
-            rsi,
-            rdx,
-            ..Default::default()
+        let regs = |rsi, rdx| VcpuSnapshot {
+            regs: kvm_bindings::kvm_regs {
+                rip: UPDATE,
+                rsi,
+                rdx,
+                ..Default::default()
+            },
+            sregs: Default::default(),
+            clock: None,
+            syscall_entry: None,
         };
         assert!(g.owns(UPDATE) && !g.owns(UPDATE + 4));
-        g.handle(0, &regs(TRAMP, PROBE), &mem, &ops).unwrap();
-        g.handle(0, &regs(TRAMP, ITER), &mem, &ops).unwrap();
-        g.handle(0, &regs(TRAMP + 8, PROBE), &mem, &ops).unwrap();
+        for (tramp, func) in [(TRAMP, PROBE), (TRAMP, ITER), (TRAMP + 8, PROBE)] {
+            // Stepped over its first instruction, never made to return.
+            assert!(!g.handle(0, &regs(tramp, func), &mem, &ops).unwrap());
+        }
         assert_eq!(*ops.0.borrow(), [("rdx".to_string(), ITER)]);
         assert_eq!(g.kept, 1);
         assert_eq!(g.breakpoints(), [UPDATE]);

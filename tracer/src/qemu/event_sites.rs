@@ -6,8 +6,10 @@
 //! find vmtrace's jump where it expects its NOP, and BUG
 //! (arch/x86/kernel/jump_label.c `__jump_label_patch`): a key the guest
 //! has enabled (its `enabled` count above 0) is refused at the attach, and
-//! a breakpoint where the kernel checks each site gives it back its NOP
-//! first (trap mode: `super::breakpoints`; exitless: `super::event_guard`). The key's count is never written: once vmtrace
+//! at a breakpoint where the kernel checks and queues each site the call
+//! returns at once, vmtrace's jump being the kernel's own
+//! (`super::guarded_sites`; trap mode: `super::breakpoints`; exitless:
+//! `super::event_guard`). The key's count is never written: once vmtrace
 //! detaches, the guest's perf or ftrace enable the event as ever.
 
 use vm_memory::GuestAddress;
