@@ -85,6 +85,10 @@ pub struct PlannedEvent {
     /// Its fields by name (`kernel::events::fields`); None when BTF does
     /// not give its arguments.
     pub format: Option<EventFormat>,
+    /// `call->event.type` (link-time address): the event's id, which the
+    /// kernel gives it at boot (0 in the image), read in the guest at the
+    /// attach (`crate::qemu::event_ids`); None when BTF lacks the members.
+    pub id_cell: Option<u64>,
 }
 
 impl PlannedEvent {
@@ -145,6 +149,15 @@ pub struct EventPlan {
     pub counted_keys: bool,
 }
 
+/// Where `call->event.type` is in a `struct trace_event_call`
+/// (include/linux/trace_events.h: its `struct trace_event event`, whose
+/// `int type` is the event's id); None when BTF lacks either member.
+fn id_offset(btf: &KernelBtf) -> Option<u64> {
+    let event = btf.member("trace_event_call", "event").ok()?;
+    let ty = btf.member("trace_event", "type").ok()?;
+    Some(u64::from(event.offset + ty.offset))
+}
+
 impl EventPlan {
     /// The events of `image` that `globs` select, each with its call
     /// sites checked; empty `globs`: none.
@@ -157,15 +170,11 @@ impl EventPlan {
         let table = EventTable::read(image, &btf)?;
         let entries = jump_sites::entries(image)?;
         let counted_keys = entries.is_empty();
-        // `struct tracepoint`'s `funcs` (include/linux/tracepoint-defs.h).
-        let tp_funcs = btf
-            .member("tracepoint", "funcs")
-            .map(|m| u64::from(m.offset))
-            .map_err(EventError::from)?;
-        let tp_iterator = btf
-            .member("tracepoint", "iterator")
-            .map(|m| u64::from(m.offset))
-            .map_err(EventError::from)?;
+        // `struct tracepoint`'s members (include/linux/tracepoint-defs.h).
+        let at = |ty: &str, m: &str| btf.member(ty, m).map(|m| u64::from(m.offset));
+        let tp_funcs = at("tracepoint", "funcs").map_err(EventError::from)?;
+        let tp_iterator = at("tracepoint", "iterator").map_err(EventError::from)?;
+        let id_at = id_offset(&btf);
         let mut events = Vec::new();
         for e in table.select(&globs)? {
             let full = e.full_name();
@@ -213,6 +222,7 @@ impl EventPlan {
                     ftrace: ftrace_format::read(image, &btf, e),
                     ..f
                 }),
+                id_cell: id_at.map(|at| e.call + at),
             });
         }
         if counted_keys {

@@ -351,14 +351,15 @@ struct Setup {
 // the first stop, the mode, the tracer for it, the attach, the events.
 fn setup(
     vm: &mut QemuVm,
-    plan: TracePlan,
+    mut plan: TracePlan,
     rec: Recording,
     journal: &mut Journal,
 ) -> Result<Setup, QemuError> {
-    let events = plan.plan.events.clone();
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
+    super::event_ids::read(&**first.ram(), &mut plan.plan.events, offset);
+    let events = plan.plan.events.clone();
     if let Err(why) = super::modules::confirm(&*vm.guest.ram(), &plan.plan.image, offset) {
         let _ = first.resume();
         return Err(QemuError::ModulesChanged(why));
