@@ -493,7 +493,7 @@ pub struct BenchArgs {
     /// Pauses, and attach/detach cycles, per vCPU count for attach/pause.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub cycles: usize,
-    /// Linux vmlinux for attach/scaling and sites/direct, and attach/direct
+    /// Linux vmlinux for attach/scaling, sites/direct and events/cost, and attach/direct
     /// unless linux-noftrace/vmlinux is beside it (default:
     /// guest/out/vmlinux; left out of the default set, with a message, if
     /// absent); boot/ftrace boots the bzImage and initramfs beside it.

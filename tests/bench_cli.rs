@@ -506,7 +506,7 @@ fn assert_stack_counts(figures: &serde_json::Map<String, serde_json::Value>, tex
 }
 
 /// Every bench, by collection, as `vmtrace bench list` names them.
-const BENCHES: [&str; 15] = [
+const BENCHES: [&str; 16] = [
     "call/trap",
     "call/exitless",
     "call/graph",
@@ -522,6 +522,7 @@ const BENCHES: [&str; 15] = [
     "qemu/attach",
     "qemu/drain",
     "sites/direct",
+    "events/cost",
 ];
 
 /// The names of the benches in a bench JSON's `benches`, in order.
@@ -551,7 +552,7 @@ fn bench_list_names_every_bench() {
             "{line}"
         );
     }
-    for (field, n) in [("goal:", 15), ("figure:", 15), ("needs:", 15)] {
+    for (field, n) in [("goal:", 16), ("figure:", 16), ("needs:", 16)] {
         let count = list
             .lines()
             .filter(|l| l.trim_start().starts_with(field))
@@ -565,7 +566,7 @@ fn bench_list_names_every_bench() {
             .all(|l| l.ends_with(']')),
         "{list}"
     );
-    for collection in ["call:", "attach:", "record:", "report:", "boot:"] {
+    for collection in ["call:", "attach:", "record:", "report:", "boot:", "events:"] {
         assert!(
             list.lines().any(|l| l.starts_with(collection)),
             "{collection} in\n{list}"
@@ -604,12 +605,77 @@ fn bench_list_names_every_bench() {
     );
     // Its heading counts what it lists (before: "10 benches in 6 collections").
     assert!(
-        some.starts_with("vmtrace bench: 6 of 15 benches, in 2 of 7 collections."),
+        some.starts_with("vmtrace bench: 6 of 16 benches, in 2 of 8 collections."),
         "{some}"
     );
     assert!(
-        list.starts_with("vmtrace bench: 15 of 15 benches, in 7 of 7 collections."),
+        list.starts_with("vmtrace bench: 16 of 16 benches, in 8 of 8 collections."),
         "{list}"
+    );
+}
+
+/// events/cost on the 6.1 default guest's vmlinux, counted in the code,
+/// never run: a function entry's instructions (the exitless trampoline on
+/// a recorded call with its task, as call/exitless's static figure), and
+/// per event its path beyond the entry and the two together; its section
+/// of the table and its method; no goal.
+#[test]
+fn bench_counts_an_events_instructions() {
+    let vmlinux = linux_vmlinux();
+    let (doc, table) = bench_json(
+        "bench-events",
+        &["events/cost", "--vmlinux", vmlinux.to_str().unwrap()],
+    );
+    let text = doc.to_string();
+    assert_eq!(bench_names(&doc), ["events/cost"], "{text}");
+    let figures = doc["figures"].as_object().unwrap();
+    let fig = |k: &str| figures[k].as_f64().unwrap_or_else(|| panic!("{k}: {text}"));
+    assert_eq!(
+        fig("event_entry_guest_insns"),
+        ENTRY_WITH_TASK as f64,
+        "{text}"
+    );
+    for e in ["sched_switch", "sched_wakeup"] {
+        let path = fig(&format!("event_{e}_path_insns"));
+        // The enabled branch's load, `test`, `je`, `__data`, `call`; the
+        // iterator's load and test of `tp->funcs`, `je`, `ret`.
+        assert!(path >= 9.0, "{e}: {text}");
+        assert_eq!(
+            fig(&format!("event_{e}_guest_insns")),
+            ENTRY_WITH_TASK as f64 + path,
+            "{text}"
+        );
+        assert!(
+            table.contains(&format!(
+                "  {e}: {} = the entry's",
+                ENTRY_WITH_TASK as f64 + path
+            )),
+            "{table}"
+        );
+    }
+    let b = &doc["benches"][0];
+    assert_eq!(b["measured"], true, "{text}");
+    let keys: Vec<&str> = b["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "event_entry_guest_insns",
+            "event_sched_switch_guest_insns",
+            "event_sched_wakeup_guest_insns"
+        ],
+        "{text}"
+    );
+    assert!(doc["goals"].as_array().unwrap().is_empty(), "{text}");
+    let methods: Vec<&String> = doc["methods"].as_object().unwrap().keys().collect();
+    assert_eq!(methods, ["events/cost"], "{text}");
+    assert!(
+        table.contains("\n# events/cost: How many guest instructions"),
+        "{table}"
     );
 }
 
@@ -798,8 +864,8 @@ fn bench_refuses_unknown_names() {
             "no bench `call/nope`; the benches: call/trap, call/exitless, call/graph, \
              call/stack, call/direct, attach/pause, attach/scaling, attach/modes, attach/direct, \
              record/throughput, report/render, boot/ftrace, qemu/attach, qemu/drain, \
-             sites/direct; \
-             collections call, attach, record, report, boot, qemu, sites; all (`vmtrace bench \
+             sites/direct, events/cost; \
+             collections call, attach, record, report, boot, qemu, sites, events; all (`vmtrace bench \
              list` says what each measures)",
         ),
         (

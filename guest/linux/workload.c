@@ -38,6 +38,9 @@
  *                  guest's own tracer (events/S/E/enable)
  *                                        -> workload: ftrace event S:E=R (R: 0,
  *                                           or the write's negative errno)
+ *   ftrace id S:E  the id the kernel gave event S:E (events/S/E/id)
+ *                                        -> workload: ftrace id S:E=N (N, or the
+ *                                           read's negative errno)
  *   ping                                 -> workload: pong pid=W
  *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
  *                  first); returns once the machine woke up
@@ -622,7 +625,28 @@ static void run_ftrace(char **w, int n)
 		emit(&l);
 		return;
 	}
-	say("error unknown command (ftrace on F [G], off, hits F, enabled, events, event S:E 1|0)");
+	if (n == 3 && streq(w[1], "id")) {
+		/* S:E, as available_events names it: events/S/E/id. */
+		put(&name, "events/");
+		put(&name, w[2]);
+		for (i = 0; i < (long)name.len; i++)
+			if (name.buf[i] == ':')
+				name.buf[i] = '/';
+		put(&name, "/id");
+		name.buf[name.len] = 0;
+		len = tracefs_read(name.buf, text, sizeof(text));
+		put(&l, "workload: ftrace id ");
+		put(&l, w[2]);
+		put(&l, "=");
+		if (len < 0)
+			put_num(&l, len);
+		/* The number, without its newline. */
+		for (i = 0; i < len && text[i] >= '0' && text[i] <= '9'; i++)
+			l.buf[l.len < sizeof(l.buf) - 2 ? l.len++ : l.len] = text[i];
+		emit(&l);
+		return;
+	}
+	say("error unknown command (ftrace on F [G], off, hits F, enabled, events, event S:E 1|0, id S:E)");
 }
 
 /* Power off when the kernel can (ACPI), else restart; never returns. */

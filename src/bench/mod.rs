@@ -219,7 +219,9 @@
 //! docs/benchmarks.md): call/direct ((f) with direct entries on the mini
 //! guest without ftrace), attach/direct ((e) for 100 and 1,000 direct
 //! sites), sites/direct (the functions `DirectPlan::build` proves safe, and
-//! refuses by rule, on the vmlinux and `--distro-kernel`).
+//! refuses by rule, on the vmlinux and `--distro-kernel`); events/cost
+//! (`measure::events`: an exitless event's instructions beside a function
+//! entry's, counted in the vmlinux's code).
 
 pub mod measure;
 pub mod results;

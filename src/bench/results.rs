@@ -9,6 +9,7 @@ mod attach_modes;
 mod benches;
 mod direct;
 mod drain;
+mod events;
 mod exitless;
 pub mod ftrace;
 mod goals;
@@ -23,8 +24,8 @@ mod table;
 use std::time::Instant;
 
 use super::measure::{
-    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, DrainFigures, ExitlessCosts,
-    HandlerAlone, PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
+    AttachModes, CallCosts, DirectAttach, DirectSiteCounts, DrainFigures, EventCosts,
+    ExitlessCosts, HandlerAlone, PauseFigures, QemuFigures, RecordFigures, Scaling, StackCosts,
 };
 use super::suite::BenchId;
 use super::{median, pct};
@@ -75,6 +76,8 @@ pub struct Results {
     pub direct_attach: Option<DirectAttach>,
     /// sites/direct: by kernel (the vmlinux, then the distro kernel).
     pub direct_sites: Vec<DirectSiteCounts>,
+    /// events/cost, if there was a vmlinux.
+    pub events: Option<EventCosts>,
     /// (i): vmtrace against the guest's own ftrace on the Linux guest's
     /// boot; None: not asked for.
     pub ftrace: ftrace::Measured,
@@ -103,6 +106,7 @@ impl Default for Results {
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),
+            events: None,
             ftrace: None,
         }
     }
@@ -160,6 +164,7 @@ pub fn figures(r: &Results) -> Vec<(String, f64)> {
         BenchId::CallDirect,
         BenchId::AttachDirect,
         BenchId::SitesDirect,
+        BenchId::EventsCost,
     ]
     .into_iter()
     .flat_map(|id| figures_of(id, r))
@@ -197,6 +202,7 @@ fn figures_of(id: BenchId, r: &Results) -> Vec<(String, f64)> {
             .as_ref()
             .map_or_else(Vec::new, direct::attach_figures),
         BenchId::SitesDirect => direct::sites_figures(&r.direct_sites),
+        BenchId::EventsCost => r.events.as_ref().map_or_else(Vec::new, events::figures),
         BenchId::CallExitless | BenchId::CallGraph | BenchId::BootFtrace => Vec::new(),
     }
 }
@@ -419,6 +425,7 @@ mod tests {
             direct: None,
             direct_attach: None,
             direct_sites: Vec::new(),
+            events: None,
             ftrace: None,
         }
     }

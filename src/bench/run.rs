@@ -73,6 +73,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Results, Error> {
         r.drain = Some(measure::drain_figures(cfg.drain_events)?);
     }
     direct_figures(cfg, &mut r)?;
+    if let (true, Some(v)) = (runs(BenchId::EventsCost), &cfg.vmlinux) {
+        note!(
+            "vmtrace bench: events/cost counting {} in {}",
+            measure::COSTED_EVENTS,
+            v.display()
+        );
+        r.events = Some(measure::event_costs(v)?);
+    }
     r.ftrace = ftrace_figures(cfg);
     Ok(r)
 }

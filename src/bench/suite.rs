@@ -23,6 +23,7 @@ pub enum BenchId {
     QemuAttach,
     QemuDrain,
     SitesDirect,
+    EventsCost,
 }
 
 /// What a bench runs on.
@@ -83,7 +84,7 @@ impl Bench {
 }
 
 /// Every bench, a collection's together.
-pub const BENCHES: [Bench; 15] = [
+pub const BENCHES: [Bench; 16] = [
     Bench {
         id: BenchId::CallTrap,
         name: "call/trap",
@@ -243,10 +244,22 @@ pub const BENCHES: [Bench; 15] = [
         unit: "functions",
         needs: Needs::Vmlinux,
     },
+    Bench {
+        id: BenchId::EventsCost,
+        name: "events/cost",
+        aliases: &[],
+        goal: "How many guest instructions does an exitless event (-e) cost, beside a traced \
+               function entry?",
+        figure: "guest instructions per exitless sched_switch and sched_wakeup: a function \
+                 entry's (vmtrace's trampoline) plus the event's path in the kernel's text, \
+                 counted in the code of the 6.1 default guest's vmlinux, never run",
+        unit: "guest instructions",
+        needs: Needs::Vmlinux,
+    },
 ];
 
 /// Each collection and what its benches measure, in `BENCHES`' order.
-pub const COLLECTIONS: [(&str, &str); 7] = [
+pub const COLLECTIONS: [(&str, &str); 8] = [
     ("call", "what one traced call costs"),
     (
         "attach",
@@ -257,6 +270,7 @@ pub const COLLECTIONS: [(&str, &str); 7] = [
     ("boot", "a Linux guest's boot, traced"),
     ("qemu", "a QEMU guest traced by `vmtrace attach`"),
     ("sites", "which functions a kernel lets vmtrace trace"),
+    ("events", "what a kernel event (-e) costs"),
 ];
 
 pub fn bench(id: BenchId) -> &'static Bench {
@@ -436,6 +450,7 @@ mod tests {
             BenchId::CallDirect,
             BenchId::AttachDirect,
             BenchId::SitesDirect,
+            BenchId::EventsCost,
         ] {
             assert!(all.runs(id));
         }

@@ -98,6 +98,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let mut waits = Waits::default();
     let done = std::sync::atomic::AtomicBool::new(false);
     let reason = s.trace_with(duration, &done, &mut waits);
+    say_taken_over(&s);
     let ended = s.end_with(&reason, &mut waits);
     data.end_on_terminate();
     report(ended, &reason, data, &output)
@@ -139,8 +140,9 @@ fn check_attachable(plan: &TracePlan) -> Result<(), InputError> {
 fn say_events(s: &QemuSession, silent: &[String]) {
     let (sites, loads) = s.event_sites();
     if sites > 0 {
-        // Trap mode gives a site back to the guest as it enables its event.
-        let meanwhile = match s.traps() {
+        // Trap mode's breakpoints and exitless mode's guard give a site
+        // back to the guest as it enables its event.
+        let meanwhile = match s.traps() || s.events_taken_over().is_some() {
             true => "the guest may enable these events itself meanwhile",
             false => "do not enable these events in the guest meanwhile (its jump_label would BUG)",
         };
@@ -158,6 +160,15 @@ fn say_events(s: &QemuSession, silent: &[String]) {
         note!(
             "vmtrace: not recorded yet: {} (this kernel's static calls reach __traceiter_NAME only while a probe is registered in the guest; docs/events.md)",
             silent.join(", ")
+        );
+    }
+}
+
+/// Exitless mode: what the guard did as the guest enabled traced events.
+fn say_taken_over(s: &QemuSession) {
+    if let Some((sites, kept)) = s.events_taken_over().filter(|&(a, b)| a + b > 0) {
+        note!(
+            "vmtrace: the guest enabled traced events itself meanwhile: {sites} call sites given to it (its own at the detach), {kept} static call updates kept on __traceiter_NAME, which calls its probes and is still recorded"
         );
     }
 }

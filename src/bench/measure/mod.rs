@@ -8,6 +8,7 @@ mod calls;
 mod direct;
 mod drain;
 mod drain_producer;
+mod events;
 mod exitless;
 pub mod ftrace;
 mod phases;
@@ -37,6 +38,7 @@ pub use direct::{
     attach_direct, direct_sites, DirectAttach, DirectSiteCounts, StubCount, DIRECT_SITES,
 };
 pub use drain::{drain_figures, DrainFigures, DrainMemory, DrainRun, DRAIN_CPUS};
+pub use events::{event_costs, EventCosts, COSTED_EVENTS};
 pub use exitless::{exitless_costs, ExitlessCosts, SPIN, SPIN_COUNT_TOLERANCE};
 pub use ftrace::{
     ftrace_figures, BootConfig, FtraceFigures, LinuxGuest, BOOT_CONFIGS, FTRACE_CMDLINE,

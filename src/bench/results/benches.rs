@@ -137,9 +137,13 @@ fn why_not(id: BenchId, r: &Results, cfg: &BenchConfig) -> String {
         (BenchId::BootFtrace, Some(Err(e))) => format!("failed: {e}"),
         (BenchId::BootFtrace, _) => format!("not asked for: {HOW}"),
         (BenchId::AttachScaling, _) if !cfg.counts_only => "no vmlinux".into(),
-        (BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect, _) => {
-            super::table::direct_not_run(id, cfg)
-        }
+        (
+            BenchId::CallDirect
+            | BenchId::AttachDirect
+            | BenchId::SitesDirect
+            | BenchId::EventsCost,
+            _,
+        ) => super::table::direct_not_run(id, cfg),
         _ if cfg.counts_only => COUNTS_ONLY.into(),
         _ => "not run".into(),
     }
@@ -354,6 +358,13 @@ fn other_values(id: BenchId, r: &Results) -> Vec<Value> {
         BenchId::CallDirect | BenchId::AttachDirect | BenchId::SitesDirect => {
             v.extend(direct_values(id, r));
         }
+        // Each event's instructions, and the entry's beside.
+        BenchId::EventsCost => v.extend(
+            figures_of(id, r)
+                .into_iter()
+                .filter(|(k, _)| k.ends_with("_guest_insns"))
+                .map(|(k, x)| value(k, x, "guest instructions", None)),
+        ),
         _ => {}
     }
     v

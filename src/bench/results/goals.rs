@@ -82,9 +82,11 @@ pub fn goals_of(id: BenchId, r: &Results, cfg: &BenchConfig) -> Vec<Goal> {
             .direct_attach
             .as_ref()
             .map_or_else(Vec::new, direct::attach_goals),
-        BenchId::CallGraph | BenchId::CallStack | BenchId::AttachPause | BenchId::SitesDirect => {
-            Vec::new()
-        }
+        BenchId::CallGraph
+        | BenchId::CallStack
+        | BenchId::AttachPause
+        | BenchId::SitesDirect
+        | BenchId::EventsCost => Vec::new(),
     }
 }
 

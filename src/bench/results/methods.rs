@@ -6,7 +6,7 @@ use tracer::trace::model::{SYNTH_CALLERS, SYNTH_CPUS, SYNTH_FUNCS};
 
 use super::super::measure::TRACE_GLOB;
 use super::super::suite::BenchId;
-use super::{attach_modes, direct, drain, exitless, ftrace, qemu, record, stack, Goal};
+use super::{attach_modes, direct, drain, events, exitless, ftrace, qemu, record, stack, Goal};
 use crate::config::BenchConfig;
 
 #[derive(Serialize)]
@@ -46,6 +46,7 @@ pub fn method_bench(key: &str) -> BenchId {
         "call/direct" => BenchId::CallDirect,
         "attach/direct" => BenchId::AttachDirect,
         "sites/direct" => BenchId::SitesDirect,
+        "events/cost" => BenchId::EventsCost,
         _ => BenchId::AttachModes,
     }
 }
@@ -123,5 +124,6 @@ pub fn methods() -> Vec<(&'static str, String)> {
         ("call/direct", direct::call_method()),
         ("attach/direct", direct::attach_method()),
         ("sites/direct", direct::sites_method()),
+        ("events/cost", events::method()),
     ]
 }

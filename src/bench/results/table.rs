@@ -73,7 +73,7 @@ fn write_table(o: &mut String, r: &Results, goals: &[Goal], run: &Run<'_>) -> fm
 }
 
 /// The order the benches' sections have always been printed in.
-const TABLE_ORDER: [BenchId; 15] = [
+const TABLE_ORDER: [BenchId; 16] = [
     BenchId::CallTrap,
     BenchId::AttachPause,
     BenchId::AttachScaling,
@@ -89,9 +89,11 @@ const TABLE_ORDER: [BenchId; 15] = [
     BenchId::CallDirect,
     BenchId::AttachDirect,
     BenchId::SitesDirect,
+    BenchId::EventsCost,
 ];
 
 /// One bench's section: its figures, or not measured, and why.
+// Long: one arm per bench, each a call or its not-measured line.
 fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> fmt::Result {
     match id {
         BenchId::CallTrap => match &r.costs {
@@ -170,6 +172,10 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
             false => direct::write_sites(o, &r.direct_sites, cfg),
             true => writeln!(o, "sites/direct: NOT MEASURED, {}", direct_not_run(id, cfg)),
         },
+        BenchId::EventsCost => match &r.events {
+            Some(c) => super::events::write(o, c, cfg),
+            None => writeln!(o, "events/cost: NOT MEASURED, {}", direct_not_run(id, cfg)),
+        },
     }
 }
 
@@ -177,7 +183,9 @@ fn write_bench(o: &mut String, id: BenchId, r: &Results, cfg: &BenchConfig) -> f
 pub(super) fn direct_not_run(id: BenchId, cfg: &BenchConfig) -> String {
     match id {
         _ if cfg.counts_only => COUNTS_ONLY.into(),
-        BenchId::AttachDirect | BenchId::SitesDirect if cfg.vmlinux.is_none() => {
+        BenchId::AttachDirect | BenchId::SitesDirect | BenchId::EventsCost
+            if cfg.vmlinux.is_none() =>
+        {
             "no vmlinux (build it with `bash guest/build.sh linux`, or pass --vmlinux PATH)".into()
         }
         _ => "not run".into(),

@@ -17,6 +17,12 @@ use crate::kernel::symbols::KernelImage;
 /// enabled (arch/x86/kernel/jump_label.c), after boot.
 const GUARD: &str = "arch_jump_label_transform_queue";
 
+/// Where a static call is pointed at a new function, after boot
+/// (kernel/static_call_inline.c `__static_call_update(key, tramp, func)`):
+/// the guest registering a probe on a tracepoint points the event's static
+/// call at it there (kernel/tracepoint.c `tracepoint_update_call`).
+const STATIC_CALL_GUARD: &str = "__static_call_update";
+
 /// Why the events asked cannot be traced.
 #[derive(Debug, thiserror::Error)]
 pub enum EventPlanError {
@@ -63,6 +69,9 @@ pub struct PlannedEvent {
     /// (include/linux/tracepoint.h `__DO_TRACE_CALL`), so an enabled site
     /// alone records nothing.
     pub static_call: bool,
+    /// With `static_call`: its trampoline `__SCT__tp_func_NAME` (link-time
+    /// address), which names it at `__static_call_update`.
+    pub tramp: Option<u64>,
     /// With `static_call`: each site's `tp->funcs` test, which a trap
     /// makes pass for vmtrace alone (`enabled_branch`); fewer than the
     /// sites when some do not decode as expected.
@@ -76,6 +85,10 @@ pub struct PlannedEvent {
     /// Its fields by name (`kernel::events::fields`); None when BTF does
     /// not give its arguments.
     pub format: Option<EventFormat>,
+    /// `call->event.type` (link-time address): the event's id, which the
+    /// kernel gives it at boot (0 in the image), read in the guest at the
+    /// attach (`crate::qemu::event_ids`); None when BTF lacks the members.
+    pub id_cell: Option<u64>,
 }
 
 impl PlannedEvent {
@@ -118,9 +131,14 @@ fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
 pub struct EventPlan {
     pub events: Vec<PlannedEvent>,
     /// `arch_jump_label_transform_queue` (link-time), where the guest's own
-    /// enabling of a key checks each site for its NOP: trap mode gives
-    /// vmtrace's sites their NOP back there (`crate::qemu::event_sites`).
+    /// enabling of a key checks each site for its NOP: attach makes the
+    /// call return at once there for vmtrace's sites, which hold the
+    /// kernel's own jump (`crate::qemu::guarded_sites`).
     pub guard: Option<u64>,
+    /// `__static_call_update` (link-time), where the guest's registering of
+    /// a probe points an event's static call at it: exitless mode keeps it
+    /// on `__traceiter_NAME` there (`crate::qemu::event_guard`).
+    pub static_call_guard: Option<u64>,
     /// Where the covered events' fields are read (None: BTF lacks a
     /// structure member they need; the fields then read as unknown).
     pub offsets: Option<FieldOffsets>,
@@ -129,6 +147,15 @@ pub struct EventPlan {
     /// (`crate::session::event_keys`); the events have no `sites`, and
     /// their `tests` were found in the text.
     pub counted_keys: bool,
+}
+
+/// Where `call->event.type` is in a `struct trace_event_call`
+/// (include/linux/trace_events.h: its `struct trace_event event`, whose
+/// `int type` is the event's id); None when BTF lacks either member.
+fn id_offset(btf: &KernelBtf) -> Option<u64> {
+    let event = btf.member("trace_event_call", "event").ok()?;
+    let ty = btf.member("trace_event", "type").ok()?;
+    Some(u64::from(event.offset + ty.offset))
 }
 
 impl EventPlan {
@@ -143,15 +170,11 @@ impl EventPlan {
         let table = EventTable::read(image, &btf)?;
         let entries = jump_sites::entries(image)?;
         let counted_keys = entries.is_empty();
-        // `struct tracepoint`'s `funcs` (include/linux/tracepoint-defs.h).
-        let tp_funcs = btf
-            .member("tracepoint", "funcs")
-            .map(|m| u64::from(m.offset))
-            .map_err(EventError::from)?;
-        let tp_iterator = btf
-            .member("tracepoint", "iterator")
-            .map(|m| u64::from(m.offset))
-            .map_err(EventError::from)?;
+        // `struct tracepoint`'s members (include/linux/tracepoint-defs.h).
+        let at = |ty: &str, m: &str| btf.member(ty, m).map(|m| u64::from(m.offset));
+        let tp_funcs = at("tracepoint", "funcs").map_err(EventError::from)?;
+        let tp_iterator = at("tracepoint", "iterator").map_err(EventError::from)?;
+        let id_at = id_offset(&btf);
         let mut events = Vec::new();
         for e in table.select(&globs)? {
             let full = e.full_name();
@@ -171,12 +194,12 @@ impl EventPlan {
                 true => Vec::new(),
                 false => jump_sites::event_sites(image, &entries, &full, key)?,
             };
-            let static_call = image
+            let tramp = image
                 .symbol(&format!("__SCT__tp_func_{}", e.name))
-                .is_some();
+                .map(|s| s.addr);
             let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
             let iterator_cell = tp_iterator + e.tracepoint.unwrap_or_default();
-            let tests = match (static_call, counted_keys) {
+            let tests = match (tramp.is_some(), counted_keys) {
                 (true, false) => sites
                     .iter()
                     .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
@@ -190,7 +213,8 @@ impl EventPlan {
                 key,
                 iterator,
                 sites,
-                static_call,
+                static_call: tramp.is_some(),
+                tramp,
                 tests,
                 funcs,
                 iterator_cell,
@@ -198,6 +222,7 @@ impl EventPlan {
                     ftrace: ftrace_format::read(image, &btf, e),
                     ..f
                 }),
+                id_cell: id_at.map(|at| e.call + at),
             });
         }
         if counted_keys {
@@ -208,6 +233,7 @@ impl EventPlan {
         Ok(EventPlan {
             events,
             guard,
+            static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
             offsets,
             counted_keys,
         })

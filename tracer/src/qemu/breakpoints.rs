@@ -27,6 +27,7 @@ mod hooks;
 
 use super::frames::{Changes, Frames};
 use super::gdb::GdbError;
+use super::guarded_sites::{self, Queued};
 use super::guest::{QemuGuest, QemuStop};
 use super::journal::{JournalError, ReturnJournal};
 use super::step::{BreakOps, Stepped, SIGTRAP};
@@ -59,8 +60,10 @@ pub struct Breakpoints {
     /// where the vCPU goes on (past the `je`).
     skips: HashMap<u64, FuncsSkip>,
     /// `arch_jump_label_transform_queue`'s address, and the events' call
-    /// sites by their `__jump_table` entries: the guest enabling one of
-    /// them finds its NOP there again, not vmtrace's jump (which would BUG).
+    /// sites by their code's address: the guest enabling one of them
+    /// returns at once, vmtrace's jump being the kernel's own, never
+    /// finding it where it expects its NOP (which would BUG:
+    /// `super::guarded_sites`).
     guard: Option<(u64, crate::kernel::kaslr::KernelOffset)>,
     guarded: HashMap<u64, super::journal::JournaledJump>,
     /// Sites the guest took over (enabled their event itself).
@@ -119,6 +122,13 @@ pub enum HitError {
     Site(String),
     #[error(transparent)]
     Module(#[from] super::module_hooks::HookError),
+    #[error(transparent)]
+    Guard(#[from] super::guarded_sites::GuardError),
+}
+
+/// Guest memory unreadable at a guarded event site.
+pub(super) fn site_err(e: vmm::RamError) -> HitError {
+    HitError::Site(e.to_string())
 }
 
 impl Breakpoints {
@@ -238,8 +248,7 @@ impl Breakpoints {
             return Ok(Next::Resume(Some(k.after_je)));
         }
         if let Some((_, offset)) = self.guard.filter(|g| g.0 == rip) {
-            self.give_to_guest(snap.regs.rdi, offset, ram)?;
-            return Ok(Next::Step(rip));
+            return self.serve_guard(cpu, snap, offset, ram, ops);
         }
         if self
             .hooks
@@ -341,39 +350,23 @@ impl Breakpoints {
         Ok(())
     }
 
-    /// The guest patches the site of the `__jump_table` entry at `entry`
-    /// (`struct jump_entry { s32 code; ... }`, in the kernel's image): if
-    /// it is one of vmtrace's, its NOP goes back first, and the site is the
-    /// guest's from then on (the detach leaves it: its key is counted).
-    fn give_to_guest(
+    /// A hit at `arch_jump_label_transform_queue` on `cpu` (registers
+    /// `snap`): see `super::guarded_sites`. Says how to go on.
+    fn serve_guard(
         &mut self,
-        entry: u64,
+        cpu: usize,
+        snap: &vmm::pause::VcpuSnapshot,
         offset: crate::kernel::kaslr::KernelOffset,
         ram: &dyn vmm::GuestRam,
-    ) -> Result<(), HitError> {
-        let ram_err = |e: vmm::RamError| HitError::Site(e.to_string());
-        let Some(gpa) = offset.phys_of(offset.link(entry)) else {
-            return Ok(());
-        };
-        let mut rel = [0u8; 4];
-        ram.read_slice(&mut rel, vm_memory::GuestAddress(gpa))
-            .map_err(ram_err)?;
-        let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
-        let Some(j) = self.guarded.remove(&code) else {
-            return Ok(());
-        };
-        let unhex = super::journal::unhex;
-        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
-            return Ok(());
-        };
-        let mut now = vec![0u8; nop.len()];
-        let addr = vm_memory::GuestAddress(j.gpa);
-        ram.read_slice(&mut now, addr).map_err(ram_err)?;
-        if now == jump {
-            ram.write_slice(&nop, addr).map_err(ram_err)?;
-            self.taken_over += 1;
-        }
-        Ok(())
+        ops: &dyn BreakOps,
+    ) -> Result<Next, HitError> {
+        let q = guarded_sites::serve_queue(cpu, snap, offset, &mut self.guarded, ram, ops)?;
+        self.taken_over += usize::from(q != Queued::NotOurs);
+        Ok(match q {
+            // Its registers already say where it returns to.
+            Queued::Returned => Next::Resume(None),
+            Queued::Left | Queued::NotOurs => Next::Step(snap.regs.rip),
+        })
     }
 
     /// Breakpoints at the events' `tp->funcs` tests (already journaled),
@@ -411,9 +404,12 @@ impl Breakpoints {
 
     /// Inside vmtrace's own final stop: a hit that came just before it (its
     /// stop reply was the stop's) is recorded as any other (not moved:
-    /// with the breakpoints gone the vCPU runs its instruction); then every
-    /// breakpoint, at sites and at returns, is removed, the recorders
-    /// flushed and dropped. Returns the breakpoints removed at sites.
+    /// with the breakpoints gone the vCPU runs its instruction; but a
+    /// guard's hit made to return sets the vCPU's registers); then every
+    /// breakpoint, at sites and at returns, is removed, every guarded event
+    /// site still vmtrace's given its NOP (`super::guarded_sites`), the
+    /// recorders flushed and dropped. Returns the breakpoints removed at
+    /// sites.
     pub fn remove(
         &mut self,
         guest: &QemuGuest,
@@ -440,6 +436,9 @@ impl Breakpoints {
         if let Some((g, _)) = self.guard.take() {
             stop.clear_breakpoint(g)?;
         }
+        // Whatever their key's count: see `super::guarded_sites`.
+        let ram = std::sync::Arc::clone(vmm::Stopped::ram(stop));
+        guarded_sites::give_back_all(&mut self.guarded, &*ram).map_err(site_err)?;
         if let Some(k) = &self.hooks {
             stop.clear_breakpoint(k.load)?;
             stop.clear_breakpoint(k.free)?;

@@ -12,6 +12,7 @@ use vmm::Stopped;
 
 use super::breakpoints::{self, Breakpoints, Served};
 use super::error::QemuError;
+use super::event_guard::EventGuard;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
 use super::module_added::FirstLoads;
@@ -22,6 +23,7 @@ use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
 use super::reset::{self, CpuView, LookSeen, Verdict};
+use super::step::SIGTRAP;
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::watch::Watch;
@@ -85,6 +87,9 @@ pub(super) struct QemuVm {
     /// name what they write in until the attach hands it to them.
     pub(super) follow: Option<Box<ModuleFollow>>,
     pub(super) follow_journal: Option<super::journal::Journal>,
+    /// Exitless mode: the guard for the guest enabling a traced event
+    /// itself (`super::event_guard`).
+    pub(super) guard: Option<Box<EventGuard>>,
 }
 
 impl QemuVm {
@@ -108,6 +113,7 @@ impl QemuVm {
             jumps: Vec::new(),
             follow: None,
             follow_journal: None,
+            guard: None,
         }
     }
 
@@ -184,8 +190,9 @@ impl QemuVm {
                 }
             }
             RunState::Stopped(why) => {
-                // (Followed modules: the stub's replies say, as in trap mode.)
-                if exitless && self.follow.is_none() && self.held.is_none() {
+                // (Followed modules, guarded events: the stub's replies
+                // say, as in trap mode.)
+                if exitless && !self.serves_stops() && self.held.is_none() {
                     self.held = Some((why, Instant::now()));
                 }
             }
@@ -221,25 +228,93 @@ impl QemuVm {
 }
 
 impl QemuVm {
-    /// Exitless mode: the module hooks' stops served for `step`.
+    /// Exitless mode: whether breakpoints of vmtrace's stop the VM (the
+    /// module hooks, the event guard), their stops served by `serve_hooks`.
+    pub(super) fn serves_stops(&self) -> bool {
+        self.follow.is_some() || self.guard.is_some()
+    }
+
+    /// Exitless mode: the module hooks' and the event guard's stops served
+    /// for `step`.
     fn serve_hooks(&mut self, step: Duration) -> Option<TraceEnd> {
-        let f = self.follow.as_mut()?;
         let until = Instant::now() + step;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
-            match f.serve(&self.guest, left) {
+            let guard = self.guard.as_deref_mut();
+            match serve_exitless(&self.guest, guard, self.follow.as_deref_mut(), left) {
                 Ok(Served::Hit) => continue,
                 Ok(Served::Idle) => return None,
                 Ok(Served::NotOurs { signal }) => {
                     self.held = Some((format!("gdb signal {signal}"), Instant::now()));
                     return None;
                 }
-                Err(e) => return Some(self.look().unwrap_or(TraceEnd::Stub(e.to_string()))),
+                Err(e) => return Some(self.look().unwrap_or(TraceEnd::Stub(e))),
             }
         }
+    }
+}
+
+/// Exitless mode's stops of its own served for up to `timeout`: the
+/// event guard's and the module hooks' (`super::module_follow`); any other
+/// stop is left alone (someone else's). Errors as text: the trace ends.
+fn serve_exitless(
+    guest: &QemuGuest,
+    guard: Option<&mut EventGuard>,
+    follow: Option<&mut super::module_follow::ModuleFollow>,
+    timeout: Duration,
+) -> Result<Served, String> {
+    let Some(hit) = guest.wait_hit(timeout).map_err(|e| e.to_string())? else {
+        return Ok(Served::Idle);
+    };
+    let signal = hit.reply.signal;
+    let (SIGTRAP, Some(cpu)) = (signal, hit.cpu) else {
+        hit.hold();
+        return Ok(Served::NotOurs { signal });
+    };
+    if let Some(g) = guard {
+        let rip = hit.snapshot(cpu).map_err(|e| e.to_string())?.regs.rip;
+        if g.owns(rip) {
+            return g.serve_hit(hit, cpu).map_err(|e| e.to_string());
+        }
+    }
+    match follow {
+        Some(f) => f.serve_hit(hit, cpu).map_err(|e| e.to_string()),
+        None => {
+            hit.hold();
+            Ok(Served::NotOurs { signal })
+        }
+    }
+}
+
+impl QemuVm {
+    /// The events' call sites made jumps, once the attach is in place, and
+    /// named wherever the journal is written from now on; exitless mode's
+    /// guard set (`super::event_guard`).
+    pub(super) fn enable_events(
+        &mut self,
+        events: &crate::plan::events::EventPlan,
+        offset: crate::kernel::kaslr::KernelOffset,
+        journal: &mut super::journal::Journal,
+    ) -> Result<(), QemuError> {
+        let breakpoints = match &mut self.arming {
+            Arming::Trap {
+                breakpoints: Some(b),
+                ..
+            } => Some(&mut **b),
+            _ => None,
+        };
+        let guard = super::event_sites::enable(&self.guest, events, offset, journal, breakpoints)?;
+        self.jumps = journal.record.jumps.clone();
+        if let Some(f) = self.follow.as_mut() {
+            let bps = guard.as_ref().map(|g| g.breakpoints()).unwrap_or_default();
+            let named = f.name_jumps(&self.jumps, &bps);
+            named.map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        }
+        self.guard = guard.map(Box::new);
+        Ok(())
     }
 }
 
@@ -383,7 +458,9 @@ impl Backend for QemuVm {
                     }
                 }
             }
-            Arming::Exitless { .. } if self.held.is_none() && self.follow.is_some() => {
+            Arming::Exitless { .. }
+                if self.held.is_none() && (self.follow.is_some() || self.guard.is_some()) =>
+            {
                 if let Some(end) = self.serve_hooks(step) {
                     return Some(end);
                 }

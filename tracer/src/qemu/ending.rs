@@ -89,7 +89,7 @@ impl From<TraceEnd> for EndReason {
 fn held_for_end(vm: &mut QemuVm, observer: &mut dyn Observer) -> Result<bool, QemuError> {
     let state = vm.state_patient(&mut |w| observer.held_up(w))?;
     // (Followed modules: the hooks' stops are vmtrace's, as in trap mode.)
-    let trap = matches!(vm.arming, Arming::Trap { .. }) || vm.follow.is_some();
+    let trap = matches!(vm.arming, Arming::Trap { .. }) || vm.serves_stops();
     Ok(match state {
         RunState::Running => false,
         // Trap mode: a breakpoint's stop not served yet (or a step's) is
@@ -174,7 +174,6 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         let last = self.vm.guest.take_last_stop();
-        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let Arming::Trap {
             breakpoints: Some(b),
             ..
@@ -182,7 +181,11 @@ impl Detach<'_> {
         else {
             unreachable!("checked above");
         };
+        // The guard's hit just before the stop served and every site still
+        // vmtrace's given its NOP (`super::guarded_sites`) before the
+        // count-checking restore, as the exitless detach does.
         let n = b.remove(&self.vm.guest, &stop, last)?;
+        super::event_sites::restore(&stop, &self.vm.jumps)?;
         let (unloads, reloads, untraced) = b.module_cycles();
         let (first, unslotted) = b.modules_first_loaded();
         let c = DetachCounts {
@@ -201,8 +204,15 @@ impl Detach<'_> {
         &mut self,
         observer: &mut dyn Observer,
     ) -> Result<DetachCounts, QemuError> {
+        // Only the reply of the stop below counts.
+        let _ = self.vm.guest.take_last_stop();
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
+        let last = self.vm.guest.take_last_stop();
+        if let Some(g) = self.vm.guard.as_mut() {
+            g.detach(&self.vm.guest, &stop, last)
+                .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
+        }
         super::event_sites::restore(&stop, &self.vm.jumps)?;
         if let Some(f) = self.vm.follow.as_ref() {
             self.tracer.forget_sites(f.given_back());

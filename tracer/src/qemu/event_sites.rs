@@ -6,8 +6,10 @@
 //! find vmtrace's jump where it expects its NOP, and BUG
 //! (arch/x86/kernel/jump_label.c `__jump_label_patch`): a key the guest
 //! has enabled (its `enabled` count above 0) is refused at the attach, and
-//! the guest must not enable the event while vmtrace traces it
-//! (docs/events.md). The key's count is never written: once vmtrace
+//! at a breakpoint where the kernel checks and queues each site the call
+//! returns at once, vmtrace's jump being the kernel's own
+//! (`super::guarded_sites`; trap mode: `super::breakpoints`; exitless:
+//! `super::event_guard`). The key's count is never written: once vmtrace
 //! detaches, the guest's perf or ftrace enable the event as ever.
 
 use vm_memory::GuestAddress;
@@ -15,6 +17,7 @@ use vmm::{GuestRam, Stopped};
 
 use super::breakpoints::{Breakpoints, FuncsSkip};
 use super::error::QemuError;
+use super::event_guard::EventGuard;
 use super::guest::QemuStop;
 use super::journal::{hex, unhex, Journal, JournaledJump};
 use crate::kernel::kaslr::KernelOffset;
@@ -127,22 +130,24 @@ pub(super) fn skips(events: &EventPlan, offset: KernelOffset) -> Vec<FuncsSkip> 
 
 /// Enables the events' call sites in a stop of their own, the journal
 /// naming them (and, in trap mode, the breakpoints at their `tp->funcs`
-/// tests, set first) before the first is written.
+/// tests, set first; in exitless mode, the guard's) before the first is
+/// written. Exitless mode: the guard set (`super::event_guard`), None when
+/// the kernel lacks what it needs.
 pub(super) fn enable(
     guest: &super::guest::QemuGuest,
     events: &EventPlan,
     offset: KernelOffset,
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
-) -> Result<usize, QemuError> {
+) -> Result<Option<EventGuard>, QemuError> {
     if events.is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     let stop = guest.stop(false)?;
     match write(&stop, events, offset, journal, breakpoints) {
-        Ok(n) => {
+        Ok(g) => {
             stop.resume()?;
-            Ok(n)
+            Ok(g)
         }
         Err(e) => {
             let _ = stop.resume();
@@ -157,11 +162,18 @@ fn write(
     offset: KernelOffset,
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
-) -> Result<usize, QemuError> {
+) -> Result<Option<EventGuard>, QemuError> {
     let mut jumps = check(stop, events, offset)?;
     if breakpoints.is_none() {
         // Exitless: no breakpoint passes the `tp->funcs` tests.
         jumps.extend(super::funcs_loads::plan(stop, events, offset)?);
+    }
+    let event_guard = match breakpoints.is_none() {
+        true => EventGuard::plan(events, offset, &jumps).ok().flatten(),
+        false => None,
+    };
+    if let Some(g) = &event_guard {
+        journal.record.breakpoints.extend(g.breakpoints());
     }
     let skips = match breakpoints.is_some() {
         true => skips(events, offset),
@@ -183,13 +195,16 @@ fn write(
             b.guard(stop, g, offset, &jumps)?;
         }
     }
+    if let Some(g) = &event_guard {
+        g.set(stop)?;
+    }
     for j in &jumps {
         let bytes = unhex(&j.jump).unwrap_or_default();
         stop.ram()
             .write_slice(&bytes, GuestAddress(j.gpa))
             .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
     }
-    Ok(jumps.len())
+    Ok(event_guard)
 }
 
 /// Puts each site's NOP back where vmtrace's jump is, in `stop`.

@@ -13,10 +13,9 @@
 //! (`super::journal::JournaledJump`, key 0: given back at every detach
 //! whatever the guest did) and restored with them.
 //!
-//! A probe the guest registered meanwhile would get that `__data` (a
-//! single probe is the static call's target): the guest must not enable
-//! a traced event while vmtrace is attached in exitless mode, as for the
-//! jumps (docs/events.md).
+//! A probe the guest registered meanwhile would get that `__data` if the
+//! static call went to it (a single probe is the static call's target):
+//! attach's guard keeps it on `__traceiter_NAME` (`super::event_guard`).
 
 use vm_memory::GuestAddress;
 use vmm::{GuestRam, Stopped};

@@ -17,19 +17,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::GuestRam;
 
 use super::breakpoints::Served;
 use super::gdb::GdbError;
-use super::guest::{QemuGuest, QemuStop};
+use super::guest::{Hit, QemuStop};
 use super::journal::{hex, Journal, JournalError, JournaledJump, JournaledSite};
 use super::module_hooks::{HookError, ModuleHooks};
 use super::module_marks::{Judged, Marks};
 use super::step::BreakOps;
-use super::step::{Stepped, SIGTRAP};
+use super::step::Stepped;
 use crate::kernel::ftrace_records::Reenabled;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::PAGE;
@@ -147,12 +146,25 @@ impl ModuleFollow {
         })
     }
 
-    /// The events' call sites made jumps after the attach: kept in each
-    /// later save of the journal.
-    pub fn name_jumps(&mut self, jumps: &[JournaledJump]) {
+    /// The events' call sites made jumps after the attach, and the event
+    /// guard's `breakpoints` (`super::event_guard`): kept in each later
+    /// save of the journal, the first now (the attach's save of the events
+    /// knew nothing of the hooks').
+    pub fn name_jumps(
+        &mut self,
+        jumps: &[JournaledJump],
+        breakpoints: &[u64],
+    ) -> Result<(), FollowError> {
         if let Some(j) = self.journal.as_mut() {
             j.record.jumps = jumps.to_vec();
+            for &b in breakpoints {
+                if !j.record.breakpoints.contains(&b) {
+                    j.record.breakpoints.push(b);
+                }
+            }
+            j.save()?;
         }
+        Ok(())
     }
 
     /// The attach's sites given back at an unload: the tracer's detach
@@ -183,17 +195,10 @@ impl ModuleFollow {
         self.added_stubs.get(k).copied()
     }
 
-    /// Waits up to `timeout` for the VM to stop: a hook's stop is handled
-    /// and the VM resumed; any other stop is left alone (someone else's).
-    pub fn serve(&mut self, guest: &QemuGuest, timeout: Duration) -> Result<Served, FollowError> {
-        let Some(hit) = guest.wait_hit(timeout)? else {
-            return Ok(Served::Idle);
-        };
+    /// A breakpoint's stop (SIGTRAP) on `cpu`: a hook's handled and the VM
+    /// resumed; any other left alone.
+    pub fn serve_hit(&mut self, hit: Hit<'_>, cpu: usize) -> Result<Served, FollowError> {
         let signal = hit.reply.signal;
-        let (SIGTRAP, Some(cpu)) = (signal, hit.cpu) else {
-            hit.hold();
-            return Ok(Served::NotOurs { signal });
-        };
         let regs = hit.snapshot(cpu)?.regs;
         let rip = regs.rip;
         let returning = |c: &Vec<Coming>| c.iter().any(|c| c.ret == rip);

@@ -30,7 +30,6 @@ use super::ring_device;
 use super::staging::{exitless_region, ring_memory};
 use super::stub::{self, GdbStubError};
 use crate::kernel::high_rings::EfiTable;
-use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::lowmem::LowMemory;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::attach_mode::{self, Decision, Refused};
@@ -352,14 +351,15 @@ struct Setup {
 // the first stop, the mode, the tracer for it, the attach, the events.
 fn setup(
     vm: &mut QemuVm,
-    plan: TracePlan,
+    mut plan: TracePlan,
     rec: Recording,
     journal: &mut Journal,
 ) -> Result<Setup, QemuError> {
-    let events = plan.plan.events.clone();
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
+    super::event_ids::read(&**first.ram(), &mut plan.plan.events, offset);
+    let events = plan.plan.events.clone();
     if let Err(why) = super::modules::confirm(&*vm.guest.ram(), &plan.plan.image, offset) {
         let _ = first.resume();
         return Err(QemuError::ModulesChanged(why));
@@ -428,7 +428,7 @@ fn setup(
     };
     match backend::attach(&mut tracer, vm, patience, &mut Quiet)? {
         Waited::Attached(_) => {
-            enable_events(vm, &events, offset, journal)?;
+            vm.enable_events(&events, offset, journal)?;
             Ok(Setup {
                 tracer,
                 low,
@@ -441,29 +441,6 @@ fn setup(
         // (The stub's waits end nothing before the attach.)
         Waited::Ended(end) => Err(QemuError::NotReady(EndReason::from(end).to_string())),
     }
-}
-
-/// The events' call sites made jumps, once the attach is in place, and
-/// named wherever the journal is written from now on.
-fn enable_events(
-    vm: &mut QemuVm,
-    events: &crate::plan::events::EventPlan,
-    offset: KernelOffset,
-    journal: &mut Journal,
-) -> Result<(), QemuError> {
-    let breakpoints = match &mut vm.arming {
-        Arming::Trap {
-            breakpoints: Some(b),
-            ..
-        } => Some(&mut **b),
-        _ => None,
-    };
-    super::event_sites::enable(&vm.guest, events, offset, journal, breakpoints)?;
-    vm.jumps = journal.record.jumps.clone();
-    if let Some(f) = vm.follow.as_mut() {
-        f.name_jumps(&vm.jumps);
-    }
-    Ok(())
 }
 
 /// The QEMU session tells no front end how it goes (`Observer`'s defaults).
@@ -484,6 +461,13 @@ impl QemuSession {
     /// Whether calls reach vmtrace through breakpoints (trap mode).
     pub fn traps(&self) -> bool {
         matches!(self.vm.arming, Arming::Trap { .. })
+    }
+
+    /// Exitless mode's guard (`super::event_guard`), if set: the call sites
+    /// the guest took over and its static call updates kept on
+    /// `__traceiter_NAME`, as it enabled traced events itself.
+    pub fn events_taken_over(&self) -> Option<(usize, usize)> {
+        self.vm.guard.as_ref().map(|g| (g.taken_over, g.kept))
     }
 
     /// The events' call sites vmtrace enabled (`super::event_sites`), and

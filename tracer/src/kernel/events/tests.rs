@@ -283,3 +283,35 @@ fn funcs_tests_of_every_event_by_register() {
         }
     }
 }
+
+/// An exitless event's instructions beyond a function entry's
+/// (`path_cost`), counted in the project's guests' text: every one of
+/// `sched_switch`'s and `sched_wakeup`'s enabled branches decodes from its
+/// load to its call, through the static call's `jmp`, and
+/// `__traceiter_NAME` to its `ret` with no probe; and in Debian 6.12's
+/// (jump labels, inline static calls).
+#[test]
+fn event_paths_are_counted_in_the_text() {
+    use crate::kernel::events::path_cost::event_path_cost;
+    use crate::plan::events::EventPlan;
+    for rel in ["bzImage", "linux-6.12/bzImage", "debian-6.12/vmlinuz"] {
+        let Some(image) = bzimage(rel) else {
+            continue;
+        };
+        let globs = ["sched:sched_switch,sched:sched_wakeup".to_string()];
+        let plan = EventPlan::build(&image, &globs).unwrap();
+        for e in &plan.events {
+            assert!(!e.tests.is_empty(), "{rel} {}", e.name);
+            for t in &e.tests {
+                let c = event_path_cost(&image, t, e.funcs, e.iterator)
+                    .unwrap_or_else(|| panic!("{rel} {} at {:#x}", e.name, t.load));
+                eprintln!("{rel} {} at {:#x}: {c:?} = {}", e.name, t.load, c.total());
+                // The load, `test`, `je`, `__data`'s load, the `call`.
+                assert!(c.branch >= 5, "{rel} {}: {c:?}", e.name);
+                assert!(c.trampoline <= 1, "{rel} {}: {c:?}", e.name);
+                // Its load of `tp->funcs`, `test`, `je`, `ret`.
+                assert!(c.iterator >= 4, "{rel} {}: {c:?}", e.name);
+            }
+        }
+    }
+}
