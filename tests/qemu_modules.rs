@@ -31,6 +31,7 @@ use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::find::{kernel_image, Given};
 use tracer::kernel::module_build_id::{ko_build_id, loaded_build_id, NotesLayout};
 use tracer::kernel::modules::{loaded, LoadedModule, ModuleLayout};
+use tracer::qemu::journal;
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
 use tracer::qemu::queries::Queries;
@@ -320,7 +321,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // removed (exitless: its sites restored) at each unload, before its
     // text is freed, and set (written) again at each load, before its init
     // runs.
-    module_hook_traced(&guest, &bz);
+    module_hook_traced(&guest, &bz, "vmt_hit,ftrace_module_enable");
     for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
         cycles(&guest, &bz, m, w.worker, &modules, mode, graph);
     }
@@ -358,10 +359,15 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);
 
+    // Waiting for a module, the hooks are needed as much: refused too
+    // (the hook's own breakpoint would be the site's, no load seen).
+    module_hook_traced(&guest, &bz, "vmt_*:mod:vmt_test,ftrace_module_enable");
     for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
         first_load(&guest, &bz, w.worker, &modules, mode, graph);
     }
-    killed_after_a_first_load(&guest, &bz, w.worker, &modules);
+    for journal in [true, false] {
+        killed_after_a_first_load(&guest, &bz, w.worker, &modules, journal);
+    }
     let (after, _) = modules.read();
     assert_eq!(after, before);
 }
@@ -493,6 +499,14 @@ fn first_load(
     assert_runs_on(guest, worker);
 }
 
+/// The journal `vmtrace attach` keeps for this guest's QEMU.
+fn journal_of(guest: &QemuGuest) -> std::path::PathBuf {
+    let start = journal::start_time(guest.pid()).unwrap();
+    let path = journal::path_for(guest.pid(), start);
+    assert!(path.is_file(), "{}", path.display());
+    path
+}
+
 /// The sites of `vmt_test`'s functions that `vmt_*` traces.
 fn traced_sites(m: &LoadedModule) -> Vec<u64> {
     let traced = |s: &u64| {
@@ -505,14 +519,19 @@ fn traced_sites(m: &LoadedModule) -> Vec<u64> {
 }
 
 /// An exitless attach waiting for `vmt_test`, killed (SIGKILL, with its
-/// guardian) once the module's first load wrote its sites (journaled):
-/// `vmtrace detach` leaves no gdbstub, the module's sites the kernel's
-/// NOPs, and its calls run on; unloaded after.
+/// guardian) once the module's first load wrote its sites (journaled, and
+/// named in the guest's marker): `vmtrace detach` leaves no gdbstub, the
+/// module's sites the kernel's NOPs, and its calls run on; unloaded
+/// after. Without `journal` (moved aside) the repair goes by the marker
+/// alone: the module's sites found through the kernel's page tables and
+/// restored with getppid's, vmtrace's entries cleared, only the pages'
+/// bytes unknown (exit 1); the journal back, a second repair gives those.
 fn killed_after_a_first_load(
     guest: &QemuGuest,
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
+    journal: bool,
 ) {
     let args = [
         "--kernel",
@@ -541,6 +560,32 @@ fn killed_after_a_first_load(
         );
     }
     kill_with_guardian(a);
+    if !journal {
+        let path = journal_of(guest);
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        let o = detach(guest.qmp_socket());
+        let err = common::stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        for n in [
+            "4 sites restored (0 of 4 were as found)",
+            "page-directory entries cleared",
+            "what they held before is in its journal only",
+        ] {
+            assert!(err.contains(n), "{n:?} in {err}");
+        }
+        assert!(!err.contains("left in place"), "{err}");
+        command(guest, "vmt 3", "vmt 3", worker);
+        let (_, mut space) = modules.read();
+        for &site in &sites {
+            assert_eq!(
+                read(&mut space, site),
+                NOP5,
+                "site {site:#x} after the marker's repair"
+            );
+        }
+        std::fs::rename(&aside, &path).unwrap();
+    }
     let o = detach(guest.qmp_socket());
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     assert_no_gdbstub(guest.qmp_socket());
@@ -563,9 +608,10 @@ fn killed_after_a_first_load(
 
 /// Tracing a function of the kernel's module load path where vmtrace
 /// follows modules (`ftrace_module_enable`, by direct entry: the kernel's
-/// ftrace code has no ftrace sites) with a module's function: refused in
-/// one line, exit status 2, before the guest is touched (no gdbstub left).
-fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
+/// ftrace code has no ftrace sites) with a module's function (`trace`: a
+/// loaded module's, or a `:mod:` glob waiting for one): refused in one
+/// line, exit status 2, before the guest is touched (no gdbstub left).
+fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path, trace: &str) {
     let o = common::vmtrace(&[
         "attach",
         "--qmp",
@@ -575,7 +621,7 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
         "--entry",
         "direct",
         "--trace",
-        "vmt_hit,ftrace_module_enable",
+        trace,
     ]);
     let err = common::stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");

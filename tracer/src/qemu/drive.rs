@@ -15,8 +15,8 @@ use super::error::QemuError;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
 use super::module_added::FirstLoads;
-use super::module_follow::ModuleFollow;
-use super::module_hooks::ModuleHooks;
+use super::module_follow::{FollowError, ModuleFollow};
+use super::module_hooks::{HookError, ModuleHooks};
 use super::module_marks::Marks;
 use super::monitor::Monitor;
 use super::qmp::QmpError;
@@ -85,9 +85,42 @@ pub(super) struct QemuVm {
     /// name what they write in until the attach hands it to them.
     pub(super) follow: Option<Box<ModuleFollow>>,
     pub(super) follow_journal: Option<super::journal::Journal>,
+    /// The guest's marker as the attach wrote it, for the hooks to name
+    /// the module sites they write in.
+    pub(super) follow_marker: Option<super::marker::Marker>,
+    /// Why modules are not followed, where some traced site or `:mod:`
+    /// glob needs it (the hooks could not be set).
+    pub(super) unfollowed: Option<String>,
 }
 
 impl QemuVm {
+    /// Why the guest's modules are not followed through their loads and
+    /// unloads, where a traced site or a `:mod:` glob needs it (the
+    /// hooks of `super::module_hooks` could not be set).
+    pub(super) fn modules_unfollowed(&self) -> Option<&str> {
+        match &self.arming {
+            Arming::Trap {
+                breakpoints: Some(b),
+                ..
+            } => b.unfollowed.as_deref(),
+            _ => self.unfollowed.as_deref(),
+        }
+    }
+
+    /// Exitless: copies of the attach's journal and the guest's marker
+    /// for the module hooks (`super::module_follow`), which name in them
+    /// the module sites they write.
+    pub(super) fn follow_with(
+        &mut self,
+        journal: &super::journal::Journal,
+        marker: super::marker::Marker,
+    ) {
+        self.follow_journal = Some(super::journal::Journal {
+            path: journal.path.clone(),
+            record: journal.record.clone(),
+        });
+        self.follow_marker = Some(marker);
+    }
     pub(super) fn new(qmp: Monitor, guest: QemuGuest, stub: Stub, pid: u32) -> QemuVm {
         QemuVm {
             qmp,
@@ -108,6 +141,8 @@ impl QemuVm {
             jumps: Vec::new(),
             follow: None,
             follow_journal: None,
+            follow_marker: None,
+            unfollowed: None,
         }
     }
 
@@ -245,8 +280,11 @@ impl QemuVm {
 
 /// The hooks for the traced module sites of `tracer`'s plan, and for the
 /// modules first loaded during the trace (when slots were kept), read
-/// under `stop` (None: none to follow, or its modules unreadable).
-fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<ModuleHooks> {
+/// under `stop` (None: none to follow; an error: why they cannot be).
+fn module_hooks(
+    stop: &super::guest::QemuStop<'_>,
+    tracer: &Tracer,
+) -> Result<Option<ModuleHooks>, HookError> {
     let plan = tracer.plan();
     let virt = plan.index.slide();
     let sites = plan
@@ -259,8 +297,6 @@ fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<Mo
     let coming = plan.coming.as_ref().filter(|_| plan.exitless_added() > 0);
     let coming = coming.map(|c| FirstLoads::new(c, Arc::clone(&plan.index)));
     ModuleHooks::new(&plan.image, virt, &*ram, &sites, coming)
-        .ok()
-        .flatten()
 }
 
 /// What each spare site of `tracer`'s exitless code calls, by slot (none
@@ -298,15 +334,19 @@ impl Backend for QemuVm {
                 let hooks = module_hooks(&stop, tracer);
                 match tracer.attach(&stop) {
                     Ok(Attach::Attached(_)) => {
-                        if let Some(h) = hooks {
-                            // Not followed (the stub's error said): an unloaded
-                            // module's sites are left alone at the detach.
-                            let j = self.follow_journal.take();
+                        // Not followed (said: `unfollowed`): an unloaded
+                        // module's sites are left alone at the detach, a
+                        // module first loaded is not traced.
+                        let started = hooks.map_err(FollowError::from).and_then(|h| {
+                            let Some(h) = h else { return Ok(None) };
+                            let j = (self.follow_journal.take(), self.follow_marker.take());
                             let marks = marks_of(tracer);
                             let stubs = added_stubs(tracer);
-                            self.follow = ModuleFollow::start(h, &stop, j, marks, stubs)
-                                .ok()
-                                .map(Box::new);
+                            ModuleFollow::start(h, &stop, j, marks, stubs).map(Some)
+                        });
+                        match started {
+                            Ok(f) => self.follow = f.map(Box::new),
+                            Err(e) => self.unfollowed = Some(e.to_string()),
                         }
                         Ok(times(tracer))
                     }

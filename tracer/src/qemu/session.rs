@@ -401,11 +401,7 @@ fn setup(
                 .view()
                 .write_slice(&marker.encode(), GuestAddress(MARKER_GPA))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-            // Its copy for the module hooks (`super::module_follow`).
-            vm.follow_journal = Some(Journal {
-                path: journal.path.clone(),
-                record: journal.record.clone(),
-            });
+            vm.follow_with(journal, marker);
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
@@ -484,6 +480,11 @@ impl QemuSession {
     /// Whether calls reach vmtrace through breakpoints (trap mode).
     pub fn traps(&self) -> bool {
         matches!(self.vm.arming, Arming::Trap { .. })
+    }
+
+    /// Why the guest's modules are not followed (`QemuVm::modules_unfollowed`).
+    pub fn modules_unfollowed(&self) -> Option<&str> {
+        self.vm.modules_unfollowed()
     }
 
     /// The events' call sites vmtrace enabled (`super::event_sites`), and
