@@ -362,8 +362,16 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // Waiting for a module, the hooks are needed as much: refused too
     // (the hook's own breakpoint would be the site's, no load seen).
     module_hook_traced(&guest, &bz, "vmt_*:mod:vmt_test,ftrace_module_enable");
-    for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
-        first_load(&guest, &bz, w.worker, &modules, mode, graph);
+    args_waiting_refused(&guest, &bz);
+    for (mode, graph, entry) in [
+        ("trap", false, "ftrace"),
+        ("exitless", false, "ftrace"),
+        ("exitless", true, "ftrace"),
+        // getppid by its direct entry, the module's functions by their
+        // ftrace sites (the spare sites' code is called as any site's).
+        ("exitless", false, "direct"),
+    ] {
+        first_load(&guest, &bz, w.worker, &modules, (mode, graph, entry));
     }
     for journal in [true, false] {
         killed_after_a_first_load(&guest, &bz, w.worker, &modules, journal);
@@ -373,7 +381,8 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
 }
 
 /// A module first loaded during a trace in `mode` (exitless: with the
-/// function graph if `graph`): `vmt_*:mod:vmt_test` waits for it (said),
+/// function graph if `graph`), `--entry` `entry` (the attach's sites):
+/// `vmt_*:mod:vmt_test` waits for it (said),
 /// the workload loads it, then `vmtcycles 20 K` (K calls, the unload, the
 /// load again): exactly 20 x K hits, named `vmt_hit [vmt_test]` (with
 /// the graph, every return too), its breakpoints taken out (exitless: its
@@ -386,8 +395,7 @@ fn first_load(
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
-    mode: &str,
-    graph: bool,
+    (mode, graph, entry): (&str, bool, &str),
 ) {
     const CYCLES: u64 = 20;
     const K: u64 = 5;
@@ -398,6 +406,8 @@ fn first_load(
         "json",
         "--mode",
         mode,
+        "--entry",
+        entry,
         "--trace",
         "vmt_*:mod:vmt_test,__x64_sys_getppid",
     ];
@@ -635,6 +645,34 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path, trace: &str) {
     assert!(
         refused[0]
             .starts_with("vmtrace: --trace selects ftrace_module_enable, where vmtrace follows"),
+        "{err}"
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+}
+
+/// `--args` with a `:mod:` glob waiting for its module: the spare sites a
+/// module first loaded gets record no arguments, so refused in one line,
+/// exit status 2, before the guest is touched (no gdbstub left).
+fn args_waiting_refused(guest: &QemuGuest, bz: &std::path::Path) {
+    let o = common::vmtrace(&[
+        "attach",
+        "--qmp",
+        s(guest.qmp_socket()),
+        "--kernel",
+        s(bz),
+        "--args",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+    ]);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.lines().last(),
+        Some(
+            "vmtrace: --args with 'vmt_*:mod:vmt_test', a module not loaded yet: the functions of \
+             a module the guest loads during the trace record no arguments; load it before the \
+             attach, or trace without --args"
+        ),
         "{err}"
     );
     assert_no_gdbstub(guest.qmp_socket());

@@ -234,6 +234,11 @@ fn plan_waiting(
     let Some((coming, globs)) = waiting else {
         return Ok((plan, None));
     };
+    if !request.args.is_empty() {
+        // (The spare sites' code and records hold no arguments.)
+        let globs = globs.join(",");
+        return Err(InputError::ArgsModuleWaiting { globs });
+    }
     plan.reserve_added(coming, guest_modules::ADDED_SITES, &request)
         .map_err(InputError::from)?;
     Ok((plan, Some(globs)))
