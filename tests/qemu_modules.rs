@@ -312,7 +312,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         assert!(!lines.contains(&"vmt_hit"), "{glob}: {out}");
     }
 
-    module_stacks(&guest, &bz, w.worker);
+    module_stacks(&guest, &bz, w.worker, &modules);
     distribution_module(&guest, &bz, w.worker);
 
     // Unloaded and loaded again 20 times during a trace in each mode (one
@@ -884,9 +884,16 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
 /// `--stack vmt_hit` in trap mode: each of the K calls' kernel stacks
 /// unwinds through the module's own functions (their ORC tables read from
 /// the guest's memory) and the write system call beneath, to the worker's
-/// user-mode registers: one stack for all K.
-fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+/// user-mode registers: one stack for all K, and for K more once the
+/// module is unloaded and loaded again at a new address during the trace.
+fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 4;
+    let text = || {
+        let (list, _) = modules.read();
+        let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+        m.text.clone()
+    };
+    let before = text();
     let args = [
         "--kernel",
         s(bz),
@@ -902,11 +909,21 @@ fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    // Loaded again elsewhere: its calls unwind through the attach's ORC
+    // entries of its code, to the same stack.
+    // (binfmt_misc.ko between takes the memory it leaves.)
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
+    let after = text();
+    assert_ne!(after.start, before.start, "loaded again at {after:x?}");
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
     let v = e.json();
-    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&K), "{v}");
+    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&(2 * K)), "{v}");
     let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
     assert_eq!(stacks.len(), 1, "{v}");
     let st = &stacks[0];

@@ -73,6 +73,9 @@ pub struct Breakpoints {
     /// Why the module hooks could not be set, where some traced site or
     /// `:mod:` glob needs them.
     pub unfollowed: Option<String>,
+    /// How `--stack` calls unwind, told of traced modules loaded again
+    /// at new addresses.
+    stacks: Option<std::sync::Arc<crate::session::stacks::StackSource>>,
 }
 
 /// One `tp->funcs` test, as the trap at it passes it (running addresses).
@@ -159,6 +162,7 @@ impl Breakpoints {
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
+            stacks: None,
         })
     }
 
@@ -506,6 +510,7 @@ pub fn watch(
     // Without the hooks an unloaded module's breakpoints stay (on freed
     // text) until the detach, as before them: only the stub's own errors
     // end the attach.
+    b.stacks = tracer.stack_source().cloned();
     match b.hook_modules(stop, tracer.plan()) {
         Err(HitError::Gdb(e)) => {
             for &a in &b.sites {
@@ -606,6 +611,7 @@ mod tests {
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
+            stacks: None,
         };
         let ops = Ops::default();
         let hit =
@@ -680,6 +686,7 @@ mod tests {
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
+            stacks: None,
         };
         let ops = Ops::default();
         let next = b.handle(0, &snap(test, RSP, 0), &mem, &ops).unwrap();

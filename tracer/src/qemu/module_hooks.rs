@@ -91,6 +91,10 @@ struct AttachSite {
 struct Traced {
     name: String,
     sites: Vec<AttachSite>,
+    /// Its text at the attach (running addresses), and now, loaded again
+    /// elsewhere (None while unloaded, or not yet reloaded).
+    text: std::ops::Range<u64>,
+    moved_to: Option<std::ops::Range<u64>>,
     /// Its `struct module` now, and its sites there, each with the
     /// attach-time site it stands for; None while unloaded.
     now: Option<(u64, Vec<(u64, u64)>)>,
@@ -176,6 +180,8 @@ impl ModuleHooks {
                 traced.push(Traced {
                     name: read.name,
                     sites: at_attach,
+                    text: read.text,
+                    moved_to: None,
                     now: Some((m.addr, now)),
                 });
             }
@@ -213,6 +219,14 @@ impl ModuleHooks {
     pub fn first_loaded(&self) -> (usize, usize) {
         let f = self.first.as_ref();
         f.map_or((0, 0), |f| (f.modules(), f.unslotted))
+    }
+
+    /// Traced modules loaded again during the trace, now: each one's text
+    /// (running addresses) and where it started at the attach, for the
+    /// unwinder (`crate::session::stacks::StackSource::set_moved`).
+    pub fn moved(&self) -> Vec<(std::ops::Range<u64>, u64)> {
+        let now = |t: &Traced| Some((t.moved_to.clone()?, t.text.start));
+        self.traced.iter().filter_map(now).collect()
     }
 
     /// The kernel's top page table (guest-physical): module text is
@@ -267,6 +281,7 @@ impl ModuleHooks {
             }
         }
         t.now = Some((module, pairs.clone()));
+        t.moved_to = Some(read.text);
         self.loads += 1;
         Ok(pairs)
     }
@@ -283,6 +298,7 @@ impl ModuleHooks {
             return first.map(|f| f.freeing(module)).unwrap_or_default();
         };
         self.unloads += 1;
+        t.moved_to = None;
         let (_, pairs) = t.now.take().expect("found above");
         pairs.into_iter().map(|p| p.0).collect()
     }

@@ -56,7 +56,13 @@ impl Breakpoints {
             return Ok(());
         };
         if rip == k.load {
-            for (new, at) in k.loading(ram, module)? {
+            let sites = k.loading(ram, module)?;
+            // Its stacks unwind through the attach's ORC entries, before
+            // any of its code runs.
+            if let Some(s) = self.stacks.as_ref() {
+                s.set_moved(k.moved());
+            }
+            for (new, at) in sites {
                 if let Some(j) = self.journal.as_mut() {
                     j.add(new)?;
                 }
@@ -70,6 +76,9 @@ impl Breakpoints {
                 ops.clear(a)?;
                 self.sites.remove(&a);
                 self.moved.remove(&a);
+            }
+            if let Some(s) = self.stacks.as_ref() {
+                s.set_moved(k.moved());
             }
         }
         Ok(())
