@@ -163,6 +163,8 @@ pub enum InputError {
     ArgsNoneTraced { globs: String },
     #[error("--trace selects {name}, where vmtrace follows the guest's modules through their unloads and loads, with modules' functions; leave it out (--trace '!{name}') or trace it alone")]
     ModuleHookTraced { name: String },
+    #[error("--args with '{globs}', a module not loaded yet: the functions of a module the guest loads during the trace record no arguments; load it before the attach, or trace without --args")]
+    ArgsModuleWaiting { globs: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
     StackGraphExitless,
     #[error("--entry direct into a preemptible kernel needs its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); use --entry ftrace")]

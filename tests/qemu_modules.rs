@@ -31,6 +31,7 @@ use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::find::{kernel_image, Given};
 use tracer::kernel::module_build_id::{ko_build_id, loaded_build_id, NotesLayout};
 use tracer::kernel::modules::{loaded, LoadedModule, ModuleLayout};
+use tracer::qemu::journal;
 use tracer::qemu::procmem::ProcRam;
 use tracer::qemu::qmp::Qmp;
 use tracer::qemu::queries::Queries;
@@ -311,7 +312,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         assert!(!lines.contains(&"vmt_hit"), "{glob}: {out}");
     }
 
-    module_stacks(&guest, &bz, w.worker);
+    module_stacks(&guest, &bz, w.worker, &modules);
     distribution_module(&guest, &bz, w.worker);
 
     // Unloaded and loaded again 20 times during a trace in each mode (one
@@ -320,7 +321,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // removed (exitless: its sites restored) at each unload, before its
     // text is freed, and set (written) again at each load, before its init
     // runs.
-    module_hook_traced(&guest, &bz);
+    module_hook_traced(&guest, &bz, "vmt_hit,ftrace_module_enable");
     for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
         cycles(&guest, &bz, m, w.worker, &modules, mode, graph);
     }
@@ -358,16 +359,30 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     assert_eq!(after, before);
     assert_runs_on(&guest, w.worker);
 
-    for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
-        first_load(&guest, &bz, w.worker, &modules, mode, graph);
+    // Waiting for a module, the hooks are needed as much: refused too
+    // (the hook's own breakpoint would be the site's, no load seen).
+    module_hook_traced(&guest, &bz, "vmt_*:mod:vmt_test,ftrace_module_enable");
+    args_waiting_refused(&guest, &bz);
+    for (mode, graph, entry) in [
+        ("trap", false, "ftrace"),
+        ("exitless", false, "ftrace"),
+        ("exitless", true, "ftrace"),
+        // getppid by its direct entry, the module's functions by their
+        // ftrace sites (the spare sites' code is called as any site's).
+        ("exitless", false, "direct"),
+    ] {
+        first_load(&guest, &bz, w.worker, &modules, (mode, graph, entry));
     }
-    killed_after_a_first_load(&guest, &bz, w.worker, &modules);
+    for journal in [true, false] {
+        killed_after_a_first_load(&guest, &bz, w.worker, &modules, journal);
+    }
     let (after, _) = modules.read();
     assert_eq!(after, before);
 }
 
 /// A module first loaded during a trace in `mode` (exitless: with the
-/// function graph if `graph`): `vmt_*:mod:vmt_test` waits for it (said),
+/// function graph if `graph`), `--entry` `entry` (the attach's sites):
+/// `vmt_*:mod:vmt_test` waits for it (said),
 /// the workload loads it, then `vmtcycles 20 K` (K calls, the unload, the
 /// load again): exactly 20 x K hits, named `vmt_hit [vmt_test]` (with
 /// the graph, every return too), its breakpoints taken out (exitless: its
@@ -380,8 +395,7 @@ fn first_load(
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
-    mode: &str,
-    graph: bool,
+    (mode, graph, entry): (&str, bool, &str),
 ) {
     const CYCLES: u64 = 20;
     const K: u64 = 5;
@@ -392,6 +406,8 @@ fn first_load(
         "json",
         "--mode",
         mode,
+        "--entry",
+        entry,
         "--trace",
         "vmt_*:mod:vmt_test,__x64_sys_getppid",
     ];
@@ -493,6 +509,14 @@ fn first_load(
     assert_runs_on(guest, worker);
 }
 
+/// The journal `vmtrace attach` keeps for this guest's QEMU.
+fn journal_of(guest: &QemuGuest) -> std::path::PathBuf {
+    let start = journal::start_time(guest.pid()).unwrap();
+    let path = journal::path_for(guest.pid(), start);
+    assert!(path.is_file(), "{}", path.display());
+    path
+}
+
 /// The sites of `vmt_test`'s functions that `vmt_*` traces.
 fn traced_sites(m: &LoadedModule) -> Vec<u64> {
     let traced = |s: &u64| {
@@ -505,14 +529,19 @@ fn traced_sites(m: &LoadedModule) -> Vec<u64> {
 }
 
 /// An exitless attach waiting for `vmt_test`, killed (SIGKILL, with its
-/// guardian) once the module's first load wrote its sites (journaled):
-/// `vmtrace detach` leaves no gdbstub, the module's sites the kernel's
-/// NOPs, and its calls run on; unloaded after.
+/// guardian) once the module's first load wrote its sites (journaled, and
+/// named in the guest's marker): `vmtrace detach` leaves no gdbstub, the
+/// module's sites the kernel's NOPs, and its calls run on; unloaded
+/// after. Without `journal` (moved aside) the repair goes by the marker
+/// alone: the module's sites found through the kernel's page tables and
+/// restored with getppid's, vmtrace's entries cleared, only the pages'
+/// bytes unknown (exit 1); the journal back, a second repair gives those.
 fn killed_after_a_first_load(
     guest: &QemuGuest,
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
+    journal: bool,
 ) {
     let args = [
         "--kernel",
@@ -541,6 +570,32 @@ fn killed_after_a_first_load(
         );
     }
     kill_with_guardian(a);
+    if !journal {
+        let path = journal_of(guest);
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        let o = detach(guest.qmp_socket());
+        let err = common::stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        for n in [
+            "4 sites restored (0 of 4 were as found)",
+            "page-directory entries cleared",
+            "what they held before is in its journal only",
+        ] {
+            assert!(err.contains(n), "{n:?} in {err}");
+        }
+        assert!(!err.contains("left in place"), "{err}");
+        command(guest, "vmt 3", "vmt 3", worker);
+        let (_, mut space) = modules.read();
+        for &site in &sites {
+            assert_eq!(
+                read(&mut space, site),
+                NOP5,
+                "site {site:#x} after the marker's repair"
+            );
+        }
+        std::fs::rename(&aside, &path).unwrap();
+    }
     let o = detach(guest.qmp_socket());
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     assert_no_gdbstub(guest.qmp_socket());
@@ -563,9 +618,10 @@ fn killed_after_a_first_load(
 
 /// Tracing a function of the kernel's module load path where vmtrace
 /// follows modules (`ftrace_module_enable`, by direct entry: the kernel's
-/// ftrace code has no ftrace sites) with a module's function: refused in
-/// one line, exit status 2, before the guest is touched (no gdbstub left).
-fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
+/// ftrace code has no ftrace sites) with a module's function (`trace`: a
+/// loaded module's, or a `:mod:` glob waiting for one): refused in one
+/// line, exit status 2, before the guest is touched (no gdbstub left).
+fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path, trace: &str) {
     let o = common::vmtrace(&[
         "attach",
         "--qmp",
@@ -575,7 +631,7 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
         "--entry",
         "direct",
         "--trace",
-        "vmt_hit,ftrace_module_enable",
+        trace,
     ]);
     let err = common::stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
@@ -589,6 +645,34 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path) {
     assert!(
         refused[0]
             .starts_with("vmtrace: --trace selects ftrace_module_enable, where vmtrace follows"),
+        "{err}"
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+}
+
+/// `--args` with a `:mod:` glob waiting for its module: the spare sites a
+/// module first loaded gets record no arguments, so refused in one line,
+/// exit status 2, before the guest is touched (no gdbstub left).
+fn args_waiting_refused(guest: &QemuGuest, bz: &std::path::Path) {
+    let o = common::vmtrace(&[
+        "attach",
+        "--qmp",
+        s(guest.qmp_socket()),
+        "--kernel",
+        s(bz),
+        "--args",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+    ]);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.lines().last(),
+        Some(
+            "vmtrace: --args with 'vmt_*:mod:vmt_test', a module not loaded yet: the functions of \
+             a module the guest loads during the trace record no arguments; load it before the \
+             attach, or trace without --args"
+        ),
         "{err}"
     );
     assert_no_gdbstub(guest.qmp_socket());
@@ -800,9 +884,16 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
 /// `--stack vmt_hit` in trap mode: each of the K calls' kernel stacks
 /// unwinds through the module's own functions (their ORC tables read from
 /// the guest's memory) and the write system call beneath, to the worker's
-/// user-mode registers: one stack for all K.
-fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+/// user-mode registers: one stack for all K, and for K more once the
+/// module is unloaded and loaded again at a new address during the trace.
+fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 4;
+    let text = || {
+        let (list, _) = modules.read();
+        let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+        m.text.clone()
+    };
+    let before = text();
     let args = [
         "--kernel",
         s(bz),
@@ -818,11 +909,21 @@ fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    // Loaded again elsewhere: its calls unwind through the attach's ORC
+    // entries of its code, to the same stack.
+    // (binfmt_misc.ko between takes the memory it leaves.)
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
+    let after = text();
+    assert_ne!(after.start, before.start, "loaded again at {after:x?}");
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
     let v = e.json();
-    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&K), "{v}");
+    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&(2 * K)), "{v}");
     let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
     assert_eq!(stacks.len(), 1, "{v}");
     let st = &stacks[0];

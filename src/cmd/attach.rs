@@ -88,9 +88,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
         note!("vmtrace: {why}: tracing through gdbstub breakpoints instead (slow: every traced call stops the whole guest, about 0.7 ms each measured under TCG)");
     }
     say_attached(&s);
-    if let Some(globs) = waiting {
-        say_waiting(&globs);
-    }
+    say_modules(s.modules_unfollowed(), waiting.as_deref());
     say_events(&s, &events.behind_static_calls());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
@@ -247,17 +245,30 @@ fn plan_waiting(
     let Some((coming, globs)) = waiting else {
         return Ok((plan, None));
     };
+    if !request.args.is_empty() {
+        // (The spare sites' code and records hold no arguments.)
+        let globs = globs.join(",");
+        return Err(InputError::ArgsModuleWaiting { globs });
+    }
     plan.reserve_added(coming, guest_modules::ADDED_SITES, &request)
         .map_err(InputError::from)?;
     Ok((plan, Some(globs)))
 }
 
-/// Says which `:mod:` globs wait for their module.
-fn say_waiting(globs: &[String]) {
-    let globs = globs.join(",");
-    note!(
-        "vmtrace: '{globs}': no such module loaded yet; its functions are traced when the guest loads it"
-    );
+/// Says which `:mod:` globs wait for their module, or that modules are
+/// not followed (`unfollowed`: why) and what that leaves untraced.
+fn say_modules(unfollowed: Option<&str>, waiting: Option<&[String]>) {
+    let globs = waiting.map(|g| g.join(","));
+    match (unfollowed, globs) {
+        (None, None) => {}
+        (None, Some(globs)) => note!(
+            "vmtrace: '{globs}': no such module loaded yet; its functions are traced when the guest loads it"
+        ),
+        (Some(why), globs) => note!(
+            "vmtrace: the guest's modules cannot be followed ({why}): functions of modules it loads during the trace are not traced{}, and a traced module it unloads is not traced again (its sites left alone at the detach, their memory freed)",
+            globs.map_or_else(String::new, |g| format!(" ('{g}' waits in vain)"))
+        ),
+    }
 }
 
 fn say_attached(s: &QemuSession) {

@@ -73,6 +73,12 @@ pub struct Breakpoints {
     /// plan's) it stands for (`super::module_hooks`).
     hooks: Option<super::module_hooks::ModuleHooks>,
     moved: HashMap<u64, u64>,
+    /// Why the module hooks could not be set, where some traced site or
+    /// `:mod:` glob needs them.
+    pub unfollowed: Option<String>,
+    /// How `--stack` calls unwind, told of traced modules loaded again
+    /// at new addresses.
+    stacks: Option<std::sync::Arc<crate::session::stacks::StackSource>>,
 }
 
 /// One `tp->funcs` test, as the trap at it passes it (running addresses).
@@ -165,6 +171,8 @@ impl Breakpoints {
             taken_over: 0,
             hooks: None,
             moved: HashMap::new(),
+            unfollowed: None,
+            stacks: None,
         })
     }
 
@@ -501,14 +509,18 @@ pub fn watch(
     // Without the hooks an unloaded module's breakpoints stay (on freed
     // text) until the detach, as before them: only the stub's own errors
     // end the attach.
-    if let Err(HitError::Gdb(e)) = b.hook_modules(stop, tracer.plan()) {
-        {
+    b.stacks = tracer.stack_source().cloned();
+    match b.hook_modules(stop, tracer.plan()) {
+        Err(HitError::Gdb(e)) => {
             for &a in &b.sites {
                 let _ = stop.clear_breakpoint(a);
             }
             b.finish();
             return Err(e);
         }
+        // Said by the attach (`unfollowed`).
+        Err(e) => b.unfollowed = Some(e.to_string()),
+        Ok(()) => {}
     }
     tracer.watching(b.len(), others, stop);
     Ok(b)
@@ -597,6 +609,8 @@ mod tests {
             taken_over: 0,
             hooks: None,
             moved: HashMap::new(),
+            unfollowed: None,
+            stacks: None,
         };
         let ops = Ops::default();
         let hit =
@@ -670,6 +684,8 @@ mod tests {
             taken_over: 0,
             hooks: None,
             moved: HashMap::new(),
+            unfollowed: None,
+            stacks: None,
         };
         let ops = Ops::default();
         let next = b.handle(0, &snap(test, RSP, 0), &mem, &ops).unwrap();

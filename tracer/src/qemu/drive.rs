@@ -16,8 +16,8 @@ use super::event_guard::EventGuard;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
 use super::module_added::FirstLoads;
-use super::module_follow::ModuleFollow;
-use super::module_hooks::ModuleHooks;
+use super::module_follow::{FollowError, ModuleFollow};
+use super::module_hooks::{HookError, ModuleHooks};
 use super::module_marks::Marks;
 use super::monitor::Monitor;
 use super::qmp::QmpError;
@@ -90,9 +90,42 @@ pub(super) struct QemuVm {
     /// Exitless mode: the guard for the guest enabling a traced event
     /// itself (`super::event_guard`).
     pub(super) guard: Option<Box<EventGuard>>,
+    /// The guest's marker as the attach wrote it, for the hooks to name
+    /// the module sites they write in.
+    pub(super) follow_marker: Option<super::marker::Marker>,
+    /// Why modules are not followed, where some traced site or `:mod:`
+    /// glob needs it (the hooks could not be set).
+    pub(super) unfollowed: Option<String>,
 }
 
 impl QemuVm {
+    /// Why the guest's modules are not followed through their loads and
+    /// unloads, where a traced site or a `:mod:` glob needs it (the
+    /// hooks of `super::module_hooks` could not be set).
+    pub(super) fn modules_unfollowed(&self) -> Option<&str> {
+        match &self.arming {
+            Arming::Trap {
+                breakpoints: Some(b),
+                ..
+            } => b.unfollowed.as_deref(),
+            _ => self.unfollowed.as_deref(),
+        }
+    }
+
+    /// Exitless: copies of the attach's journal and the guest's marker
+    /// for the module hooks (`super::module_follow`), which name in them
+    /// the module sites they write.
+    pub(super) fn follow_with(
+        &mut self,
+        journal: &super::journal::Journal,
+        marker: super::marker::Marker,
+    ) {
+        self.follow_journal = Some(super::journal::Journal {
+            path: journal.path.clone(),
+            record: journal.record.clone(),
+        });
+        self.follow_marker = Some(marker);
+    }
     pub(super) fn new(qmp: Monitor, guest: QemuGuest, stub: Stub, pid: u32) -> QemuVm {
         QemuVm {
             qmp,
@@ -114,6 +147,8 @@ impl QemuVm {
             follow: None,
             follow_journal: None,
             guard: None,
+            follow_marker: None,
+            unfollowed: None,
         }
     }
 
@@ -320,8 +355,11 @@ impl QemuVm {
 
 /// The hooks for the traced module sites of `tracer`'s plan, and for the
 /// modules first loaded during the trace (when slots were kept), read
-/// under `stop` (None: none to follow, or its modules unreadable).
-fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<ModuleHooks> {
+/// under `stop` (None: none to follow; an error: why they cannot be).
+fn module_hooks(
+    stop: &super::guest::QemuStop<'_>,
+    tracer: &Tracer,
+) -> Result<Option<ModuleHooks>, HookError> {
     let plan = tracer.plan();
     let virt = plan.index.slide();
     let sites = plan
@@ -334,8 +372,6 @@ fn module_hooks(stop: &super::guest::QemuStop<'_>, tracer: &Tracer) -> Option<Mo
     let coming = plan.coming.as_ref().filter(|_| plan.exitless_added() > 0);
     let coming = coming.map(|c| FirstLoads::new(c, Arc::clone(&plan.index)));
     ModuleHooks::new(&plan.image, virt, &*ram, &sites, coming)
-        .ok()
-        .flatten()
 }
 
 /// What each spare site of `tracer`'s exitless code calls, by slot (none
@@ -373,15 +409,19 @@ impl Backend for QemuVm {
                 let hooks = module_hooks(&stop, tracer);
                 match tracer.attach(&stop) {
                     Ok(Attach::Attached(_)) => {
-                        if let Some(h) = hooks {
-                            // Not followed (the stub's error said): an unloaded
-                            // module's sites are left alone at the detach.
-                            let j = self.follow_journal.take();
+                        // Not followed (said: `unfollowed`): an unloaded
+                        // module's sites are left alone at the detach, a
+                        // module first loaded is not traced.
+                        let started = hooks.map_err(FollowError::from).and_then(|h| {
+                            let Some(h) = h else { return Ok(None) };
+                            let j = (self.follow_journal.take(), self.follow_marker.take());
                             let marks = marks_of(tracer);
                             let stubs = added_stubs(tracer);
-                            self.follow = ModuleFollow::start(h, &stop, j, marks, stubs)
-                                .ok()
-                                .map(Box::new);
+                            ModuleFollow::start(h, &stop, j, marks, stubs).map(Some)
+                        });
+                        match started {
+                            Ok(f) => self.follow = f.map(Box::new),
+                            Err(e) => self.unfollowed = Some(e.to_string()),
                         }
                         Ok(times(tracer))
                     }

@@ -434,31 +434,29 @@ impl Journal {
     /// What the guest's marker says of this attach (`super::marker`).
     pub fn marker(&self, offset: KernelOffset) -> Marker {
         let r = &self.record;
-        let image_sites: Vec<u64> = r
-            .sites
-            .iter()
-            .map(|s| s.va)
-            .filter(|&va| vmm::layout::kernel_virt_to_phys(va).is_some_and(|p| p < IMAGE_MAP))
-            .collect();
+        let in_image =
+            |va: &u64| vmm::layout::kernel_virt_to_phys(*va).is_some_and(|p| p < IMAGE_MAP);
+        // The image's sites apart: the marker finds their pages by the
+        // image's linear mapping, which a module's text is not in
+        // (`super::modules`); a module's are found through the page tables.
+        let (sites, module_sites) = r.sites.iter().map(|s| s.va).partition(in_image);
         Marker {
             vmtrace_pid: r.vmtrace_pid,
             vmtrace_start: r.vmtrace_start,
             qemu_pid: r.qemu_pid,
             offset,
             pages: r.pages.iter().map(|p| p.gpa).collect(),
-            // Only the image's sites: the marker finds a site's page by the
-            // image's linear mapping, which a module's text is not in
-            // (`super::modules`); with one left out, a repair from the
-            // marker alone leaves the region in place.
-            sites: image_sites.clone(),
-            truncated: image_sites.len() < r.sites.len(),
+            sites,
+            module_sites,
+            truncated: false,
             efi_root: r.shared.as_ref().and_then(|s| s.efi).map(|e| e.root),
         }
     }
 
     /// The record a repair works from when only the guest's marker is
     /// left: the sites' bytes are the kernel's NOP (vmtrace patches no
-    /// other), the pages' bytes unknown ("").
+    /// other), the pages' bytes unknown (""). The modules' sites are not
+    /// in it: the repair locates them in its stop (`Marker::module_sites`).
     pub fn from_marker(m: &Marker) -> JournalRecord {
         JournalRecord {
             version: VERSION,

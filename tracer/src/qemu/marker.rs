@@ -11,6 +11,12 @@
 //! which only loses the marker. A detach gives the page its bytes back,
 //! marker gone.
 //!
+//! The sites of modules vmtrace wrote are named too, after the image's:
+//! the image's are found by its linear mapping, a module's through the
+//! kernel's page tables (its text is mapped page by page), so a repair
+//! restores them as well. The marker is written again whenever a module's
+//! site is written or given back during the trace (`super::module_follow`).
+//!
 //! On a guest booted through UEFI it also names the runtime services' page
 //! tables (`efi_mm.pgd`, which the attach found through the kernel's BTF)
 //! whose entry 508 the attach set with the kernel's: the repair has no
@@ -25,8 +31,14 @@ pub const MAGIC: [u8; 16] = *b"vmtrace-region\0\x01";
 /// of the free pages, always the first: `backing::slot`).
 pub const MARKER_GPA: u64 = SPARE_PD_GPA;
 /// Fixed fields after the magic, then the pages (u32 page numbers), then
-/// the sites (u32: running address minus `KERNEL_MAP_BASE`).
+/// the sites, then the modules' (u32: running address minus
+/// `KERNEL_MAP_BASE`; module text is above it too, within 2 GiB).
 const HEADER: usize = 64;
+/// Where the fixed fields keep the counts of the image's sites and of
+/// the modules' (u16 each: a page holds at most 1,008 words). Markers
+/// written before the modules' count held the image's as a u32 there, so
+/// read as no module sites.
+const SITES_AT: usize = 52;
 /// Where the fixed fields keep the UEFI page tables' page number (0: none;
 /// a u32 page number reaches 16 TiB of guest-physical memory). Markers
 /// written before it have 0 there.
@@ -49,6 +61,9 @@ pub struct Marker {
     pub pages: Vec<u64>,
     /// The sites the attach may patch (running addresses).
     pub sites: Vec<u64>,
+    /// The modules' sites vmtrace wrote (running addresses, located
+    /// through the kernel's page tables).
+    pub module_sites: Vec<u64>,
     /// More sites than fit: those past `sites` are not named.
     pub truncated: bool,
     /// The UEFI runtime services' top-level page table (guest-physical),
@@ -71,7 +86,9 @@ impl Marker {
         let room = (b.len() - HEADER) / 4;
         let pages = self.pages.len().min(room);
         let sites = self.sites.len().min(room - pages);
-        let truncated = self.truncated || sites < self.sites.len();
+        let modules = self.module_sites.len().min(room - pages - sites);
+        let truncated =
+            self.truncated || sites < self.sites.len() || modules < self.module_sites.len();
         b[..16].copy_from_slice(&MAGIC);
         b[16..20].copy_from_slice(&self.vmtrace_pid.to_le_bytes());
         b[20..24].copy_from_slice(&self.qemu_pid.to_le_bytes());
@@ -79,7 +96,8 @@ impl Marker {
         b[32..40].copy_from_slice(&self.offset.virt.to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.phys.to_le_bytes());
         b[48..52].copy_from_slice(&(pages as u32).to_le_bytes());
-        b[52..56].copy_from_slice(&(sites as u32).to_le_bytes());
+        b[SITES_AT..SITES_AT + 2].copy_from_slice(&(sites as u16).to_le_bytes());
+        b[SITES_AT + 2..SITES_AT + 4].copy_from_slice(&(modules as u16).to_le_bytes());
         b[56..60].copy_from_slice(&u32::from(truncated).to_le_bytes());
         let efi = self.efi_root.and_then(|r| u32::try_from(r / PAGE).ok());
         b[EFI_AT..EFI_AT + 4].copy_from_slice(&efi.unwrap_or(0).to_le_bytes());
@@ -89,6 +107,7 @@ impl Marker {
             .chain(
                 self.sites[..sites]
                     .iter()
+                    .chain(&self.module_sites[..modules])
                     .map(|&va| va.wrapping_sub(KERNEL_MAP_BASE) as u32),
             );
         for (i, w) in words.enumerate() {
@@ -104,8 +123,11 @@ impl Marker {
             return None;
         }
         let pages = u32_at(b, 48)? as usize;
-        let sites = u32_at(b, 52)? as usize;
+        let u16_at = |at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+        let sites = usize::from(u16_at(SITES_AT)?);
+        let modules = usize::from(u16_at(SITES_AT + 2)?);
         let word = |i: usize| u32_at(b, HEADER + i * 4);
+        let va = |i: usize| Some(KERNEL_MAP_BASE + u64::from(word(i)?));
         Some(Marker {
             vmtrace_pid: u32_at(b, 16)?,
             qemu_pid: u32_at(b, 20)?,
@@ -117,8 +139,9 @@ impl Marker {
             pages: (0..pages)
                 .map(|i| Some(u64::from(word(i)?) * PAGE))
                 .collect::<Option<_>>()?,
-            sites: (pages..pages + sites)
-                .map(|i| Some(KERNEL_MAP_BASE + u64::from(word(i)?)))
+            sites: (pages..pages + sites).map(va).collect::<Option<_>>()?,
+            module_sites: (pages + sites..pages + sites + modules)
+                .map(va)
                 .collect::<Option<_>>()?,
             truncated: u32_at(b, 56)? != 0,
             efi_root: Some(u64::from(u32_at(b, EFI_AT)?) * PAGE).filter(|&r| r != 0),
@@ -162,6 +185,7 @@ mod tests {
             sites: (0..sites as u64)
                 .map(|i| 0xffff_ffff_ae00_0000 + i * 16)
                 .collect(),
+            module_sites: Vec::new(),
             truncated: false,
             efi_root: None,
         }
@@ -185,5 +209,19 @@ mod tests {
             ..marker(3)
         };
         assert_eq!(Marker::decode(&efi.encode()), Some(efi));
+        // Modules' sites after the image's, and as many as fit.
+        let modules = Marker {
+            module_sites: vec![0xffff_ffff_c012_3014, 0xffff_ffff_c012_3ffe],
+            ..marker(3)
+        };
+        assert_eq!(Marker::decode(&modules.encode()), Some(modules));
+        let full = Marker {
+            module_sites: vec![0xffff_ffff_c012_3014; 900],
+            ..marker(400)
+        };
+        let back = Marker::decode(&full.encode()).unwrap();
+        assert!(back.truncated);
+        assert_eq!(back.sites, full.sites);
+        assert!(back.module_sites.len() < 900);
     }
 }

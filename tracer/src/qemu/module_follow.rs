@@ -13,7 +13,9 @@
 //! the trace (`super::module_added`) is written the same way, each of its
 //! traced functions' sites a call to the body of a spare site of the
 //! code (`crate::plan::added_sites`), its own. A site straddling two pages
-//! is written in both (`super::site_span`), under the stop.
+//! is written in both (`super::site_span`), under the stop. Each site
+//! written or given back is named in the guest's marker too
+//! (`super::marker`), for a repair without the journal.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use super::breakpoints::Served;
 use super::gdb::GdbError;
 use super::guest::{Hit, QemuStop};
 use super::journal::{hex, Journal, JournalError, JournaledJump, JournaledSite};
+use super::marker::{Marker, MARKER_GPA};
 use super::module_hooks::{HookError, ModuleHooks};
 use super::module_marks::{Judged, Marks};
 use super::step::BreakOps;
@@ -48,6 +51,8 @@ pub enum FollowError {
     Journal(#[from] JournalError),
     #[error("module site {addr:#x}: {why}")]
     Site { addr: u64, why: String },
+    #[error("vmtrace's marker in the guest: {0}")]
+    Marker(vmm::RamError),
 }
 
 /// A site written at a load hook: where, and what it held and holds.
@@ -81,6 +86,9 @@ pub struct ModuleFollow {
     /// The attach's sites among them (the tracer's detach must forget).
     given_back: Vec<u64>,
     journal: Option<Journal>,
+    /// The guest's marker as the attach wrote it, naming the module sites
+    /// written since too (None: no marker, trap mode's).
+    marker: Option<Marker>,
     /// Modules between the load hook and its return.
     coming: Vec<Coming>,
     /// The guest's ftrace records marked at loads; None where the attach
@@ -101,11 +109,12 @@ impl ModuleFollow {
     /// (named in `journal` first). `marks`: the guest's ftrace records,
     /// where the attach marked its own. `added_stubs`: what each spare
     /// site of the code calls, for the modules first loaded (no more
-    /// slots are given). On an error, none is left set.
+    /// slots are given). `marker`: the guest's, as the attach wrote it.
+    /// On an error, none is left set.
     pub fn start(
         mut hooks: ModuleHooks,
         stop: &QemuStop<'_>,
-        mut journal: Option<Journal>,
+        (mut journal, marker): (Option<Journal>, Option<Marker>),
         marks: Option<Marks>,
         added_stubs: Vec<u64>,
     ) -> Result<ModuleFollow, FollowError> {
@@ -139,6 +148,7 @@ impl ModuleFollow {
             restored: 0,
             given_back: Vec::new(),
             journal,
+            marker,
             coming: Vec::new(),
             marks,
             in_use: 0,
@@ -289,6 +299,7 @@ impl ModuleFollow {
                 self.restored += 1;
             }
             self.unjournal(va)?;
+            self.remark(ram, |m| m.module_sites.retain(|&s| s != va))?;
         }
         Ok(())
     }
@@ -372,6 +383,7 @@ impl ModuleFollow {
             });
             j.save()?;
         }
+        self.remark(mem, |m| m.module_sites.push(va))?;
         span.write(mem, &call).map_err(|e| site(e.to_string()))?;
         self.written.push(Rewritten {
             va,
@@ -389,6 +401,21 @@ impl ModuleFollow {
             j.save()?;
         }
         Ok(())
+    }
+
+    /// The guest's marker changed by `change`, written again (before a
+    /// site is written, after it is given back).
+    fn remark(
+        &mut self,
+        mem: &dyn GuestRam,
+        change: impl FnOnce(&mut Marker),
+    ) -> Result<(), FollowError> {
+        let Some(m) = self.marker.as_mut() else {
+            return Ok(());
+        };
+        change(m);
+        mem.write_slice(&m.encode(), vm_memory::GuestAddress(MARKER_GPA))
+            .map_err(FollowError::Marker)
     }
 
     /// The site at `va` given back: no longer the repair's.

@@ -55,10 +55,11 @@ pub fn traced_hook(plan: &crate::plan::Plan) -> Option<String> {
         .iter()
         .filter_map(|&f| name(f))
         .find(|&n| n == LOAD_HOOK || n == FREE_HOOK)?;
-    module_traced.then(|| hook.to_string())
+    // A module waited for (`:mod:` of one not loaded) is followed too.
+    (module_traced || plan.coming.is_some()).then(|| hook.to_string())
 }
 
-/// Why a module at a hook could not be read.
+/// Why a module at a hook could not be read, or the hooks not set.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     #[error("reading the module at {addr:#x} in the kernel's load path: {source}")]
@@ -69,6 +70,10 @@ pub enum HookError {
     },
     #[error("the kernel's page table (`init_top_pgt`) is not in its symbols, or does not map the kernel")]
     NoPageTable,
+    #[error("the kernel's module path `{0}` is not in its symbols")]
+    NoHook(&'static str),
+    #[error("the kernel's module path `{0}` is traced itself")]
+    HookTraced(&'static str),
 }
 
 /// One traced site of a module, as found at the attach.
@@ -88,6 +93,10 @@ struct AttachSite {
 struct Traced {
     name: String,
     sites: Vec<AttachSite>,
+    /// Its text at the attach (running addresses), and now, loaded again
+    /// elsewhere (None while unloaded, or not yet reloaded).
+    text: std::ops::Range<u64>,
+    moved_to: Option<std::ops::Range<u64>>,
     /// Its `struct module` now, and its sites there, each with the
     /// attach-time site it stands for; None while unloaded.
     now: Option<(u64, Vec<(u64, u64)>)>,
@@ -119,7 +128,8 @@ impl ModuleHooks {
     /// The hooks for the modules of `image` that hold some of `sites`
     /// (running addresses), read from `ram` in the attach's stop, and
     /// with `coming`, the modules first loaded during the trace. None: no
-    /// module site is traced and none may come, or the kernel lacks a hook.
+    /// module site is traced and none may come; an error: some is or may,
+    /// and the hooks cannot be set (the kernel lacks one, or it is traced).
     pub fn new(
         image: &KernelImage,
         virt: i64,
@@ -131,17 +141,14 @@ impl ModuleHooks {
         // was read, or as the attach would have (none loaded then).
         let walk = image.modules.first().map(|m| (m.layout, m.phys));
         let walk = walk.or_else(|| coming.as_ref().map(|c| c.walk()));
-        let (Some((layout, phys)), Some(load), Some(free)) =
-            (walk, image.symbol(LOAD_HOOK), image.symbol(FREE_HOOK))
-        else {
+        // (A module's text range is its running one, as `sites`.)
+        let module_site = |t: &std::ops::Range<u64>| sites.iter().any(|s| t.contains(s));
+        let follows = coming.is_some() || image.modules.iter().any(|m| module_site(&m.text));
+        let Some((layout, phys)) = walk.filter(|_| follows) else {
             return Ok(None);
         };
-        let run = |link: u64| link.wrapping_add(virt as u64);
-        let (load, free) = (run(load.addr), run(free.addr));
-        if sites.contains(&load) || sites.contains(&free) {
-            // Its own breakpoint is the site's: not both.
-            return Ok(None);
-        }
+        let hook = |name| hook_at(image, virt, sites, name);
+        let (load, free) = (hook(LOAD_HOOK)?, hook(FREE_HOOK)?);
         let mut space = top_table::kernel_space(ram, image, KernelOffset { virt, phys })
             .ok_or(HookError::NoPageTable)?;
         let (root, mode) = (space.root(), space.mode());
@@ -174,6 +181,8 @@ impl ModuleHooks {
                 traced.push(Traced {
                     name: read.name,
                     sites: at_attach,
+                    text: read.text,
+                    moved_to: None,
                     now: Some((m.addr, now)),
                 });
             }
@@ -212,6 +221,14 @@ impl ModuleHooks {
     pub fn first_loaded(&self) -> (usize, usize) {
         let f = self.first.as_ref();
         f.map_or((0, 0), |f| (f.modules(), f.unslotted))
+    }
+
+    /// Traced modules loaded again during the trace, now: each one's text
+    /// (running addresses) and where it started at the attach, for the
+    /// unwinder (`crate::session::stacks::StackSource::set_moved`).
+    pub fn moved(&self) -> Vec<(std::ops::Range<u64>, u64)> {
+        let now = |t: &Traced| Some((t.moved_to.clone()?, t.text.start));
+        self.traced.iter().filter_map(now).collect()
     }
 
     /// The kernel's own address space (its top page table, in its paging
@@ -266,6 +283,7 @@ impl ModuleHooks {
             }
         }
         t.now = Some((module, pairs.clone()));
+        t.moved_to = Some(read.text);
         self.loads += 1;
         Ok(pairs)
     }
@@ -282,8 +300,25 @@ impl ModuleHooks {
             return first.map(|f| f.freeing(module)).unwrap_or_default();
         };
         self.unloads += 1;
+        t.moved_to = None;
         let (_, pairs) = t.now.take().expect("found above");
         pairs.into_iter().map(|p| p.0).collect()
+    }
+}
+
+/// The running address of the hook `name` of `image` (slid by `virt`),
+/// where none of `sites` is: its own breakpoint would be the site's.
+fn hook_at(
+    image: &KernelImage,
+    virt: i64,
+    sites: &HashSet<u64>,
+    name: &'static str,
+) -> Result<u64, HookError> {
+    let s = image.symbol(name).ok_or(HookError::NoHook(name))?;
+    let at = s.addr.wrapping_add(virt as u64);
+    match sites.contains(&at) {
+        true => Err(HookError::HookTraced(name)),
+        false => Ok(at),
     }
 }
 

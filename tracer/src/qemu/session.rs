@@ -401,11 +401,7 @@ fn setup(
                 .view()
                 .write_slice(&marker.encode(), GuestAddress(MARKER_GPA))
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
-            // Its copy for the module hooks (`super::module_follow`).
-            vm.follow_journal = Some(Journal {
-                path: journal.path.clone(),
-                record: journal.record.clone(),
-            });
+            vm.follow_with(journal, marker);
             (tracer, Some(low), None)
         }
         Decision::Trap { why } => {
@@ -468,6 +464,11 @@ impl QemuSession {
     /// `__traceiter_NAME`, as it enabled traced events itself.
     pub fn events_taken_over(&self) -> Option<(usize, usize)> {
         self.vm.guard.as_ref().map(|g| (g.taken_over, g.kept))
+    }
+
+    /// Why the guest's modules are not followed (`QemuVm::modules_unfollowed`).
+    pub fn modules_unfollowed(&self) -> Option<&str> {
+        self.vm.modules_unfollowed()
     }
 
     /// The events' call sites vmtrace enabled (`super::event_sites`), and

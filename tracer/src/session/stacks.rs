@@ -6,7 +6,8 @@
 //! before the events that name them (as it does tasks, `session::tasks`).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::ops::Range;
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use vmm::gva::AddressSpace;
 
@@ -88,6 +89,34 @@ pub struct StackSource {
     sites: Vec<bool>,
     pub table: std::sync::Arc<StackTable>,
     slide: OnceLock<i64>,
+    /// Modules loaded again at a new address during the trace: their text
+    /// now (running addresses), and where it ran at the attach, which the
+    /// unwinder's ORC entries and `text` are of.
+    moved: RwLock<Vec<(Range<u64>, u64)>>,
+}
+
+/// A return address in a module's text moved since the attach, seen at
+/// the attach's address (the same code there: `qemu::module_hooks` traces
+/// a reloaded module only as the attach found it); any other as `inner`
+/// has it.
+struct Moved<'a> {
+    inner: &'a dyn ReturnFixup,
+    moved: &'a [(Range<u64>, u64)],
+}
+
+impl Moved<'_> {
+    fn at_attach(&self, ip: u64) -> u64 {
+        match self.moved.iter().find(|(now, _)| now.contains(&ip)) {
+            Some((now, then)) => ip - now.start + then,
+            None => ip,
+        }
+    }
+}
+
+impl ReturnFixup for Moved<'_> {
+    fn real(&self, slot: u64, value: u64) -> u64 {
+        self.at_attach(self.inner.real(slot, value))
+    }
 }
 
 impl StackSource {
@@ -112,7 +141,15 @@ impl StackSource {
             sites,
             table,
             slide: OnceLock::new(),
+            moved: RwLock::new(Vec::new()),
         }
+    }
+
+    /// The modules loaded again at new addresses, now: each one's text
+    /// (running addresses) and its start at the attach
+    /// (`qemu::module_hooks::ModuleHooks::moved`).
+    pub fn set_moved(&self, moved: Vec<(Range<u64>, u64)>) {
+        *self.moved.write().unwrap_or_else(|e| e.into_inner()) = moved;
     }
 
     /// The kernel's KASLR slide, once the first attach has found it.
@@ -132,11 +169,28 @@ impl StackSource {
         mem: &mut dyn StackMemory,
         fixup: &dyn ReturnFixup,
     ) -> u32 {
+        let moved = self.moved.read().unwrap_or_else(|e| e.into_inner());
+        let fixup = Moved {
+            inner: fixup,
+            moved: &moved,
+        };
+        let regs = EntryRegs {
+            ip: fixup.at_attach(regs.ip),
+            ..regs
+        };
         let ctx = UnwindCtx {
             slide: self.slide.get().copied().unwrap_or(0),
             text: &self.text,
-            fixup,
+            fixup: &fixup,
         };
         self.table.intern(self.unwinder.unwind(regs, mem, &ctx))
+    }
+}
+
+impl super::Tracer {
+    /// How `--stack` calls unwind (None: no stacks recorded): what the
+    /// module hooks tell of a traced module loaded again elsewhere.
+    pub fn stack_source(&self) -> Option<&std::sync::Arc<StackSource>> {
+        self.stacks.as_ref()
     }
 }

@@ -23,11 +23,21 @@ impl Breakpoints {
         let coming = coming.map(|c| FirstLoads::new(c, std::sync::Arc::clone(&plan.index)));
         let found = ModuleHooks::new(image, virt, &*ram, &self.sites, coming)?;
         let Some(hooks) = found else { return Ok(()) };
+        let mut set = Vec::new();
         for a in [hooks.load, hooks.free] {
-            if let Some(j) = self.journal.as_mut() {
-                j.add(a)?;
+            let added = match self.journal.as_mut() {
+                Some(j) => j.add(a).map_err(HitError::from),
+                None => Ok(()),
+            };
+            if let Err(e) = added.and_then(|()| Ok(stop.set_breakpoint(a)?)) {
+                // None half set: a load seen without its free would leave
+                // breakpoints on freed text.
+                for &b in &set {
+                    let _ = stop.clear_breakpoint(b);
+                }
+                return Err(e);
             }
-            stop.set_breakpoint(a)?;
+            set.push(a);
         }
         self.hooks = Some(hooks);
         Ok(())
@@ -46,7 +56,13 @@ impl Breakpoints {
             return Ok(());
         };
         if rip == k.load {
-            for (new, at) in k.loading(ram, module)? {
+            let sites = k.loading(ram, module)?;
+            // Its stacks unwind through the attach's ORC entries, before
+            // any of its code runs.
+            if let Some(s) = self.stacks.as_ref() {
+                s.set_moved(k.moved());
+            }
+            for (new, at) in sites {
                 if let Some(j) = self.journal.as_mut() {
                     j.add(new)?;
                 }
@@ -60,6 +76,9 @@ impl Breakpoints {
                 ops.clear(a)?;
                 self.sites.remove(&a);
                 self.moved.remove(&a);
+            }
+            if let Some(s) = self.stacks.as_ref() {
+                s.set_moved(k.moved());
             }
         }
         Ok(())

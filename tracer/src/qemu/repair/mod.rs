@@ -97,7 +97,7 @@ impl Leftovers {
             what.push(format!(
                 "its code and rings (its marker at guest-physical {gpa:#x}: vmtrace pid {}, {} sites)",
                 m.vmtrace_pid,
-                m.sites.len()
+                m.sites.len() + m.module_sites.len()
             ));
         }
         if let Some(d) = &self.device {
@@ -298,12 +298,25 @@ fn repair_found(mut qmp: Monitor, pid: u32, found: Leftovers) -> Result<Repaired
             let record = found.journal.as_ref().map(|j| &j.record);
             let record = record.or(from_marker.as_ref());
             let held = found.held.as_deref();
-            in_stops(&guest, true, record, found.frozen, held, &mut out)
-                .and_then(|stop| unmark(stop, &found, &mut out))
-                .and_then(|stop| {
-                    let device = device_of_marker(&found);
-                    orphan_region(stop, exitless(record), device.as_ref(), &mut out)
-                })
+            let modules = found.marker.as_ref().map_or(&[][..], |m| &m.1.module_sites);
+            let modules = match found.journal {
+                None => modules,
+                // (The journal names them, with their bytes.)
+                Some(_) => &[],
+            };
+            in_stops(
+                &guest,
+                true,
+                (record, modules),
+                found.frozen,
+                held,
+                &mut out,
+            )
+            .and_then(|stop| unmark(stop, &found, &mut out))
+            .and_then(|stop| {
+                let device = device_of_marker(&found);
+                orphan_region(stop, exitless(record), device.as_ref(), &mut out)
+            })
         });
     if let Some(own) = own {
         own.close(&mut qmp);
@@ -462,7 +475,8 @@ impl OwnStub {
     }
 }
 
-/// The repair inside the guest: sites in a first stop, the region in a
+/// The repair inside the guest: sites in a first stop (with `record`'s,
+/// the modules' sites a marker names, located there), the region in a
 /// later one, returned: its detach takes every breakpoint out and lets the
 /// guest run. In a VM someone else holds stopped (`held`: its status), all
 /// is done in one stop that never resumes it: the breakpoints the journal
@@ -471,7 +485,7 @@ impl OwnStub {
 fn in_stops<'g>(
     guest: &'g QemuGuest,
     already: bool,
-    record: Option<&JournalRecord>,
+    (record, modules): (Option<&JournalRecord>, &[u64]),
     frozen: bool,
     held: Option<&str>,
     out: &mut Repaired,
@@ -482,21 +496,23 @@ fn in_stops<'g>(
         out.did(crate::qemu::event_sites::restore(&stop, &r.jumps)?.to_string());
     }
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
+        let (with_modules, unlocated) = region::with_module_sites(&stop, r, modules, out);
+        let r = &with_modules;
         let stuck = restore_sites(&stop, r, out)?;
-        stop = match (stuck, held) {
+        if stuck > 0 {
+            // A direct entry still jumping to its stub needs vmtrace's code.
+            out.failed(format!(
+                "{stuck} direct entries jump into vmtrace's code and no journal holds their \
+                 first bytes: they and vmtrace's code and rings are left in place"
+            ));
+        }
+        stop = match (stuck + unlocated, held) {
             (0, Some(status)) => region_held(stop, r, status, out)?,
             (0, None) => {
                 stop.resume()?;
                 region_stop(guest, r, out)?
             }
-            // A direct entry still jumping to its stub needs vmtrace's code.
-            (n, _) => {
-                out.failed(format!(
-                    "{n} direct entries jump into vmtrace's code and no journal holds their \
-                     first bytes: they and vmtrace's code and rings are left in place"
-                ));
-                stop
-            }
+            _ => stop,
         };
     }
     let breakpoints = record.map_or(0, |r| r.breakpoints.len());
@@ -591,7 +607,7 @@ fn orphan_region(
 /// could not be.
 pub fn give_back(guest: &QemuGuest, record: &JournalRecord) -> Result<Repaired, QemuError> {
     let mut out = Repaired::default();
-    in_stops(guest, false, Some(record), false, None, &mut out)?.detach()?;
+    in_stops(guest, false, (Some(record), &[]), false, None, &mut out)?.detach()?;
     Ok(out)
 }
 

@@ -12,7 +12,7 @@ use super::super::ending::{GRACE, REMOVE_ATTEMPTS as ATTEMPTS};
 use super::super::error::QemuError;
 use super::super::guest::{QemuGuest, QemuStop};
 use super::super::ivshmem::SharedNames;
-use super::super::journal::{unhex, JournalRecord};
+use super::super::journal::{hex, unhex, JournalRecord, JournaledSite};
 use super::Repaired;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::{
@@ -43,6 +43,75 @@ pub(super) const JMP: u8 = 0xe9;
 /// A direct stub's head (its `call` into the trampoline) is 5 bytes; the
 /// stub of a site that held the ftrace NOP jumps back right after it.
 const STUB_HEAD: u64 = 5;
+
+/// The modules' sites a marker names (`Marker::module_sites`), located
+/// in `stop` through the kernel's page tables (a module's text is not in
+/// the image's linear mapping), each as the marker's others: the kernel's
+/// NOP its bytes. Those no longer mapped (their module unloaded since
+/// vmtrace went) are left, and counted. None: no vCPU's tables map
+/// vmtrace's code, to find them with.
+pub(super) fn locate_module_sites(
+    stop: &QemuStop<'_>,
+    vas: &[u64],
+) -> Option<(Vec<JournaledSite>, usize)> {
+    if vas.is_empty() {
+        return Some((Vec::new(), 0));
+    }
+    // (Module text is in the kernel half of the tables that map vmtrace's
+    // code, as `restore_sites` finds them.)
+    let mut space = crate::session::kernel_space(stop.vcpu_spaces(), &[CODE_VA])?;
+    let mut found = Vec::new();
+    for &va in vas {
+        let next = (va | (PAGE - 1)) + 1;
+        let tail = match next - va < SITE_LEN as u64 {
+            true => space.gpa(next).map(Some),
+            false => Ok(None),
+        };
+        if let (Ok(gpa), Ok(tail)) = (space.gpa(va), tail) {
+            found.push(JournaledSite {
+                va,
+                gpa,
+                original: hex(&crate::kernel::sites::NOP5),
+                tail,
+            });
+        }
+    }
+    let gone = vas.len() - found.len();
+    Some((found, gone))
+}
+
+/// `r` with the modules' sites a marker names (`modules`), located in
+/// `stop` (`locate_module_sites`), and how many could not be: those may
+/// still call vmtrace's code, which then stays.
+pub(super) fn with_module_sites(
+    stop: &QemuStop<'_>,
+    r: &JournalRecord,
+    modules: &[u64],
+    out: &mut Repaired,
+) -> (JournalRecord, usize) {
+    let located = locate_module_sites(stop, modules);
+    let unlocated = match located {
+        Some(_) => 0,
+        None => modules.len(),
+    };
+    let (sites, gone) = located.unwrap_or_default();
+    if gone > 0 {
+        out.did(format!(
+            "{gone} module sites left alone (their module unloaded since: its memory freed)"
+        ));
+    }
+    if unlocated > 0 {
+        out.failed(format!(
+            "{unlocated} module sites the marker names could not be located: vmtrace's code and \
+             rings are left in place"
+        ));
+    }
+    let r = JournalRecord {
+        sites: r.sites.iter().cloned().chain(sites).collect(),
+        ..r.clone()
+    };
+    (r, unlocated)
+}
 
 /// Each journaled site that holds vmtrace's call or jump (a `call` or a
 /// direct entry's `jmp` into its code) gets its bytes back; one that holds
