@@ -229,33 +229,16 @@ fn is_site(j: &JournaledJump) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
+    use crate::qemu::step::RecordedOps;
 
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
-    use crate::qemu::gdb::GdbError;
 
     const UPDATE: u64 = 0xffff_ffff_8120_0000;
     const TRAMP: u64 = 0xffff_ffff_8100_1000;
     const ITER: u64 = 0xffff_ffff_8110_0040;
     const PROBE: u64 = 0xffff_ffff_8130_0080;
-
-    /// Registers set, in order.
-    #[derive(Default)]
-    struct Ops(RefCell<Vec<(String, u64)>>);
-    impl BreakOps for Ops {
-        fn set(&self, _: u64) -> Result<(), GdbError> {
-            Ok(())
-        }
-        fn clear(&self, _: u64) -> Result<(), GdbError> {
-            Ok(())
-        }
-        fn set_reg(&self, _: usize, name: &str, value: u64) -> Result<(), GdbError> {
-            self.0.borrow_mut().push((name.into(), value));
-            Ok(())
-        }
-    }
 
     /// A traced event's static call pointed at a probe is kept on its
     /// iterator (RDX made the iterator); an update of another static call,
@@ -272,7 +255,7 @@ mod tests {
             taken_over: 0,
             kept: 0,
         };
-        let ops = Ops::default();
+        let ops = RecordedOps::default();
         let regs = |rsi, rdx| VcpuSnapshot {
             regs: kvm_bindings::kvm_regs {
                 rip: UPDATE,

@@ -158,12 +158,11 @@ fn holds_jump(j: &JournaledJump, ram: &dyn vmm::GuestRam) -> Result<bool, vmm::R
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
+    use crate::qemu::step::RecordedOps;
 
     use vm_memory::{Bytes, GuestMemoryMmap};
 
     use super::*;
-    use crate::qemu::gdb::GdbError;
     use crate::qemu::journal::hex;
 
     /// The kernel's 5-byte NOP (`nopl 0x0(%rax,%rax,1)`) and a jump.
@@ -194,22 +193,6 @@ mod tests {
             nop: hex(&NOP),
             jump: hex(&JUMP),
             key_gpa: KEY - PHYS,
-        }
-    }
-
-    /// Registers set, in order.
-    #[derive(Default)]
-    struct Ops(RefCell<Vec<(String, u64)>>);
-    impl BreakOps for Ops {
-        fn set(&self, _: u64) -> Result<(), GdbError> {
-            Ok(())
-        }
-        fn clear(&self, _: u64) -> Result<(), GdbError> {
-            Ok(())
-        }
-        fn set_reg(&self, _: usize, name: &str, value: u64) -> Result<(), GdbError> {
-            self.0.borrow_mut().push((name.into(), value));
-            Ok(())
         }
     }
 
@@ -259,7 +242,7 @@ mod tests {
     fn the_guest_enabling_a_site_finds_its_jump_there_all_along() {
         let mem = guest(&[A]);
         let mut guarded: HashMap<u64, JournaledJump> = [(A, site(A))].into();
-        let ops = Ops::default();
+        let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Returned);
@@ -282,7 +265,7 @@ mod tests {
     fn a_site_to_be_made_a_nop_or_not_vmtraces_is_left_to_the_kernel() {
         let mem = guest(&[A]);
         let mut guarded: HashMap<u64, JournaledJump> = [(A, site(A))].into();
-        let ops = Ops::default();
+        let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_NOP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Left);
@@ -309,7 +292,7 @@ mod tests {
         mem.write_obj(-1i32, GuestAddress(KEY - PHYS)).unwrap();
         let mut guarded: HashMap<u64, JournaledJump> =
             [A, B, C].into_iter().map(|v| (v, site(v))).collect();
-        let (off, ops) = (KernelOffset::NONE, Ops::default());
+        let (off, ops) = (KernelOffset::NONE, RecordedOps::default());
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Returned);
         assert!(!guarded.contains_key(&A));

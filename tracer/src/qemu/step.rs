@@ -111,6 +111,26 @@ impl Hit<'_> {
     }
 }
 
+/// A `BreakOps` for unit tests: breakpoints taken as set, the registers
+/// set kept in order.
+#[cfg(test)]
+#[derive(Default)]
+pub(super) struct RecordedOps(pub std::cell::RefCell<Vec<(String, u64)>>);
+
+#[cfg(test)]
+impl BreakOps for RecordedOps {
+    fn set(&self, _: u64) -> Result<(), GdbError> {
+        Ok(())
+    }
+    fn clear(&self, _: u64) -> Result<(), GdbError> {
+        Ok(())
+    }
+    fn set_reg(&self, _: usize, name: &str, value: u64) -> Result<(), GdbError> {
+        self.0.borrow_mut().push((name.into(), value));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
