@@ -458,8 +458,8 @@ pub struct ListArgs {
 pub struct BenchArgs {
     /// Benches to run: a name (`call/trap`), a collection (`call`: all its
     /// benches) or an old letter (`a`); none, or `all`: every bench but
-    /// boot/ftrace (which runs with --linux-boots N). `list [BENCH]...`
-    /// lists them.
+    /// boot/ftrace (which runs with --linux-boots N) and qemu/* (only when
+    /// named: `all qemu` runs them too). `list [BENCH]...` lists them.
     #[arg(value_name = "BENCH")]
     pub names: Vec<String>,
     /// List the benches (those named, or all) rather than run them: name,

@@ -336,6 +336,19 @@ impl Selection {
         Ok(Selection { ids, named: true })
     }
 
+    /// These benches and `more`'s, in `BENCHES`' order, shown as these are.
+    pub fn and(&self, more: &Selection) -> Selection {
+        let ids = BENCHES
+            .iter()
+            .map(|b| b.id)
+            .filter(|&id| self.runs(id) || more.runs(id))
+            .collect();
+        Selection {
+            ids,
+            named: self.named,
+        }
+    }
+
     pub fn runs(&self, id: BenchId) -> bool {
         self.ids.contains(&id)
     }

@@ -159,30 +159,35 @@ fn check_outputs(args: &BenchArgs) -> Result<(), InputError> {
     super::output::distinct(&files)
 }
 
-/// The benches `args` names, or the default set (no name, or `all`
-/// among them).
+/// The benches `args` names: the default set for no name or `all`, and
+/// with `all` beside names (`all qemu`), the default set and those named
+/// (qemu/* and boot/ftrace run only when named).
 fn selection(args: &BenchArgs) -> Result<Selection, InputError> {
-    let names: Vec<String> = args
-        .names
+    chosen(&args.names, args.counts_only, args.linux_boots)
+}
+
+/// `selection` from the names alone.
+fn chosen(all: &[String], counts_only: bool, linux_boots: usize) -> Result<Selection, InputError> {
+    let names: Vec<String> = all
         .iter()
         .filter(|n| n.as_str() != "all")
         .cloned()
         .collect();
-    let default = Selection::default_set(args.counts_only, args.linux_boots);
+    let default = Selection::default_set(counts_only, linux_boots);
     if names.is_empty() {
         return Ok(default);
     }
-    if args.counts_only {
+    if counts_only {
         return Err(InputError::CountsOnlyNamed);
     }
-    let benches = Selection::named(&names).map_err(|name| InputError::UnknownBench {
+    let mut benches = Selection::named(&names).map_err(|name| InputError::UnknownBench {
         name,
         names: suite::names(),
     })?;
-    if names.len() < args.names.len() {
-        return Ok(default);
+    if names.len() < all.len() {
+        benches = default.and(&benches);
     }
-    if benches.runs(BenchId::BootFtrace) && args.linux_boots == 0 {
+    if benches.runs(BenchId::BootFtrace) && linux_boots == 0 {
         return Err(InputError::BenchNeedsBoots);
     }
     Ok(benches)
@@ -280,5 +285,32 @@ fn linux_vmlinux(args: &BenchArgs) -> Result<Option<PathBuf>, InputError> {
             let p = project_root().join("guest/out/vmlinux");
             Ok(p.is_file().then_some(p))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn all_beside_names_runs_the_default_set_and_those_named() {
+        let default = Selection::default_set(false, 0);
+        assert_eq!(chosen(&names(&["all"]), false, 0).unwrap(), default);
+        let with_qemu = chosen(&names(&["all", "qemu"]), false, 0).unwrap();
+        assert!(with_qemu.runs(BenchId::QemuAttach) && with_qemu.runs(BenchId::QemuDrain));
+        assert!(default.ids.iter().all(|&id| with_qemu.runs(id)));
+        assert_eq!(with_qemu.ids.len(), default.ids.len() + 2);
+        // Shown as the default set is: every bench, those not run said so.
+        assert!(!with_qemu.named);
+        let alone = chosen(&names(&["qemu/drain"]), false, 0).unwrap();
+        assert_eq!(alone.ids, [BenchId::QemuDrain]);
+        assert!(matches!(
+            chosen(&names(&["all", "boot/ftrace"]), false, 0),
+            Err(InputError::BenchNeedsBoots)
+        ));
     }
 }
