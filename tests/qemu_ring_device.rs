@@ -261,7 +261,12 @@ fn efi_entry_508(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64, levels: u32)
 /// A guest booted by UEFI (OVMF with Debian's `ovmf` vars), with
 /// `qemu_args` more: its QEMU and its workload.
 fn boot_uefi(bz: &Path, qemu_args: &[&str]) -> (QemuGuest, common::qemu::Workload) {
-    let vars = std::env::temp_dir().join(format!("vmtrace-ovmf-vars-{}.fd", std::process::id()));
+    // One vars file per guest: the tests of this file boot theirs side by
+    // side, and a copy over a file another QEMU has open breaks its boot.
+    static BOOTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BOOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("vmtrace-ovmf-vars-{}-{n}.fd", std::process::id());
+    let vars = std::env::temp_dir().join(name);
     std::fs::copy(OVMF_VARS, &vars).expect("Debian's ovmf package (apt-get install ovmf)");
     let pflash = |file: &str, ro: &str| format!("if=pflash,format=raw,{ro}file={file}");
     let mut args = vec![
