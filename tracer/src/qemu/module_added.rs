@@ -78,6 +78,10 @@ impl FirstLoads {
         let selected = selected_functions(read, &self.filter);
         let added = self.index.added();
         let c = match self.modules.iter().position(|c| c.name == read.name) {
+            // The load of a module loaded at `module` and not freed since,
+            // seen a second time (its hook's stop served twice): its sites
+            // are set already; counted once.
+            Some(i) if self.modules[i].now == Some(module) => return Vec::new(),
             Some(i) => {
                 self.again += 1;
                 &mut self.modules[i]
@@ -289,6 +293,10 @@ mod tests {
         let sites = first.loading(&again, again.addr);
         assert_eq!(sites, [base + 0x10004, base + 0x10044]);
         assert_eq!(first.slot_of(base + 0x10004), Some(0));
+        assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
+        // The same load seen twice (not freed in between): counted once,
+        // its sites not given again.
+        assert!(first.loading(&again, again.addr).is_empty());
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
         // A module the selection takes nothing of is not followed.
         let other = LoadedModule {
