@@ -258,6 +258,49 @@ fn efi_entry_508(w: &Watch, efi_mm_pgd: u64, page_offset_base: u64, levels: u32)
     word(table + 508 * 8)
 }
 
+/// A UEFI guest as found, and where its two tables' entry 508 are: the
+/// kernel's `TOP_PUD` and `efi_mm`'s page directory (link addresses).
+struct UefiTables<'a> {
+    found: Found<'a>,
+    watch: Watch,
+    efi_pgd: u64,
+    base: u64,
+    pud: u64,
+}
+
+impl<'a> UefiTables<'a> {
+    fn read(bz: &Path, qmp: &'a Path) -> Self {
+        let kernel = Kernel::from_bzimage(bz);
+        let (memory, _) = kernel.read(qmp);
+        let file = vmm::boot::KernelFile::open(bz).unwrap();
+        let given = tracer::kernel::find::Given::Nothing;
+        let image = tracer::kernel::find::kernel_image(&file, given)
+            .unwrap()
+            .image;
+        let btf = tracer::kernel::btf::KernelBtf::from_image(&image).unwrap();
+        let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
+        let pgd = u64::from(btf.member("mm_struct", "pgd").unwrap().offset);
+        let watch = kernel.watch(qmp);
+        let pid = Qmp::connect(qmp, Duration::from_secs(10))
+            .unwrap()
+            .pid()
+            .unwrap();
+        UefiTables {
+            found: Found {
+                kernel,
+                qmp,
+                pid,
+                memory,
+                pci: info_pci(qmp),
+            },
+            watch,
+            efi_pgd: sym("efi_mm") + pgd,
+            base: sym("page_offset_base"),
+            pud: sym(TOP_PUD),
+        }
+    }
+}
+
 /// A guest booted by UEFI (OVMF with Debian's `ovmf` vars), with
 /// `qemu_args` more: its QEMU and its workload.
 fn boot_uefi(bz: &Path, qemu_args: &[&str]) -> (QemuGuest, common::qemu::Workload) {
@@ -299,31 +342,16 @@ fn a_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
     let bz = debian_612();
     let (guest, w) = boot_uefi(&bz, &[]);
     let qmp = guest.qmp_socket();
-    let kernel = Kernel::from_bzimage(&bz);
-    let (memory, _) = kernel.read(qmp);
-    let file = vmm::boot::KernelFile::open(&bz).unwrap();
-    let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
-        .unwrap()
-        .image;
-    let btf = tracer::kernel::btf::KernelBtf::from_image(&image).unwrap();
-    let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
-    let efi_pgd = sym("efi_mm") + u64::from(btf.member("mm_struct", "pgd").unwrap().offset);
-    let base = sym("page_offset_base");
-    let pud = sym(TOP_PUD);
-    let watch = kernel.watch(qmp);
+    let UefiTables {
+        found,
+        watch,
+        efi_pgd,
+        base,
+        pud,
+    } = UefiTables::read(&bz, qmp);
     assert_eq!(efi_high_entry(&watch, efi_pgd, base), 0, "EFI's entry 508");
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
-    let pid = Qmp::connect(qmp, Duration::from_secs(10))
-        .unwrap()
-        .pid()
-        .unwrap();
-    let found = Found {
-        kernel,
-        qmp,
-        pid,
-        memory,
-        pci: info_pci(qmp),
-    };
+    let pid = found.pid;
 
     let (a, line) = attached_said(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
     let efi = "its rings also mapped in the UEFI runtime services' page tables";
@@ -406,32 +434,16 @@ fn a_five_level_uefi_guest_maps_the_rings_in_its_efi_page_tables_too() {
         .collect();
     assert_eq!(cr4s.len(), 2, "{cr4s:x?}");
     assert!(cr4s.iter().all(|c| c & CR4_LA57 != 0), "{cr4s:x?}");
-    let kernel = Kernel::from_bzimage(&bz);
-    let (memory, _) = kernel.read(qmp);
-    let file = vmm::boot::KernelFile::open(&bz).unwrap();
-    let image = tracer::kernel::find::kernel_image(&file, tracer::kernel::find::Given::Nothing)
-        .unwrap()
-        .image;
-    let btf = tracer::kernel::btf::KernelBtf::from_image(&image).unwrap();
-    let sym = |n: &str| image.symbol(n).unwrap_or_else(|| panic!("{n}")).addr;
-    let efi_pgd = sym("efi_mm") + u64::from(btf.member("mm_struct", "pgd").unwrap().offset);
-    let base = sym("page_offset_base");
-    let pud = sym(TOP_PUD);
-    let watch = kernel.watch(qmp);
+    let UefiTables {
+        found,
+        watch,
+        efi_pgd,
+        base,
+        pud,
+    } = UefiTables::read(&bz, qmp);
     let efi = || efi_entry_508(&watch, efi_pgd, base, 5);
     assert_eq!(efi(), 0, "EFI's entry 508");
     assert_eq!(high_entry(&watch, pud), 0, "the kernel's entry 508");
-    let pid = Qmp::connect(qmp, Duration::from_secs(10))
-        .unwrap()
-        .pid()
-        .unwrap();
-    let found = Found {
-        kernel,
-        qmp,
-        pid,
-        memory,
-        pci: info_pci(qmp),
-    };
     let (a, line) = attached_said(qmp, &bz, &["--trace", "__x64_sys_getpid"], 64);
     let said = "its rings also mapped in the UEFI runtime services' page tables";
     assert!(line.contains(said), "{line}");

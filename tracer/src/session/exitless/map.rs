@@ -618,6 +618,33 @@ mod tests {
         assert_eq!(large_leaf(&odd, 0, PTE_PRESENT), None);
     }
 
+    /// A 16 MiB ring "device" at 32 MiB: the data window 2 MiB in, the
+    /// rings' directory in the spare 2 MiB, the rings from 8 MiB; and the
+    /// region's pages, with free ones below 128 KiB.
+    fn ring_device(
+        efi: Option<crate::kernel::high_rings::EfiTable>,
+    ) -> (HighRings, std::sync::Arc<Mutex<RegionPages>>) {
+        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
+        let dev = 32 << 20;
+        let high = HighRings {
+            pd: dev + (6 << 20) + 4 * PAGE,
+            rings: dev + (8 << 20),
+            len: 8 << 20,
+            nx: true,
+            efi,
+        };
+        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
+        (high, std::sync::Arc::new(Mutex::new(pages)))
+    }
+
+    /// Copies the page at `from` to `to`, as efi_64.c copies the kernel's
+    /// tables.
+    fn copy_page(mem: &GuestMemoryMmap, from: u64, to: u64) {
+        let mut page = [0u8; 4096];
+        mem.read_slice(&mut page, GuestAddress(from)).unwrap();
+        mem.write_slice(&page, GuestAddress(to)).unwrap();
+    }
+
     /// Rings past the data window (a ring device sized by `--buffer`):
     /// entry 508 of the top page-upper directory points at their page
     /// directory, whose 2 MiB entries map them; the data window's
@@ -628,19 +655,7 @@ mod tests {
         use std::sync::Arc;
         let mem = memory();
         let pd = with_fixmap_pd(&mem);
-        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
-        // A 16 MiB "device" at 32 MiB: the data window 2 MiB in, the
-        // rings' directory in the spare 2 MiB, the rings from 8 MiB.
-        let dev = 32 << 20;
-        let high = HighRings {
-            pd: dev + (6 << 20) + 4 * PAGE,
-            rings: dev + (8 << 20),
-            len: 8 << 20,
-            nx: true,
-            efi: None,
-        };
-        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
-        let pages = Arc::new(Mutex::new(pages));
+        let (high, pages) = ring_device(None);
         let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
         let ram: &dyn vmm::GuestRam = &ram;
         ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
@@ -686,27 +701,11 @@ mod tests {
         with_fixmap_pd(&mem);
         // EFI's root and its own copy of the top PUD, as efi_64.c makes them.
         let (efi_root, efi_pud) = (0x50_0000u64, 0x50_1000u64);
-        let mut page = [0u8; 4096];
-        for (from, to) in [
-            (vmm::layout::PML4_START, efi_root),
-            (vmm::layout::PDPT_HIGH_START, efi_pud),
-        ] {
-            mem.read_slice(&mut page, GuestAddress(from)).unwrap();
-            mem.write_slice(&page, GuestAddress(to)).unwrap();
-        }
+        copy_page(&mem, vmm::layout::PML4_START, efi_root);
+        copy_page(&mem, vmm::layout::PDPT_HIGH_START, efi_pud);
         mem.write_obj(efi_pud | TABLE, GuestAddress(efi_root + 511 * 8))
             .unwrap();
-        let dev = 32 << 20;
-        let high = HighRings {
-            pd: dev + (6 << 20) + 4 * PAGE,
-            rings: dev + (8 << 20),
-            len: 8 << 20,
-            nx: true,
-            efi: Some(EfiTable { root: efi_root }),
-        };
-        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
-        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
-        let pages = Arc::new(Mutex::new(pages));
+        let (high, pages) = ring_device(Some(EfiTable { root: efi_root }));
         let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
         let ram: &dyn vmm::GuestRam = &ram;
         ram.write_slice(&high_directory(&high), GuestAddress(high.pd))
@@ -752,14 +751,8 @@ mod tests {
         // The boot PML4 serves as the kernel's P4D under a PML5 of its own.
         let pml5 = 0x51_0000u64;
         let (efi_pml5, efi_p4d, efi_pud) = (0x50_0000u64, 0x50_2000u64, 0x50_1000u64);
-        let mut page = [0u8; 4096];
-        for (from, to) in [
-            (vmm::layout::PML4_START, efi_p4d),
-            (vmm::layout::PDPT_HIGH_START, efi_pud),
-        ] {
-            mem.read_slice(&mut page, GuestAddress(from)).unwrap();
-            mem.write_slice(&page, GuestAddress(to)).unwrap();
-        }
+        copy_page(&mem, vmm::layout::PML4_START, efi_p4d);
+        copy_page(&mem, vmm::layout::PDPT_HIGH_START, efi_pud);
         for (table, entry) in [
             (pml5, vmm::layout::PML4_START),
             (efi_pml5, efi_p4d),
@@ -768,17 +761,7 @@ mod tests {
             mem.write_obj(entry | TABLE, GuestAddress(table + 511 * 8))
                 .unwrap();
         }
-        let dev = 32 << 20;
-        let high = HighRings {
-            pd: dev + (6 << 20) + 4 * PAGE,
-            rings: dev + (8 << 20),
-            len: 8 << 20,
-            nx: true,
-            efi: Some(EfiTable { root: efi_pml5 }),
-        };
-        let free: Vec<u64> = (0x1000..0x20000).step_by(0x1000).collect();
-        let pages = RegionPages::with_own_data(free, dev + LARGE_PAGE).with_high(high);
-        let pages = Arc::new(Mutex::new(pages));
+        let (high, pages) = ring_device(Some(EfiTable { root: efi_pml5 }));
         let ram = Backed::new(Arc::new(mem.clone()), Arc::clone(&pages));
         let ram: &dyn vmm::GuestRam = &ram;
         ram.write_slice(b"code", GuestAddress(CODE_GPA)).unwrap();
