@@ -398,6 +398,57 @@ fn a_dripped_gdb_reply_times_out() {
     assert!(matches!(e, GdbError::Timeout { .. }), "{e}");
 }
 
+/// Replies that come after their command timed out (a stalled QEMU
+/// answers every packet it takes, in order, however late) are skipped:
+/// each later command gets its own reply, a memory read its own bytes. A
+/// stop's `qC` answered late once left the next `Hg` reading `QCp01.01`.
+#[test]
+fn late_gdb_replies_are_not_taken_for_the_next_commands() {
+    /// Answers the next packet, an `m`, with `len` bytes of `byte`.
+    fn answer_m(p: &mut GdbPeer, byte: u8) -> Option<String> {
+        let m = p.packet()?;
+        let len = usize::from_str_radix(m.rsplit(',').next()?, 16).ok()?;
+        p.send(&format!("{byte:02x}").repeat(len)).then_some(m)
+    }
+    const LATE: Duration = Duration::from_millis(1000);
+    let dir = scratch_in("hostile", "gdb-late");
+    let peer = Peer::listen(&dir.join("gdb.sock"), |s: UnixStream| {
+        let mut p = GdbPeer::new(s);
+        p.negotiate().unwrap();
+        assert_eq!(p.packet().unwrap(), "qC");
+        std::thread::sleep(LATE);
+        p.send("QCp01.01");
+        // A read of two packets: both answered late, with stale bytes.
+        let (first, second) = (p.packet().unwrap(), p.packet().unwrap());
+        assert!(first.starts_with("m1000,") && second.starts_with('m'));
+        std::thread::sleep(LATE);
+        for m in [first, second] {
+            let len = usize::from_str_radix(m.rsplit(',').next().unwrap(), 16).unwrap();
+            p.send(&"aa".repeat(len));
+        }
+        assert_eq!(p.packet().unwrap(), "Hgp1.1");
+        p.send("OK");
+        assert!(answer_m(&mut p, 0x55).unwrap().starts_with("m2000,"));
+        // The client hangs up (its drop detaches).
+        while p.packet().is_some_and(|d| !d.starts_with('D')) {}
+        p.send("OK");
+    });
+    let addr = GdbAddr::Unix(peer.path.clone());
+    let mut g = Gdb::connect(&addr, Duration::from_millis(300)).unwrap();
+    assert!(matches!(g.command("qC"), Err(GdbError::Timeout { .. })));
+    let mut big = vec![0u8; 4096];
+    let e = g.read(0x1000, &mut big).unwrap_err();
+    assert!(matches!(e, GdbError::Timeout { .. }), "{e}");
+    // The late replies are on the wire now, before the next ones.
+    std::thread::sleep(3 * LATE);
+    assert_eq!(g.command("Hgp1.1").unwrap(), "OK");
+    let mut b = [0u8; 8];
+    g.read(0x2000, &mut b).unwrap();
+    assert_eq!(b, [0x55; 8]);
+    drop(g);
+    peer.join();
+}
+
 /// An event before the greeting, as QEMU 7.2 sends one emitted while the
 /// connection opens (its monitor still in the last client's command mode):
 /// read past, and the connection made. A peer sending only events is no

@@ -136,6 +136,11 @@ pub struct Gdb {
     pub(super) process: u64,
     /// The thread `g` and `P` act on when known (`Hg`, a breakpoint's stop).
     pub(super) selected: Option<ThreadId>,
+    /// Replies still owed to commands whose wait timed out: the stub
+    /// answers every packet it takes, in order, however late (a stalled
+    /// QEMU), so the next replies are theirs, not a later command's
+    /// (`reply` skips them).
+    pub(super) owed: usize,
 }
 
 /// The largest `PacketSize` taken from `qSupported` (QEMU's is 4096, its
@@ -200,6 +205,7 @@ impl Gdb {
             phys: false,
             running: false,
             selected: None,
+            owed: 0,
             deadline: None,
             hold: None,
             detached: false,
@@ -441,13 +447,24 @@ impl Gdb {
             });
         }
         self.send(data, name)?;
-        self.reply(name)
+        let r = self.reply(name);
+        self.owe_on_timeout(&r, 1);
+        r
+    }
+
+    /// After a wait for `n` replies ended in `r`: a timeout leaves them
+    /// owed (they come later, before any other's).
+    pub(super) fn owe_on_timeout<T>(&mut self, r: &Result<T, GdbError>, n: usize) {
+        if let Err(GdbError::Timeout { .. }) = r {
+            self.owed += n;
+        }
     }
 
     /// The next reply that is not a stop reply or console output
-    /// (`MAX_SKIPPED` of those at most).
+    /// (`MAX_SKIPPED` of those at most), nor one still owed to a command
+    /// that timed out (`owed`).
     pub(super) fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
-        for _ in 0..=MAX_SKIPPED {
+        for _ in 0..=MAX_SKIPPED + self.owed {
             let p = self.recv(name)?;
             if Self::is_stop(&p) {
                 self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
@@ -455,6 +472,10 @@ impl Gdb {
                 continue;
             }
             if Self::is_console(&p) {
+                continue;
+            }
+            if self.owed > 0 {
+                self.owed -= 1;
                 continue;
             }
             return Ok(p);

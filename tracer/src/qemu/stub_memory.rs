@@ -56,16 +56,22 @@ impl Gdb {
             }
             self.arm();
             self.write_raw(&out, "m")?;
+            let replies = batch.len().div_ceil(chunk);
             for (j, piece) in batch.chunks_mut(chunk).enumerate() {
-                let r = self.reply("m")?;
+                let r = self.reply("m");
+                // This reply and the rest of the batch's, if it timed out.
+                self.owe_on_timeout(&r, replies - j);
+                let r = r?;
                 match rsp::from_hex(&r) {
                     Some(b) if b.len() == piece.len() => piece.copy_from_slice(&b),
                     _ => {
                         let at = base + (j * chunk) as u64;
                         let e = self.mem_error("read", piece.len(), at, bytes_text(&r));
                         // The rest of the batch's replies, not to leave them queued.
-                        for _ in j + 1..batch.len().div_ceil(chunk) {
-                            self.reply("m")?;
+                        for k in j + 1..replies {
+                            let r = self.reply("m");
+                            self.owe_on_timeout(&r, replies - k);
+                            r?;
                         }
                         return Err(e);
                     }

@@ -80,7 +80,12 @@ impl Gdb {
             match self.reply("interrupt") {
                 Ok(_) => return Ok(()),
                 Err(GdbError::Timeout { .. }) if wait_on() => self.arm(),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // qC's answer, owed if the wait timed out.
+                    let r = Err(e);
+                    self.owe_on_timeout(&r, 1);
+                    return r;
+                }
             }
         }
     }
@@ -106,8 +111,12 @@ impl Gdb {
         let got = loop {
             match self.recv("a stop") {
                 Ok(p) if Self::is_stop(&p) => break Ok(Some(p)),
-                // Nothing else is owed while running: a late reply, dropped.
-                Ok(_) => continue,
+                // A late reply, owed to a command that timed out before
+                // the resume: dropped.
+                Ok(_) => {
+                    self.owed = self.owed.saturating_sub(1);
+                    continue;
+                }
                 Err(GdbError::Timeout { .. }) => break Ok(None),
                 // A signal (Ctrl-C) cut the wait short: the caller looks.
                 Err(GdbError::Io { source, .. })
