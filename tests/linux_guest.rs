@@ -322,7 +322,19 @@ fn linux_trap_mode_names_tasks_and_unwinds_stacks() {
     let shown = trace_cmd_report(&dat);
     check_tasks(&csv, &data, &shown, &err);
     check_stacks(&json, &shown);
+    check_event_ids(&dat);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The events' ids in trace.dat are the ones this kernel gives them at
+/// boot (the own VMM reads them at the run's end: its attach comes before
+/// the kernel numbers its events): the same kernel booted under QEMU/TCG,
+/// where its user space runs, shows them in its tracefs.
+fn check_event_ids(dat: &std::path::Path) {
+    let guest = common::qemu::QemuGuest::boot(common::qemu::QemuOpts::linux());
+    guest.wait_ready().unwrap();
+    let events = ["sched:sched_switch", "sched:sched_wakeup"];
+    common::qemu::check_guest_ids(&guest, dat, &events);
 }
 
 /// Debian's `trace-cmd report` of a trace.dat export.

@@ -194,32 +194,6 @@ fn check_trace_cmd_report(data: &std::path::Path, present: &[&str]) {
     }
 }
 
-/// Each of `events` (`SYSTEM:NAME`) has in trace.dat `dat` (Debian's
-/// `trace-cmd report --events`) the id the guest's kernel gave it, as its
-/// tracefs shows it (`events/SYSTEM/NAME/id`, the workload's `ftrace id`).
-fn check_guest_ids(guest: &QemuGuest, dat: &std::path::Path, events: &[&str]) {
-    let tc = std::process::Command::new("trace-cmd")
-        .args(["report", "--events", "-i"])
-        .arg(dat)
-        .output()
-        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
-    let formats = String::from_utf8_lossy(&tc.stdout);
-    for e in events {
-        let name = e.split_once(':').unwrap().1;
-        let at = formats
-            .find(&format!("name: {name}\nID: "))
-            .unwrap_or_else(|| panic!("no {name} in {formats}"));
-        let id = formats[at..].lines().nth(1).unwrap()["ID: ".len()..].trim();
-        guest.send_line(&format!("ftrace id {e}"));
-        let line = guest
-            .wait_for(&format!("workload: ftrace id {e}="), GUEST_STEP)
-            .unwrap();
-        let guests = line.split('=').nth(1).unwrap().trim();
-        assert!(guests.parse::<u16>().is_ok_and(|n| n > 0), "{line}");
-        assert_eq!(id, guests, "{e}: trace.dat's id, the guest's");
-    }
-}
-
 #[test]
 fn event_sites_are_jumps_while_attached_and_nops_after() {
     let bz = debian_612();

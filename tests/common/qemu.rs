@@ -438,3 +438,32 @@ pub fn ring_files(pid: u32) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Each of `events` (`SYSTEM:NAME`) has in trace.dat `dat` (Debian's
+/// `trace-cmd report --events`) the id the guest's kernel gave it, as its
+/// tracefs shows it (`events/SYSTEM/NAME/id`, the workload's `ftrace id`).
+pub fn check_guest_ids(guest: &QemuGuest, dat: &Path, events: &[&str]) {
+    let tc = std::process::Command::new("trace-cmd")
+        .args(["report", "--events", "-i"])
+        .arg(dat)
+        .output()
+        .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
+    let formats = String::from_utf8_lossy(&tc.stdout);
+    for e in events {
+        let name = e.split_once(':').unwrap().1;
+        let at = formats
+            .find(&format!("name: {name}\nID: "))
+            .unwrap_or_else(|| panic!("no {name} in {formats}"));
+        let id = formats[at..].lines().nth(1).unwrap()["ID: ".len()..].trim();
+        guest.send_line(&format!("ftrace id {e}"));
+        let line = guest
+            .wait_for(
+                &format!("workload: ftrace id {e}="),
+                Duration::from_secs(300),
+            )
+            .unwrap();
+        let guests = line.split('=').nth(1).unwrap().trim();
+        assert!(guests.parse::<u16>().is_ok_and(|n| n > 0), "{line}");
+        assert_eq!(id, guests, "{e}: trace.dat's id, the guest's");
+    }
+}

@@ -22,7 +22,6 @@ mod drive;
 pub mod ending;
 pub mod error;
 pub mod event_guard;
-mod event_ids;
 pub mod event_sites;
 pub mod frames;
 mod funcs_loads;

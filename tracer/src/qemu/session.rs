@@ -358,7 +358,7 @@ fn setup(
     // Stopped since the stub connected.
     let first = vm.guest.stop(true)?;
     let offset = kernel_offset(&first, &plan.plan)?;
-    super::event_ids::read(&**first.ram(), &mut plan.plan.events, offset);
+    crate::session::event_ids::read(&**first.ram(), &mut plan.plan.events, offset);
     let events = plan.plan.events.clone();
     if let Err(why) = super::modules::confirm(&*vm.guest.ram(), &plan.plan.image, offset) {
         let _ = first.resume();

@@ -280,6 +280,8 @@ impl Live {
             .iter()
             .map(|v| v.get(vmm::exit::ExitKind::Trap))
             .sum();
+        // The kernel numbered its events after the attach: their ids now.
+        tracer.read_event_ids(&*mem);
         let places = stop_places(&report, &tracer);
         let reason = report.reason.say(words);
         let (summary, saved) = tracer.finish_stored(&kernel, reason, trap_exits);

@@ -38,6 +38,17 @@ impl Tracer {
         std::sync::Arc::clone(&self.tables.stacks)
     }
 
+    /// The traced events' ids as the guest kernel gave them, read from
+    /// `ram` (`event_ids`): vmtrace's own VMM attaches before the kernel
+    /// numbers its events, so it reads them at the end of the run, for
+    /// the formats the trace takes at `finish`. Returns the ids read.
+    pub fn read_event_ids(&mut self, ram: &dyn vmm::GuestRam) -> usize {
+        match self.offset {
+            Some(off) => super::event_ids::read(ram, &mut self.plan.events, off),
+            None => 0,
+        }
+    }
+
     /// The traced events' formats by function (`EventFields::formats`),
     /// when their fields are recorded (BTF gave the offsets); else none.
     fn event_formats(&self) -> Vec<Option<crate::trace::fields::EventFormat>> {

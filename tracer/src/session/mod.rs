@@ -32,6 +32,7 @@ pub mod direct;
 mod driver;
 mod drop_causes;
 mod equip;
+pub(crate) mod event_ids;
 pub mod event_keys;
 pub mod exitless;
 mod finish;

@@ -4,9 +4,11 @@
 //! kernel gives each event its id at boot, in `call->event.type`
 //! (kernel/trace/trace_output.c `register_trace_event`, from
 //! `__TRACE_LAST_TYPE` up): the image holds 0 there, so vmtrace reads it
-//! in the guest, in the attach's first stop, into each event's format
-//! (`crate::kernel::events::ftrace_format::FtraceFormat::id`), before the
-//! tracer takes the plan.
+//! in the guest into each event's format
+//! (`crate::kernel::events::ftrace_format::FtraceFormat::id`): `attach` in
+//! its first stop, before the tracer takes the plan; vmtrace's own VMM at
+//! the end of the run (`Tracer::read_event_ids`), as its attach comes
+//! before the kernel numbers its events.
 
 use vm_memory::GuestAddress;
 use vmm::GuestRam;
@@ -22,7 +24,7 @@ const MAX_ID: i32 = u16::MAX as i32;
 /// `offset`); an id not readable, or out of range (a kernel whose event
 /// failed to register keeps 0), is left 0: the export then numbers the
 /// event itself. Returns the ids read.
-pub(super) fn read(ram: &dyn GuestRam, events: &mut EventPlan, offset: KernelOffset) -> usize {
+pub(crate) fn read(ram: &dyn GuestRam, events: &mut EventPlan, offset: KernelOffset) -> usize {
     let mut read = 0;
     for e in &mut events.events {
         let (Some(cell), Some(f)) = (e.id_cell, e.format.as_mut()) else {
