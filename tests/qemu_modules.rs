@@ -370,6 +370,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         // getppid by its direct entry, the module's functions by their
         // ftrace sites (the spare sites' code is called as any site's).
         ("exitless", false, "direct"),
+        ("trap", false, "direct"),
     ] {
         first_load(&guest, &bz, w.worker, &modules, (mode, graph, entry));
     }

@@ -280,9 +280,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
     // Every task's sched_switch and sched_wakeup, into a data file, while
-    // the workload spawns. (Not in the attach below: while the guest has a
-    // probe of its own on sched_switch, which ftrace registers when the
-    // guest enables any event, trap mode misses its switches: issue 38.)
+    // the workload spawns.
     let data = dir.join("switch.vmtrace");
     let args = [
         "--kernel",
@@ -305,18 +303,23 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     // The guest enables a traced event itself, and disables it: its
     // jump_label finds the jump it writes, then its own (vmtrace's call
     // for its site returns at once), and the detach leaves what it did.
+    // Enabling it also registers ftrace's own probe on sched_switch (its
+    // comm cache), the event's only one: its static call, kept on
+    // __traceiter_sched_switch, still reaches vmtrace's breakpoint, and
+    // every child forked meanwhile is seen switched to.
     let fork_data = dir.join("fork.vmtrace");
     let args = [
         "--kernel",
         s(&bz),
         "-e",
-        "sched:sched_process_fork",
+        "sched:sched_process_fork,sched:sched_switch",
         "-o",
         s(&fork_data),
     ];
     let mut a = Attach::start(qmp, &args);
     let line = a.wait_line("call sites of the events enabled");
     assert!(line.contains("the guest may enable these events"), "{line}");
+    let mut while_on = Vec::new();
     for on in ["1", "0"] {
         guest.send_line(&format!("ftrace event sched:sched_process_fork {on}"));
         guest
@@ -325,12 +328,25 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
                 GUEST_STEP,
             )
             .unwrap();
-        guest.send_line("spawn 1 1");
-        guest.wait_for("workload: spawned 1", GUEST_STEP).unwrap();
+        guest.send_line("forks 2");
+        let line = guest
+            .wait_for("workload: forked 2 pids=", GUEST_STEP)
+            .unwrap();
+        if on == "1" {
+            while_on = forked_pids(&line);
+        }
     }
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    // Both events' first probes (the fork event's, ftrace's comm cache's).
+    let line = e
+        .stderr
+        .lines()
+        .find(|l| l.contains("static call updates kept"));
+    let line = line.unwrap_or_else(|| panic!("no updates kept in {}", e.stderr));
+    assert_eq!(count_in(line, "static call updates kept"), 2, "{line}");
+    check_switched_to(&fork_data, &while_on);
     assert_same(
         &before,
         &watch.read(),
@@ -350,6 +366,21 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let console = guest.console();
     for bad in ["BUG", "WARNING", "Oops", "general protection"] {
         assert!(!console.contains(bad), "{bad}: {console}");
+    }
+}
+
+/// Each of `pids` is some recorded `sched_switch`'s `next_pid` in data
+/// file `data`.
+fn check_switched_to(data: &std::path::Path, pids: &[u64]) {
+    let script = common::vmtrace(&["script", s(data)]);
+    let text = common::stdout(&script);
+    let next: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(": sched_switch: "))
+        .map(|l| field(l, "next_pid"))
+        .collect();
+    for p in pids {
+        assert!(next.contains(&p.to_string().as_str()), "{p}: {text}");
     }
 }
 

@@ -162,7 +162,7 @@ fn say_events(s: &QemuSession, silent: &[String]) {
     }
 }
 
-/// Exitless mode: what the guard did as the guest enabled traced events.
+/// What the guard did as the guest enabled traced events.
 fn say_taken_over(s: &QemuSession) {
     if let Some((sites, kept)) = s.events_taken_over().filter(|&(a, b)| a + b > 0) {
         note!(

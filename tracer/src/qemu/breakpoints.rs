@@ -68,6 +68,13 @@ pub struct Breakpoints {
     guarded: HashMap<u64, super::journal::JournaledJump>,
     /// Sites the guest took over (enabled their event itself).
     pub taken_over: usize,
+    /// `__static_call_update`: the guest registering the first probe of a
+    /// traced event keeps its static call on `__traceiter_NAME`, which
+    /// calls the probe and stops here, so every event is still recorded
+    /// (`super::static_guard::StaticGuard`).
+    statics: Option<super::static_guard::StaticGuard>,
+    /// Static call updates kept on the iterator.
+    pub kept: usize,
     /// Breakpoints in the module load and free paths, and the sites of
     /// traced modules loaded again, each with the attach-time site (the
     /// plan's) it stands for (`super::module_hooks`).
@@ -169,6 +176,8 @@ impl Breakpoints {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            statics: None,
+            kept: 0,
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
@@ -247,16 +256,8 @@ impl Breakpoints {
         ops: &dyn BreakOps,
     ) -> Result<Next, HitError> {
         let rip = snap.regs.rip;
-        if let Some(k) = self.skips.get(&rip) {
-            // A NULL `tp->funcs` (no probe of the guest's) made vmtrace's
-            // pointer; either way the `je` is not taken.
-            if gpr(&snap.regs, &k.reg) == Some(0) {
-                ops.set_reg(cpu, &k.reg, k.value)?;
-            }
-            return Ok(Next::Resume(Some(k.after_je)));
-        }
-        if let Some((_, offset)) = self.guard.filter(|g| g.0 == rip) {
-            return self.serve_guard(cpu, snap, offset, ram, ops);
+        if let Some(next) = self.handle_event_stop(cpu, snap, ram, ops)? {
+            return Ok(next);
         }
         if self
             .hooks
@@ -318,6 +319,34 @@ impl Breakpoints {
         })
     }
 
+    /// A hit at one of the events' breakpoints (a `tp->funcs` test, the
+    /// guards'), handled; None for any other.
+    fn handle_event_stop(
+        &mut self,
+        cpu: usize,
+        snap: &vmm::pause::VcpuSnapshot,
+        ram: &dyn vmm::GuestRam,
+        ops: &dyn BreakOps,
+    ) -> Result<Option<Next>, HitError> {
+        let rip = snap.regs.rip;
+        if let Some(k) = self.skips.get(&rip) {
+            // A NULL `tp->funcs` (no probe of the guest's) made vmtrace's
+            // pointer; either way the `je` is not taken.
+            if gpr(&snap.regs, &k.reg) == Some(0) {
+                ops.set_reg(cpu, &k.reg, k.value)?;
+            }
+            return Ok(Some(Next::Resume(Some(k.after_je))));
+        }
+        if let Some((_, offset)) = self.guard.filter(|g| g.0 == rip) {
+            return self.serve_guard(cpu, snap, offset, ram, ops).map(Some);
+        }
+        if let Some(g) = self.statics.as_ref().filter(|g| g.at == rip) {
+            self.kept += usize::from(g.keep(cpu, &snap.regs, ops)?);
+            return Ok(Some(Next::Step(rip)));
+        }
+        Ok(None)
+    }
+
     /// The attach's site that the site at `rip` stands for: itself, or
     /// for a reloaded module's, the attach's (no lookup on the per-hit
     /// path while no module moved).
@@ -355,6 +384,18 @@ impl Breakpoints {
         stop.set_breakpoint(at)?;
         self.guard = Some((at, offset));
         self.guarded = jumps.iter().map(|j| (j.va, j.clone())).collect();
+        Ok(())
+    }
+
+    /// A breakpoint (already journaled) at `__static_call_update`, keeping
+    /// the traced events' static calls on their iterators.
+    pub fn keep_static_calls(
+        &mut self,
+        stop: &QemuStop<'_>,
+        statics: super::static_guard::StaticGuard,
+    ) -> Result<(), HitError> {
+        stop.set_breakpoint(statics.at)?;
+        self.statics = Some(statics);
         Ok(())
     }
 
@@ -443,6 +484,9 @@ impl Breakpoints {
         }
         if let Some((g, _)) = self.guard.take() {
             stop.clear_breakpoint(g)?;
+        }
+        if let Some(g) = self.statics.take() {
+            stop.clear_breakpoint(g.at)?;
         }
         // Whatever their key's count: see `super::guarded_sites`.
         let ram = std::sync::Arc::clone(vmm::Stopped::ram(stop));
@@ -607,6 +651,8 @@ mod tests {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            statics: None,
+            kept: 0,
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
@@ -682,6 +728,8 @@ mod tests {
             guard: None,
             guarded: HashMap::new(),
             taken_over: 0,
+            statics: None,
+            kept: 0,
             hooks: None,
             moved: HashMap::new(),
             unfollowed: None,
@@ -696,5 +744,24 @@ mod tests {
         assert_eq!(next, Next::Resume(Some(test + 5)));
         assert_eq!(ops.0.borrow().len(), 1);
         assert_eq!(b.other_stops, 0);
+        // The guest's first probe on the event: its static call update
+        // (tramp in RSI, func in RDX) is kept on the iterator, the vCPU
+        // stepped; an update to the iterator, or of another static call,
+        // is left as it is.
+        const UPDATE: u64 = 0xffff_ffff_8120_0000;
+        const TRAMP: u64 = 0xffff_ffff_8100_1000;
+        const ITER: u64 = 0xffff_ffff_8110_0040;
+        const PROBE: u64 = 0xffff_ffff_8130_0080;
+        b.statics = Some(super::super::static_guard::StaticGuard {
+            at: UPDATE,
+            iterators: [(TRAMP, ITER)].into(),
+        });
+        for (tramp, func) in [(TRAMP, PROBE), (TRAMP, ITER), (TRAMP + 8, PROBE)] {
+            let mut s = snap(UPDATE, RSP, 0);
+            (s.regs.rsi, s.regs.rdx) = (tramp, func);
+            assert_eq!(b.handle(0, &s, &mem, &ops).unwrap(), Next::Step(UPDATE));
+        }
+        assert_eq!(ops.0.borrow()[1..], [('P', ITER)]);
+        assert_eq!((b.kept, b.other_stops), (1, 0));
     }
 }

@@ -38,13 +38,11 @@ use super::breakpoints::{site_err, HitError, Served};
 use super::guarded_sites::{give_back_all, serve_queue, Queued};
 use super::guest::{Hit, QemuGuest, QemuStop};
 use super::journal::{unhex, JournaledJump};
+use super::static_guard::StaticGuard;
 use super::step::{BreakOps, Stepped, SIGTRAP};
 use super::trap::StopReply;
 use crate::kernel::kaslr::KernelOffset;
 use crate::plan::events::EventPlan;
-
-/// `__static_call_update`'s third argument (`func`): RDX, the SysV ABI's.
-const FUNC_REG: &str = "rdx";
 
 /// The guard's breakpoints and what they watch (running addresses).
 #[derive(Debug)]
@@ -55,8 +53,7 @@ pub struct EventGuard {
     guarded: HashMap<u64, JournaledJump>,
     /// `__static_call_update`, and each traced event's static call
     /// trampoline with its `__traceiter_NAME`.
-    static_update: Option<u64>,
-    iterators: HashMap<u64, u64>,
+    statics: Option<StaticGuard>,
     offset: KernelOffset,
     /// Sites given to the guest (it enabled their event).
     pub taken_over: usize,
@@ -75,23 +72,14 @@ impl EventGuard {
         offset: KernelOffset,
         jumps: &[JournaledJump],
     ) -> Result<Option<EventGuard>, String> {
-        let iterators: HashMap<u64, u64> = events
-            .events
-            .iter()
-            .filter_map(|e| Some((offset.runtime(e.tramp?), offset.runtime(e.iterator))))
-            .collect();
-        let static_update = match (iterators.is_empty(), events.static_call_guard) {
-            (true, _) => None,
-            (false, Some(at)) => Some(offset.runtime(at)),
-            (false, None) => return Err("the kernel names no __static_call_update".into()),
-        };
+        let statics = StaticGuard::plan(events, offset)?;
         let jump_queue = events.guard.map(|g| offset.runtime(g));
         let guarded: HashMap<u64, JournaledJump> = jumps
             .iter()
             .filter(|j| is_site(j))
             .map(|j| (j.va, j.clone()))
             .collect();
-        if guarded.is_empty() && iterators.is_empty() {
+        if guarded.is_empty() && statics.is_none() {
             return Ok(None);
         }
         if jump_queue.is_none() && !guarded.is_empty() {
@@ -100,8 +88,7 @@ impl EventGuard {
         Ok(Some(EventGuard {
             jump_queue,
             guarded,
-            static_update,
-            iterators,
+            statics,
             offset,
             taken_over: 0,
             kept: 0,
@@ -112,7 +99,7 @@ impl EventGuard {
     pub fn breakpoints(&self) -> Vec<u64> {
         self.jump_queue
             .into_iter()
-            .chain(self.static_update)
+            .chain(self.statics.as_ref().map(|g| g.at))
             .collect()
     }
 
@@ -167,7 +154,7 @@ impl EventGuard {
 
     /// Whether the breakpoint at `rip` is the guard's.
     pub fn owns(&self, rip: u64) -> bool {
-        self.jump_queue == Some(rip) || self.static_update == Some(rip)
+        self.jump_queue == Some(rip) || self.statics.as_ref().is_some_and(|g| g.at == rip)
     }
 
     /// The guard's hit on `cpu` (registers `snap`), in the hit's stop.
@@ -187,14 +174,8 @@ impl EventGuard {
             self.taken_over += usize::from(q != Queued::NotOurs);
             return Ok(q == Queued::Returned);
         }
-        if self.static_update == Some(regs.rip) {
-            // (tramp, func): the second and third arguments.
-            if let Some(&it) = self.iterators.get(&regs.rsi) {
-                if regs.rdx != it {
-                    ops.set_reg(cpu, FUNC_REG, it)?;
-                    self.kept += 1;
-                }
-            }
+        if let Some(g) = self.statics.as_ref().filter(|g| g.at == regs.rip) {
+            self.kept += usize::from(g.keep(cpu, regs, ops)?);
         }
         Ok(false)
     }
@@ -249,8 +230,10 @@ mod tests {
         let mut g = EventGuard {
             jump_queue: None,
             guarded: HashMap::new(),
-            static_update: Some(UPDATE),
-            iterators: [(TRAMP, ITER)].into(),
+            statics: Some(StaticGuard {
+                at: UPDATE,
+                iterators: [(TRAMP, ITER)].into(),
+            }),
             offset: KernelOffset::NONE,
             taken_over: 0,
             kept: 0,

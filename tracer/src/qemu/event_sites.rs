@@ -20,6 +20,7 @@ use super::error::QemuError;
 use super::event_guard::EventGuard;
 use super::guest::QemuStop;
 use super::journal::{hex, unhex, Journal, JournaledJump};
+use super::static_guard::StaticGuard;
 use crate::kernel::kaslr::KernelOffset;
 use crate::plan::events::EventPlan;
 
@@ -186,6 +187,17 @@ fn write(
     let guard = events.guard.filter(|_| breakpoints.is_some());
     let guard = guard.map(|g| offset.runtime(g));
     journal.record.breakpoints.extend(guard);
+    // Trap mode: without `__static_call_update` the guest's first probe
+    // gets the static call, and its events are not recorded (said in
+    // docs/events.md).
+    let statics = match breakpoints.is_some() {
+        true => StaticGuard::plan(events, offset).ok().flatten(),
+        false => None,
+    };
+    journal
+        .record
+        .breakpoints
+        .extend(statics.as_ref().map(|g| g.at));
     journal.arm_jumps(jumps.clone())?;
     if let Some(b) = breakpoints {
         // (Its saves from here on keep the jumps.)
@@ -193,6 +205,9 @@ fn write(
         b.add_skips(stop, skips)?;
         if let Some(g) = guard {
             b.guard(stop, g, offset, &jumps)?;
+        }
+        if let Some(g) = statics {
+            b.keep_static_calls(stop, g)?;
         }
     }
     if let Some(g) = &event_guard {

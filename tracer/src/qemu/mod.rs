@@ -56,6 +56,7 @@ pub mod rsp;
 pub mod session;
 mod site_span;
 mod staging;
+mod static_guard;
 pub mod step;
 pub mod stub;
 mod stub_memory;

@@ -459,10 +459,18 @@ impl QemuSession {
         matches!(self.vm.arming, Arming::Trap { .. })
     }
 
-    /// Exitless mode's guard (`super::event_guard`), if set: the call sites
-    /// the guest took over and its static call updates kept on
-    /// `__traceiter_NAME`, as it enabled traced events itself.
+    /// The guard of the traced events (exitless mode's `super::event_guard`,
+    /// trap mode's breakpoints), if set: the call sites the guest took
+    /// over and its static call updates kept on `__traceiter_NAME`, as it
+    /// enabled traced events itself.
     pub fn events_taken_over(&self) -> Option<(usize, usize)> {
+        if let Arming::Trap {
+            breakpoints: Some(b),
+            ..
+        } = &self.vm.arming
+        {
+            return Some((b.taken_over, b.kept));
+        }
         self.vm.guard.as_ref().map(|g| (g.taken_over, g.kept))
     }
 
