@@ -11,6 +11,8 @@
 mod events;
 #[path = "report_fixture.rs"]
 mod fixture;
+#[path = "values/syscalls.rs"]
+mod syscalls;
 
 use std::fs;
 use std::path::{Path, PathBuf};
