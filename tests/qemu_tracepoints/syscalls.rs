@@ -95,6 +95,21 @@ fn syscall_events(
             assert_eq!(f["__syscall_nr"], 257, "{r}");
         }
     }
+    if mode == "exitless" {
+        // Killed while attached (its sites, code, rings, return hooks):
+        // its guardian repairs the VM from the journal.
+        let killed = dir.join("syscalls-killed.vmtrace");
+        let mut args = args;
+        args[args.len() - 1] = s(&killed);
+        let mut a = Attach::start(qmp, &args);
+        a.wait_line("vmtrace: attached to QEMU");
+        a.signal(libc::SIGKILL);
+        let e = a.end();
+        let repaired = "vmtrace: repaired; the VM is as vmtrace would leave it";
+        assert!(e.stderr.contains(repaired), "{}", e.stderr);
+        assert_same(&before, &watch.read(), "after a killed syscall trace");
+        assert_no_gdbstub(qmp);
+    }
     data
 }
 
