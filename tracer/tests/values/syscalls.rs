@@ -1,7 +1,7 @@
 //! A syscall's two events (`syscalls:sys_enter_openat` at its function's
 //! entry, `sys_exit_openat` at its return) through the outputs: script
-//! lines as the events' print formats make them, the JSON report's
-//! records, and the data file (version 15: the fields' sources, the
+//! lines as the events' print formats make them, CSV's and the JSON
+//! report's records, and the data file (version 15: the fields' sources, the
 //! returns' formats) read back alike.
 
 use tracer::kernel::events::fields::FieldValue;
@@ -10,7 +10,7 @@ use tracer::kernel::events::{EventArg, EventKind, KernelEvent, TableEntry};
 use tracer::kernel::symbols::Symbol;
 use tracer::trace::datafile::{load, save};
 use tracer::trace::export::script::write_script;
-use tracer::trace::export::to_json;
+use tracer::trace::export::{to_json, write_csv};
 use tracer::trace::model::{Event, Task, Trace, TraceMeta, RETURN_BIT};
 
 use super::{text, tmp};
@@ -128,6 +128,9 @@ fn a_syscalls_entry_and_return_are_its_two_events() {
     assert_eq!(event_lines(&t), want);
     let script = text(|w| write_script(&t, w));
     assert!(script.contains(want[1]), "{script}");
+    let csv = text(|w| write_csv(&t, w));
+    let exit = "syscalls:sys_exit_openat,__syscall_nr=257 ret=0xfffffffffffffffe";
+    assert!(csv.contains(exit), "{csv}");
     let doc = to_json(&t);
     let ev = doc["trace_events"].as_array().unwrap();
     let names: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
