@@ -55,6 +55,11 @@ fn syscall_events(
     let mut a = Attach::start(qmp, &args);
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains(mode), "{line}");
+    let line = a.wait_line("syscall events recorded at");
+    assert!(
+        line.contains("4 syscall events recorded at 2 syscall functions"),
+        "{line}"
+    );
     guest.send_line(&format!("go getpid {GETPIDS}"));
     let line = guest
         .wait_for(&format!("workload: done getpid {GETPIDS} pid="), GUEST_STEP)
