@@ -2,7 +2,7 @@
 //! whose entries of `__traceiter_sched_switch` and
 //! `__traceiter_sched_process_fork` carry their fields: script lines as
 //! ftrace prints the events, CSV and JSON fields by name, and the data
-//! file (version 14: `FLDS` blocks, ftrace formats), byte for byte against golden files
+//! file (version 15: `FLDS` blocks, ftrace formats), byte for byte against golden files
 //! (`VMTRACE_BLESS=1` writes them) and read back; its golden file read as
 //! a reader of a later version will.
 
