@@ -88,3 +88,24 @@ fn unknown_events_on_a_run_or_record_are_refused_in_one_line() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(last.contains("the kernel has jump labels"), "{err}");
 }
+
+/// The project's guests have no syscall metadata (tinyconfig): a
+/// `syscalls:` event on the own VMM is refused in one line saying why and
+/// naming the functions to trace instead; `raw_syscalls:*` (a flag in
+/// every thread) is refused on any kernel, naming the syscall events.
+#[test]
+fn syscall_events_without_metadata_and_raw_syscalls_are_refused() {
+    let (bz, _) = linux_61();
+    assert_bad_input(
+        &["--kernel", s(&bz), "-e", "syscalls:sys_enter_getpid"],
+        "built without CONFIG_FTRACE_SYSCALLS",
+    );
+    assert_bad_input(
+        &["--kernel", s(&bz), "-e", "syscalls:sys_exit_getpid"],
+        "'__x64_sys_getpid'",
+    );
+    assert_bad_input(
+        &["record", "--kernel", s(&bz), "-e", "raw_syscalls:sys_enter"],
+        "trace 'syscalls:sys_enter_*' or 'syscalls:sys_exit_*' instead",
+    );
+}

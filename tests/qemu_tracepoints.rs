@@ -13,9 +13,14 @@
 //! WARNING (jump_label's checks); a killed attach's guardian restores them
 //! from the journal; the guest enabling and disabling a traced event itself
 //! meanwhile keeps working. Trap mode (auto mode's choice for such events), whose
-//! only writes to the guest are those jumps.
+//! only writes to the guest are those jumps. The syscall events
+//! (`syscalls:sys_enter_*`, `sys_exit_*`), recorded at the syscalls'
+//! functions, in trap and exitless modes: exact counts, the return values
+//! and arguments the workload's syscalls have, trace-cmd's lines.
 
 mod common;
+#[path = "qemu_tracepoints/syscalls.rs"]
+mod syscalls;
 
 use std::time::Duration;
 
@@ -34,6 +39,14 @@ const GUEST_STEP: Duration = Duration::from_secs(300);
 /// (arch/x86/kernel/jump_label.c: `0f 1f 44 00 00` / `e9 rel32`,
 /// `66 90` / `eb rel8`).
 const NOP_TO_JMP: [(u8, u8); 2] = [(0x0f, 0xe9), (0x66, 0xeb)];
+
+/// The tracepoint events whose lines `check_trace_cmd_report` compares.
+const SCHED: [&str; 4] = [
+    "sched_switch",
+    "sched_wakeup",
+    "sched_process_fork",
+    "task_rename",
+];
 
 /// The pids of `workload: forked K pids=P1,P2,... pid=W`.
 fn forked_pids(line: &str) -> Vec<u64> {
@@ -161,7 +174,7 @@ fn event_parts(text: &str, events: &[&str]) -> Vec<String> {
 /// `trace-cmd report -N` (no plugins: its sched plugin prints switches its
 /// own short way): every event line has the fields `script` prints
 /// for the same event, and the events `present` are there.
-fn check_trace_cmd_report(data: &std::path::Path, present: &[&str]) {
+fn check_trace_cmd_report(data: &std::path::Path, events: &[&str], present: &[&str]) {
     let dat = data.with_extension("dat");
     let arg = format!("trace.dat={}", dat.display());
     let o = common::vmtrace(&["report", s(data), "--export", &arg]);
@@ -173,16 +186,10 @@ fn check_trace_cmd_report(data: &std::path::Path, present: &[&str]) {
         .expect("trace-cmd is not installed: apt-get install trace-cmd (CI's .ci/run does)");
     let stderr = String::from_utf8_lossy(&tc.stderr);
     assert!(tc.status.success() && stderr.trim().is_empty(), "{stderr}");
-    let events = [
-        "sched_switch",
-        "sched_wakeup",
-        "sched_process_fork",
-        "task_rename",
-    ];
-    let report = event_parts(&String::from_utf8_lossy(&tc.stdout), &events);
+    let report = event_parts(&String::from_utf8_lossy(&tc.stdout), events);
     let script = event_parts(
         &common::stdout(&common::vmtrace(&["script", s(data)])),
-        &events,
+        events,
     );
     assert_eq!(report, script);
     for e in present {
@@ -256,7 +263,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let rename = count_of(&counts, &["__traceiter_task_rename"]);
     assert_eq!((fork, rename), (3 + 3, 3 + 2 + 1 + 3), "{}", e.stdout);
     check_fork_and_rename_fields(&e.json(), w.worker, &printed);
-    check_trace_cmd_report(&forks, &["sched_process_fork", "task_rename"]);
+    check_trace_cmd_report(&forks, &SCHED, &["sched_process_fork", "task_rename"]);
     assert_same(&before, &watch.read(), "by a trace of events");
     assert_no_gdbstub(qmp);
     assert_runs_on(&guest, w.worker);
@@ -354,7 +361,11 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     );
     assert_runs_on(&guest, w.worker);
     check_sched_switch(&data, w.worker);
-    check_trace_cmd_report(&data, &["sched_switch", "sched_wakeup", "task_rename"]);
+    check_trace_cmd_report(
+        &data,
+        &SCHED,
+        &["sched_switch", "sched_wakeup", "task_rename"],
+    );
     let events = [
         "sched:sched_switch",
         "sched:sched_wakeup",
@@ -362,6 +373,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     ];
     check_guest_ids(&guest, &data.with_extension("dat"), &events);
     exitless_events(&guest, &kernel, &bz, &data, w.worker);
+    syscalls::checks(&guest, &kernel, &bz, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
     for bad in ["BUG", "WARNING", "Oops", "general protection"] {

@@ -90,6 +90,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     say_attached(&s);
     say_modules(s.modules_unfollowed(), waiting.as_deref());
     say_events(&s, &events.behind_static_calls());
+    say_syscalls(&events.syscalls);
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
@@ -132,6 +133,21 @@ fn check_attachable(plan: &TracePlan) -> Result<(), InputError> {
         .events
         .attachable(&plan.plan.image.path)
         .map_err(|e| InputError::from(tracer::plan::PlanError::from(e)))
+}
+
+/// Where `-e`'s syscall events are recorded (docs/events.md).
+fn say_syscalls(syscalls: &[tracer::plan::syscall_events::PlannedSyscall]) {
+    if syscalls.is_empty() {
+        return;
+    }
+    let mut funcs: Vec<&str> = syscalls.iter().map(|s| s.func.as_str()).collect();
+    funcs.sort_unstable();
+    funcs.dedup();
+    note!(
+        "vmtrace: {} syscall events recorded at {} syscall functions (__x64_sys_NAME: sys_enter_* at the entry, sys_exit_* at the return); nothing written in the guest's threads",
+        syscalls.len(),
+        funcs.len()
+    );
 }
 
 /// What `-e` enabled, and what it cannot record yet.

@@ -11,6 +11,8 @@
 mod events;
 #[path = "report_fixture.rs"]
 mod fixture;
+#[path = "values/syscalls.rs"]
+mod syscalls;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -617,14 +619,15 @@ fn a_bad_prototype_is_corruption() {
     let path = tmp("values-proto.data");
     save(&t, &path).unwrap();
     let good = fs::read(&path).unwrap();
-    // The prototypes end the HEAD body before the events' formats (`u32`
-    // 0); the last is uncalled_graph's: has 1, ret u8 (kind 2, size 1), 1
-    // parameter: "x", register 0, s16 (kind 1, size 2), 0 notes.
+    // The prototypes end the HEAD body before the events' formats and the
+    // returns' (`u32` 0 each); the last is uncalled_graph's: has 1, ret u8
+    // (kind 2, size 1), 1 parameter: "x", register 0, s16 (kind 1, size
+    // 2), 0 notes.
     let (start, _, payload) = blocks(&good)[0].clone();
-    assert_eq!(good[payload.end - 4..payload.end], [0; 4]);
-    let last = payload.end - 4 - 16;
+    assert_eq!(good[payload.end - 8..payload.end], [0; 8]);
+    let last = payload.end - 8 - 16;
     assert_eq!(
-        good[last..payload.end - 4],
+        good[last..payload.end - 8],
         [1, 2, 1, 1, 1, 0, 0, 0, b'x', 0, 1, 2, 0, 0, 0, 0]
     );
     let mut b = good.clone();

@@ -87,13 +87,18 @@ impl Request {
         }
     }
 
-    /// This request with the events' `__traceiter_NAME` traced, with their
-    /// arguments (the events' fields come from them).
+    /// This request with the events' `__traceiter_NAME` (and syscalls'
+    /// `__x64_sys_NAME`) traced, with their arguments (the events' fields
+    /// come from them); a syscall's exit hooks returns, with their values.
     fn with_events(&self, events: &EventPlan) -> Request {
         let mut req = self.clone();
         let names = events.iterator_names();
         req.trace.extend(names.iter().cloned());
         req.args.extend(names);
+        if events.needs_returns() {
+            req.graph = true;
+            req.retval = true;
+        }
         req
     }
 }

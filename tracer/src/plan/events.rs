@@ -9,9 +9,11 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
+use crate::kernel::events::syscall_format::Side;
 use crate::kernel::events::{counted, ftrace_format};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
+use crate::plan::syscall_events::{self, PlannedSyscall};
 
 /// Where x86's jump_label checks and patches each site of a key being
 /// enabled (arch/x86/kernel/jump_label.c), after boot.
@@ -33,8 +35,8 @@ pub enum EventPlanError {
     #[error(transparent)]
     Sites(#[from] JumpSiteError),
     #[error(
-        "{}: event {event} is not a tracepoint of its own ({kind}); only tracepoint events \
-         can be traced so far",
+        "{}: event {event} is not a tracepoint of its own ({kind}); only tracepoint and \
+         syscall events can be traced",
         path.display()
     )]
     NotTracepoint {
@@ -42,6 +44,8 @@ pub enum EventPlanError {
         event: String,
         kind: &'static str,
     },
+    #[error(transparent)]
+    Syscall(#[from] syscall_events::SyscallEventError),
     #[error(
         "{}: the kernel has jump labels, whose event call sites vmtrace's own VMM does not \
          enable yet (an attach to the kernel running in QEMU does)",
@@ -130,6 +134,9 @@ fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
 #[derive(Clone, Debug, Default)]
 pub struct EventPlan {
     pub events: Vec<PlannedEvent>,
+    /// The syscall events, each recorded at its syscall's function
+    /// (`plan::syscall_events`).
+    pub syscalls: Vec<PlannedSyscall>,
     /// `arch_jump_label_transform_queue` (link-time), where the guest's own
     /// enabling of a key checks each site for its NOP: attach makes the
     /// call return at once there for vmtrace's sites, which hold the
@@ -168,6 +175,7 @@ impl EventPlan {
         let globs = EventGlobs::parse(globs)?;
         let btf = KernelBtf::from_image(image).map_err(EventError::from)?;
         let table = EventTable::read(image, &btf)?;
+        syscall_events::check_table(image, &table, &globs)?;
         let entries = jump_sites::entries(image)?;
         let counted_keys = entries.is_empty();
         // `struct tracepoint`'s members (include/linux/tracepoint-defs.h).
@@ -175,19 +183,19 @@ impl EventPlan {
         let tp_funcs = at("tracepoint", "funcs").map_err(EventError::from)?;
         let tp_iterator = at("tracepoint", "iterator").map_err(EventError::from)?;
         let id_at = id_offset(&btf);
-        let mut events = Vec::new();
+        let (mut events, mut syscalls) = (Vec::new(), Vec::new());
         for e in table.select(&globs)? {
+            if let Some(s) = PlannedSyscall::of(image, &btf, e, id_at)? {
+                syscalls.push(s);
+                continue;
+            }
             let full = e.full_name();
             let (Some(key), Some(iterator), EventKind::Tracepoint) = (e.key, e.iterator, e.kind)
             else {
-                let kind = match e.kind {
-                    EventKind::Syscall => "a syscall event, called from raw_syscalls",
-                    _ => "a format only",
-                };
                 return Err(EventPlanError::NotTracepoint {
                     path: image.path.clone(),
                     event: full,
-                    kind,
+                    kind: "a format only",
                 });
             };
             let sites = match counted_keys {
@@ -232,6 +240,7 @@ impl EventPlan {
         let offsets = FieldOffsets::find(&btf).ok();
         Ok(EventPlan {
             events,
+            syscalls,
             guard,
             static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
             offsets,
@@ -255,8 +264,38 @@ impl EventPlan {
             .collect()
     }
 
+    /// No event at all.
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
+        self.events.is_empty() && self.syscalls.is_empty()
+    }
+
+    /// Whether a syscall's exit is traced: its function's return is
+    /// hooked, with its value.
+    pub fn needs_returns(&self) -> bool {
+        self.syscalls.iter().any(|s| s.side == Side::Exit)
+    }
+
+    /// The format of the event recorded at function `func`'s entry
+    /// (`__traceiter_NAME`, or a syscall's `__x64_sys_NAME`), if any.
+    pub fn entry_format(&self, func: &str) -> Option<&EventFormat> {
+        if let Some(e) = self.by_iterator(func) {
+            return e.format.as_ref();
+        }
+        self.syscall_format(func, Side::Enter)
+    }
+
+    /// The format of the event recorded at function `func`'s return (a
+    /// syscall's `sys_exit_NAME`), if any.
+    pub fn return_format(&self, func: &str) -> Option<&EventFormat> {
+        self.syscall_format(func, Side::Exit)
+    }
+
+    fn syscall_format(&self, func: &str, side: Side) -> Option<&EventFormat> {
+        let s = self
+            .syscalls
+            .iter()
+            .find(|s| s.func == func && s.side == side);
+        s?.format.as_ref()
     }
 
     /// Whether any event is called through a static call (its `tp->funcs`
@@ -266,9 +305,10 @@ impl EventPlan {
     }
 
     /// Can the own VMM enable them? Only on a kernel without jump labels
-    /// so far (`crate::session::event_keys`).
+    /// so far (`crate::session::event_keys`); syscall events need no call
+    /// site enabled.
     pub fn on_own_vmm(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
-        match !self.counted_keys && !self.is_empty() {
+        match !self.counted_keys && !self.events.is_empty() {
             true => Err(EventPlanError::JumpLabelsOnOwnVmm {
                 path: path.to_path_buf(),
             }),
@@ -280,7 +320,7 @@ impl EventPlan {
     /// labels: there only the own VMM, which owns the guest, sets the
     /// keys' counts (`crate::session::event_keys`).
     pub fn attachable(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
-        match self.counted_keys && !self.is_empty() {
+        match self.counted_keys && !self.events.is_empty() {
             true => Err(JumpSiteError::NoJumpLabels {
                 path: path.to_path_buf(),
             }
@@ -289,12 +329,20 @@ impl EventPlan {
         }
     }
 
-    /// The functions to trace for them (`__traceiter_NAME` each).
+    /// The functions to trace for them (`__traceiter_NAME` each, and each
+    /// syscall's function once).
     pub fn iterator_names(&self) -> Vec<String> {
-        self.events
+        let mut names: Vec<String> = self
+            .events
             .iter()
             .map(PlannedEvent::iterator_name)
-            .collect()
+            .collect();
+        for s in &self.syscalls {
+            if !names.contains(&s.func) {
+                names.push(s.func.clone());
+            }
+        }
+        names
     }
 
     /// Every call site to enable, with its event's key.

@@ -13,6 +13,7 @@ pub mod hookable;
 pub mod list;
 pub mod site_index;
 pub mod stacks;
+pub mod syscall_events;
 pub mod tasks;
 pub mod traps;
 

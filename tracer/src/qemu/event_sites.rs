@@ -141,7 +141,7 @@ pub(super) fn enable(
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
 ) -> Result<Option<EventGuard>, QemuError> {
-    if events.is_empty() {
+    if events.events.is_empty() {
         return Ok(None);
     }
     let stop = guest.stop(false)?;

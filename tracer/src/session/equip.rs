@@ -33,8 +33,8 @@ pub(super) fn field_source(plan: &Plan) -> Option<FieldSource> {
     let by_func = |f: &u32| {
         let func = plan.funcs.get(*f as usize)?;
         let mut names = plan.image.names(*func);
-        let e = names.find_map(|n| plan.events.by_iterator(n))?;
-        e.format.clone().map(Arc::new)
+        let format = names.find_map(|n| plan.events.entry_format(n))?;
+        Some(Arc::new(format.clone()))
     };
     FieldSource::of(plan.index.funcs.iter().map(by_func).collect(), offsets)
 }

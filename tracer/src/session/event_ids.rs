@@ -26,8 +26,13 @@ const MAX_ID: i32 = u16::MAX as i32;
 /// event itself. Returns the ids read.
 pub(crate) fn read(ram: &dyn GuestRam, events: &mut EventPlan, offset: KernelOffset) -> usize {
     let mut read = 0;
-    for e in &mut events.events {
-        let (Some(cell), Some(f)) = (e.id_cell, e.format.as_mut()) else {
+    let tracepoints = events.events.iter_mut().map(|e| (e.id_cell, &mut e.format));
+    let syscalls = events
+        .syscalls
+        .iter_mut()
+        .map(|e| (e.id_cell, &mut e.format));
+    for (cell, format) in tracepoints.chain(syscalls) {
+        let (Some(cell), Some(f)) = (cell, format.as_mut()) else {
             continue;
         };
         let Some(t) = f.ftrace.as_mut() else {

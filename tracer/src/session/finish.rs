@@ -58,8 +58,21 @@ impl Tracer {
         }
         let of = |f: &usize| {
             let mut names = plan.image.names(*f);
-            let e = names.find_map(|n| plan.events.by_iterator(n))?;
-            e.format.clone()
+            names.find_map(|n| plan.events.entry_format(n)).cloned()
+        };
+        plan.funcs.iter().map(of).collect()
+    }
+
+    /// The syscall exits' formats by function (`EventFields::return_formats`),
+    /// like `event_formats`.
+    fn return_formats(&self) -> Vec<Option<crate::trace::fields::EventFormat>> {
+        let plan = &self.plan;
+        if !plan.events.needs_returns() || plan.events.offsets.is_none() {
+            return Vec::new();
+        }
+        let of = |f: &usize| {
+            let mut names = plan.image.names(*f);
+            names.find_map(|n| plan.events.return_format(n)).cloned()
         };
         plan.funcs.iter().map(of).collect()
     }
@@ -402,6 +415,7 @@ impl Tracer {
             fields: crate::trace::fields::EventFields {
                 formats: padded(self.event_formats(), functions.len()),
                 values: Default::default(),
+                return_formats: padded(self.return_formats(), functions.len()),
             },
             functions,
         }

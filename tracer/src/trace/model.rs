@@ -392,17 +392,35 @@ pub struct EventFields {
     /// Each event entry's values, in its format's field order, by its
     /// arguments id.
     pub values: std::collections::BTreeMap<u64, Vec<FieldValue>>,
+    /// Per traced function, like `formats`: the format of the event its
+    /// return records (a syscall's `sys_exit_NAME`, its value the return's
+    /// `Event::data`), None for others. Empty: none.
+    pub return_formats: Vec<Option<EventFormat>>,
 }
 
 impl EventFields {
     /// No format and no value.
     pub fn is_empty(&self) -> bool {
-        self.formats.is_empty() && self.values.is_empty()
+        self.formats.is_empty() && self.values.is_empty() && self.return_formats.is_empty()
     }
 
     /// The format of function `func`'s event, if it is one.
     pub fn format(&self, func: u32) -> Option<&EventFormat> {
         self.formats.get(func as usize)?.as_ref()
+    }
+
+    /// The format of the event function `func`'s return records, if any.
+    pub fn return_format(&self, func: u32) -> Option<&EventFormat> {
+        self.return_formats.get(func as usize)?.as_ref()
+    }
+
+    /// Every event format with its function and whether it is a return's:
+    /// the entries' first, then the returns'.
+    pub fn all_formats(&self) -> impl Iterator<Item = (usize, bool, &EventFormat)> {
+        let entries = self.formats.iter().enumerate();
+        let entries = entries.filter_map(|(f, e)| Some((f, false, e.as_ref()?)));
+        let returns = self.return_formats.iter().enumerate();
+        entries.chain(returns.filter_map(|(f, e)| Some((f, true, e.as_ref()?))))
     }
 }
 

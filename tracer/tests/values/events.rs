@@ -2,7 +2,7 @@
 //! whose entries of `__traceiter_sched_switch` and
 //! `__traceiter_sched_process_fork` carry their fields: script lines as
 //! ftrace prints the events, CSV and JSON fields by name, and the data
-//! file (version 14: `FLDS` blocks, ftrace formats), byte for byte against golden files
+//! file (version 15: `FLDS` blocks, ftrace formats), byte for byte against golden files
 //! (`VMTRACE_BLESS=1` writes them) and read back; its golden file read as
 //! a reader of a later version will.
 
@@ -33,6 +33,7 @@ fn format(name: &str, args: &[(&str, &str)]) -> EventFormat {
         iterator: None,
         args: Some(args.collect()),
         listed: true,
+        syscall: None,
     })
     .unwrap()
 }
@@ -256,7 +257,7 @@ fn csv_and_json_have_the_fields_by_name() {
     );
 }
 
-/// Saved as version 14, byte for byte, and read back whole (the fork's
+/// Saved as version 15, byte for byte, and read back whole (the fork's
 /// ftrace format too); the golden file reads back as the trace.
 #[test]
 fn the_data_file_keeps_the_fields() {
@@ -268,8 +269,8 @@ fn the_data_file_keeps_the_fields() {
         u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
         DATA_VERSION
     );
-    check("events.v14.data", &bytes);
-    let back = load(&golden_dir().join("events.v14.data")).unwrap();
+    check("events.v15.data", &bytes);
+    let back = load(&golden_dir().join("events.v15.data")).unwrap();
     assert_eq!(back.fields.values, t.fields.values);
     assert_eq!(
         back.fields.formats[1].as_ref().unwrap().ftrace,
@@ -278,14 +279,15 @@ fn the_data_file_keeps_the_fields() {
     let lines =
         |t: &Trace| -> Vec<Option<String>> { t.events.iter().map(|e| t.event_line(e)).collect() };
     assert_eq!(lines(&back), lines(&t));
-    assert_eq!(back.event_name(1), Some("sched:sched_process_fork"));
+    assert_eq!(back.event_name(1, false), Some("sched:sched_process_fork"));
     assert_eq!(load(&path).unwrap().fields.values, t.fields.values);
 }
 
 /// `golden/events.v13.data` was saved by the version-13 writer (before
 /// functions could be added during the trace) from `events_trace`: it
-/// still reads as what version 14 saves of it, and is byte for byte that
-/// file but the version.
+/// still reads as what version 15 saves of it, and is byte for byte the
+/// version-14 file but the version; and that file (before the fields'
+/// sources and the returns' formats) reads as it too.
 #[test]
 fn a_version_13_data_file_still_reads() {
     let path = golden_dir().join("events.v13.data");
@@ -294,8 +296,10 @@ fn a_version_13_data_file_still_reads() {
     let now = tmp("events.now.vmtrace");
     save(&events_trace(), &now).unwrap();
     assert_eq!(load(&path).unwrap(), load(&now).unwrap());
+    let v14 = golden_dir().join("events.v14.data");
+    assert_eq!(load(&v14).unwrap(), load(&now).unwrap());
     bytes[8..12].copy_from_slice(&14u32.to_le_bytes());
-    assert_eq!(std::fs::read(&now).unwrap(), bytes);
+    assert_eq!(std::fs::read(&v14).unwrap(), bytes);
 }
 
 /// `golden/events.v12.data` was saved by the version-12 writer (before

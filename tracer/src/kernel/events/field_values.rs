@@ -4,6 +4,7 @@
 //! ftrace's `TP_printk` makes of them.
 
 use super::fields::{EventFormat, FieldOffsets, FieldValue, Print, Source, TaskField};
+use super::syscall_format::NR_FIELD;
 
 /// Reads guest-virtual memory; false when any of it is not mapped.
 pub type Reader<'a> = dyn FnMut(u64, &mut [u8]) -> bool + 'a;
@@ -151,6 +152,10 @@ pub fn read_fields_where(
             let s = switch_state(arg(preempt) & 1 != 0, arg(state), exit);
             FieldValue::Int(s as i64)
         }
+        Source::Const(v) => FieldValue::Int(v),
+        Source::Regs(off) => int(read, arg(0).wrapping_add(u64::from(off)), 8),
+        // Known at the return only (`trace::fields`).
+        Source::Ret => FieldValue::Unread,
     };
     format
         .fields
@@ -199,12 +204,25 @@ pub fn print_value(print: Print, v: &FieldValue) -> String {
         Print::Cpu => format!("{:03}", n as i32),
         Print::Str => n.to_string(),
         Print::State => state_letters(n as u64),
+        Print::Word => format!("0x{:08x}", n as u64),
     }
 }
 
 /// The event's fields as ftrace prints them: `name=value` each, and
-/// sched_switch's `==>` before the next task.
+/// sched_switch's `==>` before the next task; a syscall's as its print
+/// format does (`dfd: 0x..., flags: 0x...`; `0x3`), without its number.
 pub fn render(format: &EventFormat, values: &[FieldValue]) -> String {
+    if format.syscall().is_some() {
+        let each = format.fields.iter().zip(values);
+        let shown = each.filter(|(f, _)| f.name != NR_FIELD);
+        let parts: Vec<String> = shown
+            .map(|(f, v)| match f.source {
+                Source::Ret => print_value(f.print, v),
+                _ => format!("{}: {}", f.label, print_value(f.print, v)),
+            })
+            .collect();
+        return parts.join(", ");
+    }
     let mut out = String::new();
     for (f, v) in format.fields.iter().zip(values) {
         if !out.is_empty() {

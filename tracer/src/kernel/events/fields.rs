@@ -90,6 +90,15 @@ pub enum Source {
         state: usize,
         prev: usize,
     },
+    /// A value the plan knows: a syscall event's number.
+    Const(i64),
+    /// The `unsigned long` at this offset of the `struct pt_regs` the
+    /// traced function's first argument points to: a syscall's user
+    /// register (`syscall_format`).
+    Regs(u32),
+    /// The traced function's return value (RAX at its return): a
+    /// `sys_exit_*` event's `ret`.
+    Ret,
 }
 
 /// How a field is printed (the event's `TP_printk`).
@@ -113,6 +122,8 @@ pub enum Print {
     Str,
     /// A task state letter (`S`, `D`, `R+`...).
     State,
+    /// `0x%08lx`: a syscall's argument (kernel/trace/trace_syscalls.c).
+    Word,
 }
 
 /// One field: its name, its C type (as ftrace's format names it), where
@@ -295,7 +306,10 @@ impl EventFormat {
             return false;
         };
         let renamed = self.name() == "task_rename" && f.name == "oldcomm";
-        !renamed && !matches!(f.source, Source::Str(_) | Source::Filename(_))
+        // A syscall's registers: the task's next syscall or interrupt
+        // from user mode saves others there.
+        let regs = matches!(f.source, Source::Regs(_));
+        !renamed && !regs && !matches!(f.source, Source::Str(_) | Source::Filename(_))
     }
 
     /// The event's name alone (`sched_switch`).

@@ -20,6 +20,7 @@ mod layout;
 pub mod path_cost;
 mod read;
 mod select;
+pub mod syscall_format;
 mod syscalls;
 
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ use std::path::PathBuf;
 use crate::kernel::btf::BtfError;
 
 pub use select::{EventGlobError, EventGlobs};
+pub use syscalls::TableEntry;
 
 /// The raw_init of syscall events' classes (kernel/trace/trace_syscalls.c).
 const SYSCALL_RAW_INIT: &str = "init_syscall_trace";
@@ -132,6 +134,10 @@ pub struct KernelEvent {
     /// Whether the kernel lists it (tracefs `available_events`): not the
     /// `ftrace` system's, nor a syscall the kernel leaves unmapped.
     pub listed: bool,
+    /// A syscall event's entry in the syscall table (its number and
+    /// `__x64_sys_NAME`); None for other events, or when the image does
+    /// not name its table.
+    pub syscall: Option<TableEntry>,
 }
 
 impl KernelEvent {

@@ -119,13 +119,18 @@ impl EventTable {
             .into_iter()
             .zip(&metas)
             .map(|((call, e), meta)| {
+                let entry = match (&mapped, meta) {
+                    (Some(map), Some(m)) => map.get(&m.name).cloned(),
+                    _ => None,
+                };
                 let listed = !e.hidden
-                    && match (e.kind, &mapped, meta) {
-                        (EventKind::Syscall, Some(set), Some(m)) => set.contains(&m.name),
-                        (EventKind::Syscall, Some(_), None) => false,
+                    && match (e.kind, &mapped) {
+                        (EventKind::Syscall, Some(_)) => entry.is_some(),
                         _ => true,
                     };
-                finish(image, btf, &l, call, e, meta.as_ref(), listed)
+                let mut event = finish(image, btf, &l, call, e, meta.as_ref(), listed);
+                event.syscall = entry.filter(|_| event.kind == EventKind::Syscall);
+                event
             })
             .collect();
         Ok(EventTable {
@@ -183,6 +188,7 @@ fn finish(
             .and_then(|tp| word(image, tp.wrapping_add(u64::from(l.tp_iterator)))),
         args,
         listed,
+        syscall: None,
     }
 }
 

@@ -97,6 +97,11 @@ impl EventGlobs {
         Ok(globs)
     }
 
+    /// The globs that select (not the `!` ones), as given.
+    pub fn positive_texts(&self) -> impl Iterator<Item = &str> {
+        self.positive.iter().map(|g| g.text.as_str())
+    }
+
     /// Whether event `e` is selected.
     pub fn is_match(&self, e: &KernelEvent) -> bool {
         (self.positive.is_empty() || self.positive.iter().any(|g| g.is_match(e)))

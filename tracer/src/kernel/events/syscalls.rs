@@ -9,7 +9,7 @@
 //! names (compat-only and other tables' syscalls). The same is done here
 //! from the image.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::kernel::events::image_data::{c_string, word, word32};
 use crate::kernel::events::layout::MetaLayout;
@@ -67,10 +67,21 @@ fn matches(sym: &str, name: &str) -> bool {
         || (sym.starts_with("__do_sys") && same(8))
 }
 
-/// The names of the metadata the kernel maps to a syscall number (and so
-/// registers the events of), or None when the image does not name its
-/// syscall table (a bzImage without CONFIG_KALLSYMS_ALL).
-pub(crate) fn mapped(image: &KernelImage, metas: &[&str]) -> Option<HashSet<String>> {
+/// Where the kernel's x86-64 syscall table maps a syscall's metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableEntry {
+    /// Its number: the last entry naming it, as `init_ftrace_syscalls`
+    /// leaves `meta->syscall_nr`.
+    pub nr: u32,
+    /// The table's function: `__x64_sys_openat`, the syscall's own entry,
+    /// called with the user's registers (`struct pt_regs *`).
+    pub func: String,
+}
+
+/// The metadata the kernel maps to a syscall number (and so registers the
+/// events of), by name (`sys_openat`), or None when the image does not
+/// name its syscall table (a bzImage without CONFIG_KALLSYMS_ALL).
+pub(crate) fn mapped(image: &KernelImage, metas: &[&str]) -> Option<HashMap<String, TableEntry>> {
     let table = image.symbol(SYSCALL_TABLE)?;
     // The symbol's size bounds the table (kallsyms': up to the next
     // symbol, which may be the next table: ia32's).
@@ -78,7 +89,7 @@ pub(crate) fn mapped(image: &KernelImage, metas: &[&str]) -> Option<HashSet<Stri
         0 => MAX_SYSCALLS,
         n => n.min(MAX_SYSCALLS),
     };
-    let mut found = HashSet::new();
+    let mut found = HashMap::new();
     for i in 0..entries {
         let Some(f) = word(image, table.addr.wrapping_add(8 * i)).and_then(|a| {
             let f = image.function_at(a)?;
@@ -90,7 +101,11 @@ pub(crate) fn mapped(image: &KernelImage, metas: &[&str]) -> Option<HashSet<Stri
             continue;
         }
         if let Some(m) = metas.iter().find(|m| matches(&f.name, m)) {
-            found.insert((*m).to_owned());
+            let entry = TableEntry {
+                nr: i as u32,
+                func: f.name.to_string(),
+            };
+            found.insert((*m).to_owned(), entry);
         }
     }
     Some(found)

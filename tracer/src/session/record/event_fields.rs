@@ -11,6 +11,16 @@ use vmm::gva::AddressSpace;
 use crate::kernel::events::field_values::{read_fields, read_fields_where};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
 
+/// The event's arguments among the registers at its function's entry: a
+/// tracepoint's after the probe's `__data` (RDI), a syscall event's from
+/// RDI, its `struct pt_regs *`.
+fn event_args<'a>(format: &EventFormat, regs: &'a [u64; 6]) -> &'a [u64] {
+    match format.syscall() {
+        Some(_) => regs,
+        None => &regs[1..],
+    }
+}
+
 /// Which sites are events', their formats, and where their values go.
 #[derive(Clone, Debug)]
 pub struct FieldSource {
@@ -41,7 +51,12 @@ impl FieldSource {
     ) -> Option<Vec<FieldValue>> {
         let format = self.formats.get(site)?.as_ref()?;
         let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
-        Some(read_fields(format, &args[1..], &self.offsets, &mut read))
+        Some(read_fields(
+            format,
+            event_args(format, args),
+            &self.offsets,
+            &mut read,
+        ))
     }
 
     /// `read`, later than the event (exitless mode's drain, the guest
@@ -58,7 +73,7 @@ impl FieldSource {
         let lasting = |i: usize| format.lasts(i);
         Some(read_fields_where(
             format,
-            &args[1..],
+            event_args(format, args),
             &self.offsets,
             &mut read,
             lasting,
@@ -100,6 +115,7 @@ mod tests {
                 arg("const char *", "comm"),
             ]),
             listed: true,
+            syscall: None,
         })
         .unwrap()
     }

@@ -105,6 +105,8 @@ pub(super) struct Body {
     pub prototypes: Vec<Option<Prototype>>,
     /// The traced events' formats by function (version 12; empty: none).
     pub formats: Vec<Option<EventFormat>>,
+    /// Those recorded at returns (version 15; empty: none).
+    pub return_formats: Vec<Option<EventFormat>>,
 }
 
 /// What a data file holds besides its bodies and events: the guest tasks
@@ -160,6 +162,7 @@ impl Body {
             fields: EventFields {
                 formats: self.formats,
                 values: named.fields,
+                return_formats: self.return_formats,
             },
         })
     }
@@ -207,6 +210,10 @@ pub(super) fn read_body<R: Read>(
         true => super::fields::read_formats(r, functions.len(), version)?,
         false => Vec::new(),
     };
+    let return_formats = match version >= super::VERSION_15 {
+        true => super::fields::read_formats(r, functions.len(), version)?,
+        false => Vec::new(),
+    };
     Ok(Body {
         meta,
         functions,
@@ -216,6 +223,7 @@ pub(super) fn read_body<R: Read>(
         callers,
         prototypes,
         formats,
+        return_formats,
     })
 }
 

@@ -7,10 +7,11 @@ use std::io::{self, Write};
 
 use super::encode::put_str;
 use super::reader::Reader;
-use super::{Section, TraceFileError, VERSION_13};
+use super::{Section, TraceFileError, VERSION_13, VERSION_15};
 use crate::kernel::events::fields::Source;
 use crate::kernel::events::ftrace_format::{FtraceField, FtraceFormat};
 use crate::trace::fields::{EventFormat, Field, FieldValue, Print};
+use crate::trace::model::Trace;
 
 /// Block tag of event entries' field values.
 pub const TAG_FIELDS: [u8; 4] = *b"FLDS";
@@ -20,7 +21,7 @@ const MAX_FIELDS: u32 = 64;
 const MAX_BLOCK_ENTRIES: usize = 1 << 16;
 
 /// `Print` as its code in the file.
-const PRINTS: [Print; 9] = [
+const PRINTS: [Print; 10] = [
     Print::Int,
     Print::Long,
     Print::Unsigned,
@@ -30,6 +31,7 @@ const PRINTS: [Print; 9] = [
     Print::Str,
     Print::State,
     Print::BareHex,
+    Print::Word,
 ];
 
 /// A value's tag: an integer (`u64`, two's complement), a string (`str`),
@@ -72,12 +74,47 @@ pub(super) fn put_formats(
             put_str(w, &field.ty)?;
             let code = PRINTS.iter().position(|&p| p == field.print).unwrap_or(0);
             w.push(code as u8);
+            if version >= VERSION_15 {
+                put_source(w, field.source);
+            }
         }
         if version >= VERSION_13 {
             put_ftrace(w, f.ftrace.as_ref())?;
         }
     }
     Ok(())
+}
+
+/// A field's source tags (version 15): where its value comes from.
+const SOURCE_STORED: u8 = 0;
+const SOURCE_CONST: u8 = 1;
+const SOURCE_RET: u8 = 2;
+
+/// Version 15's source of a field: stored (its event's `FLDS` values), a
+/// constant, or the return value.
+fn put_source(w: &mut Vec<u8>, source: Source) {
+    match source {
+        Source::Const(v) => {
+            w.push(SOURCE_CONST);
+            w.extend_from_slice(&v.to_le_bytes());
+        }
+        Source::Ret => w.push(SOURCE_RET),
+        _ => w.push(SOURCE_STORED),
+    }
+}
+
+/// What `put_source` wrote, for field `i` of event `event`.
+fn read_source<R: io::Read>(
+    r: &mut Reader<'_, R>,
+    i: usize,
+    event: &str,
+) -> Result<Source, TraceFileError> {
+    Ok(match r.u8()? {
+        SOURCE_STORED => Source::Arg(i),
+        SOURCE_CONST => Source::Const(r.u64()? as i64),
+        SOURCE_RET => Source::Ret,
+        b => return Err(r.corrupt(format!("field {i} of {event}: source {b}"))),
+    })
 }
 
 /// Version 13's ftrace format of an event (see the parent module).
@@ -194,11 +231,15 @@ pub(super) fn read_formats<R: io::Read>(
                     "field {name} of event {event} prints by code {code}"
                 ))
             })?;
+            let source = match version >= VERSION_15 {
+                true => read_source(r, i, &event)?,
+                false => Source::Arg(i),
+            };
             fields.push(Field {
                 name,
                 label,
                 ty,
-                source: Source::Arg(i),
+                source,
                 print,
             });
         }
@@ -214,6 +255,27 @@ pub(super) fn read_formats<R: io::Read>(
         });
     }
     Ok(formats)
+}
+
+/// The events' fields' rules: a format per function or none, values of
+/// saved arguments only.
+pub(super) fn check_fields(trace: &Trace) -> Result<(), (Section, String)> {
+    let (f, nfunc) = (&trace.fields, trace.functions.len());
+    for (what, formats) in [("", &f.formats), ("return ", &f.return_formats)] {
+        if !formats.is_empty() && formats.len() != nfunc {
+            let n = formats.len();
+            let why = format!("{n} {what}event formats for {nfunc} functions");
+            return Err((Section::Fields, why));
+        }
+    }
+    let args = trace.args.len() as u64;
+    match f.values.keys().find(|&&id| id == 0 || id > args) {
+        Some(id) => Err((
+            Section::Fields,
+            format!("fields of arguments {id} but {args} are saved"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The `FLDS` blocks of `entries` (arguments id, values): each `u32` n,

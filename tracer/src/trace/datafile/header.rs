@@ -45,6 +45,9 @@ pub(super) fn put_body(trace: &Trace, version: u32, w: &mut Vec<u8>) -> io::Resu
     if version >= VERSION_12 {
         super::fields::put_formats(w, &trace.fields.formats, version)?;
     }
+    if version >= super::VERSION_15 {
+        super::fields::put_formats(w, &trace.fields.return_formats, version)?;
+    }
     Ok(())
 }
 

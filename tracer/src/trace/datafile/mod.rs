@@ -255,6 +255,12 @@
 //! Version 14 adds `FUNC` blocks: functions added during the trace
 //! ([`added`], a module first loaded then).
 //!
+//! Version 15 adds print code 9 (`0x%08lx`, a syscall's argument), after
+//! each field's print code its source, `u8`: 0 the event's stored values,
+//! 1 then `i64` a constant (a syscall event's `__syscall_nr`), 2 the
+//! function's return value; and, after the events' formats, the formats of
+//! the events recorded at returns (`syscalls:sys_exit_*`), encoded alike.
+//!
 //! `save` writes version 4 when the trace has no tasks (and no
 //! `TraceMeta::tasks`), no values, no stacks and no command line, else a
 //! data file of `DATA_VERSION` in one go: `HEAD`, `TASK`, `ARGS`, `STAK`,
@@ -329,8 +335,10 @@ pub const VERSION_12: u32 = 12;
 pub const VERSION_13: u32 = 13;
 /// The data file with functions added during the trace (`added`).
 pub const VERSION_14: u32 = 14;
+/// The data file with the returns' event formats (syscall exits).
+pub const VERSION_15: u32 = 15;
 /// The version `stream` and `save` write: the newest.
-pub const DATA_VERSION: u32 = VERSION_14;
+pub const DATA_VERSION: u32 = VERSION_15;
 /// Size of one event record in versions 3 to 7.
 pub const EVENT_SIZE: usize = 32;
 /// Size of one event record in version 8: `EVENT_SIZE`, `u32 task` and
@@ -506,7 +514,7 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
                 .map_err(|d| (Section::Prototypes, format!("function {f}: {d}")))?;
         }
     }
-    check_stacks(trace).and_then(|()| check_fields(trace))?;
+    check_stacks(trace).and_then(|()| fields::check_fields(trace))?;
     let counts = Counted {
         nfunc,
         cpus,
@@ -515,26 +523,6 @@ fn check(trace: &Trace) -> Result<(), (Section, String)> {
         stacks: trace.stacks.len(),
     };
     check_events(&trace.events, 0, &counts).map_err(|d| (Section::Events, d))
-}
-
-/// The events' fields' rules: a format per function or none, values of
-/// saved arguments only.
-fn check_fields(trace: &Trace) -> Result<(), (Section, String)> {
-    let (f, nfunc) = (&trace.fields, trace.functions.len());
-    if !f.formats.is_empty() && f.formats.len() != nfunc {
-        return Err((
-            Section::Fields,
-            format!("{} event formats for {nfunc} functions", f.formats.len()),
-        ));
-    }
-    let args = trace.args.len() as u64;
-    match f.values.keys().find(|&&id| id == 0 || id > args) {
-        Some(id) => Err((
-            Section::Fields,
-            format!("fields of arguments {id} but {args} are saved"),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// The stacks' rules: how many, their frames, the stack functions.

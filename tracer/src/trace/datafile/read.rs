@@ -10,7 +10,7 @@ use super::reader::Reader;
 use super::{
     Section, TraceFileError, EVENT_CHUNK, EVENT_SIZE, EVENT_SIZE_V2, IO_BUFFER, MAGIC,
     PREAMBLE_SIZE, VERSION, VERSION_1, VERSION_10, VERSION_11, VERSION_12, VERSION_13, VERSION_14,
-    VERSION_2, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9,
+    VERSION_15, VERSION_2, VERSION_3, VERSION_5, VERSION_6, VERSION_7, VERSION_8, VERSION_9,
 };
 use crate::trace::model::{Event, Trace};
 
@@ -90,7 +90,7 @@ fn read_version<R: Read>(r: &mut Reader<'_, R>) -> Result<u32, TraceFileError> {
     let version = r.u32()?;
     if ![
         VERSION_1, VERSION_2, VERSION_3, VERSION, VERSION_5, VERSION_6, VERSION_7, VERSION_8,
-        VERSION_9, VERSION_10, VERSION_11, VERSION_12, VERSION_13, VERSION_14,
+        VERSION_9, VERSION_10, VERSION_11, VERSION_12, VERSION_13, VERSION_14, VERSION_15,
     ]
     .contains(&version)
     {

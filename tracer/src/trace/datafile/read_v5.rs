@@ -417,6 +417,7 @@ fn cut_short(head: Body, events: Vec<Event>, named: Named, blocks: u64) -> Trace
         fields: crate::trace::model::EventFields {
             formats: head.formats,
             values: named.fields,
+            return_formats: head.return_formats,
         },
     }
 }

@@ -51,7 +51,7 @@ fn header(w: &mut impl Write, trace: &Trace) -> io::Result<(bool, bool, bool, bo
     } else {
         b"".as_slice()
     })?;
-    let fields = !trace.fields.formats.is_empty();
+    let fields = !trace.fields.formats.is_empty() || !trace.fields.return_formats.is_empty();
     w.write_all(if fields {
         b",event,fields\n".as_slice()
     } else {
@@ -66,7 +66,10 @@ fn event_columns(
     trace: &Trace,
     e: &crate::trace::model::Event,
 ) -> io::Result<()> {
-    let (Some(name), Some(fields)) = (trace.event_name(e.func), trace.named_fields(e)) else {
+    let (Some(name), Some(fields)) = (
+        trace.event_name(e.func, e.is_return()),
+        trace.named_fields(e),
+    ) else {
         return w.write_all(b",,");
     };
     let pairs: Vec<String> = fields.iter().map(|(n, v)| format!("{n}={v}")).collect();

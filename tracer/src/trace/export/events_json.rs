@@ -46,33 +46,34 @@ fn record(trace: &Trace, e: &Event, format: &EventFormat, values: &[FieldValue])
 
 /// `trace_events` into `doc`, when the trace has events' formats.
 pub(super) fn events_json(doc: &mut Value, trace: &Trace) {
-    if trace.fields.formats.is_empty() {
+    if trace.fields.formats.is_empty() && trace.fields.return_formats.is_empty() {
         return;
     }
     let mut out = Vec::new();
-    for (func, format) in trace.fields.formats.iter().enumerate() {
-        let Some(format) = format else {
-            continue;
-        };
+    for (func, ret, format) in trace.fields.all_formats() {
         let mut records = Vec::new();
         // Stored records per task (pid, comm), by the task that ran them.
         let mut tasks: BTreeMap<(u32, String), u64> = BTreeMap::new();
         let stored = trace
             .events
             .iter()
-            .filter(|e| e.func as usize == func && !e.is_return());
+            .filter(|e| e.func as usize == func && e.is_return() == ret);
         for e in stored {
             let task = trace.task_of(e).map(|t| (t.pid, t.comm.clone()));
             *tasks.entry(task.unwrap_or_default()).or_default() += 1;
             if let Some((f, v)) = trace.fields_of(e) {
-                records.push(record(trace, e, f, v));
+                records.push(record(trace, e, f, &v));
             }
         }
         let tasks: Vec<Value> = tasks
             .into_iter()
             .map(|((pid, comm), n)| json!({ "pid": pid, "comm": comm, "count": n }))
             .collect();
-        let count: u64 = trace.counts.get(func).map_or(0, |c| c.iter().sum());
+        let counts = match ret {
+            true => &trace.returns,
+            false => &trace.counts,
+        };
+        let count: u64 = counts.get(func).map_or(0, |c| c.iter().sum());
         let names: Vec<&str> = format.fields.iter().map(|f| f.name.as_str()).collect();
         out.push(json!({
             "event": format.event,

@@ -410,8 +410,10 @@ impl Out<'_> {
         let mut p = std::mem::take(&mut self.payload);
         let (ts, func) = (e.ts_ns, e.func);
         let pid = pid_of(self.trace, e.task, e.cpu);
-        let values = self.trace.fields_of(e).map_or(&[][..], |(_, v)| v);
-        let event = self.events.record(func, values, pid, &mut p);
+        let values = self.trace.fields_of(e).map(|(_, v)| v).unwrap_or_default();
+        let event = self
+            .events
+            .record((func, e.is_return()), &values, pid, &mut p);
         if let Some((ip, pages)) = self.target(e.cpu, func) {
             if event {
                 pages.push(ts, &p);
@@ -530,7 +532,11 @@ impl Out<'_> {
                     continue;
                 };
                 let f = &g.frames[i as usize];
-                if self.events.is_event(f.func) {
+                if self.events.is_event(f.func, true) {
+                    self.function(e); // a syscall's exit: the event's record
+                    continue;
+                }
+                if self.events.is_event(f.func, false) {
                     continue; // its entry was the event's record
                 }
                 // RAX as recorded (`Event::data`), all 64 bits, as the
@@ -538,7 +544,7 @@ impl Out<'_> {
                 let ret = Some((f.entry_ns, e.ts_ns, e.data));
                 self.graph(e.ts_ns, e.cpu, e.task, f.func, f.depth, ret);
             } else if let Some(f) = frames.next() {
-                if f.end == End::Unhooked || self.events.is_event(e.func) {
+                if f.end == End::Unhooked || self.events.is_event(e.func, false) {
                     self.function(e);
                 } else {
                     self.graph(e.ts_ns, e.cpu, e.task, e.func, f.depth, None);

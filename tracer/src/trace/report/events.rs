@@ -10,21 +10,27 @@ use super::{escape, Report};
 /// The events section (nothing without events' fields).
 pub(super) fn write_events(out: &mut String, report: &Report) {
     let trace = report.trace;
-    let formats = trace.fields.formats.iter().enumerate();
-    let events: Vec<(usize, &str)> = formats
-        .filter_map(|(f, e)| Some((f, e.as_ref()?.event.as_str())))
+    let events: Vec<(usize, bool, &str)> = trace
+        .fields
+        .all_formats()
+        .map(|(f, ret, e)| (f, ret, e.event.as_str()))
         .collect();
     if events.is_empty() {
         return;
     }
     out.push_str("#\n# events (-e): exact count, stored records by task\n#\n");
-    for (func, name) in events {
-        let count: u64 = trace.counts.get(func).map_or(0, |c| c.iter().sum());
+    for (func, ret, name) in events {
+        // A syscall's exit: its function's returns.
+        let counts = match ret {
+            true => &trace.returns,
+            false => &trace.counts,
+        };
+        let count: u64 = counts.get(func).map_or(0, |c| c.iter().sum());
         let mut by_task: HashMap<u32, u64> = HashMap::new();
         let stored = trace
             .events
             .iter()
-            .filter(|e| e.func as usize == func && !e.is_return());
+            .filter(|e| e.func as usize == func && e.is_return() == ret);
         for e in stored {
             *by_task.entry(e.task).or_default() += 1;
         }

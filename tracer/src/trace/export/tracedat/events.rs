@@ -44,7 +44,8 @@ struct Layout {
 /// The events' formats, by system, and how to write their records.
 #[derive(Default)]
 pub(super) struct EventRecords {
-    by_func: HashMap<u32, Layout>,
+    /// By function, and whether the event is its return's.
+    by_func: HashMap<(u32, bool), Layout>,
     /// System name → its events' `format` texts.
     pub(super) systems: BTreeMap<String, Vec<String>>,
 }
@@ -61,6 +62,7 @@ fn own_format(format: &EventFormat) -> (Vec<FtraceField>, String) {
             Print::Long | Print::State => ("long", 8, true, "%ld"),
             Print::Unsigned => ("unsigned long", 8, false, "%lu"),
             Print::Hex => ("unsigned long", 8, false, "0x%lx"),
+            Print::Word => ("unsigned long", 8, false, "0x%08lx"),
             Print::BareHex => ("unsigned long", 8, false, "%lx"),
             Print::Bool => ("unsigned long", 8, false, "%s"),
             Print::Str => ("__data_loc char[]", 4, true, "%s"),
@@ -91,9 +93,10 @@ impl EventRecords {
     /// The formats of the events `trace` recorded fields of.
     pub(super) fn new(trace: &Trace) -> EventRecords {
         let mut out = EventRecords::default();
-        let events = trace.fields.formats.iter().enumerate();
-        let events: Vec<(u32, &EventFormat)> = events
-            .filter_map(|(i, f)| Some((i as u32, f.as_ref()?)))
+        let events: Vec<((u32, bool), &EventFormat)> = trace
+            .fields
+            .all_formats()
+            .map(|(i, ret, f)| ((i as u32, ret), f))
             .collect();
         let mut used: Vec<u16> = events
             .iter()
@@ -153,21 +156,22 @@ impl EventRecords {
         out
     }
 
-    /// Whether function `func` records an event.
-    pub(super) fn is_event(&self, func: u32) -> bool {
-        self.by_func.contains_key(&func)
+    /// Whether function `func`'s entries (or with `ret` its returns)
+    /// record an event.
+    pub(super) fn is_event(&self, func: u32, ret: bool) -> bool {
+        self.by_func.contains_key(&(func, ret))
     }
 
-    /// Entry `func`'s record with `values` by pid `pid` into `p`, if
-    /// `func` is an event's.
+    /// Entry (or with `ret` return) `func`'s record with `values` by pid
+    /// `pid` into `p`, if it is an event's.
     pub(super) fn record(
         &self,
-        func: u32,
+        (func, ret): (u32, bool),
         values: &[FieldValue],
         pid: u32,
         p: &mut Vec<u8>,
     ) -> bool {
-        let Some(l) = self.by_func.get(&func) else {
+        let Some(l) = self.by_func.get(&(func, ret)) else {
             return false;
         };
         p.clear();
