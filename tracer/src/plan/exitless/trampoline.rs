@@ -107,10 +107,11 @@ use super::disasm::{check_paths, format_instruction, walk_common_path};
 use super::graph_code;
 use super::layout::{
     RingLayout, CODE_LEN, CODE_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN,
-    RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_TASK,
-    REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA, RING_TABLE_VA,
+    RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_STRINGS,
+    REC_TASK, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA, RING_TABLE_VA,
 };
 use super::ret::Return;
+use super::strcopy::{self, CopyFns, StrCopy};
 
 /// Instructions a recorded call executes in a site's own body (`Shape::
 /// PerSite`), from its first to its `ret` (ring not full, no reservation
@@ -178,6 +179,12 @@ pub struct TrampolineSpec {
     /// Bytes at the end of the code (before the return trap) left for
     /// direct entries' stubs (`crate::session::direct`).
     pub reserve: u64,
+    /// Per site, the strings its own body copies into its records
+    /// (`strcopy`: an event's fields that do not last past it), with
+    /// `layout.strings`; None: none.
+    pub copies: Option<std::sync::Arc<[Vec<StrCopy>]>>,
+    /// The kernel's nofault copies the bodies call (None: no copies).
+    pub copy_fns: Option<CopyFns>,
 }
 
 impl TrampolineSpec {
@@ -190,9 +197,20 @@ impl TrampolineSpec {
                 .is_none_or(|s| s.get(k) == Some(&true))
     }
 
+    /// The strings site `k`'s own body copies (none without arguments
+    /// stored, or without the kernel's copy functions).
+    pub fn site_copies(&self, k: usize) -> &[StrCopy] {
+        let copies = match (&self.copies, self.copy_fns) {
+            (Some(c), Some(_)) if self.layout.strings && self.stores_args(k) => c.get(k),
+            _ => None,
+        };
+        copies.map_or(&[], |c| c.as_slice())
+    }
+
     /// Instructions a recorded call runs in site `k`'s own body.
     fn body_instructions(&self, k: usize) -> usize {
-        COMMON_PATH_INSTRUCTIONS
+        strcopy::path_instructions(self.site_copies(k))
+            + COMMON_PATH_INSTRUCTIONS
             + self.ret.extra_instructions()
             + self.task.map_or(0, |t| t.path_instructions())
             + if self.stores_args(k) {
@@ -470,6 +488,18 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
             return Err(TrampolineError::ThunkOutOfReach(thunk));
         }
     }
+    // `call rel32` to the kernel's copy functions, likewise.
+    if let Some(fns) = spec.copy_fns {
+        for f in [fns.strncpy, fns.copy] {
+            let reach = |va: u64| i32::try_from(f.wrapping_sub(va) as i64).is_ok();
+            if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
+                return Err(TrampolineError::OutOfReach {
+                    site: CODE_VA,
+                    target: f,
+                });
+            }
+        }
+    }
     // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
     // below 2^31.
     if !layout.cap.is_power_of_two() {
@@ -522,6 +552,8 @@ fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
         } else {
             None
         },
+        copy: spec.copy_fns.filter(|_| layout.strings),
+        rec_strings: rec(REC_STRINGS)?,
     })
 }
 
@@ -576,7 +608,7 @@ fn emit_code(
                     ..*fields
                 },
             };
-            emit_site_body(a, &f, &mut body, k as u32)?;
+            emit_site_body(a, &f, &mut body, k as u32, spec.site_copies(k))?;
             stubs.push(body);
         }
         return Ok(());
@@ -669,6 +701,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         }
     }
 
@@ -682,6 +716,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         }
     }
 
@@ -1183,6 +1219,7 @@ mod tests {
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
                 args: false,
+                strings: false,
                 va: DATA_VA,
                 gpa: DATA_GPA,
             },
@@ -1193,6 +1230,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1218,6 +1257,11 @@ mod tests {
     const DEPTH_THUNK_VA: u64 = 0xffff_ffff_8200_1040;
     const DEPTH_DISP: i32 = 0x1f3d8;
     const THUNK_HITS: u64 = 0xf_0000;
+    /// The kernel's nofault copies the emulator runs (`Emu::kernel_copy`),
+    /// and their error.
+    const STRNCPY_VA: u64 = 0xffff_ffff_8200_2000;
+    const COPY_VA: u64 = 0xffff_ffff_8200_2040;
+    const EFAULT: u64 = -14i64 as u64;
     const SITE: u64 = 0xffff_ffff_8100_1230;
     const PARENT: u64 = 0xffff_ffff_8100_4560;
 
@@ -1355,6 +1399,10 @@ mod tests {
         /// Executes one instruction; at a kernel return thunk, the whole
         /// thunk (counted in `THUNK_HITS`).
         fn step(&mut self, r: &mut Regs) {
+            if r.rip == STRNCPY_VA || r.rip == COPY_VA {
+                self.kernel_copy(r);
+                return;
+            }
             if r.rip == THUNK_VA || r.rip == DEPTH_THUNK_VA {
                 if r.rip == DEPTH_THUNK_VA {
                     // call_depth_return_thunk: shl qword gs:[depth], 5.
@@ -1490,6 +1538,48 @@ mod tests {
             }
         }
 
+        /// The kernel's `strncpy_from_kernel_nofault(rdi, rsi, rdx)` (at
+        /// `STRNCPY_VA`) or `copy_from_kernel_nofault` (`COPY_VA`), whole,
+        /// as mm/maccess.c does them: a source outside the emulated RAM
+        /// returns -EFAULT; then every register a C call may clobber is.
+        fn kernel_copy(&mut self, r: &mut Regs) {
+            let (dst, src, n) = (r.gpr[7], r.gpr[6], r.gpr[2]);
+            let mapped = |va: u64| va < RAM_LEN;
+            let ret = if r.rip == COPY_VA {
+                match (0..n).all(|i| mapped(src + i)) {
+                    true => {
+                        for i in 0..n {
+                            self.write(dst + i, 1, self.read(src + i, 1));
+                        }
+                        0
+                    }
+                    false => EFAULT,
+                }
+            } else {
+                let mut i = 0;
+                loop {
+                    if !mapped(src + i) {
+                        self.write(dst, 1, 0);
+                        break EFAULT;
+                    }
+                    let c = self.read(src + i, 1);
+                    self.write(dst + i, 1, c);
+                    i += 1;
+                    if c == 0 || i == n {
+                        self.write(dst + i - 1, 1, 0);
+                        break i;
+                    }
+                }
+            };
+            // rax, rcx, rdx, rsi, rdi, r8 to r11: the caller's to save.
+            for g in [1, 2, 6, 7, 8, 9, 10, 11] {
+                r.gpr[g] = 0xdead_0000_0000_0000 | g as u64;
+            }
+            r.gpr[0] = ret;
+            r.flags = None;
+            r.rip = self.pop(r);
+        }
+
         /// The traced function at `SITE` is called from `parent` and its
         /// site calls stub `k`; runs until the trampoline returns to the
         /// site + 5. Before instruction n (0 = the stub's first), calls
@@ -1617,6 +1707,7 @@ mod tests {
                 pid: 0,
                 ret: 0,
                 args: None,
+                strings: None,
             };
             assert_eq!(got, [(cpu as usize, want)]);
         }
@@ -2443,5 +2534,148 @@ mod tests {
                 .collect();
             assert_eq!(got, [(1, slot), (1, slot | 1)]);
         }
+    }
+
+    // ---- an event's strings copied at the event ---------------------------
+
+    fn event(name: &str, args: &[(&str, &str)]) -> crate::kernel::events::fields::EventFormat {
+        use crate::kernel::events::{EventArg, EventKind, KernelEvent};
+        let args = args.iter().map(|&(ty, name)| EventArg {
+            ty: ty.into(),
+            name: name.into(),
+        });
+        crate::kernel::events::fields::EventFormat::of(&KernelEvent {
+            system: if name == "task_rename" {
+                "task"
+            } else {
+                "sched"
+            }
+            .into(),
+            name: name.into(),
+            kind: EventKind::Tracepoint,
+            call: 0,
+            tracepoint: None,
+            key: None,
+            iterator: None,
+            args: Some(args.collect()),
+            listed: true,
+        })
+        .unwrap()
+    }
+
+    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
+    /// old_pid, bprm)`: their bodies copy the names and the file name into
+    /// the record, each register kept; a pointer to nothing reads unread,
+    /// a file name past the bound is cut and marked, and the path is the
+    /// length `strcopy::path_instructions` says.
+    #[test]
+    fn emulated_events_copy_their_strings_into_the_record() {
+        use crate::kernel::events::fields::{FieldOffsets, FieldValue};
+        let off = FieldOffsets {
+            comm: 0x10,
+            pid: 0x20,
+            tgid: 0x24,
+            prio: 0x28,
+            exit_state: 0x2c,
+            cpu: None,
+            signal: 0x38,
+            oom_score_adj: 0x8,
+            filename: 0x40,
+        };
+        let rename = event(
+            "task_rename",
+            &[("struct task_struct *", "task"), ("const char *", "comm")],
+        );
+        let exec = event(
+            "sched_process_exec",
+            &[
+                ("struct task_struct *", "p"),
+                ("pid_t", "old_pid"),
+                ("struct linux_binprm *", "bprm"),
+            ],
+        );
+        let copies: std::sync::Arc<[Vec<StrCopy>]> =
+            vec![strcopy::copies(&rename, &off), strcopy::copies(&exec, &off)].into();
+        assert_eq!((copies[0].len(), copies[1].len()), (2, 1));
+        let mut s = with_task(spec(1, 2, 8), &[]);
+        s.layout = RingLayout::with_kind(
+            1,
+            2,
+            Some(8),
+            false,
+            super::super::layout::RecordKind::Strings,
+        )
+        .unwrap();
+        s.copies = Some(copies.clone());
+        s.copy_fns = Some(CopyFns {
+            strncpy: STRNCPY_VA,
+            copy: COPY_VA,
+        });
+        let t = per_site(&s);
+        let base = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS;
+        for k in 0..2 {
+            let want = base + strcopy::path_instructions(&copies[k]);
+            assert_eq!(t.site_path(k).unwrap().len(), want, "site {k}");
+        }
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        run_task(&mem, 0, 77);
+        let (task, name, bprm, file) = (0x9_0000u64, 0x9_1000u64, 0x9_2000u64, 0x9_3000u64);
+        mem.write_slice(b"wl-worker\0", GuestAddress(task + 0x10))
+            .unwrap();
+        mem.write_slice(b"wl-child-with-a-long-name\0", GuestAddress(name))
+            .unwrap();
+        mem.write_obj(file, GuestAddress(bprm + 0x40)).unwrap();
+        mem.write_slice(b"/init\0", GuestAddress(file)).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        let mut run = |site: u32, args: [u64; 3]| {
+            let mut r = regs(0);
+            // RSI, RDX, RCX: the event's arguments after __data.
+            (r.gpr[6], r.gpr[2], r.gpr[1]) = (args[0], args[1], args[2]);
+            let before = r.clone();
+            emu.call(&mut r, site, PARENT, &t, &mut no_interrupt);
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+            }
+            let got = drain(&mut reader, &emu.mem.clone());
+            assert_eq!(got.len(), 1);
+            got[0].1.strings.expect("strings")
+        };
+        let values = |format, area: &[u8; strcopy::STRINGS_LEN]| {
+            let mut v = vec![FieldValue::Unread; 4];
+            strcopy::fill(format, &off, area, &mut v);
+            v
+        };
+        let str = |v: &str| FieldValue::Str(v.into());
+        // task_rename: oldcomm (field 1) and newcomm (field 2), cut to a
+        // comm as ftrace's strscpy cuts it, unmarked.
+        let area = run(0, [task, name, 0]);
+        let v = values(&rename, &area);
+        assert_eq!(v[1..3], [str("wl-worker"), str("wl-child-with-a")]);
+        // A name at no mapped address: unread, never a fault.
+        let area = run(0, [task, 0xffff_8000_dead_0000, 0]);
+        assert_eq!(
+            values(&rename, &area)[1..3],
+            [str("wl-worker"), FieldValue::Unread]
+        );
+        // sched_process_exec: bprm->filename, then the name.
+        let area = run(1, [task, 42, bprm]);
+        assert_eq!(values(&exec, &area)[0], str("/init"));
+        // A name longer than the bound: cut and marked.
+        let long = "/a".repeat(100);
+        mem.write_slice(format!("{long}\0").as_bytes(), GuestAddress(file))
+            .unwrap();
+        let area = run(1, [task, 42, bprm]);
+        let bound = copies[1][0].bound as usize;
+        let cut = format!("{}{}", &long[..bound - 1], strcopy::TRUNCATED);
+        assert_eq!(values(&exec, &area)[0], str(&cut));
+        // A bprm whose pointer cannot be read: unread.
+        let area = run(1, [task, 42, 0xffff_8000_dead_0000]);
+        assert_eq!(values(&exec, &area)[0], FieldValue::Unread);
     }
 }
