@@ -6,10 +6,12 @@
 
 pub mod body;
 pub mod disasm;
+mod displacements;
 pub mod error;
 pub mod graph_code;
 pub mod layout;
 pub mod ret;
+mod spec;
 pub mod strcopy;
 pub mod symbols;
 pub mod trampoline;

@@ -99,19 +99,15 @@ use iced_x86::{
     Instruction, Mnemonic,
 };
 
-use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
+use super::body::{emit_entry, emit_site_body, Fields};
 pub use super::body::{
     TaskCode, ARGS_INSTRUCTIONS, MAX_FILTER_PIDS, RETVAL_INSTRUCTIONS, TASK_INSTRUCTIONS,
 };
 use super::disasm::{check_paths, format_instruction, walk_common_path};
+use super::displacements::{checked_fields, layout_error};
 use super::graph_code;
-use super::layout::{
-    RingLayout, CODE_LEN, CODE_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN,
-    RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_STRINGS,
-    REC_TASK, REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA, RING_TABLE_VA,
-};
-use super::ret::Return;
-use super::strcopy::{self, CopyFns, StrCopy};
+use super::layout::{CODE_VA, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA};
+use super::strcopy;
 
 /// Instructions a recorded call executes in a site's own body (`Shape::
 /// PerSite`), from its first to its `ret` (ring not full, no reservation
@@ -147,81 +143,21 @@ pub enum Shape {
     Shared,
 }
 
-/// What the trampoline is generated for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TrampolineSpec {
-    pub layout: RingLayout,
-    /// The displacement at which `gs:[disp32]` reads the guest kernel's
-    /// `cpu_number`, as `smp_processor_id()` does: its offset in the per-CPU
-    /// area up to Linux 6.14, its (sign-extended) running address from 6.15
-    /// (`percpu::PerCpuVar::gs_disp`).
-    pub cpu_number_disp: i32,
-    /// Can a task be preempted, and so moved to another CPU, inside the
-    /// trampoline (a kernel with `CONFIG_PREEMPTION`)? Then the ring's
-    /// reservation and drop counters are `lock`ed; otherwise only the CPU
-    /// itself (its interrupts and NMIs) touches its ring, and the
-    /// instructions need no lock, as the kernel's own ring buffer uses
-    /// `local_t` (no lock prefix) for the same reason.
-    pub preemptible: bool,
-    /// How the code returns: `ret; int3`, or as the kernel's `__fentry__`
-    /// with its return thunk and call depth tracking (`ret`).
-    pub ret: Return,
-    /// Record each call's task, and keep only some pids; None: no task.
-    pub task: Option<TaskCode>,
-    /// Function graph: record each return's RAX (`--retval`). (Arguments
-    /// go with the layout: `RingLayout::args`.)
-    pub retval: bool,
-    /// With `layout.args`, the sites whose calls record their arguments
-    /// (`--args=GLOB`); None: every site's. Only per-site bodies store
-    /// them at some sites: the shared body stores every call's (the
-    /// drainer keeps the selected sites').
-    pub arg_sites: Option<std::sync::Arc<[bool]>>,
-    /// Bytes at the end of the code (before the return trap) left for
-    /// direct entries' stubs (`crate::session::direct`).
-    pub reserve: u64,
-    /// Per site, the strings its own body copies into its records
-    /// (`strcopy`: an event's fields that do not last past it), with
-    /// `layout.strings`; None: none.
-    pub copies: Option<std::sync::Arc<[Vec<StrCopy>]>>,
-    /// The kernel's nofault copies the bodies call (None: no copies).
-    pub copy_fns: Option<CopyFns>,
-}
-
-impl TrampolineSpec {
-    /// Does site `k`'s own body store its calls' arguments?
-    fn stores_args(&self, k: usize) -> bool {
-        self.layout.args
-            && self
-                .arg_sites
-                .as_ref()
-                .is_none_or(|s| s.get(k) == Some(&true))
-    }
-
-    /// The strings site `k`'s own body copies (none without arguments
-    /// stored, or without the kernel's copy functions).
-    pub fn site_copies(&self, k: usize) -> &[StrCopy] {
-        let copies = match (&self.copies, self.copy_fns) {
-            (Some(c), Some(_)) if self.layout.strings && self.stores_args(k) => c.get(k),
-            _ => None,
-        };
-        copies.map_or(&[], |c| c.as_slice())
-    }
-
-    /// Instructions a recorded call runs in site `k`'s own body.
-    fn body_instructions(&self, k: usize) -> usize {
-        strcopy::path_instructions(self.site_copies(k))
-            + COMMON_PATH_INSTRUCTIONS
-            + self.ret.extra_instructions()
-            + self.task.map_or(0, |t| t.path_instructions())
-            + if self.stores_args(k) {
-                ARGS_INSTRUCTIONS
-            } else {
-                0
-            }
-    }
-}
-
 pub use super::error::TrampolineError;
+pub use super::spec::TrampolineSpec;
+
+/// Instructions a recorded call runs in site `k`'s own body.
+fn body_instructions(spec: &TrampolineSpec, k: usize) -> usize {
+    strcopy::path_instructions(spec.site_copies(k))
+        + COMMON_PATH_INSTRUCTIONS
+        + spec.ret.extra_instructions()
+        + spec.task.map_or(0, |t| t.path_instructions())
+        + if spec.stores_args(k) {
+            ARGS_INSTRUCTIONS
+        } else {
+            0
+        }
+}
 
 /// The generated code, to be copied to `CODE_GPA` and run at `CODE_VA`.
 #[derive(Clone, Debug)]
@@ -365,23 +301,6 @@ impl Trampoline {
     }
 }
 
-/// A displacement from r10 (the ring's address, then the slot's less
-/// `records_off`) to a field at `off` in the ring: a sign-extended imm32.
-fn ring_disp(layout: &RingLayout, off: u64) -> Result<i64, TrampolineError> {
-    let far = |_| layout_error(layout, "a field is not an imm32 away from its ring");
-    i32::try_from(off).map(i64::from).map_err(far)
-}
-
-fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
-    TrampolineError::Layout {
-        cpus: layout.cpus,
-        cap: layout.cap,
-        ring_bytes: layout.ring_bytes,
-        records_off: layout.records_off,
-        why,
-    }
-}
-
 /// Padding between the code and the return stubs: int3, never run.
 pub const INT3: u8 = 0xcc;
 
@@ -457,7 +376,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     if shape == Shape::PerSite {
-        check_paths(&code, &stubs, |k| spec.body_instructions(k))?;
+        check_paths(&code, &stubs, |k| body_instructions(spec, k))?;
     }
     let return_path = match ret_common {
         Some(ret_common) => append_return_stubs(&mut code, ret_common, sites)?,
@@ -472,115 +391,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         common_path,
         return_path,
         locked: spec.preemptible,
-    })
-}
-
-/// The displacements and immediates the code uses, once `spec`'s layout is
-/// checked to fit them.
-fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
-    let layout = &spec.layout;
-    let sites = layout.sites;
-    // `jmp rel32` to the kernel's return thunk, from anywhere in the code
-    // (iced would turn a jump beyond rel32 into an indirect one).
-    if let Some(thunk) = spec.ret.thunk {
-        let reach = |va: u64| i32::try_from(thunk.wrapping_sub(va) as i64).is_ok();
-        if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
-            return Err(TrampolineError::ThunkOutOfReach(thunk));
-        }
-    }
-    // `call rel32` to the kernel's copy functions, likewise.
-    if let Some(fns) = spec.copy_fns {
-        for f in [fns.strncpy, fns.copy] {
-            let reach = |va: u64| i32::try_from(f.wrapping_sub(va) as i64).is_ok();
-            if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
-                return Err(TrampolineError::OutOfReach {
-                    site: CODE_VA,
-                    target: f,
-                });
-            }
-        }
-    }
-    // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
-    // below 2^31.
-    if !layout.cap.is_power_of_two() {
-        return Err(layout_error(
-            layout,
-            "a capacity that is not a power of two",
-        ));
-    }
-    const _: () = assert!(RECORD_LEN.is_power_of_two() && RECORD_LEN_ARGS.is_power_of_two());
-    let slot_mask = layout
-        .cap
-        .checked_mul(layout.record_len())
-        .and_then(|b| u32::try_from(b - 1).ok())
-        .filter(|&m| i32::try_from(m).is_ok())
-        .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
-    // The stubs' `mov r11d, k + 1` and the drop counters' index.
-    if u32::try_from(sites).is_err() {
-        return Err(layout_error(layout, "more sites than a u32"));
-    }
-    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    let task = task_fields(spec)?;
-    let cpus = i32::try_from(layout.cpus).map_err(|_| layout_error(layout, "CPUs past imm32"))?;
-    Ok(Fields {
-        cpu_number_disp: spec.cpu_number_disp,
-        // `cmp r10d, imm32`: checked above.
-        cpus: cpus as u32,
-        ret: spec.ret,
-        locked: spec.preemptible,
-        // `[r10 * 8 + disp32]`: CODE_VA is a sign-extended imm32.
-        ring_table: RING_TABLE_VA as i64,
-        slot_mask,
-        head: ring_disp(layout, HEAD_OFF)?,
-        limit: ring_disp(layout, LIMIT_OFF)?,
-        // Indexed by k + 1: 8 below the first counter.
-        drops: ring_disp(layout, DROPS_OFF - 8)?,
-        ret_drops: ring_disp(layout, layout.ret_drops_off() - 8)?,
-        rec_commit: rec(REC_COMMIT)?,
-        rec_tsc: rec(REC_TSC)?,
-        rec_parent: rec(REC_PARENT)?,
-        rec_slot: rec(REC_SLOT)?,
-        task,
-        record_len: layout.record_len() as i32,
-        rec_args: if layout.args {
-            Some(rec(REC_ARGS)?)
-        } else {
-            None
-        },
-        rec_ret: if spec.retval {
-            Some(rec(REC_RET)?)
-        } else {
-            None
-        },
-        copy: spec.copy_fns.filter(|_| layout.strings),
-        rec_strings: rec(REC_STRINGS)?,
-    })
-}
-
-/// The task fields of `spec`'s code, its layout checked to hold them.
-fn task_fields(spec: &TrampolineSpec) -> Result<Option<TaskFields>, TrampolineError> {
-    let layout = &spec.layout;
-    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    Ok(match spec.task {
-        None => None,
-        Some(t) => {
-            if t.npids > MAX_FILTER_PIDS {
-                return Err(layout_error(
-                    layout,
-                    "more pids to filter than the code holds",
-                ));
-            }
-            Some(TaskFields {
-                current_disp: t.current_disp,
-                pid_off: i32::try_from(t.pid_off)
-                    .map_err(|_| layout_error(layout, "task_struct.pid past 2 GiB"))?,
-                rec_task: rec(REC_TASK)?,
-                rec_pid: rec(REC_PID)?,
-                pids: t.pids,
-                npids: t.npids,
-                filtered: ring_disp(layout, FILTERED_OFF)?,
-            })
-        }
     })
 }
 
@@ -678,10 +488,13 @@ pub fn call_bytes(site_va: u64, target_va: u64) -> Result<[u8; 5], TrampolineErr
 
 #[cfg(test)]
 mod tests {
+    use super::super::layout::*;
     use super::super::layout::{
         DATA_GPA, DATA_LEN, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA,
         REGION_LEN,
     };
+    use super::super::ret::Return;
+    use super::super::strcopy::{CopyFns, StrCopy};
     use super::*;
     use crate::session::exitless::ring::{self, Record, RingReader};
     use iced_x86::{OpKind, Register};

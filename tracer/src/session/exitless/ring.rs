@@ -217,6 +217,18 @@ pub struct RingReader {
     held: HeldDrops,
 }
 
+/// A record's copied strings at `gpa` (`REC_STRINGS` in its slot), zeroed
+/// for the next lap, whose body may copy none: its status words then say
+/// so (0, not copied).
+fn take_strings(mem: &dyn GuestRam, cpu: usize, gpa: u64) -> Result<[u8; STRINGS_LEN], RingError> {
+    let mut b = [0u8; STRINGS_LEN];
+    mem.read_slice(&mut b, GuestAddress(gpa))
+        .map_err(memory_error("reading a record's strings", cpu, gpa))?;
+    mem.write_slice(&[0u8; STRINGS_LEN], GuestAddress(gpa))
+        .map_err(memory_error("clearing a record's strings", cpu, gpa))?;
+    Ok(b)
+}
+
 impl RingReader {
     pub fn new(layout: RingLayout) -> RingReader {
         RingReader::with_stall(layout, STALL)
@@ -492,17 +504,7 @@ impl RingReader {
             None
         };
         let strings = match layout.strings && !is_return {
-            true => {
-                let mut b = [0u8; STRINGS_LEN];
-                let gpa = slot + REC_STRINGS;
-                mem.read_slice(&mut b, GuestAddress(gpa))
-                    .map_err(memory_error("reading a record's strings", cpu, gpa))?;
-                // Zeroed for the next lap, whose body may copy none: its
-                // status words then say so (0, not copied).
-                mem.write_slice(&[0u8; STRINGS_LEN], GuestAddress(gpa))
-                    .map_err(memory_error("clearing a record's strings", cpu, gpa))?;
-                Some(b)
-            }
+            true => Some(take_strings(mem, cpu, slot + REC_STRINGS)?),
             false => None,
         };
         // Empty the slot for its next lap; the limit store (Release) makes
