@@ -396,6 +396,41 @@ fn check_switched_to(data: &std::path::Path, pids: &[u64]) {
     }
 }
 
+/// The exitless attach's `execs` children `execd`: each renamed itself
+/// `wl-child`, then exec'd `/init` (renamed `init` by the exec), and one
+/// `sched_process_exec` of `/init` each; the strings copied at the event.
+fn check_execs(doc: &serde_json::Value, execd: &[u64]) {
+    let renames = records(doc, "task:task_rename");
+    let execs = records(doc, "sched:sched_process_exec");
+    for &child in execd {
+        let names: Vec<_> = renames
+            .iter()
+            .filter(|r| r["pid"].as_u64() == Some(child))
+            .map(|r| {
+                (
+                    r["fields"]["oldcomm"].clone(),
+                    r["fields"]["newcomm"].clone(),
+                )
+            })
+            .collect();
+        let want = [("wl-worker", "wl-child"), ("wl-child", "init")];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(o, n)| (o.to_string().into(), n.to_string().into()))
+            .collect();
+        assert_eq!(names, want, "{renames:?}");
+        let by: Vec<_> = execs
+            .iter()
+            .filter(|r| r["pid"].as_u64() == Some(child))
+            .collect();
+        assert_eq!(by.len(), 1, "{execs:?}");
+        let f = &by[0]["fields"];
+        assert_eq!(f["filename"], "/init", "{by:?}");
+        assert_eq!(f["pid"], child, "{by:?}");
+        assert_eq!(f["old_pid"], child, "{by:?}");
+    }
+}
+
 /// The number before `what` in `line` (`vmtrace: 3 call sites ...`).
 fn count_in(line: &str, what: &str) -> usize {
     let at = line
@@ -409,9 +444,11 @@ fn count_in(line: &str, what: &str) -> usize {
 /// read `tp->iterator` (no breakpoint, no stop per event), the events
 /// recorded by the exitless trampoline with their tasks and fields: one
 /// `sched_process_fork` per fork, its child pid the one the guest printed,
-/// one `task_rename` per child (its names, which do not last past the
-/// event, unread), `sched_switch` as in trap mode; the kernel's text as
-/// found after the detach.
+/// one `task_rename` per child with its names, and one
+/// `sched_process_exec` per exec with its file name (which do not last
+/// past the event: copied by vmtrace's guest code at the event),
+/// `sched_switch` as in trap mode; the kernel's text as found after the
+/// detach.
 fn exitless_events(
     guest: &QemuGuest,
     kernel: &Kernel,
@@ -429,7 +466,7 @@ fn exitless_events(
         "--mode",
         "exitless",
         "-e",
-        "sched:sched_process_fork,task:task_rename,sched:sched_switch",
+        "sched:sched_process_fork,task:task_rename,sched:sched_switch,sched:sched_process_exec",
         "-o",
         s(data),
     ];
@@ -470,6 +507,13 @@ fn exitless_events(
         .wait_for("workload: forked 3 pids=", GUEST_STEP)
         .unwrap();
     printed.extend(forked_pids(&line));
+    // Children that rename themselves and exec /init: the names and the
+    // file name are copied at the event, by vmtrace's guest code.
+    guest.send_line("execs 2");
+    let line = guest
+        .wait_for("workload: execd 2 pids=", GUEST_STEP)
+        .unwrap();
+    let execd = forked_pids(&line);
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
@@ -502,7 +546,9 @@ fn exitless_events(
         .iter()
         .map(|f| f["fields"]["child_pid"].as_u64().unwrap())
         .collect();
-    assert_eq!(children, printed, "{forks:?}");
+    // The forks, then the execs' children.
+    let all: Vec<u64> = printed.iter().chain(&execd).copied().collect();
+    assert_eq!(children, all, "{forks:?}");
     for f in &forks {
         assert_eq!(f["pid"], worker, "{f}");
         assert_eq!(f["fields"]["parent_comm"], "wl-worker", "{f}");
@@ -515,7 +561,12 @@ fn exitless_events(
             .collect();
         assert_eq!(by.len(), 1, "{renames:?}");
         assert_eq!(by[0]["pid"], child, "{by:?}");
+        // The names, which do not last past the event, as the guest set
+        // them: copied into the record at the event.
+        assert_eq!(by[0]["fields"]["newcomm"], "wl-child", "{by:?}");
+        assert_eq!(by[0]["fields"]["oldcomm"], "wl-worker", "{by:?}");
     }
+    check_execs(&doc, &execd);
     for r in records(&doc, "sched:sched_switch") {
         assert_eq!(r["pid"], r["fields"]["prev_pid"], "{r}");
     }

@@ -59,6 +59,9 @@
  *   forks K        fork K children (1 to 8, named wl-child, as spawn's) that
  *                  exit at once; reap them; their pids in fork order
  *                                        -> workload: forked K pids=P1,P2,... pid=W
+ *   execs K        as forks K, each child then execs /init (which exits at
+ *                  once: it is not pid 1)
+ *                                        -> workload: execd K pids=P1,P2,... pid=W
  *   busy K         fork K background tasks (1 to 8, named wl-busy) that loop
  *                  until the guest ends: each round forks a child that exits at
  *                  once and reaps it, sleeps 1 ms (nanosleep: a timer), calls
@@ -362,24 +365,32 @@ static long spawn(long count, long kids)
 
 static void reply(struct line *l, const char *what, long n, long err, long pid);
 
-/* `forks K`: K children that rename themselves and exit; their pids said. */
-static void forks(struct line *l, long kids, long pid)
+/* `forks K`: K children that rename themselves and exit; their pids said.
+ * `execs K` (`exec` set): each child then execs /init, which exits at once
+ * when it is not pid 1 (workload_main). */
+static void forks(struct line *l, long kids, long pid, const char *exec)
 {
 	int status;
 	long k, n = 0, pids[8];
+	const char *said = exec ? "execd " : "forked ";
 
 	if (kids < 1 || kids > 8) {
-		reply(l, "forked ", kids, -22, pid);
+		reply(l, said, kids, -22, pid);
 		return;
 	}
 	for (k = 0; k < kids; k++) {
 		pids[k] = sys0(SYS_fork);
 		if (pids[k] == 0) {
+			char *argv[] = { (char *)exec, 0 };
+			char *envp[] = { 0 };
+
 			sys6(SYS_prctl, PR_SET_NAME, (long)"wl-child", 0, 0, 0, 0);
+			if (exec)
+				sys3(SYS_execve, (long)exec, (long)argv, (long)envp);
 			sys3(SYS_exit, 0, 0, 0);
 		}
 		if (pids[k] < 0) {
-			reply(l, "forked ", kids, pids[k], pid);
+			reply(l, said, kids, pids[k], pid);
 			break;
 		}
 		n++;
@@ -388,7 +399,8 @@ static void forks(struct line *l, long kids, long pid)
 		sys6(SYS_wait4, pids[k], (long)&status, 0, 0, 0, 0);
 	if (n < kids)
 		return;
-	put(l, "workload: forked ");
+	put(l, "workload: ");
+	put(l, said);
 	put_num(l, kids);
 	put(l, " pids=");
 	for (k = 0; k < n; k++) {
@@ -861,7 +873,11 @@ static void run_command(char *text, long pid)
 		return;
 	}
 	if (count >= 0 && streq(w[0], "forks")) {
-		forks(&l, count, pid);
+		forks(&l, count, pid, 0);
+		return;
+	}
+	if (count >= 0 && streq(w[0], "execs")) {
+		forks(&l, count, pid, "/init");
 		return;
 	}
 	if (count >= 0 && streq(w[0], "busy")) {
@@ -880,7 +896,7 @@ static void run_command(char *text, long pid)
 		reply(&l, "spawned ", count, child < 0 ? child : 0, pid);
 		return;
 	}
-	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, forks K, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, exec N PATH, ping, suspend, quit)");
+	say("error unknown command (go getpid|getppid|openat N, online CPU, pin CPU, rename N, spawn N, forks K, execs K, busy K, ftrace ..., insmod PATH, rmmod NAME, vmt K, vmtcycles N K PATH, exec N PATH, ping, suspend, quit)");
 }
 
 /* Echo off, canonical input kept: each read(2) returns one whole line. */
@@ -943,6 +959,10 @@ void __attribute__((noreturn, used)) workload_main(void)
 {
 	long pid, fd;
 	int status;
+
+	/* Exec'd by a child (`execs K`), not started as init: done. */
+	if (sys0(SYS_getpid) != 1)
+		sys3(SYS_exit, 0, 0, 0);
 
 	/* The kernel opens /dev/console as fds 0-2 for init; if it could not, we do. */
 	if (sys3(SYS_write, 1, (long)"", 0) < 0) {

@@ -250,9 +250,10 @@ pub const BENCHES: [Bench; 16] = [
         aliases: &[],
         goal: "How many guest instructions does an exitless event (-e) cost, beside a traced \
                function entry?",
-        figure: "guest instructions per exitless sched_switch and sched_wakeup: a function \
-                 entry's (vmtrace's trampoline) plus the event's path in the kernel's text, \
-                 counted in the code of the 6.1 default guest's vmlinux, never run",
+        figure: "guest instructions per exitless sched_switch, sched_wakeup and task_rename: a \
+                 function entry's (vmtrace's trampoline) plus the event's path in the kernel's \
+                 text (plus task_rename's string copies in vmtrace's code), counted in the code \
+                 of the 6.1 default guest's vmlinux, never run",
         unit: "guest instructions",
         needs: Needs::Vmlinux,
     },

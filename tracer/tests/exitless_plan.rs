@@ -70,6 +70,7 @@ fn prepare(image: &KernelImage) -> Exitless {
         arg_sites: None,
         direct: false,
         added: 0,
+        copies: None,
     };
     Exitless::new(
         ExitlessPlan::build(image, 2, 3, Some(16), plain).unwrap_or_else(|e| panic!("{e}")),
@@ -228,6 +229,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
         arg_sites: None,
         direct: false,
         added: 0,
+        copies: None,
     };
     let err = ExitlessPlan::build(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));

@@ -15,7 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tracer::plan::exitless::layout::{RingLayout, HIGH_RINGS_VA, MAX_RECORDS, MIN_RECORDS};
+use tracer::plan::exitless::layout::{
+    RecordKind, RingLayout, HIGH_RINGS_VA, MAX_RECORDS, MIN_RECORDS,
+};
 use tracer::qemu::ring_device::{self, DEFAULT_SIZED, RINGS_OFF};
 use tracer::session::exitless::backing::Backed;
 use tracer::session::exitless::collect::{self, DrainStart, DrainValues, Drainer, Sink};
@@ -167,7 +169,7 @@ fn ring_device_memory(sites: usize) -> Result<Memory, Error> {
     let pages = ring_device::sized_pages(Vec::new(), at, false);
     let area = ring_device::ring_area(DEFAULT_SIZED);
     let fits = |cap| {
-        RingLayout::high(DRAIN_CPUS, sites, cap, false, false, area)
+        RingLayout::high(DRAIN_CPUS, sites, cap, false, RecordKind::Call, area)
             .is_ok_and(|l| l.ring_bytes <= area / DRAIN_CPUS as u64)
     };
     // As many records as fit, as the attach gives them.
@@ -175,7 +177,7 @@ fn ring_device_memory(sites: usize) -> Result<Memory, Error> {
     while cap < MAX_RECORDS && fits(cap * 2) {
         cap *= 2;
     }
-    let layout = RingLayout::high(DRAIN_CPUS, sites, cap, false, false, area)
+    let layout = RingLayout::high(DRAIN_CPUS, sites, cap, false, RecordKind::Call, area)
         .map_err(measure_error)?
         .placed(HIGH_RINGS_VA, DEVICE_GPA + RINGS_OFF);
     let view = Backed::with_own(

@@ -11,9 +11,9 @@ use crate::advice::{Plain, Remedy, TracerAdvice, TracerWords};
 use super::build::{ModeChoice, TracePlan};
 use super::exitless::error::ExitlessPlanError;
 use super::exitless::layout::{
-    direct_stubs_len, RingLayout, CODE_SLOTS, DATA_LEN, DIRECT_STUB_PAGES, FRAME_NEXT_OFF,
-    GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES, STUB_SLOT,
-    TABLE_SLOTS,
+    direct_stubs_len, RecordKind, RingLayout, CODE_SLOTS, DATA_LEN, DIRECT_STUB_PAGES,
+    FRAME_NEXT_OFF, GRAPH_BOTTOM, MAX_RECORDS, MIN_RECORDS, PAGE, RETURN_TRAP_OFF, STUB_PAGES,
+    STUB_SLOT, TABLE_SLOTS,
 };
 use super::exitless::ExitlessPlan;
 use super::{Mode, Plan};
@@ -222,7 +222,8 @@ fn in_guest_pages<R>(
         true => 0,
         false => pages.saturating_sub(bottom) as u64 * PAGE,
     } / cpus.max(1) as u64;
-    let fits = |cap| ring_fits(plan, cpus, cap, high.then_some(area), room);
+    let kind = code.layout().kind();
+    let fits = |cap| ring_fits(plan, kind, cpus, cap, high.then_some(area), room);
     if !fits(MIN_RECORDS) {
         return Err(AttachModeError::RingsTooBig {
             sites,
@@ -246,11 +247,18 @@ fn in_guest_pages<R>(
 
 /// Do `cpus` rings of `cap` records for `plan` fit `room` bytes each: in
 /// the data window, or past it in `high` bytes (`RingLayout::high`)?
-fn ring_fits(plan: &Plan, cpus: usize, cap: u64, high: Option<u64>, room: u64) -> bool {
-    let (sites, graph, args) = (plan.index.addrs.len(), plan.graph, plan.values.args);
+fn ring_fits(
+    plan: &Plan,
+    kind: RecordKind,
+    cpus: usize,
+    cap: u64,
+    high: Option<u64>,
+    room: u64,
+) -> bool {
+    let (sites, graph) = (plan.index.addrs.len(), plan.graph);
     let l = match high {
-        Some(area) => RingLayout::high(cpus, sites, cap, graph, args, area),
-        None => RingLayout::with_args(cpus, sites, Some(cap), graph, args),
+        Some(area) => RingLayout::high(cpus, sites, cap, graph, kind, area),
+        None => RingLayout::with_kind(cpus, sites, Some(cap), graph, kind),
     };
     l.is_ok_and(|l| l.ring_bytes <= room)
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::error::TracerError;
 use crate::kernel::boot_patched::BootPatched;
 use crate::kernel::btf::KernelBtf;
+use crate::kernel::events::fields::EventFormat;
 use crate::kernel::filter::Filter;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
@@ -244,6 +245,17 @@ impl Plan {
     pub fn boot_patched(&self) -> &BootPatched {
         self.boot_patched
             .get_or_init(|| BootPatched::read(&self.image).unwrap_or_default())
+    }
+
+    /// Per site of `index`: its event's format, None for a function's.
+    pub fn event_formats(&self) -> Arc<[Option<Arc<EventFormat>>]> {
+        let by_func = |f: &u32| {
+            let func = self.funcs.get(*f as usize)?;
+            let mut names = self.image.names(*func);
+            let format = names.find_map(|n| self.events.entry_format(n))?;
+            Some(Arc::new(format.clone()))
+        };
+        self.index.funcs.iter().map(by_func).collect()
     }
 
     /// Per site of `index`: does a call there record its arguments; None

@@ -30,13 +30,7 @@ pub(super) fn task_source(plan: &Plan, table: &Arc<TaskTable>) -> Option<Arc<Tas
 /// None when it traces no event or BTF lacks the offsets.
 pub(super) fn field_source(plan: &Plan) -> Option<FieldSource> {
     let offsets = plan.events.offsets?;
-    let by_func = |f: &u32| {
-        let func = plan.funcs.get(*f as usize)?;
-        let mut names = plan.image.names(*func);
-        let format = names.find_map(|n| plan.events.entry_format(n))?;
-        Some(Arc::new(format.clone()))
-    };
-    FieldSource::of(plan.index.funcs.iter().map(by_func).collect(), offsets)
+    FieldSource::of(plan.event_formats(), offsets)
 }
 
 /// How a session's `--stack` calls unwind (None: no stacks recorded).

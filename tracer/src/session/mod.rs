@@ -408,6 +408,9 @@ impl Tracer {
         ex.check_cpu_numbers(space, gs_bases, per_cpu_offset, cpus.as_ref())?;
         let linux = self.plan.image.linux;
         ex.check_current_tasks(space, gs_bases, per_cpu_offset, (cpus.as_ref(), linux))?;
+        if ex.plan().copies_strings() {
+            exitless::copy_fns::check(&self.plan, space, off)?;
+        }
         Ok(None)
     }
 

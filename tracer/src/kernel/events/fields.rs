@@ -152,6 +152,22 @@ pub struct EventFormat {
     pub ftrace: Option<super::ftrace_format::FtraceFormat>,
 }
 
+/// Where a string field is at the event, from its arguments: what the
+/// guest code copies into the record (`EventFormat::copied_at`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StrAt {
+    /// The event's argument (after the probe's `__data`) it starts from.
+    pub arg: usize,
+    /// The string's address is a pointer at this offset from the argument
+    /// (`bprm->filename`); None: it is at the argument plus `add`.
+    pub deref: Option<u32>,
+    pub add: u32,
+    /// ftrace's own bound, NUL included, as its `TP_fast_assign` copies it
+    /// (`char[16]` comms, truncated as `strscpy` does); None: ftrace keeps
+    /// it whole (a `__data_loc` string), and a copy's bound truncates it.
+    pub len: Option<u32>,
+}
+
 /// A field's value as read at the event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FieldValue {
@@ -310,6 +326,38 @@ impl EventFormat {
         // from user mode saves others there.
         let regs = matches!(f.source, Source::Regs(_));
         !renamed && !regs && !matches!(f.source, Source::Str(_) | Source::Filename(_))
+    }
+
+    /// Where field `i` is at the event when it is a string that does not
+    /// last past it (`lasts`), for the guest code to copy it then
+    /// (exitless mode, `plan::exitless::strcopy`); None for any other
+    /// field.
+    pub fn copied_at(&self, i: usize, off: &FieldOffsets) -> Option<StrAt> {
+        if self.lasts(i) {
+            return None;
+        }
+        let comm = Some(COMM_LEN as u32);
+        Some(match self.fields.get(i)?.source {
+            Source::Str(arg) => StrAt {
+                arg,
+                deref: None,
+                add: 0,
+                len: comm,
+            },
+            Source::Task(arg, TaskField::Comm) => StrAt {
+                arg,
+                deref: None,
+                add: off.comm,
+                len: comm,
+            },
+            Source::Filename(arg) => StrAt {
+                arg,
+                deref: Some(off.filename),
+                add: 0,
+                len: None,
+            },
+            _ => return None,
+        })
     }
 
     /// The event's name alone (`sched_switch`).

@@ -12,6 +12,7 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::ret::{emit_ret, Return};
+use super::strcopy::{emit_copies, CopyFns, StrCopy};
 
 /// Displacements and immediates the paths use (computed and checked by
 /// `trampoline::generate`).
@@ -47,6 +48,11 @@ pub(super) struct Fields {
     pub rec_args: Option<i64>,
     /// Record a return's RAX here (function graph); None: not.
     pub rec_ret: Option<i64>,
+    /// The kernel's nofault copies, for the strings of events' sites
+    /// (`strcopy`); None: no copies.
+    pub copy: Option<CopyFns>,
+    /// Where the copies go in a record (`REC_STRINGS`).
+    pub rec_strings: i64,
 }
 
 /// Most pids the guest code itself filters on (`--pid`): each is a `cmp`
@@ -357,12 +363,14 @@ pub(super) fn emit_entry(
 }
 
 /// Site k's own body (`Shape::PerSite`), at `body`: the shared entry path
-/// with k + 1 as immediates instead of r11 (see the module comment).
+/// with k + 1 as immediates instead of r11 (see the module comment), and
+/// an event's `copies` once its arguments are in the record.
 pub(super) fn emit_site_body(
     a: &mut CodeAssembler,
     f: &Fields,
     body: &mut CodeLabel,
     k: u32,
+    copies: &[StrCopy],
 ) -> Result<(), IcedError> {
     let mut out = a.create_label();
     let mut full = a.create_label();
@@ -378,6 +386,11 @@ pub(super) fn emit_site_body(
     emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     emit_args(a, f, 0)?;
+    // The strings that do not last past the event, from the arguments
+    // just stored, before the commit.
+    if let (Some(fns), Some(args)) = (f.copy, f.rec_args) {
+        emit_copies(a, args, f.rec_strings, copies, fns)?;
+    }
     // rax = the parent, [rsp + 24]; record.parent = rax.
     a.mov(rax, qword_ptr(rsp + 24))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;

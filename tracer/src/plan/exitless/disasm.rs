@@ -23,7 +23,7 @@ pub fn format_instruction(instruction: &Instruction) -> String {
 
 /// Most instructions the common path may take before the walk that lists it
 /// gives up (it is straight-line code; this only bounds a broken one).
-const WALK_LIMIT: usize = 64;
+const WALK_LIMIT: usize = 160;
 
 /// Where the walk of a path went wrong, and why.
 #[derive(Debug)]
@@ -35,7 +35,8 @@ pub struct BrokenPath {
 /// The instructions a recorded call executes from `start` in `code` (placed
 /// at `CODE_VA`), decoded in execution order: every conditional branch falls
 /// through (no retry, ring not full, CPU in range), unconditional jumps and
-/// calls in the code are followed, and the walk ends with the `ret`, or with
+/// calls in the code are followed (calls of the kernel's return to the next
+/// instruction), and the walk ends with the `ret`, or with
 /// the jump out of the code to the kernel's return thunk (`ret`).
 pub fn walk_common_path(code: &[u8], start: u64) -> Result<Vec<Instruction>, BrokenPath> {
     walk_path(code, start, 0)
@@ -94,6 +95,9 @@ pub fn walk_path(code: &[u8], start: u64, taken: usize) -> Result<Vec<Instructio
             FlowControl::UnconditionalBranch if !inside(instruction.near_branch_target()) => {
                 return Ok(path)
             }
+            // A call of the kernel's (an event's string copies) returns
+            // to the next instruction.
+            FlowControl::Call if !inside(instruction.near_branch_target()) => instruction.next_ip(),
             FlowControl::UnconditionalBranch | FlowControl::Call => {
                 instruction.near_branch_target()
             }

@@ -78,6 +78,12 @@ pub const REC_RET: u64 = 40;
 /// six argument registers (RDI, RSI, RDX, RCX, R8, R9) from `REC_ARGS`.
 pub const RECORD_LEN_ARGS: u64 = 128;
 pub const REC_ARGS: u64 = 64;
+/// With strings copied at the event (`super::strcopy`: an event's fields
+/// that do not last past it): a record is `RECORD_LEN_STRINGS` bytes, the
+/// arguments' record and from `REC_STRINGS` the copies (their status words,
+/// then their bytes).
+pub const RECORD_LEN_STRINGS: u64 = 256;
+pub const REC_STRINGS: u64 = RECORD_LEN_ARGS;
 /// Calls the pid filter rejected on this CPU (u64, written by the guest:
 /// on `head`'s cache line).
 pub const FILTERED_OFF: u64 = 8;
@@ -175,6 +181,37 @@ impl TracerAdvice for LayoutError {
     }
 }
 
+/// What a record holds besides the call, which sets its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// The call alone (`RECORD_LEN`).
+    Call,
+    /// The argument registers too (`RECORD_LEN_ARGS`).
+    Args,
+    /// The arguments and the strings an event's body copies
+    /// (`RECORD_LEN_STRINGS`).
+    Strings,
+}
+
+impl RecordKind {
+    /// `Args` with arguments, else `Call`.
+    pub fn of_args(args: bool) -> RecordKind {
+        match args {
+            true => RecordKind::Args,
+            false => RecordKind::Call,
+        }
+    }
+
+    /// Bytes per record.
+    pub fn record_len(self) -> u64 {
+        match self {
+            RecordKind::Call => RECORD_LEN,
+            RecordKind::Args => RECORD_LEN_ARGS,
+            RecordKind::Strings => RECORD_LEN_STRINGS,
+        }
+    }
+}
+
 /// Fewest records a ring may have.
 pub const MIN_RECORDS: u64 = 2;
 /// Most records a ring may have (keeps `cap * RECORD_LEN - 1`, the
@@ -197,6 +234,9 @@ pub struct RingLayout {
     pub ring_bytes: u64,
     /// Records hold the call's arguments (`RECORD_LEN_ARGS` bytes each).
     pub args: bool,
+    /// Records hold the strings events copy too (`RECORD_LEN_STRINGS`
+    /// bytes each; `args` with them).
+    pub strings: bool,
     /// Guest-virtual and guest-physical address of ring 0 (the others
     /// follow, `ring_bytes` apart): the data window (`DATA_VA`, `DATA_GPA`)
     /// unless `placed` elsewhere. The code reads each ring's address from a
@@ -232,8 +272,19 @@ impl RingLayout {
         graph: bool,
         args: bool,
     ) -> Result<RingLayout, LayoutError> {
+        RingLayout::with_kind(cpus, sites, records, graph, RecordKind::of_args(args))
+    }
+
+    /// `new`, with records of `kind`.
+    pub fn with_kind(
+        cpus: usize,
+        sites: usize,
+        records: Option<u64>,
+        graph: bool,
+        kind: RecordKind,
+    ) -> Result<RingLayout, LayoutError> {
         let rings_len = if graph { FRAME_NEXT_OFF } else { DATA_LEN };
-        RingLayout::within(cpus, sites, records, graph, args, rings_len)
+        RingLayout::within(cpus, sites, records, graph, kind, rings_len)
     }
 
     /// Rings of `cap` records at `HIGH_RINGS_VA`, all `cpus` of them in
@@ -245,7 +296,7 @@ impl RingLayout {
         sites: usize,
         cap: u64,
         graph: bool,
-        args: bool,
+        kind: RecordKind,
         area: u64,
     ) -> Result<RingLayout, LayoutError> {
         let l = RingLayout::within(
@@ -253,22 +304,22 @@ impl RingLayout {
             sites,
             Some(cap),
             graph,
-            args,
+            kind,
             area.min(HIGH_RINGS_MAX),
         )?;
         Ok(l.placed(HIGH_RINGS_VA, 0))
     }
 
-    /// `with_args`, the rings in `rings_len` bytes.
+    /// `with_kind`, the rings in `rings_len` bytes.
     fn within(
         cpus: usize,
         sites: usize,
         records: Option<u64>,
         graph: bool,
-        args: bool,
+        kind: RecordKind,
         rings_len: u64,
     ) -> Result<RingLayout, LayoutError> {
-        let record_len = if args { RECORD_LEN_ARGS } else { RECORD_LEN };
+        let record_len = kind.record_len();
         let counters = if graph { 2 } else { 1 };
         let records_off = align_up(DROPS_OFF + counters * sites as u64 * 8, CACHE_LINE);
         let per_ring = rings_len / cpus.max(1) as u64;
@@ -305,7 +356,8 @@ impl RingLayout {
             cap,
             records_off,
             ring_bytes,
-            args,
+            args: kind != RecordKind::Call,
+            strings: kind == RecordKind::Strings,
             va: DATA_VA,
             gpa: DATA_GPA,
         })
@@ -329,10 +381,15 @@ impl RingLayout {
 
     /// Bytes per record.
     pub fn record_len(&self) -> u64 {
-        if self.args {
-            RECORD_LEN_ARGS
-        } else {
-            RECORD_LEN
+        self.kind().record_len()
+    }
+
+    /// What each record holds.
+    pub fn kind(&self) -> RecordKind {
+        match (self.strings, self.args) {
+            (true, _) => RecordKind::Strings,
+            (false, true) => RecordKind::Args,
+            (false, false) => RecordKind::Call,
         }
     }
 
@@ -404,16 +461,17 @@ mod tests {
     #[test]
     fn high_rings_take_their_area_and_refuse_what_does_not_fit() {
         // 56 MiB for 2 CPUs: 16 MiB rings, past the data window's 4 MiB.
-        let l = RingLayout::high(2, 10, 1 << 18, true, false, 56 << 20).unwrap();
+        let call = RecordKind::Call;
+        let l = RingLayout::high(2, 10, 1 << 18, true, call, 56 << 20).unwrap();
         assert!(l.is_high() && l.va == HIGH_RINGS_VA);
         assert_eq!(l.ring_va(1), HIGH_RINGS_VA + l.ring_bytes);
         assert!(l.rings_len() <= 56 << 20 && l.rings_len() > DATA_LEN);
         assert!(matches!(
-            RingLayout::high(4, 10, 1 << 18, false, false, 56 << 20),
+            RingLayout::high(4, 10, 1 << 18, false, call, 56 << 20),
             Err(LayoutError::TooBig { .. })
         ));
         // Never past entry 508's 1 GiB, whatever the area.
-        assert!(RingLayout::high(2, 1, 1 << 24, false, false, 4 << 30).is_err());
+        assert!(RingLayout::high(2, 1, 1 << 24, false, call, 4 << 30).is_err());
         assert_eq!((HIGH_RINGS_VA >> 30) & 511, 508);
         assert_eq!(l.placed(l.va, 0x1_0080_0000).ring_gpa(0), 0x1_0080_0000);
     }

@@ -6,10 +6,13 @@
 
 pub mod body;
 pub mod disasm;
+mod displacements;
 pub mod error;
 pub mod graph_code;
 pub mod layout;
 pub mod ret;
+mod spec;
+pub mod strcopy;
 pub mod symbols;
 pub mod trampoline;
 
@@ -22,8 +25,9 @@ use crate::kernel::symbols::KernelImage;
 use crate::plan::tasks::TaskPlan;
 use crate::plan::{Plan, ValuePlan};
 use error::{ExitlessPlanError, TrampolineError};
-use layout::{direct_stubs_len, RingLayout, CODE_LEN};
+use layout::{direct_stubs_len, RecordKind, RingLayout, CODE_LEN};
 use ret::Return;
+use strcopy::{CopyFns, StrCopy};
 use symbols::{ALTERNATIVES_PATCHED, CPU_NUMBER, PCPU_HOT, PCPU_HOT_CPU_NUMBER, RETURN_THUNK};
 use trampoline::{TaskCode, Trampoline, TrampolineSpec, MAX_FILTER_PIDS};
 
@@ -44,6 +48,9 @@ pub struct Records<'a> {
     /// loaded during the trace (`crate::plan::added_sites`): each gets
     /// what a planned site gets, its body (or stub) and drop counters.
     pub added: usize,
+    /// Per site, the strings of its event that its body copies
+    /// (`strcopy`); None: no site's.
+    pub copies: Option<Arc<[Vec<StrCopy>]>>,
 }
 
 impl<'a> Records<'a> {
@@ -56,8 +63,37 @@ impl<'a> Records<'a> {
             arg_sites: plan.arg_sites(),
             direct: plan.direct.is_some(),
             added: plan.exitless_added(),
+            copies: site_copies(plan),
         }
     }
+}
+
+/// Per site of `plan`, the strings of its event that do not last past it
+/// (`strcopy::copies`); None when no site has any, or when the plan traces
+/// the kernel's copy functions themselves (each copy would then be
+/// recorded inside the event's own record, and the fields show unread).
+fn site_copies(plan: &Plan) -> Option<Arc<[Vec<StrCopy>]>> {
+    let offsets = plan.events.offsets?;
+    if !plan.values.args {
+        return None;
+    }
+    let traced = |name: &str| {
+        plan.funcs
+            .iter()
+            .any(|f| plan.image.names(*f).any(|n| n == name))
+    };
+    if traced(strcopy::STRNCPY_NOFAULT) || traced(strcopy::COPY_NOFAULT) {
+        return None;
+    }
+    let formats = plan.event_formats();
+    let copies: Arc<[Vec<StrCopy>]> = formats
+        .iter()
+        .map(|f| {
+            f.as_ref()
+                .map_or(Vec::new(), |f| strcopy::copies(f, &offsets))
+        })
+        .collect();
+    copies.iter().any(|c| !c.is_empty()).then_some(copies)
 }
 
 /// Exitless mode's guest code and rings for one plan: made once, at the
@@ -79,6 +115,9 @@ pub struct ExitlessPlan {
     /// The shared body and a stub per site, even where per-site bodies fit
     /// the code page (`compact`): a guest's few free pages.
     compact: bool,
+    /// The kernel's copy functions at their link addresses, when the code
+    /// calls them (`fit` moves them with KASLR).
+    copy_link: Option<CopyFns>,
 }
 
 impl ExitlessPlan {
@@ -99,6 +138,7 @@ impl ExitlessPlan {
             arg_sites,
             direct,
             added,
+            copies,
         } = what;
         let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
             (Some(s), _) => s.addr,
@@ -120,8 +160,16 @@ impl ExitlessPlan {
                 place: image.path.display().to_string(),
             });
         }
+        // The copy functions, at their link addresses until `fit`; without
+        // them (or without copies) records hold no strings.
+        let copy_fns = copy_fns(image, KernelOffset::NONE);
+        let copies = copies.filter(|_| copy_fns.is_some() && !graph);
+        let kind = match (&copies, values.args) {
+            (Some(_), true) => RecordKind::Strings,
+            (_, args) => RecordKind::of_args(args),
+        };
         let spec = TrampolineSpec {
-            layout: RingLayout::with_args(cpus, sites + added, ring_records, graph, values.args)?,
+            layout: RingLayout::with_kind(cpus, sites + added, ring_records, graph, kind)?,
             cpu_number_disp: cpu_number.gs_disp(KernelOffset::NONE).ok_or_else(bad)?,
             preemptible: image.symbol(symbols::PREEMPT_SCHEDULE).is_some(),
             // `ret; int3` until `fit` reads how the kernel returns.
@@ -133,10 +181,13 @@ impl ExitlessPlan {
                 true => direct_stubs_len(sites),
                 false => 0,
             },
+            copy_fns: copies.as_ref().and(copy_fns),
+            copies,
         };
         Ok(ExitlessPlan {
             asked: spec.layout.cap,
             trampoline: generate(&spec, false)?,
+            copy_link: spec.copy_fns,
             spec,
             cpu_number,
             tasks: tasks.clone(),
@@ -150,7 +201,7 @@ impl ExitlessPlan {
     /// only the running guest tells).
     pub fn set_rings(&mut self, cpus: usize, cap: u64) -> Result<(), ExitlessPlanError> {
         let l = self.spec.layout;
-        let layout = RingLayout::with_args(cpus, l.sites, Some(cap), l.graph, l.args)?;
+        let layout = RingLayout::with_kind(cpus, l.sites, Some(cap), l.graph, l.kind())?;
         self.regenerate(layout)
     }
 
@@ -164,7 +215,7 @@ impl ExitlessPlan {
         area: u64,
     ) -> Result<(), ExitlessPlanError> {
         let l = self.spec.layout;
-        let layout = RingLayout::high(cpus, l.sites, cap, l.graph, l.args, area)?;
+        let layout = RingLayout::high(cpus, l.sites, cap, l.graph, l.kind(), area)?;
         self.regenerate(layout)
     }
 
@@ -229,6 +280,12 @@ impl ExitlessPlan {
         })
     }
 
+    /// Does the code copy events' strings (`strcopy`), calling the
+    /// kernel's copy functions?
+    pub fn copies_strings(&self) -> bool {
+        self.spec.copy_fns.is_some()
+    }
+
     /// How the trampoline returns (after `fit`).
     pub fn ret(&self) -> Return {
         self.spec.ret
@@ -262,6 +319,10 @@ impl ExitlessPlan {
             cpu_number_disp: disp,
             ret,
             task: task_code(&self.tasks, off)?,
+            copy_fns: self.copy_link.map(|c| CopyFns {
+                strncpy: off.runtime(c.strncpy),
+                copy: off.runtime(c.copy),
+            }),
             ..self.spec.clone()
         };
         if spec == self.spec {
@@ -335,6 +396,16 @@ pub const CODE_PAGE: usize = 4096;
 /// A page of the code that holds only the padding between its parts.
 pub fn padding(page: &[u8]) -> bool {
     page.iter().all(|&b| b == trampoline::INT3)
+}
+
+/// The kernel's nofault copy functions (`strcopy`) in `image`, at `off`;
+/// None when it lacks either.
+fn copy_fns(image: &KernelImage, off: KernelOffset) -> Option<CopyFns> {
+    let at = |name| image.symbol(name).map(|s| off.runtime(s.addr));
+    Some(CopyFns {
+        strncpy: at(strcopy::STRNCPY_NOFAULT)?,
+        copy: at(strcopy::COPY_NOFAULT)?,
+    })
 }
 
 /// What the code records of tasks for the kernel at `off` (the current

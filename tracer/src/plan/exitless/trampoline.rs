@@ -99,18 +99,15 @@ use iced_x86::{
     Instruction, Mnemonic,
 };
 
-use super::body::{emit_entry, emit_site_body, Fields, TaskFields};
+use super::body::{emit_entry, emit_site_body, Fields};
 pub use super::body::{
     TaskCode, ARGS_INSTRUCTIONS, MAX_FILTER_PIDS, RETVAL_INSTRUCTIONS, TASK_INSTRUCTIONS,
 };
 use super::disasm::{check_paths, format_instruction, walk_common_path};
+use super::displacements::{checked_fields, layout_error};
 use super::graph_code;
-use super::layout::{
-    RingLayout, CODE_LEN, CODE_VA, DROPS_OFF, FILTERED_OFF, HEAD_OFF, LIMIT_OFF, RECORD_LEN,
-    RECORD_LEN_ARGS, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_TASK,
-    REC_TSC, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA, RING_TABLE_VA,
-};
-use super::ret::Return;
+use super::layout::{CODE_VA, RETURN_TRAP_OFF, RET_STUBS_OFF, RET_STUBS_VA};
+use super::strcopy;
 
 /// Instructions a recorded call executes in a site's own body (`Shape::
 /// PerSite`), from its first to its `ret` (ring not full, no reservation
@@ -146,64 +143,21 @@ pub enum Shape {
     Shared,
 }
 
-/// What the trampoline is generated for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TrampolineSpec {
-    pub layout: RingLayout,
-    /// The displacement at which `gs:[disp32]` reads the guest kernel's
-    /// `cpu_number`, as `smp_processor_id()` does: its offset in the per-CPU
-    /// area up to Linux 6.14, its (sign-extended) running address from 6.15
-    /// (`percpu::PerCpuVar::gs_disp`).
-    pub cpu_number_disp: i32,
-    /// Can a task be preempted, and so moved to another CPU, inside the
-    /// trampoline (a kernel with `CONFIG_PREEMPTION`)? Then the ring's
-    /// reservation and drop counters are `lock`ed; otherwise only the CPU
-    /// itself (its interrupts and NMIs) touches its ring, and the
-    /// instructions need no lock, as the kernel's own ring buffer uses
-    /// `local_t` (no lock prefix) for the same reason.
-    pub preemptible: bool,
-    /// How the code returns: `ret; int3`, or as the kernel's `__fentry__`
-    /// with its return thunk and call depth tracking (`ret`).
-    pub ret: Return,
-    /// Record each call's task, and keep only some pids; None: no task.
-    pub task: Option<TaskCode>,
-    /// Function graph: record each return's RAX (`--retval`). (Arguments
-    /// go with the layout: `RingLayout::args`.)
-    pub retval: bool,
-    /// With `layout.args`, the sites whose calls record their arguments
-    /// (`--args=GLOB`); None: every site's. Only per-site bodies store
-    /// them at some sites: the shared body stores every call's (the
-    /// drainer keeps the selected sites').
-    pub arg_sites: Option<std::sync::Arc<[bool]>>,
-    /// Bytes at the end of the code (before the return trap) left for
-    /// direct entries' stubs (`crate::session::direct`).
-    pub reserve: u64,
-}
-
-impl TrampolineSpec {
-    /// Does site `k`'s own body store its calls' arguments?
-    fn stores_args(&self, k: usize) -> bool {
-        self.layout.args
-            && self
-                .arg_sites
-                .as_ref()
-                .is_none_or(|s| s.get(k) == Some(&true))
-    }
-
-    /// Instructions a recorded call runs in site `k`'s own body.
-    fn body_instructions(&self, k: usize) -> usize {
-        COMMON_PATH_INSTRUCTIONS
-            + self.ret.extra_instructions()
-            + self.task.map_or(0, |t| t.path_instructions())
-            + if self.stores_args(k) {
-                ARGS_INSTRUCTIONS
-            } else {
-                0
-            }
-    }
-}
-
 pub use super::error::TrampolineError;
+pub use super::spec::TrampolineSpec;
+
+/// Instructions a recorded call runs in site `k`'s own body.
+fn body_instructions(spec: &TrampolineSpec, k: usize) -> usize {
+    strcopy::path_instructions(spec.site_copies(k))
+        + COMMON_PATH_INSTRUCTIONS
+        + spec.ret.extra_instructions()
+        + spec.task.map_or(0, |t| t.path_instructions())
+        + if spec.stores_args(k) {
+            ARGS_INSTRUCTIONS
+        } else {
+            0
+        }
+}
 
 /// The generated code, to be copied to `CODE_GPA` and run at `CODE_VA`.
 #[derive(Clone, Debug)]
@@ -347,23 +301,6 @@ impl Trampoline {
     }
 }
 
-/// A displacement from r10 (the ring's address, then the slot's less
-/// `records_off`) to a field at `off` in the ring: a sign-extended imm32.
-fn ring_disp(layout: &RingLayout, off: u64) -> Result<i64, TrampolineError> {
-    let far = |_| layout_error(layout, "a field is not an imm32 away from its ring");
-    i32::try_from(off).map(i64::from).map_err(far)
-}
-
-fn layout_error(layout: &RingLayout, why: &'static str) -> TrampolineError {
-    TrampolineError::Layout {
-        cpus: layout.cpus,
-        cap: layout.cap,
-        ring_bytes: layout.ring_bytes,
-        records_off: layout.records_off,
-        why,
-    }
-}
-
 /// Padding between the code and the return stubs: int3, never run.
 pub const INT3: u8 = 0xcc;
 
@@ -439,7 +376,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut code = result.inner.code_buffer;
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     if shape == Shape::PerSite {
-        check_paths(&code, &stubs, |k| spec.body_instructions(k))?;
+        check_paths(&code, &stubs, |k| body_instructions(spec, k))?;
     }
     let return_path = match ret_common {
         Some(ret_common) => append_return_stubs(&mut code, ret_common, sites)?,
@@ -454,101 +391,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         common_path,
         return_path,
         locked: spec.preemptible,
-    })
-}
-
-/// The displacements and immediates the code uses, once `spec`'s layout is
-/// checked to fit them.
-fn checked_fields(spec: &TrampolineSpec) -> Result<Fields, TrampolineError> {
-    let layout = &spec.layout;
-    let sites = layout.sites;
-    // `jmp rel32` to the kernel's return thunk, from anywhere in the code
-    // (iced would turn a jump beyond rel32 into an indirect one).
-    if let Some(thunk) = spec.ret.thunk {
-        let reach = |va: u64| i32::try_from(thunk.wrapping_sub(va) as i64).is_ok();
-        if !reach(CODE_VA) || !reach(CODE_VA + CODE_LEN) {
-            return Err(TrampolineError::ThunkOutOfReach(thunk));
-        }
-    }
-    // `and eax, cap * RECORD_LEN - 1` wraps the byte head: a power of two
-    // below 2^31.
-    if !layout.cap.is_power_of_two() {
-        return Err(layout_error(
-            layout,
-            "a capacity that is not a power of two",
-        ));
-    }
-    const _: () = assert!(RECORD_LEN.is_power_of_two() && RECORD_LEN_ARGS.is_power_of_two());
-    let slot_mask = layout
-        .cap
-        .checked_mul(layout.record_len())
-        .and_then(|b| u32::try_from(b - 1).ok())
-        .filter(|&m| i32::try_from(m).is_ok())
-        .ok_or_else(|| layout_error(layout, "records spanning 2 GiB or more"))?;
-    // The stubs' `mov r11d, k + 1` and the drop counters' index.
-    if u32::try_from(sites).is_err() {
-        return Err(layout_error(layout, "more sites than a u32"));
-    }
-    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    let task = task_fields(spec)?;
-    let cpus = i32::try_from(layout.cpus).map_err(|_| layout_error(layout, "CPUs past imm32"))?;
-    Ok(Fields {
-        cpu_number_disp: spec.cpu_number_disp,
-        // `cmp r10d, imm32`: checked above.
-        cpus: cpus as u32,
-        ret: spec.ret,
-        locked: spec.preemptible,
-        // `[r10 * 8 + disp32]`: CODE_VA is a sign-extended imm32.
-        ring_table: RING_TABLE_VA as i64,
-        slot_mask,
-        head: ring_disp(layout, HEAD_OFF)?,
-        limit: ring_disp(layout, LIMIT_OFF)?,
-        // Indexed by k + 1: 8 below the first counter.
-        drops: ring_disp(layout, DROPS_OFF - 8)?,
-        ret_drops: ring_disp(layout, layout.ret_drops_off() - 8)?,
-        rec_commit: rec(REC_COMMIT)?,
-        rec_tsc: rec(REC_TSC)?,
-        rec_parent: rec(REC_PARENT)?,
-        rec_slot: rec(REC_SLOT)?,
-        task,
-        record_len: layout.record_len() as i32,
-        rec_args: if layout.args {
-            Some(rec(REC_ARGS)?)
-        } else {
-            None
-        },
-        rec_ret: if spec.retval {
-            Some(rec(REC_RET)?)
-        } else {
-            None
-        },
-    })
-}
-
-/// The task fields of `spec`'s code, its layout checked to hold them.
-fn task_fields(spec: &TrampolineSpec) -> Result<Option<TaskFields>, TrampolineError> {
-    let layout = &spec.layout;
-    let rec = |field: u64| ring_disp(layout, layout.records_off + field);
-    Ok(match spec.task {
-        None => None,
-        Some(t) => {
-            if t.npids > MAX_FILTER_PIDS {
-                return Err(layout_error(
-                    layout,
-                    "more pids to filter than the code holds",
-                ));
-            }
-            Some(TaskFields {
-                current_disp: t.current_disp,
-                pid_off: i32::try_from(t.pid_off)
-                    .map_err(|_| layout_error(layout, "task_struct.pid past 2 GiB"))?,
-                rec_task: rec(REC_TASK)?,
-                rec_pid: rec(REC_PID)?,
-                pids: t.pids,
-                npids: t.npids,
-                filtered: ring_disp(layout, FILTERED_OFF)?,
-            })
-        }
     })
 }
 
@@ -576,7 +418,7 @@ fn emit_code(
                     ..*fields
                 },
             };
-            emit_site_body(a, &f, &mut body, k as u32)?;
+            emit_site_body(a, &f, &mut body, k as u32, spec.site_copies(k))?;
             stubs.push(body);
         }
         return Ok(());
@@ -646,10 +488,13 @@ pub fn call_bytes(site_va: u64, target_va: u64) -> Result<[u8; 5], TrampolineErr
 
 #[cfg(test)]
 mod tests {
+    use super::super::layout::*;
     use super::super::layout::{
         DATA_GPA, DATA_LEN, DATA_VA, FRAMES, FRAMES_OFF, FRAME_BUSY, FRAME_LEN, REGION_GPA,
         REGION_LEN,
     };
+    use super::super::ret::Return;
+    use super::super::strcopy::{CopyFns, StrCopy};
     use super::*;
     use crate::session::exitless::ring::{self, Record, RingReader};
     use iced_x86::{OpKind, Register};
@@ -669,6 +514,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         }
     }
 
@@ -682,6 +529,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         }
     }
 
@@ -1183,6 +1032,7 @@ mod tests {
                 records_off: 0x1000,
                 ring_bytes: 0x2000,
                 args: false,
+                strings: false,
                 va: DATA_VA,
                 gpa: DATA_GPA,
             },
@@ -1193,6 +1043,8 @@ mod tests {
             retval: false,
             arg_sites: None,
             reserve: 0,
+            copies: None,
+            copy_fns: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(
@@ -1218,6 +1070,11 @@ mod tests {
     const DEPTH_THUNK_VA: u64 = 0xffff_ffff_8200_1040;
     const DEPTH_DISP: i32 = 0x1f3d8;
     const THUNK_HITS: u64 = 0xf_0000;
+    /// The kernel's nofault copies the emulator runs (`Emu::kernel_copy`),
+    /// and their error.
+    const STRNCPY_VA: u64 = 0xffff_ffff_8200_2000;
+    const COPY_VA: u64 = 0xffff_ffff_8200_2040;
+    const EFAULT: u64 = -14i64 as u64;
     const SITE: u64 = 0xffff_ffff_8100_1230;
     const PARENT: u64 = 0xffff_ffff_8100_4560;
 
@@ -1355,6 +1212,10 @@ mod tests {
         /// Executes one instruction; at a kernel return thunk, the whole
         /// thunk (counted in `THUNK_HITS`).
         fn step(&mut self, r: &mut Regs) {
+            if r.rip == STRNCPY_VA || r.rip == COPY_VA {
+                self.kernel_copy(r);
+                return;
+            }
             if r.rip == THUNK_VA || r.rip == DEPTH_THUNK_VA {
                 if r.rip == DEPTH_THUNK_VA {
                     // call_depth_return_thunk: shl qword gs:[depth], 5.
@@ -1490,6 +1351,48 @@ mod tests {
             }
         }
 
+        /// The kernel's `strncpy_from_kernel_nofault(rdi, rsi, rdx)` (at
+        /// `STRNCPY_VA`) or `copy_from_kernel_nofault` (`COPY_VA`), whole,
+        /// as mm/maccess.c does them: a source outside the emulated RAM
+        /// returns -EFAULT; then every register a C call may clobber is.
+        fn kernel_copy(&mut self, r: &mut Regs) {
+            let (dst, src, n) = (r.gpr[7], r.gpr[6], r.gpr[2]);
+            let mapped = |va: u64| va < RAM_LEN;
+            let ret = if r.rip == COPY_VA {
+                match (0..n).all(|i| mapped(src + i)) {
+                    true => {
+                        for i in 0..n {
+                            self.write(dst + i, 1, self.read(src + i, 1));
+                        }
+                        0
+                    }
+                    false => EFAULT,
+                }
+            } else {
+                let mut i = 0;
+                loop {
+                    if !mapped(src + i) {
+                        self.write(dst, 1, 0);
+                        break EFAULT;
+                    }
+                    let c = self.read(src + i, 1);
+                    self.write(dst + i, 1, c);
+                    i += 1;
+                    if c == 0 || i == n {
+                        self.write(dst + i - 1, 1, 0);
+                        break i;
+                    }
+                }
+            };
+            // rax, rcx, rdx, rsi, rdi, r8 to r11: the caller's to save.
+            for g in [1, 2, 6, 7, 8, 9, 10, 11] {
+                r.gpr[g] = 0xdead_0000_0000_0000 | g as u64;
+            }
+            r.gpr[0] = ret;
+            r.flags = None;
+            r.rip = self.pop(r);
+        }
+
         /// The traced function at `SITE` is called from `parent` and its
         /// site calls stub `k`; runs until the trampoline returns to the
         /// site + 5. Before instruction n (0 = the stub's first), calls
@@ -1617,6 +1520,7 @@ mod tests {
                 pid: 0,
                 ret: 0,
                 args: None,
+                strings: None,
             };
             assert_eq!(got, [(cpu as usize, want)]);
         }
@@ -2443,5 +2347,148 @@ mod tests {
                 .collect();
             assert_eq!(got, [(1, slot), (1, slot | 1)]);
         }
+    }
+
+    // ---- an event's strings copied at the event ---------------------------
+
+    fn event(name: &str, args: &[(&str, &str)]) -> crate::kernel::events::fields::EventFormat {
+        use crate::kernel::events::{EventArg, EventKind, KernelEvent};
+        let args = args.iter().map(|&(ty, name)| EventArg {
+            ty: ty.into(),
+            name: name.into(),
+        });
+        crate::kernel::events::fields::EventFormat::of(&KernelEvent {
+            system: if name == "task_rename" {
+                "task"
+            } else {
+                "sched"
+            }
+            .into(),
+            name: name.into(),
+            kind: EventKind::Tracepoint,
+            call: 0,
+            tracepoint: None,
+            key: None,
+            iterator: None,
+            args: Some(args.collect()),
+            listed: true,
+        })
+        .unwrap()
+    }
+
+    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
+    /// old_pid, bprm)`: their bodies copy the names and the file name into
+    /// the record, each register kept; a pointer to nothing reads unread,
+    /// a file name past the bound is cut and marked, and the path is the
+    /// length `strcopy::path_instructions` says.
+    #[test]
+    fn emulated_events_copy_their_strings_into_the_record() {
+        use crate::kernel::events::fields::{FieldOffsets, FieldValue};
+        let off = FieldOffsets {
+            comm: 0x10,
+            pid: 0x20,
+            tgid: 0x24,
+            prio: 0x28,
+            exit_state: 0x2c,
+            cpu: None,
+            signal: 0x38,
+            oom_score_adj: 0x8,
+            filename: 0x40,
+        };
+        let rename = event(
+            "task_rename",
+            &[("struct task_struct *", "task"), ("const char *", "comm")],
+        );
+        let exec = event(
+            "sched_process_exec",
+            &[
+                ("struct task_struct *", "p"),
+                ("pid_t", "old_pid"),
+                ("struct linux_binprm *", "bprm"),
+            ],
+        );
+        let copies: std::sync::Arc<[Vec<StrCopy>]> =
+            vec![strcopy::copies(&rename, &off), strcopy::copies(&exec, &off)].into();
+        assert_eq!((copies[0].len(), copies[1].len()), (2, 1));
+        let mut s = with_task(spec(1, 2, 8), &[]);
+        s.layout = RingLayout::with_kind(
+            1,
+            2,
+            Some(8),
+            false,
+            super::super::layout::RecordKind::Strings,
+        )
+        .unwrap();
+        s.copies = Some(copies.clone());
+        s.copy_fns = Some(CopyFns {
+            strncpy: STRNCPY_VA,
+            copy: COPY_VA,
+        });
+        let t = per_site(&s);
+        let base = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS;
+        for k in 0..2 {
+            let want = base + strcopy::path_instructions(&copies[k]);
+            assert_eq!(t.site_path(k).unwrap().len(), want, "site {k}");
+        }
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        run_task(&mem, 0, 77);
+        let (task, name, bprm, file) = (0x9_0000u64, 0x9_1000u64, 0x9_2000u64, 0x9_3000u64);
+        mem.write_slice(b"wl-worker\0", GuestAddress(task + 0x10))
+            .unwrap();
+        mem.write_slice(b"wl-child-with-a-long-name\0", GuestAddress(name))
+            .unwrap();
+        mem.write_obj(file, GuestAddress(bprm + 0x40)).unwrap();
+        mem.write_slice(b"/init\0", GuestAddress(file)).unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        let mut run = |site: u32, args: [u64; 3]| {
+            let mut r = regs(0);
+            // RSI, RDX, RCX: the event's arguments after __data.
+            (r.gpr[6], r.gpr[2], r.gpr[1]) = (args[0], args[1], args[2]);
+            let before = r.clone();
+            emu.call(&mut r, site, PARENT, &t, &mut no_interrupt);
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
+            }
+            let got = drain(&mut reader, &emu.mem.clone());
+            assert_eq!(got.len(), 1);
+            got[0].1.strings.expect("strings")
+        };
+        let values = |format, area: &[u8; strcopy::STRINGS_LEN]| {
+            let mut v = vec![FieldValue::Unread; 4];
+            strcopy::fill(format, &off, area, &mut v);
+            v
+        };
+        let str = |v: &str| FieldValue::Str(v.into());
+        // task_rename: oldcomm (field 1) and newcomm (field 2), cut to a
+        // comm as ftrace's strscpy cuts it, unmarked.
+        let area = run(0, [task, name, 0]);
+        let v = values(&rename, &area);
+        assert_eq!(v[1..3], [str("wl-worker"), str("wl-child-with-a")]);
+        // A name at no mapped address: unread, never a fault.
+        let area = run(0, [task, 0xffff_8000_dead_0000, 0]);
+        assert_eq!(
+            values(&rename, &area)[1..3],
+            [str("wl-worker"), FieldValue::Unread]
+        );
+        // sched_process_exec: bprm->filename, then the name.
+        let area = run(1, [task, 42, bprm]);
+        assert_eq!(values(&exec, &area)[0], str("/init"));
+        // A name longer than the bound: cut and marked.
+        let long = "/a".repeat(100);
+        mem.write_slice(format!("{long}\0").as_bytes(), GuestAddress(file))
+            .unwrap();
+        let area = run(1, [task, 42, bprm]);
+        let bound = copies[1][0].bound as usize;
+        let cut = format!("{}{}", &long[..bound - 1], strcopy::TRUNCATED);
+        assert_eq!(values(&exec, &area)[0], str(&cut));
+        // A bprm whose pointer cannot be read: unread.
+        let area = run(1, [task, 42, 0xffff_8000_dead_0000]);
+        assert_eq!(values(&exec, &area)[0], FieldValue::Unread);
     }
 }

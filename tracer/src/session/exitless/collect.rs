@@ -285,7 +285,8 @@ impl Out {
             (Some(args), Some(source)) => {
                 let fields = self.values.fields.as_ref().and_then(|f| {
                     let mut space = AddressSpace::new(mem, f.root, f.mode);
-                    f.source.read_later(site, args, &mut space)
+                    f.source
+                        .read_later(site, args, r.strings.as_ref(), &mut space)
                 });
                 source.push_with_fields(site, *args, fields)
             }

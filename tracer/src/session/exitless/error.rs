@@ -29,6 +29,12 @@ pub enum ExitlessError {
     },
     #[error("{}", self.say(&Plain))]
     Map(#[from] MapError),
+    #[error("{}", self.say(&Plain))]
+    CopyTraced {
+        name: &'static str,
+        at: u64,
+        bytes: Option<[u8; 5]>,
+    },
     #[error(transparent)]
     Cpus(#[from] crate::kernel::cpus::CpusError),
     #[error(transparent)]
@@ -73,6 +79,16 @@ impl TracerAdvice for ExitlessError {
                  not a task ({why}): the symbols do not describe this kernel's task layout, \
                  which vmtrace's code would read at every traced call"
             ),
+            ExitlessError::CopyTraced { name, at, bytes } => {
+                let held = match bytes {
+                    Some(b) => format!("holds {b:02x?}, not the kernel's NOP"),
+                    None => "cannot be read".into(),
+                };
+                format!(
+                    "the ftrace site of the guest's `{name}` at {at:#x} {held}: the guest's \
+                     own ftrace traces it, and vmtrace's code calls it to copy events' strings"
+                )
+            }
             ExitlessError::Plan(e) => e.problem(w),
             ExitlessError::Map(e) => e.problem(w),
             e => e.to_string(),
@@ -81,9 +97,9 @@ impl TracerAdvice for ExitlessError {
 
     fn remedy(&self) -> Option<Remedy> {
         match self {
-            ExitlessError::CpuNumberMismatch { .. } | ExitlessError::NotATask { .. } => {
-                Some(Remedy::TrapMode)
-            }
+            ExitlessError::CpuNumberMismatch { .. }
+            | ExitlessError::NotATask { .. }
+            | ExitlessError::CopyTraced { .. } => Some(Remedy::TrapMode),
             ExitlessError::Plan(e) => e.remedy(),
             ExitlessError::Map(e) => e.remedy(),
             _ => None,

@@ -86,6 +86,7 @@
 pub mod backing;
 pub mod code;
 pub mod collect;
+pub mod copy_fns;
 pub mod error;
 mod held;
 pub mod map;

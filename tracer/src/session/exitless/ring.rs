@@ -13,8 +13,9 @@ use vmm::RamError;
 
 use crate::plan::exitless::layout::{
     RingLayout, DATA_LEN, DROPS_OFF, FILTERED_OFF, HEAD_OFF, HIGH_RINGS_MAX, LIMIT_OFF, REC_ARGS,
-    REC_COMMIT, REC_PARENT, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
+    REC_COMMIT, REC_PARENT, REC_RET, REC_SLOT, REC_STRINGS, REC_TASK, REC_TSC,
 };
+use crate::plan::exitless::strcopy::STRINGS_LEN;
 use crate::trace::model::ARG_REGS;
 
 use super::held::HeldDrops;
@@ -216,6 +217,18 @@ pub struct RingReader {
     held: HeldDrops,
 }
 
+/// A record's copied strings at `gpa` (`REC_STRINGS` in its slot), zeroed
+/// for the next lap, whose body may copy none: its status words then say
+/// so (0, not copied).
+fn take_strings(mem: &dyn GuestRam, cpu: usize, gpa: u64) -> Result<[u8; STRINGS_LEN], RingError> {
+    let mut b = [0u8; STRINGS_LEN];
+    mem.read_slice(&mut b, GuestAddress(gpa))
+        .map_err(memory_error("reading a record's strings", cpu, gpa))?;
+    mem.write_slice(&[0u8; STRINGS_LEN], GuestAddress(gpa))
+        .map_err(memory_error("clearing a record's strings", cpu, gpa))?;
+    Ok(b)
+}
+
 impl RingReader {
     pub fn new(layout: RingLayout) -> RingReader {
         RingReader::with_stall(layout, STALL)
@@ -389,7 +402,7 @@ impl RingReader {
         let mut more = true;
         while self.tails[cpu] < span.end() {
             let index = self.tails[cpu];
-            if let Some(r) = span.record(index, self.layout.args) {
+            if let Some(r) = span.record(index, &self.layout) {
                 f(cpu, r);
                 self.consumed[cpu] += 1;
                 match runs.last_mut() {
@@ -490,6 +503,10 @@ impl RingReader {
         } else {
             None
         };
+        let strings = match layout.strings && !is_return {
+            true => Some(take_strings(mem, cpu, slot + REC_STRINGS)?),
+            false => None,
+        };
         // Empty the slot for its next lap; the limit store (Release) makes
         // the guest see this before the slot is free.
         mem.store(0u32, GuestAddress(commit_gpa), Ordering::Relaxed)
@@ -505,6 +522,7 @@ impl RingReader {
                 pid,
                 ret,
                 args,
+                strings,
             },
         );
         // Kept per record: if a later read fails, what `f` saw is not
@@ -597,6 +615,7 @@ mod tests {
             pid: 0,
             ret: 0,
             args: None,
+            strings: None,
         }
     }
 

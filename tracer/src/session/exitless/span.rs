@@ -23,8 +23,10 @@ use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
 use crate::plan::exitless::layout::{
-    RingLayout, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_TASK, REC_TSC,
+    RingLayout, REC_ARGS, REC_COMMIT, REC_PARENT, REC_PID, REC_RET, REC_SLOT, REC_STRINGS,
+    REC_TASK, REC_TSC,
 };
+use crate::plan::exitless::strcopy::STRINGS_LEN;
 use crate::trace::model::{ARG_REGS, RETURN_BIT};
 
 use vmm::RamError;
@@ -52,6 +54,9 @@ pub struct Record {
     pub ret: u64,
     /// An entry's argument registers (records with arguments; else None).
     pub args: Option<[u64; ARG_REGS]>,
+    /// An entry's copied strings (records with strings, `strcopy`; else
+    /// None).
+    pub strings: Option<[u8; STRINGS_LEN]>,
 }
 
 /// Records one bulk read takes at most where it is a few system calls
@@ -132,8 +137,8 @@ impl Span {
     }
 
     /// Record `index` if the first read found it committed, its fields
-    /// from the second.
-    pub fn record(&self, index: u64, args: bool) -> Option<Record> {
+    /// from the second (its arguments and strings as `layout` has them).
+    pub fn record(&self, index: u64, layout: &RingLayout) -> Option<Record> {
         let i = index.checked_sub(self.first).filter(|&i| i < self.len)?;
         if self.commit_seen(i) == 0 {
             return None;
@@ -156,8 +161,14 @@ impl Span {
             task: word(REC_TASK),
             pid: word32(d, REC_PID as usize),
             ret: if is_return { word(REC_RET) } else { 0 },
-            args: (args && !is_return)
+            args: (layout.args && !is_return)
                 .then(|| std::array::from_fn(|r| word(REC_ARGS + 8 * r as u64))),
+            strings: (layout.strings && !is_return).then(|| {
+                let at = REC_STRINGS as usize;
+                d[at..at + STRINGS_LEN]
+                    .try_into()
+                    .expect("the record's strings")
+            }),
         })
     }
 }

@@ -10,6 +10,7 @@ use vmm::gva::AddressSpace;
 
 use crate::kernel::events::field_values::{read_fields, read_fields_where};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue};
+use crate::plan::exitless::strcopy::{self, STRINGS_LEN};
 
 /// The event's arguments among the registers at its function's entry: a
 /// tracepoint's after the probe's `__data` (RDI), a syscall event's from
@@ -61,23 +62,25 @@ impl FieldSource {
 
     /// `read`, later than the event (exitless mode's drain, the guest
     /// running on): the fields that do not last past the event
-    /// (`EventFormat::lasts`) are not read, and show as unread.
+    /// (`EventFormat::lasts`) are not read; they are those the event's
+    /// body copied into the record at the event (`strings`, `strcopy`),
+    /// else unread.
     pub fn read_later(
         &self,
         site: usize,
         args: &[u64; 6],
+        strings: Option<&[u8; STRINGS_LEN]>,
         space: &mut AddressSpace<'_>,
     ) -> Option<Vec<FieldValue>> {
         let format = self.formats.get(site)?.as_ref()?;
         let mut read = |va: u64, b: &mut [u8]| space.read(va, b).is_ok();
         let lasting = |i: usize| format.lasts(i);
-        Some(read_fields_where(
-            format,
-            event_args(format, args),
-            &self.offsets,
-            &mut read,
-            lasting,
-        ))
+        let args = event_args(format, args);
+        let mut values = read_fields_where(format, args, &self.offsets, &mut read, lasting);
+        if let Some(area) = strings {
+            strcopy::fill(format, &self.offsets, area, &mut values);
+        }
+        Some(values)
     }
 }
 

@@ -1,0 +1,233 @@
+//! The strings an event's fields point to that do not last past the event
+//! (`EventFormat::lasts`: task_rename's `newcomm` and `oldcomm`,
+//! sched_process_exec's `filename`), copied into the event's record by its
+//! site's own body, at the event, bounded and without faulting; and read
+//! back from the record by the drainer.
+//!
+//! Which fields and from where comes from the events' field tables
+//! (`EventFormat::copied_at`), not from code per event. Each copy is made
+//! by the guest kernel's own `strncpy_from_kernel_nofault(dst, src, count)`
+//! (mm/maccess.c): it refuses a user or non-canonical address
+//! (`copy_from_kernel_nofault_allowed`), reads a byte at a time with page
+//! faults disabled and the kernel's exception table behind each read, so a
+//! bad pointer in a corrupted guest returns `-EFAULT` instead of an oops;
+//! it stops at the NUL or at `count` bytes, NUL included, and returns how
+//! many it stored. A pointer to the string (`bprm->filename`) is read
+//! first by `copy_from_kernel_nofault(dst, src, 8)`, the same way. Both
+//! take no lock and may sleep nowhere: what the tracepoint's own context
+//! allows (`__DO_TRACE` runs the probes with preemption disabled), and what
+//! BPF's `bpf_probe_read_kernel_str` calls from any tracepoint. The record
+//! keeps each copy's return value (its status word) before its bytes.
+
+use iced_x86::code_asm::CodeAssembler;
+use iced_x86::code_asm::{eax, edx, ptr, qword_ptr, r10, r8, r9, rcx, rdi, rsi, rsp};
+use iced_x86::IcedError;
+
+use super::layout::{RECORD_LEN_STRINGS, REC_STRINGS};
+use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue, StrAt};
+
+/// The kernel's bounded string copy that cannot fault (mm/maccess.c).
+pub const STRNCPY_NOFAULT: &str = "strncpy_from_kernel_nofault";
+/// The kernel's bounded memory copy that cannot fault, for a pointer.
+pub const COPY_NOFAULT: &str = "copy_from_kernel_nofault";
+
+/// Bytes of a record's copies (`REC_STRINGS` to its end).
+pub const STRINGS_LEN: usize = (RECORD_LEN_STRINGS - REC_STRINGS) as usize;
+/// Copies one record holds at most: their status words come first.
+pub const MAX_COPIES: usize = 4;
+/// A status word: the copy's return value (i32), 0 while not copied.
+const STATUS_LEN: u64 = 4;
+/// Where the copies' bytes start in the area.
+const BYTES_OFF: u64 = MAX_COPIES as u64 * STATUS_LEN;
+/// Bytes of a pointer read before its string.
+const POINTER_LEN: u32 = 8;
+/// What a string cut at its copy's bound ends with, where ftrace would
+/// have kept it whole (a file name of the bound's length less one or
+/// more: `strncpy_from_kernel_nofault` returns the bound either way).
+pub const TRUNCATED: &str = "...";
+
+/// One string of an event's record: which field, where it is at the
+/// event, and where its copy goes (offsets from `REC_STRINGS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StrCopy {
+    /// The field's index in its event's format.
+    pub field: usize,
+    pub at: StrAt,
+    /// Its status word and its bytes in the area.
+    pub status: u64,
+    pub bytes: u64,
+    /// Bytes copied at most, NUL included.
+    pub bound: u32,
+}
+
+/// The kernel's two copy functions, at the running kernel's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyFns {
+    pub strncpy: u64,
+    pub copy: u64,
+}
+
+/// The copies of `format`'s fields that do not last past the event, their
+/// room allotted in the area: a comm its 16 bytes, a string ftrace keeps
+/// whole what the others leave (a file name: 111 bytes and the NUL
+/// alone). Empty for an event none of whose fields needs one.
+pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
+    let wanted: Vec<(usize, StrAt)> = (0..format.fields.len())
+        .filter_map(|i| Some((i, format.copied_at(i, off)?)))
+        .take(MAX_COPIES)
+        .collect();
+    let room = STRINGS_LEN as u32 - BYTES_OFF as u32;
+    let fixed: u32 = wanted.iter().filter_map(|(_, a)| a.len).sum();
+    let whole = wanted.iter().filter(|(_, a)| a.len.is_none()).count() as u32;
+    let share = room.saturating_sub(fixed) / whole.max(1);
+    let mut bytes = BYTES_OFF;
+    let mut out = Vec::new();
+    for (j, (field, at)) in wanted.into_iter().enumerate() {
+        // A pointer is read into the string's own bytes first.
+        let bound = at.len.unwrap_or(share);
+        if bound < POINTER_LEN || bytes + u64::from(bound) > STRINGS_LEN as u64 {
+            continue;
+        }
+        out.push(StrCopy {
+            field,
+            at,
+            status: j as u64 * STATUS_LEN,
+            bytes,
+            bound,
+        });
+        bytes += u64::from(bound);
+    }
+    out
+}
+
+/// Instructions `copies` add to a recorded call's path: the saves and
+/// restores, and per copy its own (the call's success path; the kernel's
+/// instructions inside the calls are not counted here).
+pub fn path_instructions(copies: &[StrCopy]) -> usize {
+    if copies.is_empty() {
+        return 0;
+    }
+    let one = |c: &StrCopy| {
+        6 + usize::from(c.at.add != 0)
+            + match c.at.deref {
+                Some(_) => 8,
+                None => 0,
+            }
+    };
+    2 * SAVED + copies.iter().map(one).sum::<usize>()
+}
+
+/// Registers the copies save: the traced function's argument registers
+/// the calls clobber (rdx and rax the body saved already) and r10, the
+/// record.
+const SAVED: usize = 6;
+
+/// Emit the copies of one site's body, with r10 its record less
+/// `records_off` and the event's arguments stored at `rec_args` (RDI, the
+/// probe's `__data`, first); `rec_strings` is the area. Leaves every
+/// register as it found it but rax, rdx and r11 (the body saved rax and
+/// rdx; r11 is scratch at a function's entry).
+pub(super) fn emit_copies(
+    a: &mut CodeAssembler,
+    rec_args: i64,
+    rec_strings: i64,
+    copies: &[StrCopy],
+    fns: CopyFns,
+) -> Result<(), IcedError> {
+    if copies.is_empty() {
+        return Ok(());
+    }
+    // Save what the calls may clobber and the traced function still
+    // needs: its argument registers, and the record (last: at [rsp]).
+    a.push(rcx)?;
+    a.push(rsi)?;
+    a.push(rdi)?;
+    a.push(r8)?;
+    a.push(r9)?;
+    a.push(r10)?;
+    for c in copies {
+        let mut failed = a.create_label();
+        let bytes = rec_strings + c.bytes as i64;
+        // rsi = the event's argument, as the record holds it (after
+        // __data: its register's slot is one further).
+        a.mov(rsi, qword_ptr(r10 + (rec_args + 8 * (c.at.arg as i64 + 1))))?;
+        if let Some(off) = c.at.deref {
+            // The pointer at [rsi + off], copied into the string's bytes
+            // (copy_from_kernel_nofault(dst, src, 8): 0, or -EFAULT).
+            a.lea(rdi, ptr(r10 + bytes))?;
+            a.add(rsi, off as i32)?;
+            a.mov(edx, POINTER_LEN)?;
+            a.call(fns.copy)?;
+            // r10 = the record again (the call clobbered it).
+            a.mov(r10, qword_ptr(rsp))?;
+            // Not read: its status is the error, no string copied.
+            a.test(eax, eax)?;
+            a.jne(failed)?;
+            // rsi = the pointer read.
+            a.mov(rsi, qword_ptr(r10 + bytes))?;
+        }
+        if c.at.add != 0 {
+            // rsi = the string inside the structure (task->comm).
+            a.add(rsi, c.at.add as i32)?;
+        }
+        // strncpy_from_kernel_nofault(dst, src, bound): the bytes copied,
+        // NUL included, or -EFAULT / -ERANGE.
+        a.lea(rdi, ptr(r10 + bytes))?;
+        a.mov(edx, c.bound)?;
+        a.call(fns.strncpy)?;
+        // r10 = the record again.
+        a.mov(r10, qword_ptr(rsp))?;
+        a.set_label(&mut failed)?;
+        // The status word: what the call returned.
+        a.mov(
+            iced_x86::code_asm::dword_ptr(r10 + (rec_strings + c.status as i64)),
+            eax,
+        )?;
+    }
+    // Restore them, in reverse.
+    a.pop(r10)?;
+    a.pop(r9)?;
+    a.pop(r8)?;
+    a.pop(rdi)?;
+    a.pop(rsi)?;
+    a.pop(rcx)?;
+    Ok(())
+}
+
+/// The value of copy `c` in a record's area: the string, cut at its first
+/// NUL, marked `TRUNCATED` when it filled a bound ftrace does not have;
+/// unread when the copy failed or was not made (status 0: a record of a
+/// body without copies, the area zeroed by the drainer).
+pub fn value(c: &StrCopy, area: &[u8; STRINGS_LEN]) -> FieldValue {
+    let at = c.status as usize;
+    let status = i32::from_le_bytes(area[at..at + 4].try_into().expect("4 bytes"));
+    let Ok(n) = u32::try_from(status) else {
+        return FieldValue::Unread;
+    };
+    if n == 0 {
+        return FieldValue::Unread;
+    }
+    let from = c.bytes as usize;
+    let bytes = &area[from..from + n.min(c.bound) as usize];
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let mut s = String::from_utf8_lossy(&bytes[..end]).into_owned();
+    if c.at.len.is_none() && n >= c.bound {
+        s.push_str(TRUNCATED);
+    }
+    FieldValue::Str(s)
+}
+
+/// `format`'s values with the copies' from the record's area in place of
+/// those read after the event (`values`, where those show unread).
+pub fn fill(
+    format: &EventFormat,
+    off: &FieldOffsets,
+    area: &[u8; STRINGS_LEN],
+    values: &mut [FieldValue],
+) {
+    for c in copies(format, off) {
+        if let Some(v) = values.get_mut(c.field) {
+            *v = value(&c, area);
+        }
+    }
+}
