@@ -313,7 +313,9 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     // Enabling it also registers ftrace's own probe on sched_switch (its
     // comm cache), the event's only one: its static call, kept on
     // __traceiter_sched_switch, still reaches vmtrace's breakpoint, and
-    // every child forked meanwhile is seen switched to.
+    // every child forked meanwhile is seen switched to. Disabling it gives
+    // both sites back to vmtrace (the kernel finds what it expects), and
+    // both events are still recorded: every fork, every child switched to.
     let fork_data = dir.join("fork.vmtrace");
     let args = [
         "--kernel",
@@ -326,7 +328,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     let mut a = Attach::start(qmp, &args);
     let line = a.wait_line("call sites of the events enabled");
     assert!(line.contains("the guest may enable these events"), "{line}");
-    let mut while_on = Vec::new();
+    let mut children = Vec::new();
     for on in ["1", "0"] {
         guest.send_line(&format!("ftrace event sched:sched_process_fork {on}"));
         guest
@@ -339,21 +341,22 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
         let line = guest
             .wait_for("workload: forked 2 pids=", GUEST_STEP)
             .unwrap();
-        if on == "1" {
-            while_on = forked_pids(&line);
-        }
+        children.extend(forked_pids(&line));
     }
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
-    // Both events' first probes (the fork event's, ftrace's comm cache's).
+    // Both events' first probes (the fork event's, ftrace's comm cache's),
+    // both sites given and taken back.
     let line = e
         .stderr
         .lines()
         .find(|l| l.contains("static call updates kept"));
     let line = line.unwrap_or_else(|| panic!("no updates kept in {}", e.stderr));
     assert_eq!(count_in(line, "static call updates kept"), 2, "{line}");
-    check_switched_to(&fork_data, &while_on);
+    assert_eq!(count_in(line, "call sites given"), 2, "{line}");
+    assert_eq!(count_in(line, "taken back"), 2, "{line}");
+    check_switched_to(&fork_data, &children, w.worker);
     assert_same(
         &before,
         &watch.read(),
@@ -381,16 +384,30 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     }
 }
 
-/// Each of `pids` is some recorded `sched_switch`'s `next_pid` in data
-/// file `data`.
-fn check_switched_to(data: &std::path::Path, pids: &[u64]) {
+/// In data file `data`: the forks of the `worker` are exactly `pids`'s
+/// (`sched_process_fork`'s `child_pid`), and each of them is some
+/// `sched_switch`'s `next_pid`.
+fn check_switched_to(data: &std::path::Path, pids: &[u64], worker: u32) {
     let script = common::vmtrace(&["script", s(data)]);
     let text = common::stdout(&script);
-    let next: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains(": sched_switch: "))
+    let of = |event: &str| -> Vec<&str> {
+        let tag = format!(": {event}: ");
+        text.lines().filter(|l| l.contains(&tag)).collect()
+    };
+    let next: Vec<&str> = of("sched_switch")
+        .iter()
         .map(|l| field(l, "next_pid"))
         .collect();
+    let worker = worker.to_string();
+    let mut forked: Vec<u64> = of("sched_process_fork")
+        .iter()
+        .filter(|l| field(l, "pid") == worker)
+        .map(|l| field(l, "child_pid").parse().unwrap())
+        .collect();
+    forked.sort_unstable();
+    let mut want = pids.to_vec();
+    want.sort_unstable();
+    assert_eq!(forked, want, "{text}");
     for p in pids {
         assert!(next.contains(&p.to_string().as_str()), "{p}: {text}");
     }
@@ -522,7 +539,7 @@ fn exitless_events(
     // registers its own probe there too (its comm cache,
     // kernel/trace/trace_sched_switch.c).
     assert!(
-        e.stderr.contains("the guest enabled traced events itself meanwhile: 2 call sites given to it (its own at the detach), 2 static call updates kept"),
+        e.stderr.contains("the guest enabled traced events itself meanwhile: 2 call sites given to it, 0 taken back as it disabled them (vmtrace's again, still recorded; the others its own at the detach), 2 static call updates kept"),
         "{}",
         e.stderr
     );

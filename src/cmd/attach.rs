@@ -180,9 +180,12 @@ fn say_events(s: &QemuSession, silent: &[String]) {
 
 /// What the guard did as the guest enabled traced events.
 fn say_taken_over(s: &QemuSession) {
-    if let Some((sites, kept)) = s.events_taken_over().filter(|&(a, b)| a + b > 0) {
+    if let Some([sites, back, kept]) = s
+        .events_taken_over()
+        .filter(|n| n.iter().sum::<usize>() > 0)
+    {
         note!(
-            "vmtrace: the guest enabled traced events itself meanwhile: {sites} call sites given to it (its own at the detach), {kept} static call updates kept on __traceiter_NAME, which calls its probes and is still recorded"
+            "vmtrace: the guest enabled traced events itself meanwhile: {sites} call sites given to it, {back} taken back as it disabled them (vmtrace's again, still recorded; the others its own at the detach), {kept} static call updates kept on __traceiter_NAME, which calls its probes and is still recorded"
         );
     }
 }

@@ -65,9 +65,11 @@ pub struct Breakpoints {
     /// finding it where it expects its NOP (which would BUG:
     /// `super::guarded_sites`).
     guard: Option<(u64, crate::kernel::kaslr::KernelOffset)>,
-    guarded: HashMap<u64, super::journal::JournaledJump>,
-    /// Sites the guest took over (enabled their event itself).
+    guarded: guarded_sites::Sites,
+    /// Sites the guest took over (enabled their event itself), and those
+    /// taken back as it disabled the event again.
     pub taken_over: usize,
+    pub taken_back: usize,
     /// `__static_call_update`: the guest registering the first probe of a
     /// traced event keeps its static call on `__traceiter_NAME`, which
     /// calls the probe and stops here, so every event is still recorded
@@ -174,8 +176,9 @@ impl Breakpoints {
             journal: None,
             skips: HashMap::new(),
             guard: None,
-            guarded: HashMap::new(),
+            guarded: Default::default(),
             taken_over: 0,
+            taken_back: 0,
             statics: None,
             kept: 0,
             hooks: None,
@@ -383,7 +386,7 @@ impl Breakpoints {
     ) -> Result<(), HitError> {
         stop.set_breakpoint(at)?;
         self.guard = Some((at, offset));
-        self.guarded = jumps.iter().map(|j| (j.va, j.clone())).collect();
+        self.guarded = guarded_sites::Sites::new(jumps.iter().cloned());
         Ok(())
     }
 
@@ -410,10 +413,11 @@ impl Breakpoints {
         ops: &dyn BreakOps,
     ) -> Result<Next, HitError> {
         let q = guarded_sites::serve_queue(cpu, snap, offset, &mut self.guarded, ram, ops)?;
-        self.taken_over += usize::from(q != Queued::NotOurs);
+        self.taken_over += usize::from(matches!(q, Queued::Returned | Queued::Left));
+        self.taken_back += usize::from(q == Queued::TakenBack);
         Ok(match q {
             // Its registers already say where it returns to.
-            Queued::Returned => Next::Resume(None),
+            Queued::Returned | Queued::TakenBack => Next::Resume(None),
             Queued::Left | Queued::NotOurs => Next::Step(snap.regs.rip),
         })
     }
@@ -649,8 +653,9 @@ mod tests {
             journal: None,
             skips: HashMap::new(),
             guard: None,
-            guarded: HashMap::new(),
+            guarded: Default::default(),
             taken_over: 0,
+            taken_back: 0,
             statics: None,
             kept: 0,
             hooks: None,
@@ -726,8 +731,9 @@ mod tests {
             journal: None,
             skips: [(test, skip)].into(),
             guard: None,
-            guarded: HashMap::new(),
+            guarded: Default::default(),
             taken_over: 0,
+            taken_back: 0,
             statics: None,
             kept: 0,
             hooks: None,

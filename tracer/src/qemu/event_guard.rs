@@ -28,14 +28,13 @@
 //! which is correct for any number of probes, and its later updates (the
 //! last probe removed: the iterator again) find what they expect.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use vmm::pause::VcpuSnapshot;
 use vmm::GuestRam;
 
 use super::breakpoints::{site_err, HitError, Served};
-use super::guarded_sites::{give_back_all, serve_queue, Queued};
+use super::guarded_sites::{give_back_all, serve_queue, Queued, Sites};
 use super::guest::{Hit, QemuGuest, QemuStop};
 use super::journal::{unhex, JournaledJump};
 use super::static_guard::StaticGuard;
@@ -50,13 +49,15 @@ pub struct EventGuard {
     /// `arch_jump_label_transform_queue`, and vmtrace's sites still its own
     /// (by their code's address).
     jump_queue: Option<u64>,
-    guarded: HashMap<u64, JournaledJump>,
+    guarded: Sites,
     /// `__static_call_update`, and each traced event's static call
     /// trampoline with its `__traceiter_NAME`.
     statics: Option<StaticGuard>,
     offset: KernelOffset,
-    /// Sites given to the guest (it enabled their event).
+    /// Sites given to the guest (it enabled their event), and taken back
+    /// (it disabled the event again).
     pub taken_over: usize,
+    pub taken_back: usize,
     /// Static call updates of traced events kept on their iterator.
     pub kept: usize,
 }
@@ -74,15 +75,11 @@ impl EventGuard {
     ) -> Result<Option<EventGuard>, String> {
         let statics = StaticGuard::plan(events, offset)?;
         let jump_queue = events.guard.map(|g| offset.runtime(g));
-        let guarded: HashMap<u64, JournaledJump> = jumps
-            .iter()
-            .filter(|j| is_site(j))
-            .map(|j| (j.va, j.clone()))
-            .collect();
-        if guarded.is_empty() && statics.is_none() {
+        let guarded = Sites::new(jumps.iter().filter(|j| is_site(j)).cloned());
+        if guarded.ours.is_empty() && statics.is_none() {
             return Ok(None);
         }
-        if jump_queue.is_none() && !guarded.is_empty() {
+        if jump_queue.is_none() && !guarded.ours.is_empty() {
             return Err("the kernel names no arch_jump_label_transform_queue".into());
         }
         Ok(Some(EventGuard {
@@ -91,6 +88,7 @@ impl EventGuard {
             statics,
             offset,
             taken_over: 0,
+            taken_back: 0,
             kept: 0,
         }))
     }
@@ -171,8 +169,9 @@ impl EventGuard {
         let regs = &snap.regs;
         if self.jump_queue == Some(regs.rip) {
             let q = serve_queue(cpu, snap, self.offset, &mut self.guarded, ram, ops)?;
-            self.taken_over += usize::from(q != Queued::NotOurs);
-            return Ok(q == Queued::Returned);
+            self.taken_over += usize::from(matches!(q, Queued::Returned | Queued::Left));
+            self.taken_back += usize::from(q == Queued::TakenBack);
+            return Ok(matches!(q, Queued::Returned | Queued::TakenBack));
         }
         if let Some(g) = self.statics.as_ref().filter(|g| g.at == regs.rip) {
             self.kept += usize::from(g.keep(cpu, regs, ops)?);
@@ -229,13 +228,14 @@ mod tests {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let mut g = EventGuard {
             jump_queue: None,
-            guarded: HashMap::new(),
+            guarded: Sites::default(),
             statics: Some(StaticGuard {
                 at: UPDATE,
                 iterators: [(TRAMP, ITER)].into(),
             }),
             offset: KernelOffset::NONE,
             taken_over: 0,
+            taken_back: 0,
             kept: 0,
         };
         let ops = RecordedOps::default();

@@ -65,19 +65,45 @@ pub(super) enum Queued {
     /// runs, its check finding the jump it expects, and the kernel
     /// patches the site. The site is the guest's from then on.
     Left,
+    /// A site the guest took over (`Returned`), to be made its NOP again
+    /// as the guest disables its event: the vCPU was made to return
+    /// `true` at once, the site keeping the jump, which is vmtrace's
+    /// again (its event still recorded; given its NOP at the detach).
+    TakenBack,
+}
+
+/// The guard's sites: vmtrace's, and those the guest took over.
+#[derive(Debug, Default)]
+pub(super) struct Sites {
+    /// vmtrace's jumps the guest has not taken over, by their code's
+    /// address.
+    pub ours: HashMap<u64, JournaledJump>,
+    /// Those it took over (enabled their event itself): it may disable
+    /// them again, and vmtrace then takes them back.
+    pub given: HashMap<u64, JournaledJump>,
+}
+
+impl Sites {
+    pub fn new(jumps: impl IntoIterator<Item = JournaledJump>) -> Sites {
+        Sites {
+            ours: jumps.into_iter().map(|j| (j.va, j)).collect(),
+            given: HashMap::new(),
+        }
+    }
 }
 
 /// A stop at `arch_jump_label_transform_queue(entry, type)`'s first
 /// instruction on `cpu` (registers `snap`): see the module's comment.
 /// The kernel sorted its `__jump_table` at boot, so an entry (in the
 /// kernel's image: `struct jump_entry { s32 code; ... }`) is known by the
-/// code it names. A site of `guarded` leaves it. Registers are set
-/// through `ops`.
+/// code it names. A site of `sites.ours` leaves it, to `sites.given`
+/// when the guest takes it over (and back when it disables the event
+/// again). Registers are set through `ops`.
 pub(super) fn serve_queue(
     cpu: usize,
     snap: &VcpuSnapshot,
     offset: KernelOffset,
-    guarded: &mut HashMap<u64, JournaledJump>,
+    sites: &mut Sites,
     ram: &dyn vmm::GuestRam,
     ops: &dyn BreakOps,
 ) -> Result<Queued, GuardError> {
@@ -88,7 +114,19 @@ pub(super) fn serve_queue(
     let mut rel = [0u8; 4];
     ram.read_slice(&mut rel, GuestAddress(gpa))?;
     let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
-    let Some(j) = guarded.remove(&code) else {
+    if kind != JUMP_LABEL_JMP {
+        // The guest disabling an event it enabled: its site keeps the
+        // jump, vmtrace's again, and the event is still recorded.
+        if let Some(j) = sites.given.remove(&code) {
+            if !holds_jump(&j, ram)? {
+                return Ok(Queued::NotOurs);
+            }
+            return_true(cpu, snap, ram, ops)?;
+            sites.ours.insert(code, j);
+            return Ok(Queued::TakenBack);
+        }
+    }
+    let Some(j) = sites.ours.remove(&code) else {
         return Ok(Queued::NotOurs);
     };
     if !holds_jump(&j, ram)? {
@@ -98,6 +136,7 @@ pub(super) fn serve_queue(
         return Ok(Queued::Left);
     }
     return_true(cpu, snap, ram, ops)?;
+    sites.given.insert(code, j);
     Ok(Queued::Returned)
 }
 
@@ -124,11 +163,12 @@ fn return_true(
 /// still holding vmtrace's jump given its NOP, whatever its key's count
 /// (see the module's comment); `guarded` emptied. Returns the sites given.
 pub(super) fn give_back_all(
-    guarded: &mut HashMap<u64, JournaledJump>,
+    guarded: &mut Sites,
     ram: &dyn vmm::GuestRam,
 ) -> Result<usize, vmm::RamError> {
     let mut given = 0;
-    for j in std::mem::take(guarded).into_values() {
+    guarded.given.clear();
+    for j in std::mem::take(&mut guarded.ours).into_values() {
         given += usize::from(give_back(&j, ram)?);
     }
     Ok(given)
@@ -241,7 +281,7 @@ mod tests {
     #[test]
     fn the_guest_enabling_a_site_finds_its_jump_there_all_along() {
         let mem = guest(&[A]);
-        let mut guarded: HashMap<u64, JournaledJump> = [(A, site(A))].into();
+        let mut guarded = Sites::new([site(A)]);
         let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
@@ -249,12 +289,34 @@ mod tests {
         assert_eq!(bytes_at(&mem, A), JUMP);
         let set = [("rax", 1), ("rsp", RSP + 8), ("rip", RET)].map(|(r, v)| (r.to_string(), v));
         assert_eq!(*ops.0.borrow(), set);
-        assert!(guarded.is_empty());
-        assert_eq!(give_back_all(&mut guarded, &mem).unwrap(), 0);
-        assert_eq!(bytes_at(&mem, A), JUMP);
+        assert!(guarded.ours.is_empty() && guarded.given.contains_key(&A));
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::NotOurs);
         assert_eq!(ops.0.borrow().len(), 3);
+        assert_eq!(give_back_all(&mut guarded, &mem).unwrap(), 0);
+        assert_eq!(bytes_at(&mem, A), JUMP);
+    }
+
+    /// The guest disabling the event it enabled: the site it took over is
+    /// to be made its NOP; the call returns `true` at once, the site keeps
+    /// the jump, vmtrace's again (the event still recorded), given its NOP
+    /// at the detach; the guest enabling it once more takes it over again.
+    #[test]
+    fn the_guest_disabling_its_event_gives_the_site_back_to_vmtrace() {
+        let mem = guest(&[A]);
+        let mut guarded = Sites::new([site(A)]);
+        let ops = RecordedOps::default();
+        let off = KernelOffset::NONE;
+        let mut serve = |kind| serve_queue(0, &at_queue(kind), off, &mut guarded, &mem, &ops);
+        assert_eq!(serve(JUMP_LABEL_JMP).unwrap(), Queued::Returned);
+        assert_eq!(serve(JUMP_LABEL_NOP).unwrap(), Queued::TakenBack);
+        assert_eq!(serve(JUMP_LABEL_JMP).unwrap(), Queued::Returned);
+        assert_eq!(serve(JUMP_LABEL_NOP).unwrap(), Queued::TakenBack);
+        assert_eq!(ops.0.borrow().len(), 4 * 3);
+        assert_eq!(bytes_at(&mem, A), JUMP);
+        assert!(guarded.ours.contains_key(&A) && guarded.given.is_empty());
+        assert_eq!(give_back_all(&mut guarded, &mem).unwrap(), 1);
+        assert_eq!(bytes_at(&mem, A), NOP);
     }
 
     /// A site of vmtrace's that the kernel is to make its NOP holds the
@@ -264,18 +326,18 @@ mod tests {
     #[test]
     fn a_site_to_be_made_a_nop_or_not_vmtraces_is_left_to_the_kernel() {
         let mem = guest(&[A]);
-        let mut guarded: HashMap<u64, JournaledJump> = [(A, site(A))].into();
+        let mut guarded = Sites::new([site(A)]);
         let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_NOP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Left);
-        assert!(guarded.is_empty() && ops.0.borrow().is_empty());
+        assert!(guarded.ours.is_empty() && ops.0.borrow().is_empty());
         assert_eq!(bytes_at(&mem, A), JUMP);
         mem.write_slice(&NOP, GuestAddress(A - PHYS)).unwrap();
-        let mut guarded: HashMap<u64, JournaledJump> = [(A, site(A))].into();
+        let mut guarded = Sites::new([site(A)]);
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::NotOurs);
-        assert!(guarded.is_empty() && ops.0.borrow().is_empty());
+        assert!(guarded.ours.is_empty() && ops.0.borrow().is_empty());
         assert_eq!(bytes_at(&mem, A), NOP);
     }
 
@@ -290,14 +352,13 @@ mod tests {
         let other = [0xe9, 0, 0, 0, 0];
         mem.write_slice(&other, GuestAddress(C - PHYS)).unwrap();
         mem.write_obj(-1i32, GuestAddress(KEY - PHYS)).unwrap();
-        let mut guarded: HashMap<u64, JournaledJump> =
-            [A, B, C].into_iter().map(|v| (v, site(v))).collect();
+        let mut guarded = Sites::new([A, B, C].map(site));
         let (off, ops) = (KernelOffset::NONE, RecordedOps::default());
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Returned);
-        assert!(!guarded.contains_key(&A));
+        assert!(!guarded.ours.contains_key(&A));
         assert_eq!(give_back_all(&mut guarded, &mem).unwrap(), 1);
-        assert!(guarded.is_empty());
+        assert!(guarded.ours.is_empty() && guarded.given.is_empty());
         let at = |va| bytes_at(&mem, va);
         assert_eq!((at(A), at(B), at(C)), (JUMP, NOP, other));
     }

@@ -461,17 +461,20 @@ impl QemuSession {
 
     /// The guard of the traced events (exitless mode's `super::event_guard`,
     /// trap mode's breakpoints), if set: the call sites the guest took
-    /// over and its static call updates kept on `__traceiter_NAME`, as it
-    /// enabled traced events itself.
-    pub fn events_taken_over(&self) -> Option<(usize, usize)> {
-        if let Arming::Trap {
-            breakpoints: Some(b),
-            ..
-        } = &self.vm.arming
-        {
-            return Some((b.taken_over, b.kept));
+    /// over and took back, and its static call updates kept on
+    /// `__traceiter_NAME`, as it enabled and disabled traced events.
+    pub fn events_taken_over(&self) -> Option<[usize; 3]> {
+        match (&self.vm.arming, &self.vm.guard) {
+            (
+                Arming::Trap {
+                    breakpoints: Some(b),
+                    ..
+                },
+                _,
+            ) => Some([b.taken_over, b.taken_back, b.kept]),
+            (_, Some(g)) => Some([g.taken_over, g.taken_back, g.kept]),
+            _ => None,
         }
-        self.vm.guard.as_ref().map(|g| (g.taken_over, g.kept))
     }
 
     /// Why the guest's modules are not followed (`QemuVm::modules_unfollowed`).
