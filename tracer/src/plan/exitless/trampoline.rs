@@ -2372,6 +2372,7 @@ mod tests {
             iterator: None,
             args: Some(args.collect()),
             listed: true,
+            syscall: None,
         })
         .unwrap()
     }
