@@ -438,6 +438,7 @@ mod tests {
             selection: Filter::new(&["*:mod:m".to_string()], &[]).unwrap(),
             layout: crate::kernel::image_module::ModuleLayout::unused(),
             phys: 0,
+            notify: None,
         }
     }
 

@@ -106,8 +106,8 @@ pub struct Plan {
     /// The events traced (`-e`): their call sites to enable, their
     /// `__traceiter_NAME` among `funcs`.
     pub events: events::EventPlan,
-    /// `vmtrace attach`: the modules the guest first loads during the
-    /// trace (`reserve_added`); None: not followed.
+    /// The modules the guest first loads during the trace
+    /// (`reserve_added`); None: not followed.
     pub coming: Option<ComingModules>,
 }
 
@@ -118,8 +118,13 @@ pub struct ComingModules {
     pub selection: Filter,
     /// How to walk the guest's module list.
     pub layout: crate::kernel::modules::ModuleLayout,
-    /// The kernel's physical KASLR offset.
+    /// The kernel's physical KASLR offset (`vmtrace attach`'s; the own
+    /// VMM finds it at the attach).
     pub phys: i64,
+    /// The own VMM's traps in the kernel's module loader
+    /// (`crate::session::module_traps`); None: `vmtrace attach`'s
+    /// breakpoints follow the modules.
+    pub notify: Option<crate::kernel::module_notify::ModuleNotify>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

@@ -15,7 +15,6 @@ use super::error::QemuError;
 use super::event_guard::EventGuard;
 use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
-use super::module_added::FirstLoads;
 use super::module_follow::{FollowError, ModuleFollow};
 use super::module_hooks::{HookError, ModuleHooks};
 use super::module_marks::Marks;
@@ -26,6 +25,7 @@ use super::reset::{self, CpuView, LookSeen, Verdict};
 use super::step::SIGTRAP;
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
+use crate::session::module_added::FirstLoads;
 use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
 

@@ -39,7 +39,6 @@ mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
-pub mod module_added;
 pub mod module_follow;
 pub mod module_hooks;
 mod module_marks;

@@ -10,7 +10,7 @@
 //! a call to the stub of the attach's site (journaled first), so its
 //! calls land in the attach's site index and count as the plan's
 //! function: no stub or ring slot is added. A module first loaded during
-//! the trace (`super::module_added`) is written the same way, each of its
+//! the trace (`crate::session::module_added`) is written the same way, each of its
 //! traced functions' sites a call to the body of a spare site of the
 //! code (`crate::plan::added_sites`), its own. A site straddling two pages
 //! is written in both (`super::site_span`), under the stop. Each site

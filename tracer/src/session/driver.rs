@@ -274,12 +274,14 @@ impl Live {
         let attached = tracer.attach_counts.patched;
         let drained = tracer.stop_draining();
         // Exits at the trace port: one per traced call in trap mode, none
-        // in exitless mode (traps happen only while sites hold them).
+        // in exitless mode (traps happen only while sites hold them); the
+        // module loader's traps apart (said with the detach).
         let trap_exits = report
             .vcpus
             .iter()
             .map(|v| v.get(vmm::exit::ExitKind::Trap))
-            .sum();
+            .sum::<u64>()
+            .saturating_sub(tracer.module_trap_exits());
         let places = stop_places(&report, &tracer);
         let reason = report.reason.say(words);
         let (summary, saved) = tracer.finish_stored(&kernel, reason, trap_exits);
