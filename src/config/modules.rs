@@ -14,10 +14,15 @@ use tracer::plan::{ComingModules, Request, TracePlan};
 
 use crate::error::InputError;
 
+/// What waits for the guest's modules: the whole selection, the `:mod:`
+/// globs, and whether they are all the positive globs (no kernel function
+/// is traced: `TracePlan::for_modules`).
+pub(super) type Waiting = (Filter, Vec<String>, bool);
+
 /// The `:mod:` globs taken out of `request` (they wait for their module;
 /// every other glob must still match the kernel, as before), and the
 /// whole selection, when `image` has modules. None: a kernel without.
-pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<(Filter, Vec<String>)> {
+pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<Waiting> {
     image.symbol(MODULES)?;
     let selection = Filter::new(&request.trace, &request.notrace).ok()?;
     let globs = Globs::for_trace(&request.trace).ok()?;
@@ -26,6 +31,7 @@ pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<(Fil
         .iter()
         .cloned()
         .partition(|g| g.contains(":mod:"));
+    let only = !waiting.is_empty() && kept.is_empty() && request.events.is_empty();
     if !waiting.is_empty() && !kept.is_empty() {
         let negated = globs.negative().iter().map(|g| format!("!{g}"));
         request.trace = vec![kept
@@ -34,14 +40,32 @@ pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<(Fil
             .collect::<Vec<_>>()
             .join(",")];
     }
-    Some((selection, waiting))
+    Some((selection, waiting, only))
+}
+
+/// The plan of `request` (`waiting`: from `waiting`), its `:mod:` globs
+/// waiting for their modules.
+pub(super) fn plan(
+    image: KernelImage,
+    request: &Request,
+    waiting: Option<Waiting>,
+) -> Result<TracePlan, InputError> {
+    let Some((selection, globs, only)) = waiting else {
+        return Ok(TracePlan::build(image, request)?);
+    };
+    let mut plan = match only {
+        true => TracePlan::for_modules(image, request)?,
+        false => TracePlan::build(image, request)?,
+    };
+    follow(&mut plan, request, (selection, globs))?;
+    Ok(plan)
 }
 
 /// Follow the guest's module loader in `plan` (built from `request`),
 /// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
 /// cannot be followed, said in one line; refused (exit status 2) when a
 /// glob waits, or with `--args` (the spare sites record no arguments).
-pub(super) fn follow(
+fn follow(
     plan: &mut TracePlan,
     request: &Request,
     (selection, waiting): (Filter, Vec<String>),

@@ -239,10 +239,7 @@ fn plan(
         .tracing
         .request(cpus, emulator_host, kernel.kind().is_linux());
     let waiting = super::modules::waiting(&mut request, &found.image);
-    let mut plan = TracePlan::build(found.image, &request)?;
-    if let Some(waiting) = waiting {
-        super::modules::follow(&mut plan, &request, waiting)?;
-    }
+    let mut plan = super::modules::plan(found.image, &request, waiting)?;
     plan.plan
         .events
         .on_own_vmm(&plan.plan.image.path)

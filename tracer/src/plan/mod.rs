@@ -166,6 +166,25 @@ impl Plan {
         notrace: &[String],
         choice: entry::EntryChoice,
     ) -> Result<Plan, TracerError> {
+        Plan::selecting(image, Some((trace, notrace)), choice)
+    }
+
+    /// A plan that selects none of the kernel's functions: it traces the
+    /// modules the guest loads during the trace only (`reserve_added`).
+    pub fn for_modules(
+        image: KernelImage,
+        choice: entry::EntryChoice,
+    ) -> Result<Plan, TracerError> {
+        Plan::selecting(image, None, choice)
+    }
+
+    /// The plan of the functions `globs` (`--trace`, `--notrace`) select;
+    /// None: none.
+    fn selecting(
+        image: KernelImage,
+        globs: Option<(&[String], &[String])>,
+        choice: entry::EntryChoice,
+    ) -> Result<Plan, TracerError> {
         let entry = choice.resolve(&image);
         let (sites, direct) = match entry {
             entry::EntryKind::Ftrace => {
@@ -179,12 +198,15 @@ impl Plan {
                 (sites, Some(direct))
             }
         };
-        let selected = Filter::new(trace, notrace)?
-            .select(&image, &sites)
-            .map_err(|e| match &direct {
-                Some(d) => d.name_refusals(&image, e),
-                None => e,
-            })?;
+        let selected = match globs {
+            None => Vec::new(),
+            Some((trace, notrace)) => Filter::new(trace, notrace)?
+                .select(&image, &sites)
+                .map_err(|e| match &direct {
+                    Some(d) => d.name_refusals(&image, e),
+                    None => e,
+                })?,
+        };
         let mut funcs: Vec<usize> = Vec::new();
         let mut func_slot = std::collections::HashMap::new();
         let mut targets = Vec::new();

@@ -17,7 +17,6 @@ use super::guest::QemuGuest;
 use super::liveness::{QemuProcess, RunState};
 use super::module_follow::{FollowError, ModuleFollow};
 use super::module_hooks::{HookError, ModuleHooks};
-use super::module_marks::Marks;
 use super::monitor::Monitor;
 use super::qmp::QmpError;
 use super::queries::Queries;
@@ -26,6 +25,7 @@ use super::step::SIGTRAP;
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::module_added::FirstLoads;
+use crate::session::module_marks::Marks;
 use crate::session::watch::Watch;
 use crate::session::{Attach, NotReady, Tracer};
 

@@ -41,7 +41,6 @@ pub mod marker;
 pub mod mode;
 pub mod module_follow;
 pub mod module_hooks;
-mod module_marks;
 pub mod modules;
 pub mod monitor;
 pub mod procmem;

@@ -39,6 +39,7 @@ pub mod guest_ftrace;
 #[cfg(test)]
 pub(in crate::session) mod kvm_tests;
 pub mod module_added;
+pub mod module_marks;
 pub mod module_sites;
 pub mod module_traps;
 pub mod patch;
@@ -599,8 +600,8 @@ impl Tracer {
     /// Restore every patched site (`module_sites`), the guest paused or stopped: `detached` adds up.
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
         let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
-        self.unfollow_modules(mem, &mut c);
         c.guest_ftrace = self.reenable_guest_ftrace(mem);
+        self.unfollow_modules(mem, &mut c);
         c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
         self.patched.clear();
         self.detached.restored += c.restored;

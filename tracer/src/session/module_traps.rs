@@ -26,6 +26,7 @@ use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::{GuestRam, Trap};
 
 use super::module_added::FirstLoads;
+use super::module_marks::{Judged, Marks};
 use super::patch::{self, PatchError, PatchedSite, Surveyed};
 use super::Tracer;
 use crate::error::TracerError;
@@ -61,6 +62,9 @@ struct Following {
     /// Module sites written and not given back yet.
     written: Vec<Written>,
     counts: Counts,
+    /// The guest's ftrace records, marked as the attach's (None where the
+    /// attach could not mark them either: it said why).
+    marks: Option<Marks>,
 }
 
 /// A module site vmtrace wrote.
@@ -160,7 +164,21 @@ impl Following {
             self.counts.unreadable += 1;
             return;
         };
-        for va in self.first.loading(&read, module) {
+        let vas = self.first.loading(&read, module);
+        let judged = match self.marks.as_ref() {
+            Some(m) => m.judge(space, &vas),
+            None => vec![Judged::Write; vas.len()],
+        };
+        for (va, j) in vas.into_iter().zip(judged) {
+            let refused = match (j, self.marks.as_mut()) {
+                (Judged::InUse, _) => true,
+                (Judged::Mark(gpa), Some(m)) => m.mark(space.memory(), va, gpa).is_err(),
+                _ => false,
+            };
+            if refused {
+                self.counts.untraced += 1;
+                continue;
+            }
             let bytes = match &self.stubs {
                 None => Some(patch::TRAP),
                 Some(stubs) => self
@@ -172,7 +190,12 @@ impl Following {
             let written = bytes.and_then(|b| write_site(space, va, module, b));
             match written {
                 Some(w) => self.written.push(w),
-                None => self.counts.untraced += 1,
+                None => {
+                    if let Some(m) = self.marks.as_mut() {
+                        let _ = m.unmark(space.memory(), va);
+                    }
+                    self.counts.untraced += 1;
+                }
             }
         }
     }
@@ -186,6 +209,10 @@ impl Following {
             .partition(|w| w.module == module || vas.contains(&w.va));
         self.written = kept;
         for w in gone {
+            // Its record goes with the module (`ftrace_release_mod`).
+            if let Some(m) = self.marks.as_mut() {
+                m.forget(w.va);
+            }
             if restore(mem, &w) {
                 self.counts.restored += 1;
             }
@@ -292,11 +319,13 @@ impl Tracer {
         if let Some(s) = &stubs {
             first.limit_to(s.len());
         }
+        let marks = self.ftrace_records().cloned().map(|r| Marks::new(r, off));
         *traps.state() = Some(Following {
             first,
             stubs,
             written: Vec::new(),
             counts: Counts::default(),
+            marks,
         });
         Ok(())
     }
@@ -319,14 +348,30 @@ impl Tracer {
             let head = traps.layout.head.wrapping_add(off.virt as u64);
             loaded(&mut space, &traps.layout, head).ok()
         });
+        let mut restored = std::collections::HashSet::new();
         for w in written {
             let here = live.as_ref().is_some_and(|l| {
                 l.iter()
                     .any(|m| m.addr == w.module && m.text.contains(&w.va))
             });
             match here && restore(mem, &w) {
-                true => c.restored += 1,
+                true => {
+                    c.restored += 1;
+                    restored.insert(w.va);
+                }
                 false => f.counts.gone += 1,
+            }
+        }
+        // The records of the sites restored given back, as the attach's.
+        let space = self
+            .offset
+            .and_then(|off| kernel_space(mem, &self.plan.image, off));
+        if let (Some(m), Some(mut space)) = (f.marks.as_mut(), space) {
+            let r = m.give_back(&mut space, |site| restored.contains(&site));
+            for g in [&mut c.guest_ftrace, &mut self.detached.guest_ftrace] {
+                g.cleared += r.cleared;
+                g.kept += r.kept;
+                g.why = g.why.or(r.why);
             }
         }
         // Totals of the session: the same at every detach.
