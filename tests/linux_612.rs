@@ -169,15 +169,17 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
         events
     );
     // 6.12's ORC tables (the 6.4+ entry layout, from its BTF): every
-    // stack of hrtimer_run_queues (the periodic tick's: this 1-vCPU boot
-    // never switches to high resolution) complete, every frame named, and
-    // through the local APIC timer interrupt's entry.
+    // stack of hrtimer_run_queues (the tick's) complete, every frame
+    // named, and through the local APIC timer interrupt's entry; but a
+    // tick that came while the module's own code ran, whose stack ends at
+    // its frame (a module first loaded during the trace has no ORC tables
+    // read: docs/attach.md), outside the kernel's text.
     let source = v["stacks_source"].as_str().unwrap();
     assert!(source.contains("Linux 6.4+ layout"), "{source}");
     let stacks = v["stacks"].as_array().unwrap();
-    assert!(!stacks.is_empty(), "{v}");
+    assert!(stacks.iter().any(|s| s["complete"] == true), "{v}");
     for s in stacks {
-        assert_eq!(s["complete"], true, "{s}");
+        assert!(s["complete"] == true || s["end"] == "not_text", "{s}");
         let f: Vec<&str> = s["frames"]
             .as_array()
             .unwrap()
