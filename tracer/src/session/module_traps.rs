@@ -338,10 +338,12 @@ impl Tracer {
         let Some(traps) = self.module_traps.clone() else {
             return;
         };
-        let mut state = traps.state();
-        let Some(f) = state.as_mut() else {
+        // Taken: a vCPU that took a trap before the detach's stop and
+        // handles it after finds nothing to follow (the traps are gone).
+        let Some(mut f) = traps.state().take() else {
             return;
         };
+        let f = &mut f;
         let written = std::mem::take(&mut f.written);
         let live = self.offset.and_then(|off| {
             let mut space = kernel_space(mem, &self.plan.image, off)?;
