@@ -396,3 +396,70 @@ impl Tracer {
         self.module_traps.as_ref().map_or(0, |t| t.exits())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::module_notify::{MODULE_STATE_COMING, MODULE_STATE_GOING};
+    use kvm_bindings::{kvm_regs, kvm_sregs};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    /// A trap at `rip` with the argument registers `args` (RDI, RSI, RDX,
+    /// RCX): what `at_trap` says.
+    fn at(
+        traps: &ModuleTraps,
+        rip: u64,
+        args: [u64; 4],
+        slide: i64,
+    ) -> Option<(u64, Option<Notified>)> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        let regs = kvm_regs {
+            rip,
+            rdi: args[0],
+            rsi: args[1],
+            rdx: args[2],
+            rcx: args[3],
+            ..Default::default()
+        };
+        let trap = Trap::new(0, &regs, &kvm_sregs::default(), &mem);
+        traps.at_trap(&trap, slide)
+    }
+
+    /// The two sites' traps, at the `out` or past it, are the module
+    /// loader's: resumed past the site, a module named only on the module
+    /// chain with its state; each counted as an exit; any other trap not.
+    #[test]
+    fn the_loaders_traps_name_the_module_coming_or_going() {
+        let notify = ModuleNotify {
+            list: 0xffff_ffff_8200_0000,
+            coming: 0xffff_ffff_8100_1000,
+            going: 0xffff_ffff_8100_2000,
+        };
+        let traps = ModuleTraps {
+            notify,
+            layout: ModuleLayout::unused(),
+            state: Mutex::new(None),
+            exits: AtomicU64::new(0),
+        };
+        let slide = 0x20_0000;
+        let run = |a: u64| a + slide as u64;
+        let (list, module) = (run(notify.list), 0xffff_ffff_c000_4000);
+        let coming = [list, MODULE_STATE_COMING, MODULE_STATE_GOING, module];
+        assert_eq!(
+            at(&traps, run(notify.coming), coming, slide),
+            Some((run(notify.coming) + 5, Some(Notified::Coming(module))))
+        );
+        let going = [list, MODULE_STATE_GOING, module, 0];
+        assert_eq!(
+            at(&traps, run(notify.going) + OUT_LEN, going, slide),
+            Some((run(notify.going) + 5, Some(Notified::Going(module))))
+        );
+        let other_chain = [list + 0x40, MODULE_STATE_GOING, module, 0];
+        assert_eq!(
+            at(&traps, run(notify.going), other_chain, slide),
+            Some((run(notify.going) + 5, None))
+        );
+        assert_eq!(at(&traps, run(notify.going) + 5, going, slide), None);
+        assert_eq!(traps.exits(), 3);
+    }
+}
