@@ -271,7 +271,8 @@ impl Live {
         // What every detach of the run restored, including one at the end
         // of a duration.
         let detached = tracer.detach(&*mem).map(|_| tracer.detached.clone());
-        let attached = tracer.attach_counts.patched;
+        // (A trace of modules only patches no site at the attach.)
+        let attached = tracer.attach_counts.patched + tracer.attach_counts.module_traps;
         let drained = tracer.stop_draining();
         // Exits at the trace port: one per traced call in trap mode, none
         // in exitless mode (traps happen only while sites hold them); the
@@ -338,7 +339,8 @@ pub struct Ended {
     pub report: RunReport,
     /// What every detach restored, or why restoring failed.
     pub detached: Result<DetachCounts, TracerError>,
-    /// Sites patched at the attach (0: it never attached).
+    /// Sites patched at the attach, the module loader's traps included
+    /// (0: it never attached).
     pub attached: usize,
     /// Exitless: an error draining the rings (the counts stay exact).
     pub drained: Result<(), TracerError>,

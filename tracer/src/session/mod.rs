@@ -456,6 +456,7 @@ impl Tracer {
             guest_ftrace: guarded,
             event_tests: 0,
             event_keys: 0,
+            module_traps: 0,
         };
         self.patched = patched;
         self.enable_events(&mut c.space, c.off, paused.ram())?;

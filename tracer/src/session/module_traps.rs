@@ -308,6 +308,7 @@ impl Tracer {
                 return Err(e.into());
             }
         };
+        self.attach_counts.module_traps = sites.len();
         self.patched.extend(sites);
         let mut first = FirstLoads::new(coming, Arc::clone(&self.plan.index));
         let stubs = self.trampoline().map(|t| {

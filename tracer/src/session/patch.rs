@@ -151,6 +151,9 @@ pub struct AttachCounts {
     /// whose counts were set (`session::event_keys`).
     pub event_tests: usize,
     pub event_keys: usize,
+    /// The own VMM: its traps in the module loader
+    /// (`crate::session::module_traps`).
+    pub module_traps: usize,
 }
 
 /// Outcome of one detach.
