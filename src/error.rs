@@ -165,6 +165,8 @@ pub enum InputError {
     ModuleHookTraced { name: String },
     #[error("--args with '{globs}', a module not loaded yet: the functions of a module the guest loads during the trace record no arguments; load it before the attach, or trace without --args")]
     ArgsModuleWaiting { globs: String },
+    #[error("'{globs}' waits for a module, but the guest's modules cannot be followed ({why}); trace the module's functions by name once it is loaded (vmtrace attach)")]
+    ModulesUnfollowed { globs: String, why: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]
     StackGraphExitless,
     #[error("--entry direct into a preemptible kernel needs its task list, to find the tasks it preempted, and {path}'s is unknown ({why}); use --entry ftrace")]

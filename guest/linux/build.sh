@@ -10,10 +10,18 @@
 #   bzImage             the bootable kernel (LZ4-compressed, loads at 16 MiB)
 #   vmlinux             the unstripped ELF with symbols and __mcount_loc
 #   initramfs.cpio.gz   /init (from init.c) + /dev/console
+#   vmt_test.ko         6.12 only: the test module (vmt_test/), built in the
+#                       same tree, also in the initramfs as /vmt_test.ko
+#
+# 6.12 is patched (vmt-boot-6.12.patch): CONFIG_MODULES and a built-in
+# loader, kernel/module/vmt_boot.c, that loads /vmt_test.ko at boot through
+# the kernel's load_module when the command line says so (vmt_boot.ko=...):
+# the guest's user space cannot run in vmtrace's own VMM on this host.
 #
 # Cache: ${VMTRACE_CACHE_DIR:-~/.cache/vmtrace}/linux-<key>/ where <key> is the
 # first 16 hex digits of sha256(linux-source-<series> package version, this
-# script, config.fragment (+ config-<series>.fragment if present), init.c). A hit is just a copy. A miss unpacks the Debian
+# script, config.fragment (+ config-<series>.fragment if present), init.c, the
+# series' patch and the test module, if any). A hit is just a copy. A miss unpacks the Debian
 # source once per package version (linux-source-<version>/), builds in one
 # object directory per package version (linux-obj-<version>/, so a config
 # change rebuilds incrementally), then publishes the outputs with a rename.
@@ -31,6 +39,7 @@ CACHE_ROOT=${VMTRACE_CACHE_DIR:-$HOME/.cache/vmtrace}
 INIT_SRC=$HERE/init.c
 SELF=$HERE/build.sh
 OUTPUTS=(bzImage vmlinux initramfs.cpio.gz)
+VMT_TEST_DIR=$HERE/vmt_test
 
 FORCE=0
 SERIES=6.1
@@ -48,7 +57,7 @@ while (($#)); do
 		VARIANT=$2
 		shift
 		;;
-	-h | --help) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,30p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown argument: $1 (usage: $0 [--series 6.1|6.12] [--variant acpi|noftrace] [--force])" ;;
 	esac
 	shift
@@ -58,6 +67,13 @@ case $SERIES in
 *) die "unsupported --series $SERIES (supported: 6.1, 6.12)" ;;
 esac
 SRC_PKG=linux-source-$SERIES
+# A series with a patch gets the boot-time module loader and the test module.
+PATCH=$HERE/vmt-boot-$SERIES.patch
+if [[ -f $PATCH ]]; then
+	OUTPUTS+=(vmt_test.ko)
+else
+	PATCH=
+fi
 SRC_TARBALL=/usr/src/$SRC_PKG.tar.xz
 # 6.1 is the default guest and keeps its historical place, guest/out/.
 if [[ $SERIES == 6.1 ]]; then
@@ -84,7 +100,7 @@ fi
 # ---------------------------------------------------------------------------
 # Tools and source package. On a fresh (CI) machine, install them when we can.
 # ---------------------------------------------------------------------------
-TOOLS=(gcc make bc flex bison cpio xz lz4 gzip perl sha256sum flock nm readelf objdump strings)
+TOOLS=(gcc make bc flex bison cpio xz lz4 gzip perl patch sha256sum flock nm readelf objdump strings)
 missing_tools() {
 	local t
 	for t in "${TOOLS[@]}"; do command -v "$t" >/dev/null 2>&1 || printf '%s ' "$t"; done
@@ -97,7 +113,7 @@ need=$(missing_tools)
 if [[ -n $need ]]; then
 	if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
 		log "missing: $need-> installing with apt-get"
-		pkgs=(build-essential bc flex bison cpio xz-utils lz4 gzip perl coreutils util-linux
+		pkgs=(build-essential bc flex bison cpio xz-utils lz4 gzip perl patch coreutils util-linux
 			binutils libelf-dev libssl-dev "$SRC_PKG")
 		export DEBIAN_FRONTEND=noninteractive
 		if ! apt-get install -y --no-install-recommends "${pkgs[@]}" >&2; then
@@ -123,6 +139,10 @@ KEY=$( {
 	printf '%s %s\n' "$SRC_PKG" "$SRC_VERSION"
 	for f in "${FRAGMENTS[@]}"; do printf -- '--- %s\n' "${f##*/}"; cat "$f"; done
 	printf -- '--- init.c\n'; cat "$INIT_SRC"
+	if [[ -n $PATCH ]]; then
+		printf -- '--- patch\n'; cat "$PATCH"
+		printf -- '--- vmt_test\n'; cat "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/Kbuild"
+	fi
 	printf -- '--- build.sh\n'; cat "$SELF"
 } | sha256sum | cut -c1-16)
 CACHE_DIR=$CACHE_ROOT/linux-$KEY
@@ -185,10 +205,31 @@ if [[ ! -f $SRC_DIR/.vmtrace-unpacked ]]; then
 	rm -rf "$tmp"
 fi
 
+# A patched series builds from a copy of the tree that shares the unpacked
+# files (hard links; patch(1) writes each file it changes anew, so the pristine
+# tree stays as it was), named by the patch's hash, with its own objects.
+OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION${VARIANT:+-$VARIANT}
+if [[ -n $PATCH ]]; then
+	phash=$(sha256sum "$PATCH" | cut -c1-8)
+	PATCHED=$SRC_DIR-p$phash
+	if [[ ! -f $PATCHED/.vmtrace-patched ]]; then
+		rm -rf "$PATCHED"
+		tmp=$CACHE_ROOT/.linux-src-p.tmp.$$
+		rm -rf "$tmp"
+		log "patching a linked copy of $SRC_DIR with ${PATCH##*/}"
+		cp -al "$SRC_DIR" "$tmp"
+		rm -f "$tmp/.vmtrace-unpacked"
+		patch -s -p1 -d "$tmp" <"$PATCH" || die "${PATCH##*/} does not apply to $SRC_DIR"
+		printf '%s\n' "$SRC_VERSION ${PATCH##*/}" >"$tmp/.vmtrace-patched"
+		mv "$tmp" "$PATCHED"
+	fi
+	SRC_DIR=$PATCHED
+	OBJ_DIR=$OBJ_DIR-p$phash
+fi
+
 # ---------------------------------------------------------------------------
 # Configure: tinyconfig + fragment, then check the fragment survived.
 # ---------------------------------------------------------------------------
-OBJ_DIR=$CACHE_ROOT/linux-obj-$SAFE_VERSION${VARIANT:+-$VARIANT}
 mkdir -p "$OBJ_DIR"
 # Fixed build stamps: the same inputs give the same vmlinux (and build id).
 export KBUILD_BUILD_USER=vmtrace KBUILD_BUILD_HOST=vmtrace KBUILD_BUILD_VERSION=1
@@ -281,6 +322,22 @@ fi
 KVER=$(strings -n 20 "$VMLINUX" | grep '^Linux version ' | head -n1 || true)
 
 # ---------------------------------------------------------------------------
+# The test module, built against this tree: `make modules` first writes the
+# Module.symvers an external module links against (the kernel has no modules
+# of its own).
+# ---------------------------------------------------------------------------
+if [[ -n $PATCH ]]; then
+	log "building vmt_test.ko against this tree"
+	"${KMAKE[@]}" -j"$JOBS" modules >>"$BUILD_LOG" 2>&1 ||
+		{ tail -n 40 "$BUILD_LOG" >&2; die "make modules failed"; }
+	MOD_TMP=$OBJ_DIR/.vmt_test.tmp
+	rm -rf "$MOD_TMP"; mkdir -p "$MOD_TMP"
+	cp "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/Kbuild" "$MOD_TMP/"
+	"${KMAKE[@]}" M="$MOD_TMP" modules >>"$BUILD_LOG" 2>&1 ||
+		{ tail -n 40 "$BUILD_LOG" >&2; die "building vmt_test.ko failed"; }
+fi
+
+# ---------------------------------------------------------------------------
 # initramfs: /init (static, no libc) + /dev/console via the kernel's
 # gen_init_cpio, so no device node has to exist on the host.
 # ---------------------------------------------------------------------------
@@ -301,6 +358,11 @@ dir /sys 0755 0 0
 dir /root 0700 0 0
 file /init $STAGE/init 0755 0 0
 EOF
+if [[ -n $PATCH ]]; then
+	cp "$MOD_TMP/vmt_test.ko" "$STAGE/vmt_test.ko"
+	touch -d @0 "$STAGE/vmt_test.ko"
+	printf 'file /vmt_test.ko %s 0644 0 0\n' "$STAGE/vmt_test.ko" >>"$STAGE/initramfs.list"
+fi
 "$STAGE/gen_init_cpio" -t 0 "$STAGE/initramfs.list" | gzip -9 -n >"$STAGE/initramfs.cpio.gz"
 rm -f "$STAGE/gen_init_cpio"
 

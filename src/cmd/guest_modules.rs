@@ -9,9 +9,8 @@ use tracer::plan::{ComingModules, Request};
 use tracer::qemu::session::Connected;
 
 /// Functions of modules first loaded during a trace that get sites of
-/// their own (more are counted and left untraced): as many as a large
-/// driver's that a `:mod:` glob would take whole.
-pub(super) const ADDED_SITES: usize = 4096;
+/// their own.
+pub(super) const ADDED_SITES: usize = tracer::plan::added_sites::RESERVED;
 
 /// Add the modules `connected`'s guest has loaded to `image`, and say how
 /// many. `traced`: an attach (Some("traced")) goes on without them and
@@ -86,6 +85,7 @@ pub(super) fn waiting(
         selection,
         layout,
         phys,
+        notify: None,
     };
     Some((coming, waiting))
 }

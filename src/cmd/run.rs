@@ -274,6 +274,12 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
                 d.module_unslotted
             ));
         }
+        if d.module_trap_exits > 0 {
+            s.push_str(&format!(
+                " ({} exits at vmtrace's traps in the module loader)",
+                d.module_trap_exits
+            ));
+        }
     }
     if d.module_gone > 0 {
         s.push_str(&format!(

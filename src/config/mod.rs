@@ -5,6 +5,7 @@
 
 mod bench;
 mod list;
+mod modules;
 mod output;
 mod report;
 mod run;

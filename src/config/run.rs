@@ -235,10 +235,11 @@ fn plan(
     if let Some(n) = &found.note {
         note!("vmtrace: {n}");
     }
-    let request = args
+    let mut request = args
         .tracing
         .request(cpus, emulator_host, kernel.kind().is_linux());
-    let mut plan = TracePlan::build(found.image, &request)?;
+    let waiting = super::modules::waiting(&mut request, &found.image);
+    let mut plan = super::modules::plan(found.image, &request, waiting)?;
     plan.plan
         .events
         .on_own_vmm(&plan.plan.image.path)

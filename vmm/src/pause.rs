@@ -31,7 +31,7 @@
 //! unmapped run page or signals a dead thread, and no pause waits for a vCPU
 //! that is gone.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,8 @@ use crate::sys::{install_signal_handler, lock, unpoison};
 
 /// How often a pause re-kicks the vCPUs that have not parked yet.
 const REKICK: Duration = Duration::from_millis(5);
+/// `held_by` when no vCPU holds a pause.
+const NO_VCPU: usize = usize::MAX;
 
 /// The signal that kicks a vCPU thread out of KVM_RUN.
 pub fn kick_signal() -> libc::c_int {
@@ -168,6 +170,9 @@ pub struct PauseControl {
     kickers: Mutex<Vec<Option<Kicker>>>,
     stats: Mutex<PauseStats>,
     rekick: Duration,
+    /// The vCPU whose trap handler holds the pause (`pause_others`), or
+    /// `NO_VCPU`; changed under the `vcpus` lock only.
+    held_by: AtomicUsize,
 }
 
 impl PauseControl {
@@ -185,6 +190,7 @@ impl PauseControl {
             kickers: Mutex::new((0..ncpus).map(|_| None).collect()),
             stats: Mutex::new(PauseStats::default()),
             rekick: REKICK,
+            held_by: AtomicUsize::new(NO_VCPU),
         })
     }
 
@@ -248,7 +254,22 @@ impl PauseControl {
     /// Running.
     pub fn pause_all(&self) -> Duration {
         let start = Instant::now();
-        self.requested.store(true, Ordering::SeqCst);
+        {
+            // A vCPU's pause (`pause_others`) ends first.
+            let mut st = lock(&self.vcpus);
+            while self.held_by.load(Ordering::SeqCst) != NO_VCPU {
+                st = unpoison(self.resume_cv.wait(st));
+            }
+            self.requested.store(true, Ordering::SeqCst);
+        }
+        self.wait_parked();
+        let latency = start.elapsed();
+        lock(&self.stats).latency_ns.push(latency.as_nanos() as u64);
+        latency
+    }
+
+    /// Kick the vCPUs and wait until none is Running.
+    fn wait_parked(&self) {
         self.kick_all();
         let running = |v: &Vec<VcpuState>| v.iter().any(|s| matches!(s, VcpuState::Running));
         let mut st = lock(&self.vcpus);
@@ -259,9 +280,37 @@ impl PauseControl {
                 self.kick_all();
             }
         }
-        let latency = start.elapsed();
-        lock(&self.stats).latency_ns.push(latency.as_nanos() as u64);
-        latency
+    }
+
+    // ---- a vCPU's own pause ----
+
+    /// vCPU `me`, inside a trap, stops every other vCPU: it first waits,
+    /// parked with `snapshot` as any vCPU, while another pause holds them
+    /// (the controller's, or another vCPU's); then it holds the pause,
+    /// counted as parked, until `resume_others`. Returns once no other
+    /// vCPU is Running.
+    pub(crate) fn pause_others(&self, me: usize, snapshot: VcpuSnapshot) {
+        {
+            let mut st = lock(&self.vcpus);
+            st[me] = VcpuState::Parked(snapshot);
+            self.parked_cv.notify_all();
+            while self.wanted() == Wanted::Pause {
+                st = unpoison(self.resume_cv.wait(st));
+            }
+            // (Stopping: the others leave their loops; this one after.)
+            self.held_by.store(me, Ordering::SeqCst);
+            self.requested.store(true, Ordering::SeqCst);
+        }
+        self.wait_parked();
+    }
+
+    /// vCPU `me`'s pause ends: every vCPU runs again.
+    pub(crate) fn resume_others(&self, me: usize) {
+        let mut st = lock(&self.vcpus);
+        st[me] = VcpuState::Running;
+        self.held_by.store(NO_VCPU, Ordering::SeqCst);
+        self.requested.store(false, Ordering::SeqCst);
+        self.resume_cv.notify_all();
     }
 
     /// Let the vCPUs go; `window` is how long they were all parked.
@@ -423,6 +472,58 @@ mod tests {
             v.join().unwrap();
         }
         assert_eq!(pause.stats().latency_ns.len(), 5000);
+    }
+
+    /// A vCPU's own pause (a trap handler's) parks the others, excludes
+    /// the controller's and another vCPU's until it ends, and is excluded
+    /// by them.
+    #[test]
+    fn a_vcpus_pause_and_the_controllers_never_overlap() {
+        let pause = Arc::new(PauseControl::new(3, false).unwrap());
+        let others: Vec<_> = (1..3).map(|c| fake_vcpu(Arc::clone(&pause), c)).collect();
+        let inside = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        // vCPU 0 parks when asked, as any, and between its parks its trap
+        // handler pauses the others, 200 times.
+        let (p, inside0, done0) = (Arc::clone(&pause), Arc::clone(&inside), Arc::clone(&done));
+        let vcpu0 = std::thread::spawn(move || {
+            let mut page = Box::new(kvm_run::default());
+            // SAFETY: `page` outlives `reg` (declared first, dropped last).
+            let reg = unsafe { p.register(0, &mut *page) };
+            loop {
+                reg.clear_kick();
+                match p.wanted() {
+                    Wanted::Pause => reg.park(VcpuSnapshot::default),
+                    Wanted::Stop => break,
+                    Wanted::Run if done0.load(Ordering::SeqCst) < 200 => {
+                        p.pause_others(0, VcpuSnapshot::default());
+                        assert!(!inside0.swap(true, Ordering::SeqCst), "overlap");
+                        assert!(p.snapshot(1).is_some() && p.snapshot(2).is_some());
+                        inside0.store(false, Ordering::SeqCst);
+                        p.resume_others(0);
+                        done0.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Wanted::Run => std::hint::spin_loop(),
+                }
+            }
+        });
+        let p = Arc::clone(&pause);
+        within(Duration::from_secs(600), move || {
+            for _ in 0..200 {
+                p.pause_all();
+                assert!(!inside.swap(true, Ordering::SeqCst), "overlap");
+                inside.store(false, Ordering::SeqCst);
+                p.resume_all(Duration::ZERO);
+            }
+            while done.load(Ordering::SeqCst) < 200 {
+                std::thread::yield_now();
+            }
+            p.stop_all();
+        });
+        vcpu0.join().unwrap();
+        for v in others {
+            v.join().unwrap();
+        }
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Trap<'a> {
     new_rip: Option<u64>,
     /// A register to set (its number in `gprs`) and its value.
     new_gpr: Option<(usize, u64)>,
+    /// The handler asked for every other vCPU paused (`stop_world`).
+    world: bool,
 }
 
 impl<'a> Trap<'a> {
@@ -62,6 +64,7 @@ impl<'a> Trap<'a> {
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
             new_gpr: None,
+            world: false,
         }
     }
 
@@ -88,6 +91,7 @@ impl<'a> Trap<'a> {
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
             new_gpr: None,
+            world: false,
         }
     }
 
@@ -114,6 +118,18 @@ impl<'a> Trap<'a> {
         if n < self.gprs.len() {
             self.new_gpr = Some((n, value));
         }
+    }
+
+    /// Call the handler again (`TrapHandler::on_world`) with every other
+    /// vCPU paused, before this one resumes: for writes no other vCPU may
+    /// see half done (vmtrace's own VMM only).
+    pub fn stop_world(&mut self) {
+        self.world = true;
+    }
+
+    /// Whether the handler asked for every other vCPU paused.
+    pub fn wants_world(&self) -> bool {
+        self.world
     }
 
     /// The register the handler set and its value, if it did.
@@ -156,6 +172,11 @@ pub enum TrapError {
 pub trait TrapHandler: Send {
     /// Handle one trap; an error stops the run with it as the reason.
     fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError>;
+    /// Called after `on_trap` asked for it (`Trap::stop_world`), every
+    /// other vCPU paused; an error stops the run.
+    fn on_world(&mut self, _trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        Ok(())
+    }
     /// Hand buffered work to whoever collects it; called before the vCPU parks
     /// and when it leaves its loop.
     fn flush(&mut self) {}

@@ -124,6 +124,19 @@ impl VcpuThread {
         let sync = self.fd.sync_regs_mut();
         let mut trap = Trap::new(self.cpu, &sync.regs, &sync.sregs, &self.shared.mem);
         self.handler.on_trap(&mut trap)?;
+        if trap.wants_world() {
+            // Parked as a pause would find it: at the trap (its registers
+            // from the run page; no clock read).
+            let here = VcpuSnapshot {
+                regs: sync.regs,
+                sregs: sync.sregs,
+                ..VcpuSnapshot::default()
+            };
+            self.shared.pause.pause_others(self.cpu, here);
+            let done = self.handler.on_world(&mut trap);
+            self.shared.pause.resume_others(self.cpu);
+            done?;
+        }
         if let Some((n, value)) = trap.new_gpr() {
             let r = &mut sync.regs;
             let gpr = [

@@ -21,6 +21,7 @@ pub mod kaslr;
 pub mod lowmem;
 pub mod module_build_id;
 pub mod module_image;
+pub mod module_notify;
 pub mod module_orc;
 pub mod modules;
 pub mod names;

@@ -12,6 +12,11 @@ use std::sync::Mutex;
 
 use crate::kernel::symbols::Symbol;
 
+/// Slots reserved for the functions of modules first loaded during a
+/// trace (more are counted and left untraced): as many as a large
+/// driver's that a `:mod:` glob would take whole.
+pub const RESERVED: usize = 4096;
+
 /// Spare slots exitless mode's code has (of those reserved): each takes a
 /// site body (110 to 150 bytes of code, or a stub of a few bytes where
 /// the code is in the shared shape) and a drop counter (two with the

@@ -188,9 +188,27 @@ pub struct TracePlan {
 impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
+        TracePlan::build_from(image, req, false)
+    }
+
+    /// Plan `req` against `image`, selecting none of the kernel's
+    /// functions: `req`'s globs all wait for modules the guest loads
+    /// during the trace (`reserve_added` follows); no events.
+    pub fn for_modules(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
+        TracePlan::build_from(image, req, true)
+    }
+
+    fn build_from(
+        image: KernelImage,
+        req: &Request,
+        modules_only: bool,
+    ) -> Result<TracePlan, PlanError> {
         let events = EventPlan::build(&image, &req.events)?;
         let req = &req.with_events(&events);
-        let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
+        let mut plan = match modules_only {
+            true => Plan::for_modules(image, req.entry)?,
+            false => Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?,
+        };
         plan.events = events;
         let mut notes = Vec::new();
         let preempted = match plan.direct {
@@ -443,6 +461,7 @@ mod tests {
             selection: Filter::new(&["*:mod:m".to_string()], &[]).unwrap(),
             layout: crate::kernel::image_module::ModuleLayout::unused(),
             phys: 0,
+            notify: None,
         }
     }
 

@@ -108,8 +108,8 @@ pub struct Plan {
     /// The events traced (`-e`): their call sites to enable, their
     /// `__traceiter_NAME` among `funcs`.
     pub events: events::EventPlan,
-    /// `vmtrace attach`: the modules the guest first loads during the
-    /// trace (`reserve_added`); None: not followed.
+    /// The modules the guest first loads during the trace
+    /// (`reserve_added`); None: not followed.
     pub coming: Option<ComingModules>,
 }
 
@@ -120,8 +120,13 @@ pub struct ComingModules {
     pub selection: Filter,
     /// How to walk the guest's module list.
     pub layout: crate::kernel::modules::ModuleLayout,
-    /// The kernel's physical KASLR offset.
+    /// The kernel's physical KASLR offset (`vmtrace attach`'s; the own
+    /// VMM finds it at the attach).
     pub phys: i64,
+    /// The own VMM's traps in the kernel's module loader
+    /// (`crate::session::module_traps`); None: `vmtrace attach`'s
+    /// breakpoints follow the modules.
+    pub notify: Option<crate::kernel::module_notify::ModuleNotify>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -163,6 +168,25 @@ impl Plan {
         notrace: &[String],
         choice: entry::EntryChoice,
     ) -> Result<Plan, TracerError> {
+        Plan::selecting(image, Some((trace, notrace)), choice)
+    }
+
+    /// A plan that selects none of the kernel's functions: it traces the
+    /// modules the guest loads during the trace only (`reserve_added`).
+    pub fn for_modules(
+        image: KernelImage,
+        choice: entry::EntryChoice,
+    ) -> Result<Plan, TracerError> {
+        Plan::selecting(image, None, choice)
+    }
+
+    /// The plan of the functions `globs` (`--trace`, `--notrace`) select;
+    /// None: none.
+    fn selecting(
+        image: KernelImage,
+        globs: Option<(&[String], &[String])>,
+        choice: entry::EntryChoice,
+    ) -> Result<Plan, TracerError> {
         let entry = choice.resolve(&image);
         let (sites, direct) = match entry {
             entry::EntryKind::Ftrace => {
@@ -176,12 +200,15 @@ impl Plan {
                 (sites, Some(direct))
             }
         };
-        let selected = Filter::new(trace, notrace)?
-            .select(&image, &sites)
-            .map_err(|e| match &direct {
-                Some(d) => d.name_refusals(&image, e),
-                None => e,
-            })?;
+        let selected = match globs {
+            None => Vec::new(),
+            Some((trace, notrace)) => Filter::new(trace, notrace)?
+                .select(&image, &sites)
+                .map_err(|e| match &direct {
+                    Some(d) => d.name_refusals(&image, e),
+                    None => e,
+                })?,
+        };
         let mut funcs: Vec<usize> = Vec::new();
         let mut func_slot = std::collections::HashMap::new();
         let mut targets = Vec::new();

@@ -6,11 +6,11 @@
 //! At the load hook the module is read and a one-shot breakpoint set at
 //! the hook's return (journaled); there, once the guest's ftrace has
 //! enabled the module's records, each site found again whose record the
-//! guest does not use gets its record marked (`super::module_marks`) and
+//! guest does not use gets its record marked (`crate::session::module_marks`) and
 //! a call to the stub of the attach's site (journaled first), so its
 //! calls land in the attach's site index and count as the plan's
 //! function: no stub or ring slot is added. A module first loaded during
-//! the trace (`super::module_added`) is written the same way, each of its
+//! the trace (`crate::session::module_added`) is written the same way, each of its
 //! traced functions' sites a call to the body of a spare site of the
 //! code (`crate::plan::added_sites`), its own. A site straddling two pages
 //! is written in both (`super::site_span`), under the stop. Each site
@@ -29,13 +29,13 @@ use super::guest::{Hit, QemuStop};
 use super::journal::{hex, Journal, JournalError, JournaledJump, JournaledSite};
 use super::marker::{Marker, MARKER_GPA};
 use super::module_hooks::{HookError, ModuleHooks};
-use super::module_marks::{Judged, Marks};
 use super::step::BreakOps;
 use super::step::Stepped;
 use crate::kernel::ftrace_records::Reenabled;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::PAGE;
 use crate::plan::exitless::trampoline::call_bytes;
+use crate::session::module_marks::{Judged, Marks};
 
 /// `call rel32`'s opcode.
 const CALL: u8 = 0xe8;

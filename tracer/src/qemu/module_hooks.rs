@@ -120,8 +120,8 @@ pub struct ModuleHooks {
     /// differs from the attach's there.
     pub untraced: usize,
     /// Modules first loaded during the trace, traced by the selection
-    /// (`super::module_added`); None: their functions are not traced.
-    pub first: Option<super::module_added::FirstLoads>,
+    /// (`crate::session::module_added`); None: their functions are not traced.
+    pub first: Option<crate::session::module_added::FirstLoads>,
 }
 
 impl ModuleHooks {
@@ -135,7 +135,7 @@ impl ModuleHooks {
         virt: i64,
         ram: &dyn GuestRam,
         sites: &HashSet<u64>,
-        coming: Option<super::module_added::FirstLoads>,
+        coming: Option<crate::session::module_added::FirstLoads>,
     ) -> Result<Option<ModuleHooks>, HookError> {
         // How to walk the module list: as a module found at the attach
         // was read, or as the attach would have (none loaded then).

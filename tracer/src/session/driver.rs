@@ -271,15 +271,18 @@ impl Live {
         // What every detach of the run restored, including one at the end
         // of a duration.
         let detached = tracer.detach(&*mem).map(|_| tracer.detached.clone());
-        let attached = tracer.attach_counts.patched;
+        // (A trace of modules only patches no site at the attach.)
+        let attached = tracer.attach_counts.patched + tracer.attach_counts.module_traps;
         let drained = tracer.stop_draining();
         // Exits at the trace port: one per traced call in trap mode, none
-        // in exitless mode (traps happen only while sites hold them).
+        // in exitless mode (traps happen only while sites hold them); the
+        // module loader's traps apart (said with the detach).
         let trap_exits = report
             .vcpus
             .iter()
             .map(|v| v.get(vmm::exit::ExitKind::Trap))
-            .sum();
+            .sum::<u64>()
+            .saturating_sub(tracer.module_trap_exits());
         // The kernel numbered its events after the attach: their ids now.
         tracer.read_event_ids(&*mem);
         let places = stop_places(&report, &tracer);
@@ -338,7 +341,8 @@ pub struct Ended {
     pub report: RunReport,
     /// What every detach restored, or why restoring failed.
     pub detached: Result<DetachCounts, TracerError>,
-    /// Sites patched at the attach (0: it never attached).
+    /// Sites patched at the attach, the module loader's traps included
+    /// (0: it never attached).
     pub attached: usize,
     /// Exitless: an error draining the rings (the counts stay exact).
     pub drained: Result<(), TracerError>,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use vmm::TrapHandler;
 
 use super::args::{ArgSource, ArgTable};
+use super::module_traps::ModuleTraps;
 use super::record::event_fields::FieldSource;
 use super::record::Recorder;
 use super::stacks::StackSource;
@@ -45,19 +46,24 @@ pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource
 }
 
 /// Give the recorders what they record besides the call: its task, its
-/// values, its stack.
+/// values, its stack; and the own VMM's module traps, returned for the
+/// tracer.
 pub(super) fn equip(
     recs: &mut [Recorder],
     plan: &Plan,
     tasks: &Option<Arc<TaskSource>>,
     stacks: &Option<Arc<StackSource>>,
     args: Arc<ArgTable>,
-) {
+) -> Option<Arc<ModuleTraps>> {
     let retval = plan.graph && plan.values.retval;
     let event_tests = super::event_keys::TestTraps::of(&plan.events);
-    for r in recs {
+    let modules = ModuleTraps::of(plan);
+    for r in recs.iter_mut() {
         if let Some(t) = &event_tests {
             r.pass_event_tests(Arc::clone(t));
+        }
+        if let Some(m) = &modules {
+            r.follow_modules(Arc::clone(m));
         }
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
@@ -68,6 +74,7 @@ pub(super) fn equip(
         r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
         r.record_fields(field_source(plan));
     }
+    modules
 }
 
 /// The recorders as the vCPU threads take them.

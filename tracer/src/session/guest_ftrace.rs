@@ -179,7 +179,7 @@ fn gpa(
 impl Tracer {
     /// The guest's ftrace records as its kernel lays them out, when they
     /// can be marked: a module's loaded later are marked the same way
-    /// (`crate::qemu::module_marks`).
+    /// (`crate::session::module_marks`).
     pub fn ftrace_records(&self) -> Option<&FtraceRecords> {
         match &self.guest_ftrace {
             Guard::Records(r) => Some(r),

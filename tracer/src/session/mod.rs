@@ -39,7 +39,10 @@ mod finish;
 pub mod guest_ftrace;
 #[cfg(test)]
 pub(in crate::session) mod kvm_tests;
+pub mod module_added;
+pub mod module_marks;
 pub mod module_sites;
+pub mod module_traps;
 pub mod patch;
 mod reach;
 mod ready;
@@ -118,6 +121,8 @@ pub struct Tracer {
     stack_layout: crate::kernel::stack_bounds::StackLayout,
     /// `-e`: the keys whose counts the attach set (`event_keys`).
     event_keys: Vec<event_keys::SetKey>,
+    /// The own VMM's traps in the module loader (`module_traps`).
+    module_traps: Option<Arc<module_traps::ModuleTraps>>,
 }
 
 /// The tables events name, shared with the store.
@@ -179,11 +184,12 @@ impl Tracer {
         let mut recs = recs;
         // Only `--stack` sites trap in exitless mode: their recorders name
         // tasks and values as trap mode's do (no function graph here).
-        equip(&mut recs, &plan, &tasks, &stacks, store.args());
+        let modules = equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
         let tables = (table, args, store.stacks());
         let reach = Reach::Exitless(Box::new(ex));
         let mut t = Tracer::assemble(plan, counters, store.thread, false, tables, reach);
+        t.module_traps = modules;
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
@@ -230,13 +236,14 @@ impl Tracer {
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let stacks = stack_source(&plan, &store);
-        equip(&mut recs, &plan, &tasks, &stacks, store.args());
+        let modules = equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let tables = (table, store.args(), store.stacks());
         let reach = Reach::Trap {
             graph: hook,
             return_trap_in: false,
         };
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables, reach);
+        t.module_traps = modules;
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
@@ -291,6 +298,7 @@ impl Tracer {
                 stacks,
             },
             event_keys: Vec::new(),
+            module_traps: None,
         }
     }
 
@@ -452,9 +460,11 @@ impl Tracer {
             guest_ftrace: guarded,
             event_tests: 0,
             event_keys: 0,
+            module_traps: 0,
         };
         self.patched = patched;
         self.enable_events(&mut c.space, c.off, paused.ram())?;
+        self.follow_modules(&mut c.space, c.off, paused.ram())?;
         if let (Some(ex), Some(clock)) = (self.reach.exitless_mut(), clock) {
             // Task structs are read through the kernel's own tables (the
             // kernel half every process shares): its `init_top_pgt`, not
@@ -596,6 +606,7 @@ impl Tracer {
     pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
         let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
         c.guest_ftrace = self.reenable_guest_ftrace(mem);
+        self.unfollow_modules(mem, &mut c);
         c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
         self.patched.clear();
         self.detached.restored += c.restored;

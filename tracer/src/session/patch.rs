@@ -151,6 +151,9 @@ pub struct AttachCounts {
     /// whose counts were set (`session::event_keys`).
     pub event_tests: usize,
     pub event_keys: usize,
+    /// The own VMM: its traps in the module loader
+    /// (`crate::session::module_traps`).
+    pub module_traps: usize,
 }
 
 /// Outcome of one detach.
@@ -178,6 +181,9 @@ pub struct DetachCounts {
     /// loads left untraced for want of a spare slot.
     pub module_first: usize,
     pub module_unslotted: usize,
+    /// The own VMM: exits at its traps in the module loader
+    /// (`crate::session::module_traps`).
+    pub module_trap_exits: u64,
     /// The guest ftrace's records of the sites, given back to it or not.
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
     /// `-e` on the own VMM: the keys' counts set back to 0.

@@ -20,10 +20,12 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 use vmm::{Trap, TrapError, TrapHandler};
 
+use crate::kernel::module_notify::Notified;
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::args::ArgSource;
 use crate::session::event_keys::TestTraps;
+use crate::session::module_traps::ModuleTraps;
 use crate::session::shadow::ShadowStacks;
 use crate::session::stacks::{SpaceMemory, StackSource};
 use crate::session::store::{self, Storage};
@@ -95,6 +97,10 @@ pub struct Recorder {
     entered: Option<Entered>,
     /// `-e` on the own VMM: the events' `tp->funcs` tests, passed.
     event_tests: Option<Arc<TestTraps>>,
+    /// The own VMM's traps in the module loader, and the module coming
+    /// or going at this trap (handled in `on_world`).
+    modules: Option<Arc<ModuleTraps>>,
+    module_now: Option<Notified>,
 }
 
 impl Recorder {
@@ -108,6 +114,11 @@ impl Recorder {
     /// Read the traced events' fields at their entries (`-e`).
     pub fn record_fields(&mut self, fields: Option<event_fields::FieldSource>) {
         self.fields = fields;
+    }
+
+    /// Follow the modules the guest loads and unloads (`module_traps`).
+    pub fn follow_modules(&mut self, traps: Arc<ModuleTraps>) {
+        self.modules = Some(traps);
     }
 
     /// Pass the events' `tp->funcs` tests that trap (`event_keys`).
@@ -352,18 +363,36 @@ impl Recorder {
     }
 }
 
-impl TrapHandler for Recorder {
-    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
-        self.entered = None;
-        let site = self.index.find(trap.rip);
+impl Recorder {
+    /// A trap that is no traced call (or not only one): at a module
+    /// trap (`module_traps`: a traced function's call there is recorded
+    /// too), an event's test (`event_keys`), the graph's return trap.
+    /// None: a call at `site`, to record.
+    fn not_a_call(
+        &mut self,
+        trap: &mut Trap<'_>,
+        site: Option<usize>,
+    ) -> Option<Result<(), TrapError>> {
         let slide = self.index.slide();
+        // A module trap's site may be a traced function's too: then the
+        // call is recorded as well.
+        if let Some((resume, what)) = self.modules.as_ref().and_then(|m| m.at_trap(trap, slide)) {
+            if what.is_some() {
+                self.module_now = what;
+                trap.stop_world();
+            }
+            if site.is_none() {
+                trap.set_rip(resume);
+                return Some(Ok(()));
+            }
+        }
         if site.is_none()
             && self
                 .event_tests
                 .as_ref()
                 .is_some_and(|t| t.pass(trap, slide))
         {
-            return Ok(());
+            return Some(Ok(()));
         }
         if site.is_none()
             && self
@@ -375,7 +404,18 @@ impl TrapHandler for Recorder {
             let graph = self.graph.take().expect("checked above");
             let r = self.on_return(&graph, trap);
             self.graph = Some(graph);
-            return r;
+            return Some(r);
+        }
+        None
+    }
+}
+
+impl TrapHandler for Recorder {
+    fn on_trap(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        self.entered = None;
+        let site = self.index.find(trap.rip);
+        if let Some(handled) = self.not_a_call(trap, site) {
+            return handled;
         }
         let ts_ns = Trap::now_ns();
         let Some(i) = site else {
@@ -429,6 +469,14 @@ impl TrapHandler for Recorder {
             stack,
             data,
         });
+        Ok(())
+    }
+
+    /// A module coming or going (`on_trap` asked), every other vCPU paused.
+    fn on_world(&mut self, trap: &mut Trap<'_>) -> Result<(), TrapError> {
+        if let (Some(m), Some(what)) = (self.modules.as_ref(), self.module_now.take()) {
+            m.handle(trap, what);
+        }
         Ok(())
     }
 
@@ -489,6 +537,8 @@ pub fn recorders(
             frames: false,
             entered: None,
             event_tests: None,
+            modules: None,
+            module_now: None,
         })
         .collect();
     (counters, recs, store)

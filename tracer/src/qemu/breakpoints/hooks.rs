@@ -2,8 +2,8 @@
 //! loads again (`crate::qemu::module_hooks` says where and why).
 
 use super::{BreakOps, Breakpoints, HitError, QemuStop};
-use crate::qemu::module_added::FirstLoads;
 use crate::qemu::module_hooks::ModuleHooks;
+use crate::session::module_added::FirstLoads;
 
 impl Breakpoints {
     /// Breakpoints (journaled first) at the module load and free paths,

@@ -1,10 +1,11 @@
-//! The guest's own ftrace records of a module's sites that exitless mode
-//! writes at a load (`super::module_follow`), marked as the attach marks
+//! The guest's own ftrace records of a module's sites that vmtrace writes
+//! at a load (`vmtrace attach`'s exitless mode, `crate::qemu::module_follow`;
+//! the own VMM, `super::module_traps`), marked as the attach marks
 //! its sites' (`crate::session::guest_ftrace`): `FTRACE_FL_DISABLED`, so
 //! that the guest's ftrace never writes, checks nor counts a site holding
 //! vmtrace's call, and a site the guest's ftrace uses is left out.
 //!
-//! Judged when `ftrace_module_enable` returns, not at its entry: until
+//! Judged once `ftrace_module_enable` has returned, not at its entry: until
 //! then the module's records are the kernel's own disabled ones
 //! (`ftrace_module_init`), and the function clears that flag on each and
 //! enables those the guest's tracers filter on (kernel/trace/ftrace.c).

@@ -1,10 +1,12 @@
 //! A module the guest first loads during the trace (issue 37): which of
 //! its functions the selection traces, as ftrace enables a coming
 //! module's functions that `set_ftrace_filter` names (`:mod:` included).
-//! Read at the load hook (`super::module_hooks::LOAD_HOOK`), each becomes
-//! a function added to the trace (`crate::plan::added_sites`), named
-//! `function [module]` as the attach's modules are, its site written
-//! before any of the module's code runs.
+//! Read at the load hook (`vmtrace attach`'s
+//! `crate::qemu::module_hooks::LOAD_HOOK`, the own VMM's
+//! `crate::session::module_traps`), each becomes a function added to the
+//! trace (`crate::plan::added_sites`), named `function [module]` as the
+//! attach's modules are, its site written before any of the module's code
+//! runs.
 
 use std::sync::Arc;
 
@@ -278,6 +280,7 @@ mod tests {
             selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
             layout: crate::kernel::modules::ModuleLayout::unused(),
             phys: 0,
+            notify: None,
         };
         let mut first = FirstLoads::new(&coming, Arc::clone(&index));
         first.limit_to(2);

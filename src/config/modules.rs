@@ -1,0 +1,109 @@
+//! vmtrace's own VMM and the guest's kernel modules: every module the
+//! guest has is loaded after the attach (the attach comes early in the
+//! boot), so a kernel with modules has its module loader followed
+//! (`tracer::session::module_traps`): the whole selection applies to each
+//! module the guest loads, and `GLOB:mod:MODULE` globs wait for their
+//! module, as `vmtrace attach` keeps those of modules not loaded yet.
+
+use tracer::kernel::filter::{Filter, Globs};
+use tracer::kernel::module_notify::ModuleNotify;
+use tracer::kernel::modules::{ModuleLayout, MODULES};
+use tracer::kernel::symbols::KernelImage;
+use tracer::plan::added_sites::RESERVED;
+use tracer::plan::{ComingModules, Request, TracePlan};
+
+use crate::error::InputError;
+
+/// What waits for the guest's modules: the whole selection, the `:mod:`
+/// globs, and whether they are all the positive globs (no kernel function
+/// is traced: `TracePlan::for_modules`).
+pub(super) type Waiting = (Filter, Vec<String>, bool);
+
+/// The `:mod:` globs taken out of `request` (they wait for their module;
+/// every other glob must still match the kernel, as before), and the
+/// whole selection, when `image` has modules. None: a kernel without.
+pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<Waiting> {
+    image.symbol(MODULES)?;
+    let selection = Filter::new(&request.trace, &request.notrace).ok()?;
+    let globs = Globs::for_trace(&request.trace).ok()?;
+    let (waiting, kept): (Vec<String>, Vec<String>) = globs
+        .positive()
+        .iter()
+        .cloned()
+        .partition(|g| g.contains(":mod:"));
+    let only = !waiting.is_empty() && kept.is_empty() && request.events.is_empty();
+    if !waiting.is_empty() && !kept.is_empty() {
+        let negated = globs.negative().iter().map(|g| format!("!{g}"));
+        request.trace = vec![kept
+            .into_iter()
+            .chain(negated)
+            .collect::<Vec<_>>()
+            .join(",")];
+    }
+    Some((selection, waiting, only))
+}
+
+/// The plan of `request` (`waiting`: from `waiting`), its `:mod:` globs
+/// waiting for their modules.
+pub(super) fn plan(
+    image: KernelImage,
+    request: &Request,
+    waiting: Option<Waiting>,
+) -> Result<TracePlan, InputError> {
+    let Some((selection, globs, only)) = waiting else {
+        return Ok(TracePlan::build(image, request)?);
+    };
+    let mut plan = match only {
+        true => TracePlan::for_modules(image, request)?,
+        false => TracePlan::build(image, request)?,
+    };
+    follow(&mut plan, request, (selection, globs))?;
+    Ok(plan)
+}
+
+/// Follow the guest's module loader in `plan` (built from `request`),
+/// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
+/// cannot be followed, said in one line; refused (exit status 2) when a
+/// glob waits, or with `--args` (the spare sites record no arguments).
+fn follow(
+    plan: &mut TracePlan,
+    request: &Request,
+    (selection, waiting): (Filter, Vec<String>),
+) -> Result<(), InputError> {
+    let globs = waiting.join(",");
+    let p = &plan.plan;
+    let why = if !request.args.is_empty() {
+        if !waiting.is_empty() {
+            return Err(InputError::ArgsModuleWaiting { globs });
+        }
+        Err("--args: the functions of a module loaded during the trace record no arguments".into())
+    } else if p.direct.is_some() {
+        Err("--entry direct".to_string())
+    } else {
+        let layout = p
+            .btf
+            .as_deref()
+            .ok_or_else(|| "the kernel has no BTF".to_string())
+            .and_then(|btf| ModuleLayout::find(&p.image, btf).map_err(|e| e.to_string()));
+        layout.and_then(|l| Ok((l, ModuleNotify::find(&p.image, &p.sites)?)))
+    };
+    let (layout, notify) = match why {
+        Ok(found) => found,
+        Err(why) if waiting.is_empty() => {
+            note!("vmtrace: the functions of the modules the guest loads are not traced ({why})");
+            return Ok(());
+        }
+        Err(why) => return Err(InputError::ModulesUnfollowed { globs, why }),
+    };
+    let coming = ComingModules {
+        selection,
+        layout,
+        phys: 0,
+        notify: Some(notify),
+    };
+    plan.reserve_added(coming, RESERVED, request)?;
+    if !waiting.is_empty() {
+        note!("vmtrace: '{globs}': its functions are traced from each load of the module");
+    }
+    Ok(())
+}
