@@ -183,6 +183,16 @@ pub struct TracePlan {
 impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
+        TracePlan::build_waiting(image, req, false)
+    }
+
+    /// `build`; `waiting`: a `:mod:` glob waits for its module (`vmtrace
+    /// attach`), and `--stack` globs may name only its functions.
+    pub fn build_waiting(
+        image: KernelImage,
+        req: &Request,
+        waiting: bool,
+    ) -> Result<TracePlan, PlanError> {
         let events = EventPlan::build(&image, &req.events)?;
         let req = &req.with_events(&events);
         let mut plan = Plan::with_entry(image, &req.trace, &req.notrace, req.entry)?;
@@ -212,7 +222,7 @@ impl TracePlan {
         }
         // After the graph, which may leave functions out and renumber them.
         plan.arg_funcs = crate::plan::args::select(&plan, &req.args)?;
-        plan.stacks = StackPlan::build(&plan, &req.stack)?;
+        plan.stacks = StackPlan::build(&plan, &req.stack, waiting)?;
         let mode = choose_mode(&plan, req, &mut notes)?;
         Ok(TracePlan {
             plan,

@@ -6,10 +6,14 @@
 //! `function [module]` as the attach's modules are, its site written
 //! before any of the module's code runs.
 
+use std::ops::Range;
 use std::sync::Arc;
+
+use vmm::gva::AddressSpace;
 
 use crate::kernel::filter::Filter;
 use crate::kernel::module_image::module_function_name;
+use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{LoadedModule, ModuleLayout};
 use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
@@ -34,6 +38,8 @@ pub struct FirstLoads {
     /// Loads of these modules after their first, and their unloads.
     pub again: usize,
     pub gone: usize,
+    /// Read each load's ORC tables (`--stack`).
+    orc: bool,
 }
 
 /// A module first loaded during the trace.
@@ -44,6 +50,33 @@ struct Coming {
     slots: Vec<(usize, String)>,
     /// Its `struct module` while loaded.
     now: Option<u64>,
+    /// Its text and ORC entries (running addresses) while loaded, when
+    /// `--stack` wants them and they could be read: its first load's
+    /// when it is `moved`.
+    orc: Option<(Range<u64>, ModuleOrc)>,
+    /// Its first load, as `--stack` read it.
+    first: Option<FirstImage>,
+    /// Loaded again elsewhere with its first load's code: its text now
+    /// and its first load's start (`StackSource::set_moved`), so that its
+    /// frames read as the first load's, whose functions the trace names.
+    moved: Option<(Range<u64>, u64)>,
+}
+
+/// A first-loaded module's first load: its text, its functions (name,
+/// offset in the text, size) and its ORC entries (running addresses).
+#[derive(Debug)]
+struct FirstImage {
+    text: Range<u64>,
+    functions: Vec<(String, u64, u64)>,
+    orc: ModuleOrc,
+}
+
+/// `m`'s functions by name, offset in its text and size.
+fn shape(m: &LoadedModule) -> Vec<(String, u64, u64)> {
+    let f = |f: &crate::kernel::modules::ModuleFunction| {
+        (f.name.clone(), f.addr - m.text.start, f.size)
+    };
+    m.functions.iter().map(f).collect()
 }
 
 impl FirstLoads {
@@ -57,7 +90,13 @@ impl FirstLoads {
             unslotted: 0,
             again: 0,
             gone: 0,
+            orc: false,
         }
+    }
+
+    /// Read each load's ORC tables, for `--stack` (`read_orc`).
+    pub fn want_orc(&mut self) {
+        self.orc = true;
     }
 
     /// Give at most `n` slots (the spare sites of exitless mode's code).
@@ -93,6 +132,9 @@ impl FirstLoads {
                     name: read.name.clone(),
                     slots: Vec::new(),
                     now: None,
+                    orc: None,
+                    first: None,
+                    moved: None,
                 });
                 self.modules.last_mut().expect("just pushed")
             }
@@ -136,6 +178,8 @@ impl FirstLoads {
             return Vec::new();
         };
         c.now = None;
+        c.orc = None;
+        c.moved = None;
         self.gone += 1;
         let added = self.index.added();
         let mut sites = Vec::new();
@@ -147,6 +191,73 @@ impl FirstLoads {
             }
         }
         sites
+    }
+
+    /// `read`, loaded at `module` and followed (`loading`), gets its ORC
+    /// entries read through `space` (where the kernel keeps them, and when
+    /// `--stack` wants them), as the attach reads a loaded module's: its
+    /// stacks unwind through its frames until it is freed. Loaded again
+    /// elsewhere with the same functions at the same offsets and the same
+    /// entries, it is taken as its first load moved (its frames named by
+    /// the functions the trace has); else by its own entries where it is.
+    /// Unread (the tables unreadable), its stacks end at its frames.
+    pub fn read_orc(&mut self, space: &mut AddressSpace<'_>, read: &LoadedModule, module: u64) {
+        let Some(layout) = self.walk.0.orc.filter(|_| self.orc) else {
+            return;
+        };
+        let Some(c) = self.modules.iter_mut().find(|c| c.now == Some(module)) else {
+            return;
+        };
+        if c.orc.is_some() {
+            // The same load seen again.
+            return;
+        }
+        let Ok(now) = read_orc(space, &layout, read) else {
+            return;
+        };
+        let first = c.first.get_or_insert_with(|| FirstImage {
+            text: read.text.clone(),
+            functions: shape(read),
+            orc: now.clone(),
+        });
+        let delta = read.text.start.wrapping_sub(first.text.start);
+        let same_code = first.functions == shape(read)
+            && first.orc.len() == now.len()
+            && (first.orc.iter().zip(&now))
+                .all(|(a, b)| a.0.wrapping_add(delta) == b.0 && a.1 == b.1);
+        (c.orc, c.moved) = match same_code {
+            true if delta != 0 => (
+                Some((first.text.clone(), first.orc.clone())),
+                Some((read.text.clone(), first.text.start)),
+            ),
+            _ => (Some((read.text.clone(), now)), None),
+        };
+    }
+
+    /// Modules first loaded and loaded again elsewhere with their first
+    /// load's code, now: each one's text and its first load's start.
+    pub fn moved(&self) -> Vec<(Range<u64>, u64)> {
+        self.modules
+            .iter()
+            .filter_map(|c| c.moved.clone())
+            .collect()
+    }
+
+    /// Each module first loaded and loaded now: its text and ORC entries
+    /// (running addresses).
+    pub fn loaded_orc(&self) -> Vec<(Range<u64>, &ModuleOrc)> {
+        (self.modules.iter())
+            .filter_map(|c| c.orc.as_ref().map(|(t, o)| (t.clone(), o)))
+            .collect()
+    }
+
+    /// Tell `--stack` of the functions added so far and of the modules
+    /// loaded now (`StackSource::set_added`).
+    pub fn tell_stacks(&self, stacks: &crate::session::stacks::StackSource) {
+        let names: Vec<String> = (self.index.added().functions().into_iter())
+            .map(|f| f.name)
+            .collect();
+        stacks.set_added(&names, &self.loaded_orc());
     }
 
     /// How to walk the guest's module list, and the kernel's physical

@@ -42,11 +42,12 @@ pub(super) fn field_source(plan: &Plan) -> Option<FieldSource> {
 /// How a session's `--stack` calls unwind (None: no stacks recorded).
 pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource>> {
     let sp = plan.stacks.as_ref()?;
-    Some(Arc::new(StackSource::new(
+    Some(Arc::new(StackSource::with_globs(
         sp.unwinder.clone(),
         &plan.image,
         sp.sites(&plan.index),
         store.stacks(),
+        Some(sp.globs.clone()),
     )))
 }
 
