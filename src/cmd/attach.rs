@@ -246,8 +246,8 @@ fn plan_waiting(
     let Some((coming, globs)) = waiting else {
         return Ok((plan, None));
     };
-    if !request.args.is_empty() {
-        // (The spare sites' code and records hold no arguments.)
+    if !request.args.is_empty() && request.mode != tracer::plan::ModeChoice::Trap {
+        // (Exitless mode's spare sites' code and records hold none.)
         let globs = globs.join(",");
         return Err(InputError::ArgsModuleWaiting { globs });
     }

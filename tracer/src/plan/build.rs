@@ -448,6 +448,7 @@ mod tests {
             selection: Filter::new(&["*:mod:m".to_string()], &[]).unwrap(),
             layout: crate::kernel::image_module::ModuleLayout::unused(),
             phys: 0,
+            args: None,
         }
     }
 

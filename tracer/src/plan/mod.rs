@@ -120,6 +120,9 @@ pub struct ComingModules {
     pub layout: crate::kernel::modules::ModuleLayout,
     /// The kernel's physical KASLR offset.
     pub phys: i64,
+    /// The `--args` globs (None: no `--args`): the functions added that
+    /// match record their arguments (trap mode).
+    pub args: Option<crate::kernel::filter::Globs>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

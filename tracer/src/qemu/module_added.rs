@@ -40,6 +40,9 @@ pub struct FirstLoads {
     pub gone: usize,
     /// Read each load's ORC tables (`--stack`).
     orc: bool,
+    /// The `--args` globs: the added functions they select record their
+    /// arguments.
+    args: Option<crate::kernel::filter::Globs>,
 }
 
 /// A module first loaded during the trace.
@@ -91,6 +94,7 @@ impl FirstLoads {
             again: 0,
             gone: 0,
             orc: false,
+            args: coming.args.clone(),
         }
     }
 
@@ -155,7 +159,11 @@ impl FirstLoads {
                         addr: f.addr.wrapping_sub(self.index.slide() as u64),
                         size: f.size,
                     };
-                    let k = added.add(f.site, sym);
+                    // By `function [module]` or the bare name.
+                    let bare = f.name.split_once(" [").map_or(f.name.as_str(), |b| b.0);
+                    let names = [f.name.as_str(), bare];
+                    let args = self.args.as_ref().is_some_and(|g| g.is_match_any(&names));
+                    let k = added.add_with(f.site, sym, args);
                     if let Some(k) = k {
                         c.slots.push((k, f.name));
                     }
@@ -389,6 +397,7 @@ mod tests {
             selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
             layout: crate::kernel::modules::ModuleLayout::unused(),
             phys: 0,
+            args: None,
         };
         let mut first = FirstLoads::new(&coming, Arc::clone(&index));
         first.limit_to(2);
@@ -417,6 +426,33 @@ mod tests {
         assert!(first.loading(&other, other.addr).is_empty());
         assert!(first.freeing(other.addr).is_empty());
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
+    }
+
+    /// `--args=GLOB` marks the slots of the functions it selects, by
+    /// either name; without `--args` none.
+    #[test]
+    fn the_args_globs_mark_the_slots_whose_calls_record_arguments() {
+        let base = 0xffff_ffff_c000_0000;
+        for (args, want) in [
+            (Some("vmt_hit"), [false, true, false]),
+            (Some("*:mod:vmt_test,!vmt_batch"), [false, true, true]),
+            (None, [false; 3]),
+        ] {
+            let index = SiteIndex::new(vec![(0xffff_ffff_8100_0000, 0)]).with_added(8, 1);
+            let index = Arc::new(index);
+            let coming = ComingModules {
+                selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
+                layout: crate::kernel::modules::ModuleLayout::unused(),
+                phys: 0,
+                args: args.map(|a| crate::kernel::filter::Globs::for_args(&[a.into()]).unwrap()),
+            };
+            let mut first = FirstLoads::new(&coming, Arc::clone(&index));
+            let m = vmt_test(base, &[]);
+            assert_eq!(first.loading(&m, m.addr).len(), 3);
+            let got: Vec<bool> = (0..3).map(|k| index.added().records_args(k)).collect();
+            assert_eq!(got, want, "{args:?}");
+            assert!(!index.added().records_args(3));
+        }
     }
 
     /// Judged as the attach judges a site's function: by its full or bare

@@ -72,7 +72,10 @@ pub(super) fn equip(
         if let Some(src) = stacks {
             r.record_stacks(Arc::clone(src));
         }
-        r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
+        // (Trap mode: the sites added during the trace record them too.)
+        let source = ArgSource::new(&args, plan.arg_sites());
+        let source = source.map(|a| a.with_added(&plan.index));
+        r.record_values(source, retval);
         r.record_fields(field_source(plan));
     }
 }

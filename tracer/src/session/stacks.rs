@@ -192,9 +192,8 @@ impl StackSource {
             .map(|f| {
                 // By `function [module]` or the bare name, as at the attach.
                 let bare = f.split_once(" [").map_or(f.as_str(), |(b, _)| b);
-                self.globs
-                    .as_ref()
-                    .is_some_and(|g| g.is_match(f) || g.is_match(bare))
+                let names = [f.as_str(), bare];
+                self.globs.as_ref().is_some_and(|g| g.is_match_any(&names))
             })
             .collect();
         let tables = modules
