@@ -190,6 +190,7 @@ fn trap_path(c: &mut Criterion) {
         slide: 0,
         text: &text,
         fixup: &NoFixup,
+        modules: &[],
     };
     let unwind = || {
         let mut space = AddressSpace::new(&mem, cr3, PagingMode::Level4);

@@ -163,7 +163,7 @@ pub enum InputError {
     ArgsNoneTraced { globs: String },
     #[error("--trace selects {name}, where vmtrace follows the guest's modules through their unloads and loads, with modules' functions; leave it out (--trace '!{name}') or trace it alone")]
     ModuleHookTraced { name: String },
-    #[error("--args with '{globs}', a module not loaded yet: the functions of a module the guest loads during the trace record no arguments; load it before the attach, or trace without --args")]
+    #[error("--args with '{globs}', a module not loaded yet: the functions of a module the guest loads during the trace record arguments in trap mode only (exitless mode's spare sites hold none); add --mode trap, load it before the attach, or trace without --args")]
     ArgsModuleWaiting { globs: String },
     #[error("'{globs}' waits for a module, but the guest's modules cannot be followed ({why}); trace the module's functions by name once it is loaded (vmtrace attach)")]
     ModulesUnfollowed { globs: String, why: String },

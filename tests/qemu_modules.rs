@@ -377,6 +377,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     for journal in [true, false] {
         killed_after_a_first_load(&guest, &bz, w.worker, &modules, journal);
     }
+    first_load_stacks(&guest, &bz, w.worker, &modules);
     let (after, _) = modules.read();
     assert_eq!(after, before);
 }
@@ -664,7 +665,8 @@ fn args_waiting_refused(guest: &QemuGuest, bz: &std::path::Path) {
         err.lines().last(),
         Some(
             "vmtrace: --args with 'vmt_*:mod:vmt_test', a module not loaded yet: the functions of \
-             a module the guest loads during the trace record no arguments; load it before the \
+             a module the guest loads during the trace record arguments in trap mode only \
+             (exitless mode's spare sites hold none); add --mode trap, load it before the \
              attach, or trace without --args"
         ),
         "{err}"
@@ -933,4 +935,96 @@ fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: 
         .map(|fr| fr["function"].as_str().unwrap_or_else(|| panic!("{fr}")))
         .collect();
     assert_eq!(chain, MODULE_CHAIN, "{st}");
+}
+
+/// `--stack vmt_hit` in trap mode with `vmt_*:mod:vmt_test` waiting: the
+/// workload loads the module during the trace and calls it, then loads
+/// it again at another address and calls it again; each call's stack
+/// unwinds through the module's frames (its ORC tables read at its load
+/// from its `struct module`) to the worker's user-mode registers, the
+/// second load's as the first's: one stack for all 2 x K calls, its
+/// frames named by the module's traced functions. With `--args` in the
+/// same attach: each `vmt_hit(i)` call's argument register is the `i`
+/// the module passes, 0 to K - 1 at each write (its values raw: the
+/// module's BTF is not read, so the trace has no prototype for it).
+fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
+    const K: u64 = 4;
+    let data = std::env::temp_dir().join(format!("vmtrace-first-load-{}.data", std::process::id()));
+    let text = || {
+        let (list, _) = modules.read();
+        let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+        m.text.clone()
+    };
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+        "--stack",
+        "vmt_hit",
+        "--args",
+        "--mode",
+        "trap",
+        "-o",
+        s(&data),
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    let before = text();
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    // Loaded again elsewhere (binfmt_misc.ko between takes the memory
+    // it leaves).
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
+    let after = text();
+    assert_ne!(after.start, before.start, "loaded again at {after:x?}");
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let v = e.json();
+    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&(2 * K)), "{v}");
+    let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(stacks.len(), 1, "{v}");
+    let st = &stacks[0];
+    assert_eq!(
+        (&st["end"], &st["complete"]),
+        (&"user".into(), &true.into()),
+        "{st}"
+    );
+    let chain: Vec<&str> = st["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|fr| fr["function"].as_str().unwrap_or_else(|| panic!("{fr}")))
+        .collect();
+    assert_eq!(chain, MODULE_CHAIN, "{st}");
+    // vmt_hit(i), i from 0 to K - 1 at each of the two writes, in order.
+    let trace = tracer::trace::datafile::load(&data).unwrap();
+    let hit = (trace.functions.iter())
+        .position(|f| f.name == "vmt_hit [vmt_test]")
+        .unwrap_or_else(|| panic!("{:?}", trace.functions));
+    let mut calls: Vec<_> = (trace.events.iter())
+        .filter(|e| e.func as usize == hit && !e.is_return())
+        .collect();
+    calls.sort_by_key(|e| e.ts_ns);
+    let got: Vec<u64> = calls
+        .iter()
+        .map(|e| {
+            trace
+                .args_of(e)
+                .unwrap_or_else(|| panic!("no arguments: {e:?}"))[0]
+        })
+        .collect();
+    let want: Vec<u64> = (0..K).chain(0..K).collect();
+    assert_eq!(got, want);
+    std::fs::remove_file(&data).unwrap();
+    assert_no_gdbstub(guest.qmp_socket());
+    assert_runs_on(guest, worker);
 }

@@ -260,12 +260,13 @@ fn plan_waiting(
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
     let waiting = guest_modules::waiting(&mut request, &image, walk);
-    let mut plan = TracePlan::build(image, &request).map_err(InputError::from)?;
+    let mut plan =
+        TracePlan::build_waiting(image, &request, waiting.is_some()).map_err(InputError::from)?;
     let Some((coming, globs)) = waiting else {
         return Ok((plan, None));
     };
-    if !request.args.is_empty() {
-        // (The spare sites' code and records hold no arguments.)
+    if !request.args.is_empty() && request.mode != tracer::plan::ModeChoice::Trap {
+        // (Exitless mode's spare sites' code and records hold none.)
         let globs = globs.join(",");
         return Err(InputError::ArgsModuleWaiting { globs });
     }

@@ -81,11 +81,13 @@ pub(super) fn waiting(
         .chain(negated)
         .collect::<Vec<_>>()
         .join(",")];
+    let args = (!request.args.is_empty()).then(|| Globs::for_args(&request.args).ok());
     let coming = ComingModules {
         selection,
         layout,
         phys,
         notify: None,
+        args: args.flatten(),
     };
     Some((coming, waiting))
 }

@@ -257,6 +257,7 @@ fn check_timer_interrupt_stack(image: &KernelImage, t: &OrcTable, u: Unwinder) {
         slide: SLIDE as i64,
         text: &text,
         fixup: &NoFixup,
+        modules: &[],
     };
     // Both of sysvec's calls: the IRQ stack switch is the one whose entry
     // reads the stack pointer indirectly.

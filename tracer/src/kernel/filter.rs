@@ -200,11 +200,11 @@ fn no_match_detail(untraceable: &[String], refused: &[String], closest: &[String
 #[derive(Debug, Clone)]
 pub struct Globs {
     /// The positive globs as written.
-    positive: Vec<String>,
-    positive_set: GlobSet,
+    pub(crate) positive: Vec<String>,
+    pub(crate) positive_set: GlobSet,
     /// The `!glob`s without their `!`.
     negative: Vec<String>,
-    negative_set: GlobSet,
+    pub(crate) negative_set: GlobSet,
 }
 
 impl Globs {

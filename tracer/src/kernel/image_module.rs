@@ -49,6 +49,18 @@ pub struct ModuleLayout {
     pub(crate) strtab: u32,
     pub(crate) ftrace_callsites: u32,
     pub(crate) num_ftrace_callsites: u32,
+    /// Where its ORC tables are described (None: the kernel keeps none
+    /// for modules): read at a first load, for `--stack`.
+    pub orc: Option<ModuleOrcLayout>,
+}
+
+/// Where a module's ORC tables are described in `struct module`, from the
+/// kernel's BTF (`crate::kernel::module_orc` finds and reads them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleOrcLayout {
+    pub(crate) num_orcs: u32,
+    pub(crate) orc_unwind_ip: u32,
+    pub(crate) orc_unwind: u32,
 }
 
 #[cfg(test)]
@@ -71,6 +83,7 @@ impl ModuleLayout {
             strtab: 0,
             ftrace_callsites: 0,
             num_ftrace_callsites: 0,
+            orc: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod direct;
 pub mod dwarf;
 pub mod events;
 pub mod filter;
+pub mod filter_names;
 pub mod find;
 pub mod ftrace_records;
 pub mod glob_syntax;

@@ -11,21 +11,13 @@
 use vmm::gva::AddressSpace;
 
 use crate::kernel::btf::KernelBtf;
+pub use crate::kernel::image_module::ModuleOrcLayout;
 use crate::kernel::modules::{LoadedModule, ModuleError};
 use crate::kernel::unwind::orc_table::ORC_ENTRY_SIZE;
 
 /// More ORC entries than one module has (amdgpu, the largest, has about
 /// 300 000 instructions' worth of entries in far fewer).
 const MAX_ORCS: u64 = 1 << 22;
-
-/// Where a module's ORC tables are described in `struct module`, from the
-/// kernel's BTF.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ModuleOrcLayout {
-    num_orcs: u32,
-    orc_unwind_ip: u32,
-    orc_unwind: u32,
-}
 
 impl ModuleOrcLayout {
     /// None: the kernel keeps no ORC tables for modules (built without

@@ -142,6 +142,7 @@ impl ModuleLayout {
             strtab: k("strtab")?,
             ftrace_callsites: m("ftrace_callsites")?,
             num_ftrace_callsites: m("num_ftrace_callsites")?,
+            orc: crate::kernel::module_orc::ModuleOrcLayout::find(btf),
         })
     }
 }

@@ -7,7 +7,7 @@
 //! (one ftrace site per function), added after the plan's functions; its
 //! site number follows the plan's sites (`SiteIndex::find`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::kernel::symbols::Symbol;
@@ -32,6 +32,9 @@ pub struct AddedSites {
     /// Running address of each slot's site; 0 while its module is not
     /// loaded (unloaded after it came).
     addrs: Box<[AtomicU64]>,
+    /// Per slot: does a call there record its arguments (`--args`, trap
+    /// mode), set with its address.
+    args: Box<[AtomicBool]>,
     /// Slots filled so far (the next one given is `used`).
     used: AtomicUsize,
     /// The trace function of slot 0: the plan's function count.
@@ -46,6 +49,7 @@ impl AddedSites {
     pub fn new(n: usize, first_func: u32) -> AddedSites {
         AddedSites {
             addrs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            args: (0..n).map(|_| AtomicBool::new(false)).collect(),
             used: AtomicUsize::new(0),
             first_func,
             functions: Mutex::new(Vec::new()),
@@ -66,9 +70,15 @@ impl AddedSites {
     /// its slot, None when every slot is taken. Called by one thread only,
     /// before the site is written in the guest.
     pub fn add(&self, addr: u64, function: Symbol) -> Option<usize> {
+        self.add_with(addr, function, false)
+    }
+
+    /// `add`; `args`: its calls record their arguments.
+    pub fn add_with(&self, addr: u64, function: Symbol, args: bool) -> Option<usize> {
         let k = self.used.load(Ordering::Relaxed);
         let slot = self.addrs.get(k)?;
         slot.store(addr, Ordering::Relaxed);
+        self.args[k].store(args, Ordering::Relaxed);
         self.functions_now().push(function);
         // Publishes the address with the count: a trap path that sees
         // slot k used sees its address.
@@ -96,6 +106,11 @@ impl AddedSites {
     /// The running address of slot `k`'s site (0: not loaded).
     pub fn addr(&self, k: usize) -> u64 {
         self.addrs[k].load(Ordering::Acquire)
+    }
+
+    /// Does a call at slot `k`'s site record its arguments.
+    pub fn records_args(&self, k: usize) -> bool {
+        k < self.used() && self.args[k].load(Ordering::Relaxed)
     }
 
     /// The trace function of slot 0: the plan's function count.

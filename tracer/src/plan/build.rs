@@ -188,20 +188,31 @@ pub struct TracePlan {
 impl TracePlan {
     /// Plan `req` against `image`.
     pub fn build(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
-        TracePlan::build_from(image, req, false)
+        TracePlan::build_from(image, req, false, false)
     }
 
     /// Plan `req` against `image`, selecting none of the kernel's
     /// functions: `req`'s globs all wait for modules the guest loads
     /// during the trace (`reserve_added` follows); no events.
     pub fn for_modules(image: KernelImage, req: &Request) -> Result<TracePlan, PlanError> {
-        TracePlan::build_from(image, req, true)
+        TracePlan::build_from(image, req, true, false)
+    }
+
+    /// `build`; `waiting`: a `:mod:` glob waits for its module (`vmtrace
+    /// attach`), and `--stack` globs may name only its functions.
+    pub fn build_waiting(
+        image: KernelImage,
+        req: &Request,
+        waiting: bool,
+    ) -> Result<TracePlan, PlanError> {
+        TracePlan::build_from(image, req, false, waiting)
     }
 
     fn build_from(
         image: KernelImage,
         req: &Request,
         modules_only: bool,
+        waiting: bool,
     ) -> Result<TracePlan, PlanError> {
         let events = EventPlan::build(&image, &req.events)?;
         let req = &req.with_events(&events);
@@ -235,7 +246,7 @@ impl TracePlan {
         }
         // After the graph, which may leave functions out and renumber them.
         plan.arg_funcs = crate::plan::args::select(&plan, &req.args)?;
-        plan.stacks = StackPlan::build(&plan, &req.stack)?;
+        plan.stacks = StackPlan::build(&plan, &req.stack, waiting)?;
         let mode = choose_mode(&plan, req, &mut notes)?;
         Ok(TracePlan {
             plan,
@@ -462,6 +473,7 @@ mod tests {
             layout: crate::kernel::image_module::ModuleLayout::unused(),
             phys: 0,
             notify: None,
+            args: None,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct ComingModules {
     /// (`crate::session::module_traps`); None: `vmtrace attach`'s
     /// breakpoints follow the modules.
     pub notify: Option<crate::kernel::module_notify::ModuleNotify>,
+    /// The `--args` globs (None: no `--args`): the functions added that
+    /// match record their arguments (trap mode).
+    pub args: Option<crate::kernel::filter::Globs>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

@@ -13,6 +13,9 @@ pub struct StackPlan {
     /// The functions whose calls record a stack, as indices into
     /// `Plan::funcs` (`Trace::functions`), ascending.
     pub funcs: Vec<u32>,
+    /// The globs, for the functions of a module the guest first loads
+    /// during the trace (`StackSource::set_added`).
+    pub globs: Globs,
     pub unwinder: Unwinder,
     /// How stacks are unwound (`TraceMeta::stacks`).
     pub note: String,
@@ -29,14 +32,19 @@ pub enum StackPlanError {
 
 impl StackPlan {
     /// The stacks `globs` select among `plan`'s traced functions; None
-    /// without globs.
-    pub fn build(plan: &Plan, globs: &[String]) -> Result<Option<StackPlan>, StackPlanError> {
+    /// without globs. `waiting`: a `:mod:` glob waits for its module,
+    /// whose functions globs that match no traced function may name.
+    pub fn build(
+        plan: &Plan,
+        globs: &[String],
+        waiting: bool,
+    ) -> Result<Option<StackPlan>, StackPlanError> {
         if globs.is_empty() {
             return Ok(None);
         }
         let globs = Globs::for_stack(globs)?;
         let funcs = plan.traced_matching(&globs);
-        if funcs.is_empty() {
+        if funcs.is_empty() && !waiting {
             return Err(StackPlanError::NoneTraced {
                 globs: globs.positive().join(","),
             });
@@ -44,6 +52,7 @@ impl StackPlan {
         let (unwinder, note) = Unwinder::for_image(&plan.image, plan.btf.as_deref());
         Ok(Some(StackPlan {
             funcs,
+            globs,
             unwinder,
             note,
         }))

@@ -224,11 +224,13 @@ impl ModuleHooks {
     }
 
     /// Traced modules loaded again during the trace, now: each one's text
-    /// (running addresses) and where it started at the attach, for the
+    /// (running addresses) and where it started at the attach (or at its
+    /// first load, one first loaded during the trace), for the
     /// unwinder (`crate::session::stacks::StackSource::set_moved`).
     pub fn moved(&self) -> Vec<(std::ops::Range<u64>, u64)> {
         let now = |t: &Traced| Some((t.moved_to.clone()?, t.text.start));
-        self.traced.iter().filter_map(now).collect()
+        let first = self.first.as_ref().map(|f| f.moved()).unwrap_or_default();
+        self.traced.iter().filter_map(now).chain(first).collect()
     }
 
     /// The kernel's own address space (its top page table, in its paging
@@ -271,8 +273,11 @@ impl ModuleHooks {
                 return Ok(Vec::new());
             }
             // Each site stands for itself: its own slot in the index.
-            let first = self.first.as_mut();
-            let sites = first.map(|f| f.loading(&read, module)).unwrap_or_default();
+            let Some(first) = self.first.as_mut() else {
+                return Ok(Vec::new());
+            };
+            let sites = first.loading(&read, module);
+            first.read_orc(&mut space, &read, module);
             return Ok(sites.into_iter().map(|s| (s, s)).collect());
         };
         let mut pairs = Vec::new();

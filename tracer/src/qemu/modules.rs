@@ -21,7 +21,7 @@ use vmm::{GuestRam, RamError};
 use super::procmem::ProcRam;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
-use crate::kernel::module_orc::{read_orc, ModuleOrc, ModuleOrcLayout};
+use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{
     loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, MODULES,
 };
@@ -84,7 +84,6 @@ pub struct GuestModules {
 /// Where a kernel's module list is and how to walk it.
 struct Walk {
     layout: ModuleLayout,
-    orc: Option<ModuleOrcLayout>,
     root: u64,
     /// 4- or 5-level: found with the virtual offset (`read`).
     mode: PagingMode,
@@ -100,10 +99,8 @@ impl Walk {
         let layout = ModuleLayout::find(image, &btf)?;
         let root = top_table::root(image, phys)
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
-        let orc = ModuleOrcLayout::find(&btf);
         Ok(Some(Walk {
             layout,
-            orc,
             root,
             mode: PagingMode::Level4,
         }))
@@ -168,7 +165,7 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     let mut list = Vec::new();
     let mut orc = Vec::new();
     for m in walk.list(&ram, offset.virt)? {
-        if let Some(l) = &walk.orc {
+        if let Some(l) = &walk.layout.orc {
             orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
         }
         let mut text = vec![0u8; (m.text.end - m.text.start) as usize];

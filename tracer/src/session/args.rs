@@ -27,6 +27,9 @@ pub struct ArgSource {
     pub table: Arc<ArgTable>,
     /// Per site: does a call there record its arguments.
     pub sites: Arc<[bool]>,
+    /// The sites added during the trace, numbered after `sites`
+    /// (`plan::added_sites`: each slot says whether it records them).
+    pub added: Option<Arc<crate::plan::site_index::SiteIndex>>,
 }
 
 impl ArgSource {
@@ -36,7 +39,17 @@ impl ArgSource {
         Some(ArgSource {
             table: Arc::clone(table),
             sites: sites?,
+            added: None,
         })
+    }
+
+    /// This source, recording at the sites of `index` added during the
+    /// trace too, as each slot says (trap mode).
+    pub fn with_added(self, index: &Arc<crate::plan::site_index::SiteIndex>) -> ArgSource {
+        ArgSource {
+            added: Some(Arc::clone(index)),
+            ..self
+        }
     }
 
     /// The id of a call's arguments at site `site` (`Event::data`), kept;
@@ -53,9 +66,15 @@ impl ArgSource {
         args: [u64; ARG_REGS],
         fields: Option<Vec<FieldValue>>,
     ) -> u64 {
+        let added = |k: usize| {
+            let index = self.added.as_ref();
+            index.is_some_and(|i| i.added().records_args(k))
+        };
         match self.sites.get(site) {
             Some(true) => self.table.push_with(args, fields),
-            _ => 0,
+            Some(false) => 0,
+            None if added(site - self.sites.len()) => self.table.push_with(args, fields),
+            None => 0,
         }
     }
 }

@@ -37,11 +37,12 @@ pub(super) fn field_source(plan: &Plan) -> Option<FieldSource> {
 /// How a session's `--stack` calls unwind (None: no stacks recorded).
 pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource>> {
     let sp = plan.stacks.as_ref()?;
-    Some(Arc::new(StackSource::new(
+    Some(Arc::new(StackSource::with_globs(
         sp.unwinder.clone(),
         &plan.image,
         sp.sites(&plan.index),
         store.stacks(),
+        Some(sp.globs.clone()),
     )))
 }
 
@@ -71,7 +72,10 @@ pub(super) fn equip(
         if let Some(src) = stacks {
             r.record_stacks(Arc::clone(src));
         }
-        r.record_values(ArgSource::new(&args, plan.arg_sites()), retval);
+        // (Trap mode: the sites added during the trace record them too.)
+        let source = ArgSource::new(&args, plan.arg_sites());
+        let source = source.map(|a| a.with_added(&plan.index));
+        r.record_values(source, retval);
         r.record_fields(field_source(plan));
     }
     modules

@@ -277,6 +277,11 @@ impl Tracer {
     fn callers(&self, events: &[Event], trace: &Trace, seen: Option<&[bool]>) -> Vec<Symbol> {
         let image = &self.plan.image;
         let mut used = seen.map_or_else(|| vec![false; image.functions.len()], <[bool]>::to_vec);
+        // And the functions of modules first loaded during the trace
+        // (`plan::added_sites`), at their first load's addresses.
+        let mut added = self.plan.index.added().functions();
+        added.sort_by_key(|s| s.addr);
+        let mut used_added = vec![false; added.len()];
         let frames = trace
             .stacks
             .iter()
@@ -285,6 +290,9 @@ impl Tracer {
         for a in addrs.chain(frames) {
             if let Some(i) = image.function_index_at(a) {
                 used[i] = true;
+            } else if let Some(k) = added.partition_point(|f| f.addr <= a).checked_sub(1) {
+                let f = &added[k];
+                used_added[k] |= a < f.addr + f.size.max(1);
             }
         }
         // The image's functions are sorted by address.
@@ -295,6 +303,8 @@ impl Tracer {
             .filter(|&(_, u)| u)
             .map(|(f, _)| f.clone())
             .collect();
+        let added = added.into_iter().zip(used_added).filter(|&(_, u)| u);
+        callers.extend(added.map(|(f, _)| f));
         callers.sort_by_key(|s| s.addr);
         callers
     }

@@ -8,10 +8,14 @@
 //! attach's modules are, its site written before any of the module's code
 //! runs.
 
+use std::ops::Range;
 use std::sync::Arc;
+
+use vmm::gva::AddressSpace;
 
 use crate::kernel::filter::Filter;
 use crate::kernel::module_image::module_function_name;
+use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{LoadedModule, ModuleLayout};
 use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
@@ -36,6 +40,11 @@ pub struct FirstLoads {
     /// Loads of these modules after their first, and their unloads.
     pub again: usize,
     pub gone: usize,
+    /// Read each load's ORC tables (`--stack`).
+    orc: bool,
+    /// The `--args` globs: the added functions they select record their
+    /// arguments.
+    args: Option<crate::kernel::filter::Globs>,
 }
 
 /// A module first loaded during the trace.
@@ -46,6 +55,33 @@ struct Coming {
     slots: Vec<(usize, String)>,
     /// Its `struct module` while loaded.
     now: Option<u64>,
+    /// Its text and ORC entries (running addresses) while loaded, when
+    /// `--stack` wants them and they could be read: its first load's
+    /// when it is `moved`.
+    orc: Option<(Range<u64>, ModuleOrc)>,
+    /// Its first load, as `--stack` read it.
+    first: Option<FirstImage>,
+    /// Loaded again elsewhere with its first load's code: its text now
+    /// and its first load's start (`StackSource::set_moved`), so that its
+    /// frames read as the first load's, whose functions the trace names.
+    moved: Option<(Range<u64>, u64)>,
+}
+
+/// A first-loaded module's first load: its text, its functions (name,
+/// offset in the text, size) and its ORC entries (running addresses).
+#[derive(Debug)]
+struct FirstImage {
+    text: Range<u64>,
+    functions: Vec<(String, u64, u64)>,
+    orc: ModuleOrc,
+}
+
+/// `m`'s functions by name, offset in its text and size.
+fn shape(m: &LoadedModule) -> Vec<(String, u64, u64)> {
+    let f = |f: &crate::kernel::modules::ModuleFunction| {
+        (f.name.clone(), f.addr - m.text.start, f.size)
+    };
+    m.functions.iter().map(f).collect()
 }
 
 impl FirstLoads {
@@ -59,7 +95,14 @@ impl FirstLoads {
             unslotted: 0,
             again: 0,
             gone: 0,
+            orc: false,
+            args: coming.args.clone(),
         }
+    }
+
+    /// Read each load's ORC tables, for `--stack` (`read_orc`).
+    pub fn want_orc(&mut self) {
+        self.orc = true;
     }
 
     /// Give at most `n` slots (the spare sites of exitless mode's code).
@@ -95,6 +138,9 @@ impl FirstLoads {
                     name: read.name.clone(),
                     slots: Vec::new(),
                     now: None,
+                    orc: None,
+                    first: None,
+                    moved: None,
                 });
                 self.modules.last_mut().expect("just pushed")
             }
@@ -115,7 +161,11 @@ impl FirstLoads {
                         addr: f.addr.wrapping_sub(self.index.slide() as u64),
                         size: f.size,
                     };
-                    let k = added.add(f.site, sym);
+                    // By `function [module]` or the bare name.
+                    let bare = f.name.split_once(" [").map_or(f.name.as_str(), |b| b.0);
+                    let names = [f.name.as_str(), bare];
+                    let args = self.args.as_ref().is_some_and(|g| g.is_match_any(&names));
+                    let k = added.add_with(f.site, sym, args);
                     if let Some(k) = k {
                         c.slots.push((k, f.name));
                     }
@@ -138,6 +188,8 @@ impl FirstLoads {
             return Vec::new();
         };
         c.now = None;
+        c.orc = None;
+        c.moved = None;
         self.gone += 1;
         let added = self.index.added();
         let mut sites = Vec::new();
@@ -149,6 +201,73 @@ impl FirstLoads {
             }
         }
         sites
+    }
+
+    /// `read`, loaded at `module` and followed (`loading`), gets its ORC
+    /// entries read through `space` (where the kernel keeps them, and when
+    /// `--stack` wants them), as the attach reads a loaded module's: its
+    /// stacks unwind through its frames until it is freed. Loaded again
+    /// elsewhere with the same functions at the same offsets and the same
+    /// entries, it is taken as its first load moved (its frames named by
+    /// the functions the trace has); else by its own entries where it is.
+    /// Unread (the tables unreadable), its stacks end at its frames.
+    pub fn read_orc(&mut self, space: &mut AddressSpace<'_>, read: &LoadedModule, module: u64) {
+        let Some(layout) = self.walk.0.orc.filter(|_| self.orc) else {
+            return;
+        };
+        let Some(c) = self.modules.iter_mut().find(|c| c.now == Some(module)) else {
+            return;
+        };
+        if c.orc.is_some() {
+            // The same load seen again.
+            return;
+        }
+        let Ok(now) = read_orc(space, &layout, read) else {
+            return;
+        };
+        let first = c.first.get_or_insert_with(|| FirstImage {
+            text: read.text.clone(),
+            functions: shape(read),
+            orc: now.clone(),
+        });
+        let delta = read.text.start.wrapping_sub(first.text.start);
+        let same_code = first.functions == shape(read)
+            && first.orc.len() == now.len()
+            && (first.orc.iter().zip(&now))
+                .all(|(a, b)| a.0.wrapping_add(delta) == b.0 && a.1 == b.1);
+        (c.orc, c.moved) = match same_code {
+            true if delta != 0 => (
+                Some((first.text.clone(), first.orc.clone())),
+                Some((read.text.clone(), first.text.start)),
+            ),
+            _ => (Some((read.text.clone(), now)), None),
+        };
+    }
+
+    /// Modules first loaded and loaded again elsewhere with their first
+    /// load's code, now: each one's text and its first load's start.
+    pub fn moved(&self) -> Vec<(Range<u64>, u64)> {
+        self.modules
+            .iter()
+            .filter_map(|c| c.moved.clone())
+            .collect()
+    }
+
+    /// Each module first loaded and loaded now: its text and ORC entries
+    /// (running addresses).
+    pub fn loaded_orc(&self) -> Vec<(Range<u64>, &ModuleOrc)> {
+        (self.modules.iter())
+            .filter_map(|c| c.orc.as_ref().map(|(t, o)| (t.clone(), o)))
+            .collect()
+    }
+
+    /// Tell `--stack` of the functions added so far and of the modules
+    /// loaded now (`StackSource::set_added`).
+    pub fn tell_stacks(&self, stacks: &crate::session::stacks::StackSource) {
+        let names: Vec<String> = (self.index.added().functions().into_iter())
+            .map(|f| f.name)
+            .collect();
+        stacks.set_added(&names, &self.loaded_orc());
     }
 
     /// How to walk the guest's module list, and the kernel's physical
@@ -281,6 +400,7 @@ mod tests {
             layout: crate::kernel::modules::ModuleLayout::unused(),
             phys: 0,
             notify: None,
+            args: None,
         };
         let mut first = FirstLoads::new(&coming, Arc::clone(&index));
         first.limit_to(2);
@@ -309,6 +429,33 @@ mod tests {
         assert!(first.loading(&other, other.addr).is_empty());
         assert!(first.freeing(other.addr).is_empty());
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
+    }
+
+    /// `--args=GLOB` marks the slots of the functions it selects, by
+    /// either name; without `--args` none.
+    #[test]
+    fn the_args_globs_mark_the_slots_whose_calls_record_arguments() {
+        let base = 0xffff_ffff_c000_0000;
+        for (args, want) in [
+            (Some("vmt_hit"), [false, true, false]),
+            (Some("*:mod:vmt_test,!vmt_batch"), [false, true, true]),
+            (None, [false; 3]),
+        ] {
+            let index = SiteIndex::new(vec![(0xffff_ffff_8100_0000, 0)]).with_added(8, 1);
+            let index = Arc::new(index);
+            let coming = ComingModules {
+                selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
+                layout: crate::kernel::modules::ModuleLayout::unused(),
+                phys: 0,
+                args: args.map(|a| crate::kernel::filter::Globs::for_args(&[a.into()]).unwrap()),
+            };
+            let mut first = FirstLoads::new(&coming, Arc::clone(&index));
+            let m = vmt_test(base, &[]);
+            assert_eq!(first.loading(&m, m.addr).len(), 3);
+            let got: Vec<bool> = (0..3).map(|k| index.added().records_args(k)).collect();
+            assert_eq!(got, want, "{args:?}");
+            assert!(!index.added().records_args(3));
+        }
     }
 
     /// Judged as the attach judges a site's function: by its full or bare

@@ -11,7 +11,10 @@ use std::sync::{Mutex, OnceLock, RwLock};
 
 use vmm::gva::AddressSpace;
 
+use crate::kernel::filter::Globs;
+use crate::kernel::module_orc::ModuleOrc;
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::unwind::orc_table::{ModuleTable, OrcLayout};
 use crate::kernel::unwind::{EntryRegs, ReturnFixup, StackMemory, UnwindCtx, Unwinder};
 use crate::trace::model::Stack;
 
@@ -93,6 +96,20 @@ pub struct StackSource {
     /// now (running addresses), and where it ran at the attach, which the
     /// unwinder's ORC entries and `text` are of.
     moved: RwLock<Vec<(Range<u64>, u64)>>,
+    /// The `--stack` globs, for functions added during the trace.
+    globs: Option<Globs>,
+    /// Modules first loaded during the trace (`qemu::module_added`).
+    added: RwLock<Added>,
+}
+
+/// What `--stack` knows of the modules first loaded during the trace.
+#[derive(Debug, Default)]
+struct Added {
+    /// Per spare slot (`plan::added_sites`, site `sites.len() + k`): does
+    /// a call there record its stack.
+    stacks: Vec<bool>,
+    /// Each module loaded now: its text and ORC entries, read at its load.
+    tables: Vec<ModuleTable>,
 }
 
 /// A return address in a module's text moved since the attach, seen at
@@ -126,6 +143,18 @@ impl StackSource {
         sites: Vec<bool>,
         table: std::sync::Arc<StackTable>,
     ) -> StackSource {
+        StackSource::with_globs(unwinder, image, sites, table, None)
+    }
+
+    /// `new`, with the `--stack` globs that judge the functions of the
+    /// modules first loaded during the trace (`set_added`).
+    pub fn with_globs(
+        unwinder: Unwinder,
+        image: &KernelImage,
+        sites: Vec<bool>,
+        table: std::sync::Arc<StackTable>,
+        globs: Option<Globs>,
+    ) -> StackSource {
         let modules = image.modules.iter().map(|m| {
             let link = |a: u64| a.wrapping_sub(m.virt as u64);
             (link(m.text.start), link(m.text.end))
@@ -142,7 +171,40 @@ impl StackSource {
             table,
             slide: OnceLock::new(),
             moved: RwLock::new(Vec::new()),
+            globs,
+            added: RwLock::new(Added::default()),
         }
+    }
+
+    /// The modules first loaded during the trace, now: the functions
+    /// given spare slots so far, slot by slot (`function [module]`), and
+    /// each loaded module's text and ORC entries (running addresses),
+    /// read at its load (`qemu::module_added::FirstLoads::loaded_orc`).
+    pub fn set_added(&self, functions: &[String], modules: &[(Range<u64>, &ModuleOrc)]) {
+        let slide = self.slide.get().copied().unwrap_or(0) as u64;
+        let layout = match &self.unwinder {
+            Unwinder::Orc(t) => t.layout(),
+            // (Frame pointers need only the text.)
+            Unwinder::FramePointer => OrcLayout::New,
+        };
+        let stacks = functions
+            .iter()
+            .map(|f| {
+                // By `function [module]` or the bare name, as at the attach.
+                let bare = f.split_once(" [").map_or(f.as_str(), |(b, _)| b);
+                let names = [f.as_str(), bare];
+                self.globs.as_ref().is_some_and(|g| g.is_match_any(&names))
+            })
+            .collect();
+        let tables = modules
+            .iter()
+            .map(|(text, orc)| {
+                let link = |a: u64| a.wrapping_sub(slide);
+                let entries = orc.iter().map(|&(ip, raw)| (link(ip), raw));
+                ModuleTable::new((link(text.start), link(text.end)), layout, entries)
+            })
+            .collect();
+        *self.added.write().unwrap_or_else(|e| e.into_inner()) = Added { stacks, tables };
     }
 
     /// The modules loaded again at new addresses, now: each one's text
@@ -159,7 +221,15 @@ impl StackSource {
 
     /// Does a call at site `i` record its stack.
     pub fn at(&self, i: usize) -> bool {
-        self.sites.get(i).copied().unwrap_or(false)
+        match self.sites.get(i) {
+            Some(&at) => at,
+            // A spare slot's: a function of a module first loaded.
+            None => {
+                let added = self.added.read().unwrap_or_else(|e| e.into_inner());
+                let k = i - self.sites.len();
+                added.stacks.get(k).copied().unwrap_or(false)
+            }
+        }
     }
 
     /// Unwinds from `regs` through `mem` and interns the stack: its id.
@@ -178,10 +248,12 @@ impl StackSource {
             ip: fixup.at_attach(regs.ip),
             ..regs
         };
+        let added = self.added.read().unwrap_or_else(|e| e.into_inner());
         let ctx = UnwindCtx {
             slide: self.slide.get().copied().unwrap_or(0),
             text: &self.text,
             fixup: &fixup,
+            modules: &added.tables,
         };
         self.table.intern(self.unwinder.unwind(regs, mem, &ctx))
     }

@@ -44,7 +44,7 @@ fn push(
     exact: bool,
 ) -> Result<(), StackEnd> {
     let link = ctx.fixup.real(slot, ip).wrapping_sub(ctx.slide as u64);
-    if !super::in_text(ctx.text, link) {
+    if !ctx.in_text(link) {
         return Err(StackEnd::NotText);
     }
     if stack.frames.len() == MAX_FRAMES {

@@ -72,6 +72,17 @@ pub struct UnwindCtx<'a> {
     /// return address elsewhere ends the stack (`StackEnd::NotText`).
     pub text: &'a [(u64, u64)],
     pub fixup: &'a dyn ReturnFixup,
+    /// Modules the guest loaded during the trace: their text and ORC
+    /// entries, looked up before the kernel's table (empty: none).
+    pub modules: &'a [orc_table::ModuleTable],
+}
+
+impl UnwindCtx<'_> {
+    /// Whether link address `addr` is kernel text: the image's, a module's
+    /// read at the attach, or one loaded since.
+    pub(crate) fn in_text(&self, addr: u64) -> bool {
+        in_text(self.text, addr) || self.modules.iter().any(|m| m.covers(addr))
+    }
 }
 
 /// Whether link address `addr` is in one of the `text` ranges.

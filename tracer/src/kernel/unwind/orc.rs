@@ -78,7 +78,7 @@ pub fn unwind(
         // As the kernel's stack traces (arch_stack_walk): every new ip is
         // a frame, while it is kernel text (unwind_get_return_address).
         let link = st.ip.wrapping_sub(ctx.slide as u64);
-        if !super::in_text(ctx.text, link) {
+        if !ctx.in_text(link) {
             break StackEnd::NotText;
         }
         if frames.len() == MAX_FRAMES {
@@ -111,7 +111,11 @@ fn step(
     } else {
         link.wrapping_sub(1)
     };
-    let orc = *t.find(key).ok_or(StackEnd::NoUnwindInfo)?;
+    // A module loaded during the trace has its own entries, as the
+    // kernel's orc_find() looks a module's address up in its table.
+    let own = ctx.modules.iter().find(|m| m.covers(key));
+    let found = own.map_or_else(|| t.find(key), |m| m.table.find(key));
+    let orc = *found.ok_or(StackEnd::NoUnwindInfo)?;
     match orc.kind {
         OrcType::Undefined => return Err(StackEnd::NoUnwindInfo),
         OrcType::EndOfStack => return Err(StackEnd::Bottom),

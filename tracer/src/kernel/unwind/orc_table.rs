@@ -303,6 +303,40 @@ impl OrcTable {
     }
 }
 
+/// The ORC entries of a module the guest loaded during the trace, apart
+/// from the kernel's table (which is fixed at the attach): its core text
+/// and its entries there, at link addresses (`UnwindCtx::modules`).
+#[derive(Debug)]
+pub struct ModuleTable {
+    /// `start..end`.
+    pub text: (u64, u64),
+    pub table: OrcTable,
+}
+
+impl ModuleTable {
+    /// The module whose text is `text` (link addresses), its `entries`
+    /// (link address, raw entry) in the kernel's `layout`.
+    pub fn new(
+        text: (u64, u64),
+        layout: OrcLayout,
+        entries: impl IntoIterator<Item = (u64, [u8; ORC_ENTRY_SIZE])>,
+    ) -> ModuleTable {
+        let pairs = entries
+            .into_iter()
+            .map(|(ip, raw)| (ip, layout.decode(raw)))
+            .collect();
+        ModuleTable {
+            text,
+            table: OrcTable::new(layout, pairs),
+        }
+    }
+
+    /// Whether link address `addr` is in the module's text.
+    pub fn covers(&self, addr: u64) -> bool {
+        (self.text.0..self.text.1).contains(&addr)
+    }
+}
+
 /// The bytes of `s`, all of them in the file.
 fn section_data<'d>(
     s: &object::Section<'d, '_>,

@@ -20,7 +20,14 @@ impl Breakpoints {
             .coming
             .as_ref()
             .filter(|_| plan.index.added().capacity() > 0);
-        let coming = coming.map(|c| FirstLoads::new(c, std::sync::Arc::clone(&plan.index)));
+        let coming = coming.map(|c| {
+            let mut f = FirstLoads::new(c, std::sync::Arc::clone(&plan.index));
+            // Their stacks unwind through their own ORC entries.
+            if self.stacks.is_some() {
+                f.want_orc();
+            }
+            f
+        });
         let found = ModuleHooks::new(image, virt, &*ram, &self.sites, coming)?;
         let Some(hooks) = found else { return Ok(()) };
         let mut set = Vec::new();
@@ -61,6 +68,9 @@ impl Breakpoints {
             // any of its code runs.
             if let Some(s) = self.stacks.as_ref() {
                 s.set_moved(k.moved());
+                if let Some(f) = k.first.as_ref() {
+                    f.tell_stacks(s);
+                }
             }
             for (new, at) in sites {
                 if let Some(j) = self.journal.as_mut() {
@@ -79,6 +89,9 @@ impl Breakpoints {
             }
             if let Some(s) = self.stacks.as_ref() {
                 s.set_moved(k.moved());
+                if let Some(f) = k.first.as_ref() {
+                    f.tell_stacks(s);
+                }
             }
         }
         Ok(())

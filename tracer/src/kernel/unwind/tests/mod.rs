@@ -79,6 +79,7 @@ fn ctx<'a>(fixup: &'a dyn ReturnFixup) -> UnwindCtx<'a> {
         slide: SLIDE,
         text: TEXT_RANGES,
         fixup,
+        modules: &[],
     }
 }
 

@@ -4,6 +4,7 @@
 //! kernel's.
 
 use super::*;
+use crate::kernel::unwind::orc_table::ModuleTable;
 
 /// A module's text above the kernel's (link addresses), its traced
 /// function M1 called by M2, called by the kernel's C.
@@ -34,6 +35,7 @@ fn a_stack_unwinds_through_a_modules_frames_into_the_kernel() {
         slide: SLIDE,
         text: &text,
         fixup: &NoFixup,
+        modules: &[],
     };
     for layout in LAYOUTS {
         let sp = TASK_STACK + 0x100;
@@ -64,5 +66,47 @@ fn a_stack_unwinds_through_a_modules_frames_into_the_kernel() {
         let without = orc::unwind(&kernel(layout), regs, &mut m, &ctx);
         assert_eq!(without.end, StackEnd::NoUnwindInfo, "{layout:?}");
         assert!(without.frames.is_empty(), "{without:?}");
+    }
+}
+
+/// A module first loaded during the trace: its entries apart from the
+/// kernel's table (`UnwindCtx::modules`), its text kernel text with them.
+#[test]
+fn a_stack_unwinds_through_a_module_loaded_after_the_table_was_made() {
+    let text = [(TEXT, TEXT_END)];
+    for layout in LAYOUTS {
+        let sp = TASK_STACK + 0x100;
+        let mut m = Mem::default();
+        m.put(sp, run(M2 + 0x10))
+            .put(sp + 0x20, run(C + 0x40))
+            .put(sp + 0x20 + 0x30, run(D + 0x10));
+        let regs = EntryRegs {
+            ip: run(M1),
+            sp,
+            bp: 0,
+        };
+        let modules = [ModuleTable::new(
+            (MODULE, MODULE_END),
+            layout,
+            module_entries(layout),
+        )];
+        let ctx = |modules| UnwindCtx {
+            slide: SLIDE,
+            text: &text,
+            fixup: &NoFixup,
+            modules,
+        };
+        assert_eq!(
+            orc::unwind(&kernel(layout), regs, &mut m, &ctx(&modules)),
+            Stack {
+                frames: vec![M2 + 0x10, C + 0x40, D + 0x10],
+                end: StackEnd::Bottom,
+                exact: 0,
+            },
+            "{layout:?}"
+        );
+        // Gone (unloaded): its addresses are no kernel text's again.
+        let gone = orc::unwind(&kernel(layout), regs, &mut m, &ctx(&[]));
+        assert!(gone.frames.is_empty(), "{gone:?}");
     }
 }
