@@ -100,6 +100,8 @@ fn follow(
         layout,
         phys: 0,
         notify: Some(notify),
+        // (Not followed with `--args`: said above.)
+        args: None,
     };
     plan.reserve_added(coming, RESERVED, request)?;
     if !waiting.is_empty() {

@@ -447,6 +447,7 @@ mod tests {
                 selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
                 layout: crate::kernel::modules::ModuleLayout::unused(),
                 phys: 0,
+                notify: None,
                 args: args.map(|a| crate::kernel::filter::Globs::for_args(&[a.into()]).unwrap()),
             };
             let mut first = FirstLoads::new(&coming, Arc::clone(&index));
