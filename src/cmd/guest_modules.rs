@@ -39,6 +39,8 @@ pub(super) fn add(
             None
         }
         Ok(None) => None,
+        // The attach refuses another kernel in one line of its own.
+        Err(tracer::kernel::modules::ModuleError::OtherKernel) if traced.is_some() => None,
         Err(e) => {
             note!(
                 "vmtrace: the guest's modules are not {}: {e}",

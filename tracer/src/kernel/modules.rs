@@ -52,6 +52,10 @@ pub enum ModuleError {
     Btf(#[from] BtfError),
     #[error("cannot find the kernel's modules: {0}")]
     Unlocated(String),
+    /// The kernel's banner is nowhere in the guest's RAM: it runs another
+    /// kernel (an attach refuses that in its own words).
+    #[error("cannot find the kernel's modules: the kernel's banner is nowhere in RAM (the guest runs another kernel)")]
+    OtherKernel,
     #[error("reading the module list at {addr:#x}: {source}")]
     Read {
         addr: u64,

@@ -125,6 +125,7 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     let ram = ReadOnlyRam(ram);
     let phys = match phys_candidates(&ram, image).as_deref() {
         Some([one]) => *one,
+        Some([]) => return Err(ModuleError::OtherKernel),
         other => {
             return Err(ModuleError::Unlocated(format!(
                 "the kernel's banner is at {} places in RAM",
