@@ -13,6 +13,7 @@
 mod common;
 
 use common::attach::{count_of, kill_with_guardian, Attach};
+use common::console::assert_no_complaint;
 use std::path::Path;
 
 use common::guard::{assert_same, diffs, Kernel, Memory, Watch, BAD, LOW};
@@ -136,10 +137,7 @@ fn assert_runs_on(guest: &LibvirtGuest, worker: u32) {
             common::qemu::COMMAND_TIMEOUT,
         )
         .unwrap();
-    let console = guest.console.text();
-    for bad in BAD {
-        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
-    }
+    assert_no_complaint(&guest.console.text(), &BAD, "");
 }
 
 #[test]

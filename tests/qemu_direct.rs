@@ -23,6 +23,7 @@
 mod common;
 
 use common::attach::*;
+use common::console::assert_no_complaint;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
@@ -80,14 +81,7 @@ fn direct_entries_attach_and_detach_under_load() {
         .pid()
         .unwrap();
     let as_found = |when: &str| {
-        let console = guest.console();
-        for bad in BAD {
-            assert!(
-                !console.contains(bad),
-                "{when}: {bad:?}:\n{}",
-                first_complaint(&console)
-            );
-        }
+        assert_no_complaint(&guest.console(), &BAD, when);
         let (after, _) = kernel.read(qmp);
         // Bytes the guest's own static keys changed meanwhile are not
         // vmtrace's (seen once on a host at load 16: ten label sites).

@@ -8,10 +8,9 @@ mod common;
 
 use std::time::Instant;
 
+use common::console::assert_no_complaint;
+use common::guard::BAD;
 use common::qemu::*;
-
-/// What a kernel prints when something went wrong.
-const BAD: [&str; 4] = ["WARNING:", "BUG:", "ftrace bug", "Kernel panic"];
 
 fn run(opts: QemuOpts, name: &str) {
     let mut guest = QemuGuest::boot(opts);
@@ -46,12 +45,7 @@ fn run(opts: QemuOpts, name: &str) {
         .unwrap();
 
     let console = guest.console();
-    for bad in BAD {
-        assert!(
-            !console.contains(bad),
-            "{name}: {bad:?} on the console:\n{console}"
-        );
-    }
+    assert_no_complaint(&console, &BAD, name);
     assert!(
         console.contains("smp: Brought up 1 node, 2 CPUs"),
         "{name}: not both vCPUs came up:\n{console}"

@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::attach::*;
+use common::console::assert_no_complaint;
 use common::guard::*;
 use common::qemu::*;
 use common::s;
@@ -504,10 +505,7 @@ fn first_load(
         e.stderr
     );
     assert_no_gdbstub(guest.qmp_socket());
-    let console = guest.console();
-    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
-        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
-    }
+    assert_no_complaint(&guest.console(), &BAD, "");
     assert_runs_on(guest, worker);
 }
 
@@ -604,10 +602,7 @@ fn killed_after_a_first_load(
     assert_no_gdbstub(guest.qmp_socket());
     assert_nops("after the repair");
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
-    let console = guest.console();
-    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
-        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
-    }
+    assert_no_complaint(&guest.console(), &BAD, "");
     assert_runs_on(guest, worker);
 }
 
@@ -773,10 +768,7 @@ fn cycles(
         e.stderr
     );
     assert_no_gdbstub(guest.qmp_socket());
-    let console = guest.console();
-    for bad in ["BUG:", "WARNING:", "Oops", "ftrace bug"] {
-        assert!(!console.contains(bad), "{bad} on the console:\n{console}");
-    }
+    assert_no_complaint(&guest.console(), &BAD, "");
     let (list, mut space) = modules.read();
     let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
     let shape = |m: &LoadedModule| {

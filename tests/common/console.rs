@@ -129,6 +129,30 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Panic if `console` has a line with one of `bad` (a kernel's complaint),
+/// showing the console from a few lines before the first such line on (a
+/// CI log keeps the end of a long message only: the whole console would
+/// hide the complaint), and `what` (which step, what vmtrace said).
+pub fn assert_no_complaint(console: &str, bad: &[&str], what: &str) {
+    let lines: Vec<&str> = console.lines().collect();
+    let Some(at) = lines.iter().position(|l| bad.iter().any(|b| l.contains(b))) else {
+        return;
+    };
+    let from = at.saturating_sub(COMPLAINT_BEFORE);
+    let to = (at + COMPLAINT_AFTER).min(lines.len());
+    panic!(
+        "the guest complained (console line {}): {}\n{}\n{what}",
+        at + 1,
+        lines[at],
+        lines[from..to].join("\n")
+    );
+}
+
+/// Console lines shown before a complaint's line (what led to it) ...
+const COMPLAINT_BEFORE: usize = 8;
+/// ... and from it on (a WARNING's registers and call trace).
+const COMPLAINT_AFTER: usize = 60;
+
 /// A thread that keeps everything the serial port sends.
 fn spawn_reader(mut serial: UnixStream, console: &Shared) -> JoinHandle<()> {
     let console = Arc::clone(console);

@@ -38,10 +38,7 @@ pub fn assert_runs_on(guest: &QemuGuest, worker: u32) {
         .wait_for(&format!("workload: pong pid={worker}"), COMMAND_TIMEOUT)
         .unwrap();
     guest.go("getpid", 10).unwrap();
-    let console = guest.console();
-    for bad in BAD {
-        assert!(!console.contains(bad), "{bad:?} on the console:\n{console}");
-    }
+    super::console::assert_no_complaint(&guest.console(), &BAD, "");
 }
 
 /// The guest memory vmtrace may touch: the low MiB (its pages) and the
