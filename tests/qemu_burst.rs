@@ -55,19 +55,7 @@ fn qmp_once(path: &Path, cmd: &str) -> serde_json::Value {
 }
 
 fn attach(qmp: &Path, bz: &Path, mode: &str) -> Attach {
-    let args = [
-        "--kernel",
-        s(bz),
-        "--format",
-        "json",
-        "--trace",
-        "__x64_sys_getpid",
-        "--mode",
-        mode,
-    ];
-    let mut a = Attach::start(qmp, &args);
-    a.wait_line("vmtrace: attached to QEMU");
-    a
+    attach_json(qmp, bz, "__x64_sys_getpid", &["--mode", mode])
 }
 
 /// One boot: an exitless trace during which another client's

@@ -160,18 +160,12 @@ fn a_510_module_is_traced_by_name(guest: &QemuGuest, bz: &std::path::Path, worke
         assert!(got.contains(&want), "{line}: {got}");
     };
     ask("insmod /binfmt_misc.ko", "insmod 0");
-    let args = [
-        "--kernel",
-        s(bz),
-        "--format",
-        "json",
-        "--trace",
+    let a = attach_json(
+        guest.qmp_socket(),
+        bz,
         "load_misc_binary",
-        "--mode",
-        "trap",
-    ];
-    let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("vmtrace: attached to QEMU");
+        &["--mode", "trap"],
+    );
     ask(&format!("exec {N} /binfmt_misc.ko"), &format!("exec {N}"));
     a.signal(libc::SIGINT);
     let e = a.end();

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use common::attach::*;
 use common::guard::*;
 use common::qemu::*;
-use common::s;
 use tracer::qemu::qmp::Qmp;
 use tracer::qemu::queries::Queries;
 
@@ -106,19 +105,7 @@ fn boot_with(user: &UserMonitor, more: &[&str]) -> (QemuGuest, Workload) {
 
 /// `vmtrace attach` tracing getpid in `mode`, attached.
 fn attach(qmp: &Path, bz: &Path, mode: &str) -> Attach {
-    let args = [
-        "--kernel",
-        s(bz),
-        "--format",
-        "json",
-        "--trace",
-        "__x64_sys_getpid",
-        "--mode",
-        mode,
-    ];
-    let mut a = Attach::start(qmp, &args);
-    a.wait_line("vmtrace: attached to QEMU");
-    a
+    attach_json(qmp, bz, "__x64_sys_getpid", &["--mode", mode])
 }
 
 /// A clean detach with `calls` getpid calls counted.

@@ -876,42 +876,41 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
 /// module is unloaded and loaded again at a new address during the trace.
 fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 4;
+    let more = ["--stack", "vmt_hit", "--mode", "trap"];
+    let a = attach_json(guest.qmp_socket(), bz, "vmt_hit", &more);
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    // Loaded again elsewhere: its calls unwind through the attach's ORC
+    // entries of its code, to the same stack.
+    reload_elsewhere(guest, worker, modules);
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_one_module_stack(&e, 2 * K);
+}
+
+/// Unload vmt_test and load it again at another address (binfmt_misc.ko
+/// loaded between takes the memory it leaves, and goes again).
+fn reload_elsewhere(guest: &QemuGuest, worker: u32, modules: &Modules) {
     let text = || {
         let (list, _) = modules.read();
         let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
         m.text.clone()
     };
     let before = text();
-    let args = [
-        "--kernel",
-        s(bz),
-        "--format",
-        "json",
-        "--trace",
-        "vmt_hit",
-        "--stack",
-        "vmt_hit",
-        "--mode",
-        "trap",
-    ];
-    let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("vmtrace: attached to QEMU");
-    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-    // Loaded again elsewhere: its calls unwind through the attach's ORC
-    // entries of its code, to the same stack.
-    // (binfmt_misc.ko between takes the memory it leaves.)
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
     command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
     command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
     let after = text();
     assert_ne!(after.start, before.start, "loaded again at {after:x?}");
-    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+}
+
+/// `calls` calls of vmt_hit in the attach's JSON report, all with one
+/// stack: complete, down to user mode, through [`MODULE_CHAIN`].
+fn assert_one_module_stack(e: &Ended, calls: u64) {
     let v = e.json();
-    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&(2 * K)), "{v}");
+    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&calls), "{v}");
     let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
     assert_eq!(stacks.len(), 1, "{v}");
     let st = &stacks[0];
@@ -942,18 +941,8 @@ fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: 
 fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 4;
     let data = std::env::temp_dir().join(format!("vmtrace-first-load-{}.data", std::process::id()));
-    let text = || {
-        let (list, _) = modules.read();
-        let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
-        m.text.clone()
-    };
-    let args = [
-        "--kernel",
-        s(bz),
-        "--format",
-        "json",
-        "--trace",
-        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+    let trace = "vmt_*:mod:vmt_test,__x64_sys_getppid";
+    let more = [
         "--stack",
         "vmt_hit",
         "--args",
@@ -962,41 +951,16 @@ fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modul
         "-o",
         s(&data),
     ];
-    let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("vmtrace: attached to QEMU");
+    let a = attach_json(guest.qmp_socket(), bz, trace, &more);
     command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
-    let before = text();
     command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-    // Loaded again elsewhere (binfmt_misc.ko between takes the memory
-    // it leaves).
-    command(guest, "rmmod vmt_test", "rmmod 0", worker);
-    command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
-    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
-    command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
-    let after = text();
-    assert_ne!(after.start, before.start, "loaded again at {after:x?}");
+    reload_elsewhere(guest, worker, modules);
     command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
     a.signal(libc::SIGINT);
     let e = a.end();
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
-    let v = e.json();
-    assert_eq!(e.counts().get("vmt_hit [vmt_test]"), Some(&(2 * K)), "{v}");
-    let stacks = v["stacks"].as_array().unwrap_or_else(|| panic!("{v}"));
-    assert_eq!(stacks.len(), 1, "{v}");
-    let st = &stacks[0];
-    assert_eq!(
-        (&st["end"], &st["complete"]),
-        (&"user".into(), &true.into()),
-        "{st}"
-    );
-    let chain: Vec<&str> = st["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|fr| fr["function"].as_str().unwrap_or_else(|| panic!("{fr}")))
-        .collect();
-    assert_eq!(chain, MODULE_CHAIN, "{st}");
+    assert_one_module_stack(&e, 2 * K);
     // vmt_hit(i), i from 0 to K - 1 at each of the two writes, in order.
     let trace = tracer::trace::datafile::load(&data).unwrap();
     let hit = (trace.functions.iter())

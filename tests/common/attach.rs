@@ -74,6 +74,16 @@ pub fn count_of(counts: &BTreeMap<String, u64>, names: &[&str]) -> u64 {
     found[0]
 }
 
+/// `vmtrace attach` of `bz`'s kernel with the JSON report, tracing
+/// `trace`, `more` flags after, once it said it attached.
+pub fn attach_json(qmp: &Path, bz: &Path, trace: &str, more: &[&str]) -> Attach {
+    let mut args = vec!["--kernel", s(bz), "--format", "json", "--trace", trace];
+    args.extend_from_slice(more);
+    let mut a = Attach::start(qmp, &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    a
+}
+
 impl Attach {
     /// Start `vmtrace attach --qmp QMP ARGS... -q`.
     pub fn start(qmp: &Path, args: &[&str]) -> Attach {
