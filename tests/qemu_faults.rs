@@ -273,6 +273,20 @@ fn a_suspend_ends_the_trace_with_a_detach_inside_it() {
     );
     assert_eq!(count_of(&e.counts(), &GETPID), 20, "{}", e.stdout);
     assert_eq!(user.status(), "suspended", "vmtrace woke the guest");
+    // Its ring device stays (said, with the remedy): the guardian, told
+    // the attach detached, does not take that for a kill to repair.
+    assert!(
+        e.stderr.contains(
+            "its ring device stays in the VM (the VM is stopped: its guest cannot eject it)"
+        ),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        !e.stderr.contains("ended without detaching"),
+        "{}",
+        e.stderr
+    );
     // The guest's own suspend changed its text (jump labels) and its
     // wake-up data: only vmtrace's bytes are compared.
     assert_restored(&before, &during, &watch.read(), "by a detach in S3");

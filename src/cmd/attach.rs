@@ -43,7 +43,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
-    let _guardian = guard::spawn(target, connected.info.pid)
+    let mut guardian = guard::spawn(target, connected.info.pid)
         .map_err(|e| {
             note!(
                 "vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `{}`",
@@ -99,6 +99,11 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let reason = s.trace_with(duration, &done, &mut waits);
     say_taken_over(&s);
     let ended = s.end_with(&reason, &mut waits);
+    if let (Ok(_), Ok(_), Some(g)) = (&ended.detached, &ended.removed, guardian.as_mut()) {
+        // All taken out but maybe the ring device of a VM someone holds
+        // stopped, said below with its remedy: nothing for the guardian.
+        g.detached();
+    }
     data.end_on_terminate();
     report(ended, &reason, data, &output)
 }

@@ -5,9 +5,13 @@
 //! write end of a pipe that is the guardian's stdin: the kernel closes it
 //! however the attach ends, and the guardian then looks for the attach's
 //! journal. A clean detach removed it: the guardian exits, untouched.
+//! A detach that kept the journal on purpose (the ring device of a VM
+//! someone holds stopped, said by the attach with its remedy) tells the
+//! guardian so on the pipe ([`Guardian::detached`]): it exits untouched
+//! too, rather than repair what the attach just left and said.
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
 
 use std::time::{Duration, Instant};
 
@@ -25,12 +29,34 @@ pub const GUARD: &str = "guard";
 /// mount, can take longer: the repair then says it still runs).
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
-/// Start the guardian of this attach to the QEMU `qemu_pid`, `target`. It
-/// lives until this process ends (its stdin's pipe closes): keep the
-/// returned child until then.
-pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Child> {
+/// What the attach sends its guardian once it detached: the VM is as the
+/// attach said, whatever it left (its journal) said with its remedy.
+const DETACHED: &[u8] = b"detached\n";
+
+/// The attach's end of its guardian: the guardian lives until this
+/// process ends (the pipe closes), so keep it until then.
+pub struct Guardian {
+    _child: Child,
+    pipe: Option<ChildStdin>,
+}
+
+impl Guardian {
+    /// The attach detached and said what it left: the guardian is to
+    /// leave the VM alone. (A write that fails leaves it to repair, as
+    /// it would after a kill.)
+    pub fn detached(&mut self) {
+        if let Some(mut pipe) = self.pipe.take() {
+            let _ = pipe.write_all(DETACHED);
+            // Kept open: its closing is the attach's exit.
+            self.pipe = Some(pipe);
+        }
+    }
+}
+
+/// Start the guardian of this attach to the QEMU `qemu_pid`, `target`.
+pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Guardian> {
     use std::os::unix::process::CommandExt;
-    Command::new(std::env::current_exe()?)
+    let mut child = Command::new(std::env::current_exe()?)
         .arg(GUARD)
         .args(target.args())
         .arg("--qemu-pid")
@@ -43,14 +69,25 @@ pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Child> {
         // Its own process group: a Ctrl-C at the terminal, meant for the
         // attach (which then detaches), does not end its guardian.
         .process_group(0)
-        .spawn()
+        .spawn()?;
+    let pipe = child.stdin.take();
+    Ok(Guardian {
+        _child: child,
+        pipe,
+    })
 }
 
 pub fn main(args: &GuardArgs) -> Result<Outcome, Error> {
     // Until the attach is gone: EOF (or an error) on the pipe.
-    let mut sink = [0u8; 64];
+    let mut told = Vec::new();
+    let mut chunk = [0u8; 64];
     let mut stdin = std::io::stdin();
-    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    while let Ok(n @ 1..) = stdin.read(&mut chunk) {
+        told.extend_from_slice(&chunk[..n]);
+    }
+    if told.ends_with(DETACHED) {
+        return Ok(Outcome::Clean);
+    }
     // The pipe closes as the attach exits, a moment before the kernel
     // shows it exited: until then the repair would take it for alive.
     let deadline = Instant::now() + EXIT_WAIT;
