@@ -291,14 +291,30 @@ fn a_suspend_ends_the_trace_with_a_detach_inside_it() {
     // wake-up data: only vmtrace's bytes are compared.
     assert_restored(&before, &during, &watch.read(), "by a detach in S3");
     assert_no_gdbstub(qmp);
-    user.run("system_wakeup");
-    guest
-        .wait_for(
-            &format!("workload: resumed 0 pid={}", w.worker),
-            COMMAND_TIMEOUT,
-        )
-        .unwrap();
+    wake(&guest, &user, w.worker);
     assert_runs_on(&guest, w.worker);
+}
+
+/// How long a woken guest may take to say it resumed before its state is
+/// looked at (a few seconds on this host's TCG, loaded).
+const RESUME_WAIT: Duration = Duration::from_secs(90);
+
+/// Wake the suspended guest (QMP `system_wakeup`, its user's) and wait
+/// for its workload to say it resumed. A VM still `suspended` after
+/// [`RESUME_WAIT`] did not take the request (QEMU answered it, but the
+/// machine never left the state): it is asked once more. Anything else is
+/// the failure, said with QEMU's state and the console's end.
+fn wake(guest: &QemuGuest, user: &UserMonitor, worker: u32) {
+    let resumed = format!("workload: resumed 0 pid={worker}");
+    user.run("system_wakeup");
+    let Err(first) = guest.wait_for(&resumed, RESUME_WAIT) else {
+        return;
+    };
+    let status = user.status();
+    assert_eq!(status, "suspended", "woken, not resumed: {first}");
+    eprintln!("the VM stayed suspended after a system_wakeup: woken again");
+    user.run("system_wakeup");
+    guest.wait_for(&resumed, COMMAND_TIMEOUT).unwrap();
 }
 
 /// A vCPU hot-added mid-trace (`-smp 1,maxcpus=2`, QMP `device_add`;
