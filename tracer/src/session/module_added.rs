@@ -384,6 +384,17 @@ mod tests {
         assert!(names(&["hrtimer_*"]).is_empty());
     }
 
+    /// What `*:mod:vmt_test` waits for, `args` recording arguments.
+    fn coming_vmt_test(args: Option<crate::kernel::filter::Globs>) -> ComingModules {
+        ComingModules {
+            selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
+            layout: crate::kernel::modules::ModuleLayout::unused(),
+            phys: 0,
+            notify: None,
+            args,
+        }
+    }
+
     /// Slots are given up to the limit (exitless mode's spare sites), the
     /// rest counted; the functions are named at link addresses; a
     /// module's later loads keep its slots, and its loads and unloads
@@ -395,13 +406,7 @@ mod tests {
         let index = SiteIndex::new(vec![(0xffff_ffff_8100_0000, 0)]).with_added(8, 1);
         index.set_slide(slide);
         let index = Arc::new(index);
-        let coming = ComingModules {
-            selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
-            layout: crate::kernel::modules::ModuleLayout::unused(),
-            phys: 0,
-            notify: None,
-            args: None,
-        };
+        let coming = coming_vmt_test(None);
         let mut first = FirstLoads::new(&coming, Arc::clone(&index));
         first.limit_to(2);
         let module = |at: u64| vmt_test(at, &[]);
@@ -443,13 +448,8 @@ mod tests {
         ] {
             let index = SiteIndex::new(vec![(0xffff_ffff_8100_0000, 0)]).with_added(8, 1);
             let index = Arc::new(index);
-            let coming = ComingModules {
-                selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),
-                layout: crate::kernel::modules::ModuleLayout::unused(),
-                phys: 0,
-                notify: None,
-                args: args.map(|a| crate::kernel::filter::Globs::for_args(&[a.into()]).unwrap()),
-            };
+            let globs = args.map(|a| crate::kernel::filter::Globs::for_args(&[a.into()]).unwrap());
+            let coming = coming_vmt_test(globs);
             let mut first = FirstLoads::new(&coming, Arc::clone(&index));
             let m = vmt_test(base, &[]);
             assert_eq!(first.loading(&m, m.addr).len(), 3);
