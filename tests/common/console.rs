@@ -67,8 +67,8 @@ impl SerialConsole {
                 let why = if c.closed { self.gone } else { "timed out" };
                 let text = String::from_utf8_lossy(&c.bytes).into_owned();
                 return Err(format!(
-                    "{why} waiting for {pattern:?} on the console; its end:\n{}",
-                    tail(&text, 40)
+                    "{why} waiting for {pattern:?} on the console{}",
+                    excerpt(&text)
                 ));
             }
             c = cond
@@ -127,6 +127,38 @@ impl Drop for SerialConsole {
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// What a kernel prints when something went wrong (`guard::BAD` too).
+const COMPLAINTS: [&str; 5] = ["WARNING:", "BUG:", "ftrace bug", "Oops", "Kernel panic"];
+
+/// A console's part worth showing in a failure: from a little before the
+/// kernel's first complaint, if it made one, else its end; and where the
+/// whole console was saved (a file in the temporary directory).
+fn excerpt(console: &str) -> String {
+    static SAVED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SAVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("vmtrace-console-{}-{n}.txt", std::process::id()));
+    let saved = match std::fs::write(&path, console) {
+        Ok(()) => format!("whole console in {}", path.display()),
+        Err(e) => format!("not saved to {}: {e}", path.display()),
+    };
+    let lines: Vec<&str> = console.lines().collect();
+    match lines
+        .iter()
+        .position(|l| COMPLAINTS.iter().any(|b| l.contains(b)))
+    {
+        Some(at) => {
+            let from = at.saturating_sub(COMPLAINT_BEFORE);
+            let to = (at + COMPLAINT_AFTER).min(lines.len());
+            format!(
+                " ({saved}); its first complaint, at line {}:\n{}",
+                at + 1,
+                lines[from..to].join("\n")
+            )
+        }
+        None => format!(" ({saved}); its end:\n{}", tail(console, 40)),
+    }
 }
 
 /// Panic if `console` has a line with one of `bad` (a kernel's complaint),
