@@ -12,7 +12,7 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::ret::{emit_ret, Return};
-use super::strcopy::{emit_copies, CopyFns, StrCopy};
+use super::strcopy::{emit_copies, emit_words, CopyFns, StrCopy};
 
 /// Displacements and immediates the paths use (computed and checked by
 /// `trampoline::generate`).
@@ -318,11 +318,13 @@ pub(super) fn emit_commit(
 }
 
 /// The entry-only path at `entry` (the sites' stubs jump there): see the
-/// module comment.
+/// module comment. With `words` (a site's own entry, `trampoline::
+/// emit_code`), its event's words copied once its arguments are stored.
 pub(super) fn emit_entry(
     a: &mut CodeAssembler,
     f: &Fields,
     entry: &mut CodeLabel,
+    words: &[StrCopy],
 ) -> Result<(), IcedError> {
     let mut out = a.create_label();
     let mut full = a.create_label();
@@ -340,6 +342,9 @@ pub(super) fn emit_entry(
     emit_task(a, f)?;
     // rdx was pushed last: at [rsp].
     emit_args(a, f, 0)?;
+    if f.rec_args.is_some() {
+        emit_words(a, f.rec_strings, words)?;
+    }
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;

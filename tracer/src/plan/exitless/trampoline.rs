@@ -171,6 +171,9 @@ pub struct Trampoline {
     /// Offset of the shared body in `code` (`Shape::Shared`; with per-site
     /// bodies, site 0's).
     common: u32,
+    /// Offsets of the entry paths in `code`, ascending: the shared body's
+    /// and (`Shape::Shared`) those of sites with words to copy.
+    entries: Vec<u32>,
     /// Offset of what each site calls in `code` (its stub or its body), by
     /// site index.
     stubs: Vec<u32>,
@@ -233,7 +236,12 @@ impl Trampoline {
         // The body to walk: the shared body, or the site's own.
         let (common, end) = match self.shape {
             Shape::Shared if off >= first_stub => return Some(0),
-            Shape::Shared => (u64::from(self.common), first_stub),
+            // The entry path `off` is in (the shared one, or a site's own).
+            Shape::Shared => {
+                let at = self.entries.partition_point(|&e| u64::from(e) <= off);
+                let entry = self.entries.get(at.checked_sub(1)?)?;
+                (u64::from(*entry), first_stub)
+            }
             // The body `off` is in: the bodies follow each other in site
             // order (with `--args=GLOB`, of two lengths).
             Shape::PerSite => {
@@ -336,6 +344,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut common = a.create_label();
     let mut ret_common = a.create_label();
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
+    let mut own_entries: Vec<CodeLabel> = Vec::new();
     a.dq(&layout.table()).map_err(assemble)?;
 
     emit_code(
@@ -345,6 +354,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         spec,
         [&mut common, &mut ret_common],
         &mut stubs,
+        &mut own_entries,
     )
     .map_err(assemble)?;
 
@@ -369,6 +379,12 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         Shape::Shared => offset_of(&common)?,
         Shape::PerSite => stubs[0],
     };
+    let mut entries = own_entries
+        .iter()
+        .map(offset_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    entries.push(common);
+    entries.sort_unstable();
     let ret_common = match layout.graph {
         true => Some(offset_of(&ret_common)?),
         false => None,
@@ -387,6 +403,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         table: (layout.cpus * 8) as u32,
         shape,
         common,
+        entries,
         stubs,
         common_path,
         return_path,
@@ -396,7 +413,8 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
 
 /// Emits the code of `shape`: a body per site, or the shared body (and with
 /// the graph the shared return path) and a stub per site. Labels the shared
-/// entry and return (`common`), and each site's entry (`stubs`).
+/// entry and return (`common`), each site's entry (`stubs`), and the entry
+/// paths of sites' own in the shared shape (`own_entries`).
 fn emit_code(
     a: &mut CodeAssembler,
     fields: &Fields,
@@ -404,6 +422,7 @@ fn emit_code(
     spec: &TrampolineSpec,
     [common, ret_common]: [&mut CodeLabel; 2],
     stubs: &mut Vec<CodeLabel>,
+    own_entries: &mut Vec<CodeLabel>,
 ) -> Result<(), IcedError> {
     let sites = spec.layout.sites;
     if shape == Shape::PerSite {
@@ -423,20 +442,39 @@ fn emit_code(
         }
         return Ok(());
     }
-    if spec.layout.graph {
-        graph_code::emit_entry(a, fields, common)?;
+    let graph = spec.layout.graph;
+    if graph {
+        graph_code::emit_entry(a, fields, common, &[])?;
         graph_code::emit_return(a, fields, ret_common)?;
     } else {
-        emit_entry(a, fields, common)?;
+        emit_entry(a, fields, common, &[])?;
     }
+    // A site whose event has words to copy (a syscall's registers, which
+    // need no call) gets the shared entry path of its own, with them;
+    // its strings need a body of its own (`Shape::PerSite`).
+    let mut entries = Vec::with_capacity(sites);
     for k in 0..sites {
+        let words = spec.site_copies(k);
+        if !words.iter().any(|c| c.is_word()) {
+            entries.push(*common);
+            continue;
+        }
+        let mut own = a.create_label();
+        match graph {
+            true => graph_code::emit_entry(a, fields, &mut own, words)?,
+            false => emit_entry(a, fields, &mut own, words)?,
+        }
+        own_entries.push(own);
+        entries.push(own);
+    }
+    for (k, entry) in entries.into_iter().enumerate() {
         let mut stub = a.create_label();
         a.set_label(&mut stub)?;
         // r11d = this site's index + 1, its records' commit word (r11 is
         // scratch at a function entry).
         a.mov(r11d, k as u32 + 1)?;
-        // Into the common part.
-        a.jmp(*common)?;
+        // Into the common part (or the site's own entry).
+        a.jmp(entry)?;
         stubs.push(stub);
     }
     Ok(())
@@ -2352,28 +2390,15 @@ mod tests {
     // ---- an event's strings copied at the event ---------------------------
 
     fn event(name: &str, args: &[(&str, &str)]) -> crate::kernel::events::fields::EventFormat {
-        use crate::kernel::events::{EventArg, EventKind, KernelEvent};
-        let args = args.iter().map(|&(ty, name)| EventArg {
-            ty: ty.into(),
-            name: name.into(),
-        });
-        crate::kernel::events::fields::EventFormat::of(&KernelEvent {
-            system: if name == "task_rename" {
-                "task"
-            } else {
-                "sched"
-            }
-            .into(),
-            name: name.into(),
-            kind: EventKind::Tracepoint,
-            call: 0,
-            tracepoint: None,
-            key: None,
-            iterator: None,
-            args: Some(args.collect()),
-            listed: true,
-            syscall: None,
-        })
+        use crate::kernel::events::KernelEvent;
+        let system = if name == "task_rename" {
+            "task"
+        } else {
+            "sched"
+        };
+        crate::kernel::events::fields::EventFormat::of(&KernelEvent::declared(
+            system, name, args, None,
+        ))
         .unwrap()
     }
 
@@ -2492,4 +2517,7 @@ mod tests {
         let area = run(1, [task, 42, 0xffff_8000_dead_0000]);
         assert_eq!(values(&exec, &area)[0], FieldValue::Unread);
     }
+
+    // A syscall event's arguments copied at the event.
+    mod words;
 }
