@@ -145,6 +145,21 @@ pub(super) fn emit_args(a: &mut CodeAssembler, f: &Fields, rdx_at: i32) -> Resul
     Ok(())
 }
 
+/// `emit_args`, then `words`, a site's own entry path's copies
+/// (`strcopy::emit_words`: RDI is still the traced function's).
+pub(super) fn emit_args_words(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    rdx_at: i32,
+    words: &[StrCopy],
+) -> Result<(), IcedError> {
+    emit_args(a, f, rdx_at)?;
+    if f.rec_args.is_some() {
+        emit_words(a, f.rec_strings, words)?;
+    }
+    Ok(())
+}
+
 /// Record a return's RAX in the record at r10, with `--retval`: from
 /// `[rsp + rax_at]`, where the return path saved it (clobbers rax).
 pub(super) fn emit_retval(a: &mut CodeAssembler, f: &Fields, rax_at: i32) -> Result<(), IcedError> {
@@ -341,10 +356,7 @@ pub(super) fn emit_entry(
     emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed last: at [rsp].
-    emit_args(a, f, 0)?;
-    if f.rec_args.is_some() {
-        emit_words(a, f.rec_strings, words)?;
-    }
+    emit_args_words(a, f, 0, words)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;

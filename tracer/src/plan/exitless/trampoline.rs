@@ -344,7 +344,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
     let mut common = a.create_label();
     let mut ret_common = a.create_label();
     let mut stubs: Vec<CodeLabel> = Vec::with_capacity(sites);
-    let mut own_entries: Vec<CodeLabel> = Vec::new();
     a.dq(&layout.table()).map_err(assemble)?;
 
     emit_code(
@@ -354,7 +353,6 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         spec,
         [&mut common, &mut ret_common],
         &mut stubs,
-        &mut own_entries,
     )
     .map_err(assemble)?;
 
@@ -379,17 +377,12 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         Shape::Shared => offset_of(&common)?,
         Shape::PerSite => stubs[0],
     };
-    let mut entries = own_entries
-        .iter()
-        .map(offset_of)
-        .collect::<Result<Vec<_>, _>>()?;
-    entries.push(common);
-    entries.sort_unstable();
     let ret_common = match layout.graph {
         true => Some(offset_of(&ret_common)?),
         false => None,
     };
     let mut code = result.inner.code_buffer;
+    let entries = entry_offsets(&code, &stubs, shape, common);
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     if shape == Shape::PerSite {
         check_paths(&code, &stubs, |k| body_instructions(spec, k))?;
@@ -413,8 +406,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
 
 /// Emits the code of `shape`: a body per site, or the shared body (and with
 /// the graph the shared return path) and a stub per site. Labels the shared
-/// entry and return (`common`), each site's entry (`stubs`), and the entry
-/// paths of sites' own in the shared shape (`own_entries`).
+/// entry and return (`common`), and each site's entry (`stubs`).
 fn emit_code(
     a: &mut CodeAssembler,
     fields: &Fields,
@@ -422,7 +414,6 @@ fn emit_code(
     spec: &TrampolineSpec,
     [common, ret_common]: [&mut CodeLabel; 2],
     stubs: &mut Vec<CodeLabel>,
-    own_entries: &mut Vec<CodeLabel>,
 ) -> Result<(), IcedError> {
     let sites = spec.layout.sites;
     if shape == Shape::PerSite {
@@ -464,7 +455,6 @@ fn emit_code(
             true => graph_code::emit_entry(a, fields, &mut own, words)?,
             false => emit_entry(a, fields, &mut own, words)?,
         }
-        own_entries.push(own);
         entries.push(own);
     }
     for (k, entry) in entries.into_iter().enumerate() {
@@ -478,6 +468,24 @@ fn emit_code(
         stubs.push(stub);
     }
     Ok(())
+}
+
+/// The entry paths' offsets in `code`, ascending: `common`, and in the
+/// shared shape those the stubs jump to (sites with words of their own).
+fn entry_offsets(code: &[u8], stubs: &[u32], shape: Shape, common: u32) -> Vec<u32> {
+    let mut entries = vec![common];
+    if shape == Shape::Shared {
+        for &stub in stubs {
+            let va = CODE_VA + u64::from(stub);
+            let mut d = Decoder::with_ip(64, &code[stub as usize..], va, DecoderOptions::NONE);
+            // `mov r11d, k + 1`, then `jmp ENTRY`.
+            let jmp = [d.decode(), d.decode()][1];
+            entries.push((jmp.near_branch_target() - CODE_VA) as u32);
+        }
+    }
+    entries.sort_unstable();
+    entries.dedup();
+    entries
 }
 
 /// Appends the function graph's return trap and the frames' return stubs
