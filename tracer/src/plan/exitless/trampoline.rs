@@ -2410,15 +2410,9 @@ mod tests {
         .unwrap()
     }
 
-    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
-    /// old_pid, bprm)`: their bodies copy the names and the file name into
-    /// the record, each register kept; a pointer to nothing reads unread,
-    /// a file name past the bound is cut and marked, and the path is the
-    /// length `strcopy::path_instructions` says.
-    #[test]
-    fn emulated_events_copy_their_strings_into_the_record() {
-        use crate::kernel::events::fields::{FieldOffsets, FieldValue};
-        let off = FieldOffsets {
+    /// The structures' offsets the emulated events' copies use.
+    fn field_offsets() -> crate::kernel::events::fields::FieldOffsets {
+        crate::kernel::events::fields::FieldOffsets {
             comm: 0x10,
             pid: 0x20,
             tgid: 0x24,
@@ -2428,7 +2422,18 @@ mod tests {
             signal: 0x38,
             oom_score_adj: 0x8,
             filename: 0x40,
-        };
+        }
+    }
+
+    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
+    /// old_pid, bprm)`: their bodies copy the names and the file name into
+    /// the record, each register kept; a pointer to nothing reads unread,
+    /// a file name past the bound is cut and marked, and the path is the
+    /// length `strcopy::path_instructions` says.
+    #[test]
+    fn emulated_events_copy_their_strings_into_the_record() {
+        use crate::kernel::events::fields::FieldValue;
+        let off = field_offsets();
         let rename = event(
             "task_rename",
             &[("struct task_struct *", "task"), ("const char *", "comm")],

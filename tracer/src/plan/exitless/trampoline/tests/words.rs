@@ -4,7 +4,7 @@
 //! entry path there).
 
 use super::*;
-use crate::kernel::events::fields::{FieldOffsets, FieldValue};
+use crate::kernel::events::fields::FieldValue;
 use crate::kernel::events::syscall_format::{self, PtRegs};
 use crate::kernel::events::{KernelEvent, TableEntry};
 
@@ -43,17 +43,8 @@ fn openat() -> crate::kernel::events::fields::EventFormat {
 #[test]
 fn emulated_syscall_entries_copy_their_argument_registers() {
     let format = openat();
-    let off = FieldOffsets {
-        comm: 0x10,
-        pid: 0x20,
-        tgid: 0x24,
-        prio: 0x28,
-        exit_state: 0x2c,
-        cpu: None,
-        signal: 0x38,
-        oom_score_adj: 0x8,
-        filename: 0x40,
-    };
+    // No string: the words need no structure's offset.
+    let off = field_offsets();
     let words = strcopy::copies(&format, &off);
     assert_eq!(words.len(), 4);
     assert!(words.iter().all(|c| c.is_word() && c.calls() == 0));
