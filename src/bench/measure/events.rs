@@ -66,10 +66,7 @@ pub fn event_costs(vmlinux: &Path) -> Result<EventCosts, Error> {
         };
         let copy = CopyCost {
             insns: strcopy::path_instructions(&copies),
-            calls: copies
-                .iter()
-                .map(|c| 1 + usize::from(c.at.deref.is_some()))
-                .sum(),
+            calls: copies.iter().map(strcopy::StrCopy::calls).sum(),
         };
         costs.push((e.name.clone(), longest, copy));
     }

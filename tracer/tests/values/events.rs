@@ -8,7 +8,7 @@
 
 use tracer::kernel::events::fields::{EventFormat, FieldValue};
 use tracer::kernel::events::ftrace_format::{FtraceField, FtraceFormat};
-use tracer::kernel::events::{EventArg, EventKind, KernelEvent};
+use tracer::kernel::events::KernelEvent;
 use tracer::kernel::symbols::Symbol;
 use tracer::trace::datafile::{load, save, DATA_VERSION};
 use tracer::trace::export::script::write_script;
@@ -19,23 +19,7 @@ use tracer::trace::report::{render, ReportOptions};
 use super::{check, golden_dir, text, tmp};
 
 fn format(name: &str, args: &[(&str, &str)]) -> EventFormat {
-    let args = args.iter().map(|(ty, name)| EventArg {
-        ty: ty.to_string(),
-        name: name.to_string(),
-    });
-    EventFormat::of(&KernelEvent {
-        system: "sched".into(),
-        name: name.into(),
-        kind: EventKind::Tracepoint,
-        call: 0,
-        tracepoint: None,
-        key: None,
-        iterator: None,
-        args: Some(args.collect()),
-        listed: true,
-        syscall: None,
-    })
-    .unwrap()
+    EventFormat::of(&KernelEvent::declared("sched", name, args, None)).unwrap()
 }
 
 /// Two vCPUs; `wl-worker` (pid 73) forks pid 80 and switches to it, the

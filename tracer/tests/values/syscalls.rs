@@ -6,7 +6,7 @@
 
 use tracer::kernel::events::fields::FieldValue;
 use tracer::kernel::events::syscall_format::{self, PtRegs};
-use tracer::kernel::events::{EventArg, EventKind, KernelEvent, TableEntry};
+use tracer::kernel::events::{KernelEvent, TableEntry};
 use tracer::kernel::symbols::Symbol;
 use tracer::trace::datafile::{load, save};
 use tracer::trace::export::script::write_script;
@@ -25,28 +25,11 @@ const REGS: PtRegs = PtRegs {
 const SLOT: u64 = 0xffff_c900_0040_3f48;
 
 fn event(name: &str, args: &[(&str, &str)]) -> KernelEvent {
-    KernelEvent {
-        system: "syscalls".into(),
-        name: name.into(),
-        kind: EventKind::Syscall,
-        call: 0,
-        tracepoint: None,
-        key: None,
-        iterator: None,
-        args: Some(
-            args.iter()
-                .map(|(ty, name)| EventArg {
-                    ty: ty.to_string(),
-                    name: name.to_string(),
-                })
-                .collect(),
-        ),
-        listed: true,
-        syscall: Some(TableEntry {
-            nr: 257,
-            func: "__x64_sys_openat".into(),
-        }),
-    }
+    let table = TableEntry {
+        nr: 257,
+        func: "__x64_sys_openat".into(),
+    };
+    KernelEvent::declared("syscalls", name, args, Some(table))
 }
 
 /// One openat(2) of pid 73, entry and return (-ENOENT).

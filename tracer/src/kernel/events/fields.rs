@@ -168,6 +168,18 @@ pub struct StrAt {
     pub len: Option<u32>,
 }
 
+/// Where a field that does not last past the event is at the event: what
+/// the guest code copies into the record then (`EventFormat::copied_at`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyAt {
+    /// A string, from the event's arguments.
+    Str(StrAt),
+    /// The `unsigned long` at this offset of the `struct pt_regs` the
+    /// traced function's first argument points to (`Source::Regs`: a
+    /// syscall's argument register).
+    Word(u32),
+}
+
 /// A field's value as read at the event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FieldValue {
@@ -177,7 +189,8 @@ pub enum FieldValue {
     Unread,
 }
 
-fn field(name: &str, ty: &str, source: Source, print: Print) -> Field {
+/// A field labelled by its name.
+pub(super) fn field(name: &str, ty: &str, source: Source, print: Print) -> Field {
     Field {
         name: name.into(),
         label: name.into(),
@@ -328,16 +341,16 @@ impl EventFormat {
         !renamed && !regs && !matches!(f.source, Source::Str(_) | Source::Filename(_))
     }
 
-    /// Where field `i` is at the event when it is a string that does not
-    /// last past it (`lasts`), for the guest code to copy it then
-    /// (exitless mode, `plan::exitless::strcopy`); None for any other
-    /// field.
-    pub fn copied_at(&self, i: usize, off: &FieldOffsets) -> Option<StrAt> {
+    /// Where field `i` is at the event when it does not last past it
+    /// (`lasts`: a string, a syscall's register), for the guest code to
+    /// copy it then (exitless mode, `plan::exitless::strcopy`); None for
+    /// any other field.
+    pub fn copied_at(&self, i: usize, off: &FieldOffsets) -> Option<CopyAt> {
         if self.lasts(i) {
             return None;
         }
         let comm = Some(COMM_LEN as u32);
-        Some(match self.fields.get(i)?.source {
+        Some(CopyAt::Str(match self.fields.get(i)?.source {
             Source::Str(arg) => StrAt {
                 arg,
                 deref: None,
@@ -356,8 +369,9 @@ impl EventFormat {
                 add: 0,
                 len: None,
             },
+            Source::Regs(at) => return Some(CopyAt::Word(at)),
             _ => return None,
-        })
+        }))
     }
 
     /// The event's name alone (`sched_switch`).

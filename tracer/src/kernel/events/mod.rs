@@ -141,6 +141,36 @@ pub struct KernelEvent {
 }
 
 impl KernelEvent {
+    /// An event known by its names and C arguments alone, at no address of
+    /// an image: a tracepoint's, or with `syscall` a syscall event's (what
+    /// a trace built in code, as the tests' are, describes).
+    pub fn declared(
+        system: &str,
+        name: &str,
+        args: &[(&str, &str)],
+        syscall: Option<TableEntry>,
+    ) -> KernelEvent {
+        let args = args.iter().map(|&(ty, name)| EventArg {
+            ty: ty.into(),
+            name: name.into(),
+        });
+        KernelEvent {
+            system: system.into(),
+            name: name.into(),
+            kind: match syscall {
+                Some(_) => EventKind::Syscall,
+                None => EventKind::Tracepoint,
+            },
+            call: 0,
+            tracepoint: None,
+            key: None,
+            iterator: None,
+            args: Some(args.collect()),
+            listed: true,
+            syscall,
+        }
+    }
+
     /// `sched:sched_switch`.
     pub fn full_name(&self) -> String {
         format!("{}:{}", self.system, self.name)

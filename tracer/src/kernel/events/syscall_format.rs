@@ -14,7 +14,7 @@
 //! needs a flag in every thread: docs/events.md).
 
 use crate::kernel::btf::{BtfError, KernelBtf};
-use crate::kernel::events::fields::{EventFormat, Field, Print, Source};
+use crate::kernel::events::fields::{field, EventFormat, Print, Source};
 use crate::kernel::events::ftrace_format::{FtraceField, FtraceFormat};
 use crate::kernel::events::KernelEvent;
 
@@ -94,16 +94,6 @@ impl PtRegs {
     }
 }
 
-fn field(name: &str, ty: &str, source: Source, print: Print) -> Field {
-    Field {
-        name: name.into(),
-        label: name.into(),
-        ty: ty.into(),
-        source,
-        print,
-    }
-}
-
 fn ftrace_field(ty: &str, name: &str, offset: u32, size: u32, signed: bool) -> FtraceField {
     FtraceField {
         ty: ty.into(),
@@ -171,31 +161,14 @@ pub fn function(event: &KernelEvent) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::events::{EventArg, EventKind, TableEntry};
+    use crate::kernel::events::TableEntry;
 
-    fn openat(name: &str, args: Vec<(&str, &str)>) -> KernelEvent {
-        KernelEvent {
-            system: SYSTEM.into(),
-            name: name.into(),
-            kind: EventKind::Syscall,
-            call: 0,
-            tracepoint: None,
-            key: None,
-            iterator: None,
-            args: Some(
-                args.into_iter()
-                    .map(|(ty, name)| EventArg {
-                        ty: ty.into(),
-                        name: name.into(),
-                    })
-                    .collect(),
-            ),
-            listed: true,
-            syscall: Some(TableEntry {
-                nr: 257,
-                func: "__x64_sys_openat".into(),
-            }),
-        }
+    fn openat(name: &str, args: &[(&str, &str)]) -> KernelEvent {
+        let table = TableEntry {
+            nr: 257,
+            func: "__x64_sys_openat".into(),
+        };
+        KernelEvent::declared(SYSTEM, name, args, Some(table))
     }
 
     const REGS: PtRegs = PtRegs {
@@ -207,13 +180,13 @@ mod tests {
     /// and `sys_exit_openat/format`.
     #[test]
     fn the_formats_are_ftraces() {
-        let args = vec![
+        let args = [
             ("int", "dfd"),
             ("const char *", "filename"),
             ("int", "flags"),
             ("umode_t", "mode"),
         ];
-        let f = format(&openat("sys_enter_openat", args), &REGS).unwrap();
+        let f = format(&openat("sys_enter_openat", &args), &REGS).unwrap();
         let t = f.ftrace.as_ref().unwrap();
         assert_eq!(
             t.print_fmt,
@@ -240,7 +213,7 @@ mod tests {
         assert_eq!(f.fields[2].source, Source::Regs(104));
         assert_eq!(f.syscall(), Some(Side::Enter));
         assert!(!f.lasts(1) && f.lasts(0));
-        let f = format(&openat("sys_exit_openat", vec![("long", "ret")]), &REGS).unwrap();
+        let f = format(&openat("sys_exit_openat", &[("long", "ret")]), &REGS).unwrap();
         let t = f.ftrace.unwrap();
         assert_eq!(t.print_fmt, "\"0x%lx\", REC->ret");
         assert_eq!((t.fields[1].offset, t.fields[1].size), (16, 8));

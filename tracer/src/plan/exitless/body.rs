@@ -12,7 +12,7 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::ret::{emit_ret, Return};
-use super::strcopy::{emit_copies, CopyFns, StrCopy};
+use super::strcopy::{emit_copies, emit_words, CopyFns, StrCopy};
 
 /// Displacements and immediates the paths use (computed and checked by
 /// `trampoline::generate`).
@@ -142,6 +142,21 @@ pub(super) fn emit_args(a: &mut CodeAssembler, f: &Fields, rdx_at: i32) -> Resul
     a.mov(qword_ptr(r10 + (at + 24)), rcx)?;
     a.mov(qword_ptr(r10 + (at + 32)), r8)?;
     a.mov(qword_ptr(r10 + (at + 40)), r9)?;
+    Ok(())
+}
+
+/// `emit_args`, then `words`, a site's own entry path's copies
+/// (`strcopy::emit_words`: RDI is still the traced function's).
+pub(super) fn emit_args_words(
+    a: &mut CodeAssembler,
+    f: &Fields,
+    rdx_at: i32,
+    words: &[StrCopy],
+) -> Result<(), IcedError> {
+    emit_args(a, f, rdx_at)?;
+    if f.rec_args.is_some() {
+        emit_words(a, f.rec_strings, words)?;
+    }
     Ok(())
 }
 
@@ -318,11 +333,13 @@ pub(super) fn emit_commit(
 }
 
 /// The entry-only path at `entry` (the sites' stubs jump there): see the
-/// module comment.
+/// module comment. With `words` (a site's own entry, `trampoline::
+/// emit_code`), its event's words copied once its arguments are stored.
 pub(super) fn emit_entry(
     a: &mut CodeAssembler,
     f: &Fields,
     entry: &mut CodeLabel,
+    words: &[StrCopy],
 ) -> Result<(), IcedError> {
     let mut out = a.create_label();
     let mut full = a.create_label();
@@ -339,7 +356,7 @@ pub(super) fn emit_entry(
     emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed last: at [rsp].
-    emit_args(a, f, 0)?;
+    emit_args_words(a, f, 0, words)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;

@@ -96,6 +96,12 @@ fn site_copies(plan: &Plan) -> Option<Arc<[Vec<StrCopy>]>> {
     copies.iter().any(|c| !c.is_empty()).then_some(copies)
 }
 
+/// Each site's word copies alone (`strcopy::emit_words`).
+fn words_only(copies: &[Vec<StrCopy>]) -> Arc<[Vec<StrCopy>]> {
+    let words = |c: &Vec<StrCopy>| c.iter().filter(|s| s.is_word()).copied().collect();
+    copies.iter().map(words).collect()
+}
+
 /// Exitless mode's guest code and rings for one plan: made once, at the
 /// kernel's link addresses, and fitted to the running kernel at the first
 /// attach (`fit`).
@@ -161,9 +167,17 @@ impl ExitlessPlan {
             });
         }
         // The copy functions, at their link addresses until `fit`; without
-        // them (or without copies) records hold no strings.
+        // them (or without copies) records hold no strings. The function
+        // graph's shared entry copies an event's words only (a site's own
+        // entry path, `trampoline::emit_code`), no string.
         let copy_fns = copy_fns(image, KernelOffset::NONE);
-        let copies = copies.filter(|_| copy_fns.is_some() && !graph);
+        let copies = copies
+            .filter(|_| copy_fns.is_some())
+            .map(|c| match graph {
+                true => words_only(&c),
+                false => c,
+            })
+            .filter(|c| c.iter().any(|s| !s.is_empty()));
         let kind = match (&copies, values.args) {
             (Some(_), true) => RecordKind::Strings,
             (_, args) => RecordKind::of_args(args),
@@ -281,9 +295,15 @@ impl ExitlessPlan {
     }
 
     /// Does the code copy events' strings (`strcopy`), calling the
-    /// kernel's copy functions?
+    /// kernel's copy functions? (Words, a syscall's registers, call none.)
     pub fn copies_strings(&self) -> bool {
+        let strings = |c: &Vec<StrCopy>| c.iter().any(|s| !s.is_word());
         self.spec.copy_fns.is_some()
+            && self
+                .spec
+                .copies
+                .as_ref()
+                .is_some_and(|c| c.iter().any(strings))
     }
 
     /// How the trampoline returns (after `fit`).

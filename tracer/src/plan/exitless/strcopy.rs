@@ -18,13 +18,27 @@
 //! allows (`__DO_TRACE` runs the probes with preemption disabled), and what
 //! BPF's `bpf_probe_read_kernel_str` calls from any tracepoint. The record
 //! keeps each copy's return value (its status word) before its bytes.
+//!
+//! A syscall event's arguments (`sys_enter_NAME` at `__x64_sys_NAME(const
+//! struct pt_regs *regs)`'s entry: `Source::Regs`) are words, not strings:
+//! each is loaded from `regs` by a plain `mov` and stored in the record,
+//! with one status word for all of them (`WORD_STATUS`). No call is needed
+//! there: `regs` is the `struct pt_regs` the syscall entry saved at the top
+//! of the current task's kernel stack (arch/x86/entry/entry_64.S,
+//! `do_syscall_64(regs, nr)` calls the table's function with it), mapped
+//! and in use while the task runs, and the traced function reads the same
+//! members as its first instructions (`SYSCALL_DEFINE`'s
+//! `__MAP(...,SC_X86_64_REGS_TO_ARGS)`): a load that faulted here would
+//! fault there too.
 
 use iced_x86::code_asm::CodeAssembler;
-use iced_x86::code_asm::{eax, edx, ptr, qword_ptr, r10, r8, r9, rcx, rdi, rsi, rsp};
+use iced_x86::code_asm::{
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r8, r9, rax, rcx, rdi, rsi, rsp,
+};
 use iced_x86::IcedError;
 
 use super::layout::{RECORD_LEN_STRINGS, REC_STRINGS};
-use crate::kernel::events::fields::{EventFormat, FieldOffsets, FieldValue, StrAt};
+use crate::kernel::events::fields::{CopyAt, EventFormat, FieldOffsets, FieldValue, StrAt};
 
 /// The kernel's bounded string copy that cannot fault (mm/maccess.c).
 pub const STRNCPY_NOFAULT: &str = "strncpy_from_kernel_nofault";
@@ -41,23 +55,45 @@ const STATUS_LEN: u64 = 4;
 const BYTES_OFF: u64 = MAX_COPIES as u64 * STATUS_LEN;
 /// Bytes of a pointer read before its string.
 const POINTER_LEN: u32 = 8;
+/// Bytes of a word copied (a `struct pt_regs` member, `unsigned long`).
+const WORD_LEN: u32 = 8;
+/// The status word of an event's words once they are stored: their size
+/// (never 0, which reads unread).
+pub const WORD_STATUS: u32 = WORD_LEN;
 /// What a string cut at its copy's bound ends with, where ftrace would
 /// have kept it whole (a file name of the bound's length less one or
 /// more: `strncpy_from_kernel_nofault` returns the bound either way).
 pub const TRUNCATED: &str = "...";
 
-/// One string of an event's record: which field, where it is at the
-/// event, and where its copy goes (offsets from `REC_STRINGS`).
+/// One string (or word) of an event's record: which field, where it is at
+/// the event, and where its copy goes (offsets from `REC_STRINGS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StrCopy {
     /// The field's index in its event's format.
     pub field: usize,
-    pub at: StrAt,
-    /// Its status word and its bytes in the area.
+    pub at: CopyAt,
+    /// Its status word (shared by an event's words) and its bytes in the
+    /// area.
     pub status: u64,
     pub bytes: u64,
     /// Bytes copied at most, NUL included.
     pub bound: u32,
+}
+
+impl StrCopy {
+    /// Calls of the kernel's nofault copies this copy makes: none for a
+    /// word, one per string, and one more for a pointer read first.
+    pub fn calls(&self) -> usize {
+        match self.at {
+            CopyAt::Word(_) => 0,
+            CopyAt::Str(at) => 1 + usize::from(at.deref.is_some()),
+        }
+    }
+
+    /// A syscall's register (`CopyAt::Word`), copied without a call.
+    pub fn is_word(&self) -> bool {
+        matches!(self.at, CopyAt::Word(_))
+    }
 }
 
 /// The kernel's two copy functions, at the running kernel's addresses.
@@ -68,30 +104,44 @@ pub struct CopyFns {
 }
 
 /// The copies of `format`'s fields that do not last past the event, their
-/// room allotted in the area: a comm its 16 bytes, a string ftrace keeps
-/// whole what the others leave (a file name: 111 bytes and the NUL
-/// alone). Empty for an event none of whose fields needs one.
+/// room allotted in the area: a comm its 16 bytes, a word 8, a string
+/// ftrace keeps whole what the others leave (a file name: 111 bytes and
+/// the NUL alone). Each string has a status word, the words one for all.
+/// Empty for an event none of whose fields needs one.
 pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
-    let wanted: Vec<(usize, StrAt)> = (0..format.fields.len())
+    let wanted: Vec<(usize, CopyAt)> = (0..format.fields.len())
         .filter_map(|i| Some((i, format.copied_at(i, off)?)))
-        .take(MAX_COPIES)
         .collect();
+    let len = |at: &CopyAt| match at {
+        CopyAt::Word(_) => Some(WORD_LEN),
+        CopyAt::Str(s) => s.len,
+    };
     let room = STRINGS_LEN as u32 - BYTES_OFF as u32;
-    let fixed: u32 = wanted.iter().filter_map(|(_, a)| a.len).sum();
-    let whole = wanted.iter().filter(|(_, a)| a.len.is_none()).count() as u32;
+    let fixed: u32 = wanted.iter().filter_map(|(_, a)| len(a)).sum();
+    let whole = wanted.iter().filter(|(_, a)| len(a).is_none()).count() as u32;
     let share = room.saturating_sub(fixed) / whole.max(1);
-    let mut bytes = BYTES_OFF;
+    let (mut bytes, mut slots, mut words_slot) = (BYTES_OFF, 0, None);
     let mut out = Vec::new();
-    for (j, (field, at)) in wanted.into_iter().enumerate() {
+    for (field, at) in wanted {
         // A pointer is read into the string's own bytes first.
-        let bound = at.len.unwrap_or(share);
+        let bound = len(&at).unwrap_or(share);
+        let word = matches!(at, CopyAt::Word(_));
+        let slot = match (word, words_slot) {
+            (true, Some(s)) => s,
+            _ if slots == MAX_COPIES => continue,
+            _ => slots,
+        };
         if bound < POINTER_LEN || bytes + u64::from(bound) > STRINGS_LEN as u64 {
             continue;
+        }
+        if slot == slots {
+            slots += 1;
+            words_slot = words_slot.or(word.then_some(slot));
         }
         out.push(StrCopy {
             field,
             at,
-            status: j as u64 * STATUS_LEN,
+            status: slot as u64 * STATUS_LEN,
             bytes,
             bound,
         });
@@ -100,21 +150,34 @@ pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
     out
 }
 
-/// Instructions `copies` add to a recorded call's path: the saves and
-/// restores, and per copy its own (the call's success path; the kernel's
+/// Instructions `copies` add to a recorded call's path: per word its load
+/// and store, and the words' status; with strings, the saves and restores
+/// and per string its own (the call's success path; the kernel's
 /// instructions inside the calls are not counted here).
 pub fn path_instructions(copies: &[StrCopy]) -> usize {
-    if copies.is_empty() {
-        return 0;
+    let words = copies.iter().filter(|c| c.is_word()).count();
+    let words = match words {
+        0 => 0,
+        n => 2 * n + 1,
+    };
+    let strings: Vec<StrAt> = copies
+        .iter()
+        .filter_map(|c| match c.at {
+            CopyAt::Str(at) => Some(at),
+            CopyAt::Word(_) => None,
+        })
+        .collect();
+    if strings.is_empty() {
+        return words;
     }
-    let one = |c: &StrCopy| {
-        6 + usize::from(c.at.add != 0)
-            + match c.at.deref {
+    let one = |at: &StrAt| {
+        6 + usize::from(at.add != 0)
+            + match at.deref {
                 Some(_) => 8,
                 None => 0,
             }
     };
-    2 * SAVED + copies.iter().map(one).sum::<usize>()
+    words + 2 * SAVED + strings.iter().map(one).sum::<usize>()
 }
 
 /// Registers the copies save: the traced function's argument registers
@@ -122,11 +185,37 @@ pub fn path_instructions(copies: &[StrCopy]) -> usize {
 /// record.
 const SAVED: usize = 6;
 
+/// Emit an event's words (`CopyAt::Word`) into the record at r10, RDI
+/// still the traced function's first argument (`struct pt_regs *regs`),
+/// and their status word; `rec_strings` is the area. Clobbers rax only
+/// (the bodies saved it). Nothing for an event without words.
+pub(super) fn emit_words(
+    a: &mut CodeAssembler,
+    rec_strings: i64,
+    copies: &[StrCopy],
+) -> Result<(), IcedError> {
+    let mut status = None;
+    for c in copies {
+        let CopyAt::Word(off) = c.at else { continue };
+        // rax = regs->REG (a plain load: see the module comment).
+        a.mov(rax, qword_ptr(rdi + off as i32))?;
+        // The record's copy of it.
+        a.mov(qword_ptr(r10 + (rec_strings + c.bytes as i64)), rax)?;
+        status = Some(c.status);
+    }
+    if let Some(at) = status {
+        // Their status word: stored, the words' size (0 reads unread).
+        a.mov(dword_ptr(r10 + (rec_strings + at as i64)), WORD_STATUS)?;
+    }
+    Ok(())
+}
+
 /// Emit the copies of one site's body, with r10 its record less
 /// `records_off` and the event's arguments stored at `rec_args` (RDI, the
-/// probe's `__data`, first); `rec_strings` is the area. Leaves every
-/// register as it found it but rax, rdx and r11 (the body saved rax and
-/// rdx; r11 is scratch at a function's entry).
+/// probe's `__data`, first); `rec_strings` is the area: its words first
+/// (`emit_words`), then its strings. Leaves every register as it found it
+/// but rax, rdx and r11 (the body saved rax and rdx; r11 is scratch at a
+/// function's entry).
 pub(super) fn emit_copies(
     a: &mut CodeAssembler,
     rec_args: i64,
@@ -134,7 +223,15 @@ pub(super) fn emit_copies(
     copies: &[StrCopy],
     fns: CopyFns,
 ) -> Result<(), IcedError> {
-    if copies.is_empty() {
+    emit_words(a, rec_strings, copies)?;
+    let strings: Vec<(&StrCopy, StrAt)> = copies
+        .iter()
+        .filter_map(|c| match c.at {
+            CopyAt::Str(at) => Some((c, at)),
+            CopyAt::Word(_) => None,
+        })
+        .collect();
+    if strings.is_empty() {
         return Ok(());
     }
     // Save what the calls may clobber and the traced function still
@@ -145,13 +242,13 @@ pub(super) fn emit_copies(
     a.push(r8)?;
     a.push(r9)?;
     a.push(r10)?;
-    for c in copies {
+    for (c, at) in strings {
         let mut failed = a.create_label();
         let bytes = rec_strings + c.bytes as i64;
         // rsi = the event's argument, as the record holds it (after
         // __data: its register's slot is one further).
-        a.mov(rsi, qword_ptr(r10 + (rec_args + 8 * (c.at.arg as i64 + 1))))?;
-        if let Some(off) = c.at.deref {
+        a.mov(rsi, qword_ptr(r10 + (rec_args + 8 * (at.arg as i64 + 1))))?;
+        if let Some(off) = at.deref {
             // The pointer at [rsi + off], copied into the string's bytes
             // (copy_from_kernel_nofault(dst, src, 8): 0, or -EFAULT).
             a.lea(rdi, ptr(r10 + bytes))?;
@@ -166,9 +263,9 @@ pub(super) fn emit_copies(
             // rsi = the pointer read.
             a.mov(rsi, qword_ptr(r10 + bytes))?;
         }
-        if c.at.add != 0 {
+        if at.add != 0 {
             // rsi = the string inside the structure (task->comm).
-            a.add(rsi, c.at.add as i32)?;
+            a.add(rsi, at.add as i32)?;
         }
         // strncpy_from_kernel_nofault(dst, src, bound): the bytes copied,
         // NUL included, or -EFAULT / -ERANGE.
@@ -179,10 +276,7 @@ pub(super) fn emit_copies(
         a.mov(r10, qword_ptr(rsp))?;
         a.set_label(&mut failed)?;
         // The status word: what the call returned.
-        a.mov(
-            iced_x86::code_asm::dword_ptr(r10 + (rec_strings + c.status as i64)),
-            eax,
-        )?;
+        a.mov(dword_ptr(r10 + (rec_strings + c.status as i64)), eax)?;
     }
     // Restore them, in reverse.
     a.pop(r10)?;
@@ -194,10 +288,11 @@ pub(super) fn emit_copies(
     Ok(())
 }
 
-/// The value of copy `c` in a record's area: the string, cut at its first
-/// NUL, marked `TRUNCATED` when it filled a bound ftrace does not have;
-/// unread when the copy failed or was not made (status 0: a record of a
-/// body without copies, the area zeroed by the drainer).
+/// The value of copy `c` in a record's area: a word as the integer it
+/// holds; a string cut at its first NUL, marked `TRUNCATED` when it filled
+/// a bound ftrace does not have; unread when the copy failed or was not
+/// made (status 0: a record of a body without copies, the area zeroed by
+/// the drainer).
 pub fn value(c: &StrCopy, area: &[u8; STRINGS_LEN]) -> FieldValue {
     let at = c.status as usize;
     let status = i32::from_le_bytes(area[at..at + 4].try_into().expect("4 bytes"));
@@ -209,9 +304,16 @@ pub fn value(c: &StrCopy, area: &[u8; STRINGS_LEN]) -> FieldValue {
     }
     let from = c.bytes as usize;
     let bytes = &area[from..from + n.min(c.bound) as usize];
+    let at = match c.at {
+        CopyAt::Word(_) => {
+            let word = bytes.try_into().map(i64::from_le_bytes);
+            return word.map_or(FieldValue::Unread, FieldValue::Int);
+        }
+        CopyAt::Str(at) => at,
+    };
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     let mut s = String::from_utf8_lossy(&bytes[..end]).into_owned();
-    if c.at.len.is_none() && n >= c.bound {
+    if at.len.is_none() && n >= c.bound {
         s.push_str(TRUNCATED);
     }
     FieldValue::Str(s)

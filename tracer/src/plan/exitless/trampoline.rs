@@ -171,6 +171,9 @@ pub struct Trampoline {
     /// Offset of the shared body in `code` (`Shape::Shared`; with per-site
     /// bodies, site 0's).
     common: u32,
+    /// Offsets of the entry paths in `code`, ascending: the shared body's
+    /// and (`Shape::Shared`) those of sites with words to copy.
+    entries: Vec<u32>,
     /// Offset of what each site calls in `code` (its stub or its body), by
     /// site index.
     stubs: Vec<u32>,
@@ -233,7 +236,12 @@ impl Trampoline {
         // The body to walk: the shared body, or the site's own.
         let (common, end) = match self.shape {
             Shape::Shared if off >= first_stub => return Some(0),
-            Shape::Shared => (u64::from(self.common), first_stub),
+            // The entry path `off` is in (the shared one, or a site's own).
+            Shape::Shared => {
+                let at = self.entries.partition_point(|&e| u64::from(e) <= off);
+                let entry = self.entries.get(at.checked_sub(1)?)?;
+                (u64::from(*entry), first_stub)
+            }
             // The body `off` is in: the bodies follow each other in site
             // order (with `--args=GLOB`, of two lengths).
             Shape::PerSite => {
@@ -374,6 +382,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         false => None,
     };
     let mut code = result.inner.code_buffer;
+    let entries = entry_offsets(&code, &stubs, shape, common);
     let common_path = walk_common_path(&code, CODE_VA + u64::from(common))?;
     if shape == Shape::PerSite {
         check_paths(&code, &stubs, |k| body_instructions(spec, k))?;
@@ -387,6 +396,7 @@ pub fn generate_shaped(spec: &TrampolineSpec, shape: Shape) -> Result<Trampoline
         table: (layout.cpus * 8) as u32,
         shape,
         common,
+        entries,
         stubs,
         common_path,
         return_path,
@@ -423,23 +433,59 @@ fn emit_code(
         }
         return Ok(());
     }
-    if spec.layout.graph {
-        graph_code::emit_entry(a, fields, common)?;
+    let graph = spec.layout.graph;
+    if graph {
+        graph_code::emit_entry(a, fields, common, &[])?;
         graph_code::emit_return(a, fields, ret_common)?;
     } else {
-        emit_entry(a, fields, common)?;
+        emit_entry(a, fields, common, &[])?;
     }
+    // A site whose event has words to copy (a syscall's registers, which
+    // need no call) gets the shared entry path of its own, with them;
+    // its strings need a body of its own (`Shape::PerSite`).
+    let mut entries = Vec::with_capacity(sites);
     for k in 0..sites {
+        let words = spec.site_copies(k);
+        if !words.iter().any(|c| c.is_word()) {
+            entries.push(*common);
+            continue;
+        }
+        let mut own = a.create_label();
+        match graph {
+            true => graph_code::emit_entry(a, fields, &mut own, words)?,
+            false => emit_entry(a, fields, &mut own, words)?,
+        }
+        entries.push(own);
+    }
+    for (k, entry) in entries.into_iter().enumerate() {
         let mut stub = a.create_label();
         a.set_label(&mut stub)?;
         // r11d = this site's index + 1, its records' commit word (r11 is
         // scratch at a function entry).
         a.mov(r11d, k as u32 + 1)?;
-        // Into the common part.
-        a.jmp(*common)?;
+        // Into the common part (or the site's own entry).
+        a.jmp(entry)?;
         stubs.push(stub);
     }
     Ok(())
+}
+
+/// The entry paths' offsets in `code`, ascending: `common`, and in the
+/// shared shape those the stubs jump to (sites with words of their own).
+fn entry_offsets(code: &[u8], stubs: &[u32], shape: Shape, common: u32) -> Vec<u32> {
+    let mut entries = vec![common];
+    if shape == Shape::Shared {
+        for &stub in stubs {
+            let va = CODE_VA + u64::from(stub);
+            let mut d = Decoder::with_ip(64, &code[stub as usize..], va, DecoderOptions::NONE);
+            // `mov r11d, k + 1`, then `jmp ENTRY`.
+            let jmp = [d.decode(), d.decode()][1];
+            entries.push((jmp.near_branch_target() - CODE_VA) as u32);
+        }
+    }
+    entries.sort_unstable();
+    entries.dedup();
+    entries
 }
 
 /// Appends the function graph's return trap and the frames' return stubs
@@ -2352,40 +2398,21 @@ mod tests {
     // ---- an event's strings copied at the event ---------------------------
 
     fn event(name: &str, args: &[(&str, &str)]) -> crate::kernel::events::fields::EventFormat {
-        use crate::kernel::events::{EventArg, EventKind, KernelEvent};
-        let args = args.iter().map(|&(ty, name)| EventArg {
-            ty: ty.into(),
-            name: name.into(),
-        });
-        crate::kernel::events::fields::EventFormat::of(&KernelEvent {
-            system: if name == "task_rename" {
-                "task"
-            } else {
-                "sched"
-            }
-            .into(),
-            name: name.into(),
-            kind: EventKind::Tracepoint,
-            call: 0,
-            tracepoint: None,
-            key: None,
-            iterator: None,
-            args: Some(args.collect()),
-            listed: true,
-            syscall: None,
-        })
+        use crate::kernel::events::KernelEvent;
+        let system = if name == "task_rename" {
+            "task"
+        } else {
+            "sched"
+        };
+        crate::kernel::events::fields::EventFormat::of(&KernelEvent::declared(
+            system, name, args, None,
+        ))
         .unwrap()
     }
 
-    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
-    /// old_pid, bprm)`: their bodies copy the names and the file name into
-    /// the record, each register kept; a pointer to nothing reads unread,
-    /// a file name past the bound is cut and marked, and the path is the
-    /// length `strcopy::path_instructions` says.
-    #[test]
-    fn emulated_events_copy_their_strings_into_the_record() {
-        use crate::kernel::events::fields::{FieldOffsets, FieldValue};
-        let off = FieldOffsets {
+    /// The structures' offsets the emulated events' copies use.
+    fn field_offsets() -> crate::kernel::events::fields::FieldOffsets {
+        crate::kernel::events::fields::FieldOffsets {
             comm: 0x10,
             pid: 0x20,
             tgid: 0x24,
@@ -2395,7 +2422,18 @@ mod tests {
             signal: 0x38,
             oom_score_adj: 0x8,
             filename: 0x40,
-        };
+        }
+    }
+
+    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
+    /// old_pid, bprm)`: their bodies copy the names and the file name into
+    /// the record, each register kept; a pointer to nothing reads unread,
+    /// a file name past the bound is cut and marked, and the path is the
+    /// length `strcopy::path_instructions` says.
+    #[test]
+    fn emulated_events_copy_their_strings_into_the_record() {
+        use crate::kernel::events::fields::FieldValue;
+        let off = field_offsets();
         let rename = event(
             "task_rename",
             &[("struct task_struct *", "task"), ("const char *", "comm")],
@@ -2492,4 +2530,7 @@ mod tests {
         let area = run(1, [task, 42, 0xffff_8000_dead_0000]);
         assert_eq!(values(&exec, &area)[0], FieldValue::Unread);
     }
+
+    // A syscall event's arguments copied at the event.
+    mod words;
 }
