@@ -43,14 +43,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let connected = connect(args, gdb).map_err(InputError::Qemu)?;
     // Held until this process ends, however it ends (`guard`).
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
-    let mut guardian = guard::spawn(target, connected.info.pid)
-        .map_err(|e| {
-            note!(
-                "vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `{}`",
-                target.detach_command()
-            );
-        })
-        .ok();
+    let mut guardian = guard::spawn_or_say(target, connected.info.pid);
     let mut image = image;
     let walk = guest_modules::add(&connected, &mut image, Some("traced"));
     let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;

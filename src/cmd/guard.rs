@@ -53,6 +53,18 @@ impl Guardian {
     }
 }
 
+/// [`spawn`], or None, said with the remedy a killed attach then needs.
+pub fn spawn_or_say(target: VmTarget<'_>, qemu_pid: u32) -> Option<Guardian> {
+    spawn(target, qemu_pid)
+        .map_err(|e| {
+            note!(
+                "vmtrace: no guardian ({e}): if vmtrace is killed, repair the VM with `{}`",
+                target.detach_command()
+            );
+        })
+        .ok()
+}
+
 /// Start the guardian of this attach to the QEMU `qemu_pid`, `target`.
 pub fn spawn(target: VmTarget<'_>, qemu_pid: u32) -> std::io::Result<Guardian> {
     use std::os::unix::process::CommandExt;
