@@ -24,6 +24,7 @@ use vmm::gva::AddressSpace;
 
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::modules::ModuleError;
+use crate::kernel::symbols::KernelImage;
 
 /// Larger than a module's BTF (the largest drivers' are a few MiB): a
 /// bigger size is not one.
@@ -90,6 +91,99 @@ pub fn read_btf_data(
     let mut bytes = vec![0u8; size as usize];
     read(data, &mut bytes)?;
     Ok(Some(bytes))
+}
+
+/// The kernel's list of the modules whose BTF it parsed
+/// (kernel/bpf/btf.c: `static LIST_HEAD(btf_modules)`, kept by its
+/// module notifier from each module's `MODULE_STATE_COMING` to its
+/// `GOING`), with `CONFIG_DEBUG_INFO_BTF_MODULES`.
+pub const BTF_MODULES: &str = "btf_modules";
+
+/// How to walk `btf_modules`: `struct btf_module` (`list`, `module`,
+/// `btf`) and the parsed `struct btf`'s copy of the module's `.BTF`
+/// (`data`, `data_size`: the raw bytes, which the kernel keeps with the
+/// types it parsed from them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BtfModulesLayout {
+    /// `btf_modules`' link address.
+    head: u64,
+    list: u32,
+    module: u32,
+    btf: u32,
+    data: u32,
+    data_size: u32,
+}
+
+impl BtfModulesLayout {
+    /// None: the kernel parses no module's BTF, or its symbols or BTF do
+    /// not describe the list.
+    pub fn find(image: &KernelImage, btf: &KernelBtf) -> Option<BtfModulesLayout> {
+        let m = |ty: &str, f: &str| btf.member(ty, f).ok().map(|at| at.offset);
+        Some(BtfModulesLayout {
+            head: image.symbol(BTF_MODULES)?.addr,
+            list: m("btf_module", "list")?,
+            module: m("btf_module", "module")?,
+            btf: m("btf_module", "btf")?,
+            data: m("btf", "data")?,
+            data_size: m("btf", "data_size")?,
+        })
+    }
+}
+
+/// More entries than `btf_modules` has (one per loaded module): a longer
+/// walk is not the list.
+const MAX_BTF_MODULES: usize = 4096;
+
+/// The `.BTF` bytes of each module in the kernel's `btf_modules` list, by
+/// its `struct module`'s address: the modules loaded before an attach,
+/// whose `mod->btf_data` is gone. `virt`: the kernel's virtual KASLR
+/// offset. Read only, while the guest runs or stopped: a list changing
+/// meanwhile gives a read error or bytes that do not parse (the module's
+/// values then shown raw), never a write.
+pub fn loaded_btf(
+    space: &mut AddressSpace<'_>,
+    layout: &BtfModulesLayout,
+    virt: i64,
+) -> Result<Vec<(u64, Vec<u8>)>, ModuleError> {
+    let head = layout.head.wrapping_add(virt as u64);
+    let mut out = Vec::new();
+    let mut next = word(space, head)?;
+    while next != head {
+        if out.len() >= MAX_BTF_MODULES {
+            return Err(ModuleError::TooLong { head });
+        }
+        let entry = next.wrapping_sub(u64::from(layout.list));
+        let module = word(space, entry + u64::from(layout.module))?;
+        let btf = word(space, entry + u64::from(layout.btf))?;
+        next = word(space, next)?;
+        if module == 0 || btf == 0 {
+            continue;
+        }
+        let data = word(space, btf + u64::from(layout.data))?;
+        let mut size = [0u8; 4];
+        read_at(space, btf + u64::from(layout.data_size), &mut size)?;
+        let size = u64::from(u32::from_le_bytes(size));
+        if data == 0 || size == 0 || size > MAX_BTF {
+            continue;
+        }
+        let mut bytes = vec![0u8; size as usize];
+        read_at(space, data, &mut bytes)?;
+        out.push((module, bytes));
+    }
+    Ok(out)
+}
+
+/// `buf.len()` bytes at `addr`, a failure naming it.
+fn read_at(space: &mut AddressSpace<'_>, addr: u64, buf: &mut [u8]) -> Result<(), ModuleError> {
+    space
+        .read(addr, buf)
+        .map_err(|source| ModuleError::Read { addr, source })
+}
+
+/// The 64-bit word at `addr`.
+fn word(space: &mut AddressSpace<'_>, addr: u64) -> Result<u64, ModuleError> {
+    let mut w = [0u8; 8];
+    read_at(space, addr, &mut w).map(|()| u64::from_le_bytes(w))
 }
 
 /// Module `name`'s BTF from its `.BTF` bytes `data`, split on `base`
