@@ -61,22 +61,15 @@ pub fn read_btf_data(
     module: u64,
     name: &str,
 ) -> Result<Option<Vec<u8>>, ModuleError> {
-    let mut read = |addr: u64, buf: &mut [u8]| {
-        space
-            .read(addr, buf)
-            .map_err(|source| ModuleError::Read { addr, source })
-    };
-    let mut word = [0u8; 8];
     if let Some(at) = layout.btf_base_data {
-        read(module + u64::from(at), &mut word)?;
-        if u64::from_le_bytes(word) != 0 {
+        if word(space, module + u64::from(at))? != 0 {
             return Ok(None);
         }
     }
-    read(module + u64::from(layout.btf_data), &mut word)?;
-    let data = u64::from_le_bytes(word);
-    read(module + u64::from(layout.btf_data_size), &mut word[..4])?;
-    let size = u64::from(u32::from_le_bytes(word[..4].try_into().expect("4 bytes")));
+    let data = word(space, module + u64::from(layout.btf_data))?;
+    let mut size = [0u8; 4];
+    read_at(space, module + u64::from(layout.btf_data_size), &mut size)?;
+    let size = u64::from(u32::from_le_bytes(size));
     if data == 0 || size == 0 {
         return Ok(None);
     }
@@ -89,7 +82,7 @@ pub fn read_btf_data(
         });
     }
     let mut bytes = vec![0u8; size as usize];
-    read(data, &mut bytes)?;
+    read_at(space, data, &mut bytes)?;
     Ok(Some(bytes))
 }
 

@@ -152,3 +152,32 @@ impl AddedSites {
         (0..self.used()).find(|&k| self.addr(k) == addr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::prototype::ValueKind;
+
+    /// Each slot keeps its function's prototype, slot by slot, beside its
+    /// name: the trace's after the plan's.
+    #[test]
+    fn each_added_function_keeps_its_prototype() {
+        let added = AddedSites::new(4, 10);
+        let sym = |name: &str| Symbol {
+            name: name.into(),
+            addr: 0xffff_ffff_8000_0000,
+            size: 0x40,
+        };
+        let p = Prototype {
+            params: Vec::new(),
+            ret: ValueKind::Signed(4),
+            unshown: Vec::new(),
+        };
+        assert_eq!(added.add(0x1004, sym("a [m]")), Some(0));
+        let typed = added.add_with(0x1044, sym("b [m]"), true, Some(p.clone()));
+        assert_eq!(typed, Some(1));
+        assert_eq!(added.prototypes(), [None, Some(p)]);
+        assert_eq!(added.functions().len(), 2);
+        assert!(added.records_args(1) && !added.records_args(0));
+    }
+}
