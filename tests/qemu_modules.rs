@@ -247,6 +247,12 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         if graph {
             args.push("--graph");
         }
+        // Trap mode records vmt_hit's argument, shown by the module's own
+        // BTF, read from the kernel's `btf_modules` at the attach.
+        let data = std::env::temp_dir().join(format!("vmtrace-loaded-{}.data", std::process::id()));
+        if mode == "trap" {
+            args.extend(["--args=vmt_hit", "-o", s(&data)]);
+        }
         let mut a = Attach::start(guest.qmp_socket(), &args);
         let line = a.wait_line("vmtrace: attached to QEMU");
         assert!(line.contains(mode), "{line}");
@@ -280,6 +286,9 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
             // Every call returned through its hook: vmt_hit's, vmt_batch's,
             // vmt_write's.
             assert_eq!(e.json()["graph"]["returns"], k + 2, "{}", e.stdout);
+        }
+        if mode == "trap" {
+            assert_args_shown(&data, k);
         }
         assert_eq!(
             text(&mut space),
@@ -640,6 +649,26 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path, trace: &str) {
     assert_no_gdbstub(guest.qmp_socket());
 }
 
+/// The trace saved in `data`: its `k` calls of `vmt_hit [vmt_test]`
+/// shown by the module's BTF, `vmt_hit(unsigned long i)`, i from 0 to
+/// k - 1 in order (the file removed).
+fn assert_args_shown(data: &std::path::Path, k: u64) {
+    let trace = tracer::trace::datafile::load(data).unwrap();
+    let hit = (trace.functions.iter())
+        .position(|f| f.name == "vmt_hit [vmt_test]")
+        .unwrap_or_else(|| panic!("{:?}", trace.functions));
+    let mut calls: Vec<_> = (trace.events.iter())
+        .filter(|e| e.func as usize == hit && !e.is_return())
+        .collect();
+    calls.sort_by_key(|e| e.ts_ns);
+    let shown: Vec<String> = (calls.iter())
+        .map(|e| tracer::trace::values::entry_args(&trace, e).unwrap_or_default())
+        .collect();
+    let want: Vec<String> = (0..k).map(|i| format!("(i={i})")).collect();
+    assert_eq!(shown, want, "{:?}", trace.prototypes.get(hit));
+    std::fs::remove_file(data).unwrap();
+}
+
 /// `--args` with a `:mod:` glob waiting for its module: the spare sites a
 /// module first loaded gets record no arguments, so refused in one line,
 /// exit status 2, before the guest is touched (no gdbstub left).
@@ -980,6 +1009,13 @@ fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modul
         .collect();
     let want: Vec<u64> = (0..K).chain(0..K).collect();
     assert_eq!(got, want);
+    // Shown by the module's own BTF, read from `mod->btf_data` at the
+    // load hook: `vmt_hit(unsigned long i)`, its first argument `i`.
+    let shown: Vec<String> = (calls.iter())
+        .map(|e| tracer::trace::values::entry_args(&trace, e).unwrap_or_default())
+        .collect();
+    let want: Vec<String> = want.iter().map(|i| format!("(i={i})")).collect();
+    assert_eq!(shown, want, "{:?}", trace.prototypes.get(hit));
     std::fs::remove_file(&data).unwrap();
     assert_no_gdbstub(guest.qmp_socket());
     assert_runs_on(guest, worker);

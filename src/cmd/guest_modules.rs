@@ -27,6 +27,9 @@ pub(super) fn add(
             for (addr, orc) in m.orc {
                 image.set_module_orc(addr, orc);
             }
+            for (addr, btf) in m.btf {
+                image.set_module_btf(addr, btf);
+            }
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
                 m.list.len(),

@@ -119,6 +119,24 @@ impl KernelBtf {
         })
     }
 
+    /// A module's split BTF (its `.BTF` section, `data`, whose type ids
+    /// and strings continue `base`'s: the vmlinux's), named `path` in
+    /// messages.
+    pub fn split_from_bytes(
+        path: &Path,
+        data: &[u8],
+        base: &KernelBtf,
+    ) -> Result<KernelBtf, BtfError> {
+        let btf = Btf::from_split_bytes(data, &base.btf).map_err(|source| BtfError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(KernelBtf {
+            btf,
+            path: path.to_owned(),
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -310,6 +328,20 @@ impl KernelBtf {
     /// (static functions of several files) that differ.
     pub fn prototype(&self, function: &str) -> Option<Prototype> {
         let types = self.btf.resolve_types_by_name(function).ok()?;
+        self.one_prototype(types)
+    }
+
+    /// `prototype`, from the `FUNC`s of a split BTF's own part only (a
+    /// module's, `split_from_bytes`): never its base's, whose function of
+    /// the same name is another (a vmlinux function a module's static
+    /// function shares a name with). None for a BTF that is not split.
+    pub fn own_prototype(&self, function: &str) -> Option<Prototype> {
+        let own = self.btf.split()?.resolve_types_by_name(function).ok()?;
+        self.one_prototype(own)
+    }
+
+    /// The one prototype of the `FUNC`s among `types` (see `prototype`).
+    fn one_prototype(&self, types: Vec<Type>) -> Option<Prototype> {
         let mut found: Option<Prototype> = None;
         for t in types {
             let Type::Func(f) = t else { continue };

@@ -22,6 +22,9 @@ pub struct ImageModule {
     /// Its ORC entries in its text, at running addresses
     /// (`crate::kernel::module_orc`); empty when not read.
     pub orc: crate::kernel::module_orc::ModuleOrc,
+    /// Its own `.BTF` (split on the kernel's), for its functions'
+    /// prototypes (`crate::kernel::module_btf`); None when not read.
+    pub btf: Option<std::sync::Arc<[u8]>>,
 }
 
 /// Where a module's text is described, by kernel version.

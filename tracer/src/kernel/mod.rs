@@ -20,6 +20,7 @@ pub mod image_module;
 pub mod kallsyms;
 pub mod kaslr;
 pub mod lowmem;
+pub mod module_btf;
 pub mod module_build_id;
 pub mod module_image;
 pub mod module_notify;

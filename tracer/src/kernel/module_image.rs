@@ -69,6 +69,7 @@ impl KernelImage {
                 phys: offset.phys,
                 layout,
                 orc: Vec::new(),
+                btf: None,
             });
         }
         added
@@ -113,6 +114,13 @@ impl KernelImage {
     pub fn set_module_orc(&mut self, addr: u64, orc: crate::kernel::module_orc::ModuleOrc) {
         if let Some(m) = self.modules.iter_mut().find(|m| m.addr == addr) {
             m.orc = orc;
+        }
+    }
+
+    /// The `.BTF` of the module whose `struct module` is at `addr`.
+    pub fn set_module_btf(&mut self, addr: u64, btf: Vec<u8>) {
+        if let Some(m) = self.modules.iter_mut().find(|m| m.addr == addr) {
+            m.btf = Some(btf.into());
         }
     }
 

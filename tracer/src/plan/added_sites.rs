@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::kernel::prototype::Prototype;
 use crate::kernel::symbols::Symbol;
 
 /// Slots reserved for the functions of modules first loaded during a
@@ -42,6 +43,9 @@ pub struct AddedSites {
     /// Each used slot's function (`function [module]`, its address and
     /// size when it came); never read by the trap path.
     functions: Mutex<Vec<Symbol>>,
+    /// Each used slot's prototype, from its module's own BTF (None: not
+    /// described, or values not recorded); never read by the trap path.
+    prototypes: Mutex<Vec<Option<Prototype>>>,
 }
 
 impl AddedSites {
@@ -53,6 +57,7 @@ impl AddedSites {
             used: AtomicUsize::new(0),
             first_func,
             functions: Mutex::new(Vec::new()),
+            prototypes: Mutex::new(Vec::new()),
         }
     }
 
@@ -70,16 +75,26 @@ impl AddedSites {
     /// its slot, None when every slot is taken. Called by one thread only,
     /// before the site is written in the guest.
     pub fn add(&self, addr: u64, function: Symbol) -> Option<usize> {
-        self.add_with(addr, function, false)
+        self.add_with(addr, function, false, None)
     }
 
-    /// `add`; `args`: its calls record their arguments.
-    pub fn add_with(&self, addr: u64, function: Symbol, args: bool) -> Option<usize> {
+    /// `add`; `args`: its calls record their arguments; `prototype`: how
+    /// to show its values.
+    pub fn add_with(
+        &self,
+        addr: u64,
+        function: Symbol,
+        args: bool,
+        prototype: Option<Prototype>,
+    ) -> Option<usize> {
         let k = self.used.load(Ordering::Relaxed);
         let slot = self.addrs.get(k)?;
         slot.store(addr, Ordering::Relaxed);
         self.args[k].store(args, Ordering::Relaxed);
         self.functions_now().push(function);
+        // A panic elsewhere while holding it left a whole Vec.
+        let mut prototypes = self.prototypes.lock().unwrap_or_else(|p| p.into_inner());
+        prototypes.push(prototype);
         // Publishes the address with the count: a trap path that sees
         // slot k used sees its address.
         self.used.store(k + 1, Ordering::Release);
@@ -90,6 +105,12 @@ impl AddedSites {
     /// after the plan's.
     pub fn functions(&self) -> Vec<Symbol> {
         self.functions_now().clone()
+    }
+
+    /// The prototypes of the functions added so far, slot by slot.
+    pub fn prototypes(&self) -> Vec<Option<Prototype>> {
+        // A panic elsewhere while holding it left a whole Vec.
+        (self.prototypes.lock().unwrap_or_else(|p| p.into_inner())).clone()
     }
 
     fn functions_now(&self) -> std::sync::MutexGuard<'_, Vec<Symbol>> {
@@ -129,5 +150,34 @@ impl AddedSites {
             return None;
         }
         (0..self.used()).find(|&k| self.addr(k) == addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::prototype::ValueKind;
+
+    /// Each slot keeps its function's prototype, slot by slot, beside its
+    /// name: the trace's after the plan's.
+    #[test]
+    fn each_added_function_keeps_its_prototype() {
+        let added = AddedSites::new(4, 10);
+        let sym = |name: &str| Symbol {
+            name: name.into(),
+            addr: 0xffff_ffff_8000_0000,
+            size: 0x40,
+        };
+        let p = Prototype {
+            params: Vec::new(),
+            ret: ValueKind::Signed(4),
+            unshown: Vec::new(),
+        };
+        assert_eq!(added.add(0x1004, sym("a [m]")), Some(0));
+        let typed = added.add_with(0x1044, sym("b [m]"), true, Some(p.clone()));
+        assert_eq!(typed, Some(1));
+        assert_eq!(added.prototypes(), [None, Some(p)]);
+        assert_eq!(added.functions().len(), 2);
+        assert!(added.records_args(1) && !added.records_args(0));
     }
 }

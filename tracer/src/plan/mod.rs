@@ -27,6 +27,7 @@ use crate::kernel::boot_patched::BootPatched;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::fields::EventFormat;
 use crate::kernel::filter::Filter;
+use crate::kernel::module_btf::module_btf;
 use crate::kernel::sites::SiteTable;
 use crate::kernel::symbols::KernelImage;
 use crate::plan::site_index::SiteIndex;
@@ -314,6 +315,13 @@ impl Plan {
             .collect()
     }
 
+    /// The kernel's BTF when values are recorded (`--args`, `--retval`):
+    /// the base of the BTF of each module first loaded during the trace,
+    /// for its functions' prototypes.
+    pub fn value_btf(&self) -> Option<Arc<KernelBtf>> {
+        self.btf.clone().filter(|_| self.values.any())
+    }
+
     /// The prototype of each traced function (parallel to `funcs`, None
     /// where BTF does not describe it), when values are recorded; empty
     /// otherwise (`Trace::prototypes`). Every traced function's, also with
@@ -324,9 +332,27 @@ impl Plan {
         let Some(btf) = self.btf.as_ref().filter(|_| self.values.any()) else {
             return Vec::new();
         };
+        // A module's function by its module's own BTF only: a vmlinux
+        // function of the same name is another function.
+        let mut modules = std::collections::HashMap::new();
+        let mut of_module = |name: &str| {
+            let (bare, module) = name.strip_suffix(']')?.rsplit_once(" [")?;
+            let own = modules.entry(module.to_owned()).or_insert_with(|| {
+                let m = self.image.modules.iter().find(|m| m.name == module)?;
+                let data = m.btf.as_deref()?;
+                module_btf(module, "guest memory", data, btf).ok()
+            });
+            Some(own.as_ref().and_then(|b| b.own_prototype(bare)))
+        };
         self.funcs
             .iter()
-            .map(|&f| btf.prototype(&self.image.functions[f].name))
+            .map(|&f| {
+                let name = &self.image.functions[f].name;
+                of_module(name).unwrap_or_else(|| btf.prototype(name))
+            })
             .collect()
     }
 }
+
+#[cfg(test)]
+mod prototypes_tests;

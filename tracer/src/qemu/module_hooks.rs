@@ -276,7 +276,8 @@ impl ModuleHooks {
             let Some(first) = self.first.as_mut() else {
                 return Ok(Vec::new());
             };
-            let sites = first.loading(&read, module);
+            let btf = first.module_btf(&mut space, &read, module);
+            let sites = first.loading(&read, module, btf.as_ref());
             first.read_orc(&mut space, &read, module);
             return Ok(sites.into_iter().map(|s| (s, s)).collect());
         };

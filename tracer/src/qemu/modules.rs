@@ -21,6 +21,7 @@ use vmm::{GuestRam, RamError};
 use super::procmem::ProcRam;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
+use crate::kernel::module_btf::{loaded_btf, BtfModulesLayout};
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{
     loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, MODULES,
@@ -79,6 +80,9 @@ pub struct GuestModules {
     /// Each module's ORC entries (its `struct module`'s address, running
     /// addresses), when the kernel keeps them.
     pub orc: Vec<(u64, ModuleOrc)>,
+    /// Each module's own `.BTF` (its `struct module`'s address), from the
+    /// kernel's `btf_modules` list, when the kernel keeps them.
+    pub btf: Vec<(u64, Vec<u8>)>,
 }
 
 /// Where a kernel's module list is and how to walk it.
@@ -87,6 +91,8 @@ struct Walk {
     root: u64,
     /// 4- or 5-level: found with the virtual offset (`read`).
     mode: PagingMode,
+    /// The kernel's list of its modules' BTF, when it keeps one.
+    btf_modules: Option<BtfModulesLayout>,
 }
 
 impl Walk {
@@ -103,6 +109,7 @@ impl Walk {
             layout,
             root,
             mode: PagingMode::Level4,
+            btf_modules: BtfModulesLayout::find(image, &btf),
         }))
     }
 
@@ -178,11 +185,18 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
             })?;
         list.push((m, text));
     }
+    // Values of the modules' functions are shown by it, when it can be
+    // read: without it they are shown raw (a list that changed meanwhile,
+    // like the module list, is caught at the attach's stop).
+    let btf = (walk.btf_modules.as_ref())
+        .and_then(|l| loaded_btf(&mut walk.space(&ram), l, offset.virt).ok())
+        .unwrap_or_default();
     Ok(Some(GuestModules {
         list,
         layout: walk.layout,
         offset,
         orc,
+        btf,
     }))
 }
 

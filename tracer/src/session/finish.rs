@@ -416,7 +416,7 @@ impl Tracer {
             tasks: self.tables.tasks.all(),
             // Events' arguments: the store saves them (`finish_stored`).
             args: Vec::new(),
-            prototypes: padded(self.prototypes.clone(), functions.len()),
+            prototypes: padded(self.all_prototypes(), functions.len()),
             // Every stack so far: in memory the trace's; a data file's
             // FOOT saves those its events did not name yet.
             stacks: self.tables.stacks.all(),
@@ -429,6 +429,19 @@ impl Tracer {
             },
             functions,
         }
+    }
+
+    /// The prototypes of the plan's functions, then of those added
+    /// during the trace (`plan::added_sites`); empty when values are not
+    /// recorded.
+    fn all_prototypes(&self) -> Vec<Option<crate::trace::model::Prototype>> {
+        let mut all = self.prototypes.clone();
+        if self.plan.value_btf().is_some() {
+            // (A plan that waits for its modules alone has no function.)
+            all.resize(self.plan.funcs.len(), None);
+            all.extend(self.plan.index.added().prototypes());
+        }
+        all
     }
 
     /// `TraceMeta::tasks`: where the tasks came from (and the filter), or

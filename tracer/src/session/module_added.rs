@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use vmm::gva::AddressSpace;
 
+use crate::kernel::btf::KernelBtf;
 use crate::kernel::filter::Filter;
+use crate::kernel::module_btf::{module_btf, read_btf_data, ModuleBtfLayout};
 use crate::kernel::module_image::module_function_name;
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{LoadedModule, ModuleLayout};
@@ -45,6 +47,10 @@ pub struct FirstLoads {
     /// The `--args` globs: the added functions they select record their
     /// arguments.
     args: Option<crate::kernel::filter::Globs>,
+    /// With `--args` or `--retval`: the vmlinux's BTF, on which each
+    /// load's own BTF is read (`module_btf`) for its functions'
+    /// prototypes.
+    prototypes: Option<(Arc<KernelBtf>, ModuleBtfLayout)>,
 }
 
 /// A module first loaded during the trace.
@@ -97,7 +103,29 @@ impl FirstLoads {
             gone: 0,
             orc: false,
             args: coming.args.clone(),
+            prototypes: None,
         }
+    }
+
+    /// Give the added functions their prototypes from their module's own
+    /// BTF, split on `base` (the vmlinux's; None: values not recorded).
+    pub fn want_prototypes(&mut self, base: Option<Arc<KernelBtf>>) {
+        self.prototypes = base.and_then(|b| Some((Arc::clone(&b), ModuleBtfLayout::find(&b)?)));
+    }
+
+    /// The BTF of `read`, loading at `module`, read through `space` from
+    /// its `struct module` (`crate::kernel::module_btf`), when prototypes
+    /// are wanted: None when it has none or it cannot be read (its
+    /// values then shown raw).
+    pub fn module_btf(
+        &self,
+        space: &mut AddressSpace<'_>,
+        read: &LoadedModule,
+        module: u64,
+    ) -> Option<KernelBtf> {
+        let (base, layout) = self.prototypes.as_ref()?;
+        let data = read_btf_data(space, layout, module, &read.name).ok()??;
+        module_btf(&read.name, "guest memory", &data, base).ok()
     }
 
     /// Read each load's ORC tables, for `--stack` (`read_orc`).
@@ -118,8 +146,14 @@ impl FirstLoads {
     /// The guest loads `read` (a module the attach did not find), its
     /// `struct module` at `module`: the sites of its selected functions,
     /// each given a slot (the same again when it comes back), before any
-    /// is written in the guest.
-    pub fn loading(&mut self, read: &LoadedModule, module: u64) -> Vec<u64> {
+    /// is written in the guest; `btf`: its own (`module_btf`), which
+    /// gives each function added its prototype.
+    pub fn loading(
+        &mut self,
+        read: &LoadedModule,
+        module: u64,
+        btf: Option<&KernelBtf>,
+    ) -> Vec<u64> {
         let selected = selected_functions(read, &self.filter);
         let added = self.index.added();
         let c = match self.modules.iter().position(|c| c.name == read.name) {
@@ -165,7 +199,8 @@ impl FirstLoads {
                     let bare = f.name.split_once(" [").map_or(f.name.as_str(), |b| b.0);
                     let names = [f.name.as_str(), bare];
                     let args = self.args.as_ref().is_some_and(|g| g.is_match_any(&names));
-                    let k = added.add_with(f.site, sym, args);
+                    let prototype = btf.and_then(|b| b.own_prototype(bare));
+                    let k = added.add_with(f.site, sym, args, prototype);
                     if let Some(k) = k {
                         c.slots.push((k, f.name));
                     }
@@ -411,27 +446,27 @@ mod tests {
         first.limit_to(2);
         let module = |at: u64| vmt_test(at, &[]);
         let m = module(base);
-        assert_eq!(first.loading(&m, m.addr), [base + 4, base + 0x44]);
+        assert_eq!(first.loading(&m, m.addr, None), [base + 4, base + 0x44]);
         assert_eq!(first.unslotted, 1);
         assert_eq!(first.slot_of(base + 0x44), Some(1));
         let named = index.added().functions();
         assert_eq!(named[0].addr, base.wrapping_sub(slide as u64));
         assert_eq!(first.freeing(m.addr), [base + 4, base + 0x44]);
         let again = module(base + 0x10000);
-        let sites = first.loading(&again, again.addr);
+        let sites = first.loading(&again, again.addr, None);
         assert_eq!(sites, [base + 0x10004, base + 0x10044]);
         assert_eq!(first.slot_of(base + 0x10004), Some(0));
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
         // The same load seen twice (not freed in between): counted once,
         // its sites not given again.
-        assert!(first.loading(&again, again.addr).is_empty());
+        assert!(first.loading(&again, again.addr, None).is_empty());
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
         // A module the selection takes nothing of is not followed.
         let other = LoadedModule {
             name: "other".into(),
             ..module(base + 0x20000)
         };
-        assert!(first.loading(&other, other.addr).is_empty());
+        assert!(first.loading(&other, other.addr, None).is_empty());
         assert!(first.freeing(other.addr).is_empty());
         assert_eq!((first.again, first.gone, first.modules()), (1, 1, 1));
     }
@@ -452,7 +487,7 @@ mod tests {
             let coming = coming_vmt_test(globs);
             let mut first = FirstLoads::new(&coming, Arc::clone(&index));
             let m = vmt_test(base, &[]);
-            assert_eq!(first.loading(&m, m.addr).len(), 3);
+            assert_eq!(first.loading(&m, m.addr, None).len(), 3);
             let got: Vec<bool> = (0..3).map(|k| index.added().records_args(k)).collect();
             assert_eq!(got, want, "{args:?}");
             assert!(!index.added().records_args(3));

@@ -164,7 +164,8 @@ impl Following {
             self.counts.unreadable += 1;
             return;
         };
-        let vas = self.first.loading(&read, module);
+        let btf = self.first.module_btf(space, &read, module);
+        let vas = self.first.loading(&read, module, btf.as_ref());
         let judged = match self.marks.as_ref() {
             Some(m) => m.judge(space, &vas),
             None => vec![Judged::Write; vas.len()],
@@ -311,6 +312,7 @@ impl Tracer {
         self.attach_counts.module_traps = sites.len();
         self.patched.extend(sites);
         let mut first = FirstLoads::new(coming, Arc::clone(&self.plan.index));
+        first.want_prototypes(self.plan.value_btf());
         let stubs = self.trampoline().map(|t| {
             let planned = self.plan.index.addrs.len();
             (planned..t.sites())

@@ -22,6 +22,7 @@ impl Breakpoints {
             .filter(|_| plan.index.added().capacity() > 0);
         let coming = coming.map(|c| {
             let mut f = FirstLoads::new(c, std::sync::Arc::clone(&plan.index));
+            f.want_prototypes(plan.value_btf());
             // Their stacks unwind through their own ORC entries.
             if self.stacks.is_some() {
                 f.want_orc();
