@@ -363,6 +363,7 @@ mod tests {
                 size: 0x20,
             }],
             sites: vec![base + 0x14],
+            events: Vec::new(),
         }
     }
 
