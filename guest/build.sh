@@ -17,14 +17,15 @@
 #                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
 #                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
-#   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map,binfmt_misc.ko}:
+#   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map,binfmt_misc.ko,
+#                                      kyber-iosched.ko}:
 #                                      Debian's own 6.12 cloud kernel, not built but
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
 #   bash guest/build.sh vmt-test       -> guest/out/debian-6.12/{vmt_test.ko,workload-vmt.cpio.gz}:
 #                                      the test module built against Debian 6.12's
 #                                      headers, and the workload initramfs with it and
-#                                      the package's own binfmt_misc.ko
+#                                      the package's own binfmt_misc.ko and kyber-iosched.ko
 #   bash guest/build.sh debian-6.1     -> guest/out/debian-6.1/{vmlinuz,config,System.map}:
 #                                      bookworm's own 6.1 cloud kernel, downloaded (it
 #                                      takes a hot-added vCPU under TCG: 6.12 does not;
@@ -49,7 +50,7 @@ out="$here/out"
 # Copies an unpacked Debian kernel's files into DST, each renamed into place:
 # a test reading guest/out while another test's run copies them never sees
 # a half-written file.
-# binfmt_misc.ko keeps its time: build_vmt_test rebuilds the initramfs when
+# The modules keep their times: build_vmt_test rebuilds the initramfs when
 # it is newer.
 install_unpacked() {
 	local f
@@ -57,8 +58,11 @@ install_unpacked() {
 		cp -f "$1/$f" "$2/.$f.tmp.$$"
 		mv -f "$2/.$f.tmp.$$" "$2/$f"
 	done
-	cp -fp "$1/binfmt_misc.ko" "$2/.binfmt_misc.ko.tmp.$$"
-	mv -f "$2/.binfmt_misc.ko.tmp.$$" "$2/binfmt_misc.ko"
+	for f in binfmt_misc.ko kyber-iosched.ko; do
+		[[ -f "$1/$f" ]] || continue
+		cp -fp "$1/$f" "$2/.$f.tmp.$$"
+		mv -f "$2/.$f.tmp.$$" "$2/$f"
+	done
 }
 CC="${CC:-gcc}"
 LD="${LD:-ld}"
@@ -225,20 +229,26 @@ DEBIAN_POOL="${DEBIAN_POOL:-http://deb.debian.org/debian}"
 
 # Unpacks the .deb in DIR into DIR/boot/{vmlinuz,config,System.map}, and
 # DIR/boot/binfmt_misc.ko: the package's own module the modules tests load
-# (no hardware to find; its load_misc_binary runs at each execve),
-# uncompressed (the workload's finit_module passes no flags).
+# (no hardware to find; its load_misc_binary runs at each execve), and
+# DIR/boot/kyber-iosched.ko where the package has it: its smallest module
+# with tracepoints (kyber:*) and no dependencies (an I/O scheduler: no
+# hardware to find either). Uncompressed (the workload's finit_module
+# passes no flags).
 unpack_debian_kernel() {
-	local dir="$1" ko
+	local dir="$1" ko name
 	dpkg-deb -x "$dir"/*.deb "$dir/x"
 	mkdir -p "$dir/boot"
 	cp "$dir"/x/boot/vmlinuz-* "$dir/boot/vmlinuz"
 	cp "$dir"/x/boot/config-* "$dir/boot/config"
 	cp "$dir"/x/boot/System.map-* "$dir/boot/System.map"
-	ko="$(echo "$dir"/x/lib/modules/*/kernel/fs/binfmt_misc.ko*)"
-	case "$ko" in
-	*.xz) xz -dc "$ko" >"$dir/boot/binfmt_misc.ko" ;;
-	*) cp "$ko" "$dir/boot/binfmt_misc.ko" ;;
-	esac
+	for name in fs/binfmt_misc block/kyber-iosched; do
+		ko="$(echo "$dir"/x/lib/modules/*/kernel/$name.ko*)"
+		[[ -f "$ko" ]] || continue
+		case "$ko" in
+		*.xz) xz -dc "$ko" >"$dir/boot/${name#*/}.ko" ;;
+		*) cp "$ko" "$dir/boot/${name#*/}.ko" ;;
+		esac
+	done
 }
 
 # guest/out/debian-SERIES/ for a release missing from the apt sources
@@ -310,7 +320,8 @@ fetch_debian_kernel() {
 		echo "guest/build.sh: $wanted is gone from the archive; using $pkg" >&2
 	fi
 	local unpacked="$cache/$pkg"
-	if [[ ! -f "$unpacked/binfmt_misc.ko" ]]; then
+	# Unpacked before kyber-iosched.ko was kept: unpacked again.
+	if [[ ! -f "$unpacked/binfmt_misc.ko" || ! -f "$unpacked/kyber-iosched.ko" ]]; then
 		mkdir -p "$cache"
 		debian_tmp="$(mktemp -d "$cache/.$pkg.XXXXXX")"
 		trap 'rm -rf "$debian_tmp"' EXIT
@@ -364,7 +375,7 @@ build_vmt_test() {
 	local src="$here/linux/vmt_test" ko="$dst/vmt_test.ko" cpio="$dst/workload-vmt.cpio.gz"
 	build_workload
 	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" &&
-		"$cpio" -nt "$dst/binfmt_misc.ko" ]]; then
+		"$cpio" -nt "$dst/binfmt_misc.ko" && "$cpio" -nt "$dst/kyber-iosched.ko" ]]; then
 		return
 	fi
 	vmt_tmp="$(mktemp -d "$out/.vmt_test.XXXXXX")"
@@ -379,6 +390,8 @@ build_vmt_test() {
 			# Executable: the workload's `exec N PATH` runs it (ENOEXEC,
 			# load_misc_binary called once each).
 			cpio_entry binfmt_misc.ko $((0100755)) "$dst/binfmt_misc.ko"
+			# Tracepoints of a module (`list -e --qmp`).
+			cpio_entry kyber-iosched.ko $((0100644)) "$dst/kyber-iosched.ko"
 			cpio_entry TRAILER!!! 0
 		} | gzip -9 -n
 	} >"$cpio.tmp"

@@ -449,8 +449,9 @@ pub struct ListArgs {
     /// as ftrace's set_event reads them (sched:*, *:*switch*, sched_switch).
     #[arg(short = 'e', long = "events", conflicts_with = "entry")]
     pub events: bool,
-    /// Also list the functions (FUNCTION [MODULE]) of the modules loaded in this QMP socket's guest.
-    #[arg(long, value_name = "PATH", conflicts_with = "events")]
+    /// Also list the functions (FUNCTION [MODULE]) of the modules loaded in this QMP socket's guest;
+    /// with -e, their events (SUBSYS:NAME [MODULE]).
+    #[arg(long, value_name = "PATH")]
     pub qmp: Option<PathBuf>,
 }
 

@@ -324,6 +324,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
 
     module_stacks(&guest, &bz, w.worker, &modules);
     distribution_module(&guest, &bz, w.worker);
+    module_events(&guest, &bz, w.worker);
 
     // Unloaded and loaded again 20 times during a trace in each mode (one
     // console round trip: `vmtcycles`, each cycle K calls, the unload and
@@ -896,6 +897,31 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         assert_no_gdbstub(guest.qmp_socket());
     }
     command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
+}
+
+/// The events of the guest's modules, as `list -e --qmp` reads them from
+/// its memory: Debian's own kyber-iosched.ko (guest/build.sh vmt-test puts
+/// it in the initramfs) lists its three tracepoints, `kyber:*`, by its
+/// name once loaded; unloaded, they are gone (no such event: exit status
+/// 2).
+fn module_events(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+    let list = || {
+        let qmp = s(guest.qmp_socket());
+        common::vmtrace(&["list", "-e", "--qmp", qmp, "--kernel", s(bz), "kyber:*"])
+    };
+    command(guest, "insmod /kyber-iosched.ko", "insmod 0", worker);
+    let o = list();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let lines: Vec<String> = common::stdout(&o).lines().map(String::from).collect();
+    let want = ["kyber_adjust", "kyber_latency", "kyber_throttled"]
+        .map(|e| format!("kyber:{e} [kyber_iosched]"));
+    assert_eq!(lines, want, "{}", common::stderr(&o));
+    let said = "vmtrace: 0 events (and 3 of the guest's modules) in 1 subsystem";
+    assert!(common::stderr(&o).contains(said), "{}", common::stderr(&o));
+    command(guest, "rmmod kyber_iosched", "rmmod 0", worker);
+    let o = list();
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stdout(&o).is_empty(), "{}", common::stdout(&o));
 }
 
 /// `--stack vmt_hit` in trap mode: each of the K calls' kernel stacks

@@ -5,6 +5,7 @@
 
 use tracer::error::TracerError;
 use tracer::kernel::btf::KernelBtf;
+use tracer::kernel::events::module_events::ModuleEvent;
 use tracer::kernel::events::{EventError, EventGlobs, EventTable};
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
@@ -20,7 +21,7 @@ use crate::error::{Error, InputError, Outcome};
 pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
     let mut cfg = ListConfig::check(args)?;
     if cfg.events {
-        return events(&cfg);
+        return events(&cfg, args.qmp.as_deref());
     }
     if let Some(qmp) = args.qmp.as_deref() {
         add_modules(qmp, &mut cfg.image)?;
@@ -70,15 +71,39 @@ fn module_names_only<'a>(mut listing: Listing<'a>, image: &KernelImage) -> Listi
     listing
 }
 
+/// The events of the modules loaded in `qmp`'s guest (none when they
+/// cannot be read: said on stderr).
+fn module_events(qmp: &std::path::Path, image: &KernelImage) -> Result<Vec<ModuleEvent>, Error> {
+    let connected = session::connect(qmp, None).map_err(InputError::Qemu)?;
+    match connected.modules(image) {
+        Ok(m) => Ok(m.map(|m| m.events).unwrap_or_default()),
+        Err(e) => {
+            note!("vmtrace: the guest's modules' events are not listed: {e}");
+            Ok(Vec::new())
+        }
+    }
+}
+
 /// `list -e`: one line per event the kernel lists, `SYSTEM:NAME (ARGS)`,
 /// sorted by name as tracefs' `available_events` is not (it follows the
-/// kernel's array); the counts on stderr.
-fn events(cfg: &ListConfig) -> Result<Outcome, Error> {
+/// kernel's array), and with `--qmp` those of the guest's loaded modules,
+/// `SYSTEM:NAME [MODULE]`; the counts on stderr.
+fn events(cfg: &ListConfig, qmp: Option<&std::path::Path>) -> Result<Outcome, Error> {
     let globs = EventGlobs::parse(&cfg.globs).map_err(InputError::from)?;
     let btf =
         KernelBtf::from_image(&cfg.image).map_err(|e| InputError::from(EventError::from(e)))?;
     let table = EventTable::read(&cfg.image, &btf).map_err(InputError::from)?;
-    let mut chosen = table.select(&globs).map_err(InputError::from)?;
+    let mut modules = match qmp {
+        Some(qmp) => module_events(qmp, &cfg.image)?,
+        None => Vec::new(),
+    };
+    modules.retain(|m| globs.is_match(&m.event));
+    modules.sort_by_key(|m| (m.event.full_name(), m.module.clone()));
+    let mut chosen = match modules.is_empty() {
+        // No event at all gets the closest names.
+        true => table.select(&globs).map_err(InputError::from)?,
+        false => table.listed().filter(|e| globs.is_match(e)).collect(),
+    };
     chosen.sort_by_key(|e| e.full_name());
     to_stdout("list", |w| {
         for e in &chosen {
@@ -87,10 +112,17 @@ fn events(cfg: &ListConfig) -> Result<Outcome, Error> {
                 sig => writeln!(w, "{} {sig}", e.full_name())?,
             }
         }
+        for m in &modules {
+            writeln!(w, "{} [{}]", m.event.full_name(), m.module)?;
+        }
         Ok(())
     })?;
-    let systems: std::collections::BTreeSet<&str> =
-        chosen.iter().map(|e| e.system.as_str()).collect();
+    let systems: std::collections::BTreeSet<&str> = chosen
+        .iter()
+        .copied()
+        .chain(modules.iter().map(|m| &m.event))
+        .map(|e| e.system.as_str())
+        .collect();
     let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let listed = table.listed().count();
     let unlisted = table.events.len() - listed;
@@ -99,9 +131,13 @@ fn events(cfg: &ListConfig) -> Result<Outcome, Error> {
         false => "the ftrace system's formats",
     };
     note!(
-        "vmtrace: {} in {}, of the {listed} the kernel lists ({unlisted} more in its table \
+        "vmtrace: {}{} in {}, of the {listed} the kernel lists ({unlisted} more in its table \
          it does not: {why}) (symbols: {})",
         plural(chosen.len(), "event"),
+        match qmp {
+            Some(_) => format!(" (and {} of the guest's modules)", modules.len()),
+            None => String::new(),
+        },
         plural(systems.len(), "subsystem"),
         cfg.image.source
     );

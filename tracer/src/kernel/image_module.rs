@@ -52,6 +52,9 @@ pub struct ModuleLayout {
     pub(crate) strtab: u32,
     pub(crate) ftrace_callsites: u32,
     pub(crate) num_ftrace_callsites: u32,
+    /// `trace_events` and `num_trace_events`: its events' `struct
+    /// trace_event_call *` array (None: a kernel without event tracing).
+    pub(crate) trace_events: Option<(u32, u32)>,
     /// Where its ORC tables are described (None: the kernel keeps none
     /// for modules): read at a first load, for `--stack`.
     pub orc: Option<ModuleOrcLayout>,
@@ -86,6 +89,7 @@ impl ModuleLayout {
             strtab: 0,
             ftrace_callsites: 0,
             num_ftrace_callsites: 0,
+            trace_events: None,
             orc: None,
         }
     }

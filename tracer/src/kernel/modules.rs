@@ -4,7 +4,9 @@
 //! before: include/linux/module.h), its own symbols (`kallsyms`: an
 //! `Elf64_Sym` table and its strings, kernel/module/kallsyms.c) and its
 //! ftrace call sites (`ftrace_callsites`, the module's `__mcount_loc`
-//! relocated: kernel/module/main.c, find_module_sections). Offsets from
+//! relocated: kernel/module/main.c, find_module_sections), and its events
+//! (`trace_events`, the module's `_ftrace_events` section: the same
+//! function). Offsets from
 //! the kernel's BTF: a kernel without it is refused.
 
 use std::ops::Range;
@@ -94,6 +96,9 @@ pub struct LoadedModule {
     /// Its ftrace call sites, ascending (those in its core text: the
     /// kernel's own list keeps the init ones too, freed after load).
     pub sites: Vec<u64>,
+    /// Its events' `struct trace_event_call` addresses
+    /// (`crate::kernel::events::module_events` reads them).
+    pub events: Vec<u64>,
 }
 
 impl LoadedModule {
@@ -146,6 +151,7 @@ impl ModuleLayout {
             strtab: k("strtab")?,
             ftrace_callsites: m("ftrace_callsites")?,
             num_ftrace_callsites: m("num_ftrace_callsites")?,
+            trace_events: m("trace_events").ok().zip(m("num_trace_events").ok()),
             orc: crate::kernel::module_orc::ModuleOrcLayout::find(btf),
         })
     }
@@ -293,12 +299,24 @@ fn read_module(
         sites.sort_unstable();
         sites.dedup();
     }
+    let mut events = Vec::new();
+    if let Some((array, num)) = l.trace_events {
+        let n = count(r, module + u64::from(num), "its event count")?;
+        let array = r.u64(module + u64::from(array))?;
+        if n > 0 && array != 0 {
+            let mut buf = vec![0u8; (n * 8) as usize];
+            r.bytes(array, &mut buf)?;
+            let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            events = buf.chunks_exact(8).map(word).collect();
+        }
+    }
     Ok(LoadedModule {
         name,
         addr: module,
         text,
         functions,
         sites,
+        events,
     })
 }
 

@@ -364,6 +364,7 @@ mod tests {
                 size: 0x20,
             }],
             sites: vec![base + 0x14],
+            events: Vec::new(),
         }
     }
 

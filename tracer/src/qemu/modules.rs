@@ -20,6 +20,7 @@ use vmm::{GuestRam, RamError};
 
 use super::procmem::ProcRam;
 use crate::kernel::btf::KernelBtf;
+use crate::kernel::events::module_events::{self, ModuleEvent};
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
 use crate::kernel::module_btf::{loaded_btf, BtfModulesLayout};
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
@@ -83,10 +84,13 @@ pub struct GuestModules {
     /// Each module's own `.BTF` (its `struct module`'s address), from the
     /// kernel's `btf_modules` list, when the kernel keeps them.
     pub btf: Vec<(u64, Vec<u8>)>,
+    /// The events the modules list (`list -e`).
+    pub events: Vec<ModuleEvent>,
 }
 
 /// Where a kernel's module list is and how to walk it.
 struct Walk {
+    btf: KernelBtf,
     layout: ModuleLayout,
     root: u64,
     /// 4- or 5-level: found with the virtual offset (`read`).
@@ -105,11 +109,13 @@ impl Walk {
         let layout = ModuleLayout::find(image, &btf)?;
         let root = top_table::root(image, phys)
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
+        let btf_modules = BtfModulesLayout::find(image, &btf);
         Ok(Some(Walk {
+            btf,
             layout,
             root,
             mode: PagingMode::Level4,
-            btf_modules: BtfModulesLayout::find(image, &btf),
+            btf_modules,
         }))
     }
 
@@ -172,7 +178,9 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     };
     let mut list = Vec::new();
     let mut orc = Vec::new();
-    for m in walk.list(&ram, offset.virt)? {
+    let modules = walk.list(&ram, offset.virt)?;
+    let events = module_events::read(&mut walk.space(&ram), &walk.btf, &modules)?;
+    for m in modules {
         if let Some(l) = &walk.layout.orc {
             orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
         }
@@ -197,6 +205,7 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         offset,
         orc,
         btf,
+        events,
     }))
 }
 

@@ -396,6 +396,7 @@ mod tests {
             text: at..at + 0x200,
             functions,
             sites: vec![at + 4, at + 0x44, at + 0x84],
+            events: Vec::new(),
         }
     }
 

@@ -19,6 +19,27 @@ const EVENTS_SECTION: &str = ".init.data";
 /// Longest C string read (names of systems, events, syscall types).
 const MAX_STRING: usize = 256;
 
+/// Where an event's structures are read: the image's file at link-time
+/// addresses, or a running guest's memory (a module's events:
+/// `super::module_events`).
+pub(crate) trait EventData {
+    fn word(&self, vaddr: u64) -> Option<u64>;
+    fn word32(&self, vaddr: u64) -> Option<u32>;
+    fn c_string(&self, vaddr: u64) -> Option<String>;
+}
+
+impl EventData for KernelImage {
+    fn word(&self, vaddr: u64) -> Option<u64> {
+        word(self, vaddr)
+    }
+    fn word32(&self, vaddr: u64) -> Option<u32> {
+        word32(self, vaddr)
+    }
+    fn c_string(&self, vaddr: u64) -> Option<String> {
+        c_string(self, vaddr)
+    }
+}
+
 /// The 8-byte word at `vaddr`.
 pub(crate) fn word(image: &KernelImage, vaddr: u64) -> Option<u64> {
     let b = image.file_bytes(vaddr, 8)?;

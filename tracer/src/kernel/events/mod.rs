@@ -17,6 +17,7 @@ pub mod ftrace_format;
 mod image_data;
 pub mod jump_sites;
 mod layout;
+pub mod module_events;
 pub mod path_cost;
 mod read;
 mod select;

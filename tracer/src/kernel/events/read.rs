@@ -1,7 +1,7 @@
 //! Reading the event array entry by entry (see the module above).
 
 use crate::kernel::btf::KernelBtf;
-use crate::kernel::events::image_data::{self, c_string, word, word32};
+use crate::kernel::events::image_data::{self, word, EventData};
 use crate::kernel::events::layout::EventLayout;
 use crate::kernel::events::{
     decl, syscalls, EventArg, EventError, EventKind, EventTable, KernelEvent, MAX_EVENTS,
@@ -13,15 +13,15 @@ use crate::kernel::symbols::KernelImage;
 const TRACE_EVENT_CALL: &str = "trace_event_call";
 
 /// An event as the array gives it, before its arguments are looked up.
-struct RawEvent {
-    system: String,
-    name: String,
-    kind: EventKind,
-    tracepoint: Option<u64>,
+pub(super) struct RawEvent {
+    pub(super) system: String,
+    pub(super) name: String,
+    pub(super) kind: EventKind,
+    pub(super) tracepoint: Option<u64>,
     /// `call->data`: a syscall event's metadata.
     data: u64,
     /// TRACE_EVENT_FL_IGNORE_ENABLE, or no `class->reg`.
-    hidden: bool,
+    pub(super) hidden: bool,
 }
 
 /// Whether a system or event name is one ftrace could print.
@@ -29,33 +29,38 @@ fn is_name(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// The event whose `struct trace_event_call` is at `call`, or why not.
-fn read_call(
-    image: &KernelImage,
+/// The event whose `struct trace_event_call` is at `call` in `mem`, or
+/// why not.
+pub(super) fn read_call(
+    mem: &dyn EventData,
     l: &EventLayout,
     syscall_init: Option<u64>,
     call: u64,
 ) -> Result<RawEvent, &'static str> {
     let at = |off: u32| call.wrapping_add(u64::from(off));
-    let class = word(image, at(l.call_class)).ok_or("no class pointer")?;
-    let system = word(image, class.wrapping_add(u64::from(l.class_system)))
-        .and_then(|s| c_string(image, s))
+    let class = mem.word(at(l.call_class)).ok_or("no class pointer")?;
+    let system = mem
+        .word(class.wrapping_add(u64::from(l.class_system)))
+        .and_then(|s| mem.c_string(s))
         .filter(|s| is_name(s))
         .ok_or("no system name")?;
-    let flags = word32(image, at(l.call_flags)).ok_or("no flags")?;
-    let name_ptr = word(image, at(l.call_name)).ok_or("no name pointer")?;
+    let flags = mem.word32(at(l.call_flags)).ok_or("no flags")?;
+    let name_ptr = mem.word(at(l.call_name)).ok_or("no name pointer")?;
     let tracepoint = (flags & l.fl_tracepoint != 0).then_some(name_ptr);
     let name = match tracepoint {
-        Some(tp) => {
-            word(image, tp.wrapping_add(u64::from(l.tp_name))).and_then(|n| c_string(image, n))
-        }
-        None => c_string(image, name_ptr),
+        Some(tp) => mem
+            .word(tp.wrapping_add(u64::from(l.tp_name)))
+            .and_then(|n| mem.c_string(n)),
+        None => mem.c_string(name_ptr),
     }
     .filter(|s| is_name(s))
     .ok_or("no event name")?;
-    let reg = word(image, class.wrapping_add(u64::from(l.class_reg))).ok_or("no class reg")?;
-    let raw_init =
-        word(image, class.wrapping_add(u64::from(l.class_raw_init))).ok_or("no raw_init")?;
+    let reg = mem
+        .word(class.wrapping_add(u64::from(l.class_reg)))
+        .ok_or("no class reg")?;
+    let raw_init = mem
+        .word(class.wrapping_add(u64::from(l.class_raw_init)))
+        .ok_or("no raw_init")?;
     let kind = match (tracepoint, syscall_init) {
         (Some(_), _) => EventKind::Tracepoint,
         (None, Some(init)) if raw_init == init => EventKind::Syscall,
@@ -66,7 +71,7 @@ fn read_call(
         name,
         kind,
         tracepoint,
-        data: word(image, at(l.call_data)).unwrap_or(0),
+        data: mem.word(at(l.call_data)).unwrap_or(0),
         hidden: flags & l.fl_ignore_enable != 0 || reg == 0,
     })
 }
