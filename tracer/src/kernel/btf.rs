@@ -109,7 +109,12 @@ impl KernelBtf {
 
     /// BTF from the raw bytes of a `.BTF` section of the file at `path`.
     pub fn from_bytes(path: &Path, data: &[u8]) -> Result<KernelBtf, BtfError> {
-        let btf = Btf::from_bytes(data).map_err(|source| BtfError::Parse {
+        KernelBtf::parsed(path, Btf::from_bytes(data))
+    }
+
+    /// `btf` parsed from the file at `path`, or why not.
+    fn parsed(path: &Path, btf: btf_rs::Result<Btf>) -> Result<KernelBtf, BtfError> {
+        let btf = btf.map_err(|source| BtfError::Parse {
             path: path.to_owned(),
             source,
         })?;
@@ -127,14 +132,7 @@ impl KernelBtf {
         data: &[u8],
         base: &KernelBtf,
     ) -> Result<KernelBtf, BtfError> {
-        let btf = Btf::from_split_bytes(data, &base.btf).map_err(|source| BtfError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(KernelBtf {
-            btf,
-            path: path.to_owned(),
-        })
+        KernelBtf::parsed(path, Btf::from_split_bytes(data, &base.btf))
     }
 
     pub fn path(&self) -> &Path {
