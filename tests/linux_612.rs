@@ -4,8 +4,10 @@
 //! vCPU comes up (ACPI MADT and MP table both offered). Both boots also
 //! load the test module N times at boot (`vmt_boot`, docs/guests.md) and
 //! trace its functions from each load (issue 37): by `:mod:` with traps,
-//! by a plain glob exitless; each boot runs until the guest's init (which
-//! cannot run here) panics, after the module's last cycle.
+//! with their stacks through the module's frames (its ORC tables read at
+//! each load) and their arguments; by a plain glob exitless. Each boot
+//! runs until the guest's init (which cannot run here) panics, after the
+//! module's last cycle.
 
 mod common;
 
@@ -140,7 +142,8 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
         "1500",
         &[
             "--stack",
-            "hrtimer_run_queues",
+            "hrtimer_run_queues,vmt_hit",
+            "--args",
             "--trace",
             "*:mod:vmt_test",
             "-o",
@@ -164,6 +167,7 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     let lines = stdout(&script);
     let hits = lines.lines().filter(|l| l.contains("vmt_hit [vmt_test]"));
     assert_eq!(hits.count() as u64, CYCLES * HITS, "{}", stderr(&script));
+    hit_arguments(&data);
     let _ = std::fs::remove_file(&data);
     // Every traced call was one exit, and every one is in the counts.
     let events = v["events"].as_u64().unwrap();
@@ -175,24 +179,82 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     );
     // 6.12's ORC tables (the 6.4+ entry layout, from its BTF): every
     // stack of hrtimer_run_queues (the tick's) complete, every frame
-    // named, and through the local APIC timer interrupt's entry; but a
-    // tick that came while the module's own code ran, whose stack ends at
-    // its frame (a module first loaded during the trace has no ORC tables
-    // read: docs/attach.md), outside the kernel's text.
+    // named, and through the local APIC timer interrupt's entry (a tick
+    // in the module's code unwinds through its ORC tables, read at its
+    // load; one in its init text, freed after the load and not read,
+    // would end there, outside the kernel's text).
     let source = v["stacks_source"].as_str().unwrap();
     assert!(source.contains("Linux 6.4+ layout"), "{source}");
-    let stacks = v["stacks"].as_array().unwrap();
-    assert!(stacks.iter().any(|s| s["complete"] == true), "{v}");
-    for s in stacks {
+    let ticks = stacks_of(&v, "hrtimer_run_queues");
+    assert!(ticks.iter().any(|(s, _)| s["complete"] == true), "{v}");
+    for (s, f) in &ticks {
         assert!(s["complete"] == true || s["end"] == "not_text", "{s}");
-        let f: Vec<&str> = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["function"].as_str().unwrap_or_else(|| panic!("{s}")))
-            .collect();
         assert!(f.contains(&"asm_sysvec_apic_timer_interrupt"), "{f:?}");
     }
+    // Each vmt_hit's stack through the module's caller, vmt_batch (its
+    // ORC entries read at each load, the second load's frames named as
+    // the first's), down to the base of vmt_boot's kernel thread.
+    let hits = stacks_of(&v, "vmt_hit [vmt_test]");
+    let stacked: u64 = hits.iter().map(|(s, _)| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(stacked, CYCLES * HITS, "{v}");
+    for (s, f) in &hits {
+        assert_eq!(
+            (&s["complete"], &s["end"]),
+            (&true.into(), &"bottom".into()),
+            "{s}"
+        );
+        assert_eq!(f.first(), Some(&"vmt_batch [vmt_test]"), "{f:?}");
+        assert!(f.contains(&"kthread"), "{f:?}");
+        assert_eq!(f.last(), Some(&"ret_from_fork_asm"), "{f:?}");
+    }
+}
+
+/// The stacks of `function` in the JSON report `v`: each with its calls'
+/// count (`count`, beside the stack's own fields) and its frames'
+/// function names.
+fn stacks_of<'v>(
+    v: &'v serde_json::Value,
+    function: &str,
+) -> Vec<(serde_json::Value, Vec<&'v str>)> {
+    let f = v["functions"].as_array().unwrap();
+    let f = f.iter().find(|f| f["name"] == function);
+    let ids = f.and_then(|f| f["stacks"].as_array());
+    let ids = ids.unwrap_or_else(|| panic!("no stacks of {function}: {v}"));
+    let stacks = v["stacks"].as_array().unwrap();
+    ids.iter()
+        .map(|id| {
+            let s = &stacks[id["id"].as_u64().unwrap() as usize - 1];
+            let names = s["frames"].as_array().unwrap().iter();
+            let names = names.map(|f| f["function"].as_str().unwrap_or_else(|| panic!("{s}")));
+            let mut s = s.clone();
+            s["count"] = id["count"].clone();
+            (s, names.collect())
+        })
+        .collect()
+}
+
+/// `vmt_hit(i)`'s argument in the saved trace: `vmt_batch(K)` calls it
+/// with i from 0 to K - 1, in each cycle, in time order (one task makes
+/// them all: on one vCPU at a time, its stamps from one clock).
+fn hit_arguments(data: &std::path::Path) {
+    let trace = tracer::trace::datafile::load(data).unwrap();
+    let hit = (trace.functions.iter())
+        .position(|f| f.name == "vmt_hit [vmt_test]")
+        .unwrap_or_else(|| panic!("{:?}", trace.functions));
+    let mut calls: Vec<_> = (trace.events.iter())
+        .filter(|e| e.func as usize == hit && !e.is_return())
+        .collect();
+    calls.sort_by_key(|e| e.ts_ns);
+    let got: Vec<u64> = calls
+        .iter()
+        .map(|e| {
+            trace
+                .args_of(e)
+                .unwrap_or_else(|| panic!("no arguments: {e:?}"))[0]
+        })
+        .collect();
+    let want: Vec<u64> = (0..CYCLES).flat_map(|_| 0..HITS).collect();
+    assert_eq!(got, want);
 }
 
 #[test]

@@ -75,7 +75,7 @@ pub(super) fn plan(
 /// Follow the guest's module loader in `plan` (built from `request`),
 /// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
 /// cannot be followed, said in one line; refused (exit status 2) when a
-/// glob waits, or with `--args` (the spare sites record no arguments).
+/// glob waits.
 fn follow(
     plan: &mut TracePlan,
     request: &Request,
@@ -83,12 +83,7 @@ fn follow(
 ) -> Result<(), InputError> {
     let globs = waiting.join(",");
     let p = &plan.plan;
-    let why = if !request.args.is_empty() {
-        if !waiting.is_empty() {
-            return Err(InputError::ArgsModuleWaiting { globs });
-        }
-        Err("--args: the functions of a module loaded during the trace record no arguments".into())
-    } else if p.direct.is_some() {
+    let why = if p.direct.is_some() {
         Err("--entry direct".to_string())
     } else {
         let layout = p
@@ -111,8 +106,10 @@ fn follow(
         layout,
         phys: 0,
         notify: Some(notify),
-        // (Not followed with `--args`: said above.)
-        args: None,
+        // The functions `--args` selects record theirs, in either mode.
+        args: (!request.args.is_empty())
+            .then(|| Globs::for_args(&request.args).ok())
+            .flatten(),
     };
     plan.reserve_added(coming, RESERVED, request)?;
     if !waiting.is_empty() {
