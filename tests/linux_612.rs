@@ -5,9 +5,9 @@
 //! load the test module N times at boot (`vmt_boot`, docs/guests.md) and
 //! trace its functions from each load (issue 37): by `:mod:` with traps,
 //! with their stacks through the module's frames (its ORC tables read at
-//! each load) and their arguments; by a plain glob exitless. Each boot
-//! runs until the guest's init (which cannot run here) panics, after the
-//! module's last cycle.
+//! each load) and their arguments; by a plain glob exitless, with the
+//! function graph. Each boot runs until the guest's init (which cannot
+//! run here) panics, after the module's last cycle.
 
 mod common;
 
@@ -262,14 +262,25 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
     let Some((bz, vmlinux)) = linux_612() else {
         return;
     };
+    let data = std::env::temp_dir().join(format!("vmtrace-612-graph-{}.data", std::process::id()));
     let (out, text, err) = run(
         &bz,
         &vmlinux,
         "exitless",
         "4",
         "1500",
-        &["--trace", "vmt_*"],
+        &[
+            "--trace",
+            "vmt_*",
+            "--graph",
+            "--args=vmt_*",
+            "-o",
+            data.to_str().unwrap(),
+        ],
     );
+    // The arguments through the spare sites' records too.
+    hit_arguments(&data);
+    let _ = std::fs::remove_file(&data);
     assert!(err.contains("vmtrace: exitless: trampoline"), "{err}");
     assert!(text.contains("Brought up 1 node, 4 CPUs"), "{text}");
     let v: serde_json::Value = serde_json::from_str(&stdout(&out))
@@ -278,6 +289,22 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
     module_traced(&v, &text, &err);
     // The kernel's own `vmt_*` too: its loader's one call a cycle.
     assert_eq!(count(&v, "vmt_load_module"), Some(CYCLES), "{v}");
+    // The function graph through the module's spare sites: every call of
+    // its functions returned through its hook, each with its duration.
+    for (name, calls) in [
+        ("vmt_hit [vmt_test]", CYCLES * HITS),
+        ("vmt_batch [vmt_test]", CYCLES),
+    ] {
+        let f = v["functions"].as_array().unwrap();
+        let f = f.iter().find(|f| f["name"] == name).unwrap();
+        let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {f}"));
+        assert_eq!(
+            (n("returns"), n("returned"), n("not_returned")),
+            (calls, calls, 0),
+            "{f}"
+        );
+        assert!(n("min_ns") > 0 && n("total_ns") >= n("max_ns"), "{f}");
+    }
     // No call trapped: the trampoline handled them all, on every CPU it ran.
     assert_eq!(v["trap_exits"].as_u64(), Some(0), "{v}");
     let per_cpu: Vec<u64> = (0..4)
