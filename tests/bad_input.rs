@@ -847,3 +847,32 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     );
     assert_bad_input(&with(&five, &["--buffer", "1G"]), "/nonexistent");
 }
+
+/// The own VMM cannot follow the guest's modules with `--entry direct`
+/// (a first-loaded module's functions get ftrace sites, not direct
+/// entries): a `:mod:` glob that would wait for its module is refused in
+/// one line before the guest boots (docs/attach.md, modules in the own
+/// VMM).
+#[test]
+fn a_waiting_module_glob_with_direct_entries_is_refused_by_the_own_vmm() {
+    let Some((bz, vmlinux)) = linux_612() else {
+        return;
+    };
+    let (bz, vmlinux) = (bz.to_str().unwrap(), vmlinux.to_str().unwrap());
+    for trace in ["*:mod:vmt_test", "hrtimer_*,vmt_*:mod:vmt_test"] {
+        let args = [
+            "--kernel",
+            bz,
+            "--vmlinux",
+            vmlinux,
+            "--trace",
+            trace,
+            "--entry",
+            "direct",
+        ];
+        assert_bad_input(
+            &args,
+            "waits for a module, but the guest's modules cannot be followed (--entry direct)",
+        );
+    }
+}

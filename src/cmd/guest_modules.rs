@@ -6,6 +6,8 @@
 use tracer::kernel::filter::{Filter, Globs};
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::{ComingModules, Request};
+
+use crate::config::take_waiting;
 use tracer::qemu::session::Connected;
 
 /// Functions of modules first loaded during a trace that get sites of
@@ -65,27 +67,18 @@ pub(super) fn waiting(
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
 ) -> Option<(ComingModules, Vec<String>)> {
     let (layout, phys) = walk?;
-    let globs = Globs::for_trace(&request.trace).ok()?;
     let loaded = |module: &str| {
         let m = Globs::for_list(&[module.to_string()]).ok();
         m.is_some_and(|m| image.modules.iter().any(|l| m.is_match(&l.name)))
     };
-    let (waiting, kept): (Vec<String>, Vec<String>) = globs
-        .positive()
-        .iter()
-        .cloned()
-        .partition(|g| g.split_once(":mod:").is_some_and(|(_, m)| !loaded(m)));
-    if waiting.is_empty() || kept.is_empty() {
+    // The selection as given, before the waiting globs are taken out.
+    let selection = Filter::new(&request.trace, &request.notrace).ok()?;
+    let waits = |g: &str| g.split_once(":mod:").is_some_and(|(_, m)| !loaded(m));
+    let (waiting, only) = take_waiting(request, waits)?;
+    if waiting.is_empty() || only {
         // Nothing else to trace now: the plan says so, as before.
         return None;
     }
-    let selection = Filter::new(&request.trace, &request.notrace).ok()?;
-    let negated = globs.negative().iter().map(|g| format!("!{g}"));
-    request.trace = vec![kept
-        .into_iter()
-        .chain(negated)
-        .collect::<Vec<_>>()
-        .join(",")];
     let args = (!request.args.is_empty()).then(|| Globs::for_args(&request.args).ok());
     let coming = ComingModules {
         selection,

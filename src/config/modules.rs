@@ -25,13 +25,24 @@ pub(super) type Waiting = (Filter, Vec<String>, bool);
 pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<Waiting> {
     image.symbol(MODULES)?;
     let selection = Filter::new(&request.trace, &request.notrace).ok()?;
+    let (waiting, only) = take_waiting(request, |g| g.contains(":mod:"))?;
+    let only = only && request.events.is_empty();
+    Some((selection, waiting, only))
+}
+
+/// The positive `--trace` globs of `request` that `waits` says wait for
+/// their module, taken out of it when others are left (each of those
+/// must still match, as before; the negative globs stay with them), and
+/// whether they are all its positive globs (then `request` is left as
+/// it was). The own VMM's and `vmtrace attach`'s waiting `:mod:` globs.
+pub(crate) fn take_waiting(
+    request: &mut Request,
+    waits: impl Fn(&str) -> bool,
+) -> Option<(Vec<String>, bool)> {
     let globs = Globs::for_trace(&request.trace).ok()?;
-    let (waiting, kept): (Vec<String>, Vec<String>) = globs
-        .positive()
-        .iter()
-        .cloned()
-        .partition(|g| g.contains(":mod:"));
-    let only = !waiting.is_empty() && kept.is_empty() && request.events.is_empty();
+    let (waiting, kept): (Vec<String>, Vec<String>) =
+        globs.positive().iter().cloned().partition(|g| waits(g));
+    let only = !waiting.is_empty() && kept.is_empty();
     if !waiting.is_empty() && !kept.is_empty() {
         let negated = globs.negative().iter().map(|g| format!("!{g}"));
         request.trace = vec![kept
@@ -40,7 +51,7 @@ pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<Wait
             .collect::<Vec<_>>()
             .join(",")];
     }
-    Some((selection, waiting, only))
+    Some((waiting, only))
 }
 
 /// The plan of `request` (`waiting`: from `waiting`), its `:mod:` globs
@@ -64,7 +75,7 @@ pub(super) fn plan(
 /// Follow the guest's module loader in `plan` (built from `request`),
 /// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
 /// cannot be followed, said in one line; refused (exit status 2) when a
-/// glob waits, or with `--args` (the spare sites record no arguments).
+/// glob waits.
 fn follow(
     plan: &mut TracePlan,
     request: &Request,
@@ -72,12 +83,7 @@ fn follow(
 ) -> Result<(), InputError> {
     let globs = waiting.join(",");
     let p = &plan.plan;
-    let why = if !request.args.is_empty() {
-        if !waiting.is_empty() {
-            return Err(InputError::ArgsModuleWaiting { globs });
-        }
-        Err("--args: the functions of a module loaded during the trace record no arguments".into())
-    } else if p.direct.is_some() {
+    let why = if p.direct.is_some() {
         Err("--entry direct".to_string())
     } else {
         let layout = p
@@ -100,8 +106,10 @@ fn follow(
         layout,
         phys: 0,
         notify: Some(notify),
-        // (Not followed with `--args`: said above.)
-        args: None,
+        // The functions `--args` selects record theirs, in either mode.
+        args: (!request.args.is_empty())
+            .then(|| Globs::for_args(&request.args).ok())
+            .flatten(),
     };
     plan.reserve_added(coming, RESERVED, request)?;
     if !waiting.is_empty() {

@@ -481,7 +481,9 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let values = DrainValues {
-                args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites()),
+                // (The sites added during the trace record them too.)
+                args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites())
+                    .map(|a| a.with_added(&self.plan.index)),
                 retval: self.plan.graph && self.plan.values.retval,
                 fields,
             };

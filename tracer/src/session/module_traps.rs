@@ -28,6 +28,7 @@ use vmm::{GuestRam, Trap};
 use super::module_added::FirstLoads;
 use super::module_marks::{Judged, Marks};
 use super::patch::{self, PatchError, PatchedSite, Surveyed};
+use super::stacks::StackSource;
 use super::Tracer;
 use crate::error::TracerError;
 use crate::kernel::kaslr::KernelOffset;
@@ -65,6 +66,10 @@ struct Following {
     /// The guest's ftrace records, marked as the attach's (None where the
     /// attach could not mark them either: it said why).
     marks: Option<Marks>,
+    /// `--stack`: told of each module's functions and ORC entries at its
+    /// load and unload, as `vmtrace attach`'s load hook tells it
+    /// (`FirstLoads::read_orc`, `tell_stacks`).
+    stacks: Option<Arc<StackSource>>,
 }
 
 /// A module site vmtrace wrote.
@@ -166,6 +171,10 @@ impl Following {
         };
         let btf = self.first.module_btf(space, &read, module);
         let vas = self.first.loading(&read, module, btf.as_ref());
+        // Its ORC entries, before any of its code runs: its stacks unwind
+        // through its frames.
+        self.first.read_orc(space, &read, module);
+        self.tell_stacks();
         let judged = match self.marks.as_ref() {
             Some(m) => m.judge(space, &vas),
             None => vec![Judged::Write; vas.len()],
@@ -182,6 +191,9 @@ impl Following {
             }
             let bytes = match &self.stubs {
                 None => Some(patch::TRAP),
+                // Exitless mode: a `--stack` function traps, as a planned
+                // `--stack` site does (the trap path unwinds).
+                Some(_) if self.records_stack(va) => Some(patch::TRAP),
                 Some(stubs) => self
                     .first
                     .slot_of(va)
@@ -218,6 +230,24 @@ impl Following {
                 self.counts.restored += 1;
             }
         }
+        self.tell_stacks();
+    }
+
+    /// `--stack` told of the modules loaded now (and those loaded again
+    /// elsewhere), as at `vmtrace attach`'s load and free hooks.
+    fn tell_stacks(&self) {
+        if let Some(s) = &self.stacks {
+            s.set_moved(self.first.moved());
+            self.first.tell_stacks(s);
+        }
+    }
+
+    /// Does a call at the added site at `va` record its stack.
+    fn records_stack(&self, va: u64) -> bool {
+        let (Some(s), Some(k)) = (&self.stacks, self.first.slot_of(va)) else {
+            return false;
+        };
+        s.at(s.planned() + k)
     }
 }
 
@@ -323,12 +353,17 @@ impl Tracer {
             first.limit_to(s.len());
         }
         let marks = self.ftrace_records().cloned().map(|r| Marks::new(r, off));
+        let stacks = self.stacks.clone();
+        if stacks.is_some() {
+            first.want_orc();
+        }
         *traps.state() = Some(Following {
             first,
             stubs,
             written: Vec::new(),
             counts: Counts::default(),
             marks,
+            stacks,
         });
         Ok(())
     }

@@ -219,6 +219,11 @@ impl StackSource {
         let _ = self.slide.set(slide);
     }
 
+    /// The plan's sites: a spare slot k is site `planned() + k`.
+    pub fn planned(&self) -> usize {
+        self.sites.len()
+    }
+
     /// Does a call at site `i` record its stack.
     pub fn at(&self, i: usize) -> bool {
         match self.sites.get(i) {

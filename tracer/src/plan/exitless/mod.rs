@@ -60,12 +60,22 @@ impl<'a> Records<'a> {
             graph: plan.graph,
             tasks: &plan.tasks,
             values: plan.values,
-            arg_sites: plan.arg_sites(),
+            arg_sites: with_spares(plan.arg_sites(), plan.exitless_added()),
             direct: plan.direct.is_some(),
             added: plan.exitless_added(),
             copies: site_copies(plan),
         }
     }
+}
+
+/// `arg_sites` with `added` spare sites after the plan's, each storing
+/// its calls' arguments: which function a spare site gets is known only
+/// at its module's load, so the drainer keeps those of the functions the
+/// `--args` globs select (`AddedSites::records_args`) and drops the rest.
+fn with_spares(arg_sites: Option<Arc<[bool]>>, added: usize) -> Option<Arc<[bool]>> {
+    let planned = arg_sites?;
+    let spares = std::iter::repeat_n(true, added);
+    Some(planned.iter().copied().chain(spares).collect())
 }
 
 /// Per site of `plan`, the strings of its event that do not last past it
@@ -471,4 +481,19 @@ fn generate(spec: &TrampolineSpec, compact: bool) -> Result<Trampoline, Exitless
         });
     }
     Ok(trampoline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spare sites store every call's arguments after the plan's
+    /// selection; without `--args` (None) none is added.
+    #[test]
+    fn spare_sites_store_arguments_when_any_site_does() {
+        let planned: Arc<[bool]> = vec![false, true].into();
+        let all = with_spares(Some(planned), 3).unwrap();
+        assert_eq!(&*all, &[false, true, true, true, true]);
+        assert_eq!(with_spares(None, 3), None);
+    }
 }
