@@ -28,6 +28,23 @@ fn module_entries(layout: OrcLayout) -> Vec<(u64, [u8; 6])> {
     .collect()
 }
 
+/// A task's stack stopped in the module at M1: [sp] into M2, M2's
+/// 0x20-byte frame, its return into C, C's 0x30, its return into D (the
+/// bottom); and the registers there.
+fn stack_through_module() -> (Mem, EntryRegs) {
+    let sp = TASK_STACK + 0x100;
+    let mut m = Mem::default();
+    m.put(sp, run(M2 + 0x10))
+        .put(sp + 0x20, run(C + 0x40))
+        .put(sp + 0x20 + 0x30, run(D + 0x10));
+    let regs = EntryRegs {
+        ip: run(M1),
+        sp,
+        bp: 0,
+    };
+    (m, regs)
+}
+
 #[test]
 fn a_stack_unwinds_through_a_modules_frames_into_the_kernel() {
     let text = [(TEXT, TEXT_END), (MODULE, MODULE_END)];
@@ -38,18 +55,7 @@ fn a_stack_unwinds_through_a_modules_frames_into_the_kernel() {
         modules: &[],
     };
     for layout in LAYOUTS {
-        let sp = TASK_STACK + 0x100;
-        let mut m = Mem::default();
-        // [sp] into M2, M2's 0x20-byte frame, its return into C, C's 0x30,
-        // its return into D (the bottom).
-        m.put(sp, run(M2 + 0x10))
-            .put(sp + 0x20, run(C + 0x40))
-            .put(sp + 0x20 + 0x30, run(D + 0x10));
-        let regs = EntryRegs {
-            ip: run(M1),
-            sp,
-            bp: 0,
-        };
+        let (mut m, regs) = stack_through_module();
         let with = kernel(layout).with_entries(module_entries(layout));
         assert_eq!(with.len(), kernel(layout).len() + 5);
         assert_eq!(
@@ -75,16 +81,7 @@ fn a_stack_unwinds_through_a_modules_frames_into_the_kernel() {
 fn a_stack_unwinds_through_a_module_loaded_after_the_table_was_made() {
     let text = [(TEXT, TEXT_END)];
     for layout in LAYOUTS {
-        let sp = TASK_STACK + 0x100;
-        let mut m = Mem::default();
-        m.put(sp, run(M2 + 0x10))
-            .put(sp + 0x20, run(C + 0x40))
-            .put(sp + 0x20 + 0x30, run(D + 0x10));
-        let regs = EntryRegs {
-            ip: run(M1),
-            sp,
-            bp: 0,
-        };
+        let (mut m, regs) = stack_through_module();
         let modules = [ModuleTable::new(
             (MODULE, MODULE_END),
             layout,
