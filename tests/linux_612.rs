@@ -228,13 +228,7 @@ fn stacks_of<'v>(
 /// them all: on one vCPU at a time, its stamps from one clock).
 fn hit_arguments(data: &std::path::Path) {
     let trace = tracer::trace::datafile::load(data).unwrap();
-    let hit = (trace.functions.iter())
-        .position(|f| f.name == "vmt_hit [vmt_test]")
-        .unwrap_or_else(|| panic!("{:?}", trace.functions));
-    let mut calls: Vec<_> = (trace.events.iter())
-        .filter(|e| e.func as usize == hit && !e.is_return())
-        .collect();
-    calls.sort_by_key(|e| e.ts_ns);
+    let (_, calls) = common::vmt_hit_calls(&trace);
     let got: Vec<u64> = calls
         .iter()
         .map(|e| {

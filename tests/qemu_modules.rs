@@ -650,27 +650,12 @@ fn module_hook_traced(guest: &QemuGuest, bz: &std::path::Path, trace: &str) {
     assert_no_gdbstub(guest.qmp_socket());
 }
 
-/// `vmt_hit [vmt_test]`'s index in `trace` and its calls (entries), in
-/// time order.
-fn vmt_hit_calls(
-    trace: &tracer::trace::model::Trace,
-) -> (usize, Vec<&tracer::trace::model::Event>) {
-    let hit = (trace.functions.iter())
-        .position(|f| f.name == "vmt_hit [vmt_test]")
-        .unwrap_or_else(|| panic!("{:?}", trace.functions));
-    let mut calls: Vec<_> = (trace.events.iter())
-        .filter(|e| e.func as usize == hit && !e.is_return())
-        .collect();
-    calls.sort_by_key(|e| e.ts_ns);
-    (hit, calls)
-}
-
 /// The trace saved in `data`: its `k` calls of `vmt_hit [vmt_test]`
 /// shown by the module's BTF, `vmt_hit(unsigned long i)`, i from 0 to
 /// k - 1 in order (the file removed).
 fn assert_args_shown(data: &std::path::Path, k: u64) {
     let trace = tracer::trace::datafile::load(data).unwrap();
-    let (hit, calls) = vmt_hit_calls(&trace);
+    let (hit, calls) = common::vmt_hit_calls(&trace);
     let shown: Vec<String> = (calls.iter())
         .map(|e| tracer::trace::values::entry_args(&trace, e).unwrap_or_default())
         .collect();
@@ -1027,7 +1012,7 @@ fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modul
     assert_one_module_stack(&e, 2 * K);
     // vmt_hit(i), i from 0 to K - 1 at each of the two writes, in order.
     let trace = tracer::trace::datafile::load(&data).unwrap();
-    let (hit, calls) = vmt_hit_calls(&trace);
+    let (hit, calls) = common::vmt_hit_calls(&trace);
     let got: Vec<u64> = calls
         .iter()
         .map(|e| {

@@ -523,3 +523,18 @@ pub fn wait_bounded(child: Child) -> Output {
 ///   text through guest-physical memory, which they do not guard.
 pub const TEST_BOOT_CMDLINE: &str = "initcall_blacklist=ftrace_check_for_weak_functions,\
      kfunc_init,trace_eval_init,tracer_init_tracefs rodata=off";
+
+/// `vmt_hit [vmt_test]`'s index in `trace` and its calls (entries), in
+/// time order.
+pub fn vmt_hit_calls(
+    trace: &tracer::trace::model::Trace,
+) -> (usize, Vec<&tracer::trace::model::Event>) {
+    let hit = (trace.functions.iter())
+        .position(|f| f.name == "vmt_hit [vmt_test]")
+        .unwrap_or_else(|| panic!("{:?}", trace.functions));
+    let mut calls: Vec<_> = (trace.events.iter())
+        .filter(|e| e.func as usize == hit && !e.is_return())
+        .collect();
+    calls.sort_by_key(|e| e.ts_ns);
+    (hit, calls)
+}
