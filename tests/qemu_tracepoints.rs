@@ -376,6 +376,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     ];
     check_guest_ids(&guest, &data.with_extension("dat"), &events);
     exitless_events(&guest, &kernel, &bz, &data, w.worker);
+    exitless_graph_strings(&guest, &bz, &data);
     syscalls::checks(&guest, &kernel, &bz, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let console = guest.console();
@@ -591,4 +592,40 @@ fn exitless_events(
     assert_same(&before, &watch.read(), "after an exitless trace of events");
     assert_no_gdbstub(qmp);
     assert_runs_on(guest, worker);
+}
+
+/// `--mode exitless --graph -e`: the graph's shared entry path copies the
+/// strings that do not last past the event too (a site's own entry path,
+/// `trampoline::emit_code`): each exec'd child's two renames and its
+/// exec's file name, as in the per-site bodies of `exitless_events`.
+fn exitless_graph_strings(guest: &QemuGuest, bz: &std::path::Path, data: &std::path::Path) {
+    let _ = std::fs::remove_file(data);
+    let args = [
+        "--kernel",
+        s(bz),
+        "--mode",
+        "exitless",
+        "--graph",
+        "-e",
+        "task:task_rename,sched:sched_process_exec",
+        "-o",
+        s(data),
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    let line = a.wait_line("vmtrace: attached to QEMU");
+    assert!(line.contains("exitless"), "{line}");
+    guest.send_line("execs 2");
+    let line = guest
+        .wait_for("workload: execd 2 pids=", GUEST_STEP)
+        .unwrap();
+    let execd = forked_pids(&line);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let report = common::vmtrace(&["report", s(data), "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&common::stdout(&report)).unwrap();
+    assert_eq!(doc["mode"], "exitless", "{doc}");
+    assert_eq!(doc["dropped"], 0, "{doc}");
+    check_execs(&doc, &execd);
+    assert_no_gdbstub(guest.qmp_socket());
 }

@@ -12,7 +12,7 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::ret::{emit_ret, Return};
-use super::strcopy::{emit_copies, emit_words, CopyFns, StrCopy};
+use super::strcopy::{emit_copies, emit_strings, emit_words, CopyFns, StrCopy};
 
 /// Displacements and immediates the paths use (computed and checked by
 /// `trampoline::generate`).
@@ -145,17 +145,22 @@ pub(super) fn emit_args(a: &mut CodeAssembler, f: &Fields, rdx_at: i32) -> Resul
     Ok(())
 }
 
-/// `emit_args`, then `words`, a site's own entry path's copies
-/// (`strcopy::emit_words`: RDI is still the traced function's).
-pub(super) fn emit_args_words(
+/// `emit_args`, then `copies`, a site's own entry path's: its words
+/// (`strcopy::emit_words`: RDI is still the traced function's), then its
+/// strings (`strcopy::emit_strings`, from the arguments just stored), r11,
+/// the path's commit word, kept around their calls.
+pub(super) fn emit_args_copies(
     a: &mut CodeAssembler,
     f: &Fields,
     rdx_at: i32,
-    words: &[StrCopy],
+    copies: &[StrCopy],
 ) -> Result<(), IcedError> {
     emit_args(a, f, rdx_at)?;
-    if f.rec_args.is_some() {
-        emit_words(a, f.rec_strings, words)?;
+    if let Some(args) = f.rec_args {
+        emit_words(a, f.rec_strings, copies)?;
+        if let Some(fns) = f.copy {
+            emit_strings(a, args, f.rec_strings, copies, fns, true)?;
+        }
     }
     Ok(())
 }
@@ -333,13 +338,14 @@ pub(super) fn emit_commit(
 }
 
 /// The entry-only path at `entry` (the sites' stubs jump there): see the
-/// module comment. With `words` (a site's own entry, `trampoline::
-/// emit_code`), its event's words copied once its arguments are stored.
+/// module comment. With `copies` (a site's own entry, `trampoline::
+/// emit_code`), its event's words and strings copied once its arguments
+/// are stored.
 pub(super) fn emit_entry(
     a: &mut CodeAssembler,
     f: &Fields,
     entry: &mut CodeLabel,
-    words: &[StrCopy],
+    copies: &[StrCopy],
 ) -> Result<(), IcedError> {
     let mut out = a.create_label();
     let mut full = a.create_label();
@@ -356,7 +362,7 @@ pub(super) fn emit_entry(
     emit_reserve(a, f, full, no_ring)?;
     emit_task(a, f)?;
     // rdx was pushed last: at [rsp].
-    emit_args_words(a, f, 0, words)?;
+    emit_args_copies(a, f, 0, copies)?;
     // rax = the parent: [rsp + 24] past the two pushes and the site's
     // return address.
     a.mov(rax, qword_ptr(rsp + 24))?;

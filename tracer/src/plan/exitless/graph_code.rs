@@ -75,7 +75,7 @@ use iced_x86::code_asm::{
 use iced_x86::IcedError;
 
 use super::body::{
-    emit_args_words, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_no_ring,
+    emit_args_copies, emit_commit, emit_count, emit_count_filtered, emit_filter, emit_no_ring,
     emit_reserve, emit_retval, emit_task, Fields,
 };
 use super::layout::{
@@ -86,13 +86,15 @@ use super::ret::{emit_graph_ret, emit_ret};
 use super::strcopy::StrCopy;
 
 /// The graph entry path, at `entry` (the sites' stubs jump there). With
-/// `words` (a site's own entry, `trampoline::emit_code`), its event's
-/// words copied once its arguments are stored.
+/// `copies` (a site's own entry, `trampoline::emit_code`), its event's
+/// words and strings copied once its arguments are stored (before the
+/// frame is claimed: the copies' calls return to the entry path, not
+/// through a hook).
 pub(super) fn emit_entry(
     a: &mut CodeAssembler,
     f: &Fields,
     entry: &mut CodeLabel,
-    words: &[StrCopy],
+    copies: &[StrCopy],
 ) -> Result<(), IcedError> {
     let frames = (DATA_VA + FRAMES_OFF) as i64;
     let frame_next = (DATA_VA + FRAME_NEXT_OFF) as i64;
@@ -114,7 +116,7 @@ pub(super) fn emit_entry(
     emit_task(a, f)?;
     // rdx was pushed second of four: at [rsp + 16]; rcx and rsi are still
     // the caller's (the frame claim below takes them).
-    emit_args_words(a, f, 16, words)?;
+    emit_args_copies(a, f, 16, copies)?;
     // rax = O, the function's return address, and record.parent = O.
     a.mov(rax, qword_ptr(rsp + 40))?;
     a.mov(qword_ptr(r10 + f.rec_parent), rax)?;

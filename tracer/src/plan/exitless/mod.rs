@@ -106,12 +106,6 @@ fn site_copies(plan: &Plan) -> Option<Arc<[Vec<StrCopy>]>> {
     copies.iter().any(|c| !c.is_empty()).then_some(copies)
 }
 
-/// Each site's word copies alone (`strcopy::emit_words`).
-fn words_only(copies: &[Vec<StrCopy>]) -> Arc<[Vec<StrCopy>]> {
-    let words = |c: &Vec<StrCopy>| c.iter().filter(|s| s.is_word()).copied().collect();
-    copies.iter().map(words).collect()
-}
-
 /// Exitless mode's guest code and rings for one plan: made once, at the
 /// kernel's link addresses, and fitted to the running kernel at the first
 /// attach (`fit`).
@@ -177,16 +171,12 @@ impl ExitlessPlan {
             });
         }
         // The copy functions, at their link addresses until `fit`; without
-        // them (or without copies) records hold no strings. The function
-        // graph's shared entry copies an event's words only (a site's own
-        // entry path, `trampoline::emit_code`), no string.
+        // them (or without copies) records hold no strings. In the shared
+        // shape (and the function graph's) a site with copies gets an entry
+        // path of its own (`trampoline::emit_code`).
         let copy_fns = copy_fns(image, KernelOffset::NONE);
         let copies = copies
             .filter(|_| copy_fns.is_some())
-            .map(|c| match graph {
-                true => words_only(&c),
-                false => c,
-            })
             .filter(|c| c.iter().any(|s| !s.is_empty()));
         let kind = match (&copies, values.args) {
             (Some(_), true) => RecordKind::Strings,

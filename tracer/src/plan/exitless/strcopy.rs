@@ -33,7 +33,7 @@
 
 use iced_x86::code_asm::CodeAssembler;
 use iced_x86::code_asm::{
-    dword_ptr, eax, edx, ptr, qword_ptr, r10, r8, r9, rax, rcx, rdi, rsi, rsp,
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r11, r8, r9, rax, rcx, rdi, rsi, rsp,
 };
 use iced_x86::IcedError;
 
@@ -213,9 +213,9 @@ pub(super) fn emit_words(
 /// Emit the copies of one site's body, with r10 its record less
 /// `records_off` and the event's arguments stored at `rec_args` (RDI, the
 /// probe's `__data`, first); `rec_strings` is the area: its words first
-/// (`emit_words`), then its strings. Leaves every register as it found it
-/// but rax, rdx and r11 (the body saved rax and rdx; r11 is scratch at a
-/// function's entry).
+/// (`emit_words`), then its strings (`emit_strings`). Leaves every
+/// register as it found it but rax, rdx and r11 (the body saved rax and
+/// rdx; r11 is scratch at a function's entry).
 pub(super) fn emit_copies(
     a: &mut CodeAssembler,
     rec_args: i64,
@@ -224,6 +224,25 @@ pub(super) fn emit_copies(
     fns: CopyFns,
 ) -> Result<(), IcedError> {
     emit_words(a, rec_strings, copies)?;
+    emit_strings(a, rec_args, rec_strings, copies, fns, false)
+}
+
+/// Instructions `emit_strings` adds to save r11 around the calls, in an
+/// entry path that still needs it after them (the shared and the graph
+/// entry: r11d is the site's commit word there).
+pub const R11_SAVE_INSTRUCTIONS: usize = 2;
+
+/// Emit the strings of `copies` (the words aside), as `emit_copies` says;
+/// with `keep_r11`, r11 saved around the calls too
+/// (`R11_SAVE_INSTRUCTIONS`). Nothing for copies without a string.
+pub(super) fn emit_strings(
+    a: &mut CodeAssembler,
+    rec_args: i64,
+    rec_strings: i64,
+    copies: &[StrCopy],
+    fns: CopyFns,
+    keep_r11: bool,
+) -> Result<(), IcedError> {
     let strings: Vec<(&StrCopy, StrAt)> = copies
         .iter()
         .filter_map(|c| match c.at {
@@ -233,6 +252,10 @@ pub(super) fn emit_copies(
         .collect();
     if strings.is_empty() {
         return Ok(());
+    }
+    if keep_r11 {
+        // The site's commit word, which the calls may clobber.
+        a.push(r11)?;
     }
     // Save what the calls may clobber and the traced function still
     // needs: its argument registers, and the record (last: at [rsp]).
@@ -285,6 +308,9 @@ pub(super) fn emit_copies(
     a.pop(rdi)?;
     a.pop(rsi)?;
     a.pop(rcx)?;
+    if keep_r11 {
+        a.pop(r11)?;
+    }
     Ok(())
 }
 

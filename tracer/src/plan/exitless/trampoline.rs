@@ -440,20 +440,21 @@ fn emit_code(
     } else {
         emit_entry(a, fields, common, &[])?;
     }
-    // A site whose event has words to copy (a syscall's registers, which
-    // need no call) gets the shared entry path of its own, with them;
-    // its strings need a body of its own (`Shape::PerSite`).
+    // A site whose event has words or strings to copy (a syscall's
+    // registers; a name that does not last past the event) gets the shared
+    // entry path of its own, with its copies.
     let mut entries = Vec::with_capacity(sites);
     for k in 0..sites {
-        let words = spec.site_copies(k);
-        if !words.iter().any(|c| c.is_word()) {
+        let copies = spec.site_copies(k);
+        let copied = |c: &strcopy::StrCopy| c.is_word() || fields.copy.is_some();
+        if !copies.iter().any(copied) {
             entries.push(*common);
             continue;
         }
         let mut own = a.create_label();
         match graph {
-            true => graph_code::emit_entry(a, fields, &mut own, words)?,
-            false => emit_entry(a, fields, &mut own, words)?,
+            true => graph_code::emit_entry(a, fields, &mut own, copies)?,
+            false => emit_entry(a, fields, &mut own, copies)?,
         }
         entries.push(own);
     }
@@ -2425,112 +2426,8 @@ mod tests {
         }
     }
 
-    /// Site 0 is `task_rename(task, comm)`, site 1 `sched_process_exec(p,
-    /// old_pid, bprm)`: their bodies copy the names and the file name into
-    /// the record, each register kept; a pointer to nothing reads unread,
-    /// a file name past the bound is cut and marked, and the path is the
-    /// length `strcopy::path_instructions` says.
-    #[test]
-    fn emulated_events_copy_their_strings_into_the_record() {
-        use crate::kernel::events::fields::FieldValue;
-        let off = field_offsets();
-        let rename = event(
-            "task_rename",
-            &[("struct task_struct *", "task"), ("const char *", "comm")],
-        );
-        let exec = event(
-            "sched_process_exec",
-            &[
-                ("struct task_struct *", "p"),
-                ("pid_t", "old_pid"),
-                ("struct linux_binprm *", "bprm"),
-            ],
-        );
-        let copies: std::sync::Arc<[Vec<StrCopy>]> =
-            vec![strcopy::copies(&rename, &off), strcopy::copies(&exec, &off)].into();
-        assert_eq!((copies[0].len(), copies[1].len()), (2, 1));
-        let mut s = with_task(spec(1, 2, 8), &[]);
-        s.layout = RingLayout::with_kind(
-            1,
-            2,
-            Some(8),
-            false,
-            super::super::layout::RecordKind::Strings,
-        )
-        .unwrap();
-        s.copies = Some(copies.clone());
-        s.copy_fns = Some(CopyFns {
-            strncpy: STRNCPY_VA,
-            copy: COPY_VA,
-        });
-        let t = per_site(&s);
-        let base = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS;
-        for k in 0..2 {
-            let want = base + strcopy::path_instructions(&copies[k]);
-            assert_eq!(t.site_path(k).unwrap().len(), want, "site {k}");
-        }
-        let mem = memory(&[0]);
-        ring::init_rings(&mem, &s.layout).unwrap();
-        run_task(&mem, 0, 77);
-        let (task, name, bprm, file) = (0x9_0000u64, 0x9_1000u64, 0x9_2000u64, 0x9_3000u64);
-        mem.write_slice(b"wl-worker\0", GuestAddress(task + 0x10))
-            .unwrap();
-        mem.write_slice(b"wl-child-with-a-long-name\0", GuestAddress(name))
-            .unwrap();
-        mem.write_obj(file, GuestAddress(bprm + 0x40)).unwrap();
-        mem.write_slice(b"/init\0", GuestAddress(file)).unwrap();
-        let mut emu = Emu {
-            mem: &mem,
-            code: &t.code,
-            tsc: 5,
-        };
-        let mut reader = RingReader::new(s.layout);
-        let mut run = |site: u32, args: [u64; 3]| {
-            let mut r = regs(0);
-            // RSI, RDX, RCX: the event's arguments after __data.
-            (r.gpr[6], r.gpr[2], r.gpr[1]) = (args[0], args[1], args[2]);
-            let before = r.clone();
-            emu.call(&mut r, site, PARENT, &t, &mut no_interrupt);
-            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
-                assert_eq!(r.gpr[reg], before.gpr[reg], "register {reg} changed");
-            }
-            let got = drain(&mut reader, &emu.mem.clone());
-            assert_eq!(got.len(), 1);
-            got[0].1.strings.expect("strings")
-        };
-        let values = |format, area: &[u8; strcopy::STRINGS_LEN]| {
-            let mut v = vec![FieldValue::Unread; 4];
-            strcopy::fill(format, &off, area, &mut v);
-            v
-        };
-        let str = |v: &str| FieldValue::Str(v.into());
-        // task_rename: oldcomm (field 1) and newcomm (field 2), cut to a
-        // comm as ftrace's strscpy cuts it, unmarked.
-        let area = run(0, [task, name, 0]);
-        let v = values(&rename, &area);
-        assert_eq!(v[1..3], [str("wl-worker"), str("wl-child-with-a")]);
-        // A name at no mapped address: unread, never a fault.
-        let area = run(0, [task, 0xffff_8000_dead_0000, 0]);
-        assert_eq!(
-            values(&rename, &area)[1..3],
-            [str("wl-worker"), FieldValue::Unread]
-        );
-        // sched_process_exec: bprm->filename, then the name.
-        let area = run(1, [task, 42, bprm]);
-        assert_eq!(values(&exec, &area)[0], str("/init"));
-        // A name longer than the bound: cut and marked.
-        let long = "/a".repeat(100);
-        mem.write_slice(format!("{long}\0").as_bytes(), GuestAddress(file))
-            .unwrap();
-        let area = run(1, [task, 42, bprm]);
-        let bound = copies[1][0].bound as usize;
-        let cut = format!("{}{}", &long[..bound - 1], strcopy::TRUNCATED);
-        assert_eq!(values(&exec, &area)[0], str(&cut));
-        // A bprm whose pointer cannot be read: unread.
-        let area = run(1, [task, 42, 0xffff_8000_dead_0000]);
-        assert_eq!(values(&exec, &area)[0], FieldValue::Unread);
-    }
-
+    // An event's strings copied at the event.
+    mod strings;
     // A syscall event's arguments copied at the event.
     mod words;
 }
