@@ -48,6 +48,14 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let walk = guest_modules::add(&connected, &mut image, Some("traced"));
     let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;
     check_attachable(&plan)?;
+    // Said once the attach is sure to go ahead (a refusal stays one line).
+    if connected.info.cmpxchg16b_bug {
+        let v = &connected.info.version;
+        note!(
+            "vmtrace: QEMU {}.{} under TCG sometimes computes the flags of the guest's cmpxchg16b wrongly (fixed in QEMU 8.0), which can crash this guest (its CPU has cx16), the likelier the more often a trace stops it (trap mode): start the VM with -cpu MODEL,-cx16, or use QEMU 8.0 or later, or KVM",
+            v.major, v.minor
+        );
+    }
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),

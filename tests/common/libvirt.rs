@@ -64,6 +64,7 @@ pub fn domain_xml(name: &str, dir: &Path, cpus: u32, serial: &Path) -> String {
     <cmdline>console=ttyS0 panic=-1</cmdline>
   </os>
   <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model>
+    <feature policy='disable' name='cx16'/>
     <topology sockets='{cpus}' dies='1' cores='1' threads='1'/></cpu>
   <devices>
     <serial type='unix'><source mode='connect' path='{serial}'/><target port='0'/></serial>

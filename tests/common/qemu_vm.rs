@@ -48,6 +48,7 @@ impl QemuVm {
             .arg(format!("file:{}", log.display()))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .args(super::qemu::cpu_args(args))
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null());

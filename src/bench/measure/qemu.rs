@@ -99,6 +99,10 @@ impl Guest {
             .args([
                 "-accel",
                 "tcg",
+                // Without cmpxchg16b, whose flags QEMU 7.2's TCG computes
+                // wrongly now and then (tracer::qemu::tcg_flags).
+                "-cpu",
+                "qemu64,-cx16",
                 "-m",
                 "256",
                 "-smp",

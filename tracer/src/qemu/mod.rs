@@ -58,6 +58,7 @@ mod static_guard;
 pub mod step;
 pub mod stub;
 mod stub_memory;
+pub mod tcg_flags;
 pub mod trap;
 mod unix_connect;
 mod vcpus;

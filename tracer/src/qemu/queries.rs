@@ -85,6 +85,17 @@ pub trait Queries {
         })
     }
 
+    /// vCPU `qom_path`'s CPUID feature `name` (an x86 CPU's QOM property,
+    /// such as "cx16"); None where QEMU has no such property.
+    fn cpu_feature(&mut self, qom_path: &str, name: &str) -> Result<Option<bool>, QmpError> {
+        let args = json!({ "path": qom_path, "property": name });
+        match self.execute("qom-get", Some(args)) {
+            Ok(v) => Ok(v.as_bool()),
+            Err(QmpError::Command { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The run state: "running", "paused", "prelaunch", "shutdown", ...
     fn status(&mut self) -> Result<String, QmpError> {
         let r = self.execute("query-status", None)?;

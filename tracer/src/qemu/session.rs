@@ -55,6 +55,9 @@ pub struct QemuInfo {
     pub cpus: usize,
     /// The libvirt domain it runs ("NAME (URI)"), reached through libvirt.
     pub domain: Option<String>,
+    /// Its TCG computes `cmpxchg16b`'s flags wrongly, and the guest's CPU
+    /// has the instruction (`super::tcg_flags`).
+    pub cmpxchg16b_bug: bool,
 }
 
 impl std::fmt::Display for QemuInfo {
@@ -125,10 +128,16 @@ fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
         });
     }
     let accel = qmp.accel()?;
-    let cpus = qmp.cpus()?.len();
-    if cpus == 0 {
+    let cpus = qmp.cpus()?;
+    let Some(first) = cpus.first() else {
         return Err(QemuError::NoVcpus { qmp: qmp_path });
-    }
+    };
+    let cx16 = match accel {
+        "tcg" => qmp.cpu_feature(&first.qom_path, "cx16")?,
+        _ => None,
+    };
+    let cmpxchg16b_bug = super::tcg_flags::cmpxchg16b_flags_bug(qmp.version(), accel, cx16);
+    let cpus = cpus.len();
     let layout = qmp.ram_layout()?;
     let ram = ProcRam::open(pid, &layout)?;
     let info = QemuInfo {
@@ -138,6 +147,7 @@ fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
         qmp: qmp_path,
         cpus,
         domain: None,
+        cmpxchg16b_bug,
     };
     Ok((ram, info))
 }
