@@ -32,6 +32,19 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let buffer = buffer_size(&t.buffer)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
+    // Before any QEMU is touched: a wrong DIR is bad input.
+    let files = (args.modules.as_deref())
+        .map(tracer::kernel::module_files::ModuleFiles::scan)
+        .transpose()
+        .map_err(InputError::ModuleFiles)?;
+    if let Some(f) = files.as_ref().filter(|f| !f.unreadable.is_empty()) {
+        note!(
+            "vmtrace: --modules: {} module file{} not read, e.g. {}",
+            f.unreadable.len(),
+            if f.unreadable.len() == 1 { "" } else { "s" },
+            f.unreadable[0]
+        );
+    }
     let gdb = args
         .gdb
         .as_deref()
@@ -45,7 +58,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let mut guardian = guard::spawn_or_say(target, connected.info.pid);
     let mut image = image;
-    let walk = guest_modules::add(&connected, &mut image, Some("traced"));
+    let walk = guest_modules::add(&connected, &mut image, Some("traced"), files.as_ref());
     let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;
     check_attachable(&plan)?;
     // Auto mode found exitless mode impossible for this kernel already.

@@ -272,8 +272,8 @@ mod tests {
     /// An object without DWARF is said to have none.
     #[test]
     fn a_file_without_dwarf_is_said_so() {
-        let ko = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../guest/out/debian-6.12/binfmt_misc.ko");
+        let ko =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/debian-6.12/binfmt_misc.ko");
         if !ko.is_file() {
             eprintln!("SKIPPED: run `bash guest/build.sh debian-6.12`");
             return;

@@ -34,14 +34,14 @@ const MAX_DEPTH: u32 = 32;
 /// The `.modinfo` key the kernel's modpost writes the module's name under.
 const MODINFO_NAME: &[u8] = b"name=";
 
-/// Why `--modules DIR` cannot be used.
+/// Why a directory of module files cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleFilesError {
-    #[error("--modules {}: no such directory", path.display())]
+    #[error("{} is not a directory", path.display())]
     NoDir { path: PathBuf },
-    #[error("--modules {}: no module file (*.ko, *.ko.gz, *.ko.xz, *.ko.zst) in it or below", path.display())]
+    #[error("{} holds no module file (*.ko, *.ko.gz, *.ko.xz, *.ko.zst), nor do its subdirectories", path.display())]
     Empty { path: PathBuf },
-    #[error("--modules {}: {source}", path.display())]
+    #[error("cannot list {}: {source}", path.display())]
     Read {
         path: PathBuf,
         #[source]
@@ -288,7 +288,9 @@ mod tests {
         assert_eq!(files.files[1].build_id, id(&out.join("vmt_test.ko")));
         assert!(files.files[0].build_id.is_some());
         assert_eq!(files.unreadable.len(), 1, "{:?}", files.unreadable);
-        assert!(files.unreadable[0].to_string().contains("broken.ko is not an ELF file"));
+        assert!(files.unreadable[0]
+            .to_string()
+            .contains("broken.ko is not an ELF file"));
 
         // Matched by build id only; a name alone gives the other builds.
         let vmt = files.files[1].build_id.clone();
@@ -300,7 +302,10 @@ mod tests {
             files.find("vmt_test", Some(&[1, 2, 3])),
             Matched::Differs(vec![&files.files[1]])
         );
-        assert_eq!(files.find("vmt_test", None), Matched::Differs(vec![&files.files[1]]));
+        assert_eq!(
+            files.find("vmt_test", None),
+            Matched::Differs(vec![&files.files[1]])
+        );
         assert_eq!(files.find("xfs", Some(&[1, 2, 3])), Matched::Nothing);
         // The compressed one reads whole as the original.
         assert_eq!(read_ko(&files.files[0].path).unwrap(), kyber);
@@ -317,7 +322,7 @@ mod tests {
         let e = ModuleFiles::scan(&dir.join("none")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("--modules {}: no such directory", dir.join("none").display())
+            format!("{} is not a directory", dir.join("none").display())
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -23,6 +23,7 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::module_events::{self, ModuleEvent};
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
 use crate::kernel::module_btf::{loaded_btf, BtfModulesLayout};
+use crate::kernel::module_build_id::{loaded_build_id, NotesLayout};
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{
     loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, MODULES,
@@ -84,6 +85,10 @@ pub struct GuestModules {
     /// Each module's own `.BTF` (its `struct module`'s address), from the
     /// kernel's `btf_modules` list, when the kernel keeps them.
     pub btf: Vec<(u64, Vec<u8>)>,
+    /// Each module's build id (its `struct module`'s address), from the
+    /// notes the kernel keeps for sysfs, when it keeps them: what matches
+    /// a module file given on the host (`--modules DIR`).
+    pub build_ids: Vec<(u64, Vec<u8>)>,
     /// The events the modules list (`list -e`).
     pub events: Vec<ModuleEvent>,
 }
@@ -97,6 +102,8 @@ struct Walk {
     mode: PagingMode,
     /// The kernel's list of its modules' BTF, when it keeps one.
     btf_modules: Option<BtfModulesLayout>,
+    /// Where a module's notes are (its build id), when it keeps them.
+    notes: Option<NotesLayout>,
 }
 
 impl Walk {
@@ -110,7 +117,9 @@ impl Walk {
         let root = top_table::root(image, phys)
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
         let btf_modules = BtfModulesLayout::find(image, &btf);
+        let notes = NotesLayout::find(&btf);
         Ok(Some(Walk {
+            notes,
             btf,
             layout,
             root,
@@ -178,11 +187,18 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     };
     let mut list = Vec::new();
     let mut orc = Vec::new();
+    let mut build_ids = Vec::new();
     let modules = walk.list(&ram, offset.virt)?;
     let events = module_events::read(&mut walk.space(&ram), &walk.btf, &modules)?;
     for m in modules {
         if let Some(l) = &walk.layout.orc {
             orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
+        }
+        // A module whose notes cannot be read matches no file: said then.
+        if let Some(Ok(Some(id))) =
+            (walk.notes.as_ref()).map(|l| loaded_build_id(&mut walk.space(&ram), l, &m))
+        {
+            build_ids.push((m.addr, id));
         }
         let mut text = vec![0u8; (m.text.end - m.text.start) as usize];
         walk.space(&ram)
@@ -205,6 +221,7 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         offset,
         orc,
         btf,
+        build_ids,
         events,
     }))
 }
