@@ -404,6 +404,9 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
 /// with DIR holding a copy whose build id differs (one byte of it
 /// changed), the file is not used, said naming both build ids, and
 /// vmt_hit has no prototype (its argument register recorded raw, `i`).
+/// And first loaded from /vmt_nobtf.ko during a trap-mode trace waiting
+/// for it (`vmt_*:mod:vmt_test`), with DIR holding its file: `(i=0)` ...
+/// by the file's DWARF, matched at its load hook.
 fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
     const K: u64 = 6;
     let hex = |id: &[u8]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -488,6 +491,40 @@ fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         assert_eq!(first, (0..K).collect::<Vec<u64>>());
         std::fs::remove_file(&data).unwrap();
     }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    // First loaded during the trace: its build id read from its read-only
+    // data at the load hook (its sysfs notes come later), its file's
+    // DWARF gives vmt_hit its prototype.
+    let data = std::env::temp_dir().join(format!("vmtrace-modfirst-{}.data", std::process::id()));
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--mode",
+        "trap",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+        "--args",
+        "--modules",
+        s(&good),
+        "-o",
+        s(&data),
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "insmod /vmt_nobtf.ko", "insmod 0", worker);
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_eq!(
+        e.counts().get("vmt_hit [vmt_test]"),
+        Some(&K),
+        "{}",
+        e.stdout
+    );
+    assert_args_shown(&data, K);
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     std::fs::remove_dir_all(&base).unwrap();
     assert_no_gdbstub(guest.qmp_socket());

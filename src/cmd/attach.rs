@@ -31,20 +31,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let duration = secs(t.duration, "--duration")?;
     let buffer = buffer_size(&t.buffer)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
+    // Before the kernel is read and any QEMU touched: a wrong DIR is bad
+    // input.
+    let files = module_files(args)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
-    // Before any QEMU is touched: a wrong DIR is bad input.
-    let files = (args.modules.as_deref())
-        .map(tracer::kernel::module_files::ModuleFiles::scan)
-        .transpose()
-        .map_err(InputError::ModuleFiles)?;
-    if let Some(f) = files.as_ref().filter(|f| !f.unreadable.is_empty()) {
-        note!(
-            "vmtrace: --modules: {} module file{} not read, e.g. {}",
-            f.unreadable.len(),
-            if f.unreadable.len() == 1 { "" } else { "s" },
-            f.unreadable[0]
-        );
-    }
     let gdb = args
         .gdb
         .as_deref()
@@ -58,8 +48,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let mut guardian = guard::spawn_or_say(target, connected.info.pid);
     let mut image = image;
-    let walk = guest_modules::add(&connected, &mut image, Some("traced"), files.as_ref());
-    let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;
+    let walk = guest_modules::add(&connected, &mut image, Some("traced"), files.as_deref());
+    let request = t.attach_request(connected.info.cpus);
+    let (mut plan, waiting) = plan_waiting(image, request, walk, files)?;
     check_attachable(&plan)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
@@ -112,6 +103,16 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     }
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// The module files of `--modules DIR`, if given.
+fn module_files(
+    args: &AttachArgs,
+) -> Result<Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>, InputError> {
+    let files = (args.modules.as_deref())
+        .map(tracer::kernel::module_files::ModuleFiles::scan)
+        .transpose()?;
+    Ok(files.map(std::sync::Arc::new))
 }
 
 /// `--buffer`, which also sizes the ring device of a guest that takes one
@@ -269,8 +270,9 @@ fn plan_waiting(
     image: tracer::kernel::symbols::KernelImage,
     mut request: tracer::plan::Request,
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    files: Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>,
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
-    let waiting = guest_modules::waiting(&mut request, &image, walk);
+    let waiting = guest_modules::waiting(&mut request, &image, walk, files);
     let mut plan =
         TracePlan::build_waiting(image, &request, waiting.is_some()).map_err(InputError::from)?;
     let Some((coming, globs)) = waiting else {

@@ -42,6 +42,14 @@ pub(super) fn add(
                 image.set_module_prototypes(addr, prototypes);
             }
             say_files(image, &uses);
+            if let Some(f) = files.filter(|f| !f.unreadable.is_empty()) {
+                note!(
+                    "vmtrace: --modules: {} module file{} not read, e.g. {}",
+                    f.unreadable.len(),
+                    if f.unreadable.len() == 1 { "" } else { "s" },
+                    f.unreadable[0]
+                );
+            }
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
                 m.list.len(),
@@ -143,6 +151,7 @@ pub(super) fn waiting(
     request: &mut Request,
     image: &KernelImage,
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    files: Option<std::sync::Arc<ModuleFiles>>,
 ) -> Option<(ComingModules, Vec<String>)> {
     let (layout, phys) = walk?;
     let loaded = |module: &str| {
@@ -164,6 +173,7 @@ pub(super) fn waiting(
         phys,
         notify: None,
         args: args.flatten(),
+        files,
     };
     Some((coming, waiting))
 }

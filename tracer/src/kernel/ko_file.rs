@@ -62,6 +62,40 @@ pub fn complete(m: &mut LoadedModule, path: &Path, has_btf: bool) -> Result<Take
     Ok(taken)
 }
 
+/// The prototypes the module file at `path` gives its functions: by its
+/// `.BTF` split on `base` (the vmlinux's), else by its DWARF; empty when
+/// it has neither. For a module first loaded during the trace without BTF
+/// in the guest (`crate::session::module_protos`).
+pub fn file_prototypes(
+    path: &Path,
+    name: &str,
+    base: &crate::kernel::btf::KernelBtf,
+) -> Result<HashMap<String, Prototype>, KoFileError> {
+    let bytes = read_ko(path)?;
+    let file = object::File::parse(bytes.as_slice()).map_err(|source| KoFileError::NotElf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let btf = file
+        .section_by_name(crate::kernel::btf::BTF_SECTION)
+        .and_then(|s| s.data().ok())
+        .filter(|d| !d.is_empty());
+    if let Some(data) = btf {
+        let from = path.display().to_string();
+        let Ok(btf) = crate::kernel::module_btf::module_btf(name, &from, data, base) else {
+            return Ok(HashMap::new());
+        };
+        return Ok(file_functions(&file)
+            .into_iter()
+            .filter_map(|f| Some((f.name.clone(), btf.own_prototype(&f.name)?)))
+            .collect());
+    }
+    Ok(match KernelDwarf::from_relocatable(path, &bytes) {
+        Ok(dwarf) => crate::kernel::dwarf_prototype::prototypes(&dwarf).unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    })
+}
+
 /// One function of a module file: its section and its offset there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct FileFunction {

@@ -131,6 +131,9 @@ pub struct ComingModules {
     /// The `--args` globs (None: no `--args`): the functions added that
     /// match record their arguments (trap mode).
     pub args: Option<crate::kernel::filter::Globs>,
+    /// The module files given on the host (`--modules DIR`): a module
+    /// loaded without BTF takes its prototypes from its file.
+    pub files: Option<std::sync::Arc<crate::kernel::module_files::ModuleFiles>>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

@@ -158,33 +158,8 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     let Some(mut walk) = Walk::of(image, phys)? else {
         return Ok(None);
     };
-    let head = walk.layout.head;
-    let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
-    // Each paging mode's steps: a 5-level table read as 4-level (or the
-    // reverse) maps nothing of the image.
-    let found: Vec<(PagingMode, u64)> = KERNEL_PAGING_MODES
-        .into_iter()
-        .flat_map(|mode| {
-            let space = AddressSpace::new(&ram, walk.root, mode);
-            (0..VIRT_STEPS)
-                .filter(move |i| {
-                    let va = head + i * KASLR_ALIGN;
-                    space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
-                })
-                .map(move |i| (mode, i))
-        })
-        .collect();
-    let [(mode, step)] = found[..] else {
-        return Err(ModuleError::Unlocated(format!(
-            "{MODULES} is mapped at {} places",
-            found.len()
-        )));
-    };
+    let (mode, offset) = locate(&ram, &walk, phys)?;
     walk.mode = mode;
-    let offset = KernelOffset {
-        virt: (step * KASLR_ALIGN) as i64,
-        phys,
-    };
     let mut list = Vec::new();
     let mut orc = Vec::new();
     let mut build_ids = Vec::new();
@@ -224,6 +199,43 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         build_ids,
         events,
     }))
+}
+
+/// The paging mode and the KASLR offsets at which `walk`'s top table maps
+/// the module list where it is in RAM (the kernel at physical offset
+/// `phys`): the one 2 MiB step, in one mode.
+fn locate(
+    ram: &dyn GuestRam,
+    walk: &Walk,
+    phys: i64,
+) -> Result<(PagingMode, KernelOffset), ModuleError> {
+    let head = walk.layout.head;
+    let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
+    // Each paging mode's steps: a 5-level table read as 4-level (or the
+    // reverse) maps nothing of the image.
+    let found: Vec<(PagingMode, u64)> = KERNEL_PAGING_MODES
+        .into_iter()
+        .flat_map(|mode| {
+            let space = AddressSpace::new(ram, walk.root, mode);
+            (0..VIRT_STEPS)
+                .filter(move |i| {
+                    let va = head + i * KASLR_ALIGN;
+                    space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
+                })
+                .map(move |i| (mode, i))
+        })
+        .collect();
+    let [(mode, step)] = found[..] else {
+        return Err(ModuleError::Unlocated(format!(
+            "{MODULES} is mapped at {} places",
+            found.len()
+        )));
+    };
+    let offset = KernelOffset {
+        virt: (step * KASLR_ALIGN) as i64,
+        phys,
+    };
+    Ok((mode, offset))
 }
 
 /// In the attach's stop: the modules `image` holds are still loaded where
