@@ -16,7 +16,10 @@
 //! load, through 20 more cycles, exactly; an exitless attach killed after
 //! such a load is repaired by `vmtrace detach`.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
-//! same way (by name and by `:mod:`). One boot for all.
+//! same way (by name and by `:mod:`). With `--modules DIR`, the module
+//! loaded without its BTF (/vmt_nobtf.ko) has its values shown by its
+//! file's DWARF, loaded before the attach or during it, and a file of
+//! another build is refused. One boot for all.
 
 mod common;
 
