@@ -22,7 +22,7 @@
 #                                      Debian's own 6.12 cloud kernel, not built but
 #                                      downloaded (a distribution kernel: KASLR, IBT,
 #                                      return thunks, ITS, call-depth tracking)
-#   bash guest/build.sh vmt-test       -> guest/out/debian-6.12/{vmt_test.ko,workload-vmt.cpio.gz}:
+#   bash guest/build.sh vmt-test       -> guest/out/debian-6.12/{vmt_test.ko,vmt_nobtf.ko,workload-vmt.cpio.gz}:
 #                                      the test module built against Debian 6.12's
 #                                      headers, and the workload initramfs with it and
 #                                      the package's own binfmt_misc.ko and kyber-iosched.ko
@@ -374,7 +374,7 @@ build_vmt_test() {
 	fi
 	local src="$here/linux/vmt_test" ko="$dst/vmt_test.ko" cpio="$dst/workload-vmt.cpio.gz"
 	build_workload
-	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" &&
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && -f "$dst/vmt_nobtf.ko" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" &&
 		"$cpio" -nt "$dst/binfmt_misc.ko" && "$cpio" -nt "$dst/kyber-iosched.ko" ]]; then
 		return
 	fi
@@ -383,10 +383,15 @@ build_vmt_test() {
 	cp "$src/vmt_test.c" "$src/Kbuild" "$vmt_tmp/"
 	make -s -C "$headers/usr/src/linux-headers-$release" M="$vmt_tmp" modules >&2
 	cp "$vmt_tmp/vmt_test.ko" "$ko.tmp" && mv -f "$ko.tmp" "$ko"
+	# The same module without its .BTF (same build id): loaded so, the
+	# guest keeps no BTF of it, and `attach --modules DIR` takes its
+	# prototypes from vmt_test.ko's DWARF (tests/qemu_modules.rs).
+	objcopy --remove-section=.BTF "$ko" "$dst/vmt_nobtf.ko.tmp" && mv -f "$dst/vmt_nobtf.ko.tmp" "$dst/vmt_nobtf.ko"
 	{
 		cat "$out/workload.cpio.gz"
 		{
 			cpio_entry vmt_test.ko $((0100644)) "$ko"
+			cpio_entry vmt_nobtf.ko $((0100644)) "$dst/vmt_nobtf.ko"
 			# Executable: the workload's `exec N PATH` runs it (ENOEXEC,
 			# load_misc_binary called once each).
 			cpio_entry binfmt_misc.ko $((0100755)) "$dst/binfmt_misc.ko"

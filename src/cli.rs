@@ -387,6 +387,11 @@ pub struct AttachArgs {
     /// Unstripped vmlinux with symbols.
     #[arg(long, value_name = "PATH")]
     pub vmlinux: Option<PathBuf>,
+    /// The guest's module files (*.ko, .ko.gz, .ko.xz, .ko.zst) under DIR:
+    /// each loaded module whose build id a file has takes from it what the
+    /// guest's memory lacks (symbols, BTF, DWARF for --args/--retval).
+    #[arg(long, value_name = "DIR")]
+    pub modules: Option<PathBuf>,
     #[command(flatten)]
     pub tracing: TraceArgs,
     #[command(flatten)]

@@ -141,6 +141,8 @@ impl From<tracer::plan::PlanError> for InputError {
 /// Bad input: every message is one line naming the problem and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
+    #[error("--modules: {0}; give the directory that holds the guest's module files (its /lib/modules/VERSION, or a build's)")]
+    ModuleFiles(#[from] tracer::kernel::module_files::ModuleFilesError),
     #[error("--kernel PATH is required (a bzImage, vmlinux or ELF guest)")]
     NoKernel,
     #[error("kernel {} does not exist or is not a file; pass --kernel PATH", .0.display())]

@@ -848,6 +848,55 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     assert_bad_input(&with(&five, &["--buffer", "1G"]), "/nonexistent");
 }
 
+/// `attach --modules DIR`: a DIR that is not a directory, or holds no
+/// module file at any depth, is refused in one line naming it, before the
+/// kernel is read or any QEMU is touched (neither exists here).
+#[test]
+fn module_files_dir_must_hold_modules() {
+    let base = [
+        "attach",
+        "--qmp",
+        "/nonexistent/qmp.sock",
+        "--vmlinux",
+        "/nonexistent/vmlinux",
+        "--trace",
+        "x",
+        "--modules",
+    ];
+    let remedy = "; give the directory that holds the guest's module files (its \
+                  /lib/modules/VERSION, or a build's)";
+    assert_bad_input(
+        &with(&base, &["/nonexistent/modules"]),
+        &format!("vmtrace: --modules: /nonexistent/modules is not a directory{remedy}"),
+    );
+    let dir = scratch().join("no-modules");
+    std::fs::create_dir_all(dir.join("kernel/fs")).unwrap();
+    std::fs::write(dir.join("kernel/fs/modules.dep"), b"").unwrap();
+    std::fs::write(dir.join("kernel/fs/x.ko.bz2"), b"").unwrap();
+    let file = dir.join("kernel/fs/modules.dep");
+    assert_bad_input(
+        &with(&base, &[file.to_str().unwrap()]),
+        &format!(
+            "vmtrace: --modules: {} is not a directory{remedy}",
+            file.display()
+        ),
+    );
+    assert_bad_input(
+        &with(&base, &[dir.to_str().unwrap()]),
+        &format!(
+            "vmtrace: --modules: {} holds no module file (*.ko, *.ko.gz, *.ko.xz, *.ko.zst), nor \
+             do its subdirectories{remedy}",
+            dir.display()
+        ),
+    );
+    // A DIR with a module gets as far as the kernel.
+    std::fs::write(dir.join("kernel/fs/x.ko"), b"not an ELF").unwrap();
+    assert_bad_input(
+        &with(&base, &[dir.to_str().unwrap()]),
+        "/nonexistent/vmlinux",
+    );
+}
+
 /// The own VMM cannot follow the guest's modules with `--entry direct`
 /// (a first-loaded module's functions get ftrace sites, not direct
 /// entries): a `:mod:` glob that would wait for its module is refused in

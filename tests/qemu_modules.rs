@@ -16,7 +16,10 @@
 //! load, through 20 more cycles, exactly; an exitless attach killed after
 //! such a load is repaired by `vmtrace detach`.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
-//! same way (by name and by `:mod:`). One boot for all.
+//! same way (by name and by `:mod:`). With `--modules DIR`, the module
+//! loaded without its BTF (/vmt_nobtf.ko) has its values shown by its
+//! file's DWARF, loaded before the attach or during it, and a file of
+//! another build is refused. One boot for all.
 
 mod common;
 
@@ -391,6 +394,144 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     first_load_stacks(&guest, &bz, w.worker, &modules);
     let (after, _) = modules.read();
     assert_eq!(after, before);
+    module_files(&guest, &bz, w.worker);
+    let (after, _) = modules.read();
+    assert_eq!(after, before);
+}
+
+/// `--modules DIR`: vmt_test loaded from /vmt_nobtf.ko (its .BTF taken
+/// out, its build id the same: guest/build.sh), so the guest keeps no BTF
+/// of it. With DIR holding that file (under another name, a directory
+/// down), matched by build id, `--args=vmt_hit` shows `(i=0)` ... by the
+/// file's DWARF, said in one line and named in the report's `symbols`;
+/// with DIR holding a copy whose build id differs (one byte of it
+/// changed), the file is not used, said naming both build ids, and
+/// vmt_hit has no prototype (its argument register recorded raw, `i`).
+/// And first loaded from /vmt_nobtf.ko during a trap-mode trace waiting
+/// for it (`vmt_*:mod:vmt_test`), with DIR holding its file: `(i=0)` ...
+/// by the file's DWARF, matched at its load hook.
+fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+    const K: u64 = 6;
+    let hex = |id: &[u8]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let nobtf = bz.with_file_name("vmt_nobtf.ko");
+    let id = ko_build_id(&nobtf).unwrap().expect("a build id");
+    let base = std::env::temp_dir().join(format!("vmtrace-modfiles-{}", std::process::id()));
+    let (good, bad) = (base.join("good"), base.join("bad"));
+    std::fs::create_dir_all(good.join("extra")).unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    let good_ko = good.join("extra/vmt_test.ko");
+    std::fs::copy(&nobtf, &good_ko).unwrap();
+    let mut bytes = std::fs::read(&nobtf).unwrap();
+    let at = (bytes.windows(id.len()))
+        .position(|w| w == id.as_slice())
+        .unwrap();
+    bytes[at] ^= 0xff;
+    let bad_ko = bad.join("vmt_test.ko");
+    std::fs::write(&bad_ko, &bytes).unwrap();
+    let other = ko_build_id(&bad_ko).unwrap().unwrap();
+    assert_ne!(other, id);
+    command(guest, "insmod /vmt_nobtf.ko", "insmod 0", worker);
+    for (dir, by_file) in [(&good, true), (&bad, false)] {
+        let data =
+            std::env::temp_dir().join(format!("vmtrace-modfiles-{}.data", std::process::id()));
+        let args = [
+            "--kernel",
+            s(bz),
+            "--format",
+            "json",
+            "--trace",
+            "vmt_*",
+            "--mode",
+            "trap",
+            "--args=vmt_hit",
+            "--modules",
+            s(dir),
+            "-o",
+            s(&data),
+        ];
+        let mut a = Attach::start(guest.qmp_socket(), &args);
+        a.wait_line("vmtrace: attached to QEMU");
+        command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+        assert_eq!(
+            e.counts().get("vmt_hit [vmt_test]"),
+            Some(&K),
+            "{}",
+            e.stdout
+        );
+        if by_file {
+            let line = format!(
+                "vmtrace: module vmt_test: {} has its build id {}: taken from it: its prototypes, \
+                 from its DWARF",
+                good_ko.display(),
+                hex(&id)
+            );
+            assert!(e.stderr.contains(&line), "{}", e.stderr);
+            let symbols = e.json()["symbols"].as_str().unwrap().to_string();
+            let want = format!(
+                "; modules' files by build id: vmt_test from {}",
+                good_ko.display()
+            );
+            assert!(symbols.ends_with(&want), "{symbols}");
+            assert_args_shown(&data, K);
+            continue;
+        }
+        let line = format!(
+            "vmtrace: {} is not used: its build id {} is not module vmt_test's, which has build id \
+             {}",
+            bad_ko.display(),
+            hex(&other),
+            hex(&id)
+        );
+        assert!(e.stderr.contains(&line), "{}", e.stderr);
+        assert!(!e.stderr.contains("taken from it"), "{}", e.stderr);
+        let trace = tracer::trace::datafile::load(&data).unwrap();
+        let (hit, calls) = common::vmt_hit_calls(&trace);
+        assert_eq!(trace.prototypes.get(hit), Some(&None), "no BTF, no file");
+        let first: Vec<u64> = calls.iter().map(|c| trace.args_of(c).unwrap()[0]).collect();
+        assert_eq!(first, (0..K).collect::<Vec<u64>>());
+        std::fs::remove_file(&data).unwrap();
+    }
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    // First loaded during the trace: its build id read from its read-only
+    // data at the load hook (its sysfs notes come later), its file's
+    // DWARF gives vmt_hit its prototype.
+    let data = std::env::temp_dir().join(format!("vmtrace-modfirst-{}.data", std::process::id()));
+    let args = [
+        "--kernel",
+        s(bz),
+        "--format",
+        "json",
+        "--mode",
+        "trap",
+        "--trace",
+        "vmt_*:mod:vmt_test,__x64_sys_getppid",
+        "--args",
+        "--modules",
+        s(&good),
+        "-o",
+        s(&data),
+    ];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "insmod /vmt_nobtf.ko", "insmod 0", worker);
+    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    assert_eq!(
+        e.counts().get("vmt_hit [vmt_test]"),
+        Some(&K),
+        "{}",
+        e.stdout
+    );
+    assert_args_shown(&data, K);
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    std::fs::remove_dir_all(&base).unwrap();
+    assert_no_gdbstub(guest.qmp_socket());
+    assert_no_complaint(&guest.console(), &BAD, "");
 }
 
 /// A module first loaded during a trace in `mode` (exitless: with the

@@ -31,6 +31,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let duration = secs(t.duration, "--duration")?;
     let buffer = buffer_size(&t.buffer)?;
     let output = Output::for_run(&args.output, true)?.ok_or(InputError::NoKernel)?;
+    // Before the kernel is read and any QEMU touched: a wrong DIR is bad
+    // input.
+    let files = module_files(args)?;
     let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
     let gdb = args
         .gdb
@@ -45,17 +48,10 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let mut guardian = guard::spawn_or_say(target, connected.info.pid);
     let mut image = image;
-    let walk = guest_modules::add(&connected, &mut image, Some("traced"));
-    let (mut plan, waiting) = plan_waiting(image, t.attach_request(connected.info.cpus), walk)?;
+    let walk = guest_modules::add(&connected, &mut image, Some("traced"), files.as_deref());
+    let request = t.attach_request(connected.info.cpus);
+    let (mut plan, waiting) = plan_waiting(image, request, walk, files)?;
     check_attachable(&plan)?;
-    // Said once the attach is sure to go ahead (a refusal stays one line).
-    if connected.info.cmpxchg16b_bug {
-        let v = &connected.info.version;
-        note!(
-            "vmtrace: QEMU {}.{} under TCG sometimes computes the flags of the guest's cmpxchg16b wrongly (fixed in QEMU 8.0), which can crash this guest (its CPU has cx16), the likelier the more often a trace stops it (trap mode): start the VM with -cpu MODEL,-cx16, or use QEMU 8.0 or later, or KVM",
-            v.major, v.minor
-        );
-    }
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
         Note::AutoTrap { why, remedy } => Some(tracer::advice::join(why.clone(), *remedy, &Flags)),
@@ -107,6 +103,16 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     }
     data.end_on_terminate();
     report(ended, &reason, data, &output)
+}
+
+/// The module files of `--modules DIR`, if given.
+fn module_files(
+    args: &AttachArgs,
+) -> Result<Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>, InputError> {
+    let files = (args.modules.as_deref())
+        .map(tracer::kernel::module_files::ModuleFiles::scan)
+        .transpose()?;
+    Ok(files.map(std::sync::Arc::new))
 }
 
 /// `--buffer`, which also sizes the ring device of a guest that takes one
@@ -264,8 +270,9 @@ fn plan_waiting(
     image: tracer::kernel::symbols::KernelImage,
     mut request: tracer::plan::Request,
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    files: Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>,
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
-    let waiting = guest_modules::waiting(&mut request, &image, walk);
+    let waiting = guest_modules::waiting(&mut request, &image, walk, files);
     let mut plan =
         TracePlan::build_waiting(image, &request, waiting.is_some()).map_err(InputError::from)?;
     let Some((coming, globs)) = waiting else {
@@ -351,6 +358,14 @@ fn say_attached(s: &QemuSession) {
             };
             note!("{qemu}: a gdbstub breakpoint at each of {sites} {at}{returns}, trap mode{unwritten}")
         }
+    }
+    // Once attached (a refusal stays one line).
+    if s.info.cmpxchg16b_bug {
+        let v = &s.info.version;
+        note!(
+            "vmtrace: QEMU {}.{} under TCG sometimes computes the flags of the guest's cmpxchg16b wrongly (fixed in QEMU 8.0), which can crash this guest (its CPU has cx16), the likelier the more often a trace stops it (trap mode): start the VM with -cpu MODEL,-cx16, or use QEMU 8.0 or later, or KVM",
+            v.major, v.minor
+        );
     }
 }
 

@@ -4,8 +4,10 @@
 //! not loaded yet, which an attach keeps for the modules that come.
 
 use tracer::kernel::filter::{Filter, Globs};
+use tracer::kernel::module_files::ModuleFiles;
 use tracer::kernel::symbols::KernelImage;
 use tracer::plan::{ComingModules, Request};
+use tracer::qemu::module_files::{complete_from, FileUse};
 
 use crate::config::take_waiting;
 use tracer::qemu::session::Connected;
@@ -18,19 +20,35 @@ pub(super) const ADDED_SITES: usize = tracer::plan::added_sites::RESERVED;
 /// many. `traced`: an attach (Some("traced")) goes on without them and
 /// says only why; `list` (None) also says when the kernel has none.
 /// Returns how to walk the guest's modules (None: it has none).
+/// `files`: the module files of `--modules DIR`, which complete the
+/// modules they match (said, and named where the symbols came from).
 pub(super) fn add(
     connected: &Connected,
     image: &mut KernelImage,
     traced: Option<&str>,
+    files: Option<&ModuleFiles>,
 ) -> Option<(tracer::kernel::modules::ModuleLayout, i64)> {
     match connected.modules(image) {
-        Ok(Some(m)) => {
+        Ok(Some(mut m)) => {
+            let (uses, dwarf) = files.map(|f| complete_from(&mut m, f)).unwrap_or_default();
             let functions = image.add_modules(&m.list, m.layout, m.offset);
             for (addr, orc) in m.orc {
                 image.set_module_orc(addr, orc);
             }
             for (addr, btf) in m.btf {
                 image.set_module_btf(addr, btf);
+            }
+            for (addr, prototypes) in dwarf {
+                image.set_module_prototypes(addr, prototypes);
+            }
+            say_files(image, &uses);
+            if let Some(f) = files.filter(|f| !f.unreadable.is_empty()) {
+                note!(
+                    "vmtrace: --modules: {} module file{} not read, e.g. {}",
+                    f.unreadable.len(),
+                    if f.unreadable.len() == 1 { "" } else { "s" },
+                    f.unreadable[0]
+                );
             }
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
@@ -56,6 +74,74 @@ pub(super) fn add(
     }
 }
 
+/// Say what `--modules DIR`'s files did, one line each, and name the
+/// files used in `image`'s symbol source (the report's `symbols:` line,
+/// kept in the data file).
+fn say_files(image: &mut KernelImage, uses: &[FileUse]) {
+    let mut used = Vec::new();
+    for u in uses {
+        match u {
+            FileUse::Used {
+                module,
+                path,
+                build_id,
+                functions,
+                prototypes,
+            } => {
+                let mut took = Vec::new();
+                if *functions > 0 {
+                    took.push(format!("{functions} functions' symbols"));
+                }
+                if let Some(from) = prototypes {
+                    took.push(format!("its prototypes, from its {from}"));
+                }
+                let took = match took.is_empty() {
+                    true => "nothing the guest's memory lacks".to_string(),
+                    false => took.join(" and "),
+                };
+                note!(
+                    "vmtrace: module {module}: {} has its build id {}: taken from it: {took}",
+                    path.display(),
+                    hex(build_id)
+                );
+                used.push(format!("{module} from {}", path.display()));
+            }
+            FileUse::Differs {
+                module,
+                loaded,
+                files,
+            } => {
+                let loaded = match loaded {
+                    Some(id) => format!("has build id {}", hex(id)),
+                    None => "has no build id the guest's memory shows".to_string(),
+                };
+                for (path, id) in files {
+                    let id = id.as_deref().map_or("none".to_string(), hex);
+                    note!(
+                        "vmtrace: {} is not used: its build id {id} is not module {module}'s, which {loaded}",
+                        path.display()
+                    );
+                }
+            }
+            FileUse::Unreadable { module, error } => {
+                note!("vmtrace: module {module}: its file is not used: {error}");
+            }
+        }
+    }
+    if !used.is_empty() {
+        image.source = format!(
+            "{}; modules' files by build id: {}",
+            image.source,
+            used.join(", ")
+        );
+    }
+}
+
+/// A build id as `file` and `readelf -n` print it.
+fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The `--trace` globs `GLOB:mod:MODULE` whose MODULE names no module of
 /// `image` (not loaded yet), taken out of `request` for the plan (each
 /// other glob must still match) and kept, with the whole selection, for
@@ -65,6 +151,7 @@ pub(super) fn waiting(
     request: &mut Request,
     image: &KernelImage,
     walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    files: Option<std::sync::Arc<ModuleFiles>>,
 ) -> Option<(ComingModules, Vec<String>)> {
     let (layout, phys) = walk?;
     let loaded = |module: &str| {
@@ -86,6 +173,7 @@ pub(super) fn waiting(
         phys,
         notify: None,
         args: args.flatten(),
+        files,
     };
     Some((coming, waiting))
 }

@@ -53,7 +53,7 @@ pub fn main(args: &ListArgs) -> Result<Outcome, Error> {
 /// The guest's loaded modules at `qmp` added to `image` (said on stderr).
 fn add_modules(qmp: &std::path::Path, image: &mut KernelImage) -> Result<(), Error> {
     let connected = session::connect(qmp, None).map_err(InputError::Qemu)?;
-    super::guest_modules::add(&connected, image, None);
+    super::guest_modules::add(&connected, image, None, None);
     Ok(())
 }
 

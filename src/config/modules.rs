@@ -106,6 +106,8 @@ fn follow(
         layout,
         phys: 0,
         notify: Some(notify),
+        // The own VMM takes no module files (yet).
+        files: None,
         // The functions `--args` selects record theirs, in either mode.
         args: (!request.args.is_empty())
             .then(|| Globs::for_args(&request.args).ok())

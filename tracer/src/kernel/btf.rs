@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use btf_rs::{Btf, Type};
 use object::{Object, ObjectSection};
 
-use crate::kernel::prototype::{Param, Prototype, ValueKind, ARG_REGS, RETURN_NOTE};
+use crate::kernel::prototype::{in_registers, Arg, Passed, Prototype, ValueKind};
 use crate::kernel::symbols::KernelImage;
 
 /// The ELF section pahole writes BTF into (and the kernel links into its
@@ -60,26 +60,6 @@ impl std::fmt::Debug for KernelBtf {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
-}
-
-/// The argument registers of the x86-64 calling convention, in order.
-pub const ARG_REG_NAMES: [&str; ARG_REGS] = ["RDI", "RSI", "RDX", "RCX", "R8", "R9"];
-
-/// How the x86-64 SysV calling convention passes one C type (the
-/// kernel's: integers, pointers and small structs in general registers).
-enum Passed {
-    /// In one general register, shown as this kind.
-    Shown(ValueKind),
-    /// In `n` general registers (a struct or union of up to 16 bytes, a
-    /// 128-bit integer), not shown: what it is.
-    Regs(u8, String),
-    /// On the stack whatever registers are free (a struct of more than
-    /// 16 bytes): what it is.
-    Memory(String),
-    /// In an SSE register (floating point): what it is.
-    Sse(String),
-    /// No register (an empty struct).
-    Nothing,
 }
 
 /// Where a member lies in its structure.
@@ -358,38 +338,14 @@ impl KernelBtf {
 
     /// A `FUNC_PROTO` as registers hold it (see `prototype`).
     fn func_proto(&self, fp: &btf_rs::FuncProto) -> Option<Prototype> {
-        let mut unshown = Vec::new();
-        let mut next = 0u8;
         let ret = match fp.return_type_id() {
-            0 => ValueKind::Void,
-            id => {
-                let t = self.btf.resolve_type_by_id(id).ok()?;
-                match self.passed(t)? {
-                    Passed::Shown(k) => k,
-                    Passed::Regs(_, what) => {
-                        unshown.push(format!("{RETURN_NOTE} {what} (RAX, RDX)"));
-                        ValueKind::Void
-                    }
-                    Passed::Memory(what) => {
-                        // The caller passes where to put it in RDI.
-                        unshown.push(format!(
-                            "{RETURN_NOTE} {what}, returned in memory (its address in RDI)"
-                        ));
-                        next = 1;
-                        ValueKind::Void
-                    }
-                    Passed::Sse(what) => {
-                        unshown.push(format!("{RETURN_NOTE} {what} (XMM0)"));
-                        ValueKind::Void
-                    }
-                    Passed::Nothing => ValueKind::Void,
-                }
-            }
+            0 => Passed::Nothing,
+            id => self.passed(self.btf.resolve_type_by_id(id).ok()?)?,
         };
-        let mut params = Vec::new();
+        let mut args = Vec::new();
         for (i, p) in fp.parameters.iter().enumerate() {
             if p.is_variadic() {
-                unshown.push("...: variadic arguments".into());
+                args.push(Arg::Variadic);
                 break;
             }
             let name = match self.btf.resolve_name(p) {
@@ -397,38 +353,9 @@ impl KernelBtf {
                 _ => format!("arg{}", i + 1),
             };
             let t = self.btf.resolve_chained_type(p).ok()?;
-            let regs =
-                |from: u8, n: u8| ARG_REG_NAMES[from as usize..(from + n) as usize].join(", ");
-            match self.passed(t)? {
-                Passed::Shown(kind) if (next as usize) < ARG_REGS => {
-                    params.push(Param {
-                        name,
-                        kind,
-                        reg: next,
-                    });
-                    next += 1;
-                }
-                Passed::Shown(_) => {
-                    unshown.push(format!("{name}: not in a register (on the stack)"));
-                }
-                Passed::Regs(n, what) if next as usize + n as usize <= ARG_REGS => {
-                    unshown.push(format!("{name}: {what} ({})", regs(next, n)));
-                    next += n;
-                }
-                Passed::Regs(_, what) | Passed::Memory(what) => {
-                    // A struct that does not fit the registers left goes
-                    // whole on the stack; later arguments still take them.
-                    unshown.push(format!("{name}: {what} (on the stack)"));
-                }
-                Passed::Sse(what) => unshown.push(format!("{name}: {what} (in an SSE register)")),
-                Passed::Nothing => {}
-            }
+            args.push(Arg::Named(name, self.passed(t)?));
         }
-        Some(Prototype {
-            params,
-            ret,
-            unshown,
-        })
+        Some(in_registers(ret, args))
     }
 
     /// How a value of type `t` is passed (and returned); None for a type
@@ -506,6 +433,7 @@ impl KernelBtf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::prototype::Param;
 
     /// The mini guest's BTF (`guest/build.sh mini`), or None (skipped).
     fn mini() -> Option<KernelBtf> {

@@ -17,8 +17,8 @@ use object::{Object, ObjectSection};
 use crate::kernel::btf::MemberAt;
 use crate::kernel::symbols::KernelImage;
 
-type R<'a> = EndianSlice<'a, LittleEndian>;
-type Unit<'a> = gimli::Unit<R<'a>>;
+pub(crate) type R<'a> = EndianSlice<'a, LittleEndian>;
+pub(crate) type Unit<'a> = gimli::Unit<R<'a>>;
 
 /// The section whose absence means the kernel has no DWARF.
 pub const DWARF_SECTION: &str = ".debug_info";
@@ -90,11 +90,59 @@ impl<'a> KernelDwarf<'a> {
         Ok(KernelDwarf { sections, path })
     }
 
+    /// The DWARF of a relocatable object (a module's `.ko`, built with
+    /// `-g`), its relocations applied: in such a file each reference to
+    /// another debug section (`DW_FORM_strp`, the abbreviations' offset)
+    /// is 0 plus an addend in `.rela.debug_*`.
+    pub fn from_relocatable(path: &std::path::Path, bytes: &'a [u8]) -> Result<Self, DwarfError> {
+        let path = path.to_path_buf();
+        let missing = || DwarfError::Missing { path: path.clone() };
+        let file = object::File::parse(bytes).map_err(|_| missing())?;
+        match file.section_by_name(DWARF_SECTION) {
+            Some(s) if s.size() > 0 => {}
+            _ => return Err(missing()),
+        }
+        let broken = |what: String| DwarfError::Broken {
+            path: path.clone(),
+            what,
+        };
+        let sections = gimli::DwarfSections::load(|id| {
+            let Some(s) = file.section_by_name(id.name()) else {
+                return Ok(Cow::Borrowed(&[][..]));
+            };
+            let data = s
+                .uncompressed_data()
+                .map_err(|e| broken(format!("section {}: {e}", id.name())))?;
+            let map = s
+                .relocation_map()
+                .map_err(|e| broken(format!("section {}'s relocations: {e}", id.name())))?;
+            let mut data = data.into_owned();
+            for (at, r) in s.relocations() {
+                let (at, width) = (at as usize, usize::from(r.size() / 8));
+                let Some(field) = data.get_mut(at..at + width).filter(|_| width <= 8) else {
+                    return Err(broken(format!("a relocation at {at:#x} of {}", id.name())));
+                };
+                let mut word = [0u8; 8];
+                word[..width].copy_from_slice(field);
+                let value = map.relocate(at as u64, u64::from_le_bytes(word));
+                field.copy_from_slice(&value.to_le_bytes()[..width]);
+            }
+            Ok(Cow::Owned(data))
+        })?;
+        Ok(KernelDwarf { sections, path })
+    }
+
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
 
-    fn parse(&self, source: gimli::Error) -> DwarfError {
+    /// The sections, for readers of other entries than structs
+    /// (`crate::kernel::dwarf_prototype`).
+    pub(crate) fn sections(&self) -> gimli::Dwarf<R<'_>> {
+        self.sections.borrow(|s| EndianSlice::new(s, LittleEndian))
+    }
+
+    pub(crate) fn parse(&self, source: gimli::Error) -> DwarfError {
         DwarfError::Parse {
             path: self.path.clone(),
             source,
@@ -235,7 +283,7 @@ fn location(v: AttributeValue<R<'_>>) -> gimli::Result<u64> {
 }
 
 /// A type reference within the unit.
-fn type_ref(unit: &Unit<'_>, v: AttributeValue<R<'_>>) -> Option<UnitOffset> {
+pub(crate) fn type_ref(unit: &Unit<'_>, v: AttributeValue<R<'_>>) -> Option<UnitOffset> {
     match v {
         AttributeValue::UnitRef(o) => Some(o),
         AttributeValue::DebugInfoRef(o) => o.to_unit_offset(&unit.header),
@@ -256,7 +304,7 @@ fn is_alias(tag: gimli::DwTag) -> bool {
 }
 
 /// The type at `at` with typedefs and qualifiers removed: its tag and entry.
-fn strip(
+pub(crate) fn strip(
     unit: &Unit<'_>,
     mut at: UnitOffset,
     depth: u32,
@@ -280,7 +328,7 @@ fn strip(
 
 /// The size in bytes of the type at `at` (an array's: its element's times
 /// its counts); None for `void` and incomplete types.
-fn type_size(unit: &Unit<'_>, at: UnitOffset, depth: u32) -> gimli::Result<Option<u64>> {
+pub(crate) fn type_size(unit: &Unit<'_>, at: UnitOffset, depth: u32) -> gimli::Result<Option<u64>> {
     let (tag, at) = strip(unit, at, depth)?;
     let e = unit.entry(at)?;
     if let Some(size) = e

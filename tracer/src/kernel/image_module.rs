@@ -25,6 +25,10 @@ pub struct ImageModule {
     /// Its own `.BTF` (split on the kernel's), for its functions'
     /// prototypes (`crate::kernel::module_btf`); None when not read.
     pub btf: Option<std::sync::Arc<[u8]>>,
+    /// Its functions' prototypes from its file's DWARF (`--modules DIR`,
+    /// `crate::kernel::ko_file`), for a module without BTF; empty: none.
+    pub dwarf:
+        std::sync::Arc<std::collections::HashMap<String, crate::kernel::prototype::Prototype>>,
 }
 
 /// Where a module's text is described, by kernel version.

@@ -103,6 +103,116 @@ pub fn loaded_build_id(
     Ok(None)
 }
 
+/// Where a module's read-only data is (its `.note.gnu.build-id` is laid
+/// out there: an allocated section neither executable nor writable), from
+/// the kernel's BTF: read at a load hook, before the kernel sets
+/// `notes_attrs` (`mod_sysfs_setup` comes after `prepare_coming_module`
+/// in `load_module`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RodataAt {
+    /// Linux 6.4+: `mem[MOD_RODATA]` (`base`, `size`).
+    Memory { at: u32, base: u32, size: u32 },
+    /// Before: `core_layout`, from `base + text_size` to `base + ro_size`.
+    Layout {
+        at: u32,
+        base: u32,
+        text_size: u32,
+        ro_size: u32,
+    },
+}
+
+/// Larger than a module's read-only data (a few MiB for the largest).
+const MAX_RODATA: u64 = 64 << 20;
+/// A build id note's header as the linker writes it: name size 4, then
+/// the descriptor's size (`DESCSZ_AT`), type `NT_GNU_BUILD_ID`, "GNU".
+const NOTE_HEAD: [u8; 16] = [4, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, b'G', b'N', b'U', 0];
+const DESCSZ_AT: usize = 4;
+
+impl RodataAt {
+    /// None: BTF does not describe it.
+    pub fn find(btf: &KernelBtf) -> Option<RodataAt> {
+        let m = |ty: &str, f: &str| btf.member(ty, f).ok().map(|at| at.offset);
+        if btf.has_struct("module_memory") {
+            let index = btf
+                .enum_declaring("MOD_RODATA")
+                .and_then(|e| e.into_iter().find(|(n, _)| n == "MOD_RODATA"))?
+                .1 as u32;
+            return Some(RodataAt::Memory {
+                at: m("module", "mem")? + index * btf.struct_size("module_memory").ok()?,
+                base: m("module_memory", "base")?,
+                size: m("module_memory", "size")?,
+            });
+        }
+        Some(RodataAt::Layout {
+            at: m("module", "core_layout")?,
+            base: m("module_layout", "base")?,
+            text_size: m("module_layout", "text_size")?,
+            ro_size: m("module_layout", "ro_size")?,
+        })
+    }
+}
+
+/// The build id of the module whose `struct module` is at `module`, from
+/// the note in its read-only data (None: no such note there).
+pub fn rodata_build_id(
+    space: &mut AddressSpace<'_>,
+    r: &RodataAt,
+    module: u64,
+) -> Result<Option<Vec<u8>>, ModuleError> {
+    let mut read = |addr: u64, buf: &mut [u8]| {
+        space
+            .read(addr, buf)
+            .map_err(|source| ModuleError::Read { addr, source })
+    };
+    // A little-endian field of `n` bytes.
+    let mut word = |at: u64, n: usize| -> Result<u64, ModuleError> {
+        let mut w = [0u8; 8];
+        read(at, &mut w[..n]).map(|()| u64::from_le_bytes(w))
+    };
+    let range = match *r {
+        RodataAt::Memory { at, base, size } => {
+            let mem = module + u64::from(at);
+            let start = word(mem + u64::from(base), 8)?;
+            start..start + word(mem + u64::from(size), 4)?
+        }
+        RodataAt::Layout {
+            at,
+            base,
+            text_size,
+            ro_size,
+        } => {
+            let lay = module + u64::from(at);
+            let start = word(lay + u64::from(base), 8)?;
+            let text = word(lay + u64::from(text_size), 4)?;
+            start + text..start + word(lay + u64::from(ro_size), 4)?
+        }
+    };
+    let len = range.end.saturating_sub(range.start);
+    if len == 0 || len > MAX_RODATA {
+        return Ok(None);
+    }
+    let mut data = vec![0u8; len as usize];
+    space
+        .read(range.start, &mut data)
+        .map_err(|source| ModuleError::Read {
+            addr: range.start,
+            source,
+        })?;
+    Ok(find_note(&data))
+}
+
+/// The build id of the note in `data` (4-byte aligned, as notes are).
+fn find_note(data: &[u8]) -> Option<Vec<u8>> {
+    (0..data.len().saturating_sub(NOTE_HEAD.len()))
+        .step_by(4)
+        .filter(|&at| {
+            let head = &data[at..at + NOTE_HEAD.len()];
+            head[..DESCSZ_AT] == NOTE_HEAD[..DESCSZ_AT]
+                && head[DESCSZ_AT + 4..] == NOTE_HEAD[DESCSZ_AT + 4..]
+        })
+        .find_map(|at| note_build_id(&data[at..]))
+}
+
 /// The descriptor of the first `NT_GNU_BUILD_ID` note named "GNU" in
 /// `notes` (ELF notes: namesz, descsz, type, the name and the descriptor,
 /// each padded to 4 bytes).
@@ -158,7 +268,7 @@ pub fn ko_build_id(path: &Path) -> Result<Option<Vec<u8>>, KoError> {
 
 #[cfg(test)]
 mod tests {
-    use super::note_build_id;
+    use super::{find_note, note_build_id};
 
     #[test]
     fn the_build_id_note_among_others() {
@@ -177,6 +287,12 @@ mod tests {
             notes.resize(notes.len().div_ceil(4) * 4, 0);
         }
         assert_eq!(note_build_id(&notes), Some(vec![0xab; 20]));
+        // Found among other read-only data, at a 4-byte boundary.
+        let mut rodata = b"some strings\0\0\0\0".to_vec();
+        rodata.extend(&notes);
+        rodata.extend([0u8; 8]);
+        assert_eq!(find_note(&rodata), Some(vec![0xab; 20]));
+        assert_eq!(find_note(&rodata[..16]), None);
         assert_eq!(note_build_id(&notes[..20]), None);
         assert_eq!(note_build_id(&[]), None);
     }

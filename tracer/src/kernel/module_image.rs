@@ -70,6 +70,7 @@ impl KernelImage {
                 layout,
                 orc: Vec::new(),
                 btf: None,
+                dwarf: Default::default(),
             });
         }
         added
@@ -121,6 +122,18 @@ impl KernelImage {
     pub fn set_module_btf(&mut self, addr: u64, btf: Vec<u8>) {
         if let Some(m) = self.modules.iter_mut().find(|m| m.addr == addr) {
             m.btf = Some(btf.into());
+        }
+    }
+
+    /// The prototypes of the functions of the module whose `struct
+    /// module` is at `addr`, from its file's DWARF.
+    pub fn set_module_prototypes(
+        &mut self,
+        addr: u64,
+        prototypes: std::collections::HashMap<String, crate::kernel::prototype::Prototype>,
+    ) {
+        if let Some(m) = self.modules.iter_mut().find(|m| m.addr == addr) {
+            m.dwarf = prototypes.into();
         }
     }
 

@@ -474,6 +474,7 @@ mod tests {
             phys: 0,
             notify: None,
             args: None,
+            files: None,
         }
     }
 

@@ -131,6 +131,9 @@ pub struct ComingModules {
     /// The `--args` globs (None: no `--args`): the functions added that
     /// match record their arguments (trap mode).
     pub args: Option<crate::kernel::filter::Globs>,
+    /// The module files given on the host (`--modules DIR`): a module
+    /// loaded without BTF takes its prototypes from its file.
+    pub files: Option<std::sync::Arc<crate::kernel::module_files::ModuleFiles>>,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).
@@ -337,12 +340,17 @@ impl Plan {
         let mut modules = std::collections::HashMap::new();
         let mut of_module = |name: &str| {
             let (bare, module) = name.strip_suffix(']')?.rsplit_once(" [")?;
+            let m = self.image.modules.iter().find(|m| m.name == module);
             let own = modules.entry(module.to_owned()).or_insert_with(|| {
-                let m = self.image.modules.iter().find(|m| m.name == module)?;
-                let data = m.btf.as_deref()?;
+                let data = m?.btf.as_deref()?;
                 module_btf(module, "guest memory", data, btf).ok()
             });
-            Some(own.as_ref().and_then(|b| b.own_prototype(bare)))
+            // Without BTF, by its file's DWARF (`--modules DIR`).
+            let dwarf = || m.and_then(|m| m.dwarf.get(bare).cloned());
+            Some(match own.as_ref() {
+                Some(b) => b.own_prototype(bare),
+                None => dwarf(),
+            })
         };
         self.funcs
             .iter()

@@ -38,6 +38,7 @@ mod lines;
 pub mod liveness;
 pub mod marker;
 pub mod mode;
+pub mod module_files;
 pub mod module_follow;
 pub mod module_hooks;
 pub mod modules;

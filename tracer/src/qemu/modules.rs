@@ -23,6 +23,7 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::module_events::{self, ModuleEvent};
 use crate::kernel::kaslr::{phys_candidates, KernelOffset, KASLR_ALIGN};
 use crate::kernel::module_btf::{loaded_btf, BtfModulesLayout};
+use crate::kernel::module_build_id::{loaded_build_id, NotesLayout};
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{
     loaded, still_loaded, LoadedModule, ModuleError, ModuleLayout, MODULES,
@@ -84,6 +85,10 @@ pub struct GuestModules {
     /// Each module's own `.BTF` (its `struct module`'s address), from the
     /// kernel's `btf_modules` list, when the kernel keeps them.
     pub btf: Vec<(u64, Vec<u8>)>,
+    /// Each module's build id (its `struct module`'s address), from the
+    /// notes the kernel keeps for sysfs, when it keeps them: what matches
+    /// a module file given on the host (`--modules DIR`).
+    pub build_ids: Vec<(u64, Vec<u8>)>,
     /// The events the modules list (`list -e`).
     pub events: Vec<ModuleEvent>,
 }
@@ -97,6 +102,8 @@ struct Walk {
     mode: PagingMode,
     /// The kernel's list of its modules' BTF, when it keeps one.
     btf_modules: Option<BtfModulesLayout>,
+    /// Where a module's notes are (its build id), when it keeps them.
+    notes: Option<NotesLayout>,
 }
 
 impl Walk {
@@ -110,7 +117,9 @@ impl Walk {
         let root = top_table::root(image, phys)
             .ok_or_else(|| ModuleError::Unlocated(format!("{INIT_TOP_PGT} has no symbol")))?;
         let btf_modules = BtfModulesLayout::find(image, &btf);
+        let notes = NotesLayout::find(&btf);
         Ok(Some(Walk {
+            notes,
             btf,
             layout,
             root,
@@ -149,40 +158,22 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     let Some(mut walk) = Walk::of(image, phys)? else {
         return Ok(None);
     };
-    let head = walk.layout.head;
-    let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
-    // Each paging mode's steps: a 5-level table read as 4-level (or the
-    // reverse) maps nothing of the image.
-    let found: Vec<(PagingMode, u64)> = KERNEL_PAGING_MODES
-        .into_iter()
-        .flat_map(|mode| {
-            let space = AddressSpace::new(&ram, walk.root, mode);
-            (0..VIRT_STEPS)
-                .filter(move |i| {
-                    let va = head + i * KASLR_ALIGN;
-                    space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
-                })
-                .map(move |i| (mode, i))
-        })
-        .collect();
-    let [(mode, step)] = found[..] else {
-        return Err(ModuleError::Unlocated(format!(
-            "{MODULES} is mapped at {} places",
-            found.len()
-        )));
-    };
+    let (mode, offset) = locate(&ram, &walk, phys)?;
     walk.mode = mode;
-    let offset = KernelOffset {
-        virt: (step * KASLR_ALIGN) as i64,
-        phys,
-    };
     let mut list = Vec::new();
     let mut orc = Vec::new();
+    let mut build_ids = Vec::new();
     let modules = walk.list(&ram, offset.virt)?;
     let events = module_events::read(&mut walk.space(&ram), &walk.btf, &modules)?;
     for m in modules {
         if let Some(l) = &walk.layout.orc {
             orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
+        }
+        // A module whose notes cannot be read matches no file: said then.
+        if let Some(Ok(Some(id))) =
+            (walk.notes.as_ref()).map(|l| loaded_build_id(&mut walk.space(&ram), l, &m))
+        {
+            build_ids.push((m.addr, id));
         }
         let mut text = vec![0u8; (m.text.end - m.text.start) as usize];
         walk.space(&ram)
@@ -205,8 +196,46 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
         offset,
         orc,
         btf,
+        build_ids,
         events,
     }))
+}
+
+/// The paging mode and the KASLR offsets at which `walk`'s top table maps
+/// the module list where it is in RAM (the kernel at physical offset
+/// `phys`): the one 2 MiB step, in one mode.
+fn locate(
+    ram: &dyn GuestRam,
+    walk: &Walk,
+    phys: i64,
+) -> Result<(PagingMode, KernelOffset), ModuleError> {
+    let head = walk.layout.head;
+    let head_pa = vmm::layout::kernel_virt_to_phys(head).map(|p| p.wrapping_add(phys as u64));
+    // Each paging mode's steps: a 5-level table read as 4-level (or the
+    // reverse) maps nothing of the image.
+    let found: Vec<(PagingMode, u64)> = KERNEL_PAGING_MODES
+        .into_iter()
+        .flat_map(|mode| {
+            let space = AddressSpace::new(ram, walk.root, mode);
+            (0..VIRT_STEPS)
+                .filter(move |i| {
+                    let va = head + i * KASLR_ALIGN;
+                    space.translate(va).is_ok_and(|t| Some(t.gpa) == head_pa)
+                })
+                .map(move |i| (mode, i))
+        })
+        .collect();
+    let [(mode, step)] = found[..] else {
+        return Err(ModuleError::Unlocated(format!(
+            "{MODULES} is mapped at {} places",
+            found.len()
+        )));
+    };
+    let offset = KernelOffset {
+        virt: (step * KASLR_ALIGN) as i64,
+        phys,
+    };
+    Ok((mode, offset))
 }
 
 /// In the attach's stop: the modules `image` holds are still loaded where

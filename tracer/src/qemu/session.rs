@@ -55,8 +55,7 @@ pub struct QemuInfo {
     pub cpus: usize,
     /// The libvirt domain it runs ("NAME (URI)"), reached through libvirt.
     pub domain: Option<String>,
-    /// Its TCG computes `cmpxchg16b`'s flags wrongly, and the guest's CPU
-    /// has the instruction (`super::tcg_flags`).
+    /// Its TCG gets the guest's `cmpxchg16b` wrong (`super::tcg_flags`).
     pub cmpxchg16b_bug: bool,
 }
 
@@ -132,11 +131,7 @@ fn look_at(qmp: &mut Monitor) -> Result<(ProcRam, QemuInfo), QemuError> {
     let Some(first) = cpus.first() else {
         return Err(QemuError::NoVcpus { qmp: qmp_path });
     };
-    let cx16 = match accel {
-        "tcg" => qmp.cpu_feature(&first.qom_path, "cx16")?,
-        _ => None,
-    };
-    let cmpxchg16b_bug = super::tcg_flags::cmpxchg16b_flags_bug(qmp.version(), accel, cx16);
+    let cmpxchg16b_bug = super::tcg_flags::asked(qmp, accel, &first.qom_path)?;
     let cpus = cpus.len();
     let layout = qmp.ram_layout()?;
     let ram = ProcRam::open(pid, &layout)?;

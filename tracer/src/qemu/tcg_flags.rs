@@ -25,7 +25,9 @@
 //! both rare events likelier. QEMU 8.0 inlines the instruction
 //! (`gen_cmpxchg16b`), its flags from the translator's own state.
 
-use super::qmp::QemuVersion;
+use super::monitor::Monitor;
+use super::qmp::{QemuVersion, QmpError};
+use super::queries::Queries;
 
 /// The first QEMU release whose TCG computes `cmpxchg16b`'s flags right.
 const FIXED_IN: (u32, u32) = (8, 0);
@@ -35,6 +37,16 @@ const FIXED_IN: (u32, u32) = (8, 0);
 /// through the helper above.
 pub fn cmpxchg16b_flags_bug(version: &QemuVersion, accel: &str, cx16: Option<bool>) -> bool {
     accel == "tcg" && (version.major, version.minor) < FIXED_IN && cx16 == Some(true)
+}
+
+/// `cmpxchg16b_flags_bug` of the QEMU behind `qmp` (`accel` its
+/// accelerator), its first vCPU (`qom_path`) asked for `cx16` under TCG.
+pub fn asked(qmp: &mut Monitor, accel: &str, qom_path: &str) -> Result<bool, QmpError> {
+    let cx16 = match accel {
+        "tcg" => qmp.cpu_feature(qom_path, "cx16")?,
+        _ => None,
+    };
+    Ok(cmpxchg16b_flags_bug(qmp.version(), accel, cx16))
 }
 
 #[cfg(test)]

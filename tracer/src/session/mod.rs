@@ -41,6 +41,7 @@ pub mod guest_ftrace;
 pub(in crate::session) mod kvm_tests;
 pub mod module_added;
 pub mod module_marks;
+pub mod module_protos;
 pub mod module_sites;
 pub mod module_traps;
 pub mod patch;

@@ -22,6 +22,7 @@ use crate::kernel::modules::{LoadedModule, ModuleLayout};
 use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
 use crate::plan::ComingModules;
+use crate::session::module_protos::{FilePrototypes, ModulePrototypes};
 
 /// The modules first loaded during the trace, and their traced sites.
 #[derive(Debug)]
@@ -51,6 +52,11 @@ pub struct FirstLoads {
     /// load's own BTF is read (`module_btf`) for its functions'
     /// prototypes.
     prototypes: Option<(Arc<KernelBtf>, ModuleBtfLayout)>,
+    /// With prototypes wanted and `--modules DIR`: the files of modules
+    /// loaded without BTF.
+    files: Option<FilePrototypes>,
+    /// `--modules DIR`'s files, until `want_prototypes`.
+    given: Option<Arc<crate::kernel::module_files::ModuleFiles>>,
 }
 
 /// A module first loaded during the trace.
@@ -104,28 +110,39 @@ impl FirstLoads {
             orc: false,
             args: coming.args.clone(),
             prototypes: None,
+            files: None,
+            given: coming.files.clone(),
         }
     }
 
     /// Give the added functions their prototypes from their module's own
     /// BTF, split on `base` (the vmlinux's; None: values not recorded).
     pub fn want_prototypes(&mut self, base: Option<Arc<KernelBtf>>) {
+        self.files = (base.as_ref().zip(self.given.take()))
+            .and_then(|(b, files)| FilePrototypes::new(files, b));
         self.prototypes = base.and_then(|b| Some((Arc::clone(&b), ModuleBtfLayout::find(&b)?)));
     }
 
-    /// The BTF of `read`, loading at `module`, read through `space` from
-    /// its `struct module` (`crate::kernel::module_btf`), when prototypes
-    /// are wanted: None when it has none or it cannot be read (its
-    /// values then shown raw).
+    /// The prototypes of `read`'s functions, loading at `module`, when
+    /// they are wanted: its BTF read through `space` from its `struct
+    /// module` (`crate::kernel::module_btf`), else its own file's
+    /// (`--modules DIR`); None when neither can be had (its values then
+    /// shown raw).
     pub fn module_btf(
-        &self,
+        &mut self,
         space: &mut AddressSpace<'_>,
         read: &LoadedModule,
         module: u64,
-    ) -> Option<KernelBtf> {
+    ) -> Option<ModulePrototypes> {
         let (base, layout) = self.prototypes.as_ref()?;
-        let data = read_btf_data(space, layout, module, &read.name).ok()??;
-        module_btf(&read.name, "guest memory", &data, base).ok()
+        let data = read_btf_data(space, layout, module, &read.name)
+            .ok()
+            .flatten();
+        let btf = data.and_then(|d| module_btf(&read.name, "guest memory", &d, base).ok());
+        match btf {
+            Some(b) => Some(ModulePrototypes::Btf(b)),
+            None => self.files.as_mut()?.of(space, read, module, base),
+        }
     }
 
     /// Read each load's ORC tables, for `--stack` (`read_orc`).
@@ -152,7 +169,7 @@ impl FirstLoads {
         &mut self,
         read: &LoadedModule,
         module: u64,
-        btf: Option<&KernelBtf>,
+        btf: Option<&ModulePrototypes>,
     ) -> Vec<u64> {
         let selected = selected_functions(read, &self.filter);
         let added = self.index.added();
@@ -199,7 +216,7 @@ impl FirstLoads {
                     let bare = f.name.split_once(" [").map_or(f.name.as_str(), |b| b.0);
                     let names = [f.name.as_str(), bare];
                     let args = self.args.as_ref().is_some_and(|g| g.is_match_any(&names));
-                    let prototype = btf.and_then(|b| b.own_prototype(bare));
+                    let prototype = btf.and_then(|b| b.of(bare));
                     let k = added.add_with(f.site, sym, args, prototype);
                     if let Some(k) = k {
                         c.slots.push((k, f.name));
@@ -428,6 +445,7 @@ mod tests {
             phys: 0,
             notify: None,
             args,
+            files: None,
         }
     }
 

@@ -189,6 +189,9 @@ fn optional_json(doc: &mut Value, trace: &Trace, report: &Report) {
     if !m.vmm.is_empty() {
         doc["vmm"] = json!(m.vmm);
     }
+    if !m.symbols.is_empty() {
+        doc["symbols"] = json!(m.symbols);
+    }
     if !m.cmdline.is_empty() {
         doc["cmdline"] = json!(m.cmdline);
     }

@@ -1,0 +1,256 @@
+//! What a loaded module's own file (`--modules DIR`, matched by build id:
+//! `crate::kernel::module_files`) gives that the guest's memory lacks:
+//!
+//! - functions its kallsyms does not keep, or keeps without a size: each
+//!   `STT_FUNC` of the file's `.symtab` placed in the running text by a
+//!   function of the same section that both have (the module loader lays
+//!   each section out whole, so one shared function gives the section's
+//!   place);
+//! - its `.BTF`, when the kernel kept none of it;
+//! - else its functions' prototypes from its DWARF
+//!   (`crate::kernel::dwarf_prototype`), for `--args` and `--retval`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use object::{Object, ObjectSection, ObjectSymbol, SectionIndex, SectionKind, SymbolKind};
+
+use crate::kernel::dwarf::KernelDwarf;
+use crate::kernel::module_files::{read_ko, KoFileError};
+use crate::kernel::modules::{LoadedModule, ModuleFunction};
+use crate::kernel::prototype::Prototype;
+
+/// What was taken from a module's file.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Functions added to the module's, or given their size.
+    pub functions: usize,
+    /// The file's `.BTF`, when the guest's memory had none of the module.
+    pub btf: Option<Vec<u8>>,
+    /// Prototypes from the file's DWARF, when neither has BTF (empty: no
+    /// DWARF, or not needed).
+    pub prototypes: HashMap<String, Prototype>,
+}
+
+/// Complete the loaded module `m` from its file at `path`; `has_btf`: the
+/// guest's memory gave its BTF.
+pub fn complete(m: &mut LoadedModule, path: &Path, has_btf: bool) -> Result<Taken, KoFileError> {
+    let bytes = read_ko(path)?;
+    let file = object::File::parse(bytes.as_slice()).map_err(|source| KoFileError::NotElf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut taken = Taken {
+        functions: add_functions(m, &file_functions(&file)),
+        ..Taken::default()
+    };
+    if has_btf {
+        return Ok(taken);
+    }
+    taken.btf = file
+        .section_by_name(crate::kernel::btf::BTF_SECTION)
+        .and_then(|s| s.data().ok())
+        .filter(|d| !d.is_empty())
+        .map(<[u8]>::to_vec);
+    if taken.btf.is_none() {
+        // No DWARF (a distribution's stripped module): values shown raw.
+        if let Ok(dwarf) = KernelDwarf::from_relocatable(path, &bytes) {
+            taken.prototypes =
+                crate::kernel::dwarf_prototype::prototypes(&dwarf).unwrap_or_default();
+        }
+    }
+    Ok(taken)
+}
+
+/// The prototypes the module file at `path` gives its functions: by its
+/// `.BTF` split on `base` (the vmlinux's), else by its DWARF; empty when
+/// it has neither. For a module first loaded during the trace without BTF
+/// in the guest (`crate::session::module_protos`).
+pub fn file_prototypes(
+    path: &Path,
+    name: &str,
+    base: &crate::kernel::btf::KernelBtf,
+) -> Result<HashMap<String, Prototype>, KoFileError> {
+    let bytes = read_ko(path)?;
+    let file = object::File::parse(bytes.as_slice()).map_err(|source| KoFileError::NotElf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let btf = file
+        .section_by_name(crate::kernel::btf::BTF_SECTION)
+        .and_then(|s| s.data().ok())
+        .filter(|d| !d.is_empty());
+    if let Some(data) = btf {
+        let from = path.display().to_string();
+        let Ok(btf) = crate::kernel::module_btf::module_btf(name, &from, data, base) else {
+            return Ok(HashMap::new());
+        };
+        return Ok(file_functions(&file)
+            .into_iter()
+            .filter_map(|f| Some((f.name.clone(), btf.own_prototype(&f.name)?)))
+            .collect());
+    }
+    Ok(match KernelDwarf::from_relocatable(path, &bytes) {
+        Ok(dwarf) => crate::kernel::dwarf_prototype::prototypes(&dwarf).unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    })
+}
+
+/// One function of a module file: its section and its offset there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileFunction {
+    name: String,
+    section: SectionIndex,
+    offset: u64,
+    size: u64,
+}
+
+/// The file's `STT_FUNC` symbols defined in its executable sections.
+fn file_functions(file: &object::File<'_>) -> Vec<FileFunction> {
+    file.symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+        .filter_map(|s| {
+            let section = s.section_index()?;
+            let exec = file.section_by_index(section).ok()?.kind() == SectionKind::Text;
+            let name = s.name().ok().filter(|n| !n.is_empty())?;
+            exec.then(|| FileFunction {
+                name: name.to_owned(),
+                section,
+                offset: s.address(),
+                size: s.size(),
+            })
+        })
+        .collect()
+}
+
+/// Add to `m` the functions of `file` it lacks in its text, and the
+/// sizes it lacks; how many.
+fn add_functions(m: &mut LoadedModule, file: &[FileFunction]) -> usize {
+    // Each section's running place, from a function named once in both.
+    let once = |name: &str| m.functions.iter().filter(|f| f.name == name).count() == 1;
+    let mut place: HashMap<SectionIndex, u64> = HashMap::new();
+    for f in file {
+        if place.contains_key(&f.section) || !once(&f.name) {
+            continue;
+        }
+        if file.iter().filter(|g| g.name == f.name).count() != 1 {
+            continue;
+        }
+        let at = m.functions.iter().find(|g| g.name == f.name).expect("once");
+        place.insert(f.section, at.addr.wrapping_sub(f.offset));
+    }
+    let mut changed = 0;
+    for f in file {
+        let Some(base) = place.get(&f.section) else {
+            continue;
+        };
+        let addr = base.wrapping_add(f.offset);
+        if !m.text.contains(&addr) {
+            continue;
+        }
+        match m
+            .functions
+            .iter_mut()
+            .find(|g| g.addr == addr && g.name == f.name)
+        {
+            Some(g) if g.size == 0 && f.size > 0 => {
+                g.size = f.size;
+                changed += 1;
+            }
+            Some(_) => {}
+            None => {
+                m.functions.push(ModuleFunction {
+                    name: f.name.clone(),
+                    addr,
+                    size: f.size,
+                });
+                changed += 1;
+            }
+        }
+    }
+    m.functions
+        .sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test module as a guest would have it loaded at `base`, its
+    /// functions from its own file: or None (skipped) unbuilt.
+    fn vmt_test() -> Option<(std::path::PathBuf, LoadedModule, Vec<FileFunction>)> {
+        let ko = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/debian-6.12/vmt_test.ko");
+        if !ko.is_file() {
+            eprintln!("SKIPPED: run `bash guest/build.sh vmt-test`");
+            return None;
+        }
+        let bytes = std::fs::read(&ko).unwrap();
+        let file = object::File::parse(bytes.as_slice()).unwrap();
+        let funcs = file_functions(&file);
+        let text = file.section_by_name(".text").unwrap();
+        let base = 0xffff_ffff_c000_0000u64;
+        let mut functions: Vec<ModuleFunction> = funcs
+            .iter()
+            .filter(|f| f.section == text.index())
+            .map(|f| ModuleFunction {
+                name: f.name.clone(),
+                addr: base + f.offset,
+                size: f.size,
+            })
+            .collect();
+        functions.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
+        let m = LoadedModule {
+            name: "vmt_test".into(),
+            addr: 0xffff_ffff_c000_8000,
+            text: base..base + text.size(),
+            functions,
+            sites: Vec::new(),
+            events: Vec::new(),
+        };
+        Some((ko, m, funcs))
+    }
+
+    /// A function the guest's memory lacks (vmt_batch's symbol gone, as a
+    /// kernel keeping fewer symbols has it) and a size it lacks
+    /// (vmt_hit's) come back from the file, at their running addresses;
+    /// what the memory has is left as it is.
+    #[test]
+    fn the_file_gives_back_what_memory_lacks() {
+        let Some((ko, full, funcs)) = vmt_test() else {
+            return;
+        };
+        assert!(funcs.iter().any(|f| f.name == "vmt_hit"), "{funcs:?}");
+        let mut m = full.clone();
+        m.functions.retain(|f| f.name != "vmt_batch");
+        m.functions
+            .iter_mut()
+            .filter(|f| f.name == "vmt_hit")
+            .for_each(|f| f.size = 0);
+        assert_eq!(add_functions(&mut m, &funcs), 2);
+        assert_eq!(m.functions, full.functions);
+        // Nothing more to take: all there.
+        assert_eq!(add_functions(&mut m, &funcs), 0);
+        // The whole file: its BTF is not taken when memory had one, no
+        // DWARF read then.
+        let mut m2 = full.clone();
+        let t = complete(&mut m2, &ko, true).unwrap();
+        assert_eq!((t.functions, t.btf, t.prototypes.len()), (0, None, 0));
+        let t = complete(&mut m2, &ko, false).unwrap();
+        assert!(t.btf.is_some() && t.prototypes.is_empty());
+    }
+
+    /// No function in common: nothing can be placed, nothing added.
+    #[test]
+    fn nothing_placed_without_a_shared_function() {
+        let Some((_, full, funcs)) = vmt_test() else {
+            return;
+        };
+        let mut m = LoadedModule {
+            functions: Vec::new(),
+            ..full
+        };
+        assert_eq!(add_functions(&mut m, &funcs), 0);
+        assert!(m.functions.is_empty());
+    }
+}
