@@ -191,6 +191,19 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     // would end there, outside the kernel's text).
     let source = v["stacks_source"].as_str().unwrap();
     assert!(source.contains("Linux 6.4+ layout"), "{source}");
+    // vmt_hit, a function of the module the guest loads during the trace,
+    // has its stacks too: one per call, each from vmt_batch, through the
+    // module's own ORC tables, read at each load.
+    let hits = stacks_of(&v, "vmt_hit [vmt_test]");
+    let calls: u64 = hits.iter().map(|(s, _)| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(calls, CYCLES * HITS, "{hits:?}");
+    for (s, f) in &hits {
+        assert!(
+            f.first().is_some_and(|f| f.starts_with("vmt_batch")),
+            "{f:?}"
+        );
+        assert_eq!(s["complete"], true, "{s}");
+    }
     let ticks = stacks_of(&v, "hrtimer_run_queues");
     assert!(ticks.iter().any(|(s, _)| s["complete"] == true), "{v}");
     for (s, f) in &ticks {

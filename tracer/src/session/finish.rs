@@ -396,12 +396,7 @@ impl Tracer {
                 .as_ref()
                 .map(|s| s.note.clone())
                 .unwrap_or_default(),
-            stack_funcs: self
-                .plan
-                .stacks
-                .as_ref()
-                .map(|s| s.funcs.clone())
-                .unwrap_or_default(),
+            stack_funcs: self.stack_funcs(),
             drops: self.drop_causes(&ring_drops),
             cmdline: self.cmdline.clone(),
         };
@@ -429,6 +424,24 @@ impl Tracer {
             },
             functions,
         }
+    }
+
+    /// The functions whose calls recorded their stacks (`--stack`), as
+    /// indices into the trace's functions: the plan's, then those of
+    /// modules first loaded during the trace that the globs select (after
+    /// the plan's functions, slot by slot).
+    fn stack_funcs(&self) -> Vec<u32> {
+        let Some(plan) = self.plan.stacks.as_ref() else {
+            return Vec::new();
+        };
+        let base = self.plan.funcs.len() as u32;
+        let added = self.stacks.as_ref().map(|s| s.added_stacked());
+        let added = added.unwrap_or_default().into_iter();
+        plan.funcs
+            .iter()
+            .copied()
+            .chain(added.map(|k| base + k as u32))
+            .collect()
     }
 
     /// The prototypes of the plan's functions, then of those added

@@ -224,6 +224,14 @@ impl StackSource {
         self.sites.len()
     }
 
+    /// The spare slots whose calls record their stacks (`set_added`),
+    /// ascending.
+    pub fn added_stacked(&self) -> Vec<usize> {
+        let added = self.added.read().unwrap_or_else(|e| e.into_inner());
+        let stacked = added.stacks.iter().enumerate().filter(|(_, &s)| s);
+        stacked.map(|(k, _)| k).collect()
+    }
+
     /// Does a call at site `i` record its stack.
     pub fn at(&self, i: usize) -> bool {
         match self.sites.get(i) {
