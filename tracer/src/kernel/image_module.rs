@@ -25,6 +25,9 @@ pub struct ImageModule {
     /// Its own `.BTF` (split on the kernel's), for its functions'
     /// prototypes (`crate::kernel::module_btf`); None when not read.
     pub btf: Option<std::sync::Arc<[u8]>>,
+    /// Its exception table, jump labels and static call sites, at
+    /// running addresses: what its direct entries leave alone.
+    pub tables: crate::kernel::module_tables::ModuleTables,
 }
 
 /// Where a module's text is described, by kernel version.
@@ -58,6 +61,8 @@ pub struct ModuleLayout {
     /// Where its ORC tables are described (None: the kernel keeps none
     /// for modules): read at a first load, for `--stack`.
     pub orc: Option<ModuleOrcLayout>,
+    /// Where its exception table, jump labels and static call sites are.
+    pub tables: crate::kernel::module_tables::ModuleTablesLayout,
 }
 
 /// Where a module's ORC tables are described in `struct module`, from the
@@ -91,6 +96,7 @@ impl ModuleLayout {
             num_ftrace_callsites: 0,
             trace_events: None,
             orc: None,
+            tables: Default::default(),
         }
     }
 }

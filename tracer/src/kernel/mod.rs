@@ -25,6 +25,7 @@ pub mod module_build_id;
 pub mod module_image;
 pub mod module_notify;
 pub mod module_orc;
+pub mod module_tables;
 pub mod modules;
 pub mod names;
 pub mod not_entry;

@@ -70,6 +70,7 @@ impl KernelImage {
                 layout,
                 orc: Vec::new(),
                 btf: None,
+                tables: m.tables.clone(),
             });
         }
         added
