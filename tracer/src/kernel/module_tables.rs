@@ -12,7 +12,11 @@
 //! no table: the text read is already patched. Its LOCK prefixes, which
 //! the kernel may still flip when CPUs come (`alternatives_smp_module_add`
 //! keeps them on a guest booted with one CPU of several), are not kept in
-//! `struct module`: the tables refuse every one in its code instead.
+//! `struct module`: the tables refuse every one in its code instead. And
+//! where its `.noinstr.text` is (code that must not be instrumented, as
+//! the kernel's own): from its sections as sysfs lists them
+//! (`sect_attrs`, kernel/module/sysfs.c: each section's name and address),
+//! up to the next section's address.
 
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::direct::KernelTable;
@@ -26,6 +30,19 @@ pub(crate) struct TableAt {
     size: u32,
 }
 
+/// Where a module's sections are listed: `struct module.sect_attrs`, a
+/// `struct module_sect_attrs` (`nsections`, then `attrs[]`, each a
+/// `struct module_sect_attr`: its name at `battr.attr.name`, `address`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SectionsAt {
+    ptr: u32,
+    nsections: u32,
+    attrs: u32,
+    size: u32,
+    name: u32,
+    address: u32,
+}
+
 /// Where a module's tables are described, from the kernel's BTF (None: a
 /// kernel without that table, e.g. built without jump labels).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,6 +50,7 @@ pub struct ModuleTablesLayout {
     pub(crate) extable: Option<TableAt>,
     pub(crate) jumps: Option<TableAt>,
     pub(crate) static_calls: Option<TableAt>,
+    pub(crate) sections: Option<SectionsAt>,
 }
 
 impl ModuleTablesLayout {
@@ -53,9 +71,30 @@ impl ModuleTablesLayout {
                 "num_static_call_sites",
                 "static_call_site",
             ),
+            sections: sections(btf),
         }
     }
 }
+
+/// `SectionsAt` from `btf` (None: a kernel without sysfs or kallsyms).
+fn sections(btf: &KernelBtf) -> Option<SectionsAt> {
+    let m = |ty: &str, f: &str| btf.member(ty, f).ok().map(|at| at.offset);
+    Some(SectionsAt {
+        ptr: m("module", "sect_attrs")?,
+        nsections: m("module_sect_attrs", "nsections")?,
+        attrs: m("module_sect_attrs", "attrs")?,
+        size: btf.struct_size("module_sect_attr").ok()?,
+        name: m("module_sect_attr", "battr")?
+            + m("bin_attribute", "attr")?
+            + m("attribute", "name")?,
+        address: m("module_sect_attr", "address")?,
+    })
+}
+
+/// A module's section whose code must not be instrumented.
+const NOINSTR: &str = ".noinstr.text";
+/// More sections than a module has (a count beyond is no count).
+const MAX_SECTIONS: u64 = 1 << 16;
 
 /// A module's tables, at running addresses, their entries in its core
 /// text only (its init text is freed once it has loaded).
@@ -67,6 +106,8 @@ pub struct ModuleTables {
     pub fixups: Vec<(u64, u64)>,
     /// `(jump label site, its jump's target)`.
     pub jumps: Vec<(u64, u64)>,
+    /// Its `.noinstr.text`, if it has one: `(start, end)`.
+    pub noinstr: Option<(u64, u64)>,
 }
 
 /// Reads guest-virtual memory into a buffer, or says why not.
@@ -122,8 +163,64 @@ impl ModuleTables {
             }
         }
         t.sites.sort_unstable();
+        if let Some(at) = layout.sections {
+            t.noinstr = noinstr(&at, module, text, read)?;
+        }
         Ok(t)
     }
+}
+
+/// The `.noinstr.text` of the module at `module`, from its sections'
+/// names and addresses: up to the next section's start in its `text`.
+fn noinstr(
+    at: &SectionsAt,
+    module: u64,
+    text: &std::ops::Range<u64>,
+    read: ReadGuest<'_>,
+) -> Result<Option<(u64, u64)>, TablesError> {
+    const WHAT: &str = "section list";
+    let word = |addr: u64, len: usize, read: ReadGuest<'_>| {
+        let mut b = [0u8; 8];
+        read(addr, &mut b[..len])
+            .map(|()| u64::from_le_bytes(b))
+            .map_err(|why| TablesError::Read {
+                what: WHAT,
+                addr,
+                why,
+            })
+    };
+    let attrs = word(module + u64::from(at.ptr), 8, read)?;
+    if attrs == 0 {
+        return Ok(None);
+    }
+    let count = word(attrs + u64::from(at.nsections), 4, read)?;
+    if count > MAX_SECTIONS {
+        return Err(TablesError::Implausible { what: WHAT, count });
+    }
+    let mut starts = Vec::new();
+    let mut ours = None;
+    for i in 0..count {
+        let attr = attrs + u64::from(at.attrs) + i * u64::from(at.size);
+        let address = word(attr + u64::from(at.address), 8, read)?;
+        if !text.contains(&address) {
+            continue;
+        }
+        starts.push(address);
+        let name = word(attr + u64::from(at.name), 8, read)?;
+        let mut b = [0u8; NOINSTR.len() + 1];
+        read(name, &mut b).map_err(|why| TablesError::Read {
+            what: WHAT,
+            addr: name,
+            why,
+        })?;
+        if &b[..NOINSTR.len()] == NOINSTR.as_bytes() && b[NOINSTR.len()] == 0 {
+            ours = Some(address);
+        }
+    }
+    Ok(ours.map(|start| {
+        let next = starts.iter().copied().filter(|&a| a > start).min();
+        (start, next.unwrap_or(text.end))
+    }))
 }
 
 /// The entries of table `at` of the module at `module`: each one's code
@@ -192,6 +289,7 @@ mod tests {
                 size: 16,
             }),
             static_calls: None,
+            sections: None,
         };
         let mut mem = vec![0u8; 0x4000];
         let put = |mem: &mut Vec<u8>, at: usize, b: &[u8]| mem[at..at + b.len()].copy_from_slice(b);
@@ -223,5 +321,49 @@ mod tests {
         );
         assert_eq!(t.fixups, vec![(0x500, 0x520)]);
         assert_eq!(t.jumps, vec![(0x600, 0x610)]);
+    }
+
+    /// A module at 0x1000 whose `sect_attrs` (at 0x1040) points at 0x2000:
+    /// 3 sections of 0x20 bytes from 0x2010 (name pointer at +0, address
+    /// at +8), `.text` at 0x400, `.noinstr.text` at 0x600, `.text.unlikely`
+    /// at 0x700, and `.data` out of the text.
+    #[test]
+    fn a_modules_noinstr_text_runs_to_its_next_section() {
+        let layout = ModuleTablesLayout {
+            sections: Some(SectionsAt {
+                ptr: 0x40,
+                nsections: 0x8,
+                attrs: 0x10,
+                size: 0x20,
+                name: 0,
+                address: 8,
+            }),
+            ..ModuleTablesLayout::default()
+        };
+        let mut mem = vec![0u8; 0x4000];
+        let put = |mem: &mut Vec<u8>, at: usize, b: &[u8]| mem[at..at + b.len()].copy_from_slice(b);
+        put(&mut mem, 0x1040, &0x2000u64.to_le_bytes());
+        put(&mut mem, 0x2008, &4u32.to_le_bytes());
+        let sections = [
+            (".text", 0x400u64),
+            (".noinstr.text", 0x600),
+            (".text.unlikely", 0x700),
+            (".data", 0x900),
+        ];
+        for (i, (name, address)) in sections.iter().enumerate() {
+            let attr = 0x2010 + i * 0x20;
+            let at = 0x3000 + i * 0x40;
+            put(&mut mem, at, name.as_bytes());
+            put(&mut mem, attr, &(at as u64).to_le_bytes());
+            put(&mut mem, attr + 8, &address.to_le_bytes());
+        }
+        let mut read = |a: u64, b: &mut [u8]| {
+            let a = a as usize;
+            mem.get(a..a + b.len())
+                .map(|m| b.copy_from_slice(m))
+                .ok_or_else(|| "unmapped".to_string())
+        };
+        let t = ModuleTables::read(&layout, 0x1000, &(0x400..0x800), &mut read).unwrap();
+        assert_eq!(t.noinstr, Some((0x600, 0x700)));
     }
 }

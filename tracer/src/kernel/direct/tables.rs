@@ -144,6 +144,8 @@ pub struct SiteTables {
     pub entry_text: Option<(u64, u64)>,
     /// `__noinstr_text_start..__noinstr_text_end` (else `.noinstr.text`).
     pub noinstr_text: Option<(u64, u64)>,
+    /// Each loaded module's `.noinstr.text` (link addresses).
+    pub module_noinstr: Vec<(u64, u64)>,
     /// The retpoline thunks (`__x86_indirect_thunk_*`, and 6.12's
     /// `__x86_indirect_jump_thunk_*`): a jump to one is an indirect jump.
     pub indirect_thunks: Vec<(u64, u64)>,
@@ -306,6 +308,9 @@ impl SiteTables {
             };
             links.fixups.extend(pairs(&m.tables.fixups));
             links.jumps.extend(pairs(&m.tables.jumps));
+            if let Some((s, e)) = m.tables.noinstr {
+                self.module_noinstr.push((link(s), link(e)));
+            }
             let text = link(m.text.start)..link(m.text.end);
             let ours = image.functions.iter().filter(|f| text.contains(&f.addr));
             for f in ours {
