@@ -251,6 +251,8 @@ pub fn module_at(
 }
 
 /// One `struct module` at `module`.
+// Long: one read after another of the fields the tracer needs, each
+// checked where it is read.
 fn read_module(
     r: &mut Reader<'_, '_>,
     l: &ModuleLayout,
@@ -322,14 +324,7 @@ fn read_module(
             events = buf.chunks_exact(8).map(word).collect();
         }
     }
-    let mut read = |a: u64, b: &mut [u8]| r.bytes(a, b).map_err(|e| e.to_string());
-    let tables = ModuleTables::read(&l.tables, module, &text, &mut read).map_err(|source| {
-        ModuleError::Tables {
-            name: name.clone(),
-            addr: module,
-            source,
-        }
-    })?;
+    let tables = read_tables(r, l, module, &text, &name)?;
     Ok(LoadedModule {
         name,
         addr: module,
@@ -338,6 +333,23 @@ fn read_module(
         sites,
         events,
         tables,
+    })
+}
+
+/// The tables of the module `name` at `module`, whose text is `text`
+/// (`crate::kernel::module_tables`).
+fn read_tables(
+    r: &mut Reader<'_, '_>,
+    l: &ModuleLayout,
+    module: u64,
+    text: &Range<u64>,
+    name: &str,
+) -> Result<ModuleTables, ModuleError> {
+    let mut read = |a: u64, b: &mut [u8]| r.bytes(a, b).map_err(|e| e.to_string());
+    ModuleTables::read(&l.tables, module, text, &mut read).map_err(|source| ModuleError::Tables {
+        name: name.to_string(),
+        addr: module,
+        source,
     })
 }
 

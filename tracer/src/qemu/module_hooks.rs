@@ -163,32 +163,7 @@ impl ModuleHooks {
                     addr: m.addr,
                     source,
                 })?;
-            let mut at_attach = Vec::new();
-            // Its ftrace sites, and with `--entry direct` its functions'
-            // direct entries (any of their first instructions).
-            let mut ours: Vec<u64> = sites
-                .iter()
-                .copied()
-                .filter(|s| read.text.contains(s))
-                .collect();
-            ours.sort_unstable();
-            for s in ours {
-                let Some(f) = read.function_at(s) else {
-                    continue;
-                };
-                let mut bytes = [0u8; SITE_LEN];
-                if space.read(s, &mut bytes).is_err() {
-                    continue;
-                }
-                at_attach.push(AttachSite {
-                    function: f.name.clone(),
-                    size: f.size,
-                    offset: s - f.addr,
-                    addr: s,
-                    bytes,
-                    ftrace: read.sites.binary_search(&s).is_ok(),
-                });
-            }
+            let at_attach = attach_sites(&read, sites, &mut space);
             if !at_attach.is_empty() {
                 let now = at_attach.iter().map(|s| (s.addr, s.addr)).collect();
                 traced.push(Traced {
@@ -323,6 +298,42 @@ impl ModuleHooks {
         let (_, pairs) = t.now.take().expect("found above");
         pairs.into_iter().map(|p| p.0).collect()
     }
+}
+
+/// The traced sites of the module `read` as found at the attach (read
+/// through `space`): its ftrace sites among `sites`, and with `--entry
+/// direct` its functions' direct entries (any of their first
+/// instructions).
+fn attach_sites(
+    read: &LoadedModule,
+    sites: &HashSet<u64>,
+    space: &mut AddressSpace<'_>,
+) -> Vec<AttachSite> {
+    let mut ours: Vec<u64> = sites
+        .iter()
+        .copied()
+        .filter(|s| read.text.contains(s))
+        .collect();
+    ours.sort_unstable();
+    let mut at_attach = Vec::new();
+    for s in ours {
+        let Some(f) = read.function_at(s) else {
+            continue;
+        };
+        let mut bytes = [0u8; SITE_LEN];
+        if space.read(s, &mut bytes).is_err() {
+            continue;
+        }
+        at_attach.push(AttachSite {
+            function: f.name.clone(),
+            size: f.size,
+            offset: s - f.addr,
+            addr: s,
+            bytes,
+            ftrace: read.sites.binary_search(&s).is_ok(),
+        });
+    }
+    at_attach
 }
 
 /// The running address of the hook `name` of `image` (slid by `virt`),
