@@ -935,7 +935,8 @@ fn module_jump_labels(modules: &Modules) {
 /// during the trace (its exit function, vmt_exit, which has no ftrace
 /// site, called by its direct entry) and loaded again (binfmt_misc.ko
 /// loaded between, mostly elsewhere): its sites restored at the unload
-/// (exitless) and traced again at the load, exactly, but vmt_exit's
+/// (exitless, with and without the function graph: every call's return
+/// seen) and traced again at the load, exactly, but vmt_exit's
 /// exitless direct entry (its displaced instructions' stub is for the
 /// first address), said.
 fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
@@ -1001,8 +1002,15 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
         );
         assert_no_gdbstub(guest.qmp_socket());
     }
-    for (mode, glob) in [("exitless", "vmt_*"), ("trap", "*:mod:vmt_test")] {
-        let more = ["--entry", "direct", "--mode", mode];
+    for (mode, glob, graph) in [
+        ("exitless", "vmt_*", false),
+        ("exitless", "vmt_*", true),
+        ("trap", "*:mod:vmt_test", false),
+    ] {
+        let mut more = vec!["--entry", "direct", "--mode", mode];
+        if graph {
+            more.push("--graph");
+        }
         let mut a = attach_json(guest.qmp_socket(), bz, glob, &more);
         a.wait_line("vmtrace: attached to QEMU");
         command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
@@ -1032,6 +1040,10 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
         ] {
             let name = format!("{f} [vmt_test]");
             assert_eq!(counts.get(&name), Some(&n), "{mode}: {counts:?}");
+        }
+        if graph {
+            // Every call returned through its hook, through the reload.
+            assert_eq!(e.json()["graph"]["returns"], 2 * K + 5, "{}", e.stdout);
         }
         let said = match mode {
             "exitless" => {
