@@ -337,7 +337,13 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
         cycles(&guest, &bz, m, w.worker, &modules, mode, graph);
     }
-    for mode in ["trap", "exitless"] {
+    // Exitless with direct entries too: the reloaded module's sites the
+    // load wrote (calls into the bodies its stubs call) repaired alike.
+    for mode in [
+        ("trap", "ftrace"),
+        ("exitless", "ftrace"),
+        ("exitless", "direct"),
+    ] {
         killed_after_a_reload(&guest, &bz, w.worker, &modules, mode);
     }
 
@@ -813,8 +819,8 @@ fn cycles(
     }
 }
 
-/// An attach of `vmt_*` in `mode` killed with its guardian after the
-/// module went and came back (its load and unload hooks set, the reloaded
+/// An attach of `vmt_*` in `mode` (`--entry` `entry`) killed with its
+/// guardian after the module went and came back (its load and unload hooks set, the reloaded
 /// module's breakpoints, or exitless its sites, journaled): `vmtrace
 /// detach` leaves no gdbstub, the module's sites NOPs, and its calls run
 /// on (a breakpoint left with no debugger would stop the guest at the
@@ -824,9 +830,18 @@ fn killed_after_a_reload(
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
-    mode: &str,
+    (mode, entry): (&str, &str),
 ) {
-    let args = ["--kernel", s(bz), "--trace", "vmt_*", "--mode", mode];
+    let args = [
+        "--kernel",
+        s(bz),
+        "--trace",
+        "vmt_*",
+        "--mode",
+        mode,
+        "--entry",
+        entry,
+    ];
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);
