@@ -326,7 +326,8 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     }
 
     module_stacks(&guest, &bz, w.worker, &modules);
-    distribution_module(&guest, &bz, w.worker);
+    direct_entries(&guest, &bz, w.worker, &modules);
+    distribution_module(&guest, &bz, w.worker, &modules);
     module_events(&guest, &bz, w.worker);
 
     // Unloaded and loaded again 20 times during a trace in each mode (one
@@ -339,7 +340,13 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     for (mode, graph) in [("trap", false), ("exitless", false), ("exitless", true)] {
         cycles(&guest, &bz, m, w.worker, &modules, mode, graph);
     }
-    for mode in ["trap", "exitless"] {
+    // Exitless with direct entries too: the reloaded module's sites the
+    // load wrote (calls into the bodies its stubs call) repaired alike.
+    for mode in [
+        ("trap", "ftrace"),
+        ("exitless", "ftrace"),
+        ("exitless", "direct"),
+    ] {
         killed_after_a_reload(&guest, &bz, w.worker, &modules, mode);
     }
 
@@ -953,8 +960,8 @@ fn cycles(
     }
 }
 
-/// An attach of `vmt_*` in `mode` killed with its guardian after the
-/// module went and came back (its load and unload hooks set, the reloaded
+/// An attach of `vmt_*` in `mode` (`--entry` `entry`) killed with its
+/// guardian after the module went and came back (its load and unload hooks set, the reloaded
 /// module's breakpoints, or exitless its sites, journaled): `vmtrace
 /// detach` leaves no gdbstub, the module's sites NOPs, and its calls run
 /// on (a breakpoint left with no debugger would stop the guest at the
@@ -964,9 +971,18 @@ fn killed_after_a_reload(
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
-    mode: &str,
+    (mode, entry): (&str, &str),
 ) {
-    let args = ["--kernel", s(bz), "--trace", "vmt_*", "--mode", mode];
+    let args = [
+        "--kernel",
+        s(bz),
+        "--trace",
+        "vmt_*",
+        "--mode",
+        mode,
+        "--entry",
+        entry,
+    ];
     let mut a = Attach::start(guest.qmp_socket(), &args);
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);
@@ -990,12 +1006,14 @@ fn killed_after_a_reload(
 /// traced by name in exitless mode and by `:mod:` in trap mode, with the
 /// vmlinuz alone and its symbols from the guest's memory: exactly once per
 /// `execve` of a file no format takes (the .ko itself). Unloaded after.
-fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
+fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const N: u64 = 10;
     command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
-    for (mode, glob) in [
-        ("exitless", "load_misc_binary"),
-        ("trap", "*:mod:binfmt_misc"),
+    module_jump_labels(modules);
+    for (mode, glob, entry) in [
+        ("exitless", "load_misc_binary", "ftrace"),
+        ("trap", "*:mod:binfmt_misc", "ftrace"),
+        ("exitless", "load_misc_binary", "direct"),
     ] {
         let args = [
             "--kernel",
@@ -1006,6 +1024,8 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
             glob,
             "--mode",
             mode,
+            "--entry",
+            entry,
         ];
         let mut a = Attach::start(guest.qmp_socket(), &args);
         a.wait_line("vmtrace: attached to QEMU");
@@ -1032,6 +1052,178 @@ fn distribution_module(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         assert_no_gdbstub(guest.qmp_socket());
     }
     command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
+}
+
+/// binfmt_misc's jump labels, read from its `struct module` as its
+/// direct entries' analysis reads them (`tracer::kernel::module_tables`):
+/// each in its text, a jump label's 2- or 5-byte NOP or jump there, its
+/// target in its text too.
+fn module_jump_labels(modules: &Modules) {
+    let (list, mut space) = modules.read();
+    let m = list
+        .iter()
+        .find(|m| m.name == "binfmt_misc")
+        .expect("loaded");
+    let jumps = &m.tables.jumps;
+    assert!(!jumps.is_empty(), "{:?}", m.tables);
+    for &(site, target) in jumps {
+        assert!(
+            m.text.contains(&site) && m.text.contains(&target),
+            "{site:#x} -> {target:#x}"
+        );
+        let mut b = [0u8; 5];
+        space.read(site, &mut b).unwrap();
+        let known = [&[0x66, 0x90][..], &NOP5[..], &[0xeb][..], &[0xe9][..]];
+        assert!(
+            known.iter().any(|k| b.starts_with(k)),
+            "jump label at {site:#x}: {b:x?}"
+        );
+    }
+}
+
+/// Direct entries (`--entry direct`) on a module loaded before the
+/// attach, its text as found then: exitless, each
+/// function's first instructions a jump to its stub; a function the
+/// guest's own ftrace traces (vmt_hit) is left to it, as a vmlinux
+/// function is, and the others' records are marked (the guest's ftrace
+/// refuses vmt_batch meanwhile); trap mode, breakpoints: exact counts,
+/// the text as found after each. Then, in each mode, the module unloaded
+/// during the trace (its exit function, vmt_exit, which has no ftrace
+/// site, called by its direct entry) and loaded again (binfmt_misc.ko
+/// loaded between, mostly elsewhere): its sites restored at the unload
+/// (exitless, with and without the function graph: every call's return
+/// seen) and traced again at the load, exactly, but vmt_exit's
+/// exitless direct entry (its displaced instructions' stub is for the
+/// first address), said.
+fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
+    const K: u64 = 6;
+    let text = |space: &mut AddressSpace<'_>, m: &LoadedModule| {
+        let mut b = vec![0u8; (m.text.end - m.text.start) as usize];
+        space.read(m.text.start, &mut b).unwrap();
+        b
+    };
+    let (list, mut space) = modules.read();
+    let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    let found = text(&mut space, m);
+    for (mode, glob) in [("exitless", "vmt_*"), ("trap", "*:mod:vmt_test")] {
+        let exitless = mode == "exitless";
+        if exitless {
+            let on = guest_ftrace(guest, "on vmt_hit");
+            assert_eq!(on, "workload: ftrace on vmt_hit=0 tracer=0");
+        }
+        let more = ["--entry", "direct", "--mode", mode];
+        let mut a = attach_json(guest.qmp_socket(), bz, glob, &more);
+        let line = a.wait_line("vmtrace: attached to QEMU");
+        let want = match exitless {
+            true => "3 sites patched, exitless".to_string(),
+            false => "a gdbstub breakpoint at each of 4 function entries (direct)".to_string(),
+        };
+        assert!(line.contains(&want), "{line}");
+        command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+        if exitless {
+            // The guest's tracer off before the detach, which then gives
+            // the records back; vmt_batch's is marked: refused meanwhile.
+            let off = guest_ftrace(guest, "off");
+            assert_eq!(off, "workload: ftrace off tracer=0 filter=0");
+            let on = guest_ftrace(guest, "on vmt_batch");
+            assert_eq!(on, "workload: ftrace on vmt_batch=-22 tracer=off");
+        }
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+        assert!(!e.stderr.contains("stay excluded"), "{}", e.stderr);
+        let counts = e.counts();
+        let hits = if exitless { 0 } else { K };
+        for (f, n) in [("vmt_hit", hits), ("vmt_batch", 1), ("vmt_write", 1)] {
+            let name = format!("{f} [vmt_test]");
+            assert_eq!(
+                counts.get(&name).copied().unwrap_or(0),
+                n,
+                "{mode}: {counts:?}"
+            );
+        }
+        assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
+        if exitless {
+            // Given back: the guest's ftrace takes vmt_batch again.
+            let on = guest_ftrace(guest, "on vmt_batch");
+            assert_eq!(on, "workload: ftrace on vmt_batch=0 tracer=0");
+            let off = guest_ftrace(guest, "off");
+            assert_eq!(off, "workload: ftrace off tracer=0 filter=0");
+        }
+        let (_, mut space) = modules.read();
+        assert_eq!(
+            text(&mut space, m),
+            found,
+            "{mode}: the module's text after the trace"
+        );
+        assert_no_gdbstub(guest.qmp_socket());
+    }
+    for (mode, glob, graph) in [
+        ("exitless", "vmt_*", false),
+        ("exitless", "vmt_*", true),
+        ("trap", "*:mod:vmt_test", false),
+    ] {
+        let mut more = vec!["--entry", "direct", "--mode", mode];
+        if graph {
+            more.push("--graph");
+        }
+        let mut a = attach_json(guest.qmp_socket(), bz, glob, &more);
+        a.wait_line("vmtrace: attached to QEMU");
+        command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+        let moved = reload_between(guest, worker, modules);
+        eprintln!("{mode}: vmt_test loaded again elsewhere: {moved}");
+        command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
+        let (list, mut space) = modules.read();
+        let now = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+        let sites = traced_sites(now);
+        if mode == "exitless" {
+            // Written at the load: each a call into the body its stub calls.
+            for &site in &sites {
+                let mut bytes = [0u8; 5];
+                space.read(site, &mut bytes).unwrap();
+                assert_eq!(bytes[0], 0xe8, "site {site:#x} after the reload");
+            }
+        }
+        a.signal(libc::SIGINT);
+        let e = a.end();
+        assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
+        let counts = e.counts();
+        for (f, n) in [
+            ("vmt_hit", 2 * K),
+            ("vmt_batch", 2),
+            ("vmt_write", 2),
+            ("vmt_exit", 1),
+        ] {
+            let name = format!("{f} [vmt_test]");
+            assert_eq!(counts.get(&name), Some(&n), "{mode}: {counts:?}");
+        }
+        if graph {
+            // Every call returned through its hook, through the reload.
+            assert_eq!(e.json()["graph"]["returns"], 2 * K + 5, "{}", e.stdout);
+        }
+        let said = match mode {
+            "exitless" => {
+                "3 sites restored; a traced module went away 1 times (its sites restored, 4 in \
+                 all, before its memory was freed) and came back 1 times (traced again, but 1 \
+                 direct entries that displaced instructions (their stubs are for the first \
+                 address))"
+            }
+            _ => {
+                "4 breakpoints removed; a traced module went away 1 times (its breakpoints \
+                 removed before its memory was freed) and came back 1 times (traced again)"
+            }
+        };
+        assert!(e.stderr.contains(said), "{mode}: {}", e.stderr);
+        let (_, mut space) = modules.read();
+        for &site in &sites {
+            let mut bytes = [0u8; 5];
+            space.read(site, &mut bytes).unwrap();
+            assert_eq!(bytes, NOP5, "{mode}: site {site:#x} after the detach");
+        }
+        assert_no_gdbstub(guest.qmp_socket());
+    }
+    assert_no_complaint(&guest.console(), &BAD, "");
+    assert_runs_on(guest, worker);
 }
 
 /// The events of the guest's modules, as `list -e --qmp` reads them from
@@ -1082,6 +1274,16 @@ fn module_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: 
 /// Unload vmt_test and load it again at another address (binfmt_misc.ko
 /// loaded between takes the memory it leaves, and goes again).
 fn reload_elsewhere(guest: &QemuGuest, worker: u32, modules: &Modules) {
+    assert!(
+        reload_between(guest, worker, modules),
+        "loaded again where it was"
+    );
+}
+
+/// Unload vmt_test and load it again, binfmt_misc.ko loaded between (and
+/// unloaded after): whether it moved (the kernel frees module memory
+/// lazily, so it may not: binfmt_misc takes it or not).
+fn reload_between(guest: &QemuGuest, worker: u32, modules: &Modules) -> bool {
     let text = || {
         let (list, _) = modules.read();
         let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
@@ -1092,8 +1294,7 @@ fn reload_elsewhere(guest: &QemuGuest, worker: u32, modules: &Modules) {
     command(guest, "insmod /binfmt_misc.ko", "insmod 0", worker);
     command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
     command(guest, "rmmod binfmt_misc", "rmmod 0", worker);
-    let after = text();
-    assert_ne!(after.start, before.start, "loaded again at {after:x?}");
+    text().start != before.start
 }
 
 /// `calls` calls of vmt_hit in the attach's JSON report, all with one

@@ -305,6 +305,13 @@ fn untraced_sites(d: &tracer::session::patch::DetachCounts) -> String {
             d.module_in_use
         ));
     }
+    if d.module_displaced > 0 {
+        s.push_str(&format!(
+            ", but {} direct entries that displaced instructions (their stubs are for the first \
+             address)",
+            d.module_displaced
+        ));
+    }
     s
 }
 

@@ -29,6 +29,9 @@ pub struct ImageModule {
     /// `crate::kernel::ko_file`), for a module without BTF; empty: none.
     pub dwarf:
         std::sync::Arc<std::collections::HashMap<String, crate::kernel::prototype::Prototype>>,
+    /// Its exception table, jump labels and static call sites, at
+    /// running addresses: what its direct entries leave alone.
+    pub tables: crate::kernel::module_tables::ModuleTables,
 }
 
 /// Where a module's text is described, by kernel version.
@@ -62,6 +65,8 @@ pub struct ModuleLayout {
     /// Where its ORC tables are described (None: the kernel keeps none
     /// for modules): read at a first load, for `--stack`.
     pub orc: Option<ModuleOrcLayout>,
+    /// Where its exception table, jump labels and static call sites are.
+    pub tables: crate::kernel::module_tables::ModuleTablesLayout,
 }
 
 /// Where a module's ORC tables are described in `struct module`, from the
@@ -95,6 +100,7 @@ impl ModuleLayout {
             num_ftrace_callsites: 0,
             trace_events: None,
             orc: None,
+            tables: Default::default(),
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod module_files;
 pub mod module_image;
 pub mod module_notify;
 pub mod module_orc;
+pub mod module_tables;
 pub mod modules;
 pub mod names;
 pub mod not_entry;

@@ -71,6 +71,7 @@ impl KernelImage {
                 orc: Vec::new(),
                 btf: None,
                 dwarf: Default::default(),
+                tables: m.tables.clone(),
             });
         }
         added

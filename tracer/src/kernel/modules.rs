@@ -17,6 +17,7 @@ use crate::kernel::btf::{BtfError, KernelBtf};
 pub use crate::kernel::image_module::ModuleLayout;
 use crate::kernel::image_module::TextAt;
 use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::module_tables::{ModuleTables, ModuleTablesLayout, TablesError};
 use crate::kernel::symbols::KernelImage;
 use crate::kernel::top_table::{kernel_space, INIT_TOP_PGT};
 
@@ -66,6 +67,13 @@ pub enum ModuleError {
     },
     #[error("the module list at {head:#x} has more than {MAX_MODULES} entries: it is not a list")]
     TooLong { head: u64 },
+    #[error("module {name} at {addr:#x}: {source}")]
+    Tables {
+        name: String,
+        addr: u64,
+        #[source]
+        source: TablesError,
+    },
     #[error("module {name} at {addr:#x}: {what} ({count}) is not a module's")]
     Implausible {
         name: String,
@@ -99,6 +107,9 @@ pub struct LoadedModule {
     /// Its events' `struct trace_event_call` addresses
     /// (`crate::kernel::events::module_events` reads them).
     pub events: Vec<u64>,
+    /// Its exception table, jump labels and static call sites in its
+    /// core text (`crate::kernel::module_tables`).
+    pub tables: ModuleTables,
 }
 
 impl LoadedModule {
@@ -153,6 +164,7 @@ impl ModuleLayout {
             num_ftrace_callsites: m("num_ftrace_callsites")?,
             trace_events: m("trace_events").ok().zip(m("num_trace_events").ok()),
             orc: crate::kernel::module_orc::ModuleOrcLayout::find(btf),
+            tables: ModuleTablesLayout::find(btf),
         })
     }
 }
@@ -239,6 +251,8 @@ pub fn module_at(
 }
 
 /// One `struct module` at `module`.
+// Long: one read after another of the fields the tracer needs, each
+// checked where it is read.
 fn read_module(
     r: &mut Reader<'_, '_>,
     l: &ModuleLayout,
@@ -310,6 +324,7 @@ fn read_module(
             events = buf.chunks_exact(8).map(word).collect();
         }
     }
+    let tables = read_tables(r, l, module, &text, &name)?;
     Ok(LoadedModule {
         name,
         addr: module,
@@ -317,6 +332,24 @@ fn read_module(
         functions,
         sites,
         events,
+        tables,
+    })
+}
+
+/// The tables of the module `name` at `module`, whose text is `text`
+/// (`crate::kernel::module_tables`).
+fn read_tables(
+    r: &mut Reader<'_, '_>,
+    l: &ModuleLayout,
+    module: u64,
+    text: &Range<u64>,
+    name: &str,
+) -> Result<ModuleTables, ModuleError> {
+    let mut read = |a: u64, b: &mut [u8]| r.bytes(a, b).map_err(|e| e.to_string());
+    ModuleTables::read(&l.tables, module, text, &mut read).map_err(|source| ModuleError::Tables {
+        name: name.to_string(),
+        addr: module,
+        source,
     })
 }
 

@@ -38,6 +38,7 @@ fn plan(btf: bool) -> Option<Plan> {
         functions: vec![function("vmt_hit", 0), function("vfs_write", 0x40)],
         sites: vec![TEXT, TEXT + 0x40],
         events: Vec::new(),
+        tables: Default::default(),
     };
     let mut text = vec![0xccu8; 0x80];
     text[..5].copy_from_slice(&NOP5);

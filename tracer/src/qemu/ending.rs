@@ -226,6 +226,7 @@ impl Detach<'_> {
             (c.module_first, c.module_unslotted) = f.first_loaded();
             c.module_restored = f.restored;
             c.module_in_use = f.in_use;
+            c.module_displaced = f.displaced;
             c.restored += since;
             let g = &mut c.guest_ftrace;
             g.cleared += records.cleared;

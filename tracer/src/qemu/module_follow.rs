@@ -39,6 +39,8 @@ use crate::session::module_marks::{Judged, Marks};
 
 /// `call rel32`'s opcode.
 const CALL: u8 = 0xe8;
+/// `jmp rel32`'s opcode: a direct entry's jump to its stub.
+const JMP: u8 = 0xe9;
 
 /// Why a module's sites could not be followed.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +57,9 @@ pub enum FollowError {
     Marker(vmm::RamError),
 }
 
-/// A site written at a load hook: where, and what it held and holds.
+/// A site vmtrace wrote (at a load hook, or a module's at the attach):
+/// where, and what it held and holds (`call`: a call, or a direct entry's
+/// jump).
 #[derive(Debug)]
 struct Rewritten {
     va: u64,
@@ -63,6 +67,10 @@ struct Rewritten {
     original: [u8; SITE_LEN],
     call: [u8; SITE_LEN],
 }
+
+/// A module's site as the attach wrote it: its bytes before, vmtrace's
+/// bytes, and what it calls at a load elsewhere (None: not traced there).
+type AttachSite = ([u8; SITE_LEN], [u8; SITE_LEN], Option<u64>);
 
 /// A traced module being loaded: the load hook's return, where its sites
 /// are written, and the stack pointer there (the hook's frame popped).
@@ -77,9 +85,11 @@ struct Coming {
 /// The hooks of an exitless attach, and the module sites written since.
 pub struct ModuleFollow {
     hooks: ModuleHooks,
-    /// Each traced module site at the attach: its bytes then, and the
-    /// stub its call goes to.
-    at_attach: HashMap<u64, ([u8; SITE_LEN], u64)>,
+    /// Each traced module site at the attach: its bytes then, what
+    /// vmtrace wrote there (a call, or a direct entry's jump), and what
+    /// the site calls once its module is loaded elsewhere (None: it is
+    /// not traced there).
+    at_attach: HashMap<u64, AttachSite>,
     written: Vec<Rewritten>,
     /// Sites given their bytes back at an unload.
     pub restored: usize,
@@ -97,6 +107,10 @@ pub struct ModuleFollow {
     /// Sites of modules loaded again left untraced because the guest's
     /// own ftrace used them (or was changing its records) at the load.
     pub in_use: usize,
+    /// Direct entries of modules loaded again left untraced: each
+    /// displaced other instructions than an ftrace NOP, and its stub runs
+    /// them relocated for the attach's address only.
+    pub displaced: usize,
     /// What each spare site calls (its body or stub in vmtrace's code),
     /// by slot: where a function of a module first loaded during the
     /// trace lands (`crate::plan::added_sites`).
@@ -124,12 +138,29 @@ impl ModuleFollow {
         let ram = Arc::clone(vmm::Stopped::ram(stop));
         let mut space = hooks.space(&*ram);
         let mut at_attach = HashMap::new();
-        for (va, bytes) in hooks.attach_sites() {
+        for (va, bytes, ftrace) in hooks.attach_sites() {
             let mut now = [0u8; SITE_LEN];
-            if space.read(va, &mut now).is_ok() {
-                if let Some(stub) = call_target(va, &now) {
-                    at_attach.insert(va, (bytes, stub));
-                }
+            if space.read(va, &mut now).is_err() {
+                continue;
+            }
+            // An ftrace site calls its stub; a direct entry jumps to its
+            // stub, whose first instruction (exitless) calls the site's
+            // body, as an ftrace site would: that body is what the site
+            // calls at a load elsewhere, if it is an ftrace site (an
+            // entry that displaced other instructions would need a stub
+            // of its own there, relocated: left untraced).
+            let target = match call_target(va, &now) {
+                Some(stub) => Some(Some(stub)),
+                None => jump_target(va, &now).map(|stub| {
+                    let mut first = [0u8; SITE_LEN];
+                    let read = space.read(stub, &mut first).is_ok();
+                    read.then(|| call_target(stub, &first))
+                        .flatten()
+                        .filter(|_| ftrace)
+                }),
+            };
+            if let Some(target) = target {
+                at_attach.insert(va, (bytes, now, target));
             }
         }
         if let Some(j) = journal.as_mut() {
@@ -152,6 +183,7 @@ impl ModuleFollow {
             coming: Vec::new(),
             marks,
             in_use: 0,
+            displaced: 0,
             added_stubs,
         })
     }
@@ -198,8 +230,8 @@ impl ModuleFollow {
     /// What the site at `new` (standing for the attach's site `at`, or
     /// for itself: a module first loaded) calls.
     fn stub_for(&self, new: u64, at: u64) -> Option<u64> {
-        if let Some(&(_, stub)) = self.at_attach.get(&at) {
-            return Some(stub);
+        if let Some(&(_, _, stub)) = self.at_attach.get(&at) {
+            return stub;
         }
         let k = self.hooks.first.as_ref()?.slot_of(new)?;
         self.added_stubs.get(k).copied()
@@ -256,6 +288,7 @@ impl ModuleFollow {
             for (new, at) in self.hooks.loading(ram, module)? {
                 match self.stub_for(new, at) {
                     Some(stub) => sites.push((new, stub)),
+                    None if self.at_attach.contains_key(&at) => self.displaced += 1,
                     None => self.hooks.untraced += 1,
                 }
             }
@@ -344,12 +377,12 @@ impl ModuleFollow {
 
     /// An attach-time site as vmtrace wrote it.
     fn attach_site(&self, space: &mut AddressSpace<'_>, va: u64) -> Option<Rewritten> {
-        let &(original, stub) = self.at_attach.get(&va)?;
+        let &(original, written, _) = self.at_attach.get(&va)?;
         Some(Rewritten {
             va,
             span: space.span(va, SITE_LEN).ok()?,
             original,
-            call: call_bytes(va, stub).ok()?,
+            call: written,
         })
     }
 
@@ -462,6 +495,16 @@ impl ModuleFollow {
 fn call_target(va: u64, bytes: &[u8; SITE_LEN]) -> Option<u64> {
     let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
     (bytes[0] == CALL).then(|| {
+        va.wrapping_add(SITE_LEN as u64)
+            .wrapping_add_signed(rel.into())
+    })
+}
+
+/// Where a `jmp rel32` at `va` goes (a direct entry's jump to its
+/// stub), if `bytes` are one.
+fn jump_target(va: u64, bytes: &[u8; SITE_LEN]) -> Option<u64> {
+    let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    (bytes[0] == JMP).then(|| {
         va.wrapping_add(SITE_LEN as u64)
             .wrapping_add_signed(rel.into())
     })

@@ -86,6 +86,10 @@ struct AttachSite {
     /// Its running address at the attach (the plan's).
     addr: u64,
     bytes: [u8; SITE_LEN],
+    /// It is one of the module's ftrace sites; else a direct entry's
+    /// first instructions (`--entry direct`), found again at a load only
+    /// by its function and offset.
+    ftrace: bool,
 }
 
 /// A module with traced sites, and where it is loaded now.
@@ -159,23 +163,7 @@ impl ModuleHooks {
                     addr: m.addr,
                     source,
                 })?;
-            let mut at_attach = Vec::new();
-            for &s in read.sites.iter().filter(|s| sites.contains(s)) {
-                let Some(f) = read.function_at(s) else {
-                    continue;
-                };
-                let mut bytes = [0u8; SITE_LEN];
-                if space.read(s, &mut bytes).is_err() {
-                    continue;
-                }
-                at_attach.push(AttachSite {
-                    function: f.name.clone(),
-                    size: f.size,
-                    offset: s - f.addr,
-                    addr: s,
-                    bytes,
-                });
-            }
+            let at_attach = attach_sites(&read, sites, &mut space);
             if !at_attach.is_empty() {
                 let now = at_attach.iter().map(|s| (s.addr, s.addr)).collect();
                 traced.push(Traced {
@@ -240,11 +228,11 @@ impl ModuleHooks {
     }
 
     /// Each traced module site as found at the attach (running address),
-    /// with the bytes it held then.
-    pub fn attach_sites(&self) -> Vec<(u64, [u8; SITE_LEN])> {
+    /// with the bytes it held then, and whether it is an ftrace site.
+    pub fn attach_sites(&self) -> Vec<(u64, [u8; SITE_LEN], bool)> {
         self.traced
             .iter()
-            .flat_map(|t| t.sites.iter().map(|s| (s.addr, s.bytes)))
+            .flat_map(|t| t.sites.iter().map(|s| (s.addr, s.bytes, s.ftrace)))
             .collect()
     }
 
@@ -312,6 +300,42 @@ impl ModuleHooks {
     }
 }
 
+/// The traced sites of the module `read` as found at the attach (read
+/// through `space`): its ftrace sites among `sites`, and with `--entry
+/// direct` its functions' direct entries (any of their first
+/// instructions).
+fn attach_sites(
+    read: &LoadedModule,
+    sites: &HashSet<u64>,
+    space: &mut AddressSpace<'_>,
+) -> Vec<AttachSite> {
+    let mut ours: Vec<u64> = sites
+        .iter()
+        .copied()
+        .filter(|s| read.text.contains(s))
+        .collect();
+    ours.sort_unstable();
+    let mut at_attach = Vec::new();
+    for s in ours {
+        let Some(f) = read.function_at(s) else {
+            continue;
+        };
+        let mut bytes = [0u8; SITE_LEN];
+        if space.read(s, &mut bytes).is_err() {
+            continue;
+        }
+        at_attach.push(AttachSite {
+            function: f.name.clone(),
+            size: f.size,
+            offset: s - f.addr,
+            addr: s,
+            bytes,
+            ftrace: read.sites.binary_search(&s).is_ok(),
+        });
+    }
+    at_attach
+}
+
 /// The running address of the hook `name` of `image` (slid by `virt`),
 /// where none of `sites` is: its own breakpoint would be the site's.
 fn hook_at(
@@ -330,7 +354,7 @@ fn hook_at(
 
 /// Where `site` is in the module `read`, if its function is there with
 /// the same size and the site holds the same bytes (`read_at` reads the
-/// guest).
+/// guest); an ftrace site must be one of `read`'s again.
 fn same_site(
     read: &LoadedModule,
     site: &AttachSite,
@@ -341,7 +365,7 @@ fn same_site(
         .iter()
         .find(|f| f.name == site.function && f.size == site.size)?;
     let at = f.addr + site.offset;
-    if read.sites.binary_search(&at).is_err() {
+    if site.ftrace && read.sites.binary_search(&at).is_err() {
         return None;
     }
     let mut bytes = [0u8; SITE_LEN];
@@ -365,6 +389,7 @@ mod tests {
             }],
             sites: vec![base + 0x14],
             events: Vec::new(),
+            tables: Default::default(),
         }
     }
 
@@ -376,6 +401,7 @@ mod tests {
             offset: 4,
             addr: 0x1014,
             bytes: [0x0f, 0x1f, 0x44, 0x00, 0x00],
+            ftrace: true,
         };
         let nop = &mut |_: u64, b: &mut [u8]| {
             b.copy_from_slice(&[0x0f, 0x1f, 0x44, 0x00, 0x00]);

@@ -414,6 +414,7 @@ mod tests {
             functions,
             sites: vec![at + 4, at + 0x44, at + 0x84],
             events: Vec::new(),
+            tables: Default::default(),
         }
     }
 

@@ -176,6 +176,10 @@ pub struct DetachCounts {
     pub module_in_use: usize,
     /// Exitless mode: sites given their bytes back at those unloads.
     pub module_restored: usize,
+    /// Exitless mode: direct entries of a module loaded again elsewhere
+    /// left untraced: each displaced other instructions than its ftrace
+    /// NOP, which its stub runs relocated for the first address only.
+    pub module_displaced: usize,
     /// Modules first loaded during the trace and traced (their unloads
     /// and later loads counted with the others'), and their functions'
     /// loads left untraced for want of a spare slot.

@@ -182,7 +182,8 @@ impl DirectSite {
         if within(tables.entry_text) {
             return Err(Refusal::EntryText);
         }
-        if within(tables.noinstr_text) {
+        let module_noinstr = tables.module_noinstr.iter().copied().map(Some);
+        if within(tables.noinstr_text) || module_noinstr.into_iter().any(within) {
             return Err(Refusal::NoinstrText);
         }
         if image.names(func).any(runs_vmtrace) {

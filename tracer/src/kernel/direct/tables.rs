@@ -144,6 +144,8 @@ pub struct SiteTables {
     pub entry_text: Option<(u64, u64)>,
     /// `__noinstr_text_start..__noinstr_text_end` (else `.noinstr.text`).
     pub noinstr_text: Option<(u64, u64)>,
+    /// Each loaded module's `.noinstr.text` (link addresses).
+    pub module_noinstr: Vec<(u64, u64)>,
     /// The retpoline thunks (`__x86_indirect_thunk_*`, and 6.12's
     /// `__x86_indirect_jump_thunk_*`): a jump to one is an indirect jump.
     pub indirect_thunks: Vec<(u64, u64)>,
@@ -241,6 +243,7 @@ impl SiteTables {
             }
         }
         t.add_trampolines(image);
+        t.add_modules(image, &mut links);
         // objtool lists `call __fentry__` among the call sites, but the
         // kernel never redirects it (6.12's arch/x86/kernel/callthunks.c
         // skip_addr): ftrace owns it.
@@ -282,6 +285,49 @@ impl SiteTables {
         for a in named {
             let site = (a, a + TRAMP_PATCH_LEN, KernelTable::StaticCallTramp);
             self.sites.push(site);
+        }
+    }
+
+    /// The sites of the loaded modules `image` holds (its functions'
+    /// code read from the guest, `crate::kernel::module_image`), at link
+    /// addresses: each one's exception table, jump labels and static
+    /// call sites (`crate::kernel::module_tables`), its static call
+    /// trampolines by name, and every LOCK prefix in its functions (the
+    /// kernel keeps a module's `.smp_locks` out of `struct module`, and
+    /// flips them when CPUs come on a guest booted with one of several).
+    fn add_modules(&mut self, image: &KernelImage, links: &mut TableLinks) {
+        for m in &image.modules {
+            let link = |a: u64| a.wrapping_sub(m.virt as u64);
+            for &(at, table) in &m.tables.sites {
+                self.sites.push((link(at), link(at) + 1, table));
+            }
+            let pairs = |v: &[(u64, u64)]| {
+                v.iter()
+                    .map(|&(a, b)| (link(a), link(b)))
+                    .collect::<Vec<_>>()
+            };
+            links.fixups.extend(pairs(&m.tables.fixups));
+            links.jumps.extend(pairs(&m.tables.jumps));
+            if let Some((s, e)) = m.tables.noinstr {
+                self.module_noinstr.push((link(s), link(e)));
+            }
+            let text = link(m.text.start)..link(m.text.end);
+            let ours = image.functions.iter().filter(|f| text.contains(&f.addr));
+            for f in ours {
+                if f.name.starts_with(TRAMP_PREFIX) {
+                    self.sites.push((
+                        f.addr,
+                        f.addr + TRAMP_PATCH_LEN,
+                        KernelTable::StaticCallTramp,
+                    ));
+                }
+                let code = usize::try_from(f.size)
+                    .ok()
+                    .and_then(|n| image.file_bytes(f.addr, n));
+                for at in code.map(|c| lock_prefixes(f.addr, c)).unwrap_or_default() {
+                    self.sites.push((at, at + 1, KernelTable::SmpLock));
+                }
+            }
         }
     }
 
@@ -418,6 +464,22 @@ impl SiteTables {
     }
 }
 
+/// Where each instruction of the code `code` at `addr` with a LOCK
+/// prefix, or a DS one (what the kernel makes of a LOCK prefix on one
+/// CPU, `alternatives_smp_unlock`), is: a `.smp_locks` entry names the
+/// prefix, in the instruction's first bytes.
+fn lock_prefixes(addr: u64, code: &[u8]) -> Vec<u64> {
+    let mut d = iced_x86::Decoder::with_ip(64, code, addr, iced_x86::DecoderOptions::NONE);
+    let mut out = Vec::new();
+    while d.can_decode() {
+        let i = d.decode();
+        if i.has_lock_prefix() || i.segment_prefix() == iced_x86::Register::DS {
+            out.push(i.ip());
+        }
+    }
+    out
+}
+
 /// Every code section of `file`: (name, start, end).
 fn text_sections(file: &object::File<'_>) -> Vec<(String, u64, u64)> {
     use object::{Object, ObjectSection};
@@ -451,4 +513,15 @@ pub(crate) fn in_code(image: &KernelImage, code: &[(u64, u64)], addr: u64) -> bo
         || within(image.text)
         || within(image.init_text)
         || code.iter().any(|&(s, e)| (s..e).contains(&addr))
+}
+
+#[cfg(test)]
+mod lock_tests {
+    /// `lock incl (%rdi)`, `ret`, `ds incl (%rdi)` (a LOCK prefix a
+    /// one-CPU kernel made a DS one), `incl (%rdi)`: the first and third.
+    #[test]
+    fn lock_and_ds_prefixed_instructions_are_found() {
+        let code = [0xf0, 0xff, 0x07, 0xc3, 0x3e, 0xff, 0x07, 0xff, 0x07];
+        assert_eq!(super::lock_prefixes(0x1000, &code), vec![0x1000, 0x1004]);
+    }
 }

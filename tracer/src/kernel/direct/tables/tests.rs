@@ -363,3 +363,75 @@ fn each_new_table_refuses_by_its_rule() {
         assert_eq!(r.rule(), rule);
     }
 }
+
+/// A module added to the 6.1 guest's vmlinux (at link addresses: no
+/// KASLR), five functions after their objtool `__pfx_` padding, each a
+/// frame-pointer prologue: its own tables (a jump label and an exception
+/// fixup in the displaced bytes, a `.noinstr.text`) and a LOCK prefix
+/// refuse four by the kernel's rules; the fifth is safe.
+#[test]
+fn a_modules_own_tables_refuse_its_functions_by_the_kernels_rules() {
+    use crate::kernel::kaslr::KernelOffset;
+    use crate::kernel::module_tables::ModuleTables;
+    use crate::kernel::modules::{LoadedModule, ModuleFunction, ModuleLayout};
+    let Some(vmlinux) = path("vmlinux") else {
+        return;
+    };
+    const TEXT: u64 = 0xffff_ffff_c000_1000;
+    const PFX: u64 = 16;
+    let prologue = [0x55, 0x48, 0x89, 0xe5, 0x53, 0x5b, 0x5d, 0xc3];
+    // lock incl (%rdi); mov rax,[rdi+8]; ret
+    let locked = [0xf0, 0xff, 0x07, 0x48, 0x8b, 0x47, 0x08, 0xc3];
+    let names = ["m_jump", "m_fixup", "m_noinstr", "m_lock", "m_plain"];
+    let (mut text, mut functions) = (Vec::new(), Vec::new());
+    for name in names {
+        let at = TEXT + text.len() as u64;
+        text.extend([0x90; PFX as usize]);
+        let code: &[u8] = if name == "m_lock" { &locked } else { &prologue };
+        text.extend(code);
+        functions.push(ModuleFunction {
+            name: format!("__pfx_{name}"),
+            addr: at,
+            size: PFX,
+        });
+        functions.push(ModuleFunction {
+            name: name.into(),
+            addr: at + PFX,
+            size: code.len() as u64,
+        });
+    }
+    let start = |i: u64| TEXT + i * (PFX + 8) + PFX;
+    let m = LoadedModule {
+        name: "m".into(),
+        addr: 0xffff_ffff_c100_0000,
+        text: TEXT..TEXT + text.len() as u64,
+        functions,
+        sites: Vec::new(),
+        events: Vec::new(),
+        tables: ModuleTables {
+            sites: vec![(start(0) + 1, KernelTable::JumpLabel)],
+            fixups: vec![(start(4) + 6, start(1) + 2)],
+            jumps: Vec::new(),
+            noinstr: Some((start(2), start(3) - PFX)),
+        },
+    };
+    let mut image = KernelImage::load(&vmlinux).unwrap();
+    let offset = KernelOffset { virt: 0, phys: 0 };
+    assert_eq!(
+        image.add_modules(&[(m, text)], ModuleLayout::unused(), offset),
+        10
+    );
+    let tables = SiteTables::read(&image).unwrap();
+    let refusal = |name: &str| {
+        let name = format!("{name} [m]");
+        let i = image.functions.iter().position(|f| f.name == name).unwrap();
+        DirectSite::analyze(&image, &tables, i)
+            .err()
+            .map(|r| r.rule())
+    };
+    assert_eq!(refusal("m_jump"), Some("jump-label"));
+    assert_eq!(refusal("m_fixup"), Some("ex-table-fixup"));
+    assert_eq!(refusal("m_noinstr"), Some("noinstr-text"));
+    assert_eq!(refusal("m_lock"), Some("smp-lock"));
+    assert_eq!(refusal("m_plain"), None);
+}
