@@ -20,6 +20,10 @@ const OPENATS: usize = 3;
 const AT_FDCWD: &str = "0xffffffffffffff9c";
 const O_RDONLY: &str = "0x00000000";
 const ENOENT: &str = "0xfffffffffffffffe";
+/// Trap mode also traces fork(2)'s exit: the parent's and each child's
+/// (recorded at the child's `ret_from_fork`), for `forks FORKS`.
+const FORK_EXIT: &str = "syscalls:sys_exit_fork";
+const FORKS: usize = 3;
 
 /// `-e syscalls:...` in `mode` (trap or exitless), the worker's only
 /// (`--comm`): exactly one `sys_enter_getpid` and one `sys_exit_getpid`
@@ -28,7 +32,10 @@ const ENOENT: &str = "0xfffffffffffffffe";
 /// return as the workload passes and gets them (the arguments, the
 /// user's registers in the task's `pt_regs`, which exitless mode's code
 /// copies into the record at the event); the kernel's text as found after
-/// the detach. Returns the data file.
+/// the detach. Trap mode also traces `sys_exit_fork` through `forks
+/// FORKS`: exactly one per fork(2) in the worker, its `ret` each child's
+/// pid as the guest prints them, and one in each child (its task that
+/// pid), `ret` 0. Returns the data file.
 fn syscall_events(
     guest: &QemuGuest,
     kernel: &Kernel,
@@ -40,13 +47,18 @@ fn syscall_events(
     let watch = kernel.watch(qmp);
     let before = watch.read();
     let data = dir.join(format!("syscalls-{mode}.vmtrace"));
+    let forks = mode == "trap";
+    let events = match forks {
+        true => format!("{SYSCALL_EVENTS},{FORK_EXIT}"),
+        false => SYSCALL_EVENTS.to_string(),
+    };
     let args = [
         "--kernel",
         s(bz),
         "--mode",
         mode,
         "-e",
-        SYSCALL_EVENTS,
+        &events,
         "--comm",
         "wl-worker",
         "-o",
@@ -56,10 +68,12 @@ fn syscall_events(
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains(mode), "{line}");
     let line = a.wait_line("syscall events recorded at");
-    assert!(
-        line.contains("4 syscall events recorded at 2 syscall functions"),
-        "{line}"
-    );
+    let (n, funcs) = if forks { (5, 3) } else { (4, 2) };
+    let said = format!("{n} syscall events recorded at {funcs} syscall functions");
+    assert!(line.contains(&said), "{line}");
+    if forks {
+        a.wait_line("a new task's sys_exit_fork recorded at its ret_from_fork");
+    }
     guest.send_line(&format!("go getpid {GETPIDS}"));
     let line = guest
         .wait_for(&format!("workload: done getpid {GETPIDS} pid="), GUEST_STEP)
@@ -69,6 +83,13 @@ fn syscall_events(
     guest
         .wait_for(&format!("workload: done openat {OPENATS}"), GUEST_STEP)
         .unwrap();
+    let children = forks.then(|| {
+        guest.send_line(&format!("forks {FORKS}"));
+        let line = guest
+            .wait_for(&format!("workload: forked {FORKS} pids="), GUEST_STEP)
+            .unwrap();
+        super::forked_pids(&line)
+    });
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
@@ -102,6 +123,9 @@ fn syscall_events(
             assert_eq!(f["__syscall_nr"], 257, "{r}");
         }
     }
+    if let Some(children) = children {
+        check_fork_exits(&doc, pid, &children);
+    }
     if mode == "exitless" {
         // Killed while attached (its sites, code, rings, return hooks):
         // its guardian repairs the VM from the journal.
@@ -120,6 +144,30 @@ fn syscall_events(
     data
 }
 
+/// `sys_exit_fork` of `forks FORKS` (`--comm wl-worker`: a child at its
+/// start still has the worker's name): exactly one in the worker (pid
+/// `worker`) per child, its `ret` the child's pid, in fork order; exactly
+/// one in each child, `ret` 0.
+fn check_fork_exits(doc: &serde_json::Value, worker: u64, children: &[u64]) {
+    let exits = records(doc, FORK_EXIT);
+    let (parent, child): (Vec<_>, Vec<_>) = exits.iter().partition(|r| r["pid"] == worker);
+    let rets: Vec<&str> = parent
+        .iter()
+        .map(|r| r["fields"]["ret"].as_str().unwrap_or_default())
+        .collect();
+    let want: Vec<String> = children.iter().map(|p| format!("{p:#x}")).collect();
+    assert_eq!(rets, want, "{exits:?}");
+    let mut pids: Vec<u64> = child.iter().filter_map(|r| r["pid"].as_u64()).collect();
+    pids.sort_unstable();
+    let mut printed = children.to_vec();
+    printed.sort_unstable();
+    assert_eq!(pids, printed, "{exits:?}");
+    for r in &child {
+        assert_eq!(r["fields"]["ret"], "0x0", "{r}");
+        assert_eq!(r["fields"]["__syscall_nr"], 57, "{r}");
+    }
+}
+
 /// The syscall events' checks (`syscall_events`) in both modes, their
 /// trace.dat read by trace-cmd, and bad input.
 pub(super) fn checks(
@@ -134,12 +182,14 @@ pub(super) fn checks(
         "sys_exit_getpid",
         "sys_enter_openat",
         "sys_exit_openat",
+        "sys_exit_fork",
     ];
     check_trace_cmd_report(&data, &names, &names);
+    let names = &names[..4];
     let ids = ["syscalls:sys_enter_getpid", "syscalls:sys_exit_openat"];
     check_guest_ids(guest, &data.with_extension("dat"), &ids);
     let data = syscall_events(guest, kernel, bz, dir, "exitless");
-    check_trace_cmd_report(&data, &names, &names);
+    check_trace_cmd_report(&data, names, names);
     let qmp = guest.qmp_socket();
     for (event, says) in [
         ("syscalls:sys_enter_nosuch", "closest: syscalls:sys_enter_"),

@@ -8,12 +8,13 @@
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
+use crate::kernel::events::fork_child::RET_FROM_FORK;
 use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
 use crate::kernel::events::syscall_format::Side;
 use crate::kernel::events::{counted, ftrace_format};
 use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
 use crate::kernel::symbols::KernelImage;
-use crate::plan::syscall_events::{self, PlannedSyscall};
+use crate::plan::syscall_events::{self, ChildExits, PlannedSyscall};
 
 /// Where x86's jump_label checks and patches each site of a key being
 /// enabled (arch/x86/kernel/jump_label.c), after boot.
@@ -137,6 +138,9 @@ pub struct EventPlan {
     /// The syscall events, each recorded at its syscall's function
     /// (`plan::syscall_events`).
     pub syscalls: Vec<PlannedSyscall>,
+    /// The children's exits of the forking syscalls among them, recorded
+    /// at `ret_from_fork` (`syscall_events::ChildExits`).
+    pub child_exits: Option<ChildExits>,
     /// `arch_jump_label_transform_queue` (link-time), where the guest's own
     /// enabling of a key checks each site for its NOP: attach makes the
     /// call return at once there for vmtrace's sites, which hold the
@@ -240,6 +244,7 @@ impl EventPlan {
         let offsets = FieldOffsets::find(&btf).ok();
         Ok(EventPlan {
             events,
+            child_exits: ChildExits::of(image, &btf, &syscalls),
             syscalls,
             guard,
             static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
@@ -329,8 +334,9 @@ impl EventPlan {
         }
     }
 
-    /// The functions to trace for them (`__traceiter_NAME` each, and each
-    /// syscall's function once).
+    /// The functions to trace for them (`__traceiter_NAME` each, each
+    /// syscall's function once, and `ret_from_fork` for the children's
+    /// exits).
     pub fn iterator_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .events
@@ -341,6 +347,9 @@ impl EventPlan {
             if !names.contains(&s.func) {
                 names.push(s.func.clone());
             }
+        }
+        if self.child_exits.is_some() {
+            names.push(RET_FROM_FORK.to_string());
         }
         names
     }

@@ -292,6 +292,20 @@ impl Plan {
         self.index.funcs.iter().map(by_func).collect()
     }
 
+    /// The children's exits of the forking syscalls traced, by site
+    /// (`syscall_events::ChildExitSites`); None: none traced.
+    pub fn child_exit_sites(&self) -> Option<syscall_events::ChildExitSites> {
+        let planned = self.events.child_exits.as_ref()?;
+        let site_of = |name: &str| {
+            let named = |f: &u32| {
+                let func = self.funcs.get(*f as usize);
+                func.is_some_and(|&func| self.image.names(func).any(|n| n == name))
+            };
+            self.index.funcs.iter().position(named)
+        };
+        syscall_events::ChildExitSites::of(planned, site_of)
+    }
+
     /// Per site of `index`: does a call there record its arguments; None
     /// without `--args`.
     pub fn arg_sites(&self) -> Option<Arc<[bool]>> {

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use crate::kernel::btf::{BtfError, KernelBtf};
 use crate::kernel::events::fields::EventFormat;
+use crate::kernel::events::fork_child::{self, ForkRegs};
 use crate::kernel::events::syscall_format::{self, PtRegs, Side};
 use crate::kernel::events::{EventGlobs, EventKind, EventTable, KernelEvent};
 use crate::kernel::symbols::KernelImage;
@@ -57,6 +58,8 @@ pub struct PlannedSyscall {
     /// `__x64_sys_openat`: the function traced for it.
     pub func: String,
     pub side: Side,
+    /// Its number in the syscall table (`__syscall_nr`).
+    pub nr: u32,
     /// Its fields and ftrace format (None: its arguments are unknown).
     pub format: Option<EventFormat>,
     /// `call->event.type` (link-time address): the guest's id of the
@@ -96,11 +99,13 @@ impl PlannedSyscall {
             return Err(no_function());
         }
         let regs = PtRegs::find(btf)?;
+        let nr = e.syscall.as_ref().map_or(0, |t| t.nr);
         Ok(Some(PlannedSyscall {
             system: e.system.clone(),
             name: e.name.clone(),
             func: func.to_string(),
             side,
+            nr,
             format: syscall_format::format(e, &regs),
             id_cell: id_at.map(|at| e.call + at),
         }))
@@ -108,6 +113,68 @@ impl PlannedSyscall {
 
     pub fn full_name(&self) -> String {
         format!("{}:{}", self.system, self.name)
+    }
+}
+
+/// The children's exits of the forking syscalls traced
+/// (`kernel::events::fork_child`): a new task's `sys_exit_fork` (clone,
+/// vfork, clone3) is recorded at its `ret_from_fork`, not at the
+/// syscall's function, which it never returns through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildExits {
+    /// Where the child's syscall number and return value are.
+    pub regs: ForkRegs,
+    /// (number, `__x64_sys_NAME`) of each forking syscall whose exit is
+    /// traced: a child's event is recorded as that function's return.
+    pub exits: Vec<(u32, String)>,
+}
+
+impl ChildExits {
+    /// The children's exits of `syscalls`; None when none of them is a
+    /// forking syscall's exit, or the kernel's `ret_from_fork` is no C
+    /// function with a site (before Linux 6.5: docs/events.md).
+    pub(super) fn of(
+        image: &KernelImage,
+        btf: &KernelBtf,
+        syscalls: &[PlannedSyscall],
+    ) -> Option<ChildExits> {
+        let exits: Vec<(u32, String)> = syscalls
+            .iter()
+            .filter(|s| s.side == Side::Exit && fork_child::is_forking_exit(&s.full_name()))
+            .map(|s| (s.nr, s.func.clone()))
+            .collect();
+        if exits.is_empty() {
+            return None;
+        }
+        let regs = ForkRegs::find(image, btf)?;
+        Some(ChildExits { regs, exits })
+    }
+}
+
+/// `ChildExits` by site of the plan's index: what a trap recorder
+/// needs at `ret_from_fork`'s site.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildExitSites {
+    /// `ret_from_fork`'s site.
+    pub site: usize,
+    pub regs: ForkRegs,
+    /// (syscall number, site of its `__x64_sys_NAME`): a child's event is
+    /// that site's return.
+    pub exits: Vec<(u64, usize)>,
+}
+
+impl ChildExitSites {
+    /// The sites of `exits`, `site_of` naming the site of a function
+    /// (None when it has none in the plan: then no child's exit).
+    pub fn of(planned: &ChildExits, site_of: impl Fn(&str) -> Option<usize>) -> Option<Self> {
+        let site = site_of(fork_child::RET_FROM_FORK)?;
+        let each = planned.exits.iter();
+        let exits = each.filter_map(|(nr, f)| Some((u64::from(*nr), site_of(f)?)));
+        Some(ChildExitSites {
+            site,
+            regs: planned.regs,
+            exits: exits.collect(),
+        })
     }
 }
 
@@ -132,5 +199,33 @@ pub(super) fn check_table(
             })
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child's exit is the return of its syscall's function's site;
+    /// a function without a site has none, and without `ret_from_fork`'s
+    /// site there is nothing to record.
+    #[test]
+    fn child_exits_find_their_sites() {
+        let planned = ChildExits {
+            regs: ForkRegs {
+                orig_ax: 120,
+                ax: 80,
+            },
+            exits: vec![
+                (57, "__x64_sys_fork".into()),
+                (56, "__x64_sys_clone".into()),
+            ],
+        };
+        let sites = ["__x64_sys_fork", "ret_from_fork"];
+        let site_of = |f: &str| sites.iter().position(|s| *s == f);
+        let c = ChildExitSites::of(&planned, site_of).unwrap();
+        assert_eq!((c.site, c.exits), (1, vec![(57, 0)]));
+        let no_start = |f: &str| (f == "__x64_sys_fork").then_some(0);
+        assert_eq!(ChildExitSites::of(&planned, no_start), None);
     }
 }

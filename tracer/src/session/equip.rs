@@ -59,6 +59,7 @@ pub(super) fn equip(
     let retval = plan.graph && plan.values.retval;
     let event_tests = super::event_keys::TestTraps::of(&plan.events);
     let modules = ModuleTraps::of(plan);
+    let child_exits = plan.child_exit_sites().map(Arc::new);
     for r in recs.iter_mut() {
         if let Some(t) = &event_tests {
             r.pass_event_tests(Arc::clone(t));
@@ -77,6 +78,7 @@ pub(super) fn equip(
         let source = source.map(|a| a.with_added(&plan.index));
         r.record_values(source, retval);
         r.record_fields(field_source(plan));
+        r.record_child_exits(child_exits.clone());
     }
     modules
 }

@@ -12,6 +12,7 @@
 //! shared `ShadowStacks`), and the return trap records the return and
 //! resumes the guest at the real return address.
 
+mod child_exits;
 pub mod event_fields;
 
 use std::sync::atomic::Ordering;
@@ -101,6 +102,9 @@ pub struct Recorder {
     /// or going at this trap (handled in `on_world`).
     modules: Option<Arc<ModuleTraps>>,
     module_now: Option<Notified>,
+    /// Syscall exits: the children's of the forking syscalls, at
+    /// `ret_from_fork` (`child_exits`).
+    child_exits: Option<Arc<crate::plan::syscall_events::ChildExitSites>>,
 }
 
 impl Recorder {
@@ -425,6 +429,9 @@ impl TrapHandler for Recorder {
             });
         };
         trap.set_rip(self.index.resume_addr(i));
+        if self.at_child_start(i, trap) {
+            return Ok(());
+        }
         // The task first: a call the task filter rejects is counted only
         // as rejected (not a call of the function, its return not hooked).
         let (task, kept) = self.task_of(trap);
@@ -539,6 +546,7 @@ pub fn recorders(
             event_tests: None,
             modules: None,
             module_now: None,
+            child_exits: None,
         })
         .collect();
     (counters, recs, store)

@@ -13,6 +13,7 @@ mod decl;
 pub mod enabled_branch;
 pub mod field_values;
 pub mod fields;
+pub mod fork_child;
 pub mod ftrace_format;
 mod image_data;
 pub mod jump_sites;

@@ -512,7 +512,8 @@ impl Out<'_> {
     /// is a `funcgraph_entry` (a `function` event if its return was not
     /// hooked: it will have no exit, and keeps its caller), a return that
     /// ended a stored call a `funcgraph_exit` on the vCPU that returned.
-    /// Returns with no stored entry are left out (see `Graph`).
+    /// Returns with no stored entry are left out (see `Graph`), but a
+    /// syscall's exit, an event of its own.
     fn graph_events(&mut self) {
         let trace = self.trace;
         let g = Graph::build(trace);
@@ -529,6 +530,11 @@ impl Out<'_> {
         for e in &trace.events {
             if e.is_return() {
                 let Some(i) = returned.get_mut(&(e.ts_ns, e.cpu)).and_then(Vec::pop) else {
+                    // A syscall's exit is its event's record all the same
+                    // (a new task's, which never entered the function).
+                    if self.events.is_event(e.func, true) {
+                        self.function(e);
+                    }
                     continue;
                 };
                 let f = &g.frames[i as usize];
