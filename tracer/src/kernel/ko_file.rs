@@ -207,6 +207,7 @@ mod tests {
             functions,
             sites: Vec::new(),
             events: Vec::new(),
+            tables: Default::default(),
         };
         Some((ko, m, funcs))
     }
