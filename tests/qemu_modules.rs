@@ -456,18 +456,7 @@ fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
             "-o",
             s(&data),
         ];
-        let mut a = Attach::start(guest.qmp_socket(), &args);
-        a.wait_line("vmtrace: attached to QEMU");
-        command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-        a.signal(libc::SIGINT);
-        let e = a.end();
-        assert!(e.status.success(), "{}: {}", e.status, e.stderr);
-        assert_eq!(
-            e.counts().get("vmt_hit [vmt_test]"),
-            Some(&K),
-            "{}",
-            e.stdout
-        );
+        let e = attach_vmt(guest, &args, worker, None, K);
         if by_file {
             let line = format!(
                 "vmtrace: module vmt_test: {} has its build id {}: taken from it: its prototypes, \
@@ -521,19 +510,7 @@ fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         "-o",
         s(&data),
     ];
-    let mut a = Attach::start(guest.qmp_socket(), &args);
-    a.wait_line("vmtrace: attached to QEMU");
-    command(guest, "insmod /vmt_nobtf.ko", "insmod 0", worker);
-    command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
-    assert_eq!(
-        e.counts().get("vmt_hit [vmt_test]"),
-        Some(&K),
-        "{}",
-        e.stdout
-    );
+    attach_vmt(guest, &args, worker, Some("insmod /vmt_nobtf.ko"), K);
     assert_args_shown(&data, K);
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     std::fs::remove_dir_all(&base).unwrap();
@@ -1375,4 +1352,22 @@ fn first_load_stacks(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modul
     std::fs::remove_file(&data).unwrap();
     assert_no_gdbstub(guest.qmp_socket());
     assert_runs_on(guest, worker);
+}
+
+/// An attach with `args`; once it is attached, `load` (a console command
+/// loading the module, if any) and `vmt k`; ended by Ctrl-C: its exit
+/// status checked and vmt_hit's k calls counted.
+fn attach_vmt(guest: &QemuGuest, args: &[&str], worker: u32, load: Option<&str>, k: u64) -> Ended {
+    let mut a = Attach::start(guest.qmp_socket(), args);
+    a.wait_line("vmtrace: attached to QEMU");
+    if let Some(load) = load {
+        command(guest, load, "insmod 0", worker);
+    }
+    command(guest, &format!("vmt {k}"), &format!("vmt {k}"), worker);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let hits = e.counts().get("vmt_hit [vmt_test]").copied();
+    assert_eq!(hits, Some(k), "{}", e.stdout);
+    e
 }

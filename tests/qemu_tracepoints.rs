@@ -242,14 +242,7 @@ fn event_sites_are_jumps_while_attached_and_nops_after() {
     guest.send_line("rename 2");
     guest.wait_for("workload: renamed 2", GUEST_STEP).unwrap();
     // Three more children, whose pids the guest prints.
-    guest.send_line("forks 3");
-    let line = guest
-        .wait_for("workload: forked 3 pids=", GUEST_STEP)
-        .unwrap();
-    let printed = forked_pids(&line);
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let (printed, e) = pids_then_detach(&guest, a, "forks 3", "workload: forked 3 pids=");
     // One call site each (kernel_clone, __set_task_comm): a NOP made a JMP.
     let changed = diffs(&before, &during);
     let opcodes = changed.iter().filter(|d| NOP_TO_JMP.contains(&(d.1, d.2)));
@@ -614,18 +607,29 @@ fn exitless_graph_strings(guest: &QemuGuest, bz: &std::path::Path, data: &std::p
     let mut a = Attach::start(guest.qmp_socket(), &args);
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains("exitless"), "{line}");
-    guest.send_line("execs 2");
-    let line = guest
-        .wait_for("workload: execd 2 pids=", GUEST_STEP)
-        .unwrap();
-    let execd = forked_pids(&line);
-    a.signal(libc::SIGINT);
-    let e = a.end();
-    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    let (execd, _) = pids_then_detach(guest, a, "execs 2", "workload: execd 2 pids=");
     let report = common::vmtrace(&["report", s(data), "--format", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&common::stdout(&report)).unwrap();
     assert_eq!(doc["mode"], "exitless", "{doc}");
     assert_eq!(doc["dropped"], 0, "{doc}");
     check_execs(&doc, &execd);
     assert_no_gdbstub(guest.qmp_socket());
+}
+
+/// Sends `command` to the guest, takes the pids it prints on its line
+/// starting `printed`, then ends the attach `a` by Ctrl-C, its exit
+/// checked: the pids, and how it ended.
+fn pids_then_detach(
+    guest: &QemuGuest,
+    a: Attach,
+    command: &str,
+    printed: &str,
+) -> (Vec<u64>, Ended) {
+    guest.send_line(command);
+    let line = guest.wait_for(printed, GUEST_STEP).unwrap();
+    let pids = forked_pids(&line);
+    a.signal(libc::SIGINT);
+    let e = a.end();
+    assert!(e.status.success(), "{}: {}", e.status, e.stderr);
+    (pids, e)
 }

@@ -305,12 +305,7 @@ mod tests {
         // Jump label at 0x600, jumping to 0x610.
         put(&mut mem, 0x3000, &(-0x2a00i32).to_le_bytes());
         put(&mut mem, 0x3004, &(-0x29f4i32).to_le_bytes());
-        let mut read = |a: u64, b: &mut [u8]| {
-            let a = a as usize;
-            mem.get(a..a + b.len())
-                .map(|m| b.copy_from_slice(m))
-                .ok_or_else(|| "unmapped".to_string())
-        };
+        let mut read = reader(&mem);
         let t = ModuleTables::read(&layout, 0x1000, &(0x400..0x800), &mut read).unwrap();
         assert_eq!(
             t.sites,
@@ -357,13 +352,18 @@ mod tests {
             put(&mut mem, attr, &(at as u64).to_le_bytes());
             put(&mut mem, attr + 8, &address.to_le_bytes());
         }
-        let mut read = |a: u64, b: &mut [u8]| {
+        let mut read = reader(&mem);
+        let t = ModuleTables::read(&layout, 0x1000, &(0x400..0x800), &mut read).unwrap();
+        assert_eq!(t.noinstr, Some((0x600, 0x700)));
+    }
+
+    /// Reads of `mem`, as guest memory at the addresses its offsets are.
+    fn reader(mem: &[u8]) -> impl FnMut(u64, &mut [u8]) -> Result<(), String> + '_ {
+        |a, b| {
             let a = a as usize;
             mem.get(a..a + b.len())
                 .map(|m| b.copy_from_slice(m))
                 .ok_or_else(|| "unmapped".to_string())
-        };
-        let t = ModuleTables::read(&layout, 0x1000, &(0x400..0x800), &mut read).unwrap();
-        assert_eq!(t.noinstr, Some((0x600, 0x700)));
+        }
     }
 }
