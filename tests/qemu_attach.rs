@@ -339,6 +339,19 @@ fn bad_attaches_leave_the_guest_untouched() {
     let old_qemu =
         e.stderr.contains("attached to QEMU 7.") || e.stderr.contains("attached to QEMU 6.");
     assert_eq!(e.stderr.contains(CMPXCHG16B), old_qemu, "{}", e.stderr);
+    // The bug itself, in the guest with no vmtrace attached: the flags
+    // after a cmpxchg16b that follows an add at the start of a block
+    // (guest/linux/workload.c `cx16flags`): the add's operand (0x801:
+    // CF and OF) under QEMU 7.2's TCG, ZF and the add's flags elsewhere.
+    guest.send_line("cx16flags");
+    let line = guest
+        .wait_for("workload: cx16flags flags=", COMMAND_TIMEOUT)
+        .unwrap();
+    let want = if old_qemu { 0xa43 } else { 0x242 };
+    assert!(
+        line.contains(&format!("flags={want} pid={}", w.worker)),
+        "{line}"
+    );
     assert_runs_on(&guest, w.worker);
 }
 

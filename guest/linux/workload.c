@@ -42,6 +42,14 @@
  *                                        -> workload: ftrace id S:E=N (N, or the
  *                                           read's negative errno)
  *   ping                                 -> workload: pong pid=W
+ *   cx16flags      the flags after a `cmpxchg16b` that succeeds, read by
+ *                  pushf, in a block that QEMU's TCG begins with the flags
+ *                  as they are (after popf), an `add` of 0x801 before the
+ *                  exchange: 0x242 on hardware (ZF the exchange's, the
+ *                  others the add's), 0xa43 under QEMU 7.2's TCG, which
+ *                  takes the add's operand for the flags (CPUs with cx16
+ *                  only: elsewhere the instruction is undefined)
+ *                                        -> workload: cx16flags flags=F pid=W
  *   suspend        suspend to RAM (mem to /sys/power/state, sysfs mounted
  *                  first); returns once the machine woke up
  *                                        -> workload: resumed R pid=W (R: 0, or
@@ -364,6 +372,37 @@ static long spawn(long count, long kids)
 }
 
 static void reply(struct line *l, const char *what, long n, long err, long pid);
+
+/*
+ * `cx16flags` (see the top): popfq ends QEMU's translation block with the
+ * flags kept "as they are"; the next block's add leaves its operand where
+ * TCG keeps the flags lazily; QEMU 7.2's cmpxchg16b helper computes the
+ * flags from the stale state (target/i386/tcg/mem_helper.c), the operand.
+ * 0x801 makes them CF and OF only (never TF, DF or AC, which the next
+ * interrupt would load).
+ */
+static long cx16flags(void)
+{
+	static unsigned long slot[2] __attribute__((aligned(16)));
+	unsigned long flags, rax = 0, rdx = 0;
+	register unsigned long r8 __asm__("r8") = 0;
+
+	slot[0] = 0;
+	slot[1] = 0;
+	/* (Past the red zone: this leaf function's locals may be there.) */
+	__asm__ volatile("lea -128(%%rsp), %%rsp\n\t"
+			 "pushq $0x202\n\t"
+			 "popfq\n\t"
+			 "add %%rdi, %%r8\n\t"
+			 "cmpxchg16b %[m]\n\t"
+			 "pushfq\n\t"
+			 "popq %[f]\n\t"
+			 "lea 128(%%rsp), %%rsp"
+			 : [f] "=r"(flags), [m] "+m"(slot), "+a"(rax), "+d"(rdx), "+r"(r8)
+			 : "b"(1UL), "c"(1UL), "D"(0x801UL)
+			 : "cc", "memory");
+	return (long)flags;
+}
 
 /* `forks K`: K children that rename themselves and exit; their pids said.
  * `execs K` (`exec` set): each child then execs /init, which exits at once
@@ -825,6 +864,10 @@ static void run_command(char *text, long pid)
 		put(&l, "workload: pong pid=");
 		put_num(&l, pid);
 		emit(&l);
+		return;
+	}
+	if (n == 1 && streq(w[0], "cx16flags")) {
+		reply(&l, "cx16flags flags=", cx16flags(), 0, pid);
 		return;
 	}
 	if (n == 1 && streq(w[0], "suspend")) {
