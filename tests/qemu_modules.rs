@@ -1178,7 +1178,8 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
         // vmt_exit's entry displaced `mov .bss(%rip),%rdi`: reloaded, its
         // bytes are the same only where the module's text and data moved
         // by the same distance (6.4+ allocates them apart), else it is a
-        // site whose code changed. Untraced either way, and said.
+        // site whose code changed (in trap mode its breakpoint is then not
+        // set again: one fewer to remove). Untraced either way, and said.
         let said: &[&str] = match mode {
             "exitless" => &[
                 "3 sites restored; a traced module went away 1 times (its sites restored, 4 in \
@@ -1192,7 +1193,7 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
             _ => &[
                 "4 breakpoints removed; a traced module went away 1 times (its breakpoints \
                  removed before its memory was freed) and came back 1 times (traced again)",
-                "4 breakpoints removed; a traced module went away 1 times (its breakpoints \
+                "3 breakpoints removed; a traced module went away 1 times (its breakpoints \
                  removed before its memory was freed) and came back 1 times (traced again, but \
                  1 sites whose code changed)",
             ],
