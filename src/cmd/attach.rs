@@ -88,7 +88,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     say_modules(s.modules_unfollowed(), waiting.as_deref());
     say_events(&s, &events.behind_static_calls());
     say_syscalls(&events.syscalls);
-    say_child_exits(&events, s.traps());
+    say_child_exits(&events, s.traps(), s.tracer().records_child_exits());
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
@@ -164,8 +164,8 @@ fn say_syscalls(syscalls: &[tracer::plan::syscall_events::PlannedSyscall]) {
 }
 
 /// Where a new task's exit of the forking syscall that created it is
-/// recorded, or why it is not (docs/events.md).
-fn say_child_exits(events: &tracer::plan::events::EventPlan, traps: bool) {
+/// recorded (`recorded`), or why it is not (docs/events.md).
+fn say_child_exits(events: &tracer::plan::events::EventPlan, traps: bool, recorded: bool) {
     use tracer::kernel::events::fork_child::is_forking_exit;
     let forking: Vec<String> = (events.syscalls.iter())
         .map(|s| s.name.clone())
@@ -175,12 +175,12 @@ fn say_child_exits(events: &tracer::plan::events::EventPlan, traps: bool) {
         return;
     }
     let names = forking.join(", ");
-    match (&events.child_exits, traps) {
+    match (&events.child_exits, recorded || traps) {
         (Some(_), true) => note!(
             "vmtrace: a new task's {names} recorded at its ret_from_fork (ret 0), the parent's at the syscall's return"
         ),
         (Some(_), false) => note!(
-            "vmtrace: a new task's {names} is not recorded in exitless mode yet, the parent's only; trace with --mode trap for both"
+            "vmtrace: a new task's {names} is not recorded in exitless mode here, the parent's only: vmtrace's code copies nothing at its ret_from_fork (the kernel's nofault copies traced, or missing); trace with --mode trap for both"
         ),
         (None, _) => note!(
             "vmtrace: a new task's {names} is not recorded, the parent's only: this kernel's ret_from_fork has no ftrace site (assembly before Linux 6.5)"

@@ -20,8 +20,8 @@ const OPENATS: usize = 3;
 const AT_FDCWD: &str = "0xffffffffffffff9c";
 const O_RDONLY: &str = "0x00000000";
 const ENOENT: &str = "0xfffffffffffffffe";
-/// Trap mode also traces fork(2)'s exit: the parent's and each child's
-/// (recorded at the child's `ret_from_fork`), for `forks FORKS`.
+/// fork(2)'s exit too: the parent's and each child's (recorded at the
+/// child's `ret_from_fork`), for `forks FORKS`.
 const FORK_EXIT: &str = "syscalls:sys_exit_fork";
 const FORKS: usize = 3;
 
@@ -32,10 +32,12 @@ const FORKS: usize = 3;
 /// return as the workload passes and gets them (the arguments, the
 /// user's registers in the task's `pt_regs`, which exitless mode's code
 /// copies into the record at the event); the kernel's text as found after
-/// the detach. Trap mode also traces `sys_exit_fork` through `forks
-/// FORKS`: exactly one per fork(2) in the worker, its `ret` each child's
-/// pid as the guest prints them, and one in each child (its task that
-/// pid), `ret` 0. Returns the data file.
+/// the detach. `sys_exit_fork` too, through `forks FORKS`: exactly one
+/// per fork(2) in the worker, its `ret` each child's pid as the guest
+/// prints them, and one in each child (its task that pid, named as it was
+/// at its start, as trap mode names it: in exitless mode from the words
+/// `ret_from_fork`'s code copies, whatever name the child took
+/// before the drain), `ret` 0. Returns the data file.
 fn syscall_events(
     guest: &QemuGuest,
     kernel: &Kernel,
@@ -47,11 +49,7 @@ fn syscall_events(
     let watch = kernel.watch(qmp);
     let before = watch.read();
     let data = dir.join(format!("syscalls-{mode}.vmtrace"));
-    let forks = mode == "trap";
-    let events = match forks {
-        true => format!("{SYSCALL_EVENTS},{FORK_EXIT}"),
-        false => SYSCALL_EVENTS.to_string(),
-    };
+    let events = format!("{SYSCALL_EVENTS},{FORK_EXIT}");
     let args = [
         "--kernel",
         s(bz),
@@ -68,12 +66,9 @@ fn syscall_events(
     let line = a.wait_line("vmtrace: attached to QEMU");
     assert!(line.contains(mode), "{line}");
     let line = a.wait_line("syscall events recorded at");
-    let (n, funcs) = if forks { (5, 3) } else { (4, 2) };
-    let said = format!("{n} syscall events recorded at {funcs} syscall functions");
-    assert!(line.contains(&said), "{line}");
-    if forks {
-        a.wait_line("a new task's sys_exit_fork recorded at its ret_from_fork");
-    }
+    let said = "5 syscall events recorded at 3 syscall functions";
+    assert!(line.contains(said), "{line}");
+    a.wait_line("a new task's sys_exit_fork recorded at its ret_from_fork");
     guest.send_line(&format!("go getpid {GETPIDS}"));
     let line = guest
         .wait_for(&format!("workload: done getpid {GETPIDS} pid="), GUEST_STEP)
@@ -83,13 +78,11 @@ fn syscall_events(
     guest
         .wait_for(&format!("workload: done openat {OPENATS}"), GUEST_STEP)
         .unwrap();
-    let children = forks.then(|| {
-        guest.send_line(&format!("forks {FORKS}"));
-        let line = guest
-            .wait_for(&format!("workload: forked {FORKS} pids="), GUEST_STEP)
-            .unwrap();
-        super::forked_pids(&line)
-    });
+    guest.send_line(&format!("forks {FORKS}"));
+    let line = guest
+        .wait_for(&format!("workload: forked {FORKS} pids="), GUEST_STEP)
+        .unwrap();
+    let children = super::forked_pids(&line);
     a.signal(libc::SIGINT);
     let e = a.end();
     assert!(e.status.success(), "{}: {}", e.status, e.stderr);
@@ -123,9 +116,7 @@ fn syscall_events(
             assert_eq!(f["__syscall_nr"], 257, "{r}");
         }
     }
-    if let Some(children) = children {
-        check_fork_exits(&doc, pid, &children);
-    }
+    check_fork_exits(&doc, pid, &children);
     if mode == "exitless" {
         // Killed while attached (its sites, code, rings, return hooks):
         // its guardian repairs the VM from the journal.
@@ -185,11 +176,10 @@ pub(super) fn checks(
         "sys_exit_fork",
     ];
     check_trace_cmd_report(&data, &names, &names);
-    let names = &names[..4];
     let ids = ["syscalls:sys_enter_getpid", "syscalls:sys_exit_openat"];
     check_guest_ids(guest, &data.with_extension("dat"), &ids);
     let data = syscall_events(guest, kernel, bz, dir, "exitless");
-    check_trace_cmd_report(&data, names, names);
+    check_trace_cmd_report(&data, &names, &names);
     let qmp = guest.qmp_socket();
     for (event, says) in [
         ("syscalls:sys_enter_nosuch", "closest: syscalls:sys_enter_"),

@@ -71,6 +71,7 @@ fn prepare(image: &KernelImage) -> Exitless {
         direct: false,
         added: 0,
         copies: None,
+        child_exits: None,
     };
     Exitless::new(
         ExitlessPlan::build(image, 2, 3, Some(16), plain).unwrap_or_else(|e| panic!("{e}")),
@@ -230,6 +231,7 @@ fn return_thunks_without_alternatives_patched_are_refused() {
         direct: false,
         added: 0,
         copies: None,
+        child_exits: None,
     };
     let err = ExitlessPlan::build(&image, 2, 3, Some(16), plain).unwrap_err();
     assert_eq!(err.remedy(), Some(Remedy::TrapModeOrVmlinux));

@@ -476,17 +476,17 @@ impl Tracer {
                 mode: c.space.mode(),
             });
             let root = tasks::kernel_root(&c.space, &self.plan.image, c.off);
-            let fields = equip::field_source(&self.plan).map(|source| DrainFields {
-                source,
-                root,
-                mode: c.space.mode(),
-            });
             let values = DrainValues {
                 // (The sites added during the trace record them too.)
                 args: args::ArgSource::new(&self.tables.args, self.plan.arg_sites())
                     .map(|a| a.with_added(&self.plan.index)),
                 retval: self.plan.graph && self.plan.values.retval,
-                fields,
+                fields: equip::field_source(&self.plan).map(|source| DrainFields {
+                    source,
+                    root,
+                    mode: c.space.mode(),
+                }),
+                child_exits: None, // the code's own: `Exitless::start_drainer`
             };
             ex.start_drainer(DrainStart {
                 clock,

@@ -5,6 +5,7 @@ use vm_memory::GuestAddress;
 use vmm::GuestRam;
 
 use crate::kernel::kaslr::{self, KernelOffset};
+use crate::session::exitless::child_starts::ChildStarts;
 use crate::session::patch::{self, AttachCounts};
 use crate::session::Tracer;
 
@@ -119,5 +120,18 @@ impl Tracer {
                     .all(|&a| o.phys_of(a).is_some_and(|gpa| patch::is_nop(mem, gpa))),
             }
         })
+    }
+}
+
+impl Tracer {
+    /// Are the new tasks' exits of the forking syscalls traced recorded:
+    /// in trap mode at `ret_from_fork`'s trap, in exitless mode when its
+    /// code copies its words (`ChildStarts::of`)? False when none is
+    /// traced, or the kernel's `ret_from_fork` has no site (before 6.5).
+    pub fn records_child_exits(&self) -> bool {
+        match self.reach.exitless() {
+            Some(ex) => ChildStarts::of(ex.plan().child_exits()).is_some(),
+            None => self.plan.child_exit_sites().is_some(),
+        }
     }
 }

@@ -174,10 +174,23 @@ pub struct StrAt {
 pub enum CopyAt {
     /// A string, from the event's arguments.
     Str(StrAt),
-    /// The `unsigned long` at this offset of the `struct pt_regs` the
-    /// traced function's first argument points to (`Source::Regs`: a
-    /// syscall's argument register).
-    Word(u32),
+    /// The 8 bytes at this offset of a structure at the call: a
+    /// syscall's argument register in the `struct pt_regs` of
+    /// `__x64_sys_NAME(regs)` (`Source::Regs`); a new task's syscall
+    /// number and return value in `ret_from_fork(prev, regs, ...)`'s, and
+    /// its name in its `task_struct` (`fork_child`).
+    Word(WordBase, u32),
+}
+
+/// Where a copied word's structure is at the call: at the traced
+/// function's first argument (RDI) or its second (RSI), the registers the
+/// guest code still holds as the function got them where it copies; or
+/// the current task's `task_struct` (the record's task).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordBase {
+    First,
+    Second,
+    Current,
 }
 
 /// A field's value as read at the event.
@@ -369,7 +382,7 @@ impl EventFormat {
                 add: 0,
                 len: None,
             },
-            Source::Regs(at) => return Some(CopyAt::Word(at)),
+            Source::Regs(at) => return Some(CopyAt::Word(WordBase::First, at)),
             _ => return None,
         }))
     }

@@ -26,6 +26,11 @@ const FORKING: [&str; 4] = ["clone", "clone3", "fork", "vfork"];
 /// (RSI) and `fn` (RDX).
 pub const REGS_ARG: usize = 1;
 pub const FN_ARG: usize = 2;
+/// `ret_from_fork`'s return-address slot is this far below `regs`:
+/// `ret_from_fork_asm` passes its RSP as `regs` and calls it at once
+/// (`movq %rsp, %rsi`, then `call ret_from_fork`, nothing pushed
+/// between), where trap mode reads it from RSP.
+pub const SLOT_BELOW_REGS: u64 = 8;
 
 /// Where the child's syscall number and return value are in its
 /// `struct pt_regs` (BTF offsets).

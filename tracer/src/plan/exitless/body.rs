@@ -146,9 +146,9 @@ pub(super) fn emit_args(a: &mut CodeAssembler, f: &Fields, rdx_at: i32) -> Resul
 }
 
 /// `emit_args`, then `copies`, a site's own entry path's: its words
-/// (`strcopy::emit_words`: RDI is still the traced function's), then its
-/// strings (`strcopy::emit_strings`, from the arguments just stored), r11,
-/// the path's commit word, kept around their calls.
+/// (`strcopy::emit_words`: RDI and RSI are still the traced function's),
+/// then its strings (`strcopy::emit_strings`, from the arguments just
+/// stored), r11, the path's commit word, kept around their calls.
 pub(super) fn emit_args_copies(
     a: &mut CodeAssembler,
     f: &Fields,
@@ -157,7 +157,7 @@ pub(super) fn emit_args_copies(
 ) -> Result<(), IcedError> {
     emit_args(a, f, rdx_at)?;
     if let Some(args) = f.rec_args {
-        emit_words(a, f.rec_strings, copies)?;
+        emit_words(a, f.rec_strings, f.task.map(|t| t.rec_task), copies)?;
         if let Some(fns) = f.copy {
             emit_strings(a, args, f.rec_strings, copies, fns, true)?;
         }
@@ -412,7 +412,8 @@ pub(super) fn emit_site_body(
     // The strings that do not last past the event, from the arguments
     // just stored, before the commit.
     if let (Some(fns), Some(args)) = (f.copy, f.rec_args) {
-        emit_copies(a, args, f.rec_strings, copies, fns)?;
+        let rec_task = f.task.map(|t| t.rec_task);
+        emit_copies(a, [args, f.rec_strings], rec_task, copies, fns)?;
     }
     // rax = the parent, [rsp + 24]; record.parent = rax.
     a.mov(rax, qword_ptr(rsp + 24))?;

@@ -22,6 +22,7 @@ use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::percpu::PerCpuVar;
 use crate::kernel::sites::SITE_LEN;
 use crate::kernel::symbols::KernelImage;
+use crate::plan::syscall_events::ChildExitSites;
 use crate::plan::tasks::TaskPlan;
 use crate::plan::{Plan, ValuePlan};
 use error::{ExitlessPlanError, TrampolineError};
@@ -51,6 +52,10 @@ pub struct Records<'a> {
     /// Per site, the strings of its event that its body copies
     /// (`strcopy`); None: no site's.
     pub copies: Option<Arc<[Vec<StrCopy>]>>,
+    /// The children's exits of forking syscalls traced: `ret_from_fork`'s
+    /// site is recorded with its words, never hooked
+    /// (`TrampolineSpec::entry_only`).
+    pub child_exits: Option<ChildExitSites>,
 }
 
 impl<'a> Records<'a> {
@@ -64,6 +69,7 @@ impl<'a> Records<'a> {
             direct: plan.direct.is_some(),
             added: plan.exitless_added(),
             copies: site_copies(plan),
+            child_exits: plan.child_exit_sites(),
         }
     }
 }
@@ -79,9 +85,11 @@ fn with_spares(arg_sites: Option<Arc<[bool]>>, added: usize) -> Option<Arc<[bool
 }
 
 /// Per site of `plan`, the strings of its event that do not last past it
-/// (`strcopy::copies`); None when no site has any, or when the plan traces
-/// the kernel's copy functions themselves (each copy would then be
-/// recorded inside the event's own record, and the fields show unread).
+/// (`strcopy::copies`), and `ret_from_fork`'s words when the children's
+/// exits are traced (`strcopy::fork_words`); None when no site has any,
+/// or when the plan traces the kernel's copy functions themselves (each
+/// copy would then be recorded inside the event's own record, and the
+/// fields show unread).
 fn site_copies(plan: &Plan) -> Option<Arc<[Vec<StrCopy>]>> {
     let offsets = plan.events.offsets?;
     if !plan.values.args {
@@ -96,14 +104,20 @@ fn site_copies(plan: &Plan) -> Option<Arc<[Vec<StrCopy>]>> {
         return None;
     }
     let formats = plan.event_formats();
-    let copies: Arc<[Vec<StrCopy>]> = formats
+    let mut copies: Vec<Vec<StrCopy>> = formats
         .iter()
         .map(|f| {
             f.as_ref()
                 .map_or(Vec::new(), |f| strcopy::copies(f, &offsets))
         })
         .collect();
-    copies.iter().any(|c| !c.is_empty()).then_some(copies)
+    // A new task's syscall, return value and name, at its `ret_from_fork`.
+    if let Some(c) = plan.child_exit_sites() {
+        if let Some(at) = copies.get_mut(c.site) {
+            *at = strcopy::fork_words(c.regs, plan.tasks.layout.map(|l| l.comm));
+        }
+    }
+    copies.iter().any(|c| !c.is_empty()).then(|| copies.into())
 }
 
 /// Exitless mode's guest code and rings for one plan: made once, at the
@@ -128,6 +142,8 @@ pub struct ExitlessPlan {
     /// The kernel's copy functions at their link addresses, when the code
     /// calls them (`fit` moves them with KASLR).
     copy_link: Option<CopyFns>,
+    /// The children's exits of forking syscalls traced (`Records`).
+    child_exits: Option<ChildExitSites>,
 }
 
 impl ExitlessPlan {
@@ -149,6 +165,7 @@ impl ExitlessPlan {
             direct,
             added,
             copies,
+            child_exits,
         } = what;
         let addr = match (image.symbol(CPU_NUMBER), image.symbol(PCPU_HOT)) {
             (Some(s), _) => s.addr,
@@ -197,6 +214,7 @@ impl ExitlessPlan {
             },
             copy_fns: copies.as_ref().and(copy_fns),
             copies,
+            entry_only: child_exits.as_ref().map(|c| c.site),
         };
         Ok(ExitlessPlan {
             asked: spec.layout.cap,
@@ -206,6 +224,7 @@ impl ExitlessPlan {
             cpu_number,
             tasks: tasks.clone(),
             compact: false,
+            child_exits,
         })
     }
 
@@ -304,6 +323,16 @@ impl ExitlessPlan {
                 .copies
                 .as_ref()
                 .is_some_and(|c| c.iter().any(strings))
+    }
+
+    /// The children's exits of forking syscalls traced, and the words
+    /// `ret_from_fork`'s site copies into its records
+    /// (`strcopy::fork_words`; none: the kernel's copy functions traced,
+    /// or absent), which the drainer reads back; None: none traced.
+    pub fn child_exits(&self) -> Option<(ChildExitSites, &[StrCopy])> {
+        let sites = self.child_exits.clone()?;
+        let words = self.spec.site_copies(sites.site);
+        Some((sites, words))
     }
 
     /// How the trampoline returns (after `fit`).

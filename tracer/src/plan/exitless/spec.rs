@@ -44,6 +44,11 @@ pub struct TrampolineSpec {
     pub copies: Option<std::sync::Arc<[Vec<StrCopy>]>>,
     /// The kernel's nofault copies the bodies call (None: no copies).
     pub copy_fns: Option<CopyFns>,
+    /// Function graph: a site whose calls are recorded by the entry-only
+    /// path, their returns never hooked: `ret_from_fork`'s, whose call
+    /// the trace does not show, only the new task's exit its words make
+    /// (`strcopy::fork_words`; a kernel thread's never returns).
+    pub entry_only: Option<usize>,
 }
 
 impl TrampolineSpec {

@@ -29,16 +29,24 @@
 //! and in use while the task runs, and the traced function reads the same
 //! members as its first instructions (`SYSCALL_DEFINE`'s
 //! `__MAP(...,SC_X86_64_REGS_TO_ARGS)`): a load that faulted here would
-//! fault there too.
+//! fault there too. A new task's syscall and return value are words the
+//! same way (`fork_words`), from `ret_from_fork(prev, regs, fn, fn_arg)`'s
+//! second argument: the child's `pt_regs` at the top of its own kernel
+//! stack, which `ret_from_fork` hands to `syscall_exit_to_user_mode`; and
+//! its name, from the current `task_struct` (`gs:[current_task]`, which
+//! the body reads for the record's task anyway), mapped while it runs.
 
 use iced_x86::code_asm::CodeAssembler;
 use iced_x86::code_asm::{
-    dword_ptr, eax, edx, ptr, qword_ptr, r10, r11, r8, r9, rax, rcx, rdi, rsi, rsp,
+    dword_ptr, eax, edx, ptr, qword_ptr, r10, r11, r8, r9, rax, rcx, rdi, rdx, rsi, rsp,
 };
 use iced_x86::IcedError;
 
 use super::layout::{RECORD_LEN_STRINGS, REC_STRINGS};
-use crate::kernel::events::fields::{CopyAt, EventFormat, FieldOffsets, FieldValue, StrAt};
+use crate::kernel::events::fields::{
+    CopyAt, EventFormat, FieldOffsets, FieldValue, StrAt, WordBase,
+};
+use crate::kernel::events::fork_child::ForkRegs;
 
 /// The kernel's bounded string copy that cannot fault (mm/maccess.c).
 pub const STRNCPY_NOFAULT: &str = "strncpy_from_kernel_nofault";
@@ -85,14 +93,15 @@ impl StrCopy {
     /// word, one per string, and one more for a pointer read first.
     pub fn calls(&self) -> usize {
         match self.at {
-            CopyAt::Word(_) => 0,
+            CopyAt::Word(..) => 0,
             CopyAt::Str(at) => 1 + usize::from(at.deref.is_some()),
         }
     }
 
-    /// A syscall's register (`CopyAt::Word`), copied without a call.
+    /// A word (`CopyAt::Word`: a syscall's register), copied without a
+    /// call.
     pub fn is_word(&self) -> bool {
-        matches!(self.at, CopyAt::Word(_))
+        matches!(self.at, CopyAt::Word(..))
     }
 }
 
@@ -113,7 +122,7 @@ pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
         .filter_map(|i| Some((i, format.copied_at(i, off)?)))
         .collect();
     let len = |at: &CopyAt| match at {
-        CopyAt::Word(_) => Some(WORD_LEN),
+        CopyAt::Word(..) => Some(WORD_LEN),
         CopyAt::Str(s) => s.len,
     };
     let room = STRINGS_LEN as u32 - BYTES_OFF as u32;
@@ -125,7 +134,7 @@ pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
     for (field, at) in wanted {
         // A pointer is read into the string's own bytes first.
         let bound = len(&at).unwrap_or(share);
-        let word = matches!(at, CopyAt::Word(_));
+        let word = matches!(at, CopyAt::Word(..));
         let slot = match (word, words_slot) {
             (true, Some(s)) => s,
             _ if slots == MAX_COPIES => continue,
@@ -151,20 +160,24 @@ pub fn copies(format: &EventFormat, off: &FieldOffsets) -> Vec<StrCopy> {
 }
 
 /// Instructions `copies` add to a recorded call's path: per word its load
-/// and store, and the words' status; with strings, the saves and restores
+/// and store, and the words' status (and the task's load, for words of
+/// the current task's); with strings, the saves and restores
 /// and per string its own (the call's success path; the kernel's
 /// instructions inside the calls are not counted here).
 pub fn path_instructions(copies: &[StrCopy]) -> usize {
     let words = copies.iter().filter(|c| c.is_word()).count();
+    let task = copies
+        .iter()
+        .any(|c| matches!(c.at, CopyAt::Word(WordBase::Current, _)));
     let words = match words {
         0 => 0,
-        n => 2 * n + 1,
+        n => 2 * n + 1 + usize::from(task),
     };
     let strings: Vec<StrAt> = copies
         .iter()
         .filter_map(|c| match c.at {
             CopyAt::Str(at) => Some(at),
-            CopyAt::Word(_) => None,
+            CopyAt::Word(..) => None,
         })
         .collect();
     if strings.is_empty() {
@@ -186,19 +199,41 @@ pub fn path_instructions(copies: &[StrCopy]) -> usize {
 const SAVED: usize = 6;
 
 /// Emit an event's words (`CopyAt::Word`) into the record at r10, RDI
-/// still the traced function's first argument (`struct pt_regs *regs`),
-/// and their status word; `rec_strings` is the area. Clobbers rax only
-/// (the bodies saved it). Nothing for an event without words.
+/// and RSI still the traced function's first two arguments (`struct
+/// pt_regs *regs` of `__x64_sys_NAME(regs)`, of `ret_from_fork(prev,
+/// regs, ...)`), and their status word; `rec_strings` is the area,
+/// `rec_task` where the record holds the current task (None: it holds
+/// none, and a word of the task's is not copied). Clobbers rax and rdx
+/// (the bodies saved both; the reservation used rdx). Nothing for an
+/// event without words.
 pub(super) fn emit_words(
     a: &mut CodeAssembler,
     rec_strings: i64,
+    rec_task: Option<i64>,
     copies: &[StrCopy],
 ) -> Result<(), IcedError> {
     let mut status = None;
+    let mut task_loaded = false;
     for c in copies {
-        let CopyAt::Word(off) = c.at else { continue };
-        // rax = regs->REG (a plain load: see the module comment).
-        a.mov(rax, qword_ptr(rdi + off as i32))?;
+        let CopyAt::Word(base, off) = c.at else {
+            continue;
+        };
+        let base = match (base, rec_task) {
+            (WordBase::First, _) => rdi,
+            (WordBase::Second, _) => rsi,
+            (WordBase::Current, None) => continue,
+            (WordBase::Current, Some(at)) => {
+                if !task_loaded {
+                    // rdx = current, as the record holds it.
+                    a.mov(rdx, qword_ptr(r10 + at))?;
+                    task_loaded = true;
+                }
+                rdx
+            }
+        };
+        // rax = the structure's member (a plain load: see the module
+        // comment).
+        a.mov(rax, qword_ptr(base + off as i32))?;
         // The record's copy of it.
         a.mov(qword_ptr(r10 + (rec_strings + c.bytes as i64)), rax)?;
         status = Some(c.status);
@@ -210,20 +245,44 @@ pub(super) fn emit_words(
     Ok(())
 }
 
+/// The words a new task's `ret_from_fork(prev, regs, fn, fn_arg)` copies
+/// (`kernel::events::fork_child`): `regs->orig_ax`, the syscall that made
+/// it, then `regs->ax`, its return value, from the second argument; and
+/// with `comm` (`task_struct.comm`'s offset) the task's name, two words
+/// from the current task, which it may change before the drain (a rename,
+/// an exec). One status word for them all; the drainer makes such a
+/// record that syscall's exit in the child
+/// (`session::exitless::child_starts`). `fn`, the third argument, is in
+/// the record's arguments already.
+pub fn fork_words(regs: ForkRegs, comm: Option<u32>) -> Vec<StrCopy> {
+    let regs = [regs.orig_ax, regs.ax].map(|off| (WordBase::Second, off));
+    let name = comm.map(|off| [off, off + WORD_LEN].map(|off| (WordBase::Current, off)));
+    let at = regs.iter().chain(name.iter().flatten());
+    let word = |(i, &(base, off)): (usize, &(WordBase, u32))| StrCopy {
+        field: i,
+        at: CopyAt::Word(base, off),
+        status: 0,
+        bytes: BYTES_OFF + i as u64 * u64::from(WORD_LEN),
+        bound: WORD_LEN,
+    };
+    at.enumerate().map(word).collect()
+}
+
 /// Emit the copies of one site's body, with r10 its record less
 /// `records_off` and the event's arguments stored at `rec_args` (RDI, the
 /// probe's `__data`, first); `rec_strings` is the area: its words first
-/// (`emit_words`), then its strings (`emit_strings`). Leaves every
-/// register as it found it but rax, rdx and r11 (the body saved rax and
-/// rdx; r11 is scratch at a function's entry).
+/// (`emit_words`, `rec_task` the record's task), then its strings
+/// (`emit_strings`). Leaves every register as it found it but rax, rdx
+/// and r11 (the body saved rax and rdx; r11 is scratch at a function's
+/// entry).
 pub(super) fn emit_copies(
     a: &mut CodeAssembler,
-    rec_args: i64,
-    rec_strings: i64,
+    [rec_args, rec_strings]: [i64; 2],
+    rec_task: Option<i64>,
     copies: &[StrCopy],
     fns: CopyFns,
 ) -> Result<(), IcedError> {
-    emit_words(a, rec_strings, copies)?;
+    emit_words(a, rec_strings, rec_task, copies)?;
     emit_strings(a, rec_args, rec_strings, copies, fns, false)
 }
 
@@ -247,7 +306,7 @@ pub(super) fn emit_strings(
         .iter()
         .filter_map(|c| match c.at {
             CopyAt::Str(at) => Some((c, at)),
-            CopyAt::Word(_) => None,
+            CopyAt::Word(..) => None,
         })
         .collect();
     if strings.is_empty() {
@@ -331,7 +390,7 @@ pub fn value(c: &StrCopy, area: &[u8; STRINGS_LEN]) -> FieldValue {
     let from = c.bytes as usize;
     let bytes = &area[from..from + n.min(c.bound) as usize];
     let at = match c.at {
-        CopyAt::Word(_) => {
+        CopyAt::Word(..) => {
             let word = bytes.try_into().map(i64::from_le_bytes);
             return word.map_or(FieldValue::Unread, FieldValue::Int);
         }

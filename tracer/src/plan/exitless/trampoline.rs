@@ -442,18 +442,20 @@ fn emit_code(
     }
     // A site whose event has words or strings to copy (a syscall's
     // registers; a name that does not last past the event) gets the shared
-    // entry path of its own, with its copies.
+    // entry path of its own, with its copies; so does the graph's site
+    // whose return is never hooked (`TrampolineSpec::entry_only`).
     let mut entries = Vec::with_capacity(sites);
     for k in 0..sites {
         let copies = spec.site_copies(k);
         let copied = |c: &strcopy::StrCopy| c.is_word() || fields.copy.is_some();
-        if !copies.iter().any(copied) {
+        if !copies.iter().any(copied) && spec.entry_only != Some(k) {
             entries.push(*common);
             continue;
         }
         let mut own = a.create_label();
-        match graph {
+        match graph && spec.entry_only != Some(k) {
             true => graph_code::emit_entry(a, fields, &mut own, copies)?,
+            // Recorded, its return not hooked (its record's slot 0).
             false => emit_entry(a, fields, &mut own, copies)?,
         }
         entries.push(own);
@@ -563,6 +565,7 @@ mod tests {
             reserve: 0,
             copies: None,
             copy_fns: None,
+            entry_only: None,
         }
     }
 
@@ -578,6 +581,7 @@ mod tests {
             reserve: 0,
             copies: None,
             copy_fns: None,
+            entry_only: None,
         }
     }
 
@@ -1092,6 +1096,7 @@ mod tests {
             reserve: 0,
             copies: None,
             copy_fns: None,
+            entry_only: None,
         };
         let err = generate(&s).unwrap_err();
         assert!(

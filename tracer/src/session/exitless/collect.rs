@@ -11,8 +11,10 @@ use vmm::GuestRam;
 use crossbeam_channel::{Receiver, Sender};
 use vmm::pause::GuestClock;
 
+use super::child_starts::ChildStarts;
 use super::pace::{run_soon, Pace};
 use super::ring::{self, Record, RingError, RingReader};
+use crate::kernel::task::COMM_LEN;
 use crate::plan::exitless::layout::RingLayout;
 use crate::plan::site_index::SiteIndex;
 use crate::session::args::ArgSource;
@@ -44,6 +46,9 @@ pub struct DrainValues {
     pub retval: bool,
     /// The traced events' fields (`-e`), read as each record is drained.
     pub fields: Option<DrainFields>,
+    /// `ret_from_fork`'s records made the new tasks' exits of the forking
+    /// syscalls traced (`child_starts`).
+    pub child_exits: Option<ChildStarts>,
 }
 
 /// How the drainer reads an event's fields: from the record's arguments,
@@ -130,6 +135,23 @@ impl DrainTasks {
             cache.insert((task, pid), seen);
         }
         seen
+    }
+}
+
+impl DrainTasks {
+    /// `seen` for a task whose name at the call the record holds (a new
+    /// task's, at its `ret_from_fork`: it may rename itself or exec before
+    /// the drain): that name names it and is what the filter sees. Not
+    /// cached: one record per task.
+    fn seen_as(
+        &self,
+        mem: &dyn GuestRam,
+        (task, pid): (u64, u32),
+        comm: [u8; COMM_LEN],
+        store: bool,
+    ) -> Seen {
+        let mut space = AddressSpace::new(mem, self.root, self.mode);
+        self.source.name(&mut space, (task, pid, comm), store)
     }
 }
 
@@ -232,7 +254,37 @@ impl Out {
         }
     }
 
+    /// `r`, or the new task's exit it is (`ret_from_fork`'s record), with
+    /// the name the task had then; None: a record to drop (another of
+    /// `ret_from_fork`'s).
+    fn child_exit(&self, r: Record) -> Option<(Record, Option<[u8; COMM_LEN]>)> {
+        match self.values.child_exits.as_ref().and_then(|c| c.at(&r)) {
+            None => Some((r, None)),
+            Some(exit) => exit.map(|e| (e.record, e.comm)),
+        }
+    }
+
+    /// The id and filter verdict of `r`'s task: by `comm` where the record
+    /// holds the name the task had at the call (a new task's), else by the
+    /// name the drain reads (`DrainTasks::seen`).
+    fn task_of(
+        &mut self,
+        mem: &dyn GuestRam,
+        r: &Record,
+        comm: Option<[u8; COMM_LEN]>,
+        store: bool,
+    ) -> Seen {
+        match (self.tasks.as_mut(), comm) {
+            (Some((t, _)), Some(comm)) => t.seen_as(mem, (r.task, r.pid), comm, store),
+            (Some((t, cache)), None) => t.seen(mem, cache, (r.task, r.pid), store),
+            (None, _) => (0, true),
+        }
+    }
+
     fn record(&mut self, mem: &dyn GuestRam, cpu: usize, r: Record) {
+        let Some((r, comm)) = self.child_exit(r) else {
+            return;
+        };
         // The task first: a call the filter rejects (`--comm`; the guest
         // code already dropped the pids not kept) is in no count.
         if self.tasks.is_some() && self.reserved == 0 {
@@ -240,10 +292,7 @@ impl Out {
             self.reserved = self.counters.reserve(BATCH);
         }
         let store = self.reserved > 0;
-        let (task, kept) = match self.tasks.as_mut() {
-            Some((t, cache)) => t.seen(mem, cache, (r.task, r.pid), store),
-            None => (0, true),
-        };
+        let (task, kept) = self.task_of(mem, &r, comm, store);
         let is_return = r.slot & crate::trace::model::RETURN_BIT != 0;
         if !kept {
             // Calls rejected; their returns (hooked before the host saw

@@ -84,6 +84,7 @@
 //! unfinished.
 
 pub mod backing;
+pub mod child_starts;
 pub mod code;
 pub mod collect;
 pub mod copy_fns;

@@ -9,6 +9,7 @@ use vmm::gva::AddressSpace;
 use vmm::GuestRam;
 
 use super::backing::RegionPages;
+use super::child_starts::ChildStarts;
 use super::code::write_code;
 use super::collect::{self, DrainError, DrainStart, Sink};
 use super::map::{self, Mapped};
@@ -355,9 +356,11 @@ impl Exitless {
         self.plan.site_bytes(k, addr)
     }
 
-    /// Start draining (once): events dated by `clock`, counted in `counters`.
+    /// Start draining (once): events dated by `clock`, counted in `counters`,
+    /// new tasks' exits made as this code records them (`child_starts`).
     /// The drainer's thread was spawned at `stage`: this only tells it.
-    pub fn start_drainer(&mut self, go: DrainStart) {
+    pub fn start_drainer(&mut self, mut go: DrainStart) {
+        go.values.child_exits = ChildStarts::of(self.plan.child_exits());
         if let Some(d) = &self.drainer {
             d.start(go);
         }

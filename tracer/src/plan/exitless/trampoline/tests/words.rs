@@ -1,10 +1,12 @@
 //! A syscall event's arguments copied at the event (`strcopy::emit_words`),
 //! run in the emulator of `trampoline`'s tests, in each shape: per-site
 //! bodies, the shared body and the function graph's entry (a site's own
-//! entry path there).
+//! entry path there); and a new task's syscall and return value at its
+//! `ret_from_fork` (`strcopy::fork_words`), its return not hooked.
 
 use super::*;
 use crate::kernel::events::fields::FieldValue;
+use crate::kernel::events::fork_child::ForkRegs;
 use crate::kernel::events::syscall_format::{self, PtRegs};
 use crate::kernel::events::{KernelEvent, TableEntry};
 
@@ -128,5 +130,102 @@ fn emulated_syscall_entries_copy_their_argument_registers() {
         .decode();
         assert_eq!(t.site_return_slot(own), Some(0));
         assert_eq!(t.site_return_slot(first.next_ip()), Some(8));
+    }
+}
+
+/// `struct pt_regs`' orig_ax and ax (Linux 6.12).
+const FORK_REGS: ForkRegs = ForkRegs {
+    orig_ax: 120,
+    ax: 80,
+};
+/// RDX and RSI in the emulator's registers.
+const RDX: usize = 2;
+const RSI: usize = 6;
+/// fork(2)'s number, as the child's `regs->orig_ax` holds it.
+const NR_FORK: i64 = 57;
+/// `task_struct.comm`'s offset, and the emulated task's name there.
+const COMM_OFF: u32 = 0x40;
+const NAME: &[u8; 16] = b"wl-worker\0\0\0\0\0\0\0";
+
+/// Site 0 is `ret_from_fork(prev, regs, fn, fn_arg)` with the children's
+/// exits traced (`TrampolineSpec::entry_only`, `strcopy::fork_words`),
+/// site 1 a function of no event, in every shape: site 0's record holds
+/// `regs->orig_ax` and `regs->ax`, read through RSI, its arguments
+/// (`fn` NULL), its return never hooked (slot 0, its return address as
+/// it was), and the task's name, every register kept; site 1 is hooked
+/// with the graph. A call of site 0 costs the plain entry's instructions
+/// with the task, the arguments and the four words: 46 through its stub.
+#[test]
+fn emulated_fork_starts_copy_their_words_unhooked() {
+    let words = strcopy::fork_words(FORK_REGS, Some(COMM_OFF));
+    // Two words of `regs`, two of the task's name (the task loaded once),
+    // and the status.
+    assert_eq!(strcopy::path_instructions(&words), 10);
+    let copies: std::sync::Arc<[Vec<StrCopy>]> = vec![words.clone(), Vec::new()].into();
+    let plain = COMMON_PATH_INSTRUCTIONS + TASK_INSTRUCTIONS + ARGS_INSTRUCTIONS + 10;
+    for (shape, graph) in [
+        (Shape::PerSite, false),
+        (Shape::Shared, false),
+        (Shape::Shared, true),
+    ] {
+        let mut s = with_task(spec(1, 2, 8), &[]);
+        s.layout = RingLayout::with_kind(1, 2, Some(8), graph, RecordKind::Strings).unwrap();
+        s.copies = Some(copies.clone());
+        s.copy_fns = Some(CopyFns {
+            strncpy: STRNCPY_VA,
+            copy: COPY_VA,
+        });
+        s.entry_only = Some(0);
+        let t = generate_shaped(&s, shape).unwrap();
+        let mem = memory(&[0]);
+        ring::init_rings(&mem, &s.layout).unwrap();
+        run_task(&mem, 0, 78);
+        mem.write_slice(NAME, GuestAddress(task_va(0) + u64::from(COMM_OFF)))
+            .unwrap();
+        mem.write_obj(
+            NR_FORK,
+            GuestAddress(REGS_VA + u64::from(FORK_REGS.orig_ax)),
+        )
+        .unwrap();
+        mem.write_obj(0i64, GuestAddress(REGS_VA + u64::from(FORK_REGS.ax)))
+            .unwrap();
+        let mut emu = Emu {
+            mem: &mem,
+            code: &t.code,
+            tsc: 5,
+        };
+        let mut reader = RingReader::new(s.layout);
+        let mut steps = [0; 2];
+        for k in 0..2u32 {
+            let mut r = regs(0);
+            r.gpr[RSI] = REGS_VA;
+            r.gpr[RDX] = 0;
+            let before = r.clone();
+            let slot = r.gpr[RSP] - 8;
+            steps[k as usize] = emu.call(&mut r, k, PARENT, &t, &mut no_interrupt);
+            for reg in (0..16).filter(|&g| g != R10 && g != R11) {
+                assert_eq!(r.gpr[reg], before.gpr[reg], "{shape:?}: register {reg}");
+            }
+            let hooked = emu.read(slot, 8) != PARENT;
+            assert_eq!(hooked, graph && k == 1, "{shape:?} site {k}");
+            let got = drain(&mut reader, &mem);
+            assert_eq!(got.len(), 1, "{shape:?}");
+            let rec = got[0].1;
+            if k == 1 {
+                continue;
+            }
+            assert_eq!(rec.slot, 0, "{shape:?}");
+            let args = rec.args.expect("arguments");
+            assert_eq!((args[1], args[2]), (REGS_VA, 0), "{shape:?}");
+            let area = rec.strings.expect("strings");
+            let got: Vec<FieldValue> = words.iter().map(|c| strcopy::value(c, &area)).collect();
+            assert_eq!(got[..2], [FieldValue::Int(NR_FORK), FieldValue::Int(0)]);
+            let name = words[2].bytes as usize;
+            assert_eq!(&area[name..name + 16], NAME, "{shape:?}");
+        }
+        match shape {
+            Shape::PerSite => assert_eq!(t.site_path(0).unwrap().len(), plain),
+            Shape::Shared => assert_eq!(steps[0], STUB_INSTRUCTIONS + plain, "graph {graph}"),
+        }
     }
 }
