@@ -295,9 +295,9 @@ impl Out {
         let (task, kept) = self.task_of(mem, &r, comm, store);
         let is_return = r.slot & crate::trace::model::RETURN_BIT != 0;
         if !kept {
-            // Calls rejected; their returns (hooked before the host saw
-            // the comm) go with them.
-            if !is_return {
+            // Calls rejected, and new tasks' exits (as trap mode counts
+            // them); returns hooked before the host saw the comm go.
+            if !is_return || comm.is_some() {
                 self.counters.filtered.fetch_add(1, Ordering::Relaxed);
             }
             return;
