@@ -155,7 +155,8 @@ fn trace_cmd_shows_fields(data: &std::path::Path, k: u64) {
 /// `vmtcycles 2 K` during a trace of the event and vmt_hit in `mode`: the
 /// first batch's K events (the module as the attach found it), none
 /// after its reload, every vmt_hit call; the detach says the module's
-/// event sites were given back at its unload; its labels NOPs after.
+/// event sites were given back at its unload; its labels and ftrace sites
+/// NOPs after, its functions and labels where the attach found them.
 fn unload_during(
     guest: &QemuGuest,
     bz: &std::path::Path,
@@ -164,6 +165,7 @@ fn unload_during(
     mode: &str,
 ) {
     const K: u64 = 3;
+    let (at_attach, before) = text_now(modules);
     let args = [
         "--kernel",
         s(bz),
@@ -205,4 +207,21 @@ fn unload_during(
     assert!(!e.stderr.contains("changed by the guest"), "{}", e.stderr);
     assert_no_gdbstub(guest.qmp_socket());
     assert_labels_nops(modules, mode);
+    // Its text is not the attach's byte for byte once loaded again (its
+    // calls and data references move with it: 6.4+ places text and data
+    // apart): its shape is, and each site and label is the kernel's NOP.
+    let (now, after) = text_now(modules);
+    let shape = |m: &LoadedModule| {
+        let f: Vec<_> = (m.functions.iter())
+            .map(|f| (&f.name, f.addr - m.text.start, f.size))
+            .collect();
+        let j: Vec<_> = m.tables.jumps.iter().map(|j| j.0 - m.text.start).collect();
+        format!("{f:?} {j:?}")
+    };
+    assert_eq!(shape(&now), shape(&at_attach), "{mode}");
+    assert_eq!(after.len(), before.len(), "{mode}");
+    for &site in &now.sites {
+        let at = (site - now.text.start) as usize;
+        assert_eq!(after[at..at + 5], NOP5, "{mode}: site {site:#x}");
+    }
 }
