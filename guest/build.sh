@@ -374,13 +374,13 @@ build_vmt_test() {
 	fi
 	local src="$here/linux/vmt_test" ko="$dst/vmt_test.ko" cpio="$dst/workload-vmt.cpio.gz"
 	build_workload
-	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && -f "$dst/vmt_nobtf.ko" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$out/workload.cpio.gz" &&
+	if [[ "${FORCE:-0}" != 1 && -f "$cpio" && -f "$dst/vmt_nobtf.ko" && "$cpio" -nt "$src/vmt_test.c" && "$cpio" -nt "$src/vmt_test_trace.h" && "$cpio" -nt "$out/workload.cpio.gz" &&
 		"$cpio" -nt "$dst/binfmt_misc.ko" && "$cpio" -nt "$dst/kyber-iosched.ko" ]]; then
 		return
 	fi
 	vmt_tmp="$(mktemp -d "$out/.vmt_test.XXXXXX")"
 	trap 'rm -rf "$vmt_tmp" "${workload_tmp:-}"' EXIT
-	cp "$src/vmt_test.c" "$src/Kbuild" "$vmt_tmp/"
+	cp "$src/vmt_test.c" "$src/vmt_test_trace.h" "$src/Kbuild" "$vmt_tmp/"
 	make -s -C "$headers/usr/src/linux-headers-$release" M="$vmt_tmp" modules >&2
 	cp "$vmt_tmp/vmt_test.ko" "$ko.tmp" && mv -f "$ko.tmp" "$ko"
 	# The same module without its .BTF (same build id): loaded so, the

@@ -37,6 +37,7 @@ fn request(trace: &[&str], mode: ModeChoice, graph: bool, entry: EntryChoice) ->
         stack: Vec::new(),
         entry,
         events: Vec::new(),
+        module_events: Vec::new(),
     }
 }
 

@@ -381,6 +381,7 @@ fn by_hand(name: &str, trace: &str) -> BTreeMap<String, u64> {
         stack: vec![STACK.to_string()],
         entry: EntryChoice::Auto,
         events: Vec::new(),
+        module_events: Vec::new(),
     };
     let plan = TracePlan::build(image, &req).unwrap();
     let sym = |n: &str| plan.plan.image.symbol(n).unwrap().addr;

@@ -45,6 +45,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         stack: Vec::new(),
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     }
 }
 

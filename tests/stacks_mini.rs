@@ -41,6 +41,7 @@ fn request(mode: ModeChoice, graph: bool) -> Request {
         stack: vec!["stack_leaf".to_string()],
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     }
 }
 

@@ -51,6 +51,7 @@ fn run(elf: &Path, mode: ModeChoice, graph: bool, pids: &[u32], comm: Option<&st
         stack: Vec::new(),
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     let want = match mode {

@@ -108,6 +108,7 @@ fn run(mode: ModeChoice, graph: bool, args: &str) -> (Trace, String) {
         stack: Vec::new(),
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert_eq!(

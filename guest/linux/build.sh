@@ -141,7 +141,7 @@ KEY=$( {
 	printf -- '--- init.c\n'; cat "$INIT_SRC"
 	if [[ -n $PATCH ]]; then
 		printf -- '--- patch\n'; cat "$PATCH"
-		printf -- '--- vmt_test\n'; cat "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/Kbuild"
+		printf -- '--- vmt_test\n'; cat "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/vmt_test_trace.h" "$VMT_TEST_DIR/Kbuild"
 	fi
 	printf -- '--- build.sh\n'; cat "$SELF"
 } | sha256sum | cut -c1-16)
@@ -332,7 +332,7 @@ if [[ -n $PATCH ]]; then
 		{ tail -n 40 "$BUILD_LOG" >&2; die "make modules failed"; }
 	MOD_TMP=$OBJ_DIR/.vmt_test.tmp
 	rm -rf "$MOD_TMP"; mkdir -p "$MOD_TMP"
-	cp "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/Kbuild" "$MOD_TMP/"
+	cp "$VMT_TEST_DIR/vmt_test.c" "$VMT_TEST_DIR/vmt_test_trace.h" "$VMT_TEST_DIR/Kbuild" "$MOD_TMP/"
 	"${KMAKE[@]}" M="$MOD_TMP" modules >>"$BUILD_LOG" 2>&1 ||
 		{ tail -n 40 "$BUILD_LOG" >&2; die "building vmt_test.ko failed"; }
 fi

@@ -48,9 +48,9 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let mut guardian = guard::spawn_or_say(target, connected.info.pid);
     let mut image = image;
-    let walk = guest_modules::add(&connected, &mut image, Some("traced"), files.as_deref());
+    let added = guest_modules::add(&connected, &mut image, Some("traced"), files.as_deref());
     let request = t.attach_request(connected.info.cpus);
-    let (mut plan, waiting) = plan_waiting(image, request, walk, files)?;
+    let (mut plan, waiting) = plan_waiting(image, request, added, files)?;
     check_attachable(&plan)?;
     // Auto mode found exitless mode impossible for this kernel already.
     let planned = plan.notes.iter().find_map(|n| match n {
@@ -289,15 +289,17 @@ impl Observer for Waits {
     }
 }
 
-/// The plan of `request`, its `:mod:` globs of modules not loaded yet
-/// kept for the modules the guest loads during the trace (returned, to
-/// say).
+/// The plan of `request`, the loaded modules' events `added` selectable
+/// as the image's, its `:mod:` globs of modules not loaded yet kept for
+/// the modules the guest loads during the trace (returned, to say).
 fn plan_waiting(
     image: tracer::kernel::symbols::KernelImage,
     mut request: tracer::plan::Request,
-    walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    added: guest_modules::Added,
     files: Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>,
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
+    request.module_events = added.events;
+    let walk = added.walk;
     let waiting = guest_modules::waiting(&mut request, &image, walk, files);
     let mut plan =
         TracePlan::build_waiting(image, &request, waiting.is_some()).map_err(InputError::from)?;

@@ -3,6 +3,7 @@
 //! (`name [module]`); said on stderr. And the `:mod:` globs of modules
 //! not loaded yet, which an attach keeps for the modules that come.
 
+use tracer::kernel::events::module_events::ModuleEvent;
 use tracer::kernel::filter::{Filter, Globs};
 use tracer::kernel::module_files::ModuleFiles;
 use tracer::kernel::symbols::KernelImage;
@@ -19,7 +20,7 @@ pub(super) const ADDED_SITES: usize = tracer::plan::added_sites::RESERVED;
 /// Add the modules `connected`'s guest has loaded to `image`, and say how
 /// many. `traced`: an attach (Some("traced")) goes on without them and
 /// says only why; `list` (None) also says when the kernel has none.
-/// Returns how to walk the guest's modules (None: it has none).
+/// Returns how to walk the guest's modules, and their events ([`Added`]).
 /// `files`: the module files of `--modules DIR`, which complete the
 /// modules they match (said, and named where the symbols came from).
 pub(super) fn add(
@@ -27,6 +28,27 @@ pub(super) fn add(
     image: &mut KernelImage,
     traced: Option<&str>,
     files: Option<&ModuleFiles>,
+) -> Added {
+    let mut events = Vec::new();
+    let walk = add_to(connected, image, traced, files, &mut events);
+    Added { walk, events }
+}
+
+/// What [`add`] read of the guest's modules: how to walk them (None: the
+/// kernel has none, or they cannot be read), and their events, which `-e`
+/// selects as the image's.
+pub(super) struct Added {
+    pub walk: Option<(tracer::kernel::modules::ModuleLayout, i64)>,
+    pub events: Vec<ModuleEvent>,
+}
+
+/// [`add`], the modules' events put in `events`.
+fn add_to(
+    connected: &Connected,
+    image: &mut KernelImage,
+    traced: Option<&str>,
+    files: Option<&ModuleFiles>,
+    events: &mut Vec<ModuleEvent>,
 ) -> Option<(tracer::kernel::modules::ModuleLayout, i64)> {
     match connected.modules(image) {
         Ok(Some(mut m)) => {
@@ -38,6 +60,7 @@ pub(super) fn add(
             for (addr, btf) in m.btf {
                 image.set_module_btf(addr, btf);
             }
+            events.extend(m.events);
             for (addr, prototypes) in dwarf {
                 image.set_module_prototypes(addr, prototypes);
             }

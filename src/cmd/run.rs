@@ -261,6 +261,14 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
             untraced_sites(d)
         ));
     }
+    if d.module_event_sites > 0 {
+        s.push_str(&format!(
+            "; {} event site{} of a traced module given back at its unload, before its \
+             memory was freed (its events are not traced once it is loaded again)",
+            d.module_event_sites,
+            if d.module_event_sites == 1 { "" } else { "s" },
+        ));
+    }
     if d.module_first > 0 {
         s.push_str(&format!(
             "; {} module{} first loaded during the trace, traced from {} load",

@@ -21,6 +21,7 @@ impl TraceArgs {
             stack: self.stack.clone(),
             entry: self.entry.choice(),
             events: self.event.clone(),
+            module_events: Vec::new(),
             graph: self.graph,
             mode: self.mode.choice(),
             ring_events: self.ring_events,

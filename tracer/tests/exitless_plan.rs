@@ -291,6 +291,7 @@ fn auto_mode_falls_back_to_traps_with_the_reason_as_data() {
         stack: Vec::new(),
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     };
     let plan = TracePlan::build(image, &request).unwrap();
     assert!(matches!(plan.mode, Mode::Trap));

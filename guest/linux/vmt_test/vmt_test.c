@@ -5,11 +5,16 @@
  * (and vmt_batch() once around them), so that a trace counts exactly K.
  * Each function has its ftrace call site (__fentry__) under its own name:
  * noipa keeps GCC from inlining them or calling a clone (vmt_batch.isra.0).
+ * Each vmt_hit() call is preceded by the event vmt_test:vmt_event (k, i),
+ * fired from vmt_batch() so that vmt_hit's own code stays as it was.
  */
 #include <linux/kernel.h>
 #include <linux/module.h>
 #include <linux/proc_fs.h>
 #include <linux/uaccess.h>
+
+#define CREATE_TRACE_POINTS
+#include "vmt_test_trace.h"
 
 #define vmt_noipa noinline __attribute__((__noipa__))
 
@@ -24,8 +29,10 @@ static vmt_noipa unsigned long vmt_batch(unsigned long k)
 {
 	unsigned long i;
 
-	for (i = 0; i < k; i++)
+	for (i = 0; i < k; i++) {
+		trace_vmt_event(k, i);
 		vmt_hit(i);
+	}
 	return k;
 }
 

@@ -215,6 +215,7 @@ pub(super) fn plan(
         },
         entry: Default::default(),
         events: Vec::new(),
+        module_events: Vec::new(),
     };
     Ok(TracePlan::build(image, &req)
         .map_err(InputError::from)?

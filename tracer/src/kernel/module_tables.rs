@@ -106,6 +106,10 @@ pub struct ModuleTables {
     pub fixups: Vec<(u64, u64)>,
     /// `(jump label site, its jump's target)`.
     pub jumps: Vec<(u64, u64)>,
+    /// `(jump label site, its key's address with the entry's flag bits)`:
+    /// which static key each site belongs to (a module's event's call
+    /// sites, `crate::kernel::events::module_events`).
+    pub keys: Vec<(u64, u64)>,
     /// Its `.noinstr.text`, if it has one: `(start, end)`.
     pub noinstr: Option<(u64, u64)>,
 }
@@ -150,14 +154,17 @@ impl ModuleTables {
         ];
         for (at, what, table) in tables {
             let Some(at) = at else { continue };
-            for (code, second) in entries(&at, module, what, read)? {
+            for (code, second, third) in entries(&at, module, what, read)? {
                 if !text.contains(&code) {
                     continue;
                 }
                 t.sites.push((code, table));
                 match table {
                     KernelTable::ExTable => t.fixups.push((code, second)),
-                    KernelTable::JumpLabel => t.jumps.push((code, second)),
+                    KernelTable::JumpLabel => {
+                        t.jumps.push((code, second));
+                        t.keys.extend(third.map(|key| (code, key)));
+                    }
                     _ => {}
                 }
             }
@@ -226,13 +233,15 @@ fn noinstr(
 /// The entries of table `at` of the module at `module`: each one's code
 /// address and the address its second field gives (both s32 relative to
 /// their own field, as in every table above: arch/x86's
-/// `exception_table_entry`, `jump_entry` and `static_call_site`).
+/// `exception_table_entry`, `jump_entry` and `static_call_site`), and for
+/// an entry of 16 bytes (a `jump_entry`) the address its third field, a
+/// `long` relative to itself, gives (its key, with the flag bits).
 fn entries(
     at: &TableAt,
     module: u64,
     what: &'static str,
     read: ReadGuest<'_>,
-) -> Result<Vec<(u64, u64)>, TablesError> {
+) -> Result<Vec<(u64, u64, Option<u64>)>, TablesError> {
     // The count is an `unsigned int`, the pointer 8 bytes.
     let field = |addr: u64, len: usize, read: ReadGuest<'_>| {
         let mut b = [0u8; 8];
@@ -264,7 +273,11 @@ fn entries(
         .enumerate()
         .map(|(i, e)| {
             let entry = base + i as u64 * size;
-            (rel(e, 0, entry), rel(e, 4, entry + 4))
+            let long = e.get(8..16).map(|l| {
+                let l = i64::from_le_bytes(l.try_into().expect("8 bytes"));
+                (entry + 8).wrapping_add_signed(l)
+            });
+            (rel(e, 0, entry), rel(e, 4, entry + 4), long)
         })
         .collect())
 }
@@ -302,9 +315,10 @@ mod tests {
         put(&mut mem, 0x2004, &(-0x1ae4i32).to_le_bytes());
         // Entry 1: insn outside the text (its init text, freed).
         put(&mut mem, 0x200c, &0x100i32.to_le_bytes());
-        // Jump label at 0x600, jumping to 0x610.
+        // Jump label at 0x600, jumping to 0x610, its key at 0x3800 (bit 1 set).
         put(&mut mem, 0x3000, &(-0x2a00i32).to_le_bytes());
         put(&mut mem, 0x3004, &(-0x29f4i32).to_le_bytes());
+        put(&mut mem, 0x3008, &0x7fai64.to_le_bytes());
         let mut read = reader(&mem);
         let t = ModuleTables::read(&layout, 0x1000, &(0x400..0x800), &mut read).unwrap();
         assert_eq!(
@@ -316,6 +330,7 @@ mod tests {
         );
         assert_eq!(t.fixups, vec![(0x500, 0x520)]);
         assert_eq!(t.jumps, vec![(0x600, 0x610)]);
+        assert_eq!(t.keys, vec![(0x600, 0x3802)]);
     }
 
     /// A module at 0x1000 whose `sect_attrs` (at 0x1040) points at 0x2000:

@@ -61,6 +61,9 @@ pub struct Request {
     pub entry: crate::plan::entry::EntryChoice,
     /// Event globs to trace (`-e`, ftrace's set_event syntax); empty: none.
     pub events: Vec<String>,
+    /// The events of the guest's loaded modules (an attach reads them with
+    /// the modules), which `events` selects as the image's.
+    pub module_events: Vec<crate::kernel::events::module_events::ModuleEvent>,
 }
 
 impl Request {
@@ -84,6 +87,7 @@ impl Request {
             stack: Vec::new(),
             entry: Default::default(),
             events: Vec::new(),
+            module_events: Vec::new(),
         }
     }
 
@@ -214,7 +218,7 @@ impl TracePlan {
         modules_only: bool,
         waiting: bool,
     ) -> Result<TracePlan, PlanError> {
-        let events = EventPlan::build(&image, &req.events)?;
+        let events = EventPlan::build_with(&image, &req.events, &req.module_events)?;
         let req = &req.with_events(&events);
         let mut plan = match modules_only {
             true => Plan::for_modules(image, req.entry)?,
@@ -450,6 +454,7 @@ mod tests {
             stack: Vec::new(),
             entry: Default::default(),
             events: Vec::new(),
+            module_events: Vec::new(),
         }
     }
 

@@ -9,11 +9,17 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::fork_child::RET_FROM_FORK;
-use crate::kernel::events::jump_sites::{self, JumpSite, JumpSiteError};
+use crate::kernel::events::jump_sites::{self, JumpEntry, JumpSite, JumpSiteError};
+use crate::kernel::events::module_events::ModuleEvent;
 use crate::kernel::events::syscall_format::Side;
 use crate::kernel::events::{counted, ftrace_format};
-use crate::kernel::events::{EventError, EventGlobError, EventGlobs, EventKind, EventTable};
+use crate::kernel::events::{
+    EventError, EventGlobError, EventGlobs, EventKind, EventTable, KernelEvent,
+};
+use crate::kernel::kaslr::KernelOffset;
 use crate::kernel::symbols::KernelImage;
+use crate::kernel::top_table::{self, INIT_TOP_PGT};
+use crate::plan::module_events::{self, LinkedEvent};
 use crate::plan::syscall_events::{self, ChildExits, PlannedSyscall};
 
 /// Where x86's jump_label checks and patches each site of a key being
@@ -94,6 +100,10 @@ pub struct PlannedEvent {
     /// kernel gives it at boot (0 in the image), read in the guest at the
     /// attach (`crate::qemu::event_ids`); None when BTF lacks the members.
     pub id_cell: Option<u64>,
+    /// The module whose event it is (`vmt_test`), None for the image's:
+    /// its addresses are in the module's memory, which the kernel's page
+    /// tables map (`EventPlan::gpa`), not the image's linear mapping.
+    pub module: Option<String>,
 }
 
 impl PlannedEvent {
@@ -131,6 +141,54 @@ fn find_counted_tests(image: &KernelImage, events: &mut [PlannedEvent]) {
     }
 }
 
+/// Where an event is called from, and how.
+struct Calls {
+    sites: Vec<JumpSite>,
+    /// Its static call's trampoline, `__SCT__tp_func_NAME`.
+    tramp: Option<u64>,
+    tests: Vec<FuncsTest>,
+    static_call: bool,
+}
+
+/// The call sites of tracepoint event `e` (its key `key`, its `tp->funcs`
+/// at `funcs`), from the image's jump table `table` or, for a module's
+/// event, the module's (None: the kernel has no jump labels; its tests
+/// are found later in one pass over the text), each checked.
+fn calls(
+    image: &KernelImage,
+    e: &KernelEvent,
+    key: u64,
+    funcs: u64,
+    module: Option<&LinkedEvent>,
+    table: Option<&[JumpEntry]>,
+) -> Result<Calls, EventPlanError> {
+    let sites = match (table, module) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(m)) => m.sites(image, key)?,
+        (Some(t), None) => jump_sites::event_sites(image, t, &e.full_name(), key)?,
+    };
+    let tramp = match module {
+        Some(m) => m.tramp(image),
+        None => (image.symbol(&format!("__SCT__tp_func_{}", e.name))).map(|s| s.addr),
+    };
+    // A module's static call may have no symbol its kallsyms keep: its
+    // sites' code says (their `tp->funcs` tests).
+    let tests: Vec<FuncsTest> = match (tramp.is_some() || module.is_some(), table) {
+        (true, Some(_)) => sites
+            .iter()
+            .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
+            .collect(),
+        (true, None) | (false, _) => Vec::new(),
+    };
+    let static_call = tramp.is_some() || (module.is_some() && !tests.is_empty());
+    Ok(Calls {
+        sites,
+        tramp,
+        tests,
+        static_call,
+    })
+}
+
 /// The events a plan traces.
 #[derive(Clone, Debug, Default)]
 pub struct EventPlan {
@@ -158,6 +216,9 @@ pub struct EventPlan {
     /// (`crate::session::event_keys`); the events have no `sites`, and
     /// their `tests` were found in the text.
     pub counted_keys: bool,
+    /// `init_top_pgt` (link-time), through which a module's event's
+    /// addresses are translated (`EventPlan::gpa`).
+    pub top_pgt: Option<u64>,
 }
 
 /// Where `call->event.type` is in a `struct trace_event_call`
@@ -173,12 +234,26 @@ impl EventPlan {
     /// The events of `image` that `globs` select, each with its call
     /// sites checked; empty `globs`: none.
     pub fn build(image: &KernelImage, globs: &[String]) -> Result<EventPlan, EventPlanError> {
+        EventPlan::build_with(image, globs, &[])
+    }
+
+    /// [`EventPlan::build`], the events of the guest's loaded modules
+    /// (`modules`, read at an attach) selected as the image's.
+    pub fn build_with(
+        image: &KernelImage,
+        globs: &[String],
+        modules: &[ModuleEvent],
+    ) -> Result<EventPlan, EventPlanError> {
         if globs.is_empty() {
             return Ok(EventPlan::default());
         }
         let globs = EventGlobs::parse(globs)?;
         let btf = KernelBtf::from_image(image).map_err(EventError::from)?;
-        let table = EventTable::read(image, &btf)?;
+        let mut table = EventTable::read(image, &btf)?;
+        // The loaded modules' events are selected as the image's (an
+        // attach read them with the modules).
+        let modules = module_events::linked(image, modules);
+        table.events.extend(modules.iter().map(|m| m.event.clone()));
         syscall_events::check_table(image, &table, &globs)?;
         let entries = jump_sites::entries(image)?;
         let counted_keys = entries.is_empty();
@@ -202,39 +277,29 @@ impl EventPlan {
                     kind: "a format only",
                 });
             };
-            let sites = match counted_keys {
-                true => Vec::new(),
-                false => jump_sites::event_sites(image, &entries, &full, key)?,
-            };
-            let tramp = image
-                .symbol(&format!("__SCT__tp_func_{}", e.name))
-                .map(|s| s.addr);
+            let module = modules.iter().find(|m| m.event.call == e.call);
             let funcs = tp_funcs + e.tracepoint.unwrap_or_default();
             let iterator_cell = tp_iterator + e.tracepoint.unwrap_or_default();
-            let tests = match (tramp.is_some(), counted_keys) {
-                (true, false) => sites
-                    .iter()
-                    .filter_map(|s| enabled_branch::funcs_test(image, s.target, funcs))
-                    .collect(),
-                // Found below, in one pass over the text for all events.
-                (true, true) | (false, _) => Vec::new(),
+            let table = (!counted_keys).then_some(entries.as_slice());
+            let c = calls(image, e, key, funcs, module, table)?;
+            let ftrace = match module {
+                Some(m) => m.format.clone(),
+                None => ftrace_format::read(image, &btf, e),
             };
             events.push(PlannedEvent {
                 system: e.system.clone(),
                 name: e.name.clone(),
                 key,
                 iterator,
-                sites,
-                static_call: tramp.is_some(),
-                tramp,
-                tests,
+                sites: c.sites,
+                static_call: c.static_call,
+                tramp: c.tramp,
+                tests: c.tests,
                 funcs,
                 iterator_cell,
-                format: EventFormat::of(e).map(|f| EventFormat {
-                    ftrace: ftrace_format::read(image, &btf, e),
-                    ..f
-                }),
+                format: EventFormat::of(e).map(|f| EventFormat { ftrace, ..f }),
                 id_cell: id_at.map(|at| e.call + at),
+                module: module.map(|m| m.module.clone()),
             });
         }
         if counted_keys {
@@ -250,6 +315,7 @@ impl EventPlan {
             static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
             offsets,
             counted_keys,
+            top_pgt: image.symbol(INIT_TOP_PGT).map(|s| s.addr),
         })
     }
 
@@ -359,6 +425,26 @@ impl EventPlan {
         self.events
             .iter()
             .flat_map(|e| e.sites.iter().map(move |s| (e, s)))
+    }
+
+    /// The guest-physical address of event `e`'s link-time address `link`
+    /// in `ram`, the kernel at `offset`: the image's through its linear
+    /// mapping, a module's through the kernel's own page tables (a
+    /// module's memory is mapped page by page). None: not mapped.
+    pub fn gpa(
+        &self,
+        ram: &dyn vmm::GuestRam,
+        offset: KernelOffset,
+        e: &PlannedEvent,
+        link: u64,
+    ) -> Option<u64> {
+        if e.module.is_none() {
+            return offset.phys_of(link);
+        }
+        let pgt = self.top_pgt?;
+        let root = vmm::layout::kernel_virt_to_phys(pgt)?.checked_add_signed(offset.phys)?;
+        let space = top_table::self_mapped(ram, root, offset.runtime(pgt))?;
+        space.translate(offset.runtime(link)).ok().map(|t| t.gpa)
     }
 
     /// The event whose `__traceiter_NAME` is named `func`.

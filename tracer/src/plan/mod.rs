@@ -11,6 +11,7 @@ pub mod events;
 pub mod exitless;
 pub mod hookable;
 pub mod list;
+mod module_events;
 pub mod site_index;
 pub mod stacks;
 pub mod syscall_events;

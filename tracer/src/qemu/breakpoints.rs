@@ -82,6 +82,10 @@ pub struct Breakpoints {
     /// plan's) it stands for (`super::module_hooks`).
     hooks: Option<super::module_hooks::ModuleHooks>,
     moved: HashMap<u64, u64>,
+    /// Texts of traced modules unloaded whose events' sites were given
+    /// back then (`hooks::release_events`), and how many sites.
+    released: Vec<std::ops::Range<u64>>,
+    event_sites_released: usize,
     /// Why the module hooks could not be set, where some traced site or
     /// `:mod:` glob needs them.
     pub unfollowed: Option<String>,
@@ -175,6 +179,8 @@ impl Breakpoints {
             steps: 0,
             journal: None,
             skips: HashMap::new(),
+            released: Vec::new(),
+            event_sites_released: 0,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,
@@ -652,6 +658,8 @@ mod tests {
             steps: 0,
             journal: None,
             skips: HashMap::new(),
+            released: Vec::new(),
+            event_sites_released: 0,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,
@@ -730,6 +738,8 @@ mod tests {
             steps: 0,
             journal: None,
             skips: [(test, skip)].into(),
+            released: Vec::new(),
+            event_sites_released: 0,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,

@@ -297,7 +297,7 @@ impl QemuVm {
 /// stop is left alone (someone else's). Errors as text: the trace ends.
 fn serve_exitless(
     guest: &QemuGuest,
-    guard: Option<&mut EventGuard>,
+    mut guard: Option<&mut EventGuard>,
     follow: Option<&mut super::module_follow::ModuleFollow>,
     timeout: Duration,
 ) -> Result<Served, String> {
@@ -309,14 +309,21 @@ fn serve_exitless(
         hit.hold();
         return Ok(Served::NotOurs { signal });
     };
-    if let Some(g) = guard {
+    if let Some(g) = guard.as_deref_mut() {
         let rip = hit.snapshot(cpu).map_err(|e| e.to_string())?.regs.rip;
         if g.owns(rip) {
             return g.serve_hit(hit, cpu).map_err(|e| e.to_string());
         }
     }
     match follow {
-        Some(f) => f.serve_hit(hit, cpu).map_err(|e| e.to_string()),
+        Some(f) => {
+            let served = f.serve_hit(hit, cpu).map_err(|e| e.to_string());
+            // A module gone: the guard no longer has sites there.
+            if let Some(g) = guard {
+                f.released.iter().for_each(|t| g.forget(t));
+            }
+            served
+        }
         None => {
             hit.hold();
             Ok(Served::NotOurs { signal })

@@ -184,6 +184,16 @@ impl Detach<'_> {
         // The guard's hit just before the stop served and every site still
         // vmtrace's given its NOP (`super::guarded_sites`) before the
         // count-checking restore, as the exitless detach does.
+        // Not in the memory of a module gone (given back at its unload, or
+        // its unload not followed).
+        let (released, event_sites) = b.released_events();
+        let released = released.to_vec();
+        self.vm
+            .jumps
+            .retain(|j| !released.iter().any(|t| t.contains(&j.va)));
+        let image = &self.tracer.plan().image;
+        let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
+        b.forget_events(&gone);
         let n = b.remove(&self.vm.guest, &stop, last)?;
         super::event_sites::restore(&stop, &self.vm.jumps)?;
         let (unloads, reloads, untraced) = b.module_cycles();
@@ -194,6 +204,7 @@ impl Detach<'_> {
             module_untraced: untraced,
             module_first: first,
             module_unslotted: unslotted,
+            module_event_sites: event_sites,
             ..self.tracer.unwatched(n)
         };
         stop.detach()?;
@@ -209,7 +220,18 @@ impl Detach<'_> {
         let held = held_for_end(self.vm, observer)?;
         let stop = stop_for_end(&self.vm.guest, &self.vm.process, held, observer)?;
         let last = self.vm.guest.take_last_stop();
+        // Not in the memory of a module gone (given back at its unload).
+        if let Some(f) = self.vm.follow.as_ref() {
+            let gone = |va: &u64| f.released.iter().any(|t| t.contains(va));
+            self.vm.jumps.retain(|j| !gone(&j.va));
+            if let Some(g) = self.vm.guard.as_mut() {
+                f.released.iter().for_each(|t| g.forget(t));
+            }
+        }
+        let image = &self.tracer.plan().image;
+        let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
         if let Some(g) = self.vm.guard.as_mut() {
+            gone.iter().for_each(|t| g.forget(t));
             g.detach(&self.vm.guest, &stop, last)
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
         }
@@ -225,6 +247,7 @@ impl Detach<'_> {
             (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
             (c.module_first, c.module_unslotted) = f.first_loaded();
             c.module_restored = f.restored;
+            c.module_event_sites = f.event_sites_released;
             c.module_in_use = f.in_use;
             c.module_displaced = f.displaced;
             c.restored += since;

@@ -63,6 +63,12 @@ pub struct EventGuard {
 }
 
 impl EventGuard {
+    /// Forget vmtrace's sites in `text` (a module gone: they were given
+    /// back at its unload).
+    pub fn forget(&mut self, text: &std::ops::Range<u64>) {
+        self.guarded.forget(text);
+    }
+
     /// The guard of `events`' `jumps` (vmtrace's call sites and loads, as
     /// journaled): None when there is nothing to guard. Err: the kernel
     /// calls some event through a static call that vmtrace cannot keep on

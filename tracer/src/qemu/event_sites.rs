@@ -72,13 +72,14 @@ pub(super) fn check(
     offset: KernelOffset,
 ) -> Result<Vec<JournaledJump>, QemuError> {
     let ram = &**stop.ram();
-    let phys = |va: u64, what: &str| {
-        offset.phys_of(va).ok_or_else(|| {
-            QemuError::NotTraceable(format!("{what} at {va:#x} is outside the kernel's image"))
-        })
-    };
     let mut jumps = Vec::new();
     for e in &events.events {
+        let phys = |va: u64, what: &str| {
+            events.gpa(ram, offset, e, va).ok_or_else(|| {
+                let runtime = offset.runtime(va);
+                QemuError::NotTraceable(format!("{what} at {runtime:#x} is not mapped"))
+            })
+        };
         // struct static_key { atomic_t enabled; ... } (include/linux/jump_label.h).
         let count = read(ram, phys(e.key, "a static key")?, 4)?;
         let count = i32::from_le_bytes([count[0], count[1], count[2], count[3]]);
@@ -251,4 +252,106 @@ pub fn restore(stop: &QemuStop<'_>, jumps: &[JournaledJump]) -> Result<JumpsRest
         }
     }
     Ok(out)
+}
+
+/// The sites among `jumps` in `text` (running addresses: a module's, as
+/// it goes away, its text still there), each still holding vmtrace's bytes
+/// given its own back (a call site its NOP, a `tp->funcs` load its
+/// address), and all taken out of `jumps`: the module's memory is freed
+/// next, and nothing is written there after. Returns how many were given
+/// back.
+pub(super) fn release(
+    ram: &dyn GuestRam,
+    jumps: &mut Vec<JournaledJump>,
+    text: &std::ops::Range<u64>,
+) -> Result<usize, vmm::RamError> {
+    let mut given = 0;
+    for j in jumps.iter().filter(|j| text.contains(&j.va)) {
+        let (Some(nop), Some(jump)) = (unhex(&j.nop), unhex(&j.jump)) else {
+            continue;
+        };
+        let mut now = vec![0u8; jump.len()];
+        ram.read_slice(&mut now, GuestAddress(j.gpa))?;
+        if now == jump {
+            ram.write_slice(&nop, GuestAddress(j.gpa))?;
+            given += 1;
+        }
+    }
+    jumps.retain(|j| !text.contains(&j.va));
+    Ok(given)
+}
+
+/// The sites among `jumps` in the text of a module of `image` no longer
+/// loaded where it was read (unloaded where its unload was not followed:
+/// its memory is freed), taken out: the detach writes nothing there.
+/// Returns those texts, for the guard to forget too. A module list that
+/// cannot be read keeps them all.
+pub(super) fn drop_freed(
+    ram: &dyn GuestRam,
+    image: &crate::kernel::symbols::KernelImage,
+    jumps: &mut Vec<JournaledJump>,
+) -> Vec<std::ops::Range<u64>> {
+    if jumps.iter().all(|j| image.module_at(j.va).is_none()) {
+        return Vec::new();
+    }
+    let Ok(loaded) = crate::kernel::modules::still_loaded(ram, image) else {
+        return Vec::new();
+    };
+    let gone: Vec<std::ops::Range<u64>> = (image.modules.iter().zip(loaded))
+        .filter(|(_, l)| !l)
+        .map(|(m, _)| m.text.clone())
+        .collect();
+    jumps.retain(|j| !gone.iter().any(|t| t.contains(&j.va)));
+    gone
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::{Bytes, GuestMemoryMmap};
+
+    use super::*;
+
+    const NOP: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+    const JUMP: [u8; 5] = [0xe9, 0x10, 0x00, 0x00, 0x00];
+    /// A module's text (running addresses) and where its page is.
+    const TEXT: std::ops::Range<u64> = 0xffff_ffff_c000_0000..0xffff_ffff_c000_1000;
+    const PAGE: u64 = 0x20_0000;
+
+    fn jump(va: u64, gpa: u64) -> JournaledJump {
+        JournaledJump {
+            va,
+            gpa,
+            nop: hex(&NOP),
+            jump: hex(&JUMP),
+            key_gpa: 0,
+        }
+    }
+
+    /// At a module's unload: its site holding vmtrace's jump gets its NOP,
+    /// one holding anything else is left as it is, both leave the list;
+    /// a site outside its text stays, unwritten.
+    #[test]
+    fn a_modules_sites_are_given_back_and_forgotten_at_its_unload() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        let (ours, changed, image) = (PAGE + 0x10, PAGE + 0x20, 0x1000);
+        for gpa in [ours, image] {
+            mem.write_slice(&JUMP, GuestAddress(gpa)).unwrap();
+        }
+        mem.write_slice(&[0xcc; 5], GuestAddress(changed)).unwrap();
+        let mut jumps = vec![
+            jump(TEXT.start + 0x10, ours),
+            jump(TEXT.start + 0x20, changed),
+            jump(0xffff_ffff_8100_1000, image),
+        ];
+        assert_eq!(release(&mem, &mut jumps, &TEXT).unwrap(), 1);
+        let at = |gpa: u64| {
+            let mut b = [0u8; 5];
+            mem.read_slice(&mut b, GuestAddress(gpa)).unwrap();
+            b
+        };
+        assert_eq!(at(ours), NOP);
+        assert_eq!(at(changed), [0xcc; 5]);
+        assert_eq!(at(image), JUMP);
+        assert_eq!(jumps, vec![jump(0xffff_ffff_8100_1000, image)]);
+    }
 }

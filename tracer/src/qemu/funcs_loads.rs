@@ -47,10 +47,8 @@ pub(super) fn plan(
     for e in whole {
         for t in &e.tests {
             let va = offset.runtime(t.load);
-            let gpa = offset.phys_of(t.load).ok_or_else(|| {
-                QemuError::NotTraceable(format!(
-                    "the tp->funcs load at {va:#x} is outside the kernel's image"
-                ))
+            let gpa = events.gpa(ram, offset, e, t.load).ok_or_else(|| {
+                QemuError::NotTraceable(format!("the tp->funcs load at {va:#x} is not mapped"))
             })?;
             let mut now = vec![0u8; INSN_MAX];
             read(ram, gpa, &mut now)?;

@@ -92,6 +92,10 @@ impl Sites {
     }
 }
 
+/// The kernel image's mapping from `__START_KERNEL_map`
+/// (arch/x86/include/asm/page_64_types.h); modules are mapped past it.
+const KERNEL_IMAGE_SIZE: u64 = 1 << 30;
+
 /// A stop at `arch_jump_label_transform_queue(entry, type)`'s first
 /// instruction on `cpu` (registers `snap`): see the module's comment.
 /// The kernel sorted its `__jump_table` at boot, so an entry (in the
@@ -108,7 +112,16 @@ pub(super) fn serve_queue(
     ops: &dyn BreakOps,
 ) -> Result<Queued, GuardError> {
     let (entry, kind) = (snap.regs.rdi, snap.regs.rsi);
-    let Some(gpa) = offset.phys_of(offset.link(entry)) else {
+    // A module's entry (its own `__jump_table`, in its memory) through
+    // the vCPU's page tables; the image's through its linear mapping.
+    let in_image = offset
+        .phys_of(offset.link(entry))
+        .filter(|_| offset.link(entry) < vmm::layout::KERNEL_MAP_BASE + KERNEL_IMAGE_SIZE);
+    let by_tables = || {
+        let space = vmm::gva::AddressSpace::of_vcpu(ram, &snap.sregs)?;
+        space.translate(entry).ok().map(|t| t.gpa)
+    };
+    let Some(gpa) = in_image.or_else(by_tables) else {
         return Ok(Queued::NotOurs);
     };
     let mut rel = [0u8; 4];
@@ -172,6 +185,16 @@ pub(super) fn give_back_all(
         given += usize::from(give_back(&j, ram)?);
     }
     Ok(given)
+}
+
+impl Sites {
+    /// Forget the sites in `text` (a module going away, whose sites were
+    /// given their NOP: `super::event_sites::release`): nothing is
+    /// written there after.
+    pub fn forget(&mut self, text: &std::ops::Range<u64>) {
+        self.ours.retain(|va, _| !text.contains(va));
+        self.given.retain(|va, _| !text.contains(va));
+    }
 }
 
 /// `j`'s NOP written where its jump is; anything else there left alone.

@@ -532,6 +532,16 @@ impl ReturnJournal {
     pub fn name_jumps(&mut self, jumps: &[JournaledJump]) {
         self.journal.record.jumps = jumps.to_vec();
     }
+
+    /// The event sites it names (a module going away takes its own out:
+    /// `super::event_sites::release`), saved by `save`.
+    pub fn jumps(&mut self) -> &mut Vec<JournaledJump> {
+        &mut self.journal.record.jumps
+    }
+
+    pub fn save(&mut self) -> Result<(), JournalError> {
+        self.journal.save()
+    }
 }
 
 #[cfg(test)]

@@ -115,6 +115,11 @@ pub struct ModuleFollow {
     /// by slot: where a function of a module first loaded during the
     /// trace lands (`crate::plan::added_sites`).
     added_stubs: Vec<u64>,
+    /// Texts of traced modules unloaded whose events' call sites and
+    /// `tp->funcs` loads were given back then (`release_events`), and how
+    /// many: the detach and the event guard leave them.
+    pub released: Vec<std::ops::Range<u64>>,
+    pub event_sites_released: usize,
 }
 
 impl ModuleFollow {
@@ -185,6 +190,8 @@ impl ModuleFollow {
             in_use: 0,
             displaced: 0,
             added_stubs,
+            released: Vec::new(),
+            event_sites_released: 0,
         })
     }
 
@@ -313,6 +320,10 @@ impl ModuleFollow {
             });
             return Ok(());
         }
+        // Its events' sites first, the text still there.
+        if let Some(text) = self.hooks.attach_text(module) {
+            self.release_events(&text, ram)?;
+        }
         for va in self.hooks.freeing(module) {
             if let Some(m) = self.marks.as_mut() {
                 m.forget(va);
@@ -334,6 +345,28 @@ impl ModuleFollow {
             self.unjournal(va)?;
             self.remark(ram, |m| m.module_sites.retain(|&s| s != va))?;
         }
+        Ok(())
+    }
+
+    /// A traced module's text `text` goes away: its events' call sites and
+    /// `tp->funcs` loads get their bytes back and leave the journal
+    /// (nothing is written there once the memory is freed).
+    fn release_events(
+        &mut self,
+        text: &std::ops::Range<u64>,
+        ram: &dyn GuestRam,
+    ) -> Result<(), FollowError> {
+        let site = |e: vmm::RamError| FollowError::Site {
+            addr: text.start,
+            why: format!("giving its events' sites back: {e}"),
+        };
+        if let Some(j) = self.journal.as_mut() {
+            let given =
+                super::event_sites::release(ram, &mut j.record.jumps, text).map_err(site)?;
+            j.save()?;
+            self.event_sites_released += given;
+        }
+        self.released.push(text.clone());
         Ok(())
     }
 

@@ -282,6 +282,18 @@ impl ModuleHooks {
         Ok(pairs)
     }
 
+    /// The text of the traced module at `module` (the free hook's RDI)
+    /// while it is the load the attach found (not loaded again since):
+    /// where its events' call sites are (`crate::plan::events`; a module
+    /// loaded again has its events untraced).
+    pub fn attach_text(&self, module: u64) -> Option<std::ops::Range<u64>> {
+        let t = self
+            .traced
+            .iter()
+            .find(|t| t.moved_to.is_none() && t.now.as_ref().is_some_and(|n| n.0 == module))?;
+        Some(t.text.clone())
+    }
+
     /// The guest frees the module at `module` (the free hook's RDI): the
     /// breakpoints of its sites to remove, if it is a traced one.
     pub fn freeing(&mut self, module: u64) -> Vec<u64> {

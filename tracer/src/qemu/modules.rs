@@ -164,7 +164,14 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
     let mut orc = Vec::new();
     let mut build_ids = Vec::new();
     let modules = walk.list(&ram, offset.virt)?;
-    let events = module_events::read(&mut walk.space(&ram), &walk.btf, &modules)?;
+    // Values of the modules' functions (and their events' arguments) are
+    // shown by it, when it can be read: without it they are shown raw (a
+    // list that changed meanwhile, like the module list, is caught at the
+    // attach's stop).
+    let btf = (walk.btf_modules.as_ref())
+        .and_then(|l| loaded_btf(&mut walk.space(&ram), l, offset.virt).ok())
+        .unwrap_or_default();
+    let events = module_events::read(&mut walk.space(&ram), &walk.btf, &modules, &btf)?;
     for m in modules {
         if let Some(l) = &walk.layout.orc {
             orc.push((m.addr, read_orc(&mut walk.space(&ram), l, &m)?));
@@ -184,12 +191,6 @@ pub fn read(ram: &ProcRam, image: &KernelImage) -> Result<Option<GuestModules>, 
             })?;
         list.push((m, text));
     }
-    // Values of the modules' functions are shown by it, when it can be
-    // read: without it they are shown raw (a list that changed meanwhile,
-    // like the module list, is caught at the attach's stop).
-    let btf = (walk.btf_modules.as_ref())
-        .and_then(|l| loaded_btf(&mut walk.space(&ram), l, offset.virt).ok())
-        .unwrap_or_default();
     Ok(Some(GuestModules {
         list,
         layout: walk.layout,

@@ -26,19 +26,22 @@ const MAX_ID: i32 = u16::MAX as i32;
 /// event itself. Returns the ids read.
 pub(crate) fn read(ram: &dyn GuestRam, events: &mut EventPlan, offset: KernelOffset) -> usize {
     let mut read = 0;
-    let tracepoints = events.events.iter_mut().map(|e| (e.id_cell, &mut e.format));
+    // A module's cell through the kernel's page tables, found first.
+    let gpas: Vec<Option<u64>> = (events.events.iter())
+        .map(|e| e.id_cell.and_then(|c| events.gpa(ram, offset, e, c)))
+        .collect();
+    let tracepoints = (events.events.iter_mut())
+        .zip(gpas)
+        .map(|(e, gpa)| (gpa, &mut e.format));
     let syscalls = events
         .syscalls
         .iter_mut()
-        .map(|e| (e.id_cell, &mut e.format));
-    for (cell, format) in tracepoints.chain(syscalls) {
-        let (Some(cell), Some(f)) = (cell, format.as_mut()) else {
+        .map(|e| (e.id_cell.and_then(|c| offset.phys_of(c)), &mut e.format));
+    for (gpa, format) in tracepoints.chain(syscalls) {
+        let (Some(gpa), Some(f)) = (gpa, format.as_mut()) else {
             continue;
         };
         let Some(t) = f.ftrace.as_mut() else {
-            continue;
-        };
-        let Some(gpa) = offset.phys_of(cell) else {
             continue;
         };
         let mut b = [0u8; 4];
@@ -92,6 +95,7 @@ mod tests {
                 }),
             }),
             id_cell,
+            module: None,
         }
     }
 

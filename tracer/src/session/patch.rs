@@ -176,6 +176,10 @@ pub struct DetachCounts {
     pub module_in_use: usize,
     /// Exitless mode: sites given their bytes back at those unloads.
     pub module_restored: usize,
+    /// Event call sites (and exitless mode's `tp->funcs` loads) of a
+    /// traced module given back at its unload, before its memory was
+    /// freed: its events are not traced once it is loaded again.
+    pub module_event_sites: usize,
     /// Exitless mode: direct entries of a module loaded again elsewhere
     /// left untraced: each displaced other instructions than its ftrace
     /// NOP, which its stub runs relocated for the first address only.

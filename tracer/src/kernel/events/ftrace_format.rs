@@ -13,7 +13,7 @@
 use btf_rs::Type;
 
 use crate::kernel::btf::KernelBtf;
-use crate::kernel::events::image_data::{c_string_max, word, word32};
+use crate::kernel::events::image_data::EventData;
 use crate::kernel::events::KernelEvent;
 use crate::kernel::symbols::KernelImage;
 
@@ -145,37 +145,52 @@ impl FieldsLayout {
 /// hold its layout: a syscall event's, a kernel before `fields_array`
 /// (5.6), or a layout BTF contradicts).
 pub fn read(image: &KernelImage, btf: &KernelBtf, event: &KernelEvent) -> Option<FtraceFormat> {
+    read_in(image, btf, btf, event)
+}
+
+/// [`read`] from `mem` (the image, or a running guest's memory for a
+/// module's event), `btf` the kernel's and `own` the BTF that declares
+/// the event's record struct (a module's own, split on the kernel's).
+pub(crate) fn read_in(
+    mem: &dyn EventData,
+    btf: &KernelBtf,
+    own: &KernelBtf,
+    event: &KernelEvent,
+) -> Option<FtraceFormat> {
+    let word = |at: u64| mem.word(at);
+    let word32 = |at: u64| mem.word32(at);
+    let c_string_max = |at: u64, max: usize| mem.c_string_max(at, max);
     let l = FieldsLayout::from_btf(btf)?;
     let class_at = btf.member("trace_event_call", "class").ok()?.offset;
     let fmt_at = btf.member("trace_event_call", "print_fmt").ok()?.offset;
     let array_at = btf.member("trace_event_class", "fields_array").ok()?.offset;
-    let class = word(image, event.call + u64::from(class_at))?;
-    let mut at = word(image, class + u64::from(array_at))?;
+    let class = word(event.call + u64::from(class_at))?;
+    let mut at = word(class + u64::from(array_at))?;
     let mut offset = btf.struct_size("trace_entry").ok()?;
     let mut fields = Vec::new();
     loop {
-        let ty = word(image, at + l.ty)?;
+        let ty = word(at + l.ty)?;
         if ty == 0 {
             break;
         }
         if ty == TRACE_FUNCTION_TYPE || fields.len() == MAX_FIELDS {
             return None;
         }
-        let size = word32(image, at + l.size)?;
-        let align = word32(image, at + l.align)?;
-        let signed = word32(image, at + l.signed_bit / 32 * 4)? >> (l.signed_bit % 32) & 1;
+        let size = word32(at + l.size)?;
+        let align = word32(at + l.align)?;
+        let signed = word32(at + l.signed_bit / 32 * 4)? >> (l.signed_bit % 32) & 1;
         if !align.is_power_of_two() {
             return None;
         }
         offset = offset.next_multiple_of(align);
-        let ty = c_string_max(image, ty, MAX_NAME)?;
+        let ty = c_string_max(ty, MAX_NAME)?;
         let len = match l.len {
-            Some(len) => Some(word32(image, at + len)?),
+            Some(len) => Some(word32(at + len)?),
             None => None,
         };
         fields.push(FtraceField {
             ty: array_type(ty, len),
-            name: c_string_max(image, word(image, at + l.name)?, MAX_NAME)?,
+            name: c_string_max(word(at + l.name)?, MAX_NAME)?,
             offset,
             size,
             signed: signed != 0,
@@ -183,12 +198,8 @@ pub fn read(image: &KernelImage, btf: &KernelBtf, event: &KernelEvent) -> Option
         offset = offset.checked_add(size)?;
         at += l.stride;
     }
-    let print_fmt = c_string_max(
-        image,
-        word(image, event.call + u64::from(fmt_at))?,
-        MAX_PRINT_FMT,
-    )?;
-    agrees_with_btf(btf, &event.name, &fields).then_some(FtraceFormat {
+    let print_fmt = c_string_max(word(event.call + u64::from(fmt_at))?, MAX_PRINT_FMT)?;
+    agrees_with_btf(own, &event.name, &fields).then_some(FtraceFormat {
         id: 0,
         fields,
         print_fmt,

@@ -26,6 +26,8 @@ pub(crate) trait EventData {
     fn word(&self, vaddr: u64) -> Option<u64>;
     fn word32(&self, vaddr: u64) -> Option<u32>;
     fn c_string(&self, vaddr: u64) -> Option<String>;
+    /// The NUL-terminated string at `vaddr` of at most `max` bytes.
+    fn c_string_max(&self, vaddr: u64, max: usize) -> Option<String>;
 }
 
 impl EventData for KernelImage {
@@ -37,6 +39,9 @@ impl EventData for KernelImage {
     }
     fn c_string(&self, vaddr: u64) -> Option<String> {
         c_string(self, vaddr)
+    }
+    fn c_string_max(&self, vaddr: u64, max: usize) -> Option<String> {
+        c_string_max(self, vaddr, max)
     }
 }
 

@@ -82,6 +82,13 @@ impl Breakpoints {
                 self.moved.insert(new, at);
             }
         } else {
+            // Its events' sites first, the text still there.
+            if let Some(text) = k.attach_text(module) {
+                self.release_events(&text, ram, ops)?;
+            }
+            let Some(k) = self.hooks.as_mut() else {
+                return Ok(());
+            };
             for a in k.freeing(module) {
                 // (A removed breakpoint that was never set is no error.)
                 ops.clear(a)?;
@@ -96,6 +103,54 @@ impl Breakpoints {
             }
         }
         Ok(())
+    }
+
+    /// A traced module's text `text` goes away: its events' `tp->funcs`
+    /// tests lose their breakpoints, and their call sites get their NOPs
+    /// back and are forgotten (the journal's, the guard's: nothing is
+    /// written there once the memory is freed).
+    fn release_events(
+        &mut self,
+        text: &std::ops::Range<u64>,
+        ram: &dyn vmm::GuestRam,
+        ops: &dyn BreakOps,
+    ) -> Result<(), HitError> {
+        let tests: Vec<u64> = self
+            .skips
+            .keys()
+            .copied()
+            .filter(|a| text.contains(a))
+            .collect();
+        for a in tests {
+            ops.clear(a)?;
+            self.skips.remove(&a);
+        }
+        self.guarded.forget(text);
+        let given = match self.journal.as_mut() {
+            Some(j) => {
+                let site = |e: vmm::RamError| HitError::Site(e.to_string());
+                let given =
+                    crate::qemu::event_sites::release(ram, j.jumps(), text).map_err(site)?;
+                j.save()?;
+                given
+            }
+            None => 0,
+        };
+        self.released.push(text.clone());
+        self.event_sites_released += given;
+        Ok(())
+    }
+
+    /// Forget the event sites in `texts` (modules gone whose unload was
+    /// not followed): the detach gives them nothing back.
+    pub fn forget_events(&mut self, texts: &[std::ops::Range<u64>]) {
+        texts.iter().for_each(|t| self.guarded.forget(t));
+    }
+
+    /// Module texts whose event sites were given back at their unload
+    /// (the detach writes nothing there), and how many sites.
+    pub fn released_events(&self) -> (&[std::ops::Range<u64>], usize) {
+        (&self.released, self.event_sites_released)
     }
 
     /// Traced modules the guest unloaded, and loaded again, during the

@@ -412,6 +412,7 @@ fn a_modules_own_tables_refuse_its_functions_by_the_kernels_rules() {
             sites: vec![(start(0) + 1, KernelTable::JumpLabel)],
             fixups: vec![(start(4) + 6, start(1) + 2)],
             jumps: Vec::new(),
+            keys: Vec::new(),
             noinstr: Some((start(2), start(3) - PFX)),
         },
     };
