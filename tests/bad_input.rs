@@ -848,12 +848,17 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     assert_bad_input(&with(&five, &["--buffer", "1G"]), "/nonexistent");
 }
 
-/// `attach --modules DIR`: a DIR that is not a directory, or holds no
-/// module file at any depth, is refused in one line naming it, before the
-/// kernel is read or any QEMU is touched (neither exists here).
+/// `--modules DIR` (`attach`, and the own VMM's run and `record`): a DIR
+/// that is not a directory, or holds no module file at any depth, is
+/// refused in one line naming it, before the kernel is read or any QEMU
+/// touched, or any VMM made (no QEMU, no vmlinux exists here; the own
+/// VMM's kernel is not one).
 #[test]
 fn module_files_dir_must_hold_modules() {
-    let base = [
+    let kernel = scratch().join("modules-not-a-kernel");
+    std::fs::write(&kernel, b"not a kernel").unwrap();
+    let kernel = kernel.to_str().unwrap();
+    let attach = [
         "attach",
         "--qmp",
         "/nonexistent/qmp.sock",
@@ -863,10 +868,30 @@ fn module_files_dir_must_hold_modules() {
         "x",
         "--modules",
     ];
+    let run = ["--kernel", kernel, "--trace", "x", "--modules"];
+    let record = ["record", "--kernel", kernel, "--trace", "x", "--modules"];
+    let forms: [(&[&str], &str); 3] = [
+        (&attach, "/nonexistent/vmlinux"),
+        (&run, kernel),
+        (&record, kernel),
+    ];
+    for (base, read) in forms {
+        dir_must_hold_modules(base, read);
+    }
+    // Only a traced run reads module files.
+    assert_bad_input(
+        &["--kernel", kernel, "--modules", "/nonexistent/modules"],
+        "vmtrace: --modules needs --trace GLOB (it only applies to a traced run)",
+    );
+}
+
+/// `base` (ending in `--modules`) refused with each bad DIR; with a DIR
+/// holding a module, it gets as far as reading `read`.
+fn dir_must_hold_modules(base: &[&str], read: &str) {
     let remedy = "; give the directory that holds the guest's module files (its \
                   /lib/modules/VERSION, or a build's)";
     assert_bad_input(
-        &with(&base, &["/nonexistent/modules"]),
+        &with(base, &["/nonexistent/modules"]),
         &format!("vmtrace: --modules: /nonexistent/modules is not a directory{remedy}"),
     );
     let dir = scratch().join("no-modules");
@@ -875,14 +900,14 @@ fn module_files_dir_must_hold_modules() {
     std::fs::write(dir.join("kernel/fs/x.ko.bz2"), b"").unwrap();
     let file = dir.join("kernel/fs/modules.dep");
     assert_bad_input(
-        &with(&base, &[file.to_str().unwrap()]),
+        &with(base, &[file.to_str().unwrap()]),
         &format!(
             "vmtrace: --modules: {} is not a directory{remedy}",
             file.display()
         ),
     );
     assert_bad_input(
-        &with(&base, &[dir.to_str().unwrap()]),
+        &with(base, &[dir.to_str().unwrap()]),
         &format!(
             "vmtrace: --modules: {} holds no module file (*.ko, *.ko.gz, *.ko.xz, *.ko.zst), nor \
              do its subdirectories{remedy}",
@@ -891,10 +916,8 @@ fn module_files_dir_must_hold_modules() {
     );
     // A DIR with a module gets as far as the kernel.
     std::fs::write(dir.join("kernel/fs/x.ko"), b"not an ELF").unwrap();
-    assert_bad_input(
-        &with(&base, &[dir.to_str().unwrap()]),
-        "/nonexistent/vmlinux",
-    );
+    assert_bad_input(&with(base, &[dir.to_str().unwrap()]), read);
+    let _ = std::fs::remove_file(dir.join("kernel/fs/x.ko"));
 }
 
 /// The own VMM cannot follow the guest's modules with `--entry direct`

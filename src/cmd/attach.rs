@@ -77,6 +77,8 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
     let events = plan.plan.events.clone();
+    // What `--modules DIR`'s files give the modules first loaded.
+    let file_uses = plan.plan.coming.as_ref().map(|c| c.said.clone());
     let mut s = connected.attach_in(plan, recording).map_err(|e| {
         data.discard();
         InputError::Qemu(e)
@@ -92,11 +94,18 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
-    let mut waits = Waits::default();
+    let mut waits = Waits {
+        file_uses,
+        ..Waits::default()
+    };
     let done = std::sync::atomic::AtomicBool::new(false);
     let reason = s.trace_with(duration, &done, &mut waits);
     say_taken_over(&s);
     let ended = s.end_with(&reason, &mut waits);
+    // A module loaded since the last look.
+    if let Some(u) = &waits.file_uses {
+        crate::cmd::say_uses(u);
+    }
     if let (Ok(_), Ok(_), Some(g)) = (&ended.detached, &ended.removed, guardian.as_mut()) {
         // All taken out but maybe the ring device of a VM someone holds
         // stopped, said below with its remedy: nothing for the guardian.
@@ -250,6 +259,9 @@ struct Waits {
     /// The wait said last, when it was said, and whether this step saw it.
     said: Option<(HeldUp, Instant)>,
     seen: bool,
+    /// What `--modules DIR`'s files gave the modules first loaded, said
+    /// as they load.
+    file_uses: Option<tracer::kernel::ko_file::FileUses>,
 }
 
 impl Observer for Waits {
@@ -278,6 +290,9 @@ impl Observer for Waits {
     }
 
     fn tracing(&mut self, _: &Progress, _: Duration, _: Option<Duration>) {
+        if let Some(u) = &self.file_uses {
+            crate::cmd::say_uses(u);
+        }
         if !std::mem::take(&mut self.seen) {
             if let Some((last, _)) = self.said.take() {
                 match last {

@@ -475,6 +475,7 @@ mod tests {
             notify: None,
             args: None,
             files: None,
+            said: Default::default(),
         }
     }
 
