@@ -16,7 +16,8 @@
 #   bash guest/build.sh linux-noftrace [ARGS] -> linux/build.sh --variant noftrace ARGS,
 #                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
-#                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
+#                                      guest/out/linux-6.12/{bzImage,vmlinux,...},
+#                                      and vmt_nobtf.ko (add_vmt_nobtf)
 #   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map,binfmt_misc.ko,
 #                                      kyber-iosched.ko}:
 #                                      Debian's own 6.12 cloud kernel, not built but

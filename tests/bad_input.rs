@@ -920,18 +920,28 @@ fn dir_must_hold_modules(base: &[&str], read: &str) {
     let _ = std::fs::remove_file(dir.join("kernel/fs/x.ko"));
 }
 
-/// The own VMM cannot follow the guest's modules with `--entry direct`
-/// (a first-loaded module's functions get ftrace sites, not direct
-/// entries): a `:mod:` glob that would wait for its module is refused in
-/// one line before the guest boots (docs/attach.md, modules in the own
-/// VMM).
+/// With `--entry direct` the own VMM follows the guest's modules at the
+/// ftrace sites of the module notifier's two calls, which a direct entry
+/// of either function would displace: a `:mod:` glob that would wait
+/// with one of them traced is refused in one line before the guest
+/// boots (docs/attach.md, modules in the own VMM). (`--timeout 1`: a
+/// run not refused ends at once.)
 #[test]
-fn a_waiting_module_glob_with_direct_entries_is_refused_by_the_own_vmm() {
+fn a_waiting_module_glob_with_the_loaders_trap_displaced_is_refused_by_the_own_vmm() {
     let Some((bz, vmlinux)) = linux_612() else {
         return;
     };
     let (bz, vmlinux) = (bz.to_str().unwrap(), vmlinux.to_str().unwrap());
-    for trace in ["*:mod:vmt_test", "hrtimer_*,vmt_*:mod:vmt_test"] {
+    for (trace, name) in [
+        (
+            "blocking_notifier_call_chain,*:mod:vmt_test",
+            "blocking_notifier_call_chain",
+        ),
+        (
+            "hrtimer_*,blocking_notifier_call_chain_robust,vmt_*:mod:vmt_test",
+            "blocking_notifier_call_chain_robust",
+        ),
+    ] {
         let args = [
             "--kernel",
             bz,
@@ -941,10 +951,14 @@ fn a_waiting_module_glob_with_direct_entries_is_refused_by_the_own_vmm() {
             trace,
             "--entry",
             "direct",
+            "--timeout",
+            "1",
         ];
-        assert_bad_input(
-            &args,
-            "waits for a module, but the guest's modules cannot be followed (--entry direct)",
+        let why = format!(
+            "waits for a module, but the guest's modules cannot be followed (`{name}` is traced \
+             by a direct entry, which displaces the ftrace site where vmtrace traps the module \
+             loader)"
         );
+        assert_bad_input(&args, &why);
     }
 }

@@ -5,8 +5,9 @@
 //! load the test module N times at boot (`vmt_boot`, docs/guests.md) and
 //! trace its functions from each load (issue 37): by `:mod:` with traps,
 //! with their stacks through the module's frames (its ORC tables read at
-//! each load) and their arguments; by a plain glob exitless, with the
-//! function graph. Each boot runs until the guest's init (which cannot
+//! each load) and their arguments (named by its file's DWARF, `--modules
+//! DIR`); by a plain glob exitless, with the function graph, the kernel's
+//! functions by their direct entries. Each boot runs until the guest's init (which cannot
 //! run here) panics, after the module's last cycle.
 
 mod common;
@@ -189,9 +190,8 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     assert_eq!(count(&saved, "vmt_hit [vmt_test]"), Some(CYCLES * HITS));
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
-    // Its entries (`...: vmt_hit [vmt_test](...) <-CALLER`), not the
-    // ` => ` lines of a stack (a tick in vmt_hit has its frame) nor the
-    // `# not shown:` note of its arguments (raw: no prototype).
+    // Its entries (`...: vmt_hit [vmt_test](i=3) <-CALLER`), not the
+    // ` => ` lines of a stack (a tick in vmt_hit has its frame).
     let hits = lines
         .lines()
         .filter(|l| l.contains("vmt_hit [vmt_test]"))
@@ -301,10 +301,16 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
             "vmt_*",
             "--graph",
             "--args=vmt_*",
+            // The kernel's functions by their direct entries, the module's
+            // (which the guest loads after the attach) by their ftrace
+            // sites, the loader's traps on its notifier's ftrace sites.
+            "--entry",
+            "direct",
             "-o",
             data.to_str().unwrap(),
         ],
     );
+    assert!(err.contains("direct sites patched"), "{err}");
     // The arguments through the spare sites' records too.
     hit_arguments(&data);
     let _ = std::fs::remove_file(&data);

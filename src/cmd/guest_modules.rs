@@ -9,7 +9,7 @@ use tracer::kernel::symbols::KernelImage;
 use tracer::plan::{ComingModules, Request};
 use tracer::qemu::module_files::{complete_from, FileUse};
 
-use crate::config::take_waiting;
+use crate::config::{say_unread, take_waiting};
 use tracer::qemu::session::Connected;
 
 /// Functions of modules first loaded during a trace that get sites of
@@ -66,17 +66,6 @@ pub(super) fn add(
             );
             None
         }
-    }
-}
-
-/// Say how many of `--modules DIR`'s files could not be read, if any.
-pub(crate) fn say_unread(files: &ModuleFiles) {
-    if let Some(first) = files.unreadable.first() {
-        note!(
-            "vmtrace: --modules: {} module file{} not read, e.g. {first}",
-            files.unreadable.len(),
-            if files.unreadable.len() == 1 { "" } else { "s" },
-        );
     }
 }
 

@@ -16,7 +16,7 @@ mod vms;
 mod vms_model;
 mod vms_view;
 
-pub(crate) use guest_modules::{say_unread, say_uses};
+pub(crate) use guest_modules::say_uses;
 
 use crate::cli::{Cli, Command};
 use crate::config::Form;

@@ -44,12 +44,23 @@ pub(super) fn waiting(
         return None;
     }
     if let Some(f) = files.as_deref() {
-        crate::cmd::say_unread(f);
+        say_unread(f);
     }
     let selection = Filter::new(&request.trace, &request.notrace).ok()?;
     let (waiting, only) = take_waiting(request, |g| g.contains(":mod:"))?;
     let only = only && request.events.is_empty();
     Some((selection, waiting, only, files))
+}
+
+/// Say how many of `--modules DIR`'s files could not be read, if any.
+pub(crate) fn say_unread(files: &ModuleFiles) {
+    if let Some(first) = files.unreadable.first() {
+        note!(
+            "vmtrace: --modules: {} module file{} not read, e.g. {first}",
+            files.unreadable.len(),
+            if files.unreadable.len() == 1 { "" } else { "s" },
+        );
+    }
 }
 
 /// The positive `--trace` globs of `request` that `waits` says wait for
@@ -94,6 +105,19 @@ pub(super) fn plan(
     Ok(plan)
 }
 
+/// The module notifier's traps of `p`: on their ftrace sites, also in a
+/// plan of direct entries (none of which may displace them).
+fn notify(p: &tracer::plan::Plan) -> Result<ModuleNotify, String> {
+    let Some(direct) = p.direct.as_ref() else {
+        return ModuleNotify::find(&p.image, &p.sites);
+    };
+    let displaced: Vec<std::ops::Range<u64>> = (p.index.addrs.iter())
+        .filter_map(|a| direct.sites.get(a))
+        .map(|d| d.addr..d.addr + d.len as u64)
+        .collect();
+    ModuleNotify::find_direct(&p.image, &displaced)
+}
+
 /// Follow the guest's module loader in `plan` (built from `request`),
 /// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
 /// cannot be followed, said in one line; refused (exit status 2) when a
@@ -107,16 +131,12 @@ fn follow(
 ) -> Result<(), InputError> {
     let globs = waiting.join(",");
     let p = &plan.plan;
-    let why = if p.direct.is_some() {
-        Err("--entry direct".to_string())
-    } else {
-        let layout = p
-            .btf
-            .as_deref()
-            .ok_or_else(|| "the kernel has no BTF".to_string())
-            .and_then(|btf| ModuleLayout::find(&p.image, btf).map_err(|e| e.to_string()));
-        layout.and_then(|l| Ok((l, ModuleNotify::find(&p.image, &p.sites)?)))
-    };
+    let why = p
+        .btf
+        .as_deref()
+        .ok_or_else(|| "the kernel has no BTF".to_string())
+        .and_then(|btf| ModuleLayout::find(&p.image, btf).map_err(|e| e.to_string()))
+        .and_then(|l| Ok((l, notify(p)?)));
     let (layout, notify) = match why {
         Ok(found) => found,
         Err(why) if waiting.is_empty() => {
