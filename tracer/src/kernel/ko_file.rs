@@ -320,6 +320,58 @@ mod tests {
         assert!(t.btf.is_some() && t.prototypes.is_empty());
     }
 
+    /// A module first loaded during the trace takes from its file
+    /// (`FileTake`) what a loaded one takes: a function its kallsyms
+    /// lacks, placed at this load; and, when asked (on the vmlinux's BTF),
+    /// its prototypes: the 6.12 guest's module without `.BTF` gives them
+    /// from its DWARF, with it from its BTF, `vmt_hit(unsigned long i)`.
+    #[test]
+    fn a_first_loaded_module_takes_symbols_and_prototypes_from_its_file() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/linux-6.12");
+        let (ko, nobtf) = (dir.join("vmt_test.ko"), dir.join("vmt_nobtf.ko"));
+        if !nobtf.is_file() {
+            eprintln!("SKIPPED: run `bash guest/build.sh linux-6.12`");
+            return;
+        }
+        let image = crate::kernel::symbols::KernelImage::load(&dir.join("vmlinux")).unwrap();
+        let base = crate::kernel::btf::KernelBtf::from_image(&image).unwrap();
+        let take = FileTake::read(&nobtf, "vmt_test", None).unwrap();
+        assert!(take.prototypes.is_none(), "not asked for");
+        let bytes = std::fs::read(&nobtf).unwrap();
+        let file = object::File::parse(bytes.as_slice()).unwrap();
+        let text = file.section_by_name(".text").unwrap();
+        let at = 0xffff_ffff_c000_0000u64;
+        let placed = |f: &FileFunction| ModuleFunction {
+            name: f.name.clone(),
+            addr: at + f.offset,
+            size: f.size,
+        };
+        let funcs = file_functions(&file);
+        let mut m = LoadedModule {
+            name: "vmt_test".into(),
+            addr: 0xffff_ffff_c000_8000,
+            text: at..at + text.size(),
+            functions: (funcs.iter())
+                .filter(|f| f.section == text.index() && f.name != "vmt_batch")
+                .map(placed)
+                .collect(),
+            sites: Vec::new(),
+            events: Vec::new(),
+            tables: Default::default(),
+        };
+        assert_eq!(take.complete(&mut m), 1);
+        let batch = funcs.iter().find(|f| f.name == "vmt_batch").unwrap();
+        assert!(m.functions.contains(&placed(batch)), "{:?}", m.functions);
+        for (path, from) in [(&nobtf, "DWARF"), (&ko, "BTF")] {
+            let take = FileTake::read(path, "vmt_test", Some(&base)).unwrap();
+            let (prototypes, by) = take.prototypes.expect("asked for");
+            assert_eq!(by, from);
+            let hit = &prototypes["vmt_hit"];
+            let names: Vec<&str> = hit.params.iter().map(|p| p.name.as_str()).collect();
+            assert_eq!(names, ["i"], "{from}: {hit:?}");
+        }
+    }
+
     /// No function in common: nothing can be placed, nothing added.
     #[test]
     fn nothing_placed_without_a_shared_function() {
