@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// The guest's module files (*.ko, .ko.gz, .ko.xz, .ko.zst) under DIR:
     /// each module the guest loads whose build id a file has takes from it
     /// what the guest's memory lacks (symbols, BTF, DWARF for --args/--retval).
-    #[arg(long, value_name = "DIR", help_heading = "Tracing")]
+    #[arg(long, value_name = "DIR")]
     pub modules: Option<PathBuf>,
 
     #[command(flatten)]
