@@ -883,6 +883,29 @@ fn module_files_dir_must_hold_modules() {
         &["--kernel", kernel, "--modules", "/nonexistent/modules"],
         "vmtrace: --modules needs --trace GLOB (it only applies to a traced run)",
     );
+    // A kernel without modules (the 6.1 guest) uses none, said before the
+    // plan (here refused after it, so that nothing boots).
+    let dir = scratch().join("modules-unused");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("x.ko"), b"not an ELF").unwrap();
+    let (bz, vmlinux) = linux_61();
+    let out = vmtrace(&[
+        "--kernel",
+        bz.to_str().unwrap(),
+        "--trace",
+        "hrtimer_run_queues",
+        "--args=nothing_traced",
+        "--modules",
+        dir.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let unused = format!(
+        "vmtrace: --modules: {} has no modules (no `modules` in its symbols): no module file is used",
+        vmlinux.display()
+    );
+    assert!(err.contains(&unused), "{err}");
+    assert!(err.contains("--args=nothing_traced matches none"), "{err}");
 }
 
 /// `base` (ending in `--modules`) refused with each bad DIR; with a DIR
