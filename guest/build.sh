@@ -16,7 +16,8 @@
 #   bash guest/build.sh linux-noftrace [ARGS] -> linux/build.sh --variant noftrace ARGS,
 #                                      guest/out/linux-noftrace/ (no __mcount_loc)
 #   bash guest/build.sh linux-6.12 [ARGS] -> the same from linux-source-6.12,
-#                                      guest/out/linux-6.12/{bzImage,vmlinux,...}
+#                                      guest/out/linux-6.12/{bzImage,vmlinux,...},
+#                                      and vmt_nobtf.ko (add_vmt_nobtf)
 #   bash guest/build.sh debian-6.12    -> guest/out/debian-6.12/{vmlinuz,config,System.map,binfmt_misc.ko,
 #                                      kyber-iosched.ko}:
 #                                      Debian's own 6.12 cloud kernel, not built but
@@ -425,6 +426,27 @@ build_workload_with_binfmt_misc() {
 	mv -f "$cpio.tmp" "$cpio"
 }
 
+# DIR/vmt_nobtf.ko: DIR/vmt_test.ko (the 6.12 guest's test module,
+# guest/linux/build.sh) without its .BTF, its build id kept, and appended to
+# DIR/initramfs.cpio.gz (freshly copied from the cache by every build) as
+# /vmt_nobtf.ko: loaded so (vmt_boot.ko=/vmt_nobtf.ko) the guest keeps no
+# BTF of it, and `--modules DIR` takes its prototypes from vmt_test.ko's
+# DWARF (tests/linux_612.rs). Outside the cached kernel build: its cache key
+# stays.
+add_vmt_nobtf() {
+	local dir="$1"
+	objcopy --remove-section=.BTF "$dir/vmt_test.ko" "$dir/vmt_nobtf.ko.tmp"
+	mv -f "$dir/vmt_nobtf.ko.tmp" "$dir/vmt_nobtf.ko"
+	{
+		cat "$dir/initramfs.cpio.gz"
+		{
+			cpio_entry vmt_nobtf.ko $((0100644)) "$dir/vmt_nobtf.ko"
+			cpio_entry TRAILER!!! 0
+		} | gzip -9 -n
+	} >"$dir/initramfs.cpio.gz.tmp"
+	mv -f "$dir/initramfs.cpio.gz.tmp" "$dir/initramfs.cpio.gz"
+}
+
 [[ $# -ge 1 ]] || usage
 target="$1"
 shift
@@ -453,7 +475,9 @@ linux-noftrace)
 	;;
 linux-6.12)
 	if [[ -f "$here/linux/build.sh" ]]; then
-		exec bash "$here/linux/build.sh" --series 6.12 "$@"
+		bash "$here/linux/build.sh" --series 6.12 "$@"
+		add_vmt_nobtf "${VMTRACE_GUEST_OUT:-$out/linux-6.12}"
+		exit 0
 	fi
 	echo "guest/build.sh: guest/linux/build.sh does not exist (the linux guest is not set up yet)" >&2
 	exit 1

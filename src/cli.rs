@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// KVM's own counts (the instructions its emulator ran, all its exits).
     #[arg(long)]
     pub stats: bool,
+    /// The guest's module files (*.ko, .ko.gz, .ko.xz, .ko.zst) under DIR:
+    /// each module the guest loads whose build id a file has takes from it
+    /// what the guest's memory lacks (symbols, BTF, DWARF for --args/--retval).
+    #[arg(long, value_name = "DIR")]
+    pub modules: Option<PathBuf>,
 
     #[command(flatten)]
     pub tracing: TraceArgs,

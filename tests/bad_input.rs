@@ -848,12 +848,17 @@ fn attach_refuses_the_tracing_flags_it_cannot_honour() {
     assert_bad_input(&with(&five, &["--buffer", "1G"]), "/nonexistent");
 }
 
-/// `attach --modules DIR`: a DIR that is not a directory, or holds no
-/// module file at any depth, is refused in one line naming it, before the
-/// kernel is read or any QEMU is touched (neither exists here).
+/// `--modules DIR` (`attach`, and the own VMM's run and `record`): a DIR
+/// that is not a directory, or holds no module file at any depth, is
+/// refused in one line naming it, before the kernel is read or any QEMU
+/// touched, or any VMM made (no QEMU, no vmlinux exists here; the own
+/// VMM's kernel is not one).
 #[test]
 fn module_files_dir_must_hold_modules() {
-    let base = [
+    let kernel = scratch().join("modules-not-a-kernel");
+    std::fs::write(&kernel, b"not a kernel").unwrap();
+    let kernel = kernel.to_str().unwrap();
+    let attach = [
         "attach",
         "--qmp",
         "/nonexistent/qmp.sock",
@@ -863,10 +868,53 @@ fn module_files_dir_must_hold_modules() {
         "x",
         "--modules",
     ];
+    let run = ["--kernel", kernel, "--trace", "x", "--modules"];
+    let record = ["record", "--kernel", kernel, "--trace", "x", "--modules"];
+    let forms: [(&[&str], &str); 3] = [
+        (&attach, "/nonexistent/vmlinux"),
+        (&run, kernel),
+        (&record, kernel),
+    ];
+    for (base, read) in forms {
+        dir_must_hold_modules(base, read);
+    }
+    // Only a traced run reads module files.
+    assert_bad_input(
+        &["--kernel", kernel, "--modules", "/nonexistent/modules"],
+        "vmtrace: --modules needs --trace GLOB (it only applies to a traced run)",
+    );
+    // A kernel without modules (the 6.1 guest) uses none, said before the
+    // plan (here refused after it, so that nothing boots).
+    let dir = scratch().join("modules-unused");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("x.ko"), b"not an ELF").unwrap();
+    let (bz, vmlinux) = linux_61();
+    let out = vmtrace(&[
+        "--kernel",
+        bz.to_str().unwrap(),
+        "--trace",
+        "hrtimer_run_queues",
+        "--args=nothing_traced",
+        "--modules",
+        dir.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let unused = format!(
+        "vmtrace: --modules: {} has no modules (no `modules` in its symbols): no module file is used",
+        vmlinux.display()
+    );
+    assert!(err.contains(&unused), "{err}");
+    assert!(err.contains("--args=nothing_traced matches none"), "{err}");
+}
+
+/// `base` (ending in `--modules`) refused with each bad DIR; with a DIR
+/// holding a module, it gets as far as reading `read`.
+fn dir_must_hold_modules(base: &[&str], read: &str) {
     let remedy = "; give the directory that holds the guest's module files (its \
                   /lib/modules/VERSION, or a build's)";
     assert_bad_input(
-        &with(&base, &["/nonexistent/modules"]),
+        &with(base, &["/nonexistent/modules"]),
         &format!("vmtrace: --modules: /nonexistent/modules is not a directory{remedy}"),
     );
     let dir = scratch().join("no-modules");
@@ -875,14 +923,14 @@ fn module_files_dir_must_hold_modules() {
     std::fs::write(dir.join("kernel/fs/x.ko.bz2"), b"").unwrap();
     let file = dir.join("kernel/fs/modules.dep");
     assert_bad_input(
-        &with(&base, &[file.to_str().unwrap()]),
+        &with(base, &[file.to_str().unwrap()]),
         &format!(
             "vmtrace: --modules: {} is not a directory{remedy}",
             file.display()
         ),
     );
     assert_bad_input(
-        &with(&base, &[dir.to_str().unwrap()]),
+        &with(base, &[dir.to_str().unwrap()]),
         &format!(
             "vmtrace: --modules: {} holds no module file (*.ko, *.ko.gz, *.ko.xz, *.ko.zst), nor \
              do its subdirectories{remedy}",
@@ -891,24 +939,32 @@ fn module_files_dir_must_hold_modules() {
     );
     // A DIR with a module gets as far as the kernel.
     std::fs::write(dir.join("kernel/fs/x.ko"), b"not an ELF").unwrap();
-    assert_bad_input(
-        &with(&base, &[dir.to_str().unwrap()]),
-        "/nonexistent/vmlinux",
-    );
+    assert_bad_input(&with(base, &[dir.to_str().unwrap()]), read);
+    let _ = std::fs::remove_file(dir.join("kernel/fs/x.ko"));
 }
 
-/// The own VMM cannot follow the guest's modules with `--entry direct`
-/// (a first-loaded module's functions get ftrace sites, not direct
-/// entries): a `:mod:` glob that would wait for its module is refused in
-/// one line before the guest boots (docs/attach.md, modules in the own
-/// VMM).
+/// With `--entry direct` the own VMM follows the guest's modules at the
+/// ftrace sites of the module notifier's two calls, which a direct entry
+/// of either function would displace: a `:mod:` glob that would wait
+/// with one of them traced is refused in one line before the guest
+/// boots (docs/attach.md, modules in the own VMM). (`--timeout 1`: a
+/// run not refused ends at once.)
 #[test]
-fn a_waiting_module_glob_with_direct_entries_is_refused_by_the_own_vmm() {
+fn a_waiting_module_glob_with_the_loaders_trap_displaced_is_refused_by_the_own_vmm() {
     let Some((bz, vmlinux)) = linux_612() else {
         return;
     };
     let (bz, vmlinux) = (bz.to_str().unwrap(), vmlinux.to_str().unwrap());
-    for trace in ["*:mod:vmt_test", "hrtimer_*,vmt_*:mod:vmt_test"] {
+    for (trace, name) in [
+        (
+            "blocking_notifier_call_chain,*:mod:vmt_test",
+            "blocking_notifier_call_chain",
+        ),
+        (
+            "hrtimer_*,blocking_notifier_call_chain_robust,vmt_*:mod:vmt_test",
+            "blocking_notifier_call_chain_robust",
+        ),
+    ] {
         let args = [
             "--kernel",
             bz,
@@ -918,10 +974,14 @@ fn a_waiting_module_glob_with_direct_entries_is_refused_by_the_own_vmm() {
             trace,
             "--entry",
             "direct",
+            "--timeout",
+            "1",
         ];
-        assert_bad_input(
-            &args,
-            "waits for a module, but the guest's modules cannot be followed (--entry direct)",
+        let why = format!(
+            "waits for a module, but the guest's modules cannot be followed (`{name}` is traced \
+             by a direct entry, which displaces the ftrace site where vmtrace traps the module \
+             loader)"
         );
+        assert_bad_input(&args, &why);
     }
 }

@@ -5,8 +5,9 @@
 //! load the test module N times at boot (`vmt_boot`, docs/guests.md) and
 //! trace its functions from each load (issue 37): by `:mod:` with traps,
 //! with their stacks through the module's frames (its ORC tables read at
-//! each load) and their arguments; by a plain glob exitless, with the
-//! function graph. Each boot runs until the guest's init (which cannot
+//! each load) and their arguments (named by its file's DWARF, `--modules
+//! DIR`); by a plain glob exitless, with the function graph, the kernel's
+//! functions by their direct entries. Each boot runs until the guest's init (which cannot
 //! run here) panics, after the module's last cycle.
 
 mod common;
@@ -27,11 +28,12 @@ const HITS: u64 = 50;
 /// Boot the 6.12 guest traced with `hrtimer_*` in `mode` on `cpus` vCPUs for
 /// `duration` seconds after the attach (6.12 boots slowly on the emulating
 /// host, as in linux_612_alone.rs), with its initramfs and the test
-/// module's cycles; returns the run, its console and stderr.
+/// module's cycles, loading its file `ko` in the initramfs; returns the
+/// run, its console and stderr.
 fn run(
     bz: &std::path::Path,
     vmlinux: &std::path::Path,
-    mode: &str,
+    (mode, ko): (&str, &str),
     cpus: &str,
     duration: &str,
     extra: &[&str],
@@ -40,7 +42,7 @@ fn run(
     // The boot's work no check needs skipped (`TEST_BOOT_CMDLINE`: with
     // it, 6.12's initcalls no longer wait behind its weak-function scan).
     let cmdline = format!(
-        "{TEST_BOOT_CMDLINE} vmt_boot.ko=/vmt_test.ko vmt_boot.hits={HITS} vmt_boot.cycles={CYCLES}"
+        "{TEST_BOOT_CMDLINE} vmt_boot.ko={ko} vmt_boot.hits={HITS} vmt_boot.cycles={CYCLES}"
     );
     let modules = [
         "--initrd",
@@ -134,10 +136,19 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     };
     // Saved too (as `record` saves), then read back by `report` and `script`.
     let data = std::env::temp_dir().join(format!("vmtrace-612-mod-{}.data", std::process::id()));
+    // The guest loads the module without its BTF (`/vmt_nobtf.ko`,
+    // guest/build.sh): `--modules DIR` gives its prototypes, from the
+    // DWARF of its file, found by build id under another name a
+    // directory down.
+    let nobtf = bz.with_file_name("vmt_nobtf.ko");
+    let dir = std::env::temp_dir().join(format!("vmtrace-612-ko-{}", std::process::id()));
+    let file = dir.join("extra/renamed.ko");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::copy(&nobtf, &file).unwrap();
     let (out, text, err) = run(
         &bz,
         &vmlinux,
-        "trap",
+        ("trap", "/vmt_nobtf.ko"),
         "1",
         "1500",
         &[
@@ -148,10 +159,24 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
             // (Not `*:mod:`: the module's event functions,
             // `__traceiter_vmt_event` and the like, would add their sites.)
             "vmt_*:mod:vmt_test",
+            "--modules",
+            dir.to_str().unwrap(),
             "-o",
             data.to_str().unwrap(),
         ],
     );
+    let _ = std::fs::remove_dir_all(&dir);
+    // Said once, at its first load, as `vmtrace attach` says it of a
+    // loaded module.
+    let id = tracer::kernel::module_build_id::ko_build_id(&nobtf)
+        .unwrap()
+        .unwrap();
+    let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let line = format!(
+        "vmtrace: module vmt_test: {} has its build id {id}: taken from it: its prototypes, from its DWARF",
+        file.display()
+    );
+    assert_eq!(err.matches(&line).count(), 1, "{line}\n{err}");
     assert!(text.contains("Brought up 1 node, 1 CPU"), "{text}");
     let v: serde_json::Value = serde_json::from_str(&stdout(&out))
         .unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(&out)));
@@ -167,9 +192,8 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     assert_eq!(count(&saved, "vmt_hit [vmt_test]"), Some(CYCLES * HITS));
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
-    // Its entries (`...: vmt_hit [vmt_test](...) <-CALLER`), not the
-    // ` => ` lines of a stack (a tick in vmt_hit has its frame) nor the
-    // `# not shown:` note of its arguments (raw: no prototype).
+    // Its entries (`...: vmt_hit [vmt_test](i=3) <-CALLER`), not the
+    // ` => ` lines of a stack (a tick in vmt_hit has its frame).
     let hits = lines
         .lines()
         .filter(|l| l.contains("vmt_hit [vmt_test]"))
@@ -240,7 +264,8 @@ fn stacks_of<'v>(
 
 /// `vmt_hit(i)`'s argument in the saved trace: `vmt_batch(K)` calls it
 /// with i from 0 to K - 1, in each cycle, in time order (one task makes
-/// them all: on one vCPU at a time, its stamps from one clock).
+/// them all: on one vCPU at a time, its stamps from one clock); shown by
+/// name, `(i=3)`, by the module's prototypes (its BTF, or its file's).
 fn hit_arguments(data: &std::path::Path) {
     let trace = tracer::trace::datafile::load(data).unwrap();
     let (_, calls) = common::vmt_hit_calls(&trace);
@@ -254,6 +279,11 @@ fn hit_arguments(data: &std::path::Path) {
         .collect();
     let want: Vec<u64> = (0..CYCLES).flat_map(|_| 0..HITS).collect();
     assert_eq!(got, want);
+    let shown: Vec<String> = (calls.iter())
+        .map(|e| tracer::trace::values::entry_args(&trace, e).unwrap_or_default())
+        .collect();
+    let want: Vec<String> = want.iter().map(|i| format!("(i={i})")).collect();
+    assert_eq!(shown, want);
 }
 
 #[test]
@@ -265,7 +295,7 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
     let (out, text, err) = run(
         &bz,
         &vmlinux,
-        "exitless",
+        ("exitless", "/vmt_test.ko"),
         "4",
         "1500",
         &[
@@ -273,10 +303,16 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
             "vmt_*",
             "--graph",
             "--args=vmt_*",
+            // The kernel's functions by their direct entries, the module's
+            // (which the guest loads after the attach) by their ftrace
+            // sites, the loader's traps on its notifier's ftrace sites.
+            "--entry",
+            "direct",
             "-o",
             data.to_str().unwrap(),
         ],
     );
+    assert!(err.contains("direct sites patched"), "{err}");
     // The arguments through the spare sites' records too.
     hit_arguments(&data);
     let _ = std::fs::remove_file(&data);

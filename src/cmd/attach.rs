@@ -34,7 +34,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     // Before the kernel is read and any QEMU touched: a wrong DIR is bad
     // input.
     let files = module_files(args)?;
-    let image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
+    let mut image = kernel_image(args.kernel.as_deref(), args.vmlinux.as_deref())?;
     let gdb = args
         .gdb
         .as_deref()
@@ -47,7 +47,6 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     // Held until this process ends, however it ends (`guard`).
     let target = VmTarget::of(args.qmp.as_deref(), args.domain.as_deref(), &args.connect);
     let mut guardian = guard::spawn_or_say(target, connected.info.pid);
-    let mut image = image;
     let added = guest_modules::add(&connected, &mut image, Some("traced"), files.as_deref());
     let request = t.attach_request(connected.info.cpus);
     let (mut plan, waiting) = plan_waiting(image, request, added, files)?;
@@ -77,6 +76,7 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     };
     vmm::run::install_terminate_handlers().map_err(RuntimeError::Signals)?;
     let events = plan.plan.events.clone();
+    let mut waits = Waits::saying(plan.plan.coming.as_ref());
     let mut s = connected.attach_in(plan, recording).map_err(|e| {
         data.discard();
         InputError::Qemu(e)
@@ -92,11 +92,11 @@ pub fn main(args: &AttachArgs) -> Result<Outcome, Error> {
     for line in guest_ftrace::attach_lines(&s.tracer().attach_counts.guest_ftrace) {
         note!("{line}");
     }
-    let mut waits = Waits::default();
     let done = std::sync::atomic::AtomicBool::new(false);
     let reason = s.trace_with(duration, &done, &mut waits);
     say_taken_over(&s);
     let ended = s.end_with(&reason, &mut waits);
+    waits.say_file_uses();
     if let (Ok(_), Ok(_), Some(g)) = (&ended.detached, &ended.removed, guardian.as_mut()) {
         // All taken out but maybe the ring device of a VM someone holds
         // stopped, said below with its remedy: nothing for the guardian.
@@ -250,6 +250,27 @@ struct Waits {
     /// The wait said last, when it was said, and whether this step saw it.
     said: Option<(HeldUp, Instant)>,
     seen: bool,
+    /// What `--modules DIR`'s files gave the modules first loaded, said
+    /// as they load.
+    file_uses: Option<tracer::kernel::ko_file::FileUses>,
+}
+
+impl Waits {
+    /// Waits that also say what `--modules DIR`'s files give the modules
+    /// first loaded (`coming`), as they load.
+    fn saying(coming: Option<&tracer::plan::ComingModules>) -> Waits {
+        Waits {
+            file_uses: coming.map(|c| c.said.clone()),
+            ..Waits::default()
+        }
+    }
+
+    /// Say what the files gave the modules loaded since the last look.
+    fn say_file_uses(&self) {
+        if let Some(u) = &self.file_uses {
+            crate::cmd::say_uses(u);
+        }
+    }
 }
 
 impl Observer for Waits {
@@ -278,6 +299,7 @@ impl Observer for Waits {
     }
 
     fn tracing(&mut self, _: &Progress, _: Duration, _: Option<Duration>) {
+        self.say_file_uses();
         if !std::mem::take(&mut self.seen) {
             if let Some((last, _)) = self.said.take() {
                 match last {

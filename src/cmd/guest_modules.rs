@@ -10,7 +10,7 @@ use tracer::kernel::symbols::KernelImage;
 use tracer::plan::{ComingModules, Request};
 use tracer::qemu::module_files::{complete_from, FileUse};
 
-use crate::config::take_waiting;
+use crate::config::{say_unread, take_waiting};
 use tracer::qemu::session::Connected;
 
 /// Functions of modules first loaded during a trace that get sites of
@@ -65,13 +65,8 @@ fn add_to(
                 image.set_module_prototypes(addr, prototypes);
             }
             say_files(image, &uses);
-            if let Some(f) = files.filter(|f| !f.unreadable.is_empty()) {
-                note!(
-                    "vmtrace: --modules: {} module file{} not read, e.g. {}",
-                    f.unreadable.len(),
-                    if f.unreadable.len() == 1 { "" } else { "s" },
-                    f.unreadable[0]
-                );
+            if let Some(f) = files {
+                say_unread(f);
             }
             note!(
                 "vmtrace: {} loaded module{} in the guest ({functions} functions)",
@@ -101,62 +96,75 @@ fn add_to(
 /// files used in `image`'s symbol source (the report's `symbols:` line,
 /// kept in the data file).
 fn say_files(image: &mut KernelImage, uses: &[FileUse]) {
-    let mut used = Vec::new();
-    for u in uses {
-        match u {
-            FileUse::Used {
-                module,
-                path,
-                build_id,
-                functions,
-                prototypes,
-            } => {
-                let mut took = Vec::new();
-                if *functions > 0 {
-                    took.push(format!("{functions} functions' symbols"));
-                }
-                if let Some(from) = prototypes {
-                    took.push(format!("its prototypes, from its {from}"));
-                }
-                let took = match took.is_empty() {
-                    true => "nothing the guest's memory lacks".to_string(),
-                    false => took.join(" and "),
-                };
-                note!(
-                    "vmtrace: module {module}: {} has its build id {}: taken from it: {took}",
-                    path.display(),
-                    hex(build_id)
-                );
-                used.push(format!("{module} from {}", path.display()));
-            }
-            FileUse::Differs {
-                module,
-                loaded,
-                files,
-            } => {
-                let loaded = match loaded {
-                    Some(id) => format!("has build id {}", hex(id)),
-                    None => "has no build id the guest's memory shows".to_string(),
-                };
-                for (path, id) in files {
-                    let id = id.as_deref().map_or("none".to_string(), hex);
-                    note!(
-                        "vmtrace: {} is not used: its build id {id} is not module {module}'s, which {loaded}",
-                        path.display()
-                    );
-                }
-            }
-            FileUse::Unreadable { module, error } => {
-                note!("vmtrace: module {module}: its file is not used: {error}");
-            }
-        }
-    }
+    let used: Vec<String> = uses.iter().filter_map(say_use).collect();
     if !used.is_empty() {
         image.source = format!(
             "{}; modules' files by build id: {}",
             image.source,
             used.join(", ")
         );
+    }
+}
+
+/// Say what `--modules DIR`'s files did for modules first loaded during
+/// the trace (`ComingModules::said`), as they come.
+pub(crate) fn say_uses(uses: &tracer::kernel::ko_file::FileUses) {
+    for u in uses.take() {
+        say_use(&u);
+    }
+}
+
+/// Say in one line (or one a file) what a module's file did; for a file
+/// used, `MODULE from PATH`, for the symbols' source.
+fn say_use(u: &FileUse) -> Option<String> {
+    match u {
+        FileUse::Used {
+            module,
+            path,
+            build_id,
+            functions,
+            prototypes,
+        } => {
+            let mut took = Vec::new();
+            if *functions > 0 {
+                took.push(format!("{functions} functions' symbols"));
+            }
+            if let Some(from) = prototypes {
+                took.push(format!("its prototypes, from its {from}"));
+            }
+            let took = match took.is_empty() {
+                true => "nothing the guest's memory lacks".to_string(),
+                false => took.join(" and "),
+            };
+            note!(
+                "vmtrace: module {module}: {} has its build id {}: taken from it: {took}",
+                path.display(),
+                hex(build_id)
+            );
+            Some(format!("{module} from {}", path.display()))
+        }
+        FileUse::Differs {
+            module,
+            loaded,
+            files,
+        } => {
+            let loaded = match loaded {
+                Some(id) => format!("has build id {}", hex(id)),
+                None => "has no build id the guest's memory shows".to_string(),
+            };
+            for (path, id) in files {
+                let id = id.as_deref().map_or("none".to_string(), hex);
+                note!(
+                    "vmtrace: {} is not used: its build id {id} is not module {module}'s, which {loaded}",
+                    path.display()
+                );
+            }
+            None
+        }
+        FileUse::Unreadable { module, error } => {
+            note!("vmtrace: module {module}: its file is not used: {error}");
+            None
+        }
     }
 }
 
@@ -197,6 +205,7 @@ pub(super) fn waiting(
         notify: None,
         args: args.flatten(),
         files,
+        said: Default::default(),
     };
     Some((coming, waiting))
 }

@@ -16,6 +16,8 @@ mod vms;
 mod vms_model;
 mod vms_view;
 
+pub(crate) use guest_modules::say_uses;
+
 use crate::cli::{Cli, Command};
 use crate::config::Form;
 use crate::error::{Error, Outcome};

@@ -123,6 +123,8 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
         cmdline: crate::recorded::argv(),
     };
     let notes = plan.notes.clone();
+    // What `--modules DIR`'s files give the modules the guest loads.
+    let file_uses = plan.plan.coming.as_ref().map(|c| c.said.clone());
     let prepared = Session::prepare(plan, &vm, recording).map_err(|e| {
         data.discard();
         session_error(e)
@@ -134,11 +136,14 @@ fn traced(vm: Vm, kernel: &Path, stats: bool, cfg: TraceConfig) -> Result<Outcom
     }
     let mut session = prepared.start(vm).map_err(session_error)?;
     let mut status = Status::new(!output.quiet && std::io::stderr().is_terminal());
+    status.file_uses = file_uses;
     let result = session.trace(duration, &mut status);
     crate::status::clear();
     let ended = session.end(&Flags);
     // The guest is stopped: its last console line, before vmtrace's.
     crate::status::end_console();
+    // A module loaded since the last look.
+    status.say_file_uses();
     data.end_on_terminate();
     result.map_err(session_error)?;
     report_end(ended, stats, data, &output)
@@ -358,6 +363,9 @@ struct Status {
     last: Instant,
     /// When the guest started (the attach says how long after).
     started: Instant,
+    /// What `--modules DIR`'s files gave the modules loaded, said as they
+    /// load.
+    file_uses: Option<tracer::kernel::ko_file::FileUses>,
 }
 
 impl Status {
@@ -366,6 +374,14 @@ impl Status {
             draw,
             last: Instant::now(),
             started: Instant::now(),
+            file_uses: None,
+        }
+    }
+
+    /// Say what module files gave the modules loaded since the last look.
+    fn say_file_uses(&self) {
+        if let Some(u) = &self.file_uses {
+            crate::cmd::say_uses(u);
         }
     }
 
@@ -449,6 +465,7 @@ impl Observer for Status {
     }
 
     fn tracing(&mut self, progress: &Progress, elapsed: Duration, left: Option<Duration>) {
+        self.say_file_uses();
         if self.due() {
             crate::status::draw(&crate::status::tracing(progress, elapsed, left));
         }

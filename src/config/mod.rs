@@ -19,7 +19,7 @@ use crate::error::InputError;
 
 pub use bench::BenchConfig;
 pub use list::{image as kernel_image, ListConfig};
-pub(crate) use modules::take_waiting;
+pub(crate) use modules::{say_unread, take_waiting};
 pub use output::{Export, Output, View};
 pub use report::{ReportConfig, ScriptConfig};
 pub use run::{Form, RunConfig, TraceConfig};

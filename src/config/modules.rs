@@ -5,7 +5,10 @@
 //! module the guest loads, and `GLOB:mod:MODULE` globs wait for their
 //! module, as `vmtrace attach` keeps those of modules not loaded yet.
 
+use std::sync::Arc;
+
 use tracer::kernel::filter::{Filter, Globs};
+use tracer::kernel::module_files::ModuleFiles;
 use tracer::kernel::module_notify::ModuleNotify;
 use tracer::kernel::modules::{ModuleLayout, MODULES};
 use tracer::kernel::symbols::KernelImage;
@@ -14,20 +17,50 @@ use tracer::plan::{ComingModules, Request, TracePlan};
 
 use crate::error::InputError;
 
+/// `--modules DIR`'s module files.
+pub(super) type Files = Arc<ModuleFiles>;
+
 /// What waits for the guest's modules: the whole selection, the `:mod:`
-/// globs, and whether they are all the positive globs (no kernel function
-/// is traced: `TracePlan::for_modules`).
-pub(super) type Waiting = (Filter, Vec<String>, bool);
+/// globs, whether they are all the positive globs (no kernel function
+/// is traced: `TracePlan::for_modules`), and `--modules DIR`'s files.
+pub(super) type Waiting = (Filter, Vec<String>, bool, Option<Files>);
 
 /// The `:mod:` globs taken out of `request` (they wait for their module;
 /// every other glob must still match the kernel, as before), and the
-/// whole selection, when `image` has modules. None: a kernel without.
-pub(super) fn waiting(request: &mut Request, image: &KernelImage) -> Option<Waiting> {
-    image.symbol(MODULES)?;
+/// whole selection, when `image` has modules. None: a kernel without
+/// (`files` then said unused).
+pub(super) fn waiting(
+    request: &mut Request,
+    image: &KernelImage,
+    files: Option<Files>,
+) -> Option<Waiting> {
+    if image.symbol(MODULES).is_none() {
+        if files.is_some() {
+            note!(
+                "vmtrace: --modules: {} has no modules (no `{MODULES}` in its symbols): no module file is used",
+                image.path.display()
+            );
+        }
+        return None;
+    }
+    if let Some(f) = files.as_deref() {
+        say_unread(f);
+    }
     let selection = Filter::new(&request.trace, &request.notrace).ok()?;
     let (waiting, only) = take_waiting(request, |g| g.contains(":mod:"))?;
     let only = only && request.events.is_empty();
-    Some((selection, waiting, only))
+    Some((selection, waiting, only, files))
+}
+
+/// Say how many of `--modules DIR`'s files could not be read, if any.
+pub(crate) fn say_unread(files: &ModuleFiles) {
+    if let Some(first) = files.unreadable.first() {
+        note!(
+            "vmtrace: --modules: {} module file{} not read, e.g. {first}",
+            files.unreadable.len(),
+            if files.unreadable.len() == 1 { "" } else { "s" },
+        );
+    }
 }
 
 /// The positive `--trace` globs of `request` that `waits` says wait for
@@ -61,38 +94,49 @@ pub(super) fn plan(
     request: &Request,
     waiting: Option<Waiting>,
 ) -> Result<TracePlan, InputError> {
-    let Some((selection, globs, only)) = waiting else {
+    let Some((selection, globs, only, files)) = waiting else {
         return Ok(TracePlan::build(image, request)?);
     };
     let mut plan = match only {
         true => TracePlan::for_modules(image, request)?,
         false => TracePlan::build(image, request)?,
     };
-    follow(&mut plan, request, (selection, globs))?;
+    follow(&mut plan, request, (selection, globs), files)?;
     Ok(plan)
+}
+
+/// The module notifier's traps of `p`: on their ftrace sites, also in a
+/// plan of direct entries (none of which may displace them).
+fn notify(p: &tracer::plan::Plan) -> Result<ModuleNotify, String> {
+    let Some(direct) = p.direct.as_ref() else {
+        return ModuleNotify::find(&p.image, &p.sites);
+    };
+    let displaced: Vec<std::ops::Range<u64>> = (p.index.addrs.iter())
+        .filter_map(|a| direct.sites.get(a))
+        .map(|d| d.addr..d.addr + d.len as u64)
+        .collect();
+    ModuleNotify::find_direct(&p.image, &displaced)
 }
 
 /// Follow the guest's module loader in `plan` (built from `request`),
 /// and say so; `waiting`: the `:mod:` globs that wait. Where the modules
 /// cannot be followed, said in one line; refused (exit status 2) when a
-/// glob waits.
+/// glob waits. `files`: `--modules DIR`'s, which complete the modules
+/// loaded.
 fn follow(
     plan: &mut TracePlan,
     request: &Request,
     (selection, waiting): (Filter, Vec<String>),
+    files: Option<Files>,
 ) -> Result<(), InputError> {
     let globs = waiting.join(",");
     let p = &plan.plan;
-    let why = if p.direct.is_some() {
-        Err("--entry direct".to_string())
-    } else {
-        let layout = p
-            .btf
-            .as_deref()
-            .ok_or_else(|| "the kernel has no BTF".to_string())
-            .and_then(|btf| ModuleLayout::find(&p.image, btf).map_err(|e| e.to_string()));
-        layout.and_then(|l| Ok((l, ModuleNotify::find(&p.image, &p.sites)?)))
-    };
+    let why = p
+        .btf
+        .as_deref()
+        .ok_or_else(|| "the kernel has no BTF".to_string())
+        .and_then(|btf| ModuleLayout::find(&p.image, btf).map_err(|e| e.to_string()))
+        .and_then(|l| Ok((l, notify(p)?)));
     let (layout, notify) = match why {
         Ok(found) => found,
         Err(why) if waiting.is_empty() => {
@@ -106,8 +150,8 @@ fn follow(
         layout,
         phys: 0,
         notify: Some(notify),
-        // The own VMM takes no module files (yet).
-        files: None,
+        files,
+        said: Default::default(),
         // The functions `--args` selects record theirs, in either mode.
         args: (!request.args.is_empty())
             .then(|| Globs::for_args(&request.args).ok())

@@ -76,6 +76,11 @@ impl RunConfig {
         let output = outputs(args, out, form, traced)?;
         let console = Console::of(args.console.as_deref());
         check_console(&console, output.as_ref())?;
+        // Before the kernel is read: a wrong DIR is bad input.
+        let files = (args.modules.as_deref())
+            .map(tracer::kernel::module_files::ModuleFiles::scan)
+            .transpose()?
+            .map(std::sync::Arc::new);
 
         let kernel = KernelFile::classify(&kernel)?;
         let kind = kernel.kind();
@@ -103,7 +108,7 @@ impl RunConfig {
         };
         let trace = match output {
             Some(output) => Some(TraceConfig {
-                plan: plan(args, &kernel, cpus as usize, emulator_host)?,
+                plan: plan(args, &kernel, cpus as usize, emulator_host, files)?,
                 duration,
                 max_events: t.max_events.unwrap_or(u64::MAX),
                 buffer,
@@ -148,6 +153,7 @@ fn check_flags(args: &RunArgs, form: Form, traced: bool) -> Result<(), InputErro
         (args.overwrite.is_some(), "--overwrite"),
         (t.max_events.is_some(), "--max-events"),
         (args.from_boot, "--from-boot"),
+        (args.modules.is_some(), "--modules"),
     ];
     match needs_trace.iter().find(|(given, _)| *given) {
         Some(&(_, flag)) => Err(InputError::NeedsTrace { flag }),
@@ -215,7 +221,8 @@ fn check_initrd(args: &RunArgs, kernel: &KernelFile, mem_size: u64) -> Result<()
 }
 
 /// The trace plan: the kernel's symbols found (said if from kallsyms), the
-/// selection, `--graph`'s hooks, the mode. What the plan says about itself
+/// selection, `--graph`'s hooks, the mode; `files`: `--modules DIR`'s,
+/// for the modules the guest loads. What the plan says about itself
 /// is said now, except `--graph`'s notes: said once nothing can refuse the
 /// run (`TracePlan::notes`, printed by the run).
 fn plan(
@@ -223,6 +230,7 @@ fn plan(
     kernel: &KernelFile,
     cpus: usize,
     emulator_host: bool,
+    files: Option<super::modules::Files>,
 ) -> Result<TracePlan, InputError> {
     let given = match &args.vmlinux {
         Some(path) => Given::Vmlinux {
@@ -238,7 +246,7 @@ fn plan(
     let mut request = args
         .tracing
         .request(cpus, emulator_host, kernel.kind().is_linux());
-    let waiting = super::modules::waiting(&mut request, &found.image);
+    let waiting = super::modules::waiting(&mut request, &found.image, files);
     let mut plan = super::modules::plan(found.image, &request, waiting)?;
     plan.plan
         .events

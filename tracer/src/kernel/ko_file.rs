@@ -11,7 +11,8 @@
 //!   (`crate::kernel::dwarf_prototype`), for `--args` and `--retval`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use object::{Object, ObjectSection, ObjectSymbol, SectionIndex, SectionKind, SymbolKind};
 
@@ -19,6 +20,51 @@ use crate::kernel::dwarf::KernelDwarf;
 use crate::kernel::module_files::{read_ko, KoFileError};
 use crate::kernel::modules::{LoadedModule, ModuleFunction};
 use crate::kernel::prototype::Prototype;
+
+/// What the files did for one module (loaded at the attach, or first
+/// loaded during the trace).
+#[derive(Debug)]
+pub enum FileUse {
+    /// Its file, by build id, and what was taken from it.
+    Used {
+        module: String,
+        path: PathBuf,
+        build_id: Vec<u8>,
+        /// Functions added or given their size.
+        functions: usize,
+        /// Its prototypes came from the file: its `.BTF` ("BTF"), its
+        /// DWARF ("DWARF"); None: the guest's memory had its BTF, or the
+        /// file has neither.
+        prototypes: Option<&'static str>,
+    },
+    /// Files named as it, of other builds: not used. `loaded`: its build
+    /// id in the guest (None: not readable there).
+    Differs {
+        module: String,
+        loaded: Option<Vec<u8>>,
+        files: Vec<(PathBuf, Option<Vec<u8>>)>,
+    },
+    /// Its file matched but could not be read.
+    Unreadable { module: String, error: KoFileError },
+}
+
+/// The uses of module files at the loads of modules first loaded during
+/// the trace, as they come, for the CLI to say (shared by the load hooks
+/// and the command's view of the session).
+#[derive(Clone, Debug, Default)]
+pub struct FileUses(Arc<Mutex<Vec<FileUse>>>);
+
+impl FileUses {
+    pub fn push(&self, u: FileUse) {
+        // A panic elsewhere while holding it left a whole list.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(u);
+    }
+
+    /// The uses not taken yet.
+    pub fn take(&self) -> Vec<FileUse> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
 
 /// What was taken from a module's file.
 #[derive(Debug, Default)]
@@ -62,38 +108,71 @@ pub fn complete(m: &mut LoadedModule, path: &Path, has_btf: bool) -> Result<Take
     Ok(taken)
 }
 
-/// The prototypes the module file at `path` gives its functions: by its
-/// `.BTF` split on `base` (the vmlinux's), else by its DWARF; empty when
-/// it has neither. For a module first loaded during the trace without BTF
-/// in the guest (`crate::session::module_protos`).
-pub fn file_prototypes(
+/// A module file read for a module first loaded during the trace
+/// (`crate::session::module_protos`), once for all its loads: its
+/// functions, placed at each load as for a loaded module (`complete`),
+/// and, when asked, the prototypes it gives them.
+#[derive(Debug)]
+pub struct FileTake {
+    functions: Vec<FileFunction>,
+    /// By its `.BTF` split on the vmlinux's ("BTF"), else by its DWARF
+    /// ("DWARF"); None: asked for, but it has neither.
+    pub prototypes: Option<(HashMap<String, Prototype>, &'static str)>,
+}
+
+impl FileTake {
+    /// The module file at `path` of module `name`; `base`: the vmlinux's
+    /// BTF, when its prototypes are wanted.
+    pub fn read(
+        path: &Path,
+        name: &str,
+        base: Option<&crate::kernel::btf::KernelBtf>,
+    ) -> Result<FileTake, KoFileError> {
+        let bytes = read_ko(path)?;
+        let file = object::File::parse(bytes.as_slice()).map_err(|source| KoFileError::NotElf {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let functions = file_functions(&file);
+        let prototypes = base.and_then(|b| file_prototypes(&file, &bytes, path, name, b));
+        Ok(FileTake {
+            functions,
+            prototypes,
+        })
+    }
+
+    /// `m`, a load of this file's module, given the functions and sizes
+    /// its kallsyms lacks; how many.
+    pub fn complete(&self, m: &mut LoadedModule) -> usize {
+        add_functions(m, &self.functions)
+    }
+}
+
+/// The prototypes the module file `file` (`bytes`, at `path`) gives its
+/// functions: by its `.BTF` split on `base` (the vmlinux's), else by its
+/// DWARF, and which; None when it has neither.
+fn file_prototypes(
+    file: &object::File<'_>,
+    bytes: &[u8],
     path: &Path,
     name: &str,
     base: &crate::kernel::btf::KernelBtf,
-) -> Result<HashMap<String, Prototype>, KoFileError> {
-    let bytes = read_ko(path)?;
-    let file = object::File::parse(bytes.as_slice()).map_err(|source| KoFileError::NotElf {
-        path: path.to_path_buf(),
-        source,
-    })?;
+) -> Option<(HashMap<String, Prototype>, &'static str)> {
     let btf = file
         .section_by_name(crate::kernel::btf::BTF_SECTION)
         .and_then(|s| s.data().ok())
         .filter(|d| !d.is_empty());
     if let Some(data) = btf {
         let from = path.display().to_string();
-        let Ok(btf) = crate::kernel::module_btf::module_btf(name, &from, data, base) else {
-            return Ok(HashMap::new());
-        };
-        return Ok(file_functions(&file)
+        let btf = crate::kernel::module_btf::module_btf(name, &from, data, base).ok()?;
+        let own = file_functions(file)
             .into_iter()
-            .filter_map(|f| Some((f.name.clone(), btf.own_prototype(&f.name)?)))
-            .collect());
+            .filter_map(|f| Some((f.name.clone(), btf.own_prototype(&f.name)?)));
+        return Some((own.collect(), "BTF"));
     }
-    Ok(match KernelDwarf::from_relocatable(path, &bytes) {
-        Ok(dwarf) => crate::kernel::dwarf_prototype::prototypes(&dwarf).unwrap_or_default(),
-        Err(_) => HashMap::new(),
-    })
+    let dwarf = KernelDwarf::from_relocatable(path, bytes).ok()?;
+    let prototypes = crate::kernel::dwarf_prototype::prototypes(&dwarf).ok()?;
+    (!prototypes.is_empty()).then_some((prototypes, "DWARF"))
 }
 
 /// One function of a module file: its section and its offset there.
@@ -239,6 +318,58 @@ mod tests {
         assert_eq!((t.functions, t.btf, t.prototypes.len()), (0, None, 0));
         let t = complete(&mut m2, &ko, false).unwrap();
         assert!(t.btf.is_some() && t.prototypes.is_empty());
+    }
+
+    /// A module first loaded during the trace takes from its file
+    /// (`FileTake`) what a loaded one takes: a function its kallsyms
+    /// lacks, placed at this load; and, when asked (on the vmlinux's BTF),
+    /// its prototypes: the 6.12 guest's module without `.BTF` gives them
+    /// from its DWARF, with it from its BTF, `vmt_hit(unsigned long i)`.
+    #[test]
+    fn a_first_loaded_module_takes_symbols_and_prototypes_from_its_file() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/out/linux-6.12");
+        let (ko, nobtf) = (dir.join("vmt_test.ko"), dir.join("vmt_nobtf.ko"));
+        if !nobtf.is_file() {
+            eprintln!("SKIPPED: run `bash guest/build.sh linux-6.12`");
+            return;
+        }
+        let image = crate::kernel::symbols::KernelImage::load(&dir.join("vmlinux")).unwrap();
+        let base = crate::kernel::btf::KernelBtf::from_image(&image).unwrap();
+        let take = FileTake::read(&nobtf, "vmt_test", None).unwrap();
+        assert!(take.prototypes.is_none(), "not asked for");
+        let bytes = std::fs::read(&nobtf).unwrap();
+        let file = object::File::parse(bytes.as_slice()).unwrap();
+        let text = file.section_by_name(".text").unwrap();
+        let at = 0xffff_ffff_c000_0000u64;
+        let placed = |f: &FileFunction| ModuleFunction {
+            name: f.name.clone(),
+            addr: at + f.offset,
+            size: f.size,
+        };
+        let funcs = file_functions(&file);
+        let mut m = LoadedModule {
+            name: "vmt_test".into(),
+            addr: 0xffff_ffff_c000_8000,
+            text: at..at + text.size(),
+            functions: (funcs.iter())
+                .filter(|f| f.section == text.index() && f.name != "vmt_batch")
+                .map(placed)
+                .collect(),
+            sites: Vec::new(),
+            events: Vec::new(),
+            tables: Default::default(),
+        };
+        assert_eq!(take.complete(&mut m), 1);
+        let batch = funcs.iter().find(|f| f.name == "vmt_batch").unwrap();
+        assert!(m.functions.contains(&placed(batch)), "{:?}", m.functions);
+        for (path, from) in [(&nobtf, "DWARF"), (&ko, "BTF")] {
+            let take = FileTake::read(path, "vmt_test", Some(&base)).unwrap();
+            let (prototypes, by) = take.prototypes.expect("asked for");
+            assert_eq!(by, from);
+            let hit = &prototypes["vmt_hit"];
+            let names: Vec<&str> = hit.params.iter().map(|p| p.name.as_str()).collect();
+            assert_eq!(names, ["i"], "{from}: {hit:?}");
+        }
     }
 
     /// No function in common: nothing can be placed, nothing added.

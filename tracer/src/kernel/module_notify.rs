@@ -78,6 +78,28 @@ impl ModuleNotify {
         })
     }
 
+    /// The kernel's, as `find`, for a trace by direct entries, whose
+    /// site table holds its direct sites: the ftrace sites of every
+    /// function read from the image's `__mcount_loc`, where none of the
+    /// direct entries' displaced bytes (`displaced`, link addresses)
+    /// covers either site (its stub would run the NOP in vmtrace's page,
+    /// and the trap would never be taken); else why not.
+    pub fn find_direct(
+        image: &KernelImage,
+        displaced: &[std::ops::Range<u64>],
+    ) -> Result<ModuleNotify, String> {
+        let ftrace = SiteTable::build(image).map_err(|e| e.to_string())?;
+        let notify = ModuleNotify::find(image, &ftrace)?;
+        for (name, site) in [(COMING_CALL, notify.coming), (GOING_CALL, notify.going)] {
+            if displaced.iter().any(|d| d.contains(&site)) {
+                return Err(format!(
+                    "`{name}` is traced by a direct entry, which displaces the ftrace site where vmtrace traps the module loader"
+                ));
+            }
+        }
+        Ok(notify)
+    }
+
     /// What a call at the link-time site `site` with argument registers
     /// `args` (RDI, RSI, RDX, RCX, ...) says, the kernel running `slide`
     /// bytes from its link addresses. None: not one of the two sites.

@@ -480,6 +480,7 @@ mod tests {
             notify: None,
             args: None,
             files: None,
+            said: Default::default(),
         }
     }
 

@@ -133,8 +133,12 @@ pub struct ComingModules {
     /// match record their arguments (trap mode).
     pub args: Option<crate::kernel::filter::Globs>,
     /// The module files given on the host (`--modules DIR`): a module
-    /// loaded without BTF takes its prototypes from its file.
+    /// loaded takes from its file the symbols its kallsyms lacks and,
+    /// without BTF, its prototypes.
     pub files: Option<std::sync::Arc<crate::kernel::module_files::ModuleFiles>>,
+    /// What those files gave each module, said once a module (for the
+    /// CLI, as the trace goes).
+    pub said: crate::kernel::ko_file::FileUses,
 }
 
 /// Which values of traced calls a session records (`--args`, `--retval`).

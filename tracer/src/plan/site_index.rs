@@ -270,4 +270,25 @@ mod tests {
             .collect();
         assert_eq!(names, ["vmt_hit [vmt_test]", "vmt_batch [vmt_test]"]);
     }
+
+    /// With direct entries (the own VMM's `--entry direct`), a module's
+    /// function added during the trace still traps at its ftrace site:
+    /// found there, resumed past it; the plan's sites in their stubs.
+    #[test]
+    fn sites_added_to_direct_entries_trap_at_their_ftrace_sites() {
+        let idx = SiteIndex::new(vec![(0x1000, 0)]).with_added(1, 1);
+        let stub = 0xffff_ffff_ff9f_0000;
+        assert!(idx.set_stubs(vec![stub].into()));
+        let module = 0xffff_ffff_c000_0014;
+        let sym = crate::kernel::symbols::Symbol {
+            name: "vmt_hit [vmt_test]".into(),
+            addr: module - 4,
+            size: 0x40,
+        };
+        assert_eq!(idx.added().add(module, sym), Some(0));
+        assert_eq!(idx.find(module + OUT_LEN), Some(1));
+        assert_eq!(idx.resume_addr(1), module + SITE_LEN as u64);
+        assert_eq!(idx.find(stub), Some(0));
+        assert_eq!(idx.resume_addr(0), stub + SITE_LEN as u64);
+    }
 }

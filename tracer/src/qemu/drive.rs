@@ -377,11 +377,7 @@ fn module_hooks(
         .collect();
     let ram = Arc::clone(vmm::Stopped::ram(stop));
     let coming = plan.coming.as_ref().filter(|_| plan.exitless_added() > 0);
-    let coming = coming.map(|c| {
-        let mut f = FirstLoads::new(c, Arc::clone(&plan.index));
-        f.want_prototypes(plan.value_btf());
-        f
-    });
+    let coming = coming.map(|c| FirstLoads::of_plan(c, plan));
     ModuleHooks::new(&plan.image, virt, &*ram, &sites, coming)
 }
 

@@ -5,42 +5,16 @@
 //! named as a loaded module but of another build is never used.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use super::modules::GuestModules;
 use crate::kernel::ko_file::complete;
-use crate::kernel::module_files::{KoFileError, Matched, ModuleFiles};
+pub use crate::kernel::ko_file::FileUse;
+use crate::kernel::module_files::{Matched, ModuleFiles};
 use crate::kernel::prototype::Prototype;
 
 /// A module's prototypes from its file's DWARF, by its `struct module`'s
 /// address.
 pub type DwarfPrototypes = (u64, HashMap<String, Prototype>);
-
-/// What the files did for one loaded module.
-#[derive(Debug)]
-pub enum FileUse {
-    /// Its file, by build id, and what was taken from it.
-    Used {
-        module: String,
-        path: PathBuf,
-        build_id: Vec<u8>,
-        /// Functions added or given their size.
-        functions: usize,
-        /// Its prototypes came from the file: its `.BTF` ("BTF"), its
-        /// DWARF ("DWARF"); None: the guest's memory had its BTF, or the
-        /// file has neither.
-        prototypes: Option<&'static str>,
-    },
-    /// Files named as it, of other builds: not used. `loaded`: its build
-    /// id in the guest (None: not readable there).
-    Differs {
-        module: String,
-        loaded: Option<Vec<u8>>,
-        files: Vec<(PathBuf, Option<Vec<u8>>)>,
-    },
-    /// Its file matched but could not be read.
-    Unreadable { module: String, error: KoFileError },
-}
 
 /// Complete `gm`'s modules from `files`: what each file did (modules
 /// without a file of their name or build id are not said), and the

@@ -246,7 +246,7 @@ impl ModuleHooks {
         module: u64,
     ) -> Result<Vec<(u64, u64)>, HookError> {
         let mut space = self.space(ram);
-        let read = module_at(&mut space, &self.image_layout, module).map_err(|source| {
+        let mut read = module_at(&mut space, &self.image_layout, module).map_err(|source| {
             HookError::Read {
                 addr: module,
                 source,
@@ -264,7 +264,8 @@ impl ModuleHooks {
             let Some(first) = self.first.as_mut() else {
                 return Ok(Vec::new());
             };
-            let btf = first.module_btf(&mut space, &read, module);
+            // Completed from its file, if one has its build id.
+            let btf = first.module_btf(&mut space, &mut read, module);
             let sites = first.loading(&read, module, btf.as_ref());
             first.read_orc(&mut space, &read, module);
             return Ok(sites.into_iter().map(|s| (s, s)).collect());

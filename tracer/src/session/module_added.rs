@@ -22,7 +22,7 @@ use crate::kernel::modules::{LoadedModule, ModuleLayout};
 use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
 use crate::plan::ComingModules;
-use crate::session::module_protos::{FilePrototypes, ModulePrototypes};
+use crate::session::module_protos::{LoadFiles, ModulePrototypes};
 
 /// The modules first loaded during the trace, and their traced sites.
 #[derive(Debug)]
@@ -52,11 +52,10 @@ pub struct FirstLoads {
     /// load's own BTF is read (`module_btf`) for its functions'
     /// prototypes.
     prototypes: Option<(Arc<KernelBtf>, ModuleBtfLayout)>,
-    /// With prototypes wanted and `--modules DIR`: the files of modules
-    /// loaded without BTF.
-    files: Option<FilePrototypes>,
-    /// `--modules DIR`'s files, until `want_prototypes`.
-    given: Option<Arc<crate::kernel::module_files::ModuleFiles>>,
+    /// `--modules DIR`: the files of the modules loaded, for the symbols
+    /// their kallsyms lacks, and the prototypes of those loaded without
+    /// BTF.
+    files: Option<LoadFiles>,
 }
 
 /// A module first loaded during the trace.
@@ -111,38 +110,49 @@ impl FirstLoads {
             args: coming.args.clone(),
             prototypes: None,
             files: None,
-            given: coming.files.clone(),
         }
+    }
+
+    /// The modules first loaded during `plan`'s trace, as `coming` says
+    /// (its `--modules DIR` files read on the kernel's BTF), with their
+    /// functions' prototypes when `plan` records values.
+    pub fn of_plan(coming: &ComingModules, plan: &crate::plan::Plan) -> FirstLoads {
+        let mut f = FirstLoads::new(coming, Arc::clone(&plan.index));
+        f.files = (coming.files.clone().zip(plan.btf.as_ref()))
+            .and_then(|(files, b)| LoadFiles::new(files, b, coming.said.clone()));
+        f.want_prototypes(plan.value_btf());
+        f
     }
 
     /// Give the added functions their prototypes from their module's own
     /// BTF, split on `base` (the vmlinux's; None: values not recorded).
     pub fn want_prototypes(&mut self, base: Option<Arc<KernelBtf>>) {
-        self.files = (base.as_ref().zip(self.given.take()))
-            .and_then(|(b, files)| FilePrototypes::new(files, b));
         self.prototypes = base.and_then(|b| Some((Arc::clone(&b), ModuleBtfLayout::find(&b)?)));
     }
 
-    /// The prototypes of `read`'s functions, loading at `module`, when
-    /// they are wanted: its BTF read through `space` from its `struct
-    /// module` (`crate::kernel::module_btf`), else its own file's
-    /// (`--modules DIR`); None when neither can be had (its values then
+    /// `read`, loading at `module`, completed from its own file
+    /// (`--modules DIR`: the symbols its kallsyms lacks), and the
+    /// prototypes of its functions when they are wanted: its BTF read
+    /// through `space` from its `struct module` (`crate::kernel::module_btf`),
+    /// else its file's; None when neither can be had (its values then
     /// shown raw).
     pub fn module_btf(
         &mut self,
         space: &mut AddressSpace<'_>,
-        read: &LoadedModule,
+        read: &mut LoadedModule,
         module: u64,
     ) -> Option<ModulePrototypes> {
-        let (base, layout) = self.prototypes.as_ref()?;
-        let data = read_btf_data(space, layout, module, &read.name)
-            .ok()
-            .flatten();
-        let btf = data.and_then(|d| module_btf(&read.name, "guest memory", &d, base).ok());
-        match btf {
-            Some(b) => Some(ModulePrototypes::Btf(b)),
-            None => self.files.as_mut()?.of(space, read, module, base),
-        }
+        let btf = self.prototypes.as_ref().and_then(|(base, layout)| {
+            let data = read_btf_data(space, layout, module, &read.name).ok()??;
+            module_btf(&read.name, "guest memory", &data, base).ok()
+        });
+        // The file's prototypes only where the guest's memory has none.
+        let base = (self.prototypes.as_ref())
+            .filter(|_| btf.is_none())
+            .map(|(b, _)| Arc::clone(b));
+        let from_file =
+            (self.files.as_mut()).and_then(|f| f.take(space, read, module, base.as_deref()));
+        btf.map(ModulePrototypes::Btf).or(from_file)
     }
 
     /// Read each load's ORC tables, for `--stack` (`read_orc`).
@@ -447,6 +457,7 @@ mod tests {
             notify: None,
             args,
             files: None,
+            said: Default::default(),
         }
     }
 

@@ -165,11 +165,12 @@ impl ModuleTraps {
 impl Following {
     /// The module at `module` comes: its selected functions' sites written.
     fn coming(&mut self, space: &mut AddressSpace<'_>, layout: &ModuleLayout, module: u64) {
-        let Ok(read) = module_at(space, layout, module) else {
+        let Ok(mut read) = module_at(space, layout, module) else {
             self.counts.unreadable += 1;
             return;
         };
-        let btf = self.first.module_btf(space, &read, module);
+        // Completed from its file, if one has its build id.
+        let btf = self.first.module_btf(space, &mut read, module);
         let vas = self.first.loading(&read, module, btf.as_ref());
         // Its ORC entries, before any of its code runs: its stacks unwind
         // through its frames.
@@ -341,8 +342,7 @@ impl Tracer {
         };
         self.attach_counts.module_traps = sites.len();
         self.patched.extend(sites);
-        let mut first = FirstLoads::new(coming, Arc::clone(&self.plan.index));
-        first.want_prototypes(self.plan.value_btf());
+        let mut first = FirstLoads::of_plan(coming, &self.plan);
         let stubs = self.trampoline().map(|t| {
             let planned = self.plan.index.addrs.len();
             (planned..t.sites())

@@ -21,8 +21,7 @@ impl Breakpoints {
             .as_ref()
             .filter(|_| plan.index.added().capacity() > 0);
         let coming = coming.map(|c| {
-            let mut f = FirstLoads::new(c, std::sync::Arc::clone(&plan.index));
-            f.want_prototypes(plan.value_btf());
+            let mut f = FirstLoads::of_plan(c, plan);
             // Their stacks unwind through their own ORC entries.
             if self.stacks.is_some() {
                 f.want_orc();
