@@ -513,8 +513,16 @@ fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         "-o",
         s(&data),
     ];
-    attach_vmt(guest, &args, worker, Some("insmod /vmt_nobtf.ko"), K);
+    let e = attach_vmt(guest, &args, worker, Some("insmod /vmt_nobtf.ko"), K);
     assert_args_shown(&data, K);
+    // The file is named once, at the load, as for a loaded module.
+    let line = format!(
+        "vmtrace: module vmt_test: {} has its build id {}: taken from it: its prototypes, from \
+         its DWARF",
+        good_ko.display(),
+        hex(&id)
+    );
+    assert_eq!(e.stderr.matches(&line).count(), 1, "{}", e.stderr);
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     std::fs::remove_dir_all(&base).unwrap();
     assert_no_gdbstub(guest.qmp_socket());
