@@ -480,7 +480,16 @@ impl Gdb {
                 cmd: name.into(),
             });
         }
+        self.resync()?;
         self.send(data, name)?;
+        // (`qC`'s answer is known by its shape, late or not: `pairing`.)
+        if data == b"qC" {
+            let r = self.qc_reply(name);
+            if let Err(GdbError::Timeout { .. }) = r {
+                self.qc_owed += 1;
+            }
+            return r;
+        }
         let r = self.reply(name);
         self.owe_on_timeout(&r, 1);
         r

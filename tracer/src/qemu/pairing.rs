@@ -24,6 +24,20 @@ impl Gdb {
         }
     }
 
+    /// Before a command, after one timed out: an interrupt and `qC`
+    /// (`stop_waiting`), every reply up to `qC`'s answer dropped. The
+    /// count owed may be wrong: a command sent while someone's QMP `cont`
+    /// ran the VM is never answered (its `$` only stopped the VM:
+    /// gdb_read_byte), while `qC`'s answer comes after every reply to what
+    /// was sent before it, however many. The interrupt leaves a stopped VM
+    /// as it is.
+    pub(super) fn resync(&mut self) -> Result<(), GdbError> {
+        match self.owed {
+            0 => Ok(()),
+            _ => self.stop_waiting(&mut || false),
+        }
+    }
+
     /// Whether a packet is `qC`'s answer (`QC` and a thread id).
     pub(super) fn is_qc(p: &[u8]) -> bool {
         p.starts_with(b"QC")
@@ -228,6 +242,21 @@ mod tests {
         assert_eq!(log.try_iter().collect::<Vec<_>>(), ["qC"]);
         assert_eq!(gdb.last_stop(), Some("T02thread:p01.01;"));
         gdb.expect_ok("Hgp1.1").unwrap();
+    }
+
+    #[test]
+    fn a_command_the_stub_never_answered_is_not_owed_a_reply() {
+        // Someone's QMP `cont` ran the VM inside vmtrace's stop: the `$`
+        // of `m` stops it again (a stop reply) and the rest is dropped.
+        let (mut gdb, log) = fake(true, true, Duration::ZERO, Duration::from_millis(300));
+        gdb.running = false;
+        let e = gdb.command("m1000,2").unwrap_err();
+        assert!(matches!(e, GdbError::Timeout { .. }), "{e}");
+        // The next command resyncs (`qC`) and gets its own reply.
+        gdb.timeout = Duration::from_secs(5);
+        assert_eq!(gdb.command("m1000,2").unwrap(), "0102");
+        assert_eq!(log.try_iter().collect::<Vec<_>>(), ["qC", "m1000,2"]);
+        assert_eq!(gdb.owed, 0);
     }
 
     /// Does nothing: the signal only interrupts a read, as vmtrace's

@@ -86,7 +86,11 @@ impl Gdb {
             // qC's answer itself (`QC...`), once the stop replies and any
             // late replies before it are passed.
             match self.qc_reply("interrupt") {
-                Ok(_) => return Ok(()),
+                // Every reply to what was sent before `qC` came before it.
+                Ok(_) => {
+                    self.owed = 0;
+                    return Ok(());
+                }
                 Err(GdbError::Timeout { .. }) if wait_on() => self.arm(),
                 Err(e) => {
                     // qC's answer, skipped by its shape when it comes.
