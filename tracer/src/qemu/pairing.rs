@@ -291,9 +291,12 @@ mod tests {
         });
         let r = gdb.command("m1000,2");
         kill.join().unwrap();
-        assert_eq!(r.unwrap(), "0102");
+        // Then, as the attach's ending does whatever `m` gave: a stop, and
+        // each vCPU's registers (`Hg` first). Before: `Hgp1.1 failed:
+        // QCp01.01`, the stop having taken `m`'s reply for `qC`'s.
         gdb.running = true;
         gdb.stop().unwrap();
         gdb.expect_ok("Hgp1.1").unwrap();
+        assert_eq!(r.unwrap(), "0102");
     }
 }
