@@ -401,7 +401,9 @@ fn a_dripped_gdb_reply_times_out() {
 /// Replies that come after their command timed out (a stalled QEMU
 /// answers every packet it takes, in order, however late) are skipped:
 /// each later command gets its own reply, a memory read its own bytes. A
-/// stop's `qC` answered late once left the next `Hg` reading `QCp01.01`.
+/// stop's `qC` answered late once left the next `Hg` reading `QCp01.01`:
+/// a late `QC` is known by its shape, and the command after a timeout
+/// resyncs (`qC`, every reply up to its answer dropped).
 #[test]
 fn late_gdb_replies_are_not_taken_for_the_next_commands() {
     /// Answers the next packet, an `m`, with `len` bytes of `byte`.
@@ -426,6 +428,10 @@ fn late_gdb_replies_are_not_taken_for_the_next_commands() {
             let len = usize::from_str_radix(m.rsplit(',').next().unwrap(), 16).unwrap();
             p.send(&"aa".repeat(len));
         }
+        // The next command first resyncs: an interrupt and `qC`, every
+        // reply before its answer dropped.
+        assert_eq!(p.packet().unwrap(), "qC");
+        p.send("QCp01.01");
         assert_eq!(p.packet().unwrap(), "Hgp1.1");
         p.send("OK");
         assert!(answer_m(&mut p, 0x55).unwrap().starts_with("m2000,"));

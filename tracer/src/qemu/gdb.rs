@@ -92,7 +92,9 @@ pub enum GdbError {
     },
 }
 
-trait ReadWrite: Read + Write + Send {}
+pub(super) trait ReadWrite: Read + Write + Send {}
+/// Sets a stream's read timeout (None: wait forever).
+pub(super) type SetTimeout = Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>;
 impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// What `qSupported` said.
@@ -109,7 +111,7 @@ pub struct Gdb {
     pub(super) addr: String,
     stream: Box<dyn ReadWrite>,
     /// Sets the stream's read timeout (a second handle on it).
-    set_timeout: Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>,
+    set_timeout: SetTimeout,
     buf: Vec<u8>,
     /// Packets that came while an ack was awaited.
     pending: std::collections::VecDeque<Vec<u8>>,
@@ -141,6 +143,9 @@ pub struct Gdb {
     /// QEMU), so the next replies are theirs, not a later command's
     /// (`reply` skips them).
     pub(super) owed: usize,
+    /// `qC` answers still owed to interrupts whose wait gave up: known by
+    /// their shape (`QC...`), skipped wherever they come (`pairing`).
+    pub(super) qc_owed: usize,
 }
 
 /// The largest `PacketSize` taken from `qSupported` (QEMU's is 4096, its
@@ -152,7 +157,7 @@ const MAX_PACKET_SIZE: usize = 0x4000;
 pub const MAX_PACKET: usize = 4 * MAX_PACKET_SIZE;
 /// Packets skipped while one reply is awaited: stop replies (one per stop)
 /// and `O` console output (QEMU's `qRcmd` sends some).
-const MAX_SKIPPED: usize = 64;
+pub(super) const MAX_SKIPPED: usize = 64;
 /// Packets that may come while an ack is awaited (a stop reply at most).
 const MAX_PENDING: usize = 16;
 /// How long a client being dropped waits for its `D`'s reply: QEMU answers
@@ -175,7 +180,6 @@ impl Gdb {
             addr: name.clone(),
             source,
         };
-        type SetTimeout = Box<dyn Fn(Option<Duration>) -> std::io::Result<()> + Send>;
         let (stream, set_timeout): (Box<dyn ReadWrite>, SetTimeout) = match addr {
             GdbAddr::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(err)?;
@@ -190,8 +194,24 @@ impl Gdb {
             }
         };
         set_timeout(Some(timeout)).map_err(err)?;
-        let mut gdb = Gdb {
-            addr: name,
+        let mut gdb = Gdb::over(name, stream, set_timeout, timeout);
+        match gdb.negotiate() {
+            Ok(()) => Ok(gdb),
+            // QEMU's stub serves one client: a second gets no reply.
+            Err(GdbError::Timeout { addr, secs, .. }) => Err(GdbError::Busy { addr, secs }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A client on `stream`, features not yet negotiated.
+    fn over(
+        addr: String,
+        stream: Box<dyn ReadWrite>,
+        set_timeout: SetTimeout,
+        timeout: Duration,
+    ) -> Gdb {
+        Gdb {
+            addr,
             stream,
             set_timeout,
             buf: Vec::new(),
@@ -206,17 +226,28 @@ impl Gdb {
             running: false,
             selected: None,
             owed: 0,
+            qc_owed: 0,
             deadline: None,
             hold: None,
             detached: false,
             process: 1,
-        };
-        match gdb.negotiate() {
-            Ok(()) => Ok(gdb),
-            // QEMU's stub serves one client: a second gets no reply.
-            Err(GdbError::Timeout { addr, secs, .. }) => Err(GdbError::Busy { addr, secs }),
-            Err(e) => Err(e),
         }
+    }
+
+    /// A client on one end of a socket pair whose other end plays the
+    /// stub, past the negotiation: no-ack mode, as with QEMU.
+    #[cfg(test)]
+    pub(super) fn on_socket(s: UnixStream, timeout: Duration) -> Gdb {
+        let ctl = s.try_clone().unwrap();
+        let mut gdb = Gdb::over(
+            "fake".into(),
+            Box::new(s),
+            Box::new(move |t| ctl.set_read_timeout(t)),
+            timeout,
+        );
+        gdb.ack_mode = false;
+        gdb.features.packet_size = 4096;
+        gdb
     }
 
     fn negotiate(&mut self) -> Result<(), GdbError> {
@@ -371,10 +402,13 @@ impl Gdb {
         }
         self.read_timeout(Some(left))?;
         let mut chunk = [0u8; 16384];
-        let n = self
-            .stream
-            .read(&mut chunk)
-            .map_err(|e| self.io_error(cmd, e))?;
+        let n = match self.stream.read(&mut chunk) {
+            // A signal (Ctrl-C) cuts short only a wait for a stop
+            // (`wait_stop`, the VM running): a command's reply is still
+            // read, lest it be taken for the next command's.
+            Err(e) if e.kind() == ErrorKind::Interrupted && !self.running => return Ok(()),
+            r => r.map_err(|e| self.io_error(cmd, e))?,
+        };
         if n == 0 {
             return Err(GdbError::Closed {
                 addr: self.addr.clone(),
@@ -418,7 +452,7 @@ impl Gdb {
     }
 
     /// Whether a packet is console output (`O` and hex; not `OK`).
-    fn is_console(p: &[u8]) -> bool {
+    pub(super) fn is_console(p: &[u8]) -> bool {
         p.len() > 1 && p[0] == b'O' && p[1..].iter().all(u8::is_ascii_hexdigit)
     }
 
@@ -446,41 +480,19 @@ impl Gdb {
                 cmd: name.into(),
             });
         }
+        self.resync()?;
         self.send(data, name)?;
+        // (`qC`'s answer is known by its shape, late or not: `pairing`.)
+        if data == b"qC" {
+            let r = self.qc_reply(name);
+            if let Err(GdbError::Timeout { .. }) = r {
+                self.qc_owed += 1;
+            }
+            return r;
+        }
         let r = self.reply(name);
         self.owe_on_timeout(&r, 1);
         r
-    }
-
-    /// After a wait for `n` replies ended in `r`: a timeout leaves them
-    /// owed (they come later, before any other's).
-    pub(super) fn owe_on_timeout<T>(&mut self, r: &Result<T, GdbError>, n: usize) {
-        if let Err(GdbError::Timeout { .. }) = r {
-            self.owed += n;
-        }
-    }
-
-    /// The next reply that is not a stop reply or console output
-    /// (`MAX_SKIPPED` of those at most), nor one still owed to a command
-    /// that timed out (`owed`).
-    pub(super) fn reply(&mut self, name: &str) -> Result<Vec<u8>, GdbError> {
-        for _ in 0..=MAX_SKIPPED + self.owed {
-            let p = self.recv(name)?;
-            if Self::is_stop(&p) {
-                self.last_stop = Some(String::from_utf8_lossy(&p).into_owned());
-                self.selected = None;
-                continue;
-            }
-            if Self::is_console(&p) {
-                continue;
-            }
-            if self.owed > 0 {
-                self.owed -= 1;
-                continue;
-            }
-            return Ok(p);
-        }
-        Err(self.flood(name, MAX_SKIPPED, "stop replies or console packets"))
     }
 
     pub(super) fn expect_ok(&mut self, cmd: &str) -> Result<(), GdbError> {

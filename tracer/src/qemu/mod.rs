@@ -43,6 +43,7 @@ pub mod module_follow;
 pub mod module_hooks;
 pub mod modules;
 pub mod monitor;
+mod pairing;
 pub mod procmem;
 pub mod procs;
 pub mod qmp;

@@ -54,6 +54,7 @@ impl Gdb {
                 let at = base + (j * chunk) as u64;
                 out.extend(rsp::frame(format!("m{at:x},{:x}", piece.len()).as_bytes()));
             }
+            self.resync()?;
             self.arm();
             self.write_raw(&out, "m")?;
             let replies = batch.len().div_ceil(chunk);

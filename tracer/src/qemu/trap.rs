@@ -72,19 +72,32 @@ impl Gdb {
     /// leave a second answer to be taken for the next command's.
     pub fn stop_waiting(&mut self, wait_on: &mut dyn FnMut() -> bool) -> Result<(), GdbError> {
         self.arm();
-        self.write_raw(&[0x03], "interrupt")?;
+        // `+` first: QEMU 7.2 keeps the last packet it sent for an ack even
+        // in no-ack mode, and drops the next byte other than `+` or `$`
+        // (gdb_read_byte, last_packet): after a stop reply and someone's
+        // QMP `cont`, a bare interrupt would be dropped, and the `$` of
+        // `qC` stop the VM instead and the rest go unanswered. The `+`
+        // clears that packet, or if none is held stops the VM itself;
+        // stopped, QEMU ignores both bytes.
+        self.write_raw(b"+\x03", "interrupt")?;
         self.running = false;
         self.send(b"qC", "qC")?;
         loop {
-            // qC's answer, once the stop replies before it are noted.
-            match self.reply("interrupt") {
-                Ok(_) => return Ok(()),
+            // qC's answer itself (`QC...`), once the stop replies and any
+            // late replies before it are passed.
+            match self.qc_reply("interrupt") {
+                // Every reply to what was sent before `qC` came before it.
+                Ok(_) => {
+                    self.owed = 0;
+                    return Ok(());
+                }
                 Err(GdbError::Timeout { .. }) if wait_on() => self.arm(),
                 Err(e) => {
-                    // qC's answer, owed if the wait timed out.
-                    let r = Err(e);
-                    self.owe_on_timeout(&r, 1);
-                    return r;
+                    // qC's answer, skipped by its shape when it comes.
+                    if let GdbError::Timeout { .. } = e {
+                        self.qc_owed += 1;
+                    }
+                    return Err(e);
                 }
             }
         }
@@ -113,8 +126,8 @@ impl Gdb {
                 Ok(p) if Self::is_stop(&p) => break Ok(Some(p)),
                 // A late reply, owed to a command that timed out before
                 // the resume: dropped.
-                Ok(_) => {
-                    self.owed = self.owed.saturating_sub(1);
+                Ok(p) => {
+                    self.drop_late(&p);
                     continue;
                 }
                 Err(GdbError::Timeout { .. }) => break Ok(None),
