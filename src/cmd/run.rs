@@ -268,11 +268,24 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
     }
     if d.module_event_sites > 0 {
         s.push_str(&format!(
-            "; {} event site{} of a traced module given back at its unload, before its \
-             memory was freed (its events are not traced once it is loaded again)",
+            "; {} event site{} of a traced module given back at its unloads, before its \
+             memory was freed",
             d.module_event_sites,
             if d.module_event_sites == 1 { "" } else { "s" },
         ));
+    }
+    if d.module_events_again + d.module_events_untraced > 0 {
+        s.push_str(&format!(
+            "; {} time{} a traced module's event traced again at its load",
+            d.module_events_again,
+            if d.module_events_again == 1 { "" } else { "s" },
+        ));
+        if d.module_events_untraced > 0 {
+            s.push_str(&format!(
+                " ({} left untraced: their code differs from the attach's)",
+                d.module_events_untraced
+            ));
+        }
     }
     if d.module_first > 0 {
         s.push_str(&format!(

@@ -86,6 +86,9 @@ pub struct Breakpoints {
     /// back then (`hooks::release_events`), and how many sites.
     released: Vec<std::ops::Range<u64>>,
     event_sites_released: usize,
+    /// The module events of the attach, traced again at their modules'
+    /// loads (`super::event_reload`).
+    pub(in crate::qemu) reload: Option<super::event_reload::ReloadEvents>,
     /// Why the module hooks could not be set, where some traced site or
     /// `:mod:` glob needs them.
     pub unfollowed: Option<String>,
@@ -181,6 +184,7 @@ impl Breakpoints {
             skips: HashMap::new(),
             released: Vec::new(),
             event_sites_released: 0,
+            reload: None,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,
@@ -660,6 +664,7 @@ mod tests {
             skips: HashMap::new(),
             released: Vec::new(),
             event_sites_released: 0,
+            reload: None,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,
@@ -740,6 +745,7 @@ mod tests {
             skips: [(test, skip)].into(),
             released: Vec::new(),
             event_sites_released: 0,
+            reload: None,
             guard: None,
             guarded: Default::default(),
             taken_over: 0,

@@ -318,9 +318,11 @@ fn serve_exitless(
     match follow {
         Some(f) => {
             let served = f.serve_hit(hit, cpu).map_err(|e| e.to_string());
-            // A module gone: the guard no longer has sites there.
+            // A module gone: the guard no longer has sites there; one
+            // loaded again: its event sites are guarded again.
+            let news = std::mem::take(&mut f.guard_news);
             if let Some(g) = guard {
-                f.released.iter().for_each(|t| g.forget(t));
+                g.learn(news);
             }
             served
         }
@@ -348,9 +350,15 @@ impl QemuVm {
             } => Some(&mut **b),
             _ => None,
         };
+        let reload = super::event_reload::ReloadEvents::of(events, offset);
+        let mut breakpoints = breakpoints;
+        if let Some(b) = breakpoints.as_deref_mut() {
+            b.reload = Some(super::event_reload::ReloadEvents::of(events, offset));
+        }
         let guard = super::event_sites::enable(&self.guest, events, offset, journal, breakpoints)?;
         self.jumps = journal.record.jumps.clone();
         if let Some(f) = self.follow.as_mut() {
+            f.reload = reload;
             let bps = guard.as_ref().map(|g| g.breakpoints()).unwrap_or_default();
             let named = f.name_jumps(&self.jumps, &bps);
             named.map_err(|e| QemuError::NotTraceable(e.to_string()))?;

@@ -194,6 +194,13 @@ impl Detach<'_> {
         let image = &self.tracer.plan().image;
         let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
         b.forget_events(&gone);
+        // The events of modules loaded again, written at their loads.
+        let again = b
+            .reload
+            .as_ref()
+            .map(|r| (r.live.clone(), r.again, r.untraced));
+        let (live, events_again, events_untraced) = again.unwrap_or_default();
+        self.vm.jumps.extend(live);
         let n = b.remove(&self.vm.guest, &stop, last)?;
         super::event_sites::restore(&stop, &self.vm.jumps)?;
         let (unloads, reloads, untraced) = b.module_cycles();
@@ -205,6 +212,8 @@ impl Detach<'_> {
             module_first: first,
             module_unslotted: unslotted,
             module_event_sites: event_sites,
+            module_events_again: events_again,
+            module_events_untraced: events_untraced,
             ..self.tracer.unwatched(n)
         };
         stop.detach()?;
@@ -224,14 +233,18 @@ impl Detach<'_> {
         if let Some(f) = self.vm.follow.as_ref() {
             let gone = |va: &u64| f.released.iter().any(|t| t.contains(va));
             self.vm.jumps.retain(|j| !gone(&j.va));
-            if let Some(g) = self.vm.guard.as_mut() {
-                f.released.iter().for_each(|t| g.forget(t));
-            }
         }
         let image = &self.tracer.plan().image;
         let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
         if let Some(g) = self.vm.guard.as_mut() {
             gone.iter().for_each(|t| g.forget(t));
+        }
+        // The events of modules loaded again, written at their loads (the
+        // guard has them already).
+        if let Some(ev) = self.vm.follow.as_ref().map(|f| &f.reload) {
+            self.vm.jumps.extend(ev.live.iter().cloned());
+        }
+        if let Some(g) = self.vm.guard.as_mut() {
             g.detach(&self.vm.guest, &stop, last)
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
         }
@@ -248,6 +261,8 @@ impl Detach<'_> {
             (c.module_first, c.module_unslotted) = f.first_loaded();
             c.module_restored = f.restored;
             c.module_event_sites = f.event_sites_released;
+            c.module_events_again = f.reload.again;
+            c.module_events_untraced = f.reload.untraced;
             c.module_in_use = f.in_use;
             c.module_displaced = f.displaced;
             c.restored += since;

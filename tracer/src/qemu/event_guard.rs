@@ -69,6 +69,19 @@ impl EventGuard {
         self.guarded.forget(text);
     }
 
+    /// What the module follower did since the guard's last turn
+    /// (`super::event_reload::GuardNews`): texts gone forgotten, event
+    /// sites written at a module's load guarded, their static calls kept.
+    pub fn learn(&mut self, news: super::event_reload::GuardNews) {
+        news.gone.iter().for_each(|t| self.guarded.forget(t));
+        for j in news.sites.into_iter().filter(is_site) {
+            self.guarded.ours.insert(j.va, j);
+        }
+        if let Some(g) = self.statics.as_mut() {
+            g.iterators.extend(news.statics);
+        }
+    }
+
     /// The guard of `events`' `jumps` (vmtrace's call sites and loads, as
     /// journaled): None when there is nothing to guard. Err: the kernel
     /// calls some event through a static call that vmtrace cannot keep on

@@ -120,6 +120,11 @@ pub struct ModuleFollow {
     /// many: the detach and the event guard leave them.
     pub released: Vec<std::ops::Range<u64>>,
     pub event_sites_released: usize,
+    /// The module events of the attach, traced again at their modules'
+    /// loads (`super::event_reload`); and what the guard is to learn
+    /// since its last hit (`super::drive`): texts gone, sites written.
+    pub reload: super::event_reload::ReloadEvents,
+    pub guard_news: super::event_reload::GuardNews,
 }
 
 impl ModuleFollow {
@@ -192,6 +197,8 @@ impl ModuleFollow {
             added_stubs,
             released: Vec::new(),
             event_sites_released: 0,
+            reload: Default::default(),
+            guard_news: Default::default(),
         })
     }
 
@@ -299,6 +306,9 @@ impl ModuleFollow {
                     None => self.hooks.untraced += 1,
                 }
             }
+            if let Some(r) = self.hooks.reloaded.take() {
+                self.events_again(&r, ram)?;
+            }
             if sites.is_empty() {
                 return Ok(());
             }
@@ -321,7 +331,7 @@ impl ModuleFollow {
             return Ok(());
         }
         // Its events' sites first, the text still there.
-        if let Some(text) = self.hooks.attach_text(module) {
+        if let Some(text) = self.hooks.traced_text(module) {
             self.release_events(&text, ram)?;
         }
         for va in self.hooks.freeing(module) {
@@ -366,7 +376,41 @@ impl ModuleFollow {
             j.save()?;
             self.event_sites_released += given;
         }
+        self.reload.forget(text);
+        self.guard_news.gone.push(text.clone());
         self.released.push(text.clone());
+        Ok(())
+    }
+
+    /// The events of the module `r` loaded again, enabled as the attach
+    /// enabled them (`super::event_reload`): journaled, then written; the
+    /// guard learns them at the drive's next turn.
+    fn events_again(
+        &mut self,
+        r: &super::module_hooks::Reloaded,
+        ram: &dyn GuestRam,
+    ) -> Result<(), FollowError> {
+        // (A load at the text of one gone: its sites are live again.)
+        self.released
+            .retain(|t| !(t.start < r.text.end && r.text.start < t.end));
+        let found = self.reload.found_again(r, &mut self.hooks.space(ram), true);
+        for a in found {
+            if let Some(j) = self.journal.as_mut() {
+                j.record.jumps.extend(a.jumps.iter().cloned());
+                j.save()?;
+            }
+            for j in &a.jumps {
+                let bytes = super::journal::unhex(&j.jump).unwrap_or_default();
+                let write = ram.write_slice(&bytes, vm_memory::GuestAddress(j.gpa));
+                write.map_err(|e| FollowError::Site {
+                    addr: j.va,
+                    why: format!("writing a reloaded module's event site: {e}"),
+                })?;
+            }
+            self.reload.live.extend(a.jumps.iter().cloned());
+            self.guard_news.sites.extend(a.jumps);
+            self.guard_news.statics.extend(a.statics);
+        }
         Ok(())
     }
 

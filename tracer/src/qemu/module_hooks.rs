@@ -106,6 +106,19 @@ struct Traced {
     now: Option<(u64, Vec<(u64, u64)>)>,
 }
 
+/// A traced module loaded again: its name, its text at the attach and
+/// now (running addresses), and its jump label entries now (`(site,
+/// target)`, `(site, key with flag bits)`), where its events are found
+/// again (`super::event_reload`).
+#[derive(Debug)]
+pub struct Reloaded {
+    pub name: String,
+    pub was: std::ops::Range<u64>,
+    pub text: std::ops::Range<u64>,
+    pub jumps: Vec<(u64, u64)>,
+    pub keys: Vec<(u64, u64)>,
+}
+
 /// The load and free hooks' addresses, and the traced modules.
 #[derive(Debug)]
 pub struct ModuleHooks {
@@ -126,6 +139,9 @@ pub struct ModuleHooks {
     /// Modules first loaded during the trace, traced by the selection
     /// (`crate::session::module_added`); None: their functions are not traced.
     pub first: Option<crate::session::module_added::FirstLoads>,
+    /// The traced module the last load hook found loaded again, for its
+    /// events (taken by the caller).
+    pub reloaded: Option<Reloaded>,
 }
 
 impl ModuleHooks {
@@ -189,6 +205,7 @@ impl ModuleHooks {
             loads: 0,
             untraced: 0,
             first: coming,
+            reloaded: None,
         }))
     }
 
@@ -278,21 +295,24 @@ impl ModuleHooks {
             }
         }
         t.now = Some((module, pairs.clone()));
+        self.reloaded = Some(Reloaded {
+            name: t.name.clone(),
+            was: t.text.clone(),
+            text: read.text.clone(),
+            jumps: read.tables.jumps.clone(),
+            keys: read.tables.keys.clone(),
+        });
         t.moved_to = Some(read.text);
         self.loads += 1;
         Ok(pairs)
     }
 
-    /// The text of the traced module at `module` (the free hook's RDI)
-    /// while it is the load the attach found (not loaded again since):
-    /// where its events' call sites are (`crate::plan::events`; a module
-    /// loaded again has its events untraced).
-    pub fn attach_text(&self, module: u64) -> Option<std::ops::Range<u64>> {
-        let t = self
-            .traced
-            .iter()
-            .find(|t| t.moved_to.is_none() && t.now.as_ref().is_some_and(|n| n.0 == module))?;
-        Some(t.text.clone())
+    /// The text of the traced module at `module` (the free hook's RDI),
+    /// as the attach found it or loaded again since: where its events'
+    /// call sites are (`crate::plan::events`, `super::event_reload`).
+    pub fn traced_text(&self, module: u64) -> Option<std::ops::Range<u64>> {
+        let t = (self.traced.iter()).find(|t| t.now.as_ref().is_some_and(|n| n.0 == module))?;
+        Some(t.moved_to.clone().unwrap_or_else(|| t.text.clone()))
     }
 
     /// The guest frees the module at `module` (the free hook's RDI): the

@@ -177,9 +177,13 @@ pub struct DetachCounts {
     /// Exitless mode: sites given their bytes back at those unloads.
     pub module_restored: usize,
     /// Event call sites (and exitless mode's `tp->funcs` loads) of a
-    /// traced module given back at its unload, before its memory was
-    /// freed: its events are not traced once it is loaded again.
+    /// traced module given back at its unloads, before its memory was
+    /// freed.
     pub module_event_sites: usize,
+    /// Its events traced again at its loads, and those left untraced
+    /// (their code there differed from the attach's).
+    pub module_events_again: usize,
+    pub module_events_untraced: usize,
     /// Exitless mode: direct entries of a module loaded again elsewhere
     /// left untraced: each displaced other instructions than its ftrace
     /// NOP, which its stub runs relocated for the first address only.

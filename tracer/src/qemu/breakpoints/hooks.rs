@@ -80,9 +80,10 @@ impl Breakpoints {
                 self.sites.insert(new);
                 self.moved.insert(new, at);
             }
+            self.events_again(ram, ops)?;
         } else {
             // Its events' sites first, the text still there.
-            if let Some(text) = k.attach_text(module) {
+            if let Some(text) = k.traced_text(module) {
                 self.release_events(&text, ram, ops)?;
             }
             let Some(k) = self.hooks.as_mut() else {
@@ -99,6 +100,59 @@ impl Breakpoints {
                 if let Some(f) = k.first.as_ref() {
                     f.tell_stacks(s);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The events of the traced module the load hook found loaded again
+    /// (`crate::qemu::event_reload`), enabled as the attach enabled them:
+    /// journaled first, their tests' breakpoints and the guard's sites
+    /// set, then their call sites written.
+    fn events_again(
+        &mut self,
+        ram: &dyn vmm::GuestRam,
+        ops: &dyn BreakOps,
+    ) -> Result<(), HitError> {
+        let (Some(k), Some(ev)) = (self.hooks.as_mut(), self.reload.as_mut()) else {
+            return Ok(());
+        };
+        let Some(r) = k.reloaded.take() else {
+            return Ok(());
+        };
+        // (A load at the text of one gone: its sites are live again.)
+        self.released
+            .retain(|t| !(t.start < r.text.end && r.text.start < t.end));
+        let found = ev.found_again(&r, &mut k.space(ram), false);
+        for a in found {
+            if let Some(j) = self.journal.as_mut() {
+                j.jumps().extend(a.jumps.iter().cloned());
+                for s in &a.skips {
+                    j.add(s.0)?;
+                }
+                j.save()?;
+            }
+            for (test, after_je, reg, value) in a.skips {
+                ops.set(test)?;
+                let skip = super::FuncsSkip {
+                    test,
+                    after_je,
+                    reg,
+                    value,
+                };
+                self.skips.insert(test, skip);
+            }
+            if let Some(g) = self.statics.as_mut() {
+                g.iterators.extend(a.statics);
+            }
+            for j in &a.jumps {
+                self.guarded.ours.insert(j.va, j.clone());
+                let bytes = crate::qemu::journal::unhex(&j.jump).unwrap_or_default();
+                let write = ram.write_slice(&bytes, vm_memory::GuestAddress(j.gpa));
+                write.map_err(|e| HitError::Site(e.to_string()))?;
+            }
+            if let Some(ev) = self.reload.as_mut() {
+                ev.live.extend(a.jumps);
             }
         }
         Ok(())
@@ -125,6 +179,9 @@ impl Breakpoints {
             self.skips.remove(&a);
         }
         self.guarded.forget(text);
+        if let Some(ev) = self.reload.as_mut() {
+            ev.forget(text);
+        }
         let given = match self.journal.as_mut() {
             Some(j) => {
                 let site = |e: vmm::RamError| HitError::Site(e.to_string());
