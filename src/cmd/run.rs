@@ -274,6 +274,12 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
             if d.module_event_sites == 1 { "" } else { "s" },
         ));
     }
+    if d.module_event_sites_freed > 0 {
+        s.push_str(&format!(
+            "; {} event sites of a traced module unloaded unfollowed left alone (its memory freed)",
+            d.module_event_sites_freed
+        ));
+    }
     if d.module_events_again + d.module_events_untraced > 0 {
         s.push_str(&format!(
             "; {} time{} a traced module's event traced again at its load",

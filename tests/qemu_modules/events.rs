@@ -123,6 +123,9 @@ pub(super) fn module_event_traced(
     for mode in ["trap", "exitless"] {
         unload_during(guest, bz, worker, modules, mode);
     }
+    for mode in ["trap", "exitless"] {
+        killed_after_a_reload(guest, bz, worker, modules, mode);
+    }
     assert_no_complaint(&guest.console(), &BAD, "");
 }
 
@@ -223,4 +226,38 @@ fn unload_during(
         let at = (site - now.text.start) as usize;
         assert_eq!(after[at..at + 5], NOP5, "{mode}: site {site:#x}");
     }
+}
+
+/// `-e vmt_test:vmt_event` in `mode`, the module unloaded and loaded again
+/// (its event's sites written again at the load, journaled), then
+/// vmtrace and its guardian killed: `vmtrace detach` gives the reloaded
+/// module's event sites back from the journal (trap: its call site;
+/// exitless: it and its `tp->funcs` load), leaves no gdbstub, every jump
+/// label of the module the kernel's NOP again, and the guest runs on (its
+/// calls complete: a jump left to a probe call with no probe, or a
+/// load left redirected, would not be the kernel's code).
+fn killed_after_a_reload(
+    guest: &QemuGuest,
+    bz: &std::path::Path,
+    worker: u32,
+    modules: &Modules,
+    mode: &str,
+) {
+    let args = ["--kernel", s(bz), "-e", EVENT, "--mode", mode];
+    let mut a = Attach::start(guest.qmp_socket(), &args);
+    a.wait_line("vmtrace: attached to QEMU");
+    command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);
+    kill_with_guardian(a);
+    let o = detach(guest.qmp_socket());
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{mode}: {err}");
+    // The attach's site went back at the unload (out of the journal):
+    // only the reload's remain, each still vmtrace's.
+    let said = "1 event call sites given back their NOP (0 were as found, 0 hold neither";
+    assert!(err.contains(said), "{mode}: {err}");
+    let loads = err.contains("1 tp->funcs loads given back their address");
+    assert_eq!(loads, mode == "exitless", "{mode}: {err}");
+    assert_no_gdbstub(guest.qmp_socket());
+    assert_labels_nops(modules, mode);
+    command(guest, "vmt 3", "vmt 3", worker);
 }

@@ -29,6 +29,7 @@ pub mod module_image;
 pub mod module_notify;
 pub mod module_orc;
 pub mod module_tables;
+pub mod module_walk;
 pub mod modules;
 pub mod names;
 pub mod not_entry;

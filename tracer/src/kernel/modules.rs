@@ -28,10 +28,10 @@ pub const MODULE_NAME_LEN: usize = 56;
 /// `struct module.state` of a module still being set up
 /// (`MODULE_STATE_UNFORMED`): its fields are not filled yet, and the
 /// kernel's own walks (kallsyms, ftrace) skip it too.
-const MODULE_STATE_UNFORMED: u32 = 3;
+pub(crate) const MODULE_STATE_UNFORMED: u32 = 3;
 /// `MODULE_STATE_GOING`: being unloaded (or its init failed), its text
 /// about to be freed: never a module to patch.
-const MODULE_STATE_GOING: u32 = 2;
+pub(crate) const MODULE_STATE_GOING: u32 = 2;
 /// Size of one `Elf64_Sym` (`st_name` u32, `st_info`, `st_other`,
 /// `st_shndx` u16, `st_value` u64, `st_size` u64).
 const ELF64_SYM_SIZE: u64 = 24;
@@ -39,7 +39,7 @@ const ELF64_SYM_SIZE: u64 = 24;
 const STT_FUNC: u8 = 2;
 /// More modules than any kernel loads: a list longer is not one (a
 /// corrupt or moving list), and the walk stops.
-const MAX_MODULES: usize = 4096;
+pub(crate) const MAX_MODULES: usize = 4096;
 /// More symbols or sites than one module has (the largest, amdgpu, has
 /// about 20 000 functions).
 const MAX_ENTRIES: u64 = 1 << 20;

@@ -339,7 +339,10 @@ impl QemuVm {
     /// guard set (`super::event_guard`).
     pub(super) fn enable_events(
         &mut self,
-        events: &crate::plan::events::EventPlan,
+        (events, image): (
+            &crate::plan::events::EventPlan,
+            &crate::kernel::symbols::KernelImage,
+        ),
         offset: crate::kernel::kaslr::KernelOffset,
         journal: &mut super::journal::Journal,
     ) -> Result<(), QemuError> {
@@ -350,12 +353,13 @@ impl QemuVm {
             } => Some(&mut **b),
             _ => None,
         };
-        let reload = super::event_reload::ReloadEvents::of(events, offset);
+        let reload = super::event_reload::ReloadEvents::of(events, image, offset);
         let mut breakpoints = breakpoints;
         if let Some(b) = breakpoints.as_deref_mut() {
-            b.reload = Some(super::event_reload::ReloadEvents::of(events, offset));
+            b.reload = Some(super::event_reload::ReloadEvents::of(events, image, offset));
         }
-        let guard = super::event_sites::enable(&self.guest, events, offset, journal, breakpoints)?;
+        let plan = (events, image);
+        let guard = super::event_sites::enable(&self.guest, plan, offset, journal, breakpoints)?;
         self.jumps = journal.record.jumps.clone();
         if let Some(f) = self.follow.as_mut() {
             f.reload = reload;

@@ -192,7 +192,9 @@ impl Detach<'_> {
             .jumps
             .retain(|j| !released.iter().any(|t| t.contains(&j.va)));
         let image = &self.tracer.plan().image;
+        let before = self.vm.jumps.len();
         let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
+        let freed = before - self.vm.jumps.len();
         b.forget_events(&gone);
         // The events of modules loaded again, written at their loads.
         let again = b
@@ -214,6 +216,7 @@ impl Detach<'_> {
             module_event_sites: event_sites,
             module_events_again: events_again,
             module_events_untraced: events_untraced,
+            module_event_sites_freed: freed,
             ..self.tracer.unwatched(n)
         };
         stop.detach()?;
@@ -235,7 +238,9 @@ impl Detach<'_> {
             self.vm.jumps.retain(|j| !gone(&j.va));
         }
         let image = &self.tracer.plan().image;
+        let before = self.vm.jumps.len();
         let gone = super::event_sites::drop_freed(&**stop.ram(), image, &mut self.vm.jumps);
+        let freed = before - self.vm.jumps.len();
         if let Some(g) = self.vm.guard.as_mut() {
             gone.iter().for_each(|t| g.forget(t));
         }
@@ -253,6 +258,7 @@ impl Detach<'_> {
             self.tracer.forget_sites(f.given_back());
         }
         let mut c = self.tracer.detach(&**stop.ram())?;
+        c.module_event_sites_freed = freed;
         if let Some(f) = self.vm.follow.as_mut() {
             let (since, records) = f
                 .detach(&stop)

@@ -21,6 +21,8 @@ use super::journal::{hex, JournaledJump};
 use super::module_hooks::Reloaded;
 use crate::kernel::events::enabled_branch::redirect_load;
 use crate::kernel::kaslr::KernelOffset;
+use crate::kernel::module_walk::ModuleId;
+use crate::kernel::symbols::KernelImage;
 use crate::plan::events::EventPlan;
 
 /// Bytes read at a `tp->funcs` load: the longest instruction.
@@ -85,11 +87,14 @@ pub struct ReloadEvents {
     /// The sites written at loads and not given back since (each module
     /// unload takes its own out): the detach gives them back.
     pub live: Vec<JournaledJump>,
+    /// The attach's modules: the sites written at a load name the module
+    /// loaded again (`super::event_modules`).
+    modules: Vec<ModuleId>,
 }
 
 impl ReloadEvents {
     /// The module events of `events` as the attach enabled them.
-    pub fn of(events: &EventPlan, offset: KernelOffset) -> ReloadEvents {
+    pub fn of(events: &EventPlan, image: &KernelImage, offset: KernelOffset) -> ReloadEvents {
         let rt = |a: u64| offset.runtime(a);
         let events = (events.events.iter())
             .filter_map(|e| {
@@ -113,6 +118,7 @@ impl ReloadEvents {
             .collect();
         ReloadEvents {
             events,
+            modules: image.modules.iter().map(ModuleId::of).collect(),
             ..ReloadEvents::default()
         }
     }
@@ -128,10 +134,13 @@ impl ReloadEvents {
         exitless: bool,
     ) -> Vec<Again> {
         let mut out = Vec::new();
+        let module = self.modules.iter().find(|m| m.name == r.name);
+        let module = module.map(|m| m.again(r.module, r.text.clone()));
         for e in self.events.iter().filter(|e| e.module == r.name) {
             match again(e, r, space, exitless) {
-                Some(a) => {
+                Some(mut a) => {
                     self.again += 1;
+                    a.jumps.iter_mut().for_each(|j| j.module = module.clone());
                     out.push(a);
                 }
                 None => self.untraced += 1,
@@ -179,6 +188,7 @@ fn again(
             return None;
         }
         a.jumps.push(JournaledJump {
+            module: None,
             va,
             gpa: gpa(space, va, nop.len())?,
             nop: hex(nop),
@@ -196,6 +206,7 @@ fn again(
             let new = redirect_load(&now, va, funcs, cell).ok()?;
             now.truncate(new.len());
             a.jumps.push(JournaledJump {
+                module: None,
                 va,
                 gpa: gpa(space, va, new.len())?,
                 nop: hex(&now),
@@ -221,3 +232,7 @@ fn gpa(space: &mut AddressSpace<'_>, va: u64, len: usize) -> Option<u64> {
     let last = space.gpa(va + len as u64 - 1).ok()?;
     (last == start + len as u64 - 1).then_some(start)
 }
+
+#[cfg(test)]
+#[path = "event_reload_tests.rs"]
+mod tests;

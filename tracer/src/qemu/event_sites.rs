@@ -101,6 +101,7 @@ pub(super) fn check(
                 });
             }
             jumps.push(JournaledJump {
+                module: None,
                 va: offset.runtime(s.code),
                 gpa,
                 nop: hex(&s.nop),
@@ -133,11 +134,12 @@ pub(super) fn skips(events: &EventPlan, offset: KernelOffset) -> Vec<FuncsSkip> 
 /// Enables the events' call sites in a stop of their own, the journal
 /// naming them (and, in trap mode, the breakpoints at their `tp->funcs`
 /// tests, set first; in exitless mode, the guard's) before the first is
-/// written. Exitless mode: the guard set (`super::event_guard`), None when
-/// the kernel lacks what it needs.
+/// written, each in a module of `image` naming it. Exitless mode: the
+/// guard set (`super::event_guard`), None when the kernel lacks what it
+/// needs.
 pub(super) fn enable(
     guest: &super::guest::QemuGuest,
-    events: &EventPlan,
+    (events, image): (&EventPlan, &crate::kernel::symbols::KernelImage),
     offset: KernelOffset,
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
@@ -146,7 +148,7 @@ pub(super) fn enable(
         return Ok(None);
     }
     let stop = guest.stop(false)?;
-    match write(&stop, events, offset, journal, breakpoints) {
+    match write(&stop, (events, image), offset, journal, breakpoints) {
         Ok(g) => {
             stop.resume()?;
             Ok(g)
@@ -160,7 +162,7 @@ pub(super) fn enable(
 
 fn write(
     stop: &QemuStop<'_>,
-    events: &EventPlan,
+    (events, image): (&EventPlan, &crate::kernel::symbols::KernelImage),
     offset: KernelOffset,
     journal: &mut Journal,
     breakpoints: Option<&mut Breakpoints>,
@@ -170,6 +172,7 @@ fn write(
         // Exitless: no breakpoint passes the `tp->funcs` tests.
         jumps.extend(super::funcs_loads::plan(stop, events, offset)?);
     }
+    super::event_modules::tag(&mut jumps, image);
     let event_guard = match breakpoints.is_none() {
         true => EventGuard::plan(events, offset, &jumps).ok().flatten(),
         false => None,
@@ -319,6 +322,7 @@ mod tests {
 
     fn jump(va: u64, gpa: u64) -> JournaledJump {
         JournaledJump {
+            module: None,
             va,
             gpa,
             nop: hex(&NOP),

@@ -60,6 +60,7 @@ pub(super) fn plan(
             })?;
             now.truncate(new.len());
             out.push(JournaledJump {
+                module: None,
                 va,
                 gpa,
                 nop: hex(&now),

@@ -251,6 +251,7 @@ mod tests {
 
     fn site(va: u64) -> JournaledJump {
         JournaledJump {
+            module: None,
             va,
             gpa: va - PHYS,
             nop: hex(&NOP),

@@ -85,6 +85,11 @@ pub struct JournaledJump {
     /// alone. (0: not known.)
     #[serde(default)]
     pub key_gpa: u64,
+    /// The module whose text it is in, as loaded when it was written
+    /// (None: the kernel image's): the repair writes it back only while
+    /// that module is loaded (`super::event_modules`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<crate::kernel::module_walk::ModuleId>,
 }
 
 /// A free guest page vmtrace may write to, and its bytes before (hex).

@@ -22,6 +22,7 @@ mod drive;
 pub mod ending;
 pub mod error;
 pub mod event_guard;
+mod event_modules;
 mod event_reload;
 pub mod event_sites;
 pub mod frames;

@@ -113,6 +113,8 @@ struct Traced {
 #[derive(Debug)]
 pub struct Reloaded {
     pub name: String,
+    /// Its `struct module` now.
+    pub module: u64,
     pub was: std::ops::Range<u64>,
     pub text: std::ops::Range<u64>,
     pub jumps: Vec<(u64, u64)>,
@@ -297,6 +299,7 @@ impl ModuleHooks {
         t.now = Some((module, pairs.clone()));
         self.reloaded = Some(Reloaded {
             name: t.name.clone(),
+            module,
             was: t.text.clone(),
             text: read.text.clone(),
             jumps: read.tables.jumps.clone(),

@@ -429,7 +429,7 @@ fn setup(
     };
     match backend::attach(&mut tracer, vm, patience, &mut Quiet)? {
         Waited::Attached(_) => {
-            vm.enable_events(&events, offset, journal)?;
+            vm.enable_events((&events, &tracer.plan().image), offset, journal)?;
             Ok(Setup {
                 tracer,
                 low,

@@ -180,6 +180,10 @@ pub struct DetachCounts {
     /// traced module given back at its unloads, before its memory was
     /// freed.
     pub module_event_sites: usize,
+    /// Event call sites (and loads) of a traced module unloaded where its
+    /// unload was not followed, left alone at the detach: its memory is
+    /// freed.
+    pub module_event_sites_freed: usize,
     /// Its events traced again at its loads, and those left untraced
     /// (their code there differed from the attach's).
     pub module_events_again: usize,

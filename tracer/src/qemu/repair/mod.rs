@@ -493,7 +493,21 @@ fn in_stops<'g>(
     // (Stopped since the stub connected, when `already`.)
     let mut stop = guest.stop_in(already, held.is_some())?;
     if let Some(r) = record.filter(|r| !r.jumps.is_empty()) {
+        // Not in a module's memory freed since (`super::event_modules`).
+        let r = super::event_modules::repairable(&stop, &r.jumps);
         out.did(crate::qemu::event_sites::restore(&stop, &r.jumps)?.to_string());
+        if r.gone > 0 {
+            out.did(format!(
+                "{} event sites left alone: their module was unloaded since (its memory freed)",
+                r.gone
+            ));
+        }
+        if r.unchecked > 0 {
+            out.failed(format!(
+                "{} event sites of modules left alone: the guest's module list could not be read",
+                r.unchecked
+            ));
+        }
     }
     if let Some(r) = record.filter(|r| r.armed == Armed::Exitless) {
         let (with_modules, unlocated) = region::with_module_sites(&stop, r, modules, out);
