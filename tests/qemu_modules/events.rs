@@ -229,8 +229,12 @@ fn unload_during(
 }
 
 /// `-e vmt_test:vmt_event` in `mode`, the module unloaded and loaded again
-/// (its event's sites written again at the load, journaled), then
-/// vmtrace and its guardian killed: `vmtrace detach` gives the reloaded
+/// (its event's sites written again at the load, journaled, each naming
+/// the module loaded again), then vmtrace and its guardian killed. Trap
+/// mode: the journal altered to name another `struct module` at the same
+/// text (as if unloaded and loaded again since), the repair leaves the
+/// site alone ([`repair_leaves_a_gone_modules_site`]). Exitless mode:
+/// `vmtrace detach` gives the reloaded
 /// module's event sites back from the journal (trap: its call site;
 /// exitless: it and its `tp->funcs` load), leaves no gdbstub, every jump
 /// label of the module the kernel's NOP again, and the guest runs on (its
@@ -248,6 +252,11 @@ fn killed_after_a_reload(
     a.wait_line("vmtrace: attached to QEMU");
     command(guest, "vmtcycles 1 2 /vmt_test.ko", "vmtcycles 1", worker);
     kill_with_guardian(a);
+    let site = journal_names_the_reloaded_module(guest, modules, mode);
+    if mode == "trap" {
+        repair_leaves_a_gone_modules_site(guest, worker, modules, site);
+        return;
+    }
     let o = detach(guest.qmp_socket());
     let err = common::stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{mode}: {err}");
@@ -259,5 +268,62 @@ fn killed_after_a_reload(
     assert_eq!(loads, mode == "exitless", "{mode}: {err}");
     assert_no_gdbstub(guest.qmp_socket());
     assert_labels_nops(modules, mode);
+    command(guest, "vmt 3", "vmt 3", worker);
+}
+
+/// The journal's event sites (after a kill): each names vmt_test as
+/// loaded now (its `struct module`, name and text). Returns the call
+/// site (the one whose bytes before were the kernel's NOP).
+fn journal_names_the_reloaded_module(guest: &QemuGuest, modules: &Modules, mode: &str) -> u64 {
+    let path = super::journal_of(guest);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let jumps = doc["jumps"].as_array().expect("jumps");
+    assert_eq!(jumps.len(), if mode == "trap" { 1 } else { 2 }, "{doc}");
+    let (now, _) = text_now(modules);
+    for j in jumps {
+        let m = &j["module"];
+        assert_eq!(m["name"], "vmt_test", "{mode}: {j}");
+        assert_eq!(m["addr"].as_u64(), Some(now.addr), "{mode}: {j}");
+        assert_eq!(m["text"]["start"].as_u64(), Some(now.text.start), "{j}");
+        assert_eq!(m["text"]["end"].as_u64(), Some(now.text.end), "{j}");
+    }
+    let site = jumps
+        .iter()
+        .find(|j| j["nop"] == "0f1f440000" || j["nop"] == "6690");
+    site.and_then(|j| j["va"].as_u64()).expect("a call site")
+}
+
+/// The killed trap attach's journal altered to name another `struct
+/// module` at the reloaded module's text (a module unloaded and loaded
+/// again there since: the page the journal names may be anyone's):
+/// `vmtrace detach` leaves the site alone and says so, vmtrace's jump
+/// still there, its breakpoints out (no gdbstub left). The module then
+/// unloaded and loaded afresh (its labels the kernel's NOPs again).
+fn repair_leaves_a_gone_modules_site(guest: &QemuGuest, worker: u32, modules: &Modules, site: u64) {
+    let path = super::journal_of(guest);
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let m = &mut doc["jumps"][0]["module"];
+    m["addr"] = (m["addr"].as_u64().unwrap() + 0x40).into();
+    std::fs::write(&path, doc.to_string()).unwrap();
+    let o = detach(guest.qmp_socket());
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let said = "1 event sites left alone: their module was unloaded since (its memory freed)";
+    assert!(err.contains(said), "{err}");
+    assert!(
+        err.contains("0 event call sites given back their NOP"),
+        "{err}"
+    );
+    assert_no_gdbstub(guest.qmp_socket());
+    let (_, mut space) = modules.read();
+    let mut b = [0u8; 2];
+    space.read(site, &mut b).unwrap();
+    // vmtrace's `jmp` (rel32 or rel8), unwritten.
+    assert!(b[0] == 0xe9 || b[0] == 0xeb, "{site:#x}: {b:02x?}");
+    command(guest, "rmmod vmt_test", "rmmod 0", worker);
+    command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+    assert_labels_nops(modules, "loaded afresh");
     command(guest, "vmt 3", "vmt 3", worker);
 }

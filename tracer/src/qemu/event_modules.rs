@@ -115,7 +115,7 @@ mod tests {
             jump(TEXT + 0x10, Some(was.clone())),
         ];
         let kept = |now: &[ModuleId]| still_loaded(&jumps, Some(now));
-        assert_eq!(kept(&[was.clone()]).jumps, jumps);
+        assert_eq!(kept(std::slice::from_ref(&was)).jumps, jumps);
         for now in [
             module(0xffff_ffff_c100_0000, TEXT + 0x10_0000),
             module(0xffff_ffff_c110_0000, TEXT),

@@ -139,6 +139,10 @@ fn an_event_at_the_same_offsets_is_traced_again_where_the_module_is_now() {
     assert_eq!(a[0].skips, [skip]);
 }
 
+/// Why it differs, the attach's sites (offsets), the new load's jump label
+/// entries, whether the site holds the guest's own jump.
+type Case = (&'static str, Vec<u64>, Vec<(u64, u64, u64)>, bool);
+
 /// Each way a reloaded module's event can differ from the attach's
 /// leaves it untraced, counted, with nothing to write: a site not its NOP
 /// now, no jump label entry at its offset, an entry of another target,
@@ -146,7 +150,7 @@ fn an_event_at_the_same_offsets_is_traced_again_where_the_module_is_now() {
 #[test]
 fn an_event_whose_code_differs_is_left_untraced() {
     let other_key = NEW_KEY + 0x100;
-    let cases: [(&str, Vec<u64>, Vec<(u64, u64, u64)>, bool); 5] = [
+    let cases: [Case; 5] = [
         ("bytes", vec![SITE], vec![(SITE, TARGET, NEW_KEY)], true),
         (
             "offset",
