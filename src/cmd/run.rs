@@ -276,8 +276,9 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
     }
     if d.module_event_sites_freed > 0 {
         s.push_str(&format!(
-            "; {} event sites of a traced module unloaded unfollowed left alone (its memory freed)",
-            d.module_event_sites_freed
+            "; {} event site{} of a traced module unloaded unfollowed left alone (its memory freed)",
+            d.module_event_sites_freed,
+            if d.module_event_sites_freed == 1 { "" } else { "s" },
         ));
     }
     if d.module_events_again + d.module_events_untraced > 0 {
@@ -523,6 +524,22 @@ fn mapped_line(tracer: &Tracer, m: tracer::session::exitless::map::Mapped) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The event sites of a module unloaded unfollowed, left alone at the
+    /// detach, are said (one, and more).
+    #[test]
+    fn a_detach_says_the_event_sites_it_leaves_in_freed_module_memory() {
+        let d = |n| tracer::session::patch::DetachCounts {
+            module_event_sites_freed: n,
+            ..Default::default()
+        };
+        assert_eq!(left_alone(&d(0)), "");
+        assert_eq!(
+            left_alone(&d(1)),
+            "; 1 event site of a traced module unloaded unfollowed left alone (its memory freed)"
+        );
+        assert!(left_alone(&d(3)).starts_with("; 3 event sites of a traced module"));
+    }
 
     /// A failure's time and function come before its message, whose advice
     /// ends the line (before: "...bare-metal KVM host after 12.34 s", and
