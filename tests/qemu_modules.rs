@@ -387,6 +387,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // (the hook's own breakpoint would be the site's, no load seen).
     module_hook_traced(&guest, &bz, "vmt_*:mod:vmt_test,ftrace_module_enable");
     args_waiting_refused(&guest, &bz);
+    events::waiting_refused(&guest, &bz);
     for (mode, graph, entry) in [
         ("trap", false, "ftrace"),
         ("exitless", false, "ftrace"),
@@ -1231,26 +1232,39 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
 /// The events of the guest's modules, as `list -e --qmp` reads them from
 /// its memory: Debian's own kyber-iosched.ko (guest/build.sh vmt-test puts
 /// it in the initramfs) lists its three tracepoints, `kyber:*`, by its
-/// name once loaded; unloaded, they are gone (no such event: exit status
-/// 2).
+/// name once loaded, and by its module (`:mod:kyber_iosched`); unloaded,
+/// they are gone (no such event, no such module: exit status 2).
 fn module_events(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
-    let list = || {
+    let list = |glob: &str| {
         let qmp = s(guest.qmp_socket());
-        common::vmtrace(&["list", "-e", "--qmp", qmp, "--kernel", s(bz), "kyber:*"])
+        common::vmtrace(&["list", "-e", "--qmp", qmp, "--kernel", s(bz), glob])
     };
     command(guest, "insmod /kyber-iosched.ko", "insmod 0", worker);
-    let o = list();
-    assert!(o.status.success(), "{}", common::stderr(&o));
-    let lines: Vec<String> = common::stdout(&o).lines().map(String::from).collect();
-    let want = ["kyber_adjust", "kyber_latency", "kyber_throttled"]
-        .map(|e| format!("kyber:{e} [kyber_iosched]"));
-    assert_eq!(lines, want, "{}", common::stderr(&o));
-    let said = "vmtrace: 0 events (and 3 of the guest's modules) in 1 subsystem";
-    assert!(common::stderr(&o).contains(said), "{}", common::stderr(&o));
+    // By their system, and by their module (whose name is not the
+    // system's): the same three.
+    for glob in ["kyber:*", ":mod:kyber_iosched"] {
+        let o = list(glob);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let lines: Vec<String> = common::stdout(&o).lines().map(String::from).collect();
+        let want = ["kyber_adjust", "kyber_latency", "kyber_throttled"]
+            .map(|e| format!("kyber:{e} [kyber_iosched]"));
+        assert_eq!(lines, want, "{glob}: {}", common::stderr(&o));
+        let said = "vmtrace: 0 events (and 3 of the guest's modules) in 1 subsystem";
+        assert!(common::stderr(&o).contains(said), "{}", common::stderr(&o));
+    }
     command(guest, "rmmod kyber_iosched", "rmmod 0", worker);
-    let o = list();
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert!(common::stdout(&o).is_empty(), "{}", common::stdout(&o));
+    for (glob, said) in [
+        ("kyber:*", "event glob 'kyber:*' matches no event"),
+        (
+            ":mod:kyber_iosched",
+            "vmtrace: -e ':mod:kyber_iosched': no such module loaded in the guest",
+        ),
+    ] {
+        let o = list(glob);
+        assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+        assert!(common::stderr(&o).contains(said), "{}", common::stderr(&o));
+        assert!(common::stdout(&o).is_empty(), "{}", common::stdout(&o));
+    }
 }
 
 /// `--stack vmt_hit` in trap mode: each of the K calls' kernel stacks

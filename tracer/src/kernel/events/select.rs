@@ -18,6 +18,13 @@ pub enum EventGlobError {
     Empty { arg: String },
     #[error("event glob {glob:?} has more than one ':' (it is SYSTEM:EVENT)")]
     TwoColons { glob: String },
+    /// `GLOB:mod:MODULE` reached a plan without the guest's modules: only
+    /// an attach reads them (`super::module_globs`).
+    #[error(
+        "event glob {glob:?} names a module's events (:mod:), which only vmtrace attach reads, \
+         from a running guest"
+    )]
+    Module { glob: String },
 }
 
 /// One glob, split at its ':'.
@@ -70,6 +77,11 @@ impl EventGlobs {
                 };
                 if text.is_empty() {
                     return Err(EventGlobError::Empty { arg: arg.clone() });
+                }
+                if text.contains(super::module_globs::MOD) {
+                    return Err(EventGlobError::Module {
+                        glob: text.to_owned(),
+                    });
                 }
                 let glob = match text.split_once(':') {
                     Some((_, n)) if n.contains(':') => {
