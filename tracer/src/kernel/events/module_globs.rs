@@ -16,11 +16,9 @@
 use globset::{GlobBuilder, GlobMatcher};
 
 use crate::kernel::events::module_events::ModuleEvent;
+pub use crate::kernel::events::select::MOD;
 use crate::kernel::events::select::{EventGlobError, EventGlobs};
 use crate::kernel::filter::closest_names;
-
-/// What separates a glob from its module, as in `--trace` globs.
-pub const MOD: &str = ":mod:";
 
 /// Why `-e` globs naming a module cannot be resolved.
 #[derive(Debug, thiserror::Error)]

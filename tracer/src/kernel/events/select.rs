@@ -9,6 +9,10 @@ use globset::{Glob, GlobBuilder, GlobMatcher};
 use crate::kernel::events::{EventError, EventTable, KernelEvent};
 use crate::kernel::filter::closest_names;
 
+/// What separates a glob from its module (`GLOB:mod:MODULE`, as in
+/// `--trace` globs): only an attach resolves it (`super::module_globs`).
+pub const MOD: &str = ":mod:";
+
 /// Why event globs could not be compiled.
 #[derive(Debug, thiserror::Error)]
 pub enum EventGlobError {
@@ -78,7 +82,7 @@ impl EventGlobs {
                 if text.is_empty() {
                     return Err(EventGlobError::Empty { arg: arg.clone() });
                 }
-                if text.contains(super::module_globs::MOD) {
+                if text.contains(MOD) {
                     return Err(EventGlobError::Module {
                         glob: text.to_owned(),
                     });
