@@ -23,10 +23,10 @@ pub enum EventGlobError {
     #[error("event glob {glob:?} has more than one ':' (it is SYSTEM:EVENT)")]
     TwoColons { glob: String },
     /// `GLOB:mod:MODULE` reached a plan without the guest's modules: only
-    /// an attach reads them (`super::module_globs`).
+    /// an attach and `list --qmp` read them (`super::module_globs`).
     #[error(
-        "event glob {glob:?} names a module's events (:mod:), which only vmtrace attach reads, \
-         from a running guest"
+        "event glob {glob:?} names a module's events (:mod:), which only vmtrace attach and \
+         list --qmp read, from a running guest"
     )]
     Module { glob: String },
 }
