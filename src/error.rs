@@ -167,6 +167,12 @@ pub enum InputError {
     ModuleHookTraced { name: String },
     #[error("--args with '{globs}', a module not loaded yet: the functions of a module the guest loads during the trace record arguments in trap mode only (exitless mode's spare sites hold none); add --mode trap, load it before the attach, or trace without --args")]
     ArgsModuleWaiting { globs: String },
+    #[error("-e '{globs}': no such module loaded yet, and the events of a module the guest loads during the trace are not traced yet (its functions are: --trace 'GLOB:mod:MODULE'); load the module before the attach")]
+    EventsModuleWaiting { globs: String },
+    #[error("-e '{globs}': no such module loaded in the guest; load it, or list the events without :mod:")]
+    EventsModuleNotLoaded { globs: String },
+    #[error("{0}; vmtrace list -e --qmp SOCKET --kernel BZIMAGE lists the loaded modules' events")]
+    EventModuleGlob(#[from] tracer::kernel::events::module_globs::ModuleGlobError),
     #[error("'{globs}' waits for a module, but the guest's modules cannot be followed ({why}); trace the module's functions by name once it is loaded (vmtrace attach)")]
     ModulesUnfollowed { globs: String, why: String },
     #[error("--stack with --graph records stacks in trap mode only (the unwinder cannot see through exitless return hooks); use --mode trap")]

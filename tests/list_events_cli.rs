@@ -50,6 +50,13 @@ fn bad_event_globs_and_kernels_without_events_are_refused() {
         "guest/out/vmlinux; closest: sched:sched_switch,",
     );
     assert_bad_input(&["list", "-e", "a:b:c", "--kernel", k], "more than one ':'");
+    // A module's events by their module: only an attach (or `list
+    // --qmp`) reads the guest's modules.
+    assert_bad_input(
+        &["list", "-e", "vmt_test:*:mod:vmt_test", "--kernel", k],
+        "names a module's events (:mod:), which only vmtrace attach and list --qmp read, from a \
+         running guest",
+    );
     assert_bad_input(
         &["list", "-e", "sched:*,", "--kernel", k],
         "empty event glob",

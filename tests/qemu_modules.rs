@@ -387,6 +387,7 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
     // (the hook's own breakpoint would be the site's, no load seen).
     module_hook_traced(&guest, &bz, "vmt_*:mod:vmt_test,ftrace_module_enable");
     args_waiting_refused(&guest, &bz);
+    events::waiting_refused(&guest, &bz);
     for (mode, graph, entry) in [
         ("trap", false, "ftrace"),
         ("exitless", false, "ftrace"),
@@ -1231,15 +1232,23 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
 /// The events of the guest's modules, as `list -e --qmp` reads them from
 /// its memory: Debian's own kyber-iosched.ko (guest/build.sh vmt-test puts
 /// it in the initramfs) lists its three tracepoints, `kyber:*`, by its
-/// name once loaded; unloaded, they are gone (no such event: exit status
-/// 2).
+/// name once loaded, and by its module (`GLOB:mod:kyber_iosched`);
+/// unloaded, they are gone (no such event: exit status 2).
 fn module_events(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
-    let list = || {
+    let list = |globs: &[&str]| {
         let qmp = s(guest.qmp_socket());
-        common::vmtrace(&["list", "-e", "--qmp", qmp, "--kernel", s(bz), "kyber:*"])
+        let mut args = vec!["list", "-e", "--qmp", qmp, "--kernel", s(bz)];
+        args.extend(globs);
+        common::vmtrace(&args)
     };
     command(guest, "insmod /kyber-iosched.ko", "insmod 0", worker);
-    let o = list();
+    // By their system and name, and by their module (whose name is not
+    // the system's), in one call: each once.
+    let o = list(&[
+        "kyber:kyber_adjust",
+        "kyber_l*:mod:kyber_iosched",
+        "kyber_throttled:mod:kyber_*",
+    ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let lines: Vec<String> = common::stdout(&o).lines().map(String::from).collect();
     let want = ["kyber_adjust", "kyber_latency", "kyber_throttled"]
@@ -1248,7 +1257,7 @@ fn module_events(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
     let said = "vmtrace: 0 events (and 3 of the guest's modules) in 1 subsystem";
     assert!(common::stderr(&o).contains(said), "{}", common::stderr(&o));
     command(guest, "rmmod kyber_iosched", "rmmod 0", worker);
-    let o = list();
+    let o = list(&["kyber:*"]);
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     assert!(common::stdout(&o).is_empty(), "{}", common::stdout(&o));
 }

@@ -3,6 +3,7 @@
 //! running as found, and report like a normal run.
 
 use std::time::{Duration, Instant};
+use tracer::kernel::events::module_globs;
 use tracer::plan::{Note, TracePlan};
 use tracer::qemu::gdb::GdbAddr;
 use tracer::qemu::libvirt::{self, LibvirtDomain};
@@ -320,6 +321,14 @@ fn plan_waiting(
     added: guest_modules::Added,
     files: Option<std::sync::Arc<tracer::kernel::module_files::ModuleFiles>>,
 ) -> Result<(TracePlan, Option<Vec<String>>), InputError> {
+    // `-e GLOB:mod:MODULE`: the events of a loaded module by their names.
+    let loaded: Vec<String> = image.modules.iter().map(|m| m.name.clone()).collect();
+    let events = module_globs::resolve(&request.events, &added.events, &loaded)?;
+    if !events.waiting.is_empty() {
+        let globs = events.waiting.join(",");
+        return Err(InputError::EventsModuleWaiting { globs });
+    }
+    request.events = events.globs;
     request.module_events = added.events;
     let walk = added.walk;
     let waiting = guest_modules::waiting(&mut request, &image, walk, files);

@@ -6,6 +6,7 @@
 use tracer::error::TracerError;
 use tracer::kernel::btf::KernelBtf;
 use tracer::kernel::events::module_events::ModuleEvent;
+use tracer::kernel::events::module_globs;
 use tracer::kernel::events::{EventError, EventGlobs, EventTable};
 use tracer::kernel::sites::SiteTable;
 use tracer::kernel::symbols::KernelImage;
@@ -71,15 +72,19 @@ fn module_names_only<'a>(mut listing: Listing<'a>, image: &KernelImage) -> Listi
     listing
 }
 
-/// The events of the modules loaded in `qmp`'s guest (none when they
-/// cannot be read: said on stderr).
-fn module_events(qmp: &std::path::Path, image: &KernelImage) -> Result<Vec<ModuleEvent>, Error> {
+/// The events of the modules loaded in `qmp`'s guest, and those modules'
+/// names (none when they cannot be read: said on stderr).
+fn module_events(
+    qmp: &std::path::Path,
+    image: &KernelImage,
+) -> Result<(Vec<ModuleEvent>, Vec<String>), Error> {
     let connected = session::connect(qmp, None).map_err(InputError::Qemu)?;
     match connected.modules(image) {
-        Ok(m) => Ok(m.map(|m| m.events).unwrap_or_default()),
+        Ok(Some(m)) => Ok((m.events, m.list.into_iter().map(|(m, _)| m.name).collect())),
+        Ok(None) => Ok(Default::default()),
         Err(e) => {
             note!("vmtrace: the guest's modules' events are not listed: {e}");
-            Ok(Vec::new())
+            Ok(Default::default())
         }
     }
 }
@@ -89,14 +94,24 @@ fn module_events(qmp: &std::path::Path, image: &KernelImage) -> Result<Vec<Modul
 /// kernel's array), and with `--qmp` those of the guest's loaded modules,
 /// `SYSTEM:NAME [MODULE]`; the counts on stderr.
 fn events(cfg: &ListConfig, qmp: Option<&std::path::Path>) -> Result<Outcome, Error> {
-    let globs = EventGlobs::parse(&cfg.globs).map_err(InputError::from)?;
+    let (mut modules, globs) = match qmp {
+        Some(qmp) => {
+            let (events, loaded) = module_events(qmp, &cfg.image)?;
+            // `GLOB:mod:MODULE`: a loaded module's events by their names.
+            let m =
+                module_globs::resolve(&cfg.globs, &events, &loaded).map_err(InputError::from)?;
+            if !m.waiting.is_empty() {
+                let globs = m.waiting.join(",");
+                return Err(InputError::EventsModuleNotLoaded { globs }.into());
+            }
+            (events, m.globs)
+        }
+        None => (Vec::new(), cfg.globs.clone()),
+    };
+    let globs = EventGlobs::parse(&globs).map_err(InputError::from)?;
     let btf =
         KernelBtf::from_image(&cfg.image).map_err(|e| InputError::from(EventError::from(e)))?;
     let table = EventTable::read(&cfg.image, &btf).map_err(InputError::from)?;
-    let mut modules = match qmp {
-        Some(qmp) => module_events(qmp, &cfg.image)?,
-        None => Vec::new(),
-    };
     modules.retain(|m| globs.is_match(&m.event));
     modules.sort_by_key(|m| (m.event.full_name(), m.module.clone()));
     let mut chosen = match modules.is_empty() {

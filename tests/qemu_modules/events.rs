@@ -72,7 +72,8 @@ pub(super) fn module_event_traced(
 ) {
     let dir = common::scratch_in("modevent", "data");
     let (_, before) = text_now(modules);
-    for (mode, k) in [("trap", 4u64), ("exitless", 6)] {
+    // Trap mode names it by its module (`:mod:`, as `--trace` globs do).
+    for (mode, k, glob) in [("trap", 4u64, "vmt_*:mod:vmt_test"), ("exitless", 6, EVENT)] {
         let data = dir.join(format!("{mode}.vmtrace"));
         let args = [
             "--kernel",
@@ -80,7 +81,7 @@ pub(super) fn module_event_traced(
             "--format",
             "json",
             "-e",
-            EVENT,
+            glob,
             "--mode",
             mode,
             "-o",
@@ -127,6 +128,34 @@ pub(super) fn module_event_traced(
         killed_after_a_reload(guest, bz, worker, modules, mode);
     }
     assert_no_complaint(&guest.console(), &BAD, "");
+}
+
+/// `-e` naming the events of a module not loaded (`:mod:`): refused in
+/// one line, exit status 2, before the guest is touched (no gdbstub
+/// left): a module first loaded during the trace gets its functions
+/// traced, not yet its events.
+pub(super) fn waiting_refused(guest: &QemuGuest, bz: &std::path::Path) {
+    let o = common::vmtrace(&[
+        "attach",
+        "--qmp",
+        s(guest.qmp_socket()),
+        "--kernel",
+        s(bz),
+        "-e",
+        "vmt_test:*:mod:vmt_test",
+    ]);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.lines().last(),
+        Some(
+            "vmtrace: -e 'vmt_test:*:mod:vmt_test': no such module loaded yet, and the events \
+             of a module the guest loads during the trace are not traced yet (its functions \
+             are: --trace 'GLOB:mod:MODULE'); load the module before the attach"
+        ),
+        "{err}"
+    );
+    assert_no_gdbstub(guest.qmp_socket());
 }
 
 /// trace.dat of `data` read by Debian's `trace-cmd report -N`: one

@@ -19,6 +19,7 @@ mod image_data;
 pub mod jump_sites;
 mod layout;
 pub mod module_events;
+pub mod module_globs;
 pub mod path_cost;
 mod read;
 mod select;

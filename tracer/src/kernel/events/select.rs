@@ -9,6 +9,10 @@ use globset::{Glob, GlobBuilder, GlobMatcher};
 use crate::kernel::events::{EventError, EventTable, KernelEvent};
 use crate::kernel::filter::closest_names;
 
+/// What separates a glob from its module (`GLOB:mod:MODULE`, as in
+/// `--trace` globs): only an attach resolves it (`super::module_globs`).
+pub const MOD: &str = ":mod:";
+
 /// Why event globs could not be compiled.
 #[derive(Debug, thiserror::Error)]
 pub enum EventGlobError {
@@ -18,6 +22,13 @@ pub enum EventGlobError {
     Empty { arg: String },
     #[error("event glob {glob:?} has more than one ':' (it is SYSTEM:EVENT)")]
     TwoColons { glob: String },
+    /// `GLOB:mod:MODULE` reached a plan without the guest's modules: only
+    /// an attach and `list --qmp` read them (`super::module_globs`).
+    #[error(
+        "event glob {glob:?} names a module's events (:mod:), which only vmtrace attach and \
+         list --qmp read, from a running guest"
+    )]
+    Module { glob: String },
 }
 
 /// One glob, split at its ':'.
@@ -70,6 +81,11 @@ impl EventGlobs {
                 };
                 if text.is_empty() {
                     return Err(EventGlobError::Empty { arg: arg.clone() });
+                }
+                if text.contains(MOD) {
+                    return Err(EventGlobError::Module {
+                        glob: text.to_owned(),
+                    });
                 }
                 let glob = match text.split_once(':') {
                     Some((_, n)) if n.contains(':') => {
