@@ -13,8 +13,10 @@
 //! loaded again 20 times, it is followed (each cycle's calls counted);
 //! first loaded during a trace (`vmt_*:mod:vmt_test` waiting for it) in
 //! trap, exitless and exitless `--graph` modes, it is traced from its
-//! load, through 20 more cycles, exactly; an exitless attach killed after
-//! such a load is repaired by `vmtrace detach`.
+//! load, through 20 more cycles, exactly (with `--entry direct` in trap
+//! and exitless modes by its direct entries, vmt_exit's included); an
+//! exitless attach killed after such a load is repaired by `vmtrace
+//! detach`.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
 //! same way (by name and by `:mod:`). With `--modules DIR`, the module
 //! loaded without its BTF (/vmt_nobtf.ko) has its values shown by its
@@ -1185,9 +1187,10 @@ fn module_jump_labels(modules: &Modules) {
 /// site, called by its direct entry) and loaded again (binfmt_misc.ko
 /// loaded between, mostly elsewhere): its sites restored at the unload
 /// (exitless, with and without the function graph: every call's return
-/// seen) and traced again at the load, exactly, but vmt_exit's
-/// exitless direct entry (its displaced instructions' stub is for the
-/// first address), said.
+/// seen) and traced again at the load, exactly; unloaded and loaded once
+/// more, vmt_exit counted again where the first reload found its bytes
+/// again (exitless: its stub written again for the new address), else
+/// said as a site whose code changed.
 fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 6;
     let text = |space: &mut AddressSpace<'_>, m: &LoadedModule| {
