@@ -13,8 +13,10 @@
 //! loaded again 20 times, it is followed (each cycle's calls counted);
 //! first loaded during a trace (`vmt_*:mod:vmt_test` waiting for it) in
 //! trap, exitless and exitless `--graph` modes, it is traced from its
-//! load, through 20 more cycles, exactly; an exitless attach killed after
-//! such a load is repaired by `vmtrace detach`.
+//! load, through 20 more cycles, exactly (with `--entry direct` in trap
+//! and exitless modes by its direct entries, vmt_exit's included); an
+//! exitless attach killed after such a load is repaired by `vmtrace
+//! detach`.
 //! Debian's own binfmt_misc.ko, from the kernel's package, is traced the
 //! same way (by name and by `:mod:`). With `--modules DIR`, the module
 //! loaded without its BTF (/vmt_nobtf.ko) has its values shown by its
@@ -392,15 +394,16 @@ fn a_loaded_module_is_found_in_guest_memory_and_gone_once_unloaded() {
         ("trap", false, "ftrace"),
         ("exitless", false, "ftrace"),
         ("exitless", true, "ftrace"),
-        // getppid by its direct entry, the module's functions by their
-        // ftrace sites (the spare sites' code is called as any site's).
+        // getppid and the module's functions by their direct entries:
+        // vmt_exit's, which displaces real instructions, exitless through
+        // a stub of its own written at each load.
         ("exitless", false, "direct"),
         ("trap", false, "direct"),
     ] {
         first_load(&guest, &bz, w.worker, &modules, (mode, graph, entry));
     }
-    for journal in [true, false] {
-        killed_after_a_first_load(&guest, &bz, w.worker, &modules, journal);
+    for (journal, entry) in [(true, "ftrace"), (false, "ftrace"), (true, "direct")] {
+        killed_after_a_first_load(&guest, &bz, w.worker, &modules, (journal, entry));
     }
     first_load_stacks(&guest, &bz, w.worker, &modules);
     let (after, _) = modules.read();
@@ -571,6 +574,13 @@ fn first_load(
     let line = format!("vmtcycles {CYCLES} {K} /vmt_test.ko");
     command(guest, &line, &format!("vmtcycles {CYCLES}"), worker);
     let sites = sites_now(modules, mode, "at the last load");
+    let direct = entry == "direct";
+    // Direct entries: vmt_exit's too (no ftrace site: its entry displaces
+    // real instructions), exitless a `jmp` to its own stub.
+    let traced = match direct {
+        true => first_load_entries(modules, mode),
+        false => None,
+    };
     // Exitless: its records marked as the attach's are, so the guest's
     // own ftrace refuses vmt_hit while vmtrace's call is at its site.
     let guests_ftrace = mode == "exitless" && !graph;
@@ -586,6 +596,9 @@ fn first_load(
         let mut bytes = [0u8; 5];
         space.read(site, &mut bytes).unwrap();
         assert_eq!(bytes, NOP5, "site {site:#x} after the detach");
+    }
+    if let Some(t) = traced.as_ref() {
+        t.given_back(modules, mode);
     }
     if guests_ftrace {
         // Given back at the detach: the guest's ftrace traces it again.
@@ -604,18 +617,25 @@ fn first_load(
         e.stderr
     );
     let counts = e.counts();
+    // Direct entries: vmt_exit, run at each of the 20 unloads, too.
+    let exits = match direct {
+        true => CYCLES,
+        false => 0,
+    };
     for (f, n) in [
         ("vmt_hit", CYCLES * K),
         ("vmt_batch", CYCLES),
         ("vmt_write", CYCLES),
+        ("vmt_exit", exits),
     ] {
         let name = format!("{f} [vmt_test]");
         assert_eq!(
-            counts.get(&name),
-            Some(&n),
+            counts.get(&name).copied().unwrap_or(0),
+            n,
             "{mode} {graph}: {f}: {counts:?}"
         );
     }
+    assert!(!e.stderr.contains("refused a direct entry"), "{}", e.stderr);
     assert_eq!(e.json()["dropped"], 0, "{}", e.stdout);
     if graph {
         // Every call returned through its hook (none of getppid's here).
@@ -624,12 +644,14 @@ fn first_load(
         assert_eq!(returns, CYCLES * (K + 2) + getppid, "{}", e.stdout);
     }
     // Loaded 21 times (the first, then once a cycle), unloaded 20 times;
-    // exitless, its 3 sites and getppid's restored at the detach.
+    // exitless, its 3 sites (direct: 4, vmt_exit's) and getppid's restored
+    // at the detach.
+    let n = 3 + u64::from(direct);
     let (how, restored) = match mode {
         "trap" => ("its breakpoints removed".to_string(), String::new()),
         _ => (
-            format!("its sites restored, {} in all,", CYCLES * 3),
-            "4 sites restored; ".to_string(),
+            format!("its sites restored, {} in all,", CYCLES * n),
+            format!("{} sites restored; ", n + 1),
         ),
     };
     assert!(
@@ -672,6 +694,72 @@ fn sites_now(modules: &Modules, mode: &str, when: &str) -> Vec<u64> {
     sites
 }
 
+/// vmtrace's code, where a direct entry's `jmp` goes (the top 8 MiB:
+/// docs/attach.md, Where vmtrace's code and rings live).
+const VMTRACE_CODE: std::ops::Range<u64> = 0xffff_ffff_ff80_0000..u64::MAX;
+/// `endbr64`, which a function's direct entry follows under IBT.
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// A first-loaded module's text during a trace with direct entries: its
+/// start, its bytes, and its traced entries (the three ftrace sites and
+/// vmt_exit's first instruction, after its `endbr64`).
+struct EntriesText {
+    start: u64,
+    text: Vec<u8>,
+    sites: Vec<u64>,
+}
+
+/// `EntriesText` of vmt_test as loaded now; exitless, vmt_exit's entry a
+/// `jmp` into vmtrace's code (its stub, written at the load).
+fn first_load_entries(modules: &Modules, mode: &str) -> Option<EntriesText> {
+    let (list, mut space) = modules.read();
+    let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+    let mut text = vec![0u8; (m.text.end - m.text.start) as usize];
+    space.read(m.text.start, &mut text).unwrap();
+    let exit = m.functions.iter().find(|f| f.name == "vmt_exit").unwrap();
+    let mut first = [0u8; 4];
+    space.read(exit.addr, &mut first).unwrap();
+    let site = exit.addr + if first == ENDBR64 { 4 } else { 0 };
+    let mut bytes = [0u8; 5];
+    space.read(site, &mut bytes).unwrap();
+    if mode == "exitless" {
+        let rel = i32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let to = (site + 5).wrapping_add_signed(rel.into());
+        assert_eq!(bytes[0], 0xe9, "vmt_exit's entry {site:#x}: {bytes:x?}");
+        assert!(VMTRACE_CODE.contains(&to), "vmt_exit's jump to {to:#x}");
+    }
+    let mut sites = traced_sites(m);
+    sites.push(site);
+    Some(EntriesText {
+        start: m.text.start,
+        text,
+        sites,
+    })
+}
+
+impl EntriesText {
+    /// After the detach, the same load's text: trap mode wrote nothing,
+    /// byte for byte the same; exitless the same but at the entries,
+    /// which hold no jump or call into vmtrace's code any more.
+    fn given_back(&self, modules: &Modules, mode: &str) {
+        let (list, mut space) = modules.read();
+        let m = list.iter().find(|m| m.name == "vmt_test").expect("loaded");
+        assert_eq!(m.text.start, self.start, "the same load");
+        let mut now = vec![0u8; self.text.len()];
+        space.read(m.text.start, &mut now).unwrap();
+        let at = |site: u64| (site - self.start) as usize;
+        let mut during = self.text.clone();
+        if mode == "exitless" {
+            for &site in &self.sites {
+                let (i, b) = (at(site), &now[at(site)..at(site) + 5]);
+                assert!(b[0] != 0xe8 && b[0] != 0xe9, "{site:#x} after: {b:x?}");
+                during[i..i + 5].copy_from_slice(b);
+            }
+        }
+        assert!(during == now, "{mode}: vmt_test's text after the detach");
+    }
+}
+
 fn traced_sites(m: &LoadedModule) -> Vec<u64> {
     let traced = |s: &u64| {
         let f = m.function_at(*s);
@@ -690,18 +778,23 @@ fn traced_sites(m: &LoadedModule) -> Vec<u64> {
 /// alone: the module's sites found through the kernel's page tables and
 /// restored with getppid's, vmtrace's entries cleared, only the pages'
 /// bytes unknown (exit 1); the journal back, a second repair gives those.
+/// With `--entry direct` (the journal kept), vmt_exit's entry too: its
+/// `jmp` to the stub written at the load is given its bytes back, and the
+/// unload after runs it untraced.
 fn killed_after_a_first_load(
     guest: &QemuGuest,
     bz: &std::path::Path,
     worker: u32,
     modules: &Modules,
-    journal: bool,
+    (journal, entry): (bool, &str),
 ) {
     let args = [
         "--kernel",
         s(bz),
         "--mode",
         "exitless",
+        "--entry",
+        entry,
         "--trace",
         "vmt_*:mod:vmt_test,__x64_sys_getppid",
     ];
@@ -723,6 +816,10 @@ fn killed_after_a_first_load(
             "site {site:#x} after the load"
         );
     }
+    let entries = match entry {
+        "direct" => first_load_entries(modules, "exitless"),
+        _ => None,
+    };
     // The module still runs (its calls go through the sites), and every
     // site is its NOP again.
     let assert_nops = |when: &str| {
@@ -755,6 +852,9 @@ fn killed_after_a_first_load(
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     assert_no_gdbstub(guest.qmp_socket());
     assert_nops("after the repair");
+    if let Some(t) = entries.as_ref() {
+        t.given_back(modules, "exitless");
+    }
     command(guest, "rmmod vmt_test", "rmmod 0", worker);
     assert_no_complaint(&guest.console(), &BAD, "");
     assert_runs_on(guest, worker);
@@ -1088,9 +1188,10 @@ fn module_jump_labels(modules: &Modules) {
 /// site, called by its direct entry) and loaded again (binfmt_misc.ko
 /// loaded between, mostly elsewhere): its sites restored at the unload
 /// (exitless, with and without the function graph: every call's return
-/// seen) and traced again at the load, exactly, but vmt_exit's
-/// exitless direct entry (its displaced instructions' stub is for the
-/// first address), said.
+/// seen) and traced again at the load, exactly; unloaded and loaded once
+/// more, vmt_exit counted again where the first reload found its bytes
+/// again (exitless: its stub written again for the new address), else
+/// said as a site whose code changed.
 fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules: &Modules) {
     const K: u64 = 6;
     let text = |space: &mut AddressSpace<'_>, m: &LoadedModule| {
@@ -1171,47 +1272,60 @@ fn direct_entries(guest: &QemuGuest, bz: &std::path::Path, worker: u32, modules:
         let moved = reload_between(guest, worker, modules);
         eprintln!("{mode}: vmt_test loaded again elsewhere: {moved}");
         command(guest, &format!("vmt {K}"), &format!("vmt {K}"), worker);
-        let sites = sites_now(modules, mode, "after the reload");
+        // Unloaded and loaded once more: the reloaded vmt_exit runs.
+        command(guest, "rmmod vmt_test", "rmmod 0", worker);
+        command(guest, "insmod /vmt_test.ko", "insmod 0", worker);
+        let sites = sites_now(modules, mode, "after the reloads");
         a.signal(libc::SIGINT);
         let e = a.end();
         assert!(e.status.success(), "{mode}: {}: {}", e.status, e.stderr);
         let counts = e.counts();
-        for (f, n) in [
-            ("vmt_hit", 2 * K),
-            ("vmt_batch", 2),
-            ("vmt_write", 2),
-            ("vmt_exit", 1),
-        ] {
+        // vmt_exit's entry displaced `mov .bss(%rip),%rdi`: reloaded, its
+        // bytes are the same only where the module's text and data moved
+        // by the same distance (6.4+ allocates them apart), else it is a
+        // site whose code changed, untraced and said (in trap mode its
+        // breakpoint is then not set again: one fewer to remove). Found
+        // again at the first reload (`again`: exitless, a new stub for the
+        // new address), it counts the second unload's call.
+        let exits = counts.get("vmt_exit [vmt_test]").copied().unwrap_or(0);
+        assert!(exits == 1 || exits == 2, "{mode}: {counts:?}");
+        let again = exits - 1;
+        for (f, n) in [("vmt_hit", 2 * K), ("vmt_batch", 2), ("vmt_write", 2)] {
             let name = format!("{f} [vmt_test]");
             assert_eq!(counts.get(&name), Some(&n), "{mode}: {counts:?}");
         }
         if graph {
-            // Every call returned through its hook, through the reload.
-            assert_eq!(e.json()["graph"]["returns"], 2 * K + 5, "{}", e.stdout);
+            // Every call returned through its hook, through the reloads.
+            let returns = 2 * K + 5 + again;
+            assert_eq!(e.json()["graph"]["returns"], returns, "{}", e.stdout);
         }
-        // vmt_exit's entry displaced `mov .bss(%rip),%rdi`: reloaded, its
-        // bytes are the same only where the module's text and data moved
-        // by the same distance (6.4+ allocates them apart), else it is a
-        // site whose code changed (in trap mode its breakpoint is then not
-        // set again: one fewer to remove). Untraced either way, and said.
-        let said: &[&str] = match mode {
-            "exitless" => &[
-                "3 sites restored; a traced module went away 1 times (its sites restored, 4 in \
-                 all, before its memory was freed) and came back 1 times (traced again, but 1 \
-                 direct entries that displaced instructions (their stubs are for the first \
-                 address))",
-                "3 sites restored; a traced module went away 1 times (its sites restored, 4 in \
-                 all, before its memory was freed) and came back 1 times (traced again, but 1 \
-                 sites whose code changed)",
-            ],
-            _ => &[
-                "4 breakpoints removed; a traced module went away 1 times (its breakpoints \
-                 removed before its memory was freed) and came back 1 times (traced again)",
-                "3 breakpoints removed; a traced module went away 1 times (its breakpoints \
-                 removed before its memory was freed) and came back 1 times (traced again, but \
-                 1 sites whose code changed)",
-            ],
-        };
+        // Whether the second reload found vmt_exit's bytes again (`last`):
+        // either, its entry restored at the detach or not written.
+        let said: Vec<String> = (0..2u64)
+            .map(|last| {
+                let changed = (1 - again) + (1 - last);
+                let but = match changed {
+                    0 => String::new(),
+                    n => format!(", but {n} sites whose code changed"),
+                };
+                let how = match mode {
+                    "exitless" => format!(
+                        "{} sites restored; a traced module went away 2 times (its sites \
+                         restored, {} in all,",
+                        3 + last,
+                        7 + again
+                    ),
+                    _ => format!(
+                        "{} breakpoints removed; a traced module went away 2 times (its \
+                         breakpoints removed",
+                        3 + last
+                    ),
+                };
+                format!(
+                    "{how} before its memory was freed) and came back 2 times (traced again{but})"
+                )
+            })
+            .collect();
         assert!(
             said.iter().any(|l| e.stderr.contains(l)),
             "{mode}: {}",

@@ -307,6 +307,9 @@ pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
                 d.module_unslotted
             ));
         }
+        if let Some(refused) = d.module_refused.as_ref() {
+            s.push_str(&format!(" ({refused})"));
+        }
         if d.module_trap_exits > 0 {
             s.push_str(&format!(
                 " ({} exits at vmtrace's traps in the module loader)",

@@ -191,7 +191,7 @@ fn in_guest_pages<R>(
     // and the code; with the function graph, its parts at their fixed places.
     // Direct entries' stubs: in the return trap's page, and below it in
     // the return stubs' slots from the last down (`backing::slot`).
-    let direct = plan.direct.as_ref().map(|_| direct_stub_pages(sites));
+    let direct = planned_stub_pages(plan);
     let bottom = match (plan.graph, direct) {
         // The whole region in vmtrace's own memory: every part at its
         // place, as in vmtrace's own VMM.
@@ -278,6 +278,14 @@ fn own_rings_len(graph: bool) -> u64 {
 /// graph's return stubs and frames take the free pages' other slots).
 pub fn code_needs_own_memory(plan: &Plan) -> bool {
     plan.graph && plan.direct.is_some() && direct_stub_pages(plan.index.addrs.len()) > 0
+}
+
+/// Pages below the return trap's page that `plan`'s direct entries'
+/// stubs take, with the spare stubs of the modules first loaded during
+/// the trace (`Plan::direct_spare_stubs`); None: no direct entries.
+fn planned_stub_pages(plan: &Plan) -> Option<usize> {
+    let stubs = plan.index.addrs.len() + plan.direct_spare_stubs();
+    plan.direct.as_ref().map(|_| direct_stub_pages(stubs))
 }
 
 /// Pages the stubs of `sites` direct entries take below the return trap's

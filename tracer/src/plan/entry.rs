@@ -102,13 +102,20 @@ pub struct DirectPlan {
     /// On a preemptible kernel, its task list: the stacks of preempted
     /// tasks are checked at each attach (`session::direct::contexts`).
     pub preempted: Option<crate::kernel::task_list::TaskList>,
+    /// What the kernel's tables say of its thunks and static call
+    /// trampolines: the functions of a module first loaded during the
+    /// trace are judged with them (`crate::kernel::direct::module`).
+    pub kernel_links: crate::kernel::direct::module::KernelLinks,
 }
 
 impl DirectPlan {
     /// Analyzes every function of `image`; the `SiteTable` of the safe ones.
     pub fn build(image: &KernelImage) -> Result<(DirectPlan, SiteTable), DirectPlanError> {
         let tables = SiteTables::read(image)?;
-        let mut plan = DirectPlan::default();
+        let mut plan = DirectPlan {
+            kernel_links: crate::kernel::direct::module::KernelLinks::of(&tables),
+            ..DirectPlan::default()
+        };
         let mut sites = Vec::new();
         if u32::try_from(image.functions.len()).is_err() {
             return Err(SiteError::TooManyFunctions {

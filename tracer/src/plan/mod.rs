@@ -278,6 +278,12 @@ impl Plan {
         reserved.min(added_sites::EXITLESS_ADDED)
     }
 
+    /// Spare stub slots after the direct sites' (`layout::direct_spares`).
+    pub fn direct_spare_stubs(&self) -> usize {
+        let direct = self.direct.is_some();
+        exitless::layout::direct_spares(direct, self.graph, self.exitless_added())
+    }
+
     /// The text the kernel rewrites itself, which comparing the running
     /// text with the file skips; none when its tables cannot be read (the
     /// comparison then tolerates what it always did).

@@ -5,6 +5,7 @@
 //! its monitor closed), stalled while the monitor does not answer, held
 //! while someone else stops it, and reset when its machine was.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use super::qmp::QmpError;
 use super::queries::Queries;
 use super::reset::{self, CpuView, LookSeen, Verdict};
 use super::step::SIGTRAP;
+use crate::kernel::direct::DirectSite;
 use crate::session::backend::{AttachedIn, Backend, HeldUp, TraceEnd};
 use crate::session::exitless::backing::RegionPages;
 use crate::session::module_added::FirstLoads;
@@ -389,7 +391,15 @@ fn module_hooks(
         .collect();
     let ram = Arc::clone(vmm::Stopped::ram(stop));
     let coming = plan.coming.as_ref().filter(|_| plan.exitless_added() > 0);
-    let coming = coming.map(|c| FirstLoads::of_plan(c, plan));
+    let coming = coming.map(|c| {
+        let mut f = FirstLoads::of_plan(c, plan);
+        // `--entry direct`: by their direct entries, those that displace
+        // instructions with stubs in the spare stub slots, if any.
+        if let Some(links) = crate::session::module_direct::direct_links(plan) {
+            f.want_direct(links, plan.direct_spare_stubs() > 0);
+        }
+        f
+    });
     ModuleHooks::new(&plan.image, virt, &*ram, &sites, coming)
 }
 
@@ -401,6 +411,23 @@ fn added_stubs(tracer: &Tracer) -> Vec<u64> {
     };
     let planned = tracer.plan().index.addrs.len();
     (planned..t.sites()).map(|k| t.stub_va(k as u32)).collect()
+}
+
+/// The direct entries of `tracer`'s plan in the modules found at the
+/// attach that displaced other instructions than an ftrace NOP, by running
+/// address (their stubs are written again at a reload).
+fn module_entries(tracer: &Tracer) -> HashMap<u64, DirectSite> {
+    let plan = tracer.plan();
+    let Some(direct) = plan.direct.as_ref() else {
+        return HashMap::new();
+    };
+    let slide = plan.index.slide() as u64;
+    let in_module = |a: u64| plan.image.module_at(a).is_some();
+    (direct.sites.iter())
+        .filter(|(_, d)| !d.ftrace_nop)
+        .map(|(&a, d)| (a.wrapping_add(slide), d.clone()))
+        .filter(|&(a, _)| in_module(a))
+        .collect()
 }
 
 /// The guest's ftrace records, to mark a reloaded module's as the attach
@@ -436,7 +463,9 @@ impl Backend for QemuVm {
                             let j = (self.follow_journal.take(), self.follow_marker.take());
                             let marks = marks_of(tracer);
                             let stubs = added_stubs(tracer);
-                            ModuleFollow::start(h, &stop, j, marks, stubs).map(Some)
+                            let direct = (tracer.direct_spare_stubs(), module_entries(tracer));
+                            ModuleFollow::start(h, &stop, j, marks, stubs)
+                                .map(|f| Some(f.with_direct(direct.0, direct.1)))
                         });
                         match started {
                             Ok(f) => self.follow = f.map(Box::new),

@@ -213,6 +213,7 @@ impl Detach<'_> {
             module_untraced: untraced,
             module_first: first,
             module_unslotted: unslotted,
+            module_refused: b.modules_first_refused(),
             module_event_sites: event_sites,
             module_events_again: events_again,
             module_events_untraced: events_untraced,
@@ -265,6 +266,7 @@ impl Detach<'_> {
                 .map_err(|e| QemuError::NotTraceable(e.to_string()))?;
             (c.module_unloads, c.module_reloads, c.module_untraced) = f.cycles();
             (c.module_first, c.module_unslotted) = f.first_loaded();
+            c.module_refused = f.first_refused();
             c.module_restored = f.restored;
             c.module_event_sites = f.event_sites_released;
             c.module_events_again = f.reload.again;

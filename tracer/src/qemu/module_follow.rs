@@ -15,7 +15,12 @@
 //! code (`crate::plan::added_sites`), its own. A site straddling two pages
 //! is written in both (`super::site_span`), under the stop. Each site
 //! written or given back is named in the guest's marker too
-//! (`super::marker`), for a repair without the journal.
+//! (`super::marker`), for a repair without the journal. With `--entry
+//! direct`, a first-loaded module's entry that displaced other
+//! instructions than its ftrace NOP gets a stub of its own in a spare
+//! stub slot (`direct_sites`) and a `jmp` there.
+
+mod direct_sites;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +39,6 @@ use super::step::Stepped;
 use crate::kernel::ftrace_records::Reenabled;
 use crate::kernel::sites::SITE_LEN;
 use crate::plan::exitless::layout::PAGE;
-use crate::plan::exitless::trampoline::call_bytes;
 use crate::session::module_marks::{Judged, Marks};
 
 /// `call rel32`'s opcode.
@@ -115,6 +119,12 @@ pub struct ModuleFollow {
     /// by slot: where a function of a module first loaded during the
     /// trace lands (`crate::plan::added_sites`).
     added_stubs: Vec<u64>,
+    /// Each spare site's direct stub slot, by slot (`direct_sites`);
+    /// empty: none.
+    spare_stubs: Vec<u64>,
+    /// The attach's direct entries of traced modules that displaced
+    /// instructions: their stubs, written again at a reload.
+    reentries: direct_sites::Reentries,
     /// Texts of traced modules unloaded whose events' call sites and
     /// `tp->funcs` loads were given back then (`release_events`), and how
     /// many: the detach and the event guard leave them.
@@ -148,6 +158,7 @@ impl ModuleFollow {
         let ram = Arc::clone(vmm::Stopped::ram(stop));
         let mut space = hooks.space(&*ram);
         let mut at_attach = HashMap::new();
+        let mut reentries = direct_sites::Reentries::default();
         for (va, bytes, ftrace) in hooks.attach_sites() {
             let mut now = [0u8; SITE_LEN];
             if space.read(va, &mut now).is_err() {
@@ -157,16 +168,16 @@ impl ModuleFollow {
             // stub, whose first instruction (exitless) calls the site's
             // body, as an ftrace site would: that body is what the site
             // calls at a load elsewhere, if it is an ftrace site (an
-            // entry that displaced other instructions would need a stub
-            // of its own there, relocated: left untraced).
+            // entry that displaced other instructions gets its stub
+            // written again there: `direct_sites`).
             let target = match call_target(va, &now) {
                 Some(stub) => Some(Some(stub)),
                 None => jump_target(va, &now).map(|stub| {
                     let mut first = [0u8; SITE_LEN];
                     let read = space.read(stub, &mut first).is_ok();
-                    read.then(|| call_target(stub, &first))
-                        .flatten()
-                        .filter(|_| ftrace)
+                    let body = read.then(|| call_target(stub, &first)).flatten();
+                    reentries.note(va, stub, body.filter(|_| !ftrace));
+                    body.filter(|_| ftrace)
                 }),
             };
             if let Some(target) = target {
@@ -195,6 +206,8 @@ impl ModuleFollow {
             in_use: 0,
             displaced: 0,
             added_stubs,
+            spare_stubs: Vec::new(),
+            reentries,
             released: Vec::new(),
             event_sites_released: 0,
             reload: Default::default(),
@@ -241,11 +254,16 @@ impl ModuleFollow {
         self.hooks.first_loaded()
     }
 
+    /// Their functions refused a direct entry, said by rule.
+    pub fn first_refused(&self) -> Option<String> {
+        self.hooks.first_refused()
+    }
+
     /// What the site at `new` (standing for the attach's site `at`, or
     /// for itself: a module first loaded) calls.
     fn stub_for(&self, new: u64, at: u64) -> Option<u64> {
         if let Some(&(_, _, stub)) = self.at_attach.get(&at) {
-            return stub;
+            return stub.or_else(|| self.reentry_body(at));
         }
         let k = self.hooks.first.as_ref()?.slot_of(new)?;
         self.added_stubs.get(k).copied()
@@ -442,7 +460,7 @@ impl ModuleFollow {
                 (Judged::Mark(gpa), Some(m)) => m.mark(ram, va, gpa).map_err(site)?,
                 _ => {}
             }
-            if let Err(e) = self.rewrite(&mut space, va, stub) {
+            if let Err(e) = self.write_site(&mut space, va, stub) {
                 if let Some(m) = self.marks.as_mut() {
                     let _ = m.unmark(ram, va);
                 }
@@ -463,18 +481,18 @@ impl ModuleFollow {
         })
     }
 
-    /// The reloaded module's site at `va` calls `stub`, journaled first.
+    /// The loaded module's site at `va` gets `call` (a call, or a direct
+    /// entry's jump), journaled first.
     fn rewrite(
         &mut self,
         space: &mut AddressSpace<'_>,
         va: u64,
-        stub: u64,
+        call: [u8; SITE_LEN],
     ) -> Result<(), FollowError> {
         let site = |why: String| FollowError::Site { addr: va, why };
         // (Across two pages, a piece in each: the stop keeps the guest
         // from running either half-written.)
         let span = space.span(va, SITE_LEN).map_err(|e| site(e.to_string()))?;
-        let call = call_bytes(va, stub).map_err(|e| site(e.to_string()))?;
         let mut original = [0u8; SITE_LEN];
         let mem = space.memory();
         span.read(mem, &mut original)
@@ -606,6 +624,7 @@ fn restore(ram: &dyn GuestRam, w: &Rewritten) -> Result<bool, FollowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::exitless::trampoline::call_bytes;
 
     #[test]
     fn a_call_is_read_back_to_its_target_and_anything_else_is_not() {

@@ -230,6 +230,12 @@ impl ModuleHooks {
         f.map_or((0, 0), |f| (f.modules(), f.unslotted))
     }
 
+    /// The functions of the modules first loaded refused a direct entry
+    /// (`--entry direct`), said by rule; None: none.
+    pub fn first_refused(&self) -> Option<String> {
+        self.first.as_ref()?.direct.as_ref()?.refusals()
+    }
+
     /// Traced modules loaded again during the trace, now: each one's text
     /// (running addresses) and where it started at the attach (or at its
     /// first load, one first loaded during the trace), for the
@@ -285,7 +291,7 @@ impl ModuleHooks {
             };
             // Completed from its file, if one has its build id.
             let btf = first.module_btf(&mut space, &mut read, module);
-            let sites = first.loading(&read, module, btf.as_ref());
+            let sites = first.loading_from(&mut space, &read, module, btf.as_ref());
             first.read_orc(&mut space, &read, module);
             return Ok(sites.into_iter().map(|s| (s, s)).collect());
         };
@@ -308,6 +314,14 @@ impl ModuleHooks {
         t.moved_to = Some(read.text);
         self.loads += 1;
         Ok(pairs)
+    }
+
+    /// The attach-time site the site at `new` of a traced module loaded
+    /// again stands for.
+    pub fn attach_site_of(&self, new: u64) -> Option<u64> {
+        let now = self.traced.iter().filter_map(|t| t.now.as_ref());
+        let mut pairs = now.flat_map(|n| n.1.iter());
+        pairs.find(|p| p.0 == new).map(|p| p.1)
     }
 
     /// The text of the traced module at `module` (the free hook's RDI),

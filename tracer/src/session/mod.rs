@@ -40,6 +40,7 @@ pub mod guest_ftrace;
 #[cfg(test)]
 pub(in crate::session) mod kvm_tests;
 pub mod module_added;
+pub mod module_direct;
 pub mod module_marks;
 pub mod module_protos;
 pub mod module_sites;

@@ -16,13 +16,15 @@ use vmm::gva::AddressSpace;
 use crate::kernel::btf::KernelBtf;
 use crate::kernel::filter::Filter;
 use crate::kernel::module_btf::{module_btf, read_btf_data, ModuleBtfLayout};
-use crate::kernel::module_image::module_function_name;
 use crate::kernel::module_orc::{read_orc, ModuleOrc};
 use crate::kernel::modules::{LoadedModule, ModuleLayout};
 use crate::kernel::symbols::Symbol;
 use crate::plan::site_index::SiteIndex;
 use crate::plan::ComingModules;
 use crate::session::module_protos::{LoadFiles, ModulePrototypes};
+pub use select::{selected_functions, AddedFunction};
+
+pub mod select;
 
 /// The modules first loaded during the trace, and their traced sites.
 #[derive(Debug)]
@@ -56,6 +58,9 @@ pub struct FirstLoads {
     /// their kallsyms lacks, and the prototypes of those loaded without
     /// BTF.
     files: Option<LoadFiles>,
+    /// `--entry direct`: their functions by their direct entries
+    /// (`super::module_direct`); None: by their ftrace sites.
+    pub direct: Option<super::module_direct::DirectLoads>,
 }
 
 /// A module first loaded during the trace.
@@ -110,7 +115,34 @@ impl FirstLoads {
             args: coming.args.clone(),
             prototypes: None,
             files: None,
+            direct: None,
         }
+    }
+
+    /// Give the functions of the modules loaded direct entries, judged
+    /// with the kernel's `links` (`crate::plan::entry::DirectPlan`);
+    /// `stubs`: an entry that displaces instructions can have a stub (else
+    /// only those that displace their ftrace NOP are taken).
+    pub fn want_direct(&mut self, links: crate::kernel::direct::module::KernelLinks, stubs: bool) {
+        let d = super::module_direct::DirectLoads::new(links, self.walk.0, stubs);
+        self.direct = Some(d);
+    }
+
+    /// `loading`, the functions selected by their direct entries when
+    /// `want_direct` asked for them (the text read through `space`).
+    pub fn loading_from(
+        &mut self,
+        space: &mut AddressSpace<'_>,
+        read: &LoadedModule,
+        module: u64,
+        btf: Option<&ModulePrototypes>,
+    ) -> Vec<u64> {
+        let slide = self.index.slide();
+        let selected = match self.direct.as_mut() {
+            Some(d) => d.select(space, read, &self.filter, slide),
+            None => selected_functions(read, &self.filter),
+        };
+        self.add(read, module, btf, selected)
     }
 
     /// The modules first loaded during `plan`'s trace, as `coming` says
@@ -182,6 +214,17 @@ impl FirstLoads {
         btf: Option<&ModulePrototypes>,
     ) -> Vec<u64> {
         let selected = selected_functions(read, &self.filter);
+        self.add(read, module, btf, selected)
+    }
+
+    /// `loading` of the functions `selected`.
+    fn add(
+        &mut self,
+        read: &LoadedModule,
+        module: u64,
+        btf: Option<&ModulePrototypes>,
+        selected: Vec<AddedFunction>,
+    ) -> Vec<u64> {
         let added = self.index.added();
         let c = match self.modules.iter().position(|c| c.name == read.name) {
             // The load of a module loaded at `module` and not freed since,
@@ -344,57 +387,6 @@ impl FirstLoads {
     }
 }
 
-/// A traced function of a module first loaded during the trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddedFunction {
-    /// `function [module]`.
-    pub name: String,
-    /// Running address and size.
-    pub addr: u64,
-    pub size: u64,
-    /// Its ftrace site (running address).
-    pub site: u64,
-}
-
-/// The functions of `module` with an ftrace site that `filter` selects
-/// (by `function [module]` or the bare name), in address order.
-pub fn selected_functions(module: &LoadedModule, filter: &Filter) -> Vec<AddedFunction> {
-    let mut out: Vec<AddedFunction> = Vec::new();
-    for &site in &module.sites {
-        let Some(f) = module.function_at(site) else {
-            continue;
-        };
-        // One site per function: a second would count its calls twice.
-        if out.last().is_some_and(|a| a.addr == f.addr) {
-            continue;
-        }
-        let name = module_function_name(&f.name, &module.name);
-        if selects(filter, &[&name, &f.name]) {
-            out.push(AddedFunction {
-                name,
-                addr: f.addr,
-                size: f.size,
-                site,
-            });
-        }
-    }
-    out
-}
-
-/// Whether a function known by `names` (`function [module]` and its bare
-/// name) is selected, as `Filter::select` judges a site's function at the
-/// attach: by any name, removed (`!glob`, `--notrace`) by any.
-fn selects(filter: &Filter, names: &[&str]) -> bool {
-    let (trace, mut hits) = (filter.trace(), Vec::new());
-    let positive = trace.is_empty()
-        || names.iter().any(|n| {
-            // Sets `hits` to the positive globs it matches, removed or not.
-            trace.matches_into(n, &mut hits);
-            !hits.is_empty()
-        });
-    positive && !names.iter().any(|n| filter.removes(n))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,26 +418,6 @@ mod tests {
             events: Vec::new(),
             tables: Default::default(),
         }
-    }
-
-    #[test]
-    fn a_first_loaded_modules_functions_are_chosen_by_the_selection() {
-        let base = 0xffff_ffff_c000_0000;
-        let module = vmt_test(base, &[("vmt_notrace", 0xc0)]);
-        let names = |trace: &[&str]| {
-            let trace: Vec<String> = trace.iter().map(|s| s.to_string()).collect();
-            let f = Filter::new(&trace, &[]).unwrap();
-            selected_functions(&module, &f)
-                .into_iter()
-                .map(|a| (a.name, a.site - base))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(names(&["vmt_hit"]), [("vmt_hit [vmt_test]".into(), 0x44)]);
-        assert_eq!(names(&["*:mod:vmt_test"]).len(), 3);
-        assert_eq!(names(&["vmt_*,!vmt_batch"]).len(), 2);
-        assert!(names(&["*:mod:other"]).is_empty());
-        assert!(names(&["vmt_notrace"]).is_empty());
-        assert!(names(&["hrtimer_*"]).is_empty());
     }
 
     /// What `*:mod:vmt_test` waits for, `args` recording arguments.
@@ -523,22 +495,5 @@ mod tests {
             assert_eq!(got, want, "{args:?}");
             assert!(!index.added().records_args(3));
         }
-    }
-
-    /// Judged as the attach judges a site's function: by its full or bare
-    /// name, `!glob` and `--notrace` by either.
-    #[test]
-    fn a_function_added_during_the_trace_is_selected_as_at_the_attach() {
-        let f = |trace: &[&str], notrace: &[&str]| {
-            let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-            Filter::new(&v(trace), &v(notrace)).unwrap()
-        };
-        let names = ["vmt_hit [vmt_test]", "vmt_hit"];
-        assert!(selects(&f(&["vmt_*"], &[]), &names));
-        assert!(selects(&f(&["*:mod:vmt_test"], &[]), &names));
-        assert!(!selects(&f(&["*:mod:other"], &[]), &names));
-        assert!(!selects(&f(&["vmt_*,!vmt_hit"], &[]), &names));
-        assert!(!selects(&f(&["*:mod:vmt_test,!vmt_hit"], &[]), &names));
-        assert!(!selects(&f(&["*:mod:vmt_test"], &["vmt_hit"]), &names));
     }
 }

@@ -197,6 +197,9 @@ pub struct DetachCounts {
     /// loads left untraced for want of a spare slot.
     pub module_first: usize,
     pub module_unslotted: usize,
+    /// `--entry direct`: their functions the selection took that were
+    /// refused a direct entry, by rule (`crate::session::module_direct`).
+    pub module_refused: Option<String>,
     /// The own VMM: exits at its traps in the module loader
     /// (`crate::session::module_traps`).
     pub module_trap_exits: u64,

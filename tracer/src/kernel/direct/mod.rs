@@ -5,6 +5,7 @@
 //! See docs/direct.md.
 
 pub mod entries;
+pub mod module;
 #[cfg(test)]
 mod real_tests;
 pub mod tables;

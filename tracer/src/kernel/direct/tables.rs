@@ -185,6 +185,30 @@ impl SiteTables {
         SiteTables::read_tables(image, false).map(|(t, _)| t)
     }
 
+    /// The tables of `image`, one module's functions alone (a module the
+    /// guest first loads during a trace: `super::module`), with what the
+    /// kernel's own tables say of code outside it: its retpoline thunks
+    /// (`thunks`, a jump to one is an indirect jump) and its static call
+    /// trampolines (`trampolines`: a call or jump of the module's to one
+    /// is a static call site). The module's own sites and branches as
+    /// `read` finds them for a module added to the kernel's image.
+    pub fn read_module(
+        image: &KernelImage,
+        thunks: &[(u64, u64)],
+        trampolines: &[u64],
+    ) -> Result<SiteTables, TableError> {
+        let (mut t, links) = SiteTables::read_tables(image, false)?;
+        t.indirect_thunks.extend_from_slice(thunks);
+        for &a in trampolines {
+            let site = (a, a + TRAMP_PATCH_LEN, KernelTable::StaticCallTramp);
+            t.sites.push(site);
+        }
+        t.sites.sort_unstable();
+        t.targets = BranchTargets::collect(image, &links, &mut t);
+        t.sites.sort_unstable();
+        Ok(t)
+    }
+
     /// Every table's sites, sorted; `strict`: a table not located on a
     /// kernel that has it is an error.
     fn read_tables(

@@ -126,6 +126,19 @@ pub fn direct_stubs_len(sites: usize) -> u64 {
     sites as u64 * STUB_SLOT
 }
 
+/// Spare stub slots after a plan's direct sites' (issue 37): one per
+/// spare site (`added`, `crate::plan::added_sites`) for the direct entries
+/// of modules first loaded during the trace
+/// (`crate::session::module_direct`), written at their loads. None with
+/// the function graph: a QEMU's free pages leave its direct entries only
+/// the return trap's page (`crate::plan::attach_mode`).
+pub fn direct_spares(direct: bool, graph: bool, added: usize) -> usize {
+    match direct && !graph {
+        true => added,
+        false => 0,
+    }
+}
+
 // Every site a plan may have (`MAX_DIRECT_SITES`) has its stub slot.
 const _: () = assert!(crate::plan::entry::MAX_DIRECT_SITES as u64 * STUB_SLOT <= RETURN_TRAP_OFF);
 

@@ -209,7 +209,7 @@ impl ExitlessPlan {
             retval: graph && values.retval,
             arg_sites,
             reserve: match direct {
-                true => direct_stubs_len(sites),
+                true => direct_stubs_len(sites + layout::direct_spares(direct, graph, added)),
                 false => 0,
             },
             copy_fns: copies.as_ref().and(copy_fns),

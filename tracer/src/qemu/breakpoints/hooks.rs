@@ -22,6 +22,11 @@ impl Breakpoints {
             .filter(|_| plan.index.added().capacity() > 0);
         let coming = coming.map(|c| {
             let mut f = FirstLoads::of_plan(c, plan);
+            // `--entry direct`: by their direct entries, breakpoints at
+            // their first bytes as the attach's.
+            if let Some(links) = crate::session::module_direct::direct_links(plan) {
+                f.want_direct(links, true);
+            }
             // Their stacks unwind through their own ORC entries.
             if self.stacks.is_some() {
                 f.want_orc();
@@ -220,5 +225,10 @@ impl Breakpoints {
     /// functions' loads left untraced for want of a slot.
     pub fn modules_first_loaded(&self) -> (usize, usize) {
         self.hooks.as_ref().map_or((0, 0), |k| k.first_loaded())
+    }
+
+    /// The functions of modules first loaded refused a direct entry.
+    pub fn modules_first_refused(&self) -> Option<String> {
+        self.hooks.as_ref()?.first_refused()
     }
 }

@@ -25,6 +25,14 @@ pub struct DirectChecked {
 }
 
 impl Tracer {
+    /// Where each spare stub runs, by spare site (slot), for the direct
+    /// entries of modules first loaded during the trace; empty: none (no
+    /// direct entries, or the function graph's).
+    pub fn direct_spare_stubs(&self) -> Vec<u64> {
+        let direct = self.direct.as_ref();
+        direct.map(|d| d.sites.spare_stub_vas()).unwrap_or_default()
+    }
+
     /// The survey of the direct sites under `paused` at `off`, and the
     /// check that no guest context is inside one (`contexts`): the sites
     /// to write, or why the guest is not ready. Reads only.
@@ -124,6 +132,9 @@ impl Tracer {
             _ => Head::Trap,
         };
         let jumps = direct.write_stubs(space.memory(), &checked.ready, head)?;
+        if ex.is_some() {
+            direct.write_spares(space.memory())?;
+        }
         // In a QEMU's free pages, the stubs' pages were backed just now.
         let mapped = match ex {
             Some(ex) => ex.map_backed(space)?.unwrap_or(mapped),

@@ -40,6 +40,9 @@ use crate::plan::Plan;
 use crate::session::patch::{PatchError, Surveyed};
 pub use stub::Head;
 
+/// `int3`: what a spare stub slot holds until a module's load writes it.
+const INT3: u8 = 0xcc;
+
 /// Sites `DirectSites::in_place` looks at.
 const IN_PLACE_SITES: usize = 8;
 
@@ -50,6 +53,8 @@ pub struct DirectSites {
     sites: Vec<DirectSite>,
     /// Offset of site 0's stub in the code page.
     area_off: u64,
+    /// Spare stub slots after the sites' (`Plan::direct_spare_stubs`).
+    spares: usize,
 }
 
 /// One site found ready under the pause.
@@ -88,8 +93,13 @@ impl DirectSites {
             .iter()
             .map(|a| direct.sites[a].clone())
             .collect();
-        let area_off = RETURN_TRAP_OFF - direct_stubs_len(sites.len());
-        Some(DirectSites { sites, area_off })
+        let spares = plan.direct_spare_stubs();
+        let area_off = RETURN_TRAP_OFF - direct_stubs_len(sites.len() + spares);
+        Some(DirectSites {
+            sites,
+            area_off,
+            spares,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -122,6 +132,31 @@ impl DirectSites {
             read && (image.file_bytes(s.addr, SITE_LEN) == Some(&b[..])
                 || (s.ftrace_nop && is_kernel_nop5(&b)))
         })
+    }
+
+    /// Where each spare stub runs, by spare site (slot): those of the
+    /// modules first loaded during the trace (`crate::qemu::module_follow`).
+    pub fn spare_stub_vas(&self) -> Vec<u64> {
+        let n = self.sites.len();
+        (n..n + self.spares).map(|k| self.stub_va(k)).collect()
+    }
+
+    /// Fills the spare stub slots with `int3` through `mem` (in a QEMU's
+    /// free pages, their pages are backed, and mapped with the rest): a
+    /// module's load writes a stub there (`spare_stub_vas`).
+    pub fn write_spares(&self, mem: &dyn GuestRam) -> Result<(), PatchError> {
+        if self.spares == 0 {
+            return Ok(());
+        }
+        let va = self.stub_va(self.sites.len());
+        let gpa = CODE_GPA + (va - CODE_VA);
+        let fill = vec![INT3; (self.spares as u64 * STUB_SLOT) as usize];
+        mem.write_slice(&fill, GuestAddress(gpa))
+            .map_err(|e| PatchError::Memory {
+                addr: va,
+                gpa,
+                why: e.to_string(),
+            })
     }
 
     /// Every stub's address, by site (`SiteIndex::set_stubs`).
@@ -231,7 +266,11 @@ impl DirectSites {
 /// The running kernel's displaced instructions at `addr`, if they are the
 /// analysis's: the same opcodes and lengths (an immediate or displacement
 /// may differ: KASLR relocates absolute addresses).
-fn same_instructions(site: &DirectSite, bytes: &[u8], addr: u64) -> Option<Vec<Instruction>> {
+pub(crate) fn same_instructions(
+    site: &DirectSite,
+    bytes: &[u8],
+    addr: u64,
+) -> Option<Vec<Instruction>> {
     let mut d = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
     let mut live = Vec::with_capacity(site.insns.len());
     for want in &site.insns {
