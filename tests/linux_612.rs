@@ -5,10 +5,13 @@
 //! load the test module N times at boot (`vmt_boot`, docs/guests.md) and
 //! trace its functions from each load (issue 37): by `:mod:` with traps,
 //! with their stacks through the module's frames (its ORC tables read at
-//! each load) and their arguments (named by its file's DWARF, `--modules
-//! DIR`); by a plain glob exitless, with the function graph, the kernel's
-//! functions by their direct entries. Each boot runs until the guest's init (which cannot
-//! run here) panics, after the module's last cycle.
+//! each load), their arguments (named by its file's DWARF, `--modules
+//! DIR`, the file named in the report's symbols) and the function graph
+//! (vmt_batch's calls of vmt_hit nested); by a plain glob exitless, with
+//! vmt_hit's stacks (its site trapping at each load). Both trace the
+//! kernel's functions by their direct entries. Each boot runs until the
+//! guest's init (which cannot run here) panics, after the module's last
+//! cycle.
 
 mod common;
 
@@ -163,9 +166,13 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
             dir.to_str().unwrap(),
             "-o",
             data.to_str().unwrap(),
-        ],
+        ]
+        .into_iter()
+        .chain(TRAP_MODULES)
+        .collect::<Vec<_>>(),
     );
     let _ = std::fs::remove_dir_all(&dir);
+    trap_modules_checked(&v_of(&out, &err), &err, &data, &file);
     // Said once, at its first load, as `vmtrace attach` says it of a
     // loaded module.
     let id = tracer::kernel::module_build_id::ko_build_id(&nobtf)
@@ -178,8 +185,7 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     );
     assert_eq!(err.matches(&line).count(), 1, "{line}\n{err}");
     assert!(text.contains("Brought up 1 node, 1 CPU"), "{text}");
-    let v: serde_json::Value = serde_json::from_str(&stdout(&out))
-        .unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(&out)));
+    let v = v_of(&out, &err);
     assert_eq!(v["mode"].as_str(), Some("trap"), "{v}");
     assert!(
         err.contains("'vmt_*:mod:vmt_test': its functions are traced from each load of the module"),
@@ -193,18 +199,23 @@ fn linux_6_12_on_one_vcpu_traced_with_traps() {
     let script = vmtrace(&["script", data.to_str().unwrap()]);
     let lines = stdout(&script);
     // Its entries (`...: vmt_hit [vmt_test](i=3) <-CALLER`), not the
-    // ` => ` lines of a stack (a tick in vmt_hit has its frame).
+    // ` => ` lines of a stack (a tick in vmt_hit has its frame), nor its
+    // returns (`vmt_hit [vmt_test] returned to vmt_batch [vmt_test]+...`).
     let hits = lines
         .lines()
-        .filter(|l| l.contains("vmt_hit [vmt_test]"))
+        .filter(|l| l.contains("vmt_hit [vmt_test]") && !l.contains(" returned to "))
         .filter(|l| !l.starts_with(" => ") && !l.starts_with('#'));
     assert_eq!(hits.count() as u64, CYCLES * HITS, "{}", stderr(&script));
     hit_arguments(&data);
     let _ = std::fs::remove_file(&data);
-    // Every traced call was one exit, and every one is in the counts.
+    // Every traced call was one exit and every return one more (the
+    // graph's return trap), and every one is in the counts.
     let events = v["events"].as_u64().unwrap();
     assert!(events > 0, "{v}");
-    assert_eq!(v["trap_exits"].as_u64(), Some(events), "{v}");
+    let returns: u64 = (v["functions"].as_array().unwrap().iter())
+        .map(|f| f["returns"].as_u64().unwrap_or_else(|| panic!("{f}")))
+        .sum();
+    assert_eq!(v["trap_exits"].as_u64(), Some(events + returns), "{v}");
     assert_eq!(
         v["events_stored"].as_u64().unwrap() + v["dropped"].as_u64().unwrap(),
         events
@@ -262,6 +273,85 @@ fn stacks_of<'v>(
         .collect()
 }
 
+/// What the trap boot adds to its run (issue 37): the function graph,
+/// and the kernel's functions by their direct entries (the module's by
+/// their ftrace sites, the loader's traps on its notifier's).
+const TRAP_MODULES: [&str; 3] = ["--graph", "--entry", "direct"];
+
+/// The run's JSON report.
+fn v_of(out: &std::process::Output, err: &str) -> serde_json::Value {
+    serde_json::from_str(&stdout(out)).unwrap_or_else(|e| panic!("{e}: {}\n{err}", stdout(out)))
+}
+
+/// The trap boot's `TRAP_MODULES` checked, with `--modules DIR`'s file
+/// `file` named where the symbols came from, in its report `v` and its
+/// data file `data` (though the module came after the start).
+fn trap_modules_checked(
+    v: &serde_json::Value,
+    err: &str,
+    data: &std::path::Path,
+    file: &std::path::Path,
+) {
+    assert!(err.contains("direct sites patched"), "{err}");
+    module_returned(v);
+    graph_nested(data);
+    module_file_named(v, data, file);
+}
+
+/// Every call of the module's functions returned through vmtrace's hook,
+/// each with its duration, in the JSON report `v`.
+fn module_returned(v: &serde_json::Value) {
+    for (name, calls) in [
+        ("vmt_hit [vmt_test]", CYCLES * HITS),
+        ("vmt_batch [vmt_test]", CYCLES),
+    ] {
+        let f = v["functions"].as_array().unwrap();
+        let f = f.iter().find(|f| f["name"] == name).unwrap();
+        let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {f}"));
+        assert_eq!(
+            (n("returns"), n("returned"), n("not_returned")),
+            (calls, calls, 0),
+            "{f}"
+        );
+        assert!(n("min_ns") > 0 && n("total_ns") >= n("max_ns"), "{f}");
+    }
+}
+
+/// The module's calls in the saved function graph, nested as it makes
+/// them: each `vmt_batch(K)` entered, then K calls of `vmt_hit` entered
+/// and returned inside it, then its return, cycle after cycle (one task
+/// makes them, on one vCPU at a time); each return at its entry's slot,
+/// `vmt_hit`'s deeper in the stack than its caller's.
+fn graph_nested(data: &std::path::Path) {
+    let trace = tracer::trace::datafile::load(data).unwrap();
+    let id = |name: &str| {
+        let f = trace.functions.iter().position(|f| f.name == name);
+        f.unwrap_or_else(|| panic!("no {name}: {:?}", trace.functions)) as u32
+    };
+    let (batch, hit) = (id("vmt_batch [vmt_test]"), id("vmt_hit [vmt_test]"));
+    let mut seen: Vec<_> = (trace.events.iter())
+        .filter(|e| e.func == batch || e.func == hit)
+        .collect();
+    seen.sort_by_key(|e| e.ts_ns);
+    let got: Vec<(u32, bool)> = seen.iter().map(|e| (e.func, e.is_return())).collect();
+    let one = std::iter::once((batch, false))
+        .chain((0..HITS).flat_map(|_| [(hit, false), (hit, true)]))
+        .chain([(batch, true)]);
+    let want: Vec<(u32, bool)> = (0..CYCLES).flat_map(|_| one.clone()).collect();
+    assert_eq!(got, want, "{batch} vmt_batch, {hit} vmt_hit");
+    for cycle in seen.chunks(2 * HITS as usize + 2) {
+        let (entry, ret) = (cycle[0], cycle[cycle.len() - 1]);
+        assert_eq!(entry.slot, ret.stack_slot(), "{entry:?} {ret:?}");
+        for pair in cycle[1..cycle.len() - 1].chunks(2) {
+            assert_eq!(pair[0].slot, pair[1].stack_slot(), "{pair:?}");
+            assert!(
+                pair[0].slot != 0 && pair[0].slot < entry.slot,
+                "{pair:?} {entry:?}"
+            );
+        }
+    }
+}
+
 /// `vmt_hit(i)`'s argument in the saved trace: `vmt_batch(K)` calls it
 /// with i from 0 to K - 1, in each cycle, in time order (one task makes
 /// them all: on one vCPU at a time, its stamps from one clock); shown by
@@ -301,7 +391,12 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
         &[
             "--trace",
             "vmt_*",
-            "--graph",
+            // Not with `--graph` (refused: the unwinder cannot see through
+            // exitless return hooks; the trap boot has the graph). The
+            // kernel's loader too: a plain glob must match a traced
+            // function of the kernel.
+            "--stack",
+            "vmt_load_module,vmt_hit",
             "--args=vmt_*",
             // The kernel's functions by their direct entries, the module's
             // (which the guest loads after the attach) by their ftrace
@@ -324,24 +419,14 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
     module_traced(&v, &text, &err);
     // The kernel's own `vmt_*` too: its loader's one call a cycle.
     assert_eq!(count(&v, "vmt_load_module"), Some(CYCLES), "{v}");
-    // The function graph through the module's spare sites: every call of
-    // its functions returned through its hook, each with its duration.
-    for (name, calls) in [
-        ("vmt_hit [vmt_test]", CYCLES * HITS),
-        ("vmt_batch [vmt_test]", CYCLES),
-    ] {
-        let f = v["functions"].as_array().unwrap();
-        let f = f.iter().find(|f| f["name"] == name).unwrap();
-        let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {f}"));
-        assert_eq!(
-            (n("returns"), n("returned"), n("not_returned")),
-            (calls, calls, 0),
-            "{f}"
-        );
-        assert!(n("min_ns") > 0 && n("total_ns") >= n("max_ns"), "{f}");
-    }
-    // No call trapped: the trampoline handled them all, on every CPU it ran.
-    assert_eq!(v["trap_exits"].as_u64(), Some(0), "{v}");
+    // No call trapped but those whose stacks `--stack` wants: the
+    // trampoline handled every other, on every CPU it ran.
+    assert_eq!(
+        v["trap_exits"].as_u64(),
+        Some(CYCLES * HITS + CYCLES),
+        "{v}"
+    );
+    exitless_module_stacks(&v);
     let per_cpu: Vec<u64> = (0..4)
         .map(|cpu| {
             v["functions"]
@@ -361,4 +446,21 @@ fn linux_6_12_exitless_on_four_vcpus_reads_pcpu_hot() {
         per_cpu.iter().filter(|&&n| n > 0).count() >= 2,
         "calls per vCPU {per_cpu:?}\n{err}"
     );
+}
+
+/// Exitless mode's `--stack vmt_hit` (issue 37): the module's function
+/// trapped at each load instead of calling its spare site, each of its
+/// calls with its stack, from vmt_batch, through the module's frames (its
+/// ORC tables, read at each load), as in trap mode.
+fn exitless_module_stacks(v: &serde_json::Value) {
+    let hits = stacks_of(v, "vmt_hit [vmt_test]");
+    let calls: u64 = hits.iter().map(|(s, _)| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(calls, CYCLES * HITS, "{hits:?}");
+    for (s, f) in &hits {
+        assert!(
+            f.first().is_some_and(|f| f.starts_with("vmt_batch")),
+            "{f:?}"
+        );
+        assert_eq!(s["complete"], true, "{s}");
+    }
 }

@@ -518,6 +518,9 @@ fn module_files(guest: &QemuGuest, bz: &std::path::Path, worker: u32) {
         s(&data),
     ];
     let e = attach_vmt(guest, &args, worker, Some("insmod /vmt_nobtf.ko"), K);
+    // Named where the symbols came from as a loaded module's file is,
+    // though it came after the start: the report's line and the data file's.
+    common::module_file_named(&e.json(), &data, &good_ko);
     assert_args_shown(&data, K);
     // The file is named once, at the load, as for a loaded module.
     let line = format!(

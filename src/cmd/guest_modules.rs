@@ -97,13 +97,7 @@ fn add_to(
 /// kept in the data file).
 fn say_files(image: &mut KernelImage, uses: &[FileUse]) {
     let used: Vec<String> = uses.iter().filter_map(say_use).collect();
-    if !used.is_empty() {
-        image.source = format!(
-            "{}; modules' files by build id: {}",
-            image.source,
-            used.join(", ")
-        );
-    }
+    image.source = tracer::kernel::ko_file::with_files(&image.source, &used);
 }
 
 /// Say what `--modules DIR`'s files did for modules first loaded during
@@ -141,7 +135,7 @@ fn say_use(u: &FileUse) -> Option<String> {
                 path.display(),
                 hex(build_id)
             );
-            Some(format!("{module} from {}", path.display()))
+            u.named()
         }
         FileUse::Differs {
             module,

@@ -538,3 +538,18 @@ pub fn vmt_hit_calls(
     calls.sort_by_key(|e| e.ts_ns);
     (hit, calls)
 }
+
+/// A module's file of `--modules DIR` (`file`, of `vmt_test` first loaded
+/// during the trace) named where the symbols came from, at the end of the
+/// kernel's source: in the run's JSON report `json`, and in its data file
+/// `data` (its `FOOT`: its `HEAD` was written before the load).
+pub fn module_file_named(json: &serde_json::Value, data: &Path, file: &Path) {
+    let want = format!(
+        "; modules' files by build id: vmt_test from {}",
+        file.display()
+    );
+    let symbols = json["symbols"].as_str().unwrap_or_default();
+    assert!(symbols.ends_with(&want), "{symbols}\n{want}");
+    let saved = tracer::trace::datafile::load(data).unwrap();
+    assert_eq!(saved.meta.symbols, symbols);
+}

@@ -48,21 +48,67 @@ pub enum FileUse {
     Unreadable { module: String, error: KoFileError },
 }
 
+impl FileUse {
+    /// A file used, as the symbols' source names it (`MODULE from PATH`);
+    /// None for a file not used.
+    pub fn named(&self) -> Option<String> {
+        match self {
+            FileUse::Used { module, path, .. } => Some(format!("{module} from {}", path.display())),
+            FileUse::Differs { .. } | FileUse::Unreadable { .. } => None,
+        }
+    }
+}
+
+/// Where the report's `symbols:` line (`TraceMeta::symbols`) names the
+/// module files used, after the kernel's own source.
+const FILES_USED: &str = "; modules' files by build id: ";
+
+/// `source` (`KernelImage::source`, which may name files already) naming
+/// the module files `used` too (`FileUse::named`), in one list.
+pub fn with_files(source: &str, used: &[String]) -> String {
+    match (used.is_empty(), source.contains(FILES_USED)) {
+        (true, _) => source.to_string(),
+        (false, true) => format!("{source}, {}", used.join(", ")),
+        (false, false) => format!("{source}{FILES_USED}{}", used.join(", ")),
+    }
+}
+
 /// The uses of module files at the loads of modules first loaded during
 /// the trace, as they come, for the CLI to say (shared by the load hooks
-/// and the command's view of the session).
+/// and the command's view of the session), and the files used, kept for
+/// the trace's symbol source (its `FOOT`, written at the end).
 #[derive(Clone, Debug, Default)]
-pub struct FileUses(Arc<Mutex<Vec<FileUse>>>);
+pub struct FileUses(Arc<Mutex<Uses>>);
+
+/// [`FileUses`]' list.
+#[derive(Debug, Default)]
+struct Uses {
+    /// Not taken by the CLI yet.
+    new: Vec<FileUse>,
+    /// Every file used so far (`FileUse::named`), in load order.
+    used: Vec<String>,
+}
 
 impl FileUses {
     pub fn push(&self, u: FileUse) {
         // A panic elsewhere while holding it left a whole list.
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(u);
+        let mut uses = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        uses.used.extend(u.named());
+        uses.new.push(u);
     }
 
     /// The uses not taken yet.
     pub fn take(&self) -> Vec<FileUse> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()).new)
+    }
+
+    /// Every file used so far, taken or not (`FileUse::named`).
+    pub fn used(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .used
+            .clone()
     }
 }
 
@@ -384,5 +430,49 @@ mod tests {
         };
         assert_eq!(add_functions(&mut m, &funcs), 0);
         assert!(m.functions.is_empty());
+    }
+
+    /// The files used are kept for the symbols' source after the CLI took
+    /// them to say, each named once in one list after any named before.
+    #[test]
+    fn files_used_reach_the_symbols_source() {
+        let uses = FileUses::default();
+        let used = |module: &str, path: &str| FileUse::Used {
+            module: module.into(),
+            path: path.into(),
+            build_id: vec![0xab],
+            functions: 0,
+            prototypes: Some("DWARF"),
+        };
+        uses.push(used("vmt_test", "/ko/extra/renamed.ko"));
+        uses.push(FileUse::Differs {
+            module: "other".into(),
+            loaded: None,
+            files: Vec::new(),
+        });
+        assert_eq!(uses.take().len(), 2);
+        assert!(uses.take().is_empty());
+        uses.push(used("vmt_two", "/ko/two.ko"));
+        let names = uses.used();
+        assert_eq!(
+            names,
+            [
+                "vmt_test from /ko/extra/renamed.ko",
+                "vmt_two from /ko/two.ko"
+            ]
+        );
+        let kernel = "/k/vmlinux (--vmlinux)";
+        assert_eq!(with_files(kernel, &[]), kernel);
+        assert_eq!(
+            with_files(kernel, &names),
+            "/k/vmlinux (--vmlinux); modules' files by build id: vmt_test from \
+             /ko/extra/renamed.ko, vmt_two from /ko/two.ko"
+        );
+        let found = with_files(kernel, &names[..1]);
+        assert_eq!(
+            with_files(&found, &names[1..]),
+            with_files(kernel, &names),
+            "one list"
+        );
     }
 }

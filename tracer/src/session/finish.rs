@@ -309,6 +309,15 @@ impl Tracer {
         callers
     }
 
+    /// Where the symbols came from: the kernel's source, naming the files
+    /// of `--modules DIR` that modules first loaded during the trace used
+    /// so far after those of the modules found at an attach (the `FOOT`
+    /// names them, the `HEAD` cannot).
+    fn symbols(&self) -> String {
+        let used = (self.plan.coming.as_ref()).map_or_else(Vec::new, |c| c.said.used());
+        crate::kernel::ko_file::with_files(&self.plan.image.source, &used)
+    }
+
     /// The trace as known now, without events or callers: what a data
     /// file's `HEAD` says before the run and its `FOOT` after it.
     // Long: most of it is `TraceMeta`'s literal, one run fact a line.
@@ -367,7 +376,7 @@ impl Tracer {
                 + self.ring_ret_drops().iter().flatten().sum::<u64>(),
             unhooked: c.unhooked.load(Ordering::Relaxed),
             tsc_khz: self.times.tsc_khz,
-            symbols: self.plan.image.source.clone(),
+            symbols: self.symbols(),
             lost: if lost.iter().any(|&l| l > 0) {
                 lost
             } else {
