@@ -389,38 +389,9 @@ impl FirstLoads {
 
 #[cfg(test)]
 mod tests {
+    use super::select::tests::vmt_test;
     use super::*;
-    use crate::kernel::modules::ModuleFunction;
 
-    fn function(name: &str, addr: u64) -> ModuleFunction {
-        ModuleFunction {
-            name: name.into(),
-            addr,
-            size: 0x40,
-        }
-    }
-
-    /// vmt_test loaded at `at`: vmt_batch, vmt_hit and vmt_write with
-    /// sites, and any `more` functions without one (not traceable).
-    fn vmt_test(at: u64, more: &[(&str, u64)]) -> LoadedModule {
-        let mut functions = vec![
-            function("vmt_batch", at),
-            function("vmt_hit", at + 0x40),
-            function("vmt_write", at + 0x80),
-        ];
-        functions.extend(more.iter().map(|&(n, off)| function(n, at + off)));
-        LoadedModule {
-            name: "vmt_test".into(),
-            addr: at + 0x1000,
-            text: at..at + 0x200,
-            functions,
-            sites: vec![at + 4, at + 0x44, at + 0x84],
-            events: Vec::new(),
-            tables: Default::default(),
-        }
-    }
-
-    /// What `*:mod:vmt_test` waits for, `args` recording arguments.
     fn coming_vmt_test(args: Option<crate::kernel::filter::Globs>) -> ComingModules {
         ComingModules {
             selection: Filter::new(&["*:mod:vmt_test".to_string()], &[]).unwrap(),

@@ -61,7 +61,7 @@ pub fn selects(filter: &Filter, names: &[&str]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::kernel::modules::ModuleFunction;
 
@@ -75,7 +75,10 @@ mod tests {
 
     /// vmt_test loaded at `at`: vmt_batch, vmt_hit and vmt_write with
     /// sites, and any `more` functions without one (not traceable).
-    fn vmt_test(at: u64, more: &[(&str, u64)]) -> LoadedModule {
+    pub(in crate::session::module_added) fn vmt_test(
+        at: u64,
+        more: &[(&str, u64)],
+    ) -> LoadedModule {
         let mut functions = vec![
             function("vmt_batch", at),
             function("vmt_hit", at + 0x40),
