@@ -171,14 +171,13 @@ fn report_end(
         .and_then(|d| guest_ftrace::detach_line(&d.guest_ftrace));
     match detached {
         Ok(d) if attached > 0 => note!(
-            "vmtrace: detached: {} sites restored{}{}{}",
+            "vmtrace: detached: {} sites restored{}{}",
             d.restored,
             left_alone(&d),
             match d.event_keys {
                 0 => String::new(),
                 n => format!(", {n} event keys' counts set back to 0"),
-            },
-            guarded(&d)
+            }
         ),
         Ok(_) => {}
         Err(e) => return Err(RuntimeError::Restore(e).into()),
@@ -246,27 +245,6 @@ fn say_unfinished(meta: &tracer::trace::model::TraceMeta) {
 /// failure to restore.
 /// What a detach left alone, after its count of sites restored: sites the
 /// guest changed, sites of modules it unloaded (their text freed).
-/// What the jump label guard did (`tracer::session::event_jumps`), for
-/// the detach line.
-fn guarded(d: &tracer::session::patch::DetachCounts) -> String {
-    let g = &d.guard;
-    if g.exits == 0 {
-        return String::new();
-    }
-    let mut s = format!(
-        "; the guest's jump_label came to vmtrace's guard {} times",
-        g.exits
-    );
-    if g.given + g.taken_back > 0 {
-        s.push_str(&format!(
-            " (it enabled traced events itself: {} call sites given to it, {} taken back as \
-             it disabled them, {} left holding its jumps)",
-            g.given, g.taken_back, g.kept
-        ));
-    }
-    s
-}
-
 pub(crate) fn left_alone(d: &tracer::session::patch::DetachCounts) -> String {
     let mut s = String::new();
     if d.changed > 0 {
@@ -480,7 +458,24 @@ impl Observer for Status {
             note!("{line}");
         }
         if c.event_keys > 0 {
-            events_line(tracer, c);
+            // docs/events.md: the own VMM sets the keys' counts. By the
+            // mode, not by `c.exitless`: trap mode's graph maps its return
+            // trap too.
+            let (tests, meanwhile) = match tracer.trampoline().is_some() {
+                true => (
+                    "tp->funcs loads made to read tp->iterator",
+                    "the guest must not enable them itself meanwhile",
+                ),
+                false => (
+                    "tp->funcs tests trapped",
+                    "an event the guest enables itself meanwhile is recorded no more",
+                ),
+            };
+            note!(
+                "vmtrace: events: {} enabled (their keys' counts set to 1), {} {tests}; {meanwhile}",
+                c.event_keys,
+                c.event_tests
+            );
         }
         if let Some(m) = c.exitless {
             note!("vmtrace: {}", mapped_line(tracer, m));
@@ -527,34 +522,6 @@ fn mapped_line(tracer: &Tracer, m: tracer::session::exitless::map::Mapped) -> St
         ),
         None => format!("graph: return trap mapped at {RETURN_TRAP_VA:#x}, {how}"),
     }
-}
-
-/// The attach's line for `-e` (docs/events.md): the own VMM sets the keys'
-/// counts, or with jump labels writes their call sites' jumps. By the
-/// mode, not by `c.exitless`: trap mode's graph maps its return trap too.
-fn events_line(tracer: &tracer::session::Tracer, c: &tracer::session::patch::AttachCounts) {
-    let (tests, meanwhile) = match tracer.trampoline().is_some() {
-        true => (
-            "tp->funcs loads made to read tp->iterator",
-            "the guest must not enable them itself meanwhile",
-        ),
-        false => (
-            "tp->funcs tests trapped",
-            "an event the guest enables itself meanwhile is recorded no more",
-        ),
-    };
-    let how = match c.event_guard {
-        true => format!(
-            "{} call sites made their jumps, their keys left to the guest",
-            c.event_jumps
-        ),
-        false => "their keys' counts set to 1".to_string(),
-    };
-    note!(
-        "vmtrace: events: {} enabled ({how}), {} {tests}; {meanwhile}",
-        c.event_keys,
-        c.event_tests
-    );
 }
 
 #[cfg(test)]

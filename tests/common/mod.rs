@@ -10,8 +10,6 @@ pub mod qemu_vm;
 // The `vmtrace attach` runs of the QEMU tests (covered by the same allow).
 pub mod attach;
 pub mod guard;
-// The own VMM's `-e sched:...` boots (6.1 and 6.12).
-pub mod sched_events;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -11,9 +11,6 @@ use vm_memory::GuestMemoryMmap;
 use crate::gva::{AddressSpace, PagingMode};
 use crate::GuestRam;
 
-/// How many registers a handler may set at one trap.
-pub const MAX_SET_GPRS: usize = 2;
-
 /// One exit on the trace port.
 pub struct Trap<'a> {
     pub cpu: usize,
@@ -42,9 +39,8 @@ pub struct Trap<'a> {
     /// translation outlives the exit it was made for.
     space: AddressSpace<'a>,
     new_rip: Option<u64>,
-    /// Registers to set (each its number in `gprs` and its value): an
-    /// event's tested register, or a function's return (RAX and RSP).
-    new_gprs: [Option<(usize, u64)>; MAX_SET_GPRS],
+    /// A register to set (its number in `gprs`) and its value.
+    new_gpr: Option<(usize, u64)>,
     /// The handler asked for every other vCPU paused (`stop_world`).
     world: bool,
 }
@@ -67,7 +63,7 @@ impl<'a> Trap<'a> {
             ],
             space: AddressSpace::new(mem, sregs.cr3, PagingMode::from_cr4(sregs.cr4)),
             new_rip: None,
-            new_gprs: [None; MAX_SET_GPRS],
+            new_gpr: None,
             world: false,
         }
     }
@@ -94,7 +90,7 @@ impl<'a> Trap<'a> {
             gprs: [0; 16],
             space: AddressSpace::new(mem, cr3, paging),
             new_rip: None,
-            new_gprs: [None; MAX_SET_GPRS],
+            new_gpr: None,
             world: false,
         }
     }
@@ -117,16 +113,10 @@ impl<'a> Trap<'a> {
     /// Resume the guest with general-purpose register `n` (its number in
     /// `gprs`; 16 and over are ignored) set to `value` (an event's
     /// `tp->funcs` test passed for vmtrace:
-    /// `tracer::kernel::events::enabled_branch`). Up to `MAX_SET_GPRS`
-    /// registers (a function made to return: RAX and RSP); setting one
-    /// again replaces its value, one more is ignored.
+    /// `tracer::kernel::events::enabled_branch`).
     pub fn set_gpr(&mut self, n: usize, value: u64) {
-        if n >= self.gprs.len() {
-            return;
-        }
-        let slot = (self.new_gprs.iter()).position(|g| g.is_none_or(|(m, _)| m == n));
-        if let Some(k) = slot {
-            self.new_gprs[k] = Some((n, value));
+        if n < self.gprs.len() {
+            self.new_gpr = Some((n, value));
         }
     }
 
@@ -142,14 +132,9 @@ impl<'a> Trap<'a> {
         self.world
     }
 
-    /// The first register the handler set and its value, if it did.
+    /// The register the handler set and its value, if it did.
     pub fn new_gpr(&self) -> Option<(usize, u64)> {
-        self.new_gprs[0]
-    }
-
-    /// Every register the handler set, with its value.
-    pub fn new_gprs(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        self.new_gprs.iter().flatten().copied()
+        self.new_gpr
     }
 
     /// Host monotonic time in nanoseconds, the clock events are stamped with.

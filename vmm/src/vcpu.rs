@@ -137,7 +137,7 @@ impl VcpuThread {
             self.shared.pause.resume_others(self.cpu);
             done?;
         }
-        for (n, value) in trap.new_gprs() {
+        if let Some((n, value)) = trap.new_gpr() {
             let r = &mut sync.regs;
             let gpr = [
                 &mut r.rax, &mut r.rcx, &mut r.rdx, &mut r.rbx, &mut r.rsp, &mut r.rbp, &mut r.rsi,

@@ -9,7 +9,6 @@ use crate::kernel::btf::KernelBtf;
 use crate::kernel::events::enabled_branch::{self, FuncsTest};
 use crate::kernel::events::fields::{EventFormat, FieldOffsets};
 use crate::kernel::events::fork_child::RET_FROM_FORK;
-use crate::kernel::events::jump_guard;
 use crate::kernel::events::jump_sites::{self, JumpEntry, JumpSite, JumpSiteError};
 use crate::kernel::events::module_events::ModuleEvent;
 use crate::kernel::events::syscall_format::Side;
@@ -24,8 +23,8 @@ use crate::plan::module_events::{self, LinkedEvent};
 use crate::plan::syscall_events::{self, ChildExits, PlannedSyscall};
 
 /// Where x86's jump_label checks and patches each site of a key being
-/// enabled (arch/x86/kernel/jump_label.c).
-const GUARD: &str = jump_guard::QUEUE_FN;
+/// enabled (arch/x86/kernel/jump_label.c), after boot.
+const GUARD: &str = "arch_jump_label_transform_queue";
 
 /// Where a static call is pointed at a new function, after boot
 /// (kernel/static_call_inline.c `__static_call_update(key, tramp, func)`):
@@ -55,13 +54,11 @@ pub enum EventPlanError {
     #[error(transparent)]
     Syscall(#[from] syscall_events::SyscallEventError),
     #[error(
-        "{}: the kernel has jump labels and its {GUARD} has no ftrace site, where vmtrace's \
-         own VMM keeps the guest's own enabling of a traced event from finding vmtrace's \
-         jump (which would BUG); trace its events with `vmtrace attach` to the kernel \
-         running in QEMU",
+        "{}: the kernel has jump labels, whose event call sites vmtrace's own VMM does not \
+         enable yet (an attach to the kernel running in QEMU does)",
         path.display()
     )]
-    JumpLabelsUnguarded { path: std::path::PathBuf },
+    JumpLabelsOnOwnVmm { path: std::path::PathBuf },
 }
 
 /// One event to trace.
@@ -207,10 +204,6 @@ pub struct EventPlan {
     /// call return at once there for vmtrace's sites, which hold the
     /// kernel's own jump (`crate::qemu::guarded_sites`).
     pub guard: Option<u64>,
-    /// The ftrace site of `guard` (link-time), where the own VMM traps to
-    /// serve it as `attach` does (`crate::session::event_jumps`); None
-    /// without jump labels, or when the function has none.
-    pub guard_site: Option<u64>,
     /// `__static_call_update` (link-time), where the guest's registering of
     /// a probe points an event's static call at it: exitless mode keeps it
     /// on `__traceiter_NAME` there (`crate::qemu::event_guard`).
@@ -226,19 +219,6 @@ pub struct EventPlan {
     /// `init_top_pgt` (link-time), through which a module's event's
     /// addresses are translated (`EventPlan::gpa`).
     pub top_pgt: Option<u64>,
-}
-
-/// The ftrace site of the guard's function (`GUARD`), outside init text;
-/// None when `none` (no jump label to guard).
-fn guard_site(image: &KernelImage, none: bool) -> Option<u64> {
-    let f = image.symbol(GUARD).filter(|_| !none)?;
-    let sites = crate::kernel::sites::SiteTable::build(image).ok()?;
-    let within = |a: u64| a >= f.addr && a < f.addr + f.size.max(1);
-    sites
-        .sites
-        .iter()
-        .find(|s| !s.init && within(s.addr))
-        .map(|s| s.addr)
 }
 
 /// Where `call->event.type` is in a `struct trace_event_call`
@@ -325,14 +305,13 @@ impl EventPlan {
         if counted_keys {
             find_counted_tests(image, &mut events);
         }
-        let guard_site = guard_site(image, counted_keys || events.is_empty());
+        let guard = image.symbol(GUARD).map(|s| s.addr);
         let offsets = FieldOffsets::find(&btf).ok();
         Ok(EventPlan {
             events,
             child_exits: ChildExits::of(image, &btf, &syscalls),
             syscalls,
-            guard: image.symbol(GUARD).map(|s| s.addr),
-            guard_site,
+            guard,
             static_call_guard: image.symbol(STATIC_CALL_GUARD).map(|s| s.addr),
             offsets,
             counted_keys,
@@ -396,28 +375,16 @@ impl EventPlan {
         self.events.iter().any(|e| e.static_call)
     }
 
-    /// Can the own VMM enable them? On a kernel with jump labels only
-    /// where it can serve the guest's own enabling of a traced event
-    /// (`guard_site`: `crate::session::event_jumps`); syscall events need
-    /// no call site enabled.
+    /// Can the own VMM enable them? Only on a kernel without jump labels
+    /// so far (`crate::session::event_keys`); syscall events need no call
+    /// site enabled.
     pub fn on_own_vmm(&self, path: &std::path::Path) -> Result<(), EventPlanError> {
-        match !self.counted_keys && !self.events.is_empty() && self.guard_site.is_none() {
-            true => Err(EventPlanError::JumpLabelsUnguarded {
+        match !self.counted_keys && !self.events.is_empty() {
+            true => Err(EventPlanError::JumpLabelsOnOwnVmm {
                 path: path.to_path_buf(),
             }),
             false => Ok(()),
         }
-    }
-
-    /// The events every call site of which is recorded once enabled: with
-    /// jump labels, those whose sites all have their `tp->funcs` test (or
-    /// that call `__traceiter_NAME` with no test, without static calls);
-    /// without, every one (its tests were found in the text).
-    pub fn whole(&self) -> impl Iterator<Item = &PlannedEvent> {
-        let counted = self.counted_keys;
-        self.events
-            .iter()
-            .filter(move |e| counted || !e.static_call || e.tests.len() == e.sites.len())
     }
 
     /// Can `vmtrace attach` enable them? Not on a kernel without jump

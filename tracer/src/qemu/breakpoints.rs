@@ -396,7 +396,7 @@ impl Breakpoints {
     ) -> Result<(), HitError> {
         stop.set_breakpoint(at)?;
         self.guard = Some((at, offset));
-        self.guarded = guarded_sites::sites(jumps.iter().cloned());
+        self.guarded = guarded_sites::Sites::new(jumps.iter().cloned());
         Ok(())
     }
 

@@ -34,7 +34,7 @@ use vmm::pause::VcpuSnapshot;
 use vmm::GuestRam;
 
 use super::breakpoints::{site_err, HitError, Served};
-use super::guarded_sites::{self, give_back_all, serve_queue, Queued, Sites};
+use super::guarded_sites::{give_back_all, serve_queue, Queued, Sites};
 use super::guest::{Hit, QemuGuest, QemuStop};
 use super::journal::{unhex, JournaledJump};
 use super::static_guard::StaticGuard;
@@ -94,7 +94,7 @@ impl EventGuard {
     ) -> Result<Option<EventGuard>, String> {
         let statics = StaticGuard::plan(events, offset)?;
         let jump_queue = events.guard.map(|g| offset.runtime(g));
-        let guarded = guarded_sites::sites(jumps.iter().filter(|j| is_site(j)).cloned());
+        let guarded = Sites::new(jumps.iter().filter(|j| is_site(j)).cloned());
         if guarded.ours.is_empty() && statics.is_none() {
             return Ok(None);
         }

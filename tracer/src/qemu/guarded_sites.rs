@@ -24,6 +24,8 @@
 //! checked for their NOP once the guard is gone. `super::event_sites::restore`,
 //! which leaves the sites of a key counted as the guest's, runs after.
 
+use std::collections::HashMap;
+
 use vm_memory::GuestAddress;
 use vmm::gva::AddressSpace;
 use vmm::pause::VcpuSnapshot;
@@ -31,8 +33,6 @@ use vmm::pause::VcpuSnapshot;
 use super::gdb::GdbError;
 use super::journal::{unhex, JournaledJump};
 use super::step::BreakOps;
-use crate::kernel::events::jump_guard::GuardedSites;
-pub(super) use crate::kernel::events::jump_guard::Queued;
 use crate::kernel::kaslr::KernelOffset;
 
 /// Why the guard could not serve the kernel's call for a site.
@@ -46,13 +46,50 @@ pub enum GuardError {
     Gdb(#[from] GdbError),
 }
 
-/// The guard's sites: vmtrace's, and those the guest took over
-/// (`crate::kernel::events::jump_guard`, which decides for both backends).
-pub(super) type Sites = GuardedSites<JournaledJump>;
+/// `enum jump_label_type`'s `JUMP_LABEL_JMP` (include/linux/jump_label.h):
+/// `arch_jump_label_transform_queue`'s second argument when the site is
+/// to become its jump (its key enabled).
+const JUMP_LABEL_JMP: u64 = 1;
 
-/// The guard's sites for `jumps`, all vmtrace's.
-pub(super) fn sites(jumps: impl IntoIterator<Item = JournaledJump>) -> Sites {
-    GuardedSites::new(jumps.into_iter().map(|j| (j.va, j)))
+/// What the guard did at a call of `arch_jump_label_transform_queue`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Queued {
+    /// Not a site of vmtrace's (or one holding something else than its
+    /// jump): the function runs as ever.
+    NotOurs,
+    /// vmtrace's site, to be made the kernel's jump, which is already
+    /// there: the vCPU was made to return `true` from the function at
+    /// once, the site untouched. The site is the guest's from then on.
+    Returned,
+    /// vmtrace's site, to be made the NOP (its key disabled): the function
+    /// runs, its check finding the jump it expects, and the kernel
+    /// patches the site. The site is the guest's from then on.
+    Left,
+    /// A site the guest took over (`Returned`), to be made its NOP again
+    /// as the guest disables its event: the vCPU was made to return
+    /// `true` at once, the site keeping the jump, which is vmtrace's
+    /// again (its event still recorded; given its NOP at the detach).
+    TakenBack,
+}
+
+/// The guard's sites: vmtrace's, and those the guest took over.
+#[derive(Debug, Default)]
+pub(super) struct Sites {
+    /// vmtrace's jumps the guest has not taken over, by their code's
+    /// address.
+    pub ours: HashMap<u64, JournaledJump>,
+    /// Those it took over (enabled their event itself): it may disable
+    /// them again, and vmtrace then takes them back.
+    pub given: HashMap<u64, JournaledJump>,
+}
+
+impl Sites {
+    pub fn new(jumps: impl IntoIterator<Item = JournaledJump>) -> Sites {
+        Sites {
+            ours: jumps.into_iter().map(|j| (j.va, j)).collect(),
+            given: HashMap::new(),
+        }
+    }
 }
 
 /// The kernel image's mapping from `__START_KERNEL_map`
@@ -90,11 +127,30 @@ pub(super) fn serve_queue(
     let mut rel = [0u8; 4];
     ram.read_slice(&mut rel, GuestAddress(gpa))?;
     let code = entry.wrapping_add_signed(i64::from(i32::from_le_bytes(rel)));
-    let q = sites.queue(code, kind, |j| holds_jump(j, ram))?;
-    if q.returns() {
-        return_true(cpu, snap, ram, ops)?;
+    if kind != JUMP_LABEL_JMP {
+        // The guest disabling an event it enabled: its site keeps the
+        // jump, vmtrace's again, and the event is still recorded.
+        if let Some(j) = sites.given.remove(&code) {
+            if !holds_jump(&j, ram)? {
+                return Ok(Queued::NotOurs);
+            }
+            return_true(cpu, snap, ram, ops)?;
+            sites.ours.insert(code, j);
+            return Ok(Queued::TakenBack);
+        }
     }
-    Ok(q)
+    let Some(j) = sites.ours.remove(&code) else {
+        return Ok(Queued::NotOurs);
+    };
+    if !holds_jump(&j, ram)? {
+        return Ok(Queued::NotOurs);
+    }
+    if kind != JUMP_LABEL_JMP {
+        return Ok(Queued::Left);
+    }
+    return_true(cpu, snap, ram, ops)?;
+    sites.given.insert(code, j);
+    Ok(Queued::Returned)
 }
 
 /// The vCPU `cpu`, stopped at a function's first instruction (the return
@@ -131,6 +187,16 @@ pub(super) fn give_back_all(
     Ok(given)
 }
 
+impl Sites {
+    /// Forget the sites in `text` (a module going away, whose sites were
+    /// given their NOP: `super::event_sites::release`): nothing is
+    /// written there after.
+    pub fn forget(&mut self, text: &std::ops::Range<u64>) {
+        self.ours.retain(|va, _| !text.contains(va));
+        self.given.retain(|va, _| !text.contains(va));
+    }
+}
+
 /// `j`'s NOP written where its jump is; anything else there left alone.
 fn give_back(j: &JournaledJump, ram: &dyn vmm::GuestRam) -> Result<bool, vmm::RamError> {
     let Some(nop) = unhex(&j.nop) else {
@@ -160,7 +226,6 @@ mod tests {
     use vm_memory::{Bytes, GuestMemoryMmap};
 
     use super::*;
-    use crate::kernel::events::jump_guard::JUMP_LABEL_JMP;
     use crate::qemu::journal::hex;
 
     /// The kernel's 5-byte NOP (`nopl 0x0(%rax,%rax,1)`) and a jump.
@@ -240,7 +305,7 @@ mod tests {
     #[test]
     fn the_guest_enabling_a_site_finds_its_jump_there_all_along() {
         let mem = guest(&[A]);
-        let mut guarded = sites([site(A)]);
+        let mut guarded = Sites::new([site(A)]);
         let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
@@ -263,7 +328,7 @@ mod tests {
     #[test]
     fn the_guest_disabling_its_event_gives_the_site_back_to_vmtrace() {
         let mem = guest(&[A]);
-        let mut guarded = sites([site(A)]);
+        let mut guarded = Sites::new([site(A)]);
         let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let mut serve = |kind| serve_queue(0, &at_queue(kind), off, &mut guarded, &mem, &ops);
@@ -285,7 +350,7 @@ mod tests {
     #[test]
     fn a_site_to_be_made_a_nop_or_not_vmtraces_is_left_to_the_kernel() {
         let mem = guest(&[A]);
-        let mut guarded = sites([site(A)]);
+        let mut guarded = Sites::new([site(A)]);
         let ops = RecordedOps::default();
         let off = KernelOffset::NONE;
         let q = serve_queue(0, &at_queue(JUMP_LABEL_NOP), off, &mut guarded, &mem, &ops);
@@ -293,7 +358,7 @@ mod tests {
         assert!(guarded.ours.is_empty() && ops.0.borrow().is_empty());
         assert_eq!(bytes_at(&mem, A), JUMP);
         mem.write_slice(&NOP, GuestAddress(A - PHYS)).unwrap();
-        let mut guarded = sites([site(A)]);
+        let mut guarded = Sites::new([site(A)]);
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::NotOurs);
         assert!(guarded.ours.is_empty() && ops.0.borrow().is_empty());
@@ -311,7 +376,7 @@ mod tests {
         let other = [0xe9, 0, 0, 0, 0];
         mem.write_slice(&other, GuestAddress(C - PHYS)).unwrap();
         mem.write_obj(-1i32, GuestAddress(KEY - PHYS)).unwrap();
-        let mut guarded = sites([A, B, C].map(site));
+        let mut guarded = Sites::new([A, B, C].map(site));
         let (off, ops) = (KernelOffset::NONE, RecordedOps::default());
         let q = serve_queue(0, &at_queue(JUMP_LABEL_JMP), off, &mut guarded, &mem, &ops);
         assert_eq!(q.unwrap(), Queued::Returned);

@@ -276,15 +276,13 @@ impl Live {
         let drained = tracer.stop_draining();
         // Exits at the trace port: one per traced call in trap mode, none
         // in exitless mode (traps happen only while sites hold them); the
-        // module loader's traps and the jump label guard's apart (said
-        // with the detach).
+        // module loader's traps apart (said with the detach).
         let trap_exits = report
             .vcpus
             .iter()
             .map(|v| v.get(vmm::exit::ExitKind::Trap))
             .sum::<u64>()
-            .saturating_sub(tracer.module_trap_exits())
-            .saturating_sub(tracer.guard_exits());
+            .saturating_sub(tracer.module_trap_exits());
         // The kernel numbered its events after the attach: their ids now.
         tracer.read_event_ids(&*mem);
         let places = stop_places(&report, &tracer);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use vmm::TrapHandler;
 
 use super::args::{ArgSource, ArgTable};
-use super::event_jumps::JumpGuard;
 use super::module_traps::ModuleTraps;
 use super::record::event_fields::FieldSource;
 use super::record::Recorder;
@@ -48,18 +47,17 @@ pub(super) fn stack_source(plan: &Plan, store: &Store) -> Option<Arc<StackSource
 }
 
 /// Give the recorders what they record besides the call: its task, its
-/// values, its stack; and the own VMM's module traps and jump label
-/// guard, returned for the tracer.
+/// values, its stack; and the own VMM's module traps, returned for the
+/// tracer.
 pub(super) fn equip(
     recs: &mut [Recorder],
     plan: &Plan,
     tasks: &Option<Arc<TaskSource>>,
     stacks: &Option<Arc<StackSource>>,
     args: Arc<ArgTable>,
-) -> (Option<Arc<ModuleTraps>>, Option<Arc<JumpGuard>>) {
+) -> Option<Arc<ModuleTraps>> {
     let retval = plan.graph && plan.values.retval;
     let event_tests = super::event_keys::TestTraps::of(&plan.events);
-    let guard = JumpGuard::of(&plan.events);
     let modules = ModuleTraps::of(plan);
     let child_exits = plan.child_exit_sites().map(Arc::new);
     for r in recs.iter_mut() {
@@ -68,9 +66,6 @@ pub(super) fn equip(
         }
         if let Some(m) = &modules {
             r.follow_modules(Arc::clone(m));
-        }
-        if let Some(g) = &guard {
-            r.guard_jumps(Arc::clone(g));
         }
         if let Some(src) = tasks {
             r.record_tasks(Arc::clone(src));
@@ -85,7 +80,7 @@ pub(super) fn equip(
         r.record_fields(field_source(plan));
         r.record_child_exits(child_exits.clone());
     }
-    (modules, guard)
+    modules
 }
 
 /// The recorders as the vCPU threads take them.

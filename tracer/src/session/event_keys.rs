@@ -22,7 +22,7 @@ use vmm::gva::{AddressSpace, PhysSpan};
 use vmm::{GuestRam, Trap};
 
 use super::patch::{self, PatchError, PatchedSite, Surveyed};
-use super::{event_jumps, Tracer};
+use super::Tracer;
 use crate::error::TracerError;
 use crate::kernel::events::enabled_branch::redirect_load;
 use crate::kernel::kaslr::KernelOffset;
@@ -71,15 +71,15 @@ pub struct TestTraps {
 }
 
 impl TestTraps {
-    /// The tests of `plan`'s events whose every site is recorded
-    /// (`EventPlan::whole`: with jump labels, the tests after their call
-    /// sites, `super::event_jumps`).
+    /// The tests of `plan`'s events when the kernel has no jump labels
+    /// (else none: jump-label events are `vmtrace attach`'s).
     pub fn of(plan: &EventPlan) -> Option<Arc<TestTraps>> {
-        if plan.is_empty() {
+        if !plan.counted_keys || plan.is_empty() {
             return None;
         }
         let mut traps: Vec<TestTrap> = plan
-            .whole()
+            .events
+            .iter()
             .flat_map(|e| e.tests.iter().map(move |t| (e, t)))
             .filter_map(|(e, t)| {
                 Some(TestTrap {
@@ -133,8 +133,8 @@ impl TestTraps {
 }
 
 impl Tracer {
-    /// `-e` (`event_keys`; with jump labels `super::event_jumps`), after
-    /// every other site is written: on an error every site is given back.
+    /// `-e` on a kernel without jump labels (`event_keys`), after every
+    /// other site is written: on an error every site is given back.
     pub(super) fn enable_events(
         &mut self,
         space: &mut AddressSpace<'_>,
@@ -145,50 +145,19 @@ impl Tracer {
             return Ok(());
         };
         let exitless = self.reach.exitless().is_some();
-        match self.enable_with(space, off, &traps, exitless) {
-            Ok(()) => Ok(()),
+        match enable(space, off, &self.plan.events, &traps, exitless) {
+            Ok((sites, keys)) => {
+                self.attach_counts.event_tests = sites.len();
+                self.attach_counts.event_keys = keys.len();
+                self.patched.extend(sites);
+                self.event_keys = keys;
+                Ok(())
+            }
             Err(e) => {
                 self.detach(&**ram)?;
                 Err(e.into())
             }
         }
-    }
-
-    fn enable_with(
-        &mut self,
-        space: &mut AddressSpace<'_>,
-        off: KernelOffset,
-        traps: &TestTraps,
-        exitless: bool,
-    ) -> Result<(), PatchError> {
-        let plan = &self.plan.events;
-        let guard = self.jump_guard.clone();
-        let jumps = match &guard {
-            Some(_) => event_jumps::jump_sites(space, off, plan)?,
-            None => Vec::new(),
-        };
-        let at_guard = match &guard {
-            Some(g) => event_jumps::guard_site(space, off, g, &self.patched)?,
-            None => None,
-        };
-        let (n_jumps, guard_written) = (jumps.len(), at_guard.is_some());
-        let mut extra = jumps.clone();
-        extra.extend(at_guard.map(|(addr, span, nop)| (addr, span, nop, patch::TRAP)));
-        let (sites, keys) = enable(space, off, plan, traps, exitless, extra)?;
-        if let Some(g) = &guard {
-            g.arm(jumps.into_iter().map(|(addr, span, _, jump)| {
-                let len = span.len();
-                (addr, span, jump[..len].to_vec())
-            }));
-        }
-        let c = &mut self.attach_counts;
-        c.event_jumps = n_jumps;
-        c.event_guard = guard.is_some();
-        c.event_tests = sites.len() - n_jumps - usize::from(guard_written);
-        c.event_keys = plan.whole().count();
-        self.patched.extend(sites);
-        self.event_keys = keys;
-        Ok(())
     }
 }
 
@@ -199,25 +168,19 @@ pub struct SetKey {
     funcs_gpa: u64,
 }
 
-/// Sites besides the tests (`super::event_jumps`).
-type Extra = Vec<event_jumps::SiteWrite>;
-
 /// The attach's writes for the events, under its stop, after every other
 /// site's: the traps over the tests (`exitless`: the loads of `tp->funcs`
-/// made to read `tp->iterator` instead, `redirected_loads`), the `extra`
-/// sites (jump labels), then, without jump labels, the counts. Nothing
-/// written when a key's count is not 0 (the guest's own). Returns the
-/// sites written and the keys set.
+/// made to read `tp->iterator` instead, `redirected_loads`), then the
+/// counts. Nothing written when a key's count is not 0 (the guest's own).
 pub fn enable(
     space: &mut AddressSpace<'_>,
     off: KernelOffset,
     plan: &EventPlan,
     traps: &TestTraps,
     exitless: bool,
-    extra: Extra,
 ) -> Result<(Vec<PatchedSite>, Vec<SetKey>), PatchError> {
     let mut keys = Vec::new();
-    for e in plan.whole() {
+    for e in plan.events.iter() {
         let (key, funcs) = (off.runtime(e.key), off.runtime(e.funcs));
         let gpa = |space: &mut AddressSpace<'_>, va: u64| {
             space.gpa(va).map_err(|err| PatchError::Memory {
@@ -240,21 +203,13 @@ pub fn enable(
             funcs_gpa,
         });
     }
-    let (mut found, mut written) = match exitless {
+    let (found, written) = match exitless {
         true => redirected_loads(space, off, plan)?,
         false => trapped_tests(space, off, traps)?,
     };
-    for (addr, span, original, bytes) in extra {
-        found.push((written.len(), addr, span, original));
-        written.push(bytes);
-    }
     let (sites, _) = patch::write(space.memory(), Surveyed::entries(found, 0), |k, _| {
         Ok(written[k])
     })?;
-    // With jump labels the key's count is the guest's alone.
-    if !plan.counted_keys {
-        keys.clear();
-    }
     for k in &keys {
         write(space.memory(), k.count_gpa, 1u32)?;
     }
@@ -325,7 +280,8 @@ fn redirected_loads(
     plan: &EventPlan,
 ) -> Result<Found, PatchError> {
     let loads = plan
-        .whole()
+        .events
+        .iter()
         .flat_map(|e| e.tests.iter().map(move |t| (e, t)));
     let (mut found, mut written) = (Vec::new(), Vec::new());
     for (e, t) in loads {

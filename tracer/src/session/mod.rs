@@ -33,7 +33,6 @@ mod driver;
 mod drop_causes;
 mod equip;
 pub(crate) mod event_ids;
-pub mod event_jumps;
 pub mod event_keys;
 pub mod exitless;
 mod finish;
@@ -126,9 +125,6 @@ pub struct Tracer {
     event_keys: Vec<event_keys::SetKey>,
     /// The own VMM's traps in the module loader (`module_traps`).
     module_traps: Option<Arc<module_traps::ModuleTraps>>,
-    /// `-e` with jump labels: the guard of the events' call sites
-    /// (`event_jumps`).
-    jump_guard: Option<Arc<event_jumps::JumpGuard>>,
 }
 
 /// The tables events name, shared with the store.
@@ -190,13 +186,12 @@ impl Tracer {
         let mut recs = recs;
         // Only `--stack` sites trap in exitless mode: their recorders name
         // tasks and values as trap mode's do (no function graph here).
-        let (modules, jump_guard) = equip(&mut recs, &plan, &tasks, &stacks, store.args());
+        let modules = equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let args = store.args();
         let tables = (table, args, store.stacks());
         let reach = Reach::Exitless(Box::new(ex));
         let mut t = Tracer::assemble(plan, counters, store.thread, false, tables, reach);
         t.module_traps = modules;
-        t.jump_guard = jump_guard;
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
@@ -243,7 +238,7 @@ impl Tracer {
         let table = store.tasks();
         let tasks = task_source(&plan, &table);
         let stacks = stack_source(&plan, &store);
-        let (modules, jump_guard) = equip(&mut recs, &plan, &tasks, &stacks, store.args());
+        let modules = equip(&mut recs, &plan, &tasks, &stacks, store.args());
         let tables = (table, store.args(), store.stacks());
         let reach = Reach::Trap {
             graph: hook,
@@ -251,7 +246,6 @@ impl Tracer {
         };
         let mut t = Tracer::assemble(plan, counters, store.thread, overwrite, tables, reach);
         t.module_traps = modules;
-        t.jump_guard = jump_guard;
         t.tasks = tasks;
         t.stacks = stacks;
         t.vmm = rec.vmm.clone();
@@ -307,7 +301,6 @@ impl Tracer {
             },
             event_keys: Vec::new(),
             module_traps: None,
-            jump_guard: None,
         }
     }
 
@@ -469,8 +462,6 @@ impl Tracer {
             guest_ftrace: guarded,
             event_tests: 0,
             event_keys: 0,
-            event_jumps: 0,
-            event_guard: false,
             module_traps: 0,
         };
         self.patched = patched;
@@ -613,6 +604,20 @@ impl Tracer {
     /// Hooked frames still waiting for their return (trap-mode graph).
     pub fn frames_live(&self) -> usize {
         self.reach.graph_hook().map_or(0, |h| h.shadow.live())
+    }
+
+    /// Restore every patched site (`module_sites`), the guest paused or stopped: `detached` adds up.
+    pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
+        let mut c = module_sites::detach(mem, &self.plan.image, &mut self.patched)?;
+        c.guest_ftrace = self.reenable_guest_ftrace(mem);
+        self.unfollow_modules(mem, &mut c);
+        c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
+        self.patched.clear();
+        self.detached.restored += c.restored;
+        self.detached.changed += c.changed;
+        self.detached.event_keys += c.event_keys;
+        self.times.detach_ns = vmm::Trap::now_ns();
+        Ok(c)
     }
 }
 

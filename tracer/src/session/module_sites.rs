@@ -3,10 +3,8 @@
 
 use vmm::GuestRam;
 
-use crate::error::TracerError;
 use crate::kernel::modules::still_loaded;
 use crate::kernel::symbols::KernelImage;
-use crate::session::event_keys;
 use crate::session::patch::{self, DetachCounts, PatchError, PatchedSite};
 
 /// Take out of `patched` the sites in the text of `image`'s modules that
@@ -48,22 +46,6 @@ pub fn detach(
 }
 
 impl crate::session::Tracer {
-    /// Restore every patched site (`module_sites`), the guest paused or stopped: `detached` adds up.
-    pub fn detach(&mut self, mem: &dyn GuestRam) -> Result<DetachCounts, TracerError> {
-        let guard = self.release_jumps();
-        let mut c = detach(mem, &self.plan.image, &mut self.patched)?;
-        c.guard = guard;
-        c.guest_ftrace = self.reenable_guest_ftrace(mem);
-        self.unfollow_modules(mem, &mut c);
-        c.event_keys = event_keys::restore(mem, &std::mem::take(&mut self.event_keys));
-        self.patched.clear();
-        self.detached.restored += c.restored;
-        self.detached.changed += c.changed;
-        self.detached.event_keys += c.event_keys;
-        self.times.detach_ns = vmm::Trap::now_ns();
-        Ok(c)
-    }
-
     /// Sites at `addrs` given their bytes back by someone else (a
     /// module's, at its unload, `crate::qemu::module_follow`): no longer
     /// the detach's, whose text may since be freed. Their records in the

@@ -70,15 +70,6 @@ pub enum PatchError {
         count: u32,
     },
     #[error(
-        "event {event}: its call site at {addr:#x} holds {found}, not the kernel's NOP the \
-         image has there: the guest changed it, or runs another kernel"
-    )]
-    EventSite {
-        event: String,
-        addr: u64,
-        found: String,
-    },
-    #[error(
         "site {addr:#x} (guest physical {gpa:#x}) read back {found} after restoring {original}"
     )]
     RestoreFailed {
@@ -160,10 +151,6 @@ pub struct AttachCounts {
     /// whose counts were set (`session::event_keys`).
     pub event_tests: usize,
     pub event_keys: usize,
-    /// With jump labels (`session::event_jumps`): the events' call sites
-    /// made their jumps, and whether the guard's trap was placed.
-    pub event_jumps: usize,
-    pub event_guard: bool,
     /// The own VMM: its traps in the module loader
     /// (`crate::session::module_traps`).
     pub module_traps: usize,
@@ -220,12 +207,6 @@ pub struct DetachCounts {
     pub guest_ftrace: crate::kernel::ftrace_records::Reenabled,
     /// `-e` on the own VMM: the keys' counts set back to 0.
     pub event_keys: usize,
-    /// With jump labels (`session::event_jumps`): exits at the guard's
-    /// trap (the guest's jump_label at work, not traced calls), the call
-    /// sites it gave the guest as it enabled their events itself and took
-    /// back as it disabled them, and those the guest's at the detach
-    /// (left holding its jump).
-    pub guard: crate::kernel::events::jump_guard::GuardCounts,
 }
 
 /// Check that guest text matches the file at a sample of sites: each site
@@ -598,18 +579,14 @@ pub fn detach(mem: &dyn GuestRam, patched: &[PatchedSite]) -> Result<DetachCount
     Ok(counts)
 }
 
-/// The 5 bytes of the site at `addr`, pinned at `span`; a shorter span
-/// (an event's 2-byte jump label, `super::event_jumps`) its bytes, the
-/// rest 0, as its `original` and `written` are kept.
+/// The 5 bytes of the site at `addr`, pinned at `span`.
 fn read_span(mem: &dyn GuestRam, addr: u64, span: &PhysSpan) -> Result<[u8; SITE_LEN], PatchError> {
     let mut b = [0u8; SITE_LEN];
-    let len = span.len().min(SITE_LEN);
-    span.read(mem, &mut b[..len])
-        .map_err(|e| PatchError::Memory {
-            addr,
-            gpa: span.start(),
-            why: e.to_string(),
-        })?;
+    span.read(mem, &mut b).map_err(|e| PatchError::Memory {
+        addr,
+        gpa: span.start(),
+        why: e.to_string(),
+    })?;
     Ok(b)
 }
 
@@ -619,13 +596,11 @@ fn write_span(
     span: &PhysSpan,
     bytes: &[u8; SITE_LEN],
 ) -> Result<(), PatchError> {
-    let len = span.len().min(SITE_LEN);
-    span.write(mem, &bytes[..len])
-        .map_err(|e| PatchError::Memory {
-            addr,
-            gpa: span.start(),
-            why: e.to_string(),
-        })
+    span.write(mem, bytes).map_err(|e| PatchError::Memory {
+        addr,
+        gpa: span.start(),
+        why: e.to_string(),
+    })
 }
 
 /// Is the site at `addr` (read through guest physical memory at `gpa`) a

@@ -25,7 +25,6 @@ use crate::kernel::module_notify::Notified;
 use crate::kernel::symbols::Symbol;
 use crate::kernel::unwind::{EntryRegs, NoFixup, ReturnFixup};
 use crate::session::args::ArgSource;
-use crate::session::event_jumps::JumpGuard;
 use crate::session::event_keys::TestTraps;
 use crate::session::module_traps::ModuleTraps;
 use crate::session::shadow::ShadowStacks;
@@ -103,8 +102,6 @@ pub struct Recorder {
     /// or going at this trap (handled in `on_world`).
     modules: Option<Arc<ModuleTraps>>,
     module_now: Option<Notified>,
-    /// `-e` with jump labels: the guard of the events' call sites.
-    jump_guard: Option<Arc<JumpGuard>>,
     /// Syscall exits: the children's of the forking syscalls, at
     /// `ret_from_fork` (`child_exits`).
     child_exits: Option<Arc<crate::plan::syscall_events::ChildExitSites>>,
@@ -126,11 +123,6 @@ impl Recorder {
     /// Follow the modules the guest loads and unloads (`module_traps`).
     pub fn follow_modules(&mut self, traps: Arc<ModuleTraps>) {
         self.modules = Some(traps);
-    }
-
-    /// Serve the guest's jump_label at its trap (`event_jumps`).
-    pub fn guard_jumps(&mut self, guard: Arc<JumpGuard>) {
-        self.jump_guard = Some(guard);
     }
 
     /// Pass the events' `tp->funcs` tests that trap (`event_keys`).
@@ -398,15 +390,6 @@ impl Recorder {
                 return Some(Ok(()));
             }
         }
-        // The guard's site may be a traced function's too: a call that
-        // runs is recorded as well, one made to return is not (it did not
-        // run).
-        let guarded = self.jump_guard.as_ref();
-        match guarded.and_then(|g| g.serve(trap, slide, site.is_none())) {
-            Some(true) => return Some(Ok(())),
-            Some(false) if site.is_none() => return Some(Ok(())),
-            _ => {}
-        }
         if site.is_none()
             && self
                 .event_tests
@@ -563,7 +546,6 @@ pub fn recorders(
             event_tests: None,
             modules: None,
             module_now: None,
-            jump_guard: None,
             child_exits: None,
         })
         .collect();

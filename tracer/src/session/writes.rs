@@ -32,15 +32,10 @@ impl Tracer {
             let ex: &Exitless = ex;
             let stacks = self.stacks.as_deref();
             let (modules, slide) = (self.module_traps.as_deref(), self.plan.index.slide());
-            let guard = self.jump_guard.as_deref();
             let (sites, skipped) = patch::write(space.memory(), surveyed, |k, addr| {
                 // A `--stack` call traps: its stack is unwound host-side;
-                // so does the site of a module trap (`module_traps`) and
-                // the jump label guard's (`event_jumps`).
-                if stacks.is_some_and(|s| s.at(k))
-                    || modules.is_some_and(|m| m.at(addr, slide))
-                    || guard.is_some_and(|g| g.at(addr, slide))
-                {
+                // so does the site of a module trap (`module_traps`).
+                if stacks.is_some_and(|s| s.at(k)) || modules.is_some_and(|m| m.at(addr, slide)) {
                     return Ok(patch::TRAP);
                 }
                 ex.site_bytes(k, addr).map_err(|e| PatchError::Memory {

@@ -16,7 +16,6 @@ pub mod fields;
 pub mod fork_child;
 pub mod ftrace_format;
 mod image_data;
-pub mod jump_guard;
 pub mod jump_sites;
 mod layout;
 pub mod module_events;
