@@ -54,8 +54,7 @@ fn bad_event_globs_and_kernels_without_events_are_refused() {
     // --qmp`) reads the guest's modules.
     assert_bad_input(
         &["list", "-e", "vmt_test:*:mod:vmt_test", "--kernel", k],
-        "names a module's events (:mod:), which only vmtrace attach and list --qmp read, from a \
-         running guest",
+        "names a module's events (:mod:), which only an attach and a list of a running guest read",
     );
     assert_bad_input(
         &["list", "-e", "sched:*,", "--kernel", k],

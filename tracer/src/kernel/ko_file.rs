@@ -461,11 +461,11 @@ mod tests {
                 "vmt_two from /ko/two.ko"
             ]
         );
-        let kernel = "/k/vmlinux (--vmlinux)";
+        let kernel = "/k/vmlinux (given)";
         assert_eq!(with_files(kernel, &[]), kernel);
         assert_eq!(
             with_files(kernel, &names),
-            "/k/vmlinux (--vmlinux); modules' files by build id: vmt_test from \
+            "/k/vmlinux (given); modules' files by build id: vmt_test from \
              /ko/extra/renamed.ko, vmt_two from /ko/two.ko"
         );
         let found = with_files(kernel, &names[..1]);

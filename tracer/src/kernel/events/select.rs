@@ -25,8 +25,8 @@ pub enum EventGlobError {
     /// `GLOB:mod:MODULE` reached a plan without the guest's modules: only
     /// an attach and `list --qmp` read them (`super::module_globs`).
     #[error(
-        "event glob {glob:?} names a module's events (:mod:), which only vmtrace attach and \
-         list --qmp read, from a running guest"
+        "event glob {glob:?} names a module's events (:mod:), which only an attach and a list \
+         of a running guest read"
     )]
     Module { glob: String },
 }
